@@ -1,0 +1,1 @@
+"""lmqtt store package."""
