@@ -1,0 +1,56 @@
+"""The `lmqtt` command.
+
+Sub-commands are resolved lazily (module path + function) so that `lmqtt bench store` does not
+import the gateway's asyncio server, and a newcomer can find each command's code by its name.
+Each target is `main(argv: list[str]) -> int`.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
+}
+
+BENCH: dict[str, tuple[str, str]] = {
+    "store": ("loadtest.store_bench", "CommitLog append/dispatch throughput and lag per flush mode"),
+    "lightqueue": ("loadtest.lightqueue_bench", "Light-queue fan-out indexing and filter matching"),
+    "mqtt": ("loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
+    "compare": ("loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: lmqtt COMMAND [ARGS...]", "", "commands:"]
+    for name, (_, desc) in COMMANDS.items():
+        lines.append(f"  {name:<18} {desc}")
+    for name, (_, desc) in BENCH.items():
+        lines.append(f"  bench {name:<12} {desc}")
+    return "\n".join(lines)
+
+
+def _run(module: str, argv: list[str]) -> int:
+    mod = importlib.import_module(module)
+    return int(mod.main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        if not rest or rest[0] not in BENCH:
+            print(_usage(), file=sys.stderr)
+            return 2
+        return _run(BENCH[rest[0]][0], rest[1:])
+    if cmd in COMMANDS:
+        return _run(COMMANDS[cmd][0], rest)
+    print(f"lmqtt: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
