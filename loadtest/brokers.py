@@ -1,0 +1,205 @@
+"""Start and stop the brokers under comparison, each by its own command, on a free loopback port.
+
+Each broker runs as a child process we own: we know its PID (for psutil CPU/RSS sampling and for
+stopping it) and nothing else on the machine is touched. A broker that cannot be started (binary
+missing, gateway not built yet, port never opens) is reported as *not available* with the reason
+and the tail of its log instead of failing the whole comparison.
+
+* ``mosquitto``: Debian's ``mosquitto`` binary with a generated config (loopback listener,
+  anonymous, unlimited connections, raised queue/inflight limits so a benchmark measures the
+  broker, not its default back-pressure of 1000 queued messages).
+* ``amqtt``: the ``amqtt`` console script of this Python (3.1.1 only), anonymous auth plugin only
+  (the default config also loads packet/event loggers, which would benchmark logging).
+* ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KNOWN = ("lmqtt", "mosquitto", "amqtt")
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker cannot be run here; the message says why (shown as 'not available')."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_nofile() -> int:
+    """Raise the soft open-files limit to the hard limit (10,000 connections need it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+    return hard
+
+
+def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+@dataclass
+class RunningBroker:
+    name: str
+    host: str
+    port: int
+    proc: subprocess.Popen
+    workdir: Path
+    log_path: Path
+    version: str = ""
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM our child by PID, then SIGKILL if it does not exit in ``timeout``."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            except ProcessLookupError:
+                pass
+        return self.proc.returncode
+
+
+def _mosquitto_conf(port: int, workdir: Path) -> Path:
+    conf = workdir / "mosquitto.conf"
+    lines = [
+        f"listener {port} 127.0.0.1",
+        "allow_anonymous true",
+        "max_connections -1",
+        "max_inflight_messages 1000",
+        "max_queued_messages 100000",
+        "max_queued_bytes 0",
+        "persistence false",
+        "log_dest stderr",
+        "log_type error",
+        "log_type warning",
+    ]
+    if os.geteuid() == 0:
+        lines.append("user root")  # otherwise 2.x drops to user 'mosquitto' and may lose the log
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def _amqtt_conf(port: int, workdir: Path) -> Path:
+    conf = workdir / "amqtt.yaml"
+    conf.write_text(
+        "listeners:\n"
+        "  default:\n"
+        "    type: tcp\n"
+        f"    bind: 127.0.0.1:{port}\n"
+        "    max_connections: 0\n"
+        "plugins:\n"
+        "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+        "    allow_anonymous: true\n"
+    )
+    return conf
+
+
+def _amqtt_script() -> str:
+    beside = Path(sys.executable).with_name("amqtt")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("amqtt")
+    if not found:
+        raise BrokerUnavailable("amqtt console script not found (pip install amqtt==0.12.1)")
+    return found
+
+
+def command_for(name: str, port: int, workdir: Path) -> tuple[list[str], str]:
+    """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
+    if name == "mosquitto":
+        exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
+                                           if os.path.exists("/usr/sbin/mosquitto") else None)
+        if not exe:
+            raise BrokerUnavailable("mosquitto binary not found (apt-get install mosquitto)")
+        try:
+            out = subprocess.run([exe, "-h"], capture_output=True, text=True, timeout=5).stdout
+            version = out.splitlines()[0].strip() if out else "mosquitto"
+        except (OSError, subprocess.TimeoutExpired):
+            version = "mosquitto"
+        return [exe, "-c", str(_mosquitto_conf(port, workdir))], version
+    if name == "amqtt":
+        try:
+            from importlib.metadata import version as _v
+            version = f"amqtt {_v('amqtt')}"
+        except Exception:  # noqa: BLE001 - metadata is only decoration
+            version = "amqtt"
+        return [_amqtt_script(), "-c", str(_amqtt_conf(port, workdir))], version
+    if name == "lmqtt":
+        if importlib.util.find_spec("gateway.serve") is None:
+            raise BrokerUnavailable("gateway.serve is not built yet (lmqtt serve missing)")
+        data = workdir / "lmqtt-data"
+        data.mkdir(exist_ok=True)
+        return [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], "lmqtt (embedded)"
+    raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
+
+
+def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+          ready_timeout: float = 20.0) -> RunningBroker:
+    """Start broker ``name`` and wait until its port accepts TCP connections."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    argv, version = command_for(name, port, workdir)
+    log_path = workdir / f"{name}.log"
+    log = open(log_path, "wb")
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir),
+                                env=env, preexec_fn=raise_nofile, start_new_session=True)
+    except OSError as e:
+        log.close()
+        raise BrokerUnavailable(f"{name}: cannot execute {argv[0]}: {e}") from e
+    log.close()
+    rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv)
+    if not wait_port(host, port, ready_timeout, proc):
+        rc = proc.poll()
+        rb.stop()
+        why = f"exited with code {rc}" if rc is not None else f"port {port} not open after {ready_timeout}s"
+        raise BrokerUnavailable(f"{name}: {why}; log tail:\n{rb.log_tail()}")
+    return rb
