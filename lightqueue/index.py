@@ -1,0 +1,375 @@
+"""LightQueueIndex: the RocksDB index of every light queue, fed by the store's dispatcher.
+
+Why this shape (DESIGN.md "Light queues", seed 000 "轻型队列 / 百万队列能力"):
+
+* One record is written once to the CommitLog; each light queue only stores a 20-byte entry
+  (CommitLog offset u64, size u32, store time u64) pointing at it.
+* The WAL is disabled: the CommitLog is the log. The dispatch checkpoint (CommitLog offset
+  dispatched) is written in the *same* WriteBatch as the entries, and RocksDB applies a batch
+  atomically to one memtable. A crash loses whole trailing batches, never half of one, so after
+  reopen index and checkpoint agree and the store's re-dispatch from that checkpoint rebuilds
+  exactly what was lost (no gaps, no duplicates).
+* One `WriteBatch.put` costs ~3 µs in Python, too slow for 800,000 entries/s. So within one
+  dispatch batch, all entries of one queue are packed into ONE value ("run") under the key
+  `queue-id (8 bytes BE) + first queue offset (8 bytes BE)`. Runs of a queue are contiguous; a
+  read at offset k finds the run with the greatest first offset <= k (`seek_for_prev`).
+* Queue names map to 8-byte queue ids (allocated on first entry, persisted in the same batch).
+  A queue's max offset is not stored separately: it is `first + count` of its last run, i.e.
+  persisted atomically with the entries; it is cached in memory after first use.
+
+Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
+
+    qid(8) + first_offset(8)  -> n × entry(20)      a run of n consecutive entries
+    FF 'C'                    -> u64 checkpoint    CommitLog offset fully dispatched
+    FF 'N' + name             -> u64 qid           FF 'I' + qid -> name
+    FF 'X'                    -> u64 next qid      FF 'P' -> u64 min CommitLog offset (retention)
+    FF 'M' + qid              -> u64 floor         min offset after runs were swept/dropped
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from typing import Iterable, NamedTuple
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+log = logging.getLogger(__name__)
+
+ENTRY = struct.Struct(">QIQ")      # phys_offset, size, store_ts
+ENTRY_SIZE = ENTRY.size            # 20
+_U64 = struct.Struct(">Q")
+_KEY = struct.Struct(">QQ")        # qid, first queue offset
+
+K_CKPT = b"\xffC"
+K_NAME = b"\xffN"
+K_ID = b"\xffI"
+K_NEXT = b"\xffX"
+K_MINPHYS = b"\xffP"
+K_FLOOR = b"\xffM"
+
+
+class IndexEntry(NamedTuple):
+    queue_offset: int
+    phys_offset: int
+    size: int
+    store_ts: int
+
+
+class LightQueueIndex:
+    """The Dispatcher (store protocol) that writes light-queue entries, plus index reads."""
+
+    name = "lightqueue"
+
+    def __init__(self, path: str, *, write_buffer_mb: int = 64) -> None:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_write_buffer_size(write_buffer_mb << 20)
+        opts.set_max_background_jobs(2)
+        self._db = Rdict(str(path), opts)
+        self._wo = WriteOptions()
+        self._wo.disable_wal = True
+        v = self._db.get(K_CKPT)
+        self._ckpt = 0 if v is None else _U64.unpack(v)[0]
+        self._durable_ckpt = self._ckpt
+        v = self._db.get(K_NEXT)
+        self._next_qid = 1 if v is None else _U64.unpack(v)[0]
+        v = self._db.get(K_MINPHYS)
+        self.min_phys = 0 if v is None else _U64.unpack(v)[0]
+        self._qids: dict[str, int] = {}     # name -> qid (lazy cache of FF 'N')
+        self._max: dict[int, int] = {}      # qid -> next offset to write (lazy cache)
+        self._min: dict[int, int] = {}      # qid -> min readable offset (lazy, reset on retention)
+        self._lock = threading.RLock()      # guards lazy loads vs. sweeps/truncate
+        self._pending: set[str] = set()     # queues that got entries since last take_touched()
+        self._closed = False
+        self._sweeper: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- names and offsets
+    def qid(self, name: str) -> int | None:
+        """The queue id of `name`, or None if the queue never got an entry."""
+        q = self._qids.get(name)
+        if q is None:
+            v = self._db.get(K_NAME + name.encode("utf-8"))
+            if v is None:
+                return None
+            q = self._qids[name] = _U64.unpack(v)[0]
+        return q
+
+    def queue_name(self, qid: int) -> str | None:
+        v = self._db.get(K_ID + _U64.pack(qid))
+        return None if v is None else v.decode("utf-8")
+
+    def _load_max(self, qid: int) -> int:
+        with self._lock:
+            m = self._max.get(qid)
+            if m is not None:
+                return m
+            m = self._floor(qid)
+            it = self._db.iter()
+            it.seek_for_prev(_KEY.pack(qid, 0xFFFFFFFFFFFFFFFF))
+            if it.valid():
+                k = it.key()
+                if len(k) == 16 and k[:8] == _U64.pack(qid):
+                    m = max(m, _KEY.unpack(k)[1] + len(it.value()) // ENTRY_SIZE)
+            self._max[qid] = m
+            return m
+
+    def _floor(self, qid: int) -> int:
+        v = self._db.get(K_FLOOR + _U64.pack(qid))
+        return 0 if v is None else _U64.unpack(v)[0]
+
+    def max_offset(self, name: str) -> int:
+        """Next offset to be written in `name` (0 for an unknown queue)."""
+        q = self.qid(name)
+        if q is None:
+            return 0
+        m = self._max.get(q)
+        return m if m is not None else self._load_max(q)
+
+    def min_offset(self, name: str) -> int:
+        """Smallest offset still readable: entries below point into deleted CommitLog segments."""
+        q = self.qid(name)
+        if q is None:
+            return 0
+        m = self._min.get(q)
+        if m is not None:
+            return m
+        with self._lock:
+            m = self._floor(q)
+            if self.min_phys:
+                for e in self._iter_entries(q, m):
+                    if e.phys_offset >= self.min_phys:
+                        m = e.queue_offset
+                        break
+                else:
+                    m = self.max_offset(name)
+            self._min[q] = m
+            return m
+
+    # ---------------------------------------------------------------- reads
+    def _iter_entries(self, qid: int, offset: int) -> Iterable[IndexEntry]:
+        """Entries of queue `qid` from `offset` on, in order (runs are contiguous)."""
+        pre = _U64.pack(qid)
+        it = self._db.iter()
+        it.seek_for_prev(_KEY.pack(qid, offset))
+        if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
+            it.seek(_KEY.pack(qid, offset))
+        while it.valid():
+            k = it.key()
+            if len(k) != 16 or k[:8] != pre:
+                return
+            first = _KEY.unpack(k)[1]
+            v = it.value()
+            n = len(v) // ENTRY_SIZE
+            i = offset - first if offset > first else 0
+            while i < n:
+                phys, size, ts = ENTRY.unpack_from(v, i * ENTRY_SIZE)
+                yield IndexEntry(first + i, phys, size, ts)
+                i += 1
+            it.next()
+
+    def read(self, name: str, offset: int, max_count: int) -> list[IndexEntry]:
+        """Up to `max_count` entries of `name` starting at `offset` (unknown queue -> [])."""
+        q = self.qid(name)
+        if q is None or max_count <= 0:
+            return []
+        out = []
+        for e in self._iter_entries(q, offset):
+            out.append(e)
+            if len(out) >= max_count:
+                break
+        return out
+
+    def queue_count(self) -> int:
+        return self._next_qid - 1
+
+    # ---------------------------------------------------------------- Dispatcher protocol
+    def checkpoint(self) -> int:
+        return self._durable_ckpt
+
+    def dispatch(self, batch, end_offset: int) -> None:
+        """Index one batch of DispatchRequests; one RocksDB write for the whole batch."""
+        ckpt = self._ckpt
+        groups: dict[str, list[bytes]] = {}
+        pack = ENTRY.pack
+        get = groups.get
+        for r in batch:
+            qs = r.dispatch_queues
+            if not qs or r.phys_offset < ckpt:
+                continue   # no light queue, or already indexed (idempotent replay)
+            e = pack(r.phys_offset, r.size, r.store_ts)
+            for q in qs:
+                lst = get(q)
+                if lst is None:
+                    groups[q] = [e]
+                else:
+                    lst.append(e)
+        if not groups and end_offset <= ckpt:
+            return
+        wb = WriteBatch(raw_mode=True)
+        new_ids: dict[str, int] = {}
+        new_max: list[tuple[int, int]] = []
+        next_qid = self._next_qid
+        qids = self._qids
+        maxes = self._max
+        for name, entries in groups.items():
+            q = qids.get(name)
+            if q is None:
+                q = self.qid(name)
+                if q is None:
+                    q = next_qid
+                    next_qid += 1
+                    nb = name.encode("utf-8")
+                    wb.put(K_NAME + nb, _U64.pack(q))
+                    wb.put(K_ID + _U64.pack(q), nb)
+                    new_ids[name] = q
+            start = maxes.get(q)
+            if start is None:
+                start = 0 if name in new_ids else self._load_max(q)
+            wb.put(_KEY.pack(q, start), b"".join(entries))
+            new_max.append((q, start + len(entries)))
+        if next_qid != self._next_qid:
+            wb.put(K_NEXT, _U64.pack(next_qid))
+        if end_offset > ckpt:
+            wb.put(K_CKPT, _U64.pack(end_offset))
+        self._db.write(wb, self._wo)     # raises on I/O error: nothing below is applied
+        # Only now publish the new state in memory.
+        qids.update(new_ids)
+        self._next_qid = next_qid
+        for q, m in new_max:
+            maxes[q] = m
+        if end_offset > ckpt:
+            self._ckpt = end_offset
+        self._pending.update(groups.keys())
+
+    def take_touched(self) -> set[str]:
+        """Queues that received entries since the last call (for listeners)."""
+        p = self._pending
+        self._pending = set()
+        return p
+
+    def flush(self) -> None:
+        """Persist memtables (the WAL is off); afterwards checkpoint() covers every batch."""
+        ckpt = self._ckpt
+        self._db.flush(True)
+        self._durable_ckpt = ckpt
+
+    def truncate(self, offset: int) -> None:
+        """Forget every entry pointing at/after CommitLog `offset` (the store cut its tail)."""
+        with self._lock:
+            if offset >= self._ckpt:
+                return
+            wb = WriteBatch(raw_mode=True)
+            it = self._db.iter()
+            it.seek_to_first()
+            while it.valid():
+                k = it.key()
+                if k[:1] == b"\xff":
+                    break
+                v = it.value()
+                n = len(v) // ENTRY_SIZE
+                keep = n
+                while keep > 0 and ENTRY.unpack_from(v, (keep - 1) * ENTRY_SIZE)[0] >= offset:
+                    keep -= 1
+                if keep != n:
+                    qid, first = _KEY.unpack(k)
+                    if keep:
+                        wb.put(k, v[:keep * ENTRY_SIZE])
+                    else:
+                        wb.delete(k)
+                    self._max[qid] = min(self._max.get(qid, first + n), first + keep)
+                it.next()
+            wb.put(K_CKPT, _U64.pack(offset))
+            self._db.write(wb, self._wo)
+            self._db.flush(True)
+            self._ckpt = self._durable_ckpt = offset
+            self._max.clear()   # reload lazily from the runs that survived
+            self._min.clear()
+
+    def on_segments_deleted(self, min_phys_offset: int) -> None:
+        """Retention moved the CommitLog start: min offsets move; dead runs are swept later."""
+        if min_phys_offset <= self.min_phys:
+            return
+        with self._lock:
+            self.min_phys = min_phys_offset
+            wb = WriteBatch(raw_mode=True)
+            wb.put(K_MINPHYS, _U64.pack(min_phys_offset))
+            self._db.write(wb, WriteOptions())   # with WAL: survives without a flush
+            self._min.clear()
+        if self._sweeper is None or not self._sweeper.is_alive():
+            self._sweeper = threading.Thread(target=self.sweep, name="lightqueue-sweep", daemon=True)
+            self._sweeper.start()
+
+    def sweep(self, batch_runs: int = 10000) -> int:
+        """Delete runs whose every entry is below `min_phys`; returns the number deleted.
+
+        A queue keeps its offsets: if its last run is deleted, its max offset is written as the
+        queue's floor in the same batch, so numbering never restarts.
+        """
+        deleted = 0
+        min_phys = self.min_phys
+        it = self._db.iter()
+        it.seek_to_first()
+        todo: list[tuple[bytes, int, int]] = []
+        while it.valid() and not self._closed:
+            k = it.key()
+            if k[:1] == b"\xff":
+                break
+            v = it.value()
+            if ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0] < min_phys:
+                qid, first = _KEY.unpack(k)
+                todo.append((k, qid, first + len(v) // ENTRY_SIZE))
+                if len(todo) >= batch_runs:
+                    deleted += self._delete_runs(todo)
+                    todo = []
+            it.next()
+        if todo:
+            deleted += self._delete_runs(todo)
+        return deleted
+
+    def _delete_runs(self, runs: list[tuple[bytes, int, int]]) -> int:
+        with self._lock:
+            wb = WriteBatch(raw_mode=True)
+            floors: dict[int, int] = {}
+            for k, qid, end in runs:
+                wb.delete(k)
+                floors[qid] = max(floors.get(qid, 0), end)
+            for qid, end in floors.items():
+                wb.put(K_FLOOR + _U64.pack(qid), _U64.pack(max(end, self._floor(qid))))
+            self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
+            for qid in floors:
+                self._min.pop(qid, None)
+        return len(runs)
+
+    def drop_queue(self, name: str) -> bool:
+        """Delete every entry of `name` (an unused wildcard queue); its offsets do not restart."""
+        with self._lock:
+            q = self.qid(name)
+            if q is None:
+                return False
+            end = self.max_offset(name)
+            wb = WriteBatch(raw_mode=True)
+            # Persist the dispatch state first: a crash must not replay pre-drop records into
+            # the dropped queue on top of its floor.
+            self._db.flush(True)
+            self._durable_ckpt = self._ckpt
+            wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
+            wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
+            self._db.write(wb, WriteOptions())
+            self._min[q] = end
+            return True
+
+    def disk_size(self) -> int:
+        """Live SST + memtable bytes as RocksDB reports them."""
+        try:
+            return int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0)
+        except Exception:
+            return 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=30)
+        self._db.close()

@@ -1,0 +1,168 @@
+"""LightQueueStore: the light-queue API the gateway and notify use (docs/internals.md).
+
+It ties together the pieces, each in its own module:
+  FilterRegistry (registry.py)  which queues a topic lands in (trie over registered filters)
+  LightQueueIndex (index.py)    the store Dispatcher writing entries into RocksDB (WAL off)
+  MessageCache (cache.py)       one store read per message, whatever the number of readers
+  MetadataStore (metadata.py)   offsets, sessions, retained, wills, filters (RocksDB, WAL on)
+
+Visibility: the index may hold entries a moment before the store publishes them (the store
+advances `dispatched_offset` after every dispatcher took the batch), so `pull` stops at the
+first entry at/after `store.dispatched_offset`, and listeners are called from the store's
+dispatch listener, i.e. when the entries are readable.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+from typing import Any, Callable, NamedTuple
+
+from .cache import MessageCache
+from .errors import LightQueueError
+from .index import LightQueueIndex
+from .metadata import MetadataStore
+from .registry import FilterRegistry
+from .topics import is_wildcard
+
+log = logging.getLogger(__name__)
+
+
+class PullResult(NamedTuple):
+    messages: list            # StoredMessage with .queue_offset = light-queue offset
+    next_offset: int          # offset to pull from next time
+    min_offset: int
+    max_offset: int           # next offset to be written
+
+
+def _with_queue_offset(m: Any, queue_offset: int) -> Any:
+    """A shallow copy of a cached StoredMessage carrying this queue's offset (payload shared)."""
+    c = copy.copy(m)
+    c.queue_offset = queue_offset
+    return c
+
+
+class LightQueueStore:
+    def __init__(self, store: Any, path: str, *, cache_bytes: int = 64 << 20,
+                 metadata_sync: bool = False) -> None:
+        """Open (or create) the light queues under `path`; call before `store.start()`."""
+        os.makedirs(path, exist_ok=True)
+        self._store = store
+        self.metadata = MetadataStore(os.path.join(path, "meta"), sync=metadata_sync)
+        try:
+            self.index = LightQueueIndex(os.path.join(path, "index"))
+        except Exception:
+            self.metadata.close()
+            raise
+        self.registry = FilterRegistry(self.metadata)
+        self.cache = MessageCache(max_bytes=cache_bytes)
+        self._listeners: list[Callable[[set[str]], None]] = []
+        self._cond = threading.Condition()
+        self._cache_min_phys = self.index.min_phys
+        self._closed = False
+        store.add_dispatcher(self.index)
+        store.add_dispatch_listener(self._on_dispatched)
+
+    # ------------------------------------------------------------ filters and topic mapping
+    def register_filter(self, flt: str) -> int:
+        """Register one subscriber of `flt` (validated, persisted); returns its reference count."""
+        return self.registry.register(flt)
+
+    def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
+        """Drop one reference; a wildcard filter at 0 leaves the trie and its queue is dropped."""
+        n = self.registry.unregister(flt)
+        if n == 0 and drop_queue and is_wildcard(flt):
+            self.index.drop_queue(flt)
+        return n
+
+    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
+        """Exact topic queue + every registered wildcard filter matching `topic` (validated)."""
+        return self.registry.queues_for_topic(topic)
+
+    # ------------------------------------------------------------ reads
+    def min_offset(self, queue: str) -> int:
+        return self.index.min_offset(queue)
+
+    def max_offset(self, queue: str) -> int:
+        return self.index.max_offset(queue)
+
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> PullResult:
+        """Messages of `queue` from `offset` (clamped up to min_offset); unknown queue -> empty.
+
+        Returns at least one message when one is available, even if it alone exceeds max_bytes.
+        """
+        lo = self.index.min_offset(queue)
+        hi = self.index.max_offset(queue)
+        if offset < lo:
+            offset = lo
+        if offset >= hi or max_count <= 0:
+            return PullResult([], offset, lo, hi)
+        min_phys = self.index.min_phys
+        if min_phys > self._cache_min_phys:
+            self.cache.drop_below(min_phys)
+            self._cache_min_phys = min_phys
+        visible = self._store.dispatched_offset
+        out = []
+        nbytes = 0
+        nxt = offset
+        read = self._store.read
+        for e in self.index.read(queue, offset, max_count):
+            if e.phys_offset >= visible:
+                break
+            if out and nbytes + e.size > max_bytes:
+                break
+            if e.phys_offset < min_phys:
+                nxt = e.queue_offset + 1   # its segment is gone: skip, never an error
+                continue
+            try:
+                m = self.cache.get(e.phys_offset, e.size, read)
+            except Exception as ex:
+                if e.phys_offset < self.index.min_phys:   # deleted while we were reading
+                    nxt = e.queue_offset + 1
+                    continue
+                raise LightQueueError(f"pull {queue!r} offset {e.queue_offset}: store read at "
+                                      f"{e.phys_offset} failed: {ex}") from ex
+            out.append(_with_queue_offset(m, e.queue_offset))
+            nbytes += e.size
+            nxt = e.queue_offset + 1
+        return PullResult(out, nxt, lo, hi)
+
+    # ------------------------------------------------------------ new-data hooks
+    def add_listener(self, fn: Callable[[set[str]], None]) -> None:
+        """fn(queue_names) after each dispatch batch, on the dispatch thread; keep it short."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[set[str]], None]) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    def _on_dispatched(self, dispatched_offset: int) -> None:
+        touched = self.index.take_touched()
+        if not touched:
+            return
+        with self._cond:
+            self._cond.notify_all()
+        for fn in list(self._listeners):
+            try:
+                fn(touched)
+            except Exception:   # a broken listener must not stop dispatch
+                log.exception("light-queue listener %r failed", fn)
+
+    def wait_for_data(self, queue: str, offset: int, timeout: float) -> bool:
+        """Block until `queue` has an entry at `offset` readable, or `timeout` seconds pass."""
+        def ready() -> bool:
+            return self.index.max_offset(queue) > offset
+        with self._cond:
+            return self._cond.wait_for(ready, timeout)
+
+    # ------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the index and the metadata DB (shut the store down first)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.index.close()
+        self.metadata.close()

@@ -1,0 +1,222 @@
+"""MetadataStore: consumer offsets, persistent sessions, retained messages, wills, filters.
+
+Why a separate RocksDB with the WAL on: unlike the light-queue index (rebuilt from the
+CommitLog), this state exists nowhere else. Every write goes through the WAL, so a process
+crash (kill -9) loses nothing that a call returned from; `sync=True` additionally fsyncs the
+WAL per write for power-loss safety at a large cost per call.
+
+Why one small API: a later scale-out puts this behind the store server; the gateway must not
+know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a contiguous range):
+
+    o consumer \\0 queue -> u64 offset         s client_id -> SessionRecord JSON
+    r topic              -> u32 plen, payload, props
+    w client_id          -> WillRecord bytes     f filter -> u32 reference count
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Iterator
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from .errors import MetadataError
+from .records import SessionRecord, WillRecord
+from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
+
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+P_OFFSET = b"o"
+P_SESSION = b"s"
+P_RETAINED = b"r"
+P_WILL = b"w"
+P_FILTER = b"f"
+
+
+class MetadataStore:
+    """Crash-safe key/value metadata for gateways and consumers (see module docstring)."""
+
+    def __init__(self, path: str, *, sync: bool = False) -> None:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        try:
+            self._db = Rdict(str(path), opts)
+        except Exception as e:  # rocksdict raises plain Exception with the RocksDB status
+            raise MetadataError(f"cannot open metadata DB at {path}: {e}") from e
+        self._wo = WriteOptions()
+        self._wo.sync = sync
+        self._lock = threading.Lock()   # read-modify-write of reference counts
+        self._closed = False
+
+    # -- low level ---------------------------------------------------------------------------
+    def _put(self, key: bytes, value: bytes) -> None:
+        wb = WriteBatch(raw_mode=True)
+        wb.put(key, value)
+        self._write(wb)
+
+    def _write(self, wb: WriteBatch) -> None:
+        if self._closed:
+            raise MetadataError("metadata store is closed")
+        try:
+            self._db.write(wb, self._wo)
+        except Exception as e:
+            raise MetadataError(f"metadata write failed: {e}") from e
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in self._db.items(from_key=prefix):
+            if not k.startswith(prefix):
+                return
+            yield k, v
+
+    # -- consumer / session offsets ---------------------------------------------------------
+    @staticmethod
+    def _okey(consumer: str, queue: str) -> bytes:
+        return P_OFFSET + consumer.encode("utf-8") + b"\x00" + queue.encode("utf-8")
+
+    def get_offset(self, consumer: str, queue: str) -> int | None:
+        """The committed offset of `consumer` in `queue`, or None if it never committed one."""
+        v = self._db.get(self._okey(consumer, queue))
+        return None if v is None else _U64.unpack(v)[0]
+
+    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+        """Commit several queue offsets of one consumer atomically (one WAL write)."""
+        wb = WriteBatch(raw_mode=True)
+        for q, off in offsets.items():
+            if off < 0:
+                raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
+            wb.put(self._okey(consumer, q), _U64.pack(off))
+        self._write(wb)
+
+    def get_offsets(self, consumer: str) -> dict[str, int]:
+        """Every committed offset of `consumer` (prefix scan)."""
+        pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
+        return {k[len(pre):].decode("utf-8"): _U64.unpack(v)[0] for k, v in self._scan(pre)}
+
+    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
+        """Forget `consumer`'s offsets (all, or only for `queues`)."""
+        wb = WriteBatch(raw_mode=True)
+        if queues is None:
+            pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
+            for k, _ in self._scan(pre):
+                wb.delete(k)
+        else:
+            for q in queues:
+                wb.delete(self._okey(consumer, q))
+        self._write(wb)
+
+    # -- persistent sessions -----------------------------------------------------------------
+    def put_session(self, client_id: str, rec: SessionRecord) -> None:
+        self._put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
+
+    def get_session(self, client_id: str) -> SessionRecord | None:
+        v = self._db.get(P_SESSION + client_id.encode("utf-8"))
+        return None if v is None else SessionRecord.from_bytes(v)
+
+    def delete_session(self, client_id: str) -> bool:
+        """Delete the session and its consumer offsets (consumer name = client id)."""
+        key = P_SESSION + client_id.encode("utf-8")
+        existed = self._db.get(key) is not None
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(key)
+        for k, _ in self._scan(P_OFFSET + client_id.encode("utf-8") + b"\x00"):
+            wb.delete(k)
+        self._write(wb)
+        return existed
+
+    def list_sessions(self) -> list[SessionRecord]:
+        return [SessionRecord.from_bytes(v) for _, v in self._scan(P_SESSION)]
+
+    # -- retained messages -------------------------------------------------------------------
+    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
+        """Store the retained message of `topic`; an empty payload clears it (MQTT §3.3.1.3)."""
+        validate_topic(topic)
+        key = P_RETAINED + topic.encode("utf-8")
+        if not payload:
+            wb = WriteBatch(raw_mode=True)
+            wb.delete(key)
+            self._write(wb)
+            return
+        self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
+
+    @staticmethod
+    def _decode_retained(v: bytes) -> tuple[bytes, bytes]:
+        (n,) = _U32.unpack_from(v, 0)
+        return v[4:4 + n], v[4 + n:]
+
+    def get_retained(self, topic: str) -> tuple[bytes, bytes] | None:
+        v = self._db.get(P_RETAINED + topic.encode("utf-8"))
+        return None if v is None else self._decode_retained(v)
+
+    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
+        """Retained (topic, payload, props) for every topic `flt` matches.
+
+        An exact filter is one point lookup; a wildcard filter scans only the key range of its
+        literal prefix (`a/b/+/c` scans topics starting `a/b`), so cost follows the matching
+        subtree, not the total number of retained topics. A leading wildcard scans everything.
+        """
+        validate_filter(flt)
+        if not is_wildcard(flt):
+            r = self.get_retained(flt)
+            return [] if r is None else [(flt, r[0], r[1])]
+        pre = literal_prefix(flt)
+        out = []
+        plen = len(P_RETAINED)
+        for k, v in self._scan(P_RETAINED + pre.encode("utf-8")):
+            topic = k[plen:].decode("utf-8")
+            if topic_matches(flt, topic):
+                p, props = self._decode_retained(v)
+                out.append((topic, p, props))
+        return out
+
+    # -- wills -------------------------------------------------------------------------------
+    def put_will(self, client_id: str, will: WillRecord) -> None:
+        self._put(P_WILL + client_id.encode("utf-8"), will.to_bytes())
+
+    def get_will(self, client_id: str) -> WillRecord | None:
+        v = self._db.get(P_WILL + client_id.encode("utf-8"))
+        return None if v is None else WillRecord.from_bytes(v)
+
+    def pop_will(self, client_id: str) -> WillRecord | None:
+        """Remove and return the will of `client_id` (None if it had none)."""
+        key = P_WILL + client_id.encode("utf-8")
+        with self._lock:
+            v = self._db.get(key)
+            if v is None:
+                return None
+            wb = WriteBatch(raw_mode=True)
+            wb.delete(key)
+            self._write(wb)
+        return WillRecord.from_bytes(v)
+
+    def list_wills(self) -> list[tuple[str, WillRecord]]:
+        """All stored wills: after a crash, the gateway publishes those of dead sessions."""
+        return [(k[1:].decode("utf-8"), WillRecord.from_bytes(v)) for k, v in self._scan(P_WILL)]
+
+    # -- filter registry (used by FilterRegistry) -------------------------------------------
+    def add_filter_ref(self, flt: str, delta: int) -> int:
+        """Change the reference count of a registered filter; returns the new count (>= 0)."""
+        key = P_FILTER + flt.encode("utf-8")
+        with self._lock:
+            v = self._db.get(key)
+            n = max(0, (0 if v is None else _U32.unpack(v)[0]) + delta)
+            wb = WriteBatch(raw_mode=True)
+            if n:
+                wb.put(key, _U32.pack(n))
+            else:
+                wb.delete(key)
+            self._write(wb)
+        return n
+
+    def filters(self) -> dict[str, int]:
+        """Every registered filter with its reference count."""
+        return {k[1:].decode("utf-8"): _U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def flush(self) -> None:
+        self._db.flush_wal(True)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._db.close()

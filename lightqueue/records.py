@@ -1,0 +1,89 @@
+"""Plain records kept by the metadata store: sessions, subscriptions, wills.
+
+Why plain dataclasses with explicit (de)serialisation: the metadata store is the only copy of
+this state, it must survive upgrades, and a later scale-out will ship it over the store's
+native protocol. JSON (with binary fields in a length-prefixed tail) is slow-ish but readable,
+versionable and small next to message payloads; sessions change at connect/subscribe rate, not
+at message rate.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+
+from .errors import MetadataError
+
+_U32 = struct.Struct(">I")
+
+
+@dataclass
+class Subscription:
+    """One subscription of a session, with its MQTT 5 options (3.1.1 clients use the defaults)."""
+
+    filter: str                      # topic filter without the `$share/group/` prefix
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+    share_group: str | None = None   # `$share/{group}/filter` subscriptions
+
+
+@dataclass
+class SessionRecord:
+    """A persistent MQTT session (clean start = 0 / clean session = 0, or expiry interval > 0)."""
+
+    client_id: str
+    protocol_version: int = 4        # 3 = 3.1, 4 = 3.1.1, 5 = 5.0
+    expiry_interval: int = 0         # seconds; 0xFFFFFFFF = never
+    last_disconnect_ms: int | None = None   # None while connected
+    subscriptions: list[Subscription] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # gateway-private JSON-able state
+
+    def to_bytes(self) -> bytes:
+        d = asdict(self)
+        d["v"] = 1
+        return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "SessionRecord":
+        try:
+            d = json.loads(raw)
+            d.pop("v", None)
+            subs = [Subscription(**s) for s in d.pop("subscriptions", [])]
+            return cls(subscriptions=subs, **d)
+        except (ValueError, TypeError) as e:
+            raise MetadataError(f"corrupt session record: {e}") from None
+
+
+@dataclass
+class WillRecord:
+    """A will message kept until the session ends cleanly (discarded) or uncleanly (published)."""
+
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    props: bytes = b""               # gateway-encoded MQTT 5 will properties
+    delay_interval: int = 0          # MQTT 5 Will Delay Interval, seconds
+    created_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        head = json.dumps({"v": 1, "topic": self.topic, "qos": self.qos, "retain": self.retain,
+                           "delay_interval": self.delay_interval, "created_ms": self.created_ms,
+                           "plen": len(self.payload)}, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
+        return b"".join((_U32.pack(len(head)), head, self.payload, self.props))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "WillRecord":
+        try:
+            (hl,) = _U32.unpack_from(raw, 0)
+            d = json.loads(raw[4:4 + hl])
+            p0 = 4 + hl
+            plen = d.pop("plen")
+            d.pop("v", None)
+            return cls(payload=raw[p0:p0 + plen], props=raw[p0 + plen:], **d)
+        except (ValueError, TypeError, KeyError, struct.error) as e:
+            raise MetadataError(f"corrupt will record: {e}") from None

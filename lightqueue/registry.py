@@ -1,0 +1,89 @@
+"""FilterRegistry: the persisted, reference-counted set of subscribed filters.
+
+Why reference counts: a wildcard filter gets its own light queue while at least one client is
+subscribed to it; when the last subscriber goes (`unregister_filter` to 0) the queue stops
+receiving entries and can be dropped. The counts live in the metadata DB (WAL on), so the
+registry is reloaded exactly on restart; the gateway should re-register filters of sessions it
+restores and unregister those of sessions that end.
+
+`queues_for_topic` is on the publish hot path. It walks the trie (cost ~ topic depth) and keeps
+a small LRU of recent results (device topics repeat), cleared whenever the set of wildcard
+filters changes.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from .metadata import MetadataStore
+from .topics import is_wildcard, validate_filter, validate_topic
+from .trie import FilterTrie
+
+
+class FilterRegistry:
+    def __init__(self, metadata: MetadataStore, *, cache_size: int = 65536) -> None:
+        self._meta = metadata
+        self._trie = FilterTrie()
+        self._refs: dict[str, int] = dict(metadata.filters())
+        for f in self._refs:
+            if is_wildcard(f):
+                self._trie.add(f)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._cache_size = cache_size
+
+    def register(self, flt: str) -> int:
+        """Add one reference to `flt` (validated); returns its new reference count."""
+        validate_filter(flt)
+        with self._lock:
+            n = self._meta.add_filter_ref(flt, +1)
+            self._refs[flt] = n
+            if n == 1 and is_wildcard(flt):
+                self._trie.add(flt)
+                self._cache = OrderedDict()  # publishers holding the old dict write into garbage
+        return n
+
+    def unregister(self, flt: str) -> int:
+        """Drop one reference; at 0 the filter leaves the trie. Returns the new count."""
+        with self._lock:
+            if flt not in self._refs:
+                return 0
+            n = self._meta.add_filter_ref(flt, -1)
+            if n == 0:
+                del self._refs[flt]
+                if is_wildcard(flt):
+                    self._trie.remove(flt)
+                    self._cache = OrderedDict()
+            else:
+                self._refs[flt] = n
+        return n
+
+    def refcount(self, flt: str) -> int:
+        return self._refs.get(flt, 0)
+
+    def filters(self) -> dict[str, int]:
+        return dict(self._refs)
+
+    def wildcard_count(self) -> int:
+        return len(self._trie)
+
+    def queues_for_topic(self, topic: str, *, validate: bool = True) -> tuple[str, ...]:
+        """The exact-topic queue first, then every registered wildcard filter matching it."""
+        cache = self._cache  # captured before matching: see register()
+        c = cache.get(topic)
+        if c is not None:
+            return c
+        if validate:
+            validate_topic(topic)
+        res = (topic, *self._trie.match(topic))
+        try:
+            cache[topic] = res
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        except KeyError:  # concurrent pop from another publisher thread: the cache is a hint
+            pass
+        return res
+
+    def match_uncached(self, topic: str) -> tuple[str, ...]:
+        """Same as queues_for_topic without the result cache (benchmarks measure the trie)."""
+        return (topic, *self._trie.match(topic))
