@@ -13,6 +13,8 @@ and it can be tested exhaustively with plain bytes.
 from __future__ import annotations
 
 from . import packets
+from .decoder import Decoder
+from .encoder import PublishTemplate, encode, encode_publish
 from .errors import ProtocolError
 from .reason_codes import (CONNACK_V5_TO_V311, SUBACK_FAILURE_V311, ReasonCode,
                            connack_return_code_v311)
@@ -21,9 +23,3 @@ __all__ = [
     "packets", "ProtocolError", "ReasonCode", "CONNACK_V5_TO_V311", "SUBACK_FAILURE_V311",
     "connack_return_code_v311", "Decoder", "encode", "encode_publish", "PublishTemplate",
 ]
-
-try:  # filled in by the next commits; the packet classes are importable first
-    from .encoder import PublishTemplate, encode, encode_publish  # noqa: F401
-    from .decoder import Decoder  # noqa: F401
-except ImportError:  # pragma: no cover - only during the initial bring-up
-    pass

@@ -324,6 +324,8 @@ def _connack(buf, pos: int, end: int, v5: bool) -> P.ConnAck:
         props, p2 = decode_properties(buf, pos + 2, end, 2)
         if p2 != end:
             raise _err("malformed packet: trailing bytes after CONNACK")
+        if rc and ack_flags:
+            raise _err("malformed packet: CONNACK session present set with a failure reason code")
         return P.ConnAck(bool(ack_flags), rc, props)
     if end - pos != 2:
         raise _err("malformed packet: CONNACK must have remaining length 2 before MQTT 5")
