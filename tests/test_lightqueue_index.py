@@ -1,0 +1,125 @@
+"""The RocksDB light-queue index driven through the Dispatcher protocol with real DispatchRequests.
+
+These tests run without a MessageStore: they play the dispatch stage by hand, so index
+behaviour (offsets, runs, replay, truncate, retention) is checked on its own.
+"""
+from __future__ import annotations
+
+import pytest
+
+from lightqueue import LightQueueIndex
+from store.message import DispatchRequest
+
+
+def req(phys, size=100, queues=("t",), ts=1000):
+    return DispatchRequest(phys, size, "t", 0, 0, 0, ts, ts, 0, (), tuple(queues))
+
+
+def feed(idx, records, phys0=0, size=100):
+    """Dispatch records = [queues, ...] at consecutive offsets; returns (batch, end_offset)."""
+    batch = [req(phys0 + i * size, size, qs) for i, qs in enumerate(records)]
+    end = phys0 + len(records) * size
+    idx.dispatch(batch, end)
+    return batch, end
+
+
+def phys_list(idx, q, start=0, n=10**6):
+    return [e.phys_offset for e in idx.read(q, start, n)]
+
+
+def test_fanout_offsets_contiguous_per_queue(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [("a/b", "a/+", "#"), ("a/c", "a/+", "#"), ("x", "#")])
+    feed(idx, [("a/b", "#"), ("a/b", "a/+")], phys0=300)
+    assert phys_list(idx, "a/b") == [0, 300, 400]
+    assert phys_list(idx, "a/+") == [0, 100, 400]
+    assert phys_list(idx, "#") == [0, 100, 200, 300]
+    assert [e.queue_offset for e in idx.read("#", 0, 100)] == [0, 1, 2, 3]
+    assert idx.max_offset("a/b") == 3 and idx.min_offset("a/b") == 0
+    # reads starting inside a run and across run boundaries
+    assert [e.queue_offset for e in idx.read("#", 2, 100)] == [2, 3]
+    assert phys_list(idx, "a/b", 1, 1) == [300]
+    assert idx.checkpoint() == 0  # nothing flushed yet
+    idx.flush()
+    assert idx.checkpoint() == 500
+
+
+def test_unknown_queue_is_empty_not_an_error(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    assert idx.read("nope", 0, 10) == []
+    assert idx.max_offset("nope") == 0 and idx.min_offset("nope") == 0
+
+
+def test_replay_below_checkpoint_is_skipped(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    batch, end = feed(idx, [("q",), ("q",)])
+    idx.dispatch(batch, end)             # the store re-dispatches the same records
+    assert phys_list(idx, "q") == [0, 100]
+
+
+def test_reopen_after_flush_keeps_everything_and_continues_offsets(tmp_path):
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    feed(idx, [("q", "w/+")] * 5)
+    idx.flush()
+    idx.close()
+    idx = LightQueueIndex(p)
+    assert idx.checkpoint() == 500
+    assert idx.max_offset("q") == 5
+    feed(idx, [("q",)], phys0=500)
+    assert phys_list(idx, "q") == [0, 100, 200, 300, 400, 500]
+    assert idx.max_offset("w/+") == 5
+    idx.close()
+
+
+def test_truncate_forgets_entries_at_and_after_offset(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [("q", "r")] * 4)
+    feed(idx, [("q",)] * 2, phys0=400)
+    idx.truncate(250)
+    assert phys_list(idx, "q") == [0, 100, 200]
+    assert phys_list(idx, "r") == [0, 100, 200]
+    assert idx.max_offset("q") == 3 and idx.checkpoint() == 250
+    # re-dispatch after the cut continues the numbering without gaps
+    idx.dispatch([req(250, 100, ("q",))], 350)
+    assert [(e.queue_offset, e.phys_offset) for e in idx.read("q", 0, 10)][-1] == (3, 250)
+
+
+def test_retention_moves_min_offset_and_sweep_keeps_numbering(tmp_path):
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    feed(idx, [("q",)] * 3)                      # run 1: offsets 0..2, phys 0..200
+    feed(idx, [("q",), ("old",)], phys0=300)     # run 2: q 3 (phys 300), old 0 (phys 400)
+    feed(idx, [("q",)], phys0=500)               # run 3: q 4 (phys 500)
+    idx.on_segments_deleted(450)
+    idx._sweeper.join(10)
+    assert idx.min_offset("q") == 4
+    assert idx.min_offset("old") == 1 == idx.max_offset("old")   # everything gone, numbering kept
+    assert phys_list(idx, "q", 0) == [500]       # reading below min skips the swept runs
+    idx.flush()
+    idx.close()
+    idx = LightQueueIndex(p)
+    assert idx.min_offset("old") == 1 and idx.max_offset("old") == 1
+    feed(idx, [("old",)], phys0=600)
+    assert [(e.queue_offset, e.phys_offset) for e in idx.read("old", 0, 10)] == [(1, 600)]
+    idx.close()
+
+
+def test_drop_queue_keeps_offsets_monotonic(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [("a/+",)] * 3)
+    assert idx.drop_queue("a/+")
+    assert idx.read("a/+", 0, 10) == []
+    assert idx.min_offset("a/+") == 3 == idx.max_offset("a/+")
+    feed(idx, [("a/+",)], phys0=300)
+    assert [e.queue_offset for e in idx.read("a/+", 0, 10)] == [3]
+    assert not idx.drop_queue("never-seen")
+
+
+def test_many_queues_one_batch(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    n = 5000
+    feed(idx, [(f"dev/{i}",) for i in range(n)])
+    assert idx.queue_count() == n
+    assert all(idx.max_offset(f"dev/{i}") == 1 for i in range(0, n, 97))
+    assert phys_list(idx, "dev/4321") == [432100]
