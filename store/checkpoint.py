@@ -1,0 +1,48 @@
+"""`OffsetCheckpoint`: one durable integer (a CommitLog offset) in a small file.
+
+Written atomically (temp file, fsync, rename, fsync of the directory) so a crash leaves either the
+old or the new value, never a torn one. Each dispatcher owns one; the CommitLog keeps its flushed
+offset in one too. Written about once a second, so the fsync cost does not matter.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+_FMT = struct.Struct("<QI")  # value, crc32(value bytes)
+
+
+class OffsetCheckpoint:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self, default: int = 0) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return default
+        if len(raw) != _FMT.size:
+            return default
+        value, crc = _FMT.unpack(raw)
+        if zlib.crc32(raw[:8]) != crc:
+            return default
+        return value
+
+    def save(self, value: int) -> None:
+        raw = struct.pack("<Q", value)
+        raw += struct.pack("<I", zlib.crc32(raw))
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, raw)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

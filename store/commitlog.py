@@ -1,0 +1,366 @@
+"""`CommitLog`: record framing, batched append under one lock, reads by offset, tail recovery.
+
+Append path (why it looks like this): a whole batch is laid out and encoded into one bytearray per
+segment touched (`struct.pack_into` per record, one CRC per record) and copied into the memory map
+with one slice assignment - no per-message syscall, no per-message copy into the map. A record
+never spans two segments: when the next record does not fit (keeping >= 8 bytes for the filler
+header) a blank filler closes the segment and the record goes to the next one.
+
+In `async+buffer` mode the encoded chunks are kept in memory (`pending`) and copied into the map
+by `commit()` (every 200 ms from the background service, or inline when the buffer is over its
+cap). Only committed bytes are dispatched and visible.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+import zlib
+
+from .config import StoreConfig
+from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
+from .mapped_file_queue import MappedFileQueue
+from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, decode,
+                     encode_names, encode_topic, first_level, tags_code_of, valid_at)
+from .message import StoredMessage
+
+log = logging.getLogger("lmqtt.store")
+
+_MSG_MAGIC_BYTES = struct.pack("<I", MSG_MAGIC)
+_ZERO_BLOCK = bytes(1 << 20)
+
+
+class CommitLog:
+    def __init__(self, cfg: StoreConfig, ident: str) -> None:
+        self.cfg = cfg
+        self.ident = ident
+        self.seg_size = cfg.segment_size
+        self.mfq = MappedFileQueue(os.path.join(cfg.data_dir, "commitlog"), cfg.segment_size, cfg.preallocate)
+        self.lock = threading.Lock()
+        self.buffered = cfg.flush_mode == "async+buffer"
+        self.wrote = 0       # end of appended data (global offset; always a record boundary)
+        self.committed = 0   # end of data in the maps (== wrote unless buffered); dispatch reads up to here
+        self.flushed = 0     # end of data known durable (fdatasync done)
+        self._flush_lock = threading.Lock()
+        self.queue_table: dict[tuple[str, int], int] = {}
+        self._topic_cache: dict[str, tuple[bytes, str, int]] = {}
+        self._names_cache: dict[tuple[str, ...], bytes] = {}
+        self.pending: list[tuple[int, bytearray]] = []
+        self.pending_bytes = 0
+        self.disk_full_reason: str | None = None
+        self.corrupt_ranges: list[tuple[int, int]] = []
+
+    # ------------------------------------------------------------------ append
+    def _topic_info(self, topic: str) -> tuple[bytes, str, int]:
+        tb = encode_topic(topic, self.cfg.max_topic_bytes)
+        info = (tb, first_level(topic), tags_code_of(tb))
+        if len(self._topic_cache) > 100_000:
+            self._topic_cache.clear()
+        self._topic_cache[topic] = info
+        return info
+
+    def _names(self, names: tuple[str, ...], what: str) -> bytes:
+        b = self._names_cache.get(names)
+        if b is None:
+            b = encode_names(names, what)
+            if len(self._names_cache) > 100_000:
+                self._names_cache.clear()
+            self._names_cache[names] = b
+        return b
+
+    def check_writable(self) -> None:
+        if self.disk_full_reason:
+            raise DiskFull(self.disk_full_reason)
+
+    def append_batch(self, msgs) -> tuple[list[tuple[int, int, int]], int]:
+        """Append `msgs` atomically (all or nothing). Returns ([(phys, size, queue_offset)], end)."""
+        if self.disk_full_reason:
+            raise DiskFull(self.disk_full_reason)
+        maxsize = self.cfg.max_message_size
+        tcache = self._topic_cache
+        ncache = self._names_cache
+        pre = []
+        for m in msgs:
+            t = tcache.get(m.topic)
+            if t is None:
+                t = self._topic_info(m.topic)
+            keys = m.keys
+            kb = (ncache.get(keys) or self._names(keys, "keys")) if keys else b""
+            dq = m.dispatch_queues
+            db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
+            body = m.body
+            props = m.props
+            total = HEADER_SIZE + len(t[0]) + len(kb) + len(db) + len(props) + len(body)
+            if total > maxsize:
+                from .record import check_size
+                check_size(total, maxsize)
+            pre.append((m, t, kb, db, total))
+        if not pre:
+            return [], self.wrote
+        seg = self.seg_size
+        pack_into = HEADER.pack_into
+        crc32 = zlib.crc32
+        with self.lock:
+            phys = self.wrote
+            seg_end = phys - phys % seg + seg
+            store_ts = int(time.time() * 1000)
+            qt = self.queue_table
+            assigned: dict[tuple[str, int], int] = {}
+            out = []
+            chunks: list[tuple[int, bytearray]] = []
+            # layout: split into per-segment chunks
+            spans = []  # (chunk_start, chunk_data_end, filler)
+            cstart = phys
+            for item in pre:
+                total = item[4]
+                if phys + total > seg_end - MIN_BLANK:
+                    spans.append((cstart, phys, True))
+                    phys = seg_end
+                    seg_end += seg
+                    cstart = phys
+                phys += total
+            spans.append((cstart, phys, False))
+            it = iter(pre)
+            try:
+                for cstart, cend, filler in spans:
+                    buf = bytearray(cend - cstart + (MIN_BLANK if filler else 0))
+                    mv = memoryview(buf)
+                    pos = 0
+                    n = cend - cstart
+                    while pos < n:
+                        m, (tb, fl, tags), kb, db, total = next(it)
+                        key = (fl, m.queue_id)
+                        qoff = assigned.get(key)
+                        if qoff is None:
+                            qoff = qt.get(key, 0)
+                        assigned[key] = qoff + 1
+                        body = m.body
+                        props = m.props
+                        tl = len(tb); kl = len(kb); dl = len(db); pl = len(props); bl = len(body)
+                        pack_into(buf, pos, total, MSG_MAGIC, 0, m.queue_id, m.flags, qoff, cstart + pos,
+                                  m.born_ts, store_ts, tags, bl, pl, tl, kl, dl)
+                        p = pos + HEADER_SIZE
+                        mv[p:p + tl] = tb
+                        p += tl
+                        if kl:
+                            mv[p:p + kl] = kb
+                            p += kl
+                        if dl:
+                            mv[p:p + dl] = db
+                            p += dl
+                        if pl:
+                            mv[p:p + pl] = props
+                            p += pl
+                        mv[p:p + bl] = body
+                        end = pos + total
+                        struct.pack_into("<I", buf, pos + 8, crc32(mv[pos + CRC_START:end]))
+                        out.append((cstart + pos, total, qoff))
+                        pos = end
+                    if filler:
+                        PREFIX.pack_into(buf, pos, (cstart - cstart % seg + seg) - (cstart + pos), BLANK_MAGIC)
+                    mv.release()
+                    chunks.append((cstart, buf))
+            except struct.error as e:
+                raise InvalidMessage(f"a numeric field is out of range (queue_id/flags u32, born_ts u64 "
+                                     f"non-negative): {e}; nothing was written") from None
+            except TypeError as e:
+                raise InvalidMessage(f"body and props must be bytes-like: {e}; nothing was written") from None
+            # make sure every segment exists before writing anything (DiskFull -> nothing written)
+            for cstart, _ in chunks:
+                if self.mfq.find(cstart) is None:
+                    self._new_segment(cstart - cstart % seg)
+            end = phys
+            if self.buffered:
+                for c in chunks:
+                    self.pending.append(c)
+                    self.pending_bytes += len(c[1])
+                self.wrote = end
+                if self.pending_bytes > self.cfg.commit_buffer_max:
+                    self._commit_locked()
+            else:
+                for cstart, buf in chunks:
+                    mf = self.mfq.find(cstart)
+                    rel = cstart - mf.start_offset
+                    mf.mm[rel:rel + len(buf)] = buf
+                    mf.wrote_pos = rel + len(buf)
+                self.wrote = end
+                self.committed = end
+            qt.update(assigned)
+        return out, end
+
+    def _new_segment(self, start: int):
+        used = _disk_usage_fraction(self.cfg.data_dir)
+        if used is not None and used > self.cfg.disk_high_water:
+            reason = (f"disk usage {used:.1%} of the filesystem holding {self.cfg.data_dir} is above the "
+                      f"high-water mark {self.cfg.disk_high_water:.0%}; appends refused until space is freed")
+            self.disk_full_reason = reason
+            raise DiskFull(reason)
+        try:
+            return self.mfq.create(start)
+        except DiskFull as e:
+            log.error("commitlog: %s", e)
+            raise
+
+    def commit(self) -> int:
+        """async+buffer: copy pending chunks into the maps. Returns the new committed offset."""
+        with self.lock:
+            return self._commit_locked()
+
+    def _commit_locked(self) -> int:
+        for cstart, buf in self.pending:
+            mf = self.mfq.find(cstart)
+            rel = cstart - mf.start_offset
+            mf.mm[rel:rel + len(buf)] = buf
+            mf.wrote_pos = rel + len(buf)
+        self.pending = []
+        self.pending_bytes = 0
+        self.committed = self.wrote
+        return self.committed
+
+    # ------------------------------------------------------------------ flush
+    def flush(self) -> int:
+        """fdatasync every segment holding committed-but-unflushed data. Returns the flushed offset."""
+        with self._flush_lock:
+            target = self.committed
+            start = self.flushed
+            if target <= start:
+                return start
+            for mf in self.mfq.files:
+                if mf.end_offset > start and mf.start_offset < target:
+                    mf.flush()
+            self.flushed = target
+            return target
+
+    # ------------------------------------------------------------------ read
+    def read(self, phys: int, size: int | None = None) -> StoredMessage:
+        mf = self.mfq.find(phys)
+        if mf is None:
+            raise NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, {self.wrote})")
+        rel = phys - mf.start_offset
+        try:
+            if size is None:
+                size = PREFIX.unpack_from(mf.mm, rel)[0]
+            if size < HEADER_SIZE or rel + size > mf.size:
+                from .errors import CorruptRecord
+                raise CorruptRecord(f"no valid record at offset {phys} (size field {size})")
+            raw = mf.mm[rel:rel + size]
+        except ValueError:  # map closed by retention meanwhile
+            raise NotVisible(f"offset {phys} was deleted by retention") from None
+        return decode(raw, 0, phys, self.ident)
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, scan_from: int) -> int:
+        """Find the end of valid data scanning (with CRC) from `scan_from` (a record boundary, or any
+        offset: it is rounded down to its segment start). Cuts a torn tail, records corrupt ranges in
+        the middle, deletes segments after the end. Returns the end offset."""
+        files = self.mfq.files
+        if not files:
+            self.wrote = self.committed = self.flushed = 0
+            return 0
+        scan_from = max(scan_from, files[0].start_offset)
+        mf = self.mfq.find(scan_from)
+        if mf is None:
+            mf = files[-1]
+            scan_from = mf.start_offset
+        pos = scan_from
+        # scan_from may be a checkpoint beyond a lost tail (async + power failure): then restart at
+        # the segment start so the end is never placed past real data
+        if not valid_at(mf.mm, pos - mf.start_offset, pos, mf.size) and pos != mf.start_offset:
+            pos = mf.start_offset
+        idx = files.index(mf)
+        corrupt = []
+        while True:
+            mf = files[idx]
+            rel = pos - mf.start_offset
+            size = mf.size
+            mm = mf.mm
+            while rel < size:
+                if rel + 8 <= size:
+                    total, magic = PREFIX.unpack_from(mm, rel)
+                    if magic == BLANK_MAGIC and total == size - rel:
+                        rel = size
+                        break
+                n = valid_at(mm, rel, mf.start_offset + rel, size)
+                if n:
+                    rel += n
+                    continue
+                nxt = self._resync(mf, rel)
+                if nxt >= 0:
+                    corrupt.append((mf.start_offset + rel, mf.start_offset + nxt))
+                    log.error("commitlog: corrupt data at offsets [%d, %d) in %s; skipped, never served",
+                              mf.start_offset + rel, mf.start_offset + nxt, mf.path)
+                    rel = nxt
+                    continue
+                if idx + 1 < len(files) and self._segment_has_data(files[idx + 1]):
+                    corrupt.append((mf.start_offset + rel, mf.end_offset))
+                    log.error("commitlog: corrupt data at offsets [%d, %d) in %s; skipped, never served",
+                              mf.start_offset + rel, mf.end_offset, mf.path)
+                    rel = size
+                    break
+                # torn / absent tail: the end of the log
+                end = mf.start_offset + rel
+                self._cut(mf, rel, idx, files)
+                self.corrupt_ranges = corrupt
+                return end
+            pos = mf.end_offset
+            idx += 1
+            if idx >= len(files):
+                # ended exactly at a segment end: the next append creates the next segment
+                self.wrote = self.committed = self.flushed = pos
+                self.corrupt_ranges = corrupt
+                return pos
+
+    def _segment_has_data(self, mf) -> bool:
+        total, magic = PREFIX.unpack_from(mf.mm, 0)
+        return (magic == BLANK_MAGIC and total == mf.size) or bool(valid_at(mf.mm, 0, mf.start_offset, mf.size))
+
+    def _resync(self, mf, rel: int) -> int:
+        """Relative position of the next valid record after `rel` in this segment, or -1."""
+        mm = mf.mm
+        i = rel + 1
+        while True:
+            j = mm.find(_MSG_MAGIC_BYTES, i + 4)
+            if j < 0:
+                return -1
+            cand = j - 4
+            if cand > rel and valid_at(mm, cand, mf.start_offset + cand, mf.size):
+                return cand
+            i = cand + 1
+
+    def _cut(self, mf, rel: int, idx: int, files) -> None:
+        end = mf.start_offset + rel
+        # zero non-zero blocks after the end so a later recovery cannot see stale bytes
+        mm = mf.mm
+        p = rel
+        step = len(_ZERO_BLOCK)
+        cut = 0
+        while p < mf.size:
+            q = min(p + step, mf.size)
+            if mm[p:q] != _ZERO_BLOCK[:q - p]:
+                mm[p:q] = _ZERO_BLOCK[:q - p]
+                cut += q - p
+            p = q
+        if cut:
+            log.warning("commitlog: torn/invalid tail at offset %d (%s +%d) cut", end, mf.path, rel)
+            mf.flush()
+        for later in files[idx + 1:]:
+            log.warning("commitlog: deleting segment %s after the end of valid data", later.path)
+        self.mfq.files = files[:idx + 1]
+        for later in files[idx + 1:]:
+            later.destroy()
+        mf.wrote_pos = mf.committed_pos = mf.flushed_pos = rel
+        self.wrote = self.committed = self.flushed = end
+
+    def close(self) -> None:
+        self.mfq.close()
+
+
+def _disk_usage_fraction(path: str) -> float | None:
+    try:
+        u = shutil.disk_usage(path)
+    except OSError:
+        return None
+    return (u.total - u.free) / u.total if u.total else None

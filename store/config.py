@@ -1,0 +1,62 @@
+"""`StoreConfig`: every tunable of the store in one place, validated once at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLUSH_MODES = ("sync", "async", "async+buffer")
+
+
+@dataclass
+class StoreConfig:
+    """Configuration of a `MessageStore`.
+
+    Defaults follow RocketMQ (seed 001): async flush every 500 ms or when >= 4 pages are dirty, a
+    thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
+    """
+
+    data_dir: str
+    segment_size: int = 1 << 30
+    flush_mode: str = "async"
+    max_message_size: int = 4 << 20
+    max_topic_bytes: int = 4096
+    # async flush (seed 001: flushIntervalCommitLog / flushCommitLogLeastPages / thorough interval)
+    flush_interval_ms: int = 500
+    flush_least_pages: int = 4
+    flush_thorough_interval_ms: int = 10_000
+    # async+buffer: commit the in-memory write buffer to the mapped file this often, or when it
+    # holds more than commit_buffer_max bytes (then the appender commits inline: back-pressure).
+    commit_interval_ms: int = 200
+    commit_buffer_max: int = 64 << 20
+    # sync: a writer that is not acknowledged within this time gets a StoreError (disk stalled)
+    sync_flush_timeout_ms: int = 5_000
+    # dispatch
+    dispatch_chunk_bytes: int = 4 << 20
+    dispatcher_flush_interval_ms: int = 1_000
+    # ConsumeQueue
+    cq_entries_per_file: int = 300_000
+    # key index (IndexFile): slots and entries per file (RocketMQ: 5M slots, 20M entries)
+    index_slots: int = 500_000
+    index_entries: int = 2_000_000
+    # retention: whole segments older than this are deleted once every dispatcher is past them
+    retention_ms: int = 72 * 3600 * 1000
+    retention_check_interval_ms: int = 10_000
+    # refuse appends while the filesystem holding data_dir is used above this fraction
+    disk_high_water: float = 0.95
+    disk_check_interval_ms: int = 1_000
+    preallocate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in FLUSH_MODES:
+            raise ValueError(f"flush_mode must be one of {FLUSH_MODES}, got {self.flush_mode!r}")
+        if self.segment_size < 4096 or self.segment_size % 4096:
+            raise ValueError(f"segment_size must be a multiple of 4096 (>= 4096), got {self.segment_size}")
+        if self.max_message_size + 16 > self.segment_size:
+            raise ValueError(
+                f"max_message_size ({self.max_message_size}) must be smaller than segment_size "
+                f"({self.segment_size}) so that any record fits in one segment")
+        if self.segment_size >= 1 << 62:
+            raise ValueError("segment_size too large")
+        if not 0.0 < self.disk_high_water <= 1.0:
+            raise ValueError("disk_high_water must be in (0, 1]")
+        if self.cq_entries_per_file <= 0 or self.index_slots <= 0 or self.index_entries <= 0:
+            raise ValueError("cq_entries_per_file, index_slots and index_entries must be positive")

@@ -1,0 +1,286 @@
+"""ConsumeQueue: per (first-level topic, queue id) index of fixed 20-byte entries.
+
+Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic); 300,000
+entries per file, files named by the 20-digit byte offset of their first entry, so the entry for
+queue offset N is at byte N*20: O(1) seek, no search. (RocketMQ seed 002.)
+
+`ConsumeQueueStore` is the built-in dispatcher that maintains all of them. Its checkpoint is the
+CommitLog offset below which every entry is durable; on recovery it truncates entries at/after
+that offset so replay neither duplicates nor skips an entry.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import threading
+from urllib.parse import quote
+
+from .checkpoint import OffsetCheckpoint
+from .mapped_file_queue import MappedFileQueue
+from .record import first_level
+
+log = logging.getLogger("lmqtt.store")
+
+ENTRY = struct.Struct("<QIQ")
+ENTRY_SIZE = ENTRY.size  # 20
+assert ENTRY_SIZE == 20
+
+
+def topic_dir_name(topic: str) -> str:
+    """A filesystem-safe, reversible-by-file directory name for a first-level topic."""
+    name = quote(topic, safe="")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if len(name) > 200:
+        name = "h_" + hashlib.sha1(topic.encode()).hexdigest()
+    return name
+
+
+class ConsumeQueue:
+    """One queue: a MappedFileQueue of entry files plus min/max offsets (in entries)."""
+
+    def __init__(self, directory: str, entries_per_file: int, preallocate: bool) -> None:
+        self.mfq = MappedFileQueue(directory, entries_per_file * ENTRY_SIZE, preallocate)
+        self.file_bytes = entries_per_file * ENTRY_SIZE
+        self.max_offset = 0  # next queue offset to write
+        self.min_offset = 0
+        self.dirty = False
+
+    def load(self) -> None:
+        self.mfq.load()
+        files = self.mfq.files
+        if not files:
+            return
+        self.min_offset = files[0].start_offset // ENTRY_SIZE
+        # entries fill each file from its start; find the first empty slot of the last file
+        last = files[-1]
+        lo, hi = 0, self.file_bytes // ENTRY_SIZE
+        mm = last.mm
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ENTRY.unpack_from(mm, mid * ENTRY_SIZE)[1] != 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.max_offset = last.start_offset // ENTRY_SIZE + lo
+        last.wrote_pos = lo * ENTRY_SIZE
+
+    def entry(self, qoff: int) -> tuple[int, int, int] | None:
+        mf = self.mfq.find(qoff * ENTRY_SIZE)
+        if mf is None:
+            return None
+        return ENTRY.unpack_from(mf.mm, qoff * ENTRY_SIZE - mf.start_offset)
+
+    def put(self, qoff: int, data: bytes) -> None:
+        """Write consecutive entries starting at queue offset `qoff` (slice copies per file)."""
+        pos = qoff * ENTRY_SIZE
+        view = memoryview(data)
+        i = 0
+        while i < len(data):
+            mf = self.mfq.find(pos)
+            if mf is None:
+                start = pos - pos % self.file_bytes
+                mf = self.mfq.create(start)
+                if len(self.mfq.files) == 1:
+                    self.min_offset = start // ENTRY_SIZE
+            rel = pos - mf.start_offset
+            n = min(len(data) - i, mf.size - rel)
+            mf.mm[rel:rel + n] = view[i:i + n]
+            mf.wrote_pos = rel + n
+            i += n
+            pos += n
+        self.max_offset = qoff + len(data) // ENTRY_SIZE
+        self.dirty = True
+
+    def range(self, from_off: int, max_count: int) -> list[tuple[int, int, int, int]]:
+        """[(queue_offset, phys, size, tags)] from `from_off`, at most max_count, only written ones."""
+        out = []
+        q = max(from_off, self.min_offset)
+        end = min(self.max_offset, q + max_count)
+        while q < end:
+            mf = self.mfq.find(q * ENTRY_SIZE)
+            if mf is None:
+                break
+            rel = q * ENTRY_SIZE - mf.start_offset
+            n = min(end - q, (mf.size - rel) // ENTRY_SIZE)
+            for i, (phys, size, tags) in enumerate(ENTRY.iter_unpack(mf.mm[rel:rel + n * ENTRY_SIZE])):
+                if size:
+                    out.append((q + i, phys, size, tags))
+            q += n
+        return out
+
+    def truncate_phys(self, offset: int) -> None:
+        """Forget entries whose CommitLog offset is >= offset (entries are in CommitLog order)."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # first entry with phys >= offset
+            mid = (lo + hi) // 2
+            e = self.entry(mid)
+            if e is not None and e[0] < offset and e[1] != 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= self.max_offset:
+            return
+        pos = lo * ENTRY_SIZE
+        end = self.max_offset * ENTRY_SIZE
+        while pos < end:
+            mf = self.mfq.find(pos)
+            if mf is None:
+                break
+            rel = pos - mf.start_offset
+            n = min(end - pos, mf.size - rel)
+            mf.mm[rel:rel + n] = bytes(n)
+            pos += n
+        self.mfq.truncate_files_after(max(lo * ENTRY_SIZE, self.mfq.min_offset + 1))
+        self.max_offset = lo
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            for mf in self.mfq.files[-2:]:
+                mf.flush()
+
+    def delete_below_phys(self, min_phys: int) -> None:
+        """Drop whole files whose last entry points below `min_phys` (retention)."""
+        files = self.mfq.files
+        n = 0
+        for mf in files[:-1]:
+            last_phys = ENTRY.unpack_from(mf.mm, mf.size - ENTRY_SIZE)[0]
+            if last_phys < min_phys:
+                n += 1
+            else:
+                break
+        if n:
+            self.mfq.delete_before(files[n].start_offset)
+            self.min_offset = self.mfq.min_offset // ENTRY_SIZE
+
+    def close(self) -> None:
+        self.mfq.close()
+
+
+class ConsumeQueueStore:
+    """Built-in dispatcher maintaining every first-level-topic ConsumeQueue."""
+
+    name = "consumequeue"
+
+    def __init__(self, root: str, entries_per_file: int = 300_000, preallocate: bool = True) -> None:
+        self.root = root
+        self.entries_per_file = entries_per_file
+        self.preallocate = preallocate
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._ckpt_file = OffsetCheckpoint(os.path.join(root, "checkpoint"))
+        self._ckpt = 0
+        self._last_end = 0
+        self._fl_cache: dict[str, str] = {}
+        self._lock = threading.Lock()  # queue table creation vs readers
+        self.dirty_end = 0
+
+    def load(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        self._ckpt = self._ckpt_file.load(0)
+        self._last_end = self._ckpt
+        for d in os.listdir(self.root):
+            tdir = os.path.join(self.root, d)
+            tfile = os.path.join(tdir, ".topic")
+            if not os.path.isfile(tfile):
+                continue
+            with open(tfile, encoding="utf-8") as f:
+                topic = f.read()
+            for q in os.listdir(tdir):
+                if q.isdigit():
+                    cq = ConsumeQueue(os.path.join(tdir, q), self.entries_per_file, self.preallocate)
+                    cq.load()
+                    self.queues[(topic, int(q))] = cq
+
+    def _queue(self, fl: str, qid: int) -> ConsumeQueue:
+        key = (fl, qid)
+        cq = self.queues.get(key)
+        if cq is None:
+            tdir = os.path.join(self.root, topic_dir_name(fl))
+            os.makedirs(tdir, exist_ok=True)
+            tfile = os.path.join(tdir, ".topic")
+            if not os.path.exists(tfile):
+                with open(tfile, "w", encoding="utf-8") as f:
+                    f.write(fl)
+            cq = ConsumeQueue(os.path.join(tdir, str(qid)), self.entries_per_file, self.preallocate)
+            cq.mfq.load()
+            with self._lock:
+                self.queues[key] = cq
+        return cq
+
+    def get(self, topic: str, qid: int) -> ConsumeQueue | None:
+        return self.queues.get((first_level(topic), qid))
+
+    def max_offsets(self) -> dict[tuple[str, int], int]:
+        return {k: q.max_offset for k, q in self.queues.items()}
+
+    # -------------------------------------------------------------- Dispatcher protocol
+    def checkpoint(self) -> int:
+        return self._ckpt
+
+    def dispatch(self, batch, end_offset: int) -> None:
+        groups: dict[tuple[str, int], list] = {}
+        flc = self._fl_cache
+        pack = ENTRY.pack
+        for r in batch:
+            topic = r.topic
+            fl = flc.get(topic)
+            if fl is None:
+                fl = first_level(topic)
+                if len(flc) > 100_000:
+                    flc.clear()
+                flc[topic] = fl
+            key = (fl, r.queue_id)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = [r.queue_offset]
+            elif r.queue_offset != g[0] + len(g) - 1:
+                # not consecutive: flush what we have and start a new run
+                self._write_run(key, g)
+                g = groups[key] = [r.queue_offset]
+            g.append(pack(r.phys_offset, r.size, r.tags_code))
+        for key, g in groups.items():
+            self._write_run(key, g)
+        self._last_end = end_offset
+
+    def _write_run(self, key, g) -> None:
+        cq = self._queue(*key)
+        qoff = g[0]
+        entries = g[1:]
+        if qoff < cq.max_offset:  # replayed entries this queue already has
+            skip = cq.max_offset - qoff
+            if skip >= len(entries):
+                return
+            entries = entries[skip:]
+            qoff = cq.max_offset
+        elif qoff > cq.max_offset and cq.max_offset:
+            log.warning("consumequeue %s/%d: gap between %d and %d", key[0], key[1], cq.max_offset, qoff)
+        cq.put(qoff, b"".join(entries))
+
+    def flush(self) -> None:
+        end = self._last_end
+        if end == self._ckpt:
+            return
+        for cq in list(self.queues.values()):
+            cq.flush()
+        self._ckpt_file.save(end)
+        self._ckpt = end
+
+    def truncate(self, offset: int) -> None:
+        for cq in self.queues.values():
+            cq.truncate_phys(offset)
+        if self._ckpt > offset:
+            self._ckpt = offset
+            self._ckpt_file.save(offset)
+        self._last_end = min(self._last_end, offset)
+
+    def on_segments_deleted(self, min_phys_offset: int) -> None:
+        for cq in list(self.queues.values()):
+            cq.delete_below_phys(min_phys_offset)
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()

@@ -1,0 +1,153 @@
+"""Flush services: what makes an append durable under each flush mode (seed 001).
+
+* `GroupCommitService` (sync): writers enqueue (end_offset, future); the thread takes every waiting
+  request, does one fdatasync covering the highest committed offset, and resolves every request
+  whose end is covered. 64 writers waiting cost one fsync, not 64.
+* `BackgroundService` (all modes): in `async+buffer` commits the write buffer into the maps every
+  `commit_interval_ms`; in the async modes flushes every `flush_interval_ms` when at least
+  `flush_least_pages` pages are dirty, and everything every `flush_thorough_interval_ms`; in every
+  mode it checks disk usage against the high-water mark, saves the CommitLog's flushed-offset
+  checkpoint and runs retention.
+
+Both are threads because fdatasync blocks for milliseconds but releases the GIL, so appends and
+dispatch keep running meanwhile, whatever the caller's event loop is doing.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+
+from .errors import StoreError
+
+log = logging.getLogger("lmqtt.store")
+
+PAGE = 4096
+
+
+class GroupCommitService:
+    def __init__(self, clog) -> None:
+        self.clog = clog
+        self._cond = threading.Condition()
+        self._reqs: list[tuple[int, Future]] = []
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.flushes = 0
+
+    def submit(self, end: int, fut: Future) -> None:
+        with self._cond:
+            self._reqs.append((end, fut))
+            self._cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lmqtt-store-groupcommit", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread:
+            self._thread.join()
+        self._round()  # resolve whatever is left
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._reqs and not self._stop:
+                    self._cond.wait(0.5)
+                if self._stop:
+                    return
+            self._round()
+
+    def _round(self) -> None:
+        with self._cond:
+            reqs, self._reqs = self._reqs, []
+        if not reqs:
+            return
+        try:
+            flushed = self.clog.flush()
+            self.flushes += 1
+        except OSError as e:
+            err = StoreError(f"fdatasync of the CommitLog failed: {e}; the append is not durable")
+            log.error("group commit: %s", err)
+            for _, fut in reqs:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        again = []
+        for end, fut in reqs:
+            if end <= flushed:
+                if not fut.done():
+                    fut.set_result(end)
+            else:
+                again.append((end, fut))
+        if again:
+            with self._cond:
+                self._reqs[:0] = again
+                self._cond.notify()
+
+
+class BackgroundService:
+    def __init__(self, store) -> None:
+        self.store = store
+        cfg = store.cfg
+        self.cfg = cfg
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lmqtt-store-background", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        cfg = self.cfg
+        st = self.store
+        clog = st.clog
+        buffered = cfg.flush_mode == "async+buffer"
+        async_flush = cfg.flush_mode != "sync"
+        now = time.monotonic()
+        next_commit = now + cfg.commit_interval_ms / 1000
+        next_flush = now + cfg.flush_interval_ms / 1000
+        next_thorough = now + cfg.flush_thorough_interval_ms / 1000
+        next_disk = now
+        next_ckpt = now + 1.0
+        next_retention = now + cfg.retention_check_interval_ms / 1000
+        tick = min(cfg.commit_interval_ms if buffered else 1000, cfg.flush_interval_ms, cfg.disk_check_interval_ms,
+                   1000) / 1000
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            try:
+                if buffered and now >= next_commit:
+                    next_commit = now + cfg.commit_interval_ms / 1000
+                    if clog.pending:
+                        clog.commit()
+                        st.dispatch.wake()
+                if async_flush and now >= next_flush:
+                    next_flush = now + cfg.flush_interval_ms / 1000
+                    thorough = now >= next_thorough
+                    if thorough:
+                        next_thorough = now + cfg.flush_thorough_interval_ms / 1000
+                    if thorough or clog.committed - clog.flushed >= cfg.flush_least_pages * PAGE:
+                        clog.flush()
+                if now >= next_disk:
+                    next_disk = now + cfg.disk_check_interval_ms / 1000
+                    st.check_disk()
+                if now >= next_ckpt:
+                    next_ckpt = now + 1.0
+                    st.save_clog_checkpoint()
+                if now >= next_retention:
+                    next_retention = now + cfg.retention_check_interval_ms / 1000
+                    st.delete_expired_segments()
+                self.error = None
+            except BaseException as e:  # keep serving; report once per distinct error
+                if self.error is None or repr(e) != repr(self.error):
+                    log.exception("store background service: %s", e)
+                self.error = e

@@ -1,0 +1,98 @@
+"""`MappedFileQueue`: a directory of equal-size `MappedFile`s forming one contiguous address space.
+
+Used by the CommitLog (1 GiB segments) and each ConsumeQueue (300,000 x 20-byte entries). Files are
+named by their 20-digit zero-padded start offset, so offset -> file is one division. The list is
+replaced, never mutated in place (copy-on-write), so readers on other threads can take a snapshot
+without a lock.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from .errors import StoreError
+from .mapped_file import NAME_DIGITS, MappedFile, file_name
+
+
+class MappedFileQueue:
+    def __init__(self, directory: str, file_size: int, preallocate: bool = True) -> None:
+        self.dir = directory
+        self.file_size = file_size
+        self.preallocate = preallocate
+        self.files: list[MappedFile] = []
+        self._lock = threading.Lock()  # serialises create/delete (rare)
+
+    def load(self) -> None:
+        """Open every existing file; a gap in the sequence is an error (data would be missing)."""
+        os.makedirs(self.dir, exist_ok=True)
+        names = sorted(n for n in os.listdir(self.dir) if len(n) == NAME_DIGITS and n.isdigit())
+        files = []
+        for n in names:
+            start = int(n)
+            if start % self.file_size:
+                raise StoreError(f"{os.path.join(self.dir, n)}: start offset is not a multiple of the "
+                                 f"file size {self.file_size} (was the segment size changed?)")
+            if files and start != files[-1].start_offset + self.file_size:
+                raise StoreError(f"{self.dir}: missing file between {files[-1].path} and {n}")
+            files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size, create=False,
+                                    preallocate=self.preallocate))
+        self.files = files
+
+    @property
+    def min_offset(self) -> int:
+        f = self.files
+        return f[0].start_offset if f else 0
+
+    def last(self) -> MappedFile | None:
+        f = self.files
+        return f[-1] if f else None
+
+    def find(self, offset: int) -> MappedFile | None:
+        f = self.files
+        if not f:
+            return None
+        i = (offset - f[0].start_offset) // self.file_size
+        if 0 <= i < len(f):
+            return f[i]
+        return None
+
+    def create(self, start_offset: int) -> MappedFile:
+        """Create (preallocate) the file starting at `start_offset`; may raise DiskFull."""
+        with self._lock:
+            f = self.files
+            if f and start_offset != f[-1].end_offset:
+                raise StoreError(f"{self.dir}: new file at {start_offset} does not follow {f[-1].path}")
+            os.makedirs(self.dir, exist_ok=True)
+            mf = MappedFile(os.path.join(self.dir, file_name(start_offset)), start_offset, self.file_size,
+                            create=True, preallocate=self.preallocate)
+            self.files = f + [mf]
+            return mf
+
+    def delete_before(self, offset: int) -> int:
+        """Delete files whose whole range is below `offset`, keeping at least the last one.
+        Returns how many were deleted."""
+        with self._lock:
+            f = self.files
+            n = 0
+            while n < len(f) - 1 and f[n].end_offset <= offset:
+                n += 1
+            if not n:
+                return 0
+            self.files = f[n:]
+        for mf in f[:n]:
+            mf.destroy()
+        return n
+
+    def truncate_files_after(self, offset: int) -> None:
+        """Delete whole files starting at/after `offset` (recovery of a cut log)."""
+        with self._lock:
+            f = self.files
+            keep = [mf for mf in f if mf.start_offset < offset or mf is f[0]]
+            drop = [mf for mf in f if mf not in keep]
+            self.files = keep
+        for mf in drop:
+            mf.destroy()
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()

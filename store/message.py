@@ -1,0 +1,105 @@
+"""The value types crossing the store's API: what callers append, read back, and what dispatchers see.
+
+Plain classes with `__slots__` and positional constructors: the dispatch stage creates one
+`DispatchRequest` per record, so construction cost is on the hot path.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+
+class Message:
+    """A message to append. `props` is opaque bytes (the store never interprets it), `flags` an
+    opaque u32, `keys` are indexed under `topic#key`, `dispatch_queues` is the multi-dispatch list
+    of light-queue names handed to dispatchers untouched."""
+
+    __slots__ = ("topic", "body", "queue_id", "flags", "props", "keys", "born_ts", "dispatch_queues")
+
+    def __init__(self, topic: str, body: bytes, queue_id: int = 0, flags: int = 0, props: bytes = b"",
+                 keys: tuple[str, ...] = (), born_ts: int = 0,
+                 dispatch_queues: tuple[str, ...] = ()) -> None:
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        self.flags = flags
+        self.props = props
+        self.keys = tuple(keys)
+        self.born_ts = born_ts
+        self.dispatch_queues = tuple(dispatch_queues)
+
+    def __repr__(self) -> str:
+        return (f"Message(topic={self.topic!r}, body={len(self.body)}B, queue_id={self.queue_id}, "
+                f"keys={self.keys!r}, dispatch_queues={self.dispatch_queues!r})")
+
+
+class StoredMessage:
+    """A record read back from the CommitLog (CRC verified)."""
+
+    __slots__ = ("topic", "body", "props", "queue_id", "flags", "queue_offset", "phys_offset", "size",
+                 "born_ts", "store_ts", "msg_id", "keys", "dispatch_queues")
+
+    def __init__(self, topic, body, props, queue_id, flags, queue_offset, phys_offset, size, born_ts,
+                 store_ts, msg_id, keys, dispatch_queues) -> None:
+        self.topic = topic
+        self.body = body
+        self.props = props
+        self.queue_id = queue_id
+        self.flags = flags
+        self.queue_offset = queue_offset
+        self.phys_offset = phys_offset
+        self.size = size
+        self.born_ts = born_ts
+        self.store_ts = store_ts
+        self.msg_id = msg_id
+        self.keys = keys
+        self.dispatch_queues = dispatch_queues
+
+    def __repr__(self) -> str:
+        return (f"StoredMessage(topic={self.topic!r}, phys_offset={self.phys_offset}, size={self.size}, "
+                f"queue_offset={self.queue_offset}, body={len(self.body)}B)")
+
+
+class DispatchRequest:
+    """One record as the dispatch stage hands it to every dispatcher (no body, no props)."""
+
+    __slots__ = ("phys_offset", "size", "topic", "queue_id", "queue_offset", "flags", "born_ts",
+                 "store_ts", "tags_code", "keys", "dispatch_queues")
+
+    def __init__(self, phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, store_ts,
+                 tags_code, keys, dispatch_queues) -> None:
+        self.phys_offset = phys_offset
+        self.size = size
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.flags = flags
+        self.born_ts = born_ts
+        self.store_ts = store_ts
+        self.tags_code = tags_code
+        self.keys = keys
+        self.dispatch_queues = dispatch_queues
+
+    def __repr__(self) -> str:
+        return (f"DispatchRequest(phys_offset={self.phys_offset}, size={self.size}, topic={self.topic!r}, "
+                f"queue_id={self.queue_id}, queue_offset={self.queue_offset})")
+
+
+class AppendResult:
+    """Where one appended record landed. `durable` resolves (to the end offset it covers) when the
+    record is durable under the flush mode's promise; a batch shares one future."""
+
+    __slots__ = ("phys_offset", "size", "queue_offset", "durable", "_ident")
+
+    def __init__(self, phys_offset: int, size: int, queue_offset: int, durable: Future, ident: str) -> None:
+        self.phys_offset = phys_offset
+        self.size = size
+        self.queue_offset = queue_offset
+        self.durable = durable
+        self._ident = ident
+
+    @property
+    def msg_id(self) -> str:
+        return f"{self._ident}{self.phys_offset:016X}"
+
+    def __repr__(self) -> str:
+        return f"AppendResult(phys_offset={self.phys_offset}, size={self.size}, queue_offset={self.queue_offset})"

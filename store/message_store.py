@@ -1,0 +1,314 @@
+"""`MessageStore`: the in-process API of the store (see docs/internals.md for the contract).
+
+It wires the parts together: CommitLog (append/read/recovery), the flush services (what "durable"
+means per flush mode), the dispatch stage with the built-in ConsumeQueue and key-index dispatchers
+plus any added ones (light queues, notify), retention and the disk high-water mark.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+
+from .checkpoint import OffsetCheckpoint
+from .commitlog import CommitLog, _disk_usage_fraction
+from .config import StoreConfig
+from .consume_queue import ConsumeQueueStore
+from .dispatch import DispatchService
+from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError
+from .flush import BackgroundService, GroupCommitService
+from .index_file import IndexService
+from .message import AppendResult, Message, StoredMessage
+from .record import first_level
+from . import retention
+
+log = logging.getLogger("lmqtt.store")
+
+IDENT_FILE = "identity"
+
+
+def _load_identity(data_dir: str) -> str:
+    """16 hex digits, random once per data directory, persisted: the first half of every msg id."""
+    path = os.path.join(data_dir, IDENT_FILE)
+    try:
+        with open(path, encoding="ascii") as f:
+            ident = f.read().strip()
+        if len(ident) == 16:
+            int(ident, 16)
+            return ident
+    except (FileNotFoundError, ValueError):
+        pass
+    ident = secrets.token_hex(8).upper()
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(ident)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return ident
+
+
+class MessageStore:
+    def __init__(self, cfg: StoreConfig) -> None:
+        self.cfg = cfg
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.ident = _load_identity(cfg.data_dir)
+        self.clog = CommitLog(cfg, self.ident)
+        self.consume_queues = ConsumeQueueStore(os.path.join(cfg.data_dir, "consumequeue"),
+                                                cfg.cq_entries_per_file, cfg.preallocate)
+        self.index = IndexService(os.path.join(cfg.data_dir, "index"), cfg.index_slots, cfg.index_entries,
+                                  cfg.preallocate)
+        self._dispatchers: list = [self.consume_queues, self.index]
+        self._clog_ckpt = OffsetCheckpoint(os.path.join(cfg.data_dir, "commitlog.checkpoint"))
+        self.dispatch = DispatchService(self.clog, self._dispatchers, cfg.dispatch_chunk_bytes,
+                                        cfg.dispatcher_flush_interval_ms)
+        self.group_commit = GroupCommitService(self.clog) if cfg.flush_mode == "sync" else None
+        self.background = BackgroundService(self)
+        self._running = False
+        self._closed = False
+        self._sync = cfg.flush_mode == "sync"
+        self.recovered_end = 0
+        self._state_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def add_dispatcher(self, d) -> None:
+        """Register a further dispatcher (light queues, notify). Must be called before start()."""
+        if self._running:
+            raise StoreError("add_dispatcher must be called before start()")
+        for attr in ("name", "checkpoint", "dispatch", "flush", "truncate", "on_segments_deleted", "close"):
+            if not hasattr(d, attr):
+                raise TypeError(f"dispatcher {d!r} lacks {attr!r} (see the Dispatcher protocol)")
+        self._dispatchers.append(d)
+
+    def start(self) -> None:
+        """Open, recover (CRC tail check, cut torn record), re-dispatch, start the threads."""
+        if self._running:
+            return
+        if self._closed:
+            raise StoreClosed("a shut-down MessageStore cannot be restarted; create a new one")
+        t0 = time.monotonic()
+        self.clog.mfq.load()
+        self.consume_queues.load()
+        self.index.load()
+        ckpts = [d.checkpoint() for d in self._dispatchers]
+        clog_ckpt = self._clog_ckpt.load(0)
+        scan_from = min(ckpts + [clog_ckpt])
+        end = self.clog.recover(scan_from)
+        self.recovered_end = end
+        log_min = self.clog.mfq.min_offset
+        for d in self._dispatchers:
+            d.truncate(min(d.checkpoint(), end))
+        start = max(min(d.checkpoint() for d in self._dispatchers), log_min)
+        self.dispatch.set_start(start)
+        self.dispatch.catch_up()
+        self.dispatch.flush_dispatchers()
+        self.clog.queue_table.update(self.consume_queues.max_offsets())
+        self._clog_ckpt.save(self.clog.flushed)
+        self.check_disk()
+        if self.group_commit:
+            self.group_commit.start()
+        self.dispatch.start()
+        self.background.start()
+        self._running = True
+        log.info("store %s started: log [%d, %d), replayed from %d in %.3fs, %d corrupt range(s)",
+                 self.cfg.data_dir, log_min, end, start, time.monotonic() - t0, len(self.clog.corrupt_ranges))
+
+    def shutdown(self) -> None:
+        """Flush everything, checkpoint, stop threads, close files."""
+        with self._state_lock:
+            if not self._running:
+                if not self._closed:
+                    self._closed = True
+                    self._close_files()
+                return
+            self._running = False
+            self._closed = True
+        self.background.stop()
+        if self.clog.buffered:
+            self.clog.commit()
+        if self.group_commit:
+            self.group_commit.stop()
+        self.clog.flush()
+        self.dispatch.stop()
+        try:
+            self.dispatch.catch_up()
+            self.dispatch.flush_dispatchers()
+        except Exception:
+            log.exception("store shutdown: final dispatch failed; it will be replayed on the next start")
+        self._clog_ckpt.save(self.clog.flushed)
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for d in self._dispatchers:
+            try:
+                d.close()
+            except Exception:
+                log.exception("closing dispatcher %s", getattr(d, "name", d))
+        self.clog.close()
+
+    def __enter__(self) -> "MessageStore":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ append
+    def append(self, msg: Message) -> AppendResult:
+        return self.append_batch([msg])[0]
+
+    def append_batch(self, msgs) -> list[AppendResult]:
+        """Append all of `msgs` (one lock, one copy into the map) or none of them."""
+        if not self._running:
+            raise StoreClosed("store is not running (call start(), or it was shut down)")
+        positions, end = self.clog.append_batch(msgs)
+        fut: Future = Future()
+        if self._sync:
+            self.group_commit.submit(end, fut)
+        else:
+            fut.set_result(end)
+        self.dispatch.wake()
+        ident = self.ident
+        return [AppendResult(p, s, q, fut, ident) for p, s, q in positions]
+
+    async def append_async(self, msg: Message) -> AppendResult:
+        r = self.append_batch([msg])[0]
+        await _await_durable(r.durable)
+        return r
+
+    async def append_batch_async(self, msgs) -> list[AppendResult]:
+        rs = self.append_batch(msgs)
+        if rs:
+            await _await_durable(rs[-1].durable)
+        return rs
+
+    # ------------------------------------------------------------------ read
+    @property
+    def dispatched_offset(self) -> int:
+        return self.dispatch.dispatched
+
+    @property
+    def min_offset(self) -> int:
+        return self.clog.mfq.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """End of appended data (not necessarily visible yet)."""
+        return self.clog.wrote
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.clog.flushed
+
+    def read(self, phys_offset: int, size: int | None = None) -> StoredMessage:
+        """The record at `phys_offset` (CRC checked). Only offsets below the dispatched offset are
+        served; raises NotVisible otherwise and CorruptRecord if the record fails its check."""
+        if phys_offset >= self.dispatch.dispatched or phys_offset < self.clog.mfq.min_offset or phys_offset < 0:
+            raise NotVisible(f"offset {phys_offset} is not visible (log [{self.clog.mfq.min_offset}, "
+                             f"{self.dispatch.dispatched}) dispatched)")
+        return self.clog.read(phys_offset, size)
+
+    def read_consume_queue(self, topic: str, queue_id: int, from_queue_offset: int,
+                           max_count: int) -> list[StoredMessage]:
+        """Messages of the first-level-topic ConsumeQueue of `topic` (`a/b` reads queue `a`)."""
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None or max_count <= 0:
+            return []
+        visible = self.dispatch.dispatched
+        out = []
+        try:
+            entries = cq.range(from_queue_offset, max_count)
+        except ValueError:  # a file was deleted by retention meanwhile
+            entries = cq.range(max(from_queue_offset, cq.min_offset), max_count)
+        for qoff, phys, size, _tags in entries:
+            if phys >= visible:
+                break
+            try:
+                out.append(self.clog.read(phys, size))
+            except CorruptRecord as e:
+                log.error("consumequeue %s/%d offset %d: %s (skipped)", first_level(topic), queue_id, qoff, e)
+            except NotVisible:
+                continue
+        return out
+
+    def consume_queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min, max) queue offsets of the ConsumeQueue of `topic`; max = next offset to be written."""
+        cq = self.consume_queues.get(topic, queue_id)
+        return (cq.min_offset, cq.max_offset) if cq else (0, 0)
+
+    def get_by_msg_id(self, msg_id: str) -> StoredMessage | None:
+        """Decode `msg_id` (store identity + physical offset) and read directly; None if the id is
+        not from this store or the offset is not visible. CorruptRecord if the record is bad."""
+        if not isinstance(msg_id, str) or len(msg_id) != 32 or msg_id[:16].upper() != self.ident:
+            return None
+        try:
+            phys = int(msg_id[16:], 16)
+        except ValueError:
+            return None
+        try:
+            return self.read(phys)
+        except NotVisible:
+            return None
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[StoredMessage]:
+        """Messages of exactly `topic` carrying `key`, stored within [begin_ms, end_ms], newest first."""
+        visible = self.dispatch.dispatched
+        out = []
+        for phys in self.index.query(topic, key, begin_ms, end_ms, max_count * 4 + 16):
+            if phys >= visible or phys < self.clog.mfq.min_offset:
+                continue
+            try:
+                m = self.clog.read(phys)
+            except (CorruptRecord, NotVisible):
+                continue
+            if m.topic == topic and key in m.keys and begin_ms <= m.store_ts <= end_ms:  # real key check
+                out.append(m)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    def add_dispatch_listener(self, fn) -> None:
+        """`fn(dispatched_offset)` is called from the dispatch thread after each batch."""
+        self.dispatch.listeners.append(fn)
+
+    def wait_dispatched(self, offset: int, timeout: float | None = None) -> bool:
+        """Block until everything below `offset` is visible (tests, tools). False on timeout."""
+        return self.dispatch.wait_for(offset, timeout)
+
+    # ------------------------------------------------------------------ housekeeping
+    @property
+    def corrupt_ranges(self) -> list[tuple[int, int]]:
+        return list(self.clog.corrupt_ranges)
+
+    def check_disk(self) -> None:
+        used = _disk_usage_fraction(self.cfg.data_dir)
+        if used is None:
+            return
+        if used > self.cfg.disk_high_water:
+            reason = (f"disk usage {used:.1%} of the filesystem holding {self.cfg.data_dir} is above the "
+                      f"high-water mark {self.cfg.disk_high_water:.0%}; appends refused until space is freed")
+            if self.clog.disk_full_reason != reason:
+                log.error("store: %s", reason)
+            self.clog.disk_full_reason = reason
+        elif self.clog.disk_full_reason:
+            log.warning("store: disk usage %.1f%% back under the high-water mark; accepting appends", used * 100)
+            self.clog.disk_full_reason = None
+
+    def save_clog_checkpoint(self) -> None:
+        self._clog_ckpt.save(self.clog.flushed)
+
+    def delete_expired_segments(self, now_ms: int | None = None) -> int:
+        """Run retention now (the background service runs it every retention_check_interval_ms)."""
+        return retention.delete_expired(self.clog, self._dispatchers, self.dispatch.dispatched,
+                                        self.cfg.retention_ms, now_ms)
+
+
+async def _await_durable(fut: Future) -> None:
+    if fut.done():
+        fut.result()
+        return
+    await asyncio.wrap_future(fut)

@@ -1,0 +1,126 @@
+"""The CommitLog record format: constants, encoder/decoder and the framing check used by recovery.
+
+Layout (little-endian), see docs/store.md for the byte-by-byte table:
+
+    0  total_size u32     4  magic u32        8  crc u32 (CRC-32 of bytes 12..total_size)
+    12 queue_id u32       16 flags u32        20 queue_offset u64     28 phys_offset u64
+    36 born_ts u64        44 store_ts u64     52 tags_code u64
+    60 body_len u32       64 props_len u32    68 topic_len u16        70 keys_len u16   72 dq_len u16
+    74 topic | keys (NUL-joined) | dispatch_queues (NUL-joined) | props | body
+
+Unlike RocketMQ (whose CRC covers only the body) the CRC covers every byte after the CRC field, so a
+torn or corrupted header, topic or properties tail is detected as well. The record stores its own
+physical offset, which lets recovery re-synchronise after a corrupt record: a candidate record is
+only accepted if its stored offset equals its position.
+
+A blank filler closes a segment: total_size = bytes left in the segment, magic = BLANK_MAGIC, and
+the rest of the segment is left zero.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+from .errors import CorruptRecord, InvalidMessage, InvalidTopic, MessageTooLarge
+from .message import StoredMessage
+
+MSG_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+HEADER = struct.Struct("<IIIIIQQQQQIIHHH")
+HEADER_SIZE = HEADER.size  # 74
+CRC_START = 12
+PREFIX = struct.Struct("<II")  # total_size, magic
+CRC_FIELD = struct.Struct("<I")
+MIN_BLANK = 8  # a segment always keeps room for a blank filler header
+SEP = "\x00"
+
+assert HEADER_SIZE == 74
+
+
+def tags_code_of(topic_bytes: bytes) -> int:
+    """Stable 'tag hash' stored in ConsumeQueue entries: CRC-32 of the full topic, so a consumer of a
+    first-level-topic queue can skip other sub-topics without reading the CommitLog."""
+    return zlib.crc32(topic_bytes)
+
+
+def first_level(topic: str) -> str:
+    """ConsumeQueue name for a topic: everything before the first '/' (MQTT `a/b/c` -> `a`)."""
+    i = topic.find("/")
+    return topic if i < 0 else topic[:i]
+
+
+def encode_topic(topic: str, max_topic_bytes: int) -> bytes:
+    if not isinstance(topic, str) or not topic:
+        raise InvalidTopic("topic must be a non-empty string")
+    if SEP in topic:
+        raise InvalidTopic(f"topic {topic[:64]!r} contains a NUL character")
+    try:
+        tb = topic.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidTopic(f"topic {topic[:64]!r} is not encodable as UTF-8: {e}") from None
+    if len(tb) > max_topic_bytes:
+        raise InvalidTopic(f"topic is {len(tb)} bytes, above the limit of {max_topic_bytes}")
+    return tb
+
+
+def encode_names(names: tuple[str, ...], what: str) -> bytes:
+    """NUL-joined UTF-8 list (keys or dispatch queues); names must be non-empty and NUL-free."""
+    if not names:
+        return b""
+    for n in names:
+        if not isinstance(n, str) or not n or SEP in n:
+            raise InvalidMessage(f"each of {what} must be a non-empty string without NUL, got {n!r}")
+    b = SEP.join(names).encode("utf-8")
+    if len(b) > 0xFFFF:
+        raise InvalidMessage(f"{what} take {len(b)} bytes encoded, above the limit of 65535")
+    return b
+
+
+def check_size(total: int, max_message_size: int) -> None:
+    if total > max_message_size:
+        raise MessageTooLarge(
+            f"record of {total} bytes (topic+keys+queues+props+body+{HEADER_SIZE}-byte header) is above "
+            f"max_message_size={max_message_size}; nothing was written")
+
+
+def decode(buf, pos: int, phys_offset: int, ident: str, verify: bool = True) -> StoredMessage:
+    """Decode the record at `buf[pos:]` whose CommitLog offset is `phys_offset`; raise CorruptRecord
+    if framing or CRC is wrong. Never returns data from a bad record."""
+    if pos + HEADER_SIZE > len(buf):
+        raise CorruptRecord(f"record at offset {phys_offset}: header runs past the segment end")
+    (total, magic, crc, qid, flags, qoff, phys, born, store_ts, _tags, blen, plen, tlen, klen,
+     dlen) = HEADER.unpack_from(buf, pos)
+    if magic != MSG_MAGIC:
+        raise CorruptRecord(f"no record at offset {phys_offset} (magic {magic:#010x})")
+    if phys != phys_offset or total != HEADER_SIZE + tlen + klen + dlen + plen + blen or pos + total > len(buf):
+        raise CorruptRecord(f"record at offset {phys_offset}: inconsistent framing (size {total}, "
+                            f"stored offset {phys})")
+    if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + total]) != crc:
+        raise CorruptRecord(f"record at offset {phys_offset}: CRC mismatch (corrupt data, not served)")
+    p = pos + HEADER_SIZE
+    topic = bytes(buf[p:p + tlen]).decode("utf-8")
+    p += tlen
+    keys = tuple(bytes(buf[p:p + klen]).decode("utf-8").split(SEP)) if klen else ()
+    p += klen
+    dq = tuple(bytes(buf[p:p + dlen]).decode("utf-8").split(SEP)) if dlen else ()
+    p += dlen
+    props = bytes(buf[p:p + plen])
+    p += plen
+    body = bytes(buf[p:p + blen])
+    return StoredMessage(topic, body, props, qid, flags, qoff, phys_offset, total, born, store_ts,
+                         f"{ident}{phys_offset:016X}", keys, dq)
+
+
+def valid_at(buf, pos: int, phys_offset: int, limit: int) -> int:
+    """Size of a valid record (framing + CRC) at `pos`, 0 if there is none. `limit` = end of the
+    readable data in `buf`. Used by recovery, never on the hot path."""
+    if pos + HEADER_SIZE > limit:
+        return 0
+    (total, magic, crc, _q, _f, _qo, phys, _b, _s, _t, blen, plen, tlen, klen, dlen) = HEADER.unpack_from(buf, pos)
+    if magic != MSG_MAGIC or phys != phys_offset:
+        return 0
+    if total != HEADER_SIZE + tlen + klen + dlen + plen + blen or pos + total > limit:
+        return 0
+    if zlib.crc32(memoryview(buf)[pos + CRC_START:pos + total]) != crc:
+        return 0
+    return total
