@@ -1,0 +1,725 @@
+"""The MQTT broker logic of one gateway: CONNECT/SUBSCRIBE/PUBLISH/ack handling, session lifecycle,
+retained messages, wills, shared groups, offset persistence, keepalive.
+
+Why one class here and the mechanics elsewhere: this file is the protocol's decision table (what
+happens on each packet), readable top to bottom; encoding is in `gateway.mqtt`, the socket in
+`connection.py`, the store write in `publish.py`, the pull/fan-out in `delivery.py`, per-client state
+in `session.py`. Everything runs on the event loop thread; nothing here blocks except short RocksDB
+metadata writes (sessions/offsets change at subscribe/ack rate and are batched per 100 ms).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from gateway import record_props
+from gateway.mqtt import ProtocolError, connack_return_code_v311, packets as P
+from gateway.record_props import safe_decode
+from gateway.session import NEVER_EXPIRES, Cursor, InFlight, Item, Session, Subscription
+from gateway.shared import SharedGroup
+from gateway.delivery import DeliveryEngine
+from gateway.publish import PublishPipeline
+from lightqueue import topics as T
+from lightqueue.errors import InvalidTopicFilter, InvalidTopicName
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gateway.config import GatewayConfig
+    from gateway.connection import MQTTConnection
+    from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("lmqtt.gateway")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
+                 metrics: "GatewayMetrics") -> None:
+        self.cfg = cfg
+        self.store = store
+        self.lq = lq
+        self.meta = lq.metadata
+        self.loop = loop
+        self.metrics = metrics
+        self.sessions: dict[str, Session] = {}
+        self.conns_by_id: dict[str, "MQTTConnection"] = {}
+        self.connections: set["MQTTConnection"] = set()
+        self.groups: dict[tuple[str, str], SharedGroup] = {}
+        self.filter_refs: dict[str, int] = {}
+        self.delivery = DeliveryEngine(self)
+        self.publisher = PublishPipeline(self)
+        self._dirty_sessions: set[Session] = set()
+        self._dirty_groups: set[SharedGroup] = set()
+        self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._offsets_handle: asyncio.TimerHandle | None = None
+        self.accepting = True
+        self._handlers = {
+            P.Connect: self._on_connect, P.Publish: self._on_publish, P.PubAck: self._on_puback,
+            P.PubRec: self._on_pubrec, P.PubRel: self._on_pubrel, P.PubComp: self._on_pubcomp,
+            P.Subscribe: self._on_subscribe, P.Unsubscribe: self._on_unsubscribe,
+            P.PingReq: self._on_pingreq, P.Disconnect: self._on_disconnect, P.Auth: self._on_auth,
+        }
+
+    # ======================================================================= lifecycle
+    def start(self) -> None:
+        """Restore persistent sessions and shared groups from metadata; publish wills of a crash."""
+        n = self._restore_sessions()
+        self._reconcile_filters()
+        wills = self._publish_orphan_wills()
+        self.metrics.sessions.set(len(self.sessions))
+        self._tick_sweep()
+        self._tick_offsets()
+        log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.groups))
+
+    def _restore_sessions(self) -> int:
+        now = _now_ms()
+        n = 0
+        for rec in self.meta.list_sessions():
+            last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
+            exp = rec.expiry_interval
+            if exp <= 0 or (exp != NEVER_EXPIRES and now - last >= exp * 1000):
+                self.meta.delete_session(rec.client_id)
+                continue
+            s = Session(rec.client_id)
+            s.version = rec.protocol_version
+            s.expiry_interval = exp
+            s.disconnected_at_ms = last
+            offsets = self.meta.get_offsets(rec.client_id)
+            for rs in rec.subscriptions:
+                flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
+                sub = Subscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
+                                   rs.retain_as_published, rs.retain_handling)
+                s.subs[flt] = sub
+                if T.is_wildcard(rs.filter):
+                    self.filter_refs[rs.filter] = self.filter_refs.get(rs.filter, 0) + 1
+                if sub.group is None:
+                    s.direct[sub.queue] = sub
+                    off = offsets.get(sub.queue)
+                    if off is None:
+                        off = self.lq.max_offset(sub.queue)
+                    s.cursors[sub.queue] = Cursor(off)
+                else:
+                    g = self._group(sub.group, sub.queue, restoring=True)
+                    g.refs += 1
+            self.sessions[s.client_id] = s
+            if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
+                self._save_session(s)
+            self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
+            n += 1
+        return n
+
+    def _reconcile_filters(self) -> None:
+        """Embedded mode: this gateway is the only subscriber of its light-queue store, so a
+        registered filter is needed exactly when a restored session uses it (non-persistent
+        sessions that were alive at a crash left references behind)."""
+        try:
+            registered = dict(self.lq.registry.filters()) if hasattr(self.lq, "registry") else {}
+        except Exception:
+            registered = {}
+        unregister = getattr(self.lq, "unregister_filter", None)
+        for f, n in registered.items():
+            want = 1 if f in self.filter_refs else 0
+            while n > want and unregister is not None:
+                n = unregister(f)
+        for f in self.filter_refs:
+            if registered.get(f, 0) == 0:
+                self.lq.register_filter(f)
+
+    def _publish_orphan_wills(self) -> int:
+        n = 0
+        try:
+            wills = self.meta.list_wills()
+        except Exception as e:
+            log.error("event=list_wills_failed error=%r", e)
+            return 0
+        for cid, w in wills:
+            self.meta.pop_will(cid)
+            meta = safe_decode(w.props)
+            self.publisher.submit(None, w.qos, None, w.topic, w.payload, w.retain, cid,
+                                  meta.to_properties() if meta.has_app_properties() else None)
+            n += 1
+        return n
+
+    async def shutdown(self, timeout: float = 3.0) -> None:
+        """Stop accepting, close every connection (MQTT 5: DISCONNECT 0x8B), persist state."""
+        self.accepting = False
+        for c in list(self.connections):
+            if c.connected:
+                c.close_with_error(0x8B, "server shutting down")
+            else:
+                c.close()
+        deadline = self.loop.time() + timeout
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for c in list(self.connections):   # did not go away: abort
+            if c.transport is not None:
+                c.transport.abort()
+        await asyncio.sleep(0)
+        self.publisher.flush()      # wills of closed connections
+        deadline = self.loop.time() + timeout
+        while self.publisher.inflight_batches and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for t in (self._sweep_handle, self._offsets_handle):
+            if t is not None:
+                t.cancel()
+        for t, _w in self._will_timers.values():
+            t.cancel()
+        self._flush_offsets()
+        for s in self.sessions.values():
+            if s.expiry_handle is not None:
+                s.expiry_handle.cancel()
+        try:
+            self.meta.flush()
+        except Exception as e:
+            log.error("event=metadata_flush_failed error=%r", e)
+
+    # ======================================================================= connections
+    def on_accept(self, conn: "MQTTConnection") -> None:
+        if not self.accepting:
+            conn.close()
+            return
+        self.connections.add(conn)
+
+    def on_connection_lost(self, conn: "MQTTConnection", exc) -> None:
+        self.connections.discard(conn)
+        if conn.connected:
+            self.metrics.connections.dec()
+            conn.connected = False
+            self._detach(conn)
+
+    def handle_packet(self, conn: "MQTTConnection", pkt) -> None:
+        h = self._handlers.get(type(pkt))
+        if h is None:
+            raise ProtocolError(f"unexpected packet {type(pkt).__name__} from a client", 0x82)
+        if not conn.connected and h != self._on_connect:
+            raise ProtocolError("the first packet must be CONNECT", 0x82)
+        h(conn, pkt)
+
+    # ======================================================================= CONNECT
+    def _refuse(self, conn: "MQTTConnection", rc: int, reason: str) -> None:
+        self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+        log.info("event=connect_refused peer=%s reason_code=0x%02X reason=%r", conn.peer, rc, reason)
+        if conn.version == 5:
+            ack = P.ConnAck(False, rc)
+            ack.properties.reason_string = reason
+        else:
+            ack = P.ConnAck(False, connack_return_code_v311(rc))
+        conn.send(ack)
+        conn.close()
+
+    def _on_connect(self, conn: "MQTTConnection", pkt: P.Connect) -> None:
+        if conn.connected:
+            raise ProtocolError("second CONNECT on one connection", 0x82)
+        cfg = self.cfg
+        v = pkt.protocol_level
+        conn.version = v
+        props = pkt.properties
+        if not self.accepting:
+            return self._refuse(conn, 0x88, "server shutting down")
+        cid = pkt.client_id
+        assigned = None
+        if not cid:
+            if v != 5 and not pkt.clean_start:
+                return self._refuse(conn, 0x85, "an empty client id needs clean session = 1")
+            cid = "lmqtt-" + secrets.token_hex(8)
+            if v == 5:
+                assigned = cid
+        if v == 5 and props.authentication_method:
+            return self._refuse(conn, 0x8C, "enhanced authentication is not supported")
+        if v == 5:
+            expiry = props.session_expiry_interval or 0
+        else:
+            expiry = 0 if pkt.clean_start else NEVER_EXPIRES
+        expiry = min(expiry, cfg.max_session_expiry_s)
+
+        old = self.conns_by_id.get(cid)
+        if old is not None and old is not conn:
+            log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
+            old.close_with_error(0x8E, "session taken over")
+            self._detach(old)
+            old.connected = False
+            self.metrics.connections.dec()
+        wt = self._will_timers.pop(cid, None)
+        if wt is not None:   # reconnected within the will delay: the will is not sent (MQTT 5 §3.1.3.2.2)
+            wt[0].cancel()
+            self.meta.pop_will(cid)
+
+        s = self.sessions.get(cid)
+        if s is not None and pkt.clean_start:
+            self._end_session(s)
+            s = None
+        present = s is not None
+        if s is None:
+            s = Session(cid)
+            self.sessions[cid] = s
+            self.metrics.sessions.set(len(self.sessions))
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        was_persistent = s.persistent
+        s.expiry_interval = expiry
+        s.version = v
+        rm = props.receive_maximum if (v == 5 and props.receive_maximum) else 65535
+        s.receive_max = max(1, min(rm, cfg.max_inflight))
+        s.disconnected_at_ms = None
+        conn.client_id = cid
+        conn.session = s
+        conn.connected = True
+        s.conn = conn
+        self.conns_by_id[cid] = conn
+        keepalive = pkt.keepalive
+        server_keepalive = None
+        if keepalive > cfg.max_keepalive:
+            keepalive = server_keepalive = cfg.max_keepalive
+        conn.keepalive = keepalive
+        conn.will = pkt.will
+        if pkt.will is not None:
+            w = pkt.will
+            try:
+                from lightqueue.records import WillRecord
+                delay = (w.properties.will_delay_interval or 0) if v == 5 else 0
+                self.meta.put_will(cid, WillRecord(w.topic, w.payload, w.qos, w.retain,
+                                                   record_props.encode(w.qos, w.retain, cid, w.properties),
+                                                   delay, _now_ms()))
+            except Exception as e:
+                log.error("event=put_will_failed client_id=%s error=%r", cid, e)
+        if s.persistent:
+            self._save_session(s)
+        elif was_persistent:
+            self.meta.delete_session(cid)
+
+        ack = P.ConnAck(present, 0)
+        if v == 5:
+            ap = ack.properties
+            ap.assigned_client_identifier = assigned
+            ap.topic_alias_maximum = 0
+            ap.subscription_identifier_available = 0
+            ap.maximum_packet_size = cfg.max_packet_size
+            if server_keepalive is not None:
+                ap.server_keep_alive = server_keepalive
+            if expiry != (props.session_expiry_interval or 0):
+                ap.session_expiry_interval = expiry
+        conn.send(ack)
+        self.metrics.connects.inc()
+        self.metrics.connections.inc()
+        log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
+                  cid, conn.peer, v, pkt.clean_start, expiry, present)
+        for sub in s.subs.values():
+            self._activate(s, sub)
+        s.resend_inflight()
+        self.delivery.kick(s)
+
+    # ======================================================================= detach / end
+    def _activate(self, s: Session, sub: Subscription) -> None:
+        if sub.group is None:
+            self.delivery.add_reader(s, sub.queue)
+        else:
+            g = self.groups.get((sub.group, sub.queue))
+            if g is not None:
+                g.add_member(s, sub)
+
+    def _detach(self, conn: "MQTTConnection") -> None:
+        """The connection is gone (or taken over): session goes offline or ends; the will fires."""
+        s = conn.session
+        conn.session = None
+        if s is None:
+            return
+        cid = s.client_id
+        if self.conns_by_id.get(cid) is conn:
+            del self.conns_by_id[cid]
+        if s.conn is conn:
+            s.conn = None
+        for sub in s.subs.values():
+            if sub.group is None:
+                self.delivery.remove_reader(s, sub.queue)
+            else:
+                g = self.groups.get((sub.group, sub.queue))
+                if g is not None:
+                    g.remove_member(s)
+        # Shared-group messages in flight go back to the group (another member gets them).
+        for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
+            inf = s.outbound.pop(pid)
+            inf.group.take_back(inf.item)
+            self.delivery.kick_queue(inf.group.queue)
+        if conn.will is not None:
+            self._schedule_will(cid, conn.will, s, conn.version)
+            conn.will = None
+        if not s.persistent:
+            self._end_session(s)
+        else:
+            s.disconnected_at_ms = _now_ms()
+            self._save_session(s)
+            self._flush_session_offsets(s)
+            self._schedule_expiry(s)
+
+    def _end_session(self, s: Session) -> None:
+        for sub in list(s.subs.values()):
+            self._remove_sub(s, sub, persist=False)
+        s.outbound.clear()
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        self._dirty_sessions.discard(s)
+        if self.sessions.get(s.client_id) is s:
+            del self.sessions[s.client_id]
+        try:
+            self.meta.delete_session(s.client_id)
+        except Exception as e:
+            log.error("event=delete_session_failed client_id=%s error=%r", s.client_id, e)
+        self.metrics.sessions.set(len(self.sessions))
+
+    def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        if s.expiry_interval == NEVER_EXPIRES:
+            return
+        delay = s.expiry_interval if remaining_ms is None else max(0.0, remaining_ms / 1000.0)
+        s.expiry_handle = self.loop.call_later(delay, self._expire, s.client_id)
+
+    def _expire(self, cid: str) -> None:
+        s = self.sessions.get(cid)
+        if s is not None and not s.online:
+            log.info("event=session_expired client_id=%s", cid)
+            self._end_session(s)
+            wt = self._will_timers.pop(cid, None)   # session end publishes a delayed will now
+            if wt is not None:
+                wt[0].cancel()
+                self._publish_will(cid, wt[1])
+
+    # ======================================================================= will
+    def _schedule_will(self, cid: str, will: P.Will, s: Session, version: int) -> None:
+        delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
+        delay = min(delay, s.expiry_interval) if s.persistent else 0
+        if delay <= 0:
+            self._publish_will(cid, will)
+        else:
+            self._will_timers[cid] = (self.loop.call_later(delay, self._publish_will, cid, will), will)
+
+    def _publish_will(self, cid: str, will: P.Will) -> None:
+        self._will_timers.pop(cid, None)
+        try:
+            self.meta.pop_will(cid)
+        except Exception as e:
+            log.error("event=pop_will_failed client_id=%s error=%r", cid, e)
+        try:
+            T.validate_topic(will.topic)
+        except InvalidTopicName as e:
+            log.warning("event=will_dropped client_id=%s error=%s", cid, e)
+            return
+        log.info("event=will_published client_id=%s topic=%s", cid, will.topic)
+        self.publisher.submit(None, will.qos, None, will.topic, will.payload, will.retain, cid,
+                              will.properties)
+
+    # ======================================================================= PUBLISH in
+    def _on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
+        s = conn.session
+        qos = pkt.qos
+        self.metrics.msg_in[qos].inc()
+        if pkt.properties.topic_alias is not None:
+            raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", 0x94)
+        try:
+            T.validate_topic(pkt.topic)
+        except InvalidTopicName as e:
+            raise ProtocolError(str(e), 0x90) from None
+        pid = pkt.packet_id
+        if qos == 2:
+            if pid in s.inbound_qos2:       # retransmission of a stored message
+                conn.send(P.PubRec(pid))
+                return
+            if pid in s.inbound_pending:
+                return
+        elif qos == 1 and pid in s.inbound_pending:
+            return
+        if qos:
+            s.inbound_pending.add(pid)
+        self.publisher.submit(conn, qos, pid, pkt.topic, pkt.payload, pkt.retain, s.client_id,
+                              pkt.properties if conn.version == 5 else None)
+
+    def set_retained(self, topic: str, payload: bytes, props: bytes) -> None:
+        self.meta.set_retained(topic, payload, props)
+
+    # ======================================================================= acks from the client
+    def _release(self, s: Session, inf: InFlight) -> None:
+        if inf.group is not None:
+            inf.group.acked(inf.offset)
+            self.mark_group_dirty(inf.group)
+        elif inf.queue is not None:
+            cur = s.cursors.get(inf.queue)
+            if cur is not None:
+                cur.inflight.pop(inf.offset, None)
+                self.mark_offsets_dirty(s)
+        self.delivery.kick(s)
+
+    def _on_puback(self, conn, pkt: P.PubAck) -> None:
+        s = conn.session
+        inf = s.outbound.get(pkt.packet_id)
+        if inf is None or inf.qos != 1:
+            return   # unknown id: ignore (a late ack after a reconnect)
+        del s.outbound[pkt.packet_id]
+        self._release(s, inf)
+
+    def _on_pubrec(self, conn, pkt: P.PubRec) -> None:
+        s = conn.session
+        inf = s.outbound.get(pkt.packet_id)
+        if inf is None or inf.qos != 2:
+            conn.send(P.PubRel(pkt.packet_id, 0x92 if conn.version == 5 else 0))
+            return
+        if pkt.reason_code >= 0x80:
+            del s.outbound[pkt.packet_id]
+            self._release(s, inf)
+            return
+        inf.state = InFlight.WAIT_COMP
+        conn.send(P.PubRel(pkt.packet_id))
+
+    def _on_pubcomp(self, conn, pkt: P.PubComp) -> None:
+        s = conn.session
+        inf = s.outbound.get(pkt.packet_id)
+        if inf is None or inf.qos != 2:
+            return
+        del s.outbound[pkt.packet_id]
+        self._release(s, inf)
+
+    def _on_pubrel(self, conn, pkt: P.PubRel) -> None:
+        s = conn.session
+        if pkt.packet_id in s.inbound_qos2:
+            s.inbound_qos2.discard(pkt.packet_id)
+            conn.send(P.PubComp(pkt.packet_id))
+        else:
+            conn.send(P.PubComp(pkt.packet_id, 0x92 if conn.version == 5 else 0))
+
+    # ======================================================================= SUBSCRIBE
+    def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
+        key = (name, queue)
+        g = self.groups.get(key)
+        if g is None:
+            off = None
+            if restoring:
+                off = self.meta.get_offset(f"$share/{name}", queue)
+            if off is None:
+                off = self.lq.max_offset(queue)
+            g = SharedGroup(name, queue, off)
+            self.groups[key] = g
+            self.delivery.add_group(g)
+            if not restoring:
+                self.meta.set_offsets(g.consumer, {queue: off})
+        return g
+
+    def _ref_filter(self, q: str) -> None:
+        n = self.filter_refs.get(q, 0)
+        if n == 0:
+            self.lq.register_filter(q)
+        self.filter_refs[q] = n + 1
+
+    def _unref_filter(self, q: str) -> None:
+        n = self.filter_refs.get(q, 0) - 1
+        if n > 0:
+            self.filter_refs[q] = n
+            return
+        self.filter_refs.pop(q, None)
+        unregister = getattr(self.lq, "unregister_filter", None)
+        if unregister is not None:
+            try:
+                unregister(q)
+            except Exception as e:
+                log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
+
+    def _add_sub(self, s: Session, sub: Subscription) -> bool:
+        """Add or replace a subscription; returns True if it already existed."""
+        old = s.subs.get(sub.filter)
+        s.subs[sub.filter] = sub
+        if old is not None:
+            if sub.group is None:
+                s.direct[sub.queue] = sub
+            elif s.online:
+                self.groups[(sub.group, sub.queue)].add_member(s, sub)
+            return True
+        if T.is_wildcard(sub.queue):
+            self._ref_filter(sub.queue)
+        if sub.group is None:
+            s.direct[sub.queue] = sub
+            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue))
+            if s.online:
+                self.delivery.add_reader(s, sub.queue)
+        else:
+            g = self._group(sub.group, sub.queue)
+            g.refs += 1
+            if s.online:
+                g.add_member(s, sub)
+        return False
+
+    def _remove_sub(self, s: Session, sub: Subscription, persist: bool = True) -> None:
+        s.subs.pop(sub.filter, None)
+        if sub.group is None:
+            s.direct.pop(sub.queue, None)
+            s.cursors.pop(sub.queue, None)
+            self.delivery.remove_reader(s, sub.queue)
+            if persist and s.persistent:
+                self.meta.delete_offsets(s.client_id, [sub.queue])
+        else:
+            key = (sub.group, sub.queue)
+            g = self.groups.get(key)
+            if g is not None:
+                g.remove_member(s)
+                g.refs -= 1
+                if g.refs <= 0:
+                    del self.groups[key]
+                    self.delivery.remove_group(g)
+                    self._dirty_groups.discard(g)
+                    self.meta.delete_offsets(g.consumer, [g.queue])
+        if T.is_wildcard(sub.queue):
+            self._unref_filter(sub.queue)
+
+    def _on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        s = conn.session
+        v5 = conn.version == 5
+        codes: list[int] = []
+        retained: list[Subscription] = []
+        for req in pkt.subscriptions:
+            try:
+                group, flt = T.parse_shared(req.topic_filter)
+                T.validate_filter(flt)
+            except InvalidTopicFilter as e:
+                log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
+                codes.append(0x8F if v5 else 0x80)
+                continue
+            if group is not None and req.no_local and v5:
+                raise ProtocolError("No Local must not be set on a shared subscription", 0x82)
+            qos = min(req.qos, 2)
+            sub = Subscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
+                               req.retain_handling)
+            existed = self._add_sub(s, sub)
+            codes.append(qos)
+            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
+                retained.append(sub)
+        if s.persistent:
+            self._save_session(s)
+            self._flush_session_offsets(s)
+        conn.send(P.SubAck(pkt.packet_id, codes))
+        for sub in retained:
+            self._send_retained(s, sub)
+        self.delivery.kick(s)
+
+    def _send_retained(self, s: Session, sub: Subscription) -> None:
+        try:
+            found = self.meta.retained_matching(sub.queue)
+        except Exception as e:
+            log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
+            return
+        for topic, payload, props in found:
+            if s.conn is None:
+                return
+            meta = safe_decode(props)
+            if sub.no_local and meta.client_id == s.client_id:
+                continue
+            qos = min(sub.qos, meta.qos)
+            s.send_item(Item(topic, payload, meta), qos, True)
+
+    def _on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
+        s = conn.session
+        codes = []
+        for flt in pkt.topic_filters:
+            sub = s.subs.get(flt)
+            if sub is None:
+                codes.append(0x11)
+                continue
+            self._remove_sub(s, sub)
+            codes.append(0x00)
+        if s.persistent:
+            self._save_session(s)
+        conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))
+
+    # ======================================================================= misc packets
+    def _on_pingreq(self, conn, pkt) -> None:
+        conn.send(P.PingResp())
+
+    def _on_disconnect(self, conn, pkt: P.Disconnect) -> None:
+        s = conn.session
+        if conn.version == 5:
+            new_exp = pkt.properties.session_expiry_interval
+            if new_exp is not None:
+                if s.expiry_interval == 0 and new_exp > 0:
+                    raise ProtocolError("session expiry cannot be set on DISCONNECT when CONNECT had 0", 0x82)
+                was = s.persistent
+                s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
+                if was and not s.persistent:
+                    self.meta.delete_session(s.client_id)
+        if not (conn.version == 5 and pkt.reason_code == 0x04):
+            if conn.will is not None:
+                conn.will = None
+                try:
+                    self.meta.pop_will(s.client_id)
+                except Exception as e:
+                    log.error("event=pop_will_failed client_id=%s error=%r", s.client_id, e)
+        conn.close()
+
+    def _on_auth(self, conn, pkt) -> None:
+        raise ProtocolError("AUTH is not supported (no authentication method was agreed)", 0x82)
+
+    # ======================================================================= persistence
+    def _save_session(self, s: Session) -> None:
+        from lightqueue.records import SessionRecord, Subscription as LQSub
+        rec = SessionRecord(
+            client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
+            last_disconnect_ms=None if s.online else (s.disconnected_at_ms or _now_ms()),
+            subscriptions=[LQSub(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
+                                 retain_as_published=sub.retain_as_published,
+                                 retain_handling=sub.retain_handling, share_group=sub.group)
+                           for sub in s.subs.values()])
+        try:
+            self.meta.put_session(s.client_id, rec)
+        except Exception as e:
+            log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
+
+    def mark_offsets_dirty(self, s: Session) -> None:
+        if s.persistent:
+            self._dirty_sessions.add(s)
+
+    def mark_group_dirty(self, g: SharedGroup) -> None:
+        self._dirty_groups.add(g)
+
+    def _flush_session_offsets(self, s: Session) -> None:
+        self._dirty_sessions.discard(s)
+        if s.cursors:
+            try:
+                self.meta.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
+            except Exception as e:
+                log.error("event=save_offsets_failed client_id=%s error=%r", s.client_id, e)
+
+    def _flush_offsets(self) -> None:
+        ds, self._dirty_sessions = self._dirty_sessions, set()
+        for s in ds:
+            if s.persistent and self.sessions.get(s.client_id) is s:
+                self._flush_session_offsets(s)
+        dg, self._dirty_groups = self._dirty_groups, set()
+        for g in dg:
+            if self.groups.get((g.name, g.queue)) is g:
+                try:
+                    self.meta.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
+                except Exception as e:
+                    log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
+
+    # ======================================================================= timers
+    def _tick_offsets(self) -> None:
+        try:
+            self._flush_offsets()
+        finally:
+            self._offsets_handle = self.loop.call_later(self.cfg.offset_flush_ms / 1000.0, self._tick_offsets)
+
+    def _tick_sweep(self) -> None:
+        try:
+            now = self.loop.time()
+            for c in list(self.connections):
+                if not c.connected:
+                    if now - c.accepted_at > self.cfg.connect_timeout_s:
+                        c.close()
+                elif c.keepalive and now - c.last_rx > 1.5 * c.keepalive:
+                    c.close_with_error(0x8D, "keep alive timeout")
+        finally:
+            self._sweep_handle = self.loop.call_later(0.5, self._tick_sweep)

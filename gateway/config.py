@@ -1,0 +1,110 @@
+"""Gateway / `lmqtt serve` configuration: defaults, TOML file, command-line overrides.
+
+Why one dataclass: every knob has one name used in the TOML file (`[serve]` table or top level),
+on the command line (`--flag-name`) and in code (`cfg.flag_name`), so a newcomer can grep one name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FLUSH_MODES = ("sync", "async", "async+buffer")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key and what is allowed."""
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"           # loopback unless told otherwise (security default)
+    port: int = 1883
+    data_dir: str = "./lmqtt-data"
+    flush_mode: str = "async"
+    metrics_port: int = 9883          # 0 = no metrics endpoint
+    metrics_host: str | None = None   # defaults to `host`
+    segment_mb: int = 256             # CommitLog segment size (preallocated)
+    metadata_sync: bool = False       # fsync every metadata write (power-loss safety for sessions)
+    log_level: str = "INFO"
+    # protocol limits
+    max_packet_size: int = 4 << 20 | 1024   # store max message size + header room
+    max_inflight: int = 100           # cap on the client's Receive Maximum (outbound QoS 1/2 window)
+    max_keepalive: int = 65535
+    connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
+    max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
+    # delivery / back-pressure
+    notify_window_ms: float = 2.0     # coalescing window of the in-process bus
+    pull_batch: int = 64              # messages per light-queue pull
+    pull_max_bytes: int = 1 << 20
+    write_high_water: int = 1 << 20   # bytes queued to a socket before we stop pulling for it
+    write_low_water: int = 256 << 10
+    max_pending_publish: int = 1000   # inbound publishes awaiting the store before we stop reading
+    offset_flush_ms: float = 100.0    # how often dirty persistent-session offsets go to metadata
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> "GatewayConfig":
+        if self.flush_mode not in FLUSH_MODES:
+            raise ConfigError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {self.flush_mode!r}")
+        if not (0 <= int(self.port) <= 65535):
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if not (0 <= int(self.metrics_port) <= 65535):
+            raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
+        if not (1 <= int(self.max_inflight) <= 65535):
+            raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
+        if self.write_low_water > self.write_high_water:
+            raise ConfigError("write_low_water must not exceed write_high_water")
+        return self
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file; keys may be top level or under `[serve]`, dashes or underscores."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    flat: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k in ("serve", "gateway") and isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    return {k.replace("-", "_"): v for k, v in flat.items()}
+
+
+def build_config(file_values: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Defaults <- config file <- command-line flags (only flags the user gave)."""
+    cfg = GatewayConfig()
+    known = GatewayConfig.field_names()
+    for source in (file_values or {}, overrides or {}):
+        for k, v in source.items():
+            if v is None:
+                continue
+            if k not in known:
+                cfg.extra[k] = v
+                continue
+            default = getattr(GatewayConfig(), k)
+            if isinstance(default, bool):
+                v = bool(v)
+            elif isinstance(default, int) and not isinstance(v, bool):
+                try:
+                    v = int(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{k} must be an integer, got {v!r}") from None
+            elif isinstance(default, float):
+                try:
+                    v = float(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{k} must be a number, got {v!r}") from None
+            setattr(cfg, k, v)
+    return cfg.validate()

@@ -1,0 +1,67 @@
+"""Prometheus metrics of one gateway process.
+
+Why a private registry: tests and `lmqtt serve` may build several gateways in one interpreter;
+a registry per gateway keeps their counters apart and makes `/metrics` show only this process'
+gateway. Hot paths increment pre-bound children (`self.msg_in[qos]`), not labelled lookups.
+"""
+from __future__ import annotations
+
+import threading
+from http.server import ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import MetricsHandler
+
+_LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.connections = Gauge("lmqtt_connections", "Open MQTT connections (after CONNECT)", registry=r)
+        self.sessions = Gauge("lmqtt_sessions", "Sessions known to this gateway (online + offline persistent)", registry=r)
+        self.connects = Counter("lmqtt_connects", "CONNECT packets accepted", registry=r)
+        self.connect_refused = Counter("lmqtt_connect_refused", "CONNECT refused", ["reason"], registry=r)
+        mi = Counter("lmqtt_messages_in", "PUBLISH packets received from clients", ["qos"], registry=r)
+        mo = Counter("lmqtt_messages_out", "PUBLISH packets sent to clients", ["qos"], registry=r)
+        self.msg_in = [mi.labels(qos=str(q)) for q in range(3)]
+        self.msg_out = [mo.labels(qos=str(q)) for q in range(3)]
+        self.bytes_in = Counter("lmqtt_bytes_in", "Bytes read from client sockets", registry=r)
+        self.bytes_out = Counter("lmqtt_bytes_out", "Bytes written to client sockets", registry=r)
+        d = Counter("lmqtt_dropped_messages", "Messages not delivered", ["reason"], registry=r)
+        self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")
+        self.dropped_store_error = d.labels(reason="store_error")
+        self.dropped_invalid = d.labels(reason="invalid")
+        self.protocol_errors = Counter("lmqtt_protocol_errors", "Connections closed for a protocol error", registry=r)
+        self.append_latency = Histogram("lmqtt_store_append_seconds", "Time of one store append_batch call",
+                                        buckets=_LAT_BUCKETS, registry=r)
+        self.append_batch_size = Histogram("lmqtt_store_append_batch_messages", "Messages per append_batch",
+                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
+        self.flush_latency = Histogram("lmqtt_store_durable_seconds",
+                                       "Append to durable (flush-mode ack) for QoS 1/2 publishes",
+                                       buckets=_LAT_BUCKETS, registry=r)
+        self.dispatch_lag = Histogram("lmqtt_dispatch_lag_seconds",
+                                      "Store timestamp of a message to its first send by this gateway",
+                                      buckets=_LAT_BUCKETS, registry=r)
+        self.notify_events = Counter("lmqtt_notify_events", "Merged queue-event sets received from notify", registry=r)
+        self.notify_queues = Counter("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", registry=r)
+        self.pulls = Counter("lmqtt_lightqueue_pulls", "Light-queue pull calls (shared by sessions at one offset)", registry=r)
+        self.inflight = Gauge("lmqtt_inflight_messages", "Outbound QoS 1/2 messages awaiting the client's ack", registry=r)
+        self.paused_sessions = Gauge("lmqtt_backpressured_connections", "Connections above the write high-water mark", registry=r)
+        self._http: ThreadingHTTPServer | None = None
+
+    def start_http(self, host: str, port: int) -> tuple[str, int]:
+        """Serve /metrics (Prometheus text) on a daemon thread; returns the bound address."""
+        registry = self.registry
+        handler = MetricsHandler.factory(registry)
+        srv = ThreadingHTTPServer((host, port), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, name="lmqtt-metrics", daemon=True).start()
+        self._http = srv
+        return srv.server_address[0], srv.server_address[1]
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

@@ -1,0 +1,123 @@
+"""`lmqtt serve`: gateway + store + notify in one process (the embedded default).
+
+    lmqtt serve [--host 127.0.0.1] [--port 1883] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
+                [--flush-mode async|sync|async+buffer] [--metrics-port 9883 (0 = off)]
+
+Precedence: built-in defaults < the TOML file (`--config`, keys at top level or under `[serve]`)
+< flags given on the command line. Binds to loopback unless told otherwise; anonymous clients are
+allowed until the security issue lands. SIGTERM/SIGINT: stop accepting, close connections
+(MQTT 5: DISCONNECT 0x8B), persist sessions and offsets, flush the store, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from gateway.config import FLUSH_MODES, ConfigError, build_config, load_toml
+
+log = logging.getLogger("lmqtt.serve")
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts=... level=... logger=... event=... k=v`: greppable structured logs without a dependency."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        base = f"ts={self.formatTime(record, '%Y-%m-%dT%H:%M:%S')}.{int(record.msecs):03d} " \
+               f"level={record.levelname.lower()} logger={record.name} {msg}"
+        if record.exc_info:
+            base += " exc=" + repr(self.formatException(record.exc_info))
+        return base
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmqtt serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="MQTT port (default 1883; 0 = any free port)")
+    p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
+    p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 100)")
+    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [h]
+    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        file_values = load_toml(args.config) if args.config else {}
+        overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+        cfg = build_config(file_values, overrides)
+    except ConfigError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.log_level)
+    try:
+        import uvloop  # type: ignore
+        uvloop.install()
+        loop_name = "uvloop"
+    except ImportError:  # pragma: no cover
+        loop_name = "asyncio"
+    try:
+        return asyncio.run(_serve(cfg, loop_name))
+    except KeyboardInterrupt:  # pragma: no cover - signal handler normally catches it
+        return 0
+
+
+async def _serve(cfg, loop_name: str) -> int:
+    from gateway.server import Gateway
+
+    gw = Gateway(cfg)
+    try:
+        await gw.start()
+    except OSError as e:
+        print(f"lmqtt serve: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        print(f"lmqtt serve: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        log.exception("event=startup_failed")
+        return 1
+    metrics_url = "off"
+    if cfg.metrics_port:
+        mhost = cfg.metrics_host or cfg.host
+        try:
+            h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
+            metrics_url = f"http://{h}:{p}/metrics"
+        except OSError as e:
+            log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
+            metrics_url = f"unavailable ({e.strerror or e})"
+    host, port = gw.address
+    print(f"lmqtt serve: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
+          f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
+          f"  flush mode: {cfg.flush_mode}\n"
+          f"  metrics:    {metrics_url}\n"
+          f"  auth:       anonymous clients allowed", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("event=shutdown_begin")
+    await gw.stop()
+    gw.metrics.stop_http()
+    log.info("event=shutdown_complete")
+    print("lmqtt serve: stopped cleanly", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
