@@ -69,6 +69,10 @@ class LightQueueStore:
         """Register one subscriber of `flt` (validated, persisted); returns its reference count."""
         return self.registry.register(flt)
 
+    def register_filters(self, filters) -> None:
+        """register_filter for many filters in one metadata write (e.g. restoring sessions)."""
+        self.registry.register_many(filters)
+
     def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
         """Drop one reference; a wildcard filter at 0 leaves the trie and its queue is dropped."""
         n = self.registry.unregister(flt)

@@ -208,6 +208,18 @@ class MetadataStore:
             self._write(wb)
         return n
 
+    def set_filter_refs(self, counts: dict[str, int]) -> None:
+        """Write absolute reference counts (0 deletes) in one WAL write; the caller holds the
+        authoritative in-memory counts (FilterRegistry), so no read-modify-write is needed."""
+        wb = WriteBatch(raw_mode=True)
+        for flt, n in counts.items():
+            key = P_FILTER + flt.encode("utf-8")
+            if n > 0:
+                wb.put(key, _U32.pack(n))
+            else:
+                wb.delete(key)
+        self._write(wb)
+
     def filters(self) -> dict[str, int]:
         """Every registered filter with its reference count."""
         return {k[1:].decode("utf-8"): _U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}

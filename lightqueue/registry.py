@@ -43,6 +43,21 @@ class FilterRegistry:
                 self._cache = OrderedDict()  # publishers holding the old dict write into garbage
         return n
 
+    def register_many(self, filters) -> None:
+        """Add one reference to each filter with a single metadata write (session restore)."""
+        fl = [validate_filter(f) for f in filters]
+        deltas: dict[str, int] = {}
+        for f in fl:
+            deltas[f] = deltas.get(f, 0) + 1
+        with self._lock:
+            counts = {f: self._refs.get(f, 0) + d for f, d in deltas.items()}
+            self._meta.set_filter_refs(counts)
+            for f, n in counts.items():
+                if n == deltas[f] and is_wildcard(f):
+                    self._trie.add(f)
+                self._refs[f] = n
+            self._cache = OrderedDict()
+
     def unregister(self, flt: str) -> int:
         """Drop one reference; at 0 the filter leaves the trie. Returns the new count."""
         with self._lock:
