@@ -109,3 +109,193 @@ def lmqtt_server(tmp_path):
         yield srv
     finally:
         srv.stop()
+
+
+# -- gateway helper section: MQTT test clients (paho-mqtt wrapper and a raw codec client) -----
+import queue as _queue  # noqa: E402
+import threading as _threading  # noqa: E402
+
+
+class Paho:
+    """A paho-mqtt 2.2 client (MQTT 3.1.1 or 5) with blocking helpers for tests.
+
+    Every wait is bounded; messages land in `self.msgs` (a queue of paho MQTTMessage).
+    """
+
+    def __init__(self, server, client_id: str = "", version: int = 4, clean: bool = True,
+                 expiry: int | None = None, keepalive: int = 30, will: tuple | None = None,
+                 receive_maximum: int | None = None, connect: bool = True) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.properties import Properties
+        from paho.mqtt.packettypes import PacketTypes
+        self.mqtt = mqtt
+        self.host, self.port = server.host, server.port
+        self.version = version
+        proto = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
+        kw = {} if version == 5 else {"clean_session": clean}
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=proto, **kw)
+        self.msgs: _queue.Queue = _queue.Queue()
+        self.connack: _queue.Queue = _queue.Queue()
+        self.disconnects: _queue.Queue = _queue.Queue()
+        self._subacks: dict[int, list] = {}
+        self._sub_ev = _threading.Condition()
+        self.c.on_message = lambda c, u, m: self.msgs.put(m)
+        self.c.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
+        self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put(rc)
+
+        def on_sub(c, u, mid, rcs, props):
+            with self._sub_ev:
+                self._subacks[mid] = rcs
+                self._sub_ev.notify_all()
+        self.c.on_subscribe = on_sub
+        self.c.on_unsubscribe = on_sub
+        if will:
+            self.c.will_set(*will)
+        self._props = None
+        if version == 5:
+            self._props = Properties(PacketTypes.CONNECT)
+            if expiry is not None:
+                self._props.SessionExpiryInterval = expiry
+            if receive_maximum is not None:
+                self._props.ReceiveMaximum = receive_maximum
+        self.clean = clean
+        self.keepalive = keepalive
+        if connect:
+            self.connect()
+
+    def connect(self, timeout: float = 5.0):
+        if self.version == 5:
+            self.c.connect(self.host, self.port, self.keepalive, clean_start=self.clean, properties=self._props)
+        else:
+            self.c.connect(self.host, self.port, self.keepalive)
+        self.c.loop_start()
+        flags, rc, props = self.connack.get(timeout=timeout)
+        assert not rc.is_failure, f"CONNACK refused: {rc}"
+        self.session_present = bool(flags.session_present)
+        self.connack_props = props
+        return flags, rc, props
+
+    def subscribe(self, topic, qos: int = 0, timeout: float = 5.0, **kw):
+        if self.version == 5 and kw:
+            from paho.mqtt.subscribeoptions import SubscribeOptions
+            res, mid = self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **kw))
+        else:
+            res, mid = self.c.subscribe(topic, qos)
+        assert res == 0
+        deadline = time.monotonic() + timeout
+        with self._sub_ev:
+            while mid not in self._subacks:
+                left = deadline - time.monotonic()
+                assert left > 0, f"no SUBACK for {topic!r}"
+                self._sub_ev.wait(left)
+            return [int(getattr(r, "value", r)) for r in self._subacks.pop(mid)]
+
+    def unsubscribe(self, topic, timeout: float = 5.0):
+        res, mid = self.c.unsubscribe(topic)
+        deadline = time.monotonic() + timeout
+        with self._sub_ev:
+            while mid not in self._subacks:
+                left = deadline - time.monotonic()
+                assert left > 0, "no UNSUBACK"
+                self._sub_ev.wait(left)
+            return self._subacks.pop(mid)
+
+    def publish(self, topic, payload, qos: int = 0, retain: bool = False, properties=None, timeout: float = 5.0):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        info.wait_for_publish(timeout)
+        assert info.is_published(), f"publish to {topic!r} not acknowledged"
+        return info
+
+    def get(self, timeout: float = 5.0):
+        return self.msgs.get(timeout=timeout)
+
+    def get_n(self, n: int, timeout: float = 10.0) -> list:
+        deadline = time.monotonic() + timeout
+        out = []
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                out.append(self.msgs.get(timeout=left))
+            except _queue.Empty:
+                break
+        return out
+
+    def drain(self, wait: float = 0.5) -> list:
+        """Whatever else arrives within `wait` seconds."""
+        out = []
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            try:
+                out.append(self.msgs.get(timeout=left))
+            except _queue.Empty:
+                return out
+
+    def disconnect(self):
+        try:
+            self.c.disconnect()
+        finally:
+            self.c.loop_stop()
+
+
+class RawMQTT:
+    """A blocking raw-socket MQTT client built on the gateway's own sans-IO codec.
+
+    For what client libraries hide: killing the socket without DISCONNECT, malformed bytes,
+    never reading, exact packet flags.
+    """
+
+    def __init__(self, server, version: int = 4, timeout: float = 5.0) -> None:
+        from gateway.mqtt import Decoder
+        self.version = version
+        self.sock = socket.create_connection((server.host, server.port), timeout=timeout)
+        self.dec = Decoder(version=version, server_side=False)
+        self._pending: list = []
+
+    def send(self, pkt) -> None:
+        from gateway.mqtt import encode
+        self.sock.sendall(encode(pkt, self.version))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = 5.0):
+        """Next packet, or None if the server closed the connection."""
+        self.sock.settimeout(timeout)
+        while not self._pending:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self._pending.extend(self.dec.feed(data))
+        return self._pending.pop(0)
+
+    def connect(self, client_id: str, clean: bool = True, keepalive: int = 60, will=None, props=None):
+        from gateway.mqtt import packets as P
+        self.send(P.Connect(client_id, self.version, clean, keepalive, None, None, will,
+                            props or P.Properties()))
+        return self.recv()
+
+    def closed_by_server(self, timeout: float = 5.0) -> bool:
+        """True when the server closes the socket within `timeout` (packets before that are skipped)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+        except socket.timeout:
+            return False
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
