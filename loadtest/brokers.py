@@ -7,7 +7,7 @@ and the tail of its log instead of failing the whole comparison.
 
 * ``mosquitto``: Debian's ``mosquitto`` binary with a generated config (loopback listener,
   anonymous, unlimited connections, raised queue/inflight limits so a benchmark measures the
-  broker, not its default back-pressure of 1000 queued messages).
+  broker, not its default back-pressure of 1000 queued messages; see ``_mosquitto_conf``).
 * ``amqtt``: the ``amqtt`` console script of this Python (3.1.1 only), anonymous auth plugin only
   (the default config also loads packet/event loggers, which would benchmark logging).
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
@@ -109,8 +109,12 @@ def _mosquitto_conf(port: int, workdir: Path) -> Path:
         f"listener {port} 127.0.0.1",
         "allow_anonymous true",
         "max_connections -1",
-        "max_inflight_messages 1000",
-        "max_queued_messages 100000",
+        # 0 = unlimited in-flight QoS 1/2 per client: with a finite limit, Mosquitto 2.0.11 stops
+        # delivering to a client for good once ~max_queued_messages have passed through its queue
+        # (seen here: a fan-in subscriber stalled at exactly 100,000 + 1,000 messages; with the
+        # limits at 5,000 / 1,000 it stalled at ~8,000 with "Outgoing messages are being dropped").
+        "max_inflight_messages 0",
+        "max_queued_messages 1000000",  # persistent-session backlog scenario
         "max_queued_bytes 0",
         "persistence false",
         "log_dest stderr",

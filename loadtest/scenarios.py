@@ -1,0 +1,275 @@
+"""Scenario definitions: who connects, who publishes where, who expects what.
+
+A *traffic* scenario (``fanout``, ``fanin``, ``pairs``, ``latency``, ``conn``) is a list of
+``ClientSpec`` that ``mqtt_bench`` spreads over worker processes; the worker code is generic. The
+two *state* scenarios (``retained``, ``persistent``) measure how fast a broker hands over stored
+messages; they are sequential by nature and run in one process (``run_retained`` /
+``run_persistent``).
+
+Topics carry a per-run prefix (``lb/<run>/...``) so runs against a long-lived broker never see
+each other's retained messages or sessions.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from .histogram import Histogram
+from .mqtt_client import Sink, StampedPublisher, connect
+from .stamp import Tracker, account
+
+TRAFFIC = ("fanout", "fanin", "pairs", "latency", "conn")
+STATE = ("retained", "persistent")
+ALL = TRAFFIC + STATE
+
+
+@dataclass
+class ScenarioConfig:
+    scenario: str = "fanout"
+    host: str = "127.0.0.1"
+    port: int = 1883
+    version: int = 4            # amqtt speaks 3.1.1 only, so comparisons use 4
+    qos: int = 0
+    size: int = 64
+    duration: float = 10.0      # publish phase, seconds
+    rate: float | None = None   # total msg/s over all publishers; None = flat out
+    window: int = 10            # max unacknowledged QoS 1/2 messages per publisher
+    lead: int | None = None     # flat out: max messages a publisher runs ahead of its slowest
+                                # subscriber (closed loop); 0 = open loop; None = auto
+    publishers: int = 1
+    subscribers: int = 1
+    connections: int = 1000     # conn
+    topics: int = 1000          # retained: M retained topics
+    backlog: int = 10000        # persistent: K queued messages
+    procs: int = 2
+    hold: float = 2.0           # conn: idle time before sampling broker memory
+    drain_idle: float = 1.5     # stop waiting for deliveries after this long without any
+    drain_max: float = 20.0     # ... and never wait longer than this after the publish phase
+    connect_timeout: float = 120.0
+    run_id: str = field(default_factory=lambda: f"{os.getpid():x}{int(time.time()) % 100000:x}")
+
+    def to_params(self) -> dict:
+        d = asdict(self)
+        for k in ("host", "port", "run_id", "drain_idle", "drain_max", "connect_timeout"):
+            d.pop(k)
+        return d
+
+
+    def resolved_lead(self) -> int:
+        """Auto lead: about 10,000 deliveries outstanding in total, at least 2 windows.
+
+        Enough to cover the 10 ms feedback loop at millions of deliveries per second, small
+        enough that latency measures the broker and not a queue we built on purpose.
+        """
+        if self.lead is not None:
+            return self.lead
+        fan = self.subscribers if self.scenario == "fanout" else 1
+        return max(2 * self.window, 10_000 // max(1, self.publishers * fan))
+
+
+@dataclass
+class ClientSpec:
+    role: str               # "pub" | "sub" | "idle"
+    client_id: str
+    topic: str = ""         # publish topic or subscription filter
+    pub_id: int = -1
+    sub_id: int = -1
+    expects: list[int] = field(default_factory=list)
+
+
+def defaults_for(scenario: str) -> dict:
+    """The issue's target settings per scenario (CLI flags override)."""
+    return {
+        "fanout": {"publishers": 1, "subscribers": 1000, "qos": 0},
+        "fanin": {"publishers": 1000, "subscribers": 1, "qos": 1},
+        "pairs": {"publishers": 100, "subscribers": 100, "qos": 1},
+        "latency": {"publishers": 50, "subscribers": 50, "qos": 1, "rate": 5000.0},
+        "conn": {"connections": 10000},
+        "retained": {"topics": 1000, "qos": 1},
+        "persistent": {"backlog": 10000, "qos": 1},
+    }.get(scenario, {})
+
+
+def plan(cfg: ScenarioConfig) -> list[ClientSpec]:
+    r = f"lb/{cfg.run_id}"
+    s = cfg.scenario
+    if s == "fanout":
+        pubs = [ClientSpec("pub", f"{r}-p0", f"{r}/fan", pub_id=0)]
+        subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/fan", sub_id=i, expects=[0])
+                for i in range(cfg.subscribers)]
+    elif s == "fanin":
+        pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/in/{i}", pub_id=i) for i in range(cfg.publishers)]
+        subs = [ClientSpec("sub", f"{r}-s{j}", f"{r}/in/+", sub_id=j, expects=list(range(cfg.publishers)))
+                for j in range(cfg.subscribers)]
+    elif s in ("pairs", "latency"):
+        n = cfg.publishers
+        pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/pair/{i}", pub_id=i) for i in range(n)]
+        subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/pair/{i}", sub_id=i, expects=[i]) for i in range(n)]
+    elif s == "conn":
+        return [ClientSpec("idle", f"{r}-c{i}") for i in range(cfg.connections)]
+    else:
+        raise ValueError(f"{s!r} is not a traffic scenario; traffic scenarios: {', '.join(TRAFFIC)}")
+    # subscribers first: they are connected and subscribed before any publisher sends
+    return subs + pubs
+
+
+def partition(specs: list[ClientSpec], procs: int) -> list[list[ClientSpec]]:
+    """Spread clients over processes so no process carries a disproportionate receive load.
+
+    Round-robin per role, except when there are fewer subscribers than processes (fan-in): those
+    few subscribers each receive from every publisher, so they get processes of their own and
+    the publishers share the rest.
+    """
+    procs = max(1, procs)
+    subs = [sp for sp in specs if sp.role == "sub"]
+    others = [sp for sp in specs if sp.role != "sub"]
+    parts: list[list[ClientSpec]] = [[] for _ in range(procs)]
+    if subs and len(subs) < procs and others:
+        n_sub_procs = len(subs)
+        for i, sp in enumerate(subs):
+            parts[i].append(sp)
+        for i, sp in enumerate(others):
+            parts[n_sub_procs + i % (procs - n_sub_procs)].append(sp)
+    else:
+        for i, sp in enumerate(subs):
+            parts[i % procs].append(sp)
+        for i, sp in enumerate(others):
+            parts[i % procs].append(sp)
+    return [p for p in parts if p]
+
+
+# -- state scenarios (one process, sequential phases) -------------------------------------------
+
+async def _publish_all(cfg: ScenarioConfig, topics: list[str], retain: bool) -> int:
+    """Publish one stamped message per topic (QoS 1, acknowledged) from one connection."""
+    c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-loader", cfg.version)
+    try:
+        done = asyncio.get_running_loop().create_future()
+        left = [len(topics)]
+
+        def on_acks(n: int) -> None:
+            left[0] -= n
+            if left[0] <= 0 and not done.done():
+                done.set_result(None)
+
+        c.on_acks = on_acks
+        pid = 0
+        for i, t in enumerate(topics):
+            sp = StampedPublisher(i if retain else 0, t, cfg.size, 1, cfg.version, retain=retain)
+            pid = pid % 0xFFFF + 1
+            while pid in c.inflight:
+                await asyncio.sleep(0.001)
+            c.inflight.add(pid)
+            c.transport.write(sp.batch(0 if retain else i, [pid], 1))
+            if len(c.inflight) >= 500 or c.paused:
+                while len(c.inflight) >= 100 or c.paused:
+                    await asyncio.sleep(0.001)
+        if topics:
+            await asyncio.wait_for(done, 60)
+        return len(topics)
+    finally:
+        c.disconnect()
+
+
+async def _wait_deliveries(sink: Sink, tracker: Tracker, hist: Histogram, want: int,
+                           cfg: ScenarioConfig) -> tuple[int, int]:
+    """Pump the sink into the tracker until ``want`` unique messages or idle/deadline."""
+    got = 0
+    deadline = time.monotonic() + cfg.drain_max + cfg.duration
+    last_progress = time.monotonic()
+    while time.monotonic() < deadline:
+        subs, pubs, seqs, lat = sink.take()
+        if subs:
+            last_progress = time.monotonic()
+            for s_, p_, q_ in zip(subs, pubs, seqs):
+                tracker.see(s_, p_, q_)
+            hist.record_many(lat)
+        got = sum(st.unique for st in tracker.streams.values())
+        if got >= want or time.monotonic() - last_progress > max(cfg.drain_idle, 3.0):
+            break
+        await asyncio.sleep(0.005)
+    return got, sink.last_ns
+
+
+async def run_retained(cfg: ScenarioConfig) -> dict:
+    """M retained topics, then one wildcard subscriber: time until all M arrived."""
+    r = f"lb/{cfg.run_id}/ret"
+    topics = [f"{r}/{i}" for i in range(cfg.topics)]
+    await _publish_all(cfg, topics, retain=True)
+    sink, tracker, hist = Sink(), Tracker(), Histogram()
+    for i in range(cfg.topics):
+        tracker.expect(0, i)
+    t0 = time.monotonic_ns()
+    c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-rsub", cfg.version, sub_id=0, sink=sink)
+    try:
+        await c.subscribe(f"{r}/#", cfg.qos)
+        got, last_ns = await _wait_deliveries(sink, tracker, hist, cfg.topics, cfg)
+    finally:
+        c.disconnect()
+    totals = account({int(k): v for k, v in tracker.to_dict().items()}, {i: 1 for i in range(cfg.topics)})
+    elapsed = max(1, last_ns - t0) / 1e9
+    # clear the retained messages (empty retained payload) so the broker is left as found
+    await _clear_retained(cfg, topics)
+    return {"sent": cfg.topics, **totals, "elapsed_s": round(elapsed, 4),
+            "delivered_per_s": round(got / elapsed, 1) if got else 0.0,
+            "histogram": hist}
+
+
+async def _clear_retained(cfg: ScenarioConfig, topics: list[str]) -> None:
+    from gateway.mqtt import encode_publish
+    c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-clr", cfg.version)
+    try:
+        c.transport.write(b"".join(encode_publish(t, b"", 0, True, False, None, None, cfg.version)
+                                   for t in topics))
+        await asyncio.sleep(0.2)
+    finally:
+        c.disconnect()
+
+
+async def run_persistent(cfg: ScenarioConfig) -> dict:
+    """An offline QoS 1 session collects K messages; time to receive them on reconnect."""
+    topic = f"lb/{cfg.run_id}/persist"
+    cid = f"lb-{cfg.run_id}-psub"
+    expiry = 3600 if cfg.version == 5 else None
+    c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry)
+    await c.subscribe(topic, cfg.qos)
+    c.disconnect()
+    await asyncio.sleep(0.2)
+    # backlog: one publisher, K messages with seq 0..K-1 (publisher id 0)
+    pub = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-ppub", cfg.version)
+    sp = StampedPublisher(0, topic, cfg.size, 1, cfg.version)
+    from .mqtt_client import PidAllocator
+    alloc = PidAllocator(pub.inflight)
+    seq = 0
+    t_pub = time.monotonic()
+    while seq < cfg.backlog:
+        room = min(200 - len(pub.inflight), cfg.backlog - seq)
+        if room > 0 and not pub.paused:
+            pids = alloc.take(room)
+            pub.transport.write(sp.batch(seq, pids, room))
+            seq += room
+        await asyncio.sleep(0.001)
+        if time.monotonic() - t_pub > cfg.drain_max * 5:
+            break
+    while pub.inflight and time.monotonic() - t_pub < cfg.drain_max * 5:
+        await asyncio.sleep(0.005)
+    pub.disconnect()
+    sink, tracker, hist = Sink(), Tracker(), Histogram()
+    tracker.expect(0, 0)
+    t0 = time.monotonic_ns()
+    c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry,
+                      sub_id=0, sink=sink)
+    session_present = True  # the handshake succeeded; check via received count below
+    try:
+        got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
+    finally:
+        c.disconnect()
+    # remove the session
+    c2 = await connect(cfg.host, cfg.port, cid, cfg.version, clean=True, session_expiry=0 if expiry else None)
+    c2.disconnect()
+    totals = account({int(k): v for k, v in tracker.to_dict().items()}, {0: seq})
+    elapsed = max(1, last_ns - t0) / 1e9
+    return {"sent": seq, **totals, "elapsed_s": round(elapsed, 4), "session_present": session_present,
+            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}
