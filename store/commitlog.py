@@ -23,14 +23,15 @@ import zlib
 from .config import StoreConfig
 from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
-from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, decode,
+from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, check_size, decode,
                      encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .message import StoredMessage
+from .message import AppendResult, StoredMessage
 
 log = logging.getLogger("lmqtt.store")
 
 _MSG_MAGIC_BYTES = struct.pack("<I", MSG_MAGIC)
 _ZERO_BLOCK = bytes(1 << 20)
+_PREFIX3 = struct.Struct("<III")  # total_size, magic, crc
 
 
 class CommitLog:
@@ -48,19 +49,34 @@ class CommitLog:
         self.queue_table: dict[tuple[str, int], int] = {}
         self._topic_cache: dict[str, tuple[bytes, str, int]] = {}
         self._names_cache: dict[tuple[str, ...], bytes] = {}
+        self._struct_cache: dict[tuple[int, int, int], struct.Struct] = {}
         self.pending: list[tuple[int, bytearray]] = []
         self.pending_bytes = 0
         self.disk_full_reason: str | None = None
         self.corrupt_ranges: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------ append
-    def _topic_info(self, topic: str) -> tuple[bytes, str, int]:
+    def _topic_info(self, topic: str) -> tuple:
+        """(topic bytes, first-level name, tags code, topic length, tail Struct w/o keys/queues, 74+len)."""
         tb = encode_topic(topic, self.cfg.max_topic_bytes)
-        info = (tb, first_level(topic), tags_code_of(tb))
+        info = (tb, first_level(topic), tags_code_of(tb), len(tb), self._tail_struct(len(tb), 0, 0),
+                HEADER_SIZE + len(tb))
         if len(self._topic_cache) > 100_000:
             self._topic_cache.clear()
         self._topic_cache[topic] = info
         return info
+
+    def _tail_struct(self, tl: int, kl: int, dl: int) -> struct.Struct:
+        """Struct packing everything after the CRC field up to props: fixed fields + topic + keys +
+        queues, so one call writes them (cached per length triple)."""
+        key = (tl, kl, dl)
+        st = self._struct_cache.get(key)
+        if st is None:
+            st = struct.Struct(f"<IIQQQQQIIHHH{tl}s{kl}s{dl}s")
+            if len(self._struct_cache) > 10_000:
+                self._struct_cache.clear()
+            self._struct_cache[key] = st
+        return st
 
     def _names(self, names: tuple[str, ...], what: str) -> bytes:
         b = self._names_cache.get(names)
@@ -75,121 +91,129 @@ class CommitLog:
         if self.disk_full_reason:
             raise DiskFull(self.disk_full_reason)
 
-    def append_batch(self, msgs) -> tuple[list[tuple[int, int, int]], int]:
-        """Append `msgs` atomically (all or nothing). Returns ([(phys, size, queue_offset)], end)."""
+    def append_batch(self, msgs, fut, ident: str) -> tuple[list, int]:
+        """Append `msgs` atomically (all or none). Returns ([AppendResult], end offset).
+
+        One pass per message: one Struct.pack for header fields+topic+keys+queues, CRC over the
+        parts, a 12-byte prefix pack; the parts are joined once per segment touched and copied into
+        the map with one slice assignment. Nothing touches the map or the queue table until the
+        whole batch is encoded and its segments exist, so a bad message or DiskFull leaves no trace.
+        """
         if self.disk_full_reason:
             raise DiskFull(self.disk_full_reason)
         maxsize = self.cfg.max_message_size
         tcache = self._topic_cache
         ncache = self._names_cache
-        pre = []
-        for m in msgs:
-            t = tcache.get(m.topic)
-            if t is None:
-                t = self._topic_info(m.topic)
-            keys = m.keys
-            kb = (ncache.get(keys) or self._names(keys, "keys")) if keys else b""
-            dq = m.dispatch_queues
-            db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
-            body = m.body
-            props = m.props
-            total = HEADER_SIZE + len(t[0]) + len(kb) + len(db) + len(props) + len(body)
-            if total > maxsize:
-                from .record import check_size
-                check_size(total, maxsize)
-            pre.append((m, t, kb, db, total))
-        if not pre:
-            return [], self.wrote
         seg = self.seg_size
-        pack_into = HEADER.pack_into
         crc32 = zlib.crc32
+        p3pack = _PREFIX3.pack
+        new = tuple.__new__
+        AR = AppendResult
         with self.lock:
             phys = self.wrote
             seg_end = phys - phys % seg + seg
+            limit = seg_end - MIN_BLANK
             store_ts = int(time.time() * 1000)
             qt = self.queue_table
-            assigned: dict[tuple[str, int], int] = {}
-            out = []
-            chunks: list[tuple[int, bytearray]] = []
-            # layout: split into per-segment chunks
-            spans = []  # (chunk_start, chunk_data_end, filler)
+            assigned: dict = {}
+            parts: list = []
+            results: list = []
+            cuts: list = []
             cstart = phys
-            for item in pre:
-                total = item[4]
-                if phys + total > seg_end - MIN_BLANK:
-                    spans.append((cstart, phys, True))
-                    phys = seg_end
-                    seg_end += seg
-                    cstart = phys
-                phys += total
-            spans.append((cstart, phys, False))
-            it = iter(pre)
+            last_fl = None
+            last_qid = -1
+            qoff = 0
             try:
-                for cstart, cend, filler in spans:
-                    buf = bytearray(cend - cstart + (MIN_BLANK if filler else 0))
-                    mv = memoryview(buf)
-                    pos = 0
-                    n = cend - cstart
-                    while pos < n:
-                        m, (tb, fl, tags), kb, db, total = next(it)
-                        key = (fl, m.queue_id)
+                for m in msgs:
+                    topic = m.topic
+                    t = tcache.get(topic)
+                    if t is None:
+                        t = self._topic_info(topic)
+                    body = m.body
+                    props = m.props
+                    keys = m.keys
+                    dq = m.dispatch_queues
+                    qid = m.queue_id
+                    bl = len(body)
+                    pl = len(props)
+                    if keys or dq:
+                        kb = (ncache.get(keys) or self._names(keys, "keys")) if keys else b""
+                        db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
+                        kl = len(kb)
+                        dl = len(db)
+                        S = self._tail_struct(t[3], kl, dl)
+                        total = t[5] + kl + dl + bl + pl
+                    else:
+                        kb = db = b""
+                        kl = dl = 0
+                        S = t[4]
+                        total = t[5] + bl + pl
+                    if total > maxsize:
+                        check_size(total, maxsize)
+                    if phys + total > limit:  # close the segment with a blank filler
+                        parts.append(PREFIX.pack(seg_end - phys, BLANK_MAGIC))
+                        cuts.append((len(parts), cstart))
+                        phys = cstart = seg_end
+                        seg_end += seg
+                        limit = seg_end - MIN_BLANK
+                    fl = t[1]
+                    if qid != last_qid or fl != last_fl:
+                        if last_fl is not None:
+                            assigned[(last_fl, last_qid)] = qoff
+                        key = (fl, qid)
                         qoff = assigned.get(key)
                         if qoff is None:
                             qoff = qt.get(key, 0)
-                        assigned[key] = qoff + 1
-                        body = m.body
-                        props = m.props
-                        tl = len(tb); kl = len(kb); dl = len(db); pl = len(props); bl = len(body)
-                        pack_into(buf, pos, total, MSG_MAGIC, 0, m.queue_id, m.flags, qoff, cstart + pos,
-                                  m.born_ts, store_ts, tags, bl, pl, tl, kl, dl)
-                        p = pos + HEADER_SIZE
-                        mv[p:p + tl] = tb
-                        p += tl
-                        if kl:
-                            mv[p:p + kl] = kb
-                            p += kl
-                        if dl:
-                            mv[p:p + dl] = db
-                            p += dl
-                        if pl:
-                            mv[p:p + pl] = props
-                            p += pl
-                        mv[p:p + bl] = body
-                        end = pos + total
-                        struct.pack_into("<I", buf, pos + 8, crc32(mv[pos + CRC_START:end]))
-                        out.append((cstart + pos, total, qoff))
-                        pos = end
-                    if filler:
-                        PREFIX.pack_into(buf, pos, (cstart - cstart % seg + seg) - (cstart + pos), BLANK_MAGIC)
-                    mv.release()
-                    chunks.append((cstart, buf))
+                        last_fl = fl
+                        last_qid = qid
+                    tail = S.pack(qid, m.flags, qoff, phys, m.born_ts, store_ts, t[2], bl, pl, t[3], kl, dl,
+                                  t[0], kb, db)
+                    if pl:
+                        crc = crc32(body, crc32(props, crc32(tail)))
+                        parts += (p3pack(total, MSG_MAGIC, crc), tail, props, body)
+                    else:
+                        crc = crc32(body, crc32(tail))
+                        parts += (p3pack(total, MSG_MAGIC, crc), tail, body)
+                    results.append(new(AR, (phys, total, qoff, fut, ident)))
+                    qoff += 1
+                    phys += total
             except struct.error as e:
                 raise InvalidMessage(f"a numeric field is out of range (queue_id/flags u32, born_ts u64 "
                                      f"non-negative): {e}; nothing was written") from None
             except TypeError as e:
                 raise InvalidMessage(f"body and props must be bytes-like: {e}; nothing was written") from None
+            if not results:
+                return results, self.wrote
+            if last_fl is not None:
+                assigned[(last_fl, last_qid)] = qoff
+            cuts.append((len(parts), cstart))
             # make sure every segment exists before writing anything (DiskFull -> nothing written)
-            for cstart, _ in chunks:
-                if self.mfq.find(cstart) is None:
-                    self._new_segment(cstart - cstart % seg)
-            end = phys
+            for _, c in cuts:
+                if self.mfq.find(c) is None:
+                    self._new_segment(c - c % seg)
+            chunks = []
+            i = 0
+            for j, c in cuts:
+                chunks.append((c, b"".join(parts[i:j])))
+                i = j
             if self.buffered:
                 for c in chunks:
                     self.pending.append(c)
                     self.pending_bytes += len(c[1])
-                self.wrote = end
+                self.wrote = phys
                 if self.pending_bytes > self.cfg.commit_buffer_max:
                     self._commit_locked()
             else:
-                for cstart, buf in chunks:
-                    mf = self.mfq.find(cstart)
-                    rel = cstart - mf.start_offset
+                find = self.mfq.find
+                for c, buf in chunks:
+                    mf = find(c)
+                    rel = c - mf.start_offset
                     mf.mm[rel:rel + len(buf)] = buf
                     mf.wrote_pos = rel + len(buf)
-                self.wrote = end
-                self.committed = end
+                self.wrote = phys
+                self.committed = phys
             qt.update(assigned)
-        return out, end
+        return results, phys
 
     def _new_segment(self, start: int):
         used = _disk_usage_fraction(self.cfg.data_dir)

@@ -222,26 +222,38 @@ class ConsumeQueueStore:
         return self._ckpt
 
     def dispatch(self, batch, end_offset: int) -> None:
+        """Group entries per queue into runs of consecutive queue offsets; one slice copy per run.
+        Records are read by index (DispatchRequest is a named tuple) on this hot path."""
         groups: dict[tuple[str, int], list] = {}
         flc = self._fl_cache
         pack = ENTRY.pack
+        last_topic = None
+        last_qid = -1
+        g: list = []
+        nxt = 0
         for r in batch:
-            topic = r.topic
-            fl = flc.get(topic)
-            if fl is None:
-                fl = first_level(topic)
-                if len(flc) > 100_000:
-                    flc.clear()
-                flc[topic] = fl
-            key = (fl, r.queue_id)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = [r.queue_offset]
-            elif r.queue_offset != g[0] + len(g) - 1:
-                # not consecutive: flush what we have and start a new run
+            topic = r[2]
+            qid = r[3]
+            if topic is not last_topic or qid != last_qid:
+                fl = flc.get(topic)
+                if fl is None:
+                    fl = first_level(topic)
+                    if len(flc) > 100_000:
+                        flc.clear()
+                    flc[topic] = fl
+                key = (fl, qid)
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = [r[4]]
+                nxt = g[0] + len(g) - 1
+                last_topic = topic
+                last_qid = qid
+            if r[4] != nxt:  # not consecutive: write what we have and start a new run
                 self._write_run(key, g)
-                g = groups[key] = [r.queue_offset]
-            g.append(pack(r.phys_offset, r.size, r.tags_code))
+                g = groups[key] = [r[4]]
+                nxt = r[4]
+            g.append(pack(r[0], r[1], r[8]))
+            nxt += 1
         for key, g in groups.items():
             self._write_run(key, g)
         self._last_end = end_offset

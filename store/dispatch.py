@@ -121,29 +121,31 @@ class DispatchService:
             raise RuntimeError(f"dispatch: no segment holds offset {pos}")
         base = mf.start_offset
         rel = pos - base
-        hard = min(committed - base, mf.size)
+        size = mf.size
+        hard = min(committed - base, size)
         soft = min(hard, rel + self.chunk)
         mm = mf.mm
-        size = mf.size
         unpack_from = HEADER.unpack_from
         tcache = self._topic_cache
         ncache = self._names_cache
+        new = tuple.__new__
+        DR = DispatchRequest
         corrupt = clog.corrupt_ranges
-        next_bad = corrupt[0][0] if corrupt else -1
+        bad_rel = corrupt[0][0] - base if corrupt else -1
         batch = []
         append = batch.append
         while rel < soft:
-            if base + rel == next_bad:
+            if rel == bad_rel:
                 rel = self._skip_corrupt(base + rel) - base
                 corrupt = clog.corrupt_ranges
-                next_bad = corrupt[0][0] if corrupt else -1
+                bad_rel = corrupt[0][0] - base if corrupt else -1
                 continue
             if rel + HEADER_SIZE > size:  # only a blank filler header fits here
                 if PREFIX.unpack_from(mm, rel)[1] == BLANK_MAGIC:
                     rel = size
                     break
                 raise RuntimeError(f"dispatch: no record at offset {base + rel}")
-            (total, magic, _crc, qid, flags, qoff, phys, born, sts, tags, blen, plen, tlen, klen,
+            (total, magic, _crc, qid, flags, qoff, phys, born, sts, tags, _blen, _plen, tlen, klen,
              dlen) = unpack_from(mm, rel)
             if magic != MSG_MAGIC:
                 if magic == BLANK_MAGIC:
@@ -158,26 +160,26 @@ class DispatchService:
                 if len(tcache) > 100_000:
                     tcache.clear()
                 tcache[tb] = topic
-            p += tlen
-            if klen:
-                keys = tuple(mm[p:p + klen].decode("utf-8").split(SEP))
+            if klen or dlen:
+                p += tlen
+                keys = tuple(mm[p:p + klen].decode("utf-8").split(SEP)) if klen else ()
                 p += klen
+                if dlen:
+                    db = mm[p:p + dlen]
+                    dq = ncache.get(db)
+                    if dq is None:
+                        dq = tuple(db.decode("utf-8").split(SEP))
+                        if len(ncache) > 100_000:
+                            ncache.clear()
+                        ncache[db] = dq
+                else:
+                    dq = ()
+                append(new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, keys, dq)))
             else:
-                keys = ()
-            if dlen:
-                db = mm[p:p + dlen]
-                dq = ncache.get(db)
-                if dq is None:
-                    dq = tuple(db.decode("utf-8").split(SEP))
-                    if len(ncache) > 100_000:
-                        ncache.clear()
-                    ncache[db] = dq
-            else:
-                dq = ()
-            append(DispatchRequest(phys, total, topic, qid, qoff, flags, born, sts, tags, keys, dq))
+                append(new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, (), ())))
             rel += total
         end = base + rel
-        if rel >= mf.size:
+        if rel >= size:
             end = mf.end_offset
         self._deliver(batch, end)
 

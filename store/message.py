@@ -5,7 +5,7 @@ Plain classes with `__slots__` and positional constructors: the dispatch stage c
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
+from collections import namedtuple
 
 
 class Message:
@@ -59,47 +59,35 @@ class StoredMessage:
                 f"queue_offset={self.queue_offset}, body={len(self.body)}B)")
 
 
-class DispatchRequest:
-    """One record as the dispatch stage hands it to every dispatcher (no body, no props)."""
+_DR_FIELDS = ("phys_offset", "size", "topic", "queue_id", "queue_offset", "flags", "born_ts", "store_ts",
+              "tags_code", "keys", "dispatch_queues")
 
-    __slots__ = ("phys_offset", "size", "topic", "queue_id", "queue_offset", "flags", "born_ts",
-                 "store_ts", "tags_code", "keys", "dispatch_queues")
 
-    def __init__(self, phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, store_ts,
-                 tags_code, keys, dispatch_queues) -> None:
-        self.phys_offset = phys_offset
-        self.size = size
-        self.topic = topic
-        self.queue_id = queue_id
-        self.queue_offset = queue_offset
-        self.flags = flags
-        self.born_ts = born_ts
-        self.store_ts = store_ts
-        self.tags_code = tags_code
-        self.keys = keys
-        self.dispatch_queues = dispatch_queues
+class DispatchRequest(namedtuple("_DispatchRequestBase", _DR_FIELDS)):
+    """One record as the dispatch stage hands it to every dispatcher (no body, no props).
+
+    A named tuple rather than a slotted class: the dispatch stage builds one per record with
+    `tuple.__new__` (no Python-level __init__), which measured about 3x cheaper; attributes are
+    read by name exactly as with slots, and the positional constructor is unchanged."""
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return (f"DispatchRequest(phys_offset={self.phys_offset}, size={self.size}, topic={self.topic!r}, "
                 f"queue_id={self.queue_id}, queue_offset={self.queue_offset})")
 
 
-class AppendResult:
-    """Where one appended record landed. `durable` resolves (to the end offset it covers) when the
-    record is durable under the flush mode's promise; a batch shares one future."""
+class AppendResult(namedtuple("_AppendResultBase", ("phys_offset", "size", "queue_offset", "durable", "ident"))):
+    """Where one appended record landed. `durable` (a concurrent.futures.Future) resolves to the end
+    offset it covers when the record is durable under the flush mode's promise; a batch shares one
+    future. `msg_id` = store identity + physical offset (hex). A named tuple, built without a
+    Python-level __init__ because the append path creates one per message."""
 
-    __slots__ = ("phys_offset", "size", "queue_offset", "durable", "_ident")
-
-    def __init__(self, phys_offset: int, size: int, queue_offset: int, durable: Future, ident: str) -> None:
-        self.phys_offset = phys_offset
-        self.size = size
-        self.queue_offset = queue_offset
-        self.durable = durable
-        self._ident = ident
+    __slots__ = ()
 
     @property
     def msg_id(self) -> str:
-        return f"{self._ident}{self.phys_offset:016X}"
+        return f"{self.ident}{self.phys_offset:016X}"
 
     def __repr__(self) -> str:
         return f"AppendResult(phys_offset={self.phys_offset}, size={self.size}, queue_offset={self.queue_offset})"

@@ -165,15 +165,14 @@ class MessageStore:
         """Append all of `msgs` (one lock, one copy into the map) or none of them."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
-        positions, end = self.clog.append_batch(msgs)
         fut: Future = Future()
+        results, end = self.clog.append_batch(msgs, fut, self.ident)
         if self._sync:
             self.group_commit.submit(end, fut)
         else:
             fut.set_result(end)
         self.dispatch.wake()
-        ident = self.ident
-        return [AppendResult(p, s, q, fut, ident) for p, s, q in positions]
+        return results
 
     async def append_async(self, msg: Message) -> AppendResult:
         r = self.append_batch([msg])[0]
