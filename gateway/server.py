@@ -43,7 +43,8 @@ class Gateway:
         scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode,
                            segment_size=int(cfg.segment_mb) << 20)
         self.store = MessageStore(scfg)
-        self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync)
+        self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
+                                  cache_bytes=int(cfg.lq_cache_mb) << 20)
         self.bus = InProcessBus(loop, cfg.notify_window_ms / 1000.0)
         self.lq.add_listener(self.bus.publish)
         self.store.start()
