@@ -80,14 +80,13 @@ class Sink:
     between reads (outside the socket callback).
     """
 
-    __slots__ = ("subs", "pubs", "seqs", "lat", "count", "last_ns")
+    __slots__ = ("subs", "pubs", "seqs", "lat", "last_ns")
 
     def __init__(self) -> None:
         self.subs: list[int] = []
         self.pubs: list[int] = []
         self.seqs: list[int] = []
         self.lat: list[int] = []
-        self.count = 0
         self.last_ns = 0
 
     def take(self):
@@ -114,6 +113,7 @@ class Client(asyncio.Protocol):
         self.inflight: set[int] = set()
         self.received = 0
         self.error: str | None = None
+        self.connack: P.ConnAck | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -236,7 +236,6 @@ class Client(asyncio.Protocol):
             del buf[:pos]
         self.buf = buf
         if sink is not None and now:
-            sink.count += 1
             sink.last_ns = now
         if acks is not None and self.transport is not None:
             self.transport.write(acks)
@@ -301,7 +300,8 @@ async def connect(host: str, port: int, client_id: str, version: int = 4, *, sub
         loop.create_connection(lambda: Client(client_id, version, sub_id=sub_id, sink=sink), host, port),
         timeout)
     try:
-        await client.handshake(clean=clean, session_expiry=session_expiry, timeout=timeout)
+        client.connack = await client.handshake(clean=clean, session_expiry=session_expiry,
+                                                timeout=timeout)
     except BaseException:
         client.transport.close()
         raise

@@ -209,10 +209,10 @@ async def run_retained(cfg: ScenarioConfig) -> dict:
     finally:
         c.disconnect()
     totals = account({int(k): v for k, v in tracker.to_dict().items()}, {i: 1 for i in range(cfg.topics)})
-    elapsed = max(1, last_ns - t0) / 1e9
+    elapsed = max(1, last_ns - t0) / 1e9 if got else None
     # clear the retained messages (empty retained payload) so the broker is left as found
     await _clear_retained(cfg, topics)
-    return {"sent": cfg.topics, **totals, "elapsed_s": round(elapsed, 4),
+    return {"sent": cfg.topics, **totals, "elapsed_s": elapsed and round(elapsed, 4),
             "delivered_per_s": round(got / elapsed, 1) if got else 0.0,
             "histogram": hist}
 
@@ -261,7 +261,6 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     t0 = time.monotonic_ns()
     c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry,
                       sub_id=0, sink=sink)
-    session_present = True  # the handshake succeeded; check via received count below
     try:
         got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
     finally:
@@ -270,6 +269,7 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     c2 = await connect(cfg.host, cfg.port, cid, cfg.version, clean=True, session_expiry=0 if expiry else None)
     c2.disconnect()
     totals = account({int(k): v for k, v in tracker.to_dict().items()}, {0: seq})
-    elapsed = max(1, last_ns - t0) / 1e9
-    return {"sent": seq, **totals, "elapsed_s": round(elapsed, 4), "session_present": session_present,
+    elapsed = max(1, last_ns - t0) / 1e9 if got else None
+    return {"sent": seq, **totals, "elapsed_s": elapsed and round(elapsed, 4),
+            "session_present": c.connack.session_present,
             "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}

@@ -1,0 +1,180 @@
+"""`lmqtt bench compare`: the same scenarios against lmqtt, Mosquitto and amqtt, side by side.
+
+Each (repetition, broker, scenario) gets a *fresh* broker process on a free loopback port,
+started by its own command (``brokers.start``) and stopped by PID afterwards, so one scenario's
+leftovers (queues, memory high-water marks, retained messages) never colour the next. The
+scenario itself is ``mqtt_bench.run`` with the same parameters for every broker, MQTT 3.1.1
+(amqtt speaks nothing newer).
+
+Outputs: one JSON line per result on stdout and in ``OUT/results.jsonl`` (histograms included,
+so ``python -m loadtest.report OUT`` can rebuild the report), ``OUT/report.md`` and
+``OUT/latency_<scenario>.png``. Progress goes to stderr. A broker that cannot start is recorded
+as ``{"available": false, "reason": ...}`` and shown as "not available"; a scenario that fails
+is recorded with its error and the run goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import brokers as B
+from . import mqtt_bench, report
+from .scenarios import ALL, ScenarioConfig, defaults_for
+
+DEFAULT_SCENARIOS = "fanout,fanin,pairs,latency,conn"
+
+
+def _log(msg: str) -> None:
+    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> str:
+    try:
+        import psutil
+        mem = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+    except ImportError:
+        mem = "?"
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}), {mem} RAM, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def scenario_config(name: str, a: argparse.Namespace, host: str, port: int) -> ScenarioConfig:
+    cfg = ScenarioConfig(scenario=name, host=host, port=port, version=4, size=a.size,
+                         duration=a.duration, procs=a.procs, window=a.window, drain_max=a.drain_max)
+    for k, v in defaults_for(name).items():
+        setattr(cfg, k, v)
+    if name == "conn":
+        cfg.connections = a.connections
+    if name == "fanout" and a.subscribers:
+        cfg.subscribers = a.subscribers
+    if name == "fanin" and a.publishers:
+        cfg.publishers = a.publishers
+    if name == "pairs" and a.pairs:
+        cfg.publishers = cfg.subscribers = a.pairs
+    if name == "latency" and a.latency_rate:
+        cfg.rate = a.latency_rate
+    return cfg
+
+
+def run_one(broker: str, scen: str, rep: int, a: argparse.Namespace, work: Path,
+            versions: dict[str, str]) -> dict:
+    wd = work / f"{broker}-{scen}-{rep}"
+    try:
+        rb = B.start(broker, wd, ready_timeout=a.start_timeout)
+    except B.BrokerUnavailable as e:
+        return {"broker": broker, "scenario": scen, "rep": rep, "available": False, "reason": str(e)}
+    versions[broker] = rb.version
+    try:
+        time.sleep(0.3)  # let the broker settle before the RSS baseline
+        cfg = scenario_config(scen, a, rb.host, rb.port)
+        res = mqtt_bench.run(cfg, rb.pid, broker=broker, quiet=a.quiet)
+        res["rep"] = rep
+        if not rb.alive():
+            res["error"] = f"{broker} exited during the run (code {rb.proc.returncode}): {rb.log_tail(5)}"
+        return res
+    except (OSError, TimeoutError, RuntimeError, ValueError) as e:
+        tail = rb.log_tail(5)
+        return {"broker": broker, "scenario": scen, "rep": rep,
+                "error": f"{type(e).__name__}: {e}" + (f"\nbroker log: {tail}" if tail else "")}
+    finally:
+        rb.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lmqtt bench compare", description=__doc__.split("\n")[0])
+    ap.add_argument("--brokers", default="lmqtt,mosquitto,amqtt")
+    ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS, help=f"comma list of {', '.join(ALL)}")
+    ap.add_argument("--duration", type=float, default=10.0, help="publish phase per scenario (s)")
+    ap.add_argument("--out", required=True, help="directory for report.md, results.jsonl, PNGs")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=2, help="generator worker processes")
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--connections", type=int, default=10000, help="conn scenario")
+    ap.add_argument("--subscribers", type=int, default=None, help="fanout subscribers (default 1000)")
+    ap.add_argument("--publishers", type=int, default=None, help="fanin publishers (default 1000)")
+    ap.add_argument("--pairs", type=int, default=None, help="pairs (default 100)")
+    ap.add_argument("--latency-rate", type=float, default=None, help="latency scenario msg/s (5000)")
+    ap.add_argument("--drain-max", type=float, default=20.0)
+    ap.add_argument("--start-timeout", type=float, default=30.0)
+    ap.add_argument("--quiet", action="store_true", help="no per-scenario progress bars")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    brokers = [b.strip() for b in a.brokers.split(",") if b.strip()]
+    scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    bad = [b for b in brokers if b not in B.KNOWN] + [s for s in scenarios if s not in ALL]
+    if bad:
+        print(f"lmqtt bench compare: unknown broker/scenario {bad}; brokers: {', '.join(B.KNOWN)}; "
+              f"scenarios: {', '.join(ALL)}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    B.raise_nofile()
+    meta = {"command": "lmqtt bench compare " + " ".join(shlex.quote(x) for x in argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+            "brokers": brokers, "scenarios": scenarios, "repeat": a.repeat, "versions": {}}
+    results: list[dict] = []
+    skip: dict[str, str] = {}
+    total = a.repeat * len(brokers) * len(scenarios)
+    step = 0
+    with open(out / "results.jsonl", "w") as jl, tempfile.TemporaryDirectory(prefix="lmqtt-compare-") as tmp:
+        for rep in range(1, a.repeat + 1):
+            for broker in brokers:
+                for scen in scenarios:
+                    step += 1
+                    if broker in skip:
+                        continue
+                    _log(f"[{step}/{total}] rep {rep}/{a.repeat}  {broker:<9} {scen}")
+                    res = run_one(broker, scen, rep, a, Path(tmp), meta["versions"])
+                    if res.get("available") is False:
+                        skip[broker] = res["reason"]
+                        _log(f"{broker}: not available: {res['reason'].splitlines()[0]}")
+                    elif res.get("error"):
+                        _log(f"{broker} {scen}: {res['error'].splitlines()[0]}")
+                    else:
+                        _log(f"{broker} {scen}: " + _headline(res))
+                    line = mqtt_bench.to_json(res)
+                    results.append(json.loads(line))
+                    jl.write(line + "\n")
+                    jl.flush()
+                    print(line, flush=True)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    (out / "report.md").write_text(report.render(results, out, meta))
+    _log(f"report: {out / 'report.md'}")
+    return 0
+
+
+def _headline(r: dict) -> str:
+    if r["scenario"] == "conn":
+        c = r.get("connect", {})
+        per = r.get("rss_per_conn_bytes")
+        return (f"{c.get('connected')} connected at {c.get('per_s')}/s, "
+                f"{'?' if per is None else f'{per / 1024:.2f}'} KiB/conn")
+    lat = r.get("latency_us", {})
+    p99 = lat.get("p99")
+    return (f"{r.get('delivered_per_s', 0):,.0f} msg/s delivered, p99 "
+            f"{'?' if p99 is None else f'{p99 / 1e3:.2f}'} ms, lost {r.get('lost')}, dup "
+            f"{r.get('duplicated')}, cpu broker {r.get('broker_cpu_cores')} gen {r.get('gen_cpu_cores')}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
