@@ -297,8 +297,19 @@ class LightQueueIndex:
             self._db.write(wb, WriteOptions())   # with WAL: survives without a flush
             self._min.clear()
         if self._sweeper is None or not self._sweeper.is_alive():
-            self._sweeper = threading.Thread(target=self.sweep, name="lightqueue-sweep", daemon=True)
+            self._sweeper = threading.Thread(target=self._sweep_until_current, name="lightqueue-sweep",
+                                             daemon=True)
             self._sweeper.start()
+
+    def _sweep_until_current(self) -> None:
+        done = -1
+        while done < self.min_phys and not self._closed:   # retention may move again meanwhile
+            done = self.min_phys
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("light-queue sweep below %d failed; retried at the next retention", done)
+                return
 
     def sweep(self, batch_runs: int = 10000) -> int:
         """Delete runs whose every entry is below `min_phys`; returns the number deleted.

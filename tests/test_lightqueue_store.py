@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 
@@ -188,3 +189,52 @@ def test_twenty_thousand_distinct_queues(tmp_path):
     finally:
         st.shutdown()
         lq.close()
+
+
+def test_retention_moves_min_offset_and_old_entries_read_as_gone(tmp_path):
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=1 << 16,
+                                  max_message_size=4096, preallocate=False, retention_ms=1,
+                                  dispatcher_flush_interval_ms=20))
+    lq = LightQueueStore(st, str(tmp_path / "lq"))
+    lq.register_filter("ret/+")
+    st.start()
+    try:
+        for i in range(2000):                    # ~200 KB: several 64 KiB segments
+            st.append(Message(topic=f"ret/{i % 2}", body=b"%06d" % i,
+                              dispatch_queues=lq.queues_for_topic(f"ret/{i % 2}")))
+        assert st.wait_dispatched(st.max_offset, 10)
+        assert lq.pull("ret/+", 0).messages[0].body == b"000000"
+        deleted = 0
+        deadline = time.monotonic() + 10   # until every dispatcher's periodic flush passed the segments
+        while deleted < 2 and time.monotonic() < deadline:
+            deleted += st.delete_expired_segments(now_ms=2**62)
+            time.sleep(0.05)
+        assert deleted >= 2
+        lq.index._sweeper.join(10)
+        lo = lq.min_offset("ret/+")
+        assert 0 < lo < 2000 and lq.max_offset("ret/+") == 2000
+        res = lq.pull("ret/+", 0, max_count=5)    # below min: clamped, not an error
+        assert [m.queue_offset for m in res.messages] == list(range(lo, lo + 5))
+        assert res.messages[0].body == b"%06d" % lo
+        assert all(m.phys_offset >= st.min_offset for m in res.messages)
+        assert lq.index.min_phys == st.min_offset
+        lo1 = lq.min_offset("ret/1")
+        first = lq.pull("ret/1", 0, max_count=1).messages[0]
+        assert first.queue_offset == lo1 > 0 and first.phys_offset >= st.min_offset
+        below = lq.index.read("ret/1", lo1 - 1, 1)[0]   # swept, or still indexed but dead
+        assert below.queue_offset == lo1 or below.phys_offset < st.min_offset
+    finally:
+        st.shutdown()
+        lq.close()
+
+
+def test_register_filters_bulk_and_metadata_errors_are_clear(pair):
+    from lightqueue import MetadataError
+    st, lq = pair
+    lq.register_filters(["b/+", "b/#", "b/+"])
+    assert lq.registry.refcount("b/+") == 2
+    assert sorted(lq.queues_for_topic("b/1")) == ["b/#", "b/+", "b/1"]
+    md = lq.metadata
+    md.close()
+    with pytest.raises(MetadataError, match="closed"):
+        md.set_offsets("c", {"q": 1})
