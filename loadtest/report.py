@@ -31,6 +31,8 @@ TRAFFIC_METRICS = [
     ("out of order", ("out_of_order",), 1, "{:,.0f}", False),
     ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
     ("generator CPU (cores)", ("gen_cpu_cores",), 1, "{:.2f}", None),
+    ("broker CPU per delivered msg (µs)", ("broker_cpu_us_per_msg",), 1, "{:,.1f}", False),
+    ("generator CPU per delivered msg (µs)", ("gen_cpu_us_per_msg",), 1, "{:,.1f}", None),
     ("broker RSS after (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
     ("connections", ("connect", "connected"), 1, "{:,.0f}", None),
 ]
