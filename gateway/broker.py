@@ -421,7 +421,7 @@ class Broker:
     def _on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
         s = conn.session
         qos = pkt.qos
-        self.metrics.msg_in[qos].inc()
+        self.metrics.msg_in[qos] += 1
         if pkt.properties.topic_alias is not None:
             raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", 0x94)
         try:

@@ -59,7 +59,7 @@ class MQTTConnection(asyncio.Protocol):
         if self.closing:
             return
         self.last_rx = self.loop.time()
-        self.metrics.bytes_in.inc(len(data))
+        self.metrics.bytes_in += len(data)
         try:
             packets = self.decoder.feed(data)
         except ProtocolError as e:
@@ -124,7 +124,7 @@ class MQTTConnection(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        self.metrics.bytes_out.inc(len(data))
+        self.metrics.bytes_out += len(data)
         self.transport.write(data)
 
     @property

@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway.record_props import safe_decode
-from gateway.session import Cursor, Item, Session, Subscription
+from gateway.session import InFlight, Item, Session, Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
     from gateway.broker import Broker
@@ -70,8 +70,8 @@ class DeliveryEngine:
     # -- triggers ----------------------------------------------------------------------------
     def on_queues(self, names: set[str]) -> None:
         """Notify-bus callback (on the loop): merged names of queues with new entries."""
-        self.metrics.notify_events.inc()
-        self.metrics.notify_queues.inc(len(names))
+        self.metrics.notify_events += 1
+        self.metrics.notify_queues += len(names)
         d, g = self.direct, self.groups
         hit = [q for q in names if q in d or q in g]
         if hit:
@@ -131,7 +131,7 @@ class DeliveryEngine:
         return it
 
     def _pull(self, q: str, offset: int):
-        self.metrics.pulls.inc()
+        self.metrics.pulls += 1
         return self.lq.pull(q, offset, max_count=self.cfg.pull_batch, max_bytes=self.cfg.pull_max_bytes)
 
     def _deliver_direct(self, q: str) -> bool:
@@ -176,39 +176,78 @@ class DeliveryEngine:
         return more
 
     def _feed_session(self, s: Session, q: str, items: list[Item], next_offset: int) -> bool:
-        """Send what the session can take; returns True if it stopped early but could continue."""
+        """Send what the session can take from `items` (one pulled batch of queue `q`).
+
+        The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
+        write_blocked flag cannot change inside it (writes are coalesced until the end of the tick),
+        so only the QoS 1/2 window is counted down. Stops at the first QoS 1/2 message that does
+        not fit the window, so per-queue order is kept and the cursor stays on that message.
+        """
+        conn = s.conn
+        if conn is None or conn.write_blocked:
+            return False
         cur = s.cursors[q]
         sub = s.direct[q]
         multi = len(s.direct) > 1
-        now_ms = time.time() * 1000.0
+        room = s.receive_max - len(s.outbound)
+        sub_qos = sub.qos
+        no_local = sub.no_local
+        rap = sub.retain_as_published
+        cid = s.client_id
+        version = s.version
+        outbound = s.outbound
+        inflight = cur.inflight
+        write = conn.write
+        nxt = cur.next_offset
+        sent = [0, 0, 0]
+        lag = self.metrics.dispatch_lag
+        now_ms = 0.0
+        complete = True
         for it in items:
-            if it.queue_offset < cur.next_offset:
+            off = it.queue_offset
+            if off < nxt:
                 continue
-            if not s.can_send():
-                cur.next_offset = it.queue_offset
-                self.b.mark_offsets_dirty(s)
-                return False
-            cur.next_offset = it.queue_offset + 1
-            qos = sub.qos
+            qos = sub_qos
             if multi:
                 owner, qos = self._owner(s, it, q)
                 if owner != q:
+                    nxt = off + 1
                     continue
-            if sub.no_local and it.meta.client_id == s.client_id:
+            meta = it.meta
+            if no_local and meta.client_id == cid:
+                nxt = off + 1
                 continue
-            if it.meta.qos < qos:
-                qos = it.meta.qos
-            retain = it.meta.retain if sub.retain_as_published else False
+            if meta.qos < qos:
+                qos = meta.qos
+            if qos and room <= 0:
+                complete = False
+                break
+            retain = meta.retain if rap else False
             if not it.sent:
                 it.sent = True
                 if it.store_ts:
-                    self.metrics.dispatch_lag.observe(max(0.0, (now_ms - it.store_ts) / 1000.0))
-            pid = s.send_item(it, qos, retain, queue=q)
-            if pid is not None:
-                cur.inflight[it.queue_offset] = pid
-        if cur.next_offset < next_offset:
-            cur.next_offset = next_offset
-        self.b.mark_offsets_dirty(s)
+                    if not now_ms:
+                        now_ms = time.time() * 1000.0
+                    lag.observe(max(0.0, (now_ms - it.store_ts) / 1000.0))
+            if qos == 0:
+                write(it.encoded(0, retain, version))
+            else:
+                pid = s.alloc_pid()
+                outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
+                write(it.encoded(qos, retain, version, pid))
+                inflight[off] = pid
+                room -= 1
+            sent[qos] += 1
+            nxt = off + 1
+        if complete and nxt < next_offset:
+            nxt = next_offset
+        cur.next_offset = nxt
+        mo = self.metrics.msg_out
+        mo[0] += sent[0]
+        mo[1] += sent[1]
+        mo[2] += sent[2]
+        if s.expiry_interval:
+            self.b.mark_offsets_dirty(s)
         return False
 
     @staticmethod

@@ -2,7 +2,13 @@
 
 Why a private registry: tests and `lmqtt serve` may build several gateways in one interpreter;
 a registry per gateway keeps their counters apart and makes `/metrics` show only this process'
-gateway. Hot paths increment pre-bound children (`self.msg_in[qos]`), not labelled lookups.
+gateway.
+
+Why plain ints for the per-message counters: profiling the 1 -> 100 fan-out (cProfile, see
+BENCHMARKS.md) showed prometheus_client's `Counter.inc` (a lock + a float add, ~13 us) at ~12% of
+server CPU when called per delivered message. Messages/bytes/pulls/notify counters are therefore
+plain Python ints bumped on the event-loop thread (`m.msg_out[qos] += 1`) and turned into
+Prometheus counters only when /metrics is scraped (`_HotCounters.collect`).
 """
 from __future__ import annotations
 
@@ -10,9 +16,36 @@ import threading
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class _HotCounters:
+    """Exports GatewayMetrics' plain-int counters as Prometheus counters."""
+
+    def __init__(self, m: "GatewayMetrics") -> None:
+        self.m = m
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        m = self.m
+        for name, doc, vals in (("lmqtt_messages_in", "PUBLISH packets received from clients", m.msg_in),
+                                ("lmqtt_messages_out", "PUBLISH packets sent to clients", m.msg_out)):
+            c = CounterMetricFamily(name, doc, labels=["qos"])
+            for q in range(3):
+                c.add_metric([str(q)], vals[q])
+            yield c
+        for name, doc, v in (
+                ("lmqtt_bytes_in", "Bytes read from client sockets", m.bytes_in),
+                ("lmqtt_bytes_out", "Bytes written to client sockets", m.bytes_out),
+                ("lmqtt_lightqueue_pulls", "Light-queue pull calls (shared by sessions at one offset)", m.pulls),
+                ("lmqtt_notify_events", "Merged queue-event sets received from notify", m.notify_events),
+                ("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", m.notify_queues)):
+            yield CounterMetricFamily(name, doc, value=v)
 
 
 class GatewayMetrics:
@@ -22,12 +55,15 @@ class GatewayMetrics:
         self.sessions = Gauge("lmqtt_sessions", "Sessions known to this gateway (online + offline persistent)", registry=r)
         self.connects = Counter("lmqtt_connects", "CONNECT packets accepted", registry=r)
         self.connect_refused = Counter("lmqtt_connect_refused", "CONNECT refused", ["reason"], registry=r)
-        mi = Counter("lmqtt_messages_in", "PUBLISH packets received from clients", ["qos"], registry=r)
-        mo = Counter("lmqtt_messages_out", "PUBLISH packets sent to clients", ["qos"], registry=r)
-        self.msg_in = [mi.labels(qos=str(q)) for q in range(3)]
-        self.msg_out = [mo.labels(qos=str(q)) for q in range(3)]
-        self.bytes_in = Counter("lmqtt_bytes_in", "Bytes read from client sockets", registry=r)
-        self.bytes_out = Counter("lmqtt_bytes_out", "Bytes written to client sockets", registry=r)
+        # hot counters: plain ints, exported by _HotCounters at scrape time
+        self.msg_in = [0, 0, 0]
+        self.msg_out = [0, 0, 0]
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.pulls = 0
+        self.notify_events = 0
+        self.notify_queues = 0
+        r.register(_HotCounters(self))
         d = Counter("lmqtt_dropped_messages", "Messages not delivered", ["reason"], registry=r)
         self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")
         self.dropped_store_error = d.labels(reason="store_error")
@@ -43,9 +79,6 @@ class GatewayMetrics:
         self.dispatch_lag = Histogram("lmqtt_dispatch_lag_seconds",
                                       "Store timestamp of a message to its first send by this gateway",
                                       buckets=_LAT_BUCKETS, registry=r)
-        self.notify_events = Counter("lmqtt_notify_events", "Merged queue-event sets received from notify", registry=r)
-        self.notify_queues = Counter("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", registry=r)
-        self.pulls = Counter("lmqtt_lightqueue_pulls", "Light-queue pull calls (shared by sessions at one offset)", registry=r)
         self.inflight = Gauge("lmqtt_inflight_messages", "Outbound QoS 1/2 messages awaiting the client's ack", registry=r)
         self.paused_sessions = Gauge("lmqtt_backpressured_connections", "Connections above the write high-water mark", registry=r)
         self._http: ThreadingHTTPServer | None = None

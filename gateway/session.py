@@ -162,12 +162,12 @@ class Session:
         conn = self.conn
         if qos == 0:
             conn.write(item.encoded(0, retain, self.version))
-            conn.metrics.msg_out[0].inc()
+            conn.metrics.msg_out[0] += 1
             return None
         pid = self.alloc_pid()
         self.outbound[pid] = InFlight(pid, item, qos, retain, queue, item.queue_offset, group)
         conn.write(item.encoded(qos, retain, self.version, pid))
-        conn.metrics.msg_out[qos].inc()
+        conn.metrics.msg_out[qos] += 1
         return pid
 
     def resend_inflight(self) -> int:
