@@ -347,6 +347,7 @@ class Broker:
             inf = s.outbound.pop(pid)
             inf.group.take_back(inf.item)
             self.delivery.kick_queue(inf.group.queue)
+        s.retained_backlog.clear()
         if conn.will is not None:
             self._schedule_will(cid, conn.will, s, conn.version)
             conn.will = None
@@ -455,6 +456,8 @@ class Broker:
             if cur is not None:
                 cur.inflight.pop(inf.offset, None)
                 self.mark_offsets_dirty(s)
+        if s.retained_backlog:
+            self._drain_retained(s)
         self.delivery.kick(s)
 
     def _on_puback(self, conn, pkt: P.PubAck) -> None:
@@ -619,7 +622,17 @@ class Broker:
             if sub.no_local and meta.client_id == s.client_id:
                 continue
             qos = min(sub.qos, meta.qos)
-            s.send_item(Item(topic, payload, meta), qos, True)
+            it = Item(topic, payload, meta)
+            if qos and (s.retained_backlog or not s.window_open()):
+                s.retained_backlog.append((it, qos))   # sent as acks open the window
+            else:
+                s.send_item(it, qos, True)
+
+    def _drain_retained(self, s: Session) -> None:
+        bl = s.retained_backlog
+        while bl and s.conn is not None and s.window_open():
+            it, qos = bl.popleft()
+            s.send_item(it, qos, True)
 
     def _on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
         s = conn.session

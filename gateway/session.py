@@ -8,6 +8,7 @@ and an offline persistent session costs nothing while messages pile up in the st
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,7 @@ class Session:
         self.expiry_handle = None
         self.disconnected_at_ms: int | None = None
         self.offsets_dirty = False
+        self.retained_backlog: deque[tuple[Item, int]] = deque()   # QoS 1/2 retained waiting for window
         self._next_pid = 1
 
     @property
