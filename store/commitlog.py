@@ -54,6 +54,7 @@ class CommitLog:
         self.pending_bytes = 0
         self.disk_full_reason: str | None = None
         self.corrupt_ranges: list[tuple[int, int]] = []
+        self.group_commit = None  # set by MessageStore in sync mode
 
     # ------------------------------------------------------------------ append
     def _topic_info(self, topic: str) -> tuple:
@@ -92,6 +93,11 @@ class CommitLog:
             raise DiskFull(self.disk_full_reason)
 
     def append_batch(self, msgs, fut, ident: str) -> tuple[list, int]:
+        """`fut` is the durable future for the results, or None to use `self.group_commit.current`
+        (read under the lock, see GroupCommitService)."""
+        return self._append_batch(msgs, fut, ident)
+
+    def _append_batch(self, msgs, fut, ident: str) -> tuple[list, int]:
         """Append `msgs` atomically (all or none). Returns ([AppendResult], end offset).
 
         One pass per message: one Struct.pack for header fields+topic+keys+queues, CRC over the
@@ -110,6 +116,8 @@ class CommitLog:
         new = tuple.__new__
         AR = AppendResult
         with self.lock:
+            if fut is None:
+                fut = self.group_commit.current
             phys = self.wrote
             seg_end = phys - phys % seg + seg
             limit = seg_end - MIN_BLANK
@@ -247,8 +255,10 @@ class CommitLog:
     # ------------------------------------------------------------------ flush
     def flush(self) -> int:
         """fdatasync every segment holding committed-but-unflushed data. Returns the flushed offset."""
+        return self.flush_to(self.committed)
+
+    def flush_to(self, target: int) -> int:
         with self._flush_lock:
-            target = self.committed
             start = self.flushed
             if target <= start:
                 return start

@@ -27,8 +27,9 @@ class StoreConfig:
     # holds more than commit_buffer_max bytes (then the appender commits inline: back-pressure).
     commit_interval_ms: int = 200
     commit_buffer_max: int = 64 << 20
-    # sync: a writer that is not acknowledged within this time gets a StoreError (disk stalled)
-    sync_flush_timeout_ms: int = 5_000
+    # sync: after an fsync round, wait up to this long for as many writers as the last round served
+    # before the next fsync (they are usually re-appending at that moment); 0 disables
+    group_commit_gather_ms: float = 2.0
     # dispatch
     dispatch_chunk_bytes: int = 4 << 20
     dispatcher_flush_interval_ms: int = 1_000

@@ -27,18 +27,32 @@ PAGE = 4096
 
 
 class GroupCommitService:
-    def __init__(self, clog) -> None:
+    """Group commit without a per-append request object.
+
+    Every append made while round N is being collected shares one `Future` (`current`), read under
+    the CommitLog lock by the appender. A round swaps in a fresh future and snapshots the committed
+    offset under that same lock, so every append holding the old future is below the snapshot; one
+    fdatasync then resolves the old future for all of them (result = the flushed offset, which is
+    >= each of their end offsets). Per append this costs an attribute read and, only when the
+    thread is idle, one notify - the earlier request-queue design spent ~20 us per append on
+    Future/Condition objects.
+    """
+
+    def __init__(self, clog, gather_ms: float = 0.0) -> None:
         self.clog = clog
+        self.gather_s = gather_ms / 1000.0
+        self.current: Future = Future()
         self._cond = threading.Condition()
-        self._reqs: list[tuple[int, Future]] = []
+        self._waiting = False
         self._stop = False
         self._thread: threading.Thread | None = None
         self.flushes = 0
 
-    def submit(self, end: int, fut: Future) -> None:
-        with self._cond:
-            self._reqs.append((end, fut))
-            self._cond.notify()
+    def wake(self) -> None:
+        """Called by appenders after their write is committed."""
+        if self._waiting:
+            with self._cond:
+                self._cond.notify()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-groupcommit", daemon=True)
@@ -53,40 +67,45 @@ class GroupCommitService:
         self._round()  # resolve whatever is left
 
     def _run(self) -> None:
+        clog = self.clog
+        last_bytes = 0
         while True:
             with self._cond:
-                while not self._reqs and not self._stop:
+                self._waiting = True
+                while clog.committed <= clog.flushed and not self._stop:
                     self._cond.wait(0.5)
+                # Gather window: writers released by the previous fsync are usually re-appending
+                # right now; waiting (bounded) until as much data is pending as last round lets one
+                # fsync serve them all instead of alternating between two half-size groups.
+                if self.gather_s and not self._stop and clog.committed - clog.flushed < last_bytes:
+                    deadline = time.monotonic() + self.gather_s
+                    while clog.committed - clog.flushed < last_bytes and not self._stop:
+                        rem = deadline - time.monotonic()
+                        if rem <= 0:
+                            break
+                        self._cond.wait(rem)
+                self._waiting = False
                 if self._stop:
                     return
-            self._round()
+            last_bytes = self._round()
 
-    def _round(self) -> None:
-        with self._cond:
-            reqs, self._reqs = self._reqs, []
-        if not reqs:
-            return
+    def _round(self) -> int:
+        clog = self.clog
+        with clog.lock:
+            fut = self.current
+            self.current = Future()
+            target = clog.committed
+        start = clog.flushed
         try:
-            flushed = self.clog.flush()
+            flushed = clog.flush_to(target)
             self.flushes += 1
         except OSError as e:
             err = StoreError(f"fdatasync of the CommitLog failed: {e}; the append is not durable")
             log.error("group commit: %s", err)
-            for _, fut in reqs:
-                if not fut.done():
-                    fut.set_exception(err)
-            return
-        again = []
-        for end, fut in reqs:
-            if end <= flushed:
-                if not fut.done():
-                    fut.set_result(end)
-            else:
-                again.append((end, fut))
-        if again:
-            with self._cond:
-                self._reqs[:0] = again
-                self._cond.notify()
+            fut.set_exception(err)
+            return 0
+        fut.set_result(flushed)
+        return target - start
 
 
 class BackgroundService:

@@ -66,7 +66,8 @@ class MessageStore:
         self._clog_ckpt = OffsetCheckpoint(os.path.join(cfg.data_dir, "commitlog.checkpoint"))
         self.dispatch = DispatchService(self.clog, self._dispatchers, cfg.dispatch_chunk_bytes,
                                         cfg.dispatcher_flush_interval_ms)
-        self.group_commit = GroupCommitService(self.clog) if cfg.flush_mode == "sync" else None
+        self.group_commit = GroupCommitService(self.clog, cfg.group_commit_gather_ms) if cfg.flush_mode == "sync" else None
+        self.clog.group_commit = self.group_commit
         self.background = BackgroundService(self)
         self._running = False
         self._closed = False
@@ -165,11 +166,12 @@ class MessageStore:
         """Append all of `msgs` (one lock, one copy into the map) or none of them."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
-        fut: Future = Future()
-        results, end = self.clog.append_batch(msgs, fut, self.ident)
         if self._sync:
-            self.group_commit.submit(end, fut)
+            results, end = self.clog.append_batch(msgs, None, self.ident)
+            self.group_commit.wake()
         else:
+            fut: Future = Future()
+            results, end = self.clog.append_batch(msgs, fut, self.ident)
             fut.set_result(end)
         self.dispatch.wake()
         return results
@@ -307,7 +309,15 @@ class MessageStore:
 
 
 async def _await_durable(fut: Future) -> None:
+    """Await a durable future. Many appends share one future per group-commit round, so the asyncio
+    wrapper is made once per (future, loop) and each waiter shields it: one cross-thread wake-up
+    per round and loop instead of one per append, and a cancelled waiter cannot cancel the round."""
     if fut.done():
         fut.result()
         return
-    await asyncio.wrap_future(fut)
+    loop = asyncio.get_running_loop()
+    af = getattr(fut, "_lmqtt_aio", None)
+    if af is None or af.get_loop() is not loop:
+        af = asyncio.wrap_future(fut, loop=loop)
+        fut._lmqtt_aio = af
+    await asyncio.shield(af)
