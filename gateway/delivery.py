@@ -153,7 +153,8 @@ class DeliveryEngine:
                     s.offsets_dirty = True
                     self.b.mark_offsets_dirty(s)
                 continue
-            if not s.window_open():
+            sub = s.direct.get(q)
+            if sub is not None and sub.qos and not s.window_open():
                 continue
             by_off.setdefault(cur.next_offset, []).append(s)
         more = False

@@ -159,7 +159,8 @@ class PublishPipeline:
         if p.qos == 0:
             return
         if conn.version == 5:
-            rc = 0x97 if type(err).__name__ == "MessageTooLarge" else 0x80
+            # PUBACK/PUBREC allow no "packet too large"; 0x83 = implementation-specific (store limit)
+            rc = 0x83 if type(err).__name__ == "MessageTooLarge" else 0x80
             pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
             pkt.properties.reason_string = f"store error: {err}"[:200]
             conn.write(encode(pkt, 5))
