@@ -21,7 +21,7 @@ Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
 
     qid(8) + first_offset(8)  -> n × entry(20)      a run of n consecutive entries
     FF 'C'                    -> u64 checkpoint    CommitLog offset fully dispatched
-    FF 'N' + name             -> u64 qid           FF 'I' + qid -> name
+    FF 'N' + name             -> u64 qid   (no reverse map: one put less per new queue)
     FF 'X'                    -> u64 next qid      FF 'P' -> u64 min CommitLog offset (retention)
     FF 'M' + qid              -> u64 floor         min offset after runs were swept/dropped
 """
@@ -30,9 +30,10 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from array import array
 from typing import Iterable, NamedTuple
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,10 @@ _KEY = struct.Struct(">QQ")        # qid, first queue offset
 
 K_CKPT = b"\xffC"
 K_NAME = b"\xffN"
-K_ID = b"\xffI"
 K_NEXT = b"\xffX"
 K_MINPHYS = b"\xffP"
 K_FLOOR = b"\xffM"
+_UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
 
 
 class IndexEntry(NamedTuple):
@@ -66,6 +67,13 @@ class LightQueueIndex:
         opts.create_if_missing(True)
         opts.set_write_buffer_size(write_buffer_mb << 20)
         opts.set_max_background_jobs(2)
+        # Name lookups of brand-new queues are misses: bloom filters (SST and memtable) answer
+        # most of them without a skiplist/SST search.
+        bbo = BlockBasedOptions()
+        bbo.set_bloom_filter(10, False)
+        opts.set_block_based_table_factory(bbo)
+        opts.set_memtable_prefix_bloom_ratio(0.05)
+        opts.set_memtable_whole_key_filtering(True)
         self._db = Rdict(str(path), opts)
         self._wo = WriteOptions()
         self._wo.disable_wal = True
@@ -77,7 +85,9 @@ class LightQueueIndex:
         v = self._db.get(K_MINPHYS)
         self.min_phys = 0 if v is None else _U64.unpack(v)[0]
         self._qids: dict[str, int] = {}     # name -> qid (lazy cache of FF 'N')
-        self._max: dict[int, int] = {}      # qid -> next offset to write (lazy cache)
+        # qid -> next offset to write, lazily loaded. Queue ids are dense, so a flat u64 array
+        # (8 bytes per queue) instead of a dict (~100 bytes per queue at a million queues).
+        self._max = array("Q", [_UNKNOWN]) * self._next_qid
         self._min: dict[int, int] = {}      # qid -> min readable offset (lazy, reset on retention)
         self._lock = threading.RLock()      # guards lazy loads vs. sweeps/truncate
         self._pending: set[str] = set()     # queues that got entries since last take_touched()
@@ -95,13 +105,9 @@ class LightQueueIndex:
             q = self._qids[name] = _U64.unpack(v)[0]
         return q
 
-    def queue_name(self, qid: int) -> str | None:
-        v = self._db.get(K_ID + _U64.pack(qid))
-        return None if v is None else v.decode("utf-8")
-
     def _load_max(self, qid: int) -> int:
         with self._lock:
-            m = self._max.get(qid)
+            m = self._max_get(qid)
             if m is not None:
                 return m
             m = self._floor(qid)
@@ -111,8 +117,22 @@ class LightQueueIndex:
                 k = it.key()
                 if len(k) == 16 and k[:8] == _U64.pack(qid):
                     m = max(m, _KEY.unpack(k)[1] + len(it.value()) // ENTRY_SIZE)
-            self._max[qid] = m
+            self._max_set(qid, m)
             return m
+
+    def _max_get(self, qid: int) -> int | None:
+        mx = self._max
+        if qid < len(mx):
+            m = mx[qid]
+            if m != _UNKNOWN:
+                return m
+        return None
+
+    def _max_set(self, qid: int, m: int) -> None:
+        mx = self._max
+        if qid >= len(mx):
+            mx.extend(array("Q", [_UNKNOWN]) * (qid + 1 - len(mx)))
+        mx[qid] = m
 
     def _floor(self, qid: int) -> int:
         v = self._db.get(K_FLOOR + _U64.pack(qid))
@@ -123,7 +143,7 @@ class LightQueueIndex:
         q = self.qid(name)
         if q is None:
             return 0
-        m = self._max.get(q)
+        m = self._max_get(q)
         return m if m is not None else self._load_max(q)
 
     def min_offset(self, name: str) -> int:
@@ -211,7 +231,6 @@ class LightQueueIndex:
         new_max: list[tuple[int, int]] = []
         next_qid = self._next_qid
         qids = self._qids
-        maxes = self._max
         for name, entries in groups.items():
             q = qids.get(name)
             if q is None:
@@ -221,9 +240,8 @@ class LightQueueIndex:
                     next_qid += 1
                     nb = name.encode("utf-8")
                     wb.put(K_NAME + nb, _U64.pack(q))
-                    wb.put(K_ID + _U64.pack(q), nb)
                     new_ids[name] = q
-            start = maxes.get(q)
+            start = self._max_get(q)
             if start is None:
                 start = 0 if name in new_ids else self._load_max(q)
             wb.put(_KEY.pack(q, start), b"".join(entries))
@@ -236,6 +254,9 @@ class LightQueueIndex:
         # Only now publish the new state in memory.
         qids.update(new_ids)
         self._next_qid = next_qid
+        maxes = self._max
+        if len(maxes) < next_qid:
+            maxes.extend(array("Q", [_UNKNOWN]) * (next_qid - len(maxes)))
         for q, m in new_max:
             maxes[q] = m
         if end_offset > ckpt:
@@ -277,13 +298,12 @@ class LightQueueIndex:
                         wb.put(k, v[:keep * ENTRY_SIZE])
                     else:
                         wb.delete(k)
-                    self._max[qid] = min(self._max.get(qid, first + n), first + keep)
                 it.next()
             wb.put(K_CKPT, _U64.pack(offset))
             self._db.write(wb, self._wo)
             self._db.flush(True)
             self._ckpt = self._durable_ckpt = offset
-            self._max.clear()   # reload lazily from the runs that survived
+            self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
             self._min.clear()
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
