@@ -126,8 +126,11 @@ class DeliveryEngine:
             self._items[m.phys_offset] = it
         else:
             # same record reached through another queue: its queue offset differs
+            first = it
             it = Item(it.topic, it.payload, it.meta, m.queue_offset, it.phys_offset, it.dispatch_queues,
                       it.store_ts)
+            it._tpl = first._tpl      # encoded PUBLISH variants do not depend on the queue
+            it.sent = first.sent
         return it
 
     def _pull(self, q: str, offset: int):
@@ -298,7 +301,7 @@ class DeliveryEngine:
                 cur.next_offset = res.next_offset
         g.offsets_dirty = True
         self.b.mark_group_dirty(g)
-        return cur.next_offset < maxo and g.pick is not None and any(s.can_send() for s, _ in g.members)
+        return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
 
     def _send_group(self, g: "SharedGroup", s: Session, sub: Subscription, it: Item) -> None:
         qos = min(sub.qos, it.meta.qos)

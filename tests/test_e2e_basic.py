@@ -205,3 +205,23 @@ def test_mqtt5_assigned_client_identifier(lmqtt_server):
     c.subscribe("assigned/t", 1)
     c.publish("assigned/t", b"me", qos=1)
     assert c.get().payload == b"me"
+
+
+def test_mqtt31_client(lmqtt_server):
+    import paho.mqtt.client as mqtt
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="old-timer", protocol=mqtt.MQTTv31)
+    got = []
+    c.on_message = lambda c, u, m: got.append(m.payload)
+    c.connect(lmqtt_server.host, lmqtt_server.port)
+    c.loop_start()
+    try:
+        r, mid = c.subscribe("v31/t", 1)
+        import time
+        deadline = time.monotonic() + 5
+        c.publish("v31/t", b"3.1", qos=1).wait_for_publish(5)
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == [b"3.1"]
+    finally:
+        c.disconnect()
+        c.loop_stop()
