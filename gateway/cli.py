@@ -18,6 +18,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "lightqueue": ("loadtest.lightqueue_bench", "Light-queue fan-out indexing and filter matching"),
     "mqtt": ("loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
     "compare": ("loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
+    "fuzz": ("loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
 }
 
 
