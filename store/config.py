@@ -32,6 +32,14 @@ class StoreConfig:
     group_commit_gather_ms: float = 2.0
     # dispatch
     dispatch_chunk_bytes: int = 4 << 20
+    # records handed to the dispatchers per delivery (visibility moves after each): bounds lag
+    dispatch_max_batch: int = 2048
+    # flow control: when committed-but-not-dispatched data exceeds this, an append waits (at most
+    # dispatch_backpressure_max_wait_ms) for dispatch to catch up, so producers cannot outrun the
+    # indexes and visibility lag stays bounded. Both threads share one GIL; without this the
+    # appender wins and the backlog grows without limit. 0 disables.
+    dispatch_backpressure_bytes: int = 512 << 10
+    dispatch_backpressure_max_wait_ms: int = 100
     dispatcher_flush_interval_ms: int = 1_000
     # ConsumeQueue
     cq_entries_per_file: int = 300_000

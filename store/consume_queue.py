@@ -165,6 +165,9 @@ class ConsumeQueueStore:
     """Built-in dispatcher maintaining every first-level-topic ConsumeQueue."""
 
     name = "consumequeue"
+    # flush() may run on another thread than dispatch(): it snapshots the dispatched end first,
+    # then fsyncs, so the checkpoint never claims more than what was on disk before the fsync
+    flush_thread_safe = True
 
     def __init__(self, root: str, entries_per_file: int = 300_000, preallocate: bool = True) -> None:
         self.root = root
@@ -277,7 +280,10 @@ class ConsumeQueueStore:
         if end == self._ckpt:
             return
         for cq in list(self.queues.values()):
-            cq.flush()
+            if cq.dirty:
+                cq.dirty = False
+                for mf in cq.mfq.files[-2:]:
+                    mf.flush()
         self._ckpt_file.save(end)
         self._ckpt = end
 

@@ -34,8 +34,11 @@ class Dispatcher(Protocol):
 
 
 class DispatchService:
-    def __init__(self, clog, dispatchers: list, chunk_bytes: int, flush_interval_ms: int) -> None:
+    def __init__(self, clog, dispatchers: list, chunk_bytes: int, flush_interval_ms: int,
+                 max_batch: int = 2048) -> None:
         self.clog = clog
+        # records per delivery: bounds the time a record waits for the rest of its round (lag)
+        self.max_batch = max_batch
         self.dispatchers = dispatchers
         self.chunk = chunk_bytes
         self.flush_interval = flush_interval_ms / 1000.0
@@ -86,10 +89,16 @@ class DispatchService:
                 self._progress.wait(rem if rem is not None else 0.1)
         return True
 
-    def flush_dispatchers(self) -> None:
+    def flush_dispatchers(self, which: str = "all") -> None:
+        """Flush dispatchers. `which`: "all", "dispatch-thread" (those not declaring
+        `flush_thread_safe = True`; called on the dispatch thread) or "thread-safe" (the others;
+        called from the background thread so their fsyncs never stall dispatch)."""
         for d in self.dispatchers:
-            d.flush()
-        self._last_flush = time.monotonic()
+            safe = getattr(d, "flush_thread_safe", False)
+            if which == "all" or (which == "thread-safe") == safe:
+                d.flush()
+        if which != "thread-safe":
+            self._last_flush = time.monotonic()
 
     # ------------------------------------------------------------------ loop
     def _run(self) -> None:
@@ -101,11 +110,14 @@ class DispatchService:
                 else:
                     self._idle = True
                     if self.dispatched >= self.clog.committed:
-                        self._wake.wait(0.005)
+                        if self._wake.wait(0.005):
+                            # coalesce: let a few more appends land before the next round, so
+                            # single appends do not each cost a whole round plus a GIL hand-off
+                            time.sleep(0.0005)
                     self._idle = False
                     self._wake.clear()
                 if time.monotonic() - self._last_flush >= self.flush_interval:
-                    self.flush_dispatchers()
+                    self.flush_dispatchers("dispatch-thread")
             except BaseException as e:  # keep the thread alive; nothing past this point is visible
                 if self.error is None or repr(e) != repr(self.error):
                     log.exception("dispatch stalled at offset %d: %s (will retry)", self.dispatched, e)
@@ -134,7 +146,10 @@ class DispatchService:
         bad_rel = corrupt[0][0] - base if corrupt else -1
         batch = []
         append = batch.append
+        max_batch = self.max_batch
         while rel < soft:
+            if len(batch) >= max_batch:
+                break
             if rel == bad_rel:
                 rel = self._skip_corrupt(base + rel) - base
                 corrupt = clog.corrupt_ranges

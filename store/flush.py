@@ -139,8 +139,9 @@ class BackgroundService:
         next_disk = now
         next_ckpt = now + 1.0
         next_retention = now + cfg.retention_check_interval_ms / 1000
+        next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
         tick = min(cfg.commit_interval_ms if buffered else 1000, cfg.flush_interval_ms, cfg.disk_check_interval_ms,
-                   1000) / 1000
+                   cfg.dispatcher_flush_interval_ms, 1000) / 1000
         while not self._stop.wait(tick):
             now = time.monotonic()
             try:
@@ -159,6 +160,9 @@ class BackgroundService:
                 if now >= next_disk:
                     next_disk = now + cfg.disk_check_interval_ms / 1000
                     st.check_disk()
+                if now >= next_dflush:
+                    next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
+                    st.dispatch.flush_dispatchers("thread-safe")
                 if now >= next_ckpt:
                     next_ckpt = now + 1.0
                     st.save_clog_checkpoint()

@@ -129,6 +129,7 @@ class IndexService:
     """Built-in dispatcher maintaining the key index files."""
 
     name = "index"
+    flush_thread_safe = True  # see ConsumeQueueStore.flush_thread_safe
 
     def __init__(self, root: str, slots: int, entries: int, preallocate: bool = True) -> None:
         self.root = root
@@ -188,7 +189,8 @@ class IndexService:
             return
         if self._dirty and self.files:
             self._dirty = False
-            self.files[-1].flush()
+            for f in self.files[-2:]:  # a roll may have happened since the last flush
+                f.flush()
         self._ckpt_file.save(end)
         self._ckpt = end
 

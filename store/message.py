@@ -5,7 +5,9 @@ Plain classes with `__slots__` and positional constructors: the dispatch stage c
 """
 from __future__ import annotations
 
+import threading
 from collections import namedtuple
+from concurrent.futures import Future
 
 
 class Message:
@@ -91,3 +93,23 @@ class AppendResult(namedtuple("_AppendResultBase", ("phys_offset", "size", "queu
 
     def __repr__(self) -> str:
         return f"AppendResult(phys_offset={self.phys_offset}, size={self.size}, queue_offset={self.queue_offset})"
+
+
+_SHARED_CONDITION = threading.Condition()
+
+
+class ResolvedFuture(Future):
+    """A `concurrent.futures.Future` born resolved, for the async modes' `durable`.
+
+    `Future.__init__` allocates a `threading.Condition`, the largest single cost of a one-message
+    append in async mode. A future that is already finished is never waited on, so it can share
+    one condition (its lock is only taken briefly by result()/add_done_callback). Relies on the
+    documented-by-source fields of Future (_state, _result, ...), stable since Python 3.8."""
+
+    def __init__(self, value) -> None:  # noqa: D401 - deliberately not calling super().__init__
+        self._condition = _SHARED_CONDITION
+        self._state = "FINISHED"
+        self._result = value
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []

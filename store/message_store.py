@@ -22,7 +22,7 @@ from .dispatch import DispatchService
 from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError
 from .flush import BackgroundService, GroupCommitService
 from .index_file import IndexService
-from .message import AppendResult, Message, StoredMessage
+from .message import AppendResult, Message, ResolvedFuture, StoredMessage
 from .record import first_level
 from . import retention
 
@@ -65,13 +65,15 @@ class MessageStore:
         self._dispatchers: list = [self.consume_queues, self.index]
         self._clog_ckpt = OffsetCheckpoint(os.path.join(cfg.data_dir, "commitlog.checkpoint"))
         self.dispatch = DispatchService(self.clog, self._dispatchers, cfg.dispatch_chunk_bytes,
-                                        cfg.dispatcher_flush_interval_ms)
+                                        cfg.dispatcher_flush_interval_ms, cfg.dispatch_max_batch)
         self.group_commit = GroupCommitService(self.clog, cfg.group_commit_gather_ms) if cfg.flush_mode == "sync" else None
         self.clog.group_commit = self.group_commit
         self.background = BackgroundService(self)
         self._running = False
         self._closed = False
         self._sync = cfg.flush_mode == "sync"
+        self._backpressure = cfg.dispatch_backpressure_bytes
+        self._bp_wait = cfg.dispatch_backpressure_max_wait_ms / 1000.0
         self.recovered_end = 0
         self._state_lock = threading.Lock()
 
@@ -170,10 +172,13 @@ class MessageStore:
             results, end = self.clog.append_batch(msgs, None, self.ident)
             self.group_commit.wake()
         else:
-            fut: Future = Future()
+            fut = ResolvedFuture(None)
             results, end = self.clog.append_batch(msgs, fut, self.ident)
-            fut.set_result(end)
+            fut._result = end  # resolved on creation; the end offset is known only now
         self.dispatch.wake()
+        bp = self._backpressure
+        if bp and end - self.dispatch.dispatched > bp:
+            self.dispatch.wait_for(end - bp // 2, self._bp_wait)
         return results
 
     async def append_async(self, msg: Message) -> AppendResult:
