@@ -35,6 +35,8 @@ from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from .errors import LightQueueError
+
 log = logging.getLogger(__name__)
 
 ENTRY = struct.Struct(">QIQ")      # phys_offset, size, store_ts
@@ -74,7 +76,10 @@ class LightQueueIndex:
         opts.set_block_based_table_factory(bbo)
         opts.set_memtable_prefix_bloom_ratio(0.05)
         opts.set_memtable_whole_key_filtering(True)
-        self._db = Rdict(str(path), opts)
+        try:
+            self._db = Rdict(str(path), opts)
+        except Exception as e:   # e.g. the directory is locked by another process
+            raise LightQueueError(f"cannot open light-queue index at {path}: {e}") from e
         self._wo = WriteOptions()
         self._wo.disable_wal = True
         v = self._db.get(K_CKPT)

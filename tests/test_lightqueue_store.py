@@ -238,3 +238,32 @@ def test_register_filters_bulk_and_metadata_errors_are_clear(pair):
     md.close()
     with pytest.raises(MetadataError, match="closed"):
         md.set_offsets("c", {"q": 1})
+
+
+@pytest.mark.parametrize("bad", ["a/#/b", "a+", "", "a/b#", "+x"])
+def test_invalid_filter_registration_rejected_and_nothing_persisted(pair, bad):
+    from lightqueue import InvalidTopicFilter
+    st, lq = pair
+    lq.register_filter("ok/+")
+    with pytest.raises(InvalidTopicFilter) as ei:
+        lq.register_filter(bad)
+    assert ei.value.reason_code == 0x8F
+    assert lq.registry.filters() == {"ok/+": 1}
+    assert lq.metadata.filters() == {"ok/+": 1}
+
+
+def test_second_open_of_same_directory_fails_clearly(tmp_path):
+    from lightqueue import LightQueueError
+    st, lq = open_pair(tmp_path)
+    st2 = MessageStore(StoreConfig(data_dir=str(tmp_path / "store2"), preallocate=False))
+    try:
+        with pytest.raises(LightQueueError, match="cannot open"):
+            LightQueueStore(st2, str(tmp_path / "lq"))
+        # the first instance is unaffected
+        st.start()
+        publish(st, lq, "still/works", b"1")
+        assert lq.pull("still/works", 0).messages[0].body == b"1"
+    finally:
+        st.shutdown()
+        lq.close()
+        st2.shutdown()
