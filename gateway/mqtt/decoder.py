@@ -40,6 +40,7 @@ REASON_CODES_V5: dict[int, frozenset[int]] = {
     15: frozenset({0x00, 0x18, 0x19}),
 }
 SUBACK_CODES_V311 = frozenset({0x00, 0x01, 0x02, 0x80})
+_OK_TABLES: dict[tuple, bytes] = {}
 _ACKS = {4: P.PubAck, 5: P.PubRec, 6: P.PubRel, 7: P.PubComp}
 
 
@@ -57,7 +58,7 @@ class Decoder:
     """
 
     __slots__ = ("version", "max_packet_size", "server_side", "_buf", "_failed", "_connected",
-                 "_allowed")
+                 "_allowed", "_ok_first")
 
     def __init__(self, version: int | None = None, max_packet_size: int = VARINT_MAX,
                  server_side: bool = True) -> None:
@@ -72,6 +73,7 @@ class Decoder:
         self._failed: ProtocolError | None = None
         self._connected = False
         self._allowed = _FROM_CLIENT if server_side else _FROM_SERVER
+        self._update_table()
 
     @property
     def buffered(self) -> int:
@@ -87,18 +89,19 @@ class Decoder:
         out: list = []
         pos = 0
         n = len(buf)
+        ok = self._ok_first
+        mv = memoryview(buf)  # one view per feed: payloads are copied out of it exactly once
         try:
             while pos < n:
                 b0 = buf[pos]
-                self._check_first_byte(b0)
+                if not ok[b0]:
+                    self._check_first_byte(b0)  # raises with the precise reason
                 # Remaining length: at most 4 bytes, checked before waiting for the body.
                 rl = 0
                 shift = 0
                 i = pos + 1
                 while True:
                     if i >= n:
-                        if i - pos - 1 >= 4:
-                            raise _err("malformed packet: remaining length longer than 4 bytes")
                         rl = -1
                         break
                     b = buf[i]
@@ -118,20 +121,43 @@ class Decoder:
                 end = i + rl
                 if end > n:
                     break
-                out.append(self._parse(b0, buf, i, end))
+                if b0 >> 4 == 3:
+                    out.append(self._publish(b0, buf, mv, i, end))
+                else:
+                    out.append(self._parse(b0, buf, i, end))
+                    ok = self._ok_first  # CONNECT changes what may follow
                 pos = end
         except ProtocolError as e:
-            self._failed = e
-            self._buf = bytearray()
+            self._fail(mv, e)
             raise
         except Exception as e:  # defence in depth: a bug here must still look like bad input
             err = _err(f"malformed packet: decoder failed on input ({type(e).__name__}: {e})")
-            self._failed = err
-            self._buf = bytearray()
+            self._fail(mv, err)
             raise err from e
+        mv.release()
         if pos:
             del buf[:pos]
         return out
+
+    def _fail(self, mv: memoryview, err: ProtocolError) -> None:
+        mv.release()
+        self._failed = err
+        self._buf = bytearray()
+
+    def _update_table(self) -> None:
+        """Cache which first bytes pass `_check_first_byte` in the current state (hot-path shortcut)."""
+        key = (self.server_side, self._connected, self.version)
+        table = _OK_TABLES.get(key)
+        if table is None:
+            table = bytearray(256)
+            for b0 in range(256):
+                try:
+                    self._check_first_byte(b0)
+                    table[b0] = 1
+                except ProtocolError:
+                    pass
+            _OK_TABLES[key] = table = bytes(table)
+        self._ok_first = table
 
     def _check_first_byte(self, b0: int) -> None:
         t = b0 >> 4
@@ -162,8 +188,6 @@ class Decoder:
     # ------------------------------------------------------------------ packet bodies
     def _parse(self, b0: int, buf: bytearray, pos: int, end: int):
         t = b0 >> 4
-        if t == 3:
-            return self._publish(b0, buf, pos, end)
         if t in _ACKS:
             return self._ack(t, buf, pos, end)
         if t == 12:
@@ -176,6 +200,7 @@ class Decoder:
             pkt = _connect(buf, pos, end)
             self._connected = True
             self.version = pkt.protocol_level
+            self._update_table()
             return pkt
         v5 = self.version == 5
         if t == 8:
@@ -197,7 +222,7 @@ class Decoder:
         if end != pos:
             raise _err(f"malformed packet: {_NAMES[t]} must have remaining length 0, got {end - pos}")
 
-    def _publish(self, b0: int, buf: bytearray, pos: int, end: int) -> P.Publish:
+    def _publish(self, b0: int, buf: bytearray, mv: memoryview, pos: int, end: int) -> P.Publish:
         qos = (b0 >> 1) & 3
         if pos + 2 > end:
             raise _err("malformed packet: PUBLISH too short for its topic length")
@@ -230,9 +255,7 @@ class Decoder:
             props = P.Properties()
             if not topic:
                 raise _err("protocol error: PUBLISH with an empty topic", 0x82)
-        with memoryview(buf) as mv:
-            payload = bytes(mv[pos:end])
-        return P.Publish(topic, payload, qos, bool(b0 & 1), bool(b0 & 8), packet_id, props)
+        return P.Publish(topic, bytes(mv[pos:end]), qos, bool(b0 & 1), bool(b0 & 8), packet_id, props)
 
     def _ack(self, t: int, buf: bytearray, pos: int, end: int):
         rl = end - pos
