@@ -31,6 +31,7 @@ import logging
 import struct
 import threading
 from array import array
+from collections import defaultdict
 from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
@@ -215,20 +216,17 @@ class LightQueueIndex:
     def dispatch(self, batch, end_offset: int) -> None:
         """Index one batch of DispatchRequests; one RocksDB write for the whole batch."""
         ckpt = self._ckpt
-        groups: dict[str, list[bytes]] = {}
+        # defaultdict: the missing-key path runs in C; measured 15-25 % faster than get/append
+        # (and faster than grouping by dispatch tuple + sorting, which loses on wildcard queues).
+        groups: defaultdict[str, list[bytes]] = defaultdict(list)
         pack = ENTRY.pack
-        get = groups.get
         for r in batch:
             qs = r.dispatch_queues
             if not qs or r.phys_offset < ckpt:
                 continue   # no light queue, or already indexed (idempotent replay)
-            e = pack(r.phys_offset, r.size, r.store_ts)
+            e = pack(r.phys_offset, r.size, r.store_ts)   # one entry, shared by all its queues
             for q in qs:
-                lst = get(q)
-                if lst is None:
-                    groups[q] = [e]
-                else:
-                    lst.append(e)
+                groups[q].append(e)
         if not groups and end_offset <= ckpt:
             return
         wb = WriteBatch(raw_mode=True)
