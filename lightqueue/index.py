@@ -274,6 +274,11 @@ class LightQueueIndex:
 
     def flush(self) -> None:
         """Persist memtables (the WAL is off); afterwards checkpoint() covers every batch."""
+        if self._closed:
+            return   # close() already flushed
+        self._flush_db()
+
+    def _flush_db(self) -> None:
         ckpt = self._ckpt
         self._db.flush(True)
         self._durable_ckpt = ckpt
@@ -406,4 +411,8 @@ class LightQueueIndex:
         self._closed = True
         if self._sweeper is not None:
             self._sweeper.join(timeout=30)
+        try:
+            self._flush_db()   # a clean close leaves nothing to re-dispatch
+        except Exception:
+            log.exception("light-queue index: final flush failed; the store will re-dispatch")
         self._db.close()

@@ -123,3 +123,14 @@ def test_many_queues_one_batch(tmp_path):
     assert idx.queue_count() == n
     assert all(idx.max_offset(f"dev/{i}") == 1 for i in range(0, n, 97))
     assert phys_list(idx, "dev/4321") == [432100]
+
+
+def test_clean_close_flushes_so_nothing_needs_replay(tmp_path):
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    feed(idx, [("q",)] * 3)
+    idx.close()
+    idx.flush()                      # after close: harmless no-op
+    idx = LightQueueIndex(p)
+    assert idx.checkpoint() == 300 and phys_list(idx, "q") == [0, 100, 200]
+    idx.close()
