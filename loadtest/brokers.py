@@ -152,7 +152,7 @@ def _amqtt_script() -> str:
     return found
 
 
-def command_for(name: str, port: int, workdir: Path) -> tuple[list[str], str]:
+def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if name == "mosquitto":
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
@@ -173,26 +173,38 @@ def command_for(name: str, port: int, workdir: Path) -> tuple[list[str], str]:
             version = "amqtt"
         return [_amqtt_script(), "-c", str(_amqtt_conf(port, workdir))], version
     if name == "lmqtt":
-        if importlib.util.find_spec("gateway.serve") is None:
+        if lmqtt_src:
+            if not (Path(lmqtt_src) / "gateway" / "serve.py").exists():
+                raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/serve.py there")
+        elif importlib.util.find_spec("gateway.serve") is None:
             raise BrokerUnavailable("gateway.serve is not built yet (lmqtt serve missing)")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
         return [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
-                "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], "lmqtt (embedded)"
+                "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], \
+            "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
 
 
 def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-          ready_timeout: float = 20.0) -> RunningBroker:
-    """Start broker ``name`` and wait until its port accepts TCP connections."""
+          ready_timeout: float = 20.0, lmqtt_src: str | None = None) -> RunningBroker:
+    """Start broker ``name`` and wait until its port accepts TCP connections.
+
+    ``lmqtt_src``: run lmqtt from that source tree (its directory first on PYTHONPATH), so a
+    long comparison is not disturbed by edits to the working tree while it runs.
+    """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    argv, version = command_for(name, port, workdir)
+    argv, version = (command_for(name, port, workdir, lmqtt_src) if lmqtt_src
+                     else command_for(name, port, workdir))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if name == "lmqtt" and lmqtt_src:
+        src = str(Path(lmqtt_src).resolve())
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir),
                                 env=env, preexec_fn=raise_nofile, start_new_session=True)

@@ -75,7 +75,7 @@ def run_one(broker: str, scen: str, rep: int, a: argparse.Namespace, work: Path,
             versions: dict[str, str]) -> dict:
     wd = work / f"{broker}-{scen}-{rep}"
     try:
-        rb = B.start(broker, wd, ready_timeout=a.start_timeout)
+        rb = B.start(broker, wd, ready_timeout=a.start_timeout, lmqtt_src=a.lmqtt_src)
     except B.BrokerUnavailable as e:
         return {"broker": broker, "scenario": scen, "rep": rep, "available": False, "reason": str(e)}
     versions[broker] = rb.version
@@ -110,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--publishers", type=int, default=None, help="fanin publishers (default 1000)")
     ap.add_argument("--pairs", type=int, default=None, help="pairs (default 100)")
     ap.add_argument("--latency-rate", type=float, default=None, help="latency scenario msg/s (5000)")
-    ap.add_argument("--drain-max", type=float, default=20.0)
+    ap.add_argument("--drain-max", type=float, default=60.0,
+                    help="max wait for the last deliveries after publishing stops (s); slow brokers "
+                         "with 10,000 messages in flight need tens of seconds")
+    ap.add_argument("--lmqtt-src", default=None,
+                    help="run `lmqtt serve` from this source tree (e.g. a `git archive HEAD` "
+                         "snapshot) instead of the installed package")
     ap.add_argument("--start-timeout", type=float, default=30.0)
     ap.add_argument("--quiet", action="store_true", help="no per-scenario progress bars")
     return ap
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             "brokers": brokers, "scenarios": scenarios, "repeat": a.repeat, "versions": {}}
     results: list[dict] = []
     skip: dict[str, str] = {}
+    started: set[str] = set()
     total = a.repeat * len(brokers) * len(scenarios)
     step = 0
     with open(out / "results.jsonl", "w") as jl, tempfile.TemporaryDirectory(prefix="lmqtt-compare-") as tmp:
@@ -145,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     _log(f"[{step}/{total}] rep {rep}/{a.repeat}  {broker:<9} {scen}")
                     res = run_one(broker, scen, rep, a, Path(tmp), meta["versions"])
+                    if res.get("available") is False and broker in started:
+                        # it ran before: a failure to start now is this scenario's error
+                        res = {"broker": broker, "scenario": scen, "rep": rep,
+                               "error": f"broker failed to start: {res['reason']}"}
                     if res.get("available") is False:
                         skip[broker] = res["reason"]
                         _log(f"{broker}: not available: {res['reason'].splitlines()[0]}")
@@ -152,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                         _log(f"{broker} {scen}: {res['error'].splitlines()[0]}")
                     else:
                         _log(f"{broker} {scen}: " + _headline(res))
+                    if res.get("available") is not False:
+                        started.add(broker)
                     line = mqtt_bench.to_json(res)
                     results.append(json.loads(line))
                     jl.write(line + "\n")
