@@ -134,3 +134,20 @@ def test_clean_close_flushes_so_nothing_needs_replay(tmp_path):
     idx = LightQueueIndex(p)
     assert idx.checkpoint() == 300 and phys_list(idx, "q") == [0, 100, 200]
     idx.close()
+
+
+@pytest.mark.parametrize("preload", [0, 10_000])
+def test_names_resolve_after_reopen_with_and_without_preload(tmp_path, preload):
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    feed(idx, [(f"n/{i}", "all/+") for i in range(50)])
+    idx.close()
+    idx = LightQueueIndex(p, preload_names=preload)
+    assert idx._all_names is (preload > 0)
+    assert idx.max_offset("n/7") == 1 and idx.max_offset("all/+") == 50
+    assert idx.read("missing", 0, 1) == []
+    feed(idx, [("n/7",), ("brand/new",)], phys0=5000)
+    assert phys_list(idx, "n/7") == [700, 5000]
+    assert phys_list(idx, "brand/new") == [5100]
+    assert idx.queue_count() == 52
+    idx.close()
