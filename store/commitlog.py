@@ -19,13 +19,14 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 
 from .config import StoreConfig
 from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, check_size, decode,
                      encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .message import AppendResult, StoredMessage
+from .message import AppendResult, DispatchRequest, StoredMessage
 
 log = logging.getLogger("lmqtt.store")
 
@@ -55,6 +56,12 @@ class CommitLog:
         self.disk_full_reason: str | None = None
         self.corrupt_ranges: list[tuple[int, int]] = []
         self.group_commit = None  # set by MessageStore in sync mode
+        # live hand-off to dispatch (see StoreConfig.dispatch_from_memory): (start, end, requests)
+        # per append call, contiguous from live[0].start while live_enabled
+        self.live: deque = deque()
+        self.live_enabled = False
+        self.live_count = 0
+        self.live_cap = cfg.dispatch_memory_max_records if cfg.dispatch_from_memory else 0
 
     # ------------------------------------------------------------------ append
     def _topic_info(self, topic: str) -> tuple:
@@ -118,7 +125,10 @@ class CommitLog:
         with self.lock:
             if fut is None:
                 fut = self.group_commit.current
-            phys = self.wrote
+            live = self.live_enabled
+            drs: list = []
+            DR = DispatchRequest
+            start_phys = phys = self.wrote
             seg_end = phys - phys % seg + seg
             limit = seg_end - MIN_BLANK
             store_ts = int(time.time() * 1000)
@@ -131,12 +141,20 @@ class CommitLog:
             last_fl = None
             last_qid = -1
             qoff = 0
+            last_topic = None
+            tb = b""
+            fl = tags = tl = S0 = hbase = None
+            rappend = results.append
+            dappend = drs.append
             try:
                 for m in msgs:
                     topic = m.topic
-                    t = tcache.get(topic)
-                    if t is None:
-                        t = self._topic_info(topic)
+                    if topic is not last_topic:  # batches usually repeat one topic object
+                        t = tcache.get(topic)
+                        if t is None:
+                            t = self._topic_info(topic)
+                        tb, fl, tags, tl, S0, hbase = t
+                        last_topic = topic
                     body = m.body
                     props = m.props
                     keys = m.keys
@@ -149,13 +167,13 @@ class CommitLog:
                         db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
                         kl = len(kb)
                         dl = len(db)
-                        S = self._tail_struct(t[3], kl, dl)
-                        total = t[5] + kl + dl + bl + pl
+                        S = self._tail_struct(tl, kl, dl)
+                        total = hbase + kl + dl + bl + pl
                     else:
                         kb = db = b""
                         kl = dl = 0
-                        S = t[4]
-                        total = t[5] + bl + pl
+                        S = S0
+                        total = hbase + bl + pl
                     if total > maxsize:
                         check_size(total, maxsize)
                     if phys + total > limit:  # close the segment with a blank filler
@@ -164,8 +182,7 @@ class CommitLog:
                         phys = cstart = seg_end
                         seg_end += seg
                         limit = seg_end - MIN_BLANK
-                    fl = t[1]
-                    if qid != last_qid or fl != last_fl:
+                    if qid != last_qid or fl is not last_fl:
                         if last_fl is not None:
                             assigned[(last_fl, last_qid)] = qoff
                         key = (fl, qid)
@@ -174,15 +191,18 @@ class CommitLog:
                             qoff = qt.get(key, 0)
                         last_fl = fl
                         last_qid = qid
-                    tail = S.pack(qid, m.flags, qoff, phys, m.born_ts, store_ts, t[2], bl, pl, t[3], kl, dl,
-                                  t[0], kb, db)
+                    flags = m.flags
+                    born = m.born_ts
+                    tail = S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl, tb, kb, db)
                     if pl:
                         crc = crc32(body, crc32(props, crc32(tail)))
                         parts += (p3pack(total, MSG_MAGIC, crc), tail, props, body)
                     else:
                         crc = crc32(body, crc32(tail))
                         parts += (p3pack(total, MSG_MAGIC, crc), tail, body)
-                    results.append(new(AR, (phys, total, qoff, fut, ident)))
+                    rappend(new(AR, (phys, total, qoff, fut, ident)))
+                    if live:
+                        dappend(new(DR, (phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq)))
                     qoff += 1
                     phys += total
             except struct.error as e:
@@ -221,7 +241,27 @@ class CommitLog:
                 self.wrote = phys
                 self.committed = phys
             qt.update(assigned)
+            if live:
+                self.live.append((start_phys, phys, drs))
+                self.live_count += len(drs)
+                if self.live_count > self.live_cap:
+                    # dispatch is far behind: stop queueing, it will read the CommitLog instead
+                    self.live_enabled = False
+                    self.live.clear()
+                    self.live_count = 0
         return results, phys
+
+    def enable_live(self, dispatched: int) -> bool:
+        """Called by the dispatch thread when it has caught up: start queueing requests again.
+        Chunks queued from now on start at `wrote`; dispatch reads the log up to there."""
+        if not self.live_cap:
+            return False
+        with self.lock:
+            if dispatched >= self.committed and not self.live_enabled:
+                self.live.clear()
+                self.live_count = 0
+                self.live_enabled = True
+        return self.live_enabled
 
     def _new_segment(self, start: int):
         used = _disk_usage_fraction(self.cfg.data_dir)
@@ -286,10 +326,18 @@ class CommitLog:
         return decode(raw, 0, phys, self.ident)
 
     # ------------------------------------------------------------------ recovery
-    def recover(self, scan_from: int) -> int:
+    def recover(self, scan_from: int, trusted_end: int = 0) -> int:
         """Find the end of valid data scanning (with CRC) from `scan_from` (a record boundary, or any
-        offset: it is rounded down to its segment start). Cuts a torn tail, records corrupt ranges in
-        the middle, deletes segments after the end. Returns the end offset."""
+        offset: it is rounded down to its segment start). Returns the end offset.
+
+        `trusted_end` is the flushed offset saved before the crash: everything below it was fsynced
+        and complete, so a bad record there is corruption *in the middle* - reported, skipped, and
+        scanning resumes at the next valid record. At/after it a bad record is the *torn tail*: the
+        log ends there, even if valid-looking records follow. They can: a batch is copied into the
+        map with one memcpy, which does not necessarily store front to back, so a process killed
+        inside it can leave a hole before the batch's last records; a power failure writes pages
+        back in any order. Neither was acknowledged (sync acks after the fsync of the whole batch),
+        and keeping them would break batch atomicity and leave gaps in the queues."""
         files = self.mfq.files
         if not files:
             self.wrote = self.committed = self.flushed = 0
@@ -321,6 +369,11 @@ class CommitLog:
                 if n:
                     rel += n
                     continue
+                if mf.start_offset + rel >= trusted_end:
+                    end = mf.start_offset + rel
+                    self._cut(mf, rel, idx, files)
+                    self.corrupt_ranges = corrupt
+                    return end
                 nxt = self._resync(mf, rel)
                 if nxt >= 0:
                     corrupt.append((mf.start_offset + rel, mf.start_offset + nxt))

@@ -34,6 +34,12 @@ class StoreConfig:
     dispatch_chunk_bytes: int = 4 << 20
     # records handed to the dispatchers per delivery (visibility moves after each): bounds lag
     dispatch_max_batch: int = 2048
+    # live hand-off: the appender also builds each record's DispatchRequest (it has every field in
+    # hand) and queues it; the dispatch thread delivers those instead of re-parsing the CommitLog
+    # while it is caught up. Replay after a restart, and any time the queue overflows
+    # (dispatch_memory_max_records), reads the CommitLog. False = always read the CommitLog.
+    dispatch_from_memory: bool = True
+    dispatch_memory_max_records: int = 131_072
     # flow control: when committed-but-not-dispatched data exceeds this, an append waits (at most
     # dispatch_backpressure_max_wait_ms) for dispatch to catch up, so producers cannot outrun the
     # indexes and visibility lag stays bounded. Both threads share one GIL; without this the

@@ -77,7 +77,52 @@ class DispatchService:
     def catch_up(self) -> None:
         """Dispatch synchronously until the committed offset (used at start and shutdown)."""
         while self.dispatched < self.clog.committed:
+            self.dispatch_once()
+
+    def dispatch_once(self) -> None:
+        """One delivery: from the live hand-off queue when it continues exactly at the dispatched
+        offset, else parsed from the CommitLog."""
+        clog = self.clog
+        if clog.live_enabled and self._live_ready():
+            self._dispatch_live()
+        else:
             self.dispatch_round()
+            if not clog.live_enabled and clog.live_cap and self.dispatched >= clog.committed:
+                clog.enable_live(self.dispatched)
+
+    def _live_ready(self) -> bool:
+        live = self.clog.live
+        try:
+            while live:
+                start, end, _ = live[0]
+                if end <= self.dispatched:  # already delivered from the log
+                    live.popleft()
+                    continue
+                return start == self.dispatched
+        except IndexError:  # cleared by the appender meanwhile
+            pass
+        return False
+
+    def _dispatch_live(self) -> None:
+        clog = self.clog
+        live = clog.live
+        committed = clog.committed
+        end = self.dispatched
+        batch: list = []
+        max_batch = self.max_batch
+        try:
+            while live and len(batch) < max_batch:
+                start, e, drs = live[0]
+                if start != end or e > committed:
+                    break
+                live.popleft()
+                batch += drs
+                end = e
+                clog.live_count = max(0, clog.live_count - len(drs))
+        except IndexError:
+            pass
+        if end > self.dispatched:
+            self._deliver(batch, end)
 
     def wait_for(self, offset: int, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -105,7 +150,7 @@ class DispatchService:
         while not self._stop:
             try:
                 if self.dispatched < self.clog.committed:
-                    self.dispatch_round()
+                    self.dispatch_once()
                     self.error = None
                 else:
                     self._idle = True
@@ -134,6 +179,12 @@ class DispatchService:
         base = mf.start_offset
         rel = pos - base
         size = mf.size
+        try:  # stop where the live hand-off queue takes over
+            s0 = clog.live[0][0] if clog.live else 0
+            if s0 > pos:
+                committed = min(committed, s0)
+        except IndexError:
+            pass
         hard = min(committed - base, size)
         soft = min(hard, rel + self.chunk)
         mm = mf.mm

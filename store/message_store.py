@@ -100,7 +100,7 @@ class MessageStore:
         ckpts = [d.checkpoint() for d in self._dispatchers]
         clog_ckpt = self._clog_ckpt.load(0)
         scan_from = min(ckpts + [clog_ckpt])
-        end = self.clog.recover(scan_from)
+        end = self.clog.recover(scan_from, trusted_end=clog_ckpt)
         self.recovered_end = end
         log_min = self.clog.mfq.min_offset
         for d in self._dispatchers:
@@ -110,6 +110,7 @@ class MessageStore:
         self.dispatch.catch_up()
         self.dispatch.flush_dispatchers()
         self.clog.queue_table.update(self.consume_queues.max_offsets())
+        self.clog.enable_live(self.dispatch.dispatched)
         self._clog_ckpt.save(self.clog.flushed)
         self.check_disk()
         if self.group_commit:

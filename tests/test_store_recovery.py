@@ -93,12 +93,13 @@ def test_flipped_byte_anywhere_in_a_record_is_never_served(pristine, tmp_path):
 
 
 def test_corrupt_record_in_the_middle_is_reported_and_skipped_by_recovery(pristine, tmp_path):
-    """Without checkpoints (crash before the first one) recovery scans the whole log with CRC."""
+    """Index checkpoints lost, so recovery scans the whole log with CRC; the record is below the
+    flushed-offset checkpoint (it was fsynced), so a bad one there is corruption, not a torn tail."""
     src, rs = pristine
     victim = rs[5]
     for where in (victim.phys_offset + 1, victim.phys_offset + 30, victim.phys_offset + victim.size - 1):
         def mutate(d):
-            for p in ("commitlog.checkpoint", "consumequeue", "index"):
+            for p in ("consumequeue", "index"):
                 full = os.path.join(d, p)
                 shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
             with open(seg_path(d, where), "r+b") as f:
@@ -124,9 +125,8 @@ def test_corrupt_range_is_logged(pristine, tmp_path, caplog):
     victim = rs[3]
 
     def mutate(d):
-        for p in ("commitlog.checkpoint", "consumequeue", "index"):
-            full = os.path.join(d, p)
-            shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
+        for p in ("consumequeue", "index"):
+            shutil.rmtree(os.path.join(d, p))
         with open(seg_path(d, victim.phys_offset), "r+b") as f:
             f.seek(victim.phys_offset % SEG + 45)  # inside store_ts
             f.write(b"\xff\xff")
@@ -174,5 +174,31 @@ def test_stale_index_beyond_a_cut_log_is_truncated(pristine, tmp_path):
         assert r.queue_offset == 12
         assert st.wait_dispatched(r.phys_offset + r.size, 10)
         assert [m.body for m in st.read_consume_queue("t", 0, 11, 5)] == [b"rec11", b"again"]
+    finally:
+        st.shutdown()
+
+
+def test_hole_in_the_unflushed_tail_ends_the_log(pristine, tmp_path):
+    """A crash inside the copy of the last batch can leave a hole *before* some of its records
+    (memcpy order, page write-back order). Above the flushed checkpoint that is the torn tail: the
+    log ends at the hole and the valid-looking records after it are dropped, never half a batch."""
+    src, rs = pristine
+    hole = rs[15]
+
+    def mutate(d):
+        from store.checkpoint import OffsetCheckpoint
+        OffsetCheckpoint(os.path.join(d, "commitlog.checkpoint")).save(rs[14].phys_offset)
+        for p in ("consumequeue", "index"):
+            shutil.rmtree(os.path.join(d, p))
+        with open(seg_path(d, hole.phys_offset), "r+b") as f:
+            f.seek(hole.phys_offset % SEG + 20)
+            f.write(bytes(hole.size - 20))
+    st = reopen_copy(src, tmp_path / "h", mutate)
+    st.start()
+    try:
+        assert st.max_offset == hole.phys_offset and st.corrupt_ranges == []
+        assert [m.queue_offset for m in st.read_consume_queue("t", 0, 0, 100)] == list(range(15))
+        r = st.append(Message(topic="t/x", body=b"next"))
+        assert (r.phys_offset, r.queue_offset) == (hole.phys_offset, 15)
     finally:
         st.shutdown()
