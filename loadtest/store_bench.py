@@ -10,6 +10,8 @@ add_dispatch_listener) and reports:
                          every dispatcher took the batch), one sample per appended batch
 * consume_produce_ratio  messages made visible / messages appended over the same window (the run
                          minus its first 10 %); >= 1 means dispatch keeps up (it also drains backlog)
+* cpu_us_per_msg         process CPU time (all threads) per message: steadier than wall-clock rates
+                         on a machine shared with other work
 * baseline_ratio         mb_per_s / the raw baseline: the same payload bytes copied into a memory map
                          without framing (async modes), or written sequentially with one fdatasync per
                          batch (sync mode)
@@ -129,9 +131,10 @@ class LagProbe:
 
 
 def run_case(base_dir: str, mode: str, size: int, batch: int, writers: int, duration: float,
-             segment_size: int) -> dict:
+             segment_size: int, dispatch: str = "memory") -> dict:
     data_dir = tempfile.mkdtemp(prefix=f"bench-{mode.replace('+', '_')}-", dir=base_dir)
-    st = MessageStore(StoreConfig(data_dir=data_dir, segment_size=segment_size, flush_mode=mode))
+    st = MessageStore(StoreConfig(data_dir=data_dir, segment_size=segment_size, flush_mode=mode,
+                                  dispatch_from_memory=(dispatch == "memory")))
     probe = LagProbe()
     st.add_dispatch_listener(probe)
     st.start()
@@ -141,6 +144,7 @@ def run_case(base_dir: str, mode: str, size: int, batch: int, writers: int, dura
     produce_log: list[tuple[float, int]] = []
     label = f"{mode} size={size} batch={batch} writers={writers}"
     try:
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         end = t0 + duration
         if writers == 1:
@@ -169,6 +173,7 @@ def run_case(base_dir: str, mode: str, size: int, batch: int, writers: int, dura
         el = t_end - t0
         last_end = st.max_offset
         st.wait_dispatched(last_end, 60)
+        cpu = time.process_time() - cpu0  # whole process: appender + dispatch + flush threads
     finally:
         st.shutdown()
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -180,6 +185,7 @@ def run_case(base_dir: str, mode: str, size: int, batch: int, writers: int, dura
             "mb_per_s": acked * size / el / 1e6, "lag_p50_ms": _pct(lags, 50) * 1000,
             "lag_p99_ms": _pct(lags, 99) * 1000,
             "consume_produce_ratio": (visible_w / produced_w) if produced_w else 0.0,
+            "cpu_us_per_msg": cpu / acked * 1e6 if acked else None, "dispatch": dispatch,
             "messages": acked, "duration_s": el}
 
 
@@ -237,6 +243,9 @@ def parse_args(argv):
     ap.add_argument("--writers", default="64",
                     help="extra concurrent-writer counts run for sync mode with batch 1 (asyncio tasks)")
     ap.add_argument("--segment-size", type=int, default=256 << 20, help="CommitLog segment size")
+    ap.add_argument("--dispatch", default="memory",
+                    help="dispatch source(s): memory (live hand-off, default), log (always parse the "
+                         "CommitLog), or both: memory,log")
     ap.add_argument("--no-baseline", action="store_true", help="skip the raw baseline measurements")
     return ap.parse_args(argv)
 
@@ -266,17 +275,21 @@ def main(argv: list[str] | None = None) -> int:
                         r["baseline_ratio"] = 1.0
                         print(json.dumps(_round(r)), flush=True)
         cases = []
+        dispatches = [x for x in a.dispatch.split(",") if x in ("memory", "log")] or ["memory"]
         for mode in modes:
             for size in sizes:
                 for b in batches:
-                    cases.append((mode, size, b, 1))
+                    for dsp in dispatches:
+                        cases.append((mode, size, b, 1, dsp))
                 if mode == "sync":
                     for w in writers:
                         if w > 1:
-                            cases.append((mode, size, 1, w))
-        for i, (mode, size, b, w) in enumerate(cases, 1):
-            _progress(f"[{i}/{len(cases)}] {mode} size={size} batch={b} writers={w} for {a.duration:g}s")
-            r = run_case(base, mode, size, b, w, a.duration, a.segment_size)
+                            for dsp in dispatches:
+                                cases.append((mode, size, 1, w, dsp))
+        for i, (mode, size, b, w, dsp) in enumerate(cases, 1):
+            _progress(f"[{i}/{len(cases)}] {mode} size={size} batch={b} writers={w} dispatch={dsp} "
+                      f"for {a.duration:g}s")
+            r = run_case(base, mode, size, b, w, a.duration, a.segment_size, dsp)
             key = ("baseline-write-fsync" if mode == "sync" else "baseline-mmap", size, b)
             ref = baselines.get(key)
             r["baseline"] = key[0]
