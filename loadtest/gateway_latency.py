@@ -1,11 +1,13 @@
 """First gateway benchmark: publish -> deliver latency and 1 -> N fan-out throughput.
 
     python -m loadtest.gateway_latency [--subscribers 100] [--messages 500] [--rate 200]
-        [--qos 0 1] [--payload 64] [--flush-mode async] [--host H --port P]
+        [--qos 0 1] [--payload 64] [--flush-mode async] [--client-procs 2] [--host H --port P]
 
 Without --port it starts its own `lmqtt serve` (fresh temp data dir, loopback, free port) and
-stops it with SIGTERM afterwards. Clients are raw asyncio sockets using the gateway's sans-IO codec
-(paho's thread per client would measure paho). Per QoS:
+stops it with SIGTERM afterwards (and then also reports the server's CPU per delivery). Clients are
+raw asyncio sockets using the gateway's sans-IO codec (paho's thread per client would measure
+paho), spread over `--client-procs` processes because one Python process decoding 100 streams is
+slower than the server encoding them once. Per QoS:
   * latency: the publisher sends `--messages` messages at `--rate` msg/s; each carries its send
     time (monotonic ns); every subscriber records receive - send. Reported p50/p99/max over all
     (message, subscriber) pairs.
@@ -49,7 +51,8 @@ class Client(asyncio.Protocol):
         for p in self.dec.feed(data):
             if isinstance(p, P.Publish):
                 if p.qos == 1:
-                    self.out.append(encode(P.PubAck(p.packet_id), 4))
+                    pid = p.packet_id
+                    self.out.append(bytes((0x40, 2, pid >> 8, pid & 0xFF)))   # PUBACK, pre-shaped
                 if self.on_publish:
                     self.on_publish(p, now)
             elif isinstance(p, P.PubAck):
@@ -83,26 +86,86 @@ def _pct(xs: list[int], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] / 1e6
 
 
-async def run_qos(host, port, qos, n_subs, n_msgs, rate, payload_size) -> dict:
+def _cpu(pid: int | None) -> float:
+    if pid is None:
+        return float("nan")
+    try:
+        import psutil
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except Exception:
+        return float("nan")
+
+
+async def _sub_worker(host, port, qos, sub_ids, n_msgs, pipe) -> None:
+    """Runs in a client process: `sub_ids` subscribers; per phase, collect latencies and counts."""
     topic = f"bench/lat/q{qos}"
     lat: list[int] = []
-    counts = [0] * n_subs
+    counts = {i: 0 for i in sub_ids}
     done = asyncio.Event()
-    target = [n_msgs]
-    pad = b"x" * max(0, payload_size - _TS.size)
+    left = [len(sub_ids)]
 
     def mk(i):
         def on_pub(p, now):
             ts, _seq = _TS.unpack_from(p.payload)
             lat.append(now - ts)
             counts[i] += 1
-            if counts[i] >= target[0] and all(c >= target[0] for c in counts):
-                done.set()
+            if counts[i] == n_msgs:
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
         return on_pub
 
-    subs = [await _client(host, port, f"bsub-{qos}-{i}", mk(i)) for i in range(n_subs)]
-    for s in subs:
-        await s.request(P.Subscribe(1, [P.SubscriptionRequest(topic, qos)]), P.SubAck)
+    subs = [await _client(host, port, f"bsub-{qos}-{i}", mk(i)) for i in sub_ids]
+    for c in subs:
+        await c.request(P.Subscribe(1, [P.SubscriptionRequest(topic, qos)]), P.SubAck)
+    loop = asyncio.get_running_loop()
+    pipe.send("ready")
+    while True:
+        cmd = await loop.run_in_executor(None, pipe.recv)
+        if cmd == "stop":
+            break
+        timeout = float(cmd)
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        pipe.send((lat[:], sum(counts.values())))
+        lat.clear()
+        for i in counts:
+            counts[i] = 0
+        left[0] = len(sub_ids)
+        done.clear()
+    for c in subs:
+        c.t.close()
+
+
+def _worker_entry(host, port, qos, sub_ids, n_msgs, pipe) -> None:
+    try:
+        import uvloop  # type: ignore
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_sub_worker(host, port, qos, sub_ids, n_msgs, pipe))
+
+
+async def run_qos(host, port, qos, n_subs, n_msgs, rate, payload_size, server_pid=None, procs=2) -> dict:
+    import multiprocessing as mp
+    topic = f"bench/lat/q{qos}"
+    pad = b"x" * max(0, payload_size - _TS.size)
+    ctx = mp.get_context("fork")
+    workers = []
+    for k in range(procs):
+        ids = list(range(k, n_subs, procs))
+        if not ids:
+            continue
+        a, b = ctx.Pipe()
+        pr = ctx.Process(target=_worker_entry, args=(host, port, qos, ids, n_msgs, b), daemon=True)
+        pr.start()
+        workers.append((pr, a))
+    loop = asyncio.get_running_loop()
+    for _, a in workers:
+        assert await loop.run_in_executor(None, a.recv) == "ready"
     pub = await _client(host, port, f"bpub-{qos}")
     await asyncio.sleep(0.2)
 
@@ -127,38 +190,46 @@ async def run_qos(host, port, qos, n_subs, n_msgs, rate, payload_size) -> dict:
                 await asyncio.sleep(0)
         return time.monotonic() - t0
 
+    async def collect(timeout: float) -> tuple[list[int], int]:
+        for _, a in workers:
+            a.send(str(timeout))
+        lat: list[int] = []
+        n = 0
+        for _, a in workers:
+            ls, c = await loop.run_in_executor(None, a.recv)
+            lat.extend(ls)
+            n += c
+        return lat, n
+
     # latency phase (paced)
+    waiter = asyncio.ensure_future(collect(n_msgs / rate + 30))
     await publish(n_msgs, paced=True)
-    try:
-        await asyncio.wait_for(done.wait(), 30)
-    except asyncio.TimeoutError:
-        pass
+    lat, _n = await waiter
     lat_sorted = sorted(lat)
     missing_lat = n_subs * n_msgs - len(lat)
     # throughput phase (flat out)
-    lat.clear()
-    for i in range(n_subs):
-        counts[i] = 0
-    done.clear()
     t0 = time.monotonic()
+    cpu0 = _cpu(server_pid)
+    waiter = asyncio.ensure_future(collect(60))
     pub_s = await publish(n_msgs, paced=False)
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    except asyncio.TimeoutError:
-        pass
+    _lat2, delivered = await waiter
     elapsed = time.monotonic() - t0
-    delivered = sum(counts)
-    for c in subs + [pub]:
-        c.t.close()
+    cpu = _cpu(server_pid) - cpu0
+    for pr, a in workers:
+        a.send("stop")
+        pr.join(10)
+    pub.t.close()
     return {
         "qos": qos, "subscribers": n_subs, "messages": n_msgs, "rate": rate, "payload": payload_size,
+        "client_procs": procs,
         "latency_ms": {"p50": _pct(lat_sorted, 0.50), "p99": _pct(lat_sorted, 0.99),
                        "max": lat_sorted[-1] / 1e6 if lat_sorted else float("nan"),
                        "samples": len(lat_sorted), "missing": missing_lat},
         "throughput": {"publish_msgs_per_s": n_msgs / pub_s if pub_s else 0.0,
                        "deliveries": delivered, "missing": n_subs * n_msgs - delivered,
                        "deliveries_per_s": delivered / elapsed if elapsed else 0.0,
-                       "seconds": elapsed},
+                       "seconds": elapsed,
+                       "server_cpu_us_per_delivery": cpu / delivered * 1e6 if delivered else float("nan")},
     }
 
 
@@ -191,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qos", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--payload", type=int, default=64)
     ap.add_argument("--flush-mode", default="async")
+    ap.add_argument("--client-procs", type=int, default=2, help="processes running the subscribers")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     a = ap.parse_args(argv)
     proc = None
@@ -205,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
             uvloop.install()
         except ImportError:
             pass
-        results = [asyncio.run(run_qos(a.host, port, q, a.subscribers, a.messages, a.rate, a.payload))
+        spid = proc.pid if proc is not None else None
+        results = [asyncio.run(run_qos(a.host, port, q, a.subscribers, a.messages, a.rate, a.payload, spid,
+                                   a.client_procs))
                    for q in a.qos]
     finally:
         if proc is not None:
@@ -216,14 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"1 publisher -> {a.subscribers} subscribers, {a.messages} msgs, payload {a.payload} B, "
-          f"flush {a.flush_mode}")
-    print("| QoS | latency p50 ms | p99 ms | max ms | paced rate | fan-out deliveries/s | publish msg/s | missing |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"1 publisher -> {a.subscribers} subscribers ({a.client_procs} client processes), {a.messages} msgs, "
+          f"payload {a.payload} B, flush {a.flush_mode}")
+    print("| QoS | latency p50 ms | p99 ms | max ms | paced rate | fan-out deliveries/s | server CPU us/delivery "
+          "| publish msg/s | missing |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         L, T = r["latency_ms"], r["throughput"]
         print(f"| {r['qos']} | {L['p50']:.2f} | {L['p99']:.2f} | {L['max']:.1f} | {r['rate']:.0f}/s | "
-              f"{T['deliveries_per_s']:,.0f} | {T['publish_msgs_per_s']:,.0f} | {L['missing']}+{T['missing']} |")
+              f"{T['deliveries_per_s']:,.0f} | {T['server_cpu_us_per_delivery']:.1f} | "
+              f"{T['publish_msgs_per_s']:,.0f} | {L['missing']}+{T['missing']} |")
     return 0
 
 
