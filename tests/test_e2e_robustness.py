@@ -146,3 +146,24 @@ def test_metrics_endpoint_counts_traffic(lmqtt_server):
     assert _metric(url, "lmqtt_notify_events_total") >= 1
     assert _metric(url, "lmqtt_bytes_in_total") > 7 * 3
     assert _metric(url, "lmqtt_dispatch_lag_seconds_count") >= 1
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_message_over_store_limit_is_refused_and_others_continue(lmqtt_server, version):
+    watcher = Paho(lmqtt_server, f"big-watch-{version}")
+    watcher.subscribe("big/#", 1)
+    raw = RawMQTT(lmqtt_server, version=version)
+    raw.connect(f"big-{version}")
+    raw.send(P.Publish("big/t", b"b" * ((4 << 20) - 16), 1, packet_id=5))
+    if version == 5:
+        ack = raw.recv(timeout=10)
+        assert isinstance(ack, P.PubAck) and ack.packet_id == 5 and ack.reason_code >= 0x80
+        raw.send(P.Publish("big/t", b"small", 1, packet_id=6))     # the connection still works
+        ack = raw.recv()
+        assert isinstance(ack, P.PubAck) and ack.reason_code == 0
+        assert watcher.get().payload == b"small"
+    else:
+        assert raw.closed_by_server(10)      # 3.1.1 has no negative PUBACK: close, nothing stored
+    Paho(lmqtt_server, f"big-pub-{version}").publish("big/ok", b"fine", qos=1)
+    got = [m.payload for m in watcher.get_n(1) + watcher.drain(0.3)]
+    assert b"fine" in got and all(len(p) < 100 for p in got)
