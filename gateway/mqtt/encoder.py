@@ -66,11 +66,12 @@ def _connack(p: P.ConnAck, version: int) -> bytes:
 
 def _ack(first: int):
     def enc(p, version: int) -> bytes:
-        if version == 5 and (p.reason_code or not p.properties.is_empty()):
+        if version == 5:
             props = encode_properties(p.properties)
-            if props == b"\x00":  # reason code only: the short form
-                return _frame(first, pack("!HB", p.packet_id, p.reason_code))
-            return _frame(first, pack("!HB", p.packet_id, p.reason_code) + props)
+            if props != b"\x00":
+                return _frame(first, pack("!HB", p.packet_id, p.reason_code) + props)
+            if p.reason_code:  # reason code only: the short form
+                return pack("!BBHB", first, 3, p.packet_id, p.reason_code)
         return pack("!BBH", first, 2, p.packet_id)
     return enc
 
@@ -113,20 +114,22 @@ def _unsuback(p: P.UnsubAck, version: int) -> bytes:
 
 
 def _disconnect(p: P.Disconnect, version: int) -> bytes:
-    if version == 5 and (p.reason_code or not p.properties.is_empty()):
+    if version == 5:
         props = encode_properties(p.properties)
-        if props == b"\x00":
+        if props != b"\x00":
+            return _frame(0xE0, bytes((p.reason_code,)) + props)
+        if p.reason_code:
             return bytes((0xE0, 1, p.reason_code))
-        return _frame(0xE0, bytes((p.reason_code,)) + props)
     return b"\xe0\x00"
 
 
 def _auth(p: P.Auth, version: int) -> bytes:
     if version != 5:
         raise ValueError("AUTH exists only in MQTT 5")
-    if p.reason_code == 0 and p.properties.is_empty():
+    props = encode_properties(p.properties)
+    if p.reason_code == 0 and props == b"\x00":
         return b"\xf0\x00"
-    return _frame(0xF0, bytes((p.reason_code,)) + encode_properties(p.properties))
+    return _frame(0xF0, bytes((p.reason_code,)) + props)
 
 
 def _publish(p: P.Publish, version: int) -> bytes:

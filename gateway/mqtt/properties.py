@@ -5,6 +5,7 @@ keeps the encoder, the strict decoder and the tests in agreement; adding a prope
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from struct import pack, unpack_from
 
 from .errors import ProtocolError
@@ -67,7 +68,10 @@ ALLOWED: dict[int, frozenset[str]] = {
     t: frozenset(attr for attr, _, types, _ in PROPERTY_TABLE.values() if t in types) for t in range(16)
 }
 
-_ENCODE_ORDER = [(pid, attr, kind) for pid, (attr, kind, _, _) in PROPERTY_TABLE.items()]
+_ENCODE_ORDER = [(pid, kind) for pid, (attr, kind, _, _) in PROPERTY_TABLE.items()]
+# One C-level call fetches every property value; an all-absent tuple is the common case.
+_GET_ALL = attrgetter(*(attr for attr, _, _, _ in PROPERTY_TABLE.values()))
+_ABSENT = _GET_ALL(Properties())
 _EMPTY = b"\x00"
 
 
@@ -88,9 +92,11 @@ def encode_properties(props: Properties | None) -> bytes:
     """Property block with its varint length prefix (b"\\x00" when there are none)."""
     if props is None:
         return _EMPTY
+    values = _GET_ALL(props)
+    if values == _ABSENT:
+        return _EMPTY
     parts: list[bytes] = []
-    for pid, attr, kind in _ENCODE_ORDER:
-        v = getattr(props, attr)
+    for (pid, kind), v in zip(_ENCODE_ORDER, values):
         if v is None or (v == [] and kind in ("pair", "varint")):
             continue
         if kind == "byte":
