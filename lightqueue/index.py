@@ -105,7 +105,7 @@ class LightQueueIndex:
         # qid -> next offset to write, lazily loaded. Queue ids are dense, so a flat u64 array
         # (8 bytes per queue) instead of a dict (~100 bytes per queue at a million queues).
         self._max = array("Q", [_UNKNOWN]) * self._next_qid
-        self._min: dict[int, int] = {}      # qid -> min readable offset (lazy, reset on retention)
+        self._min = array("Q", [_UNKNOWN]) * self._next_qid   # qid -> min offset (lazy; reset on retention)
         self._lock = threading.RLock()      # guards lazy loads vs. sweeps/truncate
         self._pending: set[str] = set()     # queues that got entries since last take_touched()
         self._closed = False
@@ -153,6 +153,12 @@ class LightQueueIndex:
             mx.extend(array("Q", [_UNKNOWN]) * (qid + 1 - len(mx)))
         mx[qid] = m
 
+    def _min_set(self, qid: int, m: int) -> None:
+        mn = self._min
+        if qid >= len(mn):
+            mn.extend(array("Q", [_UNKNOWN]) * (qid + 1 - len(mn)))
+        mn[qid] = m
+
     def _floor(self, qid: int) -> int:
         v = self._db.get(K_FLOOR + _U64.pack(qid))
         return 0 if v is None else _U64.unpack(v)[0]
@@ -170,9 +176,9 @@ class LightQueueIndex:
         q = self.qid(name)
         if q is None:
             return 0
-        m = self._min.get(q)
-        if m is not None:
-            return m
+        mn = self._min
+        if q < len(mn) and mn[q] != _UNKNOWN:
+            return mn[q]
         with self._lock:
             m = self._floor(q)
             if self.min_phys:
@@ -182,7 +188,7 @@ class LightQueueIndex:
                         break
                 else:
                     m = self.max_offset(name)
-            self._min[q] = m
+            self._min_set(q, m)
             return m
 
     # ---------------------------------------------------------------- reads
@@ -338,7 +344,7 @@ class LightQueueIndex:
             self._db.flush(True)
             self._ckpt = self._durable_ckpt = offset
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
-            self._min.clear()
+            self._min = array("Q", [_UNKNOWN]) * self._next_qid
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
         """Retention moved the CommitLog start: min offsets move; dead runs are swept later."""
@@ -349,7 +355,7 @@ class LightQueueIndex:
             wb = WriteBatch(raw_mode=True)
             wb.put(K_MINPHYS, _U64.pack(min_phys_offset))
             self._db.write(wb, WriteOptions())   # with WAL: survives without a flush
-            self._min.clear()
+            self._min = array("Q", [_UNKNOWN]) * self._next_qid
         if self._sweeper is None or not self._sweeper.is_alive():
             self._sweeper = threading.Thread(target=self._sweep_until_current, name="lightqueue-sweep",
                                              daemon=True)
@@ -403,7 +409,7 @@ class LightQueueIndex:
                 wb.put(K_FLOOR + _U64.pack(qid), _U64.pack(max(end, self._floor(qid))))
             self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
             for qid in floors:
-                self._min.pop(qid, None)
+                self._min_set(qid, _UNKNOWN)
         return len(runs)
 
     def drop_queue(self, name: str) -> bool:
@@ -421,7 +427,7 @@ class LightQueueIndex:
             wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
             wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
             self._db.write(wb, WriteOptions())
-            self._min[q] = end
+            self._min_set(q, end)
             return True
 
     def disk_size(self) -> int:
