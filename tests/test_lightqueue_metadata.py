@@ -132,3 +132,31 @@ def test_acknowledged_metadata_survives_kill_9(tmp_path):
     assert md.get_offset("c", "q") >= last
     assert all(md.get_retained(f"t/{i}") == (b"x" * 10, b"") for i in range(last + 1))
     md.close()
+
+
+def test_retained_matching_equals_brute_force(tmp_path):
+    """Prefix-narrowed scans return exactly what checking every retained topic would."""
+    import random
+
+    from lightqueue import topic_matches
+    rnd = random.Random(11)
+    words = ["a", "b", "ab", "", "$s", "é"]
+    md = MetadataStore(str(tmp_path / "meta"))
+    topics = set()
+    for _ in range(300):
+        t = "/".join(rnd.choice(words) for _ in range(rnd.randint(1, 4)))
+        if t:
+            topics.add(t)
+            md.set_retained(t, t.encode() or b"-")
+    filters = {"#", "+", "+/#", "a/#", "a", "ab/+", "a/+/b", "$s/#", "/#", "//+", "é/#", "a/b/#"}
+    for _ in range(100):
+        lv = [rnd.choice(words + ["+"]) for _ in range(rnd.randint(1, 4))]
+        if rnd.random() < 0.4:
+            lv[-1] = "#"
+        f = "/".join(lv)
+        if f:
+            filters.add(f)
+    for f in filters:
+        got = sorted(t for t, _, _ in md.retained_matching(f))
+        assert got == sorted(t for t in topics if topic_matches(f, t)), f
+    md.close()
