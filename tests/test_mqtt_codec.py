@@ -442,3 +442,22 @@ def test_partial_packets_are_buffered_and_multiple_packets_per_feed():
     assert d.buffered == 1
     assert d.feed(b"\x03\x00\x01a") == [P.Publish("a", b"")]
     assert d.buffered == 0
+
+
+def test_packets_before_the_bad_bytes_are_kept_on_the_error():
+    d = server(4)
+    good = encode(P.Publish("a", b"1", 1, packet_id=1), 4) + b"\xc0\x00"
+    with pytest.raises(ProtocolError) as ei:
+        d.feed(good + b"\x00\x00")
+    assert ei.value.packets == [P.Publish("a", b"1", 1, packet_id=1), P.PingReq()]
+    with pytest.raises(ProtocolError, match="already failed") as again:
+        d.feed(b"\xc0\x00")
+    assert again.value.packets == [] and again.value.reason_code == ei.value.reason_code
+
+
+def test_version_known_after_a_malformed_v5_connect():
+    d = Decoder()
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + b"\x00\x02\xff\xfe"  # client id is not UTF-8
+    with pytest.raises(ProtocolError, match="client identifier"):
+        d.feed(b"\x10" + bytes((len(body),)) + body)
+    assert d.version == 5  # so the server can answer CONNACK 0x81 in MQTT 5

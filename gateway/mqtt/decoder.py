@@ -83,7 +83,7 @@ class Decoder:
     def feed(self, data: bytes) -> list:
         """Add received bytes; return the complete packets now available (possibly none)."""
         if self._failed is not None:
-            raise self._failed
+            raise ProtocolError(f"decoder already failed: {self._failed}", self._failed.reason_code)
         buf = self._buf
         buf += data
         out: list = []
@@ -128,10 +128,12 @@ class Decoder:
                     ok = self._ok_first  # CONNECT changes what may follow
                 pos = end
         except ProtocolError as e:
+            e.packets = out
             self._fail(mv, e)
             raise
         except Exception as e:  # defence in depth: a bug here must still look like bad input
             err = _err(f"malformed packet: decoder failed on input ({type(e).__name__}: {e})")
+            err.packets = out
             self._fail(mv, err)
             raise err from e
         mv.release()
@@ -197,9 +199,8 @@ class Decoder:
             self._empty(t, pos, end)
             return P.PingResp()
         if t == 1:
-            pkt = _connect(buf, pos, end)
+            pkt = _connect(self, buf, pos, end)
             self._connected = True
-            self.version = pkt.protocol_level
             self._update_table()
             return pkt
         v5 = self.version == 5
@@ -280,7 +281,7 @@ class Decoder:
         return cls(pid, rc, props)
 
 
-def _connect(buf: bytearray, pos: int, end: int) -> P.Connect:
+def _connect(dec: Decoder, buf: bytearray, pos: int, end: int) -> P.Connect:
     name, pos = read_string(buf, pos, end, "protocol name")
     if pos + 4 > end:
         raise _err("malformed packet: CONNECT variable header truncated")
@@ -296,6 +297,8 @@ def _connect(buf: bytearray, pos: int, end: int) -> P.Connect:
             raise _err(f"unsupported protocol level {level} for protocol name MQIsdp", 0x84)
     else:
         raise _err(f"unsupported protocol name {name!r}", 0x84)
+    # Known from here on, so a server can answer a malformed CONNECT in the client's version.
+    dec.version = level
     if flags & 0x01:
         raise _err("malformed packet: CONNECT reserved flag must be 0")
     will_flag = bool(flags & 0x04)
