@@ -13,13 +13,14 @@ from __future__ import annotations
 
 
 class _Node:
-    __slots__ = ("children", "plus", "hash", "filter")
+    __slots__ = ("children", "plus", "hash", "filter", "hash_filter")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.plus: _Node | None = None
         self.hash: _Node | None = None
-        self.filter: str | None = None  # set when a filter ends at this node
+        self.filter: str | None = None       # set when a filter ends at this node
+        self.hash_filter: str | None = None  # = self.hash.filter, read once per visited node
 
     def empty(self) -> bool:
         return not self.children and self.plus is None and self.hash is None and self.filter is None
@@ -57,6 +58,7 @@ class FilterTrie:
     def add(self, flt: str) -> bool:
         """Insert a (validated) filter; returns False if it was already present."""
         n = self._root
+        parent_of_hash = None
         for lv in flt.split("/"):
             if lv == "+":
                 if n.plus is None:
@@ -65,6 +67,7 @@ class FilterTrie:
             elif lv == "#":
                 if n.hash is None:
                     n.hash = _Node()
+                parent_of_hash = n
                 n = n.hash
             else:
                 c = n.children.get(lv)
@@ -74,6 +77,8 @@ class FilterTrie:
         if n.filter is not None:
             return False
         n.filter = flt
+        if parent_of_hash is not None:
+            parent_of_hash.hash_filter = flt
         self._size += 1
         return True
 
@@ -89,6 +94,8 @@ class FilterTrie:
         if n is None or n.filter is None:
             return False
         n.filter = None
+        if flt.endswith("#"):
+            path[-1][0].hash_filter = None
         self._size -= 1
         # prune bottom-up
         while path and n.empty():
@@ -136,9 +143,9 @@ def _walk(node: _Node, levels: list[str], i: int, n: int, out: list[str]) -> Non
     walk dominating; a single-path loop allocates nothing on the common no-fork path.
     """
     while True:
-        h = node.hash
-        if h is not None and h.filter is not None:
-            out.append(h.filter)          # `x/#` matches x and everything below (parent too)
+        h = node.hash_filter
+        if h is not None:
+            out.append(h)                 # `x/#` matches x and everything below (parent too)
         if i == n:
             if node.filter is not None:
                 out.append(node.filter)

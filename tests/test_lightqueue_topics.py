@@ -124,6 +124,7 @@ def test_trie_remove_prunes_and_keeps_others():
     assert sorted(t.match("a/b/d")) == ["a/#", "a/+/d"]
     assert len(t) == 2
     t.remove("a/#")
+    assert t.match("a") == [] and t.match("a/b/d") == ["a/+/d"]   # '#' gone, parent match too
     t.remove("a/+/d")
     assert t.match("a/b/d") == [] and len(t) == 0
     assert t._root.empty()
