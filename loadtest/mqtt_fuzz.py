@@ -91,6 +91,9 @@ class PacketFactory:
                 setattr(props, attr, r.randbytes(r.randint(0, 16)))
         if ptype == 3:  # an alias the broker never heard of is legal to refuse; keep most publishes plain
             props.topic_alias = None
+            props.subscription_identifier.clear()  # a client's PUBLISH must not carry one
+        if props.authentication_data is not None and props.authentication_method is None:
+            props.authentication_method = "fuzz"
         return props
 
     def connect(self, version: int) -> P.Connect:

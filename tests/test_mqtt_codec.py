@@ -129,7 +129,7 @@ CLIENT_PACKETS = {
                             request_problem_information=0, authentication_method="SCRAM",
                             authentication_data=b"x")),
         P.Connect("", 5, True, 0, None, b"password-without-user"),
-        P.Publish("a/b", b"payload", 0, properties=_v5_props(topic_alias=3, subscription_identifier=[1, 300])),
+        P.Publish("a/b", b"payload", 0, properties=_v5_props(topic_alias=3)),
         P.Publish("", b"aliased", 1, False, False, 9, P.Properties(topic_alias=3)),
         P.PubAck(1, 0x10, _v5_props(reason_string="no subscribers")),
         P.PubRec(2, 0x80), P.PubRel(3, 0x92), P.PubComp(4, 0, _v5_props()),
@@ -309,7 +309,7 @@ def test_properties_strictness():
          5, code=0x82, match="more than once")
     # user property twice and subscription identifier twice are fine on PUBLISH
     ok = P.Properties(user_property=[("a", "1"), ("a", "2")], subscription_identifier=[1, 2])
-    assert decode_one(encode(P.Publish("t", b"", properties=ok), 5), 5).properties == ok
+    assert decode_one(encode(P.Publish("t", b"", properties=ok), 5), 5, server_side=False).properties == ok
     # ... but two subscription identifiers on SUBSCRIBE are a protocol error
     sub = encode(P.Subscribe(1, [P.SubscriptionRequest("a")], P.Properties(subscription_identifier=[1, 2])), 5)
     _bad(sub, 5, code=0x82, match="more than once")
@@ -323,6 +323,12 @@ def test_properties_strictness():
     _bad(b"\x30\x06\x00\x01t\x02\x0b\x00", 5, code=0x82, match="subscription_identifier")
     # property length runs past the packet
     _bad(b"\x30\x05\x00\x01t\x09\x01", 5, match="past the end")
+    # a client's PUBLISH must not carry a subscription identifier (a server's may)
+    _bad(encode(P.Publish("t", b"", properties=P.Properties(subscription_identifier=[3])), 5), 5,
+         code=0x82, match="subscription identifier")
+    # authentication data needs an authentication method
+    with pytest.raises(ProtocolError, match="authentication method"):
+        Decoder().feed(encode(P.Connect("c", 5, properties=P.Properties(authentication_data=b"x")), 5))
     # reason string on PUBACK is allowed; on PUBLISH it is not
     _bad(b"\x30\x08\x00\x01t\x04\x1f\x00\x01x", 5, code=0x82, match="reason_string")
 

@@ -73,14 +73,19 @@ def connect(draw, version: int):
     password = draw(st.none() | binary)
     if version != 5 and username is None:
         password = None
+    props = draw(properties(1, version))
+    if props.authentication_data is not None and props.authentication_method is None:
+        props.authentication_method = draw(text)
     return P.Connect(draw(text), version, draw(st.booleans()), draw(u16), username, password, will,
-                     draw(properties(1, version)))
+                     props)
 
 
 @st.composite
-def publish(draw, version: int):
+def publish(draw, version: int, from_client: bool = True):
     qos = draw(st.integers(0, 2))
     props = draw(properties(3, version))
+    if from_client:  # only a server's PUBLISH may carry subscription identifiers
+        props.subscription_identifier.clear()
     t = draw(topic)
     if version == 5 and props.topic_alias is not None and draw(st.booleans()):
         t = ""
@@ -131,7 +136,7 @@ def server_packets(version: int):
     unsub = (st.lists(st.sampled_from(sorted(REASON_CODES_V5[11])), min_size=1, max_size=4)
              if version == 5 else st.just([]))
     return st.one_of(
-        connack(version), publish(version),
+        connack(version), publish(version, from_client=False),
         st.builds(P.SubAck, pid, st.lists(st.sampled_from(sub_codes), min_size=1, max_size=4),
                   properties(9, version)),
         st.builds(P.UnsubAck, pid, unsub, properties(11, version)),
@@ -183,7 +188,7 @@ def _carrier(ptype: int, props: P.Properties):
     return {
         1: lambda: (P.Connect("c", 5, properties=props), True),
         2: lambda: (P.ConnAck(False, 0, props), False),
-        3: lambda: (P.Publish("t", b"p", 1, packet_id=1, properties=props), True),
+        3: lambda: (P.Publish("t", b"p", 1, packet_id=1, properties=props), False),
         4: lambda: (P.PubAck(1, 0, props), True), 5: lambda: (P.PubRec(1, 0, props), True),
         6: lambda: (P.PubRel(1, 0, props), True), 7: lambda: (P.PubComp(1, 0, props), True),
         8: lambda: (P.Subscribe(1, [P.SubscriptionRequest("a")], props), True),
@@ -203,6 +208,8 @@ def test_every_property_round_trips_on_every_allowed_packet(prop_id):
         if ptype == 8 and attr == "subscription_identifier":
             value = [7]
         props = P.Properties(**{attr: value})
+        if attr == "authentication_data" and ptype == 1:
+            props.authentication_method = "m"
         pkt, server_side = _carrier(ptype, props)
         if server_side:
             d = Decoder()
@@ -229,7 +236,7 @@ def test_every_property_round_trips_on_every_allowed_packet(prop_id):
 @given(st.data())
 def test_publish_template_round_trips(data):
     version = data.draw(versions)
-    p = data.draw(publish(version).filter(lambda p: p.topic))
+    p = data.draw(publish(version, from_client=False).filter(lambda p: p.topic))
     t = PublishTemplate(p.topic, p.payload, p.qos, p.retain, p.properties, version)
     wire = t.for_packet_id(p.packet_id, p.dup) if p.qos else t.qos0
     assert wire == encode(p, version)

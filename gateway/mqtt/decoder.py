@@ -252,6 +252,9 @@ class Decoder:
             props, pos = decode_properties(buf, pos, end, 3)
             if not topic and props.topic_alias is None:
                 raise _err("protocol error: PUBLISH with an empty topic and no topic alias", 0x82)
+            if props.subscription_identifier and self.server_side:
+                raise _err("protocol error: a client's PUBLISH must not carry a subscription identifier",
+                           0x82)
         else:
             props = P.Properties()
             if not topic:
@@ -317,6 +320,8 @@ def _connect(dec: Decoder, buf: bytearray, pos: int, end: int) -> P.Connect:
         props, pos = decode_properties(buf, pos, end, 1)
     else:
         props = P.Properties()
+    if props.authentication_data is not None and props.authentication_method is None:
+        raise _err("protocol error: CONNECT authentication data without an authentication method", 0x82)
     client_id, pos = read_string(buf, pos, end, "client identifier")
     will = None
     if will_flag:
