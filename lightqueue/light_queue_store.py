@@ -122,7 +122,8 @@ class LightQueueStore:
             try:
                 m = self.cache.get(e.phys_offset, e.size, read)
             except Exception as ex:
-                if e.phys_offset < self.index.min_phys:   # deleted while we were reading
+                # deleted while we were reading (the store removes files before it tells us)
+                if e.phys_offset < max(self.index.min_phys, self._store.min_offset):
                     nxt = e.queue_offset + 1
                     continue
                 raise LightQueueError(f"pull {queue!r} offset {e.queue_offset}: store read at "
