@@ -95,6 +95,7 @@ class LightQueueStore:
         """Messages of `queue` from `offset` (clamped up to min_offset); unknown queue -> empty.
 
         Returns at least one message when one is available, even if it alone exceeds max_bytes.
+        `max_bytes` counts CommitLog record sizes (payload + topic + properties + header).
         """
         lo = self.index.min_offset(queue)
         hi = self.index.max_offset(queue)
