@@ -141,12 +141,13 @@ class PublishPipeline:
             if p.qos == 1:
                 if s is not None:
                     s.inbound_pending.discard(p.pid)
-                conn.write(encode(P.PubAck(p.pid), conn.version))
+                # success ack shaped by hand: MQTT 5 omits reason code 0 with no properties (§3.4.2.1)
+                conn.write(bytes((0x40, 2, p.pid >> 8, p.pid & 0xFF)))
             else:
                 if s is not None:
                     s.inbound_pending.discard(p.pid)
                     s.inbound_qos2.add(p.pid)
-                conn.write(encode(P.PubRec(p.pid), conn.version))
+                conn.write(bytes((0x50, 2, p.pid >> 8, p.pid & 0xFF)))
             conn.maybe_resume_reading()
 
     def _fail(self, p: _Pending, err: BaseException) -> None:
