@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 from gateway.broker import Broker
@@ -87,7 +86,3 @@ class Gateway:
             except Exception as e:
                 log.error("event=lightqueue_close_failed error=%r", e)
         self.store = self.lq = None
-
-
-def data_dir_abspath(p: str) -> str:
-    return os.path.abspath(p)

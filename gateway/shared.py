@@ -10,12 +10,8 @@ members unless one disconnected before acking (MQTT 5 §4.8.2 allows that redeli
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from gateway.session import Cursor, Item, Session, Subscription
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 
 def group_consumer(group: str, queue: str) -> str:
