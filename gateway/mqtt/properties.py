@@ -127,14 +127,14 @@ def decode_properties(buf, pos: int, end: int, ptype: int) -> tuple[Properties, 
     Strict: unknown ids, properties not allowed on `ptype`, duplicates and out-of-range values are
     ProtocolErrors; the block must not run past `end`.
     """
+    if pos < end and buf[pos] == 0:  # the common case: no properties
+        return Properties(), pos + 1
     length, pos = read_varint(buf, pos, end)
     stop = pos + length
     if stop > end:
         raise ProtocolError("malformed packet: property length runs past the end of the packet")
     props = Properties()
-    if length == 0:
-        return props, pos
-    seen: set[int] = set()
+    seen = 0  # bit set of property ids already read (all ids are < 64)
     while pos < stop:
         pid = buf[pos]
         pos += 1
@@ -145,10 +145,11 @@ def decode_properties(buf, pos: int, end: int, ptype: int) -> tuple[Properties, 
         if ptype not in types:
             raise ProtocolError(f"protocol error: property {attr} (0x{pid:02X}) is not allowed on "
                                 f"{_TYPE_NAMES[ptype]}", 0x82)
-        if pid in seen and kind not in ("pair",) and not (pid == 0x0B and ptype == PUBLISH):
+        bit = 1 << pid
+        if seen & bit and kind != "pair" and not (pid == 0x0B and ptype == PUBLISH):
             raise ProtocolError(f"protocol error: property {attr} (0x{pid:02X}) appears more than once",
                                 0x82)
-        seen.add(pid)
+        seen |= bit
         if kind == "byte":
             if pos + 1 > stop:
                 raise ProtocolError(f"malformed packet: property {attr} truncated")
