@@ -241,3 +241,19 @@ def test_will_published_by_takeover(lmqtt_server):
     raw.connect("tk", will=P.Will("will/takeover", b"replaced", 1, False))
     Paho(lmqtt_server, "tk")
     assert watcher.get().payload == b"replaced"
+
+
+def test_session_expiry_counts_while_server_is_down(lmqtt_server):
+    s = Paho(lmqtt_server, "exp-restart", version=5, clean=False, expiry=2)
+    s.subscribe("expr/t", 1)
+    keep = Paho(lmqtt_server, "exp-keep", version=5, clean=False, expiry=3600)
+    keep.subscribe("expr/t", 1)
+    s.disconnect()
+    keep.disconnect()
+    lmqtt_server.stop()
+    time.sleep(2.5)
+    lmqtt_server.start()
+    s = Paho(lmqtt_server, "exp-restart", version=5, clean=False, expiry=60)
+    assert not s.session_present            # expired while the server was down
+    keep = Paho(lmqtt_server, "exp-keep", version=5, clean=False, expiry=3600)
+    assert keep.session_present
