@@ -28,10 +28,13 @@ except ImportError:  # pragma: no cover - the store package lands in parallel
 
 
 class _Pending:
-    __slots__ = ("conn", "qos", "pid", "topic", "payload", "retain", "props", "queues", "t0")
+    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues")
 
     def __init__(self, conn, qos, pid, topic, payload, retain, props, queues) -> None:
         self.conn = conn
+        # the session, not the connection, owns the packet id: after a takeover/reconnect the ack
+        # goes to the session's current connection (where the client re-sent the PUBLISH)
+        self.session = conn.session if conn is not None else None
         self.qos = qos
         self.pid = pid
         self.topic = topic
@@ -132,32 +135,29 @@ class PublishPipeline:
             if conn is None:
                 continue
             conn.pending_publishes -= 1
+            conn.maybe_resume_reading()
             if err is not None:
                 self._fail(p, err)
                 continue
-            if conn.closed:
-                continue  # the client will resend (DUP) on its next connection
-            s = conn.session
-            if p.qos == 1:
-                if s is not None:
-                    s.inbound_pending.discard(p.pid)
-                # success ack shaped by hand: MQTT 5 omits reason code 0 with no properties (§3.4.2.1)
-                conn.write(bytes((0x40, 2, p.pid >> 8, p.pid & 0xFF)))
-            else:
-                if s is not None:
-                    s.inbound_pending.discard(p.pid)
+            s = p.session
+            if s is not None:
+                s.inbound_pending.discard(p.pid)
+                if p.qos == 2:
                     s.inbound_qos2.add(p.pid)
-                conn.write(bytes((0x50, 2, p.pid >> 8, p.pid & 0xFF)))
-            conn.maybe_resume_reading()
+                target = s.conn
+            else:
+                target = conn
+            if target is None or target.closing:
+                continue  # offline: the client re-sends (DUP) on its next connection
+            # success acks shaped by hand: MQTT 5 omits reason code 0 with no properties (§3.4.2.1)
+            target.write(bytes((0x40 if p.qos == 1 else 0x50, 2, p.pid >> 8, p.pid & 0xFF)))
 
     def _fail(self, p: _Pending, err: BaseException) -> None:
         """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends)."""
         conn = p.conn
-        if conn is None or conn.closed:
-            return
-        if p.qos and conn.session is not None:
-            conn.session.inbound_pending.discard(p.pid)
-        if p.qos == 0:
+        if p.qos and p.session is not None:
+            p.session.inbound_pending.discard(p.pid)
+        if conn is None or conn.closing or p.qos == 0:
             return
         if conn.version == 5:
             # PUBACK/PUBREC allow no "packet too large"; 0x83 = implementation-specific (store limit)
