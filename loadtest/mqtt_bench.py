@@ -13,8 +13,8 @@ accounting and samples the broker's CPU/RSS (psutil on its PID) over the same wi
 workers' own CPU, so the report shows which side was saturated.
 
 Latency is measured from the moment a message is stamped and written, not from its scheduled time
-(with ``--rate`` and a full QoS 1 window a message is sent late rather than counted late; the
-``behind_schedule`` counter says how often that happened).
+(with ``--rate`` and a full QoS 1 window a message is sent late rather than counted late;
+``behind_schedule`` is the sum over publishers of the most messages each was behind schedule).
 """
 from __future__ import annotations
 
@@ -279,7 +279,8 @@ class Worker:
                     if qos:
                         room = cfg.window - len(p.client.inflight)
                         if room < due:
-                            p.behind += due - max(room, 0)
+                            # how far behind schedule this publisher got (its worst moment)
+                            p.behind = max(p.behind, due - max(room, 0))
                             due = room
                         if due <= 0:
                             continue
