@@ -73,8 +73,8 @@ class Worker:
         self.index, self.n_workers, self.credit = index, n_workers, credit
         self.n_pubs = cfg.publishers
         self.lead = cfg.resolved_lead()
-        self.sink = Sink()
         self.tracker = Tracker()
+        self.sink = Sink(self.tracker)
         self.hist = Histogram()
         self.clients = []
         self.pubs: list[_Pub] = []
@@ -182,11 +182,8 @@ class Worker:
 
     # -- receive side -------------------------------------------------------------------------
     def _flush_sink(self) -> None:
-        subs, pubs, seqs, lat = self.sink.take()
-        if subs:
-            see = self.tracker.see
-            for s, p, q in zip(subs, pubs, seqs):
-                see(s, p, q)
+        lat = self.sink.take_latencies()
+        if lat:
             self.hist.record_many(lat)
 
     async def _pump_sink(self) -> None:

@@ -28,7 +28,7 @@ from typing import Callable
 from gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode
 from gateway.mqtt import packets as P
 
-from .stamp import STAMP, STAMP_SIZE, make_payload
+from .stamp import STAMP, STAMP_SIZE, Stream, Tracker, make_payload
 
 _U16 = struct.Struct("!H")
 _STAMP_UNPACK = STAMP.unpack_from
@@ -74,24 +74,22 @@ class StampedPublisher:
 
 
 class Sink:
-    """Where a worker's subscribers put what they receive (shared by all its connections).
+    """Where a worker's subscribers account what they receive (shared by all its connections).
 
-    Kept as flat lists so the scanner only appends; the accounting runs in ``drain_into``
-    between reads (outside the socket callback).
+    Each connection updates its (subscriber, publisher) ``Stream`` of ``tracker`` inline — the
+    in-order case is two attribute updates — and appends the latency to ``lat``; the histogram
+    is filled from ``lat`` in batches between reads (``take_latencies``).
     """
 
-    __slots__ = ("subs", "pubs", "seqs", "lat", "last_ns")
+    __slots__ = ("tracker", "lat", "last_ns")
 
-    def __init__(self) -> None:
-        self.subs: list[int] = []
-        self.pubs: list[int] = []
-        self.seqs: list[int] = []
+    def __init__(self, tracker: Tracker | None = None) -> None:
+        self.tracker = tracker if tracker is not None else Tracker()
         self.lat: list[int] = []
         self.last_ns = 0
 
-    def take(self):
-        out = (self.subs, self.pubs, self.seqs, self.lat)
-        self.subs, self.pubs, self.seqs, self.lat = [], [], [], []
+    def take_latencies(self) -> list[int]:
+        out, self.lat = self.lat, []
         return out
 
 
@@ -112,6 +110,7 @@ class Client(asyncio.Protocol):
         self.on_acks: Callable[[int], None] | None = None
         self.inflight: set[int] = set()
         self.received = 0
+        self.streams: dict[int, Stream] = {}  # publisher id -> this subscriber's stream of it
         self.error: str | None = None
         self.connack: P.ConnAck | None = None
 
@@ -134,15 +133,23 @@ class Client(asyncio.Protocol):
         if self.on_resume is not None:
             self.on_resume()
 
+    def _stream(self, pub: int) -> Stream:
+        st = self.sink.tracker.streams.setdefault((self.sub_id, pub), Stream())
+        self.streams[pub] = st
+        return st
+
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        if buf:
-            buf += data
+        # Most reads hold whole packets: parse ``data`` in place and keep only a partial tail.
+        if self.buf:
+            self.buf += data
+            buf = self.buf
         else:
-            buf = bytearray(data)
+            buf = data
         n = len(buf)
         pos = 0
         sink = self.sink
+        streams = self.streams
+        lat = sink.lat if sink is not None else None
         acks = None
         released = 0
         now = 0
@@ -197,14 +204,19 @@ class Client(asyncio.Protocol):
                         shift += 7
                     p += plen
                 self.received += 1
-                if sink is not None and end - p >= STAMP_SIZE:
+                if lat is not None and end - p >= STAMP_SIZE:
                     if not now:
                         now = _monotonic_ns()
                     pub, seq, sent = _STAMP_UNPACK(buf, p)
-                    sink.subs.append(self.sub_id)
-                    sink.pubs.append(pub)
-                    sink.seqs.append(seq)
-                    sink.lat.append(now - sent)
+                    st = streams.get(pub)
+                    if st is None:
+                        st = self._stream(pub)
+                    if seq == st.hi + 1:  # the common case, inline
+                        st.hi = seq
+                        st.unique += 1
+                    else:
+                        st.see(seq)
+                    lat.append(now - sent)
             elif t == 4 or t == 7:  # PUBACK / PUBCOMP: a publisher's window slot is free
                 pid = (buf[body] << 8) | buf[body + 1]
                 if pid in self.inflight:
@@ -232,9 +244,10 @@ class Client(asyncio.Protocol):
                     self._fail(f"protocol error from broker: {e}")
                     return
             pos = end
-        if pos:
-            del buf[:pos]
-        self.buf = buf
+        if pos < n:
+            self.buf = bytearray(buf[pos:]) if pos else (buf if isinstance(buf, bytearray) else bytearray(buf))
+        elif self.buf:
+            self.buf = bytearray()
         if sink is not None and now:
             sink.last_ns = now
         if acks is not None and self.transport is not None:

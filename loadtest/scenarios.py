@@ -180,11 +180,9 @@ async def _wait_deliveries(sink: Sink, tracker: Tracker, hist: Histogram, want: 
     deadline = time.monotonic() + cfg.drain_max + cfg.duration
     last_progress = time.monotonic()
     while time.monotonic() < deadline:
-        subs, pubs, seqs, lat = sink.take()
-        if subs:
+        lat = sink.take_latencies()
+        if lat:
             last_progress = time.monotonic()
-            for s_, p_, q_ in zip(subs, pubs, seqs):
-                tracker.see(s_, p_, q_)
             hist.record_many(lat)
         got = sum(st.unique for st in tracker.streams.values())
         if got >= want or time.monotonic() - last_progress > max(cfg.drain_idle, 3.0):
@@ -198,7 +196,8 @@ async def run_retained(cfg: ScenarioConfig) -> dict:
     r = f"lb/{cfg.run_id}/ret"
     topics = [f"{r}/{i}" for i in range(cfg.topics)]
     await _publish_all(cfg, topics, retain=True)
-    sink, tracker, hist = Sink(), Tracker(), Histogram()
+    tracker, hist = Tracker(), Histogram()
+    sink = Sink(tracker)
     for i in range(cfg.topics):
         tracker.expect(0, i)
     t0 = time.monotonic_ns()
@@ -256,7 +255,8 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     while pub.inflight and time.monotonic() - t_pub < cfg.drain_max * 5:
         await asyncio.sleep(0.005)
     pub.disconnect()
-    sink, tracker, hist = Sink(), Tracker(), Histogram()
+    tracker, hist = Tracker(), Histogram()
+    sink = Sink(tracker)
     tracker.expect(0, 0)
     t0 = time.monotonic_ns()
     c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry,

@@ -47,7 +47,7 @@ def read_stamp(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[in
     return STAMP.unpack_from(buf, offset)
 
 
-@dataclass
+@dataclass(slots=True)
 class Stream:
     """What one subscriber saw of one publisher."""
 
