@@ -195,7 +195,7 @@ class Client(asyncio.Protocol):
                 if self.version == 5:  # skip properties (varint length)
                     plen = 0
                     shift = 0
-                    while True:
+                    while p < end:
                         b = buf[p]
                         p += 1
                         plen |= (b & 0x7F) << shift
@@ -203,6 +203,9 @@ class Client(asyncio.Protocol):
                             break
                         shift += 7
                     p += plen
+                if p > end:  # topic / packet id / properties run past the packet
+                    self._fail("malformed PUBLISH from broker (fields run past its length)")
+                    return
                 self.received += 1
                 if lat is not None and end - p >= STAMP_SIZE:
                     if not now:
@@ -217,6 +220,9 @@ class Client(asyncio.Protocol):
                     else:
                         st.see(seq)
                     lat.append(now - sent)
+            elif 4 <= t <= 7 and rl < 2:
+                self._fail(f"malformed packet type {t} from broker (remaining length {rl})")
+                return
             elif t == 4 or t == 7:  # PUBACK / PUBCOMP: a publisher's window slot is free
                 pid = (buf[body] << 8) | buf[body + 1]
                 if pid in self.inflight:

@@ -88,3 +88,43 @@ def test_stamp_roundtrip_inside_an_encoded_packet():
     stamp_into(pkt, off, 12, 2**32 + 5, 123456789)
     assert read_stamp(pkt, off) == (12, 5, 123456789)
     assert pkt[off + STAMP_SIZE:] == payload[STAMP_SIZE:]
+
+
+def test_client_scanner_accounts_split_reads_and_rejects_malformed_publish():
+    """The receive scanner on real encoded bytes: packets split across reads at every offset are
+    counted once each; a PUBLISH whose topic length runs past the packet closes the connection."""
+    import asyncio
+
+    from loadtest.mqtt_client import Client, Sink, StampedPublisher
+
+    class Transport:  # records what the client writes back (acks) and whether it closed
+        def __init__(self):
+            self.out, self.closed = bytearray(), False
+
+        def write(self, b):
+            self.out += b
+
+        def close(self):
+            self.closed = True
+
+        def is_closing(self):
+            return self.closed
+
+    async def run():
+        sp = StampedPublisher(3, "lb/t/x", 40, 1, 4)
+        wire = bytes(sp.batch(0, [1, 2, 3, 4, 5], 5))
+        for cut in range(1, len(wire)):
+            tr = Tracker()
+            c = Client("c", 4, sub_id=7, sink=Sink(tr))
+            c.transport = Transport()
+            c.data_received(wire[:cut])
+            c.data_received(wire[cut:])
+            st = tr.streams[(7, 3)]
+            assert (st.unique, st.duplicates, st.hi) == (5, 0, 4), cut
+            assert bytes(c.transport.out) == b"".join(b"\x40\x02\x00" + bytes([i]) for i in range(1, 6))
+        bad = Client("c", 4, sub_id=1, sink=Sink())
+        bad.transport = Transport()
+        bad.data_received(b"\x30\x05\x00\x7fabc")  # topic length 127 in a 5-byte packet
+        assert bad.transport.closed and "malformed PUBLISH" in bad.error
+
+    asyncio.run(run())
