@@ -251,6 +251,90 @@ class CommitLog:
                     self.live_count = 0
         return results, phys
 
+    def append_one(self, m, fut, ident: str):
+        """Single-message fast path (the gateway appends one PUBLISH at a time): the same record
+        as append_batch, with ~1/3 of its fixed per-call cost. Falls back to append_batch when the
+        record needs a new segment. Returns (AppendResult, end offset)."""
+        if self.disk_full_reason:
+            raise DiskFull(self.disk_full_reason)
+        topic = m.topic
+        t = self._topic_cache.get(topic)
+        if t is None:
+            t = self._topic_info(topic)
+        tb, fl, tags, tl, S, hbase = t
+        body = m.body
+        props = m.props
+        keys = m.keys
+        dq = m.dispatch_queues
+        try:
+            bl = len(body)
+            pl = len(props)
+        except TypeError as e:
+            raise InvalidMessage(f"body and props must be bytes-like: {e}; nothing was written") from None
+        if keys or dq:
+            ncache = self._names_cache
+            kb = (ncache.get(keys) or self._names(keys, "keys")) if keys else b""
+            db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
+            kl = len(kb)
+            dl = len(db)
+            S = self._tail_struct(tl, kl, dl)
+        else:
+            kb = db = b""
+            kl = dl = 0
+        total = hbase + kl + dl + bl + pl
+        if total > self.cfg.max_message_size:
+            check_size(total, self.cfg.max_message_size)
+        qid = m.queue_id
+        flags = m.flags
+        born = m.born_ts
+        key = (fl, qid)
+        seg = self.seg_size
+        with self.lock:
+            phys = self.wrote
+            mf = self.mfq.find(phys)
+            if mf is None or phys + total > phys - phys % seg + seg - MIN_BLANK:
+                mf = None
+            else:
+                if fut is None:
+                    fut = self.group_commit.current
+                qoff = self.queue_table.get(key, 0)
+                store_ts = int(time.time() * 1000)
+                try:
+                    tail = S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl, tb, kb, db)
+                    crc = zlib.crc32(body, zlib.crc32(props, zlib.crc32(tail)))
+                    rec = b"".join((_PREFIX3.pack(total, MSG_MAGIC, crc), tail, props, body))
+                except struct.error as e:
+                    raise InvalidMessage(f"a numeric field is out of range (queue_id/flags u32, born_ts u64 "
+                                         f"non-negative): {e}; nothing was written") from None
+                except TypeError as e:
+                    raise InvalidMessage(f"body and props must be bytes-like: {e}; nothing was written") from None
+                end = phys + total
+                if self.buffered:
+                    self.pending.append((phys, rec))
+                    self.pending_bytes += total
+                    self.wrote = end
+                    if self.pending_bytes > self.cfg.commit_buffer_max:
+                        self._commit_locked()
+                else:
+                    rel = phys - mf.start_offset
+                    mf.mm[rel:rel + total] = rec
+                    mf.wrote_pos = rel + total
+                    self.wrote = end
+                    self.committed = end
+                self.queue_table[key] = qoff + 1
+                new = tuple.__new__
+                if self.live_enabled:
+                    self.live.append((phys, end, [new(DispatchRequest, (phys, total, topic, qid, qoff, flags, born,
+                                                                         store_ts, tags, keys, dq))]))
+                    self.live_count += 1
+                    if self.live_count > self.live_cap:
+                        self.live_enabled = False
+                        self.live.clear()
+                        self.live_count = 0
+                return new(AppendResult, (phys, total, qoff, fut, ident)), end
+        results, end = self._append_batch((m,), fut, ident)
+        return results[0], end
+
     def enable_live(self, dispatched: int) -> bool:
         """Called by the dispatch thread when it has caught up: start queueing requests again.
         Chunks queued from now on start at `wrote`; dispatch reads the log up to there."""
@@ -347,11 +431,11 @@ class CommitLog:
         if mf is None:
             mf = files[-1]
             scan_from = mf.start_offset
-        pos = scan_from
-        # scan_from may be a checkpoint beyond a lost tail (async + power failure): then restart at
-        # the segment start so the end is never placed past real data
-        if not valid_at(mf.mm, pos - mf.start_offset, pos, mf.size) and pos != mf.start_offset:
-            pos = mf.start_offset
+        # Like RocketMQ's recovery (which re-checks the last files with CRC even after a clean
+        # shutdown), scan the whole segment holding scan_from: a record cut or damaged below a
+        # checkpoint (disk trouble, a copied or truncated file) is then still found. Cost: one CRC
+        # pass over at most one segment plus what follows it.
+        pos = mf.start_offset
         idx = files.index(mf)
         corrupt = []
         while True:

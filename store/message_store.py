@@ -163,7 +163,23 @@ class MessageStore:
 
     # ------------------------------------------------------------------ append
     def append(self, msg: Message) -> AppendResult:
-        return self.append_batch([msg])[0]
+        """Append one message (fast path of append_batch([msg])[0])."""
+        if not self._running:
+            raise StoreClosed("store is not running (call start(), or it was shut down)")
+        if self._sync:
+            r, end = self.clog.append_one(msg, None, self.ident)
+            self.group_commit.wake()
+        else:
+            fut = ResolvedFuture(None)
+            r, end = self.clog.append_one(msg, fut, self.ident)
+            fut._result = end
+        self.dispatch.wake()
+        bp = self._backpressure
+        if bp:
+            committed = self.clog.committed
+            if committed - self.dispatch.dispatched > bp:
+                self.dispatch.wait_for(committed - bp // 2, self._bp_wait)
+        return r
 
     def append_batch(self, msgs) -> list[AppendResult]:
         """Append all of `msgs` (one lock, one copy into the map) or none of them."""
@@ -178,12 +194,14 @@ class MessageStore:
             fut._result = end  # resolved on creation; the end offset is known only now
         self.dispatch.wake()
         bp = self._backpressure
-        if bp and end - self.dispatch.dispatched > bp:
-            self.dispatch.wait_for(end - bp // 2, self._bp_wait)
+        if bp:  # only committed data can be dispatched (async+buffer commits every 200 ms)
+            committed = self.clog.committed
+            if committed - self.dispatch.dispatched > bp:
+                self.dispatch.wait_for(committed - bp // 2, self._bp_wait)
         return results
 
     async def append_async(self, msg: Message) -> AppendResult:
-        r = self.append_batch([msg])[0]
+        r = self.append(msg)
         await _await_durable(r.durable)
         return r
 
@@ -314,16 +332,57 @@ class MessageStore:
                                         self.cfg.retention_ms, now_ms)
 
 
+_WAITERS_LOCK = threading.Lock()
+
+
+def _wake_waiters(fut: Future) -> None:
+    """Done-callback of a durable future (runs on the thread that resolved it): one
+    call_soon_threadsafe per event loop with waiters, not one per waiting append."""
+    with _WAITERS_LOCK:
+        lst = fut._lmqtt_waiters
+        fut._lmqtt_waiters = None
+    by_loop: dict = {}
+    for loop, w in lst or ():
+        by_loop.setdefault(loop, []).append(w)
+    for loop, ws in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, ws, fut)
+        except RuntimeError:  # that loop is closed; nobody is waiting any more
+            pass
+
+
+def _settle(ws: list, fut: Future) -> None:
+    exc = fut.exception()
+    for w in ws:
+        if not w.done():  # a cancelled waiter stays cancelled
+            if exc is not None:
+                w.set_exception(exc)
+            else:
+                w.set_result(fut.result())
+
+
 async def _await_durable(fut: Future) -> None:
-    """Await a durable future. Many appends share one future per group-commit round, so the asyncio
-    wrapper is made once per (future, loop) and each waiter shields it: one cross-thread wake-up
-    per round and loop instead of one per append, and a cancelled waiter cannot cancel the round."""
+    """Await a durable future. Many appends share one future per group-commit round: each waiter
+    gets a cheap loop future registered on the shared one, and the round wakes each loop once.
+    Cancelling a waiter never cancels the shared future (which other writers wait on)."""
     if fut.done():
         fut.result()
         return
     loop = asyncio.get_running_loop()
-    af = getattr(fut, "_lmqtt_aio", None)
-    if af is None or af.get_loop() is not loop:
-        af = asyncio.wrap_future(fut, loop=loop)
-        fut._lmqtt_aio = af
-    await asyncio.shield(af)
+    w = loop.create_future()
+    with _WAITERS_LOCK:
+        lst = getattr(fut, "_lmqtt_waiters", False)
+        if lst is None:        # the callback already ran: fut is done
+            first = None
+        elif lst is False:     # first waiter on this future
+            fut._lmqtt_waiters = [(loop, w)]
+            first = True
+        else:
+            lst.append((loop, w))
+            first = False
+    if first is None:
+        fut.result()
+        return
+    if first:
+        fut.add_done_callback(_wake_waiters)  # runs at once if fut is already done
+    await w
