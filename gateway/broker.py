@@ -232,6 +232,13 @@ class Broker:
                 assigned = cid
         if v == 5 and props.authentication_method:
             return self._refuse(conn, 0x8C, "enhanced authentication is not supported")
+        if pkt.will is not None:
+            try:
+                T.validate_topic(pkt.will.topic)
+            except InvalidTopicName as e:
+                if v == 5:
+                    return self._refuse(conn, 0x90, f"will topic: {e}")
+                raise ProtocolError(f"will topic: {e}", 0x90) from None   # 3.1.1: close
         if v == 5:
             expiry = props.session_expiry_interval or 0
         else:

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("lmqtt.gateway.conn")
 
+_CONNACK_V5_CODES = frozenset({0x80, 0x81, 0x82, 0x83, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
+                               0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F})
+
 
 class MQTTConnection(asyncio.Protocol):
     def __init__(self, broker: "Broker") -> None:
@@ -163,7 +166,13 @@ class MQTTConnection(asyncio.Protocol):
         log.warning("event=protocol_error client_id=%s peer=%s reason_code=0x%02X error=%r",
                     self.client_id, self.peer, reason_code, reason)
         if not self.connected:
-            if reason_code == 0x84:  # unsupported protocol level: 3.1.1 CONNACK 0x01
+            if self.decoder.version == 5:
+                # a malformed MQTT 5 CONNECT is answered with CONNACK + reason code (§4.13.1)
+                rc = reason_code if reason_code in _CONNACK_V5_CODES else 0x81
+                ack = P.ConnAck(False, rc)
+                ack.properties.reason_string = reason[:200]
+                self.write(encode(ack, 5))
+            elif reason_code == 0x84:  # unsupported protocol level: 3.1.1 CONNACK 0x01
                 self.write(b"\x20\x02\x00\x01")
             self.close()
             return

@@ -167,3 +167,15 @@ def test_message_over_store_limit_is_refused_and_others_continue(lmqtt_server, v
     Paho(lmqtt_server, f"big-pub-{version}").publish("big/ok", b"fine", qos=1)
     got = [m.payload for m in watcher.get_n(1) + watcher.drain(0.3)]
     assert b"fine" in got and all(len(p) < 100 for p in got)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_will_with_wildcard_topic_is_refused(lmqtt_server, version):
+    raw = RawMQTT(lmqtt_server, version=version)
+    reply = raw.connect("bad-will", will=P.Will("will/+/bad", b"x", 0, False))
+    if version == 5:
+        assert isinstance(reply, P.ConnAck) and reply.reason_code in (0x82, 0x90)   # codec: 0x82
+        assert raw.recv() is None
+    else:
+        assert reply is None                     # 3.1.1 has no CONNACK code for it: closed
+    Paho(lmqtt_server, "after-bad-will").disconnect()
