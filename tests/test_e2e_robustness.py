@@ -179,3 +179,17 @@ def test_will_with_wildcard_topic_is_refused(lmqtt_server, version):
     else:
         assert reply is None                     # 3.1.1 has no CONNACK code for it: closed
     Paho(lmqtt_server, "after-bad-will").disconnect()
+
+
+def test_connection_without_connect_is_closed(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("connect_timeout_s = 1.0\n")
+    srv = LmqttServer(str(tmp_path / "d"), ("--config", str(cfg)), str(tmp_path / "log")).start()
+    try:
+        idle = socket.create_connection((srv.host, srv.port))
+        idle.settimeout(10)
+        assert idle.recv(10) == b""              # closed by the server, nothing sent
+        idle.close()
+        Paho(srv, "still-accepting").disconnect()
+    finally:
+        srv.stop()
