@@ -97,6 +97,15 @@ def baseline_write_fsync(path: str, size: int, batch: int, duration: float) -> d
             "mb_per_s": n * size / el / 1e6}
 
 
+def python_speed() -> dict:
+    """How fast this interpreter runs right now (shared machines vary a lot): microseconds for
+    `sum(range(1000))`, best of 5. Typical idle x86 machines: 10-15 us."""
+    import timeit
+    best = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
+    return {"mode": "baseline-python", "size": 0, "batch": 0, "writers": 1, "sum_range_1000_us": best * 1e6,
+            "loadavg_1m": os.getloadavg()[0]}
+
+
 # ---------------------------------------------------------------------------------- store cases
 class LagProbe:
     """Dispatch listener: turns 'dispatched up to offset N' into per-batch append->visible lags."""
@@ -265,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(base, exist_ok=True)
     try:
         baselines: dict[tuple[str, int, int], float] = {}
+        print(json.dumps(_round(python_speed())), flush=True)
         if not a.no_baseline:
             for size in sizes:
                 for b in batches:
