@@ -80,12 +80,15 @@ class DeliveryEngine:
 
     def kick(self, s: Session) -> None:
         """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
-        if s.cursors or any(sub.group for sub in s.subs.values()):
-            self._dirty.update(s.cursors)
+        d = self._dirty
+        d.update(s.cursors)
+        if len(s.subs) != len(s.cursors):          # some subscriptions are shared ($share/...)
             for sub in s.subs.values():
                 if sub.group:
-                    self._dirty.add(sub.queue)
-            self._schedule()
+                    d.add(sub.queue)
+        if d and not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
 
     def kick_queue(self, queue: str) -> None:
         self._dirty.add(queue)
@@ -236,7 +239,10 @@ class DeliveryEngine:
             if qos == 0:
                 write(it.encoded(0, retain, version))
             else:
-                pid = s.alloc_pid()
+                pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
+                while pid in outbound:
+                    pid = pid % 65535 + 1
+                s._next_pid = pid % 65535 + 1
                 outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
                 write(it.encoded(qos, retain, version, pid))
                 inflight[off] = pid
