@@ -304,6 +304,20 @@ class MessageStore:
         """Block until everything below `offset` is visible (tests, tools). False on timeout."""
         return self.dispatch.wait_for(offset, timeout)
 
+    def stats(self) -> dict:
+        """Counters for metrics (the gateway exports them to Prometheus): offsets, dispatch lag,
+        fsync rounds, disk state. Cheap: attribute reads only."""
+        clog = self.clog
+        return {
+            "min_offset": clog.mfq.min_offset, "max_offset": clog.wrote, "committed_offset": clog.committed,
+            "flushed_offset": clog.flushed, "dispatched_offset": self.dispatch.dispatched,
+            "dispatch_lag_bytes": clog.committed - self.dispatch.dispatched,
+            "group_commit_rounds": self.group_commit.flushes if self.group_commit else 0,
+            "segments": len(clog.mfq.files), "corrupt_ranges": len(clog.corrupt_ranges),
+            "disk_full": bool(clog.disk_full_reason), "dispatch_error": repr(self.dispatch.error)
+            if self.dispatch.error else None,
+        }
+
     # ------------------------------------------------------------------ housekeeping
     @property
     def corrupt_ranges(self) -> list[tuple[int, int]]:
