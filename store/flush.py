@@ -74,19 +74,19 @@ class GroupCommitService:
                 self._waiting = True
                 while clog.committed <= clog.flushed and not self._stop:
                     self._cond.wait(0.5)
-                # Gather window: writers released by the previous fsync are usually re-appending
-                # right now; waiting (bounded) until as much data is pending as last round lets one
-                # fsync serve them all instead of alternating between two half-size groups.
-                if self.gather_s and not self._stop and clog.committed - clog.flushed < last_bytes:
-                    deadline = time.monotonic() + self.gather_s
-                    while clog.committed - clog.flushed < last_bytes and not self._stop:
-                        rem = deadline - time.monotonic()
-                        if rem <= 0:
-                            break
-                        self._cond.wait(rem)
                 self._waiting = False
                 if self._stop:
                     return
+            # Gather window: writers released by the previous fsync are usually re-appending right
+            # now; waiting (bounded) until as much data is pending as last round lets one fsync
+            # serve them all instead of alternating between two half-size groups. Polls with short
+            # sleeps rather than being notified, so appends do not each wake this thread.
+            if self.gather_s and clog.committed - clog.flushed < last_bytes:
+                deadline = time.monotonic() + self.gather_s
+                while clog.committed - clog.flushed < last_bytes and not self._stop:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.0002)
             last_bytes = self._round()
 
     def _round(self) -> int:

@@ -185,6 +185,10 @@ class MessageStore:
         """Append all of `msgs` (one lock, one copy into the map) or none of them."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
+        if not isinstance(msgs, (list, tuple)):
+            msgs = list(msgs)
+        if len(msgs) == 1:
+            return [self.append(msgs[0])]
         if self._sync:
             results, end = self.clog.append_batch(msgs, None, self.ident)
             self.group_commit.wake()
