@@ -233,14 +233,14 @@ async def run_qos(host, port, qos, n_subs, n_msgs, rate, payload_size, server_pi
     }
 
 
-def _start_server(flush_mode: str, data_dir: str) -> tuple[subprocess.Popen, int]:
+def _start_server(flush_mode: str, data_dir: str, extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     p = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir",
                           data_dir, "--metrics-port", "0", "--flush-mode", flush_mode, "--segment-mb", "64",
-                          "--log-level", "WARNING"], cwd=root, stderr=subprocess.DEVNULL)
+                          "--log-level", "WARNING", *(extra or [])], cwd=root, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--payload", type=int, default=64)
     ap.add_argument("--flush-mode", default="async")
     ap.add_argument("--client-procs", type=int, default=2, help="processes running the subscribers")
+    ap.add_argument("--server-config", help="TOML config for the lmqtt serve this script starts")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     a = ap.parse_args(argv)
     proc = None
@@ -270,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     port = a.port
     if port is None:
         tmp = tempfile.TemporaryDirectory(prefix="lmqtt-bench-")
-        proc, port = _start_server(a.flush_mode, tmp.name)
+        extra = []
+        if a.server_config:
+            extra = ["--config", a.server_config]
+        proc, port = _start_server(a.flush_mode, tmp.name, extra)
     try:
         try:
             import uvloop  # type: ignore
