@@ -155,8 +155,9 @@ class IndexService:
         return self._ckpt
 
     def dispatch(self, batch, end_offset: int) -> None:
+        done = self._last_end  # a batch retried after another dispatcher failed: skip what we have
         for r in batch:
-            if r.keys:
+            if r.keys and r.phys_offset >= done:
                 ts = r.store_ts
                 for k in r.keys:
                     f = self.files[-1] if self.files else None
