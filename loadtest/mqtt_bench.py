@@ -353,10 +353,13 @@ def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int,
     _install_uvloop()
     prof_dir = os.environ.get("LMQTT_BENCH_PROFILE")  # cProfile each worker into this directory
     try:
-        if prof_dir:
+        if prof_dir:  # CPU time, not wall time: the machine is usually shared
             import cProfile
-            cProfile.runctx("asyncio.run(Worker(cfg, specs, conn, index, n_workers, credit).run())",
-                            globals(), locals(), os.path.join(prof_dir, f"worker{index}.prof"))
+            prof = cProfile.Profile(time.process_time)
+            try:
+                prof.runcall(asyncio.run, Worker(cfg, specs, conn, index, n_workers, credit).run())
+            finally:
+                prof.dump_stats(os.path.join(prof_dir, f"worker{index}.prof"))
         else:
             asyncio.run(Worker(cfg, specs, conn, index, n_workers, credit).run())
     except KeyboardInterrupt:
