@@ -437,14 +437,25 @@ def _log(msg: str, quiet: bool) -> None:
         print(f"[bench mqtt] {msg}", file=sys.stderr, flush=True)
 
 
+_last_step: dict[str, int] = {}
+
+
 def _progress(label: str, frac: float, quiet: bool) -> None:
+    """A progress bar on a terminal; on a pipe/log only every 25 % (no carriage-return soup)."""
     if quiet:
         return
+    frac = max(0.0, min(1.0, frac))
     width = 30
-    n = int(width * max(0.0, min(1.0, frac)))
-    sys.stderr.write(f"\r[bench mqtt] {label:<28} [{'#' * n}{'.' * (width - n)}] {frac * 100:5.1f}%")
-    if frac >= 1.0:
-        sys.stderr.write("\n")
+    n = int(width * frac)
+    line = f"[bench mqtt] {label:<28} [{'#' * n}{'.' * (width - n)}] {frac * 100:5.1f}%"
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + line + ("\n" if frac >= 1.0 else ""))
+    else:
+        step = int(frac * 4)
+        if _last_step.get(label) == step:
+            return
+        _last_step[label] = step
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
