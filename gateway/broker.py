@@ -601,6 +601,11 @@ class Broker:
                 continue
             if group is not None and req.no_local and v5:
                 raise ProtocolError("No Local must not be set on a shared subscription", 0x82)
+            if req.topic_filter not in s.subs and len(s.subs) >= self.cfg.max_subscriptions:
+                log.info("event=subscribe_refused client_id=%s filter=%r reason=max_subscriptions",
+                         s.client_id, req.topic_filter)
+                codes.append(0x97 if v5 else 0x80)      # refused by policy: quota exceeded
+                continue
             qos = min(req.qos, 2)
             sub = Subscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
                                req.retain_handling)

@@ -34,6 +34,7 @@ class GatewayConfig:
     max_packet_size: int = 4 << 20 | 1024   # store max message size + header room
     max_inflight: int = 100           # cap on the client's Receive Maximum (outbound QoS 1/2 window)
     max_keepalive: int = 65535
+    max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80
     connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
     max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
     # delivery / back-pressure

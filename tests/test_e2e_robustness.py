@@ -193,3 +193,22 @@ def test_connection_without_connect_is_closed(tmp_path):
         Paho(srv, "still-accepting").disconnect()
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("version,code", [(4, 0x80), (5, 0x97)])
+def test_subscription_quota_refused_per_filter(tmp_path, version, code):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_subscriptions = 2\n")
+    srv = LmqttServer(str(tmp_path / "d"), ("--config", str(cfg)), str(tmp_path / "log")).start()
+    try:
+        raw = RawMQTT(srv, version=version)
+        raw.connect(f"quota{version}")
+        raw.send(P.Subscribe(3, [P.SubscriptionRequest(f, 1) for f in ("q/a", "q/b", "q/c", "q/a")]))
+        ack = raw.recv()
+        assert ack.reason_codes == [1, 1, code, 1]      # re-subscribing an existing filter is fine
+        raw.send(P.Publish("q/c", b"not for me", 1, packet_id=1))
+        raw.send(P.Publish("q/b", b"for me", 1, packet_id=2))
+        got = [p for p in (raw.recv(), raw.recv(), raw.recv()) if isinstance(p, P.Publish)]
+        assert [p.payload for p in got] == [b"for me"]
+    finally:
+        srv.stop()
