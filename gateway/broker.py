@@ -21,6 +21,7 @@ from gateway.record_props import safe_decode
 from gateway.session import NEVER_EXPIRES, Cursor, InFlight, Item, Session, Subscription
 from gateway.shared import SharedGroup
 from gateway.delivery import DeliveryEngine
+from gateway.persistence import SessionPersistence
 from gateway.publish import PublishPipeline
 from lightqueue import topics as T
 from lightqueue.errors import InvalidTopicFilter, InvalidTopicName
@@ -53,8 +54,7 @@ class Broker:
         self.filter_refs: dict[str, int] = {}
         self.delivery = DeliveryEngine(self)
         self.publisher = PublishPipeline(self)
-        self._dirty_sessions: set[Session] = set()
-        self._dirty_groups: set[SharedGroup] = set()
+        self.persist = SessionPersistence(self.meta)
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
@@ -80,17 +80,16 @@ class Broker:
     def _restore_sessions(self) -> int:
         now = _now_ms()
         n = 0
-        for rec in self.meta.list_sessions():
+        for rec, offsets in self.persist.load_sessions():
             last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
             exp = rec.expiry_interval
             if exp <= 0 or (exp != NEVER_EXPIRES and now - last >= exp * 1000):
-                self.meta.delete_session(rec.client_id)
+                self.persist.delete_session(rec.client_id)
                 continue
             s = Session(rec.client_id)
             s.version = rec.protocol_version
             s.expiry_interval = exp
             s.disconnected_at_ms = last
-            offsets = self.meta.get_offsets(rec.client_id)
             for rs in rec.subscriptions:
                 flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
                 sub = Subscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
@@ -299,7 +298,7 @@ class Broker:
         if s.persistent:
             self._save_session(s)
         elif was_persistent:
-            self.meta.delete_session(cid)
+            self.persist.delete_session(cid)
 
         ack = P.ConnAck(present, 0)
         if v == 5:
@@ -373,13 +372,10 @@ class Broker:
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
-        self._dirty_sessions.discard(s)
+        self.persist.dirty_sessions.discard(s)
         if self.sessions.get(s.client_id) is s:
             del self.sessions[s.client_id]
-        try:
-            self.meta.delete_session(s.client_id)
-        except Exception as e:
-            log.error("event=delete_session_failed client_id=%s error=%r", s.client_id, e)
+        self.persist.delete_session(s.client_id)
         self.metrics.sessions.set(len(self.sessions))
 
     def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
@@ -581,7 +577,7 @@ class Broker:
                 if g.refs <= 0:
                     del self.groups[key]
                     self.delivery.remove_group(g)
-                    self._dirty_groups.discard(g)
+                    self.persist.dirty_groups.discard(g)
                     self.meta.delete_offsets(g.consumer, [g.queue])
         if T.is_wildcard(sub.queue):
             self._unref_filter(sub.queue)
@@ -674,7 +670,7 @@ class Broker:
                 was = s.persistent
                 s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
                 if was and not s.persistent:
-                    self.meta.delete_session(s.client_id)
+                    self.persist.delete_session(s.client_id)
         if not (conn.version == 5 and pkt.reason_code == 0x04):
             if conn.will is not None:
                 conn.will = None
@@ -689,46 +685,20 @@ class Broker:
 
     # ======================================================================= persistence
     def _save_session(self, s: Session) -> None:
-        from lightqueue.records import SessionRecord, Subscription as LQSub
-        rec = SessionRecord(
-            client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
-            last_disconnect_ms=None if s.online else (s.disconnected_at_ms or _now_ms()),
-            subscriptions=[LQSub(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
-                                 retain_as_published=sub.retain_as_published,
-                                 retain_handling=sub.retain_handling, share_group=sub.group)
-                           for sub in s.subs.values()])
-        try:
-            self.meta.put_session(s.client_id, rec)
-        except Exception as e:
-            log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
+        self.persist.save_session(s)
 
     def mark_offsets_dirty(self, s: Session) -> None:
-        if s.persistent:
-            self._dirty_sessions.add(s)
+        self.persist.mark_session(s)
 
     def mark_group_dirty(self, g: SharedGroup) -> None:
-        self._dirty_groups.add(g)
+        self.persist.mark_group(g)
 
     def _flush_session_offsets(self, s: Session) -> None:
-        self._dirty_sessions.discard(s)
-        if s.cursors:
-            try:
-                self.meta.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
-            except Exception as e:
-                log.error("event=save_offsets_failed client_id=%s error=%r", s.client_id, e)
+        self.persist.save_offsets(s)
 
     def _flush_offsets(self) -> None:
-        ds, self._dirty_sessions = self._dirty_sessions, set()
-        for s in ds:
-            if s.persistent and self.sessions.get(s.client_id) is s:
-                self._flush_session_offsets(s)
-        dg, self._dirty_groups = self._dirty_groups, set()
-        for g in dg:
-            if self.groups.get((g.name, g.queue)) is g:
-                try:
-                    self.meta.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
-                except Exception as e:
-                    log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
+        self.persist.flush(lambda s: self.sessions.get(s.client_id) is s,
+                           lambda g: self.groups.get((g.name, g.queue)) is g)
 
     # ======================================================================= timers
     def _tick_offsets(self) -> None:
