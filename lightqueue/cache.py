@@ -3,8 +3,14 @@
 Why: a broadcast topic with 10,000 subscribers, or one message fanned out to 4 light queues,
 would otherwise cost one CommitLog read per reader. The cache is keyed by CommitLog offset, so
 readers of *different* queues that point at the same record share it too. It is an LRU bounded
-by bytes; entries are immutable StoredMessages (the pull path copies the small slots object
-to set `.queue_offset`, never the payload).
+by bytes; entries are immutable StoredMessages (named tuples): they are handed out as they are,
+and a reader that needs another `.queue_offset` gets a new tuple sharing every field.
+
+Single flight without a per-message Event: misses are loaded while holding `_load_lock`, and a
+loader re-checks the cache after taking it, so concurrent misses on one offset cost one store
+read (the second reader finds it cached). Loads are serialised, which costs nothing under one
+GIL (a store read is CPU work on a memory map). Hits and the LRU bookkeeping of a whole pull batch
+take the main lock once (`get_many` / `load_many`), not once per message.
 """
 from __future__ import annotations
 
@@ -19,42 +25,79 @@ class MessageCache:
         self.max_items = max_items
         self._d: OrderedDict[int, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
-        self._lock = threading.Lock()
-        self._inflight: dict[int, threading.Event] = {}   # single flight: one read per miss
+        self._lock = threading.Lock()        # the dict, the byte count and the counters
+        self._load_lock = threading.Lock()   # single flight: one loader at a time, re-checks first
         self.hits = 0
         self.misses = 0
 
     def get(self, phys_offset: int, size: int, load: Callable[[int, int], Any]) -> Any:
         """The message at `phys_offset`, loading it with `load(phys, size)` on a miss.
 
-        Concurrent misses on the same offset wait for the first reader's load (single flight).
-        """
-        while True:
-            with self._lock:
-                hit = self._d.get(phys_offset)
-                if hit is not None:
-                    self._d.move_to_end(phys_offset)
-                    self.hits += 1
-                    return hit[0]
-                ev = self._inflight.get(phys_offset)
-                if ev is None:
-                    ev = self._inflight[phys_offset] = threading.Event()
-                    self.misses += 1
-                    break
-            ev.wait(5.0)   # another reader is loading it; then retry (it may have failed)
-        try:
-            m = load(phys_offset, size)   # outside the lock: store reads may block on I/O
-            with self._lock:
-                self._d[phys_offset] = (m, size)
-                self._bytes += size
-                while self._d and (self._bytes > self.max_bytes or len(self._d) > self.max_items):
-                    _, (_, sz) = self._d.popitem(last=False)
-                    self._bytes -= sz
+        Concurrent misses on the same offset cost one load (single flight); a failing load
+        raises here and is not cached (the next reader tries again)."""
+        m = self.get_many((phys_offset,))[0]
+        if m is not None:
             return m
-        finally:
+        m = self.load_many(((phys_offset, size),), load)[0]
+        if isinstance(m, BaseException):
+            raise m
+        return m
+
+    def get_many(self, offsets) -> list:
+        """Cached messages for `offsets` (None where missing), one lock round for the batch."""
+        out = []
+        append = out.append
+        with self._lock:
+            d = self._d
+            get = d.get
+            mte = d.move_to_end
+            hits = 0
+            for p in offsets:
+                h = get(p)
+                if h is None:
+                    append(None)
+                else:
+                    mte(p)
+                    hits += 1
+                    append(h[0])
+            self.hits += hits
+        return out
+
+    def load_many(self, wanted, load: Callable[[int, int], Any]) -> list:
+        """Load `wanted` [(phys_offset, size), ...] (each re-checked in the cache first) and cache
+        them. Returns one item per request: the message, or the exception its load raised (not
+        cached; the caller decides whether it is an error)."""
+        out = []
+        append = out.append
+        with self._load_lock:
             with self._lock:
-                self._inflight.pop(phys_offset, None)
-            ev.set()
+                d = self._d
+                got = [d.get(p) for p, _ in wanted]
+            new = []
+            rechecked = 0
+            for (p, size), h in zip(wanted, got):
+                if h is not None:       # loaded by another reader meanwhile
+                    append(h[0])
+                    rechecked += 1
+                    continue
+                try:
+                    m = load(p, size)
+                except Exception as e:  # noqa: BLE001 - handed to the caller per message
+                    append(e)
+                    continue
+                append(m)
+                new.append((p, m, size))
+            with self._lock:
+                self.misses += len(new)
+                self.hits += rechecked
+                for p, m, size in new:
+                    if p not in d:
+                        d[p] = (m, size)
+                        self._bytes += size
+                while d and (self._bytes > self.max_bytes or len(d) > self.max_items):
+                    _, (_, sz) = d.popitem(last=False)
+                    self._bytes -= sz
+        return out
 
     def drop_below(self, phys_offset: int) -> None:
         """Forget messages below `phys_offset` (their segments were deleted)."""

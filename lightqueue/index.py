@@ -32,6 +32,7 @@ import struct
 import threading
 from array import array
 from collections import defaultdict
+from itertools import islice
 from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
@@ -51,6 +52,7 @@ K_NEXT = b"\xffX"
 K_MINPHYS = b"\xffP"
 K_FLOOR = b"\xffM"
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
+_ITER = ENTRY.iter_unpack
 
 
 class IndexEntry(NamedTuple):
@@ -108,6 +110,12 @@ class LightQueueIndex:
         self._min = array("Q", [_UNKNOWN]) * self._next_qid   # qid -> min offset (lazy; reset on retention)
         self._lock = threading.RLock()      # guards lazy loads vs. sweeps/truncate
         self._pending: set[str] = set()     # queues that got entries since last take_touched()
+        # Recently written entries per queue, in memory: qid -> (first offset, packed entries),
+        # the newest <= tail_entries of the queue, contiguous. A reader that keeps up (the
+        # gateway's live delivery) is served from here without a RocksDB iterator + seek, which
+        # was most of a small pull's cost. Bounded to tail_queues queues (oldest write evicted).
+        # Replaced wholesale (never mutated) so a reader's snapshot tuple is always consistent.
+        self._tail: dict[int, tuple[int, bytes]] = {}
         self._closed = False
         self._sweeper: threading.Thread | None = None
 
@@ -213,6 +221,54 @@ class LightQueueIndex:
                 i += 1
             it.next()
 
+    def read_raw(self, name: str, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to `max_count` (queue_offset, phys_offset, size) of `name` from `offset` on.
+
+        From the in-memory tail when it covers `offset` (a reader that keeps up), else from
+        RocksDB. Entries may point at/after the store's dispatched offset (the caller stops
+        there) or below the log start (the caller skips them), exactly as `read`."""
+        q = self._qids.get(name)
+        if q is None:
+            q = self.qid(name)
+            if q is None:
+                return []
+        if max_count <= 0:
+            return []
+        t = self._tail.get(q)
+        if t is not None:
+            first, v = t
+            if first <= offset < first + len(v) // ENTRY_SIZE:
+                i = offset - first
+                out = []
+                append = out.append
+                k = offset
+                for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count) * ENTRY_SIZE]):
+                    append((k, phys, size))
+                    k += 1
+                return out
+        out = []
+        append = out.append
+        pre = _U64.pack(q)
+        it = self._db.iter()
+        it.seek_for_prev(_KEY.pack(q, offset))
+        if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
+            it.seek(_KEY.pack(q, offset))
+        while it.valid():
+            k = it.key()
+            if len(k) != 16 or k[:8] != pre:
+                break
+            first = _KEY.unpack(k)[1]
+            v = it.value()
+            i = offset - first if offset > first else 0
+            o = first + i
+            for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count - len(out)) * ENTRY_SIZE]):
+                append((o, phys, size))
+                o += 1
+            if len(out) >= max_count:
+                break
+            it.next()
+        return out
+
     def read(self, name: str, offset: int, max_count: int) -> list[IndexEntry]:
         """Up to `max_count` entries of `name` starting at `offset` (unknown queue -> [])."""
         q = self.qid(name)
@@ -237,6 +293,8 @@ class LightQueueIndex:
     # queues than this is therefore cut into several writes at record boundaries, each carrying
     # its own checkpoint (end of its last record), so every write stays atomic and consistent.
     max_queues_per_write = 2048
+    tail_entries = 256       # newest entries kept in memory per queue (5 KiB)
+    tail_queues = 8192       # queues with an in-memory tail (<= 42 MiB, usually far less)
 
     def dispatch(self, batch, end_offset: int) -> None:
         """Index one batch of DispatchRequests (one RocksDB write per <= 2048 queues touched)."""
@@ -267,6 +325,7 @@ class LightQueueIndex:
         new_max: list[tuple[int, int]] = []
         next_qid = self._next_qid
         qids = self._qids
+        runs: list[tuple[int, int, bytes]] = []
         for name, entries in groups.items():
             q = qids.get(name)
             if q is None:
@@ -279,8 +338,10 @@ class LightQueueIndex:
             start = self._max_get(q)
             if start is None:
                 start = 0 if name in new_ids else self._load_max(q)
-            wb.put(_KEY.pack(q, start), b"".join(entries))
+            v = b"".join(entries)
+            wb.put(_KEY.pack(q, start), v)
             new_max.append((q, start + len(entries)))
+            runs.append((q, start, v))
         if next_qid != self._next_qid:
             wb.put(K_NEXT, _U64.pack(next_qid))
         if end_offset > ckpt:
@@ -294,6 +355,21 @@ class LightQueueIndex:
             maxes.extend(array("Q", [_UNKNOWN]) * (next_qid - len(maxes)))
         for q, m in new_max:
             maxes[q] = m
+        tail = self._tail
+        keep = self.tail_entries * ENTRY_SIZE
+        for q, start, v in runs:
+            t = tail.pop(q, None)     # pop + set: the dict's order is the order of last writes
+            if t is not None and t[0] + len(t[1]) // ENTRY_SIZE == start:
+                v = t[1] + v
+                start = t[0]
+            if len(v) > keep:
+                cut = len(v) - keep
+                v = v[cut:]
+                start += cut // ENTRY_SIZE
+            tail[q] = (start, v)
+        if len(tail) > self.tail_queues:
+            for q in list(islice(tail, len(tail) - self.tail_queues)):
+                tail.pop(q, None)
         if end_offset > ckpt:
             self._ckpt = end_offset
         self._pending.update(groups.keys())
@@ -343,6 +419,7 @@ class LightQueueIndex:
             self._db.write(wb, self._wo)
             self._db.flush(True)
             self._ckpt = self._durable_ckpt = offset
+            self._tail = {}
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
             self._min = array("Q", [_UNKNOWN]) * self._next_qid
 
@@ -410,6 +487,7 @@ class LightQueueIndex:
             self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
             for qid in floors:
                 self._min_set(qid, _UNKNOWN)
+                self._tail.pop(qid, None)
         return len(runs)
 
     def drop_queue(self, name: str) -> bool:
@@ -427,6 +505,7 @@ class LightQueueIndex:
             wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
             wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
             self._db.write(wb, WriteOptions())
+            self._tail.pop(q, None)
             self._min_set(q, end)
             return True
 

@@ -13,11 +13,12 @@ dispatch listener, i.e. when the entries are readable.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import threading
 from typing import Any, Callable, NamedTuple
+
+from store import StoredMessage
 
 from .cache import MessageCache
 from .errors import LightQueueError
@@ -30,17 +31,10 @@ log = logging.getLogger(__name__)
 
 
 class PullResult(NamedTuple):
-    messages: list            # StoredMessage with .queue_offset = light-queue offset
+    messages: list            # immutable StoredMessage with .queue_offset = light-queue offset
     next_offset: int          # offset to pull from next time
     min_offset: int
     max_offset: int           # next offset to be written
-
-
-def _with_queue_offset(m: Any, queue_offset: int) -> Any:
-    """A shallow copy of a cached StoredMessage carrying this queue's offset (payload shared)."""
-    c = copy.copy(m)
-    c.queue_offset = queue_offset
-    return c
 
 
 class LightQueueStore:
@@ -96,42 +90,65 @@ class LightQueueStore:
 
         Returns at least one message when one is available, even if it alone exceeds max_bytes.
         `max_bytes` counts CommitLog record sizes (payload + topic + properties + header).
+        The messages are the cache's immutable StoredMessages (named tuples), shared with every
+        other reader; one whose cached `.queue_offset` is another queue's gets a new tuple
+        carrying this queue's offset (its fields, payload included, are shared, never copied).
         """
-        lo = self.index.min_offset(queue)
-        hi = self.index.max_offset(queue)
+        index = self.index
+        lo = index.min_offset(queue)
+        hi = index.max_offset(queue)
         if offset < lo:
             offset = lo
         if offset >= hi or max_count <= 0:
             return PullResult([], offset, lo, hi)
-        min_phys = self.index.min_phys
+        min_phys = index.min_phys
         if min_phys > self._cache_min_phys:
             self.cache.drop_below(min_phys)
             self._cache_min_phys = min_phys
         visible = self._store.dispatched_offset
-        out = []
+        # 1. which entries: visible, within max_bytes (at least one), not below the log start
+        take = []
         nbytes = 0
         nxt = offset
-        read = self._store.read
-        for e in self.index.read(queue, offset, max_count):
-            if e.phys_offset >= visible:
+        for e in index.read_raw(queue, offset, max_count):
+            qoff, phys, size = e
+            if phys >= visible:
                 break
-            if out and nbytes + e.size > max_bytes:
+            if take and nbytes + size > max_bytes:
                 break
-            if e.phys_offset < min_phys:
-                nxt = e.queue_offset + 1   # its segment is gone: skip, never an error
+            nxt = qoff + 1
+            if phys < min_phys:
+                continue   # its segment is gone: skip, never an error
+            take.append(e)
+            nbytes += size
+        if not take:
+            return PullResult([], nxt, lo, hi)
+        # 2. the messages: cache hits for the whole batch under one lock, then the misses
+        cache = self.cache
+        msgs = cache.get_many([e[1] for e in take])
+        if None in msgs:
+            miss = [i for i, m in enumerate(msgs) if m is None]
+            loaded = cache.load_many([(take[i][1], take[i][2]) for i in miss], self._store.read)
+            for i, m in zip(miss, loaded):
+                if isinstance(m, BaseException):
+                    e = take[i]
+                    # deleted while we were reading (the store removes files before it tells us)
+                    if e[1] < max(index.min_phys, self._store.min_offset):
+                        m = None
+                    else:
+                        raise LightQueueError(f"pull {queue!r} offset {e[0]}: store read at "
+                                              f"{e[1]} failed: {m}") from m
+                msgs[i] = m
+        out = []
+        append = out.append
+        new = tuple.__new__
+        for e, m in zip(take, msgs):
+            if m is None:
                 continue
-            try:
-                m = self.cache.get(e.phys_offset, e.size, read)
-            except Exception as ex:
-                # deleted while we were reading (the store removes files before it tells us)
-                if e.phys_offset < max(self.index.min_phys, self._store.min_offset):
-                    nxt = e.queue_offset + 1
-                    continue
-                raise LightQueueError(f"pull {queue!r} offset {e.queue_offset}: store read at "
-                                      f"{e.phys_offset} failed: {ex}") from ex
-            out.append(_with_queue_offset(m, e.queue_offset))
-            nbytes += e.size
-            nxt = e.queue_offset + 1
+            qoff = e[0]
+            if m[5] != qoff:     # .queue_offset: this queue's offset on a shared message
+                m = new(StoredMessage, m[:5] + (qoff,) + m[6:])
+            append(m)
         return PullResult(out, nxt, lo, hi)
 
     # ------------------------------------------------------------ new-data hooks

@@ -1,7 +1,8 @@
 """The value types crossing the store's API: what callers append, read back, and what dispatchers see.
 
-Plain classes with `__slots__` and positional constructors: the dispatch stage creates one
-`DispatchRequest` per record, so construction cost is on the hot path.
+`Message` is a plain class with `__slots__`; the types the store creates per record on hot paths
+(`StoredMessage`, `DispatchRequest`, `AppendResult`) are immutable named tuples built with
+`tuple.__new__` (no Python-level `__init__`).
 """
 from __future__ import annotations
 
@@ -34,27 +35,26 @@ class Message:
                 f"keys={self.keys!r}, dispatch_queues={self.dispatch_queues!r})")
 
 
-class StoredMessage:
-    """A record read back from the CommitLog (CRC verified)."""
+_SM_FIELDS = ("topic", "body", "props", "queue_id", "flags", "queue_offset", "phys_offset", "size",
+              "born_ts", "store_ts", "msg_id", "keys", "dispatch_queues")
 
-    __slots__ = ("topic", "body", "props", "queue_id", "flags", "queue_offset", "phys_offset", "size",
-                 "born_ts", "store_ts", "msg_id", "keys", "dispatch_queues")
 
-    def __init__(self, topic, body, props, queue_id, flags, queue_offset, phys_offset, size, born_ts,
-                 store_ts, msg_id, keys, dispatch_queues) -> None:
-        self.topic = topic
-        self.body = body
-        self.props = props
-        self.queue_id = queue_id
-        self.flags = flags
-        self.queue_offset = queue_offset
-        self.phys_offset = phys_offset
-        self.size = size
-        self.born_ts = born_ts
-        self.store_ts = store_ts
-        self.msg_id = msg_id
-        self.keys = keys
-        self.dispatch_queues = dispatch_queues
+class StoredMessage(namedtuple("_StoredMessageBase", _SM_FIELDS)):
+    """A record read back from the CommitLog (CRC verified). Immutable.
+
+    A named tuple (built with `tuple.__new__` by the decoder) rather than a slotted class: reading
+    is on the delivery hot path, and immutability lets the light-queue cache hand one decoded
+    object to every reader instead of copying it per reader (a reader that needs another
+    `queue_offset` gets a new tuple via `with_queue_offset`, sharing topic/body/props). The
+    positional constructor and attribute names are unchanged; attributes cannot be assigned."""
+
+    __slots__ = ()
+
+    def with_queue_offset(self, queue_offset: int) -> "StoredMessage":
+        """This message with another `queue_offset` (payload objects shared, nothing copied)."""
+        if self[5] == queue_offset:
+            return self
+        return tuple.__new__(StoredMessage, self[:5] + (queue_offset,) + self[6:])
 
     def __repr__(self) -> str:
         return (f"StoredMessage(topic={self.topic!r}, phys_offset={self.phys_offset}, size={self.size}, "

@@ -24,6 +24,8 @@ import zlib
 from .errors import CorruptRecord, InvalidMessage, InvalidTopic, MessageTooLarge
 from .message import StoredMessage
 
+_new = tuple.__new__
+
 MSG_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
 HEADER = struct.Struct("<IIIIIQQQQQIIHHH")
@@ -107,8 +109,8 @@ def decode(buf, pos: int, phys_offset: int, ident: str, verify: bool = True) -> 
     props = bytes(buf[p:p + plen])
     p += plen
     body = bytes(buf[p:p + blen])
-    return StoredMessage(topic, body, props, qid, flags, qoff, phys_offset, total, born, store_ts,
-                         f"{ident}{phys_offset:016X}", keys, dq)
+    return _new(StoredMessage, (topic, body, props, qid, flags, qoff, phys_offset, total, born, store_ts,
+                                f"{ident}{phys_offset:016X}", keys, dq))
 
 
 def valid_at(buf, pos: int, phys_offset: int, limit: int) -> int:
