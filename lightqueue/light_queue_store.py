@@ -39,7 +39,7 @@ class PullResult(NamedTuple):
 
 class LightQueueStore:
     def __init__(self, store: Any, path: str, *, cache_bytes: int = 64 << 20,
-                 metadata_sync: bool = False) -> None:
+                 metadata_sync: bool = False, recent_bytes: int = 16 << 20) -> None:
         """Open (or create) the light queues under `path`; call before `store.start()`."""
         os.makedirs(path, exist_ok=True)
         self._store = store
@@ -57,6 +57,11 @@ class LightQueueStore:
         self._closed = False
         store.add_dispatcher(self.index)
         store.add_dispatch_listener(self._on_dispatched)
+        # Live delivery reads each record right after dispatch: let the store keep the newest
+        # records as appended, so a cache miss costs no CommitLog decode (docs/lightqueue.md).
+        keep_recent = getattr(store, "keep_recent", None)
+        if keep_recent is not None and recent_bytes:
+            keep_recent(recent_bytes, max(1, recent_bytes // 256))
 
     # ------------------------------------------------------------ filters and topic mapping
     def register_filter(self, flt: str) -> int:

@@ -28,6 +28,8 @@ from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, che
                      encode_names, encode_topic, first_level, tags_code_of, valid_at)
 from .message import AppendResult, DispatchRequest, StoredMessage
 
+_new = tuple.__new__
+
 log = logging.getLogger("lmqtt.store")
 
 _MSG_MAGIC_BYTES = struct.pack("<I", MSG_MAGIC)
@@ -56,12 +58,47 @@ class CommitLog:
         self.disk_full_reason: str | None = None
         self.corrupt_ranges: list[tuple[int, int]] = []
         self.group_commit = None  # set by MessageStore in sync mode
+        # Recently appended records kept as their fields (keep_recent(); off by default):
+        # phys -> (topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq).
+        # read() serves them without slicing the map, CRC-checking and decoding again: the
+        # light-queue delivery path reads nearly every record right after dispatch, and that
+        # decode was most of a pull. Only bytes bodies/props are kept (immutable), FIFO-bounded.
+        self._recent: dict[int, tuple] = {}
+        self._recent_chunks: deque = deque()   # (bytes, [(phys, fields), ...]) in append order
+        self._recent_bytes = 0
+        self._recent_max_bytes = 0
+        self._recent_max_records = 0
         # live hand-off to dispatch (see StoreConfig.dispatch_from_memory): (start, end, requests)
         # per append call, contiguous from live[0].start while live_enabled
         self.live: deque = deque()
         self.live_enabled = False
         self.live_count = 0
         self.live_cap = cfg.dispatch_memory_max_records if cfg.dispatch_from_memory else 0
+
+    def keep_recent(self, max_bytes: int, max_records: int) -> None:
+        """Keep the last appended records (up to both bounds) for read(); 0 turns it off."""
+        with self.lock:
+            self._recent_max_bytes = max(0, int(max_bytes))
+            self._recent_max_records = max(0, int(max_records))
+            if not self._recent_max_bytes or not self._recent_max_records:
+                self._recent = {}
+                self._recent_chunks.clear()
+                self._recent_bytes = 0
+
+    def _recent_add(self, items: list, nbytes: int) -> None:
+        """Under self.lock, after the records are in place."""
+        d = self._recent
+        d.update(items)
+        chunks = self._recent_chunks
+        chunks.append((nbytes, items))
+        self._recent_bytes += nbytes
+        mb, mr = self._recent_max_bytes, self._recent_max_records
+        while chunks and (self._recent_bytes > mb or len(d) > mr):
+            n, old = chunks.popleft()
+            self._recent_bytes -= n
+            pop = d.pop
+            for p, _ in old:
+                pop(p, None)
 
     # ------------------------------------------------------------------ append
     def _topic_info(self, topic: str) -> tuple:
@@ -146,6 +183,7 @@ class CommitLog:
             fl = tags = tl = S0 = hbase = None
             rappend = results.append
             dappend = drs.append
+            recent: list | None = [] if self._recent_max_records else None
             try:
                 for m in msgs:
                     topic = m.topic
@@ -203,6 +241,9 @@ class CommitLog:
                     rappend(new(AR, (phys, total, qoff, fut, ident)))
                     if live:
                         dappend(new(DR, (phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq)))
+                    if recent is not None and type(body) is bytes and type(props) is bytes:
+                        recent.append((phys, (topic, body, props, qid, qoff, flags, total, born, store_ts,
+                                              keys, dq)))
                     qoff += 1
                     phys += total
             except struct.error as e:
@@ -241,6 +282,8 @@ class CommitLog:
                 self.wrote = phys
                 self.committed = phys
             qt.update(assigned)
+            if recent:
+                self._recent_add(recent, phys - start_phys)
             if live:
                 self.live.append((start_phys, phys, drs))
                 self.live_count += len(drs)
@@ -323,6 +366,9 @@ class CommitLog:
                     self.committed = end
                 self.queue_table[key] = qoff + 1
                 new = tuple.__new__
+                if self._recent_max_records and type(body) is bytes and type(props) is bytes:
+                    self._recent_add([(phys, (topic, body, props, qid, qoff, flags, total, born, store_ts,
+                                              keys, dq))], total)
                 if self.live_enabled:
                     self.live.append((phys, end, [new(DispatchRequest, (phys, total, topic, qid, qoff, flags, born,
                                                                          store_ts, tags, keys, dq))]))
@@ -397,6 +443,11 @@ class CommitLog:
         mf = self.mfq.find(phys)
         if mf is None:
             raise NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, {self.wrote})")
+        t = self._recent.get(phys)
+        if t is not None and (size is None or size == t[6]):
+            # (topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq) as appended
+            return _new(StoredMessage, (t[0], t[1], t[2], t[3], t[5], t[4], phys, t[6], t[7], t[8],
+                                        f"{self.ident}{phys:016X}", t[9], t[10]))
         rel = phys - mf.start_offset
         try:
             if size is None:
