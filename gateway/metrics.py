@@ -15,11 +15,57 @@ from __future__ import annotations
 import threading
 from http.server import ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from bisect import bisect_left
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class FastHistogram:
+    """A Prometheus histogram for per-message observations, as plain ints on the event loop.
+
+    `prometheus_client.Histogram.observe` takes a lock and updates two float values (~25 us under
+    cProfile per delivered message, BENCHMARKS.md "Side by side"); this one is a bisect and two
+    adds, exported as a normal histogram (`_bucket`, `_sum`, `_count`) when /metrics is scraped.
+    Only the event-loop thread may call `observe`.
+    """
+
+    def __init__(self, name: str, doc: str, buckets) -> None:
+        self.name = name
+        self.doc = doc
+        self.bounds = tuple(float(b) for b in buckets)
+        self.counts = [0] * (len(self.bounds) + 1)   # last slot: above the highest bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+    def observe_many(self, values) -> None:
+        counts, bounds = self.counts, self.bounds
+        s = 0.0
+        for v in values:
+            counts[bisect_left(bounds, v)] += 1
+            s += v
+        self.sum += s
+
+    def metric(self) -> HistogramMetricFamily:
+        acc = 0
+        buckets = []
+        counts = list(self.counts)
+        for b, c in zip(self.bounds, counts):
+            acc += c
+            buckets.append((_fmt(b), acc))
+        acc += counts[-1]
+        buckets.append(("+Inf", acc))
+        return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)
+
+
+def _fmt(b: float) -> str:
+    return repr(b) if b != int(b) else f"{b:.1f}"
 
 
 class _HotCounters:
@@ -46,6 +92,8 @@ class _HotCounters:
                 ("lmqtt_notify_events", "Merged queue-event sets received from notify", m.notify_events),
                 ("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", m.notify_queues)):
             yield CounterMetricFamily(name, doc, value=v)
+        for h in m.fast_histograms:
+            yield h.metric()
 
 
 class GatewayMetrics:
@@ -69,16 +117,19 @@ class GatewayMetrics:
         self.dropped_store_error = d.labels(reason="store_error")
         self.dropped_invalid = d.labels(reason="invalid")
         self.protocol_errors = Counter("lmqtt_protocol_errors", "Connections closed for a protocol error", registry=r)
-        self.append_latency = Histogram("lmqtt_store_append_seconds", "Time of one store append_batch call",
-                                        buckets=_LAT_BUCKETS, registry=r)
-        self.append_batch_size = Histogram("lmqtt_store_append_batch_messages", "Messages per append_batch",
-                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
-        self.flush_latency = Histogram("lmqtt_store_durable_seconds",
-                                       "Append to durable (flush-mode ack) for QoS 1/2 publishes",
-                                       buckets=_LAT_BUCKETS, registry=r)
-        self.dispatch_lag = Histogram("lmqtt_dispatch_lag_seconds",
-                                      "Store timestamp of a message to its first send by this gateway",
-                                      buckets=_LAT_BUCKETS, registry=r)
+        # per-message / per-batch histograms: FastHistogram (plain ints), exported by _HotCounters
+        self.append_latency = FastHistogram("lmqtt_store_append_seconds", "Time of one store append_batch call",
+                                            _LAT_BUCKETS)
+        self.append_batch_size = FastHistogram("lmqtt_store_append_batch_messages", "Messages per append_batch",
+                                               (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+        self.flush_latency = FastHistogram("lmqtt_store_durable_seconds",
+                                           "Append to durable (flush-mode ack) for QoS 1/2 publishes",
+                                           _LAT_BUCKETS)
+        self.dispatch_lag = FastHistogram("lmqtt_dispatch_lag_seconds",
+                                          "Store timestamp of a message to its first send by this gateway",
+                                          _LAT_BUCKETS)
+        self.fast_histograms = [self.append_latency, self.append_batch_size, self.flush_latency,
+                                self.dispatch_lag]
         self.inflight = Gauge("lmqtt_inflight_messages", "Outbound QoS 1/2 messages awaiting the client's ack", registry=r)
         self.paused_sessions = Gauge("lmqtt_backpressured_connections", "Connections above the write high-water mark", registry=r)
         self._http: ThreadingHTTPServer | None = None
