@@ -42,6 +42,7 @@ REASON_CODES_V5: dict[int, frozenset[int]] = {
 SUBACK_CODES_V311 = frozenset({0x00, 0x01, 0x02, 0x80})
 _OK_TABLES: dict[tuple, bytes] = {}
 _ACKS = {4: P.PubAck, 5: P.PubRec, 6: P.PubRel, 7: P.PubComp}
+_SHARED_EMPTY = P.Properties()   # see Decoder(share_empty_properties=True); never mutate
 
 
 def _err(msg: str, code: int = 0x81) -> ProtocolError:
@@ -58,10 +59,10 @@ class Decoder:
     """
 
     __slots__ = ("version", "max_packet_size", "server_side", "_buf", "_failed", "_connected",
-                 "_allowed", "_ok_first")
+                 "_allowed", "_ok_first", "_empty_props")
 
     def __init__(self, version: int | None = None, max_packet_size: int = VARINT_MAX,
-                 server_side: bool = True) -> None:
+                 server_side: bool = True, share_empty_properties: bool = False) -> None:
         if version not in (None, 3, 4, 5):
             raise ValueError(f"MQTT version must be 3, 4, 5 or None, got {version!r}")
         if version is None and not server_side:
@@ -73,6 +74,10 @@ class Decoder:
         self._failed: ProtocolError | None = None
         self._connected = False
         self._allowed = _FROM_CLIENT if server_side else _FROM_SERVER
+        # share_empty_properties: MQTT 3.1.x PUBLISHes and 2-byte acks (which carry no properties)
+        # all get ONE shared empty `Properties` object instead of a fresh one each (~1 us per packet
+        # on the gateway's hot path). The caller promises never to mutate decoded packets' properties.
+        self._empty_props = _SHARED_EMPTY if share_empty_properties else None
         self._update_table()
 
     @property
@@ -97,23 +102,28 @@ class Decoder:
                 if not ok[b0]:
                     self._check_first_byte(b0)  # raises with the precise reason
                 # Remaining length: at most 4 bytes, checked before waiting for the body.
-                rl = 0
-                shift = 0
                 i = pos + 1
-                while True:
-                    if i >= n:
-                        rl = -1
-                        break
-                    b = buf[i]
-                    i += 1
-                    rl |= (b & 0x7F) << shift
-                    if b < 0x80:
-                        break
-                    shift += 7
-                    if shift >= 28:
-                        raise _err("malformed packet: remaining length longer than 4 bytes")
-                if rl < 0:
+                if i >= n:
                     break
+                rl = buf[i]
+                i += 1
+                if rl >= 0x80:   # more than one length byte (packets of 128 bytes and more)
+                    rl &= 0x7F
+                    shift = 7
+                    while True:
+                        if i >= n:
+                            rl = -1
+                            break
+                        b = buf[i]
+                        i += 1
+                        rl |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                        if shift >= 28:
+                            raise _err("malformed packet: remaining length longer than 4 bytes")
+                    if rl < 0:
+                        break
                 total = i - pos + rl
                 if total > self.max_packet_size:
                     raise _err(f"packet too large: {total} bytes > maximum packet size "
@@ -123,6 +133,12 @@ class Decoder:
                     break
                 if b0 >> 4 == 3:
                     out.append(self._publish(b0, buf, mv, i, end))
+                elif b0 == 0x40 and rl == 2 and self._empty_props is not None:
+                    # PUBACK without reason code: the QoS 1 hot path, no dispatch through _parse
+                    pid = (buf[i] << 8) | buf[i + 1]
+                    if pid == 0:
+                        raise _err("protocol error: PUBACK with packet id 0", 0x82)
+                    out.append(P.PubAck(pid, 0, self._empty_props))
                 else:
                     out.append(self._parse(b0, buf, i, end))
                     ok = self._ok_first  # CONNECT changes what may follow
@@ -256,7 +272,9 @@ class Decoder:
                 raise _err("protocol error: a client's PUBLISH must not carry a subscription identifier",
                            0x82)
         else:
-            props = P.Properties()
+            props = self._empty_props
+            if props is None:
+                props = P.Properties()
             if not topic:
                 raise _err("protocol error: PUBLISH with an empty topic", 0x82)
         return P.Publish(topic, bytes(mv[pos:end]), qos, bool(b0 & 1), bool(b0 & 8), packet_id, props)
@@ -270,7 +288,7 @@ class Decoder:
             raise _err(f"protocol error: {_NAMES[t]} with packet id 0", 0x82)
         cls = _ACKS[t]
         if rl == 2:
-            return cls(pid)
+            return cls(pid) if self._empty_props is None else cls(pid, 0, self._empty_props)
         if self.version != 5:
             raise _err(f"malformed packet: {_NAMES[t]} must have remaining length 2 before MQTT 5")
         rc = buf[pos + 2]
