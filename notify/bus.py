@@ -2,9 +2,16 @@
 
 Why a coalescing window: dispatch runs in batches on its own thread and a hot topic can raise an
 event for the same queue hundreds of times a second. The gateway only needs to know *which* queues
-have new entries (it pulls from its own offsets), so names arriving within `window_s` are merged into
-one set and handed to the loop in a single `call_soon_threadsafe`, i.e. one wake-up of the loop per
-window instead of one per dispatch batch (seed 000, "推送模型": events for the same topic are merged).
+have new entries (it pulls from its own offsets), so names are merged into one set and handed to the
+loop in a single `call_soon_threadsafe`: at most one delivery per `window_s`, i.e. one wake-up of the
+loop per window instead of one per dispatch batch (seed 000, "推送模型": events for the same topic
+are merged).
+
+Why leading edge: the first event after a quiet window is delivered at once (next loop iteration),
+later ones wait until `window_s` after the previous delivery. Names keep merging while a delivery is
+pending, so under load a busy loop coalesces by itself. The previous trailing-edge timer (arm on the
+loop, then `call_later(window_s)`) put two extra loop iterations plus the whole window on *every*
+message's path — measurable in p50/p99 at a fixed 5,000 msg/s (docs/gateway.md "Performance").
 
 The bus carries queue *names*, never payloads, so the cross-process Redis bus can share this shape.
 """
@@ -24,8 +31,9 @@ Callback = Callable[[set[str]], None]
 class InProcessBus:
     """Collects queue names from any thread and delivers merged sets to callbacks on `loop`.
 
-    `publish(names)` is thread-safe and cheap (a set update under a lock); the first call in a
-    window arms one timer on the loop; when it fires, the accumulated set is swapped out and every
+    `publish(names)` is thread-safe and cheap (a set update under a lock); the first call while
+    nothing is pending schedules one delivery on the loop (at once, or when `window_s` has passed
+    since the previous delivery); when it runs, the accumulated set is swapped out and every
     subscriber is called once with it. Subscribers run on the loop and must not block.
     """
 
@@ -35,6 +43,7 @@ class InProcessBus:
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._armed = False
+        self._next_allowed = 0.0   # monotonic time before which no new delivery starts
         self._closed = False
         self._subscribers: list[Callback] = []
         # Counters readable by metrics without locking (ints are updated atomically under the GIL).
@@ -57,9 +66,14 @@ class InProcessBus:
             if self._armed or not self._pending:
                 return
             self._armed = True
-            self.first_pending_ts = time.monotonic()
+            now = time.monotonic()
+            self.first_pending_ts = now
+            delay = self._next_allowed - now
         try:
-            self._loop.call_soon_threadsafe(self._arm)
+            if delay <= 0:
+                self._loop.call_soon_threadsafe(self._fire)
+            else:
+                self._loop.call_soon_threadsafe(self._fire_later)
         except RuntimeError:  # loop closed during shutdown: nothing left to notify
             self._closed = True
 
@@ -76,9 +90,10 @@ class InProcessBus:
         except ValueError:
             pass
 
-    def _arm(self) -> None:
-        if self._window > 0:
-            self._loop.call_later(self._window, self._fire)
+    def _fire_later(self) -> None:
+        delay = self._next_allowed - time.monotonic()
+        if delay > 0:
+            self._loop.call_later(delay, self._fire)
         else:
             self._fire()
 
@@ -86,6 +101,7 @@ class InProcessBus:
         with self._lock:
             names, self._pending = self._pending, set()
             self._armed = False
+            self._next_allowed = time.monotonic() + self._window
         if not names:
             return
         self.deliveries += 1
