@@ -59,6 +59,8 @@ class Broker:
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
+        self._dirty_conns: list["MQTTConnection"] = []    # connections with output not yet written
+        self._flush_handle_pending = False
         self._handlers = {
             P.Connect: self._on_connect, P.Publish: self._on_publish, P.PubAck: self._on_puback,
             P.PubRec: self._on_pubrec, P.PubRel: self._on_pubrel, P.PubComp: self._on_pubcomp,
@@ -191,6 +193,26 @@ class Broker:
             self.metrics.connections.dec()
             conn.connected = False
             self._detach(conn)
+
+    # ======================================================================= output
+    def want_flush(self, conn: "MQTTConnection") -> None:
+        """`conn` has queued output: write it at the latest in the next loop iteration."""
+        self._dirty_conns.append(conn)
+        if not self._flush_handle_pending:
+            self._flush_handle_pending = True
+            self.loop.call_soon(self._flush_handle)
+
+    def _flush_handle(self) -> None:
+        self._flush_handle_pending = False
+        self.flush_writes()
+
+    def flush_writes(self) -> None:
+        """Write every connection's queued output now (one transport.write per connection)."""
+        conns = self._dirty_conns
+        if conns:
+            self._dirty_conns = []
+            for c in conns:
+                c._flush()
 
     def handle_packet(self, conn: "MQTTConnection", pkt) -> None:
         h = self._handlers.get(type(pkt))
@@ -426,12 +448,20 @@ class Broker:
         s = conn.session
         qos = pkt.qos
         self.metrics.msg_in[qos] += 1
-        if pkt.properties.topic_alias is not None:
+        v5 = conn.version == 5
+        if v5 and pkt.properties.topic_alias is not None:
             raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", 0x94)
-        try:
-            T.validate_topic(pkt.topic)
-        except InvalidTopicName as e:
-            raise ProtocolError(str(e), 0x90) from None
+        topic = pkt.topic
+        if topic not in conn.valid_topics:
+            # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
+            # topic; this is the light-queue rule set, checked once per topic per connection
+            try:
+                T.validate_topic(topic)
+            except InvalidTopicName as e:
+                raise ProtocolError(str(e), 0x90) from None
+            if len(conn.valid_topics) >= 1024:
+                conn.valid_topics.clear()
+            conn.valid_topics.add(topic)
         pid = pkt.packet_id
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
@@ -443,8 +473,8 @@ class Broker:
             return
         if qos:
             s.inbound_pending.add(pid)
-        self.publisher.submit(conn, qos, pid, pkt.topic, pkt.payload, pkt.retain, s.client_id,
-                              pkt.properties if conn.version == 5 else None)
+        self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
+                              pkt.properties if v5 else None)
 
     def set_retained(self, topic: str, payload: bytes, props: bytes) -> None:
         self.meta.set_retained(topic, payload, props)
@@ -465,10 +495,21 @@ class Broker:
 
     def _on_puback(self, conn, pkt: P.PubAck) -> None:
         s = conn.session
-        inf = s.outbound.get(pkt.packet_id)
+        pid = pkt.packet_id
+        out = s.outbound
+        inf = out.get(pid)
         if inf is None or inf.qos != 1:
             return   # unknown id: ignore (a late ack after a reconnect)
-        del s.outbound[pkt.packet_id]
+        del out[pid]
+        if inf.group is None and inf.queue is not None and not s.retained_backlog:
+            # _release inlined for the QoS 1 hot path (a direct subscription's message)
+            cur = s.cursors.get(inf.queue)
+            if cur is not None:
+                cur.inflight.pop(inf.offset, None)
+                if s.expiry_interval:
+                    self.persist.dirty_sessions.add(s)
+            self.delivery.kick(s)
+            return
         self._release(s, inf)
 
     def _on_pubrec(self, conn, pkt: P.PubRec) -> None:

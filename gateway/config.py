@@ -45,6 +45,10 @@ class GatewayConfig:
     write_low_water: int = 256 << 10
     max_pending_publish: int = 1000   # inbound publishes awaiting the store before we stop reading
     offset_flush_ms: float = 100.0    # how often dirty persistent-session offsets go to metadata
+    # GIL hand-off interval of the `lmqtt serve` process (sys.setswitchinterval; Python's default is
+    # 5 ms): the store's dispatch thread and the event loop share one GIL, and on a busy loop every
+    # message crosses that hand-off twice (append -> dispatch -> notify). 0 = leave Python's default.
+    switch_interval_ms: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -56,6 +60,8 @@ class GatewayConfig:
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
         if not (1 <= int(self.max_inflight) <= 65535):
             raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
+        if not (0 <= float(self.switch_interval_ms) <= 1000):
+            raise ConfigError(f"switch_interval_ms must be 0..1000 (0 = Python's default), got {self.switch_interval_ms}")
         if self.write_low_water > self.write_high_water:
             raise ConfigError("write_low_water must not exceed write_high_water")
         return self

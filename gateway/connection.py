@@ -3,7 +3,10 @@
 Why `asyncio.Protocol` and not streams: no task per connection and no coroutine per packet. Bytes
 arrive in `data_received`, the sans-IO decoder turns them into packets, the broker handles each
 synchronously. Everything a connection sends during one loop iteration is joined and written with
-one `transport.write` at the end of that iteration (one syscall per tick, not per packet).
+one `transport.write` at the end of that iteration (one syscall per tick, not per packet): the
+broker keeps one list of connections with pending output and flushes it with ONE loop callback, or
+right away at the end of a delivery run / an ack batch (`Broker.flush_writes`), so a PUBLISH or
+PUBACK does not wait one more loop iteration before its `send`.
 The transport's write-buffer limits drive back-pressure: `pause_writing` marks the connection
 `write_blocked`, which stops delivery pulling for it until `resume_writing`.
 """
@@ -31,7 +34,8 @@ class MQTTConnection(asyncio.Protocol):
         self.metrics = broker.metrics
         self.loop = broker.loop
         self.transport: asyncio.Transport | None = None
-        self.decoder = Decoder(max_packet_size=broker.cfg.max_packet_size)
+        # decoded packets are only read by the broker, never mutated: share the empty Properties
+        self.decoder = Decoder(max_packet_size=broker.cfg.max_packet_size, share_empty_properties=True)
         self.version = 4
         self.session: Session | None = None
         self.client_id: str | None = None
@@ -44,6 +48,7 @@ class MQTTConnection(asyncio.Protocol):
         self.last_rx = self.loop.time()
         self.accepted_at = self.last_rx
         self.pending_publishes = 0
+        self.valid_topics: set[str] = set()   # PUBLISH topics already validated on this connection
         self._reading_paused = False
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -68,12 +73,21 @@ class MQTTConnection(asyncio.Protocol):
         except ProtocolError as e:
             self.protocol_error(e.reason_code, str(e))
             return
-        handle = self.b.handle_packet
+        b = self.b
+        handle = b.handle_packet
         for pkt in packets:
             if self.closing:
                 return
             try:
-                handle(self, pkt)
+                # the two QoS 1 hot-path packets skip the generic dispatch table (CONNECT accepted:
+                # the decoder lets nothing but CONNECT through before it, `connected` after it)
+                t = type(pkt)
+                if t is P.Publish and self.connected:
+                    b._on_publish(self, pkt)
+                elif t is P.PubAck and self.connected:
+                    b._on_puback(self, pkt)
+                else:
+                    handle(self, pkt)
             except ProtocolError as e:
                 self.protocol_error(e.reason_code, str(e))
                 return
@@ -114,7 +128,7 @@ class MQTTConnection(asyncio.Protocol):
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.b.want_flush(self)
 
     def send(self, pkt) -> None:
         self.write(encode(pkt, self.version))

@@ -45,6 +45,10 @@ class DeliveryEngine:
         self._dirty: set[str] = set()
         self._scheduled = False
         self._items: dict[int, Item] = {}                  # phys offset -> Item, per run
+        # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
+        # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
+        # mutated after decoding); bounded, cleared when full.
+        self._metas: dict[bytes, object] = {}
 
     # -- index maintenance -------------------------------------------------------------------
     def add_reader(self, s: Session, queue: str) -> None:
@@ -76,7 +80,10 @@ class DeliveryEngine:
         hit = [q for q in names if q in d or q in g]
         if hit:
             self._dirty.update(hit)
-            self._schedule()
+            # run now, not one loop iteration later: the data is visible, and every iteration a
+            # message waits costs latency on a busy loop (a pending scheduled _run then finds
+            # less or nothing to do)
+            self._run()
 
     def kick(self, s: Session) -> None:
         """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
@@ -120,12 +127,21 @@ class DeliveryEngine:
         self._items = {}
         if self._dirty:
             self._schedule()
+        self.b.flush_writes()
 
     def _item(self, m) -> Item:
         it = self._items.get(m.phys_offset)
         if it is None:
-            it = Item(m.topic, m.body, safe_decode(m.props), m.queue_offset, m.phys_offset,
-                      tuple(m.dispatch_queues or ()), m.store_ts)
+            props = m.props
+            meta = self._metas.get(props)
+            if meta is None:
+                meta = safe_decode(props)
+                if len(self._metas) >= 4096:
+                    self._metas.clear()
+                self._metas[props] = meta
+            dq = m.dispatch_queues
+            it = Item(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
+                      dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             self._items[m.phys_offset] = it
         else:
             # same record reached through another queue: its queue offset differs
@@ -206,9 +222,8 @@ class DeliveryEngine:
         inflight = cur.inflight
         write = conn.write
         nxt = cur.next_offset
-        sent = [0, 0, 0]
-        lag = self.metrics.dispatch_lag
-        now_ms = 0.0
+        sent0 = sent1 = sent2 = 0
+        first_ts = None           # store timestamps of messages sent here for the first time
         complete = True
         for it in items:
             off = it.queue_offset
@@ -233,11 +248,13 @@ class DeliveryEngine:
             if not it.sent:
                 it.sent = True
                 if it.store_ts:
-                    if not now_ms:
-                        now_ms = time.time() * 1000.0
-                    lag.observe(max(0.0, (now_ms - it.store_ts) / 1000.0))
+                    if first_ts is None:
+                        first_ts = [it.store_ts]
+                    else:
+                        first_ts.append(it.store_ts)
             if qos == 0:
                 write(it.encoded(0, retain, version))
+                sent0 += 1
             else:
                 pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
                 while pid in outbound:
@@ -247,15 +264,21 @@ class DeliveryEngine:
                 write(it.encoded(qos, retain, version, pid))
                 inflight[off] = pid
                 room -= 1
-            sent[qos] += 1
+                if qos == 1:
+                    sent1 += 1
+                else:
+                    sent2 += 1
             nxt = off + 1
         if complete and nxt < next_offset:
             nxt = next_offset
         cur.next_offset = nxt
         mo = self.metrics.msg_out
-        mo[0] += sent[0]
-        mo[1] += sent[1]
-        mo[2] += sent[2]
+        mo[0] += sent0
+        mo[1] += sent1
+        mo[2] += sent2
+        if first_ts is not None:
+            now_ms = time.time() * 1000.0
+            self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
         if s.expiry_interval:
             self.b.mark_offsets_dirty(s)
         return False

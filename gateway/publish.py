@@ -9,6 +9,7 @@ arrival order per connection, so a publisher that sees PUBACK(n) knows 1..n are 
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gateway.connection import MQTTConnection
 
 log = logging.getLogger("lmqtt.gateway.publish")
+_ACK = struct.Struct(">BBH")
 
 try:
     from store import Message
@@ -59,7 +61,7 @@ class PublishPipeline:
                payload: bytes, retain: bool, client_id: str, props: P.Properties | None) -> None:
         """Queue one publish for the next batch append (topic already validated)."""
         queues = self.lq.queues_for_topic(topic)
-        rp = record_props.encode(pkt_qos, retain, client_id, props)
+        rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
         self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues))
         if conn is not None and pkt_qos:
             conn.pending_publishes += 1
@@ -130,27 +132,48 @@ class PublishPipeline:
     def _acked(self, ok_batch: list, fut: Any, t0: float) -> None:
         self.metrics.flush_latency.observe(time.perf_counter() - t0)
         err = fut.exception()
+        if err is not None:
+            for p, _r in ok_batch:
+                conn = p.conn
+                if conn is None:
+                    continue
+                conn.pending_publishes -= 1
+                conn.maybe_resume_reading()
+                self._fail(p, err)
+            return
+        # Acks of one batch are joined per target connection: one write() each (the connection
+        # joins again per loop tick); order per connection is arrival order.
+        acks: dict = {}
+        pack = _ACK.pack
         for p, _r in ok_batch:
             conn = p.conn
             if conn is None:
                 continue
             conn.pending_publishes -= 1
-            conn.maybe_resume_reading()
-            if err is not None:
-                self._fail(p, err)
-                continue
+            if conn._reading_paused:
+                conn.maybe_resume_reading()
             s = p.session
+            pid = p.pid
             if s is not None:
-                s.inbound_pending.discard(p.pid)
+                s.inbound_pending.discard(pid)
                 if p.qos == 2:
-                    s.inbound_qos2.add(p.pid)
+                    s.inbound_qos2.add(pid)
                 target = s.conn
             else:
                 target = conn
             if target is None or target.closing:
                 continue  # offline: the client re-sends (DUP) on its next connection
             # success acks shaped by hand: MQTT 5 omits reason code 0 with no properties (§3.4.2.1)
-            target.write(bytes((0x40 if p.qos == 1 else 0x50, 2, p.pid >> 8, p.pid & 0xFF)))
+            a = pack(0x40 if p.qos == 1 else 0x50, 2, pid)
+            lst = acks.get(target)
+            if lst is None:
+                acks[target] = [a]
+            else:
+                lst.append(a)
+        for target, lst in acks.items():
+            target.write(lst[0] if len(lst) == 1 else b"".join(lst))
+        if acks:
+            self.b.flush_writes()
 
     def _fail(self, p: _Pending, err: BaseException) -> None:
         """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends)."""

@@ -92,6 +92,27 @@ def encode(qos: int, retain: bool, client_id: str, props: P.Properties | None = 
     return bytes(b)
 
 
+_ENCODED: dict[tuple[int, bool, str], bytes] = {}
+
+
+def encode_cached(qos: int, retain: bool, client_id: str, props: P.Properties | None = None) -> bytes:
+    """encode(), memoised for the common case of a PUBLISH without application properties (a
+    publisher's records then all carry the same few bytes: QoS, retain, client id)."""
+    if props is not None and (props.payload_format_indicator is not None
+                              or props.message_expiry_interval is not None
+                              or props.content_type is not None or props.response_topic is not None
+                              or props.correlation_data is not None or props.user_property):
+        return encode(qos, retain, client_id, props)
+    key = (qos, retain, client_id)
+    b = _ENCODED.get(key)
+    if b is None:
+        b = encode(qos, retain, client_id)
+        if len(_ENCODED) >= 4096:
+            _ENCODED.clear()
+        _ENCODED[key] = b
+    return b
+
+
 class RecordPropsError(ValueError):
     """props bytes that this gateway did not write (e.g. a record produced through the SDK)."""
 

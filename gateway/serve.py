@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt serve: {e}", file=sys.stderr)
         return 2
     _setup_logging(cfg.log_level)
+    if cfg.switch_interval_ms:
+        # process-wide, so set by the command, not by Gateway (tests may embed several gateways)
+        sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
     try:
         import uvloop  # type: ignore
         uvloop.install()

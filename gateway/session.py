@@ -8,11 +8,12 @@ and an offline persistent session costs nothing while messages pile up in the st
 """
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.mqtt import PublishTemplate
+from gateway.mqtt.properties import encode_properties
 from gateway.record_props import RecordMeta
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,11 +52,45 @@ class Cursor:
         return self.next_offset
 
 
+_U16 = struct.Struct(">H")
+_TOPIC_CACHE: dict[str, bytes] = {}     # topic -> u16 length + UTF-8 (bounded, cleared when full)
+_TOPIC_CACHE_MAX = 65536
+_NO_PROPS = b"\x00"                     # MQTT 5 empty property block
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return bytes((n,))
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _topic_bytes(topic: str) -> bytes:
+    tb = _TOPIC_CACHE.get(topic)
+    if tb is None:
+        raw = topic.encode("utf-8")
+        tb = _U16.pack(len(raw)) + raw
+        if len(_TOPIC_CACHE) >= _TOPIC_CACHE_MAX:
+            _TOPIC_CACHE.clear()
+        _TOPIC_CACHE[topic] = tb
+    return tb
+
+
 class Item:
     """One message pulled from the store, shared by every session that receives it.
 
-    Encoded PUBLISH templates are cached per (QoS, retain, protocol version), so a fan-out to N
-    sessions encodes each variant once and only patches the packet id per subscriber.
+    Encoded PUBLISH variants are cached per (QoS, retain, protocol version): a QoS 0 variant is the
+    complete packet; a QoS 1/2 variant is the bytes before the packet id (fixed header, topic) and
+    the bytes after it (properties, payload), so a subscriber's packet is one `join` of three parts
+    with its packet id — no re-encoding of topic, properties or payload, and nothing is built for a
+    variant nobody receives (pairs: one variant, one subscriber).
     """
 
     __slots__ = ("topic", "payload", "meta", "queue_offset", "phys_offset", "dispatch_queues",
@@ -71,24 +106,42 @@ class Item:
         self.dispatch_queues = dispatch_queues
         self.store_ts = store_ts
         self.sent = False
-        self._tpl: dict[tuple[int, bool, int], PublishTemplate] = {}
+        self._tpl: dict[int, Any] = {}
         self._props = None
 
+    def _variant(self, key: int, qos: int, retain: bool, v5: bool):
+        props = b""
+        if v5:
+            props = _NO_PROPS
+            if self.meta.has_app_properties():
+                if self._props is None:
+                    self._props = encode_properties(self.meta.to_properties())
+                props = self._props
+        tb = _topic_bytes(self.topic)
+        payload = self.payload
+        first = 0x30 | (qos << 1) | (0x01 if retain else 0)
+        if qos:
+            rl = len(tb) + 2 + len(props) + len(payload)
+            t = (bytes((first,)) + _varint(rl) + tb, props + payload if props else payload)
+        else:
+            rl = len(tb) + len(props) + len(payload)
+            t = b"".join((bytes((first,)), _varint(rl), tb, props, payload))
+        self._tpl[key] = t
+        return t
+
     def encoded(self, qos: int, retain: bool, version: int, pid: int | None = None, dup: bool = False) -> bytes:
-        ver = 5 if version == 5 else 4
-        key = (qos, retain, ver)
+        key = qos | (4 if retain else 0) | (8 if version == 5 else 0)
         t = self._tpl.get(key)
         if t is None:
-            props = None
-            if ver == 5 and self.meta.has_app_properties():
-                if self._props is None:
-                    self._props = self.meta.to_properties()
-                props = self._props
-            t = PublishTemplate(self.topic, self.payload, qos, retain, props, ver)
-            self._tpl[key] = t
+            t = self._variant(key, qos, retain, version == 5)
         if qos == 0:
-            return t.qos0
-        return t.for_packet_id(pid, dup)
+            return t
+        if not 0 < pid <= 0xFFFF:
+            raise ValueError(f"packet id must be 1..65535, got {pid}")
+        head = t[0]
+        if dup:
+            head = bytes((head[0] | 0x08,)) + head[1:]
+        return b"".join((head, _U16.pack(pid), t[1]))
 
 
 class InFlight:
