@@ -47,6 +47,11 @@ class StoreConfig:
     dispatch_backpressure_bytes: int = 512 << 10
     dispatch_backpressure_max_wait_ms: int = 100
     dispatcher_flush_interval_ms: int = 1_000
+    # inline dispatch: when the dispatch thread is idle, an append dispatches what it just
+    # committed on the appender's own thread (then listeners run there too). Saves the hand-off
+    # to the dispatch thread, which under one GIL waits for a busy event loop to let go (up to
+    # the 5 ms switch interval). Off by default: listeners may then run on the caller's thread.
+    dispatch_inline: bool = False
     # ConsumeQueue
     cq_entries_per_file: int = 300_000
     # key index (IndexFile): slots and entries per file (RocketMQ: 5M slots, 20M entries)

@@ -52,6 +52,7 @@ class DispatchService:
         self._thread: threading.Thread | None = None
         self._last_flush = time.monotonic()
         self._progress = threading.Condition()
+        self._dispatching = threading.Lock()   # one dispatcher at a time: thread or inline append
         self._topic_cache: dict[bytes, str] = {}
         self._names_cache: dict[bytes, tuple[str, ...]] = {}
 
@@ -63,6 +64,30 @@ class DispatchService:
     def wake(self) -> None:
         if self._idle:
             self._wake.set()
+
+    def try_inline(self) -> bool:
+        """Dispatch what is committed now on the caller's thread (StoreConfig.dispatch_inline).
+
+        Only when the dispatch thread is idle and nobody else is dispatching (never waits for
+        the lock); bounded to a few rounds. True when everything committed is dispatched; False
+        means the caller should wake the thread. An error is logged and left to the thread
+        (which retries); it never reaches the appender, whose append succeeded."""
+        if not self._idle or self.error is not None or self._stop:
+            return False
+        if not self._dispatching.acquire(blocking=False):
+            return False
+        try:
+            for _ in range(4):
+                if self.dispatched >= self.clog.committed:
+                    break
+                self.dispatch_once()
+            return self.dispatched >= self.clog.committed
+        except Exception as e:  # noqa: BLE001 - the dispatch thread retries and reports
+            log.warning("inline dispatch at offset %d failed (%s); left to the dispatch thread",
+                        self.dispatched, e)
+            return False
+        finally:
+            self._dispatching.release()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-dispatch", daemon=True)
@@ -150,7 +175,9 @@ class DispatchService:
         while not self._stop:
             try:
                 if self.dispatched < self.clog.committed:
-                    self.dispatch_once()
+                    with self._dispatching:
+                        if self.dispatched < self.clog.committed:   # an inline append may have
+                            self.dispatch_once()                     # done it meanwhile
                     self.error = None
                 else:
                     self._idle = True
@@ -162,7 +189,8 @@ class DispatchService:
                     self._idle = False
                     self._wake.clear()
                 if time.monotonic() - self._last_flush >= self.flush_interval:
-                    self.flush_dispatchers("dispatch-thread")
+                    with self._dispatching:
+                        self.flush_dispatchers("dispatch-thread")
             except BaseException as e:  # keep the thread alive; nothing past this point is visible
                 if self.error is None or repr(e) != repr(self.error):
                     log.exception("dispatch stalled at offset %d: %s (will retry)", self.dispatched, e)

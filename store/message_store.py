@@ -75,6 +75,7 @@ class MessageStore:
         self._sync = cfg.flush_mode == "sync"
         self._backpressure = cfg.dispatch_backpressure_bytes
         self._bp_wait = cfg.dispatch_backpressure_max_wait_ms / 1000.0
+        self._inline = cfg.dispatch_inline
         self.recovered_end = 0
         self._state_lock = threading.Lock()
 
@@ -174,7 +175,8 @@ class MessageStore:
             fut = ResolvedFuture(None)
             r, end = self.clog.append_one(msg, fut, self.ident)
             fut._result = end
-        self.dispatch.wake()
+        if not (self._inline and self.dispatch.try_inline()):
+            self.dispatch.wake()
         bp = self._backpressure
         if bp:
             committed = self.clog.committed
@@ -197,7 +199,8 @@ class MessageStore:
             fut = ResolvedFuture(None)
             results, end = self.clog.append_batch(msgs, fut, self.ident)
             fut._result = end  # resolved on creation; the end offset is known only now
-        self.dispatch.wake()
+        if not (self._inline and self.dispatch.try_inline()):
+            self.dispatch.wake()
         bp = self._backpressure
         if bp:  # only committed data can be dispatched (async+buffer commits every 200 ms)
             committed = self.clog.committed
