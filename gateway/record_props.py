@@ -123,6 +123,8 @@ def decode(data: bytes) -> RecordMeta:
         return RecordMeta()
     if data[0] != VERSION or len(data) < 4:
         raise RecordPropsError(f"unknown record props version {data[0]}")
+    if data[1] & 3 == 3:
+        raise RecordPropsError("record props carry QoS 3")
     m = RecordMeta(qos=data[1] & 3, retain=bool(data[1] & 4))
     mv = memoryview(data)
     pos = 2
