@@ -81,10 +81,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def _tune_gc(cfg) -> None:
+    """Shorter and rarer GC pauses on the event loop (see `gc_freeze` in gateway/config.py)."""
+    import gc
+    if cfg.gc_gen0_threshold:
+        _g0, g1, g2 = gc.get_threshold()
+        gc.set_threshold(int(cfg.gc_gen0_threshold), g1, g2)
+    if cfg.gc_freeze:
+        gc.collect()
+        gc.freeze()
+
+
 async def _serve(cfg, loop_name: str) -> int:
     from gateway.server import Gateway
 
     gw = Gateway(cfg)
+    # signal handlers first: a SIGTERM that arrives while starting (the port may already accept
+    # connections) becomes a clean stop right after startup, never Python's default death
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await gw.start()
     except OSError as e:
@@ -94,6 +111,7 @@ async def _serve(cfg, loop_name: str) -> int:
         print(f"lmqtt serve: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         log.exception("event=startup_failed")
         return 1
+    _tune_gc(cfg)
     metrics_url = "off"
     if cfg.metrics_port:
         mhost = cfg.metrics_host or cfg.host
@@ -109,10 +127,6 @@ async def _serve(cfg, loop_name: str) -> int:
           f"  flush mode: {cfg.flush_mode}\n"
           f"  metrics:    {metrics_url}\n"
           f"  auth:       anonymous clients allowed", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("event=shutdown_begin")
     await gw.stop()

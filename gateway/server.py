@@ -41,6 +41,8 @@ class Gateway:
         data.mkdir(parents=True, exist_ok=True)
         scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode,
                            segment_size=int(cfg.segment_mb) << 20)
+        if cfg.dispatch_inline:
+            scfg.dispatch_inline = True
         self.store = MessageStore(scfg)
         self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
                                   cache_bytes=int(cfg.lq_cache_mb) << 20)
