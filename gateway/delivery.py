@@ -152,13 +152,18 @@ class DeliveryEngine:
             it.sent = first.sent
         return it
 
-    def _pull(self, q: str, offset: int):
+    def _pull(self, q: str, offset: int, count: int | None = None):
         self.metrics.pulls += 1
-        return self.lq.pull(q, offset, max_count=self.cfg.pull_batch, max_bytes=self.cfg.pull_max_bytes)
+        batch = self.cfg.pull_batch
+        if count is None or count > batch:
+            count = batch
+        return self.lq.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
 
     def _deliver_direct(self, q: str) -> bool:
         maxo = self.lq.max_offset(q)
         by_off: dict[int, list[Session]] = {}
+        want: dict[int, int] = {}
+        batch = self.cfg.pull_batch
         for s in self.direct.get(q, ()):
             cur = s.cursors.get(q)
             if cur is None or cur.next_offset >= maxo:
@@ -176,12 +181,26 @@ class DeliveryEngine:
                     self.b.mark_offsets_dirty(s)
                 continue
             sub = s.direct.get(q)
-            if sub is not None and sub.qos and not s.window_open():
-                continue
-            by_off.setdefault(cur.next_offset, []).append(s)
+            if sub is not None and sub.qos:
+                room = s.receive_max - len(s.outbound)
+                if room <= 0:
+                    continue
+            else:
+                room = batch
+            off = cur.next_offset
+            lst = by_off.get(off)
+            if lst is None:
+                by_off[off] = [s]
+                want[off] = room
+            else:
+                lst.append(s)
+                if room > want[off]:
+                    want[off] = room
         more = False
         for off, sessions in by_off.items():
-            res = self._pull(q, off)
+            # never read more than the roomiest reader at this offset can take: a QoS 1 window
+            # with 10 free slots must not pull (and build Items for) 64 messages it cannot send
+            res = self._pull(q, off, want[off])
             msgs = res.messages
             if not msgs:
                 # nothing readable at `off` (retention moved the start, or not yet visible)
