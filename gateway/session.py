@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.mqtt.properties import encode_properties
+from gateway.mqtt.wire import encode_varint as _varint
 from gateway.record_props import RecordMeta
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,20 +57,6 @@ _U16 = struct.Struct(">H")
 _TOPIC_CACHE: dict[str, bytes] = {}     # topic -> u16 length + UTF-8 (bounded, cleared when full)
 _TOPIC_CACHE_MAX = 65536
 _NO_PROPS = b"\x00"                     # MQTT 5 empty property block
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return bytes((n,))
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def _topic_bytes(topic: str) -> bytes:

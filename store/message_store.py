@@ -175,13 +175,7 @@ class MessageStore:
             fut = ResolvedFuture(None)
             r, end = self.clog.append_one(msg, fut, self.ident)
             fut._result = end
-        if not (self._inline and self.dispatch.try_inline()):
-            self.dispatch.wake()
-        bp = self._backpressure
-        if bp:
-            committed = self.clog.committed
-            if committed - self.dispatch.dispatched > bp:
-                self.dispatch.wait_for(committed - bp // 2, self._bp_wait)
+        self._after_append()
         return r
 
     def append_batch(self, msgs) -> list[AppendResult]:
@@ -199,14 +193,21 @@ class MessageStore:
             fut = ResolvedFuture(None)
             results, end = self.clog.append_batch(msgs, fut, self.ident)
             fut._result = end  # resolved on creation; the end offset is known only now
+        self._after_append()
+        return results
+
+    def _after_append(self) -> None:
+        """Hand the new records to dispatch, and hold the appender back while dispatch is more than
+        `dispatch_backpressure_bytes` behind: appender and dispatch share one GIL, and without
+        this a tight append loop wins and visibility lag grows without bound. Only committed data
+        can be dispatched (async+buffer commits every 200 ms)."""
         if not (self._inline and self.dispatch.try_inline()):
             self.dispatch.wake()
         bp = self._backpressure
-        if bp:  # only committed data can be dispatched (async+buffer commits every 200 ms)
+        if bp:
             committed = self.clog.committed
             if committed - self.dispatch.dispatched > bp:
                 self.dispatch.wait_for(committed - bp // 2, self._bp_wait)
-        return results
 
     async def append_async(self, msg: Message) -> AppendResult:
         """Append one message and wait until it is durable under the flush mode."""
