@@ -54,13 +54,7 @@ def read_varint(buf, pos: int, end: int) -> tuple[int, int]:
 
 def read_string(buf, pos: int, end: int, what: str = "string") -> tuple[str, int]:
     """Read a 2-byte-length UTF-8 string; rejects invalid UTF-8, surrogates and U+0000."""
-    if pos + 2 > end:
-        raise ProtocolError(f"malformed packet: {what} length runs past the end of the packet")
-    n = (buf[pos] << 8) | buf[pos + 1]
-    pos += 2
-    stop = pos + n
-    if stop > end:
-        raise ProtocolError(f"malformed packet: {what} of {n} bytes runs past the end of the packet")
+    pos, stop = _length_prefixed(buf, pos, end, what)
     try:
         s = buf[pos:stop].decode("utf-8")
     except UnicodeDecodeError as e:
@@ -71,6 +65,13 @@ def read_string(buf, pos: int, end: int, what: str = "string") -> tuple[str, int
 
 
 def read_binary(buf, pos: int, end: int, what: str = "binary data") -> tuple[bytes, int]:
+    pos, stop = _length_prefixed(buf, pos, end, what)
+    return bytes(buf[pos:stop]), stop
+
+
+def _length_prefixed(buf, pos: int, end: int, what: str) -> tuple[int, int]:
+    """Bounds of a 2-byte-length-prefixed field at `pos`, checked against `end` (never trusts the
+    length: a claimed size past the packet is a malformed packet, not a read past it)."""
     if pos + 2 > end:
         raise ProtocolError(f"malformed packet: {what} length runs past the end of the packet")
     n = (buf[pos] << 8) | buf[pos + 1]
@@ -78,7 +79,7 @@ def read_binary(buf, pos: int, end: int, what: str = "binary data") -> tuple[byt
     stop = pos + n
     if stop > end:
         raise ProtocolError(f"malformed packet: {what} of {n} bytes runs past the end of the packet")
-    return bytes(buf[pos:stop]), stop
+    return pos, stop
 
 
 def encode_string(s: str) -> bytes:
