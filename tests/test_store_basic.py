@@ -125,9 +125,9 @@ def test_key_index_survives_restart_and_many_files(tmp_path):
         assert sorted(int(m.body) for m in got) == list(range(3, 300, 7))
 
 
-def test_only_dispatched_offsets_are_served(tmp_path):
-    gate = threading.Event()
 
+def _gated_dispatcher(gate: threading.Event):
+    """A dispatcher class that holds dispatch until `gate` is set: records stay invisible meanwhile."""
     class Slow:
         name = "slow"
 
@@ -137,6 +137,12 @@ def test_only_dispatched_offsets_are_served(tmp_path):
         def truncate(self, offset): pass
         def on_segments_deleted(self, m): pass
         def close(self): pass
+    return Slow
+
+
+def test_only_dispatched_offsets_are_served(tmp_path):
+    gate = threading.Event()
+    Slow = _gated_dispatcher(gate)
 
     st = MessageStore(cfg(tmp_path))
     st.add_dispatcher(Slow())
@@ -264,16 +270,7 @@ def test_dispatch_reads_the_commitlog_when_memory_hand_off_is_off(tmp_path):
 
 def test_memory_hand_off_overflow_falls_back_to_the_commitlog(tmp_path):
     gate = threading.Event()
-
-    class Slow:
-        name = "slow"
-
-        def checkpoint(self): return 0
-        def dispatch(self, batch, end): gate.wait(10)
-        def flush(self): pass
-        def truncate(self, offset): pass
-        def on_segments_deleted(self, m): pass
-        def close(self): pass
+    Slow = _gated_dispatcher(gate)
 
     c = cfg(tmp_path, dispatch_memory_max_records=50, dispatch_backpressure_bytes=0)
     st = MessageStore(c)
