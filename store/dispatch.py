@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Protocol, runtime_checkable
 
-from .message import DispatchRequest
+from .message import DispatchBatch, DispatchRequest
 from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
 log = logging.getLogger("lmqtt.store")
@@ -129,25 +129,29 @@ class DispatchService:
         return False
 
     def _dispatch_live(self) -> None:
+        """Deliver queued append chunks as one columnar DispatchBatch (see store.message)."""
         clog = self.clog
         live = clog.live
         committed = clog.committed
         end = self.dispatched
-        batch: list = []
+        chunks: list = []
+        count = 0
         max_batch = self.max_batch
         try:
-            while live and len(batch) < max_batch:
-                start, e, drs = live[0]
+            while live and count < max_batch:
+                start, e, chunk = live[0]
                 if start != end or e > committed:
                     break
                 live.popleft()
-                batch += drs
+                chunks.append(chunk)
+                n = len(chunk[0])
+                count += n
                 end = e
-                clog.live_count = max(0, clog.live_count - len(drs))
+                clog.live_count = max(0, clog.live_count - n)
         except IndexError:
             pass
         if end > self.dispatched:
-            self._deliver(batch, end)
+            self._deliver(DispatchBatch(chunks, count), end)
 
     def wait_for(self, offset: int, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

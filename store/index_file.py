@@ -23,6 +23,7 @@ import zlib
 
 from .checkpoint import OffsetCheckpoint
 from .mapped_file import MappedFile, file_name
+from .message import DispatchBatch
 
 log = logging.getLogger("lmqtt.store")
 
@@ -155,6 +156,9 @@ class IndexService:
         return self._ckpt
 
     def dispatch(self, batch, end_offset: int) -> None:
+        if type(batch) is DispatchBatch and not batch.has_keys():
+            self._last_end = end_offset  # nothing to index: no DispatchRequest is built
+            return
         done = self._last_end  # a batch retried after another dispatcher failed: skip what we have
         for r in batch:
             if r.keys and r.phys_offset >= done:

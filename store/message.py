@@ -113,3 +113,189 @@ class ResolvedFuture(Future):
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
+
+
+# ---------------------------------------------------------------------------- columnar batches
+# What one append call hands to dispatch and to its caller, kept as columns instead of one
+# DispatchRequest + one AppendResult tuple per record: those per-record tuples were ~40 % of the
+# appender's time for small messages, and because they stay alive until dispatch (and until the
+# caller drops its results) they also made the cyclic GC scan them again and again.
+#
+# A *chunk* is `(sizes, store_ts, runs)` for the records of one append call:
+#   sizes  list[int], the total record size of each record, in CommitLog order;
+#   runs   list of `(i0, phys, topic, queue_id, queue_offset, flags, born_ts, tags_code, keys,
+#          dispatch_queues)`: record i0 (index into sizes) starts a run of records that share
+#          every field but size and differ only in phys (consecutive: each starts where the
+#          previous ends) and queue offset (consecutive: +1 each). A run ends where the next starts
+#          (or at len(sizes)). Appends of one topic/queue come out as one run per call.
+
+_DR_new = tuple.__new__
+
+
+def _chunk_requests(chunk, out: list) -> None:
+    """Append the DispatchRequests of one chunk to `out`."""
+    sizes, sts, runs = chunk
+    new = _DR_new
+    DR = DispatchRequest
+    append = out.append
+    nr = len(runs)
+    for k in range(nr):
+        i0, phys, topic, qid, qoff, flags, born, tags, keys, dq = runs[k]
+        i1 = runs[k + 1][0] if k + 1 < nr else len(sizes)
+        for i in range(i0, i1):
+            sz = sizes[i]
+            append(new(DR, (phys, sz, topic, qid, qoff, flags, born, sts, tags, keys, dq)))
+            phys += sz
+            qoff += 1
+
+
+class DispatchBatch:
+    """The records of one delivery, as the chunks of the append calls they came from.
+
+    It is what `Dispatcher.dispatch` receives from the live hand-off. To a dispatcher that iterates
+    it behaves as the list of `DispatchRequest` it stands for (len, index, slice, iteration; the
+    tuples are built once, on first use, and shared by every such dispatcher). The built-in
+    dispatchers read `chunks` directly and never build them."""
+
+    __slots__ = ("chunks", "count", "_items")
+
+    def __init__(self, chunks: list, count: int) -> None:
+        self.chunks = chunks
+        self.count = count
+        self._items: list | None = None
+
+    def requests(self) -> list:
+        items = self._items
+        if items is None:
+            items = []
+            for c in self.chunks:
+                _chunk_requests(c, items)
+            self._items = items
+        return items
+
+    def has_keys(self) -> bool:
+        for c in self.chunks:
+            for r in c[2]:
+                if r[8]:
+                    return True
+        return False
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def __iter__(self):
+        return iter(self.requests())
+
+    def __getitem__(self, i):
+        return self.requests()[i]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, DispatchBatch):
+            other = other.requests()
+        return self.requests() == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"DispatchBatch({self.count} records)"
+
+
+class AppendResults:
+    """The `list[AppendResult]` of one append_batch call, built on demand.
+
+    Length, `[-1]` and `[0]` (what most callers read: the last record's end and durable future)
+    are answered from the columns; anything else builds the list of AppendResult tuples once.
+    Behaves like a list for reading: len, index, slice (returns a list), iteration, ==, + ."""
+
+    __slots__ = ("_sizes", "_runs", "_fut", "_ident", "_end", "_items")
+
+    def __init__(self, sizes: list, runs: list, fut, ident: str, end: int) -> None:
+        self._sizes = sizes
+        self._runs = runs
+        self._fut = fut
+        self._ident = ident
+        self._end = end
+        self._items: list | None = None
+
+    def _list(self) -> list:
+        items = self._items
+        if items is None:
+            items = []
+            append = items.append
+            sizes = self._sizes
+            runs = self._runs
+            nr = len(runs)
+            fut = self._fut
+            ident = self._ident
+            new = _DR_new
+            AR = AppendResult
+            for k in range(nr):
+                r = runs[k]
+                i0, phys, qoff = r[0], r[1], r[4]
+                i1 = runs[k + 1][0] if k + 1 < nr else len(sizes)
+                for i in range(i0, i1):
+                    sz = sizes[i]
+                    append(new(AR, (phys, sz, qoff, fut, ident)))
+                    phys += sz
+                    qoff += 1
+            self._items = items
+        return items
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, i):
+        if self._items is None and type(i) is int:
+            sizes = self._sizes
+            n = len(sizes)
+            if i == -1 or i == n - 1:
+                r = self._runs[-1]
+                sz = sizes[-1]
+                return _DR_new(AppendResult, (self._end - sz, sz, r[4] + (n - 1 - r[0]), self._fut, self._ident))
+            if i == 0 or i == -n:
+                r = self._runs[0]
+                return _DR_new(AppendResult, (r[1], sizes[0], r[4], self._fut, self._ident))
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __reversed__(self):
+        return reversed(self._list())
+
+    def __contains__(self, x) -> bool:
+        return x in self._list()
+
+    def index(self, x, *args) -> int:
+        return self._list().index(x, *args)
+
+    def count(self, x) -> int:
+        return self._list().count(x)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, AppendResults):
+            other = other._list()
+        return self._list() == other
+
+    __hash__ = None
+
+    def __add__(self, other) -> list:
+        return self._list() + list(other)
+
+    def __radd__(self, other) -> list:
+        return list(other) + self._list()
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+
+def _register_sequences() -> None:
+    from collections.abc import Sequence
+    Sequence.register(DispatchBatch)
+    Sequence.register(AppendResults)
+
+
+_register_sequences()
