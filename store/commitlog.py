@@ -124,6 +124,18 @@ class CommitLog:
             self._struct_cache[key] = st
         return st
 
+    def _body_struct(self, S: struct.Struct, bl: int) -> struct.Struct:
+        """`S` followed by a `bl`-byte body: one pack call for a whole record after the CRC
+        (used for runs of equal-size bodies, where it saves the concatenation)."""
+        key = (S.format, bl)
+        st = self._struct_cache.get(key)
+        if st is None:
+            st = struct.Struct(f"{S.format}{bl}s")
+            if len(self._struct_cache) > 10_000:
+                self._struct_cache.clear()
+            self._struct_cache[key] = st
+        return st
+
     def _names(self, names: tuple[str, ...], what: str) -> bytes:
         b = self._names_cache.get(names)
         if b is None:
@@ -185,7 +197,8 @@ class CommitLog:
             # the current run's shared fields; `_NONE` never matches, so the first record starts one
             r_topic = r_qid = r_flags = r_born = r_keys = r_dq = _NONE
             tb = kb = db = b""
-            fl = tags = tl = kl = dl = S = hbase = t = None
+            fl = tags = tl = kl = dl = S = SB = hbase = t = None
+            sb_len = prev_bl = -1
             size_append = sizes.append
             recent: list | None = [] if self._recent_max_records else None
             try:
@@ -229,6 +242,7 @@ class CommitLog:
                                 qoff = qt.get(key, 0)
                             last_fl = fl
                             last_qid = qid
+                        sb_len = prev_bl = -1  # S changed: SB no longer matches
                         r_qid = qid
                         r_flags = flags
                         r_born = born
@@ -253,9 +267,16 @@ class CommitLog:
                     if pl:
                         rec = b"".join((S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl,
                                                tb, kb, db), props, body))
+                    elif bl == sb_len:  # same body size as the previous record: body packed too
+                        rec = SB.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, 0, tl, kl, dl,
+                                      tb, kb, db, body)
                     else:
                         rec = S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, 0, tl, kl, dl,
                                      tb, kb, db) + body
+                        if bl == prev_bl:
+                            SB = self._body_struct(S, bl)
+                            sb_len = bl
+                        prev_bl = bl
                     parts += (p3pack(total, magic, crc32(rec)), rec)
                     size_append(total)
                     if recent is not None and type(body) is bytes and type(props) is bytes:

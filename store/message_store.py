@@ -22,6 +22,7 @@ from .dispatch import DispatchService
 from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError
 from .flush import BackgroundService, GroupCommitService
 from .index_file import IndexService
+from .prefault import Prefaulter
 from .message import AppendResult, Message, ResolvedFuture, StoredMessage
 from .record import first_level
 from . import retention
@@ -70,6 +71,7 @@ class MessageStore:
         self.group_commit = GroupCommitService(self.clog, cfg.group_commit_gather_ms) if cfg.flush_mode == "sync" else None
         self.clog.group_commit = self.group_commit
         self.background = BackgroundService(self)
+        self.prefault = Prefaulter(self.clog, cfg.prefault_bytes if cfg.preallocate else 0)
         self._running = False
         self._closed = False
         self._sync = cfg.flush_mode == "sync"
@@ -119,6 +121,7 @@ class MessageStore:
             self.group_commit.start()
         self.dispatch.start()
         self.background.start()
+        self.prefault.start()
         self._running = True
         log.info("store %s started: log [%d, %d), replayed from %d in %.3fs, %d corrupt range(s)",
                  self.cfg.data_dir, log_min, end, start, time.monotonic() - t0, len(self.clog.corrupt_ranges))
@@ -134,6 +137,7 @@ class MessageStore:
             self._running = False
             self._closed = True
         self.background.stop()
+        self.prefault.stop()
         if self.clog.buffered:
             self.clog.commit()
         if self.group_commit:
