@@ -500,6 +500,7 @@ class Broker:
         inf = out.get(pid)
         if inf is None or inf.qos != 1:
             return   # unknown id: ignore (a late ack after a reconnect)
+        was_full = len(out) >= s.receive_max
         del out[pid]
         if inf.group is None and inf.queue is not None and not s.retained_backlog:
             # _release inlined for the QoS 1 hot path (a direct subscription's message)
@@ -508,7 +509,11 @@ class Broker:
                 cur.inflight.pop(inf.offset, None)
                 if s.expiry_interval:
                     self.persist.dirty_sessions.add(s)
-            self.delivery.kick(s)
+            # Delivery only ever holds messages back for this session because its window was
+            # full (a blocked socket kicks on resume_writing; a partial read re-schedules itself),
+            # so only the ack that opens a full window needs a delivery run.
+            if was_full:
+                self.delivery.kick(s)
             return
         self._release(s, inf)
 

@@ -55,8 +55,10 @@ class GatewayConfig:
     # collections of 50-95 ms were the largest loop stalls at 5,000 msg/s QoS 1. 0 = Python's default.
     gc_freeze: bool = True
     # store: dispatch on the appending (event-loop) thread when the dispatch thread is idle
-    # (StoreConfig.dispatch_inline, docs/store.md "Inline dispatch")
-    dispatch_inline: bool = False
+    # (StoreConfig.dispatch_inline, docs/store.md "Inline dispatch"). Then the new entries are
+    # visible when the append returns: subscribers get them in the same loop callback, fed from the
+    # batch in hand (no pull, no thread hop; docs/gateway.md "Performance").
+    dispatch_inline: bool = True
     gc_gen0_threshold: int = 10000
     extra: dict[str, Any] = field(default_factory=dict)
 

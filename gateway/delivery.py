@@ -49,6 +49,12 @@ class DeliveryEngine:
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
         self._metas: dict[bytes, object] = {}
+        # queue -> [first queue offset, Items]: the newest entries of queues with local readers,
+        # from the records the loop appended itself (see `record_appended`); bounded in total
+        self._recent: dict[str, list] = {}
+        self._recent_items = 0
+        self._recent_bytes = 0
+        self.recent_max_bytes = (int(self.cfg.lq_cache_mb) << 20) // 4
 
     # -- index maintenance -------------------------------------------------------------------
     def add_reader(self, s: Session, queue: str) -> None:
@@ -60,6 +66,7 @@ class DeliveryEngine:
             ss.discard(s)
             if not ss:
                 del self.direct[queue]
+                self.drop_recent(queue)
 
     def add_group(self, g: "SharedGroup") -> None:
         self.groups.setdefault(g.queue, {})[g.name] = g
@@ -129,16 +136,135 @@ class DeliveryEngine:
             self._schedule()
         self.b.flush_writes()
 
+    # -- records in hand -----------------------------------------------------------------------
+    # Entries every online reader of a queue has passed are dropped at its next delivery run; a
+    # queue whose readers fall further behind than `recent_per_queue` drops its older half; the
+    # whole cache is dropped when over its budget (a quarter of `lq_cache_mb`, counting payload +
+    # `_ENTRY_COST` per entry). Readers behind what is kept pull as before.
+    recent_per_queue = 1 << 16
+    _ENTRY_COST = 256
+
+    def record_appended(self, batch: list, results, store_ts: int) -> None:
+        """The loop appended `batch` (PublishPipeline `_Pending`s, in record order) and the store
+        dispatched it inline, with nothing appended before it left undispatched.
+
+        Why: a pull (index read, cache lookup, on a miss the record rebuilt from the store) was
+        the largest cost per delivered message, and for messages this process just appended the
+        records are in hand. The batch's entries of queue q are then exactly the last k entries of
+        q, in record order (the gateway is the store's only appender and everything before the
+        batch was visible), so their queue offsets are known without reading the index. Each queue
+        with local readers keeps its newest entries as ready Items; `_deliver_direct` serves a
+        cursor inside that range from them and pulls for anyone behind it. A ring whose end does
+        not meet the new entries (an append dispatched by the store's thread came in between, or
+        a reader subscribed later) starts over at the new entries."""
+        direct = self.direct
+        per_q: dict[str, list[int]] | None = None
+        for i, p in enumerate(batch):
+            for q in p.queues:
+                if q in direct:
+                    if per_q is None:
+                        per_q = {q: [i]}
+                    else:
+                        lst = per_q.get(q)
+                        if lst is None:
+                            per_q[q] = [i]
+                        else:
+                            lst.append(i)
+        if per_q is None:
+            return
+        base: dict[int, Item] = {}
+        recent = self._recent
+        max_offset = self.lq.max_offset
+        cap = self.recent_per_queue
+        added = nbytes = 0
+        for q, idx in per_q.items():
+            start = max_offset(q) - len(idx)
+            r = recent.get(q)
+            if r is not None and r[0] + len(r[1]) != start and not self._fill_gap(q, r, start):
+                self.drop_recent(q)
+                r = None
+            if r is None:
+                r = recent[q] = [start, []]
+            items = r[1]
+            off = start
+            for i in idx:
+                it = base.get(i)
+                p = batch[i]
+                if it is None:
+                    it = base[i] = Item(p.topic, p.payload, self._meta(p.props), off,
+                                        results[i].phys_offset, p.queues, store_ts)
+                else:
+                    first = it
+                    it = Item(p.topic, p.payload, first.meta, off, first.phys_offset, p.queues, store_ts)
+                    it._tpl = first._tpl      # encoded PUBLISH variants do not depend on the queue
+                nbytes += len(p.payload)
+                items.append(it)
+                off += 1
+            added += len(idx)
+            if len(items) > cap:
+                drop = len(items) - cap // 2
+                nbytes -= sum([len(it.payload) for it in items[:drop]])
+                del items[:drop]
+                r[0] += drop
+                added -= drop
+        self._recent_items += added
+        self._recent_bytes += nbytes
+        if self._recent_bytes + self._recent_items * self._ENTRY_COST > self.recent_max_bytes:
+            self.drop_recent()
+
+    def _fill_gap(self, q: str, r: list, start: int) -> bool:
+        """Entries appended while the ring was not fed (an append the store's thread dispatched):
+        read them once so the ring stays one range; a reader behind the ring would otherwise pull
+        all the way up to the new entries. False: not filled (the caller starts over)."""
+        off = r[0] + len(r[1])
+        if not 0 < start - off <= self.cfg.pull_batch * 16:
+            return False
+        items = r[1]
+        n0 = len(items)
+        nbytes = 0
+        ok = True
+        while ok and off < start:
+            self.metrics.pulls += 1
+            res = self.lq.pull(q, off, max_count=start - off, max_bytes=1 << 30)
+            if not res.messages:
+                ok = False
+            for m in res.messages:
+                if m.queue_offset != off or off >= start:
+                    ok = False
+                    break
+                dq = m.dispatch_queues
+                items.append(Item(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
+                                  dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
+                nbytes += len(m.body)
+                off += 1
+        # counted either way: on failure drop_recent subtracts the whole ring
+        self._recent_items += len(items) - n0
+        self._recent_bytes += nbytes
+        return ok
+
+    def drop_recent(self, queue: str | None = None) -> None:
+        if queue is None:
+            self._recent.clear()
+            self._recent_items = self._recent_bytes = 0
+        else:
+            r = self._recent.pop(queue, None)
+            if r is not None:
+                self._recent_items -= len(r[1])
+                self._recent_bytes -= sum([len(it.payload) for it in r[1]])
+
+    def _meta(self, props: bytes):
+        meta = self._metas.get(props)
+        if meta is None:
+            meta = safe_decode(props)
+            if len(self._metas) >= 4096:
+                self._metas.clear()
+            self._metas[props] = meta
+        return meta
+
     def _item(self, m) -> Item:
         it = self._items.get(m.phys_offset)
         if it is None:
-            props = m.props
-            meta = self._metas.get(props)
-            if meta is None:
-                meta = safe_decode(props)
-                if len(self._metas) >= 4096:
-                    self._metas.clear()
-                self._metas[props] = meta
+            meta = self._meta(m.props)
             dq = m.dispatch_queues
             it = Item(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
@@ -164,10 +290,15 @@ class DeliveryEngine:
         by_off: dict[int, list[Session]] = {}
         want: dict[int, int] = {}
         batch = self.cfg.pull_batch
+        lo = maxo                 # the lowest cursor among the readers
         for s in self.direct.get(q, ()):
             cur = s.cursors.get(q)
-            if cur is None or cur.next_offset >= maxo:
+            if cur is None:
                 continue
+            if cur.next_offset >= maxo:
+                continue
+            if cur.next_offset < lo:
+                lo = cur.next_offset
             conn = s.conn
             if conn is None:
                 continue
@@ -197,23 +328,40 @@ class DeliveryEngine:
                 if room > want[off]:
                     want[off] = room
         more = False
+        recent = self._recent.get(q)
+        if recent is not None and lo > recent[0]:
+            drop = lo - recent[0]      # every reader is past these (in flight: held by InFlight)
+            ri = recent[1]
+            if drop >= len(ri):
+                drop = len(ri)
+            self._recent_bytes -= sum([len(it.payload) for it in ri[:drop]])
+            del ri[:drop]
+            recent[0] += drop
+            self._recent_items -= drop
         for off, sessions in by_off.items():
-            # never read more than the roomiest reader at this offset can take: a QoS 1 window
-            # with 10 free slots must not pull (and build Items for) 64 messages it cannot send
-            res = self._pull(q, off, want[off])
-            msgs = res.messages
-            if not msgs:
-                # nothing readable at `off` (retention moved the start, or not yet visible)
-                if res.next_offset > off:
-                    for s in sessions:
-                        s.cursors[q].next_offset = res.next_offset
-                        self.b.mark_offsets_dirty(s)
-                continue
-            items = [self._item(m) for m in msgs]
+            if recent is not None and recent[0] <= off < recent[0] + len(recent[1]):
+                # the records are in hand (record_appended): no pull
+                i = off - recent[0]
+                items = recent[1][i:i + min(want[off], batch)]
+                nxt = off + len(items)
+            else:
+                # never read more than the roomiest reader at this offset can take: a QoS 1 window
+                # with 10 free slots must not pull (and build Items for) 64 messages it cannot send
+                res = self._pull(q, off, want[off])
+                msgs = res.messages
+                nxt = res.next_offset
+                if not msgs:
+                    # nothing readable at `off` (retention moved the start, or not yet visible)
+                    if nxt > off:
+                        for s in sessions:
+                            s.cursors[q].next_offset = nxt
+                            self.b.mark_offsets_dirty(s)
+                    continue
+                items = [self._item(m) for m in msgs]
             for s in sessions:
-                if self._feed_session(s, q, items, res.next_offset):
+                if self._feed_session(s, q, items, nxt):
                     more = True
-            if res.next_offset < maxo:
+            if nxt < maxo:
                 more = True
         return more
 

@@ -56,6 +56,10 @@ class PublishPipeline:
         self._pending: list[_Pending] = []
         self._scheduled = False
         self.inflight_batches = 0
+        # called once the batch is appended (Gateway: the notify bus's drain): with the store's
+        # inline dispatch the new entries are already visible, so subscribers get them in this
+        # same loop callback, before the PUBACKs are written
+        self.after_append = None
 
     def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
                payload: bytes, retain: bool, client_id: str, props: P.Properties | None) -> None:
@@ -78,10 +82,13 @@ class PublishPipeline:
             return
         now_ms = int(time.time() * 1000)
         msgs = [Message(p.topic, p.payload, 0, 0, p.props, (), now_ms, p.queues) for p in batch]
+        store = self.store
+        hot = True
         t0 = time.perf_counter()
         try:
-            results = self.store.append_batch(msgs)
+            results = store.append_batch(msgs)
         except Exception as e:  # one bad record must not fail the others: retry one by one
+            hot = False
             log.warning("event=append_batch_failed error=%r count=%d; retrying one by one", e, len(batch))
             results = []
             for p, m in zip(batch, msgs):
@@ -108,6 +115,12 @@ class PublishPipeline:
                     log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
             if p.qos:
                 ok_batch.append((p, r))
+        if hot and store.dispatched_offset >= store.max_offset:
+            # everything appended is visible (inline dispatch): the batch's records are the newest
+            # entries of their queues, in order (DeliveryEngine.record_appended)
+            self.b.delivery.record_appended(batch, results, now_ms)
+        if self.after_append is not None:
+            self.after_append()
         if not ok_batch:
             return
         # The durable future of the last record covers all earlier ones (store contract).

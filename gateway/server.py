@@ -52,6 +52,7 @@ class Gateway:
         try:
             self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics)
             self.bus.subscribe(self.broker.delivery.on_queues)
+            self.broker.publisher.after_append = self.bus.drain
             self.broker.start()
             self.server = await loop.create_server(lambda: MQTTConnection(self.broker), cfg.host, cfg.port,
                                                    reuse_address=True, backlog=1024)

@@ -13,6 +13,13 @@ pending, so under load a busy loop coalesces by itself. The previous trailing-ed
 loop, then `call_later(window_s)`) put two extra loop iterations plus the whole window on *every*
 message's path — measurable in p50/p99 at a fixed 5,000 msg/s (docs/gateway.md "Performance").
 
+Why no hop when the loop itself dispatched: with the store's inline dispatch the listener runs on
+the event-loop thread, inside the append. A `call_soon_threadsafe` there costs a self-pipe write and
+one more loop iteration, and the window would hold back every later tick's messages. Names raised on
+the loop thread are therefore kept for `drain()`, which the appender calls once its append returned
+(same loop callback: publish -> deliver with no extra iteration); a plain `call_soon` is the safety
+net should nobody drain. The tick is the coalescing unit there, so the window does not apply.
+
 The bus carries queue *names*, never payloads, so the cross-process Redis bus can share this shape.
 """
 from __future__ import annotations
@@ -46,6 +53,13 @@ class InProcessBus:
         self._next_allowed = 0.0   # monotonic time before which no new delivery starts
         self._closed = False
         self._subscribers: list[Callback] = []
+        # the loop's thread: built on the running loop (Gateway.start); else learnt on first _fire
+        try:
+            asyncio.get_running_loop()
+            self._loop_tid: int | None = threading.get_ident()
+        except RuntimeError:
+            self._loop_tid = None
+        self._local_armed = False  # names raised on the loop thread wait for drain()
         # Counters readable by metrics without locking (ints are updated atomically under the GIL).
         self.events_in = 0        # publish() calls (one per dispatch batch)
         self.names_in = 0         # queue names received, before merging
@@ -57,6 +71,9 @@ class InProcessBus:
     def publish(self, names: Iterable[str]) -> None:
         """Record that these queues have new entries. Called from the dispatch thread."""
         if self._closed:
+            return
+        if threading.get_ident() == self._loop_tid:
+            self._publish_local(names)
             return
         with self._lock:
             before = len(self._pending)
@@ -76,6 +93,25 @@ class InProcessBus:
                 self._loop.call_soon_threadsafe(self._fire_later)
         except RuntimeError:  # loop closed during shutdown: nothing left to notify
             self._closed = True
+
+    def _publish_local(self, names: Iterable[str]) -> None:
+        with self._lock:
+            before = len(self._pending)
+            self._pending.update(names)
+            self.events_in += 1
+            self.names_in += len(self._pending) - before
+            if self._local_armed or not self._pending:
+                return
+            self._local_armed = True
+            if not self.first_pending_ts:
+                self.first_pending_ts = time.monotonic()
+        self._loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        """On the loop: deliver names raised on the loop thread now (no window, no hop)."""
+        if self._local_armed:
+            self._local_armed = False
+            self._deliver()
 
     # Light-queue listener signature: fn(queue_names: set[str]).
     __call__ = publish
@@ -98,10 +134,17 @@ class InProcessBus:
             self._fire()
 
     def _fire(self) -> None:
+        if self._loop_tid is None:
+            self._loop_tid = threading.get_ident()
         with self._lock:
-            names, self._pending = self._pending, set()
             self._armed = False
             self._next_allowed = time.monotonic() + self._window
+        self._deliver()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            names, self._pending = self._pending, set()
+            self.first_pending_ts = 0.0
         if not names:
             return
         self.deliveries += 1

@@ -6,7 +6,10 @@
 - `FastHistogram` (plain-int histogram) is exported as a normal Prometheus histogram;
 - the notify bus delivers the first event after a quiet window at once and merges what arrives
   while a delivery is pending (leading-edge window);
-- `Decoder(share_empty_properties=True)` decodes the same packets as the default decoder.
+- `Decoder(share_empty_properties=True)` decodes the same packets as the default decoder;
+- the delivery ring (records the loop appended itself, served without a pull) holds exactly what
+  a pull of the same queue range returns, also across appends the store's own thread dispatched;
+- names the loop thread raises on the notify bus wait for `drain()` and skip the window.
 """
 from __future__ import annotations
 
@@ -154,3 +157,79 @@ def test_decoder_shared_empty_properties_decodes_the_same():
     assert len(got_b) == len(stream)
     shared = [p.properties for p in got_b if isinstance(p, (P.Publish, P.PubAck))]
     assert all(x is shared[0] for x in shared)
+
+
+def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
+    from gateway.config import build_config
+    from gateway.server import Gateway
+    from gateway.session import Cursor, Session
+
+    async def run():
+        cfg = build_config({}, {"data_dir": str(tmp_path / "d"), "port": 0, "metrics_port": 0})
+        assert cfg.dispatch_inline
+        gw = Gateway(cfg)
+        await gw.start()
+        try:
+            b, store, lq = gw.broker, gw.store, gw.lq
+            d = b.delivery
+            lq.register_filter("r/+")
+            reader = Session("reader")             # offline reader at 0: nothing is consumed
+            for q in ("r/a", "r/+"):
+                reader.cursors[q] = Cursor(0)
+                d.add_reader(reader, q)
+            n = 0
+            for rnd in range(41):          # the last round is not gated
+                for _ in range(1 + rnd % 5):
+                    topic = ("r/a", "r/b", "other/x")[n % 3]
+                    b.publisher.submit(None, n % 2, None, topic, f"m{n}".encode(), False, f"c{n % 2}", None)
+                    n += 1
+                if rnd % 4 == 3:
+                    # the store's dispatch lock held: no inline dispatch, its thread dispatches
+                    # after we let go, and the ring must bridge the gap
+                    with store.dispatch._dispatching:
+                        b.publisher.flush()
+                    for _ in range(2000):
+                        if store.dispatched_offset >= store.max_offset:
+                            break
+                        await asyncio.sleep(0.001)
+                else:
+                    b.publisher.flush()
+                await asyncio.sleep(0)
+            got = {}
+            for q in ("r/a", "r/+"):
+                start, items = d._recent[q]
+                res = lq.pull(q, start, max_count=len(items) + 10, max_bytes=1 << 30)
+                got[q] = (start, len(items), lq.max_offset(q),
+                          [(it.topic, it.payload, it.queue_offset, it.phys_offset, tuple(it.dispatch_queues),
+                            it.meta.qos, it.meta.client_id) for it in items],
+                          [(m.topic, m.body, m.queue_offset, m.phys_offset, tuple(m.dispatch_queues),
+                            d._meta(m.props).qos, d._meta(m.props).client_id) for m in res.messages])
+            return got
+        finally:
+            await gw.stop()
+
+    got = asyncio.run(run())
+    for q, (start, count, maxo, ring, pulled) in got.items():
+        assert start == 0, q                      # every gap was bridged: one range from the start
+        assert start + count == maxo, q
+        assert ring == pulled, q
+    assert got["r/+"][2] > got["r/a"][2] > 0
+
+
+def test_notify_bus_loop_thread_names_wait_for_drain():
+    async def run():
+        loop = asyncio.get_running_loop()
+        bus = InProcessBus(loop, window_s=3600)
+        got: list[set[str]] = []
+        bus.subscribe(got.append)
+        bus.publish({"a"})                    # raised on the loop thread: kept for drain()
+        bus.publish({"b"})
+        assert got == []
+        bus.drain()
+        assert got == [{"a", "b"}]
+        bus.publish({"c"})                    # nobody drains: the loop delivers it anyway
+        await asyncio.sleep(0.01)
+        bus.close()
+        return got
+
+    assert asyncio.run(run()) == [{"a", "b"}, {"c"}]
