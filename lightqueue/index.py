@@ -89,13 +89,14 @@ class LightQueueIndex:
         self._wo = WriteOptions()
         self._wo.disable_wal = True
         v = self._db.get(K_CKPT)
-        self._ckpt = 0 if v is None else _U64.unpack(v)[0]
-        self._durable_ckpt = self._ckpt
+        self._ckpt = 0 if v is None else _U64.unpack(v)[0]   # dispatched into memory
+        self._written_ckpt = self._ckpt                         # ... and written to RocksDB
+        self._durable_ckpt = self._ckpt                         # ... and flushed to SST files
         v = self._db.get(K_NEXT)
         self._next_qid = 1 if v is None else _U64.unpack(v)[0]
         v = self._db.get(K_MINPHYS)
         self.min_phys = 0 if v is None else _U64.unpack(v)[0]
-        self._qids: dict[str, int] = {}     # name -> qid (cache of FF 'N')
+        self._qids: dict[str, int] = {}     # name -> qid (cache of FF 'N', + names not written yet)
         # True when _qids holds every name, so a miss means "new queue" without a DB lookup.
         self._all_names = self._next_qid - 1 <= preload_names
         if self._all_names and self._next_qid > 1:
@@ -104,18 +105,27 @@ class LightQueueIndex:
                 if not k.startswith(K_NAME):
                     break
                 self._qids[k[n:].decode("utf-8")] = _U64.unpack(v)[0]
-        # qid -> next offset to write, lazily loaded. Queue ids are dense, so a flat u64 array
-        # (8 bytes per queue) instead of a dict (~100 bytes per queue at a million queues).
+        # qid -> next offset to write, for queues WITHOUT an in-memory tail (a queue's tail is
+        # the authority while it has one; its end is stored here when the tail is evicted).
+        # Lazily loaded; queue ids are dense, so a flat u64 array (8 bytes per queue).
         self._max = array("Q", [_UNKNOWN]) * self._next_qid
         self._min = array("Q", [_UNKNOWN]) * self._next_qid   # qid -> min offset (lazy; reset on retention)
-        self._lock = threading.RLock()      # guards lazy loads vs. sweeps/truncate
-        self._pending: set[str] = set()     # queues that got entries since last take_touched()
-        # Recently written entries per queue, in memory: qid -> (first offset, packed entries),
-        # the newest <= tail_entries of the queue, contiguous. A reader that keeps up (the
-        # gateway's live delivery) is served from here without a RocksDB iterator + seek, which
-        # was most of a small pull's cost. Bounded to tail_queues queues (oldest write evicted).
-        # Replaced wholesale (never mutated) so a reader's snapshot tuple is always consistent.
-        self._tail: dict[int, tuple[int, bytes]] = {}
+        # Guards every change of the in-memory state and of RocksDB against each other
+        # (dispatch thread, flush from any thread, drop/sweep/truncate) and lazy loads.
+        self._lock = threading.RLock()
+        self._touched: set[tuple[str, ...]] = set()   # dispatch tuples since last take_touched()
+        # The in-memory tail: qid -> (first queue offset, bytearray of packed entries from it on).
+        # It holds every entry not yet written to RocksDB plus (after a write) the newest
+        # `tail_entries` written ones, so that a dispatched entry is readable at once, and a
+        # reader that keeps up is served without a RocksDB iterator. The bytearray only ever
+        # grows (appends are atomic under the GIL); trimming replaces the tuple, so a reader's
+        # snapshot is always consistent. Writes to RocksDB are batched across dispatch calls:
+        # see `dispatch`.
+        self._tail: dict[int, tuple[int, bytearray]] = {}
+        self._dirty: dict[int, int] = {}    # qid -> byte position of its first unwritten entry
+        self._taken = 0                     # records taken since the last write
+        self._resolved: dict[tuple[str, ...], tuple[bytearray, ...]] = {}   # see dispatch()
+        self._new_names: dict[str, int] = {}   # queues allocated since the last write
         self._closed = False
         self._sweeper: threading.Thread | None = None
 
@@ -134,6 +144,9 @@ class LightQueueIndex:
 
     def _load_max(self, qid: int) -> int:
         with self._lock:
+            t = self._tail.get(qid)
+            if t is not None:
+                return t[0] + len(t[1]) // ENTRY_SIZE
             m = self._max_get(qid)
             if m is not None:
                 return m
@@ -173,9 +186,14 @@ class LightQueueIndex:
 
     def max_offset(self, name: str) -> int:
         """Next offset to be written in `name` (0 for an unknown queue)."""
-        q = self.qid(name)
+        q = self._qids.get(name)
         if q is None:
-            return 0
+            q = self.qid(name)
+            if q is None:
+                return 0
+        t = self._tail.get(q)
+        if t is not None:
+            return t[0] + len(t[1]) // ENTRY_SIZE
         m = self._max_get(q)
         return m if m is not None else self._load_max(q)
 
@@ -200,33 +218,50 @@ class LightQueueIndex:
             return m
 
     # ---------------------------------------------------------------- reads
+    # Entries below a queue's tail are in RocksDB: a tail always starts at or below the queue's
+    # written point. Readers take the tail snapshot BEFORE opening the RocksDB iterator, so the
+    # iterator sees everything below that snapshot's first offset; the snapshot covers the rest
+    # (a newer, possibly trimmed tail could leave a gap). A hole between the last RocksDB entry
+    # and the tail is a dropped or swept range and is skipped, as holes between runs are.
     def _iter_entries(self, qid: int, offset: int) -> Iterable[IndexEntry]:
-        """Entries of queue `qid` from `offset` on, in order (runs are contiguous)."""
-        pre = _U64.pack(qid)
-        it = self._db.iter()
-        it.seek_for_prev(_KEY.pack(qid, offset))
-        if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
-            it.seek(_KEY.pack(qid, offset))
-        while it.valid():
-            k = it.key()
-            if len(k) != 16 or k[:8] != pre:
+        """Entries of queue `qid` from `offset` on, in order (RocksDB runs, then the tail)."""
+        t = self._tail.get(qid)
+        if t is None or offset < t[0]:
+            pre = _U64.pack(qid)
+            it = self._db.iter()
+            it.seek_for_prev(_KEY.pack(qid, offset))
+            if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
+                it.seek(_KEY.pack(qid, offset))
+            while it.valid():
+                k = it.key()
+                if len(k) != 16 or k[:8] != pre:
+                    break
+                first = _KEY.unpack(k)[1]
+                v = it.value()
+                n = len(v) // ENTRY_SIZE
+                i = offset - first if offset > first else 0
+                while i < n:
+                    phys, size, ts = ENTRY.unpack_from(v, i * ENTRY_SIZE)
+                    yield IndexEntry(first + i, phys, size, ts)
+                    i += 1
+                    offset = first + i
+                it.next()
+            if t is None:
                 return
-            first = _KEY.unpack(k)[1]
-            v = it.value()
-            n = len(v) // ENTRY_SIZE
-            i = offset - first if offset > first else 0
-            while i < n:
-                phys, size, ts = ENTRY.unpack_from(v, i * ENTRY_SIZE)
-                yield IndexEntry(first + i, phys, size, ts)
-                i += 1
-            it.next()
+        first, ba = t
+        if offset < first:
+            offset = first
+        v = ba[(offset - first) * ENTRY_SIZE:]     # a private copy: the tail keeps growing
+        for phys, size, ts in _ITER(v):
+            yield IndexEntry(offset, phys, size, ts)
+            offset += 1
 
     def read_raw(self, name: str, offset: int, max_count: int) -> list[tuple[int, int, int]]:
         """Up to `max_count` (queue_offset, phys_offset, size) of `name` from `offset` on.
 
         From the in-memory tail when it covers `offset` (a reader that keeps up), else from
-        RocksDB. Entries may point at/after the store's dispatched offset (the caller stops
-        there) or below the log start (the caller skips them), exactly as `read`."""
+        RocksDB and then the tail. Entries may point at/after the store's dispatched offset (the
+        caller stops there) or below the log start (the caller skips them), exactly as `read`."""
         q = self._qids.get(name)
         if q is None:
             q = self.qid(name)
@@ -234,39 +269,39 @@ class LightQueueIndex:
                 return []
         if max_count <= 0:
             return []
-        t = self._tail.get(q)
-        if t is not None:
-            first, v = t
-            if first <= offset < first + len(v) // ENTRY_SIZE:
-                i = offset - first
-                out = []
-                append = out.append
-                k = offset
-                for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count) * ENTRY_SIZE]):
-                    append((k, phys, size))
-                    k += 1
-                return out
         out = []
         append = out.append
-        pre = _U64.pack(q)
-        it = self._db.iter()
-        it.seek_for_prev(_KEY.pack(q, offset))
-        if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
-            it.seek(_KEY.pack(q, offset))
-        while it.valid():
-            k = it.key()
-            if len(k) != 16 or k[:8] != pre:
-                break
-            first = _KEY.unpack(k)[1]
-            v = it.value()
-            i = offset - first if offset > first else 0
-            o = first + i
-            for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count - len(out)) * ENTRY_SIZE]):
-                append((o, phys, size))
-                o += 1
-            if len(out) >= max_count:
-                break
-            it.next()
+        t = self._tail.get(q)
+        if t is None or offset < t[0]:
+            pre = _U64.pack(q)
+            it = self._db.iter()
+            it.seek_for_prev(_KEY.pack(q, offset))
+            if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
+                it.seek(_KEY.pack(q, offset))
+            while it.valid():
+                k = it.key()
+                if len(k) != 16 or k[:8] != pre:
+                    break
+                first = _KEY.unpack(k)[1]
+                v = it.value()
+                i = offset - first if offset > first else 0
+                o = first + i
+                for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count - len(out)) * ENTRY_SIZE]):
+                    append((o, phys, size))
+                    o += 1
+                offset = o
+                if len(out) >= max_count:
+                    return out
+                it.next()
+            if t is None:
+                return out
+        first, ba = t
+        if offset < first:
+            offset = first
+        i = (offset - first) * ENTRY_SIZE
+        for phys, size, _ts in _ITER(ba[i:i + (max_count - len(out)) * ENTRY_SIZE]):
+            append((offset, phys, size))
+            offset += 1
         return out
 
     def read(self, name: str, offset: int, max_count: int) -> list[IndexEntry]:
@@ -289,113 +324,218 @@ class LightQueueIndex:
         return self._durable_ckpt
 
     # rocksdict holds the GIL during Rdict.write (~0.4 µs per put: a 40,000-put batch stalls every
-    # Python thread, gateway event loop included, for ~15 ms). A dispatch batch touching more
-    # queues than this is therefore cut into several writes at record boundaries, each carrying
-    # its own checkpoint (end of its last record), so every write stays atomic and consistent.
+    # Python thread, gateway event loop included, for ~15 ms). A write therefore carries at most
+    # this many queues' runs: when a record would make more queues unwritten, the entries before
+    # it are written first (a cut at a record boundary, with that record's offset as checkpoint).
     max_queues_per_write = 2048
-    tail_entries = 256       # newest entries kept in memory per queue (5 KiB)
-    tail_queues = 8192       # queues with an in-memory tail (<= 42 MiB, usually far less)
+    # Records taken into the tails before they are written to RocksDB. One put per queue per
+    # write is the index's main per-queue cost: a small dispatch batch (the store hands over a few
+    # appends at a time) touches ~1 queue per record, so writing per dispatch batch paid ~1 put
+    # per record. Buffering makes a run hold many entries.
+    write_records = 16384
+    tail_entries = 256       # written entries kept in memory per queue (up to 2x between trims)
+    tail_queues = 8192       # queues with an in-memory tail; more triggers a write + eviction
 
     def dispatch(self, batch, end_offset: int) -> None:
-        """Index one batch of DispatchRequests (one RocksDB write per <= 2048 queues touched)."""
-        ckpt = self._ckpt
-        # defaultdict: the missing-key path runs in C; measured 15-25 % faster than get/append
-        # (and faster than grouping by dispatch tuple + sorting, which loses on wildcard queues).
-        groups: defaultdict[str, list[bytes]] = defaultdict(list)
+        """Append the batch's entries to the in-memory tails (readable at once); write RocksDB
+        when enough is buffered (`write_records`, `max_queues_per_write`, `tail_queues`).
+
+        Per record the work is one pack and one bytearray append per queue: `_resolved` maps a
+        dispatch tuple (the same tuple object for every publish of a topic) to the tails'
+        bytearrays, built once per tuple between two writes (which is also when a queue's first
+        unwritten position is noted). The lock is held for the whole batch, so a flush or drop
+        from another thread never sees half a batch."""
+        with self._lock:
+            ckpt = self._ckpt
+            chunks = getattr(batch, "chunks", None)
+            if chunks is not None and all(c[2][0][1] >= ckpt for c in chunks if c[2]):
+                self._take_chunks(chunks)
+            else:
+                self._take_requests(batch, ckpt)
+            self._taken += len(batch)
+            if end_offset > self._ckpt:
+                self._ckpt = end_offset
+            if self._taken >= self.write_records or len(self._tail) > self.tail_queues:
+                self._write()
+
+    def _take_requests(self, batch, ckpt: int) -> None:
+        """DispatchRequests (a list, e.g. parsed from the CommitLog, or a replay)."""
+        rget = self._resolved.get
+        tadd = self._touched.add
         pack = ENTRY.pack
-        limit = self.max_queues_per_write
         for r in batch:
             qs = r.dispatch_queues
             if not qs or r.phys_offset < ckpt:
                 continue   # no light queue, or already indexed (idempotent replay)
+            bas = rget(qs)
+            if bas is None:
+                bas = self._resolve(qs, r.phys_offset)
+                rget = self._resolved.get
             e = pack(r.phys_offset, r.size, r.store_ts)   # one entry, shared by all its queues
-            for q in qs:
-                groups[q].append(e)
-            if len(groups) >= limit:
-                self._write_groups(groups, r.phys_offset + r.size)
-                groups = defaultdict(list)
-        if groups or end_offset > self._ckpt:
-            self._write_groups(groups, end_offset)
+            for ba in bas:
+                ba += e
+            tadd(qs)
 
-    def _write_groups(self, groups: dict[str, list[bytes]], end_offset: int) -> None:
-        """One atomic RocksDB write: the runs of `groups` + the checkpoint `end_offset`."""
-        ckpt = self._ckpt
-        wb = WriteBatch(raw_mode=True)
-        new_ids: dict[str, int] = {}
-        new_max: list[tuple[int, int]] = []
-        next_qid = self._next_qid
+    def _take_chunks(self, chunks) -> None:
+        """The store's columnar batch (store.message: per append call, the record sizes + runs of
+        records sharing every field): no DispatchRequest is built, and a run's entries are
+        packed once and appended once per queue. Nothing is below our checkpoint (checked)."""
+        rget = self._resolved.get
+        tadd = self._touched.add
+        pack = ENTRY.pack
+        for sizes, sts, runs in chunks:
+            ns = len(sizes)
+            if len(runs) == ns:   # one record per run (e.g. every record its own topic)
+                for run, size in zip(runs, sizes):
+                    qs = run[9]
+                    bas = rget(qs)
+                    if bas is None:
+                        if not qs:
+                            continue
+                        bas = self._resolve(qs, run[1])
+                        rget = self._resolved.get
+                    e = pack(run[1], size, sts)
+                    for ba in bas:
+                        ba += e
+                    tadd(qs)
+                continue
+            nr = len(runs)
+            for k in range(nr):
+                run = runs[k]
+                qs = run[9]
+                if not qs:
+                    continue
+                phys = run[1]
+                bas = rget(qs)
+                if bas is None:
+                    bas = self._resolve(qs, phys)
+                    rget = self._resolved.get
+                i1 = runs[k + 1][0] if k + 1 < nr else ns
+                es = []
+                for i in range(run[0], i1):
+                    sz = sizes[i]
+                    es.append(pack(phys, sz, sts))
+                    phys += sz
+                e = b"".join(es)
+                for ba in bas:
+                    ba += e
+                tadd(qs)
+
+    def _resolve(self, qs: tuple[str, ...], phys: int) -> tuple[bytearray, ...]:
+        """The tails' bytearrays for dispatch tuple `qs` (cached until the next write), noting
+        where each queue's unwritten entries start. The record at `phys` is about to be
+        appended; if it would leave too many queues unwritten, what precedes it is written
+        first, with `phys` as checkpoint."""
+        dirty = self._dirty
+        if dirty and len(dirty) + len(qs) > self.max_queues_per_write:
+            if phys > self._ckpt:
+                self._ckpt = phys
+            self._write()
+            dirty = self._dirty
+        tail = self._tail
         qids = self._qids
-        runs: list[tuple[int, int, bytes]] = []
-        for name, entries in groups.items():
+        out = []
+        for name in qs:
             q = qids.get(name)
-            if q is None:
-                q = self.qid(name)
-                if q is None:
-                    q = next_qid
-                    next_qid += 1
-                    wb.put(K_NAME + name.encode("utf-8"), _U64.pack(q))
-                    new_ids[name] = q
+            t = tail.get(q)
+            if t is None:
+                t = self._open_tail(name, q)
+            elif q not in dirty:
+                dirty[q] = len(t[1])
+            out.append(t[1])
+        bas = tuple(out)
+        self._resolved[qs] = bas
+        return bas
+
+    def _open_tail(self, name: str, q: int | None) -> tuple[int, bytearray]:
+        """An empty tail for a queue without one (new, or evicted): it starts at its max offset."""
+        if q is None:
+            q = self.qid(name)
+        if q is None:
+            q = self._next_qid
+            self._next_qid = q + 1
+            self._new_names[name] = q
+            start = 0
+        else:
             start = self._max_get(q)
             if start is None:
-                start = 0 if name in new_ids else self._load_max(q)
-            v = b"".join(entries)
-            wb.put(_KEY.pack(q, start), v)
-            new_max.append((q, start + len(entries)))
-            runs.append((q, start, v))
-        if next_qid != self._next_qid:
-            wb.put(K_NEXT, _U64.pack(next_qid))
-        if end_offset > ckpt:
-            wb.put(K_CKPT, _U64.pack(end_offset))
-        self._db.write(wb, self._wo)     # raises on I/O error: nothing below is applied
-        # Only now publish the new state in memory.
-        qids.update(new_ids)
-        self._next_qid = next_qid
-        maxes = self._max
-        if len(maxes) < next_qid:
-            maxes.extend(array("Q", [_UNKNOWN]) * (next_qid - len(maxes)))
-        for q, m in new_max:
-            maxes[q] = m
+                start = self._load_max(q)
+        t = self._tail[q] = (start, bytearray())
+        self._dirty[q] = 0
+        self._qids[name] = q   # after the tail exists: a reader finding the id finds the entries
+        return t
+
+    def _write(self) -> None:
+        """One atomic RocksDB write: every unwritten run, new queue names and the checkpoint.
+        Then trim the written tails and evict tails over `tail_queues`. Caller holds _lock."""
+        dirty = self._dirty
+        ckpt = self._ckpt
+        if not dirty and ckpt <= self._written_ckpt:
+            return
         tail = self._tail
+        wb = WriteBatch(raw_mode=True)
+        put = wb.put
+        kpack = _KEY.pack
+        for q, pos in dirty.items():
+            first, ba = tail[q]
+            if pos < len(ba):
+                put(kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:]))  # one copy
+        if self._new_names:
+            for name, q in self._new_names.items():
+                put(K_NAME + name.encode("utf-8"), _U64.pack(q))
+            put(K_NEXT, _U64.pack(self._next_qid))
+        if ckpt > self._written_ckpt:
+            put(K_CKPT, _U64.pack(ckpt))
+        self._db.write(wb, self._wo)     # raises on I/O error: nothing below is applied
+        self._written_ckpt = ckpt
+        self._new_names = {}
+        self._dirty = {}
+        self._resolved = {}      # tails are replaced below, and every queue is clean again
+        self._taken = 0
         keep = self.tail_entries * ENTRY_SIZE
-        for q, start, v in runs:
-            t = tail.pop(q, None)     # pop + set: the dict's order is the order of last writes
-            if t is not None and t[0] + len(t[1]) // ENTRY_SIZE == start:
-                v = t[1] + v
-                start = t[0]
-            if len(v) > keep:
-                cut = len(v) - keep
-                v = v[cut:]
-                start += cut // ENTRY_SIZE
-            tail[q] = (start, v)
-        if len(tail) > self.tail_queues:
-            for q in list(islice(tail, len(tail) - self.tail_queues)):
-                tail.pop(q, None)
-        if end_offset > ckpt:
-            self._ckpt = end_offset
-        self._pending.update(groups.keys())
+        for q in dirty:
+            first, ba = tail[q]
+            if len(ba) > 2 * keep:   # trim to the newest tail_entries; amortised O(1) per entry
+                cut = len(ba) - keep
+                tail[q] = (first + cut // ENTRY_SIZE, ba[cut:])   # a new object: readers keep theirs
+        excess = len(tail) - self.tail_queues
+        if excess > 0:   # every tail is written now: evict the oldest, their end goes to _max
+            for q in list(islice(tail, excess)):
+                first, ba = tail[q]
+                self._max_set(q, first + len(ba) // ENTRY_SIZE)
+                del tail[q]
 
     def take_touched(self) -> set[str]:
         """Queues that received entries since the last call (for listeners)."""
-        p = self._pending
-        self._pending = set()
-        return p
+        p = self._touched
+        if not p:
+            return set()
+        self._touched = set()
+        return set().union(*p)
 
     def flush(self) -> None:
-        """Persist memtables (the WAL is off); afterwards checkpoint() covers every batch."""
+        """Write what the tails buffer and persist memtables (the WAL is off); afterwards
+        checkpoint() covers every dispatched batch."""
         if self._closed:
             return   # close() already flushed
         self._flush_db()
 
     def _flush_db(self) -> None:
-        ckpt = self._ckpt
+        with self._lock:
+            self._write()
+            ckpt = self._written_ckpt
+        # Outside the lock (dispatch goes on): a write landing before the memtable switch is
+        # flushed too, with a checkpoint above `ckpt`; claiming only `ckpt` is conservative.
         self._db.flush(True)
-        self._durable_ckpt = ckpt
+        if ckpt > self._durable_ckpt:
+            self._durable_ckpt = ckpt
 
     def truncate(self, offset: int) -> None:
         """Forget every entry pointing at/after CommitLog `offset` (the store cut its tail)."""
         with self._lock:
             if offset >= self._ckpt:
                 return
+            self._write()     # everything into RocksDB first: then one scan trims it all
             wb = WriteBatch(raw_mode=True)
             it = self._db.iter()
             it.seek_to_first()
@@ -418,8 +558,11 @@ class LightQueueIndex:
             wb.put(K_CKPT, _U64.pack(offset))
             self._db.write(wb, self._wo)
             self._db.flush(True)
-            self._ckpt = self._durable_ckpt = offset
+            self._ckpt = self._written_ckpt = self._durable_ckpt = offset
             self._tail = {}
+            self._dirty = {}
+            self._resolved = {}
+            self._taken = 0
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
             self._min = array("Q", [_UNKNOWN]) * self._next_qid
 
@@ -456,6 +599,8 @@ class LightQueueIndex:
         """
         deleted = 0
         min_phys = self.min_phys
+        with self._lock:
+            self._write()      # sweep what the tails buffer too
         it = self._db.iter()
         it.seek_to_first()
         todo: list[tuple[bytes, int, int]] = []
@@ -485,9 +630,18 @@ class LightQueueIndex:
             for qid, end in floors.items():
                 wb.put(K_FLOOR + _U64.pack(qid), _U64.pack(max(end, self._floor(qid))))
             self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
-            for qid in floors:
+            tail = self._tail
+            dirty = self._dirty
+            for qid, end in floors.items():
                 self._min_set(qid, _UNKNOWN)
-                self._tail.pop(qid, None)
+                t = tail.get(qid)
+                if t is not None and t[0] < end:   # the tail forgets the deleted runs too;
+                    first, ba = t                  # unwritten entries all lie above them
+                    cut = min(end - first, len(ba) // ENTRY_SIZE) * ENTRY_SIZE
+                    tail[qid] = (first + cut // ENTRY_SIZE, ba[cut:])
+                    if qid in dirty:
+                        dirty[qid] -= cut
+                    self._resolved = {}   # it held the replaced bytearray
         return len(runs)
 
     def drop_queue(self, name: str) -> bool:
@@ -497,15 +651,18 @@ class LightQueueIndex:
             if q is None:
                 return False
             end = self.max_offset(name)
-            wb = WriteBatch(raw_mode=True)
             # Persist the dispatch state first: a crash must not replay pre-drop records into
             # the dropped queue on top of its floor.
+            self._write()
             self._db.flush(True)
-            self._durable_ckpt = self._ckpt
+            self._durable_ckpt = self._written_ckpt
+            wb = WriteBatch(raw_mode=True)
             wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
             wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
             self._db.write(wb, WriteOptions())
+            self._max_set(q, end)      # before the tail goes: readers fall back to _max
             self._tail.pop(q, None)
+            self._resolved = {}
             self._min_set(q, end)
             return True
 

@@ -88,8 +88,12 @@ def test_truncate_forgets_entries_at_and_after_offset(tmp_path):
 def test_retention_moves_min_offset_and_sweep_keeps_numbering(tmp_path):
     p = str(tmp_path / "ix")
     idx = LightQueueIndex(p)
+    # A RocksDB write holds every entry buffered since the last one; flush() writes, so each
+    # feed below becomes its own run (the sweep deletes whole runs).
     feed(idx, [("q",)] * 3)                      # run 1: offsets 0..2, phys 0..200
+    idx.flush()
     feed(idx, [("q",), ("old",)], phys0=300)     # run 2: q 3 (phys 300), old 0 (phys 400)
+    idx.flush()
     feed(idx, [("q",)], phys0=500)               # run 3: q 4 (phys 500)
     idx.on_segments_deleted(450)
     idx._sweeper.join(10)
@@ -165,4 +169,62 @@ def test_batch_touching_many_queues_is_cut_into_consistent_writes(tmp_path):
     # a replay of the whole batch (the store restarting from an older checkpoint) adds nothing
     idx.dispatch([req(i * 100, 100, (f"q/{i % 25}", "all")) for i in range(100)], 10000)
     assert idx.max_offset("all") == 100 and idx.max_offset("q/3") == 4
+    idx.close()
+
+
+def test_reads_span_written_runs_and_the_unwritten_tail(tmp_path):
+    """Entries are readable as soon as they are dispatched, before any RocksDB write; reads
+    that start in RocksDB continue in memory, at every offset, and a reopen sees the same."""
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    idx.tail_entries = 4                          # most written entries leave memory
+    feed(idx, [("a", "all")] * 20)                # written by the flush below
+    idx.flush()
+    feed(idx, [("a", "all"), ("b", "all")] * 5, phys0=2000)   # still only in memory
+    assert idx.checkpoint() == 2000 and idx._dirty
+    want_a = [i * 100 for i in range(20)] + [2000 + i * 200 for i in range(5)]
+    want_all = [i * 100 for i in range(20)] + [2000 + i * 100 for i in range(10)]
+    for _ in range(2):
+        for q, want in (("a", want_a), ("all", want_all)):
+            assert idx.max_offset(q) == len(want)
+            for off in range(len(want) + 1):
+                for n in (1, 3, 100):
+                    got = idx.read(q, off, n)
+                    assert [e.queue_offset for e in got] == list(range(off, min(len(want), off + n)))
+                    assert [e.phys_offset for e in got] == want[off:off + n]
+                    assert idx.read_raw(q, off, n) == [(e.queue_offset, e.phys_offset, e.size) for e in got]
+        idx.close()
+        idx = LightQueueIndex(p)
+    idx.close()
+
+
+def test_write_threshold_and_queue_cap_write_runs_without_a_flush(tmp_path):
+    """Buffered entries go to RocksDB every `write_records` records, checkpoint included."""
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    idx.write_records = 10
+    feed(idx, [("w", "w/all")] * 9)
+    assert idx._written_ckpt == 0
+    feed(idx, [("w",)], phys0=900)
+    assert idx._written_ckpt == 1000 and not idx._dirty
+    assert phys_list(idx, "w") == [i * 100 for i in range(10)]
+    idx.close()
+
+
+def test_dropped_queue_gets_new_entries_after_the_drop(tmp_path):
+    """A dispatch tuple seen before a drop (its tails cached) lands in the new tail after it."""
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [("t", "w/+")] * 2)
+    assert idx.drop_queue("w/+")
+    feed(idx, [("t", "w/+")], phys0=200)
+    assert [(e.queue_offset, e.phys_offset) for e in idx.read("w/+", 0, 10)] == [(2, 200)]
+    assert phys_list(idx, "t") == [0, 100, 200]
+    idx.close()
+
+
+def test_take_touched_names_every_queue_of_the_batches_since_the_last_call(tmp_path):
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [("x/1", "x/+"), ("x/2", "x/+")])
+    feed(idx, [("y",)], phys0=200)
+    assert idx.take_touched() == {"x/1", "x/2", "x/+", "y"}
+    assert idx.take_touched() == set()
     idx.close()
