@@ -117,6 +117,11 @@ def _mosquitto_conf(port: int, workdir: Path) -> Path:
         "max_queued_messages 1000000",  # persistent-session backlog scenario
         "max_queued_bytes 0",
         "persistence false",
+        # lmqtt and amqtt (asyncio) set TCP_NODELAY on every client socket; Mosquitto only with
+        # this option. Without it Nagle's algorithm holds Mosquitto's small PUBACKs and
+        # deliveries until the generator's delayed ACK (40 ms): QoS 1 pairs topped out at ~22k
+        # msg/s with Mosquitto at 0.3 cores, ~54k at 0.9 cores with it.
+        "set_tcp_nodelay true",
         "log_dest stderr",
         "log_type error",
         "log_type warning",

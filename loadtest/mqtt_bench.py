@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -41,6 +42,12 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _cpu_split() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process: system time is mostly socket syscalls."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime, ru.ru_stime
+
+
 def _install_uvloop() -> bool:
     try:
         import uvloop
@@ -55,10 +62,11 @@ def _install_uvloop() -> bool:
 # ============================================================================================
 
 class _Pub:
-    __slots__ = ("client", "sp", "alloc", "seq", "behind")
+    __slots__ = ("client", "sp", "alloc", "seq", "behind", "refill")
 
     def __init__(self, client, sp, alloc) -> None:
         self.client, self.sp, self.alloc, self.seq, self.behind = client, sp, alloc, 0, 0
+        self.refill = None
 
 
 class Worker:
@@ -79,6 +87,10 @@ class Worker:
         self.clients = []
         self.pubs: list[_Pub] = []
         self.running = False
+        self.writes = 0  # PUBLISH batches written
+        self.blocked: set = set()  # QoS 1/2 publishers waiting for credit, not for acks
+        self.low: list[int] = [-1] * self.n_pubs  # per publisher: slowest subscriber's highest seq
+        self.done = True  # coalescing naps run from "go" until the drain is over
         self.errors: list[str] = []
         self.inbox: asyncio.Queue = asyncio.Queue()
 
@@ -142,8 +154,16 @@ class Worker:
             await self._close()
             return
         _, t_go, t_end = msg
-        cpu0 = _cpu_seconds()
+        gc.collect()
+        gc.freeze()  # the connections and plans are long-lived: keep them out of every GC pass
+        gc.set_threshold(50_000, 20, 100)  # fewer gen-0 passes over the per-read tuples
+        reads0 = sum(c.reads for c in self.clients)
+        cpu0 = _cpu_split()
         pump = asyncio.ensure_future(self._pump_sink())
+        nap = self.cfg.resolved_coalesce()
+        self.done = False
+        if nap > 0:
+            self._start_coalescing(nap)
         await self._sleep_until(t_go)
         await self._publish(t_go, t_end)
         sent = {p.sp.pub_id: p.seq for p in self.pubs}
@@ -157,17 +177,40 @@ class Worker:
             return
         totals: dict[int, int] = msg[1]
         await self._drain(totals)
+        self.done = True
         pump.cancel()
         self._flush_sink()
-        cpu1 = _cpu_seconds()
+        cpu1 = _cpu_split()
         self._send("result", {
             "per_pub": self.tracker.to_dict(), "hist": self.hist.to_dict(),
-            "last_recv_ns": self.sink.last_ns, "cpu_s": cpu1 - cpu0,
+            "last_recv_ns": self.sink.last_ns, "cpu_s": (cpu1[0] - cpu0[0]) + (cpu1[1] - cpu0[1]),
+            "cpu_sys_s": cpu1[1] - cpu0[1],
+            "reads": sum(c.reads for c in self.clients) - reads0, "writes": self.writes,
             "errors": self.errors + [c.error for c in self.clients if c.error][:5],
             "disconnected": sum(1 for c in self.clients if c.closed.done()),
         })
         await self._recv("stop")
         await self._close()
+
+    def _start_coalescing(self, nap: float) -> None:
+        """Let reads pile up: sleep ``nap`` seconds once per event-loop iteration.
+
+        Each read of a flat-out run otherwise holds one or two messages (the broker writes
+        every delivery to every socket as it happens, and an idle generator wakes for each),
+        so the generator pays a wake-up, an epoll round and a ``recv`` per message — as much
+        CPU per message as Mosquitto's ``send``. Sleeping between loop iterations lets the
+        kernel queue several messages per socket and one iteration serve many sockets; the
+        nap shrinks relative to the work as load grows, so it cannot cap throughput the way a
+        fixed polling interval would. Not used at a fixed ``--rate`` (latency scenario).
+        """
+        loop = asyncio.get_running_loop()
+        sleep = time.sleep
+
+        def _nap() -> None:
+            sleep(nap)
+            if not self.done:
+                loop.call_soon(_nap)
+        loop.call_soon(_nap)
 
     async def _close(self) -> None:
         for c in self.clients:
@@ -193,6 +236,7 @@ class Worker:
             await asyncio.sleep(0.01)
             self._flush_sink()
             self._publish_credit()
+            self._retry_blocked()
             if dbg and time.monotonic() - last > 0.5:
                 last = time.monotonic()
                 print(f"worker {self.index}: recv={sum(c.received for c in self.clients)} "
@@ -240,6 +284,11 @@ class Worker:
         arr = self.credit
         for p, lo in lows.items():
             arr[base + p] = lo
+        if self.pubs:  # snapshot the minimum over workers once per tick, not once per refill
+            n = self.n_pubs
+            vals = arr[:]
+            self.low = list(map(min, *[vals[w * n:(w + 1) * n] for w in range(self.n_workers)])) \
+                if self.n_workers > 1 else vals
 
     def _allowed(self, p: "_Pub") -> int:
         """How many more messages publisher ``p`` may send now (closed loop + window + rate)."""
@@ -248,9 +297,7 @@ class Worker:
         if cfg.qos:
             room = cfg.window - len(p.client.inflight)
         if self.credit is not None:
-            arr, n, pid = self.credit, self.n_pubs, p.sp.pub_id
-            lo = min(arr[w * n + pid] for w in range(self.n_workers))
-            room = min(room, lo + 1 + self.lead - p.seq)
+            room = min(room, self.low[p.sp.pub_id] + 1 + self.lead - p.seq)
         return room
 
     async def _publish(self, t_go: int, t_end: int) -> None:
@@ -284,15 +331,14 @@ class Worker:
                     self._send_batch(p, due)
                 await asyncio.sleep(tick)
         elif qos:
-            blocked: set = set()
+            blocked = self.blocked
             for p in self.pubs:
-                p.client.on_acks = self._refill(p, blocked)
-                self._refill(p, blocked)(0)
+                p.refill = p.client.on_acks = self._refill(p, blocked)
+                p.refill(0)
             while time.monotonic_ns() < t_end:
                 await asyncio.sleep(0.002)
-                for p in list(blocked):
-                    blocked.discard(p)
-                    self._refill(p, blocked)(0)
+                if self.credit is None:  # open loop: only the window holds publishers back
+                    self._retry_blocked()
         else:
             for p in self.pubs:
                 pump = self._qos0_pump(p, loop)
@@ -306,6 +352,14 @@ class Worker:
                                                   if not p.client.closed.done()):
             await asyncio.sleep(0.01)
 
+    def _retry_blocked(self) -> None:
+        """Refill the publishers the closed loop held back (after the credit moved on)."""
+        blocked = self.blocked
+        if blocked:
+            for p in list(blocked):
+                blocked.discard(p)
+                p.refill(0)
+
     def _send_batch(self, p: _Pub, n: int) -> None:
         c = p.client
         if c.transport is None or c.transport.is_closing():
@@ -313,18 +367,25 @@ class Worker:
         pids = p.alloc.take(n) if self.cfg.qos else None
         c.transport.write(p.sp.batch(p.seq, pids, n))
         p.seq += n
+        self.writes += 1
 
     def _refill(self, p: _Pub, blocked: set):
         # Refill only once half the window is free: one write of window/2 messages instead of one
         # write per PUBACK. Profiled: with a write per ack the generator spent ~100 µs of (mostly
         # kernel loopback TCP) time per write, 2-3 messages each, more CPU than Mosquitto itself.
+        # Closed loop: also wait for half a window of *credit* (retried after every credit
+        # refresh) instead of topping up by the one or two messages the lead allows: at fan-in's
+        # ~50 msg/s per publisher that made 2.5 messages per write instead of 5.
         threshold = max(1, self.cfg.window // 2)
+        if self.credit is not None:
+            threshold = max(1, min(threshold, self.lead // 2))
+        closed = self.credit is not None
 
         def on_acks(_n: int) -> None:
             if not self.running:
                 return
             room = self._allowed(p)
-            if room >= threshold or (room > 0 and not p.client.inflight):
+            if room >= threshold or (room > 0 and not closed and not p.client.inflight):
                 self._send_batch(p, room)
             elif len(p.client.inflight) < self.cfg.window:
                 blocked.add(p)  # held back by the closed loop, not by acks: retry on the tick
@@ -590,6 +651,14 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             "delivered_per_s": round(totals["received"] / deliver_s, 1),
             "latency_us": hist.summary(1e3),
             "gen_cpu_cores": round(gen_cpu / wall, 3),
+            # per worker process: one Python process can use at most one core, so a worker near
+            # 1.0 is generator-bound even when the total looks small next to the broker's
+            # socket reads (all connections) and PUBLISH batch writes over the whole run: how many
+            # messages each costs the generator shows whether its reads and writes batch up
+            "gen_reads": sum(r["reads"] for r in results),
+            "gen_publish_writes": sum(r["writes"] for r in results),
+            "gen_cpu_cores_per_proc": [round(r["cpu_s"] / wall, 3) for r in results],
+            "gen_cpu_sys_frac": round(sum(r["cpu_sys_s"] for r in results) / gen_cpu, 3) if gen_cpu else None,
             "broker_cpu_cores": round((cpu_b1 - cpu_b0) / wall, 3) if cpu_b0 is not None else None,
             # CPU per delivered message: comparable even when other load steals cores
             "gen_cpu_us_per_msg": round(gen_cpu * 1e6 / totals["received"], 2) if totals["received"] else None,
@@ -662,6 +731,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lead", type=int, default=None,
                     help="flat out: max messages a publisher runs ahead of its slowest subscriber "
                          "(closed loop; 0 = open loop, let broker queues fill)")
+    ap.add_argument("--coalesce-ms", type=float, default=None,
+                    help="flat out: each worker sleeps this long per event-loop iteration so reads "
+                         "batch up (default 20 fanout, 10 fanin, 5 others; 0 = off; never with --rate)")
     ap.add_argument("--publishers", type=int, default=None)
     ap.add_argument("--subscribers", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=None, help="pairs/latency: number of pairs")
@@ -682,7 +754,7 @@ def config_from_args(a: argparse.Namespace) -> ScenarioConfig:
         setattr(cfg, k, v)
     if a.pairs is not None:
         cfg.publishers = cfg.subscribers = a.pairs
-    for k in ("qos", "rate", "lead", "publishers", "subscribers", "connections", "topics", "backlog"):
+    for k in ("qos", "rate", "lead", "coalesce_ms", "publishers", "subscribers", "connections", "topics", "backlog"):
         v = getattr(a, k)
         if v is not None:
             setattr(cfg, k, v)

@@ -28,10 +28,13 @@ def test_plan_expectations_match_the_scenario_shape():
     assert all(len(c.client_id) <= 23 for c in fin + pairs)  # MQTT 3.1.1 servers must accept <= 23
 
 
-def test_partition_gives_fanin_subscriber_its_own_process_and_keeps_everyone():
+def test_partition_balances_clients_and_keeps_everyone():
     specs = plan(ScenarioConfig(scenario="fanin", publishers=10, subscribers=1))
     parts = partition(specs, 3)
-    assert [c.role for c in parts[0]] == ["sub"]
+    # the lone subscriber is in the first process; clients (11) spread 4/4/3, so the
+    # subscriber's process carries no more connections than any other
+    assert parts[0][0].role == "sub" and sum(c.role == "sub" for p in parts for c in p) == 1
+    assert sorted(len(p) for p in parts) == [3, 4, 4] and len(parts[0]) <= 4
     assert sorted(c.client_id for p in parts for c in p) == sorted(c.client_id for c in specs)
     rr = partition([ClientSpec("idle", f"c{i}") for i in range(7)], 2)
     assert [len(p) for p in rr] == [4, 3]
