@@ -220,6 +220,7 @@ class Client(asyncio.Protocol):
                 return self._miss()
             cols = tuple(c[:k] for c in cols)
             off = k * size
+        self.shape_misses = 0
         if qos:
             _, pids, pubs, seqs, sents = cols
             if self.transport is not None:
@@ -297,6 +298,7 @@ class Client(asyncio.Protocol):
             off = k * size
         if not got:
             return self._miss()
+        self.shape_misses = 0
         self.received += got
         if lat is not None:
             sink.last_ns = now
@@ -306,7 +308,7 @@ class Client(asyncio.Protocol):
 
     def _miss(self) -> int:
         self.shape_misses += 1
-        if self.shape_misses > 3:  # this connection's PUBLISHes vary in shape: stop trying
+        if self.shape_misses > 3:  # several reads in a row missed: the shapes vary, stop trying
             self.shape = False
         return 0
 
