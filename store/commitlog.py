@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import threading
 import time
 import zlib
@@ -51,7 +52,7 @@ class CommitLog:
         self.flushed = 0     # end of data known durable (fdatasync done)
         self._flush_lock = threading.Lock()
         self.queue_table: dict[tuple[str, int], int] = {}
-        self._topic_cache: dict[str, tuple[bytes, str, int]] = {}
+        self._topic_cache: dict[str, list] = {}
         self._names_cache: dict[tuple[str, ...], bytes] = {}
         self._struct_cache: dict[tuple[int, int, int], struct.Struct] = {}
         self.pending: list[tuple[int, bytearray]] = []
@@ -102,11 +103,15 @@ class CommitLog:
                 pop(p, None)
 
     # ------------------------------------------------------------------ append
-    def _topic_info(self, topic: str) -> tuple:
-        """(topic bytes, first-level name, tags code, topic length, tail Struct w/o keys/queues, 74+len)."""
+    def _topic_info(self, topic: str) -> list:
+        """[topic bytes, first-level name, tags code, topic length, tail Struct w/o keys/queues, 74+len,
+        + the last dispatch-queue tuple seen with this topic and its (encoded, Struct, 74+len+dq)]:
+        a publisher's topic usually comes with the same dispatch-queue tuple object every time,
+        and this saves hashing that tuple and looking up its Struct per record."""
         tb = encode_topic(topic, self.cfg.max_topic_bytes)
-        info = (tb, first_level(topic), tags_code_of(tb), len(tb), self._tail_struct(len(tb), 0, 0),
-                HEADER_SIZE + len(tb))
+        S0 = self._tail_struct(len(tb), 0, 0)
+        info = [tb, sys.intern(first_level(topic)), tags_code_of(tb), len(tb), S0, HEADER_SIZE + len(tb),
+                (), b"", S0, HEADER_SIZE + len(tb)]
         if len(self._topic_cache) > 100_000:
             self._topic_cache.clear()
         self._topic_cache[topic] = info
@@ -221,13 +226,23 @@ class CommitLog:
                                 t = self._topic_info(topic)
                             tb, fl, tags, tl = t[0], t[1], t[2], t[3]
                             r_topic = topic
-                        if keys or dq:
-                            kb = (ncache.get(keys) or self._names(keys, "keys")) if keys else b""
+                        if keys:
+                            kb = ncache.get(keys) or self._names(keys, "keys")
                             db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
                             kl = len(kb)
                             dl = len(db)
                             S = self._tail_struct(tl, kl, dl)
                             hbase = t[5] + kl + dl
+                        elif dq:
+                            if dq is not t[6]:
+                                db = ncache.get(dq) or self._names(dq, "dispatch_queues")
+                                t[6:10] = (dq, db, self._tail_struct(tl, 0, len(db)), t[5] + len(db))
+                            kb = b""
+                            kl = 0
+                            db = t[7]
+                            dl = len(db)
+                            S = t[8]
+                            hbase = t[9]
                         else:
                             kb = db = b""
                             kl = dl = 0
@@ -349,7 +364,7 @@ class CommitLog:
         t = self._topic_cache.get(topic)
         if t is None:
             t = self._topic_info(topic)
-        tb, fl, tags, tl, S, hbase = t
+        tb, fl, tags, tl, S, hbase = t[0], t[1], t[2], t[3], t[4], t[5]
         body = m.body
         props = m.props
         keys = m.keys

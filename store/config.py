@@ -66,8 +66,8 @@ class StoreConfig:
     preallocate: bool = True
     # keep this many bytes after the CommitLog write position mapped writable from a helper thread
     # (madvise MADV_POPULATE_WRITE, GIL released), so the appender does not take the first-write
-    # page fault of every page itself (~10 % of a 100-byte append). Linux >= 5.14 and
-    # preallocate=True only; 0 disables. See store/prefault.py.
+    # page fault of every page itself (~10 % of a 100-byte append). Linux >= 5.14; 0 disables.
+    # See store/prefault.py.
     prefault_bytes: int = 2 << 20
 
     def __post_init__(self) -> None:

@@ -71,7 +71,7 @@ class MessageStore:
         self.group_commit = GroupCommitService(self.clog, cfg.group_commit_gather_ms) if cfg.flush_mode == "sync" else None
         self.clog.group_commit = self.group_commit
         self.background = BackgroundService(self)
-        self.prefault = Prefaulter(self.clog, cfg.prefault_bytes if cfg.preallocate else 0)
+        self.prefault = Prefaulter(self.clog, cfg.prefault_bytes)
         self._running = False
         self._closed = False
         self._sync = cfg.flush_mode == "sync"

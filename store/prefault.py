@@ -12,11 +12,13 @@ appender is harmless; it only touches the segment holding the write position, wh
 unmapped while the store runs (retention deletes only older segments; MessageStore stops this
 thread before closing the files). Pages populated ahead are dirty zeros: a flush in between
 writes them back as zeros (what the preallocated extent reads as anyway), at most `ahead` bytes
-per flush. Used only with preallocated segments (a populate into a file hole could need disk
-space). Off when the platform lacks the call: appends then fault as before.
+per flush. With `preallocate=False` populating a hole allocates its blocks a little early; on a
+full disk the call fails with EFAULT (never SIGBUS) and is retried later. Off when the platform
+lacks the call: appends then fault as before.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import threading
@@ -115,9 +117,14 @@ class Prefaulter:
             return False
         if madvise(addr + start, end - start, MADV_POPULATE_WRITE) != 0:
             err = ctypes.get_errno()
-            log.info("commitlog prefault off: madvise(MADV_POPULATE_WRITE) failed, errno %d", err)
-            self._lib = None
-            return False
+            if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM):   # kernel < 5.14 or not allowed
+                log.info("commitlog prefault off: madvise(MADV_POPULATE_WRITE) failed, errno %d", err)
+                self._lib = None
+                return False
+            # EFAULT/ENOMEM (e.g. no disk space for a sparse segment's pages): the appender will
+            # meet the same condition itself; try again later
+            self._stop.wait(1.0)
+            return True
         self.populated += end - start
         self.done = base + end
         return True
