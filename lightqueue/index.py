@@ -53,6 +53,7 @@ K_MINPHYS = b"\xffP"
 K_FLOOR = b"\xffM"
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
 _ITER = ENTRY.iter_unpack
+_NO_TAILS: tuple = ()
 
 
 class IndexEntry(NamedTuple):
@@ -113,7 +114,7 @@ class LightQueueIndex:
         # Guards every change of the in-memory state and of RocksDB against each other
         # (dispatch thread, flush from any thread, drop/sweep/truncate) and lazy loads.
         self._lock = threading.RLock()
-        self._touched: set[tuple[str, ...]] = set()   # dispatch tuples since last take_touched()
+        self._touched: list[tuple[str, ...]] = []   # queue names of tuples since take_touched()
         # The in-memory tail: qid -> (first queue offset, bytearray of packed entries from it on).
         # It holds every entry not yet written to RocksDB plus (after a write) the newest
         # `tail_entries` written ones, so that a dispatched entry is readable at once, and a
@@ -124,7 +125,8 @@ class LightQueueIndex:
         self._tail: dict[int, tuple[int, bytearray]] = {}
         self._dirty: dict[int, int] = {}    # qid -> byte position of its first unwritten entry
         self._taken = 0                     # records taken since the last write
-        self._resolved: dict[tuple[str, ...], tuple[bytearray, ...]] = {}   # see dispatch()
+        self._resolved: dict[tuple[str, ...], list] = {}                     # see dispatch()
+        self._filter_tails: dict[tuple[str, ...], tuple[bytearray, ...]] = {}  # interned
         self._new_names: dict[str, int] = {}   # queues allocated since the last write
         self._closed = False
         self._sweeper: threading.Thread | None = None
@@ -332,7 +334,7 @@ class LightQueueIndex:
     # write is the index's main per-queue cost: a small dispatch batch (the store hands over a few
     # appends at a time) touches ~1 queue per record, so writing per dispatch batch paid ~1 put
     # per record. Buffering makes a run hold many entries.
-    write_records = 16384
+    write_records = 32768
     tail_entries = 256       # written entries kept in memory per queue (up to 2x between trims)
     tail_queues = 8192       # queues with an in-memory tail; more triggers a write + eviction
 
@@ -340,11 +342,15 @@ class LightQueueIndex:
         """Append the batch's entries to the in-memory tails (readable at once); write RocksDB
         when enough is buffered (`write_records`, `max_queues_per_write`, `tail_queues`).
 
-        Per record the work is one pack and one bytearray append per queue: `_resolved` maps a
-        dispatch tuple (the same tuple object for every publish of a topic) to the tails'
-        bytearrays, built once per tuple between two writes (which is also when a queue's first
-        unwritten position is noted). The lock is held for the whole batch, so a flush or drop
-        from another thread never sees half a batch."""
+        Per record the work is one pack and one bytearray append: `_resolved` maps a dispatch
+        tuple (the same tuple object for every publish of a topic) to its first queue's tail
+        bytearray and to the bytearrays of the others (the wildcard filters), interned so that
+        every tuple with the same filters shares one object. Consecutive records with the same
+        filters have their entries joined and appended to those tails once (when the filter set
+        changes, before the next resolve and at the end of the batch), so a record costs one
+        append however many filters match it. Resolution happens once per tuple between two
+        writes, which is also when a queue's first unwritten position is noted. The lock is held
+        for the whole batch, so a flush or drop from another thread never sees half a batch."""
         with self._lock:
             ckpt = self._ckpt
             chunks = getattr(batch, "chunks", None)
@@ -358,46 +364,94 @@ class LightQueueIndex:
             if self._taken >= self.write_records or len(self._tail) > self.tail_queues:
                 self._write()
 
+    # The three loops below share one shape (kept inline: a call per record would cost more
+    # than the work): c = _resolved[tuple] = [first tail, filter tails, names, batch mark];
+    # `cur`/`acc`: the filter tails being accumulated and their pending entries.
     def _take_requests(self, batch, ckpt: int) -> None:
         """DispatchRequests (a list, e.g. parsed from the CommitLog, or a replay)."""
         rget = self._resolved.get
-        tadd = self._touched.add
+        touched = self._touched
+        mark = object()
         pack = ENTRY.pack
+        join = b"".join
+        cur = _NO_TAILS
+        acc: list[bytes] = []
         for r in batch:
             qs = r.dispatch_queues
             if not qs or r.phys_offset < ckpt:
                 continue   # no light queue, or already indexed (idempotent replay)
-            bas = rget(qs)
-            if bas is None:
-                bas = self._resolve(qs, r.phys_offset)
+            c = rget(qs)
+            if c is None:
+                if acc:
+                    v = join(acc)
+                    for ba in cur:
+                        ba += v
+                    acc = []
+                c = self._resolve(qs, r.phys_offset)
                 rget = self._resolved.get
+            if c[3] is not mark:
+                c[3] = mark
+                touched.append(c[2])
             e = pack(r.phys_offset, r.size, r.store_ts)   # one entry, shared by all its queues
-            for ba in bas:
-                ba += e
-            tadd(qs)
+            f = c[1]
+            if f is not cur:
+                if acc:
+                    v = join(acc)
+                    for ba in cur:
+                        ba += v
+                cur = f
+                acc = [e]
+            else:
+                acc.append(e)
+            ba = c[0]
+            ba += e
+        if acc:
+            v = join(acc)
+            for ba in cur:
+                ba += v
 
     def _take_chunks(self, chunks) -> None:
         """The store's columnar batch (store.message: per append call, the record sizes + runs of
         records sharing every field): no DispatchRequest is built, and a run's entries are
-        packed once and appended once per queue. Nothing is below our checkpoint (checked)."""
+        packed and joined once. Nothing is below our checkpoint (the caller checked)."""
         rget = self._resolved.get
-        tadd = self._touched.add
+        touched = self._touched
+        mark = object()
         pack = ENTRY.pack
+        join = b"".join
+        cur = _NO_TAILS
+        acc: list[bytes] = []
         for sizes, sts, runs in chunks:
             ns = len(sizes)
             if len(runs) == ns:   # one record per run (e.g. every record its own topic)
                 for run, size in zip(runs, sizes):
-                    qs = run[9]
-                    bas = rget(qs)
-                    if bas is None:
-                        if not qs:
+                    c = rget(run[9])
+                    if c is None:
+                        if not run[9]:
                             continue
-                        bas = self._resolve(qs, run[1])
+                        if acc:
+                            v = join(acc)
+                            for ba in cur:
+                                ba += v
+                            acc = []
+                        c = self._resolve(run[9], run[1])
                         rget = self._resolved.get
+                    if c[3] is not mark:
+                        c[3] = mark
+                        touched.append(c[2])
                     e = pack(run[1], size, sts)
-                    for ba in bas:
-                        ba += e
-                    tadd(qs)
+                    f = c[1]
+                    if f is not cur:
+                        if acc:
+                            v = join(acc)
+                            for ba in cur:
+                                ba += v
+                        cur = f
+                        acc = [e]
+                    else:
+                        acc.append(e)
+                    ba = c[0]
+                    ba += e
                 continue
             nr = len(runs)
             for k in range(nr):
@@ -406,46 +460,74 @@ class LightQueueIndex:
                 if not qs:
                     continue
                 phys = run[1]
-                bas = rget(qs)
-                if bas is None:
-                    bas = self._resolve(qs, phys)
+                c = rget(qs)
+                if c is None:
+                    if acc:
+                        v = join(acc)
+                        for ba in cur:
+                            ba += v
+                        acc = []
+                    c = self._resolve(qs, phys)
                     rget = self._resolved.get
+                if c[3] is not mark:
+                    c[3] = mark
+                    touched.append(c[2])
                 i1 = runs[k + 1][0] if k + 1 < nr else ns
                 es = []
                 for i in range(run[0], i1):
                     sz = sizes[i]
                     es.append(pack(phys, sz, sts))
                     phys += sz
-                e = b"".join(es)
-                for ba in bas:
-                    ba += e
-                tadd(qs)
+                e = join(es)
+                f = c[1]
+                if f is not cur:
+                    if acc:
+                        v = join(acc)
+                        for ba in cur:
+                            ba += v
+                    cur = f
+                    acc = [e]
+                else:
+                    acc.append(e)
+                ba = c[0]
+                ba += e
+        if acc:
+            v = join(acc)
+            for ba in cur:
+                ba += v
 
-    def _resolve(self, qs: tuple[str, ...], phys: int) -> tuple[bytearray, ...]:
-        """The tails' bytearrays for dispatch tuple `qs` (cached until the next write), noting
-        where each queue's unwritten entries start. The record at `phys` is about to be
-        appended; if it would leave too many queues unwritten, what precedes it is written
-        first, with `phys` as checkpoint."""
+    def _resolve(self, qs: tuple[str, ...], phys: int) -> list:
+        """`_resolved[qs]` (see dispatch), noting where each queue's unwritten entries start. The
+        record at `phys` is about to be appended (everything before it is in the tails); if it
+        would leave too many queues unwritten, that is written first, with `phys` as checkpoint."""
         dirty = self._dirty
         if dirty and len(dirty) + len(qs) > self.max_queues_per_write:
             if phys > self._ckpt:
                 self._ckpt = phys
             self._write()
-            dirty = self._dirty
-        tail = self._tail
-        qids = self._qids
-        out = []
-        for name in qs:
-            q = qids.get(name)
-            t = tail.get(q)
-            if t is None:
-                t = self._open_tail(name, q)
-            elif q not in dirty:
-                dirty[q] = len(t[1])
-            out.append(t[1])
-        bas = tuple(out)
-        self._resolved[qs] = bas
-        return bas
+        t0 = self._tail_for(qs[0])
+        if len(qs) == 1:
+            f = _NO_TAILS
+        else:
+            rest = qs[1:]
+            if qs[0] in rest:   # a name twice in one tuple: one entry, and a tuple of its own
+                f = tuple(self._tail_for(n) for n in dict.fromkeys(rest) if n != qs[0])
+            else:               # shared by every tuple with these filters
+                f = self._filter_tails.get(rest)
+                if f is None:
+                    f = self._filter_tails[rest] = tuple(self._tail_for(n) for n in dict.fromkeys(rest))
+        c = self._resolved[qs] = [t0, f, qs, None]
+        return c
+
+    def _tail_for(self, name: str) -> bytearray:
+        """The tail bytearray of `name` (opened if needed), marked unwritten from its end."""
+        q = self._qids.get(name)
+        t = self._tail.get(q)
+        if t is None:
+            return self._open_tail(name, q)[1]
+        if q not in self._dirty:
+            self._dirty[q] = len(t[1])
+        return t[1]
 
     def _open_tail(self, name: str, q: int | None) -> tuple[int, bytearray]:
         """An empty tail for a queue without one (new, or evicted): it starts at its max offset."""
@@ -491,6 +573,7 @@ class LightQueueIndex:
         self._new_names = {}
         self._dirty = {}
         self._resolved = {}      # tails are replaced below, and every queue is clean again
+        self._filter_tails = {}
         self._taken = 0
         keep = self.tail_entries * ENTRY_SIZE
         for q in dirty:
@@ -510,7 +593,7 @@ class LightQueueIndex:
         p = self._touched
         if not p:
             return set()
-        self._touched = set()
+        self._touched = []
         return set().union(*p)
 
     def flush(self) -> None:
@@ -562,6 +645,7 @@ class LightQueueIndex:
             self._tail = {}
             self._dirty = {}
             self._resolved = {}
+            self._filter_tails = {}
             self._taken = 0
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
             self._min = array("Q", [_UNKNOWN]) * self._next_qid
@@ -642,6 +726,7 @@ class LightQueueIndex:
                     if qid in dirty:
                         dirty[qid] -= cut
                     self._resolved = {}   # it held the replaced bytearray
+                    self._filter_tails = {}
         return len(runs)
 
     def drop_queue(self, name: str) -> bool:
@@ -663,6 +748,7 @@ class LightQueueIndex:
             self._max_set(q, end)      # before the tail goes: readers fall back to _max
             self._tail.pop(q, None)
             self._resolved = {}
+            self._filter_tails = {}
             self._min_set(q, end)
             return True
 
