@@ -118,12 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
                          "snapshot) instead of the installed package")
     ap.add_argument("--start-timeout", type=float, default=30.0)
     ap.add_argument("--quiet", action="store_true", help="no per-scenario progress bars")
+    ap.add_argument("--selfcheck", action="store_true",
+                    help="check the generator itself against Mosquitto instead: QoS 1 at a moderate "
+                         "rate must lose/duplicate nothing, and flat out the broker must be saturated "
+                         "with the generator below it (writes OUT/selfcheck.jsonl and selfcheck.txt)")
+    ap.add_argument("--selfcheck-rate", type=float, default=10000.0,
+                    help="msg/s of the self-check's QoS 1 correctness run (100 pairs)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
+    if a.selfcheck:
+        from . import selfcheck
+        B.raise_nofile()
+        return selfcheck.run(a)
     brokers = [b.strip() for b in a.brokers.split(",") if b.strip()]
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     bad = [b for b in brokers if b not in B.KNOWN] + [s for s in scenarios if s not in ALL]
@@ -183,9 +193,10 @@ def _headline(r: dict) -> str:
                 f"{'?' if per is None else f'{per / 1024:.2f}'} KiB/conn")
     lat = r.get("latency_us", {})
     p99 = lat.get("p99")
+    from .selfcheck import verdict
     return (f"{r.get('delivered_per_s', 0):,.0f} msg/s delivered, p99 "
             f"{'?' if p99 is None else f'{p99 / 1e3:.2f}'} ms, lost {r.get('lost')}, dup "
-            f"{r.get('duplicated')}, cpu broker {r.get('broker_cpu_cores')} gen {r.get('gen_cpu_cores')}")
+            f"{r.get('duplicated')}; {verdict(r)}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -658,6 +658,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             "gen_reads": sum(r["reads"] for r in results),
             "gen_publish_writes": sum(r["writes"] for r in results),
             "gen_cpu_cores_per_proc": [round(r["cpu_s"] / wall, 3) for r in results],
+            "gen_cpu_cores_max_proc": round(max(r["cpu_s"] for r in results) / wall, 3),
             "gen_cpu_sys_frac": round(sum(r["cpu_sys_s"] for r in results) / gen_cpu, 3) if gen_cpu else None,
             "broker_cpu_cores": round((cpu_b1 - cpu_b0) / wall, 3) if cpu_b0 is not None else None,
             # CPU per delivered message: comparable even when other load steals cores
@@ -773,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt bench mqtt: {cfg.scenario} against {cfg.host}:{cfg.port} failed: {e}", file=sys.stderr)
         return 1
     print(to_json(res), flush=True)
+    if cfg.scenario in TRAFFIC and cfg.scenario != "conn":
+        from .selfcheck import verdict
+        _log(f"who was saturated: {verdict(res)}", a.quiet)
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .histogram import Histogram
+from .selfcheck import verdict
 
 # (label, key path, unit scale, format, higher_is_better)
 TRAFFIC_METRICS = [
@@ -31,6 +32,7 @@ TRAFFIC_METRICS = [
     ("out of order", ("out_of_order",), 1, "{:,.0f}", False),
     ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
     ("generator CPU (cores)", ("gen_cpu_cores",), 1, "{:.2f}", None),
+    ("generator CPU, busiest process (cores)", ("gen_cpu_cores_max_proc",), 1, "{:.2f}", None),
     ("broker CPU per delivered msg (µs)", ("broker_cpu_us_per_msg",), 1, "{:,.1f}", False),
     ("generator CPU per delivered msg (µs)", ("gen_cpu_us_per_msg",), 1, "{:,.1f}", None),
     ("broker RSS after (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
@@ -290,6 +292,12 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
             continue
         md += [f"## {SCENARIO_TITLES.get(scen, scen)} (`{scen}`)", "", params_line(g[scen]), "",
                scenario_table(scen, g[scen], brokers), ""]
+        if scen not in ("conn", "retained", "persistent"):
+            md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
+            for b in brokers:
+                for r in g[scen].get(b, []):
+                    md.append(f"- {b} rep {r.get('rep', 1)}: {verdict(r)}")
+            md.append("")
         png = out_dir / f"latency_{scen}.png"
         if png in plots:
             md += [f"![latency {scen}]({png.name})", ""]

@@ -73,3 +73,22 @@ def test_broker_that_cannot_start_is_reported_not_available(tmp_path, monkeypatc
     monkeypatch.setattr(brokers, "command_for", lambda name, port, wd: (["false"], "fake"))
     with pytest.raises(brokers.BrokerUnavailable, match="exited with code 1"):
         brokers.start("mosquitto", tmp_path, ready_timeout=5)
+
+
+def test_saturation_verdict_names_the_side_that_was_the_limit():
+    from loadtest.selfcheck import verdict
+    base = {"gen_cpu_us_per_msg": 5.0, "broker_cpu_us_per_msg": 11.0}
+    ok = verdict({**base, "broker_cpu_cores": 0.97, "gen_cpu_cores": 0.45,
+                  "gen_cpu_cores_per_proc": [0.23, 0.22]})
+    assert ok.startswith("broker saturated, generator below it") and "busiest 0.23" in ok
+    gen = verdict({"gen_cpu_us_per_msg": 20.0, "broker_cpu_us_per_msg": 11.0, "broker_cpu_cores": 0.55,
+                   "gen_cpu_cores": 1.0, "gen_cpu_cores_per_proc": [0.98]})
+    assert gen.startswith("generator-bound") and "--procs" in gen
+    # the broker is saturated but costs less per message than the generator: not "below it"
+    close = verdict({"gen_cpu_us_per_msg": 12.0, "broker_cpu_us_per_msg": 11.0, "broker_cpu_cores": 0.95,
+                     "gen_cpu_cores": 0.8, "gen_cpu_cores_per_proc": [0.4, 0.4]})
+    assert close.startswith("broker saturated, but the generator is not clearly below it")
+    shared = verdict({**base, "broker_cpu_cores": 0.6, "gen_cpu_cores": 0.3,
+                      "gen_cpu_cores_per_proc": [0.15, 0.15]})
+    assert shared.startswith("neither saturated")
+    assert verdict({"gen_cpu_cores": 0.3}).startswith("unknown")
