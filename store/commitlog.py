@@ -27,7 +27,7 @@ from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, check_size, decode,
                      encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .message import AppendResult, AppendResults, StoredMessage
+from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
 _new = tuple.__new__
 _NONE = object()  # matches nothing (`is` comparisons)
@@ -193,7 +193,10 @@ class CommitLog:
             assigned: dict = {}
             parts: list = []
             sizes: list = []
+            starts: list = []
             runs: list = []
+            new = tuple.__new__
+            DR = DispatchRequest
             cuts: list = []
             cstart = phys
             last_fl = None
@@ -278,7 +281,8 @@ class CommitLog:
                         limit = seg_end - MIN_BLANK
                         new_run = True
                     if new_run:
-                        runs.append((len(sizes), phys, topic, qid, qoff, flags, born, tags, keys, dq))
+                        starts.append(len(sizes))
+                        runs.append(new(DR, (phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq)))
                     if pl:
                         rec = b"".join((S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl,
                                                tb, kb, db), props, body))
@@ -340,9 +344,10 @@ class CommitLog:
             qt.update(assigned)
             if recent:
                 self._recent_add(recent, phys - start_phys)
+            chunk = (sizes, starts, runs)
             if self.live_enabled:
-                self._live_add(start_phys, phys, (sizes, store_ts, runs))
-        return AppendResults(sizes, runs, fut, ident, phys), phys
+                self._live_add(start_phys, phys, chunk)
+        return AppendResults(chunk, fut, ident, phys), phys
 
     def _live_add(self, start: int, end: int, chunk) -> None:
         """Under self.lock: queue one append's chunk for the dispatch thread."""
@@ -430,8 +435,8 @@ class CommitLog:
                     self._recent_add([(phys, (topic, body, props, qid, qoff, flags, total, born, store_ts,
                                               keys, dq))], total)
                 if self.live_enabled:
-                    self._live_add(phys, end, ([total], store_ts,
-                                               [(0, phys, topic, qid, qoff, flags, born, tags, keys, dq)]))
+                    self._live_add(phys, end, ([total], [0], [new(DispatchRequest, (
+                        phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))]))
                 return new(AppendResult, (phys, total, qoff, fut, ident)), end
         results, end = self._append_batch((m,), fut, ident)
         return results[0], end

@@ -301,17 +301,25 @@ class ConsumeQueueStore:
         groups: dict[tuple[str, int], list] = {}   # key -> [first qoff, next qoff, [blocks]]
         flc = self._fl_cache
         pack = ENTRY.pack
-        for sizes, _sts, runs in batch.chunks:
+        for sizes, starts, runs in batch.chunks:
             nr = len(runs)
             ns = len(sizes)
             for k in range(nr):
-                i0, phys, topic, qid, qoff, _f, _b, tags, _k, _d = runs[k]
-                i1 = runs[k + 1][0] if k + 1 < nr else ns
-                n = i1 - i0
-                if n == 1:
-                    data = pack(phys, sizes[i0], tags)
+                r = runs[k]
+                topic = r[2]
+                qid = r[3]
+                qoff = r[4]
+                if nr == ns:
+                    n = 1
+                    data = pack(r[0], r[1], r[8])
                 else:
-                    data = _entries(phys, sizes if n == ns else sizes[i0:i1], tags)
+                    i0 = starts[k]
+                    i1 = starts[k + 1] if k + 1 < nr else ns
+                    n = i1 - i0
+                    if n == 1:
+                        data = pack(r[0], r[1], r[8])
+                    else:
+                        data = _entries(r[0], sizes if n == ns else sizes[i0:i1], r[8])
                 fl = flc.get(topic)
                 if fl is None:
                     fl = first_level(topic)

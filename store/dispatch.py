@@ -4,8 +4,9 @@ It runs on its own thread so it keeps going whatever the caller's event loop doe
 ~4 MB of committed CommitLog per round straight from the memory map with `struct.unpack_from`
 (no CRC re-check on the hot path: records were CRC-checked by recovery or written by this process),
 builds one `DispatchRequest` per record and gives the batch to each dispatcher in registration
-order. Only then does `dispatched_offset` move, so a record is visible only after every index has
-it. Each dispatcher keeps its own durable checkpoint; during replay after a restart a dispatcher
+order; only then does `dispatched_offset` move, so a record is visible only after every index has
+it. While caught up it takes the appenders' chunks from memory instead of parsing (the live
+hand-off, delivered as a columnar `DispatchBatch`, see store.message). Each dispatcher keeps its own durable checkpoint; during replay after a restart a dispatcher
 only receives records at/after its checkpoint, which makes replay exact.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from .message import DispatchBatch, DispatchRequest
 from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
@@ -26,7 +27,8 @@ class Dispatcher(Protocol):
     name: str
 
     def checkpoint(self) -> int: ...
-    def dispatch(self, batch: list[DispatchRequest], end_offset: int) -> None: ...
+    # batch: a list of DispatchRequest (replay) or a DispatchBatch (live hand-off), read-only
+    def dispatch(self, batch: Sequence[DispatchRequest], end_offset: int) -> None: ...
     def flush(self) -> None: ...
     def truncate(self, offset: int) -> None: ...
     def on_segments_deleted(self, min_phys_offset: int) -> None: ...

@@ -117,36 +117,44 @@ class ResolvedFuture(Future):
 
 # ---------------------------------------------------------------------------- columnar batches
 # What one append call hands to dispatch and to its caller, kept as columns instead of one
-# DispatchRequest + one AppendResult tuple per record: those per-record tuples were ~40 % of the
-# appender's time for small messages, and because they stay alive until dispatch (and until the
-# caller drops its results) they also made the cyclic GC scan them again and again.
+# DispatchRequest + one AppendResult tuple per record: for batches of one topic those per-record
+# tuples were ~40 % of the appender's time for small messages, and because they stay alive until
+# dispatch (and until the caller drops its results) the cyclic GC scanned them again and again.
 #
-# A *chunk* is `(sizes, store_ts, runs)` for the records of one append call:
-#   sizes  list[int], the total record size of each record, in CommitLog order;
-#   runs   list of `(i0, phys, topic, queue_id, queue_offset, flags, born_ts, tags_code, keys,
-#          dispatch_queues)`: record i0 (index into sizes) starts a run of records that share
-#          every field but size and differ only in phys (consecutive: each starts where the
-#          previous ends) and queue offset (consecutive: +1 each). A run ends where the next starts
-#          (or at len(sizes)). Appends of one topic/queue come out as one run per call.
+# A *chunk* is `(sizes, starts, runs)` for the records of one append call:
+#   sizes   list[int], the total record size of each record, in CommitLog order;
+#   runs    list[DispatchRequest], the first record of each *run*: records that share every field
+#           but phys_offset (each starts where the previous ends), size and queue_offset (+1 each);
+#   starts  list[int], the index into sizes of each run's first record. A run ends where the next
+#           starts (or at len(sizes)).
+# Appends of one topic/queue give one run per call; appends whose every record differs (many
+# topics) give one run per record, whose DispatchRequests are then exactly `runs`.
 
 _DR_new = tuple.__new__
 
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""
-    sizes, sts, runs = chunk
+    sizes, starts, runs = chunk
+    nr = len(runs)
+    if nr == len(sizes):
+        out += runs
+        return
     new = _DR_new
     DR = DispatchRequest
     append = out.append
-    nr = len(runs)
     for k in range(nr):
-        i0, phys, topic, qid, qoff, flags, born, tags, keys, dq = runs[k]
-        i1 = runs[k + 1][0] if k + 1 < nr else len(sizes)
-        for i in range(i0, i1):
-            sz = sizes[i]
-            append(new(DR, (phys, sz, topic, qid, qoff, flags, born, sts, tags, keys, dq)))
-            phys += sz
-            qoff += 1
+        r = runs[k]
+        append(r)
+        i1 = starts[k + 1] if k + 1 < nr else len(sizes)
+        i0 = starts[k]
+        if i1 - i0 > 1:
+            phys, sz, topic, qid, qoff, flags, born, sts, tags, keys, dq = r
+            for i in range(i0 + 1, i1):
+                phys += sz
+                qoff += 1
+                sz = sizes[i]
+                append(new(DR, (phys, sz, topic, qid, qoff, flags, born, sts, tags, keys, dq)))
 
 
 class DispatchBatch:
@@ -155,7 +163,7 @@ class DispatchBatch:
     It is what `Dispatcher.dispatch` receives from the live hand-off. To a dispatcher that iterates
     it behaves as the list of `DispatchRequest` it stands for (len, index, slice, iteration; the
     tuples are built once, on first use, and shared by every such dispatcher). The built-in
-    dispatchers read `chunks` directly and never build them."""
+    dispatchers read `chunks` directly."""
 
     __slots__ = ("chunks", "count", "_items")
 
@@ -167,16 +175,20 @@ class DispatchBatch:
     def requests(self) -> list:
         items = self._items
         if items is None:
-            items = []
-            for c in self.chunks:
-                _chunk_requests(c, items)
+            chunks = self.chunks
+            if len(chunks) == 1 and len(chunks[0][2]) == len(chunks[0][0]):
+                items = chunks[0][2]
+            else:
+                items = []
+                for c in chunks:
+                    _chunk_requests(c, items)
             self._items = items
         return items
 
     def has_keys(self) -> bool:
         for c in self.chunks:
             for r in c[2]:
-                if r[8]:
+                if r[9]:
                     return True
         return False
 
@@ -210,11 +222,10 @@ class AppendResults:
     are answered from the columns; anything else builds the list of AppendResult tuples once.
     Behaves like a list for reading: len, index, slice (returns a list), iteration, ==, + ."""
 
-    __slots__ = ("_sizes", "_runs", "_fut", "_ident", "_end", "_items")
+    __slots__ = ("_chunk", "_fut", "_ident", "_end", "_items")
 
-    def __init__(self, sizes: list, runs: list, fut, ident: str, end: int) -> None:
-        self._sizes = sizes
-        self._runs = runs
+    def __init__(self, chunk, fut, ident: str, end: int) -> None:
+        self._chunk = chunk
         self._fut = fut
         self._ident = ident
         self._end = end
@@ -223,41 +234,31 @@ class AppendResults:
     def _list(self) -> list:
         items = self._items
         if items is None:
-            items = []
-            append = items.append
-            sizes = self._sizes
-            runs = self._runs
-            nr = len(runs)
+            drs: list = []
+            _chunk_requests(self._chunk, drs)
             fut = self._fut
             ident = self._ident
             new = _DR_new
             AR = AppendResult
-            for k in range(nr):
-                r = runs[k]
-                i0, phys, qoff = r[0], r[1], r[4]
-                i1 = runs[k + 1][0] if k + 1 < nr else len(sizes)
-                for i in range(i0, i1):
-                    sz = sizes[i]
-                    append(new(AR, (phys, sz, qoff, fut, ident)))
-                    phys += sz
-                    qoff += 1
+            items = [new(AR, (r[0], r[1], r[4], fut, ident)) for r in drs]
             self._items = items
         return items
 
     def __len__(self) -> int:
-        return len(self._sizes)
+        return len(self._chunk[0])
 
     def __getitem__(self, i):
         if self._items is None and type(i) is int:
-            sizes = self._sizes
+            sizes, starts, runs = self._chunk
             n = len(sizes)
             if i == -1 or i == n - 1:
-                r = self._runs[-1]
+                r = runs[-1]
                 sz = sizes[-1]
-                return _DR_new(AppendResult, (self._end - sz, sz, r[4] + (n - 1 - r[0]), self._fut, self._ident))
+                return _DR_new(AppendResult, (self._end - sz, sz, r[4] + (n - 1 - starts[-1]), self._fut,
+                                              self._ident))
             if i == 0 or i == -n:
-                r = self._runs[0]
-                return _DR_new(AppendResult, (r[1], sizes[0], r[4], self._fut, self._ident))
+                r = runs[0]
+                return _DR_new(AppendResult, (r[0], r[1], r[4], self._fut, self._ident))
         return self._list()[i]
 
     def __iter__(self):
