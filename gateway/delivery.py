@@ -142,9 +142,10 @@ class DeliveryEngine:
     # whole cache is dropped when over its budget (a quarter of `lq_cache_mb`, counting payload +
     # `_ENTRY_COST` per entry). Readers behind what is kept pull as before.
     recent_per_queue = 1 << 16
+    recent_gap_max = 1 << 13      # entries a ring reads to bridge a gap (else it starts over)
     _ENTRY_COST = 256
 
-    def record_appended(self, batch: list, results, store_ts: int) -> None:
+    def record_appended(self, batch: list, store_ts: int) -> None:
         """The loop appended `batch` (PublishPipeline `_Pending`s, in record order) and the store
         dispatched it inline, with nothing appended before it left undispatched.
 
@@ -191,11 +192,13 @@ class DeliveryEngine:
                 it = base.get(i)
                 p = batch[i]
                 if it is None:
-                    it = base[i] = Item(p.topic, p.payload, self._meta(p.props), off,
-                                        results[i].phys_offset, p.queues, store_ts)
+                    # phys_offset left unknown (-1): nothing reads it, and indexing the store's
+                    # columnar results would build every AppendResult tuple
+                    it = base[i] = Item(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
+                                        store_ts)
                 else:
                     first = it
-                    it = Item(p.topic, p.payload, first.meta, off, first.phys_offset, p.queues, store_ts)
+                    it = Item(p.topic, p.payload, first.meta, off, -1, p.queues, store_ts)
                     it._tpl = first._tpl      # encoded PUBLISH variants do not depend on the queue
                 nbytes += len(p.payload)
                 items.append(it)
@@ -217,7 +220,7 @@ class DeliveryEngine:
         read them once so the ring stays one range; a reader behind the ring would otherwise pull
         all the way up to the new entries. False: not filled (the caller starts over)."""
         off = r[0] + len(r[1])
-        if not 0 < start - off <= self.cfg.pull_batch * 16:
+        if not 0 < start - off <= self.recent_gap_max:
             return False
         items = r[1]
         n0 = len(items)

@@ -83,12 +83,12 @@ class PublishPipeline:
         now_ms = int(time.time() * 1000)
         msgs = [Message(p.topic, p.payload, 0, 0, p.props, (), now_ms, p.queues) for p in batch]
         store = self.store
-        hot = True
+        whole = True              # append_batch took every record (all or none)
         t0 = time.perf_counter()
         try:
             results = store.append_batch(msgs)
         except Exception as e:  # one bad record must not fail the others: retry one by one
-            hot = False
+            whole = False
             log.warning("event=append_batch_failed error=%r count=%d; retrying one by one", e, len(batch))
             results = []
             for p, m in zip(batch, msgs):
@@ -100,31 +100,41 @@ class PublishPipeline:
         self.metrics.append_latency.observe(t1 - t0)
         self.metrics.append_batch_size.observe(len(batch))
         ok_batch = []
-        for p, r in zip(batch, results):
-            if isinstance(r, Exception):
-                self.metrics.dropped_store_error.inc()
-                log.error("event=append_failed topic=%s error=%r", p.topic, r)
-                if p.conn is not None and p.qos:
-                    p.conn.pending_publishes -= 1
-                self._fail(p, r)
-                continue
-            if p.retain:
-                try:
-                    self.b.set_retained(p.topic, p.payload, p.props)
-                except Exception as e:
-                    log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
-            if p.qos:
-                ok_batch.append((p, r))
-        if hot and store.dispatched_offset >= store.max_offset:
+        last = None               # result of the last appended QoS 1/2 record
+        if whole:
+            # append_batch appends all or none: no per-record result to look at (the store's
+            # columnar results would build one tuple per record just to be iterated)
+            for p in batch:
+                if p.retain:
+                    self._retain(p)
+                if p.qos:
+                    ok_batch.append(p)
+            if ok_batch:
+                last = results[-1]
+        else:
+            for p, r in zip(batch, results):
+                if isinstance(r, Exception):
+                    self.metrics.dropped_store_error.inc()
+                    log.error("event=append_failed topic=%s error=%r", p.topic, r)
+                    if p.conn is not None and p.qos:
+                        p.conn.pending_publishes -= 1
+                    self._fail(p, r)
+                    continue
+                if p.retain:
+                    self._retain(p)
+                if p.qos:
+                    ok_batch.append(p)
+                    last = r
+        if whole and store.dispatched_offset >= store.max_offset:
             # everything appended is visible (inline dispatch): the batch's records are the newest
             # entries of their queues, in order (DeliveryEngine.record_appended)
-            self.b.delivery.record_appended(batch, results, now_ms)
+            self.b.delivery.record_appended(batch, now_ms)
         if self.after_append is not None:
             self.after_append()
         if not ok_batch:
             return
         # The durable future of the last record covers all earlier ones (store contract).
-        fut = ok_batch[-1][1].durable
+        fut = last.durable
         if fut.done():
             self._acked(ok_batch, fut, t0)
         else:
@@ -146,7 +156,7 @@ class PublishPipeline:
         self.metrics.flush_latency.observe(time.perf_counter() - t0)
         err = fut.exception()
         if err is not None:
-            for p, _r in ok_batch:
+            for p in ok_batch:
                 conn = p.conn
                 if conn is None:
                     continue
@@ -158,7 +168,7 @@ class PublishPipeline:
         # joins again per loop tick); order per connection is arrival order.
         acks: dict = {}
         pack = _ACK.pack
-        for p, _r in ok_batch:
+        for p in ok_batch:
             conn = p.conn
             if conn is None:
                 continue
@@ -187,6 +197,12 @@ class PublishPipeline:
             target.write(lst[0] if len(lst) == 1 else b"".join(lst))
         if acks:
             self.b.flush_writes()
+
+    def _retain(self, p: _Pending) -> None:
+        try:
+            self.b.set_retained(p.topic, p.payload, p.props)
+        except Exception as e:
+            log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
 
     def _fail(self, p: _Pending, err: BaseException) -> None:
         """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends)."""

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
-    p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 100)")
+    p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p

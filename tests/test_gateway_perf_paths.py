@@ -200,9 +200,9 @@ def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
                 start, items = d._recent[q]
                 res = lq.pull(q, start, max_count=len(items) + 10, max_bytes=1 << 30)
                 got[q] = (start, len(items), lq.max_offset(q),
-                          [(it.topic, it.payload, it.queue_offset, it.phys_offset, tuple(it.dispatch_queues),
+                          [(it.topic, it.payload, it.queue_offset, tuple(it.dispatch_queues),
                             it.meta.qos, it.meta.client_id) for it in items],
-                          [(m.topic, m.body, m.queue_offset, m.phys_offset, tuple(m.dispatch_queues),
+                          [(m.topic, m.body, m.queue_offset, tuple(m.dispatch_queues),
                             d._meta(m.props).qos, d._meta(m.props).client_id) for m in res.messages])
             return got
         finally:
