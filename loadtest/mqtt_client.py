@@ -37,6 +37,7 @@ _ACK = struct.Struct("!HH")
 _U32 = struct.Struct("!I").pack
 _chain = _chain_mod.from_iterable
 _STAMP_UNPACK = STAMP.unpack_from
+_STAMP_PACK = STAMP.pack_into
 _monotonic_ns = time.monotonic_ns
 
 
@@ -47,9 +48,10 @@ class MqttError(Exception):
 class StampedPublisher:
     """Pre-encoded PUBLISH packets for one publisher; patches stamp and packet id per message.
 
-    A batch of ``n`` messages is one ``struct.pack`` of a format that repeats the packet
+    A batch of ``n`` >= 16 messages is one ``struct.pack`` of a format that repeats the packet
     ``n`` times (constant prefix, [packet id], stamp, constant padding), fed by C-level
-    iterators: no Python loop per message. Formats are cached per batch size.
+    iterators: no Python loop per message (formats cached per batch size). Smaller batches
+    patch stamp and packet id into a copy of the packet, which costs less at that size.
     """
 
     __slots__ = ("pub_id", "qos", "packet", "plen", "stamp_at", "pid_at", "_pre", "_mid",
@@ -78,12 +80,25 @@ class StampedPublisher:
         self._tail = pkt[self.stamp_at + STAMP_SIZE:]
         self._fmts: dict[int, struct.Struct] = {}
 
-    def batch(self, first_seq: int, pids: list[int] | None, n: int) -> bytes:
+    def batch(self, first_seq: int, pids: list[int] | None, n: int) -> bytes | bytearray:
         """``n`` consecutive messages starting at ``first_seq`` as one buffer."""
+        now = _monotonic_ns()
+        if n < 16:  # QoS 1 refills (5-10) and fixed-rate ticks: patching a copy is cheaper
+            buf = bytearray(self.packet) * n
+            pack = _STAMP_PACK
+            plen, sat, pid_at, pub = self.plen, self.stamp_at, self.pid_at, self.pub_id
+            off = 0
+            for i in range(n):
+                pack(buf, off + sat, pub, (first_seq + i) & 0xFFFFFFFF, now)
+                if pids is not None:
+                    pid = pids[i]
+                    buf[off + pid_at] = pid >> 8
+                    buf[off + pid_at + 1] = pid & 0xFF
+                off += plen
+            return buf
         st = self._fmts.get(n)
         if st is None:
             st = self._fmts[n] = struct.Struct("!" + self._one * n)
-        now = _monotonic_ns()
         seqs = range(first_seq, first_seq + n)
         if first_seq + n > 0xFFFFFFFF:
             seqs = [q & 0xFFFFFFFF for q in seqs]
@@ -176,7 +191,13 @@ class Client(asyncio.Protocol):
         n = len(buf)
         shape = self.shape
         if shape:
-            pos = self._fast_publish(buf, n, shape)
+            k = n // shape[1]
+            if k >= 16:
+                pos = self._fast_publish(buf, k, shape)
+            elif k:  # short reads: a row at a time (column set-up costs more than it saves)
+                pos = self._fast_rows(buf, k, shape)
+            else:
+                pos = 0
             if pos < n:
                 self._scan(buf, pos)
             else:
@@ -197,8 +218,9 @@ class Client(asyncio.Protocol):
         self.shape = (st, st.size, bytes(buf[pos:pos + head]), qos)
         self.shape_misses = 0
 
-    def _fast_publish(self, buf, n: int, shape) -> int:
-        """Account the PUBLISH packets of the learned shape at the start of ``buf``.
+    def _fast_publish(self, buf, k: int, shape) -> int:
+        """Account the ``k`` (>= 16) PUBLISH packets of the learned shape at the start of ``buf``,
+        column-wise.
 
         Returns the offset of the first byte not consumed (a partial packet, or a packet of
         another kind or shape, which the caller hands to ``_scan``). Exact, not heuristic:
@@ -207,11 +229,6 @@ class Client(asyncio.Protocol):
         length, so the next one starts on a boundary too.
         """
         st, size, head, qos = shape
-        k = n // size
-        if not k:
-            return 0
-        if k < 16:  # short reads: a row at a time (column set-up costs more than it saves)
-            return self._fast_rows(buf, k, shape)
         cols = tuple(zip(*st.iter_unpack(memoryview(buf)[:k * size])))
         off = k * size
         if cols[0].count(head) != k:
@@ -263,6 +280,7 @@ class Client(asyncio.Protocol):
         return off
 
     def _fast_rows(self, buf, k: int, shape) -> int:
+        """Like ``_fast_publish`` for short reads: one ``unpack_from`` and inline accounting each."""
         st, size, head, qos = shape
         unpack = st.unpack_from
         sink = self.sink
@@ -522,6 +540,14 @@ class PidAllocator:
         self.inflight = inflight
 
     def take(self, n: int) -> list[int]:
+        if n == 1:
+            inflight = self.inflight
+            pid = self.next % 0xFFFF + 1
+            while pid in inflight:
+                pid = pid % 0xFFFF + 1
+            inflight.add(pid)
+            self.next = pid
+            return [pid]
         first = self.next + 1
         if first + n <= 0x10000:  # usual case: the next n ids are free (set ops in C)
             ids = range(first, first + n)

@@ -81,6 +81,11 @@ def test_pid_allocator_skips_ids_in_flight_and_wraps():
     inflight.clear()
     assert a.take(4) == [65534, 65535, 1, 2]  # 0 is never a packet id
     assert a.take(2) == [3, 4]
+    inflight.add(5)
+    assert a.take(1) == [6]  # the one-id path (fixed-rate publishing) skips in-flight ids too
+    a.next = 65535
+    assert a.take(1) == [7]  # wraps past 0 to 1; 1-6 are in flight, so 7
+    assert inflight >= {1, 2, 3, 4, 5, 6, 7}
 
 
 def _scenario(rng: random.Random, n: int) -> list[int]:
