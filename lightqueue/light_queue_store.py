@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, NamedTuple
 
 from store import StoredMessage
@@ -57,11 +58,16 @@ class LightQueueStore:
         self._closed = False
         store.add_dispatcher(self.index)
         store.add_dispatch_listener(self._on_dispatched)
-        # Live delivery reads each record right after dispatch: let the store keep the newest
-        # records as appended, so a cache miss costs no CommitLog decode (docs/lightqueue.md).
-        keep_recent = getattr(store, "keep_recent", None)
-        if keep_recent is not None and recent_bytes:
-            keep_recent(recent_bytes, max(1, recent_bytes // 256))
+        # Live delivery reads each record right after dispatch: while someone pulls, the store
+        # keeps the newest records as appended, so a cache miss costs no CommitLog decode. It
+        # costs the appender ~1 µs per record, paid for nothing when nobody reads (ingest only):
+        # on at the first pull, off after `recent_idle_s` without one (docs/lightqueue.md).
+        self._keep_recent = getattr(store, "keep_recent", None) if recent_bytes else None
+        self._recent_bytes = recent_bytes
+        self._recent_on = False
+        self._pulls = 0
+        self._pulls_seen = 0
+        self._recent_checked = time.monotonic()
 
     # ------------------------------------------------------------ filters and topic mapping
     def register_filter(self, flt: str) -> int:
@@ -99,6 +105,9 @@ class LightQueueStore:
         other reader; one whose cached `.queue_offset` is another queue's gets a new tuple
         carrying this queue's offset (its fields, payload included, are shared, never copied).
         """
+        self._pulls += 1
+        if not self._recent_on and self._keep_recent is not None:
+            self._set_recent(True)
         index = self.index
         lo = index.min_offset(queue)
         hi = index.max_offset(queue)
@@ -167,7 +176,21 @@ class LightQueueStore:
         except ValueError:
             pass
 
+    recent_idle_s = 10.0
+
+    def _set_recent(self, on: bool) -> None:
+        self._recent_on = on
+        b = self._recent_bytes if on else 0
+        self._keep_recent(b, max(1, b // 256) if on else 0)
+
     def _on_dispatched(self, dispatched_offset: int) -> None:
+        if self._recent_on:
+            now = time.monotonic()
+            if now - self._recent_checked >= self.recent_idle_s:
+                self._recent_checked = now
+                if self._pulls == self._pulls_seen:
+                    self._set_recent(False)
+                self._pulls_seen = self._pulls
         touched = self.index.take_touched()
         if not touched:
             return

@@ -267,3 +267,47 @@ def test_second_open_of_same_directory_fails_clearly(tmp_path):
         st.shutdown()
         lq.close()
         st2.shutdown()
+
+
+def test_recent_records_kept_only_while_someone_pulls(pair):
+    """The store keeps just-appended records in memory for readers at the head; with nobody
+    pulling that is pure cost for the appender, so it is on from the first pull and off after
+    `recent_idle_s` without one."""
+    st, lq = pair
+    assert st.clog._recent_max_records == 0          # ingest only: off
+    publish(st, lq, "kr/1", b"a")
+    assert st.clog._recent_max_records == 0
+    assert [m.body for m in lq.pull("kr/1", 0).messages] == [b"a"]   # read from the CommitLog
+    assert st.clog._recent_max_records > 0           # a reader: on
+    r = publish(st, lq, "kr/1", b"b")
+    assert st.clog._recent.get(r.phys_offset) is not None
+    assert [m.body for m in lq.pull("kr/1", 1).messages] == [b"b"]
+    lq.recent_idle_s = 0.0
+    publish(st, lq, "kr/1", b"c")                    # the dispatch after the check window saw pulls
+    publish(st, lq, "kr/1", b"d")                    # ... and this one saw none: off
+    assert st.clog._recent_max_records == 0
+    assert [m.body for m in lq.pull("kr/1", 0).messages] == [b"a", b"b", b"c", b"d"]
+
+
+def test_columnar_runs_and_single_records_index_alike(pair):
+    """Appends of one topic (runs of records sharing every field) and of many topics take
+    different dispatch paths; both give every queue exactly its records, in order."""
+    st, lq = pair
+    lq.register_filter("run/+")
+    topics = ["run/a"] * 5 + ["run/b"] * 3 + ["run/a"] + [f"run/{i}" for i in range(4)] + ["run/b"] * 2
+    st.append_batch([Message(topic=t, body=b"%d" % i, dispatch_queues=lq.queues_for_topic(t))
+                     for i, t in enumerate(topics)])
+    st.append_batch([Message(topic="run/a", body=b"x%d" % i, dispatch_queues=lq.queues_for_topic("run/a"))
+                     for i in range(4)])
+    assert st.wait_dispatched(st.max_offset, 10)
+    want = {q: [] for q in ["run/+"] + sorted(set(topics))}
+    for i, t in enumerate(topics):
+        want[t].append(b"%d" % i)
+        want["run/+"].append(b"%d" % i)
+    for i in range(4):
+        want["run/a"].append(b"x%d" % i)
+        want["run/+"].append(b"x%d" % i)
+    for q, bodies in want.items():
+        res = lq.pull(q, 0, max_count=100)
+        assert [m.body for m in res.messages] == bodies, q
+        assert [m.queue_offset for m in res.messages] == list(range(len(bodies)))
