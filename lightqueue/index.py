@@ -136,7 +136,10 @@ class LightQueueIndex:
         # Guards every change of the in-memory state and of RocksDB against each other
         # (dispatch thread, flush from any thread, drop/sweep/truncate) and lazy loads.
         self._lock = threading.RLock()
-        self._touched: list[tuple[str, ...]] = []   # queue names of tuples since take_touched()
+        # Since the last take_touched(): first queue of each dispatch tuple (once per batch),
+        # and the filter names of each filter set (once per change of filter set).
+        self._touched: list[str] = []
+        self._touched_f: list[tuple[str, ...]] = []
         # The in-memory tail: qid -> (first queue offset, bytearray of packed entries from it on).
         # It holds every entry not yet written to RocksDB plus (after a write) the newest
         # `tail_entries` written ones, so that a dispatched entry is readable at once, and a
@@ -393,7 +396,8 @@ class LightQueueIndex:
                 self._write()
 
     # The two loops below share one shape (kept inline: a call per record would cost more than
-    # the work): c = _resolved[tuple] = [first tail, filter tails, names, batch mark];
+    # the work): c = _resolved[tuple] = [first tail, filter tails, first name, batch mark,
+    # filter names];
     # `cur`/`acc`: the filter tails being accumulated and their pending entries.
     def _take_requests(self, batch: list, ckpt: int) -> None:
         """A list of DispatchRequests (parsed from the CommitLog, a replay, or the runs of a
@@ -402,6 +406,7 @@ class LightQueueIndex:
         attribute access)."""
         rget = self._resolved.get
         touched = self._touched
+        touched_f = self._touched_f
         mark = object()
         pack = ENTRY.pack
         join = b"".join
@@ -421,7 +426,7 @@ class LightQueueIndex:
                 rget = self._resolved.get
             if c[3] is not mark:
                 c[3] = mark
-                touched.append(qs)
+                touched.append(c[2])
             e = pack(phys, size, sts)   # one entry, shared by all its queues
             f = c[1]
             if f is not cur:
@@ -431,6 +436,7 @@ class LightQueueIndex:
                         ba += v
                 cur = f
                 acc = [e]
+                touched_f.append(c[4])
             else:
                 acc.append(e)
             ba = c[0]
@@ -446,6 +452,7 @@ class LightQueueIndex:
         entries are packed, joined and appended once per queue."""
         rget = self._resolved.get
         touched = self._touched
+        touched_f = self._touched_f
         mark = object()
         pack = ENTRY.pack
         join = b"".join
@@ -482,7 +489,7 @@ class LightQueueIndex:
                 rget = self._resolved.get
             if c[3] is not mark:
                 c[3] = mark
-                touched.append(qs)
+                touched.append(c[2])
             e = join(es)
             f = c[1]
             if f is not cur:
@@ -492,6 +499,7 @@ class LightQueueIndex:
                         ba += v
                 cur = f
                 acc = [e]
+                touched_f.append(c[4])
             else:
                 acc.append(e)
             ba = c[0]
@@ -521,7 +529,7 @@ class LightQueueIndex:
                 f = self._filter_tails.get(rest)
                 if f is None:
                     f = self._filter_tails[rest] = tuple(self._tail_for(n) for n in dict.fromkeys(rest))
-        c = self._resolved[qs] = [t0, f, qs, None]
+        c = self._resolved[qs] = [t0, f, qs[0], None, qs[1:]]
         return c
 
     def _tail_for(self, name: str) -> bytearray:
@@ -599,7 +607,12 @@ class LightQueueIndex:
         if not p:
             return set()
         self._touched = []
-        return set().union(*p)
+        out = set(p)
+        pf = self._touched_f
+        if pf:
+            self._touched_f = []
+            out.update(*pf)
+        return out
 
     def flush(self) -> None:
         """Write what the tails buffer and persist memtables (the WAL is off); afterwards

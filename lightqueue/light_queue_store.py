@@ -51,6 +51,9 @@ class LightQueueStore:
             self.metadata.close()
             raise
         self.registry = FilterRegistry(self.metadata)
+        # queues_for_topic(topic) -> exact topic queue + every registered wildcard filter matching
+        # it (topic validated). Called once per publish: the registry's method, not a wrapper.
+        self.queues_for_topic = self.registry.queues_for_topic
         self.cache = MessageCache(max_bytes=cache_bytes)
         self._listeners: list[Callable[[set[str]], None]] = []
         self._cond = threading.Condition()
@@ -84,10 +87,6 @@ class LightQueueStore:
         if n == 0 and drop_queue and is_wildcard(flt):
             self.index.drop_queue(flt)
         return n
-
-    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
-        """Exact topic queue + every registered wildcard filter matching `topic` (validated)."""
-        return self.registry.queues_for_topic(topic)
 
     # ------------------------------------------------------------ reads
     def min_offset(self, queue: str) -> int:
