@@ -41,6 +41,13 @@ def verdict(r: dict, saturated: float = SATURATED) -> str:
     if b is None or g is None or not per:
         return "unknown (no broker PID for CPU figures)"
     top = max(per)
+    rate = (r.get("params") or {}).get("rate")
+    if rate:
+        behind = r.get("behind_schedule") or 0
+        return (f"fixed rate {rate:,.0f} msg/s, so neither side is meant to be saturated: broker "
+                f"{b:.2f} cores, generator {g:.2f} (busiest process {top:.2f})"
+                + (f"; {behind} messages behind schedule — the rate was not held" if behind else
+                   "; the rate was held"))
     figures = (f"broker {b:.2f} cores, generator {g:.2f} cores in {len(per)} processes "
                f"(busiest {top:.2f})" + (f"; {gu:.1f} vs {bu:.1f} µs CPU per delivered message"
                                           if gu is not None and bu is not None else ""))

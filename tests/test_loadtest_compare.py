@@ -92,3 +92,6 @@ def test_saturation_verdict_names_the_side_that_was_the_limit():
                       "gen_cpu_cores_per_proc": [0.15, 0.15]})
     assert shared.startswith("neither saturated")
     assert verdict({"gen_cpu_cores": 0.3}).startswith("unknown")
+    fixed = verdict({**base, "broker_cpu_cores": 0.17, "gen_cpu_cores": 0.32, "gen_cpu_cores_per_proc": [0.16],
+                     "params": {"rate": 5000.0}, "behind_schedule": 0})
+    assert fixed.startswith("fixed rate 5,000 msg/s") and "the rate was held" in fixed
