@@ -115,6 +115,7 @@ def case_publish(fanout: int, duration: float, body_size: int, devices: int, bat
         topics = [f"site/{i % 10}/dev{i}/temp" for i in range(devices)]
         assert all(len(lq.queues_for_topic(t)) == fanout for t in topics[:10])
         body = b"x" * body_size
+        qft = lq.queues_for_topic
         n = 0
         k = 0
         dtid = dispatch_thread_id()
@@ -129,7 +130,10 @@ def case_publish(fanout: int, duration: float, body_size: int, devices: int, bat
             for _ in range(batch):
                 t = topics[k]
                 k = k + 1 if k + 1 < devices else 0
-                msgs.append(Message(topic=t, body=body, dispatch_queues=lq.queues_for_topic(t)))
+                # positional: a keyword call of Message costs ~1.0 vs ~0.57 µs (load generator's
+                # own overhead, not the store's); same fields as Message(topic=t, body=body,
+                # dispatch_queues=...)
+                msgs.append(Message(t, body, 0, 0, b"", (), 0, qft(t)))
             a0 = thread_time()
             st.append_batch(msgs)
             a_cpu += thread_time() - a0
