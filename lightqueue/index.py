@@ -68,12 +68,14 @@ def _as_request(r) -> DispatchRequest:
 
 def _known_chunks(chunks) -> bool:
     """True when `chunks` has the columnar layout `_take_runs` reads (store.message: per append
-    call `(sizes, starts, runs)`, runs being DispatchRequests); else dispatch iterates the batch
-    as DispatchRequests, which is always correct, only slower."""
+    call `(sizes, starts, runs, ...)`: record sizes, the index of each run's first record, and
+    that record's DispatchRequest); else dispatch iterates the batch as DispatchRequests, which
+    is always correct, only slower."""
     for c in chunks:
-        if type(c) is not tuple or len(c) != 3 or type(c[1]) is not list:
+        if (type(c) is not tuple or len(c) < 3 or type(c[0]) is not list or type(c[1]) is not list
+                or type(c[2]) is not list or len(c[1]) != len(c[2]) or len(c[2]) > len(c[0])):
             return False
-        if c[2] and type(c[2][0]) is not DispatchRequest:
+        if c[2] and (type(c[2][0]) is not DispatchRequest or c[1][0] != 0):
             return False
     return True
 
@@ -380,15 +382,19 @@ class LightQueueIndex:
             ckpt = self._ckpt
             chunks = getattr(batch, "chunks", None)
             if chunks is not None and _known_chunks(chunks):
-                for sizes, starts, runs in chunks:
+                for c in chunks:
+                    sizes, starts, runs = c[0], c[1], c[2]
                     if len(runs) == len(sizes):     # one record per run: runs are the requests
                         self._take_requests(runs, ckpt)
                     else:
                         self._take_runs(sizes, starts, runs, ckpt)
-            elif type(batch) is list and set(map(type, batch)) <= _DR_ONLY:
-                self._take_requests(batch, ckpt)
-            else:   # any iterable of objects with the DispatchRequest attributes
-                self._take_requests([_as_request(r) for r in batch], ckpt)
+            else:
+                if type(batch) is not list:
+                    batch = list(batch)
+                if set(map(type, batch)) <= _DR_ONLY:
+                    self._take_requests(batch, ckpt)
+                else:   # objects with the DispatchRequest attributes
+                    self._take_requests([_as_request(r) for r in batch], ckpt)
             self._taken += len(batch)
             if end_offset > self._ckpt:
                 self._ckpt = end_offset
