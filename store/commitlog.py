@@ -195,6 +195,7 @@ class CommitLog:
             sizes: list = []
             starts: list = []
             runs: list = []
+            keyed = False
             new = tuple.__new__
             DR = DispatchRequest
             cuts: list = []
@@ -230,6 +231,7 @@ class CommitLog:
                             tb, fl, tags, tl = t[0], t[1], t[2], t[3]
                             r_topic = topic
                         if keys:
+                            keyed = True
                             kb = ncache.get(keys) or self._names(keys, "keys")
                             db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
                             kl = len(kb)
@@ -344,7 +346,7 @@ class CommitLog:
             qt.update(assigned)
             if recent:
                 self._recent_add(recent, phys - start_phys)
-            chunk = (sizes, starts, runs)
+            chunk = (sizes, starts, runs, keyed)
             if self.live_enabled:
                 self._live_add(start_phys, phys, chunk)
         return AppendResults(chunk, fut, ident, phys), phys
@@ -436,7 +438,7 @@ class CommitLog:
                                               keys, dq))], total)
                 if self.live_enabled:
                     self._live_add(phys, end, ([total], [0], [new(DispatchRequest, (
-                        phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))]))
+                        phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))], bool(keys)))
                 return new(AppendResult, (phys, total, qoff, fut, ident)), end
         results, end = self._append_batch((m,), fut, ident)
         return results[0], end

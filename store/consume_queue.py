@@ -301,43 +301,55 @@ class ConsumeQueueStore:
         groups: dict[tuple[str, int], list] = {}   # key -> [first qoff, next qoff, [blocks]]
         flc = self._fl_cache
         pack = ENTRY.pack
-        for sizes, starts, runs in batch.chunks:
-            nr = len(runs)
+        last_topic = None
+        last_qid = -1
+        key = None
+        g: list = []
+        for sizes, starts, runs, _ in batch.chunks:
             ns = len(sizes)
-            for k in range(nr):
-                r = runs[k]
-                topic = r[2]
-                qid = r[3]
-                qoff = r[4]
-                if nr == ns:
+            if len(runs) == ns:   # one record per run (the usual single append): runs = records
+                blocks = None
+            else:
+                blocks = []
+                nr = len(runs)
+                for k in range(nr):
+                    i0 = starts[k]
+                    i1 = starts[k + 1] if k + 1 < nr else ns
+                    if i1 - i0 == 1:
+                        blocks.append((1, pack(runs[k][0], sizes[i0], runs[k][8])))
+                    else:
+                        blocks.append((i1 - i0, _entries(runs[k][0], sizes if i1 - i0 == ns else sizes[i0:i1],
+                                                         runs[k][8])))
+            for k, r in enumerate(runs):
+                if blocks is None:
                     n = 1
                     data = pack(r[0], r[1], r[8])
                 else:
-                    i0 = starts[k]
-                    i1 = starts[k + 1] if k + 1 < nr else ns
-                    n = i1 - i0
-                    if n == 1:
-                        data = pack(r[0], r[1], r[8])
-                    else:
-                        data = _entries(r[0], sizes if n == ns else sizes[i0:i1], r[8])
-                fl = flc.get(topic)
-                if fl is None:
-                    fl = first_level(topic)
-                    if len(flc) > 100_000:
-                        flc.clear()
-                    flc[topic] = fl
-                key = (fl, qid)
-                g = groups.get(key)
-                if g is None:
-                    groups[key] = [qoff, qoff + n, [data]]
-                elif g[1] == qoff:
-                    g[1] = qoff + n
-                    g[2].append(data)
-                else:  # not consecutive: write what we have and start a new run
+                    n, data = blocks[k]
+                topic = r[2]
+                qid = r[3]
+                qoff = r[4]
+                if topic is not last_topic or qid != last_qid:
+                    fl = flc.get(topic)
+                    if fl is None:
+                        fl = first_level(topic)
+                        if len(flc) > 100_000:
+                            flc.clear()
+                        flc[topic] = fl
+                    key = (fl, qid)
+                    g = groups.get(key)
+                    if g is None:
+                        g = groups[key] = [qoff, qoff, []]
+                    last_topic = topic
+                    last_qid = qid
+                if g[1] != qoff:  # not consecutive: write what we have and start a new run
                     self._write_run(key, g[0], g[2])
-                    groups[key] = [qoff, qoff + n, [data]]
+                    g = groups[key] = [qoff, qoff, []]
+                g[1] = qoff + n
+                g[2].append(data)
         for key, g in groups.items():
-            self._write_run(key, g[0], g[2])
+            if g[2]:
+                self._write_run(key, g[0], g[2])
 
     def _write_run(self, key, qoff: int, blocks: list) -> None:
         """Write consecutive entries (packed blocks) starting at queue offset `qoff`."""

@@ -156,12 +156,11 @@ class DispatchService:
                     break
                 live.popleft()
                 chunks.append(chunk)
-                n = len(chunk[0])
-                count += n
+                count += len(chunk[0])
                 end = e
-                clog.live_count = max(0, clog.live_count - n)
         except IndexError:
             pass
+        clog.live_count = max(0, clog.live_count - count)
         if end > self.dispatched:
             self._deliver(DispatchBatch(chunks, count), end)
 

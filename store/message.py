@@ -121,12 +121,13 @@ class ResolvedFuture(Future):
 # tuples were ~40 % of the appender's time for small messages, and because they stay alive until
 # dispatch (and until the caller drops its results) the cyclic GC scanned them again and again.
 #
-# A *chunk* is `(sizes, starts, runs)` for the records of one append call:
+# A *chunk* is `(sizes, starts, runs, keyed)` for the records of one append call:
 #   sizes   list[int], the total record size of each record, in CommitLog order;
 #   runs    list[DispatchRequest], the first record of each *run*: records that share every field
 #           but phys_offset (each starts where the previous ends), size and queue_offset (+1 each);
 #   starts  list[int], the index into sizes of each run's first record. A run ends where the next
-#           starts (or at len(sizes)).
+#           starts (or at len(sizes));
+#   keyed   whether any record carries keys (the key index skips the chunk otherwise).
 # Appends of one topic/queue give one run per call; appends whose every record differs (many
 # topics) give one run per record, whose DispatchRequests are then exactly `runs`.
 
@@ -135,7 +136,7 @@ _DR_new = tuple.__new__
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""
-    sizes, starts, runs = chunk
+    sizes, starts, runs, _ = chunk
     nr = len(runs)
     if nr == len(sizes):
         out += runs
@@ -187,9 +188,8 @@ class DispatchBatch:
 
     def has_keys(self) -> bool:
         for c in self.chunks:
-            for r in c[2]:
-                if r[9]:
-                    return True
+            if c[3]:
+                return True
         return False
 
     def __len__(self) -> int:
@@ -234,13 +234,26 @@ class AppendResults:
     def _list(self) -> list:
         items = self._items
         if items is None:
-            drs: list = []
-            _chunk_requests(self._chunk, drs)
+            sizes, starts, runs, _ = self._chunk
             fut = self._fut
             ident = self._ident
             new = _DR_new
             AR = AppendResult
-            items = [new(AR, (r[0], r[1], r[4], fut, ident)) for r in drs]
+            nr = len(runs)
+            if nr == len(sizes):
+                items = [new(AR, (r[0], r[1], r[4], fut, ident)) for r in runs]
+            else:
+                items = []
+                append = items.append
+                for k in range(nr):
+                    r = runs[k]
+                    phys = r[0]
+                    qoff = r[4]
+                    for i in range(starts[k], starts[k + 1] if k + 1 < nr else len(sizes)):
+                        sz = sizes[i]
+                        append(new(AR, (phys, sz, qoff, fut, ident)))
+                        phys += sz
+                        qoff += 1
             self._items = items
         return items
 
@@ -249,7 +262,7 @@ class AppendResults:
 
     def __getitem__(self, i):
         if self._items is None and type(i) is int:
-            sizes, starts, runs = self._chunk
+            sizes, starts, runs, _ = self._chunk
             n = len(sizes)
             if i == -1 or i == n - 1:
                 r = runs[-1]
