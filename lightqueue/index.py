@@ -142,6 +142,7 @@ class LightQueueIndex:
         # and the filter names of each filter set (once per change of filter set).
         self._touched: list[str] = []
         self._touched_f: list[tuple[str, ...]] = []
+        self._touched_cap = 65536
         # The in-memory tail: qid -> (first queue offset, bytearray of packed entries from it on).
         # It holds every entry not yet written to RocksDB plus (after a write) the newest
         # `tail_entries` written ones, so that a dispatched entry is readable at once, and a
@@ -396,6 +397,10 @@ class LightQueueIndex:
                 else:   # objects with the DispatchRequest attributes
                     self._take_requests([_as_request(r) for r in batch], ckpt)
             self._taken += len(batch)
+            if len(self._touched) + len(self._touched_f) > self._touched_cap:   # nobody takes
+                self._touched = list(set(self._touched))                       # them: dedupe
+                self._touched_f = list(set(self._touched_f))
+                self._touched_cap = max(65536, 2 * (len(self._touched) + len(self._touched_f)))
             if end_offset > self._ckpt:
                 self._ckpt = end_offset
             if self._taken >= self.write_records or len(self._tail) > self.tail_queues:

@@ -25,10 +25,12 @@ import sys, random
 from store import Message, MessageStore, StoreConfig
 from lightqueue import LightQueueStore
 d, seed, flush_every, max_q = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+write_records = int(sys.argv[5])
 st = MessageStore(StoreConfig(data_dir=d + "/store", segment_size=1 << 22, max_message_size=1 << 16, preallocate=False,
                               dispatcher_flush_interval_ms=10**9))
 lq = LightQueueStore(st, d + "/lq")
 lq.index.max_queues_per_write = max_q   # small: dispatch batches are cut into many writes
+lq.index.write_records = write_records  # small: tails written between flushes
 for f in ("a/+", "a/#", "+/+", "+/x/#"):
     lq.register_filter(f)
 st.start()
@@ -65,10 +67,12 @@ def commitlog_records(st):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flush_every,max_q", [(0, 2048), (7, 2048), (7, 6)])
-def test_kill_9_during_fanout_rebuilds_index_exactly(tmp_path, flush_every, max_q):
+@pytest.mark.parametrize("flush_every,max_q,write_records",
+                         [(0, 2048, 32768), (7, 2048, 32768), (7, 6, 32768), (7, 2048, 120)])
+def test_kill_9_during_fanout_rebuilds_index_exactly(tmp_path, flush_every, max_q, write_records):
     d = str(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-c", LOADER, d, "5", str(flush_every), str(max_q)],
+    proc = subprocess.Popen([sys.executable, "-c", LOADER, d, "5", str(flush_every), str(max_q),
+                             str(write_records)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     count = 0
     deadline = time.monotonic() + 60
