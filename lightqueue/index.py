@@ -760,22 +760,28 @@ class LightQueueIndex:
 
     def drop_queue(self, name: str) -> bool:
         """Delete every entry of `name` (an unused wildcard queue); its offsets do not restart."""
+        # Persist the dispatch state first: a crash must not replay pre-drop records into the
+        # dropped queue on top of its floor. The memtable flush runs outside the lock, so
+        # dispatch goes on meanwhile (it may still append records published before the filter
+        # was unregistered; they are dropped too).
         with self._lock:
             q = self.qid(name)
             if q is None:
                 return False
-            end = self.max_offset(name)
-            # Persist the dispatch state first: a crash must not replay pre-drop records into
-            # the dropped queue on top of its floor.
             self._write()
-            self._db.flush(True)
-            self._durable_ckpt = self._written_ckpt
+            ckpt = self._written_ckpt
+        self._db.flush(True)
+        with self._lock:
+            if ckpt > self._durable_ckpt:
+                self._durable_ckpt = ckpt
+            end = self.max_offset(name)
             wb = WriteBatch(raw_mode=True)
             wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
             wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
             self._db.write(wb, WriteOptions())
             self._max_set(q, end)      # before the tail goes: readers fall back to _max
             self._tail.pop(q, None)
+            self._dirty.pop(q, None)   # unwritten entries appended meanwhile go with it
             self._resolved = {}
             self._filter_tails = {}
             self._min_set(q, end)
