@@ -37,6 +37,10 @@ log = logging.getLogger("lmqtt.store")
 _MSG_MAGIC_BYTES = struct.pack("<I", MSG_MAGIC)
 _ZERO_BLOCK = bytes(1 << 20)
 _PREFIX3 = struct.Struct("<III")  # total_size, magic, crc
+# a record after the CRC split around the two fields that change from record to record of a run
+_PRE = struct.Struct("<II")                 # queue_id, flags
+_QQ = struct.Struct("<QQ")                  # queue_offset, phys_offset
+_POST = struct.Struct("<QQQIIHHH")          # born_ts, store_ts, tags, body_len, props_len, 3 lengths
 
 
 class CommitLog:
@@ -129,18 +133,6 @@ class CommitLog:
             self._struct_cache[key] = st
         return st
 
-    def _body_struct(self, S: struct.Struct, bl: int) -> struct.Struct:
-        """`S` followed by a `bl`-byte body: one pack call for a whole record after the CRC
-        (used for runs of equal-size bodies, where it saves the concatenation)."""
-        key = (S.format, bl)
-        st = self._struct_cache.get(key)
-        if st is None:
-            st = struct.Struct(f"{S.format}{bl}s")
-            if len(self._struct_cache) > 10_000:
-                self._struct_cache.clear()
-            self._struct_cache[key] = st
-        return st
-
     def _names(self, names: tuple[str, ...], what: str) -> bytes:
         b = self._names_cache.get(names)
         if b is None:
@@ -206,7 +198,10 @@ class CommitLog:
             # the current run's shared fields; `_NONE` never matches, so the first record starts one
             r_topic = r_qid = r_flags = r_born = r_keys = r_dq = _NONE
             tb = kb = db = b""
-            fl = tags = tl = kl = dl = S = SB = hbase = t = None
+            fl = tags = tl = kl = dl = S = hbase = t = None
+            r_pre = r_post = b""
+            join = b"".join
+            qqpack = _QQ.pack
             sb_len = prev_bl = -1
             size_append = sizes.append
             recent: list | None = [] if self._recent_max_records else None
@@ -262,7 +257,7 @@ class CommitLog:
                                 qoff = qt.get(key, 0)
                             last_fl = fl
                             last_qid = qid
-                        sb_len = prev_bl = -1  # S changed: SB no longer matches
+                        sb_len = prev_bl = -1  # new run: r_pre/r_post no longer match
                         r_qid = qid
                         r_flags = flags
                         r_born = born
@@ -288,14 +283,16 @@ class CommitLog:
                     if pl:
                         rec = b"".join((S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl,
                                                tb, kb, db), props, body))
-                    elif bl == sb_len:  # same body size as the previous record: body packed too
-                        rec = SB.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, 0, tl, kl, dl,
-                                      tb, kb, db, body)
+                    elif bl == sb_len:
+                        # same body size as the previous record of this run: only queue offset
+                        # and position differ, the bytes around them are packed once per run
+                        rec = join((r_pre, qqpack(qoff, phys), r_post, body))
                     else:
                         rec = S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, 0, tl, kl, dl,
                                      tb, kb, db) + body
                         if bl == prev_bl:
-                            SB = self._body_struct(S, bl)
+                            r_pre = _PRE.pack(qid, flags)
+                            r_post = b"".join((_POST.pack(born, store_ts, tags, bl, 0, tl, kl, dl), tb, kb, db))
                             sb_len = bl
                         prev_bl = bl
                     parts += (p3pack(total, magic, crc32(rec)), rec)
