@@ -55,10 +55,10 @@ class InProcessBus:
         self._subscribers: list[Callback] = []
         # the loop's thread: built on the running loop (Gateway.start); else learnt on first _fire
         try:
-            asyncio.get_running_loop()
-            self._loop_tid: int | None = threading.get_ident()
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            self._loop_tid = None
+            running = None
+        self._loop_tid: int | None = threading.get_ident() if running is loop else None
         self._local_armed = False  # names raised on the loop thread wait for drain()
         # Counters readable by metrics without locking (ints are updated atomically under the GIL).
         self.events_in = 0        # publish() calls (one per dispatch batch)
