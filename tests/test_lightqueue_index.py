@@ -287,3 +287,38 @@ def test_concurrent_readers_see_exact_contiguous_entries_while_tails_are_written
         assert phys_list(idx, name) == want
     assert idx.max_offset("all") == total
     idx.close()
+
+
+def test_drop_queue_while_dispatching(tmp_path):
+    """An unsubscribe drops a wildcard queue while the dispatch thread keeps appending to it:
+    nothing fails, the other queues are exact, the dropped queue's numbering only moves on."""
+    import threading
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    idx.write_records = 40
+    errors = []
+    stop = threading.Event()
+
+    def dispatcher():
+        try:
+            for b in range(0, 4000, 20):
+                feed(idx, [(f"t/{i % 3}", "w/+") for i in range(b, b + 20)], phys0=b * 100)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(repr(e))
+        finally:
+            stop.set()
+
+    t = threading.Thread(target=dispatcher)
+    t.start()
+    drops = 0
+    while not stop.is_set() and drops < 20:
+        if idx.max_offset("w/+"):
+            idx.drop_queue("w/+")
+            drops += 1
+    t.join(30)
+    assert errors == [] and drops > 0
+    for j in range(3):
+        assert phys_list(idx, f"t/{j}") == [i * 100 for i in range(j, 4000, 3)]
+    got = idx.read("w/+", 0, 10_000)
+    assert [e.queue_offset for e in got] == list(range(idx.max_offset("w/+") - len(got), idx.max_offset("w/+")))
+    assert [e.phys_offset for e in got] == list(range(got[0].phys_offset, 400_000, 100)) if got else True
+    idx.close()
