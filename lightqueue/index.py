@@ -31,7 +31,6 @@ import logging
 import struct
 import threading
 from array import array
-from collections import defaultdict
 from itertools import islice
 from typing import Iterable, NamedTuple
 
