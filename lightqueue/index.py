@@ -4,18 +4,22 @@ Why this shape (DESIGN.md "Light queues", seed 000 "轻型队列 / 百万队列�
 
 * One record is written once to the CommitLog; each light queue only stores a 20-byte entry
   (CommitLog offset u64, size u32, store time u64) pointing at it.
-* The WAL is disabled: the CommitLog is the log. The dispatch checkpoint (CommitLog offset
-  dispatched) is written in the *same* WriteBatch as the entries, and RocksDB applies a batch
-  atomically to one memtable. A crash loses whole trailing batches, never half of one, so after
-  reopen index and checkpoint agree and the store's re-dispatch from that checkpoint rebuilds
-  exactly what was lost (no gaps, no duplicates).
-* One `WriteBatch.put` costs ~3 µs in Python, too slow for 800,000 entries/s. So within one
-  dispatch batch, all entries of one queue are packed into ONE value ("run") under the key
+* Dispatched entries go to in-memory per-queue tails first (readable at once) and are written
+  to RocksDB once per `write_records` records: a put per queue per write is the main per-queue
+  cost, and the store hands over small batches (docs/lightqueue.md "Dispatch cost").
+* The WAL is disabled: the CommitLog is the log. The dispatch checkpoint (CommitLog offset taken
+  into the tails) is written in the *same* WriteBatch as the entries it covers, and RocksDB
+  applies a batch atomically to one memtable. A crash loses whole trailing writes (and whatever
+  was only in the tails), never half of one, so after reopen index and checkpoint agree and the
+  store's re-dispatch from that checkpoint rebuilds exactly what was lost (no gaps, no
+  duplicates).
+* All entries of one queue in one write are packed into ONE value ("run") under the key
   `queue-id (8 bytes BE) + first queue offset (8 bytes BE)`. Runs of a queue are contiguous; a
-  read at offset k finds the run with the greatest first offset <= k (`seek_for_prev`).
-* Queue names map to 8-byte queue ids (allocated on first entry, persisted in the same batch).
+  read at offset k finds the run with the greatest first offset <= k (`seek_for_prev`), and
+  continues in the tail.
+* Queue names map to 8-byte queue ids (allocated on first entry, persisted with its first run).
   A queue's max offset is not stored separately: it is `first + count` of its last run, i.e.
-  persisted atomically with the entries; it is cached in memory after first use.
+  persisted atomically with the entries; in memory it is the tail's end (or `_max`).
 
 Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
 
