@@ -70,7 +70,7 @@ class CommitLog:
         # light-queue delivery path reads nearly every record right after dispatch, and that
         # decode was most of a pull. Only bytes bodies/props are kept (immutable), FIFO-bounded.
         self._recent: dict[int, tuple] = {}
-        self._recent_chunks: deque = deque()   # (bytes, [(phys, fields), ...]) in append order
+        self._recent_chunks: deque = deque()   # (bytes, [phys, ...]) in append order
         self._recent_bytes = 0
         self._recent_max_bytes = 0
         self._recent_max_records = 0
@@ -91,19 +91,20 @@ class CommitLog:
                 self._recent_chunks.clear()
                 self._recent_bytes = 0
 
-    def _recent_add(self, items: list, nbytes: int) -> None:
-        """Under self.lock, after the records are in place."""
+    def _recent_add(self, offsets: list, fields: list, nbytes: int) -> None:
+        """Under self.lock, after the records are in place. Two parallel lists rather than
+        (phys, fields) pairs: one tuple less per record to allocate and for the GC to visit."""
         d = self._recent
-        d.update(items)
+        d.update(zip(offsets, fields))
         chunks = self._recent_chunks
-        chunks.append((nbytes, items))
+        chunks.append((nbytes, offsets))
         self._recent_bytes += nbytes
         mb, mr = self._recent_max_bytes, self._recent_max_records
         while chunks and (self._recent_bytes > mb or len(d) > mr):
             n, old = chunks.popleft()
             self._recent_bytes -= n
             pop = d.pop
-            for p, _ in old:
+            for p in old:
                 pop(p, None)
 
     # ------------------------------------------------------------------ append
@@ -205,6 +206,7 @@ class CommitLog:
             sb_len = prev_bl = -1
             size_append = sizes.append
             recent: list | None = [] if self._recent_max_records else None
+            recent_offs: list = []
             try:
                 for m in msgs:
                     topic = m.topic
@@ -298,8 +300,8 @@ class CommitLog:
                     parts += (p3pack(total, magic, crc32(rec)), rec)
                     size_append(total)
                     if recent is not None and type(body) is bytes and type(props) is bytes:
-                        recent.append((phys, (topic, body, props, qid, qoff, flags, total, born, store_ts,
-                                              keys, dq)))
+                        recent_offs.append(phys)
+                        recent.append((topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq))
                     qoff += 1
                     phys += total
             except struct.error as e:
@@ -342,7 +344,7 @@ class CommitLog:
                 self.committed = phys
             qt.update(assigned)
             if recent:
-                self._recent_add(recent, phys - start_phys)
+                self._recent_add(recent_offs, recent, phys - start_phys)
             chunk = (sizes, starts, runs, keyed)
             if self.live_enabled:
                 self._live_add(start_phys, phys, chunk)
@@ -431,8 +433,8 @@ class CommitLog:
                 self.queue_table[key] = qoff + 1
                 new = tuple.__new__
                 if self._recent_max_records and type(body) is bytes and type(props) is bytes:
-                    self._recent_add([(phys, (topic, body, props, qid, qoff, flags, total, born, store_ts,
-                                              keys, dq))], total)
+                    self._recent_add([phys], [(topic, body, props, qid, qoff, flags, total, born, store_ts,
+                                               keys, dq)], total)
                 if self.live_enabled:
                     self._live_add(phys, end, ([total], [0], [new(DispatchRequest, (
                         phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))], bool(keys)))
