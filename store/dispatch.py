@@ -72,10 +72,12 @@ class DispatchService:
             self._signal()
 
     def _signal(self) -> None:
-        try:
-            self._wake.release()
-        except RuntimeError:  # already released: a wake-up is pending
-            pass
+        w = self._wake
+        if w.locked():   # else a wake-up is already pending (raising is costly: check first)
+            try:
+                w.release()
+            except RuntimeError:  # released by another thread meanwhile
+                pass
 
     def try_inline(self) -> bool:
         """Dispatch what is committed now on the caller's thread (StoreConfig.dispatch_inline).
