@@ -27,7 +27,9 @@ class GatewayConfig:
     metrics_port: int = 9883          # 0 = no metrics endpoint
     metrics_host: str | None = None   # defaults to `host`
     segment_mb: int = 256             # CommitLog segment size (preallocated)
-    lq_cache_mb: int = 64             # light-queue message cache shared by all sessions
+    # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
+    # ring and another quarter the store's cache of just-appended records
+    lq_cache_mb: int = 64
     metadata_sync: bool = False       # fsync every metadata write (power-loss safety for sessions)
     log_level: str = "INFO"
     # protocol limits

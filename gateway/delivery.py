@@ -395,6 +395,11 @@ class DeliveryEngine:
         sent0 = sent1 = sent2 = 0
         first_ts = None           # store timestamps of messages sent here for the first time
         complete = True
+        # Writes are coalesced until the end of the tick, so `write_blocked` cannot stop this loop:
+        # bound the payload bytes one call may queue to the socket's high-water mark, or a
+        # never-reading client with a large window would get window × payload queued at once.
+        budget = self.cfg.write_high_water
+        over = False
         for it in items:
             off = it.queue_offset
             if off < nxt:
@@ -439,7 +444,11 @@ class DeliveryEngine:
                 else:
                     sent2 += 1
             nxt = off + 1
-        if complete and nxt < next_offset:
+            budget -= len(it.payload)
+            if budget <= 0:
+                over = True       # the rest next run (or after resume_writing)
+                break
+        if complete and not over and nxt < next_offset:
             nxt = next_offset
         cur.next_offset = nxt
         mo = self.metrics.msg_out
@@ -451,7 +460,7 @@ class DeliveryEngine:
             self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
         if s.expiry_interval:
             self.b.mark_offsets_dirty(s)
-        return False
+        return over
 
     @staticmethod
     def _owner(s: Session, it: Item, q: str) -> tuple[str, int]:

@@ -45,7 +45,11 @@ class Gateway:
             scfg.dispatch_inline = True
         self.store = MessageStore(scfg)
         self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
-                                  cache_bytes=int(cfg.lq_cache_mb) << 20)
+                                  cache_bytes=int(cfg.lq_cache_mb) << 20,
+                                  # the store's just-appended records: the same budget as the
+                                  # delivery ring (a quarter of lq_cache_mb), so one knob sizes
+                                  # every message cache
+                                  recent_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
         self.bus = InProcessBus(loop, cfg.notify_window_ms / 1000.0)
         self.lq.add_listener(self.bus.publish)
         self.store.start()

@@ -77,6 +77,7 @@ def test_tail_and_rocksdb_reads_agree(pair):
             st.append_batch([Message(topic="t/a", body=b"%d-%d" % (b, i), dispatch_queues=("t/a",))
                              for i in range(5)])
         assert st.wait_dispatched(st.max_offset, 10)
+        idx.flush()        # write the buffered entries: then only the newest 8 stay in memory
         assert idx.max_offset("t/a") == 30
         assert idx._tail[idx.qid("t/a")][0] == 22            # newest 8 entries in memory
         for off in range(0, 31):
