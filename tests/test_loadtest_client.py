@@ -17,19 +17,7 @@ from gateway.mqtt import packets as P
 from loadtest.mqtt_client import Client, PidAllocator, Sink, StampedPublisher
 from loadtest.stamp import STAMP, Stream, Tracker, make_payload
 
-
-class Transport:
-    def __init__(self):
-        self.out, self.closed = bytearray(), False
-
-    def write(self, b):
-        self.out += b
-
-    def close(self):
-        self.closed = True
-
-    def is_closing(self):
-        return self.closed
+from fakes import RecordingTransport as Transport
 
 
 def _client(sub_id: int = 0, sink: bool = True) -> tuple[Client, Tracker]:

@@ -95,20 +95,8 @@ def test_client_scanner_accounts_split_reads_and_rejects_malformed_publish():
     counted once each; a PUBLISH whose topic length runs past the packet closes the connection."""
     import asyncio
 
+    from fakes import RecordingTransport as Transport
     from loadtest.mqtt_client import Client, Sink, StampedPublisher
-
-    class Transport:  # records what the client writes back (acks) and whether it closed
-        def __init__(self):
-            self.out, self.closed = bytearray(), False
-
-        def write(self, b):
-            self.out += b
-
-        def close(self):
-            self.closed = True
-
-        def is_closing(self):
-            return self.closed
 
     async def run():
         sp = StampedPublisher(3, "lb/t/x", 40, 1, 4)
