@@ -90,6 +90,14 @@ class IndexEntry(NamedTuple):
     store_ts: int
 
 
+def _spread(entries: list, tails) -> None:
+    """Append the joined `entries` to every filter tail of one filter set (called when the set
+    changes, not per record: consecutive records of one set accumulate in `entries`)."""
+    v = b"".join(entries)
+    for ba in tails:
+        ba += v
+
+
 class LightQueueIndex:
     """The Dispatcher (store protocol) that writes light-queue entries, plus index reads."""
 
@@ -423,7 +431,6 @@ class LightQueueIndex:
         touched_f = self._touched_f
         mark = object()
         pack = ENTRY.pack
-        join = b"".join
         cur = _NO_TAILS
         acc: list[bytes] = []
         for phys, size, _t, _q, _o, _f, _b, sts, _g, _k, qs in batch:
@@ -432,9 +439,7 @@ class LightQueueIndex:
             c = rget(qs)
             if c is None:
                 if acc:
-                    v = join(acc)
-                    for ba in cur:
-                        ba += v
+                    _spread(acc, cur)
                     acc = []
                 c = self._resolve(qs, phys)
                 rget = self._resolved.get
@@ -445,9 +450,7 @@ class LightQueueIndex:
             f = c[1]
             if f is not cur:
                 if acc:
-                    v = join(acc)
-                    for ba in cur:
-                        ba += v
+                    _spread(acc, cur)
                 cur = f
                 acc = [e]
                 touched_f.append(c[4])
@@ -456,9 +459,7 @@ class LightQueueIndex:
             ba = c[0]
             ba += e
         if acc:
-            v = join(acc)
-            for ba in cur:
-                ba += v
+            _spread(acc, cur)
 
     def _take_runs(self, sizes: list, starts: list, runs: list, ckpt: int) -> None:
         """A columnar chunk (store.message): `runs[k]` is the first record of records
@@ -495,9 +496,7 @@ class LightQueueIndex:
             c = rget(qs)
             if c is None:
                 if acc:
-                    v = join(acc)
-                    for ba in cur:
-                        ba += v
+                    _spread(acc, cur)
                     acc = []
                 c = self._resolve(qs, p0)
                 rget = self._resolved.get
@@ -508,9 +507,7 @@ class LightQueueIndex:
             f = c[1]
             if f is not cur:
                 if acc:
-                    v = join(acc)
-                    for ba in cur:
-                        ba += v
+                    _spread(acc, cur)
                 cur = f
                 acc = [e]
                 touched_f.append(c[4])
@@ -519,9 +516,7 @@ class LightQueueIndex:
             ba = c[0]
             ba += e
         if acc:
-            v = join(acc)
-            for ba in cur:
-                ba += v
+            _spread(acc, cur)
 
     def _resolve(self, qs: tuple[str, ...], phys: int) -> list:
         """`_resolved[qs]` (see dispatch), noting where each queue's unwritten entries start. The
