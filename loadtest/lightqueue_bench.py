@@ -30,7 +30,7 @@ import time
 
 from lightqueue import LightQueueIndex, LightQueueStore, MetadataStore
 from lightqueue.registry import FilterRegistry
-from store import DispatchRequest, Message, MessageStore, StoreConfig
+from store import ENCODER, DispatchRequest, Message, MessageStore, StoreConfig
 
 MAX_RECORDS = 20_000_000
 
@@ -148,7 +148,7 @@ def case_publish(fanout: int, duration: float, body_size: int, devices: int, bat
         entries = sum(lq.max_offset(q) for q in set(topics) | set(fanout_filters(fanout - 1)))
         if entries != n * fanout:
             raise SystemExit(f"index holds {entries} entries, expected {n * fanout}")
-        emit(case="publish", fanout=fanout, records=n, entries=entries, body_bytes=body_size,
+        emit(case="publish", fanout=fanout, records=n, entries=entries, body_bytes=body_size, encoder=ENCODER,
              records_per_s=round(n / elapsed), entries_per_s=round(entries / elapsed),
              append_only_records_per_s=round(n / t_append), seconds=round(elapsed, 3),
              cpu_us_per_record={"appending_thread": round(m_cpu / n * 1e6, 2),

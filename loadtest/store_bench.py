@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 
-from store import Message, MessageStore, StoreConfig
+from store import ENCODER, Message, MessageStore, StoreConfig
 
 
 LAG_BOUND_S = 0.050   # the dispatch lag bound of the store's target (p99 < 50 ms)
@@ -116,7 +116,7 @@ def python_speed() -> dict:
     import timeit
     best = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
     return {"mode": "baseline-python", "size": 0, "batch": 0, "writers": 1, "sum_range_1000_us": best * 1e6,
-            "loadavg_1m": os.getloadavg()[0]}
+            "loadavg_1m": os.getloadavg()[0], "encoder": ENCODER}
 
 
 # ---------------------------------------------------------------------------------- store cases

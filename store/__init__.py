@@ -4,6 +4,7 @@ the on-disk format and the flush modes' guarantees in docs/store.md.
 
 The store never knows MQTT: topics are strings, `props` are opaque bytes.
 """
+from .commitlog import ENCODER
 from .config import StoreConfig
 from .dispatch import Dispatcher
 from .errors import (CorruptRecord, DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, NotVisible,
@@ -14,5 +15,5 @@ from .message_store import MessageStore
 __all__ = [
     "MessageStore", "StoreConfig", "Message", "StoredMessage", "DispatchRequest", "Dispatcher",
     "AppendResult", "StoreError", "MessageTooLarge", "InvalidTopic", "InvalidMessage", "DiskFull",
-    "CorruptRecord", "NotVisible", "StoreClosed",
+    "CorruptRecord", "NotVisible", "StoreClosed", "ENCODER",
 ]

@@ -305,7 +305,21 @@ class ConsumeQueueStore:
         last_qid = -1
         key = None
         g: list = []
-        for sizes, starts, runs, _ in batch.chunks:
+        for c in batch.chunks:
+            sizes, starts, runs = c[0], c[1], c[2]
+            cqs = c[4] if len(c) > 4 else None
+            if cqs is not None:   # packed by the encoder: a block per queue of this append
+                for key, (qoff, data) in cqs.items():
+                    g = groups.get(key)
+                    if g is None:
+                        g = groups[key] = [qoff, qoff, []]
+                    elif g[1] != qoff:
+                        self._write_run(key, g[0], g[2])
+                        g = groups[key] = [qoff, qoff, []]
+                    g[1] = qoff + len(data) // ENTRY_SIZE
+                    g[2].append(data)
+                last_topic = None   # `g`/`key` of the row path below no longer apply
+                continue
             ns = len(sizes)
             if len(runs) == ns:   # one record per run (the usual single append): runs = records
                 blocks = None

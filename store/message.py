@@ -121,13 +121,18 @@ class ResolvedFuture(Future):
 # tuples were ~40 % of the appender's time for small messages, and because they stay alive until
 # dispatch (and until the caller drops its results) the cyclic GC scanned them again and again.
 #
-# A *chunk* is `(sizes, starts, runs, keyed)` for the records of one append call:
+# A *chunk* is `(sizes, starts, runs, keyed, cq)` for the records of one append call (fields are
+# only ever added at the end; read them by index):
 #   sizes   list[int], the total record size of each record, in CommitLog order;
 #   runs    list[DispatchRequest], the first record of each *run*: records that share every field
 #           but phys_offset (each starts where the previous ends), size and queue_offset (+1 each);
 #   starts  list[int], the index into sizes of each run's first record. A run ends where the next
 #           starts (or at len(sizes));
-#   keyed   whether any record carries keys (the key index skips the chunk otherwise).
+#   keyed   whether any record carries keys (the key index skips the chunk otherwise);
+#   cq      None, or {(first-level topic, queue_id): [first queue offset, bytearray of packed
+#           ConsumeQueue entries]} when the C encoder (store/_append.c) packed them while
+#           encoding: the ConsumeQueue dispatcher then copies one block per queue instead of
+#           packing an entry per record on the dispatch thread.
 # Appends of one topic/queue give one run per call; appends whose every record differs (many
 # topics) give one run per record, whose DispatchRequests are then exactly `runs`.
 
@@ -136,7 +141,7 @@ _DR_new = tuple.__new__
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""
-    sizes, starts, runs, _ = chunk
+    sizes, starts, runs = chunk[0], chunk[1], chunk[2]
     nr = len(runs)
     if nr == len(sizes):
         out += runs
@@ -234,7 +239,7 @@ class AppendResults:
     def _list(self) -> list:
         items = self._items
         if items is None:
-            sizes, starts, runs, _ = self._chunk
+            sizes, starts, runs = self._chunk[0], self._chunk[1], self._chunk[2]
             fut = self._fut
             ident = self._ident
             new = _DR_new
@@ -262,7 +267,7 @@ class AppendResults:
 
     def __getitem__(self, i):
         if self._items is None and type(i) is int:
-            sizes, starts, runs, _ = self._chunk
+            sizes, starts, runs = self._chunk[0], self._chunk[1], self._chunk[2]
             n = len(sizes)
             if i == -1 or i == n - 1:
                 r = runs[-1]

@@ -25,7 +25,7 @@ from .index_file import IndexService
 from .prefault import Prefaulter
 from .message import AppendResult, Message, ResolvedFuture, StoredMessage
 from .record import first_level
-from . import retention
+from . import commitlog, retention
 
 log = logging.getLogger("lmqtt.store")
 
@@ -123,8 +123,9 @@ class MessageStore:
         self.background.start()
         self.prefault.start()
         self._running = True
-        log.info("store %s started: log [%d, %d), replayed from %d in %.3fs, %d corrupt range(s)",
-                 self.cfg.data_dir, log_min, end, start, time.monotonic() - t0, len(self.clog.corrupt_ranges))
+        log.info("store %s started: log [%d, %d), replayed from %d in %.3fs, %d corrupt range(s), "
+                 "%s record encoder", self.cfg.data_dir, log_min, end, start, time.monotonic() - t0,
+                 len(self.clog.corrupt_ranges), commitlog.ENCODER)
 
     def shutdown(self) -> None:
         """Flush everything, checkpoint, stop threads, close files."""

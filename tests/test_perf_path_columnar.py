@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from store import AppendResult, Message, MessageStore, StoreConfig
+from store import AppendResult, Message, MessageStore, StoreConfig, commitlog
 from store.consume_queue import ENTRY, ENTRY_SIZE
 
 
@@ -69,18 +69,23 @@ def _store_state(st):
     return out
 
 
-def test_live_columnar_dispatch_builds_the_same_indexes_as_parsing_the_log(tmp_path):
+def test_live_columnar_dispatch_builds_the_same_indexes_as_parsing_the_log(tmp_path, monkeypatch):
+    """Live hand-off with the C encoder (ConsumeQueue blocks packed while encoding), live with the
+    Python encoder (blocks packed from the runs), and parsing the log: the same indexes."""
     states = []
     bs = batches()
-    for live in (True, False):
-        with MessageStore(cfg(tmp_path / f"s{live}", dispatch_from_memory=live)) as st:
+    encoders = [("c", commitlog._fast), ("python", None)] if commitlog._fast is not None else [("python", None)]
+    for live, (name, fast) in [(True, e) for e in encoders] + [(False, encoders[0])]:
+        monkeypatch.setattr(commitlog, "_fast", fast)
+        with MessageStore(cfg(tmp_path / f"s{live}{name}", dispatch_from_memory=live)) as st:
             rs = []
             for b in bs:
                 rs = st.append_batch(b)
             assert st.wait_dispatched(rs[-1].phys_offset + rs[-1].size, 10)
             keyed = st.query_by_key("dev/0/x", "k", 0, 1 << 62, 1000)
             states.append((_store_state(st), sorted(m.phys_offset for m in keyed)))
-    assert states[0] == states[1]
+    assert len(states) == len(encoders) + 1
+    assert all(s == states[0] for s in states[1:])
     cqs = states[0][0]
     assert cqs[("dev", 0)][0] == 15 * 50 + 15 * 40 + 15 * 15 and cqs[("other", 0)][0] == 15 * 20
     assert len(states[0][1]) == 15 * 2   # j = 0 and 15 of each keyed batch are on dev/0/x
