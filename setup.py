@@ -1,9 +1,12 @@
-"""Builds the optional C accelerator `store._append` (the CommitLog's per-record encoding loop).
+"""Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop)
+and `lightqueue._take` (the light-queue index's per-record dispatch loop).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
-succeeds and the store runs its pure-Python encoder (same bytes, slower; docs/store.md).
+succeeds and both run their pure-Python loops (same results, slower; docs/store.md).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("store._append", ["store/_append.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(ext_modules=[
+    Extension("store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
+])
