@@ -67,13 +67,17 @@ def commitlog_records(st):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flush_every,max_q,write_records",
-                         [(0, 2048, 32768), (7, 2048, 32768), (7, 6, 32768), (7, 2048, 120)])
-def test_kill_9_during_fanout_rebuilds_index_exactly(tmp_path, flush_every, max_q, write_records):
+@pytest.mark.parametrize("flush_every,max_q,write_records,pure_python",
+                         [(0, 2048, 32768, False), (7, 2048, 32768, False), (7, 6, 32768, False),
+                          (7, 2048, 120, False), (7, 2048, 120, True)])
+def test_kill_9_during_fanout_rebuilds_index_exactly(tmp_path, flush_every, max_q, write_records, pure_python):
+    """pure_python: the loader runs the Python encoder and index loop (the fallback without the C
+    modules) and the rebuild here runs whatever this process has, C when built."""
     d = str(tmp_path)
+    env = dict(os.environ, LMQTT_PURE_PYTHON="1" if pure_python else "0")
     proc = subprocess.Popen([sys.executable, "-c", LOADER, d, "5", str(flush_every), str(max_q),
                              str(write_records)],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     count = 0
     deadline = time.monotonic() + 60
     try:
