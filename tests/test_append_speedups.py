@@ -160,3 +160,23 @@ def test_bad_message_raises_the_same_error_from_both_encoders(tmp_path, bad, err
     c, py = encode_both(tmp_path, [batch])
     assert c[0][0] is py[0][0]
     assert issubclass(c[0][0], err)
+
+
+class Duck:
+    """Not a `Message`, only its attributes (the C encoder then reads them by name)."""
+
+    def __init__(self, topic, body, dq=(), keys=(), props=b"", queue_id=0, flags=0, born_ts=0):
+        self.topic, self.body, self.dispatch_queues, self.keys = topic, body, dq, keys
+        self.props, self.queue_id, self.flags, self.born_ts = props, queue_id, flags, born_ts
+
+
+def test_objects_with_message_attributes_encode_alike(tmp_path):
+    if fast is None:
+        pytest.skip("C encoder not built")
+    batch = [Duck("d/1", b"a" * 20, ("d/1", "d/#")), Duck("d/2", bytearray(b"bb"), keys=("k",)),
+             Message("d/1", b"c", dispatch_queues=("d/1", "d/#")), Duck("d/1", b"", props=b"p", queue_id=True)]
+    c, py = encode_both(tmp_path, [batch, batch[::-1]], recent=True)
+    assert c[0][:9] == py[0][:9] and c[1][:9] == py[1][:9]
+    missing = [Message("d/1", b"x"), object()]
+    c, py = encode_both(tmp_path / "m", [missing])
+    assert c[0][0] is py[0][0] is AttributeError
