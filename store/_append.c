@@ -508,6 +508,8 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(OOOOOOLOOO)", chunks, sizes, starts, runs, keyed ? Py_True : Py_False, assigned,
                            phys, recent_offs, recent, cqg);
 done:
+    if (result == NULL && PyErr_ExceptionMatches(PyExc_TypeError))
+        invalid("body and props must be bytes-like");   /* as the Python loop: any TypeError */
     Py_XDECREF(topic); Py_XDECREF(qid_o); Py_XDECREF(flags_o); Py_XDECREF(born_o);
     Py_XDECREF(keys); Py_XDECREF(dq); Py_XDECREF(body); Py_XDECREF(props);
     Py_XDECREF(ob.bytes);

@@ -180,3 +180,6 @@ def test_objects_with_message_attributes_encode_alike(tmp_path):
     missing = [Message("d/1", b"x"), object()]
     c, py = encode_both(tmp_path / "m", [missing])
     assert c[0][0] is py[0][0] is AttributeError
+    unhashable = [Duck("d/1", b"x", keys=["k"])]   # a TypeError inside the loop: InvalidMessage
+    c, py = encode_both(tmp_path / "u", [unhashable])
+    assert c[0][0] is py[0][0] is InvalidMessage
