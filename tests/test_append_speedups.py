@@ -183,3 +183,27 @@ def test_objects_with_message_attributes_encode_alike(tmp_path):
     unhashable = [Duck("d/1", b"x", keys=["k"])]   # a TypeError inside the loop: InvalidMessage
     c, py = encode_both(tmp_path / "u", [unhashable])
     assert c[0][0] is py[0][0] is InvalidMessage
+
+
+try:
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    _name = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=0,
+                    max_size=12)
+    _num = st.one_of(st.integers(0, 3), st.integers(-2, 2 ** 64 + 1), st.sampled_from([True, 1.0, "1"]))
+    _msg = st.builds(Message, _name, st.one_of(st.binary(max_size=400), st.sampled_from([None, "s"])),
+                     _num, _num, st.one_of(st.binary(max_size=20), st.just(b"")),
+                     st.lists(_name, max_size=2).map(tuple), _num,
+                     st.lists(_name, max_size=3).map(tuple))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.lists(_msg, min_size=1, max_size=12), min_size=1, max_size=4), st.booleans())
+    def test_c_and_python_encoders_agree_on_anything(tmp_path_factory, batches, recent):
+        """Arbitrary field values, valid or not: the same results, or the same exception class."""
+        if fast is None:
+            pytest.skip("C encoder not built")
+        c, py = encode_both(tmp_path_factory.mktemp("h"), batches, seg=4096, recent=recent)
+        for rc, rp in zip(c, py):
+            assert rc[:9] == rp[:9]
+except ImportError:   # hypothesis is a test extra; the seeded tests above still run
+    pass
