@@ -168,11 +168,10 @@ class CommitLog:
     def _append_batch(self, msgs, fut, ident: str) -> tuple:
         """Append `msgs` atomically (all or none). Returns (AppendResults, end offset).
 
-        One pass per message: one Struct.pack for header fields+topic+keys+queues (joined with
-        the body), one CRC, a 12-byte prefix pack; the parts are joined once per segment touched
-        and copied into the map with one slice assignment. Nothing touches the map or the queue
-        table until the whole batch is encoded and its segments exist, so a bad message or
-        DiskFull leaves no trace.
+        The batch is encoded first (store._append in C, else `_encode_py`: one buffer per segment
+        touched), then copied into the map with one slice assignment per segment. Nothing touches
+        the map or the queue table until the whole batch is encoded and its segments exist, so a
+        bad message or DiskFull leaves no trace.
 
         Per record it keeps only its size: records that share topic, queue, flags, born_ts, keys
         and dispatch queues form one *run* (see store.message), which is all the caller's results
@@ -247,7 +246,10 @@ class CommitLog:
         """Encode `msgs` as records from `phys` on; touches nothing but the caches. Returns
         (chunks [(start, bytes) per segment touched], sizes, starts, runs, keyed, assigned queue
         offsets, end offset, recent offsets, recent fields). The reference for store._append,
-        which does the same in C (tests/test_append_speedups.py compares them)."""
+        which does the same in C (tests/test_append_speedups.py compares them).
+
+        One pass per message: one Struct.pack for header fields+topic+keys+queues (joined with
+        the body), one CRC, a 12-byte prefix pack; the parts are joined once per segment."""
         maxsize = self.cfg.max_message_size
         tcache = self._topic_cache
         ncache = self._names_cache
