@@ -274,21 +274,26 @@ class LightQueueIndex:
     # iterator sees everything below that snapshot's first offset; the snapshot covers the rest
     # (a newer, possibly trimmed tail could leave a gap). A hole between the last RocksDB entry
     # and the tail is a dropped or swept range and is skipped, as holes between runs are.
+    def _db_runs(self, qid: int, offset: int) -> Iterable[tuple[int, bytes]]:
+        """(first queue offset, packed entries) of the RocksDB runs of `qid`, from the run
+        holding `offset` (or the first one after it) on, in order."""
+        pre = _U64.pack(qid)
+        it = self._db.iter()
+        it.seek_for_prev(_KEY.pack(qid, offset))
+        if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
+            it.seek(_KEY.pack(qid, offset))
+        while it.valid():
+            k = it.key()
+            if len(k) != 16 or k[:8] != pre:
+                return
+            yield _KEY.unpack(k)[1], it.value()
+            it.next()
+
     def _iter_entries(self, qid: int, offset: int) -> Iterable[IndexEntry]:
         """Entries of queue `qid` from `offset` on, in order (RocksDB runs, then the tail)."""
         t = self._tail.get(qid)
         if t is None or offset < t[0]:
-            pre = _U64.pack(qid)
-            it = self._db.iter()
-            it.seek_for_prev(_KEY.pack(qid, offset))
-            if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
-                it.seek(_KEY.pack(qid, offset))
-            while it.valid():
-                k = it.key()
-                if len(k) != 16 or k[:8] != pre:
-                    break
-                first = _KEY.unpack(k)[1]
-                v = it.value()
+            for first, v in self._db_runs(qid, offset):
                 n = len(v) // ENTRY_SIZE
                 i = offset - first if offset > first else 0
                 while i < n:
@@ -296,7 +301,6 @@ class LightQueueIndex:
                     yield IndexEntry(first + i, phys, size, ts)
                     i += 1
                     offset = first + i
-                it.next()
             if t is None:
                 return
         first, ba = t
@@ -324,17 +328,7 @@ class LightQueueIndex:
         append = out.append
         t = self._tail.get(q)
         if t is None or offset < t[0]:
-            pre = _U64.pack(q)
-            it = self._db.iter()
-            it.seek_for_prev(_KEY.pack(q, offset))
-            if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
-                it.seek(_KEY.pack(q, offset))
-            while it.valid():
-                k = it.key()
-                if len(k) != 16 or k[:8] != pre:
-                    break
-                first = _KEY.unpack(k)[1]
-                v = it.value()
+            for first, v in self._db_runs(q, offset):
                 i = offset - first if offset > first else 0
                 o = first + i
                 for phys, size, _ts in _ITER(v[i * ENTRY_SIZE:(i + max_count - len(out)) * ENTRY_SIZE]):
@@ -343,7 +337,6 @@ class LightQueueIndex:
                 offset = o
                 if len(out) >= max_count:
                     return out
-                it.next()
             if t is None:
                 return out
         first, ba = t
