@@ -272,12 +272,7 @@ class ConsumeQueueStore:
             topic = r[2]
             qid = r[3]
             if topic is not last_topic or qid != last_qid:
-                fl = flc.get(topic)
-                if fl is None:
-                    fl = first_level(topic)
-                    if len(flc) > 100_000:
-                        flc.clear()
-                    flc[topic] = fl
+                fl = flc.get(topic) or self._first_level(topic)
                 key = (fl, qid)
                 g = groups.get(key)
                 if g is None:
@@ -344,12 +339,7 @@ class ConsumeQueueStore:
                 qid = r[3]
                 qoff = r[4]
                 if topic is not last_topic or qid != last_qid:
-                    fl = flc.get(topic)
-                    if fl is None:
-                        fl = first_level(topic)
-                        if len(flc) > 100_000:
-                            flc.clear()
-                        flc[topic] = fl
+                    fl = flc.get(topic) or self._first_level(topic)
                     key = (fl, qid)
                     g = groups.get(key)
                     if g is None:
@@ -364,6 +354,15 @@ class ConsumeQueueStore:
         for key, g in groups.items():
             if g[2]:
                 self._write_run(key, g[0], g[2])
+
+    def _first_level(self, topic: str) -> str:
+        """first_level(topic), remembered (the dispatch loops look the cache up inline first)."""
+        flc = self._fl_cache
+        fl = first_level(topic)
+        if len(flc) > 100_000:
+            flc.clear()
+        flc[topic] = fl
+        return fl
 
     def _write_run(self, key, qoff: int, blocks: list) -> None:
         """Write consecutive entries (packed blocks) starting at queue offset `qoff`."""
