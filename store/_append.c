@@ -233,11 +233,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
              *body = NULL, *props = NULL;
 
     if (!chunks || !sizes || !starts || !runs || !assigned || !recent_offs || !recent || !cqg) goto done;
-    {
-        Py_ssize_t est = 0;
-        for (Py_ssize_t i = 0; i < n && i < 64; i++) est += 200;
-        if (ob_new(&ob, n * 180 > est ? n * 180 : est) < 0) goto done;
-    }
+    if (ob_new(&ob, n * 180) < 0) goto done;   /* a guess (~100 B payload records); it grows */
 
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i);
