@@ -7,6 +7,6 @@ succeeds and both run their pure-Python loops (same results, slower; docs/store.
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
-    Extension("lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
 ])

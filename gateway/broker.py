@@ -15,21 +15,21 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from gateway import record_props
-from gateway.mqtt import ProtocolError, connack_return_code_v311, packets as P
-from gateway.record_props import safe_decode
-from gateway.session import NEVER_EXPIRES, Cursor, InFlight, Item, Session, Subscription
-from gateway.shared import SharedGroup
-from gateway.delivery import DeliveryEngine
-from gateway.persistence import SessionPersistence
-from gateway.publish import PublishPipeline
-from lightqueue import topics as T
-from lightqueue.errors import InvalidTopicFilter, InvalidTopicName
+from lmqtt.gateway import record_props
+from lmqtt.gateway.mqtt import ProtocolError, connack_return_code_v311, packets as P
+from lmqtt.gateway.record_props import safe_decode
+from lmqtt.gateway.session import NEVER_EXPIRES, Cursor, InFlight, Item, Session, Subscription
+from lmqtt.gateway.shared import SharedGroup
+from lmqtt.gateway.delivery import DeliveryEngine
+from lmqtt.gateway.persistence import SessionPersistence
+from lmqtt.gateway.publish import PublishPipeline
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicFilter, InvalidTopicName
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.config import GatewayConfig
-    from gateway.connection import MQTTConnection
-    from gateway.metrics import GatewayMetrics
+    from lmqtt.gateway.config import GatewayConfig
+    from lmqtt.gateway.connection import MQTTConnection
+    from lmqtt.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -310,7 +310,7 @@ class Broker:
         if pkt.will is not None:
             w = pkt.will
             try:
-                from lightqueue.records import WillRecord
+                from lmqtt.lightqueue.records import WillRecord
                 delay = (w.properties.will_delay_interval or 0) if v == 5 else 0
                 self.meta.put_will(cid, WillRecord(w.topic, w.payload, w.qos, w.retain,
                                                    record_props.encode(w.qos, w.retain, cid, w.properties),

@@ -10,15 +10,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
+    "serve": ("lmqtt.gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
 }
 
 BENCH: dict[str, tuple[str, str]] = {
-    "store": ("loadtest.store_bench", "CommitLog append/dispatch throughput and lag per flush mode"),
-    "lightqueue": ("loadtest.lightqueue_bench", "Light-queue fan-out indexing and filter matching"),
-    "mqtt": ("loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
-    "compare": ("loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
-    "fuzz": ("loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
+    "store": ("lmqtt.loadtest.store_bench", "CommitLog append/dispatch throughput and lag per flush mode"),
+    "lightqueue": ("lmqtt.loadtest.lightqueue_bench", "Light-queue fan-out indexing and filter matching"),
+    "mqtt": ("lmqtt.loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
+    "compare": ("lmqtt.loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
+    "fuzz": ("lmqtt.loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
 }
 
 

@@ -16,11 +16,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from gateway.mqtt import Decoder, ProtocolError, encode, packets as P
+from lmqtt.gateway.mqtt import Decoder, ProtocolError, encode, packets as P
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.broker import Broker
-    from gateway.session import Session
+    from lmqtt.gateway.broker import Broker
+    from lmqtt.gateway.session import Session
 
 log = logging.getLogger("lmqtt.gateway.conn")
 

@@ -23,12 +23,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.record_props import safe_decode
-from gateway.session import InFlight, Item, Session, Subscription
+from lmqtt.gateway.record_props import safe_decode
+from lmqtt.gateway.session import InFlight, Item, Session, Subscription
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.broker import Broker
-    from gateway.shared import SharedGroup
+    from lmqtt.gateway.broker import Broker
+    from lmqtt.gateway.shared import SharedGroup
 
 log = logging.getLogger("lmqtt.gateway.delivery")
 

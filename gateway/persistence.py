@@ -14,11 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from lightqueue.records import SessionRecord, Subscription as LQSub
+from lmqtt.lightqueue.records import SessionRecord, Subscription as LQSub
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.session import Session
-    from gateway.shared import SharedGroup
+    from lmqtt.gateway.session import Session
+    from lmqtt.gateway.shared import SharedGroup
 
 log = logging.getLogger("lmqtt.gateway.persistence")
 

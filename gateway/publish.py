@@ -13,18 +13,18 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway import record_props
-from gateway.mqtt import encode, packets as P
+from lmqtt.gateway import record_props
+from lmqtt.gateway.mqtt import encode, packets as P
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.broker import Broker
-    from gateway.connection import MQTTConnection
+    from lmqtt.gateway.broker import Broker
+    from lmqtt.gateway.connection import MQTTConnection
 
 log = logging.getLogger("lmqtt.gateway.publish")
 _ACK = struct.Struct(">BBH")
 
 try:
-    from store import Message
+    from lmqtt.store import Message
 except ImportError:  # pragma: no cover - the store package lands in parallel
     Message = None  # type: ignore
 

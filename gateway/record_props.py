@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import packets as P
 
 VERSION = 1
 _U16 = struct.Struct(">H")

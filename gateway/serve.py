@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from gateway.config import FLUSH_MODES, ConfigError, build_config, load_toml
+from lmqtt.gateway.config import FLUSH_MODES, ConfigError, build_config, load_toml
 
 log = logging.getLogger("lmqtt.serve")
 
@@ -93,7 +93,7 @@ def _tune_gc(cfg) -> None:
 
 
 async def _serve(cfg, loop_name: str) -> int:
-    from gateway.server import Gateway
+    from lmqtt.gateway.server import Gateway
 
     gw = Gateway(cfg)
     # signal handlers first: a SIGTERM that arrives while starting (the port may already accept

@@ -11,11 +11,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gateway.broker import Broker
-from gateway.config import GatewayConfig
-from gateway.connection import MQTTConnection
-from gateway.metrics import GatewayMetrics
-from notify import InProcessBus
+from lmqtt.gateway.broker import Broker
+from lmqtt.gateway.config import GatewayConfig
+from lmqtt.gateway.connection import MQTTConnection
+from lmqtt.gateway.metrics import GatewayMetrics
+from lmqtt.notify import InProcessBus
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -32,8 +32,8 @@ class Gateway:
         self.address: tuple[str, int] | None = None
 
     async def start(self) -> None:
-        from lightqueue import LightQueueStore
-        from store import MessageStore, StoreConfig
+        from lmqtt.lightqueue import LightQueueStore
+        from lmqtt.store import MessageStore, StoreConfig
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()

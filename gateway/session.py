@@ -13,13 +13,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.mqtt.properties import encode_properties
-from gateway.mqtt.wire import encode_varint as _varint
-from gateway.record_props import RecordMeta
+from lmqtt.gateway.mqtt.properties import encode_properties
+from lmqtt.gateway.mqtt.wire import encode_varint as _varint
+from lmqtt.gateway.record_props import RecordMeta
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gateway.connection import MQTTConnection
-    from gateway.shared import SharedGroup
+    from lmqtt.gateway.connection import MQTTConnection
+    from lmqtt.gateway.shared import SharedGroup
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -214,7 +214,7 @@ class Session:
 
     def resend_inflight(self) -> int:
         """After a reconnect: PUBLISH again with DUP=1 (same ids), or PUBREL for those past PUBREC."""
-        from gateway.mqtt import encode, packets as P
+        from lmqtt.gateway.mqtt import encode, packets as P
         conn = self.conn
         n = 0
         for inf in self.outbound.values():

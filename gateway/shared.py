@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.session import Cursor, Item, Session, Subscription
+from lmqtt.gateway.session import Cursor, Item, Session, Subscription
 
 
 def group_consumer(group: str, queue: str) -> str:

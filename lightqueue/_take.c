@@ -148,7 +148,7 @@ static PyMethodDef methods[] = {
      "take_requests(index, batch, ckpt, touched, touched_f, mark): LightQueueIndex._take_requests in C"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lightqueue._take",
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.lightqueue._take",
                                     "C accelerator for LightQueueIndex._take_requests (optional)", -1,
                                     methods};
 

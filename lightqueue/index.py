@@ -41,7 +41,7 @@ from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from store.message import DispatchRequest
+from lmqtt.store.message import DispatchRequest
 
 from .errors import LightQueueError
 

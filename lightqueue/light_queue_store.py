@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-from store import StoredMessage
+from lmqtt.store import StoredMessage
 
 from .cache import MessageCache
 from .errors import LightQueueError

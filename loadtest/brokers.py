@@ -181,11 +181,11 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         if lmqtt_src:
             if not (Path(lmqtt_src) / "gateway" / "serve.py").exists():
                 raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/serve.py there")
-        elif importlib.util.find_spec("gateway.serve") is None:
-            raise BrokerUnavailable("gateway.serve is not built yet (lmqtt serve missing)")
+        elif importlib.util.find_spec("lmqtt.gateway.serve") is None:
+            raise BrokerUnavailable("lmqtt.gateway.serve is not built yet (lmqtt serve missing)")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
-        return [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
+        return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], \
             "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")

@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
-from gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish
-from gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish
+from lmqtt.gateway.mqtt import packets as P
 
 
 def _rate(fn, n: int) -> float:

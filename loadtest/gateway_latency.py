@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from gateway.mqtt import Decoder, encode, packets as P
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
 
 _TS = struct.Struct(">QI")   # send time ns, sequence
 
@@ -238,7 +238,7 @@ def _start_server(flush_mode: str, data_dir: str, extra: list[str] | None = None
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--data-dir",
+    p = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", str(port), "--data-dir",
                           data_dir, "--metrics-port", "0", "--flush-mode", flush_mode, "--segment-mb", "64",
                           "--log-level", "WARNING", *(extra or [])], cwd=root, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30

@@ -28,9 +28,9 @@ import tempfile
 import threading
 import time
 
-from lightqueue import LightQueueIndex, LightQueueStore, MetadataStore
-from lightqueue.registry import FilterRegistry
-from store import ENCODER, DispatchRequest, Message, MessageStore, StoreConfig
+from lmqtt.lightqueue import LightQueueIndex, LightQueueStore, MetadataStore
+from lmqtt.lightqueue.registry import FilterRegistry
+from lmqtt.store import ENCODER, DispatchRequest, Message, MessageStore, StoreConfig
 
 MAX_RECORDS = 20_000_000
 

@@ -28,8 +28,8 @@ from itertools import chain as _chain_mod, repeat as _repeat
 from operator import or_ as _or, sub as _sub
 from typing import Callable
 
-from gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode
-from gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode
+from lmqtt.gateway.mqtt import packets as P
 
 from .stamp import STAMP, STAMP_SIZE, Stream, Tracker, make_payload
 

@@ -25,11 +25,11 @@ import threading
 import time
 import uuid
 
-from gateway.mqtt import Decoder, ProtocolError, encode
-from gateway.mqtt import packets as P
-from gateway.mqtt.decoder import REASON_CODES_V5
-from gateway.mqtt.properties import PROPERTY_TABLE, WILL
-from gateway.mqtt.wire import encode_varint
+from lmqtt.gateway.mqtt import Decoder, ProtocolError, encode
+from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt.decoder import REASON_CODES_V5
+from lmqtt.gateway.mqtt.properties import PROPERTY_TABLE, WILL
+from lmqtt.gateway.mqtt.wire import encode_varint
 
 __all__ = ["main", "PacketFactory", "mutate", "health_check"]
 

@@ -234,7 +234,7 @@ async def run_retained(cfg: ScenarioConfig) -> dict:
 
 
 async def _clear_retained(cfg: ScenarioConfig, topics: list[str]) -> None:
-    from gateway.mqtt import encode_publish
+    from lmqtt.gateway.mqtt import encode_publish
     c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-clr", cfg.version)
     try:
         c.transport.write(b"".join(encode_publish(t, b"", 0, True, False, None, None, cfg.version)

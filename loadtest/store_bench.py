@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 
-from store import ENCODER, Message, MessageStore, StoreConfig
+from lmqtt.store import ENCODER, Message, MessageStore, StoreConfig
 
 
 LAG_BOUND_S = 0.050   # the dispatch lag bound of the store's target (p99 < 50 ms)

@@ -202,7 +202,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                           &maxsize, &want_recent))
         return NULL;
     if (DR_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "store._append.configure() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "lmqtt.store._append.configure() was not called");
         return NULL;
     }
     uint64_t store_ts = PyLong_AsUnsignedLongLong(store_ts_o);
@@ -524,13 +524,13 @@ static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0): zlib-compatible CRC-32"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "store._append",
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.store._append",
                                     "C accelerator for CommitLog._encode_py (optional)", -1, methods};
 
 PyMODINIT_FUNC PyInit__append(void) {
     const uint16_t one = 1;
     if (*(const unsigned char *)&one != 1) {
-        PyErr_SetString(PyExc_ImportError, "store._append supports little-endian platforms only");
+        PyErr_SetString(PyExc_ImportError, "lmqtt.store._append supports little-endian platforms only");
         return NULL;
     }
     crc_init();

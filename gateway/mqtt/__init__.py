@@ -3,8 +3,8 @@
 Never touches a socket and has no asyncio, so the server, the load generator and the fuzzer share it
 and it can be tested exhaustively with plain bytes.
 
-    from gateway.mqtt import (packets as P, Decoder, encode, ProtocolError, ReasonCode,
-                              encode_publish, PublishTemplate)
+    from lmqtt.gateway.mqtt import (packets as P, Decoder, encode, ProtocolError, ReasonCode,
+                                    encode_publish, PublishTemplate)
 
     dec = Decoder()                      # server side; version learnt from CONNECT
     for pkt in dec.feed(data): ...       # raises ProtocolError (with .reason_code) on bad input

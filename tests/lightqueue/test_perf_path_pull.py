@@ -1,0 +1,172 @@
+"""The zero-copy pull path (docs/lightqueue.md "Pull hot path"): real store, real RocksDB.
+
+No timing assertions: these pin the behaviour the faster path must keep — shared immutable
+messages, per-queue offsets, the in-memory index tail agreeing with RocksDB, single flight
+without a per-message Event, and the tail's invalidation on truncate/drop.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lmqtt.lightqueue import LightQueueStore
+from lmqtt.lightqueue.cache import MessageCache
+from lmqtt.store import Message, MessageStore, StoreConfig, StoredMessage
+
+
+@pytest.fixture
+def pair(tmp_path):
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20,
+                                  flush_mode="async"))
+    lq = LightQueueStore(st, str(tmp_path / "lq"))
+    st.start()
+    yield st, lq
+    st.shutdown()
+    lq.close()
+
+
+def publish(st, lq, topic, body, props=b""):
+    r = st.append(Message(topic=topic, body=body, props=props,
+                          dispatch_queues=lq.queues_for_topic(topic)))
+    assert st.wait_dispatched(r.phys_offset + r.size, 10)
+    return r
+
+
+def test_stored_message_is_an_immutable_tuple_with_the_same_fields(pair):
+    st, lq = pair
+    r = publish(st, lq, "im/1", b"payload", b"props")
+    m = st.read(r.phys_offset)
+    assert isinstance(m, StoredMessage)
+    assert (m.topic, m.body, m.props, m.phys_offset, m.size) == ("im/1", b"payload", b"props",
+                                                                 r.phys_offset, r.size)
+    assert m.msg_id == r.msg_id and m.dispatch_queues == ("im/1",)
+    with pytest.raises(AttributeError):
+        m.queue_offset = 5
+    m2 = m.with_queue_offset(7)
+    assert m2.queue_offset == 7 and m.queue_offset != 7
+    assert m2.body is m.body and m2.topic is m.topic and m2.msg_id == m.msg_id
+    assert m.with_queue_offset(m.queue_offset) is m
+
+
+def test_pull_shares_cached_messages_and_sets_each_queues_offset(pair):
+    st, lq = pair
+    lq.register_filter("sh/+")
+    for i in range(5):
+        publish(st, lq, f"sh/{i % 2}", b"%d" % i)
+    exact = lq.pull("sh/1", 0, max_count=10).messages      # records 1, 3
+    wild = lq.pull("sh/+", 0, max_count=10).messages       # records 0..4
+    assert [m.body for m in exact] == [b"1", b"3"] and [m.queue_offset for m in exact] == [0, 1]
+    assert [m.body for m in wild] == [b"0", b"1", b"2", b"3", b"4"]
+    assert [m.queue_offset for m in wild] == [0, 1, 2, 3, 4]
+    assert wild[1].body is exact[0].body and wild[3].phys_offset == exact[1].phys_offset
+    again = lq.pull("sh/+", 0, max_count=10).messages
+    assert [m.queue_offset for m in again] == [0, 1, 2, 3, 4]
+    assert all(a.body is b.body for a, b in zip(again, wild))
+
+
+def test_tail_and_rocksdb_reads_agree(pair):
+    """Entries served from the in-memory tail equal those read through RocksDB, at every
+    offset and batch size, including offsets older than the tail."""
+    st, lq = pair
+    idx = lq.index
+    old = idx.tail_entries
+    idx.tail_entries = 8                       # force most offsets out of the tail
+    try:
+        for b in range(6):
+            st.append_batch([Message(topic="t/a", body=b"%d-%d" % (b, i), dispatch_queues=("t/a",))
+                             for i in range(5)])
+        assert st.wait_dispatched(st.max_offset, 10)
+        idx.flush()        # write the buffered entries: then only the newest 8 stay in memory
+        assert idx.max_offset("t/a") == 30
+        assert idx._tail[idx.qid("t/a")][0] == 22            # newest 8 entries in memory
+        for off in range(0, 31):
+            for n in (1, 3, 64):
+                raw = idx.read_raw("t/a", off, n)
+                ref = [(e.queue_offset, e.phys_offset, e.size) for e in idx.read("t/a", off, n)]
+                assert raw == ref, (off, n)
+        got = []
+        off = 0
+        while True:
+            res = lq.pull("t/a", off, max_count=4)
+            if not res.messages:
+                break
+            got += [m.body for m in res.messages]
+            off = res.next_offset
+        assert got == [b"%d-%d" % (b, i) for b in range(6) for i in range(5)]
+    finally:
+        idx.tail_entries = old
+
+
+def test_tail_is_bounded_by_queue_count(pair):
+    st, lq = pair
+    idx = lq.index
+    old = idx.tail_queues
+    idx.tail_queues = 10
+    try:
+        st.append_batch([Message(topic=f"many/{i}", body=b"x", dispatch_queues=(f"many/{i}",))
+                         for i in range(50)])
+        assert st.wait_dispatched(st.max_offset, 10)
+        assert len(idx._tail) <= 10
+        for i in range(50):                   # evicted queues are read from RocksDB
+            assert [m.body for m in lq.pull(f"many/{i}", 0).messages] == [b"x"]
+    finally:
+        idx.tail_queues = old
+
+
+def test_dropped_queue_forgets_its_tail(pair):
+    st, lq = pair
+    lq.register_filter("dq/+")
+    publish(st, lq, "dq/1", b"a")
+    q = lq.index.qid("dq/+")
+    assert q in lq.index._tail
+    assert lq.unregister_filter("dq/+") == 0
+    assert q not in lq.index._tail
+    assert lq.pull("dq/+", 0).messages == []
+    lq.register_filter("dq/+")
+    publish(st, lq, "dq/2", b"b")
+    res = lq.pull("dq/+", 0)
+    assert [m.body for m in res.messages] == [b"b"] and res.messages[0].queue_offset == 1
+
+
+def test_cache_single_flight_without_per_message_events(tmp_path):
+    """Concurrent misses on the same offsets cost one load each; a failing load is not cached."""
+    cache = MessageCache()
+    loads = []
+    gate = threading.Event()
+
+    def load(p, size):
+        gate.wait(5)
+        loads.append(p)
+        return ("msg", p)
+
+    out = []
+    threads = [threading.Thread(target=lambda: out.append([cache.get(p, 10, load) for p in range(20)]))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(loads) == list(range(20)) and cache.misses == 20
+    assert all(r == [("msg", p) for p in range(20)] for r in out) and len(out) == 8
+
+    def bad(p, size):
+        raise OSError("gone")
+
+    with pytest.raises(OSError):
+        cache.get(100, 10, bad)
+    assert cache.get_many([100]) == [None]
+    got = cache.load_many([(100, 10), (101, 10)], lambda p, s: ("ok", p) if p == 101 else bad(p, s))
+    assert isinstance(got[0], OSError) and got[1] == ("ok", 101)
+
+
+def test_cache_evicts_by_bytes_and_items():
+    cache = MessageCache(max_bytes=100, max_items=5)
+    for p in range(10):
+        cache.get(p, 30, lambda p, s: p)
+    assert len(cache) == 3 and cache._bytes == 90
+    assert cache.get_many([9, 8, 7, 0]) == [9, 8, 7, None]
+    cache2 = MessageCache(max_bytes=1 << 20, max_items=5)
+    cache2.load_many([(p, 1) for p in range(10)], lambda p, s: p)
+    assert len(cache2) == 5 and cache2.get_many([5, 9, 4]) == [5, 9, None]

@@ -1,0 +1,281 @@
+"""Test helpers shared by every test folder: free ports, a real `lmqtt serve` subprocess, and MQTT
+test clients (paho-mqtt and a raw client on the gateway's own codec). Import them as
+`from tests.support import ...`; the fixtures built on them are in conftest.py."""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import signal
+import socket
+import subprocess
+import sys
+import threading as _threading
+import time
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (bind to 0, read it back, release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LmqttServer:
+    """One `lmqtt serve` process: tmp data dir, free ports, SIGTERM (or SIGKILL) and restart.
+
+    Unpacks as `(host, port, data_dir)`; `.restart(kill=True)` simulates a crash (kill -9) and
+    starts a new process on the same port and data dir.
+    """
+
+    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = (), log_path: str | None = None) -> None:
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.data_dir = str(data_dir)
+        self.extra_args = tuple(extra_args)
+        self.log_path = log_path or os.path.join(self.data_dir, "..", f"lmqtt-serve-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    def __iter__(self):
+        return iter((self.host, self.port, self.data_dir))
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 20.0) -> "LmqttServer":
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", self.host, "--port", str(self.port),
+               "--data-dir", self.data_dir, "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
+               *self.extra_args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lmqtt serve exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"lmqtt serve did not listen within {timeout}s: {self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.proc = None
+        self._log.close()
+        return p.returncode
+
+    def kill9(self) -> int | None:
+        return self.stop(signal.SIGKILL)
+
+    def restart(self, kill: bool = False) -> "LmqttServer":
+        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
+        if not kill:
+            assert rc == 0, f"lmqtt serve exit code {rc} on SIGTERM: {self.log_tail()}"
+        return self.start()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return "<no log>"
+
+
+class Paho:
+    """A paho-mqtt 2.2 client (MQTT 3.1.1 or 5) with blocking helpers for tests.
+
+    Every wait is bounded; messages land in `self.msgs` (a queue of paho MQTTMessage).
+    """
+
+    def __init__(self, server, client_id: str = "", version: int = 4, clean: bool = True,
+                 expiry: int | None = None, keepalive: int = 30, will: tuple | None = None,
+                 receive_maximum: int | None = None, connect: bool = True) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.properties import Properties
+        from paho.mqtt.packettypes import PacketTypes
+        self.mqtt = mqtt
+        self.host, self.port = server.host, server.port
+        self.version = version
+        proto = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
+        kw = {} if version == 5 else {"clean_session": clean}
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=proto, **kw)
+        self.msgs: _queue.Queue = _queue.Queue()
+        self.connack: _queue.Queue = _queue.Queue()
+        self.disconnects: _queue.Queue = _queue.Queue()
+        self._subacks: dict[int, list] = {}
+        self._sub_ev = _threading.Condition()
+        self.c.on_message = lambda c, u, m: self.msgs.put(m)
+        self.c.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
+        self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put(rc)
+
+        def on_sub(c, u, mid, rcs, props):
+            with self._sub_ev:
+                self._subacks[mid] = rcs
+                self._sub_ev.notify_all()
+        self.c.on_subscribe = on_sub
+        self.c.on_unsubscribe = on_sub
+        if will:
+            self.c.will_set(*will)
+        self._props = None
+        if version == 5:
+            self._props = Properties(PacketTypes.CONNECT)
+            if expiry is not None:
+                self._props.SessionExpiryInterval = expiry
+            if receive_maximum is not None:
+                self._props.ReceiveMaximum = receive_maximum
+        self.clean = clean
+        self.keepalive = keepalive
+        if connect:
+            self.connect()
+
+    def connect(self, timeout: float = 5.0):
+        if self.version == 5:
+            self.c.connect(self.host, self.port, self.keepalive, clean_start=self.clean, properties=self._props)
+        else:
+            self.c.connect(self.host, self.port, self.keepalive)
+        self.c.loop_start()
+        flags, rc, props = self.connack.get(timeout=timeout)
+        assert not rc.is_failure, f"CONNACK refused: {rc}"
+        self.session_present = bool(flags.session_present)
+        self.connack_props = props
+        return flags, rc, props
+
+    def subscribe(self, topic, qos: int = 0, timeout: float = 5.0, **kw):
+        if self.version == 5 and kw:
+            from paho.mqtt.subscribeoptions import SubscribeOptions
+            res, mid = self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **kw))
+        else:
+            res, mid = self.c.subscribe(topic, qos)
+        assert res == 0
+        deadline = time.monotonic() + timeout
+        with self._sub_ev:
+            while mid not in self._subacks:
+                left = deadline - time.monotonic()
+                assert left > 0, f"no SUBACK for {topic!r}"
+                self._sub_ev.wait(left)
+            return [int(getattr(r, "value", r)) for r in self._subacks.pop(mid)]
+
+    def unsubscribe(self, topic, timeout: float = 5.0):
+        res, mid = self.c.unsubscribe(topic)
+        deadline = time.monotonic() + timeout
+        with self._sub_ev:
+            while mid not in self._subacks:
+                left = deadline - time.monotonic()
+                assert left > 0, "no UNSUBACK"
+                self._sub_ev.wait(left)
+            return self._subacks.pop(mid)
+
+    def publish(self, topic, payload, qos: int = 0, retain: bool = False, properties=None, timeout: float = 5.0):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        info.wait_for_publish(timeout)
+        assert info.is_published(), f"publish to {topic!r} not acknowledged"
+        return info
+
+    def get(self, timeout: float = 5.0):
+        return self.msgs.get(timeout=timeout)
+
+    def get_n(self, n: int, timeout: float = 10.0) -> list:
+        deadline = time.monotonic() + timeout
+        out = []
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                out.append(self.msgs.get(timeout=left))
+            except _queue.Empty:
+                break
+        return out
+
+    def drain(self, wait: float = 0.5) -> list:
+        """Whatever else arrives within `wait` seconds."""
+        out = []
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            try:
+                out.append(self.msgs.get(timeout=left))
+            except _queue.Empty:
+                return out
+
+    def disconnect(self):
+        try:
+            self.c.disconnect()
+        finally:
+            self.c.loop_stop()
+
+
+class RawMQTT:
+    """A blocking raw-socket MQTT client built on the gateway's own sans-IO codec.
+
+    For what client libraries hide: killing the socket without DISCONNECT, malformed bytes,
+    never reading, exact packet flags.
+    """
+
+    def __init__(self, server, version: int = 4, timeout: float = 5.0) -> None:
+        from lmqtt.gateway.mqtt import Decoder
+        self.version = version
+        self.sock = socket.create_connection((server.host, server.port), timeout=timeout)
+        self.dec = Decoder(version=version, server_side=False)
+        self._pending: list = []
+
+    def send(self, pkt) -> None:
+        from lmqtt.gateway.mqtt import encode
+        self.sock.sendall(encode(pkt, self.version))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = 5.0):
+        """Next packet, or None if the server closed the connection."""
+        self.sock.settimeout(timeout)
+        while not self._pending:
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self._pending.extend(self.dec.feed(data))
+        return self._pending.pop(0)
+
+    def connect(self, client_id: str, clean: bool = True, keepalive: int = 60, will=None, props=None):
+        from lmqtt.gateway.mqtt import packets as P
+        self.send(P.Connect(client_id, self.version, clean, keepalive, None, None, will,
+                            props or P.Properties()))
+        return self.recv()
+
+    def closed_by_server(self, timeout: float = 5.0) -> bool:
+        """True when the server closes the socket within `timeout` (packets before that are skipped)."""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+        except socket.timeout:
+            return False
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
