@@ -5,7 +5,7 @@ re-running anything (``python -m loadtest.report DIR``), e.g. after a broker was
 
 Tables: one per scenario, rows = metric, columns = broker (median over repetitions, with the
 min–max spread when there were several), then lmqtt/peer ratios. A "Targets" table checks the
-issue's goals (ratios from the same run) and says by how much a missed one is missed.
+project's performance goals (ratios from the same run) and says by how much a missed one is missed.
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def params_line(by_broker: dict[str, list[dict]]) -> str:
     return ""
 
 
-# the issue's targets: (label, scenario, metric path, comparison)
+# the performance targets: (label, scenario, metric path, comparison)
 TARGETS = [  # label, scenario, metric, peer, op, bound
     ("fan-out 1→1,000 QoS 0 delivered msg/s ≥ 0.5× Mosquitto", "fanout", ("delivered_per_s",), "mosquitto", ">=", 0.5),
     ("fan-in 1,000→1 QoS 1 delivered msg/s ≥ 0.3× Mosquitto", "fanin", ("delivered_per_s",), "mosquitto", ">=", 0.3),

@@ -96,7 +96,7 @@ class ClientSpec:
 
 
 def defaults_for(scenario: str) -> dict:
-    """The issue's target settings per scenario (CLI flags override)."""
+    """The target settings per scenario (CLI flags override)."""
     return {
         # coalesce_ms: see ScenarioConfig.resolved_coalesce (measured against Mosquitto, docs)
         "fanout": {"publishers": 1, "subscribers": 1000, "qos": 0, "coalesce_ms": 20.0},

@@ -1,6 +1,6 @@
 """`lmqtt bench compare --selfcheck`: is the load generator trustworthy on this machine?
 
-Issue #5's acceptance asks two things of the generator, checked here against Mosquitto (a C
+The generator must show two things, checked here against Mosquitto (a C
 broker whose numbers do not move while lmqtt is being changed):
 
 1. *Correctness*: at a moderate fixed rate, QoS 1 loses, duplicates and reorders nothing
