@@ -1,4 +1,4 @@
-"""MessageCache: one store read serves every reader of a message (seed 000 "缓存模块").
+"""MessageCache: one store read serves every reader of a message (RocketMQ-MQTT's queue cache).
 
 Why: a broadcast topic with 10,000 subscribers, or one message fanned out to 4 light queues,
 would otherwise cost one CommitLog read per reader. The cache is keyed by CommitLog offset, so

@@ -1,6 +1,6 @@
 """First gateway benchmark: publish -> deliver latency and 1 -> N fan-out throughput.
 
-    python -m loadtest.gateway_latency [--subscribers 100] [--messages 500] [--rate 200]
+    python -m lmqtt.loadtest.gateway_latency [--subscribers 100] [--messages 500] [--rate 200]
         [--qos 0 1] [--payload 64] [--flush-mode async] [--client-procs 2] [--host H --port P]
 
 Without --port it starts its own `lmqtt serve` (fresh temp data dir, loopback, free port) and
@@ -253,7 +253,7 @@ def _start_server(flush_mode: str, data_dir: str, extra: list[str] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.gateway_latency", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lmqtt.loadtest.gateway_latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int)
     ap.add_argument("--subscribers", type=int, default=100)

@@ -1,7 +1,7 @@
 """Turn `lmqtt bench compare` results (JSON lines) into a Markdown report and latency plots.
 
 Kept apart from the runner so a report can be rebuilt from a kept ``results.jsonl`` without
-re-running anything (``python -m loadtest.report DIR``), e.g. after a broker was re-run.
+re-running anything (``python -m lmqtt.loadtest.report DIR``), e.g. after a broker was re-run.
 
 Tables: one per scenario, rows = metric, columns = broker (median over repetitions, with the
 min–max spread when there were several), then lmqtt/peer ratios. A "Targets" table checks the
@@ -308,7 +308,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
-        print("usage: python -m loadtest.report DIR  (reads DIR/results.jsonl, writes DIR/report.md)",
+        print("usage: python -m lmqtt.loadtest.report DIR  (reads DIR/results.jsonl, writes DIR/report.md)",
               file=sys.stderr)
         return 2
     d = Path(argv[0])

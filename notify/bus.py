@@ -4,8 +4,8 @@ Why a coalescing window: dispatch runs in batches on its own thread and a hot to
 event for the same queue hundreds of times a second. The gateway only needs to know *which* queues
 have new entries (it pulls from its own offsets), so names are merged into one set and handed to the
 loop in a single `call_soon_threadsafe`: at most one delivery per `window_s`, i.e. one wake-up of the
-loop per window instead of one per dispatch batch (seed 000, "推送模型": events for the same topic
-are merged).
+loop per window instead of one per dispatch batch (RocketMQ-MQTT's push-pull model: events for the
+same topic are merged).
 
 Why leading edge: the first event after a quiet window is delivered at once (next loop iteration),
 later ones wait until `window_s` after the previous delivery. Names keep merging while a delivery is

@@ -2,7 +2,7 @@
 
 Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic); 300,000
 entries per file, files named by the 20-digit byte offset of their first entry, so the entry for
-queue offset N is at byte N*20: O(1) seek, no search. (RocketMQ seed 002.)
+queue offset N is at byte N*20: O(1) seek, no search. (as RocketMQ's ConsumeQueue.)
 
 `ConsumeQueueStore` is the built-in dispatcher that maintains all of them. Its checkpoint is the
 CommitLog offset below which every entry is durable; on recovery it truncates entries at/after

@@ -1,4 +1,4 @@
-"""Flush services: what makes an append durable under each flush mode (seed 001).
+"""Flush services: what makes an append durable under each flush mode (RocketMQ's GroupCommitService / FlushRealTimeService / CommitRealTimeService).
 
 * `GroupCommitService` (sync): writers enqueue (end_offset, future); the thread takes every waiting
   request, does one fdatasync covering the highest committed offset, and resolves every request

@@ -1,4 +1,4 @@
-"""Key index: find records by `topic#key` within a time range (RocketMQ IndexFile, seed 002 §3).
+"""Key index: find records by `topic#key` within a time range (after RocketMQ's IndexFile).
 
 One IndexFile = header + hash-slot table + entry area, memory-mapped:
 
@@ -9,8 +9,8 @@ One IndexFile = header + hash-slot table + entry area, memory-mapped:
 
 Entries are chained newest-first through `prev`, so a query walks a slot's chain from the newest
 entry and stops once entries are older than the range. The hash is only a hint: the caller must
-read the record and compare the real topic and key (the hash-only bug documented in the seed
-returned other keys' messages). Files are named by the CommitLog offset of their first entry; a
+read the record and compare the real topic and key (a lookup that trusts the hash alone returns
+other keys' messages on a collision). Files are named by the CommitLog offset of their first entry; a
 new one starts when a file is full or its time span would overflow the u32 ms diff.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the intended PUBLISH packets, and what it reads — through the fast same-shape path or the
 general scanner, in reads of any size — is accounted exactly like one ``Stream.see`` per message.
 
-No broker here (tests/test_loadtest_mosquitto.py runs the generator against a real one); the
+No broker here (tests/loadtest/test_loadtest_mosquitto.py runs the generator against a real one); the
 "transport" only records the bytes the client writes back (its acks).
 """
 from __future__ import annotations

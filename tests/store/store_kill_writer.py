@@ -1,4 +1,4 @@
-"""Child process for tests/test_store_kill.py: append forever, print every acknowledged record.
+"""Child process for tests/store/test_store_kill.py: append forever, print every acknowledged record.
 
 usage: python store_kill_writer.py DATA_DIR MODE SEED
 Prints "ready" once started, then one line per acknowledged record: "phys size sha1(body) key".
