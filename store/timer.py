@@ -1,0 +1,360 @@
+"""Timer wheel for delayed messages, after RocketMQ's TimerMessageStore: an append-only TimerLog of
+fixed-size records chained per slot by `prev_pos`, and a ring of per-tick slots
+(`delayed_tick, first_pos, last_pos, num`).
+
+Why this shape: a delayed message costs one 48-byte TimerLog append and one slot update, whatever
+its delay; pending timers live on disk (memory-mapped TimerLog files), so a million of them cost
+48 MB of page cache and no Python objects, and the in-memory wheel is a fixed set of arrays sized
+by the wheel span, not by the number of timers. Firing a tick walks one chain backwards from the
+slot's `last_pos`.
+
+The module knows nothing of topics or MQTT: a timer refers to a record the caller wrote elsewhere
+(`ref_offset`, `ref_size`: the delayed message parked in the CommitLog) and the caller's `fire`
+callback turns due timers into real messages. That keeps the store's layering (the light-queue
+dispatch list of a fired MQTT message is computed above the store).
+
+Durability and exactly-once firing:
+  * `schedule` returns once the record is in the TimerLog's page cache (process-crash safe, as the
+    CommitLog's `async` mode); `flush()` makes it power-safe.
+  * The wheel is rebuilt on start from the TimerLog, starting at the oldest record that can still
+    be pending (the `fired` checkpoint keeps the first TimerLog position whose tick has not been
+    fired completely, and the tick up to which everything fired).
+  * Ticks between the checkpoint and the crash may have fired already; on recovery the caller's
+    `already_fired(timer)` is asked for exactly those timers (the store answers from its key
+    index: a fired message carries the key `timer:<pos>`), so none fires twice and none is lost.
+
+Delays beyond the wheel span are *rolled*: the record is placed at the middle of the wheel with
+the ROLL flag and the real due time, and re-enqueued when that tick comes, as many times as needed
+(RocketMQ rolls the same way). Cancellation appends a DELETE record for the same tick naming the
+cancelled timer; the firing walk collects those first.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import struct
+import threading
+import time
+from array import array
+from typing import Callable, NamedTuple
+
+from .errors import StoreError
+from .mapped_file_queue import MappedFileQueue
+
+# size u32 | magic u32 | prev_pos i64 | due_ms i64 | ref_offset i64 | ref_size u32 | flags u32 | tick i64
+RECORD = struct.Struct("<IIqqqIIq")
+RECORD_SIZE = RECORD.size          # 48
+MAGIC = 0x54494D31                 # "TIM1"
+FLAG_ROLL = 1                      # placed at the wheel's middle; re-enqueued when that tick comes
+FLAG_DELETE = 2                    # cancels the timer of ref_offset (not chained under any tick)
+NO_POS = -1
+# field indexes of an unpacked RECORD
+_PREV, _DUE, _REF, _REF_SIZE, _FLAGS, _TICK = 2, 3, 4, 5, 6, 7
+
+DEFAULT_PRECISION_MS = 1000
+DEFAULT_WHEEL_TICKS = 7 * 24 * 3600          # one week of 1 s ticks: 2.4 MB of slot arrays
+DEFAULT_MAX_DELAY_MS = 40 * 24 * 3600 * 1000  # 40 days
+RECORDS_PER_FILE = 1 << 20                   # 48 MiB TimerLog files
+MAX_TICKS_PER_ROUND = 3600                   # a long outage catches up in checkpointed steps
+
+
+class Timer(NamedTuple):
+    """One due timer as handed to `fire`. A timer is named by `ref_offset`, the position of the
+    parked record it refers to (for the store: the delayed message's CommitLog offset, i.e. its
+    msg id), so the name survives a roll, which moves the timer to a new TimerLog record."""
+    ref_offset: int
+    ref_size: int
+    due_ms: int
+    pos: int
+
+
+class TimerError(StoreError):
+    """A timer request that cannot be honoured (delay out of range, bad settings)."""
+
+
+class TimerWheel:
+    """The TimerLog + the wheel + the firing thread.
+
+    `fire(timers)` runs on the firing thread with the due timers of one or more ticks, in due
+    order; it must make them durable before returning (the checkpoint moves after it returns). If
+    it raises, the same ticks are offered again after `retry_s`; nothing is skipped.
+    """
+
+    def __init__(self, directory: str, fire: Callable[[list[Timer]], None], *,
+                 precision_ms: int = DEFAULT_PRECISION_MS, wheel_ticks: int = DEFAULT_WHEEL_TICKS,
+                 max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
+                 already_fired: Callable[[Timer], bool] | None = None,
+                 clock: Callable[[], float] = time.time, scan_interval_s: float = 0.05,
+                 retry_s: float = 1.0, records_per_file: int = RECORDS_PER_FILE) -> None:
+        if not 10 <= precision_ms <= 60_000:
+            raise TimerError(f"timer precision {precision_ms} ms is outside 10..60000 ms")
+        if wheel_ticks < 16:
+            raise TimerError(f"a timer wheel of {wheel_ticks} ticks is too small (at least 16)")
+        self.dir = directory
+        self.precision = precision_ms
+        self.ticks = wheel_ticks
+        self.max_delay_ms = max_delay_ms
+        self._fire = fire
+        self._already_fired = already_fired
+        self._clock = clock
+        self._scan_interval = scan_interval_s
+        self._retry_s = retry_s
+        os.makedirs(directory, exist_ok=True)
+        self.log = MappedFileQueue(os.path.join(directory, "timerlog"), records_per_file * RECORD_SIZE,
+                                   preallocate=False)
+        self.log.load()
+        # the wheel, one entry per slot: the tick it holds, its chain's first/last position, count
+        self._slot_tick = array("q", [-1]) * wheel_ticks
+        self._slot_first = array("q", [NO_POS]) * wheel_ticks
+        self._slot_last = array("q", [NO_POS]) * wheel_ticks
+        self._slot_num = array("l", [0]) * wheel_ticks
+        self._firsts: list[tuple[int, int]] = []   # heap of (first position, tick) of unfired ticks
+        self._recovered: dict[int, list[int]] = {}  # tick -> positions re-chained at recovery
+        self._cancelled: set[int] = set()          # ref_offsets cancelled and not yet passed
+        self._write_pos = 0
+        self._lock = threading.Lock()              # appends and slot updates (any thread)
+        self._cp_path = os.path.join(directory, "fired.json")
+        self._fired_tick, self._fired_pos = self._load_checkpoint()
+        if not os.path.exists(self._cp_path):
+            # written before the first timer: a crash before the first firing must find every
+            # record pending, not assume "everything before the restart fired"
+            self._save_checkpoint()
+        self._recheck_until = self._fired_tick     # ticks up to this may have fired before a crash
+        self._pending = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fired_total = 0
+        self.rolled_total = 0
+        self._recover()
+
+    # ------------------------------------------------------------------------------ public API
+    def schedule(self, due_ms: int, ref_offset: int, ref_size: int) -> int:
+        """Park a timer due at `due_ms` (epoch ms) for the record at `ref_offset` (its name).
+
+        A due time in the past or inside the current tick fires on the next scan. Returns the
+        TimerLog position written.
+        """
+        now = int(self._clock() * 1000)
+        if due_ms - now > self.max_delay_ms:
+            raise TimerError(f"a delay of {(due_ms - now) / 1000:.0f} s exceeds the maximum of "
+                             f"{self.max_delay_ms / 1000:.0f} s")
+        with self._lock:
+            self._pending += 1
+            return self._place(due_ms, ref_offset, ref_size)
+
+    def cancel(self, ref_offset: int) -> None:
+        """Cancel the pending timer of `ref_offset`: it will not fire (durable like `schedule`).
+
+        Whether it was still pending is the caller's knowledge (the store checks that the delayed
+        message has not fired yet); the wheel keeps no per-timer index, so that a million pending
+        timers cost no memory.
+        """
+        with self._lock:
+            if ref_offset in self._cancelled:
+                return
+            pos = self._write_pos
+            f = self.log.find(pos) or self.log.create(pos)
+            f.write(pos - f.start_offset, RECORD.pack(RECORD_SIZE, MAGIC, NO_POS, 0, ref_offset, 0,
+                                                      FLAG_DELETE, -1))
+            self._write_pos = pos + RECORD_SIZE
+            self._cancelled.add(ref_offset)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lmqtt-timer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self.flush()
+        self.log.close()
+
+    def flush(self) -> None:
+        """Make every scheduled timer power-safe (fdatasync of the TimerLog's open files)."""
+        for f in self.log.files[-2:]:
+            f.flush()
+
+    @property
+    def pending(self) -> int:
+        """Timers scheduled and neither fired nor cancelled."""
+        return self._pending
+
+    def stats(self) -> dict:
+        return {"pending": self._pending, "fired": self.fired_total, "rolled": self.rolled_total,
+                "timerlog_bytes": self._write_pos - self.log.min_offset,
+                "precision_ms": self.precision, "wheel_ticks": self.ticks}
+
+    # ------------------------------------------------------------------------------- placing
+    def _place(self, due_ms: int, ref: int, ref_size: int) -> int:
+        """Chain a timer under its tick, or under the wheel's middle (ROLL) when it is beyond."""
+        tick = max(due_ms // self.precision, self._fired_tick + 1)
+        flags = 0
+        if tick > self._fired_tick + self.ticks - 1:
+            tick = self._fired_tick + self.ticks // 2
+            flags = FLAG_ROLL
+        return self._append(tick, due_ms, ref, ref_size, flags)
+
+    def _append(self, tick: int, due_ms: int, ref: int, ref_size: int, flags: int) -> int:
+        i = tick % self.ticks
+        if self._slot_tick[i] != tick:          # the slot last held an older, fired tick
+            self._slot_tick[i] = tick
+            self._slot_first[i] = NO_POS
+            self._slot_last[i] = NO_POS
+            self._slot_num[i] = 0
+        pos = self._write_pos
+        f = self.log.find(pos)
+        if f is None:
+            f = self.log.create(pos)
+        f.write(pos - f.start_offset, RECORD.pack(RECORD_SIZE, MAGIC, self._slot_last[i], due_ms, ref,
+                                                  ref_size, flags, tick))
+        if self._slot_first[i] == NO_POS:
+            self._slot_first[i] = pos
+            heapq.heappush(self._firsts, (pos, tick))
+        self._slot_last[i] = pos
+        self._slot_num[i] += 1
+        self._write_pos = pos + RECORD_SIZE
+        return pos
+
+    def _read(self, pos: int):
+        if pos < self.log.min_offset or pos % RECORD_SIZE or pos >= self._write_pos:
+            return None
+        f = self.log.find(pos)
+        rec = RECORD.unpack_from(f.mm, pos - f.start_offset)
+        if rec[0] != RECORD_SIZE or rec[1] != MAGIC:
+            raise StoreError(f"TimerLog record at {pos} is corrupt (size {rec[0]}, magic {rec[1]:#x})")
+        return rec
+
+    def _chain(self, tick: int) -> list[int]:
+        """Positions chained under `tick`: the slot's on-disk chain plus recovered positions."""
+        out: list[int] = []
+        i = tick % self.ticks
+        if self._slot_tick[i] == tick:
+            p = self._slot_last[i]
+            while p != NO_POS:
+                out.append(p)
+                p = self._read(p)[_PREV]
+        out.extend(self._recovered.get(tick, ()))
+        return out
+
+    # ------------------------------------------------------------------------------ recovery
+    def _load_checkpoint(self) -> tuple[int, int]:
+        try:
+            with open(self._cp_path) as f:
+                cp = json.load(f)
+            if int(cp.get("precision_ms", self.precision)) != self.precision:
+                raise StoreError(f"{self._cp_path}: the timer wheel was written with a precision of "
+                                 f"{cp['precision_ms']} ms, not {self.precision} ms")
+            return int(cp["tick"]), int(cp["pos"])
+        except FileNotFoundError:
+            return int(self._clock() * 1000) // self.precision - 1, 0
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{self._cp_path}: unreadable timer checkpoint ({e})") from e
+
+    def _save_checkpoint(self) -> None:
+        tmp = self._cp_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"tick": self._fired_tick, "pos": self._fired_pos, "precision_ms": self.precision}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._cp_path)
+
+    def _recover(self) -> None:
+        """Rebuild the wheel from the TimerLog, from the oldest record that can still be pending.
+
+        The log ends at the first slot without a valid record (files are zero-filled, so space
+        never written reads as size 0). Re-chained positions are kept per tick in memory (their
+        on-disk `prev_pos` belongs to the chains before the restart); new timers chain on disk.
+        A cancellation below the scan start needs no replay: its timer sat in a tick that fired
+        (the scan starts at the first record of the oldest unfired tick), and a rolled timer is
+        dropped at its roll when cancelled.
+        """
+        files = self.log.files
+        if not files:
+            return
+        pos = max(self._fired_pos, files[0].start_offset)
+        end = files[-1].end_offset
+        live: list[tuple[int, int]] = []
+        while pos < end:
+            f = self.log.find(pos)
+            rec = RECORD.unpack_from(f.mm, pos - f.start_offset)
+            if rec[0] != RECORD_SIZE or rec[1] != MAGIC:
+                break
+            if rec[_FLAGS] & FLAG_DELETE:
+                self._cancelled.add(rec[_REF])
+            elif rec[_TICK] > self._fired_tick:
+                live.append((pos, rec[_TICK]))
+            pos += RECORD_SIZE
+        self._write_pos = pos
+        for p, tick in live:
+            chain = self._recovered.setdefault(tick, [])
+            if not chain:
+                heapq.heappush(self._firsts, (p, tick))
+            chain.append(p)
+            self._pending += 1
+        self._recheck_until = int(self._clock() * 1000) // self.precision
+
+    # --------------------------------------------------------------------------------- firing
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.fire_due()
+            except Exception:  # the fire callback failed: the same ticks are offered again
+                self._stop.wait(self._retry_s)
+                continue
+            if not busy:
+                self._stop.wait(self._scan_interval)
+
+    def fire_due(self) -> int:
+        """Fire every tick that is due now; returns how many timers fired (the firing thread's
+        loop, callable directly by tests and tools)."""
+        # a tick fires once it has fully passed, so no timer fires before its due time (and at
+        # most one precision plus one scan interval after it)
+        now_tick = int(self._clock() * 1000) // self.precision - 1
+        if self._fired_tick >= now_tick:
+            return 0
+        last = min(now_tick, self._fired_tick + MAX_TICKS_PER_ROUND)
+        due: list[Timer] = []
+        rolled: list[tuple] = []
+        dropped: list[int] = []              # refs cancelled, or found already fired at recovery
+        with self._lock:
+            for tick in range(self._fired_tick + 1, last + 1):
+                positions = self._chain(tick)
+                if not positions:
+                    continue
+                cancelled = self._cancelled
+                for p in positions:
+                    r = self._read(p)
+                    if r[_REF] in cancelled:
+                        dropped.append(r[_REF])
+                        continue
+                    if r[_FLAGS] & FLAG_ROLL and r[_DUE] // self.precision > tick:
+                        rolled.append(r)
+                        continue
+                    t = Timer(r[_REF], r[_REF_SIZE], r[_DUE], p)
+                    if tick <= self._recheck_until and self._already_fired is not None \
+                            and self._already_fired(t):
+                        dropped.append(-1)
+                        continue
+                    due.append(t)
+        due.sort(key=lambda t: (t.due_ms, t.pos))
+        if due:
+            self._fire(due)                      # raises -> nothing below runs; retried
+        with self._lock:
+            self._pending -= len(due) + len(dropped)
+            self.fired_total += len(due)
+            self._cancelled.difference_update(dropped)
+            for tick in range(self._fired_tick + 1, last + 1):
+                self._recovered.pop(tick, None)
+            self._fired_tick = last
+            for r in rolled:                     # still beyond the wheel, or now inside it
+                self._place(r[_DUE], r[_REF], r[_REF_SIZE])
+                self.rolled_total += 1
+            while self._firsts and self._firsts[0][1] <= last:
+                heapq.heappop(self._firsts)
+            self._fired_pos = self._firsts[0][0] if self._firsts else self._write_pos
+        self._save_checkpoint()
+        self.log.delete_before(self._fired_pos)
+        return len(due) or 1
