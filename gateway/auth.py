@@ -1,0 +1,301 @@
+"""Authentication of MQTT clients: who is connecting, decided from CONNECT's username/password (and
+the TLS peer certificate when there is one), before any session state is touched.
+
+Authenticators are tried in the configured order; the first that *recognises* the credentials
+decides (accept or reject), one that does not recognise them passes to the next, and when none
+does the client is refused as "not authorized". Anonymous clients are a separate switch, decided by
+the caller (loopback-only unless `--allow-anonymous`), never by an authenticator.
+
+Password files are Mosquitto-compatible both ways: `lmqtt passwd` writes the `$7$` PBKDF2-SHA512
+form that Mosquitto 2 reads and writes (with many more iterations than mosquitto_passwd's 101), and
+every line mosquitto_passwd writes (`$7$` and the older `$6$` salted SHA-512) verifies here, so a
+Mosquitto user migrates by pointing `--password-file` at the file they have. Plaintext is never
+stored. A slow hash costs milliseconds per CONNECT, so successful verifications are remembered
+(keyed by an HMAC of user and password under a per-process random key, never the password) until
+the file changes.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class AuthError(Exception):
+    """A configuration problem (unreadable file, malformed line); names the file and line."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    client_id: str
+    username: str | None
+    password: bytes | None
+    cert_subject: str | None = None      # CN (or first DNS SAN) of a verified TLS client certificate
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The authenticated principal ACL rules are written against."""
+    username: str | None
+    client_id: str
+    method: str                           # "password", "hmac", "jwt", "certificate", "anonymous"
+    cert_subject: str | None = None
+
+
+class Authenticator(Protocol):
+    name: str
+
+    def authenticate(self, creds: Credentials) -> Identity | None | bool:
+        """An Identity to accept, False to reject, None when these credentials are not its kind."""
+
+
+# ------------------------------------------------------------------------------ password hashes
+PBKDF2_ITERATIONS = 210_000      # OWASP's figure for PBKDF2-HMAC-SHA512
+SALT_BYTES = 12                  # as mosquitto_passwd
+
+
+def hash_password(password: str | bytes, iterations: int = PBKDF2_ITERATIONS) -> str:
+    """`$7$ITER$SALT$HASH`: PBKDF2-HMAC-SHA512, base64 salt and hash; Mosquitto 2 reads it."""
+    pw = password.encode() if isinstance(password, str) else password
+    salt = secrets.token_bytes(SALT_BYTES)
+    dk = hashlib.pbkdf2_hmac("sha512", pw, salt, iterations)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
+
+
+def verify_password(stored: str, password: bytes) -> bool:
+    """Check `password` against one stored hash of any supported form (constant-time compare)."""
+    parts = stored.split("$")
+    try:
+        if len(parts) == 5 and parts[1] == "7":
+            iterations = int(parts[2])
+            salt, want = base64.b64decode(parts[3], validate=True), base64.b64decode(parts[4], validate=True)
+            got = hashlib.pbkdf2_hmac("sha512", password, salt, iterations)
+        elif len(parts) == 4 and parts[1] == "6":
+            salt, want = base64.b64decode(parts[2], validate=True), base64.b64decode(parts[3], validate=True)
+            got = hashlib.sha512(password + salt).digest()
+        else:
+            return False
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(got, want)
+
+
+def _check_hash_form(stored: str) -> str | None:
+    """None when `stored` is a hash this module verifies, else what is wrong with it."""
+    parts = stored.split("$")
+    if len(parts) == 5 and parts[1] == "7" and parts[2].isdigit():
+        return None
+    if len(parts) == 4 and parts[1] == "6":
+        return None
+    if not stored.startswith("$"):
+        return "the password is in plaintext (hash the file with `lmqtt passwd -U FILE`)"
+    return f"unsupported hash form {stored.split('$')[1]!r} (supported: $7$ PBKDF2-SHA512, $6$ SHA-512)"
+
+
+class PasswordFile:
+    """`user:hash` lines (Mosquitto's password_file format); `#` comments and blank lines skipped.
+
+    Reloaded when the file's mtime/size change (checked at most once a second) or on `reload()`.
+    Usernames not in the file are not recognised (the next authenticator may know them); a known
+    user with a wrong password is rejected.
+    """
+
+    name = "password"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._key = secrets.token_bytes(32)
+        self._ok: dict[bytes, bool] = {}
+        self._stamp: tuple | None = None
+        self._users: dict[str, str] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        users = read_password_file(self.path)
+        st = os.stat(self.path)
+        with self._lock:
+            self._users = users
+            self._ok = {}
+            self._stamp = (st.st_mtime_ns, st.st_size)
+
+    def _maybe_reload(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return                                  # keep serving the last good file
+        if (st.st_mtime_ns, st.st_size) != self._stamp:
+            try:
+                self.reload()
+            except AuthError:
+                pass                                # a half-written file: keep the last good one
+
+    def authenticate(self, creds: Credentials):
+        self._maybe_reload()
+        if creds.username is None:
+            return None
+        stored = self._users.get(creds.username)
+        if stored is None:
+            return None
+        pw = creds.password or b""
+        key = hmac.new(self._key, creds.username.encode() + b"\0" + pw, hashlib.sha256).digest()
+        ok = self._ok.get(key)
+        if ok is None:
+            ok = verify_password(stored, pw)
+            with self._lock:
+                if len(self._ok) > 100_000:
+                    self._ok.clear()
+                self._ok[key] = ok
+        if not ok:
+            return False
+        return Identity(creds.username, creds.client_id, "password", creds.cert_subject)
+
+
+def read_password_file(path: str) -> dict[str, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise AuthError(f"cannot read password file {path}: {e.strerror or e}") from e
+    users: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, stored = line.partition(":")
+        if not sep or not user:
+            raise AuthError(f"{path}:{n}: expected user:hash")
+        problem = _check_hash_form(stored)
+        if problem:
+            raise AuthError(f"{path}:{n}: user {user!r}: {problem}")
+        users[user] = stored
+    return users
+
+
+def write_password_file(path: str, users: dict[str, str]) -> None:
+    """Atomically replace `path` (mode 0600: hashes are secrets too)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for u, h in users.items():
+            f.write(f"{u}:{h}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- HMAC signatures
+class HmacSignature:
+    """Device fleets without per-device passwords, as RocketMQ-MQTT signs them: the username is
+    `Signature|ACCESS_KEY|INSTANCE` (or just `ACCESS_KEY`), the password is
+    base64(HMAC-SHA1(secret_key, client_id)). A device holding the fleet's secret can connect only
+    under client ids it can sign. Keys file: `access_key:secret_key` lines.
+    """
+
+    name = "hmac"
+
+    def __init__(self, keys_path: str) -> None:
+        self.path = keys_path
+        self.reload()
+
+    def reload(self) -> None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise AuthError(f"cannot read HMAC keys file {self.path}: {e.strerror or e}") from e
+        keys = {}
+        for n, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            ak, sep, sk = line.partition(":")
+            if not sep or not ak or not sk:
+                raise AuthError(f"{self.path}:{n}: expected access_key:secret_key")
+            keys[ak] = sk.encode()
+        self._keys = keys
+
+    @staticmethod
+    def sign(secret_key: str | bytes, client_id: str) -> str:
+        sk = secret_key.encode() if isinstance(secret_key, str) else secret_key
+        return base64.b64encode(hmac.new(sk, client_id.encode(), hashlib.sha1).digest()).decode()
+
+    def authenticate(self, creds: Credentials):
+        if not creds.username:
+            return None
+        parts = creds.username.split("|")
+        if parts[0] == "Signature" and len(parts) >= 2:
+            ak = parts[1]
+        elif len(parts) == 1:
+            ak = parts[0]
+        else:
+            return None
+        sk = self._keys.get(ak)
+        if sk is None:
+            return None
+        want = self.sign(sk, creds.client_id).encode()
+        if not hmac.compare_digest(want, creds.password or b""):
+            return False
+        return Identity(ak, creds.client_id, "hmac", creds.cert_subject)
+
+
+# ---------------------------------------------------------------------------- certificates
+class ClientCertificate:
+    """A verified TLS client certificate names the user: its CN, else its first DNS SAN. The TLS
+    layer has already verified the chain against `--cafile`; this only maps it to an identity."""
+
+    name = "certificate"
+
+    def authenticate(self, creds: Credentials):
+        if not creds.cert_subject:
+            return None
+        return Identity(creds.cert_subject, creds.client_id, "certificate", creds.cert_subject)
+
+
+def certificate_subject(peercert: dict | None) -> str | None:
+    """CN, else first DNS subjectAltName, of `ssl.SSLSocket.getpeercert()`'s dict."""
+    if not peercert:
+        return None
+    for rdn in peercert.get("subject", ()):
+        for k, v in rdn:
+            if k == "commonName":
+                return v
+    for kind, v in peercert.get("subjectAltName", ()):
+        if kind == "DNS":
+            return v
+    return None
+
+
+# ------------------------------------------------------------------------------------ chain
+class AuthChain:
+    """Authenticators in order; the first that recognises the credentials decides."""
+
+    def __init__(self, authenticators: list, allow_anonymous: bool) -> None:
+        self.authenticators = list(authenticators)
+        self.allow_anonymous = allow_anonymous
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.authenticators)
+
+    def authenticate(self, creds: Credentials) -> Identity | None:
+        """The identity, or None: refuse the CONNECT (0x86 bad credentials / 0x87 not authorized
+        in MQTT 5; 0x04 / 0x05 in 3.1.1 — the caller picks by `creds`)."""
+        for a in self.authenticators:
+            r = a.authenticate(creds)
+            if r is None:
+                continue
+            return r or None
+        if creds.username is None and creds.cert_subject is None and self.allow_anonymous:
+            return Identity(None, creds.client_id, "anonymous")
+        return None
+
+    def reload(self) -> None:
+        for a in self.authenticators:
+            if hasattr(a, "reload"):
+                a.reload()
