@@ -244,6 +244,60 @@ class HmacSignature:
         return Identity(ak, creds.client_id, "hmac", creds.cert_subject)
 
 
+# ------------------------------------------------------------------------------------- JWT
+class JwtToken:
+    """A JSON Web Token as the CONNECT password (HS256 with a shared secret, or RS256/ES256 with
+    the issuer's public key), the way device fleets behind an identity service connect. The token
+    must carry `exp`; `iss`/`aud` are checked when configured. The username becomes the token's
+    `username_claim` (default `sub`); a CONNECT username, when given, must equal it, and a
+    `clientid` claim, when present, must equal the client id (a token cannot be replayed under
+    another device's id). Tokens are told apart from passwords by their shape (three base64url
+    parts), so a password file and JWT can serve the same listener.
+    """
+
+    name = "jwt"
+
+    def __init__(self, *, secret: str | None = None, public_key_file: str | None = None,
+                 algorithms: tuple[str, ...] | None = None, issuer: str | None = None,
+                 audience: str | None = None, username_claim: str = "sub", leeway_s: int = 30) -> None:
+        if (secret is None) == (public_key_file is None):
+            raise AuthError("JWT authentication needs exactly one of a secret (HS256) or a public key file")
+        if public_key_file is not None:
+            try:
+                with open(public_key_file, encoding="utf-8") as f:
+                    self._key = f.read()
+            except OSError as e:
+                raise AuthError(f"cannot read JWT public key {public_key_file}: {e.strerror or e}") from e
+            self.algorithms = list(algorithms or ("RS256", "ES256"))
+        else:
+            self._key = secret
+            self.algorithms = list(algorithms or ("HS256",))
+        self.issuer, self.audience = issuer, audience
+        self.username_claim = username_claim
+        self.leeway = leeway_s
+
+    def authenticate(self, creds: Credentials):
+        import jwt
+        token = creds.password or b""
+        if token.count(b".") != 2 or len(token) < 20:
+            return None
+        try:
+            claims = jwt.decode(token.decode("ascii", "replace"), self._key, algorithms=self.algorithms,
+                                issuer=self.issuer, audience=self.audience, leeway=self.leeway,
+                                options={"require": ["exp"], "verify_aud": self.audience is not None})
+        except jwt.PyJWTError:
+            return False
+        user = claims.get(self.username_claim)
+        if not isinstance(user, str) or not user:
+            return False
+        if creds.username not in (None, "", user):
+            return False
+        cid = claims.get("clientid")
+        if cid is not None and cid != creds.client_id:
+            return False
+        return Identity(user, creds.client_id, "jwt", creds.cert_subject)
+
+
 # ---------------------------------------------------------------------------- certificates
 class ClientCertificate:
     """A verified TLS client certificate names the user: its CN, else its first DNS SAN. The TLS

@@ -262,3 +262,39 @@ def test_lmqtt_passwd_creates_changes_deletes_and_upgrades_plaintext(tmp_path):
     g = PasswordFile(str(plain))
     assert g.authenticate(C(username="carol", password="pw3"))
     assert g.authenticate(C(username="dave", password="secret1"))               # kept as it was
+
+
+SECRET = "a-32-byte-shared-secret-for-hs256"
+
+
+def test_jwt_hs256_and_rs256_with_expiry_issuer_and_client_id_binding(tmp_path):
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from lmqtt.gateway.auth import JwtToken
+    now = int(time.time())
+    hs = JwtToken(secret=SECRET, issuer="idp")
+    tok = jwt.encode({"sub": "dev-1", "exp": now + 60, "iss": "idp", "clientid": "c-1"}, SECRET, algorithm="HS256")
+    assert hs.authenticate(C("c-1", None, tok)).username == "dev-1"
+    assert hs.authenticate(C("c-1", "dev-1", tok)).method == "jwt"
+    assert hs.authenticate(C("c-1", "someone-else", tok)) is False
+    assert hs.authenticate(C("c-2", None, tok)) is False                       # bound to c-1
+    expired = jwt.encode({"sub": "d", "exp": now - 3600, "iss": "idp"}, SECRET, algorithm="HS256")
+    assert hs.authenticate(C("c", None, expired)) is False
+    no_exp = jwt.encode({"sub": "d", "iss": "idp"}, SECRET, algorithm="HS256")
+    assert hs.authenticate(C("c", None, no_exp)) is False
+    wrong_iss = jwt.encode({"sub": "d", "exp": now + 60, "iss": "other"}, SECRET, algorithm="HS256")
+    assert hs.authenticate(C("c", None, wrong_iss)) is False
+    assert hs.authenticate(C("c", "u", "not-a-token")) is None                 # a password: not ours
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pub = tmp_path / "pub.pem"
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    rs = JwtToken(public_key_file=str(pub))
+    good = jwt.encode({"sub": "fleet-7", "exp": now + 60}, key, algorithm="RS256")
+    assert rs.authenticate(C("x", None, good)).username == "fleet-7"
+    forged = jwt.encode({"sub": "fleet-7", "exp": now + 60}, "g" * 32, algorithm="HS256")
+    assert rs.authenticate(C("x", None, forged)) is False                      # no algorithm confusion
