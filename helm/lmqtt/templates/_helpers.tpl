@@ -1,0 +1,66 @@
+{{/* Names and labels shared by every template. */}}
+{{- define "lmqtt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "lmqtt.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "lmqtt.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "lmqtt.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "lmqtt.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lmqtt.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "lmqtt.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "lmqtt.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{ include "lmqtt.fullname" . }}
+{{- else -}}
+{{ default "default" .Values.serviceAccount.name }}
+{{- end -}}
+{{- end -}}
+
+{{- define "lmqtt.secretName" -}}
+{{- default (printf "%s-auth" (include "lmqtt.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* The store address gateways dial: the first store pod through the headless Service. */}}
+{{- define "lmqtt.storeAddress" -}}
+{{ include "lmqtt.fullname" . }}-store-0.{{ include "lmqtt.fullname" . }}-store-headless.{{ .Release.Namespace }}.svc:{{ .Values.store.port }}
+{{- end -}}
+
+{{- define "lmqtt.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+redis://{{ include "lmqtt.fullname" . }}-redis.{{ .Release.Namespace }}.svc:6379/0
+{{- else -}}
+{{- required "redis.url is required when redis.enabled is false (an external Redis for notify and the session registry)" .Values.redis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "lmqtt.podAnnotations" -}}
+checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
+{{- end -}}

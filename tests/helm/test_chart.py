@@ -1,0 +1,145 @@
+"""The Helm chart in helm/lmqtt, rendered by real Helm (helm-python-sdk bundles Helm's Go SDK),
+linted, and every manifest validated against the Kubernetes schemas (kubernetes-validate)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extras")
+kv = pytest.importorskip("kubernetes_validate")
+yaml = pytest.importorskip("yaml")
+
+from tests.support import ROOT  # noqa: E402
+
+CHART = os.path.join(ROOT, "helm", "lmqtt")
+KUBE_VERSION = "1.31.0"
+
+
+def _render(values=None, name="mqtt", namespace="iot"):
+    chart = helm.Chart.load(CHART)
+    out = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append(doc)
+    return docs, out
+
+
+def _production_values():
+    with open(os.path.join(CHART, "values-production.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def _by_kind(docs):
+    out: dict[str, list] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+@pytest.mark.parametrize("which", ["default", "production"])
+def test_every_manifest_validates_against_the_kubernetes_schemas(which):
+    values = {} if which == "default" else _production_values()
+    docs, _ = _render(values)
+    kinds = _by_kind(docs)
+    assert {"StatefulSet", "Deployment", "Service", "ConfigMap"} <= set(kinds)
+    for d in docs:
+        kv.validate(d, KUBE_VERSION, strict=True)
+
+
+def test_the_chart_lints_clean():
+    for values in ({}, _production_values()):
+        report = helm.lint(CHART, values, strict=True)
+        assert report["errors"] == [], report
+        assert not [m for m in report["messages"] if m["severity"] >= 2], report["messages"]
+
+
+def test_default_install_runs_a_store_gateways_and_redis_wired_together():
+    docs, out = _render()
+    k = _by_kind(docs)
+    sts = k["StatefulSet"][0]
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    store_args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert store_args[0] == "store" and "--flush-mode=sync" in store_args and "--host=0.0.0.0" in store_args
+    gw = next(d for d in k["Deployment"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    c = gw["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][0] == "gateway"
+    assert "--store=mqtt-lmqtt-store-0.mqtt-lmqtt-store-headless.iot.svc:10911" in c["args"]
+    assert "--redis=redis://mqtt-lmqtt-redis.iot.svc:6379/0" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "replicas" not in gw["spec"]                      # the HPA owns the count
+    hpa = k["HorizontalPodAutoscaler"][0]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "mqtt-lmqtt-gateway" and hpa["spec"]["minReplicas"] == 2
+    assert k["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    svc = next(d for d in k["Service"] if d["metadata"]["name"] == "mqtt-lmqtt")
+    assert svc["spec"]["ports"][0]["port"] == 1883
+    assert any(d["metadata"]["name"] == "mqtt-lmqtt-redis" for d in k["Deployment"])
+    token = k["Secret"][0]["data"]["store-token"]
+    assert token and all(e["valueFrom"]["secretKeyRef"]["key"] == "store-token"
+                         for e in c["env"] if e["name"] == "LMQTT_STORE_TOKEN")
+    assert "kubectl port-forward" in out["lmqtt/templates/NOTES.txt"]
+
+
+def test_every_pod_runs_non_root_with_requests_and_scrape_annotations():
+    docs, _ = _render()
+    for d in docs:
+        if d["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = d["spec"]["template"]
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True, d["metadata"]["name"]
+        for c in pod["spec"]["containers"]:
+            assert c["resources"]["requests"], (d["metadata"]["name"], c["name"])
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        if "redis" not in d["metadata"]["name"]:
+            ann = pod["metadata"]["annotations"]
+            assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"]
+
+
+def test_external_redis_and_existing_secret_replace_the_in_chart_ones():
+    docs, _ = _render(_production_values())
+    k = _by_kind(docs)
+    assert not any("redis" in d["metadata"]["name"] for d in k["Deployment"])
+    assert "Secret" not in k
+    gw = k["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--redis=redis://redis.prod.svc:6379/0" in gw["args"] and "--notify-mode=precise" in gw["args"]
+    assert gw["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "lmqtt-store-token"
+    svc = next(d for d in k["Service"] if d["metadata"]["name"] == "mqtt-lmqtt")
+    assert svc["spec"]["type"] == "LoadBalancer"
+    cm = k["ConfigMap"][0]["data"]["lmqtt.toml"]
+    assert "max_inflight = 1000" in cm
+
+
+def test_external_redis_without_a_url_is_refused_with_the_reason():
+    with pytest.raises(helm.HelmError, match="redis.url is required when redis.enabled is false"):
+        _render({"redis": {"enabled": False}})
+
+
+def test_every_value_is_documented():
+    """Every leaf of values.yaml has a `# --` comment on the line above it or above a parent key."""
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        lines = f.read().splitlines()
+    stack: list[tuple[int, bool]] = []          # (indent, documented) of the enclosing mappings
+    undocumented = []
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s or s.startswith("#") or s.startswith("- ") or ":" not in s:
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1                                 # a comment may run over several lines
+        documented = (j >= 0 and lines[j].strip().startswith("# --")) or any(d for _i, d in stack)
+        key, _, rest = s.partition(":")
+        if rest.strip():
+            if not documented:
+                undocumented.append(key)
+        else:
+            stack.append((indent, documented))
+    assert not undocumented, f"values without a `# --` comment: {undocumented}"
