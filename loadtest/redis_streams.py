@@ -33,12 +33,12 @@ def _free_port() -> int:
 class RedisServer:
     """A throw-away `redis-server` on loopback; `stop()` ends exactly the process it started."""
 
-    def __init__(self, aof: str = "no") -> None:
+    def __init__(self, aof: str = "no", port: int | None = None) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RedisUnavailable("redis-server not found on PATH (Debian: apt-get install redis-server)")
         self.dir = tempfile.mkdtemp(prefix="lmqtt-bench-redis-")
-        self.port = _free_port()
+        self.port = port or _free_port()
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.dir,
                 "--daemonize", "no", "--protected-mode", "yes"]
         if aof == "no":
