@@ -32,7 +32,6 @@ Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import threading
 from array import array
@@ -41,6 +40,7 @@ from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from lmqtt.store import accel
 from lmqtt.store.message import DispatchRequest
 
 from .errors import LightQueueError
@@ -65,13 +65,8 @@ _NO_TAILS: tuple = ()
 _DR_ONLY = {DispatchRequest}
 
 # `_take_requests` in C when it was built (setup.py; optional) unless LMQTT_PURE_PYTHON=1; the
-# Python method is the reference (tests/test_lightqueue_speedups.py compares them).
-_ctake = None
-if os.environ.get("LMQTT_PURE_PYTHON", "") in ("", "0"):
-    try:
-        from . import _take as _ctake
-    except ImportError:
-        _ctake = None
+# Python method is the reference (tests/lightqueue/test_lightqueue_speedups.py compares them).
+_ctake = accel.load("lmqtt.lightqueue._take")
 
 
 def _as_request(r) -> DispatchRequest:

@@ -25,10 +25,28 @@
 #include <stdint.h>
 #include <string.h>
 
-#define HEADER_SIZE 74
-#define MIN_BLANK 8
-#define MSG_MAGIC 0xDAA320A7u
-#define BLANK_MAGIC 0xCBD43194u
+/* The record layout this loop writes: the byte offset of each header field, in the order of
+ * store/record.py's HEADER struct. The sizes and magic numbers themselves are not repeated here:
+ * configure() receives them from store/record.py and refuses a HEADER format whose field offsets
+ * differ from these (so a layout change in Python cannot silently produce records C and Python
+ * disagree on). */
+enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
+       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
+       F_KEYS_LEN = 70, F_DQ_LEN = 72 };
+static const int header_offsets[] = {F_TOTAL, F_MAGIC, F_CRC, F_QID, F_FLAGS, F_QOFF, F_PHYS, F_BORN,
+                                     F_STORE, F_TAGS, F_BODY_LEN, F_PROPS_LEN, F_TOPIC_LEN, F_KEYS_LEN,
+                                     F_DQ_LEN};
+#define N_HEADER_FIELDS ((int)(sizeof header_offsets / sizeof header_offsets[0]))
+/* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue.py) */
+static const int cq_offsets[] = {0, 8, 12};
+/* the DispatchRequest fields in the order this loop fills the tuple (store/message.py) */
+static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
+                                        "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
+#define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
+
+/* set by configure() from store/record.py; encode() refuses to run before */
+static long long HEADER_SIZE = -1, MIN_BLANK, CRC_START, CQ_ENTRY_SIZE;
+static uint32_t MSG_MAGIC, BLANK_MAGIC;
 
 /* ------------------------------------------------------------------ CRC-32 (zlib's polynomial) */
 static uint32_t crc_table[8][256];
@@ -94,9 +112,121 @@ static Py_ssize_t slot_offset(PyTypeObject *tp, const char *name) {
     return m->offset;
 }
 
+/* Field offsets of a little-endian struct format made of I, Q and H codes ("<IIQ..."): fills
+ * offs[] (at most max entries) and returns the field count, with *size the total; -1 if the
+ * format has other codes or too many fields. */
+static int format_offsets(const char *fmt, int *offs, int max, long long *size) {
+    int n = 0;
+    long long at = 0;
+    if (*fmt != '<') return -1;
+    for (fmt++; *fmt; fmt++) {
+        int w = *fmt == 'I' ? 4 : *fmt == 'Q' ? 8 : *fmt == 'H' ? 2 : 0;
+        if (w == 0 || n >= max) return -1;
+        offs[n++] = (int)at;
+        at += w;
+    }
+    *size = at;
+    return n;
+}
+
+static int layout_int(PyObject *layout, const char *key, long long *out) {
+    PyObject *v = PyDict_GetItemString(layout, key);
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no %s", key);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static const char *layout_str(PyObject *layout, const char *key) {
+    PyObject *v = PyDict_GetItemString(layout, key);
+    if (v == NULL || !PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no str %s", key);
+        return NULL;
+    }
+    return PyUnicode_AsUTF8(v);
+}
+
+/* Take the record layout from store/record.py (`layout`, see store/encoding.py) and check it is
+ * the one this loop writes; a mismatch raises ValueError naming the field, and encode() stays
+ * unusable (the caller then runs the Python encoder). */
+static int configure_layout(PyObject *layout, PyObject *dr) {
+    long long hs, mb, cs, mm, bm, hsize, cqsize;
+    int offs[32];
+    const char *hf, *cf;
+    if (!PyDict_Check(layout)) {
+        PyErr_SetString(PyExc_TypeError, "configure: layout must be a dict");
+        return -1;
+    }
+    if (layout_int(layout, "header_size", &hs) < 0 || layout_int(layout, "min_blank", &mb) < 0 ||
+        layout_int(layout, "crc_start", &cs) < 0 || layout_int(layout, "msg_magic", &mm) < 0 ||
+        layout_int(layout, "blank_magic", &bm) < 0)
+        return -1;
+    if ((hf = layout_str(layout, "header_format")) == NULL || (cf = layout_str(layout, "cq_entry_format")) == NULL)
+        return -1;
+    int n = format_offsets(hf, offs, 32, &hsize);
+    if (n != N_HEADER_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "configure: record header format %s has %d I/Q/H fields, this "
+                     "encoder writes %d", hf, n, N_HEADER_FIELDS);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (offs[i] != header_offsets[i]) {
+            PyErr_Format(PyExc_ValueError, "configure: record header field %d is at offset %d in %s, "
+                         "this encoder writes it at %d", i, offs[i], hf, header_offsets[i]);
+            return -1;
+        }
+    if (hs != hsize) {
+        PyErr_Format(PyExc_ValueError, "configure: header_size %lld does not match the header format "
+                     "%s (%lld bytes)", hs, hf, hsize);
+        return -1;
+    }
+    if (cs != F_QID) {
+        PyErr_Format(PyExc_ValueError, "configure: crc_start %lld, this encoder checksums from the field "
+                     "after the CRC (offset %d)", cs, (int)F_QID);
+        return -1;
+    }
+    if (mb < F_MAGIC + 4) {
+        PyErr_Format(PyExc_ValueError, "configure: min_blank %lld cannot hold a filler's size and magic", mb);
+        return -1;
+    }
+    if (mm < 0 || mm > 0xFFFFFFFFll || bm < 0 || bm > 0xFFFFFFFFll || mm == bm) {
+        PyErr_SetString(PyExc_ValueError, "configure: msg_magic and blank_magic must be distinct u32");
+        return -1;
+    }
+    if (format_offsets(cf, offs, 32, &cqsize) != 3 || offs[1] != cq_offsets[1] || offs[2] != cq_offsets[2] ||
+        strcmp(cf + 1, "QIQ") != 0) {
+        PyErr_Format(PyExc_ValueError, "configure: ConsumeQueue entry format %s, this encoder packs <QIQ "
+                     "(phys, size, tags)", cf);
+        return -1;
+    }
+    PyObject *fields = PyObject_GetAttrString(dr, "_fields");
+    if (fields == NULL) return -1;
+    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
+    for (Py_ssize_t i = 0; ok && i < N_DR_FIELDS; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, dr_fields[i]) == 0;
+    }
+    Py_DECREF(fields);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "configure: DispatchRequest._fields differ from the order this "
+                        "encoder fills (phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, "
+                        "store_ts, tags_code, keys, dispatch_queues)");
+        return -1;
+    }
+    HEADER_SIZE = hs;
+    MIN_BLANK = mb;
+    CRC_START = cs;
+    CQ_ENTRY_SIZE = cqsize;
+    MSG_MAGIC = (uint32_t)mm;
+    BLANK_MAGIC = (uint32_t)bm;
+    return 0;
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
-    PyObject *dr, *inv, *cs, *mt;
-    if (!PyArg_ParseTuple(args, "OOOO", &dr, &inv, &cs, &mt)) return NULL;
+    PyObject *dr, *inv, *cs, *mt, *layout;
+    if (!PyArg_ParseTuple(args, "OOOOO", &dr, &inv, &cs, &mt, &layout)) return NULL;
     if (!PyType_Check(dr) || !PyType_IsSubtype((PyTypeObject *)dr, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "DispatchRequest must be a tuple subclass");
         return NULL;
@@ -105,6 +235,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "Message must be a type");
         return NULL;
     }
+    HEADER_SIZE = -1;
+    if (configure_layout(layout, dr) < 0) return NULL;
     Py_XSETREF(DR_type, Py_NewRef(dr));
     Py_XSETREF(InvalidMessage, Py_NewRef(inv));
     Py_XSETREF(check_size_fn, Py_NewRef(cs));
@@ -201,8 +333,8 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                           &PyDict_Type, &ncache, &PyDict_Type, &qt, &phys, &seg_end, &seg, &store_ts_o,
                           &maxsize, &want_recent))
         return NULL;
-    if (DR_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "lmqtt.store._append.configure() was not called");
+    if (DR_type == NULL || HEADER_SIZE < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "lmqtt.store._append.configure() was not called or failed");
         return NULL;
     }
     uint64_t store_ts = PyLong_AsUnsignedLongLong(store_ts_o);
@@ -398,11 +530,11 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             goto done;
         }
         if (phys + total > limit) { /* close the segment with a blank filler */
-            unsigned char *p = ob_reserve(&ob, 8);
+            unsigned char *p = ob_reserve(&ob, MIN_BLANK);
             if (p == NULL) { PyBuffer_Release(&bb); PyBuffer_Release(&pb); goto done; }
-            put32(p, (uint32_t)(seg_end - phys));
-            put32(p + 4, BLANK_MAGIC);
-            ob.len += 8;
+            put32(p + F_TOTAL, (uint32_t)(seg_end - phys));
+            put32(p + F_MAGIC, BLANK_MAGIC);
+            ob.len += MIN_BLANK;
             if (ob_close(&ob, chunks, cstart) < 0 || ob_new(&ob, 1 << 16) < 0) {
                 PyBuffer_Release(&bb); PyBuffer_Release(&pb); goto done;
             }
@@ -417,7 +549,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             PyObject *si = PyLong_FromSsize_t(PyList_GET_SIZE(sizes));
             int r = si ? PyList_Append(starts, si) : -1;
             Py_XDECREF(si);
-            PyObject *dr = r < 0 ? NULL : ((PyTypeObject *)DR_type)->tp_alloc((PyTypeObject *)DR_type, 11);
+            PyObject *dr = r < 0 ? NULL : ((PyTypeObject *)DR_type)->tp_alloc((PyTypeObject *)DR_type, N_DR_FIELDS);
             if (dr == NULL) { Py_DECREF(total_o); PyBuffer_Release(&bb); PyBuffer_Release(&pb); goto done; }
             PyObject *ph = PyLong_FromLongLong(phys), *qo = PyLong_FromLongLong(qoff);
             if (ph == NULL || qo == NULL) {
@@ -441,20 +573,20 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         }
         unsigned char *p = ob_reserve(&ob, (Py_ssize_t)total);
         if (p == NULL) { Py_DECREF(total_o); PyBuffer_Release(&bb); PyBuffer_Release(&pb); goto done; }
-        put32(p, (uint32_t)total);
-        put32(p + 4, MSG_MAGIC);
-        put32(p + 12, qid);
-        put32(p + 16, flags);
-        put64(p + 20, (uint64_t)qoff);
-        put64(p + 28, (uint64_t)phys);
-        put64(p + 36, born);
-        put64(p + 44, store_ts);
-        put64(p + 52, tags);
-        put32(p + 60, (uint32_t)bl);
-        put32(p + 64, (uint32_t)pl);
-        put16(p + 68, (uint16_t)tl);
-        put16(p + 70, (uint16_t)kl);
-        put16(p + 72, (uint16_t)dl);
+        put32(p + F_TOTAL, (uint32_t)total);
+        put32(p + F_MAGIC, MSG_MAGIC);
+        put32(p + F_QID, qid);
+        put32(p + F_FLAGS, flags);
+        put64(p + F_QOFF, (uint64_t)qoff);
+        put64(p + F_PHYS, (uint64_t)phys);
+        put64(p + F_BORN, born);
+        put64(p + F_STORE, store_ts);
+        put64(p + F_TAGS, tags);
+        put32(p + F_BODY_LEN, (uint32_t)bl);
+        put32(p + F_PROPS_LEN, (uint32_t)pl);
+        put16(p + F_TOPIC_LEN, (uint16_t)tl);
+        put16(p + F_KEYS_LEN, (uint16_t)kl);
+        put16(p + F_DQ_LEN, (uint16_t)dl);
         unsigned char *q = p + HEADER_SIZE;
         memcpy(q, tbp, tl); q += tl;
         memcpy(q, kbp, kl); q += kl;
@@ -463,15 +595,15 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         memcpy(q, bb.buf, bl);
         PyBuffer_Release(&bb);
         PyBuffer_Release(&pb);
-        put32(p + 8, crc32_buf(0, p + 12, (size_t)(total - 12)));
+        put32(p + F_CRC, crc32_buf(0, p + CRC_START, (size_t)(total - CRC_START)));
         ob.len += total;
         {   /* the ConsumeQueue entry: phys u64, size u32, tags u64 (store/consume_queue.py) */
             Py_ssize_t cl0 = PyByteArray_GET_SIZE(cq_cur);
-            if (PyByteArray_Resize(cq_cur, cl0 + 20) < 0) { Py_DECREF(total_o); goto done; }
+            if (PyByteArray_Resize(cq_cur, cl0 + CQ_ENTRY_SIZE) < 0) { Py_DECREF(total_o); goto done; }
             unsigned char *e = (unsigned char *)PyByteArray_AS_STRING(cq_cur) + cl0;
-            put64(e, (uint64_t)phys);
-            put32(e + 8, (uint32_t)total);
-            put64(e + 12, tags);
+            put64(e + cq_offsets[0], (uint64_t)phys);
+            put32(e + cq_offsets[1], (uint32_t)total);
+            put64(e + cq_offsets[2], tags);
         }
         if (PyList_Append(sizes, total_o) < 0) { Py_DECREF(total_o); goto done; }
         if (want_recent && PyBytes_CheckExact(body) && PyBytes_CheckExact(props)) {
@@ -519,7 +651,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"configure", configure, METH_VARARGS, "configure(DispatchRequest, InvalidMessage, check_size, Message)"},
+    {"configure", configure, METH_VARARGS,
+     "configure(DispatchRequest, InvalidMessage, check_size, Message, layout): see store/encoding.py"},
     {"encode", encode, METH_VARARGS, "encode a batch of messages into CommitLog records (see module doc)"},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0): zlib-compatible CRC-32"},
     {NULL, NULL, 0, NULL}};

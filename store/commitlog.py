@@ -27,33 +27,19 @@ from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, check_size, decode,
                      encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .message import AppendResult, AppendResults, DispatchRequest, Message, StoredMessage
+from .encoding import ENCODER, PREFIX3 as _PREFIX3, c_encoder, encode_py
+from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
 _new = tuple.__new__
-_NONE = object()  # matches nothing (`is` comparisons)
 
-# The per-record encoding loop in C when it was built (setup.py; optional, like the pure-Python
-# fallback of many packages) unless LMQTT_PURE_PYTHON=1. Both produce the same bytes and results;
-# `ENCODER` says which one runs (shown by `lmqtt bench` results and the serve log).
-_fast = None
-if os.environ.get("LMQTT_PURE_PYTHON", "") in ("", "0"):
-    try:
-        from . import _append as _fast
-    except ImportError:
-        _fast = None
-    else:
-        _fast.configure(DispatchRequest, InvalidMessage, check_size, Message)
-ENCODER = "c" if _fast is not None else "python"
+# The batch encoder (store.encoding): C when built and not disabled by LMQTT_PURE_PYTHON, else
+# `encode_py`. A module global so tests can switch it (monkeypatch `_fast` to None).
+_fast = c_encoder
 
 log = logging.getLogger("lmqtt.store")
 
 _MSG_MAGIC_BYTES = struct.pack("<I", MSG_MAGIC)
 _ZERO_BLOCK = bytes(1 << 20)
-_PREFIX3 = struct.Struct("<III")  # total_size, magic, crc
-# a record after the CRC split around the two fields that change from record to record of a run
-_PRE = struct.Struct("<II")                 # queue_id, flags
-_QQ = struct.Struct("<QQ")                  # queue_offset, phys_offset
-_POST = struct.Struct("<QQQIIHHH")          # born_ts, store_ts, tags, body_len, props_len, 3 lengths
 
 
 class CommitLog:
@@ -168,7 +154,7 @@ class CommitLog:
     def _append_batch(self, msgs, fut, ident: str) -> tuple:
         """Append `msgs` atomically (all or none). Returns (AppendResults, end offset).
 
-        The batch is encoded first (store._append in C, else `_encode_py`: one buffer per segment
+        The batch is encoded first (store.encoding: C when built, else `encode_py`: one buffer per segment
         touched), then copied into the map with one slice assignment per segment. Nothing touches
         the map or the queue table until the whole batch is encoded and its segments exist, so a
         bad message or DiskFull leaves no trace.
@@ -197,7 +183,7 @@ class CommitLog:
                                         want_recent)
             else:
                 (chunks, sizes, starts, runs, keyed, assigned, phys, recent_offs,
-                 recent) = self._encode_py(msgs, start_phys, seg_end, store_ts, want_recent)
+                 recent) = encode_py(self, msgs, start_phys, seg_end, store_ts, want_recent)
                 cq = None
             if not sizes:
                 return [], self.wrote
@@ -224,8 +210,8 @@ class CommitLog:
             self.queue_table.update(assigned)
             if recent:
                 self._recent_add(recent_offs, recent, phys - start_phys)
-            # the fifth column: ConsumeQueue entries per (first level, queue id) as encoded, or
-            # None (the ConsumeQueue dispatcher packs them from the runs)
+            # store.message CHUNK_*; cq: ConsumeQueue entries per (first level, queue id) as
+            # encoded, or None (the ConsumeQueue dispatcher packs them from the runs)
             chunk = (sizes, starts, runs, keyed, cq)
             if self.live_enabled:
                 self._live_add(start_phys, phys, chunk)
@@ -243,158 +229,8 @@ class CommitLog:
         t[6:10] = (dq, db, self._tail_struct(t[3], 0, len(db)), t[5] + len(db))
 
     def _encode_py(self, msgs: list, phys: int, seg_end: int, store_ts: int, want_recent: bool) -> tuple:
-        """Encode `msgs` as records from `phys` on; touches nothing but the caches. Returns
-        (chunks [(start, bytes) per segment touched], sizes, starts, runs, keyed, assigned queue
-        offsets, end offset, recent offsets, recent fields). The reference for store._append,
-        which does the same in C (tests/test_append_speedups.py compares them).
-
-        One pass per message: one Struct.pack for header fields+topic+keys+queues (joined with
-        the body), one CRC, a 12-byte prefix pack; the parts are joined once per segment."""
-        maxsize = self.cfg.max_message_size
-        tcache = self._topic_cache
-        ncache = self._names_cache
-        seg = self.seg_size
-        crc32 = zlib.crc32
-        p3pack = _PREFIX3.pack
-        magic = MSG_MAGIC
-        limit = seg_end - MIN_BLANK
-        qt = self.queue_table
-        assigned: dict = {}
-        parts: list = []
-        sizes: list = []
-        starts: list = []
-        runs: list = []
-        keyed = False
-        new = tuple.__new__
-        DR = DispatchRequest
-        cuts: list = []
-        cstart = phys
-        last_fl = None
-        last_qid = -1
-        qoff = 0
-        # the current run's shared fields; `_NONE` never matches, so the first record starts one
-        r_topic = r_qid = r_flags = r_born = r_keys = r_dq = _NONE
-        tb = kb = db = b""
-        fl = tags = tl = kl = dl = S = hbase = t = None
-        r_pre = r_post = b""
-        join = b"".join
-        qqpack = _QQ.pack
-        sb_len = prev_bl = -1
-        size_append = sizes.append
-        recent: list | None = [] if want_recent else None
-        recent_offs: list = []
-        try:
-            for m in msgs:
-                topic = m.topic
-                qid = m.queue_id
-                flags = m.flags
-                born = m.born_ts
-                keys = m.keys
-                dq = m.dispatch_queues
-                new_run = False
-                if (topic is not r_topic or qid is not r_qid or flags is not r_flags or born is not r_born
-                        or keys is not r_keys or dq is not r_dq):
-                    # values are immutable: identity means equal; equal values that are
-                    # different objects start a new run (harmless, only less compact)
-                    new_run = True
-                    if topic is not r_topic:
-                        t = tcache.get(topic)
-                        if t is None:
-                            t = self._topic_info(topic)
-                        tb, fl, tags, tl = t[0], t[1], t[2], t[3]
-                        r_topic = topic
-                    if keys:
-                        keyed = True
-                        kb = ncache.get(keys) or self._names(keys, "keys")
-                        db = (ncache.get(dq) or self._names(dq, "dispatch_queues")) if dq else b""
-                        kl = len(kb)
-                        dl = len(db)
-                        S = self._tail_struct(tl, kl, dl)
-                        hbase = t[5] + kl + dl
-                    elif dq:
-                        if dq is not t[6]:
-                            self._dq_info(t, dq)
-                        kb = b""
-                        kl = 0
-                        db = t[7]
-                        dl = len(db)
-                        S = t[8]
-                        hbase = t[9]
-                    else:
-                        kb = db = b""
-                        kl = dl = 0
-                        S = t[4]
-                        hbase = t[5]
-                    if qid != last_qid or fl is not last_fl:
-                        if last_fl is not None:
-                            assigned[(last_fl, last_qid)] = qoff
-                        key = (fl, qid)
-                        qoff = assigned.get(key)
-                        if qoff is None:
-                            qoff = qt.get(key, 0)
-                        last_fl = fl
-                        last_qid = qid
-                    sb_len = prev_bl = -1  # new run: r_pre/r_post no longer match
-                    r_qid = qid
-                    r_flags = flags
-                    r_born = born
-                    r_keys = keys
-                    r_dq = dq
-                body = m.body
-                props = m.props
-                bl = len(body)
-                pl = len(props)
-                total = hbase + bl + pl
-                if total > maxsize:
-                    check_size(total, maxsize)
-                if phys + total > limit:  # close the segment with a blank filler
-                    parts.append(PREFIX.pack(seg_end - phys, BLANK_MAGIC))
-                    cuts.append((len(parts), cstart))
-                    phys = cstart = seg_end
-                    seg_end += seg
-                    limit = seg_end - MIN_BLANK
-                    new_run = True
-                if new_run:
-                    starts.append(len(sizes))
-                    runs.append(new(DR, (phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq)))
-                if pl:
-                    rec = b"".join((S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, pl, tl, kl, dl,
-                                           tb, kb, db), props, body))
-                elif bl == sb_len:
-                    # same body size as the previous record of this run: only queue offset
-                    # and position differ, the bytes around them are packed once per run
-                    rec = join((r_pre, qqpack(qoff, phys), r_post, body))
-                else:
-                    rec = S.pack(qid, flags, qoff, phys, born, store_ts, tags, bl, 0, tl, kl, dl,
-                                 tb, kb, db) + body
-                    if bl == prev_bl:
-                        r_pre = _PRE.pack(qid, flags)
-                        r_post = b"".join((_POST.pack(born, store_ts, tags, bl, 0, tl, kl, dl), tb, kb, db))
-                        sb_len = bl
-                    prev_bl = bl
-                parts += (p3pack(total, magic, crc32(rec)), rec)
-                size_append(total)
-                if recent is not None and type(body) is bytes and type(props) is bytes:
-                    recent_offs.append(phys)
-                    recent.append((topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq))
-                qoff += 1
-                phys += total
-        except struct.error as e:
-            raise InvalidMessage(f"a numeric field is out of range (queue_id/flags u32, born_ts u64 "
-                                 f"non-negative): {e}; nothing was written") from None
-        except TypeError as e:
-            raise InvalidMessage(f"body and props must be bytes-like: {e}; nothing was written") from None
-        if last_fl is not None:
-            assigned[(last_fl, last_qid)] = qoff
-        if not sizes:
-            return [], [], [], [], False, assigned, phys, [], []
-        cuts.append((len(parts), cstart))
-        chunks = []
-        i = 0
-        for j, c in cuts:
-            chunks.append((c, b"".join(parts[i:j])))
-            i = j
-        return chunks, sizes, starts, runs, keyed, assigned, phys, recent_offs, recent or []
+        """The Python reference encoder (store.encoding.encode_py) on this log's caches."""
+        return encode_py(self, msgs, phys, seg_end, store_ts, want_recent)
 
     def _live_add(self, start: int, end: int, chunk) -> None:
         """Under self.lock: queue one append's chunk for the dispatch thread."""

@@ -138,6 +138,16 @@ class ResolvedFuture(Future):
 
 _DR_new = tuple.__new__
 
+# Positions in a chunk (above). The tuple is built positionally by CommitLog (and by the C encoder
+# for its columns); readers outside the per-record loops index it with these names.
+CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_KEYED, CHUNK_CQ = range(5)
+# Positions in a DispatchRequest, for code that reads it by index in per-record loops (attribute
+# access works everywhere else). The C loops check `DispatchRequest._fields` against the order
+# they fill (store/_append.c configure()).
+(DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID, DR_QUEUE_OFFSET, DR_FLAGS, DR_BORN_TS, DR_STORE_TS, DR_TAGS_CODE,
+ DR_KEYS, DR_DISPATCH_QUEUES) = range(11)
+assert _DR_FIELDS[DR_STORE_TS] == "store_ts" and _DR_FIELDS[DR_DISPATCH_QUEUES] == "dispatch_queues"
+
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""
