@@ -1,0 +1,120 @@
+"""Delayed messages on the store: park a message now, have it appear under its real topic at its
+due time, exactly once, across crashes (after RocketMQ's timer messages).
+
+How: `schedule` appends the message to the CommitLog under the parking topic `$timer` (its real
+topic, due time and original properties wrapped in the record's props) and records a timer for
+that record in the `TimerWheel` (store/timer.py). When the timer fires, the parked record is read
+back and appended as an ordinary message under its real topic, with the key `timer:<parked
+offset>`; from there it flows like any publish (light queues, notify, delivery). The key is what
+makes firing exactly-once: after a crash, a timer whose tick may already have fired is looked up in
+the key index before it fires again.
+
+The parked record is written with the caller's flush mode and the TimerLog entry right after it;
+the caller acknowledges (PUBACK, SDK reply) only after both, so "acknowledged" means "the timer is
+durable" under the flush mode's promise. A crash between the two writes leaves an unacknowledged
+parked record without a timer: it never fires, and the client's resend schedules it again.
+
+`route(msg)` (given by the layer above, e.g. the light queues) fills in a fired message's
+dispatch queues: which wildcard filters want a topic is known only there, and only at firing time
+(filters registered during the delay must see the message).
+"""
+from __future__ import annotations
+
+import struct
+import time
+from typing import Callable
+
+from .message import Message, StoredMessage
+from .timer import Timer, TimerWheel
+
+PARK_TOPIC = "$timer"
+_WRAP = struct.Struct("<qIHH")       # due_ms, flags, queue_id, topic length; then topic, then props
+TIMER_KEY = "timer:"
+
+
+class DelayError(ValueError):
+    """A delay request that cannot be honoured; the message says why."""
+
+
+def _wrap(msg: Message, due_ms: int) -> bytes:
+    t = msg.topic.encode()
+    return _WRAP.pack(due_ms, msg.flags, msg.queue_id, len(t)) + t + bytes(msg.props)
+
+
+def _unwrap(parked: StoredMessage) -> tuple[str, int, int, int, bytes]:
+    props = parked.props
+    due, flags, queue_id, tlen = _WRAP.unpack_from(props)
+    o = _WRAP.size
+    topic = bytes(props[o:o + tlen]).decode()
+    return topic, due, flags, queue_id, bytes(props[o + tlen:])
+
+
+class DelayedMessages:
+    """Delayed delivery for one MessageStore. `start()` after the store started; `close()` before
+    the store shuts down."""
+
+    def __init__(self, store, directory: str, route: Callable[[Message], Message] | None = None,
+                 clock: Callable[[], float] = time.time, **wheel_options) -> None:
+        self.store = store
+        self._route = route or (lambda m: m)
+        self._clock = clock
+        self.wheel = TimerWheel(directory, self._fire, already_fired=self._already_fired, clock=clock,
+                                **wheel_options)
+
+    # --------------------------------------------------------------------------------- API
+    def schedule(self, msg: Message, due_ms: int):
+        """Park `msg` until `due_ms` (epoch ms). Returns the parked record's AppendResult: its
+        `msg_id` names the delayed message (for `cancel`), its `durable` future is the ack."""
+        if not msg.topic or msg.topic.startswith("$"):
+            raise DelayError(f"cannot delay a message to {msg.topic!r}: delayed messages need a real topic")
+        now = int(self._clock() * 1000)
+        if due_ms - now > self.wheel.max_delay_ms:
+            raise DelayError(f"a delay of {(due_ms - now) / 1000:.0f} s exceeds the maximum of "
+                             f"{self.wheel.max_delay_ms / 1000:.0f} s")
+        parked = Message(PARK_TOPIC, msg.body, 0, 0, _wrap(msg, due_ms), msg.keys, msg.born_ts or now)
+        r = self.store.append(parked)
+        self.wheel.schedule(due_ms, r.phys_offset, r.size)
+        return r
+
+    def cancel(self, msg_id: str) -> bool:
+        """Cancel a delayed message by the msg id `schedule` returned. False when the id is not a
+        parked message of this store, or it already fired."""
+        parked = self.store.get_by_msg_id(msg_id)
+        if parked is None or parked.topic != PARK_TOPIC:
+            return False
+        topic, due, _f, _q, _p = _unwrap(parked)
+        t = Timer(parked.phys_offset, parked.size, due, -1)
+        if self._already_fired(t):
+            return False
+        self.wheel.cancel(parked.phys_offset)
+        return True
+
+    def start(self) -> None:
+        self.wheel.start()
+
+    def close(self) -> None:
+        self.wheel.close()
+
+    def stats(self) -> dict:
+        return self.wheel.stats()
+
+    # ------------------------------------------------------------------------------ firing
+    def _released(self, t: Timer) -> Message:
+        parked = self.store.read(t.ref_offset, t.ref_size)
+        topic, _due, flags, queue_id, props = _unwrap(parked)
+        keys = tuple(parked.keys) + (f"{TIMER_KEY}{t.ref_offset}",)
+        return self._route(Message(topic, parked.body, queue_id, flags, props, keys, parked.born_ts))
+
+    def _fire(self, timers: list[Timer]) -> None:
+        msgs = [self._released(t) for t in timers]
+        results = self.store.append_batch(msgs)
+        if results:
+            results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
+
+    def _already_fired(self, t: Timer) -> bool:
+        parked = self.store.read(t.ref_offset, t.ref_size)
+        topic = _unwrap(parked)[0]
+        now = int(self._clock() * 1000)
+        hits = self.store.query_by_key(topic, f"{TIMER_KEY}{t.ref_offset}", max(0, t.due_ms - 60_000),
+                                       now + 60_000, 1)
+        return bool(hits)
