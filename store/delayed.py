@@ -76,6 +76,24 @@ class DelayedMessages:
         self.wheel.schedule(due_ms, r.phys_offset, r.size)
         return r
 
+    def schedule_batch(self, msgs: list[Message], due_ms: list[int]):
+        """`schedule` for many messages: one CommitLog append for all parked records (all or none),
+        then their timers. Returns the AppendResults in order."""
+        now = int(self._clock() * 1000)
+        parked = []
+        for m, due in zip(msgs, due_ms, strict=True):
+            if not m.topic or m.topic.startswith("$"):
+                raise DelayError(f"cannot delay a message to {m.topic!r}: delayed messages need a real topic")
+            if due - now > self.wheel.max_delay_ms:
+                raise DelayError(f"a delay of {(due - now) / 1000:.0f} s exceeds the maximum of "
+                                 f"{self.wheel.max_delay_ms / 1000:.0f} s")
+            parked.append(Message(PARK_TOPIC, m.body, 0, 0, _wrap(m, due), m.keys, m.born_ts or now))
+        results = self.store.append_batch(parked)
+        schedule = self.wheel.schedule
+        for r, due in zip(results, due_ms):
+            schedule(due, r.phys_offset, r.size)
+        return results
+
     def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message by the msg id `schedule` returned. False when the id is not a
         parked message of this store, or it already fired."""
@@ -106,12 +124,15 @@ class DelayedMessages:
         return self._route(Message(topic, parked.body, queue_id, flags, props, keys, parked.born_ts))
 
     def _fire(self, timers: list[Timer]) -> None:
+        # a timer due at once can fire before dispatch made its parked record readable
+        self.store.wait_dispatched(max(t.ref_offset + t.ref_size for t in timers), timeout=30)
         msgs = [self._released(t) for t in timers]
         results = self.store.append_batch(msgs)
         if results:
             results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
 
     def _already_fired(self, t: Timer) -> bool:
+        self.store.wait_dispatched(t.ref_offset + t.ref_size, timeout=30)
         parked = self.store.read(t.ref_offset, t.ref_size)
         topic = _unwrap(parked)[0]
         now = int(self._clock() * 1000)

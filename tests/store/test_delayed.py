@@ -96,3 +96,21 @@ def test_a_crash_after_firing_but_before_the_checkpoint_fires_nothing_twice(tmp_
     bodies = sorted(int(m.body) for m in _topic_msgs(store, "dev/x"))
     assert bodies == list(range(20)), "fired twice or lost across the crash"
     d2.close()
+
+
+def test_schedule_batch_parks_all_and_fires_each_at_its_time(tmp_path, store):
+    clock = Clock(time.time())
+    d = DelayedMessages(store, str(tmp_path / "timer"), clock=clock, precision_ms=100, wheel_ticks=64)
+    t0 = clock.t
+    msgs = [Message(f"b/{i % 3}", b"%d" % i) for i in range(30)]
+    dues = [int((t0 + 0.5 + (i % 10) * 0.3) * 1000) for i in range(30)]
+    rs = d.schedule_batch(msgs, dues)
+    assert len(rs) == 30 and d.wheel.pending == 30
+    with pytest.raises(DelayError):
+        d.schedule_batch([Message("ok", b""), Message("$bad", b"")], [dues[0], dues[0]])
+    assert d.wheel.pending == 30                                        # all or none
+    clock.t = t0 + 1.35                     # due <= t0+1.1 have fired (their tick has passed), t0+1.4 not
+    d.wheel.fire_due()
+    fired = sorted(int(m.body) for t in ("b/0", "b/1", "b/2") for m in _topic_msgs(store, t))
+    assert fired == sorted(i for i in range(30) if i % 10 <= 2)
+    d.close()
