@@ -1,0 +1,56 @@
+"""Broker-protecting limits (gateway/limits.py) with a controllable clock."""
+from __future__ import annotations
+
+import pytest
+
+from lmqtt.gateway.limits import ConnectionGate, KeyedRateLimiter, Limits, TokenBucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_token_bucket_allows_a_burst_then_the_rate():
+    c = Clock()
+    b = TokenBucket(rate=10, burst=5, clock=c)
+    assert [b.take() for _ in range(6)] == [True] * 5 + [False]
+    assert b.wait_time() == pytest.approx(0.1)
+    c.t += 0.25                                   # 2.5 tokens back
+    assert [b.take() for _ in range(3)] == [True, True, False]
+    c.t += 100                                    # never more than the burst
+    assert sum(b.take() for _ in range(10)) == 5
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+def test_keyed_limiter_is_per_key_and_bounded_in_memory():
+    c = Clock()
+    k = KeyedRateLimiter(rate=1, burst=2, max_tracked=1000, clock=c)
+    assert [k.allow("10.0.0.1") for _ in range(3)] == [True, True, False]
+    assert k.allow("10.0.0.2")                    # another address has its own bucket
+    for i in range(5000):
+        k.allow(f"spoofed-{i}")
+    assert len(k) == 1000 and k.refused == 1
+
+
+def test_connection_gate_reason_codes():
+    c = Clock()
+    g = ConnectionGate(Limits(max_connections=3, connect_rate_per_address=1, connect_burst_per_address=2), c)
+    assert [g.admit("a"), g.admit("a"), g.admit("a")] == [0, 0, 0x9F]     # rate per address
+    assert g.admit("b") == 0
+    assert g.admit("c") == 0x97                                          # full
+    g.release()
+    assert g.admit("c") == 0
+    assert ConnectionGate(Limits()).publish_limiter() is None
+    assert ConnectionGate(Limits(publish_rate_per_client=5)).publish_limiter().burst == 1000
+
+
+def test_topic_limits_name_the_reason():
+    lim = Limits(max_topic_length=10, max_topic_levels=3)
+    assert lim.check_topic("a/b/c") is None
+    assert "exceeds the limit of 10" in lim.check_topic("a" * 11)
+    assert "4 levels exceeds the limit of 3" in lim.check_topic("a/b/c/d")
