@@ -11,6 +11,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
+    "store": ("lmqtt.gateway.store_serve", "Run the store node serving the native protocol (SDK, remote gateways)"),
 }
 
 BENCH: dict[str, tuple[str, str]] = {

@@ -65,6 +65,11 @@ class GatewayConfig:
     # batch in hand (no pull, no thread hop; docs/gateway.md "Performance").
     dispatch_inline: bool = True
     gc_gen0_threshold: int = 10000
+    # the store's native protocol (docs/protocol.md) served by `lmqtt serve` too, so the SDK works
+    # against the embedded default; 0 = off. A non-loopback store_host requires `token`.
+    store_port: int = 10911
+    store_host: str = "127.0.0.1"
+    token: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -74,6 +79,8 @@ class GatewayConfig:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
         if not (0 <= int(self.metrics_port) <= 65535):
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
+        if not (0 <= int(self.store_port) <= 65535):
+            raise ConfigError(f"store_port must be 0..65535 (0 = off), got {self.store_port}")
         if not (1 <= int(self.max_inflight) <= 65535):
             raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
         if not (0 <= float(self.switch_interval_ms) <= 1000):

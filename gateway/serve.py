@@ -2,6 +2,7 @@
 
     lmqtt serve [--host 127.0.0.1] [--port 1883] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
                 [--flush-mode async|sync|async+buffer] [--metrics-port 9883 (0 = off)]
+                [--store-port 10911 (0 = off)] [--store-host 127.0.0.1] [--token TOKEN]
 
 Precedence: built-in defaults < the TOML file (`--config`, keys at top level or under `[serve]`)
 < flags given on the command line. Binds to loopback unless told otherwise; anonymous clients are
@@ -44,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--store-port", type=int,
+                   help="port of the store's native protocol for the SDK (default 10911, 0 = off)")
+    p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")
+    p.add_argument("--token", help="auth token SDK clients must send (required for a non-loopback --store-host)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 
@@ -92,6 +97,20 @@ def _tune_gc(cfg) -> None:
         gc.freeze()
 
 
+def check_data_dir(path: str) -> str | None:
+    """None if `path` can be created and written, else the real reason (startup errors must name
+    their cause: an unwritable data dir used to surface as "cannot listen")."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as e:
+        return f"cannot use data dir {os.path.abspath(path)}: {e.strerror or e}"
+    return None
+
+
 async def _serve(cfg, loop_name: str) -> int:
     from lmqtt.gateway.server import Gateway
 
@@ -102,15 +121,43 @@ async def _serve(cfg, loop_name: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    problem = check_data_dir(cfg.data_dir)
+    if problem:
+        print(f"lmqtt serve: {problem}", file=sys.stderr)
+        return 1
     try:
         await gw.start()
     except OSError as e:
-        print(f"lmqtt serve: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", file=sys.stderr)
+        if e.filename:     # a file of the data dir, not the socket
+            print(f"lmqtt serve: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+        else:
+            print(f"lmqtt serve: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", file=sys.stderr)
         return 1
     except Exception as e:
         print(f"lmqtt serve: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         log.exception("event=startup_failed")
         return 1
+    store_srv = None
+    store_url = "off"
+    if cfg.store_port:
+        from lmqtt.lightqueue.service import install
+        from lmqtt.store.server import StoreServer
+        try:
+            store_srv = StoreServer(gw.store, os.path.join(cfg.data_dir, "sdk-meta"), host=cfg.store_host,
+                                    port=cfg.store_port, token=cfg.token)
+            install(store_srv, gw.lq)
+            await store_srv.start()
+        except ValueError as e:
+            print(f"lmqtt serve: {e}", file=sys.stderr)
+            await gw.stop()
+            return 2
+        except OSError as e:
+            print(f"lmqtt serve: cannot listen on store port {cfg.store_host}:{cfg.store_port}: "
+                  f"{e.strerror or e}", file=sys.stderr)
+            await gw.stop()
+            return 1
+        sh, sp = store_srv.address
+        store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
     _tune_gc(cfg)
     metrics_url = "off"
     if cfg.metrics_port:
@@ -126,9 +173,12 @@ async def _serve(cfg, loop_name: str) -> int:
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"  metrics:    {metrics_url}\n"
+          f"  store:      {store_url}\n"
           f"  auth:       anonymous clients allowed", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
+    if store_srv is not None:
+        await store_srv.stop()
     await gw.stop()
     gw.metrics.stop_http()
     log.info("event=shutdown_complete")

@@ -34,6 +34,7 @@ class LmqttServer:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.metrics_port = free_port()
+        self.store_port = free_port()      # the native store protocol (SDK); never the shared 10911
         self.data_dir = str(data_dir)
         self.extra_args = tuple(extra_args)
         self.log_path = log_path or os.path.join(self.data_dir, "..", f"lmqtt-serve-{self.port}.log")
@@ -49,7 +50,7 @@ class LmqttServer:
     def start(self, timeout: float = 20.0) -> "LmqttServer":
         cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", self.host, "--port", str(self.port),
                "--data-dir", self.data_dir, "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
-               *self.extra_args]
+               "--store-port", str(self.store_port), *self.extra_args]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      cwd=ROOT)
@@ -59,10 +60,17 @@ class LmqttServer:
                 raise RuntimeError(f"lmqtt serve exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
+                    pass
+                with socket.create_connection((self.host, self.store_port), timeout=0.2):
                     return self
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"lmqtt serve did not listen within {timeout}s: {self.log_tail()}")
+
+    @property
+    def store_address(self) -> str:
+        """HOST:PORT of the embedded store protocol, for `lmqtt.store.client.connect`."""
+        return f"{self.host}:{self.store_port}"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         p = self.proc
@@ -94,6 +102,49 @@ class LmqttServer:
                 return f.read()[-n:].decode("utf-8", "replace")
         except OSError:
             return "<no log>"
+
+
+class LmqttStore:
+    """One `lmqtt store` process (the store node on the native protocol): tmp data dir, free port,
+    SIGTERM/SIGKILL and restart on the same port and data dir. `.address` is HOST:PORT."""
+
+    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = (), log_path: str | None = None) -> None:
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.data_dir = str(data_dir)
+        self.extra_args = tuple(extra_args)
+        self.log_path = log_path or os.path.join(self.data_dir, "..", f"lmqtt-store-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "LmqttStore":
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", self.host, "--port", str(self.port),
+               "--data-dir", self.data_dir, "--segment-mb", "16", *self.extra_args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lmqtt store exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"lmqtt store did not listen within {timeout}s: {self.log_tail()}")
+
+    stop = LmqttServer.stop
+    kill9 = LmqttServer.kill9
+    log_tail = LmqttServer.log_tail
+
+    def restart(self, kill: bool = False) -> "LmqttStore":
+        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
+        if not kill:
+            assert rc == 0, f"lmqtt store exit code {rc} on SIGTERM: {self.log_tail()}"
+        return self.start()
 
 
 class Paho:

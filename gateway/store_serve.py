@@ -1,0 +1,162 @@
+"""`lmqtt store`: the store node (CommitLog, ConsumeQueue, key index, light queues, metadata)
+served over the native protocol (docs/protocol.md) for the SDK and remote gateways.
+
+    lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
+                [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
+
+The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
+dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
+(`--config`, keys at top level or under `[store]`) < flags. A non-loopback --host needs a token.
+SIGTERM/SIGINT: stop accepting, flush SDK metadata, flush and close the store, exit 0.
+No Prometheus endpoint yet (stats are served by the `stats` command, docs/protocol.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tomllib
+
+from lmqtt.gateway.serve import _setup_logging, check_data_dir
+
+log = logging.getLogger("lmqtt.store")
+
+FLUSH_MODES = ("sync", "async", "async+buffer")
+DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
+            "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 10911; 0 = any free port)")
+    p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--token", help="auth token clients send in the handshake (required off loopback)")
+    p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
+    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--max-frame-mb", type=int, help="largest accepted frame in MiB (default 64)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def _config(args) -> dict:
+    cfg = dict(DEFAULTS)
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"config file not found: {args.config}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {args.config} is not valid TOML: {e}") from None
+        flat = dict(doc.get("store", {})) if isinstance(doc.get("store"), dict) else {}
+        flat.update({k: v for k, v in doc.items() if not isinstance(v, dict)})
+        for k, v in flat.items():
+            k = k.replace("-", "_")
+            if k not in DEFAULTS:
+                raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
+            cfg[k] = v
+    for k, v in vars(args).items():
+        if k != "config" and v is not None:
+            cfg[k] = v
+    if cfg["flush_mode"] not in FLUSH_MODES:
+        raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
+    if not 0 <= int(cfg["port"]) <= 65535:
+        raise ValueError(f"port must be 0..65535, got {cfg['port']}")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _config(args)
+    except ValueError as e:
+        print(f"lmqtt store: {e}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg["log_level"])
+    try:
+        import uvloop  # type: ignore
+        uvloop.install()
+        loop_name = "uvloop"
+    except ImportError:  # pragma: no cover
+        loop_name = "asyncio"
+    try:
+        return asyncio.run(_serve(cfg, loop_name))
+    except KeyboardInterrupt:  # pragma: no cover
+        return 0
+
+
+async def _serve(cfg: dict, loop_name: str) -> int:
+    from lmqtt.lightqueue import LightQueueStore
+    from lmqtt.lightqueue.service import install
+    from lmqtt.store import MessageStore, StoreConfig
+    from lmqtt.store.server import StoreServer, is_loopback
+
+    host, port, data = cfg["host"], int(cfg["port"]), cfg["data_dir"]
+    if not is_loopback(host) and not cfg["token"]:
+        print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
+              "(--token or `token` in the config)", file=sys.stderr)
+        return 2
+    problem = check_data_dir(data)
+    if problem:
+        print(f"lmqtt store: {problem}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = lq = srv = None
+    try:
+        store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
+                                         segment_size=int(cfg["segment_mb"]) << 20))
+        lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
+        store.start()
+        srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg["token"],
+                          max_frame=int(cfg["max_frame_mb"]) << 20)
+        install(srv, lq)
+        await srv.start()
+    except OSError as e:
+        if e.filename:
+            print(f"lmqtt store: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+        else:
+            print(f"lmqtt store: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        _close(store, lq)
+        return 1
+    except Exception as e:  # noqa: BLE001 - named, logged, clean exit
+        print(f"lmqtt store: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        log.exception("event=startup_failed")
+        _close(store, lq)
+        return 1
+    h, p = srv.address
+    print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
+          f"  data dir:   {os.path.abspath(data)}\n"
+          f"  flush mode: {cfg['flush_mode']}\n"
+          f"  auth:       {'token required' if cfg['token'] else 'none (loopback only)'}\n"
+          f"  metrics:    not yet (use the `stats` command)", file=sys.stderr, flush=True)
+    await stop.wait()
+    log.info("event=shutdown_begin")
+    await srv.stop()
+    _close(store, lq)
+    print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
+    return 0
+
+
+def _close(store, lq) -> None:
+    if store is not None:
+        try:
+            store.shutdown()
+        except Exception as e:  # noqa: BLE001
+            log.error("event=store_shutdown_failed error=%r", e)
+    if lq is not None:
+        try:
+            lq.close()
+        except Exception as e:  # noqa: BLE001
+            log.error("event=lightqueue_close_failed error=%r", e)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Light-queue operations of the store server (`store/server.py`), plugged in from here because
+`store/` may not import `lightqueue/`:
+
+  router            every SDK-produced message gets the same dispatch queues as an MQTT publish of
+                    its topic (exact-topic queue + every registered wildcard filter that matches),
+                    so MQTT subscribers (and FilterConsumers) see SDK messages
+  PULL_FILTER       read a filter's light queue (what an MQTT subscriber of the filter sees)
+  CALL subscribe    register a filter (like the first MQTT SUBSCRIBE to it); persisted in the
+                    server's SDK metadata and re-registered at startup if the registry lost it
+                    (the embedded gateway reconciles its filters with its sessions at start)
+  CALL unsubscribe  drop the SDK's registration
+  CALL filter_offsets  min/max offset of a filter's queue
+"""
+from __future__ import annotations
+
+import logging
+
+from lmqtt.store.server import Messages, StoreServer
+
+from .light_queue_store import LightQueueStore
+from .topics import validate_filter
+
+log = logging.getLogger("lmqtt.lightqueue.service")
+
+_PREFIX = "f\0"
+
+
+def install(server: StoreServer, lq: LightQueueStore) -> None:
+    meta = server.meta
+    held: set[str] = set()
+
+    def ensure(flt: str) -> None:
+        if flt in held:
+            return
+        if lq.registry.refcount(flt) == 0 or meta.get_json(_PREFIX + flt) is None:
+            lq.register_filter(flt)
+            meta.put_json(_PREFIX + flt, 1)
+        held.add(flt)
+
+    for key in meta.keys_with_prefix(_PREFIX):
+        flt = key[len(_PREFIX):]
+        try:
+            if lq.registry.refcount(flt) == 0:
+                lq.register_filter(flt)
+            held.add(flt)
+        except Exception as e:  # noqa: BLE001 - one bad stored filter must not stop the server
+            log.error("event=filter_restore_failed filter=%r error=%r", flt, e)
+
+    def subscribe(a: dict) -> dict:
+        flt = validate_filter(str(a["filter"]))
+        ensure(flt)
+        return {"filter": flt, "min_offset": lq.min_offset(flt), "max_offset": lq.max_offset(flt)}
+
+    def unsubscribe(a: dict) -> dict:
+        flt = str(a["filter"])
+        if meta.get_json(_PREFIX + flt) is None:
+            return {"ok": False}
+        meta._db.delete((_PREFIX + flt).encode())
+        held.discard(flt)
+        lq.unregister_filter(flt)
+        return {"ok": True}
+
+    def filter_offsets(a: dict) -> dict:
+        flt = str(a["filter"])
+        return {"min_offset": lq.min_offset(flt), "max_offset": lq.max_offset(flt)}
+
+    def filter_pull(flt: str, offset: int, max_count: int, max_bytes: int, group: str) -> Messages:
+        ensure(validate_filter(flt))
+        res = lq.pull(flt, offset, max_count=max(1, min(max_count, 65536)), max_bytes=max_bytes or (4 << 20))
+        return Messages({"next_offset": res.next_offset, "min_offset": res.min_offset,
+                         "max_offset": res.max_offset}, res.messages)
+
+    server.router = lq.queues_for_topic
+    server.filter_pull = filter_pull
+    server.filter_max_offset = lq.max_offset
+    server.register_call("subscribe", subscribe)
+    server.register_call("unsubscribe", unsubscribe)
+    server.register_call("filter_offsets", filter_offsets)

@@ -1,0 +1,18 @@
+"""The Python SDK of the lmqtt store (docs/sdk.md).
+
+    from lmqtt.store.client import connect
+    c = connect("127.0.0.1:10911")
+    r = c.producer().send("sensors/a/temp", b"21.5")
+    for rec in c.pull("sensors", 0, 0).records: ...
+
+Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with backoff; sync and
+asyncio), then the command API on top (`producer.py`, `consumer.py`, `admin.py`).
+"""
+from .connection import (AsyncConnection, Connection, ConnectionLost, StoreClientError, connect,
+                         connect_async, parse_address)
+from .consumer import FilterConsumer, PopConsumer, PullConsumer, PullResult, Record
+from .producer import AutoBatchProducer, Producer, SendResult
+
+__all__ = ["connect", "connect_async", "parse_address", "Connection", "AsyncConnection", "ConnectionLost",
+           "StoreClientError", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
+           "FilterConsumer", "PopConsumer", "PullResult", "Record"]

@@ -1,0 +1,384 @@
+"""Connection layer of the SDK: framing, pipelining, reconnect with backoff (sync and asyncio).
+
+`Connection` (sync): one TCP socket, a reader thread that matches replies to requests by request
+id, so any number of requests can be in flight (`request()` returns a `concurrent.futures.Future`;
+`call()` waits for it). Thread-safe: producers, AutoBatch's flusher and consumers share one.
+
+`AsyncConnection` (asyncio): the same over asyncio streams; `request()` returns an asyncio future.
+
+Lost connection: every request in flight fails with `ConnectionLost` (nothing is silently
+dropped); the next request reconnects, with exponential backoff (`backoff_initial` doubling up to
+`backoff_max`, `reconnect_attempts` tries). Commands that are safe to repeat (reads, PRODUCE with
+producer id + sequence, which the store deduplicates) are retried by `call(..., retry=True)`.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from concurrent.futures import Future
+
+from lmqtt.store import protocol as W
+
+
+class StoreClientError(Exception):
+    """The store answered with an ERROR frame. `.code` is the protocol's error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{W.ERROR_NAMES.get(code, code)}: {message}")
+        self.code = code
+        self.reason = message
+
+
+class ConnectionLost(ConnectionError):
+    """The connection broke (or could not be made) while the request was in flight."""
+
+
+def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default_port
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, default_port
+    return host or "127.0.0.1", int(port)
+
+
+def _check(reply):
+    op, flags, body = reply
+    if op == W.OP_ERROR:
+        code, msg = W.parse_error(body)
+        raise StoreClientError(code, msg)
+    return reply
+
+
+class Connection:
+    def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
+                 timeout: float = 30.0, connect_timeout: float = 5.0, reconnect_attempts: int = 6,
+                 backoff_initial: float = 0.05, backoff_max: float = 2.0, client_name: str = "lmqtt-sdk") -> None:
+        self.host, self.port = parse_address(address)
+        self.token = token
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.reconnect_attempts = reconnect_attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.client_name = client_name
+        self.ident: str | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.RLock()          # connect + write
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._generation = 0
+
+    # ---------------------------------------------------------------- connect
+    def _connect_once(self) -> None:
+        s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = {"version": W.PROTOCOL_VERSION, "client": self.client_name}
+        if self.token:
+            hello["token"] = self.token
+        s.sendall(W.json_frame(W.OP_HELLO, 0, hello))
+        dec = W.FrameDecoder()
+        frames = []
+        while not frames:
+            data = s.recv(65536)
+            if not data:
+                s.close()
+                raise ConnectionLost(f"store {self.host}:{self.port} closed the connection during the handshake")
+            frames = dec.feed(data)
+        op, flags, _rid, body = frames[0]
+        if op == W.OP_ERROR:
+            s.close()
+            raise StoreClientError(*W.parse_error(body))
+        info = json.loads(body)
+        self.ident = info.get("ident")
+        self.server_info = info
+        s.settimeout(None)
+        self._sock = s
+        self._generation += 1
+        t = threading.Thread(target=self._reader, args=(s, dec, frames[1:], self._generation),
+                             name=f"lmqtt-sdk-reader-{self.port}", daemon=True)
+        t.start()
+
+    def _ensure(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise ConnectionLost("connection closed by the application")
+            if self._sock is not None:
+                return self._sock
+            delay = self.backoff_initial
+            last = None
+            for attempt in range(max(1, self.reconnect_attempts)):
+                try:
+                    self._connect_once()
+                    return self._sock
+                except StoreClientError:
+                    raise                  # refused by the store (auth, version): retrying won't help
+                except OSError as e:
+                    last = e
+                if attempt + 1 < self.reconnect_attempts:
+                    time.sleep(delay)
+                    delay = min(delay * 2, self.backoff_max)
+            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+
+    def _reader(self, s: socket.socket, dec: W.FrameDecoder, early, gen: int) -> None:
+        err = "connection closed by the store"
+        try:
+            self._deliver(early)
+            while True:
+                data = s.recv(1 << 20)
+                if not data:
+                    break
+                self._deliver(dec.feed(data))
+        except (OSError, W.ProtocolError) as e:
+            err = f"connection to the store lost: {e}"
+        self._drop(s, err)
+
+    def _deliver(self, frames) -> None:
+        pop = self._pending.pop
+        for op, flags, rid, body in frames:
+            fut = pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result((op, flags, body))
+            elif rid == 0 and op == W.OP_ERROR:
+                pass          # a connection-level error; the close that follows fails the rest
+
+    def _drop(self, s: socket.socket, reason: str) -> None:
+        with self._lock:
+            if self._sock is s:
+                self._sock = None
+            try:
+                s.close()
+            except OSError:
+                pass
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionLost(reason))
+
+    # ---------------------------------------------------------------- requests
+    def request(self, op: int, body: bytes = b"") -> Future:
+        """Send one frame; the future resolves to `(opcode, flags, body)` (ERROR frames included)."""
+        fut: Future = Future()
+        with self._lock:
+            s = self._ensure()
+            rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+            self._pending[rid] = fut
+            try:
+                s.sendall(W.frame(op, rid, body))
+            except OSError as e:
+                self._pending.pop(rid, None)
+                self._drop(s, f"send failed: {e}")
+                raise ConnectionLost(f"connection to the store lost while sending: {e}") from e
+        return fut
+
+    def call(self, op: int, body: bytes = b"", *, retry: bool = False, timeout: float | None = None):
+        """request() and wait; ERROR -> StoreClientError. `retry`: the request is idempotent, so a
+        lost connection is retried (reconnecting with backoff) instead of raised."""
+        tries = self.reconnect_attempts if retry else 1
+        for i in range(tries):
+            try:
+                fut = self.request(op, body)
+                return _check(fut.result(self.timeout if timeout is None else timeout))
+            except ConnectionLost:
+                if i + 1 >= tries:
+                    raise
+                time.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
+
+    def cmd(self, name: str, **args):
+        """A CALL command; returns the JSON result (dict) or, for message replies, the MESSAGES body."""
+        args["cmd"] = name
+        op, _f, body = self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
+        if op == W.OP_RESULT:
+            return json.loads(body)
+        return W.decode_messages(body)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            s = self._sock
+        if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._drop(s, "connection closed by the application")
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- command API factories
+    def producer(self, producer_id: str | None = None, **kw):
+        from .producer import Producer
+        return Producer(self, producer_id, **kw)
+
+    def auto_batch_producer(self, producer_id: str | None = None, **kw):
+        from .producer import AutoBatchProducer
+        return AutoBatchProducer(self, producer_id, **kw)
+
+    def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256, max_bytes: int = 4 << 20):
+        from .consumer import pull
+        return pull(self, topic, queue_id, offset, max_count, max_bytes)
+
+    def consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
+        from .consumer import PullConsumer
+        return PullConsumer(self, topic, group, queue_id, **kw)
+
+    def filter_consumer(self, topic_filter: str, group: str | None = None, **kw):
+        from .consumer import FilterConsumer
+        return FilterConsumer(self, topic_filter, group, **kw)
+
+    def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
+        from .consumer import PopConsumer
+        return PopConsumer(self, topic, group, queue_id, **kw)
+
+    def admin(self):
+        from .admin import Admin
+        return Admin(self)
+
+
+# commands that change state in a way a blind repeat could change again
+_NOT_IDEMPOTENT = {"pop", "subscribe"}
+
+
+def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
+    """Open a sync connection (handshake done now, so a bad address/token fails here)."""
+    c = Connection(address, **kw)
+    c._ensure()
+    return c
+
+
+class AsyncConnection:
+    """asyncio twin of `Connection` (same frames, same error types)."""
+
+    def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
+                 timeout: float = 30.0, reconnect_attempts: int = 6, backoff_initial: float = 0.05,
+                 backoff_max: float = 2.0) -> None:
+        self.host, self.port = parse_address(address)
+        self.token = token
+        self.timeout = timeout
+        self.reconnect_attempts = reconnect_attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self.ident = None
+
+    async def _connect_once(self) -> None:
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        hello = {"version": W.PROTOCOL_VERSION, "client": "lmqtt-sdk-async"}
+        if self.token:
+            hello["token"] = self.token
+        writer.write(W.json_frame(W.OP_HELLO, 0, hello))
+        dec = W.FrameDecoder()
+        frames = []
+        while not frames:
+            data = await reader.read(65536)
+            if not data:
+                writer.close()
+                raise ConnectionLost(f"store {self.host}:{self.port} closed the connection during the handshake")
+            frames = dec.feed(data)
+        op, _f, _rid, body = frames[0]
+        if op == W.OP_ERROR:
+            writer.close()
+            raise StoreClientError(*W.parse_error(body))
+        self.ident = json.loads(body).get("ident")
+        self._writer = writer
+        asyncio.ensure_future(self._reader(reader, writer, dec))
+
+    async def _ensure(self) -> asyncio.StreamWriter:
+        async with self._lock:
+            if self._writer is not None:
+                return self._writer
+            delay, last = self.backoff_initial, None
+            for attempt in range(max(1, self.reconnect_attempts)):
+                try:
+                    await self._connect_once()
+                    return self._writer
+                except StoreClientError:
+                    raise
+                except OSError as e:
+                    last = e
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+
+    async def _reader(self, reader, writer, dec) -> None:
+        err = "connection closed by the store"
+        try:
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    break
+                for op, flags, rid, body in dec.feed(data):
+                    fut = self._pending.pop(rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result((op, flags, body))
+        except (OSError, W.ProtocolError) as e:
+            err = f"connection to the store lost: {e}"
+        if self._writer is writer:
+            self._writer = None
+        writer.close()
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionLost(err))
+
+    async def request(self, op: int, body: bytes = b"") -> asyncio.Future:
+        w = await self._ensure()
+        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        w.write(W.frame(op, rid, body))
+        return fut
+
+    async def call(self, op: int, body: bytes = b"", *, retry: bool = False):
+        tries = self.reconnect_attempts if retry else 1
+        for i in range(tries):
+            try:
+                fut = await self.request(op, body)
+                return _check(await asyncio.wait_for(fut, self.timeout))
+            except ConnectionLost:
+                if i + 1 >= tries:
+                    raise
+                await asyncio.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
+
+    async def cmd(self, name: str, **args):
+        args["cmd"] = name
+        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
+        return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
+
+    async def send(self, topic: str, body: bytes, **kw):
+        """Send one message (no dedup id); -> SendResult once durable."""
+        from .producer import SendResult, _pack_one
+        op, _f, rb = await self.call(W.OP_PRODUCE, W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)))
+        phys, qoff = W.decode_produced(rb)[0]
+        return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
+
+    async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
+                   max_bytes: int = 4 << 20):
+        from .consumer import _pull_result
+        _op, _f, body = await self.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
+                                        retry=True)
+        return _pull_result(self.ident, body)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+async def connect_async(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> AsyncConnection:
+    c = AsyncConnection(address, **kw)
+    await c._ensure()
+    return c

@@ -1,0 +1,152 @@
+"""Consumers: by topic/queue/offset (`pull`, `PullConsumer` with committed group offsets), by MQTT
+topic filter over the light queues (`FilterConsumer`), and POP (`PopConsumer`).
+
+Records are `Record` named tuples; `.mqtt` decodes the MQTT metadata (QoS, retain, MQTT 5
+properties) of records written by the gateway or by an SDK producer (docs/sdk.md).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from lmqtt.store import protocol as W
+from lmqtt.store.props import MessageProperties, decode as decode_props
+
+from .connection import Connection
+
+
+class Record(NamedTuple):
+    topic: str
+    body: bytes
+    keys: tuple
+    props: bytes
+    queue_id: int
+    queue_offset: int     # ConsumeQueue offset, or light-queue offset for a FilterConsumer
+    offset: int           # physical CommitLog offset
+    born_ts: int
+    store_ts: int
+    msg_id: str
+
+    @property
+    def mqtt(self) -> MessageProperties:
+        """QoS, retain, MQTT 5 properties; foreign props decode as plain QoS 0."""
+        try:
+            return decode_props(self.props)
+        except ValueError:
+            return MessageProperties()
+
+
+class PullResult(NamedTuple):
+    records: list
+    next_offset: int
+    header: dict
+
+
+def _records(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
+    header, raw = W.decode_messages(body)
+    ident = ident or ""
+    return header, [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
+                    for qo, po, born, st, qid, t, k, p, b in raw]
+
+
+def _pull_result(ident, body: bytes) -> PullResult:
+    header, recs = _records(ident, body)
+    return PullResult(recs, header.get("next_offset", 0), header)
+
+
+def pull(conn: Connection, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
+         max_bytes: int = 4 << 20) -> PullResult:
+    """Read the ConsumeQueue of `topic`'s first level from `offset` (clamped to the queue's min)."""
+    _op, _f, body = conn.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes), retry=True)
+    return _pull_result(conn.ident, body)
+
+
+class PullConsumer:
+    """A consumer-group member reading one ConsumeQueue; offsets are kept by the store.
+
+    `poll()` returns the next records after the group's committed offset (or `start`: "earliest" /
+    "latest" when the group has none) and remembers where it got to; `commit()` stores that
+    position (survives a store restart). At-least-once: commit after processing."""
+
+    def __init__(self, conn: Connection, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest",
+                 max_count: int = 256) -> None:
+        self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
+        self.max_count = max_count
+        c = conn.cmd("committed", group=group, topic=topic, queue_id=queue_id)["offset"]
+        if c is None:
+            o = conn.cmd("offsets", topic=topic, queue_id=queue_id)
+            c = o["max_offset"] if start == "latest" else o["min_offset"]
+        self.position = c
+
+    def poll(self) -> list[Record]:
+        r = pull(self.conn, self.topic, self.queue_id, self.position, self.max_count)
+        self.position = r.next_offset
+        return r.records
+
+    def commit(self, offset: int | None = None) -> None:
+        self.conn.cmd("commit", group=self.group, topic=self.topic, queue_id=self.queue_id,
+                      offset=self.position if offset is None else offset)
+
+
+class FilterConsumer:
+    """Reads exactly what an MQTT subscriber of `topic_filter` sees (wildcards included): the
+    filter's light queue. Creating it registers the filter with the store (persisted), so
+    messages published from then on are indexed for it, like an MQTT SUBSCRIBE. With a `group`,
+    the position is committed in the store; without one it starts at the queue's end."""
+
+    def __init__(self, conn: Connection, topic_filter: str, group: str | None = None, *,
+                 start: str = "latest", max_count: int = 256) -> None:
+        self.conn, self.filter, self.group = conn, topic_filter, group
+        self.max_count = max_count
+        info = conn.cmd("subscribe", filter=topic_filter)
+        pos = None
+        if group:
+            pos = conn.cmd("committed", group=group, filter=topic_filter)["offset"]
+        if pos is None:
+            pos = info["max_offset"] if start == "latest" else info["min_offset"]
+        self.position = pos
+
+    def poll(self) -> list[Record]:
+        _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position,
+                                                                      self.max_count, 4 << 20), retry=True)
+        header, recs = _records(self.conn.ident, body)
+        self.position = header.get("next_offset", self.position)
+        return recs
+
+    def commit(self, offset: int | None = None) -> None:
+        if not self.group:
+            raise ValueError("FilterConsumer without a group has nothing to commit to")
+        self.conn.cmd("commit", group=self.group, filter=self.filter,
+                      offset=self.position if offset is None else offset)
+
+
+class PopConsumer:
+    """POP consumption (seed 000): many stateless members of `group` share a queue without
+    rebalancing. `pop()` returns records nobody else holds, invisible for `invisible_ms`; `ack()`
+    removes them; un-acked ones come back after the invisible time; after `max_attempts`
+    deliveries a record goes to the dead-letter topic `%DLQ%<group>`. `record.queue_offset` is
+    the receipt to ack."""
+
+    def __init__(self, conn: Connection, topic: str, group: str, queue_id: int = 0, *,
+                 invisible_ms: int = 30_000, max_attempts: int = 16) -> None:
+        self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
+        self.invisible_ms, self.max_attempts = invisible_ms, max_attempts
+        self.last_attempts: dict[int, int] = {}
+
+    def pop(self, max_count: int = 32) -> list[Record]:
+        header, raw = self.conn.cmd("pop", group=self.group, topic=self.topic, queue_id=self.queue_id,
+                                    max_count=max_count, invisible_ms=self.invisible_ms,
+                                    max_attempts=self.max_attempts)
+        ident = self.conn.ident or ""
+        recs = [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
+                for qo, po, born, st, qid, t, k, p, b in raw]
+        self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
+        return recs
+
+    def ack(self, records) -> int:
+        offs = [r.queue_offset if isinstance(r, Record) else int(r) for r in records]
+        return self.conn.cmd("ack", group=self.group, topic=self.topic, queue_id=self.queue_id, offsets=offs)["acked"]
+
+    def change_invisible_time(self, record, invisible_ms: int) -> bool:
+        off = record.queue_offset if isinstance(record, Record) else int(record)
+        return self.conn.cmd("change_invisible_time", group=self.group, topic=self.topic, queue_id=self.queue_id,
+                             offset=off, invisible_ms=invisible_ms)["ok"]

@@ -1,0 +1,130 @@
+"""POP consumption (seed 000, "POP 消费"): store-side load balancing for SDK consumer groups.
+
+Many stateless consumers share a group without rebalancing: each `pop` hands out messages of a
+ConsumeQueue that no other member holds, invisible to the others for `invisible_ms`. `ack` removes
+one for good; one not acked by then becomes visible again and is handed out once more (its
+attempt count grows); at `max_attempts` it is re-written to the group's dead-letter topic
+`%DLQ%<group>` instead (an ordinary topic: consume it like any other) and dropped from the queue.
+
+State per (group, topic, queue id), in memory and persisted in `SdkMetadata` (JSON, written at most
+every `persist_interval` by the server's timer and at shutdown):
+    next      first queue offset never handed out
+    inflight  {queue offset: [visible-again-at ms, attempts so far]}
+A crash loses at most the last interval of state; that can only hand a message out again
+(at-least-once), never lose one: `next` and acks are re-applied from the previous snapshot.
+
+Receipts are the queue offsets themselves (RocketMQ uses receipt handles carrying the pop time so a
+late ack of an already re-delivered message is refused; here a late ack still removes it).
+"""
+from __future__ import annotations
+
+import time
+
+from .message import Message
+from .sdk_meta import SdkMetadata
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def dlq_topic(group: str) -> str:
+    return f"%DLQ%{group}"
+
+
+class PopManager:
+    def __init__(self, store, meta: SdkMetadata) -> None:
+        self.store = store
+        self.meta = meta
+        self._states: dict[tuple[str, str, int], dict] = {}
+        self._dirty: set[tuple[str, str, int]] = set()
+
+    def _key(self, k) -> str:
+        return f"s\0{k[0]}\0{k[1]}\0{k[2]}"
+
+    def _state(self, group: str, topic: str, qid: int) -> dict:
+        k = (group, topic, qid)
+        st = self._states.get(k)
+        if st is None:
+            st = self.meta.get_json(self._key(k))
+            if st is None:
+                lo, _hi = self.store.consume_queue_offsets(topic, qid)
+                st = {"next": lo, "inflight": {}}
+            else:
+                st["inflight"] = {int(o): v for o, v in st["inflight"].items()}
+            self._states[k] = st
+        return st
+
+    def pop(self, group: str, topic: str, qid: int, max_count: int, invisible_ms: int,
+            max_attempts: int) -> tuple[list, list[int], int]:
+        """-> (messages, attempts per message, dead-lettered count)."""
+        st = self._state(group, topic, qid)
+        now = _now_ms()
+        inflight = st["inflight"]
+        out, attempts = [], []
+        dead = 0
+        due = sorted(o for o, (vis, _a) in inflight.items() if vis <= now)
+        for off in due:
+            if len(out) >= max_count:
+                break
+            vis, att = inflight[off]
+            msgs = self.store.read_consume_queue(topic, qid, off, 1)
+            if not msgs or msgs[0].queue_offset != off:   # gone (retention): forget it
+                del inflight[off]
+                continue
+            m = msgs[0]
+            if att >= max_attempts:
+                self.store.append(Message(dlq_topic(group), m.body, 0, m.flags, m.props, m.keys, m.born_ts))
+                del inflight[off]
+                dead += 1
+                continue
+            inflight[off] = [now + invisible_ms, att + 1]
+            out.append(m)
+            attempts.append(att + 1)
+        if len(out) < max_count:
+            lo, _hi = self.store.consume_queue_offsets(topic, qid)
+            if st["next"] < lo:
+                st["next"] = lo
+            fresh = self.store.read_consume_queue(topic, qid, st["next"], max_count - len(out))
+            vis = now + invisible_ms
+            for m in fresh:
+                inflight[m.queue_offset] = [vis, 1]
+                out.append(m)
+                attempts.append(1)
+            if fresh:
+                st["next"] = fresh[-1].queue_offset + 1
+        if out or dead:
+            self._dirty.add((group, topic, qid))
+        return out, attempts, dead
+
+    def ack(self, group: str, topic: str, qid: int, offsets) -> int:
+        st = self._state(group, topic, qid)
+        inflight = st["inflight"]
+        n = 0
+        for o in offsets:
+            if inflight.pop(int(o), None) is not None:
+                n += 1
+        if n:
+            self._dirty.add((group, topic, qid))
+        return n
+
+    def change_invisible_time(self, group: str, topic: str, qid: int, offset: int, invisible_ms: int) -> bool:
+        st = self._state(group, topic, qid)
+        e = st["inflight"].get(int(offset))
+        if e is None:
+            return False
+        e[0] = _now_ms() + invisible_ms
+        self._dirty.add((group, topic, qid))
+        return True
+
+    def info(self, group: str, topic: str, qid: int) -> dict:
+        st = self._state(group, topic, qid)
+        _lo, hi = self.store.consume_queue_offsets(topic, qid)
+        return {"next": st["next"], "inflight": len(st["inflight"]), "backlog": max(0, hi - st["next"])}
+
+    def persist(self) -> None:
+        for k in list(self._dirty):
+            st = self._states[k]
+            self.meta.put_json(self._key(k), {"next": st["next"],
+                                              "inflight": {str(o): v for o, v in st["inflight"].items()}})
+        self._dirty.clear()

@@ -1,0 +1,295 @@
+"""The store's native protocol, sans-IO: bytes in -> frames out, frames -> bytes (like h11).
+
+Shared by the server (`store/server.py`) and the SDK (`store/client/`). No sockets here, so it can
+be fuzzed and reused by load generators. The wire format is specified in docs/protocol.md; the
+constants and layouts below are the normative copy.
+
+Frame:  u32 length (bytes after this field, >= 6) | u8 opcode | u8 flags | u32 request id | body
+
+The hot frames (PRODUCE, PULL/PULL_FILTER and their MESSAGES reply) are fixed binary layouts packed
+with `struct`; control frames (HELLO, CALL, RESULT, ERROR) carry UTF-8 JSON (ERROR: u16 code first).
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+PROTOCOL_VERSION = 1
+DEFAULT_PORT = 10911
+DEFAULT_MAX_FRAME = 64 << 20
+
+HEADER = struct.Struct(">IBBI")          # length, opcode, flags, request id
+HEADER_SIZE = HEADER.size                # 10
+_MIN_LEN = HEADER_SIZE - 4
+
+# opcodes (client -> server)
+OP_HELLO = 0x01
+OP_PRODUCE = 0x10
+OP_PULL = 0x20
+OP_PULL_FILTER = 0x21
+OP_CALL = 0x30
+# opcodes (server -> client)
+OP_HELLO_OK = 0x81
+OP_PRODUCED = 0x90
+OP_MESSAGES = 0xA0
+OP_RESULT = 0xB0
+OP_ERROR = 0xFF
+
+# error codes (ERROR frame)
+E_BAD_FRAME = 1          # malformed/truncated body or unknown opcode; connection stays open
+E_TOO_LARGE = 2          # frame length above the server's limit; connection closed after it
+E_VERSION = 3            # unsupported protocol version in HELLO
+E_AUTH = 4               # missing/wrong token; connection closed after it
+E_NOT_READY = 5          # request before HELLO; connection closed after it
+E_UNKNOWN_CMD = 6        # CALL with a command nobody registered
+E_INVALID = 7            # a well-formed request the store refuses (bad topic, too large message...)
+E_STORE = 8              # the store failed (disk full, closed...)
+E_INTERNAL = 9           # a bug on the server: reported, the connection stays open
+
+ERROR_NAMES = {E_BAD_FRAME: "bad_frame", E_TOO_LARGE: "too_large", E_VERSION: "version",
+               E_AUTH: "auth", E_NOT_READY: "not_ready", E_UNKNOWN_CMD: "unknown_command",
+               E_INVALID: "invalid", E_STORE: "store", E_INTERNAL: "internal"}
+
+
+class ProtocolError(Exception):
+    """A frame this side cannot parse. `code` is the ERROR code to answer with; `fatal` means the
+    byte stream is no longer in sync (or cannot be trusted) and the connection must close."""
+
+    def __init__(self, code: int, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.fatal = fatal
+
+
+class FrameDecoder:
+    """Feed bytes, take complete frames `(opcode, flags, request_id, body: bytes)`.
+
+    A length above `max_frame` raises ProtocolError(E_TOO_LARGE, fatal=True) as soon as the header
+    is seen (nothing is buffered for it); a length below the header's raises E_BAD_FRAME, fatal."""
+
+    __slots__ = ("_buf", "max_frame")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        n = len(buf)
+        unpack = HEADER.unpack_from
+        while n - pos >= HEADER_SIZE:
+            length, op, flags, rid = unpack(buf, pos)
+            if length < _MIN_LEN:
+                raise ProtocolError(E_BAD_FRAME, f"frame length {length} below the header size", True)
+            if length > self.max_frame:
+                raise ProtocolError(E_TOO_LARGE, f"frame of {length} bytes exceeds the limit of "
+                                    f"{self.max_frame}", True)
+            end = pos + 4 + length
+            if end > n:
+                break
+            out.append((op, flags, rid, bytes(buf[pos + HEADER_SIZE:end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+def frame(op: int, rid: int, body: bytes = b"", flags: int = 0) -> bytes:
+    return HEADER.pack(len(body) + _MIN_LEN, op, flags, rid) + body
+
+
+def json_frame(op: int, rid: int, obj) -> bytes:
+    return frame(op, rid, json.dumps(obj, separators=(",", ":")).encode())
+
+
+def error_frame(rid: int, code: int, message: str) -> bytes:
+    return frame(OP_ERROR, rid, struct.pack(">H", code) + message.encode("utf-8", "replace"))
+
+
+def parse_error(body: bytes) -> tuple[int, str]:
+    if len(body) < 2:
+        return E_INTERNAL, "empty error frame"
+    return struct.unpack_from(">H", body)[0], body[2:].decode("utf-8", "replace")
+
+
+def parse_json(body: bytes) -> dict:
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(E_BAD_FRAME, f"body is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(E_BAD_FRAME, "body must be a JSON object")
+    return obj
+
+
+# ---------------------------------------------------------------- PRODUCE
+# body: u16 producer-id length, producer id (UTF-8), u64 sequence (0 = no dedup), u32 count,
+#       then `count` messages: MSG_HEAD + topic + keys (joined by \x00) + props + body
+PRODUCE_HEAD = struct.Struct(">QI")
+MSG_HEAD = struct.Struct(">HHHIIQ")      # topic len, keys len, props len, body len, queue id, born ts
+# PRODUCED body: u32 count, then per message u64 physical offset, u64 queue offset; msg id is the
+# store identity (HELLO_OK "ident") + 16 hex digits of the physical offset
+PRODUCED_ENTRY = struct.Struct(">QQ")
+
+
+def encode_messages_for_produce(msgs) -> bytes:
+    """msgs: iterable of (topic, body, keys tuple, props bytes, queue_id, born_ts)."""
+    parts = []
+    pack = MSG_HEAD.pack
+    for topic, body, keys, props, qid, born in msgs:
+        t = topic.encode()
+        k = "\x00".join(keys).encode() if keys else b""
+        parts.append(pack(len(t), len(k), len(props), len(body), qid, born))
+        parts.append(t)
+        parts.append(k)
+        parts.append(props)
+        parts.append(body)
+    return b"".join(parts)
+
+
+def encode_produce(producer_id: str, seq: int, count: int, packed_msgs: bytes) -> bytes:
+    p = producer_id.encode()
+    return struct.pack(">H", len(p)) + p + PRODUCE_HEAD.pack(seq, count) + packed_msgs
+
+
+def decode_produce(body: bytes):
+    """-> (producer_id, seq, [(topic, body, keys, props, queue_id, born_ts)]); ProtocolError if
+    the body is truncated or inconsistent (nothing of it is appended then)."""
+    try:
+        (plen,) = struct.unpack_from(">H", body, 0)
+        pos = 2 + plen
+        pid = body[2:pos].decode()
+        seq, count = PRODUCE_HEAD.unpack_from(body, pos)
+        pos += PRODUCE_HEAD.size
+        out = []
+        n = len(body)
+        unpack = MSG_HEAD.unpack_from
+        hs = MSG_HEAD.size
+        mv = memoryview(body)
+        for _ in range(count):
+            tl, kl, pl, bl, qid, born = unpack(body, pos)
+            pos += hs
+            end = pos + tl + kl + pl + bl
+            if end > n:
+                raise ProtocolError(E_BAD_FRAME, "PRODUCE body truncated inside a message")
+            topic = body[pos:pos + tl].decode()
+            pos += tl
+            keys = tuple(body[pos:pos + kl].decode().split("\x00")) if kl else ()
+            pos += kl
+            props = body[pos:pos + pl]
+            pos += pl
+            out.append((topic, bytes(mv[pos:end]), keys, props, qid, born))
+            pos = end
+        if pos != n:
+            raise ProtocolError(E_BAD_FRAME, f"PRODUCE body has {n - pos} bytes after its {count} messages")
+        return pid, seq, out
+    except struct.error:
+        raise ProtocolError(E_BAD_FRAME, "PRODUCE body truncated") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(E_BAD_FRAME, "PRODUCE topic/key/producer id is not UTF-8") from None
+
+
+def encode_produced(results) -> bytes:
+    """results: list of (phys_offset, queue_offset)."""
+    return struct.pack(">I", len(results)) + b"".join(PRODUCED_ENTRY.pack(p, q) for p, q in results)
+
+
+def decode_produced(body: bytes) -> list[tuple[int, int]]:
+    (n,) = struct.unpack_from(">I", body)
+    return list(struct.iter_unpack(">QQ", body[4:4 + 16 * n]))
+
+
+# ---------------------------------------------------------------- PULL / PULL_FILTER
+# body: u32 queue id, u64 offset, u32 max count, u32 max bytes, u16 name length, name (topic or
+# MQTT filter), u16 group length, group ("" = none: no offset commit)
+PULL_REQ = struct.Struct(">IQII")
+
+
+def encode_pull(name: str, queue_id: int, offset: int, max_count: int, max_bytes: int, group: str = "") -> bytes:
+    n = name.encode()
+    g = group.encode()
+    return PULL_REQ.pack(queue_id, offset, max_count, max_bytes) + struct.pack(">H", len(n)) + n + \
+        struct.pack(">H", len(g)) + g
+
+
+def decode_pull(body: bytes):
+    try:
+        qid, off, cnt, mb = PULL_REQ.unpack_from(body)
+        pos = PULL_REQ.size
+        (nl,) = struct.unpack_from(">H", body, pos)
+        pos += 2
+        name = body[pos:pos + nl].decode()
+        pos += nl
+        (gl,) = struct.unpack_from(">H", body, pos)
+        pos += 2
+        group = body[pos:pos + gl].decode()
+        if pos + gl != len(body) or len(name.encode()) != nl:
+            raise ProtocolError(E_BAD_FRAME, "PULL body length mismatch")
+        return name, qid, off, cnt, mb, group
+    except struct.error:
+        raise ProtocolError(E_BAD_FRAME, "PULL body truncated") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(E_BAD_FRAME, "PULL name is not UTF-8") from None
+
+
+# ---------------------------------------------------------------- MESSAGES
+# body: u32 JSON-header length, JSON header (e.g. {"next_offset": n, "max_offset": m}), u32 count,
+#       then per message REC_HEAD + topic + keys (\x00-joined) + props + body
+REC_HEAD = struct.Struct(">QQQQIHHHI")   # queue offset, phys offset, born ts, store ts, queue id,
+                                         # topic len, keys len, props len, body len
+
+
+def encode_messages(header: dict, msgs) -> bytes:
+    """msgs: StoredMessage-like objects (topic, body, props, queue_id, queue_offset, phys_offset,
+    born_ts, store_ts, keys)."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    parts = [struct.pack(">I", len(h)), h, struct.pack(">I", len(msgs))]
+    pack = REC_HEAD.pack
+    app = parts.append
+    for m in msgs:
+        t = m.topic.encode()
+        k = "\x00".join(m.keys).encode() if m.keys else b""
+        p = m.props or b""
+        app(pack(m.queue_offset, m.phys_offset, m.born_ts, m.store_ts, m.queue_id, len(t), len(k), len(p),
+                 len(m.body)))
+        app(t)
+        app(k)
+        app(p)
+        app(m.body)
+    return b"".join(parts)
+
+
+def decode_messages(body: bytes):
+    """-> (header dict, [(queue_offset, phys_offset, born_ts, store_ts, queue_id, topic, keys, props,
+    body)])."""
+    try:
+        (hl,) = struct.unpack_from(">I", body)
+        header = json.loads(body[4:4 + hl]) if hl else {}
+        pos = 4 + hl
+        (count,) = struct.unpack_from(">I", body, pos)
+        pos += 4
+        out = []
+        unpack = REC_HEAD.unpack_from
+        hs = REC_HEAD.size
+        for _ in range(count):
+            qo, po, born, st, qid, tl, kl, pl, bl = unpack(body, pos)
+            pos += hs
+            topic = body[pos:pos + tl].decode()
+            pos += tl
+            keys = tuple(body[pos:pos + kl].decode().split("\x00")) if kl else ()
+            pos += kl
+            props = body[pos:pos + pl]
+            pos += pl
+            b = body[pos:pos + bl]
+            pos += bl
+            out.append((qo, po, born, st, qid, topic, keys, props, b))
+        return header, out
+    except (struct.error, ValueError) as e:
+        raise ProtocolError(E_BAD_FRAME, f"MESSAGES body malformed: {e}") from None

@@ -1,0 +1,131 @@
+"""Store-side metadata of SDK clients: consumer-group offsets, producer dedup state, POP state.
+
+Why its own small RocksDB (rocksdict, WAL on) under `<data-dir>/sdk-meta` and not the light
+queues' MetadataStore: `store/` may import nothing of `lightqueue/` (DESIGN.md), and the store
+server must work without light queues (a plain `MessageStore` behind `StoreServer`). The light
+queues keep their own metadata (sessions, retained, filters) where the gateway reads them.
+
+Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<topic>\\0<qid>" or
+                                     "lq\\0<filter>")
+       p\\0<producer id>           -> JSON {"seq": last, "w": {seq: [[phys, qoff], ...]}} (window)
+       s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
+       f\\0<filter>                -> b"1": a filter an SDK consumer registered (lightqueue/service.py)
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from rocksdict import Options, Rdict, WriteOptions
+
+_U64 = struct.Struct(">Q")
+DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
+
+
+def cq_key(topic: str, queue_id: int) -> str:
+    return f"cq\0{topic}\0{queue_id}"
+
+
+def lq_key(flt: str) -> str:
+    return f"lq\0{flt}"
+
+
+class SdkMetadata:
+    def __init__(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self._db = Rdict(path, opts)
+        self._wo = WriteOptions()
+        self._producers: dict[str, dict] = {}
+
+    # ---------------------------------------------------------------- group offsets
+    def commit(self, group: str, queue: str, offset: int) -> None:
+        self._db.put(f"o\0{group}\0{queue}".encode(), _U64.pack(offset), self._wo)
+
+    def committed(self, group: str, queue: str) -> int | None:
+        v = self._db.get(f"o\0{group}\0{queue}".encode())
+        return None if v is None else _U64.unpack(v)[0]
+
+    def group_offsets(self, group: str) -> dict[str, int]:
+        prefix = f"o\0{group}\0".encode()
+        out = {}
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            out[k[len(prefix):].decode()] = _U64.unpack(it.value())[0]
+            it.next()
+        return out
+
+    def groups(self) -> list[str]:
+        out = set()
+        it = self._db.iter()
+        it.seek(b"o\0")
+        while it.valid():
+            k = it.key()
+            if not k.startswith(b"o\0"):
+                break
+            out.add(k.split(b"\0")[1].decode())
+            it.next()
+        return sorted(out)
+
+    # ---------------------------------------------------------------- producer dedup
+    def _producer(self, pid: str) -> dict:
+        st = self._producers.get(pid)
+        if st is None:
+            v = self._db.get(f"p\0{pid}".encode())
+            st = json.loads(v) if v is not None else {"seq": 0, "w": {}}
+            self._producers[pid] = st
+        return st
+
+    def seen(self, pid: str, seq: int):
+        """None if (pid, seq) was never stored; else the stored results (list of [phys, qoff]),
+        or [] when the batch is older than the window (stored, results forgotten)."""
+        st = self._producer(pid)
+        if seq > st["seq"]:
+            return None
+        return st["w"].get(str(seq), [])
+
+    def remember(self, pid: str, seq: int, results: list) -> None:
+        st = self._producer(pid)
+        st["seq"] = max(st["seq"], seq)
+        w = st["w"]
+        w[str(seq)] = results
+        if len(w) > DEDUP_WINDOW:
+            for k in sorted(w, key=int)[:len(w) - DEDUP_WINDOW]:
+                del w[k]
+        self._db.put(f"p\0{pid}".encode(), json.dumps(st, separators=(",", ":")).encode(), self._wo)
+
+    # ---------------------------------------------------------------- POP + filters
+    def put_json(self, key: str, obj) -> None:
+        self._db.put(key.encode(), json.dumps(obj, separators=(",", ":")).encode(), self._wo)
+
+    def get_json(self, key: str):
+        v = self._db.get(key.encode())
+        return None if v is None else json.loads(v)
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        p = prefix.encode()
+        out = []
+        it = self._db.iter()
+        it.seek(p)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(p):
+                break
+            out.append(k.decode())
+            it.next()
+        return out
+
+    def flush(self) -> None:
+        try:
+            self._db.flush()
+        except Exception:  # noqa: BLE001 - the WAL holds it anyway
+            pass
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,373 @@
+"""StoreServer: a `MessageStore` served over the native protocol (docs/protocol.md), asyncio.
+
+One `StoreConnection` (asyncio.Protocol) per client: bytes go through the sans-IO
+`protocol.FrameDecoder`; each frame is answered with a frame carrying the same request id, so a
+client may pipeline (replies to PRODUCE come when the batch is durable and can overtake others).
+
+Extension without imports the wrong way: `store/` knows nothing of light queues, so
+`lightqueue/service.py` plugs them in through
+  `server.router`           topic -> dispatch queues for every produced message (MQTT filters),
+  `server.filter_pull`      handler of PULL_FILTER,
+  `server.register_call()`  extra CALL commands (filter registration, filter offsets).
+
+Bad input: a malformed body gets an ERROR frame and the connection goes on; an oversized or
+unparsable length, or a request before HELLO / a bad token, gets an ERROR frame and a close. A
+PRODUCE is decoded completely before anything of it is appended, so a bad one stores nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Any, Callable
+
+from . import protocol as W
+from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
+from .message import Message
+from .message_store import _await_durable
+from .pop import PopManager, dlq_topic
+from .sdk_meta import SdkMetadata, cq_key
+
+log = logging.getLogger("lmqtt.store.server")
+
+
+class Messages:
+    """Return value of a CALL handler that answers with a MESSAGES frame."""
+
+    __slots__ = ("header", "msgs")
+
+    def __init__(self, header: dict, msgs: list) -> None:
+        self.header = header
+        self.msgs = msgs
+
+
+class CallError(Exception):
+    """Raised by a CALL handler: answered with ERROR `code` and the message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+
+
+class StoreServer:
+    def __init__(self, store, meta_path: str, *, host: str = "127.0.0.1", port: int = W.DEFAULT_PORT,
+                 token: str | None = None, max_frame: int = W.DEFAULT_MAX_FRAME,
+                 persist_interval: float = 0.1) -> None:
+        if not is_loopback(host) and not token:
+            raise ValueError(f"refusing to listen on non-loopback address {host!r} without an auth "
+                             "token (--token or `token` in the config)")
+        self.store = store
+        self.host, self.port = host, port
+        self.token = token
+        self.max_frame = max_frame
+        self.meta = SdkMetadata(meta_path)
+        self.pop = PopManager(store, self.meta)
+        self.router: Callable[[str], tuple] | None = None
+        self.filter_pull: Callable[..., Messages] | None = None
+        self.filter_max_offset: Callable[[str], int] | None = None
+        self.calls: dict[str, Callable[[dict], Any]] = {}
+        self.connections: set["StoreConnection"] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self.address: tuple[str, int] | None = None
+        self._persist_interval = persist_interval
+        self._timer: asyncio.TimerHandle | None = None
+        self.frames = 0
+        self.errors = 0
+        self._register_builtin()
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: StoreConnection(self), self.host, self.port,
+                                               reuse_address=True, backlog=512)
+        self.address = self.server.sockets[0].getsockname()[:2]
+        self._loop = loop
+        self._tick()
+
+    def _tick(self) -> None:
+        try:
+            self.pop.persist()
+        except Exception as e:  # noqa: BLE001 - retried next tick, logged
+            log.error("event=pop_persist_failed error=%r", e)
+        self._timer = self._loop.call_later(self._persist_interval, self._tick)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.server is not None:
+            self.server.close()
+        for c in list(self.connections):
+            c.transport.close()
+        self.pop.persist()
+        self.meta.close()
+
+    def register_call(self, name: str, fn: Callable[[dict], Any]) -> None:
+        """Add a CALL command: `fn(args) -> dict | Messages`, may raise CallError/ValueError/KeyError."""
+        self.calls[name] = fn
+
+    # ---------------------------------------------------------------- produce
+    def produce(self, body: bytes):
+        """Decode, dedup, route and append one PRODUCE. -> (results list, durable future or None,
+        duplicate flag)."""
+        pid, seq, items = W.decode_produce(body)
+        if pid and seq:
+            prev = self.meta.seen(pid, seq)
+            if prev is not None:
+                return prev, None, True
+        route = self.router
+        now = int(time.time() * 1000)
+        msgs = []
+        for topic, mbody, keys, props, qid, born in items:
+            dq = route(topic) if route is not None else ()
+            msgs.append(Message(topic, mbody, qid, 0, props, keys, born or now, dq))
+        if not msgs:
+            return [], None, False
+        rs = self.store.append_batch(msgs)
+        results = [(r.phys_offset, r.queue_offset) for r in rs]
+        if pid and seq:
+            self.meta.remember(pid, seq, results)
+        return results, rs[-1].durable, False
+
+    # ---------------------------------------------------------------- built-in CALLs
+    def _register_builtin(self) -> None:
+        s = self.store
+        meta = self.meta
+
+        def qkey(a: dict) -> tuple[str, int | None]:
+            if "filter" in a:
+                return "lq\0" + str(a["filter"]), None
+            return cq_key(str(a["topic"]), int(a.get("queue_id", 0))), None
+
+        def max_of(key: str) -> int:
+            kind, _, rest = key.partition("\0")
+            if kind == "lq":
+                return self.filter_max_offset(rest) if self.filter_max_offset else 0
+            topic, _, qid = rest.rpartition("\0")
+            return s.consume_queue_offsets(topic, int(qid))[1]
+
+        def commit(a):
+            k, _ = qkey(a)
+            meta.commit(str(a["group"]), k, int(a["offset"]))
+            return {"ok": True}
+
+        def committed(a):
+            k, _ = qkey(a)
+            return {"offset": meta.committed(str(a["group"]), k)}
+
+        def lag(a):
+            out = []
+            for k, off in meta.group_offsets(str(a["group"])).items():
+                kind, _, rest = k.partition("\0")
+                mx = max_of(k)
+                if kind == "lq":
+                    out.append({"filter": rest, "committed": off, "max_offset": mx, "lag": max(0, mx - off)})
+                else:
+                    topic, _, qid = rest.rpartition("\0")
+                    out.append({"topic": topic, "queue_id": int(qid), "committed": off, "max_offset": mx,
+                                "lag": max(0, mx - off)})
+            return {"group": a["group"], "queues": out}
+
+        def offsets(a):
+            lo, hi = s.consume_queue_offsets(str(a["topic"]), int(a.get("queue_id", 0)))
+            return {"min_offset": lo, "max_offset": hi}
+
+        def topics(_a):
+            return {"queues": [{"topic": t, "queue_id": q, "max_offset": m}
+                               for (t, q), m in sorted(s.consume_queues.max_offsets().items())]}
+
+        def stats(_a):
+            st = dict(s.stats())
+            st.update(connections=len(self.connections), frames=self.frames, errors=self.errors,
+                      groups=meta.groups())
+            return st
+
+        def by_msg_id(a):
+            m = s.get_by_msg_id(str(a["msg_id"]))
+            return Messages({}, [m] if m is not None else [])
+
+        def by_key(a):
+            now = int(time.time() * 1000)
+            ms = s.query_by_key(str(a["topic"]), str(a["key"]), int(a.get("begin_ms", 0)),
+                                int(a.get("end_ms", now)), int(a.get("max_count", 32)))
+            return Messages({}, ms)
+
+        def offset_for_time(a):
+            """First queue offset whose store time is >= ts (binary search over the ConsumeQueue)."""
+            topic, qid, ts = str(a["topic"]), int(a.get("queue_id", 0)), int(a["ts"])
+            lo, hi = s.consume_queue_offsets(topic, qid)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                m = s.read_consume_queue(topic, qid, mid, 1)
+                if not m:       # not visible / gone: treat as "later"
+                    hi = mid
+                elif m[0].store_ts < ts:
+                    lo = m[0].queue_offset + 1
+                else:
+                    hi = mid
+            return {"offset": lo}
+
+        def pop(a):
+            g, t, q = str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0))
+            ms, att, dead = self.pop.pop(g, t, q, int(a.get("max_count", 32)), int(a.get("invisible_ms", 30_000)),
+                                         int(a.get("max_attempts", 16)))
+            return Messages({"attempts": att, "dead_lettered": dead}, ms)
+
+        def ack(a):
+            n = self.pop.ack(str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0)), a["offsets"])
+            return {"acked": n}
+
+        def change_invisible(a):
+            ok = self.pop.change_invisible_time(str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0)),
+                                                int(a["offset"]), int(a["invisible_ms"]))
+            return {"ok": ok}
+
+        def pop_info(a):
+            info = self.pop.info(str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0)))
+            info["dlq_topic"] = dlq_topic(str(a["group"]))
+            return info
+
+        for name, fn in (("commit", commit), ("committed", committed), ("lag", lag), ("offsets", offsets),
+                         ("topics", topics), ("stats", stats), ("get_by_msg_id", by_msg_id),
+                         ("query_by_key", by_key), ("offset_for_time", offset_for_time), ("pop", pop),
+                         ("ack", ack), ("change_invisible_time", change_invisible), ("pop_info", pop_info)):
+            self.register_call(name, fn)
+
+
+class StoreConnection(asyncio.Protocol):
+    def __init__(self, server: StoreServer) -> None:
+        self.srv = server
+        self.decoder = W.FrameDecoder(server.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.ready = False
+        self.closing = False
+        self.peer = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        self.srv.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.srv.connections.discard(self)
+
+    def pause_writing(self) -> None:     # the client does not read its replies: stop reading requests
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if not self.closing:
+            self.transport.resume_reading()
+
+    def _send(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _error(self, rid: int, code: int, msg: str, close: bool = False) -> None:
+        self.srv.errors += 1
+        log.info("event=request_error peer=%s code=%s error=%r", self.peer, W.ERROR_NAMES.get(code, code), msg)
+        self._send(W.error_frame(rid, code, msg))
+        if close:
+            self.closing = True
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except W.ProtocolError as e:
+            self._error(0, e.code, str(e), close=True)
+            return
+        for op, _flags, rid, body in frames:
+            if self.closing:
+                return
+            self.srv.frames += 1
+            try:
+                self._handle(op, rid, body)
+            except W.ProtocolError as e:
+                self._error(rid, e.code, str(e), close=e.fatal)
+            except CallError as e:
+                self._error(rid, e.code, str(e))
+            except (InvalidTopic, InvalidMessage, MessageTooLarge) as e:
+                self._error(rid, W.E_INVALID, f"{type(e).__name__}: {e}")
+            except StoreError as e:
+                self._error(rid, W.E_STORE, f"{type(e).__name__}: {e}")
+            except (KeyError, ValueError, TypeError) as e:
+                self._error(rid, W.E_INVALID, f"bad request: {type(e).__name__}: {e}")
+            except Exception as e:  # noqa: BLE001 - a bug answers one request, never kills the server
+                log.exception("event=handler_failed op=%#x", op)
+                self._error(rid, W.E_INTERNAL, f"{type(e).__name__}: {e}")
+
+    def _handle(self, op: int, rid: int, body: bytes) -> None:
+        srv = self.srv
+        if not self.ready:
+            if op != W.OP_HELLO:
+                raise W.ProtocolError(W.E_NOT_READY, "the first frame must be HELLO", True)
+            a = W.parse_json(body)
+            if a.get("version") != W.PROTOCOL_VERSION:
+                raise W.ProtocolError(W.E_VERSION, f"protocol version {a.get('version')!r} not supported "
+                                      f"(server speaks {W.PROTOCOL_VERSION})", True)
+            if srv.token and not hmac.compare_digest(str(a.get("token") or ""), srv.token):
+                raise W.ProtocolError(W.E_AUTH, "missing or wrong auth token", True)
+            self.ready = True
+            self._send(W.json_frame(W.OP_HELLO_OK, rid, {"version": W.PROTOCOL_VERSION, "ident": srv.store.ident,
+                                                         "max_frame": srv.max_frame, "server": "lmqtt-store"}))
+            return
+        if op == W.OP_PRODUCE:
+            results, durable, dup = srv.produce(body)
+            if durable is None or durable.done():
+                if durable is not None:
+                    durable.result()
+                self._send(W.frame(W.OP_PRODUCED, rid, W.encode_produced(results), 1 if dup else 0))
+            else:
+                asyncio.ensure_future(self._reply_durable(rid, results, durable))
+        elif op == W.OP_PULL:
+            topic, qid, off, cnt, mb, _g = W.decode_pull(body)
+            st = srv.store
+            lo, hi = st.consume_queue_offsets(topic, qid)
+            if off < lo:
+                off = lo
+            ms = st.read_consume_queue(topic, qid, off, min(cnt, 65536)) if off < hi else []
+            if mb and ms:
+                total = 0
+                for i, m in enumerate(ms):
+                    total += m.size
+                    if total > mb and i:
+                        ms = ms[:i]
+                        break
+            nxt = ms[-1].queue_offset + 1 if ms else off
+            self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(
+                {"next_offset": nxt, "min_offset": lo, "max_offset": hi}, ms)))
+        elif op == W.OP_PULL_FILTER:
+            if srv.filter_pull is None:
+                raise CallError(W.E_UNKNOWN_CMD, "this store serves no light queues (PULL_FILTER)")
+            flt, _qid, off, cnt, mb, group = W.decode_pull(body)
+            res = srv.filter_pull(flt, off, cnt, mb, group)
+            self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
+        elif op == W.OP_CALL:
+            a = W.parse_json(body)
+            cmd = a.get("cmd")
+            fn = srv.calls.get(cmd)
+            if fn is None:
+                raise CallError(W.E_UNKNOWN_CMD, f"unknown command {cmd!r}")
+            res = fn(a)
+            if isinstance(res, Messages):
+                self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
+            else:
+                self._send(W.json_frame(W.OP_RESULT, rid, res))
+        elif op == W.OP_HELLO:
+            raise W.ProtocolError(W.E_BAD_FRAME, "HELLO already done")
+        else:
+            raise W.ProtocolError(W.E_BAD_FRAME, f"unknown opcode {op:#x}")
+
+    async def _reply_durable(self, rid: int, results, durable) -> None:
+        try:
+            await _await_durable(durable)
+        except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
+            self._error(rid, W.E_STORE, f"flush failed: {type(e).__name__}: {e}")
+            return
+        self._send(W.frame(W.OP_PRODUCED, rid, W.encode_produced(results)))
