@@ -16,9 +16,11 @@ import time
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway import record_props
-from lmqtt.gateway.mqtt import ProtocolError, connack_return_code_v311, packets as P
+from lmqtt.gateway.connection import WriteBatcher
+from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
+                                packets as P)
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import NEVER_EXPIRES, Cursor, InFlight, Item, Session, Subscription
+from lmqtt.gateway.session import NEVER_EXPIRES, Cursor, InFlight, StoredMessage, Session, ClientSubscription
 from lmqtt.gateway.shared import SharedGroup
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
@@ -44,7 +46,7 @@ class Broker:
         self.cfg = cfg
         self.store = store
         self.lq = lq
-        self.meta = lq.metadata
+        self.metadata = lq.metadata
         self.loop = loop
         self.metrics = metrics
         self.sessions: dict[str, Session] = {}
@@ -52,20 +54,25 @@ class Broker:
         self.connections: set["MQTTConnection"] = set()
         self.groups: dict[tuple[str, str], SharedGroup] = {}
         self.filter_refs: dict[str, int] = {}
-        self.delivery = DeliveryEngine(self)
-        self.publisher = PublishPipeline(self)
-        self.persist = SessionPersistence(self.meta)
+        self.persist = SessionPersistence(self.metadata)
+        self.writes = WriteBatcher(loop)
+        self.delivery = DeliveryEngine(lq, loop, metrics, cfg,
+                                       session_offsets_moved=self.persist.mark_session,
+                                       group_offsets_moved=self.persist.mark_group,
+                                       flush_writes=self.writes.flush)
+        self.publisher = PublishPipeline(store, lq, loop, metrics, cfg.max_pending_publish,
+                                         set_retained=self.metadata.set_retained,
+                                         record_appended=self.delivery.record_appended,
+                                         flush_writes=self.writes.flush)
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
-        self._dirty_conns: list["MQTTConnection"] = []    # connections with output not yet written
-        self._flush_handle_pending = False
         self._handlers = {
-            P.Connect: self._on_connect, P.Publish: self._on_publish, P.PubAck: self._on_puback,
-            P.PubRec: self._on_pubrec, P.PubRel: self._on_pubrel, P.PubComp: self._on_pubcomp,
-            P.Subscribe: self._on_subscribe, P.Unsubscribe: self._on_unsubscribe,
-            P.PingReq: self._on_pingreq, P.Disconnect: self._on_disconnect, P.Auth: self._on_auth,
+            P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,
+            P.PubRec: self.on_pubrec, P.PubRel: self.on_pubrel, P.PubComp: self.on_pubcomp,
+            P.Subscribe: self.on_subscribe, P.Unsubscribe: self.on_unsubscribe,
+            P.PingReq: self.on_pingreq, P.Disconnect: self.on_disconnect, P.Auth: self.on_auth,
         }
 
     # ======================================================================= lifecycle
@@ -94,7 +101,7 @@ class Broker:
             s.disconnected_at_ms = last
             for rs in rec.subscriptions:
                 flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
-                sub = Subscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
+                sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
                                    rs.retain_as_published, rs.retain_handling)
                 s.subs[flt] = sub
                 if T.is_wildcard(rs.filter):
@@ -135,12 +142,12 @@ class Broker:
     def _publish_orphan_wills(self) -> int:
         n = 0
         try:
-            wills = self.meta.list_wills()
+            wills = self.metadata.list_wills()
         except Exception as e:
             log.error("event=list_wills_failed error=%r", e)
             return 0
         for cid, w in wills:
-            self.meta.pop_will(cid)
+            self.metadata.pop_will(cid)
             meta = safe_decode(w.props)
             self.publisher.submit(None, w.qos, None, w.topic, w.payload, w.retain, cid,
                                   meta.to_properties() if meta.has_app_properties() else None)
@@ -152,7 +159,7 @@ class Broker:
         self.accepting = False
         for c in list(self.connections):
             if c.connected:
-                c.close_with_error(0x8B, "server shutting down")
+                c.close_with_error(RC.SERVER_SHUTTING_DOWN, "server shutting down")
             else:
                 c.close()
         deadline = self.loop.time() + timeout
@@ -176,7 +183,7 @@ class Broker:
             if s.expiry_handle is not None:
                 s.expiry_handle.cancel()
         try:
-            self.meta.flush()
+            self.metadata.flush()
         except Exception as e:
             log.error("event=metadata_flush_failed error=%r", e)
 
@@ -194,72 +201,54 @@ class Broker:
             conn.connected = False
             self._detach(conn)
 
-    # ======================================================================= output
-    def want_flush(self, conn: "MQTTConnection") -> None:
-        """`conn` has queued output: write it at the latest in the next loop iteration."""
-        self._dirty_conns.append(conn)
-        if not self._flush_handle_pending:
-            self._flush_handle_pending = True
-            self.loop.call_soon(self._flush_handle)
+    def on_writable(self, conn: "MQTTConnection") -> None:
+        """The socket drained below its low-water mark: deliver what was held back."""
+        s = conn.session
+        if s is not None and s.conn is conn:
+            self.delivery.kick(s)
 
-    def _flush_handle(self) -> None:
-        self._flush_handle_pending = False
-        self.flush_writes()
-
-    def flush_writes(self) -> None:
-        """Write every connection's queued output now (one transport.write per connection)."""
-        conns = self._dirty_conns
-        if conns:
-            self._dirty_conns = []
-            for c in conns:
-                c._flush()
-
+    # ======================================================================= packets
     def handle_packet(self, conn: "MQTTConnection", pkt) -> None:
         h = self._handlers.get(type(pkt))
         if h is None:
-            raise ProtocolError(f"unexpected packet {type(pkt).__name__} from a client", 0x82)
-        if not conn.connected and h != self._on_connect:
-            raise ProtocolError("the first packet must be CONNECT", 0x82)
+            raise ProtocolError(f"unexpected packet {type(pkt).__name__} from a client", RC.PROTOCOL_ERROR)
+        if not conn.connected and h != self.on_connect:
+            raise ProtocolError("the first packet must be CONNECT", RC.PROTOCOL_ERROR)
         h(conn, pkt)
 
     # ======================================================================= CONNECT
     def _refuse(self, conn: "MQTTConnection", rc: int, reason: str) -> None:
         self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
         log.info("event=connect_refused peer=%s reason_code=0x%02X reason=%r", conn.peer, rc, reason)
-        if conn.version == 5:
-            ack = P.ConnAck(False, rc)
-            ack.properties.reason_string = reason
-        else:
-            ack = P.ConnAck(False, connack_return_code_v311(rc))
-        conn.send(ack)
+        conn.write(encode_connack_refusal(rc, reason, conn.version))
         conn.close()
 
-    def _on_connect(self, conn: "MQTTConnection", pkt: P.Connect) -> None:
+    def on_connect(self, conn: "MQTTConnection", pkt: P.Connect) -> None:
         if conn.connected:
-            raise ProtocolError("second CONNECT on one connection", 0x82)
+            raise ProtocolError("second CONNECT on one connection", RC.PROTOCOL_ERROR)
         cfg = self.cfg
         v = pkt.protocol_level
         conn.version = v
         props = pkt.properties
         if not self.accepting:
-            return self._refuse(conn, 0x88, "server shutting down")
+            return self._refuse(conn, RC.SERVER_UNAVAILABLE, "server shutting down")
         cid = pkt.client_id
         assigned = None
         if not cid:
             if v != 5 and not pkt.clean_start:
-                return self._refuse(conn, 0x85, "an empty client id needs clean session = 1")
+                return self._refuse(conn, RC.CLIENT_IDENTIFIER_NOT_VALID, "an empty client id needs clean session = 1")
             cid = "lmqtt-" + secrets.token_hex(8)
             if v == 5:
                 assigned = cid
         if v == 5 and props.authentication_method:
-            return self._refuse(conn, 0x8C, "enhanced authentication is not supported")
+            return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
         if pkt.will is not None:
             try:
                 T.validate_topic(pkt.will.topic)
             except InvalidTopicName as e:
                 if v == 5:
-                    return self._refuse(conn, 0x90, f"will topic: {e}")
-                raise ProtocolError(f"will topic: {e}", 0x90) from None   # 3.1.1: close
+                    return self._refuse(conn, RC.TOPIC_NAME_INVALID, f"will topic: {e}")
+                raise ProtocolError(f"will topic: {e}", RC.TOPIC_NAME_INVALID) from None   # 3.1.1: close
         if v == 5:
             expiry = props.session_expiry_interval or 0
         else:
@@ -269,14 +258,14 @@ class Broker:
         old = self.conns_by_id.get(cid)
         if old is not None and old is not conn:
             log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
-            old.close_with_error(0x8E, "session taken over")
+            old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
             self._detach(old)
             old.connected = False
             self.metrics.connections.dec()
         wt = self._will_timers.pop(cid, None)
         if wt is not None:   # reconnected within the will delay: the will is not sent (MQTT 5 §3.1.3.2.2)
             wt[0].cancel()
-            self.meta.pop_will(cid)
+            self.metadata.pop_will(cid)
 
         s = self.sessions.get(cid)
         if s is not None and pkt.clean_start:
@@ -312,7 +301,7 @@ class Broker:
             try:
                 from lmqtt.lightqueue.records import WillRecord
                 delay = (w.properties.will_delay_interval or 0) if v == 5 else 0
-                self.meta.put_will(cid, WillRecord(w.topic, w.payload, w.qos, w.retain,
+                self.metadata.put_will(cid, WillRecord(w.topic, w.payload, w.qos, w.retain,
                                                    record_props.encode(w.qos, w.retain, cid, w.properties),
                                                    delay, _now_ms()))
             except Exception as e:
@@ -344,7 +333,7 @@ class Broker:
         self.delivery.kick(s)
 
     # ======================================================================= detach / end
-    def _activate(self, s: Session, sub: Subscription) -> None:
+    def _activate(self, s: Session, sub: ClientSubscription) -> None:
         if sub.group is None:
             self.delivery.add_reader(s, sub.queue)
         else:
@@ -431,7 +420,7 @@ class Broker:
     def _publish_will(self, cid: str, will: P.Will) -> None:
         self._will_timers.pop(cid, None)
         try:
-            self.meta.pop_will(cid)
+            self.metadata.pop_will(cid)
         except Exception as e:
             log.error("event=pop_will_failed client_id=%s error=%r", cid, e)
         try:
@@ -444,13 +433,13 @@ class Broker:
                               will.properties)
 
     # ======================================================================= PUBLISH in
-    def _on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
+    def on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
         s = conn.session
         qos = pkt.qos
         self.metrics.msg_in[qos] += 1
         v5 = conn.version == 5
         if v5 and pkt.properties.topic_alias is not None:
-            raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", 0x94)
+            raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", RC.TOPIC_ALIAS_INVALID)
         topic = pkt.topic
         if topic not in conn.valid_topics:
             # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
@@ -458,7 +447,7 @@ class Broker:
             try:
                 T.validate_topic(topic)
             except InvalidTopicName as e:
-                raise ProtocolError(str(e), 0x90) from None
+                raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
             if len(conn.valid_topics) >= 1024:
                 conn.valid_topics.clear()
             conn.valid_topics.add(topic)
@@ -476,24 +465,21 @@ class Broker:
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None)
 
-    def set_retained(self, topic: str, payload: bytes, props: bytes) -> None:
-        self.meta.set_retained(topic, payload, props)
-
     # ======================================================================= acks from the client
     def _release(self, s: Session, inf: InFlight) -> None:
         if inf.group is not None:
             inf.group.acked(inf.offset)
-            self.mark_group_dirty(inf.group)
+            self.persist.mark_group(inf.group)
         elif inf.queue is not None:
             cur = s.cursors.get(inf.queue)
             if cur is not None:
                 cur.inflight.pop(inf.offset, None)
-                self.mark_offsets_dirty(s)
+                self.persist.mark_session(s)
         if s.retained_backlog:
             self._drain_retained(s)
         self.delivery.kick(s)
 
-    def _on_puback(self, conn, pkt: P.PubAck) -> None:
+    def on_puback(self, conn, pkt: P.PubAck) -> None:
         s = conn.session
         pid = pkt.packet_id
         out = s.outbound
@@ -517,20 +503,20 @@ class Broker:
             return
         self._release(s, inf)
 
-    def _on_pubrec(self, conn, pkt: P.PubRec) -> None:
+    def on_pubrec(self, conn, pkt: P.PubRec) -> None:
         s = conn.session
         inf = s.outbound.get(pkt.packet_id)
         if inf is None or inf.qos != 2:
-            conn.send(P.PubRel(pkt.packet_id, 0x92 if conn.version == 5 else 0))
+            conn.send(P.PubRel(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
             return
-        if pkt.reason_code >= 0x80:
+        if pkt.reason_code >= RC.UNSPECIFIED_ERROR:   # an error code: the message is dropped
             del s.outbound[pkt.packet_id]
             self._release(s, inf)
             return
         inf.state = InFlight.WAIT_COMP
         conn.send(P.PubRel(pkt.packet_id))
 
-    def _on_pubcomp(self, conn, pkt: P.PubComp) -> None:
+    def on_pubcomp(self, conn, pkt: P.PubComp) -> None:
         s = conn.session
         inf = s.outbound.get(pkt.packet_id)
         if inf is None or inf.qos != 2:
@@ -538,13 +524,13 @@ class Broker:
         del s.outbound[pkt.packet_id]
         self._release(s, inf)
 
-    def _on_pubrel(self, conn, pkt: P.PubRel) -> None:
+    def on_pubrel(self, conn, pkt: P.PubRel) -> None:
         s = conn.session
         if pkt.packet_id in s.inbound_qos2:
             s.inbound_qos2.discard(pkt.packet_id)
             conn.send(P.PubComp(pkt.packet_id))
         else:
-            conn.send(P.PubComp(pkt.packet_id, 0x92 if conn.version == 5 else 0))
+            conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
 
     # ======================================================================= SUBSCRIBE
     def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
@@ -553,14 +539,14 @@ class Broker:
         if g is None:
             off = None
             if restoring:
-                off = self.meta.get_offset(f"$share/{name}", queue)
+                off = self.metadata.get_offset(f"$share/{name}", queue)
             if off is None:
                 off = self.lq.max_offset(queue)
             g = SharedGroup(name, queue, off)
             self.groups[key] = g
             self.delivery.add_group(g)
             if not restoring:
-                self.meta.set_offsets(g.consumer, {queue: off})
+                self.metadata.set_offsets(g.consumer, {queue: off})
         return g
 
     def _ref_filter(self, q: str) -> None:
@@ -582,7 +568,7 @@ class Broker:
             except Exception as e:
                 log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
 
-    def _add_sub(self, s: Session, sub: Subscription) -> bool:
+    def _add_sub(self, s: Session, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if it already existed."""
         old = s.subs.get(sub.filter)
         s.subs[sub.filter] = sub
@@ -606,14 +592,14 @@ class Broker:
                 g.add_member(s, sub)
         return False
 
-    def _remove_sub(self, s: Session, sub: Subscription, persist: bool = True) -> None:
+    def _remove_sub(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
         s.subs.pop(sub.filter, None)
         if sub.group is None:
             s.direct.pop(sub.queue, None)
             s.cursors.pop(sub.queue, None)
             self.delivery.remove_reader(s, sub.queue)
             if persist and s.persistent:
-                self.meta.delete_offsets(s.client_id, [sub.queue])
+                self.metadata.delete_offsets(s.client_id, [sub.queue])
         else:
             key = (sub.group, sub.queue)
             g = self.groups.get(key)
@@ -624,32 +610,32 @@ class Broker:
                     del self.groups[key]
                     self.delivery.remove_group(g)
                     self.persist.dirty_groups.discard(g)
-                    self.meta.delete_offsets(g.consumer, [g.queue])
+                    self.metadata.delete_offsets(g.consumer, [g.queue])
         if T.is_wildcard(sub.queue):
             self._unref_filter(sub.queue)
 
-    def _on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+    def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
         s = conn.session
         v5 = conn.version == 5
         codes: list[int] = []
-        retained: list[Subscription] = []
+        retained: list[ClientSubscription] = []
         for req in pkt.subscriptions:
             try:
                 group, flt = T.parse_shared(req.topic_filter)
                 T.validate_filter(flt)
             except InvalidTopicFilter as e:
                 log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
-                codes.append(0x8F if v5 else 0x80)
+                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
                 continue
             if group is not None and req.no_local and v5:
-                raise ProtocolError("No Local must not be set on a shared subscription", 0x82)
+                raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
             if req.topic_filter not in s.subs and len(s.subs) >= self.cfg.max_subscriptions:
                 log.info("event=subscribe_refused client_id=%s filter=%r reason=max_subscriptions",
                          s.client_id, req.topic_filter)
-                codes.append(0x97 if v5 else 0x80)      # refused by policy: quota exceeded
+                codes.append(RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311)      # refused by policy: quota exceeded
                 continue
             qos = min(req.qos, 2)
-            sub = Subscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
+            sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
                                req.retain_handling)
             existed = self._add_sub(s, sub)
             codes.append(qos)
@@ -663,9 +649,9 @@ class Broker:
             self._send_retained(s, sub)
         self.delivery.kick(s)
 
-    def _send_retained(self, s: Session, sub: Subscription) -> None:
+    def _send_retained(self, s: Session, sub: ClientSubscription) -> None:
         try:
-            found = self.meta.retained_matching(sub.queue)
+            found = self.metadata.retained_matching(sub.queue)
         except Exception as e:
             log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
             return
@@ -676,7 +662,7 @@ class Broker:
             if sub.no_local and meta.client_id == s.client_id:
                 continue
             qos = min(sub.qos, meta.qos)
-            it = Item(topic, payload, meta)
+            it = StoredMessage(topic, payload, meta)
             if qos and (s.retained_backlog or not s.window_open()):
                 s.retained_backlog.append((it, qos))   # sent as acks open the window
             else:
@@ -688,56 +674,50 @@ class Broker:
             it, qos = bl.popleft()
             s.send_item(it, qos, True)
 
-    def _on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
+    def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
         s = conn.session
         codes = []
         for flt in pkt.topic_filters:
             sub = s.subs.get(flt)
             if sub is None:
-                codes.append(0x11)
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
                 continue
             self._remove_sub(s, sub)
-            codes.append(0x00)
+            codes.append(RC.SUCCESS)
         if s.persistent:
             self._save_session(s)
         conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))
 
     # ======================================================================= misc packets
-    def _on_pingreq(self, conn, pkt) -> None:
+    def on_pingreq(self, conn, pkt) -> None:
         conn.send(P.PingResp())
 
-    def _on_disconnect(self, conn, pkt: P.Disconnect) -> None:
+    def on_disconnect(self, conn, pkt: P.Disconnect) -> None:
         s = conn.session
         if conn.version == 5:
             new_exp = pkt.properties.session_expiry_interval
             if new_exp is not None:
                 if s.expiry_interval == 0 and new_exp > 0:
-                    raise ProtocolError("session expiry cannot be set on DISCONNECT when CONNECT had 0", 0x82)
+                    raise ProtocolError("session expiry cannot be set on DISCONNECT when CONNECT had 0", RC.PROTOCOL_ERROR)
                 was = s.persistent
                 s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
                 if was and not s.persistent:
                     self.persist.delete_session(s.client_id)
-        if not (conn.version == 5 and pkt.reason_code == 0x04):
+        if not (conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE):
             if conn.will is not None:
                 conn.will = None
                 try:
-                    self.meta.pop_will(s.client_id)
+                    self.metadata.pop_will(s.client_id)
                 except Exception as e:
                     log.error("event=pop_will_failed client_id=%s error=%r", s.client_id, e)
         conn.close()
 
-    def _on_auth(self, conn, pkt) -> None:
-        raise ProtocolError("AUTH is not supported (no authentication method was agreed)", 0x82)
+    def on_auth(self, conn, pkt) -> None:
+        raise ProtocolError("AUTH is not supported (no authentication method was agreed)", RC.PROTOCOL_ERROR)
 
     # ======================================================================= persistence
     def _save_session(self, s: Session) -> None:
         self.persist.save_session(s)
-
-    def mark_offsets_dirty(self, s: Session) -> None:
-        self.persist.mark_session(s)
-
-    def mark_group_dirty(self, g: SharedGroup) -> None:
-        self.persist.mark_group(g)
 
     def _flush_session_offsets(self, s: Session) -> None:
         self.persist.save_offsets(s)
@@ -761,6 +741,6 @@ class Broker:
                     if now - c.accepted_at > self.cfg.connect_timeout_s:
                         c.close()
                 elif c.keepalive and now - c.last_rx > 1.5 * c.keepalive:
-                    c.close_with_error(0x8D, "keep alive timeout")
+                    c.close_with_error(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         finally:
             self._sweep_handle = self.loop.call_later(0.5, self._tick_sweep)

@@ -1,12 +1,12 @@
 """One MQTT network connection: bytes <-> packets, coalesced writes, flow control flags.
 
 Why `asyncio.Protocol` and not streams: no task per connection and no coroutine per packet. Bytes
-arrive in `data_received`, the sans-IO decoder turns them into packets, the broker handles each
-synchronously. Everything a connection sends during one loop iteration is joined and written with
-one `transport.write` at the end of that iteration (one syscall per tick, not per packet): the
-broker keeps one list of connections with pending output and flushes it with ONE loop callback, or
-right away at the end of a delivery run / an ack batch (`Broker.flush_writes`), so a PUBLISH or
-PUBACK does not wait one more loop iteration before its `send`.
+arrive in `data_received`, the sans-IO decoder turns them into packets, the packet handler (the
+broker) handles each synchronously. Everything a connection sends during one loop iteration is
+joined and written with one `transport.write` at the end of that iteration (one syscall per tick,
+not per packet): `WriteBatcher` keeps one list of connections with pending output and flushes it
+with ONE loop callback, or right away at the end of a delivery run / an ack batch
+(`WriteBatcher.flush`), so a PUBLISH or PUBACK does not wait one more loop iteration.
 The transport's write-buffer limits drive back-pressure: `pause_writing` marks the connection
 `write_blocked`, which stops delivery pulling for it until `resume_writing`.
 """
@@ -14,28 +14,73 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from lmqtt.gateway.mqtt import Decoder, ProtocolError, encode, packets as P
+from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_malformed_connect_reply,
+                                packets as P)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.broker import Broker
     from lmqtt.gateway.session import Session
 
 log = logging.getLogger("lmqtt.gateway.conn")
 
-_CONNACK_V5_CODES = frozenset({0x80, 0x81, 0x82, 0x83, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
-                               0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F})
+
+class WriteBatcher:
+    """Connections with queued output, written together once per loop iteration (or on `flush`)."""
+
+    __slots__ = ("loop", "_dirty", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._dirty: list["MQTTConnection"] = []
+        self._scheduled = False
+
+    def want_flush(self, conn: "MQTTConnection") -> None:
+        """`conn` has queued output: write it at the latest in the next loop iteration."""
+        self._dirty.append(conn)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._on_loop)
+
+    def _on_loop(self) -> None:
+        self._scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every connection's queued output now (one transport.write per connection)."""
+        conns = self._dirty
+        if conns:
+            self._dirty = []
+            for c in conns:
+                c.flush()
+
+
+class PacketHandler(Protocol):
+    """What a connection needs from the broker (`Broker` implements it)."""
+
+    cfg: Any
+    metrics: Any
+    loop: asyncio.AbstractEventLoop
+    writes: WriteBatcher
+
+    def on_accept(self, conn: "MQTTConnection") -> None: ...
+    def on_connection_lost(self, conn: "MQTTConnection", exc: BaseException | None) -> None: ...
+    def handle_packet(self, conn: "MQTTConnection", pkt: Any) -> None: ...
+    def on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None: ...
+    def on_puback(self, conn: "MQTTConnection", pkt: P.PubAck) -> None: ...
+    def on_writable(self, conn: "MQTTConnection") -> None: ...
 
 
 class MQTTConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker") -> None:
-        self.b = broker
-        self.metrics = broker.metrics
-        self.loop = broker.loop
+    def __init__(self, handler: PacketHandler) -> None:
+        self.handler = handler
+        self.cfg = handler.cfg
+        self.metrics = handler.metrics
+        self.loop = handler.loop
+        self.writes = handler.writes
         self.transport: asyncio.Transport | None = None
-        # decoded packets are only read by the broker, never mutated: share the empty Properties
-        self.decoder = Decoder(max_packet_size=broker.cfg.max_packet_size, share_empty_properties=True)
+        # decoded packets are only read by the handler, never mutated: share the empty Properties
+        self.decoder = Decoder(max_packet_size=self.cfg.max_packet_size, share_empty_properties=True)
         self.version = 4
         self.session: Session | None = None
         self.client_id: str | None = None
@@ -57,11 +102,11 @@ class MQTTConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
-        cfg = self.b.cfg
+        cfg = self.cfg
         transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
         pn = transport.get_extra_info("peername")
         self.peer = f"{pn[0]}:{pn[1]}" if pn else "?"
-        self.b.on_accept(self)
+        self.handler.on_accept(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -73,8 +118,8 @@ class MQTTConnection(asyncio.Protocol):
         except ProtocolError as e:
             self.protocol_error(e.reason_code, str(e))
             return
-        b = self.b
-        handle = b.handle_packet
+        h = self.handler
+        handle = h.handle_packet
         for pkt in packets:
             if self.closing:
                 return
@@ -83,9 +128,9 @@ class MQTTConnection(asyncio.Protocol):
                 # the decoder lets nothing but CONNECT through before it, `connected` after it)
                 t = type(pkt)
                 if t is P.Publish and self.connected:
-                    b._on_publish(self, pkt)
+                    h.on_publish(self, pkt)
                 elif t is P.PubAck and self.connected:
-                    b._on_puback(self, pkt)
+                    h.on_puback(self, pkt)
                 else:
                     handle(self, pkt)
             except ProtocolError as e:
@@ -94,7 +139,7 @@ class MQTTConnection(asyncio.Protocol):
             except Exception as e:  # a bug must cost one connection, never the server
                 log.exception("event=packet_handler_failed client_id=%s packet=%s", self.client_id,
                               type(pkt).__name__)
-                self.close_with_error(0x83, f"internal error: {type(e).__name__}")
+                self.close_with_error(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
                 return
 
     def eof_received(self):
@@ -109,8 +154,7 @@ class MQTTConnection(asyncio.Protocol):
         if self.write_blocked:
             self.write_blocked = False
             self.metrics.paused_sessions.dec()
-            if self.session is not None and self.session.conn is self:
-                self.b.delivery.kick(self.session)
+            self.handler.on_writable(self)
 
     def connection_lost(self, exc) -> None:
         if self.write_blocked:
@@ -119,7 +163,7 @@ class MQTTConnection(asyncio.Protocol):
         self.closing = True
         self.closed = True
         self._out.clear()
-        self.b.on_connection_lost(self, exc)
+        self.handler.on_connection_lost(self, exc)
 
     # -- output ------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -128,12 +172,12 @@ class MQTTConnection(asyncio.Protocol):
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.b.want_flush(self)
+            self.writes.want_flush(self)
 
     def send(self, pkt) -> None:
         self.write(encode(pkt, self.version))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self._flush_scheduled = False
         out = self._out
         if not out or self.transport is None or self.transport.is_closing():
@@ -154,7 +198,7 @@ class MQTTConnection(asyncio.Protocol):
         """Flush what is queued, then close the socket (connection_lost follows)."""
         if self.closing:
             return
-        self._flush()
+        self.flush()
         self.closing = True
         if self.transport is not None:
             self.transport.close()
@@ -162,7 +206,7 @@ class MQTTConnection(asyncio.Protocol):
     def close_with_error(self, reason_code: int, reason: str = "") -> None:
         """Server-initiated close: MQTT 5 DISCONNECT with the reason (after CONNECT), then close.
 
-        The will message stays armed: a close for any reason but the client's DISCONNECT 0x00 sends it.
+        The will message stays armed: a close for any reason but a normal DISCONNECT from the client sends it.
         """
         if self.closing:
             return
@@ -180,14 +224,9 @@ class MQTTConnection(asyncio.Protocol):
         log.warning("event=protocol_error client_id=%s peer=%s reason_code=0x%02X error=%r",
                     self.client_id, self.peer, reason_code, reason)
         if not self.connected:
-            if self.decoder.version == 5:
-                # a malformed MQTT 5 CONNECT is answered with CONNACK + reason code (§4.13.1)
-                rc = reason_code if reason_code in _CONNACK_V5_CODES else 0x81
-                ack = P.ConnAck(False, rc)
-                ack.properties.reason_string = reason[:200]
-                self.write(encode(ack, 5))
-            elif reason_code == 0x84:  # unsupported protocol level: 3.1.1 CONNACK 0x01
-                self.write(b"\x20\x02\x00\x01")
+            reply = encode_malformed_connect_reply(reason_code, reason, self.decoder.version)
+            if reply is not None:
+                self.write(reply)
             self.close()
             return
         self.close_with_error(reason_code, reason)
@@ -199,7 +238,7 @@ class MQTTConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def maybe_resume_reading(self) -> None:
-        if self._reading_paused and self.pending_publishes < self.b.cfg.max_pending_publish // 2:
+        if self._reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
             self._reading_paused = False
             if self.transport is not None and not self.closing:
                 self.transport.resume_reading()

@@ -3,7 +3,7 @@
 Why pull and not push-per-message (seed 000, "推送模型"): the notify bus only says *which* queues
 have new entries. For every such queue with local readers we group the online sessions by their
 cursor and do ONE `lq.pull` per distinct offset (sessions that keep up share an offset, so a
-broadcast to N clients costs one read), decode each message once (`Item`), encode each PUBLISH
+broadcast to N clients costs one read), decode each message once (`StoredMessage`), encode each PUBLISH
 variant once, and only patch packet ids per subscriber. Offsets advance only as far as what was
 acknowledged, so anything not sent (window full, socket above its high-water mark, client offline)
 simply stays in the store and is pulled later.
@@ -21,30 +21,41 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import InFlight, Item, Session, Subscription
+from lmqtt.gateway.session import InFlight, StoredMessage, Session, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.broker import Broker
     from lmqtt.gateway.shared import SharedGroup
 
 log = logging.getLogger("lmqtt.gateway.delivery")
 
 
 class DeliveryEngine:
-    def __init__(self, broker: "Broker") -> None:
-        self.b = broker
-        self.lq = broker.lq
-        self.loop = broker.loop
-        self.metrics = broker.metrics
-        self.cfg = broker.cfg
+    """Pulls new light-queue entries for online readers and sends them.
+
+    It calls back through three narrow callables: `session_offsets_moved(session)` and
+    `group_offsets_moved(group)` mark offsets for the next metadata flush, `flush_writes()` writes
+    the connections' queued output at the end of a run.
+    """
+
+    def __init__(self, lq, loop, metrics, cfg, *,
+                 session_offsets_moved: Callable[[Session], None],
+                 group_offsets_moved: Callable[["SharedGroup"], None],
+                 flush_writes: Callable[[], None]) -> None:
+        self.lq = lq
+        self.loop = loop
+        self.metrics = metrics
+        self.cfg = cfg
+        self._session_offsets_moved = session_offsets_moved
+        self._group_offsets_moved = group_offsets_moved
+        self._flush_writes = flush_writes
         self.direct: dict[str, set[Session]] = {}          # queue -> online sessions reading it
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
         self._dirty: set[str] = set()
         self._scheduled = False
-        self._items: dict[int, Item] = {}                  # phys offset -> Item, per run
+        self._items: dict[int, StoredMessage] = {}                  # phys offset -> StoredMessage, per run
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
@@ -134,7 +145,7 @@ class DeliveryEngine:
         self._items = {}
         if self._dirty:
             self._schedule()
-        self.b.flush_writes()
+        self._flush_writes()
 
     # -- records in hand -----------------------------------------------------------------------
     # Entries every online reader of a queue has passed are dropped at its next delivery run; a
@@ -173,7 +184,7 @@ class DeliveryEngine:
                             lst.append(i)
         if per_q is None:
             return
-        base: dict[int, Item] = {}
+        base: dict[int, StoredMessage] = {}
         recent = self._recent
         max_offset = self.lq.max_offset
         cap = self.recent_per_queue
@@ -194,12 +205,12 @@ class DeliveryEngine:
                 if it is None:
                     # phys_offset left unknown (-1): nothing reads it, and indexing the store's
                     # columnar results would build every AppendResult tuple
-                    it = base[i] = Item(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
+                    it = base[i] = StoredMessage(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
                                         store_ts)
                 else:
                     first = it
-                    it = Item(p.topic, p.payload, first.meta, off, -1, p.queues, store_ts)
-                    it._tpl = first._tpl      # encoded PUBLISH variants do not depend on the queue
+                    it = StoredMessage(p.topic, p.payload, first.record, off, -1, p.queues, store_ts)
+                    it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
                 nbytes += len(p.payload)
                 items.append(it)
                 off += 1
@@ -236,7 +247,7 @@ class DeliveryEngine:
                     ok = False
                     break
                 dq = m.dispatch_queues
-                items.append(Item(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
+                items.append(StoredMessage(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
                                   dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
                 nbytes += len(m.body)
                 off += 1
@@ -264,20 +275,20 @@ class DeliveryEngine:
             self._metas[props] = meta
         return meta
 
-    def _item(self, m) -> Item:
+    def _item(self, m) -> StoredMessage:
         it = self._items.get(m.phys_offset)
         if it is None:
             meta = self._meta(m.props)
             dq = m.dispatch_queues
-            it = Item(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
+            it = StoredMessage(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             self._items[m.phys_offset] = it
         else:
             # same record reached through another queue: its queue offset differs
             first = it
-            it = Item(it.topic, it.payload, it.meta, m.queue_offset, it.phys_offset, it.dispatch_queues,
+            it = StoredMessage(it.topic, it.payload, it.record, m.queue_offset, it.phys_offset, it.dispatch_queues,
                       it.store_ts)
-            it._tpl = first._tpl      # encoded PUBLISH variants do not depend on the queue
+            it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
             it.sent = first.sent
         return it
 
@@ -311,8 +322,7 @@ class DeliveryEngine:
                     skipped = maxo - cur.next_offset
                     cur.next_offset = maxo
                     self.metrics.dropped_qos0_backpressure.inc(skipped)
-                    s.offsets_dirty = True
-                    self.b.mark_offsets_dirty(s)
+                    self._session_offsets_moved(s)
                 continue
             sub = s.direct.get(q)
             if sub is not None and sub.qos:
@@ -358,7 +368,7 @@ class DeliveryEngine:
                     if nxt > off:
                         for s in sessions:
                             s.cursors[q].next_offset = nxt
-                            self.b.mark_offsets_dirty(s)
+                            self._session_offsets_moved(s)
                     continue
                 items = [self._item(m) for m in msgs]
             for s in sessions:
@@ -368,7 +378,7 @@ class DeliveryEngine:
                 more = True
         return more
 
-    def _feed_session(self, s: Session, q: str, items: list[Item], next_offset: int) -> bool:
+    def _feed_session(self, s: Session, q: str, items: list[StoredMessage], next_offset: int) -> bool:
         """Send what the session can take from `items` (one pulled batch of queue `q`).
 
         The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
@@ -410,7 +420,7 @@ class DeliveryEngine:
                 if owner != q:
                     nxt = off + 1
                     continue
-            meta = it.meta
+            meta = it.record
             if no_local and meta.client_id == cid:
                 nxt = off + 1
                 continue
@@ -428,7 +438,7 @@ class DeliveryEngine:
                     else:
                         first_ts.append(it.store_ts)
             if qos == 0:
-                write(it.encoded(0, retain, version))
+                write(it.encode(0, retain, version))
                 sent0 += 1
             else:
                 pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
@@ -436,7 +446,7 @@ class DeliveryEngine:
                     pid = pid % 65535 + 1
                 s._next_pid = pid % 65535 + 1
                 outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
-                write(it.encoded(qos, retain, version, pid))
+                write(it.encode(qos, retain, version, pid))
                 inflight[off] = pid
                 room -= 1
                 if qos == 1:
@@ -459,11 +469,11 @@ class DeliveryEngine:
             now_ms = time.time() * 1000.0
             self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
         if s.expiry_interval:
-            self.b.mark_offsets_dirty(s)
+            self._session_offsets_moved(s)
         return over
 
     @staticmethod
-    def _owner(s: Session, it: Item, q: str) -> tuple[str, int]:
+    def _owner(s: Session, it: StoredMessage, q: str) -> tuple[str, int]:
         best_q, best_qos = q, s.direct[q].qos
         for dq in it.dispatch_queues:
             if dq == q:
@@ -493,8 +503,7 @@ class DeliveryEngine:
         if not res.messages:
             if res.next_offset > cur.next_offset:
                 cur.next_offset = res.next_offset
-                g.offsets_dirty = True
-                self.b.mark_group_dirty(g)
+                self._group_offsets_moved(g)
             return False
         for m in res.messages:
             if m.queue_offset < cur.next_offset:
@@ -507,13 +516,12 @@ class DeliveryEngine:
         else:
             if cur.next_offset < res.next_offset:
                 cur.next_offset = res.next_offset
-        g.offsets_dirty = True
-        self.b.mark_group_dirty(g)
+        self._group_offsets_moved(g)
         return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
 
-    def _send_group(self, g: "SharedGroup", s: Session, sub: Subscription, it: Item) -> None:
-        qos = min(sub.qos, it.meta.qos)
-        retain = it.meta.retain if sub.retain_as_published else False
+    def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: StoredMessage) -> None:
+        qos = min(sub.qos, it.record.qos)
+        retain = it.record.retain if sub.retain_as_published else False
         if not it.sent:
             it.sent = True
             if it.store_ts:

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.lightqueue.records import SessionRecord, Subscription as LQSub
+from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.session import Session
@@ -29,7 +29,7 @@ def _now_ms() -> int:
 
 class SessionPersistence:
     def __init__(self, meta) -> None:
-        self.meta = meta
+        self.metadata = meta
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
 
@@ -38,26 +38,26 @@ class SessionPersistence:
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
             last_disconnect_ms=None if s.online else (s.disconnected_at_ms or _now_ms()),
-            subscriptions=[LQSub(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
+            subscriptions=[SubscriptionRecord(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
                                  retain_as_published=sub.retain_as_published,
                                  retain_handling=sub.retain_handling, share_group=sub.group)
                            for sub in s.subs.values()])
 
     def save_session(self, s: "Session") -> None:
         try:
-            self.meta.put_session(s.client_id, self.record_of(s))
+            self.metadata.put_session(s.client_id, self.record_of(s))
         except Exception as e:
             log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
         try:
-            self.meta.delete_session(client_id)
+            self.metadata.delete_session(client_id)
         except Exception as e:
             log.error("event=delete_session_failed client_id=%s error=%r", client_id, e)
 
     def load_sessions(self) -> list[tuple[SessionRecord, dict[str, int]]]:
-        return [(rec, self.meta.get_offsets(rec.client_id)) for rec in self.meta.list_sessions()]
+        return [(rec, self.metadata.get_offsets(rec.client_id)) for rec in self.metadata.list_sessions()]
 
     # -- offsets ------------------------------------------------------------------------------
     def mark_session(self, s: "Session") -> None:
@@ -71,14 +71,14 @@ class SessionPersistence:
         self.dirty_sessions.discard(s)
         if s.cursors:
             try:
-                self.meta.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
+                self.metadata.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
             except Exception as e:
                 log.error("event=save_offsets_failed client_id=%s error=%r", s.client_id, e)
 
     def save_group_offset(self, g: "SharedGroup") -> None:
         self.dirty_groups.discard(g)
         try:
-            self.meta.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
+            self.metadata.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
         except Exception as e:
             log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
 

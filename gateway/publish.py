@@ -9,24 +9,17 @@ arrival order per connection, so a publisher that sees PUBACK(n) knows 1..n are 
 from __future__ import annotations
 
 import logging
-import struct
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway import record_props
-from lmqtt.gateway.mqtt import encode, packets as P
+from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ReasonCode, encode, encode_success_acks, packets as P
+from lmqtt.store import Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.broker import Broker
     from lmqtt.gateway.connection import MQTTConnection
 
 log = logging.getLogger("lmqtt.gateway.publish")
-_ACK = struct.Struct(">BBH")
-
-try:
-    from lmqtt.store import Message
-except ImportError:  # pragma: no cover - the store package lands in parallel
-    Message = None  # type: ignore
 
 
 class _Pending:
@@ -47,12 +40,25 @@ class _Pending:
 
 
 class PublishPipeline:
-    def __init__(self, broker: "Broker") -> None:
-        self.b = broker
-        self.store = broker.store
-        self.lq = broker.lq
-        self.loop = broker.loop
-        self.metrics = broker.metrics
+    """Batches publishes per loop iteration into the store and acknowledges them when durable.
+
+    It calls back through three narrow callables: `set_retained(topic, payload, props)` stores a
+    retained message, `record_appended(batch, now_ms)` hands freshly visible records to delivery,
+    `flush_writes()` writes the connections' queued output (the acks) right away.
+    """
+
+    def __init__(self, store, lq, loop, metrics, max_pending_publish: int, *,
+                 set_retained: Callable[[str, bytes, bytes], None],
+                 record_appended: Callable[[list, int], None],
+                 flush_writes: Callable[[], None]) -> None:
+        self.store = store
+        self.lq = lq
+        self.loop = loop
+        self.metrics = metrics
+        self.max_pending_publish = max_pending_publish
+        self._set_retained = set_retained
+        self._record_appended = record_appended
+        self._flush_writes = flush_writes
         self._pending: list[_Pending] = []
         self._scheduled = False
         self.inflight_batches = 0
@@ -69,7 +75,7 @@ class PublishPipeline:
         self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues))
         if conn is not None and pkt_qos:
             conn.pending_publishes += 1
-            if conn.pending_publishes >= self.b.cfg.max_pending_publish:
+            if conn.pending_publishes >= self.max_pending_publish:
                 conn.pause_reading_for_store()
         if not self._scheduled:
             self._scheduled = True
@@ -128,7 +134,7 @@ class PublishPipeline:
         if whole and store.dispatched_offset >= store.max_offset:
             # everything appended is visible (inline dispatch): the batch's records are the newest
             # entries of their queues, in order (DeliveryEngine.record_appended)
-            self.b.delivery.record_appended(batch, now_ms)
+            self._record_appended(batch, now_ms)
         if self.after_append is not None:
             self.after_append()
         if not ok_batch:
@@ -167,7 +173,7 @@ class PublishPipeline:
         # Acks of one batch are joined per target connection: one write() each (the connection
         # joins again per loop tick); order per connection is arrival order.
         acks: dict = {}
-        pack = _ACK.pack
+        heads = SUCCESS_ACK_HEAD
         for p in ok_batch:
             conn = p.conn
             if conn is None:
@@ -186,21 +192,20 @@ class PublishPipeline:
                 target = conn
             if target is None or target.closing:
                 continue  # offline: the client re-sends (DUP) on its next connection
-            # success acks shaped by hand: MQTT 5 omits reason code 0 with no properties (§3.4.2.1)
-            a = pack(0x40 if p.qos == 1 else 0x50, 2, pid)
             lst = acks.get(target)
             if lst is None:
-                acks[target] = [a]
+                acks[target] = [heads[p.qos], pid]
             else:
-                lst.append(a)
+                lst.append(heads[p.qos])
+                lst.append(pid)
         for target, lst in acks.items():
-            target.write(lst[0] if len(lst) == 1 else b"".join(lst))
+            target.write(encode_success_acks(lst))
         if acks:
-            self.b.flush_writes()
+            self._flush_writes()
 
     def _retain(self, p: _Pending) -> None:
         try:
-            self.b.set_retained(p.topic, p.payload, p.props)
+            self._set_retained(p.topic, p.payload, p.props)
         except Exception as e:
             log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
 
@@ -212,10 +217,11 @@ class PublishPipeline:
         if conn is None or conn.closing or p.qos == 0:
             return
         if conn.version == 5:
-            # PUBACK/PUBREC allow no "packet too large"; 0x83 = implementation-specific (store limit)
-            rc = 0x83 if type(err).__name__ == "MessageTooLarge" else 0x80
+            # PUBACK/PUBREC allow no "packet too large": a store limit is implementation-specific
+            rc = (ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if isinstance(err, MessageTooLarge)
+                  else ReasonCode.UNSPECIFIED_ERROR)
             pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
             pkt.properties.reason_string = f"store error: {err}"[:200]
             conn.write(encode(pkt, 5))
         else:
-            conn.close_with_error(0x80, f"store error: {err}")
+            conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, f"store error: {err}")

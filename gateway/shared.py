@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from lmqtt.gateway.session import Cursor, Item, Session, Subscription
+from lmqtt.gateway.session import Cursor, StoredMessage, Session, ClientSubscription
 
 
 def group_consumer(group: str, queue: str) -> str:
@@ -20,30 +20,29 @@ def group_consumer(group: str, queue: str) -> str:
 
 
 class SharedGroup:
-    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver", "offsets_dirty")
+    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver")
 
     def __init__(self, name: str, queue: str, offset: int) -> None:
         self.name = name
         self.queue = queue
         self.cursor = Cursor(offset)
-        self.members: list[tuple[Session, Subscription]] = []   # online members
+        self.members: list[tuple[Session, ClientSubscription]] = []   # online members
         self.refs = 0                                           # sessions (online or not) holding the sub
         self.rr = 0
-        self.redeliver: deque[Item] = deque()                  # taken back from departed members
-        self.offsets_dirty = False
+        self.redeliver: deque[StoredMessage] = deque()                  # taken back from departed members
 
     @property
     def consumer(self) -> str:
         return group_consumer(self.name, self.queue)
 
-    def add_member(self, s: Session, sub: Subscription) -> None:
+    def add_member(self, s: Session, sub: ClientSubscription) -> None:
         self.remove_member(s)
         self.members.append((s, sub))
 
     def remove_member(self, s: Session) -> None:
         self.members = [(m, sub) for m, sub in self.members if m is not s]
 
-    def pick(self) -> tuple[Session, Subscription] | None:
+    def pick(self) -> tuple[Session, ClientSubscription] | None:
         """Next member (round-robin) that can take a message now, or None."""
         ms = self.members
         n = len(ms)
@@ -56,9 +55,9 @@ class SharedGroup:
         return None
 
     def acked(self, offset: int | None) -> None:
-        if offset is not None and self.cursor.inflight.pop(offset, None) is not None:
-            self.offsets_dirty = True
+        if offset is not None:
+            self.cursor.inflight.pop(offset, None)
 
-    def take_back(self, item: Item) -> None:
+    def take_back(self, item: StoredMessage) -> None:
         """A member left with `item` unacked: offer it to another member (keeps the offset pinned)."""
         self.redeliver.append(item)

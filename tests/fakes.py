@@ -16,3 +16,59 @@ class RecordingTransport:
 
     def is_closing(self):
         return self.closed
+
+
+class FakeTransport:
+    """An asyncio transport without a socket, for driving `MQTTConnection` in-process: records the
+    bytes written, the close/abort, reading pauses and the write-buffer limits it was given. Like
+    asyncio's, closing it calls the protocol's `connection_lost` in a later loop callback."""
+
+    def __init__(self, protocol=None, peer=("127.0.0.1", 50000)):
+        self.protocol = protocol
+        self.out = bytearray()
+        self.closed = False
+        self.aborted = False
+        self.reading = True
+        self.limits = None
+        self.peer = peer
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self.limits = (high, low)
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def write(self, b):
+        if self.closed:
+            raise RuntimeError("write after close")
+        self.out += b
+
+    def take(self) -> bytes:
+        data, self.out = bytes(self.out), bytearray()
+        return data
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self._lost()
+
+    def abort(self):
+        self.aborted = True
+        self.close()
+
+    def _lost(self):
+        if self.protocol is not None:
+            import asyncio
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def is_closing(self):
+        return self.closed
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True

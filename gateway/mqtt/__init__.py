@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from . import packets
 from .decoder import Decoder
-from .encoder import PublishTemplate, encode, encode_publish
+from .encoder import (SUCCESS_ACK_HEAD, PublishTemplate, encode, encode_connack_refusal,
+                      encode_malformed_connect_reply, encode_publish, encode_success_acks)
 from .errors import ProtocolError
 from .reason_codes import (CONNACK_V5_TO_V311, SUBACK_FAILURE_V311, ReasonCode,
                            connack_return_code_v311)
@@ -22,4 +23,5 @@ from .reason_codes import (CONNACK_V5_TO_V311, SUBACK_FAILURE_V311, ReasonCode,
 __all__ = [
     "packets", "ProtocolError", "ReasonCode", "CONNACK_V5_TO_V311", "SUBACK_FAILURE_V311",
     "connack_return_code_v311", "Decoder", "encode", "encode_publish", "PublishTemplate",
+    "SUCCESS_ACK_HEAD", "encode_success_acks", "encode_connack_refusal", "encode_malformed_connect_reply",
 ]

@@ -1,22 +1,24 @@
 """Packet objects -> bytes, for MQTT 3.1.1 (version 4, or 3 = MQTT 3.1 "MQIsdp") and 5.0.
 
-Why `PublishTemplate`: a message fanned out to N subscribers differs per subscriber only in the
-first byte (QoS/DUP/retain flags) and the 2-byte packet id; encoding topic, properties and payload
-once and patching those bytes keeps fan-out at one memcpy per subscriber.
+Every byte the gateway writes to a client is built here: packets through `encode`, delivered
+messages through `PublishTemplate` (topic, properties and payload encoded once per message, only
+flags and packet id per subscriber), batched success acks through `encode_success_acks`, refusals
+of a CONNECT through `encode_connack_refusal` / `encode_malformed_connect_reply`.
 
 The encoder trusts its caller (our own server/clients): it raises ValueError for values that cannot be
 represented at all (e.g. strings over 65535 bytes), but it does not police MQTT semantics.
 """
 from __future__ import annotations
 
-from struct import pack
+from struct import Struct, pack
 
 from . import packets as P
 from .properties import encode_properties
-from .reason_codes import SUBACK_FAILURE_V311, connack_return_code_v311
+from .reason_codes import SUBACK_FAILURE_V311, ReasonCode, connack_return_code_v311
 from .wire import encode_string, encode_varint
 
-__all__ = ["encode", "encode_publish", "PublishTemplate"]
+__all__ = ["encode", "encode_publish", "PublishTemplate", "SUCCESS_ACK_HEAD", "encode_success_acks",
+           "encode_connack_refusal", "encode_malformed_connect_reply"]
 
 
 def _bin(b: bytes) -> bytes:
@@ -170,47 +172,138 @@ def encode_publish(topic: str, payload: bytes, qos: int = 0, retain: bool = Fals
     return b"".join((bytes((first,)), encode_varint(len(head) + len(payload)), head, payload))
 
 
-class PublishTemplate:
-    """One message pre-encoded for fan-out; per subscriber only flags and packet id change.
+_U16 = Struct(">H")
+_TOPIC_CACHE: dict[str, bytes] = {}     # topic -> u16 length + UTF-8 (bounded, cleared when full)
+_TOPIC_CACHE_MAX = 65536
 
-    `for_packet_id(pid)` returns the QoS 1/2 encoding with `pid` (the template's QoS), `qos0` the
-    encoding for subscribers granted QoS 0 (computed once, on first use).
+
+def _topic_bytes(topic: str) -> bytes:
+    tb = _TOPIC_CACHE.get(topic)
+    if tb is None:
+        raw = topic.encode("utf-8")
+        tb = _U16.pack(len(raw)) + raw
+        if len(_TOPIC_CACHE) >= _TOPIC_CACHE_MAX:
+            _TOPIC_CACHE.clear()
+        _TOPIC_CACHE[topic] = tb
+    return tb
+
+
+class PublishTemplate:
+    """One message pre-encoded for fan-out: the only place PUBLISH bytes for delivery are built.
+
+    A message sent to N subscribers differs per subscriber only in the flags (QoS, DUP, retain), the
+    protocol version and the packet id. Each variant `(qos, retain, version)` is encoded once, on
+    first use: a QoS 0 variant is the complete packet; a QoS 1/2 variant is the bytes before the
+    packet id (fixed header, topic) and after it (properties, payload), so one subscriber's packet
+    is a single `join` of three parts — topic, properties and payload are never re-encoded, and no
+    variant is built that nobody receives.
+
+    `encode(qos, retain, version, pid, dup)` is the general form used by the gateway; the load
+    generator uses the template's own QoS/retain/version through `for_packet_id` and `qos0`.
+    Subclasses may override `properties_block` to encode MQTT 5 properties lazily from another
+    representation (the gateway decodes them from the store record only when a v5 client needs them).
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "version", "_buf", "_pid_at",
-                 "_qos0")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "version", "_variants", "_props")
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                  properties: P.Properties | None = None, version: int = 4) -> None:
         self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
         self.properties, self.version = properties, version
-        self._qos0: bytes | None = None
+        self._variants: dict[int, object] = {}
+        self._props: bytes | None = None
+
+    def properties_block(self) -> bytes:
+        """The MQTT 5 property block (with its length prefix), encoded once."""
+        if self._props is None:
+            self._props = encode_properties(self.properties)
+        return self._props
+
+    def _variant(self, key: int, qos: int, retain: bool, v5: bool):
+        props = self.properties_block() if v5 else b""
+        tb = _topic_bytes(self.topic)
+        payload = self.payload
+        first = 0x30 | (qos << 1) | (0x01 if retain else 0)
         if qos:
-            enc = encode_publish(topic, payload, qos, retain, False, 0xFFFF, properties, version)
-            self._buf = bytearray(enc)
-            rl_len = 1
-            while enc[rl_len] & 0x80:
-                rl_len += 1
-            self._pid_at = 1 + rl_len + 2 + len(topic.encode("utf-8"))
+            rl = len(tb) + 2 + len(props) + len(payload)
+            t = (bytes((first,)) + encode_varint(rl) + tb, props + payload if props else payload)
         else:
-            self._buf = None
-            self._pid_at = 0
+            rl = len(tb) + len(props) + len(payload)
+            t = b"".join((bytes((first,)), encode_varint(rl), tb, props, payload))
+        self._variants[key] = t
+        return t
+
+    def encode(self, qos: int, retain: bool, version: int, pid: int | None = None,
+               dup: bool = False) -> bytes:
+        """The PUBLISH for one subscriber: granted `qos`, `retain` flag, its protocol `version`."""
+        key = qos | (4 if retain else 0) | (8 if version == 5 else 0)
+        t = self._variants.get(key)
+        if t is None:
+            t = self._variant(key, qos, retain, version == 5)
+        if qos == 0:
+            return t
+        if pid is None or not 0 < pid <= 0xFFFF:
+            raise ValueError(f"packet id must be 1..65535, got {pid}")
+        head = t[0]
+        if dup:
+            head = bytes((head[0] | 0x08,)) + head[1:]
+        return b"".join((head, _U16.pack(pid), t[1]))
 
     def for_packet_id(self, pid: int, dup: bool = False) -> bytes:
-        buf = self._buf
-        if buf is None:
+        """The template's QoS 1/2 encoding with packet id `pid`."""
+        if not self.qos:
             raise ValueError("a QoS 0 template has no packet id; use .qos0")
-        if not 0 < pid <= 0xFFFF:
-            raise ValueError(f"packet id must be 1..65535, got {pid}")
-        buf[0] = 0x30 | (self.qos << 1) | (0x08 if dup else 0) | (0x01 if self.retain else 0)
-        at = self._pid_at
-        buf[at] = pid >> 8
-        buf[at + 1] = pid & 0xFF
-        return bytes(buf)
+        return self.encode(self.qos, self.retain, self.version, pid, dup)
 
     @property
     def qos0(self) -> bytes:
-        if self._qos0 is None:
-            self._qos0 = encode_publish(self.topic, self.payload, 0, self.retain, False, None,
-                                        self.properties, self.version)
-        return self._qos0
+        """The encoding for subscribers granted QoS 0."""
+        return self.encode(0, self.retain, self.version)
+
+
+# ----------------------------------------------------------------------------- server-side helpers
+# Success acks of one store batch are written as one buffer per connection: the publish path
+# collects, per connection, pairs of `SUCCESS_ACK_HEAD[qos]` and packet id (two list appends, no
+# per-message bytes object) and `encode_success_acks` packs them with one struct call.
+# MQTT 5 omits reason code 0 with no properties (§3.4.2.1), so both versions share the short form.
+SUCCESS_ACK_HEAD = (0, 0x4002, 0x5002)     # by QoS: unused, PUBACK, PUBREC (first byte, length 2)
+_ACK_FORMATS: dict[int, Struct] = {}
+
+
+def encode_success_acks(words: list[int]) -> bytes:
+    """Pack `[head, pid, head, pid, ...]` (heads from `SUCCESS_ACK_HEAD`) into wire bytes."""
+    n = len(words)
+    st = _ACK_FORMATS.get(n)
+    if st is None:
+        st = Struct(">%dH" % n)
+        if len(_ACK_FORMATS) < 256:
+            _ACK_FORMATS[n] = st
+    return st.pack(*words)
+
+
+def encode_connack_refusal(reason_code: int, reason: str, version: int) -> bytes:
+    """CONNACK refusing a connection: MQTT 5 with the reason code and reason string, 3.1.1 with the
+    closest return code (MQTT 5 codes that 3.1.1 cannot express become "server unavailable")."""
+    ack = P.ConnAck(False, reason_code)
+    if version == 5:
+        ack.properties.reason_string = reason[:200] if reason else None
+    return _connack(ack, version)
+
+
+def encode_malformed_connect_reply(reason_code: int, reason: str, version: int) -> bytes | None:
+    """What to answer a CONNECT the decoder refused (§4.13.1), or None to close silently.
+
+    MQTT 5: a CONNACK with the error's reason code when CONNACK may carry it, else 0x81 (malformed).
+    3.1.1 (and a client whose version is not known yet): only an unsupported protocol level gets
+    an answer (return code 1); anything else closes the connection without one.
+    """
+    if version == 5:
+        rc = reason_code if reason_code in _CONNACK_V5_CODES else ReasonCode.MALFORMED_PACKET
+        return encode_connack_refusal(rc, reason, 5)
+    if reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+        return encode_connack_refusal(reason_code, "", 4)
+    return None
+
+
+_CONNACK_V5_CODES = frozenset({0x80, 0x81, 0x82, 0x83, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
+                               0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F})

@@ -1,6 +1,6 @@
 """The gateway's QoS 1 hot-path shortcuts must produce exactly what the general code produces.
 
-- `Item.encoded` (pre-encoded head/tail per variant, packet id joined in) == `encode_publish`
+- `StoredMessage.encode` (pre-encoded head/tail per variant, packet id joined in) == `encode_publish`
   for every QoS / retain / DUP / protocol version / property combination, and the bytes decode
   back with the codec;
 - `FastHistogram` (plain-int histogram) is exported as a normal Prometheus histogram;
@@ -22,7 +22,7 @@ from lmqtt.gateway import record_props
 from lmqtt.gateway.metrics import GatewayMetrics
 from lmqtt.gateway.mqtt import Decoder, encode, encode_publish, packets as P
 from lmqtt.gateway.record_props import RecordMeta
-from lmqtt.gateway.session import Item
+from lmqtt.gateway.session import StoredMessage
 from lmqtt.notify import InProcessBus
 
 
@@ -35,7 +35,7 @@ def test_item_encoding_equals_codec_for_every_variant():
     for topic in ("a/b", "t" * 300, "é/ü/😀"):
         for payload in (b"", b"x" * 64, b"y" * 20000, b"z" * 2_100_000):
             for meta in metas:
-                it = Item(topic, payload, meta)
+                it = StoredMessage(topic, payload, meta)
                 for version in (3, 4, 5):
                     for qos in (0, 1, 2):
                         for retain in (False, True):
@@ -43,20 +43,20 @@ def test_item_encoding_equals_codec_for_every_variant():
                                 pid = rnd.randint(1, 65535) if qos else None
                                 props = meta.to_properties() if version == 5 and meta.has_app_properties() else None
                                 want = encode_publish(topic, payload, qos, retain, dup, pid, props, version)
-                                assert it.encoded(qos, retain, version, pid, dup) == want
+                                assert it.encode(qos, retain, version, pid, dup) == want
                                 # cached variant, another packet id
                                 if qos:
                                     pid2 = pid % 65535 + 1
-                                    assert it.encoded(qos, retain, version, pid2) == encode_publish(
+                                    assert it.encode(qos, retain, version, pid2) == encode_publish(
                                         topic, payload, qos, retain, False, pid2, props, version)
 
 
 def test_item_encoding_decodes_back():
     meta = RecordMeta(1, False, "c", user_property=[("a", "b")])
-    it = Item("s/1", b"hello", meta)
+    it = StoredMessage("s/1", b"hello", meta)
     for version in (4, 5):
         dec = Decoder(version, server_side=False)
-        pkt, = dec.feed(it.encoded(1, True, version, 77, dup=True))
+        pkt, = dec.feed(it.encode(1, True, version, 77, dup=True))
         assert (pkt.topic, pkt.payload, pkt.qos, pkt.retain, pkt.dup, pkt.packet_id) == ("s/1", b"hello", 1, True, True, 77)
         if version == 5:
             assert pkt.properties.user_property == [("a", "b")]
@@ -201,7 +201,7 @@ def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
                 res = lq.pull(q, start, max_count=len(items) + 10, max_bytes=1 << 30)
                 got[q] = (start, len(items), lq.max_offset(q),
                           [(it.topic, it.payload, it.queue_offset, tuple(it.dispatch_queues),
-                            it.meta.qos, it.meta.client_id) for it in items],
+                            it.record.qos, it.record.client_id) for it in items],
                           [(m.topic, m.body, m.queue_offset, tuple(m.dispatch_queues),
                             d._meta(m.props).qos, d._meta(m.props).client_id) for m in res.messages])
             return got

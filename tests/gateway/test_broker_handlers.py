@@ -1,0 +1,205 @@
+"""The broker's packet handlers driven in-process: a real store and real light queues in a tmp
+dir, `MQTTConnection` objects on a fake transport (no socket), packets in as bytes from the codec,
+packets out decoded by a client-side codec. What goes wrong shows as the exact packet, not a
+socket timeout."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lmqtt.gateway.config import build_config
+from lmqtt.gateway.connection import MQTTConnection
+from lmqtt.gateway.mqtt import Decoder, ReasonCode, encode, packets as P
+from lmqtt.gateway.server import Gateway
+from tests.fakes import FakeTransport
+
+
+class Client:
+    """One fake-transport connection into the broker, speaking MQTT `version`."""
+
+    def __init__(self, gw: Gateway, version: int = 5) -> None:
+        self.version = version
+        self.conn = MQTTConnection(gw.broker)
+        self.transport = FakeTransport(self.conn)
+        self.conn.connection_made(self.transport)
+        self.decoder = Decoder(version, server_side=False)
+        self.received: list = []
+
+    def send(self, pkt) -> None:
+        self.conn.data_received(encode(pkt, self.version))
+
+    def send_raw(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    def packets(self) -> list:
+        self.received.extend(self.decoder.feed(self.transport.take()))
+        return self.received
+
+    async def wait_for(self, kind, n: int = 1) -> list:
+        """The first `n` received packets of type `kind` (the store's durable ack comes from a
+        flush thread, so the loop gets a bounded number of turns to deliver it)."""
+        for _ in range(2000):
+            got = [p for p in self.packets() if isinstance(p, kind)]
+            if len(got) >= n:
+                return got[:n]
+            await asyncio.sleep(0.001)
+        raise AssertionError(f"no {kind.__name__} after 2000 loop turns; got {self.received!r}")
+
+    async def connect(self, client_id: str, clean: bool = True, **props) -> P.ConnAck:
+        c = P.Connect(client_id=client_id, clean_start=clean, protocol_level=self.version)
+        for k, v in props.items():
+            setattr(c.properties, k, v)
+        self.send(c)
+        ack, = await self.wait_for(P.ConnAck)
+        return ack
+
+
+def run(tmp_path, body):
+    """Start a Gateway on a free port with its data in tmp_path, run `body(gw)`, stop it."""
+    async def main():
+        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
+                                "data_dir": str(tmp_path / "data"), "segment_mb": 16})
+        gw = Gateway(cfg)
+        await gw.start()
+        try:
+            return await body(gw)
+        finally:
+            await gw.stop()
+    return asyncio.run(main())
+
+
+def test_qos1_publish_is_acked_and_delivered_to_a_subscriber(tmp_path):
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw, version=4)
+        assert (await sub.connect("sub")).reason_code == 0
+        assert (await pub.connect("pub")).reason_code == 0
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("t/+", qos=1)]))
+        assert (await sub.wait_for(P.SubAck))[0].reason_codes == [1]
+        pub.send(P.Publish("t/1", b"one", qos=1, packet_id=7))
+        pub.send(P.Publish("t/2", b"two", qos=1, packet_id=8))
+        acks = await pub.wait_for(P.PubAck, 2)
+        assert [a.packet_id for a in acks] == [7, 8]          # arrival order, both acked
+        got = await sub.wait_for(P.Publish, 2)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("t/1", b"one", 1), ("t/2", b"two", 1)]
+        for m in got:
+            sub.send(P.PubAck(m.packet_id))
+        s = gw.broker.sessions["sub"]
+        assert not s.outbound                                   # the acks released the window
+    run(tmp_path, body)
+
+
+def test_enhanced_authentication_is_refused_with_a_v5_connack(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        ack = await c.connect("x", authentication_method="SCRAM-SHA-256")
+        assert ack.reason_code == ReasonCode.BAD_AUTHENTICATION_METHOD
+        assert ack.properties.reason_string
+        assert c.transport.closed
+        await asyncio.sleep(0)
+        assert "x" not in gw.broker.sessions and not c.conn.connected
+    run(tmp_path, body)
+
+
+def test_unsupported_protocol_level_gets_a_311_connack_return_code_1(tmp_path):
+    async def body(gw):
+        c = Client(gw, version=4)
+        # CONNECT, protocol name MQTT, level 6, clean session, keepalive 60, client id "a"
+        c.send_raw(bytes([0x10, 13, 0, 4]) + b"MQTT" + bytes([6, 2, 0, 60, 0, 1]) + b"a")
+        assert c.transport.take() == encode(P.ConnAck(False, 1), 4)
+        assert c.transport.closed
+    run(tmp_path, body)
+
+
+def test_malformed_v5_connect_gets_connack_malformed(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        good = encode(P.Connect(client_id="m", protocol_level=5), 5)
+        bad = good[:9] + bytes([good[9] | 0x01]) + good[10:]     # reserved connect flag set
+        c.send_raw(bad)
+        ack, = await c.wait_for(P.ConnAck)
+        assert ack.reason_code == ReasonCode.MALFORMED_PACKET
+        assert c.transport.closed
+    run(tmp_path, body)
+
+
+def test_takeover_disconnects_the_old_connection_with_0x8e(tmp_path):
+    async def body(gw):
+        old, new = Client(gw), Client(gw)
+        await old.connect("same", clean=False, session_expiry_interval=60)
+        old.send(P.Subscribe(1, [P.SubscriptionRequest("k/#", qos=1)]))
+        await old.wait_for(P.SubAck)
+        ack = await new.connect("same", clean=False, session_expiry_interval=60)
+        assert ack.session_present
+        d, = await old.wait_for(P.Disconnect)
+        assert d.reason_code == ReasonCode.SESSION_TAKEN_OVER
+        assert old.transport.closed
+        s = gw.broker.sessions["same"]
+        assert s.conn is new.conn and "k/#" in s.subs
+        await asyncio.sleep(0)                   # the old connection's connection_lost runs
+        assert gw.broker.sessions["same"].conn is new.conn
+    run(tmp_path, body)
+
+
+def test_wildcard_filter_is_registered_while_any_session_uses_it(tmp_path):
+    async def body(gw):
+        registry = gw.lq.registry
+        a, b = Client(gw), Client(gw)
+        await a.connect("a")
+        await b.connect("b")
+        a.send(P.Subscribe(1, [P.SubscriptionRequest("w/+", qos=0)]))
+        b.send(P.Subscribe(1, [P.SubscriptionRequest("$share/g/w/+", qos=0)]))
+        await a.wait_for(P.SubAck)
+        await b.wait_for(P.SubAck)
+        assert registry.refcount("w/+") == 1     # one registration, however many local users
+        a.send(P.Unsubscribe(2, ["w/+"]))
+        await a.wait_for(P.UnsubAck)
+        assert registry.refcount("w/+") == 1     # the shared group still reads it
+        b.send(P.Disconnect())                   # non-persistent session ends
+        for _ in range(100):
+            if registry.refcount("w/+") == 0:
+                break
+            await asyncio.sleep(0.001)
+        assert registry.refcount("w/+") == 0
+    run(tmp_path, body)
+
+
+def test_retained_message_reaches_a_later_subscriber_with_the_retain_flag(tmp_path):
+    async def body(gw):
+        pub, sub = Client(gw), Client(gw, version=4)
+        await pub.connect("p")
+        pub.send(P.Publish("r/x", b"kept", qos=1, retain=True, packet_id=1))
+        await pub.wait_for(P.PubAck)
+        await sub.connect("s")
+        sub.send(P.Subscribe(3, [P.SubscriptionRequest("r/#", qos=1)]))
+        m, = await sub.wait_for(P.Publish)
+        assert (m.topic, m.payload, m.retain, m.qos) == ("r/x", b"kept", True, 1)
+    run(tmp_path, body)
+
+
+def test_packet_before_connect_closes_the_connection(tmp_path):
+    async def body(gw):
+        c = Client(gw, version=4)
+        c.send_raw(encode(P.PingReq(), 4))
+        assert c.transport.closed and c.transport.take() == b""
+        assert not gw.broker.sessions
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_qos2_inbound_flow_pubrec_pubrel_pubcomp(tmp_path, version):
+    async def body(gw):
+        c = Client(gw, version)
+        await c.connect("q2")
+        c.send(P.Publish("q/2", b"x", qos=2, packet_id=9))
+        rec, = await c.wait_for(P.PubRec)
+        assert rec.packet_id == 9
+        c.send(P.Publish("q/2", b"x", qos=2, packet_id=9, dup=True))   # stored: only PUBREC again
+        await c.wait_for(P.PubRec, 2)
+        c.send(P.PubRel(9))
+        comp, = await c.wait_for(P.PubComp)
+        assert comp.packet_id == 9 and comp.reason_code == 0
+        c.send(P.PubRel(9))                                            # unknown id now
+        comps = await c.wait_for(P.PubComp, 2)
+        assert comps[1].reason_code == (ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if version == 5 else 0)
+    run(tmp_path, body)
