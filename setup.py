@@ -2,7 +2,8 @@
 and `lightqueue._take` (the light-queue index's per-record dispatch loop).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
-succeeds and both run their pure-Python loops (same results, slower; docs/store.md).
+succeeds and both run their pure-Python loops (same results, slower; docs/store.md). Both are
+imported through `lmqtt.store.accel.load`, which also honours LMQTT_PURE_PYTHON=1.
 """
 from setuptools import Extension, setup
 

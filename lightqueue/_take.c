@@ -4,7 +4,7 @@
  * request, look up its resolved queues, pack a 20-byte entry, append it to the topic's tail and
  * accumulate it for the filters' tails) cost ~1.5 us of CPU per record on the store's dispatch
  * thread, which shares the GIL with the appender. This does the same, record for record; the
- * Python method stays the reference and the fallback (tests/test_lightqueue_speedups.py
+ * Python method stays the reference and the fallback (tests/lightqueue/test_lightqueue_speedups.py
  * compares the two; LMQTT_PURE_PYTHON=1 turns this off).
  *
  * take_requests(index, batch, ckpt, touched, touched_f, mark)
@@ -20,7 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ENTRY_SIZE 20
+/* Positions and sizes this loop reads and writes, handed over by configure() from
+ * lightqueue/index.py (ENTRY, the RES_* slots of a resolved list) and store/message.py (the DR_*
+ * positions of a DispatchRequest). Nothing is repeated here: take_requests refuses to run until
+ * configure() has accepted them. */
+#define ENTRY_SIZE 20   /* the only entry layout this loop packs: >QIQ, checked by configure() */
+static int configured = 0;
+static Py_ssize_t dr_phys, dr_size, dr_store_ts, dr_qs, dr_len;
+static Py_ssize_t res_tail, res_filters, res_first, res_mark, res_others, res_len;
 
 static PyObject *s_resolved, *s_resolve;
 
@@ -57,6 +64,10 @@ static PyObject *take_requests(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!LO!O!O", &index, &PyList_Type, &batch, &ckpt, &PyList_Type, &touched,
                           &PyList_Type, &touched_f, &mark))
         return NULL;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "lmqtt.lightqueue._take.configure() was not called or failed");
+        return NULL;
+    }
     PyObject *resolved = PyObject_GetAttr(index, s_resolved);
     if (resolved == NULL) return NULL;
     PyObject *cur = NULL;       /* owned: the filter tails being accumulated */
@@ -67,23 +78,23 @@ static PyObject *take_requests(PyObject *self, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(batch);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(batch, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 11) {
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < dr_len) {
             PyErr_SetString(PyExc_TypeError, "dispatch batch items must be DispatchRequest tuples");
             goto done;
         }
-        PyObject *qs = PyTuple_GET_ITEM(r, 10);
+        PyObject *qs = PyTuple_GET_ITEM(r, dr_qs);
         if (!PyTuple_Check(qs)) {
             PyErr_SetString(PyExc_TypeError, "dispatch_queues must be a tuple");
             goto done;
         }
         if (PyTuple_GET_SIZE(qs) == 0) continue;
-        PyObject *phys_o = PyTuple_GET_ITEM(r, 0);
+        PyObject *phys_o = PyTuple_GET_ITEM(r, dr_phys);
         long long phys = PyLong_AsLongLong(phys_o);
         if (phys == -1 && PyErr_Occurred()) goto done;
         if (phys < ckpt) continue;   /* already indexed (idempotent replay) */
-        long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+        long long size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, dr_size));
         if (size == -1 && PyErr_Occurred()) goto done;
-        unsigned long long sts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(r, 7));
+        unsigned long long sts = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(r, dr_store_ts));
         if (sts == (unsigned long long)-1 && PyErr_Occurred()) goto done;
         PyObject *c = PyDict_GetItemWithError(resolved, qs);
         if (c == NULL) {
@@ -96,19 +107,19 @@ static PyObject *take_requests(PyObject *self, PyObject *args) {
             Py_SETREF(resolved, PyObject_GetAttr(index, s_resolved));
             if (resolved == NULL) goto done;
         }
-        if (!PyList_Check(c) || PyList_GET_SIZE(c) < 5) {
-            PyErr_SetString(PyExc_TypeError, "resolved light queues must be a 5-item list");
+        if (!PyList_Check(c) || PyList_GET_SIZE(c) < res_len) {
+            PyErr_SetString(PyExc_TypeError, "resolved light queues must be a list of the configured length");
             goto done;
         }
-        if (PyList_GET_ITEM(c, 3) != mark) {
-            if (PyList_SetItem(c, 3, Py_NewRef(mark)) < 0) goto done;
-            if (PyList_Append(touched, PyList_GET_ITEM(c, 2)) < 0) goto done;
+        if (PyList_GET_ITEM(c, res_mark) != mark) {
+            if (PyList_SetItem(c, res_mark, Py_NewRef(mark)) < 0) goto done;
+            if (PyList_Append(touched, PyList_GET_ITEM(c, res_first)) < 0) goto done;
         }
         unsigned char e[ENTRY_SIZE];
         put_be64(e, (uint64_t)phys);
         put_be32(e + 8, (uint32_t)size);
         put_be64(e + 12, (uint64_t)sts);
-        PyObject *f = PyList_GET_ITEM(c, 1);
+        PyObject *f = PyList_GET_ITEM(c, res_filters);
         if (f != cur) {
             if (spread(cur, acc, acc_len) < 0) goto done;
             acc_len = 0;
@@ -117,7 +128,7 @@ static PyObject *take_requests(PyObject *self, PyObject *args) {
                 goto done;
             }
             Py_XSETREF(cur, Py_NewRef(f));
-            if (PyList_Append(touched_f, PyList_GET_ITEM(c, 4)) < 0) goto done;
+            if (PyList_Append(touched_f, PyList_GET_ITEM(c, res_others)) < 0) goto done;
         }
         if (PyTuple_GET_SIZE(cur)) {
             if (acc_len + ENTRY_SIZE > acc_cap) {
@@ -130,7 +141,7 @@ static PyObject *take_requests(PyObject *self, PyObject *args) {
             memcpy(acc + acc_len, e, ENTRY_SIZE);
             acc_len += ENTRY_SIZE;
         }
-        if (ba_extend(PyList_GET_ITEM(c, 0), e, ENTRY_SIZE) < 0) goto done;
+        if (ba_extend(PyList_GET_ITEM(c, res_tail), e, ENTRY_SIZE) < 0) goto done;
         Py_CLEAR(c_own);
     }
     if (spread(cur, acc, acc_len) < 0) goto done;
@@ -143,7 +154,53 @@ done:
     return ret;
 }
 
+static int get_index(PyObject *d, const char *key, Py_ssize_t *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (v == NULL) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no %s", key);
+        return -1;
+    }
+    *out = PyLong_AsSsize_t(v);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    if (*out < 0 || *out > 64) {
+        PyErr_Format(PyExc_ValueError, "configure: %s = %zd is out of range", key, *out);
+        return -1;
+    }
+    return 0;
+}
+
+/* configure(layout): {"entry_format": ">QIQ", "dr_phys", "dr_size", "dr_store_ts",
+ * "dr_dispatch_queues", "dr_len", "res_tail", "res_filter_tails", "res_first_name", "res_mark",
+ * "res_other_names", "res_len"} (see lightqueue/index.py). */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return NULL;
+    configured = 0;
+    PyObject *ef = PyDict_GetItemString(d, "entry_format");
+    if (ef == NULL || !PyUnicode_Check(ef) || PyUnicode_CompareWithASCIIString(ef, ">QIQ") != 0) {
+        PyErr_SetString(PyExc_ValueError, "configure: the light-queue entry format must be >QIQ "
+                        "(phys_offset, size, store_ts), the layout this loop packs");
+        return NULL;
+    }
+    if (get_index(d, "dr_phys", &dr_phys) < 0 || get_index(d, "dr_size", &dr_size) < 0 ||
+        get_index(d, "dr_store_ts", &dr_store_ts) < 0 || get_index(d, "dr_dispatch_queues", &dr_qs) < 0 ||
+        get_index(d, "dr_len", &dr_len) < 0 || get_index(d, "res_tail", &res_tail) < 0 ||
+        get_index(d, "res_filter_tails", &res_filters) < 0 || get_index(d, "res_first_name", &res_first) < 0 ||
+        get_index(d, "res_mark", &res_mark) < 0 || get_index(d, "res_other_names", &res_others) < 0 ||
+        get_index(d, "res_len", &res_len) < 0)
+        return NULL;
+    if (dr_phys >= dr_len || dr_size >= dr_len || dr_store_ts >= dr_len || dr_qs >= dr_len ||
+        res_tail >= res_len || res_filters >= res_len || res_first >= res_len || res_mark >= res_len ||
+        res_others >= res_len) {
+        PyErr_SetString(PyExc_ValueError, "configure: a position is past the tuple/list length given");
+        return NULL;
+    }
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, "configure(layout): positions and entry format (lightqueue/index.py)"},
     {"take_requests", take_requests, METH_VARARGS,
      "take_requests(index, batch, ckpt, touched, touched_f, mark): LightQueueIndex._take_requests in C"},
     {NULL, NULL, 0, NULL}};

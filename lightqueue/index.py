@@ -41,7 +41,8 @@ from typing import Iterable, NamedTuple
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from lmqtt.store import accel
-from lmqtt.store.message import DispatchRequest
+from lmqtt.store.message import (DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE, DR_STORE_TS,
+                                  DispatchRequest)
 
 from .errors import LightQueueError
 
@@ -64,9 +65,28 @@ _NO_TAILS: tuple = ()
 
 _DR_ONLY = {DispatchRequest}
 
+# Slots of a resolved list (`_resolved[dispatch_queues]`, built by `_resolve`): the first queue's
+# tail, the other queues' tails (a tuple), the first queue's name, the mark of the last batch
+# that touched it, the other queues' names. The per-record loops index it with literals (a
+# global name there is a lookup per record), which the assert below ties to these names; the C
+# loop receives the positions at import (configure below).
+RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME, RES_MARK, RES_OTHER_NAMES = range(5)
+RES_LEN = 5
+assert (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME, RES_MARK, RES_OTHER_NAMES) == (0, 1, 2, 3, 4)
+
 # `_take_requests` in C when it was built (setup.py; optional) unless LMQTT_PURE_PYTHON=1; the
 # Python method is the reference (tests/lightqueue/test_lightqueue_speedups.py compares them).
+# What the C loop reads and writes, handed to it at import (it refuses another entry format).
+TAKE_LAYOUT = {
+    "entry_format": ENTRY.format,
+    "dr_phys": DR_PHYS, "dr_size": DR_SIZE, "dr_store_ts": DR_STORE_TS,
+    "dr_dispatch_queues": DR_DISPATCH_QUEUES, "dr_len": len(DispatchRequest._fields),
+    "res_tail": RES_TAIL, "res_filter_tails": RES_FILTER_TAILS, "res_first_name": RES_FIRST_NAME,
+    "res_mark": RES_MARK, "res_other_names": RES_OTHER_NAMES, "res_len": RES_LEN,
+}
 _ctake = accel.load("lmqtt.lightqueue._take")
+if _ctake is not None:
+    _ctake.configure(TAKE_LAYOUT)
 
 
 def _as_request(r) -> DispatchRequest:

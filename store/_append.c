@@ -2,10 +2,14 @@
  *
  * Why: appending one record in Python costs ~3.7 us of CPU under the GIL (attribute reads, a
  * struct.pack, a CRC call, a named tuple per run, list appends), and the appender shares that GIL
- * with dispatch. This module does exactly what `CommitLog._encode_py` does, record for record and
- * byte for byte (tests/test_append_speedups.py compares the two on random batches), so the
- * Python loop stays the reference and the fallback when this does not build or
- * LMQTT_PURE_PYTHON=1 is set.
+ * with dispatch. This module does exactly what `store.encoding.encode_py` does, record for record
+ * and byte for byte (tests/store/test_append_speedups.py and tests/store/test_encoding.py compare
+ * them), so the Python loop stays the reference and the fallback when this does not build or
+ * LMQTT_PURE_PYTHON=1 is set (store/accel.py loads it, store/encoding.py configures it).
+ *
+ * configure(DispatchRequest, InvalidMessage, check_size, Message, layout) must succeed first:
+ * `layout` (store.encoding.LAYOUT) carries the record format from store/record.py, checked
+ * against the field offsets below.
  *
  * encode(msgs, commitlog, tcache, ncache, qt, phys, seg_end, seg, store_ts, maxsize, want_recent)
  *   -> (chunks, sizes, starts, runs, keyed, assigned, phys_end, recent_offs, recent, cq)
@@ -658,7 +662,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.store._append",
-                                    "C accelerator for CommitLog._encode_py (optional)", -1, methods};
+                                    "C accelerator for store.encoding.encode_py (optional)", -1, methods};
 
 PyMODINIT_FUNC PyInit__append(void) {
     const uint16_t one = 1;

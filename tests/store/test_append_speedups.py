@@ -1,4 +1,4 @@
-"""The C encoder (store/_append.c) against the Python reference (`CommitLog._encode_py`): same
+"""The C encoder (store/_append.c) against the Python reference (`store.encoding.encode_py`): same
 bytes, same columns, same queue offsets and the same errors, record for record, on batches that
 exercise every branch (runs, keys, dispatch queues, props, body types, segment cuts, the recent
 cache), plus the ConsumeQueue blocks only the C encoder builds. CI builds the extension, so a

@@ -1,0 +1,170 @@
+"""The three CommitLog record writers byte for byte (`CommitLog.append_one`, the Python reference
+`store.encoding.encode_py`, the C `store._append.encode` when built), the record layout the C
+encoder accepts at configure(), and the accelerator loader."""
+from __future__ import annotations
+
+import os
+import random
+import types
+
+import pytest
+
+from lmqtt.store import Message, StoreConfig, accel, commitlog, encoding
+from lmqtt.store.commitlog import CommitLog
+from lmqtt.store.errors import InvalidMessage
+from lmqtt.store.message import (CHUNK_CQ, CHUNK_KEYED, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS,
+                                 DR_DISPATCH_QUEUES, DR_PHYS, DR_STORE_TS, DispatchRequest)
+from lmqtt.store.record import HEADER_SIZE, decode
+
+STORE_TS_S = 1_700_000_000.123
+STORE_TS = int(STORE_TS_S * 1000)
+SEG = 1 << 20
+
+
+def new_log(tmp_path, name, seg=SEG):
+    cl = CommitLog(StoreConfig(data_dir=str(tmp_path / name), segment_size=seg, max_message_size=min(4096, seg // 2),
+                               preallocate=False), "0" * 16)
+    cl.group_commit = types.SimpleNamespace(current=None)   # what append_* read when given no future
+    return cl
+
+
+def sample_messages(seed=7, n=60):
+    """Messages covering every field the header carries: several topics (one non-ASCII), keys,
+    dispatch queues, props, queue ids, flags, born times, bytes and bytearray bodies."""
+    rng = random.Random(seed)
+    topics = ["a", "site/1/dev2/temp", "é/ü", "b/c"]
+    out = []
+    for i in range(n):
+        t = rng.choice(topics)
+        body = os.urandom(rng.randint(0, 200))
+        if i % 7 == 3:
+            body = bytearray(body)
+        out.append(Message(t, body, queue_id=rng.choice([0, 1, 7]), flags=rng.choice([0, 5, 2**32 - 1]),
+                           props=rng.choice([b"", b"\x01qos=1", os.urandom(9)]),
+                           keys=rng.choice([(), ("k1",), ("k1", "k2")]), born_ts=1_600_000_000_000 + i,
+                           dispatch_queues=rng.choice([(), (t,), (t, "site/#", "+/+/#")])))
+    return out
+
+
+def bytes_by_append_one(tmp_path, msgs, monkeypatch):
+    cl = new_log(tmp_path, "one")
+    monkeypatch.setattr(commitlog.time, "time", lambda: STORE_TS_S)
+    for m in msgs:
+        cl.append_one(m, None, "x")
+    mf = cl.mfq.find(0)
+    return bytes(mf.mm[0:cl.wrote])
+
+
+def bytes_by(tmp_path, name, msgs, fast):
+    cl = new_log(tmp_path, name)
+    if fast is None:
+        r = encoding.encode_py(cl, msgs, 0, SEG, STORE_TS, False)
+    else:
+        r = fast.encode(msgs, cl, cl._topic_cache, cl._names_cache, cl.queue_table, 0, SEG, SEG, STORE_TS,
+                        cl.cfg.max_message_size, False)
+    chunks = r[0]
+    assert len(chunks) == 1 and chunks[0][0] == 0
+    return bytes(chunks[0][1])
+
+
+def test_append_one_writes_the_same_bytes_as_the_batch_encoders(tmp_path, monkeypatch):
+    msgs = sample_messages()
+    one = bytes_by_append_one(tmp_path, msgs, monkeypatch)
+    py = bytes_by(tmp_path, "py", msgs, None)
+    assert one == py
+    if commitlog._fast is not None:
+        assert bytes_by(tmp_path, "c", msgs, commitlog._fast) == py
+    # and the bytes are the records asked for (so the three cannot agree on something wrong)
+    pos = 0
+    for i, m in enumerate(msgs):
+        sm = decode(py, pos, pos, "0" * 16)
+        assert (sm.topic, bytes(sm.body), sm.props, sm.queue_id, sm.flags, sm.keys, sm.born_ts,
+                sm.dispatch_queues, sm.store_ts) == (m.topic, bytes(m.body), m.props, m.queue_id, m.flags,
+                                                     m.keys, m.born_ts, m.dispatch_queues, STORE_TS)
+        pos += sm.size
+    assert pos == len(py)
+
+
+def test_append_one_across_a_segment_end_falls_back_to_the_batch_path(tmp_path, monkeypatch):
+    cl = new_log(tmp_path, "small", seg=4096)
+    monkeypatch.setattr(commitlog.time, "time", lambda: STORE_TS_S)
+    ends = [cl.append_one(Message("t", b"x" * 1000), None, "x")[1] for _ in range(5)]
+    assert ends[3] == 4096 + (HEADER_SIZE + 1 + 1000)   # the 4th record did not fit: filler, next segment
+    assert [cl.read(p).queue_offset for p in (0, 4096)] == [0, 3]
+
+
+def test_chunk_and_dispatch_request_positions_name_the_columns(tmp_path, monkeypatch):
+    cl = new_log(tmp_path, "cols")
+    monkeypatch.setattr(commitlog.time, "time", lambda: STORE_TS_S)
+    res, _ = cl.append_batch([Message("a", b"1", keys=("k",), dispatch_queues=("a", "#")),
+                              Message("a", b"22", keys=("k",), dispatch_queues=("a", "#"))], None, "x")
+    chunk = res._chunk
+    assert len(chunk) == CHUNK_CQ + 1
+    assert chunk[CHUNK_SIZES] == [HEADER_SIZE + 1 + 1 + 3 + 1, HEADER_SIZE + 1 + 1 + 3 + 2]  # topic, key, "a\0#", body
+    assert chunk[CHUNK_STARTS] == [0] and chunk[CHUNK_KEYED] is True
+    run = chunk[CHUNK_RUNS][0]
+    assert type(run) is DispatchRequest
+    assert (run[DR_PHYS], run[DR_STORE_TS], run[DR_DISPATCH_QUEUES]) == (0, STORE_TS, ("a", "#"))
+
+
+# ------------------------------------------------------------------ the C encoder's layout check
+needs_c = pytest.mark.skipif(encoding.c_encoder is None, reason="C encoder not built or LMQTT_PURE_PYTHON set")
+
+
+@pytest.fixture
+def c_mod():
+    mod = encoding.c_encoder
+    yield mod
+    encoding.configure_c(mod)   # whatever a test did, leave the module configured as at import
+
+
+@needs_c
+@pytest.mark.parametrize("change,words", [
+    ({"header_size": HEADER_SIZE + 2}, "header_size"),
+    ({"header_format": "<IIIIIQQQQQIIHHHH"}, "fields"),
+    ({"header_format": "<IIIIIQQQQQIIHIH"}, "offset"),
+    ({"crc_start": 8}, "crc_start"),
+    ({"min_blank": 4}, "min_blank"),
+    ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
+    ({"cq_entry_format": "<QQQ"}, "ConsumeQueue"),
+])
+def test_the_c_encoder_refuses_a_layout_it_does_not_write(c_mod, change, words, tmp_path):
+    with pytest.raises(ValueError, match=words):
+        encoding.configure_c(c_mod, {**encoding.LAYOUT, **change})
+    cl = new_log(tmp_path, "x")
+    with pytest.raises(RuntimeError, match="configure"):   # unusable until configured again
+        c_mod.encode([Message("a", b"")], cl, cl._topic_cache, cl._names_cache, cl.queue_table, 0, SEG, SEG,
+                     STORE_TS, 4096, False)
+
+
+@needs_c
+def test_the_c_encoder_checks_dispatch_request_field_order(c_mod):
+    from collections import namedtuple
+    fields = list(DispatchRequest._fields)
+    fields[1], fields[2] = fields[2], fields[1]
+    Swapped = namedtuple("Swapped", fields)
+    with pytest.raises(ValueError, match="DispatchRequest._fields"):
+        c_mod.configure(Swapped, InvalidMessage, lambda *a: None, Message, encoding.LAYOUT)
+
+
+@needs_c
+def test_the_c_encoder_writes_the_magic_numbers_it_is_given(c_mod, tmp_path):
+    """The magic is handed over, not compiled in: another value shows up in the bytes."""
+    encoding.configure_c(c_mod, {**encoding.LAYOUT, "msg_magic": 0x01020304})
+    cl = new_log(tmp_path, "m")
+    r = c_mod.encode([Message("a", b"")], cl, cl._topic_cache, cl._names_cache, cl.queue_table, 0, SEG, SEG,
+                     STORE_TS, 4096, False)
+    assert bytes(r[0][0][1])[4:8] == (0x01020304).to_bytes(4, "little")
+
+
+# ------------------------------------------------------------------ the loader
+def test_accel_load_honours_pure_python(monkeypatch):
+    monkeypatch.setenv("LMQTT_PURE_PYTHON", "1")
+    assert accel.pure_python() is True
+    assert accel.load("json") is None
+    monkeypatch.setenv("LMQTT_PURE_PYTHON", "0")
+    assert accel.load("json") is not None
+    monkeypatch.delenv("LMQTT_PURE_PYTHON")
+    assert accel.load("json") is not None
+    assert accel.load("lmqtt.store._no_such_accelerator") is None
+
