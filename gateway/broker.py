@@ -20,8 +20,8 @@ from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import NEVER_EXPIRES, Cursor, InFlight, StoredMessage, Session, ClientSubscription
-from lmqtt.gateway.shared import SharedGroup
+from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, StoredMessage
+from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
 from lmqtt.gateway.publish import PublishPipeline
@@ -52,14 +52,13 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.conns_by_id: dict[str, "MQTTConnection"] = {}
         self.connections: set["MQTTConnection"] = set()
-        self.groups: dict[tuple[str, str], SharedGroup] = {}
-        self.filter_refs: dict[str, int] = {}
         self.persist = SessionPersistence(self.metadata)
         self.writes = WriteBatcher(loop)
         self.delivery = DeliveryEngine(lq, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush)
+        self.subscriptions = SubscriptionRegistry(lq, self.metadata, self.delivery, self.persist)
         self.publisher = PublishPipeline(store, lq, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,
@@ -79,12 +78,12 @@ class Broker:
     def start(self) -> None:
         """Restore persistent sessions and shared groups from metadata; publish wills of a crash."""
         n = self._restore_sessions()
-        self._reconcile_filters()
+        self.subscriptions.sync_store_filters()
         wills = self._publish_orphan_wills()
         self.metrics.sessions.set(len(self.sessions))
         self._tick_sweep()
         self._tick_offsets()
-        log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.groups))
+        log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
 
     def _restore_sessions(self) -> int:
         now = _now_ms()
@@ -102,42 +101,14 @@ class Broker:
             for rs in rec.subscriptions:
                 flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
                 sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
-                                   rs.retain_as_published, rs.retain_handling)
-                s.subs[flt] = sub
-                if T.is_wildcard(rs.filter):
-                    self.filter_refs[rs.filter] = self.filter_refs.get(rs.filter, 0) + 1
-                if sub.group is None:
-                    s.direct[sub.queue] = sub
-                    off = offsets.get(sub.queue)
-                    if off is None:
-                        off = self.lq.max_offset(sub.queue)
-                    s.cursors[sub.queue] = Cursor(off)
-                else:
-                    g = self._group(sub.group, sub.queue, restoring=True)
-                    g.refs += 1
+                                         rs.retain_as_published, rs.retain_handling)
+                self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
             self.sessions[s.client_id] = s
             if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
                 self._save_session(s)
             self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
             n += 1
         return n
-
-    def _reconcile_filters(self) -> None:
-        """Embedded mode: this gateway is the only subscriber of its light-queue store, so a
-        registered filter is needed exactly when a restored session uses it (non-persistent
-        sessions that were alive at a crash left references behind)."""
-        try:
-            registered = dict(self.lq.registry.filters()) if hasattr(self.lq, "registry") else {}
-        except Exception:
-            registered = {}
-        unregister = getattr(self.lq, "unregister_filter", None)
-        for f, n in registered.items():
-            want = 1 if f in self.filter_refs else 0
-            while n > want and unregister is not None:
-                n = unregister(f)
-        for f in self.filter_refs:
-            if registered.get(f, 0) == 0:
-                self.lq.register_filter(f)
 
     def _publish_orphan_wills(self) -> int:
         n = 0
@@ -327,20 +298,11 @@ class Broker:
         self.metrics.connections.inc()
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
-        for sub in s.subs.values():
-            self._activate(s, sub)
+        self.subscriptions.go_online(s)
         s.resend_inflight()
         self.delivery.kick(s)
 
     # ======================================================================= detach / end
-    def _activate(self, s: Session, sub: ClientSubscription) -> None:
-        if sub.group is None:
-            self.delivery.add_reader(s, sub.queue)
-        else:
-            g = self.groups.get((sub.group, sub.queue))
-            if g is not None:
-                g.add_member(s, sub)
-
     def _detach(self, conn: "MQTTConnection") -> None:
         """The connection is gone (or taken over): session goes offline or ends; the will fires."""
         s = conn.session
@@ -352,18 +314,7 @@ class Broker:
             del self.conns_by_id[cid]
         if s.conn is conn:
             s.conn = None
-        for sub in s.subs.values():
-            if sub.group is None:
-                self.delivery.remove_reader(s, sub.queue)
-            else:
-                g = self.groups.get((sub.group, sub.queue))
-                if g is not None:
-                    g.remove_member(s)
-        # Shared-group messages in flight go back to the group (another member gets them).
-        for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
-            inf = s.outbound.pop(pid)
-            inf.group.take_back(inf.item)
-            self.delivery.kick_queue(inf.group.queue)
+        self.subscriptions.go_offline(s)     # shared-group messages in flight go back to the group
         s.retained_backlog.clear()
         if conn.will is not None:
             self._schedule_will(cid, conn.will, s, conn.version)
@@ -377,8 +328,7 @@ class Broker:
             self._schedule_expiry(s)
 
     def _end_session(self, s: Session) -> None:
-        for sub in list(s.subs.values()):
-            self._remove_sub(s, sub, persist=False)
+        self.subscriptions.remove_all(s)
         s.outbound.clear()
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
@@ -533,87 +483,6 @@ class Broker:
             conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
 
     # ======================================================================= SUBSCRIBE
-    def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
-        key = (name, queue)
-        g = self.groups.get(key)
-        if g is None:
-            off = None
-            if restoring:
-                off = self.metadata.get_offset(f"$share/{name}", queue)
-            if off is None:
-                off = self.lq.max_offset(queue)
-            g = SharedGroup(name, queue, off)
-            self.groups[key] = g
-            self.delivery.add_group(g)
-            if not restoring:
-                self.metadata.set_offsets(g.consumer, {queue: off})
-        return g
-
-    def _ref_filter(self, q: str) -> None:
-        n = self.filter_refs.get(q, 0)
-        if n == 0:
-            self.lq.register_filter(q)
-        self.filter_refs[q] = n + 1
-
-    def _unref_filter(self, q: str) -> None:
-        n = self.filter_refs.get(q, 0) - 1
-        if n > 0:
-            self.filter_refs[q] = n
-            return
-        self.filter_refs.pop(q, None)
-        unregister = getattr(self.lq, "unregister_filter", None)
-        if unregister is not None:
-            try:
-                unregister(q)
-            except Exception as e:
-                log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
-
-    def _add_sub(self, s: Session, sub: ClientSubscription) -> bool:
-        """Add or replace a subscription; returns True if it already existed."""
-        old = s.subs.get(sub.filter)
-        s.subs[sub.filter] = sub
-        if old is not None:
-            if sub.group is None:
-                s.direct[sub.queue] = sub
-            elif s.online:
-                self.groups[(sub.group, sub.queue)].add_member(s, sub)
-            return True
-        if T.is_wildcard(sub.queue):
-            self._ref_filter(sub.queue)
-        if sub.group is None:
-            s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue))
-            if s.online:
-                self.delivery.add_reader(s, sub.queue)
-        else:
-            g = self._group(sub.group, sub.queue)
-            g.refs += 1
-            if s.online:
-                g.add_member(s, sub)
-        return False
-
-    def _remove_sub(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
-        s.subs.pop(sub.filter, None)
-        if sub.group is None:
-            s.direct.pop(sub.queue, None)
-            s.cursors.pop(sub.queue, None)
-            self.delivery.remove_reader(s, sub.queue)
-            if persist and s.persistent:
-                self.metadata.delete_offsets(s.client_id, [sub.queue])
-        else:
-            key = (sub.group, sub.queue)
-            g = self.groups.get(key)
-            if g is not None:
-                g.remove_member(s)
-                g.refs -= 1
-                if g.refs <= 0:
-                    del self.groups[key]
-                    self.delivery.remove_group(g)
-                    self.persist.dirty_groups.discard(g)
-                    self.metadata.delete_offsets(g.consumer, [g.queue])
-        if T.is_wildcard(sub.queue):
-            self._unref_filter(sub.queue)
-
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
         s = conn.session
         v5 = conn.version == 5
@@ -637,7 +506,7 @@ class Broker:
             qos = min(req.qos, 2)
             sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
                                req.retain_handling)
-            existed = self._add_sub(s, sub)
+            existed = self.subscriptions.add(s, sub)
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 retained.append(sub)
@@ -682,7 +551,7 @@ class Broker:
             if sub is None:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
                 continue
-            self._remove_sub(s, sub)
+            self.subscriptions.remove(s, sub)
             codes.append(RC.SUCCESS)
         if s.persistent:
             self._save_session(s)
@@ -724,7 +593,7 @@ class Broker:
 
     def _flush_offsets(self) -> None:
         self.persist.flush(lambda s: self.sessions.get(s.client_id) is s,
-                           lambda g: self.groups.get((g.name, g.queue)) is g)
+                           self.subscriptions.is_current)
 
     # ======================================================================= timers
     def _tick_offsets(self) -> None:

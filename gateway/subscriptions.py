@@ -1,0 +1,187 @@
+"""Subscription registry: which session reads which light queue, shared groups, and the gateway's
+registrations of wildcard filters with the light-queue store.
+
+Why one owner for filter registrations: a wildcard filter must be registered with the light-queue
+store (so the publish path dispatches matching records to its queue) exactly while some local
+subscription uses it. This registry counts local users per filter and holds ONE registration per
+filter in the store, taken on the first user and dropped with the last. The store's registration
+table is persistent and outlives a crash, while non-persistent sessions do not: `sync_store_filters`
+makes the store's table equal to what the restored sessions use when the gateway starts.
+
+Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
+  add(session, sub) -> existed      subscribe (replaces a subscription with the same filter)
+  remove(session, sub, persist)     unsubscribe; drops the offsets kept for it when `persist`
+  restore(session, sub, offset)     re-create a persisted subscription at gateway start
+  go_online(session) / go_offline(session)
+                                    the session's connection arrived / left: start or stop reading
+  remove_all(session)               the session ended
+  sync_store_filters()              after restoring: the store registers exactly the filters in use
+  is_current(group)                 whether a group object is still the live one (offset flushes)
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from lmqtt.gateway.session import ClientSubscription, Cursor, Session
+from lmqtt.gateway.shared import SharedGroup
+from lmqtt.lightqueue import topics as T
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.delivery import DeliveryEngine
+    from lmqtt.gateway.persistence import SessionPersistence
+
+log = logging.getLogger("lmqtt.gateway.subscriptions")
+
+
+class SubscriptionRegistry:
+    def __init__(self, lq, metadata, delivery: "DeliveryEngine", persist: "SessionPersistence") -> None:
+        self.lq = lq
+        self.metadata = metadata
+        self.delivery = delivery
+        self.persist = persist
+        self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
+        self.filter_users: dict[str, int] = {}                  # wildcard filter -> local users
+
+    # ------------------------------------------------------------------ subscribe / unsubscribe
+    def add(self, s: Session, sub: ClientSubscription) -> bool:
+        """Add or replace a subscription; returns True if one with the same filter existed."""
+        old = s.subs.get(sub.filter)
+        s.subs[sub.filter] = sub
+        if old is not None:
+            if sub.group is None:
+                s.direct[sub.queue] = sub
+            elif s.online:
+                self.groups[(sub.group, sub.queue)].add_member(s, sub)
+            return True
+        self._use_filter(sub.queue)
+        if sub.group is None:
+            s.direct[sub.queue] = sub
+            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue))
+            if s.online:
+                self.delivery.add_reader(s, sub.queue)
+        else:
+            g = self._group(sub.group, sub.queue)
+            g.refs += 1
+            if s.online:
+                g.add_member(s, sub)
+        return False
+
+    def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
+        s.subs.pop(sub.filter, None)
+        if sub.group is None:
+            s.direct.pop(sub.queue, None)
+            s.cursors.pop(sub.queue, None)
+            self.delivery.remove_reader(s, sub.queue)
+            if persist and s.persistent:
+                self.metadata.delete_offsets(s.client_id, [sub.queue])
+        else:
+            key = (sub.group, sub.queue)
+            g = self.groups.get(key)
+            if g is not None:
+                g.remove_member(s)
+                g.refs -= 1
+                if g.refs <= 0:
+                    del self.groups[key]
+                    self.delivery.remove_group(g)
+                    self.persist.dirty_groups.discard(g)
+                    self.metadata.delete_offsets(g.consumer, [g.queue])
+        self._release_filter(sub.queue)
+
+    def remove_all(self, s: Session) -> None:
+        for sub in list(s.subs.values()):
+            self.remove(s, sub, persist=False)
+
+    def restore(self, s: Session, sub: ClientSubscription, offset: int | None) -> None:
+        """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
+        s.subs[sub.filter] = sub
+        if T.is_wildcard(sub.queue):
+            self.filter_users[sub.queue] = self.filter_users.get(sub.queue, 0) + 1
+        if sub.group is None:
+            s.direct[sub.queue] = sub
+            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue) if offset is None else offset)
+        else:
+            self._group(sub.group, sub.queue, restoring=True).refs += 1
+
+    # ------------------------------------------------------------------ online / offline
+    def go_online(self, s: Session) -> None:
+        for sub in s.subs.values():
+            if sub.group is None:
+                self.delivery.add_reader(s, sub.queue)
+            else:
+                g = self.groups.get((sub.group, sub.queue))
+                if g is not None:
+                    g.add_member(s, sub)
+
+    def go_offline(self, s: Session) -> None:
+        """Stop reading for `s`; its shared-group messages in flight go back to their group."""
+        for sub in s.subs.values():
+            if sub.group is None:
+                self.delivery.remove_reader(s, sub.queue)
+            else:
+                g = self.groups.get((sub.group, sub.queue))
+                if g is not None:
+                    g.remove_member(s)
+        for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
+            inf = s.outbound.pop(pid)
+            inf.group.take_back(inf.item)
+            self.delivery.kick_queue(inf.group.queue)
+
+    def is_current(self, g: SharedGroup) -> bool:
+        return self.groups.get((g.name, g.queue)) is g
+
+    # ------------------------------------------------------------------ store registrations
+    def sync_store_filters(self) -> None:
+        """Make the store's filter registrations exactly the filters restored sessions use (one
+        registration each); non-persistent sessions alive at a crash left registrations behind."""
+        try:
+            registered = dict(self.lq.registry.filters()) if hasattr(self.lq, "registry") else {}
+        except Exception:
+            registered = {}
+        unregister = getattr(self.lq, "unregister_filter", None)
+        for f, n in registered.items():
+            want = 1 if f in self.filter_users else 0
+            while n > want and unregister is not None:
+                n = unregister(f)
+        for f in self.filter_users:
+            if registered.get(f, 0) == 0:
+                self.lq.register_filter(f)
+
+    def _use_filter(self, q: str) -> None:
+        if not T.is_wildcard(q):
+            return
+        n = self.filter_users.get(q, 0)
+        if n == 0:
+            self.lq.register_filter(q)
+        self.filter_users[q] = n + 1
+
+    def _release_filter(self, q: str) -> None:
+        if not T.is_wildcard(q):
+            return
+        n = self.filter_users.get(q, 0) - 1
+        if n > 0:
+            self.filter_users[q] = n
+            return
+        self.filter_users.pop(q, None)
+        unregister = getattr(self.lq, "unregister_filter", None)
+        if unregister is not None:
+            try:
+                unregister(q)
+            except Exception as e:
+                log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
+
+    def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
+        key = (name, queue)
+        g = self.groups.get(key)
+        if g is None:
+            off = None
+            if restoring:
+                off = self.metadata.get_offset(f"$share/{name}", queue)
+            if off is None:
+                off = self.lq.max_offset(queue)
+            g = SharedGroup(name, queue, off)
+            self.groups[key] = g
+            self.delivery.add_group(g)
+            if not restoring:
+                self.metadata.set_offsets(g.consumer, {queue: off})
+        return g
