@@ -51,6 +51,8 @@ static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_i
 /* set by configure() from store/record.py; encode() refuses to run before */
 static long long HEADER_SIZE = -1, MIN_BLANK, CRC_START, CQ_ENTRY_SIZE;
 static uint32_t MSG_MAGIC, BLANK_MAGIC;
+/* slots of a topic-info list (CommitLog._topic_info; TI_* in store/encoding.py), also from layout */
+static Py_ssize_t ti_topic_bytes, ti_first_level, ti_tags, ti_dq, ti_dq_bytes, ti_len;
 
 /* ------------------------------------------------------------------ CRC-32 (zlib's polynomial) */
 static uint32_t crc_table[8][256];
@@ -205,6 +207,17 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
                      "(phys, size, tags)", cf);
         return -1;
     }
+    long long ti[6];
+    const char *ti_keys[6] = {"ti_topic_bytes", "ti_first_level", "ti_tags", "ti_dq", "ti_dq_bytes", "ti_len"};
+    for (int i = 0; i < 6; i++)
+        if (layout_int(layout, ti_keys[i], &ti[i]) < 0) return -1;
+    for (int i = 0; i < 6; i++) {
+        if (ti[i] < 0 || ti[i] > 64 || (i < 5 && ti[i] >= ti[5])) {
+            PyErr_Format(PyExc_ValueError, "configure: %s = %lld is out of range (ti_len %lld)", ti_keys[i],
+                         ti[i], ti[5]);
+            return -1;
+        }
+    }
     PyObject *fields = PyObject_GetAttrString(dr, "_fields");
     if (fields == NULL) return -1;
     int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
@@ -225,6 +238,12 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
     CQ_ENTRY_SIZE = cqsize;
     MSG_MAGIC = (uint32_t)mm;
     BLANK_MAGIC = (uint32_t)bm;
+    ti_topic_bytes = (Py_ssize_t)ti[0];
+    ti_first_level = (Py_ssize_t)ti[1];
+    ti_tags = (Py_ssize_t)ti[2];
+    ti_dq = (Py_ssize_t)ti[3];
+    ti_dq_bytes = (Py_ssize_t)ti[4];
+    ti_len = (Py_ssize_t)ti[5];
     return 0;
 }
 
@@ -395,17 +414,17 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                 } else {
                     Py_INCREF(ti);
                 }
-                if (!PyList_Check(ti) || PyList_GET_SIZE(ti) < 10) {
+                if (!PyList_Check(ti) || PyList_GET_SIZE(ti) < ti_len) {
                     Py_DECREF(ti);
-                    PyErr_SetString(PyExc_RuntimeError, "bad topic info");
+                    PyErr_SetString(PyExc_RuntimeError, "topic info is not a list of the configured length");
                     goto done;
                 }
                 Py_XSETREF(t_ref, ti);
                 t = ti;
-                PyObject *tb = PyList_GET_ITEM(t, 0);
+                PyObject *tb = PyList_GET_ITEM(t, ti_topic_bytes);
                 tbp = PyBytes_AS_STRING(tb);
                 tl = PyBytes_GET_SIZE(tb);
-                tags_o = PyList_GET_ITEM(t, 2);
+                tags_o = PyList_GET_ITEM(t, ti_tags);
                 tags = PyLong_AsUnsignedLongLong(tags_o);
                 if (PyErr_Occurred()) goto done;
             }
@@ -424,13 +443,13 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                     Py_XSETREF(db, PyBytes_FromStringAndSize("", 0));
                 }
             } else if (has_dq) {
-                if (PyList_GET_ITEM(t, 6) != dq) {
+                if (PyList_GET_ITEM(t, ti_dq) != dq) {
                     PyObject *r = PyObject_CallMethodObjArgs(cl, s_dq_info, t, dq, NULL);
                     if (r == NULL) goto done;
                     Py_DECREF(r);
                 }
                 Py_XSETREF(kb, PyBytes_FromStringAndSize("", 0));
-                Py_XSETREF(db, Py_NewRef(PyList_GET_ITEM(t, 7)));
+                Py_XSETREF(db, Py_NewRef(PyList_GET_ITEM(t, ti_dq_bytes)));
             } else {
                 Py_XSETREF(kb, PyBytes_FromStringAndSize("", 0));
                 Py_XSETREF(db, PyBytes_FromStringAndSize("", 0));
@@ -461,7 +480,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                 invalid("a numeric field is out of range (queue_id/flags u32, born_ts u64 non-negative)");
                 goto done;
             }
-            PyObject *fl = PyList_GET_ITEM(t, 1);
+            PyObject *fl = PyList_GET_ITEM(t, ti_first_level);
             if (last_fl == NULL || (uint32_t)q != qid || fl != last_fl) {
                 PyObject *key;
                 if (last_fl != NULL) {

@@ -108,8 +108,9 @@ class CommitLog:
 
     # ------------------------------------------------------------------ append
     def _topic_info(self, topic: str) -> list:
-        """[topic bytes, first-level name, tags code, topic length, tail Struct w/o keys/queues, 74+len,
-        + the last dispatch-queue tuple seen with this topic and its (encoded, Struct, 74+len+dq)]:
+        """[topic bytes, first-level name, tags code, topic length, tail Struct w/o keys/queues,
+        HEADER_SIZE+len, + the last dispatch-queue tuple seen with this topic and its (encoded,
+        Struct, HEADER_SIZE+len+dq)] (slots named TI_* in store.encoding, read by the C encoder):
         a publisher's topic usually comes with the same dispatch-queue tuple object every time,
         and this saves hashing that tuple and looking up its Struct per record."""
         tb = encode_topic(topic, self.cfg.max_topic_bytes)

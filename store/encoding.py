@@ -43,6 +43,18 @@ _PRE = struct.Struct("<II")                 # queue_id, flags
 _QQ = struct.Struct("<QQ")                  # queue_offset, phys_offset
 _POST = struct.Struct("<QQQIIHHH")          # born_ts, store_ts, tags, body_len, props_len, 3 lengths
 
+# Slots of a topic-info list (`CommitLog._topic_info`, cached per topic in `_topic_cache`): the
+# topic's bytes, its first level (ConsumeQueue name), tags code, byte length, the tail Struct and
+# header size without keys/queues, then the last dispatch-queue tuple seen with the topic, its
+# encoding, Struct and header size. The per-record loops index it with literals (a global name
+# there is a lookup per record), tied to these names by the assert; the C loop gets the
+# positions it reads in LAYOUT.
+(TI_TOPIC_BYTES, TI_FIRST_LEVEL, TI_TAGS, TI_TOPIC_LEN, TI_STRUCT, TI_HBASE, TI_DQ, TI_DQ_BYTES,
+ TI_DQ_STRUCT, TI_DQ_HBASE) = range(10)
+TI_LEN = 10
+assert (TI_TOPIC_BYTES, TI_FIRST_LEVEL, TI_TAGS, TI_TOPIC_LEN, TI_STRUCT, TI_HBASE, TI_DQ, TI_DQ_BYTES,
+        TI_DQ_STRUCT, TI_DQ_HBASE) == tuple(range(10))
+
 # The record format as handed to the C encoder (checked there, see store/_append.c configure()).
 LAYOUT = {
     "header_format": HEADER.format,
@@ -52,6 +64,8 @@ LAYOUT = {
     "msg_magic": MSG_MAGIC,
     "blank_magic": BLANK_MAGIC,
     "cq_entry_format": CQ_ENTRY.format,
+    "ti_topic_bytes": TI_TOPIC_BYTES, "ti_first_level": TI_FIRST_LEVEL, "ti_tags": TI_TAGS,
+    "ti_dq": TI_DQ, "ti_dq_bytes": TI_DQ_BYTES, "ti_len": TI_LEN,
 }
 assert PREFIX.size <= MIN_BLANK and PREFIX3.size == CRC_START
 

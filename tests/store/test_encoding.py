@@ -127,6 +127,7 @@ def c_mod():
     ({"min_blank": 4}, "min_blank"),
     ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
     ({"cq_entry_format": "<QQQ"}, "ConsumeQueue"),
+    ({"ti_dq": 10}, "ti_dq"),
 ])
 def test_the_c_encoder_refuses_a_layout_it_does_not_write(c_mod, change, words, tmp_path):
     with pytest.raises(ValueError, match=words):
@@ -135,6 +136,18 @@ def test_the_c_encoder_refuses_a_layout_it_does_not_write(c_mod, change, words, 
     with pytest.raises(RuntimeError, match="configure"):   # unusable until configured again
         c_mod.encode([Message("a", b"")], cl, cl._topic_cache, cl._names_cache, cl.queue_table, 0, SEG, SEG,
                      STORE_TS, 4096, False)
+
+
+@needs_c
+def test_the_c_encoder_reads_the_topic_info_slots_it_is_given(c_mod, tmp_path):
+    """Hand it the tags-code slot as the topic-length slot: the tags code it writes changes."""
+    cl = new_log(tmp_path, "ti")
+    msgs = [Message("a/b", b"x")]
+    args = (0, SEG, SEG, STORE_TS, 4096, False)
+    good = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {}, *args)[3][0]
+    encoding.configure_c(c_mod, {**encoding.LAYOUT, "ti_tags": encoding.TI_TOPIC_LEN})
+    moved = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {}, *args)[3][0]
+    assert good.tags_code == cl._topic_cache["a/b"][encoding.TI_TAGS] and moved.tags_code == 3
 
 
 @needs_c
