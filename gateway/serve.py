@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         loop_name = "asyncio"
     try:
-        return asyncio.run(_serve(cfg, loop_name))
+        explicit = args.store_port is not None or "store_port" in file_values
+        return asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally catches it
         return 0
 
@@ -111,7 +112,7 @@ def check_data_dir(path: str) -> str | None:
     return None
 
 
-async def _serve(cfg, loop_name: str) -> int:
+async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     from lmqtt.gateway.server import Gateway
 
     gw = Gateway(cfg)
@@ -152,12 +153,27 @@ async def _serve(cfg, loop_name: str) -> int:
             await gw.stop()
             return 2
         except OSError as e:
-            print(f"lmqtt serve: cannot listen on store port {cfg.store_host}:{cfg.store_port}: "
-                  f"{e.strerror or e}", file=sys.stderr)
-            await gw.stop()
-            return 1
-        sh, sp = store_srv.address
-        store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
+            if e.filename:
+                print(f"lmqtt serve: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+                await gw.stop()
+                return 1
+            why = f"cannot listen on store port {cfg.store_host}:{cfg.store_port}: {e.strerror or e}"
+            if store_port_explicit:
+                print(f"lmqtt serve: {why}", file=sys.stderr)
+                if store_srv is not None:
+                    store_srv.meta.close()
+                await gw.stop()
+                return 1
+            # the default port is taken (e.g. another lmqtt on this machine): MQTT still serves,
+            # the banner and the log say why the SDK port is missing; pass --store-port to insist
+            log.warning("event=store_listen_failed host=%s port=%s error=%s", cfg.store_host, cfg.store_port, e)
+            if store_srv is not None:
+                store_srv.meta.close()
+            store_srv = None
+            store_url = f"unavailable ({why}; set --store-port)"
+        if store_srv is not None:
+            sh, sp = store_srv.address
+            store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
     _tune_gc(cfg)
     metrics_url = "off"
     if cfg.metrics_port:

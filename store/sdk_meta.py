@@ -84,11 +84,19 @@ class SdkMetadata:
 
     def seen(self, pid: str, seq: int):
         """None if (pid, seq) was never stored; else the stored results (list of [phys, qoff]),
-        or [] when the batch is older than the window (stored, results forgotten)."""
+        or [] when the batch is older than the window (stored long ago, results forgotten).
+
+        Membership in the window, not "seq <= last": batches in flight together may be re-sent
+        out of order after a lost connection, and a later one stored first must not make an
+        earlier, never-stored one look like a duplicate."""
         st = self._producer(pid)
-        if seq > st["seq"]:
-            return None
-        return st["w"].get(str(seq), [])
+        w = st["w"]
+        r = w.get(str(seq))
+        if r is not None:
+            return r
+        if len(w) >= DEDUP_WINDOW and seq < min(int(k) for k in w):
+            return []
+        return None
 
     def remember(self, pid: str, seq: int, results: list) -> None:
         st = self._producer(pid)

@@ -64,7 +64,9 @@ class Producer:
     def __init__(self, conn: Connection, producer_id: str | None = None, *, retries: int = 5) -> None:
         self.conn = conn
         self.producer_id = producer_id or uuid.uuid4().hex
-        self._seq = itertools.count(int(time.time() * 1000) << 16 if producer_id is None else 1)
+        # sequences must grow across restarts of a producer that keeps its id: start from the
+        # clock in microseconds (a restarted process starts above anything it sent before)
+        self._seq = itertools.count(time.time_ns() // 1000)
         self._seq_lock = threading.Lock()
         self.retries = retries
 
@@ -201,6 +203,8 @@ class AutoBatchProducer:
                     from .connection import StoreClientError
                     raise StoreClientError(*W.parse_error(b))
                 res = self.p._results(b)
+                if len(res) != len(futs):     # a duplicate older than the store's window: stored
+                    res = [None] * len(futs)  # long ago, offsets forgotten
                 for fu, r in zip(futs, res):
                     fu.set_result(r)
             except ConnectionLost as e:

@@ -182,9 +182,14 @@ def test_producer_retry_same_sequence_stored_once_even_across_restart(tmp_path):
         assert [r.body for r in _pull_all(c, "dedup", want=2)] == [b"one", b"two"]
         time.sleep(0.2)
         assert len(c.pull("dedup", 0, 0).records) == 2
-        # a new sequence is stored
-        c.producer("producer-A").send_packed(2, packed, seq=8)
-        assert len(_pull_all(c, "dedup", want=4)) == 4
+        # a new sequence is stored; batches re-sent out of order are each stored once
+        pa = c.producer("producer-A")
+        pa.send_packed(2, packed, seq=10)
+        pa.send_packed(2, packed, seq=9)        # in flight with 10, re-sent after it: not a duplicate
+        pa.send_packed(2, packed, seq=10)
+        # a new Producer object with the same id (a restarted process) continues above
+        assert c.producer("producer-A").send("dedup/x", b"three").queue_offset == 6
+        assert len(_pull_all(c, "dedup", want=7)) == 7
         c.close()
     finally:
         srv.stop()
@@ -391,3 +396,21 @@ def test_async_connection_send_and_pull(lmqtt_store):
         assert sorted(int(r.body) for r in res.records) == list(range(50))
         await c.close()
     asyncio.run(go())
+
+
+def test_serve_store_port_taken_is_named(tmp_path):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", str(free_port()),
+                            "--metrics-port", "0", "--data-dir", str(tmp_path / "d"), "--store-port", str(port)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1
+        assert f"cannot listen on store port 127.0.0.1:{port}" in r.stderr
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
+                            "--data-dir", str(tmp_path / "s")], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    finally:
+        busy.close()
