@@ -1,10 +1,13 @@
-"""The MQTT broker logic of one gateway: CONNECT/SUBSCRIBE/PUBLISH/ack handling, session lifecycle,
-retained messages, wills, shared groups, offset persistence, keepalive.
+"""The MQTT broker logic of one gateway: what happens on each packet (CONNECT, PUBLISH, the acks,
+SUBSCRIBE, UNSUBSCRIBE, DISCONNECT), retained messages, keepalive and shutdown.
 
-Why one class here and the mechanics elsewhere: this file is the protocol's decision table (what
-happens on each packet), readable top to bottom; encoding is in `gateway.mqtt`, the socket in
-`connection.py`, the store write in `publish.py`, the pull/fan-out in `delivery.py`, per-client state
-in `session.py`. Everything runs on the event loop thread; nothing here blocks except short RocksDB
+Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
+top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket and write batching are in
+`connection.py`; the store write in `publish.py`; the pull/fan-out in `delivery.py`; per-client state
+in `session.py`; which sessions exist, who owns them, expiry and wills in `session_registry.py`;
+subscriptions, shared groups and filter registrations in `subscriptions.py`; offset/session
+persistence in `persistence.py`. Those modules never import this one: they get the few callbacks
+they need as plain callables. Everything runs on the event loop thread; nothing here blocks except short RocksDB
 metadata writes (sessions/offsets change at subscribe/ack rate and are batched per 100 ms).
 """
 from __future__ import annotations
@@ -12,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway import record_props
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
 from lmqtt.gateway.record_props import safe_decode
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, StoredMessage
+from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
@@ -36,10 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lmqtt.gateway")
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Broker:
     def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
                  metrics: "GatewayMetrics") -> None:
@@ -49,8 +47,6 @@ class Broker:
         self.metadata = lq.metadata
         self.loop = loop
         self.metrics = metrics
-        self.sessions: dict[str, Session] = {}
-        self.conns_by_id: dict[str, "MQTTConnection"] = {}
         self.connections: set["MQTTConnection"] = set()
         self.persist = SessionPersistence(self.metadata)
         self.writes = WriteBatcher(loop)
@@ -59,11 +55,13 @@ class Broker:
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush)
         self.subscriptions = SubscriptionRegistry(lq, self.metadata, self.delivery, self.persist)
+        self.session_registry = SessionRegistry(loop, metrics, self.metadata, self.persist, self.subscriptions,
+                                                self._publish_will)
+        self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
         self.publisher = PublishPipeline(store, lq, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush)
-        self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
@@ -77,53 +75,16 @@ class Broker:
     # ======================================================================= lifecycle
     def start(self) -> None:
         """Restore persistent sessions and shared groups from metadata; publish wills of a crash."""
-        n = self._restore_sessions()
+        n = self.session_registry.restore()
         self.subscriptions.sync_store_filters()
-        wills = self._publish_orphan_wills()
-        self.metrics.sessions.set(len(self.sessions))
+        wills = self.session_registry.publish_orphan_wills()
         self._tick_sweep()
         self._tick_offsets()
         log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
 
-    def _restore_sessions(self) -> int:
-        now = _now_ms()
-        n = 0
-        for rec, offsets in self.persist.load_sessions():
-            last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
-            exp = rec.expiry_interval
-            if exp <= 0 or (exp != NEVER_EXPIRES and now - last >= exp * 1000):
-                self.persist.delete_session(rec.client_id)
-                continue
-            s = Session(rec.client_id)
-            s.version = rec.protocol_version
-            s.expiry_interval = exp
-            s.disconnected_at_ms = last
-            for rs in rec.subscriptions:
-                flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
-                sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
-                                         rs.retain_as_published, rs.retain_handling)
-                self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
-            self.sessions[s.client_id] = s
-            if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
-                self._save_session(s)
-            self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
-            n += 1
-        return n
-
-    def _publish_orphan_wills(self) -> int:
-        n = 0
-        try:
-            wills = self.metadata.list_wills()
-        except Exception as e:
-            log.error("event=list_wills_failed error=%r", e)
-            return 0
-        for cid, w in wills:
-            self.metadata.pop_will(cid)
-            meta = safe_decode(w.props)
-            self.publisher.submit(None, w.qos, None, w.topic, w.payload, w.retain, cid,
-                                  meta.to_properties() if meta.has_app_properties() else None)
-            n += 1
-        return n
+    def _publish_will(self, client_id: str, qos: int, topic: str, payload: bytes, retain: bool,
+                      props: P.Properties | None) -> None:
+        self.publisher.submit(None, qos, None, topic, payload, retain, client_id, props)
 
     async def shutdown(self, timeout: float = 3.0) -> None:
         """Stop accepting, close every connection (MQTT 5: DISCONNECT 0x8B), persist state."""
@@ -147,12 +108,8 @@ class Broker:
         for t in (self._sweep_handle, self._offsets_handle):
             if t is not None:
                 t.cancel()
-        for t, _w in self._will_timers.values():
-            t.cancel()
+        self.session_registry.close()
         self._flush_offsets()
-        for s in self.sessions.values():
-            if s.expiry_handle is not None:
-                s.expiry_handle.cancel()
         try:
             self.metadata.flush()
         except Exception as e:
@@ -170,7 +127,7 @@ class Broker:
         if conn.connected:
             self.metrics.connections.dec()
             conn.connected = False
-            self._detach(conn)
+            self.session_registry.detach(conn)
 
     def on_writable(self, conn: "MQTTConnection") -> None:
         """The socket drained below its low-water mark: deliver what was held back."""
@@ -226,41 +183,22 @@ class Broker:
             expiry = 0 if pkt.clean_start else NEVER_EXPIRES
         expiry = min(expiry, cfg.max_session_expiry_s)
 
-        old = self.conns_by_id.get(cid)
+        registry = self.session_registry
+        old = registry.owner(cid)
         if old is not None and old is not conn:
             log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
             old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
-            self._detach(old)
+            registry.detach(old)
             old.connected = False
             self.metrics.connections.dec()
-        wt = self._will_timers.pop(cid, None)
-        if wt is not None:   # reconnected within the will delay: the will is not sent (MQTT 5 §3.1.3.2.2)
-            wt[0].cancel()
-            self.metadata.pop_will(cid)
-
-        s = self.sessions.get(cid)
-        if s is not None and pkt.clean_start:
-            self._end_session(s)
-            s = None
-        present = s is not None
-        if s is None:
-            s = Session(cid)
-            self.sessions[cid] = s
-            self.metrics.sessions.set(len(self.sessions))
-        if s.expiry_handle is not None:
-            s.expiry_handle.cancel()
-            s.expiry_handle = None
+        s, present = registry.open(cid, pkt.clean_start)
         was_persistent = s.persistent
         s.expiry_interval = expiry
         s.version = v
         rm = props.receive_maximum if (v == 5 and props.receive_maximum) else 65535
         s.receive_max = max(1, min(rm, cfg.max_inflight))
-        s.disconnected_at_ms = None
-        conn.client_id = cid
-        conn.session = s
+        registry.attach(conn, s)
         conn.connected = True
-        s.conn = conn
-        self.conns_by_id[cid] = conn
         keepalive = pkt.keepalive
         server_keepalive = None
         if keepalive > cfg.max_keepalive:
@@ -268,15 +206,7 @@ class Broker:
         conn.keepalive = keepalive
         conn.will = pkt.will
         if pkt.will is not None:
-            w = pkt.will
-            try:
-                from lmqtt.lightqueue.records import WillRecord
-                delay = (w.properties.will_delay_interval or 0) if v == 5 else 0
-                self.metadata.put_will(cid, WillRecord(w.topic, w.payload, w.qos, w.retain,
-                                                   record_props.encode(w.qos, w.retain, cid, w.properties),
-                                                   delay, _now_ms()))
-            except Exception as e:
-                log.error("event=put_will_failed client_id=%s error=%r", cid, e)
+            registry.store_will(cid, pkt.will, v)
         if s.persistent:
             self._save_session(s)
         elif was_persistent:
@@ -301,86 +231,6 @@ class Broker:
         self.subscriptions.go_online(s)
         s.resend_inflight()
         self.delivery.kick(s)
-
-    # ======================================================================= detach / end
-    def _detach(self, conn: "MQTTConnection") -> None:
-        """The connection is gone (or taken over): session goes offline or ends; the will fires."""
-        s = conn.session
-        conn.session = None
-        if s is None:
-            return
-        cid = s.client_id
-        if self.conns_by_id.get(cid) is conn:
-            del self.conns_by_id[cid]
-        if s.conn is conn:
-            s.conn = None
-        self.subscriptions.go_offline(s)     # shared-group messages in flight go back to the group
-        s.retained_backlog.clear()
-        if conn.will is not None:
-            self._schedule_will(cid, conn.will, s, conn.version)
-            conn.will = None
-        if not s.persistent:
-            self._end_session(s)
-        else:
-            s.disconnected_at_ms = _now_ms()
-            self._save_session(s)
-            self._flush_session_offsets(s)
-            self._schedule_expiry(s)
-
-    def _end_session(self, s: Session) -> None:
-        self.subscriptions.remove_all(s)
-        s.outbound.clear()
-        if s.expiry_handle is not None:
-            s.expiry_handle.cancel()
-            s.expiry_handle = None
-        self.persist.dirty_sessions.discard(s)
-        if self.sessions.get(s.client_id) is s:
-            del self.sessions[s.client_id]
-        self.persist.delete_session(s.client_id)
-        self.metrics.sessions.set(len(self.sessions))
-
-    def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
-        if s.expiry_handle is not None:
-            s.expiry_handle.cancel()
-            s.expiry_handle = None
-        if s.expiry_interval == NEVER_EXPIRES:
-            return
-        delay = s.expiry_interval if remaining_ms is None else max(0.0, remaining_ms / 1000.0)
-        s.expiry_handle = self.loop.call_later(delay, self._expire, s.client_id)
-
-    def _expire(self, cid: str) -> None:
-        s = self.sessions.get(cid)
-        if s is not None and not s.online:
-            log.info("event=session_expired client_id=%s", cid)
-            self._end_session(s)
-            wt = self._will_timers.pop(cid, None)   # session end publishes a delayed will now
-            if wt is not None:
-                wt[0].cancel()
-                self._publish_will(cid, wt[1])
-
-    # ======================================================================= will
-    def _schedule_will(self, cid: str, will: P.Will, s: Session, version: int) -> None:
-        delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
-        delay = min(delay, s.expiry_interval) if s.persistent else 0
-        if delay <= 0:
-            self._publish_will(cid, will)
-        else:
-            self._will_timers[cid] = (self.loop.call_later(delay, self._publish_will, cid, will), will)
-
-    def _publish_will(self, cid: str, will: P.Will) -> None:
-        self._will_timers.pop(cid, None)
-        try:
-            self.metadata.pop_will(cid)
-        except Exception as e:
-            log.error("event=pop_will_failed client_id=%s error=%r", cid, e)
-        try:
-            T.validate_topic(will.topic)
-        except InvalidTopicName as e:
-            log.warning("event=will_dropped client_id=%s error=%s", cid, e)
-            return
-        log.info("event=will_published client_id=%s topic=%s", cid, will.topic)
-        self.publisher.submit(None, will.qos, None, will.topic, will.payload, will.retain, cid,
-                              will.properties)
 
     # ======================================================================= PUBLISH in
     def on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
@@ -527,11 +377,11 @@ class Broker:
         for topic, payload, props in found:
             if s.conn is None:
                 return
-            meta = safe_decode(props)
-            if sub.no_local and meta.client_id == s.client_id:
+            record = safe_decode(props)
+            if sub.no_local and record.client_id == s.client_id:
                 continue
-            qos = min(sub.qos, meta.qos)
-            it = StoredMessage(topic, payload, meta)
+            qos = min(sub.qos, record.qos)
+            it = StoredMessage(topic, payload, record)
             if qos and (s.retained_backlog or not s.window_open()):
                 s.retained_backlog.append((it, qos))   # sent as acks open the window
             else:
@@ -575,10 +425,7 @@ class Broker:
         if not (conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE):
             if conn.will is not None:
                 conn.will = None
-                try:
-                    self.metadata.pop_will(s.client_id)
-                except Exception as e:
-                    log.error("event=pop_will_failed client_id=%s error=%r", s.client_id, e)
+                self.session_registry.drop_will(s.client_id)
         conn.close()
 
     def on_auth(self, conn, pkt) -> None:

@@ -1,7 +1,7 @@
 """Delivery: notify events -> pull from light queues at each session's offset -> PUBLISH.
 
-Why pull and not push-per-message (seed 000, "推送模型"): the notify bus only says *which* queues
-have new entries. For every such queue with local readers we group the online sessions by their
+Why pull and not push-per-message (RocketMQ-MQTT's push-pull model): the notify bus only says
+*which* queues have new entries. For every such queue with local readers we group the online sessions by their
 cursor and do ONE `lq.pull` per distinct offset (sessions that keep up share an offset, so a
 broadcast to N clients costs one read), decode each message once (`StoredMessage`), encode each PUBLISH
 variant once, and only patch packet ids per subscriber. Offsets advance only as far as what was
@@ -60,7 +60,7 @@ class DeliveryEngine:
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
         self._metas: dict[bytes, object] = {}
-        # queue -> [first queue offset, Items]: the newest entries of queues with local readers,
+        # queue -> [first queue offset, messages]: the newest entries of queues with local readers,
         # from the records the loop appended itself (see `record_appended`); bounded in total
         self._recent: dict[str, list] = {}
         self._recent_items = 0
@@ -165,7 +165,7 @@ class DeliveryEngine:
         records are in hand. The batch's entries of queue q are then exactly the last k entries of
         q, in record order (the gateway is the store's only appender and everything before the
         batch was visible), so their queue offsets are known without reading the index. Each queue
-        with local readers keeps its newest entries as ready Items; `_deliver_direct` serves a
+        with local readers keeps its newest entries as ready messages; `_deliver_direct` serves a
         cursor inside that range from them and pulls for anyone behind it. A ring whose end does
         not meet the new entries (an append dispatched by the store's thread came in between, or
         a reader subscribed later) starts over at the new entries."""
@@ -359,7 +359,7 @@ class DeliveryEngine:
                 nxt = off + len(items)
             else:
                 # never read more than the roomiest reader at this offset can take: a QoS 1 window
-                # with 10 free slots must not pull (and build Items for) 64 messages it cannot send
+                # with 10 free slots must not pull (and build messages for) 64 messages it cannot send
                 res = self._pull(q, off, want[off])
                 msgs = res.messages
                 nxt = res.next_offset

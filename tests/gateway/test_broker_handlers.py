@@ -203,3 +203,47 @@ def test_qos2_inbound_flow_pubrec_pubrel_pubcomp(tmp_path, version):
         comps = await c.wait_for(P.PubComp, 2)
         assert comps[1].reason_code == (ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if version == 5 else 0)
     run(tmp_path, body)
+
+
+def test_will_is_published_when_the_connection_drops_without_disconnect(tmp_path):
+    async def body(gw):
+        watcher, dying = Client(gw, version=4), Client(gw)
+        await watcher.connect("watcher")
+        watcher.send(P.Subscribe(1, [P.SubscriptionRequest("wills/#", qos=1)]))
+        await watcher.wait_for(P.SubAck)
+        c = P.Connect(client_id="dying", protocol_level=5,
+                      will=P.Will("wills/dying", b"gone", qos=1, retain=False))
+        dying.send(c)
+        await dying.wait_for(P.ConnAck)
+        assert [cid for cid, _w in gw.broker.metadata.list_wills()] == ["dying"]   # kept for a crash
+        dying.transport.close()                      # network loss: connection_lost, no DISCONNECT
+        m, = await watcher.wait_for(P.Publish)
+        assert (m.topic, m.payload) == ("wills/dying", b"gone")
+        assert list(gw.broker.metadata.list_wills()) == []
+    run(tmp_path, body)
+
+
+def test_persistent_session_and_its_wildcard_filter_survive_a_gateway_restart(tmp_path):
+    async def first(gw):
+        c = Client(gw)
+        await c.connect("keeper", clean=False, session_expiry_interval=3600)
+        c.send(P.Subscribe(1, [P.SubscriptionRequest("p/+", qos=1),
+                               P.SubscriptionRequest("$share/g/p/+", qos=1)]))
+        await c.wait_for(P.SubAck)
+        c.send(P.Disconnect())
+        await asyncio.sleep(0)
+
+    async def second(gw):
+        s = gw.broker.sessions["keeper"]
+        assert not s.online and set(s.subs) == {"p/+", "$share/g/p/+"}
+        assert gw.lq.registry.refcount("p/+") == 1       # one registration for both users
+        pub, c = Client(gw), Client(gw)
+        await pub.connect("pub")
+        pub.send(P.Publish("p/1", b"while away", qos=1, packet_id=1))
+        await pub.wait_for(P.PubAck)
+        ack = await c.connect("keeper", clean=False, session_expiry_interval=3600)
+        assert ack.session_present
+        got = await c.wait_for(P.Publish, 2)             # once per subscription: direct and shared
+        assert sorted(m.payload for m in got) == [b"while away", b"while away"]
+    run(tmp_path, first)
+    run(tmp_path, second)

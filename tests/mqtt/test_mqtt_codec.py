@@ -467,3 +467,49 @@ def test_version_known_after_a_malformed_v5_connect():
     with pytest.raises(ProtocolError, match="client identifier"):
         d.feed(b"\x10" + bytes((len(body),)) + body)
     assert d.version == 5  # so the server can answer CONNACK 0x81 in MQTT 5
+
+
+# ----------------------------------------------------------------------------- server-side helpers
+@pytest.mark.parametrize("version", [4, 5])
+def test_success_acks_equal_encoded_puback_and_pubrec(version):
+    from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, encode_success_acks
+    acks = [(1, 1), (2, 256), (1, 65535), (2, 7)]
+    words = []
+    for qos, pid in acks:
+        words += [SUCCESS_ACK_HEAD[qos], pid]
+    want = b"".join(encode(P.PubAck(pid) if qos == 1 else P.PubRec(pid), version) for qos, pid in acks)
+    assert encode_success_acks(words) == want
+    assert encode_success_acks(words[:2]) == encode(P.PubAck(1), version)
+
+
+def test_connack_refusal_and_malformed_connect_reply():
+    from lmqtt.gateway.mqtt import encode_connack_refusal, encode_malformed_connect_reply
+    want5 = P.ConnAck(False, ReasonCode.NOT_AUTHORIZED)
+    want5.properties.reason_string = "no"
+    assert encode_connack_refusal(ReasonCode.NOT_AUTHORIZED, "no", 5) == encode(want5, 5)
+    assert decode_one(encode_connack_refusal(ReasonCode.NOT_AUTHORIZED, "no", 4), 4,
+                      server_side=False).reason_code == 5
+    assert encode_malformed_connect_reply(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, "x", 4) == bytes(
+        [0x20, 2, 0, 1])
+    assert encode_malformed_connect_reply(ReasonCode.MALFORMED_PACKET, "x", 4) is None
+    assert encode_malformed_connect_reply(ReasonCode.MALFORMED_PACKET, "x", None) is None
+    ack = decode_one(encode_malformed_connect_reply(ReasonCode.TOPIC_ALIAS_INVALID, "bad", 5), 5,
+                     server_side=False)
+    assert ack.reason_code == ReasonCode.MALFORMED_PACKET      # CONNACK cannot carry 0x94
+    ack = decode_one(encode_malformed_connect_reply(ReasonCode.PACKET_TOO_LARGE, "big", 5), 5,
+                     server_side=False)
+    assert ack.reason_code == ReasonCode.PACKET_TOO_LARGE and ack.properties.reason_string == "big"
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_publish_template_encode_every_variant_equals_plain_encoding(version):
+    props = _v5_props(content_type="a") if version == 5 else None
+    t = PublishTemplate("v/1", b"p" * 200, 0, False, props, version)
+    for qos in (0, 1, 2):
+        for retain in (False, True):
+            for dup in (False, True):
+                pid = 300 if qos else None
+                want = encode_publish("v/1", b"p" * 200, qos, retain, dup and qos > 0, pid, props, version)
+                assert t.encode(qos, retain, version, pid, dup and qos > 0) == want
+    with pytest.raises(ValueError):
+        t.encode(1, False, version, None)
