@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt store: {e}", file=sys.stderr)
         return 2
     _setup_logging(cfg["log_level"])
+    # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
+    # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
+    sys.setswitchinterval(0.0005)
     try:
         import uvloop  # type: ignore
         uvloop.install()

@@ -198,7 +198,8 @@ def decode_produce(body: bytes):
 
 def encode_produced(results) -> bytes:
     """results: list of (phys_offset, queue_offset)."""
-    return struct.pack(">I", len(results)) + b"".join(PRODUCED_ENTRY.pack(p, q) for p, q in results)
+    flat = [x for pq in results for x in pq]
+    return struct.pack(f">I{len(flat)}Q", len(results), *flat)
 
 
 def decode_produced(body: bytes) -> list[tuple[int, int]]:

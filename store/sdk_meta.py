@@ -7,7 +7,7 @@ queues keep their own metadata (sessions, retained, filters) where the gateway r
 
 Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<topic>\\0<qid>" or
                                      "lq\\0<filter>")
-       p\\0<producer id>           -> JSON {"seq": last, "w": {seq: [[phys, qoff], ...]}} (window)
+       p\\0<producer id>\\0<u64 seq> -> PRODUCED reply body of that batch (the last 64 per producer)
        s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
        f\\0<filter>                -> b"1": a filter an SDK consumer registered (lightqueue/service.py)
 """
@@ -74,39 +74,55 @@ class SdkMetadata:
         return sorted(out)
 
     # ---------------------------------------------------------------- producer dedup
-    def _producer(self, pid: str) -> dict:
-        st = self._producers.get(pid)
-        if st is None:
-            v = self._db.get(f"p\0{pid}".encode())
-            st = json.loads(v) if v is not None else {"seq": 0, "w": {}}
-            self._producers[pid] = st
-        return st
+    # one key per remembered batch: p\0<producer id>\0<u64 sequence> -> the PRODUCED reply body
+    # (binary, as sent), so remembering a batch costs one small put, never a re-encode of a window
+    @staticmethod
+    def _pkey(pid: str, seq: int) -> bytes:
+        return f"p\0{pid}\0".encode() + _U64.pack(seq)
 
-    def seen(self, pid: str, seq: int):
-        """None if (pid, seq) was never stored; else the stored results (list of [phys, qoff]),
-        or [] when the batch is older than the window (stored long ago, results forgotten).
+    def _window(self, pid: str) -> list[int]:
+        w = self._producers.get(pid)
+        if w is None:
+            prefix = f"p\0{pid}\0".encode()
+            w = []
+            it = self._db.iter()
+            it.seek(prefix)
+            while it.valid():
+                k = it.key()
+                if not k.startswith(prefix):
+                    break
+                if len(k) == len(prefix) + 8:
+                    w.append(_U64.unpack(k[len(prefix):])[0])
+                it.next()
+            w.sort()
+            self._producers[pid] = w
+        return w
+
+    def seen(self, pid: str, seq: int) -> bytes | None:
+        """None if (pid, seq) was never stored; else the PRODUCED body sent for it, or b"" when the
+        batch is older than the window (stored long ago, results forgotten).
 
         Membership in the window, not "seq <= last": batches in flight together may be re-sent
         out of order after a lost connection, and a later one stored first must not make an
         earlier, never-stored one look like a duplicate."""
-        st = self._producer(pid)
-        w = st["w"]
-        r = w.get(str(seq))
-        if r is not None:
-            return r
-        if len(w) >= DEDUP_WINDOW and seq < min(int(k) for k in w):
-            return []
+        w = self._window(pid)
+        if not w:
+            return None
+        v = self._db.get(self._pkey(pid, seq))
+        if v is not None:
+            return v
+        if len(w) >= DEDUP_WINDOW and seq < w[0]:
+            return b""
         return None
 
-    def remember(self, pid: str, seq: int, results: list) -> None:
-        st = self._producer(pid)
-        st["seq"] = max(st["seq"], seq)
-        w = st["w"]
-        w[str(seq)] = results
-        if len(w) > DEDUP_WINDOW:
-            for k in sorted(w, key=int)[:len(w) - DEDUP_WINDOW]:
-                del w[k]
-        self._db.put(f"p\0{pid}".encode(), json.dumps(st, separators=(",", ":")).encode(), self._wo)
+    def remember(self, pid: str, seq: int, produced_body: bytes) -> None:
+        w = self._window(pid)
+        self._db.put(self._pkey(pid, seq), produced_body, self._wo)
+        w.append(seq)
+        if len(w) > 1 and w[-2] > seq:
+            w.sort()
+        while len(w) > DEDUP_WINDOW:
+            self._db.delete(self._pkey(pid, w.pop(0)))
 
     # ---------------------------------------------------------------- POP + filters
     def put_json(self, key: str, obj) -> None:

@@ -112,13 +112,13 @@ class StoreServer:
 
     # ---------------------------------------------------------------- produce
     def produce(self, body: bytes):
-        """Decode, dedup, route and append one PRODUCE. -> (results list, durable future or None,
+        """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
         duplicate flag)."""
         pid, seq, items = W.decode_produce(body)
         if pid and seq:
             prev = self.meta.seen(pid, seq)
             if prev is not None:
-                return prev, None, True
+                return prev or W.encode_produced([]), None, True
         route = self.router
         now = int(time.time() * 1000)
         msgs = []
@@ -126,12 +126,12 @@ class StoreServer:
             dq = route(topic) if route is not None else ()
             msgs.append(Message(topic, mbody, qid, 0, props, keys, born or now, dq))
         if not msgs:
-            return [], None, False
+            return W.encode_produced([]), None, False
         rs = self.store.append_batch(msgs)
-        results = [(r.phys_offset, r.queue_offset) for r in rs]
+        out = W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
         if pid and seq:
-            self.meta.remember(pid, seq, results)
-        return results, rs[-1].durable, False
+            self.meta.remember(pid, seq, out)
+        return out, rs[-1].durable, False
 
     # ---------------------------------------------------------------- built-in CALLs
     def _register_builtin(self) -> None:
@@ -322,7 +322,7 @@ class StoreConnection(asyncio.Protocol):
             if durable is None or durable.done():
                 if durable is not None:
                     durable.result()
-                self._send(W.frame(W.OP_PRODUCED, rid, W.encode_produced(results), 1 if dup else 0))
+                self._send(W.frame(W.OP_PRODUCED, rid, results, 1 if dup else 0))
             else:
                 asyncio.ensure_future(self._reply_durable(rid, results, durable))
         elif op == W.OP_PULL:
@@ -370,4 +370,4 @@ class StoreConnection(asyncio.Protocol):
         except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
             self._error(rid, W.E_STORE, f"flush failed: {type(e).__name__}: {e}")
             return
-        self._send(W.frame(W.OP_PRODUCED, rid, W.encode_produced(results)))
+        self._send(W.frame(W.OP_PRODUCED, rid, results))
