@@ -156,13 +156,14 @@ class PasswordFile:
         return Identity(creds.username, creds.client_id, "password", creds.cert_subject)
 
 
-def read_password_file(path: str) -> dict[str, str]:
+def password_file_entries(path: str):
+    """(line number, user, stored) for each entry of a `user:...` file; comments and blank lines
+    skipped. Raises AuthError naming the file (and line) when it cannot be read or parsed."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
         raise AuthError(f"cannot read password file {path}: {e.strerror or e}") from e
-    users: dict[str, str] = {}
     for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -170,6 +171,12 @@ def read_password_file(path: str) -> dict[str, str]:
         user, sep, stored = line.partition(":")
         if not sep or not user:
             raise AuthError(f"{path}:{n}: expected user:hash")
+        yield n, user, stored
+
+
+def read_password_file(path: str) -> dict[str, str]:
+    users: dict[str, str] = {}
+    for n, user, stored in password_file_entries(path):
         problem = _check_hash_form(stored)
         if problem:
             raise AuthError(f"{path}:{n}: user {user!r}: {problem}")

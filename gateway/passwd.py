@@ -15,7 +15,8 @@ import getpass
 import os
 import sys
 
-from lmqtt.gateway.auth import AuthError, hash_password, read_password_file, write_password_file
+from lmqtt.gateway.auth import (AuthError, hash_password, password_file_entries, read_password_file,
+                                write_password_file)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,21 +33,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _upgrade(path: str) -> int:
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        print(f"lmqtt passwd: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        users = {user: stored if stored.startswith("$") else hash_password(stored)
+                 for _n, user, stored in password_file_entries(path)}
+    except AuthError as e:
+        print(f"lmqtt passwd: {e}", file=sys.stderr)
         return 1
-    users: dict[str, str] = {}
-    for n, line in enumerate(lines, 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        user, sep, pw = s.partition(":")
-        if not sep or not user:
-            print(f"lmqtt passwd: {path}:{n}: expected user:password", file=sys.stderr)
-            return 1
-        users[user] = pw if pw.startswith("$") else hash_password(pw)
     write_password_file(path, users)
     return 0
 
