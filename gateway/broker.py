@@ -21,7 +21,7 @@ from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, StoredMessage
+from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, OutboundMessage
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
@@ -381,7 +381,7 @@ class Broker:
             if sub.no_local and record.client_id == s.client_id:
                 continue
             qos = min(sub.qos, record.qos)
-            it = StoredMessage(topic, payload, record)
+            it = OutboundMessage(topic, payload, record)
             if qos and (s.retained_backlog or not s.window_open()):
                 s.retained_backlog.append((it, qos))   # sent as acks open the window
             else:

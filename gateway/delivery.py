@@ -3,7 +3,7 @@
 Why pull and not push-per-message (RocketMQ-MQTT's push-pull model): the notify bus only says
 *which* queues have new entries. For every such queue with local readers we group the online sessions by their
 cursor and do ONE `lq.pull` per distinct offset (sessions that keep up share an offset, so a
-broadcast to N clients costs one read), decode each message once (`StoredMessage`), encode each PUBLISH
+broadcast to N clients costs one read), decode each message once (`OutboundMessage`), encode each PUBLISH
 variant once, and only patch packet ids per subscriber. Offsets advance only as far as what was
 acknowledged, so anything not sent (window full, socket above its high-water mark, client offline)
 simply stays in the store and is pulled later.
@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import InFlight, StoredMessage, Session, ClientSubscription
+from lmqtt.gateway.session import InFlight, OutboundMessage, Session, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
@@ -55,7 +55,7 @@ class DeliveryEngine:
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
         self._dirty: set[str] = set()
         self._scheduled = False
-        self._items: dict[int, StoredMessage] = {}                  # phys offset -> StoredMessage, per run
+        self._items: dict[int, OutboundMessage] = {}                  # phys offset -> OutboundMessage, per run
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
@@ -184,7 +184,7 @@ class DeliveryEngine:
                             lst.append(i)
         if per_q is None:
             return
-        base: dict[int, StoredMessage] = {}
+        base: dict[int, OutboundMessage] = {}
         recent = self._recent
         max_offset = self.lq.max_offset
         cap = self.recent_per_queue
@@ -205,11 +205,11 @@ class DeliveryEngine:
                 if it is None:
                     # phys_offset left unknown (-1): nothing reads it, and indexing the store's
                     # columnar results would build every AppendResult tuple
-                    it = base[i] = StoredMessage(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
+                    it = base[i] = OutboundMessage(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
                                         store_ts)
                 else:
                     first = it
-                    it = StoredMessage(p.topic, p.payload, first.record, off, -1, p.queues, store_ts)
+                    it = OutboundMessage(p.topic, p.payload, first.record, off, -1, p.queues, store_ts)
                     it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
                 nbytes += len(p.payload)
                 items.append(it)
@@ -247,7 +247,7 @@ class DeliveryEngine:
                     ok = False
                     break
                 dq = m.dispatch_queues
-                items.append(StoredMessage(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
+                items.append(OutboundMessage(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
                                   dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
                 nbytes += len(m.body)
                 off += 1
@@ -275,18 +275,18 @@ class DeliveryEngine:
             self._metas[props] = meta
         return meta
 
-    def _item(self, m) -> StoredMessage:
+    def _item(self, m) -> OutboundMessage:
         it = self._items.get(m.phys_offset)
         if it is None:
             meta = self._meta(m.props)
             dq = m.dispatch_queues
-            it = StoredMessage(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
+            it = OutboundMessage(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             self._items[m.phys_offset] = it
         else:
             # same record reached through another queue: its queue offset differs
             first = it
-            it = StoredMessage(it.topic, it.payload, it.record, m.queue_offset, it.phys_offset, it.dispatch_queues,
+            it = OutboundMessage(it.topic, it.payload, it.record, m.queue_offset, it.phys_offset, it.dispatch_queues,
                       it.store_ts)
             it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
             it.sent = first.sent
@@ -378,7 +378,7 @@ class DeliveryEngine:
                 more = True
         return more
 
-    def _feed_session(self, s: Session, q: str, items: list[StoredMessage], next_offset: int) -> bool:
+    def _feed_session(self, s: Session, q: str, items: list[OutboundMessage], next_offset: int) -> bool:
         """Send what the session can take from `items` (one pulled batch of queue `q`).
 
         The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
@@ -473,7 +473,7 @@ class DeliveryEngine:
         return over
 
     @staticmethod
-    def _owner(s: Session, it: StoredMessage, q: str) -> tuple[str, int]:
+    def _owner(s: Session, it: OutboundMessage, q: str) -> tuple[str, int]:
         best_q, best_qos = q, s.direct[q].qos
         for dq in it.dispatch_queues:
             if dq == q:
@@ -519,7 +519,7 @@ class DeliveryEngine:
         self._group_offsets_moved(g)
         return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
 
-    def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: StoredMessage) -> None:
+    def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: OutboundMessage) -> None:
         qos = min(sub.qos, it.record.qos)
         retain = it.record.retain if sub.retain_as_published else False
         if not it.sent:

@@ -52,8 +52,9 @@ class Cursor:
         return self.next_offset
 
 
-class StoredMessage(PublishTemplate):
-    """One message pulled from the store, shared by every session that receives it.
+class OutboundMessage(PublishTemplate):
+    """One message pulled from the store for delivery, shared by every session that receives it
+    (not to be confused with the store's own `StoredMessage` record it is built from).
 
     It is the codec's `PublishTemplate` (each PUBLISH variant encoded once, only the packet id per
     subscriber) plus where the message came from: its queue offset, CommitLog offset, the queues it
@@ -94,7 +95,7 @@ class InFlight:
     WAIT_ACK = 1      # PUBACK (QoS 1) or PUBREC (QoS 2) expected
     WAIT_COMP = 2     # PUBREL sent, PUBCOMP expected
 
-    def __init__(self, pid: int, item: StoredMessage, qos: int, retain: bool, queue: str | None,
+    def __init__(self, pid: int, item: OutboundMessage, qos: int, retain: bool, queue: str | None,
                  offset: int | None, group: "SharedGroup | None") -> None:
         self.pid = pid
         self.item = item
@@ -123,7 +124,7 @@ class Session:
         self.receive_max = 100
         self.expiry_handle = None
         self.disconnected_at_ms: int | None = None
-        self.retained_backlog: deque[tuple[StoredMessage, int]] = deque()   # QoS 1/2 retained waiting for window
+        self.retained_backlog: deque[tuple[OutboundMessage, int]] = deque()   # QoS 1/2 retained waiting for window
         self._next_pid = 1
 
     @property
@@ -152,7 +153,7 @@ class Session:
         return c is not None and not c.write_blocked and len(self.outbound) < self.receive_max
 
     # -- sending ----------------------------------------------------------------------------
-    def send_item(self, item: StoredMessage, qos: int, retain: bool, queue: str | None = None,
+    def send_item(self, item: OutboundMessage, qos: int, retain: bool, queue: str | None = None,
                   group: "SharedGroup | None" = None) -> int | None:
         """Encode and queue one PUBLISH; returns the packet id for QoS 1/2 (None for QoS 0)."""
         conn = self.conn

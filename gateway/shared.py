@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from lmqtt.gateway.session import Cursor, StoredMessage, Session, ClientSubscription
+from lmqtt.gateway.session import Cursor, OutboundMessage, Session, ClientSubscription
 
 
 def group_consumer(group: str, queue: str) -> str:
@@ -29,7 +29,7 @@ class SharedGroup:
         self.members: list[tuple[Session, ClientSubscription]] = []   # online members
         self.refs = 0                                           # sessions (online or not) holding the sub
         self.rr = 0
-        self.redeliver: deque[StoredMessage] = deque()                  # taken back from departed members
+        self.redeliver: deque[OutboundMessage] = deque()                  # taken back from departed members
 
     @property
     def consumer(self) -> str:
@@ -58,6 +58,6 @@ class SharedGroup:
         if offset is not None:
             self.cursor.inflight.pop(offset, None)
 
-    def take_back(self, item: StoredMessage) -> None:
+    def take_back(self, item: OutboundMessage) -> None:
         """A member left with `item` unacked: offer it to another member (keeps the offset pinned)."""
         self.redeliver.append(item)

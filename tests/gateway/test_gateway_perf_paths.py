@@ -1,6 +1,6 @@
 """The gateway's QoS 1 hot-path shortcuts must produce exactly what the general code produces.
 
-- `StoredMessage.encode` (pre-encoded head/tail per variant, packet id joined in) == `encode_publish`
+- `OutboundMessage.encode` (pre-encoded head/tail per variant, packet id joined in) == `encode_publish`
   for every QoS / retain / DUP / protocol version / property combination, and the bytes decode
   back with the codec;
 - `FastHistogram` (plain-int histogram) is exported as a normal Prometheus histogram;
@@ -22,7 +22,7 @@ from lmqtt.gateway import record_props
 from lmqtt.gateway.metrics import GatewayMetrics
 from lmqtt.gateway.mqtt import Decoder, encode, encode_publish, packets as P
 from lmqtt.gateway.record_props import RecordMeta
-from lmqtt.gateway.session import StoredMessage
+from lmqtt.gateway.session import OutboundMessage
 from lmqtt.notify import InProcessBus
 
 
@@ -35,7 +35,7 @@ def test_item_encoding_equals_codec_for_every_variant():
     for topic in ("a/b", "t" * 300, "é/ü/😀"):
         for payload in (b"", b"x" * 64, b"y" * 20000, b"z" * 2_100_000):
             for meta in metas:
-                it = StoredMessage(topic, payload, meta)
+                it = OutboundMessage(topic, payload, meta)
                 for version in (3, 4, 5):
                     for qos in (0, 1, 2):
                         for retain in (False, True):
@@ -53,7 +53,7 @@ def test_item_encoding_equals_codec_for_every_variant():
 
 def test_item_encoding_decodes_back():
     meta = RecordMeta(1, False, "c", user_property=[("a", "b")])
-    it = StoredMessage("s/1", b"hello", meta)
+    it = OutboundMessage("s/1", b"hello", meta)
     for version in (4, 5):
         dec = Decoder(version, server_side=False)
         pkt, = dec.feed(it.encode(1, True, version, 77, dup=True))

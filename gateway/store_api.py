@@ -1,0 +1,90 @@
+"""What the gateway needs from the store: the one narrow seam between MQTT and storage.
+
+Two implementations are meant to exist: in-process (`InProcessStore`, below: the embedded
+`lmqtt serve`, zero copies, calls straight into `MessageStore` / `LightQueueStore` /
+`MetadataStore`) and remote (the SDK over the store's native protocol, for `lmqtt gateway`). The
+gateway should depend on `GatewayStore` only, so the two can be swapped.
+
+Status: the interface and the in-process implementation exist and are tested
+(`tests/gateway/test_store_api.py`); the broker, delivery and publish modules still receive the
+store objects themselves and use exactly the calls listed here (no others), so moving them onto a
+`GatewayStore` is a change of constructor arguments.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+
+class SessionMetadata(Protocol):
+    """Sessions, offsets, retained messages and wills kept by the store side."""
+
+    # sessions (persistent MQTT sessions: subscriptions, expiry, last disconnect)
+    def put_session(self, client_id: str, rec: Any) -> None: ...
+    def delete_session(self, client_id: str) -> bool: ...
+    def list_sessions(self) -> list: ...
+    # consumer offsets in light queues (a session's client id, or `$share/{group}`)
+    def get_offset(self, consumer: str, queue: str) -> int | None: ...
+    def get_offsets(self, consumer: str) -> dict[str, int]: ...
+    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None: ...
+    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None: ...
+    # retained messages (an empty payload clears)
+    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None: ...
+    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]: ...
+    # wills of connected clients (published after a crash)
+    def put_will(self, client_id: str, will: Any) -> None: ...
+    def pop_will(self, client_id: str) -> Any: ...
+    def list_wills(self) -> list[tuple[str, Any]]: ...
+    def flush(self) -> None: ...
+
+
+class GatewayStore(Protocol):
+    """Append, pull, filter registrations, metadata, and "queues have new data" events."""
+
+    metadata: SessionMetadata
+
+    # -- publish path
+    def queues_for_topic(self, topic: str) -> tuple[str, ...]: ...
+    def append_batch(self, messages: Sequence[Any]) -> Any:
+        """All or none; the last result's `.durable` future covers the whole batch."""
+    def append(self, message: Any) -> Any: ...
+    def all_visible(self) -> bool:
+        """Everything appended so far is readable from the light queues."""
+
+    # -- delivery path
+    def max_offset(self, queue: str) -> int: ...
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Any: ...
+    def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
+        """Call `callback(queue_names)` when queues get new entries."""
+
+    # -- wildcard filter registrations (one per filter the gateway uses)
+    def register_filter(self, flt: str) -> int: ...
+    def unregister_filter(self, flt: str) -> int: ...
+    def registered_filters(self) -> dict[str, int]: ...
+
+
+class InProcessStore:
+    """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
+
+    def __init__(self, store, lq) -> None:
+        self.store = store
+        self.lq = lq
+        self.metadata: SessionMetadata = lq.metadata
+        # bound methods: the hot paths call straight into the store objects
+        self.queues_for_topic = lq.queues_for_topic
+        self.append_batch = store.append_batch
+        self.append = store.append
+        self.max_offset = lq.max_offset
+        self.pull = lq.pull
+        self.register_filter = lq.register_filter
+
+    def all_visible(self) -> bool:
+        return self.store.dispatched_offset >= self.store.max_offset
+
+    def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
+        self.lq.add_listener(callback)
+
+    def unregister_filter(self, flt: str) -> int:
+        return self.lq.unregister_filter(flt)
+
+    def registered_filters(self) -> dict[str, int]:
+        return dict(self.lq.registry.filters())
