@@ -33,6 +33,10 @@ class SendResult(NamedTuple):
 _PLAIN_QOS1 = encode_props(MessageProperties(qos=1))
 
 
+_HEAD_PACK = W.MSG_HEAD.pack
+_PLAIN_LEN = len(_PLAIN_QOS1)
+
+
 def make_props(qos: int = 1, retain: bool = False, content_type: str | None = None,
                response_topic: str | None = None, correlation_data: bytes | None = None,
                user_properties=None, payload_format_indicator: int | None = None,
@@ -145,11 +149,21 @@ class AutoBatchProducer:
         self._inflight = threading.Semaphore(max_in_flight)
         self._outstanding = 0
         self._error: BaseException | None = None
+        self._topics: dict[str, tuple[bytes]] = {}
         self._thread = threading.Thread(target=self._run, name="lmqtt-autobatch", daemon=True)
         self._thread.start()
 
     def send(self, topic: str, body: bytes, **kw) -> Future:
-        packed = _pack_one(topic, body, **kw)
+        if kw:
+            packed = _pack_one(topic, body, **kw)
+        else:   # the common case: plain QoS 1 message, topic encoded once per producer
+            t = self._topics.get(topic)
+            if t is None:
+                if len(self._topics) > 4096:
+                    self._topics.clear()
+                t = self._topics[topic] = (topic.encode(), )
+            tb = t[0]
+            packed = b"".join((_HEAD_PACK(len(tb), 0, _PLAIN_LEN, len(body), 0, 0), tb, _PLAIN_QOS1, body))
         fut: Future = Future()
         n = len(packed)
         with self._cond:
