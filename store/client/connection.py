@@ -74,6 +74,8 @@ class Connection:
         self._ids = itertools.count(1)
         self._closed = False
         self._generation = 0
+        self._conn_error: str | None = None
+        self.server_info: dict = {}
 
     # ---------------------------------------------------------------- connect
     def _connect_once(self) -> None:
@@ -137,6 +139,9 @@ class Connection:
                 self._deliver(dec.feed(data))
         except (OSError, W.ProtocolError) as e:
             err = f"connection to the store lost: {e}"
+        if self._conn_error:
+            err = f"the store closed the connection: {self._conn_error}"
+            self._conn_error = None
         self._drop(s, err)
 
     def _deliver(self, frames) -> None:
@@ -146,7 +151,10 @@ class Connection:
             if fut is not None and not fut.done():
                 fut.set_result((op, flags, body))
             elif rid == 0 and op == W.OP_ERROR:
-                pass          # a connection-level error; the close that follows fails the rest
+                # a connection-level error (e.g. too_large): the close that follows fails the
+                # requests in flight with this reason
+                code, msg = W.parse_error(body)
+                self._conn_error = f"{W.ERROR_NAMES.get(code, code)}: {msg}"
 
     def _drop(self, s: socket.socket, reason: str) -> None:
         with self._lock:
@@ -167,6 +175,10 @@ class Connection:
         fut: Future = Future()
         with self._lock:
             s = self._ensure()
+            limit = self.server_info.get("max_frame")
+            if limit and len(body) + 6 > limit:     # refused here: the store would close the connection
+                raise StoreClientError(W.E_TOO_LARGE, f"request of {len(body) + 6} bytes exceeds the store's "
+                                       f"frame limit of {limit} bytes (split the batch)")
             rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
             self._pending[rid] = fut
             try:

@@ -436,3 +436,20 @@ def test_pop_state_survives_store_restart(tmp_path):
         c.close()
     finally:
         srv.stop()
+
+
+def test_oversized_batch_refused_by_client_and_server_connection_error_named(tmp_path):
+    srv = LmqttStore(str(tmp_path / "d"), extra_args=("--max-frame-mb", "1"), log_path=str(tmp_path / "s.log")).start()
+    try:
+        with connect(srv.address) as c:
+            with pytest.raises(StoreClientError) as ei:
+                c.producer().send("big/x", b"x" * (2 << 20))
+            assert ei.value.code == W.E_TOO_LARGE
+            c.server_info["max_frame"] = 1 << 30      # pretend not to know: the server refuses and closes
+            with pytest.raises(ConnectionLost, match="too_large"):
+                c.request(W.OP_PRODUCE, W.encode_produce("", 0, 1, W.encode_messages_for_produce(
+                    [("big/x", b"x" * (2 << 20), (), b"", 0, 0)]))).result(10)
+            assert c.producer().send("big/x", b"small").queue_offset == 0   # reconnects
+            assert _wait(lambda: c.admin().offsets("big") == (0, 1))
+    finally:
+        srv.stop()
