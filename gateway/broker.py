@@ -23,6 +23,7 @@ from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode a
 from lmqtt.gateway.record_props import safe_decode
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, OutboundMessage
 from lmqtt.gateway.session_registry import SessionRegistry
+from lmqtt.gateway.store_api import InProcessStore
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
@@ -44,21 +45,22 @@ class Broker:
         self.cfg = cfg
         self.store = store
         self.lq = lq
-        self.metadata = lq.metadata
+        self.storage = InProcessStore(store, lq)      # everything below uses the store through it
+        self.metadata = self.storage.metadata
         self.loop = loop
         self.metrics = metrics
         self.connections: set["MQTTConnection"] = set()
         self.persist = SessionPersistence(self.metadata)
         self.writes = WriteBatcher(loop)
-        self.delivery = DeliveryEngine(lq, loop, metrics, cfg,
+        self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush)
-        self.subscriptions = SubscriptionRegistry(lq, self.metadata, self.delivery, self.persist)
+        self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist)
         self.session_registry = SessionRegistry(loop, metrics, self.metadata, self.persist, self.subscriptions,
                                                 self._publish_will)
         self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
-        self.publisher = PublishPipeline(store, lq, loop, metrics, cfg.max_pending_publish,
+        self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush)

@@ -28,6 +28,7 @@ from lmqtt.gateway.session import InFlight, OutboundMessage, Session, ClientSubs
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
+    from lmqtt.gateway.store_api import GatewayStore
 
 log = logging.getLogger("lmqtt.gateway.delivery")
 
@@ -40,7 +41,7 @@ class DeliveryEngine:
     the connections' queued output at the end of a run.
     """
 
-    def __init__(self, lq, loop, metrics, cfg, *,
+    def __init__(self, lq: "GatewayStore", loop, metrics, cfg, *,
                  session_offsets_moved: Callable[[Session], None],
                  group_offsets_moved: Callable[["SharedGroup"], None],
                  flush_writes: Callable[[], None]) -> None:

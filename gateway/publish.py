@@ -18,6 +18,7 @@ from lmqtt.store import Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.connection import MQTTConnection
+    from lmqtt.gateway.store_api import GatewayStore
 
 log = logging.getLogger("lmqtt.gateway.publish")
 
@@ -47,12 +48,11 @@ class PublishPipeline:
     `flush_writes()` writes the connections' queued output (the acks) right away.
     """
 
-    def __init__(self, store, lq, loop, metrics, max_pending_publish: int, *,
+    def __init__(self, store: "GatewayStore", loop, metrics, max_pending_publish: int, *,
                  set_retained: Callable[[str, bytes, bytes], None],
                  record_appended: Callable[[list, int], None],
                  flush_writes: Callable[[], None]) -> None:
         self.store = store
-        self.lq = lq
         self.loop = loop
         self.metrics = metrics
         self.max_pending_publish = max_pending_publish
@@ -70,7 +70,7 @@ class PublishPipeline:
     def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
                payload: bytes, retain: bool, client_id: str, props: P.Properties | None) -> None:
         """Queue one publish for the next batch append (topic already validated)."""
-        queues = self.lq.queues_for_topic(topic)
+        queues = self.store.queues_for_topic(topic)
         rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
         self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues))
         if conn is not None and pkt_qos:
@@ -131,7 +131,7 @@ class PublishPipeline:
                 if p.qos:
                     ok_batch.append(p)
                     last = r
-        if whole and store.dispatched_offset >= store.max_offset:
+        if whole and store.all_visible():
             # everything appended is visible (inline dispatch): the batch's records are the newest
             # entries of their queues, in order (DeliveryEngine.record_appended)
             self._record_appended(batch, now_ms)

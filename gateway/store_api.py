@@ -5,10 +5,10 @@ Two implementations are meant to exist: in-process (`InProcessStore`, below: the
 `MetadataStore`) and remote (the SDK over the store's native protocol, for `lmqtt gateway`). The
 gateway should depend on `GatewayStore` only, so the two can be swapped.
 
-Status: the interface and the in-process implementation exist and are tested
-(`tests/gateway/test_store_api.py`); the broker, delivery and publish modules still receive the
-store objects themselves and use exactly the calls listed here (no others), so moving them onto a
-`GatewayStore` is a change of constructor arguments.
+The broker builds an `InProcessStore` from the store objects it is given and hands it to the
+publish pipeline, the delivery engine, the subscription registry and (its `metadata`) the session
+persistence; none of them touches the store objects otherwise. A remote implementation only has to
+provide the same attributes.
 """
 from __future__ import annotations
 

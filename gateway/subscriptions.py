@@ -30,14 +30,15 @@ from lmqtt.lightqueue import topics as T
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery import DeliveryEngine
     from lmqtt.gateway.persistence import SessionPersistence
+    from lmqtt.gateway.store_api import GatewayStore
 
 log = logging.getLogger("lmqtt.gateway.subscriptions")
 
 
 class SubscriptionRegistry:
-    def __init__(self, lq, metadata, delivery: "DeliveryEngine", persist: "SessionPersistence") -> None:
-        self.lq = lq
-        self.metadata = metadata
+    def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence") -> None:
+        self.lq = store
+        self.metadata = store.metadata
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
@@ -134,15 +135,11 @@ class SubscriptionRegistry:
     def sync_store_filters(self) -> None:
         """Make the store's filter registrations exactly the filters restored sessions use (one
         registration each); non-persistent sessions alive at a crash left registrations behind."""
-        try:
-            registered = dict(self.lq.registry.filters()) if hasattr(self.lq, "registry") else {}
-        except Exception:
-            registered = {}
-        unregister = getattr(self.lq, "unregister_filter", None)
+        registered = self.lq.registered_filters()
         for f, n in registered.items():
             want = 1 if f in self.filter_users else 0
-            while n > want and unregister is not None:
-                n = unregister(f)
+            while n > want:
+                n = self.lq.unregister_filter(f)
         for f in self.filter_users:
             if registered.get(f, 0) == 0:
                 self.lq.register_filter(f)
@@ -163,12 +160,10 @@ class SubscriptionRegistry:
             self.filter_users[q] = n
             return
         self.filter_users.pop(q, None)
-        unregister = getattr(self.lq, "unregister_filter", None)
-        if unregister is not None:
-            try:
-                unregister(q)
-            except Exception as e:
-                log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
+        try:
+            self.lq.unregister_filter(q)
+        except Exception as e:
+            log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
 
     def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
         key = (name, queue)
