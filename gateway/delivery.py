@@ -41,11 +41,11 @@ class DeliveryEngine:
     the connections' queued output at the end of a run.
     """
 
-    def __init__(self, lq: "GatewayStore", loop, metrics, cfg, *,
+    def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
                  session_offsets_moved: Callable[[Session], None],
                  group_offsets_moved: Callable[["SharedGroup"], None],
                  flush_writes: Callable[[], None]) -> None:
-        self.lq = lq
+        self.store = store
         self.loop = loop
         self.metrics = metrics
         self.cfg = cfg
@@ -60,7 +60,7 @@ class DeliveryEngine:
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
-        self._metas: dict[bytes, object] = {}
+        self._records: dict[bytes, object] = {}
         # queue -> [first queue offset, messages]: the newest entries of queues with local readers,
         # from the records the loop appended itself (see `record_appended`); bounded in total
         self._recent: dict[str, list] = {}
@@ -187,7 +187,7 @@ class DeliveryEngine:
             return
         base: dict[int, OutboundMessage] = {}
         recent = self._recent
-        max_offset = self.lq.max_offset
+        max_offset = self.store.max_offset
         cap = self.recent_per_queue
         added = nbytes = 0
         for q, idx in per_q.items():
@@ -206,7 +206,7 @@ class DeliveryEngine:
                 if it is None:
                     # phys_offset left unknown (-1): nothing reads it, and indexing the store's
                     # columnar results would build every AppendResult tuple
-                    it = base[i] = OutboundMessage(p.topic, p.payload, self._meta(p.props), off, -1, p.queues,
+                    it = base[i] = OutboundMessage(p.topic, p.payload, self._record_of(p.props), off, -1, p.queues,
                                         store_ts)
                 else:
                     first = it
@@ -240,7 +240,7 @@ class DeliveryEngine:
         ok = True
         while ok and off < start:
             self.metrics.pulls += 1
-            res = self.lq.pull(q, off, max_count=start - off, max_bytes=1 << 30)
+            res = self.store.pull(q, off, max_count=start - off, max_bytes=1 << 30)
             if not res.messages:
                 ok = False
             for m in res.messages:
@@ -248,7 +248,7 @@ class DeliveryEngine:
                     ok = False
                     break
                 dq = m.dispatch_queues
-                items.append(OutboundMessage(m.topic, m.body, self._meta(m.props), off, m.phys_offset,
+                items.append(OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
                                   dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
                 nbytes += len(m.body)
                 off += 1
@@ -267,21 +267,21 @@ class DeliveryEngine:
                 self._recent_items -= len(r[1])
                 self._recent_bytes -= sum([len(it.payload) for it in r[1]])
 
-    def _meta(self, props: bytes):
-        meta = self._metas.get(props)
-        if meta is None:
-            meta = safe_decode(props)
-            if len(self._metas) >= 4096:
-                self._metas.clear()
-            self._metas[props] = meta
-        return meta
+    def _record_of(self, props: bytes):
+        rec = self._records.get(props)
+        if rec is None:
+            rec = safe_decode(props)
+            if len(self._records) >= 4096:
+                self._records.clear()
+            self._records[props] = rec
+        return rec
 
     def _item(self, m) -> OutboundMessage:
         it = self._items.get(m.phys_offset)
         if it is None:
-            meta = self._meta(m.props)
+            rec = self._record_of(m.props)
             dq = m.dispatch_queues
-            it = OutboundMessage(m.topic, m.body, meta, m.queue_offset, m.phys_offset,
+            it = OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             self._items[m.phys_offset] = it
         else:
@@ -298,10 +298,10 @@ class DeliveryEngine:
         batch = self.cfg.pull_batch
         if count is None or count > batch:
             count = batch
-        return self.lq.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
+        return self.store.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
 
     def _deliver_direct(self, q: str) -> bool:
-        maxo = self.lq.max_offset(q)
+        maxo = self.store.max_offset(q)
         by_off: dict[int, list[Session]] = {}
         want: dict[int, int] = {}
         batch = self.cfg.pull_batch
@@ -421,16 +421,16 @@ class DeliveryEngine:
                 if owner != q:
                     nxt = off + 1
                     continue
-            meta = it.record
-            if no_local and meta.client_id == cid:
+            rec = it.record
+            if no_local and rec.client_id == cid:
                 nxt = off + 1
                 continue
-            if meta.qos < qos:
-                qos = meta.qos
+            if rec.qos < qos:
+                qos = rec.qos
             if qos and room <= 0:
                 complete = False
                 break
-            retain = meta.retain if rap else False
+            retain = rec.retain if rap else False
             if not it.sent:
                 it.sent = True
                 if it.store_ts:
@@ -494,7 +494,7 @@ class DeliveryEngine:
                 return False
             it = g.redeliver.popleft()
             self._send_group(g, pick[0], pick[1], it)
-        maxo = self.lq.max_offset(g.queue)
+        maxo = self.store.max_offset(g.queue)
         cur = g.cursor
         if cur.next_offset >= maxo or not g.members:
             return False

@@ -37,7 +37,7 @@ log = logging.getLogger("lmqtt.gateway.subscriptions")
 
 class SubscriptionRegistry:
     def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence") -> None:
-        self.lq = store
+        self.store = store
         self.metadata = store.metadata
         self.delivery = delivery
         self.persist = persist
@@ -58,7 +58,7 @@ class SubscriptionRegistry:
         self._use_filter(sub.queue)
         if sub.group is None:
             s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue))
+            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue))
             if s.online:
                 self.delivery.add_reader(s, sub.queue)
         else:
@@ -100,7 +100,7 @@ class SubscriptionRegistry:
             self.filter_users[sub.queue] = self.filter_users.get(sub.queue, 0) + 1
         if sub.group is None:
             s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.lq.max_offset(sub.queue) if offset is None else offset)
+            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue) if offset is None else offset)
         else:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
@@ -135,21 +135,21 @@ class SubscriptionRegistry:
     def sync_store_filters(self) -> None:
         """Make the store's filter registrations exactly the filters restored sessions use (one
         registration each); non-persistent sessions alive at a crash left registrations behind."""
-        registered = self.lq.registered_filters()
+        registered = self.store.registered_filters()
         for f, n in registered.items():
             want = 1 if f in self.filter_users else 0
             while n > want:
-                n = self.lq.unregister_filter(f)
+                n = self.store.unregister_filter(f)
         for f in self.filter_users:
             if registered.get(f, 0) == 0:
-                self.lq.register_filter(f)
+                self.store.register_filter(f)
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):
             return
         n = self.filter_users.get(q, 0)
         if n == 0:
-            self.lq.register_filter(q)
+            self.store.register_filter(q)
         self.filter_users[q] = n + 1
 
     def _release_filter(self, q: str) -> None:
@@ -161,7 +161,7 @@ class SubscriptionRegistry:
             return
         self.filter_users.pop(q, None)
         try:
-            self.lq.unregister_filter(q)
+            self.store.unregister_filter(q)
         except Exception as e:
             log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
 
@@ -173,7 +173,7 @@ class SubscriptionRegistry:
             if restoring:
                 off = self.metadata.get_offset(f"$share/{name}", queue)
             if off is None:
-                off = self.lq.max_offset(queue)
+                off = self.store.max_offset(queue)
             g = SharedGroup(name, queue, off)
             self.groups[key] = g
             self.delivery.add_group(g)
