@@ -2,7 +2,7 @@
 
 Sub-commands are resolved lazily (module path + function) so that `lmqtt bench store` does not
 import the gateway's asyncio server, and a newcomer can find each command's code by its name.
-Each target is `main(argv: list[str]) -> int`.
+Each target is `main(argv: list[str]) -> int`, or `module:function` for a module holding several.
 """
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
     "store": ("lmqtt.gateway.store_serve", "Run the store node serving the native protocol (SDK, remote gateways)"),
+    "produce": ("lmqtt.gateway.console:produce_main", "Send stdin lines to a store topic (console producer)"),
+    "consume": ("lmqtt.gateway.console:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
+    "admin": ("lmqtt.gateway.console:admin_main", "Topics, queues, groups and their lag, store stats"),
+    "passwd": ("lmqtt.gateway.passwd", "Manage a password file (mosquitto_passwd-compatible)"),
 }
 
 BENCH: dict[str, tuple[str, str]] = {
@@ -20,6 +24,9 @@ BENCH: dict[str, tuple[str, str]] = {
     "mqtt": ("lmqtt.loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
     "compare": ("lmqtt.loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
     "fuzz": ("lmqtt.loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
+    "timer": ("lmqtt.loadtest.timer_bench", "Delayed messages: timer enqueue, firing error, a million pending timers"),
+    "sdk": ("lmqtt.loadtest.sdk_bench", "SDK produce/pull/POP vs Redis Streams; SDK -> MQTT latency"),
+    "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
 }
 
 
@@ -33,8 +40,9 @@ def _usage() -> str:
 
 
 def _run(module: str, argv: list[str]) -> int:
+    module, _, func = module.partition(":")
     mod = importlib.import_module(module)
-    return int(mod.main(argv) or 0)
+    return int(getattr(mod, func or "main")(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

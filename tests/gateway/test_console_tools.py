@@ -1,0 +1,171 @@
+"""`lmqtt produce / consume / admin` as real subprocesses against a real `lmqtt store` / `lmqtt serve`."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from lmqtt.store.client import connect
+from tests.support import ROOT, Paho, free_port
+
+
+def lmqtt(*args, stdin: bytes = b"", timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], input=stdin, capture_output=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+def produce(addr, topic, lines, *extra):
+    r = lmqtt("produce", "--store", addr, "--topic", topic, *extra, stdin=b"".join(l + b"\n" for l in lines))
+    assert r.returncode == 0, r.stderr.decode()
+    assert f"{len(lines)} messages".encode() in r.stderr, r.stderr
+    return r
+
+
+def consume(addr, flt, *extra):
+    r = lmqtt("consume", "--store", addr, "--filter", flt, *extra)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode().splitlines()
+
+
+def test_produce_then_consume_text_and_json(lmqtt_store):
+    addr = lmqtt_store.address
+    lines = [b"line %d" % i for i in range(20)] + ["h\u00e9llo".encode()]
+    produce(addr, "sensors/a/temp", lines, "--qos", "0", "--key", "dev-a", "--property", "unit=C",
+            "--property", "src=console")
+    produce(addr, "sensors/b/temp", [b"batched %d" % i for i in range(500)], "--batch")
+    text = consume(addr, "sensors", "--from", "earliest", "--count", "521")
+    assert text == [l.decode() for l in lines] + ["batched %d" % i for i in range(500)]
+    js = [json.loads(x) for x in consume(addr, "sensors", "--from", "earliest", "--count", "3", "--format", "json")]
+    assert [j["payload"] for j in js] == ["line 0", "line 1", "line 2"]
+    j = js[1]
+    assert j["topic"] == "sensors/a/temp" and j["offset"] == 1 and j["qos"] == 0 and j["retain"] is False
+    assert j["properties"]["user_properties"] == [["unit", "C"], ["src", "console"]] and j["keys"] == ["dev-a"]
+    assert j["msg_id"] and j["store_ts"] >= j["born_ts"] > 0
+    # the same messages by msg id through the SDK: what json printed is what was stored
+    with connect(addr) as c:
+        assert c.admin().get_by_msg_id(j["msg_id"]).body == b"line 1"
+    # --timeout ends a consume that has nothing more to read; --count 0 prints nothing
+    assert consume(addr, "sensors", "--from", "latest", "--timeout", "0.5") == []
+    assert consume(addr, "sensors", "--from", "earliest", "--count", "0") == []
+
+
+def test_wildcard_filter_consume_sees_messages_after_registration(lmqtt_store):
+    addr = lmqtt_store.address
+    produce(addr, "plant/1/temp", [b"before"])
+    # registering the filter (first consume) makes later messages visible in its light queue
+    assert consume(addr, "plant/+/temp", "--group", "w", "--timeout", "0.3") == []
+    produce(addr, "plant/1/temp", [b"t1", b"t2"])
+    produce(addr, "plant/2/hum", [b"h1"])
+    produce(addr, "plant/3/temp", [b"t3"])
+    assert consume(addr, "plant/+/temp", "--group", "w", "--timeout", "1") == ["t1", "t2", "t3"]
+    js = [json.loads(x) for x in consume(addr, "plant/+/temp", "--from", "earliest", "--count", "3",
+                                         "--format", "json")]
+    assert [j["topic"] for j in js] == ["plant/1/temp", "plant/1/temp", "plant/3/temp"]
+
+
+def test_group_resumes_where_it_stopped(lmqtt_store):
+    addr = lmqtt_store.address
+    produce(addr, "jobs/x", [b"%d" % i for i in range(10)])
+    assert consume(addr, "jobs", "--group", "g", "--from", "earliest", "--count", "4") == ["0", "1", "2", "3"]
+    # no --from: the group's committed offset
+    assert consume(addr, "jobs", "--group", "g", "--count", "3") == ["4", "5", "6"]
+    assert consume(addr, "jobs", "--group", "g", "--timeout", "0.5") == ["7", "8", "9"]
+    assert consume(addr, "jobs", "--group", "g", "--timeout", "0.3") == []
+    # the group's position survives a store restart
+    produce(addr, "jobs/x", [b"10"])
+    lmqtt_store.restart()
+    assert consume(addr, "jobs", "--group", "g", "--timeout", "0.5") == ["10"]
+
+
+def test_from_time_epoch_ms_and_iso(lmqtt_store):
+    addr = lmqtt_store.address
+    produce(addr, "t/x", [b"old1", b"old2"])
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(addr, "t/x", [b"new1", b"new2"])
+    assert consume(addr, "t", "--from", str(cut), "--timeout", "0.5") == ["new1", "new2"]
+    iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(cut / 1000)) + ".%03dZ" % (cut % 1000)
+    assert consume(addr, "t", "--from", iso, "--timeout", "0.5") == ["new1", "new2"]
+    # a time before everything reads from the start; a bad time is a usage error
+    assert consume(addr, "t", "--from", "2001-01-01T00:00:00", "--timeout", "0.5") == ["old1", "old2", "new1", "new2"]
+    r = lmqtt("consume", "--store", addr, "--filter", "t", "--from", "yesterday")
+    assert r.returncode == 2 and b"ISO 8601" in r.stderr
+
+
+def test_admin_shows_queues_and_group_lag(lmqtt_store):
+    addr = lmqtt_store.address
+    produce(addr, "orders/eu", [b"%d" % i for i in range(7)])
+    assert len(consume(addr, "orders", "--group", "billing", "--from", "earliest", "--count", "2")) == 2
+    r = lmqtt("admin", "--store", addr, "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    doc = json.loads(r.stdout)
+    assert {"topic": "orders", "queue_id": 0, "min_offset": 0, "max_offset": 7} in doc["queues"]
+    (lag,) = doc["groups"]["billing"]
+    assert (lag["topic"], lag["committed"], lag["max_offset"], lag["lag"]) == ("orders", 2, 7, 5)
+    assert doc["stats"]["max_offset"] > 0
+    r = lmqtt("admin", "--store", addr)
+    assert r.returncode == 0
+    out = r.stdout.decode()
+    row = [line.split() for line in out.splitlines() if line.startswith("billing")]
+    assert row == [["billing", "topic", "orders[0]", "2", "7", "5"]], out
+
+
+def test_mqtt_subscriber_sees_produced_lines(lmqtt_server):
+    sub = Paho(lmqtt_server, client_id="console-sub", version=5)
+    try:
+        sub.subscribe("dev/+/cmd", qos=1)
+        produce(lmqtt_server.store_address, "dev/7/cmd", [b"on", b"off"], "--property", "by=ops", "--qos", "1")
+        got = sub.get_n(2, timeout=10)
+        assert [(m.topic, m.payload, m.qos) for m in got] == [("dev/7/cmd", b"on", 1), ("dev/7/cmd", b"off", 1)]
+        assert got[0].properties.UserProperty == [("by", "ops")]
+    finally:
+        sub.disconnect()
+
+
+def test_unreachable_store_is_a_clear_error():
+    addr = f"127.0.0.1:{free_port()}"
+    for args in (("produce", "--topic", "a/b"), ("consume", "--filter", "a"), ("admin",)):
+        r = lmqtt(args[0], "--store", addr, *args[1:], stdin=b"x\n")
+        assert r.returncode == 3, (args, r.returncode, r.stderr)
+        err = r.stderr.decode()
+        assert f"cannot reach store {addr}" in err and "refused" in err.lower(), err
+        assert "Traceback" not in err and r.stdout == b""
+
+
+def test_store_dying_mid_produce_reports_what_was_acknowledged(tmp_path):
+    from tests.support import LmqttStore
+    st = LmqttStore(str(tmp_path / "d"), log_path=str(tmp_path / "store.log")).start()
+    proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "produce", "--store", st.address,
+                             "--topic", "k/x"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        with connect(st.address) as c:
+            deadline = time.monotonic() + 10
+            while not c.pull("k", 0, 0).records and time.monotonic() < deadline:
+                time.sleep(0.05)
+        st.kill9()
+        proc.stdin.write(b"second\n")
+        proc.stdin.close()
+        rc = proc.wait(60)
+        err = proc.stderr.read().decode()
+        assert rc == 3, err
+        assert "lost the store" in err and "after 1 acknowledged" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        st.stop()
+
+
+def test_usage_errors():
+    r = lmqtt("produce", "--store", "127.0.0.1:1", "--topic", "a/+")
+    assert r.returncode == 2 and b"wildcards" in r.stderr
+    r = lmqtt("produce", "--store", "127.0.0.1:1", "--topic", "a", "--property", "novalue")
+    assert r.returncode == 2 and b"k=v" in r.stderr
+    r = lmqtt("--help")
+    out = r.stdout.decode()
+    for name in ("produce", "consume", "admin", "passwd", "bench timer", "bench sdk", "bench fuzz-store"):
+        assert name in out
