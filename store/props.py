@@ -1,8 +1,8 @@
 """The record `props` encoding shared by MQTT and SDK messages (opaque to the store itself).
 
-The same bytes as `gateway/record_props.py` writes (layout below); this is the pure codec without
-the MQTT packet classes, so the SDK in `store/client/` can write and read it without importing the
-gateway. `tests/store/test_sdk_mqtt.py::test_props_codec_matches_gateway` checks both agree.
+The one implementation of this format: the gateway (`gateway/record_props.py`, which adds the MQTT
+packet conversions) and the SDK (`store/client/`) both encode and decode through `encode_fields` /
+`decode_fields`, so an MQTT publish and an SDK send carry byte-identical props.
 
 Layout (version 1):
     u8  version (=1)
@@ -42,38 +42,45 @@ def _str(b: bytearray, s: str) -> None:
     b += raw
 
 
-def encode(p: MessageProperties) -> bytes:
-    b = bytearray((VERSION, (p.qos & 3) | (4 if p.retain else 0)))
-    _str(b, p.client_id)
-    if p.payload_format_indicator is not None:
-        b += bytes((0x01, p.payload_format_indicator & 0xFF))
-    if p.message_expiry_interval is not None:
+def encode_fields(qos: int, retain: bool, client_id: str, payload_format_indicator=None,
+                  message_expiry_interval=None, content_type=None, response_topic=None,
+                  correlation_data=None, user_properties=()) -> bytes:
+    b = bytearray((VERSION, (qos & 3) | (4 if retain else 0)))
+    _str(b, client_id)
+    if payload_format_indicator is not None:
+        b += bytes((0x01, payload_format_indicator & 0xFF))
+    if message_expiry_interval is not None:
         b.append(0x02)
-        b += _U32.pack(p.message_expiry_interval)
-    if p.content_type is not None:
+        b += _U32.pack(message_expiry_interval)
+    if content_type is not None:
         b.append(0x03)
-        _str(b, p.content_type)
-    if p.response_topic is not None:
+        _str(b, content_type)
+    if response_topic is not None:
         b.append(0x08)
-        _str(b, p.response_topic)
-    if p.correlation_data is not None:
+        _str(b, response_topic)
+    if correlation_data is not None:
         b.append(0x09)
-        b += _U16.pack(len(p.correlation_data))
-        b += p.correlation_data
-    for k, v in p.user_properties:
+        b += _U16.pack(len(correlation_data))
+        b += correlation_data
+    for k, v in user_properties:
         b.append(0x26)
         _str(b, k)
         _str(b, v)
     return bytes(b)
 
 
-def decode(data: bytes) -> MessageProperties:
-    """Empty props decode as QoS 0 without properties; ValueError for bytes of another format."""
+def decode_fields(data) -> tuple:
+    """(qos, retain, client_id, payload_format_indicator, message_expiry_interval, content_type,
+    response_topic, correlation_data, user_properties list): the order of both dataclasses built
+    from it. Empty props are QoS 0 without properties; ValueError for bytes of another format."""
     if not data:
-        return MessageProperties()
-    if data[0] != VERSION or len(data) < 4 or data[1] & 3 == 3:
-        raise ValueError("props are not lmqtt record props (version 1)")
-    m = MessageProperties(qos=data[1] & 3, retain=bool(data[1] & 4))
+        return (0, False, "", None, None, None, None, None, [])
+    if data[0] != VERSION or len(data) < 4:
+        raise ValueError(f"unknown record props version {data[0]}")
+    if data[1] & 3 == 3:
+        raise ValueError("record props carry QoS 3")
+    pfi = mei = ct = rt = cd = None
+    user: list[tuple[str, str]] = []
     pos = 2
     try:
         def take() -> bytes:
@@ -86,27 +93,38 @@ def decode(data: bytes) -> MessageProperties:
             pos += n
             return v
 
-        m.client_id = take().decode()
-        while pos < len(data):
+        client_id = take().decode()
+        end = len(data)
+        while pos < end:
             pid = data[pos]
             pos += 1
             if pid == 0x01:
-                m.payload_format_indicator = data[pos]
+                pfi = data[pos]
                 pos += 1
             elif pid == 0x02:
-                (m.message_expiry_interval,) = _U32.unpack_from(data, pos)
+                (mei,) = _U32.unpack_from(data, pos)
                 pos += 4
             elif pid == 0x03:
-                m.content_type = take().decode()
+                ct = take().decode()
             elif pid == 0x08:
-                m.response_topic = take().decode()
+                rt = take().decode()
             elif pid == 0x09:
-                m.correlation_data = take()
+                cd = take()
             elif pid == 0x26:
                 k = take().decode()
-                m.user_properties.append((k, take().decode()))
+                user.append((k, take().decode()))
             else:
-                raise ValueError(f"unknown property id 0x{pid:02X}")
+                raise ValueError(f"unknown property id 0x{pid:02X} in record props")
     except (struct.error, IndexError, UnicodeDecodeError) as e:
         raise ValueError(f"props malformed: {e}") from None
-    return m
+    return (data[1] & 3, bool(data[1] & 4), client_id, pfi, mei, ct, rt, cd, user)
+
+
+def encode(p: MessageProperties) -> bytes:
+    return encode_fields(p.qos, p.retain, p.client_id, p.payload_format_indicator, p.message_expiry_interval,
+                         p.content_type, p.response_topic, p.correlation_data, p.user_properties)
+
+
+def decode(data: bytes) -> MessageProperties:
+    """Empty props decode as QoS 0 without properties; ValueError for bytes of another format."""
+    return MessageProperties(*decode_fields(data))
