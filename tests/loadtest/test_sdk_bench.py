@@ -1,0 +1,43 @@
+"""`lmqtt bench sdk` with a tiny duration: every case emits a JSON line with the contract fields,
+and the processes it started are gone afterwards."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+
+from tests.support import ROOT
+
+
+def test_bench_sdk_smoke_fields():
+    cases = ["single", "batch", "autobatch", "pull", "pop", "latency"]
+    if shutil.which("redis-server"):
+        cases += ["redis-xadd", "redis-xreadgroup"]
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--duration", "0.3",
+                        "--sizes", "100,1024", "--cases", ",".join(cases)], capture_output=True, cwd=ROOT, timeout=180)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines() if x.strip()]
+    assert sorted((x["case"], x["size"]) for x in rows) == sorted((c, s) for c in cases for s in (100, 1024))
+    for row in rows:
+        assert row["msgs_per_s"] > 0 and row["messages"] > 0, row
+        assert row["server_cpu_us_per_msg"] >= 0, row
+    for row in rows:
+        if row["case"] == "latency":
+            assert 0 < row["p50_us"] <= row["p99_us"] <= row["max_us"], row
+        if row["case"] in ("pull", "pop"):
+            # they read what the produce cases of the same size wrote, not more
+            produced = sum(x["messages"] for x in rows if x["size"] == row["size"]
+                           and x["case"] in ("single", "batch", "autobatch"))
+            assert row["messages"] <= produced, (row, produced)
+    assert b"[sdk]" in r.stderr
+    # exactly its own processes, all stopped: no child of the bench is left
+    leftover = subprocess.run(["pgrep", "-f", "lmqtt-bench-sdk-"], capture_output=True).stdout.strip()
+    assert leftover == b"", leftover
+
+
+def test_bench_sdk_rejects_unknown_case():
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--cases", "nope"],
+                       capture_output=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and b"unknown case" in r.stderr
