@@ -1,0 +1,438 @@
+"""`LmqttDataSource`: the `lmqtt` format for spark.read / readStream / write / writeStream.
+
+Everything goes through the store's SDK (`lmqtt.store.client`), so the same code runs in local
+mode against `lmqtt serve --store-port` and on a cluster against `lmqtt store`: the driver plans
+(offsets, time -> offset), executors pull their own offset ranges over their own connections.
+
+Queues ("queue" column, and the keys of streaming offsets):
+  * option `filter` (MQTT topic filter, wildcards allowed): the filter's light queue, exactly what
+    an MQTT subscriber of the filter sees. Key `lq:<filter>`. Reading registers the filter (like
+    a SUBSCRIBE); messages published before the first registration are not in it.
+  * option `topic` (first-level topic): its ConsumeQueues, key `<topic>:<queue id>`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import uuid
+from typing import Iterator
+
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    DataSourceStreamWriter, DataSourceWriter, InputPartition,
+                                    WriterCommitMessage)
+from pyspark.sql.types import StructType
+
+SCHEMA = ("topic string, payload binary, qos int, retain boolean, client_id string, "
+          "user_properties map<string,string>, content_type string, born_ts timestamp, "
+          "store_ts timestamp, msg_id string, queue string, offset long")
+
+DEFAULT_STORE = "127.0.0.1:10911"
+_PULL = 512                    # records per pull request
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _lower(options) -> dict:
+    """Spark option names are case-insensitive: one plain dict with lower-case names."""
+    return {str(k).lower(): v for k, v in dict(options).items()}
+
+
+def _connect(opts: dict):
+    from lmqtt.store.client import connect
+    return connect(opts.get("store") or DEFAULT_STORE, token=opts.get("token") or None,
+                   client_name="lmqtt-spark")
+
+
+def parse_time(v) -> int | None:
+    """Epoch milliseconds (int or digits) or ISO 8601 (naive = UTC) -> epoch ms."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, (int, float)):
+        return int(v)
+    s = str(v).strip()
+    if s.lstrip("-").isdigit():
+        return int(s)
+    d = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=_dt.timezone.utc)
+    return int(d.timestamp() * 1000)
+
+
+class _Queues:
+    """The queues one read covers, with offsets, time lookups and range pulls (driver or executor)."""
+
+    def __init__(self, opts: dict, conn=None) -> None:
+        self.opts = opts
+        self.filter = opts.get("filter")
+        self.topic = opts.get("topic")
+        if bool(self.filter) == bool(self.topic):
+            raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
+                             "'topic' (first-level topic)")
+        self.conn = conn or _connect(opts)
+
+    def keys(self) -> list[str]:
+        if self.filter:
+            return [f"lq:{self.filter}"]
+        from lmqtt.store.client.admin import Admin
+        qids = sorted({q["queue_id"] for q in Admin(self.conn).topics() if q["topic"] == self.topic}) or [0]
+        return [f"{self.topic}:{q}" for q in qids]
+
+    @staticmethod
+    def _split(key: str) -> tuple[str, int]:
+        name, _, qid = key.rpartition(":")
+        return name, int(qid)
+
+    def bounds(self, key: str) -> tuple[int, int]:
+        """(min, max) offsets; max = next offset to be written."""
+        if key.startswith("lq:"):
+            info = self.conn.cmd("subscribe", filter=key[3:])     # registers, like SUBSCRIBE
+            return info["min_offset"], info["max_offset"]
+        name, qid = self._split(key)
+        r = self.conn.cmd("offsets", topic=name, queue_id=qid)
+        return r["min_offset"], r["max_offset"]
+
+    def offset_for_time(self, key: str, ts: int) -> int:
+        """First offset whose store time is >= ts. ConsumeQueues: the store's time index
+        (Admin.offset_for_time). Light queues: binary search over the queue by offsets (store
+        times grow with queue offsets), O(log n) one-record pulls, no scan."""
+        lo, hi = self.bounds(key)
+        if not key.startswith("lq:"):
+            name, qid = self._split(key)
+            off = self.conn.cmd("offset_for_time", topic=name, queue_id=qid, ts=ts)["offset"]
+            return min(max(off, lo), hi)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            recs = self.pull(key, mid, mid + 1)
+            if not recs:                       # expired hole: search above it
+                lo = mid + 1
+            elif recs[0].store_ts < ts:
+                lo = recs[0].queue_offset + 1
+            else:
+                hi = mid
+        return lo
+
+    def pull(self, key: str, start: int, end: int, max_count: int = _PULL):
+        """Records with start <= queue offset < end (one request, up to max_count)."""
+        from lmqtt.store import protocol as W
+        from lmqtt.store.client.consumer import _records
+        n = max(1, min(max_count, end - start))
+        if key.startswith("lq:"):
+            _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20),
+                                           retry=True)
+            _h, recs = _records(self.conn.ident, body)
+        else:
+            from lmqtt.store.client.consumer import pull
+            name, qid = self._split(key)
+            recs = pull(self.conn, name, qid, start, n).records
+        return [r for r in recs if start <= r.queue_offset < end]
+
+    def iter_range(self, key: str, start: int, end: int):
+        pos = start
+        while pos < end:
+            recs = self.pull(key, pos, end)
+            if not recs:
+                # nothing at pos: expired head or a hole; stop if the queue has nothing beyond
+                lo, hi = self.bounds(key)
+                if pos < lo:
+                    pos = lo
+                    continue
+                break
+            yield recs
+            pos = recs[-1].queue_offset + 1
+
+
+def _arrow_batch(key: str, recs):
+    """Records -> one pyarrow RecordBatch in SCHEMA's column order (MQTT props decoded by the
+    SDK's Record.mqtt, i.e. lmqtt.store.props)."""
+    import pyarrow as pa
+    cols = {k: [] for k in ("topic", "payload", "qos", "retain", "client_id", "user_properties",
+                            "content_type", "born_ts", "store_ts", "msg_id", "queue", "offset")}
+    for r in recs:
+        m = r.mqtt
+        cols["topic"].append(r.topic)
+        cols["payload"].append(r.body)
+        cols["qos"].append(m.qos)
+        cols["retain"].append(bool(m.retain))
+        cols["client_id"].append(m.client_id)
+        cols["user_properties"].append(list(dict(m.user_properties).items()))   # map: last value wins
+        cols["content_type"].append(m.content_type)
+        cols["born_ts"].append(r.born_ts * 1000)
+        cols["store_ts"].append(r.store_ts * 1000)
+        cols["msg_id"].append(r.msg_id)
+        cols["queue"].append(key)
+        cols["offset"].append(r.queue_offset)
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.RecordBatch.from_arrays([
+        pa.array(cols["topic"], pa.string()), pa.array(cols["payload"], pa.binary()),
+        pa.array(cols["qos"], pa.int32()), pa.array(cols["retain"], pa.bool_()),
+        pa.array(cols["client_id"], pa.string()),
+        pa.array(cols["user_properties"], pa.map_(pa.string(), pa.string())),
+        pa.array(cols["content_type"], pa.string()), pa.array(cols["born_ts"], ts),
+        pa.array(cols["store_ts"], ts), pa.array(cols["msg_id"], pa.string()),
+        pa.array(cols["queue"], pa.string()), pa.array(cols["offset"], pa.int64()),
+    ], names=list(cols))
+
+
+class RangePartition(InputPartition):
+    def __init__(self, key: str, start: int, end: int) -> None:
+        super().__init__((key, start, end))
+        self.key, self.start, self.end = key, start, end
+
+
+def _read_partition(opts: dict, p: RangePartition):
+    if p.start >= p.end:
+        return
+    q = _Queues(opts)
+    try:
+        for recs in q.iter_range(p.key, p.start, p.end):
+            yield _arrow_batch(p.key, recs)
+    finally:
+        q.conn.close()
+
+
+def _split_ranges(key: str, start: int, end: int, per: int) -> list[RangePartition]:
+    return [RangePartition(key, s, min(end, s + per)) for s in range(start, end, per)]
+
+
+# ------------------------------------------------------------------------------------ batch read
+class LmqttReader(DataSourceReader):
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        self.per = int(options.get("recordsperpartition", 20000))
+
+    def partitions(self):
+        q = _Queues(self.options)
+        try:
+            t0, t1 = parse_time(self.options.get("starttime")), parse_time(self.options.get("endtime"))
+            parts = []
+            for key in q.keys():
+                lo, hi = q.bounds(key)
+                s = lo if t0 is None else q.offset_for_time(key, t0)
+                e = hi if t1 is None else q.offset_for_time(key, t1)
+                parts += _split_ranges(key, s, e, self.per)
+        finally:
+            q.conn.close()
+        return parts or [RangePartition("", 0, 0)]
+
+    def read(self, partition):
+        yield from _read_partition(self.options, partition)
+
+
+# ------------------------------------------------------------------------------------ streaming read
+class LmqttStreamReader(DataSourceStreamReader):
+    """Offsets are {queue key: next offset}; Spark keeps them in the query's checkpoint (offset
+    log + commit log), so a restarted query re-reads an unfinished batch with the same range and
+    continues after the last committed one: every message once, no gap.
+
+    maxRecordsPerTrigger: the reader remembers where the last planned batch ended. PySpark 4.0
+    does not hand a restarted reader its restored start offset, so the first trigger after a
+    (re)start is not limited (still exactly once: the range starts at the checkpoint)."""
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        self.limit = int(options["maxrecordspertrigger"]) if options.get("maxrecordspertrigger") else None
+        self.per = int(options.get("recordsperpartition", 20000))
+        self._pos: dict | None = None
+        self._q = None
+
+    def _queues(self) -> _Queues:
+        if self._q is None:
+            self._q = _Queues(self.options)
+        return self._q
+
+    def initialOffset(self) -> dict:
+        q = self._queues()
+        so = str(self.options.get("startingoffsets", "latest")).strip().lower()
+        out = {}
+        for key in q.keys():
+            lo, hi = q.bounds(key)
+            if so == "earliest":
+                out[key] = lo
+            elif so == "latest":
+                out[key] = hi
+            else:
+                out[key] = q.offset_for_time(key, parse_time(self.options["startingoffsets"]))
+        self._pos = dict(out)
+        return out
+
+    def latestOffset(self) -> dict:
+        q = self._queues()
+        latest = {}
+        for key in q.keys():
+            latest[key] = q.bounds(key)[1]
+        if self.limit is None or self._pos is None:
+            return latest
+        # share the limit over the queues in key order, from where the last batch ended
+        left, out = self.limit, {}
+        for key, hi in latest.items():
+            s = self._pos.get(key, q.bounds(key)[0])
+            take = max(0, min(hi - s, left))
+            out[key] = s + take
+            left -= take
+        return out
+
+    def partitions(self, start: dict, end: dict):
+        self._pos = dict(end)
+        q = self._queues()
+        parts = []
+        for key, e in end.items():
+            s = start.get(key)
+            if s is None:                    # a queue that appeared after the start: from its min
+                s = q.bounds(key)[0]
+            parts += _split_ranges(key, s, e, self.per)
+        return parts or [RangePartition("", 0, 0)]
+
+    def read(self, partition):
+        yield from _read_partition(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        if self._pos is None:
+            self._pos = dict(end)
+        group = self.options.get("group")
+        if group:   # optional: make the query's progress visible to Admin.lag / delivery_audit
+            q = self._queues()
+            for key, off in end.items():
+                if key.startswith("lq:"):
+                    q.conn.cmd("commit", group=group, filter=key[3:], offset=off)
+                else:
+                    name, qid = q._split(key)
+                    q.conn.cmd("commit", group=group, topic=name, queue_id=qid, offset=off)
+
+    def stop(self) -> None:
+        if self._q is not None:
+            self._q.conn.close()
+            self._q = None
+
+
+# ------------------------------------------------------------------------------------ sink
+_CHUNK = 500                  # rows per PRODUCE batch
+_SEQ_BITS = 24                # sequence = (batch id + 1) << 24 | chunk index
+
+
+class _Commit(WriterCommitMessage):
+    def __init__(self, partition: int, count: int) -> None:
+        self.partition, self.count = partition, count
+
+
+def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
+    """Write one partition of one batch. Exactly once, by the store's producer dedup:
+
+    producer id = "spark:<query id>:<partition id>", sequence = (batch id + 1) << 24 | chunk.
+    Both are functions of (query, batch, partition, position of the chunk in the partition) only,
+    never of the attempt. A retried task or a re-run of the same batch after a restart sends the
+    same rows (Spark replays a batch from its checkpointed offsets; the rows of a partition are
+    the same for a deterministic plan) as the same (producer id, sequence) pairs, and the store
+    answers each with "duplicate" instead of appending it (`SdkMetadata.seen`: an exact match in
+    the last 64 batches of the producer id, or any sequence below a full window). Sequences of a
+    producer id grow with the batch id, so a new batch is never mistaken for an old one. Each
+    chunk is one all-or-nothing append. Caveats: a plan whose partition contents differ between
+    attempts (non-deterministic) is not covered, and the store's own limit applies (a crash of the
+    store between the append and the dedup entry can store a retried chunk twice)."""
+    from pyspark import TaskContext
+
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.producer import _tuple
+
+    ctx = TaskContext.get()
+    part = ctx.partitionId() if ctx is not None else 0
+    conn = _connect(opts)
+    prod = conn.producer(f"spark:{query_id}:{part}")
+    default_qos = int(opts.get("qos", 1))
+    chunk, n, count = [], 0, 0
+
+    def flush():
+        nonlocal chunk, n
+        if chunk:
+            seq = ((batch_id + 1) << _SEQ_BITS) | n
+            prod.send_packed(len(chunk), W.encode_messages_for_produce(chunk), seq=seq)
+            n += 1
+            chunk = []
+    try:
+        for row in rows:
+            d = row.asDict() if hasattr(row, "asDict") else dict(row)
+            body = d.get("payload")
+            if body is None:
+                body = b""
+            elif isinstance(body, str):
+                body = body.encode()
+            up = d.get("user_properties") or None
+            kw = {"qos": int(d["qos"]) if d.get("qos") is not None else default_qos,
+                  "retain": bool(d.get("retain") or False)}
+            if up:
+                kw["user_properties"] = dict(up)
+            if d.get("content_type"):
+                kw["content_type"] = d["content_type"]
+            keys = (d["key"],) if d.get("key") else ()
+            chunk.append(_tuple(d["topic"], bytes(body), keys, **kw))
+            count += 1
+            if len(chunk) >= _CHUNK:
+                flush()
+        flush()
+    finally:
+        conn.close()
+    return _Commit(part, count)
+
+
+class LmqttWriter(DataSourceWriter):
+    """df.write: options `queryId` + `batchId` name the write for dedup (e.g. from foreachBatch);
+    without them a random query id is drawn on the driver (retried tasks of this one write are
+    still deduplicated, a second save() is a new write)."""
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        self.query_id = options.get("queryid") or uuid.uuid4().hex
+        self.batch_id = int(options.get("batchid", 0))
+
+    def write(self, iterator):
+        return _write_rows(self.options, self.query_id, self.batch_id, iterator)
+
+
+class LmqttStreamWriter(DataSourceStreamWriter):
+    """df.writeStream: query id and batch id come from the task's local properties that Spark's
+    micro-batch engine sets (`sql.streaming.queryId`: stable across restarts from the same
+    checkpoint; `streaming.sql.batchId`)."""
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        qid = self.options.get("queryid") or (ctx and ctx.getLocalProperty("sql.streaming.queryId"))
+        bid = ctx and ctx.getLocalProperty("streaming.sql.batchId")
+        if not qid or bid is None:
+            raise RuntimeError("lmqtt sink: no streaming query/batch id in the task context")
+        return _write_rows(self.options, qid, int(bid), iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        pass
+
+    def abort(self, messages, batchId: int) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------ the source
+class LmqttDataSource(DataSource):
+    """Format `lmqtt`. Options: store (HOST:PORT, default 127.0.0.1:10911), token, filter | topic,
+    startTime/endTime (batch; epoch ms or ISO 8601, on store time, end exclusive),
+    startingOffsets (stream: earliest | latest | a time), maxRecordsPerTrigger, recordsPerPartition,
+    group (stream: commit progress to this consumer group too), qos (sink default), queryId/batchId
+    (batch sink dedup). Schema: SCHEMA (docs/spark.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lmqtt"
+
+    def schema(self):
+        return SCHEMA
+
+    def reader(self, schema: StructType):
+        return LmqttReader(_lower(self.options))
+
+    def streamReader(self, schema: StructType):
+        return LmqttStreamReader(_lower(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool):
+        return LmqttWriter(_lower(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        return LmqttStreamWriter(_lower(self.options))
