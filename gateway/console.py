@@ -52,6 +52,15 @@ def _prop(s: str) -> tuple[str, str]:
     return k, v
 
 
+def _line(raw: bytes) -> bytes:
+    """The message of one stdin line: without its "\n" (and a "\r" before it)."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
 def produce_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lmqtt produce",
                                 description="Send one message per stdin line to a topic of the store.")
@@ -82,7 +91,7 @@ def produce_main(argv: list[str] | None = None) -> int:
             futs = []
             try:
                 for line in stdin:
-                    futs.append(ab.send(args.topic, line.rstrip(b"\r\n") if line.endswith(b"\n") else line, **kw))
+                    futs.append(ab.send(args.topic, _line(line), **kw))
                     if len(futs) >= 4096:
                         for f in futs:
                             f.result()
@@ -100,7 +109,7 @@ def produce_main(argv: list[str] | None = None) -> int:
         else:
             prod = conn.producer(args.producer_id)
             for line in stdin:
-                prod.send(args.topic, line[:-1] if line.endswith(b"\n") else line, **kw)
+                prod.send(args.topic, _line(line), **kw)
                 n += 1
     except StoreClientError as e:
         print(f"lmqtt produce: store {args.store} refused a message after {n} acknowledged: {e}", file=sys.stderr)

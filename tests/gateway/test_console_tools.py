@@ -169,3 +169,19 @@ def test_usage_errors():
     out = r.stdout.decode()
     for name in ("produce", "consume", "admin", "passwd", "bench timer", "bench sdk", "bench fuzz-store"):
         assert name in out
+
+
+def test_wrong_token_is_refused_not_unreachable(tmp_path):
+    from tests.support import LmqttStore
+    st = LmqttStore(str(tmp_path / "d"), extra_args=("--token", "s3cret"),
+                    log_path=str(tmp_path / "store.log")).start()
+    try:
+        r = lmqtt("produce", "--store", st.address, "--topic", "a/b", stdin=b"x\n")
+        assert r.returncode == 4 and b"refused the connection" in r.stderr and b"auth" in r.stderr, r.stderr
+        r = lmqtt("produce", "--store", st.address, "--token", "s3cret", "--topic", "a/b", stdin=b"x\r\ny")
+        assert r.returncode == 0, r.stderr
+        r = lmqtt("consume", "--store", st.address, "--token", "s3cret", "--filter", "a", "--from", "earliest",
+                  "--count", "2")
+        assert r.stdout.decode().splitlines() == ["x", "y"]
+    finally:
+        st.stop()
