@@ -74,14 +74,17 @@ class LmqttProc:
         for port in wait:
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"lmqtt {kind} exited with {self.proc.returncode}: {self.log_tail()}")
+                    tail = self.log_tail()
+                    self.stop()
+                    raise RuntimeError(f"lmqtt {kind} exited with {self.proc.returncode}: {tail}")
                 try:
                     with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                         break
                 except OSError:
                     if time.monotonic() > deadline:
+                        tail = self.log_tail()
                         self.stop()
-                        raise RuntimeError(f"lmqtt {kind} did not listen within 30 s: {self.log_tail()}")
+                        raise RuntimeError(f"lmqtt {kind} did not listen within 30 s: {tail}")
                     time.sleep(0.05)
 
     @property
@@ -268,8 +271,28 @@ def bench_latency(size, duration, flush_mode, max_count=20_000):
 _SERVER = None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _sdk_rows(a, sizes, sdk_cases, emit, connect) -> int:
     global _SERVER
+    if not sdk_cases:
+        return 0
+    print(f"[sdk] starting lmqtt store (flush {a.flush_mode})", file=sys.stderr, flush=True)
+    _SERVER = LmqttProc("store", a.flush_mode)
+    try:
+        with connect(_SERVER.address) as c:
+            for size in sizes:
+                first = f"sdk{size}"
+                topic = f"{first}/bench"
+                for case in sdk_cases:
+                    print(f"[sdk] {case} size={size} ...", file=sys.stderr, flush=True)
+                    fn = {"single": bench_single, "batch": bench_batch, "autobatch": bench_autobatch,
+                          "pull": bench_pull, "pop": bench_pop}[case]
+                    emit(fn(c, first if case in ("pull", "pop") else topic, size, a.duration))
+    finally:
+        _SERVER.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench sdk", description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per case (default 5)")
     ap.add_argument("--sizes", default="100,1024", help="payload sizes in bytes (default 100,1024)")
@@ -291,21 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
 
     sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "pull", "pop")]
-    if sdk_cases:
-        print(f"[sdk] starting lmqtt store (flush {a.flush_mode})", file=sys.stderr, flush=True)
-        _SERVER = LmqttProc("store", a.flush_mode)
-        try:
-            with connect(_SERVER.address) as c:
-                for size in sizes:
-                    first = f"sdk{size}"
-                    topic = f"{first}/bench"
-                    for case in sdk_cases:
-                        print(f"[sdk] {case} size={size} ...", file=sys.stderr, flush=True)
-                        fn = {"single": bench_single, "batch": bench_batch, "autobatch": bench_autobatch,
-                              "pull": bench_pull, "pop": bench_pop}[case]
-                        emit(fn(c, first if case in ("pull", "pop") else topic, size, a.duration))
-        finally:
-            _SERVER.stop()
+    try:
+        rc = _sdk_rows(a, sizes, sdk_cases, emit, connect) or rc
+    except (RuntimeError, OSError) as e:
+        print(f"lmqtt bench sdk: store cases failed: {e}", file=sys.stderr)
+        rc = 1
     redis_cases = [x for x in cases if x.startswith("redis")]
     if redis_cases:
         from . import redis_streams as R
@@ -336,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     if "latency" in cases:
         for size in sizes:
             print(f"[sdk] latency size={size} (lmqtt serve) ...", file=sys.stderr, flush=True)
-            emit(bench_latency(size, a.duration, a.flush_mode))
+            try:
+                emit(bench_latency(size, a.duration, a.flush_mode))
+            except (RuntimeError, OSError) as e:
+                print(f"lmqtt bench sdk: latency case failed: {e}", file=sys.stderr)
+                rc = 1
     return rc
 
 
