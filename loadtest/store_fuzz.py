@@ -209,7 +209,8 @@ def run(address: str, frames: int, seed: int, workers: int, max_seconds: float, 
                     kinds.append(kind)
                     parts.append(f)
                 stream = b"".join(parts)
-                keys = possible_messages(stream, max_frame) if not no_hello else []
+                # also without a leading HELLO: a generated frame may itself be a HELLO
+                keys = possible_messages(stream, max_frame)
                 with lock:
                     possible.update(keys)       # before sending: the server may store it at once
                 try:
