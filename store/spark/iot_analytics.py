@@ -1,0 +1,131 @@
+"""IoT analytics job: MQTT JSON telemetry in the store -> per-device window stats (Parquet) and
+alerts published back to MQTT (`alerts/{device}`) through the `lmqtt` sink.
+
+    lmqtt serve &                                                  # MQTT 1883, store 10911
+    python3 -m lmqtt.store.spark.simulator --seconds 120 &         # telemetry/{device}
+    python3 -m lmqtt.store.spark.iot_analytics --out /tmp/iot --seconds 120
+    mosquitto_sub -t 'alerts/#' -v                                 # or any MQTT client
+
+Two streaming queries over `readStream.format("lmqtt").option("filter", "telemetry/+")`:
+  1. stats: event time from the payload's `ts`, watermark `--watermark`, tumbling windows of
+     `--window` per device: count, avg/min/max/stddev temp, avg humidity, min battery -> Parquet
+     under OUT/stats (append mode: a window is written once the watermark passes it).
+  2. alerts (foreachBatch): a reading outside [--min-temp, --max-temp] or more than --z standard
+     deviations from its device's mean within the micro-batch -> `alerts/{device}` {"kind":
+     "anomaly"}; a device whose last reading (state as of now) is older than --silence ->
+     {"kind": "silent"}, once (when it crosses the threshold during the trigger interval).
+     Alerts are written with queryId/batchId = the job's checkpoint/batch: a re-run batch is not
+     published twice (docs/spark.md, exactly-once).
+Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def build(spark, a):
+    from pyspark.sql import functions as F
+
+    from .views import state_as_of
+
+    src = (spark.readStream.format("lmqtt").option("store", a.store).option("filter", a.filter)
+           .option("startingOffsets", a.starting))
+    if a.token:
+        src = src.option("token", a.token)
+    raw = src.load()
+    schema = "device string, ts long, temp double, humidity double, battery double, seq long"
+    tele = (raw.select("topic", "store_ts", F.from_json(F.col("payload").cast("string"), schema).alias("j"))
+            .select(F.coalesce("j.device", F.element_at(F.split("topic", "/"), -1)).alias("device"),
+                    F.coalesce((F.col("j.ts") / 1000).cast("timestamp"), F.col("store_ts")).alias("event_time"),
+                    "j.temp", "j.humidity", "j.battery")
+            .where("temp is not null"))
+
+    stats = (tele.withWatermark("event_time", a.watermark)
+             .groupBy(F.window("event_time", a.window).alias("w"), "device")
+             .agg(F.count("*").alias("n"), F.avg("temp").alias("avg_temp"), F.min("temp").alias("min_temp"),
+                  F.max("temp").alias("max_temp"), F.stddev("temp").alias("std_temp"),
+                  F.avg("humidity").alias("avg_humidity"), F.min("battery").alias("min_battery"))
+             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "*")
+             .drop("w"))
+    q_stats = (stats.writeStream.outputMode("append").format("parquet").option("path", f"{a.out}/stats")
+               .option("checkpointLocation", f"{a.out}/_checkpoints/stats").trigger(processingTime=a.trigger)
+               .start())
+
+    trigger_s = float(a.trigger.split()[0])
+
+    def alerts(batch, batch_id):
+        dev = batch.groupBy("device").agg(F.avg("temp").alias("mu"), F.stddev("temp").alias("sd"))
+        anomalies = (batch.join(dev, "device")
+                     .where((F.col("temp") < a.min_temp) | (F.col("temp") > a.max_temp)
+                            | ((F.col("sd") > 0) & (F.abs(F.col("temp") - F.col("mu")) > a.z * F.col("sd"))))
+                     .select(F.concat(F.lit("alerts/"), "device").alias("topic"),
+                             F.to_json(F.struct(F.lit("anomaly").alias("kind"), "device", "temp",
+                                                F.col("event_time").cast("string").alias("at"))).alias("payload")))
+        now = int(time.time() * 1000)
+        silence_ms = int(a.silence * 1000)
+        last = state_as_of(spark, now, filter=a.filter, store=a.store, token=a.token,
+                           since=now - silence_ms - int(trigger_s * 1000) - 3_600_000)
+        cut = now - silence_ms                    # silent: last reading in [cut - trigger, cut)
+        silent = (last.where((F.col("store_ts") < F.timestamp_millis(F.lit(cut)))
+                             & (F.col("store_ts") >= F.timestamp_millis(F.lit(cut - int(trigger_s * 1000)))))
+                  .select(F.concat(F.lit("alerts/"), F.element_at(F.split("topic", "/"), -1)).alias("topic"),
+                          F.to_json(F.struct(F.lit("silent").alias("kind"),
+                                             F.element_at(F.split("topic", "/"), -1).alias("device"),
+                                             F.col("store_ts").cast("string").alias("last_seen"))).alias("payload")))
+        out = anomalies.unionByName(silent).withColumn("payload", F.col("payload").cast("binary"))
+        w = (out.withColumn("qos", F.lit(1)).write.format("lmqtt").option("store", a.store)
+             .option("queryId", a.job_id).option("batchId", str(batch_id)).mode("append"))
+        if a.token:
+            w = w.option("token", a.token)
+        w.save()
+
+    q_alerts = (tele.writeStream.foreachBatch(alerts)
+                .option("checkpointLocation", f"{a.out}/_checkpoints/alerts").trigger(processingTime=a.trigger)
+                .start())
+    return q_stats, q_alerts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="lmqtt IoT analytics job (docs/spark.md)")
+    ap.add_argument("--store", default="127.0.0.1:10911")
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--filter", default="telemetry/+")
+    ap.add_argument("--starting", default="earliest", help="startingOffsets of a new checkpoint")
+    ap.add_argument("--out", default="./iot-analytics")
+    ap.add_argument("--window", default="1 minute")
+    ap.add_argument("--watermark", default="2 minutes")
+    ap.add_argument("--trigger", default="10 seconds")
+    ap.add_argument("--min-temp", type=float, default=-10.0)
+    ap.add_argument("--max-temp", type=float, default=45.0)
+    ap.add_argument("--z", type=float, default=4.0)
+    ap.add_argument("--silence", type=float, default=30.0, help="seconds without telemetry = silent")
+    ap.add_argument("--job-id", default="iot-analytics-alerts", help="producer identity of the alerts")
+    ap.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run until Ctrl-C)")
+    ap.add_argument("--master", default="local[2]")
+    a = ap.parse_args(argv)
+
+    from pyspark.sql import SparkSession
+
+    from . import LmqttDataSource
+    spark = (SparkSession.builder.master(a.master).appName("lmqtt-iot-analytics")
+             .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.dataSource.register(LmqttDataSource)
+    qs = build(spark, a)
+    try:
+        if a.seconds:
+            time.sleep(a.seconds)
+        else:
+            spark.streams.awaitAnyTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for q in qs:
+            q.stop()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
