@@ -13,7 +13,8 @@ Two streaming queries over `readStream.format("lmqtt").option("filter", "telemet
   2. alerts (foreachBatch): a reading outside [--min-temp, --max-temp] or more than --z standard
      deviations from its device's mean within the micro-batch -> `alerts/{device}` {"kind":
      "anomaly"}; a device whose last reading (state as of now) is older than --silence ->
-     {"kind": "silent"}, once (when it crosses the threshold during the trigger interval).
+     {"kind": "silent"}, once (when it crosses the threshold during the trigger interval; read
+     from the first-level ConsumeQueue, which also has telemetry from before the job started).
      Alerts are written with queryId/batchId = the job's checkpoint/batch: a re-run batch is not
      published twice (docs/spark.md, exactly-once).
 Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the same command.
@@ -21,6 +22,7 @@ Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the sa
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 
@@ -53,6 +55,7 @@ def build(spark, a):
                .start())
 
     trigger_s = float(a.trigger.split()[0])
+    started = [True]
 
     def alerts(batch, batch_id):
         dev = batch.groupBy("device").agg(F.avg("temp").alias("mu"), F.stddev("temp").alias("sd"))
@@ -64,11 +67,16 @@ def build(spark, a):
                                                 F.col("event_time").cast("string").alias("at"))).alias("payload")))
         now = int(time.time() * 1000)
         silence_ms = int(a.silence * 1000)
-        last = state_as_of(spark, now, filter=a.filter, store=a.store, token=a.token,
+        # the first-level ConsumeQueue: it has history from before the job registered its filter
+        last = state_as_of(spark, now, topic=a.filter.split("/")[0], store=a.store, token=a.token,
                            since=now - silence_ms - int(trigger_s * 1000) - 3_600_000)
-        cut = now - silence_ms                    # silent: last reading in [cut - trigger, cut)
+        # silent: last reading in [cut - trigger, cut); in the first batch of this run, any
+        # device silent for up to an hour (it may have gone quiet while the job was down)
+        cut = now - silence_ms
+        lower = cut - (3_600_000 if started[0] else int(trigger_s * 1000))
+        started[0] = False
         silent = (last.where((F.col("store_ts") < F.timestamp_millis(F.lit(cut)))
-                             & (F.col("store_ts") >= F.timestamp_millis(F.lit(cut - int(trigger_s * 1000)))))
+                             & (F.col("store_ts") >= F.timestamp_millis(F.lit(lower))))
                   .select(F.concat(F.lit("alerts/"), F.element_at(F.split("topic", "/"), -1)).alias("topic"),
                           F.to_json(F.struct(F.lit("silent").alias("kind"),
                                              F.element_at(F.split("topic", "/"), -1).alias("device"),
@@ -121,10 +129,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        failed = [q.exception() for q in qs if q.exception() is not None]
         for q in qs:
             q.stop()
         spark.stop()
-    return 0
+    for e in failed:
+        print(f"iot_analytics: query failed: {e}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
