@@ -17,6 +17,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from lmqtt.gateway.auth import Credentials, Identity, certificate_subject
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
@@ -41,8 +42,12 @@ log = logging.getLogger("lmqtt.gateway")
 
 class Broker:
     def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
-                 metrics: "GatewayMetrics") -> None:
+                 metrics: "GatewayMetrics", auth=None, acl=None) -> None:
         self.cfg = cfg
+        # security (gateway/auth.py, gateway/acl.py): None = not configured, and then CONNECT,
+        # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
+        self.auth = auth
+        self.acl = acl
         self.store = store
         self.lq = lq
         self.storage = InProcessStore(store, lq)      # everything below uses the store through it
@@ -56,6 +61,7 @@ class Broker:
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush)
+        self.delivery.acl = acl
         self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist)
         self.session_registry = SessionRegistry(loop, metrics, self.metadata, self.persist, self.subscriptions,
                                                 self._publish_will)
@@ -172,6 +178,22 @@ class Broker:
                 assigned = cid
         if v == 5 and props.authentication_method:
             return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
+        ident = None
+        if self.auth is not None:
+            ident = self.auth.authenticate(Credentials(cid, pkt.username, pkt.password, self._cert_subject(conn)))
+            if ident is None:
+                if pkt.username is not None or pkt.password is not None:
+                    return self._refuse(conn, RC.BAD_USER_NAME_OR_PASSWORD,
+                                        "bad user name or password")
+                return self._refuse(conn, RC.NOT_AUTHORIZED, "not authorized")
+        elif self.acl is not None:
+            ident = Identity(None, cid, "anonymous")
+        conn.identity = ident
+        will = pkt.will
+        if will is not None and self.acl is not None and not self.acl.can_publish(ident, will.topic):
+            # as Mosquitto: the connection is accepted, the will is not kept (never published)
+            log.info("event=will_denied client_id=%s topic=%r", cid, will.topic)
+            will = None
         if pkt.will is not None:
             try:
                 T.validate_topic(pkt.will.topic)
@@ -206,9 +228,9 @@ class Broker:
         if keepalive > cfg.max_keepalive:
             keepalive = server_keepalive = cfg.max_keepalive
         conn.keepalive = keepalive
-        conn.will = pkt.will
-        if pkt.will is not None:
-            registry.store_will(cid, pkt.will, v)
+        conn.will = will
+        if will is not None:
+            registry.store_will(cid, will, v)
         if s.persistent:
             self._save_session(s)
         elif was_persistent:
@@ -230,6 +252,8 @@ class Broker:
         self.metrics.connections.inc()
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
+        if self.acl is not None:
+            self._compute_read_checks(conn, s)
         self.subscriptions.go_online(s)
         s.resend_inflight()
         self.delivery.kick(s)
@@ -254,6 +278,8 @@ class Broker:
                 conn.valid_topics.clear()
             conn.valid_topics.add(topic)
         pid = pkt.packet_id
+        if self.acl is not None and not self.acl.can_publish(conn.identity, topic):
+            return self._publish_denied(conn, s, qos, pid, topic, v5)
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
                 conn.send(P.PubRec(pid))
@@ -266,6 +292,62 @@ class Broker:
             s.inbound_pending.add(pid)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None)
+
+    def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
+        """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is
+        acknowledged and dropped (as Mosquitto does). Nothing is stored."""
+        log.info("event=publish_denied client_id=%s topic=%r", s.client_id, topic)
+        if qos == 0:
+            return
+        rc = RC.NOT_AUTHORIZED if v5 else 0
+        if qos == 1:
+            conn.send(P.PubAck(pid, rc))
+        else:
+            if not v5:
+                s.inbound_qos2.add(pid)         # the PUBREL that follows gets its PUBCOMP
+            conn.send(P.PubRec(pid, rc))
+
+    def _compute_read_checks(self, conn, s: Session) -> None:
+        """Which of the session's direct subscriptions need the per-message `can_read` at delivery
+        (`conn.read_checks`, None when none does: the fast path). A restored subscription the
+        identity may no longer make is checked per message too."""
+        acl, ident = self.acl, conn.identity
+        checks = set()
+        for sub in s.subs.values():
+            if acl.needs_read_check(ident, sub.queue) or not acl.can_subscribe(ident, sub.queue):
+                checks.add(sub.queue)
+        conn.read_checks = checks or None
+
+    @staticmethod
+    def _cert_subject(conn) -> str | None:
+        t = conn.transport
+        if t is None:
+            return None
+        try:
+            return certificate_subject(t.get_extra_info("peercert"))
+        except Exception:
+            return None
+
+    def reload_security(self) -> None:
+        """SIGHUP: re-read password/keys files and the ACL; a file that fails keeps its old rules."""
+        if self.auth is not None:
+            for a in self.auth.authenticators:
+                if hasattr(a, "reload"):
+                    try:
+                        a.reload()
+                        log.info("event=reloaded what=%s path=%s", a.name, getattr(a, "path", ""))
+                    except Exception as e:
+                        log.error("event=reload_failed what=%s error=%s (previous rules kept)", a.name, e)
+        if self.acl is not None:
+            try:
+                self.acl.reload()
+                log.info("event=reloaded what=acl path=%s", self.acl.path)
+            except Exception as e:
+                log.error("event=reload_failed what=acl error=%s (previous rules kept)", e)
+                return
+            for c in list(self.connections):
+                if c.connected and c.session is not None:
+                    self._compute_read_checks(c, c.session)
 
     # ======================================================================= acks from the client
     def _release(self, s: Session, inf: InFlight) -> None:
@@ -350,6 +432,11 @@ class Broker:
                 continue
             if group is not None and req.no_local and v5:
                 raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
+            acl = self.acl
+            if acl is not None and not acl.can_subscribe(conn.identity, flt):
+                log.info("event=subscribe_denied client_id=%s filter=%r", s.client_id, req.topic_filter)
+                codes.append(RC.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V311)
+                continue
             if req.topic_filter not in s.subs and len(s.subs) >= self.cfg.max_subscriptions:
                 log.info("event=subscribe_refused client_id=%s filter=%r reason=max_subscriptions",
                          s.client_id, req.topic_filter)
@@ -358,6 +445,11 @@ class Broker:
             qos = min(req.qos, 2)
             sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
                                req.retain_handling)
+            if acl is not None and acl.needs_read_check(conn.identity, flt):
+                rc_set = conn.read_checks
+                if rc_set is None:
+                    rc_set = conn.read_checks = set()
+                rc_set.add(flt)
             existed = self.subscriptions.add(s, sub)
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
@@ -376,9 +468,12 @@ class Broker:
         except Exception as e:
             log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
             return
+        acl = self.acl
         for topic, payload, props in found:
             if s.conn is None:
                 return
+            if acl is not None and not acl.can_read(s.conn.identity, topic):
+                continue
             record = safe_decode(props)
             if sub.no_local and record.client_id == s.client_id:
                 continue

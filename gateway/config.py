@@ -70,6 +70,22 @@ class GatewayConfig:
     store_port: int = 10911
     store_host: str = "127.0.0.1"
     token: str | None = None
+    # listeners beside the plain MQTT `port`, all on `host`; 0 = off (docs/gateway.md "Security")
+    tls_port: int = 0                 # MQTT over TLS (needs cert, key)
+    ws_port: int = 0                  # MQTT over WebSocket, path /mqtt, subprotocol mqtt
+    wss_port: int = 0                 # MQTT over secure WebSocket (same cert/key)
+    cert: str | None = None           # server certificate chain (PEM)
+    key: str | None = None            # its private key (PEM; default: in `cert`)
+    cafile: str | None = None         # CA of client certificates (TLS peers may present one)
+    require_certificate: bool = False  # TLS clients without a valid certificate fail the handshake
+    # authentication and access control; with none of password_file/hmac_keys/jwt_*/cafile,
+    # anonymous clients are accepted on loopback only (a non-loopback host needs allow_anonymous)
+    password_file: str | None = None  # Mosquitto-compatible user:hash file (`lmqtt passwd`)
+    hmac_keys: str | None = None      # access_key:secret_key lines (RocketMQ-MQTT signatures)
+    jwt_secret: str | None = None     # HS256 secret: a JWT as the CONNECT password
+    jwt_public_key: str | None = None  # RS256/ES256 public key file, instead of jwt_secret
+    allow_anonymous: bool = False     # accept clients without credentials (non-loopback too)
+    acl_file: str | None = None       # Mosquitto acl_file or lmqtt's allow/deny rules
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -81,6 +97,15 @@ class GatewayConfig:
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
         if not (0 <= int(self.store_port) <= 65535):
             raise ConfigError(f"store_port must be 0..65535 (0 = off), got {self.store_port}")
+        for name in ("tls_port", "ws_port", "wss_port"):
+            if not (0 <= int(getattr(self, name)) <= 65535):
+                raise ConfigError(f"{name} must be 0..65535 (0 = off), got {getattr(self, name)}")
+        if (self.tls_port or self.wss_port) and not self.cert:
+            raise ConfigError("tls_port / wss_port need cert (and key) (--cert FILE --key FILE)")
+        if self.require_certificate and not self.cafile:
+            raise ConfigError("require_certificate needs cafile (the CA that signs client certificates)")
+        if self.jwt_secret and self.jwt_public_key:
+            raise ConfigError("give one of jwt_secret or jwt_public_key, not both")
         if not (1 <= int(self.max_inflight) <= 65535):
             raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
         if not (0 <= float(self.switch_interval_ms) <= 1000):

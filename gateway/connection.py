@@ -89,6 +89,8 @@ class MQTTConnection(asyncio.Protocol):
         self.closed = False           # connection_lost seen
         self.write_blocked = False
         self.will: P.Will | None = None
+        self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
+        self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
         self.keepalive = 0
         self.last_rx = self.loop.time()
         self.accepted_at = self.last_rx

@@ -49,6 +49,7 @@ class DeliveryEngine:
         self.loop = loop
         self.metrics = metrics
         self.cfg = cfg
+        self.acl = None        # AclFile when --acl-file is configured (set by the broker)
         self._session_offsets_moved = session_offsets_moved
         self._group_offsets_moved = group_offsets_moved
         self._flush_writes = flush_writes
@@ -393,6 +394,12 @@ class DeliveryEngine:
         cur = s.cursors[q]
         sub = s.direct[q]
         multi = len(s.direct) > 1
+        # ACL read rules: only subscriptions overlapping a denied area pay a check per message
+        rc = conn.read_checks
+        acl_read = None
+        if rc is not None and q in rc:
+            ident = conn.identity
+            acl_read = self.acl.can_read
         room = s.receive_max - len(s.outbound)
         sub_qos = sub.qos
         no_local = sub.no_local
@@ -423,6 +430,9 @@ class DeliveryEngine:
                     continue
             rec = it.record
             if no_local and rec.client_id == cid:
+                nxt = off + 1
+                continue
+            if acl_read is not None and not acl_read(ident, it.topic):
                 nxt = off + 1
                 continue
             if rec.qos < qos:
@@ -521,6 +531,10 @@ class DeliveryEngine:
         return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
 
     def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: OutboundMessage) -> None:
+        conn = s.conn
+        if conn is not None and conn.read_checks is not None and g.queue in conn.read_checks \
+                and not self.acl.can_read(conn.identity, it.topic):
+            return      # withheld by the ACL: the group's cursor has passed it
         qos = min(sub.qos, it.record.qos)
         retain = it.record.retain if sub.retain_as_published else False
         if not it.sent:

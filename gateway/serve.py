@@ -3,10 +3,14 @@
     lmqtt serve [--host 127.0.0.1] [--port 1883] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
                 [--flush-mode async|sync|async+buffer] [--metrics-port 9883 (0 = off)]
                 [--store-port 10911 (0 = off)] [--store-host 127.0.0.1] [--token TOKEN]
+                [--tls-port P --cert FILE --key FILE [--cafile FILE] [--require-certificate]]
+                [--ws-port P] [--wss-port P] [--password-file FILE] [--allow-anonymous]
+                [--hmac-keys FILE] [--jwt-secret S | --jwt-public-key FILE] [--acl-file FILE]
 
 Precedence: built-in defaults < the TOML file (`--config`, keys at top level or under `[serve]`)
-< flags given on the command line. Binds to loopback unless told otherwise; anonymous clients are
-allowed until the security issue lands. SIGTERM/SIGINT: stop accepting, close connections
+< flags given on the command line. Binds to loopback unless told otherwise; without authentication
+anonymous clients are accepted on loopback only (a non-loopback --host needs --password-file etc.
+or --allow-anonymous). SIGHUP re-reads the password/keys files and the ACL. SIGTERM/SIGINT: stop accepting, close connections
 (MQTT 5: DISCONNECT 0x8B), persist sessions and offsets, flush the store, exit 0.
 """
 from __future__ import annotations
@@ -49,6 +53,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="port of the store's native protocol for the SDK (default 10911, 0 = off)")
     p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")
     p.add_argument("--token", help="auth token SDK clients must send (required for a non-loopback --store-host)")
+    g = p.add_argument_group("listeners (all on --host; docs/gateway.md \"Security and listeners\")")
+    g.add_argument("--tls-port", type=int, help="MQTT over TLS port (needs --cert, --key; 0 = off)")
+    g.add_argument("--ws-port", type=int, help="MQTT over WebSocket port (path /mqtt; 0 = off)")
+    g.add_argument("--wss-port", type=int, help="MQTT over secure WebSocket port (same --cert/--key; 0 = off)")
+    g.add_argument("--cert", help="server certificate chain, PEM")
+    g.add_argument("--key", help="server private key, PEM (default: inside --cert)")
+    g.add_argument("--cafile", help="CA of client certificates; a verified certificate's CN becomes the username")
+    g.add_argument("--require-certificate", action="store_true", default=None,
+                   help="TLS clients must present a certificate signed by --cafile")
+    a = p.add_argument_group("authentication and access control")
+    a.add_argument("--password-file", help="Mosquitto-compatible password file (lmqtt passwd / mosquitto_passwd)")
+    a.add_argument("--allow-anonymous", action="store_true", default=None,
+                   help="accept clients without credentials (default: only on a loopback --host with no auth)")
+    a.add_argument("--hmac-keys", help="access_key:secret_key file for signature auth (RocketMQ-MQTT style)")
+    a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
+    a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
+    a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 
@@ -126,8 +147,15 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
         return 1
+    from lmqtt.gateway.server import ListenerError, SecurityConfigError
     try:
         await gw.start()
+    except SecurityConfigError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 2
+    except ListenerError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         if e.filename:     # a file of the data dir, not the socket
             print(f"lmqtt serve: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
@@ -185,12 +213,28 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = f"unavailable ({e.strerror or e})"
     host, port = gw.address
+    loop.add_signal_handler(signal.SIGHUP, gw.reload_security)
+    more = ""
+    scheme = {"mqtts": "mqtts://{}:{} (TLS)", "ws": "ws://{}:{}/mqtt (WebSocket)",
+              "wss": "wss://{}:{}/mqtt (secure WebSocket)"}
+    for name, (h, p) in gw.listeners.items():
+        if name != "mqtt":
+            more += "\n  listener:   " + scheme[name].format(h, p)
+    if gw.auth is not None:
+        kinds = ", ".join(a.name for a in gw.auth.authenticators)
+        auth_line = f"{kinds}; anonymous {'allowed' if cfg.allow_anonymous else 'refused'}"
+    elif cfg.allow_anonymous:
+        auth_line = "none: anonymous clients allowed (--allow-anonymous)"
+    else:
+        auth_line = "none: anonymous clients allowed on loopback only"
+    if gw.acl is not None:
+        auth_line += f"; ACL {cfg.acl_file}"
     print(f"lmqtt serve: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"  metrics:    {metrics_url}\n"
-          f"  store:      {store_url}\n"
-          f"  auth:       anonymous clients allowed", file=sys.stderr, flush=True)
+          f"  store:      {store_url}{more}\n"
+          f"  auth:       {auth_line}", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
     if store_srv is not None:

@@ -8,6 +8,7 @@ with the broker persisting sessions/offsets before the store flushes and closes.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from pathlib import Path
 
@@ -20,6 +21,69 @@ from lmqtt.notify import InProcessBus
 log = logging.getLogger("lmqtt.gateway")
 
 
+class SecurityConfigError(Exception):
+    """A listener/authentication/ACL setting that cannot work; the message names the cause."""
+
+
+class ListenerError(Exception):
+    """A listener could not be opened; the message names the listener, address and reason."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_security(cfg: GatewayConfig):
+    """(ssl context or None, AuthChain or None, AclFile or None) from the configuration.
+
+    `None` for the chain means "no authentication configured and anonymous clients are fine here"
+    (a loopback host, or `allow_anonymous`): CONNECT then pays nothing for authentication.
+    """
+    from lmqtt.gateway.acl import AclError, AclFile
+    from lmqtt.gateway.auth import (AuthChain, AuthError, ClientCertificate, HmacSignature, JwtToken,
+                                    PasswordFile)
+    from lmqtt.gateway.tls import TlsConfigError, server_context
+    ctx = None
+    if cfg.tls_port or cfg.wss_port:
+        try:
+            ctx = server_context(cfg.cert, cfg.key, cfg.cafile, bool(cfg.require_certificate))
+        except TlsConfigError as e:
+            raise SecurityConfigError(str(e)) from None
+    authenticators = []
+    try:
+        if cfg.cafile and ctx is not None:
+            authenticators.append(ClientCertificate())   # a verified certificate names the user
+        if cfg.password_file:
+            authenticators.append(PasswordFile(cfg.password_file))
+        if cfg.hmac_keys:
+            authenticators.append(HmacSignature(cfg.hmac_keys))
+        if cfg.jwt_secret or cfg.jwt_public_key:
+            authenticators.append(JwtToken(secret=cfg.jwt_secret, public_key_file=cfg.jwt_public_key))
+    except AuthError as e:
+        raise SecurityConfigError(str(e)) from None
+    except OSError as e:
+        raise SecurityConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
+    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
+        raise SecurityConfigError(
+            f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
+            f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
+            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
+            f"anonymous clients on purpose")
+    chain = AuthChain(authenticators, bool(cfg.allow_anonymous)) if authenticators else None
+    acl = None
+    if cfg.acl_file:
+        try:
+            acl = AclFile(cfg.acl_file)
+        except AclError as e:
+            raise SecurityConfigError(str(e)) from None
+    return ctx, chain, acl
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
         self.cfg = cfg
@@ -30,6 +94,9 @@ class Gateway:
         self.broker: Broker | None = None
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
+        self.servers: list = []                            # every listener's asyncio Server
+        self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
+        self.ssl_context = self.auth = self.acl = None
 
     async def start(self) -> None:
         from lmqtt.lightqueue import LightQueueStore
@@ -37,6 +104,8 @@ class Gateway:
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
+        # settings that cannot work are refused before the store is opened
+        self.ssl_context, self.auth, self.acl = build_security(cfg)
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode,
@@ -54,27 +123,63 @@ class Gateway:
         self.lq.add_listener(self.bus.publish)
         self.store.start()
         try:
-            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics)
+            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics, auth=self.auth, acl=self.acl)
             self.bus.subscribe(self.broker.delivery.on_queues)
             self.broker.publisher.after_append = self.bus.drain
             self.broker.start()
-            self.server = await loop.create_server(lambda: MQTTConnection(self.broker), cfg.host, cfg.port,
-                                                   reuse_address=True, backlog=1024)
+            await self._listen(loop)
         except BaseException:
+            for srv in self.servers:
+                srv.close()
             self._close_storage()
             raise
-        sock = self.server.sockets[0]
-        self.address = sock.getsockname()[:2]
+
+    async def _listen(self, loop) -> None:
+        from lmqtt.gateway.websocket import WebSocketProtocol
+        cfg = self.cfg
+        broker = self.broker
+
+        def mqtt():
+            return MQTTConnection(broker)
+
+        def ws():
+            return WebSocketProtocol(mqtt, path="/mqtt", max_message_bytes=cfg.max_packet_size)
+
+        plan = [("mqtt", cfg.port, mqtt, None)]
+        if cfg.tls_port:
+            plan.append(("mqtts", cfg.tls_port, mqtt, self.ssl_context))
+        if cfg.ws_port:
+            plan.append(("ws", cfg.ws_port, ws, None))
+        if cfg.wss_port:
+            plan.append(("wss", cfg.wss_port, ws, self.ssl_context))
+        for name, port, factory, ctx in plan:
+            try:
+                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024, ssl=ctx)
+            except OSError as e:
+                what = {"mqtt": "", "mqtts": "TLS ", "ws": "WebSocket ", "wss": "secure WebSocket "}[name]
+                flag = {"mqtt": "--port", "mqtts": "--tls-port", "ws": "--ws-port", "wss": "--wss-port"}[name]
+                raise ListenerError(f"cannot listen on {what}{cfg.host}:{port} ({flag}): {e.strerror or e}") from None
+            self.servers.append(srv)
+            self.listeners[name] = srv.sockets[0].getsockname()[:2]
+            if name == "mqtt":
+                self.server = srv
+        self.address = self.listeners["mqtt"]
+
+    def reload_security(self) -> None:
+        """SIGHUP: re-read the password/keys files and the ACL; connections stay. A file that does
+        not parse keeps its previous rules (logged)."""
+        if self.broker is not None:
+            self.broker.reload_security()
 
     async def stop(self) -> None:
         """Stop accepting, close sessions (persisting offsets), flush and close the store."""
-        if self.server is not None:
-            self.server.close()
+        for srv in self.servers:
+            srv.close()
         if self.broker is not None:
             await self.broker.shutdown()
-        if self.server is not None:
+        for srv in self.servers:
             try:
-                await asyncio.wait_for(self.server.wait_closed(), 2.0)
+                await asyncio.wait_for(srv.wait_closed(), 2.0)
             except (asyncio.TimeoutError, Exception):
                 pass
         self._close_storage()
