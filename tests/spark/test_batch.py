@@ -88,3 +88,26 @@ def test_time_range_returns_exactly_the_rows_in_range(spark, server):
           .option("recordsPerPartition", "2").load())
     assert df.rdd.getNumPartitions() == 5
     assert sorted(bytes(r.payload) for r in df.collect()) == [str(i).encode() for i in range(9)]
+
+
+def test_state_as_of_and_delivery_audit(spark, server):
+    from lmqtt.store.client import connect
+    from lmqtt.store.spark import delivery_audit, state_as_of
+    c = connect(server.store_address)
+    prod = c.producer()
+    for i in range(3):
+        prod.send("st/a", f"a{i}".encode())
+        prod.send("st/b", f"b{i}".encode())
+    time.sleep(0.05)
+    past = int(time.time() * 1000)
+    time.sleep(0.05)
+    prod.send("st/a", b"a-later")
+    rows = state_as_of(spark, past, topic="st", store=server.store_address).collect()
+    assert sorted((r.topic, bytes(r.payload)) for r in rows) == [("st/a", b"a2"), ("st/b", b"b2")]
+
+    cons = c.consumer("st", group="billing", start="earliest")
+    cons.poll()
+    cons.commit(4)                                   # 4 of the 7 records processed
+    audit = delivery_audit(spark, "billing", store=server.store_address).collect()
+    assert [(r.queue, r.committed, r.max_offset, r.lag) for r in audit] == [("st:0", 4, 7, 3)]
+    c.close()
