@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("lmqtt.gateway.console:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
     "admin": ("lmqtt.gateway.console:admin_main", "Topics, queues, groups and their lag, store stats"),
     "passwd": ("lmqtt.gateway.passwd", "Manage a password file (mosquitto_passwd-compatible)"),
+    "simulate": ("lmqtt.store.spark.simulator", "Simulated devices publishing JSON telemetry over MQTT"),
+    "spark-iot": ("lmqtt.store.spark.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
 }
 
 BENCH: dict[str, tuple[str, str]] = {

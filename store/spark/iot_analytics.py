@@ -95,7 +95,7 @@ def build(spark, a):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="lmqtt IoT analytics job (docs/spark.md)")
+    ap = argparse.ArgumentParser(prog="lmqtt spark-iot", description="lmqtt IoT analytics job (docs/spark.md)")
     ap.add_argument("--store", default="127.0.0.1:10911")
     ap.add_argument("--token", default=None)
     ap.add_argument("--filter", default="telemetry/+")
