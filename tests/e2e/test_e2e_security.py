@@ -25,6 +25,8 @@ allow user:alice   all        #
 allow user:bob     subscribe  open/#
 allow user:bob     publish    open/#
 allow user:dev-01  all        devices/dev-01/#
+deny  user:carol   all        secret/#
+allow user:carol   all        #
 """
 
 
@@ -37,7 +39,7 @@ def _pwfile(tmp_path, users: dict[str, str]) -> str:
 
 @pytest.fixture
 def secured(tmp_path):
-    pw = _pwfile(tmp_path, {"alice": "wonder", "bob": "builder"})
+    pw = _pwfile(tmp_path, {"alice": "wonder", "bob": "builder", "carol": "c4rol"})
     acl = tmp_path / "acl"
     acl.write_text(ACL)
     srv = LmqttServer(str(tmp_path / "data"), extra_args=("--password-file", pw, "--acl-file", str(acl)),
@@ -309,3 +311,20 @@ def test_hmac_and_jwt_authentication(tmp_path):
         assert ack.reason_code == 4
     finally:
         srv.stop()
+
+
+def test_subscription_overlapping_a_denied_area_is_filtered_at_delivery(secured):
+    srv, _ = secured
+    carol = _paho(srv, "carol", "c4rol")
+    assert carol.subscribe("#", qos=1) == [1]              # allowed: '#' is not inside secret/#
+    assert carol.subscribe("secret/#", qos=1) == [0x87]
+    shared = _paho(srv, "carol", "c4rol", cid="carol-shared")
+    assert shared.subscribe("$share/g/#", qos=1) == [1]
+    alice = _paho(srv, "alice", "wonder")
+    for topic in ("secret/a", "open/a", "secret/b", "open/b"):
+        alice.publish(topic, topic.encode(), qos=1)
+    assert sorted(m.topic for m in carol.get_n(2)) == ["open/a", "open/b"]
+    assert sorted(m.topic for m in shared.get_n(2)) == ["open/a", "open/b"]
+    assert carol.drain(0.5) == [] and shared.drain(0.2) == []
+    for c in (carol, shared, alice):
+        c.disconnect()
