@@ -143,6 +143,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gw.reload_security)   # a no-op until the broker exists
     problem = check_data_dir(cfg.data_dir)
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
@@ -213,7 +214,6 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = f"unavailable ({e.strerror or e})"
     host, port = gw.address
-    loop.add_signal_handler(signal.SIGHUP, gw.reload_security)
     more = ""
     scheme = {"mqtts": "mqtts://{}:{} (TLS)", "ws": "ws://{}:{}/mqtt (WebSocket)",
               "wss": "wss://{}:{}/mqtt (secure WebSocket)"}
