@@ -74,6 +74,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def install_event_loop() -> str:
+    """uvloop when installed, else asyncio's own loop;
+    returns the name for the startup banner. Shared by every long-running lmqtt command."""
+    try:
+        import uvloop  # type: ignore
+        uvloop.install()
+        return "uvloop"
+    except ImportError:  # pragma: no cover
+        return "asyncio"
+
+
 def _setup_logging(level: str) -> None:
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(KeyValueFormatter())
@@ -95,12 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.switch_interval_ms:
         # process-wide, so set by the command, not by Gateway (tests may embed several gateways)
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
-    try:
-        import uvloop  # type: ignore
-        uvloop.install()
-        loop_name = "uvloop"
-    except ImportError:  # pragma: no cover
-        loop_name = "asyncio"
+    loop_name = install_event_loop()
     try:
         explicit = args.store_port is not None or "store_port" in file_values
         return asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))

@@ -20,7 +20,7 @@ import signal
 import sys
 import tomllib
 
-from lmqtt.gateway.serve import _setup_logging, check_data_dir
+from lmqtt.gateway.serve import _setup_logging, check_data_dir, install_event_loop
 
 log = logging.getLogger("lmqtt.store")
 
@@ -81,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
-    try:
-        import uvloop  # type: ignore
-        uvloop.install()
-        loop_name = "uvloop"
-    except ImportError:  # pragma: no cover
-        loop_name = "asyncio"
+    loop_name = install_event_loop()
     try:
         return asyncio.run(_serve(cfg, loop_name))
     except KeyboardInterrupt:  # pragma: no cover
