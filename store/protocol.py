@@ -59,6 +59,9 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+        # bytes of the offending frame still to come (E_TOO_LARGE): a server reads and drops them
+        # before closing, so the peer is not reset while still sending and always reads the ERROR
+        self.unread = 0
 
 
 class FrameDecoder:
@@ -85,8 +88,11 @@ class FrameDecoder:
             if length < _MIN_LEN:
                 raise ProtocolError(E_BAD_FRAME, f"frame length {length} below the header size", True)
             if length > self.max_frame:
-                raise ProtocolError(E_TOO_LARGE, f"frame of {length} bytes exceeds the limit of "
+                err = ProtocolError(E_TOO_LARGE, f"frame of {length} bytes exceeds the limit of "
                                     f"{self.max_frame}", True)
+                err.unread = pos + 4 + length - n
+                del buf[:]
+                raise err
             end = pos + 4 + length
             if end > n:
                 break

@@ -238,6 +238,12 @@ class StoreServer:
             self.register_call(name, fn)
 
 
+# A too-large frame is read away (up to this many bytes, for at most this long) before the
+# connection closes, so its sender reads the ERROR rather than a connection reset.
+MAX_DISCARD = 256 << 20
+DISCARD_TIMEOUT_S = 10.0
+
+
 class StoreConnection(asyncio.Protocol):
     def __init__(self, server: StoreServer) -> None:
         self.srv = server
@@ -246,6 +252,7 @@ class StoreConnection(asyncio.Protocol):
         self.ready = False
         self.closing = False
         self.peer = None
+        self.discard_left = 0        # after a too-large frame: its bytes still to drop, then close
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -266,6 +273,18 @@ class StoreConnection(asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.write(data)
 
+    def _discard(self, n: int) -> None:
+        self.discard_left = max(0, self.discard_left - n)
+        if not self.discard_left:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        self.discard_left = 0
+        timer = getattr(self, "_discard_timer", None)
+        if timer is not None:
+            timer.cancel()
+        self.transport.close()
+
     def _error(self, rid: int, code: int, msg: str, close: bool = False) -> None:
         self.srv.errors += 1
         log.info("event=request_error peer=%s code=%s error=%r", self.peer, W.ERROR_NAMES.get(code, code), msg)
@@ -275,12 +294,25 @@ class StoreConnection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.discard_left:
+            self._discard(len(data))
+            return
         if self.closing:
             return
         try:
             frames = self.decoder.feed(data)
         except W.ProtocolError as e:
-            self._error(0, e.code, str(e), close=True)
+            if e.unread > 0 and e.unread <= MAX_DISCARD:
+                # answer, then read the rest of the frame away before closing: closing with unread
+                # bytes makes the kernel send RST, and a peer still writing the frame would see
+                # "connection reset" instead of this ERROR
+                self._error(0, e.code, str(e))
+                self.closing = True
+                self.discard_left = e.unread
+                self._discard_timer = asyncio.get_running_loop().call_later(
+                    DISCARD_TIMEOUT_S, self._close_now)
+            else:
+                self._error(0, e.code, str(e), close=True)
             return
         for op, _flags, rid, body in frames:
             if self.closing:

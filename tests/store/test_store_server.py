@@ -451,5 +451,14 @@ def test_oversized_batch_refused_by_client_and_server_connection_error_named(tmp
                     [("big/x", b"x" * (2 << 20), (), b"", 0, 0)]))).result(10)
             assert c.producer().send("big/x", b"small").queue_offset == 0   # reconnects
             assert _wait(lambda: c.admin().offsets("big") == (0, 1))
+        # a peer that writes the whole oversized frame reads the ERROR, then a clean close (the
+        # server reads the frame away first: no "connection reset" in the middle of the write)
+        for _ in range(3):
+            s, dec = _raw(srv)
+            s.sendall(W.frame(W.OP_PRODUCE, 9, b"\0" * (3 << 20)))
+            op, rid, body = _recv(s, dec)
+            assert op == W.OP_ERROR and W.parse_error(body)[0] == W.E_TOO_LARGE
+            assert _recv(s, dec) is None
+            s.close()
     finally:
         srv.stop()
