@@ -94,7 +94,8 @@ def build(spark, a):
     return q_stats, q_alerts
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The job's options (also what tests and notebooks pass to `build`)."""
     ap = argparse.ArgumentParser(prog="lmqtt spark-iot", description="lmqtt IoT analytics job (docs/spark.md)")
     ap.add_argument("--store", default="127.0.0.1:10911")
     ap.add_argument("--token", default=None)
@@ -111,7 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("--job-id", default="iot-analytics-alerts", help="producer identity of the alerts")
     ap.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run until Ctrl-C)")
     ap.add_argument("--master", default="local[2]")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
 
     from pyspark.sql import SparkSession
 
