@@ -27,7 +27,8 @@ SCHEMA = ("topic string, payload binary, qos int, retain boolean, client_id stri
           "store_ts timestamp, msg_id string, queue string, offset long")
 
 DEFAULT_STORE = "127.0.0.1:10911"
-_PULL = 512                    # records per pull request
+_PULL = 512                    # records per pull request (planning, streaming)
+_RANGE_PULL = 16384            # records per pull when reading a partition's range (4 MiB cap)
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -125,6 +126,40 @@ class _Queues:
             recs = pull(self.conn, name, qid, start, n).records
         return [r for r in recs if start <= r.queue_offset < end]
 
+    def _request(self, key: str, start: int, end: int):
+        """One pull of [start, end) (up to _RANGE_PULL records / 4 MiB) sent now; a future."""
+        from lmqtt.store import protocol as W
+        n = max(1, min(_RANGE_PULL, end - start))
+        if key.startswith("lq:"):
+            return self.conn.request(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20))
+        name, qid = self._split(key)
+        return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20))
+
+    def iter_raw(self, key: str, start: int, end: int):
+        """Decoded MESSAGES records with start <= queue offset < end, in batches, one pull always in
+        flight ahead of the one being handed out (the store reads while Spark converts)."""
+        from lmqtt.store import protocol as W
+        from lmqtt.store.client.connection import _check
+        pos = start
+        nxt = None                  # (position it was asked for, future)
+        while pos < end:
+            fut = nxt[1] if nxt is not None and nxt[0] == pos else self._request(key, pos, end)
+            nxt = None
+            _op, _f, body = _check(fut.result(self.conn.timeout))
+            header, raw = W.decode_messages(body)
+            raw = [r for r in raw if start <= r[0] < end]
+            if not raw:
+                lo = header.get("min_offset", pos)
+                if pos < lo:                # expired head: go on from the queue's first entry
+                    pos = lo
+                    continue
+                break                       # nothing beyond pos
+            new_pos = raw[-1][0] + 1
+            if new_pos < end:
+                nxt = (new_pos, self._request(key, new_pos, end))
+            yield raw
+            pos = new_pos
+
     def iter_range(self, key: str, start: int, end: int):
         pos = start
         while pos < end:
@@ -140,36 +175,56 @@ class _Queues:
             pos = recs[-1].queue_offset + 1
 
 
-def _arrow_batch(key: str, recs):
-    """Records -> one pyarrow RecordBatch in SCHEMA's column order (MQTT props decoded by the
-    SDK's Record.mqtt, i.e. lmqtt.store.props)."""
+_EMPTY_PROPS = (0, False, "", None, None, None, None, None, [])
+
+
+def _props_columns(props_list):
+    """Per record (qos, retain, client_id, user_properties items, content_type), decoding each
+    distinct props value once: records of one producer or device share their props bytes, so a
+    batch of thousands usually holds a handful of distinct values."""
+    from lmqtt.store.props import decode_fields
+    cache: dict = {}
+    out = []
+    for p in props_list:
+        v = cache.get(p)
+        if v is None:
+            try:
+                f = decode_fields(p)
+            except ValueError:          # foreign props: plain QoS 0, like Record.mqtt
+                f = _EMPTY_PROPS
+            v = cache[p] = (f[0], f[1], f[2], list(dict(f[8]).items()), f[5])   # map: last value wins
+        out.append(v)
+    return out
+
+
+def arrow_batch(key: str, ident: str, raw) -> "pyarrow.RecordBatch":
+    """Decoded MESSAGES records (`protocol.decode_messages` tuples: queue offset, physical offset,
+    born ms, store ms, queue id, topic, keys, props, body) -> one RecordBatch in SCHEMA's order.
+
+    Column-wise: one transposition (`zip(*raw)`), props decoded once per distinct value, times
+    and message ids computed on whole columns; no per-record objects besides the column values."""
     import pyarrow as pa
-    cols = {k: [] for k in ("topic", "payload", "qos", "retain", "client_id", "user_properties",
-                            "content_type", "born_ts", "store_ts", "msg_id", "queue", "offset")}
-    for r in recs:
-        m = r.mqtt
-        cols["topic"].append(r.topic)
-        cols["payload"].append(r.body)
-        cols["qos"].append(m.qos)
-        cols["retain"].append(bool(m.retain))
-        cols["client_id"].append(m.client_id)
-        cols["user_properties"].append(list(dict(m.user_properties).items()))   # map: last value wins
-        cols["content_type"].append(m.content_type)
-        cols["born_ts"].append(r.born_ts * 1000)
-        cols["store_ts"].append(r.store_ts * 1000)
-        cols["msg_id"].append(r.msg_id)
-        cols["queue"].append(key)
-        cols["offset"].append(r.queue_offset)
+    import pyarrow.compute as pc
+    n = len(raw)
+    qo, po, born, st, _qid, topics, _keys, props, bodies = zip(*raw) if n else ((),) * 9
+    pcols = list(zip(*_props_columns(props))) if n else ((),) * 5
     ts = pa.timestamp("us", tz="UTC")
+    us = pa.scalar(1000, pa.int64())
     return pa.RecordBatch.from_arrays([
-        pa.array(cols["topic"], pa.string()), pa.array(cols["payload"], pa.binary()),
-        pa.array(cols["qos"], pa.int32()), pa.array(cols["retain"], pa.bool_()),
-        pa.array(cols["client_id"], pa.string()),
-        pa.array(cols["user_properties"], pa.map_(pa.string(), pa.string())),
-        pa.array(cols["content_type"], pa.string()), pa.array(cols["born_ts"], ts),
-        pa.array(cols["store_ts"], ts), pa.array(cols["msg_id"], pa.string()),
-        pa.array(cols["queue"], pa.string()), pa.array(cols["offset"], pa.int64()),
-    ], names=list(cols))
+        pa.array(topics, pa.string()), pa.array(bodies, pa.binary()),
+        pa.array(pcols[0], pa.int32()), pa.array(pcols[1], pa.bool_()),
+        pa.array(pcols[2], pa.string()),
+        pa.array(pcols[3], pa.map_(pa.string(), pa.string())),
+        pa.array(pcols[4], pa.string()),
+        pc.multiply(pa.array(born, pa.int64()), us).cast(ts),
+        pc.multiply(pa.array(st, pa.int64()), us).cast(ts),
+        pa.array([f"{ident}{o:016X}" for o in po], pa.string()),
+        pa.array([key] * n, pa.string()), pa.array(qo, pa.int64()),
+    ], names=COLUMNS)
+
+
+COLUMNS = ["topic", "payload", "qos", "retain", "client_id", "user_properties", "content_type",
+           "born_ts", "store_ts", "msg_id", "queue", "offset"]
 
 
 class RangePartition(InputPartition):
@@ -183,8 +238,9 @@ def _read_partition(opts: dict, p: RangePartition):
         return
     q = _Queues(opts)
     try:
-        for recs in q.iter_range(p.key, p.start, p.end):
-            yield _arrow_batch(p.key, recs)
+        ident = q.conn.ident or ""
+        for raw in q.iter_raw(p.key, p.start, p.end):
+            yield arrow_batch(p.key, ident, raw)
     finally:
         q.conn.close()
 

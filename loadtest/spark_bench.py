@@ -1,0 +1,222 @@
+"""`lmqtt bench spark`: Spark (local mode) over the store, one JSON object per result on stdout.
+
+Cases:
+* lmqtt           `spark.read.format("lmqtt")` of `--rows` 100-byte messages (one first-level
+                  topic, read through the SDK from an embedded `lmqtt serve`): rows_per_s of a job
+                  that touches every column of every row
+* parquet, json   the same rows (same schema, same values) read by Spark from Parquet / JSON files
+                  written beforehand, with the same job: the yardsticks for the lmqtt row
+* stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
+                  anomaly: a device publishes readings over MQTT at `--rate` per second, the job
+                  publishes one alert per reading back over MQTT; latency = alert received minus
+                  reading published (p50/p99/max ms)
+
+    lmqtt bench spark --rows 1000000
+    lmqtt bench spark --rows 10000000 --cases lmqtt,parquet
+
+Every row reports the client's and the server's CPU seconds beside the wall time, so a reader can
+tell what bounds the figure (Spark's Python workers, the JVM, the store).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from lmqtt.loadtest.sdk_bench import LmqttProc
+
+TOPIC = "sparkbench"
+
+
+def _session(master: str, parallelism: int):
+    from pyspark.sql import SparkSession
+
+    from lmqtt.store.spark import LmqttDataSource
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    s = (SparkSession.builder.master(master).appName("lmqtt-bench-spark")
+         .config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", str(parallelism))
+         .config("spark.default.parallelism", str(parallelism))
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.memory", "4g")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    s.dataSource.register(LmqttDataSource)
+    return s
+
+
+def _load(address: str, rows: int, size: int) -> float:
+    """Write `rows` messages of `size` bytes to TOPIC through the SDK; returns seconds taken."""
+    from lmqtt.store.client import connect
+    body = os.urandom(size)
+    t0 = time.perf_counter()
+    with connect(address) as c:
+        p = c.producer()
+        batch = [(f"{TOPIC}/d{i % 100}", body) for i in range(1000)]
+        left = rows
+        while left > 0:
+            n = min(1000, left)
+            p.send_batch(batch[:n])
+            left -= n
+    return time.perf_counter() - t0
+
+
+def _touch_all(df):
+    """An action that reads every column of every row (no column pruning can skip one)."""
+    from pyspark.sql import functions as F
+    cols = [c for c in df.columns if c != "user_properties"]
+    return df.select(F.count(F.lit(1)).alias("n"), F.sum(F.hash(*cols)).alias("h"),
+                     F.sum(F.size("user_properties")).alias("p")).collect()[0]
+
+
+def _cpu_self() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], per_partition: int):
+    out = []
+    reader = (spark.read.format("lmqtt").option("store", srv.address).option("topic", TOPIC)
+              .option("recordsPerPartition", str(per_partition)))
+    df = reader.load()
+    if "lmqtt" in cases:
+        s0, c0, t0 = srv.cpu(), _cpu_self(), time.perf_counter()
+        r = _touch_all(df)
+        el = time.perf_counter() - t0
+        if r["n"] != rows:
+            raise RuntimeError(f"lmqtt read returned {r['n']} rows, {rows} were written")
+        out.append({"case": "lmqtt", "rows": rows, "size": size, "seconds": round(el, 3),
+                    "rows_per_s": round(rows / el), "store_cpu_s": round(srv.cpu() - s0, 2),
+                    "driver_and_workers_cpu_s": round(_cpu_self() - c0, 2),
+                    "partitions": df.rdd.getNumPartitions()})
+    # the same rows as files: written once from the lmqtt read, then read back the same way
+    for fmt in ("parquet", "json"):
+        if fmt not in cases:
+            continue
+        path = os.path.join(base, fmt)
+        getattr(df.write.mode("overwrite"), fmt)(path)
+        fdf = spark.read.schema(df.schema).format(fmt).load(path)
+        c0, t0 = _cpu_self(), time.perf_counter()
+        r = _touch_all(fdf)
+        el = time.perf_counter() - t0
+        if r["n"] != rows:
+            raise RuntimeError(f"{fmt} read returned {r['n']} rows, {rows} were written")
+        out.append({"case": fmt, "rows": rows, "size": size, "seconds": round(el, 3),
+                    "rows_per_s": round(rows / el), "driver_and_workers_cpu_s": round(_cpu_self() - c0, 2),
+                    "bytes_on_disk": sum(os.path.getsize(os.path.join(dp, f))
+                                         for dp, _, fs in os.walk(path) for f in fs)})
+    return out
+
+
+def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str) -> dict:
+    import paho.mqtt.client as mqtt
+
+    from lmqtt.store.spark.iot_analytics import build, parse_args
+    args = parse_args(["--store", srv.address, "--filter", "latbench/+", "--out", os.path.join(base, "iot"),
+                       "--trigger", trigger, "--max-temp", "-1000", "--silence", "86400",
+                       "--window", "10 seconds", "--watermark", "10 seconds", "--job-id", "bench-latency"])
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def on_message(_c, _u, m):
+        now = time.time()
+        try:
+            sent = json.loads(m.payload)["device"]      # "d-<send time in µs>"
+            with lock:
+                lat.append((now - int(sent[2:]) / 1e6) * 1000)
+        except (ValueError, KeyError):
+            pass
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-alerts")
+    sub.on_message = on_message
+    sub.connect("127.0.0.1", srv.mqtt_port, 30)
+    sub.subscribe("alerts/#", 1)
+    sub.loop_start()
+    qs = build(spark, args)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(q.lastProgress for q in qs):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the IoT job's queries did not start within 120 s")
+            time.sleep(0.2)
+        pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-devices")
+        pub.connect("127.0.0.1", srv.mqtt_port, 30)
+        pub.loop_start()
+        n = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            # one device per reading, named after its send time: the alert carries the device
+            now = time.time()
+            msg = {"device": f"d-{int(now * 1e6)}", "ts": int(now * 1000), "temp": 20.0, "humidity": 50.0,
+                   "battery": 4.0}
+            pub.publish(f"latbench/d{n % 50}", json.dumps(msg), qos=1)
+            n += 1
+            time.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if len(lat) >= n:
+                    break
+            time.sleep(0.2)
+        pub.loop_stop()
+        pub.disconnect()
+    finally:
+        for q in qs:
+            q.stop()
+        sub.loop_stop()
+        sub.disconnect()
+    with lock:
+        v = sorted(lat)
+    pick = lambda p: round(v[min(len(v) - 1, int(p / 100 * (len(v) - 1)))], 1) if v else None  # noqa: E731
+    return {"case": "stream-latency", "rows": n, "alerts": len(v), "trigger": trigger, "rate": rate,
+            "p50_ms": pick(50), "p99_ms": pick(99), "max_ms": round(v[-1], 1) if v else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lmqtt bench spark", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="messages to read in the batch cases")
+    ap.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
+    ap.add_argument("--cases", default="lmqtt,parquet,json,stream-latency")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--records-per-partition", type=int, default=250_000)
+    ap.add_argument("--stream-seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=int, default=200, help="readings per second in stream-latency")
+    ap.add_argument("--trigger", default="500 milliseconds")
+    a = ap.parse_args(argv)
+    if not 0 < a.rows <= 50_000_000:
+        ap.error("--rows must be in 1..50,000,000")
+    cases = [c for c in a.cases.split(",") if c]
+    unknown = set(cases) - {"lmqtt", "parquet", "json", "stream-latency"}
+    if unknown:
+        ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    base = tempfile.mkdtemp(prefix="lmqtt-bench-spark-")
+    srv = LmqttProc("serve")
+    spark = None
+    try:
+        parallelism = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() else 2
+        spark = _session(a.master, parallelism)
+        if {"lmqtt", "parquet", "json"} & set(cases):
+            print(f"[spark] loading {a.rows:,} messages of {a.size} B ...", file=sys.stderr, flush=True)
+            el = _load(srv.address, a.rows, a.size)
+            print(f"[spark] loaded in {el:.1f} s", file=sys.stderr, flush=True)
+            for row in bench_read(spark, srv, a.rows, a.size, base, cases, a.records_per_partition):
+                print(json.dumps(row), flush=True)
+        if "stream-latency" in cases:
+            print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base)),
+                  flush=True)
+    finally:
+        if spark is not None:
+            spark.stop()
+        srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
