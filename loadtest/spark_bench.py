@@ -39,7 +39,7 @@ def _session(master: str, parallelism: int):
     from lmqtt.store.spark import LmqttDataSource
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     s = (SparkSession.builder.master(master).appName("lmqtt-bench-spark")
-         .config("spark.ui.enabled", "false")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", str(parallelism))
          .config("spark.default.parallelism", str(parallelism))
          .config("spark.sql.session.timeZone", "UTC")
@@ -114,7 +114,8 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     return out
 
 
-def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str) -> dict:
+def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str,
+                         warmup: float = 5.0) -> dict:
     import paho.mqtt.client as mqtt
 
     from lmqtt.store.spark.iot_analytics import build, parse_args
@@ -123,13 +124,17 @@ def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, ba
                        "--window", "10 seconds", "--watermark", "10 seconds", "--job-id", "bench-latency"])
     lat: list[float] = []
     lock = threading.Lock()
+    measure_from = [float("inf")]       # readings sent before this (the warm-up) are not counted
+    received = [0]
 
     def on_message(_c, _u, m):
         now = time.time()
         try:
-            sent = json.loads(m.payload)["device"]      # "d-<send time in µs>"
+            sent = int(json.loads(m.payload)["device"][2:]) / 1e6     # "d-<send time in µs>"
             with lock:
-                lat.append((now - int(sent[2:]) / 1e6) * 1000)
+                received[0] += 1
+                if sent >= measure_from[0]:
+                    lat.append((now - sent) * 1000)
         except (ValueError, KeyError):
             pass
 
@@ -150,7 +155,8 @@ def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, ba
         pub.loop_start()
         n = 0
         t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
+        measure_from[0] = time.time() + warmup
+        while time.monotonic() - t0 < warmup + seconds:
             # one device per reading, named after its send time: the alert carries the device
             now = time.time()
             msg = {"device": f"d-{int(now * 1e6)}", "ts": int(now * 1000), "temp": 20.0, "humidity": 50.0,
@@ -161,7 +167,7 @@ def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, ba
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with lock:
-                if len(lat) >= n:
+                if received[0] >= n:
                     break
             time.sleep(0.2)
         pub.loop_stop()
@@ -174,7 +180,8 @@ def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, ba
     with lock:
         v = sorted(lat)
     pick = lambda p: round(v[min(len(v) - 1, int(p / 100 * (len(v) - 1)))], 1) if v else None  # noqa: E731
-    return {"case": "stream-latency", "rows": n, "alerts": len(v), "trigger": trigger, "rate": rate,
+    return {"case": "stream-latency", "rows": n, "alerts": received[0], "measured": len(v), "warmup_s": warmup,
+            "trigger": trigger, "rate": rate,
             "p50_ms": pick(50), "p99_ms": pick(99), "max_ms": round(v[-1], 1) if v else None}
 
 
@@ -188,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=200, help="readings per second in stream-latency")
     ap.add_argument("--trigger", default="500 milliseconds")
+    ap.add_argument("--warmup", type=float, default=5.0,
+                    help="seconds of readings published first and not counted (query warm-up)")
     a = ap.parse_args(argv)
     if not 0 < a.rows <= 50_000_000:
         ap.error("--rows must be in 1..50,000,000")
@@ -208,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in bench_read(spark, srv, a.rows, a.size, base, cases, a.records_per_partition):
                 print(json.dumps(row), flush=True)
         if "stream-latency" in cases:
-            print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base)),
+            print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base, a.warmup)),
                   flush=True)
     finally:
         if spark is not None:

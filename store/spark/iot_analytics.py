@@ -13,8 +13,9 @@ Two streaming queries over `readStream.format("lmqtt").option("filter", "telemet
   2. alerts (foreachBatch): a reading outside [--min-temp, --max-temp] or more than --z standard
      deviations from its device's mean within the micro-batch -> `alerts/{device}` {"kind":
      "anomaly"}; a device whose last reading (state as of now) is older than --silence ->
-     {"kind": "silent"}, once (when it crosses the threshold during the trigger interval; read
-     from the first-level ConsumeQueue, which also has telemetry from before the job started).
+     {"kind": "silent"}, once (checked every max(trigger, silence/2) seconds, not on every
+     micro-batch, so anomaly alerts never wait for it; read from the first-level ConsumeQueue,
+     which also has telemetry from before the job started).
      Alerts are written with queryId/batchId = the job's checkpoint/batch: a re-run batch is not
      published twice (docs/spark.md, exactly-once).
 Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the same command.
@@ -26,9 +27,17 @@ import sys
 import time
 
 
+def _seconds(trigger: str) -> float:
+    """"500 milliseconds" / "10 seconds" / "1 minute" -> seconds."""
+    n, _, unit = trigger.strip().partition(" ")
+    unit = unit.strip().lower().rstrip("s")
+    return float(n) * {"millisecond": 0.001, "second": 1.0, "minute": 60.0, "hour": 3600.0}.get(unit or "second", 1.0)
+
+
 def build(spark, a):
     from pyspark.sql import functions as F
 
+    from .source import write_rows
     from .views import state_as_of
 
     src = (spark.readStream.format("lmqtt").option("store", a.store).option("filter", a.filter)
@@ -51,13 +60,26 @@ def build(spark, a):
              .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "*")
              .drop("w"))
     q_stats = (stats.writeStream.outputMode("append").format("parquet").option("path", f"{a.out}/stats")
-               .option("checkpointLocation", f"{a.out}/_checkpoints/stats").trigger(processingTime=a.trigger)
+               .option("checkpointLocation", f"{a.out}/_checkpoints/stats").trigger(processingTime=a.stats_trigger)
                .start())
 
-    trigger_s = float(a.trigger.split()[0])
-    started = [True]
+    trigger_s = _seconds(a.trigger)
+    # The silence check reads the device states (a batch read of the first-level topic), so it
+    # runs at most every `check_s` seconds, not on every micro-batch: anomaly alerts, the part
+    # that must be fast, do not wait for it. Each check covers the devices whose last reading
+    # fell in [previous cut, this cut); the first check of a run looks back an hour (devices may
+    # have gone quiet while the job was down).
+    check_s = max(trigger_s, a.silence / 2)
+    last_cut = [None]
 
     def alerts(batch, batch_id):
+        batch = batch.persist()          # read from the store once, used twice (stats + join)
+        try:
+            _alerts(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _alerts(batch, batch_id):
         dev = batch.groupBy("device").agg(F.avg("temp").alias("mu"), F.stddev("temp").alias("sd"))
         anomalies = (batch.join(dev, "device")
                      .where((F.col("temp") < a.min_temp) | (F.col("temp") > a.max_temp)
@@ -66,27 +88,25 @@ def build(spark, a):
                              F.to_json(F.struct(F.lit("anomaly").alias("kind"), "device", "temp",
                                                 F.col("event_time").cast("string").alias("at"))).alias("payload")))
         now = int(time.time() * 1000)
-        silence_ms = int(a.silence * 1000)
-        # the first-level ConsumeQueue: it has history from before the job registered its filter
-        last = state_as_of(spark, now, topic=a.filter.split("/")[0], store=a.store, token=a.token,
-                           since=now - silence_ms - int(trigger_s * 1000) - 3_600_000)
-        # silent: last reading in [cut - trigger, cut); in the first batch of this run, any
-        # device silent for up to an hour (it may have gone quiet while the job was down)
-        cut = now - silence_ms
-        lower = cut - (3_600_000 if started[0] else int(trigger_s * 1000))
-        started[0] = False
-        silent = (last.where((F.col("store_ts") < F.timestamp_millis(F.lit(cut)))
-                             & (F.col("store_ts") >= F.timestamp_millis(F.lit(lower))))
-                  .select(F.concat(F.lit("alerts/"), F.element_at(F.split("topic", "/"), -1)).alias("topic"),
-                          F.to_json(F.struct(F.lit("silent").alias("kind"),
-                                             F.element_at(F.split("topic", "/"), -1).alias("device"),
-                                             F.col("store_ts").cast("string").alias("last_seen"))).alias("payload")))
-        out = anomalies.unionByName(silent).withColumn("payload", F.col("payload").cast("binary"))
-        w = (out.withColumn("qos", F.lit(1)).write.format("lmqtt").option("store", a.store)
-             .option("queryId", a.job_id).option("batchId", str(batch_id)).mode("append"))
-        if a.token:
-            w = w.option("token", a.token)
-        w.save()
+        cut = now - int(a.silence * 1000)
+        silent = None
+        if last_cut[0] is None or cut - last_cut[0] >= check_s * 1000:
+            lower = cut - 3_600_000 if last_cut[0] is None else last_cut[0]
+            last_cut[0] = cut
+            # the first-level ConsumeQueue: it has history from before the job registered its filter
+            last = state_as_of(spark, now, topic=a.filter.split("/")[0], store=a.store, token=a.token,
+                               since=lower)
+            silent = (last.where((F.col("store_ts") < F.timestamp_millis(F.lit(cut)))
+                                 & (F.col("store_ts") >= F.timestamp_millis(F.lit(lower))))
+                      .select(F.concat(F.lit("alerts/"), F.element_at(F.split("topic", "/"), -1)).alias("topic"),
+                              F.to_json(F.struct(F.lit("silent").alias("kind"),
+                                                 F.element_at(F.split("topic", "/"), -1).alias("device"),
+                                                 F.col("store_ts").cast("string").alias("last_seen"))).alias("payload")))
+        out = anomalies if silent is None else anomalies.unionByName(silent)
+        out = out.withColumn("payload", F.col("payload").cast("binary")).withColumn("qos", F.lit(1))
+        # alerts are few: collected and written from the driver (no Spark write job, no task per
+        # partition), with the sink's exactly-once rule (query id + batch id)
+        write_rows(out.collect(), query_id=a.job_id, batch_id=batch_id, store=a.store, token=a.token)
 
     q_alerts = (tele.writeStream.foreachBatch(alerts)
                 .option("checkpointLocation", f"{a.out}/_checkpoints/alerts").trigger(processingTime=a.trigger)
@@ -104,7 +124,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="./iot-analytics")
     ap.add_argument("--window", default="1 minute")
     ap.add_argument("--watermark", default="2 minutes")
-    ap.add_argument("--trigger", default="10 seconds")
+    ap.add_argument("--trigger", default="1 second", help="micro-batch interval of the alerts query")
+    ap.add_argument("--stats-trigger", default="10 seconds",
+                    help="micro-batch interval of the window statistics (a window is written once "
+                         "the watermark passes it, so a short interval only costs CPU the alerts need)")
     ap.add_argument("--min-temp", type=float, default=-10.0)
     ap.add_argument("--max-temp", type=float, default=45.0)
     ap.add_argument("--z", type=float, default=4.0)

@@ -428,6 +428,20 @@ def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
     return _Commit(part, count)
 
 
+def write_rows(rows, *, query_id: str, batch_id: int, store: str = DEFAULT_STORE, token: str | None = None,
+               qos: int = 1) -> int:
+    """Write rows collected on the driver (e.g. a few alerts inside foreachBatch) with the sink's
+    exactly-once rule: the same (query id, batch id) written again is answered "duplicate" by the
+    store. Rows are sorted first so that a re-run of the batch chunks them the same way. Saves the
+    Spark write job (a task per partition, a connection each) when the rows are few."""
+    key = lambda r: (r["topic"], bytes(r["payload"] or b""))      # noqa: E731
+    rows = sorted((r.asDict() if hasattr(r, "asDict") else dict(r) for r in rows), key=key)
+    opts = {"store": store, "qos": qos}
+    if token:
+        opts["token"] = token
+    return _write_rows(opts, query_id, batch_id, rows).count
+
+
 class LmqttWriter(DataSourceWriter):
     """df.write: options `queryId` + `batchId` name the write for dedup (e.g. from foreachBatch);
     without them a random query id is drawn on the driver (retried tasks of this one write are

@@ -62,7 +62,7 @@ def test_job_window_stats_equal_pure_python_and_alerts_arrive_over_mqtt(spark, s
     out = str(tmp_path / "iot")
     args = parse_args(["--store", server.store_address, "--filter", "iotjob/+", "--out", out,
                        "--window", f"{WINDOW_S} seconds", "--watermark", "5 seconds",
-                       "--trigger", "1 second", "--silence", "3600", "--job-id", "iot-test"])
+                       "--trigger", "1 second", "--stats-trigger", "1 second", "--silence", "3600", "--job-id", "iot-test"])
     alerts = Paho(server, client_id="iot-alerts", version=5)
     alerts.subscribe("alerts/#", qos=1)
     qs = build(spark, args)
