@@ -1,8 +1,9 @@
-"""Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop)
-and `lightqueue._take` (the light-queue index's per-record dispatch loop).
+"""Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop),
+`lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
+(pull replies -> Arrow column buffers for the Spark reader).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
-succeeds and both run their pure-Python loops (same results, slower; docs/store.md). Both are
+succeeds and all run their pure-Python loops (same results, slower; docs/store.md). All are
 imported through `lmqtt.store.accel.load`, which also honours LMQTT_PURE_PYTHON=1.
 """
 from setuptools import Extension, setup
@@ -10,4 +11,5 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("lmqtt.store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], optional=True, extra_compile_args=["-O2"]),
 ])

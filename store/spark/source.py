@@ -135,29 +135,30 @@ class _Queues:
         name, qid = self._split(key)
         return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20))
 
-    def iter_raw(self, key: str, start: int, end: int):
-        """Decoded MESSAGES records with start <= queue offset < end, in batches, one pull always in
-        flight ahead of the one being handed out (the store reads while Spark converts)."""
-        from lmqtt.store import protocol as W
+    def iter_batches(self, key: str, start: int, end: int):
+        """Arrow batches of the records with start <= queue offset < end, one pull always in flight
+        ahead of the one being converted (the store reads while this process builds columns)."""
         from lmqtt.store.client.connection import _check
+
+        from .columns import arrow_batch
+        ident = self.conn.ident or ""
         pos = start
         nxt = None                  # (position it was asked for, future)
         while pos < end:
             fut = nxt[1] if nxt is not None and nxt[0] == pos else self._request(key, pos, end)
             nxt = None
             _op, _f, body = _check(fut.result(self.conn.timeout))
-            header, raw = W.decode_messages(body)
-            raw = [r for r in raw if start <= r[0] < end]
-            if not raw:
+            batch, header, new_pos = arrow_batch(key, ident, body, start, end)
+            if new_pos is None or new_pos <= pos:
                 lo = header.get("min_offset", pos)
                 if pos < lo:                # expired head: go on from the queue's first entry
                     pos = lo
                     continue
                 break                       # nothing beyond pos
-            new_pos = raw[-1][0] + 1
             if new_pos < end:
                 nxt = (new_pos, self._request(key, new_pos, end))
-            yield raw
+            if batch.num_rows:
+                yield batch
             pos = new_pos
 
     def iter_range(self, key: str, start: int, end: int):
@@ -175,56 +176,7 @@ class _Queues:
             pos = recs[-1].queue_offset + 1
 
 
-_EMPTY_PROPS = (0, False, "", None, None, None, None, None, [])
-
-
-def _props_columns(props_list):
-    """Per record (qos, retain, client_id, user_properties items, content_type), decoding each
-    distinct props value once: records of one producer or device share their props bytes, so a
-    batch of thousands usually holds a handful of distinct values."""
-    from lmqtt.store.props import decode_fields
-    cache: dict = {}
-    out = []
-    for p in props_list:
-        v = cache.get(p)
-        if v is None:
-            try:
-                f = decode_fields(p)
-            except ValueError:          # foreign props: plain QoS 0, like Record.mqtt
-                f = _EMPTY_PROPS
-            v = cache[p] = (f[0], f[1], f[2], list(dict(f[8]).items()), f[5])   # map: last value wins
-        out.append(v)
-    return out
-
-
-def arrow_batch(key: str, ident: str, raw) -> "pyarrow.RecordBatch":
-    """Decoded MESSAGES records (`protocol.decode_messages` tuples: queue offset, physical offset,
-    born ms, store ms, queue id, topic, keys, props, body) -> one RecordBatch in SCHEMA's order.
-
-    Column-wise: one transposition (`zip(*raw)`), props decoded once per distinct value, times
-    and message ids computed on whole columns; no per-record objects besides the column values."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    n = len(raw)
-    qo, po, born, st, _qid, topics, _keys, props, bodies = zip(*raw) if n else ((),) * 9
-    pcols = list(zip(*_props_columns(props))) if n else ((),) * 5
-    ts = pa.timestamp("us", tz="UTC")
-    us = pa.scalar(1000, pa.int64())
-    return pa.RecordBatch.from_arrays([
-        pa.array(topics, pa.string()), pa.array(bodies, pa.binary()),
-        pa.array(pcols[0], pa.int32()), pa.array(pcols[1], pa.bool_()),
-        pa.array(pcols[2], pa.string()),
-        pa.array(pcols[3], pa.map_(pa.string(), pa.string())),
-        pa.array(pcols[4], pa.string()),
-        pc.multiply(pa.array(born, pa.int64()), us).cast(ts),
-        pc.multiply(pa.array(st, pa.int64()), us).cast(ts),
-        pa.array([f"{ident}{o:016X}" for o in po], pa.string()),
-        pa.array([key] * n, pa.string()), pa.array(qo, pa.int64()),
-    ], names=COLUMNS)
-
-
-COLUMNS = ["topic", "payload", "qos", "retain", "client_id", "user_properties", "content_type",
-           "born_ts", "store_ts", "msg_id", "queue", "offset"]
+from .columns import COLUMNS  # noqa: E402,F401  (the schema's column order, re-exported)
 
 
 class RangePartition(InputPartition):
@@ -238,9 +190,7 @@ def _read_partition(opts: dict, p: RangePartition):
         return
     q = _Queues(opts)
     try:
-        ident = q.conn.ident or ""
-        for raw in q.iter_raw(p.key, p.start, p.end):
-            yield arrow_batch(p.key, ident, raw)
+        yield from q.iter_batches(p.key, p.start, p.end)
     finally:
         q.conn.close()
 

@@ -1,27 +1,37 @@
-"""The Spark reader's column-wise Arrow conversion agrees with the SDK's per-record view
-(`Record.mqtt`, `Record.msg_id`) for every kind of props a record can carry."""
+"""The Spark reader's column-wise Arrow conversion (store/spark/columns.py and its C twin) agrees
+with the SDK's per-record view (`Record.mqtt`, `Record.msg_id`) for every kind of props a record can
+carry, and the C walk equals the Python reference byte for byte, malformed bodies included."""
 import datetime as dt
+import random
+
+import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client.consumer import _records
 from lmqtt.store.props import encode_fields
-from lmqtt.store.spark.source import COLUMNS, arrow_batch
+from lmqtt.store.spark import columns as C
+from lmqtt.store.spark.source import COLUMNS
 
 
-def test_arrow_batch_matches_the_sdk_record_view():
+def _body(n=40, seed=0):
     props = [b"",                                                        # SDK default: QoS 0
              encode_fields(1, True, "dev-1"),
              encode_fields(2, False, "dev-2", content_type="application/json",
                            user_properties=[("a", "1"), ("b", "2"), ("a", "3")]),   # map: last wins
              b"\x07foreign"]                                             # not our format: QoS 0
-    recs = []
-    for i in range(40):
-        p = props[i % len(props)]
-        recs.append((100 + i, 5000 + 77 * i, 1_700_000_000_000 + i, 1_700_000_000_500 + i, 0,
-                     f"t/{i % 3}", ("k",) if i % 2 else (), p, bytes([i]) * i))
-    body = W.encode_messages({"next_offset": 140}, [_Rec(*r) for r in recs])
-    header, raw = W.decode_messages(body)
-    batch = arrow_batch("t:0", "ABCD", raw).to_pylist()
+    rnd = random.Random(seed)
+    recs = [(100 + i, 5000 + 77 * i + rnd.randrange(1 << 40), 1_700_000_000_000 + i, 1_700_000_000_500 + i, 0,
+             f"t/{i % 3}/ü", ("k", "k2") if i % 2 else (), props[i % len(props)], bytes([i % 256]) * (i % 300))
+            for i in range(n)]
+    return W.encode_messages({"next_offset": 100 + n, "min_offset": 0}, [_Rec(*r) for r in recs])
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["accelerated", "python"])
+def test_arrow_batch_matches_the_sdk_record_view(pure):
+    body = _body()
+    batch, header, nxt = C.arrow_batch("t:0", "ABCD", body, pure=pure)
+    assert header["next_offset"] == 140 and nxt == 140
+    batch = batch.to_pylist()
     _h, sdk = _records("ABCD", body)
     assert [c for c in COLUMNS] == list(batch[0])
     for row, r in zip(batch, sdk, strict=True):
@@ -33,7 +43,36 @@ def test_arrow_batch_matches_the_sdk_record_view():
         assert row["msg_id"] == r.msg_id and row["queue"] == "t:0"
         assert row["born_ts"] == dt.datetime.fromtimestamp(r.born_ts / 1000, dt.timezone.utc)
         assert row["store_ts"] == dt.datetime.fromtimestamp(r.store_ts / 1000, dt.timezone.utc)
-    assert arrow_batch("t:0", "ABCD", []).num_rows == 0
+    empty, _h, nxt = C.arrow_batch("t:0", "ABCD", W.encode_messages({}, []), pure=pure)
+    assert empty.num_rows == 0 and nxt is None
+    # a range narrower than the body keeps only the records inside it
+    part, _h, nxt = C.arrow_batch("t:0", "ABCD", body, 105, 110, pure=pure)
+    assert part.column("offset").to_pylist() == list(range(105, 110)) and nxt == 140
+
+
+@pytest.mark.skipif(C._C is None, reason="the C accelerator is not built")
+def test_c_walk_equals_the_python_reference_byte_for_byte():
+    for seed in range(5):
+        body = _body(200, seed)
+        _h, pos, count = C.split_body(body)
+        assert C._C.columns(body, pos, count, b"ID") == C.columns_py(body, pos, count, b"ID")
+    # every truncation and a few corruptions: both refuse with ValueError, or agree
+    body = _body(5)
+    _h, pos, count = C.split_body(body)
+    rnd = random.Random(1)
+    cases = [body[:k] for k in range(pos, len(body))]
+    for _ in range(300):
+        b = bytearray(body)
+        b[rnd.randrange(pos, len(b))] = rnd.randrange(256)
+        cases.append(bytes(b))
+    for b in cases:
+        outcomes = []
+        for fn in (C._C.columns, C.columns_py):
+            try:
+                outcomes.append(fn(b, pos, count, b"ID"))
+            except ValueError:
+                outcomes.append("ValueError")
+        assert outcomes[0] == outcomes[1]
 
 
 class _Rec:
