@@ -6,7 +6,7 @@
 
 This package imports pyspark; the rest of `lmqtt.store` never imports it.
 """
-from .source import SCHEMA, LmqttDataSource
+from .source import SCHEMA, LmqttDataSource, write_rows
 from .views import delivery_audit, state_as_of
 
-__all__ = ["LmqttDataSource", "SCHEMA", "state_as_of", "delivery_audit"]
+__all__ = ["LmqttDataSource", "SCHEMA", "state_as_of", "delivery_audit", "write_rows"]

@@ -37,7 +37,7 @@ def _seconds(trigger: str) -> float:
 def build(spark, a):
     from pyspark.sql import functions as F
 
-    from .source import write_rows
+    from . import write_rows
     from .views import state_as_of
 
     src = (spark.readStream.format("lmqtt").option("store", a.store).option("filter", a.filter)
