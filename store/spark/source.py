@@ -229,9 +229,10 @@ class LmqttStreamReader(DataSourceStreamReader):
     log + commit log), so a restarted query re-reads an unfinished batch with the same range and
     continues after the last committed one: every message once, no gap.
 
-    maxRecordsPerTrigger: the reader remembers where the last planned batch ended. PySpark 4.0
-    does not hand a restarted reader its restored start offset, so the first trigger after a
-    (re)start is not limited (still exactly once: the range starts at the checkpoint)."""
+    maxRecordsPerTrigger: the reader remembers where the last planned batch ended. A restarted
+    reader learns it from Spark before the first new range is asked for: Spark commits the restored
+    offsets again (`commit`) or re-plans the unfinished batch (`partitions`), so the limit holds
+    from the first trigger after a restart (tests/spark/test_sink_stream.py)."""
 
     def __init__(self, options: dict) -> None:
         self.options = options

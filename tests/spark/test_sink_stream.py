@@ -29,11 +29,13 @@ def test_sink_delivers_to_mqtt_and_a_rerun_of_the_batch_is_not_delivered_twice(s
     sub.disconnect()
 
 
-def _run(spark, server, ckpt, sink, limit=None, once=False):
+def _run(spark, server, ckpt, sink, limit=None, once=False, flt="tele/+", group=None):
     r = (spark.readStream.format("lmqtt").option("store", server.store_address)
-         .option("filter", "tele/+").option("startingOffsets", "earliest"))
+         .option("filter", flt).option("startingOffsets", "earliest"))
     if limit:
         r = r.option("maxRecordsPerTrigger", str(limit))
+    if group:
+        r = r.option("group", group)
     w = (r.load().selectExpr("cast(payload as string) as v", "offset").writeStream
          .foreachBatch(sink).option("checkpointLocation", ckpt))
     return (w.trigger(once=True) if once else w).start()
@@ -83,6 +85,38 @@ def test_stream_stopped_and_restarted_sees_every_message_once(spark, server, tmp
     assert sorted(vals, key=int) == [str(i) for i in range(80)]     # each once, no gap
     later = [sizes[b] for b in sorted(sizes) if b >= 2]
     assert later and max(later) <= 7                                # the per-trigger limit
+    c.close()
+
+
+def test_stream_keeps_the_per_trigger_limit_on_the_first_batch_after_a_restart(spark, server, tmp_path):
+    """A restarted query learns where it stands from Spark's commit of the restored offsets, so the
+    first batch after a restart obeys maxRecordsPerTrigger too (it would otherwise take all 40
+    new messages at once)."""
+    from lmqtt.store.client import connect
+    c = connect(server.store_address)
+    c.cmd("subscribe", filter="lim/+")
+    prod = c.producer()
+    send = lambda a, b: prod.send_batch([(f"lim/d{i % 3}", str(i).encode()) for i in range(a, b)])  # noqa: E731
+    ckpt = str(tmp_path / "ckpt")
+    seen, sizes = [], {}
+
+    def sink(df, batch_id):
+        rows = [r.v for r in df.collect()]
+        sizes[batch_id] = len(rows)
+        seen.extend(rows)
+
+    send(0, 12)
+    q = _run(spark, server, ckpt, sink, limit=5, flt="lim/+")
+    q.processAllAvailable()
+    q.stop()
+    first_run = set(sizes)
+    send(12, 52)
+    q = _run(spark, server, ckpt, sink, limit=5, flt="lim/+")
+    q.processAllAvailable()
+    q.stop()
+    after = [sizes[b] for b in sorted(sizes) if b not in first_run]
+    assert after and max(after) <= 5, sizes                       # the first batch included
+    assert sorted(seen, key=int) == [str(i) for i in range(52)]   # each once, no gap
     c.close()
 
 
