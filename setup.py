@@ -1,6 +1,7 @@
 """Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop),
 `lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
-(pull replies -> Arrow column buffers for the Spark reader).
+(pull replies -> Arrow column buffers for the Spark reader), `store.client._records` (the SDK's
+decode of raw MESSAGES replies into Records).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
 succeeds and all run their pure-Python loops (same results, slower; docs/store.md). All are
@@ -11,5 +12,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("lmqtt.store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.store.client._records", ["store/client/_records.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], optional=True, extra_compile_args=["-O2"]),
 ])

@@ -88,19 +88,15 @@ def produce_main(argv: list[str] | None = None) -> int:
     try:
         if args.batch:
             ab = conn.auto_batch_producer(args.producer_id)
-            futs = []
             try:
                 for line in stdin:
-                    futs.append(ab.send(args.topic, _line(line), **kw))
-                    if len(futs) >= 4096:
-                        for f in futs:
-                            f.result()
-                        n += len(futs)
-                        futs = []
-                ab.flush()
-                for f in futs:
-                    f.result()
-                n += len(futs)
+                    ab.send(args.topic, _line(line), **kw)
+                    if ab.failed is not None:   # stop reading at the first refused batch
+                        break
+                n = ab.flush()                  # raises the first failure, if any
+            except BaseException:
+                n = ab.acknowledged             # what the store acknowledged, for the message below
+                raise
             finally:
                 try:
                     ab.close()

@@ -7,7 +7,8 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `single`     Producer.send, one message per round trip (acked under the flush mode)
 * `batch`      Producer.send_batch of `--batch` messages per frame
 * `autobatch`  AutoBatchProducer.send (futures), flush at the end; rate counts acknowledged messages
-* `pull`       Connection.pull with max_count 1024 over what the produce cases wrote
+* `pull`       Connection.pull with max_count 1024 over what the produce cases wrote (bodies read)
+* `group`      PullConsumer.poll(1024) + commit per poll (group offsets kept by the store) over the same
 * `pop`        PopConsumer.pop(256) + ack over the same messages (its own group)
 * `redis-xadd`, `redis-xreadgroup`   the yardstick (loadtest/redis_streams.py), real redis-server
 * `latency`    SDK send -> MQTT subscriber of the topic on `lmqtt serve` (p50/p99/max, µs)
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 
-ALL_CASES = ("single", "batch", "autobatch", "pull", "pop", "redis-xadd", "redis-xreadgroup", "latency")
+ALL_CASES = ("single", "batch", "autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
 
 
@@ -164,30 +165,35 @@ def bench_batch(c, topic, size, duration, batch=256):
 
 
 def bench_autobatch(c, topic, size, duration):
+    """AutoBatchProducer.send for `duration`, then flush(): the rate counts the messages the store
+    acknowledged (`acknowledged`), the futures are kept like an application would keep them; one
+    in 1,000 is read back to check it resolves."""
     body = os.urandom(size)
-    n = 0
     with _Meter(_SERVER) as m:
         with c.auto_batch_producer() as ab:
             end = time.perf_counter() + duration
+            sent = 0
             futs = []
-            while time.perf_counter() < end and n + len(futs) < MAX_MESSAGES:
-                for _ in range(1000):
-                    futs.append(ab.send(topic, body))
-                if len(futs) >= 100_000:
-                    for f in futs:
-                        f.result()
-                    n += len(futs)
+            while time.perf_counter() < end and sent < MAX_MESSAGES:
+                send = ab.send
+                futs.append([send(topic, body) for _ in range(1000)])
+                sent += 1000
+                if len(futs) >= 100:        # keep memory flat: check a sample, drop the rest
+                    for chunk in futs:
+                        chunk[-1].result()
                     futs = []
-            ab.flush()
-            for f in futs:
-                f.result()
-            n += len(futs)
+            n = ab.flush()
+            for chunk in futs:
+                chunk[-1].result()
         el, s, cl = m.done()
-    return _row("autobatch", size, n, el, s, cl)
+    return _row("autobatch", size, n, el, s, cl, sent=sent)
 
 
 def bench_pull(c, first_level, size, duration):
+    """Connection.pull of 1,024 records at a time from the queue's start; every record's body is
+    read (a consumer that only counted replies would not pay for the records it never looks at)."""
     n = 0
+    nbytes = 0
     off = c.admin().offsets(first_level)[0]
     with _Meter(_SERVER) as m:
         end = time.perf_counter() + duration
@@ -195,10 +201,33 @@ def bench_pull(c, first_level, size, duration):
             r = c.pull(first_level, 0, off, 1024)
             if not r.records:
                 break
+            for rec in r.records:
+                nbytes += len(rec.body)
             n += len(r.records)
             off = r.next_offset
         el, s, cl = m.done()
-    return _row("pull", size, n, el, s, cl, max_count=1024)
+    return _row("pull", size, n, el, s, cl, max_count=1024, body_bytes=nbytes)
+
+
+def bench_group(c, first_level, size, duration):
+    """Group consumption with store-kept offsets, the counterpart of XREADGROUP + XACK: a
+    PullConsumer polls 1,024 records, reads every body, commits its position after each poll
+    (at-least-once: a restarted member resumes after the last commit)."""
+    cons = c.consumer(first_level, f"bench-group-{size}-{os.getpid()}", max_count=1024)
+    n = 0
+    nbytes = 0
+    with _Meter(_SERVER) as m:
+        end = time.perf_counter() + duration
+        while time.perf_counter() < end and n < MAX_MESSAGES:
+            recs = cons.poll()
+            if not recs:
+                break
+            for rec in recs:
+                nbytes += len(rec.body)
+            cons.commit()
+            n += len(recs)
+        el, s, cl = m.done()
+    return _row("group", size, n, el, s, cl, max_count=1024, body_bytes=nbytes)
 
 
 def bench_pop(c, first_level, size, duration):
@@ -285,8 +314,8 @@ def _sdk_rows(a, sizes, sdk_cases, emit, connect) -> int:
                 for case in sdk_cases:
                     print(f"[sdk] {case} size={size} ...", file=sys.stderr, flush=True)
                     fn = {"single": bench_single, "batch": bench_batch, "autobatch": bench_autobatch,
-                          "pull": bench_pull, "pop": bench_pop}[case]
-                    emit(fn(c, first if case in ("pull", "pop") else topic, size, a.duration))
+                          "pull": bench_pull, "group": bench_group, "pop": bench_pop}[case]
+                    emit(fn(c, first if case in ("pull", "group", "pop") else topic, size, a.duration))
     finally:
         _SERVER.stop()
     return 0
@@ -313,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         row.setdefault("flush_mode", a.flush_mode if not row["case"].startswith("redis") else "redis-no-aof")
         print(json.dumps(row), flush=True)
 
-    sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "pull", "pop")]
+    sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "pull", "group", "pop")]
     try:
         rc = _sdk_rows(a, sizes, sdk_cases, emit, connect) or rc
     except (RuntimeError, OSError) as e:

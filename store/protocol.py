@@ -247,6 +247,13 @@ def decode_pull(body: bytes):
 
 
 # ---------------------------------------------------------------- MESSAGES
+# Frame flags of PULL and MESSAGES (protocol version 1, optional both ways): a PULL with
+# F_RAW_OK set says the client reads the raw layout; the server MAY then answer MESSAGES with
+# F_RAW set, whose records are the CommitLog's own record bytes (docs/store.md layout,
+# little-endian, each starting with its total size) instead of REC_HEAD records. A server that
+# ignores the flag answers the layout below; a client that does not set it never sees F_RAW.
+F_RAW_OK = 0x01
+F_RAW = 0x01
 # body: u32 JSON-header length, JSON header (e.g. {"next_offset": n, "max_offset": m}), u32 count,
 #       then per message REC_HEAD + topic + keys (\x00-joined) + props + body
 REC_HEAD = struct.Struct(">QQQQIHHHI")   # queue offset, phys offset, born ts, store ts, queue id,

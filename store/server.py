@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import struct
 import time
 from typing import Any, Callable
 
 from . import protocol as W
 from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
-from .message import Message
+from .fastpath import produce_messages, produced_body, read_raw
 from .message_store import _await_durable
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
 
 log = logging.getLogger("lmqtt.store.server")
+_U32 = struct.Struct(">I")
 
 
 class Messages:
@@ -114,21 +117,15 @@ class StoreServer:
     def produce(self, body: bytes):
         """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
         duplicate flag)."""
-        pid, seq, items = W.decode_produce(body)
+        pid, seq, msgs = produce_messages(body, self.router, int(time.time() * 1000))
         if pid and seq:
             prev = self.meta.seen(pid, seq)
             if prev is not None:
                 return prev or W.encode_produced([]), None, True
-        route = self.router
-        now = int(time.time() * 1000)
-        msgs = []
-        for topic, mbody, keys, props, qid, born in items:
-            dq = route(topic) if route is not None else ()
-            msgs.append(Message(topic, mbody, qid, 0, props, keys, born or now, dq))
         if not msgs:
             return W.encode_produced([]), None, False
         rs = self.store.append_batch(msgs)
-        out = W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
+        out = produced_body(rs)
         if pid and seq:
             self.meta.remember(pid, seq, out)
         return out, rs[-1].durable, False
@@ -314,12 +311,12 @@ class StoreConnection(asyncio.Protocol):
             else:
                 self._error(0, e.code, str(e), close=True)
             return
-        for op, _flags, rid, body in frames:
+        for op, flags, rid, body in frames:
             if self.closing:
                 return
             self.srv.frames += 1
             try:
-                self._handle(op, rid, body)
+                self._handle(op, rid, body, flags)
             except W.ProtocolError as e:
                 self._error(rid, e.code, str(e), close=e.fatal)
             except CallError as e:
@@ -334,7 +331,7 @@ class StoreConnection(asyncio.Protocol):
                 log.exception("event=handler_failed op=%#x", op)
                 self._error(rid, W.E_INTERNAL, f"{type(e).__name__}: {e}")
 
-    def _handle(self, op: int, rid: int, body: bytes) -> None:
+    def _handle(self, op: int, rid: int, body: bytes, flags: int = 0) -> None:
         srv = self.srv
         if not self.ready:
             if op != W.OP_HELLO:
@@ -363,7 +360,17 @@ class StoreConnection(asyncio.Protocol):
             lo, hi = st.consume_queue_offsets(topic, qid)
             if off < lo:
                 off = lo
-            ms = st.read_consume_queue(topic, qid, off, min(cnt, 65536)) if off < hi else []
+            cnt = min(cnt, 65536)
+            if flags & W.F_RAW_OK and off < hi:
+                raw = read_raw(st, topic, qid, off, cnt, mb)
+                if raw is not None:     # CommitLog bytes as stored (CRC-checked): no decode, no re-encode
+                    n, chunks, nxt = raw
+                    h = json.dumps({"next_offset": nxt, "min_offset": lo, "max_offset": hi},
+                                   separators=(",", ":")).encode()
+                    self._send(W.frame(W.OP_MESSAGES, rid, b"".join(
+                        [_U32.pack(len(h)), h, _U32.pack(n), *chunks]), W.F_RAW))
+                    return
+            ms = st.read_consume_queue(topic, qid, off, cnt) if off < hi else []
             if mb and ms:
                 total = 0
                 for i, m in enumerate(ms):

@@ -170,7 +170,7 @@ class Connection:
                 fut.set_exception(ConnectionLost(reason))
 
     # ---------------------------------------------------------------- requests
-    def request(self, op: int, body: bytes = b"") -> Future:
+    def request(self, op: int, body: bytes = b"", flags: int = 0) -> Future:
         """Send one frame; the future resolves to `(opcode, flags, body)` (ERROR frames included)."""
         fut: Future = Future()
         with self._lock:
@@ -182,20 +182,21 @@ class Connection:
             rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
             self._pending[rid] = fut
             try:
-                s.sendall(W.frame(op, rid, body))
+                s.sendall(W.frame(op, rid, body, flags))
             except OSError as e:
                 self._pending.pop(rid, None)
                 self._drop(s, f"send failed: {e}")
                 raise ConnectionLost(f"connection to the store lost while sending: {e}") from e
         return fut
 
-    def call(self, op: int, body: bytes = b"", *, retry: bool = False, timeout: float | None = None):
+    def call(self, op: int, body: bytes = b"", *, retry: bool = False, timeout: float | None = None,
+             flags: int = 0):
         """request() and wait; ERROR -> StoreClientError. `retry`: the request is idempotent, so a
         lost connection is retried (reconnecting with backoff) instead of raised."""
         tries = self.reconnect_attempts if retry else 1
         for i in range(tries):
             try:
-                fut = self.request(op, body)
+                fut = self.request(op, body, flags)
                 return _check(fut.result(self.timeout if timeout is None else timeout))
             except ConnectionLost:
                 if i + 1 >= tries:

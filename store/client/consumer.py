@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmqtt.store import protocol as W
+import json
+import struct
+
+from lmqtt.store import accel, protocol as W
 from lmqtt.store.props import MessageProperties, decode as decode_props
+from lmqtt.store.record import HEADER as _CLOG_HEAD
 
 from .connection import Connection
 
@@ -48,16 +52,66 @@ def _records(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
                     for qo, po, born, st, qid, t, k, p, b in raw]
 
 
-def _pull_result(ident, body: bytes) -> PullResult:
-    header, recs = _records(ident, body)
+_U32 = struct.Struct(">I").unpack_from
+_NEW = tuple.__new__
+_C_RECORDS = accel.load("lmqtt.store.client._records")    # C twin of the loop in _records_raw
+
+
+def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
+    """Decode a MESSAGES body in the raw layout (flag F_RAW): the CommitLog's own records
+    (docs/store.md: 74-byte little-endian head, then topic, keys, dispatch queues, props, body).
+    The store checked each record's CRC before sending it. Topic strings and props are decoded
+    once per distinct value in the reply and shared by the records that carry them."""
+    try:
+        (hl,) = _U32(body, 0)
+        header = json.loads(body[4:4 + hl]) if hl else {}
+        pos = 4 + hl
+        (count,) = _U32(body, pos)
+        pos += 4
+        ident = ident or ""
+        if _C_RECORDS is not None:
+            return header, _C_RECORDS.decode(body, pos, count, ident, Record)
+        unpack = _CLOG_HEAD.unpack_from
+        hs = _CLOG_HEAD.size
+        topics: dict[bytes, str] = {}
+        props_seen: dict[bytes, bytes] = {}
+        out = []
+        append = out.append
+        n = len(body)
+        for _ in range(count):
+            total, _magic, _crc, qid, _fl, qo, po, born, st, _tags, bl, pl, tl, kl, dl = unpack(body, pos)
+            end = pos + total
+            if end > n or total != hs + tl + kl + dl + pl + bl:
+                raise ValueError(f"record at {pos} of {total} bytes does not fit its fields")
+            p = pos + hs
+            tb = body[p:p + tl]
+            topic = topics.get(tb)
+            if topic is None:
+                topic = topics[tb] = tb.decode()
+            p += tl
+            keys = tuple(body[p:p + kl].decode().split("\x00")) if kl else ()
+            p += kl + dl
+            props = body[p:p + pl]
+            props = props_seen.setdefault(props, props)
+            append(_NEW(Record, (topic, body[p + pl:end], keys, props, qid, qo, po, born, st,
+                                 f"{ident}{po:016X}")))
+            pos = end
+        return header, out
+    except (struct.error, ValueError) as e:
+        raise W.ProtocolError(W.E_BAD_FRAME, f"raw MESSAGES body malformed: {e}") from None
+
+
+def _pull_result(ident, body: bytes, flags: int = 0) -> PullResult:
+    header, recs = (_records_raw if flags & W.F_RAW else _records)(ident, body)
     return PullResult(recs, header.get("next_offset", 0), header)
 
 
 def pull(conn: Connection, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
          max_bytes: int = 4 << 20) -> PullResult:
     """Read the ConsumeQueue of `topic`'s first level from `offset` (clamped to the queue's min)."""
-    _op, _f, body = conn.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes), retry=True)
-    return _pull_result(conn.ident, body)
+    _op, flags, body = conn.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
+                                 retry=True, flags=W.F_RAW_OK)
+    return _pull_result(conn.ident, body, flags)
 
 
 class PullConsumer:

@@ -1,0 +1,190 @@
+"""The store server's per-message loops for the SDK's hot frames, each the fast twin of a plain
+reference that tests compare it with (tests/store/test_fastpath.py):
+
+* `produce_messages(body, route, now)`  PRODUCE body -> (producer id, sequence, [Message]);
+  reference: `protocol.decode_produce` + one `Message(...)` per item.
+* `produced_body(results)`  append results -> PRODUCED body; reference: `protocol.encode_produced`.
+* `read_raw(store, topic, queue_id, offset, max_count, max_bytes)`  a ConsumeQueue range as the
+  CommitLog's own record bytes (the "raw" MESSAGES layout, docs/protocol.md); reference:
+  `MessageStore.read_consume_queue` + `protocol.encode_messages`.
+
+Why: profiles of `lmqtt store` under `lmqtt bench sdk` (docs/benchmarks/history.md) showed the
+server spending more time around the append than in it. Per produced message: a decoded item
+tuple, then a `Message` through its Python `__init__`, then one `AppendResult` tuple per record
+just to pack two integers back. Per pulled message: a CRC-checked decode of the record into a
+`StoredMessage` (~3 us) only to pack the same fields back into MESSAGES. Here a batch of one
+topic costs one topic decode and one route lookup, results are packed from the append's columns
+(sizes, runs) with C-level list operations, and a pull copies contiguous records with one slice
+and checks each record's CRC without decoding it.
+"""
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+from itertools import accumulate
+
+from . import protocol as W
+from .message import Message
+from .record import CRC_START, MSG_MAGIC, PREFIX
+
+_MSG_NEW = object.__new__
+_HEAD = W.MSG_HEAD
+_U16 = W.struct.Struct(">H")
+_U32 = W.struct.Struct(">I")
+_CRC_FIELD = W.struct.Struct("<I")
+
+
+def produce_messages(body: bytes, route, now: int):
+    """-> (producer_id, seq, [Message]) exactly as `decode_produce` + `Message(topic, body, qid, 0,
+    props, keys, born or now, route(topic))` would give; ProtocolError on the same inputs.
+
+    Items of one batch that share topic, keys and props share their decoded objects (one decode,
+    one `route` call per distinct topic in the batch; routes are never cached across batches, since
+    a filter registered between two batches changes them)."""
+    try:
+        (plen,) = _U16.unpack_from(body, 0)
+        pos = 2 + plen
+        pid = body[2:pos].decode()
+        seq, count = W.PRODUCE_HEAD.unpack_from(body, pos)
+        pos += W.PRODUCE_HEAD.size
+        n = len(body)
+        unpack = _HEAD.unpack_from
+        hs = _HEAD.size
+        out = []
+        append = out.append
+        shapes: dict[bytes, tuple] = {}     # topic + keys + props bytes -> (topic, keys, props, dq)
+        routes: dict[str, tuple] = {}
+        new = _MSG_NEW
+        M = Message
+        for _ in range(count):
+            tl, kl, pl, bl, qid, born = unpack(body, pos)
+            pos += hs
+            meta_end = pos + tl + kl + pl
+            end = meta_end + bl
+            if end > n:
+                raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE body truncated inside a message")
+            key = body[pos:meta_end]
+            shape = shapes.get(key)
+            if shape is None:
+                topic = key[:tl].decode()
+                keys = tuple(key[tl:tl + kl].decode().split("\x00")) if kl else ()
+                dq = routes.get(topic)
+                if dq is None:
+                    dq = routes[topic] = tuple(route(topic)) if route is not None else ()
+                shape = shapes[key] = (topic, keys, key[tl + kl:], dq)
+            m = new(M)
+            m.topic = shape[0]
+            m.body = body[meta_end:end]
+            m.queue_id = qid
+            m.flags = 0
+            m.props = shape[2]
+            m.keys = shape[1]
+            m.born_ts = born or now
+            m.dispatch_queues = shape[3]
+            append(m)
+            pos = end
+        if pos != n:
+            raise W.ProtocolError(W.E_BAD_FRAME, f"PRODUCE body has {n - pos} bytes after its {count} messages")
+        return pid, seq, out
+    except W.struct.error:
+        raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE body truncated") from None
+    except UnicodeDecodeError:
+        raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE topic/key/producer id is not UTF-8") from None
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def produced_body(results) -> bytes:
+    """PRODUCED body for the results of one `append_batch`, byte-identical to
+    `encode_produced([(r.phys_offset, r.queue_offset) for r in results])`.
+
+    For the store's columnar `AppendResults` (store/message.py: record sizes plus *runs* of
+    records sharing topic and queue, each run's first record given) the offsets are computed per
+    run: physical offsets are the running sum of sizes, queue offsets count up by one."""
+    chunk = getattr(results, "_chunk", None)
+    if chunk is None or getattr(results, "_items", None) is not None:
+        return W.encode_produced([(r.phys_offset, r.queue_offset) for r in results])
+    sizes, starts, runs = chunk[0], chunk[1], chunk[2]
+    n = len(sizes)
+    flat = array("Q", bytes(16 * n))
+    nr = len(runs)
+    for k in range(nr):
+        r = runs[k]
+        i0 = starts[k]
+        i1 = starts[k + 1] if k + 1 < nr else n
+        if i1 - i0 == 1:
+            flat[2 * i0] = r[0]
+            flat[2 * i0 + 1] = r[4]
+            continue
+        flat[2 * i0:2 * i1:2] = array("Q", accumulate(sizes[i0:i1 - 1], initial=r[0]))
+        flat[2 * i0 + 1:2 * i1:2] = array("Q", range(r[4], r[4] + i1 - i0))
+    if not _BIG_ENDIAN:
+        flat.byteswap()
+    return _U32.pack(n) + flat.tobytes()
+
+
+def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int):
+    """The visible records of a ConsumeQueue range as CommitLog bytes, CRC-checked, undecoded.
+
+    -> (count, [bytes chunks], next_offset), or None when this path cannot serve the range as it
+    is (a record in a segment that is not mapped here, a CRC failure, anything unusual): the
+    caller then answers through the decoding path, which reports and skips bad records. Records
+    adjacent in the CommitLog (the usual case: a producer's batch) are copied with one slice.
+    `max_bytes` (0 = no limit) stops before the record that would pass it, never before the
+    first. Like `read_consume_queue`, nothing at or past the dispatch point is returned."""
+    cq = store.consume_queues.get(topic, queue_id)
+    if cq is None or max_count <= 0:
+        return 0, [], offset
+    visible = store.dispatch.dispatched
+    try:
+        entries = cq.range(offset, max_count)
+    except ValueError:      # a file was deleted by retention meanwhile: let the reference path clamp
+        return None
+    if not entries:
+        return 0, [], offset
+    clog = store.clog
+    find = clog.mfq.find
+    chunks = []
+    count = 0
+    total = 0
+    run_start = run_end = -1
+    mf = None
+    crc32 = zlib.crc32
+    prefix = PREFIX.unpack_from
+    crc_at = _CRC_FIELD.unpack_from
+    next_off = offset
+    for qoff, phys, size, _tags in entries:
+        if phys >= visible:
+            break
+        if max_bytes and count and total + size > max_bytes:
+            break
+        if phys != run_end or mf is None or phys + size > mf.start_offset + mf.size:
+            if run_start >= 0:
+                chunks.append(_slice(mf, run_start, run_end))
+            mf = find(phys)
+            if mf is None or phys + size > mf.start_offset + mf.size:
+                return None
+            run_start = phys
+        mm = mf.mm
+        rel = phys - mf.start_offset
+        try:
+            rsize, magic = prefix(mm, rel)
+            if rsize != size or magic != MSG_MAGIC or crc32(mm[rel + CRC_START:rel + size]) != crc_at(mm, rel + 8)[0]:
+                return None
+        except (ValueError, IndexError):   # map closed by retention meanwhile
+            return None
+        run_end = phys + size
+        total += size
+        count += 1
+        next_off = qoff + 1
+    if run_start >= 0 and run_end > run_start:
+        chunks.append(_slice(mf, run_start, run_end))
+    return count, chunks, next_off
+
+
+def _slice(mf, start: int, end: int) -> bytes:
+    rel = start - mf.start_offset
+    return mf.mm[rel:rel + end - start]
+

@@ -1,0 +1,189 @@
+"""The store server's fast loops (store/fastpath.py) and the SDK's raw-record decoder (C in
+store/client/_records.c, Python in consumer._records_raw) against their plain references, on a
+real MessageStore with real files: same messages, same PRODUCED bytes, same records, same errors.
+A difference here means an SDK user would see other data than the reference path gives."""
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+import pytest
+
+from lmqtt.store import Message, MessageStore, StoreConfig
+from lmqtt.store import fastpath
+from lmqtt.store import protocol as W
+from lmqtt.store.client import consumer
+
+IDENT = "0123456789ABCDEF"
+
+
+def cfg(tmp_path, **kw):
+    base = dict(data_dir=str(tmp_path / "store"), segment_size=64 * 1024, max_message_size=16 * 1024,
+                flush_mode="async", index_slots=128, index_entries=4096, cq_entries_per_file=100)
+    base.update(kw)
+    return StoreConfig(**base)
+
+
+def random_items(rng, n):
+    topics = ["a/x", "a/y/z", "b", "ü/ñ", "a/x"]
+    props = [b"", b"\x01\x02", b"\x00" * 7]
+    out = []
+    for i in range(n):
+        keys = () if rng.random() < 0.7 else tuple(f"k{rng.randrange(5)}" for _ in range(rng.randrange(1, 3)))
+        out.append((rng.choice(topics), os.urandom(rng.randrange(0, 300)), keys, rng.choice(props),
+                    rng.randrange(3), rng.choice((0, 0, 1_700_000_000_000 + i))))
+    return out
+
+
+def route(topic):
+    return (topic, topic.split("/")[0] + "/#") if "/" in topic else ()
+
+
+def fields(m):
+    return (m.topic, bytes(m.body), m.queue_id, m.flags, m.props, m.keys, m.born_ts, m.dispatch_queues)
+
+
+def test_produce_messages_equal_decode_produce_plus_message():
+    rng = random.Random(7)
+    for n in (0, 1, 2, 50, 500):
+        items = random_items(rng, n)
+        body = W.encode_produce("prod-ü", 42, n, W.encode_messages_for_produce(items))
+        pid, seq, got = fastpath.produce_messages(body, route, 99)
+        rpid, rseq, ref = W.decode_produce(body)
+        assert (pid, seq) == (rpid, rseq) == ("prod-ü", 42)
+        want = [Message(t, b, q, 0, p, k, born or 99, route(t)) for t, b, k, p, q, born in ref]
+        assert [fields(m) for m in got] == [fields(m) for m in want]
+        _pid, _seq, noroute = fastpath.produce_messages(body, None, 99)
+        assert all(m.dispatch_queues == () for m in noroute)
+
+
+@pytest.mark.parametrize("mutate", ["truncate_head", "truncate_body", "trailing", "bad_utf8_topic", "bad_utf8_key",
+                                    "bad_utf8_pid"])
+def test_produce_messages_refuse_what_decode_produce_refuses(mutate):
+    items = [("t/1", b"abc", ("k",), b"", 0, 0), ("t/2", b"defg", (), b"p", 1, 0)]
+    packed = W.encode_messages_for_produce(items)
+    body = W.encode_produce("p", 1, 2, packed)
+    if mutate == "truncate_head":
+        body = body[:20]
+    elif mutate == "truncate_body":
+        body = body[:-2]
+    elif mutate == "trailing":
+        body = body + b"xx"
+    elif mutate == "bad_utf8_topic":
+        body = body.replace(b"t/1", b"t\xff1")
+    elif mutate == "bad_utf8_key":
+        body = W.encode_produce("p", 1, 2, packed.replace(b"t/1k", b"t/1\xff"))   # key "k" follows topic "t/1"
+    else:
+        body = b"\x00\x01\xff" + body[3:]
+    with pytest.raises(W.ProtocolError) as ref:
+        W.decode_produce(body)
+    with pytest.raises(W.ProtocolError) as got:
+        fastpath.produce_messages(body, route, 1)
+    assert (got.value.code, str(got.value)) == (ref.value.code, str(ref.value))
+
+
+def test_produced_body_equals_encode_produced(tmp_path):
+    rng = random.Random(3)
+    with MessageStore(cfg(tmp_path)) as st:
+        for n in (1, 2, 300):
+            for _ in range(3):
+                msgs = [Message(t, b, q, 0, p, k, born) for t, b, k, p, q, born in random_items(rng, n)]
+                rs = st.append_batch(msgs)
+                got = fastpath.produced_body(rs)        # before anything built the result tuples
+                assert got == W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
+                assert len(got) == 4 + 16 * n
+        # one topic, one queue: a single run of many records
+        rs = st.append_batch([Message("solo/t", b"x" * 100) for _ in range(1000)])
+        assert fastpath.produced_body(rs) == W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
+
+
+def classic(st, topic, qid, off, cnt, mb):
+    """The reference: what the server answers without the raw flag, decoded by the SDK."""
+    ms = st.read_consume_queue(topic, qid, off, cnt)
+    if mb and ms:
+        total = 0
+        for i, m in enumerate(ms):
+            total += m.size
+            if total > mb and i:
+                ms = ms[:i]
+                break
+    nxt = ms[-1].queue_offset + 1 if ms else off
+    return consumer._records(IDENT, W.encode_messages({"next_offset": nxt}, ms))[1], nxt
+
+
+def raw_reply(st, topic, qid, off, cnt, mb):
+    res = fastpath.read_raw(st, topic, qid, off, cnt, mb)
+    assert res is not None
+    n, chunks, nxt = res
+    body = struct.pack(">I", 2) + b"{}" + struct.pack(">I", n) + b"".join(chunks)
+    return body, nxt
+
+
+@pytest.fixture
+def filled(tmp_path):
+    """Records of queue `a` interleaved with other queues, crossing several 64 KiB segments."""
+    rng = random.Random(11)
+    with MessageStore(cfg(tmp_path)) as st:
+        last = None
+        for _ in range(40):
+            items = random_items(rng, rng.randrange(1, 60))
+            rs = st.append_batch([Message(t, b, q, 0, p, k, born, route(t)) for t, b, k, p, q, born in items])
+            last = rs[-1]
+        assert st.wait_dispatched(last.phys_offset + last.size, 10)
+        yield st
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["c-decoder", "python-decoder"])
+def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch, pure):
+    if pure:
+        monkeypatch.setattr(consumer, "_C_RECORDS", None)
+    elif consumer._C_RECORDS is None:
+        pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
+    st = filled
+    for qid in range(3):
+        lo, hi = st.consume_queue_offsets("a", qid)
+        assert hi > 20
+        for off, cnt, mb in ((lo, 10_000, 0), (lo + 3, 7, 0), (hi - 2, 100, 0), (hi, 10, 0), (lo, 1000, 1500),
+                             (lo, 1000, 1)):
+            want, want_next = classic(st, "a", qid, off, cnt, mb)
+            body, nxt = raw_reply(st, "a", qid, off, cnt, mb)
+            _h, got = consumer._records_raw(IDENT, body)
+            assert got == want and nxt == want_next
+        # paging through the queue in small raw pulls gives every record once, in order
+        seen, off = [], lo
+        while True:
+            body, off2 = raw_reply(st, "a", qid, off, 5, 600)
+            recs = consumer._records_raw(IDENT, body)[1]
+            if not recs:
+                break
+            seen += recs
+            off = off2
+        assert [r.queue_offset for r in seen] == list(range(lo, hi))
+        assert seen == classic(st, "a", qid, lo, 100_000, 0)[0]
+
+
+def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled):
+    st = filled
+    lo, hi = st.consume_queue_offsets("a", 0)
+    victim = st.read_consume_queue("a", 0, lo + 2, 1)[0]
+    mf = st.clog.mfq.find(victim.phys_offset)
+    rel = victim.phys_offset - mf.start_offset + victim.size - 1
+    mf.mm[rel] ^= 0xFF                           # flip the last body byte: CRC no longer matches
+    assert fastpath.read_raw(st, "a", 0, lo, 100, 0) is None
+    recs, _n = classic(st, "a", 0, lo, 100, 0)
+    assert victim.queue_offset not in [r.queue_offset for r in recs]
+    assert fastpath.read_raw(st, "a", 0, lo + 3, 100, 0) is not None     # after it: served raw again
+
+
+def test_c_decoder_refuses_what_does_not_fit():
+    if consumer._C_RECORDS is None:
+        pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
+    from lmqtt.store.record import HEADER
+    rec = HEADER.pack(74 + 3 + 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 3, 0, 0) + b"t/x" + b"hi"
+    good = struct.pack(">I", 0) + struct.pack(">I", 1) + rec
+    assert consumer._records_raw(IDENT, good)[1][0].body == b"hi"
+    for bad in (good[:-1], struct.pack(">I", 0) + struct.pack(">I", 2) + rec,
+                good.replace(b"t/x", b"t\xffx")):
+        with pytest.raises(W.ProtocolError):
+            consumer._records_raw(IDENT, bad)

@@ -1,0 +1,129 @@
+"""The SDK's throughput paths against a real `lmqtt store`: AutoBatch's per-message futures (one
+Future per batch underneath), flush() as the one way to wait, a refused batch failing only its
+own messages, and pulls in the raw layout giving every message once, in order, equal to the
+classic layout."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from lmqtt.store import protocol as W
+from lmqtt.store.client import StoreClientError, connect
+from lmqtt.store.client.consumer import _pull_result
+
+
+def visible(c, topic, n, timeout=10.0):
+    """Wait until `n` records of queue `topic` are readable (acknowledged = durable; readable comes
+    a moment later, after dispatch)."""
+    deadline = time.monotonic() + timeout
+    while c.admin().offsets(topic)[1] < n or len(c.pull(topic, 0, n - 1, 1).records) < 1:
+        assert time.monotonic() < deadline, f"{n} records of {topic!r} not readable within {timeout} s"
+        time.sleep(0.02)
+
+
+def pull_all(c, topic, offset=0, max_count=97, max_bytes=4 << 20):
+    out = []
+    while True:
+        r = c.pull(topic, 0, offset, max_count, max_bytes)
+        if not r.records:
+            return out
+        out += r.records
+        offset = r.next_offset
+
+
+def test_autobatch_futures_resolve_with_their_own_offsets(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        called = []
+        lock = threading.Lock()
+        with c.auto_batch_producer(batch_bytes=8 << 10, linger_ms=1) as ab:
+            futs = []
+            for i in range(6000):
+                topic = ("left/a", "right/b", "left/c")[i % 3]      # two ConsumeQueues, interleaved
+                f = ab.send(topic, b"%05d" % i, **({"keys": (f"k{i}",)} if i % 1000 == 0 else {}))
+                futs.append((topic, i, f))
+            futs[5][2].add_done_callback(lambda f: (lock.acquire(), called.append(f), lock.release()))
+            assert ab.flush() == 6000 and ab.acknowledged == 6000
+        assert all(f.done() and f.exception() is None for _t, _i, f in futs)
+        assert called == [futs[5][2]]
+        visible(c, "left", 4000)
+        visible(c, "right", 2000)
+        by_id = {r.msg_id: r for q in ("left", "right") for r in pull_all(c, q)}
+        assert len(by_id) == 6000
+        for topic, i, f in futs:
+            res = f.result()
+            rec = by_id[res.msg_id]                        # the record stored at the offset reported
+            assert (rec.topic, rec.body, rec.queue_offset, rec.offset) == (topic, b"%05d" % i, res.queue_offset,
+                                                                           res.offset)
+        left = [f.result().queue_offset for t, _i, f in futs if t != "right/b"]
+        assert left == list(range(4000))                   # per queue: in send order, no gaps
+
+
+def test_autobatch_refused_batch_fails_its_messages_and_flush_raises_it(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        ab = c.auto_batch_producer(linger_ms=1)
+        good = [ab.send("ok/t", b"a%d" % i) for i in range(10)]
+        assert ab.flush() == 10
+        bad = [ab.send("ok/t", b"doomed"), ab.send("bad\x00topic", b"x")]    # one batch, refused whole
+        with pytest.raises(StoreClientError) as ei:
+            ab.flush()
+        assert ei.value.code == W.E_INVALID and "NUL" in str(ei.value)
+        for f in bad:
+            assert isinstance(f.exception(), StoreClientError)
+            with pytest.raises(StoreClientError):
+                f.result()
+        assert ab.failed is None                            # raised once, then cleared
+        later = [ab.send("ok/t", b"b%d" % i) for i in range(10)]
+        assert ab.flush() == 20                             # the producer goes on after a refusal
+        ab.close()
+        visible(c, "ok", 20)
+        assert [f.result().queue_offset for f in good + later] == list(range(20))
+        assert [r.body for r in pull_all(c, "ok")] == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+        with pytest.raises(RuntimeError):
+            ab.send("ok/t", b"after close")
+
+
+def test_pull_across_batches_every_message_once_in_order_raw_equals_classic(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        p = c.producer()
+        sent = []
+        for b in range(30):        # batches of varying sizes, two topics of queue `feed` and another queue
+            msgs = [(f"feed/{'x' if i % 2 else 'y'}", b"%d-%d" % (b, i) * (1 + i % 7)) for i in range(b * 7 % 50 + 1)]
+            p.send_batch(msgs + [("other/z", b"noise")])
+            sent += msgs
+        p.send("feed/k", b"with-key", keys=("k1", "k2"), user_properties={"u": "v"})
+        sent.append(("feed/k", b"with-key"))
+        visible(c, "feed", len(sent))
+        lo, hi = c.admin().offsets("feed")
+        assert hi - lo == len(sent)
+        for max_count, max_bytes in ((1, 0), (13, 0), (1000, 0), (1000, 700)):
+            got = pull_all(c, "feed", lo, max_count, max_bytes)
+            assert [(r.topic, r.body) for r in got] == sent
+            assert [r.queue_offset for r in got] == list(range(lo, hi))
+        # the raw reply is what the SDK asked for, and it decodes to the classic reply's records
+        body = W.encode_pull("feed", 0, lo, 10_000, 0)
+        op, flags, raw = c.request(W.OP_PULL, body, W.F_RAW_OK).result(10)
+        op2, flags2, plain = c.request(W.OP_PULL, body).result(10)
+        assert op == op2 == W.OP_MESSAGES and flags & W.F_RAW and not flags2 & W.F_RAW
+        a, b = _pull_result(c.ident, raw, flags), _pull_result(c.ident, plain, flags2)
+        assert a.records == b.records and a.next_offset == b.next_offset == hi
+        last = a.records[-1]
+        assert last.keys == ("k1", "k2") and last.mqtt.user_properties == [("u", "v")]
+
+
+def test_group_consumer_commits_and_resumes_with_raw_pulls(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        c.producer().send_batch([("grp/t", b"%d" % i) for i in range(2500)])
+        visible(c, "grp", 2500)
+        g = c.consumer("grp", "g1", max_count=1000)
+        first = g.poll()
+        g.commit()
+        again = c.consumer("grp", "g1", max_count=1000)    # a restarted member resumes after the commit
+        rest = []
+        while True:
+            got = again.poll()
+            if not got:
+                break
+            rest += got
+        assert [r.body for r in first + rest] == [b"%d" % i for i in range(2500)]
