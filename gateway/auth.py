@@ -47,11 +47,29 @@ class Identity:
     cert_subject: str | None = None
 
 
+class Denied:
+    """A refusal with its reason, for the operator's log only: the client gets the bare reason
+    code (0x86 / 0x87), never which part was wrong (no user enumeration). Falsy, so callers that
+    only ask "accepted?" keep working."""
+
+    __slots__ = ("reason", "method")
+
+    def __init__(self, reason: str, method: str = "") -> None:
+        self.reason, self.method = reason, method
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"Denied({self.reason!r})"
+
+
 class Authenticator(Protocol):
     name: str
 
-    def authenticate(self, creds: Credentials) -> Identity | None | bool:
-        """An Identity to accept, False to reject, None when these credentials are not its kind."""
+    def authenticate(self, creds: Credentials) -> Identity | Denied | None | bool:
+        """An Identity to accept, a Denied (or False) to reject, None when these credentials are
+        not its kind."""
 
 
 # ------------------------------------------------------------------------------ password hashes
@@ -135,6 +153,14 @@ class PasswordFile:
             except AuthError:
                 pass                                # a half-written file: keep the last good one
 
+    def _cache_key(self, creds: Credentials) -> bytes:
+        return hmac.new(self._key, creds.username.encode() + b"\0" + (creds.password or b""),
+                        hashlib.sha256).digest()
+
+    def is_slow(self, creds: Credentials) -> bool:
+        return (creds.username is not None and creds.username in self._users
+                and self._cache_key(creds) not in self._ok)
+
     def authenticate(self, creds: Credentials):
         self._maybe_reload()
         if creds.username is None:
@@ -143,7 +169,7 @@ class PasswordFile:
         if stored is None:
             return None
         pw = creds.password or b""
-        key = hmac.new(self._key, creds.username.encode() + b"\0" + pw, hashlib.sha256).digest()
+        key = self._cache_key(creds)
         ok = self._ok.get(key)
         if ok is None:
             ok = verify_password(stored, pw)
@@ -152,7 +178,7 @@ class PasswordFile:
                     self._ok.clear()
                 self._ok[key] = ok
         if not ok:
-            return False
+            return Denied(f"wrong password for user {creds.username!r}", "password")
         return Identity(creds.username, creds.client_id, "password", creds.cert_subject)
 
 
@@ -247,7 +273,8 @@ class HmacSignature:
             return None
         want = self.sign(sk, creds.client_id).encode()
         if not hmac.compare_digest(want, creds.password or b""):
-            return False
+            return Denied(f"HMAC signature of access key {ak!r} does not sign client id "
+                          f"{creds.client_id!r}", "hmac")
         return Identity(ak, creds.client_id, "hmac", creds.cert_subject)
 
 
@@ -292,16 +319,20 @@ class JwtToken:
             claims = jwt.decode(token.decode("ascii", "replace"), self._key, algorithms=self.algorithms,
                                 issuer=self.issuer, audience=self.audience, leeway=self.leeway,
                                 options={"require": ["exp"], "verify_aud": self.audience is not None})
-        except jwt.PyJWTError:
-            return False
+        except jwt.ExpiredSignatureError:
+            return Denied("JWT expired", "jwt")
+        except jwt.InvalidSignatureError:
+            return Denied("JWT signature does not verify (tampered, or signed with another key)", "jwt")
+        except jwt.PyJWTError as e:
+            return Denied(f"JWT refused: {e}", "jwt")
         user = claims.get(self.username_claim)
         if not isinstance(user, str) or not user:
-            return False
+            return Denied(f"JWT has no {self.username_claim!r} claim naming the user", "jwt")
         if creds.username not in (None, "", user):
-            return False
+            return Denied(f"JWT is for user {user!r}, CONNECT names {creds.username!r}", "jwt")
         cid = claims.get("clientid")
         if cid is not None and cid != creds.client_id:
-            return False
+            return Denied(f"JWT is bound to client id {cid!r}, not {creds.client_id!r}", "jwt")
         return Identity(user, creds.client_id, "jwt", creds.cert_subject)
 
 
@@ -344,17 +375,34 @@ class AuthChain:
     def configured(self) -> bool:
         return bool(self.authenticators)
 
-    def authenticate(self, creds: Credentials) -> Identity | None:
-        """The identity, or None: refuse the CONNECT (0x86 bad credentials / 0x87 not authorized
-        in MQTT 5; 0x04 / 0x05 in 3.1.1 — the caller picks by `creds`)."""
+    def check(self, creds: Credentials) -> Identity | Denied:
+        """The identity, or a Denied naming why (for the log): refuse the CONNECT (0x86 bad
+        credentials / 0x87 not authorized in MQTT 5; 0x04 / 0x05 in 3.1.1 — the caller picks by
+        `creds`). May take a slow password hash: callers on an event loop run it in a thread
+        (hashlib releases the GIL), see `Broker.on_connect`."""
         for a in self.authenticators:
             r = a.authenticate(creds)
             if r is None:
                 continue
-            return r or None
+            if r:
+                return r
+            return r if isinstance(r, Denied) else Denied("refused", getattr(a, "name", ""))
         if creds.username is None and creds.cert_subject is None and self.allow_anonymous:
             return Identity(None, creds.client_id, "anonymous")
-        return None
+        if creds.username is not None:
+            return Denied(f"unknown user {creds.username!r}")
+        if creds.password is not None:
+            return Denied("a password without a user name")
+        return Denied("no credentials and anonymous clients are not allowed here")
+
+    def authenticate(self, creds: Credentials) -> Identity | None:
+        """`check` without the reason: the identity, or None."""
+        r = self.check(creds)
+        return r if isinstance(r, Identity) else None
+
+    def is_slow(self, creds: Credentials) -> bool:
+        """True when checking these credentials may compute a password hash (not cached yet)."""
+        return any(getattr(a, "is_slow", lambda c: False)(creds) for a in self.authenticators)
 
     def reload(self) -> None:
         for a in self.authenticators:

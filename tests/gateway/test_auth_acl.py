@@ -17,6 +17,14 @@ from lmqtt.gateway.auth import (AuthChain, AuthError, ClientCertificate, Credent
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 
 
+
+def _denied(result, reason_part: str) -> bool:
+    """A refusal (falsy, not None) whose logged reason names what was wrong."""
+    from lmqtt.gateway.auth import Denied
+    assert isinstance(result, Denied) and not result, result
+    assert reason_part in result.reason, result.reason
+    return True
+
 def C(client_id="c1", username=None, password=None, cert=None):
     return Credentials(client_id, username, None if password is None else password.encode(), cert)
 
@@ -29,7 +37,7 @@ def test_a_password_file_written_by_mosquitto_passwd_verifies(tmp_path):
     f = PasswordFile(pw)
     assert f.authenticate(C(username="alice", password="s3cret")).username == "alice"
     assert f.authenticate(C(username="bob", password="p@ss:w0rd with spaces")).method == "password"
-    assert f.authenticate(C(username="alice", password="wrong")) is False
+    assert _denied(f.authenticate(C(username="alice", password="wrong")), "wrong password for user 'alice'")
     assert f.authenticate(C(username="carol", password="x")) is None       # not ours: next authenticator
 
 
@@ -95,7 +103,7 @@ def test_password_file_changes_are_picked_up_and_a_broken_edit_keeps_the_last_go
     assert f.authenticate(C(username="a", password="1"))
     write_password_file(pw, {"a": hash_password("2", iterations=1000)})
     f.reload()
-    assert f.authenticate(C(username="a", password="1")) is False       # the cache was dropped
+    assert _denied(f.authenticate(C(username="a", password="1")), "wrong password")   # the cache was dropped
     assert f.authenticate(C(username="a", password="2"))
     with open(pw, "a") as fh:
         fh.write("garbage line\n")
@@ -110,7 +118,7 @@ def test_hmac_signature_as_rocketmq_mqtt_signs_client_ids(tmp_path):
     sig = HmacSignature.sign("topsecret", "dev-42")
     assert h.authenticate(C("dev-42", "Signature|AK1|inst", sig)).username == "AK1"
     assert h.authenticate(C("dev-42", "AK1", sig)).method == "hmac"
-    assert h.authenticate(C("dev-43", "AK1", sig)) is False               # signed for another id
+    assert _denied(h.authenticate(C("dev-43", "AK1", sig)), "does not sign client id 'dev-43'")  # another id
     assert h.authenticate(C("dev-42", "AK2", sig)) is None
 
 
@@ -123,6 +131,14 @@ def test_chain_order_anonymous_switch_and_certificates(tmp_path):
     assert chain.authenticate(C()) is None                                # anonymous refused
     assert chain.authenticate(C(cert="gw-01")).username == "gw-01"
     assert AuthChain([], allow_anonymous=True).authenticate(C()).method == "anonymous"
+    # the operator's log learns why; the client only gets the reason code
+    assert _denied(chain.check(C(username="mallory", password="x")), "unknown user 'mallory'")
+    assert _denied(chain.check(C(username="alice", password="bad")), "wrong password for user 'alice'")
+    assert _denied(chain.check(C()), "anonymous clients are not allowed")
+    # a hash not computed yet is slow (run off the event loop); a remembered one is not
+    assert chain.is_slow(C(username="alice", password="other"))
+    assert not chain.is_slow(C(username="alice", password="pw"))          # verified above: cached
+    assert not chain.is_slow(C(username="nobody", password="x"))           # no hash to compute
     assert certificate_subject({"subject": ((("commonName", "dev-9"),),)}) == "dev-9"
     assert certificate_subject({"subject": (), "subjectAltName": (("DNS", "dev.example"),)}) == "dev.example"
 
@@ -280,14 +296,14 @@ def test_jwt_hs256_and_rs256_with_expiry_issuer_and_client_id_binding(tmp_path):
     tok = jwt.encode({"sub": "dev-1", "exp": now + 60, "iss": "idp", "clientid": "c-1"}, SECRET, algorithm="HS256")
     assert hs.authenticate(C("c-1", None, tok)).username == "dev-1"
     assert hs.authenticate(C("c-1", "dev-1", tok)).method == "jwt"
-    assert hs.authenticate(C("c-1", "someone-else", tok)) is False
-    assert hs.authenticate(C("c-2", None, tok)) is False                       # bound to c-1
+    assert _denied(hs.authenticate(C("c-1", "someone-else", tok)), "JWT is for user 'dev-1'")
+    assert _denied(hs.authenticate(C("c-2", None, tok)), "bound to client id 'c-1'")
     expired = jwt.encode({"sub": "d", "exp": now - 3600, "iss": "idp"}, SECRET, algorithm="HS256")
-    assert hs.authenticate(C("c", None, expired)) is False
+    assert _denied(hs.authenticate(C("c", None, expired)), "JWT expired")
     no_exp = jwt.encode({"sub": "d", "iss": "idp"}, SECRET, algorithm="HS256")
-    assert hs.authenticate(C("c", None, no_exp)) is False
+    assert _denied(hs.authenticate(C("c", None, no_exp)), "exp")
     wrong_iss = jwt.encode({"sub": "d", "exp": now + 60, "iss": "other"}, SECRET, algorithm="HS256")
-    assert hs.authenticate(C("c", None, wrong_iss)) is False
+    assert _denied(hs.authenticate(C("c", None, wrong_iss)), "issuer")
     assert hs.authenticate(C("c", "u", "not-a-token")) is None                 # a password: not ours
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pub = tmp_path / "pub.pem"
@@ -297,4 +313,4 @@ def test_jwt_hs256_and_rs256_with_expiry_issuer_and_client_id_binding(tmp_path):
     good = jwt.encode({"sub": "fleet-7", "exp": now + 60}, key, algorithm="RS256")
     assert rs.authenticate(C("x", None, good)).username == "fleet-7"
     forged = jwt.encode({"sub": "fleet-7", "exp": now + 60}, "g" * 32, algorithm="HS256")
-    assert rs.authenticate(C("x", None, forged)) is False                      # no algorithm confusion
+    assert _denied(rs.authenticate(C("x", None, forged)), "JWT")                # no algorithm confusion
