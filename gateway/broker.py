@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.auth import Credentials, Identity, certificate_subject
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
-from lmqtt.gateway.record_props import safe_decode
+from lmqtt.gateway.record_props import safe_decode, split_retained
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, OutboundMessage
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.store_api import InProcessStore
@@ -221,6 +222,11 @@ class Broker:
         s.version = v
         rm = props.receive_maximum if (v == 5 and props.receive_maximum) else 65535
         s.receive_max = max(1, min(rm, cfg.max_inflight))
+        if v == 5:
+            s.set_client_limits(props.maximum_packet_size, props.topic_alias_maximum, cfg.topic_alias_maximum)
+            conn.problem_info = props.request_problem_information != 0
+        else:
+            s.set_client_limits(None, None, 0)
         registry.attach(conn, s)
         conn.connected = True
         keepalive = pkt.keepalive
@@ -240,8 +246,12 @@ class Broker:
         if v == 5:
             ap = ack.properties
             ap.assigned_client_identifier = assigned
-            ap.topic_alias_maximum = 0
-            ap.subscription_identifier_available = 0
+            if cfg.topic_alias_maximum:
+                ap.topic_alias_maximum = cfg.topic_alias_maximum
+            if cfg.receive_maximum < 65535:
+                ap.receive_maximum = cfg.receive_maximum
+            if props.request_response_information and cfg.response_information:
+                ap.response_information = cfg.response_information
             ap.maximum_packet_size = cfg.max_packet_size
             if server_keepalive is not None:
                 ap.server_keep_alive = server_keepalive
@@ -255,7 +265,8 @@ class Broker:
         if self.acl is not None:
             self._compute_read_checks(conn, s)
         self.subscriptions.go_online(s)
-        s.resend_inflight()
+        for inf in s.resend_inflight():     # no longer fits the client's Maximum Packet Size
+            self._release(s, inf)
         self.delivery.kick(s)
 
     # ======================================================================= PUBLISH in
@@ -264,9 +275,9 @@ class Broker:
         qos = pkt.qos
         self.metrics.msg_in[qos] += 1
         v5 = conn.version == 5
-        if v5 and pkt.properties.topic_alias is not None:
-            raise ProtocolError("topic aliases are not supported (Topic Alias Maximum is 0)", RC.TOPIC_ALIAS_INVALID)
         topic = pkt.topic
+        if v5 and pkt.properties.topic_alias is not None:
+            topic = self._resolve_alias(conn, topic, pkt.properties.topic_alias)
         if topic not in conn.valid_topics:
             # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
             # topic; this is the light-queue rule set, checked once per topic per connection
@@ -289,9 +300,26 @@ class Broker:
         elif qos == 1 and pid in s.inbound_pending:
             return
         if qos:
+            if v5 and len(s.inbound_pending) + len(s.inbound_qos2) >= self.cfg.receive_maximum:
+                raise ProtocolError(f"more than Receive Maximum ({self.cfg.receive_maximum}) QoS 1/2 "
+                                    "publishes unacknowledged", RC.RECEIVE_MAXIMUM_EXCEEDED)
             s.inbound_pending.add(pid)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None)
+
+    def _resolve_alias(self, conn, topic: str, alias: int) -> str:
+        """MQTT 5 topic alias from the client (§3.3.2.3.4): a topic with an alias sets it, an
+        empty topic uses it. Alias 0 or above our CONNACK Topic Alias Maximum: 0x94."""
+        if not 0 < alias <= self.cfg.topic_alias_maximum:
+            raise ProtocolError(f"topic alias {alias} is outside 1..{self.cfg.topic_alias_maximum} "
+                                "(the Topic Alias Maximum in CONNACK)", RC.TOPIC_ALIAS_INVALID)
+        if topic:
+            conn.topic_aliases[alias] = topic
+            return topic
+        t = conn.topic_aliases.get(alias)
+        if t is None:
+            raise ProtocolError(f"topic alias {alias} was never set on this connection", RC.PROTOCOL_ERROR)
+        return t
 
     def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
         """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is
@@ -422,6 +450,12 @@ class Broker:
         v5 = conn.version == 5
         codes: list[int] = []
         retained: list[ClientSubscription] = []
+        sub_id = None
+        if v5 and pkt.properties.subscription_identifier:
+            ids = pkt.properties.subscription_identifier
+            if len(ids) > 1:
+                raise ProtocolError("SUBSCRIBE carries more than one subscription identifier", RC.PROTOCOL_ERROR)
+            sub_id = ids[0]
         for req in pkt.subscriptions:
             try:
                 group, flt = T.parse_shared(req.topic_filter)
@@ -444,7 +478,7 @@ class Broker:
                 continue
             qos = min(req.qos, 2)
             sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
-                               req.retain_handling)
+                                     req.retain_handling, sub_id)
             if acl is not None and acl.needs_read_check(conn.identity, flt):
                 rc_set = conn.read_checks
                 if rc_set is None:
@@ -454,6 +488,7 @@ class Broker:
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 retained.append(sub)
+        s.update_custom()
         if s.persistent:
             self._save_session(s)
             self._flush_session_offsets(s)
@@ -469,26 +504,45 @@ class Broker:
             log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
             return
         acl = self.acl
-        for topic, payload, props in found:
+        ids = (sub.subscription_id,) if sub.subscription_id and s.version == 5 else None
+        now_ms = time.time() * 1000.0
+        for topic, payload, value in found:
             if s.conn is None:
                 return
             if acl is not None and not acl.can_read(s.conn.identity, topic):
                 continue
+            props, deadline = split_retained(value)
             record = safe_decode(props)
             if sub.no_local and record.client_id == s.client_id:
                 continue
             qos = min(sub.qos, record.qos)
-            it = OutboundMessage(topic, payload, record)
+            store_ts = 0
+            if deadline is not None and record.message_expiry_interval is not None:
+                if now_ms >= deadline:
+                    self._clear_expired_retained(topic, value)
+                    continue
+                store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
+            it = OutboundMessage(topic, payload, record, store_ts=store_ts)
             if qos and (s.retained_backlog or not s.window_open()):
-                s.retained_backlog.append((it, qos))   # sent as acks open the window
+                s.retained_backlog.append((it, qos, ids))   # sent as acks open the window
             else:
-                s.send_item(it, qos, True)
+                s.send_item(it, qos, True, sub_ids=ids)
+
+    def _clear_expired_retained(self, topic: str, value: bytes) -> None:
+        """A retained message whose Message Expiry Interval passed is deleted (§3.3.2.3.3), unless
+        a newer one replaced it meanwhile."""
+        try:
+            cur = self.metadata.retained_matching(topic)     # an exact topic: one point lookup
+            if not cur or cur[0][2] == value:
+                self.metadata.set_retained(topic, b"")
+        except Exception as e:
+            log.error("event=retained_clear_failed topic=%s error=%r", topic, e)
 
     def _drain_retained(self, s: Session) -> None:
         bl = s.retained_backlog
         while bl and s.conn is not None and s.window_open():
-            it, qos = bl.popleft()
-            s.send_item(it, qos, True)
+            it, qos, ids = bl.popleft()
+            s.send_item(it, qos, True, sub_ids=ids)
 
     def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
         s = conn.session
@@ -500,6 +554,7 @@ class Broker:
                 continue
             self.subscriptions.remove(s, sub)
             codes.append(RC.SUCCESS)
+        s.update_custom()
         if s.persistent:
             self._save_session(s)
         conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))

@@ -40,6 +40,13 @@ class GatewayConfig:
     max_inflight: int = 1000
     max_keepalive: int = 65535
     max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80
+    # MQTT 5 (docs/gateway.md "MQTT 5"): topic aliases a client may use towards us (CONNACK Topic
+    # Alias Maximum; more -> DISCONNECT 0x94) and the most we assign towards one client
+    topic_alias_maximum: int = 100
+    # inbound QoS 1/2 publishes an MQTT 5 client may have unacknowledged (CONNACK Receive Maximum,
+    # sent when below 65535; more -> DISCONNECT 0x93)
+    receive_maximum: int = 65535
+    response_information: str | None = None   # CONNACK Response Information for clients that ask
     connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
     max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
     # delivery / back-pressure
@@ -108,6 +115,10 @@ class GatewayConfig:
             raise ConfigError("give one of jwt_secret or jwt_public_key, not both")
         if not (1 <= int(self.max_inflight) <= 65535):
             raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
+        if not (0 <= int(self.topic_alias_maximum) <= 65535):
+            raise ConfigError(f"topic_alias_maximum must be 0..65535 (0 = no aliases), got {self.topic_alias_maximum}")
+        if not (1 <= int(self.receive_maximum) <= 65535):
+            raise ConfigError(f"receive_maximum must be 1..65535, got {self.receive_maximum}")
         if not (0 <= float(self.switch_interval_ms) <= 1000):
             raise ConfigError(f"switch_interval_ms must be 0..1000 (0 = Python's default), got {self.switch_interval_ms}")
         if self.write_low_water > self.write_high_water:

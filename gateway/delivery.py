@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import InFlight, OutboundMessage, Session, ClientSubscription
+from lmqtt.gateway.session import TOO_LARGE, InFlight, OutboundMessage, Session, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
@@ -409,6 +409,12 @@ class DeliveryEngine:
         outbound = s.outbound
         inflight = cur.inflight
         write = conn.write
+        # MQTT 5 per-subscriber parts (topic alias, subscription identifiers) or a message with an
+        # expiry interval take `publish_bytes`; everything else the shared template variant
+        custom = s.custom
+        maxp = s.max_packet
+        one_ids = (sub.subscription_id,) if sub.subscription_id else None
+        now_ms = None
         nxt = cur.next_offset
         sent0 = sent1 = sent2 = 0
         first_ts = None           # store timestamps of messages sent here for the first time
@@ -423,15 +429,15 @@ class DeliveryEngine:
             if off < nxt:
                 continue
             qos = sub_qos
+            rec = it.record
+            if no_local and rec.client_id == cid:
+                nxt = off + 1
+                continue
             if multi:
                 owner, qos = self._owner(s, it, q)
                 if owner != q:
                     nxt = off + 1
                     continue
-            rec = it.record
-            if no_local and rec.client_id == cid:
-                nxt = off + 1
-                continue
             if acl_read is not None and not acl_read(ident, it.topic):
                 nxt = off + 1
                 continue
@@ -441,6 +447,29 @@ class DeliveryEngine:
                 complete = False
                 break
             retain = rec.retain if rap else False
+            if qos:
+                pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
+                while pid in outbound:
+                    pid = pid % 65535 + 1
+            else:
+                pid = None
+            ids = None
+            if custom or rec.message_expiry_interval is not None:
+                if custom:
+                    ids = s.sub_ids_for(it, q) if multi else one_ids
+                if now_ms is None:
+                    now_ms = time.time() * 1000.0
+                data = s.publish_bytes(it, qos, retain, pid, False, ids, now_ms)
+                if type(data) is not bytes:
+                    s.count_drop(data)             # expired, or over the client's Maximum Packet Size
+                    nxt = off + 1
+                    continue
+            else:
+                data = it.encode(qos, retain, version, pid)
+                if maxp and len(data) > maxp:
+                    s.count_drop(TOO_LARGE)
+                    nxt = off + 1
+                    continue
             if not it.sent:
                 it.sent = True
                 if it.store_ts:
@@ -449,15 +478,14 @@ class DeliveryEngine:
                     else:
                         first_ts.append(it.store_ts)
             if qos == 0:
-                write(it.encode(0, retain, version))
+                write(data)
                 sent0 += 1
             else:
-                pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
-                while pid in outbound:
-                    pid = pid % 65535 + 1
                 s._next_pid = pid % 65535 + 1
-                outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
-                write(it.encode(qos, retain, version, pid))
+                inf = outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
+                if ids is not None:
+                    inf.sub_ids = ids
+                write(data)
                 inflight[off] = pid
                 room -= 1
                 if qos == 1:
@@ -486,11 +514,12 @@ class DeliveryEngine:
     @staticmethod
     def _owner(s: Session, it: OutboundMessage, q: str) -> tuple[str, int]:
         best_q, best_qos = q, s.direct[q].qos
+        own = it.record.client_id == s.client_id
         for dq in it.dispatch_queues:
             if dq == q:
                 continue
             sub = s.direct.get(dq)
-            if sub is None:
+            if sub is None or (own and sub.no_local):    # No Local: that subscription does not match
                 continue
             if sub.qos > best_qos or (sub.qos == best_qos and dq < best_q):
                 best_q, best_qos = dq, sub.qos
@@ -541,9 +570,10 @@ class DeliveryEngine:
             it.sent = True
             if it.store_ts:
                 self.metrics.dispatch_lag.observe(max(0.0, (time.time() * 1000.0 - it.store_ts) / 1000.0))
-        pid = s.send_item(it, qos, retain, queue=None, group=g)
+        pid = s.send_item(it, qos, retain, queue=None, group=g,
+                          sub_ids=(sub.subscription_id,) if sub.subscription_id and s.version == 5 else None)
         off = it.queue_offset
-        if pid is None:
+        if pid is None or pid is False:       # QoS 0, or dropped for this client (expired / too large)
             g.cursor.inflight.pop(off, None)
         else:
             g.cursor.inflight[off] = s

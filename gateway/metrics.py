@@ -116,6 +116,9 @@ class GatewayMetrics:
         self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")
         self.dropped_store_error = d.labels(reason="store_error")
         self.dropped_invalid = d.labels(reason="invalid")
+        # MQTT 5: message expiry passed before delivery / over the client's Maximum Packet Size
+        self.dropped_expired = d.labels(reason="expired")
+        self.dropped_too_large = d.labels(reason="packet_too_large")
         self.protocol_errors = Counter("lmqtt_protocol_errors", "Connections closed for a protocol error", registry=r)
         # per-message / per-batch histograms: FastHistogram (plain ints), exported by _HotCounters
         self.append_latency = FastHistogram("lmqtt_store_append_seconds", "Time of one store append_batch call",

@@ -40,7 +40,8 @@ class SessionPersistence:
             last_disconnect_ms=None if s.online else (s.disconnected_at_ms or _now_ms()),
             subscriptions=[SubscriptionRecord(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
                                  retain_as_published=sub.retain_as_published,
-                                 retain_handling=sub.retain_handling, share_group=sub.group)
+                                 retain_handling=sub.retain_handling, subscription_id=sub.subscription_id,
+                                 share_group=sub.group)
                            for sub in s.subs.values()])
 
     def save_session(self, s: "Session") -> None:

@@ -205,7 +205,7 @@ class PublishPipeline:
 
     def _retain(self, p: _Pending) -> None:
         try:
-            self._set_retained(p.topic, p.payload, p.props)
+            self._set_retained(p.topic, p.payload, record_props.retained_props(p.props, int(time.time() * 1000)))
         except Exception as e:
             log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
 
@@ -221,7 +221,8 @@ class PublishPipeline:
             rc = (ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if isinstance(err, MessageTooLarge)
                   else ReasonCode.UNSPECIFIED_ERROR)
             pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
-            pkt.properties.reason_string = f"store error: {err}"[:200]
+            if conn.problem_info:      # the client may have said: no reason strings (§3.1.2.11.7)
+                pkt.properties.reason_string = f"store error: {err}"[:200]
             conn.write(encode(pkt, 5))
         else:
             conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, f"store error: {err}")

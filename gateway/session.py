@@ -8,12 +8,15 @@ and an offline persistent session costs nothing while messages pile up in the st
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lmqtt.gateway.mqtt import PublishTemplate, encode, packets as P
+from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts, message_expiry_prop,
+                                packets as P, subscription_identifier_props, topic_alias_prop)
 from lmqtt.gateway.mqtt.properties import encode_properties
+from lmqtt.gateway.mqtt.wire import read_varint
 from lmqtt.gateway.record_props import RecordMeta
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,6 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
 
 NEVER_EXPIRES = 0xFFFFFFFF
+
+# why a per-subscriber PUBLISH was not sent (Session.publish_bytes returns one of these instead of bytes)
+EXPIRED = 1        # its Message Expiry Interval has passed (MQTT 5 §3.3.2.3.3)
+TOO_LARGE = 2      # larger than the client's Maximum Packet Size (§3.1.2.11.4: dropped for that client)
 
 
 @dataclass(slots=True)
@@ -34,6 +41,7 @@ class ClientSubscription:
     no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
+    subscription_id: int | None = None   # MQTT 5 Subscription Identifier, sent on each matching PUBLISH
 
 
 class Cursor:
@@ -63,7 +71,7 @@ class OutboundMessage(PublishTemplate):
     receives the message.
     """
 
-    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent")
+    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent", "_body")
 
     def __init__(self, topic: str, payload: bytes, record: RecordMeta, queue_offset: int | None = None,
                  phys_offset: int = -1, dispatch_queues: tuple[str, ...] = (), store_ts: int = 0) -> None:
@@ -79,6 +87,38 @@ class OutboundMessage(PublishTemplate):
         self.sent = False
         self._variants = {}
         self._props = None
+        self._body = None
+
+    def props_body(self) -> bytes:
+        """The record's MQTT 5 properties without the Message Expiry Interval and without the
+        length prefix: the shared part of a per-subscriber PUBLISH (`Session.publish_bytes` adds
+        subscription identifiers, topic alias and the remaining expiry)."""
+        b = self._body
+        if b is None:
+            rec = self.record
+            if rec.has_app_properties():
+                pr = rec.to_properties()
+                pr.message_expiry_interval = None
+                block = encode_properties(pr)
+                _, start = read_varint(block, 0, len(block))
+                b = block[start:]
+            else:
+                b = b""
+            self._body = b
+        return b
+
+    def expiry_left(self, now_ms: float) -> int | None:
+        """Seconds of Message Expiry Interval left (>= 1), 0 when expired, None when it never expires."""
+        mei = self.record.message_expiry_interval
+        if mei is None:
+            return None
+        ts = self.store_ts
+        if not ts:
+            return mei
+        waited_ms = now_ms - ts
+        if waited_ms >= mei * 1000:
+            return 0
+        return mei - int(waited_ms // 1000) if waited_ms > 0 else mei
 
     def properties_block(self) -> bytes:
         if self._props is None:
@@ -90,7 +130,7 @@ class OutboundMessage(PublishTemplate):
 class InFlight:
     """An outbound QoS 1/2 PUBLISH awaiting PUBACK, or PUBREC then PUBCOMP."""
 
-    __slots__ = ("pid", "item", "qos", "retain", "state", "queue", "offset", "group")
+    __slots__ = ("pid", "item", "qos", "retain", "state", "queue", "offset", "group", "sub_ids")
 
     WAIT_ACK = 1      # PUBACK (QoS 1) or PUBREC (QoS 2) expected
     WAIT_COMP = 2     # PUBREL sent, PUBCOMP expected
@@ -105,6 +145,7 @@ class InFlight:
         self.queue = queue
         self.offset = offset
         self.group = group
+        self.sub_ids = None     # subscription identifiers it was sent with (a resend repeats them)
 
 
 class Session:
@@ -126,6 +167,81 @@ class Session:
         self.disconnected_at_ms: int | None = None
         self.retained_backlog: deque[tuple[OutboundMessage, int]] = deque()   # QoS 1/2 retained waiting for window
         self._next_pid = 1
+        # MQTT 5 limits the client set in CONNECT (per connection: reset by `set_client_limits`)
+        self.max_packet = 0               # client's Maximum Packet Size; 0 = none
+        self.alias_max = 0                # client's Topic Alias Maximum: aliases we may send
+        self.aliases: dict[str, int] = {}  # topic -> alias sent on the current connection
+        # True when a PUBLISH to this client may need per-subscriber parts (a topic alias or a
+        # subscription identifier): delivery then builds it with `publish_bytes` instead of the
+        # shared template variant
+        self.custom = False
+        self.dropped_expired = 0
+        self.dropped_too_large = 0
+
+    def set_client_limits(self, max_packet: int | None, alias_max: int | None, alias_cap: int) -> None:
+        """CONNECT's Maximum Packet Size and Topic Alias Maximum (aliases are per connection)."""
+        self.max_packet = max_packet or 0
+        self.alias_max = min(alias_max or 0, alias_cap) if self.version == 5 else 0
+        self.aliases = {}
+        self.update_custom()
+
+    def update_custom(self) -> None:
+        self.custom = self.version == 5 and (self.alias_max > 0 or any(
+            sub.subscription_id for sub in self.subs.values()))
+
+    def sub_ids_for(self, it: OutboundMessage, q: str) -> tuple[int, ...] | None:
+        """Subscription identifiers of every direct subscription of this session matching the
+        message (MQTT 5 §3.3.4: all of them when overlapping subscriptions match)."""
+        direct = self.direct
+        sub = direct.get(q)
+        ids = [sub.subscription_id] if sub is not None and sub.subscription_id else []
+        own = it.record.client_id == self.client_id
+        for dq in it.dispatch_queues:
+            if dq != q:
+                sub = direct.get(dq)
+                if sub is not None and sub.subscription_id and not (own and sub.no_local):
+                    ids.append(sub.subscription_id)
+        return tuple(sorted(set(ids))) if ids else None
+
+    def publish_bytes(self, item: OutboundMessage, qos: int, retain: bool, pid: int | None, dup: bool = False,
+                      sub_ids=None, now_ms: float | None = None, resend: bool = False):
+        """The PUBLISH for this client with everything MQTT 5 makes per-subscriber: remaining
+        message expiry, subscription identifiers, topic alias; checked against the client's
+        Maximum Packet Size. Returns bytes, or EXPIRED / TOO_LARGE (not sent: the caller drops it
+        for this client). A `resend` (in flight before a reconnect) is not dropped for expiry:
+        onward delivery had started (§3.3.2.3.3)."""
+        left = item.expiry_left(time.time() * 1000.0 if now_ms is None else now_ms)
+        if left == 0:
+            if not resend:
+                return EXPIRED
+            left = 1
+        if self.version != 5:
+            data = item.encode(qos, retain, self.version, pid, dup)
+        elif left is None and not sub_ids and not self.alias_max:
+            data = item.encode(qos, retain, 5, pid, dup)
+        else:
+            extra = item.props_body()
+            if left is not None:
+                extra += message_expiry_prop(left)
+            if sub_ids:
+                extra += subscription_identifier_props(sub_ids)
+            topic = item.topic
+            new_alias = False
+            if self.alias_max:
+                alias = self.aliases.get(topic)
+                if alias is not None:
+                    extra += topic_alias_prop(alias)
+                    topic = None           # the client knows the alias: empty topic name
+                elif len(self.aliases) < self.alias_max:
+                    alias = self.aliases[topic] = len(self.aliases) + 1
+                    extra += topic_alias_prop(alias)   # topic and alias: the client records it
+                    new_alias = True
+            data = encode_publish_v5_parts(topic, item.payload, qos, retain, dup, pid, extra)
+            if new_alias and self.max_packet and len(data) > self.max_packet:
+                del self.aliases[item.topic]   # not sent: the client never learnt this alias
+        if self.max_packet and len(data) > self.max_packet:
+            return TOO_LARGE
+        return data
 
     @property
     def persistent(self) -> bool:
@@ -154,27 +270,55 @@ class Session:
 
     # -- sending ----------------------------------------------------------------------------
     def send_item(self, item: OutboundMessage, qos: int, retain: bool, queue: str | None = None,
-                  group: "SharedGroup | None" = None) -> int | None:
-        """Encode and queue one PUBLISH; returns the packet id for QoS 1/2 (None for QoS 0)."""
+                  group: "SharedGroup | None" = None, sub_ids=None) -> int | None | bool:
+        """Encode and queue one PUBLISH; returns the packet id for QoS 1/2 (None for QoS 0), or
+        False when the message was dropped for this client (expired, or over its Maximum Packet
+        Size; counted)."""
         conn = self.conn
+        pid = self.alloc_pid() if qos else None
+        data = self.publish_bytes(item, qos, retain, pid, False, sub_ids)
+        if type(data) is not bytes:
+            self.count_drop(data)
+            return False
         if qos == 0:
-            conn.write(item.encode(0, retain, self.version))
+            conn.write(data)
             conn.metrics.msg_out[0] += 1
             return None
-        pid = self.alloc_pid()
-        self.outbound[pid] = InFlight(pid, item, qos, retain, queue, item.queue_offset, group)
-        conn.write(item.encode(qos, retain, self.version, pid))
+        inf = self.outbound[pid] = InFlight(pid, item, qos, retain, queue, item.queue_offset, group)
+        inf.sub_ids = sub_ids
+        conn.write(data)
         conn.metrics.msg_out[qos] += 1
         return pid
 
-    def resend_inflight(self) -> int:
-        """After a reconnect: PUBLISH again with DUP=1 (same ids), or PUBREL for those past PUBREC."""
+    def count_drop(self, why: int) -> None:
+        if why == EXPIRED:
+            self.dropped_expired += 1
+        else:
+            self.dropped_too_large += 1
+        c = self.conn
+        if c is not None:
+            m = c.metrics
+            if why == EXPIRED:
+                m.dropped_expired.inc()
+            else:
+                m.dropped_too_large.inc()
+
+    def resend_inflight(self) -> list[InFlight]:
+        """After a reconnect: PUBLISH again with DUP=1 (same ids), or PUBREL for those past PUBREC.
+        Returns the in-flight messages that no longer fit the client's Maximum Packet Size (the
+        new connection may have a smaller one): the caller releases them as dropped."""
         conn = self.conn
-        n = 0
+        dropped = []
         for inf in self.outbound.values():
             if inf.state == InFlight.WAIT_ACK:
-                conn.write(inf.item.encode(inf.qos, inf.retain, self.version, inf.pid, dup=True))
+                data = self.publish_bytes(inf.item, inf.qos, inf.retain, inf.pid, True, inf.sub_ids, resend=True)
+                if type(data) is not bytes:
+                    self.count_drop(data)
+                    dropped.append(inf)
+                    continue
+                conn.write(data)
             else:
                 conn.write(encode(P.PubRel(inf.pid), self.version))
-            n += 1
-        return n
+        for inf in dropped:
+            del self.outbound[inf.pid]
+        return dropped

@@ -207,7 +207,7 @@ class SessionRegistry:
             for rs in rec.subscriptions:
                 flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
                 sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
-                                         rs.retain_as_published, rs.retain_handling)
+                                         rs.retain_as_published, rs.retain_handling, rs.subscription_id)
                 self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
             self.sessions[s.client_id] = s
             if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed

@@ -18,7 +18,8 @@ from .reason_codes import SUBACK_FAILURE_V311, ReasonCode, connack_return_code_v
 from .wire import encode_string, encode_varint
 
 __all__ = ["encode", "encode_publish", "PublishTemplate", "SUCCESS_ACK_HEAD", "encode_success_acks",
-           "encode_connack_refusal", "encode_malformed_connect_reply"]
+           "encode_connack_refusal", "encode_malformed_connect_reply", "encode_publish_v5_parts",
+           "subscription_identifier_props", "topic_alias_prop", "message_expiry_prop"]
 
 
 def _bin(b: bytes) -> bytes:
@@ -259,6 +260,44 @@ class PublishTemplate:
     def qos0(self) -> bytes:
         """The encoding for subscribers granted QoS 0."""
         return self.encode(0, self.retain, self.version)
+
+
+# ----------------------------------------------------------------------------- per-subscriber MQTT 5 PUBLISH
+# What differs per subscriber beyond QoS/retain/packet id in MQTT 5: the subscription identifiers
+# of the subscriptions that matched (§3.3.4), a topic alias in place of the topic (§3.3.2.3.4) and
+# the remaining message expiry (§3.3.2.3.3). Those packets are built from ready parts: the
+# message's other properties (encoded once per message) plus these few bytes.
+
+def subscription_identifier_props(ids) -> bytes:
+    """Subscription Identifier properties (0x0B, variable byte integer), one per id."""
+    return b"".join([b"\x0b" + encode_varint(i) for i in ids])
+
+
+def topic_alias_prop(alias: int) -> bytes:
+    """Topic Alias property (0x23, two-byte integer)."""
+    return b"\x23" + _U16.pack(alias)
+
+
+def message_expiry_prop(seconds: int) -> bytes:
+    """Message Expiry Interval property (0x02, four-byte integer)."""
+    return b"\x02" + pack(">I", seconds)
+
+
+def encode_publish_v5_parts(topic: str | None, payload: bytes, qos: int, retain: bool, dup: bool,
+                            packet_id: int | None, props_body: bytes) -> bytes:
+    """An MQTT 5 PUBLISH from a ready property block body (`props_body`: the properties without
+    their length prefix). `topic=None` sends an empty topic name (the receiver resolves the topic
+    alias carried in `props_body`)."""
+    tb = b"\x00\x00" if topic is None else _topic_bytes(topic)
+    first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
+    props = encode_varint(len(props_body)) + props_body
+    if qos:
+        if not packet_id or packet_id > 0xFFFF:
+            raise ValueError("a QoS 1/2 PUBLISH needs a packet id in 1..65535")
+        rl = len(tb) + 2 + len(props) + len(payload)
+        return b"".join((bytes((first,)), encode_varint(rl), tb, _U16.pack(packet_id), props, payload))
+    rl = len(tb) + len(props) + len(payload)
+    return b"".join((bytes((first,)), encode_varint(rl), tb, props, payload))
 
 
 # ----------------------------------------------------------------------------- server-side helpers

@@ -57,12 +57,14 @@ def test_garbage_before_connect_is_closed(lmqtt_server):
     Paho(lmqtt_server, "ok-after-http").disconnect()
 
 
-def test_topic_alias_refused_with_reason(lmqtt_server):
+def test_topic_alias_beyond_maximum_refused_with_reason(lmqtt_server):
     raw = RawMQTT(lmqtt_server, version=5)
-    raw.connect("aliaser")
-    raw.send(P.Publish("al/t", b"x", 0, properties=P.Properties(topic_alias=1)))
+    ack = raw.connect("aliaser")
+    over = ack.properties.topic_alias_maximum + 1       # one past what CONNACK allowed
+    raw.send(P.Publish("al/t", b"x", 0, properties=P.Properties(topic_alias=over)))
     d = raw.recv()
     assert isinstance(d, P.Disconnect) and d.reason_code == 0x94
+    assert "Topic Alias Maximum" in d.properties.reason_string
 
 
 def _anon_rss(proc: psutil.Process) -> int:
