@@ -7,8 +7,10 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `single`     Producer.send, one message per round trip (acked under the flush mode)
 * `batch`      Producer.send_batch of `--batch` messages per frame
 * `autobatch`  AutoBatchProducer.send (futures), flush at the end; rate counts acknowledged messages
-* `pull`       Connection.pull with max_count 1024 over what the produce cases wrote (bodies read)
-* `group`      PullConsumer.poll(1024) + commit per poll (group offsets kept by the store) over the same
+* `pull`       Connection.pull_request, 1024 per request, one pull ahead, over what the produce cases
+               wrote (every body read)
+* `group`      PullConsumer.poll(1024) (prefetching) + commit per poll (group offsets kept by the
+               store) over the same
 * `pop`        PopConsumer.pop(256) + ack over the same messages (its own group)
 * `redis-xadd`, `redis-xreadgroup`   the yardstick (loadtest/redis_streams.py), real redis-server
 * `latency`    SDK send -> MQTT subscriber of the topic on `lmqtt serve` (p50/p99/max, µs)
@@ -190,23 +192,26 @@ def bench_autobatch(c, topic, size, duration):
 
 
 def bench_pull(c, first_level, size, duration):
-    """Connection.pull of 1,024 records at a time from the queue's start; every record's body is
-    read (a consumer that only counted replies would not pay for the records it never looks at)."""
+    """Connection.pull_request of 1,024 records at a time from the queue's start, the next pull
+    sent before the current records are read (one pull ahead); every record's body is read (a
+    consumer that only counted replies would not pay for the records it never looks at)."""
     n = 0
     nbytes = 0
     off = c.admin().offsets(first_level)[0]
     with _Meter(_SERVER) as m:
         end = time.perf_counter() + duration
+        ahead = c.pull_request(first_level, 0, off, 1024)
         while time.perf_counter() < end and n < MAX_MESSAGES:
-            r = c.pull(first_level, 0, off, 1024)
+            r = ahead.result()
             if not r.records:
                 break
+            ahead = c.pull_request(first_level, 0, r.next_offset, 1024)
             for rec in r.records:
                 nbytes += len(rec.body)
             n += len(r.records)
-            off = r.next_offset
         el, s, cl = m.done()
-    return _row("pull", size, n, el, s, cl, max_count=1024, body_bytes=nbytes)
+        ahead.result()
+    return _row("pull", size, n, el, s, cl, max_count=1024, in_flight=2, body_bytes=nbytes)
 
 
 def bench_group(c, first_level, size, duration):

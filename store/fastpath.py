@@ -26,13 +26,12 @@ from itertools import accumulate
 
 from . import protocol as W
 from .message import Message
-from .record import CRC_START, MSG_MAGIC, PREFIX
+from .record import CRC_START, MSG_MAGIC
 
 _MSG_NEW = object.__new__
 _HEAD = W.MSG_HEAD
 _U16 = W.struct.Struct(">H")
 _U32 = W.struct.Struct(">I")
-_CRC_FIELD = W.struct.Struct("<I")
 
 
 def produce_messages(body: bytes, route, now: int):
@@ -131,9 +130,10 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
     -> (count, [bytes chunks], next_offset), or None when this path cannot serve the range as it
     is (a record in a segment that is not mapped here, a CRC failure, anything unusual): the
     caller then answers through the decoding path, which reports and skips bad records. Records
-    adjacent in the CommitLog (the usual case: a producer's batch) are copied with one slice.
-    `max_bytes` (0 = no limit) stops before the record that would pass it, never before the
-    first. Like `read_consume_queue`, nothing at or past the dispatch point is returned."""
+    adjacent in the CommitLog (the usual case: a producer's batch) are copied with one slice and
+    their CRCs checked on that copy. `max_bytes` (0 = no limit) stops before the record that
+    would pass it, never before the first. Like `read_consume_queue`, nothing at or past the
+    dispatch point is returned."""
     cq = store.consume_queues.get(topic, queue_id)
     if cq is None or max_count <= 0:
         return 0, [], offset
@@ -142,49 +142,48 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
         entries = cq.range(offset, max_count)
     except ValueError:      # a file was deleted by retention meanwhile: let the reference path clamp
         return None
-    if not entries:
-        return 0, [], offset
-    clog = store.clog
-    find = clog.mfq.find
-    chunks = []
-    count = 0
-    total = 0
-    run_start = run_end = -1
-    mf = None
-    crc32 = zlib.crc32
-    prefix = PREFIX.unpack_from
-    crc_at = _CRC_FIELD.unpack_from
+    # 1. cut the entries into runs of adjacent records of one segment: [start phys, end phys, sizes]
+    runs = []
+    find = store.clog.mfq.find
+    count = total = 0
+    run_end = -1
+    seg_end = 0
+    sizes = None
     next_off = offset
     for qoff, phys, size, _tags in entries:
-        if phys >= visible:
+        if phys >= visible or (max_bytes and count and total + size > max_bytes):
             break
-        if max_bytes and count and total + size > max_bytes:
-            break
-        if phys != run_end or mf is None or phys + size > mf.start_offset + mf.size:
-            if run_start >= 0:
-                chunks.append(_slice(mf, run_start, run_end))
+        if phys != run_end or phys + size > seg_end:
             mf = find(phys)
             if mf is None or phys + size > mf.start_offset + mf.size:
                 return None
-            run_start = phys
-        mm = mf.mm
-        rel = phys - mf.start_offset
-        try:
-            rsize, magic = prefix(mm, rel)
-            if rsize != size or magic != MSG_MAGIC or crc32(mm[rel + CRC_START:rel + size]) != crc_at(mm, rel + 8)[0]:
-                return None
-        except (ValueError, IndexError):   # map closed by retention meanwhile
-            return None
+            seg_end = mf.start_offset + mf.size
+            sizes = []
+            runs.append([mf, phys, sizes])
+        sizes.append(size)
         run_end = phys + size
         total += size
         count += 1
         next_off = qoff + 1
-    if run_start >= 0 and run_end > run_start:
-        chunks.append(_slice(mf, run_start, run_end))
+    # 2. one copy per run, then every record's head and CRC checked on the copy
+    chunks = []
+    crc32 = zlib.crc32
+    head = _RAW_HEAD.unpack_from
+    for mf, phys, sizes in runs:
+        rel = phys - mf.start_offset
+        try:
+            chunk = mf.mm[rel:rel + sum(sizes)]
+        except ValueError:   # map closed by retention meanwhile
+            return None
+        mv = memoryview(chunk)
+        a = 0
+        for size in sizes:
+            rsize, magic, crc = head(chunk, a)
+            if rsize != size or magic != MSG_MAGIC or crc32(mv[a + CRC_START:a + size]) != crc:
+                return None
+            a += size
+        chunks.append(chunk)
     return count, chunks, next_off
 
 
-def _slice(mf, start: int, end: int) -> bytes:
-    rel = start - mf.start_offset
-    return mf.mm[rel:rel + end - start]
-
+_RAW_HEAD = W.struct.Struct("<III")       # total size, magic, CRC: the first fields of a record

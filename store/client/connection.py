@@ -241,6 +241,13 @@ class Connection:
         from .consumer import pull
         return pull(self, topic, queue_id, offset, max_count, max_bytes)
 
+    def pull_request(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
+                     max_bytes: int = 4 << 20):
+        """Send a pull now, read it later: -> PendingPull, whose `result()` is the PullResult.
+        Keeps the next pull in flight while the current records are processed."""
+        from .consumer import PendingPull
+        return PendingPull(self, topic, queue_id, offset, max_count, max_bytes)
+
     def consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
         from .consumer import PullConsumer
         return PullConsumer(self, topic, group, queue_id, **kw)

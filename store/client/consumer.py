@@ -15,7 +15,7 @@ from lmqtt.store import accel, protocol as W
 from lmqtt.store.props import MessageProperties, decode as decode_props
 from lmqtt.store.record import HEADER as _CLOG_HEAD
 
-from .connection import Connection
+from .connection import Connection, ConnectionLost, StoreClientError
 
 
 class Record(NamedTuple):
@@ -114,17 +114,56 @@ def pull(conn: Connection, topic: str, queue_id: int = 0, offset: int = 0, max_c
     return _pull_result(conn.ident, body, flags)
 
 
+class PendingPull:
+    """A PULL already sent (`Connection.pull_request`); `result()` waits for it and decodes it.
+
+    Why: a consumer that asks for the next records before working on the current ones keeps the
+    store busy while it decodes and processes (store and client run in parallel instead of taking
+    turns). The reply is decoded in the thread that calls `result()`, not in the reader thread. A
+    connection lost meanwhile is retried once by `result()` with a plain, waiting pull."""
+
+    __slots__ = ("conn", "args", "fut")
+
+    def __init__(self, conn: Connection, topic: str, queue_id: int, offset: int, max_count: int,
+                 max_bytes: int) -> None:
+        self.conn = conn
+        self.args = (topic, queue_id, offset, max_count, max_bytes)
+        try:
+            self.fut = conn.request(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
+                                    W.F_RAW_OK)
+        except ConnectionLost:
+            self.fut = None
+
+    def result(self, timeout: float | None = None) -> PullResult:
+        if self.fut is None:
+            return pull(self.conn, *self.args)
+        try:
+            op, flags, body = self.fut.result(self.conn.timeout if timeout is None else timeout)
+        except ConnectionLost:
+            return pull(self.conn, *self.args)
+        if op == W.OP_ERROR:
+            raise StoreClientError(*W.parse_error(body))
+        return _pull_result(self.conn.ident, body, flags)
+
+
 class PullConsumer:
     """A consumer-group member reading one ConsumeQueue; offsets are kept by the store.
 
     `poll()` returns the next records after the group's committed offset (or `start`: "earliest" /
     "latest" when the group has none) and remembers where it got to; `commit()` stores that
-    position (survives a store restart). At-least-once: commit after processing."""
+    position (survives a store restart). At-least-once: commit after processing.
+
+    `prefetch` (default on): when a poll returned records, the pull for the next ones is sent at
+    once, so the store reads them while the application works on these (the next poll then
+    usually finds them there). Setting `position` by hand drops a prefetched reply that does not
+    start there."""
 
     def __init__(self, conn: Connection, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest",
-                 max_count: int = 256) -> None:
+                 max_count: int = 256, prefetch: bool = True) -> None:
         self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
         self.max_count = max_count
+        self.prefetch = prefetch
+        self._ahead: PendingPull | None = None
         c = conn.cmd("committed", group=group, topic=topic, queue_id=queue_id)["offset"]
         if c is None:
             o = conn.cmd("offsets", topic=topic, queue_id=queue_id)
@@ -132,8 +171,14 @@ class PullConsumer:
         self.position = c
 
     def poll(self) -> list[Record]:
-        r = pull(self.conn, self.topic, self.queue_id, self.position, self.max_count)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.args[2] == self.position and ahead.args[3] == self.max_count:
+            r = ahead.result()
+        else:
+            r = pull(self.conn, self.topic, self.queue_id, self.position, self.max_count)
         self.position = r.next_offset
+        if self.prefetch and r.records:
+            self._ahead = PendingPull(self.conn, self.topic, self.queue_id, self.position, self.max_count, 4 << 20)
         return r.records
 
     def commit(self, offset: int | None = None) -> None:

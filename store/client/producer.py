@@ -74,6 +74,7 @@ class Producer:
         self._seq = itertools.count(time.time_ns() // 1000)
         self._seq_lock = threading.Lock()
         self.retries = retries
+        self._heads: dict[tuple[str, int], bytes] = {}    # see _plain_head
 
     def next_sequence(self) -> int:
         with self._seq_lock:
@@ -81,7 +82,8 @@ class Producer:
 
     def _results(self, body: bytes) -> list[SendResult]:
         ident = self.conn.ident
-        return [SendResult(f"{ident}{p:016X}", p, q) for p, q in W.decode_produced(body)]
+        new = tuple.__new__
+        return [new(SendResult, (f"{ident}{p:016X}", p, q)) for p, q in W.decode_produced(body)]
 
     def send_packed(self, count: int, packed: bytes, seq: int | None = None) -> list[SendResult]:
         """Send pre-packed messages (protocol.encode_messages_for_produce) as one batch with a
@@ -97,8 +99,23 @@ class Producer:
     def send_batch(self, messages) -> list[SendResult]:
         """messages: iterable of (topic, body) or dicts with send()'s keywords. One frame, one
         append (all stored or none)."""
-        tuples = [_tuple(**m) if isinstance(m, dict) else _tuple(m[0], m[1]) for m in messages]
-        return self.send_packed(len(tuples), W.encode_messages_for_produce(tuples))
+        parts = []
+        n = 0
+        heads = self._heads
+        for m in messages:
+            n += 1
+            if isinstance(m, dict):
+                parts.append(W.encode_messages_for_produce([_tuple(**m)]))
+                continue
+            topic, body = m[0], m[1]
+            if body.__class__ is not bytes:
+                body = _as_bytes(body)
+            head = heads.get((topic, len(body)))
+            if head is None:
+                head = _plain_head(heads, topic, len(body))
+            parts.append(head)
+            parts.append(body)
+        return self.send_packed(n, b"".join(parts))
 
     def send_async(self, topic: str, body: bytes, **kw) -> Future:
         """Send without waiting; the Future resolves to a SendResult (or the error). A lost
@@ -174,6 +191,18 @@ class SendFuture:
 _PRODUCED_AT = W.PRODUCED_ENTRY.unpack_from
 
 
+def _plain_head(heads: dict, topic: str, body_len: int) -> bytes:
+    """Message head + topic + plain QoS 1 props for (topic, body length), packed once and kept in
+    `heads` (bounded): a plain message is then packed as two list appends, head and body."""
+    if len(heads) > 4096:
+        heads.clear()
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+    tb = topic.encode()
+    head = heads[(topic, body_len)] = _HEAD_PACK(len(tb), 0, _PLAIN_LEN, body_len, 0, 0) + tb + _PLAIN_QOS1
+    return head
+
+
 def _as_bytes(body) -> bytes:
     if isinstance(body, (bytearray, memoryview)):
         return bytes(body)
@@ -236,11 +265,7 @@ class AutoBatchProducer:
                 body = _as_bytes(body)
             head = self._heads.get((topic, len(body)))
             if head is None:
-                if len(self._heads) > 4096:
-                    self._heads.clear()
-                tb = topic.encode()
-                head = self._heads[(topic, len(body))] = _HEAD_PACK(len(tb), 0, _PLAIN_LEN, len(body), 0, 0) + \
-                    tb + _PLAIN_QOS1
+                head = _plain_head(self._heads, topic, len(body))
         n = len(head) + len(body)
         with self._cond:
             if self._closed:

@@ -127,3 +127,19 @@ def test_group_consumer_commits_and_resumes_with_raw_pulls(lmqtt_store):
                 break
             rest += got
         assert [r.body for r in first + rest] == [b"%d" % i for i in range(2500)]
+
+
+def test_send_batch_mixes_plain_tuples_and_dicts_in_order(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        p = c.producer()
+        rs = p.send_batch([("mix/a", b"one"), {"topic": "mix/b", "body": b"two", "keys": ("k",), "qos": 0},
+                           ("mix/a", bytearray(b"three")), ("mix/c", memoryview(b"four")), ("mix/a", b"")])
+        assert [r.queue_offset for r in rs] == [0, 1, 2, 3, 4] and len({r.msg_id for r in rs}) == 5
+        visible(c, "mix", 5)
+        recs = pull_all(c, "mix")
+        assert [(r.topic, r.body, r.keys, r.mqtt.qos) for r in recs] == [
+            ("mix/a", b"one", (), 1), ("mix/b", b"two", ("k",), 0), ("mix/a", b"three", (), 1),
+            ("mix/c", b"four", (), 1), ("mix/a", b"", (), 1)]
+        assert [r.msg_id for r in recs] == [r.msg_id for r in rs]
+        with pytest.raises(TypeError):
+            p.send_batch([("mix/a", "not bytes")])
