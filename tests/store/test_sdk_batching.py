@@ -143,3 +143,22 @@ def test_send_batch_mixes_plain_tuples_and_dicts_in_order(lmqtt_store):
         assert [r.msg_id for r in recs] == [r.msg_id for r in rs]
         with pytest.raises(TypeError):
             p.send_batch([("mix/a", "not bytes")])
+
+
+def test_prefetching_consumer_follows_a_seek_and_new_messages(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        p = c.producer()
+        p.send_batch([("seek/t", b"%d" % i) for i in range(300)])
+        visible(c, "seek", 300)
+        g = c.consumer("seek", "g", max_count=100)
+        assert [r.body for r in g.poll()] == [b"%d" % i for i in range(100)]   # next 100 now in flight
+        g.position = 10                                                         # seek back: not the prefetched
+        assert [r.queue_offset for r in g.poll()] == list(range(10, 110))
+        g.max_count = 5
+        assert [r.queue_offset for r in g.poll()] == list(range(110, 115))
+        g.max_count = 1000
+        assert [r.queue_offset for r in g.poll()] == list(range(115, 300))
+        assert g.poll() == []                                                   # caught up: nothing ahead
+        p.send("seek/t", b"late")
+        visible(c, "seek", 301)
+        assert [r.body for r in g.poll()] == [b"late"]
