@@ -247,3 +247,64 @@ def test_persistent_session_and_its_wildcard_filter_survive_a_gateway_restart(tm
         assert sorted(m.payload for m in got) == [b"while away", b"while away"]
     run(tmp_path, first)
     run(tmp_path, second)
+
+
+# ------------------------------------------------------------------------------------- MQTT 5 parts
+def test_reconnect_resends_in_flight_with_its_subscription_identifier(tmp_path):
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw)
+        await sub.connect("sid-resend", clean=False, session_expiry_interval=60)
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("r/#", qos=1)], P.Properties(subscription_identifier=[9])))
+        await sub.wait_for(P.SubAck)
+        await pub.connect("sid-pub")
+        pub.send(P.Publish("r/a", b"x", qos=1, packet_id=1))
+        first, = await sub.wait_for(P.Publish)
+        assert first.properties.subscription_identifier == [9] and not first.dup
+        again = Client(gw)                     # not acked: the new connection gets it again, DUP
+        await again.connect("sid-resend", clean=False, session_expiry_interval=60)
+        resent, = await again.wait_for(P.Publish)
+        assert (resent.packet_id, resent.dup, resent.properties.subscription_identifier) == \
+            (first.packet_id, True, [9])
+    run(tmp_path, body)
+
+
+def test_in_flight_message_over_the_new_connections_maximum_is_dropped_and_frees_the_window(tmp_path):
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw)
+        await sub.connect("maxp-resend", clean=False, session_expiry_interval=60)
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("m/#", qos=1)]))
+        await sub.wait_for(P.SubAck)
+        await pub.connect("maxp-pub")
+        pub.send(P.Publish("m/a", b"y" * 100, qos=1, packet_id=1))
+        await sub.wait_for(P.Publish)
+        small = Client(gw)
+        await small.connect("maxp-resend", clean=False, session_expiry_interval=60, maximum_packet_size=50)
+        s = gw.broker.sessions["maxp-resend"]
+        assert not s.outbound and s.dropped_too_large == 1     # not resent, released
+        pub.send(P.Publish("m/b", b"small", qos=1, packet_id=2))
+        got, = await small.wait_for(P.Publish)
+        assert got.payload == b"small"
+    run(tmp_path, body)
+
+
+def test_expired_message_is_not_delivered_to_a_311_subscriber(tmp_path):
+    async def body(gw):
+        sub, pub = Client(gw, version=4), Client(gw)
+        await sub.connect("exp-311", clean=False)
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("e/t", qos=1)]))
+        await sub.wait_for(P.SubAck)
+        sub.conn.close()
+        await asyncio.sleep(0)
+        await pub.connect("exp-pub")
+        pub.send(P.Publish("e/t", b"gone", qos=1, packet_id=1,
+                           properties=P.Properties(message_expiry_interval=1)))
+        pub.send(P.Publish("e/t", b"kept", qos=1, packet_id=2))
+        await pub.wait_for(P.PubAck, 2)
+        await asyncio.sleep(1.1)
+        back = Client(gw, version=4)
+        await back.connect("exp-311", clean=False)
+        got, = await back.wait_for(P.Publish)
+        await asyncio.sleep(0.05)
+        assert [p.payload for p in back.packets() if isinstance(p, P.Publish)] == [b"kept"]
+        assert got.payload == b"kept"
+    run(tmp_path, body)
