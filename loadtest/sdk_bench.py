@@ -14,6 +14,7 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `pop`        PopConsumer.pop(256) + ack over the same messages (its own group)
 * `redis-xadd`, `redis-xreadgroup`   the yardstick (loadtest/redis_streams.py), real redis-server
 * `latency`    SDK send -> MQTT subscriber of the topic on `lmqtt serve` (p50/p99/max, µs)
+* `vs-redis`   (last) one line per lmqtt case with its Redis counterpart in the run: the rate ratio
 
 It starts its own `lmqtt store` (and `lmqtt serve` for `latency`) and `redis-server` on free loopback
 ports with temporary data dirs, and stops exactly those processes. Server CPU per message comes from
@@ -343,8 +344,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rc = 0
 
+    rows: dict[tuple[str, int], float] = {}
+
     def emit(row):
         row.setdefault("flush_mode", a.flush_mode if not row["case"].startswith("redis") else "redis-no-aof")
+        rows[(row["case"], row["size"])] = row["msgs_per_s"]
         print(json.dumps(row), flush=True)
 
     sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "pull", "group", "pop")]
@@ -388,7 +392,27 @@ def main(argv: list[str] | None = None) -> int:
             except (RuntimeError, OSError) as e:
                 print(f"lmqtt bench sdk: latency case failed: {e}", file=sys.stderr)
                 rc = 1
+    for row in vs_redis(rows, sizes):
+        print(json.dumps(row), flush=True)
     return rc
+
+
+# lmqtt case -> the Redis Streams case it is compared with (same run, same size)
+VS_REDIS = {"autobatch": "redis-xadd", "batch": "redis-xadd", "group": "redis-xreadgroup",
+            "pop": "redis-xreadgroup", "pull": "redis-xreadgroup"}
+
+
+def vs_redis(rows: dict, sizes) -> list[dict]:
+    """One `vs-redis` line per lmqtt case that has its Redis counterpart in this run: the ratio of
+    the two rates (>= 1: lmqtt is at least as fast)."""
+    out = []
+    for size in sizes:
+        for case, other in VS_REDIS.items():
+            mine, theirs = rows.get((case, size)), rows.get((other, size))
+            if mine and theirs:
+                out.append({"case": "vs-redis", "size": size, "lmqtt_case": case, "redis_case": other,
+                            "ratio": round(mine / theirs, 2), "msgs_per_s": mine, "redis_msgs_per_s": theirs})
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,13 +12,23 @@ from tests.support import ROOT
 
 
 def test_bench_sdk_smoke_fields():
-    cases = ["single", "batch", "autobatch", "pull", "pop", "latency"]
+    cases = ["single", "batch", "autobatch", "pull", "group", "pop", "latency"]
     if shutil.which("redis-server"):
         cases += ["redis-xadd", "redis-xreadgroup"]
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--duration", "0.3",
                         "--sizes", "100,1024", "--cases", ",".join(cases)], capture_output=True, cwd=ROOT, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     rows = [json.loads(x) for x in r.stdout.decode().splitlines() if x.strip()]
+    ratios = [x for x in rows if x["case"] == "vs-redis"]
+    rows = [x for x in rows if x["case"] != "vs-redis"]
+    if "redis-xadd" in cases:       # the comparison lines are the rates of this run divided
+        rate = {(x["case"], x["size"]): x["msgs_per_s"] for x in rows}
+        assert {(x["lmqtt_case"], x["size"]) for x in ratios} == {
+            (c, s) for c in ("autobatch", "batch", "group", "pop", "pull") for s in (100, 1024)}
+        for x in ratios:
+            assert x["ratio"] == round(rate[(x["lmqtt_case"], x["size"])] / rate[(x["redis_case"], x["size"])], 2)
+    else:
+        assert ratios == []
     assert sorted((x["case"], x["size"]) for x in rows) == sorted((c, s) for c in cases for s in (100, 1024))
     for row in rows:
         assert row["msgs_per_s"] > 0 and row["messages"] > 0, row
@@ -26,7 +36,7 @@ def test_bench_sdk_smoke_fields():
     for row in rows:
         if row["case"] == "latency":
             assert 0 < row["p50_us"] <= row["p99_us"] <= row["max_us"], row
-        if row["case"] in ("pull", "pop"):
+        if row["case"] in ("pull", "group", "pop"):
             # they read what the produce cases of the same size wrote, not more
             produced = sum(x["messages"] for x in rows if x["size"] == row["size"]
                            and x["case"] in ("single", "batch", "autobatch"))
