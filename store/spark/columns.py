@@ -31,20 +31,44 @@ _U64 = (1 << 64) - 1
 _EMPTY_PROPS = (0, False, "", None, None, None, None, None, [])
 
 
-def columns_py(body: bytes, pos: int, count: int, ident: bytes) -> tuple:
+_RAW = struct.Struct("<IIIIIQQQQQIIHHH")      # a CommitLog record head (docs/store.md), 74 bytes
+
+
+def _raw_fields(body, pos):
+    """(head size, queue offset, phys offset, born, store, topic, keys, queues, props, body lengths)
+    of the CommitLog record at pos (raw MESSAGES layout)."""
+    total, _magic, _crc, _qid, _fl, q, p, b, s, _tags, bl, pl, tl, kl, dl = _RAW.unpack_from(body, pos)
+    if total != _RAW.size + tl + kl + dl + pl + bl:
+        raise ValueError("MESSAGES body malformed: record size does not match its lengths")
+    return _RAW.size, q, p, b, s, tl, kl, dl, pl, bl
+
+
+def _fields(body, pos):
+    q, p, b, s, _qid, tl, kl, pl, bl = _REC.unpack_from(body, pos)
+    return _REC.size, q, p, b, s, tl, kl, 0, pl, bl
+
+
+def columns_raw_py(body: bytes, pos: int, count: int, ident: bytes) -> tuple:
+    """`columns_py` for a raw MESSAGES body (flag F_RAW: CommitLog records)."""
+    return columns_py(body, pos, count, ident, raw=True)
+
+
+def columns_py(body: bytes, pos: int, count: int, ident: bytes, raw: bool = False) -> tuple:
     """The reference walk: see the C module's comment for the tuple it returns."""
     # unsigned 64-bit, wrapping like the C walk (Arrow reads the same bits as int64)
     qo, po, born, st = array("Q"), array("Q"), array("Q"), array("Q")
     offs = [array("i", [0]) for _ in range(4)]          # topic, props, body, msg id
     data = [bytearray() for _ in range(4)]
-    unpack, hs, n = _REC.unpack_from, _REC.size, len(body)
+    fields, hs = (_raw_fields, _RAW.size) if raw else (_fields, _REC.size)
+    n = len(body)
     if count < 0 or not 0 <= pos <= n:
         raise ValueError("MESSAGES body malformed: bad start or count")
     for _ in range(count):
         if n - pos < hs:
             raise ValueError("MESSAGES body malformed: record header truncated")
-        q, p, b, s, _qid, tl, kl, pl, bl = unpack(body, pos)
+        hs, q, p, b, s, tl, kl, dl, pl, bl = fields(body, pos)
         pos += hs
+        kl += dl                        # dispatch queues (raw layout) are skipped like the keys
         if n - pos < tl + kl + pl + bl:
             raise ValueError("MESSAGES body malformed: record truncated")
         qo.append(q)
@@ -81,8 +105,11 @@ def split_body(body: bytes) -> tuple[dict, int, int]:
     return header, 8 + hl, count
 
 
-def body_columns(body: bytes, pos: int, count: int, ident: str, *, pure: bool = False) -> tuple:
-    fn = columns_py if pure or _C is None else _C.columns
+def body_columns(body: bytes, pos: int, count: int, ident: str, *, pure: bool = False, raw: bool = False) -> tuple:
+    if raw:
+        fn = columns_raw_py if pure or _C is None else _C.columns_raw
+    else:
+        fn = columns_py if pure or _C is None else _C.columns
     try:
         return fn(body, pos, count, ident.encode())
     except ValueError as e:
@@ -108,8 +135,9 @@ def _props_dictionary(props):
 
 
 def arrow_batch(key: str, ident: str, body: bytes, start: int | None = None, end: int | None = None,
-                *, pure: bool = False):
-    """A MESSAGES body -> (RecordBatch in the data source's schema, header, next offset or None).
+                *, pure: bool = False, raw: bool = False):
+    """A MESSAGES body (`raw`: in the raw layout, frame flag F_RAW) -> (RecordBatch in the data
+    source's schema, header, next offset or None).
 
     Records outside [start, end) (queue offsets) are left out; the next offset is one past the
     last record of the body (None when it has none)."""
@@ -117,7 +145,7 @@ def arrow_batch(key: str, ident: str, body: bytes, start: int | None = None, end
     import pyarrow.compute as pc
     header, pos, count = split_body(body)
     (qo, po, born, st, t_off, t_dat, p_off, p_dat, b_off, b_dat, m_off, m_dat) = body_columns(
-        body, pos, count, ident, pure=pure)
+        body, pos, count, ident, pure=pure, raw=raw)
     n = count
     buf = pa.py_buffer
     offset = pa.Array.from_buffers(pa.int64(), n, [None, buf(qo)])

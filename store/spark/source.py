@@ -133,11 +133,13 @@ class _Queues:
         if key.startswith("lq:"):
             return self.conn.request(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20))
         name, qid = self._split(key)
-        return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20))
+        # F_RAW_OK: the store may answer with its CommitLog records as stored (no re-encoding)
+        return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20), W.F_RAW_OK)
 
     def iter_batches(self, key: str, start: int, end: int):
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
         ahead of the one being converted (the store reads while this process builds columns)."""
+        from lmqtt.store import protocol as W
         from lmqtt.store.client.connection import _check
 
         from .columns import arrow_batch
@@ -147,8 +149,8 @@ class _Queues:
         while pos < end:
             fut = nxt[1] if nxt is not None and nxt[0] == pos else self._request(key, pos, end)
             nxt = None
-            _op, _f, body = _check(fut.result(self.conn.timeout))
-            batch, header, new_pos = arrow_batch(key, ident, body, start, end)
+            _op, flags, body = _check(fut.result(self.conn.timeout))
+            batch, header, new_pos = arrow_batch(key, ident, body, start, end, raw=bool(flags & W.F_RAW))
             if new_pos is None or new_pos <= pos:
                 lo = header.get("min_offset", pos)
                 if pos < lo:                # expired head: go on from the queue's first entry

@@ -3,6 +3,7 @@ with the SDK's per-record view (`Record.mqtt`, `Record.msg_id`) for every kind o
 carry, and the C walk equals the Python reference byte for byte, malformed bodies included."""
 import datetime as dt
 import random
+import time
 
 import pytest
 
@@ -81,3 +82,50 @@ class _Rec:
     def __init__(self, qo, po, born, st, qid, topic, keys, props, body):
         self.queue_offset, self.phys_offset, self.born_ts, self.store_ts = qo, po, born, st
         self.queue_id, self.topic, self.keys, self.props, self.body = qid, topic, keys, props, body
+
+
+def _pull(conn, topic, flags):
+    from lmqtt.store.client.connection import _check
+    return _check(conn.request(W.OP_PULL, W.encode_pull(topic, 0, 0, 1000, 4 << 20), flags).result(10))
+
+
+def test_raw_replies_give_the_same_batch_as_the_plain_layout(server):
+    """The store answers PULL with F_RAW_OK in its CommitLog record layout: the raw walk (C and
+    Python alike) yields exactly the rows of the plain layout."""
+    from lmqtt.store.client import connect
+    with connect(server.store_address) as c:
+        p = c.producer()
+        p.send_batch([(f"rawcols/{i % 3}", bytes([i]) * i) for i in range(50)])
+        p.send("rawcols/x", b"props", qos=1, retain=True, user_properties={"k": "v"}, content_type="text/plain",
+               keys=("key-1",))
+        deadline = time.monotonic() + 10                # dispatch is asynchronous to the send
+        while c.admin().offsets("rawcols")[1] < 51 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _op, f_plain, plain = _pull(c, "rawcols", 0)
+        _op, f_raw, raw = _pull(c, "rawcols", W.F_RAW_OK)
+        ident = c.ident
+    assert not f_plain & W.F_RAW and f_raw & W.F_RAW
+    want = C.arrow_batch("rawcols:0", ident, plain)[0]
+    for pure in (True, False):
+        got, _h, nxt = C.arrow_batch("rawcols:0", ident, raw, raw=True, pure=pure)
+        assert got.equals(want) and nxt == 51
+    last = want.to_pylist()[-1]
+    assert (last["qos"], last["retain"], dict(last["user_properties"]), last["content_type"]) == \
+        (1, True, {"k": "v"}, "text/plain")
+    if C._C is not None:
+        _h, pos, count = C.split_body(raw)
+        assert C._C.columns_raw(raw, pos, count, b"ID") == C.columns_raw_py(raw, pos, count, b"ID")
+        rnd = random.Random(3)
+        cases = [raw[:k] for k in range(pos, len(raw), 7)]
+        for _ in range(300):
+            b = bytearray(raw)
+            b[rnd.randrange(pos, len(b))] = rnd.randrange(256)
+            cases.append(bytes(b))
+        for b in cases:
+            outcomes = []
+            for fn in (C._C.columns_raw, C.columns_raw_py):
+                try:
+                    outcomes.append(fn(b, pos, count, b"ID"))
+                except ValueError:
+                    outcomes.append("ValueError")
+            assert outcomes[0] == outcomes[1]
