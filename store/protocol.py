@@ -33,6 +33,7 @@ OP_HELLO_OK = 0x81
 OP_PRODUCED = 0x90
 OP_MESSAGES = 0xA0
 OP_RESULT = 0xB0
+OP_EVENT = 0xC0          # server push, request id 0: queues with new entries (docs/protocol.md)
 OP_ERROR = 0xFF
 
 # error codes (ERROR frame)
@@ -307,3 +308,15 @@ def decode_messages(body: bytes):
         return header, out
     except (struct.error, ValueError) as e:
         raise ProtocolError(E_BAD_FRAME, f"MESSAGES body malformed: {e}") from None
+
+
+# ---------------------------------------------------------------- EVENT (server push)
+# body: JSON object {queue name: max offset (next offset to be written)}; request id 0. Sent to
+# connections that asked for it (the gateway's `gw_watch` CALL); a hint, never the data itself.
+def encode_event(max_offsets: dict) -> bytes:
+    return json.dumps(max_offsets, separators=(",", ":")).encode()
+
+
+def decode_event(body: bytes) -> dict[str, int]:
+    obj = parse_json(body)
+    return {str(k): int(v) for k, v in obj.items()}

@@ -75,6 +75,9 @@ class StoreServer:
         self.filter_pull: Callable[..., Messages] | None = None
         self.filter_max_offset: Callable[[str], int] | None = None
         self.calls: dict[str, Callable[[dict], Any]] = {}
+        self._conn_calls: set[str] = set()     # CALLs whose handler also gets the StoreConnection
+        # fn(connection) when a client connection goes away (e.g. drop its event watch)
+        self.on_connection_lost: list[Callable[["StoreConnection"], None]] = []
         self.connections: set["StoreConnection"] = set()
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
@@ -110,9 +113,15 @@ class StoreServer:
         self.pop.persist()
         self.meta.close()
 
-    def register_call(self, name: str, fn: Callable[[dict], Any]) -> None:
-        """Add a CALL command: `fn(args) -> dict | Messages`, may raise CallError/ValueError/KeyError."""
+    def register_call(self, name: str, fn: Callable[..., Any], with_connection: bool = False) -> None:
+        """Add a CALL command: `fn(args) -> dict | Messages`, may raise CallError/ValueError/KeyError.
+        `with_connection`: called as `fn(args, connection)`, for commands that keep per-connection
+        state (an event watch answered later with `connection.push`)."""
         self.calls[name] = fn
+        if with_connection:
+            self._conn_calls.add(name)
+        else:
+            self._conn_calls.discard(name)
 
     # ---------------------------------------------------------------- produce
     def produce(self, body: bytes):
@@ -268,6 +277,16 @@ class StoreConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.srv.connections.discard(self)
+        for fn in self.srv.on_connection_lost:
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - one cleanup hook must not stop the others
+                log.exception("event=connection_lost_hook_failed")
+
+    def push(self, op: int, body: bytes) -> None:
+        """An unsolicited frame (request id 0) to this client, e.g. an EVENT; dropped once closing."""
+        if self.ready and not self.closing:
+            self._send(W.frame(op, 0, body))
 
     def pause_writing(self) -> None:     # the client does not read its replies: stop reading requests
         self.transport.pause_reading()
@@ -403,7 +422,7 @@ class StoreConnection(asyncio.Protocol):
             fn = srv.calls.get(cmd)
             if fn is None:
                 raise CallError(W.E_UNKNOWN_CMD, f"unknown command {cmd!r}")
-            res = fn(a)
+            res = fn(a, self) if cmd in srv._conn_calls else fn(a)
             if isinstance(res, Messages):
                 self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
             else:
