@@ -7,6 +7,10 @@ each test uses its own topics and client ids. Persistence across a restart has i
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import time
 import urllib.request
 
@@ -15,7 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.gateway.mqtt import packets as P
-from tests.support import LmqttServer, Paho, RawMQTT
+from tests.support import ROOT, LmqttServer, Paho, RawMQTT
 
 TOPIC_ALIAS_MAX = 10
 RECEIVE_MAX = 20
@@ -424,3 +428,77 @@ def test_subscription_identifiers_and_options_survive_restart(tmp_path):
         other.disconnect()
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------ MQTT.js, a second client
+JS = os.path.join(ROOT, "tests", "js")
+NODE = shutil.which("node")
+needs_mqttjs = pytest.mark.skipif(
+    NODE is None or not os.path.isdir(os.path.join(JS, "node_modules", "mqtt")),
+    reason="MQTT.js not installed (node + `npm ci --prefix tests/js`)")
+
+
+class JsSub:
+    """`node mqttjs_mqtt5.mjs sub ...` in the background (topic alias maximum 10); JSON lines."""
+
+    def __init__(self, server, flt: str, count: int, options: dict, timeout_ms: int = 15000) -> None:
+        self.p = subprocess.Popen([NODE, os.path.join(JS, "mqttjs_mqtt5.mjs"), "sub", f"mqtt://127.0.0.1:{server.port}",
+                                   flt, str(count), str(timeout_ms), json.dumps(options)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=JS)
+        self.early = []
+        while True:
+            ev = json.loads(self.p.stdout.readline() or '{"event": "eof"}')
+            if ev["event"] in ("message", "wire"):
+                self.early.append(ev)
+                continue
+            assert ev["event"] == "subscribed", (ev, self.p.stderr.read() if ev["event"] == "eof" else "")
+            break
+
+    def events(self, timeout: float = 30) -> list:
+        out, _err = self.p.communicate(timeout=timeout)
+        return self.early + [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@needs_mqttjs
+def test_mqttjs_resolves_our_topic_aliases_and_reads_subscription_identifiers(server):
+    js = JsSub(server, "jsalias/#", 4, {"qos": 1, "sid": 77})
+    pub = Paho(server, "m5-js-alias-pub", version=5)
+    for t in ("jsalias/a", "jsalias/a", "jsalias/b"):
+        pub.publish(t, t.encode(), 1)
+    pub.publish("jsalias/a", b"last", 1, properties=_pub_props(MessageExpiryInterval=100))
+    ev = js.events()
+    wire = [(e["topic"], e["topicAlias"]) for e in ev if e["event"] == "wire"]
+    assert wire == [("jsalias/a", 1), ("", 1), ("jsalias/b", 2), ("", 1)]
+    msgs = [e for e in ev if e["event"] == "message"]
+    assert [(m["topic"], m["payload"]) for m in msgs] == [
+        ("jsalias/a", "jsalias/a"), ("jsalias/a", "jsalias/a"), ("jsalias/b", "jsalias/b"), ("jsalias/a", "last")]
+    assert [m["subscriptionIdentifier"] for m in msgs] == [[77]] * 4
+    assert 99 <= msgs[-1]["messageExpiryInterval"] <= 100
+    pub.disconnect()
+
+
+@needs_mqttjs
+def test_mqttjs_topic_aliases_towards_the_server(server):
+    sub = Paho(server, "m5-js-pub-sub", version=5)
+    sub.subscribe("jspub/#", 1)
+    msgs = [{"topic": t, "payload": str(i), "qos": 1} for i, t in enumerate(["jspub/x", "jspub/x", "jspub/y", "jspub/x"])]
+    r = subprocess.run([NODE, os.path.join(JS, "mqttjs_mqtt5.mjs"), "pub", f"mqtt://127.0.0.1:{server.port}",
+                        json.dumps(msgs)], capture_output=True, text=True, timeout=30, cwd=JS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = json.loads(r.stdout.splitlines()[-1])
+    assert done == {"event": "published", "count": 4, "topicAliasMaximum": TOPIC_ALIAS_MAX}   # it used aliases
+    assert [(m.topic, m.payload) for m in sub.get_n(4)] == [
+        ("jspub/x", b"0"), ("jspub/x", b"1"), ("jspub/y", b"2"), ("jspub/x", b"3")]
+    sub.disconnect()
+
+
+@needs_mqttjs
+def test_mqttjs_retain_handling_2_and_retain_as_published(server):
+    pub = Paho(server, "m5-js-rh-pub", version=5)
+    pub.publish("jsrh/t", b"old", 1, retain=True)
+    js = JsSub(server, "jsrh/t", 1, {"qos": 1, "rh": 2, "rap": True}, timeout_ms=8000)
+    pub.publish("jsrh/t", b"new", 1, retain=True)
+    msgs = [e for e in js.events() if e["event"] == "message"]
+    assert [(m["payload"], m["retain"]) for m in msgs] == [("new", True)]    # no retained on subscribe; flag kept
+    pub.publish("jsrh/t", b"", 1, retain=True)
+    pub.disconnect()
