@@ -74,6 +74,7 @@ class LmqttProc:
             wait = [self.mqtt_port, self.store_port]
         self.log = open(os.path.join(self.dir, f"{kind}.log"), "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        print(f"[sdk] lmqtt {kind} pid {self.proc.pid} in {self.dir}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + 30
         for port in wait:
             while True:

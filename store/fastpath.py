@@ -187,3 +187,54 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
 
 
 _RAW_HEAD = W.struct.Struct("<III")       # total size, magic, CRC: the first fields of a record
+
+
+class RawRecord(tuple):
+    """One CommitLog record as stored (`data`), with where it is: what POP hands around in raw mode
+    instead of a decoded StoredMessage. `message(ident)` decodes it (CRC checked again) when the
+    whole record is needed (dead-lettering, or a reply that must use the decoded layout)."""
+
+    __slots__ = ()
+
+    @property
+    def queue_offset(self) -> int:
+        return self[0]
+
+    @property
+    def phys_offset(self) -> int:
+        return self[1]
+
+    @property
+    def data(self) -> bytes:
+        return self[2]
+
+    def message(self, ident: str):
+        from .record import decode
+        return decode(self[2], 0, self[1], ident)
+
+
+_RAW_NEW = tuple.__new__
+_SIZE_AT = W.struct.Struct("<I").unpack_from
+
+
+def read_raw_records(store, topic: str, queue_id: int, offset: int, max_count: int):
+    """`read_raw` cut into one `RawRecord` per record; None when `read_raw` declines."""
+    got = read_raw(store, topic, queue_id, offset, max_count, 0)
+    if got is None:
+        return None
+    count, chunks, next_off = got
+    if not count:
+        return []
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    out = []
+    pos = 0
+    qoff = next_off - count          # ConsumeQueue offsets are dense: the served ones end at next_off
+    for _ in range(count):
+        size = _SIZE_AT(data, pos)[0]
+        out.append(_RAW_NEW(RawRecord, (qoff, _PHYS_AT(data, pos + 28)[0], data[pos:pos + size])))
+        pos += size
+        qoff += 1
+    return out
+
+
+_PHYS_AT = W.struct.Struct("<Q").unpack_from

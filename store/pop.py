@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 
+from .fastpath import RawRecord, read_raw_records
 from .message import Message
 from .sdk_meta import SdkMetadata
 
@@ -55,9 +56,20 @@ class PopManager:
             self._states[k] = st
         return st
 
+    def _read(self, topic: str, qid: int, off: int, n: int, raw: bool) -> list:
+        if raw:
+            recs = read_raw_records(self.store, topic, qid, off, n)
+            if recs is not None:
+                return recs
+        return self.store.read_consume_queue(topic, qid, off, n)
+
     def pop(self, group: str, topic: str, qid: int, max_count: int, invisible_ms: int,
-            max_attempts: int) -> tuple[list, list[int], int]:
-        """-> (messages, attempts per message, dead-lettered count)."""
+            max_attempts: int, raw: bool = False) -> tuple[list, list[int], int]:
+        """-> (messages, attempts per message, dead-lettered count).
+
+        `raw`: messages are `RawRecord`s (the CommitLog bytes, CRC-checked, not decoded) where the
+        store can serve them so (store/fastpath.py), StoredMessages where it cannot; the caller
+        answers in the raw layout only when all are raw."""
         st = self._state(group, topic, qid)
         now = _now_ms()
         inflight = st["inflight"]
@@ -68,12 +80,14 @@ class PopManager:
             if len(out) >= max_count:
                 break
             vis, att = inflight[off]
-            msgs = self.store.read_consume_queue(topic, qid, off, 1)
+            msgs = self._read(topic, qid, off, 1, raw)
             if not msgs or msgs[0].queue_offset != off:   # gone (retention): forget it
                 del inflight[off]
                 continue
             m = msgs[0]
             if att >= max_attempts:
+                if isinstance(m, RawRecord):
+                    m = m.message(self.store.ident)
                 self.store.append(Message(dlq_topic(group), m.body, 0, m.flags, m.props, m.keys, m.born_ts))
                 del inflight[off]
                 dead += 1
@@ -85,7 +99,7 @@ class PopManager:
             lo, _hi = self.store.consume_queue_offsets(topic, qid)
             if st["next"] < lo:
                 st["next"] = lo
-            fresh = self.store.read_consume_queue(topic, qid, st["next"], max_count - len(out))
+            fresh = self._read(topic, qid, st["next"], max_count - len(out), raw)
             vis = now + invisible_ms
             for m in fresh:
                 inflight[m.queue_offset] = [vis, 1]

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from . import protocol as W
 from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
-from .fastpath import produce_messages, produced_body, read_raw
+from .fastpath import RawRecord, produce_messages, produced_body, read_raw
 from .message_store import _await_durable
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
@@ -44,6 +44,23 @@ class Messages:
     def __init__(self, header: dict, msgs: list) -> None:
         self.header = header
         self.msgs = msgs
+
+
+class RawMessages:
+    """Return value of a CALL handler that answers with a MESSAGES frame in the raw layout (flag
+    F_RAW, docs/protocol.md): `chunks` are CommitLog records as stored, `count` of them."""
+
+    __slots__ = ("header", "count", "chunks")
+
+    def __init__(self, header: dict, count: int, chunks: list) -> None:
+        self.header = header
+        self.count = count
+        self.chunks = chunks
+
+
+def raw_messages_body(header: dict, count: int, chunks: list) -> bytes:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([_U32.pack(len(h)), h, _U32.pack(count), *chunks])
 
 
 class CallError(Exception):
@@ -229,9 +246,15 @@ class StoreServer:
 
         def pop(a):
             g, t, q = str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0))
+            raw = bool(a.get("raw"))        # the client reads the raw layout (docs/protocol.md)
             ms, att, dead = self.pop.pop(g, t, q, int(a.get("max_count", 32)), int(a.get("invisible_ms", 30_000)),
-                                         int(a.get("max_attempts", 16)))
-            return Messages({"attempts": att, "dead_lettered": dead}, ms)
+                                         int(a.get("max_attempts", 16)), raw)
+            header = {"attempts": att, "dead_lettered": dead}
+            if raw:
+                if all(type(m) is RawRecord for m in ms):
+                    return RawMessages(header, len(ms), [m[2] for m in ms])
+                ms = [m.message(s.ident) if type(m) is RawRecord else m for m in ms]
+            return Messages(header, ms)
 
         def ack(a):
             n = self.pop.ack(str(a["group"]), str(a["topic"]), int(a.get("queue_id", 0)), a["offsets"])
@@ -394,10 +417,8 @@ class StoreConnection(asyncio.Protocol):
                 raw = read_raw(st, topic, qid, off, cnt, mb)
                 if raw is not None:     # CommitLog bytes as stored (CRC-checked): no decode, no re-encode
                     n, chunks, nxt = raw
-                    h = json.dumps({"next_offset": nxt, "min_offset": lo, "max_offset": hi},
-                                   separators=(",", ":")).encode()
-                    self._send(W.frame(W.OP_MESSAGES, rid, b"".join(
-                        [_U32.pack(len(h)), h, _U32.pack(n), *chunks]), W.F_RAW))
+                    self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(
+                        {"next_offset": nxt, "min_offset": lo, "max_offset": hi}, n, chunks), W.F_RAW))
                     return
             ms = st.read_consume_queue(topic, qid, off, cnt) if off < hi else []
             if mb and ms:
@@ -425,6 +446,9 @@ class StoreConnection(asyncio.Protocol):
             res = fn(a, self) if cmd in srv._conn_calls else fn(a)
             if isinstance(res, Messages):
                 self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
+            elif isinstance(res, RawMessages):
+                self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(res.header, res.count, res.chunks),
+                                   W.F_RAW))
             else:
                 self._send(W.json_frame(W.OP_RESULT, rid, res))
         elif op == W.OP_HELLO:

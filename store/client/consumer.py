@@ -232,12 +232,11 @@ class PopConsumer:
         self.last_attempts: dict[int, int] = {}
 
     def pop(self, max_count: int = 32) -> list[Record]:
-        header, raw = self.conn.cmd("pop", group=self.group, topic=self.topic, queue_id=self.queue_id,
-                                    max_count=max_count, invisible_ms=self.invisible_ms,
-                                    max_attempts=self.max_attempts)
-        ident = self.conn.ident or ""
-        recs = [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
-                for qo, po, born, st, qid, t, k, p, b in raw]
+        args = {"cmd": "pop", "group": self.group, "topic": self.topic, "queue_id": self.queue_id,
+                "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
+                "raw": True}         # the raw reply layout is welcome (docs/protocol.md); not retried: pop
+        _op, flags, body = self.conn.call(W.OP_CALL, json.dumps(args).encode())    # is not idempotent
+        header, recs = (_records_raw if flags & W.F_RAW else _records)(self.conn.ident, body)
         self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
         return recs
 

@@ -187,3 +187,41 @@ def test_c_decoder_refuses_what_does_not_fit():
                 good.replace(b"t/x", b"t\xffx")):
         with pytest.raises(W.ProtocolError):
             consumer._records_raw(IDENT, bad)
+
+
+def test_pop_raw_hands_out_the_same_records_as_pop_decoded(filled, tmp_path, monkeypatch):
+    from lmqtt.store import pop as popmod
+    from lmqtt.store.sdk_meta import SdkMetadata
+    st = filled
+    meta = SdkMetadata(str(tmp_path / "meta"))
+    try:
+        pm = popmod.PopManager(st, meta)
+        lo, hi = st.consume_queue_offsets("a", 1)
+        now = [1_000_000]
+        monkeypatch.setattr(popmod, "_now_ms", lambda: now[0])
+        got = {}
+        for raw in (False, True):
+            group = f"g-{raw}"
+            seen = []
+            for _ in range(3):
+                ms, att, dead = pm.pop(group, "a", 1, 7, 100, 2, raw)
+                assert all(isinstance(m, fastpath.RawRecord) == raw for m in ms) and dead == 0
+                seen.append([(m.message(IDENT) if raw else m) for m in ms])
+            pm.ack(group, "a", 1, [m.queue_offset for m in seen[0]])
+            now[0] += 200                                   # the un-acked ones are due again
+            ms, att, dead = pm.pop(group, "a", 1, 100, 100, 2, raw)
+            seen.append([(m.message(IDENT) if raw else m) for m in ms])
+            assert att[:14] == [2] * 14
+            now[0] += 200
+            ms, att, dead = pm.pop(group, "a", 1, 5, 100, 2, raw)    # attempts used up: dead-lettered
+            assert dead == 14
+            got[raw] = [[(m.queue_offset, m.topic, m.body, m.props, m.keys, m.phys_offset, m.born_ts, m.store_ts)
+                         for m in batch] for batch in seen]
+        assert got[True] == got[False]
+        assert [m[0] for m in got[True][0]] == list(range(lo, lo + 7))
+        assert st.wait_dispatched(st.clog.wrote, 10)
+        dlq = {raw: [(m.body, m.props, m.keys) for m in st.read_consume_queue(f"%DLQ%g-{raw}", 0, 0, 100)]
+               for raw in (False, True)}
+        assert len(dlq[True]) == 14 and dlq[True] == dlq[False]
+    finally:
+        meta.close()
