@@ -176,6 +176,14 @@ def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled
     assert fastpath.read_raw(st, "a", 0, lo + 3, 100, 0) is not None     # after it: served raw again
 
 
+@pytest.mark.skipif(os.environ.get("LMQTT_PURE_PYTHON", "") not in ("", "0"),
+                    reason="LMQTT_PURE_PYTHON is set: the C decoder is off on purpose")
+def test_the_c_record_decoder_is_built_and_used():
+    assert consumer._C_RECORDS is not None, (
+        "lmqtt.store.client._records was not built: `pip install -e .` needs a C compiler (the SDK "
+        "falls back to the Python loop, ~4x slower per pulled record)")
+
+
 def test_c_decoder_refuses_what_does_not_fit():
     if consumer._C_RECORDS is None:
         pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
