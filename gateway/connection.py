@@ -181,6 +181,17 @@ class MQTTConnection(asyncio.Protocol):
     def send(self, pkt) -> None:
         self.write(encode(pkt, self.version))
 
+    def send_fitting(self, pkt) -> None:
+        """Send an ack/DISCONNECT that may carry a reason string: without it (and without user
+        properties) when the packet would exceed the client's MQTT 5 Maximum Packet Size (§3.1.2.11.4)."""
+        data = encode(pkt, self.version)
+        s = self.session
+        if s is not None and s.max_packet and len(data) > s.max_packet:
+            pkt.properties.reason_string = None
+            pkt.properties.user_property = []
+            data = encode(pkt, self.version)
+        self.write(data)
+
     def flush(self) -> None:
         self._flush_scheduled = False
         out = self._out
@@ -218,7 +229,7 @@ class MQTTConnection(asyncio.Protocol):
             d = P.Disconnect(reason_code)
             if reason:
                 d.properties.reason_string = reason[:200]
-            self.send(d)
+            self.send_fitting(d)
         log.info("event=close client_id=%s peer=%s reason_code=0x%02X reason=%r", self.client_id, self.peer,
                  reason_code, reason)
         self.close()

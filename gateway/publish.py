@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway import record_props
-from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ReasonCode, encode, encode_success_acks, packets as P
+from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ReasonCode, encode_success_acks, packets as P
 from lmqtt.store import Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -223,6 +223,6 @@ class PublishPipeline:
             pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
             if conn.problem_info:      # the client may have said: no reason strings (§3.1.2.11.7)
                 pkt.properties.reason_string = f"store error: {err}"[:200]
-            conn.write(encode(pkt, 5))
+            conn.send_fitting(pkt)
         else:
             conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, f"store error: {err}")

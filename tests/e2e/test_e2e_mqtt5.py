@@ -354,6 +354,17 @@ def test_message_over_clients_maximum_packet_size_is_dropped_for_it(server):
     pub.disconnect()
 
 
+def test_disconnect_reason_string_left_out_when_it_would_not_fit(server):
+    raw, _ = _raw_v5(server, "m5-maxp-disc", maximum_packet_size=16)
+    raw.send(P.Publish("", b"x", 0, properties=P.Properties(topic_alias=4)))     # alias never set
+    data = raw.sock.recv(1024)
+    assert data == bytes((0xE0, 1, 0x82))          # DISCONNECT 0x82, no reason string: 3 bytes
+    with_room, _ = _raw_v5(server, "m5-maxp-disc2", maximum_packet_size=200)
+    with_room.send(P.Publish("", b"x", 0, properties=P.Properties(topic_alias=4)))
+    d = with_room.recv()
+    assert d.reason_code == 0x82 and "never set" in d.properties.reason_string
+
+
 def test_packet_over_servers_maximum_is_refused_with_0x95(server):
     raw, ack = _raw_v5(server, "m5-maxp-in")
     raw.send(P.Publish("maxp/in", b"x" * (ack.properties.maximum_packet_size + 1), 0))
