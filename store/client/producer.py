@@ -242,7 +242,8 @@ class AutoBatchProducer:
         self.linger = linger_ms / 1000.0
         self.max_memory = max_memory
         # a plain Lock under the condition: send() takes it once per message, and an RLock costs more
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._batch = _Batch()
         self._mem = 0
         self._first = 0.0
@@ -267,7 +268,7 @@ class AutoBatchProducer:
             if head is None:
                 head = _plain_head(self._heads, topic, len(body))
         n = len(head) + len(body)
-        with self._cond:
+        with self._lock:            # the condition's lock, taken directly: Condition.__enter__ is Python code
             if self._closed:
                 raise RuntimeError("AutoBatchProducer is closed")
             if self._mem + n > self.max_memory and self._mem:
@@ -282,9 +283,9 @@ class AutoBatchProducer:
                 parts.append(body)
             i = b.count
             b.count = i + 1
-            b.nbytes += n
+            nb = b.nbytes = b.nbytes + n
             self._mem += n
-            if b.nbytes >= self.batch_bytes:
+            if nb >= self.batch_bytes and nb - n < self.batch_bytes:    # the message that fills it
                 self._cond.notify()
         return SendFuture(b, i)
 
