@@ -162,3 +162,24 @@ def test_prefetching_consumer_follows_a_seek_and_new_messages(lmqtt_store):
         p.send("seek/t", b"late")
         visible(c, "seek", 301)
         assert [r.body for r in g.poll()] == [b"late"]
+
+
+def test_autobatch_memory_bound_blocks_send_until_acks_free_room(lmqtt_store):
+    with connect(lmqtt_store.address) as c:
+        ab = c.auto_batch_producer(batch_bytes=4 << 10, linger_ms=1, max_memory=16 << 10, max_in_flight=1)
+        peak = [0]
+        done = threading.Event()
+
+        def produce():
+            for i in range(20_000):
+                ab.send("mem/t", b"%06d" % i + b"m" * 94)
+                peak[0] = max(peak[0], ab._mem)
+            done.set()
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+        assert done.wait(60), "send() stayed blocked: acknowledgements did not free memory"
+        assert ab.flush(30) == 20_000
+        ab.close()
+        assert 0 < peak[0] <= 16 << 10           # queued + unacknowledged bytes never passed max_memory
+        visible(c, "mem", 20_000)
+        assert [r.body[:6] for r in pull_all(c, "mem", max_count=5000)] == [b"%06d" % i for i in range(20_000)]
