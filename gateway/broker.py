@@ -43,7 +43,11 @@ log = logging.getLogger("lmqtt.gateway")
 
 class Broker:
     def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
-                 metrics: "GatewayMetrics", auth=None, acl=None) -> None:
+                 metrics: "GatewayMetrics", auth=None, acl=None, storage=None,
+                 session_registry_cls=SessionRegistry) -> None:
+        """`storage`: a `GatewayStore` (e.g. RemoteStore for `lmqtt gateway`); default: an
+        InProcessStore over `store`/`lq`. `session_registry_cls`: the fleet's variant reloads a
+        session from the store on CONNECT (gateway/fleet.py)."""
         self.cfg = cfg
         # security (gateway/auth.py, gateway/acl.py): None = not configured, and then CONNECT,
         # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
@@ -51,7 +55,8 @@ class Broker:
         self.acl = acl
         self.store = store
         self.lq = lq
-        self.storage = InProcessStore(store, lq)      # everything below uses the store through it
+        # everything below uses the store through it
+        self.storage = storage if storage is not None else InProcessStore(store, lq)
         self.metadata = self.storage.metadata
         self.loop = loop
         self.metrics = metrics
@@ -64,7 +69,7 @@ class Broker:
                                        flush_writes=self.writes.flush)
         self.delivery.acl = acl
         self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist)
-        self.session_registry = SessionRegistry(loop, metrics, self.metadata, self.persist, self.subscriptions,
+        self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
                                                 self._publish_will)
         self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
         self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,

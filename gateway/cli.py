@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
     "store": ("lmqtt.gateway.store_serve", "Run the store node serving the native protocol (SDK, remote gateways)"),
+    "gateway": ("lmqtt.gateway.gateway_serve", "Run an MQTT gateway over a remote `lmqtt store` (scale-out fleet)"),
     "produce": ("lmqtt.gateway.console:produce_main", "Send stdin lines to a store topic (console producer)"),
     "consume": ("lmqtt.gateway.console:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
     "admin": ("lmqtt.gateway.console:admin_main", "Topics, queues, groups and their lag, store stats"),

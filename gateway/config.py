@@ -93,6 +93,17 @@ class GatewayConfig:
     jwt_public_key: str | None = None  # RS256/ES256 public key file, instead of jwt_secret
     allow_anonymous: bool = False     # accept clients without credentials (non-loopback too)
     acl_file: str | None = None       # Mosquitto acl_file or lmqtt's allow/deny rules
+    # `lmqtt gateway` (docs/fleet.md): the store node it uses instead of an embedded store, and
+    # how it hears about new data. notify_mode: "native" = EVENT frames pushed on the store
+    # connection; "broadcast" / "precise" = Redis pub/sub at `redis` (notify/redis_bus.py);
+    # "poll" = no events, the safety poll only. Events are hints: every `safety_poll_ms` the
+    # gateway re-reads the max offsets of the queues it serves, so a lost event delays a delivery
+    # by at most that long.
+    store_address: str | None = None  # HOST:PORT of `lmqtt store`
+    redis: str | None = None          # redis://HOST:6379/0
+    notify_mode: str | None = None    # default: broadcast with `redis`, else native
+    safety_poll_ms: float = 1000.0
+    gateway_id: str | None = None     # default: host name + MQTT port (filter registrations are held per id)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -121,6 +132,12 @@ class GatewayConfig:
             raise ConfigError(f"receive_maximum must be 1..65535, got {self.receive_maximum}")
         if not (0 <= float(self.switch_interval_ms) <= 1000):
             raise ConfigError(f"switch_interval_ms must be 0..1000 (0 = Python's default), got {self.switch_interval_ms}")
+        if self.notify_mode is not None and self.notify_mode not in ("native", "broadcast", "precise", "poll"):
+            raise ConfigError(f"notify_mode must be native, broadcast, precise or poll, got {self.notify_mode!r}")
+        if self.notify_mode in ("broadcast", "precise") and not self.redis:
+            raise ConfigError(f"notify_mode {self.notify_mode} needs redis (--redis redis://HOST:6379/0)")
+        if not (0 < float(self.safety_poll_ms) <= 3_600_000):
+            raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
         if self.write_low_water > self.write_high_water:
             raise ConfigError("write_low_water must not exceed write_high_water")
         return self

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="port of the store's native protocol for the SDK (default 10911, 0 = off)")
     p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")
     p.add_argument("--token", help="auth token SDK clients must send (required for a non-loopback --store-host)")
+    add_listener_args(p)
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def add_listener_args(p: argparse.ArgumentParser) -> None:
+    """The TLS/WebSocket listener and authentication flags, shared by `lmqtt serve` and `lmqtt gateway`."""
     g = p.add_argument_group("listeners (all on --host; docs/gateway.md \"Security and listeners\")")
     g.add_argument("--tls-port", type=int, help="MQTT over TLS port (needs --cert, --key; 0 = off)")
     g.add_argument("--ws-port", type=int, help="MQTT over WebSocket port (path /mqtt; 0 = off)")
@@ -70,8 +77,6 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
     a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
     a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    return p
 
 
 def install_event_loop() -> str:

@@ -97,8 +97,18 @@ class Gateway:
         self.servers: list = []                            # every listener's asyncio Server
         self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
         self.ssl_context = self.auth = self.acl = None
+        self.link = None            # remote: the store connection (store/client/aio.py)
+        self.storage = None         # remote: the RemoteStore
+        self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.cfg.store_address)
 
     async def start(self) -> None:
+        if self.remote:
+            await self._start_remote()
+            return
         from lmqtt.lightqueue import LightQueueStore
         from lmqtt.store import MessageStore, StoreConfig
 
@@ -133,6 +143,63 @@ class Gateway:
                 srv.close()
             self._close_storage()
             raise
+
+    async def _start_remote(self) -> None:
+        """`lmqtt gateway`: the same broker over a `RemoteStore` (docs/fleet.md). Refuses to start
+        while the store cannot be reached: a gateway that accepted clients it cannot serve would
+        only fail their publishes."""
+        import socket
+
+        from lmqtt.gateway.fleet import FleetSessionRegistry
+        from lmqtt.gateway.remote_store import RemoteStore
+        from lmqtt.store.client.aio import LoopConnection
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        self.ssl_context, self.auth, self.acl = build_security(cfg)
+        mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
+        gid = cfg.gateway_id or f"{socket.gethostname()}:{cfg.port}"
+        self.link = LoopConnection(cfg.store_address, loop=loop, token=cfg.token, client_name=f"lmqtt-gateway {gid}")
+        await loop.run_in_executor(None, lambda: None)   # the default executor exists before any redial
+        self.link.connect_blocking()
+        try:
+            self.storage = RemoteStore(self.link, gid, self.metrics, safety_poll_s=cfg.safety_poll_ms / 1000.0,
+                                       watch=(mode == "native"))
+            if mode in ("broadcast", "precise"):
+                from lmqtt.notify.redis_bus import RedisEventSubscriber
+                self.redis_events = RedisEventSubscriber(cfg.redis, gid, mode, safety_poll_s=cfg.safety_poll_ms / 1000.0)
+                self.redis_events.subscribe(self.storage.heard_names)
+                self.redis_events.on_resync(self.storage.poll)
+                if mode == "precise":
+                    ev = self.redis_events
+                    self.storage.on_track = lambda q: loop.create_task(ev.watch([q]))
+                await self.redis_events.start()
+            else:
+                self.storage.start()          # the safety poll (Redis mode: the subscriber's resync)
+            self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
+                                 storage=self.storage, session_registry_cls=FleetSessionRegistry)
+            self.storage.on_new_data(self.broker.delivery.on_queues)
+            self.broker.start()
+            await self._listen(loop)
+        except BaseException:
+            for srv in self.servers:
+                srv.close()
+            await self._close_remote()
+            raise
+        log.info("event=gateway_started store=%s gateway_id=%s notify=%s", cfg.store_address, gid, mode)
+
+    async def _close_remote(self) -> None:
+        if self.storage is not None:
+            self.storage.close()
+        if self.redis_events is not None:
+            try:
+                await self.redis_events.close()
+            except Exception as e:  # noqa: BLE001
+                log.error("event=redis_close_failed error=%r", e)
+            self.redis_events = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
     async def _listen(self, loop) -> None:
         from lmqtt.gateway.websocket import WebSocketProtocol
@@ -182,6 +249,9 @@ class Gateway:
                 await asyncio.wait_for(srv.wait_closed(), 2.0)
             except (asyncio.TimeoutError, Exception):
                 pass
+        if self.remote:
+            await self._close_remote()
+            return
         self._close_storage()
 
     def _close_storage(self) -> None:

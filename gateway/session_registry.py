@@ -200,22 +200,27 @@ class SessionRegistry:
             if exp <= 0 or (exp != NEVER_EXPIRES and now - last >= exp * 1000):
                 self.persist.delete_session(rec.client_id)
                 continue
-            s = Session(rec.client_id)
-            s.version = rec.protocol_version
-            s.expiry_interval = exp
-            s.disconnected_at_ms = last
-            for rs in rec.subscriptions:
-                flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
-                sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
-                                         rs.retain_as_published, rs.retain_handling, rs.subscription_id)
-                self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
-            self.sessions[s.client_id] = s
+            s = self._session_from(rec, offsets, last)
             if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
                 self.persist.save_session(s)
             self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
             n += 1
         self.metrics.sessions.set(len(self.sessions))
         return n
+
+    def _session_from(self, rec, offsets: dict[str, int], last_ms: int) -> Session:
+        """A persisted session record (and its committed offsets) back as a live Session here."""
+        s = Session(rec.client_id)
+        s.version = rec.protocol_version
+        s.expiry_interval = rec.expiry_interval
+        s.disconnected_at_ms = last_ms
+        for rs in rec.subscriptions:
+            flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
+            sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
+                                     rs.retain_as_published, rs.retain_handling, rs.subscription_id)
+            self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
+        self.sessions[s.client_id] = s
+        return s
 
     def publish_orphan_wills(self) -> int:
         """Wills left in metadata by connections alive at a crash: send them now."""

@@ -3,12 +3,16 @@ served over the native protocol (docs/protocol.md) for the SDK and remote gatewa
 
     lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
                 [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
+                [--redis redis://HOST:6379/0 [--notify-mode broadcast|precise]] [--metrics-port 9884]
 
 The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
 dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
 (`--config`, keys at top level or under `[store]`) < flags. A non-loopback --host needs a token.
 SIGTERM/SIGINT: stop accepting, flush SDK metadata, flush and close the store, exit 0.
-No Prometheus endpoint yet (stats are served by the `stats` command, docs/protocol.md).
+Remote gateways (`lmqtt gateway --store`, docs/fleet.md) are served by the gw_* commands of
+lightqueue/gateway_service.py; they hear of new data by EVENT frames on their connection, or, with
+`--redis`, by Redis pub/sub as well. The token may also come from $LMQTT_STORE_TOKEN. With
+`--metrics-port`, /metrics (a few store counters), /healthz and /readyz are served over HTTP.
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ log = logging.getLogger("lmqtt.store")
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
 DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
-            "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64}
+            "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
+            "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
+            "metrics_host": None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
     p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
     p.add_argument("--max-frame-mb", type=int, help="largest accepted frame in MiB (default 64)")
+    p.add_argument("--redis", help="also publish new-data events to Redis pub/sub (gateways with --redis)")
+    p.add_argument("--notify-mode", choices=("broadcast", "precise"), help="Redis notify mode (default broadcast)")
+    p.add_argument("--notify-window-ms", type=float, help="events for one queue within this window merge (default 2)")
+    p.add_argument("--metrics-port", type=int, help="HTTP /metrics, /healthz, /readyz port (default 0 = off)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 
@@ -60,6 +70,8 @@ def _config(args) -> dict:
             if k not in DEFAULTS:
                 raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
             cfg[k] = v
+    if not cfg["token"] and os.environ.get("LMQTT_STORE_TOKEN"):
+        cfg["token"] = os.environ["LMQTT_STORE_TOKEN"]
     for k, v in vars(args).items():
         if k != "config" and v is not None:
             cfg[k] = v
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _serve(cfg: dict, loop_name: str) -> int:
     from lmqtt.lightqueue import LightQueueStore
+    from lmqtt.lightqueue import gateway_service
     from lmqtt.lightqueue.service import install
     from lmqtt.store import MessageStore, StoreConfig
     from lmqtt.store.server import StoreServer, is_loopback
@@ -107,7 +120,7 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    store = lq = srv = None
+    store = lq = srv = gws = None
     try:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
                                          segment_size=int(cfg["segment_mb"]) << 20))
@@ -116,6 +129,11 @@ async def _serve(cfg: dict, loop_name: str) -> int:
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg["token"],
                           max_frame=int(cfg["max_frame_mb"]) << 20)
         install(srv, lq)
+        publisher = None
+        if cfg["redis"]:
+            from lmqtt.notify.redis_bus import RedisEventPublisher
+            publisher = RedisEventPublisher(cfg["redis"], cfg["notify_mode"], float(cfg["notify_window_ms"]) / 1000.0)
+        gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher)
         await srv.start()
     except OSError as e:
         if e.filename:
@@ -130,17 +148,76 @@ async def _serve(cfg: dict, loop_name: str) -> int:
         _close(store, lq)
         return 1
     h, p = srv.address
+    http = None
+    metrics_url = "off (the `stats` command answers over the protocol)"
+    if int(cfg["metrics_port"] or 0):
+        try:
+            http = _start_http(cfg["metrics_host"] or host, int(cfg["metrics_port"]), srv, gws)
+            metrics_url = "http://{}:{}/metrics (/healthz, /readyz)".format(*http.server_address[:2])
+        except OSError as e:
+            log.error("event=metrics_listen_failed port=%s error=%s", cfg["metrics_port"], e)
+            metrics_url = f"unavailable ({e.strerror or e})"
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg['flush_mode']}\n"
+          f"  notify:     EVENT frames to watching gateways"
+          f"{'; Redis ' + cfg['notify_mode'] + ' at ' + cfg['redis'] if cfg['redis'] else ''}\n"
           f"  auth:       {'token required' if cfg['token'] else 'none (loopback only)'}\n"
-          f"  metrics:    not yet (use the `stats` command)", file=sys.stderr, flush=True)
+          f"  metrics:    {metrics_url}", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
+    if http is not None:
+        http.shutdown()
+        http.server_close()
     await srv.stop()
+    gws.close()
     _close(store, lq)
     print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
     return 0
+
+
+def _start_http(host: str, port: int, srv, gws):
+    """/metrics (Prometheus text: connections, frames, errors, events pushed, store offsets),
+    /healthz and /readyz (the store listens) on a daemon thread."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    def metrics() -> bytes:
+        st = srv.store
+        rows = [("lmqtt_store_connections", "gauge", "Open native-protocol connections", len(srv.connections)),
+                ("lmqtt_store_frames_total", "counter", "Frames received", srv.frames),
+                ("lmqtt_store_errors_total", "counter", "Requests answered with ERROR", srv.errors),
+                ("lmqtt_store_events_pushed_total", "counter", "EVENT frames pushed to gateways", gws.events_sent),
+                ("lmqtt_store_watching_gateways", "gauge", "Connections watching queues", len(gws.watchers)),
+                ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
+                ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
+        out = []
+        for name, kind, help_, v in rows:
+            out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")
+        return "".join(out).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, code = metrics(), 200
+            elif path in ("/healthz", "/readyz"):
+                body, code = b"ok\n", 200
+            else:
+                body, code = b"not found\n", 404
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    http = ThreadingHTTPServer((host, port), Handler)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, name="lmqtt-store-http", daemon=True).start()
+    return http
 
 
 def _close(store, lq) -> None:

@@ -330,3 +330,100 @@ class RawMQTT:
             self.sock.close()
         except OSError:
             pass
+
+
+class LmqttGateway:
+    """One `lmqtt gateway` process over a running `lmqtt store` (`store_address` HOST:PORT): free
+    MQTT and metrics ports; unpacks as `(host, port, None)` like LmqttServer (no data dir)."""
+
+    def __init__(self, store_address: str, extra_args: tuple[str, ...] = (), log_path: str | None = None,
+                 log_dir: str | None = None) -> None:
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.store_address_ = store_address
+        self.data_dir = None
+        self.extra_args = tuple(extra_args)
+        self.log_path = log_path or os.path.join(log_dir or "/tmp", f"lmqtt-gateway-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    def __iter__(self):
+        return iter((self.host, self.port, self.data_dir))
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def start(self, timeout: float = 20.0) -> "LmqttGateway":
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", self.store_address_,
+               "--host", self.host, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+               "--gateway-id", f"test-{self.port}", *self.extra_args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lmqtt gateway exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"lmqtt gateway did not listen within {timeout}s: {self.log_tail()}")
+
+    stop = LmqttServer.stop
+    kill9 = LmqttServer.kill9
+    log_tail = LmqttServer.log_tail
+
+    def restart(self, kill: bool = False) -> "LmqttGateway":
+        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
+        if not kill:
+            assert rc == 0, f"lmqtt gateway exit code {rc} on SIGTERM: {self.log_tail()}"
+        return self.start()
+
+
+class LmqttFleet:
+    """`lmqtt store` + one `lmqtt gateway` standing in for `lmqtt serve` in end-to-end tests (same
+    `host`, `port`, `data_dir` of the store, `store_address`, `restart`, `stop`): the gateway's
+    tests run against the remote seam too (gateway/remote_store.py)."""
+
+    def __init__(self, data_dir: str, extra_args: tuple[str, ...] = (), log_dir: str | None = None) -> None:
+        self.store = LmqttStore(data_dir, log_path=os.path.join(log_dir or os.path.dirname(str(data_dir)),
+                                                                "lmqtt-store.log") if log_dir else None)
+        self.gateway: LmqttGateway | None = None
+        self.extra_args = tuple(extra_args)
+        self.log_dir = log_dir
+
+    def start(self) -> "LmqttFleet":
+        self.store.start()
+        self.gateway = LmqttGateway(self.store.address, self.extra_args, log_dir=self.log_dir).start()
+        return self
+
+    host = property(lambda self: self.gateway.host)
+    port = property(lambda self: self.gateway.port)
+    data_dir = property(lambda self: self.store.data_dir)
+    store_address = property(lambda self: self.store.address)
+    metrics_url = property(lambda self: self.gateway.metrics_url)
+
+    def __iter__(self):
+        return iter((self.host, self.port, self.data_dir))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        rc = self.gateway.stop(sig, timeout) if self.gateway is not None else None
+        rs = self.store.stop(sig, timeout)
+        return rc if rc not in (0, None) else rs
+
+    def kill9(self) -> int | None:
+        return self.stop(signal.SIGKILL)
+
+    def restart(self, kill: bool = False) -> "LmqttFleet":
+        """Both processes stop (kill -9 with kill=True) and start again on the same ports."""
+        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
+        if not kill:
+            assert rc == 0, f"fleet exit code {rc} on SIGTERM: {self.log_tail()}"
+        self.store.start()
+        self.gateway.start()
+        return self
+
+    def log_tail(self, n: int = 4000) -> str:
+        return f"--- store ---\n{self.store.log_tail(n)}\n--- gateway ---\n{self.gateway.log_tail(n) if self.gateway else ''}"

@@ -1,0 +1,389 @@
+"""`RemoteStore`: the `GatewayStore` seam (gateway/store_api.py) over the store's native protocol,
+for `lmqtt gateway` (docs/fleet.md). The store side is lightqueue/gateway_service.py.
+
+The gateway's code calls the store synchronously on its event loop. What that costs here:
+  * append_batch   one PRODUCE frame written, returns at once; the batch's `.durable` future is
+                   resolved by the store's reply (PRODUCED after the flush mode's durability).
+                   The store computes the dispatch queues itself (its router sees the topic), so
+                   `queues_for_topic` is () and `all_visible()` is False (delivery then never
+                   assumes it saw every append: other gateways append too).
+  * pull, max_offset  served from a per-queue mirror: the newest entries of every queue this
+                   gateway serves, filled by ONE asynchronous pull per queue when the store says
+                   the queue grew (an EVENT pushed on the watch, a Redis event, or the safety poll).
+                   Local sessions at that offset all read the one copy; `on_new_data` listeners
+                   are called only once the entries are local. A reader behind the mirror (a
+                   resumed session's backlog) pulls with a bounded round trip.
+  * metadata       writes that may be lost with a crash at no harm (offsets: re-delivery; wills,
+                   retained: ordered before the PRODUCE they go with) are written fire-and-forget,
+                   errors logged; session records (written before CONNACK/SUBACK so an
+                   acknowledged subscription survives) and reads (sessions, retained on
+                   SUBSCRIBE, filter registrations) wait for the reply, bounded by `timeout`.
+
+Everything uses one `LoopConnection` (store/client/aio.py), so the store sees this gateway's
+requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max offsets of
+every queue it mirrors and fetches what an event missed (a lost event delays, never loses).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, Callable, Iterable, NamedTuple
+
+from lmqtt.lightqueue.records import SessionRecord, WillRecord
+from lmqtt.store import protocol as W
+from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
+
+log = logging.getLogger("lmqtt.gateway.remote")
+
+
+class RemotePull(NamedTuple):
+    messages: list
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class RemoteMessage:
+    """A light-queue entry as the delivery engine reads it (StoredMessage's fields it uses)."""
+
+    __slots__ = ("topic", "body", "props", "queue_offset", "phys_offset", "dispatch_queues", "store_ts",
+                 "born_ts", "keys", "queue_id")
+
+    def __init__(self, t: tuple, dq) -> None:
+        (self.queue_offset, self.phys_offset, self.born_ts, self.store_ts, self.queue_id, self.topic,
+         self.keys, self.props, self.body) = t
+        self.dispatch_queues = tuple(dq)
+
+
+class _Result:
+    """What append/append_batch return: only `.durable` is read (store_api contract)."""
+
+    __slots__ = ("durable",)
+
+    def __init__(self, durable) -> None:
+        self.durable = durable
+
+
+class _Mirror:
+    """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
+
+    __slots__ = ("base", "items", "known", "min_offset", "fetching")
+
+    def __init__(self, max_offset: int) -> None:
+        self.base = max_offset
+        self.items: list[RemoteMessage] = []
+        self.known = max_offset        # the store's max offset as last heard
+        self.min_offset = 0
+        self.fetching = False
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.items)
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+class RemoteMetadata:
+    """`SessionMetadata` over the gateway_service CALLs."""
+
+    def __init__(self, link: LoopConnection) -> None:
+        self.link = link
+
+    # sessions
+    def put_session(self, client_id: str, rec: SessionRecord) -> None:
+        self.link.cmd_blocking("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
+
+    def get_session(self, client_id: str) -> SessionRecord | None:
+        r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]
+        return SessionRecord.from_bytes(r.encode()) if r is not None else None
+
+    def delete_session(self, client_id: str) -> bool:
+        self.link.cmd_nowait("gw_delete_session", client_id=client_id)
+        return True
+
+    def list_sessions(self) -> list:
+        return [SessionRecord.from_bytes(r.encode()) for r in self.link.cmd_blocking("gw_list_sessions")["sessions"]]
+
+    # offsets
+    def get_offset(self, consumer: str, queue: str) -> int | None:
+        return self.link.cmd_blocking("gw_get_offset", consumer=consumer, queue=queue)["offset"]
+
+    def get_offsets(self, consumer: str) -> dict[str, int]:
+        return self.link.cmd_blocking("gw_get_offsets", consumer=consumer)["offsets"]
+
+    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
+        self.link.cmd_nowait("gw_set_offsets", consumer=consumer, offsets=offsets)
+
+    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
+        self.link.cmd_nowait("gw_delete_offsets", consumer=consumer, queues=queues)
+
+    # retained
+    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
+        self.link.cmd_nowait("gw_set_retained", topic=topic, payload=_b64(payload), props=_b64(props))
+
+    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
+        out = self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"]
+        return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in out]
+
+    # wills
+    def put_will(self, client_id: str, will: WillRecord) -> None:
+        self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()))
+
+    def pop_will(self, client_id: str) -> Any:
+        # callers only need it gone (the gateway keeps the will it publishes in memory)
+        self.link.cmd_nowait("gw_pop_will", client_id=client_id)
+        return None
+
+    def list_wills(self) -> list[tuple[str, Any]]:
+        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
+                for cid, w in self.link.cmd_blocking("gw_list_wills")["wills"]]
+
+    def flush(self) -> None:
+        self.link.cmd_blocking("gw_flush")
+
+
+class RemoteStore:
+    """`GatewayStore` over one store connection (see the module docstring)."""
+
+    mirror_entries = 4096          # entries kept per queue; older ones are pulled on demand
+
+    def __init__(self, link: LoopConnection, gateway_id: str, metrics=None, *, safety_poll_s: float = 1.0,
+                 watch: bool = True, fetch_batch: int = 1024) -> None:
+        self.link = link
+        self.loop = link.loop
+        self.gateway_id = gateway_id
+        self.metrics = metrics
+        self.metadata = RemoteMetadata(link)
+        self.safety_poll_s = safety_poll_s
+        self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
+        self.fetch_batch = fetch_batch
+        self.queues: dict[str, _Mirror] = {}
+        self._listeners: list[Callable[[Iterable[str]], None]] = []
+        self._poll_handle = None
+        self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
+        # counters (exported as gateway metrics by the composition)
+        self.remote_pulls = 0          # pulls that crossed the network (prefetch + misses)
+        self.remote_misses = 0         # of which: blocking reads behind the mirror
+        self.events = 0
+        self.polls = 0
+        link.on_push(self._on_push)
+        link.on_reconnect(self._rewatch)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self.safety_poll_s > 0:
+            self._poll_handle = self.loop.call_later(self.safety_poll_s, self._poll_tick)
+
+    def close(self) -> None:
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+
+    # ------------------------------------------------------------------ publish path
+    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
+        return ()          # the store's router computes them from the topic
+
+    def append_batch(self, messages) -> list:
+        body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
+            [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
+        reply = self.link.request(W.OP_PRODUCE, body)
+        durable = self.loop.create_future()
+
+        def done(f):
+            e = f.exception()
+            if e is not None:
+                durable.set_exception(e)
+            else:
+                durable.set_result(None)
+        reply.add_done_callback(done)
+        return [_Result(durable)]
+
+    def append(self, message) -> _Result:
+        return self.append_batch([message])[0]
+
+    def all_visible(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ delivery path
+    def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
+        self._listeners.append(callback)
+
+    def _track(self, q: str) -> _Mirror:
+        if self.watch:
+            r = self.link.cmd_blocking("gw_watch", queues=[q])
+        else:
+            r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
+        m = self.queues[q] = _Mirror(int(r["max_offsets"][q]))
+        if self.on_track is not None:
+            self.on_track(q)
+        return m
+
+    def max_offset(self, queue: str) -> int:
+        m = self.queues.get(queue)
+        if m is None:
+            m = self._track(queue)
+        return m.end
+
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> RemotePull:
+        m = self.queues.get(queue)
+        if m is None:
+            m = self._track(queue)
+        if offset >= m.end:
+            return RemotePull([], offset, m.min_offset, m.end)
+        if offset >= m.base:
+            i = offset - m.base
+            out = m.items[i:i + max_count]
+            if max_bytes:
+                total = 0
+                for k, it in enumerate(out):
+                    total += len(it.body)
+                    if total > max_bytes and k:
+                        out = out[:k]
+                        break
+            return RemotePull(out, offset + len(out), m.min_offset, m.end)
+        # behind the mirror (a resumed session's backlog): one bounded round trip
+        self.remote_pulls += 1
+        self.remote_misses += 1
+        header, recs = self.link.cmd_blocking("gw_pull", queue=queue, offset=offset,
+                                              max_count=min(max_count, m.base - offset), max_bytes=max_bytes)
+        dq = header.get("dq") or [()] * len(recs)
+        msgs = [RemoteMessage(t, d) for t, d in zip(recs, dq) if t[0] < m.base]
+        m.min_offset = int(header.get("min_offset", m.min_offset))
+        nxt = msgs[-1].queue_offset + 1 if msgs else max(offset, int(header.get("next_offset", offset)))
+        return RemotePull(msgs, min(nxt, m.end), m.min_offset, m.end)
+
+    # ------------------------------------------------------------------ events -> prefetch
+    def _on_push(self, op: int, body: bytes) -> None:
+        if op != W.OP_EVENT:
+            return
+        try:
+            offsets = W.decode_event(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the poll covers it
+            log.warning("event=bad_event_frame error=%r", e)
+            return
+        self.events += 1
+        self.heard(offsets)
+
+    def heard(self, offsets: dict[str, int]) -> None:
+        """The store says these queues reach these max offsets: fetch what is not local yet."""
+        for q, mx in offsets.items():
+            m = self.queues.get(q)
+            if m is None:
+                continue
+            if mx > m.known:
+                m.known = mx
+            if m.known > m.end:
+                self._fetch(q, m)
+
+    def heard_names(self, names: Iterable[str]) -> None:
+        """Names without offsets (Redis events): fetch from the mirror's end and see."""
+        for q in names:
+            m = self.queues.get(q)
+            if m is not None:
+                self._fetch(q, m)
+
+    def _fetch(self, q: str, m: _Mirror) -> None:
+        if m.fetching or not self.link.connected:
+            return
+        m.fetching = True
+        self.remote_pulls += 1
+        start = m.end
+        fut = self.link.cmd("gw_pull", queue=q, offset=start, max_count=self.fetch_batch, max_bytes=4 << 20)
+        fut.add_done_callback(lambda f, q=q, m=m, start=start: self._fetched(q, m, start, f))
+
+    def _fetched(self, q: str, m: _Mirror, start: int, f) -> None:
+        m.fetching = False
+        if self.queues.get(q) is not m:
+            return
+        e = f.exception()
+        if e is not None:
+            log.warning("event=prefetch_failed queue=%s error=%s (the safety poll retries)", q, e)
+            return
+        op, _fl, body = f.result()
+        header, recs = W.decode_messages(body)
+        dq = header.get("dq") or [()] * len(recs)
+        mx = int(header.get("max_offset", 0))
+        if mx > m.known:
+            m.known = mx
+        m.min_offset = int(header.get("min_offset", m.min_offset))
+        if m.end != start:          # the mirror moved meanwhile (restarted): fetch again
+            if m.known > m.end:
+                self._fetch(q, m)
+            return
+        added = False
+        if recs and recs[0][0] != start:
+            # entries gone below us (retention) or a gap: restart the mirror at what came back
+            m.base = recs[0][0]
+            m.items = []
+        for t, d in zip(recs, dq):
+            if t[0] == m.end:
+                m.items.append(RemoteMessage(t, d))
+                added = True
+        if not recs and int(header.get("next_offset", start)) > start:
+            m.base = int(header["next_offset"])      # skipped entries no reader can get any more
+            m.items = []
+            added = True
+        if len(m.items) > self.mirror_entries:
+            drop = len(m.items) - self.mirror_entries // 2
+            del m.items[:drop]
+            m.base += drop
+        if m.known > m.end and (recs or added):
+            self._fetch(q, m)
+        if added:
+            for cb in self._listeners:
+                try:
+                    cb({q})
+                except Exception:  # noqa: BLE001
+                    log.exception("event=new_data_listener_failed")
+
+    def poll(self) -> None:
+        """Ask the store for the max offset of every mirrored queue (the safety poll)."""
+        if not self.queues or not self.link.connected:
+            return
+        self.polls += 1
+        fut = self.link.cmd("gw_max_offsets", queues=list(self.queues))
+
+        def done(f):
+            e = f.exception()
+            if e is None:
+                self.heard(_json(f.result()).get("max_offsets", {}))
+        fut.add_done_callback(done)
+
+    def _poll_tick(self) -> None:
+        try:
+            self.poll()
+        finally:
+            self._poll_handle = self.loop.call_later(self.safety_poll_s, self._poll_tick)
+
+    def _rewatch(self) -> None:
+        """After a reconnect: watch again (the store forgot this connection) and catch up."""
+        if not self.queues:
+            return
+        fut = self.link.cmd("gw_watch" if self.watch else "gw_max_offsets", queues=list(self.queues),
+                            replace=True)
+
+        def done(f):
+            if f.exception() is None:
+                self.heard(_json(f.result()).get("max_offsets", {}))
+        fut.add_done_callback(done)
+
+    # ------------------------------------------------------------------ filters
+    def register_filter(self, flt: str) -> int:
+        return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
+
+    def unregister_filter(self, flt: str) -> int:
+        return int(self.link.cmd_blocking("gw_unregister", gateway=self.gateway_id, filter=flt)["count"])
+
+    def registered_filters(self) -> dict[str, int]:
+        return dict(self.link.cmd_blocking("gw_filters", gateway=self.gateway_id)["filters"])
+
+
+def _json(reply) -> dict:
+    _op, _f, body = reply
+    return json.loads(body)
+
+
+__all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError"]
