@@ -422,6 +422,11 @@ def test_subscription_identifiers_and_options_survive_restart(tmp_path):
         _subscribe(c, "persist/+", 1, sid=42, noLocal=True, retainAsPublished=True)
         _subscribe(c, "persist/#", 1, sid=43, retainAsPublished=True)
         c.disconnect()
+        p = Paho(srv, "m5-persist-ret", version=5)
+        p.publish("persistexp/short", b"s", 1, retain=True, properties=_pub_props(MessageExpiryInterval=1))
+        p.publish("persistexp/long", b"l", 1, retain=True, properties=_pub_props(MessageExpiryInterval=300))
+        p.disconnect()
+        t_published = time.monotonic()
         srv.restart(kill=True)          # kill -9: the session record was written before SUBACK
         c = Paho(srv, "m5-persist", version=5, clean=False, expiry=600)
         assert c.session_present
@@ -435,8 +440,15 @@ def test_subscription_identifiers_and_options_survive_restart(tmp_path):
         assert m.payload == b"own" and m.properties.SubscriptionIdentifier == [43]
         assert c.drain(0.3) == []
         other.publish("persist/a", b"", 1, retain=True)
+        time.sleep(max(0.0, 1.2 - (time.monotonic() - t_published)))
+        late = Paho(srv, "m5-persist-late", version=5)      # retained expiry deadlines survive too
+        late.subscribe("persistexp/#", 1)
+        got = late.drain(0.6)
+        assert [m.topic for m in got] == ["persistexp/long"]
+        assert 290 <= got[0].properties.MessageExpiryInterval <= 299
         c.disconnect()
         other.disconnect()
+        late.disconnect()
     finally:
         srv.stop()
 

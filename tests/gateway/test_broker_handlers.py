@@ -308,3 +308,34 @@ def test_expired_message_is_not_delivered_to_a_311_subscriber(tmp_path):
         assert [p.payload for p in back.packets() if isinstance(p, P.Publish)] == [b"kept"]
         assert got.payload == b"kept"
     run(tmp_path, body)
+
+
+def test_publish_bytes_without_per_subscriber_parts_is_the_shared_template():
+    """The fast path (shared template variant) and Session.publish_bytes agree byte for byte when
+    there is nothing per subscriber, so choosing either cannot change what a client receives."""
+    from lmqtt.gateway.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage, Session
+    rec = RecordMeta(qos=1, content_type="text/plain", user_property=[("k", "v")])
+    for version in (4, 5):
+        s = Session("c")
+        s.version = version
+        s.set_client_limits(None, None, 0)
+        for qos, retain, pid in ((0, False, None), (1, True, 5), (2, False, 65535)):
+            it = OutboundMessage("a/b", b"payload", rec, store_ts=1)
+            assert s.publish_bytes(it, qos, retain, pid) == it.encode(qos, retain, version, pid)
+
+
+def test_no_reason_string_on_a_negative_puback_when_problem_information_is_off(tmp_path):
+    async def body(gw):
+        quiet, loud = Client(gw), Client(gw)
+        await quiet.connect("quiet", request_problem_information=0)
+        await loud.connect("loud")
+        too_big = b"x" * ((4 << 20) + 100)        # over the store's 4 MiB record limit, under the packet limit
+        quiet.send(P.Publish("big/t", too_big, qos=1, packet_id=1))
+        loud.send(P.Publish("big/t", too_big, qos=1, packet_id=1))
+        q, = await quiet.wait_for(P.PubAck)
+        lo, = await loud.wait_for(P.PubAck)
+        assert q.reason_code == lo.reason_code == ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+        assert q.properties.reason_string is None
+        assert "store error" in lo.properties.reason_string
+    run(tmp_path, body)
