@@ -174,8 +174,10 @@ class Gateway:
                     ev = self.redis_events
                     self.storage.on_track = lambda q: loop.create_task(ev.watch([q]))
                 await self.redis_events.start()
-            else:
-                self.storage.start()          # the safety poll (Redis mode: the subscriber's resync)
+            # the safety poll runs in every mode: the Redis subscriber's own resync stops while
+            # Redis is down, which is exactly when events are being lost
+            self.storage.start()
+            self._remote_metrics()
             self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  storage=self.storage, session_registry_cls=FleetSessionRegistry)
             self.storage.on_new_data(self.broker.delivery.on_queues)
@@ -187,6 +189,35 @@ class Gateway:
             await self._close_remote()
             raise
         log.info("event=gateway_started store=%s gateway_id=%s notify=%s", cfg.store_address, gid, mode)
+
+    def _remote_metrics(self) -> None:
+        """The remote seam's counters on /metrics: pulls that crossed the network (one per queue
+        per event however many local sessions read it), blocking reads behind the mirror, EVENT
+        frames heard, safety polls, store reconnects and whether the store is connected now."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        gw = self
+
+        class _Collector:
+            def collect(self):
+                st, link = gw.storage, gw.link
+                if st is None:
+                    return
+                for name, help_, v in (("lmqtt_remote_pulls", "Light-queue pulls sent to the store", st.remote_pulls),
+                                       ("lmqtt_remote_pull_misses", "Blocking pulls behind the local mirror", st.remote_misses),
+                                       ("lmqtt_remote_events", "EVENT frames heard from the store", st.events),
+                                       ("lmqtt_remote_safety_polls", "Safety polls of the served queues", st.polls),
+                                       ("lmqtt_remote_reconnects", "Reconnects to the store",
+                                        link.reconnects if link is not None else 0)):
+                    yield CounterMetricFamily(name, help_, value=v)
+                ev = gw.redis_events
+                yield CounterMetricFamily("lmqtt_remote_redis_events", "Event messages heard on Redis pub/sub",
+                                          value=ev.events_received if ev is not None else 0)
+                yield GaugeMetricFamily("lmqtt_remote_store_connected", "1 while connected to the store",
+                                        value=1 if link is not None and link.connected else 0)
+                yield GaugeMetricFamily("lmqtt_remote_mirrored_queues", "Queues mirrored locally",
+                                        value=len(st.queues))
+
+        self.metrics.registry.register(_Collector())
 
     async def _close_remote(self) -> None:
         if self.storage is not None:

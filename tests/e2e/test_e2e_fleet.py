@@ -1,0 +1,245 @@
+"""The scale-out shape with real processes: one `lmqtt store`, several `lmqtt gateway`s
+(docs/fleet.md). A client on one gateway must get what a client on another publishes, for every
+QoS, through wildcards, retained messages and a persistent session that moves between gateways;
+events are hints, so deliveries survive a gateway that hears none (poll mode), a store restart and
+a Redis that dies."""
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.support import LmqttGateway, LmqttStore, Paho
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """One store and two gateways (A, B) with native EVENT notify, shared by the module's tests
+    (each test uses its own topics and client ids)."""
+    d = tmp_path_factory.mktemp("fleet")
+    store = LmqttStore(str(d / "store"), log_path=str(d / "store.log")).start()
+    gws = []
+    try:
+        for _ in range(2):
+            gws.append(LmqttGateway(store.address, log_dir=str(d)).start())
+        yield store, gws[0], gws[1]
+    finally:
+        for g in gws:
+            rc = g.stop()
+            assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
+        assert store.stop() == 0, store.log_tail()
+
+
+def _metric(gw, name: str) -> float:
+    with urllib.request.urlopen(gw.metrics_url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "_total "):
+                return float(line.split()[-1])
+    raise AssertionError(f"{name} not in {gw.metrics_url}")
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_publish_on_a_is_delivered_on_b(fleet, qos):
+    _store, a, b = fleet
+    sub = Paho(b, f"fleet-sub-q{qos}")
+    pub = Paho(a, f"fleet-pub-q{qos}")
+    try:
+        sub.subscribe(f"fleet/q{qos}", qos=qos)
+        sent = [f"m{i}".encode() for i in range(20)]
+        for p in sent:
+            pub.publish(f"fleet/q{qos}", p, qos=qos)
+        got = sub.get_n(20, timeout=10)
+        assert [m.payload for m in got] == sent
+        assert all(m.qos == qos for m in got)
+        assert sub.drain(0.3) == []          # exactly once each, no duplicates
+    finally:
+        sub.disconnect()
+        pub.disconnect()
+
+
+def test_wildcards_across_gateways(fleet):
+    _store, a, b = fleet
+    plus = Paho(b, "fleet-plus")
+    hash_ = Paho(a, "fleet-hash")            # also a subscriber on the publisher's own gateway
+    pub = Paho(a, "fleet-wpub")
+    try:
+        plus.subscribe("wild/+/temp", qos=1)
+        hash_.subscribe("wild/#", qos=1)
+        pub.publish("wild/k1/temp", b"1", qos=1)
+        pub.publish("wild/k2/humidity", b"2", qos=1)
+        pub.publish("wild/k3/temp", b"3", qos=1)
+        assert sorted((m.topic, m.payload) for m in plus.get_n(2)) == [("wild/k1/temp", b"1"), ("wild/k3/temp", b"3")]
+        assert sorted(m.payload for m in hash_.get_n(3)) == [b"1", b"2", b"3"]
+        assert plus.drain(0.3) == [] and hash_.drain(0.1) == []
+    finally:
+        for c in (plus, hash_, pub):
+            c.disconnect()
+
+
+def test_retained_set_on_a_is_served_on_b_and_cleared(fleet):
+    _store, a, b = fleet
+    pub = Paho(a, "fleet-rpub")
+    try:
+        pub.publish("ret/room1", b"21C", qos=1, retain=True)
+        s1 = Paho(b, "fleet-rsub1")
+        s1.subscribe("ret/+", qos=1)
+        m = s1.get(5)
+        assert (m.topic, m.payload, m.retain) == ("ret/room1", b"21C", True)
+        s1.disconnect()
+        pub.publish("ret/room1", b"", qos=1, retain=True)        # clears it
+        s2 = Paho(b, "fleet-rsub2")
+        s2.subscribe("ret/+", qos=1)
+        assert s2.drain(0.5) == []
+        s2.disconnect()
+    finally:
+        pub.disconnect()
+
+
+def test_persistent_session_leaves_a_and_resumes_on_b_with_every_message(fleet):
+    _store, a, b = fleet
+    c = Paho(a, "fleet-mover", clean=False)
+    c.subscribe("move/#", qos=1)
+    c.publish("move/x", b"before", qos=1)
+    assert c.get(5).payload == b"before"
+    c.disconnect()
+    pub = Paho(a, "fleet-mpub")
+    sent = [f"offline-{i}".encode() for i in range(30)]
+    for p in sent:
+        pub.publish("move/x", p, qos=1)
+    pub.disconnect()
+    c2 = Paho(b, "fleet-mover", clean=False)                  # the same client id, on gateway B
+    try:
+        assert c2.session_present, "gateway B must resume the session gateway A kept"
+        got = c2.get_n(len(sent), timeout=10)
+        assert [m.payload for m in got] == sent
+        # live delivery continues on B (its subscription came with the session)
+        pub2 = Paho(a, "fleet-mpub2")
+        pub2.publish("move/y", b"after", qos=1)
+        assert c2.get(5).payload == b"after"
+        pub2.disconnect()
+    finally:
+        c2.disconnect()
+
+
+def test_one_store_pull_per_event_however_many_local_subscribers(fleet):
+    """The mirror: ten sessions on B reading one queue cost B one remote pull per new batch, not ten."""
+    _store, a, b = fleet
+    subs = [Paho(b, f"fleet-fan{i}") for i in range(10)]
+    pub = Paho(a, "fleet-fanpub")
+    try:
+        for s in subs:
+            s.subscribe("fan/t", qos=1)
+        before = _metric(b, "lmqtt_remote_pulls")
+        n = 20
+        for i in range(n):
+            pub.publish("fan/t", str(i).encode(), qos=1)
+        for s in subs:
+            assert [m.payload for m in s.get_n(n)] == [str(i).encode() for i in range(n)]
+        pulls = _metric(b, "lmqtt_remote_pulls") - before
+        # at most one pull per publish (events may merge several into one), never one per session
+        assert 1 <= pulls <= n, pulls
+    finally:
+        for s in subs:
+            s.disconnect()
+        pub.disconnect()
+
+
+def test_health_endpoints_follow_the_store(tmp_path):
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gw = LmqttGateway(store.address, ("--safety-poll-ms", "200"), log_dir=str(tmp_path)).start()
+    base = f"http://{gw.host}:{gw.metrics_port}"
+    try:
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+        assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
+        store.stop()
+        deadline = time.monotonic() + 5
+        code = 200
+        while time.monotonic() < deadline and code == 200:
+            try:
+                code = urllib.request.urlopen(base + "/readyz", timeout=5).status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            time.sleep(0.05)
+        assert code == 503, "a gateway without its store must not be ready"
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+        # the store comes back on the same port: the gateway reconnects and serves again
+        store.start()
+        sub = Paho(gw, "health-sub")
+        pub = Paho(gw, "health-pub")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                sub.subscribe("back/t", qos=1)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                sub.disconnect()
+                time.sleep(0.2)
+                sub = Paho(gw, "health-sub")
+        pub.publish("back/t", b"again", qos=1)
+        assert sub.get(5).payload == b"again"
+        sub.disconnect()
+        pub.disconnect()
+    finally:
+        assert gw.stop() == 0, gw.log_tail()
+        store.stop()
+
+
+def test_without_events_the_safety_poll_still_delivers(fleet, tmp_path):
+    """A gateway that hears no event at all (--notify-mode poll) delivers within its poll interval:
+    a lost event delays a delivery, never loses it."""
+    store, a, _b = fleet
+    c = LmqttGateway(store.address, ("--notify-mode", "poll", "--safety-poll-ms", "200"),
+                     log_dir=str(tmp_path)).start()
+    try:
+        sub = Paho(c, "poll-sub")
+        sub.subscribe("poll/+", qos=1)
+        pub = Paho(a, "poll-pub")
+        for i in range(5):
+            pub.publish(f"poll/{i}", str(i).encode(), qos=1)
+        assert sorted(m.payload for m in sub.get_n(5, timeout=10)) == [b"0", b"1", b"2", b"3", b"4"]
+        assert _metric(c, "lmqtt_remote_events") == 0
+        assert _metric(c, "lmqtt_remote_safety_polls") >= 1
+        sub.disconnect()
+        pub.disconnect()
+    finally:
+        assert c.stop() == 0, c.log_tail()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_redis_notify_and_a_dead_redis(tmp_path):
+    """Store publishes events to a real redis-server, gateways hear them there; after redis dies,
+    messages still arrive (the safety poll)."""
+    from lmqtt.loadtest.redis_streams import RedisServer
+    redis = RedisServer()
+    store = gws = None
+    try:
+        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url),
+                           log_path=str(tmp_path / "store.log")).start()
+        gws = [LmqttGateway(store.address, ("--redis", redis.url, "--safety-poll-ms", "300"),
+                            log_dir=str(tmp_path)).start() for _ in range(2)]
+        a, b = gws
+        sub = Paho(b, "redis-sub")
+        sub.subscribe("rd/#", qos=1)
+        pub = Paho(a, "redis-pub")
+        for i in range(10):
+            pub.publish("rd/x", str(i).encode(), qos=1)
+        assert [m.payload for m in sub.get_n(10)] == [str(i).encode() for i in range(10)]
+        assert _metric(b, "lmqtt_remote_events") == 0      # not the native push: Redis carried them
+        assert _metric(b, "lmqtt_remote_redis_events") >= 1
+        redis.stop()
+        for i in range(10, 15):
+            pub.publish("rd/x", str(i).encode(), qos=1)
+        assert [m.payload for m in sub.get_n(5, timeout=10)] == [str(i).encode() for i in range(10, 15)]
+        sub.disconnect()
+        pub.disconnect()
+    finally:
+        for g in gws or ():
+            assert g.stop() == 0, g.log_tail()
+        if store is not None:
+            store.stop()
+        redis.stop()
