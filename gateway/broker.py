@@ -15,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.auth import Credentials, Identity, certificate_subject
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
-from lmqtt.gateway.record_props import safe_decode, split_retained
-from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session, OutboundMessage
+from lmqtt.gateway.retained import drain_retained, send_retained
+from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.store_api import InProcessStore
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
@@ -282,7 +281,7 @@ class Broker:
         v5 = conn.version == 5
         topic = pkt.topic
         if v5 and pkt.properties.topic_alias is not None:
-            topic = self._resolve_alias(conn, topic, pkt.properties.topic_alias)
+            topic = conn.resolve_topic_alias(topic, pkt.properties.topic_alias, self.cfg.topic_alias_maximum)
         if topic not in conn.valid_topics:
             # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
             # topic; this is the light-queue rule set, checked once per topic per connection
@@ -311,20 +310,6 @@ class Broker:
             s.inbound_pending.add(pid)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None)
-
-    def _resolve_alias(self, conn, topic: str, alias: int) -> str:
-        """MQTT 5 topic alias from the client (§3.3.2.3.4): a topic with an alias sets it, an
-        empty topic uses it. Alias 0 or above our CONNACK Topic Alias Maximum: 0x94."""
-        if not 0 < alias <= self.cfg.topic_alias_maximum:
-            raise ProtocolError(f"topic alias {alias} is outside 1..{self.cfg.topic_alias_maximum} "
-                                "(the Topic Alias Maximum in CONNACK)", RC.TOPIC_ALIAS_INVALID)
-        if topic:
-            conn.topic_aliases[alias] = topic
-            return topic
-        t = conn.topic_aliases.get(alias)
-        if t is None:
-            raise ProtocolError(f"topic alias {alias} was never set on this connection", RC.PROTOCOL_ERROR)
-        return t
 
     def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
         """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is
@@ -393,7 +378,7 @@ class Broker:
                 cur.inflight.pop(inf.offset, None)
                 self.persist.mark_session(s)
         if s.retained_backlog:
-            self._drain_retained(s)
+            drain_retained(s)
         self.delivery.kick(s)
 
     def on_puback(self, conn, pkt: P.PubAck) -> None:
@@ -499,55 +484,8 @@ class Broker:
             self._flush_session_offsets(s)
         conn.send(P.SubAck(pkt.packet_id, codes))
         for sub in retained:
-            self._send_retained(s, sub)
+            send_retained(self.metadata, self.acl, s, sub)
         self.delivery.kick(s)
-
-    def _send_retained(self, s: Session, sub: ClientSubscription) -> None:
-        try:
-            found = self.metadata.retained_matching(sub.queue)
-        except Exception as e:
-            log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
-            return
-        acl = self.acl
-        ids = (sub.subscription_id,) if sub.subscription_id and s.version == 5 else None
-        now_ms = time.time() * 1000.0
-        for topic, payload, value in found:
-            if s.conn is None:
-                return
-            if acl is not None and not acl.can_read(s.conn.identity, topic):
-                continue
-            props, deadline = split_retained(value)
-            record = safe_decode(props)
-            if sub.no_local and record.client_id == s.client_id:
-                continue
-            qos = min(sub.qos, record.qos)
-            store_ts = 0
-            if deadline is not None and record.message_expiry_interval is not None:
-                if now_ms >= deadline:
-                    self._clear_expired_retained(topic, value)
-                    continue
-                store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
-            it = OutboundMessage(topic, payload, record, store_ts=store_ts)
-            if qos and (s.retained_backlog or not s.window_open()):
-                s.retained_backlog.append((it, qos, ids))   # sent as acks open the window
-            else:
-                s.send_item(it, qos, True, sub_ids=ids)
-
-    def _clear_expired_retained(self, topic: str, value: bytes) -> None:
-        """A retained message whose Message Expiry Interval passed is deleted (§3.3.2.3.3), unless
-        a newer one replaced it meanwhile."""
-        try:
-            cur = self.metadata.retained_matching(topic)     # an exact topic: one point lookup
-            if not cur or cur[0][2] == value:
-                self.metadata.set_retained(topic, b"")
-        except Exception as e:
-            log.error("event=retained_clear_failed topic=%s error=%r", topic, e)
-
-    def _drain_retained(self, s: Session) -> None:
-        bl = s.retained_backlog
-        while bl and s.conn is not None and s.window_open():
-            it, qos, ids = bl.popleft()
-            s.send_item(it, qos, True, sub_ids=ids)
 
     def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
         s = conn.session

@@ -246,6 +246,22 @@ class MQTTConnection(asyncio.Protocol):
             return
         self.close_with_error(reason_code, reason)
 
+    # -- MQTT 5 topic aliases from the client ---------------------------------------------------
+    def resolve_topic_alias(self, topic: str, alias: int, maximum: int) -> str:
+        """The topic of a PUBLISH carrying a topic alias (§3.3.2.3.4): with a topic it sets the
+        alias (valid for this connection only), with an empty topic it uses it. Alias 0 or above
+        our CONNACK Topic Alias Maximum: 0x94; an alias never set: protocol error."""
+        if not 0 < alias <= maximum:
+            raise ProtocolError(f"topic alias {alias} is outside 1..{maximum} "
+                                "(the Topic Alias Maximum in CONNACK)", ReasonCode.TOPIC_ALIAS_INVALID)
+        if topic:
+            self.topic_aliases[alias] = topic
+            return topic
+        t = self.topic_aliases.get(alias)
+        if t is None:
+            raise ProtocolError(f"topic alias {alias} was never set on this connection", ReasonCode.PROTOCOL_ERROR)
+        return t
+
     # -- inbound flow control ----------------------------------------------------------------
     def pause_reading_for_store(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closing:

@@ -165,7 +165,8 @@ class Session:
         self.receive_max = 100
         self.expiry_handle = None
         self.disconnected_at_ms: int | None = None
-        self.retained_backlog: deque[tuple[OutboundMessage, int]] = deque()   # QoS 1/2 retained waiting for window
+        # QoS 1/2 retained messages waiting for the window: (message, qos, subscription identifiers)
+        self.retained_backlog: deque[tuple[OutboundMessage, int, tuple[int, ...] | None]] = deque()
         self._next_pid = 1
         # MQTT 5 limits the client set in CONNECT (per connection: reset by `set_client_limits`)
         self.max_packet = 0               # client's Maximum Packet Size; 0 = none
