@@ -4,11 +4,15 @@ PUBLISH bytes, limits that make the server disconnect).
 
 One server serves the module (limits set in a TOML file so each can be hit with small packets);
 each test uses its own topics and client ids. Persistence across a restart has its own server.
+Every test runs against both shapes: the embedded `lmqtt serve` (InProcessStore) and `lmqtt store`
++ `lmqtt gateway` (RemoteStore), so the MQTT 5 state (subscription identifiers in session records,
+retained expiry deadlines) goes through both store seams.
 """
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 import shutil
 import subprocess
 import time
@@ -19,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.gateway.mqtt import packets as P
-from tests.support import ROOT, LmqttServer, Paho, RawMQTT
+from tests.support import ROOT, SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, serve_or_fleet
 
 TOPIC_ALIAS_MAX = 10
 RECEIVE_MAX = 20
@@ -28,14 +32,17 @@ MAX_KEEPALIVE = 30
 RESPONSE_INFO = "lmqtt/responses/"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("mqtt5")
     conf = d / "lmqtt.toml"
     conf.write_text(f'topic_alias_maximum = {TOPIC_ALIAS_MAX}\nreceive_maximum = {RECEIVE_MAX}\n'
                     f'max_packet_size = {MAX_PACKET}\nmax_keepalive = {MAX_KEEPALIVE}\n'
                     f'response_information = "{RESPONSE_INFO}"\n')
-    srv = LmqttServer(str(d / "data"), ("--config", str(conf)), log_path=str(d / "serve.log")).start()
+    if request.param == "serve":
+        srv = LmqttServer(str(d / "data"), ("--config", str(conf)), log_path=str(d / "serve.log")).start()
+    else:
+        srv = LmqttFleet(str(d / "store-data"), ("--config", str(conf)), log_dir=str(d)).start()
     try:
         yield srv
     finally:
@@ -84,6 +91,21 @@ def _raw_subscribe(raw: RawMQTT, flt: str, qos: int = 0, pid: int = 1, **opts) -
     ack = raw.recv()
     assert isinstance(ack, P.SubAck), ack
     return ack
+
+
+def _publish_retained_seen(server, pub: Paho, topic: str, payload: bytes, **kw) -> None:
+    """Publish a retained message and return once a subscriber that was there before got it.
+
+    Why: the PUBACK says durable, not yet indexed. In the fleet shape the store dispatches after
+    the ack, so a SUBSCRIBE right after it could start its live cursor before the entry and get the
+    message twice (retained + live). Tests of what a later SUBSCRIBE gets wait for the entry."""
+    probe = Paho(server, f"probe-{topic}", version=5)
+    probe.subscribe(topic, 1)
+    probe.drain(0.05)
+    pub.publish(topic, payload, 1, retain=True, **kw)
+    m = probe.get()
+    assert m.payload == payload
+    probe.disconnect()
 
 
 def _metric(server, name: str) -> float:
@@ -205,7 +227,7 @@ def test_subscription_identifiers_of_all_matching_subscriptions(server):
 
 def test_subscription_identifier_on_retained_and_shared(server):
     pub = Paho(server, "m5-sid-ret-pub", version=5)
-    pub.publish("sidret/t", b"kept", 1, retain=True)
+    _publish_retained_seen(server, pub, "sidret/t", b"kept")
     sub = Paho(server, "m5-sid-ret", version=5)
     _subscribe(sub, "sidret/t", 1, sid=11)
     m = sub.get()
@@ -274,7 +296,7 @@ def test_retain_as_published(server):
 def test_retain_handling(server, handling, expected):
     topic = f"rh{handling}/t"
     pub = Paho(server, f"m5-rh{handling}-pub", version=5)
-    pub.publish(topic, b"v", 1, retain=True)
+    _publish_retained_seen(server, pub, topic, b"v")
     c = Paho(server, f"m5-rh{handling}", version=5)
     _subscribe(c, topic, 1, retainHandling=handling)
     _subscribe(c, topic, 1, retainHandling=handling)        # the same subscription again
@@ -415,9 +437,9 @@ def test_application_properties_pass_through_unchanged(server):
 
 
 # ---------------------------------------------------------------------------------- persistence
-def test_subscription_identifiers_and_options_survive_restart(tmp_path):
-    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log")).start()
-    try:
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_subscription_identifiers_and_options_survive_restart(tmp_path, kind):
+    with contextmanager(serve_or_fleet)(kind, tmp_path) as srv:
         c = Paho(srv, "m5-persist", version=5, clean=False, expiry=600)
         _subscribe(c, "persist/+", 1, sid=42, noLocal=True, retainAsPublished=True)
         _subscribe(c, "persist/#", 1, sid=43, retainAsPublished=True)
@@ -449,8 +471,6 @@ def test_subscription_identifiers_and_options_survive_restart(tmp_path):
         c.disconnect()
         other.disconnect()
         late.disconnect()
-    finally:
-        srv.stop()
 
 
 # ------------------------------------------------------------------------ MQTT.js, a second client
@@ -518,7 +538,7 @@ def test_mqttjs_topic_aliases_towards_the_server(server):
 @needs_mqttjs
 def test_mqttjs_retain_handling_2_and_retain_as_published(server):
     pub = Paho(server, "m5-js-rh-pub", version=5)
-    pub.publish("jsrh/t", b"old", 1, retain=True)
+    _publish_retained_seen(server, pub, "jsrh/t", b"old")
     js = JsSub(server, "jsrh/t", 1, {"qos": 1, "rh": 2, "rap": True}, timeout_ms=8000)
     pub.publish("jsrh/t", b"new", 1, retain=True)
     msgs = [e for e in js.events() if e["event"] == "message"]
