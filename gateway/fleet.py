@@ -35,8 +35,10 @@ class FleetSessionRegistry(SessionRegistry):
     def _forget_local(self, client_id: str) -> None:
         """Drop this gateway's copy of a session without touching the store's record."""
         s = self.sessions.pop(client_id, None)
-        if s is None:
-            return
+        if s is not None:
+            self._drop_copy(s)
+
+    def _drop_copy(self, s) -> None:
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -46,13 +48,25 @@ class FleetSessionRegistry(SessionRegistry):
 
     def _reload(self, client_id: str) -> None:
         rec = self.metadata.get_session(client_id)
-        self._forget_local(client_id)
+        local = self.sessions.get(client_id)
+        if (local is not None and rec is not None and rec.last_disconnect_ms is not None
+                and rec.last_disconnect_ms == local.disconnected_at_ms):
+            # the store holds the record this gateway wrote when the client left: nobody served
+            # the session since, and the local copy also knows its messages in flight (re-sent
+            # with DUP and their packet ids)
+            return
         if rec is None:
+            self._forget_local(client_id)
             self.metrics.sessions.set(len(self.sessions))
             return
         offsets = self.metadata.get_offsets(client_id)
         last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else int(time.time() * 1000)
+        # the new copy first, then the old one goes: its wildcard filters never drop to zero
+        # holders in between (the last unregistration drops a filter's queue with its entries)
+        old = self.sessions.pop(client_id, None)
         self._session_from(rec, offsets, last)
+        if old is not None:
+            self._drop_copy(old)
         self.metrics.sessions.set(len(self.sessions))
         log.info("event=session_reloaded client_id=%s subscriptions=%d", client_id, len(rec.subscriptions))
 

@@ -427,3 +427,19 @@ class LmqttFleet:
 
     def log_tail(self, n: int = 4000) -> str:
         return f"--- store ---\n{self.store.log_tail(n)}\n--- gateway ---\n{self.gateway.log_tail(n) if self.gateway else ''}"
+
+
+SERVER_KINDS = ("serve", "fleet")
+
+
+def serve_or_fleet(kind: str, tmp_path, extra_args: tuple[str, ...] = ()):
+    """Generator for a fixture parametrized over SERVER_KINDS: an embedded `lmqtt serve`
+    (InProcessStore) or `lmqtt store` + `lmqtt gateway` (RemoteStore), started, stopped after."""
+    if kind == "serve":
+        srv = LmqttServer(str(tmp_path / "data"), extra_args, log_path=str(tmp_path / "lmqtt-serve.log")).start()
+    else:
+        srv = LmqttFleet(str(tmp_path / "store-data"), extra_args, log_dir=str(tmp_path)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

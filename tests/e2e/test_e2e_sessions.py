@@ -7,8 +7,16 @@ import time
 
 import pytest
 
-from tests.support import Paho, RawMQTT
+from tests.support import SERVER_KINDS, Paho, RawMQTT, serve_or_fleet
 from lmqtt.gateway.mqtt import packets as P
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def lmqtt_server(request, tmp_path):
+    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
+    `lmqtt gateway` (the remote store seam)."""
+    yield from serve_or_fleet(request.param, tmp_path)
+
 
 pytestmark = pytest.mark.timeout(90)
 
