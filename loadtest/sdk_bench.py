@@ -7,8 +7,8 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `single`     Producer.send, one message per round trip (acked under the flush mode)
 * `batch`      Producer.send_batch of `--batch` messages per frame
 * `autobatch`  AutoBatchProducer.send (futures), flush at the end; rate counts acknowledged messages
-* `pull`       Connection.pull_request, 1024 per request, one pull ahead, over what the produce cases
-               wrote (every body read)
+* `pull`       Connection.pull_request, 1024 per request, `--pull-ahead` pulls (default 1) in flight
+               ahead of the one being read, over what the produce cases wrote (every body read)
 * `group`      PullConsumer.poll(1024) (prefetching) + commit per poll (group offsets kept by the
                store) over the same
 * `pop`        PopConsumer.pop(256) + ack over the same messages (its own group)
@@ -193,27 +193,40 @@ def bench_autobatch(c, topic, size, duration):
     return _row("autobatch", size, n, el, s, cl, sent=sent)
 
 
-def bench_pull(c, first_level, size, duration):
-    """Connection.pull_request of 1,024 records at a time from the queue's start, the next pull
-    sent before the current records are read (one pull ahead); every record's body is read (a
-    consumer that only counted replies would not pay for the records it never looks at)."""
+def bench_pull(c, first_level, size, duration, ahead=1):
+    """Connection.pull_request of 1,024 records at a time from the queue's start, `ahead` pulls
+    sent before the current records are read (0: one pull at a time, `Connection.pull`); every
+    record's body is read (a consumer that only counted replies would not pay for the records it
+    never looks at)."""
     n = 0
     nbytes = 0
     off = c.admin().offsets(first_level)[0]
     with _Meter(_SERVER) as m:
         end = time.perf_counter() + duration
-        ahead = c.pull_request(first_level, 0, off, 1024)
+        pending = []            # pulls in flight, oldest first; `off` is where the next one starts
         while time.perf_counter() < end and n < MAX_MESSAGES:
-            r = ahead.result()
+            if ahead:
+                while len(pending) < ahead + 1:
+                    pending.append(c.pull_request(first_level, 0, off, 1024))
+                    off += 1024     # ConsumeQueue offsets are dense: the next pull starts there
+                r = pending.pop(0).result()
+                if len(r.records) < 1024 and pending:   # a short reply: the pulls ahead guessed wrong
+                    for p in pending:
+                        p.result()
+                    pending = []
+                    off = r.next_offset
+            else:
+                r = c.pull(first_level, 0, off, 1024)
+                off = r.next_offset
             if not r.records:
                 break
-            ahead = c.pull_request(first_level, 0, r.next_offset, 1024)
             for rec in r.records:
                 nbytes += len(rec.body)
             n += len(r.records)
         el, s, cl = m.done()
-        ahead.result()
-    return _row("pull", size, n, el, s, cl, max_count=1024, in_flight=2, body_bytes=nbytes)
+        for p in pending:
+            p.result()
+    return _row("pull", size, n, el, s, cl, max_count=1024, pulls_ahead=ahead, body_bytes=nbytes)
 
 
 def bench_group(c, first_level, size, duration):
@@ -322,7 +335,8 @@ def _sdk_rows(a, sizes, sdk_cases, emit, connect) -> int:
                     print(f"[sdk] {case} size={size} ...", file=sys.stderr, flush=True)
                     fn = {"single": bench_single, "batch": bench_batch, "autobatch": bench_autobatch,
                           "pull": bench_pull, "group": bench_group, "pop": bench_pop}[case]
-                    emit(fn(c, first if case in ("pull", "group", "pop") else topic, size, a.duration))
+                    extra = {"ahead": a.pull_ahead} if case == "pull" else {}
+                    emit(fn(c, first if case in ("pull", "group", "pop") else topic, size, a.duration, **extra))
     finally:
         _SERVER.stop()
     return 0
@@ -334,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="100,1024", help="payload sizes in bytes (default 100,1024)")
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"subset of {','.join(ALL_CASES)}")
     ap.add_argument("--flush-mode", default="async", choices=("async", "sync", "async+buffer"))
+    ap.add_argument("--pull-ahead", type=int, default=1,
+                    help="pull case: pulls sent ahead of the one being read (0 = one at a time; default 1)")
     a = ap.parse_args(argv)
     cases = [x for x in a.cases.split(",") if x]
     bad = [x for x in cases if x not in ALL_CASES]
