@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts, message_expiry_prop,
                                 packets as P, subscription_identifier_props, topic_alias_prop)
 from lmqtt.gateway.mqtt.properties import encode_properties
-from lmqtt.gateway.mqtt.wire import read_varint
+from lmqtt.gateway.mqtt.wire import encode_varint, read_varint
 from lmqtt.gateway.record_props import RecordMeta
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +71,7 @@ class OutboundMessage(PublishTemplate):
     receives the message.
     """
 
-    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent", "_body")
+    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent", "_body", "_exp")
 
     def __init__(self, topic: str, payload: bytes, record: RecordMeta, queue_offset: int | None = None,
                  phys_offset: int = -1, dispatch_queues: tuple[str, ...] = (), store_ts: int = 0) -> None:
@@ -88,6 +88,7 @@ class OutboundMessage(PublishTemplate):
         self._variants = {}
         self._props = None
         self._body = None
+        self._exp = None
 
     def props_body(self) -> bytes:
         """The record's MQTT 5 properties without the Message Expiry Interval and without the
@@ -106,6 +107,32 @@ class OutboundMessage(PublishTemplate):
                 b = b""
             self._body = b
         return b
+
+    def encode_with_expiry(self, qos: int, retain: bool, pid: int | None, dup: bool, left: int) -> bytes:
+        """The MQTT 5 PUBLISH carrying `left` seconds of Message Expiry Interval and nothing else per
+        subscriber: like the template variants, encoded once per (seconds left, QoS, retain) as
+        the bytes before and after the packet id, so a fan-out within the same second shares it."""
+        exp = self._exp
+        if exp is None or exp[0] != left:
+            exp = self._exp = (left, {})
+        variants = exp[1]
+        key = qos | (4 if retain else 0)
+        t = variants.get(key)
+        if t is None:
+            body = self.props_body() + message_expiry_prop(left)
+            data = encode_publish_v5_parts(self.topic, self.payload, qos, retain, False, 1 if qos else None, body)
+            if qos:
+                cut = len(data) - len(self.payload) - len(body) - len(encode_varint(len(body))) - 2
+                t = (data[:cut], data[cut + 2:])
+            else:
+                t = data
+            variants[key] = t
+        if not qos:
+            return t
+        head = t[0]
+        if dup:
+            head = bytes((head[0] | 0x08,)) + head[1:]
+        return b"".join((head, pid.to_bytes(2, "big"), t[1]))
 
     def expiry_left(self, now_ms: float) -> int | None:
         """Seconds of Message Expiry Interval left (>= 1), 0 when expired, None when it never expires."""
@@ -218,8 +245,9 @@ class Session:
             left = 1
         if self.version != 5:
             data = item.encode(qos, retain, self.version, pid, dup)
-        elif left is None and not sub_ids and not self.alias_max:
-            data = item.encode(qos, retain, 5, pid, dup)
+        elif not sub_ids and not self.alias_max:
+            data = (item.encode(qos, retain, 5, pid, dup) if left is None
+                    else item.encode_with_expiry(qos, retain, pid, dup, left))
         else:
             extra = item.props_body()
             if left is not None:

@@ -339,3 +339,20 @@ def test_no_reason_string_on_a_negative_puback_when_problem_information_is_off(t
         assert q.properties.reason_string is None
         assert "store error" in lo.properties.reason_string
     run(tmp_path, body)
+
+
+def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
+    """A message with an expiry fanned out to plain MQTT 5 subscribers shares one encoding per
+    second left (`encode_with_expiry`); it must equal the general per-subscriber build."""
+    from lmqtt.gateway.mqtt import encode_publish_v5_parts, message_expiry_prop
+    from lmqtt.gateway.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage
+    for rec in (RecordMeta(qos=2, message_expiry_interval=60),
+                RecordMeta(qos=2, message_expiry_interval=60, content_type="c", user_property=[("k", "v")])):
+        it = OutboundMessage("a/b", b"p" * 300, rec, store_ts=1)
+        for left in (60, 59):
+            for qos, retain, pid, dup in ((0, False, None, False), (1, True, 7, False), (2, False, 65535, True),
+                                          (1, False, 300, True)):
+                want = encode_publish_v5_parts("a/b", it.payload, qos, retain, dup, pid,
+                                               it.props_body() + message_expiry_prop(left))
+                assert it.encode_with_expiry(qos, retain, pid, dup, left) == want
