@@ -310,6 +310,27 @@ def decode_messages(body: bytes):
         raise ProtocolError(E_BAD_FRAME, f"MESSAGES body malformed: {e}") from None
 
 
+# ---------------------------------------------------------------- HELLO (sans-IO, every client)
+def hello_frame(client: str, token: str | None = None) -> bytes:
+    """The first frame a client sends."""
+    hello = {"version": PROTOCOL_VERSION, "client": client}
+    if token:
+        hello["token"] = token
+    return json_frame(OP_HELLO, 0, hello)
+
+
+def parse_hello_reply(op: int, body: bytes) -> dict:
+    """The server's answer to HELLO -> its info dict (ident, max_frame, ...). An ERROR (wrong
+    token, version) or any other frame raises ProtocolError(code, message, fatal=True); clients
+    turn it into their own error type. Shared by the sync, asyncio and loop-driven clients."""
+    if op == OP_ERROR:
+        code, msg = parse_error(body)
+        raise ProtocolError(code, msg, True)
+    if op != OP_HELLO_OK:
+        raise ProtocolError(E_BAD_FRAME, f"unexpected opcode {op:#x} in answer to HELLO", True)
+    return parse_json(body)
+
+
 # ---------------------------------------------------------------- EVENT (server push)
 # body: JSON object {queue name: max offset (next offset to be written)}; request id 0. Sent to
 # connections that asked for it (the gateway's `gw_watch` CALL); a hint, never the data itself.

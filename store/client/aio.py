@@ -1,7 +1,13 @@
-"""`LoopConnection`: one native-protocol connection driven by an asyncio loop's selector, for
-callers that live ON the loop and are partly synchronous (the remote gateway, gateway/remote_store.py).
+"""The SDK's asyncio connections (re-exported by `connection.py` for older imports):
 
-Why not `AsyncConnection` (asyncio streams, store/client/connection.py): the gateway's publish and
+`AsyncConnection`   the asyncio twin of the sync `Connection`: an asyncio.Protocol, pipelined
+                    requests answered as futures, server pushes (EVENT) to `on_push` callbacks,
+                    reconnect with backoff on the next request and `on_reconnect` callbacks (where a
+                    client re-watches what it watched).
+`LoopConnection`    one connection driven by an asyncio loop's selector, for callers that live ON
+                    the loop and are partly synchronous (the remote gateway, gateway/remote_store.py).
+
+Why `LoopConnection` beside `AsyncConnection`: the gateway's publish and
 delivery code calls the store synchronously. The hot paths must not block - a PRODUCE is written
 and its reply resolves a future later, pushed EVENT frames arrive through `loop.add_reader` - but a
 few rare reads (a filter registration before SUBACK, retained messages on SUBSCRIBE, a session on
@@ -31,18 +37,200 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, parse_address
+from .connection import _NOT_IDEMPOTENT, ConnectionLost, StoreClientError, _check, parse_address
 
 log = logging.getLogger("lmqtt.store.client.aio")
 
 
 def parse_hello_ok(op: int, body: bytes) -> dict:
-    """The server's answer to HELLO -> its info dict; ERROR -> StoreClientError (sans-IO)."""
-    if op == W.OP_ERROR:
-        raise StoreClientError(*W.parse_error(body))
-    if op != W.OP_HELLO_OK:
-        raise ConnectionLost(f"unexpected opcode {op:#x} in the handshake")
-    return json.loads(body)
+    """`protocol.parse_hello_reply` with the SDK's error type (StoreClientError)."""
+    try:
+        return W.parse_hello_reply(op, body)
+    except W.ProtocolError as e:
+        raise StoreClientError(e.code, str(e)) from None
+
+
+class AsyncConnection:
+    """asyncio twin of `Connection` (same frames, same error types), on an asyncio.Protocol."""
+
+    def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
+                 timeout: float = 30.0, reconnect_attempts: int = 6, backoff_initial: float = 0.05,
+                 backoff_max: float = 2.0, client_name: str = "lmqtt-sdk-async") -> None:
+        self.host, self.port = parse_address(address)
+        self.token = token
+        self.timeout = timeout
+        self.reconnect_attempts = reconnect_attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.client_name = client_name
+        self._proto: "_AsyncProtocol | None" = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._lock: asyncio.Lock | None = None
+        self._push: list[Callable[[int, bytes], None]] = []
+        self._reconnect_cbs: list[Callable[[], None]] = []
+        self._connects = 0
+        self.ident = None
+        self.server_info: dict = {}
+
+    def on_push(self, fn: Callable[[int, bytes], None]) -> None:
+        """fn(opcode, body) for every frame the server sends unasked (request id 0)."""
+        self._push.append(fn)
+
+    def on_reconnect(self, fn: Callable[[], None]) -> None:
+        """fn() after every connect but the first (re-watch, re-subscribe)."""
+        self._reconnect_cbs.append(fn)
+
+    async def _connect_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        hello: asyncio.Future = loop.create_future()
+        _t, proto = await loop.create_connection(lambda: _AsyncProtocol(self, hello), self.host, self.port)
+        proto.transport.write(W.hello_frame(self.client_name, self.token))
+        try:
+            op, body = await asyncio.wait_for(hello, self.timeout)
+            info = parse_hello_ok(op, body)
+        except BaseException:
+            proto.transport.close()
+            raise
+        self.server_info = info
+        self.ident = info.get("ident")
+        self._proto = proto
+        self._connects += 1
+        if self._connects > 1:
+            for fn in list(self._reconnect_cbs):
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001
+                    log.exception("event=reconnect_callback_failed")
+
+    async def _ensure(self) -> "_AsyncProtocol":
+        if self._proto is not None:
+            return self._proto
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._proto is not None:
+                return self._proto
+            delay, last = self.backoff_initial, None
+            for _attempt in range(max(1, self.reconnect_attempts)):
+                try:
+                    await self._connect_once()
+                    return self._proto
+                except StoreClientError:
+                    raise
+                except (OSError, ConnectionLost, asyncio.TimeoutError) as e:
+                    last = e
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
+            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+
+    def _lost(self, proto: "_AsyncProtocol", err: str) -> None:
+        if self._proto is proto:
+            self._proto = None
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionLost(err))
+
+    def _frame(self, op: int, flags: int, rid: int, body: bytes) -> None:
+        if rid == 0:
+            if op == W.OP_ERROR:
+                log.error("event=store_error_push error=%s", W.parse_error(body))
+                return
+            for fn in self._push:
+                try:
+                    fn(op, body)
+                except Exception:  # noqa: BLE001
+                    log.exception("event=push_callback_failed")
+            return
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result((op, flags, body))
+
+    async def request(self, op: int, body: bytes = b"") -> asyncio.Future:
+        proto = await self._ensure()
+        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        proto.transport.write(W.frame(op, rid, body))
+        return fut
+
+    async def call(self, op: int, body: bytes = b"", *, retry: bool = False):
+        tries = self.reconnect_attempts if retry else 1
+        for i in range(tries):
+            try:
+                fut = await self.request(op, body)
+                return _check(await asyncio.wait_for(fut, self.timeout))
+            except ConnectionLost:
+                if i + 1 >= tries:
+                    raise
+                await asyncio.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
+
+    async def cmd(self, name: str, **args):
+        args["cmd"] = name
+        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
+        return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
+
+    async def send(self, topic: str, body: bytes, **kw):
+        """Send one message (no dedup id); -> SendResult once durable."""
+        from .producer import SendResult, _pack_one
+        op, _f, rb = await self.call(W.OP_PRODUCE, W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)))
+        phys, qoff = W.decode_produced(rb)[0]
+        return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
+
+    async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
+                   max_bytes: int = 4 << 20):
+        from .consumer import _pull_result
+        _op, _f, body = await self.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
+                                        retry=True)
+        return _pull_result(self.ident, body)
+
+    async def close(self) -> None:
+        if self._proto is not None:
+            self._proto.transport.close()
+            self._proto = None
+
+
+class _AsyncProtocol(asyncio.Protocol):
+    def __init__(self, owner: AsyncConnection, hello: asyncio.Future) -> None:
+        self.owner = owner
+        self.hello = hello
+        self.dec = W.FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.dec.feed(data)
+        except W.ProtocolError as e:
+            self.transport.close()
+            self.owner._lost(self, f"bad frame from the store: {e}")
+            return
+        for op, flags, rid, body in frames:
+            if not self.hello.done():
+                self.hello.set_result((op, body))
+                continue
+            self.owner._frame(op, flags, rid, body)
+
+    def connection_lost(self, exc) -> None:
+        err = f"connection to the store lost: {exc}" if exc else "connection closed by the store"
+        if not self.hello.done():
+            self.hello.set_exception(ConnectionLost(err))
+        self.owner._lost(self, err)
+
+
+async def connect_async(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> AsyncConnection:
+    c = AsyncConnection(address, **kw)
+    await c._ensure()
+    return c
 
 
 class LoopConnection:
@@ -93,7 +281,7 @@ class LoopConnection:
             raise ConnectionLost(f"cannot reach the store at {self.address}: {e.strerror or e}") from None
         try:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(W.json_frame(W.OP_HELLO, 0, self._hello()))
+            s.sendall(W.hello_frame(self.client_name, self.token))
             dec = W.FrameDecoder(self.max_frame)
             frames = []
             deadline = time.monotonic() + self.connect_timeout
@@ -118,12 +306,6 @@ class LoopConnection:
         self._attach(s, dec)
         for f in frames[1:]:
             self._frame(*f)
-
-    def _hello(self) -> dict:
-        hello = {"version": W.PROTOCOL_VERSION, "client": self.client_name}
-        if self.token:
-            hello["token"] = self.token
-        return hello
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
         s.setblocking(False)
@@ -157,7 +339,7 @@ class LoopConnection:
         # runs in a thread: handshake blocking there, then attach on the loop
         s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(W.json_frame(W.OP_HELLO, 0, self._hello()))
+        s.sendall(W.hello_frame(self.client_name, self.token))
         dec = W.FrameDecoder(self.max_frame)
         frames = []
         while not frames:
@@ -356,4 +538,5 @@ class LoopConnection:
         return json.loads(body)
 
 
-__all__ = ["LoopConnection", "parse_hello_ok", "ConnectionLost", "StoreClientError"]
+__all__ = ["AsyncConnection", "connect_async", "LoopConnection", "parse_hello_ok", "ConnectionLost",
+           "StoreClientError"]

@@ -4,7 +4,8 @@
 id, so any number of requests can be in flight (`request()` returns a `concurrent.futures.Future`;
 `call()` waits for it). Thread-safe: producers, AutoBatch's flusher and consumers share one.
 
-`AsyncConnection` (asyncio): the same over asyncio streams; `request()` returns an asyncio future.
+`AsyncConnection` (asyncio, in aio.py, importable from here): the same on an asyncio.Protocol;
+`request()` returns an asyncio future; server pushes go to `on_push` callbacks.
 
 Lost connection: every request in flight fails with `ConnectionLost` (nothing is silently
 dropped); the next request reconnects, with exponential backoff (`backoff_initial` doubling up to
@@ -94,10 +95,11 @@ class Connection:
                 raise ConnectionLost(f"store {self.host}:{self.port} closed the connection during the handshake")
             frames = dec.feed(data)
         op, flags, _rid, body = frames[0]
-        if op == W.OP_ERROR:
+        try:
+            info = W.parse_hello_reply(op, body)
+        except W.ProtocolError as e:
             s.close()
-            raise StoreClientError(*W.parse_error(body))
-        info = json.loads(body)
+            raise StoreClientError(e.code, str(e)) from None
         self.ident = info.get("ident")
         self.server_info = info
         s.settimeout(None)
@@ -276,129 +278,5 @@ def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
     return c
 
 
-class AsyncConnection:
-    """asyncio twin of `Connection` (same frames, same error types)."""
-
-    def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
-                 timeout: float = 30.0, reconnect_attempts: int = 6, backoff_initial: float = 0.05,
-                 backoff_max: float = 2.0) -> None:
-        self.host, self.port = parse_address(address)
-        self.token = token
-        self.timeout = timeout
-        self.reconnect_attempts = reconnect_attempts
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future] = {}
-        self._ids = itertools.count(1)
-        self._lock = asyncio.Lock()
-        self.ident = None
-
-    async def _connect_once(self) -> None:
-        reader, writer = await asyncio.open_connection(self.host, self.port)
-        hello = {"version": W.PROTOCOL_VERSION, "client": "lmqtt-sdk-async"}
-        if self.token:
-            hello["token"] = self.token
-        writer.write(W.json_frame(W.OP_HELLO, 0, hello))
-        dec = W.FrameDecoder()
-        frames = []
-        while not frames:
-            data = await reader.read(65536)
-            if not data:
-                writer.close()
-                raise ConnectionLost(f"store {self.host}:{self.port} closed the connection during the handshake")
-            frames = dec.feed(data)
-        op, _f, _rid, body = frames[0]
-        if op == W.OP_ERROR:
-            writer.close()
-            raise StoreClientError(*W.parse_error(body))
-        self.ident = json.loads(body).get("ident")
-        self._writer = writer
-        asyncio.ensure_future(self._reader(reader, writer, dec))
-
-    async def _ensure(self) -> asyncio.StreamWriter:
-        async with self._lock:
-            if self._writer is not None:
-                return self._writer
-            delay, last = self.backoff_initial, None
-            for attempt in range(max(1, self.reconnect_attempts)):
-                try:
-                    await self._connect_once()
-                    return self._writer
-                except StoreClientError:
-                    raise
-                except OSError as e:
-                    last = e
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
-            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
-
-    async def _reader(self, reader, writer, dec) -> None:
-        err = "connection closed by the store"
-        try:
-            while True:
-                data = await reader.read(1 << 20)
-                if not data:
-                    break
-                for op, flags, rid, body in dec.feed(data):
-                    fut = self._pending.pop(rid, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result((op, flags, body))
-        except (OSError, W.ProtocolError) as e:
-            err = f"connection to the store lost: {e}"
-        if self._writer is writer:
-            self._writer = None
-        writer.close()
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(ConnectionLost(err))
-
-    async def request(self, op: int, body: bytes = b"") -> asyncio.Future:
-        w = await self._ensure()
-        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        w.write(W.frame(op, rid, body))
-        return fut
-
-    async def call(self, op: int, body: bytes = b"", *, retry: bool = False):
-        tries = self.reconnect_attempts if retry else 1
-        for i in range(tries):
-            try:
-                fut = await self.request(op, body)
-                return _check(await asyncio.wait_for(fut, self.timeout))
-            except ConnectionLost:
-                if i + 1 >= tries:
-                    raise
-                await asyncio.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
-
-    async def cmd(self, name: str, **args):
-        args["cmd"] = name
-        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
-        return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
-
-    async def send(self, topic: str, body: bytes, **kw):
-        """Send one message (no dedup id); -> SendResult once durable."""
-        from .producer import SendResult, _pack_one
-        op, _f, rb = await self.call(W.OP_PRODUCE, W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)))
-        phys, qoff = W.decode_produced(rb)[0]
-        return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
-
-    async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
-                   max_bytes: int = 4 << 20):
-        from .consumer import _pull_result
-        _op, _f, body = await self.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
-                                        retry=True)
-        return _pull_result(self.ident, body)
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-async def connect_async(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> AsyncConnection:
-    c = AsyncConnection(address, **kw)
-    await c._ensure()
-    return c
+# the asyncio connection lives in aio.py; kept importable from here
+from .aio import AsyncConnection, connect_async  # noqa: E402,F401  (after the names aio.py imports)
