@@ -436,6 +436,24 @@ def test_application_properties_pass_through_unchanged(server):
     pub.disconnect()
 
 
+def test_will_properties_pass_through_with_remaining_expiry(server):
+    sub = Paho(server, "m5-will-sub", version=5)
+    sub.subscribe("will5/t", 1)
+    raw = RawMQTT(server, version=5)
+    will = P.Will("will5/t", b"gone", 1, False,
+                  P.Properties(content_type="text/plain", message_expiry_interval=50, response_topic="will5/r",
+                               correlation_data=b"cd", user_property=[("why", "test")]))
+    ack = raw.connect("m5-will", will=will)
+    assert ack.reason_code == 0
+    raw.sock.close()                       # no DISCONNECT: the will goes out
+    m = sub.get()
+    mp = m.properties
+    assert (m.payload, mp.ContentType, mp.ResponseTopic, mp.CorrelationData, mp.UserProperty) == \
+        (b"gone", "text/plain", "will5/r", b"cd", [("why", "test")])
+    assert 49 <= mp.MessageExpiryInterval <= 50
+    sub.disconnect()
+
+
 # ---------------------------------------------------------------------------------- persistence
 @pytest.mark.parametrize("kind", SERVER_KINDS)
 def test_subscription_identifiers_and_options_survive_restart(tmp_path, kind):
