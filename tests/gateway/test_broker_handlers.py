@@ -356,3 +356,38 @@ def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
                 want = encode_publish_v5_parts("a/b", it.payload, qos, retain, dup, pid,
                                                it.props_body() + message_expiry_prop(left))
                 assert it.encode_with_expiry(qos, retain, pid, dup, left) == want
+
+
+def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
+    """Random topic sequences, random client limits, some messages too large for the client: a
+    client that resolves aliases exactly as MQTT 5 says (§3.3.2.3.4) always reads the topic that
+    was meant, never sees an alias above its maximum, and never sees an empty topic with an alias
+    it was not told."""
+    import random
+    from lmqtt.gateway.mqtt import Decoder, packets as P
+    from lmqtt.gateway.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage, Session
+    rnd = random.Random(2026)
+    for _ in range(200):
+        s = Session("c")
+        s.version = 5
+        alias_max = rnd.randint(1, 6)
+        s.set_client_limits(rnd.choice([0, 60, 80]), alias_max, 100)
+        client: dict[int, str] = {}
+        dec = Decoder(version=5, server_side=False)
+        for _ in range(60):
+            topic = f"t/{rnd.randint(0, 9)}"
+            it = OutboundMessage(topic, b"x" * rnd.choice([1, 30, 70]), RecordMeta(qos=1))
+            data = s.publish_bytes(it, 1, False, 1)
+            if type(data) is not bytes:
+                continue                      # dropped for this client: it learnt nothing
+            p, = dec.feed(data)
+            alias = p.properties.topic_alias
+            if alias is not None:
+                assert 1 <= alias <= alias_max
+                if p.topic:
+                    client[alias] = p.topic
+                else:
+                    assert alias in client
+            got = p.topic or client[alias]
+            assert got == topic
