@@ -173,6 +173,9 @@ class Broker:
         props = pkt.properties
         if not self.accepting:
             return self._refuse(conn, RC.SERVER_UNAVAILABLE, "server shutting down")
+        down = self.storage.unavailable()         # remote store unreachable: no session to offer
+        if down:
+            return self._refuse(conn, RC.SERVER_UNAVAILABLE, down)
         cid = pkt.client_id
         assigned = None
         if not cid:

@@ -26,10 +26,9 @@ class FleetSessionRegistry(SessionRegistry):
         if not clean_start:
             s = self.sessions.get(client_id)
             if s is None or not s.online:
-                try:
-                    self._reload(client_id)
-                except Exception as e:  # noqa: BLE001 - the local copy (if any) still serves
-                    log.error("event=session_reload_failed client_id=%s error=%r", client_id, e)
+                # a failure propagates (the CONNECT fails): answering "no session" from a stale or
+                # missing copy would later overwrite the store's record
+                self._reload(client_id)
         return super().open(client_id, clean_start)
 
     def _forget_local(self, client_id: str) -> None:

@@ -207,6 +207,11 @@ class RemoteStore:
     def all_visible(self) -> bool:
         return False
 
+    def unavailable(self) -> str | None:
+        if self.link.connected:
+            return None
+        return f"store {self.link.address} unavailable: {self.link.last_error}"
+
     # ------------------------------------------------------------------ delivery path
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self._listeners.append(callback)

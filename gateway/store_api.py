@@ -1,11 +1,13 @@
 """What the gateway needs from the store: the one narrow seam between MQTT and storage.
 
-Two implementations are meant to exist: in-process (`InProcessStore`, below: the embedded
-`lmqtt serve`, zero copies, calls straight into `MessageStore` / `LightQueueStore` /
-`MetadataStore`) and remote (the SDK over the store's native protocol, for `lmqtt gateway`). The
-gateway should depend on `GatewayStore` only, so the two can be swapped.
+Two implementations: in-process (`InProcessStore`, below: the embedded `lmqtt serve`, zero
+copies, calls straight into `MessageStore` / `LightQueueStore` / `MetadataStore`) and remote
+(`gateway/remote_store.py` `RemoteStore`: the store's native protocol, for `lmqtt gateway`,
+docs/fleet.md). The gateway depends on `GatewayStore` only, so the two can be swapped; the
+end-to-end tests run against both.
 
-The broker builds an `InProcessStore` from the store objects it is given and hands it to the
+The broker uses the `GatewayStore` it is given (default: an `InProcessStore` built from the store
+objects) and hands it to the
 publish pipeline, the delivery engine, the subscription registry and (its `metadata`) the session
 persistence; none of them touches the store objects otherwise. A remote implementation only has to
 provide the same attributes.
@@ -49,6 +51,8 @@ class GatewayStore(Protocol):
     def append(self, message: Any) -> Any: ...
     def all_visible(self) -> bool:
         """Everything appended so far is readable from the light queues."""
+    def unavailable(self) -> str | None:
+        """Why the store cannot serve right now (CONNECT is refused with 0x88), or None."""
 
     # -- delivery path
     def max_offset(self, queue: str) -> int: ...
@@ -79,6 +83,9 @@ class InProcessStore:
 
     def all_visible(self) -> bool:
         return self.store.dispatched_offset >= self.store.max_offset
+
+    def unavailable(self) -> str | None:
+        return None               # the embedded store is this process
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)

@@ -366,7 +366,9 @@ class LmqttGateway:
                 raise RuntimeError(f"lmqtt gateway exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return self
+                    pass
+                with socket.create_connection((self.host, self.metrics_port), timeout=0.2):
+                    return self          # the metrics/health port opens right after MQTT's
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"lmqtt gateway did not listen within {timeout}s: {self.log_tail()}")

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho
+from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT
 
 
 @pytest.fixture(scope="module")
@@ -165,21 +165,27 @@ def test_health_endpoints_follow_the_store(tmp_path):
             time.sleep(0.05)
         assert code == 503, "a gateway without its store must not be ready"
         assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+        # no store, no session to offer: CONNECT is refused with "server unavailable" and the
+        # reason, never answered with an empty session that would later overwrite the stored one
+        raw = RawMQTT(gw, version=5)
+        ack = raw.connect("health-persist", clean=False)
+        assert ack.reason_code == 0x88
+        assert store.address in (ack.properties.reason_string or "")
+        raw.close()
         # the store comes back on the same port: the gateway reconnects and serves again
         store.start()
-        sub = Paho(gw, "health-sub")
-        pub = Paho(gw, "health-pub")
         deadline = time.monotonic() + 10
-        while True:
+        while True:               # refused (0x88) until the gateway has re-dialled
             try:
-                sub.subscribe("back/t", qos=1)
+                sub = Paho(gw, "health-sub")
                 break
-            except Exception:
+            except AssertionError:
                 if time.monotonic() > deadline:
                     raise
-                sub.disconnect()
-                time.sleep(0.2)
-                sub = Paho(gw, "health-sub")
+                time.sleep(0.1)
+        assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
+        sub.subscribe("back/t", qos=1)
+        pub = Paho(gw, "health-pub")
         pub.publish("back/t", b"again", qos=1)
         assert sub.get(5).payload == b"again"
         sub.disconnect()
