@@ -8,20 +8,146 @@ for persistent sessions that are not connected HERE:
   * an expiry timer here deletes the store's record only if the store still holds the record this
     gateway wrote (not one written since by the gateway the client moved to).
 
-Not fleet-wide yet (said plainly in docs/fleet.md): one live connection per client id across the
-fleet (a client connected to A and B at once keeps both connections; no takeover across gateways).
+With Redis (`lmqtt gateway --redis`), `SessionDirectory` makes one live connection per client id
+across the fleet: a gateway that attaches a connection to a client id announces it on Redis
+pub/sub, and the gateway that held the previous connection closes it with MQTT 5 reason 0x8E
+(session taken over), as a takeover within one gateway does. Without Redis a client id connected
+to two gateways keeps both connections (docs/fleet.md).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
+from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session_registry import SessionRegistry
 
 log = logging.getLogger("lmqtt.gateway.fleet")
 
+CLAIMS_CHANNEL = "lmqtt:sessions:claims"
+
+
+class SessionDirectory:
+    """Redis pub/sub of "gateway G now owns client id C" (message `G\nC`). A lost message (Redis
+    down) leaves the old connection open until its client goes away: two live connections, never a
+    lost message (both read from the stored offsets)."""
+
+    def __init__(self, url: str, gateway_id: str, on_claimed_elsewhere, reconnect_max_s: float = 2.0) -> None:
+        self.url = url
+        self.gateway_id = gateway_id
+        self.on_claimed_elsewhere = on_claimed_elsewhere
+        self.reconnect_max_s = reconnect_max_s
+        self._redis = None
+        self._task: asyncio.Task | None = None
+        self.connected = asyncio.Event()
+        self.claims_sent = 0
+        self.claims_heard = 0
+        self.errors = 0
+
+    async def start(self) -> None:
+        import redis.asyncio as aioredis
+        self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def claim(self, client_id: str) -> None:
+        if self._redis is None:
+            return
+        self.claims_sent += 1
+        asyncio.get_running_loop().create_task(self._send(client_id))
+
+    async def _send(self, client_id: str) -> None:
+        try:
+            await self._redis.publish(CLAIMS_CHANNEL, f"{self.gateway_id}\n{client_id}")
+        except Exception as e:  # noqa: BLE001 - a hint: the old connection stays until its client leaves
+            self.errors += 1
+            log.warning("event=session_claim_failed client_id=%s error=%r", client_id, e)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(CLAIMS_CHANNEL)
+                self.connected.set()
+                backoff = 0.05
+                while True:
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    gid, _, cid = msg["data"].decode().partition("\n")
+                    if gid != self.gateway_id and cid:
+                        self.claims_heard += 1
+                        try:
+                            self.on_claimed_elsewhere(cid)
+                        except Exception:  # noqa: BLE001
+                            log.exception("event=session_release_failed client_id=%s", cid)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - reconnect with backoff
+                if self.connected.is_set():
+                    log.warning("event=session_directory_disconnected error=%r", e)
+                self.connected.clear()
+                await asyncio.sleep(backoff)
+                backoff = min(self.reconnect_max_s, backoff * 2)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._redis is not None:
+            await self._redis.aclose()
+
 
 class FleetSessionRegistry(SessionRegistry):
+    directory: SessionDirectory | None = None     # set by the composition when Redis is configured
+
+    def attach(self, conn, s) -> None:
+        super().attach(conn, s)
+        if self.directory is not None:
+            self.directory.claim(s.client_id)
+
+    def release_to_other_gateway(self, client_id: str) -> None:
+        """Another gateway attached a connection to `client_id`: close ours with 0x8E and let the
+        session go without writing its record (the new owner holds the newer one); offsets are
+        saved (progress, never a loss). A will without delay is published, as on a local takeover;
+        a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
+        conn = self.owner(client_id)
+        if conn is None:
+            s = self.sessions.get(client_id)
+            if s is not None and not s.online:
+                self._forget_local(client_id)      # stale copy: the other gateway has it now
+                self.metrics.sessions.set(len(self.sessions))
+            return
+        s = conn.session
+        log.info("event=takeover_by_other_gateway client_id=%s peer=%s", client_id, conn.peer)
+        conn.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over (by another gateway)")
+        # detach without the session record; the broker's connection-lost handling then finds no
+        # session on the connection
+        del self._owners[client_id]
+        conn.session = None
+        will, conn.will = conn.will, None
+        if s is not None:
+            s.conn = None
+            if s.persistent:
+                self.persist.save_offsets(s)
+            self.subscriptions.go_offline(s)
+            s.retained_backlog.clear()
+            if self.sessions.get(client_id) is s:
+                self._forget_local(client_id)
+        if will is not None:
+            delay = (will.properties.will_delay_interval or 0) if conn.version == 5 else 0
+            if delay == 0:
+                self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
+        self.metrics.sessions.set(len(self.sessions))
     def open(self, client_id: str, clean_start: bool):
         if not clean_start:
             s = self.sessions.get(client_id)
@@ -63,7 +189,14 @@ class FleetSessionRegistry(SessionRegistry):
         # the new copy first, then the old one goes: its wildcard filters never drop to zero
         # holders in between (the last unregistration drops a filter's queue with its entries)
         old = self.sessions.pop(client_id, None)
-        self._session_from(rec, offsets, last)
+        new = self._session_from(rec, offsets, last)
+        # `restore` counts wildcard filters without registering them (at start sync_store_filters
+        # does); here a filter this gateway did not use yet must be held in the store NOW, before
+        # anything else lets go of it (the gateway the client left drops its holds)
+        users = self.subscriptions.filter_users
+        for sub in new.subs.values():
+            if users.get(sub.queue) == 1:
+                self.subscriptions.store.register_filter(sub.queue)
         if old is not None:
             self._drop_copy(old)
         self.metrics.sessions.set(len(self.sessions))

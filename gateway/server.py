@@ -100,6 +100,7 @@ class Gateway:
         self.link = None            # remote: the store connection (store/client/aio.py)
         self.storage = None         # remote: the RemoteStore
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
+        self.sessions_directory = None   # remote with Redis: client id claims across the fleet
 
     @property
     def remote(self) -> bool:
@@ -181,6 +182,13 @@ class Gateway:
             self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  storage=self.storage, session_registry_cls=FleetSessionRegistry)
             self.storage.on_new_data(self.broker.delivery.on_queues)
+            if cfg.redis:
+                # one live connection per client id across the fleet (gateway/fleet.py)
+                from lmqtt.gateway.fleet import SessionDirectory
+                reg = self.broker.session_registry
+                self.sessions_directory = SessionDirectory(cfg.redis, gid, reg.release_to_other_gateway)
+                reg.directory = self.sessions_directory
+                await self.sessions_directory.start()
             self.broker.start()
             await self._listen(loop)
         except BaseException:
@@ -222,6 +230,12 @@ class Gateway:
     async def _close_remote(self) -> None:
         if self.storage is not None:
             self.storage.close()
+        if self.sessions_directory is not None:
+            try:
+                await self.sessions_directory.close()
+            except Exception as e:  # noqa: BLE001
+                log.error("event=redis_close_failed error=%r", e)
+            self.sessions_directory = None
         if self.redis_events is not None:
             try:
                 await self.redis_events.close()

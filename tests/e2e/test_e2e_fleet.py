@@ -249,3 +249,41 @@ def test_redis_notify_and_a_dead_redis(tmp_path):
         if store is not None:
             store.stop()
         redis.stop()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_redis_session_takeover_across_gateways(tmp_path):
+    """With --redis, one live connection per client id across the fleet: connecting on B closes
+    the connection on A with MQTT 5 reason 0x8E, and the session (subscription, queued messages)
+    continues on B."""
+    from lmqtt.gateway.mqtt import packets as P
+    from lmqtt.loadtest.redis_streams import RedisServer
+    redis = RedisServer()
+    store = gws = None
+    try:
+        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url), log_path=str(tmp_path / "store.log")).start()
+        gws = [LmqttGateway(store.address, ("--redis", redis.url), log_dir=str(tmp_path)).start() for _ in range(2)]
+        a, b = gws
+        first = RawMQTT(a, version=5)
+        assert first.connect("roamer", clean=False, props=P.Properties(session_expiry_interval=300)).reason_code == 0
+        first.send(P.Subscribe(1, [P.SubscriptionRequest("roam/#", 1)]))
+        assert isinstance(first.recv(), P.SubAck)
+        time.sleep(0.2)                         # the claim of A has gone out before B's
+        second = Paho(b, "roamer", version=5, clean=False, expiry=300)
+        assert second.session_present
+        pkt = first.recv(5)
+        assert isinstance(pkt, P.Disconnect) and pkt.reason_code == 0x8E, pkt
+        assert first.closed_by_server(5)
+        pub = Paho(a, "roam-pub")
+        for i in range(5):
+            pub.publish("roam/t", str(i).encode(), qos=1)
+        assert [m.payload for m in second.get_n(5)] == [str(i).encode() for i in range(5)]
+        assert second.drain(0.3) == []
+        pub.disconnect()
+        second.disconnect()
+    finally:
+        for g in gws or ():
+            assert g.stop() == 0, g.log_tail()
+        if store is not None:
+            store.stop()
+        redis.stop()
