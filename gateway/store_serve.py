@@ -63,13 +63,21 @@ def _config(args) -> dict:
             raise ValueError(f"config file not found: {args.config}") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"config file {args.config} is not valid TOML: {e}") from None
-        flat = dict(doc.get("store", {})) if isinstance(doc.get("store"), dict) else {}
-        flat.update({k: v for k, v in doc.items() if not isinstance(v, dict)})
-        for k, v in flat.items():
-            k = k.replace("-", "_")
-            if k not in DEFAULTS:
-                raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
-            cfg[k] = v
+        from lmqtt.gateway.config import GatewayConfig
+        # one file may configure the whole fleet (the Helm chart mounts one lmqtt.toml into store
+        # and gateway pods): top-level keys that only a gateway knows are the gateway's, not typos;
+        # keys under [store] must be the store's
+        gateway_keys = GatewayConfig.field_names()
+        table = dict(doc.get("store", {})) if isinstance(doc.get("store"), dict) else {}
+        top = {k: v for k, v in doc.items() if not isinstance(v, dict)}
+        for source, strict in ((top, False), (table, True)):
+            for k, v in source.items():
+                k = k.replace("-", "_")
+                if k not in DEFAULTS:
+                    if not strict and k in gateway_keys:
+                        continue
+                    raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
+                cfg[k] = v
     if not cfg["token"] and os.environ.get("LMQTT_STORE_TOKEN"):
         cfg["token"] = os.environ["LMQTT_STORE_TOKEN"]
     for k, v in vars(args).items():

@@ -287,3 +287,36 @@ def test_redis_session_takeover_across_gateways(tmp_path):
         if store is not None:
             store.stop()
         redis.stop()
+
+
+def test_one_config_file_for_store_and_gateways(tmp_path):
+    """The Helm chart mounts one lmqtt.toml into every pod: gateway keys at the top level must not
+    stop the store, a typo must (exit 2, naming the key)."""
+    import subprocess
+    import sys
+    from tests.support import ROOT
+    conf = tmp_path / "lmqtt.toml"
+    conf.write_text('max_inflight = 10\nsafety_poll_ms = 250\n[store]\nflush_mode = "sync"\n')
+    store = LmqttStore(str(tmp_path / "store"), ("--config", str(conf)), log_path=str(tmp_path / "store.log")).start()
+    gw = LmqttGateway(store.address, ("--config", str(conf)), log_dir=str(tmp_path)).start()
+    try:
+        assert "flush mode: sync" in store.log_tail()
+        assert "safety poll every 250 ms" in gw.log_tail()
+        sub, pub = Paho(gw, "conf-sub"), Paho(gw, "conf-pub")
+        sub.subscribe("conf/t", qos=1)
+        pub.publish("conf/t", b"ok", qos=1)
+        assert sub.get(5).payload == b"ok"
+        sub.disconnect()
+        pub.disconnect()
+    finally:
+        gw.stop()
+        store.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[store]\nflush_mdoe = "sync"\n')
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", "0", "--data-dir",
+                        str(tmp_path / "s2"), "--config", str(bad)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "unknown key 'flush_mdoe'" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--port", "0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--store HOST:PORT is required" in r.stderr, r.stderr
