@@ -408,3 +408,57 @@ class AuthChain:
         for a in self.authenticators:
             if hasattr(a, "reload"):
                 a.reload()
+
+
+# ------------------------------------------------------------------------ off the event loop
+class AuthRunner:
+    """Credential checks that must compute a password hash run on a small thread pool.
+
+    Why: a `$7$` hash costs ~100-200 ms of CPU by design (PBKDF2, 210,000 rounds). Computed on the
+    event loop, 1,000 logins with wrong passwords would stall every connected client for minutes;
+    on a pool (hashlib releases the GIL while hashing) they cost CPU but the loop keeps serving.
+    Checks that need no hash (a remembered result, an unknown user, HMAC, JWT) stay inline.
+    At most `max_pending` checks wait at once; beyond that a CONNECT is refused as "server busy"
+    (0x89) instead of queueing without bound."""
+
+    BUSY = "busy"
+
+    def __init__(self, chain: "AuthChain", loop, workers: int = 2, max_pending: int = 256) -> None:
+        self.chain = chain
+        self.loop = loop
+        self.workers = workers
+        self.max_pending = max_pending
+        self.pending = 0
+        self.deferred = 0                 # checks sent to the pool (a counter for tests/metrics)
+        self._pool = None
+
+    def check_later(self, creds: Credentials, done) -> bool:
+        """True when the check was handed to the pool: `done(result)` runs on the loop later.
+        False: the caller checks inline (`chain.check`), nothing slow to do."""
+        if not self.chain.is_slow(creds):
+            return False
+        if self.pending >= self.max_pending:
+            self.loop.call_soon(done, Denied(f"{self.pending} logins already waiting for a password "
+                                             f"check", self.BUSY))
+            return True
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="lmqtt-auth")
+        self.pending += 1
+        self.deferred += 1
+        fut = self.loop.run_in_executor(self._pool, self.chain.check, creds)
+
+        def finished(f) -> None:
+            self.pending -= 1
+            try:
+                result = f.result()
+            except Exception as e:  # noqa: BLE001 - a failing check refuses this client only
+                result = Denied(f"authentication failed: {type(e).__name__}: {e}")
+            done(result)
+        fut.add_done_callback(finished)
+        return True
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

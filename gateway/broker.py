@@ -17,7 +17,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway.auth import Credentials, Identity, certificate_subject
+from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity, certificate_subject
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
@@ -51,6 +51,7 @@ class Broker:
         # security (gateway/auth.py, gateway/acl.py): None = not configured, and then CONNECT,
         # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
         self.auth = auth
+        self.auth_runner = AuthRunner(auth, loop) if auth is not None else None
         self.acl = acl
         self.store = store
         self.lq = lq
@@ -121,6 +122,8 @@ class Broker:
         for t in (self._sweep_handle, self._offsets_handle):
             if t is not None:
                 t.cancel()
+        if self.auth_runner is not None:
+            self.auth_runner.close()
         self.session_registry.close()
         self._flush_offsets()
         try:
@@ -158,9 +161,12 @@ class Broker:
         h(conn, pkt)
 
     # ======================================================================= CONNECT
-    def _refuse(self, conn: "MQTTConnection", rc: int, reason: str) -> None:
+    def _refuse(self, conn: "MQTTConnection", rc: int, reason: str, cause: str | None = None) -> None:
+        """CONNACK with a failure code; `reason` goes to the client, `cause` (which part of the
+        credentials was wrong) only to the log."""
         self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
-        log.info("event=connect_refused peer=%s reason_code=0x%02X reason=%r", conn.peer, rc, reason)
+        log.info("event=connect_refused peer=%s reason_code=0x%02X reason=%r%s", conn.peer, rc, reason,
+                 f" cause={cause!r}" if cause else "")
         conn.write(encode_connack_refusal(rc, reason, conn.version))
         conn.close()
 
@@ -188,14 +194,38 @@ class Broker:
             return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
         ident = None
         if self.auth is not None:
-            ident = self.auth.authenticate(Credentials(cid, pkt.username, pkt.password, self._cert_subject(conn)))
-            if ident is None:
-                if pkt.username is not None or pkt.password is not None:
-                    return self._refuse(conn, RC.BAD_USER_NAME_OR_PASSWORD,
-                                        "bad user name or password")
-                return self._refuse(conn, RC.NOT_AUTHORIZED, "not authorized")
+            creds = Credentials(cid, pkt.username, pkt.password, self._cert_subject(conn))
+
+            def checked(result, conn=conn, pkt=pkt, cid=cid, assigned=assigned) -> None:
+                if conn.closing:             # the client left while its password was checked
+                    return
+                try:
+                    self._connect_checked(conn, pkt, cid, assigned, result)
+                except ProtocolError as e:
+                    conn.protocol_error(e.reason_code, str(e))
+                    return
+                conn.release()               # the packets that came after CONNECT, in order
+            if self.auth_runner.check_later(creds, checked):
+                conn.hold()                  # a password hash to compute: off the event loop
+                return
+            return self._connect_checked(conn, pkt, cid, assigned, self.auth.check(creds))
         elif self.acl is not None:
             ident = Identity(None, cid, "anonymous")
+        self._connect_checked(conn, pkt, cid, assigned, ident)
+
+    def _connect_checked(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, ident) -> None:
+        """The rest of CONNECT once the credentials are checked (`ident`: Identity, Denied, or None
+        when no authentication is configured)."""
+        if isinstance(ident, Denied):
+            if ident.method == AuthRunner.BUSY:
+                return self._refuse(conn, RC.SERVER_BUSY, "server busy", ident.reason)
+            if pkt.username is not None or pkt.password is not None:
+                return self._refuse(conn, RC.BAD_USER_NAME_OR_PASSWORD, "bad user name or password",
+                                    ident.reason)
+            return self._refuse(conn, RC.NOT_AUTHORIZED, "not authorized", ident.reason)
+        cfg = self.cfg
+        v = pkt.protocol_level
+        props = pkt.properties
         conn.identity = ident
         will = pkt.will
         if will is not None and self.acl is not None and not self.acl.can_publish(ident, will.topic):

@@ -99,6 +99,7 @@ class MQTTConnection(asyncio.Protocol):
         self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self._reading_paused = False
+        self._held: list | None = None   # packets read while CONNECT awaits its password check
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self.peer = "?"
@@ -122,10 +123,19 @@ class MQTTConnection(asyncio.Protocol):
         except ProtocolError as e:
             self.protocol_error(e.reason_code, str(e))
             return
+        if self._held is not None:
+            self._held.extend(packets)
+            return
+        self._handle_packets(packets)
+
+    def _handle_packets(self, packets) -> None:
         h = self.handler
         handle = h.handle_packet
-        for pkt in packets:
+        for i, pkt in enumerate(packets):
             if self.closing:
+                return
+            if self._held is not None:       # the handler put CONNECT on hold: keep the rest
+                self._held.extend(packets[i:])
                 return
             try:
                 # the two QoS 1 hot-path packets skip the generic dispatch table (CONNECT accepted:
@@ -148,6 +158,24 @@ class MQTTConnection(asyncio.Protocol):
 
     def eof_received(self):
         return False  # close the transport
+
+    def hold(self) -> None:
+        """Stop handling packets (CONNECT waits for a password check off the loop): what arrives
+        meanwhile is kept in order, and reading pauses so a client cannot pile up more."""
+        if self._held is None:
+            self._held = []
+            if not self._reading_paused and self.transport is not None:
+                self.transport.pause_reading()
+
+    def release(self) -> None:
+        """Handle the packets kept by `hold`, in order, then read again."""
+        held, self._held = self._held, None
+        if held is None or self.closing:
+            return
+        if not self._reading_paused and self.transport is not None:
+            self.transport.resume_reading()
+        if held:
+            self._handle_packets(held)
 
     def pause_writing(self) -> None:
         if not self.write_blocked:
