@@ -73,3 +73,25 @@ def test_a_thousand_failed_logins_leave_connected_clients_served(tmp_path):
             c.disconnect()
     finally:
         srv.stop()
+
+
+def test_packets_sent_right_after_connect_wait_for_the_password_check(tmp_path):
+    """CONNECT, SUBSCRIBE and PUBLISH in one write, with a password whose hash is not computed yet:
+    the check runs off the loop, and the rest is handled after the CONNACK, in order."""
+    from lmqtt.gateway.mqtt import encode
+    pw = tmp_path / "passwd"
+    pw.write_text(f"alice:{hash_password('wonder', iterations=50_000)}\n")
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--password-file", str(pw)),
+                      log_path=str(tmp_path / "serve.log")).start()
+    try:
+        r = RawMQTT(srv, version=5)
+        r.send_raw(encode(P.Connect("pipelined", 5, True, 30, "alice", b"wonder", None, P.Properties()), 5)
+                   + encode(P.Subscribe(1, [P.SubscriptionRequest("pipe/t", 1)], P.Properties()), 5)
+                   + encode(P.Publish("pipe/t", b"hello", 1, False, False, 2, P.Properties()), 5))
+        got = [r.recv(timeout=10) for _ in range(4)]
+        kinds = [type(p).__name__ for p in got]
+        assert kinds[:2] == ["ConnAck", "SubAck"] and got[0].reason_code == 0
+        assert sorted(kinds[2:]) == ["PubAck", "Publish"] and [p for p in got if type(p).__name__ == "Publish"][0].payload == b"hello"
+        r.close()
+    finally:
+        srv.stop()
