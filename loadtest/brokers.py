@@ -157,6 +157,35 @@ def _amqtt_script() -> str:
     return found
 
 
+# where each installed package lives in a source tree (pyproject.toml's package-dir)
+_NAMESPACE_DIRS = {"store": "store", "lightqueue": "lightqueue", "notify": "notify", "gateway": "gateway",
+                   "loadtest": "loadtest"}
+
+
+def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
+    """(PYTHONPATH entry, module to run with -m) for running lmqtt from a source tree such as a
+    `git archive` snapshot (C modules built in place with `python3 setup.py build_ext --inplace`).
+
+    A tree of the `lmqtt` namespace layout (pyproject maps `lmqtt.store` -> `store/`, ...) gets a
+    directory `workdir/lmqtt-src/lmqtt/` of symlinks to its package folders, so `lmqtt.gateway.cli`
+    imports from the tree and not from the installed package; an older tree (top-level `gateway`,
+    `store`, ...) runs as `gateway.cli` with the tree itself on the path."""
+    src = Path(lmqtt_src).resolve()
+    if not (src / "gateway" / "serve.py").exists():
+        raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/serve.py there")
+    pyproject = src / "pyproject.toml"
+    if pyproject.exists() and '"lmqtt.gateway" = "gateway"' in pyproject.read_text():
+        ns = Path(workdir) / "lmqtt-src"
+        root = ns / "lmqtt"
+        root.mkdir(parents=True, exist_ok=True)
+        for pkg, folder in _NAMESPACE_DIRS.items():
+            link = root / pkg
+            if not link.exists() and (src / folder).is_dir():
+                link.symlink_to(src / folder, target_is_directory=True)
+        return str(ns), "lmqtt.gateway.cli"
+    return str(src), "gateway.cli"
+
+
 def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if name == "mosquitto":
@@ -178,14 +207,14 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             version = "amqtt"
         return [_amqtt_script(), "-c", str(_amqtt_conf(port, workdir))], version
     if name == "lmqtt":
+        module = "lmqtt.gateway.cli"
         if lmqtt_src:
-            if not (Path(lmqtt_src) / "gateway" / "serve.py").exists():
-                raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/serve.py there")
+            module = source_path(lmqtt_src, workdir)[1]
         elif importlib.util.find_spec("lmqtt.gateway.serve") is None:
             raise BrokerUnavailable("lmqtt.gateway.serve is not built yet (lmqtt serve missing)")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
-        return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", "127.0.0.1",
+        return [sys.executable, "-m", module, "serve", "--host", "127.0.0.1",
                 "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], \
             "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
@@ -208,7 +237,7 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if name == "lmqtt" and lmqtt_src:
-        src = str(Path(lmqtt_src).resolve())
+        src = source_path(lmqtt_src, workdir)[0]
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir),
