@@ -31,7 +31,8 @@ import logging
 from typing import Any, Callable, Iterable, NamedTuple
 
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
-from lmqtt.store import protocol as W
+from lmqtt.store import MessageTooLarge, protocol as W
+from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -186,7 +187,19 @@ class RemoteStore:
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
         return ()          # the store's router computes them from the topic
 
+    # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
+    max_message_size = 4 << 20
+
     def append_batch(self, messages) -> list:
+        """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
+        anything is sent, as the embedded store does: the publish pipeline then appends the others
+        one by one and only that publisher gets the error (the store would refuse the whole batch)."""
+        limit = self.max_message_size - _RECORD_HEADER
+        for m in messages:
+            n = len(m.body) + len(m.props) + len(m.topic)
+            if n > limit:
+                raise MessageTooLarge(f"record of at least {n + _RECORD_HEADER} bytes is above "
+                                      f"max_message_size={self.max_message_size}; nothing was written")
         body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
         reply = self.link.request(W.OP_PRODUCE, body)

@@ -123,3 +123,28 @@ def test_will_of_client_connected_at_crash_is_published_after_restart(lmqtt_serv
     victim.close()
     watcher = Paho(lmqtt_server, "crash-watch", clean=False)
     assert watcher.get().payload == b"server died"
+
+
+def test_publish_too_large_for_the_store_fails_alone(lmqtt_server):
+    """A PUBLISH within the MQTT packet limit but above the store's record limit (4 MiB), sent in
+    the same write as a good one: only it is refused (PUBACK 0x83), the other is stored and
+    delivered."""
+    watcher = Paho(lmqtt_server, "big-watch")
+    watcher.subscribe("big/#", qos=1)
+    pub = RawMQTT(lmqtt_server, version=5)
+    assert pub.connect("big-pub").reason_code == 0
+    from lmqtt.gateway.mqtt import encode
+    big = encode(P.Publish("big/huge", b"x" * ((4 << 20) - 20), qos=1, packet_id=1), 5)
+    small = encode(P.Publish("big/small", b"fine", qos=1, packet_id=2), 5)
+    pub.send_raw(big + small)
+    acks = {}
+    for _ in range(2):
+        pkt = pub.recv(10)
+        assert isinstance(pkt, P.PubAck), pkt
+        acks[pkt.packet_id] = pkt.reason_code
+    assert acks == {1: 0x83, 2: 0}
+    m = watcher.get(5)
+    assert (m.topic, m.payload) == ("big/small", b"fine")
+    assert watcher.drain(0.3) == []
+    pub.close()
+    watcher.disconnect()
