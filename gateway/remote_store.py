@@ -152,7 +152,7 @@ class RemoteStore:
     mirror_entries = 4096          # entries kept per queue; older ones are pulled on demand
 
     def __init__(self, link: LoopConnection, gateway_id: str, metrics=None, *, safety_poll_s: float = 1.0,
-                 watch: bool = True, fetch_batch: int = 1024) -> None:
+                 watch: bool = True, fetch_batch: int = 1024, mirror_bytes: int = 16 << 20) -> None:
         self.link = link
         self.loop = link.loop
         self.gateway_id = gateway_id
@@ -162,6 +162,14 @@ class RemoteStore:
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.fetch_batch = fetch_batch
         self.queues: dict[str, _Mirror] = {}
+        # memory bound of all mirrors (payload bytes): over it, every mirror keeps only its newer
+        # half; readers behind pull from the store (the composition passes a quarter of lq_cache_mb)
+        self.mirror_bytes = mirror_bytes
+        self._bytes = 0
+        # q -> True while a local session or shared group reads q (set by the composition); the
+        # safety poll stops mirroring queues nobody here reads any more
+        self.is_served: Callable[[str], bool] | None = None
+        self.mirror_trims = 0
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
@@ -327,27 +335,40 @@ class RemoteStore:
         if mx > m.known:
             m.known = mx
         m.min_offset = int(header.get("min_offset", m.min_offset))
-        if m.end != start:          # the mirror moved meanwhile (restarted): fetch again
+        if m.end != start:          # the mirror moved meanwhile: fetch again
             if m.known > m.end:
                 self._fetch(q, m)
             return
         added = False
         if recs and recs[0][0] != start:
             # entries gone below us (retention) or a gap: restart the mirror at what came back
+            self._trim(m, len(m.items))
             m.base = recs[0][0]
-            m.items = []
+        nbytes = 0
         for t, d in zip(recs, dq):
             if t[0] == m.end:
                 m.items.append(RemoteMessage(t, d))
+                nbytes += len(t[8])
                 added = True
+        self._bytes += nbytes
         if not recs and int(header.get("next_offset", start)) > start:
+            self._trim(m, len(m.items))
             m.base = int(header["next_offset"])      # skipped entries no reader can get any more
-            m.items = []
             added = True
         if len(m.items) > self.mirror_entries:
-            drop = len(m.items) - self.mirror_entries // 2
-            del m.items[:drop]
-            m.base += drop
+            self._trim(m, len(m.items) - self.mirror_entries // 2)
+        if self._bytes > self.mirror_bytes:
+            # halve every mirror until at most half the budget is used (room before the next trim)
+            self.mirror_trims += 1
+            while self._bytes > self.mirror_bytes // 2:
+                trimmed = 0
+                for other in self.queues.values():
+                    n = (len(other.items) + 1) // 2
+                    self._trim(other, n)
+                    trimmed += n
+                if not trimmed:
+                    self._bytes = 0        # nothing left to hold: the count drifted, start over
+                    break
         if m.known > m.end and (recs or added):
             self._fetch(q, m)
         if added:
@@ -370,8 +391,28 @@ class RemoteStore:
                 self.heard(_json(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
+    def _trim(self, m: _Mirror, drop: int) -> None:
+        if drop <= 0:
+            return
+        self._bytes -= sum([len(it.body) for it in m.items[:drop]])
+        del m.items[:drop]
+        m.base += drop
+
+    def forget_unserved(self) -> int:
+        """Stop mirroring (and watching) queues no local session or group reads any more."""
+        if self.is_served is None:
+            return 0
+        gone = [q for q in self.queues if not self.is_served(q)]
+        for q in gone:
+            m = self.queues.pop(q)
+            self._trim(m, len(m.items))
+        if gone and self.watch and self.link.connected:
+            self.link.cmd_nowait("gw_unwatch", queues=gone)
+        return len(gone)
+
     def _poll_tick(self) -> None:
         try:
+            self.forget_unserved()
             self.poll()
         finally:
             self._poll_handle = self.loop.call_later(self.safety_poll_s, self._poll_tick)

@@ -165,7 +165,9 @@ class Gateway:
         self.link.connect_blocking()
         try:
             self.storage = RemoteStore(self.link, gid, self.metrics, safety_poll_s=cfg.safety_poll_ms / 1000.0,
-                                       watch=(mode == "native"))
+                                       watch=(mode == "native"),
+                                       # the same budget as the embedded delivery ring
+                                       mirror_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
             if mode in ("broadcast", "precise"):
                 from lmqtt.notify.redis_bus import RedisEventSubscriber
                 self.redis_events = RedisEventSubscriber(cfg.redis, gid, mode, safety_poll_s=cfg.safety_poll_ms / 1000.0)
@@ -182,6 +184,8 @@ class Gateway:
             self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  storage=self.storage, session_registry_cls=FleetSessionRegistry)
             self.storage.on_new_data(self.broker.delivery.on_queues)
+            delivery = self.broker.delivery
+            self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
             if cfg.redis:
                 # one live connection per client id across the fleet (gateway/fleet.py)
                 from lmqtt.gateway.fleet import SessionDirectory
@@ -224,6 +228,8 @@ class Gateway:
                                         value=1 if link is not None and link.connected else 0)
                 yield GaugeMetricFamily("lmqtt_remote_mirrored_queues", "Queues mirrored locally",
                                         value=len(st.queues))
+                yield GaugeMetricFamily("lmqtt_remote_mirror_bytes", "Payload bytes held by the mirrors",
+                                        value=st._bytes)
 
         self.metrics.registry.register(_Collector())
 

@@ -1,0 +1,81 @@
+"""`RemoteStore` (gateway/remote_store.py) against a real `lmqtt store`, driven directly: the
+mirror serves what the store holds in order, stays within its byte budget (readers behind it read
+through to the store), announces new data only once it is local, and stops mirroring queues
+nobody reads."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from lmqtt.gateway.remote_store import RemoteStore
+from lmqtt.store import Message, MessageTooLarge
+from lmqtt.store.client.aio import LoopConnection
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _until(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def _remote(address, **kw):
+    link = LoopConnection(address, loop=asyncio.get_running_loop())
+    link.connect_blocking()
+    return RemoteStore(link, "test-gw", safety_poll_s=0.2, **kw)
+
+
+async def _append(st: RemoteStore, topic: str, bodies: list[bytes]) -> None:
+    res = st.append_batch([Message(topic, b, 0, 0, b"", (), 0, ()) for b in bodies])
+    await res[-1].durable
+
+
+def test_mirror_serves_in_order_within_its_budget_and_reads_through_behind_it(lmqtt_store):
+    async def go():
+        st = _remote(lmqtt_store.address, mirror_bytes=64 << 10)
+        heard: list[set] = []
+        st.on_new_data(heard.append)
+        assert st.max_offset("rs/t") == 0                 # tracked (watched) from here on
+        st.start()
+        bodies = [b"%06d" % i + b"." * 1000 for i in range(300)]     # ~300 KB through a 64 KB budget
+        for k in range(0, 300, 50):
+            await _append(st, "rs/t", bodies[k:k + 50])
+        assert await _until(lambda: st.max_offset("rs/t") == 300), st.max_offset("rs/t")
+        assert heard and all(s == {"rs/t"} for s in heard)
+        assert st._bytes <= 64 << 10 and st.mirror_trims >= 1
+        m = st.queues["rs/t"]
+        assert m.base > 0                                 # the oldest entries left the mirror ...
+        got, off = [], 0
+        while off < 300:                                  # ... and are still read, in order
+            res = st.pull("rs/t", off, max_count=64)
+            assert res.messages, off
+            got += [x.body for x in res.messages]
+            off = res.next_offset
+        assert got == bodies
+        assert st.remote_misses >= 1
+        st.close()
+        st.link.close()
+    asyncio.run(go())
+
+
+def test_unserved_queues_are_forgotten_and_too_large_refused_before_sending(lmqtt_store):
+    async def go():
+        st = _remote(lmqtt_store.address)
+        served = {"keep/t"}
+        st.is_served = lambda q: q in served
+        st.max_offset("keep/t")
+        st.max_offset("drop/t")
+        assert st.forget_unserved() == 1 and set(st.queues) == {"keep/t"}
+        with pytest.raises(MessageTooLarge):
+            st.append_batch([Message("keep/t", b"x" * (4 << 20), 0, 0, b"", (), 0, ())])
+        await _append(st, "drop/t", [b"later"])            # a forgotten queue is tracked again on use
+        assert await _until(lambda: st.max_offset("drop/t") == 1 or st.queues["drop/t"].end == 1)
+        assert [m.body for m in st.pull("drop/t", 0).messages] == [b"later"]
+        st.link.close()
+    asyncio.run(go())
