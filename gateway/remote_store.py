@@ -173,6 +173,7 @@ class RemoteStore:
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
+        self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
         self.remote_pulls = 0          # pulls that crossed the network (prefetch + misses)
         self.remote_misses = 0         # of which: blocking reads behind the mirror
@@ -408,6 +409,8 @@ class RemoteStore:
             self._trim(m, len(m.items))
         if gone and self.watch and self.link.connected:
             self.link.cmd_nowait("gw_unwatch", queues=gone)
+        if gone and self.on_forget is not None:
+            self.on_forget(gone)
         return len(gone)
 
     def _poll_tick(self) -> None:

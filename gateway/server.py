@@ -176,6 +176,7 @@ class Gateway:
                 if mode == "precise":
                     ev = self.redis_events
                     self.storage.on_track = lambda q: loop.create_task(ev.watch([q]))
+                    self.storage.on_forget = lambda qs: loop.create_task(ev.unwatch(qs))
                 await self.redis_events.start()
             # the safety poll runs in every mode: the Redis subscriber's own resync stops while
             # Redis is down, which is exactly when events are being lost

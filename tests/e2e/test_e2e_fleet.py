@@ -217,16 +217,18 @@ def test_without_events_the_safety_poll_still_delivers(fleet, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
-def test_redis_notify_and_a_dead_redis(tmp_path):
-    """Store publishes events to a real redis-server, gateways hear them there; after redis dies,
-    messages still arrive (the safety poll)."""
+@pytest.mark.parametrize("mode", ["broadcast", "precise"])
+def test_redis_notify_and_a_dead_redis(tmp_path, mode):
+    """Store publishes events to a real redis-server, gateways hear them there (every event, or
+    only those of queues they registered); after redis dies, messages still arrive (the safety
+    poll)."""
     from lmqtt.loadtest.redis_streams import RedisServer
     redis = RedisServer()
     store = gws = None
     try:
-        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url),
+        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url, "--notify-mode", mode),
                            log_path=str(tmp_path / "store.log")).start()
-        gws = [LmqttGateway(store.address, ("--redis", redis.url, "--safety-poll-ms", "300"),
+        gws = [LmqttGateway(store.address, ("--redis", redis.url, "--notify-mode", mode, "--safety-poll-ms", "300"),
                             log_dir=str(tmp_path)).start() for _ in range(2)]
         a, b = gws
         sub = Paho(b, "redis-sub")
