@@ -166,13 +166,22 @@ async def _serve(cfg, loop_name: str) -> int:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = f"unavailable ({e.strerror or e})"
     host, port = gw.address
+    if gw.auth is not None:
+        auth_line = (f"{', '.join(a.name for a in gw.auth.authenticators)}; anonymous "
+                     f"{'allowed' if cfg.allow_anonymous else 'refused'}")
+    elif cfg.allow_anonymous:
+        auth_line = "none: anonymous clients allowed (--allow-anonymous)"
+    else:
+        auth_line = "none: anonymous clients allowed on loopback only"
+    if gw.acl is not None:
+        auth_line += f"; ACL {cfg.acl_file}"
     mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
     print(f"lmqtt gateway: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  store:      lmqtt://{cfg.store_address} (id {gw.storage.gateway_id})\n"
           f"  notify:     {mode}{' via ' + cfg.redis if cfg.redis and mode in ('broadcast', 'precise') else ''}; "
           f"safety poll every {cfg.safety_poll_ms:g} ms\n"
           f"  metrics:    {metrics_url}\n"
-          f"  auth:       {'configured' if gw.auth is not None else 'none (anonymous on loopback only)'}",
+          f"  auth:       {auth_line}",
           file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
