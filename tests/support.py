@@ -406,6 +406,7 @@ class LmqttFleet:
     data_dir = property(lambda self: self.store.data_dir)
     store_address = property(lambda self: self.store.address)
     metrics_url = property(lambda self: self.gateway.metrics_url)
+    proc = property(lambda self: self.gateway.proc)      # the MQTT-facing process (SIGHUP etc.)
 
     def __iter__(self):
         return iter((self.host, self.port, self.data_dir))

@@ -16,7 +16,7 @@ import pytest
 
 from lmqtt.gateway.auth import hash_password
 from lmqtt.gateway.mqtt import packets as P
-from tests.support import LmqttServer, Paho, RawMQTT, free_port
+from tests.support import SERVER_KINDS, LmqttServer, Paho, RawMQTT, free_port, serve_or_fleet
 
 ACL = """\
 # lmqtt ACL used by these tests
@@ -37,17 +37,18 @@ def _pwfile(tmp_path, users: dict[str, str]) -> str:
     return str(path)
 
 
-@pytest.fixture
-def secured(tmp_path):
+@pytest.fixture(params=SERVER_KINDS)
+def secured(request, tmp_path):
+    """`lmqtt serve`, and `lmqtt gateway` over `lmqtt store`, with a password file and an ACL."""
     pw = _pwfile(tmp_path, {"alice": "wonder", "bob": "builder", "carol": "c4rol"})
     acl = tmp_path / "acl"
     acl.write_text(ACL)
-    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--password-file", pw, "--acl-file", str(acl)),
-                      log_path=str(tmp_path / "serve.log")).start()
+    servers = serve_or_fleet(request.param, tmp_path, ("--password-file", pw, "--acl-file", str(acl)))
+    srv = next(servers)
     try:
         yield srv, acl
     finally:
-        srv.stop()
+        servers.close()
 
 
 def _wait_log(srv, text: str, timeout: float = 10.0) -> str:
