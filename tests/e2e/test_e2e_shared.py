@@ -6,7 +6,14 @@ import collections
 
 import pytest
 
-from tests.support import Paho, RawMQTT
+from tests.support import SERVER_KINDS, Paho, RawMQTT, serve_or_fleet
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def lmqtt_server(request, tmp_path):
+    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
+    `lmqtt gateway` (the remote store seam)."""
+    yield from serve_or_fleet(request.param, tmp_path)
 
 
 def _collect(members, n, timeout=10.0):
