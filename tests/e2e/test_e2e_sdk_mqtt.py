@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.store.client import connect
-from tests.support import Paho
+from tests.support import SERVER_KINDS, Paho, serve_or_fleet
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def lmqtt_server(request, tmp_path):
+    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
+    `lmqtt gateway` (the remote store seam)."""
+    yield from serve_or_fleet(request.param, tmp_path)
 
 
 def _poll_n(cons, n, timeout=10.0):
