@@ -10,8 +10,15 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.support import LmqttServer, Paho, RawMQTT
+from tests.support import SERVER_KINDS, LmqttServer, Paho, RawMQTT, serve_or_fleet
 from lmqtt.gateway.mqtt import encode, packets as P
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def lmqtt_server(request, tmp_path):
+    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
+    `lmqtt gateway` (the remote store seam)."""
+    yield from serve_or_fleet(request.param, tmp_path)
 
 pytestmark = pytest.mark.timeout(120)
 
