@@ -20,6 +20,7 @@ def lmqtt_server(request, tmp_path):
     `lmqtt gateway` (the remote store seam)."""
     yield from serve_or_fleet(request.param, tmp_path)
 
+
 pytestmark = pytest.mark.timeout(120)
 
 
