@@ -141,8 +141,11 @@ async def _serve(cfg, loop_name: str) -> int:
     except SecurityConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
-    except (ConnectionLost, StoreClientError) as e:
-        print(f"lmqtt gateway: store {cfg.store_address}: {e}", file=sys.stderr)
+    except ConnectionLost as e:          # names the address already
+        print(f"lmqtt gateway: {e}", file=sys.stderr)
+        return 1
+    except StoreClientError as e:        # e.g. a wrong token
+        print(f"lmqtt gateway: the store at {cfg.store_address} refused the connection: {e}", file=sys.stderr)
         return 1
     except ListenerError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)

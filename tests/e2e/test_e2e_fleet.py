@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT
+from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT, free_port
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +322,15 @@ def test_one_config_file_for_store_and_gateways(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--port", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--store HOST:PORT is required" in r.stderr, r.stderr
+    dead = f"127.0.0.1:{free_port()}"
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", dead, "--port", "0",
+                        "--metrics-port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and f"cannot reach the store at {dead}" in r.stderr, r.stderr
+    tok = LmqttStore(str(tmp_path / "tok"), ("--token", "right"), log_path=str(tmp_path / "tok.log")).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", tok.address,
+                            "--port", "0", "--metrics-port", "0", "--token", "wrong"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "refused the connection" in r.stderr and "token" in r.stderr, r.stderr
+    finally:
+        tok.stop()
