@@ -238,3 +238,57 @@ def read_raw_records(store, topic: str, queue_id: int, offset: int, max_count: i
 
 
 _PHYS_AT = W.struct.Struct("<Q").unpack_from
+
+
+def find_batch(store, position: int, msgs: list, max_records: int = 4096):
+    """Where the batch `msgs` was appended at or after CommitLog `position`, if it was: ->
+    [(phys_offset, queue_offset)] per message, or None.
+
+    Used for a retried PRODUCE whose first attempt got as far as a pending dedup marker
+    (SdkMetadata.begin) before the store process died: the batch may or may not have reached the
+    log. A batch is appended contiguously (blank fillers at segment ends aside) but other appends
+    may come first, so records from `position` on are scanned (at most `max_records`) for a run of
+    records equal to the messages in order (topic, body, props, keys, queue id)."""
+    from .errors import CorruptRecord, NotVisible
+    from .record import BLANK_MAGIC, PREFIX
+    clog = store.clog
+    seg = clog.seg_size
+    n = len(msgs)
+    if not n:
+        return None
+
+    def record_at(pos):
+        """(record, next position) or (None, next position) for a filler; raises at the end."""
+        mf = clog.mfq.find(pos)
+        if mf is None or pos >= clog.wrote:
+            raise NotVisible(f"{pos} is past the CommitLog end")
+        total, magic = PREFIX.unpack_from(mf.mm, pos - mf.start_offset)
+        if magic == BLANK_MAGIC:
+            return None, pos - pos % seg + seg
+        m = clog.read(pos)
+        return m, pos + m.size
+
+    def same(m, want) -> bool:
+        return (m.topic == want.topic and m.body == bytes(want.body) and m.props == want.props
+                and tuple(m.keys) == tuple(want.keys) and m.queue_id == want.queue_id)
+
+    pos = position
+    try:
+        for _ in range(max_records):
+            m, nxt = record_at(pos)
+            if m is not None and same(m, msgs[0]):
+                found = [(m.phys_offset, m.queue_offset)]
+                p2 = nxt
+                while len(found) < n:
+                    m2, p2 = record_at(p2)
+                    if m2 is None:
+                        continue
+                    if not same(m2, msgs[len(found)]):
+                        break
+                    found.append((m2.phys_offset, m2.queue_offset))
+                if len(found) == n:
+                    return found
+            pos = nxt
+    except (NotVisible, CorruptRecord, ValueError):
+        return None
+    return None

@@ -7,7 +7,8 @@ queues keep their own metadata (sessions, retained, filters) where the gateway r
 
 Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<topic>\\0<qid>" or
                                      "lq\\0<filter>")
-       p\\0<producer id>\\0<u64 seq> -> PRODUCED reply body of that batch (the last 64 per producer)
+       p\\0<producer id>\\0<u64 seq> -> PRODUCED reply body of that batch (the last 64 per producer),
+                                     or a pending marker while the batch is being appended
        s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
        f\\0<filter>                -> b"1": a filter an SDK consumer registered (lightqueue/service.py)
 """
@@ -20,6 +21,7 @@ import struct
 from rocksdict import Options, Rdict, WriteOptions
 
 _U64 = struct.Struct(">Q")
+_PENDING = struct.Struct(">cQI")        # b"P", CommitLog position before the append, message count
 DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
 
 
@@ -118,11 +120,29 @@ class SdkMetadata:
     def remember(self, pid: str, seq: int, produced_body: bytes) -> None:
         w = self._window(pid)
         self._db.put(self._pkey(pid, seq), produced_body, self._wo)
-        w.append(seq)
-        if len(w) > 1 and w[-2] > seq:
-            w.sort()
+        if not w or w[-1] != seq:        # begin() already listed it
+            w.append(seq)
+            if len(w) > 1 and w[-2] > seq:
+                w.sort()
         while len(w) > DEDUP_WINDOW:
             self._db.delete(self._pkey(pid, w.pop(0)))
+
+    # A batch is appended to the CommitLog first and remembered here after; a process killed
+    # between the two would leave it stored but unknown to dedup, and its retry stored twice.
+    # So before appending, `begin` writes a pending marker holding the CommitLog write position
+    # and the batch's size; a retry that finds the marker looks for the batch in the log from
+    # that position (StoreServer.produce) instead of trusting either answer blindly.
+    def begin(self, pid: str, seq: int, log_position: int, count: int) -> None:
+        self.remember(pid, seq, _PENDING.pack(b"P", log_position, count))
+
+    @staticmethod
+    def pending(value: bytes) -> tuple[int, int] | None:
+        """(log position, message count) when `value` (from `seen`) is a pending marker, else None.
+        A marker is 13 bytes; a PRODUCED body is 4 + 16 * n, never 13."""
+        if len(value) != _PENDING.size:
+            return None
+        _p, pos, count = _PENDING.unpack(value)
+        return pos, count
 
     # ---------------------------------------------------------------- POP + filters
     def put_json(self, key: str, obj) -> None:

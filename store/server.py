@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from . import protocol as W
 from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
-from .fastpath import RawRecord, produce_messages, produced_body, read_raw
+from .fastpath import RawRecord, find_batch, produce_messages, produced_body, read_raw
 from .message_store import _await_durable
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
@@ -144,8 +144,11 @@ class StoreServer:
     def produce(self, body: bytes):
         """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
         duplicate flag)."""
-        # no cyclic GC pass while a batch's Message objects exist: each would scan all of them
-        # (and promote them) for nothing, they are freed by reference count right after the append
+        # No cyclic GC pass while a batch's Message objects exist: each would scan all of them (and
+        # promote them) for nothing; they are freed by reference count right after the append.
+        # Dedup across a crash: a pending marker (log position, count) is written before the
+        # append and replaced by the results after it, so a retry of a batch whose first attempt
+        # died in between finds the batch in the log instead of storing it twice (find_batch).
         gc_on = gc.isenabled()
         gc.disable()
         try:
@@ -153,17 +156,28 @@ class StoreServer:
             if pid and seq:
                 prev = self.meta.seen(pid, seq)
                 if prev is not None:
-                    return prev or W.encode_produced([]), None, True
+                    pending = self.meta.pending(prev)
+                    if pending is None:
+                        return prev or W.encode_produced([]), None, True
+                    # the first attempt died between its pending marker and its results: stored?
+                    found = find_batch(self.store, pending[0], msgs) if pending[1] == len(msgs) else None
+                    if found is not None:
+                        out = W.encode_produced(found)
+                        self.meta.remember(pid, seq, out)
+                        log.info("event=produce_retry_found producer=%s seq=%d messages=%d", pid, seq, len(msgs))
+                        return out, None, True
+                if msgs:
+                    self.meta.begin(pid, seq, self.store.clog.wrote, len(msgs))
             if not msgs:
                 return W.encode_produced([]), None, False
             rs = self.store.append_batch(msgs)
+            out = produced_body(rs)
+            if pid and seq:
+                self.meta.remember(pid, seq, out)
             del msgs
         finally:
             if gc_on:
                 gc.enable()
-        out = produced_body(rs)
-        if pid and seq:
-            self.meta.remember(pid, seq, out)
         return out, rs[-1].durable, False
 
     # ---------------------------------------------------------------- built-in CALLs

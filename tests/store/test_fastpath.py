@@ -233,3 +233,68 @@ def test_pop_raw_hands_out_the_same_records_as_pop_decoded(filled, tmp_path, mon
         assert len(dlq[True]) == 14 and dlq[True] == dlq[False]
     finally:
         meta.close()
+
+
+def produce_body(pid, seq, items):
+    return W.encode_produce(pid, seq, len(items), W.encode_messages_for_produce(items))
+
+
+@pytest.fixture
+def server(tmp_path):
+    from lmqtt.store.server import StoreServer
+    with MessageStore(cfg(tmp_path)) as st:
+        srv = StoreServer(st, str(tmp_path / "meta"))
+        try:
+            yield srv
+        finally:
+            srv.meta.close()
+
+
+def test_retry_after_a_crash_between_append_and_results_is_found_not_stored_twice(server):
+    """The crash window of dedup: the first attempt wrote its pending marker and reached the log,
+    the process died before the results were remembered. The retry must answer the stored offsets
+    as a duplicate and append nothing."""
+    st, meta = server.store, server.meta
+    server.produce(produce_body("p1", 1, [("x/a", b"before", (), b"", 0, 0)]))
+    items = [("x/a", b"m%d" % i, ("k",) if i == 2 else (), b"\x01", 0, 0) for i in range(5)]
+    body = produce_body("p1", 2, items)
+    # the first attempt, as far as it got: marker, then the append; no results remembered
+    _pid, _seq, msgs = fastpath.produce_messages(body, None, 1)
+    meta.begin("p1", 2, st.clog.wrote, len(msgs))
+    st.append_batch([Message("other/t", b"interleaved")])       # another appender came first
+    rs = st.append_batch(msgs)
+    wrote = st.clog.wrote
+    out, durable, dup = server.produce(body)                      # the retry
+    assert dup and durable is None and st.clog.wrote == wrote     # nothing appended again
+    assert W.decode_produced(out) == [(r.phys_offset, r.queue_offset) for r in rs]
+    assert server.produce(body)[0] == out                        # later retries: plain duplicate
+
+
+def test_retry_after_a_crash_before_the_append_stores_the_batch_once(server):
+    st, meta = server.store, server.meta
+    items = [("y/a", b"n%d" % i, (), b"", 0, 0) for i in range(3)]
+    body = produce_body("p2", 7, items)
+    meta.begin("p2", 7, st.clog.wrote, 3)                          # died right after the marker
+    st.append_batch([Message("y/a", b"n0"), Message("y/a", b"other")])   # a look-alike, not the batch
+    out, durable, dup = server.produce(body)
+    assert not dup
+    res = W.decode_produced(out)
+    assert [st.clog.read(p).body for p, _q in res] == [b"n0", b"n1", b"n2"]
+    assert [q for _p, q in res] == [2, 3, 4]
+    out2, _d, dup2 = server.produce(body)
+    assert dup2 and out2 == out
+
+
+def test_pending_marker_is_never_mistaken_for_results(tmp_path):
+    from lmqtt.store.sdk_meta import SdkMetadata
+    meta = SdkMetadata(str(tmp_path / "m"))
+    try:
+        for n in range(0, 70):
+            body = W.encode_produced([(i, i) for i in range(n)])
+            assert meta.pending(body) is None
+        meta.begin("p", 5, 123456789, 32)
+        assert meta.pending(meta.seen("p", 5)) == (123456789, 32)
+        meta.remember("p", 5, W.encode_produced([(1, 2)]))
+        assert meta.pending(meta.seen("p", 5)) is None and meta._window("p") == [5]
+    finally:
+        meta.close()
