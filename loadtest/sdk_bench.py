@@ -8,7 +8,7 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `batch`      Producer.send_batch of `--batch` messages per frame
 * `autobatch`  AutoBatchProducer.send (futures), flush at the end; rate counts acknowledged messages
 * `pull`       Connection.pull_request, 1024 per request, `--pull-ahead` pulls (default 1) in flight
-               ahead of the one being read, over what the produce cases wrote (every body read)
+               while a reply is read, over what the produce cases wrote (every body read)
 * `group`      PullConsumer.poll(1024) (prefetching) + commit per poll (group offsets kept by the
                store) over the same
 * `pop`        PopConsumer.pop(256) + ack over the same messages (its own group)
@@ -194,27 +194,31 @@ def bench_autobatch(c, topic, size, duration):
 
 
 def bench_pull(c, first_level, size, duration, ahead=1):
-    """Connection.pull_request of 1,024 records at a time from the queue's start, `ahead` pulls
-    sent before the current records are read (0: one pull at a time, `Connection.pull`); every
-    record's body is read (a consumer that only counted replies would not pay for the records it
-    never looks at)."""
+    """Connection.pull_request of 1,024 records at a time from the queue's start, with `ahead`
+    pulls in flight while the current records are read (what PullConsumer's prefetch does for 1;
+    0: one pull at a time, `Connection.pull`); every record's body is read (a consumer that only
+    counted replies would not pay for the records it never looks at)."""
     n = 0
     nbytes = 0
     off = c.admin().offsets(first_level)[0]
     with _Meter(_SERVER) as m:
         end = time.perf_counter() + duration
         pending = []            # pulls in flight, oldest first; `off` is where the next one starts
+        if ahead:
+            pending.append(c.pull_request(first_level, 0, off, 1024))
+            off += 1024         # ConsumeQueue offsets are dense: the next pull starts there
         while time.perf_counter() < end and n < MAX_MESSAGES:
             if ahead:
-                while len(pending) < ahead + 1:
-                    pending.append(c.pull_request(first_level, 0, off, 1024))
-                    off += 1024     # ConsumeQueue offsets are dense: the next pull starts there
                 r = pending.pop(0).result()
                 if len(r.records) < 1024 and pending:   # a short reply: the pulls ahead guessed wrong
                     for p in pending:
                         p.result()
                     pending = []
                     off = r.next_offset
+                if r.records:
+                    while len(pending) < ahead:
+                        pending.append(c.pull_request(first_level, 0, off, 1024))
+                        off += 1024
             else:
                 r = c.pull(first_level, 0, off, 1024)
                 off = r.next_offset
@@ -349,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"subset of {','.join(ALL_CASES)}")
     ap.add_argument("--flush-mode", default="async", choices=("async", "sync", "async+buffer"))
     ap.add_argument("--pull-ahead", type=int, default=1,
-                    help="pull case: pulls sent ahead of the one being read (0 = one at a time; default 1)")
+                    help="pull case: pulls in flight while a reply is read (0 = one at a time; default 1, "
+                         "what PullConsumer's prefetch does)")
     a = ap.parse_args(argv)
     cases = [x for x in a.cases.split(",") if x]
     bad = [x for x in cases if x not in ALL_CASES]
