@@ -334,3 +334,65 @@ def test_one_config_file_for_store_and_gateways(tmp_path):
         assert r.returncode == 1 and "refused the connection" in r.stderr and "token" in r.stderr, r.stderr
     finally:
         tok.stop()
+
+
+def test_kill9_of_a_gateway_mid_load_loses_no_acknowledged_message(tmp_path):
+    """kill -9 the publisher's gateway in the middle of a QoS 1 stream: every message its PUBACK
+    confirmed reaches the subscriber on the other gateway. Then kill -9 the subscriber's gateway:
+    the persistent session resumes on a third gateway and gets the rest."""
+    import threading
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gws = [LmqttGateway(store.address, log_dir=str(tmp_path)).start() for _ in range(3)]
+    a, b, c = gws
+    try:
+        sub = Paho(b, "k9-sub", clean=False)
+        sub.subscribe("k9/#", qos=1)
+        pub = Paho(a, "k9-pub")
+        acked: list[bytes] = []
+        stop = threading.Event()
+
+        def run():
+            i = 0
+            while not stop.is_set():
+                p = b"%06d" % i
+                try:
+                    pub.publish("k9/t", p, qos=1, timeout=2.0)
+                except (AssertionError, Exception):
+                    return
+                acked.append(p)
+                i += 1
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(acked) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        a.kill9()                                  # mid-stream
+        t.join(10)
+        stop.set()
+        assert len(acked) >= 200
+        got = {m.payload for m in sub.get_n(len(acked), timeout=15)}
+        assert set(acked) <= got, f"{len(set(acked) - got)} acknowledged messages missing"
+        # more messages while the subscriber's gateway dies: the session moves to gateway C
+        pub2 = Paho(c, "k9-pub2")
+        later = [b"later-%03d" % i for i in range(50)]
+        for p in later[:25]:
+            pub2.publish("k9/t", p, qos=1)
+        b.kill9()
+        for p in later[25:]:
+            pub2.publish("k9/t", p, qos=1)
+        sub2 = Paho(c, "k9-sub", clean=False)
+        assert sub2.session_present
+        # the session's messages: what its connection on B acknowledged before the kill, then
+        # everything after that on C
+        seen = {m.payload for m in sub.drain(0.1)}
+        deadline = time.monotonic() + 15
+        while not set(later) <= seen and time.monotonic() < deadline:
+            seen |= {m.payload for m in sub2.drain(0.2)}
+        assert set(later) <= seen, f"missing after the move: {sorted(set(later) - seen)[:5]}"
+        sub2.disconnect()
+        pub2.disconnect()
+    finally:
+        for g in gws:
+            g.stop()
+        store.stop()
