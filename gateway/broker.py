@@ -322,6 +322,8 @@ class Broker:
                 T.validate_topic(topic)
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
+            if topic.startswith("$SYS"):     # the broker's own (gateway/sys_topics.py): as Mosquitto
+                return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
             if len(conn.valid_topics) >= 1024:
                 conn.valid_topics.clear()
             conn.valid_topics.add(topic)

@@ -47,6 +47,7 @@ class GatewayConfig:
     # sent when below 65535; more -> DISCONNECT 0x93)
     receive_maximum: int = 65535
     response_information: str | None = None   # CONNACK Response Information for clients that ask
+    sys_interval: float = 10.0        # seconds between $SYS/broker/... updates (0 = none published)
     connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
     max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
     # delivery / back-pressure

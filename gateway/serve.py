@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--sys-interval", type=float,
+                   help="seconds between $SYS/broker/... updates, Mosquitto's names (default 10, 0 = off)")
     p.add_argument("--store-port", type=int,
                    help="port of the store's native protocol for the SDK (default 10911, 0 = off)")
     p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")

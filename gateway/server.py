@@ -144,6 +144,7 @@ class Gateway:
                 srv.close()
             self._close_storage()
             raise
+        self._start_sys_topics(loop)
 
     async def _start_remote(self) -> None:
         """`lmqtt gateway`: the same broker over a `RemoteStore` (docs/fleet.md). Refuses to start
@@ -201,6 +202,7 @@ class Gateway:
                 srv.close()
             await self._close_remote()
             raise
+        self._start_sys_topics(loop, f"$SYS/broker/gateways/{gid}/")
         log.info("event=gateway_started store=%s gateway_id=%s notify=%s", cfg.store_address, gid, mode)
 
     def _remote_metrics(self) -> None:
@@ -284,6 +286,51 @@ class Gateway:
                 self.server = srv
         self.address = self.listeners["mqtt"]
 
+    # ------------------------------------------------------------------------------ $SYS
+    def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
+        """Publish `$SYS/...` (gateway/sys_topics.py) every `sys_interval` seconds, retained,
+        through the ordinary publish path."""
+        from lmqtt.gateway.sys_topics import SysTopics
+        if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
+            return
+        broker = self.broker
+
+        def publish(topic: str, payload: bytes) -> None:
+            broker.publisher.submit(None, 0, None, topic, payload, True, "$SYS", None)
+
+        try:
+            from importlib.metadata import version
+            ver = version("lmqtt")
+        except Exception:  # noqa: BLE001 - a source tree without metadata
+            ver = "unknown"
+        self.sys_topics = SysTopics(self._sys_stats, publish, version=ver, interval=self.cfg.sys_interval,
+                                    prefix=prefix)
+
+        def tick() -> None:
+            try:
+                self.sys_topics.tick()
+            except Exception as e:  # noqa: BLE001 - $SYS must never take the gateway down
+                log.warning("event=sys_topics_failed error=%r", e)
+            self._sys_handle = loop.call_later(self.cfg.sys_interval, tick)
+        self._sys_handle = loop.call_soon(tick)
+
+    def _sys_stats(self) -> dict:
+        b, m = self.broker, self.metrics
+        connected = sum(1 for c in b.connections if c.connected)
+        sessions = b.session_registry.sessions
+        totals = {}
+        for fam in m.registry.collect():
+            if fam.name in ("lmqtt_dropped_messages", "lmqtt_connects"):
+                totals[fam.name] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
+        received, sent = sum(m.msg_in), sum(m.msg_out)
+        return {"connected": connected, "disconnected": max(0, len(sessions) - connected),
+                "messages_received": received, "messages_sent": sent,
+                "publish_received": received, "publish_sent": sent,
+                "publish_dropped": totals.get("lmqtt_dropped_messages", 0),
+                "bytes_received": m.bytes_in, "bytes_sent": m.bytes_out,
+                "subscriptions": sum(len(s.subs) for s in sessions.values()),
+                "connects": totals.get("lmqtt_connects", 0)}
+
     def reload_security(self) -> None:
         """SIGHUP: re-read the password/keys files and the ACL; connections stay. A file that does
         not parse keeps its previous rules (logged)."""
@@ -292,6 +339,8 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop accepting, close sessions (persisting offsets), flush and close the store."""
+        if getattr(self, "_sys_handle", None) is not None:
+            self._sys_handle.cancel()
         for srv in self.servers:
             srv.close()
         if self.broker is not None:

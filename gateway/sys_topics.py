@@ -18,7 +18,9 @@ Published (a subset of Mosquitto's list; values are plain decimal text as Mosqui
   as Mosquitto computes them: exponentially damped per-minute rates.
 
 The numbers come from a `stats()` callable (the gateway's metrics and registries), so this
-module knows nothing of connections or the store.
+module knows nothing of connections or the store. In a fleet each `lmqtt gateway` publishes its
+own figures under `$SYS/broker/gateways/<gateway id>/...` (one broker's `clients/connected` would
+otherwise be overwritten by every gateway in turn).
 """
 from __future__ import annotations
 
@@ -64,7 +66,9 @@ class SysTopics:
     `interval` seconds by the owner's timer."""
 
     def __init__(self, stats: Callable[[], dict], publish: Callable[[str, bytes], None], *,
-                 version: str, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 version: str, interval: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 prefix: str = PREFIX) -> None:
+        self.prefix = prefix
         self.stats = stats
         self.publish = publish
         self.version = version
@@ -84,13 +88,13 @@ class SysTopics:
         raw = self.stats()
         connected = int(raw.get("connected", 0))
         self.maximum = max(self.maximum, connected)
-        out = {PREFIX + "version": f"lmqtt version {self.version}",
-               PREFIX + "uptime": f"{int(now - self.started)} seconds",
-               PREFIX + "clients/maximum": str(self.maximum),
-               PREFIX + "clients/total": str(connected + int(raw.get("disconnected", 0)))}
+        out = {self.prefix + "version": f"lmqtt version {self.version}",
+               self.prefix + "uptime": f"{int(now - self.started)} seconds",
+               self.prefix + "clients/maximum": str(self.maximum),
+               self.prefix + "clients/total": str(connected + int(raw.get("disconnected", 0)))}
         for key, topic in _PLAIN.items():
             if key in raw:
-                out[PREFIX + topic] = str(int(raw[key]))
+                out[self.prefix + topic] = str(int(raw[key]))
         dt = now - self._prev_t
         if self._prev is not None and dt > 0:
             for key, topic in _LOADS.items():
@@ -102,7 +106,7 @@ class SysTopics:
                     old = self._load.get((key, window), rate)
                     val = rate + math.exp(-dt / window) * (old - rate)
                     self._load[(key, window)] = val
-                    out[f"{PREFIX}{topic}/{name}"] = f"{val:.2f}"
+                    out[f"{self.prefix}{topic}/{name}"] = f"{val:.2f}"
         self._prev = {k: float(raw[k]) for k in _LOADS if k in raw}
         self._prev_t = now
         return out
