@@ -29,9 +29,11 @@ CLAIMS_CHANNEL = "lmqtt:sessions:claims"
 
 
 class SessionDirectory:
-    """Redis pub/sub of "gateway G now owns client id C" (message `G\nC`). A lost message (Redis
-    down) leaves the old connection open until its client goes away: two live connections, never a
-    lost message (both read from the stored offsets)."""
+    """Redis pub/sub of "gateway G owns client id C since time T" (message `G\nC\nT`, T in ms of
+    the wall clock). A connection attached after T is newer than the claim and stays (a claim that
+    arrives late must not close the connection that replaced it). A lost message (Redis down)
+    leaves the old connection open until its client goes away: two live connections, never a lost
+    message (both read from the stored offsets)."""
 
     def __init__(self, url: str, gateway_id: str, on_claimed_elsewhere, reconnect_max_s: float = 2.0) -> None:
         self.url = url
@@ -50,15 +52,15 @@ class SessionDirectory:
         self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def claim(self, client_id: str) -> None:
+    def claim(self, client_id: str, since_ms: int) -> None:
         if self._redis is None:
             return
         self.claims_sent += 1
-        asyncio.get_running_loop().create_task(self._send(client_id))
+        asyncio.get_running_loop().create_task(self._send(client_id, since_ms))
 
-    async def _send(self, client_id: str) -> None:
+    async def _send(self, client_id: str, since_ms: int) -> None:
         try:
-            await self._redis.publish(CLAIMS_CHANNEL, f"{self.gateway_id}\n{client_id}")
+            await self._redis.publish(CLAIMS_CHANNEL, f"{self.gateway_id}\n{client_id}\n{since_ms}")
         except Exception as e:  # noqa: BLE001 - a hint: the old connection stays until its client leaves
             self.errors += 1
             log.warning("event=session_claim_failed client_id=%s error=%r", client_id, e)
@@ -75,11 +77,12 @@ class SessionDirectory:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is None or msg.get("type") != "message":
                         continue
-                    gid, _, cid = msg["data"].decode().partition("\n")
+                    gid, _, rest = msg["data"].decode().partition("\n")
+                    cid, _, ts = rest.partition("\n")
                     if gid != self.gateway_id and cid:
                         self.claims_heard += 1
                         try:
-                            self.on_claimed_elsewhere(cid)
+                            self.on_claimed_elsewhere(cid, int(ts or 0))
                         except Exception:  # noqa: BLE001
                             log.exception("event=session_release_failed client_id=%s", cid)
             except asyncio.CancelledError:
@@ -113,17 +116,21 @@ class FleetSessionRegistry(SessionRegistry):
     def attach(self, conn, s) -> None:
         super().attach(conn, s)
         if self.directory is not None:
-            self.directory.claim(s.client_id)
+            now = int(time.time() * 1000)
+            conn.fleet_attached_ms = now
+            self.directory.claim(s.client_id, now)
 
-    def release_to_other_gateway(self, client_id: str) -> None:
+    def release_to_other_gateway(self, client_id: str, since_ms: int = 0) -> None:
         """Another gateway attached a connection to `client_id`: close ours with 0x8E and let the
         session go without writing its record (the new owner holds the newer one); offsets are
         saved (progress, never a loss). A will without delay is published, as on a local takeover;
         a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
         conn = self.owner(client_id)
+        if conn is not None and getattr(conn, "fleet_attached_ms", 0) > since_ms:
+            return          # ours came after that claim (a late message): ours is the live one
         if conn is None:
             s = self.sessions.get(client_id)
-            if s is not None and not s.online:
+            if s is not None and not s.online and (s.disconnected_at_ms or 0) <= since_ms:
                 self._forget_local(client_id)      # stale copy: the other gateway has it now
                 self.metrics.sessions.set(len(self.sessions))
             return
