@@ -190,9 +190,11 @@ _RAW_HEAD = W.struct.Struct("<III")       # total size, magic, CRC: the first fi
 
 
 class RawRecord(tuple):
-    """One CommitLog record as stored (`data`), with where it is: what POP hands around in raw mode
-    instead of a decoded StoredMessage. `message(ident)` decodes it (CRC checked again) when the
-    whole record is needed (dead-lettering, or a reply that must use the decoded layout)."""
+    """One CommitLog record as stored, with where it is: what POP hands around in raw mode instead
+    of a decoded StoredMessage. The bytes are `buf[start:start + size]` of a buffer shared by the
+    records of one read (no copy per record); `data` slices them out. `message(ident)` decodes the
+    record (CRC checked again) when the whole of it is needed (dead-lettering, or a reply that
+    must use the decoded layout)."""
 
     __slots__ = ()
 
@@ -206,11 +208,29 @@ class RawRecord(tuple):
 
     @property
     def data(self) -> bytes:
-        return self[2]
+        return self[2][self[3]:self[3] + self[4]]
 
     def message(self, ident: str):
         from .record import decode
-        return decode(self[2], 0, self[1], ident)
+        return decode(self[2], self[3], self[1], ident)
+
+
+def raw_chunks(records) -> list:
+    """The bytes of `records` (RawRecords) in order, as few pieces as possible: records adjacent in
+    one shared buffer go out as one memoryview slice of it."""
+    out = []
+    buf = None
+    a = b = 0
+    for r in records:
+        if r[2] is buf and r[3] == b:
+            b += r[4]
+            continue
+        if buf is not None:
+            out.append(memoryview(buf)[a:b])
+        buf, a, b = r[2], r[3], r[3] + r[4]
+    if buf is not None:
+        out.append(memoryview(buf)[a:b])
+    return out
 
 
 _RAW_NEW = tuple.__new__
@@ -227,11 +247,16 @@ def read_raw_records(store, topic: str, queue_id: int, offset: int, max_count: i
         return []
     data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     out = []
+    append = out.append
     pos = 0
     qoff = next_off - count          # ConsumeQueue offsets are dense: the served ones end at next_off
+    new = _RAW_NEW
+    RR = RawRecord
+    size_at = _SIZE_AT
+    phys_at = _PHYS_AT
     for _ in range(count):
-        size = _SIZE_AT(data, pos)[0]
-        out.append(_RAW_NEW(RawRecord, (qoff, _PHYS_AT(data, pos + 28)[0], data[pos:pos + size])))
+        size = size_at(data, pos)[0]
+        append(new(RR, (qoff, phys_at(data, pos + 28)[0], data, pos, size)))
         pos += size
         qoff += 1
     return out

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from . import protocol as W
 from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
-from .fastpath import RawRecord, find_batch, produce_messages, produced_body, read_raw
+from .fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks, read_raw
 from .message_store import _await_durable
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
@@ -266,7 +266,7 @@ class StoreServer:
             header = {"attempts": att, "dead_lettered": dead}
             if raw:
                 if all(type(m) is RawRecord for m in ms):
-                    return RawMessages(header, len(ms), [m[2] for m in ms])
+                    return RawMessages(header, len(ms), raw_chunks(ms))
                 ms = [m.message(s.ident) if type(m) is RawRecord else m for m in ms]
             return Messages(header, ms)
 
