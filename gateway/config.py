@@ -78,6 +78,10 @@ class GatewayConfig:
     store_port: int = 10911
     store_host: str = "127.0.0.1"
     token: str | None = None
+    # `lmqtt serve --workers N` (gateway/workers.py): N gateway processes on one port over one store
+    # process; `reuse_port` (SO_REUSEPORT) lets several processes listen on the same port
+    workers: int = 1
+    reuse_port: bool = False
     # listeners beside the plain MQTT `port`, all on `host`; 0 = off (docs/gateway.md "Security")
     tls_port: int = 0                 # MQTT over TLS (needs cert, key)
     ws_port: int = 0                  # MQTT over WebSocket, path /mqtt, subprotocol mqtt

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--workers", type=int,
+                   help="gateway processes on this port over one store process (SO_REUSEPORT; default 1 = "
+                        "everything in this process)")
     p.add_argument("--sys-interval", type=float,
                    help="seconds between $SYS/broker/... updates, Mosquitto's names (default 10, 0 = off)")
     p.add_argument("--store-port", type=int,
@@ -109,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"lmqtt serve: {e}", file=sys.stderr)
         return 2
+    if int(cfg.workers) > 1:
+        from lmqtt.gateway.workers import run
+        return run(cfg, list(sys.argv[2:] if argv is None else argv), int(cfg.workers))
     _setup_logging(cfg.log_level)
     if cfg.switch_interval_ms:
         # process-wide, so set by the command, not by Gateway (tests may embed several gateways)

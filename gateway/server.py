@@ -275,7 +275,8 @@ class Gateway:
             plan.append(("wss", cfg.wss_port, ws, self.ssl_context))
         for name, port, factory, ctx in plan:
             try:
-                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024, ssl=ctx)
+                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024, ssl=ctx,
+                                               reuse_port=bool(cfg.reuse_port) or None)
             except OSError as e:
                 what = {"mqtt": "", "mqtts": "TLS ", "ws": "WebSocket ", "wss": "secure WebSocket "}[name]
                 flag = {"mqtt": "--port", "mqtts": "--tls-port", "ws": "--ws-port", "wss": "--wss-port"}[name]
