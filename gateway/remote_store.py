@@ -254,6 +254,17 @@ class RemoteStore:
             m = self._track(queue)
         return m.end
 
+    def start_offset(self, queue: str) -> int:
+        """The store's max offset once what was acknowledged before now is dispatched (one round
+        trip: the mirror may not have heard of the newest entries yet, and a subscription started
+        at its end would get them as new messages)."""
+        m = self.queues.get(queue)
+        if m is None:
+            m = self._track(queue)
+        off = int(self.link.cmd_blocking("gw_start_offsets", queues=[queue])["max_offsets"][queue])
+        self.heard({queue: off})        # fetch what the mirror lacks (its event may still be on the way)
+        return off
+
     def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> RemotePull:
         m = self.queues.get(queue)
         if m is None:

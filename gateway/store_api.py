@@ -56,6 +56,9 @@ class GatewayStore(Protocol):
 
     # -- delivery path
     def max_offset(self, queue: str) -> int: ...
+    def start_offset(self, queue: str) -> int:
+        """Where a new subscription to `queue` starts: after every message whose publish was
+        acknowledged before this call (so it is not delivered as new, nor missed)."""
     def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Any: ...
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         """Call `callback(queue_names)` when queues get new entries."""
@@ -83,6 +86,12 @@ class InProcessStore:
 
     def all_visible(self) -> bool:
         return self.store.dispatched_offset >= self.store.max_offset
+
+    def start_offset(self, queue: str) -> int:
+        st = self.store
+        if st.dispatched_offset < st.max_offset:          # dispatch on its own thread (not inline)
+            st.wait_dispatched(st.max_offset, 1.0)
+        return self.lq.max_offset(queue)
 
     def unavailable(self) -> str | None:
         return None               # the embedded store is this process

@@ -58,7 +58,7 @@ class SubscriptionRegistry:
         self._use_filter(sub.queue)
         if sub.group is None:
             s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue))
+            s.cursors[sub.queue] = Cursor(self.store.start_offset(sub.queue))
             if s.online:
                 self.delivery.add_reader(s, sub.queue)
         else:
@@ -173,7 +173,7 @@ class SubscriptionRegistry:
             if restoring:
                 off = self.metadata.get_offset(f"$share/{name}", queue)
             if off is None:
-                off = self.store.max_offset(queue)
+                off = self.store.start_offset(queue)
             g = SharedGroup(name, queue, off)
             self.groups[key] = g
             self.delivery.add_group(g)

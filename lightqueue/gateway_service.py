@@ -6,6 +6,9 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                answers their max offsets (the watch and the answer are one step on
                                the server's loop, so no append can fall between them)
   gw_max_offsets {queues}      max offsets, no watch (the gateway's safety poll)
+  gw_start_offsets {queues}    max offsets once every message appended before the request is
+                               dispatched (where a new subscription starts: PRODUCED does not
+                               wait for the light-queue dispatch)
   gw_pull {queue, offset, ...} a light-queue pull; the MESSAGES header carries each message's
                                dispatch queues ("dq"), which the gateway needs to deliver a message
                                once to a session whose subscriptions overlap
@@ -28,6 +31,7 @@ go to Redis pub/sub (notify/redis_bus.py) for gateways started with `--redis`.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 
@@ -60,6 +64,7 @@ class GatewayService:
         self.meta = lq.metadata
         self.watchers: dict[object, set[str]] = {}      # StoreConnection -> watched queue names
         self.events_sent = 0
+        self.loop = loop
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
         lq.add_listener(self.bus.publish)
@@ -127,7 +132,7 @@ class GatewayService:
 
     # ---------------------------------------------------------------- CALLs
     def _install(self) -> None:
-        lq, meta, reg = self.lq, self.meta, self.srv.register_call
+        lq, meta, reg, loop = self.lq, self.meta, self.srv.register_call, self.loop
 
         def watch(a, conn):
             qs = [str(q) for q in a.get("queues", ())]
@@ -145,6 +150,22 @@ class GatewayService:
 
         def max_offsets(a):
             return {"max_offsets": {str(q): lq.max_offset(str(q)) for q in a.get("queues", ())}}
+
+        def start_offsets(a):
+            # Where a new subscription starts: after every message already acknowledged. The
+            # PRODUCED reply does not wait for the light-queue dispatch, so wait here until
+            # dispatch has passed the log's end as of this request (usually it already has).
+            st = self.srv.store
+            target = st.max_offset
+            if st.dispatched_offset >= target:
+                return max_offsets(a)
+
+            async def later():
+                if not await loop.run_in_executor(None, st.wait_dispatched, target, 5.0):
+                    log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
+                                target, st.dispatched_offset)
+                return max_offsets(a)
+            return asyncio.ensure_future(later())
 
         def pull(a):
             res = lq.pull(str(a["queue"]), int(a.get("offset", 0)),
@@ -216,7 +237,7 @@ class GatewayService:
 
         reg("gw_watch", watch, with_connection=True)
         reg("gw_unwatch", unwatch, with_connection=True)
-        for name, fn in (("gw_max_offsets", max_offsets), ("gw_pull", pull), ("gw_register", register),
+        for name, fn in (("gw_max_offsets", max_offsets), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_register", register),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),
                          ("gw_delete_session", delete_session), ("gw_list_sessions", list_sessions),

@@ -132,6 +132,7 @@ class StoreServer:
 
     def register_call(self, name: str, fn: Callable[..., Any], with_connection: bool = False) -> None:
         """Add a CALL command: `fn(args) -> dict | Messages`, may raise CallError/ValueError/KeyError.
+        A handler that must wait returns an asyncio future of that instead (answered when done).
         `with_connection`: called as `fn(args, connection)`, for commands that keep per-connection
         state (an event watch answered later with `connection.push`)."""
         self.calls[name] = fn
@@ -458,17 +459,36 @@ class StoreConnection(asyncio.Protocol):
             if fn is None:
                 raise CallError(W.E_UNKNOWN_CMD, f"unknown command {cmd!r}")
             res = fn(a, self) if cmd in srv._conn_calls else fn(a)
-            if isinstance(res, Messages):
-                self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
-            elif isinstance(res, RawMessages):
-                self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(res.header, res.count, res.chunks),
-                                   W.F_RAW))
-            else:
-                self._send(W.json_frame(W.OP_RESULT, rid, res))
+            if asyncio.isfuture(res):
+                # a handler that must wait (e.g. for dispatch) answers later; replies carry the
+                # request id, so later requests on this connection are not held behind it
+                res.add_done_callback(lambda f, rid=rid: self._reply_later(rid, f))
+                return
+            self._reply_call(rid, res)
         elif op == W.OP_HELLO:
             raise W.ProtocolError(W.E_BAD_FRAME, "HELLO already done")
         else:
             raise W.ProtocolError(W.E_BAD_FRAME, f"unknown opcode {op:#x}")
+
+    def _reply_later(self, rid: int, fut) -> None:
+        if fut.cancelled():
+            self._error(rid, W.E_INTERNAL, "request cancelled (store shutting down)")
+            return
+        e = fut.exception()
+        if e is None:
+            self._reply_call(rid, fut.result())
+        elif isinstance(e, CallError):
+            self._error(rid, e.code, str(e))
+        else:
+            self._error(rid, W.E_INTERNAL, f"{type(e).__name__}: {e}")
+
+    def _reply_call(self, rid: int, res) -> None:
+        if isinstance(res, Messages):
+            self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
+        elif isinstance(res, RawMessages):
+            self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(res.header, res.count, res.chunks), W.F_RAW))
+        else:
+            self._send(W.json_frame(W.OP_RESULT, rid, res))
 
     async def _reply_durable(self, rid: int, results, durable) -> None:
         try:

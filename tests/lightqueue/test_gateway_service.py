@@ -64,3 +64,77 @@ def test_metadata_commands_round_trip(lmqtt_store):
         assert c.cmd("gw_list_wills")["wills"] == []
         assert c.cmd("gw_delete_session", client_id="cid")["deleted"] is True
         assert c.cmd("gw_get_session", client_id="cid")["rec"] is None
+
+
+class _Gate:
+    """A dispatcher that holds the dispatch stage while closed: PRODUCED (durable) is answered,
+    the light queues do not have the message yet, as on a busy store node."""
+    name = "gate"
+
+    def __init__(self) -> None:
+        import threading
+        self.open = threading.Event()
+        self.open.set()
+
+    def checkpoint(self) -> int:
+        return 0
+
+    def dispatch(self, batch, end_offset) -> None:
+        self.open.wait(10)
+
+    def flush(self) -> None: ...
+    def truncate(self, offset) -> None: ...
+    def on_segments_deleted(self, m) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_start_offsets_wait_for_dispatch_of_acknowledged_messages(tmp_path):
+    """A subscription made right after a publish was acknowledged must start after it (not get it
+    as a new message): gw_start_offsets answers only once dispatch passed the acknowledged end,
+    where gw_max_offsets may still answer the old end."""
+    import asyncio
+    import json
+    import threading
+
+    from lmqtt.lightqueue import LightQueueStore, gateway_service
+    from lmqtt.lightqueue.service import install
+    from lmqtt.store import MessageStore, StoreConfig
+    from lmqtt.store import protocol as W
+    from lmqtt.store.server import StoreServer
+
+    store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), flush_mode="async"))
+    lq = LightQueueStore(store, str(tmp_path / "lq"))
+    gate = _Gate()
+    store.add_dispatcher(gate)
+    store.start()
+    loop = asyncio.new_event_loop()
+    srv = StoreServer(store, str(tmp_path / "meta"), port=0)
+    install(srv, lq)
+    gws = gateway_service.install(srv, lq, loop)
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        asyncio.run_coroutine_threadsafe(srv.start(), loop).result(5)
+        with connect("%s:%d" % srv.address) as c:
+            p = c.producer()
+            p.send("s/x", b"before")
+            assert _until_max(c, "s/x", 1) == 1
+            gate.open.clear()
+            p.send("s/x", b"acked, not dispatched")                  # returns: durable
+            assert _max(c, "s/x") == 1                               # the light queue lags
+            # the answer waits for the dispatch; requests behind it on the connection do not
+            waiting = c.request(W.OP_CALL, json.dumps({"cmd": "gw_start_offsets", "queues": ["s/x"]}).encode())
+            assert _max(c, "s/x") == 1
+            assert not waiting.done()
+            gate.open.set()
+            _op, _f, body = waiting.result(5)
+            assert json.loads(body)["max_offsets"]["s/x"] == 2
+            assert c.cmd("gw_start_offsets", queues=["s/x"])["max_offsets"]["s/x"] == 2   # idle: at once
+    finally:
+        gate.open.set()
+        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(5)
+        gws.close()
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        store.shutdown()
+        lq.close()
