@@ -73,10 +73,16 @@ def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float) -> 
 
 
 class Supervisor:
-    def __init__(self, cfg, argv: list[str], workers: int) -> None:
+    """`ports`: give gateway i its own MQTT port `ports[i]` instead of sharing `cfg.port` (what a
+    fleet behind a load balancer looks like; `lmqtt bench compare`'s `lmqtt-fleet` runs this)."""
+
+    def __init__(self, cfg, argv: list[str], workers: int, ports: list[int] | None = None) -> None:
         self.cfg = cfg
         self.argv = argv
         self.n = workers
+        if ports is not None and len(ports) != workers:
+            raise ValueError(f"{workers} workers need {workers} ports, got {ports}")
+        self.ports = ports
         self.store: subprocess.Popen | None = None
         self.redis: subprocess.Popen | None = None
         self.gateways: list[subprocess.Popen | None] = [None] * workers
@@ -125,15 +131,17 @@ class Supervisor:
 
     def _start_gateway(self, i: int) -> None:
         cfg = self.cfg
-        args = ["gateway", "--store", f"127.0.0.1:{self.store_port}", "--reuse-port",
-                "--gateway-id", f"{socket.gethostname()}:{cfg.port}:w{i}", "--notify-mode", "native",
+        port = self.ports[i] if self.ports else cfg.port
+        args = ["gateway", "--store", f"127.0.0.1:{self.store_port}",
+                "--gateway-id", f"{socket.gethostname()}:{port}:w{i}", "--notify-mode", "native",
                 "--metrics-port", str(int(cfg.metrics_port) + i if cfg.metrics_port else 0)]
         if self.redis_url:
             args += ["--redis", self.redis_url]
+        tail = ["--port", str(port)] if self.ports else ["--reuse-port"]
         env = dict(os.environ)
         if getattr(cfg, "token", None):
             env["LMQTT_STORE_TOKEN"] = cfg.token
-        self.gateways[i] = subprocess.Popen(self._cmd(*args, *_gateway_args(self.argv)), env=env,
+        self.gateways[i] = subprocess.Popen(self._cmd(*args, *_gateway_args(self.argv), *tail), env=env,
                                             start_new_session=True)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -147,10 +155,13 @@ class Supervisor:
             for i in range(self.n):
                 self._start_gateway(i)
             host, port = self.cfg.host, self.cfg.port
-            if not all(_wait_port("127.0.0.1" if host in ("0.0.0.0", "::") else host, port, g, 60)
-                       for g in self.gateways if g is not None):
+            ports = self.ports or [port] * self.n
+            if not all(_wait_port("127.0.0.1" if host in ("0.0.0.0", "::") else host, p, g, 60)
+                       for p, g in zip(ports, self.gateways) if g is not None):
                 raise RuntimeError("a gateway did not start (its messages are above)")
-            print(f"lmqtt serve: {self.n} workers on mqtt://{host}:{port} (SO_REUSEPORT), store "
+            where = (f"on mqtt://{host}:{port} (SO_REUSEPORT)" if not self.ports else
+                     "on " + ", ".join(f"mqtt://{host}:{p}" for p in ports))
+            print(f"lmqtt serve: {self.n} workers {where}, store "
                   f"lmqtt://127.0.0.1:{self.store_port} (pid {self.store.pid}), data {self.cfg.data_dir}, "
                   f"sessions across workers: {'private redis' if self.redis_url else 'store only'}",
                   file=sys.stderr, flush=True)
@@ -215,5 +226,5 @@ class Supervisor:
                     p.kill()
 
 
-def run(cfg, argv: list[str], workers: int) -> int:
-    return Supervisor(cfg, argv, workers).run()
+def run(cfg, argv: list[str], workers: int, ports: list[int] | None = None) -> int:
+    return Supervisor(cfg, argv, workers, ports).run()

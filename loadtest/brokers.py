@@ -11,6 +11,14 @@ and the tail of its log instead of failing the whole comparison.
 * ``amqtt``: the ``amqtt`` console script of this Python (3.1.1 only), anonymous auth plugin only
   (the default config also loads packet/event loggers, which would benchmark logging).
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
+* ``lmqtt-workers``: ``lmqtt serve --workers 2`` (a store process, a private redis-server and two
+  gateway processes sharing the MQTT port with SO_REUSEPORT; gateway/workers.py).
+* ``lmqtt-fleet``: ``lmqtt store`` + two ``lmqtt gateway`` on their own ports + ``redis-server``
+  (loadtest/fleet_launcher.py); the bench client puts subscribers on the other gateway than
+  their publishers (ScenarioConfig.ports), so every message crosses gateways.
+
+The multi-process brokers are measured as one: the probe sums CPU and RSS over the started process
+and all its children, and reports each process's share (mqtt_bench.BrokerProbe).
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KNOWN = ("lmqtt", "mosquitto", "amqtt")
+KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet")
 
 
 class BrokerUnavailable(RuntimeError):
@@ -75,6 +83,7 @@ class RunningBroker:
     log_path: Path
     version: str = ""
     argv: list[str] = field(default_factory=list)
+    extra_ports: list[int] = field(default_factory=list)    # further gateways (lmqtt-fleet)
 
     @property
     def pid(self) -> int:
@@ -89,8 +98,11 @@ class RunningBroker:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM our child by PID, then SIGKILL if it does not exit in ``timeout``."""
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM our child by PID, then SIGKILL if it does not exit in ``timeout`` (a supervisor
+        of several processes gets longer: it stops its children first)."""
+        if timeout is None:
+            timeout = 60.0 if self.extra_ports or self.name == "lmqtt-workers" else 10.0
         if self.proc.poll() is None:
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -186,7 +198,8 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
     return str(src), "gateway.cli"
 
 
-def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None) -> tuple[list[str], str]:
+def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None,
+                extra_ports: list[int] | None = None) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if name == "mosquitto":
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
@@ -206,6 +219,21 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         except Exception:  # noqa: BLE001 - metadata is only decoration
             version = "amqtt"
         return [_amqtt_script(), "-c", str(_amqtt_conf(port, workdir))], version
+    if name in ("lmqtt-workers", "lmqtt-fleet"):
+        if lmqtt_src:
+            raise BrokerUnavailable(f"{name}: --lmqtt-src is supported for the embedded lmqtt only")
+        if importlib.util.find_spec("lmqtt.gateway.workers") is None:
+            raise BrokerUnavailable(f"{name}: lmqtt.gateway.workers is not in this lmqtt")
+        data = workdir / "lmqtt-data"
+        data.mkdir(exist_ok=True)
+        common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port", "0",
+                  "--store-port", str(free_port())]
+        if name == "lmqtt-workers":
+            return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--workers", "2", "--port", str(port),
+                    *common], "lmqtt (serve --workers 2)"
+        ports = f"{port},{extra_ports[0] if extra_ports else free_port()}"
+        return [sys.executable, "-m", "lmqtt.loadtest.fleet_launcher", "--ports", ports, *common], \
+            "lmqtt (store + 2 gateways + redis)"
     if name == "lmqtt":
         module = "lmqtt.gateway.cli"
         if lmqtt_src:
@@ -230,7 +258,9 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    extra = [free_port()] if name == "lmqtt-fleet" else []
     argv, version = (command_for(name, port, workdir, lmqtt_src) if lmqtt_src
+                     else command_for(name, port, workdir, extra_ports=extra) if extra
                      else command_for(name, port, workdir))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
@@ -246,10 +276,21 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         log.close()
         raise BrokerUnavailable(f"{name}: cannot execute {argv[0]}: {e}") from e
     log.close()
-    rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv)
-    if not wait_port(host, port, ready_timeout, proc):
+    rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv, extra)
+    if name in ("lmqtt-workers", "lmqtt-fleet"):
+        ready_timeout = max(ready_timeout, 60.0)     # a store, redis and two gateways start in turn
+    if not all(wait_port(host, p, ready_timeout, proc) for p in [port, *extra]):
         rc = proc.poll()
         rb.stop()
         why = f"exited with code {rc}" if rc is not None else f"port {port} not open after {ready_timeout}s"
         raise BrokerUnavailable(f"{name}: {why}; log tail:\n{rb.log_tail()}")
+    if name in ("lmqtt-workers", "lmqtt-fleet"):
+        # the port opens with the first gateway: wait for the supervisor's banner (all are up),
+        # else the kernel would give every early connection to the first one
+        deadline = time.monotonic() + ready_timeout
+        while " workers on " not in rb.log_tail(50) and rb.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if " workers on " not in rb.log_tail(50):
+            rb.stop()
+            raise BrokerUnavailable(f"{name}: not all gateways started; log tail:\n{rb.log_tail()}")
     return rb

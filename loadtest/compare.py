@@ -82,6 +82,7 @@ def run_one(broker: str, scen: str, rep: int, a: argparse.Namespace, work: Path,
     try:
         time.sleep(0.3)  # let the broker settle before the RSS baseline
         cfg = scenario_config(scen, a, rb.host, rb.port)
+        cfg.ports = tuple(rb.extra_ports)
         res = mqtt_bench.run(cfg, rb.pid, broker=broker, quiet=a.quiet)
         res["rep"] = rep
         if not rb.alive():

@@ -118,14 +118,14 @@ class Worker:
         async with sem:
             try:
                 if sp.role == "sub":
-                    c = await connect(cfg.host, cfg.port, sp.client_id, cfg.version, sub_id=sp.sub_id,
+                    c = await connect(cfg.host, cfg.port_for("sub", sp.sub_id), sp.client_id, cfg.version, sub_id=sp.sub_id,
                                       sink=self.sink, timeout=cfg.connect_timeout)
                     await c.subscribe(sp.topic, cfg.qos, timeout=cfg.connect_timeout)
                     for p in sp.expects:
                         self.tracker.expect(sp.sub_id, p)
                 else:
-                    c = await connect(cfg.host, cfg.port, sp.client_id, cfg.version,
-                                      timeout=cfg.connect_timeout)
+                    c = await connect(cfg.host, cfg.port_for("pub", max(sp.pub_id, 0)), sp.client_id,
+                                      cfg.version, timeout=cfg.connect_timeout)
                     if sp.role == "pub":
                         pub = _Pub(c, StampedPublisher(sp.pub_id, sp.topic, cfg.size, cfg.qos, cfg.version),
                                    PidAllocator(c.inflight))
@@ -470,6 +470,39 @@ class BrokerProbe:
                 pass
         return total
 
+    @staticmethod
+    def _label(p) -> str:
+        """A short name for a broker process: its lmqtt subcommand (and gateway id), else its exe."""
+        try:
+            cmd = p.cmdline()
+        except Exception:  # noqa: BLE001
+            return f"pid {p.pid}"
+        for sub in ("store", "gateway", "serve"):
+            if sub in cmd[1:4] or (len(cmd) > 3 and cmd[3] == sub):
+                if sub == "gateway" and "--gateway-id" in cmd:
+                    return "gateway " + cmd[cmd.index("--gateway-id") + 1].rsplit(":", 1)[-1]
+                return sub
+        if any("fleet_launcher" in c for c in cmd):
+            return "launcher"
+        try:
+            return p.name()                 # e.g. redis-server (which rewrites its command line)
+        except Exception:  # noqa: BLE001
+            return f"pid {p.pid}"
+
+    def cpu_by_process(self) -> dict[str, float]:
+        """CPU seconds per process of the broker (label -> seconds), for multi-process brokers."""
+        out: dict[str, float] = {}
+        if self.proc is None:
+            return out
+        for p in self._procs():
+            try:
+                t = p.cpu_times()
+                k = self._label(p)
+                out[k] = out.get(k, 0.0) + t.user + t.system
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
     def rss(self) -> int | None:
         if self.proc is None:
             return None
@@ -617,6 +650,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
                 result["rss_per_conn_bytes"] = round((rss_after - rss_before) / connected, 1)
             return result
         cpu_b0 = probe.cpu()
+        cpu_p0 = probe.cpu_by_process()
         t_go = time.monotonic_ns() + 100_000_000
         t_end = t_go + int(cfg.duration * 1e9)
         wall0 = time.monotonic()
@@ -634,6 +668,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
         results = pool.gather("result", cfg.drain_max + PHASE_TIMEOUT_MARGIN)
         wall = time.monotonic() - wall0
         cpu_b1 = probe.cpu()
+        cpu_p1 = probe.cpu_by_process()
         rss_after = probe.rss()
         hist = Histogram()
         for r in results:
@@ -667,6 +702,11 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             "broker_cpu_us_per_msg": (round((cpu_b1 - cpu_b0) * 1e6 / totals["received"], 2)
                                       if cpu_b0 is not None and totals["received"] else None),
             "broker_rss_bytes": rss_after,
+            # a multi-process broker (lmqtt-workers, lmqtt-fleet): CPU per delivered message in
+            # each of its processes, to see which one bounds it
+            "broker_cpu_us_per_msg_by_process": ({k: round((v - cpu_p0.get(k, 0.0)) * 1e6 / totals["received"], 2)
+                                                  for k, v in sorted(cpu_p1.items())}
+                                                 if len(cpu_p1) > 1 and totals["received"] else None),
             "window_s": round(wall, 3),
             "disconnected": sum(r["disconnected"] for r in results),
             "errors": (errors + [e for r in results for e in r["errors"]])[:5],

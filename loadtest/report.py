@@ -138,18 +138,39 @@ def errors(results: list[dict]) -> list[dict]:
 
 def scenario_table(scenario: str, by_broker: dict[str, list[dict]], brokers: list[str]) -> str:
     cols = [b for b in brokers if b in by_broker]
-    peers = [b for b in cols if b != "lmqtt"] if "lmqtt" in cols else []
-    head = ["metric"] + cols + [f"lmqtt/{p}" for p in peers]
+    ours = [b for b in cols if b.startswith("lmqtt")]
+    peers = [b for b in cols if not b.startswith("lmqtt")]
+    pairs = [(o, p) for o in ours for p in peers]
+    head = ["metric"] + cols + [f"{o}/{p}" for o, p in pairs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, path, scale, fmt, _hib in metrics_for(scenario):
         vals = {b: [_get(r, path) for r in by_broker[b]] for b in cols}
         if all(all(v is None for v in vs) for vs in vals.values()):
             continue
         row = [label] + [_cell(vals[b], scale, fmt) for b in cols]
-        for p in peers:
-            row.append(_ratio(_median(vals["lmqtt"]), _median(vals[p])))
+        for o, p in pairs:
+            row.append(_ratio(_median(vals[o]), _median(vals[p])))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def process_breakdown(by_broker: dict[str, list[dict]], brokers: list[str]) -> list[str]:
+    """Lines giving, for a multi-process broker, the CPU per delivered message of each process
+    (median over reps): which process bounds lmqtt-workers / lmqtt-fleet."""
+    out = []
+    for b in brokers:
+        runs = [r.get("broker_cpu_us_per_msg_by_process") for r in by_broker.get(b, [])]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        names = sorted({k for r in runs for k in r})
+        parts = []
+        for k in names:
+            m = _median([r.get(k) for r in runs])
+            if m is not None and m >= 0.05:
+                parts.append(f"{k} {m:,.1f}")
+        out.append(f"- {b}: CPU µs per delivered message by process: " + ", ".join(parts))
+    return out
 
 
 def params_line(by_broker: dict[str, list[dict]]) -> str:
@@ -180,17 +201,31 @@ TARGETS = [  # label, scenario, metric, peer, op, bound
     ("pairs QoS 1 delivered msg/s ≥ 10× amqtt", "pairs", ("delivered_per_s",), "amqtt", ">=", 10.0),
     ("p99 latency at 5,000 msg/s QoS 1 ≤ 5× Mosquitto", "latency", ("latency_us", "p99"), "mosquitto", "<=", 5.0),
     ("memory per idle connection ≤ 16 KiB at 10,000 connections", "conn", ("rss_per_conn_bytes",), None, "<=", 16 * 1024),
+    # the multi-process modes (issue #11): (..., which lmqtt broker)
+    ("lmqtt-workers fan-in 1,000→1 QoS 1 delivered msg/s ≥ 1× Mosquitto", "fanin", ("delivered_per_s",),
+     "mosquitto", ">=", 1.0, "lmqtt-workers"),
+    ("lmqtt-workers pairs QoS 1 delivered msg/s ≥ 1× Mosquitto", "pairs", ("delivered_per_s",),
+     "mosquitto", ">=", 1.0, "lmqtt-workers"),
+    ("lmqtt-fleet cross-gateway p99 at 5,000 msg/s QoS 1 ≤ 10 ms", "latency", ("latency_us", "p99"),
+     None, "<=", 10_000.0, "lmqtt-fleet"),
 ]
 
 
 def targets_table(g: dict[str, dict[str, list[dict]]]) -> str:
     lines = ["| target | lmqtt | reference | ratio / value | verdict |", "|---|---|---|---|---|"]
-    for label, scen, path, peer, op, bound in TARGETS:
-        lm = _median([_get(r, path) for r in g.get(scen, {}).get("lmqtt", [])])
+    present = {b for by in g.values() for b in by}
+    for label, scen, path, peer, op, bound, *which in TARGETS:
+        ours = which[0] if which else "lmqtt"
+        if ours != "lmqtt" and ours not in present:
+            continue                      # a mode not in this run: no row
+        lm = _median([_get(r, path) for r in g.get(scen, {}).get(ours, [])])
         pv = None
         if peer is None:
             val, ref = lm, "–"
-            shown = "–" if lm is None else f"{lm / 1024:,.2f} KiB (bound 16 KiB)"
+            if path[0] == "latency_us":
+                shown = "–" if lm is None else f"{lm / 1e3:,.2f} ms (bound {bound / 1e3:g} ms)"
+            else:
+                shown = "–" if lm is None else f"{lm / 1024:,.2f} KiB (bound 16 KiB)"
         else:
             pv = _median([_get(r, path) for r in g.get(scen, {}).get(peer, [])])
             ref = "–" if pv is None else f"{peer} {pv:,.0f}"
@@ -215,6 +250,8 @@ def targets_table(g: dict[str, dict[str, list[dict]]]) -> str:
         else:
             lm_s = f"{lm:,.0f} msg/s"
             ref = ref if peer is None or pv is None else f"{peer} {pv:,.0f} msg/s"
+        if ours != "lmqtt" and lm is not None:
+            lm_s = f"{ours}: {lm_s}"
         lines.append(f"| {label} | {lm_s} | {ref} | {shown} | {verdict} |")
     return "\n".join(lines)
 
@@ -292,6 +329,9 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
             continue
         md += [f"## {SCENARIO_TITLES.get(scen, scen)} (`{scen}`)", "", params_line(g[scen]), "",
                scenario_table(scen, g[scen], brokers), ""]
+        by_proc = process_breakdown(g[scen], brokers)
+        if by_proc:
+            md += by_proc + [""]
         if scen not in ("conn", "retained", "persistent"):
             md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
             for b in brokers:

@@ -30,6 +30,10 @@ class ScenarioConfig:
     scenario: str = "fanout"
     host: str = "127.0.0.1"
     port: int = 1883
+    # further MQTT ports of the same broker (gateways of a fleet): publisher i connects to
+    # all_ports[i % n], subscriber j to all_ports[(j + 1) % n], so with two gateways a pair's
+    # messages always cross from one to the other
+    ports: tuple = ()
     version: int = 4            # amqtt speaks 3.1.1 only, so comparisons use 4
     qos: int = 0
     size: int = 64
@@ -54,10 +58,16 @@ class ScenarioConfig:
 
     def to_params(self) -> dict:
         d = asdict(self)
-        for k in ("host", "port", "run_id", "drain_idle", "drain_max", "connect_timeout"):
+        for k in ("host", "port", "ports", "run_id", "drain_idle", "drain_max", "connect_timeout"):
             d.pop(k)
         return d
 
+
+    def port_for(self, role: str, index: int) -> int:
+        if not self.ports:
+            return self.port
+        every = (self.port, *self.ports)
+        return every[(index + (1 if role == "sub" else 0)) % len(every)]
 
     def resolved_coalesce(self) -> float:
         """Seconds a worker naps per event-loop iteration when flat out; never at a fixed rate.

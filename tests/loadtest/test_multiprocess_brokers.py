@@ -1,0 +1,51 @@
+"""`lmqtt bench compare`'s multi-process brokers: `lmqtt-fleet` (store + 2 gateways on their own
+ports + redis) and `lmqtt-workers` (`serve --workers 2`) start as one broker, carry messages
+between their gateways, and leave no process behind when stopped by PID."""
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from lmqtt.loadtest import brokers
+from lmqtt.loadtest.scenarios import ScenarioConfig
+from tests.support import Paho
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+
+
+def test_scenario_puts_subscribers_on_the_other_gateway():
+    cfg = ScenarioConfig(port=1000, ports=(2000,))
+    assert [cfg.port_for("pub", i) for i in range(4)] == [1000, 2000, 1000, 2000]
+    assert [cfg.port_for("sub", i) for i in range(4)] == [2000, 1000, 2000, 1000]
+    assert ScenarioConfig(port=1000).port_for("sub", 3) == 1000
+
+
+@pytest.mark.parametrize("name", ["lmqtt-fleet", "lmqtt-workers"])
+def test_multiprocess_broker_carries_messages_and_stops_whole(tmp_path, name):
+    rb = brokers.start(name, tmp_path / name)
+    try:
+        family = psutil.Process(rb.pid).children(recursive=True)
+        labels = " ".join(" ".join(p.cmdline()) for p in family)
+        assert labels.count(" gateway ") == 2 and " store " in labels and "redis-server" in labels
+        if name == "lmqtt-fleet":
+            assert len(rb.extra_ports) == 1 and rb.extra_ports[0] != rb.port
+            sub_at = SimpleNamespace(host=rb.host, port=rb.extra_ports[0])
+        else:
+            assert rb.extra_ports == []
+            sub_at = rb
+        sub = Paho(sub_at, f"mp-sub-{name}")
+        sub.subscribe("mp/#", 1)
+        pub = Paho(rb, f"mp-pub-{name}")
+        for i in range(20):
+            pub.publish(f"mp/{i % 3}", f"{i}".encode(), qos=1)
+        got = sub.get_n(20)
+        assert sorted(int(m.payload) for m in got) == list(range(20))
+        pub.disconnect()
+        sub.disconnect()
+    finally:
+        rb.stop()
+    assert rb.proc.returncode is not None
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
