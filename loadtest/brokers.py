@@ -47,6 +47,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i)."""
+    for _ in range(50):
+        p = free_port()
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise BrokerUnavailable("no two consecutive free loopback ports for the gateways' metrics")
+
+
 def raise_nofile() -> int:
     """Raise the soft open-files limit to the hard limit (10,000 connections need it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -84,6 +97,25 @@ class RunningBroker:
     version: str = ""
     argv: list[str] = field(default_factory=list)
     extra_ports: list[int] = field(default_factory=list)    # further gateways (lmqtt-fleet)
+    metrics_ports: list[int] = field(default_factory=list)  # the gateways' /metrics (multi-process)
+
+    def store_reads(self) -> int | None:
+        """Light-queue pulls the gateways sent to the store so far (`lmqtt_remote_pulls`), summed
+        over the gateways; None for a broker without remote gateways."""
+        if not self.metrics_ports:
+            return None
+        import urllib.request
+        total = 0
+        for p in self.metrics_ports:
+            try:
+                with urllib.request.urlopen(f"http://{self.host}:{p}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            for line in text.splitlines():
+                if line.startswith("lmqtt_remote_pulls_total "):
+                    total += int(float(line.split()[1]))
+        return total
 
     @property
     def pid(self) -> int:
@@ -199,7 +231,7 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
 
 
 def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None,
-                extra_ports: list[int] | None = None) -> tuple[list[str], str]:
+                extra_ports: list[int] | None = None, metrics_base: int | None = None) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if name == "mosquitto":
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
@@ -226,8 +258,8 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             raise BrokerUnavailable(f"{name}: lmqtt.gateway.workers is not in this lmqtt")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
-        common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port", "0",
-                  "--store-port", str(free_port())]
+        common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port",
+                  str(metrics_base or 0), "--store-port", str(free_port())]
         if name == "lmqtt-workers":
             return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--workers", "2", "--port", str(port),
                     *common], "lmqtt (serve --workers 2)"
@@ -258,9 +290,11 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    multi = name in ("lmqtt-workers", "lmqtt-fleet")
     extra = [free_port()] if name == "lmqtt-fleet" else []
+    mbase = free_port_pair() if multi and not lmqtt_src else None
     argv, version = (command_for(name, port, workdir, lmqtt_src) if lmqtt_src
-                     else command_for(name, port, workdir, extra_ports=extra) if extra
+                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase) if multi
                      else command_for(name, port, workdir))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
@@ -276,7 +310,8 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         log.close()
         raise BrokerUnavailable(f"{name}: cannot execute {argv[0]}: {e}") from e
     log.close()
-    rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv, extra)
+    rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv, extra,
+                       [mbase, mbase + 1] if mbase else [])
     if name in ("lmqtt-workers", "lmqtt-fleet"):
         ready_timeout = max(ready_timeout, 60.0)     # a store, redis and two gateways start in turn
     if not all(wait_port(host, p, ready_timeout, proc) for p in [port, *extra]):

@@ -83,7 +83,14 @@ def run_one(broker: str, scen: str, rep: int, a: argparse.Namespace, work: Path,
         time.sleep(0.3)  # let the broker settle before the RSS baseline
         cfg = scenario_config(scen, a, rb.host, rb.port)
         cfg.ports = tuple(rb.extra_ports)
+        reads0 = rb.store_reads()
         res = mqtt_bench.run(cfg, rb.pid, broker=broker, quiet=a.quiet)
+        reads1 = rb.store_reads()
+        if reads0 is not None and reads1 is not None and res.get("sent"):
+            # remote gateways: light-queue pulls per published message (each gateway should read
+            # a message once, however many of its sessions get it)
+            res["store_reads"] = reads1 - reads0
+            res["store_reads_per_published_msg"] = round((reads1 - reads0) / res["sent"], 3)
         res["rep"] = rep
         if not rb.alive():
             res["error"] = f"{broker} exited during the run (code {rb.proc.returncode}): {rb.log_tail(5)}"

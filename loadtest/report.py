@@ -36,6 +36,7 @@ TRAFFIC_METRICS = [
     ("broker CPU per delivered msg (µs)", ("broker_cpu_us_per_msg",), 1, "{:,.1f}", False),
     ("generator CPU per delivered msg (µs)", ("gen_cpu_us_per_msg",), 1, "{:,.1f}", None),
     ("broker RSS after (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
+    ("store reads per published msg (remote gateways)", ("store_reads_per_published_msg",), 1, "{:.2f}", False),
     ("connections", ("connect", "connected"), 1, "{:,.0f}", None),
 ]
 CONN_METRICS = [

@@ -49,3 +49,22 @@ def test_multiprocess_broker_carries_messages_and_stops_whole(tmp_path, name):
         rb.stop()
     assert rb.proc.returncode is not None
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_fleet_reads_each_message_once_per_gateway_whatever_the_subscribers(tmp_path):
+    """1,000 subscribers of one topic spread over two gateways: each published message costs the
+    store two light-queue reads (one per gateway), not one per subscriber."""
+    from lmqtt.loadtest import mqtt_bench
+    rb = brokers.start("lmqtt-fleet", tmp_path / "fleet")
+    try:
+        cfg = ScenarioConfig(scenario="fanout", host=rb.host, port=rb.port, ports=tuple(rb.extra_ports),
+                             publishers=1, subscribers=1000, qos=0, rate=20.0, duration=1.5, procs=2,
+                             drain_idle=1.0, drain_max=10.0)
+        before = rb.store_reads()
+        res = mqtt_bench.run(cfg, rb.pid, broker=rb.name, quiet=True)
+        reads = rb.store_reads() - before
+    finally:
+        rb.stop()
+    assert res["connect"]["connected"] == 1001 and res["lost"] == 0
+    assert res["received"] == res["sent"] * 1000 and res["sent"] >= 20
+    assert 2 <= reads <= 2 * res["sent"], (reads, res["sent"])
