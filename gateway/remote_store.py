@@ -69,7 +69,7 @@ class _Result:
 class _Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
-    __slots__ = ("base", "items", "known", "min_offset", "fetching")
+    __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_base", "back")
 
     def __init__(self, max_offset: int) -> None:
         self.base = max_offset
@@ -77,6 +77,10 @@ class _Mirror:
         self.known = max_offset        # the store's max offset as last heard
         self.min_offset = 0
         self.fetching = False
+        # one chunk of older entries read for a reader behind the mirror (a lagging subscriber, a
+        # resumed session's backlog): back[i] has offset back_base + i
+        self.back_base = 0
+        self.back: list[RemoteMessage] = []
 
     @property
     def end(self) -> int:
@@ -149,7 +153,9 @@ class RemoteMetadata:
 class RemoteStore:
     """`GatewayStore` over one store connection (see the module docstring)."""
 
-    mirror_entries = 4096          # entries kept per queue; older ones are pulled on demand
+    # entries kept per queue (the byte budget `mirror_bytes` bounds them all); older ones are
+    # pulled on demand, a chunk at a time (_read_back)
+    mirror_entries = 65536
 
     def __init__(self, link: LoopConnection, gateway_id: str, metrics=None, *, safety_poll_s: float = 1.0,
                  watch: bool = True, fetch_batch: int = 1024, mirror_bytes: int = 16 << 20) -> None:
@@ -282,16 +288,55 @@ class RemoteStore:
                         out = out[:k]
                         break
             return RemotePull(out, offset + len(out), m.min_offset, m.end)
-        # behind the mirror (a resumed session's backlog): one bounded round trip
+        # behind the mirror (a lagging reader, a resumed session's backlog)
+        if not (m.back_base <= offset < m.back_base + len(m.back)):
+            self._read_back(queue, m, offset)
+            if offset >= m.base:                   # the chunk joined the mirror
+                return self.pull(queue, offset, max_count, max_bytes)
+            if not m.back:                          # nothing there: go on where the store says
+                return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)
+        i = max(0, offset - m.back_base)            # entries below it are gone (retention)
+        out = m.back[i:i + max_count]
+        if max_bytes:
+            total = 0
+            for k, it in enumerate(out):
+                total += len(it.body)
+                if total > max_bytes and k:
+                    out = out[:k]
+                    break
+        return RemotePull(out, out[-1].queue_offset + 1, m.min_offset, m.end)
+
+    def _read_back(self, queue: str, m: _Mirror, offset: int) -> None:
+        """One blocking round trip for up to `fetch_batch` entries from `offset` on (replacing the
+        previous older chunk). A chunk that reaches the mirror's start is joined to the mirror.
+        Readers that fall behind the mirror read in big chunks, not one small round trip per
+        delivery: at 20,000 msg/s into one queue a subscriber a few thousand messages behind would
+        otherwise stall the gateway's loop on round trips of 32 entries (measured, fan-in)."""
         self.remote_pulls += 1
         self.remote_misses += 1
         header, recs = self.link.cmd_blocking("gw_pull", queue=queue, offset=offset,
-                                              max_count=min(max_count, m.base - offset), max_bytes=max_bytes)
+                                              max_count=min(self.fetch_batch, m.base - offset),
+                                              max_bytes=4 << 20)
+        m.min_offset = int(header.get("min_offset", m.min_offset))
         dq = header.get("dq") or [()] * len(recs)
         msgs = [RemoteMessage(t, d) for t, d in zip(recs, dq) if t[0] < m.base]
-        m.min_offset = int(header.get("min_offset", m.min_offset))
-        nxt = msgs[-1].queue_offset + 1 if msgs else max(offset, int(header.get("next_offset", offset)))
-        return RemotePull(msgs, min(nxt, m.end), m.min_offset, m.end)
+        self._drop_back(m)
+        if not msgs:
+            m.back_base = max(offset, int(header.get("next_offset", offset)))
+            return
+        first = msgs[0].queue_offset
+        if msgs[-1].queue_offset - first + 1 != len(msgs):       # not contiguous: keep the head only
+            k = next(k for k in range(1, len(msgs)) if msgs[k].queue_offset != first + k)
+            msgs = msgs[:k]
+        if first + len(msgs) == m.base:                            # reaches the mirror: join them
+            m.items[0:0] = msgs
+            m.base = first
+            self._bytes += sum([len(it.body) for it in msgs])
+            m.back_base = first
+            return
+        m.back_base = first
+        m.back = msgs
+        self._bytes += sum([len(it.body) for it in msgs])
 
     # ------------------------------------------------------------------ events -> prefetch
     def _on_push(self, op: int, body: bytes) -> None:
@@ -377,7 +422,8 @@ class RemoteStore:
                 for other in self.queues.values():
                     n = (len(other.items) + 1) // 2
                     self._trim(other, n)
-                    trimmed += n
+                    trimmed += n + len(other.back)
+                    self._drop_back(other)
                 if not trimmed:
                     self._bytes = 0        # nothing left to hold: the count drifted, start over
                     break
@@ -403,6 +449,11 @@ class RemoteStore:
                 self.heard(_json(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
+    def _drop_back(self, m: _Mirror) -> None:
+        if m.back:
+            self._bytes -= sum([len(it.body) for it in m.back])
+            m.back = []
+
     def _trim(self, m: _Mirror, drop: int) -> None:
         if drop <= 0:
             return
@@ -418,6 +469,7 @@ class RemoteStore:
         for q in gone:
             m = self.queues.pop(q)
             self._trim(m, len(m.items))
+            self._drop_back(m)
         if gone and self.watch and self.link.connected:
             self.link.cmd_nowait("gw_unwatch", queues=gone)
         if gone and self.on_forget is not None:
