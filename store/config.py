@@ -69,6 +69,11 @@ class StoreConfig:
     # page fault of every page itself (~10 % of a 100-byte append). Linux >= 5.14; 0 disables.
     # See store/prefault.py.
     prefault_bytes: int = 2 << 20
+    # delayed messages (store/delayed.py, store/timer.py; on once `MessageStore.enable_delayed` is
+    # called): the timer wheel's tick (10 ms .. 60 s; a message fires at most one tick plus a 50 ms
+    # scan after its due time) and the longest delay accepted
+    timer_precision_ms: int = 1000
+    timer_max_delay_ms: int = 40 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if self.flush_mode not in FLUSH_MODES:

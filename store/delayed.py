@@ -20,8 +20,10 @@ dispatch queues: which wildcard filters want a topic is known only there, and on
 """
 from __future__ import annotations
 
+import logging
 import struct
 import time
+from concurrent.futures import Future
 from typing import Callable
 
 from .message import Message, StoredMessage
@@ -30,6 +32,7 @@ from .timer import Timer, TimerWheel
 PARK_TOPIC = "$timer"
 _WRAP = struct.Struct("<qIHH")       # due_ms, flags, queue_id, topic length; then topic, then props
 TIMER_KEY = "timer:"
+log = logging.getLogger("lmqtt.store.delayed")
 
 
 class DelayError(ValueError):
@@ -54,10 +57,15 @@ class DelayedMessages:
     the store shuts down."""
 
     def __init__(self, store, directory: str, route: Callable[[Message], Message] | None = None,
-                 clock: Callable[[], float] = time.time, **wheel_options) -> None:
+                 clock: Callable[[], float] = time.time, loop=None, **wheel_options) -> None:
+        """`loop`: an asyncio loop that makes every other append of this store (the embedded
+        gateway's, the store server's). Released messages are then appended on it too, so that
+        appender stays the store's only one (the gateway's delivery relies on that to know the
+        queue offsets of what it just appended, gateway/delivery.py `record_appended`)."""
         self.store = store
         self._route = route or (lambda m: m)
         self._clock = clock
+        self._loop = loop
         self.wheel = TimerWheel(directory, self._fire, already_fired=self._already_fired, clock=clock,
                                 **wheel_options)
 
@@ -94,6 +102,40 @@ class DelayedMessages:
             schedule(due, r.phys_offset, r.size)
         return results
 
+    def check(self, topic: str, due_ms: int, now: int | None = None) -> None:
+        """Raise DelayError when a message to `topic` cannot be delayed until `due_ms`."""
+        if not topic or topic.startswith("$"):
+            raise DelayError(f"cannot delay a message to {topic!r}: delayed messages need a real topic")
+        if now is None:
+            now = int(self._clock() * 1000)
+        if due_ms - now > self.wheel.max_delay_ms:
+            raise DelayError(f"a delay of {(due_ms - now) / 1000:.0f} s exceeds the maximum of "
+                             f"{self.wheel.max_delay_ms / 1000:.0f} s")
+
+    def park(self, msgs: list[Message], due_ms: list[int]) -> tuple[list[Message], list[int]]:
+        """For a batch mixing ordinary and delayed messages (`due_ms[i]` 0 = ordinary): the list
+        to append in ONE `append_batch` (delayed ones replaced by their parked records) and the
+        indexes of the parked ones. Validates every delayed message first (DelayError: nothing is
+        appended). After the append, `arm(results, indexes, due_ms)` records their timers."""
+        now = int(self._clock() * 1000)
+        out = list(msgs)
+        idx = []
+        for i, (m, due) in enumerate(zip(msgs, due_ms, strict=True)):
+            if due:
+                self.check(m.topic, due, now)
+                out[i] = Message(PARK_TOPIC, m.body, 0, 0, _wrap(m, due), m.keys, m.born_ts or now)
+                idx.append(i)
+        return out, idx
+
+    def arm(self, results, indexes: list[int], due_ms: list[int]) -> None:
+        """The timers of the parked records of a batch appended after `park`."""
+        if not indexes:
+            return
+        schedule = self.wheel.schedule
+        for i in indexes:
+            r = results[i]
+            schedule(due_ms[i], r.phys_offset, r.size)
+
     def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message by the msg id `schedule` returned. False when the id is not a
         parked message of this store, or it already fired."""
@@ -127,9 +169,32 @@ class DelayedMessages:
         # a timer due at once can fire before dispatch made its parked record readable
         self.store.wait_dispatched(max(t.ref_offset + t.ref_size for t in timers), timeout=30)
         msgs = [self._released(t) for t in timers]
-        results = self.store.append_batch(msgs)
+        results = self._append(msgs) if self._loop is not None else self.store.append_batch(msgs)
         if results:
             results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
+
+    def _append(self, msgs: list[Message]):
+        """append_batch on `self._loop` (see __init__), waited for from the firing thread. Gives up
+        (raises: the wheel offers the same ticks again) when the wheel is closing or the loop is
+        gone; an abandoned append may still run, which the key-index check on the next start
+        covers (it fires nothing twice)."""
+        done: Future = Future()
+
+        def run() -> None:
+            if not done.set_running_or_notify_cancel():
+                return                              # abandoned by the firing thread
+            try:
+                done.set_result(self.store.append_batch(msgs))
+            except BaseException as e:  # noqa: BLE001 - handed to the firing thread
+                done.set_exception(e)
+        self._loop.call_soon_threadsafe(run)        # RuntimeError when the loop is closed: retried
+        stop = self.wheel._stop
+        while True:
+            try:
+                return done.result(timeout=0.05)
+            except TimeoutError:
+                if (stop.is_set() or self._loop.is_closed()) and done.cancel():
+                    raise RuntimeError("firing abandoned: the timer wheel is closing") from None
 
     def _already_fired(self, t: Timer) -> bool:
         self.store.wait_dispatched(t.ref_offset + t.ref_size, timeout=30)

@@ -80,6 +80,7 @@ class MessageStore:
         self._inline = cfg.dispatch_inline
         self.recovered_end = 0
         self._state_lock = threading.Lock()
+        self.delayed = None          # DelayedMessages once enable_delayed() was called
 
     # ------------------------------------------------------------------ lifecycle
     def add_dispatcher(self, d) -> None:
@@ -137,6 +138,11 @@ class MessageStore:
                 return
             self._running = False
             self._closed = True
+        if self.delayed is not None:
+            try:
+                self.delayed.close()         # stop firing before the log closes
+            except Exception:
+                log.exception("store shutdown: closing the timer wheel failed")
         self.background.stop()
         self.prefault.stop()
         if self.clog.buffered:
@@ -152,6 +158,30 @@ class MessageStore:
             log.exception("store shutdown: final dispatch failed; it will be replayed on the next start")
         self._clog_ckpt.save(self.clog.flushed)
         self._close_files()
+
+    def enable_delayed(self, route=None, loop=None):
+        """Delayed messages on this store (store/delayed.py): the timer wheel under
+        `<data_dir>/timer`, rebuilt from its TimerLog and firing from now on. Call after start();
+        `route(topic) -> dispatch queues` fills a released message's light-queue list at firing
+        time, `loop` is the event loop making the store's other appends (DelayedMessages). A second
+        call returns the same object (the first caller's route and loop stay)."""
+        with self._state_lock:
+            if self.delayed is None:
+                if not self._running:
+                    raise StoreClosed("enable_delayed needs a running store (call start() first)")
+                from .delayed import DelayedMessages
+                routed = None
+                if route is not None:
+                    def routed(m, route=route):
+                        m.dispatch_queues = tuple(route(m.topic))
+                        return m
+                d = DelayedMessages(self, os.path.join(self.cfg.data_dir, "timer"), route=routed, loop=loop,
+                                    precision_ms=self.cfg.timer_precision_ms,
+                                    max_delay_ms=self.cfg.timer_max_delay_ms)
+                d.start()
+                self.delayed = d
+                log.info("timer wheel started: %d pending, precision %d ms", d.wheel.pending, d.wheel.precision)
+            return self.delayed
 
     def _close_files(self) -> None:
         for d in self._dispatchers:

@@ -203,6 +203,34 @@ def decode_produce(body: bytes):
         raise ProtocolError(E_BAD_FRAME, "PRODUCE topic/key/producer id is not UTF-8") from None
 
 
+# PRODUCE frame flag bit 1 (optional, docs/protocol.md "Delayed messages"): the body is followed by
+# a trailer of `count` u64 due times (epoch ms; 0 = not delayed), one per message in order. A
+# delayed message is parked in the store's timer wheel and appears under its topic at its due time.
+# A store that does not know the flag refuses the frame (bytes after the last message: bad_frame),
+# so a delay is never silently ignored.
+F_DELAYED = 0x02
+_DUE = struct.Struct(">Q")
+
+
+def encode_due_trailer(due_ms) -> bytes:
+    """The F_DELAYED trailer for due times in message order (0 = that message is not delayed)."""
+    return struct.pack(f">{len(due_ms)}Q", *due_ms)
+
+
+def split_due_trailer(body: bytes) -> tuple[bytes, list[int]]:
+    """A PRODUCE body sent with F_DELAYED -> (the plain PRODUCE body, [due ms per message]);
+    ProtocolError when it cannot hold the trailer its count announces."""
+    try:
+        (plen,) = struct.unpack_from(">H", body, 0)
+        _seq, count = PRODUCE_HEAD.unpack_from(body, 2 + plen)
+    except struct.error:
+        raise ProtocolError(E_BAD_FRAME, "PRODUCE body truncated") from None
+    n = 8 * count
+    if len(body) < 2 + plen + PRODUCE_HEAD.size + n:
+        raise ProtocolError(E_BAD_FRAME, f"delayed PRODUCE body too short for {count} due times")
+    return body[:len(body) - n], list(struct.unpack_from(f">{count}Q", body, len(body) - n))
+
+
 def encode_produced(results) -> bytes:
     """results: list of (phys_offset, queue_offset)."""
     flat = [x for pq in results for x in pq]

@@ -111,6 +111,11 @@ class StoreServer:
                                                reuse_address=True, backlog=512)
         self.address = self.server.sockets[0].getsockname()[:2]
         self._loop = loop
+        # delayed messages (PRODUCE flag F_DELAYED, CALL cancel_delayed): the timer wheel fires
+        # on this loop, routed like a produced message (an embedded gateway may have enabled it)
+        enable = getattr(self.store, "enable_delayed", None)
+        if enable is not None:
+            enable(self.router, loop)
         self._tick()
 
     def _tick(self) -> None:
@@ -142,9 +147,10 @@ class StoreServer:
             self._conn_calls.discard(name)
 
     # ---------------------------------------------------------------- produce
-    def produce(self, body: bytes):
+    def produce(self, body: bytes, flags: int = 0):
         """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
-        duplicate flag)."""
+        duplicate flag). With F_DELAYED, messages with a due time are parked in the timer wheel
+        (store/delayed.py) in the same append; their timers are written before the reply."""
         # No cyclic GC pass while a batch's Message objects exist: each would scan all of them (and
         # promote them) for nothing; they are freed by reference count right after the append.
         # Dedup across a crash: a pending marker (log position, count) is written before the
@@ -153,7 +159,15 @@ class StoreServer:
         gc_on = gc.isenabled()
         gc.disable()
         try:
+            dues = parked = None
+            if flags & W.F_DELAYED:
+                body, dues = W.split_due_trailer(body)
             pid, seq, msgs = produce_messages(body, self.router, int(time.time() * 1000))
+            if dues is not None and any(dues):
+                delayed = self.store.delayed
+                if delayed is None:
+                    raise CallError(W.E_INVALID, "this store does not serve delayed messages")
+                msgs, parked = delayed.park(msgs, dues)      # DelayError (ValueError): nothing stored
             if pid and seq:
                 prev = self.meta.seen(pid, seq)
                 if prev is not None:
@@ -172,6 +186,8 @@ class StoreServer:
             if not msgs:
                 return W.encode_produced([]), None, False
             rs = self.store.append_batch(msgs)
+            if parked:
+                delayed.arm(rs, parked, dues)
             out = produced_body(rs)
             if pid and seq:
                 self.meta.remember(pid, seq, out)
@@ -285,6 +301,13 @@ class StoreServer:
             info["dlq_topic"] = dlq_topic(str(a["group"]))
             return info
 
+        def cancel_delayed(a):
+            d = getattr(s, "delayed", None)
+            if d is None:
+                raise CallError(W.E_INVALID, "this store does not serve delayed messages")
+            return {"cancelled": d.cancel(str(a["msg_id"]))}
+
+        self.register_call("cancel_delayed", cancel_delayed)
         for name, fn in (("commit", commit), ("committed", committed), ("lag", lag), ("offsets", offsets),
                          ("topics", topics), ("stats", stats), ("get_by_msg_id", by_msg_id),
                          ("query_by_key", by_key), ("offset_for_time", offset_for_time), ("pop", pop),
@@ -414,7 +437,7 @@ class StoreConnection(asyncio.Protocol):
                                                          "max_frame": srv.max_frame, "server": "lmqtt-store"}))
             return
         if op == W.OP_PRODUCE:
-            results, durable, dup = srv.produce(body)
+            results, durable, dup = srv.produce(body, flags)
             if durable is None or durable.done():
                 if durable is not None:
                     durable.result()
