@@ -92,10 +92,38 @@ def _b64(b: bytes) -> str:
 
 
 class RemoteMetadata:
-    """`SessionMetadata` over the gateway_service CALLs."""
+    """`SessionMetadata` over the gateway_service CALLs. Wills carry this gateway's id: the store
+    node publishes them if this gateway's connection stays gone past its grace period."""
 
-    def __init__(self, link: LoopConnection) -> None:
+    def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
         self.link = link
+        self.gateway_id = gateway_id
+        # set by the session registry: the store published these clients' wills while this
+        # gateway was away (gw_hello's answer)
+        self.on_wills_published: Callable[[list], None] | None = None
+        self.wills_published_by_store = 0
+
+    def hello(self) -> None:
+        """Tell the store which gateway this connection is (at start and after every reconnect):
+        it stops the grace timer of this gateway's wills and says which it published meanwhile."""
+        if not self.gateway_id:
+            return
+        fut = self.link.cmd("gw_hello", gateway=self.gateway_id)
+
+        def done(f):
+            if f.cancelled():
+                return
+            e = f.exception()
+            if e is not None:
+                log.warning("event=gw_hello_failed error=%r", e)
+                return
+            fired = _json(f.result()).get("wills_published", [])
+            if fired:
+                self.wills_published_by_store += len(fired)
+                log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
+                if self.on_wills_published is not None:
+                    self.on_wills_published(fired)
+        fut.add_done_callback(done)
 
     # sessions
     def put_session(self, client_id: str, rec: SessionRecord) -> None:
@@ -135,16 +163,25 @@ class RemoteMetadata:
 
     # wills
     def put_will(self, client_id: str, will: WillRecord) -> None:
-        self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()))
+        self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()),
+                             gateway=self.gateway_id)
 
     def pop_will(self, client_id: str) -> Any:
-        # callers only need it gone (the gateway keeps the will it publishes in memory)
-        self.link.cmd_nowait("gw_pop_will", client_id=client_id)
+        # callers only need it gone (the gateway keeps the will it publishes in memory); only
+        # this gateway's: a will the client's newer connection left on another gateway stays
+        self.link.cmd_nowait("gw_pop_will", client_id=client_id, gateway=self.gateway_id)
         return None
+
+    def void_will(self, client_id: str) -> None:
+        self.link.cmd_nowait("gw_pop_will", client_id=client_id)
+
+    def take_wills(self) -> list[tuple[str, Any]]:
+        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
+                for cid, w in self.link.cmd_blocking("gw_take_wills", gateway=self.gateway_id)["wills"]]
 
     def list_wills(self) -> list[tuple[str, Any]]:
         return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
-                for cid, w in self.link.cmd_blocking("gw_list_wills")["wills"]]
+                for cid, w in self.link.cmd_blocking("gw_list_wills", gateway=self.gateway_id)["wills"]]
 
     def flush(self) -> None:
         self.link.cmd_blocking("gw_flush")
@@ -163,7 +200,7 @@ class RemoteStore:
         self.loop = link.loop
         self.gateway_id = gateway_id
         self.metrics = metrics
-        self.metadata = RemoteMetadata(link)
+        self.metadata = RemoteMetadata(link, gateway_id)
         self.safety_poll_s = safety_poll_s
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.fetch_batch = fetch_batch
@@ -186,7 +223,10 @@ class RemoteStore:
         self.events = 0
         self.polls = 0
         link.on_push(self._on_push)
+        link.on_reconnect(self.metadata.hello)      # first: the store learns who this is
         link.on_reconnect(self._rewatch)
+        if link.connected:
+            self.metadata.hello()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -205,10 +245,11 @@ class RemoteStore:
     # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
     max_message_size = 4 << 20
 
-    def append_batch(self, messages) -> list:
+    def append_batch(self, messages, due_ms=None) -> list:
         """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
         anything is sent, as the embedded store does: the publish pipeline then appends the others
-        one by one and only that publisher gets the error (the store would refuse the whole batch)."""
+        one by one and only that publisher gets the error (the store would refuse the whole batch).
+        `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
         limit = self.max_message_size - _RECORD_HEADER
         for m in messages:
             n = len(m.body) + len(m.props) + len(m.topic)
@@ -217,7 +258,10 @@ class RemoteStore:
                                       f"max_message_size={self.max_message_size}; nothing was written")
         body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
-        reply = self.link.request(W.OP_PRODUCE, body)
+        if due_ms is None:
+            reply = self.link.request(W.OP_PRODUCE, body)
+        else:
+            reply = self.link.request(W.OP_PRODUCE, body + W.encode_due_trailer(due_ms), W.F_DELAYED)
         durable = self.loop.create_future()
 
         def done(f):
@@ -231,6 +275,9 @@ class RemoteStore:
 
     def append(self, message) -> _Result:
         return self.append_batch([message])[0]
+
+    def append_batch_delayed(self, messages, due_ms) -> list:
+        return self.append_batch(messages, due_ms)
 
     def all_visible(self) -> bool:
         return False

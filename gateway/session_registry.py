@@ -15,8 +15,11 @@ Interface:
   detach(conn)                       the connection went away (or was taken over): the session goes
                                      offline (persistent) or ends, and the connection's will is armed
   store_will(client_id, will, version) / drop_will(client_id)
-                                     keep the will of a connection in metadata / forget it
-  restore() / publish_orphan_wills() at start: persisted sessions back, wills of a crash sent
+                                     keep the will of a connection in metadata / forget it (a
+                                     CONNECT voids the will a previous connection left anywhere)
+  restore() / publish_orphan_wills() at start: persisted sessions back, this gateway's wills of a
+                                     crash sent (a fleet's store node sends those of a gateway
+                                     that does not come back, docs/fleet.md)
   close()                            at shutdown: cancel expiry and will timers
 """
 from __future__ import annotations
@@ -61,6 +64,8 @@ class SessionRegistry:
         self.sessions: dict[str, Session] = {}
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
+        if hasattr(metadata, "on_wills_published"):      # remote: the store may publish our wills
+            metadata.on_wills_published = self.wills_published_elsewhere
 
     # ------------------------------------------------------------------ lookups
     def get(self, client_id: str) -> Session | None:
@@ -76,7 +81,12 @@ class SessionRegistry:
         wt = self._will_timers.pop(client_id, None)
         if wt is not None:
             wt[0].cancel()
-            self.drop_will(client_id)
+        # the will a previous connection left is void, also one another gateway of a fleet holds
+        # (that gateway died: the store node would publish it after its grace period)
+        try:
+            self.metadata.void_will(client_id)
+        except Exception as e:
+            log.error("event=void_will_failed client_id=%s error=%r", client_id, e)
         s = self.sessions.get(client_id)
         if s is not None and clean_start:
             self._end(s)
@@ -223,20 +233,44 @@ class SessionRegistry:
         return s
 
     def publish_orphan_wills(self) -> int:
-        """Wills left in metadata by connections alive at a crash: send them now."""
+        """Wills this gateway held for connections alive at its crash: send them now. Only its own
+        (`take_wills`): in a fleet, the wills of clients on other gateways are theirs, and those of
+        a gateway that does not come back are published by the store node (docs/fleet.md)."""
         try:
-            wills = self.metadata.list_wills()
+            wills = self.metadata.take_wills()
         except Exception as e:
-            log.error("event=list_wills_failed error=%r", e)
+            log.error("event=take_wills_failed error=%r (orphan wills not published now; they stay stored)", e)
             return 0
         n = 0
         for cid, w in wills:
-            self.metadata.pop_will(cid)
+            try:
+                T.validate_topic(w.topic)
+            except InvalidTopicName as e:
+                log.warning("event=will_dropped client_id=%s error=%s", cid, e)
+                continue
             rec = safe_decode(w.props)
+            log.info("event=orphan_will_published client_id=%s topic=%s", cid, w.topic)
             self._publish(cid, w.qos, w.topic, w.payload, w.retain,
                           rec.to_properties() if rec.has_app_properties() else None)
             n += 1
         return n
+
+    def wills_published_elsewhere(self, client_ids) -> None:
+        """The store node published these clients' wills while this gateway was cut off from it
+        longer than the grace period: a connection still here must not publish its will again."""
+        n = 0
+        for cid in client_ids:
+            conn = self._owners.get(cid)
+            if conn is not None and conn.will is not None:
+                conn.will = None
+                n += 1
+            wt = self._will_timers.pop(cid, None)
+            if wt is not None:
+                wt[0].cancel()
+                n += 1
+        if n:
+            log.warning("event=wills_published_by_store count=%d (this gateway was away from the store "
+                        "longer than its will grace period)", n)
 
     def close(self) -> None:
         for t, _w in self._will_timers.values():

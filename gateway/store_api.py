@@ -32,9 +32,21 @@ class SessionMetadata(Protocol):
     # retained messages (an empty payload clears)
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None: ...
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]: ...
-    # wills of connected clients (published after a crash)
-    def put_will(self, client_id: str, will: Any) -> None: ...
-    def pop_will(self, client_id: str) -> Any: ...
+    # wills of connected clients, held by the gateway serving the connection (the remote
+    # implementation records its gateway id with each; the in-process one is the only gateway):
+    # published by that gateway when the connection ends uncleanly, by that gateway at its next
+    # start after a crash (`take_wills`), or, in a fleet, by the store node when the gateway's
+    # store connection stays gone longer than the grace period (docs/fleet.md)
+    def put_will(self, client_id: str, will: Any) -> None:
+        """This gateway holds `client_id`'s connection with this will (replaces any earlier one)."""
+    def pop_will(self, client_id: str) -> Any:
+        """This gateway's will of `client_id` is gone (published or discarded); a will another
+        gateway wrote since stays."""
+    def void_will(self, client_id: str) -> None:
+        """A new connection of `client_id`: a previous connection's will, whichever gateway held
+        it, is never published."""
+    def take_wills(self) -> list[tuple[str, Any]]:
+        """Remove and return the wills this gateway holds (at start: the orphans of its crash)."""
     def list_wills(self) -> list[tuple[str, Any]]: ...
     def flush(self) -> None: ...
 
@@ -49,6 +61,9 @@ class GatewayStore(Protocol):
     def append_batch(self, messages: Sequence[Any]) -> Any:
         """All or none; the last result's `.durable` future covers the whole batch."""
     def append(self, message: Any) -> Any: ...
+    def append_batch_delayed(self, messages: Sequence[Any], due_ms: Sequence[int]) -> Any:
+        """append_batch where message i with `due_ms[i]` > 0 is delivered at that epoch ms (the
+        store's timer wheel); the durable future means the timers are durable too."""
     def all_visible(self) -> bool:
         """Everything appended so far is readable from the light queues."""
     def unavailable(self) -> str | None:
@@ -67,6 +82,35 @@ class GatewayStore(Protocol):
     def register_filter(self, flt: str) -> int: ...
     def unregister_filter(self, flt: str) -> int: ...
     def registered_filters(self) -> dict[str, int]: ...
+
+    # -- subscribing from the past (gateway/replay.py; off the delivery hot path)
+    def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
+        """Where the history of `flt` since `since_ms` is: the light queue from
+        `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
+        the seam. Call after registering a wildcard `flt`. Raises
+        `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
+
+
+class ReplayPlan:
+    """Answer of `GatewayStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
+    light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
+    history, `read()` until `done`, then the light queue from `live_offset`)."""
+
+    __slots__ = ("source", "live_offset", "cursor", "done", "_read")
+
+    def __init__(self, plan: dict, read: Callable[[dict, int], tuple[list, dict, bool]]) -> None:
+        self.source = plan["source"]
+        self.live_offset = int(plan["live_offset"])
+        self.cursor = plan.get("cursor")
+        self.done = self.cursor is None
+        self._read = read
+
+    def read(self, max_count: int = 1024) -> list:
+        """The next history messages (StoredMessage-like, in log order); [] once `done`."""
+        if self.done:
+            return []
+        msgs, self.cursor, self.done = self._read(self.cursor, max_count)
+        return msgs
 
 
 class InProcessStore:
@@ -102,5 +146,22 @@ class InProcessStore:
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)
 
+    def enable_delayed(self, loop) -> None:
+        """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop
+        stays the store's only appender) and routed through the light queues at firing time."""
+        self.store.enable_delayed(self.lq.queues_for_topic, loop)
+
+    def append_batch_delayed(self, messages, due_ms):
+        """append_batch where `due_ms[i]` > 0 parks message i in the timer wheel until then (one
+        append, all or none; the timers are written before this returns)."""
+        d = self.store.delayed
+        msgs, parked = d.park(messages, due_ms)
+        rs = self.store.append_batch(msgs)
+        d.arm(rs, parked, due_ms)
+        return rs
+
     def registered_filters(self) -> dict[str, int]:
         return dict(self.lq.registry.filters())
+
+    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
+        return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)

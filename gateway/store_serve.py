@@ -4,6 +4,7 @@ served over the native protocol (docs/protocol.md) for the SDK and remote gatewa
     lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
                 [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
                 [--redis redis://HOST:6379/0 [--notify-mode broadcast|precise]] [--metrics-port 9884]
+                [--will-grace-s 5]
 
 The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
 dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
@@ -13,6 +14,8 @@ Remote gateways (`lmqtt gateway --store`, docs/fleet.md) are served by the gw_* 
 lightqueue/gateway_service.py; they hear of new data by EVENT frames on their connection, or, with
 `--redis`, by Redis pub/sub as well. The token may also come from $LMQTT_STORE_TOKEN. With
 `--metrics-port`, /metrics (a few store counters), /healthz and /readyz are served over HTTP.
+The wills of a gateway whose store connection stays gone longer than `--will-grace-s` (and is
+not back) are published by the store itself (docs/fleet.md "Wills in a fleet").
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ FLUSH_MODES = ("sync", "async", "async+buffer")
 DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
             "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
             "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
-            "metrics_host": None}
+            "metrics_host": None, "will_grace_s": 5.0}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--notify-mode", choices=("broadcast", "precise"), help="Redis notify mode (default broadcast)")
     p.add_argument("--notify-window-ms", type=float, help="events for one queue within this window merge (default 2)")
     p.add_argument("--metrics-port", type=int, help="HTTP /metrics, /healthz, /readyz port (default 0 = off)")
+    p.add_argument("--will-grace-s", type=float,
+                   help="publish the wills of a gateway whose store connection stays gone this long (default 5)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 
@@ -87,6 +92,13 @@ def _config(args) -> dict:
         raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
     if not 0 <= int(cfg["port"]) <= 65535:
         raise ValueError(f"port must be 0..65535, got {cfg['port']}")
+    try:
+        grace = float(cfg["will_grace_s"])
+    except (TypeError, ValueError):
+        raise ValueError(f"will_grace_s must be a number of seconds, got {cfg['will_grace_s']!r}") from None
+    if not 0 <= grace <= 86400:
+        raise ValueError(f"will_grace_s must be 0..86400 seconds, got {cfg['will_grace_s']}")
+    cfg["will_grace_s"] = grace
     return cfg
 
 
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(cfg: dict, loop_name: str) -> int:
+    from lmqtt.gateway.record_props import retained_props
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.lightqueue import gateway_service
     from lmqtt.lightqueue.service import install
@@ -141,7 +154,8 @@ async def _serve(cfg: dict, loop_name: str) -> int:
         if cfg["redis"]:
             from lmqtt.notify.redis_bus import RedisEventPublisher
             publisher = RedisEventPublisher(cfg["redis"], cfg["notify_mode"], float(cfg["notify_window_ms"]) / 1000.0)
-        gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher)
+        gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher,
+                                      will_grace_s=cfg["will_grace_s"], retained_props=retained_props)
         await srv.start()
     except OSError as e:
         if e.filename:
@@ -171,6 +185,7 @@ async def _serve(cfg: dict, loop_name: str) -> int:
           f"  notify:     EVENT frames to watching gateways"
           f"{'; Redis ' + cfg['notify_mode'] + ' at ' + cfg['redis'] if cfg['redis'] else ''}\n"
           f"  auth:       {'token required' if cfg['token'] else 'none (loopback only)'}\n"
+          f"  wills:      of a gateway gone longer than {cfg['will_grace_s']:g} s published here\n"
           f"  metrics:    {metrics_url}", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
@@ -197,6 +212,11 @@ def _start_http(host: str, port: int, srv, gws):
                 ("lmqtt_store_errors_total", "counter", "Requests answered with ERROR", srv.errors),
                 ("lmqtt_store_events_pushed_total", "counter", "EVENT frames pushed to gateways", gws.events_sent),
                 ("lmqtt_store_watching_gateways", "gauge", "Connections watching queues", len(gws.watchers)),
+                ("lmqtt_store_gateways_connected", "gauge", "Gateway ids with a live connection", len(gws.connections_of)),
+                ("lmqtt_store_gateway_wills_published_total", "counter",
+                 "Wills of absent gateways published by the store", gws.wills_published),
+                ("lmqtt_store_gateway_will_errors_total", "counter",
+                 "Failed attempts to publish an absent gateway's will", gws.will_publish_errors),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
                 ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
         out = []

@@ -17,11 +17,26 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                gateway that restarts with the same id reconciles exactly its own
                                (`SubscriptionRegistry.sync_store_filters`), never another's
   gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions, gw_get_offset(s),
-  gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching, gw_put_will,
-  gw_pop_will, gw_list_wills, gw_flush
+  gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching, gw_flush
                                the `SessionMetadata` of gateway/store_api.py over the store's
                                light-queue `MetadataStore` (binary fields base64 in JSON: these
                                run at connect/subscribe rate, not message rate)
+  gw_hello {gateway}           this connection is gateway G (sent at connect and every reconnect);
+                               answers the client ids whose wills the store published while G
+                               was away
+  gw_put_will {client_id, will, gateway}   G holds the client's connection with this will
+  gw_pop_will {client_id[, gateway]}       drop it (with gateway: only if G still holds it)
+  gw_take_wills {gateway}      remove and return G's wills (G restarted after a crash)
+  gw_list_wills [{gateway}]    read them
+
+Wills of a dead gateway: the store knows each gateway's connection (gw_hello). When the last
+connection of gateway G closes, or when the store starts and G holds wills but is not connected,
+a grace timer starts (`will_grace_s`, `lmqtt store --will-grace-s`, default 5 s: longer than a
+gateway's re-dial backoff). If G is not back when it ends, the store publishes G's wills itself
+into the CommitLog like any publish (every gateway delivers them); an MQTT 5 Will Delay Interval
+(bounded by the session expiry, 0 for a session that ends with its connection) counts from the
+loss, so a longer delay waits on. A will is published only if G still holds it at that moment: a
+CONNECT of the same client id on any gateway voids it first (gw_pop_will without gateway).
 
 Events: the light-queue store's listener (dispatch thread) feeds an `InProcessBus` on the server's
 loop, which merges names within `window_s`; each merged set goes to every watching connection as
@@ -35,13 +50,16 @@ import asyncio
 import base64
 import logging
 
+import time
+from typing import Callable
+
 from lmqtt.notify import InProcessBus
-from lmqtt.store import protocol as W
+from lmqtt.store import Message, protocol as W
 from lmqtt.store.server import Messages, StoreServer
 
 from .light_queue_store import LightQueueStore
 from .records import SessionRecord, WillRecord
-from .topics import validate_filter
+from .topics import validate_filter, validate_topic
 
 log = logging.getLogger("lmqtt.lightqueue.gateway_service")
 
@@ -56,9 +74,17 @@ def _unb64(s: str) -> bytes:
     return base64.b64decode(s)
 
 
+# client ids remembered per absent gateway whose wills the store published (told at its gw_hello)
+_MAX_PUBLISHED_WHILE_AWAY = 100_000
+
+
 class GatewayService:
     def __init__(self, server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
-                 redis_publisher=None) -> None:
+                 redis_publisher=None, will_grace_s: float = 5.0,
+                 retained_props: Callable[[bytes, int], bytes] | None = None) -> None:
+        """`will_grace_s`: how long a gateway's connection may stay gone before the store publishes
+        its wills. `retained_props(props, now_ms)`: what a retained will keeps as its props (the
+        gateway's encoding, passed in by `lmqtt store`: this package knows no MQTT)."""
         self.srv = server
         self.lq = lq
         self.meta = lq.metadata
@@ -80,9 +106,141 @@ class GatewayService:
             n = int(server.meta.get_json(key) or 0)
             if n > 0:
                 self.holds.setdefault(gid, {})[flt] = n
+        # wills of dead gateways (module docstring)
+        self.will_grace_s = max(0.0, float(will_grace_s))
+        self.retained_props = retained_props or (lambda props, _now_ms: props)
+        self.gateway_of: dict[object, str] = {}          # StoreConnection -> gateway id
+        self.connections_of: dict[str, set] = {}          # gateway id -> its connections
+        self._grace: dict[str, asyncio.TimerHandle] = {}  # gateway id -> grace timer
+        self._delayed: dict[str, dict[str, asyncio.TimerHandle]] = {}   # gid -> client id -> will delay
+        self.published_while_away: dict[str, list[str]] = {}
+        self.wills_published = 0
+        self.will_publish_errors = 0
+        self._closed = False
+        try:
+            holders = self.meta.will_gateways()
+        except Exception as e:  # noqa: BLE001 - a corrupt record must not stop the store
+            log.error("event=will_scan_failed error=%r (wills of absent gateways not published)", e)
+            holders = set()
+        for gid in sorted(holders):             # not connected yet: their grace starts now
+            self._arm_grace(gid)
         self._install()
 
+    # ---------------------------------------------------------------- gateways and their wills
+    def _attach(self, conn, gid: str) -> None:
+        if self.gateway_of.get(conn) == gid:
+            return
+        old = self.gateway_of.get(conn)
+        if old is not None:                      # a connection that changed its id (never in practice)
+            self._detach(conn)
+        self.gateway_of[conn] = gid
+        self.connections_of.setdefault(gid, set()).add(conn)
+        t = self._grace.pop(gid, None)
+        if t is not None:
+            t.cancel()
+            log.info("event=gateway_back gateway=%s (its wills stay with it)", gid)
+        for t in self._delayed.pop(gid, {}).values():
+            t.cancel()
+
+    def _detach(self, conn) -> None:
+        gid = self.gateway_of.pop(conn, None)
+        if gid is None:
+            return
+        conns = self.connections_of.get(gid)
+        if conns is not None:
+            conns.discard(conn)
+            if conns:
+                return
+            del self.connections_of[gid]
+        if not self._closed:
+            log.info("event=gateway_gone gateway=%s will_grace_s=%g", gid, self.will_grace_s)
+            self._arm_grace(gid)
+
+    def _arm_grace(self, gid: str) -> None:
+        if gid in self._grace or gid in self.connections_of or self._closed:
+            return
+        self._grace[gid] = self.loop.call_later(self.will_grace_s, self._grace_over, gid)
+
+    def _grace_over(self, gid: str) -> None:
+        self._grace.pop(gid, None)
+        if gid in self.connections_of:
+            return
+        try:
+            wills = self.meta.list_wills(gid)
+        except Exception as e:  # noqa: BLE001 - try again after another grace period
+            log.error("event=will_list_failed gateway=%s error=%r (retrying)", gid, e)
+            self._grace[gid] = self.loop.call_later(max(1.0, self.will_grace_s), self._grace_over, gid)
+            return
+        if wills:
+            log.warning("event=gateway_not_back gateway=%s wills=%d (publishing them)", gid, len(wills))
+        for cid, w in wills:
+            left = self._will_delay(cid, w) - self.will_grace_s
+            if left <= 0:
+                self._publish_will(gid, cid)
+            else:
+                self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(left, self._publish_will, gid, cid)
+
+    def _will_delay(self, cid: str, w) -> float:
+        """MQTT 5: the Will Delay Interval, but no longer than the session lives (a session that
+        ends with its connection publishes at once, §3.1.3.2.2)."""
+        if w.delay_interval <= 0:
+            return 0.0
+        try:
+            rec = self.meta.get_session(cid)
+        except Exception as e:  # noqa: BLE001
+            log.error("event=will_session_lookup_failed client_id=%s error=%r", cid, e)
+            return 0.0
+        if rec is None or rec.expiry_interval <= 0:
+            return 0.0
+        return float(min(w.delay_interval, rec.expiry_interval))
+
+    def _publish_will(self, gid: str, cid: str) -> bool:
+        """Publish `cid`'s will if gateway `gid` still holds it and is still away; True if done."""
+        d = self._delayed.get(gid)
+        if d is not None:
+            d.pop(cid, None)
+            if not d:
+                del self._delayed[gid]
+        if gid in self.connections_of or self._closed:
+            return False
+        try:
+            w = self.meta.get_will(cid)
+            if w is None or w.gateway != gid:
+                return False               # the client connected again (anywhere) meanwhile
+            try:
+                validate_topic(w.topic)
+            except ValueError as e:
+                log.warning("event=will_dropped client_id=%s gateway=%s error=%s", cid, gid, e)
+                self.meta.pop_will(cid, gateway=gid)
+                return False
+            now_ms = int(time.time() * 1000)
+            router = self.srv.router or self.lq.queues_for_topic
+            self.srv.store.append(Message(w.topic, w.payload, 0, 0, w.props, (), now_ms, router(w.topic)))
+            if w.retain:
+                self.meta.set_retained(w.topic, w.payload, self.retained_props(w.props, now_ms))
+            self.meta.pop_will(cid, gateway=gid)
+        except Exception as e:  # noqa: BLE001 - kept: tried again after another grace period
+            self.will_publish_errors += 1
+            log.error("event=will_publish_failed client_id=%s gateway=%s error=%r (kept, retrying)", cid, gid, e)
+            self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(
+                max(1.0, self.will_grace_s), self._publish_will, gid, cid)
+            return False
+        self.wills_published += 1
+        away = self.published_while_away.setdefault(gid, [])
+        if len(away) < _MAX_PUBLISHED_WHILE_AWAY:
+            away.append(cid)
+        log.info("event=will_published_for_gateway client_id=%s gateway=%s topic=%s", cid, gid, w.topic)
+        return True
+
     def close(self) -> None:
+        self._closed = True
+        for t in self._grace.values():
+            t.cancel()
+        self._grace.clear()
+        for d in self._delayed.values():
+            for t in d.values():
+                t.cancel()
+        self._delayed.clear()
         self.lq.remove_listener(self.bus.publish)
         if self.redis is not None:
             self.lq.remove_listener(self.redis.publish)
@@ -110,6 +268,7 @@ class GatewayService:
 
     def _lost(self, conn) -> None:
         self.watchers.pop(conn, None)
+        self._detach(conn)
 
     # ---------------------------------------------------------------- filter holds
     def _hold(self, gid: str, flt: str, delta: int) -> int:
@@ -220,16 +379,36 @@ class GatewayService:
         def retained_matching(a):
             return {"retained": [[t, _b64(p), _b64(pr)] for t, p, pr in meta.retained_matching(str(a["filter"]))]}
 
-        def put_will(a):
-            meta.put_will(str(a["client_id"]), WillRecord.from_bytes(_unb64(a["will"])))
+        def hello(a, conn):
+            gid = str(a["gateway"])
+            if not gid:
+                raise ValueError("gw_hello needs a non-empty gateway id")
+            self._attach(conn, gid)
+            return {"wills_published": self.published_while_away.pop(gid, [])}
+
+        def put_will(a, conn):
+            gid = a.get("gateway")
+            if gid:
+                self._attach(conn, str(gid))
+            meta.put_will(str(a["client_id"]), WillRecord.from_bytes(_unb64(a["will"])),
+                          gateway=str(gid) if gid is not None else None)
             return {"ok": True}
 
         def pop_will(a):
-            w = meta.pop_will(str(a["client_id"]))
+            gid = a.get("gateway")
+            w = meta.pop_will(str(a["client_id"]), gateway=str(gid) if gid is not None else None)
             return {"will": _b64(w.to_bytes()) if w is not None else None}
 
-        def list_wills(_a):
-            return {"wills": [[cid, _b64(w.to_bytes())] for cid, w in meta.list_wills()]}
+        def take_wills(a):
+            gid = str(a["gateway"])
+            for t in self._delayed.pop(gid, {}).values():
+                t.cancel()
+            return {"wills": [[cid, _b64(w.to_bytes())] for cid, w in meta.take_wills(gid)]}
+
+        def list_wills(a):
+            gid = a.get("gateway")
+            return {"wills": [[cid, _b64(w.to_bytes())]
+                              for cid, w in meta.list_wills(str(gid) if gid is not None else None)]}
 
         def flush(_a):
             meta.flush()
@@ -237,6 +416,8 @@ class GatewayService:
 
         reg("gw_watch", watch, with_connection=True)
         reg("gw_unwatch", unwatch, with_connection=True)
+        reg("gw_hello", hello, with_connection=True)
+        reg("gw_put_will", put_will, with_connection=True)
         for name, fn in (("gw_max_offsets", max_offsets), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_register", register),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),
@@ -244,11 +425,11 @@ class GatewayService:
                          ("gw_get_offset", get_offset), ("gw_get_offsets", get_offsets),
                          ("gw_set_offsets", set_offsets), ("gw_delete_offsets", delete_offsets),
                          ("gw_set_retained", set_retained), ("gw_retained_matching", retained_matching),
-                         ("gw_put_will", put_will), ("gw_pop_will", pop_will), ("gw_list_wills", list_wills),
+                         ("gw_pop_will", pop_will), ("gw_take_wills", take_wills), ("gw_list_wills", list_wills),
                          ("gw_flush", flush)):
             reg(name, fn)
 
 
 def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
-            redis_publisher=None) -> GatewayService:
-    return GatewayService(server, lq, loop, window_s, redis_publisher)
+            redis_publisher=None, will_grace_s: float = 5.0, retained_props=None) -> GatewayService:
+    return GatewayService(server, lq, loop, window_s, redis_publisher, will_grace_s, retained_props)

@@ -11,6 +11,7 @@ know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a cont
     o consumer \\0 queue -> u64 offset         s client_id -> SessionRecord JSON
     r topic              -> u32 plen, payload, props
     w client_id          -> WillRecord bytes     f filter -> u32 reference count
+    W gateway \0 client_id -> b""  (the wills a gateway holds)
 """
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter,
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_EPOCH = struct.Struct(">QQ")
 
 P_OFFSET = b"o"
 P_SESSION = b"s"
 P_RETAINED = b"r"
 P_WILL = b"w"
+P_WILL_BY_GATEWAY = b"W"
 P_FILTER = b"f"
+P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was last registered (0 -> 1)
 
 
 class MetadataStore:
@@ -170,28 +174,91 @@ class MetadataStore:
         return out
 
     # -- wills -------------------------------------------------------------------------------
-    def put_will(self, client_id: str, will: WillRecord) -> None:
-        self._put(P_WILL + client_id.encode("utf-8"), will.to_bytes())
+    # A will belongs to the gateway holding its client's connection (`WillRecord.gateway`, "" for
+    # the embedded one); `W gateway \0 client_id` indexes a gateway's wills, so the store node can
+    # publish those of a gateway that died (lightqueue/gateway_service.py) without scanning all.
+    # Index entries are hints checked against the record (a stale one is dropped when found).
+    @staticmethod
+    def _wkey(gateway: str, client_id: str) -> bytes:
+        return P_WILL_BY_GATEWAY + gateway.encode("utf-8") + b"\x00" + client_id.encode("utf-8")
+
+    def put_will(self, client_id: str, will: WillRecord, gateway: str | None = None) -> None:
+        """Keep the will of `client_id`'s connection (replacing any earlier one, whichever gateway
+        held it); `gateway` (if given) is recorded as its holder."""
+        if gateway is not None:
+            will.gateway = gateway
+        wb = WriteBatch(raw_mode=True)
+        wb.put(P_WILL + client_id.encode("utf-8"), will.to_bytes())
+        if will.gateway:
+            wb.put(self._wkey(will.gateway, client_id), b"")
+        with self._lock:
+            self._write(wb)
 
     def get_will(self, client_id: str) -> WillRecord | None:
         v = self._db.get(P_WILL + client_id.encode("utf-8"))
         return None if v is None else WillRecord.from_bytes(v)
 
-    def pop_will(self, client_id: str) -> WillRecord | None:
-        """Remove and return the will of `client_id` (None if it had none)."""
+    def pop_will(self, client_id: str, gateway: str | None = None) -> WillRecord | None:
+        """Remove and return the will of `client_id` (None if it had none). With `gateway`, only
+        a will that gateway holds (a will another gateway wrote since is kept, None returned)."""
         key = P_WILL + client_id.encode("utf-8")
         with self._lock:
             v = self._db.get(key)
             if v is None:
                 return None
+            w = WillRecord.from_bytes(v)
+            if gateway is not None and w.gateway != gateway:
+                return None
             wb = WriteBatch(raw_mode=True)
             wb.delete(key)
+            if w.gateway:
+                wb.delete(self._wkey(w.gateway, client_id))
             self._write(wb)
-        return WillRecord.from_bytes(v)
+        return w
 
-    def list_wills(self) -> list[tuple[str, WillRecord]]:
-        """All stored wills: after a crash, the gateway publishes those of dead sessions."""
-        return [(k[1:].decode("utf-8"), WillRecord.from_bytes(v)) for k, v in self._scan(P_WILL)]
+    def void_will(self, client_id: str) -> None:
+        """A new connection of `client_id`: the will a previous connection left (on any gateway)
+        will never be published."""
+        self.pop_will(client_id)
+
+    def list_wills(self, gateway: str | None = None) -> list[tuple[str, WillRecord]]:
+        """Stored wills: all, or those `gateway` holds."""
+        if gateway is None:
+            return [(k[1:].decode("utf-8"), WillRecord.from_bytes(v)) for k, v in self._scan(P_WILL)]
+        return [(cid, w) for cid, w, _k in self._wills_of(gateway) if w is not None]
+
+    def _wills_of(self, gateway: str):
+        pre = self._wkey(gateway, "")
+        for k, _ in list(self._scan(pre)):
+            cid = k[len(pre):].decode("utf-8")
+            w = self.get_will(cid)
+            yield cid, (w if w is not None and w.gateway == gateway else None), k
+
+    def take_wills(self, gateway: str | None = None) -> list[tuple[str, WillRecord]]:
+        """Remove and return the wills `gateway` holds (all of them with None): the orphans of a
+        gateway that crashed, in one write."""
+        with self._lock:
+            wb = WriteBatch(raw_mode=True)
+            out = []
+            if gateway is None:
+                for k, v in self._scan(P_WILL):
+                    out.append((k[1:].decode("utf-8"), WillRecord.from_bytes(v)))
+                    wb.delete(k)
+                for k, _ in self._scan(P_WILL_BY_GATEWAY):
+                    wb.delete(k)
+            else:
+                for cid, w, k in self._wills_of(gateway):
+                    wb.delete(k)
+                    if w is not None:
+                        out.append((cid, w))
+                        wb.delete(P_WILL + cid.encode("utf-8"))
+            self._write(wb)
+        return out
+
+    def will_gateways(self) -> set[str]:
+        """The gateway ids holding at least one will ("" included for wills without one)."""
+        out = {w.gateway for _cid, w in self.list_wills()}
+        return out
 
     # -- filter registry (used by FilterRegistry) -------------------------------------------
     def add_filter_ref(self, flt: str, delta: int) -> int:
@@ -223,6 +290,19 @@ class MetadataStore:
     def filters(self) -> dict[str, int]:
         """Every registered filter with its reference count."""
         return {k[1:].decode("utf-8"): _U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}
+
+    # -- filter epochs (subscribing from the past: lightqueue/replay.py) ---------------------
+    def put_filter_epoch(self, flt: str, phys: int, ms: int) -> None:
+        self._put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(phys, ms))
+
+    def get_filter_epoch(self, flt: str) -> tuple[int, int] | None:
+        v = self._db.get(P_EPOCH + flt.encode("utf-8"))
+        return None if v is None else _EPOCH.unpack(v)
+
+    def delete_filter_epoch(self, flt: str) -> None:
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(P_EPOCH + flt.encode("utf-8"))
+        self._write(wb)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def flush(self) -> None:

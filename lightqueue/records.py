@@ -68,12 +68,14 @@ class WillRecord:
     props: bytes = b""               # gateway-encoded MQTT 5 will properties
     delay_interval: int = 0          # MQTT 5 Will Delay Interval, seconds
     created_ms: int = 0
+    gateway: str = ""                # id of the gateway holding the connection ("" = embedded)
 
     def to_bytes(self) -> bytes:
-        head = json.dumps({"v": 1, "topic": self.topic, "qos": self.qos, "retain": self.retain,
-                           "delay_interval": self.delay_interval, "created_ms": self.created_ms,
-                           "plen": len(self.payload)}, separators=(",", ":"),
-                          ensure_ascii=False).encode("utf-8")
+        d = {"v": 1, "topic": self.topic, "qos": self.qos, "retain": self.retain,
+             "delay_interval": self.delay_interval, "created_ms": self.created_ms, "plen": len(self.payload)}
+        if self.gateway:
+            d["gateway"] = self.gateway
+        head = json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         return b"".join((_U32.pack(len(head)), head, self.payload, self.props))
 
     @classmethod

@@ -138,3 +138,93 @@ def test_start_offsets_wait_for_dispatch_of_acknowledged_messages(tmp_path):
         t.join(5)
         store.shutdown()
         lq.close()
+
+
+# ---------------------------------------------------------------- wills of a gateway that died
+def _will(topic: str, *, retain: bool = False, delay: int = 0):
+    import base64
+
+    from lmqtt.lightqueue.records import WillRecord
+    return base64.b64encode(WillRecord(topic, b"gone:" + topic.encode(), 1, retain, b"", delay, 1).to_bytes()).decode()
+
+
+def _until(fn, want, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while (got := fn()) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_wills_of_a_gateway_that_stays_away_are_published_by_the_store(tmp_path):
+    """Gateway A's store connection closes and A does not come back within the grace period: the
+    store publishes A's wills into its light queues (and a retained one as retained), except a
+    will voided by the client's new CONNECT, a will another gateway holds now, and one with a
+    Will Delay Interval still running (persistent session); A, back later, is told which."""
+    from tests.support import LmqttStore
+    from lmqtt.lightqueue.records import SessionRecord
+    store = LmqttStore(str(tmp_path / "s"), ("--will-grace-s", "0.5"), log_path=str(tmp_path / "s.log")).start()
+    try:
+        with connect(store.address) as obs, connect(store.address) as b:
+            assert b.cmd("gw_hello", gateway="gwB")["wills_published"] == []
+            with connect(store.address) as a:
+                assert a.cmd("gw_hello", gateway="gwA")["wills_published"] == []
+                for cid in ("c1", "c2", "c3", "c4"):
+                    a.cmd("gw_put_will", client_id=cid, will=_will(f"will/{cid}"), gateway="gwA")
+                a.cmd("gw_put_will", client_id="c5", will=_will("will/c5", retain=True), gateway="gwA")
+                # c6: persistent session (expiry 60 s) with a will delay of an hour: waits
+                obs.cmd("gw_put_session", client_id="c6", rec=SessionRecord("c6", 5, 60).to_bytes().decode())
+                a.cmd("gw_put_will", client_id="c6", will=_will("will/c6", delay=3600), gateway="gwA")
+                # c7: no session record, so its will delay ends with the connection
+                a.cmd("gw_put_will", client_id="c7", will=_will("will/c7", delay=3600), gateway="gwA")
+                assert sorted(c for c, _w in a.cmd("gw_list_wills", gateway="gwA")["wills"]) == \
+                    ["c1", "c2", "c3", "c4", "c5", "c6", "c7"]
+            # A is gone. c3 reconnects on B without a will (void), c4 with one (B holds it now)
+            b.cmd("gw_pop_will", client_id="c3")
+            b.cmd("gw_put_will", client_id="c4", will=_will("will/c4b"), gateway="gwB")
+            # B's own pop of a will A holds does nothing
+            assert b.cmd("gw_pop_will", client_id="c1", gateway="gwB")["will"] is None
+            for q in ("will/c1", "will/c2", "will/c5", "will/c7"):
+                assert _until(lambda q=q: _max(obs, q), 1) == 1, f"{q} not published: {store.log_tail()}"
+            header, recs = obs.cmd("gw_pull", queue="will/c1", offset=0, max_count=10)
+            assert [r[8] for r in recs] == [b"gone:will/c1"]
+            assert obs.cmd("gw_retained_matching", filter="will/c5")["retained"][0][0] == "will/c5"
+            for q in ("will/c3", "will/c4", "will/c4b", "will/c6"):
+                assert _max(obs, q) == 0, f"{q} must not be published"
+            assert [c for c, _w in obs.cmd("gw_list_wills", gateway="gwA")["wills"]] == ["c6"]
+            assert [c for c, _w in obs.cmd("gw_list_wills", gateway="gwB")["wills"]] == ["c4"]
+            with connect(store.address) as a2:     # A comes back: told which wills went out
+                assert sorted(a2.cmd("gw_hello", gateway="gwA")["wills_published"]) == ["c1", "c2", "c5", "c7"]
+                [[cid, _raw]] = a2.cmd("gw_take_wills", gateway="gwA")["wills"]     # A's restart
+                assert cid == "c6"
+                assert a2.cmd("gw_list_wills", gateway="gwA")["wills"] == []
+    finally:
+        store.stop()
+
+
+def test_a_gateway_back_within_the_grace_keeps_its_wills_and_a_restarted_store_waits_for_it(tmp_path):
+    """A's connection drops and comes back within the grace period: nothing is published. A store
+    that restarts gives every gateway holding wills the grace period to connect: A does, so its
+    wills stay; Z never does, so Z's are published."""
+    from tests.support import LmqttStore
+    store = LmqttStore(str(tmp_path / "s"), ("--will-grace-s", "1.5"), log_path=str(tmp_path / "s.log")).start()
+    try:
+        with connect(store.address) as a:
+            a.cmd("gw_hello", gateway="gwA")
+            a.cmd("gw_put_will", client_id="a1", will=_will("back/a1"), gateway="gwA")
+        with connect(store.address) as z:
+            z.cmd("gw_hello", gateway="gwZ")
+            z.cmd("gw_put_will", client_id="z1", will=_will("back/z1"), gateway="gwZ")
+            with connect(store.address) as a:       # A back before its grace ended
+                assert a.cmd("gw_hello", gateway="gwA")["wills_published"] == []
+                time.sleep(2.0)                      # past A's grace: nothing may happen
+                assert _max(a, "back/a1") == 0
+                assert [c for c, _w in a.cmd("gw_list_wills", gateway="gwA")["wills"]] == ["a1"]
+        # store restart while A is connected again at once, Z stays away
+        store.restart()
+        with connect(store.address) as a:
+            a.cmd("gw_hello", gateway="gwA")
+            assert _until(lambda: _max(a, "back/z1"), 1) == 1, store.log_tail()
+            assert _max(a, "back/a1") == 0
+            assert [c for c, _w in a.cmd("gw_list_wills", gateway="gwA")["wills"]] == ["a1"]
+    finally:
+        store.stop()
