@@ -39,7 +39,18 @@ class GatewayConfig:
     # 100 held a fan-in subscriber napping 10 ms per read to ~8k msg/s (docs/gateway.md).
     max_inflight: int = 1000
     max_keepalive: int = 65535
-    max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80
+    max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80; 0 = unlimited
+    # limits that protect the broker (gateway/limits.py, docs/gateway.md "Limits"); per gateway
+    # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's
+    # CONNECT gets CONNACK 0x97 quota exceeded (connect rate: 0x9F; 3.1.1: return code 3).
+    max_connections: int = 0          # open client sockets at once (Mosquitto max_connections)
+    max_connections_per_address: int = 0   # open sockets from one source IP address
+    connect_rate_per_address: float = 0.0  # new connections per second from one source IP (token bucket)
+    connect_burst_per_address: int = 20    # ... of which this many at once
+    # PUBLISH packets per second per connection; over it the gateway stops reading that client's
+    # socket until its budget is back (back-pressure: nothing is refused or lost, TCP slows it down)
+    publish_rate_per_client: float = 0.0
+    publish_burst_per_client: int = 1000
     # MQTT 5 (docs/gateway.md "MQTT 5"): topic aliases a client may use towards us (CONNACK Topic
     # Alias Maximum; more -> DISCONNECT 0x94) and the most we assign towards one client
     topic_alias_maximum: int = 100
@@ -143,6 +154,15 @@ class GatewayConfig:
             raise ConfigError(f"notify_mode {self.notify_mode} needs redis (--redis redis://HOST:6379/0)")
         if not (0 < float(self.safety_poll_ms) <= 3_600_000):
             raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
+        for name in ("max_connections", "max_connections_per_address", "max_subscriptions"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
+        for name, burst in (("connect_rate_per_address", "connect_burst_per_address"),
+                            ("publish_rate_per_client", "publish_burst_per_client")):
+            if float(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0 (per second; 0 = unlimited), got {getattr(self, name)}")
+            if int(getattr(self, burst)) < 1:
+                raise ConfigError(f"{burst} must be >= 1, got {getattr(self, burst)}")
         if self.write_low_water > self.write_high_water:
             raise ConfigError("write_low_water must not exceed write_high_water")
         return self

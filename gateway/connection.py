@@ -16,8 +16,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_malformed_connect_reply,
-                                packets as P)
+from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
+                                encode_malformed_connect_reply, packets as P)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.session import Session
@@ -98,7 +98,18 @@ class MQTTConnection(asyncio.Protocol):
         self.valid_topics: set[str] = set()   # PUBLISH topics already validated on this connection
         self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
-        self._reading_paused = False
+        self._reading_paused = False   # too many publishes awaiting the store
+        self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
+        self._transport_paused = False  # what we last told the transport (any of the reasons)
+        # limits (gateway/limits.py): the gate that admitted this socket (released on close), the
+        # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
+        self._gate = None
+        self._gate_addr: str | None = None
+        self.refusal: tuple[int, str] | None = None
+        self.pub_bucket = None
+        self._rate_logged = False
+        self._refusal_logged = False
+        self._rate_timer: asyncio.TimerHandle | None = None
         self._held: list | None = None   # packets read while CONNECT awaits its password check
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -111,7 +122,60 @@ class MQTTConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
         pn = transport.get_extra_info("peername")
         self.peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        gate = getattr(self.handler, "gate", None)
+        if gate is not None and not self._admit(gate, pn[0] if pn else "?"):
+            return
         self.handler.on_accept(self)
+
+    def _admit(self, gate, addr: str) -> bool:
+        """The connection limits, asked once per socket. Admitted: counted until the socket closes.
+        Refused: kept open until its CONNECT arrives, to answer it with the reason code (the
+        client then knows why and does not retry blindly); more than MAX_REFUSED_PENDING such
+        sockets waiting, or no CONNECT within connect_timeout_s: closed without an answer."""
+        rc, cause = gate.admit(addr)
+        if not rc:
+            self._gate, self._gate_addr = gate, addr
+            self.pub_bucket = gate.publish_limiter()
+            return True
+        if gate.refused_pending >= gate.MAX_REFUSED_PENDING:
+            self._log_refusal(gate, rc, cause, "closed at accept (too many refused sockets waiting)")
+            self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+            self.closing = True
+            self.transport.abort()
+            return False
+        gate.refused_pending += 1
+        self.refusal = (rc, cause)
+        self.decoder.max_packet_size = min(self.decoder.max_packet_size, 64 << 10)   # a CONNECT, no more
+        return True
+
+    def _log_refusal(self, gate, rc: int, cause: str, reason: str) -> None:
+        left_out = gate.log_allowed()
+        if left_out is None:
+            return
+        lim = gate.limits
+        limit = {"max_connections": lim.max_connections,
+                 "max_connections_per_address": lim.max_connections_per_address,
+                 "connect_rate_per_address": lim.connect_rate_per_address}.get(cause)
+        log.warning("event=connect_refused peer=%s reason_code=0x%02X cause=%s limit=%s reason=%r%s", self.peer,
+                    rc, cause, limit, reason, f" suppressed={left_out}" if left_out else "")
+
+    _REFUSAL_REASONS = {"max_connections": "server full: too many connections (max_connections)",
+                        "max_connections_per_address": "too many connections from your address "
+                                                       "(max_connections_per_address)",
+                        "connect_rate_per_address": "connection rate exceeded (connect_rate_per_address)"}
+
+    def _refuse_by_limit(self, pkt) -> None:
+        """The first packet of a socket the limits refused: CONNACK with the reason code (3.1.1:
+        return code 3, server unavailable), then close."""
+        rc, cause = self.refusal
+        gate = self.handler.gate
+        reason = self._REFUSAL_REASONS.get(cause, cause)
+        self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+        self._refusal_logged = True
+        self._log_refusal(gate, rc, cause, reason)
+        if isinstance(pkt, P.Connect):
+            self.write(encode_connack_refusal(rc, reason, pkt.protocol_level))
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -142,9 +206,14 @@ class MQTTConnection(asyncio.Protocol):
                 # the decoder lets nothing but CONNECT through before it, `connected` after it)
                 t = type(pkt)
                 if t is P.Publish and self.connected:
+                    if self.pub_bucket is not None:       # publish_rate_per_client set
+                        self._charge_publish()
                     h.on_publish(self, pkt)
                 elif t is P.PubAck and self.connected:
                     h.on_puback(self, pkt)
+                elif self.refusal is not None:
+                    self._refuse_by_limit(pkt)
+                    return
                 else:
                     handle(self, pkt)
             except ProtocolError as e:
@@ -164,18 +233,61 @@ class MQTTConnection(asyncio.Protocol):
         meanwhile is kept in order, and reading pauses so a client cannot pile up more."""
         if self._held is None:
             self._held = []
-            if not self._reading_paused and self.transport is not None:
-                self.transport.pause_reading()
+            self._sync_reading()
 
     def release(self) -> None:
         """Handle the packets kept by `hold`, in order, then read again."""
         held, self._held = self._held, None
         if held is None or self.closing:
             return
-        if not self._reading_paused and self.transport is not None:
-            self.transport.resume_reading()
+        self._sync_reading()
         if held:
             self._handle_packets(held)
+
+    def _sync_reading(self) -> None:
+        """Pause or resume reading the socket: paused while any reason holds (a CONNECT awaiting
+        its password check, publishes awaiting the store, over the publish rate)."""
+        t = self.transport
+        if t is None or self.closing:
+            return
+        want = self._held is not None or self._reading_paused or self._rate_paused
+        if want != self._transport_paused:
+            self._transport_paused = want
+            if want:
+                t.pause_reading()
+            else:
+                t.resume_reading()
+
+    # -- publish rate per client (gateway/limits.py) --------------------------------------------
+    def _charge_publish(self) -> None:
+        """One PUBLISH against this client's budget. Over it, the packet is still handled (it was
+        read already; nothing is refused or lost) and the socket is not read again until the
+        budget is back: TCP then slows the client down (back-pressure, no disconnect)."""
+        wait = self.pub_bucket.charge()
+        if wait and not self._rate_paused:
+            self._rate_paused = True
+            gate = self._gate
+            gate.hits["publish_rate_per_client"] += 1
+            if not self._rate_logged:     # once per connection; the counter counts every pause
+                self._rate_logged = True
+                log.info("event=publish_throttled client_id=%s peer=%s cause=publish_rate_per_client limit=%s "
+                         "burst=%s action=pause_reading", self.client_id, self.peer,
+                         gate.limits.publish_rate_per_client, gate.limits.publish_burst_per_client)
+            self._sync_reading()
+            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_check)
+
+    def _rate_check(self) -> None:
+        self._rate_timer = None
+        if self.closing:
+            return
+        # a client we chose not to read is not idle: keepalive counts from now
+        self.last_rx = self.loop.time()
+        wait = self.pub_bucket.charge(0)
+        if wait:
+            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_check)
+            return
+        self._rate_paused = False
+        self._sync_reading()
 
     def pause_writing(self) -> None:
         if not self.write_blocked:
@@ -189,6 +301,20 @@ class MQTTConnection(asyncio.Protocol):
             self.handler.on_writable(self)
 
     def connection_lost(self, exc) -> None:
+        if self._gate is not None:
+            self._gate.release(self._gate_addr)
+            self._gate = None
+        elif self.refusal is not None:
+            gate = self.handler.gate
+            gate.refused_pending -= 1
+            if not self._refusal_logged:         # closed before its CONNECT came: still say why
+                rc, cause = self.refusal
+                self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+                self._log_refusal(gate, rc, cause, "closed before CONNECT")
+            self.refusal = None
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         if self.write_blocked:
             self.write_blocked = False
             self.metrics.paused_sessions.dec()
@@ -294,10 +420,9 @@ class MQTTConnection(asyncio.Protocol):
     def pause_reading_for_store(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closing:
             self._reading_paused = True
-            self.transport.pause_reading()
+            self._sync_reading()
 
     def maybe_resume_reading(self) -> None:
         if self._reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
             self._reading_paused = False
-            if self.transport is not None and not self.closing:
-                self.transport.resume_reading()
+            self._sync_reading()

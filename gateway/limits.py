@@ -37,6 +37,16 @@ class TokenBucket:
             return True
         return False
 
+    def charge(self, n: float = 1.0) -> float:
+        """Spend `n` tokens even when they are not there (the work was already read off the socket
+        and is done anyway) and return the seconds until the balance is back to zero: the time to
+        stop reading from that client. 0.0 while within the rate."""
+        now = self._clock()
+        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - n
+        self.tokens = tokens
+        self.stamp = now
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
     def wait_time(self, n: float = 1.0) -> float:
         """Seconds until `n` tokens are available (0 when they are now)."""
         now = self._clock()
@@ -74,17 +84,28 @@ class KeyedRateLimiter:
 
 @dataclass
 class Limits:
-    """What a listener enforces; 0 means unlimited. Names are the config keys (`--max-connections`,
-    ...); the reason codes are what a refused client sees (MQTT 5)."""
-    max_connections: int = 0                  # CONNACK 0x97 (quota exceeded) beyond it
+    """What a gateway process enforces; 0 means unlimited. Names are the config keys
+    (gateway/config.py, `--max-connections`, ...); the reason codes are what a refused client sees
+    (MQTT 5; a 3.1.1 client gets CONNACK return code 3, server unavailable)."""
+    max_connections: int = 0                  # sockets at once; CONNACK 0x97 (quota exceeded) beyond it
+    max_connections_per_address: int = 0      # sockets at once from one source IP; CONNACK 0x97
     connect_rate_per_address: float = 0.0     # connects/s per source IP; CONNACK 0x9F (rate exceeded)
     connect_burst_per_address: int = 20
-    publish_rate_per_client: float = 0.0      # PUBLISH/s per client; DISCONNECT 0x96 (rate too high)
+    publish_rate_per_client: float = 0.0      # PUBLISH/s per connection; over it we stop reading it
     publish_burst_per_client: int = 1000
-    max_subscriptions_per_client: int = 0     # SUBACK 0x97 for the ones beyond it
-    max_topic_length: int = 65_535            # bytes; PUBLISH 0x90 / SUBACK 0x8F beyond it
-    max_topic_levels: int = 128
-    max_queued_per_session: int = 0           # an offline session's backlog; older QoS 0/1 dropped, counted
+    max_subscriptions_per_client: int = 0     # SUBACK 0x97 / 0x80 for the ones beyond it
+    max_topic_length: int = 65_535            # bytes (not enforced yet beyond the protocol's 65,535)
+    max_topic_levels: int = 128               # (not enforced yet)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Limits":
+        return cls(max_connections=int(cfg.max_connections),
+                   max_connections_per_address=int(cfg.max_connections_per_address),
+                   connect_rate_per_address=float(cfg.connect_rate_per_address),
+                   connect_burst_per_address=int(cfg.connect_burst_per_address),
+                   publish_rate_per_client=float(cfg.publish_rate_per_client),
+                   publish_burst_per_client=int(cfg.publish_burst_per_client),
+                   max_subscriptions_per_client=int(cfg.max_subscriptions))
 
     def check_topic(self, topic: str) -> str | None:
         """None when the topic (or filter) is within limits, else the reason."""
@@ -97,32 +118,84 @@ class Limits:
         return None
 
 
-class ConnectionGate:
-    """The accept-time questions: may one more connection from `address` be admitted now?"""
+# the names of the limits as counted in `ConnectionGate.hits` and exported as
+# lmqtt_limit_hits_total{limit=...}
+LIMIT_NAMES = ("max_connections", "max_connections_per_address", "connect_rate_per_address",
+               "publish_rate_per_client", "max_subscriptions")
 
-    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+
+class ConnectionGate:
+    """The accept-time questions (may one more connection from `address` be admitted now?) and the
+    counters of every limit hit, exported on /metrics. One per gateway process."""
+
+    # refused sockets waiting for their CONNECT (to be told why in CONNACK); beyond this many they
+    # are closed at once without an answer, so a flood of refused sockets costs no memory
+    MAX_REFUSED_PENDING = 256
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic,
+                 log_rate: float = 20.0, log_burst: int = 100) -> None:
         self.limits = limits
         self.current = 0
+        self._clock = clock
         self._rate = (KeyedRateLimiter(limits.connect_rate_per_address, limits.connect_burst_per_address,
                                        clock=clock) if limits.connect_rate_per_address else None)
-        self.refused_full = 0
+        self._per_address: dict[str, int] | None = {} if limits.max_connections_per_address else None
+        self.hits: dict[str, int] = dict.fromkeys(LIMIT_NAMES, 0)
+        self.refused_pending = 0
+        # refusal log lines: at most `log_rate`/s (burst `log_burst`); the next line says how many
+        # were left out, so a flood of refused connects cannot flood the log
+        self._log_bucket = TokenBucket(log_rate, log_burst, clock)
+        self._log_suppressed = 0
 
-    def admit(self, address: str) -> int:
-        """0 to admit (and count it), else the MQTT 5 CONNACK reason code to refuse with."""
-        if self.limits.max_connections and self.current >= self.limits.max_connections:
-            self.refused_full += 1
-            return 0x97
+    @property
+    def refused_full(self) -> int:
+        return self.hits["max_connections"]
+
+    def admit(self, address: str) -> tuple[int, str | None]:
+        """(0, None) to admit (and count it: call `release(address)` when it closes), else the
+        MQTT 5 CONNACK reason code to refuse with and the name of the limit."""
+        lim = self.limits
         if self._rate is not None and not self._rate.allow(address):
-            return 0x9F
+            self.hits["connect_rate_per_address"] += 1
+            return 0x9F, "connect_rate_per_address"
+        if lim.max_connections and self.current >= lim.max_connections:
+            self.hits["max_connections"] += 1
+            return 0x97, "max_connections"
+        per = self._per_address
+        if per is not None:
+            n = per.get(address, 0)
+            if n >= lim.max_connections_per_address:
+                self.hits["max_connections_per_address"] += 1
+                return 0x97, "max_connections_per_address"
+            per[address] = n + 1
         self.current += 1
-        return 0
+        return 0, None
 
-    def release(self) -> None:
+    def release(self, address: str | None = None) -> None:
         self.current = max(0, self.current - 1)
+        per = self._per_address
+        if per is not None and address is not None:
+            n = per.get(address, 0) - 1
+            if n > 0:
+                per[address] = n
+            else:
+                per.pop(address, None)
 
-    def publish_limiter(self, clock: Callable[[], float] = time.monotonic) -> TokenBucket | None:
+    def connections_from(self, address: str) -> int:
+        return self._per_address.get(address, 0) if self._per_address is not None else 0
+
+    def log_allowed(self) -> int | None:
+        """None when this refusal's log line is to be left out (over the log rate), else how many
+        were left out before it (0 normally)."""
+        if not self._log_bucket.take():
+            self._log_suppressed += 1
+            return None
+        n, self._log_suppressed = self._log_suppressed, 0
+        return n
+
+    def publish_limiter(self, clock: Callable[[], float] | None = None) -> TokenBucket | None:
         """A fresh per-client publish bucket, or None when publishing is not rate limited."""
         lim = self.limits
         if not lim.publish_rate_per_client:
             return None
-        return TokenBucket(lim.publish_rate_per_client, lim.publish_burst_per_client, clock)
+        return TokenBucket(lim.publish_rate_per_client, lim.publish_burst_per_client, clock or self._clock)

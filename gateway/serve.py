@@ -6,6 +6,8 @@
                 [--tls-port P --cert FILE --key FILE [--cafile FILE] [--require-certificate]]
                 [--ws-port P] [--wss-port P] [--password-file FILE] [--allow-anonymous]
                 [--hmac-keys FILE] [--jwt-secret S | --jwt-public-key FILE] [--acl-file FILE]
+                [--max-connections N] [--max-connections-per-address N] [--connect-rate-per-address R]
+                [--publish-rate-per-client R] [--max-subscriptions N] (limits: docs/gateway.md)
 
 Precedence: built-in defaults < the TOML file (`--config`, keys at top level or under `[serve]`)
 < flags given on the command line. Binds to loopback unless told otherwise; without authentication
@@ -82,6 +84,21 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
     a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
     a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
+    lim = p.add_argument_group("limits (per gateway process; 0 = unlimited; docs/gateway.md \"Limits\")")
+    lim.add_argument("--max-connections", type=int,
+                     help="open client sockets at once; more get CONNACK 0x97 / 3.1.1 rc 3 (default 0)")
+    lim.add_argument("--max-connections-per-address", type=int,
+                     help="open sockets from one source IP; more get CONNACK 0x97 / rc 3 (default 0)")
+    lim.add_argument("--connect-rate-per-address", type=float,
+                     help="new connections per second from one source IP; faster get CONNACK 0x9F / rc 3 (default 0)")
+    lim.add_argument("--connect-burst-per-address", type=int,
+                     help="connections from one IP allowed at once before the rate applies (default 20)")
+    lim.add_argument("--publish-rate-per-client", type=float,
+                     help="PUBLISH packets per second per connection; over it the client is not read until "
+                          "its budget is back (back-pressure, nothing lost; default 0)")
+    lim.add_argument("--publish-burst-per-client", type=int, help="publishes allowed at once (default 1000)")
+    lim.add_argument("--max-subscriptions", type=int,
+                     help="subscriptions per session; more get SUBACK 0x97 / 3.1.1 0x80 (default 1000, 0 = unlimited)")
 
 
 def install_event_loop() -> str:

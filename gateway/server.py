@@ -84,6 +84,119 @@ def build_security(cfg: GatewayConfig):
     return ctx, chain, acl
 
 
+# why a TLS handshake failed, from the ssl module's reason: (cause label, what to tell the operator)
+_TLS_CAUSES = {
+    "WRONG_VERSION_NUMBER": ("not_tls", "not TLS: the client sent plain MQTT (or another protocol) to the TLS port"),
+    "UNKNOWN_PROTOCOL": ("not_tls", "not TLS: the client sent plain MQTT (or another protocol) to the TLS port"),
+    "HTTP_REQUEST": ("not_tls", "not TLS: the client sent a plain HTTP request to the TLS port"),
+    "RECORD_LAYER_FAILURE": ("not_tls", "not TLS: the client sent plain data to the TLS port"),
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": ("no_client_certificate",
+                                          "the client sent no certificate and --require-certificate is set"),
+    "CERTIFICATE_VERIFY_FAILED": ("client_certificate_untrusted",
+                                  "the client's certificate is not signed by --cafile (or expired)"),
+    "TLSV1_ALERT_UNKNOWN_CA": ("server_certificate_rejected", "the client does not trust our certificate"),
+    "SSLV3_ALERT_BAD_CERTIFICATE": ("server_certificate_rejected", "the client rejected our certificate"),
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": ("server_certificate_rejected", "the client rejected our certificate"),
+    "UNSUPPORTED_PROTOCOL": ("tls_version", "no TLS version in common (we accept TLS 1.2 and 1.3)"),
+    "NO_SHARED_CIPHER": ("tls_version", "no cipher in common"),
+}
+
+
+def tls_failure_cause(exc: BaseException) -> tuple[str, str]:
+    """(cause label, explanation) of a failed TLS handshake."""
+    import ssl
+    if isinstance(exc, ssl.SSLError):
+        return _TLS_CAUSES.get(exc.reason or "", ("tls_error", f"TLS error {exc.reason or exc}"))
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (
+            isinstance(exc, ConnectionAbortedError) and "taking longer" in str(exc)):   # uvloop's timeout
+        return "handshake_timeout", "no TLS handshake within connect_timeout_s"
+    return "connection_lost", f"the client left during the handshake ({type(exc).__name__})"
+
+
+class _Resume:
+    """Awaits the rest of a coroutine whose first step already ran (see `TlsAcceptor`)."""
+
+    __slots__ = ("it", "first")
+
+    def __init__(self, it, first) -> None:
+        self.it, self.first = it, first
+
+    def __await__(self):
+        it, y = self.it, self.first
+        while True:
+            try:
+                sent = yield y
+            except GeneratorExit:
+                it.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - thrown into the coroutine as a Task would
+                try:
+                    y = it.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    y = it.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+class TlsAcceptor(asyncio.Protocol):
+    """A TLS listener's socket until its handshake is done; then the MQTT (or WebSocket) protocol
+    takes over the TLS transport.
+
+    Why not `create_server(ssl=...)`: there a failed handshake is silent (asyncio and uvloop log it
+    only in debug mode), so an operator never learns that a device speaks plain MQTT to the TLS port
+    or presents an untrusted certificate. Here `loop.start_tls` runs the handshake and a failure is
+    logged with its cause (`event=tls_handshake_failed ... cause=not_tls`) and counted
+    (`lmqtt_tls_handshake_failures_total{cause}`). start_tls's first step (switching the socket to
+    the TLS protocol) runs inside `connection_made`, before any byte can be read, and the rest is
+    awaited in a task (`_Resume`).
+    """
+
+    def __init__(self, gateway: "Gateway", factory, ctx, listener: str) -> None:
+        self.gw, self.factory, self.ctx, self.listener = gateway, factory, ctx, listener
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        loop = asyncio.get_running_loop()
+        pn = transport.get_extra_info("peername")
+        peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        proto = self.factory()
+        try:
+            it = loop.start_tls(transport, proto, self.ctx, server_side=True,
+                                ssl_handshake_timeout=max(1.0, float(self.gw.cfg.connect_timeout_s))).__await__()
+            first = it.send(None)
+        except StopIteration as stop:      # cannot happen (start_tls awaits the handshake), but be exact
+            proto.connection_made(stop.value)
+            return
+        except Exception as e:  # noqa: BLE001
+            self._failed(e, peer, transport)
+            return
+        loop.create_task(self._finish(it, first, proto, peer, transport))
+
+    async def _finish(self, it, first, proto, peer: str, transport) -> None:
+        try:
+            tls = await _Resume(it, first)
+        except Exception as e:  # noqa: BLE001 - every failure is the client's handshake; logged
+            self._failed(e, peer, transport)
+            return
+        if tls is None or tls.is_closing():
+            return
+        proto.connection_made(tls)
+
+    def _failed(self, exc: BaseException, peer: str, transport) -> None:
+        cause, why = tls_failure_cause(exc)
+        gw = self.gw
+        gw.tls_failures[cause] = gw.tls_failures.get(cause, 0) + 1
+        gate = gw.broker.gate if gw.broker is not None else None
+        left_out = gate.log_allowed() if gate is not None else 0
+        if left_out is not None:
+            log.warning("event=tls_handshake_failed listener=%s peer=%s cause=%s reason=%r error=%r%s", self.listener,
+                        peer, cause, why, str(exc)[:200], f" suppressed={left_out}" if left_out else "")
+        if not transport.is_closing():
+            transport.abort()
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
         self.cfg = cfg
@@ -101,6 +214,7 @@ class Gateway:
         self.storage = None         # remote: the RemoteStore
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
         self.sessions_directory = None   # remote with Redis: client id claims across the fleet
+        self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
 
     @property
     def remote(self) -> bool:
@@ -255,10 +369,38 @@ class Gateway:
             self.link.close()
             self.link = None
 
+    def _install_limits(self) -> None:
+        """The connection and rate limits (gateway/limits.py) on the broker, and their counters on
+        /metrics: lmqtt_limit_hits_total{limit}, lmqtt_tls_handshake_failures_total{cause},
+        lmqtt_limit_refused_sockets_waiting."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from lmqtt.gateway.limits import ConnectionGate, Limits
+        gate = self.broker.gate = ConnectionGate(Limits.from_config(self.cfg))
+        gw = self
+
+        class _Collector:
+            def collect(self):
+                c = CounterMetricFamily("lmqtt_limit_hits", "Times a limit refused or slowed a client "
+                                        "(connections: refused sockets; publish rate: read pauses)", labels=["limit"])
+                for name, v in gate.hits.items():
+                    c.add_metric([name], v)
+                yield c
+                t = CounterMetricFamily("lmqtt_tls_handshake_failures", "Failed TLS handshakes", labels=["cause"])
+                for name, v in gw.tls_failures.items():
+                    t.add_metric([name], v)
+                yield t
+                yield GaugeMetricFamily("lmqtt_limit_refused_sockets_waiting",
+                                        "Refused sockets waiting for their CONNECT to be answered",
+                                        value=gate.refused_pending)
+
+        self.metrics.registry.register(_Collector())
+
     async def _listen(self, loop) -> None:
         from lmqtt.gateway.websocket import WebSocketProtocol
         cfg = self.cfg
         broker = self.broker
+        self._install_limits()
 
         def mqtt():
             return MQTTConnection(broker)
@@ -274,8 +416,10 @@ class Gateway:
         if cfg.wss_port:
             plan.append(("wss", cfg.wss_port, ws, self.ssl_context))
         for name, port, factory, ctx in plan:
+            if ctx is not None:
+                factory = (lambda f=factory, c=ctx, n=name: TlsAcceptor(self, f, c, n))
             try:
-                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024, ssl=ctx,
+                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024,
                                                reuse_port=bool(cfg.reuse_port) or None)
             except OSError as e:
                 what = {"mqtt": "", "mqtts": "TLS ", "ws": "WebSocket ", "wss": "secure WebSocket "}[name]

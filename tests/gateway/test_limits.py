@@ -40,13 +40,54 @@ def test_keyed_limiter_is_per_key_and_bounded_in_memory():
 def test_connection_gate_reason_codes():
     c = Clock()
     g = ConnectionGate(Limits(max_connections=3, connect_rate_per_address=1, connect_burst_per_address=2), c)
-    assert [g.admit("a"), g.admit("a"), g.admit("a")] == [0, 0, 0x9F]     # rate per address
-    assert g.admit("b") == 0
-    assert g.admit("c") == 0x97                                          # full
-    g.release()
-    assert g.admit("c") == 0
+    assert [g.admit("a"), g.admit("a"), g.admit("a")] == [(0, None), (0, None), (0x9F, "connect_rate_per_address")]
+    assert g.admit("b") == (0, None)
+    assert g.admit("c") == (0x97, "max_connections")                      # full
+    g.release("a")
+    assert g.admit("c") == (0, None)
+    assert g.hits["max_connections"] == 1 and g.hits["connect_rate_per_address"] == 1
     assert ConnectionGate(Limits()).publish_limiter() is None
     assert ConnectionGate(Limits(publish_rate_per_client=5)).publish_limiter().burst == 1000
+
+
+def test_connections_per_address_are_counted_and_released():
+    g = ConnectionGate(Limits(max_connections_per_address=2))
+    assert [g.admit("10.0.0.1")[0] for _ in range(3)] == [0, 0, 0x97]
+    assert g.admit("10.0.0.1") == (0x97, "max_connections_per_address")
+    assert g.admit("10.0.0.2") == (0, None)                       # another address is not affected
+    assert g.connections_from("10.0.0.1") == 2 and g.current == 3
+    g.release("10.0.0.1")
+    assert g.admit("10.0.0.1") == (0, None)
+    for _ in range(5):                                             # released down to nothing: no entry kept
+        g.release("10.0.0.2")
+    assert g.connections_from("10.0.0.2") == 0 and "10.0.0.2" not in g._per_address
+    assert g.hits["max_connections_per_address"] == 2
+
+
+def test_unlimited_gate_admits_everything_and_counts_nothing():
+    g = ConnectionGate(Limits())
+    assert all(g.admit(f"10.0.{i % 3}.1") == (0, None) for i in range(10_000))
+    assert g.current == 10_000 and not any(g.hits.values()) and g._per_address is None
+
+
+def test_publish_charge_returns_the_pause_and_keeps_the_rate_exact():
+    c = Clock()
+    b = TokenBucket(rate=10, burst=5, clock=c)
+    assert [b.charge() for _ in range(5)] == [0.0] * 5
+    assert b.charge() == pytest.approx(0.1)                       # 1 in debt: 0.1 s at 10/s
+    assert b.charge() == pytest.approx(0.2)                       # debt grows with what was read anyway
+    c.t += 0.2
+    assert b.charge(0) == 0.0                                     # paid back: read again
+    assert b.charge() == pytest.approx(0.1)
+
+
+def test_refusal_log_lines_are_rate_limited_and_say_how_many_were_left_out():
+    c = Clock()
+    g = ConnectionGate(Limits(), clock=c, log_rate=1, log_burst=3)
+    assert [g.log_allowed() for _ in range(5)] == [0, 0, 0, None, None]
+    c.t += 1.0
+    assert g.log_allowed() == 2                                   # the next line carries suppressed=2
+    assert g.log_allowed() is None
 
 
 def test_topic_limits_name_the_reason():
