@@ -53,6 +53,7 @@ class Broker:
         self.auth = auth
         self.auth_runner = AuthRunner(auth, loop) if auth is not None else None
         self.acl = acl
+        self.gate = None    # the connection/rate limits and their counters (gateway/limits.py), set by the Gateway
         self.store = store
         self.lq = lq
         # everything below uses the store through it
@@ -496,9 +497,13 @@ class Broker:
                 log.info("event=subscribe_denied client_id=%s filter=%r", s.client_id, req.topic_filter)
                 codes.append(RC.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V311)
                 continue
-            if req.topic_filter not in s.subs and len(s.subs) >= self.cfg.max_subscriptions:
-                log.info("event=subscribe_refused client_id=%s filter=%r reason=max_subscriptions",
-                         s.client_id, req.topic_filter)
+            if (self.cfg.max_subscriptions and req.topic_filter not in s.subs
+                    and len(s.subs) >= self.cfg.max_subscriptions):
+                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=max_subscriptions "
+                         "limit=%d", s.client_id, req.topic_filter, RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311,
+                         self.cfg.max_subscriptions)
+                if self.gate is not None:
+                    self.gate.hits["max_subscriptions"] += 1
                 codes.append(RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311)      # refused by policy: quota exceeded
                 continue
             qos = min(req.qos, 2)
