@@ -61,9 +61,6 @@ class GatewayStore(Protocol):
     def append_batch(self, messages: Sequence[Any]) -> Any:
         """All or none; the last result's `.durable` future covers the whole batch."""
     def append(self, message: Any) -> Any: ...
-    def append_batch_delayed(self, messages: Sequence[Any], due_ms: Sequence[int]) -> Any:
-        """append_batch where message i with `due_ms[i]` > 0 is delivered at that epoch ms (the
-        store's timer wheel); the durable future means the timers are durable too."""
     def all_visible(self) -> bool:
         """Everything appended so far is readable from the light queues."""
     def unavailable(self) -> str | None:
@@ -82,35 +79,6 @@ class GatewayStore(Protocol):
     def register_filter(self, flt: str) -> int: ...
     def unregister_filter(self, flt: str) -> int: ...
     def registered_filters(self) -> dict[str, int]: ...
-
-    # -- subscribing from the past (gateway/replay.py; off the delivery hot path)
-    def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
-        """Where the history of `flt` since `since_ms` is: the light queue from
-        `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
-        the seam. Call after registering a wildcard `flt`. Raises
-        `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
-
-
-class ReplayPlan:
-    """Answer of `GatewayStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
-    light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
-    history, `read()` until `done`, then the light queue from `live_offset`)."""
-
-    __slots__ = ("source", "live_offset", "cursor", "done", "_read")
-
-    def __init__(self, plan: dict, read: Callable[[dict, int], tuple[list, dict, bool]]) -> None:
-        self.source = plan["source"]
-        self.live_offset = int(plan["live_offset"])
-        self.cursor = plan.get("cursor")
-        self.done = self.cursor is None
-        self._read = read
-
-    def read(self, max_count: int = 1024) -> list:
-        """The next history messages (StoredMessage-like, in log order); [] once `done`."""
-        if self.done:
-            return []
-        msgs, self.cursor, self.done = self._read(self.cursor, max_count)
-        return msgs
 
 
 class InProcessStore:
@@ -146,22 +114,5 @@ class InProcessStore:
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)
 
-    def enable_delayed(self, loop) -> None:
-        """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop
-        stays the store's only appender) and routed through the light queues at firing time."""
-        self.store.enable_delayed(self.lq.queues_for_topic, loop)
-
-    def append_batch_delayed(self, messages, due_ms):
-        """append_batch where `due_ms[i]` > 0 parks message i in the timer wheel until then (one
-        append, all or none; the timers are written before this returns)."""
-        d = self.store.delayed
-        msgs, parked = d.park(messages, due_ms)
-        rs = self.store.append_batch(msgs)
-        d.arm(rs, parked, due_ms)
-        return rs
-
     def registered_filters(self) -> dict[str, int]:
         return dict(self.lq.registry.filters())
-
-    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
-        return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)
