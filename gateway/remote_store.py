@@ -87,6 +87,17 @@ class _Mirror:
         return self.base + len(self.items)
 
 
+def _within(out: list, max_bytes: int) -> list:
+    """The first entries of `out` whose bodies fit `max_bytes` (at least one; 0 = no limit)."""
+    if max_bytes:
+        total = 0
+        for k, it in enumerate(out):
+            total += len(it.body)
+            if total > max_bytes and k:
+                return out[:k]
+    return out
+
+
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
@@ -319,14 +330,7 @@ class RemoteStore:
             return RemotePull([], offset, m.min_offset, m.end)
         if offset >= m.base:
             i = offset - m.base
-            out = m.items[i:i + max_count]
-            if max_bytes:
-                total = 0
-                for k, it in enumerate(out):
-                    total += len(it.body)
-                    if total > max_bytes and k:
-                        out = out[:k]
-                        break
+            out = _within(m.items[i:i + max_count], max_bytes)
             return RemotePull(out, offset + len(out), m.min_offset, m.end)
         # behind the mirror (a lagging reader, a resumed session's backlog)
         if not (m.back_base <= offset < m.back_base + len(m.back)):
@@ -336,14 +340,7 @@ class RemoteStore:
             if not m.back:                          # nothing there: go on where the store says
                 return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)
         i = max(0, offset - m.back_base)            # entries below it are gone (retention)
-        out = m.back[i:i + max_count]
-        if max_bytes:
-            total = 0
-            for k, it in enumerate(out):
-                total += len(it.body)
-                if total > max_bytes and k:
-                    out = out[:k]
-                    break
+        out = _within(m.back[i:i + max_count], max_bytes)
         return RemotePull(out, out[-1].queue_offset + 1, m.min_offset, m.end)
 
     def _read_back(self, queue: str, m: _Mirror, offset: int) -> None:
