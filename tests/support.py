@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading as _threading
 import time
+import weakref as _weakref
 
 
 def free_port() -> int:
@@ -147,6 +148,34 @@ class LmqttStore:
         return self.start()
 
 
+# Every Paho/RawMQTT made in this process (weak references, in creation order: nothing is kept
+# alive by this list): `close_clients_since(mark)` ends those a test left open, so a server shared
+# by a module's tests starts each test without them.
+_CLIENTS: list = []
+
+
+def client_mark() -> int:
+    """A mark for `close_clients_since`: the clients made after it are the current test's."""
+    return len(_CLIENTS)
+
+
+def close_clients_since(mark: int) -> None:
+    """Disconnect (Paho) or close (RawMQTT) every client made after `mark`, newest first."""
+    made = [r() for r in _CLIENTS[mark:]]
+    del _CLIENTS[mark:]
+    for c in reversed(made):
+        if c is None:
+            continue
+        try:
+            if isinstance(c, Paho):
+                c.c.disconnect()
+                c.c.loop_stop()
+            else:
+                c.close()
+        except Exception:
+            pass
+
+
 class Paho:
     """A paho-mqtt 2.2 client (MQTT 3.1.1 or 5) with blocking helpers for tests.
 
@@ -156,6 +185,7 @@ class Paho:
     def __init__(self, server, client_id: str = "", version: int = 4, clean: bool = True,
                  expiry: int | None = None, keepalive: int = 30, will: tuple | None = None,
                  receive_maximum: int | None = None, connect: bool = True) -> None:
+        _CLIENTS.append(_weakref.ref(self))
         import paho.mqtt.client as mqtt
         from paho.mqtt.properties import Properties
         from paho.mqtt.packettypes import PacketTypes
@@ -282,6 +312,7 @@ class RawMQTT:
 
     def __init__(self, server, version: int = 4, timeout: float = 5.0) -> None:
         from lmqtt.gateway.mqtt import Decoder
+        _CLIENTS.append(_weakref.ref(self))
         self.version = version
         self.sock = socket.create_connection((server.host, server.port), timeout=timeout)
         self.dec = Decoder(version=version, server_side=False)
@@ -446,3 +477,46 @@ def serve_or_fleet(kind: str, tmp_path, extra_args: tuple[str, ...] = ()):
         yield srv
     finally:
         srv.stop()
+
+
+def server_alive(srv) -> bool:
+    """Whether every process of an LmqttServer / LmqttStore / LmqttGateway / LmqttFleet runs."""
+    if isinstance(srv, LmqttFleet):
+        return server_alive(srv.store) and srv.gateway is not None and server_alive(srv.gateway)
+    return srv.proc is not None and srv.proc.poll() is None
+
+
+def ensure_running(srv):
+    """Start again (same ports, same data) whatever a previous test left stopped or killed: a server
+    shared by a module's tests is running when each test starts."""
+    if server_alive(srv):
+        return srv
+    if isinstance(srv, LmqttFleet):
+        if srv.gateway is not None and srv.gateway.proc is not None:
+            srv.gateway.stop(signal.SIGKILL)
+        if not server_alive(srv.store):
+            srv.store.stop(signal.SIGKILL)
+            srv.store.start()
+        srv.gateway.start()
+        return srv
+    srv.stop(signal.SIGKILL)
+    return srv.start()
+
+
+def shared_serve_or_fleet(kind: str, tmp_path_factory, extra_args: tuple[str, ...] = ()):
+    """serve_or_fleet for a module-scoped fixture: one server (or store + gateway) in its own tmp
+    dir for all of a module's tests of that kind. Pair it with `per_test(srv)` in a function-scoped
+    fixture; tests then use their own client ids and topics."""
+    yield from serve_or_fleet(kind, tmp_path_factory.mktemp(f"{kind}-shared"), extra_args)
+
+
+def per_test(srv):
+    """Generator for the function-scoped fixture over a module-scoped shared server: the server
+    runs when the test starts (restarted if an earlier test left it down), and the MQTT clients the
+    test made are disconnected when it ends."""
+    ensure_running(srv)
+    mark = client_mark()
+    try:
+        yield srv
+    finally:
+        close_clients_since(mark)

@@ -6,13 +6,27 @@ import asyncio
 
 import pytest
 
-from tests.support import SERVER_KINDS, Paho, RawMQTT, serve_or_fleet
+from tests.support import SERVER_KINDS, Paho, RawMQTT, per_test, serve_or_fleet, shared_serve_or_fleet
+
+
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def shared_server(request, tmp_path_factory):
+    """One server per kind for the module: the embedded `lmqtt serve` and `lmqtt store` +
+    `lmqtt gateway` (the remote store seam). Tests use their own client ids and topics."""
+    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
+    """Every test here runs against both kinds; the server is up when the test starts (restarted if
+    an earlier test left it down) and the test's clients are disconnected when it ends."""
+    yield from per_test(shared_server)
 
 
 @pytest.fixture(params=SERVER_KINDS)
-def lmqtt_server(request, tmp_path):
-    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the remote store seam)."""
+def fresh_server(request, tmp_path):
+    """A server of its own, for a test that subscribes to `#` (the shared one holds other tests'
+    retained messages)."""
     yield from serve_or_fleet(request.param, tmp_path)
 
 
@@ -129,7 +143,8 @@ def test_retained_survives_restart(lmqtt_server):
     assert (m.topic, m.payload, m.retain) == ("keep/me", b"persisted", True)
 
 
-def test_dollar_topics_not_matched_by_leading_wildcards(lmqtt_server):
+def test_dollar_topics_not_matched_by_leading_wildcards(fresh_server):
+    lmqtt_server = fresh_server
     all_ = Paho(lmqtt_server, "dollar-hash")
     all_.subscribe("#", 0)
     plus = Paho(lmqtt_server, "dollar-plus")

@@ -10,14 +10,21 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.store.client import connect
-from tests.support import SERVER_KINDS, Paho, serve_or_fleet
+from tests.support import SERVER_KINDS, Paho, per_test, serve_or_fleet, shared_serve_or_fleet
 
 
-@pytest.fixture(params=SERVER_KINDS)
-def lmqtt_server(request, tmp_path):
-    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the remote store seam)."""
-    yield from serve_or_fleet(request.param, tmp_path)
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def shared_server(request, tmp_path_factory):
+    """One server per kind for the module: the embedded `lmqtt serve` and `lmqtt store` +
+    `lmqtt gateway` (the remote store seam). Tests use their own client ids and topics."""
+    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
+    """Every test here runs against both kinds; the server is up when the test starts (restarted if
+    an earlier test left it down) and the test's clients are disconnected when it ends."""
+    yield from per_test(shared_server)
 
 
 def _poll_n(cons, n, timeout=10.0):

@@ -16,7 +16,7 @@ import pytest
 
 from lmqtt.gateway.auth import hash_password
 from lmqtt.gateway.mqtt import packets as P
-from tests.support import SERVER_KINDS, LmqttServer, Paho, RawMQTT, free_port, serve_or_fleet
+from tests.support import SERVER_KINDS, LmqttServer, Paho, RawMQTT, free_port, per_test, serve_or_fleet
 
 ACL = """\
 # lmqtt ACL used by these tests
@@ -37,18 +37,38 @@ def _pwfile(tmp_path, users: dict[str, str]) -> str:
     return str(path)
 
 
-@pytest.fixture(params=SERVER_KINDS)
-def secured(request, tmp_path):
-    """`lmqtt serve`, and `lmqtt gateway` over `lmqtt store`, with a password file and an ACL."""
+def _secured(kind, tmp_path):
     pw = _pwfile(tmp_path, {"alice": "wonder", "bob": "builder", "carol": "c4rol"})
     acl = tmp_path / "acl"
     acl.write_text(ACL)
-    servers = serve_or_fleet(request.param, tmp_path, ("--password-file", pw, "--acl-file", str(acl)))
+    servers = serve_or_fleet(kind, tmp_path, ("--password-file", pw, "--acl-file", str(acl)))
     srv = next(servers)
     try:
         yield srv, acl
     finally:
         servers.close()
+
+
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def secured_shared(request, tmp_path_factory):
+    """One secured server per kind for the tests that neither leave retained messages nor change
+    the ACL (each uses its own client ids)."""
+    yield from _secured(request.param, tmp_path_factory.mktemp(f"secured-{request.param}"))
+
+
+@pytest.fixture
+def secured(secured_shared):
+    """`lmqtt serve`, and `lmqtt gateway` over `lmqtt store`, with a password file and an ACL:
+    shared by the module (up when the test starts; the test's clients are closed when it ends)."""
+    srv, acl = secured_shared
+    for _ in per_test(srv):
+        yield srv, acl
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def secured_fresh(request, tmp_path):
+    """A secured server of its own, for a test that leaves retained messages or rewrites the ACL."""
+    yield from _secured(request.param, tmp_path)
 
 
 def _wait_log(srv, text: str, timeout: float = 10.0) -> str:
@@ -128,8 +148,8 @@ def test_acl_subscribe_denied_per_filter(secured, version, denied):
     assert isinstance(sa, P.SubAck) and sa.reason_codes == [1, denied]
 
 
-def test_retained_on_subscribe_obeys_read_rules(secured):
-    srv, _ = secured
+def test_retained_on_subscribe_obeys_read_rules(secured_fresh):
+    srv, _ = secured_fresh
     alice = _paho(srv, "alice", "wonder")
     alice.publish("open/r", b"visible", qos=1, retain=True)
     alice.publish("secret/r", b"hidden", qos=1, retain=True)
@@ -142,8 +162,8 @@ def test_retained_on_subscribe_obeys_read_rules(secured):
     alice.disconnect()
 
 
-def test_sighup_reloads_acl_for_new_subscriptions_without_dropping_clients(secured):
-    srv, acl = secured
+def test_sighup_reloads_acl_for_new_subscriptions_without_dropping_clients(secured_fresh):
+    srv, acl = secured_fresh
     bob = _paho(srv, "bob", "builder")
     rcs = bob.subscribe("news/#", qos=1)
     assert [int(getattr(x, "value", x)) for x in rcs] == [0x87]
