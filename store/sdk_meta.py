@@ -50,30 +50,23 @@ class SdkMetadata:
         v = self._db.get(f"o\0{group}\0{queue}".encode())
         return None if v is None else _U64.unpack(v)[0]
 
-    def group_offsets(self, group: str) -> dict[str, int]:
-        prefix = f"o\0{group}\0".encode()
-        out = {}
+    def _scan(self, prefix: bytes):
+        """(key, value) of every key starting with `prefix`, in key order (one RocksDB seek)."""
         it = self._db.iter()
         it.seek(prefix)
         while it.valid():
             k = it.key()
             if not k.startswith(prefix):
-                break
-            out[k[len(prefix):].decode()] = _U64.unpack(it.value())[0]
+                return
+            yield k, it.value()
             it.next()
-        return out
+
+    def group_offsets(self, group: str) -> dict[str, int]:
+        prefix = f"o\0{group}\0".encode()
+        return {k[len(prefix):].decode(): _U64.unpack(v)[0] for k, v in self._scan(prefix)}
 
     def groups(self) -> list[str]:
-        out = set()
-        it = self._db.iter()
-        it.seek(b"o\0")
-        while it.valid():
-            k = it.key()
-            if not k.startswith(b"o\0"):
-                break
-            out.add(k.split(b"\0")[1].decode())
-            it.next()
-        return sorted(out)
+        return sorted({k.split(b"\0")[1].decode() for k, _v in self._scan(b"o\0")})
 
     # ---------------------------------------------------------------- producer dedup
     # one key per remembered batch: p\0<producer id>\0<u64 sequence> -> the PRODUCED reply body
@@ -86,17 +79,8 @@ class SdkMetadata:
         w = self._producers.get(pid)
         if w is None:
             prefix = f"p\0{pid}\0".encode()
-            w = []
-            it = self._db.iter()
-            it.seek(prefix)
-            while it.valid():
-                k = it.key()
-                if not k.startswith(prefix):
-                    break
-                if len(k) == len(prefix) + 8:
-                    w.append(_U64.unpack(k[len(prefix):])[0])
-                it.next()
-            w.sort()
+            w = sorted(_U64.unpack(k[len(prefix):])[0] for k, _v in self._scan(prefix)
+                       if len(k) == len(prefix) + 8)
             self._producers[pid] = w
         return w
 
@@ -153,17 +137,7 @@ class SdkMetadata:
         return None if v is None else json.loads(v)
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
-        p = prefix.encode()
-        out = []
-        it = self._db.iter()
-        it.seek(p)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(p):
-                break
-            out.append(k.decode())
-            it.next()
-        return out
+        return [k.decode() for k, _v in self._scan(prefix.encode())]
 
     def flush(self) -> None:
         try:

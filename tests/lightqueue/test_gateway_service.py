@@ -103,9 +103,9 @@ def test_start_offsets_wait_for_dispatch_of_acknowledged_messages(tmp_path):
     from lmqtt.store.server import StoreServer
 
     store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), flush_mode="async"))
-    lq = LightQueueStore(store, str(tmp_path / "lq"))
     gate = _Gate()
-    store.add_dispatcher(gate)
+    store.add_dispatcher(gate)             # before the light queues' dispatcher: they wait behind it
+    lq = LightQueueStore(store, str(tmp_path / "lq"))
     store.start()
     loop = asyncio.new_event_loop()
     srv = StoreServer(store, str(tmp_path / "meta"), port=0)
