@@ -206,8 +206,9 @@ class MQTTConnection(asyncio.Protocol):
                 # the decoder lets nothing but CONNECT through before it, `connected` after it)
                 t = type(pkt)
                 if t is P.Publish and self.connected:
-                    if self.pub_bucket is not None:       # publish_rate_per_client set
-                        self._charge_publish()
+                    if self.pub_bucket is not None and not self.pub_bucket.take():   # publish_rate_per_client
+                        self._rate_hold(packets[i:])
+                        return
                     h.on_publish(self, pkt)
                 elif t is P.PubAck and self.connected:
                     h.on_puback(self, pkt)
@@ -259,35 +260,36 @@ class MQTTConnection(asyncio.Protocol):
                 t.resume_reading()
 
     # -- publish rate per client (gateway/limits.py) --------------------------------------------
-    def _charge_publish(self) -> None:
-        """One PUBLISH against this client's budget. Over it, the packet is still handled (it was
-        read already; nothing is refused or lost) and the socket is not read again until the
-        budget is back: TCP then slows the client down (back-pressure, no disconnect)."""
-        wait = self.pub_bucket.charge()
-        if wait and not self._rate_paused:
-            self._rate_paused = True
-            gate = self._gate
-            gate.hits["publish_rate_per_client"] += 1
-            if not self._rate_logged:     # once per connection; the counter counts every pause
-                self._rate_logged = True
-                log.info("event=publish_throttled client_id=%s peer=%s cause=publish_rate_per_client limit=%s "
-                         "burst=%s action=pause_reading", self.client_id, self.peer,
-                         gate.limits.publish_rate_per_client, gate.limits.publish_burst_per_client)
-            self._sync_reading()
-            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_check)
+    def _rate_hold(self, rest) -> None:
+        """Over publish_rate_per_client: this PUBLISH and everything after it (already read) wait
+        in order, and the socket is not read, until the budget has a token again; TCP then slows
+        the client down. Back-pressure, as for a slow store: nothing is refused, dropped or
+        disconnected (the alternative, DISCONNECT 0x96, would make a well-behaved client with a
+        backlog reconnect and resend in a loop)."""
+        self._held = list(rest)
+        self._rate_paused = True
+        gate = self._gate
+        gate.hits["publish_rate_per_client"] += 1
+        if not self._rate_logged:     # once per connection; the counter counts every pause
+            self._rate_logged = True
+            log.info("event=publish_throttled client_id=%s peer=%s cause=publish_rate_per_client limit=%s "
+                     "burst=%s action=pause_reading", self.client_id, self.peer,
+                     gate.limits.publish_rate_per_client, gate.limits.publish_burst_per_client)
+        self._sync_reading()
+        self._rate_timer = self.loop.call_later(min(self.pub_bucket.wait_time(), 1.0), self._rate_release)
 
-    def _rate_check(self) -> None:
+    def _rate_release(self) -> None:
         self._rate_timer = None
         if self.closing:
             return
         # a client we chose not to read is not idle: keepalive counts from now
         self.last_rx = self.loop.time()
-        wait = self.pub_bucket.charge(0)
-        if wait:
-            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_check)
+        wait = self.pub_bucket.wait_time()
+        if wait > 0:
+            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_release)
             return
         self._rate_paused = False
-        self._sync_reading()
+        self.release()
 
     def pause_writing(self) -> None:
         if not self.write_blocked:

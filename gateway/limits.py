@@ -37,16 +37,6 @@ class TokenBucket:
             return True
         return False
 
-    def charge(self, n: float = 1.0) -> float:
-        """Spend `n` tokens even when they are not there (the work was already read off the socket
-        and is done anyway) and return the seconds until the balance is back to zero: the time to
-        stop reading from that client. 0.0 while within the rate."""
-        now = self._clock()
-        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - n
-        self.tokens = tokens
-        self.stamp = now
-        return 0.0 if tokens >= 0 else -tokens / self.rate
-
     def wait_time(self, n: float = 1.0) -> float:
         """Seconds until `n` tokens are available (0 when they are now)."""
         now = self._clock()

@@ -70,17 +70,6 @@ def test_unlimited_gate_admits_everything_and_counts_nothing():
     assert g.current == 10_000 and not any(g.hits.values()) and g._per_address is None
 
 
-def test_publish_charge_returns_the_pause_and_keeps_the_rate_exact():
-    c = Clock()
-    b = TokenBucket(rate=10, burst=5, clock=c)
-    assert [b.charge() for _ in range(5)] == [0.0] * 5
-    assert b.charge() == pytest.approx(0.1)                       # 1 in debt: 0.1 s at 10/s
-    assert b.charge() == pytest.approx(0.2)                       # debt grows with what was read anyway
-    c.t += 0.2
-    assert b.charge(0) == 0.0                                     # paid back: read again
-    assert b.charge() == pytest.approx(0.1)
-
-
 def test_refusal_log_lines_are_rate_limited_and_say_how_many_were_left_out():
     c = Clock()
     g = ConnectionGate(Limits(), clock=c, log_rate=1, log_burst=3)
