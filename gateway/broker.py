@@ -28,7 +28,7 @@ from lmqtt.gateway.store_api import InProcessStore
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
-from lmqtt.gateway.publish import PublishPipeline
+from lmqtt.gateway.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter, InvalidTopicName
 
@@ -329,6 +329,12 @@ class Broker:
                 conn.valid_topics.clear()
             conn.valid_topics.add(topic)
         pid = pkt.packet_id
+        due = 0
+        if topic[0] == "$" and topic.startswith(DELAYED_PREFIX):   # $delayed/{seconds}/{topic}: ACL on {topic}
+            try:
+                topic, due = parse_delayed_topic(topic)
+            except DelayRefused as e:
+                return self.publisher.refuse(conn, qos, pid, topic, e)
         if self.acl is not None and not self.acl.can_publish(conn.identity, topic):
             return self._publish_denied(conn, s, qos, pid, topic, v5)
         if qos == 2:
@@ -345,7 +351,7 @@ class Broker:
                                     "publishes unacknowledged", RC.RECEIVE_MAXIMUM_EXCEEDED)
             s.inbound_pending.add(pid)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
-                              pkt.properties if v5 else None)
+                              pkt.properties if v5 else None, due)
 
     def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
         """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway import record_props
-from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ReasonCode, encode_success_acks, packets as P
+from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicName
 from lmqtt.store import Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,11 +25,83 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("lmqtt.gateway.publish")
 
+# ------------------------------------------------------------------------- delayed publishes
+# Two ways for an MQTT client to ask for later delivery (docs/store.md "Delayed messages over MQTT"):
+#   * PUBLISH to `$delayed/{seconds}/{topic}` (EMQX's convention): delivered on {topic} after
+#     {seconds} whole seconds; the broker checks ACLs against {topic};
+#   * MQTT 5: an ordinary PUBLISH with the user property `deliver-at` = epoch milliseconds or an
+#     RFC 3339 time (no zone = UTC).
+# The message is parked in the store's timer wheel (store/delayed.py) in the same append as the
+# other publishes of the tick; the PUBACK/PUBREC means "the timer is durable". A due time not in
+# the future publishes at once.
+DELAYED_PREFIX = "$delayed/"
+DELIVER_AT = "deliver-at"
+MAX_DELAY_MS = 40 * 24 * 3600 * 1000      # the store's default (StoreConfig.timer_max_delay_ms)
+
+
+class DelayRefused(Exception):
+    """A delayed publish the broker refuses: `reason_code` for MQTT 5's PUBACK/PUBREC."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+def parse_delayed_topic(topic: str, now_ms: int | None = None) -> tuple[str, int]:
+    """`$delayed/{seconds}/{topic}` -> (topic, due epoch ms); DelayRefused (0x90) for a bad form."""
+    rest = topic[len(DELAYED_PREFIX):]
+    secs, sep, real = rest.partition("/")
+    bad = ReasonCode.TOPIC_NAME_INVALID
+    if not (secs.isascii() and secs.isdigit()) or len(secs) > 12:
+        raise DelayRefused(bad, f"{topic!r}: the delay must be whole seconds, as in $delayed/30/a/b "
+                                f"(got {secs!r})")
+    if not sep or not real:
+        raise DelayRefused(bad, f"{topic!r}: no topic after the delay ($delayed/{{seconds}}/{{topic}})")
+    delay_ms = int(secs) * 1000
+    if delay_ms > MAX_DELAY_MS:
+        raise DelayRefused(bad, f"{topic!r}: a delay of {secs} s exceeds the maximum of {MAX_DELAY_MS // 1000} s")
+    if "+" in real or "#" in real:
+        raise DelayRefused(bad, f"{topic!r}: the topic after the delay must not contain wildcards")
+    if real.startswith("$"):
+        raise DelayRefused(bad, f"{topic!r}: a delayed message cannot go to a $-topic")
+    try:
+        T.validate_topic(real)
+    except InvalidTopicName as e:
+        raise DelayRefused(bad, f"{topic!r}: {e}") from None
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    return real, now_ms + delay_ms
+
+
+def parse_deliver_at(value: str, now_ms: int | None = None) -> int:
+    """The `deliver-at` user property (epoch ms, or RFC 3339 / ISO 8601; no zone = UTC) -> due
+    epoch ms; DelayRefused (0x99) when unreadable or beyond the maximum delay."""
+    v = value.strip()
+    try:
+        if v.isascii() and v.isdigit():
+            due = int(v)
+        else:
+            dt = datetime.fromisoformat(v)
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            due = int(dt.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise DelayRefused(ReasonCode.PAYLOAD_FORMAT_INVALID,
+                           f"user property {DELIVER_AT}={value!r} is neither epoch milliseconds nor an "
+                           "RFC 3339 time") from None
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    if due - now_ms > MAX_DELAY_MS:
+        raise DelayRefused(ReasonCode.PAYLOAD_FORMAT_INVALID,
+                           f"user property {DELIVER_AT}={value!r} is {(due - now_ms) // 1000} s ahead, beyond "
+                           f"the maximum delay of {MAX_DELAY_MS // 1000} s")
+    return due
+
 
 class _Pending:
-    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues")
+    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues", "due")
 
-    def __init__(self, conn, qos, pid, topic, payload, retain, props, queues) -> None:
+    def __init__(self, conn, qos, pid, topic, payload, retain, props, queues, due=0) -> None:
         self.conn = conn
         # the session, not the connection, owns the packet id: after a takeover/reconnect the ack
         # goes to the session's current connection (where the client re-sent the PUBLISH)
@@ -38,6 +113,7 @@ class _Pending:
         self.retain = retain
         self.props = props
         self.queues = queues
+        self.due = due            # epoch ms of a delayed publish (0 = now)
 
 
 class PublishPipeline:
@@ -60,16 +136,40 @@ class PublishPipeline:
         self._record_appended = record_appended
         self._flush_writes = flush_writes
         self._pending: list[_Pending] = []
+        self._delayed = 0         # delayed publishes in _pending
+        self.delayed_refused = 0
         self._scheduled = False
         self.inflight_batches = 0
         # called once the batch is appended (Gateway: the notify bus's drain): with the store's
         # inline dispatch the new entries are already visible, so subscribers get them in this
         # same loop callback, before the PUBACKs are written
         self.after_append = None
+        # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
+        # remote one fires on its own)
+        enable = getattr(store, "enable_delayed", None)
+        if enable is not None:
+            try:
+                enable(loop)
+            except Exception as e:  # noqa: BLE001 - ordinary publishes still work
+                log.error("event=delayed_unavailable error=%r", e)
 
     def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
-               payload: bytes, retain: bool, client_id: str, props: P.Properties | None) -> None:
-        """Queue one publish for the next batch append (topic already validated)."""
+               payload: bytes, retain: bool, client_id: str, props: P.Properties | None,
+               due_ms: int = 0) -> None:
+        """Queue one publish for the next batch append (topic already validated). `due_ms`: epoch
+        ms of a `$delayed/` publish (the broker parsed the topic); an MQTT 5 `deliver-at` user
+        property is read here."""
+        if props is not None and props.user_property and not due_ms:
+            for k, v in props.user_property:
+                if k == DELIVER_AT:
+                    try:
+                        due_ms = parse_deliver_at(v)
+                    except DelayRefused as e:
+                        return self.refuse(conn, pkt_qos, pid, topic, e)
+                    break
+        if due_ms:
+            if due_ms > time.time() * 1000:
+                return self._submit_delayed(conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms)
         queues = self.store.queues_for_topic(topic)
         rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
         self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues))
@@ -81,6 +181,42 @@ class PublishPipeline:
             self._scheduled = True
             self.loop.call_soon(self.flush)
 
+    def _submit_delayed(self, conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms) -> None:
+        """A delayed publish: parked by the store in the next batch append, no light queues now
+        (they are computed when it fires) and no retained-message update (RETAIN is carried on
+        the record only)."""
+        rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
+        self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, (), due_ms))
+        self._delayed += 1
+        if conn is not None and pkt_qos:
+            conn.pending_publishes += 1
+            if conn.pending_publishes >= self.max_pending_publish:
+                conn.pause_reading_for_store()
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def refuse(self, conn, qos: int, pid: int | None, topic: str, err: DelayRefused) -> None:
+        """A delayed publish with a bad form: nothing is stored. MQTT 5: PUBACK/PUBREC with the
+        reason code and string (QoS 0: dropped); 3.1.1 has no negative ack: the connection is
+        closed, as for any invalid topic name. Logged with the cause either way."""
+        self.delayed_refused += 1
+        s = conn.session if conn is not None else None
+        log.info("event=delayed_publish_refused client_id=%s topic=%r reason_code=0x%02X cause=%r",
+                 s.client_id if s is not None else "", topic, err.reason_code, str(err))
+        if conn is None:
+            return
+        if qos and s is not None:
+            s.inbound_pending.discard(pid)
+        if conn.version != 5:
+            raise ProtocolError(str(err), err.reason_code)
+        if qos == 0:
+            return
+        pkt = P.PubAck(pid, err.reason_code) if qos == 1 else P.PubRec(pid, err.reason_code)
+        if conn.problem_info:
+            pkt.properties.reason_string = str(err)[:200]
+        conn.send_fitting(pkt)
+
     def flush(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending, []
@@ -89,17 +225,22 @@ class PublishPipeline:
         now_ms = int(time.time() * 1000)
         msgs = [Message(p.topic, p.payload, 0, 0, p.props, (), now_ms, p.queues) for p in batch]
         store = self.store
+        dues = None
+        if self._delayed:         # parked by the store in the same append (store/delayed.py)
+            self._delayed = 0
+            dues = [p.due for p in batch]
         whole = True              # append_batch took every record (all or none)
         t0 = time.perf_counter()
         try:
-            results = store.append_batch(msgs)
+            results = store.append_batch(msgs) if dues is None else store.append_batch_delayed(msgs, dues)
         except Exception as e:  # one bad record must not fail the others: retry one by one
             whole = False
             log.warning("event=append_batch_failed error=%r count=%d; retrying one by one", e, len(batch))
             results = []
             for p, m in zip(batch, msgs):
                 try:
-                    results.append(self.store.append(m))
+                    results.append(self.store.append(m) if not p.due
+                                   else self.store.append_batch_delayed([m], [p.due])[0])
                 except Exception as e1:
                     results.append(e1)
         t1 = time.perf_counter()
@@ -111,7 +252,7 @@ class PublishPipeline:
             # append_batch appends all or none: no per-record result to look at (the store's
             # columnar results would build one tuple per record just to be iterated)
             for p in batch:
-                if p.retain:
+                if p.retain and not p.due:
                     self._retain(p)
                 if p.qos:
                     ok_batch.append(p)
@@ -126,7 +267,7 @@ class PublishPipeline:
                         p.conn.pending_publishes -= 1
                     self._fail(p, r)
                     continue
-                if p.retain:
+                if p.retain and not p.due:
                     self._retain(p)
                 if p.qos:
                     ok_batch.append(p)

@@ -256,10 +256,11 @@ class RemoteStore:
     # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
     max_message_size = 4 << 20
 
-    def append_batch(self, messages) -> list:
+    def append_batch(self, messages, due_ms=None) -> list:
         """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
         anything is sent, as the embedded store does: the publish pipeline then appends the others
-        one by one and only that publisher gets the error (the store would refuse the whole batch)."""
+        one by one and only that publisher gets the error (the store would refuse the whole batch).
+        `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
         limit = self.max_message_size - _RECORD_HEADER
         for m in messages:
             n = len(m.body) + len(m.props) + len(m.topic)
@@ -268,7 +269,10 @@ class RemoteStore:
                                       f"max_message_size={self.max_message_size}; nothing was written")
         body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
-        reply = self.link.request(W.OP_PRODUCE, body)
+        if due_ms is None:
+            reply = self.link.request(W.OP_PRODUCE, body)
+        else:
+            reply = self.link.request(W.OP_PRODUCE, body + W.encode_due_trailer(due_ms), W.F_DELAYED)
         durable = self.loop.create_future()
 
         def done(f):
@@ -282,6 +286,9 @@ class RemoteStore:
 
     def append(self, message) -> _Result:
         return self.append_batch([message])[0]
+
+    def append_batch_delayed(self, messages, due_ms) -> list:
+        return self.append_batch(messages, due_ms)
 
     def all_visible(self) -> bool:
         return False

@@ -61,6 +61,9 @@ class GatewayStore(Protocol):
     def append_batch(self, messages: Sequence[Any]) -> Any:
         """All or none; the last result's `.durable` future covers the whole batch."""
     def append(self, message: Any) -> Any: ...
+    def append_batch_delayed(self, messages: Sequence[Any], due_ms: Sequence[int]) -> Any:
+        """append_batch where message i with `due_ms[i]` > 0 is delivered at that epoch ms (the
+        store's timer wheel); the durable future means the timers are durable too."""
     def all_visible(self) -> bool:
         """Everything appended so far is readable from the light queues."""
     def unavailable(self) -> str | None:
@@ -113,6 +116,20 @@ class InProcessStore:
 
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)
+
+    def enable_delayed(self, loop) -> None:
+        """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop
+        stays the store's only appender) and routed through the light queues at firing time."""
+        self.store.enable_delayed(self.lq.queues_for_topic, loop)
+
+    def append_batch_delayed(self, messages, due_ms):
+        """append_batch where `due_ms[i]` > 0 parks message i in the timer wheel until then (one
+        append, all or none; the timers are written before this returns)."""
+        d = self.store.delayed
+        msgs, parked = d.park(messages, due_ms)
+        rs = self.store.append_batch(msgs)
+        d.arm(rs, parked, due_ms)
+        return rs
 
     def registered_filters(self) -> dict[str, int]:
         return dict(self.lq.registry.filters())

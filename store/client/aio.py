@@ -147,19 +147,19 @@ class AsyncConnection:
         if fut is not None and not fut.done():
             fut.set_result((op, flags, body))
 
-    async def request(self, op: int, body: bytes = b"") -> asyncio.Future:
+    async def request(self, op: int, body: bytes = b"", flags: int = 0) -> asyncio.Future:
         proto = await self._ensure()
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        proto.transport.write(W.frame(op, rid, body))
+        proto.transport.write(W.frame(op, rid, body, flags))
         return fut
 
-    async def call(self, op: int, body: bytes = b"", *, retry: bool = False):
+    async def call(self, op: int, body: bytes = b"", *, retry: bool = False, flags: int = 0):
         tries = self.reconnect_attempts if retry else 1
         for i in range(tries):
             try:
-                fut = await self.request(op, body)
+                fut = await self.request(op, body, flags)
                 return _check(await asyncio.wait_for(fut, self.timeout))
             except ConnectionLost:
                 if i + 1 >= tries:
@@ -171,12 +171,19 @@ class AsyncConnection:
         op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
         return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
 
-    async def send(self, topic: str, body: bytes, **kw):
-        """Send one message (no dedup id); -> SendResult once durable."""
-        from .producer import SendResult, _pack_one
-        op, _f, rb = await self.call(W.OP_PRODUCE, W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)))
+    async def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None, **kw):
+        """Send one message (no dedup id); -> SendResult once durable. `delay` (seconds) or
+        `deliver_at` (epoch ms / aware datetime): delivered then (Producer.send)."""
+        from .producer import SendResult, _delayed_frame, _pack_one, due_ms
+        due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
+        frame, flags = _delayed_frame(W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)), [due] if due else None)
+        op, _f, rb = await self.call(W.OP_PRODUCE, frame, flags=flags)
         phys, qoff = W.decode_produced(rb)[0]
         return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
+
+    async def cancel_delayed(self, msg_id: str) -> bool:
+        """Producer.cancel_delayed: True when the delayed message was pending and will not fire."""
+        return bool((await self.cmd("cancel_delayed", msg_id=msg_id))["cancelled"])
 
     async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
                    max_bytes: int = 4 << 20):

@@ -62,9 +62,39 @@ def _pack_one(topic: str, body, **kw) -> bytes:
     return W.encode_messages_for_produce([_tuple(topic, body, **kw)])
 
 
+def due_ms(delay: float | None = None, deliver_at=None) -> int:
+    """The due time (epoch ms) of a send with `delay` (seconds from now) or `deliver_at` (epoch
+    ms, or an aware `datetime`); 0 = not delayed."""
+    if delay is not None and deliver_at is not None:
+        raise ValueError("give delay or deliver_at, not both")
+    if delay is not None:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
+        return int(time.time() * 1000 + delay * 1000)
+    if deliver_at is not None:
+        ts = getattr(deliver_at, "timestamp", None)
+        due = int(ts() * 1000) if ts is not None else int(deliver_at)
+        if due <= 0:
+            raise ValueError(f"deliver_at must be a positive epoch ms, got {deliver_at!r}")
+        return due
+    return 0
+
+
+def _delayed_frame(frame: bytes, dues) -> tuple[bytes, int]:
+    """(frame body, frame flags) of a PRODUCE whose messages have these due times (0 = now)."""
+    if dues is None or not any(dues):
+        return frame, 0
+    return frame + W.encode_due_trailer(dues), W.F_DELAYED
+
+
 class Producer:
     """send(topic, body, keys=(), queue_id=0, qos=1, retain=False, content_type=None,
-    response_topic=None, correlation_data=None, user_properties=None) -> SendResult"""
+    response_topic=None, correlation_data=None, user_properties=None, delay=None,
+    deliver_at=None) -> SendResult
+
+    `delay` (seconds) or `deliver_at` (epoch ms or an aware datetime): the store parks the message
+    in its timer wheel and it appears under `topic` at that time; the SendResult (returned once
+    the timer is durable) names the parked message: `cancel_delayed(result.msg_id)` cancels it."""
 
     def __init__(self, conn: Connection, producer_id: str | None = None, *, retries: int = 5) -> None:
         self.conn = conn
@@ -85,16 +115,24 @@ class Producer:
         new = tuple.__new__
         return [new(SendResult, (f"{ident}{p:016X}", p, q)) for p, q in W.decode_produced(body)]
 
-    def send_packed(self, count: int, packed: bytes, seq: int | None = None) -> list[SendResult]:
+    def send_packed(self, count: int, packed: bytes, seq: int | None = None,
+                    due_ms: list[int] | None = None) -> list[SendResult]:
         """Send pre-packed messages (protocol.encode_messages_for_produce) as one batch with a
-        sequence number; retried on a lost connection (the store deduplicates)."""
+        sequence number; retried on a lost connection (the store deduplicates). `due_ms`: one
+        epoch-ms due time per message (0 = not delayed)."""
         seq = self.next_sequence() if seq is None else seq
-        frame = W.encode_produce(self.producer_id, seq, count, packed)
-        _op, _f, body = self.conn.call(W.OP_PRODUCE, frame, retry=True)
+        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, seq, count, packed), due_ms)
+        _op, _f, body = self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
         return self._results(body)
 
-    def send(self, topic: str, body: bytes, **kw) -> SendResult:
-        return self.send_packed(1, _pack_one(topic, body, **kw))[0]
+    def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None, **kw) -> SendResult:
+        due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
+        return self.send_packed(1, _pack_one(topic, body, **kw), due_ms=[due] if due else None)[0]
+
+    def cancel_delayed(self, msg_id: str) -> bool:
+        """Cancel a delayed message by the msg id its send returned: True when it was pending
+        (it will not be delivered), False when it already fired or is not a delayed message."""
+        return bool(self.conn.cmd("cancel_delayed", msg_id=msg_id)["cancelled"])
 
     def send_batch(self, messages) -> list[SendResult]:
         """messages: iterable of (topic, body) or dicts with send()'s keywords. One frame, one
@@ -102,11 +140,22 @@ class Producer:
         parts = []
         n = 0
         heads = self._heads
+        dues = None
         for m in messages:
             n += 1
             if isinstance(m, dict):
+                if "delay" in m or "deliver_at" in m:
+                    m = dict(m)
+                    due = due_ms(m.pop("delay", None), m.pop("deliver_at", None))
+                    if dues is None:
+                        dues = [0] * (n - 1)
+                    dues.append(due)
+                elif dues is not None:
+                    dues.append(0)
                 parts.append(W.encode_messages_for_produce([_tuple(**m)]))
                 continue
+            if dues is not None:
+                dues.append(0)
             topic, body = m[0], m[1]
             if body.__class__ is not bytes:
                 body = _as_bytes(body)
@@ -115,17 +164,20 @@ class Producer:
                 head = _plain_head(heads, topic, len(body))
             parts.append(head)
             parts.append(body)
-        return self.send_packed(n, b"".join(parts))
+        return self.send_packed(n, b"".join(parts), due_ms=dues)
 
-    def send_async(self, topic: str, body: bytes, **kw) -> Future:
+    def send_async(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None,
+                   **kw) -> Future:
         """Send without waiting; the Future resolves to a SendResult (or the error). A lost
         connection fails the future with ConnectionLost: re-send with `send_packed(..., seq=)`
         from `future.sequence` to get exactly-once storage."""
         seq = self.next_sequence()
         out: Future = Future()
         out.sequence = seq
-        frame = W.encode_produce(self.producer_id, seq, 1, _pack_one(topic, body, **kw))
-        inner = self.conn.request(W.OP_PRODUCE, frame)
+        due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
+        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, seq, 1, _pack_one(topic, body, **kw)),
+                                      [due] if due else None)
+        inner = self.conn.request(W.OP_PRODUCE, frame, flags)
 
         def done(f: Future) -> None:
             try:
@@ -212,9 +264,10 @@ def _as_bytes(body) -> bytes:
 class _Batch:
     """Messages packed for one PRODUCE frame; `future` resolves to the PRODUCED body (or the error)."""
 
-    __slots__ = ("parts", "count", "nbytes", "future", "ident", "count_in_reply")
+    __slots__ = ("parts", "count", "nbytes", "future", "ident", "count_in_reply", "dues")
 
     def __init__(self) -> None:
+        self.dues: list[int] | None = None      # due time per message once one is delayed
         self.parts: list[bytes] = []
         self.count = 0
         self.nbytes = 0
@@ -258,7 +311,11 @@ class AutoBatchProducer:
         self._thread.start()
 
     def send(self, topic: str, body: bytes, **kw) -> SendFuture:
+        """Queue one message (send()'s keywords of Producer, `delay`/`deliver_at` included)."""
+        due = 0
         if kw:
+            if "delay" in kw or "deliver_at" in kw:
+                due = due_ms(kw.pop("delay", None), kw.pop("deliver_at", None))
             head = _pack_one(topic, body, **kw)
             body = b""
         else:   # the common case: a plain QoS 1 message; its head is the same for every such body size
@@ -282,6 +339,10 @@ class AutoBatchProducer:
             if body:
                 parts.append(body)
             i = b.count
+            if due or b.dues is not None:
+                if b.dues is None:
+                    b.dues = [0] * i
+                b.dues.append(due)
             b.count = i + 1
             nb = b.nbytes = b.nbytes + n
             self._mem += n
@@ -307,9 +368,10 @@ class AutoBatchProducer:
             self._send(b, self.p.next_sequence(), 0)
 
     def _send(self, b: _Batch, seq: int, attempt: int) -> None:
-        frame = W.encode_produce(self.p.producer_id, seq, b.count, b"".join(b.parts))
+        frame, flags = _delayed_frame(W.encode_produce(self.p.producer_id, seq, b.count, b"".join(b.parts)),
+                                      b.dues)
         try:
-            inner = self.conn.request(W.OP_PRODUCE, frame)
+            inner = self.conn.request(W.OP_PRODUCE, frame, flags)
         except ConnectionLost as e:
             inner = Future()
             inner.set_exception(e)
