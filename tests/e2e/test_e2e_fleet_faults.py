@@ -90,6 +90,34 @@ def _metric(gw, name: str) -> float:
     raise AssertionError(f"{name} not in {gw.metrics_url}")
 
 
+_SENTINEL = iter(range(1, 1 << 62))
+
+
+def _before_sentinel(publisher, topic: str, sub, timeout: float = 15.0) -> list:
+    """`publisher` publishes a unique sentinel to `topic` (matched by `sub`'s subscription); returns
+    what `sub` received before it. Whatever was stored ahead of the sentinel on that filter has
+    arrived by then: a "nothing more arrives" check without a fixed wait."""
+    token = b"sentinel-%d" % next(_SENTINEL)
+    publisher.publish(topic, token, qos=1)
+    got = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"sentinel on {topic!r} did not arrive (before it: {[m.topic for m in got]})"
+        batch = sub.drain(min(left, 0.1))
+        for i, m in enumerate(batch):
+            if m.payload == token:
+                return got + batch[:i]
+        got += batch
+
+
+def _wait_metric(gw, name: str, want: float, timeout: float = 15.0) -> float:
+    deadline = time.monotonic() + timeout
+    while (v := _metric(gw, name)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return v
+
+
 def _stop_all(gws, store) -> None:
     for g in gws:
         if g.proc is not None and g.proc.poll() is None:
@@ -127,7 +155,7 @@ def test_kill9_of_a_gateway_under_qos1_load_clients_move_and_its_wills_fire(tmp_
         deadline = time.monotonic() + 30
         while not want <= {m.topic for m in seen} and time.monotonic() < deadline:
             seen += watcher.drain(0.1)
-        seen += watcher.drain(1.0)
+        seen += _before_sentinel(moved, "wf/will/sentinel", watcher)     # and nothing else
         topics = [m.topic for m in seen]
         assert sorted(topics) == sorted(want), f"wills seen on B: {topics}\n{store.log_tail()}"
         assert all(m.payload == b"dead:" + m.topic.rsplit("/", 1)[1].encode() for m in seen)
@@ -175,7 +203,7 @@ def test_a_gateway_restarting_fires_only_its_own_orphan_wills(tmp_path):
         deadline = time.monotonic() + 30
         while "wr/will/wr-on-a" not in [m.topic for m in seen] and time.monotonic() < deadline:
             seen += watcher.drain(0.1)
-        seen += watcher.drain(1.5)
+        seen += _before_sentinel(on_b, "wr/sentinel", watcher)     # and nothing else
         assert [m.topic for m in seen] == ["wr/will/wr-on-a"], \
             f"wills seen: {[m.topic for m in seen]}\n{a.log_tail()}"
         # B's client is still connected and served
@@ -183,7 +211,8 @@ def test_a_gateway_restarting_fires_only_its_own_orphan_wills(tmp_path):
         m = watcher.get(10)
         assert (m.topic, m.payload) == ("wr/still", b"here")
         on_b.disconnect()                     # a clean DISCONNECT: its will is discarded
-        assert watcher.drain(0.5) == []
+        assert _wait_metric(b, "lmqtt_connections", 1) == 1      # only the watcher is left on B
+        assert _before_sentinel(watcher, "wr/sentinel", watcher) == []
         watcher.disconnect()
     finally:
         _stop_all([a, b], store)
@@ -263,4 +292,43 @@ def test_kill9_of_the_store_in_sync_mode_loses_no_acknowledged_message(tmp_path)
     finally:
         if pub is not None:
             pub.stop()
+        _stop_all([a, b], store)
+
+
+def test_wills_the_store_published_for_a_gateway_cut_off_too_long_are_not_published_twice(tmp_path):
+    """The store cannot tell a gateway cut off from it from a dead one: past the grace period
+    (here 0: a store restart is longer) it publishes the gateway's wills. The gateway, back, is
+    told which; when such a client then drops its connection, its will is not published again."""
+    from lmqtt.gateway.mqtt import packets as P
+    from tests.support import RawMQTT
+    store = LmqttStore(str(tmp_path / "store"), ("--will-grace-s", "0"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        watcher = Paho(b, "wc-watch")
+        watcher.subscribe("wc/#", qos=1)
+        x = RawMQTT(a)
+        ack = x.connect("wc-x", will=P.Will("wc/will/wc-x", b"dead", 1, False))
+        assert isinstance(ack, P.ConnAck) and ack.reason_code == 0
+        x.send(P.Publish("wc/hello", b"x", 1, packet_id=1))     # after the will on A's store link
+        assert isinstance(x.recv(10), P.PubAck)
+        assert watcher.get(10).payload == b"x"
+        store.restart(kill=True)               # A is away longer than the grace: its will goes out
+        seen: list = []
+        deadline = time.monotonic() + 30
+        while "wc/will/wc-x" not in [m.topic for m in seen] and time.monotonic() < deadline:
+            seen += watcher.drain(0.1)
+        assert [m.topic for m in seen] == ["wc/will/wc-x"], f"{[m.topic for m in seen]}\n{store.log_tail()}"
+        assert _wait_ready(a) and _wait_ready(b)
+        # a round trip on A's store link after its gw_hello, whose answer named wc-x
+        x.send(P.Publish("wc/hello", b"x2", 1, packet_id=2))
+        assert isinstance(x.recv(10), P.PubAck)
+        x.close()                              # no DISCONNECT: A would publish the will now
+        assert _wait_metric(a, "lmqtt_connections", 0) == 0
+        pa = Paho(a, "wc-pa")                  # the sentinel goes through A's pipeline after it
+        before = _before_sentinel(pa, "wc/sentinel", watcher)
+        assert [m.topic for m in before] == ["wc/hello"], f"{[(m.topic, m.payload) for m in before]}"
+        pa.disconnect()
+        watcher.disconnect()
+    finally:
         _stop_all([a, b], store)
