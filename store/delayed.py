@@ -140,6 +140,14 @@ class DelayedMessages:
         """Cancel a delayed message by the msg id `schedule` returned. False when the id is not a
         parked message of this store, or it already fired."""
         parked = self.store.get_by_msg_id(msg_id)
+        if parked is None and isinstance(msg_id, str) and len(msg_id) == 32:
+            # just acknowledged, maybe not dispatched yet (a read serves dispatched offsets only)
+            try:
+                phys = int(msg_id[16:], 16)
+            except ValueError:
+                return False
+            if phys < self.store.max_offset and self.store.wait_dispatched(phys + 1, timeout=5):
+                parked = self.store.get_by_msg_id(msg_id)
         if parked is None or parked.topic != PARK_TOPIC:
             return False
         topic, due, _f, _q, _p = _unwrap(parked)
