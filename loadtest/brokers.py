@@ -147,11 +147,30 @@ class RunningBroker:
         return self.proc.returncode
 
 
-def _mosquitto_conf(port: int, workdir: Path) -> Path:
+@dataclass
+class Security:
+    """`bench compare --tls/--password`: every broker gets the same listener security. TLS: the
+    measured port is a TLS listener with `cert`/`key` (clients trust `ca`); password: clients must
+    log in with `username`/`password`, checked against `password_file` (written by
+    mosquitto_passwd, which both brokers read). `lmqtt_args`: further `lmqtt serve` flags (e.g.
+    `--acl-file`)."""
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    password_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+    lmqtt_args: tuple = ()
+
+
+def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None) -> Path:
     conf = workdir / "mosquitto.conf"
+    sec = security or Security()
     lines = [
         f"listener {port} 127.0.0.1",
-        "allow_anonymous true",
+        *([f"certfile {sec.cert}", f"keyfile {sec.key}"] if sec.cert else []),
+        *(["allow_anonymous false", f"password_file {sec.password_file}"] if sec.password_file
+          else ["allow_anonymous true"]),
         "max_connections -1",
         # 0 = unlimited in-flight QoS 1/2 per client: with a finite limit, Mosquitto 2.0.11 stops
         # delivering to a client for good once ~max_queued_messages have passed through its queue
@@ -231,8 +250,12 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
 
 
 def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None,
-                extra_ports: list[int] | None = None, metrics_base: int | None = None) -> tuple[list[str], str]:
+                extra_ports: list[int] | None = None, metrics_base: int | None = None,
+                security: Security | None = None) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
+    if security is not None and (security.cert or security.password_file or security.lmqtt_args):
+        if name not in ("mosquitto", "lmqtt"):
+            raise BrokerUnavailable(f"{name}: --tls / --password / --lmqtt-args are supported for lmqtt and mosquitto")
     if name == "mosquitto":
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
                                            if os.path.exists("/usr/sbin/mosquitto") else None)
@@ -243,7 +266,7 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             version = out.splitlines()[0].strip() if out else "mosquitto"
         except (OSError, subprocess.TimeoutExpired):
             version = "mosquitto"
-        return [exe, "-c", str(_mosquitto_conf(port, workdir))], version
+        return [exe, "-c", str(_mosquitto_conf(port, workdir, security))], version
     if name == "amqtt":
         try:
             from importlib.metadata import version as _v
@@ -274,14 +297,21 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             raise BrokerUnavailable("lmqtt.gateway.serve is not built yet (lmqtt serve missing)")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
+        sec = security or Security()
+        listen = ["--port", str(port)]
+        if sec.cert:      # the measured port is the TLS listener; plain MQTT on another free port
+            listen = ["--port", str(free_port()), "--tls-port", str(port), "--cert", sec.cert, "--key", sec.key]
+        if sec.password_file:
+            listen += ["--password-file", sec.password_file]
         return [sys.executable, "-m", module, "serve", "--host", "127.0.0.1",
-                "--port", str(port), "--data-dir", str(data), "--metrics-port", "0"], \
+                *listen, "--data-dir", str(data), "--metrics-port", "0", *sec.lmqtt_args], \
             "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
 
 
 def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-          ready_timeout: float = 20.0, lmqtt_src: str | None = None) -> RunningBroker:
+          ready_timeout: float = 20.0, lmqtt_src: str | None = None,
+          security: Security | None = None) -> RunningBroker:
     """Start broker ``name`` and wait until its port accepts TCP connections.
 
     ``lmqtt_src``: run lmqtt from that source tree (its directory first on PYTHONPATH), so a
@@ -293,9 +323,10 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     multi = name in ("lmqtt-workers", "lmqtt-fleet")
     extra = [free_port()] if name == "lmqtt-fleet" else []
     mbase = free_port_pair() if multi and not lmqtt_src else None
-    argv, version = (command_for(name, port, workdir, lmqtt_src) if lmqtt_src
-                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase) if multi
-                     else command_for(name, port, workdir))
+    argv, version = (command_for(name, port, workdir, lmqtt_src, security=security) if lmqtt_src
+                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase,
+                                      security=security) if multi
+                     else command_for(name, port, workdir, security=security))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)

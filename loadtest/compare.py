@@ -68,6 +68,11 @@ def scenario_config(name: str, a: argparse.Namespace, host: str, port: int) -> S
         cfg.publishers = cfg.subscribers = a.pairs
     if name == "latency" and a.latency_rate:
         cfg.rate = a.latency_rate
+    if getattr(a, "qos", None) is not None:
+        cfg.qos = a.qos
+    sec = getattr(a, "security", None)
+    if sec is not None:
+        cfg.tls_ca, cfg.username, cfg.password = sec.ca, sec.username, sec.password
     return cfg
 
 
@@ -75,7 +80,8 @@ def run_one(broker: str, scen: str, rep: int, a: argparse.Namespace, work: Path,
             versions: dict[str, str]) -> dict:
     wd = work / f"{broker}-{scen}-{rep}"
     try:
-        rb = B.start(broker, wd, ready_timeout=a.start_timeout, lmqtt_src=a.lmqtt_src)
+        rb = B.start(broker, wd, ready_timeout=a.start_timeout, lmqtt_src=a.lmqtt_src,
+                     security=getattr(a, "security", None))
     except B.BrokerUnavailable as e:
         return {"broker": broker, "scenario": scen, "rep": rep, "available": False, "reason": str(e)}
     versions[broker] = rb.version
@@ -125,6 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run `lmqtt serve` from this source tree (e.g. a `git archive HEAD` "
                          "snapshot) instead of the installed package")
     ap.add_argument("--start-timeout", type=float, default=30.0)
+    ap.add_argument("--tls", action="store_true",
+                    help="lmqtt and mosquitto serve the measured port over TLS (certificates from trustme, "
+                         "made for this run); the generator connects with TLS")
+    ap.add_argument("--password", action="store_true",
+                    help="lmqtt and mosquitto require a user name and password (one password file written "
+                         "by mosquitto_passwd, read by both); the generator logs in")
+    ap.add_argument("--lmqtt-args", default="",
+                    help="further `lmqtt serve` flags, e.g. \"--acl-file acl.txt\" (shell-quoted)")
+    ap.add_argument("--qos", type=int, choices=(0, 1, 2), default=None,
+                    help="QoS of every scenario (default: each scenario's own)")
     ap.add_argument("--quiet", action="store_true", help="no per-scenario progress bars")
     ap.add_argument("--selfcheck", action="store_true",
                     help="check the generator itself against Mosquitto instead: QoS 1 at a moderate "
@@ -152,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     B.raise_nofile()
+    try:
+        a.security = _security(a, out)
+    except (RuntimeError, OSError) as e:
+        print(f"lmqtt bench compare: {e}", file=sys.stderr)
+        return 2
     meta = {"command": "lmqtt bench compare " + " ".join(shlex.quote(x) for x in argv),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             "brokers": brokers, "scenarios": scenarios, "repeat": a.repeat, "versions": {}}
@@ -191,6 +212,41 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.md").write_text(report.render(results, out, meta))
     _log(f"report: {out / 'report.md'}")
     return 0
+
+
+def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
+    """The TLS certificates and password file of `--tls` / `--password` (under OUT/security/)."""
+    if not (a.tls or a.password or a.lmqtt_args):
+        return None
+    sec = B.Security(lmqtt_args=tuple(shlex.split(a.lmqtt_args)))
+    d = out / "security"
+    d.mkdir(exist_ok=True)
+    if a.tls:
+        try:
+            import trustme
+        except ImportError:
+            raise RuntimeError("--tls needs trustme (pip install trustme)") from None
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        sec.ca, sec.cert, sec.key = str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key")
+        ca.cert_pem.write_to_path(sec.ca)
+        cert.private_key_and_cert_chain_pem.write_to_path(sec.cert)
+        cert.private_key_pem.write_to_path(sec.key)
+        for p in (sec.cert, sec.key):
+            os.chmod(p, 0o644)      # Mosquitto may drop privileges before reading it
+    if a.password:
+        import subprocess
+        sec.username, sec.password, sec.password_file = "bench", "bench-secret", str(d / "passwd")
+        exe = B.shutil.which("mosquitto_passwd")
+        if exe:
+            Path(sec.password_file).unlink(missing_ok=True)
+            subprocess.run([exe, "-b", "-c", sec.password_file, sec.username, sec.password], check=True,
+                           capture_output=True, timeout=30)
+        else:           # the same $7$ format (gateway/passwd.py), Mosquitto's default iteration count
+            from lmqtt.gateway.auth import hash_password
+            Path(sec.password_file).write_text(f"{sec.username}:{hash_password(sec.password, iterations=101)}\n")
+        os.chmod(sec.password_file, 0o644)
+    return sec
 
 
 def _headline(r: dict) -> str:

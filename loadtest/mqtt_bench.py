@@ -119,13 +119,15 @@ class Worker:
             try:
                 if sp.role == "sub":
                     c = await connect(cfg.host, cfg.port_for("sub", sp.sub_id), sp.client_id, cfg.version, sub_id=sp.sub_id,
-                                      sink=self.sink, timeout=cfg.connect_timeout)
+                                      sink=self.sink, timeout=cfg.connect_timeout, tls_ca=cfg.tls_ca,
+                                      username=cfg.username, password=cfg.password)
                     await c.subscribe(sp.topic, cfg.qos, timeout=cfg.connect_timeout)
                     for p in sp.expects:
                         self.tracker.expect(sp.sub_id, p)
                 else:
                     c = await connect(cfg.host, cfg.port_for("pub", max(sp.pub_id, 0)), sp.client_id,
-                                      cfg.version, timeout=cfg.connect_timeout)
+                                      cfg.version, timeout=cfg.connect_timeout, tls_ca=cfg.tls_ca,
+                                      username=cfg.username, password=cfg.password)
                     if sp.role == "pub":
                         pub = _Pub(c, StampedPublisher(sp.pub_id, sp.topic, cfg.size, cfg.qos, cfg.version),
                                    PidAllocator(c.inflight))

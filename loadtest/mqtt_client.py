@@ -485,12 +485,13 @@ class Client(asyncio.Protocol):
         return f
 
     async def handshake(self, *, clean: bool = True, keepalive: int = 300,
-                        session_expiry: int | None = None, timeout: float = 30.0) -> P.ConnAck:
+                        session_expiry: int | None = None, timeout: float = 30.0,
+                        username: str | None = None, password: bytes | None = None) -> P.ConnAck:
         props = P.Properties()
         if self.version == 5 and session_expiry is not None:
             props.session_expiry_interval = session_expiry
         fut = self._expect("ConnAck")
-        self.transport.write(encode(P.Connect(self.client_id, self.version, clean, keepalive,
+        self.transport.write(encode(P.Connect(self.client_id, self.version, clean, keepalive, username, password,
                                               properties=props), self.version))
         ack = await asyncio.wait_for(fut, timeout)
         if ack.reason_code != 0:
@@ -514,17 +515,33 @@ class Client(asyncio.Protocol):
                 self.transport.close()
 
 
+_TLS_CONTEXTS: dict[str, "ssl.SSLContext"] = {}
+
+
+def tls_context(cafile: str):
+    """A client TLS context trusting `cafile`, one per file (loading a CA per connection would be
+    the generator's cost, not the broker's)."""
+    import ssl
+    ctx = _TLS_CONTEXTS.get(cafile)
+    if ctx is None:
+        ctx = _TLS_CONTEXTS[cafile] = ssl.create_default_context(cafile=cafile)
+    return ctx
+
+
 async def connect(host: str, port: int, client_id: str, version: int = 4, *, sub_id: int = -1,
                   sink: Sink | None = None, clean: bool = True, session_expiry: int | None = None,
-                  timeout: float = 30.0) -> Client:
-    """Open a TCP connection and complete the MQTT handshake."""
+                  timeout: float = 30.0, tls_ca: str | None = None, username: str | None = None,
+                  password: str | None = None) -> Client:
+    """Open a TCP (or, with `tls_ca`, TLS) connection and complete the MQTT handshake."""
     loop = asyncio.get_running_loop()
+    tls = {"ssl": tls_context(tls_ca), "server_hostname": host} if tls_ca else {}
     _, client = await asyncio.wait_for(
-        loop.create_connection(lambda: Client(client_id, version, sub_id=sub_id, sink=sink), host, port),
+        loop.create_connection(lambda: Client(client_id, version, sub_id=sub_id, sink=sink), host, port, **tls),
         timeout)
     try:
         client.connack = await client.handshake(clean=clean, session_expiry=session_expiry,
-                                                timeout=timeout)
+                                                timeout=timeout, username=username,
+                                                password=password.encode() if password is not None else None)
     except BaseException:
         client.transport.close()
         raise

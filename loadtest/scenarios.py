@@ -54,12 +54,16 @@ class ScenarioConfig:
     drain_idle: float = 1.5     # stop waiting for deliveries after this long without any
     drain_max: float = 20.0     # ... and never wait longer than this after the publish phase
     connect_timeout: float = 120.0
+    tls_ca: str | None = None   # connect over TLS trusting this CA file (bench compare --tls)
+    username: str | None = None  # CONNECT credentials (bench compare --password)
+    password: str | None = None
     run_id: str = field(default_factory=lambda: f"{os.getpid():x}{int(time.time()) % 100000:x}")
 
     def to_params(self) -> dict:
         d = asdict(self)
-        for k in ("host", "port", "ports", "run_id", "drain_idle", "drain_max", "connect_timeout"):
+        for k in ("host", "port", "ports", "run_id", "drain_idle", "drain_max", "connect_timeout", "password"):
             d.pop(k)
+        d["tls"] = bool(d.pop("tls_ca"))
         return d
 
 
