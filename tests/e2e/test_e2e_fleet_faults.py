@@ -332,3 +332,46 @@ def test_wills_the_store_published_for_a_gateway_cut_off_too_long_are_not_publis
         watcher.disconnect()
     finally:
         _stop_all([a, b], store)
+
+
+def test_serve_workers_a_restarted_worker_fires_only_the_wills_of_its_own_clients(tmp_path):
+    """`lmqtt serve --workers 2`: a worker killed with SIGKILL is restarted by the supervisor. The
+    wills of the clients it served go out once each; the clients on the other worker stay connected
+    and their wills are not published."""
+    import os
+    import signal
+    import subprocess
+    from lmqtt.gateway.mqtt import packets as P
+    from tests.support import LmqttServer, RawMQTT
+    srv = LmqttServer(str(tmp_path / "data"), ("--workers", "2"), log_path=str(tmp_path / "serve.log")).start()
+    raws = []
+    try:
+        for i in (0, 1):
+            gw = type("W", (), {"host": "127.0.0.1", "metrics_port": srv.metrics_port + i})
+            assert _wait_ready(gw, 30), f"worker {i} not ready: {srv.log_tail()}"
+        watcher = Paho(srv, "ww-watch", clean=False)          # persistent: it may be on the victim
+        watcher.subscribe("ww/will/#", qos=1)
+        for i in range(12):
+            r = RawMQTT(srv)
+            ack = r.connect(f"ww-c{i}", will=P.Will(f"ww/will/ww-c{i}", b"dead", 1, False))
+            assert isinstance(ack, P.ConnAck) and ack.reason_code == 0
+            raws.append(r)
+        out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(srv.proc.pid)], capture_output=True,
+                             text=True).stdout
+        gateways = sorted(int(line.split()[0]) for line in out.splitlines() if " gateway " in line)
+        assert len(gateways) == 2, out
+        os.kill(gateways[0], signal.SIGKILL)
+        dead = {f"ww/will/ww-c{i}" for i, r in enumerate(raws) if r.closed_by_server(0.5)}
+        assert 0 < len(dead) < len(raws), f"clients of the killed worker: {sorted(dead)} (need both kinds)"
+        seen: list = []
+        deadline = time.monotonic() + 40
+        while not dead <= {m.topic for m in seen} and time.monotonic() < deadline:
+            seen += watcher.drain(0.1)
+        seen += _before_sentinel(watcher, "ww/will/sentinel", watcher)      # and nothing else
+        topics = sorted(m.topic for m in seen)
+        assert topics == sorted(dead), f"wills seen: {topics}, clients of the killed worker: {sorted(dead)}"
+        watcher.disconnect()
+    finally:
+        for r in raws:
+            r.close()
+        srv.stop()
