@@ -66,6 +66,8 @@ class DelayedMessages:
         self._route = route or (lambda m: m)
         self._clock = clock
         self._loop = loop
+        cfg = getattr(store, "cfg", None)
+        self._sync = getattr(cfg, "flush_mode", "") == "sync"
         self.wheel = TimerWheel(directory, self._fire, already_fired=self._already_fired, clock=clock,
                                 **wheel_options)
 
@@ -135,6 +137,29 @@ class DelayedMessages:
         for i in indexes:
             r = results[i]
             schedule(due_ms[i], r.phys_offset, r.size)
+        if self._sync:
+            # `sync` promises no loss on power failure for what is acknowledged: the TimerLog
+            # records too (one fdatasync, GIL released; the CommitLog's own fsync covers the
+            # parked records before the ack)
+            self.wheel.flush()
+
+    def rearm(self, phys_offsets: list[int], indexes: list[int], due_ms: list[int]) -> int:
+        """Timers for parked records found in the log by a retried PRODUCE (its first attempt died
+        after the append, maybe before the timers): scheduled again unless already fired; a copy
+        of a timer that exists fires once (TimerWheel.fire_due keeps one per ref). -> re-armed."""
+        n = 0
+        for i in indexes:
+            phys = phys_offsets[i]
+            self.store.wait_dispatched(phys + 1, timeout=30)
+            parked = self.store.read(phys)
+            t = Timer(phys, parked.size, due_ms[i], -1)
+            if self._already_fired(t):
+                continue
+            self.wheel.schedule(due_ms[i], phys, parked.size)
+            n += 1
+        if n and self._sync:
+            self.wheel.flush()
+        return n
 
     def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message by the msg id `schedule` returned. False when the id is not a

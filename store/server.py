@@ -177,6 +177,8 @@ class StoreServer:
                     # the first attempt died between its pending marker and its results: stored?
                     found = find_batch(self.store, pending[0], msgs) if pending[1] == len(msgs) else None
                     if found is not None:
+                        if parked:       # the timers may not have been written: again, once each
+                            delayed.rearm([p for p, _q in found], parked, dues)
                         out = W.encode_produced(found)
                         self.meta.remember(pid, seq, out)
                         log.info("event=produce_retry_found producer=%s seq=%d messages=%d", pid, seq, len(msgs))

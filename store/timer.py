@@ -340,6 +340,19 @@ class TimerWheel:
                         continue
                     due.append(t)
         due.sort(key=lambda t: (t.due_ms, t.pos))
+        if len(due) > 1:
+            # one timer per ref fires: a ref scheduled twice (a retried PRODUCE re-arming timers
+            # that its first attempt may have written, DelayedMessages.rearm) has one due time,
+            # hence one tick, and its copies meet here
+            seen: set[int] = set()
+            uniq = []
+            for t in due:
+                if t.ref_offset in seen:
+                    dropped.append(-1)
+                else:
+                    seen.add(t.ref_offset)
+                    uniq.append(t)
+            due = uniq
         if due:
             self._fire(due)                      # raises -> nothing below runs; retried
         with self._lock:

@@ -114,3 +114,37 @@ def test_schedule_batch_parks_all_and_fires_each_at_its_time(tmp_path, store):
     fired = sorted(int(m.body) for t in ("b/0", "b/1", "b/2") for m in _topic_msgs(store, t))
     assert fired == sorted(i for i in range(30) if i % 10 <= 2)
     d.close()
+
+
+def _level(st, first_level):
+    st.wait_dispatched(st.max_offset, timeout=5)
+    return st.read_consume_queue(first_level, 0, 0, 1000)
+
+
+def test_park_arm_and_rearm_of_a_retried_batch_fire_each_message_once(tmp_path, store):
+    """The store server's path (PRODUCE with F_DELAYED): `park` + one append + `arm`. A retried
+    PRODUCE whose first attempt died after its append finds the batch in the log and `rearm`s its
+    timers: written again when they were lost, fired once when they were not (one per ref)."""
+    clock = Clock(time.time())
+    d = DelayedMessages(store, str(tmp_path / "timer"), clock=clock, precision_ms=100, wheel_ticks=64)
+    t0 = clock.t
+    due = int((t0 + 0.5) * 1000)
+    msgs = [Message("rt/plain", b"now"), Message("rt/a", b"armed"), Message("rt/b", b"lost")]
+    out, idx = d.park(msgs, [0, due, due])
+    assert idx == [1, 2] and out[0] is msgs[0] and out[1].topic == PARK_TOPIC
+    rs = store.append_batch(out)
+    d.arm(rs, [1], [0, due, due])                  # the crash: the timer of message 2 never written
+    assert d.wheel.pending == 1
+    assert d.rearm([r.phys_offset for r in rs], idx, [0, due, due]) == 2   # both pending: both scheduled
+    assert d.wheel.pending == 3                    # message 1's timer now twice
+    with pytest.raises(DelayError):
+        d.park([Message("rt/x", b"")], [int((t0 + 50 * 86400) * 1000)])
+    clock.t = t0 + 1.0
+    d.wheel.fire_due()
+    assert [m.body for m in _level(store, "rt")] == [b"now", b"armed", b"lost"]
+    assert d.wheel.pending == 0
+    assert d.rearm([r.phys_offset for r in rs], idx, [0, due, due]) == 0   # fired: not again
+    clock.t = t0 + 2.0
+    d.wheel.fire_due()
+    assert len(_level(store, "rt")) == 3
+    d.close()
