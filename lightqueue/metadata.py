@@ -185,11 +185,20 @@ class MetadataStore:
         held it); `gateway` (if given) is recorded as its holder."""
         if gateway is not None:
             will.gateway = gateway
+        key = P_WILL + client_id.encode("utf-8")
         wb = WriteBatch(raw_mode=True)
-        wb.put(P_WILL + client_id.encode("utf-8"), will.to_bytes())
+        wb.put(key, will.to_bytes())
         if will.gateway:
             wb.put(self._wkey(will.gateway, client_id), b"")
         with self._lock:
+            prev = self._db.get(key)
+            if prev is not None:             # held by another gateway until now: its index entry goes
+                try:
+                    held = WillRecord.from_bytes(prev).gateway
+                except MetadataError:
+                    held = ""
+                if held and held != will.gateway:
+                    wb.delete(self._wkey(held, client_id))
             self._write(wb)
 
     def get_will(self, client_id: str) -> WillRecord | None:

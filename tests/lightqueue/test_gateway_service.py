@@ -228,3 +228,30 @@ def test_a_gateway_back_within_the_grace_keeps_its_wills_and_a_restarted_store_w
             assert [c for c, _w in a.cmd("gw_list_wills", gateway="gwA")["wills"]] == ["a1"]
     finally:
         store.stop()
+
+
+def test_metadata_wills_are_held_per_gateway(tmp_path):
+    """MetadataStore under the will CALLs: a will moves to the gateway that wrote it last, only its
+    holder pops it (or anyone without a gateway: a new CONNECT), take_wills removes one gateway's
+    wills only, and the embedded gateway (no id) still sees and takes every will."""
+    from lmqtt.lightqueue import MetadataStore
+    from lmqtt.lightqueue.records import WillRecord
+    md = MetadataStore(str(tmp_path / "md"))
+    try:
+        md.put_will("c1", WillRecord("t/1"), gateway="g1")
+        md.put_will("c2", WillRecord("t/2"), gateway="g1")
+        md.put_will("c3", WillRecord("t/3"), gateway="g2")
+        md.put_will("c2", WillRecord("t/2b"), gateway="g2")           # c2 moved to g2
+        assert [c for c, _w in md.list_wills("g1")] == ["c1"]
+        assert sorted(c for c, _w in md.list_wills("g2")) == ["c2", "c3"]
+        assert md.pop_will("c2", gateway="g1") is None                 # g1 no longer holds it
+        assert md.get_will("c2").topic == "t/2b"
+        assert md.will_gateways() == {"g1", "g2"}
+        assert [(c, w.topic) for c, w in md.take_wills("g2")] == [("c2", "t/2b"), ("c3", "t/3")]
+        assert md.list_wills("g2") == [] and [c for c, _w in md.list_wills()] == ["c1"]
+        md.void_will("c1")                                               # any holder
+        assert md.list_wills() == [] and md.list_wills("g1") == []
+        md.put_will("e", WillRecord("t/e"))                              # embedded: no gateway id
+        assert [c for c, _w in md.take_wills()] == ["e"] and md.will_gateways() == set()
+    finally:
+        md.close()
