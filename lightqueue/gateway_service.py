@@ -9,6 +9,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
   gw_start_offsets {queues}    max offsets once every message appended before the request is
                                dispatched (where a new subscription starts: PRODUCED does not
                                wait for the light-queue dispatch)
+  gw_replay {filter, since}    subscribing from the past: where the history is (replay.py `plan`),
+  gw_replay_read {cursor, ..}  and its next messages from the log (`read_history`)
   gw_pull {queue, offset, ...} a light-queue pull; the MESSAGES header carries each message's
                                dispatch queues ("dq"), which the gateway needs to deliver a message
                                once to a session whose subscriptions overlap
@@ -56,6 +58,8 @@ from typing import Callable
 from lmqtt.notify import InProcessBus
 from lmqtt.store import Message, protocol as W
 from lmqtt.store.server import Messages, StoreServer
+
+from . import replay as replay_mod
 
 from .light_queue_store import LightQueueStore
 from .records import SessionRecord, WillRecord
@@ -334,6 +338,9 @@ class GatewayService:
                              "max_offset": res.max_offset,
                              "dq": [list(m.dispatch_queues or ()) for m in res.messages]}, res.messages)
 
+        # subscribing from the past (lightqueue/replay.py): the gateway registered the filter before
+        replay, replay_read = replay_mod.call_handlers(self.srv.store, lq)
+
         def register(a):
             return {"count": self._hold(str(a["gateway"]), validate_filter(str(a["filter"])), +1)}
 
@@ -418,7 +425,8 @@ class GatewayService:
         reg("gw_unwatch", unwatch, with_connection=True)
         reg("gw_hello", hello, with_connection=True)
         reg("gw_put_will", put_will, with_connection=True)
-        for name, fn in (("gw_max_offsets", max_offsets), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_register", register),
+        for name, fn in (("gw_max_offsets", max_offsets), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_replay", replay),
+                         ("gw_replay_read", replay_read), ("gw_register", register),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),
                          ("gw_delete_session", delete_session), ("gw_list_sessions", list_sessions),

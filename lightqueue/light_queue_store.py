@@ -59,6 +59,11 @@ class LightQueueStore:
         self._cond = threading.Condition()
         self._cache_min_phys = self.index.min_phys
         self._closed = False
+        self._epochs: dict[str, tuple[int, int]] = {}     # wildcard filter -> epoch (replay.py)
+        # called before a wildcard filter's first registration by whoever appends records routed
+        # earlier (the embedded gateway's per-tick publish batch): they must be appended before the
+        # epoch starts, so that every record after it carries the filter (replay.py)
+        self.before_register: Callable[[], None] | None = None
         store.add_dispatcher(self.index)
         store.add_dispatch_listener(self._on_dispatched)
         # Live delivery reads each record right after dispatch: while someone pulls, the store
@@ -74,19 +79,68 @@ class LightQueueStore:
 
     # ------------------------------------------------------------ filters and topic mapping
     def register_filter(self, flt: str) -> int:
-        """Register one subscriber of `flt` (validated, persisted); returns its reference count."""
-        return self.registry.register(flt)
+        """Register one subscriber of `flt` (validated, persisted); returns its reference count.
+        A wildcard filter going 0 -> 1 starts an epoch: from the log's end now on, its queue holds
+        every matching record (lightqueue/replay.py)."""
+        new = is_wildcard(flt) and self.registry.refcount(flt) == 0
+        if new and self.before_register is not None:
+            self.before_register()
+        n = self.registry.register(flt)
+        if new:
+            self._start_epoch(flt)
+        return n
 
     def register_filters(self, filters) -> None:
         """register_filter for many filters in one metadata write (e.g. restoring sessions)."""
-        self.registry.register_many(filters)
+        fl = list(filters)
+        if self.before_register is not None and any(is_wildcard(f) and not self.registry.refcount(f) for f in fl):
+            self.before_register()
+        self.registry.register_many(fl)
+        for f in set(fl):
+            if is_wildcard(f) and self.metadata.get_filter_epoch(f) is None:
+                self._start_epoch(f)
 
     def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
         """Drop one reference; a wildcard filter at 0 leaves the trie and its queue is dropped."""
         n = self.registry.unregister(flt)
-        if n == 0 and drop_queue and is_wildcard(flt):
-            self.index.drop_queue(flt)
+        if n == 0 and is_wildcard(flt):
+            self._epochs.pop(flt, None)
+            self.metadata.delete_filter_epoch(flt)
+            if drop_queue:
+                self.index.drop_queue(flt)
         return n
+
+    def _start_epoch(self, flt: str) -> None:
+        ep = (int(self._store.max_offset), int(time.time() * 1000))
+        self._epochs[flt] = ep
+        self.metadata.put_filter_epoch(flt, *ep)
+
+    def filter_epoch(self, flt: str) -> tuple[int, int] | None:
+        """(CommitLog position, ms) since when `flt`'s light queue holds every matching record, while
+        it stays registered; None if unknown (not registered, or registered before epochs were kept)."""
+        ep = self._epochs.get(flt)
+        if ep is None and self.registry.refcount(flt) > 0:
+            ep = self.metadata.get_filter_epoch(flt)
+            if ep is not None:
+                self._epochs[flt] = ep
+        return ep
+
+    # ------------------------------------------------------------ subscribing from the past
+    def replay_plan(self, flt: str, since_ms: int, wait_s: float = 5.0) -> dict:
+        """Where the history of `flt` since `since_ms` is (lightqueue/replay.py `plan`). Call after
+        registering a wildcard `flt`; waits (up to `wait_s`) until dispatch passed the log's end, so
+        the seam's both sides are final. Raises replay.ReplayRefused outside retention."""
+        from . import replay
+        st = self._store
+        target = st.max_offset
+        if st.dispatched_offset < target and not st.wait_dispatched(target, wait_s):
+            raise replay.ReplayRefused("the store's dispatch is behind; try again")
+        return replay.plan(st, self, flt, since_ms)
+
+    def replay_read(self, cursor: dict, max_count: int = 1024, max_bytes: int = 4 << 20):
+        """The next history messages of a `replay_plan` cursor: (messages, cursor, done)."""
+        from . import replay
+        return replay.read_history(self._store, cursor, max_count, max_bytes)
 
     # ------------------------------------------------------------ reads
     def min_offset(self, queue: str) -> int:

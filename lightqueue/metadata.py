@@ -27,6 +27,7 @@ from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter,
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_EPOCH = struct.Struct(">QQ")
 
 P_OFFSET = b"o"
 P_SESSION = b"s"
@@ -34,6 +35,7 @@ P_RETAINED = b"r"
 P_WILL = b"w"
 P_WILL_BY_GATEWAY = b"W"
 P_FILTER = b"f"
+P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was last registered (0 -> 1)
 
 
 class MetadataStore:
@@ -297,6 +299,19 @@ class MetadataStore:
     def filters(self) -> dict[str, int]:
         """Every registered filter with its reference count."""
         return {k[1:].decode("utf-8"): _U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}
+
+    # -- filter epochs (subscribing from the past: lightqueue/replay.py) ---------------------
+    def put_filter_epoch(self, flt: str, phys: int, ms: int) -> None:
+        self._put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(phys, ms))
+
+    def get_filter_epoch(self, flt: str) -> tuple[int, int] | None:
+        v = self._db.get(P_EPOCH + flt.encode("utf-8"))
+        return None if v is None else _EPOCH.unpack(v)
+
+    def delete_filter_epoch(self, flt: str) -> None:
+        wb = WriteBatch(raw_mode=True)
+        wb.delete(P_EPOCH + flt.encode("utf-8"))
+        self._write(wb)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def flush(self) -> None:

@@ -10,6 +10,8 @@
                     (the embedded gateway reconciles its filters with its sessions at start)
   CALL unsubscribe  drop the SDK's registration
   CALL filter_offsets  min/max offset of a filter's queue
+  CALL replay, replay_read  subscribing from the past (replay.py): where a filter's history since a
+                    time is, and its messages from the log (`FilterConsumer(since=...)`)
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import logging
 from lmqtt.store.server import Messages, StoreServer
 
 from .light_queue_store import LightQueueStore
+from .replay import call_handlers
 from .topics import validate_filter
 
 log = logging.getLogger("lmqtt.lightqueue.service")
@@ -76,3 +79,6 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
     server.register_call("subscribe", subscribe)
     server.register_call("unsubscribe", unsubscribe)
     server.register_call("filter_offsets", filter_offsets)
+    replay, replay_read = call_handlers(server.store, lq)
+    server.register_call("replay", replay)
+    server.register_call("replay_read", replay_read)

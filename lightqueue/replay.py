@@ -1,0 +1,233 @@
+"""Subscribing from the past, store side: where the history of an MQTT filter since a time is,
+and reading it (docs/gateway.md "Subscribing from the past").
+
+A filter's messages since `since_ms` come from one of two places, joined at one seam:
+
+* **its light queue**, when the queue held the filter the whole time. An exact topic's queue always
+  does (every publish lands in its topic's queue). A wildcard filter's queue holds what was
+  published while the filter was registered: `LightQueueStore` records the *epoch* of a wildcard
+  filter when its reference count goes 0 -> 1 (the CommitLog end and the wall clock at that
+  moment, persisted with the count, dropped with it). Since the publish path routes and appends in
+  one step with respect to registrations (the store server's loop; the embedded gateway flushes
+  its pending publishes before it registers), every matching record at or after the epoch's log
+  position carries the filter in its dispatch queues. So when `since_ms` is after the epoch, the
+  history is the queue itself from its first entry stored at/after `since_ms` (binary search over
+  the queue's index entries, which carry the store time) and no seam is needed: the subscription
+  is an ordinary cursor that starts in the past.
+* **the log**, when the epoch is later than `since_ms` (typically: the filter was never subscribed
+  before and was registered just now). The history is read from the ConsumeQueue(s) of the
+  filter's first-level topic (all queue ids; every first-level topic for a filter starting with a
+  wildcard), each entered at its first entry stored at/after `since_ms` (binary search over the
+  ConsumeQueue: the same as the store's `offset_for_time`), merged in CommitLog order, each record
+  checked with `topic_matches`, **up to the epoch's log position `seam`**. Live delivery starts at
+  the light queue's first entry at/after `seam`. Nothing falls between (every matching record
+  below `seam` is read from the log, every one at/after it is in the queue) and nothing is
+  delivered twice (each record is on one side of `seam`).
+
+Before answering, the plan waits until dispatch has passed the log end (so every record below the
+seam is in the ConsumeQueues and the light queue's entries below it are final).
+
+Outside retention: when retention has deleted the start of the log and `since_ms` is before the
+oldest record left, some messages of the period are gone: refused (`ReplayRefused`). A log that
+was never trimmed holds everything ever stored, so any `since_ms` is answered in full.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from .topics import is_wildcard, topic_matches, validate_filter
+
+
+class ReplayRefused(Exception):
+    """The history asked for cannot be served (the message says why, for the client and the log)."""
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def oldest_kept_ts(store) -> int | None:
+    """Store time of the oldest record still in the log, or None when the log was never trimmed
+    (it then holds everything ever stored)."""
+    lo = store.min_offset
+    if lo <= 0:
+        return None
+    try:
+        return int(store.read(lo).store_ts)
+    except Exception:            # noqa: BLE001 - unreadable start: treat the whole log as uncertain
+        return int(time.time() * 1000)
+
+
+def check_retention(store, since_ms: int) -> None:
+    oldest = oldest_kept_ts(store)
+    if oldest is not None and since_ms < oldest:
+        raise ReplayRefused(f"since {_iso(since_ms)} is outside retention: the oldest stored message is "
+                            f"from {_iso(oldest)} (older ones were deleted)")
+
+
+def _first_at_or_after(lo: int, hi: int, ok) -> int:
+    """Smallest offset in [lo, hi] for which `ok(offset)` holds (ok monotone; ok(hi) assumed)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def lq_offset(lq, queue: str, min_phys: int = 0, since_ms: int = 0) -> int:
+    """First light-queue offset whose entry lies at/after CommitLog position `min_phys` and was
+    stored at/after `since_ms` (binary search over the queue's index entries; holes skipped)."""
+    index = lq.index
+    lo, hi = index.min_offset(queue), index.max_offset(queue)
+
+    def ok(off: int) -> bool:
+        e = index.read(queue, off, 1)
+        if not e:
+            return True
+        e = e[0]
+        return e.phys_offset >= min_phys and e.store_ts >= since_ms
+    return _first_at_or_after(lo, hi, ok)
+
+
+def cq_sources(store, flt: str) -> list[tuple[str, int]]:
+    """The ConsumeQueues that can hold messages matching `flt`: its first-level topic's (every
+    queue id); every first-level topic's for a filter starting with a wildcard (except `$` ones,
+    which such filters never match)."""
+    first = flt.split("/", 1)[0]
+    keys = list(store.consume_queues.max_offsets())
+    if first in ("+", "#"):
+        return sorted(k for k in keys if not k[0].startswith("$"))
+    return sorted(k for k in keys if k[0] == first)
+
+
+def cq_offset_for_time(store, fl: str, qid: int, since_ms: int) -> int:
+    """First ConsumeQueue offset stored at/after `since_ms` (binary search; the store's
+    `offset_for_time` CALL does the same)."""
+    cq = store.consume_queues.get(fl, qid)
+    if cq is None:
+        return 0
+    lo, hi = cq.min_offset, cq.max_offset
+
+    def ok(off: int) -> bool:
+        m = store.read_consume_queue(fl, qid, off, 1)
+        return not m or m[0].store_ts >= since_ms
+    return _first_at_or_after(lo, hi, ok)
+
+
+def plan(store, lq, flt: str, since_ms: int) -> dict:
+    """Where the history of `flt` since `since_ms` is (see the module docstring). The caller has
+    registered `flt` (a wildcard filter) before calling, and dispatch has passed the log end.
+
+    Returns a JSON-able dict:
+      {"source": "queue", "live_offset": n}     the light queue holds it all: start the cursor at n
+      {"source": "log", "live_offset": n, "cursor": {...}}
+                                                read the history with `read_history(cursor)` until
+                                                it is done, then the light queue from n
+    Raises ReplayRefused outside retention."""
+    validate_filter(flt)
+    since_ms = int(since_ms)
+    check_retention(store, since_ms)
+    if not is_wildcard(flt):
+        return {"source": "queue", "live_offset": lq_offset(lq, flt, 0, since_ms)}
+    epoch = lq.filter_epoch(flt)
+    if epoch is None:
+        # registered before epochs were recorded (or not registered): the log up to its end now
+        seam, epoch_ms = store.dispatched_offset, None
+    else:
+        seam, epoch_ms = epoch
+    if epoch_ms is not None and since_ms > epoch_ms:
+        return {"source": "queue", "live_offset": lq_offset(lq, flt, seam, since_ms)}
+    sources = [[fl, qid, cq_offset_for_time(store, fl, qid, since_ms)] for fl, qid in cq_sources(store, flt)]
+    return {"source": "log", "live_offset": lq_offset(lq, flt, seam, 0),
+            "cursor": {"filter": flt, "seam": seam, "sources": sources}}
+
+
+def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 << 20) -> tuple[list, dict, bool]:
+    """The next history messages (StoredMessages matching the filter, in CommitLog order, below
+    the seam) from `cursor`. Returns (messages, next cursor, done). Stateless: the cursor says it
+    all, so a remote gateway can carry it between calls."""
+    flt = cursor["filter"]
+    seam = int(cursor["seam"])
+    sources = [list(s) for s in cursor["sources"]]
+    if not sources:
+        return [], {"filter": flt, "seam": seam, "sources": []}, True
+    per = max(16, max_count // len(sources))
+    batches = []
+    horizon = None               # CommitLog position up to which every source has been read
+    for s in sources:
+        fl, qid, off = s[0], int(s[1]), int(s[2])
+        cq = store.consume_queues.get(fl, qid)
+        entries = [] if cq is None else cq.range(off, per)
+        entries = [e for e in entries if e[1] < seam]
+        exhausted = len(entries) < per
+        batches.append(entries)
+        if not exhausted:
+            last = entries[-1][1]
+            horizon = last if horizon is None or last < horizon else horizon
+    picked = []                  # (phys, size, source index, queue offset)
+    for i, entries in enumerate(batches):
+        for qoff, phys, size, _tags in entries:
+            if horizon is not None and phys > horizon:
+                break
+            picked.append((phys, size, i, qoff))
+    picked.sort()
+    out = []
+    nbytes = 0
+    new_off = [int(s[2]) for s in sources]
+    for phys, size, i, qoff in picked:
+        if out and nbytes + size > max_bytes:
+            break
+        new_off[i] = qoff + 1
+        if phys < store.min_offset:
+            continue             # deleted by retention meanwhile
+        try:
+            m = store.read(phys, size)
+        except Exception:        # noqa: BLE001 - gone meanwhile (retention): skipped, never an error
+            continue
+        if topic_matches(flt, m.topic):
+            out.append(m)
+            nbytes += size
+    for s, o in zip(sources, new_off):
+        s[2] = o
+    done = horizon is None and all(
+        (not batches[i]) or new_off[i] > batches[i][-1][0] for i in range(len(sources)))
+    return out, {"filter": flt, "seam": seam, "sources": sources}, done
+
+
+def call_handlers(store, lq):
+    """The CALL handlers `(plan, read)` of the store protocol (docs/protocol.md): `gw_replay` /
+    `gw_replay_read` for remote gateways (gateway_service.py), `replay` / `replay_read` for the SDK
+    (service.py). `plan` answers once dispatch has passed the log's end as of the request (a
+    future then, waited for off the loop); refused: ERROR `invalid` with the reason."""
+    import asyncio
+
+    from lmqtt.store import protocol as W
+    from lmqtt.store.server import CallError, Messages
+
+    def replay(a: dict):
+        flt, since = validate_filter(str(a["filter"])), int(a["since"])
+
+        def answer():
+            try:
+                return plan(store, lq, flt, since)
+            except ReplayRefused as e:
+                raise CallError(W.E_INVALID, str(e)) from None
+        target = store.max_offset
+        if store.dispatched_offset >= target:
+            return answer()
+
+        async def later():
+            loop = asyncio.get_running_loop()
+            if not await loop.run_in_executor(None, store.wait_dispatched, target, 5.0):
+                raise CallError(W.E_STORE, "the store's dispatch is behind; try again")
+            return answer()
+        return asyncio.ensure_future(later())
+
+    def replay_read(a: dict):
+        msgs, cursor, done = read_history(store, a["cursor"], max(1, min(int(a.get("max_count", 1024)), 65536)))
+        return Messages({"cursor": cursor, "done": done}, msgs)
+    return replay, replay_read
+
