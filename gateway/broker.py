@@ -21,6 +21,8 @@ from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity, certif
 from lmqtt.gateway.connection import WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
+from lmqtt.gateway.replay import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
+                                  split_replay_filter)
 from lmqtt.gateway.retained import drain_retained, send_retained
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session
 from lmqtt.gateway.session_registry import SessionRegistry
@@ -31,6 +33,7 @@ from lmqtt.gateway.persistence import SessionPersistence
 from lmqtt.gateway.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter, InvalidTopicName
+from lmqtt.lightqueue.replay import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.config import GatewayConfig
@@ -77,6 +80,12 @@ class Broker:
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush)
+        # subscribing from the past (gateway/replay.py): publishes routed before a filter's
+        # registration are appended before it; history obeys the ACL's read rules
+        self.subscriptions.before_register = self.publisher.flush
+        if lq is not None:            # embedded: registrations by SDK consumers too (store port)
+            lq.before_register = self.publisher.flush
+        self.subscriptions.acl = acl
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
@@ -488,7 +497,25 @@ class Broker:
             if len(ids) > 1:
                 raise ProtocolError("SUBSCRIBE carries more than one subscription identifier", RC.PROTOCOL_ERROR)
             sub_id = ids[0]
+        since_all = replay_refused = None
+        if v5 and pkt.properties.user_property:
+            try:
+                since_all = since_property(pkt.properties)
+            except ReplayRequestError as e:
+                replay_refused = str(e)
+        reasons: list[str] = []
         for req in pkt.subscriptions:
+            since = since_all
+            tf = req.topic_filter
+            try:
+                if replay_refused is not None:
+                    raise ReplayRefused(replay_refused)
+                if tf.startswith(REPLAY_PREFIX):
+                    since, tf = split_replay_filter(tf)
+                    req.topic_filter = tf          # the subscription is the filter's own
+            except (ReplayRequestError, ReplayRefused) as e:
+                self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
+                continue
             try:
                 group, flt = T.parse_shared(req.topic_filter)
                 T.validate_filter(flt)
@@ -520,6 +547,14 @@ class Broker:
                 if rc_set is None:
                     rc_set = conn.read_checks = set()
                 rc_set.add(flt)
+            if since is not None:
+                try:
+                    self.subscriptions.add_since(s, sub, since)
+                except ReplayRefused as e:
+                    self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
+                    continue
+                codes.append(qos)          # history instead of the retained messages
+                continue
             existed = self.subscriptions.add(s, sub)
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
@@ -528,16 +563,30 @@ class Broker:
         if s.persistent:
             self._save_session(s)
             self._flush_session_offsets(s)
-        conn.send(P.SubAck(pkt.packet_id, codes))
+        ack = P.SubAck(pkt.packet_id, codes)
+        if reasons and v5 and conn.problem_info:
+            ack.properties.reason_string = "; ".join(reasons)[:500]
+        if reasons:
+            conn.send_fitting(ack)         # a reason string that does not fit goes, the codes stay
+        else:
+            conn.send(ack)
         for sub in retained:
             send_retained(self.metadata, self.acl, s, sub)
         self.delivery.kick(s)
+
+    def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
+        """A subscription from the past that cannot be served: SUBACK 0x80 (MQTT 5: with the reason)."""
+        log.info("event=replay_refused client_id=%s filter=%r reason=%r", s.client_id, tf, why)
+        codes.append(RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311)
+        reasons.append(f"{tf}: {why}")
 
     def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
         s = conn.session
         codes = []
         for flt in pkt.topic_filters:
             sub = s.subs.get(flt)
+            if sub is None and flt.startswith(REPLAY_PREFIX):
+                sub = s.subs.get(plain_filter(flt))
             if sub is None:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
                 continue

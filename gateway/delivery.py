@@ -68,6 +68,10 @@ class DeliveryEngine:
         self._recent_items = 0
         self._recent_bytes = 0
         self.recent_max_bytes = (int(self.cfg.lq_cache_mb) << 20) // 4
+        # subscriptions from the past (gateway/replay.py) still sending their history: session ->
+        # [HistoryRun]; the session reads those queues live only once their history is sent
+        self.histories: dict[Session, list] = {}
+        self._hist_dirty: set[Session] = set()
 
     # -- index maintenance -------------------------------------------------------------------
     def add_reader(self, s: Session, queue: str) -> None:
@@ -107,6 +111,9 @@ class DeliveryEngine:
 
     def kick(self, s: Session) -> None:
         """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
+        if self.histories and s in self.histories:
+            self._hist_dirty.add(s)
+            self._schedule()
         d = self._dirty
         d.update(s.cursors)
         if len(s.subs) != len(s.cursors):          # some subscriptions are shared ($share/...)
@@ -129,6 +136,8 @@ class DeliveryEngine:
     # -- the work ------------------------------------------------------------------------------
     def _run(self) -> None:
         self._scheduled = False
+        if self._hist_dirty:
+            self._run_histories()
         work, self._dirty = self._dirty, set()
         self._items = {}
         for q in work:
@@ -145,9 +154,60 @@ class DeliveryEngine:
             except Exception:
                 log.exception("event=delivery_failed queue=%s", q)
         self._items = {}
-        if self._dirty:
+        if self._dirty or self._hist_dirty:
             self._schedule()
         self._flush_writes()
+
+    # -- history of subscriptions from the past (gateway/replay.py) ----------------------------
+    def start_history(self, run) -> None:
+        """`run` (a HistoryRun) sends its subscription's history first; its queue is read live
+        (the session becomes a reader at the seam) when the history is done."""
+        self.remove_reader(run.s, run.queue)
+        self.histories.setdefault(run.s, []).append(run)
+        self._hist_dirty.add(run.s)
+        self._schedule()
+
+    def has_history(self, s: Session, queue: str) -> bool:
+        runs = self.histories.get(s)
+        return runs is not None and any(r.queue == queue for r in runs)
+
+    def drop_history(self, s: Session, queue: str | None = None) -> None:
+        """The subscription went (unsubscribe, session ended): its unsent history with it."""
+        runs = self.histories.get(s)
+        if runs is None:
+            return
+        runs[:] = [r for r in runs if queue is not None and r.queue != queue]
+        if not runs:
+            del self.histories[s]
+            self._hist_dirty.discard(s)
+
+    def _run_histories(self) -> None:
+        work, self._hist_dirty = self._hist_dirty, set()
+        for s in work:
+            runs = self.histories.get(s)
+            if not runs:
+                continue
+            for run in list(runs):
+                try:
+                    more = run.pump(self.cfg.write_high_water)
+                except Exception as e:
+                    # the store failed mid-history: the subscription goes on live from the seam
+                    log.error("event=replay_history_failed client_id=%s filter=%s sent=%d error=%r",
+                              s.client_id, run.queue, run.sent, e)
+                    run.plan.done = True
+                    run.pending, run.pos = [], 0
+                    more = False
+                if run.finished():
+                    runs.remove(run)
+                    log.info("event=replay_history_done client_id=%s filter=%s sent=%d", s.client_id,
+                             run.queue, run.sent)
+                    if s.online and s.cursors.get(run.queue) is not None:
+                        self.add_reader(s, run.queue)
+                        self._dirty.add(run.queue)
+                elif more:
+                    self._hist_dirty.add(s)
+            if not runs:
+                self.histories.pop(s, None)
 
     # -- records in hand -----------------------------------------------------------------------
     # Entries every online reader of a queue has passed are dropped at its next delivery run; a

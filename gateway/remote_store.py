@@ -549,6 +549,26 @@ class RemoteStore:
     def registered_filters(self) -> dict[str, int]:
         return dict(self.link.cmd_blocking("gw_filters", gateway=self.gateway_id)["filters"])
 
+    # ------------------------------------------------------------------ subscribing from the past
+    def replay_plan(self, flt: str, since_ms: int):
+        """`gw_replay` (one round trip, answered once the store's dispatch passed its log end);
+        the history is read with `gw_replay_read`, a blocking round trip per chunk of up to
+        `fetch_batch` messages (subscribe-time work, off the live delivery path)."""
+        from lmqtt.gateway.store_api import ReplayPlan
+        from lmqtt.lightqueue.replay import ReplayRefused
+        self.max_offset(flt)              # mirrored and watched before the plan: live reads follow
+        try:
+            plan = self.link.cmd_blocking("gw_replay", filter=flt, since=int(since_ms))
+        except StoreClientError as e:
+            raise ReplayRefused(e.reason) from None
+
+        def read(cursor: dict, max_count: int):
+            header, recs = self.link.cmd_blocking("gw_replay_read", cursor=cursor,
+                                                  max_count=min(max_count, self.fetch_batch))
+            self.remote_pulls += 1
+            return ([RemoteMessage(t, ()) for t in recs], header["cursor"], bool(header["done"]))
+        return ReplayPlan(plan, read)
+
 
 def _json(reply) -> dict:
     _op, _f, body = reply

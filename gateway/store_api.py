@@ -83,6 +83,35 @@ class GatewayStore(Protocol):
     def unregister_filter(self, flt: str) -> int: ...
     def registered_filters(self) -> dict[str, int]: ...
 
+    # -- subscribing from the past (gateway/replay.py; off the delivery hot path)
+    def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
+        """Where the history of `flt` since `since_ms` is: the light queue from
+        `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
+        the seam. Call after registering a wildcard `flt`. Raises
+        `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
+
+
+class ReplayPlan:
+    """Answer of `GatewayStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
+    light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
+    history, `read()` until `done`, then the light queue from `live_offset`)."""
+
+    __slots__ = ("source", "live_offset", "cursor", "done", "_read")
+
+    def __init__(self, plan: dict, read: Callable[[dict, int], tuple[list, dict, bool]]) -> None:
+        self.source = plan["source"]
+        self.live_offset = int(plan["live_offset"])
+        self.cursor = plan.get("cursor")
+        self.done = self.cursor is None
+        self._read = read
+
+    def read(self, max_count: int = 1024) -> list:
+        """The next history messages (StoredMessage-like, in log order); [] once `done`."""
+        if self.done:
+            return []
+        msgs, self.cursor, self.done = self._read(self.cursor, max_count)
+        return msgs
+
 
 class InProcessStore:
     """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
@@ -133,3 +162,6 @@ class InProcessStore:
 
     def registered_filters(self) -> dict[str, int]:
         return dict(self.lq.registry.filters())
+
+    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
+        return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)

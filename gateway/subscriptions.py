@@ -23,9 +23,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from lmqtt.gateway.replay import HistoryRun
 from lmqtt.gateway.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.shared import SharedGroup
 from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.replay import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery import DeliveryEngine
@@ -43,6 +45,11 @@ class SubscriptionRegistry:
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
         self.filter_users: dict[str, int] = {}                  # wildcard filter -> local users
+        # called before a wildcard filter is registered with the store (the broker: append the
+        # publishes already routed without it, so that every record appended after the
+        # registration carries the filter: the seam of subscribing from the past, replay.py)
+        self.before_register = None
+        self.acl = None         # for the history of subscriptions from the past (read rules)
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
     def add(self, s: Session, sub: ClientSubscription) -> bool:
@@ -68,9 +75,41 @@ class SubscriptionRegistry:
                 g.add_member(s, sub)
         return False
 
+    def add_since(self, s: Session, sub: ClientSubscription, since_ms: int) -> bool:
+        """Subscribe from the past (gateway/replay.py): the stored messages matching the filter
+        since `since_ms`, then live from the seam. A subscription with the same filter is replaced
+        (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
+        if sub.group is not None:
+            raise ReplayRefused("subscribing from the past is not available for shared subscriptions")
+        old = s.subs.get(sub.filter)
+        if old is not None:
+            self.remove(s, old, persist=False)
+        s.subs[sub.filter] = sub
+        self._use_filter(sub.queue)
+        try:
+            plan = self.store.replay_plan(sub.queue, since_ms)
+        except Exception as e:
+            s.subs.pop(sub.filter, None)
+            self._release_filter(sub.queue)
+            if isinstance(e, ReplayRefused):
+                raise
+            log.error("event=replay_plan_failed client_id=%s filter=%s error=%r", s.client_id, sub.queue, e)
+            raise ReplayRefused(f"the store could not plan the replay: {e}") from e
+        s.direct[sub.queue] = sub
+        s.cursors[sub.queue] = Cursor(plan.live_offset)
+        log.info("event=replay_subscribe client_id=%s filter=%s since_ms=%d source=%s live_offset=%d",
+                 s.client_id, sub.queue, since_ms, plan.source, plan.live_offset)
+        if plan.source == "log" and not plan.done:
+            self.delivery.start_history(HistoryRun(s, sub, plan, self.acl))
+        elif s.online:
+            self.delivery.add_reader(s, sub.queue)
+        return old is not None
+
     def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
         s.subs.pop(sub.filter, None)
         if sub.group is None:
+            if self.delivery.histories:
+                self.delivery.drop_history(s, sub.queue)
             s.direct.pop(sub.queue, None)
             s.cursors.pop(sub.queue, None)
             self.delivery.remove_reader(s, sub.queue)
@@ -106,8 +145,11 @@ class SubscriptionRegistry:
 
     # ------------------------------------------------------------------ online / offline
     def go_online(self, s: Session) -> None:
+        hist = self.delivery.histories.get(s)
         for sub in s.subs.values():
             if sub.group is None:
+                if hist and self.delivery.has_history(s, sub.queue):
+                    continue        # read live once its history is sent (replay.py)
                 self.delivery.add_reader(s, sub.queue)
             else:
                 g = self.groups.get((sub.group, sub.queue))
@@ -149,6 +191,8 @@ class SubscriptionRegistry:
             return
         n = self.filter_users.get(q, 0)
         if n == 0:
+            if self.before_register is not None:
+                self.before_register()
             self.store.register_filter(q)
         self.filter_users[q] = n + 1
 

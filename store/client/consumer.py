@@ -190,13 +190,25 @@ class FilterConsumer:
     """Reads exactly what an MQTT subscriber of `topic_filter` sees (wildcards included): the
     filter's light queue. Creating it registers the filter with the store (persisted), so
     messages published from then on are indexed for it, like an MQTT SUBSCRIBE. With a `group`,
-    the position is committed in the store; without one it starts at the queue's end."""
+    the position is committed in the store; without one it starts at the queue's end.
+
+    `since` (epoch ms): first every stored message matching the filter from that time on, then
+    live, as an MQTT SUBSCRIBE with `since` (docs/gateway.md "Subscribing from the past"); it
+    wins over a group's committed position. Records of the history come from the log (their
+    `queue_offset` is not the filter queue's); `commit()` during it commits where live reading
+    will start. Outside retention: StoreClientError (`invalid`) with the reason."""
 
     def __init__(self, conn: Connection, topic_filter: str, group: str | None = None, *,
-                 start: str = "latest", max_count: int = 256) -> None:
+                 start: str = "latest", max_count: int = 256, since: int | None = None) -> None:
         self.conn, self.filter, self.group = conn, topic_filter, group
         self.max_count = max_count
+        self._history = None
         info = conn.cmd("subscribe", filter=topic_filter)
+        if since is not None:
+            plan = conn.cmd("replay", filter=topic_filter, since=int(since))
+            self.position = int(plan["live_offset"])
+            self._history = plan.get("cursor")
+            return
         pos = None
         if group:
             pos = conn.cmd("committed", group=group, filter=topic_filter)["offset"]
@@ -205,6 +217,17 @@ class FilterConsumer:
         self.position = pos
 
     def poll(self) -> list[Record]:
+        for _ in range(8):           # the history first (bounded: a stretch of other topics)
+            if self._history is None:
+                break
+            args = {"cmd": "replay_read", "cursor": self._history, "max_count": self.max_count}
+            _op, _f, body = self.conn.call(W.OP_CALL, json.dumps(args).encode(), retry=True)
+            header, recs = _records(self.conn.ident, body)
+            self._history = None if header.get("done") else header["cursor"]
+            if recs:
+                return recs
+        else:
+            return []
         _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position,
                                                                       self.max_count, 4 << 20), retry=True)
         header, recs = _records(self.conn.ident, body)

@@ -1,0 +1,156 @@
+"""Subscribing from the past (docs/gateway.md "Subscribing from the past"), gateway side.
+
+How a client asks: an MQTT 5 SUBSCRIBE with the user property `since` (epoch milliseconds, or an
+RFC 3339 time such as `2026-11-23T08:00:00Z`), applying to every filter of that SUBSCRIBE; or, for
+MQTT 3.1.1 clients (which have no properties), the filter `$replay/{epoch-ms}/{filter}`. The
+subscription is then the filter's own (UNSUBSCRIBE names the filter, with or without the
+`$replay/{ms}/` prefix).
+
+What the store says (`GatewayStore.replay_plan`, lightqueue/replay.py): either the light queue
+holds the whole period (the cursor simply starts in the past: delivery as usual), or the history is
+read from the log up to a seam and the light queue continues from the seam. In the second case the
+session's cursor waits at the seam (it is not a delivery reader yet) while `HistoryRun` sends the
+history, window and socket permitting; when the history is done the cursor becomes a reader and
+live delivery continues from the seam: nothing between, nothing twice.
+
+History messages are sent like retained ones (no queue offset; QoS 1/2 in the session's window,
+acked without moving a cursor); the session's cursor is persisted at the seam, so what survives a
+restart or a move to another gateway is the live part: history not yet sent is not resumed then.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from lmqtt.gateway.session import OutboundMessage, Session, ClientSubscription
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.store_api import ReplayPlan
+
+log = logging.getLogger("lmqtt.gateway.replay")
+
+REPLAY_PREFIX = "$replay/"
+
+
+class ReplayRequestError(ValueError):
+    """A malformed `since` or `$replay/` filter (refused in SUBACK with this message)."""
+
+
+def parse_since(value: str) -> int:
+    """Epoch milliseconds (digits) or an RFC 3339 / ISO 8601 time with an offset -> epoch ms."""
+    v = value.strip()
+    if v.isdigit():
+        return int(v)
+    try:
+        dt = datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ReplayRequestError(f"since {value!r} is neither epoch milliseconds nor an RFC 3339 time") from None
+    if dt.tzinfo is None:
+        raise ReplayRequestError(f"since {value!r} has no time zone offset (RFC 3339 needs one, e.g. Z)")
+    return int(dt.timestamp() * 1000)
+
+
+def since_property(props) -> int | None:
+    """The `since` user property of an MQTT 5 SUBSCRIBE, in epoch ms (None when absent)."""
+    ups = getattr(props, "user_property", None) if props is not None else None
+    if not ups:
+        return None
+    for k, v in ups:
+        if k == "since":
+            return parse_since(v)
+    return None
+
+
+def split_replay_filter(topic_filter: str) -> tuple[int, str] | None:
+    """`$replay/{epoch-ms}/{filter}` -> (ms, filter); None for any other filter."""
+    if not topic_filter.startswith(REPLAY_PREFIX):
+        return None
+    ms, sep, flt = topic_filter[len(REPLAY_PREFIX):].partition("/")
+    if not sep or not ms.isdigit() or not flt:
+        raise ReplayRequestError(f"{topic_filter!r}: the form is $replay/{{epoch-ms}}/{{filter}}")
+    return int(ms), flt
+
+
+def plain_filter(topic_filter: str) -> str:
+    """The subscription key of a filter as an UNSUBSCRIBE may name it (`$replay/{ms}/` stripped)."""
+    try:
+        r = split_replay_filter(topic_filter)
+    except ReplayRequestError:
+        return topic_filter
+    return topic_filter if r is None else r[1]
+
+
+class HistoryRun:
+    """Sends one subscription's history (a "log" plan) to its session, then hands over to live
+    delivery (`on_done`). Driven by the delivery engine on each run that examines the session."""
+
+    read_batch = 1024          # messages per history read from the store
+    send_batch = 256           # messages sent per delivery run (fairness with other sessions)
+    reads_per_run = 4          # store reads per delivery run
+
+    def __init__(self, s: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None) -> None:
+        self.s = s
+        self.sub = sub
+        self.plan = plan
+        self.acl = acl
+        self.metrics = metrics
+        self.pending: list = []     # history messages read, not sent yet
+        self.pos = 0
+        self.sent = 0
+        self.started = time.monotonic()
+
+    @property
+    def queue(self) -> str:
+        return self.sub.queue
+
+    def finished(self) -> bool:
+        return self.plan.done and self.pos >= len(self.pending)
+
+    def pump(self, budget_bytes: int) -> bool:
+        """Send what the session can take now. Returns True when more could be sent at once (the
+        caller schedules another run), False when done or waiting (window, socket, offline)."""
+        s = self.s
+        sub = self.sub
+        n = reads = 0
+        while True:
+            conn = s.conn
+            if conn is None or conn.write_blocked:
+                return False
+            if self.pos >= len(self.pending):
+                if self.plan.done:
+                    return False
+                if reads >= self.reads_per_run:
+                    return True         # a long stretch of other topics: let the loop breathe
+                self.pending = self.plan.read(self.read_batch)
+                self.pos = 0
+                reads += 1
+                if not self.pending:
+                    continue            # nothing matched in that chunk: read on (or done)
+            m = self.pending[self.pos]
+            rec = _record_of(m)
+            if sub.no_local and rec.client_id == s.client_id:
+                self.pos += 1
+                continue
+            rc = conn.read_checks
+            if rc is not None and sub.queue in rc and not self.acl.can_read(conn.identity, m.topic):
+                self.pos += 1
+                continue
+            qos = min(sub.qos, rec.qos)
+            if qos and not s.window_open():
+                return False            # an ack kicks the session again
+            if n >= self.send_batch or budget_bytes <= 0:
+                return True
+            it = OutboundMessage(m.topic, m.body, rec, None, m.phys_offset, (), m.store_ts)
+            ids = (sub.subscription_id,) if sub.subscription_id and s.version == 5 else None
+            s.send_item(it, qos, rec.retain if sub.retain_as_published else False, sub_ids=ids)
+            self.pos += 1
+            self.sent += 1
+            n += 1
+            budget_bytes -= len(m.body)
+
+
+def _record_of(m):
+    from lmqtt.gateway.record_props import safe_decode
+    return safe_decode(m.props)
