@@ -334,6 +334,12 @@ class Broker:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
             if topic.startswith("$SYS"):     # the broker's own (gateway/sys_topics.py): as Mosquitto
                 return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
+            gate = self.gate
+            if gate is not None and gate.limits.topic_limited:     # max_topic_length / _levels
+                over = gate.limits.topic_violation(topic)
+                if over is not None:
+                    gate.hits[over[0]] += 1
+                    raise ProtocolError(f"{over[1]} ({over[0]})", RC.TOPIC_NAME_INVALID)
             if len(conn.valid_topics) >= 1024:
                 conn.valid_topics.clear()
             conn.valid_topics.add(topic)
@@ -521,6 +527,15 @@ class Broker:
                 T.validate_filter(flt)
             except InvalidTopicFilter as e:
                 log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
+                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
+                continue
+            gate = self.gate
+            over = gate.limits.topic_violation(flt) if gate is not None and gate.limits.topic_limited else None
+            if over is not None:
+                gate.hits[over[0]] += 1
+                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=%s reason=%r",
+                         s.client_id, req.topic_filter, RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311,
+                         over[0], over[1])
                 codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
                 continue
             if group is not None and req.no_local and v5:
