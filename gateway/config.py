@@ -51,6 +51,10 @@ class GatewayConfig:
     # socket until its budget is back (back-pressure: nothing is refused or lost, TCP slows it down)
     publish_rate_per_client: float = 0.0
     publish_burst_per_client: int = 1000
+    # topic names and filters: bytes and '/'-separated levels (0 = unlimited); a PUBLISH over it:
+    # DISCONNECT 0x90 (3.1.1: closed), a SUBSCRIBE filter: SUBACK 0x8F (3.1.1: 0x80)
+    max_topic_length: int = 65535
+    max_topic_levels: int = 0
     # MQTT 5 (docs/gateway.md "MQTT 5"): topic aliases a client may use towards us (CONNACK Topic
     # Alias Maximum; more -> DISCONNECT 0x94) and the most we assign towards one client
     topic_alias_maximum: int = 100
@@ -154,7 +158,9 @@ class GatewayConfig:
             raise ConfigError(f"notify_mode {self.notify_mode} needs redis (--redis redis://HOST:6379/0)")
         if not (0 < float(self.safety_poll_ms) <= 3_600_000):
             raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
-        for name in ("max_connections", "max_connections_per_address", "max_subscriptions"):
+        if not (1 <= int(self.max_topic_length) <= 65535):
+            raise ConfigError(f"max_topic_length must be 1..65535, got {self.max_topic_length}")
+        for name in ("max_connections", "max_connections_per_address", "max_subscriptions", "max_topic_levels"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
         for name, burst in (("connect_rate_per_address", "connect_burst_per_address"),

@@ -84,8 +84,8 @@ class Limits:
     publish_rate_per_client: float = 0.0      # PUBLISH/s per connection; over it we stop reading it
     publish_burst_per_client: int = 1000
     max_subscriptions_per_client: int = 0     # SUBACK 0x97 / 0x80 for the ones beyond it
-    max_topic_length: int = 65_535            # bytes (not enforced yet beyond the protocol's 65,535)
-    max_topic_levels: int = 128               # (not enforced yet)
+    max_topic_length: int = 65_535            # bytes; PUBLISH: DISCONNECT 0x90, SUBSCRIBE: SUBACK 0x8F / 0x80
+    max_topic_levels: int = 0                 # '/'-separated levels; the same codes
 
     @classmethod
     def from_config(cls, cfg) -> "Limits":
@@ -95,23 +95,34 @@ class Limits:
                    connect_burst_per_address=int(cfg.connect_burst_per_address),
                    publish_rate_per_client=float(cfg.publish_rate_per_client),
                    publish_burst_per_client=int(cfg.publish_burst_per_client),
-                   max_subscriptions_per_client=int(cfg.max_subscriptions))
+                   max_subscriptions_per_client=int(cfg.max_subscriptions),
+                   max_topic_length=int(cfg.max_topic_length), max_topic_levels=int(cfg.max_topic_levels))
+
+    @property
+    def topic_limited(self) -> bool:
+        return self.max_topic_length < 65_535 or self.max_topic_levels > 0
+
+    def topic_violation(self, topic: str) -> tuple[str, str] | None:
+        """None when the topic (or filter) is within limits, else (limit name, reason)."""
+        n = len(topic.encode())
+        if n > self.max_topic_length:
+            return "max_topic_length", f"topic of {n} bytes exceeds the limit of {self.max_topic_length}"
+        if self.max_topic_levels:
+            levels = topic.count("/") + 1
+            if levels > self.max_topic_levels:
+                return "max_topic_levels", f"topic of {levels} levels exceeds the limit of {self.max_topic_levels}"
+        return None
 
     def check_topic(self, topic: str) -> str | None:
         """None when the topic (or filter) is within limits, else the reason."""
-        n = len(topic.encode())
-        if n > self.max_topic_length:
-            return f"topic of {n} bytes exceeds the limit of {self.max_topic_length}"
-        levels = topic.count("/") + 1
-        if levels > self.max_topic_levels:
-            return f"topic of {levels} levels exceeds the limit of {self.max_topic_levels}"
-        return None
+        v = self.topic_violation(topic)
+        return None if v is None else v[1]
 
 
 # the names of the limits as counted in `ConnectionGate.hits` and exported as
 # lmqtt_limit_hits_total{limit=...}
 LIMIT_NAMES = ("max_connections", "max_connections_per_address", "connect_rate_per_address",
-               "publish_rate_per_client", "max_subscriptions")
+               "publish_rate_per_client", "max_subscriptions", "max_topic_length", "max_topic_levels")
 
 
 class ConnectionGate:

@@ -97,6 +97,10 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
                      help="PUBLISH packets per second per connection; over it the client is not read until "
                           "its budget is back (back-pressure, nothing lost; default 0)")
     lim.add_argument("--publish-burst-per-client", type=int, help="publishes allowed at once (default 1000)")
+    lim.add_argument("--max-topic-length", type=int,
+                     help="bytes of a topic name or filter; longer: DISCONNECT / SUBACK 0x8F (default 65535)")
+    lim.add_argument("--max-topic-levels", type=int,
+                     help="'/'-separated levels of a topic or filter; more: DISCONNECT / SUBACK 0x8F (default 0 = unlimited)")
     lim.add_argument("--max-subscriptions", type=int,
                      help="subscriptions per session; more get SUBACK 0x97 / 3.1.1 0x80 (default 1000, 0 = unlimited)")
 

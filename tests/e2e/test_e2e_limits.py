@@ -377,3 +377,46 @@ def test_untrusted_client_certificate_is_refused_and_logged(tmp_path, pki):
         good.disconnect()
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------ topic length/levels
+def test_topic_length_and_levels_limits(tmp_path):
+    srv = _server("serve", tmp_path, "max_topic_levels = 4\nmax_topic_length = 40\n")
+    try:
+        sub = Paho(srv, client_id="tl-sub", version=5)
+        assert sub.subscribe("tl/#", qos=1) == [1]
+        # SUBSCRIBE: the filter over a limit is refused alone, the connection stays
+        for version, code in ((5, 0x8F), (4, 0x80)):
+            r = RawFrom(srv, version=version)
+            r.connect(f"tl-s{version}")
+            r.send(P.Subscribe(1, [P.SubscriptionRequest("tl/a/b/c/d", 1), P.SubscriptionRequest("tl/a/b", 1),
+                                   P.SubscriptionRequest("tl/" + "x" * 40, 1)]))
+            assert r.recv().reason_codes == [code, 1, code]
+            _wait_log(srv, rf"event=subscribe_refused client_id=tl-s{version} filter='tl/a/b/c/d' "
+                           rf"reason_code=0x{code:02X} cause=max_topic_levels reason='topic of 5 levels exceeds "
+                           rf"the limit of 4'")
+            _wait_log(srv, rf"event=subscribe_refused client_id=tl-s{version} .*cause=max_topic_length")
+            r.close()
+        # PUBLISH: like an invalid topic name, DISCONNECT 0x90 (3.1.1: closed), nothing stored
+        r5 = RawFrom(srv, version=5)
+        r5.connect("tl-p5")
+        r5.send(P.Publish("tl/a/b/c/d", b"deep", 1, packet_id=1))
+        d = r5.recv()
+        assert isinstance(d, P.Disconnect) and d.reason_code == 0x90
+        assert "max_topic_levels" in d.properties.reason_string
+        r4 = RawFrom(srv, version=4)
+        r4.connect("tl-p4")
+        r4.send(P.Publish("tl/" + "y" * 40, b"long", 1, packet_id=1))
+        assert r4.recv() is None
+        _wait_log(srv, r"event=protocol_error client_id=tl-p5 .*reason_code=0x90 error='topic of 5 levels exceeds "
+                       r"the limit of 4 \(max_topic_levels\)'")
+        _wait_log(srv, r"event=protocol_error client_id=tl-p4 .*reason_code=0x90 .*\(max_topic_length\)")
+        assert _metric(srv, 'lmqtt_limit_hits_total{limit="max_topic_levels"}') == 3
+        assert _metric(srv, 'lmqtt_limit_hits_total{limit="max_topic_length"}') == 3
+        pub = Paho(srv, client_id="tl-ok", version=4)
+        pub.publish("tl/a/b/c", b"fits", qos=1)                # 4 levels: fine
+        assert [m.payload for m in sub.get_n(1)] == [b"fits"] and sub.drain(0.3) == []
+        pub.disconnect()
+        sub.disconnect()
+    finally:
+        srv.stop()

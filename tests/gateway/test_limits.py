@@ -84,3 +84,13 @@ def test_topic_limits_name_the_reason():
     assert lim.check_topic("a/b/c") is None
     assert "exceeds the limit of 10" in lim.check_topic("a" * 11)
     assert "4 levels exceeds the limit of 3" in lim.check_topic("a/b/c/d")
+
+
+def test_topic_violation_names_the_limit_and_zero_levels_is_unlimited():
+    lim = Limits()
+    assert not lim.topic_limited and lim.topic_violation("a/" * 500 + "b") is None
+    lim = Limits(max_topic_length=10, max_topic_levels=3)
+    assert lim.topic_limited
+    assert lim.topic_violation("a/b/c") is None
+    assert lim.topic_violation("a/b/c/d") == ("max_topic_levels", "topic of 4 levels exceeds the limit of 3")
+    assert lim.topic_violation("é" * 6)[0] == "max_topic_length"          # bytes, not characters
