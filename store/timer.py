@@ -227,16 +227,20 @@ class TimerWheel:
             raise StoreError(f"TimerLog record at {pos} is corrupt (size {rec[0]}, magic {rec[1]:#x})")
         return rec
 
-    def _chain(self, tick: int) -> list[int]:
-        """Positions chained under `tick`: the slot's on-disk chain plus recovered positions."""
-        out: list[int] = []
+    def _chain(self, tick: int) -> list[tuple[int, tuple]]:
+        """(position, record) chained under `tick`: the slot's on-disk chain plus recovered
+        positions (each record read once: the walk needs it for `prev_pos` anyway)."""
+        out: list[tuple[int, tuple]] = []
         i = tick % self.ticks
+        read = self._read
         if self._slot_tick[i] == tick:
             p = self._slot_last[i]
             while p != NO_POS:
-                out.append(p)
-                p = self._read(p)[_PREV]
-        out.extend(self._recovered.get(tick, ()))
+                r = read(p)
+                out.append((p, r))
+                p = r[_PREV]
+        for p in self._recovered.get(tick, ()):
+            out.append((p, read(p)))
         return out
 
     # ------------------------------------------------------------------------------ recovery
@@ -305,7 +309,11 @@ class TimerWheel:
                 self._stop.wait(self._retry_s)
                 continue
             if not busy:
-                self._stop.wait(self._scan_interval)
+                # wake at the next tick boundary when it comes before the next scan: a tick is
+                # released right when it has passed, not up to one scan interval later
+                now_ms = self._clock() * 1000
+                edge = (now_ms // self.precision + 1) * self.precision
+                self._stop.wait(min(self._scan_interval, max(0.001, (edge - now_ms) / 1000 + 0.0005)))
 
     def fire_due(self) -> int:
         """Fire every tick that is due now; returns how many timers fired (the firing thread's
@@ -325,8 +333,7 @@ class TimerWheel:
                 if not positions:
                     continue
                 cancelled = self._cancelled
-                for p in positions:
-                    r = self._read(p)
+                for p, r in positions:
                     if r[_REF] in cancelled:
                         dropped.append(r[_REF])
                         continue
