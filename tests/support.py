@@ -302,6 +302,42 @@ class Paho:
         finally:
             self.c.loop_stop()
 
+    def before_sentinel(self, publisher: "Paho", topic: str, qos: int = 1, timeout: float = 10.0) -> list:
+        """What this client receives before a sentinel that `publisher` publishes to `topic` now (the
+        sentinel is consumed): see `before_sentinel` below."""
+        return before_sentinel(publisher, topic, self, qos=qos, timeout=timeout)[0]
+
+
+_SENTINELS = iter(range(1, 1 << 62))
+
+
+def before_sentinel(publisher: Paho, topic: str, *subscribers: Paho, qos: int = 1,
+                    timeout: float = 10.0) -> list[list]:
+    """For "nothing (more) arrives" checks: `publisher` publishes a unique sentinel to `topic` (which
+    each subscriber's subscription matches, through the same filter as the messages in question);
+    returns, per subscriber, the messages it received before the sentinel. Whatever the server was
+    going to deliver through that filter before the sentinel has arrived by the time the sentinel
+    does, so this replaces a fixed `drain(wait)` with a wait for a condition; the sentinel must
+    arrive (AssertionError otherwise)."""
+    token = f"sentinel-{os.getpid()}-{next(_SENTINELS)}".encode()
+    publisher.publish(topic, token, qos=qos)
+    out = []
+    for sub in subscribers:
+        got = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"sentinel on {topic!r} did not arrive within {timeout}s (before it: {got!r})"
+            try:
+                m = sub.msgs.get(timeout=left)
+            except _queue.Empty:
+                continue
+            if m.payload == token:
+                break
+            got.append(m)
+        out.append(got)
+    return out
+
 
 class RawMQTT:
     """A blocking raw-socket MQTT client built on the gateway's own sans-IO codec.

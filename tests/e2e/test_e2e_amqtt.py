@@ -12,9 +12,37 @@ import textwrap
 
 import pytest
 
-from tests.support import Paho
+from tests.support import LmqttServer, Paho, per_test
 
 pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One `lmqtt serve` for the module's tests (each uses its own client ids and topics)."""
+    d = tmp_path_factory.mktemp("amqtt")
+    srv = LmqttServer(str(d / "data"), log_path=str(d / "lmqtt-serve.log")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
+    """The module's server, up when the test starts; the test's paho clients closed at its end."""
+    yield from per_test(shared_server)
+
+
+@pytest.fixture
+def fresh_server(tmp_path):
+    """A server of its own, for the test that subscribes to `#` (the shared one holds other tests'
+    retained messages)."""
+    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "lmqtt-serve.log")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def _url(srv) -> str:
@@ -122,7 +150,9 @@ def test_amqtt_clean_disconnect_sends_no_will(lmqtt_server):
     assert watcher.drain(0.7) == []
 
 
-def test_amqtt_dollar_topics_and_takeover(lmqtt_server):
+def test_amqtt_dollar_topics_and_takeover(fresh_server):
+    lmqtt_server = fresh_server
+
     async def run():
         a = _client("am-dollar")
         await a.connect(_url(lmqtt_server))

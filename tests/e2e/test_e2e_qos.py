@@ -47,7 +47,7 @@ def test_inbound_qos2_duplicate_before_pubrel_is_delivered_once(lmqtt_server):
     pub.send(P.PubRel(42))
     comp = pub.recv()
     assert isinstance(comp, P.PubComp) and comp.packet_id == 42
-    got = watcher.get_n(1) + watcher.drain(0.5)
+    got = watcher.get_n(1) + watcher.before_sentinel(watcher, "q2/t")
     assert [(m.payload, m.qos) for m in got] == [(b"once", 2)]
 
 
@@ -152,6 +152,6 @@ def test_publish_too_large_for_the_store_fails_alone(lmqtt_server):
     assert acks == {1: 0x83, 2: 0}
     m = watcher.get(5)
     assert (m.topic, m.payload) == ("big/small", b"fine")
-    assert watcher.drain(0.3) == []
+    assert watcher.before_sentinel(watcher, "big/sentinel") == []
     pub.close()
     watcher.disconnect()

@@ -46,7 +46,7 @@ def test_persistent_session_gets_messages_published_while_offline(lmqtt_server, 
     assert s.session_present
     got = s.get_n(30)
     assert [m.payload for m in got] == [f"{i}".encode() for i in range(30)]
-    assert s.drain(0.3) == []
+    assert s.before_sentinel(pub, "off/0") == []          # nothing more, nothing twice
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "kill9"])
@@ -68,7 +68,8 @@ def test_persistent_qos1_survives_server_restart(lmqtt_server, kill, version):
     lmqtt_server.restart(kill=kill)
     s = _persistent(lmqtt_server, cid, version)
     assert s.session_present
-    got = s.get_n(2 * n, timeout=20) + s.drain(0.5)
+    got = s.get_n(2 * n, timeout=20)
+    got += s.before_sentinel(Paho(lmqtt_server, f"{cid}-sentinel"), "rs/0/data")   # and nothing twice
     by_pub: dict[str, list[int]] = {"0": [], "1": []}
     for m in got:
         k, i = m.payload.decode().split(":")
@@ -95,7 +96,7 @@ def test_unacked_inflight_redelivered_after_kill9_of_server(lmqtt_server):
     pub.disconnect()
     lmqtt_server.restart(kill=True)
     s = Paho(lmqtt_server, "noack", clean=False)
-    got = [m.payload for m in s.get_n(4) + s.drain(0.5)]
+    got = [m.payload for m in s.get_n(4) + s.before_sentinel(Paho(lmqtt_server, "noack-sentinel"), "na/t")]
     assert got == [b"1", b"2", b"3", b"4"]
 
 

@@ -1,5 +1,7 @@
 """`$SYS/broker/...` on a real `lmqtt serve`, read as Mosquitto's tools read them: retained values
 under Mosquitto's names, updated every `--sys-interval`, never matched by a `#` subscription."""
+import time
+
 from tests.support import LmqttServer, Paho
 
 
@@ -15,8 +17,17 @@ def test_sys_topics_are_retained_updated_and_not_matched_by_hash(tmp_path):
         sys_ = Paho(srv, client_id="sys-reader", version=5)
         sys_.subscribe("$SYS/broker/#", qos=0)
         values = {}
-        for m in sys_.get_n(200, timeout=3):
-            values[m.topic] = m.payload.decode()
+
+        def current():              # the latest value of each topic, ticks every 0.5 s
+            return (values.get("$SYS/broker/version", "").startswith("lmqtt version ")
+                    and values.get("$SYS/broker/uptime", "").endswith(" seconds")
+                    and int(values.get("$SYS/broker/clients/connected", 0)) >= 2
+                    and int(values.get("$SYS/broker/messages/received", 0)) >= 5
+                    and int(values.get("$SYS/broker/subscriptions/count", 0)) >= 1)
+        deadline = time.monotonic() + 3          # within 3 s (the fixed window this waited before)
+        while not current() and time.monotonic() < deadline:
+            for m in sys_.get_n(1, timeout=max(0.01, deadline - time.monotonic())):
+                values[m.topic] = m.payload.decode()
         assert values["$SYS/broker/version"].startswith("lmqtt version ")
         assert values["$SYS/broker/uptime"].endswith(" seconds")
         assert int(values["$SYS/broker/clients/connected"]) >= 2

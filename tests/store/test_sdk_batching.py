@@ -12,6 +12,24 @@ import pytest
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
 from lmqtt.store.client.consumer import _pull_result
+from tests.support import LmqttStore, ensure_running
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory):
+    """One `lmqtt store` for the module: each test uses its own first-level topics (queues)."""
+    d = tmp_path_factory.mktemp("sdk-batching")
+    srv = LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def lmqtt_store(shared_store):
+    """The module's store, running when the test starts."""
+    return ensure_running(shared_store)
 
 
 def visible(c, topic, n, timeout=10.0):
