@@ -82,7 +82,7 @@ def test_fuzz_run_against_mosquitto_keeps_it_serving(mosquitto, capsys):
 
 def test_fuzz_reports_a_dead_broker():
     port = free_port()  # nothing listens here
-    rc = mqtt_fuzz.main(["--port", str(port), "--packets", "100", "--seconds", "5", "--connections", "2"])
+    rc = mqtt_fuzz.main(["--port", str(port), "--packets", "100", "--seconds", "1", "--connections", "2"])
     assert rc == 1
 
 

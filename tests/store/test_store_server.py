@@ -13,7 +13,25 @@ import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client import ConnectionLost, StoreClientError, connect
-from tests.support import ROOT, LmqttStore, free_port
+from tests.support import ROOT, LmqttStore, ensure_running, free_port
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory):
+    """One `lmqtt store` for the tests that take `lmqtt_store` here: each uses its own first-level
+    topics (queues) and groups; tests that restart or configure a store start their own."""
+    d = tmp_path_factory.mktemp("store-server")
+    srv = LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def lmqtt_store(shared_store):
+    """The module's store, running when the test starts."""
+    return ensure_running(shared_store)
 
 
 def _wait(fn, timeout=10.0, step=0.05):
