@@ -113,12 +113,17 @@ class RemoteMetadata:
         # gateway was away (gw_hello's answer)
         self.on_wills_published: Callable[[list], None] | None = None
         self.wills_published_by_store = 0
+        # which put_will each client's stored will came from: a will put after a gw_hello was sent
+        # belongs to a newer connection than any the store can name in that hello's answer
+        self._will_seq = 0
+        self._will_put_at: dict[str, int] = {}
 
     def hello(self) -> None:
         """Tell the store which gateway this connection is (at start and after every reconnect):
         it stops the grace timer of this gateway's wills and says which it published meanwhile."""
         if not self.gateway_id:
             return
+        mark = self._will_seq
         fut = self.link.cmd("gw_hello", gateway=self.gateway_id)
 
         def done(f):
@@ -128,7 +133,8 @@ class RemoteMetadata:
             if e is not None:
                 log.warning("event=gw_hello_failed error=%r", e)
                 return
-            fired = _json(f.result()).get("wills_published", [])
+            fired = [c for c in _json(f.result()).get("wills_published", [])
+                     if self._will_put_at.get(c, 0) <= mark]
             if fired:
                 self.wills_published_by_store += len(fired)
                 log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
@@ -174,16 +180,20 @@ class RemoteMetadata:
 
     # wills
     def put_will(self, client_id: str, will: WillRecord) -> None:
+        self._will_seq += 1
+        self._will_put_at[client_id] = self._will_seq
         self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()),
                              gateway=self.gateway_id)
 
     def pop_will(self, client_id: str) -> Any:
         # callers only need it gone (the gateway keeps the will it publishes in memory); only
         # this gateway's: a will the client's newer connection left on another gateway stays
+        self._will_put_at.pop(client_id, None)
         self.link.cmd_nowait("gw_pop_will", client_id=client_id, gateway=self.gateway_id)
         return None
 
     def void_will(self, client_id: str) -> None:
+        self._will_put_at.pop(client_id, None)
         self.link.cmd_nowait("gw_pop_will", client_id=client_id)
 
     def take_wills(self) -> list[tuple[str, Any]]:
