@@ -350,8 +350,13 @@ class Broker:
                 topic, due = parse_delayed_topic(topic)
             except DelayRefused as e:
                 return self.publisher.refuse(conn, qos, pid, topic, e)
-        if self.acl is not None and not self.acl.can_publish(conn.identity, topic):
-            return self._publish_denied(conn, s, qos, pid, topic, v5)
+        if self.acl is not None and topic not in conn.acl_publish_ok:
+            # the identity is fixed per connection: an allowed topic is remembered until SIGHUP
+            if not self.acl.can_publish(conn.identity, topic):
+                return self._publish_denied(conn, s, qos, pid, topic, v5)
+            if len(conn.acl_publish_ok) >= 1024:
+                conn.acl_publish_ok.clear()
+            conn.acl_publish_ok.add(topic)
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
                 conn.send(P.PubRec(pid))
@@ -421,6 +426,7 @@ class Broker:
                 log.error("event=reload_failed what=acl error=%s (previous rules kept)", e)
                 return
             for c in list(self.connections):
+                c.acl_publish_ok.clear()
                 if c.connected and c.session is not None:
                     self._compute_read_checks(c, c.session)
 
