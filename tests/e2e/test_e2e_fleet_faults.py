@@ -253,6 +253,21 @@ def test_redis_restarted_during_traffic_loses_nothing(tmp_path):
         got = _collect([sub], acked)
         assert acked <= got, f"{len(acked - got)} of {len(acked)} acknowledged messages missing"
         sub.disconnect()
+        # the session directory is back too: connecting on B takes the client id over from A
+        # (bounded retries: a claim sent before the gateways re-subscribed to Redis is lost)
+        from tests.support import RawMQTT
+        taken = False
+        for _ in range(10):
+            on_a = RawMQTT(a)
+            on_a.connect("rr-mover")
+            on_b = RawMQTT(b)
+            on_b.connect("rr-mover")
+            taken = on_a.closed_by_server(2.0)
+            on_a.close()
+            on_b.close()
+            if taken:
+                break
+        assert taken, f"no takeover across gateways after Redis came back\n{a.log_tail()}"
     finally:
         if pub is not None:
             pub.stop()
