@@ -96,6 +96,7 @@ class MQTTConnection(asyncio.Protocol):
         self.accepted_at = self.last_rx
         self.pending_publishes = 0
         self.valid_topics: set[str] = set()   # PUBLISH topics already validated on this connection
+        self.acl_publish_ok: set[str] = set()  # topics the ACL let this connection publish (cleared on reload)
         self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self._reading_paused = False   # too many publishes awaiting the store

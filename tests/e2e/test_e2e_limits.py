@@ -420,3 +420,34 @@ def test_topic_length_and_levels_limits(tmp_path):
         sub.disconnect()
     finally:
         srv.stop()
+
+
+# ------------------------------------------------------------------------------ ACL decisions cached
+def test_acl_publish_decisions_cached_per_connection_are_dropped_on_reload(tmp_path):
+    """A connection remembers the topics the ACL let it publish (the ACL-cost fix for 10,000-rule
+    files); a SIGHUP that revokes the right must apply to the very next PUBLISH."""
+    import os
+    import signal
+
+    from lmqtt.gateway.auth import hash_password
+    pw = tmp_path / "passwd"
+    pw.write_text(f"bob:{hash_password('builder', iterations=1000)}\n")
+    acl = tmp_path / "acl"
+    acl.write_text("default deny\nallow user:bob all open/#\n")
+    srv = _server("serve", tmp_path, args=("--password-file", str(pw), "--acl-file", str(acl)))
+    try:
+        r = RawFrom(srv, version=5)
+        r.send(P.Connect("bob-c", 5, True, 60, "bob", b"builder", None, P.Properties()))
+        assert r.recv().reason_code == 0
+        for pid in (1, 2):                                     # the second one from the cache
+            r.send(P.Publish("open/x", b"ok", 1, packet_id=pid))
+            assert (r.recv().reason_code, pid) == (0, pid)
+        acl.write_text("default deny\nallow user:bob all other/#\n")
+        os.kill(srv.proc.pid, signal.SIGHUP)
+        _wait_log(srv, r"event=reloaded what=acl")
+        r.send(P.Publish("open/x", b"no longer", 1, packet_id=3))
+        pa = r.recv()
+        assert isinstance(pa, P.PubAck) and pa.reason_code == 0x87
+        r.close()
+    finally:
+        srv.stop()
