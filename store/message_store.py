@@ -418,6 +418,9 @@ class MessageStore:
             "segments": len(clog.mfq.files), "corrupt_ranges": len(clog.corrupt_ranges),
             "disk_full": bool(clog.disk_full_reason), "dispatch_error": repr(self.dispatch.error)
             if self.dispatch.error else None,
+            # delayed messages (None until enable_delayed): pending timers, fired, rolled
+            "timers_pending": self.delayed.wheel.pending if self.delayed is not None else None,
+            "timers_fired": self.delayed.wheel.fired_total if self.delayed is not None else None,
         }
 
     # ------------------------------------------------------------------ housekeeping
