@@ -191,12 +191,12 @@ class DeliveryEngine:
                 try:
                     more = run.pump(self.cfg.write_high_water)
                 except Exception as e:
-                    # the store failed mid-history: the subscription goes on live from the seam
-                    log.error("event=replay_history_failed client_id=%s filter=%s sent=%d error=%r",
-                              s.client_id, run.queue, run.sent, e)
-                    run.plan.done = True
-                    run.pending, run.pos = [], 0
-                    more = False
+                    # the store failed mid-history (e.g. the remote store is away): try again in a
+                    # second, from where it stopped (the cursor waits at the seam meanwhile)
+                    log.error("event=replay_history_failed client_id=%s filter=%s sent=%d error=%r "
+                              "(retried in 1 s)", s.client_id, run.queue, run.sent, e)
+                    self.loop.call_later(1.0, self.kick, s)
+                    continue
                 if run.finished():
                     runs.remove(run)
                     log.info("event=replay_history_done client_id=%s filter=%s sent=%d", s.client_id,

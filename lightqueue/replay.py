@@ -24,6 +24,10 @@ A filter's messages since `since_ms` come from one of two places, joined at one 
   below `seam` is read from the log, every one at/after it is in the queue) and nothing is
   delivered twice (each record is on one side of `seam`).
 
+Safety net: a record routed before the registration by an appender that would route outside the
+append step lands after the seam without the filter; records between the seam and the log's end
+at planning time that match but do not carry the filter are read from the log as well.
+
 Before answering, the plan waits until dispatch has passed the log end (so every record below the
 seam is in the ConsumeQueues and the light queue's entries below it are final).
 
@@ -141,19 +145,25 @@ def plan(store, lq, flt: str, since_ms: int) -> dict:
     if epoch_ms is not None and since_ms > epoch_ms:
         return {"source": "queue", "live_offset": lq_offset(lq, flt, seam, since_ms)}
     sources = [[fl, qid, cq_offset_for_time(store, fl, qid, since_ms)] for fl, qid in cq_sources(store, flt)]
+    # stragglers: a record routed before the registration by an appender that routes outside the
+    # store's append step (not the gateway or the store server, which route and append at once) is
+    # appended after the seam without the filter; it is read from the log too, up to `end`
+    end = max(seam, store.dispatched_offset)
     return {"source": "log", "live_offset": lq_offset(lq, flt, seam, 0),
-            "cursor": {"filter": flt, "seam": seam, "sources": sources}}
+            "cursor": {"filter": flt, "seam": seam, "end": end, "sources": sources}}
 
 
 def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 << 20) -> tuple[list, dict, bool]:
     """The next history messages (StoredMessages matching the filter, in CommitLog order, below
-    the seam) from `cursor`. Returns (messages, next cursor, done). Stateless: the cursor says it
+    the seam, and stragglers between the seam and `end` that do not carry the filter) from
+    `cursor`. Returns (messages, next cursor, done). Stateless: the cursor says it
     all, so a remote gateway can carry it between calls."""
     flt = cursor["filter"]
     seam = int(cursor["seam"])
+    end = int(cursor.get("end", seam))
     sources = [list(s) for s in cursor["sources"]]
     if not sources:
-        return [], {"filter": flt, "seam": seam, "sources": []}, True
+        return [], {"filter": flt, "seam": seam, "end": end, "sources": []}, True
     per = max(16, max_count // len(sources))
     batches = []
     horizon = None               # CommitLog position up to which every source has been read
@@ -161,7 +171,7 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
         fl, qid, off = s[0], int(s[1]), int(s[2])
         cq = store.consume_queues.get(fl, qid)
         entries = [] if cq is None else cq.range(off, per)
-        entries = [e for e in entries if e[1] < seam]
+        entries = [e for e in entries if e[1] < end]
         exhausted = len(entries) < per
         batches.append(entries)
         if not exhausted:
@@ -187,14 +197,14 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
             m = store.read(phys, size)
         except Exception:        # noqa: BLE001 - gone meanwhile (retention): skipped, never an error
             continue
-        if topic_matches(flt, m.topic):
+        if topic_matches(flt, m.topic) and (phys < seam or flt not in (m.dispatch_queues or ())):
             out.append(m)
             nbytes += size
     for s, o in zip(sources, new_off):
         s[2] = o
     done = horizon is None and all(
         (not batches[i]) or new_off[i] > batches[i][-1][0] for i in range(len(sources)))
-    return out, {"filter": flt, "seam": seam, "sources": sources}, done
+    return out, {"filter": flt, "seam": seam, "end": end, "sources": sources}, done
 
 
 def call_handlers(store, lq):

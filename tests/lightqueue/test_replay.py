@@ -146,17 +146,21 @@ def test_leading_wildcard_reads_every_first_level_topic_in_log_order(pair):
 
 def test_seam_under_concurrent_appends_no_gap_no_duplicate(pair):
     """A thread appends numbered messages while the filter is registered and planned: history +
-    live is exactly every message since `since`, once each, in order."""
+    live is exactly every message since `since`, once each, in order. The producer routes and
+    appends in one step with respect to the registration (the lock), as the gateway's loop and the
+    store server's loop do: that is the seam's contract."""
     st, lq = pair
     since = int(time.time() * 1000)
     stop = threading.Event()
+    step = threading.Lock()
     sent = []
 
     def producer():
         i = 0
         while not stop.is_set() and i < 20_000:
             topic = f"c/{i % 5}/v"
-            st.append(Message(topic=topic, body=str(i).encode(), dispatch_queues=lq.queues_for_topic(topic)))
+            with step:
+                st.append(Message(topic=topic, body=str(i).encode(), dispatch_queues=lq.queues_for_topic(topic)))
             sent.append(i)
             i += 1
 
@@ -167,7 +171,8 @@ def test_seam_under_concurrent_appends_no_gap_no_duplicate(pair):
             if len(sent) > 500:
                 break
             time.sleep(0.002)
-        lq.register_filter("c/+/v")
+        with step:
+            lq.register_filter("c/+/v")
         plan = lq.replay_plan("c/+/v", since)
         for _ in range(1000):
             if len(sent) > 1500:
@@ -209,3 +214,19 @@ def test_a_log_never_trimmed_answers_any_since(pair):
     lq.register_filter("n/#")
     plan = lq.replay_plan("n/#", 0)
     assert read_all(lq, plan) == [b"first"]
+
+
+def test_a_record_routed_before_the_registration_and_appended_after_is_delivered_once(pair):
+    """An appender that routes outside the append step (the seam's contract is that none does):
+    the record lands after the seam without the filter, and is read from the log, once."""
+    st, lq = pair
+    since = int(time.time() * 1000)
+    publish(st, lq, "g/a", b"before")
+    routed_early = lq.queues_for_topic("g/b")          # no g/+ yet
+    lq.register_filter("g/+")
+    r = st.append(Message(topic="g/b", body=b"straggler", dispatch_queues=routed_early))
+    assert st.wait_dispatched(r.phys_offset + r.size, 10)
+    publish(st, lq, "g/c", b"live")
+    plan = lq.replay_plan("g/+", since)
+    assert plan["source"] == "log"
+    assert read_all(lq, plan) + live(lq, "g/+", plan["live_offset"]) == [b"before", b"straggler", b"live"]
