@@ -226,3 +226,30 @@ def test_kill_9_with_pending_timers_loses_none_and_fires_none_twice(lmqtt_server
             off = r.next_offset
     assert sorted(bodies) == list(range(n)), "a timer fired twice (or never) in the store"
     assert got == set(range(n)), f"lost across the kill: {sorted(set(range(n)) - got)}"
+
+
+def test_zero_delay_qos0_refusal_and_retain_flag(lmqtt_server):
+    """`$delayed/0/t` is an ordinary publish on t; a bad form at QoS 0 (no ack exists) is dropped
+    and logged, the connection goes on; a delayed publish with RETAIN does not replace t's
+    retained message."""
+    sub = Paho(lmqtt_server, "z-sub", version=4)
+    sub.subscribe("dz/#", 1)
+    pub = Paho(lmqtt_server, "z-pub", version=5)
+    pub.publish("dz/kept", b"retained-before", qos=1, retain=True)
+    assert [m.payload for m in sub.get_n(1, timeout=5)] == [b"retained-before"]
+    t0 = time.time()
+    pub.publish("$delayed/0/dz/now", b"zero", qos=1)
+    got = sub.get_n(1, timeout=5)
+    assert [(m.topic, m.payload) for m in got] == [("dz/now", b"zero")]
+    assert time.time() - t0 < PRECISION_S                  # not parked for a tick
+    pub.publish("$delayed/x/dz/bad", b"dropped", qos=0)
+    pub.publish("$delayed/1/dz/kept", b"delayed-retain", qos=1, retain=True)
+    got = sub.get_n(1, timeout=1 + PRECISION_S + MARGIN_S)
+    assert [(m.topic, m.payload) for m in got] == [("dz/kept", b"delayed-retain")]
+    assert sub.drain(0.5) == []                             # the QoS 0 bad form was not stored
+    late = Paho(lmqtt_server, "z-late", version=4)
+    late.subscribe("dz/kept", 1)
+    assert [m.payload for m in late.get_n(1, timeout=5)] == [b"retained-before"]
+    assert "event=delayed_publish_refused" in lmqtt_server.log_tail(20000)
+    for c in (late, pub, sub):
+        c.disconnect()
