@@ -200,6 +200,24 @@ def test_sdk_filter_consumer_since(lmqtt_server):
         c.close()
 
 
+def test_since_and_replay_filter_forms():
+    """The two ways to ask, parsed (no server needed)."""
+    from lmqtt.gateway.replay import ReplayRequestError, parse_since, plain_filter, split_replay_filter
+    assert parse_since("1795420800000") == 1795420800000
+    assert parse_since("2026-11-23T08:00:00Z") == parse_since("2026-11-23T09:00:00+01:00")
+    assert parse_since("2026-11-23T08:00:00.250Z") % 1000 == 250
+    for bad in ("yesterday", "2026-11-23T08:00:00", "-5"):
+        with pytest.raises(ReplayRequestError):
+            parse_since(bad)
+    assert split_replay_filter("$replay/1700000000000/a/+/c") == (1700000000000, "a/+/c")
+    assert split_replay_filter("$replay/1/#") == (1, "#")
+    assert split_replay_filter("a/#") is None
+    for bad in ("$replay/x/a", "$replay/1", "$replay//a"):
+        with pytest.raises(ReplayRequestError):
+            split_replay_filter(bad)
+    assert plain_filter("$replay/5/a/#") == "a/#" and plain_filter("a/#") == "a/#"
+
+
 # ---------------------------------------------------------------- outside retention
 def _trimmed_data(data_dir: str, segment_mb: int) -> int:
     """A data dir whose CommitLog start was deleted by retention (in-process, before the server
