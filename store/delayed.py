@@ -196,13 +196,17 @@ class DelayedMessages:
         parked = self.store.read(t.ref_offset, t.ref_size)
         topic, _due, flags, queue_id, props = _unwrap(parked)
         keys = tuple(parked.keys) + (f"{TIMER_KEY}{t.ref_offset}",)
-        return self._route(Message(topic, parked.body, queue_id, flags, props, keys, parked.born_ts))
+        return Message(topic, parked.body, queue_id, flags, props, keys, parked.born_ts)
 
     def _fire(self, timers: list[Timer]) -> None:
         # a timer due at once can fire before dispatch made its parked record readable
         self.store.wait_dispatched(max(t.ref_offset + t.ref_size for t in timers), timeout=30)
         msgs = [self._released(t) for t in timers]
-        results = self._append(msgs) if self._loop is not None else self.store.append_batch(msgs)
+        if self._loop is not None:
+            results = self._append(msgs)
+        else:
+            route = self._route
+            results = self.store.append_batch([route(m) for m in msgs])
         if results:
             results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
 
@@ -217,7 +221,11 @@ class DelayedMessages:
             if not done.set_running_or_notify_cancel():
                 return                              # abandoned by the firing thread
             try:
-                done.set_result(self.store.append_batch(msgs))
+                # routed here, right before the append, on the thread that registers filters: a
+                # filter registered before this append gets the message, one registered after it
+                # starts after it (the same rule as for any publish)
+                route = self._route
+                done.set_result(self.store.append_batch([route(m) for m in msgs]))
             except BaseException as e:  # noqa: BLE001 - handed to the firing thread
                 done.set_exception(e)
         self._loop.call_soon_threadsafe(run)        # RuntimeError when the loop is closed: retried
