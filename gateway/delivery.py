@@ -162,6 +162,8 @@ class DeliveryEngine:
     def start_history(self, run) -> None:
         """`run` (a HistoryRun) sends its subscription's history first; its queue is read live
         (the session becomes a reader at the seam) when the history is done."""
+        if run.record_of is not None:
+            run.record_of = self._record_of      # props decoded once per distinct value
         self.remove_reader(run.s, run.queue)
         self.histories.setdefault(run.s, []).append(run)
         self._hist_dirty.add(run.s)

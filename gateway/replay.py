@@ -87,11 +87,13 @@ class HistoryRun:
     delivery (`on_done`). Driven by the delivery engine on each run that examines the session."""
 
     read_batch = 1024          # messages per history read from the store
-    send_batch = 256           # messages sent per delivery run (fairness with other sessions)
+    send_batch = 1024          # messages sent per delivery run (fairness with other sessions)
     reads_per_run = 4          # store reads per delivery run
 
-    def __init__(self, s: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None) -> None:
+    def __init__(self, s: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None,
+                 record_of=None) -> None:
         self.s = s
+        self.record_of = record_of or _record_of     # the delivery engine's props cache when given
         self.sub = sub
         self.plan = plan
         self.acl = acl
@@ -129,7 +131,7 @@ class HistoryRun:
                 if not self.pending:
                     continue            # nothing matched in that chunk: read on (or done)
             m = self.pending[self.pos]
-            rec = _record_of(m)
+            rec = self.record_of(m.props)
             if sub.no_local and rec.client_id == s.client_id:
                 self.pos += 1
                 continue
@@ -151,6 +153,6 @@ class HistoryRun:
             budget_bytes -= len(m.body)
 
 
-def _record_of(m):
+def _record_of(props: bytes):
     from lmqtt.gateway.record_props import safe_decode
-    return safe_decode(m.props)
+    return safe_decode(props)

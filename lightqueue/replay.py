@@ -187,17 +187,23 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
     out = []
     nbytes = 0
     new_off = [int(s[2]) for s in sources]
+    min_phys = store.min_offset
+    read = store.read
+    matches: dict[str, bool] = {}       # topic -> matches the filter (topics repeat)
     for phys, size, i, qoff in picked:
         if out and nbytes + size > max_bytes:
             break
         new_off[i] = qoff + 1
-        if phys < store.min_offset:
+        if phys < min_phys:
             continue             # deleted by retention meanwhile
         try:
-            m = store.read(phys, size)
+            m = read(phys, size)
         except Exception:        # noqa: BLE001 - gone meanwhile (retention): skipped, never an error
             continue
-        if topic_matches(flt, m.topic) and (phys < seam or flt not in (m.dispatch_queues or ())):
+        ok = matches.get(m.topic)
+        if ok is None:
+            ok = matches[m.topic] = topic_matches(flt, m.topic)
+        if ok and (phys < seam or flt not in (m.dispatch_queues or ())):
             out.append(m)
             nbytes += size
     for s, o in zip(sources, new_off):
