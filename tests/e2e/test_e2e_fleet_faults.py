@@ -118,6 +118,24 @@ def _wait_metric(gw, name: str, want: float, timeout: float = 15.0) -> float:
     return v
 
 
+def _port_pair() -> int:
+    """A loopback port p with p + 1 free as well (bounded tries)."""
+    import socket
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+                return p
+    raise AssertionError("no two adjacent free loopback ports found")
+
+
 def _stop_all(gws, store) -> None:
     for g in gws:
         if g.proc is not None and g.proc.poll() is None:
@@ -358,7 +376,9 @@ def test_serve_workers_a_restarted_worker_fires_only_the_wills_of_its_own_client
     import subprocess
     from lmqtt.gateway.mqtt import packets as P
     from tests.support import LmqttServer, RawMQTT
-    srv = LmqttServer(str(tmp_path / "data"), ("--workers", "2"), log_path=str(tmp_path / "serve.log")).start()
+    srv = LmqttServer(str(tmp_path / "data"), ("--workers", "2"), log_path=str(tmp_path / "serve.log"))
+    srv.metrics_port = _port_pair()          # worker i serves metrics on metrics_port + i
+    srv.start()
     raws = []
     try:
         for i in (0, 1):
