@@ -181,6 +181,8 @@ class TlsAcceptor(asyncio.Protocol):
             self._failed(e, peer, transport)
             return
         if tls is None or tls.is_closing():
+            # uvloop may complete start_tls for a peer that closed during the handshake
+            self._failed(ConnectionResetError("closed during the TLS handshake"), peer, transport)
             return
         proto.connection_made(tls)
 
@@ -191,8 +193,11 @@ class TlsAcceptor(asyncio.Protocol):
         gate = gw.broker.gate if gw.broker is not None else None
         left_out = gate.log_allowed() if gate is not None else 0
         if left_out is not None:
-            log.warning("event=tls_handshake_failed listener=%s peer=%s cause=%s reason=%r error=%r%s", self.listener,
-                        peer, cause, why, str(exc)[:200], f" suppressed={left_out}" if left_out else "")
+            # a peer that connects and leaves without a handshake is what TCP health checks of a
+            # load balancer do: counted, logged at debug only
+            log.log(logging.DEBUG if cause == "connection_lost" else logging.WARNING,
+                    "event=tls_handshake_failed listener=%s peer=%s cause=%s reason=%r error=%r%s", self.listener,
+                    peer, cause, why, str(exc)[:200], f" suppressed={left_out}" if left_out else "")
         if not transport.is_closing():
             transport.abort()
 

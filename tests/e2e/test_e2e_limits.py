@@ -27,8 +27,21 @@ def _server(kind: str, tmp_path, toml: str = "", args: tuple[str, ...] = ()):
     conf.write_text(toml)
     extra = ("--config", str(conf), *args)
     if kind == "serve":
-        return LmqttServer(str(tmp_path / "data"), extra, log_path=str(tmp_path / "serve.log")).start()
-    return LmqttFleet(str(tmp_path / "store-data"), extra, log_dir=str(tmp_path)).start()
+        srv = LmqttServer(str(tmp_path / "data"), extra, log_path=str(tmp_path / "serve.log")).start()
+    else:
+        srv = LmqttFleet(str(tmp_path / "store-data"), extra, log_dir=str(tmp_path)).start()
+    # /metrics opens a moment after the MQTT port: the tests read it
+    port = int(srv.metrics_url.rsplit(":", 1)[1].split("/")[0])
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection((srv.host, port), timeout=1).close()
+            return srv
+        except OSError:
+            if time.monotonic() > deadline:
+                srv.stop()
+                raise
+            time.sleep(0.05)
 
 
 class RawFrom(RawMQTT):
@@ -449,5 +462,24 @@ def test_acl_publish_decisions_cached_per_connection_are_dropped_on_reload(tmp_p
         pa = r.recv()
         assert isinstance(pa, P.PubAck) and pa.reason_code == 0x87
         r.close()
+    finally:
+        srv.stop()
+
+
+def test_tcp_probe_of_the_tls_port_is_counted_not_logged_as_a_warning(tmp_path, pki):
+    """A load balancer's TCP health check (connect, close) on the TLS port must not fill the log
+    with warnings; it is counted as cause=connection_lost."""
+    tls_port = free_port()
+    srv = _server("serve", tmp_path, args=("--tls-port", str(tls_port), "--cert", pki["cert"], "--key", pki["key"]))
+    try:
+        for _ in range(3):
+            socket.create_connection(("127.0.0.1", tls_port), timeout=5).close()
+        deadline = time.monotonic() + 10
+        while _metric(srv, 'lmqtt_tls_handshake_failures_total{cause="connection_lost"}') < 3:
+            assert time.monotonic() < deadline, srv.log_tail(3000)
+            time.sleep(0.05)
+        assert "event=tls_handshake_failed" not in srv.log_tail(200_000)
+        c = _tls_paho(srv, tls_port, pki, "after-probes")            # and TLS still works
+        c.disconnect()
     finally:
         srv.stop()
