@@ -410,3 +410,41 @@ def test_serve_workers_a_restarted_worker_fires_only_the_wills_of_its_own_client
         for r in raws:
             r.close()
         srv.stop()
+
+
+def test_delayed_wills_of_a_stopped_gateway_are_published_by_the_store_after_their_delay(tmp_path):
+    """MQTT 5 Will Delay Interval across a gateway that is stopped and does not come back: the
+    delayed will of a client that stays away is published by the store once the delay is over;
+    the delayed will of a client that reconnects on B meanwhile is never published."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    store = LmqttStore(str(tmp_path / "store"), ("--will-grace-s", "1"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        watcher = Paho(b, "wd-watch")
+        watcher.subscribe("wd/#", qos=1)
+        clients = {}
+        for cid in ("wd-gone", "wd-back"):
+            c = Paho(a, cid, version=5, clean=False, expiry=300, connect=False)
+            wp = Properties(PacketTypes.WILLMESSAGE)
+            wp.WillDelayInterval = 3
+            c.c.will_set(f"wd/will/{cid}", b"dead:" + cid.encode(), 1, False, wp)
+            c.connect()
+            clients[cid] = c
+        assert a.stop() == 0, a.log_tail()     # clean stop: both wills wait out their delay
+        for c in clients.values():
+            c.disconnect()
+        back = Paho(b, "wd-back", version=5, clean=False, expiry=300)   # back within the delay
+        assert back.session_present
+        seen: list = []
+        deadline = time.monotonic() + 30
+        while "wd/will/wd-gone" not in [m.topic for m in seen] and time.monotonic() < deadline:
+            seen += watcher.drain(0.1)
+        seen += _before_sentinel(back, "wd/sentinel", watcher)      # and nothing else
+        assert [(m.topic, m.payload) for m in seen] == [("wd/will/wd-gone", b"dead:wd-gone")], \
+            f"{[m.topic for m in seen]}\n{store.log_tail()}"
+        back.disconnect()
+        watcher.disconnect()
+    finally:
+        _stop_all([a, b], store)
