@@ -61,6 +61,7 @@ from lmqtt.store.server import Messages, StoreServer
 
 from . import replay as replay_mod
 
+from .errors import MetadataError
 from .light_queue_store import LightQueueStore
 from .records import SessionRecord, WillRecord
 from .topics import validate_filter, validate_topic
@@ -177,12 +178,15 @@ class GatewayService:
             return
         if wills:
             log.warning("event=gateway_not_back gateway=%s wills=%d (publishing them)", gid, len(wills))
+        now = []
         for cid, w in wills:
             left = self._will_delay(cid, w) - self.will_grace_s
             if left <= 0:
-                self._publish_will(gid, cid)
+                now.append(cid)
             else:
-                self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(left, self._publish_will, gid, cid)
+                self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(left, self._publish_wills, gid, [cid])
+        if now:
+            self._publish_wills(gid, now)
 
     def _will_delay(self, cid: str, w) -> float:
         """MQTT 5: the Will Delay Interval, but no longer than the session lives (a session that
@@ -198,43 +202,72 @@ class GatewayService:
             return 0.0
         return float(min(w.delay_interval, rec.expiry_interval))
 
-    def _publish_will(self, gid: str, cid: str) -> bool:
-        """Publish `cid`'s will if gateway `gid` still holds it and is still away; True if done."""
+    _WILL_CHUNK = 512          # wills per append (and per loop step: a big gateway's do not stall the loop)
+
+    def _publish_wills(self, gid: str, cids: list[str]) -> None:
+        """Publish the wills of `cids` that gateway `gid` still holds while it is still away: one
+        append per chunk, like a gateway's publish batch; a failed append keeps them stored and
+        tries again later."""
+        chunk, rest = cids[:self._WILL_CHUNK], cids[self._WILL_CHUNK:]
         d = self._delayed.get(gid)
         if d is not None:
-            d.pop(cid, None)
+            for cid in chunk:
+                d.pop(cid, None)
             if not d:
                 del self._delayed[gid]
         if gid in self.connections_of or self._closed:
-            return False
-        try:
-            w = self.meta.get_will(cid)
-            if w is None or w.gateway != gid:
-                return False               # the client connected again (anywhere) meanwhile
+            return
+        todo = []
+        now_ms = int(time.time() * 1000)
+        router = self.srv.router or self.lq.queues_for_topic
+        for cid in chunk:
             try:
+                w = self.meta.get_will(cid)
+                if w is None or w.gateway != gid:
+                    continue               # the client connected again (anywhere) meanwhile
                 validate_topic(w.topic)
-            except ValueError as e:
+            except (ValueError, MetadataError) as e:   # a bad topic or a corrupt record: reported, dropped
                 log.warning("event=will_dropped client_id=%s gateway=%s error=%s", cid, gid, e)
-                self.meta.pop_will(cid, gateway=gid)
-                return False
-            now_ms = int(time.time() * 1000)
-            router = self.srv.router or self.lq.queues_for_topic
-            self.srv.store.append(Message(w.topic, w.payload, 0, 0, w.props, (), now_ms, router(w.topic)))
-            if w.retain:
-                self.meta.set_retained(w.topic, w.payload, self.retained_props(w.props, now_ms))
+                self._pop(cid, gid)
+                continue
+            todo.append((cid, w, Message(w.topic, w.payload, 0, 0, w.props, (), now_ms, router(w.topic))))
+        if todo:
+            try:
+                self.srv.store.append_batch([m for _c, _w, m in todo])
+                done = todo
+            except Exception as e:  # noqa: BLE001 - all or none: one by one, so one bad will fails alone
+                log.warning("event=will_batch_append_failed gateway=%s count=%d error=%r; one by one", gid, len(todo), e)
+                done = []
+                for cid, w, m in todo:
+                    try:
+                        self.srv.store.append(m)
+                        done.append((cid, w, m))
+                    except Exception as e1:  # noqa: BLE001 - kept: tried again later
+                        self.will_publish_errors += 1
+                        log.error("event=will_publish_failed client_id=%s gateway=%s error=%r (kept, retrying)",
+                                  cid, gid, e1)
+                        self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(
+                            max(1.0, self.will_grace_s), self._publish_wills, gid, [cid])
+            away = self.published_while_away.setdefault(gid, [])
+            for cid, w, _m in done:
+                if w.retain:
+                    try:
+                        self.meta.set_retained(w.topic, w.payload, self.retained_props(w.props, now_ms))
+                    except Exception as e:  # noqa: BLE001 - the message itself went out
+                        log.error("event=will_retain_failed client_id=%s topic=%s error=%r", cid, w.topic, e)
+                self._pop(cid, gid)
+                self.wills_published += 1
+                if len(away) < _MAX_PUBLISHED_WHILE_AWAY:
+                    away.append(cid)
+                log.info("event=will_published_for_gateway client_id=%s gateway=%s topic=%s", cid, gid, w.topic)
+        if rest:
+            self.loop.call_soon(self._publish_wills, gid, rest)
+
+    def _pop(self, cid: str, gid: str) -> None:
+        try:
             self.meta.pop_will(cid, gateway=gid)
-        except Exception as e:  # noqa: BLE001 - kept: tried again after another grace period
-            self.will_publish_errors += 1
-            log.error("event=will_publish_failed client_id=%s gateway=%s error=%r (kept, retrying)", cid, gid, e)
-            self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(
-                max(1.0, self.will_grace_s), self._publish_will, gid, cid)
-            return False
-        self.wills_published += 1
-        away = self.published_while_away.setdefault(gid, [])
-        if len(away) < _MAX_PUBLISHED_WHILE_AWAY:
-            away.append(cid)
-        log.info("event=will_published_for_gateway client_id=%s gateway=%s topic=%s", cid, gid, w.topic)
-        return True
+        except Exception as e:  # noqa: BLE001 - it stays stored: published again if its gateway restarts
+            log.error("event=will_pop_failed client_id=%s gateway=%s error=%r", cid, gid, e)
 
     def close(self) -> None:
         self._closed = True

@@ -240,7 +240,10 @@ class MetadataStore:
         pre = self._wkey(gateway, "")
         for k, _ in list(self._scan(pre)):
             cid = k[len(pre):].decode("utf-8")
-            w = self.get_will(cid)
+            try:
+                w = self.get_will(cid)
+            except MetadataError:     # a corrupt record is never served: skipped (its index entry too)
+                w = None
             yield cid, (w if w is not None and w.gateway == gateway else None), k
 
     def take_wills(self, gateway: str | None = None) -> list[tuple[str, WillRecord]]:
@@ -251,7 +254,11 @@ class MetadataStore:
             out = []
             if gateway is None:
                 for k, v in self._scan(P_WILL):
-                    out.append((k[1:].decode("utf-8"), WillRecord.from_bytes(v)))
+                    try:
+                        w = WillRecord.from_bytes(v)
+                    except MetadataError:      # never served as a will; left where it is
+                        continue
+                    out.append((k[1:].decode("utf-8"), w))
                     wb.delete(k)
                 for k, _ in self._scan(P_WILL_BY_GATEWAY):
                     wb.delete(k)
@@ -266,7 +273,12 @@ class MetadataStore:
 
     def will_gateways(self) -> set[str]:
         """The gateway ids holding at least one will ("" included for wills without one)."""
-        out = {w.gateway for _cid, w in self.list_wills()}
+        out = set()
+        for _k, v in self._scan(P_WILL):
+            try:
+                out.add(WillRecord.from_bytes(v).gateway)
+            except MetadataError:
+                continue              # a corrupt record is never served
         return out
 
     # -- filter registry (used by FilterRegistry) -------------------------------------------

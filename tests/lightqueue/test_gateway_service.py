@@ -255,3 +255,21 @@ def test_metadata_wills_are_held_per_gateway(tmp_path):
         assert [c for c, _w in md.take_wills()] == ["e"] and md.will_gateways() == set()
     finally:
         md.close()
+
+
+def test_many_wills_of_a_gateway_that_stays_away_are_all_published(tmp_path):
+    """More wills than one append chunk (512): every one is published, each once."""
+    from tests.support import LmqttStore
+    store = LmqttStore(str(tmp_path / "s"), ("--will-grace-s", "0.2"), log_path=str(tmp_path / "s.log")).start()
+    try:
+        with connect(store.address) as obs:
+            assert obs.cmd("gw_register", gateway="obs", filter="many/#")["count"] == 1
+            with connect(store.address) as a:
+                a.cmd("gw_hello", gateway="gwM")
+                for i in range(1100):
+                    a.cmd("gw_put_will", client_id=f"m{i}", will=_will(f"many/{i}"), gateway="gwM")
+            assert _until(lambda: _max(obs, "many/#"), 1100, timeout=30) == 1100, store.log_tail()
+            # all popped once published: none can go out again
+            assert obs.cmd("gw_list_wills", gateway="gwM")["wills"] == []
+    finally:
+        store.stop()
