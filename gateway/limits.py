@@ -68,6 +68,11 @@ class KeyedRateLimiter:
             self.refused += 1
         return ok
 
+    def would_allow(self, key: Hashable) -> bool:
+        """Whether `allow(key)` would say yes now, without taking a token."""
+        b = self._buckets.get(key)
+        return b is None or b.wait_time() == 0.0
+
     def __len__(self) -> int:
         return len(self._buckets)
 
@@ -171,6 +176,15 @@ class ConnectionGate:
             per[address] = n + 1
         self.current += 1
         return 0, None
+
+    def over_connect_rate(self, address: str) -> bool:
+        """True when a connection from `address` now would be refused for its connect rate: a TLS
+        listener then closes it before the handshake (the CPU a rate limit is there to save),
+        counted as a connect-rate refusal. No token is taken: `admit` takes it."""
+        if self._rate is None or self._rate.would_allow(address):
+            return False
+        self.hits["connect_rate_per_address"] += 1
+        return True
 
     def release(self, address: str | None = None) -> None:
         self.current = max(0, self.current - 1)

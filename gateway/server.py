@@ -161,6 +161,20 @@ class TlsAcceptor(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         pn = transport.get_extra_info("peername")
         peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        gw = self.gw
+        gate = gw.broker.gate if gw.broker is not None else None
+        if gate is not None and pn and gate.over_connect_rate(pn[0]):
+            # over its connect rate: refused before the handshake (no CONNACK can be sent without
+            # one); within the rate the MQTT connection's own admission takes the token
+            gw.metrics.connect_refused.labels(reason="0x9F").inc()
+            left_out = gate.log_allowed()
+            if left_out is not None:
+                log.warning("event=connect_refused peer=%s reason_code=none cause=connect_rate_per_address limit=%s "
+                            "reason='closed before the TLS handshake (listener %s)'%s", peer,
+                            gate.limits.connect_rate_per_address, self.listener,
+                            f" suppressed={left_out}" if left_out else "")
+            transport.abort()
+            return
         proto = self.factory()
         try:
             it = loop.start_tls(transport, proto, self.ctx, server_side=True,

@@ -483,3 +483,37 @@ def test_tcp_probe_of_the_tls_port_is_counted_not_logged_as_a_warning(tmp_path, 
         c.disconnect()
     finally:
         srv.stop()
+
+
+def test_connect_rate_on_the_tls_port_refuses_before_the_handshake(tmp_path, pki):
+    """Over its connect rate a TLS client is closed before the handshake it would cost (no CONNACK
+    can be sent without one); within the rate it gets in; others are not affected."""
+    tls_port = free_port()
+    srv = _server("serve", tmp_path, "connect_rate_per_address = 0.2\nconnect_burst_per_address = 2\n",
+                  args=("--tls-port", str(tls_port), "--cert", pki["cert"], "--key", pki["key"]))
+    try:
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+
+        def tls_connect(cid: str, source: str = "127.0.0.6"):
+            s = socket.create_connection(("127.0.0.1", tls_port), timeout=10, source_address=(source, 0))
+            try:
+                ts = ctx.wrap_socket(s, server_hostname="127.0.0.1")
+            except (ssl.SSLError, OSError):
+                s.close()
+                return None
+            with ts:
+                ts.sendall(encode(P.Connect(cid, 5, True, 60, None, None, None, P.Properties()), 5))
+                return Decoder(version=5, server_side=False).feed(ts.recv(4096))[0].reason_code
+
+        results = [tls_connect(f"tr-{i}") for i in range(8)]
+        assert results[:2] == [0, 0] and None in results[2:], results
+        line = _wait_log(srv, r"event=connect_refused peer=127\.0\.0\.6:\d+ reason_code=none "
+                              r"cause=connect_rate_per_address limit=0.2 reason='closed before the TLS handshake")
+        assert "listener mqtts" in line
+        assert _metric(srv, 'lmqtt_limit_hits_total{limit="connect_rate_per_address"}') >= 1
+        r, ack = _connect(srv, "tr-plain", source="127.0.0.6")           # one budget per address
+        assert ack.reason_code == 0x9F
+        r.close()
+        assert tls_connect("tr-other", source="127.0.0.7") == 0       # another address: served
+    finally:
+        srv.stop()

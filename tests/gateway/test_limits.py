@@ -94,3 +94,15 @@ def test_topic_violation_names_the_limit_and_zero_levels_is_unlimited():
     assert lim.topic_violation("a/b/c") is None
     assert lim.topic_violation("a/b/c/d") == ("max_topic_levels", "topic of 4 levels exceeds the limit of 3")
     assert lim.topic_violation("é" * 6)[0] == "max_topic_length"          # bytes, not characters
+
+
+def test_over_connect_rate_peeks_without_taking_a_token():
+    c = Clock()
+    g = ConnectionGate(Limits(connect_rate_per_address=1, connect_burst_per_address=2), c)
+    assert not g.over_connect_rate("a")                           # never seen: fine
+    assert g.admit("a") == (0, None) and not g.over_connect_rate("a")
+    assert g.admit("a") == (0, None)                              # the peek took nothing: 2 admitted
+    assert g.over_connect_rate("a") and g.hits["connect_rate_per_address"] == 1
+    c.t += 1.0
+    assert not g.over_connect_rate("a") and g.admit("a") == (0, None)
+    assert not ConnectionGate(Limits()).over_connect_rate("a")   # no rate limit: never
