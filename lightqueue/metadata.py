@@ -15,6 +15,7 @@ know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a cont
 """
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 from typing import Iterator
@@ -24,6 +25,8 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from .errors import MetadataError
 from .records import SessionRecord, WillRecord
 from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
+
+log = logging.getLogger("lmqtt.lightqueue.metadata")
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -242,7 +245,8 @@ class MetadataStore:
             cid = k[len(pre):].decode("utf-8")
             try:
                 w = self.get_will(cid)
-            except MetadataError:     # a corrupt record is never served: skipped (its index entry too)
+            except MetadataError as e:    # a corrupt record is never served: skipped (its index entry too)
+                log.error("event=will_record_corrupt client_id=%s error=%s (skipped)", cid, e)
                 w = None
             yield cid, (w if w is not None and w.gateway == gateway else None), k
 
@@ -256,7 +260,8 @@ class MetadataStore:
                 for k, v in self._scan(P_WILL):
                     try:
                         w = WillRecord.from_bytes(v)
-                    except MetadataError:      # never served as a will; left where it is
+                    except MetadataError as e:     # never served as a will; left where it is
+                        log.error("event=will_record_corrupt key=%r error=%s (skipped)", k, e)
                         continue
                     out.append((k[1:].decode("utf-8"), w))
                     wb.delete(k)
@@ -277,8 +282,8 @@ class MetadataStore:
         for _k, v in self._scan(P_WILL):
             try:
                 out.add(WillRecord.from_bytes(v).gateway)
-            except MetadataError:
-                continue              # a corrupt record is never served
+            except MetadataError as e:     # a corrupt record is never served
+                log.error("event=will_record_corrupt key=%r error=%s (skipped)", _k, e)
         return out
 
     # -- filter registry (used by FilterRegistry) -------------------------------------------
