@@ -5,6 +5,9 @@ behaviour (offsets, runs, replay, truncate, retention) is checked on its own.
 """
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 
 from lmqtt.lightqueue import LightQueueIndex
@@ -302,19 +305,27 @@ def test_drop_queue_while_dispatching(tmp_path):
         try:
             for b in range(0, 4000, 20):
                 feed(idx, [(f"t/{i % 3}", "w/+") for i in range(b, b + 20)], phys0=b * 100)
+                time.sleep(0)          # let the dropping thread in between batches, not only at GIL switches
         except Exception as e:   # noqa: BLE001 - reported below
             errors.append(repr(e))
         finally:
             stop.set()
 
-    t = threading.Thread(target=dispatcher)
-    t.start()
-    drops = 0
-    while not stop.is_set() and drops < 20:
-        if idx.max_offset("w/+"):
-            idx.drop_queue("w/+")
-            drops += 1
-    t.join(30)
+    # Python's 5 ms switch interval let the dispatcher finish all 4,000 records before the main
+    # thread ran once (drops == 0, alone; the full suite had a shorter interval set by then)
+    old_switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        t = threading.Thread(target=dispatcher)
+        t.start()
+        drops = 0
+        while not stop.is_set() and drops < 20:
+            if idx.max_offset("w/+"):
+                idx.drop_queue("w/+")
+                drops += 1
+        t.join(30)
+    finally:
+        sys.setswitchinterval(old_switch)
     assert errors == [] and drops > 0
     for j in range(3):
         assert phys_list(idx, f"t/{j}") == [i * 100 for i in range(j, 4000, 3)]
