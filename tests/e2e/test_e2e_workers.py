@@ -11,13 +11,16 @@ import urllib.request
 
 import pytest
 
+from lmqtt.loadtest.brokers import free_port_pair
 from tests.support import LmqttServer, Paho
 
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory):
     d = tmp_path_factory.mktemp("workers")
-    srv = LmqttServer(str(d / "data"), extra_args=("--workers", "2"), log_path=str(d / "serve.log")).start()
+    srv = LmqttServer(str(d / "data"), extra_args=("--workers", "2"), log_path=str(d / "serve.log"))
+    srv.metrics_port = free_port_pair()        # worker i serves /metrics on metrics_port + i
+    srv.start()
     _wait_ready(srv)
     yield srv
     srv.stop()
