@@ -192,6 +192,24 @@ class AsyncConnection:
                                         retry=True)
         return _pull_result(self.ident, body)
 
+    # the command API (aio_api.py), as on the sync Connection
+    def producer(self, producer_id: str | None = None):
+        from .aio_api import AsyncProducer
+        return AsyncProducer(self, producer_id)
+
+    async def consumer(self, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest", **kw):
+        from .aio_api import AsyncPullConsumer
+        return await AsyncPullConsumer(self, topic, group, queue_id, **kw)._start(start)
+
+    async def filter_consumer(self, topic_filter: str, group: str | None = None, *, start: str = "latest",
+                              since: int | None = None, **kw):
+        from .aio_api import AsyncFilterConsumer
+        return await AsyncFilterConsumer(self, topic_filter, group, **kw)._start(start, since)
+
+    def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
+        from .aio_api import AsyncPopConsumer
+        return AsyncPopConsumer(self, topic, group, queue_id, **kw)
+
     async def close(self) -> None:
         if self._proto is not None:
             self._proto.transport.close()

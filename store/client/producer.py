@@ -87,6 +87,38 @@ def _delayed_frame(frame: bytes, dues) -> tuple[bytes, int]:
     return frame + W.encode_due_trailer(dues), W.F_DELAYED
 
 
+def pack_batch(heads: dict, messages) -> tuple[int, bytes, list[int] | None]:
+    """(count, packed messages, due times or None) of a `send_batch` argument: (topic, body) pairs
+    (their record heads cached in `heads` per topic and length) or dicts with send()'s keywords."""
+    parts = []
+    n = 0
+    dues = None
+    for m in messages:
+        n += 1
+        if isinstance(m, dict):
+            if "delay" in m or "deliver_at" in m:
+                m = dict(m)
+                due = due_ms(m.pop("delay", None), m.pop("deliver_at", None))
+                if dues is None:
+                    dues = [0] * (n - 1)
+                dues.append(due)
+            elif dues is not None:
+                dues.append(0)
+            parts.append(W.encode_messages_for_produce([_tuple(**m)]))
+            continue
+        if dues is not None:
+            dues.append(0)
+        topic, body = m[0], m[1]
+        if body.__class__ is not bytes:
+            body = _as_bytes(body)
+        head = heads.get((topic, len(body)))
+        if head is None:
+            head = _plain_head(heads, topic, len(body))
+        parts.append(head)
+        parts.append(body)
+    return n, b"".join(parts), dues
+
+
 class Producer:
     """send(topic, body, keys=(), queue_id=0, qos=1, retain=False, content_type=None,
     response_topic=None, correlation_data=None, user_properties=None, delay=None,
@@ -137,34 +169,8 @@ class Producer:
     def send_batch(self, messages) -> list[SendResult]:
         """messages: iterable of (topic, body) or dicts with send()'s keywords. One frame, one
         append (all stored or none)."""
-        parts = []
-        n = 0
-        heads = self._heads
-        dues = None
-        for m in messages:
-            n += 1
-            if isinstance(m, dict):
-                if "delay" in m or "deliver_at" in m:
-                    m = dict(m)
-                    due = due_ms(m.pop("delay", None), m.pop("deliver_at", None))
-                    if dues is None:
-                        dues = [0] * (n - 1)
-                    dues.append(due)
-                elif dues is not None:
-                    dues.append(0)
-                parts.append(W.encode_messages_for_produce([_tuple(**m)]))
-                continue
-            if dues is not None:
-                dues.append(0)
-            topic, body = m[0], m[1]
-            if body.__class__ is not bytes:
-                body = _as_bytes(body)
-            head = heads.get((topic, len(body)))
-            if head is None:
-                head = _plain_head(heads, topic, len(body))
-            parts.append(head)
-            parts.append(body)
-        return self.send_packed(n, b"".join(parts), due_ms=dues)
+        n, packed, dues = pack_batch(self._heads, messages)
+        return self.send_packed(n, packed, due_ms=dues)
 
     def send_async(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None,
                    **kw) -> Future:
