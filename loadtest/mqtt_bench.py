@@ -31,7 +31,7 @@ import time
 from .brokers import raise_nofile
 from .histogram import Histogram
 from .scenarios import (ALL, STATE, TRAFFIC, ClientSpec, ScenarioConfig, defaults_for, partition,
-                        plan, run_persistent, run_retained)
+                        plan, run_persistent, run_replay, run_retained)
 from .stamp import Tracker, account, merge_per_publisher
 
 PHASE_TIMEOUT_MARGIN = 30.0
@@ -723,7 +723,7 @@ def run_state(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = 
     probe = BrokerProbe(broker_pid)
     cpu_b0, cpu_g0, wall0 = probe.cpu(), _cpu_seconds(), time.monotonic()
     _log(f"{cfg.scenario}: running", quiet)
-    fn = run_retained if cfg.scenario == "retained" else run_persistent
+    fn = {"retained": run_retained, "persistent": run_persistent, "replay": run_replay}[cfg.scenario]
     _install_uvloop()
     out = asyncio.run(fn(cfg))
     wall = time.monotonic() - wall0
@@ -783,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=None, help="pairs/latency: number of pairs")
     ap.add_argument("--connections", type=int, default=None, help="conn: idle connections")
     ap.add_argument("--topics", type=int, default=None, help="retained: retained topics")
-    ap.add_argument("--backlog", type=int, default=None, help="persistent: queued messages")
+    ap.add_argument("--backlog", type=int, default=None, help="persistent: queued messages; replay: stored messages")
     ap.add_argument("--procs", type=int, default=2, help="worker processes")
     ap.add_argument("--drain-max", type=float, default=20.0)
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -63,13 +63,14 @@ SCENARIO_TITLES = {
     "conn": "Idle connections: connect rate and broker memory",
     "retained": "Retained: wildcard subscribe over M retained topics",
     "persistent": "Persistent session: offline QoS 1 backlog delivered on reconnect",
+    "replay": "Replay: stored messages of a never-subscribed filter ($replay/, lmqtt only)",
 }
 
 
 def metrics_for(scenario: str):
     if scenario == "conn":
         return CONN_METRICS
-    if scenario in ("retained", "persistent"):
+    if scenario in ("retained", "persistent", "replay"):
         return STATE_METRICS
     return TRAFFIC_METRICS
 
@@ -180,7 +181,8 @@ def params_line(by_broker: dict[str, list[dict]]) -> str:
         s = p.get("scenario")
         keys = {"conn": ["connections", "procs"],
                 "retained": ["topics", "qos", "size"],
-                "persistent": ["backlog", "qos", "size"]}.get(
+                "persistent": ["backlog", "qos", "size"],
+                "replay": ["backlog", "qos", "size"]}.get(
             s, ["publishers", "subscribers", "qos", "size", "rate", "duration", "window", "procs"])
         bits = []
         for k in keys:
@@ -333,7 +335,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
         by_proc = process_breakdown(g[scen], brokers)
         if by_proc:
             md += by_proc + [""]
-        if scen not in ("conn", "retained", "persistent"):
+        if scen not in ("conn", "retained", "persistent", "replay"):
             md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
             for b in brokers:
                 for r in g[scen].get(b, []):

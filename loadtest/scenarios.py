@@ -21,7 +21,7 @@ from .mqtt_client import Sink, StampedPublisher, connect
 from .stamp import Tracker, account
 
 TRAFFIC = ("fanout", "fanin", "pairs", "latency", "conn")
-STATE = ("retained", "persistent")
+STATE = ("retained", "persistent", "replay")
 ALL = TRAFFIC + STATE
 
 
@@ -120,6 +120,7 @@ def defaults_for(scenario: str) -> dict:
         "conn": {"connections": 10000},
         "retained": {"topics": 1000, "qos": 1},
         "persistent": {"backlog": 10000, "qos": 1},
+        "replay": {"backlog": 100000, "qos": 0},
     }.get(scenario, {})
 
 
@@ -258,24 +259,17 @@ async def _clear_retained(cfg: ScenarioConfig, topics: list[str]) -> None:
         c.disconnect()
 
 
-async def run_persistent(cfg: ScenarioConfig) -> dict:
-    """An offline QoS 1 session collects K messages; time to receive them on reconnect."""
-    topic = f"lb/{cfg.run_id}/persist"
-    cid = f"lb-{cfg.run_id}-psub"
-    expiry = 3600 if cfg.version == 5 else None
-    c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry)
-    await c.subscribe(topic, cfg.qos)
-    c.disconnect()
-    await asyncio.sleep(0.2)
-    # backlog: one publisher, K messages with seq 0..K-1 (publisher id 0)
+async def _publish_backlog(cfg: ScenarioConfig, topic: str, n: int) -> int:
+    """One publisher, `n` QoS 1 messages with seq 0..n-1 (publisher id 0), 200 in flight; returns
+    how many were sent (bounded by time)."""
+    from .mqtt_client import PidAllocator
     pub = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-ppub", cfg.version)
     sp = StampedPublisher(0, topic, cfg.size, 1, cfg.version)
-    from .mqtt_client import PidAllocator
     alloc = PidAllocator(pub.inflight)
     seq = 0
     t_pub = time.monotonic()
-    while seq < cfg.backlog:
-        room = min(200 - len(pub.inflight), cfg.backlog - seq)
+    while seq < n:
+        room = min(200 - len(pub.inflight), n - seq)
         if room > 0 and not pub.paused:
             pids = alloc.take(room)
             pub.transport.write(sp.batch(seq, pids, room))
@@ -286,6 +280,42 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     while pub.inflight and time.monotonic() - t_pub < cfg.drain_max * 5:
         await asyncio.sleep(0.005)
     pub.disconnect()
+    return seq
+
+
+async def run_replay(cfg: ScenarioConfig) -> dict:
+    """lmqtt only (subscribing from the past, docs/gateway.md): K messages stored while nobody
+    subscribed, then one subscriber asks for `$replay/{t0}/{filter}` with a wildcard filter never
+    subscribed before (so the history is read from the log) at `cfg.qos`: time until all K arrived."""
+    base = f"lb/{cfg.run_id}/rp"
+    since_ms = int(time.time() * 1000) - 1000
+    seq = await _publish_backlog(cfg, f"{base}/x", cfg.backlog)
+    tracker, hist = Tracker(), Histogram()
+    sink = Sink(tracker)
+    tracker.expect(0, 0)
+    t0 = time.monotonic_ns()
+    c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-rpsub", cfg.version, sub_id=0, sink=sink)
+    try:
+        await c.subscribe(f"$replay/{since_ms}/{base}/+", cfg.qos)
+        got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
+    finally:
+        c.disconnect()
+    totals = account({int(k): v for k, v in tracker.to_dict().items()}, {0: seq})
+    elapsed = max(1, last_ns - t0) / 1e9 if got else None
+    return {"sent": seq, **totals, "elapsed_s": elapsed and round(elapsed, 4),
+            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}
+
+
+async def run_persistent(cfg: ScenarioConfig) -> dict:
+    """An offline QoS 1 session collects K messages; time to receive them on reconnect."""
+    topic = f"lb/{cfg.run_id}/persist"
+    cid = f"lb-{cfg.run_id}-psub"
+    expiry = 3600 if cfg.version == 5 else None
+    c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry)
+    await c.subscribe(topic, cfg.qos)
+    c.disconnect()
+    await asyncio.sleep(0.2)
+    seq = await _publish_backlog(cfg, topic, cfg.backlog)
     tracker, hist = Tracker(), Histogram()
     sink = Sink(tracker)
     tracker.expect(0, 0)
