@@ -14,7 +14,7 @@ import time
 import pytest
 
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, serve_or_fleet
+from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, per_test, shared_serve_or_fleet
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,11 +22,17 @@ PRECISION_S = 1.0        # StoreConfig.timer_precision_ms default
 MARGIN_S = 3.0           # scheduling on a shared 2-core machine
 
 
-@pytest.fixture(params=SERVER_KINDS)
-def lmqtt_server(request, tmp_path):
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def shared_server(request, tmp_path_factory):
+    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
     """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the delay then travels in the PRODUCE to the store)."""
-    yield from serve_or_fleet(request.param, tmp_path)
+    `lmqtt gateway` (the delay then travels in the PRODUCE to the store); one server of each kind
+    for the module, each test on its own topics and client ids."""
+    yield from per_test(shared_server)
 
 
 def _timed(sub: Paho, n: int, timeout: float) -> list[tuple[float, object]]:

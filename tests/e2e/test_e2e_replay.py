@@ -12,14 +12,20 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, LmqttStore, Paho, serve_or_fleet
+from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, LmqttStore, Paho, per_test, shared_serve_or_fleet
 
 
-@pytest.fixture(params=SERVER_KINDS)
-def lmqtt_server(request, tmp_path):
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def shared_server(request, tmp_path_factory):
+    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
     """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the remote store seam)."""
-    yield from serve_or_fleet(request.param, tmp_path)
+    `lmqtt gateway` (the remote store seam); one server of each kind for the module, each test on
+    its own topics and client ids."""
+    yield from per_test(shared_server)
 
 
 pytestmark = pytest.mark.timeout(90)
