@@ -41,19 +41,32 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be run here; the message says why (shown as 'not available')."""
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port not handed out before by this process: a broker's ports come from
+    successive calls, and the kernel may offer a just-released port again."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise BrokerUnavailable("no fresh free loopback port in 100 tries")
 
 
 def free_port_pair() -> int:
     """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i)."""
     for _ in range(50):
         p = free_port()
+        if p + 1 in _handed_out:
+            continue
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("127.0.0.1", p + 1))
+            _handed_out.add(p + 1)
             return p
         except OSError:
             continue

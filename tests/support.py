@@ -14,11 +14,22 @@ import time
 import weakref as _weakref
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A free TCP port on loopback (bind to 0, read it back, release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on loopback (bind to 0, read it back, release), never one this process
+    handed out before: a server takes its MQTT, metrics and store ports from successive calls,
+    and the kernel may offer a just-released port again (CI once saw the metrics port equal the
+    store port, and an HTTP request answered by the store protocol)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("no fresh free loopback port in 100 tries")
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
