@@ -372,4 +372,9 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         if " workers on " not in rb.log_tail(50):
             rb.stop()
             raise BrokerUnavailable(f"{name}: not all gateways started; log tail:\n{rb.log_tail()}")
+        # each gateway opens its /metrics just after its MQTT port
+        if not all(wait_port(host, p, ready_timeout, proc) for p in rb.metrics_ports):
+            rb.stop()
+            raise BrokerUnavailable(f"{name}: a gateway's metrics port {rb.metrics_ports} did not open; "
+                                    f"log tail:\n{rb.log_tail()}")
     return rb

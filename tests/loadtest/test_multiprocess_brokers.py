@@ -61,8 +61,11 @@ def test_fleet_reads_each_message_once_per_gateway_whatever_the_subscribers(tmp_
                              publishers=1, subscribers=1000, qos=0, rate=20.0, duration=1.5, procs=2,
                              drain_idle=1.0, drain_max=10.0)
         before = rb.store_reads()
+        assert before is not None, f"no gateway metrics at {rb.metrics_ports}: {rb.log_tail(40)}"
         res = mqtt_bench.run(cfg, rb.pid, broker=rb.name, quiet=True)
-        reads = rb.store_reads() - before
+        after = rb.store_reads()
+        assert after is not None, f"no gateway metrics at {rb.metrics_ports}: {rb.log_tail(40)}"
+        reads = after - before
     finally:
         rb.stop()
     assert res["connect"]["connected"] == 1001 and res["lost"] == 0
