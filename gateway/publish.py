@@ -172,7 +172,12 @@ class PublishPipeline:
                 return self._submit_delayed(conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms)
         queues = self.store.queues_for_topic(topic)
         rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
-        self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues))
+        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues), conn, pkt_qos)
+
+    def _enqueue(self, p: "_Pending", conn, pkt_qos: int) -> None:
+        """Queue for this tick's batch append; a QoS 1/2 publisher with too many waiting for the
+        store is not read meanwhile."""
+        self._pending.append(p)
         if conn is not None and pkt_qos:
             conn.pending_publishes += 1
             if conn.pending_publishes >= self.max_pending_publish:
@@ -186,15 +191,8 @@ class PublishPipeline:
         (they are computed when it fires) and no retained-message update (RETAIN is carried on
         the record only)."""
         rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
-        self._pending.append(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, (), due_ms))
         self._delayed += 1
-        if conn is not None and pkt_qos:
-            conn.pending_publishes += 1
-            if conn.pending_publishes >= self.max_pending_publish:
-                conn.pause_reading_for_store()
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self.flush)
+        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, (), due_ms), conn, pkt_qos)
 
     def refuse(self, conn, qos: int, pid: int | None, topic: str, err: DelayRefused) -> None:
         """A delayed publish with a bad form: nothing is stored. MQTT 5: PUBACK/PUBREC with the
