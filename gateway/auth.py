@@ -43,7 +43,7 @@ class Identity:
     """The authenticated principal ACL rules are written against."""
     username: str | None
     client_id: str
-    method: str                           # "password", "hmac", "jwt", "certificate", "anonymous"
+    method: str                           # "password", "scram", "hmac", "jwt", "certificate", "anonymous"
     cert_subject: str | None = None
 
 
@@ -52,10 +52,12 @@ class Denied:
     code (0x86 / 0x87), never which part was wrong (no user enumeration). Falsy, so callers that
     only ask "accepted?" keep working."""
 
-    __slots__ = ("reason", "method")
+    __slots__ = ("reason", "method", "code")
 
-    def __init__(self, reason: str, method: str = "") -> None:
-        self.reason, self.method = reason, method
+    def __init__(self, reason: str, method: str = "", code: int | None = None) -> None:
+        """`code`: the MQTT 5 reason code to refuse with, when the authenticator knows better than
+        the caller's default (enhanced authentication: 0x86 wrong proof, 0x87 unusable exchange)."""
+        self.reason, self.method, self.code = reason, method, code
 
     def __bool__(self) -> bool:
         return False
@@ -115,8 +117,35 @@ def _check_hash_form(stored: str) -> str | None:
     return f"unsupported hash form {stored.split('$')[1]!r} (supported: $7$ PBKDF2-SHA512, $6$ SHA-512)"
 
 
+def split_entry(stored: str) -> tuple[str, str | None]:
+    """A password file entry after `user:` -> (password hash, SCRAM-SHA-256 verifier or None).
+    The verifier is an optional third field, `user:HASH:$scram-sha-256$...`: Mosquitto splits the
+    line at ':' and reads only the first two fields, so the file stays Mosquitto-compatible."""
+    h, sep, scram = stored.partition(":")
+    return h, (scram if sep else None)
+
+
+def _check_entry(stored: str) -> str | None:
+    """None when `stored` (everything after `user:`) is valid, else what is wrong with it."""
+    from lmqtt.gateway.scram import ScramCredentials, ScramError
+    h, scram = split_entry(stored)
+    if h.startswith("$scram-sha-256$"):
+        return ("a SCRAM-SHA-256 verifier must follow the password hash (user:HASH:$scram-sha-256$...; "
+                "`lmqtt passwd --scram` writes both)")
+    problem = _check_hash_form(h)
+    if problem or scram is None:
+        return problem
+    try:
+        ScramCredentials.parse(scram)
+    except ScramError as e:
+        return str(e)
+    return None
+
+
 class PasswordFile:
     """`user:hash` lines (Mosquitto's password_file format); `#` comments and blank lines skipped.
+    A line may carry a third field, the user's SCRAM-SHA-256 verifier (`scram_credentials`), for
+    MQTT 5 enhanced authentication (`ScramLogin`).
 
     Reloaded when the file's mtime/size change (checked at most once a second) or on `reload()`.
     Usernames not in the file are not recognised (the next authenticator may know them); a known
@@ -132,15 +161,28 @@ class PasswordFile:
         self._ok: dict[bytes, bool] = {}
         self._stamp: tuple | None = None
         self._users: dict[str, str] = {}
+        self._scram: dict = {}
         self.reload()
 
     def reload(self) -> None:
-        users = read_password_file(self.path)
+        from lmqtt.gateway.scram import ScramCredentials
+        entries = read_password_file(self.path)
+        users, scram = {}, {}
+        for user, stored in entries.items():
+            users[user], verifier = split_entry(stored)
+            if verifier is not None:
+                scram[user] = ScramCredentials.parse(verifier)
         st = os.stat(self.path)
         with self._lock:
             self._users = users
+            self._scram = scram
             self._ok = {}
             self._stamp = (st.st_mtime_ns, st.st_size)
+
+    def scram_credentials(self, username: str):
+        """The user's parsed SCRAM-SHA-256 verifier, or None (unknown user, or no verifier)."""
+        self._maybe_reload()
+        return self._scram.get(username)
 
     def _maybe_reload(self) -> None:
         try:
@@ -203,7 +245,7 @@ def password_file_entries(path: str):
 def read_password_file(path: str) -> dict[str, str]:
     users: dict[str, str] = {}
     for n, user, stored in password_file_entries(path):
-        problem = _check_hash_form(stored)
+        problem = _check_entry(stored)
         if problem:
             raise AuthError(f"{path}:{n}: user {user!r}: {problem}")
         users[user] = stored
@@ -363,6 +405,49 @@ def certificate_subject(peercert: dict | None) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------- MQTT 5 enhanced authentication
+class ScramLogin:
+    """One SCRAM-SHA-256 exchange over MQTT 5 AUTH packets (gateway/scram.py does the SASL part).
+
+    `step(data)` takes the client's Authentication Data (CONNECT's, then each AUTH's) and returns
+    bytes to send back in AUTH 0x18 (continue), an Identity when the client proved the password
+    (`final_data`, the server signature, then goes into CONNACK / AUTH 0x00), or a Denied with the
+    reason code and the cause for the log. Only HMAC/SHA-256 here: cheap enough for the event loop
+    (the PBKDF2 was done once by `lmqtt passwd --scram`)."""
+
+    method = "SCRAM-SHA-256"
+
+    def __init__(self, lookup, creds: Credentials, username: str | None = None) -> None:
+        from lmqtt.gateway.scram import ScramServer
+        self.server = ScramServer(lookup)
+        self.creds = creds
+        self.username = username           # re-authentication: must stay the same user
+        self.final_data: bytes | None = None
+        self.pending = None                # set by the broker: the CONNECT waiting for the outcome
+        self.started_at = 0.0
+
+    def step(self, data: bytes):
+        from lmqtt.gateway.scram import ScramError
+        s = self.server
+        try:
+            if not s.started:
+                return s.first(data)
+            final = s.final(data)
+        except ScramError as e:
+            failed = str(e).startswith("authentication failed")
+            return Denied(f"SCRAM-SHA-256 user {s.username!r}: {e}", "scram",
+                          0x86 if failed else 0x87)
+        user = s.username
+        if self.creds.username not in (None, "", user):
+            return Denied(f"SCRAM-SHA-256 authenticated {user!r}, CONNECT names user "
+                          f"{self.creds.username!r}", "scram", 0x86)
+        if self.username is not None and user != self.username:
+            return Denied(f"re-authentication as {user!r} on a connection of {self.username!r}",
+                          "scram", 0x87)
+        self.final_data = final
+        return Identity(user, self.creds.client_id, "scram", self.creds.cert_subject)
+
+
 # ------------------------------------------------------------------------------------ chain
 class AuthChain:
     """Authenticators in order; the first that recognises the credentials decides."""
@@ -399,6 +484,17 @@ class AuthChain:
         """`check` without the reason: the identity, or None."""
         r = self.check(creds)
         return r if isinstance(r, Identity) else None
+
+    def enhanced_login(self, method: str, creds: Credentials, username: str | None = None):
+        """A `ScramLogin` for an MQTT 5 Authentication Method this chain offers, else None (the
+        caller refuses with 0x8C). SCRAM-SHA-256 is offered when a password file is configured."""
+        if method != ScramLogin.method:
+            return None
+        for a in self.authenticators:
+            lookup = getattr(a, "scram_credentials", None)
+            if lookup is not None:
+                return ScramLogin(lookup, creds, username)
+        return None
 
     def is_slow(self, creds: Credentials) -> bool:
         """True when checking these credentials may compute a password hash (not cached yet)."""

@@ -167,7 +167,16 @@ class Broker:
         if h is None:
             raise ProtocolError(f"unexpected packet {type(pkt).__name__} from a client", RC.PROTOCOL_ERROR)
         if not conn.connected and h != self.on_connect:
-            raise ProtocolError("the first packet must be CONNECT", RC.PROTOCOL_ERROR)
+            if conn.auth_login is None:
+                raise ProtocolError("the first packet must be CONNECT", RC.PROTOCOL_ERROR)
+            if h == self.on_disconnect:         # gave up during enhanced authentication
+                log.info("event=connect_abandoned peer=%s cause='DISCONNECT during enhanced authentication'",
+                         conn.peer)
+                return conn.close()
+            if h != self.on_auth:               # MQTT-3.1.2-30
+                raise ProtocolError(f"{type(pkt).__name__.upper()} before CONNACK during enhanced "
+                                    f"authentication (only AUTH or DISCONNECT may follow CONNECT)",
+                                    RC.PROTOCOL_ERROR)
         h(conn, pkt)
 
     # ======================================================================= CONNECT
@@ -201,7 +210,7 @@ class Broker:
             if v == 5:
                 assigned = cid
         if v == 5 and props.authentication_method:
-            return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
+            return self._auth_begin(conn, pkt, cid, assigned)
         ident = None
         if self.auth is not None:
             creds = Credentials(cid, pkt.username, pkt.password, self._cert_subject(conn))
@@ -223,9 +232,11 @@ class Broker:
             ident = Identity(None, cid, "anonymous")
         self._connect_checked(conn, pkt, cid, assigned, ident)
 
-    def _connect_checked(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, ident) -> None:
+    def _connect_checked(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, ident,
+                         auth_reply: tuple[str, bytes] | None = None) -> None:
         """The rest of CONNECT once the credentials are checked (`ident`: Identity, Denied, or None
-        when no authentication is configured)."""
+        when no authentication is configured; `auth_reply`: enhanced authentication's method and
+        final data for CONNACK)."""
         if isinstance(ident, Denied):
             if ident.method == AuthRunner.BUSY:
                 return self._refuse(conn, RC.SERVER_BUSY, "server busy", ident.reason)
@@ -304,6 +315,8 @@ class Broker:
                 ap.server_keep_alive = server_keepalive
             if expiry != (props.session_expiry_interval or 0):
                 ap.session_expiry_interval = expiry
+            if auth_reply is not None:
+                ap.authentication_method, ap.authentication_data = auth_reply
         conn.send(ack)
         self.metrics.connects.inc()
         self.metrics.connections.inc()
@@ -639,8 +652,85 @@ class Broker:
                 self.session_registry.drop_will(s.client_id)
         conn.close()
 
-    def on_auth(self, conn, pkt) -> None:
-        raise ProtocolError("AUTH is not supported (no authentication method was agreed)", RC.PROTOCOL_ERROR)
+    # ======================================================================= MQTT 5 enhanced auth
+    def _auth_begin(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned) -> None:
+        """CONNECT with an Authentication Method (MQTT 5 §4.12): SCRAM-SHA-256 when a password file
+        is configured (auth.ScramLogin), any other method 0x8C. Until CONNACK only AUTH or
+        DISCONNECT may follow (`handle_packet`); the whole login must end within connect_timeout_s
+        (`_tick_sweep`)."""
+        method = pkt.properties.authentication_method
+        login = None
+        if self.auth is not None:
+            login = self.auth.enhanced_login(method, Credentials(cid, pkt.username, pkt.password,
+                                                                 self._cert_subject(conn)))
+        if login is None:
+            return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "authentication method not supported",
+                                f"authentication method {method[:64]!r} is not offered (SCRAM-SHA-256 "
+                                f"needs --password-file with SCRAM verifiers)")
+        login.pending = (pkt, cid, assigned)
+        login.started_at = self.loop.time()
+        conn.auth_login = login
+        self._auth_step(conn, pkt.properties.authentication_data or b"")
+
+    def _auth_step(self, conn: "MQTTConnection", data: bytes) -> None:
+        login = conn.auth_login
+        r = login.step(data)
+        if isinstance(r, bytes):                 # a challenge: AUTH 0x18 (continue)
+            a = P.Auth(RC.CONTINUE_AUTHENTICATION)
+            a.properties.authentication_method = login.method
+            a.properties.authentication_data = r
+            conn.send(a)
+            return
+        conn.auth_login = None
+        if login.pending is None:                # re-authentication of a live connection
+            if isinstance(r, Denied):            # DISCONNECT has no 0x86: 0x87 for every failure
+                log.info("event=reauth_refused client_id=%s peer=%s reason_code=0x87 cause=%r",
+                         conn.client_id, conn.peer, r.reason)
+                return conn.close_with_error(RC.NOT_AUTHORIZED, "re-authentication failed")
+            a = P.Auth(RC.SUCCESS)
+            a.properties.authentication_method = login.method
+            a.properties.authentication_data = login.final_data
+            conn.send(a)
+            log.info("event=reauth client_id=%s user=%r", conn.client_id, r.username)
+            return
+        pkt, cid, assigned = login.pending
+        if isinstance(r, Denied):
+            rc = r.code or RC.NOT_AUTHORIZED
+            return self._refuse(conn, rc, "bad user name or password" if rc == RC.BAD_USER_NAME_OR_PASSWORD
+                                else "not authorized", r.reason)
+        conn.auth_method = login.method
+        self._connect_checked(conn, pkt, cid, assigned, r, (login.method, login.final_data))
+
+    def on_auth(self, conn, pkt: P.Auth) -> None:
+        login = conn.auth_login
+        rc = pkt.reason_code
+        method = pkt.properties.authentication_method
+        if login is None:
+            if conn.auth_method is None:
+                raise ProtocolError("AUTH on a connection that did not log in with an authentication "
+                                    "method", RC.PROTOCOL_ERROR)
+            if rc != RC.RE_AUTHENTICATE:
+                raise ProtocolError(f"AUTH 0x{rc:02X} with no authentication exchange in progress",
+                                    RC.PROTOCOL_ERROR)
+            if method != conn.auth_method:
+                raise ProtocolError(f"re-authentication with method {method!r}, the connection used "
+                                    f"{conn.auth_method!r}", RC.PROTOCOL_ERROR)
+            ident = conn.identity
+            login = self.auth.enhanced_login(method, Credentials(conn.client_id, None, None,
+                                                                 self._cert_subject(conn)),
+                                             username=ident.username if ident is not None else None)
+            if login is None:
+                return conn.close_with_error(RC.BAD_AUTHENTICATION_METHOD, f"{method} is no longer offered")
+            login.started_at = self.loop.time()
+            conn.auth_login = login
+            return self._auth_step(conn, pkt.properties.authentication_data or b"")
+        if rc != RC.CONTINUE_AUTHENTICATION:
+            raise ProtocolError(f"AUTH 0x{rc:02X} in the middle of an authentication exchange "
+                                f"(expected 0x18 continue)", RC.PROTOCOL_ERROR)
+        if method != login.method:
+            raise ProtocolError(f"AUTH with method {method!r} during a {login.method} exchange",
+                                RC.PROTOCOL_ERROR)
+        self._auth_step(conn, pkt.properties.authentication_data or b"")
 
     # ======================================================================= persistence
     def _save_session(self, s: Session) -> None:
@@ -666,7 +756,17 @@ class Broker:
             for c in list(self.connections):
                 if not c.connected:
                     if now - c.accepted_at > self.cfg.connect_timeout_s:
+                        if c.auth_login is not None and not c.closing:
+                            self._refuse(c, RC.NOT_AUTHORIZED, "not authorized",
+                                         f"enhanced authentication ({c.auth_login.method}) did not complete "
+                                         f"within connect_timeout_s ({self.cfg.connect_timeout_s:g}s)")
                         c.close()
+                    continue
+                if c.auth_login is not None and now - c.auth_login.started_at > self.cfg.connect_timeout_s:
+                    log.info("event=reauth_refused client_id=%s peer=%s reason_code=0x87 cause=%r", c.client_id,
+                             c.peer, "re-authentication did not complete within connect_timeout_s")
+                    c.auth_login = None
+                    c.close_with_error(RC.NOT_AUTHORIZED, "re-authentication timed out")
                 elif c.keepalive and now - c.last_rx > 1.5 * c.keepalive:
                     c.close_with_error(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         finally:

@@ -90,6 +90,8 @@ class MQTTConnection(asyncio.Protocol):
         self.write_blocked = False
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
+        self.auth_login = None        # MQTT 5 enhanced authentication in progress (auth.ScramLogin)
+        self.auth_method: str | None = None   # the Authentication Method the connection logged in with
         self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
         self.keepalive = 0
         self.last_rx = self.loop.time()

@@ -1,13 +1,14 @@
 """SCRAM-SHA-256 (RFC 5802 / RFC 7677) for MQTT 5 enhanced authentication, as a sans-IO server
 state machine: bytes of the client's Authentication Data in, bytes to send back out. The gateway
 carries them in CONNECT / AUTH (reason 0x18 "continue authentication") / CONNACK packets with the
-Authentication Method "SCRAM-SHA-256", exactly as the codec already encodes those properties.
+Authentication Method "SCRAM-SHA-256" (gateway/auth.py `ScramLogin`, gateway/broker.py).
 
 Why SCRAM: the password never crosses the wire (not even inside TLS), the server stores no
 password-equivalent (only StoredKey and ServerKey), and the client verifies the server too (the
-final `v=` signature). Credentials are kept in a password file line of their own form,
-`user:$scram-sha-256$ITER$SALT$STOREDKEY$SERVERKEY` (base64 fields), written by
-`scram_credentials()` (and `lmqtt passwd --scram`).
+final `v=` signature). Credentials are a third field of the user's password file line,
+`user:$7$...:$scram-sha-256$ITER$SALT$STOREDKEY$SERVERKEY` (base64 fields; Mosquitto reads the
+line and ignores the field), written by `scram_credentials()` via `lmqtt passwd --scram`. The
+expensive PBKDF2 runs only there (and on the client); a login costs the server a few HMACs.
 
 The exchange:
     client-first   n,,n=USER,r=CNONCE                      (CONNECT Authentication Data)
@@ -62,10 +63,16 @@ class ScramCredentials:
     @classmethod
     def parse(cls, stored: str) -> "ScramCredentials":
         parts = stored.split("$")
-        if len(parts) != 6 or parts[1] != "scram-sha-256":
-            raise ScramError("not a $scram-sha-256$ credential")
-        return cls(int(parts[2]), base64.b64decode(parts[3]), base64.b64decode(parts[4]),
-                   base64.b64decode(parts[5]))
+        if len(parts) != 6 or parts[0] or parts[1] != "scram-sha-256":
+            raise ScramError("not a $scram-sha-256$ITER$SALT$STOREDKEY$SERVERKEY verifier")
+        try:
+            iterations = int(parts[2])
+            salt, stored_key, server_key = (base64.b64decode(x, validate=True) for x in parts[3:])
+        except ValueError:
+            raise ScramError("malformed $scram-sha-256$ verifier (iterations or base64 fields)") from None
+        if iterations < 1 or not salt or len(stored_key) != 32 or len(server_key) != 32:
+            raise ScramError("malformed $scram-sha-256$ verifier (iterations, salt or key lengths)")
+        return cls(iterations, salt, stored_key, server_key)
 
 
 def _attrs(msg: str) -> dict[str, str]:
@@ -84,13 +91,25 @@ def _saslname(s: str) -> str:
 class ScramServer:
     """One exchange. `lookup(username)` returns the stored credential string or None."""
 
-    def __init__(self, lookup) -> None:
+    def __init__(self, lookup, server_nonce: str | None = None) -> None:
+        """`server_nonce`: only for tests that replay a published exchange; default 18 random bytes."""
         self._lookup = lookup
         self.username: str | None = None
         self._state = "start"
         self._creds: ScramCredentials | None = None
         self._nonce = ""
+        self._snonce = server_nonce
+        self._gs2 = ""
         self._auth_message_prefix = ""
+
+    @property
+    def known_user(self) -> bool:
+        return self._creds is not None
+
+    @property
+    def started(self) -> bool:
+        """The client-first message was handled (the next message is the client-final)."""
+        return self._state != "start"
 
     def first(self, client_first: bytes) -> bytes:
         """client-first -> server-first. Unknown users get a plausible challenge (a fake salt
@@ -101,20 +120,30 @@ class ScramServer:
             msg = client_first.decode("utf-8")
         except UnicodeDecodeError:
             raise ScramError("client-first is not UTF-8") from None
-        if not msg.startswith(("n,,", "y,,")):
+        if not msg:
+            raise ScramError("no client-first message (the Authentication Data is empty)")
+        cbflag, _, rest = msg.partition(",")
+        authzid, sep, bare = rest.partition(",")
+        if not sep or cbflag not in ("n", "y"):
             raise ScramError("channel binding is not supported (expected the gs2 header n,, or y,,)")
-        bare = msg[3:]
+        if authzid:
+            raise ScramError("an authorization identity (a=) is not supported")
+        self._gs2 = f"{cbflag},,"
         a = _attrs(bare)
+        if "m" in a:
+            raise ScramError("mandatory SCRAM extension m= is not supported")
         if "n" not in a or "r" not in a or not a["r"]:
             raise ScramError("client-first needs n= and r=")
         self.username = _saslname(a["n"])
         stored = self._lookup(self.username)
         if stored is not None:
-            self._creds = ScramCredentials.parse(stored)
+            self._creds = stored if isinstance(stored, ScramCredentials) else ScramCredentials.parse(stored)
             salt, iterations = self._creds.salt, self._creds.iterations
         else:
             salt, iterations = _h(b"lmqtt-unknown-user\0" + self.username.encode())[:16], DEFAULT_ITERATIONS
-        self._nonce = a["r"] + _b64(secrets.token_bytes(18))
+        if "," in a["r"]:
+            raise ScramError("malformed client nonce")
+        self._nonce = a["r"] + (self._snonce or _b64(secrets.token_bytes(18)))
         server_first = f"r={self._nonce},s={_b64(salt)},i={iterations}"
         self._auth_message_prefix = f"{bare},{server_first}"
         self._state = "first-sent"
@@ -135,10 +164,10 @@ class ScramServer:
         a = _attrs(head)
         if a.get("r") != self._nonce:
             raise ScramError("nonce mismatch")
-        if a.get("c") not in ("biws", "eSws"):          # base64 of "n,," / "y,,"
+        if a.get("c") != _b64(self._gs2.encode()):      # "biws" / "eSws": base64 of "n,," / "y,,"
             raise ScramError("channel binding data mismatch")
         if self._creds is None:
-            raise ScramError("authentication failed")
+            raise ScramError("authentication failed: unknown user (no SCRAM-SHA-256 verifier)")
         auth_message = f"{self._auth_message_prefix},{head}".encode()
         client_signature = _hmac(self._creds.stored_key, auth_message)
         try:
@@ -146,10 +175,10 @@ class ScramServer:
         except ValueError:
             raise ScramError("malformed proof") from None
         if len(proof) != len(client_signature):
-            raise ScramError("authentication failed")
+            raise ScramError("authentication failed: the client proof has the wrong length")
         client_key = bytes(x ^ y for x, y in zip(proof, client_signature))
         if not hmac.compare_digest(_h(client_key), self._creds.stored_key):
-            raise ScramError("authentication failed")
+            raise ScramError("authentication failed: wrong password (the client proof does not verify)")
         return f"v={_b64(_hmac(self._creds.server_key, auth_message))}".encode()
 
 

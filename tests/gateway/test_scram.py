@@ -71,3 +71,82 @@ def test_tampering_and_protocol_misuse_are_refused():
     good.final(c2.final(sf2))
     with pytest.raises(ScramError, match="server's signature is wrong"):
         c2.verify(b"v=" + base64.b64encode(b"\0" * 32))
+
+
+# ------------------------------------------------------------- an independent client (RFC 5802 §3)
+def _rfc_client_final(password: str, client_first_bare: str, server_first: str) -> tuple[str, str]:
+    """client-final and the server-final it expects, computed from the RFC's formulas with hashlib
+    and hmac only (none of gateway/scram.py), so a shared mistake cannot hide."""
+    import hashlib
+    import hmac
+    attrs = dict(p.split("=", 1) for p in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth_message = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(stored_key, auth_message, hashlib.sha256).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    server_signature = hmac.new(server_key, auth_message, hashlib.sha256).digest()
+    return (f"{without_proof},p={base64.b64encode(proof).decode()}",
+            f"v={base64.b64encode(server_signature).decode()}")
+
+
+RFC_SALT = "W22ZaJ0SNY7soEsUEjb6gQ=="
+RFC_CLIENT_FIRST = "n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+RFC_SERVER_NONCE = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+RFC_SERVER_FIRST = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+RFC_CLIENT_FINAL = ("c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                    "p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+RFC_SERVER_FINAL = "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+
+
+def test_rfc7677_test_vector_message_for_message():
+    """RFC 7677 §3: the server, given the RFC's nonce, produces the RFC's server-first; the
+    independent client computes the RFC's client-final from it; the server answers the RFC's
+    server-final."""
+    stored = scram_credentials("pencil", 4096, base64.b64decode(RFC_SALT))
+    server = ScramServer({"user": stored}.get, server_nonce=RFC_SERVER_NONCE)
+    server_first = server.first(RFC_CLIENT_FIRST.encode()).decode()
+    assert server_first == RFC_SERVER_FIRST
+    client_final, expected_server_final = _rfc_client_final("pencil", RFC_CLIENT_FIRST[3:], server_first)
+    assert client_final == RFC_CLIENT_FINAL
+    assert expected_server_final == RFC_SERVER_FINAL
+    assert server.final(client_final.encode()).decode() == RFC_SERVER_FINAL
+    assert server.username == "user"
+
+
+def test_independent_client_with_fresh_nonces_and_a_wrong_password():
+    stored = scram_credentials("s3cret", 4096)
+    server = ScramServer({"alice": stored}.get)
+    bare = "n=alice,r=Zm9vYmFyYmF6cXV4"
+    sf = server.first(f"n,,{bare}".encode()).decode()
+    cf, want = _rfc_client_final("s3cret", bare, sf)
+    assert server.final(cf.encode()).decode() == want
+    server2 = ScramServer({"alice": stored}.get)
+    sf2 = server2.first(f"n,,{bare}".encode()).decode()
+    assert sf2 != sf                                           # a fresh server nonce per exchange
+    cf2, _ = _rfc_client_final("wrong", bare, sf2)
+    with pytest.raises(ScramError, match="wrong password"):
+        server2.final(cf2.encode())
+
+
+def test_verifier_parsing_refuses_malformed_lines():
+    from lmqtt.gateway.scram import ScramCredentials
+    good = scram_credentials("x", 4096)
+    assert ScramCredentials.parse(good).iterations == 4096
+    for bad in ("$scram-sha-256$x$AA==$AA==$AA==", good.replace("$scram-sha-256$", "$scram-sha-1$"),
+                good[:-4], "$scram-sha-256$4096$!!$AA==$AA=="):
+        with pytest.raises(ScramError):
+            ScramCredentials.parse(bad)
+
+
+def test_authzid_empty_message_and_extensions_are_refused():
+    server = lambda: ScramServer({}.get)   # noqa: E731
+    with pytest.raises(ScramError, match="authorization identity"):
+        server().first(b"n,a=admin,n=a,r=x")
+    with pytest.raises(ScramError, match="empty"):
+        server().first(b"")
+    with pytest.raises(ScramError, match="extension"):
+        server().first(b"n,,m=ext,n=a,r=x")
