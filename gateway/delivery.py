@@ -55,6 +55,8 @@ class DeliveryEngine:
         self._flush_writes = flush_writes
         self.direct: dict[str, set[Session]] = {}          # queue -> online sessions reading it
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
+        self.on_group_added: Callable[["SharedGroup"], None] | None = None   # fleet: group leases
+        self.on_group_removed: Callable[["SharedGroup"], None] | None = None
         self._dirty: set[str] = set()
         self._scheduled = False
         self._items: dict[int, OutboundMessage] = {}                  # phys offset -> OutboundMessage, per run
@@ -87,6 +89,8 @@ class DeliveryEngine:
 
     def add_group(self, g: "SharedGroup") -> None:
         self.groups.setdefault(g.queue, {})[g.name] = g
+        if self.on_group_added is not None:
+            self.on_group_added(g)
 
     def remove_group(self, g: "SharedGroup") -> None:
         gs = self.groups.get(g.queue)
@@ -94,6 +98,8 @@ class DeliveryEngine:
             gs.pop(g.name, None)
             if not gs:
                 del self.groups[g.queue]
+        if self.on_group_removed is not None:
+            self.on_group_removed(g)
 
     # -- triggers ----------------------------------------------------------------------------
     def on_queues(self, names: set[str]) -> None:
@@ -588,6 +594,8 @@ class DeliveryEngine:
         return best_q, best_qos
 
     def _deliver_group(self, g: "SharedGroup") -> bool:
+        if not g.active:           # another gateway of the fleet holds this group's lease
+            return False
         # 1. messages taken back from members that left
         while g.redeliver:
             pick = g.pick()

@@ -231,6 +231,7 @@ class Gateway:
         self.ssl_context = self.auth = self.acl = None
         self.link = None            # remote: the store connection (store/client/aio.py)
         self.storage = None         # remote: the RemoteStore
+        self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
         self.sessions_directory = None   # remote with Redis: client id claims across the fleet
         self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
@@ -321,6 +322,12 @@ class Gateway:
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
             self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
+            # shared subscriptions: one gateway of the fleet delivers each group (gateway/group_leases.py)
+            from lmqtt.gateway.group_leases import GroupLeases
+            self.group_leases = GroupLeases(self.link, gid, delivery, loop,
+                                            ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
+                                            tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
+            self.group_leases.start()
             if cfg.redis:
                 # one live connection per client id across the fleet (gateway/fleet.py)
                 from lmqtt.gateway.fleet import SessionDirectory
@@ -370,6 +377,8 @@ class Gateway:
         self.metrics.registry.register(_Collector())
 
     async def _close_remote(self) -> None:
+        if self.group_leases is not None:
+            self.group_leases.close()
         if self.storage is not None:
             self.storage.close()
         if self.sessions_directory is not None:

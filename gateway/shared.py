@@ -20,7 +20,7 @@ def group_consumer(group: str, queue: str) -> str:
 
 
 class SharedGroup:
-    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver")
+    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver", "active", "lease_until")
 
     def __init__(self, name: str, queue: str, offset: int) -> None:
         self.name = name
@@ -30,6 +30,10 @@ class SharedGroup:
         self.refs = 0                                           # sessions (online or not) holding the sub
         self.rr = 0
         self.redeliver: deque[OutboundMessage] = deque()                  # taken back from departed members
+        # in a fleet only the gateway holding the group's lease delivers (gateway/group_leases.py);
+        # alone (lmqtt serve) a group is always active
+        self.active = True
+        self.lease_until = 0.0
 
     @property
     def consumer(self) -> str:

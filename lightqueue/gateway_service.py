@@ -6,6 +6,10 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                answers their max offsets (the watch and the answer are one step on
                                the server's loop, so no append can fall between them)
   gw_max_offsets {queues}      max offsets, no watch (the gateway's safety poll)
+  gw_group_lease {gateway, group, queue, consumer, ttl_ms | release}
+                               one gateway at a time delivers a shared group (in memory: after a
+                               store restart the gateways claim again); the holder gets the group's
+                               committed offset
   gw_start_offsets {queues}    max offsets once every message appended before the request is
                                dispatched (where a new subscription starts: PRODUCED does not
                                wait for the light-queue dispatch)
@@ -96,6 +100,7 @@ class GatewayService:
         self.watchers: dict[object, set[str]] = {}      # StoreConnection -> watched queue names
         self.events_sent = 0
         self.loop = loop
+        self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
         lq.add_listener(self.bus.publish)
@@ -344,6 +349,28 @@ class GatewayService:
                 w.difference_update(str(q) for q in a.get("queues", ()))
             return {"ok": True}
 
+        leases: dict[tuple[str, str], tuple[str, float]] = self.group_leases
+        released: dict[tuple[str, str], int] = {}       # offset a holder handed back with the lease
+
+        def group_lease(a):
+            # one deliverer per shared group across the fleet (gateway/group_leases.py)
+            gid, key = str(a["gateway"]), (str(a["group"]), str(a["queue"]))
+            now = time.monotonic()
+            held = leases.get(key)
+            if a.get("release"):
+                if held is not None and held[0] == gid:
+                    del leases[key]
+                    if a.get("offset") is not None:          # where the next holder starts
+                        released[key] = int(a["offset"])
+                return {"owner": None}
+            if held is None or held[0] == gid or held[1] < now:
+                leases[key] = held = (gid, now + max(0.1, int(a.get("ttl_ms", 3000)) / 1000.0))
+            out = {"owner": held[0]}
+            if held[0] == gid and a.get("consumer"):
+                off = meta.get_offset(str(a["consumer"]), key[1])
+                out["offset"] = max(off, released.get(key, off)) if off is not None else released.get(key)
+            return out
+
         def max_offsets(a):
             return {"max_offsets": {str(q): lq.max_offset(str(q)) for q in a.get("queues", ())}}
 
@@ -458,7 +485,7 @@ class GatewayService:
         reg("gw_unwatch", unwatch, with_connection=True)
         reg("gw_hello", hello, with_connection=True)
         reg("gw_put_will", put_will, with_connection=True)
-        for name, fn in (("gw_max_offsets", max_offsets), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_replay", replay),
+        for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_replay", replay),
                          ("gw_replay_read", replay_read), ("gw_register", register),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),

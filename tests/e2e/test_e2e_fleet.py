@@ -98,6 +98,34 @@ def test_retained_set_on_a_is_served_on_b_and_cleared(fleet):
         pub.disconnect()
 
 
+def test_a_shared_group_split_over_a_and_b_gets_each_message_once(fleet):
+    """Members of one `$share/` group on both gateways: each message goes to exactly one member
+    of the fleet (one gateway at a time delivers the group), and when that gateway's members
+    leave, the other gateway's members get what follows, from the committed offset."""
+    _store, a, b = fleet
+    sa = Paho(a, "fleet-sh-a")
+    sb = Paho(b, "fleet-sh-b")
+    pub = Paho(a, "fleet-sh-pub")
+    try:
+        sa.subscribe("$share/g/fleet/sh", qos=1)
+        sb.subscribe("$share/g/fleet/sh", qos=1)
+        for i in range(40):
+            pub.publish("fleet/sh", b"%d" % i, qos=1)
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < 40 and time.monotonic() < deadline:
+            got += [(c, int(m.payload)) for c in ("a", "b") for m in (sa, sb)[c == "b"].drain(0.1)]
+        assert sorted(n for _c, n in got) == list(range(40)), "each message once across the fleet"
+        holder, other = (sa, sb) if got[0][0] == "a" else (sb, sa)
+        holder.disconnect()                       # the deliverer's gateway has no member left
+        for i in range(40, 60):
+            pub.publish("fleet/sh", b"%d" % i, qos=1)
+        rest = other.get_n(20, timeout=15)        # the other gateway takes the lease over
+        assert sorted(int(m.payload) for m in rest) == list(range(40, 60))
+    finally:
+        for c in (sa, sb, pub):
+            c.disconnect()
+
 def test_persistent_session_leaves_a_and_resumes_on_b_with_every_message(fleet):
     _store, a, b = fleet
     c = Paho(a, "fleet-mover", clean=False)
