@@ -350,3 +350,48 @@ def test_subscription_overlapping_a_denied_area_is_filtered_at_delivery(secured)
     assert before_sentinel(alice, "open/c", carol, shared) == [[], []]
     for c in (carol, shared, alice):
         c.disconnect()
+
+
+def test_each_login_refusal_has_its_code_and_log_cause_and_others_stay_served(tmp_path):
+    """What an operator sees for each kind of failed login (the client only gets the code): wrong
+    password, unknown user, expired JWT, tampered JWT, an HMAC signature for another client id;
+    a connected client keeps publishing and receiving throughout."""
+    import re
+
+    import jwt
+
+    from lmqtt.gateway.auth import HmacSignature
+    pw = tmp_path / "passwd"
+    pw.write_text(f"alice:{hash_password('4lice')}\n")
+    keys = tmp_path / "hmac"
+    keys.write_text("AK1:s3cret\n")
+    secret = "jwt-key-for-tests-0123456789abcdef"
+    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log"), extra_args=(
+        "--password-file", str(pw), "--hmac-keys", str(keys), "--jwt-secret", secret)).start()
+    try:
+        watcher = _paho(srv, "alice", "4lice", cid="bystander")
+        watcher.subscribe("by/#", qos=1)
+        now = int(time.time())
+        cases = [
+            ("alice", b"wrong", "c-wrong", r"wrong password for user 'alice'"),
+            ("mallory", b"x", "c-unknown", r"unknown user 'mallory'"),
+            ("svc", jwt.encode({"sub": "svc", "exp": now - 60}, secret, algorithm="HS256").encode(),
+             "c-expired", r"JWT expired"),
+            ("svc", jwt.encode({"sub": "svc", "exp": now + 60}, "another-key-0123456789abcdefghij",
+                               algorithm="HS256").encode(), "c-tampered", r"JWT signature does not verify"),
+            ("Signature|AK1|inst", HmacSignature.sign("s3cret", "dev-7").encode(), "dev-8",
+             r"HMAC signature of access key 'AK1' does not sign client id"),
+        ]
+        for i, (user, password, cid, cause) in enumerate(cases):
+            _r, ack = _raw_connect(srv, 5, user, password, cid=cid)
+            assert ack.reason_code in (0x86, 0x87), (cid, ack.reason_code)
+            assert cause.split(" '")[0] not in (ack.properties.reason_string or ""), "the client is not told why"
+            deadline = time.monotonic() + 5
+            while not re.search(r"event=connect_refused .*reason_code=0x8[67].*cause=.*" + cause, srv.log_tail(50000)):
+                assert time.monotonic() < deadline, f"no log line for {cid}: {srv.log_tail(2000)}"
+                time.sleep(0.05)
+            watcher.publish(f"by/{i}", b"still here", qos=1)          # the broker goes on serving
+            assert watcher.get(timeout=5).payload == b"still here"
+        watcher.disconnect()
+    finally:
+        srv.stop()
