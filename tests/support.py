@@ -14,22 +14,10 @@ import time
 import weakref as _weakref
 
 
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A free TCP port on loopback (bind to 0, read it back, release), never one this process
-    handed out before: a server takes its MQTT, metrics and store ports from successive calls,
-    and the kernel may offer a just-released port again (CI once saw the metrics port equal the
-    store port, and an HTTP request answered by the store protocol)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise RuntimeError("no fresh free loopback port in 100 tries")
+# A free loopback port never handed out before in this process (one set shared with the bench's
+# broker starter: a server's MQTT, metrics and store ports come from successive calls, and the
+# kernel may offer a just-released port again).
+from lmqtt.loadtest.brokers import free_port  # noqa: E402
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
