@@ -9,6 +9,7 @@ here only as the bystander that must keep being served, and to check that Mosqui
 reads the password file with the SCRAM field."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import pytest
 from lmqtt.gateway import passwd
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
 from lmqtt.gateway.scram import ScramClient
-from tests.support import SERVER_KINDS, Paho, RawMQTT, free_port, per_test, serve_or_fleet
+from tests.support import ROOT, SERVER_KINDS, Paho, RawMQTT, free_port, per_test, serve_or_fleet
 
 METHOD = "SCRAM-SHA-256"
 ACL = """\
@@ -194,3 +195,28 @@ def test_mosquitto_still_reads_the_password_file_with_scram_fields(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+JS = os.path.join(ROOT, "tests", "js")
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None or not os.path.isdir(os.path.join(JS, "node_modules", "mqtt")),
+                    reason="MQTT.js not installed (node + `npm ci --prefix tests/js`)")
+def test_mqttjs_with_its_own_scram_client_logs_in_and_a_wrong_password_is_refused(srv):
+    """An independent implementation on both sides of the exchange: MQTT.js drives the AUTH
+    packets (its handleAuth hook) and tests/js/mqttjs_scram.mjs computes SCRAM with node's crypto
+    from the RFC; it checks the server signature in CONNACK before publishing."""
+    url = f"mqtt://{srv.host}:{srv.port}"
+
+    def run(cid, password):
+        r = subprocess.run([NODE, os.path.join(JS, "mqttjs_scram.mjs"), url, cid, "alice", password, "alice/js"],
+                           capture_output=True, text=True, timeout=30, cwd=JS)
+        lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        assert lines, f"no output from node: {r.stderr[-2000:]}"
+        return lines[-1]
+
+    ok = run("js-scram-ok", "pencil")
+    assert ok == {"event": "ok", "topic": "alice/js", "payload": "hello from mqtt.js", "serverVerified": True}
+    bad = run("js-scram-bad", "wrong")
+    assert bad["event"] == "refused" and bad["reasonCode"] == 0x86, bad
