@@ -329,6 +329,10 @@ def test_one_config_file_for_store_and_gateways(tmp_path):
     store = LmqttStore(str(tmp_path / "store"), ("--config", str(conf)), log_path=str(tmp_path / "store.log")).start()
     gw = LmqttGateway(store.address, ("--config", str(conf)), log_dir=str(tmp_path)).start()
     try:
+        deadline = time.monotonic() + 10        # the banners are printed just after the ports open
+        while not ("flush mode: sync" in store.log_tail() and "safety poll every 250 ms" in gw.log_tail()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "flush mode: sync" in store.log_tail()
         assert "safety poll every 250 ms" in gw.log_tail()
         sub, pub = Paho(gw, "conf-sub"), Paho(gw, "conf-pub")
