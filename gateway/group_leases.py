@@ -17,6 +17,7 @@ group is spread over the holder's members only. `lmqtt serve` (one gateway) neve
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -83,7 +84,6 @@ class GroupLeases:
     def _answered(self, g: SharedGroup, sent: float, f) -> None:
         if f.exception() is not None:
             return                                    # the tick asks again; lease_until lapses meanwhile
-        import json
         _op, _fl, body = f.result()
         r = json.loads(body)
         if r.get("owner") != self.gateway_id:

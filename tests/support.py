@@ -90,10 +90,13 @@ class LmqttServer:
     def kill9(self) -> int | None:
         return self.stop(signal.SIGKILL)
 
-    def restart(self, kill: bool = False) -> "LmqttServer":
+    command = "lmqtt serve"       # for messages; LmqttStore / LmqttGateway share these methods
+
+    def restart(self, kill: bool = False):
+        """Stop (kill -9 with kill=True) and start again on the same ports and data."""
         rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
         if not kill:
-            assert rc == 0, f"lmqtt serve exit code {rc} on SIGTERM: {self.log_tail()}"
+            assert rc == 0, f"{self.command} exit code {rc} on SIGTERM: {self.log_tail()}"
         return self.start()
 
     def log_tail(self, n: int = 4000) -> str:
@@ -140,11 +143,8 @@ class LmqttStore:
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail
 
-    def restart(self, kill: bool = False) -> "LmqttStore":
-        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
-        if not kill:
-            assert rc == 0, f"lmqtt store exit code {rc} on SIGTERM: {self.log_tail()}"
-        return self.start()
+    restart = LmqttServer.restart
+    command = "lmqtt store"
 
 
 # Every Paho/RawMQTT made in this process (weak references, in creation order: nothing is kept
@@ -443,11 +443,8 @@ class LmqttGateway:
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail
 
-    def restart(self, kill: bool = False) -> "LmqttGateway":
-        rc = self.stop(signal.SIGKILL if kill else signal.SIGTERM)
-        if not kill:
-            assert rc == 0, f"lmqtt gateway exit code {rc} on SIGTERM: {self.log_tail()}"
-        return self.start()
+    restart = LmqttServer.restart
+    command = "lmqtt gateway"
 
 
 class LmqttFleet:
