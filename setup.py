@@ -1,4 +1,5 @@
-"""Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop),
+"""Builds the optional C accelerators: `store._append` (the CommitLog's per-record encoding loop,
+and its per-record decode for reads: same layout and CRC, so one module),
 `lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
 (pull replies -> Arrow column buffers for the Spark reader), `store.client._records` (the SDK's
 decode of raw MESSAGES replies into Records).

@@ -25,8 +25,9 @@ from collections import deque
 from .config import StoreConfig
 from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
-from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, check_size, decode,
-                     encode_names, encode_topic, first_level, tags_code_of, valid_at)
+from .errors import CorruptRecord
+from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_decode, c_decode_many, check_size,
+                     decode, decode_many, encode_names, encode_topic, first_level, tags_code_of, valid_at)
 from .encoding import ENCODER, PREFIX3 as _PREFIX3, c_encoder, encode_py
 from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
@@ -35,6 +36,10 @@ _new = tuple.__new__
 # The batch encoder (store.encoding): C when built and not disabled by LMQTT_PURE_PYTHON, else
 # `encode_py`. A module global so tests can switch it (monkeypatch `_fast` to None).
 _fast = c_encoder
+# The record decoders read() and read_many() use (store.record): C when built, else the Python
+# reference. Module globals for the same reason (tests set them to record.decode / decode_many).
+_decode = c_decode or decode
+_decode_many = c_decode_many or decode_many
 
 log = logging.getLogger("lmqtt.store")
 
@@ -393,16 +398,56 @@ class CommitLog:
             return _new(StoredMessage, (t[0], t[1], t[2], t[3], t[5], t[4], phys, t[6], t[7], t[8],
                                         f"{self.ident}{phys:016X}", t[9], t[10]))
         rel = phys - mf.start_offset
+        mm = mf.mm
         try:
             if size is None:
-                size = PREFIX.unpack_from(mf.mm, rel)[0]
+                size = PREFIX.unpack_from(mm, rel)[0]
             if size < HEADER_SIZE or rel + size > mf.size:
-                from .errors import CorruptRecord
                 raise CorruptRecord(f"no valid record at offset {phys} (size field {size})")
-            raw = mf.mm[rel:rel + size]
-        except ValueError:  # map closed by retention meanwhile
-            raise NotVisible(f"offset {phys} was deleted by retention") from None
-        return decode(raw, 0, phys, self.ident)
+            # decoded in place from the map, bounded by `size` (no slice copy first)
+            return _decode(mm, rel, phys, self.ident, True, rel + size)
+        except ValueError:
+            if mm.closed:   # map closed by retention meanwhile
+                raise NotVisible(f"offset {phys} was deleted by retention") from None
+            raise
+
+    def read_many(self, wanted: list) -> list:
+        """The records at `wanted` [(phys, size), ...] (sizes as the index recorded them), in that
+        order: one StoredMessage per item, or the exception its read raised (NotVisible outside
+        the log or deleted by retention meanwhile, CorruptRecord) - never raised, so one bad record
+        does not cost the others; the caller decides. The same checks and results as read() per
+        item, with one decode call per run of items in the same segment (store.record.decode_many)
+        instead of one read() per record: a history read or a pull asks for hundreds at once.
+        The recently-appended cache is not consulted: decoding from the map gives the same fields."""
+        out: list = []
+        i = 0
+        n = len(wanted)
+        find = self.mfq.find
+        many = _decode_many
+        ident = self.ident
+        while i < n:
+            phys = wanted[i][0]
+            mf = find(phys)
+            if mf is None:
+                out.append(NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, "
+                                      f"{self.wrote})"))
+                i += 1
+                continue
+            mm = mf.mm
+            try:
+                j = many(mm, mf.start_offset, wanted, i, ident, out)
+            except ValueError:
+                if not mm.closed:
+                    raise
+                j = i
+                while j < n and mf.start_offset <= wanted[j][0] < mf.end_offset:
+                    out.append(NotVisible(f"offset {wanted[j][0]} was deleted by retention"))
+                    j += 1
+            if j == i:      # a map shorter than its segment (never expected): not served
+                out.append(NotVisible(f"offset {phys} is outside its segment's map"))
+                j += 1
+            i = j
+        return out
 
     # ------------------------------------------------------------------ recovery
     def recover(self, scan_from: int, trusted_end: int = 0) -> int:

@@ -332,6 +332,19 @@ class MessageStore:
                              f"{self.dispatch.dispatched}) dispatched)")
         return self.clog.read(phys_offset, size)
 
+    def read_many(self, wanted: list) -> list:
+        """`read(phys, size)` for each (phys, size) of `wanted`, in one call: a StoredMessage per
+        item, or the exception that read would have raised (NotVisible, CorruptRecord), returned,
+        not raised (CommitLog.read_many: one decode call per segment's run of records)."""
+        visible = self.dispatch.dispatched
+        lo = self.clog.mfq.min_offset
+        if all(lo <= w[0] < visible for w in wanted):
+            return self.clog.read_many(wanted)
+        ok = [w for w in wanted if lo <= w[0] < visible]
+        got = iter(self.clog.read_many(ok))
+        return [next(got) if lo <= p < visible else
+                NotVisible(f"offset {p} is not visible (log [{lo}, {visible}) dispatched)") for p, _ in wanted]
+
     def read_consume_queue(self, topic: str, queue_id: int, from_queue_offset: int,
                            max_count: int) -> list[StoredMessage]:
         """Messages of the first-level-topic ConsumeQueue of `topic` (`a/b` reads queue `a`)."""

@@ -85,16 +85,23 @@ def check_size(total: int, max_message_size: int) -> None:
             f"max_message_size={max_message_size}; nothing was written")
 
 
-def decode(buf, pos: int, phys_offset: int, ident: str, verify: bool = True) -> StoredMessage:
+def decode(buf, pos: int, phys_offset: int, ident: str, verify: bool = True, end: int | None = None) -> StoredMessage:
     """Decode the record at `buf[pos:]` whose CommitLog offset is `phys_offset`; raise CorruptRecord
-    if framing or CRC is wrong. Never returns data from a bad record."""
-    if pos + HEADER_SIZE > len(buf):
+    if framing or CRC is wrong. Never returns data from a bad record. `end` (default: the end of
+    `buf`) bounds the record, so a caller can decode in place from a whole segment's map what it
+    would otherwise slice out first (CommitLog.read passes pos + the size the index recorded).
+
+    The reference for the C `decode` in store/_append.c (`c_decode` below), which does the same
+    from the same buffer; tests/store/test_record_decode_accel.py compares them field for field
+    and error for error."""
+    limit = len(buf) if end is None or end > len(buf) else end
+    if pos + HEADER_SIZE > limit:
         raise CorruptRecord(f"record at offset {phys_offset}: header runs past the segment end")
     (total, magic, crc, qid, flags, qoff, phys, born, store_ts, _tags, blen, plen, tlen, klen,
      dlen) = HEADER.unpack_from(buf, pos)
     if magic != MSG_MAGIC:
         raise CorruptRecord(f"no record at offset {phys_offset} (magic {magic:#010x})")
-    if phys != phys_offset or total != HEADER_SIZE + tlen + klen + dlen + plen + blen or pos + total > len(buf):
+    if phys != phys_offset or total != HEADER_SIZE + tlen + klen + dlen + plen + blen or pos + total > limit:
         raise CorruptRecord(f"record at offset {phys_offset}: inconsistent framing (size {total}, "
                             f"stored offset {phys})")
     if verify and zlib.crc32(memoryview(buf)[pos + CRC_START:pos + total]) != crc:
@@ -113,6 +120,33 @@ def decode(buf, pos: int, phys_offset: int, ident: str, verify: bool = True) -> 
                                 f"{ident}{phys_offset:016X}", keys, dq))
 
 
+def decode_many(buf, base: int, wanted: list, i: int, ident: str, out: list, verify: bool = True) -> int:
+    """Decode `wanted[i:]` ([(phys, size), ...], CommitLog offsets and the sizes the index
+    recorded) for as long as they lie in `buf`, the segment starting at CommitLog offset `base`;
+    append to `out` one item per record: the StoredMessage, or the exception its check raised
+    (CorruptRecord: not served, the caller decides whether that is an error). Returns the index of
+    the first item not in this segment (len(wanted) when all were).
+
+    Why a batch: a history read or a light-queue pull wants hundreds of records of one segment at
+    a time, and one call per batch (in C: `c_decode_many`) takes the per-call cost off each record.
+    The size check is CommitLog.read's: a size below a header or past the segment is refused."""
+    n = len(buf)
+    stop = len(wanted)
+    while i < stop:
+        phys, size = wanted[i]
+        rel = phys - base
+        if rel < 0 or rel >= n:
+            break
+        try:
+            if size < HEADER_SIZE or rel + size > n:
+                raise CorruptRecord(f"no valid record at offset {phys} (size field {size})")
+            out.append(decode(buf, rel, phys, ident, verify, rel + size))
+        except Exception as e:   # noqa: BLE001 - handed over per record
+            out.append(e)
+        i += 1
+    return i
+
+
 def valid_at(buf, pos: int, phys_offset: int, limit: int) -> int:
     """Size of a valid record (framing + CRC) at `pos`, 0 if there is none. `limit` = end of the
     readable data in `buf`. Used by recovery, never on the hot path."""
@@ -126,3 +160,23 @@ def valid_at(buf, pos: int, phys_offset: int, limit: int) -> int:
     if zlib.crc32(memoryview(buf)[pos + CRC_START:pos + total]) != crc:
         return 0
     return total
+
+
+# The C decoder (store/_append.c `decode` / `decode_many`), configured with this module's layout
+# (it refuses a header whose field offsets differ from the ones it reads), or None when the
+# extension is not built or LMQTT_PURE_PYTHON is set: then `decode` / `decode_many` above run.
+READ_LAYOUT = {"header_format": HEADER.format, "header_size": HEADER_SIZE, "crc_start": CRC_START,
+               "msg_magic": MSG_MAGIC}
+
+
+def _load_c():
+    from . import accel
+    mod = accel.load("lmqtt.store._append")
+    if mod is None or not hasattr(mod, "configure_reader"):
+        return None, None
+    mod.configure_reader(StoredMessage, CorruptRecord, READ_LAYOUT)
+    return mod.decode, mod.decode_many
+
+
+c_decode, c_decode_many = _load_c()
+DECODER = "c" if c_decode is not None else "python"
