@@ -46,7 +46,7 @@ def _run(spark, server, ckpt, sink, limit=None, once=False, flt="tele/+", group=
 def test_stream_stopped_and_restarted_sees_every_message_once(spark, server, tmp_path):
     """Run 1 reads what is there and stops; run 2 dies in the middle of its first batch (after
     the batch's offsets are in the checkpoint, before it is committed); run 3 restarts from the
-    checkpoint: it re-reads exactly that range, then goes on in batches of at most 7."""
+    checkpoint: it re-reads exactly that range, then goes on in batches of at most 14."""
     import os
 
     from lmqtt.store.client import connect
@@ -66,13 +66,13 @@ def test_stream_stopped_and_restarted_sees_every_message_once(spark, server, tmp
             raise RuntimeError("crash in the middle of the batch")
 
     send(0, 40)
-    q = _run(spark, server, ckpt, sink, limit=7, once=True)
+    q = _run(spark, server, ckpt, sink, limit=14, once=True)
     q.awaitTermination(120)
     assert q.exception() is None
 
     send(40, 60)
     crash.touch()
-    q = _run(spark, server, ckpt, sink, limit=7)
+    q = _run(spark, server, ckpt, sink, limit=14)
     try:
         q.awaitTermination(120)
     except Exception:  # noqa: BLE001 - the injected crash
@@ -80,13 +80,13 @@ def test_stream_stopped_and_restarted_sees_every_message_once(spark, server, tmp
     assert q.exception() is not None and not crash.exists()
 
     send(60, 80)
-    q = _run(spark, server, ckpt, sink, limit=7)
+    q = _run(spark, server, ckpt, sink, limit=14)
     q.processAllAvailable()
     q.stop()
     vals = [r.v for r in spark.read.parquet(*[f"{out}/b{b}" for b in sorted(sizes)]).collect()]
     assert sorted(vals, key=int) == [str(i) for i in range(80)]     # each once, no gap
     later = [sizes[b] for b in sorted(sizes) if b >= 2]
-    assert later and max(later) <= 7                                # the per-trigger limit
+    assert later and max(later) <= 14                               # the per-trigger limit
     c.close()
 
 
