@@ -18,7 +18,7 @@ def test_bench_sdk_smoke_fields():
     if shutil.which("redis-server"):
         cases += ["redis-xadd", "redis-xreadgroup"]
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--duration", "0.3",
-                        "--sizes", "100,1024", "--cases", ",".join(cases)], capture_output=True, cwd=ROOT, timeout=180)
+                        "--sizes", "100", "--cases", ",".join(cases)], capture_output=True, cwd=ROOT, timeout=180)
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     rows = [json.loads(x) for x in r.stdout.decode().splitlines() if x.strip()]
     ratios = [x for x in rows if x["case"] == "vs-redis"]
@@ -26,12 +26,12 @@ def test_bench_sdk_smoke_fields():
     if "redis-xadd" in cases:       # the comparison lines are the rates of this run divided
         rate = {(x["case"], x["size"]): x["msgs_per_s"] for x in rows}
         assert {(x["lmqtt_case"], x["size"]) for x in ratios} == {
-            (c, s) for c in ("autobatch", "batch", "group", "pop", "pull") for s in (100, 1024)}
+            (c, s) for c in ("autobatch", "batch", "group", "pop", "pull") for s in (100,)}
         for x in ratios:
             assert x["ratio"] == round(rate[(x["lmqtt_case"], x["size"])] / rate[(x["redis_case"], x["size"])], 2)
     else:
         assert ratios == []
-    assert sorted((x["case"], x["size"]) for x in rows) == sorted((c, s) for c in cases for s in (100, 1024))
+    assert sorted((x["case"], x["size"]) for x in rows) == sorted((c, s) for c in cases for s in (100,))
     for row in rows:
         assert row["msgs_per_s"] > 0 and row["messages"] > 0, row
         assert row["server_cpu_us_per_msg"] >= 0, row
@@ -47,7 +47,7 @@ def test_bench_sdk_smoke_fields():
     # exactly its own processes, all stopped: no child of the bench is left (it names each one it
     # starts; other benches may run lmqtt processes of their own meanwhile)
     pids = [int(x) for x in re.findall(rb"\[sdk\] lmqtt \w+ pid (\d+)", r.stderr)]
-    assert len(pids) == 3          # the store for the SDK cases, one `serve` per size for latency
+    assert len(pids) == 2          # the store for the SDK cases, one `serve` per size for latency
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")], pids
 
 
