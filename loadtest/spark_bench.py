@@ -6,6 +6,11 @@ Cases:
                   that touches every column of every row
 * parquet, json   the same rows (same schema, same values) read by Spark from Parquet / JSON files
                   written beforehand, with the same job: the yardsticks for the lmqtt row
+* python-source   the ceiling of any Python data source here: a source with the lmqtt schema whose
+                  reader does no I/O at all (it yields, over and over, an Arrow batch the lmqtt
+                  reader produced, read once from a local Arrow file), same partitions, same job.
+                  What Spark's Python data source path itself costs, so the lmqtt row can be read
+                  as "store + SDK" against "Spark's own share"
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
                   anomaly: a device publishes readings over MQTT at `--rate` per second, the job
                   publishes one alert per reading back over MQTT; latency = alert received minus
@@ -91,6 +96,64 @@ def _timed(df, rows: int, repeat: int, what: str):
     return min(times), [round(t, 3) for t in times]
 
 
+def _ceiling_source():
+    """The `python-source` case's data source (defined lazily: pyspark is imported only by the
+    Spark bench). Options: `path` (an Arrow IPC file with one batch), `rows`, `partitions`."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from lmqtt.store.spark import LmqttDataSource
+
+    class CeilingReader(DataSourceReader):
+        def __init__(self, options) -> None:
+            self.options = options
+
+        def partitions(self):
+            n, rows = int(self.options["partitions"]), int(self.options["rows"])
+            return [InputPartition(rows // n + (1 if i < rows % n else 0)) for i in range(n)]
+
+        def read(self, partition):
+            import pyarrow as pa
+            with pa.memory_map(self.options["path"]) as f:
+                batch = pa.ipc.open_file(f).get_batch(0)
+            left = partition.value
+            while left > 0:
+                b = batch if left >= batch.num_rows else batch.slice(0, left)
+                left -= b.num_rows
+                yield b
+
+    class CeilingSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "lmqtt-python-ceiling"
+
+        def schema(self):
+            return LmqttDataSource({}).schema()
+
+        def reader(self, schema):
+            return CeilingReader(self.options)
+
+    return CeilingSource
+
+
+def _ceiling_batch(srv, path: str, per_partition: int) -> int:
+    """One Arrow batch as the lmqtt reader yields it, written to `path`; returns its rows."""
+    import pyarrow as pa
+
+    from lmqtt.store.spark import LmqttDataSource
+    opts = {"store": srv.address, "topic": TOPIC, "recordsPerPartition": str(per_partition)}
+    ds = LmqttDataSource(opts)
+    reader = ds.reader(ds.schema())
+    part = reader.partitions()[0]
+    gen = reader.read(part)
+    try:
+        batch = next(gen)
+    finally:
+        gen.close()
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, batch.schema) as w:
+        w.write_batch(batch)
+    return batch.num_rows
+
+
 def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], per_partition: int,
                repeat: int = 3):
     out = []
@@ -104,6 +167,16 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
                     "rows_per_s": round(rows / el),
                     "store_cpu_s_per_run": round((srv.cpu() - s0) / max(1, repeat), 2),
                     "partitions": df.rdd.getNumPartitions()})
+    if "python-source" in cases:
+        path = os.path.join(base, "ceiling.arrow")
+        batch_rows = _ceiling_batch(srv, path, per_partition)
+        spark.dataSource.register(_ceiling_source())
+        cdf = (spark.read.format("lmqtt-python-ceiling").option("path", path).option("rows", str(rows))
+               .option("partitions", str(df.rdd.getNumPartitions())).load())
+        el, runs = _timed(cdf, rows, repeat, "python-source")
+        out.append({"case": "python-source", "rows": rows, "size": size, "seconds": round(el, 3), "runs_s": runs,
+                    "rows_per_s": round(rows / el), "batch_rows": batch_rows,
+                    "partitions": cdf.rdd.getNumPartitions()})
     # the same rows as files: written once from the lmqtt read, then read back the same way
     for fmt in ("parquet", "json"):
         if fmt not in cases:
@@ -194,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench spark", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000, help="messages to read in the batch cases")
     ap.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
-    ap.add_argument("--cases", default="lmqtt,parquet,json,stream-latency")
+    ap.add_argument("--cases", default="lmqtt,python-source,parquet,json,stream-latency")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--records-per-partition", type=int, default=250_000)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each batch case; the best is reported")
@@ -207,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < a.rows <= 50_000_000:
         ap.error("--rows must be in 1..50,000,000")
     cases = [c for c in a.cases.split(",") if c]
-    unknown = set(cases) - {"lmqtt", "parquet", "json", "stream-latency"}
+    unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency"}
     if unknown:
         ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     base = tempfile.mkdtemp(prefix="lmqtt-bench-spark-")
@@ -216,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parallelism = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() else 2
         spark = _session(a.master, parallelism)
-        if {"lmqtt", "parquet", "json"} & set(cases):
+        if {"lmqtt", "python-source", "parquet", "json"} & set(cases):
             print(f"[spark] loading {a.rows:,} messages of {a.size} B ...", file=sys.stderr, flush=True)
             el = _load(srv.address, a.rows, a.size)
             print(f"[spark] loaded in {el:.1f} s", file=sys.stderr, flush=True)
