@@ -17,7 +17,9 @@ small supervisor that starts, on this host:
 A gateway that dies is restarted (its clients reconnect to the others meanwhile, their sessions
 and wills are in the store); the store dying stops everything with its exit status. SIGTERM /
 SIGINT stop the gateways first (they persist sessions and offsets), then the store. SIGHUP is
-passed to the gateways (password file and ACL reload).
+passed to the gateways (password file and ACL reload). If the supervisor itself is killed
+(SIGKILL, OOM), every child gets SIGTERM from the kernel and stops (Linux), so nothing is left
+holding the ports or the data directory.
 """
 from __future__ import annotations
 
@@ -37,6 +39,31 @@ _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": T
                      "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
+
+
+def _die_with_parent():
+    """A `preexec_fn` that ties a child to this supervisor: on Linux the kernel sends the child
+    SIGTERM when the supervisor dies, however it dies. Without it a `kill -9` of `lmqtt serve
+    --workers N` (or the OOM killer) left the store and the gateways running in their own sessions,
+    holding the MQTT port, the store port and the data directory, and the next `lmqtt serve`
+    failed with "address in use". SIGTERM, not SIGKILL: each child still drains and flushes.
+    libc is loaded here, in the parent; the child only calls prctl(2) (and exits at once if the
+    supervisor died between the fork and that call). Elsewhere: None (no such call)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def tie() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return tie
 
 
 def _free_port() -> int:
@@ -103,7 +130,7 @@ class Supervisor:
                 "--log-level", cfg.log_level]
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
-        self.store = subprocess.Popen(self._cmd(*args), start_new_session=True)
+        self.store = subprocess.Popen(self._cmd(*args), start_new_session=True, preexec_fn=_die_with_parent())
         if not _wait_port("127.0.0.1" if (cfg.store_host or "127.0.0.1") in ("0.0.0.0", "::") else
                           (cfg.store_host or "127.0.0.1"), self.store_port, self.store, 60):
             raise RuntimeError(f"the store did not start on port {self.store_port} (exit status "
@@ -118,7 +145,8 @@ class Supervisor:
         sock = os.path.join(self.rundir, "redis.sock")
         self.redis = subprocess.Popen([exe, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
                                        "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-                                      stdout=subprocess.DEVNULL, start_new_session=True)
+                                      stdout=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent())
         deadline = time.monotonic() + 10
         while not os.path.exists(sock) and time.monotonic() < deadline and self.redis.poll() is None:
             time.sleep(0.02)
@@ -142,7 +170,7 @@ class Supervisor:
         if getattr(cfg, "token", None):
             env["LMQTT_STORE_TOKEN"] = cfg.token
         self.gateways[i] = subprocess.Popen(self._cmd(*args, *_gateway_args(self.argv), *tail), env=env,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_die_with_parent())
 
     # ------------------------------------------------------------------------------ lifecycle
     def run(self) -> int:

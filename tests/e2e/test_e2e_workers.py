@@ -110,3 +110,42 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(workers):
     assert len(now) == 2 and victim not in now                      # restarted as a new process
     _wait_ready(workers)
     assert "worker 0" in workers.log_tail(50_000) or "worker 1" in workers.log_tail(50_000)
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie not yet reaped by whoever adopted it counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_supervisor_takes_its_workers_with_it_and_a_restart_finds_the_data(tmp_path):
+    """`kill -9` of `lmqtt serve --workers 2` itself: the store, the gateways and the private Redis
+    stop too (nothing left holding the ports or the data directory), and `lmqtt serve --workers 2`
+    started again on the same port and data has the acknowledged retained message."""
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2"), log_path=str(tmp_path / "serve.log"))
+    srv.metrics_port = free_port_pair()
+    srv.start()
+    try:
+        _wait_ready(srv)
+        pub = Paho(srv, client_id="before-kill", version=5)
+        pub.publish("kept/state", b"on", qos=1, retain=True)          # returns once acknowledged
+        pub.disconnect()
+        children = _children(srv)
+        assert len(children) >= 3, children                          # store + 2 gateways (+ redis)
+        srv.stop(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not all(_gone(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {p: line for p, line in children.items() if not _gone(p)}
+        assert not left, f"still running after the supervisor was killed: {left}"
+        srv.start()                                                  # same ports, same data
+        _wait_ready(srv)
+        sub = Paho(srv, client_id="after-restart", version=5)
+        sub.subscribe("kept/#", qos=1)
+        assert [(m.topic, m.payload, m.retain) for m in sub.get_n(1, timeout=10)] == [("kept/state", b"on", True)]
+        sub.disconnect()
+    finally:
+        srv.stop()
