@@ -7,6 +7,7 @@ Cases (one JSON line each, per payload size; every line has `case`, `size`, `msg
 * `single`     Producer.send, one message per round trip (acked under the flush mode)
 * `batch`      Producer.send_batch of `--batch` messages per frame
 * `autobatch`  AutoBatchProducer.send (futures), flush at the end; rate counts acknowledged messages
+* `aio-autobatch`  the same with AsyncAutoBatchProducer on an AsyncConnection (asyncio services)
 * `pull`       Connection.pull_request, 1024 per request, `--pull-ahead` pulls (default 1) in flight
                while a reply is read, over what the produce cases wrote (every body read)
 * `group`      PullConsumer.poll(1024) (prefetching) + commit per poll (group offsets kept by the
@@ -36,7 +37,7 @@ import tempfile
 import threading
 import time
 
-ALL_CASES = ("single", "batch", "autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
+ALL_CASES = ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
 
 
@@ -193,6 +194,38 @@ def bench_autobatch(c, topic, size, duration):
     return _row("autobatch", size, n, el, s, cl, sent=sent)
 
 
+def bench_aio_autobatch(c, topic, size, duration):
+    """AsyncAutoBatchProducer.send for `duration` on its own AsyncConnection in an asyncio loop,
+    then flush(): the asyncio service's way to produce at volume; counted like `autobatch`."""
+    import asyncio
+
+    from lmqtt.store.client import connect_async
+    body = os.urandom(size)
+
+    async def run():
+        ac = await connect_async(_SERVER.address)
+        try:
+            async with ac.auto_batch_producer() as ab:
+                end = time.perf_counter() + duration
+                sent = 0
+                while time.perf_counter() < end and sent < MAX_MESSAGES:
+                    send = ab.send
+                    for _ in range(999):
+                        await send(topic, body)
+                    last = await send(topic, body)
+                    sent += 1000
+                    if sent % 100_000 == 0:
+                        await last                  # a sample resolves, as in `autobatch`
+                n = await ab.flush()
+            return n, sent
+        finally:
+            await ac.close()
+    with _Meter(_SERVER) as m:
+        n, sent = asyncio.run(run())
+        el, s, cl = m.done()
+    return _row("aio-autobatch", size, n, el, s, cl, sent=sent)
+
+
 def bench_pull(c, first_level, size, duration, ahead=1):
     """Connection.pull_request of 1,024 records at a time from the queue's start, with `ahead`
     pulls in flight while the current records are read (what PullConsumer's prefetch does for 1;
@@ -338,7 +371,7 @@ def _sdk_rows(a, sizes, sdk_cases, emit, connect) -> int:
                 for case in sdk_cases:
                     print(f"[sdk] {case} size={size} ...", file=sys.stderr, flush=True)
                     fn = {"single": bench_single, "batch": bench_batch, "autobatch": bench_autobatch,
-                          "pull": bench_pull, "group": bench_group, "pop": bench_pop}[case]
+                          "aio-autobatch": bench_aio_autobatch, "pull": bench_pull, "group": bench_group, "pop": bench_pop}[case]
                     extra = {"ahead": a.pull_ahead} if case == "pull" else {}
                     emit(fn(c, first if case in ("pull", "group", "pop") else topic, size, a.duration, **extra))
     finally:
@@ -373,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         rows[(row["case"], row["size"])] = row["msgs_per_s"]
         print(json.dumps(row), flush=True)
 
-    sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "pull", "group", "pop")]
+    sdk_cases = [x for x in cases if x in ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop")]
     try:
         rc = _sdk_rows(a, sizes, sdk_cases, emit, connect) or rc
     except (RuntimeError, OSError) as e:

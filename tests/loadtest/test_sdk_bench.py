@@ -14,7 +14,7 @@ from tests.support import ROOT
 
 
 def test_bench_sdk_smoke_fields():
-    cases = ["single", "batch", "autobatch", "pull", "group", "pop", "latency"]
+    cases = ["single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "latency"]
     if shutil.which("redis-server"):
         cases += ["redis-xadd", "redis-xreadgroup"]
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--duration", "0.3",
@@ -41,7 +41,7 @@ def test_bench_sdk_smoke_fields():
         if row["case"] in ("pull", "group", "pop"):
             # they read what the produce cases of the same size wrote, not more
             produced = sum(x["messages"] for x in rows if x["size"] == row["size"]
-                           and x["case"] in ("single", "batch", "autobatch"))
+                           and x["case"] in ("single", "batch", "autobatch", "aio-autobatch"))
             assert row["messages"] <= produced, (row, produced)
     assert b"[sdk]" in r.stderr
     # exactly its own processes, all stopped: no child of the bench is left (it names each one it

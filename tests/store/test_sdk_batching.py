@@ -201,3 +201,126 @@ def test_autobatch_memory_bound_blocks_send_until_acks_free_room(lmqtt_store):
         assert 0 < peak[0] <= 16 << 10           # queued + unacknowledged bytes never passed max_memory
         visible(c, "mem", 20_000)
         assert [r.body[:6] for r in pull_all(c, "mem", max_count=5000)] == [b"%06d" % i for i in range(20_000)]
+
+
+# ----------------------------------------------------------------------- the asyncio AutoBatch
+def test_async_autobatch_handles_resolve_with_their_own_offsets(lmqtt_store):
+    import asyncio
+
+    from lmqtt.store.client import connect_async
+
+    async def produce():
+        c = await connect_async(lmqtt_store.address)
+        try:
+            async with c.auto_batch_producer(batch_bytes=8 << 10, linger_ms=1) as ab:
+                hs = []
+                for i in range(6000):
+                    topic = ("aleft/a", "aright/b", "aleft/c")[i % 3]
+                    kw = {"keys": (f"k{i}",)} if i % 1000 == 0 else {}
+                    hs.append((topic, i, await ab.send(topic, b"%05d" % i, **kw)))
+                assert await ab.flush() == 6000 and ab.acknowledged == 6000
+            return [(t, i, await h) for t, i, h in hs]
+        finally:
+            await c.close()
+    results = asyncio.run(produce())
+    with connect(lmqtt_store.address) as c:
+        visible(c, "aleft", 4000)
+        visible(c, "aright", 2000)
+        by_id = {r.msg_id: r for q in ("aleft", "aright") for r in pull_all(c, q)}
+    assert len(by_id) == 6000
+    for topic, i, res in results:
+        rec = by_id[res.msg_id]                            # the record stored at the offset reported
+        assert (rec.topic, rec.body, rec.queue_offset) == (topic, b"%05d" % i, res.queue_offset)
+    assert [res.queue_offset for t, _i, res in results if t != "aright/b"] == list(range(4000))
+
+
+def test_async_autobatch_refused_batch_fails_its_messages_and_flush_raises_it(lmqtt_store):
+    import asyncio
+
+    from lmqtt.store.client import connect_async
+
+    async def run():
+        c = await connect_async(lmqtt_store.address)
+        ab = c.auto_batch_producer(linger_ms=1)
+        good = [await ab.send("aok/t", b"a%d" % i) for i in range(10)]
+        assert await ab.flush() == 10
+        bad = [await ab.send("aok/t", b"doomed"), await ab.send("bad\x00topic", b"x")]   # one batch, refused whole
+        with pytest.raises(StoreClientError) as ei:
+            await ab.flush()
+        assert ei.value.code == W.E_INVALID and "NUL" in str(ei.value)
+        for h in bad:
+            with pytest.raises(StoreClientError):
+                await h
+        later = [await ab.send("aok/t", b"b%d" % i) for i in range(10)]
+        assert await ab.flush() == 20                      # the producer goes on after a refusal
+        await ab.close()
+        with pytest.raises(RuntimeError):
+            await ab.send("aok/t", b"after close")
+        offsets = [(await h).queue_offset for h in good + later]
+        await c.close()
+        return offsets
+    assert asyncio.run(run()) == list(range(20))
+    with connect(lmqtt_store.address) as c:
+        visible(c, "aok", 20)
+        assert [r.body for r in pull_all(c, "aok")] == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+
+
+def test_async_autobatch_memory_bound_holds_send_until_acks_free_room(lmqtt_store):
+    import asyncio
+
+    from lmqtt.store.client import connect_async
+
+    async def run():
+        c = await connect_async(lmqtt_store.address)
+        ab = c.auto_batch_producer(batch_bytes=4 << 10, linger_ms=1, max_memory=16 << 10, max_in_flight=1)
+        peak = 0
+        for i in range(20_000):
+            await ab.send("amem/t", b"%06d" % i + b"m" * 94)
+            peak = max(peak, ab._mem)
+        assert await ab.flush() == 20_000
+        await ab.close()
+        await c.close()
+        return peak
+    peak = asyncio.run(asyncio.wait_for(run(), 60))
+    assert 0 < peak <= 16 << 10             # queued + unacknowledged bytes never passed max_memory
+    with connect(lmqtt_store.address) as c:
+        visible(c, "amem", 20_000)
+        assert [r.body[:6] for r in pull_all(c, "amem", max_count=5000)] == [b"%06d" % i for i in range(20_000)]
+
+
+def test_async_autobatch_across_a_store_restart_stores_each_message_once(lmqtt_store):
+    """The store is restarted while the producer sends: frames cut off are re-sent with their
+    sequence when the connection is back, and the store keeps one copy of each."""
+    import asyncio
+
+    from lmqtt.store.client import connect_async
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        c = await connect_async(lmqtt_store.address)
+        ab = c.auto_batch_producer(batch_bytes=2 << 10, linger_ms=1)
+        n = 0
+        for _ in range(1000):
+            await ab.send("arst/t", b"%05d" % n)
+            n += 1
+        assert await ab.flush() == 1000
+        restart = loop.run_in_executor(None, lmqtt_store.restart)
+        while not restart.done() and n < 20_000:             # sending all through the restart
+            await ab.send("arst/t", b"%05d" % n)
+            n += 1
+            await asyncio.sleep(0.001)
+        await restart
+        for _ in range(1000):
+            await ab.send("arst/t", b"%05d" % n)
+            n += 1
+        assert await ab.flush() == n
+        await ab.close()
+        await c.close()
+        return n
+    n = asyncio.run(asyncio.wait_for(run(), 90))
+    assert n > 2100, "the restart was over before anything was sent during it"
+    print(f"{n - 2000} messages sent during the restart")
+    with connect(lmqtt_store.address) as c:
+        visible(c, "arst", n)
+        bodies = [r.body for r in pull_all(c, "arst", max_count=1000)]
+    assert sorted(bodies) == [b"%05d" % i for i in range(n)]           # each once, none lost
