@@ -197,6 +197,11 @@ class AsyncConnection:
         from .aio_api import AsyncProducer
         return AsyncProducer(self, producer_id)
 
+    def auto_batch_producer(self, producer_id: str | None = None, **kw):
+        """An AsyncAutoBatchProducer (aio_api.py); create it inside the running loop."""
+        from .aio_api import AsyncAutoBatchProducer
+        return AsyncAutoBatchProducer(self, producer_id, **kw)
+
     async def consumer(self, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest", **kw):
         from .aio_api import AsyncPullConsumer
         return await AsyncPullConsumer(self, topic, group, queue_id, **kw)._start(start)
