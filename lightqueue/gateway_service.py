@@ -44,11 +44,20 @@ into the CommitLog like any publish (every gateway delivers them); an MQTT 5 Wil
 loss, so a longer delay waits on. A will is published only if G still holds it at that moment: a
 CONNECT of the same client id on any gateway voids it first (gw_pop_will without gateway).
 
-Events: the light-queue store's listener (dispatch thread) feeds an `InProcessBus` on the server's
-loop, which merges names within `window_s`; each merged set goes to every watching connection as
-one EVENT {queue: max offset} holding only the queues it watches. Events are hints: the gateway's
-safety poll finds anything a lost event would have announced. With a Redis URL the same names also
-go to Redis pub/sub (notify/redis_bus.py) for gateways started with `--redis`.
+Events: the light-queue store's listener feeds an `InProcessBus` on the server's loop (from the
+dispatch thread, names merging within `window_s`; or, with inline dispatch, on the loop itself,
+delivered right after the frames that appended them: `StoreServer.after_frames`); each merged set
+goes to every watching connection as one frame holding only the queues it watches:
+  * EVENT {queue: max offset}, or
+  * PUSH (`gw_watch {push: true}`): the same offsets plus the new entries themselves, read once per
+    (queue, offset) however many connections get them, from the offset this connection was last
+    pushed or pulled to (`push_cursors`), at most `push_max_count` entries of a queue and
+    `push_max_bytes` per frame (the rest: the gateway pulls, as after an EVENT). The gateway then
+    delivers without a `gw_pull` round trip.
+Events and pushes are hints: the gateway's safety poll finds anything a lost frame would have
+announced, and it keeps only pushed entries that continue its mirror (docs/protocol.md). With a
+Redis URL the same names also go to Redis pub/sub (notify/redis_bus.py) for gateways started with
+`--redis`.
 """
 from __future__ import annotations
 
@@ -98,12 +107,20 @@ class GatewayService:
         self.lq = lq
         self.meta = lq.metadata
         self.watchers: dict[object, set[str]] = {}      # StoreConnection -> watched queue names
-        self.events_sent = 0
+        # connections that asked for PUSH: queue -> next offset to push (the max offset answered
+        # at gw_watch, then moved by every push and by the connection's own gw_pull)
+        self.push_cursors: dict[object, dict[str, int]] = {}
+        self.events_sent = 0           # EVENT and PUSH frames
+        self.pushed_entries = 0        # entries carried by PUSH frames
+        self.push_read_errors = 0
         self.loop = loop
         self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
         lq.add_listener(self.bus.publish)
+        # inline dispatch raises the names on the loop: push them right after the frames that
+        # appended them, before those frames' replies are written
+        server.after_frames.append(self.bus.drain)
         self.redis = redis_publisher
         if redis_publisher is not None:
             lq.add_listener(redis_publisher.publish)
@@ -284,32 +301,74 @@ class GatewayService:
                 t.cancel()
         self._delayed.clear()
         self.lq.remove_listener(self.bus.publish)
+        try:
+            self.srv.after_frames.remove(self.bus.drain)
+        except ValueError:
+            pass
         if self.redis is not None:
             self.lq.remove_listener(self.redis.publish)
             self.redis.close()
         self.bus.close()
 
     # ---------------------------------------------------------------- events
+    push_max_count = 1024          # entries of one queue per PUSH (the gateway's pull size)
+    push_max_bytes = 1 << 20       # record bytes per PUSH frame; queues beyond it go as hints
+
     def _fan_out(self, names: set[str]) -> None:
         if not self.watchers:
             return
         mx = self.lq.max_offset
         offsets: dict[str, int] = {}
+        reads: dict[tuple[str, int], list] = {}      # (queue, from offset) -> entries, read once
         for conn, watched in list(self.watchers.items()):
             hit = names & watched if len(names) > len(watched) else {q for q in names if q in watched}
             if not hit:
                 continue
-            body = {}
+            cursors = self.push_cursors.get(conn)
+            if cursors is None:
+                body = {}
+                for q in hit:
+                    v = offsets.get(q)
+                    if v is None:
+                        v = offsets[q] = mx(q)
+                    body[q] = v
+                conn.push(W.OP_EVENT, W.encode_event(body))
+                self.events_sent += 1
+                continue
+            budget = self.push_max_bytes
+            out = []
             for q in hit:
                 v = offsets.get(q)
                 if v is None:
                     v = offsets[q] = mx(q)
-                body[q] = v
-            conn.push(W.OP_EVENT, W.encode_event(body))
+                c = cursors.get(q)
+                msgs = ()
+                if c is not None and c < v and budget > 0:
+                    msgs = self._read_for_push(reads, q, c)
+                    if msgs:
+                        cursors[q] = msgs[-1].queue_offset + 1
+                        budget -= sum([m.size for m in msgs])
+                        self.pushed_entries += len(msgs)
+                out.append((q, v, msgs))
+            conn.push(W.OP_PUSH, W.encode_push(out))
             self.events_sent += 1
+
+    def _read_for_push(self, reads: dict, q: str, offset: int) -> list:
+        key = (q, offset)
+        msgs = reads.get(key)
+        if msgs is None:
+            try:
+                msgs = self.lq.pull(q, offset, max_count=self.push_max_count, max_bytes=self.push_max_bytes).messages
+            except Exception as e:  # noqa: BLE001 - a hint only then: the gateway pulls and sees the error
+                self.push_read_errors += 1
+                log.warning("event=push_read_failed queue=%s offset=%d error=%r (sent as a hint)", q, offset, e)
+                msgs = []
+            reads[key] = msgs
+        return msgs
 
     def _lost(self, conn) -> None:
         self.watchers.pop(conn, None)
+        self.push_cursors.pop(conn, None)
         self._detach(conn)
 
     # ---------------------------------------------------------------- filter holds
@@ -341,12 +400,25 @@ class GatewayService:
                 self.watchers[conn] = set(qs)
             else:
                 self.watchers.setdefault(conn, set()).update(qs)
-            return {"max_offsets": {q: lq.max_offset(q) for q in qs}}
+            mo = {q: lq.max_offset(q) for q in qs}
+            if a.get("push"):
+                # from here on this connection gets PUSH frames: entries after these offsets
+                cur = self.push_cursors.get(conn)
+                if cur is None or a.get("replace"):
+                    cur = self.push_cursors[conn] = {}
+                cur.update(mo)
+                return {"max_offsets": mo, "push": True}
+            return {"max_offsets": mo}
 
         def unwatch(a, conn):
+            qs = [str(q) for q in a.get("queues", ())]
             w = self.watchers.get(conn)
             if w is not None:
-                w.difference_update(str(q) for q in a.get("queues", ()))
+                w.difference_update(qs)
+            cur = self.push_cursors.get(conn)
+            if cur is not None:
+                for q in qs:
+                    cur.pop(q, None)
             return {"ok": True}
 
         leases: dict[tuple[str, str], tuple[str, float]] = self.group_leases
@@ -390,10 +462,14 @@ class GatewayService:
                 return max_offsets(a)
             return asyncio.ensure_future(later())
 
-        def pull(a):
-            res = lq.pull(str(a["queue"]), int(a.get("offset", 0)),
+        def pull(a, conn):
+            q = str(a["queue"])
+            res = lq.pull(q, int(a.get("offset", 0)),
                           max_count=max(1, min(int(a.get("max_count", 64)), 65536)),
                           max_bytes=int(a.get("max_bytes", 1 << 20)) or (1 << 20))
+            cur = self.push_cursors.get(conn)
+            if cur is not None and cur.get(q, res.next_offset) < res.next_offset:
+                cur[q] = res.next_offset        # the connection has these now: push from there
             return Messages({"next_offset": res.next_offset, "min_offset": res.min_offset,
                              "max_offset": res.max_offset,
                              "dq": [list(m.dispatch_queues or ()) for m in res.messages]}, res.messages)
@@ -485,7 +561,8 @@ class GatewayService:
         reg("gw_unwatch", unwatch, with_connection=True)
         reg("gw_hello", hello, with_connection=True)
         reg("gw_put_will", put_will, with_connection=True)
-        for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_pull", pull), ("gw_replay", replay),
+        reg("gw_pull", pull, with_connection=True)
+        for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_replay", replay),
                          ("gw_replay_read", replay_read), ("gw_register", register),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),

@@ -369,3 +369,93 @@ def encode_event(max_offsets: dict) -> bytes:
 def decode_event(body: bytes) -> dict[str, int]:
     obj = parse_json(body)
     return {str(k): int(v) for k, v in obj.items()}
+
+
+# ---------------------------------------------------------------- PUSH (server push, optional)
+# An EVENT that carries the new entries (docs/protocol.md "EVENT push and the gw_* commands"):
+# sent instead of EVENT to a connection that asked with `gw_watch {push: true}`. Binary, no JSON:
+#   u16 queue count
+#   per queue: u16 name length, name, u64 max offset, u32 entry count,
+#              entry count x (PUSH_REC + topic + keys (\x00-joined) + dispatch queues (\x00-joined)
+#                             + props + body)
+# A queue with 0 entries is a plain hint (as in EVENT). Entries are the queue's, in offset order,
+# usually from the offset the store last pushed or the client last pulled on this connection; the
+# client keeps only entries that continue what it holds and pulls for anything else.
+OP_PUSH = 0xC1
+PUSH_REC = struct.Struct(">QQQQIHHIHI")  # queue offset, phys offset, born ts, store ts, queue id,
+                                          # topic len, keys len, dispatch-queues len, props len, body len
+_PUSH_Q = struct.Struct(">QI")            # max offset, entry count
+_U16 = struct.Struct(">H")
+
+
+def encode_push(queues) -> bytes:
+    """queues: iterable of (name, max offset, messages) where messages are StoredMessage-like
+    objects (their `dispatch_queues` travel with them); a queue with no messages is a hint."""
+    parts = [b""]
+    n = 0
+    pack = PUSH_REC.pack
+    app = parts.append
+    for name, mx, msgs in queues:
+        nb = name.encode()
+        app(_U16.pack(len(nb)))
+        app(nb)
+        app(_PUSH_Q.pack(mx, len(msgs)))
+        for m in msgs:
+            t = m.topic.encode()
+            k = "\x00".join(m.keys).encode() if m.keys else b""
+            dq = "\x00".join(m.dispatch_queues).encode() if m.dispatch_queues else b""
+            p = m.props or b""
+            app(pack(m.queue_offset, m.phys_offset, m.born_ts, m.store_ts, m.queue_id, len(t), len(k),
+                     len(dq), len(p), len(m.body)))
+            app(t)
+            app(k)
+            app(dq)
+            app(p)
+            app(m.body)
+        n += 1
+    parts[0] = _U16.pack(n)
+    return b"".join(parts)
+
+
+def decode_push(body: bytes):
+    """-> [(name, max offset, [(queue_offset, phys_offset, born_ts, store_ts, queue_id, topic, keys,
+    props, body)], [dispatch queues tuple per entry])]; ProtocolError if malformed."""
+    try:
+        (n,) = _U16.unpack_from(body, 0)
+        pos = 2
+        out = []
+        unpack = PUSH_REC.unpack_from
+        hs = PUSH_REC.size
+        for _ in range(n):
+            (nl,) = _U16.unpack_from(body, pos)
+            pos += 2
+            name = body[pos:pos + nl].decode()
+            pos += nl
+            mx, count = _PUSH_Q.unpack_from(body, pos)
+            pos += _PUSH_Q.size
+            recs = []
+            dqs = []
+            for _ in range(count):
+                qo, po, born, st, qid, tl, kl, dl, pl, bl = unpack(body, pos)
+                pos += hs
+                end = pos + tl + kl + dl + pl + bl
+                if end > len(body):
+                    raise ProtocolError(E_BAD_FRAME, "PUSH body truncated inside an entry")
+                topic = body[pos:pos + tl].decode()
+                pos += tl
+                keys = tuple(body[pos:pos + kl].decode().split("\x00")) if kl else ()
+                pos += kl
+                dqs.append(tuple(body[pos:pos + dl].decode().split("\x00")) if dl else ())
+                pos += dl
+                props = body[pos:pos + pl]
+                pos += pl
+                recs.append((qo, po, born, st, qid, topic, keys, props, body[pos:end]))
+                pos = end
+            out.append((name, mx, recs, dqs))
+        if pos != len(body):
+            raise ProtocolError(E_BAD_FRAME, f"PUSH body has {len(body) - pos} bytes after its {n} queues")
+        return out
+    except struct.error:
+        raise ProtocolError(E_BAD_FRAME, "PUSH body truncated") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(E_BAD_FRAME, "PUSH queue name, topic or key is not UTF-8") from None

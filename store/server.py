@@ -95,6 +95,9 @@ class StoreServer:
         self._conn_calls: set[str] = set()     # CALLs whose handler also gets the StoreConnection
         # fn(connection) when a client connection goes away (e.g. drop its event watch)
         self.on_connection_lost: list[Callable[["StoreConnection"], None]] = []
+        # fn() after the frames of one read were handled, before their replies are written (with
+        # inline dispatch: deliver the notify events the appends raised, in the same callback)
+        self.after_frames: list[Callable[[], None]] = []
         self.connections: set["StoreConnection"] = set()
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
@@ -324,6 +327,10 @@ DISCARD_TIMEOUT_S = 10.0
 
 
 class StoreConnection(asyncio.Protocol):
+    """One client. The replies to the frames of one read (and the pushes raised meanwhile to this
+    connection) are joined into one write: a gateway's PRODUCE answered with PRODUCED and the PUSH
+    of what it appended costs one send, not two."""
+
     def __init__(self, server: StoreServer) -> None:
         self.srv = server
         self.decoder = W.FrameDecoder(server.max_frame)
@@ -332,6 +339,7 @@ class StoreConnection(asyncio.Protocol):
         self.closing = False
         self.peer = None
         self.discard_left = 0        # after a too-large frame: its bytes still to drop, then close
+        self._cork: list[bytes] | None = None     # frames to write at the end of data_received
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -359,8 +367,17 @@ class StoreConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _send(self, data: bytes) -> None:
-        if not self.transport.is_closing():
+        c = self._cork
+        if c is not None:
+            c.append(data)
+        elif not self.transport.is_closing():
             self.transport.write(data)
+
+    def _uncork(self) -> None:
+        c = self._cork
+        self._cork = None
+        if c and not self.transport.is_closing():
+            self.transport.write(c[0] if len(c) == 1 else b"".join(c))
 
     def _discard(self, n: int) -> None:
         self.discard_left = max(0, self.discard_left - n)
@@ -380,6 +397,7 @@ class StoreConnection(asyncio.Protocol):
         self._send(W.error_frame(rid, code, msg))
         if close:
             self.closing = True
+            self._uncork()            # the replies so far and this ERROR go out before the close
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -388,6 +406,18 @@ class StoreConnection(asyncio.Protocol):
             return
         if self.closing:
             return
+        self._cork = []
+        try:
+            self._received(data)
+            for fn in self.srv.after_frames:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - a hook must not cost the replies
+                    log.exception("event=after_frames_hook_failed")
+        finally:
+            self._uncork()
+
+    def _received(self, data: bytes) -> None:
         try:
             frames = self.decoder.feed(data)
         except W.ProtocolError as e:

@@ -1,9 +1,12 @@
 """The store side of the remote gateway seam (lightqueue/gateway_service.py) on a real `lmqtt
-store`, through the sync SDK connection: wildcard filters held per gateway id (indexed while any
-gateway holds them, holds surviving a store restart), and gw_pull's dispatch queues."""
+store`, through the SDK connections: wildcard filters held per gateway id (indexed while any
+gateway holds them, holds surviving a store restart), gw_pull's dispatch queues, and the PUSH
+frames that carry new entries to the gateways that ask for them."""
 from __future__ import annotations
 
 import time
+
+import pytest
 
 from lmqtt.store.client import connect
 
@@ -273,3 +276,78 @@ def test_many_wills_of_a_gateway_that_stays_away_are_all_published(tmp_path):
             assert obs.cmd("gw_list_wills", gateway="gwM")["wills"] == []
     finally:
         store.stop()
+
+
+def test_push_watchers_get_the_new_entries_and_event_watchers_the_offsets(lmqtt_store):
+    """`gw_watch {push: true}`: PUSH frames carry the entries themselves (with their dispatch
+    queues), each entry once, in offset order, from where the watch or the connection's own pull
+    left off; a watch without it still gets EVENT frames (what an older gateway asks for)."""
+    import asyncio
+
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.aio import connect_async
+
+    async def go():
+        pusher = await connect_async(lmqtt_store.address)
+        plain = await connect_async(lmqtt_store.address)
+        frames: dict[str, list] = {"push": [], "plain": []}
+        pusher.on_push(lambda op, body: frames["push"].append((op, body)))
+        plain.on_push(lambda op, body: frames["plain"].append((op, body)))
+        r = await pusher.cmd("gw_watch", queues=["ps/a", "ps/b"], push=True)
+        assert r == {"max_offsets": {"ps/a": 0, "ps/b": 0}, "push": True}
+        assert await plain.cmd("gw_watch", queues=["ps/a"]) == {"max_offsets": {"ps/a": 0}}
+        prod = pusher.producer()
+        for i in range(20):
+            await prod.send("ps/a" if i % 2 == 0 else "ps/b", b"m%d" % i)
+
+        def got(q):
+            out = []
+            for op, body in frames["push"]:
+                assert op == W.OP_PUSH
+                for name, mx, recs, dqs in W.decode_push(body):
+                    if name == q:
+                        assert all(rec[0] < mx for rec in recs)
+                        out += [(rec[0], rec[8], dq) for rec, dq in zip(recs, dqs)]
+            return out
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while (len(got("ps/a")) < 10 or len(got("ps/b")) < 10) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert got("ps/a") == [(k, b"m%d" % (2 * k), ("ps/a",)) for k in range(10)]
+        assert got("ps/b") == [(k, b"m%d" % (2 * k + 1), ("ps/b",)) for k in range(10)]
+        assert frames["plain"] and all(op == W.OP_EVENT for op, _ in frames["plain"])
+        assert W.decode_event(frames["plain"][-1][1]) == {"ps/a": 10}
+        # a pull on the push connection moves its cursor: what it pulled is not pushed again
+        await pusher.cmd("gw_unwatch", queues=["ps/b"])
+        await pusher.cmd("gw_watch", queues=["ps/b"], push=True)       # from the end: 10
+        await plain.producer().send("ps/b", b"late-1")
+        header, recs = await pusher.cmd("gw_pull", queue="ps/b", offset=10, max_count=10)
+        if not recs:                                                   # not dispatched yet
+            await asyncio.sleep(0.2)
+            header, recs = await pusher.cmd("gw_pull", queue="ps/b", offset=10, max_count=10)
+        assert [x[8] for x in recs] == [b"late-1"]
+        frames["push"].clear()
+        await prod.send("ps/b", b"late-2")
+        while len(got("ps/b")) < 1 and asyncio.get_running_loop().time() < deadline + 5:
+            await asyncio.sleep(0.02)
+        assert [(o, b) for o, b, _dq in got("ps/b")] == [(11, b"late-2")]
+        await pusher.close()
+        await plain.close()
+    asyncio.run(go())
+
+
+def test_push_frames_round_trip_and_malformed_ones_are_refused():
+    from lmqtt.store import StoredMessage, protocol as W
+
+    def msg(off, body, dq):
+        return StoredMessage("t/x", body, b"\x01p", 0, 0, off, 1000 + off, 50, 7, 8, "id", ("k1", "k2"), dq)
+    body = W.encode_push([("t/x", 3, [msg(1, b"a", ("t/x", "t/+")), msg(2, b"", ("t/x",))]), ("idle", 9, [])])
+    out = W.decode_push(body)
+    assert out == [("t/x", 3, [(1, 1001, 7, 8, 0, "t/x", ("k1", "k2"), b"\x01p", b"a"),
+                               (2, 1002, 7, 8, 0, "t/x", ("k1", "k2"), b"\x01p", b"")],
+                    [("t/x", "t/+"), ("t/x",)]),
+                   ("idle", 9, [], [])]
+    for bad in (body[:-1], body + b"\x00", body[:5], b"\x00\x01\x00\x02\xff\xfe" + bytes(12)):
+        with pytest.raises(W.ProtocolError) as e:
+            W.decode_push(bad)
+        assert e.value.code == W.E_BAD_FRAME
