@@ -8,11 +8,14 @@ The gateway's code calls the store synchronously on its event loop. What that co
                    `queues_for_topic` is () and `all_visible()` is False (delivery then never
                    assumes it saw every append: other gateways append too).
   * pull, max_offset  served from a per-queue mirror: the newest entries of every queue this
-                   gateway serves, filled by ONE asynchronous pull per queue when the store says
-                   the queue grew (an EVENT pushed on the watch, a Redis event, or the safety poll).
-                   Local sessions at that offset all read the one copy; `on_new_data` listeners
-                   are called only once the entries are local. A reader behind the mirror (a
-                   resumed session's backlog) pulls with a bounded round trip.
+                   gateway serves. With the native watch the store pushes the new entries with
+                   its event (PUSH frames, `gw_watch {push: true}`): no round trip before local
+                   delivery. Otherwise, and for whatever a push did not carry (a gap, a queue over
+                   the frame's budget, a store that only sends EVENT), ONE asynchronous pull per
+                   queue when the store says the queue grew (an EVENT on the watch, a Redis event,
+                   or the safety poll). Local sessions at that offset all read the one copy;
+                   `on_new_data` listeners are called only once the entries are local. A reader
+                   behind the mirror (a resumed session's backlog) pulls with a bounded round trip.
   * metadata       writes that may be lost with a crash at no harm (offsets: re-delivery; wills,
                    retained: ordered before the PRODUCE they go with) are written fire-and-forget,
                    errors logged; session records (written before CONNACK/SUBACK so an
@@ -21,7 +24,8 @@ The gateway's code calls the store synchronously on its event loop. What that co
 
 Everything uses one `LoopConnection` (store/client/aio.py), so the store sees this gateway's
 requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max offsets of
-every queue it mirrors and fetches what an event missed (a lost event delays, never loses).
+every queue it mirrors and fetches what an event missed (a lost event delays, never loses). Pushed
+entries are taken only where they continue a mirror (offset = its end); anything else is pulled.
 """
 from __future__ import annotations
 
@@ -239,15 +243,41 @@ class RemoteStore:
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
-        self.remote_pulls = 0          # pulls that crossed the network (prefetch + misses)
+        self.remote_pulls = 0          # light-queue reads the store made for us: pulls + pushed batches
         self.remote_misses = 0         # of which: blocking reads behind the mirror
-        self.events = 0
+        self.pushed_batches = 0        # of which: a queue's entries pushed with an event
+        self.pushed_entries = 0        # entries taken from pushes
+        self.push_skipped = 0          # pushed entries not taken (already held, or after a gap)
+        self.events = 0                # EVENT and PUSH frames heard
         self.polls = 0
+        self.push = False              # the store pushes entries (it answered gw_watch with push)
+        if metrics is not None and getattr(metrics, "registry", None) is not None:
+            self._export_push_metrics(metrics.registry)
         link.on_push(self._on_push)
         link.on_reconnect(self.metadata.hello)      # first: the store learns who this is
         link.on_reconnect(self._rewatch)
         if link.connected:
             self.metadata.hello()
+
+    def _export_push_metrics(self, registry) -> None:
+        """The push path's counters on /metrics (lmqtt_remote_pulls counts every light-queue read
+        the store made for this gateway: pulls sent plus batches pushed)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        st = self
+
+        class _Collector:
+            def collect(self):
+                yield CounterMetricFamily("lmqtt_remote_pushed_batches",
+                                          "Queues' new entries pushed by the store with an event",
+                                          value=st.pushed_batches)
+                yield CounterMetricFamily("lmqtt_remote_pushed_entries",
+                                          "Pushed entries taken into the mirrors", value=st.pushed_entries)
+                yield CounterMetricFamily("lmqtt_remote_push_skipped_entries",
+                                          "Pushed entries not taken (already held, or after a gap: pulled)",
+                                          value=st.push_skipped)
+                yield GaugeMetricFamily("lmqtt_remote_store_pushes", "1 when the store pushes new entries",
+                                        value=1 if st.push else 0)
+        registry.register(_Collector())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -314,7 +344,8 @@ class RemoteStore:
 
     def _track(self, q: str) -> _Mirror:
         if self.watch:
-            r = self.link.cmd_blocking("gw_watch", queues=[q])
+            r = self.link.cmd_blocking("gw_watch", queues=[q], push=True)
+            self.push = bool(r.get("push"))
         else:
             r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
         m = self.queues[q] = _Mirror(int(r["max_offsets"][q]))
@@ -394,6 +425,9 @@ class RemoteStore:
 
     # ------------------------------------------------------------------ events -> prefetch
     def _on_push(self, op: int, body: bytes) -> None:
+        if op == W.OP_PUSH:
+            self._on_entries(body)
+            return
         if op != W.OP_EVENT:
             return
         try:
@@ -403,6 +437,83 @@ class RemoteStore:
             return
         self.events += 1
         self.heard(offsets)
+
+    def _on_entries(self, body: bytes) -> None:
+        """A PUSH: new entries of watched queues (and their max offsets). Entries that continue a
+        mirror are appended and local sessions told at once, all queues of the frame in one call;
+        for the rest (a gap, a queue the store sent as a hint) the mirror pulls, as after an EVENT."""
+        try:
+            queues = W.decode_push(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the poll covers it
+            log.warning("event=bad_push_frame error=%r (the safety poll catches up)", e)
+            return
+        self.events += 1
+        added = set()
+        for q, mx, recs, dqs in queues:
+            m = self.queues.get(q)
+            if m is None:
+                continue
+            if mx > m.known:
+                m.known = mx
+            if recs:
+                self.remote_pulls += 1
+                self.pushed_batches += 1
+                n = self._extend(m, recs, dqs)
+                self.pushed_entries += n
+                self.push_skipped += len(recs) - n
+                if n:
+                    added.add(q)
+                    self._bound_memory(m)
+            if m.known > m.end:
+                self._fetch(q, m)
+        if added:
+            self._tell(added)
+
+    def _extend(self, m: _Mirror, recs: list, dqs) -> int:
+        """Append the entries of `recs` that continue `m` (offset = m.end), skipping those it
+        holds already and stopping at a gap (pulled later). -> how many were appended."""
+        items = m.items
+        end = m.end
+        n = 0
+        nbytes = 0
+        for t, d in zip(recs, dqs):
+            off = t[0]
+            if off < end:
+                continue
+            if off != end:
+                break
+            items.append(RemoteMessage(t, d))
+            nbytes += len(t[8])
+            end += 1
+            n += 1
+        self._bytes += nbytes
+        return n
+
+    def _bound_memory(self, m: _Mirror) -> None:
+        """Keep mirror `m` (just extended) within `mirror_entries`, and all mirrors within
+        `mirror_bytes`."""
+        if len(m.items) > self.mirror_entries:
+            self._trim(m, len(m.items) - self.mirror_entries // 2)
+        if self._bytes > self.mirror_bytes:
+            # halve every mirror until at most half the budget is used (room before the next trim)
+            self.mirror_trims += 1
+            while self._bytes > self.mirror_bytes // 2:
+                trimmed = 0
+                for other in self.queues.values():
+                    n = (len(other.items) + 1) // 2
+                    self._trim(other, n)
+                    trimmed += n + len(other.back)
+                    self._drop_back(other)
+                if not trimmed:
+                    self._bytes = 0        # nothing left to hold: the count drifted, start over
+                    break
+
+    def _tell(self, queues: set) -> None:
+        for cb in self._listeners:
+            try:
+                cb(queues)
+            except Exception:  # noqa: BLE001
+                log.exception("event=new_data_listener_failed")
 
     def heard(self, offsets: dict[str, int]) -> None:
         """The store says these queues reach these max offsets: fetch what is not local yet."""
@@ -446,49 +557,32 @@ class RemoteStore:
         if mx > m.known:
             m.known = mx
         m.min_offset = int(header.get("min_offset", m.min_offset))
-        if m.end != start:          # the mirror moved meanwhile: fetch again
+        if m.end != start:
+            # the mirror moved meanwhile (a push): keep what continues it, fetch again if needed
+            added = self._extend(m, recs, dq) > 0
+            if added:
+                self._bound_memory(m)
             if m.known > m.end:
                 self._fetch(q, m)
+            if added:
+                self._tell({q})
             return
         added = False
         if recs and recs[0][0] != start:
             # entries gone below us (retention) or a gap: restart the mirror at what came back
             self._trim(m, len(m.items))
             m.base = recs[0][0]
-        nbytes = 0
-        for t, d in zip(recs, dq):
-            if t[0] == m.end:
-                m.items.append(RemoteMessage(t, d))
-                nbytes += len(t[8])
-                added = True
-        self._bytes += nbytes
+        if recs:
+            added = self._extend(m, recs, dq) > 0
         if not recs and int(header.get("next_offset", start)) > start:
             self._trim(m, len(m.items))
             m.base = int(header["next_offset"])      # skipped entries no reader can get any more
             added = True
-        if len(m.items) > self.mirror_entries:
-            self._trim(m, len(m.items) - self.mirror_entries // 2)
-        if self._bytes > self.mirror_bytes:
-            # halve every mirror until at most half the budget is used (room before the next trim)
-            self.mirror_trims += 1
-            while self._bytes > self.mirror_bytes // 2:
-                trimmed = 0
-                for other in self.queues.values():
-                    n = (len(other.items) + 1) // 2
-                    self._trim(other, n)
-                    trimmed += n + len(other.back)
-                    self._drop_back(other)
-                if not trimmed:
-                    self._bytes = 0        # nothing left to hold: the count drifted, start over
-                    break
+        self._bound_memory(m)
         if m.known > m.end and (recs or added):
             self._fetch(q, m)
         if added:
-            for cb in self._listeners:
-                try:
-                    cb({q})
-                except Exception:  # noqa: BLE001
-                    log.exception("event=new_data_listener_failed")
+            self._tell({q})
 
     def poll(self) -> None:
         """Ask the store for the max offset of every mirrored queue (the safety poll)."""
@@ -541,8 +635,10 @@ class RemoteStore:
         """After a reconnect: watch again (the store forgot this connection) and catch up."""
         if not self.queues:
             return
-        fut = self.link.cmd("gw_watch" if self.watch else "gw_max_offsets", queues=list(self.queues),
-                            replace=True)
+        if self.watch:
+            fut = self.link.cmd("gw_watch", queues=list(self.queues), replace=True, push=True)
+        else:
+            fut = self.link.cmd("gw_max_offsets", queues=list(self.queues))
 
         def done(f):
             if f.exception() is None:

@@ -20,9 +20,10 @@ Everything goes over ONE socket, so requests are processed by the store in the o
 written: a fire-and-forget metadata write is always seen by a later blocking read, and the
 retained message written before a PRODUCE is stored before that PRODUCE is acknowledged.
 
-Push frames (request id 0, e.g. EVENT 0xC0) go to `on_push` callbacks, run via `call_soon` (never
-inside a blocking wait's stack). After a lost connection every request in flight fails with
-`ConnectionLost`, the connection re-dials with backoff and `on_reconnect` callbacks run (the
+Push frames (request id 0, e.g. EVENT 0xC0, PUSH 0xC1) go to `on_push` callbacks: called at once
+when the loop read them (no extra loop iteration on the delivery path), via `call_soon` when a
+blocking wait read them (never inside a blocking wait's stack). After a lost connection every
+request in flight fails with `ConnectionLost`, the connection re-dials with backoff and `on_reconnect` callbacks run (the
 gateway re-watches its queues there).
 """
 from __future__ import annotations
@@ -291,6 +292,7 @@ class LoopConnection:
         self._lost_cbs: list[Callable[[str], None]] = []
         self._redial: asyncio.Task | None = None
         self.last_error: str | None = None
+        self._blocking = 0             # > 0 while call_blocking reads the socket itself
 
     # ---------------------------------------------------------------- callbacks
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
@@ -462,8 +464,15 @@ class LoopConnection:
             if op == W.OP_ERROR:
                 log.error("event=store_error_push error=%s", W.parse_error(body))
                 return
+            if self._blocking:
+                for fn in self._push:
+                    self.loop.call_soon(fn, op, body)
+                return
             for fn in self._push:
-                self.loop.call_soon(fn, op, body)
+                try:
+                    fn(op, body)
+                except Exception:  # noqa: BLE001 - one callback must not cost the frames after it
+                    log.exception("event=push_callback_failed")
             return
         fut = self._pending.pop(rid, None)
         if fut is None or fut.done():
@@ -538,6 +547,16 @@ class LoopConnection:
         that arrive are handled as usual). Bounded by `timeout` (default: the connection's)."""
         fut = self.request(op, body)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._blocking += 1
+        try:
+            self._wait_reply(fut, deadline, timeout)
+        finally:
+            self._blocking -= 1
+        if not fut.done():
+            raise ConnectionLost(f"store at {self.address} unavailable: {self.last_error}")
+        return fut.result()
+
+    def _wait_reply(self, fut, deadline: float, timeout: float | None) -> None:
         while not fut.done():
             s = self._sock
             if s is None:
@@ -556,9 +575,6 @@ class LoopConnection:
                 self._on_writable()
             if r:
                 self._on_readable()
-        if not fut.done():
-            raise ConnectionLost(f"store at {self.address} unavailable: {self.last_error}")
-        return fut.result()
 
     def cmd_blocking(self, name: str, timeout: float | None = None, **args):
         args["cmd"] = name

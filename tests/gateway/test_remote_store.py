@@ -106,3 +106,53 @@ def test_unserved_queues_are_forgotten_and_too_large_refused_before_sending(lmqt
         assert [m.body for m in st.pull("drop/t", 0).messages] == [b"later"]
         st.link.close()
     asyncio.run(go())
+
+
+def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store):
+    """The store pushes what a watched queue gained: local readers get it without a gw_pull round
+    trip (one store read per queue and event either way), in order, once."""
+    async def go():
+        st = _remote(lmqtt_store.address)
+        heard: list[set] = []
+        st.on_new_data(heard.append)
+        assert st.max_offset("push/t") == 0 and st.push
+        st.start()
+        writer = _remote(lmqtt_store.address)            # another gateway publishes
+        bodies = [b"%03d" % i for i in range(60)]
+        for k in range(0, 60, 6):
+            await _append(writer, "push/t", bodies[k:k + 6])
+        assert await _until(lambda: st.max_offset("push/t") == 60)
+        assert [m.body for m in st.pull("push/t", 0, max_count=100).messages] == bodies
+        assert st.pushed_entries == 60 and st.push_skipped == 0
+        assert st.remote_pulls == st.pushed_batches          # every read was a push: no gw_pull sent
+        assert heard and all(s == {"push/t"} for s in heard)
+        st.close()
+        for s in (st, writer):
+            s.link.close()
+    asyncio.run(go())
+
+
+def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store):
+    """Pushes are hints too: after a lost connection the store pushes from its current end, so the
+    mirror has a gap below the first push; it pulls the gap (nothing lost, nothing twice)."""
+    async def go():
+        st = _remote(lmqtt_store.address)
+        assert st.max_offset("gap/t") == 0
+        st.start()
+        writer = _remote(lmqtt_store.address)
+        await _append(writer, "gap/t", [b"a0", b"a1"])
+        assert await _until(lambda: st.max_offset("gap/t") == 2)
+        lost = asyncio.Event()
+        st.link.on_lost(lambda _r: lost.set())
+        st.link._sock.shutdown(2)                       # the connection breaks; events meanwhile are lost
+        await asyncio.wait_for(lost.wait(), 5)
+        await _append(writer, "gap/t", [b"b%d" % i for i in range(5)])
+        assert await _until(lambda: st.link.connected, 10)
+        await _append(writer, "gap/t", [b"c%d" % i for i in range(5)])    # pushed from offset 7 on
+        assert await _until(lambda: st.max_offset("gap/t") == 12, 10)
+        got = [m.body for m in st.pull("gap/t", 0, max_count=100).messages]
+        assert got == [b"a0", b"a1"] + [b"b%d" % i for i in range(5)] + [b"c%d" % i for i in range(5)]
+        st.close()
+        for s in (st, writer):
+            s.link.close()
+    asyncio.run(go())
