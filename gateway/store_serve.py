@@ -35,7 +35,8 @@ FLUSH_MODES = ("sync", "async", "async+buffer")
 DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
             "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
             "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
-            "metrics_host": None, "will_grace_s": 5.0}
+            "metrics_host": None, "will_grace_s": 5.0,
+            "dispatch_inline": True}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,7 +145,8 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     store = lq = srv = gws = None
     try:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
-                                         segment_size=int(cfg["segment_mb"]) << 20))
+                                         segment_size=int(cfg["segment_mb"]) << 20,
+                                         dispatch_inline=bool(cfg["dispatch_inline"])))
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
         store.start()
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg["token"],
@@ -210,7 +212,10 @@ def _start_http(host: str, port: int, srv, gws):
         rows = [("lmqtt_store_connections", "gauge", "Open native-protocol connections", len(srv.connections)),
                 ("lmqtt_store_frames_total", "counter", "Frames received", srv.frames),
                 ("lmqtt_store_errors_total", "counter", "Requests answered with ERROR", srv.errors),
-                ("lmqtt_store_events_pushed_total", "counter", "EVENT frames pushed to gateways", gws.events_sent),
+                ("lmqtt_store_events_pushed_total", "counter", "EVENT and PUSH frames sent to gateways", gws.events_sent),
+                ("lmqtt_store_pushed_entries_total", "counter", "Light-queue entries sent in PUSH frames", gws.pushed_entries),
+                ("lmqtt_store_push_read_errors_total", "counter",
+                 "Reads for a PUSH that failed (sent as a hint; the gateway pulls)", gws.push_read_errors),
                 ("lmqtt_store_watching_gateways", "gauge", "Connections watching queues", len(gws.watchers)),
                 ("lmqtt_store_gateways_connected", "gauge", "Gateway ids with a live connection", len(gws.connections_of)),
                 ("lmqtt_store_gateway_wills_published_total", "counter",
