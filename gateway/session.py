@@ -282,12 +282,13 @@ class Session:
 
     def alloc_pid(self) -> int:
         out = self.outbound
-        for _ in range(65535):
-            pid = self._next_pid
-            self._next_pid = pid % 65535 + 1
-            if pid not in out:
-                return pid
-        raise RuntimeError("no free packet identifier (65535 messages in flight)")
+        if len(out) >= 65535:
+            raise RuntimeError("no free packet identifier (65535 messages in flight)")
+        pid = self._next_pid
+        while pid in out:
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        return pid
 
     def window_open(self) -> bool:
         return len(self.outbound) < self.receive_max
@@ -317,6 +318,15 @@ class Session:
         inf.sub_ids = sub_ids
         conn.write(data)
         conn.metrics.msg_out[qos] += 1
+        return pid
+
+    def hold(self, item: OutboundMessage, qos: int, retain: bool, sub_ids=None) -> int:
+        """Register a QoS 1/2 `item` in flight without sending it: its packet id. For a caller that
+        encodes a run of PUBLISHes in one go (gateway/retained.py) and writes them itself, counting
+        them in `msg_out`; what send_item does per message, minus the encoding and the write."""
+        pid = self.alloc_pid()
+        inf = self.outbound[pid] = InFlight(pid, item, qos, retain, None, item.queue_offset, None)
+        inf.sub_ids = sub_ids
         return pid
 
     def count_drop(self, why: int) -> None:

@@ -302,6 +302,38 @@ def encode_qos0_publishes(msgs, version: int, max_packet: int = 0) -> tuple[byte
     return b"".join(parts), dropped
 
 
+def encode_publishes(msgs, retain: bool, version: int) -> bytes:
+    """PUBLISH packets without properties for `msgs` [(topic, payload, qos, packet id or None),
+    ...], all with the same `retain` flag, joined in order: MQTT 3.1.1, or MQTT 5 with an empty
+    property block. Byte for byte `PublishTemplate(topic, payload).encode(qos, retain, version,
+    pid)` per message (tests/mqtt compare them), without a template per message: retained
+    messages sent on SUBSCRIBE (gateway/retained.py) are each encoded once, for one subscriber.
+    No size limit is applied (callers use it only when the client set no Maximum Packet Size)."""
+    parts: list = []
+    append = parts.append
+    tcache = _TOPIC_CACHE
+    u16 = _U16.pack
+    v5 = version == 5
+    extra = 1 if v5 else 0
+    r = 0x01 if retain else 0
+    for topic, payload, qos, pid in msgs:
+        tb = tcache.get(topic)
+        if tb is None:
+            tb = _topic_bytes(topic)
+        if qos:
+            if pid is None or not 0 < pid <= 0xFFFF:
+                raise ValueError(f"packet id must be 1..65535, got {pid}")
+            rl = len(tb) + 2 + extra + len(payload)
+            append(bytes((0x30 | (qos << 1) | r,)) + encode_varint(rl) + tb + u16(pid))
+        else:
+            rl = len(tb) + extra + len(payload)
+            append(bytes((0x30 | r,)) + encode_varint(rl) + tb)
+        if v5:
+            append(b"\x00")
+        append(payload)
+    return b"".join(parts)
+
+
 # ----------------------------------------------------------------------------- per-subscriber MQTT 5 PUBLISH
 # What differs per subscriber beyond QoS/retain/packet id in MQTT 5: the subscription identifiers
 # of the subscriptions that matched (§3.3.4), a topic alias in place of the topic (§3.3.2.3.4) and

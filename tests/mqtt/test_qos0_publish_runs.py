@@ -1,14 +1,15 @@
-"""`encode_qos0_publishes`: a run of QoS 0 PUBLISHes without properties (what a history sends, see
-gateway/replay.py) is byte for byte the `PublishTemplate` QoS 0 variants joined, for MQTT 3.1.1
-and 5, every remaining-length width, retain both ways, non-ASCII topics; those above a Maximum
-Packet Size are left out and counted; the client-side decoder reads the run back in order."""
+"""Runs of PUBLISHes without properties: `encode_qos0_publishes` (what a history sends, see
+gateway/replay.py) and `encode_publishes` (retained messages on SUBSCRIBE, gateway/retained.py)
+are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
+remaining-length width, retain both ways, non-ASCII topics; QoS 0 packets above a Maximum Packet
+Size are left out and counted; the client-side decoder reads each run back in order."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode_qos0_publishes, packets as P
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode_publishes, encode_qos0_publishes, packets as P
 
 
 def sample(rng, n=200):
@@ -39,3 +40,19 @@ def test_packets_over_the_maximum_packet_size_are_left_out(limit):
 
 def test_an_empty_run():
     assert encode_qos0_publishes([], 4) == (b"", 0)
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("retain", [False, True])
+def test_encode_publishes_is_the_template_encoding_joined(version, retain):
+    """The QoS 0/1/2 run (retained messages on SUBSCRIBE): packet ids in place, every length width."""
+    rng = random.Random(version * 2 + retain)
+    msgs = [(t, p, q, rng.randint(1, 65535) if q else None)
+            for (t, p, _r), q in zip(sample(rng), [rng.choice([0, 1, 2]) for _ in range(200)])]
+    data = encode_publishes(msgs, retain, version)
+    assert data == b"".join(PublishTemplate(t, p).encode(q, retain, version, pid) for t, p, q, pid in msgs)
+    got = [g for g in Decoder(version=version, server_side=False).feed(data) if isinstance(g, P.Publish)]
+    assert [(g.topic, g.payload, g.qos, g.packet_id, g.retain) for g in got] == \
+        [(t, p, q, pid, retain) for t, p, q, pid in msgs]
+    with pytest.raises(ValueError, match="packet id"):
+        encode_publishes([("a", b"", 1, None)], retain, version)

@@ -1,0 +1,57 @@
+"""End-to-end: retained messages sent on SUBSCRIBE, when some are encoded as one run (plain ones)
+and others one by one (MQTT 5 properties, message expiry): every one arrives once, with the
+retain flag, its own QoS and properties, in the lookup's (topic) order, for a 3.1.1 and a 5
+subscriber, at QoS 0 and 1. Against `lmqtt serve` and `lmqtt store` + `lmqtt gateway`."""
+from __future__ import annotations
+
+import pytest
+
+from tests.support import SERVER_KINDS, Paho, per_test, shared_serve_or_fleet
+
+
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def shared_server(request, tmp_path_factory):
+    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+
+@pytest.fixture
+def lmqtt_server(shared_server):
+    yield from per_test(shared_server)
+
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize("version,sub_qos", [(4, 1), (5, 1), (5, 0)])
+def test_mixed_retained_messages_arrive_each_with_its_own_parts(lmqtt_server, version, sub_qos):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    pfx = f"rm{version}{sub_qos}"
+    pub = Paho(lmqtt_server, f"{pfx}-pub", version=5)
+    want = {}
+    for i in range(150):
+        props = None
+        qos = 1 if i % 3 else 0
+        up = None
+        if i % 13 == 4:
+            props = Properties(PacketTypes.PUBLISH)
+            props.UserProperty = ("i", str(i))
+            up = ("i", str(i))
+        elif i % 11 == 6:
+            props = Properties(PacketTypes.PUBLISH)
+            props.MessageExpiryInterval = 3600
+        topic = f"{pfx}/{i:03d}"
+        pub.publish(topic, f"r{i}".encode(), qos=qos, retain=True, properties=props)
+        want[topic] = (f"r{i}", min(qos, sub_qos), up, props is not None and up is None)
+    sub = Paho(lmqtt_server, f"{pfx}-sub", version=version)
+    assert sub.subscribe(f"{pfx}/#", sub_qos) == [sub_qos]
+    got = sub.get_n(len(want), timeout=30)
+    assert [m.topic for m in got] == sorted(want)
+    for m in got:
+        payload, qos, up, expiry = want[m.topic]
+        assert (m.payload.decode(), m.qos, m.retain) == (payload, qos, True)
+        if version == 5:
+            assert (getattr(m.properties, "UserProperty", None) or []) == ([up] if up else [])
+            exp = getattr(m.properties, "MessageExpiryInterval", None)
+            assert (exp is not None) == expiry and (exp is None or 3590 <= exp <= 3600)
+    assert sub.drain(0.3) == []
