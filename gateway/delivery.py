@@ -362,18 +362,53 @@ class DeliveryEngine:
             it.sent = first.sent
         return it
 
+    # Messages one delivery run reads for one cursor: what its reader can take (the QoS 1/2
+    # window's room), at most this many. Why not `pull_batch` (64): a reader far behind - an
+    # offline session's backlog on reconnect - then took one loop iteration, one pull and one
+    # socket write per 64 messages, and each write (a wake-up of the peer on loopback) cost about
+    # as much as encoding the 64 messages. A run stays bounded: by this, and by the socket's
+    # high-water mark in bytes (_feed_session); shared groups still pull `pull_batch`.
+    backlog_batch = 1024
+
+    def _items_of(self, msgs: list) -> list[OutboundMessage]:
+        """`[self._item(m) for m in msgs]` in one loop: a backlog pull hands over up to
+        `backlog_batch` records, and a method call per record was a noticeable part of a
+        reconnecting session's delivery. (`msgs` are StoredMessages, or the remote store's
+        RemoteMessages: fields read by name.)"""
+        items = self._items
+        get = items.get
+        records = self._records
+        out = []
+        append = out.append
+        for m in msgs:
+            phys = m.phys_offset
+            it = get(phys)
+            if it is None:
+                props = m.props
+                rec = records.get(props)
+                if rec is None:
+                    rec = self._record_of(props)
+                dq = m.dispatch_queues
+                it = items[phys] = OutboundMessage(m.topic, m.body, rec, m.queue_offset, phys,
+                                                   dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
+            else:
+                it = self._item(m)
+            append(it)
+        return out
+
     def _pull(self, q: str, offset: int, count: int | None = None):
         self.metrics.pulls += 1
-        batch = self.cfg.pull_batch
-        if count is None or count > batch:
-            count = batch
+        if count is None:
+            count = self.cfg.pull_batch
+        elif count > self.backlog_batch:
+            count = self.backlog_batch
         return self.store.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
 
     def _deliver_direct(self, q: str) -> bool:
         maxo = self.store.max_offset(q)
         by_off: dict[int, list[Session]] = {}
         want: dict[int, int] = {}
-        batch = self.cfg.pull_batch
+        batch = self.backlog_batch
         lo = maxo                 # the lowest cursor among the readers
         for s in self.direct.get(q, ()):
             cur = s.cursors.get(q)
@@ -440,7 +475,7 @@ class DeliveryEngine:
                             s.cursors[q].next_offset = nxt
                             self._session_offsets_moved(s)
                     continue
-                items = [self._item(m) for m in msgs]
+                items = self._items_of(msgs)
             for s in sessions:
                 if self._feed_session(s, q, items, nxt):
                     more = True

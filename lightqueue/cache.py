@@ -63,10 +63,15 @@ class MessageCache:
             self.hits += hits
         return out
 
-    def load_many(self, wanted, load: Callable[[int, int], Any]) -> list:
+    def load_many(self, wanted, load: Callable[[int, int], Any],
+                  load_batch: Callable[[list], list] | None = None) -> list:
         """Load `wanted` [(phys_offset, size), ...] (each re-checked in the cache first) and cache
         them. Returns one item per request: the message, or the exception its load raised (not
-        cached; the caller decides whether it is an error)."""
+        cached; the caller decides whether it is an error).
+
+        `load_batch(list of (phys, size))`, when given, loads every miss in one call and returns
+        one item per request, message or exception (`MessageStore.read_many`: one decode call per
+        segment's run instead of one read per record; a backlog pull misses hundreds at once)."""
         out = []
         append = out.append
         with self._load_lock:
@@ -75,10 +80,19 @@ class MessageCache:
                 got = [d.get(p) for p, _ in wanted]
             new = []
             rechecked = 0
+            if load_batch is not None:
+                miss = [w for w, h in zip(wanted, got) if h is None]
+                loaded = iter(load_batch(miss) if miss else ())
             for (p, size), h in zip(wanted, got):
                 if h is not None:       # loaded by another reader meanwhile
                     append(h[0])
                     rechecked += 1
+                    continue
+                if load_batch is not None:
+                    m = next(loaded)
+                    append(m)
+                    if not isinstance(m, Exception):
+                        new.append((p, m, size))
                     continue
                 try:
                     m = load(p, size)

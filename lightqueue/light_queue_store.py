@@ -195,7 +195,9 @@ class LightQueueStore:
         msgs = cache.get_many([e[1] for e in take])
         if None in msgs:
             miss = [i for i, m in enumerate(msgs) if m is None]
-            loaded = cache.load_many([(take[i][1], take[i][2]) for i in miss], self._store.read)
+            st = self._store
+            loaded = cache.load_many([(take[i][1], take[i][2]) for i in miss], st.read,
+                                     getattr(st, "read_many", None))
             for i, m in zip(miss, loaded):
                 if isinstance(m, BaseException):
                     e = take[i]

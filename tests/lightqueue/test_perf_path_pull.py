@@ -170,3 +170,36 @@ def test_cache_evicts_by_bytes_and_items():
     cache2 = MessageCache(max_bytes=1 << 20, max_items=5)
     cache2.load_many([(p, 1) for p in range(10)], lambda p, s: p)
     assert len(cache2) == 5 and cache2.get_many([5, 9, 4]) == [5, 9, None]
+
+
+def test_cache_batch_load_is_the_per_item_load():
+    """load_many with a batch loader (MessageStore.read_many) loads only the misses, in one call,
+    caches what loaded and hands back the exceptions in place, exactly as the per-item loader."""
+    calls = []
+
+    def one(p, size):
+        if p % 5 == 0:
+            raise OSError(f"gone {p}")
+        return ("m", p, size)
+
+    def batch(wanted):
+        calls.append(list(wanted))
+        out = []
+        for p, size in wanted:
+            try:
+                out.append(one(p, size))
+            except OSError as e:
+                out.append(e)
+        return out
+
+    wanted = [(p, 10 + p) for p in range(1, 30)]
+    a, b = MessageCache(), MessageCache()
+    for c in (a, b):
+        c.load_many([(3, 13), (7, 17)], one)       # already cached: not loaded again
+    got_a = a.load_many(wanted, one)
+    got_b = b.load_many(wanted, one, batch)
+    assert calls == [[w for w in wanted if w[0] not in (3, 7)]]
+    norm = [str(x) if isinstance(x, OSError) else x for x in got_a]
+    assert norm == [str(x) if isinstance(x, OSError) else x for x in got_b]
+    assert a.get_many(range(30)) == b.get_many(range(30))
+    assert b.get_many([5, 6]) == [None, ("m", 6, 16)]
