@@ -2,7 +2,8 @@
 and its per-record decode for reads: same layout and CRC, so one module),
 `lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
 (pull replies -> Arrow column buffers for the Spark reader), `store.client._records` (the SDK's
-decode of raw MESSAGES replies into Records).
+decode of raw MESSAGES replies into Records) and `store._fastpath` (the store server's raw pull:
+ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
 succeeds and all run their pure-Python loops (same results, slower; docs/store.md). All are
@@ -15,4 +16,6 @@ setup(ext_modules=[
     Extension("lmqtt.lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store.client._records", ["store/client/_records.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.store._fastpath", ["store/_fastpath.c"], optional=True, extra_compile_args=["-O2"],
+              libraries=["z"]),
 ])

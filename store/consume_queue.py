@@ -123,6 +123,23 @@ class ConsumeQueue:
         self.max_offset = qoff + len(data) // ENTRY_SIZE
         self.dirty = True
 
+    def pieces(self, from_off: int, max_count: int) -> list[tuple[int, bytes]]:
+        """The raw entries from `from_off`, at most max_count: [(first queue offset, entry bytes)],
+        one piece per ConsumeQueue file touched (usually one). Unwritten entries (size 0) are
+        included; `range` is the decoded view of the same bytes."""
+        out = []
+        q = max(from_off, self.min_offset)
+        end = min(self.max_offset, q + max_count)
+        while q < end:
+            mf = self.mfq.find(q * ENTRY_SIZE)
+            if mf is None:
+                break
+            rel = q * ENTRY_SIZE - mf.start_offset
+            n = min(end - q, (mf.size - rel) // ENTRY_SIZE)
+            out.append((q, mf.mm[rel:rel + n * ENTRY_SIZE]))
+            q += n
+        return out
+
     def range(self, from_off: int, max_count: int) -> list[tuple[int, int, int, int]]:
         """[(queue_offset, phys, size, tags)] from `from_off`, at most max_count, only written ones."""
         out = []

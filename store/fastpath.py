@@ -24,7 +24,9 @@ import zlib
 from array import array
 from itertools import accumulate
 
+from . import accel
 from . import protocol as W
+from .consume_queue import ENTRY, ENTRY_SIZE
 from .message import Message
 from .record import CRC_START, MSG_MAGIC
 
@@ -133,60 +135,118 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
     adjacent in the CommitLog (the usual case: a producer's batch) are copied with one slice and
     their CRCs checked on that copy. `max_bytes` (0 = no limit) stops before the record that
     would pass it, never before the first. Like `read_consume_queue`, nothing at or past the
-    dispatch point is returned."""
+    dispatch point is returned.
+
+    Both per-entry loops (grouping entries into runs, checking each record) are `cq_runs` and
+    `check_records`: the C module `_fastpath` when built, else the Python references below."""
     cq = store.consume_queues.get(topic, queue_id)
     if cq is None or max_count <= 0:
         return 0, [], offset
     visible = store.dispatch.dispatched
     try:
-        entries = cq.range(offset, max_count)
+        pieces = cq.pieces(offset, max_count)
     except ValueError:      # a file was deleted by retention meanwhile: let the reference path clamp
         return None
-    # 1. cut the entries into runs of adjacent records of one segment: [start phys, end phys, sizes]
+    # 1. the entries as runs of adjacent records: [first phys, sizes (u32 bytes), run bytes]
     runs = []
-    find = store.clog.mfq.find
     count = total = 0
-    run_end = -1
-    seg_end = 0
-    sizes = None
     next_off = offset
-    for qoff, phys, size, _tags in entries:
-        if phys >= visible or (max_bytes and count and total + size > max_bytes):
+    for q0, piece in pieces:
+        rs, count, total, nq, stopped = _cq_runs(piece, q0, visible, max_bytes, count, total)
+        runs += rs
+        if nq >= 0:
+            next_off = nq
+        if stopped:
             break
-        if phys != run_end or phys + size > seg_end:
+    # 2. one copy per run (cut where a run crosses into the next segment), then one check per copy
+    chunks = []
+    find = store.clog.mfq.find
+    for phys, sizes, nbytes in runs:
+        while nbytes:
             mf = find(phys)
-            if mf is None or phys + size > mf.start_offset + mf.size:
+            if mf is None:
                 return None
-            seg_end = mf.start_offset + mf.size
-            sizes = []
-            runs.append([mf, phys, sizes])
+            room = mf.start_offset + mf.size - phys
+            if nbytes > room:               # rare: a record ended exactly at the segment's end
+                part = array("I")
+                part.frombytes(sizes)
+                k = used = 0
+                while k < len(part) and used + part[k] <= room:
+                    used += part[k]
+                    k += 1
+                if k == 0:
+                    return None             # a record across a segment end: not a valid layout
+                here, sizes = part[:k].tobytes(), part[k:].tobytes()
+            else:
+                here, used = sizes, nbytes
+            rel = phys - mf.start_offset
+            try:
+                chunk = mf.mm[rel:rel + used]
+            except ValueError:   # map closed by retention meanwhile
+                return None
+            if not _check_records(chunk, here, MSG_MAGIC, CRC_START):
+                return None
+            chunks.append(chunk)
+            phys += used
+            nbytes -= used
+    return count, chunks, next_off
+
+
+def cq_runs_py(piece: bytes, first_qoff: int, visible: int, max_bytes: int, count: int, total: int):
+    """Reference of `_fastpath.cq_runs` (module doc of store/_fastpath.c): ConsumeQueue entries ->
+    (runs [[first phys, sizes as native u32 bytes, run bytes]], count, total, next queue offset or
+    -1, stopped before the end of the piece)."""
+    runs = []
+    sizes = None
+    run_phys = run_end = 0
+    next_q = -1
+    stopped = False
+    whole = len(piece) // ENTRY_SIZE * ENTRY_SIZE
+    for i, (phys, size, _tags) in enumerate(ENTRY.iter_unpack(piece[:whole])):
+        if not size:
+            continue
+        if phys >= visible or (max_bytes and count and total + size > max_bytes):
+            stopped = True
+            break
+        if sizes is None or phys != run_end:
+            if sizes is not None:
+                runs.append([run_phys, sizes.tobytes(), run_end - run_phys])
+            sizes = array("I")
+            run_phys = phys
         sizes.append(size)
         run_end = phys + size
         total += size
         count += 1
-        next_off = qoff + 1
-    # 2. one copy per run, then every record's head and CRC checked on the copy
-    chunks = []
+        next_q = first_qoff + i + 1
+    if sizes is not None:
+        runs.append([run_phys, sizes.tobytes(), run_end - run_phys])
+    return runs, count, total, next_q, stopped
+
+
+def check_records_py(chunk, sizes: bytes, magic: int, crc_start: int) -> bool:
+    """Reference of `_fastpath.check_records`: the records back to back in `chunk` have these
+    sizes (native u32), each head says its size and `magic`, each CRC matches."""
+    mv = memoryview(chunk)
     crc32 = zlib.crc32
     head = _RAW_HEAD.unpack_from
-    for mf, phys, sizes in runs:
-        rel = phys - mf.start_offset
-        try:
-            chunk = mf.mm[rel:rel + sum(sizes)]
-        except ValueError:   # map closed by retention meanwhile
-            return None
-        mv = memoryview(chunk)
-        a = 0
-        for size in sizes:
-            rsize, magic, crc = head(chunk, a)
-            if rsize != size or magic != MSG_MAGIC or crc32(mv[a + CRC_START:a + size]) != crc:
-                return None
-            a += size
-        chunks.append(chunk)
-    return count, chunks, next_off
+    a = 0
+    part = array("I")
+    part.frombytes(sizes[:len(sizes) // 4 * 4])
+    for size in part:
+        if size < 12 or size < crc_start or a + size > len(chunk):
+            return False
+        rsize, m, crc = head(chunk, a)
+        if rsize != size or m != magic or crc32(mv[a + crc_start:a + size]) != crc:
+            return False
+        a += size
+    return True
 
 
 _RAW_HEAD = W.struct.Struct("<III")       # total size, magic, CRC: the first fields of a record
+
+_fastpath = accel.load("lmqtt.store._fastpath")
+_cq_runs = _fastpath.cq_runs if _fastpath is not None else cq_runs_py
+_check_records = _fastpath.check_records if _fastpath is not None else check_records_py
 
 
 class RawRecord(tuple):

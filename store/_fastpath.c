@@ -1,0 +1,152 @@
+/* lmqtt.store._fastpath: the per-entry loops of store/fastpath.py's `read_raw` in C.
+ *
+ * Why: under `lmqtt bench spark` and `lmqtt bench sdk --cases pull` the store serves raw pulls
+ * (the CommitLog's record bytes as stored, docs/protocol.md) and py-spy put ~80 % of its main
+ * thread in read_raw's two Python loops: per ConsumeQueue entry a tuple and a few comparisons to
+ * group adjacent records into runs, and per record a memoryview slice and a zlib.crc32 call to
+ * check it before sending it (~1.2 us of store CPU per 100-byte record). Here each loop is one
+ * call per ConsumeQueue piece / per run.
+ *
+ * Both functions have Python references in store/fastpath.py (`cq_runs_py`, `check_records_py`)
+ * that tests compare them with on arbitrary input (tests/store/test_fastpath_accel.py); the
+ * record layout constants are handed in by the caller (store/record.py), not duplicated here.
+ *
+ *   cq_runs(piece, first_qoff, visible, max_bytes, count, total)
+ *       piece: ConsumeQueue entries (20 bytes each: phys u64, size u32, tags u64, little-endian).
+ *       Walks them in order, skipping unwritten entries (size 0), and stops before the first
+ *       entry at or past `visible` or the first that would take `total` past `max_bytes` (0 = no
+ *       limit; never before the first record of the read, i.e. while `count` is 0).
+ *       -> (runs, count, total, next_qoff, stopped): runs = [[first phys, sizes, bytes]] where
+ *       sizes is a bytes object of the native u32 sizes of records adjacent in the CommitLog and
+ *       bytes their sum; count/total
+ *       carried on; next_qoff = queue offset after the last entry taken (-1: none taken);
+ *       stopped = True when it stopped before the end of the piece.
+ *
+ *   check_records(chunk, sizes, magic, crc_start) -> bool
+ *       chunk holds records back to back with these sizes (native u32); True when each one's
+ *       head says that size and `magic`, and its CRC-32 (zlib) over [crc_start, size) matches.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define ENTRY_SIZE 20
+
+static inline uint64_t le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* close the current run: append [phys, sizes bytes, run bytes] to runs */
+static int flush_run(PyObject *runs, unsigned long long phys, unsigned long long end, uint32_t *sizes,
+                     Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)sizes, n * (Py_ssize_t)sizeof(uint32_t));
+    if (!b) return -1;
+    PyObject *p = PyLong_FromUnsignedLongLong(phys);
+    PyObject *len = PyLong_FromUnsignedLongLong(end - phys);
+    PyObject *run = PyList_New(3);
+    if (!p || !len || !run) { Py_DECREF(b); Py_XDECREF(p); Py_XDECREF(len); Py_XDECREF(run); return -1; }
+    PyList_SET_ITEM(run, 0, p);
+    PyList_SET_ITEM(run, 1, b);
+    PyList_SET_ITEM(run, 2, len);
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return rc;
+}
+
+static PyObject *cq_runs(PyObject *self, PyObject *args) {
+    Py_buffer piece;
+    long long first_qoff, count, next_qoff = -1;
+    unsigned long long visible, max_bytes, total;
+    if (!PyArg_ParseTuple(args, "y*LKKLK", &piece, &first_qoff, &visible, &max_bytes, &count, &total))
+        return NULL;
+    Py_ssize_t n = piece.len / ENTRY_SIZE;
+    const unsigned char *p = piece.buf;
+    uint32_t *sizes = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    PyObject *runs = PyList_New(0);
+    if (!sizes || !runs) {
+        PyMem_Free(sizes);
+        Py_XDECREF(runs);
+        PyBuffer_Release(&piece);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t in_run = 0;
+    unsigned long long run_phys = 0, run_end = 0;
+    int stopped = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *e = p + i * ENTRY_SIZE;
+        unsigned long long phys = le64(e);
+        uint32_t size = le32(e + 8);
+        if (size == 0) continue;                            /* not written */
+        if (phys >= visible || (max_bytes && count && total + size > max_bytes)) {
+            stopped = 1;
+            break;
+        }
+        if (!in_run || phys != run_end) {
+            if (flush_run(runs, run_phys, run_end, sizes, in_run) < 0) goto fail;
+            in_run = 0;
+            run_phys = phys;
+        }
+        sizes[in_run++] = size;
+        run_end = phys + size;
+        total += size;
+        count++;
+        next_qoff = first_qoff + i + 1;
+    }
+    if (flush_run(runs, run_phys, run_end, sizes, in_run) < 0) goto fail;
+    PyMem_Free(sizes);
+    PyBuffer_Release(&piece);
+    return Py_BuildValue("(NLKLO)", runs, count, total, next_qoff, stopped ? Py_True : Py_False);
+fail:
+    PyMem_Free(sizes);
+    Py_DECREF(runs);
+    PyBuffer_Release(&piece);
+    return NULL;
+}
+
+static PyObject *check_records(PyObject *self, PyObject *args) {
+    Py_buffer chunk, sizes;
+    unsigned int magic, crc_start;
+    if (!PyArg_ParseTuple(args, "y*y*II", &chunk, &sizes, &magic, &crc_start)) return NULL;
+    const unsigned char *c = chunk.buf;
+    const unsigned char *s = sizes.buf;
+    Py_ssize_t n = sizes.len / (Py_ssize_t)sizeof(uint32_t);
+    Py_ssize_t a = 0;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t size;
+        memcpy(&size, s + i * sizeof(uint32_t), sizeof(uint32_t));
+        if (size < 12 || size < crc_start || a + (Py_ssize_t)size > chunk.len) { ok = 0; break; }
+        const unsigned char *r = c + a;
+        if (le32(r) != size || le32(r + 4) != magic ||
+            (uint32_t)crc32(0L, r + crc_start, (uInt)(size - crc_start)) != le32(r + 8)) {
+            ok = 0;
+            break;
+        }
+        a += size;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&chunk);
+    PyBuffer_Release(&sizes);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"cq_runs", cq_runs, METH_VARARGS, "ConsumeQueue entries -> runs of adjacent records (see module doc)"},
+    {"check_records", check_records, METH_VARARGS, "sizes, magic and CRC of records back to back (see module doc)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath",
+    "C loops of store/fastpath.py's raw read (Python references beside them there)", -1, methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void) { return PyModule_Create(&module); }
