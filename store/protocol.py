@@ -112,6 +112,12 @@ def frame(op: int, rid: int, body: bytes = b"", flags: int = 0) -> bytes:
     return HEADER.pack(len(body) + _MIN_LEN, op, flags, rid) + body
 
 
+def frame_head(op: int, rid: int, body_len: int, flags: int = 0) -> bytes:
+    """The frame header for a body of `body_len` bytes sent after it in pieces (a large reply is
+    written as header + its parts, not joined into one buffer first)."""
+    return HEADER.pack(body_len + _MIN_LEN, op, flags, rid)
+
+
 def json_frame(op: int, rid: int, obj) -> bytes:
     return frame(op, rid, json.dumps(obj, separators=(",", ":")).encode())
 

@@ -58,9 +58,10 @@ class RawMessages:
         self.chunks = chunks
 
 
-def raw_messages_body(header: dict, count: int, chunks: list) -> bytes:
+def raw_messages_head(header: dict, count: int) -> bytes:
+    """What precedes the records of a raw-layout MESSAGES body: u32 header length, JSON, u32 count."""
     h = json.dumps(header, separators=(",", ":")).encode()
-    return b"".join([_U32.pack(len(h)), h, _U32.pack(count), *chunks])
+    return _U32.pack(len(h)) + h + _U32.pack(count)
 
 
 class CallError(Exception):
@@ -323,6 +324,7 @@ class StoreServer:
 # A too-large frame is read away (up to this many bytes, for at most this long) before the
 # connection closes, so its sender reads the ERROR rather than a connection reset.
 MAX_DISCARD = 256 << 20
+_JOIN_MAX = 256 << 10      # replies of one read up to this size go out joined, in one write
 DISCARD_TIMEOUT_S = 10.0
 
 
@@ -373,11 +375,25 @@ class StoreConnection(asyncio.Protocol):
         elif not self.transport.is_closing():
             self.transport.write(data)
 
+    def _send_raw(self, rid: int, header: dict, count: int, chunks: list) -> None:
+        """A MESSAGES frame in the raw layout, sent as its head and the record chunks as they are:
+        a 4 MiB reply is not copied twice more (body join, frame concat) before the socket."""
+        head = raw_messages_head(header, count)
+        self._send(W.frame_head(W.OP_MESSAGES, rid, len(head) + sum(map(len, chunks)), W.F_RAW) + head)
+        for c in chunks:
+            self._send(c)
+
     def _uncork(self) -> None:
         c = self._cork
         self._cork = None
         if c and not self.transport.is_closing():
-            self.transport.write(c[0] if len(c) == 1 else b"".join(c))
+            if len(c) == 1:
+                self.transport.write(c[0])
+            elif sum(map(len, c)) < _JOIN_MAX:
+                self.transport.write(b"".join(c))
+            else:               # a large reply in pieces: the socket takes them without a join copy
+                for piece in c:
+                    self.transport.write(piece)
 
     def _discard(self, n: int) -> None:
         self.discard_left = max(0, self.discard_left - n)
@@ -487,8 +503,7 @@ class StoreConnection(asyncio.Protocol):
                 raw = read_raw(st, topic, qid, off, cnt, mb)
                 if raw is not None:     # CommitLog bytes as stored (CRC-checked): no decode, no re-encode
                     n, chunks, nxt = raw
-                    self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(
-                        {"next_offset": nxt, "min_offset": lo, "max_offset": hi}, n, chunks), W.F_RAW))
+                    self._send_raw(rid, {"next_offset": nxt, "min_offset": lo, "max_offset": hi}, n, chunks)
                     return
             ms = st.read_consume_queue(topic, qid, off, cnt) if off < hi else []
             if mb and ms:
@@ -541,7 +556,7 @@ class StoreConnection(asyncio.Protocol):
         if isinstance(res, Messages):
             self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
         elif isinstance(res, RawMessages):
-            self._send(W.frame(W.OP_MESSAGES, rid, raw_messages_body(res.header, res.count, res.chunks), W.F_RAW))
+            self._send_raw(rid, res.header, res.count, res.chunks)
         else:
             self._send(W.json_frame(W.OP_RESULT, rid, res))
 
