@@ -143,18 +143,10 @@ class ConsumeQueue:
     def range(self, from_off: int, max_count: int) -> list[tuple[int, int, int, int]]:
         """[(queue_offset, phys, size, tags)] from `from_off`, at most max_count, only written ones."""
         out = []
-        q = max(from_off, self.min_offset)
-        end = min(self.max_offset, q + max_count)
-        while q < end:
-            mf = self.mfq.find(q * ENTRY_SIZE)
-            if mf is None:
-                break
-            rel = q * ENTRY_SIZE - mf.start_offset
-            n = min(end - q, (mf.size - rel) // ENTRY_SIZE)
-            for i, (phys, size, tags) in enumerate(ENTRY.iter_unpack(mf.mm[rel:rel + n * ENTRY_SIZE])):
+        for q, piece in self.pieces(from_off, max_count):
+            for i, (phys, size, tags) in enumerate(ENTRY.iter_unpack(piece)):
                 if size:
                     out.append((q + i, phys, size, tags))
-            q += n
         return out
 
     def truncate_phys(self, offset: int) -> None:

@@ -25,8 +25,7 @@ import uuid
 
 from .. import protocol as W
 from .consumer import Record, _pull_result, _records, _records_raw
-from .producer import (_PRODUCED_AT, SendResult, _as_bytes, _delayed_frame, _pack_one, _plain_head, due_ms,
-                       pack_batch)
+from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
 
 
 class AsyncProducer:
@@ -146,18 +145,7 @@ class AsyncAutoBatchProducer:
 
     async def send(self, topic: str, body: bytes, **kw) -> AsyncSendHandle:
         """Queue one message (AsyncProducer.send()'s keywords, `delay`/`deliver_at` included)."""
-        due = 0
-        if kw:
-            if "delay" in kw or "deliver_at" in kw:
-                due = due_ms(kw.pop("delay", None), kw.pop("deliver_at", None))
-            head = _pack_one(topic, body, **kw)
-            body = b""
-        else:
-            if body.__class__ is not bytes:
-                body = _as_bytes(body)
-            head = self._heads.get((topic, len(body)))
-            if head is None:
-                head = _plain_head(self._heads, topic, len(body))
+        head, body, due = queued_parts(self._heads, topic, body, kw)
         n = len(head) + len(body)
         if self._closed:
             raise RuntimeError("AsyncAutoBatchProducer is closed")

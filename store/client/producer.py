@@ -261,6 +261,25 @@ def _plain_head(heads: dict, topic: str, body_len: int) -> bytes:
     return head
 
 
+def queued_parts(heads: dict, topic: str, body, kw: dict) -> tuple[bytes, bytes, int]:
+    """(packed head, body, due ms or 0) of one message queued by an AutoBatch producer (sync or
+    asyncio). The common case, a plain QoS 1 message, costs a dict lookup: its head is the same
+    for every body of that size on that topic (`heads` caches them); with keywords the whole
+    message is packed into the head and the body part is empty."""
+    if kw:
+        due = 0
+        if "delay" in kw or "deliver_at" in kw:
+            kw = dict(kw)
+            due = due_ms(kw.pop("delay", None), kw.pop("deliver_at", None))
+        return _pack_one(topic, body, **kw), b"", due
+    if body.__class__ is not bytes:
+        body = _as_bytes(body)
+    head = heads.get((topic, len(body)))
+    if head is None:
+        head = _plain_head(heads, topic, len(body))
+    return head, body, 0
+
+
 def _as_bytes(body) -> bytes:
     if isinstance(body, (bytearray, memoryview)):
         return bytes(body)
@@ -318,18 +337,7 @@ class AutoBatchProducer:
 
     def send(self, topic: str, body: bytes, **kw) -> SendFuture:
         """Queue one message (send()'s keywords of Producer, `delay`/`deliver_at` included)."""
-        due = 0
-        if kw:
-            if "delay" in kw or "deliver_at" in kw:
-                due = due_ms(kw.pop("delay", None), kw.pop("deliver_at", None))
-            head = _pack_one(topic, body, **kw)
-            body = b""
-        else:   # the common case: a plain QoS 1 message; its head is the same for every such body size
-            if body.__class__ is not bytes:
-                body = _as_bytes(body)
-            head = self._heads.get((topic, len(body)))
-            if head is None:
-                head = _plain_head(self._heads, topic, len(body))
+        head, body, due = queued_parts(self._heads, topic, body, kw)
         n = len(head) + len(body)
         with self._lock:            # the condition's lock, taken directly: Condition.__enter__ is Python code
             if self._closed:

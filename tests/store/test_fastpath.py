@@ -134,12 +134,20 @@ def filled(tmp_path):
         yield st
 
 
+@pytest.mark.parametrize("store_loops", ["c", "python"], ids=["c-store", "python-store"])
 @pytest.mark.parametrize("pure", [False, True], ids=["c-decoder", "python-decoder"])
-def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch, pure):
+def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch, pure, store_loops):
+    """Both sides with either loops: the store's raw read (store/_fastpath.c or its references in
+    fastpath.py) and the SDK's decode of it (store/client/_records.c or the Python loop)."""
     if pure:
         monkeypatch.setattr(consumer, "_C_RECORDS", None)
     elif consumer._C_RECORDS is None:
         pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
+    if store_loops == "python":
+        monkeypatch.setattr(fastpath, "_cq_runs", fastpath.cq_runs_py)
+        monkeypatch.setattr(fastpath, "_check_records", fastpath.check_records_py)
+    elif fastpath._fastpath is None:
+        pytest.skip("lmqtt.store._fastpath is not built (or LMQTT_PURE_PYTHON is set)")
     st = filled
     for qid in range(3):
         lo, hi = st.consume_queue_offsets("a", qid)
@@ -163,7 +171,11 @@ def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch
         assert seen == classic(st, "a", qid, lo, 100_000, 0)[0]
 
 
-def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled):
+@pytest.mark.parametrize("store_loops", ["c", "python"])
+def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled, monkeypatch, store_loops):
+    if store_loops == "python":
+        monkeypatch.setattr(fastpath, "_cq_runs", fastpath.cq_runs_py)
+        monkeypatch.setattr(fastpath, "_check_records", fastpath.check_records_py)
     st = filled
     lo, hi = st.consume_queue_offsets("a", 0)
     victim = st.read_consume_queue("a", 0, lo + 2, 1)[0]

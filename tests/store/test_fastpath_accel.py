@@ -1,8 +1,8 @@
 """The C loops of the store's raw pull (store/_fastpath.c) against their Python references in
 store/fastpath.py, on arbitrary input: ConsumeQueue entries grouped into runs of adjacent records
 (unwritten entries, the visibility limit, the byte limit), and the size/magic/CRC check of
-records back to back (valid, damaged, truncated, nonsense). Then the raw pull itself, with the C
-loops and with the references, on a real MessageStore: the same records as the decoding path."""
+records back to back (valid, damaged, truncated, nonsense). The raw pull itself, with the C loops
+and with the references, is compared with the decoding path in test_fastpath.py."""
 from __future__ import annotations
 
 import os
@@ -95,44 +95,3 @@ def test_check_records_equals_its_reference(bodies, damage, where, junk):
         assert got == fastpath.check_records_py(*args)
     if damage == "none":
         assert _C.check_records(bytes(chunk), sizes.tobytes(), MSG_MAGIC, CRC_START) is True
-
-
-@pytest.mark.parametrize("loops", ["c", "python"])
-def test_raw_pull_with_either_loops_gives_the_records_of_the_decoding_path(tmp_path, monkeypatch, loops):
-    """Records of queue `a` interleaved with other queues over several 64 KiB segments: every
-    raw pull decodes to the records the decoding path gives (the same check as test_fastpath.py,
-    here for the store-side loops)."""
-    import random
-
-    from lmqtt.store import Message, MessageStore
-    from lmqtt.store.client import consumer
-    from tests.store.test_fastpath import IDENT, cfg, classic, random_items, raw_reply, route
-    if loops == "c":
-        if _C is None:
-            pytest.skip("lmqtt.store._fastpath not built")
-        monkeypatch.setattr(fastpath, "_cq_runs", _C.cq_runs)
-        monkeypatch.setattr(fastpath, "_check_records", _C.check_records)
-    else:
-        monkeypatch.setattr(fastpath, "_cq_runs", fastpath.cq_runs_py)
-        monkeypatch.setattr(fastpath, "_check_records", fastpath.check_records_py)
-    rng = random.Random(5)
-    with MessageStore(cfg(tmp_path)) as s:
-        last = None
-        for _ in range(40):
-            items = random_items(rng, rng.randrange(1, 60))
-            rs = s.append_batch([Message(t, b, q, 0, p, k, born, route(t)) for t, b, k, p, q, born in items])
-            last = rs[-1]
-        assert s.wait_dispatched(last.phys_offset + last.size, 10)
-        for qid in range(3):
-            lo, hi = s.consume_queue_offsets("a", qid)
-            for off, cnt, mb in ((lo, 10_000, 0), (lo + 3, 7, 0), (hi - 2, 100, 0), (lo, 1000, 1500), (lo, 1000, 1)):
-                want, want_next = classic(s, "a", qid, off, cnt, mb)
-                body, nxt = raw_reply(s, "a", qid, off, cnt, mb)
-                assert consumer._records_raw(IDENT, body)[1] == want and nxt == want_next
-        # a flipped byte: the raw path declines the range (the decoding path reports and skips it)
-        lo, _hi = s.consume_queue_offsets("a", 0)
-        victim = s.read_consume_queue("a", 0, lo + 2, 1)[0]
-        mf = s.clog.mfq.find(victim.phys_offset)
-        mf.mm[victim.phys_offset - mf.start_offset + victim.size - 1] ^= 0xFF
-        assert fastpath.read_raw(s, "a", 0, lo, 100, 0) is None
-        assert fastpath.read_raw(s, "a", 0, lo + 3, 100, 0) is not None
