@@ -204,7 +204,7 @@ TARGETS = [  # label, scenario, metric, peer, op, bound
     ("pairs QoS 1 delivered msg/s ≥ 10× amqtt", "pairs", ("delivered_per_s",), "amqtt", ">=", 10.0),
     ("p99 latency at 5,000 msg/s QoS 1 ≤ 5× Mosquitto", "latency", ("latency_us", "p99"), "mosquitto", "<=", 5.0),
     ("memory per idle connection ≤ 16 KiB at 10,000 connections", "conn", ("rss_per_conn_bytes",), None, "<=", 16 * 1024),
-    # the multi-process modes (issue #11): (..., which lmqtt broker)
+    # the multi-process modes (lmqtt-workers, lmqtt-fleet): (..., which lmqtt broker)
     ("lmqtt-workers fan-in 1,000→1 QoS 1 delivered msg/s ≥ 1× Mosquitto", "fanin", ("delivered_per_s",),
      "mosquitto", ">=", 1.0, "lmqtt-workers"),
     ("lmqtt-workers pairs QoS 1 delivered msg/s ≥ 1× Mosquitto", "pairs", ("delivered_per_s",),

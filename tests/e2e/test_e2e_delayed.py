@@ -1,4 +1,4 @@
-"""End-to-end: delayed delivery asked for over MQTT (issue #14), against the embedded `lmqtt serve`
+"""End-to-end: delayed delivery asked for over MQTT, against the embedded `lmqtt serve`
 and `lmqtt store` + `lmqtt gateway`: `$delayed/{seconds}/{topic}` at QoS 0/1/2 with paho, the MQTT
 5 user property `deliver-at`, refusals of bad forms with their reason code (and the cause in the
 log), the ACL checked against the real topic, and a `kill -9` with pending timers (none lost,

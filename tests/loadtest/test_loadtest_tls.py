@@ -1,5 +1,5 @@
 """`lmqtt bench compare --tls --password`: both brokers serve the measured port over TLS with a
-login, and the generator gets through (issue #13's benchmarks over TLS with password auth)."""
+login, and the generator gets through (the benchmarks over TLS with password authentication)."""
 from __future__ import annotations
 
 import json

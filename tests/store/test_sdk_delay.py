@@ -1,4 +1,4 @@
-"""The SDK's delayed sends against a real `lmqtt store` (issue #14): `delay=` / `deliver_at=` on
+"""The SDK's delayed sends against a real `lmqtt store`: `delay=` / `deliver_at=` on
 send, send_async, send_batch, AutoBatch and the asyncio connection; cancel by msg id; refusals;
 the PRODUCE frame's F_DELAYED trailer (docs/protocol.md). The store's timer wheel runs with its
 default 1 s precision: a message must not be stored under its topic before its due time (checked
