@@ -1,0 +1,23 @@
+"""`lmqtt bench spark`'s batch cases on the test session's SparkSession, with a few thousand rows:
+the lmqtt and python-source cases read back exactly the rows written (the bench raises otherwise)
+and report the fields BENCHMARKS.md quotes; python-source reads through its own no-I/O data source
+with the lmqtt reader's schema and partitions. (Parquet and JSON are Spark's own readers.)"""
+from lmqtt.loadtest import spark_bench
+from lmqtt.loadtest.sdk_bench import LmqttProc
+
+
+def test_batch_cases_read_every_row_and_report_their_fields(spark, tmp_path):
+    srv = LmqttProc("serve")
+    try:
+        spark_bench._load(srv.address, 3000, 100)
+        rows = spark_bench.bench_read(spark, srv, 3000, 100, str(tmp_path),
+                                      ["lmqtt", "python-source"], per_partition=1500, repeat=1)
+    finally:
+        srv.stop()
+    by = {r["case"]: r for r in rows}
+    assert set(by) == {"lmqtt", "python-source"}
+    for r in rows:
+        assert r["rows"] == 3000 and r["rows_per_s"] > 0 and r["seconds"] > 0, r
+    assert by["lmqtt"]["partitions"] == 2 and by["python-source"]["partitions"] == 2
+    assert by["python-source"]["batch_rows"] == 1500       # the lmqtt reader's first batch, repeated
+    assert by["lmqtt"]["store_cpu_s_per_run"] >= 0
