@@ -335,7 +335,9 @@ class GatewayService:
                 conn.push(W.OP_EVENT, W.encode_event(body))
                 self.events_sent += 1
                 continue
-            budget = self.push_max_bytes
+            # a gateway that does not read its connection gets hints only (bounded like EVENT):
+            # it pulls what it missed once it reads again
+            budget = 0 if getattr(conn, "write_paused", False) else self.push_max_bytes
             out = []
             for q in hit:
                 v = offsets.get(q)

@@ -342,6 +342,9 @@ class StoreConnection(asyncio.Protocol):
         self.peer = None
         self.discard_left = 0        # after a too-large frame: its bytes still to drop, then close
         self._cork: list[bytes] | None = None     # frames to write at the end of data_received
+        # the transport's buffer is above its high-water mark (the client does not read): pushes
+        # that carry data hold back (lightqueue/gateway_service.py sends hints only meanwhile)
+        self.write_paused = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -362,9 +365,11 @@ class StoreConnection(asyncio.Protocol):
             self._send(W.frame(op, 0, body))
 
     def pause_writing(self) -> None:     # the client does not read its replies: stop reading requests
+        self.write_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         if not self.closing:
             self.transport.resume_reading()
 

@@ -351,3 +351,64 @@ def test_push_frames_round_trip_and_malformed_ones_are_refused():
         with pytest.raises(W.ProtocolError) as e:
             W.decode_push(bad)
         assert e.value.code == W.E_BAD_FRAME
+
+
+def test_a_gateway_that_stops_reading_gets_hints_not_data_and_pulls_the_rest(lmqtt_store):
+    """PUSH frames carry data, so a push connection whose replies back up (a frozen gateway) must
+    not make the store buffer every new entry for it: it gets hints (max offsets) meanwhile, and
+    once it reads again it finds every entry, in order, by pulling from where its pushes stopped."""
+    import socket
+
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client import connect
+
+    host, port = lmqtt_store.address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    dec = W.FrameDecoder()
+
+    def frames_until(pred):
+        got = []
+        while not pred(got):
+            got += dec.feed(s.recv(1 << 20))
+        return got
+
+    s.sendall(W.hello_frame("frozen-gw"))
+    assert frames_until(lambda f: f)[0][0] == W.OP_HELLO_OK
+    s.sendall(W.json_frame(W.OP_CALL, 1, {"cmd": "gw_watch", "queues": ["fz/t"], "push": True}))
+    assert frames_until(lambda f: any(x[2] == 1 for x in f))
+    n, body = 1200, b"x" * 20_000                        # 24 MB, far beyond the socket buffers
+    with connect(lmqtt_store.address) as c:
+        p = c.producer()
+        for k in range(0, n, 10):                        # this client does not read meanwhile
+            p.send_batch([("fz/t", b"%05d" % i + body) for i in range(k, k + 10)])
+    entries, hints, maxes = [], 0, []
+
+    def collect(fs):
+        nonlocal hints
+        for op, _fl, rid, b in fs:
+            if op != W.OP_PUSH:
+                continue
+            for name, mx, recs, _dq in W.decode_push(b):
+                maxes.append(mx)
+                hints += not recs
+                entries.extend((r[0], r[8][:5]) for r in recs)
+        return maxes and maxes[-1] == n
+    s.settimeout(10)
+    while not collect(dec.feed(s.recv(1 << 20))):
+        pass
+    assert hints, "the store kept pushing data to a connection that did not read"
+    have = [o for o, _b in entries]
+    assert have == list(range(len(have)))               # what was pushed continues from 0, once
+    # the rest by pull, as a gateway does after a hint
+    off, rid = len(have), 100
+    while off < n:
+        rid += 1
+        s.sendall(W.json_frame(W.OP_CALL, rid, {"cmd": "gw_pull", "queue": "fz/t", "offset": off,
+                                                "max_count": 256, "max_bytes": 4 << 20}))
+        (reply,) = [f for f in frames_until(lambda f: any(x[2] == rid for x in f)) if f[2] == rid]
+        _h, recs = W.decode_messages(reply[3])
+        entries.extend((r[0], r[8][:5]) for r in recs)
+        off = recs[-1][0] + 1
+    assert entries == [(i, b"%05d" % i) for i in range(n)]
+    s.close()
