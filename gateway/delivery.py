@@ -60,6 +60,7 @@ class DeliveryEngine:
         self._dirty: set[str] = set()
         self._scheduled = False
         self._items: dict[int, OutboundMessage] = {}                  # phys offset -> OutboundMessage, per run
+        self._budget = self.run_budget      # messages this run may still read at backlog_batch
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
@@ -146,6 +147,7 @@ class DeliveryEngine:
             self._run_histories()
         work, self._dirty = self._dirty, set()
         self._items = {}
+        self._budget = self.run_budget
         for q in work:
             try:
                 more = False
@@ -362,13 +364,17 @@ class DeliveryEngine:
             it.sent = first.sent
         return it
 
-    # Messages one delivery run reads for one cursor: what its reader can take (the QoS 1/2
-    # window's room), at most this many. Why not `pull_batch` (64): a reader far behind - an
-    # offline session's backlog on reconnect - then took one loop iteration, one pull and one
-    # socket write per 64 messages, and each write (a wake-up of the peer on loopback) cost about
-    # as much as encoding the 64 messages. A run stays bounded: by this, and by the socket's
-    # high-water mark in bytes (_feed_session); shared groups still pull `pull_batch`.
+    # Messages one delivery run reads for one cursor: what its readers can take (a QoS 1/2
+    # window's room), at most `backlog_batch` shared by the readers at that offset (never less
+    # than `pull_batch`). Why not `pull_batch` (64) always: a reader far behind - an offline
+    # session's backlog on reconnect - then took one loop iteration, one pull and one socket write
+    # per 64 messages, and each write (a wake-up of the peer on loopback) cost about as much as
+    # encoding the 64 messages. A run stays bounded: once it has sent `run_budget` messages the
+    # rest of it reads `pull_batch` again (many sessions reconnecting at once do not hold the loop
+    # for seconds), and the socket's high-water mark bounds bytes (_feed_session); a fan-out (many
+    # readers at one offset) reads `pull_batch` as before; shared groups always do.
     backlog_batch = 1024
+    run_budget = 8192
 
     def _items_of(self, msgs: list) -> list[OutboundMessage]:
         """`[self._item(m) for m in msgs]` in one loop: a backlog pull hands over up to
@@ -456,16 +462,22 @@ class DeliveryEngine:
             del ri[:drop]
             recent[0] += drop
             self._recent_items -= drop
+        small = self.cfg.pull_batch
         for off, sessions in by_off.items():
+            # never read more than the roomiest reader at this offset can take: a QoS 1 window
+            # with 10 free slots must not pull (and build messages for) 64 messages it cannot send
+            cap = batch // len(sessions) if self._budget > 0 else small
+            if cap < small:
+                cap = small
+            n = want[off] if want[off] < cap else cap
+            self._budget -= n * len(sessions)
             if recent is not None and recent[0] <= off < recent[0] + len(recent[1]):
                 # the records are in hand (record_appended): no pull
                 i = off - recent[0]
-                items = recent[1][i:i + min(want[off], batch)]
+                items = recent[1][i:i + n]
                 nxt = off + len(items)
             else:
-                # never read more than the roomiest reader at this offset can take: a QoS 1 window
-                # with 10 free slots must not pull (and build messages for) 64 messages it cannot send
-                res = self._pull(q, off, want[off])
+                res = self._pull(q, off, n)
                 msgs = res.messages
                 nxt = res.next_offset
                 if not msgs:
