@@ -175,6 +175,36 @@ class InFlight:
         self.sub_ids = None     # subscription identifiers it was sent with (a resend repeats them)
 
 
+class HeldInFlight:
+    """A QoS 1 PUBLISH of a reader's backlog sent as part of a run (gateway/delivery.py
+    `_feed_run`), awaiting PUBACK: what `InFlight` holds, in one object instead of an InFlight, an
+    OutboundMessage and its PUBLISH template per message. The message is kept as its record's
+    parts; `item` builds the OutboundMessage only when one is needed (a resend with DUP after a
+    reconnect). Read like an InFlight (pid, qos, retain, state, queue, offset, group, sub_ids)."""
+
+    __slots__ = ("pid", "retain", "queue", "offset", "topic", "payload", "record", "store_ts")
+
+    qos = 1
+    state = InFlight.WAIT_ACK       # QoS 1 only: PUBREC/PUBCOMP never apply
+    group = None
+    sub_ids = None
+
+    def __init__(self, pid: int, retain: bool, queue: str, offset: int, topic: str, payload: bytes,
+                 record: RecordMeta, store_ts: int) -> None:
+        self.pid = pid
+        self.retain = retain
+        self.queue = queue
+        self.offset = offset
+        self.topic = topic
+        self.payload = payload
+        self.record = record
+        self.store_ts = store_ts
+
+    @property
+    def item(self) -> OutboundMessage:
+        return OutboundMessage(self.topic, self.payload, self.record, self.offset, -1, (), self.store_ts)
+
+
 class Session:
     """State of one client id; outlives its connection when the session is persistent."""
 

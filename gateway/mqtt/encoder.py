@@ -18,7 +18,7 @@ from .reason_codes import SUBACK_FAILURE_V311, ReasonCode, connack_return_code_v
 from .wire import encode_string, encode_varint
 
 __all__ = ["encode", "encode_publish", "PublishTemplate", "SUCCESS_ACK_HEAD", "encode_success_acks",
-           "encode_connack_refusal", "encode_malformed_connect_reply", "encode_publish_v5_parts",
+           "encode_connack_refusal", "encode_malformed_connect_reply", "encode_publish_v5_parts", "encode_publish_run",
            "subscription_identifier_props", "topic_alias_prop", "message_expiry_prop"]
 
 
@@ -328,6 +328,47 @@ def encode_publishes(msgs, retain: bool, version: int) -> bytes:
         else:
             rl = len(tb) + extra + len(payload)
             append(bytes((0x30 | r,)) + encode_varint(rl) + tb)
+        if v5:
+            append(b"\x00")
+        append(payload)
+    return b"".join(parts)
+
+
+# The fixed header + one-byte remaining length of a PUBLISH, by (first byte & 0x0F, remaining length)
+_PUB_HEAD = [[bytes((0x30 | f, n)) for n in range(128)] for f in range(16)]
+
+
+def encode_publish_run(msgs, version: int) -> bytes:
+    """PUBLISH packets without properties for `msgs` [(topic, payload, qos, retain, packet id or
+    None), ...], joined in order: MQTT 3.1.1, or MQTT 5 with an empty property block. Byte for byte
+    `PublishTemplate(topic, payload).encode(qos, retain, version, pid)` per message (tests/mqtt
+    compare them), with the retain flag per message (unlike `encode_publishes`): a reader's backlog
+    (gateway/delivery.py) is thousands of distinct messages sent once each, so a template per
+    message buys nothing there. No size limit is applied (callers use it only when the client set
+    no Maximum Packet Size)."""
+    parts: list = []
+    append = parts.append
+    tcache = _TOPIC_CACHE
+    heads = _PUB_HEAD
+    u16 = _U16.pack
+    v5 = version == 5
+    extra = 1 if v5 else 0
+    for topic, payload, qos, retain, pid in msgs:
+        tb = tcache.get(topic)
+        if tb is None:
+            tb = _topic_bytes(topic)
+        f = (qos << 1) | 1 if retain else qos << 1
+        if qos:
+            if pid is None or not 0 < pid <= 0xFFFF:
+                raise ValueError(f"packet id must be 1..65535, got {pid}")
+            rl = len(tb) + 2 + extra + len(payload)
+            append(heads[f][rl] if rl < 128 else bytes((0x30 | f,)) + encode_varint(rl))
+            append(tb)
+            append(u16(pid))
+        else:
+            rl = len(tb) + extra + len(payload)
+            append(heads[f][rl] if rl < 128 else bytes((0x30 | f,)) + encode_varint(rl))
+            append(tb)
         if v5:
             append(b"\x00")
         append(payload)

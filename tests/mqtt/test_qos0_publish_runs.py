@@ -1,6 +1,7 @@
 """Runs of PUBLISHes without properties: `encode_qos0_publishes` (what a history sends, see
 gateway/replay.py) and `encode_publishes` (retained messages on SUBSCRIBE, gateway/retained.py)
-are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
+and `encode_publish_run` (a reader's backlog, gateway/delivery.py) are byte for byte the
+`PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
 remaining-length width, retain both ways, non-ASCII topics; QoS 0 packets above a Maximum Packet
 Size are left out and counted; the client-side decoder reads each run back in order."""
 from __future__ import annotations
@@ -9,7 +10,8 @@ import random
 
 import pytest
 
-from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode_publishes, encode_qos0_publishes, packets as P
+from lmqtt.gateway.mqtt import (Decoder, PublishTemplate, encode_publish_run, encode_publishes, encode_qos0_publishes,
+                                packets as P)
 
 
 def sample(rng, n=200):
@@ -56,3 +58,21 @@ def test_encode_publishes_is_the_template_encoding_joined(version, retain):
         [(t, p, q, pid, retain) for t, p, q, pid in msgs]
     with pytest.raises(ValueError, match="packet id"):
         encode_publishes([("a", b"", 1, None)], retain, version)
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+def test_encode_publish_run_is_the_template_encoding_joined(version):
+    """The backlog run (gateway/delivery.py): QoS 0/1/2, retain per message, packet ids in place
+    (1 and 65535 included), every length width."""
+    rng = random.Random(100 + version)
+    msgs = [(t, p, q, r, rng.choice([1, 65535, rng.randint(1, 65535)]) if q else None)
+            for (t, p, r), q in zip(sample(rng, 300), [rng.choice([0, 1, 1, 2]) for _ in range(300)])]
+    data = encode_publish_run(msgs, version)
+    assert data == b"".join(PublishTemplate(t, p).encode(q, r, version, pid) for t, p, q, r, pid in msgs)
+    got = [g for g in Decoder(version=version, server_side=False).feed(data) if isinstance(g, P.Publish)]
+    assert [(g.topic, g.payload, g.qos, g.packet_id, g.retain, g.dup) for g in got] == \
+        [(t, p, q, pid, r, False) for t, p, q, r, pid in msgs]
+    assert encode_publish_run([], version) == b""
+    for bad in (None, 0, 65536):
+        with pytest.raises(ValueError, match="packet id"):
+            encode_publish_run([("a", b"", 1, False, bad)], version)
