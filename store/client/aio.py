@@ -358,13 +358,6 @@ class LoopConnection:
             except Exception as e:  # noqa: BLE001 - logged, retried
                 self.last_error = str(e)
                 continue
-            self.reconnects += 1
-            log.info("event=store_reconnected address=%s", self.address)
-            for fn in list(self._reconnect_cbs):
-                try:
-                    fn()
-                except Exception:  # noqa: BLE001
-                    log.exception("event=reconnect_callback_failed")
             return
 
     def _dial_only(self) -> None:
@@ -386,15 +379,27 @@ class LoopConnection:
         except Exception:
             s.close()
             raise
-        fut = asyncio.run_coroutine_threadsafe(self._attach_async(s, dec, info), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._attach_async(s, dec, info, frames[1:]), self.loop)
         fut.result(10)
 
-    async def _attach_async(self, s, dec, info) -> None:
+    async def _attach_async(self, s, dec, info, rest) -> None:
+        """On the loop: attach the new socket and run the reconnect callbacks in the same step,
+        so nothing on the loop sees `connected` before the callbacks (e.g. the gateway's
+        re-watch of its queues) have run; frames that came with HELLO_OK are handled after."""
         if self.closed:
             s.close()
             return
         self.server_info = info
         self._attach(s, dec)
+        self.reconnects += 1
+        log.info("event=store_reconnected address=%s", self.address)
+        for fn in list(self._reconnect_cbs):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("event=reconnect_callback_failed")
+        for f in rest:
+            self._frame(*f)
 
     def _drop(self, reason: str) -> None:
         if not self.connected:
