@@ -687,6 +687,8 @@ class DeliveryEngine:
         over = False
         last_rec = None
         plain = False
+        held = tuple.__new__          # HeldInFlight.of, without a call per message
+        Held = HeldInFlight
         for m in msgs:
             off = m.queue_offset
             if off < nxt:
@@ -728,7 +730,7 @@ class DeliveryEngine:
                     break
                 while pid in outbound:
                     pid = pid % 65535 + 1
-                outbound[pid] = HeldInFlight(pid, retain, q, off, m.topic, payload, rec, m.store_ts)
+                outbound[pid] = held(Held, (pid, retain, q, off, m, rec))
                 inflight[off] = pid
                 append((m.topic, payload, 1, retain, pid))
                 pid = pid % 65535 + 1

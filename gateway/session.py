@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,34 +176,35 @@ class InFlight:
         self.sub_ids = None     # subscription identifiers it was sent with (a resend repeats them)
 
 
-class HeldInFlight:
+class HeldInFlight(tuple):
     """A QoS 1 PUBLISH of a reader's backlog sent as part of a run (gateway/delivery.py
     `_feed_run`), awaiting PUBACK: what `InFlight` holds, in one object instead of an InFlight, an
-    OutboundMessage and its PUBLISH template per message. The message is kept as its record's
-    parts; `item` builds the OutboundMessage only when one is needed (a resend with DUP after a
-    reconnect). Read like an InFlight (pid, qos, retain, state, queue, offset, group, sub_ids)."""
+    OutboundMessage and its PUBLISH template per message. A tuple (pid, retain, queue, offset,
+    pulled message, record) built in C by `HeldInFlight.new`; the pulled message (a StoredMessage
+    or the remote store's RemoteMessage: topic, body, store_ts read by name) becomes an
+    OutboundMessage only when one is needed (`item`: a resend with DUP after a reconnect). Read like
+    an InFlight (pid, qos, retain, state, queue, offset, group, sub_ids)."""
 
-    __slots__ = ("pid", "retain", "queue", "offset", "topic", "payload", "record", "store_ts")
+    __slots__ = ()
 
     qos = 1
     state = InFlight.WAIT_ACK       # QoS 1 only: PUBREC/PUBCOMP never apply
     group = None
     sub_ids = None
+    pid = property(itemgetter(0))
+    retain = property(itemgetter(1))
+    queue = property(itemgetter(2))
+    offset = property(itemgetter(3))
+    record = property(itemgetter(5))
 
-    def __init__(self, pid: int, retain: bool, queue: str, offset: int, topic: str, payload: bytes,
-                 record: RecordMeta, store_ts: int) -> None:
-        self.pid = pid
-        self.retain = retain
-        self.queue = queue
-        self.offset = offset
-        self.topic = topic
-        self.payload = payload
-        self.record = record
-        self.store_ts = store_ts
+    @classmethod
+    def of(cls, pid: int, retain: bool, queue: str, offset: int, msg, record: RecordMeta) -> "HeldInFlight":
+        return tuple.__new__(cls, (pid, retain, queue, offset, msg, record))
 
     @property
     def item(self) -> OutboundMessage:
-        return OutboundMessage(self.topic, self.payload, self.record, self.offset, -1, (), self.store_ts)
+        m = self[4]
+        return OutboundMessage(m.topic, m.body, self[5], self[3], -1, (), m.store_ts)
 
 
 class Session:
