@@ -6,6 +6,17 @@ import pytest
 from tests.support import LmqttServer, LmqttStore, free_port
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`.ci/run` runs `-n 2 --dist loadgroup`): every test module is one
+    group, so a module's shared servers start once, on one worker; the Spark tests are one group
+    together, so the run starts one SparkSession. Without xdist the marks do nothing."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = "spark" if path.startswith("tests/spark/") else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()
