@@ -248,6 +248,41 @@ def test_reconnect_mid_backlog_redelivers_unacked_with_dup_none_lost(lmqtt_serve
     raw.close()
 
 
+def test_kill9_mid_backlog_resumes_at_the_first_unacked(lmqtt_server):
+    """Part of a backlog sent as runs and partly acknowledged, then kill -9 of the server: after
+    the restart delivery resumes at the first unacknowledged QoS 1 message (what the cursor
+    committed), so none is lost; the acknowledged ones before it do not come again."""
+    cid = "k9bl"
+    topic = "k9bl/t"
+    props = P.Properties()
+    props.session_expiry_interval = 3600
+    props.receive_maximum = 40
+    raw = RawMQTT(lmqtt_server, version=5)
+    assert raw.connect(cid, clean=False, props=props).reason_code == 0
+    raw.send(P.Subscribe(1, [P.SubscriptionRequest(topic, 1)]))
+    assert isinstance(raw.recv(), P.SubAck)
+    raw.close()
+    pub = Paho(lmqtt_server, f"{cid}-pub", version=5)
+    sent = _publish_mixed_backlog(pub, topic, 200)
+    pub.disconnect()
+    raw = RawMQTT(lmqtt_server, version=5)
+    assert raw.connect(cid, clean=False, props=props).session_present
+    first = _collect(raw)
+    qos1 = [i for i, p in enumerate(first) if p.qos == 1]
+    assert len(qos1) == 40 and [p.payload.decode() for p in first] == [x[0] for x in sent[:len(first)]]
+    for i in qos1[:10]:
+        raw.send(P.PubAck(first[i].packet_id))
+    time.sleep(0.5)                             # offsets are flushed every 100 ms
+    raw.close()
+    lmqtt_server.restart(kill=True)
+    s = Paho(lmqtt_server, cid, version=5, clean=False, expiry=3600)
+    assert s.session_present
+    k = qos1[10]                                # the first message never acknowledged
+    got = s.get_n(len(sent) - k, timeout=20)
+    assert [m.payload.decode() for m in got] == [x[0] for x in sent[k:]]
+    assert s.before_sentinel(Paho(lmqtt_server, f"{cid}-sentinel", version=5), topic) == []
+
+
 def test_clean_session_discards_state(lmqtt_server):
     s = Paho(lmqtt_server, "cleaner", clean=False)
     s.subscribe("cl/t", 1)
