@@ -357,7 +357,7 @@ class Gateway:
                 st, link = gw.storage, gw.link
                 if st is None:
                     return
-                for name, help_, v in (("lmqtt_remote_pulls", "Light-queue pulls sent to the store", st.remote_pulls),
+                for name, help_, v in (("lmqtt_remote_pulls", "Light-queue reads the store made for this gateway (pulls and pushed batches)", st.remote_pulls),
                                        ("lmqtt_remote_pull_misses", "Blocking pulls behind the local mirror", st.remote_misses),
                                        ("lmqtt_remote_events", "EVENT frames heard from the store", st.events),
                                        ("lmqtt_remote_safety_polls", "Safety polls of the served queues", st.polls),
