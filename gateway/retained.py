@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import itemgetter
 
 from lmqtt.gateway.mqtt import encode_publishes
 from lmqtt.gateway.record_props import safe_decode, split_retained
-from lmqtt.gateway.session import ClientSubscription, OutboundMessage, Session
+from lmqtt.gateway.session import ClientSubscription, HeldInFlight, OutboundMessage, Session
+
+Held = HeldInFlight
+held = tuple.__new__
+
+
+class RetainedMessage(tuple):
+    """(topic, body, store_ts) of a retained message held in flight as a `HeldInFlight` (its
+    `item` reads these three by name when a resend needs the message)."""
+
+    __slots__ = ()
+    topic = property(itemgetter(0))
+    body = property(itemgetter(1))
+    store_ts = property(itemgetter(2))
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -56,18 +70,25 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
                     clear_expired(metadata, topic, value)
                     continue
                 store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
-            it = OutboundMessage(topic, payload, record, store_ts=store_ts)
             if qos and (s.retained_backlog or not s.window_open()):
-                s.retained_backlog.append((it, qos, ids))   # sent as acks open the window
+                # sent as acks open the window
+                s.retained_backlog.append((OutboundMessage(topic, payload, record, store_ts=store_ts), qos, ids))
             elif plain and record.message_expiry_interval is None and not (v5 and record.has_app_properties()):
-                run.append((topic, payload, qos, s.hold(it, qos, True, ids) if qos else None))
+                if qos == 1:
+                    # one HeldInFlight, no OutboundMessage: built only for a resend (as a backlog run does)
+                    pid = s.alloc_pid()
+                    s.outbound[pid] = held(Held, (pid, True, None, None, held(RetainedMessage, (topic, payload, 0)),
+                                                  record))
+                else:
+                    pid = s.hold(OutboundMessage(topic, payload, record), qos, True, ids) if qos else None
+                run.append((topic, payload, qos, pid))
                 if len(run) >= chunk:
                     _write_run(s, run, True)
                     chunk = min(chunk * 2, RUN_FLUSH_MAX)
             else:
                 if run:
                     _write_run(s, run)
-                s.send_item(it, qos, True, sub_ids=ids)
+                s.send_item(OutboundMessage(topic, payload, record, store_ts=store_ts), qos, True, sub_ids=ids)
     finally:
         if run:
             _write_run(s, run)

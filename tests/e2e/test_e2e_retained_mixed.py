@@ -55,3 +55,32 @@ def test_mixed_retained_messages_arrive_each_with_its_own_parts(lmqtt_server, ve
             exp = getattr(m.properties, "MessageExpiryInterval", None)
             assert (exp is not None) == expiry and (exp is None or 3590 <= exp <= 3600)
     assert sub.drain(0.3) == []
+
+
+def test_retained_messages_in_flight_at_a_disconnect_are_sent_again_with_dup(lmqtt_server):
+    """A persistent session that got retained QoS 1 messages (sent as one run, each held in
+    flight) and acknowledged none: on reconnect each comes again, same packet id, DUP set, retain
+    flag kept; none twice after they are acknowledged."""
+    from lmqtt.gateway.mqtt import packets as P
+    from tests.support import RawMQTT
+    pub = Paho(lmqtt_server, "rd-pub", version=4)
+    for i in range(5):
+        pub.publish(f"rd/{i}", b"v%d" % i, qos=1, retain=True)
+    pub.disconnect()
+    r = RawMQTT(lmqtt_server, version=4)
+    assert r.connect("rd-keeper", clean=False).reason_code == 0
+    r.send(P.Subscribe(1, [P.SubscriptionRequest("rd/#", 1)]))
+    got = [r.recv(timeout=10) for _ in range(6)]
+    first = [(g.topic, g.payload, g.packet_id, g.dup, g.retain) for g in got if isinstance(g, P.Publish)]
+    assert [(t, b, d, rt) for t, b, _p, d, rt in first] == [(f"rd/{i}", b"v%d" % i, False, True) for i in range(5)]
+    r.close()                                                   # nothing acknowledged
+    r2 = RawMQTT(lmqtt_server, version=4)
+    assert r2.connect("rd-keeper", clean=False).session_present
+    again = [r2.recv(timeout=10) for _ in range(5)]
+    assert [(g.topic, g.payload, g.packet_id, g.dup, g.retain) for g in again] == \
+        [(t, b, p, True, True) for t, b, p, _d, _r in first]
+    for g in again:
+        r2.send(P.PubAck(g.packet_id))
+    r2.send(P.PingReq())
+    assert isinstance(r2.recv(timeout=10), P.PingResp)           # no third copy before the PINGRESP
+    r2.close()
