@@ -769,7 +769,7 @@ class DeliveryEngine:
 
     @staticmethod
     def _write_run(conn, run: list, v5: bool) -> None:
-        conn.write(encode_publish_run(run, 5 if v5 else 4))
+        conn.write(encode_publish_run(run, 5 if v5 else 4)[0])
         run.clear()
 
     @staticmethod

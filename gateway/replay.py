@@ -24,7 +24,7 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway.mqtt import encode_qos0_publishes
+from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.session import TOO_LARGE, OutboundMessage, Session, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,7 +116,7 @@ class HistoryRun:
         caller schedules another run), False when done or waiting (window, socket, offline).
 
         Plain QoS 0 messages (no MQTT 5 properties, expiry, alias or subscription identifier to
-        add) are collected and encoded as one run (`encode_qos0_publishes`); anything else goes
+        add) are collected and encoded as one run (`encode_publish_run`); anything else goes
         through `Session.send_item` after the run so far is written, so the order on the wire is
         the history's order. Why: a history is thousands of distinct messages each sent once, and
         an OutboundMessage + PUBLISH template per message was a third of the pump's time."""
@@ -173,7 +173,7 @@ class HistoryRun:
                     retain = rec.retain if rap else False
                     if not qos and plain and rec.message_expiry_interval is None and (
                             not v5 or not rec.has_app_properties()):
-                        run.append((m.topic, m.body, retain))
+                        run.append((m.topic, m.body, 0, retain, None))
                     else:
                         if run:
                             self._write_run(run)
@@ -192,7 +192,7 @@ class HistoryRun:
         """Write the collected plain QoS 0 PUBLISHes (see pump) and empty `run`."""
         s = self.s
         conn = s.conn
-        data, dropped = encode_qos0_publishes(run, s.version, s.max_packet)
+        data, dropped = encode_publish_run(run, s.version, s.max_packet)
         for _ in range(dropped):
             s.count_drop(TOO_LARGE)
         if conn is not None:

@@ -12,7 +12,7 @@ import logging
 import time
 from operator import itemgetter
 
-from lmqtt.gateway.mqtt import encode_publishes
+from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.record_props import safe_decode, split_retained
 from lmqtt.gateway.session import ClientSubscription, HeldInFlight, OutboundMessage, Session
 
@@ -38,7 +38,7 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
 
     Messages whose PUBLISH needs nothing per subscriber but QoS, packet id and the retain flag
     (MQTT 3.1.1, or MQTT 5 without properties, expiry, topic alias, subscription identifier or
-    Maximum Packet Size) are encoded as one run (`encode_publishes`) and written at once; the
+    Maximum Packet Size) are encoded as one run (`encode_publish_run`) and written at once; the
     others go through `Session.send_item` after the run so far is written (the order on the wire
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message."""
@@ -51,7 +51,7 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
     ids = (sub.subscription_id,) if sub.subscription_id and v5 else None
     plain = not s.max_packet and (not v5 or (ids is None and not s.alias_max))
     now_ms = time.time() * 1000.0
-    run: list = []       # (topic, payload, qos, packet id) of plain messages not written yet
+    run: list = []       # (topic, payload, qos, retain, packet id) of plain messages not written yet
     chunk = RUN_FLUSH_FIRST
     try:
         for topic, payload, value in found:
@@ -81,7 +81,7 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
                                                   record))
                 else:
                     pid = s.hold(OutboundMessage(topic, payload, record), qos, True, ids) if qos else None
-                run.append((topic, payload, qos, pid))
+                run.append((topic, payload, qos, True, pid))
                 if len(run) >= chunk:
                     _write_run(s, run, True)
                     chunk = min(chunk * 2, RUN_FLUSH_MAX)
@@ -108,9 +108,9 @@ def _write_run(s: Session, run: list, now: bool = False) -> None:
     to the socket at once rather than at the end of the loop iteration."""
     conn = s.conn
     if conn is not None:
-        conn.write(encode_publishes(run, True, s.version))
+        conn.write(encode_publish_run(run, s.version)[0])
         mo = conn.metrics.msg_out
-        for _topic, _payload, qos, _pid in run:
+        for _topic, _payload, qos, _retain, _pid in run:
             mo[qos] += 1
         if now:
             conn.flush()

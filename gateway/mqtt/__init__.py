@@ -15,8 +15,8 @@ from __future__ import annotations
 from . import packets
 from .decoder import Decoder
 from .encoder import (SUCCESS_ACK_HEAD, PublishTemplate, encode, encode_connack_refusal,
-                      encode_malformed_connect_reply, encode_publish, encode_publish_run, encode_publish_v5_parts, encode_publishes,
-                      encode_qos0_publishes, encode_success_acks, message_expiry_prop, subscription_identifier_props,
+                      encode_malformed_connect_reply, encode_publish, encode_publish_run, encode_publish_v5_parts,
+                      encode_success_acks, message_expiry_prop, subscription_identifier_props,
                       topic_alias_prop)
 from .errors import ProtocolError
 from .reason_codes import (CONNACK_V5_TO_V311, SUBACK_FAILURE_V311, ReasonCode,
@@ -26,6 +26,6 @@ __all__ = [
     "packets", "ProtocolError", "ReasonCode", "CONNACK_V5_TO_V311", "SUBACK_FAILURE_V311",
     "connack_return_code_v311", "Decoder", "encode", "encode_publish", "PublishTemplate",
     "SUCCESS_ACK_HEAD", "encode_success_acks", "encode_connack_refusal", "encode_malformed_connect_reply",
-    "encode_publish_run", "encode_publish_v5_parts", "encode_publishes", "encode_qos0_publishes", "subscription_identifier_props",
+    "encode_publish_run", "encode_publish_v5_parts", "subscription_identifier_props",
     "topic_alias_prop", "message_expiry_prop",
 ]

@@ -262,117 +262,51 @@ class PublishTemplate:
         return self.encode(0, self.retain, self.version)
 
 
-# ----------------------------------------------------------------------------- QoS 0 PUBLISH runs
-# The fixed header + one-byte remaining length of a QoS 0 PUBLISH, by (retain, remaining length)
-_QOS0_HEAD = [[bytes((0x30 | r, n)) for n in range(128)] for r in (0, 1)]
-
-
-def encode_qos0_publishes(msgs, version: int, max_packet: int = 0) -> tuple[bytes, int]:
-    """QoS 0 PUBLISH packets without properties for `msgs` [(topic, payload, retain), ...], joined
-    in order: MQTT 3.1.1, or MQTT 5 with an empty property block. Those larger than `max_packet`
-    (the client's MQTT 5 Maximum Packet Size, 0 = none) are left out. Returns (bytes, how many
-    were left out).
-
-    Why: a history sent to a subscriber (gateway/replay.py) is thousands of distinct messages in a
-    row, each sent once, so `PublishTemplate`'s per-message variant cache buys nothing there; this
-    builds the same bytes as its QoS 0 variant (tests/mqtt compare them) with one join per run."""
-    parts: list = []
-    append = parts.append
-    tcache = _TOPIC_CACHE
-    heads = _QOS0_HEAD
-    v5 = version == 5
-    extra = 1 if v5 else 0
-    dropped = 0
-    for topic, payload, retain in msgs:
-        tb = tcache.get(topic)
-        if tb is None:
-            tb = _topic_bytes(topic)
-        rl = len(tb) + extra + len(payload)
-        if max_packet and rl + 1 + len(encode_varint(rl)) > max_packet:
-            dropped += 1
-            continue
-        if rl < 128:
-            append(heads[1 if retain else 0][rl])
-        else:
-            append(bytes((0x31 if retain else 0x30,)) + encode_varint(rl))
-        append(tb)
-        if v5:
-            append(b"\x00")
-        append(payload)
-    return b"".join(parts), dropped
-
-
-def encode_publishes(msgs, retain: bool, version: int) -> bytes:
-    """PUBLISH packets without properties for `msgs` [(topic, payload, qos, packet id or None),
-    ...], all with the same `retain` flag, joined in order: MQTT 3.1.1, or MQTT 5 with an empty
-    property block. Byte for byte `PublishTemplate(topic, payload).encode(qos, retain, version,
-    pid)` per message (tests/mqtt compare them), without a template per message: retained
-    messages sent on SUBSCRIBE (gateway/retained.py) are each encoded once, for one subscriber.
-    No size limit is applied (callers use it only when the client set no Maximum Packet Size)."""
-    parts: list = []
-    append = parts.append
-    tcache = _TOPIC_CACHE
-    u16 = _U16.pack
-    v5 = version == 5
-    extra = 1 if v5 else 0
-    r = 0x01 if retain else 0
-    for topic, payload, qos, pid in msgs:
-        tb = tcache.get(topic)
-        if tb is None:
-            tb = _topic_bytes(topic)
-        if qos:
-            if pid is None or not 0 < pid <= 0xFFFF:
-                raise ValueError(f"packet id must be 1..65535, got {pid}")
-            rl = len(tb) + 2 + extra + len(payload)
-            append(bytes((0x30 | (qos << 1) | r,)) + encode_varint(rl) + tb + u16(pid))
-        else:
-            rl = len(tb) + extra + len(payload)
-            append(bytes((0x30 | r,)) + encode_varint(rl) + tb)
-        if v5:
-            append(b"\x00")
-        append(payload)
-    return b"".join(parts)
-
-
+# ----------------------------------------------------------------------------- PUBLISH runs
 # The fixed header + one-byte remaining length of a PUBLISH, by (first byte & 0x0F, remaining length)
 _PUB_HEAD = [[bytes((0x30 | f, n)) for n in range(128)] for f in range(16)]
 
 
-def encode_publish_run(msgs, version: int) -> bytes:
+def encode_publish_run(msgs, version: int, max_packet: int = 0) -> tuple[bytes, int]:
     """PUBLISH packets without properties for `msgs` [(topic, payload, qos, retain, packet id or
-    None), ...], joined in order: MQTT 3.1.1, or MQTT 5 with an empty property block. Byte for byte
-    `PublishTemplate(topic, payload).encode(qos, retain, version, pid)` per message (tests/mqtt
-    compare them), with the retain flag per message (unlike `encode_publishes`): a reader's backlog
-    (gateway/delivery.py) is thousands of distinct messages sent once each, so a template per
-    message buys nothing there. No size limit is applied (callers use it only when the client set
-    no Maximum Packet Size)."""
+    None), ...], joined in order: MQTT 3.1.1, or MQTT 5 with an empty property block. Those larger
+    than `max_packet` (the client's MQTT 5 Maximum Packet Size, 0 = none) are left out; only QoS 0
+    runs pass one (a QoS 1/2 message has its packet id allocated before this). Returns (bytes, how
+    many were left out).
+
+    Byte for byte `PublishTemplate(topic, payload).encode(qos, retain, version, pid)` per message
+    (tests/mqtt compare them). Why: a history sent on `$replay/` (gateway/replay.py), retained
+    messages on SUBSCRIBE (gateway/retained.py) and a reader's backlog (gateway/delivery.py) are
+    runs of distinct messages each sent once to one subscriber, so a template per message (and its
+    variant cache) buys nothing there; this is one join per run."""
     parts: list = []
     append = parts.append
     tcache = _TOPIC_CACHE
     heads = _PUB_HEAD
     u16 = _U16.pack
-    v5 = version == 5
-    extra = 1 if v5 else 0
+    extra = 1 if version == 5 else 0
+    dropped = 0
     for topic, payload, qos, retain, pid in msgs:
         tb = tcache.get(topic)
         if tb is None:
             tb = _topic_bytes(topic)
         f = (qos << 1) | 1 if retain else qos << 1
+        rl = len(tb) + extra + len(payload)
         if qos:
             if pid is None or not 0 < pid <= 0xFFFF:
                 raise ValueError(f"packet id must be 1..65535, got {pid}")
-            rl = len(tb) + 2 + extra + len(payload)
-            append(heads[f][rl] if rl < 128 else bytes((0x30 | f,)) + encode_varint(rl))
-            append(tb)
+            rl += 2
+        if max_packet and rl + 1 + len(encode_varint(rl)) > max_packet:
+            dropped += 1
+            continue
+        append(heads[f][rl] if rl < 128 else bytes((0x30 | f,)) + encode_varint(rl))
+        append(tb)
+        if qos:
             append(u16(pid))
-        else:
-            rl = len(tb) + extra + len(payload)
-            append(heads[f][rl] if rl < 128 else bytes((0x30 | f,)) + encode_varint(rl))
-            append(tb)
-        if v5:
+        if extra:
             append(b"\x00")
         append(payload)
-    return b"".join(parts)
+    return b"".join(parts), dropped
 
 
 # ----------------------------------------------------------------------------- per-subscriber MQTT 5 PUBLISH

@@ -1,7 +1,6 @@
-"""Runs of PUBLISHes without properties: `encode_qos0_publishes` (what a history sends, see
-gateway/replay.py) and `encode_publishes` (retained messages on SUBSCRIBE, gateway/retained.py)
-and `encode_publish_run` (a reader's backlog, gateway/delivery.py) are byte for byte the
-`PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
+"""Runs of PUBLISHes without properties, `encode_publish_run` (what a history sends, see
+gateway/replay.py; retained messages on SUBSCRIBE, gateway/retained.py; a reader's backlog,
+gateway/delivery.py), are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
 remaining-length width, retain both ways, non-ASCII topics; QoS 0 packets above a Maximum Packet
 Size are left out and counted; the client-side decoder reads each run back in order."""
 from __future__ import annotations
@@ -10,8 +9,12 @@ import random
 
 import pytest
 
-from lmqtt.gateway.mqtt import (Decoder, PublishTemplate, encode_publish_run, encode_publishes, encode_qos0_publishes,
-                                packets as P)
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode_publish_run, packets as P
+
+
+def qos0(msgs):
+    """(topic, payload, retain) -> the run's (topic, payload, qos 0, retain, no packet id)."""
+    return [(t, p, 0, r, None) for t, p, r in msgs]
 
 
 def sample(rng, n=200):
@@ -23,7 +26,7 @@ def sample(rng, n=200):
 @pytest.mark.parametrize("version", [3, 4, 5])
 def test_a_run_is_the_template_variants_joined(version):
     msgs = sample(random.Random(version))
-    data, dropped = encode_qos0_publishes(msgs, version)
+    data, dropped = encode_publish_run(qos0(msgs), version)
     assert dropped == 0
     assert data == b"".join(PublishTemplate(t, p).encode(0, r, version) for t, p, r in msgs)
     got = Decoder(version=version, server_side=False).feed(data)
@@ -34,30 +37,30 @@ def test_a_run_is_the_template_variants_joined(version):
 @pytest.mark.parametrize("limit", [1, 10, 130, 131, 20_000])
 def test_packets_over_the_maximum_packet_size_are_left_out(limit):
     msgs = sample(random.Random(limit), 120)
-    data, dropped = encode_qos0_publishes(msgs, 5, limit)
+    data, dropped = encode_publish_run(qos0(msgs), 5, limit)
     each = [PublishTemplate(t, p).encode(0, r, 5) for t, p, r in msgs]
     kept = [b for b in each if len(b) <= limit]
     assert data == b"".join(kept) and dropped == len(each) - len(kept)
 
 
 def test_an_empty_run():
-    assert encode_qos0_publishes([], 4) == (b"", 0)
+    assert encode_publish_run([], 4) == (b"", 0)
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
 @pytest.mark.parametrize("retain", [False, True])
-def test_encode_publishes_is_the_template_encoding_joined(version, retain):
+def test_a_run_with_one_retain_flag_is_the_template_encoding_joined(version, retain):
     """The QoS 0/1/2 run (retained messages on SUBSCRIBE): packet ids in place, every length width."""
     rng = random.Random(version * 2 + retain)
     msgs = [(t, p, q, rng.randint(1, 65535) if q else None)
             for (t, p, _r), q in zip(sample(rng), [rng.choice([0, 1, 2]) for _ in range(200)])]
-    data = encode_publishes(msgs, retain, version)
+    data, _ = encode_publish_run([(t, p, q, retain, pid) for t, p, q, pid in msgs], version)
     assert data == b"".join(PublishTemplate(t, p).encode(q, retain, version, pid) for t, p, q, pid in msgs)
     got = [g for g in Decoder(version=version, server_side=False).feed(data) if isinstance(g, P.Publish)]
     assert [(g.topic, g.payload, g.qos, g.packet_id, g.retain) for g in got] == \
         [(t, p, q, pid, retain) for t, p, q, pid in msgs]
     with pytest.raises(ValueError, match="packet id"):
-        encode_publishes([("a", b"", 1, None)], retain, version)
+        encode_publish_run([("a", b"", 1, retain, None)], version)
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
@@ -67,12 +70,13 @@ def test_encode_publish_run_is_the_template_encoding_joined(version):
     rng = random.Random(100 + version)
     msgs = [(t, p, q, r, rng.choice([1, 65535, rng.randint(1, 65535)]) if q else None)
             for (t, p, r), q in zip(sample(rng, 300), [rng.choice([0, 1, 1, 2]) for _ in range(300)])]
-    data = encode_publish_run(msgs, version)
+    data, dropped = encode_publish_run(msgs, version)
+    assert dropped == 0
     assert data == b"".join(PublishTemplate(t, p).encode(q, r, version, pid) for t, p, q, r, pid in msgs)
     got = [g for g in Decoder(version=version, server_side=False).feed(data) if isinstance(g, P.Publish)]
     assert [(g.topic, g.payload, g.qos, g.packet_id, g.retain, g.dup) for g in got] == \
         [(t, p, q, pid, r, False) for t, p, q, r, pid in msgs]
-    assert encode_publish_run([], version) == b""
+    assert encode_publish_run([], version) == (b"", 0)
     for bad in (None, 0, 65536):
         with pytest.raises(ValueError, match="packet id"):
             encode_publish_run([("a", b"", 1, False, bad)], version)
