@@ -542,6 +542,25 @@ def shared_serve_or_fleet(kind: str, tmp_path_factory, extra_args: tuple[str, ..
     yield from serve_or_fleet(kind, tmp_path_factory.mktemp(f"{kind}-shared"), extra_args)
 
 
+def both_kinds_fixtures():
+    """The `shared_server` and `lmqtt_server` fixtures of a module whose tests run against both
+    server kinds: `shared_server, lmqtt_server = both_kinds_fixtures()` at module level.
+    `shared_server`: one server per kind for the module, the embedded `lmqtt serve` and `lmqtt
+    store` + `lmqtt gateway` (the remote store seam); `lmqtt_server`: the same, up when the test
+    starts (restarted if an earlier test left it down), the test's clients disconnected when it
+    ends. Tests use their own client ids and topics."""
+    import pytest
+
+    @pytest.fixture(scope="module", params=SERVER_KINDS)
+    def shared_server(request, tmp_path_factory):
+        yield from shared_serve_or_fleet(request.param, tmp_path_factory)
+
+    @pytest.fixture
+    def lmqtt_server(shared_server):
+        yield from per_test(shared_server)
+    return shared_server, lmqtt_server
+
+
 def per_test(srv):
     """Generator for the function-scoped fixture over a module-scoped shared server: the server
     runs when the test starts (restarted if an earlier test left it down), and the MQTT clients the

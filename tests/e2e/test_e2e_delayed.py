@@ -14,7 +14,7 @@ import time
 import pytest
 
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, per_test, shared_serve_or_fleet
+from tests.support import LmqttServer, Paho, RawMQTT, both_kinds_fixtures
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,17 +22,7 @@ PRECISION_S = 1.0        # StoreConfig.timer_precision_ms default
 MARGIN_S = 3.0           # scheduling on a shared 2-core machine
 
 
-@pytest.fixture(scope="module", params=SERVER_KINDS)
-def shared_server(request, tmp_path_factory):
-    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
-
-
-@pytest.fixture
-def lmqtt_server(shared_server):
-    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the delay then travels in the PRODUCE to the store); one server of each kind
-    for the module, each test on its own topics and client ids."""
-    yield from per_test(shared_server)
+shared_server, lmqtt_server = both_kinds_fixtures()
 
 
 def _timed(sub: Paho, n: int, timeout: float) -> list[tuple[float, object]]:

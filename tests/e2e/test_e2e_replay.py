@@ -12,20 +12,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, LmqttStore, Paho, per_test, shared_serve_or_fleet
+from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, LmqttStore, Paho, both_kinds_fixtures
 
 
-@pytest.fixture(scope="module", params=SERVER_KINDS)
-def shared_server(request, tmp_path_factory):
-    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
-
-
-@pytest.fixture
-def lmqtt_server(shared_server):
-    """Every test here runs against the embedded `lmqtt serve` and against `lmqtt store` +
-    `lmqtt gateway` (the remote store seam); one server of each kind for the module, each test on
-    its own topics and client ids."""
-    yield from per_test(shared_server)
+shared_server, lmqtt_server = both_kinds_fixtures()
 
 
 pytestmark = pytest.mark.timeout(90)

@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import SERVER_KINDS, Paho, per_test, shared_serve_or_fleet
+from tests.support import Paho, both_kinds_fixtures
 
 
-@pytest.fixture(scope="module", params=SERVER_KINDS)
-def shared_server(request, tmp_path_factory):
-    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
-
-
-@pytest.fixture
-def lmqtt_server(shared_server):
-    yield from per_test(shared_server)
+shared_server, lmqtt_server = both_kinds_fixtures()
 
 
 pytestmark = pytest.mark.timeout(90)

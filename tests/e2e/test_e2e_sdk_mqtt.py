@@ -10,21 +10,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.store.client import connect
-from tests.support import SERVER_KINDS, Paho, per_test, serve_or_fleet, shared_serve_or_fleet
+from tests.support import Paho, both_kinds_fixtures
 
 
-@pytest.fixture(scope="module", params=SERVER_KINDS)
-def shared_server(request, tmp_path_factory):
-    """One server per kind for the module: the embedded `lmqtt serve` and `lmqtt store` +
-    `lmqtt gateway` (the remote store seam). Tests use their own client ids and topics."""
-    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
-
-
-@pytest.fixture
-def lmqtt_server(shared_server):
-    """Every test here runs against both kinds; the server is up when the test starts (restarted if
-    an earlier test left it down) and the test's clients are disconnected when it ends."""
-    yield from per_test(shared_server)
+shared_server, lmqtt_server = both_kinds_fixtures()
 
 
 def _poll_n(cons, n, timeout=10.0):

@@ -6,21 +6,10 @@ import collections
 
 import pytest
 
-from tests.support import SERVER_KINDS, Paho, RawMQTT, per_test, serve_or_fleet, shared_serve_or_fleet
+from tests.support import Paho, RawMQTT, both_kinds_fixtures
 
 
-@pytest.fixture(scope="module", params=SERVER_KINDS)
-def shared_server(request, tmp_path_factory):
-    """One server per kind for the module: the embedded `lmqtt serve` and `lmqtt store` +
-    `lmqtt gateway` (the remote store seam). Tests use their own client ids and topics."""
-    yield from shared_serve_or_fleet(request.param, tmp_path_factory)
-
-
-@pytest.fixture
-def lmqtt_server(shared_server):
-    """Every test here runs against both kinds; the server is up when the test starts (restarted if
-    an earlier test left it down) and the test's clients are disconnected when it ends."""
-    yield from per_test(shared_server)
+shared_server, lmqtt_server = both_kinds_fixtures()
 
 
 def _collect(members, n, timeout=10.0):
