@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import TOO_LARGE, HeldInFlight, InFlight, OutboundMessage, Session, ClientSubscription
+from lmqtt.gateway.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, TOO_LARGE, ClientSubscription, HeldInFlight, InFlight,
+                                   OutboundMessage, Session)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
@@ -640,9 +641,8 @@ class DeliveryEngine:
     # (`encode_publish_run`), each registered in flight as one `HeldInFlight`; no OutboundMessage,
     # template or InFlight per message. Why: for a 10,000-message QoS 1 backlog on reconnect those
     # three objects per message were about half of the broker's time. Written in growing chunks
-    # (64, 128 ... 512 messages) so the client reads the first while the rest are encoded.
-    RUN_FLUSH_FIRST = 64
-    RUN_FLUSH_MAX = 512
+    # (session.RUN_FLUSH_FIRST ... RUN_FLUSH_MAX messages) so the client reads the first while the
+    # rest are encoded.
 
     @staticmethod
     def _runnable(s: Session, q: str) -> bool:
@@ -679,7 +679,7 @@ class DeliveryEngine:
         nxt = cur.next_offset
         run: list = []
         append = run.append
-        chunk = self.RUN_FLUSH_FIRST
+        chunk = RUN_FLUSH_FIRST
         sent0 = sent1 = 0
         first_ts: list = []
         budget = self.cfg.write_high_water
@@ -745,7 +745,7 @@ class DeliveryEngine:
             if len(run) >= chunk:
                 self._write_run(conn, run, v5)
                 conn.flush()
-                if chunk < self.RUN_FLUSH_MAX:
+                if chunk < RUN_FLUSH_MAX:
                     chunk *= 2
             budget -= len(payload)
             if budget <= 0:

@@ -14,7 +14,8 @@ from operator import itemgetter
 
 from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.record_props import safe_decode, split_retained
-from lmqtt.gateway.session import ClientSubscription, HeldInFlight, OutboundMessage, Session
+from lmqtt.gateway.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, ClientSubscription, HeldInFlight, OutboundMessage,
+                                   Session)
 
 Held = HeldInFlight
 held = tuple.__new__
@@ -92,15 +93,6 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
     finally:
         if run:
             _write_run(s, run)
-
-
-# Plain messages are handed to the socket in chunks (see send_retained): the client starts reading
-# the first ones while the rest are looked at and encoded (on 2 cores, 1,000 retained messages
-# written as one block at the end took the sum of both sides' time, not the larger one). The
-# first chunk is small so the client starts early; each next one twice as large, as a socket
-# write costs ~100 us here (the peer's wake-up on loopback).
-RUN_FLUSH_FIRST = 64
-RUN_FLUSH_MAX = 512
 
 
 def _write_run(s: Session, run: list, now: bool = False) -> None:
