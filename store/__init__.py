@@ -4,13 +4,28 @@ the on-disk format and the flush modes' guarantees in docs/store.md.
 
 The store never knows MQTT: topics are strings, `props` are opaque bytes.
 """
-from .commitlog import ENCODER
-from .config import StoreConfig
-from .dispatch import Dispatcher
-from .errors import (CorruptRecord, DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, NotVisible,
-                     StoreClosed, StoreError)
-from .message import AppendResult, DispatchRequest, Message, StoredMessage
-from .message_store import MessageStore
+from importlib import import_module
+
+# The API names load their modules on first use (PEP 562), so importing a part of the package
+# (the SDK in `lmqtt.store.client`, the accelerator loader `lmqtt.store.accel` the MQTT codec
+# uses) does not load the whole engine: ~50 ms and a dozen modules a client never runs.
+_WHERE = {
+    "ENCODER": ".commitlog", "StoreConfig": ".config", "Dispatcher": ".dispatch",
+    "CorruptRecord": ".errors", "DiskFull": ".errors", "InvalidMessage": ".errors", "InvalidTopic": ".errors",
+    "MessageTooLarge": ".errors", "NotVisible": ".errors", "StoreClosed": ".errors", "StoreError": ".errors",
+    "AppendResult": ".message", "DispatchRequest": ".message", "Message": ".message", "StoredMessage": ".message",
+    "MessageStore": ".message_store",
+}
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "MessageStore", "StoreConfig", "Message", "StoredMessage", "DispatchRequest", "Dispatcher",
