@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from struct import Struct, pack
 
+from lmqtt.store import accel
+
 from . import packets as P
 from .properties import encode_properties
 from .reason_codes import SUBACK_FAILURE_V311, ReasonCode, connack_return_code_v311
-from .wire import encode_string, encode_varint
+from .wire import VARINT_MAX, encode_string, encode_varint
 
 __all__ = ["encode", "encode_publish", "PublishTemplate", "SUCCESS_ACK_HEAD", "encode_success_acks",
            "encode_connack_refusal", "encode_malformed_connect_reply", "encode_publish_v5_parts", "encode_publish_run",
@@ -267,7 +269,7 @@ class PublishTemplate:
 _PUB_HEAD = [[bytes((0x30 | f, n)) for n in range(128)] for f in range(16)]
 
 
-def encode_publish_run(msgs, version: int, max_packet: int = 0) -> tuple[bytes, int]:
+def encode_publish_run_py(msgs, version: int, max_packet: int = 0) -> tuple[bytes, int]:
     """PUBLISH packets without properties for `msgs` [(topic, payload, qos, retain, packet id or
     None), ...], joined in order: MQTT 3.1.1, or MQTT 5 with an empty property block. Those larger
     than `max_packet` (the client's MQTT 5 Maximum Packet Size, 0 = none) are left out; only QoS 0
@@ -289,13 +291,19 @@ def encode_publish_run(msgs, version: int, max_packet: int = 0) -> tuple[bytes, 
     for topic, payload, qos, retain, pid in msgs:
         tb = tcache.get(topic)
         if tb is None:
+            if len(topic) > 0x3FFF and len(topic.encode("utf-8")) > 0xFFFF:
+                raise ValueError(f"topic is {len(topic.encode('utf-8'))} bytes in UTF-8, more than 65535")
             tb = _topic_bytes(topic)
+        if not 0 <= qos <= 2:
+            raise ValueError(f"qos must be 0, 1 or 2, got {qos}")
         f = (qos << 1) | 1 if retain else qos << 1
         rl = len(tb) + extra + len(payload)
         if qos:
             if pid is None or not 0 < pid <= 0xFFFF:
                 raise ValueError(f"packet id must be 1..65535, got {pid}")
             rl += 2
+        if rl > VARINT_MAX:
+            raise ValueError(f"variable byte integer {rl} exceeds the maximum {VARINT_MAX}")
         if max_packet and rl + 1 + len(encode_varint(rl)) > max_packet:
             dropped += 1
             continue
@@ -307,6 +315,12 @@ def encode_publish_run(msgs, version: int, max_packet: int = 0) -> tuple[bytes, 
             append(b"\x00")
         append(payload)
     return b"".join(parts), dropped
+
+
+# The C loop (gateway/mqtt/_run.c) when built, else the reference above; the same bytes, errors
+# and drop counts (tests/mqtt/test_publish_run_accel.py).
+_run = accel.load("lmqtt.gateway.mqtt._run")
+encode_publish_run = _run.encode_publish_run if _run is not None else encode_publish_run_py
 
 
 # ----------------------------------------------------------------------------- per-subscriber MQTT 5 PUBLISH

@@ -2,14 +2,24 @@
 gateway/replay.py; retained messages on SUBSCRIBE, gateway/retained.py; a reader's backlog,
 gateway/delivery.py), are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
 remaining-length width, retain both ways, non-ASCII topics; QoS 0 packets above a Maximum Packet
-Size are left out and counted; the client-side decoder reads each run back in order."""
+Size are left out and counted; the client-side decoder reads each run back in order. Each test
+runs on the C loop (gateway/mqtt/_run.c, when built) and on its Python reference."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode_publish_run, packets as P
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encoder, packets as P
+
+
+@pytest.fixture(params=["c", "python"])
+def encode_publish_run(request):
+    if request.param == "python":
+        return encoder.encode_publish_run_py
+    if encoder._run is None:
+        pytest.skip("lmqtt.gateway.mqtt._run is not built (or LMQTT_PURE_PYTHON is set)")
+    return encoder._run.encode_publish_run
 
 
 def qos0(msgs):
@@ -24,7 +34,7 @@ def sample(rng, n=200):
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
-def test_a_run_is_the_template_variants_joined(version):
+def test_a_run_is_the_template_variants_joined(version, encode_publish_run):
     msgs = sample(random.Random(version))
     data, dropped = encode_publish_run(qos0(msgs), version)
     assert dropped == 0
@@ -35,7 +45,7 @@ def test_a_run_is_the_template_variants_joined(version):
 
 
 @pytest.mark.parametrize("limit", [1, 10, 130, 131, 20_000])
-def test_packets_over_the_maximum_packet_size_are_left_out(limit):
+def test_packets_over_the_maximum_packet_size_are_left_out(limit, encode_publish_run):
     msgs = sample(random.Random(limit), 120)
     data, dropped = encode_publish_run(qos0(msgs), 5, limit)
     each = [PublishTemplate(t, p).encode(0, r, 5) for t, p, r in msgs]
@@ -43,13 +53,13 @@ def test_packets_over_the_maximum_packet_size_are_left_out(limit):
     assert data == b"".join(kept) and dropped == len(each) - len(kept)
 
 
-def test_an_empty_run():
+def test_an_empty_run(encode_publish_run):
     assert encode_publish_run([], 4) == (b"", 0)
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
 @pytest.mark.parametrize("retain", [False, True])
-def test_a_run_with_one_retain_flag_is_the_template_encoding_joined(version, retain):
+def test_a_run_with_one_retain_flag_is_the_template_encoding_joined(version, retain, encode_publish_run):
     """The QoS 0/1/2 run (retained messages on SUBSCRIBE): packet ids in place, every length width."""
     rng = random.Random(version * 2 + retain)
     msgs = [(t, p, q, rng.randint(1, 65535) if q else None)
@@ -64,7 +74,7 @@ def test_a_run_with_one_retain_flag_is_the_template_encoding_joined(version, ret
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
-def test_encode_publish_run_is_the_template_encoding_joined(version):
+def test_encode_publish_run_is_the_template_encoding_joined(version, encode_publish_run):
     """The backlog run (gateway/delivery.py): QoS 0/1/2, retain per message, packet ids in place
     (1 and 65535 included), every length width."""
     rng = random.Random(100 + version)
