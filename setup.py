@@ -3,8 +3,9 @@ and its per-record decode for reads: same layout and CRC, so one module),
 `lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
 (pull replies -> Arrow column buffers for the Spark reader), `store.client._records` (the SDK's
 decode of raw MESSAGES replies into Records), `store._fastpath` (the store server's raw pull:
-ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32) and
-`gateway.mqtt._run` (the codec's runs of PUBLISHes: retained messages, backlogs, histories).
+ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32),
+`lightqueue._retained` (the metadata's retained scan: RocksDB pairs -> (topic, payload, props))
+and `gateway.mqtt._run` (the codec's runs of PUBLISHes: retained messages, backlogs, histories).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
 succeeds and all run their pure-Python loops (same results, slower; docs/store.md). All are
@@ -19,5 +20,6 @@ setup(ext_modules=[
     Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store._fastpath", ["store/_fastpath.c"], optional=True, extra_compile_args=["-O2"],
               libraries=["z"]),
+    Extension("lmqtt.lightqueue._retained", ["lightqueue/_retained.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.gateway.mqtt._run", ["gateway/mqtt/_run.c"], optional=True, extra_compile_args=["-O2"]),
 ])

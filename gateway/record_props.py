@@ -99,7 +99,7 @@ def safe_decode(data: bytes) -> RecordMeta:
 # only the gateway reads the retained metadata). The store keeps no time for a retained value, and
 # MQTT 5 §3.3.2.3.3 wants a retained message with an expiry gone once it expired, and its
 # remaining interval forwarded when it is sent on subscribe.
-_RETAINED_DEADLINE = 0xFE       # never a record props VERSION byte
+RETAINED_DEADLINE = 0xFE       # never a record props VERSION byte
 _U64 = struct.Struct(">Q")
 
 
@@ -111,11 +111,11 @@ def retained_props(props: bytes, now_ms: int) -> bytes:
     mei = safe_decode(props).message_expiry_interval
     if mei is None:
         return props
-    return bytes((_RETAINED_DEADLINE,)) + _U64.pack(now_ms + mei * 1000) + props
+    return bytes((RETAINED_DEADLINE,)) + _U64.pack(now_ms + mei * 1000) + props
 
 
 def split_retained(value: bytes) -> tuple[bytes, int | None]:
     """(record props, expiry deadline ms or None) of a retained value written by `retained_props`."""
-    if value and value[0] == _RETAINED_DEADLINE and len(value) >= 9:
+    if value and value[0] == RETAINED_DEADLINE and len(value) >= 9:
         return value[9:], _U64.unpack_from(value, 1)[0]
     return value, None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import MessageTooLarge, protocol as W
@@ -181,6 +181,9 @@ class RemoteMetadata:
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
         out = self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"]
         return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in out]
+
+    def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
+        return iter((self.retained_matching(flt),))     # one reply: nothing to gain by reading lazily
 
     # wills
     def put_will(self, client_id: str, will: WillRecord) -> None:

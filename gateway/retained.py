@@ -13,7 +13,7 @@ import time
 from operator import itemgetter
 
 from lmqtt.gateway.mqtt import encode_publish_run
-from lmqtt.gateway.record_props import safe_decode, split_retained
+from lmqtt.gateway.record_props import RETAINED_DEADLINE as _DEADLINE, safe_decode, split_retained
 from lmqtt.gateway.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, ClientSubscription, HeldInFlight, OutboundMessage,
                                    Session)
 
@@ -44,55 +44,122 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message."""
     try:
-        found = metadata.retained_matching(sub.queue)
+        found = metadata.retained_batches(sub.queue)
     except Exception as e:
         log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
+        return
+    _send(metadata, acl, s, sub, _reading(found, sub.queue))
+
+
+def _reading(batches, flt: str):
+    """The messages of `batches`, ending early (logged) if the store fails while it is read; what
+    was sent from it stays sent, and an error of the sending loop is not mistaken for the store's."""
+    try:
+        yield from batches
+    except Exception as e:
+        log.error("event=retained_lookup_failed filter=%s error=%r", flt, e)
+
+
+def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
+    conn = s.conn
+    if conn is None:
         return
     v5 = s.version == 5
     ids = (sub.subscription_id,) if sub.subscription_id and v5 else None
     plain = not s.max_packet and (not v5 or (ids is None and not s.alias_max))
     now_ms = time.time() * 1000.0
     run: list = []       # (topic, payload, qos, retain, packet id) of plain messages not written yet
+    append = run.append
     chunk = RUN_FLUSH_FIRST
+    client_id = s.client_id
+    identity = conn.identity
+    outbound = s.outbound
+    sub_qos = sub.qos
+    no_local = sub.no_local
+    room = s.receive_max - len(outbound)     # the QoS 1/2 window; what does not fit waits
+    backlog = s.retained_backlog
+    # retained value -> (record, QoS granted) when a message with it goes into the run as it is,
+    # None when it takes the general path: most retained messages share a few values (one per
+    # publisher and QoS), so the checks run once per value, not per message
+    kinds: dict = {}
+    pid = s._next_pid            # allocated here as Session.alloc_pid does, without a call each
     try:
-        for topic, payload, value in found:
-            if s.conn is None:
-                return
-            if acl is not None and not acl.can_read(s.conn.identity, topic):
-                continue
-            props, deadline = split_retained(value)
-            record = _record_of(props)
-            if sub.no_local and record.client_id == s.client_id:
-                continue
-            qos = min(sub.qos, record.qos)
-            store_ts = 0
-            if deadline is not None and record.message_expiry_interval is not None:
-                if now_ms >= deadline:
-                    clear_expired(metadata, topic, value)
+        for batch in found:
+            for topic, payload, value in batch:
+                if acl is not None and not acl.can_read(identity, topic):
                     continue
-                store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
-            if qos and (s.retained_backlog or not s.window_open()):
-                # sent as acks open the window
-                s.retained_backlog.append((OutboundMessage(topic, payload, record, store_ts=store_ts), qos, ids))
-            elif plain and record.message_expiry_interval is None and not (v5 and record.has_app_properties()):
-                if qos == 1:
-                    # one HeldInFlight, no OutboundMessage: built only for a resend (as a backlog run does)
-                    pid = s.alloc_pid()
-                    s.outbound[pid] = held(Held, (pid, True, None, None, held(RetainedMessage, (topic, payload, 0)),
-                                                  record))
-                else:
-                    pid = s.hold(OutboundMessage(topic, payload, record), qos, True, ids) if qos else None
-                run.append((topic, payload, qos, True, pid))
-                if len(run) >= chunk:
-                    _write_run(s, run, True)
-                    chunk = min(chunk * 2, RUN_FLUSH_MAX)
-            else:
-                if run:
-                    _write_run(s, run)
-                s.send_item(OutboundMessage(topic, payload, record, store_ts=store_ts), qos, True, sub_ids=ids)
+                kind = kinds.get(value, False)
+                if kind is False:
+                    kind = kinds[value] = _run_kind(value, plain, v5, sub_qos, no_local, client_id)
+                if kind is not None and not backlog:
+                    record, qos = kind
+                    if qos:
+                        if room <= 0:
+                            backlog.append((OutboundMessage(topic, payload, record), qos, ids))
+                            continue
+                        while pid in outbound:
+                            pid = pid % 65535 + 1
+                        # one HeldInFlight, no OutboundMessage: built only for a resend (as a backlog run does)
+                        outbound[pid] = held(Held, (pid, True, None, None, held(RetainedMessage, (topic, payload, 0)),
+                                                    record))
+                        append((topic, payload, 1, True, pid))
+                        pid = pid % 65535 + 1
+                        room -= 1
+                    else:
+                        append((topic, payload, 0, True, None))
+                    if len(run) >= chunk:
+                        _write_run(s, run, True)
+                        if s.conn is None:
+                            return
+                        chunk = min(chunk * 2, RUN_FLUSH_MAX)
+                    continue
+                # the general path: expiry, MQTT 5 properties, QoS 2, No Local, a full window
+                s._next_pid = pid
+                _send_one(metadata, s, topic, payload, value, sub_qos, no_local, client_id, ids, now_ms,
+                          run, room <= 0)
+                pid = s._next_pid
+                room = s.receive_max - len(outbound)
     finally:
+        s._next_pid = pid
         if run:
             _write_run(s, run)
+
+
+def _run_kind(value: bytes, plain: bool, v5: bool, sub_qos: int, no_local: bool, client_id: str):
+    """(record, QoS granted) if a retained message with `value` goes into a run as it is (see
+    `_send`): QoS 0 or 1, no expiry, no MQTT 5 properties to forward, not held back by No Local."""
+    if not plain or (value and value[0] == _DEADLINE):
+        return None
+    record = _record_of(value)
+    if record.message_expiry_interval is not None or (v5 and record.has_app_properties()):
+        return None
+    if no_local and record.client_id == client_id:
+        return None
+    qos = min(sub_qos, record.qos)
+    return None if qos == 2 else (record, qos)
+
+
+def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, sub_qos: int, no_local: bool,
+              client_id: str, ids, now_ms: float, run: list, window_full: bool) -> None:
+    """One retained message the general way (after writing what `run` holds, to keep the order)."""
+    props, deadline = split_retained(value)
+    record = _record_of(props)
+    if no_local and record.client_id == client_id:
+        return
+    qos = min(sub_qos, record.qos)
+    store_ts = 0
+    if deadline is not None and record.message_expiry_interval is not None:
+        if now_ms >= deadline:
+            clear_expired(metadata, topic, value)
+            return
+        store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
+    item = OutboundMessage(topic, payload, record, store_ts=store_ts)
+    if qos and (s.retained_backlog or window_full):
+        s.retained_backlog.append((item, qos, ids))     # sent as acks open the window
+        return
+    if run:
+        _write_run(s, run)
+    s.send_item(item, qos, True, sub_ids=ids)
 
 
 def _write_run(s: Session, run: list, now: bool = False) -> None:

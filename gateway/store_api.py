@@ -14,7 +14,7 @@ provide the same attributes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 
 class SessionMetadata(Protocol):
@@ -32,6 +32,9 @@ class SessionMetadata(Protocol):
     # retained messages (an empty payload clears)
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None: ...
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]: ...
+    def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
+        """retained_matching in lists: the in-process store reads them as they are consumed, so a
+        subscriber's first retained messages are sent before the whole range is read."""
     # wills of connected clients, held by the gateway serving the connection (the remote
     # implementation records its gateway id with each; the in-process one is the only gateway):
     # published by that gateway when the connection ends uncleanly, by that gateway at its next

@@ -18,9 +18,12 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from itertools import islice
 from typing import Iterator
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from lmqtt.store import accel
 
 from .errors import MetadataError
 from .records import SessionRecord, WillRecord
@@ -39,6 +42,13 @@ P_WILL = b"w"
 P_WILL_BY_GATEWAY = b"W"
 P_FILTER = b"f"
 P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was last registered (0 -> 1)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key starting with `prefix` (prefixes here start with a kind
+    byte below 0xff, so one always exists)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes((p[-1] + 1,))
 
 
 class MetadataStore:
@@ -71,10 +81,13 @@ class MetadataStore:
             raise MetadataError(f"metadata write failed: {e}") from e
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for k, v in self._db.items(from_key=prefix):
-            if not k.startswith(prefix):
-                return
-            yield k, v
+        """(key, value) of every key starting with `prefix`, in key order. RocksDB stops at the
+        prefix's end (an iterate upper bound), so no Python compares each key."""
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(_prefix_end(prefix))
+        # a generator, so `ro` (which the RocksDB iterator reads its bound from) lives as long
+        # as the iteration: returned bare, it was freed early and the scan stopped short
+        yield from self._db.items(from_key=prefix, read_opt=ro)
 
     # -- consumer / session offsets ---------------------------------------------------------
     @staticmethod
@@ -156,35 +169,46 @@ class MetadataStore:
         return None if v is None else self._decode_retained(v)
 
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        """Retained (topic, payload, props) for every topic `flt` matches.
+        """Retained (topic, payload, props) for every topic `flt` matches, in topic order.
 
         An exact filter is one point lookup; a wildcard filter scans only the key range of its
         literal prefix (`a/b/+/c` scans topics starting `a/b`), so cost follows the matching
         subtree, not the total number of retained topics. A leading wildcard scans everything.
         """
+        return [m for batch in self.retained_batches(flt) for m in batch]
+
+    def retained_batches(self, flt: str, first: int = 64, most: int = 1024) -> Iterator[list[tuple[str, bytes, bytes]]]:
+        """`retained_matching` in lists read as they are consumed (`first` entries, then twice as
+        many each time up to `most`); the filter is checked at once. Why: a subscriber's first
+        retained messages go out while the rest of the range is still read (reading 1,000 before
+        sending any delayed the first by ~0.7 ms), and a list per batch costs one step of this
+        generator per batch instead of per message."""
         validate_filter(flt)
         if not is_wildcard(flt):
             r = self.get_retained(flt)
-            return [] if r is None else [(flt, r[0], r[1])]
+            return iter(()) if r is None else iter(([(flt, r[0], r[1])],))
+        return self._retained_batches(flt, first, most)
+
+    def _retained_batches(self, flt: str, n: int, most: int) -> Iterator[list[tuple[str, bytes, bytes]]]:
         pre = literal_prefix(flt)
-        out = []
-        plen = len(P_RETAINED)
         scan = P_RETAINED + pre.encode("utf-8")
-        if pre and flt == pre + "/#":
-            # `a/b/#` matches `a/b` and every topic below it, nothing else: the key says so
-            # (no topic split and compare per retained message; 1,000 on a subscribe)
-            below = scan + b"/"
-            for k, v in self._scan(scan):
-                if k.startswith(below) or len(k) == len(scan):
-                    (n,) = _U32.unpack_from(v, 0)
-                    out.append((k[plen:].decode("utf-8"), v[4:4 + n], v[4 + n:]))
-            return out
-        for k, v in self._scan(scan):
-            topic = k[plen:].decode("utf-8")
-            if topic_matches(flt, topic):
-                p, props = self._decode_retained(v)
-                out.append((topic, p, props))
-        return out
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(_prefix_end(scan))
+        items = self._db.items(from_key=scan, read_opt=ro)
+        # `a/b/#` matches `a/b` and every topic below it, nothing else: the key says so (no topic
+        # split and compare per retained message; 1,000 on a subscribe)
+        exact = bool(pre) and flt == pre + "/#"
+        below = scan + b"/" if exact else None
+        while True:
+            rows, ended = _retained_rows(items, n, len(P_RETAINED), len(scan), below)
+            if not exact:
+                rows = [r for r in rows if topic_matches(flt, r[0])]
+            if rows:
+                yield rows
+            if ended:
+                return
+            if n < most:
+                n *= 2
 
     # -- wills -------------------------------------------------------------------------------
     # A will belongs to the gateway holding its client's connection (`WillRecord.gateway`, "" for
@@ -348,3 +372,25 @@ class MetadataStore:
         if not self._closed:
             self._closed = True
             self._db.close()
+
+
+def retained_rows_py(items, n: int, plen: int, klen: int, below: bytes | None) -> tuple[list, bool]:
+    """Up to `n` (key, value) pairs of the retained range from the iterator `items` -> ([(topic,
+    payload, props)], whether `items` ended): the pairs kept are those whose key is `klen` bytes
+    long or starts with `below` (None: all); the topic is the key after its first `plen` bytes.
+    Reference of the C loop in lightqueue/_retained.c (tests/lightqueue/test_retained_accel.py)."""
+    rows = []
+    taken = 0
+    for k, v in islice(items, n):
+        taken += 1
+        if below is not None and len(k) != klen and not k.startswith(below):
+            continue
+        if len(v) < 4 or 4 + _U32.unpack_from(v, 0)[0] > len(v):
+            raise ValueError("retained value shorter than its length prefix")
+        e = 4 + _U32.unpack_from(v, 0)[0]
+        rows.append((k[plen:].decode("utf-8"), v[4:e], v[e:]))
+    return rows, taken < n
+
+
+_retained = accel.load("lmqtt.lightqueue._retained")
+_retained_rows = _retained.retained_rows if _retained is not None else retained_rows_py
