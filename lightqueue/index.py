@@ -26,8 +26,9 @@ Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
     qid(8) + first_offset(8)  -> n × entry(20)      a run of n consecutive entries
     FF 'C'                    -> u64 checkpoint    CommitLog offset fully dispatched
     FF 'N' + name             -> u64 qid   (no reverse map: one put less per new queue)
-    FF 'X'                    -> u64 next qid      FF 'P' -> u64 min CommitLog offset (retention)
-    FF 'M' + qid              -> u64 floor         min offset after runs were swept/dropped
+    FF 'X'                    -> u64 next qid
+    FF 'P'                    -> u64 min CommitLog offset        } retention.py: the log start
+    FF 'M' + qid              -> u64 floor                       } and the queues' floors
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from lmqtt.store.message import (DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE, DR_STORE_
                                   DispatchRequest)
 
 from .errors import LightQueueError
+from .retention import IndexRetention
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,6 @@ _KEY = struct.Struct(">QQ")        # qid, first queue offset
 K_CKPT = b"\xffC"
 K_NAME = b"\xffN"
 K_NEXT = b"\xffX"
-K_MINPHYS = b"\xffP"
-K_FLOOR = b"\xffM"
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
 _ITER = ENTRY.iter_unpack
 _NO_TAILS: tuple = ()
@@ -155,8 +155,8 @@ class LightQueueIndex:
         self._durable_ckpt = self._ckpt                         # ... and flushed to SST files
         v = self._db.get(K_NEXT)
         self._next_qid = 1 if v is None else _U64.unpack(v)[0]
-        v = self._db.get(K_MINPHYS)
-        self.min_phys = 0 if v is None else _U64.unpack(v)[0]
+        # The log start, the queues' floors and the sweep below it (a job of its own).
+        self.retention = IndexRetention(self)
         self._qids: dict[str, int] = {}     # name -> qid (cache of FF 'N', + names not written yet)
         # True when _qids holds every name, so a miss means "new queue" without a DB lookup.
         self._all_names = self._next_qid - 1 <= preload_names
@@ -170,7 +170,6 @@ class LightQueueIndex:
         # the authority while it has one; its end is stored here when the tail is evicted).
         # Lazily loaded; queue ids are dense, so a flat u64 array (8 bytes per queue).
         self._max = array("Q", [_UNKNOWN]) * self._next_qid
-        self._min = array("Q", [_UNKNOWN]) * self._next_qid   # qid -> min offset (lazy; reset on retention)
         # Guards every change of the in-memory state and of RocksDB against each other
         # (dispatch thread, flush from any thread, drop/sweep/truncate) and lazy loads.
         self._lock = threading.RLock()
@@ -193,7 +192,6 @@ class LightQueueIndex:
         self._filter_tails: dict[tuple[str, ...], tuple[bytearray, ...]] = {}  # interned
         self._new_names: dict[str, int] = {}   # queues allocated since the last write
         self._closed = False
-        self._sweeper: threading.Thread | None = None
 
     # ---------------------------------------------------------------- names and offsets
     def qid(self, name: str) -> int | None:
@@ -216,7 +214,7 @@ class LightQueueIndex:
             m = self._max_get(qid)
             if m is not None:
                 return m
-            m = self._floor(qid)
+            m = self.retention.floor(qid)
             it = self._db.iter()
             it.seek_for_prev(_KEY.pack(qid, 0xFFFFFFFFFFFFFFFF))
             if it.valid():
@@ -240,15 +238,10 @@ class LightQueueIndex:
             mx.extend(array("Q", [_UNKNOWN]) * (qid + 1 - len(mx)))
         mx[qid] = m
 
-    def _min_set(self, qid: int, m: int) -> None:
-        mn = self._min
-        if qid >= len(mn):
-            mn.extend(array("Q", [_UNKNOWN]) * (qid + 1 - len(mn)))
-        mn[qid] = m
-
-    def _floor(self, qid: int) -> int:
-        v = self._db.get(K_FLOOR + _U64.pack(qid))
-        return 0 if v is None else _U64.unpack(v)[0]
+    @property
+    def min_phys(self) -> int:
+        """CommitLog offset below which entries point into deleted segments (see retention)."""
+        return self.retention.min_phys
 
     def max_offset(self, name: str) -> int:
         """Next offset to be written in `name` (0 for an unknown queue)."""
@@ -265,23 +258,7 @@ class LightQueueIndex:
 
     def min_offset(self, name: str) -> int:
         """Smallest offset still readable: entries below point into deleted CommitLog segments."""
-        q = self.qid(name)
-        if q is None:
-            return 0
-        mn = self._min
-        if q < len(mn) and mn[q] != _UNKNOWN:
-            return mn[q]
-        with self._lock:
-            m = self._floor(q)
-            if self.min_phys:
-                for e in self._iter_entries(q, m):
-                    if e.phys_offset >= self.min_phys:
-                        m = e.queue_offset
-                        break
-                else:
-                    m = self.max_offset(name)
-            self._min_set(q, m)
-            return m
+        return self.retention.min_offset(name)
 
     # ---------------------------------------------------------------- reads
     # Entries below a queue's tail are in RocksDB: a tail always starts at or below the queue's
@@ -696,46 +673,20 @@ class LightQueueIndex:
             self._filter_tails = {}
             self._taken = 0
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
-            self._min = array("Q", [_UNKNOWN]) * self._next_qid
+            self.retention.forget_min_offsets()
 
+    # ---------------------------------------------------------------- retention (retention.py)
     def on_segments_deleted(self, min_phys_offset: int) -> None:
-        """Retention moved the CommitLog start: min offsets move; dead runs are swept later."""
-        if min_phys_offset <= self.min_phys:
-            return
-        with self._lock:
-            self.min_phys = min_phys_offset
-            wb = WriteBatch(raw_mode=True)
-            wb.put(K_MINPHYS, _U64.pack(min_phys_offset))
-            self._db.write(wb, WriteOptions())   # with WAL: survives without a flush
-            self._min = array("Q", [_UNKNOWN]) * self._next_qid
-        if self._sweeper is None or not self._sweeper.is_alive():
-            self._sweeper = threading.Thread(target=self._sweep_until_current, name="lightqueue-sweep",
-                                             daemon=True)
-            self._sweeper.start()
+        """Dispatcher protocol: the store deleted the CommitLog below `min_phys_offset`."""
+        self.retention.on_segments_deleted(min_phys_offset)
 
-    def _sweep_until_current(self) -> None:
-        done = -1
-        while done < self.min_phys and not self._closed:   # retention may move again meanwhile
-            done = self.min_phys
-            try:
-                self.sweep()
-            except Exception:
-                log.exception("light-queue sweep below %d failed; retried at the next retention", done)
-                return
-
-    def sweep(self, batch_runs: int = 10000) -> int:
-        """Delete runs whose every entry is below `min_phys`; returns the number deleted.
-
-        A queue keeps its offsets: if its last run is deleted, its max offset is written as the
-        queue's floor in the same batch, so numbering never restarts.
-        """
-        deleted = 0
-        min_phys = self.min_phys
-        with self._lock:
-            self._write()      # sweep what the tails buffer too
+    # What retention changes in the index: it decides when and what; these keep the run layout
+    # and the tails the index's business.
+    def _runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
+        """(key, qid, end offset) of each RocksDB run whose every entry points below CommitLog
+        offset `min_phys`, in key order; stops when the index closes."""
         it = self._db.iter()
         it.seek_to_first()
-        todo: list[tuple[bytes, int, int]] = []
         while it.valid() and not self._closed:
             k = it.key()
             if k[:1] == b"\xff":
@@ -743,39 +694,24 @@ class LightQueueIndex:
             v = it.value()
             if ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0] < min_phys:
                 qid, first = _KEY.unpack(k)
-                todo.append((k, qid, first + len(v) // ENTRY_SIZE))
-                if len(todo) >= batch_runs:
-                    deleted += self._delete_runs(todo)
-                    todo = []
+                yield k, qid, first + len(v) // ENTRY_SIZE
             it.next()
-        if todo:
-            deleted += self._delete_runs(todo)
-        return deleted
 
-    def _delete_runs(self, runs: list[tuple[bytes, int, int]]) -> int:
-        with self._lock:
-            wb = WriteBatch(raw_mode=True)
-            floors: dict[int, int] = {}
-            for k, qid, end in runs:
-                wb.delete(k)
-                floors[qid] = max(floors.get(qid, 0), end)
-            for qid, end in floors.items():
-                wb.put(K_FLOOR + _U64.pack(qid), _U64.pack(max(end, self._floor(qid))))
-            self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
-            tail = self._tail
-            dirty = self._dirty
-            for qid, end in floors.items():
-                self._min_set(qid, _UNKNOWN)
-                t = tail.get(qid)
-                if t is not None and t[0] < end:   # the tail forgets the deleted runs too;
-                    first, ba = t                  # unwritten entries all lie above them
-                    cut = min(end - first, len(ba) // ENTRY_SIZE) * ENTRY_SIZE
-                    tail[qid] = (first + cut // ENTRY_SIZE, ba[cut:])
-                    if qid in dirty:
-                        dirty[qid] -= cut
-                    self._resolved = {}   # it held the replaced bytearray
-                    self._filter_tails = {}
-        return len(runs)
+    def _forget_runs(self, floors: dict[int, int]) -> None:
+        """Runs were deleted: queue `qid` has no entry below `floors[qid]` any more, and its tail
+        forgets them too. Caller holds _lock."""
+        tail = self._tail
+        dirty = self._dirty
+        for qid, end in floors.items():
+            t = tail.get(qid)
+            if t is not None and t[0] < end:   # the tail forgets the deleted runs too;
+                first, ba = t                  # unwritten entries all lie above them
+                cut = min(end - first, len(ba) // ENTRY_SIZE) * ENTRY_SIZE
+                tail[qid] = (first + cut // ENTRY_SIZE, ba[cut:])
+                if qid in dirty:
+                    dirty[qid] -= cut
+                self._resolved = {}   # it held the replaced bytearray
+                self._filter_tails = {}
 
     def drop_queue(self, name: str) -> bool:
         """Delete every entry of `name` (an unused wildcard queue); its offsets do not restart."""
@@ -796,14 +732,14 @@ class LightQueueIndex:
             end = self.max_offset(name)
             wb = WriteBatch(raw_mode=True)
             wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
-            wb.put(K_FLOOR + _U64.pack(q), _U64.pack(end))
+            self.retention.put_floor(wb, q, end)
             self._db.write(wb, WriteOptions())
             self._max_set(q, end)      # before the tail goes: readers fall back to _max
             self._tail.pop(q, None)
             self._dirty.pop(q, None)   # unwritten entries appended meanwhile go with it
             self._resolved = {}
             self._filter_tails = {}
-            self._min_set(q, end)
+            self.retention.set_min_offset(q, end)
             return True
 
     def disk_size(self) -> int:
@@ -817,8 +753,7 @@ class LightQueueIndex:
         if self._closed:
             return
         self._closed = True
-        if self._sweeper is not None:
-            self._sweeper.join(timeout=30)
+        self.retention.join(timeout=30)
         try:
             self._flush_db()   # a clean close leaves nothing to re-dispatch
         except Exception:

@@ -99,7 +99,7 @@ def test_retention_moves_min_offset_and_sweep_keeps_numbering(tmp_path):
     idx.flush()
     feed(idx, [("q",)], phys0=500)               # run 3: q 4 (phys 500)
     idx.on_segments_deleted(450)
-    idx._sweeper.join(10)
+    idx.retention.join(10)
     assert idx.min_offset("q") == 4
     assert idx.min_offset("old") == 1 == idx.max_offset("old")   # everything gone, numbering kept
     assert phys_list(idx, "q", 0) == [500]       # reading below min skips the swept runs

@@ -210,7 +210,7 @@ def test_retention_moves_min_offset_and_old_entries_read_as_gone(tmp_path):
             deleted += st.delete_expired_segments(now_ms=2**62)
             time.sleep(0.05)
         assert deleted >= 2
-        lq.index._sweeper.join(10)
+        lq.index.retention.join(10)
         lo = lq.min_offset("ret/+")
         assert 0 < lo < 2000 and lq.max_offset("ret/+") == 2000
         res = lq.pull("ret/+", 0, max_count=5)    # below min: clamped, not an error
