@@ -23,10 +23,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.mqtt import encode_publish_run
+from lmqtt.gateway.backlog_runs import BacklogRuns
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, TOO_LARGE, ClientSubscription, HeldInFlight, InFlight,
-                                   OutboundMessage, Session)
+from lmqtt.gateway.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.shared import SharedGroup
@@ -67,6 +66,9 @@ class DeliveryEngine:
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
         self._records: dict[bytes, object] = {}
+        # a single reader's backlog encoded straight into PUBLISH runs (gateway/backlog_runs.py)
+        self._runs = BacklogRuns(cfg, metrics, records=self._records, record_of=self._record_of, item=self._item,
+                                 feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
         # queue -> [first queue offset, messages]: the newest entries of queues with local readers,
         # from the records the loop appended itself (see `record_appended`); bounded in total
         self._recent: dict[str, list] = {}
@@ -489,9 +491,9 @@ class DeliveryEngine:
                             s.cursors[q].next_offset = nxt
                             self._session_offsets_moved(s)
                     continue
-                if len(sessions) == 1 and self._runnable(sessions[0], q):
+                if len(sessions) == 1 and BacklogRuns.runnable(sessions[0], q):
                     # one reader at this offset (an offline session's backlog on reconnect)
-                    if self._feed_run(sessions[0], q, msgs, nxt):
+                    if self._runs.feed(sessions[0], q, msgs, nxt):
                         more = True
                     if nxt < maxo:
                         more = True
@@ -634,143 +636,6 @@ class DeliveryEngine:
         if s.expiry_interval:
             self._session_offsets_moved(s)
         return over
-
-    # -- a reader's backlog as PUBLISH runs ----------------------------------------------------
-    # The pulled records of a single reader whose PUBLISHes need nothing per subscriber but QoS,
-    # retain flag and packet id are encoded straight from the records as one run
-    # (`encode_publish_run`), each registered in flight as one `HeldInFlight`; no OutboundMessage,
-    # template or InFlight per message. Why: for a 10,000-message QoS 1 backlog on reconnect those
-    # three objects per message were about half of the broker's time. Written in growing chunks
-    # (session.RUN_FLUSH_FIRST ... RUN_FLUSH_MAX messages) so the client reads the first while the
-    # rest are encoded.
-
-    @staticmethod
-    def _runnable(s: Session, q: str) -> bool:
-        """Whether `s` can take queue `q`'s messages as runs: one direct subscription (no overlap
-        to resolve per message), no ACL read check on `q`, no per-subscriber MQTT 5 parts (topic
-        alias, subscription identifier) and no Maximum Packet Size. Everything else per message
-        (`_feed_session`)."""
-        conn = s.conn
-        if conn is None or conn.write_blocked or s.custom or s.max_packet or len(s.direct) != 1:
-            return False
-        rc = conn.read_checks
-        return not (rc is not None and q in rc) and q in s.direct
-
-    def _feed_run(self, s: Session, q: str, msgs: list, next_offset: int) -> bool:
-        """`_feed_session` for one reader (`_runnable`) over pulled records `msgs` (StoredMessages,
-        or the remote store's RemoteMessages): plain messages (QoS 0 or 1 for this reader, no
-        Message Expiry Interval, MQTT 3.1.1 or no MQTT 5 properties) go into a run; any other
-        goes through `_feed_session` after the run so far is written, so the wire order is the
-        queue's. Same window, No Local, byte budget and cursor rules as `_feed_session`."""
-        conn = s.conn
-        cur = s.cursors[q]
-        sub = s.direct[q]
-        records = self._records
-        record_of = self._record_of
-        sub_qos = sub.qos
-        no_local = sub.no_local
-        rap = sub.retain_as_published
-        cid = s.client_id
-        v5 = s.version == 5
-        outbound = s.outbound
-        inflight = cur.inflight
-        room = s.receive_max - len(outbound)
-        pid = s._next_pid
-        nxt = cur.next_offset
-        run: list = []
-        append = run.append
-        chunk = RUN_FLUSH_FIRST
-        sent0 = sent1 = 0
-        first_ts: list = []
-        budget = self.cfg.write_high_water
-        complete = True
-        over = False
-        last_rec = None
-        plain = False
-        held = tuple.__new__          # HeldInFlight.of, without a call per message
-        Held = HeldInFlight
-        for m in msgs:
-            off = m.queue_offset
-            if off < nxt:
-                continue
-            props = m.props
-            rec = records.get(props)
-            if rec is None:
-                rec = record_of(props)
-            if rec is not last_rec:
-                last_rec = rec
-                plain = rec.message_expiry_interval is None and not (v5 and rec.has_app_properties())
-            if no_local and rec.client_id == cid:
-                nxt = off + 1
-                continue
-            qos = rec.qos if rec.qos < sub_qos else sub_qos
-            if not plain or qos == 2:
-                # the per-message path, after what the run holds so far
-                if run:
-                    self._write_run(conn, run, v5)
-                s._next_pid = pid
-                cur.next_offset = nxt
-                if self._feed_session(s, q, [self._item(m)], off + 1):
-                    over = True
-                if cur.next_offset != off + 1:        # the window is full (or the bytes budget)
-                    complete = False
-                    nxt = cur.next_offset
-                    break
-                nxt = off + 1
-                pid = s._next_pid
-                room = s.receive_max - len(outbound)
-                if over:
-                    break
-                continue
-            payload = m.body
-            retain = rec.retain if rap else False
-            if qos:
-                if room <= 0:
-                    complete = False
-                    break
-                while pid in outbound:
-                    pid = pid % 65535 + 1
-                outbound[pid] = held(Held, (pid, retain, q, off, m, rec))
-                inflight[off] = pid
-                append((m.topic, payload, 1, retain, pid))
-                pid = pid % 65535 + 1
-                room -= 1
-                sent1 += 1
-            else:
-                append((m.topic, payload, 0, retain, None))
-                sent0 += 1
-            if m.store_ts:
-                first_ts.append(m.store_ts)
-            nxt = off + 1
-            if len(run) >= chunk:
-                self._write_run(conn, run, v5)
-                conn.flush()
-                if chunk < RUN_FLUSH_MAX:
-                    chunk *= 2
-            budget -= len(payload)
-            if budget <= 0:
-                over = True       # the rest next run (or after resume_writing)
-                break
-        if run:
-            self._write_run(conn, run, v5)
-        s._next_pid = pid
-        if complete and not over and nxt < next_offset:
-            nxt = next_offset
-        cur.next_offset = nxt
-        mo = self.metrics.msg_out
-        mo[0] += sent0
-        mo[1] += sent1
-        if first_ts:
-            now_ms = time.time() * 1000.0
-            self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
-        if s.expiry_interval:
-            self._session_offsets_moved(s)
-        return over
-
-    @staticmethod
-    def _write_run(conn, run: list, v5: bool) -> None:
-        conn.write(encode_publish_run(run, 5 if v5 else 4)[0])
-        run.clear()
 
     @staticmethod
     def _owner(s: Session, it: OutboundMessage, q: str) -> tuple[str, int]:

@@ -176,7 +176,7 @@ class InFlight:
         self.sub_ids = None     # subscription identifiers it was sent with (a resend repeats them)
 
 
-# A run of PUBLISHes (a reader's backlog, gateway/delivery.py; retained messages on SUBSCRIBE,
+# A run of PUBLISHes (a reader's backlog, gateway/backlog_runs.py; retained messages on SUBSCRIBE,
 # gateway/retained.py) goes to the socket in growing chunks: the client starts reading the first
 # messages while the rest are looked at and encoded (on 2 cores, 1,000 messages written as one
 # block at the end took the sum of both sides' time, not the larger one). The first chunk is small
@@ -187,8 +187,8 @@ RUN_FLUSH_MAX = 512
 
 
 class HeldInFlight(tuple):
-    """A QoS 1 PUBLISH of a reader's backlog sent as part of a run (gateway/delivery.py
-    `_feed_run`), awaiting PUBACK: what `InFlight` holds, in one object instead of an InFlight, an
+    """A QoS 1 PUBLISH of a reader's backlog sent as part of a run (gateway/backlog_runs.py
+    `BacklogRuns.feed`), awaiting PUBACK: what `InFlight` holds, in one object instead of an InFlight, an
     OutboundMessage and its PUBLISH template per message. A tuple (pid, retain, queue, offset,
     pulled message, record) built in C by `HeldInFlight.new`; the pulled message (a StoredMessage
     or the remote store's RemoteMessage: topic, body, store_ts read by name) becomes an
