@@ -35,8 +35,8 @@ import logging
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
-from lmqtt.store import MessageTooLarge, protocol as W
-from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
+from lmqtt.store import MessageTooLarge, StoredMessage, protocol as W
+from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER, c_decode_many, decode_many
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -59,6 +59,34 @@ class RemoteMessage:
         (self.queue_offset, self.phys_offset, self.born_ts, self.store_ts, self.queue_id, self.topic,
          self.keys, self.props, self.body) = t
         self.dispatch_queues = tuple(dq)
+
+
+def decode_raw_entries(body, runs, sizes, first: int, ident: str) -> list | None:
+    """The records of an OP_PUSH_RAW queue (`runs` and `sizes` as `decode_push_raw` gives them,
+    `body` a memoryview of the frame body) as StoredMessages carrying the light queue's offsets
+    first, first + 1, ... (a StoredMessage reads like a RemoteMessage: the same field names).
+    None if a record fails its framing or CRC check."""
+    out: list = []
+    k = 0
+    for phys, count, start, end in runs:
+        wanted = []
+        p = phys
+        for size in sizes[k:k + count]:
+            wanted.append((p, size))
+            p += size
+        k += count
+        got: list = []
+        if _decode_many(body[start:end], phys, wanted, 0, ident, got) != count:
+            return None
+        out += got
+    for m in out:
+        if isinstance(m, Exception):
+            return None
+    new = tuple.__new__
+    return [new(StoredMessage, m[:5] + (first + i,) + m[6:]) for i, m in enumerate(out)]
+
+
+_decode_many = c_decode_many or decode_many      # the C decoder when built (store/_append.c)
 
 
 class _Result:
@@ -223,7 +251,10 @@ class RemoteStore:
     mirror_entries = 65536
 
     def __init__(self, link: LoopConnection, gateway_id: str, metrics=None, *, safety_poll_s: float = 1.0,
-                 watch: bool = True, fetch_batch: int = 1024, mirror_bytes: int = 16 << 20) -> None:
+                 watch: bool = True, fetch_batch: int = 1024, mirror_bytes: int = 16 << 20,
+                 raw_push: bool = True) -> None:
+        """`raw_push`: ask the store to push new entries as its own record bytes (OP_PUSH_RAW,
+        decoded here in C) rather than re-encoded messages; a store without it pushes OP_PUSH."""
         self.link = link
         self.loop = link.loop
         self.gateway_id = gateway_id
@@ -231,6 +262,7 @@ class RemoteStore:
         self.metadata = RemoteMetadata(link, gateway_id)
         self.safety_poll_s = safety_poll_s
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
+        self.raw_push = raw_push
         self.fetch_batch = fetch_batch
         self.queues: dict[str, _Mirror] = {}
         # memory bound of all mirrors (payload bytes): over it, every mirror keeps only its newer
@@ -347,7 +379,7 @@ class RemoteStore:
 
     def _track(self, q: str) -> _Mirror:
         if self.watch:
-            r = self.link.cmd_blocking("gw_watch", queues=[q], push=True)
+            r = self.link.cmd_blocking("gw_watch", queues=[q], push=True, raw=self.raw_push)
             self.push = bool(r.get("push"))
         else:
             r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
@@ -428,6 +460,9 @@ class RemoteStore:
 
     # ------------------------------------------------------------------ events -> prefetch
     def _on_push(self, op: int, body: bytes) -> None:
+        if op == W.OP_PUSH_RAW:
+            self._on_raw_entries(body)
+            return
         if op == W.OP_PUSH:
             self._on_entries(body)
             return
@@ -471,6 +506,55 @@ class RemoteStore:
                 self._fetch(q, m)
         if added:
             self._tell(added)
+
+    def _on_raw_entries(self, body: bytes) -> None:
+        """An OP_PUSH_RAW: as `_on_entries`, the entries being the store's record bytes, decoded
+        and CRC-checked here (a record that fails its check: the queue is treated as a hint and
+        pulled, where the store reports and skips it)."""
+        try:
+            queues = W.decode_push_raw(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the poll covers it
+            log.warning("event=bad_push_frame error=%r (the safety poll catches up)", e)
+            return
+        self.events += 1
+        added = set()
+        mv = memoryview(body)
+        ident = self.link.server_info.get("ident") or ""
+        for q, mx, first, runs, sizes in queues:
+            m = self.queues.get(q)
+            if m is None:
+                continue
+            if mx > m.known:
+                m.known = mx
+            if sizes:
+                self.remote_pulls += 1
+                self.pushed_batches += 1
+                msgs = decode_raw_entries(mv, runs, sizes, first, ident)
+                if msgs is None:
+                    log.warning("event=bad_push_record queue=%s first=%d (pulled instead)", q, first)
+                    self.push_skipped += len(sizes)
+                else:
+                    n = self._extend_msgs(m, first, msgs)
+                    self.pushed_entries += n
+                    self.push_skipped += len(msgs) - n
+                    if n:
+                        added.add(q)
+                        self._bound_memory(m)
+            if m.known > m.end:
+                self._fetch(q, m)
+        if added:
+            self._tell(added)
+
+    def _extend_msgs(self, m: _Mirror, first: int, msgs: list) -> int:
+        """Append `msgs` (queue offsets first, first + 1, ...) where they continue `m`, skipping
+        those it holds already; nothing after a gap (pulled later). -> how many were appended."""
+        skip = m.end - first
+        if skip < 0 or skip >= len(msgs):
+            return 0
+        new = msgs[skip:] if skip else msgs
+        m.items += new
+        self._bytes += sum([len(x[1]) for x in new])
+        return len(new)
 
     def _extend(self, m: _Mirror, recs: list, dqs) -> int:
         """Append the entries of `recs` that continue `m` (offset = m.end), skipping those it
@@ -639,7 +723,8 @@ class RemoteStore:
         if not self.queues:
             return
         if self.watch:
-            fut = self.link.cmd("gw_watch", queues=list(self.queues), replace=True, push=True)
+            fut = self.link.cmd("gw_watch", queues=list(self.queues), replace=True, push=True,
+                                raw=self.raw_push)
         else:
             fut = self.link.cmd("gw_max_offsets", queues=list(self.queues))
 

@@ -54,6 +54,10 @@ goes to every watching connection as one frame holding only the queues it watche
     pushed or pulled to (`push_cursors`), at most `push_max_count` entries of a queue and
     `push_max_bytes` per frame (the rest: the gateway pulls, as after an EVENT). The gateway then
     delivers without a `gw_pull` round trip.
+  * PUSH_RAW (`gw_watch {push: true, raw: true}`): the same, the entries as the CommitLog's own
+    record bytes (`LightQueueStore.pull_raw`: one slice per run of adjacent records, CRC-checked,
+    never decoded here), which the gateway decodes in C; decoding them into messages only to
+    encode them again was about half of this process's main thread in `serve --workers` fan-in.
 Events and pushes are hints: the gateway's safety poll finds anything a lost frame would have
 announced, and it keeps only pushed entries that continue its mirror (docs/protocol.md). With a
 Redis URL the same names also go to Redis pub/sub (notify/redis_bus.py) for gateways started with
@@ -110,6 +114,8 @@ class GatewayService:
         # connections that asked for PUSH: queue -> next offset to push (the max offset answered
         # at gw_watch, then moved by every push and by the connection's own gw_pull)
         self.push_cursors: dict[object, dict[str, int]] = {}
+        # of those, the ones that read the raw layout (`gw_watch {raw: true}`: OP_PUSH_RAW)
+        self.raw_push: set[object] = set()
         self.events_sent = 0           # EVENT and PUSH frames
         self.pushed_entries = 0        # entries carried by PUSH frames
         self.push_read_errors = 0
@@ -325,6 +331,7 @@ class GatewayService:
         mx = self.lq.max_offset
         offsets: dict[str, int] = {}
         reads: dict[tuple[str, int], list] = {}      # (queue, from offset) -> entries, read once
+        raws: dict[tuple[str, int], tuple | None] = {}     # the same as raw records
         for conn, watched in list(self.watchers.items()):
             hit = names & watched if len(names) > len(watched) else {q for q in names if q in watched}
             if not hit:
@@ -343,6 +350,9 @@ class GatewayService:
             # a gateway that does not read its connection gets hints only (bounded like EVENT):
             # it pulls what it missed once it reads again
             budget = 0 if getattr(conn, "write_paused", False) else self.push_max_bytes
+            if conn in self.raw_push:
+                self._push_raw(conn, hit, cursors, offsets, raws, budget)
+                continue
             out = []
             for q in hit:
                 v = offsets.get(q)
@@ -360,6 +370,41 @@ class GatewayService:
             conn.push(W.OP_PUSH, W.encode_push(out))
             self.events_sent += 1
 
+    def _push_raw(self, conn, hit, cursors: dict, offsets: dict, raws: dict, budget: int) -> None:
+        """One OP_PUSH_RAW frame to `conn` for the queues `hit`: each one's new entries from its
+        cursor as record bytes, within `budget` bytes (the rest of the queues: hints)."""
+        mx = self.lq.max_offset
+        out = []
+        for q in hit:
+            v = offsets.get(q)
+            if v is None:
+                v = offsets[q] = mx(q)
+            c = cursors.get(q)
+            if c is not None and c < v and budget > 0:
+                key = (q, c)
+                got = raws.get(key, False)
+                if got is False:
+                    got = raws[key] = self._read_raw_for_push(q, c)
+                if got is not None and got[2]:
+                    first, runs, sizes = got
+                    cursors[q] = first + len(sizes)
+                    budget -= sum(sizes)
+                    self.pushed_entries += len(sizes)
+                    out.append((q, v, first, runs, sizes))
+                    continue
+            out.append((q, v, v, (), ()))
+        parts = W.encode_push_raw(out)
+        conn.push_parts(W.OP_PUSH_RAW, parts)
+        self.events_sent += 1
+
+    def _read_raw_for_push(self, q: str, offset: int):
+        try:
+            return self.lq.pull_raw(q, offset, self.push_max_count, self.push_max_bytes)
+        except Exception as e:  # noqa: BLE001 - a hint only then: the gateway pulls and sees the error
+            self.push_read_errors += 1
+            log.warning("event=push_read_failed queue=%s offset=%d error=%r (sent as a hint)", q, offset, e)
+            return None
+
     def _read_for_push(self, reads: dict, q: str, offset: int) -> list:
         key = (q, offset)
         msgs = reads.get(key)
@@ -376,6 +421,7 @@ class GatewayService:
     def _lost(self, conn) -> None:
         self.watchers.pop(conn, None)
         self.push_cursors.pop(conn, None)
+        self.raw_push.discard(conn)
         self._detach(conn)
 
     # ---------------------------------------------------------------- filter holds
@@ -414,6 +460,10 @@ class GatewayService:
                 if cur is None or a.get("replace"):
                     cur = self.push_cursors[conn] = {}
                 cur.update(mo)
+                if a.get("raw"):
+                    self.raw_push.add(conn)
+                    return {"max_offsets": mo, "push": True, "raw": True}
+                self.raw_push.discard(conn)
                 return {"max_offsets": mo, "push": True}
             return {"max_offsets": mo}
 

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from lmqtt.store import StoredMessage
+from lmqtt.store.fastpath import raw_runs
 
 from .cache import MessageCache
 from .errors import LightQueueError
@@ -219,6 +220,41 @@ class LightQueueStore:
                 m = new(StoredMessage, m[:5] + (qoff,) + m[6:])
             append(m)
         return PullResult(out, nxt, lo, hi)
+
+    def pull_raw(self, queue: str, offset: int, max_count: int, max_bytes: int):
+        """The entries of `queue` from `offset` as the CommitLog's own record bytes, for a PUSH to
+        a gateway (lightqueue/gateway_service.py): -> (first queue offset, [(phys, record count,
+        bytes)], sizes) covering consecutive queue offsets from `offset`, ([], ()) when nothing
+        is visible there, or None when this path cannot serve them (an entry below the log start,
+        a record it cannot check): the caller sends a hint and the gateway pulls, which reports
+        and skips. Same limits as `pull` (visible only, `max_bytes` of records, at least one)."""
+        if getattr(self._store, "clog", None) is None:
+            return None
+        index = self.index
+        entries = index.read_raw(queue, offset, max_count)
+        if not entries or entries[0][0] != offset:
+            return None if entries else (offset, [], ())
+        visible = self._store.dispatched_offset
+        min_phys = index.min_phys
+        take = []
+        sizes = []
+        nbytes = 0
+        for qoff, phys, size in entries:
+            if phys >= visible or qoff != offset + len(take):     # the frame says first + i
+                break
+            if phys < min_phys:
+                return None
+            if take and nbytes + size > max_bytes:
+                break
+            take.append((phys, size))
+            sizes.append(size)
+            nbytes += size
+        if not take:
+            return offset, [], ()
+        runs = raw_runs(self._store, take)
+        if runs is None:
+            return None
+        return offset, runs, sizes
 
     # ------------------------------------------------------------ new-data hooks
     def add_listener(self, fn: Callable[[set[str]], None]) -> None:

@@ -377,3 +377,41 @@ def find_batch(store, position: int, msgs: list, max_records: int = 4096):
     except (NotVisible, CorruptRecord, ValueError):
         return None
     return None
+
+
+def raw_runs(store, entries) -> list | None:
+    """`entries` [(phys, size), ...] (in order, all below the dispatch point) as the CommitLog's
+    own bytes: [(phys of the run's first record, record count, bytes)], one run per stretch of
+    records adjacent in one segment, each copied with one slice and CRC-checked without decoding.
+    None when this path cannot serve them as they are (a record not mapped here, a CRC failure):
+    the caller then uses the decoding path, which reports and skips bad records. For pushes of a
+    light queue's new entries (lightqueue/gateway_service.py); `read_raw` above is the same for a
+    ConsumeQueue range."""
+    out = []
+    find = store.clog.mfq.find
+    i = 0
+    n = len(entries)
+    while i < n:
+        phys, size = entries[i]
+        mf = find(phys)
+        if mf is None:
+            return None
+        seg_end = mf.start_offset + mf.size
+        end = phys + size
+        j = i + 1
+        while j < n and entries[j][0] == end and end + entries[j][1] <= seg_end:
+            end += entries[j][1]
+            j += 1
+        if end > seg_end:
+            return None
+        rel = phys - mf.start_offset
+        try:
+            chunk = mf.mm[rel:rel + end - phys]
+        except ValueError:   # map closed by retention meanwhile
+            return None
+        sizes = array("I", [e[1] for e in entries[i:j]]).tobytes()
+        if not _check_records(chunk, sizes, MSG_MAGIC, CRC_START):
+            return None
+        out.append((phys, j - i, chunk))
+        i = j
+    return out

@@ -465,3 +465,81 @@ def decode_push(body: bytes):
         raise ProtocolError(E_BAD_FRAME, "PUSH body truncated") from None
     except UnicodeDecodeError:
         raise ProtocolError(E_BAD_FRAME, "PUSH queue name, topic or key is not UTF-8") from None
+
+
+# ---------------------------------------------------------------- PUSH, raw records (optional)
+# PUSH with the entries as the CommitLog's own record bytes (docs/store.md layout, each starting
+# with its total size), sent instead of OP_PUSH to a connection that asked with `gw_watch {push:
+# true, raw: true}`: the store sends what it wrote without decoding it into messages and encoding
+# them again (in `serve --workers` fan-in that round trip was ~45 % of the store's main thread).
+#   u16 queue count
+#   per queue: u16 name length, name, u64 max offset, u64 first queue offset, u32 entry count,
+#              u32 run count, run count x (u64 phys offset of the run's first record, u32 record
+#              count, u32 run bytes), entry count x u32 record size (big-endian), then the runs'
+#              bytes back to back
+# Entry i has queue offset first + i (consecutive: the store stops a queue's entries at a gap);
+# a run is records adjacent in the CommitLog. A queue with 0 entries is a hint, as in EVENT.
+OP_PUSH_RAW = 0xC2
+_RAW_Q = struct.Struct(">QQII")          # max offset, first queue offset, entry count, run count
+_RAW_RUN = struct.Struct(">QII")         # phys offset, record count, bytes
+
+
+def encode_push_raw(queues) -> list:
+    """queues: iterable of (name, max offset, first queue offset, runs, sizes) where runs are
+    [(phys, record count, bytes-like records)] and sizes the records' sizes in order (empty runs:
+    a hint). -> the body as a list of parts (the record bytes are not copied into one buffer)."""
+    head: list = [b""]
+    data: list = []
+    n = 0
+    for name, mx, first, runs, sizes in queues:
+        nb = name.encode()
+        head.append(_U16.pack(len(nb)))
+        head.append(nb)
+        head.append(_RAW_Q.pack(mx, first, len(sizes), len(runs)))
+        for phys, count, chunk in runs:
+            head.append(_RAW_RUN.pack(phys, count, len(chunk)))
+        if sizes:
+            head.append(struct.pack(f">{len(sizes)}I", *sizes))
+        for _phys, _count, chunk in runs:
+            data.append(chunk)
+        n += 1
+    head[0] = _U16.pack(n)
+    return [b"".join(head), *data]
+
+
+def decode_push_raw(body):
+    """-> [(name, max offset, first queue offset, [(phys, record count, start, end)], sizes)] where
+    start/end index the records of each run in `body`; ProtocolError if malformed."""
+    try:
+        (n,) = _U16.unpack_from(body, 0)
+        pos = 2
+        out = []
+        for _ in range(n):
+            (nl,) = _U16.unpack_from(body, pos)
+            pos += 2
+            name = bytes(body[pos:pos + nl]).decode()
+            pos += nl
+            mx, first, count, nruns = _RAW_Q.unpack_from(body, pos)
+            pos += _RAW_Q.size
+            runs = []
+            for _ in range(nruns):
+                runs.append(_RAW_RUN.unpack_from(body, pos))
+                pos += _RAW_RUN.size
+            sizes = struct.unpack_from(f">{count}I", body, pos)
+            pos += 4 * count
+            if sum(c for _p, c, _b in runs) != count or sum(b for _p, _c, b in runs) != sum(sizes):
+                raise ProtocolError(E_BAD_FRAME, f"raw PUSH of {name!r}: runs do not add up to its entries")
+            out.append([name, mx, first, runs, sizes])
+        for q in out:           # the runs' bytes follow the heads, in the same order
+            spans = []
+            for phys, count, nbytes in q[3]:
+                spans.append((phys, count, pos, pos + nbytes))
+                pos += nbytes
+            q[3] = spans
+        if pos != len(body):
+            raise ProtocolError(E_BAD_FRAME, f"raw PUSH body is {len(body)} bytes, its heads say {pos}")
+        return [tuple(q) for q in out]
+    except struct.error:
+        raise ProtocolError(E_BAD_FRAME, "raw PUSH body truncated") from None
+    except UnicodeDecodeError:
+        raise ProtocolError(E_BAD_FRAME, "raw PUSH queue name is not UTF-8") from None

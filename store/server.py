@@ -364,6 +364,14 @@ class StoreConnection(asyncio.Protocol):
         if self.ready and not self.closing:
             self._send(W.frame(op, 0, body))
 
+    def push_parts(self, op: int, parts: list) -> None:
+        """`push` of a body given as parts (record bytes are not joined into one buffer first)."""
+        if self.ready and not self.closing:
+            self._send(W.frame_head(op, 0, sum([len(p) for p in parts])))
+            for p in parts:
+                if p:
+                    self._send(p)
+
     def pause_writing(self) -> None:     # the client does not read its replies: stop reading requests
         self.write_paused = True
         self.transport.pause_reading()

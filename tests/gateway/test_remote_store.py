@@ -108,11 +108,13 @@ def test_unserved_queues_are_forgotten_and_too_large_refused_before_sending(lmqt
     asyncio.run(go())
 
 
-def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store):
+@pytest.mark.parametrize("raw", [True, False], ids=["raw-records", "messages"])
+def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store, raw):
     """The store pushes what a watched queue gained: local readers get it without a gw_pull round
-    trip (one store read per queue and event either way), in order, once."""
+    trip (one store read per queue and event either way), in order, once; as the store's record
+    bytes (PUSH_RAW, decoded here) or as messages (PUSH, what a gateway asks without raw)."""
     async def go():
-        st = _remote(lmqtt_store.address)
+        st = _remote(lmqtt_store.address, raw_push=raw)
         heard: list[set] = []
         st.on_new_data(heard.append)
         assert st.max_offset("push/t") == 0 and st.push
@@ -126,17 +128,20 @@ def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store):
         assert st.pushed_entries == 60 and st.push_skipped == 0
         assert st.remote_pulls == st.pushed_batches          # every read was a push: no gw_pull sent
         assert heard and all(s == {"push/t"} for s in heard)
+        kinds = {type(m).__name__ for m in st.queues["push/t"].items}
+        assert kinds == ({"StoredMessage"} if raw else {"RemoteMessage"})      # the frames it got
         st.close()
         for s in (st, writer):
             s.link.close()
     asyncio.run(go())
 
 
-def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store):
+@pytest.mark.parametrize("raw", [True, False], ids=["raw-records", "messages"])
+def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store, raw):
     """Pushes are hints too: after a lost connection the store pushes from its current end, so the
     mirror has a gap below the first push; it pulls the gap (nothing lost, nothing twice)."""
     async def go():
-        st = _remote(lmqtt_store.address)
+        st = _remote(lmqtt_store.address, raw_push=raw)
         assert st.max_offset("gap/t") == 0
         st.start()
         writer = _remote(lmqtt_store.address)
@@ -156,3 +161,29 @@ def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store)
         for s in (st, writer):
             s.link.close()
     asyncio.run(go())
+
+
+def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
+    """PUSH_RAW records are checked where they are decoded: they read back as the store wrote
+    them, with the light queue's offsets; one damaged byte and the queue's entries are refused
+    (the gateway pulls them instead, where the store reports and skips)."""
+    from lmqtt.gateway.remote_store import decode_raw_entries
+    from lmqtt.store import MessageStore, StoreConfig, protocol as W
+    from lmqtt.store.fastpath import raw_runs
+
+    cfg = StoreConfig(data_dir=str(tmp_path / "store"), segment_size=64 * 1024, max_message_size=16 * 1024,
+                      flush_mode="async")
+    with MessageStore(cfg) as ms:
+        rs = ms.append_batch([Message("rw/t", b"body-%d" % i, 0, 0, b"\x01p", (), 1000 + i, ("rw/t",))
+                              for i in range(3)])
+        entries = [(r.phys_offset, r.size) for r in rs]
+        runs = raw_runs(ms, entries)
+        ident = ms.ident
+    sizes = [e[1] for e in entries]
+    body = bytearray(b"".join(W.encode_push_raw([("rw/t", 10, 7, runs, sizes)])))
+    [(_name, _mx, first, spans, got_sizes)] = W.decode_push_raw(bytes(body))
+    ok = decode_raw_entries(memoryview(bytes(body)), spans, got_sizes, first, ident)
+    assert [(m.queue_offset, m.body, m.dispatch_queues, m.phys_offset) for m in ok] == \
+        [(7 + i, b"body-%d" % i, ("rw/t",), entries[i][0]) for i in range(3)]
+    body[-2] ^= 0xFF
+    assert decode_raw_entries(memoryview(bytes(body)), spans, got_sizes, first, ident) is None

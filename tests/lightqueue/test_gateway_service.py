@@ -412,3 +412,66 @@ def test_a_gateway_that_stops_reading_gets_hints_not_data_and_pulls_the_rest(lmq
         off = recs[-1][0] + 1
     assert entries == [(i, b"%05d" % i) for i in range(n)]
     s.close()
+
+
+def test_raw_push_watchers_get_the_records_as_written(lmqtt_store):
+    """`gw_watch {push: true, raw: true}`: PUSH_RAW frames carry each queue's new entries as the
+    CommitLog's record bytes; decoded (as the gateway does) they are the same entries, in offset
+    order, each once, with their dispatch queues; a pull still moves the connection's cursor."""
+    import asyncio
+
+    from lmqtt.gateway.remote_store import decode_raw_entries
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.aio import connect_async
+
+    async def go():
+        pusher = await connect_async(lmqtt_store.address)
+        frames: list = []
+        pusher.on_push(lambda op, body: frames.append((op, body)))
+        r = await pusher.cmd("gw_watch", queues=["pr/a", "pr/b"], push=True, raw=True)
+        assert r == {"max_offsets": {"pr/a": 0, "pr/b": 0}, "push": True, "raw": True}
+        prod = pusher.producer()
+        for i in range(20):
+            await prod.send("pr/a" if i % 2 == 0 else "pr/b", b"m%d" % i)
+        ident = pusher.ident
+
+        def got(q):
+            out = []
+            for op, body in frames:
+                assert op == W.OP_PUSH_RAW
+                for name, mx, first, runs, sizes in W.decode_push_raw(body):
+                    if name == q and sizes:
+                        msgs = decode_raw_entries(memoryview(body), runs, sizes, first, ident)
+                        assert msgs is not None and all(m.queue_offset < mx for m in msgs)
+                        out += [(m.queue_offset, m.body, m.dispatch_queues) for m in msgs]
+            return out
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while (len(got("pr/a")) < 10 or len(got("pr/b")) < 10) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert got("pr/a") == [(k, b"m%d" % (2 * k), ("pr/a",)) for k in range(10)]
+        assert got("pr/b") == [(k, b"m%d" % (2 * k + 1), ("pr/b",)) for k in range(10)]
+        header, recs = await pusher.cmd("gw_pull", queue="pr/a", offset=10, max_count=10)
+        frames.clear()
+        await prod.send("pr/a", b"late")
+        while not got("pr/a") and asyncio.get_running_loop().time() < deadline + 5:
+            await asyncio.sleep(0.02)
+        assert got("pr/a") == [(10, b"late", ("pr/a",))]
+        await pusher.close()
+    asyncio.run(go())
+
+
+def test_raw_push_frames_round_trip_and_malformed_ones_are_refused():
+    from lmqtt.store import protocol as W
+
+    body = b"".join(W.encode_push_raw([("t/x", 9, 4, [(100, 2, b"a" * 30), (900, 1, b"b" * 7)], [10, 20, 7]),
+                                       ("idle", 3, 3, [], [])]))
+    [(n1, mx, first, spans, sizes), idle] = W.decode_push_raw(body)
+    assert (n1, mx, first, sizes) == ("t/x", 9, 4, (10, 20, 7)) and idle == ("idle", 3, 3, [], ())
+    assert [(p, c) for p, c, _s, _e in spans] == [(100, 2), (900, 1)]
+    assert [body[s:e] for _p, _c, s, e in spans] == [b"a" * 30, b"b" * 7] and spans[-1][3] == len(body)
+    bad_sizes = b"".join(W.encode_push_raw([("t/x", 9, 4, [(100, 2, b"a" * 30)], [10, 21])]))
+    for bad in (body[:-1], body + b"\x00", body[:5], bad_sizes):
+        with pytest.raises(W.ProtocolError) as e:
+            W.decode_push_raw(bad)
+        assert e.value.code == W.E_BAD_FRAME

@@ -76,6 +76,32 @@ def test_offsets_contiguous_per_queue_and_pull_limits(pair):
     assert len(lq.pull("d/+", 0, max_count=100, max_bytes=1).messages) == 1
 
 
+def test_pull_raw_is_pull_as_record_bytes(pair):
+    """`pull_raw` (what the store pushes to gateways as PUSH_RAW) gives the same entries as `pull`:
+    decoded, the same messages and light-queue offsets, in runs of records adjacent in the log,
+    within the same count and byte limits; nothing visible yet -> empty; an unknown queue too."""
+    from lmqtt.gateway.remote_store import decode_raw_entries
+    from lmqtt.store import protocol as W
+
+    st, lq = pair
+    lq.register_filter("r/+")
+    for i in range(200):
+        t = f"r/{i % 3}"
+        st.append(Message(topic=t, body=b"m%d" % i, dispatch_queues=lq.queues_for_topic(t)))
+    assert st.wait_dispatched(st.max_offset, 10)
+    for q in ("r/+", "r/1"):
+        for off, count, nbytes in ((0, 7, 1 << 20), (5, 100, 1 << 20), (0, 100, 200), (0, 100, 1)):
+            first, runs, sizes = lq.pull_raw(q, off, count, nbytes)
+            want = lq.pull(q, off, max_count=count, max_bytes=nbytes).messages
+            body = b"".join(W.encode_push_raw([(q, 0, first, runs, sizes)]))
+            [(_q, _mx, f, spans, sz)] = W.decode_push_raw(body)
+            got = decode_raw_entries(memoryview(body), spans, sz, f, st.ident)
+            assert first == off and [tuple(m) for m in got] == [tuple(m) for m in want]
+        assert len(lq.pull_raw(q, 0, 100, 1 << 20)[1]) == (1 if q == "r/+" else 67)   # runs: adjacent records
+    assert lq.pull_raw("r/+", 200, 10, 1 << 20) == (200, [], ())
+    assert lq.pull_raw("no/such", 0, 10, 1 << 20) == (0, [], ())
+
+
 def test_unknown_queue_reads_empty_and_bad_topic_is_rejected(pair):
     st, lq = pair
     res = lq.pull("no/such/queue", 5)
