@@ -310,8 +310,8 @@ class Gateway:
                 self.redis_events.on_resync(self.storage.poll)
                 if mode == "precise":
                     ev = self.redis_events
-                    self.storage.on_track = lambda q: loop.create_task(ev.watch([q]))
-                    self.storage.on_forget = lambda qs: loop.create_task(ev.unwatch(qs))
+                    self.storage.on_track = lambda q: ev.watch_later((q,))
+                    self.storage.on_forget = ev.unwatch_later
                 await self.redis_events.start()
             # the safety poll runs in every mode: the Redis subscriber's own resync stops while
             # Redis is down, which is exactly when events are being lost

@@ -156,6 +156,9 @@ class RedisEventSubscriber:
         self._callbacks: list[Callable[[set[str]], None]] = []
         self._resync: list[Callable[[], None]] = []
         self._watched: set[str] = set()
+        self._to_watch: set[str] = set()      # watch_later / unwatch_later, not applied yet
+        self._to_unwatch: set[str] = set()
+        self._changer: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._redis = None
         self.connected = asyncio.Event()
@@ -173,6 +176,39 @@ class RedisEventSubscriber:
         import redis.asyncio as aioredis
         self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def watch_later(self, queues: Iterable[str]) -> None:
+        """`watch` from code that cannot await (the gateway's mirror starts tracking a queue): one
+        task registers, the queues added meanwhile in one pipeline. A task per queue wanted a Redis
+        connection each, and a burst of new queues (many subscribers arriving at once) failed most
+        registrations with the pool's MaxConnectionsError: those queues then waited for the safety
+        poll."""
+        self._to_watch |= set(queues)
+        self._to_unwatch -= self._to_watch
+        self._kick()
+
+    def unwatch_later(self, queues: Iterable[str]) -> None:
+        """`unwatch` the same way (see `watch_later`)."""
+        self._to_unwatch |= set(queues)
+        self._to_watch -= self._to_unwatch
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._changer is None or self._changer.done():
+            self._changer = asyncio.get_running_loop().create_task(self._apply_later())
+
+    async def _apply_later(self) -> None:
+        while self._to_watch or self._to_unwatch:
+            add, self._to_watch = self._to_watch, set()
+            drop, self._to_unwatch = self._to_unwatch, set()
+            try:
+                if drop:
+                    await self.unwatch(drop)
+                if add:
+                    await self.watch(add)
+            except Exception as e:  # noqa: BLE001 - re-registered at the next reconnect; the poll covers
+                log.warning("event=notify_watch_failed queues=%d error=%r (registered again when Redis "
+                            "reconnects; the safety poll delivers meanwhile)", len(add), e)
 
     async def watch(self, queues: Iterable[str]) -> None:
         new = set(queues) - self._watched
@@ -253,12 +289,13 @@ class RedisEventSubscriber:
                 log.exception("event=notify_resync_failed callback=%r", cb)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        for t in (self._changer, self._task):
+            if t is not None:
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
         if self.mode == "precise" and self._watched and self._redis is not None:
             try:
                 await self.unwatch(list(self._watched))

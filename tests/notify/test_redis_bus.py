@@ -89,6 +89,33 @@ def test_precise_mode_sends_each_gateway_only_its_queues(redis_server):
     asyncio.run(main())
 
 
+def test_a_burst_of_new_queues_is_registered_complete(redis_server):
+    """Precise mode: 1,000 queues start being served in one loop step (`watch_later`, what the
+    gateway calls as its mirrors start), then one is dropped: every other one gets its events.
+    Registering each on its own task failed most of them under such a burst (the Redis pool's
+    MaxConnectionsError)."""
+    async def main():
+        a = RedisEventSubscriber(redis_server.url, "gw-burst", mode="precise")
+        ga = _collect(a)
+        await a.start()
+        assert await _wait(lambda: a.connected.is_set())
+        names = [f"burst/{i}" for i in range(1000)]
+        for q in names:
+            a.watch_later((q,))
+        a.unwatch_later(["burst/0"])
+        pub = RedisEventPublisher(redis_server.url, mode="precise", window_s=0.01)
+        try:
+            await asyncio.sleep(0.5)
+            pub.publish(set(names))
+            assert await _wait(lambda: set().union(set(), *ga) >= set(names[1:]))
+            await asyncio.sleep(0.1)
+            assert set().union(*ga) == set(names[1:])
+        finally:
+            pub.close()
+            await a.close()
+    asyncio.run(main())
+
+
 def test_a_redis_restart_loses_events_but_the_subscriber_resyncs_and_resumes(tmp_path):
     srv = RedisServer()
     port = srv.port
