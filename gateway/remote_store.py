@@ -485,27 +485,8 @@ class RemoteStore:
         except Exception as e:  # noqa: BLE001 - a hint: the poll covers it
             log.warning("event=bad_push_frame error=%r (the safety poll catches up)", e)
             return
-        self.events += 1
-        added = set()
-        for q, mx, recs, dqs in queues:
-            m = self.queues.get(q)
-            if m is None:
-                continue
-            if mx > m.known:
-                m.known = mx
-            if recs:
-                self.remote_pulls += 1
-                self.pushed_batches += 1
-                n = self._extend(m, recs, dqs)
-                self.pushed_entries += n
-                self.push_skipped += len(recs) - n
-                if n:
-                    added.add(q)
-                    self._bound_memory(m)
-            if m.known > m.end:
-                self._fetch(q, m)
-        if added:
-            self._tell(added)
+        self._take_pushed((q, mx, len(recs), lambda m, recs=recs, dqs=dqs: self._extend(m, recs, dqs))
+                          for q, mx, recs, dqs in queues)
 
     def _on_raw_entries(self, body: bytes) -> None:
         """An OP_PUSH_RAW: as `_on_entries`, the entries being the store's record bytes, decoded
@@ -516,30 +497,38 @@ class RemoteStore:
         except Exception as e:  # noqa: BLE001 - a hint: the poll covers it
             log.warning("event=bad_push_frame error=%r (the safety poll catches up)", e)
             return
-        self.events += 1
-        added = set()
         mv = memoryview(body)
         ident = self.link.server_info.get("ident") or ""
-        for q, mx, first, runs, sizes in queues:
+
+        def extend(m: _Mirror, q: str, first: int, runs, sizes) -> int:
+            msgs = decode_raw_entries(mv, runs, sizes, first, ident)
+            if msgs is None:
+                log.warning("event=bad_push_record queue=%s first=%d (pulled instead)", q, first)
+                return 0
+            return self._extend_msgs(m, first, msgs)
+        self._take_pushed((q, mx, len(sizes), lambda m, a=(q, first, runs, sizes): extend(m, *a))
+                          for q, mx, first, runs, sizes in queues)
+
+    def _take_pushed(self, queues) -> None:
+        """The queues of one PUSH / PUSH_RAW frame: (name, max offset, entry count, extend(mirror)
+        -> entries appended to it). Local sessions are told of all queues that gained in one call."""
+        self.events += 1
+        added = set()
+        for q, mx, count, extend in queues:
             m = self.queues.get(q)
             if m is None:
                 continue
             if mx > m.known:
                 m.known = mx
-            if sizes:
+            if count:
                 self.remote_pulls += 1
                 self.pushed_batches += 1
-                msgs = decode_raw_entries(mv, runs, sizes, first, ident)
-                if msgs is None:
-                    log.warning("event=bad_push_record queue=%s first=%d (pulled instead)", q, first)
-                    self.push_skipped += len(sizes)
-                else:
-                    n = self._extend_msgs(m, first, msgs)
-                    self.pushed_entries += n
-                    self.push_skipped += len(msgs) - n
-                    if n:
-                        added.add(q)
-                        self._bound_memory(m)
+                n = extend(m)
+                self.pushed_entries += n
+                self.push_skipped += count - n
+                if n:
+                    added.add(q)
+                    self._bound_memory(m)
             if m.known > m.end:
                 self._fetch(q, m)
         if added:

@@ -328,7 +328,6 @@ class GatewayService:
     def _fan_out(self, names: set[str]) -> None:
         if not self.watchers:
             return
-        mx = self.lq.max_offset
         offsets: dict[str, int] = {}
         reads: dict[tuple[str, int], list] = {}      # (queue, from offset) -> entries, read once
         raws: dict[tuple[str, int], tuple | None] = {}     # the same as raw records
@@ -338,13 +337,7 @@ class GatewayService:
                 continue
             cursors = self.push_cursors.get(conn)
             if cursors is None:
-                body = {}
-                for q in hit:
-                    v = offsets.get(q)
-                    if v is None:
-                        v = offsets[q] = mx(q)
-                    body[q] = v
-                conn.push(W.OP_EVENT, W.encode_event(body))
+                conn.push(W.OP_EVENT, W.encode_event({q: self._max_offset(offsets, q) for q in hit}))
                 self.events_sent += 1
                 continue
             # a gateway that does not read its connection gets hints only (bounded like EVENT):
@@ -355,9 +348,7 @@ class GatewayService:
                 continue
             out = []
             for q in hit:
-                v = offsets.get(q)
-                if v is None:
-                    v = offsets[q] = mx(q)
+                v = self._max_offset(offsets, q)
                 c = cursors.get(q)
                 msgs = ()
                 if c is not None and c < v and budget > 0:
@@ -373,12 +364,9 @@ class GatewayService:
     def _push_raw(self, conn, hit, cursors: dict, offsets: dict, raws: dict, budget: int) -> None:
         """One OP_PUSH_RAW frame to `conn` for the queues `hit`: each one's new entries from its
         cursor as record bytes, within `budget` bytes (the rest of the queues: hints)."""
-        mx = self.lq.max_offset
         out = []
         for q in hit:
-            v = offsets.get(q)
-            if v is None:
-                v = offsets[q] = mx(q)
+            v = self._max_offset(offsets, q)
             c = cursors.get(q)
             if c is not None and c < v and budget > 0:
                 key = (q, c)
@@ -396,6 +384,13 @@ class GatewayService:
         parts = W.encode_push_raw(out)
         conn.push_parts(W.OP_PUSH_RAW, parts)
         self.events_sent += 1
+
+    def _max_offset(self, offsets: dict, q: str) -> int:
+        """`q`'s max offset, read once per fan-out (`offsets`) however many connections get it."""
+        v = offsets.get(q)
+        if v is None:
+            v = offsets[q] = self.lq.max_offset(q)
+        return v
 
     def _read_raw_for_push(self, q: str, offset: int):
         try:

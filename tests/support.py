@@ -571,3 +571,29 @@ def per_test(srv):
         yield srv
     finally:
         close_clients_since(mark)
+
+
+async def wait_until(pred, timeout: float = 5.0) -> bool:
+    """On an asyncio loop: poll `pred()` every 10 ms until it is true (True) or `timeout` seconds
+    passed (False)."""
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def redis_server_fixture():
+    """A module-scoped fixture: one real redis-server (lmqtt.loadtest.redis_streams.RedisServer)
+    for the module's tests. `redis_server = redis_server_fixture()` at module level."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def redis_server():
+        from lmqtt.loadtest.redis_streams import RedisServer
+        srv = RedisServer()
+        yield srv
+        srv.stop()
+    return redis_server

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 
 import pytest
 
 from lmqtt.gateway.fleet import SessionDirectory
-from lmqtt.loadtest.redis_streams import RedisServer
+from tests.support import redis_server_fixture, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
 
-@pytest.fixture(scope="module")
-def redis_server():
-    srv = RedisServer()
-    yield srv
-    srv.stop()
-
-
-async def _wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+redis_server = redis_server_fixture()
 
 
 def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
@@ -47,7 +33,7 @@ def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
                 await asyncio.wait_for(d.connected.wait(), 5)
             for i in range(3000):
                 a.claim(f"dev-{i}", 1000 + i)
-            assert await _wait(lambda: len(heard_b) >= 3000), f"heard {len(heard_b)} of 3000"
+            assert await wait_until(lambda: len(heard_b) >= 3000, 10), f"heard {len(heard_b)} of 3000"
             assert heard_b == [(f"dev-{i}", 1000 + i) for i in range(3000)]
             assert a.errors == 0 and a.claims_sent == 3000 and b.claims_heard == 3000
             await asyncio.sleep(0.1)

@@ -10,24 +10,16 @@ import pytest
 
 from lmqtt.loadtest.redis_streams import RedisServer
 from lmqtt.notify.redis_bus import RedisEventPublisher, RedisEventSubscriber
+from tests.support import redis_server_fixture, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
 
-@pytest.fixture(scope="module")
-def redis_server():
-    srv = RedisServer()
-    yield srv
-    srv.stop()
+redis_server = redis_server_fixture()
 
 
 async def _wait(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+    return await wait_until(pred, timeout)
 
 
 def _collect(sub):
