@@ -5,24 +5,15 @@ nobody reads."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from lmqtt.gateway.remote_store import RemoteStore
 from lmqtt.store import Message, MessageTooLarge
 from lmqtt.store.client.aio import LoopConnection
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _until(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def _remote(address, **kw):
@@ -46,7 +37,7 @@ def test_mirror_serves_in_order_within_its_budget_and_reads_through_behind_it(lm
         bodies = [b"%06d" % i + b"." * 1000 for i in range(300)]     # ~300 KB through a 64 KB budget
         for k in range(0, 300, 50):
             await _append(st, "rs/t", bodies[k:k + 50])
-        assert await _until(lambda: st.max_offset("rs/t") == 300), st.max_offset("rs/t")
+        assert await wait_until(lambda: st.max_offset("rs/t") == 300), st.max_offset("rs/t")
         assert heard and all(s == {"rs/t"} for s in heard)
         assert st._bytes <= 64 << 10 and st.mirror_trims >= 1
         m = st.queues["rs/t"]
@@ -75,7 +66,7 @@ def test_a_reader_far_behind_the_mirror_reads_in_chunks_in_order(lmqtt_store):
         bodies = [b"%05d" % i for i in range(3000)]
         for k in range(0, 3000, 500):
             await _append(st, "lag/t", bodies[k:k + 500])
-        assert await _until(lambda: st.max_offset("lag/t") == 3000)
+        assert await wait_until(lambda: st.max_offset("lag/t") == 3000)
         assert st.queues["lag/t"].base >= 2900
         got, off = [], 0
         while off < 3000:
@@ -102,7 +93,7 @@ def test_unserved_queues_are_forgotten_and_too_large_refused_before_sending(lmqt
         with pytest.raises(MessageTooLarge):
             st.append_batch([Message("keep/t", b"x" * (4 << 20), 0, 0, b"", (), 0, ())])
         await _append(st, "drop/t", [b"later"])            # a forgotten queue is tracked again on use
-        assert await _until(lambda: st.max_offset("drop/t") == 1 or st.queues["drop/t"].end == 1)
+        assert await wait_until(lambda: st.max_offset("drop/t") == 1 or st.queues["drop/t"].end == 1)
         assert [m.body for m in st.pull("drop/t", 0).messages] == [b"later"]
         st.link.close()
     asyncio.run(go())
@@ -123,7 +114,7 @@ def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store, raw):
         bodies = [b"%03d" % i for i in range(60)]
         for k in range(0, 60, 6):
             await _append(writer, "push/t", bodies[k:k + 6])
-        assert await _until(lambda: st.max_offset("push/t") == 60)
+        assert await wait_until(lambda: st.max_offset("push/t") == 60)
         assert [m.body for m in st.pull("push/t", 0, max_count=100).messages] == bodies
         assert st.pushed_entries == 60 and st.push_skipped == 0
         assert st.remote_pulls == st.pushed_batches          # every read was a push: no gw_pull sent
@@ -146,15 +137,15 @@ def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store,
         st.start()
         writer = _remote(lmqtt_store.address)
         await _append(writer, "gap/t", [b"a0", b"a1"])
-        assert await _until(lambda: st.max_offset("gap/t") == 2)
+        assert await wait_until(lambda: st.max_offset("gap/t") == 2)
         lost = asyncio.Event()
         st.link.on_lost(lambda _r: lost.set())
         st.link._sock.shutdown(2)                       # the connection breaks; events meanwhile are lost
         await asyncio.wait_for(lost.wait(), 5)
         await _append(writer, "gap/t", [b"b%d" % i for i in range(5)])
-        assert await _until(lambda: st.link.connected, 10)
+        assert await wait_until(lambda: st.link.connected, 10)
         await _append(writer, "gap/t", [b"c%d" % i for i in range(5)])    # pushed from offset 7 on
-        assert await _until(lambda: st.max_offset("gap/t") == 12, 10)
+        assert await wait_until(lambda: st.max_offset("gap/t") == 12, 10)
         got = [m.body for m in st.pull("gap/t", 0, max_count=100).messages]
         assert got == [b"a0", b"a1"] + [b"b%d" % i for i in range(5)] + [b"c%d" % i for i in range(5)]
         st.close()

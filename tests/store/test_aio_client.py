@@ -11,17 +11,9 @@ import pytest
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
 from lmqtt.store.client.aio import AsyncConnection, ConnectionLost, LoopConnection
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _until(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def test_async_connection_gets_events_and_rewatches_after_a_store_restart(lmqtt_store):
@@ -33,7 +25,7 @@ def test_async_connection_gets_events_and_rewatches_after_a_store_restart(lmqtt_
         r = await c.cmd("gw_watch", queues=["ev/t", "ev/other"])
         assert r["max_offsets"] == {"ev/t": 0, "ev/other": 0}
         await c.send("ev/t", b"one")
-        assert await _until(lambda: any(e.get("ev/t", 0) >= 1 for e in events)), events
+        assert await wait_until(lambda: any(e.get("ev/t", 0) >= 1 for e in events)), events
         assert all("ev/other" not in e for e in events)        # only queues that got entries
         lmqtt_store.restart()
         # an idempotent command rides over the restart (retried on a new connection), and the
@@ -43,7 +35,7 @@ def test_async_connection_gets_events_and_rewatches_after_a_store_restart(lmqtt_
         await c.send("ev/t", b"two")
         await asyncio.sleep(0.1)
         await c.send("ev/t", b"three")
-        assert await _until(lambda: any(e.get("ev/t", 0) >= 3 for e in events)), events
+        assert await wait_until(lambda: any(e.get("ev/t", 0) >= 3 for e in events)), events
         await c.close()
     asyncio.run(go())
 
@@ -78,13 +70,13 @@ def test_loop_connection_blocking_call_keeps_order_and_fails_fast_without_store(
         with pytest.raises(StoreClientError, match="unknown command"):
             link.cmd_blocking("no_such_command")
         lmqtt_store.stop()
-        await _until(lambda: not link.connected)
+        await wait_until(lambda: not link.connected)
         t0 = time.monotonic()
         with pytest.raises(ConnectionLost, match=lmqtt_store.address):
             link.cmd_blocking("gw_max_offsets", queues=["lc/t"])
         assert time.monotonic() - t0 < 1.0                      # no wait for a dead store
         lmqtt_store.start()
-        assert await _until(lambda: link.connected, 10), link.last_error
+        assert await wait_until(lambda: link.connected, 10), link.last_error
         assert reconnected
         assert link.cmd_blocking("gw_max_offsets", queues=["lc/t"])["max_offsets"]["lc/t"] == 1
         link.close()
