@@ -597,3 +597,21 @@ def redis_server_fixture():
         yield srv
         srv.stop()
     return redis_server
+
+
+def mixed_publish_props(i: int, user: tuple[int, int], expiry: tuple[int, int]):
+    """MQTT 5 PUBLISH properties for message `i` of a mixed run: a user property ("i", str(i)) when
+    i % user[0] == user[1], else a Message Expiry Interval of 3600 s when i % expiry[0] ==
+    expiry[1], else none. -> (paho Properties or None, the user property or None, the expiry or
+    None). The runs test that messages needing properties interrupt a plain run in order."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    if i % user[0] == user[1]:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = ("i", str(i))
+        return props, ("i", str(i)), None
+    if i % expiry[0] == expiry[1]:
+        props = Properties(PacketTypes.PUBLISH)
+        props.MessageExpiryInterval = 3600
+        return props, None, 3600
+    return None, None, None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import Paho, both_kinds_fixtures
+from tests.support import Paho, both_kinds_fixtures, mixed_publish_props
 from tests.e2e.test_e2e_replay import after, now_ms, subscribe_since
 
 
@@ -19,20 +19,10 @@ pytestmark = pytest.mark.timeout(90)
 def publish_mixed(pub: Paho, prefix: str, n: int) -> list[tuple]:
     """n messages on prefix/{a,b}/x: runs of plain QoS 0 broken by QoS 1, user properties and a
     message expiry. Returns what each should arrive as: (payload, qos published, user property)."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
     sent = []
     for i in range(n):
-        props = None
-        up = None
         qos = 1 if i % 17 == 5 else 0
-        if i % 23 == 7:
-            props = Properties(PacketTypes.PUBLISH)
-            props.UserProperty = ("i", str(i))
-            up = ("i", str(i))
-        elif i % 29 == 11:
-            props = Properties(PacketTypes.PUBLISH)
-            props.MessageExpiryInterval = 3600
+        props, up, _exp = mixed_publish_props(i, (23, 7), (29, 11))
         pub.publish(f"{prefix}/{'ab'[i % 2]}/x", f"m{i}".encode(), qos=qos, properties=props)
         sent.append((f"m{i}", qos, up))
     return sent

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import Paho, both_kinds_fixtures
+from tests.support import Paho, both_kinds_fixtures, mixed_publish_props
 
 
 shared_server, lmqtt_server = both_kinds_fixtures()
@@ -17,22 +17,12 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.mark.parametrize("version,sub_qos", [(4, 1), (5, 1), (5, 0)])
 def test_mixed_retained_messages_arrive_each_with_its_own_parts(lmqtt_server, version, sub_qos):
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
     pfx = f"rm{version}{sub_qos}"
     pub = Paho(lmqtt_server, f"{pfx}-pub", version=5)
     want = {}
     for i in range(150):
-        props = None
         qos = 1 if i % 3 else 0
-        up = None
-        if i % 13 == 4:
-            props = Properties(PacketTypes.PUBLISH)
-            props.UserProperty = ("i", str(i))
-            up = ("i", str(i))
-        elif i % 11 == 6:
-            props = Properties(PacketTypes.PUBLISH)
-            props.MessageExpiryInterval = 3600
+        props, up, _exp = mixed_publish_props(i, (13, 4), (11, 6))
         topic = f"{pfx}/{i:03d}"
         pub.publish(topic, f"r{i}".encode(), qos=qos, retain=True, properties=props)
         want[topic] = (f"r{i}", min(qos, sub_qos), up, props is not None and up is None)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.support import Paho, RawMQTT, both_kinds_fixtures
+from tests.support import Paho, RawMQTT, both_kinds_fixtures, mixed_publish_props
 from lmqtt.gateway.mqtt import packets as P
 
 
@@ -113,20 +113,10 @@ def _publish_mixed_backlog(pub: Paho, topic: str, n: int) -> list[tuple]:
     """n messages to `topic`: mostly QoS 1 without properties (what a reader's backlog sends as
     encoded runs), broken by QoS 0, user properties and message expiry (sent message by message).
     Returns what each should arrive as: (payload, qos published, user property, expiry)."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
     sent = []
     for i in range(n):
-        props = up = exp = None
         qos = 0 if i % 13 == 4 else 1
-        if i % 19 == 7:
-            props = Properties(PacketTypes.PUBLISH)
-            props.UserProperty = ("i", str(i))
-            up = ("i", str(i))
-        elif i % 31 == 11:
-            props = Properties(PacketTypes.PUBLISH)
-            props.MessageExpiryInterval = 3600
-            exp = 3600
+        props, up, exp = mixed_publish_props(i, (19, 7), (31, 11))
         pub.publish(topic, f"m{i}".encode(), qos=qos, properties=props)
         sent.append((f"m{i}", qos, up, exp))
     return sent
