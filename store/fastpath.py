@@ -162,33 +162,10 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
     chunks = []
     find = store.clog.mfq.find
     for phys, sizes, nbytes in runs:
-        while nbytes:
-            mf = find(phys)
-            if mf is None:
-                return None
-            room = mf.start_offset + mf.size - phys
-            if nbytes > room:               # rare: a record ended exactly at the segment's end
-                part = array("I")
-                part.frombytes(sizes)
-                k = used = 0
-                while k < len(part) and used + part[k] <= room:
-                    used += part[k]
-                    k += 1
-                if k == 0:
-                    return None             # a record across a segment end: not a valid layout
-                here, sizes = part[:k].tobytes(), part[k:].tobytes()
-            else:
-                here, used = sizes, nbytes
-            rel = phys - mf.start_offset
-            try:
-                chunk = mf.mm[rel:rel + used]
-            except ValueError:   # map closed by retention meanwhile
-                return None
-            if not _check_records(chunk, here, MSG_MAGIC, CRC_START):
-                return None
-            chunks.append(chunk)
-            phys += used
-            nbytes -= used
+        copied = _copy_checked(find, phys, sizes, nbytes)
+        if copied is None:
+            return None
+        chunks += [chunk for _phys, _count, chunk in copied]
     return count, chunks, next_off
 
 
@@ -382,36 +359,60 @@ def find_batch(store, position: int, msgs: list, max_records: int = 4096):
 def raw_runs(store, entries) -> list | None:
     """`entries` [(phys, size), ...] (in order, all below the dispatch point) as the CommitLog's
     own bytes: [(phys of the run's first record, record count, bytes)], one run per stretch of
-    records adjacent in one segment, each copied with one slice and CRC-checked without decoding.
-    None when this path cannot serve them as they are (a record not mapped here, a CRC failure):
-    the caller then uses the decoding path, which reports and skips bad records. For pushes of a
-    light queue's new entries (lightqueue/gateway_service.py); `read_raw` above is the same for a
-    ConsumeQueue range."""
+    records adjacent in one segment, each copied with one slice and CRC-checked without decoding
+    (`_copy_checked`, as `read_raw` above does for a ConsumeQueue range). None when this path
+    cannot serve them as they are (a record not mapped here, a CRC failure): the caller then uses
+    the decoding path, which reports and skips bad records. For pushes of a light queue's new
+    entries (lightqueue/gateway_service.py)."""
     out = []
     find = store.clog.mfq.find
     i = 0
     n = len(entries)
     while i < n:
-        phys, size = entries[i]
+        phys, end = entries[i][0], entries[i][0] + entries[i][1]
+        j = i + 1
+        while j < n and entries[j][0] == end:
+            end += entries[j][1]
+            j += 1
+        copied = _copy_checked(find, phys, array("I", [e[1] for e in entries[i:j]]).tobytes(), end - phys)
+        if copied is None:
+            return None
+        out += copied
+        i = j
+    return out
+
+
+def _copy_checked(find, phys: int, sizes: bytes, nbytes: int) -> list | None:
+    """The records of one run of adjacent records (`sizes`: their native u32 sizes, `nbytes` their
+    sum) copied from the CommitLog's maps, cut where the run crosses into the next segment:
+    [(phys, record count, bytes)], each piece CRC-checked without decoding; None if a record is
+    not mapped here, lies across a segment end or fails its check."""
+    out = []
+    while nbytes:
         mf = find(phys)
         if mf is None:
             return None
-        seg_end = mf.start_offset + mf.size
-        end = phys + size
-        j = i + 1
-        while j < n and entries[j][0] == end and end + entries[j][1] <= seg_end:
-            end += entries[j][1]
-            j += 1
-        if end > seg_end:
-            return None
+        room = mf.start_offset + mf.size - phys
+        if nbytes > room:               # rare: a record ended exactly at the segment's end
+            part = array("I")
+            part.frombytes(sizes)
+            k = used = 0
+            while k < len(part) and used + part[k] <= room:
+                used += part[k]
+                k += 1
+            if k == 0:
+                return None             # a record across a segment end: not a valid layout
+            here, sizes = part[:k].tobytes(), part[k:].tobytes()
+        else:
+            here, used = sizes, nbytes
         rel = phys - mf.start_offset
         try:
-            chunk = mf.mm[rel:rel + end - phys]
+            chunk = mf.mm[rel:rel + used]
         except ValueError:   # map closed by retention meanwhile
             return None
-        sizes = array("I", [e[1] for e in entries[i:j]]).tobytes()
-        if not _check_records(chunk, sizes, MSG_MAGIC, CRC_START):
+        if not _check_records(chunk, here, MSG_MAGIC, CRC_START):
             return None
-        out.append((phys, j - i, chunk))
-        i = j
+        out.append((phys, len(here) // 4, chunk))
+        phys += used
+        nbytes -= used
     return out
