@@ -265,7 +265,29 @@ class Broker:
         else:
             expiry = 0 if pkt.clean_start else NEVER_EXPIRES
         expiry = min(expiry, cfg.max_session_expiry_s)
+        loading = self.session_registry.load_later(cid, pkt.clean_start)
+        if loading is None:
+            return self._connect_open(conn, pkt, cid, assigned, auth_reply, will, expiry)
+        # the session is on the store (a fleet): this connection waits for it, the others go on
+        conn.hold()
 
+        def loaded(f, conn=conn) -> None:
+            if conn.closing:                 # the client left meanwhile
+                if f.exception() is None:
+                    self.session_registry.discard(f.result())
+                return
+            if f.exception() is not None:
+                return self._refuse(conn, RC.SERVER_UNAVAILABLE, "session store unavailable", repr(f.exception()))
+            self._continue(conn, self._connect_open, conn, pkt, cid, assigned, auth_reply, will, expiry, f.result())
+            conn.release()
+        loading.add_done_callback(loaded)
+
+    def _connect_open(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, auth_reply, will,
+                      expiry: int, loaded=None) -> None:
+        """CONNECT accepted: take the session over (`loaded`: what the registry read for it)."""
+        cfg = self.cfg
+        v = pkt.protocol_level
+        props = pkt.properties
         registry = self.session_registry
         old = registry.owner(cid)
         if old is not None and old is not conn:
@@ -274,7 +296,7 @@ class Broker:
             registry.detach(old)
             old.connected = False
             self.metrics.connections.dec()
-        s, present = registry.open(cid, pkt.clean_start)
+        s, present = registry.open(cid, pkt.clean_start, loaded)
         was_persistent = s.persistent
         s.expiry_interval = expiry
         s.version = v
@@ -512,6 +534,48 @@ class Broker:
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions)
+        if ahead is None:
+            return self._subscribe(conn, pkt, None)
+        # a remote store: this connection waits for the answers on hold, the others go on
+        conn.hold()
+
+        def ready(f, conn=conn) -> None:
+            if conn.closing:
+                if f.exception() is None:
+                    with self.storage.using(f.result()):
+                        pass                 # drops what was registered for it
+                return
+            if f.exception() is not None:
+                self._subscribe_failed(conn, pkt, f.exception())
+            else:
+                with self.storage.using(f.result()) as got:
+                    self._continue(conn, self._subscribe, conn, pkt, got)
+            conn.release()
+        ahead.add_done_callback(ready)
+
+    def _subscribe_failed(self, conn, pkt: P.Subscribe, err: BaseException) -> None:
+        """The store did not answer a SUBSCRIBE's reads: every filter is refused (0x80, MQTT 5
+        with the reason), nothing is subscribed, the connection stays."""
+        log.error("event=subscribe_failed client_id=%s error=%r", conn.client_id, err)
+        v5 = conn.version == 5
+        ack = P.SubAck(pkt.packet_id, [RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311] * len(pkt.subscriptions))
+        if v5 and conn.problem_info:
+            ack.properties.reason_string = f"store unavailable: {err}"[:500]
+        conn.send_fitting(ack)
+
+    def _continue(self, conn, fn, *args) -> None:
+        """Run a packet's handling that waited for the store, failing as `_handle_packets` would:
+        a protocol error or a bug costs this connection only."""
+        try:
+            fn(*args)
+        except ProtocolError as e:
+            conn.protocol_error(e.reason_code, str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("event=packet_handler_failed client_id=%s", conn.client_id)
+            conn.close_with_error(RC.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
+
+    def _subscribe(self, conn, pkt: P.Subscribe, ahead) -> None:
         s = conn.session
         v5 = conn.version == 5
         codes: list[int] = []
@@ -605,7 +669,8 @@ class Broker:
         else:
             conn.send(ack)
         for sub in retained:
-            send_retained(self.metadata, self.acl, s, sub)
+            send_retained(self.metadata, self.acl, s, sub,
+                          ahead.retained.pop(sub.queue, None) if ahead is not None else None)
         self.delivery.kick(s)
 
     def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
@@ -734,7 +799,12 @@ class Broker:
 
     # ======================================================================= persistence
     def _save_session(self, s: Session) -> None:
-        self.persist.save_session(s)
+        """Save the record; on a remote store the answer being written next (CONNACK, SUBACK,
+        UNSUBACK) and what follows it wait for the store's acknowledgement, as they would have
+        after a blocking write, without stopping the other connections meanwhile."""
+        pending = self.persist.save_session(s)
+        if pending is not None and s.conn is not None:
+            s.conn.wait_for_store(pending)
 
     def _flush_session_offsets(self, s: Session) -> None:
         self.persist.save_offsets(s)

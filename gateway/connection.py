@@ -87,7 +87,9 @@ class MQTTConnection(asyncio.Protocol):
         self.connected = False        # CONNECT accepted
         self.closing = False          # close() called: no more writes
         self.closed = False           # connection_lost seen
-        self.write_blocked = False
+        self.write_blocked = False     # delivery stops writing: the transport is full or a store write is awaited
+        self._transport_full = False   # what the transport said last (pause_writing / resume_writing)
+        self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
         self.auth_login = None        # MQTT 5 enhanced authentication in progress (auth.ScramLogin)
@@ -113,7 +115,8 @@ class MQTTConnection(asyncio.Protocol):
         self._rate_logged = False
         self._refusal_logged = False
         self._rate_timer: asyncio.TimerHandle | None = None
-        self._held: list | None = None   # packets read while CONNECT awaits its password check
+        self._held: list | None = None   # packets read while on hold (a password check, a store reply)
+        self._holds = 0                  # `hold` calls not yet released
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self.peer = "?"
@@ -233,20 +236,51 @@ class MQTTConnection(asyncio.Protocol):
         return False  # close the transport
 
     def hold(self) -> None:
-        """Stop handling packets (CONNECT waits for a password check off the loop): what arrives
-        meanwhile is kept in order, and reading pauses so a client cannot pile up more."""
+        """Stop handling packets (CONNECT waits for a password check off the loop, or for the
+        store's answer): what arrives meanwhile is kept in order, and reading pauses so a client
+        cannot pile up more. Each `hold` is ended by one `release`."""
+        self._holds += 1
         if self._held is None:
             self._held = []
             self._sync_reading()
 
     def release(self) -> None:
-        """Handle the packets kept by `hold`, in order, then read again."""
+        """End one `hold`; after the last, handle the packets kept meanwhile, in order, then read again."""
+        if self._holds > 0:
+            self._holds -= 1
+            if self._holds:
+                return
         held, self._held = self._held, None
         if held is None or self.closing:
             return
         self._sync_reading()
         if held:
             self._handle_packets(held)
+
+    def wait_for_store(self, fut) -> None:
+        """The answer being written depends on a store write still in flight (a session record
+        on a remote store): what this connection writes from now on waits for `fut`, and so do
+        the packets it reads. Only this connection waits; a blocking call would have stopped the
+        whole gateway for the round trip. `fut`'s failure is the writer's to report (the answer
+        then goes as it would have after a failed blocking write)."""
+        if fut.done():
+            return
+        self._store_waits += 1
+        self.write_blocked = True
+        self.hold()
+        fut.add_done_callback(self._store_answered)
+
+    def _store_answered(self, _fut) -> None:
+        self._store_waits -= 1
+        if self._store_waits or self.closing:
+            return
+        self.write_blocked = self._transport_full
+        if self._out and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.writes.want_flush(self)
+        self.release()
+        if not self.write_blocked and not self.closing:
+            self.handler.on_writable(self)
 
     def _sync_reading(self) -> None:
         """Pause or resume reading the socket: paused while any reason holds (a CONNECT awaiting
@@ -270,6 +304,7 @@ class MQTTConnection(asyncio.Protocol):
         disconnected (the alternative, DISCONNECT 0x96, would make a well-behaved client with a
         backlog reconnect and resend in a loop)."""
         self._held = list(rest)
+        self._holds += 1
         self._rate_paused = True
         gate = self._gate
         gate.hits["publish_rate_per_client"] += 1
@@ -295,15 +330,18 @@ class MQTTConnection(asyncio.Protocol):
         self.release()
 
     def pause_writing(self) -> None:
-        if not self.write_blocked:
+        if not self._transport_full:
+            self._transport_full = True
             self.write_blocked = True
             self.metrics.paused_sessions.inc()
 
     def resume_writing(self) -> None:
-        if self.write_blocked:
-            self.write_blocked = False
+        if self._transport_full:
+            self._transport_full = False
             self.metrics.paused_sessions.dec()
-            self.handler.on_writable(self)
+            if not self._store_waits:
+                self.write_blocked = False
+                self.handler.on_writable(self)
 
     def connection_lost(self, exc) -> None:
         if self._gate is not None:
@@ -320,9 +358,10 @@ class MQTTConnection(asyncio.Protocol):
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
-        if self.write_blocked:
-            self.write_blocked = False
+        if self._transport_full:
+            self._transport_full = False
             self.metrics.paused_sessions.dec()
+        self.write_blocked = False
         self.closing = True
         self.closed = True
         self._out.clear()
@@ -351,9 +390,13 @@ class MQTTConnection(asyncio.Protocol):
             data = encode(pkt, self.version)
         self.write(data)
 
-    def flush(self) -> None:
+    def flush(self, force: bool = False) -> None:
+        """Write the queued output (held back while a store write it depends on is in flight,
+        unless `force`: the connection is closing anyway)."""
         self._flush_scheduled = False
         out = self._out
+        if self._store_waits and not force:
+            return
         if not out or self.transport is None or self.transport.is_closing():
             out.clear()
             return
@@ -372,7 +415,7 @@ class MQTTConnection(asyncio.Protocol):
         """Flush what is queued, then close the socket (connection_lost follows)."""
         if self.closing:
             return
-        self.flush()
+        self.flush(force=True)
         self.closing = True
         if self.transport is not None:
             self.transport.close()

@@ -19,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session_registry import SessionRegistry
+from lmqtt.gateway.store_api import ReadAhead, StoreReads
+from lmqtt.lightqueue import topics as T
 
 log = logging.getLogger("lmqtt.gateway.fleet")
 
@@ -124,6 +127,16 @@ class SessionDirectory:
             await self._redis.aclose()
 
 
+class Loaded(NamedTuple):
+    """What `FleetSessionRegistry.load_later` read for a CONNECT: the local copy's state when it
+    was asked (`mark`: used only if unchanged), the store's record and offsets, and the answers
+    resuming it needs (`ahead`, or None)."""
+    mark: tuple
+    rec: object
+    offsets: dict
+    ahead: ReadAhead | None
+
+
 class FleetSessionRegistry(SessionRegistry):
     directory: SessionDirectory | None = None     # set by the composition when Redis is configured
 
@@ -169,13 +182,72 @@ class FleetSessionRegistry(SessionRegistry):
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
         self.metrics.sessions.set(len(self.sessions))
-    def open(self, client_id: str, clean_start: bool):
-        if not clean_start:
-            s = self.sessions.get(client_id)
-            if s is None or not s.online:
-                # a failure propagates (the CONNECT fails): answering "no session" from a stale or
-                # missing copy would later overwrite the store's record
+    def _needs_reload(self, client_id: str, clean_start: bool) -> bool:
+        if clean_start:
+            return False
+        s = self.sessions.get(client_id)
+        return s is None or not s.online
+
+    def _local_mark(self, client_id: str) -> tuple:
+        """What the local copy of a session looked like: a load is used only if this is unchanged
+        when it arrives (else this gateway wrote the record since it was asked for)."""
+        s = self.sessions.get(client_id)
+        return (None,) if s is None else (id(s), s.online, s.disconnected_at_ms)
+
+    def load_later(self, client_id: str, clean_start: bool):
+        """A CONNECT resuming a session not connected here: ask the store for its record and
+        offsets now, then for what resuming it reads (its wildcard filters new here registered,
+        its queues mirrored), without waiting: the broker holds the CONNECT until the future of
+        a `Loaded` is done, and the gateway serves every other connection meanwhile."""
+        if not self._needs_reload(client_id, clean_start):
+            return None
+        mark = self._local_mark(client_id)
+        out = self.loop.create_future()
+        store = self.subscriptions.store
+
+        def got_session(f) -> None:
+            if f.exception() is not None:
+                return out.set_exception(f.exception())
+            rec, offsets = f.result()
+            reads = None if rec is None else self._reads_of(rec)
+            ahead = store.read_ahead(reads) if reads is not None else None
+            if ahead is None:
+                return out.set_result(Loaded(mark, rec, offsets, None))
+
+            def got_reads(g) -> None:
+                if g.exception() is not None:
+                    out.set_exception(g.exception())
+                else:
+                    out.set_result(Loaded(mark, rec, offsets, g.result()))
+            ahead.add_done_callback(got_reads)
+        self.metadata.load_session(client_id).add_done_callback(got_session)
+        return out
+
+    def _reads_of(self, rec) -> StoreReads:
+        users = self.subscriptions.filter_users
+        register = list(dict.fromkeys(rs.filter for rs in rec.subscriptions
+                                      if T.is_wildcard(rs.filter) and not users.get(rs.filter)))
+        watch = [rs.filter for rs in rec.subscriptions if not rs.share_group]
+        return StoreReads(register, watch, [], [])
+
+    def discard(self, loaded: "Loaded") -> None:
+        """A load nobody will use (the client left while it was read): drop its registrations."""
+        with self.subscriptions.store.using(loaded.ahead):
+            pass
+
+    def open(self, client_id: str, clean_start: bool, loaded: "Loaded | None" = None):
+        store = self.subscriptions.store
+        if self._needs_reload(client_id, clean_start):
+            # a failure propagates (the CONNECT fails): answering "no session" from a stale or
+            # missing copy would later overwrite the store's record
+            if loaded is not None and loaded.mark == self._local_mark(client_id):
+                with store.using(loaded.ahead):
+                    self._reload(client_id, loaded.rec, loaded.offsets)
+                loaded = None
+            else:
                 self._reload(client_id)
+        if loaded is not None:
+            self.discard(loaded)
         return super().open(client_id, clean_start)
 
     def _forget_local(self, client_id: str) -> None:
@@ -192,8 +264,13 @@ class FleetSessionRegistry(SessionRegistry):
         self.subscriptions.remove_all(s)
         s.outbound.clear()
 
-    def _reload(self, client_id: str) -> None:
-        rec = self.metadata.get_session(client_id)
+    _UNREAD = object()
+
+    def _reload(self, client_id: str, rec=_UNREAD, offsets=None) -> None:
+        """Replace the local copy with the store's record (`rec`, `offsets`: as `load_later` read
+        them; else read now, blocking)."""
+        if rec is self._UNREAD:
+            rec = self.metadata.get_session(client_id)
         local = self.sessions.get(client_id)
         if (local is not None and rec is not None and rec.last_disconnect_ms is not None
                 and rec.last_disconnect_ms == local.disconnected_at_ms):
@@ -205,7 +282,8 @@ class FleetSessionRegistry(SessionRegistry):
             self._forget_local(client_id)
             self.metrics.sessions.set(len(self.sessions))
             return
-        offsets = self.metadata.get_offsets(client_id)
+        if offsets is None:
+            offsets = self.metadata.get_offsets(client_id)
         last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else int(time.time() * 1000)
         # the new copy first, then the old one goes: its wildcard filters never drop to zero
         # holders in between (the last unregistration drops a filter's queue with its entries)

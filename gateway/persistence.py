@@ -44,11 +44,14 @@ class SessionPersistence:
                                  share_group=sub.group)
                            for sub in s.subs.values()])
 
-    def save_session(self, s: "Session") -> None:
+    def save_session(self, s: "Session"):
+        """Write the session's record; returns the store's pending answer when the store is remote
+        (None once written, or when the write failed: logged here)."""
         try:
-            self.metadata.put_session(s.client_id, self.record_of(s))
+            return self.metadata.put_session(s.client_id, self.record_of(s))
         except Exception as e:
             log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
+            return None
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""

@@ -30,10 +30,12 @@ entries are taken only where they continue a mirror (offset = its end); anything
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
+from lmqtt.gateway.store_api import ReadAhead, StoreReads
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import MessageTooLarge, StoredMessage, protocol as W
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER, c_decode_many, decode_many
@@ -175,12 +177,45 @@ class RemoteMetadata:
         fut.add_done_callback(done)
 
     # sessions
-    def put_session(self, client_id: str, rec: SessionRecord) -> None:
-        self.link.cmd_blocking("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
+    def put_session(self, client_id: str, rec: SessionRecord):
+        """Sent now, not waited for here: the future is the store's answer, which the CONNACK or
+        SUBACK this record backs waits for (`MQTTConnection.wait_for_store`), so only that client
+        waits for the round trip, not the gateway. Requests on the link are answered in order,
+        so this gateway's later reads see the record."""
+        fut = self.link.cmd_within("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
+        fut.add_done_callback(_log_failed_write("gw_put_session", client_id))
+        return fut
 
     def get_session(self, client_id: str) -> SessionRecord | None:
         r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]
         return SessionRecord.from_bytes(r.encode()) if r is not None else None
+
+    def load_session(self, client_id: str) -> asyncio.Future:
+        """`get_session` and `get_offsets` together, sent now and not waited for here (one round
+        trip for both): a future of (record or None, offsets). A CONNECT that resumes a session
+        waits for it on hold (`FleetSessionRegistry.load_later`) while the gateway serves the rest."""
+        got = [self.link.cmd_within("gw_get_session", client_id=client_id),
+               self.link.cmd_within("gw_get_offsets", consumer=client_id)]
+        out = self.link.loop.create_future()
+
+        def done(f1) -> None:
+            if not f1.cancelled():
+                f1.exception()             # retrieved: the first failure is the one reported
+            if out.done() or not all(f.done() for f in got):
+                return
+            for f in got:
+                if f.exception() is not None:
+                    out.set_exception(f.exception())
+                    return
+            try:
+                r = _json(got[0].result())["rec"]
+                out.set_result((SessionRecord.from_bytes(r.encode()) if r is not None else None,
+                                _json(got[1].result())["offsets"]))
+            except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this CONNECT only
+                out.set_exception(e)
+        for f in got:
+            f.add_done_callback(done)
+        return out
 
     def delete_session(self, client_id: str) -> bool:
         self.link.cmd_nowait("gw_delete_session", client_id=client_id)
@@ -207,8 +242,7 @@ class RemoteMetadata:
         self.link.cmd_nowait("gw_set_retained", topic=topic, payload=_b64(payload), props=_b64(props))
 
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        out = self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"]
-        return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in out]
+        return _retained_rows(self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"])
 
     def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
         return iter((self.retained_matching(flt),))     # one reply: nothing to gain by reading lazily
@@ -275,6 +309,7 @@ class RemoteStore:
         self.mirror_trims = 0
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
+        self._ahead: ReadAhead | None = None   # a SUBSCRIBE's answers while it is decided (`using`)
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
@@ -383,7 +418,10 @@ class RemoteStore:
             self.push = bool(r.get("push"))
         else:
             r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
-        m = self.queues[q] = _Mirror(int(r["max_offsets"][q]))
+        return self._new_mirror(q, int(r["max_offsets"][q]))
+
+    def _new_mirror(self, q: str, max_offset: int) -> _Mirror:
+        m = self.queues[q] = _Mirror(max_offset)
         if self.on_track is not None:
             self.on_track(q)
         return m
@@ -401,7 +439,10 @@ class RemoteStore:
         m = self.queues.get(queue)
         if m is None:
             m = self._track(queue)
-        off = int(self.link.cmd_blocking("gw_start_offsets", queues=[queue])["max_offsets"][queue])
+        ahead = self._ahead
+        off = ahead.start.pop(queue, None) if ahead is not None else None
+        if off is None:
+            off = int(self.link.cmd_blocking("gw_start_offsets", queues=[queue])["max_offsets"][queue])
         self.heard({queue: off})        # fetch what the mirror lacks (its event may still be on the way)
         return off
 
@@ -722,8 +763,75 @@ class RemoteStore:
                 self.heard(_json(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
+    # ------------------------------------------------------------------ a SUBSCRIBE's reads
+    def read_ahead(self, reads: StoreReads):
+        """Ask for everything `reads` names in one pipeline, in the order the blocking calls would
+        have gone (registrations, watches of queues not mirrored yet, start offsets, retained
+        messages: the retained read comes after the start offsets, so a retained message set in
+        between is delivered live, never lost); a future of the `ReadAhead`."""
+        register, watch, start, retained = reads
+        link = self.link
+        track = [q for q in dict.fromkeys([*watch, *start]) if q not in self.queues]
+        if not (register or track or start or retained):
+            return None
+        regs = [link.cmd_within("gw_register", gateway=self.gateway_id, filter=f) for f in register]
+        watch = None
+        if track:
+            watch = (link.cmd_within("gw_watch", queues=track, push=True, raw=self.raw_push) if self.watch
+                     else link.cmd_within("gw_max_offsets", queues=track))
+        starts = link.cmd_within("gw_start_offsets", queues=list(dict.fromkeys(start))) if start else None
+        rets = [link.cmd_within("gw_retained_matching", filter=f) for f in retained]
+        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *rets]
+        out = self.loop.create_future()
+
+        def done(f1) -> None:
+            if not f1.cancelled():
+                f1.exception()
+            if out.done() or not all(f.done() for f in futs):
+                return
+            bad = next((f.exception() for f in futs if f.exception() is not None), None)
+            registered = {f: int(_json(r.result())["count"]) for f, r in zip(register, regs)
+                          if r.exception() is None}
+            if bad is not None:
+                # what was registered is not left held: nothing will take it now
+                for f in registered:
+                    link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=f)
+                out.set_exception(bad)
+                return
+            if watch is not None:
+                r = _json(watch.result())
+                if self.watch:
+                    self.push = bool(r.get("push"))
+                for q in track:
+                    if q not in self.queues:       # mirrored meanwhile: keep that one
+                        self._new_mirror(q, int(r["max_offsets"][q]))
+            out.set_result(ReadAhead(
+                registered,
+                {q: int(o) for q, o in _json(starts.result())["max_offsets"].items()} if starts else {},
+                {f: _retained_rows(_json(r.result())["retained"]) for f, r in zip(retained, rets)}))
+        for f in futs:
+            f.add_done_callback(done)
+        return out
+
+    @contextlib.contextmanager
+    def using(self, ahead: ReadAhead | None):
+        if ahead is None:
+            yield None
+            return
+        self._ahead = ahead
+        try:
+            yield ahead
+        finally:
+            self._ahead = None
+            for f in ahead.registered:          # registered ahead, not taken (refused, or held already)
+                self.link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=f)
+            ahead.registered.clear()
+
     # ------------------------------------------------------------------ filters
     def register_filter(self, flt: str) -> int:
+        ahead = self._ahead
+        if ahead is not None and flt in ahead.registered:
+            return ahead.registered.pop(flt)
         return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
 
     def unregister_filter(self, flt: str) -> int:
@@ -751,6 +859,17 @@ class RemoteStore:
             self.remote_pulls += 1
             return ([RemoteMessage(t, ()) for t in recs], header["cursor"], bool(header["done"]))
         return ReplayPlan(plan, read)
+
+
+def _retained_rows(rows) -> list[tuple[str, bytes, bytes]]:
+    return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in rows]
+
+
+def _log_failed_write(cmd: str, client_id: str):
+    def done(f) -> None:
+        if not f.cancelled() and f.exception() is not None:
+            log.error("event=store_write_failed cmd=%s client_id=%s error=%s", cmd, client_id, f.exception())
+    return done
 
 
 def _json(reply) -> dict:

@@ -33,7 +33,7 @@ class RetainedMessage(tuple):
 log = logging.getLogger("lmqtt.gateway")
 
 
-def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
+def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None) -> None:
     """Send `s` the retained messages matching `sub` (retain flag 1), window permitting.
     `metadata`: the store's `SessionMetadata` (store_api.py); `acl`: None when not configured.
 
@@ -42,7 +42,10 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription) -> None:
     Maximum Packet Size) are encoded as one run (`encode_publish_run`) and written at once; the
     others go through `Session.send_item` after the run so far is written (the order on the wire
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
-    props decode, a PUBLISH template and a write per message."""
+    props decode, a PUBLISH template and a write per message. `found`: the messages, when already
+    read (a remote store's read-ahead); else they are read here."""
+    if found is not None:
+        return _send(metadata, acl, s, sub, iter((found,)))
     try:
         found = metadata.retained_batches(sub.queue)
     except Exception as e:

@@ -10,7 +10,11 @@ keeps sessions in memory and persists persistent ones through `SessionPersistenc
 Interface:
   sessions / get(client_id)          the sessions known here, by client id
   owner(client_id)                   the connection that currently owns a client id, or None
-  open(client_id, clean_start)       the session a CONNECT continues or starts -> (session, present)
+  load_later(client_id, clean_start) what `open` must first read from the store, asked for now: a
+                                     future of it to hold the CONNECT on, or None (nothing to read)
+  discard(loaded)                    a load the CONNECT will not use (its client left)
+  open(client_id, clean_start, loaded)
+                                     the session a CONNECT continues or starts -> (session, present)
   attach(conn, session)              `conn` owns the session from now on
   detach(conn)                       the connection went away (or was taken over): the session goes
                                      offline (persistent) or ends, and the connection's will is armed
@@ -75,7 +79,14 @@ class SessionRegistry:
         return self._owners.get(client_id)
 
     # ------------------------------------------------------------------ connect / disconnect
-    def open(self, client_id: str, clean_start: bool) -> tuple[Session, bool]:
+    def load_later(self, client_id: str, clean_start: bool):
+        """In-process, sessions live here: nothing to read before `open`."""
+        return None
+
+    def discard(self, loaded) -> None:
+        """A `load_later` result nobody will `open` with (the client left meanwhile)."""
+
+    def open(self, client_id: str, clean_start: bool, loaded=None) -> tuple[Session, bool]:
         """The session a CONNECT continues (present=True) or a new one; a pending delayed will of
         the client is cancelled (it reconnected within the will delay, MQTT 5 §3.1.3.2.2)."""
         wt = self._will_timers.pop(client_id, None)

@@ -14,7 +14,7 @@ provide the same attributes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 
 class SessionMetadata(Protocol):
@@ -81,6 +81,15 @@ class GatewayStore(Protocol):
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         """Call `callback(queue_names)` when queues get new entries."""
 
+    # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote store: one pipelined
+    #    round trip the connection waits for on hold, instead of blocking calls that would stop
+    #    the whole gateway; in-process: None, the reads are local)
+    def read_ahead(self, reads: "StoreReads") -> Any:
+        """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to ask for)."""
+    def using(self, ahead: "ReadAhead") -> Any:
+        """Context manager: while it is open, `register_filter` and `start_offset` answer from
+        `ahead`; on exit, registrations it made that nothing took are dropped again."""
+
     # -- wildcard filter registrations (one per filter the gateway uses)
     def register_filter(self, flt: str) -> int: ...
     def unregister_filter(self, flt: str) -> int: ...
@@ -92,6 +101,25 @@ class GatewayStore(Protocol):
         `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
         the seam. Call after registering a wildcard `flt`. Raises
         `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
+
+
+class StoreReads(NamedTuple):
+    """What a SUBSCRIBE (SubscriptionRegistry.read_ahead) or a resumed session (fleet.py
+    `FleetSessionRegistry.load_later`) will ask the store: wildcard filters new to this gateway
+    to register, queues to follow (a remote store mirrors them), queues whose start offset new
+    subscriptions need, filters whose retained messages are sent after the SUBACK."""
+    register: list
+    watch: list
+    start: list
+    retained: list
+
+
+class ReadAhead(NamedTuple):
+    """The store's answers to `StoreReads`: registration counts by filter, start offsets by
+    queue, retained (topic, payload, properties) lists by filter. Taken (popped) as used."""
+    registered: dict
+    start: dict
+    retained: dict
 
 
 class ReplayPlan:
@@ -142,6 +170,9 @@ class InProcessStore:
 
     def unavailable(self) -> str | None:
         return None               # the embedded store is this process
+
+    def read_ahead(self, reads: StoreReads) -> None:
+        return None               # local reads: nothing to wait for
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)

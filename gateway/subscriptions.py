@@ -23,10 +23,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway.replay import HistoryRun
+from lmqtt.gateway.replay import REPLAY_PREFIX, HistoryRun
 from lmqtt.gateway.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.shared import SharedGroup
+from lmqtt.gateway.store_api import StoreReads
 from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicFilter
 from lmqtt.lightqueue.replay import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +54,33 @@ class SubscriptionRegistry:
         self.acl = None         # for the history of subscriptions from the past (read rules)
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
+    def read_ahead(self, s: Session, requests):
+        """What deciding these SUBSCRIBE requests will read from the store, asked for now
+        (`GatewayStore.read_ahead`: wildcard filters new here to register, start offsets of new
+        subscriptions, retained messages): a future to hold the SUBSCRIBE on, or None. Filters
+        that will be refused may be asked for too; what nothing takes is dropped again."""
+        register: list[str] = []
+        start: list[str] = []
+        retained: list[str] = []
+        for req in requests:
+            tf = req.topic_filter
+            if tf.startswith(REPLAY_PREFIX):          # a replay plans its own reads
+                continue
+            try:
+                group, flt = T.parse_shared(tf)
+                T.validate_filter(flt)
+            except InvalidTopicFilter:
+                continue
+            if T.is_wildcard(flt) and not self.filter_users.get(flt) and flt not in register:
+                register.append(flt)
+            if group is None and tf not in s.subs:
+                start.append(flt)
+            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs)):
+                retained.append(flt)
+        if register and self.before_register is not None:
+            self.before_register()
+        return self.store.read_ahead(StoreReads(register, [], start, retained))
+
     def add(self, s: Session, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if one with the same filter existed."""
         old = s.subs.get(sub.filter)

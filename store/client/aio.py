@@ -537,6 +537,21 @@ class LoopConnection:
         args["cmd"] = name
         return self.request(W.OP_CALL, json.dumps(args, separators=(",", ":")).encode())
 
+    def cmd_within(self, name: str, timeout: float | None = None, **args) -> asyncio.Future:
+        """A CALL answered within `timeout` (default: the connection's), not waited for here: the
+        same bound as `cmd_blocking` (no answer in time: the store is taken for gone and the
+        connection dropped, failing every request in flight), without stopping the loop."""
+        fut = self.cmd(name, **args)
+        if not fut.done():
+            t = self.timeout if timeout is None else timeout
+            overdue = self.loop.call_later(t, self._overdue, fut, t)
+            fut.add_done_callback(lambda _f: overdue.cancel())
+        return fut
+
+    def _overdue(self, fut: asyncio.Future, t: float) -> None:
+        if not fut.done():
+            self._drop(f"no reply within {t} s")
+
     def cmd_nowait(self, name: str, **args) -> None:
         """A CALL whose failure is only logged (metadata writes: ordered with everything after)."""
         fut = self.cmd(name, **args)
