@@ -391,3 +391,31 @@ def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
                     assert alias in client
             got = p.topic or client[alias]
             assert got == topic
+
+
+@pytest.mark.parametrize("store_answer", ["ok", "failed"])
+def test_a_connection_waiting_for_the_store_writes_and_reads_nothing_until_it_answered(tmp_path, store_answer):
+    """`wait_for_store` (a fleet gateway's session write in flight): the answers already queued
+    and the packets read meanwhile wait, the socket is not read, and everything goes out in order
+    once the store answered; a failed answer (logged by its writer) releases the same way."""
+    async def body(gw):
+        c = Client(gw, version=4)
+        assert (await c.connect("waiting")).reason_code == 0
+        before = len(c.packets())
+        store_write = asyncio.get_running_loop().create_future()
+        c.conn.wait_for_store(store_write)
+        c.send(P.PingReq())                       # an answer to this would be queued behind the write
+        c.send(P.Subscribe(3, [P.SubscriptionRequest("w/+", qos=1)]))
+        await asyncio.sleep(0.01)
+        assert len(c.packets()) == before and c.transport.take() == b""
+        assert c.transport.reading is False and c.conn.write_blocked
+        if store_answer == "ok":
+            store_write.set_result(None)
+        else:
+            store_write.set_exception(ConnectionError("store gone"))
+            store_write.exception()
+        ping, suback = await c.wait_for(P.PingResp), await c.wait_for(P.SubAck)
+        got = c.packets()[before:]
+        assert [type(p) for p in got] == [P.PingResp, P.SubAck] and suback[0].reason_codes == [1]
+        assert c.transport.reading is True and not c.conn.write_blocked
+    run(tmp_path, body)

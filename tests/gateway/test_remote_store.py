@@ -178,3 +178,50 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
         [(7 + i, b"body-%d" % i, ("rw/t",), entries[i][0]) for i in range(3)]
     body[-2] ^= 0xFF
     assert decode_raw_entries(memoryview(bytes(body)), spans, got_sizes, first, ident) is None
+
+
+def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_dropped(lmqtt_store):
+    """`read_ahead` + `using` (a SUBSCRIBE decided without blocking calls): the registrations,
+    mirrors, start offsets and retained messages are there when the packet is decided; a
+    registration nothing took is dropped again, so the store holds no filter for nobody."""
+    from lmqtt.gateway.store_api import StoreReads
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        st.metadata.set_retained("ra/1", b"kept", b"")
+        await _append(st, "ra/1", [b"old-1", b"old-2"])
+        fut = st.read_ahead(StoreReads(["ra/+", "unused/+"], [], ["ra/1"], ["ra/+"]))
+        assert not fut.done()                              # asked, not waited for
+        ahead = await asyncio.wait_for(fut, 10)
+        assert "ra/1" in st.queues                         # mirrored as the answers came in
+        assert [(t, p) for t, p, _props in ahead.retained["ra/+"]] == [("ra/1", b"kept")]
+        with st.using(ahead):
+            assert st.register_filter("ra/+") == 1
+            assert st.start_offset("ra/1") == 2
+        assert st.registered_filters() == {"ra/+": 1}       # "unused/+" went again
+        assert st.read_ahead(StoreReads([], [], [], [])) is None
+        st.link.close()
+    asyncio.run(go())
+
+
+def test_a_call_the_store_does_not_answer_in_time_fails_and_drops_the_link(lmqtt_store):
+    """`cmd_within`: the bound of a blocking call without blocking: a frozen store (SIGSTOP) fails
+    the request after its timeout with the reason, the link is dropped and redialled."""
+    import os
+    import signal
+
+    from lmqtt.store.client.aio import ConnectionLost
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
+        try:
+            fut = st.link.cmd_within("gw_filters", timeout=0.3, gateway="x")
+            with pytest.raises(ConnectionLost, match="no reply within 0.3 s"):
+                await asyncio.wait_for(fut, 5)
+            assert not st.link.connected
+        finally:
+            os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
+        assert await wait_until(lambda: st.link.connected, 10)
+        st.link.close()
+    asyncio.run(go())

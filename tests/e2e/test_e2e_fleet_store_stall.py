@@ -1,0 +1,100 @@
+"""A fleet gateway keeps serving while one client waits for the store (real processes).
+
+A CONNECT that resumes a session, a SUBSCRIBE to a new wildcard filter and the CONNACK of a
+persistent session all need the store's answer. The store is frozen with SIGSTOP while each one
+is in flight: the gateway must go on answering the other clients, must not answer the waiting
+client before the store did, and must finish its packet once the store runs again (SIGCONT).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from contextlib import contextmanager
+
+import pytest
+
+from lmqtt.gateway.mqtt import packets as P
+from tests.support import LmqttGateway, LmqttStore, RawMQTT
+
+
+@contextmanager
+def frozen(store: LmqttStore):
+    """The store process stopped (SIGSTOP) for the block's duration: its sockets stay open and
+    nothing it is asked is answered until SIGCONT."""
+    os.kill(store.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(store.proc.pid, signal.SIGCONT)
+
+
+def nothing_within(c: RawMQTT, seconds: float) -> bool:
+    try:
+        pkt = c.recv(timeout=seconds)
+    except (socket.timeout, TimeoutError):
+        return True
+    raise AssertionError(f"expected no packet yet, got {pkt!r}")
+
+
+def answered_ping(probe: RawMQTT) -> bool:
+    probe.send(P.PingReq())
+    return isinstance(probe.recv(timeout=2.0), P.PingResp)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        yield store, gw
+    finally:
+        gw.stop()
+        store.stop()
+
+
+def test_clients_waiting_for_a_frozen_store_do_not_stop_the_gateway_for_the_others(fleet):
+    store, gw = fleet
+    probe = RawMQTT(gw)
+    assert isinstance(probe.connect("probe"), P.ConnAck)
+
+    # 1. a session left on the store earlier, resumed while the store is frozen
+    first = RawMQTT(gw)
+    assert first.connect("dev-1", clean=False).session_present is False
+    first.send(P.Subscribe(1, [P.SubscriptionRequest("dev/1/cmd", qos=1)]))
+    assert isinstance(first.recv(), P.SubAck)
+    first.send(P.Disconnect())
+    first.close()
+
+    again = RawMQTT(gw)
+    with frozen(store):
+        again.send(P.Connect("dev-1", 4, False, 60))
+        assert nothing_within(again, 0.5)             # the session is on the store: no CONNACK yet
+        assert answered_ping(probe)                   # ... and the others are served meanwhile
+    ack = again.recv(timeout=10.0)
+    assert isinstance(ack, P.ConnAck) and ack.reason_code == 0 and ack.session_present is True
+
+    # 2. a SUBSCRIBE to a wildcard filter new to this gateway (registered on the store)
+    with frozen(store):
+        again.send(P.Subscribe(2, [P.SubscriptionRequest("alerts/+", qos=1)]))
+        assert nothing_within(again, 0.5)
+        assert answered_ping(probe)
+    sub = again.recv(timeout=10.0)
+    assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
+    probe.send(P.Publish("alerts/7", b"after the freeze", qos=1, packet_id=5))
+    assert isinstance(probe.recv(timeout=10.0), P.PubAck)
+    got = again.recv(timeout=10.0)
+    assert isinstance(got, P.Publish) and (got.topic, got.payload) == ("alerts/7", b"after the freeze")
+
+    # 3. a new MQTT 5 persistent session: its CONNACK waits for its record on the store
+    v5 = RawMQTT(gw, version=5)
+    props = P.Properties()
+    props.session_expiry_interval = 600
+    with frozen(store):
+        v5.send(P.Connect("dev-2", 5, True, 60, None, None, None, props))
+        assert nothing_within(v5, 0.5)
+        assert answered_ping(probe)
+    ack = v5.recv(timeout=10.0)
+    assert isinstance(ack, P.ConnAck) and ack.reason_code == 0
+    for c in (probe, again, v5):
+        c.close()
