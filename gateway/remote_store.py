@@ -280,6 +280,8 @@ class RemoteMetadata:
 class RemoteStore:
     """`GatewayStore` over one store connection (see the module docstring)."""
 
+    reads_ahead = True
+
     # entries kept per queue (the byte budget `mirror_bytes` bounds them all); older ones are
     # pulled on demand, a chunk at a time (_read_back)
     mirror_entries = 65536

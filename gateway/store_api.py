@@ -81,6 +81,8 @@ class GatewayStore(Protocol):
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         """Call `callback(queue_names)` when queues get new entries."""
 
+    reads_ahead: bool      # True: `read_ahead` may ask for something (a remote store)
+
     # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote store: one pipelined
     #    round trip the connection waits for on hold, instead of blocking calls that would stop
     #    the whole gateway; in-process: None, the reads are local)
@@ -146,6 +148,8 @@ class ReplayPlan:
 
 class InProcessStore:
     """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
+
+    reads_ahead = False
 
     def __init__(self, store, lq) -> None:
         self.store = store

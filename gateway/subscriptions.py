@@ -59,6 +59,8 @@ class SubscriptionRegistry:
         (`GatewayStore.read_ahead`: wildcard filters new here to register, start offsets of new
         subscriptions, retained messages): a future to hold the SUBSCRIBE on, or None. Filters
         that will be refused may be asked for too; what nothing takes is dropped again."""
+        if not self.store.reads_ahead:
+            return None
         register: list[str] = []
         start: list[str] = []
         retained: list[str] = []
