@@ -250,6 +250,11 @@ def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
 
 
 def _headline(r: dict) -> str:
+    if r["scenario"] == "sessions":
+        lat = r.get("latency_us", {})
+        return (f"{r.get('sessions')} persistent sessions: new {r.get('new_per_s', 0):,.0f}/s, resumed "
+                f"{r.get('resume_per_s', 0):,.0f}/s ({r.get('session_present')} present); an idle client's "
+                f"PINGRESP p99 {lat.get('p99', 0) / 1e3:.1f} ms, max {lat.get('max', 0) / 1e3:.1f} ms")
     if r["scenario"] == "conn":
         c = r.get("connect", {})
         per = r.get("rss_per_conn_bytes")

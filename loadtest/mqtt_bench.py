@@ -31,7 +31,7 @@ import time
 from .brokers import raise_nofile
 from .histogram import Histogram
 from .scenarios import (ALL, STATE, TRAFFIC, ClientSpec, ScenarioConfig, defaults_for, partition,
-                        plan, run_persistent, run_replay, run_retained)
+                        plan, run_persistent, run_replay, run_retained, run_sessions)
 from .stamp import Tracker, account, merge_per_publisher
 
 PHASE_TIMEOUT_MARGIN = 30.0
@@ -723,7 +723,8 @@ def run_state(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = 
     probe = BrokerProbe(broker_pid)
     cpu_b0, cpu_g0, wall0 = probe.cpu(), _cpu_seconds(), time.monotonic()
     _log(f"{cfg.scenario}: running", quiet)
-    fn = {"retained": run_retained, "persistent": run_persistent, "replay": run_replay}[cfg.scenario]
+    fn = {"retained": run_retained, "persistent": run_persistent, "replay": run_replay,
+          "sessions": run_sessions}[cfg.scenario]
     _install_uvloop()
     out = asyncio.run(fn(cfg))
     wall = time.monotonic() - wall0

@@ -54,6 +54,15 @@ STATE_METRICS = [
     ("duplicated", ("duplicated",), 1, "{:,.0f}", False),
     ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
 ]
+SESSIONS_METRICS = [
+    ("persistent sessions", ("sessions",), 1, "{:,.0f}", None),
+    ("new sessions/s (CONNECT + SUBSCRIBE)", ("new_per_s",), 1, "{:,.0f}", True),
+    ("resumed sessions/s (CONNECT + SUBSCRIBE)", ("resume_per_s",), 1, "{:,.0f}", True),
+    ("resumed with session present", ("session_present",), 1, "{:,.0f}", True),
+    ("idle client's PINGRESP p99 meanwhile (ms)", ("latency_us", "p99"), 1e3, "{:,.1f}", False),
+    ("idle client's PINGRESP max meanwhile (ms)", ("latency_us", "max"), 1e3, "{:,.1f}", False),
+    ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
+]
 
 SCENARIO_TITLES = {
     "fanout": "Fan-out: 1 publisher → N subscribers of one topic",
@@ -64,12 +73,18 @@ SCENARIO_TITLES = {
     "retained": "Retained: wildcard subscribe over M retained topics",
     "persistent": "Persistent session: offline QoS 1 backlog delivered on reconnect",
     "replay": "Replay: stored messages of a never-subscribed filter ($replay/, lmqtt only)",
+    "sessions": "Reconnect storm: persistent sessions connecting and subscribing, 200 at a time",
 }
+
+
+STATE_SCENARIOS = ("retained", "persistent", "replay")
 
 
 def metrics_for(scenario: str):
     if scenario == "conn":
         return CONN_METRICS
+    if scenario == "sessions":
+        return SESSIONS_METRICS
     if scenario in ("retained", "persistent", "replay"):
         return STATE_METRICS
     return TRAFFIC_METRICS
@@ -182,7 +197,8 @@ def params_line(by_broker: dict[str, list[dict]]) -> str:
         keys = {"conn": ["connections", "procs"],
                 "retained": ["topics", "qos", "size"],
                 "persistent": ["backlog", "qos", "size"],
-                "replay": ["backlog", "qos", "size"]}.get(
+                "replay": ["backlog", "qos", "size"],
+                "sessions": ["connections", "qos"]}.get(
             s, ["publishers", "subscribers", "qos", "size", "rate", "duration", "window", "procs"])
         bits = []
         for k in keys:
@@ -335,7 +351,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
         by_proc = process_breakdown(g[scen], brokers)
         if by_proc:
             md += by_proc + [""]
-        if scen not in ("conn", "retained", "persistent", "replay"):
+        if scen not in ("conn", "sessions", *STATE_SCENARIOS):
             md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
             for b in brokers:
                 for r in g[scen].get(b, []):

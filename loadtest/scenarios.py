@@ -12,16 +12,19 @@ each other's retained messages or sessions.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
 from .histogram import Histogram
+from lmqtt.gateway.mqtt import encode, packets as P
+
 from .mqtt_client import Sink, StampedPublisher, connect
 from .stamp import Tracker, account
 
 TRAFFIC = ("fanout", "fanin", "pairs", "latency", "conn")
-STATE = ("retained", "persistent", "replay")
+STATE = ("retained", "persistent", "replay", "sessions")
 ALL = TRAFFIC + STATE
 
 
@@ -44,7 +47,7 @@ class ScenarioConfig:
                                 # subscriber (closed loop); 0 = open loop; None = auto
     publishers: int = 1
     subscribers: int = 1
-    connections: int = 1000     # conn
+    connections: int = 1000     # conn; sessions: persistent clients
     topics: int = 1000          # retained: M retained topics
     backlog: int = 10000        # persistent: K queued messages
     procs: int = 2
@@ -121,6 +124,7 @@ def defaults_for(scenario: str) -> dict:
         "retained": {"topics": 1000, "qos": 1},
         "persistent": {"backlog": 10000, "qos": 1},
         "replay": {"backlog": 100000, "qos": 0},
+        "sessions": {"connections": 2000, "qos": 1},
     }.get(scenario, {})
 
 
@@ -334,3 +338,88 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     return {"sent": seq, **totals, "elapsed_s": elapsed and round(elapsed, 4),
             "session_present": c.connack.session_present,
             "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}
+
+
+SESSION_STORM_CONCURRENCY = 200     # clients connecting at once in `sessions`
+
+
+async def run_sessions(cfg: ScenarioConfig) -> dict:
+    """A reconnect storm of persistent sessions, as after a gateway restart or a network outage:
+    `connections` clients each CONNECT with a persistent session (3.1.1 clean session 0, MQTT 5 an
+    hour's expiry) and SUBSCRIBE to a wildcard filter of their own (`.../dev/{i}/+`), 200 at a
+    time, and disconnect; then all of them again, resuming their sessions. Meanwhile an idle client
+    sends PINGREQ every 5 ms from a process of its own (this one's loop is busy with the storm): its
+    wait for PINGRESP (the histogram) is how long the broker kept everyone else waiting. The
+    sessions are removed afterwards."""
+    r = f"lb/{cfg.run_id}/dev"
+    expiry = 3600 if cfg.version == 5 else None
+    n = cfg.connections
+    hist = Histogram()
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    back, out = ctx.Pipe(duplex=False)
+    prober = ctx.Process(target=_ping_until, args=(cfg.host, cfg.port, f"lb-{cfg.run_id}-probe", cfg.version,
+                                                    stop, out), daemon=True)
+    prober.start()
+    ready = await asyncio.get_running_loop().run_in_executor(None, back.recv)   # connected (or why not)
+    if ready != "connected":
+        prober.join(5)
+        raise RuntimeError(f"sessions: the idle client could not connect: {ready}")
+
+    async def storm(clean: bool, subscribe: bool) -> tuple[float, int]:
+        sem = asyncio.Semaphore(SESSION_STORM_CONCURRENCY)
+        present = 0
+
+        async def one(i: int) -> None:
+            nonlocal present
+            async with sem:
+                c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-d{i}", cfg.version, clean=clean,
+                                  session_expiry=(0 if clean else expiry) if expiry else None,
+                                  timeout=cfg.connect_timeout)
+                present += bool(c.connack.session_present)
+                if subscribe:
+                    await c.subscribe(f"{r}/{i}/+", cfg.qos, timeout=cfg.connect_timeout)
+                c.disconnect()
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return time.monotonic() - t0, present
+
+    try:
+        new_s, _ = await storm(False, True)
+        resume_s, present = await storm(False, True)
+    finally:
+        stop.set()
+        rtts = await asyncio.get_running_loop().run_in_executor(None, back.recv)
+        prober.join(5)
+    if isinstance(rtts, str):
+        raise RuntimeError(f"sessions: the idle client failed: {rtts}")
+    hist.record_many(rtts)
+    await storm(True, False)                 # the sessions go
+    return {"sessions": n, "new_s": round(new_s, 3), "new_per_s": round(n / new_s, 1),
+            "resume_s": round(resume_s, 3), "resume_per_s": round(n / resume_s, 1),
+            "session_present": present, "pings": hist.total, "histogram": hist}
+
+
+def _ping_until(host: str, port: int, client_id: str, version: int, stop, out) -> None:
+    """The `sessions` idle client (a forked process with a blocking socket): CONNECT, then PINGREQ
+    every 5 ms until `stop`; sends "connected" (or the error), then the round trips in ns."""
+    import socket
+    try:
+        sock = socket.create_connection((host, port), timeout=30)
+        sock.sendall(encode(P.Connect(client_id, version, True, 600), version))
+        if sock.recv(64)[:1] != b"\x20":
+            raise ConnectionError("no CONNACK")
+        out.send("connected")
+        rtts = []
+        ping = encode(P.PingReq(), version)
+        while not stop.is_set():
+            t0 = time.monotonic_ns()
+            sock.sendall(ping)
+            if len(sock.recv(2)) < 2:                  # PINGRESP is two bytes
+                raise ConnectionError("closed by the broker")
+            rtts.append(time.monotonic_ns() - t0)
+            time.sleep(0.005)
+        sock.close()
+        out.send(rtts)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the scenario
+        out.send(f"{type(e).__name__}: {e}")
