@@ -436,6 +436,8 @@ class LoopConnection:
         self.closed = True
         if self._redial is not None:
             self._redial.cancel()
+        if self._sock is not None and self._out:
+            self._on_writable()          # what this iteration queued, as far as the socket takes it
         self._drop("closed")
 
     # ---------------------------------------------------------------- I/O
@@ -488,21 +490,27 @@ class LoopConnection:
             fut.set_result((op, flags, body))
 
     def _write(self, data: bytes) -> None:
+        """Queue `data`; what is queued in one loop iteration goes in one send at its end (a
+        reconnect storm asks several things per client: one syscall each was a sixth of the
+        gateway's time). `call_blocking` sends what is queued itself."""
         if self._out:
             self._out += data
             return
-        try:
-            n = self._sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError as e:
-            self._drop(str(e))
+        self._out += data
+        if not self._writing:
+            self._writing = True
+            self.loop.call_soon(self._send_queued)
+
+    def _send_queued(self) -> None:
+        """End of the iteration that queued output: send it; what the socket does not take waits
+        for it to become writable."""
+        if self._sock is None or not self._writing:
             return
-        if n < len(data):
-            self._out += data[n:]
-            if not self._writing:
-                self._writing = True
-                self.loop.add_writer(self._sock.fileno(), self._on_writable)
+        self._on_writable()
+        if self._out and self._sock is not None:
+            self.loop.add_writer(self._sock.fileno(), self._on_writable)
+        else:
+            self._writing = False
 
     def _on_writable(self) -> None:
         if self._sock is None:
