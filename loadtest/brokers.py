@@ -58,13 +58,17 @@ def free_port() -> int:
 
 
 def free_port_pair() -> int:
-    """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i)."""
-    for _ in range(50):
+    """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i).
+    p + 1 is tried as the servers will bind it, with SO_REUSEADDR: after a storm of client
+    connections most ports near p are in TIME_WAIT, which a plain bind refuses (the servers do
+    not mind) - 50 tries then all failed."""
+    for _ in range(200):
         p = free_port()
         if p + 1 in _handed_out:
             continue
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("127.0.0.1", p + 1))
             _handed_out.add(p + 1)
             return p
