@@ -57,23 +57,33 @@ def free_port() -> int:
     raise BrokerUnavailable("no fresh free loopback port in 100 tries")
 
 
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_pair() -> int:
     """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i).
-    p + 1 is tried as the servers will bind it, with SO_REUSEADDR: after a storm of client
-    connections most ports near p are in TIME_WAIT, which a plain bind refuses (the servers do
-    not mind) - 50 tries then all failed."""
+    Chosen below the kernel's ephemeral range: after a storm of client connections most ports in
+    that range are held by sockets in TIME_WAIT, and 50 tries of two neighbours there all failed."""
+    import random
+    top = max(2000, _ephemeral_start() - 2)
     for _ in range(200):
-        p = free_port()
-        if p + 1 in _handed_out:
+        p = random.randrange(max(1024, top // 2), top)
+        if p in _handed_out or p + 1 in _handed_out:
             continue
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(("127.0.0.1", p + 1))
-            _handed_out.add(p + 1)
-            return p
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 1))
         except OSError:
             continue
+        _handed_out.update((p, p + 1))
+        return p
     raise BrokerUnavailable("no two consecutive free loopback ports for the gateways' metrics")
 
 
