@@ -797,7 +797,7 @@ class RemoteStore:
             if bad is not None:
                 # what was registered is not left held: nothing will take it now
                 for f in registered:
-                    link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=f)
+                    self.release_filter(f)
                 out.set_exception(bad)
                 return
             if watch is not None:
@@ -826,7 +826,7 @@ class RemoteStore:
         finally:
             self._ahead = None
             for f in ahead.registered:          # registered ahead, not taken (refused, or held already)
-                self.link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=f)
+                self.release_filter(f)
             ahead.registered.clear()
 
     # ------------------------------------------------------------------ filters
@@ -838,6 +838,9 @@ class RemoteStore:
 
     def unregister_filter(self, flt: str) -> int:
         return int(self.link.cmd_blocking("gw_unregister", gateway=self.gateway_id, filter=flt)["count"])
+
+    def release_filter(self, flt: str) -> None:
+        self.link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=flt)
 
     def registered_filters(self) -> dict[str, int]:
         return dict(self.link.cmd_blocking("gw_filters", gateway=self.gateway_id)["filters"])

@@ -95,6 +95,9 @@ class GatewayStore(Protocol):
     # -- wildcard filter registrations (one per filter the gateway uses)
     def register_filter(self, flt: str) -> int: ...
     def unregister_filter(self, flt: str) -> int: ...
+    def release_filter(self, flt: str) -> None:
+        """`unregister_filter` without waiting for the count (remote: sent now, answered in order
+        with what this gateway asks next; a failure is logged)."""
     def registered_filters(self) -> dict[str, int]: ...
 
     # -- subscribing from the past (gateway/replay.py; off the delivery hot path)
@@ -183,6 +186,9 @@ class InProcessStore:
 
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)
+
+    def release_filter(self, flt: str) -> None:
+        self.lq.unregister_filter(flt)
 
     def enable_delayed(self, loop) -> None:
         """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop

@@ -236,7 +236,7 @@ class SubscriptionRegistry:
             return
         self.filter_users.pop(q, None)
         try:
-            self.store.unregister_filter(q)
+            self.store.release_filter(q)
         except Exception as e:
             log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
 

@@ -1,7 +1,7 @@
 """A fleet gateway keeps serving while one client waits for the store (real processes).
 
-A CONNECT that resumes a session, a SUBSCRIBE to a new wildcard filter and the CONNACK of a
-persistent session all need the store's answer. The store is frozen with SIGSTOP while each one
+A CONNECT that resumes a session, a SUBSCRIBE to a new wildcard filter, the CONNACK of a
+persistent session and the end of a clean session's wildcard filter all involve the store. The store is frozen with SIGSTOP while each one
 is in flight: the gateway must go on answering the other clients, must not answer the waiting
 client before the store did, and must finish its packet once the store runs again (SIGCONT).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -96,5 +97,22 @@ def test_clients_waiting_for_a_frozen_store_do_not_stop_the_gateway_for_the_othe
         assert answered_ping(probe)
     ack = v5.recv(timeout=10.0)
     assert isinstance(ack, P.ConnAck) and ack.reason_code == 0
+
+    # 4. a clean session's wildcard filter let go of when it leaves: the store's hold goes too
+    brief = RawMQTT(gw)
+    assert isinstance(brief.connect("brief"), P.ConnAck)
+    brief.send(P.Subscribe(1, [P.SubscriptionRequest("brief/+", qos=0)]))
+    assert isinstance(brief.recv(), P.SubAck)
+    with frozen(store):
+        brief.send(P.Disconnect())
+        brief.close()
+        assert answered_ping(probe)
+    from lmqtt.store.client import connect
+    with connect(store.address) as sdk:
+        deadline = time.monotonic() + 10
+        while "brief/+" in sdk.cmd("gw_filters", gateway=f"test-{gw.port}")["filters"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held = sdk.cmd("gw_filters", gateway=f"test-{gw.port}")["filters"]
+    assert "brief/+" not in held and held.get("alerts/+") == 1
     for c in (probe, again, v5):
         c.close()
