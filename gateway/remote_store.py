@@ -103,7 +103,8 @@ class _Result:
 class _Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
-    __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_base", "back")
+    __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_from", "back_base", "back",
+                 "reading_back")
 
     def __init__(self, max_offset: int) -> None:
         self.base = max_offset
@@ -112,9 +113,12 @@ class _Mirror:
         self.min_offset = 0
         self.fetching = False
         # one chunk of older entries read for a reader behind the mirror (a lagging subscriber, a
-        # resumed session's backlog): back[i] has offset back_base + i
+        # resumed session's backlog), asked for from back_from: back[i] has offset back_base + i,
+        # and nothing is left in [back_from, back_base) (retention)
+        self.back_from = 0
         self.back_base = 0
         self.back: list[RemoteMessage] = []
+        self.reading_back: int | None = None    # the offset a read behind the mirror is under way from
 
     @property
     def end(self) -> int:
@@ -316,7 +320,7 @@ class RemoteStore:
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
         self.remote_pulls = 0          # light-queue reads the store made for us: pulls + pushed batches
-        self.remote_misses = 0         # of which: blocking reads behind the mirror
+        self.remote_misses = 0         # of which: reads behind the mirror
         self.pushed_batches = 0        # of which: a queue's entries pushed with an event
         self.pushed_entries = 0        # entries taken from pushes
         self.push_skipped = 0          # pushed entries not taken (already held, or after a gap)
@@ -458,48 +462,64 @@ class RemoteStore:
             i = offset - m.base
             out = _within(m.items[i:i + max_count], max_bytes)
             return RemotePull(out, offset + len(out), m.min_offset, m.end)
-        # behind the mirror (a lagging reader, a resumed session's backlog)
-        if not (m.back_base <= offset < m.back_base + len(m.back)):
-            self._read_back(queue, m, offset)
-            if offset >= m.base:                   # the chunk joined the mirror
-                return self.pull(queue, offset, max_count, max_bytes)
-            if not m.back:                          # nothing there: go on where the store says
-                return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)
-        i = max(0, offset - m.back_base)            # entries below it are gone (retention)
-        out = _within(m.back[i:i + max_count], max_bytes)
-        return RemotePull(out, out[-1].queue_offset + 1, m.min_offset, m.end)
+        # behind the mirror (a lagging reader, a resumed session's backlog): the chunk read last
+        if m.back_from <= offset < m.back_base + len(m.back):
+            if m.back:
+                i = max(0, offset - m.back_base)        # entries below back_base are gone (retention)
+                out = _within(m.back[i:i + max_count], max_bytes)
+                return RemotePull(out, out[-1].queue_offset + 1, m.min_offset, m.end)
+            return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)   # nothing there: go on
+        self._read_back(queue, m, offset)
+        return RemotePull([], offset, m.min_offset, m.end)       # not here yet: the queue's readers are told
 
     def _read_back(self, queue: str, m: _Mirror, offset: int) -> None:
-        """One blocking round trip for up to `fetch_batch` entries from `offset` on (replacing the
-        previous older chunk). A chunk that reaches the mirror's start is joined to the mirror.
-        Readers that fall behind the mirror read in big chunks, not one small round trip per
-        delivery: at 20,000 msg/s into one queue a subscriber a few thousand messages behind would
-        otherwise stall the gateway's loop on round trips of 32 entries (measured, fan-in)."""
+        """Ask for up to `fetch_batch` entries from `offset` on, not waited for: the reader gets
+        nothing now and its queue's readers are told when the chunk is in (it replaces the older
+        chunk; one that reaches the mirror's start is joined to it). One read per queue at a time.
+        Readers behind the mirror read in big chunks, not a small round trip per delivery (at
+        20,000 msg/s into one queue a subscriber a few thousand messages behind would otherwise
+        make a round trip of 32 entries per delivery: measured, fan-in), and never stop the loop:
+        a resumed session's backlog used to cost every other client a blocking round trip per chunk."""
+        if m.reading_back is not None or not self.link.connected:
+            return
+        m.reading_back = offset
         self.remote_pulls += 1
         self.remote_misses += 1
-        header, recs = self.link.cmd_blocking("gw_pull", queue=queue, offset=offset,
-                                              max_count=min(self.fetch_batch, m.base - offset),
-                                              max_bytes=4 << 20)
+        fut = self.link.cmd_within("gw_pull", queue=queue, offset=offset,
+                                   max_count=min(self.fetch_batch, m.base - offset), max_bytes=4 << 20)
+        fut.add_done_callback(lambda f, q=queue, m=m, offset=offset: self._read_back_done(q, m, offset, f))
+
+    def _read_back_done(self, queue: str, m: _Mirror, offset: int, f) -> None:
+        m.reading_back = None
+        if self.queues.get(queue) is not m:
+            return
+        e = f.exception()
+        if e is not None:
+            log.warning("event=read_behind_mirror_failed queue=%s offset=%d error=%s (retried in 1 s)",
+                        queue, offset, e)
+            self.loop.call_later(1.0, self._tell, {queue})
+            return
+        header, recs = W.decode_messages(f.result()[2])
         m.min_offset = int(header.get("min_offset", m.min_offset))
         dq = header.get("dq") or [()] * len(recs)
         msgs = [RemoteMessage(t, d) for t, d in zip(recs, dq) if t[0] < m.base]
         self._drop_back(m)
+        m.back_from = offset
         if not msgs:
             m.back_base = max(offset, int(header.get("next_offset", offset)))
-            return
-        first = msgs[0].queue_offset
-        if msgs[-1].queue_offset - first + 1 != len(msgs):       # not contiguous: keep the head only
-            k = next(k for k in range(1, len(msgs)) if msgs[k].queue_offset != first + k)
-            msgs = msgs[:k]
-        if first + len(msgs) == m.base:                            # reaches the mirror: join them
-            m.items[0:0] = msgs
-            m.base = first
+        else:
+            first = msgs[0].queue_offset
+            if msgs[-1].queue_offset - first + 1 != len(msgs):       # not contiguous: keep the head only
+                k = next(k for k in range(1, len(msgs)) if msgs[k].queue_offset != first + k)
+                msgs = msgs[:k]
             self._bytes += sum([len(it.body) for it in msgs])
             m.back_base = first
-            return
-        m.back_base = first
-        m.back = msgs
-        self._bytes += sum([len(it.body) for it in msgs])
+            if first + len(msgs) == m.base:                        # reaches the mirror: join them
+                m.items[0:0] = msgs
+                m.base = first
+            else:
+                m.back = msgs
+        self._tell({queue})
 
     # ------------------------------------------------------------------ events -> prefetch
     def _on_push(self, op: int, body: bytes) -> None:

@@ -358,7 +358,7 @@ class Gateway:
                 if st is None:
                     return
                 for name, help_, v in (("lmqtt_remote_pulls", "Light-queue reads the store made for this gateway (pulls and pushed batches)", st.remote_pulls),
-                                       ("lmqtt_remote_pull_misses", "Blocking pulls behind the local mirror", st.remote_misses),
+                                       ("lmqtt_remote_pull_misses", "Reads behind the local mirror (a reader further back than it holds)", st.remote_misses),
                                        ("lmqtt_remote_events", "EVENT frames heard from the store", st.events),
                                        ("lmqtt_remote_safety_polls", "Safety polls of the served queues", st.polls),
                                        ("lmqtt_remote_reconnects", "Reconnects to the store",
