@@ -18,7 +18,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity, certificate_subject
-from lmqtt.gateway.connection import WriteBatcher
+from lmqtt.gateway.connection import NO_TOPICS, WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
 from lmqtt.gateway.replay import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
@@ -375,9 +375,10 @@ class Broker:
                 if over is not None:
                     gate.hits[over[0]] += 1
                     raise ProtocolError(f"{over[1]} ({over[0]})", RC.TOPIC_NAME_INVALID)
-            if len(conn.valid_topics) >= 1024:
-                conn.valid_topics.clear()
-            conn.valid_topics.add(topic)
+            vt = conn.valid_topics
+            if vt is NO_TOPICS or len(vt) >= 1024:
+                conn.valid_topics = vt = set()
+            vt.add(topic)
         pid = pkt.packet_id
         due = 0
         if topic[0] == "$" and topic.startswith(DELAYED_PREFIX):   # $delayed/{seconds}/{topic}: ACL on {topic}
@@ -389,9 +390,10 @@ class Broker:
             # the identity is fixed per connection: an allowed topic is remembered until SIGHUP
             if not self.acl.can_publish(conn.identity, topic):
                 return self._publish_denied(conn, s, qos, pid, topic, v5)
-            if len(conn.acl_publish_ok) >= 1024:
-                conn.acl_publish_ok.clear()
-            conn.acl_publish_ok.add(topic)
+            ok = conn.acl_publish_ok
+            if ok is NO_TOPICS or len(ok) >= 1024:
+                conn.acl_publish_ok = ok = set()
+            ok.add(topic)
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
                 conn.send(P.PubRec(pid))
@@ -461,7 +463,7 @@ class Broker:
                 log.error("event=reload_failed what=acl error=%s (previous rules kept)", e)
                 return
             for c in list(self.connections):
-                c.acl_publish_ok.clear()
+                c.acl_publish_ok = NO_TOPICS
                 if c.connected and c.session is not None:
                     self._compute_read_checks(c, c.session)
 

@@ -174,7 +174,7 @@ class FleetSessionRegistry(SessionRegistry):
             if s.persistent:
                 self.persist.save_offsets(s)
             self.subscriptions.go_offline(s)
-            s.retained_backlog.clear()
+            s.retained_backlog = ()
             if self.sessions.get(client_id) is s:
                 self._forget_local(client_id)
         if will is not None:

@@ -98,7 +98,7 @@ def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
                     record, qos = kind
                     if qos:
                         if room <= 0:
-                            backlog.append((OutboundMessage(topic, payload, record), qos, ids))
+                            backlog = s.wait_retained((OutboundMessage(topic, payload, record), qos, ids))
                             continue
                         while pid in outbound:
                             pid = pid % 65535 + 1
@@ -158,7 +158,7 @@ def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, su
         store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
     item = OutboundMessage(topic, payload, record, store_ts=store_ts)
     if qos and (s.retained_backlog or window_full):
-        s.retained_backlog.append((item, qos, ids))     # sent as acks open the window
+        s.wait_retained((item, qos, ids))                # sent as acks open the window
         return
     if run:
         _write_run(s, run)

@@ -220,6 +220,12 @@ class HeldInFlight(tuple):
 class Session:
     """State of one client id; outlives its connection when the session is persistent."""
 
+    # no per-session __dict__ (one per connected or persisted client)
+    __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
+                 "inbound_qos2", "inbound_pending", "conn", "receive_max", "expiry_handle",
+                 "disconnected_at_ms", "retained_backlog", "_next_pid", "max_packet", "alias_max",
+                 "aliases", "custom", "dropped_expired", "dropped_too_large")
+
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
         self.version = 4
@@ -234,8 +240,9 @@ class Session:
         self.receive_max = 100
         self.expiry_handle = None
         self.disconnected_at_ms: int | None = None
-        # QoS 1/2 retained messages waiting for the window: (message, qos, subscription identifiers)
-        self.retained_backlog: deque[tuple[OutboundMessage, int, tuple[int, ...] | None]] = deque()
+        # QoS 1/2 retained messages waiting for the window: (message, qos, subscription identifiers);
+        # () until one waits (`wait_retained`: an empty deque is 600 bytes, per client)
+        self.retained_backlog: deque[tuple[OutboundMessage, int, tuple[int, ...] | None]] | tuple = ()
         self._next_pid = 1
         # MQTT 5 limits the client set in CONNECT (per connection: reset by `set_client_limits`)
         self.max_packet = 0               # client's Maximum Packet Size; 0 = none
@@ -247,6 +254,14 @@ class Session:
         self.custom = False
         self.dropped_expired = 0
         self.dropped_too_large = 0
+
+    def wait_retained(self, entry: tuple) -> deque:
+        """Queue a retained message behind the QoS 1/2 window; returns the queue."""
+        bl = self.retained_backlog
+        if type(bl) is not deque:
+            bl = self.retained_backlog = deque()
+        bl.append(entry)
+        return bl
 
     def set_client_limits(self, max_packet: int | None, alias_max: int | None, alias_cap: int) -> None:
         """CONNECT's Maximum Packet Size and Topic Alias Maximum (aliases are per connection)."""

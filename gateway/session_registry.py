@@ -130,7 +130,7 @@ class SessionRegistry:
         if s.conn is conn:
             s.conn = None
         self.subscriptions.go_offline(s)     # shared-group messages in flight go back to the group
-        s.retained_backlog.clear()
+        s.retained_backlog = ()
         if conn.will is not None:
             self._arm_will(cid, conn.will, s, conn.version)
             conn.will = None
