@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.backlog_runs import BacklogRuns
@@ -176,6 +177,7 @@ class DeliveryEngine:
         (the session becomes a reader at the seam) when the history is done."""
         if run.record_of is not None:
             run.record_of = self._record_of      # props decoded once per distinct value
+        run.plan.on_ready = partial(self.kick, run.s)     # a chunk of a remote history came in
         self.remove_reader(run.s, run.queue)
         self.histories.setdefault(run.s, []).append(run)
         self._hist_dirty.add(run.s)

@@ -868,8 +868,8 @@ class RemoteStore:
     # ------------------------------------------------------------------ subscribing from the past
     def replay_plan(self, flt: str, since_ms: int):
         """`gw_replay` (one round trip, answered once the store's dispatch passed its log end);
-        the history is read with `gw_replay_read`, a blocking round trip per chunk of up to
-        `fetch_batch` messages (subscribe-time work, off the live delivery path)."""
+        the history is read with `gw_replay_read`, chunks of up to `fetch_batch` messages asked
+        for without waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
         from lmqtt.gateway.store_api import ReplayPlan
         from lmqtt.lightqueue.replay import ReplayRefused
         self.max_offset(flt)              # mirrored and watched before the plan: live reads follow
@@ -878,12 +878,23 @@ class RemoteStore:
         except StoreClientError as e:
             raise ReplayRefused(e.reason) from None
 
-        def read(cursor: dict, max_count: int):
-            header, recs = self.link.cmd_blocking("gw_replay_read", cursor=cursor,
-                                                  max_count=min(max_count, self.fetch_batch))
+        def read_later(cursor: dict, max_count: int):
             self.remote_pulls += 1
-            return ([RemoteMessage(t, ()) for t in recs], header["cursor"], bool(header["done"]))
-        return ReplayPlan(plan, read)
+            fut = self.link.cmd_within("gw_replay_read", cursor=cursor, max_count=min(max_count, self.fetch_batch))
+            out = self.loop.create_future()
+
+            def done(f) -> None:
+                if f.exception() is not None:
+                    out.set_exception(f.exception())
+                    return
+                try:
+                    header, recs = W.decode_messages(f.result()[2])
+                    out.set_result(([RemoteMessage(t, ()) for t in recs], header["cursor"], bool(header["done"])))
+                except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this read only
+                    out.set_exception(e)
+            fut.add_done_callback(done)
+            return out
+        return ReplayPlan(plan, read_later=read_later)
 
 
 def _retained_rows(rows) -> list[tuple[str, bytes, bytes]]:

@@ -146,7 +146,10 @@ class HistoryRun:
                         return False
                     if reads >= self.reads_per_run:
                         return True         # a long stretch of other topics: let the loop breathe
-                    self.pending = self.plan.read(self.read_batch)
+                    chunk = self.plan.read(self.read_batch)
+                    if chunk is None:
+                        return False        # on its way from the store: `plan.on_ready` kicks the session
+                    self.pending = chunk
                     self.pos = 0
                     reads += 1
                     continue                # (nothing matched in that chunk: read on, or done)
