@@ -52,6 +52,8 @@ STATE_METRICS = [
     ("delivered msg/s", ("delivered_per_s",), 1, "{:,.0f}", True),
     ("lost", ("lost",), 1, "{:,.0f}", False),
     ("duplicated", ("duplicated",), 1, "{:,.0f}", False),
+    ("idle client's PINGRESP p99 meanwhile (ms)", ("idle_ping_p99_ms",), 1, "{:,.1f}", False),
+    ("idle client's PINGRESP max meanwhile (ms)", ("idle_ping_max_ms",), 1, "{:,.1f}", False),
     ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
 ]
 SESSIONS_METRICS = [

@@ -297,17 +297,19 @@ async def run_replay(cfg: ScenarioConfig) -> dict:
     tracker, hist = Tracker(), Histogram()
     sink = Sink(tracker)
     tracker.expect(0, 0)
-    t0 = time.monotonic_ns()
-    c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-rpsub", cfg.version, sub_id=0, sink=sink)
-    try:
-        await c.subscribe(f"$replay/{since_ms}/{base}/+", cfg.qos)
-        got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
-    finally:
-        c.disconnect()
+    probe = IdleProbe(cfg)
+    async with probe:
+        t0 = time.monotonic_ns()
+        c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-rpsub", cfg.version, sub_id=0, sink=sink)
+        try:
+            await c.subscribe(f"$replay/{since_ms}/{base}/+", cfg.qos)
+            got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
+        finally:
+            c.disconnect()
     totals = account({int(k): v for k, v in tracker.to_dict().items()}, {0: seq})
     elapsed = max(1, last_ns - t0) / 1e9 if got else None
     return {"sent": seq, **totals, "elapsed_s": elapsed and round(elapsed, 4),
-            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}
+            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, **probe.summary(), "histogram": hist}
 
 
 async def run_persistent(cfg: ScenarioConfig) -> dict:
@@ -323,13 +325,15 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     tracker, hist = Tracker(), Histogram()
     sink = Sink(tracker)
     tracker.expect(0, 0)
-    t0 = time.monotonic_ns()
-    c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry,
-                      sub_id=0, sink=sink)
-    try:
-        got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
-    finally:
-        c.disconnect()
+    probe = IdleProbe(cfg)
+    async with probe:
+        t0 = time.monotonic_ns()
+        c = await connect(cfg.host, cfg.port, cid, cfg.version, clean=False, session_expiry=expiry,
+                          sub_id=0, sink=sink)
+        try:
+            got, last_ns = await _wait_deliveries(sink, tracker, hist, seq, cfg)
+        finally:
+            c.disconnect()
     # remove the session
     c2 = await connect(cfg.host, cfg.port, cid, cfg.version, clean=True, session_expiry=0 if expiry else None)
     c2.disconnect()
@@ -337,10 +341,56 @@ async def run_persistent(cfg: ScenarioConfig) -> dict:
     elapsed = max(1, last_ns - t0) / 1e9 if got else None
     return {"sent": seq, **totals, "elapsed_s": elapsed and round(elapsed, 4),
             "session_present": c.connack.session_present,
-            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, "histogram": hist}
+            "delivered_per_s": round(got / elapsed, 1) if got else 0.0, **probe.summary(), "histogram": hist}
 
 
 SESSION_STORM_CONCURRENCY = 200     # clients connecting at once in `sessions`
+
+
+class IdleProbe:
+    """An idle client sending PINGREQ every 5 ms from a process of its own (the generator's loop
+    is busy with the scenario) while the `async with` block runs: how long it waits for PINGRESP
+    is how long the broker kept its other clients waiting (a loop stalled on the store, a long
+    run of work without a break)."""
+
+    def __init__(self, cfg: ScenarioConfig) -> None:
+        self.cfg = cfg
+        self.rtts: list[int] = []
+
+    async def __aenter__(self) -> "IdleProbe":
+        cfg = self.cfg
+        ctx = multiprocessing.get_context("fork")
+        self._stop = ctx.Event()
+        self._back, out = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_ping_until, args=(cfg.host, cfg.port, f"lb-{cfg.run_id}-probe",
+                                                           cfg.version, self._stop, out), daemon=True)
+        self._proc.start()
+        ready = await asyncio.get_running_loop().run_in_executor(None, self._back.recv)
+        if ready != "connected":
+            self._proc.join(5)
+            raise RuntimeError(f"{cfg.scenario}: the idle client could not connect: {ready}")
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._stop.set()
+        rtts = await asyncio.get_running_loop().run_in_executor(None, self._back.recv)
+        self._proc.join(5)
+        if isinstance(rtts, str):
+            raise RuntimeError(f"{self.cfg.scenario}: the idle client failed: {rtts}")
+        self.rtts = rtts
+
+    def histogram(self) -> Histogram:
+        h = Histogram()
+        h.record_many(self.rtts)
+        return h
+
+    def summary(self) -> dict:
+        """`idle_ping_*`: the PINGRESP wait while the scenario ran (p99 and max, ms)."""
+        h = self.histogram()
+        p99 = h.percentile(99.0)
+        return {"idle_pings": len(self.rtts),
+                "idle_ping_p99_ms": None if p99 is None else round(p99 / 1e6, 2),
+                "idle_ping_max_ms": round(max(self.rtts) / 1e6, 2) if self.rtts else None}
 
 
 async def run_sessions(cfg: ScenarioConfig) -> dict:
@@ -354,17 +404,7 @@ async def run_sessions(cfg: ScenarioConfig) -> dict:
     r = f"lb/{cfg.run_id}/dev"
     expiry = 3600 if cfg.version == 5 else None
     n = cfg.connections
-    hist = Histogram()
-    ctx = multiprocessing.get_context("fork")
-    stop = ctx.Event()
-    back, out = ctx.Pipe(duplex=False)
-    prober = ctx.Process(target=_ping_until, args=(cfg.host, cfg.port, f"lb-{cfg.run_id}-probe", cfg.version,
-                                                    stop, out), daemon=True)
-    prober.start()
-    ready = await asyncio.get_running_loop().run_in_executor(None, back.recv)   # connected (or why not)
-    if ready != "connected":
-        prober.join(5)
-        raise RuntimeError(f"sessions: the idle client could not connect: {ready}")
+    probe = IdleProbe(cfg)
 
     async def storm(clean: bool, subscribe: bool) -> tuple[float, int]:
         sem = asyncio.Semaphore(SESSION_STORM_CONCURRENCY)
@@ -384,16 +424,10 @@ async def run_sessions(cfg: ScenarioConfig) -> dict:
         await asyncio.gather(*(one(i) for i in range(n)))
         return time.monotonic() - t0, present
 
-    try:
+    async with probe:
         new_s, _ = await storm(False, True)
         resume_s, present = await storm(False, True)
-    finally:
-        stop.set()
-        rtts = await asyncio.get_running_loop().run_in_executor(None, back.recv)
-        prober.join(5)
-    if isinstance(rtts, str):
-        raise RuntimeError(f"sessions: the idle client failed: {rtts}")
-    hist.record_many(rtts)
+    hist = probe.histogram()
     await storm(True, False)                 # the sessions go
     return {"sessions": n, "new_s": round(new_s, 3), "new_per_s": round(n / new_s, 1),
             "resume_s": round(resume_s, 3), "resume_per_s": round(n / resume_s, 1),

@@ -17,3 +17,4 @@ def test_replay_scenario_delivers_the_whole_history_once(tmp_path):
     assert res["sent"] == 2000
     assert (res["received"], res["lost"], res["duplicated"], res["out_of_order"]) == (2000, 0, 0, 0)
     assert res["delivered_per_s"] > 0 and res["params"]["backlog"] == 2000
+    assert res["idle_pings"] > 0 and res["idle_ping_max_ms"] >= res["idle_ping_p99_ms"] > 0   # the idle client meanwhile
