@@ -483,11 +483,16 @@ class RemoteStore:
         if m.reading_back is not None or not self.link.connected:
             return
         m.reading_back = offset
-        self.remote_pulls += 1
         self.remote_misses += 1
-        fut = self.link.cmd_within("gw_pull", queue=queue, offset=offset,
-                                   max_count=min(self.fetch_batch, m.base - offset), max_bytes=4 << 20)
-        fut.add_done_callback(lambda f, q=queue, m=m, offset=offset: self._read_back_done(q, m, offset, f))
+        self._ask_pull(queue, offset, min(self.fetch_batch, m.base - offset),
+                       lambda f, q=queue, m=m, offset=offset: self._read_back_done(q, m, offset, f))
+
+    def _ask_pull(self, q: str, offset: int, max_count: int, then: Callable) -> None:
+        """One `gw_pull` of `q` from `offset`, not waited for (bounded as every call is): `then`
+        gets the reply's future."""
+        self.remote_pulls += 1
+        self.link.cmd_within("gw_pull", queue=q, offset=offset, max_count=max_count,
+                             max_bytes=4 << 20).add_done_callback(then)
 
     def _read_back_done(self, queue: str, m: _Mirror, offset: int, f) -> None:
         m.reading_back = None
@@ -676,10 +681,8 @@ class RemoteStore:
         if m.fetching or not self.link.connected:
             return
         m.fetching = True
-        self.remote_pulls += 1
         start = m.end
-        fut = self.link.cmd("gw_pull", queue=q, offset=start, max_count=self.fetch_batch, max_bytes=4 << 20)
-        fut.add_done_callback(lambda f, q=q, m=m, start=start: self._fetched(q, m, start, f))
+        self._ask_pull(q, start, self.fetch_batch, lambda f, q=q, m=m, start=start: self._fetched(q, m, start, f))
 
     def _fetched(self, q: str, m: _Mirror, start: int, f) -> None:
         m.fetching = False
