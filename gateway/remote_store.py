@@ -15,12 +15,12 @@ The gateway's code calls the store synchronously on its event loop. What that co
                    queue when the store says the queue grew (an EVENT on the watch, a Redis event,
                    or the safety poll). Local sessions at that offset all read the one copy;
                    `on_new_data` listeners are called only once the entries are local. A reader
-                   behind the mirror (a resumed session's backlog) pulls with a bounded round trip.
-  * metadata       writes that may be lost with a crash at no harm (offsets: re-delivery; wills,
-                   retained: ordered before the PRODUCE they go with) are written fire-and-forget,
-                   errors logged; session records (written before CONNACK/SUBACK so an
-                   acknowledged subscription survives) and reads (sessions, retained on
-                   SUBSCRIBE, filter registrations) wait for the reply, bounded by `timeout`.
+                   behind the mirror (a resumed session's backlog) gets a chunk asked for without
+                   waiting; its queue's readers are told when it is in.
+  * a SUBSCRIBE    what it reads (registrations, mirrors, start offsets, retained messages) is
+                   asked for in one pipeline before it is decided (`read_ahead`, `using`); only
+                   that connection waits (docs/fleet.md).
+  * metadata       gateway/remote_metadata.py.
 
 Everything uses one `LoopConnection` (store/client/aio.py), so the store sees this gateway's
 requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max offsets of
@@ -29,14 +29,12 @@ entries are taken only where they continue a mirror (offset = its end); anything
 """
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
+from lmqtt.gateway.remote_metadata import RemoteMetadata, json_reply, retained_rows
 from lmqtt.gateway.store_api import ReadAhead, StoreReads
-from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import MessageTooLarge, StoredMessage, protocol as W
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER, c_decode_many, decode_many
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
@@ -134,151 +132,6 @@ def _within(out: list, max_bytes: int) -> list:
             if total > max_bytes and k:
                 return out[:k]
     return out
-
-
-def _b64(b: bytes) -> str:
-    return base64.b64encode(b).decode()
-
-
-class RemoteMetadata:
-    """`SessionMetadata` over the gateway_service CALLs. Wills carry this gateway's id: the store
-    node publishes them if this gateway's connection stays gone past its grace period."""
-
-    def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
-        self.link = link
-        self.gateway_id = gateway_id
-        # set by the session registry: the store published these clients' wills while this
-        # gateway was away (gw_hello's answer)
-        self.on_wills_published: Callable[[list], None] | None = None
-        self.wills_published_by_store = 0
-        # which put_will each client's stored will came from: a will put after a gw_hello was sent
-        # belongs to a newer connection than any the store can name in that hello's answer
-        self._will_seq = 0
-        self._will_put_at: dict[str, int] = {}
-
-    def hello(self) -> None:
-        """Tell the store which gateway this connection is (at start and after every reconnect):
-        it stops the grace timer of this gateway's wills and says which it published meanwhile."""
-        if not self.gateway_id:
-            return
-        mark = self._will_seq
-        fut = self.link.cmd("gw_hello", gateway=self.gateway_id)
-
-        def done(f):
-            if f.cancelled():
-                return
-            e = f.exception()
-            if e is not None:
-                log.warning("event=gw_hello_failed error=%r", e)
-                return
-            fired = [c for c in _json(f.result()).get("wills_published", [])
-                     if self._will_put_at.get(c, 0) <= mark]
-            if fired:
-                self.wills_published_by_store += len(fired)
-                log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
-                if self.on_wills_published is not None:
-                    self.on_wills_published(fired)
-        fut.add_done_callback(done)
-
-    # sessions
-    def put_session(self, client_id: str, rec: SessionRecord):
-        """Sent now, not waited for here: the future is the store's answer, which the CONNACK or
-        SUBACK this record backs waits for (`MQTTConnection.wait_for_store`), so only that client
-        waits for the round trip, not the gateway. Requests on the link are answered in order,
-        so this gateway's later reads see the record."""
-        fut = self.link.cmd_within("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
-        fut.add_done_callback(_log_failed_write("gw_put_session", client_id))
-        return fut
-
-    def get_session(self, client_id: str) -> SessionRecord | None:
-        r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]
-        return SessionRecord.from_bytes(r.encode()) if r is not None else None
-
-    def load_session(self, client_id: str) -> asyncio.Future:
-        """`get_session` and `get_offsets` together, sent now and not waited for here (one round
-        trip for both): a future of (record or None, offsets). A CONNECT that resumes a session
-        waits for it on hold (`FleetSessionRegistry.load_later`) while the gateway serves the rest."""
-        got = [self.link.cmd_within("gw_get_session", client_id=client_id),
-               self.link.cmd_within("gw_get_offsets", consumer=client_id)]
-        out = self.link.loop.create_future()
-
-        def done(f1) -> None:
-            if not f1.cancelled():
-                f1.exception()             # retrieved: the first failure is the one reported
-            if out.done() or not all(f.done() for f in got):
-                return
-            for f in got:
-                if f.exception() is not None:
-                    out.set_exception(f.exception())
-                    return
-            try:
-                r = _json(got[0].result())["rec"]
-                out.set_result((SessionRecord.from_bytes(r.encode()) if r is not None else None,
-                                _json(got[1].result())["offsets"]))
-            except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this CONNECT only
-                out.set_exception(e)
-        for f in got:
-            f.add_done_callback(done)
-        return out
-
-    def delete_session(self, client_id: str) -> bool:
-        self.link.cmd_nowait("gw_delete_session", client_id=client_id)
-        return True
-
-    def list_sessions(self) -> list:
-        return [SessionRecord.from_bytes(r.encode()) for r in self.link.cmd_blocking("gw_list_sessions")["sessions"]]
-
-    # offsets
-    def get_offset(self, consumer: str, queue: str) -> int | None:
-        return self.link.cmd_blocking("gw_get_offset", consumer=consumer, queue=queue)["offset"]
-
-    def get_offsets(self, consumer: str) -> dict[str, int]:
-        return self.link.cmd_blocking("gw_get_offsets", consumer=consumer)["offsets"]
-
-    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
-        self.link.cmd_nowait("gw_set_offsets", consumer=consumer, offsets=offsets)
-
-    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
-        self.link.cmd_nowait("gw_delete_offsets", consumer=consumer, queues=queues)
-
-    # retained
-    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
-        self.link.cmd_nowait("gw_set_retained", topic=topic, payload=_b64(payload), props=_b64(props))
-
-    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        return _retained_rows(self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"])
-
-    def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
-        return iter((self.retained_matching(flt),))     # one reply: nothing to gain by reading lazily
-
-    # wills
-    def put_will(self, client_id: str, will: WillRecord) -> None:
-        self._will_seq += 1
-        self._will_put_at[client_id] = self._will_seq
-        self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()),
-                             gateway=self.gateway_id)
-
-    def pop_will(self, client_id: str) -> Any:
-        # callers only need it gone (the gateway keeps the will it publishes in memory); only
-        # this gateway's: a will the client's newer connection left on another gateway stays
-        self._will_put_at.pop(client_id, None)
-        self.link.cmd_nowait("gw_pop_will", client_id=client_id, gateway=self.gateway_id)
-        return None
-
-    def void_will(self, client_id: str) -> None:
-        self._will_put_at.pop(client_id, None)
-        self.link.cmd_nowait("gw_pop_will", client_id=client_id)
-
-    def take_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
-                for cid, w in self.link.cmd_blocking("gw_take_wills", gateway=self.gateway_id)["wills"]]
-
-    def list_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
-                for cid, w in self.link.cmd_blocking("gw_list_wills", gateway=self.gateway_id)["wills"]]
-
-    def flush(self) -> None:
-        self.link.cmd_blocking("gw_flush")
 
 
 class RemoteStore:
@@ -736,7 +589,7 @@ class RemoteStore:
         def done(f):
             e = f.exception()
             if e is None:
-                self.heard(_json(f.result()).get("max_offsets", {}))
+                self.heard(json_reply(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
     def _drop_back(self, m: _Mirror) -> None:
@@ -785,7 +638,7 @@ class RemoteStore:
 
         def done(f):
             if f.exception() is None:
-                self.heard(_json(f.result()).get("max_offsets", {}))
+                self.heard(json_reply(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
     # ------------------------------------------------------------------ a SUBSCRIBE's reads
@@ -815,7 +668,7 @@ class RemoteStore:
             if out.done() or not all(f.done() for f in futs):
                 return
             bad = next((f.exception() for f in futs if f.exception() is not None), None)
-            registered = {f: int(_json(r.result())["count"]) for f, r in zip(register, regs)
+            registered = {f: int(json_reply(r.result())["count"]) for f, r in zip(register, regs)
                           if r.exception() is None}
             if bad is not None:
                 # what was registered is not left held: nothing will take it now
@@ -824,7 +677,7 @@ class RemoteStore:
                 out.set_exception(bad)
                 return
             if watch is not None:
-                r = _json(watch.result())
+                r = json_reply(watch.result())
                 if self.watch:
                     self.push = bool(r.get("push"))
                 for q in track:
@@ -832,8 +685,8 @@ class RemoteStore:
                         self._new_mirror(q, int(r["max_offsets"][q]))
             out.set_result(ReadAhead(
                 registered,
-                {q: int(o) for q, o in _json(starts.result())["max_offsets"].items()} if starts else {},
-                {f: _retained_rows(_json(r.result())["retained"]) for f, r in zip(retained, rets)}))
+                {q: int(o) for q, o in json_reply(starts.result())["max_offsets"].items()} if starts else {},
+                {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)}))
         for f in futs:
             f.add_done_callback(done)
         return out
@@ -898,22 +751,6 @@ class RemoteStore:
             fut.add_done_callback(done)
             return out
         return ReplayPlan(plan, read_later=read_later)
-
-
-def _retained_rows(rows) -> list[tuple[str, bytes, bytes]]:
-    return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in rows]
-
-
-def _log_failed_write(cmd: str, client_id: str):
-    def done(f) -> None:
-        if not f.cancelled() and f.exception() is not None:
-            log.error("event=store_write_failed cmd=%s client_id=%s error=%s", cmd, client_id, f.exception())
-    return done
-
-
-def _json(reply) -> dict:
-    _op, _f, body = reply
-    return json.loads(body)
 
 
 __all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError"]
