@@ -116,3 +116,47 @@ def test_clients_waiting_for_a_frozen_store_do_not_stop_the_gateway_for_the_othe
     assert "brief/+" not in held and held.get("alerts/+") == 1
     for c in (probe, again, v5):
         c.close()
+
+
+def test_a_store_lost_while_clients_wait_for_it_fails_their_packets_with_the_reason(fleet):
+    """kill -9 of the (frozen) store while a SUBSCRIBE and a CONNECT resuming a session wait for
+    it: the SUBSCRIBE is answered 0x80 for its filter with the reason, the CONNECT refused with
+    0x88, the other clients stay served and connected, and once the store is back the same
+    client subscribes."""
+    store, gw = fleet
+    v5 = P.Properties()
+    v5.session_expiry_interval = 600
+    probe = RawMQTT(gw)
+    assert isinstance(probe.connect("probe"), P.ConnAck)
+    earlier = RawMQTT(gw, version=5)
+    assert isinstance(earlier.connect("dev-9", clean=False, props=v5), P.ConnAck)
+    earlier.send(P.Disconnect())
+    earlier.close()
+    sub = RawMQTT(gw, version=5)
+    assert isinstance(sub.connect("sub"), P.ConnAck)
+    resumed = RawMQTT(gw, version=5)
+
+    os.kill(store.proc.pid, signal.SIGSTOP)
+    sub.send(P.Subscribe(1, [P.SubscriptionRequest("lost/+", qos=1)]))
+    resumed.send(P.Connect("dev-9", 5, False, 60, None, None, None, v5))
+    assert nothing_within(sub, 0.3) and nothing_within(resumed, 0.3)
+    store.kill9()                                     # SIGKILL ends a stopped process too
+
+    suback = sub.recv(timeout=10.0)
+    assert isinstance(suback, P.SubAck) and suback.reason_codes == [0x80]
+    assert "store" in (suback.properties.reason_string or "")
+    connack = resumed.recv(timeout=10.0)
+    assert isinstance(connack, P.ConnAck) and connack.reason_code == 0x88
+    assert answered_ping(probe)
+
+    store.start()
+    deadline = time.monotonic() + 30
+    while True:                                       # the gateway redials with backoff
+        sub.send(P.Subscribe(2, [P.SubscriptionRequest("lost/+", qos=1)]))
+        ack = sub.recv(timeout=10.0)
+        if ack.reason_codes == [1] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert ack.reason_codes == [1]
+    for c in (probe, sub, resumed):
+        c.close()
