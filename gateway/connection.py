@@ -79,7 +79,7 @@ class MQTTConnection(asyncio.Protocol):
     # another module sets must be named here (fleet_attached_ms: gateway/fleet.py).
     __slots__ = ("handler", "cfg", "metrics", "loop", "writes", "transport", "decoder", "version",
                  "session", "client_id", "connected", "closing", "closed", "write_blocked",
-                 "_transport_full", "_store_waits", "will", "identity", "auth_login", "auth_method",
+                 "transport_full", "_store_waits", "will", "identity", "auth_login", "auth_method",
                  "read_checks", "keepalive", "last_rx", "accepted_at", "pending_publishes",
                  "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "_reading_paused",
                  "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
@@ -102,7 +102,7 @@ class MQTTConnection(asyncio.Protocol):
         self.closing = False          # close() called: no more writes
         self.closed = False           # connection_lost seen
         self.write_blocked = False     # delivery stops writing: the transport is full or a store write is awaited
-        self._transport_full = False   # what the transport said last (pause_writing / resume_writing)
+        self.transport_full = False    # the transport's buffer is over its high-water mark (pause_writing)
         self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
@@ -290,7 +290,7 @@ class MQTTConnection(asyncio.Protocol):
         self._store_waits -= 1
         if self._store_waits or self.closing:
             return
-        self.write_blocked = self._transport_full
+        self.write_blocked = self.transport_full
         if self._out and not self._flush_scheduled:
             self._flush_scheduled = True
             self.writes.want_flush(self)
@@ -346,14 +346,14 @@ class MQTTConnection(asyncio.Protocol):
         self.release()
 
     def pause_writing(self) -> None:
-        if not self._transport_full:
-            self._transport_full = True
+        if not self.transport_full:
+            self.transport_full = True
             self.write_blocked = True
             self.metrics.paused_sessions.inc()
 
     def resume_writing(self) -> None:
-        if self._transport_full:
-            self._transport_full = False
+        if self.transport_full:
+            self.transport_full = False
             self.metrics.paused_sessions.dec()
             if not self._store_waits:
                 self.write_blocked = False
@@ -374,8 +374,8 @@ class MQTTConnection(asyncio.Protocol):
         if self._rate_timer is not None:
             self._rate_timer.cancel()
             self._rate_timer = None
-        if self._transport_full:
-            self._transport_full = False
+        if self.transport_full:
+            self.transport_full = False
             self.metrics.paused_sessions.dec()
         self.write_blocked = False
         self.closing = True

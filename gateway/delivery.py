@@ -434,8 +434,10 @@ class DeliveryEngine:
             if conn is None:
                 continue
             if conn.write_blocked:
+                # a client that stopped reading loses QoS 0 messages (as Mosquitto); one whose
+                # answer waits for the store (`wait_for_store`) only waits: it reads on after
                 sub = s.direct.get(q)
-                if sub is not None and sub.qos == 0 and not cur.inflight:
+                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.inflight:
                     skipped = maxo - cur.next_offset
                     cur.next_offset = maxo
                     self.metrics.dropped_qos0_backpressure.inc(skipped)

@@ -419,3 +419,27 @@ def test_a_connection_waiting_for_the_store_writes_and_reads_nothing_until_it_an
         assert [type(p) for p in got] == [P.PingResp, P.SubAck] and suback[0].reason_codes == [1]
         assert c.transport.reading is True and not c.conn.write_blocked
     run(tmp_path, body)
+
+
+def test_qos0_messages_for_a_client_waiting_for_the_store_wait_with_it_and_are_not_dropped(tmp_path):
+    """A client whose answer waits for the store is not a slow reader: its QoS 0 messages are
+    held back (its cursor stays), none is counted as dropped for back-pressure, and all of them
+    arrive, in order, once the store answered."""
+    async def body(gw):
+        sub, pub = Client(gw, version=4), Client(gw, version=4)
+        assert (await sub.connect("q0-sub")).reason_code == 0
+        assert (await pub.connect("q0-pub")).reason_code == 0
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("q0/t", qos=0)]))
+        await sub.wait_for(P.SubAck)
+        dropped = gw.broker.metrics.dropped_qos0_backpressure._value.get()
+        store_write = asyncio.get_running_loop().create_future()
+        sub.conn.wait_for_store(store_write)
+        for i in range(20):
+            pub.send(P.Publish("q0/t", b"m%d" % i, qos=0))
+        await asyncio.sleep(0.05)
+        assert not [p for p in sub.packets() if isinstance(p, P.Publish)]
+        store_write.set_result(None)
+        got = await sub.wait_for(P.Publish, 20)
+        assert [p.payload for p in got] == [b"m%d" % i for i in range(20)]
+        assert gw.broker.metrics.dropped_qos0_backpressure._value.get() == dropped
+    run(tmp_path, body)
