@@ -333,7 +333,10 @@ class RemoteStore:
         20,000 msg/s into one queue a subscriber a few thousand messages behind would otherwise
         make a round trip of 32 entries per delivery: measured, fan-in), and never stop the loop:
         a resumed session's backlog used to cost every other client a blocking round trip per chunk."""
-        if m.reading_back is not None or not self.link.connected:
+        if m.reading_back is not None:
+            return                                  # the read under way tells the readers
+        if not self.link.connected:
+            self.loop.call_later(1.0, self._tell, {queue})   # ask again once the store is back
             return
         m.reading_back = offset
         self.remote_misses += 1
