@@ -276,6 +276,14 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
     return str(src), "gateway.cli"
 
 
+# lmqtt runs with the per-client in-flight cap as Mosquitto is configured here: unlimited
+# (`max_inflight_messages 0`, which Mosquitto 2.0.11 needs, docs/loadtest.md). lmqtt's default cap
+# of 1,000 QoS 1/2 messages in flight per client (`max_inflight`) limited the fan-in subscriber to
+# 50k msg/s against Mosquitto's uncapped 65k; the comparison is of the brokers, not of one's
+# default against the other's tuning. `--lmqtt-args "--max-inflight N"` overrides it.
+LMQTT_MATCH_MOSQUITTO = ["--max-inflight", "65535"]
+
+
 def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None,
                 extra_ports: list[int] | None = None, metrics_base: int | None = None,
                 security: Security | None = None) -> tuple[list[str], str]:
@@ -309,7 +317,7 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
         common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port",
-                  str(metrics_base or 0), "--store-port", str(free_port())]
+                  str(metrics_base or 0), "--store-port", str(free_port()), *LMQTT_MATCH_MOSQUITTO]
         if name == "lmqtt-workers":
             return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--workers", "2", "--port", str(port),
                     *common], "lmqtt (serve --workers 2)"
@@ -331,7 +339,8 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         if sec.password_file:
             listen += ["--password-file", sec.password_file]
         return [sys.executable, "-m", module, "serve", "--host", "127.0.0.1",
-                *listen, "--data-dir", str(data), "--metrics-port", "0", *sec.lmqtt_args], \
+                *listen, "--data-dir", str(data), "--metrics-port", "0", *LMQTT_MATCH_MOSQUITTO,
+                *sec.lmqtt_args], \
             "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
 
