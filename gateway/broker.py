@@ -536,7 +536,13 @@ class Broker:
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
-        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions)
+        since_all = None
+        if conn.version == 5 and pkt.properties.user_property:
+            try:
+                since_all = since_property(pkt.properties)
+            except ReplayRequestError:
+                pass                         # refused in _subscribe, with the reason
+        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since_all)
         if ahead is None:
             return self._subscribe(conn, pkt, None)
         # a remote store: this connection waits for the answers on hold, the others go on

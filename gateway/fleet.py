@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session_registry import SessionRegistry
+from lmqtt.gateway.shared import group_consumer
 from lmqtt.gateway.store_api import ReadAhead, StoreReads
 from lmqtt.lightqueue import topics as T
 
@@ -224,11 +225,18 @@ class FleetSessionRegistry(SessionRegistry):
         return out
 
     def _reads_of(self, rec) -> StoreReads:
+        """What resuming `rec` here reads: its wildcard filters new here registered, its queues
+        mirrored, and for each shared group not on this gateway yet the group's committed offset
+        and, for a group with none, the queue's start."""
         users = self.subscriptions.filter_users
+        groups = self.subscriptions.groups
         register = list(dict.fromkeys(rs.filter for rs in rec.subscriptions
                                       if T.is_wildcard(rs.filter) and not users.get(rs.filter)))
         watch = [rs.filter for rs in rec.subscriptions if not rs.share_group]
-        return StoreReads(register, watch, [], [])
+        new_groups = [(rs.share_group, rs.filter) for rs in rec.subscriptions
+                      if rs.share_group and (rs.share_group, rs.filter) not in groups]
+        return StoreReads(register, watch, [q for _, q in new_groups], [],
+                          [(group_consumer(g, q), q) for g, q in new_groups])
 
     def discard(self, loaded: "Loaded") -> None:
         """A load nobody will use (the client left while it was read): drop its registrations."""
@@ -302,18 +310,26 @@ class FleetSessionRegistry(SessionRegistry):
         log.info("event=session_reloaded client_id=%s subscriptions=%d", client_id, len(rec.subscriptions))
 
     def _expire(self, cid: str) -> None:
+        """The local copy's expiry is due: ask the store whether the session is still the one this
+        gateway saw leave (without waiting: the gateway serves its clients meanwhile), then end it,
+        or only drop the local copy if it ended, went live or moved on elsewhere since."""
         s = self.sessions.get(cid)
-        if s is not None and not s.online:
-            try:
-                rec = self.metadata.get_session(cid)
-            except Exception as e:  # noqa: BLE001 - keep it: expiring later beats deleting a live one
+        if s is None or s.online:
+            return
+        mine = s.disconnected_at_ms or 0
+
+        def checked(f) -> None:
+            if self.sessions.get(cid) is not s or s.online:
+                return                       # resumed or reloaded while the store was asked
+            e = asyncio.CancelledError("expiry check cancelled") if f.cancelled() else f.exception()
+            if e is not None:                # keep it: expiring later beats deleting a live one
                 log.error("event=session_expiry_check_failed client_id=%s error=%r", cid, e)
                 self._schedule_expiry(s)
                 return
-            mine = s.disconnected_at_ms or 0
+            rec = f.result()
             if rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine:
-                # ended, live, or moved on elsewhere since: only the local copy goes
                 self._forget_local(cid)
                 self.metrics.sessions.set(len(self.sessions))
                 return
-        super()._expire(cid)
+            SessionRegistry._expire(self, cid)
+        self.metadata.get_session_later(cid).add_done_callback(checked)

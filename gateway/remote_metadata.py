@@ -85,6 +85,26 @@ class RemoteMetadata:
         r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]
         return SessionRecord.from_bytes(r.encode()) if r is not None else None
 
+    def get_session_later(self, client_id: str) -> asyncio.Future:
+        """`get_session` sent now and not waited for: a future of the record or None (a session
+        expiry check, `FleetSessionRegistry._expire`, while the gateway serves its clients)."""
+        got = self.link.cmd_within("gw_get_session", client_id=client_id)
+        out = self.link.loop.create_future()
+
+        def done(f) -> None:
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
+                out.set_exception(f.exception())
+            else:
+                try:
+                    r = json_reply(f.result())["rec"]
+                    out.set_result(SessionRecord.from_bytes(r.encode()) if r is not None else None)
+                except Exception as e:  # noqa: BLE001 - a reply we cannot read: checked again later
+                    out.set_exception(e)
+        got.add_done_callback(done)
+        return out
+
     def load_session(self, client_id: str) -> asyncio.Future:
         """`get_session` and `get_offsets` together, sent now and not waited for here (one round
         trip for both): a future of (record or None, offsets). A CONNECT that resumes a session

@@ -647,13 +647,17 @@ class RemoteStore:
     # ------------------------------------------------------------------ a SUBSCRIBE's reads
     def read_ahead(self, reads: StoreReads):
         """Ask for everything `reads` names in one pipeline, in the order the blocking calls would
-        have gone (registrations, watches of queues not mirrored yet, start offsets, retained
-        messages: the retained read comes after the start offsets, so a retained message set in
-        between is delivered live, never lost); a future of the `ReadAhead`."""
-        register, watch, start, retained = reads
+        have gone (registrations, watches of queues not mirrored yet, start offsets, committed
+        offsets, replay plans, retained messages: the retained read comes after the start offsets,
+        so a retained message set in between is delivered live, never lost; a replay plan after
+        its queue is watched, so live reads follow it); a future of the `ReadAhead`. A replay plan
+        the store refuses refuses that subscription only; any other failure fails them all."""
+        register, watch, start, retained, offsets, replay = reads
         link = self.link
         track = [q for q in dict.fromkeys([*watch, *start]) if q not in self.queues]
-        if not (register or track or start or retained):
+        offsets = list(dict.fromkeys(offsets))
+        replay = list(dict.fromkeys((f, int(since)) for f, since in replay))
+        if not (register or track or start or retained or offsets or replay):
             return None
         regs = [link.cmd_within("gw_register", gateway=self.gateway_id, filter=f) for f in register]
         watch = None
@@ -661,16 +665,23 @@ class RemoteStore:
             watch = (link.cmd_within("gw_watch", queues=track, push=True, raw=self.raw_push) if self.watch
                      else link.cmd_within("gw_max_offsets", queues=track))
         starts = link.cmd_within("gw_start_offsets", queues=list(dict.fromkeys(start))) if start else None
+        offs = [link.cmd_within("gw_get_offset", consumer=c, queue=q) for c, q in offsets]
+        plans = [link.cmd_within("gw_replay", filter=f, since=since) for f, since in replay]
         rets = [link.cmd_within("gw_retained_matching", filter=f) for f in retained]
-        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *rets]
+        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *offs, *plans, *rets]
         out = self.loop.create_future()
+
+        def failure(f):
+            e = f.exception()
+            # the store refusing one replay plan (outside retention...) is that plan's answer
+            return None if e is None or (f in plans and isinstance(e, StoreClientError)) else e
 
         def done(f1) -> None:
             if not f1.cancelled():
                 f1.exception()
             if out.done() or not all(f.done() for f in futs):
                 return
-            bad = next((f.exception() for f in futs if f.exception() is not None), None)
+            bad = next((e for e in map(failure, futs) if e is not None), None)
             registered = {f: int(json_reply(r.result())["count"]) for f, r in zip(register, regs)
                           if r.exception() is None}
             if bad is not None:
@@ -689,10 +700,19 @@ class RemoteStore:
             out.set_result(ReadAhead(
                 registered,
                 {q: int(o) for q, o in json_reply(starts.result())["max_offsets"].items()} if starts else {},
-                {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)}))
+                {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)},
+                {k: json_reply(r.result())["offset"] for k, r in zip(offsets, offs)},
+                {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)}))
         for f in futs:
             f.add_done_callback(done)
         return out
+
+    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
+        ahead = self._ahead
+        if ahead is None or (consumer, queue) not in ahead.offsets:
+            return False, None
+        off = ahead.offsets.pop((consumer, queue))
+        return True, None if off is None else int(off)
 
     @contextlib.contextmanager
     def using(self, ahead: ReadAhead | None):
@@ -726,16 +746,22 @@ class RemoteStore:
 
     # ------------------------------------------------------------------ subscribing from the past
     def replay_plan(self, flt: str, since_ms: int):
-        """`gw_replay` (one round trip, answered once the store's dispatch passed its log end);
+        """`gw_replay` (read ahead with the SUBSCRIBE, else one blocking round trip; answered once
+        the store's dispatch passed its log end);
         the history is read with `gw_replay_read`, chunks of up to `fetch_batch` messages asked
         for without waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
         from lmqtt.gateway.store_api import ReplayPlan
         from lmqtt.lightqueue.replay import ReplayRefused
-        self.max_offset(flt)              # mirrored and watched before the plan: live reads follow
-        try:
-            plan = self.link.cmd_blocking("gw_replay", filter=flt, since=int(since_ms))
-        except StoreClientError as e:
-            raise ReplayRefused(e.reason) from None
+        ahead = self._ahead
+        plan = ahead.replay.pop((flt, int(since_ms)), None) if ahead is not None else None
+        if plan is None:
+            self.max_offset(flt)          # mirrored and watched before the plan: live reads follow
+            try:
+                plan = self.link.cmd_blocking("gw_replay", filter=flt, since=int(since_ms))
+            except StoreClientError as e:
+                raise ReplayRefused(e.reason) from None
+        elif isinstance(plan, StoreClientError):
+            raise ReplayRefused(plan.reason) from None
 
         def read_later(cursor: dict, max_count: int):
             self.remote_pulls += 1

@@ -90,8 +90,12 @@ class GatewayStore(Protocol):
     def read_ahead(self, reads: "StoreReads") -> Any:
         """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to ask for)."""
     def using(self, ahead: "ReadAhead") -> Any:
-        """Context manager: while it is open, `register_filter` and `start_offset` answer from
-        `ahead`; on exit, registrations it made that nothing took are dropped again."""
+        """Context manager: while it is open, `register_filter`, `start_offset`, `replay_plan`
+        and `offset_read_ahead` answer from `ahead`; on exit, registrations it made that nothing
+        took are dropped again."""
+    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
+        """A consumer's committed offset as the open read-ahead has it: (True, offset or None if
+        none is committed), or (False, None) when it was not read ahead (ask the metadata)."""
 
     # -- wildcard filter registrations (one per filter the gateway uses)
     def register_filter(self, flt: str) -> int: ...
@@ -113,19 +117,27 @@ class StoreReads(NamedTuple):
     """What a SUBSCRIBE (SubscriptionRegistry.read_ahead) or a resumed session (fleet.py
     `FleetSessionRegistry.load_later`) will ask the store: wildcard filters new to this gateway
     to register, queues to follow (a remote store mirrors them), queues whose start offset new
-    subscriptions need, filters whose retained messages are sent after the SUBACK."""
+    subscriptions and shared groups need, filters whose retained messages are sent after the
+    SUBACK; (consumer, queue) pairs whose committed offset a shared group resumes from, and
+    (filter, since_ms) pairs of subscriptions from the past whose replay plan is needed."""
     register: list
     watch: list
     start: list
     retained: list
+    offsets: Sequence = ()
+    replay: Sequence = ()
 
 
 class ReadAhead(NamedTuple):
     """The store's answers to `StoreReads`: registration counts by filter, start offsets by
-    queue, retained (topic, payload, properties) lists by filter. Taken (popped) as used."""
+    queue, retained (topic, payload, properties) lists by filter, committed offsets (or None) by
+    (consumer, queue), replay plans by (filter, since_ms) (the store's answer, or the error it
+    refused that one plan with). Taken (popped) as used."""
     registered: dict
     start: dict
     retained: dict
+    offsets: dict
+    replay: dict
 
 
 class ReplayPlan:
@@ -230,6 +242,9 @@ class InProcessStore:
 
     def read_ahead(self, reads: StoreReads) -> None:
         return None               # local reads: nothing to wait for
+
+    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
+        return False, None
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)

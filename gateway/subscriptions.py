@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway.replay import REPLAY_PREFIX, HistoryRun
+from lmqtt.gateway.replay import REPLAY_PREFIX, HistoryRun, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.session import ClientSubscription, Cursor, Session
-from lmqtt.gateway.shared import SharedGroup
+from lmqtt.gateway.shared import SharedGroup, group_consumer
 from lmqtt.gateway.store_api import StoreReads
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
@@ -54,20 +54,28 @@ class SubscriptionRegistry:
         self.acl = None         # for the history of subscriptions from the past (read rules)
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
-    def read_ahead(self, s: Session, requests):
+    def read_ahead(self, s: Session, requests, since_all: int | None = None):
         """What deciding these SUBSCRIBE requests will read from the store, asked for now
-        (`GatewayStore.read_ahead`: wildcard filters new here to register, start offsets of new
-        subscriptions, retained messages): a future to hold the SUBSCRIBE on, or None. Filters
-        that will be refused may be asked for too; what nothing takes is dropped again."""
+        (registrations of new wildcard filters, start offsets of new subscriptions and shared
+        groups, retained messages, the replay plans of subscriptions from the past: `since_all`
+        is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): a future to hold
+        the SUBSCRIBE on, or None. Filters that will be refused may be asked for too; what
+        nothing takes is dropped again."""
         if not self.store.reads_ahead:
             return None
         register: list[str] = []
+        watch: list[str] = []
         start: list[str] = []
         retained: list[str] = []
+        replay: list[tuple[str, int]] = []
         for req in requests:
             tf = req.topic_filter
-            if tf.startswith(REPLAY_PREFIX):          # a replay plans its own reads
-                continue
+            since = since_all
+            if tf.startswith(REPLAY_PREFIX):
+                try:
+                    since, tf = split_replay_filter(tf)
+                except ReplayRequestError:
+                    continue
             try:
                 group, flt = T.parse_shared(tf)
                 T.validate_filter(flt)
@@ -75,13 +83,21 @@ class SubscriptionRegistry:
                 continue
             if T.is_wildcard(flt) and not self.filter_users.get(flt) and flt not in register:
                 register.append(flt)
-            if group is None and tf not in s.subs:
-                start.append(flt)
-            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs)):
-                retained.append(flt)
+            if since is not None:
+                if group is None:                 # (a shared one is refused)
+                    watch.append(flt)
+                    replay.append((flt, since))
+                continue
+            if group is None:
+                if tf not in s.subs:
+                    start.append(flt)
+                if req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs):
+                    retained.append(flt)
+            elif (group, flt) not in self.groups:
+                start.append(flt)                 # a group new here starts at the queue's end
         if register and self.before_register is not None:
             self.before_register()
-        return self.store.read_ahead(StoreReads(register, [], start, retained))
+        return self.store.read_ahead(StoreReads(register, watch, start, retained, (), replay))
 
     def add(self, s: Session, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if one with the same filter existed."""
@@ -246,7 +262,10 @@ class SubscriptionRegistry:
         if g is None:
             off = None
             if restoring:
-                off = self.metadata.get_offset(f"$share/{name}", queue)
+                consumer = group_consumer(name, queue)
+                known, off = self.store.offset_read_ahead(consumer, queue)
+                if not known:
+                    off = self.metadata.get_offset(consumer, queue)
             if off is None:
                 off = self.store.start_offset(queue)
             g = SharedGroup(name, queue, off)

@@ -160,3 +160,95 @@ def test_a_store_lost_while_clients_wait_for_it_fails_their_packets_with_the_rea
     assert ack.reason_codes == [1]
     for c in (probe, sub, resumed):
         c.close()
+
+
+def test_shared_groups_replays_and_expiry_checks_do_not_stop_the_gateway_either(fleet, tmp_path):
+    """The rarer reads: a shared group new to the gateway (its start offset), a subscription from
+    the past (its replay plan), a resumed session whose shared group lives on another gateway
+    (the group's committed offset) and a session expiry check (is the record still the one this
+    gateway saw leave?). Each waits for the frozen store alone; the others are served."""
+    store, gw = fleet
+    probe = RawMQTT(gw)
+    assert isinstance(probe.connect("probe"), P.ConnAck)
+
+    # 1. a shared group new to this gateway: it starts at the queue's end, asked of the store
+    worker = RawMQTT(gw)
+    assert isinstance(worker.connect("worker"), P.ConnAck)
+    with frozen(store):
+        worker.send(P.Subscribe(1, [P.SubscriptionRequest("$share/pool/jobs/+", qos=1)]))
+        assert nothing_within(worker, 0.5)
+        assert answered_ping(probe)
+    sub = worker.recv(timeout=10.0)
+    assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
+    probe.send(P.Publish("jobs/1", b"job", qos=1, packet_id=1))
+    assert isinstance(probe.recv(timeout=10.0), P.PubAck)
+    got = worker.recv(timeout=10.0)
+    assert isinstance(got, P.Publish) and (got.topic, got.payload) == ("jobs/1", b"job")
+
+    # 2. a subscription from the past: the history of a filter nobody subscribed to
+    for i in range(3):
+        probe.send(P.Publish(f"hist/{i}", b"h%d" % i, qos=1, packet_id=10 + i))
+        assert isinstance(probe.recv(timeout=10.0), P.PubAck)
+    reader = RawMQTT(gw)
+    assert isinstance(reader.connect("reader"), P.ConnAck)
+    with frozen(store):
+        reader.send(P.Subscribe(1, [P.SubscriptionRequest("$replay/0/hist/+", qos=1)]))
+        assert nothing_within(reader, 0.5)
+        assert answered_ping(probe)
+    sub = reader.recv(timeout=10.0)
+    assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
+    history = []
+    while len(history) < 3:
+        pkt = reader.recv(timeout=10.0)
+        history.append(pkt.payload)
+        if pkt.qos:
+            reader.send(P.PubAck(pkt.packet_id))
+    assert history == [b"h0", b"h1", b"h2"]
+
+    # 3. a persistent session in a shared group resumed on a second gateway, which has no such
+    #    group yet: it resumes from the group's committed offset, read from the store
+    v5 = P.Properties()
+    v5.session_expiry_interval = 600
+    member = RawMQTT(gw, version=5)
+    assert isinstance(member.connect("member", clean=False, props=v5), P.ConnAck)
+    member.send(P.Subscribe(1, [P.SubscriptionRequest("$share/crew/tasks/#", qos=1)]))
+    assert isinstance(member.recv(timeout=10.0), P.SubAck)
+    member.send(P.Disconnect())
+    member.close()
+    other = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        probe2 = RawMQTT(other)
+        assert isinstance(probe2.connect("probe2"), P.ConnAck)
+        back = RawMQTT(other, version=5)
+        with frozen(store):
+            back.send(P.Connect("member", 5, False, 60, None, None, None, v5))
+            assert nothing_within(back, 0.5)
+            assert answered_ping(probe2)
+        ack = back.recv(timeout=10.0)
+        assert isinstance(ack, P.ConnAck) and ack.reason_code == 0 and ack.session_present is True
+        back.close()
+        probe2.close()
+    finally:
+        other.stop()
+
+    # 4. a session's expiry falls due while the store is frozen: the check waits, the others not
+    short = P.Properties()
+    short.session_expiry_interval = 1
+    brief = RawMQTT(gw, version=5)
+    assert isinstance(brief.connect("brief", clean=False, props=short), P.ConnAck)
+    brief.send(P.Disconnect())
+    brief.close()
+    left = time.monotonic()
+    with frozen(store):
+        time.sleep(max(0.0, left + 1.4 - time.monotonic()))    # the expiry (1 s) is due
+        assert answered_ping(probe)
+    from lmqtt.store.client import connect
+    with connect(store.address) as sdk:              # ended once the store answered the check
+        deadline = time.monotonic() + 10
+        while sdk.cmd("gw_get_session", client_id="brief")["rec"] is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    again = RawMQTT(gw, version=5)
+    assert again.connect("brief", clean=False, props=short).session_present is False
+    again.close()
+    for c in (probe, worker, reader):
+        c.close()

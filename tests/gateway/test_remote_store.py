@@ -219,6 +219,38 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
     asyncio.run(go())
 
 
+def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_store(lmqtt_store):
+    """A shared group's committed offset and a subscription's replay plan, read ahead: taken
+    from the answers while the store is frozen (any round trip then would wait for it); the
+    same plan as a blocking `replay_plan` gives once it runs again."""
+    import os
+    import signal
+
+    from lmqtt.gateway.store_api import StoreReads
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        st.metadata.set_offsets("$share/crew", {"ro/q": 1})
+        await _append(st, "ro/h", [b"h0", b"h1"])
+        fut = st.read_ahead(StoreReads([], ["ro/h"], ["ro/q"], [], [("$share/crew", "ro/q"), ("$share/none", "ro/q")],
+                                       [("ro/h", 0)]))
+        ahead = await asyncio.wait_for(fut, 10)
+        os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
+        try:
+            with st.using(ahead):
+                assert st.offset_read_ahead("$share/crew", "ro/q") == (True, 1)
+                assert st.offset_read_ahead("$share/none", "ro/q") == (True, None)
+                assert st.offset_read_ahead("$share/other", "ro/q") == (False, None)
+                plan = st.replay_plan("ro/h", 0)
+                assert st.start_offset("ro/q") == 0
+        finally:
+            os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
+        again = st.replay_plan("ro/h", 0)
+        assert (plan.source, plan.live_offset, plan.done) == (again.source, again.live_offset, again.done)
+        st.link.close()
+    asyncio.run(go())
+
+
 def test_a_call_the_store_does_not_answer_in_time_fails_and_drops_the_link(lmqtt_store):
     """`cmd_within`: the bound of a blocking call without blocking: a frozen store (SIGSTOP) fails
     the request after its timeout with the reason, the link is dropped and redialled."""
