@@ -17,7 +17,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity, certificate_subject
+from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity
+from lmqtt.gateway.enhanced_auth import EnhancedAuth, peer_certificate_subject
 from lmqtt.gateway.connection import NO_TOPICS, WriteBatcher
 from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
                                 packets as P)
@@ -56,6 +57,7 @@ class Broker:
         self.auth = auth
         self.auth_runner = AuthRunner(auth, loop) if auth is not None else None
         self.acl = acl
+        self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked)
         self.gate = None    # the connection/rate limits and their counters (gateway/limits.py), set by the Gateway
         self.store = store
         self.lq = lq
@@ -93,7 +95,7 @@ class Broker:
             P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,
             P.PubRec: self.on_pubrec, P.PubRel: self.on_pubrel, P.PubComp: self.on_pubcomp,
             P.Subscribe: self.on_subscribe, P.Unsubscribe: self.on_unsubscribe,
-            P.PingReq: self.on_pingreq, P.Disconnect: self.on_disconnect, P.Auth: self.on_auth,
+            P.PingReq: self.on_pingreq, P.Disconnect: self.on_disconnect, P.Auth: self.enhanced_auth.on_auth,
         }
 
     # ======================================================================= lifecycle
@@ -173,7 +175,7 @@ class Broker:
                 log.info("event=connect_abandoned peer=%s cause='DISCONNECT during enhanced authentication'",
                          conn.peer)
                 return conn.close()
-            if h != self.on_auth:               # MQTT-3.1.2-30
+            if h != self.enhanced_auth.on_auth:   # MQTT-3.1.2-30
                 raise ProtocolError(f"{type(pkt).__name__.upper()} before CONNACK during enhanced "
                                     f"authentication (only AUTH or DISCONNECT may follow CONNECT)",
                                     RC.PROTOCOL_ERROR)
@@ -192,7 +194,6 @@ class Broker:
     def on_connect(self, conn: "MQTTConnection", pkt: P.Connect) -> None:
         if conn.connected:
             raise ProtocolError("second CONNECT on one connection", RC.PROTOCOL_ERROR)
-        cfg = self.cfg
         v = pkt.protocol_level
         conn.version = v
         props = pkt.properties
@@ -210,10 +211,10 @@ class Broker:
             if v == 5:
                 assigned = cid
         if v == 5 and props.authentication_method:
-            return self._auth_begin(conn, pkt, cid, assigned)
+            return self.enhanced_auth.begin(conn, pkt, cid, assigned)
         ident = None
         if self.auth is not None:
-            creds = Credentials(cid, pkt.username, pkt.password, self._cert_subject(conn))
+            creds = Credentials(cid, pkt.username, pkt.password, peer_certificate_subject(conn))
 
             def checked(result, conn=conn, pkt=pkt, cid=cid, assigned=assigned) -> None:
                 if conn.closing:             # the client left while its password was checked
@@ -434,16 +435,6 @@ class Broker:
             if acl.needs_read_check(ident, sub.queue) or not acl.can_subscribe(ident, sub.queue):
                 checks.add(sub.queue)
         conn.read_checks = checks or None
-
-    @staticmethod
-    def _cert_subject(conn) -> str | None:
-        t = conn.transport
-        if t is None:
-            return None
-        try:
-            return certificate_subject(t.get_extra_info("peercert"))
-        except Exception:
-            return None
 
     def reload_security(self) -> None:
         """SIGHUP: re-read password/keys files and the ACL; a file that fails keeps its old rules."""
@@ -724,86 +715,6 @@ class Broker:
                 conn.will = None
                 self.session_registry.drop_will(s.client_id)
         conn.close()
-
-    # ======================================================================= MQTT 5 enhanced auth
-    def _auth_begin(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned) -> None:
-        """CONNECT with an Authentication Method (MQTT 5 §4.12): SCRAM-SHA-256 when a password file
-        is configured (auth.ScramLogin), any other method 0x8C. Until CONNACK only AUTH or
-        DISCONNECT may follow (`handle_packet`); the whole login must end within connect_timeout_s
-        (`_tick_sweep`)."""
-        method = pkt.properties.authentication_method
-        login = None
-        if self.auth is not None:
-            login = self.auth.enhanced_login(method, Credentials(cid, pkt.username, pkt.password,
-                                                                 self._cert_subject(conn)))
-        if login is None:
-            return self._refuse(conn, RC.BAD_AUTHENTICATION_METHOD, "authentication method not supported",
-                                f"authentication method {method[:64]!r} is not offered (SCRAM-SHA-256 "
-                                f"needs --password-file with SCRAM verifiers)")
-        login.pending = (pkt, cid, assigned)
-        login.started_at = self.loop.time()
-        conn.auth_login = login
-        self._auth_step(conn, pkt.properties.authentication_data or b"")
-
-    def _auth_step(self, conn: "MQTTConnection", data: bytes) -> None:
-        login = conn.auth_login
-        r = login.step(data)
-        if isinstance(r, bytes):                 # a challenge: AUTH 0x18 (continue)
-            a = P.Auth(RC.CONTINUE_AUTHENTICATION)
-            a.properties.authentication_method = login.method
-            a.properties.authentication_data = r
-            conn.send(a)
-            return
-        conn.auth_login = None
-        if login.pending is None:                # re-authentication of a live connection
-            if isinstance(r, Denied):            # DISCONNECT has no 0x86: 0x87 for every failure
-                log.info("event=reauth_refused client_id=%s peer=%s reason_code=0x87 cause=%r",
-                         conn.client_id, conn.peer, r.reason)
-                return conn.close_with_error(RC.NOT_AUTHORIZED, "re-authentication failed")
-            a = P.Auth(RC.SUCCESS)
-            a.properties.authentication_method = login.method
-            a.properties.authentication_data = login.final_data
-            conn.send(a)
-            log.info("event=reauth client_id=%s user=%r", conn.client_id, r.username)
-            return
-        pkt, cid, assigned = login.pending
-        if isinstance(r, Denied):
-            rc = r.code or RC.NOT_AUTHORIZED
-            return self._refuse(conn, rc, "bad user name or password" if rc == RC.BAD_USER_NAME_OR_PASSWORD
-                                else "not authorized", r.reason)
-        conn.auth_method = login.method
-        self._connect_checked(conn, pkt, cid, assigned, r, (login.method, login.final_data))
-
-    def on_auth(self, conn, pkt: P.Auth) -> None:
-        login = conn.auth_login
-        rc = pkt.reason_code
-        method = pkt.properties.authentication_method
-        if login is None:
-            if conn.auth_method is None:
-                raise ProtocolError("AUTH on a connection that did not log in with an authentication "
-                                    "method", RC.PROTOCOL_ERROR)
-            if rc != RC.RE_AUTHENTICATE:
-                raise ProtocolError(f"AUTH 0x{rc:02X} with no authentication exchange in progress",
-                                    RC.PROTOCOL_ERROR)
-            if method != conn.auth_method:
-                raise ProtocolError(f"re-authentication with method {method!r}, the connection used "
-                                    f"{conn.auth_method!r}", RC.PROTOCOL_ERROR)
-            ident = conn.identity
-            login = self.auth.enhanced_login(method, Credentials(conn.client_id, None, None,
-                                                                 self._cert_subject(conn)),
-                                             username=ident.username if ident is not None else None)
-            if login is None:
-                return conn.close_with_error(RC.BAD_AUTHENTICATION_METHOD, f"{method} is no longer offered")
-            login.started_at = self.loop.time()
-            conn.auth_login = login
-            return self._auth_step(conn, pkt.properties.authentication_data or b"")
-        if rc != RC.CONTINUE_AUTHENTICATION:
-            raise ProtocolError(f"AUTH 0x{rc:02X} in the middle of an authentication exchange "
-                                f"(expected 0x18 continue)", RC.PROTOCOL_ERROR)
-        if method != login.method:
-            raise ProtocolError(f"AUTH with method {method!r} during a {login.method} exchange",
-                                RC.PROTOCOL_ERROR)
-        self._auth_step(conn, pkt.properties.authentication_data or b"")
 
     # ======================================================================= persistence
     def _save_session(self, s: Session) -> None:

@@ -1,5 +1,5 @@
 """MQTT 5 enhanced authentication (SCRAM-SHA-256) through the broker's packet handlers in-process
-(gateway/broker.py `_auth_begin` / `on_auth`, gateway/auth.py `ScramLogin`): the AUTH exchange
+(gateway/enhanced_auth.py `EnhancedAuth`, gateway/auth.py `ScramLogin`): the AUTH exchange
 packet by packet, every refusal's reason code and log cause, protocol errors, the stall timeout,
 re-authentication, and `lmqtt passwd --scram` writing the verifier."""
 from __future__ import annotations
