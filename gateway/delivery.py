@@ -304,6 +304,17 @@ class DeliveryEngine:
         if self._recent_bytes + self._recent_items * self._ENTRY_COST > self.recent_max_bytes:
             self.drop_recent()
 
+    def message_at(self, q: str, off: int) -> OutboundMessage | None:
+        """The message at `off` in queue `q` read again (a session's exchange in flight resumed
+        after a restart, persistence.restore_inflight); None when it is no longer stored."""
+        self.metrics.pulls += 1
+        for m in self.store.pull(q, off, max_count=1).messages:
+            if m.queue_offset == off:
+                dq = m.dispatch_queues
+                return OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
+                                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
+        return None
+
     def _fill_gap(self, q: str, r: list, start: int) -> bool:
         """Entries appended while the ring was not fed (an append the store's thread dispatched):
         read them once so the ring stays one range; a reader behind the ring would otherwise pull

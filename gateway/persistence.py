@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 
@@ -27,6 +27,73 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# The QoS 1/2 exchanges of an offline session, kept in its record (`extra["inflight"]`), so that a
+# restart resumes them as MQTT asks of a session (§4.4: the same packet ids, PUBLISH again with DUP
+# or PUBREL for those past PUBREC; inbound QoS 2 ids awaiting PUBREL still known): without them a
+# restarted server sent its unacknowledged messages again as new ones, and a QoS 2 message the
+# client had already received reached its application twice.
+#
+# Why only offline sessions: nothing changes an offline session's exchanges (no delivery, no acks;
+# its shared-group messages went back to their groups), so the record written when it went
+# offline (`SessionRegistry.detach`, also at a graceful shutdown) stays true until it connects
+# again, crash or not. The record of a connected session has none: after a crash its messages are
+# delivered again from the committed offsets, with new ids (at least once, never lost).
+INFLIGHT = "inflight"
+MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again as new, as before)
+
+
+def inflight_state(s: "Session") -> dict | None:
+    """`{"out": [[pid, queue, offset, qos, retain, state, sub_ids], ...] in send order, "next":
+    {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` for the
+    messages read from a light queue (retained messages and a replay's history are not kept: they
+    were never kept across a restart), or None when there is nothing to keep."""
+    out = []
+    nxt = {}
+    cursors = s.cursors
+    for inf in s.outbound.values():
+        q, off = inf.queue, inf.offset
+        if inf.group is not None or q is None or off is None or q not in cursors:
+            continue
+        out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
+        nxt[q] = cursors[q].next_offset
+    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2):
+        return None
+    return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s._next_pid}
+
+
+def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:
+    """Put the exchanges `inflight_state` kept back into a session just restored from its record
+    (its cursors at the committed offsets); `message_at(queue, offset)` reads a message again (None
+    when retention deleted it: that one is not resumed). Returns how many outbound were resumed."""
+    from lmqtt.gateway.session import InFlight
+    by_queue: dict[str, list[tuple[int, int]]] = {}
+    resumed = []                        # read first, then applied: a failed read changes nothing
+    for pid, q, off, qos, retain, st, ids in state.get("out", ()):
+        cur = s.cursors.get(q)
+        if cur is None or q not in s.direct or off < cur.next_offset or pid in s.outbound:
+            continue                    # unsubscribed, or acknowledged after all
+        it = message_at(q, off)
+        if it is None:
+            continue
+        inf = InFlight(pid, it, qos, retain, q, off, None)
+        inf.state = st
+        inf.sub_ids = tuple(ids) if ids else None
+        resumed.append(inf)
+        by_queue.setdefault(q, []).append((off, pid))
+    for inf in resumed:
+        s.outbound[inf.pid] = inf
+    nxt = state.get("next", {})
+    for q, entries in by_queue.items():
+        cur = s.cursors[q]
+        entries.sort()
+        for off, pid in entries:        # a cursor's in-flight offsets are kept in offset order
+            cur.inflight[off] = pid
+        cur.next_offset = max(cur.next_offset, int(nxt.get(q, 0)), entries[-1][0] + 1)
+    s.inbound_qos2.update(int(p) for p in state.get("in2", ()))
+    s._next_pid = int(state.get("pid") or 1)
+    return sum(len(e) for e in by_queue.values())
+
+
 class SessionPersistence:
     def __init__(self, meta) -> None:
         self.metadata = meta
@@ -35,14 +102,17 @@ class SessionPersistence:
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
+        online = s.online
+        state = None if online or not (s.outbound or s.inbound_qos2) else inflight_state(s)
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
-            last_disconnect_ms=None if s.online else (s.disconnected_at_ms or _now_ms()),
+            last_disconnect_ms=None if online else (s.disconnected_at_ms or _now_ms()),
             subscriptions=[SubscriptionRecord(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
                                  retain_as_published=sub.retain_as_published,
                                  retain_handling=sub.retain_handling, subscription_id=sub.subscription_id,
                                  share_group=sub.group)
-                           for sub in s.subs.values()])
+                           for sub in s.subs.values()],
+            extra={INFLIGHT: state} if state else {})
 
     def save_session(self, s: "Session"):
         """Write the session's record; returns the store's pending answer when the store is remote

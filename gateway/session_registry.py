@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway import record_props
 from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.persistence import INFLIGHT, restore_inflight
 from lmqtt.gateway.record_props import safe_decode
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, Session
 from lmqtt.lightqueue import topics as T
@@ -240,6 +241,16 @@ class SessionRegistry:
             sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
                                      rs.retain_as_published, rs.retain_handling, rs.subscription_id)
             self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
+        state = rec.extra.get(INFLIGHT) if rec.extra else None
+        if state and not self.subscriptions.store.reads_ahead:
+            # in-process: the messages are read again here and now (a fleet gateway delivers them
+            # again from the committed offsets, as new ones)
+            try:
+                n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
+                log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
+                         s.client_id, n, len(s.inbound_qos2))
+            except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
+                log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
         self.sessions[s.client_id] = s
         return s
 
