@@ -307,13 +307,12 @@ class DeliveryEngine:
     def message_at(self, q: str, off: int) -> OutboundMessage | None:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
         after a restart, persistence.restore_inflight); None when it is no longer stored."""
-        self.metrics.pulls += 1
-        for m in self.store.pull(q, off, max_count=1).messages:
-            if m.queue_offset == off:
-                dq = m.dispatch_queues
-                return OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
-                                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
-        return None
+        m = self.store.message_at(q, off)
+        if m is None:
+            return None
+        dq = m.dispatch_queues
+        return OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
+                               dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
 
     def _fill_gap(self, q: str, r: list, start: int) -> bool:
         """Entries appended while the ring was not fed (an append the store's thread dispatched):

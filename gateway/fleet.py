@@ -22,6 +22,7 @@ import time
 from typing import NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
+from lmqtt.gateway.persistence import INFLIGHT
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.shared import group_consumer
 from lmqtt.gateway.store_api import ReadAhead, StoreReads
@@ -226,8 +227,9 @@ class FleetSessionRegistry(SessionRegistry):
 
     def _reads_of(self, rec) -> StoreReads:
         """What resuming `rec` here reads: its wildcard filters new here registered, its queues
-        mirrored, and for each shared group not on this gateway yet the group's committed offset
-        and, for a group with none, the queue's start."""
+        mirrored, for each shared group not on this gateway yet the group's committed offset
+        and, for a group with none, the queue's start, and the messages it had in flight when it
+        went offline (resumed with their packet ids, persistence.restore_inflight)."""
         users = self.subscriptions.filter_users
         groups = self.subscriptions.groups
         register = list(dict.fromkeys(rs.filter for rs in rec.subscriptions
@@ -235,8 +237,10 @@ class FleetSessionRegistry(SessionRegistry):
         watch = [rs.filter for rs in rec.subscriptions if not rs.share_group]
         new_groups = [(rs.share_group, rs.filter) for rs in rec.subscriptions
                       if rs.share_group and (rs.share_group, rs.filter) not in groups]
+        state = rec.extra.get(INFLIGHT) if rec.extra else None
+        messages = [(q, off) for _pid, q, off, *_rest in state.get("out", ())] if state else []
         return StoreReads(register, watch, [q for _, q in new_groups], [],
-                          [(group_consumer(g, q), q) for g, q in new_groups])
+                          [(group_consumer(g, q), q) for g, q in new_groups], (), messages)
 
     def discard(self, loaded: "Loaded") -> None:
         """A load nobody will use (the client left while it was read): drop its registrations."""

@@ -64,34 +64,47 @@ def inflight_state(s: "Session") -> dict | None:
 def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:
     """Put the exchanges `inflight_state` kept back into a session just restored from its record
     (its cursors at the committed offsets); `message_at(queue, offset)` reads a message again (None
-    when retention deleted it: that one is not resumed). Returns how many outbound were resumed."""
+    when it cannot: deleted by retention, or not read ahead by a fleet gateway). All of a queue's
+    exchanges are resumed or none: a queue with one missing is delivered again from its committed
+    offset, as new messages, never past one. Returns how many outbound were resumed."""
     from lmqtt.gateway.session import InFlight
-    by_queue: dict[str, list[tuple[int, int]]] = {}
-    resumed = []                        # read first, then applied: a failed read changes nothing
-    for pid, q, off, qos, retain, st, ids in state.get("out", ()):
-        cur = s.cursors.get(q)
-        if cur is None or q not in s.direct or off < cur.next_offset or pid in s.outbound:
-            continue                    # unsubscribed, or acknowledged after all
-        it = message_at(q, off)
-        if it is None:
-            continue
-        inf = InFlight(pid, it, qos, retain, q, off, None)
-        inf.state = st
-        inf.sub_ids = tuple(ids) if ids else None
-        resumed.append(inf)
-        by_queue.setdefault(q, []).append((off, pid))
-    for inf in resumed:
-        s.outbound[inf.pid] = inf
+    per_queue: dict[str, list] = {}
+    for entry in state.get("out", ()):
+        per_queue.setdefault(entry[1], []).append(entry)
+    resumed: list[InFlight] = []
+    moved: dict[str, int] = {}
     nxt = state.get("next", {})
-    for q, entries in by_queue.items():
-        cur = s.cursors[q]
-        entries.sort()
-        for off, pid in entries:        # a cursor's in-flight offsets are kept in offset order
-            cur.inflight[off] = pid
-        cur.next_offset = max(cur.next_offset, int(nxt.get(q, 0)), entries[-1][0] + 1)
+    for q, entries in per_queue.items():
+        cur = s.cursors.get(q)
+        if cur is None or q not in s.direct or cur.inflight:
+            continue                    # unsubscribed since
+        mine = []
+        for pid, _q, off, qos, retain, st, ids in entries:
+            if off < cur.next_offset or pid in s.outbound:
+                mine = None             # acknowledged after all: the record is not this state
+                break
+            it = message_at(q, off)
+            if it is None:
+                mine = None
+                break
+            inf = InFlight(pid, it, qos, retain, q, off, None)
+            inf.state = st
+            inf.sub_ids = tuple(ids) if ids else None
+            mine.append(inf)
+        if mine:
+            resumed += mine
+            moved[q] = max(int(nxt.get(q, 0)), max(inf.offset for inf in mine) + 1)
+    order = {e[0]: i for i, e in enumerate(state.get("out", ()))}
+    resumed.sort(key=lambda inf: order[inf.pid])
+    for inf in resumed:                 # in send order, as they go out again
+        s.outbound[inf.pid] = inf
+    for inf in sorted(resumed, key=lambda inf: inf.offset):
+        s.cursors[inf.queue].inflight[inf.offset] = inf.pid     # a cursor's in-flight: offset order
+    for q, n in moved.items():
+        s.cursors[q].next_offset = max(s.cursors[q].next_offset, n)
     s.inbound_qos2.update(int(p) for p in state.get("in2", ()))
     s._next_pid = int(state.get("pid") or 1)
-    return sum(len(e) for e in by_queue.values())
+    return len(resumed)
 
 
 class SessionPersistence:

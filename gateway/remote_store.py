@@ -49,6 +49,13 @@ class RemotePull(NamedTuple):
     max_offset: int
 
 
+def _pulled(reply) -> list:
+    """The entries of a `gw_pull` reply as RemoteMessages."""
+    header, recs = W.decode_messages(reply[2])
+    dq = header.get("dq") or [()] * len(recs)
+    return [RemoteMessage(t, d) for t, d in zip(recs, dq)]
+
+
 class RemoteMessage:
     """A light-queue entry as the delivery engine reads it (StoredMessage's fields it uses)."""
 
@@ -652,12 +659,16 @@ class RemoteStore:
         so a retained message set in between is delivered live, never lost; a replay plan after
         its queue is watched, so live reads follow it); a future of the `ReadAhead`. A replay plan
         the store refuses refuses that subscription only; any other failure fails them all."""
-        register, watch, start, retained, offsets, replay = reads
+        register, watch, start, retained, offsets, replay, messages = reads
         link = self.link
         track = [q for q in dict.fromkeys([*watch, *start]) if q not in self.queues]
         offsets = list(dict.fromkeys(offsets))
         replay = list(dict.fromkeys((f, int(since)) for f, since in replay))
-        if not (register or track or start or retained or offsets or replay):
+        spans: dict[str, list[int]] = {}          # queue -> [first, last] offset wanted
+        for q, off in messages:
+            sp = spans.setdefault(q, [off, off])
+            sp[0], sp[1] = min(sp[0], off), max(sp[1], off)
+        if not (register or track or start or retained or offsets or replay or spans):
             return None
         regs = [link.cmd_within("gw_register", gateway=self.gateway_id, filter=f) for f in register]
         watch = None
@@ -667,8 +678,10 @@ class RemoteStore:
         starts = link.cmd_within("gw_start_offsets", queues=list(dict.fromkeys(start))) if start else None
         offs = [link.cmd_within("gw_get_offset", consumer=c, queue=q) for c, q in offsets]
         plans = [link.cmd_within("gw_replay", filter=f, since=since) for f, since in replay]
+        pulls = [link.cmd_within("gw_pull", queue=q, offset=a, max_count=b - a + 1, max_bytes=16 << 20)
+                 for q, (a, b) in spans.items()]
         rets = [link.cmd_within("gw_retained_matching", filter=f) for f in retained]
-        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *offs, *plans, *rets]
+        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *offs, *plans, *pulls, *rets]
         out = self.loop.create_future()
 
         def failure(f):
@@ -702,10 +715,15 @@ class RemoteStore:
                 {q: int(o) for q, o in json_reply(starts.result())["max_offsets"].items()} if starts else {},
                 {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)},
                 {k: json_reply(r.result())["offset"] for k, r in zip(offsets, offs)},
-                {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)}))
+                {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)},
+                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in _pulled(r.result())}))
         for f in futs:
             f.add_done_callback(done)
         return out
+
+    def message_at(self, queue: str, offset: int):
+        ahead = self._ahead
+        return ahead.messages.pop((queue, offset), None) if ahead is not None else None
 
     def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
         ahead = self._ahead

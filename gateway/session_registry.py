@@ -242,9 +242,9 @@ class SessionRegistry:
                                      rs.retain_as_published, rs.retain_handling, rs.subscription_id)
             self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
         state = rec.extra.get(INFLIGHT) if rec.extra else None
-        if state and not self.subscriptions.store.reads_ahead:
-            # in-process: the messages are read again here and now (a fleet gateway delivers them
-            # again from the committed offsets, as new ones)
+        if state:
+            # the messages are read again (in-process: here and now; a fleet gateway: read ahead
+            # with a resumed session's record, else they are delivered again as new ones)
             try:
                 n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
                 log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",

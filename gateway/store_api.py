@@ -96,6 +96,10 @@ class GatewayStore(Protocol):
     def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
         """A consumer's committed offset as the open read-ahead has it: (True, offset or None if
         none is committed), or (False, None) when it was not read ahead (ask the metadata)."""
+    def message_at(self, queue: str, offset: int) -> Any:
+        """The entry at `offset` of `queue` (StoredMessage's fields), read now in-process; a remote
+        store answers from the open read-ahead. None when not available (deleted by retention,
+        or not read ahead)."""
 
     # -- wildcard filter registrations (one per filter the gateway uses)
     def register_filter(self, flt: str) -> int: ...
@@ -119,25 +123,28 @@ class StoreReads(NamedTuple):
     to register, queues to follow (a remote store mirrors them), queues whose start offset new
     subscriptions and shared groups need, filters whose retained messages are sent after the
     SUBACK; (consumer, queue) pairs whose committed offset a shared group resumes from, and
-    (filter, since_ms) pairs of subscriptions from the past whose replay plan is needed."""
+    (filter, since_ms) pairs of subscriptions from the past whose replay plan is needed; (queue,
+    offset) of messages a resumed session had in flight (persistence.restore_inflight)."""
     register: list
     watch: list
     start: list
     retained: list
     offsets: Sequence = ()
     replay: Sequence = ()
+    messages: Sequence = ()
 
 
 class ReadAhead(NamedTuple):
     """The store's answers to `StoreReads`: registration counts by filter, start offsets by
     queue, retained (topic, payload, properties) lists by filter, committed offsets (or None) by
     (consumer, queue), replay plans by (filter, since_ms) (the store's answer, or the error it
-    refused that one plan with). Taken (popped) as used."""
+    refused that one plan with), messages by (queue, offset). Taken (popped) as used."""
     registered: dict
     start: dict
     retained: dict
     offsets: dict
     replay: dict
+    messages: dict
 
 
 class ReplayPlan:
@@ -245,6 +252,12 @@ class InProcessStore:
 
     def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
         return False, None
+
+    def message_at(self, queue: str, offset: int):
+        for m in self.lq.pull(queue, offset, max_count=1).messages:
+            if m.queue_offset == offset:
+                return m
+        return None
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)

@@ -89,3 +89,56 @@ def test_exchanges_in_flight_resume_with_their_packet_ids_after_a_restart(lmqtt_
     assert (nxt.payload, nxt.dup) == (b"after", False)
     for c in (again, pub):
         c.close()
+
+
+def test_a_fleet_session_resumes_its_exchanges_on_another_gateway(tmp_path):
+    """A rolling restart of a gateway fleet: gateway A stops (SIGTERM) under a connected client
+    with a QoS 2 message past PUBREC and a QoS 1 message unacknowledged; the client connects to
+    gateway B, which reads the session and those messages from the store with the CONNECT, and
+    gets PUBREL and the PUBLISH again with DUP and the same packet ids, nothing as new."""
+    from tests.support import LmqttGateway, LmqttStore
+
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        sub = RawMQTT(a)
+        assert sub.connect("dev", clean=False).session_present is False
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("t/#", qos=2)]))
+        assert isinstance(sub.recv(timeout=10.0), P.SubAck)
+        pub = RawMQTT(b)
+        assert isinstance(pub.connect("pub"), P.ConnAck)
+        pub.send(P.Publish("t/2", b"two", qos=2, packet_id=1))
+        assert isinstance(pub.recv(timeout=10.0), P.PubRec)
+        pub.send(P.PubRel(1))
+        assert isinstance(pub.recv(timeout=10.0), P.PubComp)
+        pub.send(P.Publish("t/1", b"one", qos=1, packet_id=2))
+        assert isinstance(pub.recv(timeout=10.0), P.PubAck)
+        two, one = _recv_publish(sub), _recv_publish(sub)
+        assert (two.payload, one.payload) == (b"two", b"one")
+        sub.send(P.PubRec(two.packet_id))
+        assert isinstance(sub.recv(timeout=10.0), P.PubRel)
+        sub.send(P.PingReq())
+        assert isinstance(sub.recv(timeout=10.0), P.PingResp)
+        a.stop()                                      # SIGTERM: A takes its clients offline
+        assert sub.closed_by_server()
+        sub.close()
+
+        moved = RawMQTT(b)
+        assert moved.connect("dev", clean=False).session_present is True
+        first, second = moved.recv(timeout=10.0), moved.recv(timeout=10.0)
+        assert isinstance(first, P.PubRel) and first.packet_id == two.packet_id
+        assert isinstance(second, P.Publish)
+        assert (second.payload, second.packet_id, second.dup, second.qos) == (b"one", one.packet_id, True, 1)
+        moved.send(P.PubComp(two.packet_id))
+        moved.send(P.PubAck(one.packet_id))
+        pub.send(P.Publish("t/3", b"three", qos=1, packet_id=3))
+        assert isinstance(pub.recv(timeout=10.0), P.PubAck)
+        nxt = _recv_publish(moved)
+        assert (nxt.payload, nxt.dup) == (b"three", False)
+        for c in (moved, pub):
+            c.close()
+    finally:
+        b.stop()
+        a.stop()
+        store.stop()
