@@ -144,7 +144,7 @@ class SessionPersistence:
             log.error("event=delete_session_failed client_id=%s error=%r", client_id, e)
 
     def load_sessions(self) -> list[tuple[SessionRecord, dict[str, int]]]:
-        return [(rec, self.metadata.get_offsets(rec.client_id)) for rec in self.metadata.list_sessions()]
+        return self.metadata.sessions_with_offsets()
 
     # -- offsets ------------------------------------------------------------------------------
     def mark_session(self, s: "Session") -> None:

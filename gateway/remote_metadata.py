@@ -139,6 +139,22 @@ class RemoteMetadata:
     def list_sessions(self) -> list:
         return [SessionRecord.from_bytes(r.encode()) for r in self.link.cmd_blocking("gw_list_sessions")["sessions"]]
 
+    RESTORE_PAGE = 5000
+
+    def sessions_with_offsets(self) -> list:
+        """Every session record with its committed offsets, a page of `RESTORE_PAGE` per round trip
+        (a gateway's restore at start: one `gw_get_offsets` round trip per session made 20,000
+        sessions take 4.6 s)."""
+        out = []
+        after = None
+        while True:
+            r = self.link.cmd_blocking("gw_list_sessions", after=after, limit=self.RESTORE_PAGE, offsets=True)
+            recs = [SessionRecord.from_bytes(s.encode()) for s in r["sessions"]]
+            out += zip(recs, r["offsets"])
+            if not r.get("more") or not recs:
+                return out
+            after = recs[-1].client_id
+
     # offsets
     def get_offset(self, consumer: str, queue: str) -> int | None:
         return self.link.cmd_blocking("gw_get_offset", consumer=consumer, queue=queue)["offset"]

@@ -22,7 +22,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                wildcard filter registrations held per gateway id, persisted: a
                                gateway that restarts with the same id reconciles exactly its own
                                (`SubscriptionRegistry.sync_store_filters`), never another's
-  gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions, gw_get_offset(s),
+  gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions {after?, limit?,
+  offsets?} (a page, with the sessions' offsets: a gateway's restore), gw_get_offset(s),
   gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching, gw_flush
                                the `SessionMetadata` of gateway/store_api.py over the store's
                                light-queue `MetadataStore` (binary fields base64 in JSON: these
@@ -549,8 +550,14 @@ class GatewayService:
         def delete_session(a):
             return {"deleted": bool(meta.delete_session(str(a["client_id"])))}
 
-        def list_sessions(_a):
-            return {"sessions": [r.to_bytes().decode() for r in meta.list_sessions()]}
+        def list_sessions(a):
+            after, limit = a.get("after"), a.get("limit")
+            recs = meta.list_sessions(None if after is None else str(after), None if limit is None else int(limit))
+            out = {"sessions": [r.to_bytes().decode() for r in recs],
+                   "more": limit is not None and len(recs) >= int(limit)}
+            if a.get("offsets"):
+                out["offsets"] = [meta.get_offsets(r.client_id) for r in recs]
+            return out
 
         def get_offset(a):
             return {"offset": meta.get_offset(str(a["consumer"]), str(a["queue"]))}

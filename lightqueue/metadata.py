@@ -80,14 +80,15 @@ class MetadataStore:
         except Exception as e:
             raise MetadataError(f"metadata write failed: {e}") from e
 
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) of every key starting with `prefix`, in key order. RocksDB stops at the
-        prefix's end (an iterate upper bound), so no Python compares each key."""
+    def _scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) of every key starting with `prefix` (from `start` on, if given), in key
+        order. RocksDB stops at the prefix's end (an iterate upper bound), so no Python compares
+        each key."""
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix_end(prefix))
         # a generator, so `ro` (which the RocksDB iterator reads its bound from) lives as long
         # as the iteration: returned bare, it was freed early and the scan stopped short
-        yield from self._db.items(from_key=prefix, read_opt=ro)
+        yield from self._db.items(from_key=start if start is not None else prefix, read_opt=ro)
 
     # -- consumer / session offsets ---------------------------------------------------------
     @staticmethod
@@ -144,8 +145,21 @@ class MetadataStore:
         self._write(wb)
         return existed
 
-    def list_sessions(self) -> list[SessionRecord]:
-        return [SessionRecord.from_bytes(v) for _, v in self._scan(P_SESSION)]
+    def list_sessions(self, after: str | None = None, limit: int | None = None) -> list[SessionRecord]:
+        """Every session record in client id order; a page of them: the first `limit` whose client
+        id sorts after `after`."""
+        start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
+        out = []
+        for _, v in self._scan(P_SESSION, start):
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(SessionRecord.from_bytes(v))
+        return out
+
+    def sessions_with_offsets(self) -> list[tuple[SessionRecord, dict[str, int]]]:
+        """Every session record with its committed offsets (consumer = client id): what a gateway
+        restores at start."""
+        return [(rec, self.get_offsets(rec.client_id)) for rec in self.list_sessions()]
 
     # -- retained messages -------------------------------------------------------------------
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:

@@ -251,6 +251,25 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
     asyncio.run(go())
 
 
+def test_a_gateway_restores_every_session_with_its_offsets_a_page_at_a_time(lmqtt_store, monkeypatch):
+    """`sessions_with_offsets` (a gateway's restore at start) pages through the store's session
+    records, each with its committed offsets, and misses none at the page boundaries."""
+    from lmqtt.gateway.remote_metadata import RemoteMetadata
+    from lmqtt.lightqueue.records import SessionRecord, Subscription
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        for i in range(7):
+            cid = f"dev-{i:02d}"
+            st.metadata.put_session(cid, SessionRecord(cid, 4, 60, 1, [Subscription(f"d/{i}")]))
+            st.metadata.set_offsets(cid, {f"d/{i}": i})
+        monkeypatch.setattr(RemoteMetadata, "RESTORE_PAGE", 3)
+        got = st.metadata.sessions_with_offsets()
+        assert [(rec.client_id, offs) for rec, offs in got] == [(f"dev-{i:02d}", {f"d/{i}": i}) for i in range(7)]
+        st.link.close()
+    asyncio.run(go())
+
+
 def test_a_call_the_store_does_not_answer_in_time_fails_and_drops_the_link(lmqtt_store):
     """`cmd_within`: the bound of a blocking call without blocking: a frozen store (SIGSTOP) fails
     the request after its timeout with the reason, the link is dropped and redialled."""

@@ -37,6 +37,10 @@ def test_offsets_sessions_wills_survive_restart(tmp_path):
     assert md.get_offsets("c1") == {"a/b": 5, "a/+": 7}
     assert md.get_session("c1") == sess
     assert {s.client_id for s in md.list_sessions()} == {"c1", "c2"}
+    assert [s.client_id for s in md.list_sessions(limit=1)] == ["c1"]        # pages, in client id order
+    assert [s.client_id for s in md.list_sessions(after="c1", limit=1)] == ["c2"]
+    assert md.list_sessions(after="c2") == []
+    assert [(r.client_id, o) for r, o in md.sessions_with_offsets()] == [("c1", {"a/b": 5, "a/+": 7}), ("c2", {"a/b": 1})]
     w = md.get_will("c1")
     assert (w.topic, w.payload, w.props, w.qos, w.retain, w.delay_interval) == \
         ("dead/c1", b"\x00bye\xff", b"\x01\x02", 1, True, 5)
