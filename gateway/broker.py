@@ -347,6 +347,8 @@ class Broker:
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
         if self.acl is not None:
             self._compute_read_checks(conn, s)
+        if present and cfg.max_offline_backlog:
+            self.delivery.trim_backlog(s, cfg.max_offline_backlog)
         self.subscriptions.go_online(s)
         for inf in s.resend_inflight():     # no longer fits the client's Maximum Packet Size
             self._release(s, inf)

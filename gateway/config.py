@@ -40,6 +40,11 @@ class GatewayConfig:
     max_inflight: int = 1000
     max_keepalive: int = 65535
     max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80; 0 = unlimited
+    # a persistent session that reconnects gets at most this many of the messages stored for each
+    # of its subscriptions while it was away, the newest (the older ones are counted as dropped);
+    # 0 = all of them, as far back as the store's retention (Mosquitto's max_queued_messages, EMQX's
+    # max_mqueue_len: a device back after a week is not flooded with a week of commands)
+    max_offline_backlog: int = 0
     # limits that protect the broker (gateway/limits.py, docs/gateway.md "Limits"); per gateway
     # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's
     # CONNECT gets CONNACK 0x97 quota exceeded (connect rate: 0x9F; 3.1.1: return code 3).
@@ -160,7 +165,8 @@ class GatewayConfig:
             raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
         if not (1 <= int(self.max_topic_length) <= 65535):
             raise ConfigError(f"max_topic_length must be 1..65535, got {self.max_topic_length}")
-        for name in ("max_connections", "max_connections_per_address", "max_subscriptions", "max_topic_levels"):
+        for name in ("max_connections", "max_connections_per_address", "max_subscriptions", "max_topic_levels",
+                     "max_offline_backlog"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
         for name, burst in (("connect_rate_per_address", "connect_burst_per_address"),

@@ -183,6 +183,25 @@ class DeliveryEngine:
         self._hist_dirty.add(run.s)
         self._schedule()
 
+    def trim_backlog(self, s: Session, keep: int) -> int:
+        """A session that comes back keeps at most its newest `keep` messages per subscription
+        (`max_offline_backlog`): a cursor further behind its queue's end skips the older ones,
+        counted as dropped (`reason="offline_backlog"`). A subscription still sending its history
+        from the past is left alone. Returns how many were skipped."""
+        skipped = 0
+        for q, cur in s.cursors.items():
+            if self.has_history(s, q):
+                continue
+            start = self.store.max_offset(q) - keep
+            if cur.next_offset < start:
+                skipped += start - cur.next_offset
+                cur.next_offset = start
+        if skipped:
+            self.metrics.dropped_offline_backlog.inc(skipped)
+            self._session_offsets_moved(s)
+            log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
+        return skipped
+
     def has_history(self, s: Session, queue: str) -> bool:
         runs = self.histories.get(s)
         return runs is not None and any(r.queue == queue for r in runs)

@@ -119,6 +119,8 @@ class GatewayMetrics:
         # MQTT 5: message expiry passed before delivery / over the client's Maximum Packet Size
         self.dropped_expired = d.labels(reason="expired")
         self.dropped_too_large = d.labels(reason="packet_too_large")
+        # a session back from offline further behind than max_offline_backlog: the older ones skipped
+        self.dropped_offline_backlog = d.labels(reason="offline_backlog")
         self.protocol_errors = Counter("lmqtt_protocol_errors", "Connections closed for a protocol error", registry=r)
         # per-message / per-batch histograms: FastHistogram (plain ints), exported by _HotCounters
         self.append_latency = FastHistogram("lmqtt_store_append_seconds", "Time of one store append_batch call",

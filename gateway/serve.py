@@ -103,6 +103,9 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
                      help="'/'-separated levels of a topic or filter; more: DISCONNECT / SUBACK 0x8F (default 0 = unlimited)")
     lim.add_argument("--max-subscriptions", type=int,
                      help="subscriptions per session; more get SUBACK 0x97 / 3.1.1 0x80 (default 1000, 0 = unlimited)")
+    lim.add_argument("--max-offline-backlog", type=int,
+                     help="messages per subscription a persistent session gets of what was stored while it was "
+                          "away, the newest; the older are dropped (default 0 = all, up to the store's retention)")
 
 
 def install_event_loop() -> str:

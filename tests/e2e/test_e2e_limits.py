@@ -517,3 +517,51 @@ def test_connect_rate_on_the_tls_port_refuses_before_the_handshake(tmp_path, pki
         assert tls_connect("tr-other", source="127.0.0.7") == 0       # another address: served
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_max_offline_backlog_keeps_the_newest_messages_per_subscription(tmp_path, kind):
+    """`--max-offline-backlog 3`: a persistent session back from offline gets the newest 3 of
+    each subscription's messages stored meanwhile (fewer: all), the rest counted as dropped; what
+    is published once it is back is delivered in full."""
+    srv = _server(kind, tmp_path, args=("--max-offline-backlog", "3"))
+    try:
+        sub = RawMQTT(srv)
+        assert sub.connect("away", clean=False).session_present is False
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("many/#", qos=1), P.SubscriptionRequest("few/x", qos=1)]))
+        assert isinstance(sub.recv(timeout=10.0), P.SubAck)
+        sub.send(P.Disconnect())
+        assert sub.closed_by_server()
+        sub.close()
+        pub = RawMQTT(srv)
+        assert isinstance(pub.connect("pub"), P.ConnAck)
+        for i, topic in enumerate([*["many/1"] * 10, "few/x", "few/x"]):
+            pub.send(P.Publish(topic, b"%d" % i, qos=1, packet_id=i + 1))
+            assert isinstance(pub.recv(timeout=10.0), P.PubAck)
+
+        back = RawMQTT(srv)
+        assert back.connect("away", clean=False).session_present is True
+        got = []
+        while True:
+            try:
+                pkt = back.recv(timeout=1.0)
+            except (socket.timeout, TimeoutError):
+                break
+            got.append((pkt.topic, pkt.payload))
+            back.send(P.PubAck(pkt.packet_id))
+        assert sorted(got) == sorted([("many/1", b"7"), ("many/1", b"8"), ("many/1", b"9"),
+                                      ("few/x", b"10"), ("few/x", b"11")])
+        assert _metric(srv, 'lmqtt_dropped_messages_total{reason="offline_backlog"}') == 7
+        for i in range(5):                            # online again: nothing trimmed
+            pub.send(P.Publish("many/1", b"live-%d" % i, qos=1, packet_id=100 + i))
+            assert isinstance(pub.recv(timeout=10.0), P.PubAck)
+        live = []
+        for _ in range(5):
+            pkt = back.recv(timeout=10.0)
+            live.append(pkt.payload)
+            back.send(P.PubAck(pkt.packet_id))
+        assert live == [b"live-%d" % i for i in range(5)]
+        for c in (back, pub):
+            c.close()
+    finally:
+        srv.stop()
