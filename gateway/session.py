@@ -313,18 +313,31 @@ class Session:
                 extra += subscription_identifier_props(sub_ids)
             topic = item.topic
             new_alias = False
+            evicted = None
             if self.alias_max:
-                alias = self.aliases.get(topic)
+                aliases = self.aliases            # topic -> alias, least recently used first
+                alias = aliases.pop(topic, None)
                 if alias is not None:
+                    aliases[topic] = alias         # now the most recently used
                     extra += topic_alias_prop(alias)
                     topic = None           # the client knows the alias: empty topic name
-                elif len(self.aliases) < self.alias_max:
-                    alias = self.aliases[topic] = len(self.aliases) + 1
+                else:
+                    if len(aliases) < self.alias_max:
+                        alias = len(aliases) + 1
+                    else:
+                        # all in use: the least recently used alias now names this topic; the
+                        # client re-maps it on this PUBLISH (topic and alias, §3.3.2.3.4)
+                        evicted = next(iter(aliases))
+                        alias = aliases.pop(evicted)
+                    aliases[topic] = alias
                     extra += topic_alias_prop(alias)   # topic and alias: the client records it
                     new_alias = True
             data = encode_publish_v5_parts(topic, item.payload, qos, retain, dup, pid, extra)
             if new_alias and self.max_packet and len(data) > self.max_packet:
-                del self.aliases[item.topic]   # not sent: the client never learnt this alias
+                # not sent: the client never learnt this mapping, and still has the one it replaced
+                alias = self.aliases.pop(item.topic)
+                if evicted is not None:
+                    self.aliases[evicted] = alias
         if self.max_packet and len(data) > self.max_packet:
             return TOO_LARGE
         return data

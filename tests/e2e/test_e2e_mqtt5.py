@@ -183,8 +183,8 @@ def test_outbound_topic_alias_replaces_repeated_topics(server):
         ("alias/out/a", 1, b"alias/out/a"),     # first time: topic and the alias it gets
         ("", 1, b"alias/out/a"),                # afterwards: empty topic, alias only
         ("alias/out/b", 2, b"alias/out/b"),
-        ("alias/out/c", None, b"alias/out/c"),  # the client allows 2 aliases: no more are assigned
-        ("alias/out/c", None, b"alias/out/c"),
+        ("alias/out/c", 1, b"alias/out/c"),     # the client allows 2: the least recently used
+        ("", 1, b"alias/out/c"),                # alias (a's) is re-mapped to c
         ("", 2, b"alias/out/b"),
     ]
     raw.close()
@@ -535,6 +535,31 @@ def test_mqttjs_resolves_our_topic_aliases_and_reads_subscription_identifiers(se
         ("jsalias/a", "jsalias/a"), ("jsalias/a", "jsalias/a"), ("jsalias/b", "jsalias/b"), ("jsalias/a", "last")]
     assert [m["subscriptionIdentifier"] for m in msgs] == [[77]] * 4
     assert 99 <= msgs[-1]["messageExpiryInterval"] <= 100
+    pub.disconnect()
+
+
+@needs_mqttjs
+def test_mqttjs_follows_our_alias_remapping_once_all_its_aliases_are_in_use(server):
+    """More topics than the client's Topic Alias Maximum (MQTT.js: 10): the least recently used
+    alias is re-mapped (topic and alias in one PUBLISH), and MQTT.js, an independent client,
+    reads every message under the topic it was published to."""
+    topics = [f"jsremap/{i % 13}" for i in range(39)]
+    js = JsSub(server, "jsremap/#", len(topics), {"qos": 1})
+    pub = Paho(server, "m5-js-remap-pub", version=5)
+    for i, t in enumerate(topics):
+        pub.publish(t, str(i).encode(), 1)
+    ev = js.events()
+    msgs = [(e["topic"], e["payload"]) for e in ev if e["event"] == "message"]
+    assert msgs == [(t, str(i)) for i, t in enumerate(topics)]
+    wire = [(e["topic"], e["topicAlias"]) for e in ev if e["event"] == "wire"]
+    assert all(1 <= a <= 10 for _t, a in wire)
+    named: dict[int, str] = {}
+    remapped = 0
+    for t, a in wire:
+        if t:
+            remapped += a in named and named[a] != t
+            named[a] = t
+    assert remapped > 0
     pub.disconnect()
 
 
