@@ -43,6 +43,24 @@ def answered_ping(probe: RawMQTT) -> bool:
     return isinstance(probe.recv(timeout=2.0), P.PingResp)
 
 
+def subscribe_while_frozen(store: LmqttStore, client: RawMQTT, probe: RawMQTT, flt: str, pid: int = 1):
+    """SUBSCRIBE `flt` (QoS 1) with the store frozen: no SUBACK while it is, the probe is served
+    meanwhile; returns the SUBACK that comes once the store runs again."""
+    with frozen(store):
+        client.send(P.Subscribe(pid, [P.SubscriptionRequest(flt, qos=1)]))
+        assert nothing_within(client, 0.5)
+        assert answered_ping(probe)
+    return client.recv(timeout=10.0)
+
+
+def delivered(probe: RawMQTT, client: RawMQTT, topic: str, payload: bytes, pid: int) -> bool:
+    """The probe publishes (QoS 1) and `client` receives it."""
+    probe.send(P.Publish(topic, payload, qos=1, packet_id=pid))
+    assert isinstance(probe.recv(timeout=10.0), P.PubAck)
+    got = client.recv(timeout=10.0)
+    return isinstance(got, P.Publish) and (got.topic, got.payload) == (topic, payload)
+
+
 @pytest.fixture
 def fleet(tmp_path):
     store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
@@ -76,16 +94,9 @@ def test_clients_waiting_for_a_frozen_store_do_not_stop_the_gateway_for_the_othe
     assert isinstance(ack, P.ConnAck) and ack.reason_code == 0 and ack.session_present is True
 
     # 2. a SUBSCRIBE to a wildcard filter new to this gateway (registered on the store)
-    with frozen(store):
-        again.send(P.Subscribe(2, [P.SubscriptionRequest("alerts/+", qos=1)]))
-        assert nothing_within(again, 0.5)
-        assert answered_ping(probe)
-    sub = again.recv(timeout=10.0)
+    sub = subscribe_while_frozen(store, again, probe, "alerts/+", pid=2)
     assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
-    probe.send(P.Publish("alerts/7", b"after the freeze", qos=1, packet_id=5))
-    assert isinstance(probe.recv(timeout=10.0), P.PubAck)
-    got = again.recv(timeout=10.0)
-    assert isinstance(got, P.Publish) and (got.topic, got.payload) == ("alerts/7", b"after the freeze")
+    assert delivered(probe, again, "alerts/7", b"after the freeze", pid=5)
 
     # 3. a new MQTT 5 persistent session: its CONNACK waits for its record on the store
     v5 = RawMQTT(gw, version=5)
@@ -174,16 +185,9 @@ def test_shared_groups_replays_and_expiry_checks_do_not_stop_the_gateway_either(
     # 1. a shared group new to this gateway: it starts at the queue's end, asked of the store
     worker = RawMQTT(gw)
     assert isinstance(worker.connect("worker"), P.ConnAck)
-    with frozen(store):
-        worker.send(P.Subscribe(1, [P.SubscriptionRequest("$share/pool/jobs/+", qos=1)]))
-        assert nothing_within(worker, 0.5)
-        assert answered_ping(probe)
-    sub = worker.recv(timeout=10.0)
+    sub = subscribe_while_frozen(store, worker, probe, "$share/pool/jobs/+")
     assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
-    probe.send(P.Publish("jobs/1", b"job", qos=1, packet_id=1))
-    assert isinstance(probe.recv(timeout=10.0), P.PubAck)
-    got = worker.recv(timeout=10.0)
-    assert isinstance(got, P.Publish) and (got.topic, got.payload) == ("jobs/1", b"job")
+    assert delivered(probe, worker, "jobs/1", b"job", pid=1)
 
     # 2. a subscription from the past: the history of a filter nobody subscribed to
     for i in range(3):
@@ -191,11 +195,7 @@ def test_shared_groups_replays_and_expiry_checks_do_not_stop_the_gateway_either(
         assert isinstance(probe.recv(timeout=10.0), P.PubAck)
     reader = RawMQTT(gw)
     assert isinstance(reader.connect("reader"), P.ConnAck)
-    with frozen(store):
-        reader.send(P.Subscribe(1, [P.SubscriptionRequest("$replay/0/hist/+", qos=1)]))
-        assert nothing_within(reader, 0.5)
-        assert answered_ping(probe)
-    sub = reader.recv(timeout=10.0)
+    sub = subscribe_while_frozen(store, reader, probe, "$replay/0/hist/+")
     assert isinstance(sub, P.SubAck) and sub.reason_codes == [1]
     history = []
     while len(history) < 3:
