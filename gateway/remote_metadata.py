@@ -172,6 +172,10 @@ class RemoteMetadata:
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
         self.link.cmd_nowait("gw_set_retained", topic=topic, payload=_b64(payload), props=_b64(props))
 
+    def clear_retained_if(self, topic: str, props: bytes) -> None:
+        """Sent now, not waited for (the store compares and clears in one step)."""
+        self.link.cmd_nowait("gw_clear_retained_if", topic=topic, props=_b64(props))
+
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
         return retained_rows(self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"])
 

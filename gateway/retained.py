@@ -207,8 +207,6 @@ def clear_expired(metadata, topic: str, value: bytes) -> None:
     """A retained message whose Message Expiry Interval passed is deleted (§3.3.2.3.3), unless a
     newer one replaced it meanwhile."""
     try:
-        cur = metadata.retained_matching(topic)     # an exact topic: one point lookup
-        if not cur or cur[0][2] == value:
-            metadata.set_retained(topic, b"")
+        metadata.clear_retained_if(topic, value)
     except Exception as e:
         log.error("event=retained_clear_failed topic=%s error=%r", topic, e)

@@ -35,6 +35,8 @@ class SessionMetadata(Protocol):
     # retained messages (an empty payload clears)
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None: ...
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]: ...
+    def clear_retained_if(self, topic: str, props: bytes) -> Any:
+        """Clear `topic`'s retained message if it is still the one stored with `props`."""
     def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
         """retained_matching in lists: the in-process store reads them as they are consumed, so a
         subscriber's first retained messages are sent before the whole range is read."""

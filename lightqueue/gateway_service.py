@@ -24,7 +24,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                (`SubscriptionRegistry.sync_store_filters`), never another's
   gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions {after?, limit?,
   offsets?} (a page, with the sessions' offsets: a gateway's restore), gw_get_offset(s),
-  gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching, gw_flush
+  gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching,
+  gw_clear_retained_if, gw_flush
                                the `SessionMetadata` of gateway/store_api.py over the store's
                                light-queue `MetadataStore` (binary fields base64 in JSON: these
                                run at connect/subscribe rate, not message rate)
@@ -578,6 +579,9 @@ class GatewayService:
             meta.set_retained(str(a["topic"]), _unb64(a["payload"]), _unb64(a.get("props", "")))
             return {"ok": True}
 
+        def clear_retained_if(a):
+            return {"cleared": meta.clear_retained_if(str(a["topic"]), _unb64(a.get("props", "")))}
+
         def retained_matching(a):
             return {"retained": [[t, _b64(p), _b64(pr)] for t, p, pr in meta.retained_matching(str(a["filter"]))]}
 
@@ -629,6 +633,7 @@ class GatewayService:
                          ("gw_get_offset", get_offset), ("gw_get_offsets", get_offsets),
                          ("gw_set_offsets", set_offsets), ("gw_delete_offsets", delete_offsets),
                          ("gw_set_retained", set_retained), ("gw_retained_matching", retained_matching),
+                         ("gw_clear_retained_if", clear_retained_if),
                          ("gw_pop_will", pop_will), ("gw_take_wills", take_wills), ("gw_list_wills", list_wills),
                          ("gw_flush", flush)):
             reg(name, fn)

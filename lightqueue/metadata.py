@@ -166,12 +166,28 @@ class MetadataStore:
         """Store the retained message of `topic`; an empty payload clears it (MQTT §3.3.1.3)."""
         validate_topic(topic)
         key = P_RETAINED + topic.encode("utf-8")
-        if not payload:
+        with self._lock:                  # against clear_retained_if's read-then-delete
+            if not payload:
+                wb = WriteBatch(raw_mode=True)
+                wb.delete(key)
+                self._write(wb)
+                return
+            self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
+
+    def clear_retained_if(self, topic: str, props: bytes) -> bool:
+        """Clear the retained message of `topic` if it is still the one with these `props` (a
+        message found past its expiry: cleared unless a newer one replaced it meanwhile). One
+        step in the store, so it needs no round trip from a remote gateway and races no
+        `set_retained`. True if cleared."""
+        key = P_RETAINED + topic.encode("utf-8")
+        with self._lock:
+            v = self._db.get(key)
+            if v is None or self._decode_retained(v)[1] != props:
+                return False
             wb = WriteBatch(raw_mode=True)
             wb.delete(key)
             self._write(wb)
-            return
-        self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
+            return True
 
     @staticmethod
     def _decode_retained(v: bytes) -> tuple[bytes, bytes]:

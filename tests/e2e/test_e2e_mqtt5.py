@@ -347,6 +347,13 @@ def test_expired_retained_message_is_not_sent(server):
     got = c.drain(0.6)
     assert [(m.topic, m.retain) for m in got] == [("exp/ret/long", True)]
     assert 96 <= got[0].properties.MessageExpiryInterval <= 98
+    from lmqtt.store.client import connect
+    if isinstance(server, LmqttFleet):
+        with connect(server.store_address) as sdk:    # the expired one found is deleted from the store
+            deadline = time.monotonic() + 10
+            while sdk.cmd("gw_retained_matching", filter="exp/ret/short")["retained"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sdk.cmd("gw_retained_matching", filter="exp/ret/short")["retained"] == []
     pub.publish("exp/ret/long", b"", 1, retain=True)
     c.disconnect()
     pub.disconnect()

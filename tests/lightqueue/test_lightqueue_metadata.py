@@ -188,3 +188,17 @@ def test_a_session_record_is_written_as_the_generic_dataclass_encoding_and_reads
     old = json.dumps({**dataclasses.asdict(rec), "v": 1}, separators=(",", ":"), ensure_ascii=False).encode()
     assert rec.to_bytes() == old
     assert SessionRecord.from_bytes(rec.to_bytes()) == rec
+
+
+def test_a_retained_message_is_cleared_only_if_it_is_still_the_one_found_expired(tmp_path):
+    """`clear_retained_if`: the message found past its expiry is deleted; one that replaced it
+    meanwhile (other properties) is kept."""
+    md = MetadataStore(str(tmp_path / "md"))
+    md.set_retained("r/t", b"old", b"props-1")
+    md.set_retained("r/u", b"new", b"props-3")
+    assert md.clear_retained_if("r/t", b"props-1") is True
+    assert md.get_retained("r/t") is None
+    assert md.clear_retained_if("r/u", b"props-2") is False      # replaced since: kept
+    assert md.get_retained("r/u") == (b"new", b"props-3")
+    assert md.clear_retained_if("r/none", b"x") is False
+    md.close()
