@@ -30,6 +30,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "timer": ("lmqtt.loadtest.timer_bench", "Delayed messages: timer enqueue, firing error, a million pending timers"),
     "sdk": ("lmqtt.loadtest.sdk_bench", "SDK produce/pull/POP vs Redis Streams; SDK -> MQTT latency"),
     "spark": ("lmqtt.loadtest.spark_bench", "Spark over the store: batch read vs Parquet/JSON, publish -> alert latency"),
+    "restart": ("lmqtt.loadtest.restart_bench", "Time to be back after a restart with N persistent sessions (vs Mosquitto)"),
     "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
 }
 

@@ -753,6 +753,17 @@ class RemoteStore:
             return ahead.registered.pop(flt)
         return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
 
+    REGISTER_CHUNK = 2000
+
+    def register_filters(self, flts: list[str]) -> dict[str, int]:
+        """Register many filters, `REGISTER_CHUNK` per round trip (a gateway's start: one blocking
+        round trip per filter made 20,000 sessions with a wildcard filter each take ~9 s)."""
+        out: dict[str, int] = {}
+        for i in range(0, len(flts), self.REGISTER_CHUNK):
+            r = self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filters=flts[i:i + self.REGISTER_CHUNK])
+            out.update({f: int(n) for f, n in r["counts"].items()})
+        return out
+
     def unregister_filter(self, flt: str) -> int:
         return int(self.link.cmd_blocking("gw_unregister", gateway=self.gateway_id, filter=flt)["count"])
 

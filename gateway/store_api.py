@@ -107,6 +107,8 @@ class GatewayStore(Protocol):
 
     # -- wildcard filter registrations (one per filter the gateway uses)
     def register_filter(self, flt: str) -> int: ...
+    def register_filters(self, flts: list[str]) -> dict[str, int]:
+        """`register_filter` of each (remote: many per round trip)."""
     def unregister_filter(self, flt: str) -> int: ...
     def release_filter(self, flt: str) -> None:
         """`unregister_filter` without waiting for the count (remote: sent now, answered in order
@@ -265,6 +267,9 @@ class InProcessStore:
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)
+
+    def register_filters(self, flts: list[str]) -> dict[str, int]:
+        return {f: self.lq.register_filter(f) for f in flts}
 
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)

@@ -229,9 +229,9 @@ class SubscriptionRegistry:
             want = 1 if f in self.filter_users else 0
             while n > want:
                 n = self.store.unregister_filter(f)
-        for f in self.filter_users:
-            if registered.get(f, 0) == 0:
-                self.store.register_filter(f)
+        missing = [f for f in self.filter_users if registered.get(f, 0) == 0]
+        if missing:
+            self.store.register_filters(missing)
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):

@@ -18,7 +18,7 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
   gw_pull {queue, offset, ...} a light-queue pull; the MESSAGES header carries each message's
                                dispatch queues ("dq"), which the gateway needs to deliver a message
                                once to a session whose subscriptions overlap
-  gw_register / gw_unregister / gw_filters {gateway, filter}
+  gw_register / gw_unregister / gw_filters {gateway, filter} (gw_register also {gateway, filters}: many)
                                wildcard filter registrations held per gateway id, persisted: a
                                gateway that restarts with the same id reconciles exactly its own
                                (`SubscriptionRegistry.sync_store_filters`), never another's
@@ -532,7 +532,11 @@ class GatewayService:
         replay, replay_read = replay_mod.call_handlers(self.srv.store, lq)
 
         def register(a):
-            return {"count": self._hold(str(a["gateway"]), validate_filter(str(a["filter"])), +1)}
+            gid = str(a["gateway"])
+            if "filters" in a:            # many at once: a gateway's filters at its start
+                flts = [validate_filter(str(f)) for f in a["filters"]]
+                return {"counts": {f: self._hold(gid, f, +1) for f in flts}}
+            return {"count": self._hold(gid, validate_filter(str(a["filter"])), +1)}
 
         def unregister(a):
             return {"count": self._hold(str(a["gateway"]), str(a["filter"]), -1)}

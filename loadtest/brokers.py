@@ -190,7 +190,9 @@ class Security:
     lmqtt_args: tuple = ()
 
 
-def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None) -> Path:
+def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None, persist: bool = False) -> Path:
+    """`persist`: Mosquitto keeps its sessions in `workdir/mosquitto.db` (written at shutdown, read
+    at start), for `lmqtt bench restart`; else in memory only, as the other scenarios run it."""
     conf = workdir / "mosquitto.conf"
     sec = security or Security()
     lines = [
@@ -206,7 +208,8 @@ def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None) 
         "max_inflight_messages 0",
         "max_queued_messages 1000000",  # persistent-session backlog scenario
         "max_queued_bytes 0",
-        "persistence false",
+        *(["persistence true", f"persistence_location {workdir}/", "autosave_interval 0"] if persist
+          else ["persistence false"]),
         # lmqtt and amqtt (asyncio) set TCP_NODELAY on every client socket; Mosquitto only with
         # this option. Without it Nagle's algorithm holds Mosquitto's small PUBACKs and
         # deliveries until the generator's delayed ACK (40 ms): QoS 1 pairs topped out at ~22k
@@ -286,7 +289,7 @@ LMQTT_MATCH_MOSQUITTO = ["--max-inflight", "65535"]
 
 def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = None,
                 extra_ports: list[int] | None = None, metrics_base: int | None = None,
-                security: Security | None = None) -> tuple[list[str], str]:
+                security: Security | None = None, persist: bool = False) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if security is not None and (security.cert or security.password_file or security.lmqtt_args):
         if name not in ("mosquitto", "lmqtt"):
@@ -301,7 +304,7 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             version = out.splitlines()[0].strip() if out else "mosquitto"
         except (OSError, subprocess.TimeoutExpired):
             version = "mosquitto"
-        return [exe, "-c", str(_mosquitto_conf(port, workdir, security))], version
+        return [exe, "-c", str(_mosquitto_conf(port, workdir, security, persist))], version
     if name == "amqtt":
         try:
             from importlib.metadata import version as _v
@@ -347,11 +350,12 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
 
 def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None = None,
           ready_timeout: float = 20.0, lmqtt_src: str | None = None,
-          security: Security | None = None) -> RunningBroker:
+          security: Security | None = None, persist: bool = False) -> RunningBroker:
     """Start broker ``name`` and wait until its port accepts TCP connections.
 
     ``lmqtt_src``: run lmqtt from that source tree (its directory first on PYTHONPATH), so a
-    long comparison is not disturbed by edits to the working tree while it runs.
+    long comparison is not disturbed by edits to the working tree while it runs. ``persist``:
+    Mosquitto keeps its sessions across a restart in ``workdir`` (lmqtt always does).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -360,6 +364,8 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     extra = [free_port()] if name == "lmqtt-fleet" else []
     mbase = free_port_pair() if multi and not lmqtt_src else None
     sec = {"security": security} if security is not None else {}
+    if persist:
+        sec["persist"] = True
     argv, version = (command_for(name, port, workdir, lmqtt_src, **sec) if lmqtt_src
                      else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase, **sec) if multi
                      else command_for(name, port, workdir, **sec))

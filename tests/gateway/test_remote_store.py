@@ -270,6 +270,20 @@ def test_a_gateway_restores_every_session_with_its_offsets_a_page_at_a_time(lmqt
     asyncio.run(go())
 
 
+def test_a_gateways_filters_are_registered_many_per_round_trip(lmqtt_store, monkeypatch):
+    """`register_filters` (a gateway's start): every filter held once more, across chunks, and the
+    store registers exactly those."""
+    async def go():
+        st = _remote(lmqtt_store.address)
+        monkeypatch.setattr(RemoteStore, "REGISTER_CHUNK", 2)
+        assert st.register_filter("m/0/+") == 1
+        got = st.register_filters(["m/0/+", "m/1/+", "m/2/#"])
+        assert got == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
+        assert st.registered_filters() == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
+        st.link.close()
+    asyncio.run(go())
+
+
 def test_a_call_the_store_does_not_answer_in_time_fails_and_drops_the_link(lmqtt_store):
     """`cmd_within`: the bound of a blocking call without blocking: a frozen store (SIGSTOP) fails
     the request after its timeout with the reason, the link is dropped and redialled."""
