@@ -4,6 +4,7 @@
     lmqtt consume --store HOST:PORT --filter F [--group G] [--from earliest|latest|TIME]
                   [--count N] [--timeout S] [--format text|json]
     lmqtt admin   --store HOST:PORT [--group G]... [--format table|json]
+                  [--gateways | --release-gateway ID]
 
 `produce` sends one message per stdin line (the line without its newline) and prints a one-line
 summary (count, rate) to stderr. `consume` prints one message per stdout line. `--filter` is an MQTT
@@ -280,9 +281,16 @@ def admin_main(argv: list[str] | None = None) -> int:
     _common(p)
     p.add_argument("--group", action="append", default=[], help="only these groups (repeatable; default all)")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--gateways", action="store_true",
+                   help="list the gateway ids holding wildcard filters in the store, and whether each is connected")
+    p.add_argument("--release-gateway", metavar="ID",
+                   help="drop the filter holds of a gateway id gone for good (refused while it is connected; "
+                        "a filter only it holds for a persistent session is kept)")
     args = p.parse_args(argv)
     from lmqtt.store.client import ConnectionLost, StoreClientError
     conn = _connect("lmqtt admin", args.store, args.token)
+    if args.gateways or args.release_gateway:
+        return _admin_gateways(conn, args)
     try:
         a = conn.admin()
         queues = []
@@ -304,6 +312,34 @@ def admin_main(argv: list[str] | None = None) -> int:
                          default=str, indent=2))
         return 0
     print(render_table(queues, groups, stats))
+    return 0
+
+
+def _admin_gateways(conn, args) -> int:
+    from lmqtt.store.client import ConnectionLost, StoreClientError
+    try:
+        if args.release_gateway:
+            r = conn.cmd("gw_release_gateway", gateway=args.release_gateway)
+        else:
+            r = conn.cmd("gw_holders")
+    except StoreClientError as e:
+        print(f"lmqtt admin: store {args.store} refused: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (ConnectionLost, OSError) as e:
+        print(f"lmqtt admin: lost the store {args.store}: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    finally:
+        conn.close()
+    if args.format == "json":
+        print(json.dumps(r, indent=2))
+    elif args.release_gateway:
+        print(f"gateway {args.release_gateway}: released {len(r['released'])} filter(s), kept {len(r['kept'])} "
+              f"(only it holds them for a persistent session)")
+        for f in r["kept"]:
+            print(f"  kept {f}")
+    else:
+        rows = [[g, v["filters"], "yes" if v["connected"] else "no"] for g, v in r["gateways"].items()]
+        print("\n".join(_table(["gateway", "filters", "connected"], rows)) if rows else "(no gateway holds a filter)")
     return 0
 
 

@@ -19,6 +19,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                dispatch queues ("dq"), which the gateway needs to deliver a message
                                once to a session whose subscriptions overlap
   gw_register / gw_unregister / gw_filters {gateway, filter} (gw_register also {gateway, filters}: many)
+  gw_holders, gw_release_gateway {gateway}
+                               who holds filters; drop a gone gateway id's holds (lmqtt admin)
                                wildcard filter registrations held per gateway id, persisted: a
                                gateway that restarts with the same id reconciles exactly its own
                                (`SubscriptionRegistry.sync_store_filters`), never another's
@@ -440,6 +442,30 @@ class GatewayService:
         self.srv.meta.put_json(f"{_HOLD}{gid}\0{flt}", n)
         return n
 
+    def release_gateway(self, gid: str) -> dict:
+        """Drop the filter holds of gateway id `gid`, one that is gone for good (an operator's
+        call: e.g. the pod names a Deployment rollout retired). Refused while `gid` is connected.
+        A filter a persistent session's record uses is kept when `gid` is its only holder: that
+        session may have been created on `gid`, after the other gateways restored theirs, and its
+        messages must keep being indexed until it comes back."""
+        if self.connections_of.get(gid):
+            raise ValueError(f"gateway {gid!r} is connected: its holds are in use")
+        mine = dict(self.holds.get(gid, {}))
+        needed = {rs.filter for rec in self.meta.list_sessions() for rs in rec.subscriptions}
+        released, kept = [], []
+        for flt, n in sorted(mine.items()):
+            others = any(flt in fs for g, fs in self.holds.items() if g != gid)
+            if flt in needed and not others:
+                kept.append(flt)
+                continue
+            for _ in range(n):
+                self._hold(gid, flt, -1)
+            released.append(flt)
+        if not self.holds.get(gid):
+            self.holds.pop(gid, None)
+        log.info("event=gateway_holds_released gateway=%s released=%d kept=%d", gid, len(released), len(kept))
+        return {"released": released, "kept": kept}
+
     # ---------------------------------------------------------------- CALLs
     def _install(self) -> None:
         lq, meta, reg, loop = self.lq, self.meta, self.srv.register_call, self.loop
@@ -544,6 +570,13 @@ class GatewayService:
         def filters(a):
             return {"filters": dict(self.holds.get(str(a["gateway"]), {}))}
 
+        def holders(_a):
+            return {"gateways": {gid: {"filters": len(fs), "connected": bool(self.connections_of.get(gid))}
+                                 for gid, fs in sorted(self.holds.items())}}
+
+        def release_gateway(a):
+            return self.release_gateway(str(a["gateway"]))
+
         def put_session(a):
             meta.put_session(str(a["client_id"]), SessionRecord.from_bytes(a["rec"].encode()))
             return {"ok": True}
@@ -631,6 +664,7 @@ class GatewayService:
         reg("gw_pull", pull, with_connection=True)
         for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_replay", replay),
                          ("gw_replay_read", replay_read), ("gw_register", register),
+                         ("gw_holders", holders), ("gw_release_gateway", release_gateway),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),
                          ("gw_delete_session", delete_session), ("gw_list_sessions", list_sessions),

@@ -112,6 +112,31 @@ def test_admin_shows_queues_and_group_lag(lmqtt_store):
     assert row == [["billing", "topic", "orders[0]", "2", "7", "5"]], out
 
 
+def test_admin_lists_gateway_holds_and_releases_a_gone_gateways(lmqtt_store):
+    """`lmqtt admin --gateways` / `--release-gateway ID`: a gateway id gone for good loses its
+    filter holds, except a filter only it holds that a persistent session's record uses; a
+    connected gateway's holds are refused."""
+    from lmqtt.lightqueue.records import SessionRecord, Subscription
+    addr = lmqtt_store.address
+    with connect(addr) as gone, connect(addr) as live:
+        gone.cmd("gw_register", gateway="pod-old", filters=["ended/+", "shared/+", "needed/+"])
+        live.cmd("gw_hello", gateway="pod-new")
+        live.cmd("gw_register", gateway="pod-new", filter="shared/+")
+        rec = SessionRecord("dev-1", 4, 3600, 1, [Subscription("needed/+", 1)])
+        live.cmd("gw_put_session", client_id="dev-1", rec=rec.to_bytes().decode())
+        r = lmqtt("admin", "--store", addr, "--gateways", "--format", "json")
+        assert r.returncode == 0, r.stderr.decode()
+        assert json.loads(r.stdout)["gateways"] == {"pod-new": {"filters": 1, "connected": True},
+                                                    "pod-old": {"filters": 3, "connected": False}}
+        r = lmqtt("admin", "--store", addr, "--release-gateway", "pod-new")
+        assert r.returncode != 0 and b"connected" in r.stderr
+        r = lmqtt("admin", "--store", addr, "--release-gateway", "pod-old", "--format", "json")
+        assert r.returncode == 0, r.stderr.decode()
+        assert json.loads(r.stdout) == {"released": ["ended/+", "shared/+"], "kept": ["needed/+"]}
+        assert live.cmd("gw_filters", gateway="pod-old")["filters"] == {"needed/+": 1}
+        assert live.cmd("gw_filters", gateway="pod-new")["filters"] == {"shared/+": 1}
+
+
 def test_mqtt_subscriber_sees_produced_lines(lmqtt_server):
     sub = Paho(lmqtt_server, client_id="console-sub", version=5)
     try:
