@@ -287,26 +287,13 @@ def admin_main(argv: list[str] | None = None) -> int:
                    help="drop the filter holds of a gateway id gone for good (refused while it is connected; "
                         "a filter only it holds for a persistent session is kept)")
     args = p.parse_args(argv)
-    from lmqtt.store.client import ConnectionLost, StoreClientError
     conn = _connect("lmqtt admin", args.store, args.token)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
-    try:
-        a = conn.admin()
-        queues = []
-        for q in a.topics():
-            lo, hi = a.offsets(q["topic"], q["queue_id"])
-            queues.append({"topic": q["topic"], "queue_id": q["queue_id"], "min_offset": lo, "max_offset": hi})
-        stats = a.stats()
-        groups = {g: a.lag(g) for g in (args.group or stats.get("groups", []))}
-    except StoreClientError as e:
-        print(f"lmqtt admin: store {args.store} refused: {e}", file=sys.stderr)
-        return EXIT_REFUSED
-    except (ConnectionLost, OSError) as e:
-        print(f"lmqtt admin: lost the store {args.store}: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    finally:
-        conn.close()
+    r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
+    if code:
+        return code
+    queues, groups, stats = r
     if args.format == "json":
         print(json.dumps({"store": args.store, "queues": queues, "groups": groups, "stats": stats},
                          default=str, indent=2))
@@ -315,21 +302,39 @@ def admin_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _admin_gateways(conn, args) -> int:
+def _admin_call(conn, store: str, fn):
+    """`fn(conn)`, the store's failures turned into admin's exit codes (the cause on stderr), the
+    connection closed: (result, 0) or (None, exit code)."""
     from lmqtt.store.client import ConnectionLost, StoreClientError
     try:
-        if args.release_gateway:
-            r = conn.cmd("gw_release_gateway", gateway=args.release_gateway)
-        else:
-            r = conn.cmd("gw_holders")
+        return fn(conn), 0
     except StoreClientError as e:
-        print(f"lmqtt admin: store {args.store} refused: {e}", file=sys.stderr)
-        return EXIT_REFUSED
+        print(f"lmqtt admin: store {store} refused: {e}", file=sys.stderr)
+        return None, EXIT_REFUSED
     except (ConnectionLost, OSError) as e:
-        print(f"lmqtt admin: lost the store {args.store}: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        print(f"lmqtt admin: lost the store {store}: {e}", file=sys.stderr)
+        return None, EXIT_UNREACHABLE
     finally:
         conn.close()
+
+
+def _overview(conn, only_groups: list[str]):
+    a = conn.admin()
+    queues = []
+    for q in a.topics():
+        lo, hi = a.offsets(q["topic"], q["queue_id"])
+        queues.append({"topic": q["topic"], "queue_id": q["queue_id"], "min_offset": lo, "max_offset": hi})
+    stats = a.stats()
+    return queues, {g: a.lag(g) for g in (only_groups or stats.get("groups", []))}, stats
+
+
+def _admin_gateways(conn, args) -> int:
+    if args.release_gateway:
+        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_release_gateway", gateway=args.release_gateway))
+    else:
+        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_holders"))
+    if code:
+        return code
     if args.format == "json":
         print(json.dumps(r, indent=2))
     elif args.release_gateway:
