@@ -192,7 +192,7 @@ class DeliveryEngine:
         for q, cur in s.cursors.items():
             if self.has_history(s, q):
                 continue
-            start = self.store.max_offset(q) - keep
+            start = self.store.end_offset(q) - keep
             if cur.next_offset < start:
                 skipped += start - cur.next_offset
                 cur.next_offset = start

@@ -239,7 +239,9 @@ class FleetSessionRegistry(SessionRegistry):
                       if rs.share_group and (rs.share_group, rs.filter) not in groups]
         state = rec.extra.get(INFLIGHT) if rec.extra else None
         messages = [(q, off) for _pid, q, off, *_rest in state.get("out", ())] if state else []
-        return StoreReads(register, watch, [q for _, q in new_groups], [],
+        # the ends of its queues too: what it missed while away, known before it is resumed
+        # (max_offline_backlog counts from them)
+        return StoreReads(register, watch, [*watch, *(q for _, q in new_groups)], [],
                           [(group_consumer(g, q), q) for g, q in new_groups], (), messages)
 
     def discard(self, loaded: "Loaded") -> None:

@@ -298,6 +298,13 @@ class RemoteStore:
             m = self._track(queue)
         return m.end
 
+    def end_offset(self, queue: str) -> int:
+        """The queue's end as the store last told it (the mirror may not hold those entries yet)."""
+        m = self.queues.get(queue)
+        if m is None:
+            m = self._track(queue)
+        return max(m.known, m.end)
+
     def start_offset(self, queue: str) -> int:
         """The store's max offset once what was acknowledged before now is dispatched (one round
         trip: the mirror may not have heard of the newest entries yet, and a subscription started
@@ -745,6 +752,9 @@ class RemoteStore:
             for f in ahead.registered:          # registered ahead, not taken (refused, or held already)
                 self.release_filter(f)
             ahead.registered.clear()
+            if ahead.start:                     # queue ends read ahead, not taken: still news of them
+                self.heard(ahead.start)
+                ahead.start.clear()
 
     # ------------------------------------------------------------------ filters
     def register_filter(self, flt: str) -> int:

@@ -79,6 +79,9 @@ class GatewayStore(Protocol):
 
     # -- delivery path
     def max_offset(self, queue: str) -> int: ...
+    def end_offset(self, queue: str) -> int:
+        """Where the queue ends as far as the gateway knows (remote: what the store last said,
+        which the mirror may not hold yet; in-process: `max_offset`)."""
     def start_offset(self, queue: str) -> int:
         """Where a new subscription to `queue` starts: after every message whose publish was
         acknowledged before this call (so it is not delivered as new, nor missed)."""
@@ -237,7 +240,7 @@ class InProcessStore:
         self.queues_for_topic = lq.queues_for_topic
         self.append_batch = store.append_batch
         self.append = store.append
-        self.max_offset = lq.max_offset
+        self.max_offset = self.end_offset = lq.max_offset
         self.pull = lq.pull
         self.register_filter = lq.register_filter
 
