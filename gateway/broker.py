@@ -529,15 +529,16 @@ class Broker:
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
-        since_all = None
+        # MQTT 5: the SUBSCRIBE's own `since` (every filter from the past), or why it is refused
+        since = (None, None)
         if conn.version == 5 and pkt.properties.user_property:
             try:
-                since_all = since_property(pkt.properties)
-            except ReplayRequestError:
-                pass                         # refused in _subscribe, with the reason
-        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since_all)
+                since = (since_property(pkt.properties), None)
+            except ReplayRequestError as e:
+                since = (None, str(e))
+        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
         if ahead is None:
-            return self._subscribe(conn, pkt, None)
+            return self._subscribe(conn, pkt, None, since)
         # a remote store: this connection waits for the answers on hold, the others go on
         conn.hold()
 
@@ -551,7 +552,7 @@ class Broker:
                 self._subscribe_failed(conn, pkt, f.exception())
             else:
                 with self.storage.using(f.result()) as got:
-                    self._continue(conn, self._subscribe, conn, pkt, got)
+                    self._continue(conn, self._subscribe, conn, pkt, got, since)
             conn.release()
         ahead.add_done_callback(ready)
 
@@ -576,7 +577,7 @@ class Broker:
             log.exception("event=packet_handler_failed client_id=%s", conn.client_id)
             conn.close_with_error(RC.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
 
-    def _subscribe(self, conn, pkt: P.Subscribe, ahead) -> None:
+    def _subscribe(self, conn, pkt: P.Subscribe, ahead, since: tuple) -> None:
         s = conn.session
         v5 = conn.version == 5
         codes: list[int] = []
@@ -587,12 +588,7 @@ class Broker:
             if len(ids) > 1:
                 raise ProtocolError("SUBSCRIBE carries more than one subscription identifier", RC.PROTOCOL_ERROR)
             sub_id = ids[0]
-        since_all = replay_refused = None
-        if v5 and pkt.properties.user_property:
-            try:
-                since_all = since_property(pkt.properties)
-            except ReplayRequestError as e:
-                replay_refused = str(e)
+        since_all, replay_refused = since
         reasons: list[str] = []
         for req in pkt.subscriptions:
             since = since_all

@@ -49,11 +49,11 @@ class RemotePull(NamedTuple):
     max_offset: int
 
 
-def _pulled(reply) -> list:
-    """The entries of a `gw_pull` reply as RemoteMessages."""
+def _pulled(reply) -> tuple[dict, list]:
+    """A `gw_pull` reply: its header and its entries as RemoteMessages."""
     header, recs = W.decode_messages(reply[2])
     dq = header.get("dq") or [()] * len(recs)
-    return [RemoteMessage(t, d) for t, d in zip(recs, dq)]
+    return header, [RemoteMessage(t, d) for t, d in zip(recs, dq)]
 
 
 class RemoteMessage:
@@ -374,10 +374,9 @@ class RemoteStore:
                         queue, offset, e)
             self.loop.call_later(1.0, self._tell, {queue})
             return
-        header, recs = W.decode_messages(f.result()[2])
+        header, msgs = _pulled(f.result())
         m.min_offset = int(header.get("min_offset", m.min_offset))
-        dq = header.get("dq") or [()] * len(recs)
-        msgs = [RemoteMessage(t, d) for t, d in zip(recs, dq) if t[0] < m.base]
+        msgs = [it for it in msgs if it.queue_offset < m.base]
         self._drop_back(m)
         m.back_from = offset
         if not msgs:
@@ -723,7 +722,7 @@ class RemoteStore:
                 {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)},
                 {k: json_reply(r.result())["offset"] for k, r in zip(offsets, offs)},
                 {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)},
-                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in _pulled(r.result())}))
+                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in _pulled(r.result())[1]}))
         for f in futs:
             f.add_done_callback(done)
         return out

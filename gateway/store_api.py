@@ -272,7 +272,8 @@ class InProcessStore:
         self.lq.add_listener(callback)
 
     def register_filters(self, flts: list[str]) -> dict[str, int]:
-        return {f: self.lq.register_filter(f) for f in flts}
+        self.lq.register_filters(flts)            # one metadata write for all
+        return {f: self.lq.registry.refcount(f) for f in flts}
 
     def unregister_filter(self, flt: str) -> int:
         return self.lq.unregister_filter(flt)
