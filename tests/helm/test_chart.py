@@ -46,7 +46,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(which):
     values = {} if which == "default" else _production_values()
     docs, _ = _render(values)
     kinds = _by_kind(docs)
-    assert {"StatefulSet", "Deployment", "Service", "ConfigMap"} <= set(kinds)
+    assert {"StatefulSet", "Service", "ConfigMap"} <= set(kinds)
     for d in docs:
         kv.validate(d, KUBE_VERSION, strict=True)
 
@@ -61,11 +61,11 @@ def test_the_chart_lints_clean():
 def test_default_install_runs_a_store_gateways_and_redis_wired_together():
     docs, out = _render()
     k = _by_kind(docs)
-    sts = k["StatefulSet"][0]
+    sts = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-store")
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "20Gi"
     store_args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     assert store_args[0] == "store" and "--flush-mode=sync" in store_args and "--host=0.0.0.0" in store_args
-    gw = next(d for d in k["Deployment"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
     c = gw["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "gateway"
     assert "--store=mqtt-lmqtt-store-0.mqtt-lmqtt-store-headless.iot.svc:10911" in c["args"]
@@ -82,6 +82,28 @@ def test_default_install_runs_a_store_gateways_and_redis_wired_together():
     assert token and all(e["valueFrom"]["secretKeyRef"]["key"] == "store-token"
                          for e in c["env"] if e["name"] == "LMQTT_STORE_TOKEN")
     assert "kubectl port-forward" in out["lmqtt/templates/NOTES.txt"]
+
+
+def test_gateways_keep_their_ids_across_rollouts():
+    """The store keeps wildcard filter holds per gateway id; a gateway that comes back under the
+    same id reconciles its own. Gateways are a StatefulSet whose pod name (stable: ...-gateway-0,
+    -1, ...) is passed as --gateway-id, so a rollout or a rescheduled pod leaves no holds under
+    ids that never return; the HPA scales that StatefulSet."""
+    docs, _ = _render()
+    k = _by_kind(docs)
+    assert not any(d["metadata"]["name"] == "mqtt-lmqtt-gateway" for d in k.get("Deployment", []))
+    gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    assert gw["spec"]["podManagementPolicy"] == "Parallel"
+    assert "volumeClaimTemplates" not in gw["spec"]
+    headless = next(d for d in k["Service"] if d["metadata"]["name"] == gw["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == gw["spec"]["selector"]["matchLabels"]
+    c = gw["spec"]["template"]["spec"]["containers"][0]
+    assert "--gateway-id=$(POD_NAME)" in c["args"]
+    pod_name = next(e for e in c["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    hpa = k["HorizontalPodAutoscaler"][0]["spec"]["scaleTargetRef"]
+    assert (hpa["kind"], hpa["name"]) == ("StatefulSet", "mqtt-lmqtt-gateway")
 
 
 def test_every_pod_runs_non_root_with_requests_and_scrape_annotations():
@@ -103,11 +125,13 @@ def test_every_pod_runs_non_root_with_requests_and_scrape_annotations():
 def test_external_redis_and_existing_secret_replace_the_in_chart_ones():
     docs, _ = _render(_production_values())
     k = _by_kind(docs)
-    assert not any("redis" in d["metadata"]["name"] for d in k["Deployment"])
+    assert "Deployment" not in k                              # no in-chart Redis
     assert "Secret" not in k
-    gw = k["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+    gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    gw = gw["spec"]["template"]["spec"]["containers"][0]
     assert "--redis=redis://redis.prod.svc:6379/0" in gw["args"] and "--notify-mode=precise" in gw["args"]
-    assert gw["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "lmqtt-store-token"
+    token = next(e for e in gw["env"] if e["name"] == "LMQTT_STORE_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "lmqtt-store-token"
     svc = next(d for d in k["Service"] if d["metadata"]["name"] == "mqtt-lmqtt")
     assert svc["spec"]["type"] == "LoadBalancer"
     cm = k["ConfigMap"][0]["data"]["lmqtt.toml"]
