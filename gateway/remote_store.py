@@ -18,8 +18,8 @@ The gateway's code calls the store synchronously on its event loop. What that co
                    behind the mirror (a resumed session's backlog) gets a chunk asked for without
                    waiting; its queue's readers are told when it is in.
   * a SUBSCRIBE    what it reads (registrations, mirrors, start offsets, retained messages) is
-                   asked for in one pipeline before it is decided (`read_ahead`, `using`); only
-                   that connection waits (docs/fleet.md).
+                   asked for in one pipeline before it is decided; only that connection waits:
+                   gateway/remote_reads.py (`read_ahead`, `using`, the filter registrations).
   * metadata       gateway/remote_metadata.py.
 
 Everything uses one `LoopConnection` (store/client/aio.py), so the store sees this gateway's
@@ -29,12 +29,11 @@ entries are taken only where they continue a mirror (offset = its end); anything
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Callable, Iterable, NamedTuple
 
-from lmqtt.gateway.remote_metadata import RemoteMetadata, json_reply, retained_rows
-from lmqtt.gateway.store_api import ReadAhead, StoreReads
+from lmqtt.gateway.remote_metadata import RemoteMetadata, json_reply
+from lmqtt.gateway.remote_reads import RemoteReads
 from lmqtt.store import MessageTooLarge, StoredMessage, protocol as W
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER, c_decode_many, decode_many
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
@@ -175,7 +174,15 @@ class RemoteStore:
         self.mirror_trims = 0
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
-        self._ahead: ReadAhead | None = None   # a SUBSCRIBE's answers while it is decided (`using`)
+        # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/remote_reads.py
+        r = self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
+                                     track_later=self._track_later, heard=self.heard, follow=self.max_offset,
+                                     decode=_pulled, ask_history=self._ask_history)
+        (self.read_ahead, self.using, self.start_offset, self.message_at, self.offset_read_ahead,
+         self.replay_plan, self.register_filter, self.unregister_filter, self.release_filter,
+         self.registered_filters) = (r.read_ahead, r.using, r.start_offset, r.message_at, r.offset_read_ahead,
+                                     r.replay_plan, r.register_filter, r.unregister_filter, r.release_filter,
+                                     r.registered_filters)
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
@@ -286,6 +293,21 @@ class RemoteStore:
             r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
         return self._new_mirror(q, int(r["max_offsets"][q]))
 
+    def _track_later(self, queues: list[str]):
+        """Watch `queues` (not mirrored yet) without waiting (a read-ahead): -> the reply's future,
+        and `take()`, which mirrors them from it (called once every read of the pipeline is in)."""
+        fut = (self.link.cmd_within("gw_watch", queues=queues, push=True, raw=self.raw_push) if self.watch
+               else self.link.cmd_within("gw_max_offsets", queues=queues))
+
+        def take() -> None:
+            r = json_reply(fut.result())
+            if self.watch:
+                self.push = bool(r.get("push"))
+            for q in queues:
+                if q not in self.queues:       # mirrored meanwhile: keep that one
+                    self._new_mirror(q, int(r["max_offsets"][q]))
+        return fut, take
+
     def _new_mirror(self, q: str, max_offset: int) -> _Mirror:
         m = self.queues[q] = _Mirror(max_offset)
         if self.on_track is not None:
@@ -304,20 +326,6 @@ class RemoteStore:
         if m is None:
             m = self._track(queue)
         return max(m.known, m.end)
-
-    def start_offset(self, queue: str) -> int:
-        """The store's max offset once what was acknowledged before now is dispatched (one round
-        trip: the mirror may not have heard of the newest entries yet, and a subscription started
-        at its end would get them as new messages)."""
-        m = self.queues.get(queue)
-        if m is None:
-            m = self._track(queue)
-        ahead = self._ahead
-        off = ahead.start.pop(queue, None) if ahead is not None else None
-        if off is None:
-            off = int(self.link.cmd_blocking("gw_start_offsets", queues=[queue])["max_offsets"][queue])
-        self.heard({queue: off})        # fetch what the mirror lacks (its event may still be on the way)
-        return off
 
     def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> RemotePull:
         m = self.queues.get(queue)
@@ -363,6 +371,12 @@ class RemoteStore:
         self.remote_pulls += 1
         self.link.cmd_within("gw_pull", queue=q, offset=offset, max_count=max_count,
                              max_bytes=4 << 20).add_done_callback(then)
+
+    def _ask_history(self, cursor: dict, max_count: int):
+        """One `gw_replay_read` (a replay plan's history, RemoteReads), not waited for: a read like
+        a pull (counted in `remote_pulls`, at most `fetch_batch` entries). The reply's future."""
+        self.remote_pulls += 1
+        return self.link.cmd_within("gw_replay_read", cursor=cursor, max_count=min(max_count, self.fetch_batch))
 
     def _read_back_done(self, queue: str, m: _Mirror, offset: int, f) -> None:
         m.reading_back = None
@@ -657,167 +671,12 @@ class RemoteStore:
                 self.heard(json_reply(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
 
-    # ------------------------------------------------------------------ a SUBSCRIBE's reads
-    def read_ahead(self, reads: StoreReads):
-        """Ask for everything `reads` names in one pipeline, in the order the blocking calls would
-        have gone (registrations, watches of queues not mirrored yet, start offsets, committed
-        offsets, replay plans, retained messages: the retained read comes after the start offsets,
-        so a retained message set in between is delivered live, never lost; a replay plan after
-        its queue is watched, so live reads follow it); a future of the `ReadAhead`. A replay plan
-        the store refuses refuses that subscription only; any other failure fails them all."""
-        register, watch, start, retained, offsets, replay, messages = reads
-        link = self.link
-        track = [q for q in dict.fromkeys([*watch, *start]) if q not in self.queues]
-        offsets = list(dict.fromkeys(offsets))
-        replay = list(dict.fromkeys((f, int(since)) for f, since in replay))
-        spans: dict[str, list[int]] = {}          # queue -> [first, last] offset wanted
-        for q, off in messages:
-            sp = spans.setdefault(q, [off, off])
-            sp[0], sp[1] = min(sp[0], off), max(sp[1], off)
-        if not (register or track or start or retained or offsets or replay or spans):
-            return None
-        regs = [link.cmd_within("gw_register", gateway=self.gateway_id, filter=f) for f in register]
-        watch = None
-        if track:
-            watch = (link.cmd_within("gw_watch", queues=track, push=True, raw=self.raw_push) if self.watch
-                     else link.cmd_within("gw_max_offsets", queues=track))
-        starts = link.cmd_within("gw_start_offsets", queues=list(dict.fromkeys(start))) if start else None
-        offs = [link.cmd_within("gw_get_offset", consumer=c, queue=q) for c, q in offsets]
-        plans = [link.cmd_within("gw_replay", filter=f, since=since) for f, since in replay]
-        pulls = [link.cmd_within("gw_pull", queue=q, offset=a, max_count=b - a + 1, max_bytes=16 << 20)
-                 for q, (a, b) in spans.items()]
-        rets = [link.cmd_within("gw_retained_matching", filter=f) for f in retained]
-        futs = [*regs, *([watch] if watch else []), *([starts] if starts else []), *offs, *plans, *pulls, *rets]
-        out = self.loop.create_future()
-
-        def failure(f):
-            e = f.exception()
-            # the store refusing one replay plan (outside retention...) is that plan's answer
-            return None if e is None or (f in plans and isinstance(e, StoreClientError)) else e
-
-        def done(f1) -> None:
-            if not f1.cancelled():
-                f1.exception()
-            if out.done() or not all(f.done() for f in futs):
-                return
-            bad = next((e for e in map(failure, futs) if e is not None), None)
-            registered = {f: int(json_reply(r.result())["count"]) for f, r in zip(register, regs)
-                          if r.exception() is None}
-            if bad is not None:
-                # what was registered is not left held: nothing will take it now
-                for f in registered:
-                    self.release_filter(f)
-                out.set_exception(bad)
-                return
-            if watch is not None:
-                r = json_reply(watch.result())
-                if self.watch:
-                    self.push = bool(r.get("push"))
-                for q in track:
-                    if q not in self.queues:       # mirrored meanwhile: keep that one
-                        self._new_mirror(q, int(r["max_offsets"][q]))
-            out.set_result(ReadAhead(
-                registered,
-                {q: int(o) for q, o in json_reply(starts.result())["max_offsets"].items()} if starts else {},
-                {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)},
-                {k: json_reply(r.result())["offset"] for k, r in zip(offsets, offs)},
-                {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)},
-                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in _pulled(r.result())[1]}))
-        for f in futs:
-            f.add_done_callback(done)
-        return out
-
-    def message_at(self, queue: str, offset: int):
-        ahead = self._ahead
-        return ahead.messages.pop((queue, offset), None) if ahead is not None else None
-
-    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
-        ahead = self._ahead
-        if ahead is None or (consumer, queue) not in ahead.offsets:
-            return False, None
-        off = ahead.offsets.pop((consumer, queue))
-        return True, None if off is None else int(off)
-
-    @contextlib.contextmanager
-    def using(self, ahead: ReadAhead | None):
-        if ahead is None:
-            yield None
-            return
-        self._ahead = ahead
-        try:
-            yield ahead
-        finally:
-            self._ahead = None
-            for f in ahead.registered:          # registered ahead, not taken (refused, or held already)
-                self.release_filter(f)
-            ahead.registered.clear()
-            if ahead.start:                     # queue ends read ahead, not taken: still news of them
-                self.heard(ahead.start)
-                ahead.start.clear()
-
-    # ------------------------------------------------------------------ filters
-    def register_filter(self, flt: str) -> int:
-        ahead = self._ahead
-        if ahead is not None and flt in ahead.registered:
-            return ahead.registered.pop(flt)
-        return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
-
-    REGISTER_CHUNK = 2000
+    # ------------------------------------------------------------------ a SUBSCRIBE's reads, filters
+    # gateway/remote_reads.py; `read_ahead`, `using`, `register_filter` ... are bound in __init__
+    REGISTER_CHUNK = RemoteReads.REGISTER_CHUNK     # filters per round trip (read at each call)
 
     def register_filters(self, flts: list[str]) -> dict[str, int]:
-        """Register many filters, `REGISTER_CHUNK` per round trip (a gateway's start: one blocking
-        round trip per filter made 20,000 sessions with a wildcard filter each take ~9 s)."""
-        out: dict[str, int] = {}
-        for i in range(0, len(flts), self.REGISTER_CHUNK):
-            r = self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filters=flts[i:i + self.REGISTER_CHUNK])
-            out.update({f: int(n) for f, n in r["counts"].items()})
-        return out
-
-    def unregister_filter(self, flt: str) -> int:
-        return int(self.link.cmd_blocking("gw_unregister", gateway=self.gateway_id, filter=flt)["count"])
-
-    def release_filter(self, flt: str) -> None:
-        self.link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=flt)
-
-    def registered_filters(self) -> dict[str, int]:
-        return dict(self.link.cmd_blocking("gw_filters", gateway=self.gateway_id)["filters"])
-
-    # ------------------------------------------------------------------ subscribing from the past
-    def replay_plan(self, flt: str, since_ms: int):
-        """`gw_replay` (read ahead with the SUBSCRIBE, else one blocking round trip; answered once
-        the store's dispatch passed its log end);
-        the history is read with `gw_replay_read`, chunks of up to `fetch_batch` messages asked
-        for without waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
-        from lmqtt.gateway.store_api import ReplayPlan
-        from lmqtt.lightqueue.replay import ReplayRefused
-        ahead = self._ahead
-        plan = ahead.replay.pop((flt, int(since_ms)), None) if ahead is not None else None
-        if plan is None:
-            self.max_offset(flt)          # mirrored and watched before the plan: live reads follow
-            try:
-                plan = self.link.cmd_blocking("gw_replay", filter=flt, since=int(since_ms))
-            except StoreClientError as e:
-                raise ReplayRefused(e.reason) from None
-        elif isinstance(plan, StoreClientError):
-            raise ReplayRefused(plan.reason) from None
-
-        def read_later(cursor: dict, max_count: int):
-            self.remote_pulls += 1
-            fut = self.link.cmd_within("gw_replay_read", cursor=cursor, max_count=min(max_count, self.fetch_batch))
-            out = self.loop.create_future()
-
-            def done(f) -> None:
-                if f.exception() is not None:
-                    out.set_exception(f.exception())
-                    return
-                try:
-                    header, recs = W.decode_messages(f.result()[2])
-                    out.set_result(([RemoteMessage(t, ()) for t in recs], header["cursor"], bool(header["done"])))
-                except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this read only
-                    out.set_exception(e)
-            fut.add_done_callback(done)
-            return out
-        return ReplayPlan(plan, read_later=read_later)
+        return self.reads.register_filters(flts, self.REGISTER_CHUNK)
 
 
 __all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError"]
