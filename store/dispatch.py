@@ -36,6 +36,8 @@ class Dispatcher(Protocol):
 
 
 class DispatchService:
+    IDLE_WAIT_MAX = 0.1     # seconds an idle dispatch thread sleeps at most without a wake-up
+
     def __init__(self, clog, dispatchers: list, chunk_bytes: int, flush_interval_ms: int,
                  max_batch: int = 2048) -> None:
         self.clog = clog
@@ -199,7 +201,11 @@ class DispatchService:
                 else:
                     self._idle = True
                     if self.dispatched >= self.clog.committed:
-                        if self._wake.acquire(timeout=0.005):
+                        # every commit wakes an idle thread (wake()); the timeout only brings the
+                        # next dispatcher flush, so an idle store does not wake 200 times a second
+                        # (IDLE_WAIT_MAX bounds the lag should a wake-up ever be missed)
+                        due = self.flush_interval - (time.monotonic() - self._last_flush)
+                        if self._wake.acquire(timeout=min(self.IDLE_WAIT_MAX, max(0.005, due))):
                             # coalesce: let a few more appends land before the next round, so
                             # single appends do not each cost a whole round plus a GIL hand-off
                             time.sleep(0.0005)

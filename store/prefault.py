@@ -81,11 +81,20 @@ class Prefaulter:
             self._thread.join()
             self._thread = None
 
+    # an idle appender: the wait between checks doubles up to this (a burst after a pause starts
+    # with the `ahead` bytes populated at the last check, and the interval is back at `interval`
+    # once there is work), so an idle store does not wake this thread 200 times a second
+    IDLE_INTERVAL_MAX = 0.08
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        wait, last = self.interval, -1
+        while not self._stop.wait(wait):
             try:
+                wrote = self.clog.wrote
                 if not self.step():
                     return
+                wait = self.interval if wrote != last else min(wait * 2, self.IDLE_INTERVAL_MAX)
+                last = wrote
             except Exception as e:  # noqa: BLE001 - an optimisation: never take the store down
                 log.warning("commitlog prefault stopped: %s", e)
                 return
