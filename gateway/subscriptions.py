@@ -6,7 +6,9 @@ store (so the publish path dispatches matching records to its queue) exactly whi
 subscription uses it. This registry counts local users per filter and holds ONE registration per
 filter in the store, taken on the first user and dropped with the last. The store's registration
 table is persistent and outlives a crash, while non-persistent sessions do not: `sync_store_filters`
-makes the store's table equal to what the restored sessions use when the gateway starts.
+makes the store's table equal to what the restored sessions use when the gateway starts. In a
+fleet the store keeps the registrations per gateway id (`registered_filters` answers this
+gateway's holds only), so each gateway reconciles its own and leaves the others' alone.
 
 Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   add(session, sub) -> existed      subscribe (replaces a subscription with the same filter)
