@@ -258,8 +258,10 @@ def _headline(r: dict) -> str:
     if r["scenario"] == "conn":
         c = r.get("connect", {})
         per = r.get("rss_per_conn_bytes")
+        idle = r.get("idle_broker_cpu_cores")
         return (f"{c.get('connected')} connected at {c.get('per_s')}/s, "
-                f"{'?' if per is None else f'{per / 1024:.2f}'} KiB/conn")
+                f"{'?' if per is None else f'{per / 1024:.2f}'} KiB/conn, "
+                f"{'?' if idle is None else f'{idle * 100:.2f}'} % of a core while idle")
     lat = r.get("latency_us", {})
     p99 = lat.get("p99")
     from .selfcheck import verdict

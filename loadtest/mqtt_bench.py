@@ -640,14 +640,20 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
         if not connected:
             raise RuntimeError(f"no client could connect to {cfg.host}:{cfg.port}: {errors[:2]}")
         if cfg.scenario == "conn":
-            t_hold = time.monotonic() + cfg.hold
+            # the broker's CPU while every connection is held idle (a fleet of devices that stay
+            # connected and quiet): its own timers and threads, nothing the clients ask for
+            cpu0, hold0 = probe.cpu(), time.monotonic()
+            t_hold = hold0 + cfg.hold
             while time.monotonic() < t_hold:
                 _progress("conn: holding idle", 1 - (t_hold - time.monotonic()) / cfg.hold, quiet)
                 time.sleep(0.1)
             _progress("conn: holding idle", 1.0, quiet)
+            cpu1, held = probe.cpu(), time.monotonic() - hold0
             rss_after = probe.rss()
             result.update({"connections": connected, "errors": errors,
                            "broker_rss_bytes": rss_after})
+            if cpu0 is not None and cpu1 is not None:
+                result["idle_broker_cpu_cores"] = round((cpu1 - cpu0) / held, 4)
             if rss_after is not None and rss_before is not None and connected:
                 result["rss_per_conn_bytes"] = round((rss_after - rss_before) / connected, 1)
             return result

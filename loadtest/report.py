@@ -45,6 +45,7 @@ CONN_METRICS = [
     ("connect rate (conn/s)", ("connect", "per_s"), 1, "{:,.0f}", True),
     ("RSS per idle connection (KiB)", ("rss_per_conn_bytes",), 1024, "{:,.2f}", False),
     ("broker RSS (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
+    ("broker CPU while idle (% of a core)", ("idle_broker_cpu_cores",), 0.01, "{:,.2f}", False),
 ]
 STATE_METRICS = [
     ("messages", ("sent",), 1, "{:,.0f}", None),

@@ -85,6 +85,7 @@ def test_conn_scenario_counts_connections_and_broker_memory(mosquitto):
                          quiet=True)
     assert res["connect"]["connected"] == 300 and res["connect"]["failed"] == 0
     assert res["broker_rss_bytes"] > 0 and "rss_per_conn_bytes" in res
+    assert 0 <= res["idle_broker_cpu_cores"] < 2
 
 
 def test_cli_reports_a_clear_error_when_nothing_listens(capsys):
