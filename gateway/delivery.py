@@ -25,6 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.backlog_runs import BacklogRuns
+from lmqtt.gateway.recent import RecentMessages
 from lmqtt.gateway.record_props import safe_decode
 from lmqtt.gateway.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
 
@@ -40,7 +41,9 @@ class DeliveryEngine:
 
     It calls back through three narrow callables: `session_offsets_moved(session)` and
     `group_offsets_moved(group)` mark offsets for the next metadata flush, `flush_writes()` writes
-    the connections' queued output at the end of a run.
+    the connections' queued output at the end of a run. It composes `RecentMessages`
+    (gateway/recent.py: the messages this gateway just appended, served without a pull) and
+    `BacklogRuns` (gateway/backlog_runs.py: a single reader's backlog encoded as PUBLISH runs).
     """
 
     def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
@@ -70,12 +73,14 @@ class DeliveryEngine:
         # a single reader's backlog encoded straight into PUBLISH runs (gateway/backlog_runs.py)
         self._runs = BacklogRuns(cfg, metrics, records=self._records, record_of=self._record_of, item=self._item,
                                  feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
-        # queue -> [first queue offset, messages]: the newest entries of queues with local readers,
-        # from the records the loop appended itself (see `record_appended`); bounded in total
-        self._recent: dict[str, list] = {}
-        self._recent_items = 0
-        self._recent_bytes = 0
-        self.recent_max_bytes = (int(self.cfg.lq_cache_mb) << 20) // 4
+        # the newest entries of queues with local readers, from the records the loop appended
+        # itself, served without a pull (gateway/recent.py); bounded to a quarter of lq_cache_mb.
+        # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
+        # bound here: no call level added.
+        self.recent = RecentMessages(store, metrics, self.direct, self._record_of,
+                                     max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
+        self.record_appended = self.recent.record_appended
+        self.drop_recent = self.recent.drop
         # subscriptions from the past (gateway/replay.py) still sending their history: session ->
         # [HistoryRun]; the session reads those queues live only once their history is sent
         self.histories: dict[Session, list] = {}
@@ -245,84 +250,6 @@ class DeliveryEngine:
                 self.histories.pop(s, None)
 
     # -- records in hand -----------------------------------------------------------------------
-    # Entries every online reader of a queue has passed are dropped at its next delivery run; a
-    # queue whose readers fall further behind than `recent_per_queue` drops its older half; the
-    # whole cache is dropped when over its budget (a quarter of `lq_cache_mb`, counting payload +
-    # `_ENTRY_COST` per entry). Readers behind what is kept pull as before.
-    recent_per_queue = 1 << 16
-    recent_gap_max = 1 << 13      # entries a ring reads to bridge a gap (else it starts over)
-    _ENTRY_COST = 256
-
-    def record_appended(self, batch: list, store_ts: int) -> None:
-        """The loop appended `batch` (PublishPipeline `_Pending`s, in record order) and the store
-        dispatched it inline, with nothing appended before it left undispatched.
-
-        Why: a pull (index read, cache lookup, on a miss the record rebuilt from the store) was
-        the largest cost per delivered message, and for messages this process just appended the
-        records are in hand. The batch's entries of queue q are then exactly the last k entries of
-        q, in record order (the gateway is the store's only appender and everything before the
-        batch was visible), so their queue offsets are known without reading the index. Each queue
-        with local readers keeps its newest entries as ready messages; `_deliver_direct` serves a
-        cursor inside that range from them and pulls for anyone behind it. A ring whose end does
-        not meet the new entries (an append dispatched by the store's thread came in between, or
-        a reader subscribed later) starts over at the new entries."""
-        direct = self.direct
-        per_q: dict[str, list[int]] | None = None
-        for i, p in enumerate(batch):
-            for q in p.queues:
-                if q in direct:
-                    if per_q is None:
-                        per_q = {q: [i]}
-                    else:
-                        lst = per_q.get(q)
-                        if lst is None:
-                            per_q[q] = [i]
-                        else:
-                            lst.append(i)
-        if per_q is None:
-            return
-        base: dict[int, OutboundMessage] = {}
-        recent = self._recent
-        max_offset = self.store.max_offset
-        cap = self.recent_per_queue
-        added = nbytes = 0
-        for q, idx in per_q.items():
-            start = max_offset(q) - len(idx)
-            r = recent.get(q)
-            if r is not None and r[0] + len(r[1]) != start and not self._fill_gap(q, r, start):
-                self.drop_recent(q)
-                r = None
-            if r is None:
-                r = recent[q] = [start, []]
-            items = r[1]
-            off = start
-            for i in idx:
-                it = base.get(i)
-                p = batch[i]
-                if it is None:
-                    # phys_offset left unknown (-1): nothing reads it, and indexing the store's
-                    # columnar results would build every AppendResult tuple
-                    it = base[i] = OutboundMessage(p.topic, p.payload, self._record_of(p.props), off, -1, p.queues,
-                                        store_ts)
-                else:
-                    first = it
-                    it = OutboundMessage(p.topic, p.payload, first.record, off, -1, p.queues, store_ts)
-                    it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
-                nbytes += len(p.payload)
-                items.append(it)
-                off += 1
-            added += len(idx)
-            if len(items) > cap:
-                drop = len(items) - cap // 2
-                nbytes -= sum([len(it.payload) for it in items[:drop]])
-                del items[:drop]
-                r[0] += drop
-                added -= drop
-        self._recent_items += added
-        self._recent_bytes += nbytes
-        if self._recent_bytes + self._recent_items * self._ENTRY_COST > self.recent_max_bytes:
-            self.drop_recent()
-
     def message_at(self, q: str, off: int) -> OutboundMessage | None:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
         after a restart, persistence.restore_inflight); None when it is no longer stored."""
@@ -332,46 +259,6 @@ class DeliveryEngine:
         dq = m.dispatch_queues
         return OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
                                dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
-
-    def _fill_gap(self, q: str, r: list, start: int) -> bool:
-        """Entries appended while the ring was not fed (an append the store's thread dispatched):
-        read them once so the ring stays one range; a reader behind the ring would otherwise pull
-        all the way up to the new entries. False: not filled (the caller starts over)."""
-        off = r[0] + len(r[1])
-        if not 0 < start - off <= self.recent_gap_max:
-            return False
-        items = r[1]
-        n0 = len(items)
-        nbytes = 0
-        ok = True
-        while ok and off < start:
-            self.metrics.pulls += 1
-            res = self.store.pull(q, off, max_count=start - off, max_bytes=1 << 30)
-            if not res.messages:
-                ok = False
-            for m in res.messages:
-                if m.queue_offset != off or off >= start:
-                    ok = False
-                    break
-                dq = m.dispatch_queues
-                items.append(OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
-                                  dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
-                nbytes += len(m.body)
-                off += 1
-        # counted either way: on failure drop_recent subtracts the whole ring
-        self._recent_items += len(items) - n0
-        self._recent_bytes += nbytes
-        return ok
-
-    def drop_recent(self, queue: str | None = None) -> None:
-        if queue is None:
-            self._recent.clear()
-            self._recent_items = self._recent_bytes = 0
-        else:
-            r = self._recent.pop(queue, None)
-            if r is not None:
-                self._recent_items -= len(r[1])
-                self._recent_bytes -= sum([len(it.payload) for it in r[1]])
 
     def _record_of(self, props: bytes):
         rec = self._records.get(props)
@@ -489,16 +376,9 @@ class DeliveryEngine:
                 if room > want[off]:
                     want[off] = room
         more = False
-        recent = self._recent.get(q)
+        recent = self.recent.rings.get(q)        # [first queue offset, messages] (gateway/recent.py)
         if recent is not None and lo > recent[0]:
-            drop = lo - recent[0]      # every reader is past these (in flight: held by InFlight)
-            ri = recent[1]
-            if drop >= len(ri):
-                drop = len(ri)
-            self._recent_bytes -= sum([len(it.payload) for it in ri[:drop]])
-            del ri[:drop]
-            recent[0] += drop
-            self._recent_items -= drop
+            self.recent.drop_passed(recent, lo)  # every reader is past these
         small = self.cfg.pull_batch
         for off, sessions in by_off.items():
             # never read more than the roomiest reader at this offset can take: a QoS 1 window
@@ -509,7 +389,7 @@ class DeliveryEngine:
             n = want[off] if want[off] < cap else cap
             self._budget -= n * len(sessions)
             if recent is not None and recent[0] <= off < recent[0] + len(recent[1]):
-                # the records are in hand (record_appended): no pull
+                # the records are in hand (RecentMessages.record_appended): no pull
                 i = off - recent[0]
                 items = recent[1][i:i + n]
                 nxt = off + len(items)

@@ -197,7 +197,7 @@ def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
                 await asyncio.sleep(0)
             got = {}
             for q in ("r/a", "r/+"):
-                start, items = d._recent[q]
+                start, items = d.recent.rings[q]
                 res = lq.pull(q, start, max_count=len(items) + 10, max_bytes=1 << 30)
                 got[q] = (start, len(items), lq.max_offset(q),
                           [(it.topic, it.payload, it.queue_offset, tuple(it.dispatch_queues),
