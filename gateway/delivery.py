@@ -77,7 +77,7 @@ class DeliveryEngine:
         # itself, served without a pull (gateway/recent.py); bounded to a quarter of lq_cache_mb.
         # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
         # bound here: no call level added.
-        self.recent = RecentMessages(store, metrics, self.direct, self._record_of,
+        self.recent = RecentMessages(store, metrics, self.direct, self._record_of, self._item,
                                      max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
         self.record_appended = self.recent.record_appended
         self.drop_recent = self.recent.drop
@@ -254,11 +254,7 @@ class DeliveryEngine:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
         after a restart, persistence.restore_inflight); None when it is no longer stored."""
         m = self.store.message_at(q, off)
-        if m is None:
-            return None
-        dq = m.dispatch_queues
-        return OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
-                               dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
+        return None if m is None else self._item(m)
 
     def _record_of(self, props: bytes):
         rec = self._records.get(props)

@@ -38,7 +38,8 @@ class RecentMessages:
     """The rings of the queues with local readers: queue -> [first queue offset, messages].
 
     `readers` is the delivery engine's `direct` (queue -> online sessions reading it; the same dict
-    object, read only), `record_of(props)` its props cache. Entries every online reader of a
+    object, read only), `record_of(props)` its props cache, `item(stored message)` its
+    OutboundMessage of an entry read from the store. Entries every online reader of a
     queue has passed are dropped at its next delivery run (`drop_passed`); a queue whose readers
     fall further behind than `per_queue` drops its older half; the whole cache is dropped when
     over its budget. Readers behind what is kept pull as before.
@@ -49,11 +50,12 @@ class RecentMessages:
     ENTRY_COST = 256
 
     def __init__(self, store: "GatewayStore", metrics, readers: dict, record_of: Callable[[bytes], object],
-                 max_bytes: int) -> None:
+                 item: Callable[[object], OutboundMessage], max_bytes: int) -> None:
         self.store = store
         self.metrics = metrics
         self._readers = readers
         self._record_of = record_of
+        self._item = item       # the engine's: a stored message -> OutboundMessage
         self.max_bytes = max_bytes
         self.rings: dict[str, list] = {}
         self.items = 0          # entries in all rings
@@ -144,9 +146,7 @@ class RecentMessages:
                 if m.queue_offset != off or off >= start:
                     ok = False
                     break
-                dq = m.dispatch_queues
-                items.append(OutboundMessage(m.topic, m.body, self._record_of(m.props), off, m.phys_offset,
-                                  dq if type(dq) is tuple else tuple(dq or ()), m.store_ts))
+                items.append(self._item(m))
                 nbytes += len(m.body)
                 off += 1
         # counted either way: on failure drop subtracts the whole ring

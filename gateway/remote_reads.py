@@ -45,6 +45,9 @@ class RemoteReads:
     """
 
     REGISTER_CHUNK = 2000        # filters per `gw_register` round trip (`register_filters`)
+    # the `GatewayStore` methods RemoteStore hands over to this object (bound in its __init__)
+    SEAM = ("read_ahead", "using", "start_offset", "message_at", "offset_read_ahead", "replay_plan",
+            "register_filter", "register_filters", "unregister_filter", "release_filter", "registered_filters")
 
     def __init__(self, link: LoopConnection, gateway_id: str, *, mirrored: Callable[[str], bool],
                  track_later: Callable[[list], tuple[Any, Callable[[], None]]],
@@ -171,11 +174,10 @@ class RemoteReads:
             return ahead.registered.pop(flt)
         return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
 
-    def register_filters(self, flts: list[str], chunk: int | None = None) -> dict[str, int]:
-        """Register many filters, `chunk` (default `REGISTER_CHUNK`) per round trip (a gateway's
-        start: one blocking round trip per filter made 20,000 sessions with a wildcard filter each
-        take ~9 s)."""
-        chunk = chunk or self.REGISTER_CHUNK
+    def register_filters(self, flts: list[str]) -> dict[str, int]:
+        """Register many filters, `REGISTER_CHUNK` per round trip (a gateway's start: one blocking
+        round trip per filter made 20,000 sessions with a wildcard filter each take ~9 s)."""
+        chunk = self.REGISTER_CHUNK
         out: dict[str, int] = {}
         for i in range(0, len(flts), chunk):
             r = self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filters=flts[i:i + chunk])

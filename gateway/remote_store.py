@@ -178,11 +178,8 @@ class RemoteStore:
         r = self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
                                      track_later=self._track_later, heard=self.heard, follow=self.max_offset,
                                      decode=_pulled, ask_history=self._ask_history)
-        (self.read_ahead, self.using, self.start_offset, self.message_at, self.offset_read_ahead,
-         self.replay_plan, self.register_filter, self.unregister_filter, self.release_filter,
-         self.registered_filters) = (r.read_ahead, r.using, r.start_offset, r.message_at, r.offset_read_ahead,
-                                     r.replay_plan, r.register_filter, r.unregister_filter, r.release_filter,
-                                     r.registered_filters)
+        for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
+            setattr(self, name, getattr(r, name))
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
@@ -670,13 +667,6 @@ class RemoteStore:
             if f.exception() is None:
                 self.heard(json_reply(f.result()).get("max_offsets", {}))
         fut.add_done_callback(done)
-
-    # ------------------------------------------------------------------ a SUBSCRIBE's reads, filters
-    # gateway/remote_reads.py; `read_ahead`, `using`, `register_filter` ... are bound in __init__
-    REGISTER_CHUNK = RemoteReads.REGISTER_CHUNK     # filters per round trip (read at each call)
-
-    def register_filters(self, flts: list[str]) -> dict[str, int]:
-        return self.reads.register_filters(flts, self.REGISTER_CHUNK)
 
 
 __all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError"]

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from lmqtt.gateway.remote_reads import RemoteReads
 from lmqtt.gateway.remote_store import RemoteStore
 from lmqtt.store import Message, MessageTooLarge
 from lmqtt.store.client.aio import LoopConnection
@@ -275,7 +276,7 @@ def test_a_gateways_filters_are_registered_many_per_round_trip(lmqtt_store, monk
     store registers exactly those."""
     async def go():
         st = _remote(lmqtt_store.address)
-        monkeypatch.setattr(RemoteStore, "REGISTER_CHUNK", 2)
+        monkeypatch.setattr(RemoteReads, "REGISTER_CHUNK", 2)
         assert st.register_filter("m/0/+") == 1
         got = st.register_filters(["m/0/+", "m/1/+", "m/2/#"])
         assert got == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
