@@ -363,12 +363,10 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     multi = name in ("lmqtt-workers", "lmqtt-fleet")
     extra = [free_port()] if name == "lmqtt-fleet" else []
     mbase = free_port_pair() if multi and not lmqtt_src else None
-    sec = {"security": security} if security is not None else {}
-    if persist:
-        sec["persist"] = True
-    argv, version = (command_for(name, port, workdir, lmqtt_src, **sec) if lmqtt_src
-                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase, **sec) if multi
-                     else command_for(name, port, workdir, **sec))
+    opts = {k: v for k, v in (("security", security), ("persist", persist)) if v}   # only what is set
+    argv, version = (command_for(name, port, workdir, lmqtt_src, **opts) if lmqtt_src
+                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase, **opts) if multi
+                     else command_for(name, port, workdir, **opts))
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)

@@ -33,7 +33,7 @@ from lmqtt.loadtest.scenarios import SESSION_STORM_CONCURRENCY
 SAMPLE = 50
 
 
-async def _sessions(host: str, port: int, n: int, subscribe: bool, ids: range) -> int:
+async def _sessions(host: str, port: int, subscribe: bool, ids: range) -> int:
     """CONNECT (clean session 0) each of `ids`, SUBSCRIBE to its own filter if `subscribe`, leave;
     returns how many found their session present."""
     sem = asyncio.Semaphore(SESSION_STORM_CONCURRENCY)
@@ -68,7 +68,7 @@ def bench_broker(name: str, n: int, repeat: int, base: Path) -> list[dict]:
     rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0)
     try:
         t0 = time.monotonic()
-        asyncio.run(_sessions(rb.host, rb.port, n, True, range(n)))
+        asyncio.run(_sessions(rb.host, rb.port, True, range(n)))
         created_s = time.monotonic() - t0
         for rep in range(1, repeat + 1):
             t0 = time.monotonic()
@@ -80,7 +80,7 @@ def bench_broker(name: str, n: int, repeat: int, base: Path) -> list[dict]:
             rss = None if rb.extra_ports or name == "lmqtt-workers" else _rss(rb.pid)   # one process only
             step = max(1, n // SAMPLE)
             sample = range(0, n, step)
-            present = asyncio.run(_sessions(rb.host, rb.port, n, False, sample))
+            present = asyncio.run(_sessions(rb.host, rb.port, False, sample))
             out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep,
                         "restart_s": round(restart_s, 3), "stop_s": round(stop_s, 3),
                         "created_per_s": round(n / created_s, 1), "sample": len(sample),
