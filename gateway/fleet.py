@@ -6,7 +6,13 @@ for persistent sessions that are not connected HERE:
     store (another gateway may have served the client since: its copy here is stale or absent), so
     a session that leaves gateway A resumes on gateway B with every message after its last ack;
   * an expiry timer here deletes the store's record only if the store still holds the record this
-    gateway wrote (not one written since by the gateway the client moved to).
+    gateway wrote (not one written since by the gateway the client moved to);
+  * every record names the gateway that served the session last (`SessionRecord.host`), and a
+    gateway restores at start only its own (and those of no gateway): its memory, start time and
+    wildcard filter holds grow with its own clients, not with the fleet's. The sessions of a
+    gateway gone for good are ended at their expiry by the store node
+    (lightqueue/session_sweep.py); a record found expired when a client comes back is deleted and
+    the client starts a new session.
 
 With Redis (`lmqtt gateway --redis`), `SessionDirectory` makes one live connection per client id
 across the fleet: a gateway that attaches a connection to a client id announces it on Redis
@@ -31,6 +37,10 @@ from lmqtt.lightqueue import topics as T
 log = logging.getLogger("lmqtt.gateway.fleet")
 
 CLAIMS_CHANNEL = "lmqtt:sessions:claims"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class SessionDirectory:
@@ -142,6 +152,10 @@ class Loaded(NamedTuple):
 class FleetSessionRegistry(SessionRegistry):
     directory: SessionDirectory | None = None     # set by the composition when Redis is configured
 
+    def __init__(self, loop, metrics, metadata, persist, subscriptions, publish) -> None:
+        super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
+        persist.host = metadata.gateway_id or None   # records name this gateway (module docstring)
+
     def attach(self, conn, s) -> None:
         super().attach(conn, s)
         if self.directory is not None:
@@ -211,7 +225,7 @@ class FleetSessionRegistry(SessionRegistry):
             if f.exception() is not None:
                 return out.set_exception(f.exception())
             rec, offsets = f.result()
-            reads = None if rec is None else self._reads_of(rec)
+            reads = None if rec is None or rec.expired(_now_ms()) else self._reads_of(rec)
             ahead = store.read_ahead(reads) if reads is not None else None
             if ahead is None:
                 return out.set_result(Loaded(mark, rec, offsets, None))
@@ -292,13 +306,18 @@ class FleetSessionRegistry(SessionRegistry):
             # the session since, and the local copy also knows its messages in flight (re-sent
             # with DUP and their packet ids)
             return
+        if rec is not None and rec.expired(_now_ms()):
+            # its gateway is gone and the store's sweep has not ended it yet: it ends now
+            log.info("event=session_expired client_id=%s gateway=%s (found expired at connect)", client_id, rec.host)
+            self.persist.delete_session(client_id)
+            rec = None
         if rec is None:
             self._forget_local(client_id)
             self.metrics.sessions.set(len(self.sessions))
             return
         if offsets is None:
             offsets = self.metadata.get_offsets(client_id)
-        last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else int(time.time() * 1000)
+        last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else _now_ms()
         # the new copy first, then the old one goes: its wildcard filters never drop to zero
         # holders in between (the last unregistration drops a filter's queue with its entries)
         old = self.sessions.pop(client_id, None)

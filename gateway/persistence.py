@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
+from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription as SubscriptionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.session import Session
@@ -108,6 +108,10 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
 
 
 class SessionPersistence:
+    # the fleet gateway id written into every record (`SessionRecord.host`), so that this gateway
+    # restores at start the sessions it served last, and no others; None in the embedded server
+    host: str | None = None
+
     def __init__(self, meta) -> None:
         self.metadata = meta
         self.dirty_sessions: set["Session"] = set()
@@ -125,7 +129,13 @@ class SessionPersistence:
                                  retain_handling=sub.retain_handling, subscription_id=sub.subscription_id,
                                  share_group=sub.group)
                            for sub in s.subs.values()],
-            extra={INFLIGHT: state} if state else {})
+            extra=self._extra(state))
+
+    def _extra(self, state: dict | None) -> dict:
+        extra = {INFLIGHT: state} if state else {}
+        if self.host is not None:
+            extra[HOST] = self.host
+        return extra
 
     def save_session(self, s: "Session"):
         """Write the session's record; returns the store's pending answer when the store is remote
@@ -144,7 +154,10 @@ class SessionPersistence:
             log.error("event=delete_session_failed client_id=%s error=%r", client_id, e)
 
     def load_sessions(self) -> list[tuple[SessionRecord, dict[str, int]]]:
-        return self.metadata.sessions_with_offsets()
+        """The records to restore at start, with their offsets: all of them in the embedded
+        server; in a fleet those this gateway served last and those of no gateway (written by
+        the embedded server or an older gateway), the rest are their own gateway's."""
+        return self.metadata.sessions_with_offsets(hosted_by=self.host)
 
     # -- offsets ------------------------------------------------------------------------------
     def mark_session(self, s: "Session") -> None:

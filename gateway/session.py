@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.connection import MQTTConnection
     from lmqtt.gateway.shared import SharedGroup
 
-NEVER_EXPIRES = 0xFFFFFFFF
+from lmqtt.lightqueue.records import NEVER_EXPIRES  # noqa: E402,F401 - one definition, re-exported here
 
 # why a per-subscriber PUBLISH was not sent (Session.publish_bytes returns one of these instead of bytes)
 EXPIRED = 1        # its Message Expiry Interval has passed (MQTT 5 §3.3.2.3.3)

@@ -4,7 +4,7 @@ served over the native protocol (docs/protocol.md) for the SDK and remote gatewa
     lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
                 [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
                 [--redis redis://HOST:6379/0 [--notify-mode broadcast|precise]] [--metrics-port 9884]
-                [--will-grace-s 5]
+                [--will-grace-s 5] [--session-sweep-s 60]
 
 The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
 dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
@@ -15,7 +15,9 @@ lightqueue/gateway_service.py; they hear of new data by EVENT frames on their co
 `--redis`, by Redis pub/sub as well. The token may also come from $LMQTT_STORE_TOKEN. With
 `--metrics-port`, /metrics (a few store counters), /healthz and /readyz are served over HTTP.
 The wills of a gateway whose store connection stays gone longer than `--will-grace-s` (and is
-not back) are published by the store itself (docs/fleet.md "Wills in a fleet").
+not back) are published by the store itself (docs/fleet.md "Wills in a fleet"); every
+`--session-sweep-s` the sessions such a gateway served last are checked, and the expired ones end
+(lightqueue/session_sweep.py, docs/fleet.md "Sessions in a fleet").
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ FLUSH_MODES = ("sync", "async", "async+buffer")
 DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
             "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
             "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
-            "metrics_host": None, "will_grace_s": 5.0,
+            "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
             "dispatch_inline": True}
 
 
@@ -55,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="HTTP /metrics, /healthz, /readyz port (default 0 = off)")
     p.add_argument("--will-grace-s", type=float,
                    help="publish the wills of a gateway whose store connection stays gone this long (default 5)")
+    p.add_argument("--session-sweep-s", type=float,
+                   help="check this often for sessions whose gateway is gone for good: expired ones end (default 60)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 
@@ -100,6 +104,13 @@ def _config(args) -> dict:
     if not 0 <= grace <= 86400:
         raise ValueError(f"will_grace_s must be 0..86400 seconds, got {cfg['will_grace_s']}")
     cfg["will_grace_s"] = grace
+    try:
+        sweep = float(cfg["session_sweep_s"])
+    except (TypeError, ValueError):
+        raise ValueError(f"session_sweep_s must be a number of seconds, got {cfg['session_sweep_s']!r}") from None
+    if not 0.1 <= sweep <= 86400:
+        raise ValueError(f"session_sweep_s must be 0.1..86400 seconds, got {cfg['session_sweep_s']}")
+    cfg["session_sweep_s"] = sweep
     return cfg
 
 
@@ -157,7 +168,8 @@ async def _serve(cfg: dict, loop_name: str) -> int:
             from lmqtt.notify.redis_bus import RedisEventPublisher
             publisher = RedisEventPublisher(cfg["redis"], cfg["notify_mode"], float(cfg["notify_window_ms"]) / 1000.0)
         gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher,
-                                      will_grace_s=cfg["will_grace_s"], retained_props=retained_props)
+                                      will_grace_s=cfg["will_grace_s"], retained_props=retained_props,
+                                      session_sweep_s=cfg["session_sweep_s"])
         await srv.start()
     except OSError as e:
         if e.filename:
@@ -222,6 +234,8 @@ def _start_http(host: str, port: int, srv, gws):
                  "Wills of absent gateways published by the store", gws.wills_published),
                 ("lmqtt_store_gateway_will_errors_total", "counter",
                  "Failed attempts to publish an absent gateway's will", gws.will_publish_errors),
+                ("lmqtt_store_gateway_sessions_ended_total", "counter",
+                 "Expired sessions of gateways gone for good, ended by the store", gws.session_sweep.ended),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
                 ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
         out = []

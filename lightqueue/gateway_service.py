@@ -25,7 +25,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                gateway that restarts with the same id reconciles exactly its own
                                (`SubscriptionRegistry.sync_store_filters`), never another's
   gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions {after?, limit?,
-  offsets?} (a page, with the sessions' offsets: a gateway's restore), gw_get_offset(s),
+  offsets?, hosted_by?} (a page, with the sessions' offsets; `hosted_by`: only the sessions that
+  gateway served last and those of no gateway, a gateway's restore), gw_get_offset(s),
   gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching,
   gw_clear_retained_if, gw_flush
                                the `SessionMetadata` of gateway/store_api.py over the store's
@@ -85,6 +86,7 @@ from . import replay as replay_mod
 from .errors import MetadataError
 from .light_queue_store import LightQueueStore
 from .records import SessionRecord, WillRecord
+from .session_sweep import SessionSweep
 from .topics import validate_filter, validate_topic
 
 log = logging.getLogger("lmqtt.lightqueue.gateway_service")
@@ -107,9 +109,11 @@ _MAX_PUBLISHED_WHILE_AWAY = 100_000
 class GatewayService:
     def __init__(self, server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
                  redis_publisher=None, will_grace_s: float = 5.0,
-                 retained_props: Callable[[bytes, int], bytes] | None = None) -> None:
+                 retained_props: Callable[[bytes, int], bytes] | None = None,
+                 session_sweep_s: float = 60.0) -> None:
         """`will_grace_s`: how long a gateway's connection may stay gone before the store publishes
-        its wills. `retained_props(props, now_ms)`: what a retained will keeps as its props (the
+        its wills (and before its sessions count as left by it, session_sweep.py);
+        `session_sweep_s`: how often the sessions of gateways gone for good are checked. `retained_props(props, now_ms)`: what a retained will keeps as its props (the
         gateway's encoding, passed in by `lmqtt store`: this package knows no MQTT)."""
         self.srv = server
         self.lq = lq
@@ -161,6 +165,9 @@ class GatewayService:
             holders = set()
         for gid in sorted(holders):             # not connected yet: their grace starts now
             self._arm_grace(gid)
+        self.session_sweep = SessionSweep(self.meta, loop, lambda gid: bool(self.connections_of.get(gid)),
+                                          grace_s=self.will_grace_s, interval_s=session_sweep_s)
+        self.session_sweep.start()
         self._install()
 
     # ---------------------------------------------------------------- gateways and their wills
@@ -172,6 +179,7 @@ class GatewayService:
             self._detach(conn)
         self.gateway_of[conn] = gid
         self.connections_of.setdefault(gid, set()).add(conn)
+        self.session_sweep.back(gid)
         t = self._grace.pop(gid, None)
         if t is not None:
             t.cancel()
@@ -189,6 +197,7 @@ class GatewayService:
             if conns:
                 return
             del self.connections_of[gid]
+        self.session_sweep.gone(gid)
         if not self._closed:
             log.info("event=gateway_gone gateway=%s will_grace_s=%g", gid, self.will_grace_s)
             self._arm_grace(gid)
@@ -303,6 +312,7 @@ class GatewayService:
 
     def close(self) -> None:
         self._closed = True
+        self.session_sweep.close()
         for t in self._grace.values():
             t.cancel()
         self._grace.clear()
@@ -591,8 +601,12 @@ class GatewayService:
         def list_sessions(a):
             after, limit = a.get("after"), a.get("limit")
             recs = meta.list_sessions(None if after is None else str(after), None if limit is None else int(limit))
-            out = {"sessions": [r.to_bytes().decode() for r in recs],
-                   "more": limit is not None and len(recs) >= int(limit)}
+            more = limit is not None and len(recs) >= int(limit)
+            nxt = recs[-1].client_id if recs else None
+            host = a.get("hosted_by")
+            if host is not None:        # a gateway's restore: its own sessions and those of no gateway
+                recs = [r for r in recs if r.host in (None, host)]
+            out = {"sessions": [r.to_bytes().decode() for r in recs], "more": more, "next": nxt}
             if a.get("offsets"):
                 out["offsets"] = [meta.get_offsets(r.client_id) for r in recs]
             return out
@@ -678,5 +692,7 @@ class GatewayService:
 
 
 def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
-            redis_publisher=None, will_grace_s: float = 5.0, retained_props=None) -> GatewayService:
-    return GatewayService(server, lq, loop, window_s, redis_publisher, will_grace_s, retained_props)
+            redis_publisher=None, will_grace_s: float = 5.0, retained_props=None,
+            session_sweep_s: float = 60.0) -> GatewayService:
+    return GatewayService(server, lq, loop, window_s, redis_publisher, will_grace_s, retained_props,
+                          session_sweep_s)

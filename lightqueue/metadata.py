@@ -156,10 +156,12 @@ class MetadataStore:
             out.append(SessionRecord.from_bytes(v))
         return out
 
-    def sessions_with_offsets(self) -> list[tuple[SessionRecord, dict[str, int]]]:
+    def sessions_with_offsets(self, hosted_by: str | None = None) -> list[tuple[SessionRecord, dict[str, int]]]:
         """Every session record with its committed offsets (consumer = client id): what a gateway
-        restores at start."""
-        return [(rec, self.get_offsets(rec.client_id)) for rec in self.list_sessions()]
+        restores at start. `hosted_by`: only those that gateway served last and those of no
+        gateway (`SessionRecord.host`)."""
+        return [(rec, self.get_offsets(rec.client_id)) for rec in self.list_sessions()
+                if hosted_by is None or rec.host in (None, hosted_by)]
 
     # -- retained messages -------------------------------------------------------------------
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:

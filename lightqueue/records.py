@@ -30,9 +30,19 @@ class Subscription:
     share_group: str | None = None   # `$share/{group}/filter` subscriptions
 
 
+NEVER_EXPIRES = 0xFFFFFFFF      # expiry_interval of a session that never expires
+HOST = "gateway"                # extra[HOST]: id of the fleet gateway that last served the session
+
+
 @dataclass
 class SessionRecord:
-    """A persistent MQTT session (clean start = 0 / clean session = 0, or expiry interval > 0)."""
+    """A persistent MQTT session (clean start = 0 / clean session = 0, or expiry interval > 0).
+
+    `extra[HOST]` names the fleet gateway that last served the session (absent when written by
+    the embedded server): at its restart that gateway restores its own sessions only, and the
+    store node ends the sessions of a gateway that is gone for good (lightqueue/session_sweep.py).
+    It lives in `extra` rather than in a field of its own so that a store node of the previous
+    version still reads records a newer gateway wrote (rolling upgrades)."""
 
     client_id: str
     protocol_version: int = 4        # 3 = 3.1, 4 = 3.1.1, 5 = 5.0
@@ -40,6 +50,18 @@ class SessionRecord:
     last_disconnect_ms: int | None = None   # None while connected
     subscriptions: list[Subscription] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # gateway-private JSON-able state
+
+    @property
+    def host(self) -> str | None:
+        """The fleet gateway that last served this session, or None (embedded, older gateways)."""
+        return self.extra.get(HOST) if self.extra else None
+
+    def expired(self, now_ms: int) -> bool:
+        """Offline for at least its expiry interval at `now_ms` (a connected session never is)."""
+        last = self.last_disconnect_ms
+        if last is None or self.expiry_interval == NEVER_EXPIRES:
+            return False
+        return now_ms - last >= self.expiry_interval * 1000
 
     def to_bytes(self) -> bytes:
         # the dict `dataclasses.asdict` would give, built directly: asdict's generic deep copy was

@@ -271,6 +271,30 @@ def test_a_gateway_restores_every_session_with_its_offsets_a_page_at_a_time(lmqt
     asyncio.run(go())
 
 
+def test_a_fleet_gateway_restores_its_own_sessions_and_those_of_no_gateway(lmqtt_store, monkeypatch):
+    """`sessions_with_offsets(hosted_by=G)`: the records G served last and those of no gateway,
+    with their offsets, across pages of which some hold none of G's (the store filters: a page
+    may come back empty while more follow)."""
+    from lmqtt.gateway.remote_metadata import RemoteMetadata
+    from lmqtt.lightqueue.records import HOST, SessionRecord
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        hosts = ["gw-a", "gw-b", "gw-b", "gw-b", "gw-b", None, "gw-a", "gw-b", "gw-a"]
+        for i, h in enumerate(hosts):
+            cid = f"hb-{i:02d}"
+            st.metadata.put_session(cid, SessionRecord(cid, 5, 60, 1, [], {HOST: h} if h else {}))
+            st.metadata.set_offsets(cid, {f"hb/{i}": i})
+        monkeypatch.setattr(RemoteMetadata, "RESTORE_PAGE", 2)
+        got = st.metadata.sessions_with_offsets(hosted_by="gw-a")
+        want = [i for i, h in enumerate(hosts) if h in (None, "gw-a")]
+        assert [(rec.client_id, offs) for rec, offs in got] == [(f"hb-{i:02d}", {f"hb/{i}": i}) for i in want]
+        assert all(rec.host in (None, "gw-a") for rec, _ in got)
+        assert len(st.metadata.sessions_with_offsets()) == len(hosts)
+        st.link.close()
+    asyncio.run(go())
+
+
 def test_a_gateways_filters_are_registered_many_per_round_trip(lmqtt_store, monkeypatch):
     """`register_filters` (a gateway's start): every filter held once more, across chunks, and the
     store registers exactly those."""

@@ -1,0 +1,112 @@
+"""Persistent sessions across a fleet with real processes (docs/fleet.md "Sessions in a fleet"): a
+gateway restores at start only the sessions it served last (the others are loaded by whichever
+gateway their client comes back to), and the store node ends at their expiry the sessions of a
+gateway that is gone for good. Every wait is bounded; nothing asserts timings."""
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+
+from tests.support import LmqttGateway, LmqttStore, Paho, free_port
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise AssertionError(f"{name} not in {url}")
+
+
+def _wait_metric(url: str, name: str, want: float, timeout: float = 20.0) -> float:
+    deadline = time.monotonic() + timeout
+    while (v := _metric(url, name)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return v
+
+
+def _stop_all(gws, store) -> None:
+    for g in gws:
+        if g.proc is not None and g.proc.poll() is None:
+            g.stop()
+    store.stop()
+
+
+def test_a_restarted_gateway_restores_only_its_own_sessions_and_the_others_resume_anywhere(tmp_path):
+    """Three persistent sessions served by gateway A, two by B. B restarts: it holds its two again
+    (it used to restore all five); a message published while B was down reaches B's session, and a
+    session A served resumes on B with its subscription and the message it missed."""
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        for gw, cids in ((a, ("fs-a1", "fs-a2", "fs-a3")), (b, ("fs-b1", "fs-b2"))):
+            for cid in cids:
+                c = Paho(gw, cid, version=5, clean=False, expiry=3600)
+                c.subscribe(f"fs/{cid}/#", 1)
+                c.disconnect()
+        assert _wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
+        assert _wait_metric(b.metrics_url, "lmqtt_sessions", 2) == 2
+        b.stop()
+        pub = Paho(a, "fs-pub")
+        pub.publish("fs/fs-b1/x", b"while-b-was-down", qos=1)
+        pub.publish("fs/fs-a1/x", b"for-a1", qos=1)
+        b.start()
+        assert _metric(b.metrics_url, "lmqtt_sessions") == 2, b.log_tail()
+        own = Paho(b, "fs-b1", version=5, clean=False, expiry=3600)
+        assert own.session_present
+        assert [m.payload for m in own.get_n(1)] == [b"while-b-was-down"]
+        moved = Paho(b, "fs-a1", version=5, clean=False, expiry=3600)
+        assert moved.session_present
+        assert [m.payload for m in moved.get_n(1)] == [b"for-a1"]
+        assert _metric(b.metrics_url, "lmqtt_sessions") == 3
+        pub.publish("fs/fs-a1/y", b"after-the-move", qos=1)
+        assert [m.payload for m in moved.get_n(1)] == [b"after-the-move"]
+        for c in (own, moved, pub):
+            c.disconnect()
+    finally:
+        _stop_all([a, b], store)
+
+
+def test_the_store_ends_the_expired_sessions_of_a_gateway_gone_for_good(tmp_path):
+    """Gateway A is killed and never comes back, holding one connected and one offline session
+    with a 2 s expiry and one with an hour. The store node ends the two short ones once their
+    expiry has passed since A's loss (the connected one counts from the loss), with their offsets:
+    their clients start new sessions on B, while the hour-long one resumes there."""
+    store_metrics = free_port()
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log"),
+                       extra_args=("--will-grace-s", "0.5", "--session-sweep-s", "0.2",
+                                   "--metrics-port", str(store_metrics))).start()
+    url = f"http://127.0.0.1:{store_metrics}/metrics"
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        offline = Paho(a, "gone-offline", version=5, clean=False, expiry=2)
+        offline.subscribe("gone/offline", 1)
+        offline.disconnect()
+        online = Paho(a, "gone-online", version=5, clean=False, expiry=2)
+        online.subscribe("gone/online", 1)
+        long_lived = Paho(a, "gone-long", version=5, clean=False, expiry=3600)
+        long_lived.subscribe("gone/long", 1)
+        long_lived.disconnect()
+        assert _wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
+        a.stop(signal.SIGKILL)
+        online.disconnect()
+        assert _wait_metric(url, "lmqtt_store_gateway_sessions_ended_total", 2) == 2, store.log_tail()
+        pub = Paho(b, "gone-pub")
+        for cid in ("gone-offline", "gone-online"):
+            c = Paho(b, cid, version=5, clean=False, expiry=2)
+            assert not c.session_present, cid
+            pub.publish(f"gone/{cid.split('-')[1]}", b"x", qos=1)
+            assert c.drain(0.3) == []            # its subscription ended with the session
+            c.disconnect()
+        pub.publish("gone/long", b"kept", qos=1)
+        kept = Paho(b, "gone-long", version=5, clean=False, expiry=3600)
+        assert kept.session_present
+        assert [m.payload for m in kept.get_n(1)] == [b"kept"]
+        assert _metric(url, "lmqtt_store_gateway_sessions_ended_total") == 2
+        kept.disconnect()
+        pub.disconnect()
+    finally:
+        _stop_all([a, b], store)

@@ -1,0 +1,96 @@
+"""The store node's session sweep (lightqueue/session_sweep.py) over a real MetadataStore on a
+real event loop: it ends the expired sessions of gateways gone for good, gives a session that was
+connected when its gateway went away that moment as its disconnect time, and leaves alone the
+sessions of connected gateways, of gateways away for less than the grace period and of no gateway."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from lmqtt.lightqueue import MetadataStore, SessionRecord, Subscription
+from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES
+from lmqtt.lightqueue.session_sweep import SessionSweep
+
+
+def _rec(cid: str, host: str | None, expiry: int, last_ms: int | None) -> SessionRecord:
+    return SessionRecord(cid, 5, expiry, last_ms, [Subscription(f"t/{cid}", qos=1)], {HOST: host} if host else {})
+
+
+def test_the_sweep_ends_only_expired_sessions_of_gateways_gone_longer_than_the_grace(tmp_path):
+    md = MetadataStore(str(tmp_path / "meta"))
+    now = int(time.time() * 1000)
+    hour_ago = now - 3_600_000
+    recs = [
+        _rec("a-expired", "gw-gone", 60, hour_ago),            # ended
+        _rec("a-fresh", "gw-gone", 60, now - 1000),             # expires later: kept
+        _rec("a-never", "gw-gone", NEVER_EXPIRES, hour_ago),    # kept
+        _rec("a-online", "gw-gone", 3600, None),                # connected at the loss: marked
+        _rec("b-expired", "gw-live", 60, hour_ago),             # its gateway expires it: kept
+        _rec("c-expired", "gw-new-away", 60, hour_ago),         # away for less than the grace: kept
+        _rec("d-expired", None, 60, hour_ago),                  # no gateway: the gateways' own
+    ]
+    for r in recs:
+        md.put_session(r.client_id, r)
+        md.set_offsets(r.client_id, {f"t/{r.client_id}": 7})
+    gone_at = now - 600_000
+
+    async def go() -> SessionSweep:
+        sweep = SessionSweep(md, asyncio.get_running_loop(), lambda gid: gid == "gw-live",
+                             grace_s=30, interval_s=0.05)
+        sweep.PAGE = 2                      # several pages, continued on the loop
+        sweep.away_since["gw-gone"] = gone_at
+        sweep.gone("gw-new-away")           # just now
+        sweep.start()
+        deadline = time.monotonic() + 10
+        while sweep.ended < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)            # a few more sweeps: nothing else changes
+        sweep.close()
+        return sweep
+
+    sweep = asyncio.run(go())
+    left = {r.client_id: r for r in md.list_sessions()}
+    assert sorted(left) == ["a-fresh", "a-never", "a-online", "b-expired", "c-expired", "d-expired"]
+    assert sweep.ended == 1 and sweep.marked_offline == 1
+    assert md.get_offsets("a-expired") == {}                      # its offsets went with it
+    assert md.get_offsets("a-fresh") == {"t/a-fresh": 7}
+    assert left["a-online"].last_disconnect_ms == gone_at        # its expiry counts from the loss
+    assert left["a-online"].subscriptions == recs[3].subscriptions and left["a-online"].host == "gw-gone"
+    assert left["b-expired"] == recs[4] and left["d-expired"] == recs[6]
+    md.close()
+
+
+def test_a_gateway_back_before_the_grace_keeps_its_sessions(tmp_path):
+    """A gateway that reconnects (a restart) is not gone: its connected-at-loss sessions keep no
+    disconnect time, its own restore and expiry decide."""
+    md = MetadataStore(str(tmp_path / "meta"))
+    md.put_session("s", _rec("s", "gw", 1, None))
+    connected = {"gw": False}
+
+    async def go() -> None:
+        sweep = SessionSweep(md, asyncio.get_running_loop(), lambda gid: connected[gid],
+                             grace_s=0.3, interval_s=0.05)
+        sweep.gone("gw")
+        sweep.start()
+        await asyncio.sleep(0.1)
+        connected["gw"] = True
+        sweep.back("gw")
+        await asyncio.sleep(0.6)
+        sweep.close()
+
+    asyncio.run(go())
+    assert md.get_session("s").last_disconnect_ms is None
+    md.close()
+
+
+def test_lmqtt_store_checks_the_sweep_interval(tmp_path, capsys):
+    """`lmqtt store --session-sweep-s` / TOML `session_sweep_s`: out of range or not a number is
+    refused before anything starts, naming the setting."""
+    from lmqtt.gateway import store_serve
+    assert store_serve.main(["--data-dir", str(tmp_path / "d"), "--session-sweep-s", "0"]) == 2
+    assert "session_sweep_s must be 0.1..86400 seconds, got 0" in capsys.readouterr().err
+    cfg = tmp_path / "store.toml"
+    cfg.write_text('[store]\nsession_sweep_s = "often"\n')
+    assert store_serve.main(["--data-dir", str(tmp_path / "d"), "--config", str(cfg)]) == 2
+    assert "session_sweep_s must be a number of seconds, got 'often'" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
