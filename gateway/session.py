@@ -19,12 +19,13 @@ from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts
 from lmqtt.gateway.mqtt.properties import encode_properties
 from lmqtt.gateway.mqtt.wire import encode_varint, read_varint
 from lmqtt.gateway.record_props import RecordMeta
+from lmqtt.lightqueue import records as _records
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.connection import MQTTConnection
     from lmqtt.gateway.shared import SharedGroup
 
-from lmqtt.lightqueue.records import NEVER_EXPIRES  # noqa: E402,F401 - one definition, re-exported here
+NEVER_EXPIRES = _records.NEVER_EXPIRES     # one definition (the store reads it too)
 
 # why a per-subscriber PUBLISH was not sent (Session.publish_bytes returns one of these instead of bytes)
 EXPIRED = 1        # its Message Expiry Interval has passed (MQTT 5 §3.3.2.3.3)
