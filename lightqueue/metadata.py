@@ -15,18 +15,19 @@ know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a cont
 """
 from __future__ import annotations
 
+import json
 import logging
 import struct
 import threading
 from itertools import islice
-from typing import Iterator
+from typing import Collection, Iterator
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from lmqtt.store import accel
 
 from .errors import MetadataError
-from .records import SessionRecord, WillRecord
+from .records import HOST, SessionRecord, WillRecord
 from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
 
 log = logging.getLogger("lmqtt.lightqueue.metadata")
@@ -155,6 +156,30 @@ class MetadataStore:
                 break
             out.append(SessionRecord.from_bytes(v))
         return out
+
+    def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
+                             limit: int = 1000) -> tuple[list[SessionRecord], str | None]:
+        """The records among the next `limit` (client id order, after `after`) whose host
+        (`SessionRecord.host`) is one of `gateways` (None: any gateway), and the client id to go
+        on after (None at the end). The store's session sweep: records are matched on their bytes
+        before any is decoded, so looking through a million sessions for those of one gone gateway
+        decodes only those."""
+        start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
+        needles = ([b'"' + HOST.encode() + b'":'] if gateways is None else
+                   [b'"' + HOST.encode() + b'":' + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
+        out = []
+        n = 0
+        last = None
+        for k, v in self._scan(P_SESSION, start):
+            if n >= limit:
+                return out, last[len(P_SESSION):].decode("utf-8")
+            n += 1
+            last = k
+            if any(nd in v for nd in needles):
+                rec = SessionRecord.from_bytes(v)
+                if rec.host is not None and (gateways is None or rec.host in gateways):
+                    out.append(rec)
+        return out, None
 
     def sessions_with_offsets(self, hosted_by: str | None = None) -> list[tuple[SessionRecord, dict[str, int]]]:
         """Every session record with its committed offsets (consumer = client id): what a gateway

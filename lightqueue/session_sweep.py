@@ -34,7 +34,7 @@ def _now_ms() -> int:
 
 
 class SessionSweep:
-    PAGE = 1000
+    PAGE = 1000          # records looked at per loop callback (only a gone gateway's are decoded)
 
     def __init__(self, meta, loop, is_connected: Callable[[str], bool], *, grace_s: float = 5.0,
                  interval_s: float = 60.0) -> None:
@@ -49,6 +49,13 @@ class SessionSweep:
         self.away_since: dict[str, int] = {}       # gateway id -> when its last connection closed
         self.ended = 0                             # sessions deleted by sweeps (metrics, tests)
         self.marked_offline = 0                    # connected-at-loss sessions given their disconnect time
+        self.sweeps = 0                            # sweeps that looked at records
+        # gateways that had records at the last sweep that looked for them (None: none yet, the
+        # first sweep looks at every record naming a gateway); a sweep while every one of them is
+        # connected reads nothing at all
+        self._hosts: set[str] | None = None
+        self._looking: set[str] | None = None      # this sweep's candidates (None: any gateway)
+        self._seen: set[str] = set()
         self._handle = None
         self._closed = False
 
@@ -74,18 +81,42 @@ class SessionSweep:
         self._handle = None
         if self._closed:
             return
+        if after is None:
+            if self._hosts is None:
+                self._looking = None
+            else:
+                self._looking = {g for g in self._hosts | set(self.away_since) if not self.is_connected(g)}
+                if not self._looking:                # every gateway with sessions is connected
+                    self._handle = self.loop.call_later(self.interval_s, self._sweep, None)
+                    return
+            self._seen = set()
+            self.sweeps += 1
         try:
-            recs = self.meta.list_sessions(after, self.PAGE)
+            recs, nxt = self.meta.sessions_of_gateways(self._looking, after, self.PAGE)
             now = _now_ms()
             for rec in recs:
+                self._seen.add(rec.host)
                 self._check(rec, now)
         except Exception as e:  # noqa: BLE001 - a failing sweep must not stop the store: next one retries
             log.error("event=session_sweep_failed error=%r (retried in %gs)", e, self.interval_s)
-            recs = []
-        if len(recs) >= self.PAGE:
-            self._handle = self.loop.call_soon(self._sweep, recs[-1].client_id)
-        else:
             self._handle = self.loop.call_later(self.interval_s, self._sweep, None)
+            return
+        if nxt is not None:
+            self._handle = self.loop.call_soon(self._sweep, nxt)
+            return
+        self._finished()
+        self._handle = self.loop.call_later(self.interval_s, self._sweep, None)
+
+    def _finished(self) -> None:
+        """A whole sweep is done: remember which gateways still have sessions; an away gateway
+        with none left is forgotten (it comes back as `gone` if it connects and leaves again)."""
+        if self._looking is None:
+            self._hosts = set(self._seen)
+        else:
+            self._hosts = (self._hosts - self._looking) | self._seen
+        for g in list(self.away_since):
+            if g not in self._hosts and not self.is_connected(g):
+                del self.away_since[g]
 
     def _check(self, rec: SessionRecord, now: int) -> None:
         host = rec.host

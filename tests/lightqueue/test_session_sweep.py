@@ -94,3 +94,50 @@ def test_lmqtt_store_checks_the_sweep_interval(tmp_path, capsys):
     assert store_serve.main(["--data-dir", str(tmp_path / "d"), "--config", str(cfg)]) == 2
     assert "session_sweep_s must be a number of seconds, got 'often'" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_records_of_some_gateways_are_found_a_page_at_a_time_without_decoding_the_others(tmp_path):
+    """`sessions_of_gateways`: the records naming one of the gateways, over pages that count the
+    records looked at (a page may hold none), in client id order; ids that need JSON escaping too."""
+    md = MetadataStore(str(tmp_path / "meta"))
+    hosts = ["gw-a", None, 'gw "b"', "gw-a", "gw-c", 'gw "b"', None, "gw-a"]
+    for i, h in enumerate(hosts):
+        md.put_session(f"c{i}", _rec(f"c{i}", h, 60, 1))
+    md.put_session("d-filter", SessionRecord("d-filter", 5, 60, 1, [Subscription('x/"gateway":"gw-a"')]))
+
+    def walk(gateways, page):
+        got, after = [], None
+        while True:
+            recs, after = md.sessions_of_gateways(gateways, after, page)
+            got += [r.client_id for r in recs]
+            if after is None:
+                return got
+    for page in (1, 3, 100):
+        assert walk({"gw-a", 'gw "b"'}, page) == ["c0", "c2", "c3", "c5", "c7"]
+        assert walk(None, page) == ["c0", "c2", "c3", "c4", "c5", "c7"]
+        assert walk(set(), page) == []
+    md.close()
+
+
+def test_a_sweep_reads_nothing_while_every_gateway_with_sessions_is_connected(tmp_path):
+    """After the first sweep has seen which gateways have sessions, later sweeps while they are all
+    connected read no record; an away gateway whose sessions all ended is forgotten, so sweeps
+    stop reading again."""
+    md = MetadataStore(str(tmp_path / "meta"))
+    now = int(time.time() * 1000)
+    md.put_session("live", _rec("live", "gw-live", 60, now - 3_600_000))
+    md.put_session("gone", _rec("gone", "gw-gone", 1, now - 3_600_000))
+
+    async def go() -> SessionSweep:
+        sweep = SessionSweep(md, asyncio.get_running_loop(), lambda gid: gid == "gw-live",
+                             grace_s=0, interval_s=0.05)
+        sweep.start()
+        await asyncio.sleep(0.6)            # ~10 intervals
+        sweep.close()
+        return sweep
+
+    sweep = asyncio.run(go())
+    assert sweep.ended == 1 and [r.client_id for r in md.list_sessions()] == ["live"]
+    assert sweep.sweeps == 2                # the first (every host), the one that found none left of gw-gone
+    assert sweep.away_since == {}
+    md.close()
