@@ -1,10 +1,11 @@
 """`lmqtt bench restart`: how long a broker takes to be back, serving, after a restart with N
 persistent sessions to restore (a rolling update, a crash, a maintenance restart).
 
-For each broker (`lmqtt`: `lmqtt serve`; `lmqtt-fleet`: a store, two gateways and Redis, every
-gateway restoring every session; `mosquitto` with persistence to its db file, written at shutdown),
-in a fresh data directory: `--sessions` clients CONNECT with a persistent session (3.1.1 clean
-session 0) and SUBSCRIBE to a wildcard filter of their own, 200 at a time, and leave; then the
+For each broker (`lmqtt`: `lmqtt serve`; `lmqtt-fleet`: a store, two gateways and Redis, the
+sessions created on the gateways in turn, each gateway restoring those it served; `mosquitto` with
+persistence to its db file, written at shutdown), in a fresh data directory: `--sessions` clients
+CONNECT with a persistent session (3.1.1 clean session 0) and SUBSCRIBE to a wildcard filter of
+their own, 200 at a time, and leave (on a fleet, session i on gateway i mod 2); then the
 broker is stopped (SIGTERM) and started again `--repeat` times. `restart_s` is from starting the
 process to its MQTT port accepting connections (for the fleet: every gateway up); then a sample of
 the sessions is resumed and `sample_present` says how many the broker still had. One JSON line per
@@ -33,16 +34,16 @@ from lmqtt.loadtest.scenarios import SESSION_STORM_CONCURRENCY
 SAMPLE = 50
 
 
-async def _sessions(host: str, port: int, subscribe: bool, ids: range) -> int:
-    """CONNECT (clean session 0) each of `ids`, SUBSCRIBE to its own filter if `subscribe`, leave;
-    returns how many found their session present."""
+async def _sessions(host: str, ports: list[int], subscribe: bool, ids: range) -> int:
+    """CONNECT (clean session 0) each of `ids` (i on `ports[i % len(ports)]`), SUBSCRIBE to its
+    own filter if `subscribe`, leave; returns how many found their session present."""
     sem = asyncio.Semaphore(SESSION_STORM_CONCURRENCY)
     present = 0
 
     async def one(i: int) -> None:
         nonlocal present
         async with sem:
-            c = await connect(host, port, f"rs-{i}", 4, clean=False, timeout=60.0)
+            c = await connect(host, ports[i % len(ports)], f"rs-{i}", 4, clean=False, timeout=60.0)
             present += bool(c.connack.session_present)
             if subscribe:
                 await c.subscribe(f"rs/dev/{i}/+", 1, timeout=60.0)
@@ -68,7 +69,7 @@ def bench_broker(name: str, n: int, repeat: int, base: Path) -> list[dict]:
     rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0)
     try:
         t0 = time.monotonic()
-        asyncio.run(_sessions(rb.host, rb.port, True, range(n)))
+        asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], True, range(n)))
         created_s = time.monotonic() - t0
         for rep in range(1, repeat + 1):
             t0 = time.monotonic()
@@ -78,9 +79,9 @@ def bench_broker(name: str, n: int, repeat: int, base: Path) -> list[dict]:
             rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=600.0)
             restart_s = time.monotonic() - t0
             rss = None if rb.extra_ports or name == "lmqtt-workers" else _rss(rb.pid)   # one process only
-            step = max(1, n // SAMPLE)
+            step = max(1, n // SAMPLE) | 1          # odd: a fleet's sample spans both gateways
             sample = range(0, n, step)
-            present = asyncio.run(_sessions(rb.host, rb.port, False, sample))
+            present = asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], False, sample))
             out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep,
                         "restart_s": round(restart_s, 3), "stop_s": round(stop_s, 3),
                         "created_per_s": round(n / created_s, 1), "sample": len(sample),

@@ -17,5 +17,5 @@ def test_restart_bench_restarts_each_broker_with_its_sessions():
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["case"], r["rep"]) for r in rows] == [("lmqtt", 1), ("lmqtt", 2), ("mosquitto", 1), ("mosquitto", 2)]
     for r in rows:
-        assert r["sessions"] == 120 and r["sample"] == 60 and r["sample_present"] == 60, r
+        assert r["sessions"] == 120 and r["sample"] == 40 and r["sample_present"] == 40, r
         assert r["restart_s"] > 0 and r["stop_s"] >= 0
