@@ -1,14 +1,16 @@
 """The MQTT broker logic of one gateway: what happens on each packet (CONNECT, PUBLISH, the acks,
 SUBSCRIBE, UNSUBSCRIBE, DISCONNECT), retained messages, keepalive and shutdown.
 
-Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
-top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket and write batching are in
-`connection.py`; the store write in `publish.py`; the pull/fan-out in `delivery.py`; per-client state
-in `session.py`; which sessions exist, who owns them, expiry and wills in `session_registry.py`;
-subscriptions, shared groups and filter registrations in `subscriptions.py`; offset/session
-persistence in `persistence.py`. Those modules never import this one: they get the few callbacks
-they need as plain callables. Everything runs on the event loop thread; nothing here blocks except short RocksDB
-metadata writes (sessions/offsets change at subscribe/ack rate and are batched per 100 ms).
+Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable top
+to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket and write batching are in
+`connection.py`; the store write in `publish.py`; the pull/fan-out in `delivery.py`; per-client state in
+`session.py`; which sessions exist, who owns them, expiry and wills in `session_registry.py`;
+subscriptions, shared groups and filter registrations in `subscriptions.py`; deciding a
+SUBSCRIBE/UNSUBSCRIBE filter by filter (validation, ACL, limits, replay, retained) in `subscribe.py`;
+offset/session persistence in `persistence.py`. Those modules never import this one: they get the few
+callbacks they need as plain callables. Everything runs on the event loop thread; nothing here blocks
+except short RocksDB metadata writes (sessions/offsets change at subscribe/ack rate and are batched per
+100 ms).
 """
 from __future__ import annotations
 
@@ -20,21 +22,18 @@ from typing import TYPE_CHECKING
 from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity
 from lmqtt.gateway.enhanced_auth import EnhancedAuth, peer_certificate_subject
 from lmqtt.gateway.connection import NO_TOPICS, WriteBatcher
-from lmqtt.gateway.mqtt import (SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, encode_connack_refusal,
-                                packets as P)
-from lmqtt.gateway.replay import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
-                                  split_replay_filter)
-from lmqtt.gateway.retained import drain_retained, send_retained
-from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, InFlight, Session
+from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
+from lmqtt.gateway.retained import drain_retained
+from lmqtt.gateway.session import NEVER_EXPIRES, InFlight, Session
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.store_api import InProcessStore
+from lmqtt.gateway.subscribe import SubscribeHandler
 from lmqtt.gateway.subscriptions import SubscriptionRegistry
 from lmqtt.gateway.delivery import DeliveryEngine
 from lmqtt.gateway.persistence import SessionPersistence
 from lmqtt.gateway.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.lightqueue import topics as T
-from lmqtt.lightqueue.errors import InvalidTopicFilter, InvalidTopicName
-from lmqtt.lightqueue.replay import ReplayRefused
+from lmqtt.lightqueue.errors import InvalidTopicName
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.config import GatewayConfig
@@ -88,6 +87,13 @@ class Broker:
         if lq is not None:            # embedded: registrations by SDK consumers too (store port)
             lq.before_register = self.publisher.flush
         self.subscriptions.acl = acl
+        # `using` looked up when called: only a store that reads ahead (remote) has it
+        self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
+                                            using=lambda ahead: self.storage.using(ahead),
+                                            metadata=self.metadata, acl=acl, gate=lambda: self.gate,
+                                            max_subscriptions=cfg.max_subscriptions,
+                                            save_session=self._save_session, save_offsets=self.persist.save_offsets,
+                                            kick=self.delivery.kick, resume=self._continue)
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
@@ -180,6 +186,17 @@ class Broker:
                                     f"authentication (only AUTH or DISCONNECT may follow CONNECT)",
                                     RC.PROTOCOL_ERROR)
         h(conn, pkt)
+
+    def _continue(self, conn, fn, *args) -> None:
+        """Run a packet's handling that waited for the store, failing as `_handle_packets` would:
+        a protocol error or a bug costs this connection only."""
+        try:
+            fn(*args)
+        except ProtocolError as e:
+            conn.protocol_error(e.reason_code, str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("event=packet_handler_failed client_id=%s", conn.client_id)
+            conn.close_with_error(RC.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
 
     # ======================================================================= CONNECT
     def _refuse(self, conn: "MQTTConnection", rc: int, reason: str, cause: str | None = None) -> None:
@@ -528,170 +545,12 @@ class Broker:
             conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
 
     # ======================================================================= SUBSCRIBE
+    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/subscribe.py
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
-        # MQTT 5: the SUBSCRIBE's own `since` (every filter from the past), or why it is refused
-        since = (None, None)
-        if conn.version == 5 and pkt.properties.user_property:
-            try:
-                since = (since_property(pkt.properties), None)
-            except ReplayRequestError as e:
-                since = (None, str(e))
-        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
-        if ahead is None:
-            return self._subscribe(conn, pkt, None, since)
-        # a remote store: this connection waits for the answers on hold, the others go on
-        conn.hold()
-
-        def ready(f, conn=conn) -> None:
-            if conn.closing:
-                if f.exception() is None:
-                    with self.storage.using(f.result()):
-                        pass                 # drops what was registered for it
-                return
-            if f.exception() is not None:
-                self._subscribe_failed(conn, pkt, f.exception())
-            else:
-                with self.storage.using(f.result()) as got:
-                    self._continue(conn, self._subscribe, conn, pkt, got, since)
-            conn.release()
-        ahead.add_done_callback(ready)
-
-    def _subscribe_failed(self, conn, pkt: P.Subscribe, err: BaseException) -> None:
-        """The store did not answer a SUBSCRIBE's reads: every filter is refused (0x80, MQTT 5
-        with the reason), nothing is subscribed, the connection stays."""
-        log.error("event=subscribe_failed client_id=%s error=%r", conn.client_id, err)
-        v5 = conn.version == 5
-        ack = P.SubAck(pkt.packet_id, [RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311] * len(pkt.subscriptions))
-        if v5 and conn.problem_info:
-            ack.properties.reason_string = f"store unavailable: {err}"[:500]
-        conn.send_fitting(ack)
-
-    def _continue(self, conn, fn, *args) -> None:
-        """Run a packet's handling that waited for the store, failing as `_handle_packets` would:
-        a protocol error or a bug costs this connection only."""
-        try:
-            fn(*args)
-        except ProtocolError as e:
-            conn.protocol_error(e.reason_code, str(e))
-        except Exception as e:  # noqa: BLE001
-            log.exception("event=packet_handler_failed client_id=%s", conn.client_id)
-            conn.close_with_error(RC.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
-
-    def _subscribe(self, conn, pkt: P.Subscribe, ahead, since: tuple) -> None:
-        s = conn.session
-        v5 = conn.version == 5
-        codes: list[int] = []
-        retained: list[ClientSubscription] = []
-        sub_id = None
-        if v5 and pkt.properties.subscription_identifier:
-            ids = pkt.properties.subscription_identifier
-            if len(ids) > 1:
-                raise ProtocolError("SUBSCRIBE carries more than one subscription identifier", RC.PROTOCOL_ERROR)
-            sub_id = ids[0]
-        since_all, replay_refused = since
-        reasons: list[str] = []
-        for req in pkt.subscriptions:
-            since = since_all
-            tf = req.topic_filter
-            try:
-                if replay_refused is not None:
-                    raise ReplayRefused(replay_refused)
-                if tf.startswith(REPLAY_PREFIX):
-                    since, tf = split_replay_filter(tf)
-                    req.topic_filter = tf          # the subscription is the filter's own
-            except (ReplayRequestError, ReplayRefused) as e:
-                self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
-                continue
-            try:
-                group, flt = T.parse_shared(req.topic_filter)
-                T.validate_filter(flt)
-            except InvalidTopicFilter as e:
-                log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
-                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
-                continue
-            gate = self.gate
-            over = gate.limits.topic_violation(flt) if gate is not None and gate.limits.topic_limited else None
-            if over is not None:
-                gate.hits[over[0]] += 1
-                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=%s reason=%r",
-                         s.client_id, req.topic_filter, RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311,
-                         over[0], over[1])
-                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
-                continue
-            if group is not None and req.no_local and v5:
-                raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
-            acl = self.acl
-            if acl is not None and not acl.can_subscribe(conn.identity, flt):
-                log.info("event=subscribe_denied client_id=%s filter=%r", s.client_id, req.topic_filter)
-                codes.append(RC.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V311)
-                continue
-            if (self.cfg.max_subscriptions and req.topic_filter not in s.subs
-                    and len(s.subs) >= self.cfg.max_subscriptions):
-                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=max_subscriptions "
-                         "limit=%d", s.client_id, req.topic_filter, RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311,
-                         self.cfg.max_subscriptions)
-                if self.gate is not None:
-                    self.gate.hits["max_subscriptions"] += 1
-                codes.append(RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311)      # refused by policy: quota exceeded
-                continue
-            qos = min(req.qos, 2)
-            sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
-                                     req.retain_handling, sub_id)
-            if acl is not None and acl.needs_read_check(conn.identity, flt):
-                rc_set = conn.read_checks
-                if rc_set is None:
-                    rc_set = conn.read_checks = set()
-                rc_set.add(flt)
-            if since is not None:
-                try:
-                    self.subscriptions.add_since(s, sub, since)
-                except ReplayRefused as e:
-                    self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
-                    continue
-                codes.append(qos)          # history instead of the retained messages
-                continue
-            existed = self.subscriptions.add(s, sub)
-            codes.append(qos)
-            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
-                retained.append(sub)
-        s.update_custom()
-        if s.persistent:
-            self._save_session(s)
-            self._flush_session_offsets(s)
-        ack = P.SubAck(pkt.packet_id, codes)
-        if reasons and v5 and conn.problem_info:
-            ack.properties.reason_string = "; ".join(reasons)[:500]
-        if reasons:
-            conn.send_fitting(ack)         # a reason string that does not fit goes, the codes stay
-        else:
-            conn.send(ack)
-        for sub in retained:
-            send_retained(self.metadata, self.acl, s, sub,
-                          ahead.retained.pop(sub.queue, None) if ahead is not None else None)
-        self.delivery.kick(s)
-
-    def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
-        """A subscription from the past that cannot be served: SUBACK 0x80 (MQTT 5: with the reason)."""
-        log.info("event=replay_refused client_id=%s filter=%r reason=%r", s.client_id, tf, why)
-        codes.append(RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311)
-        reasons.append(f"{tf}: {why}")
+        self.subscribing.on_subscribe(conn, pkt)
 
     def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
-        s = conn.session
-        codes = []
-        for flt in pkt.topic_filters:
-            sub = s.subs.get(flt)
-            if sub is None and flt.startswith(REPLAY_PREFIX):
-                sub = s.subs.get(plain_filter(flt))
-            if sub is None:
-                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
-                continue
-            self.subscriptions.remove(s, sub)
-            codes.append(RC.SUCCESS)
-        s.update_custom()
-        if s.persistent:
-            self._save_session(s)
-        conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))
+        self.subscribing.on_unsubscribe(conn, pkt)
 
     # ======================================================================= misc packets
     def on_pingreq(self, conn, pkt) -> None:
@@ -722,9 +581,6 @@ class Broker:
         pending = self.persist.save_session(s)
         if pending is not None and s.conn is not None:
             s.conn.wait_for_store(pending)
-
-    def _flush_session_offsets(self, s: Session) -> None:
-        self.persist.save_offsets(s)
 
     def _flush_offsets(self) -> None:
         self.persist.flush(lambda s: self.sessions.get(s.client_id) is s,
