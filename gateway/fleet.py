@@ -155,6 +155,7 @@ class FleetSessionRegistry(SessionRegistry):
     def __init__(self, loop, metrics, metadata, persist, subscriptions, publish) -> None:
         super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
         persist.host = metadata.gateway_id or None   # records name this gateway (module docstring)
+        metadata.on_sessions_swept = self.sessions_swept
 
     def attach(self, conn, s) -> None:
         super().attach(conn, s)
@@ -198,6 +199,20 @@ class FleetSessionRegistry(SessionRegistry):
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
         self.metrics.sessions.set(len(self.sessions))
+    def sessions_swept(self, client_ids) -> None:
+        """The store took this gateway for gone while it was cut off and marked offline, or ended,
+        these sessions' records: write again the record and offsets of each still connected here
+        (the others are not this gateway's to write: their clients may be on another gateway)."""
+        n = 0
+        for cid in client_ids:
+            s = self.sessions.get(cid)
+            if s is not None and s.online and s.persistent:
+                self.persist.save_session(s)
+                self.persist.save_offsets(s)
+                n += 1
+        log.warning("event=sessions_swept_by_store count=%d rewritten=%d (this gateway was away from "
+                    "the store longer than its grace period)", len(client_ids), n)
+
     def _needs_reload(self, client_id: str, clean_start: bool) -> bool:
         if clean_start:
             return False

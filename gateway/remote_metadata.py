@@ -41,6 +41,9 @@ class RemoteMetadata:
         # set by the session registry: the store published these clients' wills while this
         # gateway was away (gw_hello's answer)
         self.on_wills_published: Callable[[list], None] | None = None
+        # set by the fleet's session registry: the store's session sweep took this gateway for
+        # gone and changed these clients' records (lightqueue/session_sweep.py)
+        self.on_sessions_swept: Callable[[list], None] | None = None
         self.wills_published_by_store = 0
         # which put_will each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
@@ -62,7 +65,11 @@ class RemoteMetadata:
             if e is not None:
                 log.warning("event=gw_hello_failed error=%r", e)
                 return
-            fired = [c for c in json_reply(f.result()).get("wills_published", [])
+            reply = json_reply(f.result())
+            swept = reply.get("sessions_swept") or []
+            if swept and self.on_sessions_swept is not None:
+                self.on_sessions_swept(swept)
+            fired = [c for c in reply.get("wills_published", [])
                      if self._will_put_at.get(c, 0) <= mark]
             if fired:
                 self.wills_published_by_store += len(fired)

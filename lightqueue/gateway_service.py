@@ -34,7 +34,8 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
                                run at connect/subscribe rate, not message rate)
   gw_hello {gateway}           this connection is gateway G (sent at connect and every reconnect);
                                answers the client ids whose wills the store published while G
-                               was away
+                               was away, and those whose session records its sweep changed
+                               (session_sweep.py: G writes again those still connected to it)
   gw_put_will {client_id, will, gateway}   G holds the client's connection with this will
   gw_pop_will {client_id[, gateway]}       drop it (with gateway: only if G still holds it)
   gw_take_wills {gateway}      remove and return G's wills (G restarted after a crash)
@@ -641,7 +642,8 @@ class GatewayService:
             if not gid:
                 raise ValueError("gw_hello needs a non-empty gateway id")
             self._attach(conn, gid)
-            return {"wills_published": self.published_while_away.pop(gid, [])}
+            return {"wills_published": self.published_while_away.pop(gid, []),
+                    "sessions_swept": self.session_sweep.take_swept(gid)}
 
         def put_will(a, conn):
             gid = a.get("gateway")

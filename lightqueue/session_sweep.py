@@ -17,6 +17,11 @@ been away for longer than `grace_s` (a restarting gateway is not gone):
   * a session offline for its whole expiry interval: deleted with its offsets.
 Records without a host (the embedded server's, older gateways') and those of connected gateways
 are left to their gateways, which restore and expire them as before.
+
+A gateway cut off from the store for longer than the grace period cannot be told from one gone for
+good (as with its wills): its clients may still be connected. The client ids whose records a sweep
+changed are kept per gateway (`take_swept`, answered to its next `gw_hello`), and the gateway
+writes again the record and offsets of each of those still connected to it.
 """
 from __future__ import annotations
 
@@ -31,6 +36,12 @@ log = logging.getLogger("lmqtt.lightqueue.session_sweep")
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+# client ids remembered per away gateway (its gw_hello answer); beyond it, a gateway that was only
+# cut off re-writes no more of its connected clients' records (they are written again at their
+# next change: subscribe, disconnect)
+MAX_SWEPT_REMEMBERED = 100_000
 
 
 class SessionSweep:
@@ -50,6 +61,7 @@ class SessionSweep:
         self.ended = 0                             # sessions deleted by sweeps (metrics, tests)
         self.marked_offline = 0                    # connected-at-loss sessions given their disconnect time
         self.sweeps = 0                            # sweeps that looked at records
+        self.swept: dict[str, set[str]] = {}       # gateway id -> client ids whose records changed
         # gateways that had records at the last sweep that looked for them (None: none yet, the
         # first sweep looks at every record naming a gateway); a sweep while every one of them is
         # connected reads nothing at all
@@ -68,6 +80,16 @@ class SessionSweep:
 
     def back(self, gid: str) -> None:
         self.away_since.pop(gid, None)
+
+    def take_swept(self, gid: str) -> list[str]:
+        """The client ids whose records sweeps changed (marked offline or ended) while gateway
+        `gid` was away, once: its `gw_hello` answer."""
+        return sorted(self.swept.pop(gid, ()))
+
+    def _note(self, host: str, cid: str) -> None:
+        mine = self.swept.setdefault(host, set())
+        if len(mine) < MAX_SWEPT_REMEMBERED:
+            mine.add(cid)
 
     def close(self) -> None:
         self._closed = True
@@ -130,8 +152,10 @@ class SessionSweep:
             rec.last_disconnect_ms = since
             self.meta.put_session(cid, rec)
             self.marked_offline += 1
+            self._note(host, cid)
             log.info("event=session_offline_with_its_gateway client_id=%s gateway=%s", cid, host)
         if rec.expired(now):
             self.meta.delete_session(cid)
             self.ended += 1
+            self._note(host, cid)
             log.info("event=session_expired client_id=%s gateway=%s (gone)", cid, host)

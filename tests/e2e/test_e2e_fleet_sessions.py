@@ -4,6 +4,7 @@ gateway their client comes back to), and the store node ends at their expiry the
 gateway that is gone for good. Every wait is bounded; nothing asserts timings."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 import urllib.request
@@ -110,3 +111,59 @@ def test_the_store_ends_the_expired_sessions_of_a_gateway_gone_for_good(tmp_path
         pub.disconnect()
     finally:
         _stop_all([a, b], store)
+
+
+def _record(store, cid: str):
+    from lmqtt.lightqueue.records import SessionRecord
+    from lmqtt.store.client import connect
+    with connect(store.address) as c:
+        raw = c.cmd("gw_get_session", client_id=cid)["rec"]
+    return None if raw is None else SessionRecord.from_bytes(raw.encode())
+
+
+def _until(fn, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (got := fn()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clients(tmp_path):
+    """The store restarts while the gateway cannot reconnect (SIGSTOP) for longer than the grace:
+    its sweep takes the gateway for gone, marks its connected client's session offline and ends
+    the one with a 1 s expiry. When the gateway is back, the store tells it (gw_hello) and it writes
+    both records again, connected, with their offsets: the clients go on as if nothing happened."""
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log"),
+                       extra_args=("--will-grace-s", "0.2", "--session-sweep-s", "0.1")).start()
+    gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        long_lived = Paho(gw, "cut-long", version=5, clean=False, expiry=3600)
+        long_lived.subscribe("cut/long", 1)
+        short = Paho(gw, "cut-short", version=5, clean=False, expiry=1)
+        short.subscribe("cut/short", 1)
+        pub = Paho(gw, "cut-pub")
+        pub.publish("cut/long", b"before", qos=1)
+        assert [m.payload for m in long_lived.get_n(1)] == [b"before"]
+        assert _record(store, "cut-long").last_disconnect_ms is None
+        os.kill(gw.proc.pid, signal.SIGSTOP)
+        try:
+            store.stop()
+            store.start()
+            assert _until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is not None), \
+                store.log_tail()
+            assert _until(lambda: _record(store, "cut-short") is None), store.log_tail()
+        finally:
+            os.kill(gw.proc.pid, signal.SIGCONT)
+        assert _until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is None), \
+            gw.log_tail()
+        assert _until(lambda: (r := _record(store, "cut-short")) is not None and r.last_disconnect_ms is None), \
+            gw.log_tail()
+        assert "event=sessions_swept_by_store count=2 rewritten=2" in gw.log_tail()
+        pub.publish("cut/long", b"after", qos=1)
+        pub.publish("cut/short", b"after", qos=1)
+        assert [m.payload for m in long_lived.get_n(1, timeout=20)] == [b"after"]
+        assert [m.payload for m in short.get_n(1, timeout=20)] == [b"after"]
+        for c in (long_lived, short, pub):
+            c.disconnect()
+    finally:
+        _stop_all([gw], store)

@@ -57,6 +57,9 @@ def test_the_sweep_ends_only_expired_sessions_of_gateways_gone_longer_than_the_g
     assert left["a-online"].last_disconnect_ms == gone_at        # its expiry counts from the loss
     assert left["a-online"].subscriptions == recs[3].subscriptions and left["a-online"].host == "gw-gone"
     assert left["b-expired"] == recs[4] and left["d-expired"] == recs[6]
+    # what gw-gone is told if it was only cut off (its gw_hello answer), once
+    assert sweep.take_swept("gw-gone") == ["a-expired", "a-online"]
+    assert sweep.take_swept("gw-gone") == [] and sweep.take_swept("gw-live") == []
     md.close()
 
 
