@@ -97,21 +97,19 @@ def _config(args) -> dict:
         raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
     if not 0 <= int(cfg["port"]) <= 65535:
         raise ValueError(f"port must be 0..65535, got {cfg['port']}")
-    try:
-        grace = float(cfg["will_grace_s"])
-    except (TypeError, ValueError):
-        raise ValueError(f"will_grace_s must be a number of seconds, got {cfg['will_grace_s']!r}") from None
-    if not 0 <= grace <= 86400:
-        raise ValueError(f"will_grace_s must be 0..86400 seconds, got {cfg['will_grace_s']}")
-    cfg["will_grace_s"] = grace
-    try:
-        sweep = float(cfg["session_sweep_s"])
-    except (TypeError, ValueError):
-        raise ValueError(f"session_sweep_s must be a number of seconds, got {cfg['session_sweep_s']!r}") from None
-    if not 0.1 <= sweep <= 86400:
-        raise ValueError(f"session_sweep_s must be 0.1..86400 seconds, got {cfg['session_sweep_s']}")
-    cfg["session_sweep_s"] = sweep
+    for key, low in (("will_grace_s", 0.0), ("session_sweep_s", 0.1)):
+        cfg[key] = _seconds(cfg, key, low, 86400.0)
     return cfg
+
+
+def _seconds(cfg: dict, key: str, low: float, high: float) -> float:
+    try:
+        v = float(cfg[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number of seconds, got {cfg[key]!r}") from None
+    if not low <= v <= high:
+        raise ValueError(f"{key} must be {low:g}..{high:g} seconds, got {cfg[key]}")
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -615,3 +615,29 @@ def mixed_publish_props(i: int, user: tuple[int, int], expiry: tuple[int, int]):
         props.MessageExpiryInterval = 3600
         return props, None, 3600
     return None, None, None
+
+
+def metric(url: str, name: str) -> float:
+    """The value of metric `name` (or `name_total`, a counter) on a /metrics page."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "_total "):
+                return float(line.split()[-1])
+    raise AssertionError(f"{name} not in {url}")
+
+
+def wait_metric(url: str, name: str, want: float, timeout: float = 15.0) -> float:
+    """`metric` once it equals `want`, or its last value after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (v := metric(url, name)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return v
+
+
+def stop_all(gateways, store) -> None:
+    """Stop the gateway processes still running, then the store."""
+    for g in gateways:
+        if g.proc is not None and g.proc.poll() is None:
+            g.stop()
+    store.stop()

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho
+from tests.support import LmqttGateway, LmqttStore, Paho, metric, stop_all, wait_metric
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
@@ -82,14 +82,6 @@ def _wait_ready(gw, timeout: float = 20.0) -> bool:
     return False
 
 
-def _metric(gw, name: str) -> float:
-    with urllib.request.urlopen(gw.metrics_url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "_total "):
-                return float(line.split()[-1])
-    raise AssertionError(f"{name} not in {gw.metrics_url}")
-
-
 _SENTINEL = iter(range(1, 1 << 62))
 
 
@@ -111,13 +103,6 @@ def _before_sentinel(publisher, topic: str, sub, timeout: float = 15.0) -> list:
         got += batch
 
 
-def _wait_metric(gw, name: str, want: float, timeout: float = 15.0) -> float:
-    deadline = time.monotonic() + timeout
-    while (v := _metric(gw, name)) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return v
-
-
 def _port_pair() -> int:
     """A loopback port p with p + 1 free as well (bounded tries)."""
     import socket
@@ -134,13 +119,6 @@ def _port_pair() -> int:
                     continue
                 return p
     raise AssertionError("no two adjacent free loopback ports found")
-
-
-def _stop_all(gws, store) -> None:
-    for g in gws:
-        if g.proc is not None and g.proc.poll() is None:
-            g.stop()
-    store.stop()
 
 
 def test_kill9_of_a_gateway_under_qos1_load_clients_move_and_its_wills_fire(tmp_path):
@@ -197,7 +175,7 @@ def test_kill9_of_a_gateway_under_qos1_load_clients_move_and_its_wills_fire(tmp_
     finally:
         if pub is not None:
             pub.stop()
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 def test_a_gateway_restarting_fires_only_its_own_orphan_wills(tmp_path):
@@ -229,11 +207,11 @@ def test_a_gateway_restarting_fires_only_its_own_orphan_wills(tmp_path):
         m = watcher.get(10)
         assert (m.topic, m.payload) == ("wr/still", b"here")
         on_b.disconnect()                     # a clean DISCONNECT: its will is discarded
-        assert _wait_metric(b, "lmqtt_connections", 1) == 1      # only the watcher is left on B
+        assert wait_metric(b.metrics_url, "lmqtt_connections", 1) == 1      # only the watcher is left on B
         assert _before_sentinel(watcher, "wr/sentinel", watcher) == []
         watcher.disconnect()
     finally:
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 @needs_redis
@@ -258,14 +236,14 @@ def test_redis_restarted_during_traffic_loses_nothing(tmp_path):
         n = len(pub.acked)
         assert pub.wait_acked(n + 200) >= n + 200, f"publishing stopped without Redis: {pub.failed!r}"
         redis = RedisServer(port=port)
-        before = _metric(b, "lmqtt_remote_redis_events")
+        before = metric(b.metrics_url, "lmqtt_remote_redis_events")
         n = len(pub.acked)
         assert pub.wait_acked(n + 200) >= n + 200, f"publishing stopped after Redis came back: {pub.failed!r}"
         # events come through Redis again (bounded: the subscriber re-dials with backoff)
         deadline = time.monotonic() + 20
-        while _metric(b, "lmqtt_remote_redis_events") <= before and time.monotonic() < deadline:
+        while metric(b.metrics_url, "lmqtt_remote_redis_events") <= before and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _metric(b, "lmqtt_remote_redis_events") > before, f"no Redis events after the restart\n{b.log_tail()}"
+        assert metric(b.metrics_url, "lmqtt_remote_redis_events") > before, f"no Redis events after the restart\n{b.log_tail()}"
         acked = set(pub.stop())
         pub = None
         got = _collect([sub], acked)
@@ -290,7 +268,7 @@ def test_redis_restarted_during_traffic_loses_nothing(tmp_path):
         if pub is not None:
             pub.stop()
         if store is not None:
-            _stop_all([g for g in (a, b) if g is not None], store)
+            stop_all([g for g in (a, b) if g is not None], store)
         redis.stop()
 
 
@@ -325,7 +303,7 @@ def test_kill9_of_the_store_in_sync_mode_loses_no_acknowledged_message(tmp_path)
     finally:
         if pub is not None:
             pub.stop()
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 def test_wills_the_store_published_for_a_gateway_cut_off_too_long_are_not_published_twice(tmp_path):
@@ -357,14 +335,14 @@ def test_wills_the_store_published_for_a_gateway_cut_off_too_long_are_not_publis
         x.send(P.Publish("wc/hello", b"x2", 1, packet_id=2))
         assert isinstance(x.recv(10), P.PubAck)
         x.close()                              # no DISCONNECT: A would publish the will now
-        assert _wait_metric(a, "lmqtt_connections", 0) == 0
+        assert wait_metric(a.metrics_url, "lmqtt_connections", 0) == 0
         pa = Paho(a, "wc-pa")                  # the sentinel goes through A's pipeline after it
         before = _before_sentinel(pa, "wc/sentinel", watcher)
         assert [m.topic for m in before] == ["wc/hello"], f"{[(m.topic, m.payload) for m in before]}"
         pa.disconnect()
         watcher.disconnect()
     finally:
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 def test_serve_workers_a_restarted_worker_fires_only_the_wills_of_its_own_clients(tmp_path):
@@ -447,4 +425,4 @@ def test_delayed_wills_of_a_stopped_gateway_are_published_by_the_store_after_the
         back.disconnect()
         watcher.disconnect()
     finally:
-        _stop_all([a, b], store)
+        stop_all([a, b], store)

@@ -7,31 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-import urllib.request
 
-from tests.support import LmqttGateway, LmqttStore, Paho, free_port
-
-
-def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    raise AssertionError(f"{name} not in {url}")
-
-
-def _wait_metric(url: str, name: str, want: float, timeout: float = 20.0) -> float:
-    deadline = time.monotonic() + timeout
-    while (v := _metric(url, name)) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return v
-
-
-def _stop_all(gws, store) -> None:
-    for g in gws:
-        if g.proc is not None and g.proc.poll() is None:
-            g.stop()
-    store.stop()
+from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, wait_metric
 
 
 def test_a_restarted_gateway_restores_only_its_own_sessions_and_the_others_resume_anywhere(tmp_path):
@@ -47,27 +24,27 @@ def test_a_restarted_gateway_restores_only_its_own_sessions_and_the_others_resum
                 c = Paho(gw, cid, version=5, clean=False, expiry=3600)
                 c.subscribe(f"fs/{cid}/#", 1)
                 c.disconnect()
-        assert _wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
-        assert _wait_metric(b.metrics_url, "lmqtt_sessions", 2) == 2
+        assert wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
+        assert wait_metric(b.metrics_url, "lmqtt_sessions", 2) == 2
         b.stop()
         pub = Paho(a, "fs-pub")
         pub.publish("fs/fs-b1/x", b"while-b-was-down", qos=1)
         pub.publish("fs/fs-a1/x", b"for-a1", qos=1)
         b.start()
-        assert _metric(b.metrics_url, "lmqtt_sessions") == 2, b.log_tail()
+        assert metric(b.metrics_url, "lmqtt_sessions") == 2, b.log_tail()
         own = Paho(b, "fs-b1", version=5, clean=False, expiry=3600)
         assert own.session_present
         assert [m.payload for m in own.get_n(1)] == [b"while-b-was-down"]
         moved = Paho(b, "fs-a1", version=5, clean=False, expiry=3600)
         assert moved.session_present
         assert [m.payload for m in moved.get_n(1)] == [b"for-a1"]
-        assert _metric(b.metrics_url, "lmqtt_sessions") == 3
+        assert metric(b.metrics_url, "lmqtt_sessions") == 3
         pub.publish("fs/fs-a1/y", b"after-the-move", qos=1)
         assert [m.payload for m in moved.get_n(1)] == [b"after-the-move"]
         for c in (own, moved, pub):
             c.disconnect()
     finally:
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 def test_the_store_ends_the_expired_sessions_of_a_gateway_gone_for_good(tmp_path):
@@ -91,10 +68,10 @@ def test_the_store_ends_the_expired_sessions_of_a_gateway_gone_for_good(tmp_path
         long_lived = Paho(a, "gone-long", version=5, clean=False, expiry=3600)
         long_lived.subscribe("gone/long", 1)
         long_lived.disconnect()
-        assert _wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
+        assert wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
         a.stop(signal.SIGKILL)
         online.disconnect()
-        assert _wait_metric(url, "lmqtt_store_gateway_sessions_ended_total", 2) == 2, store.log_tail()
+        assert wait_metric(url, "lmqtt_store_gateway_sessions_ended_total", 2) == 2, store.log_tail()
         pub = Paho(b, "gone-pub")
         for cid in ("gone-offline", "gone-online"):
             c = Paho(b, cid, version=5, clean=False, expiry=2)
@@ -106,11 +83,11 @@ def test_the_store_ends_the_expired_sessions_of_a_gateway_gone_for_good(tmp_path
         kept = Paho(b, "gone-long", version=5, clean=False, expiry=3600)
         assert kept.session_present
         assert [m.payload for m in kept.get_n(1)] == [b"kept"]
-        assert _metric(url, "lmqtt_store_gateway_sessions_ended_total") == 2
+        assert metric(url, "lmqtt_store_gateway_sessions_ended_total") == 2
         kept.disconnect()
         pub.disconnect()
     finally:
-        _stop_all([a, b], store)
+        stop_all([a, b], store)
 
 
 def _record(store, cid: str):
@@ -166,4 +143,4 @@ def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clie
         for c in (long_lived, short, pub):
             c.disconnect()
     finally:
-        _stop_all([gw], store)
+        stop_all([gw], store)
