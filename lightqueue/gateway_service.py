@@ -601,12 +601,15 @@ class GatewayService:
 
         def list_sessions(a):
             after, limit = a.get("after"), a.get("limit")
-            recs = meta.list_sessions(None if after is None else str(after), None if limit is None else int(limit))
-            more = limit is not None and len(recs) >= int(limit)
-            nxt = recs[-1].client_id if recs else None
+            after = None if after is None else str(after)
             host = a.get("hosted_by")
             if host is not None:        # a gateway's restore: its own sessions and those of no gateway
-                recs = [r for r in recs if r.host in (None, host)]
+                recs, nxt = meta.sessions_of_gateways([str(host)], after, int(limit or 5000), unhosted=True)
+                more = nxt is not None
+            else:
+                recs = meta.list_sessions(after, None if limit is None else int(limit))
+                more = limit is not None and len(recs) >= int(limit)
+                nxt = recs[-1].client_id if recs else None
             out = {"sessions": [r.to_bytes().decode() for r in recs], "more": more, "next": nxt}
             if a.get("offsets"):
                 out["offsets"] = [meta.get_offsets(r.client_id) for r in recs]

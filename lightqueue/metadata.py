@@ -158,15 +158,17 @@ class MetadataStore:
         return out
 
     def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
-                             limit: int = 1000) -> tuple[list[SessionRecord], str | None]:
+                             limit: int = 1000, unhosted: bool = False) -> tuple[list[SessionRecord], str | None]:
         """The records among the next `limit` (client id order, after `after`) whose host
-        (`SessionRecord.host`) is one of `gateways` (None: any gateway), and the client id to go
-        on after (None at the end). The store's session sweep: records are matched on their bytes
-        before any is decoded, so looking through a million sessions for those of one gone gateway
-        decodes only those."""
+        (`SessionRecord.host`) is one of `gateways` (None: any gateway), with `unhosted` also those
+        naming no gateway, and the client id to go on after (None at the end). Records are matched
+        on their bytes before any is decoded: the store's session sweep looking through a million
+        sessions for those of one gone gateway, or a restarting gateway's restore
+        (`gw_list_sessions {hosted_by}`), decodes only the records it returns."""
         start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
-        needles = ([b'"' + HOST.encode() + b'":'] if gateways is None else
-                   [b'"' + HOST.encode() + b'":' + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
+        key = b'"' + HOST.encode() + b'":'
+        needles = ([key] if gateways is None else
+                   [key + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
         out = []
         n = 0
         last = None
@@ -175,10 +177,14 @@ class MetadataStore:
                 return out, last[len(P_SESSION):].decode("utf-8")
             n += 1
             last = k
-            if any(nd in v for nd in needles):
-                rec = SessionRecord.from_bytes(v)
-                if rec.host is not None and (gateways is None or rec.host in gateways):
+            if not (any(nd in v for nd in needles) or (unhosted and key not in v)):
+                continue                      # another gateway's: not decoded
+            rec = SessionRecord.from_bytes(v)
+            if rec.host is None:
+                if unhosted:
                     out.append(rec)
+            elif gateways is None or rec.host in gateways:
+                out.append(rec)
         return out, None
 
     def sessions_with_offsets(self, hosted_by: str | None = None) -> list[tuple[SessionRecord, dict[str, int]]]:

@@ -108,10 +108,10 @@ def test_records_of_some_gateways_are_found_a_page_at_a_time_without_decoding_th
         md.put_session(f"c{i}", _rec(f"c{i}", h, 60, 1))
     md.put_session("d-filter", SessionRecord("d-filter", 5, 60, 1, [Subscription('x/"gateway":"gw-a"')]))
 
-    def walk(gateways, page):
+    def walk(gateways, page, unhosted=False):
         got, after = [], None
         while True:
-            recs, after = md.sessions_of_gateways(gateways, after, page)
+            recs, after = md.sessions_of_gateways(gateways, after, page, unhosted)
             got += [r.client_id for r in recs]
             if after is None:
                 return got
@@ -119,6 +119,8 @@ def test_records_of_some_gateways_are_found_a_page_at_a_time_without_decoding_th
         assert walk({"gw-a", 'gw "b"'}, page) == ["c0", "c2", "c3", "c5", "c7"]
         assert walk(None, page) == ["c0", "c2", "c3", "c4", "c5", "c7"]
         assert walk(set(), page) == []
+        # a restarting gateway's restore: its own and those of no gateway
+        assert walk(["gw-a"], page, unhosted=True) == ["c0", "c1", "c3", "c6", "c7", "d-filter"]
     md.close()
 
 
