@@ -199,6 +199,7 @@ class FleetSessionRegistry(SessionRegistry):
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
         self.metrics.sessions.set(len(self.sessions))
+
     def sessions_swept(self, client_ids) -> None:
         """The store took this gateway for gone while it was cut off and marked offline, or ended,
         these sessions' records: write again the record and offsets of each still connected here
