@@ -69,9 +69,14 @@ class MetadataStore:
 
     # -- low level ---------------------------------------------------------------------------
     def _put(self, key: bytes, value: bytes) -> None:
-        wb = WriteBatch(raw_mode=True)
-        wb.put(key, value)
-        self._write(wb)
+        """One key written (a plain put: a one-entry WriteBatch cost ~4 µs more per write, and
+        every CONNECT, SUBSCRIBE and disconnect of a persistent client writes its record)."""
+        if self._closed:
+            raise MetadataError("metadata store is closed")
+        try:
+            self._db.put(key, value, self._wo)
+        except Exception as e:
+            raise MetadataError(f"metadata write failed: {e}") from e
 
     def _write(self, wb: WriteBatch) -> None:
         if self._closed:
@@ -103,6 +108,11 @@ class MetadataStore:
 
     def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
         """Commit several queue offsets of one consumer atomically (one WAL write)."""
+        if len(offsets) == 1:                 # most sessions: one subscription
+            [(q, off)] = offsets.items()
+            if off < 0:
+                raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
+            return self._put(self._okey(consumer, q), _U64.pack(off))
         wb = WriteBatch(raw_mode=True)
         for q, off in offsets.items():
             if off < 0:
