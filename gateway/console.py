@@ -4,7 +4,7 @@
     lmqtt consume --store HOST:PORT --filter F [--group G] [--from earliest|latest|TIME]
                   [--count N] [--timeout S] [--format text|json]
     lmqtt admin   --store HOST:PORT [--group G]... [--format table|json]
-                  [--gateways | --release-gateway ID]
+                  [--gateways | --release-gateway ID | --sessions [--limit N] | --session CLIENT_ID]
 
 `produce` sends one message per stdin line (the line without its newline) and prints a one-line
 summary (count, rate) to stderr. `consume` prints one message per stdout line. `--filter` is an MQTT
@@ -286,10 +286,18 @@ def admin_main(argv: list[str] | None = None) -> int:
     p.add_argument("--release-gateway", metavar="ID",
                    help="drop the filter holds of a gateway id gone for good (refused while it is connected; "
                         "a filter only it holds for a persistent session is kept)")
+    p.add_argument("--sessions", action="store_true",
+                   help="list the persistent MQTT sessions: gateway, connected or since when not, expiry")
+    p.add_argument("--session", metavar="CLIENT_ID",
+                   help="one session: its subscriptions with their committed offsets and lag")
+    p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
+    if args.sessions or args.session:
+        from lmqtt.gateway.admin_sessions import admin_sessions
+        return admin_sessions(conn, args, _admin_call, _table)
     r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
     if code:
         return code

@@ -12,6 +12,10 @@
   CALL filter_offsets  min/max offset of a filter's queue
   CALL replay, replay_read  subscribing from the past (replay.py): where a filter's history since a
                     time is, and its messages from the log (`FilterConsumer(since=...)`)
+  CALL sessions     a page of the persistent MQTT sessions (`lmqtt admin --sessions`): client id,
+                    gateway, connected or since when not, expiry, number of subscriptions
+  CALL session      one session in full (`lmqtt admin --session ID`): each subscription with its
+                    committed offset, its queue's end and the lag between them
 """
 from __future__ import annotations
 
@@ -79,6 +83,44 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
     server.register_call("subscribe", subscribe)
     server.register_call("unsubscribe", unsubscribe)
     server.register_call("filter_offsets", filter_offsets)
+
+    def sessions(a: dict) -> dict:
+        limit = max(1, min(int(a.get("limit") or 500), 5000))
+        after = a.get("after")
+        recs = lq.metadata.list_sessions(None if after is None else str(after), limit)
+        return {"sessions": [_summary(r) for r in recs],
+                "next": recs[-1].client_id if len(recs) >= limit else None}
+
+    def session(a: dict) -> dict:
+        md = lq.metadata
+        rec = md.get_session(str(a["client_id"]))
+        if rec is None:
+            return {"session": None}
+        own = md.get_offsets(rec.client_id)
+        subs = []
+        for sub in rec.subscriptions:
+            # a shared group's offset belongs to the group (consumer `$share/{group}`), not the member
+            committed = (md.get_offset(f"$share/{sub.share_group}", sub.filter) if sub.share_group
+                         else own.get(sub.filter))
+            end = lq.max_offset(sub.filter)
+            subs.append({"filter": sub.filter, "qos": sub.qos, "share_group": sub.share_group,
+                         "no_local": sub.no_local, "retain_as_published": sub.retain_as_published,
+                         "retain_handling": sub.retain_handling, "subscription_id": sub.subscription_id,
+                         "committed_offset": committed, "max_offset": end,
+                         "lag": None if committed is None else max(0, end - committed)})
+        return {"session": {**_summary(rec), "protocol_version": rec.protocol_version, "subscriptions": subs}}
+
+    server.register_call("sessions", sessions)
+    server.register_call("session", session)
     replay, replay_read = call_handlers(server.store, lq)
     server.register_call("replay", replay)
     server.register_call("replay_read", replay_read)
+
+
+def _summary(rec) -> dict:
+    """What `lmqtt admin` shows of a session record: `connected` is what the record says (written
+    at CONNECT and at disconnect; a server that crashed leaves its sessions connected until it or,
+    in a fleet, the store's session sweep says otherwise)."""
+    return {"client_id": rec.client_id, "gateway": rec.host, "connected": rec.last_disconnect_ms is None,
+            "last_disconnect_ms": rec.last_disconnect_ms, "expiry_interval": rec.expiry_interval,
+            "subscriptions": len(rec.subscriptions)}

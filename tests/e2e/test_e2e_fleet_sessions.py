@@ -4,8 +4,11 @@ gateway their client comes back to), and the store node ends at their expiry the
 gateway that is gone for good. Every wait is bounded; nothing asserts timings."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, wait_metric
@@ -26,6 +29,13 @@ def test_a_restarted_gateway_restores_only_its_own_sessions_and_the_others_resum
                 c.disconnect()
         assert wait_metric(a.metrics_url, "lmqtt_sessions", 3) == 3
         assert wait_metric(b.metrics_url, "lmqtt_sessions", 2) == 2
+        # each record names the gateway that served it (what `lmqtt admin --sessions` shows)
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "admin", "--store", store.address,
+                            "--sessions", "--format", "json"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert {x["client_id"]: x["gateway"] for x in json.loads(r.stdout)["sessions"]} == {
+            **{c: f"test-{a.port}" for c in ("fs-a1", "fs-a2", "fs-a3")},
+            **{c: f"test-{b.port}" for c in ("fs-b1", "fs-b2")}}
         b.stop()
         pub = Paho(a, "fs-pub")
         pub.publish("fs/fs-b1/x", b"while-b-was-down", qos=1)

@@ -137,6 +137,47 @@ def test_admin_lists_gateway_holds_and_releases_a_gone_gateways(lmqtt_store):
         assert live.cmd("gw_filters", gateway="pod-new")["filters"] == {"shared/+": 1}
 
 
+def test_admin_shows_sessions_and_one_sessions_lag(lmqtt_server):
+    """`lmqtt admin --sessions` / `--session ID` against `lmqtt serve --store-port`: every persistent
+    session with its state and expiry; one session's subscriptions with committed offset, queue
+    end and lag (an offline subscriber falls behind by what was published meanwhile); an unknown
+    client id is a clear error."""
+    addr = lmqtt_server.store_address
+    away = Paho(lmqtt_server, "adm-away", version=5, clean=False, expiry=600)
+    away.subscribe("adm/+/t", 1)
+    away.disconnect()
+    here = Paho(lmqtt_server, "adm-here", clean=False)
+    here.subscribe("adm/x", 1)
+    here.subscribe("$share/grp/adm/s", 1)
+    pub = Paho(lmqtt_server, "adm-pub")
+    for i in range(3):
+        pub.publish("adm/1/t", b"%d" % i, qos=1)
+    pub.publish("adm/x", b"x", qos=1)
+    assert [m.payload for m in here.get_n(1)] == [b"x"]
+    pub.disconnect()
+    r = lmqtt("admin", "--store", addr, "--sessions", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    rows = {x["client_id"]: x for x in json.loads(r.stdout)["sessions"]}
+    assert {k: rows["adm-away"][k] for k in ("connected", "expiry_interval", "subscriptions", "gateway")} == \
+        {"connected": False, "expiry_interval": 600, "subscriptions": 1, "gateway": None}
+    assert (rows["adm-here"]["connected"], rows["adm-here"]["subscriptions"]) == (True, 2)
+    r = lmqtt("admin", "--store", addr, "--session", "adm-away", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    (sub,) = json.loads(r.stdout)["session"]["subscriptions"]
+    assert (sub["filter"], sub["qos"], sub["committed_offset"], sub["max_offset"], sub["lag"]) == ("adm/+/t", 1, 0, 3, 3)
+    out = lmqtt("admin", "--store", addr, "--session", "adm-away").stdout.decode()
+    assert out.startswith("session adm-away: MQTT 5.0, gateway -, offline ") and "expires in 9m" in out, out
+    assert [line.split() for line in out.splitlines() if line.startswith("adm/")] == [["adm/+/t", "1", "-", "0", "3", "3"]]
+    out = lmqtt("admin", "--store", addr, "--sessions").stdout.decode()
+    assert [line.split()[:4] for line in out.splitlines() if line.startswith("adm-here")] == \
+        [["adm-here", "-", "connected", "never"]], out
+    out = lmqtt("admin", "--store", addr, "--sessions", "--limit", "1").stdout.decode()
+    assert len([line for line in out.splitlines() if line.startswith("adm-")]) <= 1 and "--limit N for more" in out, out
+    r = lmqtt("admin", "--store", addr, "--session", "adm-never")
+    assert r.returncode == 1 and b"no persistent session 'adm-never'" in r.stderr
+    here.disconnect()
+
+
 def test_mqtt_subscriber_sees_produced_lines(lmqtt_server):
     sub = Paho(lmqtt_server, client_id="console-sub", version=5)
     try:
