@@ -41,14 +41,7 @@ lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
   gw_take_wills {gateway}      remove and return G's wills (G restarted after a crash)
   gw_list_wills [{gateway}]    read them
 
-Wills of a dead gateway: the store knows each gateway's connection (gw_hello). When the last
-connection of gateway G closes, or when the store starts and G holds wills but is not connected,
-a grace timer starts (`will_grace_s`, `lmqtt store --will-grace-s`, default 5 s: longer than a
-gateway's re-dial backoff). If G is not back when it ends, the store publishes G's wills itself
-into the CommitLog like any publish (every gateway delivers them); an MQTT 5 Will Delay Interval
-(bounded by the session expiry, 0 for a session that ends with its connection) counts from the
-loss, so a longer delay waits on. A will is published only if G still holds it at that moment: a
-CONNECT of the same client id on any gateway voids it first (gw_pop_will without gateway).
+Wills of a dead gateway, and which connection is which gateway: gateway_wills.py.
 
 Events: the light-queue store's listener feeds an `InProcessBus` on the server's loop (from the
 dispatch thread, names merging within `window_s`; or, with inline dispatch, on the loop itself,
@@ -74,21 +67,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-
 import time
 from typing import Callable
 
 from lmqtt.notify import InProcessBus
-from lmqtt.store import Message, protocol as W
+from lmqtt.store import protocol as W
 from lmqtt.store.server import Messages, StoreServer
 
 from . import replay as replay_mod
 
-from .errors import MetadataError
+from .gateway_wills import GatewayWills
 from .light_queue_store import LightQueueStore
 from .records import SessionRecord, WillRecord
 from .session_sweep import SessionSweep
-from .topics import validate_filter, validate_topic
+from .topics import validate_filter
 
 log = logging.getLogger("lmqtt.lightqueue.gateway_service")
 
@@ -103,10 +95,6 @@ def _unb64(s: str) -> bytes:
     return base64.b64decode(s)
 
 
-# client ids remembered per absent gateway whose wills the store published (told at its gw_hello)
-_MAX_PUBLISHED_WHILE_AWAY = 100_000
-
-
 class GatewayService:
     def __init__(self, server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
                  redis_publisher=None, will_grace_s: float = 5.0,
@@ -114,8 +102,9 @@ class GatewayService:
                  session_sweep_s: float = 60.0) -> None:
         """`will_grace_s`: how long a gateway's connection may stay gone before the store publishes
         its wills (and before its sessions count as left by it, session_sweep.py);
-        `session_sweep_s`: how often the sessions of gateways gone for good are checked. `retained_props(props, now_ms)`: what a retained will keeps as its props (the
-        gateway's encoding, passed in by `lmqtt store`: this package knows no MQTT)."""
+        `session_sweep_s`: how often the sessions of gateways gone for good are checked.
+        `retained_props(props, now_ms)`: what a retained will keeps as its props (the gateway's
+        encoding, passed in by `lmqtt store`: this package knows no MQTT)."""
         self.srv = server
         self.lq = lq
         self.meta = lq.metadata
@@ -148,179 +137,38 @@ class GatewayService:
             n = int(server.meta.get_json(key) or 0)
             if n > 0:
                 self.holds.setdefault(gid, {})[flt] = n
-        # wills of dead gateways (module docstring)
-        self.will_grace_s = max(0.0, float(will_grace_s))
-        self.retained_props = retained_props or (lambda props, _now_ms: props)
-        self.gateway_of: dict[object, str] = {}          # StoreConnection -> gateway id
-        self.connections_of: dict[str, set] = {}          # gateway id -> its connections
-        self._grace: dict[str, asyncio.TimerHandle] = {}  # gateway id -> grace timer
-        self._delayed: dict[str, dict[str, asyncio.TimerHandle]] = {}   # gid -> client id -> will delay
-        self.published_while_away: dict[str, list[str]] = {}
-        self.wills_published = 0
-        self.will_publish_errors = 0
-        self._closed = False
-        try:
-            holders = self.meta.will_gateways()
-        except Exception as e:  # noqa: BLE001 - a corrupt record must not stop the store
-            log.error("event=will_scan_failed error=%r (wills of absent gateways not published)", e)
-            holders = set()
-        for gid in sorted(holders):             # not connected yet: their grace starts now
-            self._arm_grace(gid)
-        self.session_sweep = SessionSweep(self.meta, loop, lambda gid: bool(self.connections_of.get(gid)),
-                                          grace_s=self.will_grace_s, interval_s=session_sweep_s)
+        # which connection is which gateway, and the wills of dead ones (gateway_wills.py). The
+        # router is looked up at each publish (service.py may install it after this), and the
+        # sweep, built next because it asks the wills who is connected, hears of the same
+        # gateways going and coming back
+        self.wills = GatewayWills(self.meta, loop, grace_s=will_grace_s,
+                                  append_batch=server.store.append_batch, append=server.store.append,
+                                  route=lambda topic: (server.router or lq.queues_for_topic)(topic),
+                                  retained_props=retained_props,
+                                  on_gone=lambda gid: self.session_sweep.gone(gid),
+                                  on_back=lambda gid: self.session_sweep.back(gid))
+        self.wills.start()
+        self.session_sweep = SessionSweep(self.meta, loop, self.wills.is_connected,
+                                          grace_s=self.wills.grace_s, interval_s=session_sweep_s)
         self.session_sweep.start()
         self._install()
 
-    # ---------------------------------------------------------------- gateways and their wills
-    def _attach(self, conn, gid: str) -> None:
-        if self.gateway_of.get(conn) == gid:
-            return
-        old = self.gateway_of.get(conn)
-        if old is not None:                      # a connection that changed its id (never in practice)
-            self._detach(conn)
-        self.gateway_of[conn] = gid
-        self.connections_of.setdefault(gid, set()).add(conn)
-        self.session_sweep.back(gid)
-        t = self._grace.pop(gid, None)
-        if t is not None:
-            t.cancel()
-            log.info("event=gateway_back gateway=%s (its wills stay with it)", gid)
-        for t in self._delayed.pop(gid, {}).values():
-            t.cancel()
+    # what /metrics reads (gateway/store_serve.py); the state itself is gateway_wills.py's
+    @property
+    def connections_of(self) -> dict[str, set]:
+        return self.wills.connections_of
 
-    def _detach(self, conn) -> None:
-        gid = self.gateway_of.pop(conn, None)
-        if gid is None:
-            return
-        conns = self.connections_of.get(gid)
-        if conns is not None:
-            conns.discard(conn)
-            if conns:
-                return
-            del self.connections_of[gid]
-        self.session_sweep.gone(gid)
-        if not self._closed:
-            log.info("event=gateway_gone gateway=%s will_grace_s=%g", gid, self.will_grace_s)
-            self._arm_grace(gid)
+    @property
+    def wills_published(self) -> int:
+        return self.wills.wills_published
 
-    def _arm_grace(self, gid: str) -> None:
-        if gid in self._grace or gid in self.connections_of or self._closed:
-            return
-        self._grace[gid] = self.loop.call_later(self.will_grace_s, self._grace_over, gid)
-
-    def _grace_over(self, gid: str) -> None:
-        self._grace.pop(gid, None)
-        if gid in self.connections_of:
-            return
-        try:
-            wills = self.meta.list_wills(gid)
-        except Exception as e:  # noqa: BLE001 - try again after another grace period
-            log.error("event=will_list_failed gateway=%s error=%r (retrying)", gid, e)
-            self._grace[gid] = self.loop.call_later(max(1.0, self.will_grace_s), self._grace_over, gid)
-            return
-        if wills:
-            log.warning("event=gateway_not_back gateway=%s wills=%d (publishing them)", gid, len(wills))
-        now = []
-        for cid, w in wills:
-            left = self._will_delay(cid, w) - self.will_grace_s
-            if left <= 0:
-                now.append(cid)
-            else:
-                self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(left, self._publish_wills, gid, [cid])
-        if now:
-            self._publish_wills(gid, now)
-
-    def _will_delay(self, cid: str, w) -> float:
-        """MQTT 5: the Will Delay Interval, but no longer than the session lives (a session that
-        ends with its connection publishes at once, §3.1.3.2.2)."""
-        if w.delay_interval <= 0:
-            return 0.0
-        try:
-            rec = self.meta.get_session(cid)
-        except Exception as e:  # noqa: BLE001
-            log.error("event=will_session_lookup_failed client_id=%s error=%r", cid, e)
-            return 0.0
-        if rec is None or rec.expiry_interval <= 0:
-            return 0.0
-        return float(min(w.delay_interval, rec.expiry_interval))
-
-    _WILL_CHUNK = 512          # wills per append (and per loop step: a big gateway's do not stall the loop)
-
-    def _publish_wills(self, gid: str, cids: list[str]) -> None:
-        """Publish the wills of `cids` that gateway `gid` still holds while it is still away: one
-        append per chunk, like a gateway's publish batch; a failed append keeps them stored and
-        tries again later."""
-        chunk, rest = cids[:self._WILL_CHUNK], cids[self._WILL_CHUNK:]
-        d = self._delayed.get(gid)
-        if d is not None:
-            for cid in chunk:
-                d.pop(cid, None)
-            if not d:
-                del self._delayed[gid]
-        if gid in self.connections_of or self._closed:
-            return
-        todo = []
-        now_ms = int(time.time() * 1000)
-        router = self.srv.router or self.lq.queues_for_topic
-        for cid in chunk:
-            try:
-                w = self.meta.get_will(cid)
-                if w is None or w.gateway != gid:
-                    continue               # the client connected again (anywhere) meanwhile
-                validate_topic(w.topic)
-            except (ValueError, MetadataError) as e:   # a bad topic or a corrupt record: reported, dropped
-                log.warning("event=will_dropped client_id=%s gateway=%s error=%s", cid, gid, e)
-                self._pop(cid, gid)
-                continue
-            todo.append((cid, w, Message(w.topic, w.payload, 0, 0, w.props, (), now_ms, router(w.topic))))
-        if todo:
-            try:
-                self.srv.store.append_batch([m for _c, _w, m in todo])
-                done = todo
-            except Exception as e:  # noqa: BLE001 - all or none: one by one, so one bad will fails alone
-                log.warning("event=will_batch_append_failed gateway=%s count=%d error=%r; one by one", gid, len(todo), e)
-                done = []
-                for cid, w, m in todo:
-                    try:
-                        self.srv.store.append(m)
-                        done.append((cid, w, m))
-                    except Exception as e1:  # noqa: BLE001 - kept: tried again later
-                        self.will_publish_errors += 1
-                        log.error("event=will_publish_failed client_id=%s gateway=%s error=%r (kept, retrying)",
-                                  cid, gid, e1)
-                        self._delayed.setdefault(gid, {})[cid] = self.loop.call_later(
-                            max(1.0, self.will_grace_s), self._publish_wills, gid, [cid])
-            away = self.published_while_away.setdefault(gid, [])
-            for cid, w, _m in done:
-                if w.retain:
-                    try:
-                        self.meta.set_retained(w.topic, w.payload, self.retained_props(w.props, now_ms))
-                    except Exception as e:  # noqa: BLE001 - the message itself went out
-                        log.error("event=will_retain_failed client_id=%s topic=%s error=%r", cid, w.topic, e)
-                self._pop(cid, gid)
-                self.wills_published += 1
-                if len(away) < _MAX_PUBLISHED_WHILE_AWAY:
-                    away.append(cid)
-                log.info("event=will_published_for_gateway client_id=%s gateway=%s topic=%s", cid, gid, w.topic)
-        if rest:
-            self.loop.call_soon(self._publish_wills, gid, rest)
-
-    def _pop(self, cid: str, gid: str) -> None:
-        try:
-            self.meta.pop_will(cid, gateway=gid)
-        except Exception as e:  # noqa: BLE001 - it stays stored: published again if its gateway restarts
-            log.error("event=will_pop_failed client_id=%s gateway=%s error=%r", cid, gid, e)
+    @property
+    def will_publish_errors(self) -> int:
+        return self.wills.will_publish_errors
 
     def close(self) -> None:
-        self._closed = True
+        self.wills.close()
         self.session_sweep.close()
-        for t in self._grace.values():
-            t.cancel()
-        self._grace.clear()
-        for d in self._delayed.values():
-            for t in d.values():
-                t.cancel()
-        self._delayed.clear()
         self.lq.remove_listener(self.bus.publish)
         try:
             self.srv.after_frames.remove(self.bus.drain)
@@ -432,7 +280,7 @@ class GatewayService:
         self.watchers.pop(conn, None)
         self.push_cursors.pop(conn, None)
         self.raw_push.discard(conn)
-        self._detach(conn)
+        self.wills.detach(conn)
 
     # ---------------------------------------------------------------- filter holds
     def _hold(self, gid: str, flt: str, delta: int) -> int:
@@ -459,7 +307,7 @@ class GatewayService:
         A filter a persistent session's record uses is kept when `gid` is its only holder: that
         session may have been created on `gid`, after the other gateways restored theirs, and its
         messages must keep being indexed until it comes back."""
-        if self.connections_of.get(gid):
+        if self.wills.is_connected(gid):
             raise ValueError(f"gateway {gid!r} is connected: its holds are in use")
         mine = dict(self.holds.get(gid, {}))
         needed = {rs.filter for rec in self.meta.list_sessions() for rs in rec.subscriptions}
@@ -582,7 +430,7 @@ class GatewayService:
             return {"filters": dict(self.holds.get(str(a["gateway"]), {}))}
 
         def holders(_a):
-            return {"gateways": {gid: {"filters": len(fs), "connected": bool(self.connections_of.get(gid))}
+            return {"gateways": {gid: {"filters": len(fs), "connected": self.wills.is_connected(gid)}
                                  for gid, fs in sorted(self.holds.items())}}
 
         def release_gateway(a):
@@ -644,14 +492,13 @@ class GatewayService:
             gid = str(a["gateway"])
             if not gid:
                 raise ValueError("gw_hello needs a non-empty gateway id")
-            self._attach(conn, gid)
-            return {"wills_published": self.published_while_away.pop(gid, []),
+            return {"wills_published": self.wills.hello(conn, gid),
                     "sessions_swept": self.session_sweep.take_swept(gid)}
 
         def put_will(a, conn):
             gid = a.get("gateway")
-            if gid:
-                self._attach(conn, str(gid))
+            if gid:                       # a will comes with its gateway: this connection is it
+                self.wills.attach(conn, str(gid))
             meta.put_will(str(a["client_id"]), WillRecord.from_bytes(_unb64(a["will"])),
                           gateway=str(gid) if gid is not None else None)
             return {"ok": True}
@@ -662,10 +509,7 @@ class GatewayService:
             return {"will": _b64(w.to_bytes()) if w is not None else None}
 
         def take_wills(a):
-            gid = str(a["gateway"])
-            for t in self._delayed.pop(gid, {}).values():
-                t.cancel()
-            return {"wills": [[cid, _b64(w.to_bytes())] for cid, w in meta.take_wills(gid)]}
+            return {"wills": [[cid, _b64(w.to_bytes())] for cid, w in self.wills.take(str(a["gateway"]))]}
 
         def list_wills(a):
             gid = a.get("gateway")
