@@ -18,6 +18,10 @@ PROTOCOL_VERSION = 1
 DEFAULT_PORT = 10911
 DEFAULT_MAX_FRAME = 64 << 20
 
+# compact JSON of a CALL's arguments, a reply or a header: one encoder for all of them
+# (json.dumps with separators builds a new JSONEncoder per call, ~3 µs of every request and reply)
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
 HEADER = struct.Struct(">IBBI")          # length, opcode, flags, request id
 HEADER_SIZE = HEADER.size                # 10
 _MIN_LEN = HEADER_SIZE - 4
@@ -119,7 +123,7 @@ def frame_head(op: int, rid: int, body_len: int, flags: int = 0) -> bytes:
 
 
 def json_frame(op: int, rid: int, obj) -> bytes:
-    return frame(op, rid, json.dumps(obj, separators=(",", ":")).encode())
+    return frame(op, rid, compact_json(obj).encode())
 
 
 def error_frame(rid: int, code: int, message: str) -> bytes:
@@ -298,7 +302,7 @@ REC_HEAD = struct.Struct(">QQQQIHHHI")   # queue offset, phys offset, born ts, s
 def encode_messages(header: dict, msgs) -> bytes:
     """msgs: StoredMessage-like objects (topic, body, props, queue_id, queue_offset, phys_offset,
     born_ts, store_ts, keys)."""
-    h = json.dumps(header, separators=(",", ":")).encode()
+    h = compact_json(header).encode()
     parts = [struct.pack(">I", len(h)), h, struct.pack(">I", len(msgs))]
     pack = REC_HEAD.pack
     app = parts.append
@@ -369,7 +373,7 @@ def parse_hello_reply(op: int, body: bytes) -> dict:
 # body: JSON object {queue name: max offset (next offset to be written)}; request id 0. Sent to
 # connections that asked for it (the gateway's `gw_watch` CALL); a hint, never the data itself.
 def encode_event(max_offsets: dict) -> bytes:
-    return json.dumps(max_offsets, separators=(",", ":")).encode()
+    return compact_json(max_offsets).encode()
 
 
 def decode_event(body: bytes) -> dict[str, int]:

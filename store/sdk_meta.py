@@ -20,6 +20,8 @@ import struct
 
 from rocksdict import Options, Rdict, WriteOptions
 
+from .protocol import compact_json
+
 _U64 = struct.Struct(">Q")
 _PENDING = struct.Struct(">cQI")        # b"P", CommitLog position before the append, message count
 DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
@@ -130,7 +132,7 @@ class SdkMetadata:
 
     # ---------------------------------------------------------------- POP + filters
     def put_json(self, key: str, obj) -> None:
-        self._db.put(key.encode(), json.dumps(obj, separators=(",", ":")).encode(), self._wo)
+        self._db.put(key.encode(), compact_json(obj).encode(), self._wo)
 
     def get_json(self, key: str):
         v = self._db.get(key.encode())

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
-import json
 import logging
 import struct
 import time
@@ -60,7 +59,7 @@ class RawMessages:
 
 def raw_messages_head(header: dict, count: int) -> bytes:
     """What precedes the records of a raw-layout MESSAGES body: u32 header length, JSON, u32 count."""
-    h = json.dumps(header, separators=(",", ":")).encode()
+    h = W.compact_json(header).encode()
     return _U32.pack(len(h)) + h + _U32.pack(count)
 
 

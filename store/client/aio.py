@@ -543,7 +543,7 @@ class LoopConnection:
     def cmd(self, name: str, **args) -> asyncio.Future:
         """A CALL, not waited for (its future resolves to the result dict)."""
         args["cmd"] = name
-        return self.request(W.OP_CALL, json.dumps(args, separators=(",", ":")).encode())
+        return self.request(W.OP_CALL, W.compact_json(args).encode())
 
     def cmd_within(self, name: str, timeout: float | None = None, **args) -> asyncio.Future:
         """A CALL answered within `timeout` (default: the connection's), not waited for here: the
@@ -606,7 +606,7 @@ class LoopConnection:
 
     def cmd_blocking(self, name: str, timeout: float | None = None, **args):
         args["cmd"] = name
-        op, _f, body = self.call_blocking(W.OP_CALL, json.dumps(args, separators=(",", ":")).encode(), timeout)
+        op, _f, body = self.call_blocking(W.OP_CALL, W.compact_json(args).encode(), timeout)
         if op == W.OP_MESSAGES:
             return W.decode_messages(body)
         return json.loads(body)
