@@ -114,11 +114,25 @@ class SessionSweep:
             self._seen = set()
             self.sweeps += 1
         try:
-            recs, nxt = self.meta.sessions_of_gateways(self._looking, after, self.PAGE)
             now = _now_ms()
-            for rec in recs:
-                self._seen.add(rec.host)
-                self._check(rec, now)
+            if self._looking is None:
+                # the first sweep: every record's host read from its bytes, and only the records
+                # of gateways not connected now decoded (a store with a million sessions of live
+                # gateways decodes none)
+                hosts, nxt = self.meta.session_hosts(after, self.PAGE)
+                for cid, host in hosts:
+                    if host is None:
+                        continue
+                    self._seen.add(host)
+                    if not self.is_connected(host):
+                        rec = self.meta.get_session(cid)
+                        if rec is not None:
+                            self._check(rec, now)
+            else:
+                recs, nxt = self.meta.sessions_of_gateways(self._looking, after, self.PAGE)
+                for rec in recs:
+                    self._seen.add(rec.host)
+                    self._check(rec, now)
         except Exception as e:  # noqa: BLE001 - a failing sweep must not stop the store: next one retries
             log.error("event=session_sweep_failed error=%r (retried in %gs)", e, self.interval_s)
             self._handle = self.loop.call_later(self.interval_s, self._sweep, None)

@@ -124,6 +124,31 @@ def test_records_of_some_gateways_are_found_a_page_at_a_time_without_decoding_th
     md.close()
 
 
+def test_the_hosts_of_records_are_read_from_their_bytes(tmp_path):
+    """`session_hosts`: each record's host without decoding it, also when its in-flight state
+    names a queue `gateway` and when the host needs JSON escaping; pages of any size."""
+    md = MetadataStore(str(tmp_path / "meta"))
+    inflight = {"inflight": {"out": [[1, "gateway", 0, 1, False, 0, None]], "next": {"gateway": 1},
+                             "in2": [], "pid": 2}}
+    recs = [SessionRecord("h0", 5, 60, 1, [Subscription("gateway")], dict(inflight)),            # none
+            SessionRecord("h1", 5, 60, 1, [Subscription("gateway")], {**inflight, HOST: "gw-1"}),
+            SessionRecord("h2", 5, 60, None, [], {HOST: 'gw "2" \\ é'}),
+            _rec("h3", "gw-3", 60, 1)]
+    for r in recs:
+        md.put_session(r.client_id, r)
+    want = [(r.client_id, r.host) for r in recs]
+    assert want == [("h0", None), ("h1", "gw-1"), ("h2", 'gw "2" \\ é'), ("h3", "gw-3")]
+    for page in (1, 2, 10):
+        got, after = [], None
+        while True:
+            part, after = md.session_hosts(after, page)
+            got += part
+            if after is None:
+                break
+        assert got == want
+    md.close()
+
+
 def test_a_sweep_reads_nothing_while_every_gateway_with_sessions_is_connected(tmp_path):
     """After the first sweep has seen which gateways have sessions, later sweeps while they are all
     connected read no record; an away gateway whose sessions all ended is forgotten, so sweeps
