@@ -176,9 +176,9 @@ class MetadataStore:
         sessions for those of one gone gateway, or a restarting gateway's restore
         (`gw_list_sessions {hosted_by}`), decodes only the records it returns."""
         start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
-        key = b'"' + HOST.encode() + b'":'
+        key = b'"' + HOST.encode() + b'":"'       # a host is a string ("next" of in-flight state: numbers)
         needles = ([key] if gateways is None else
-                   [key + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
+                   [key[:-1] + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
         out = []
         n = 0
         last = None

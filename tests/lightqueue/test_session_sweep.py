@@ -115,12 +115,15 @@ def test_records_of_some_gateways_are_found_a_page_at_a_time_without_decoding_th
             got += [r.client_id for r in recs]
             if after is None:
                 return got
+    # no host, but in-flight state naming a queue `gateway`: still a record of no gateway
+    md.put_session("e-inflight", SessionRecord("e-inflight", 5, 60, 1, [Subscription("gateway")],
+                                               {"inflight": {"out": [], "next": {"gateway": 3}, "in2": [], "pid": 1}}))
     for page in (1, 3, 100):
         assert walk({"gw-a", 'gw "b"'}, page) == ["c0", "c2", "c3", "c5", "c7"]
         assert walk(None, page) == ["c0", "c2", "c3", "c4", "c5", "c7"]
         assert walk(set(), page) == []
         # a restarting gateway's restore: its own and those of no gateway
-        assert walk(["gw-a"], page, unhosted=True) == ["c0", "c1", "c3", "c6", "c7", "d-filter"]
+        assert walk(["gw-a"], page, unhosted=True) == ["c0", "c1", "c3", "c6", "c7", "d-filter", "e-inflight"]
     md.close()
 
 
