@@ -15,7 +15,6 @@ know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a cont
 """
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import threading
@@ -31,6 +30,21 @@ from .records import HOST, SessionRecord, WillRecord
 from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
 
 log = logging.getLogger("lmqtt.lightqueue.metadata")
+
+_HOST_KEY = b'"' + HOST.encode() + b'":"'
+
+
+def _host_of(raw: bytes) -> str | None:
+    """`SessionRecord.host` of a record's bytes without decoding the record: the string value of
+    its last `"gateway":` key (the record's `extra`, written last; a queue named `gateway` in the
+    in-flight state before it has a number for value). A host that needs JSON unescaping is
+    read by decoding the record."""
+    i = raw.rfind(_HOST_KEY)
+    if i < 0:
+        return None
+    j = i + len(_HOST_KEY)
+    value = raw[j:raw.find(b'"', j)]
+    return SessionRecord.from_bytes(raw).host if b"\\" in value else value.decode("utf-8")
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -167,61 +181,40 @@ class MetadataStore:
             out.append(SessionRecord.from_bytes(v))
         return out
 
-    def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
-                             limit: int = 1000, unhosted: bool = False) -> tuple[list[SessionRecord], str | None]:
-        """The records among the next `limit` (client id order, after `after`) whose host
-        (`SessionRecord.host`) is one of `gateways` (None: any gateway), with `unhosted` also those
-        naming no gateway, and the client id to go on after (None at the end). Records are matched
-        on their bytes before any is decoded: the store's session sweep looking through a million
-        sessions for those of one gone gateway, or a restarting gateway's restore
-        (`gw_list_sessions {hosted_by}`), decodes only the records it returns."""
+    def _session_page(self, after: str | None, limit: int) -> tuple[list[tuple[str, bytes]], str | None]:
+        """(client id, record bytes) of the next `limit` session records after client id `after`,
+        and the client id to go on after (None at the end)."""
         start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
-        key = b'"' + HOST.encode() + b'":"'       # a host is a string ("next" of in-flight state: numbers)
-        needles = ([key] if gateways is None else
-                   [key[:-1] + json.dumps(g, ensure_ascii=False).encode("utf-8") for g in gateways])
         out = []
-        n = 0
-        last = None
         for k, v in self._scan(P_SESSION, start):
-            if n >= limit:
-                return out, last[len(P_SESSION):].decode("utf-8")
-            n += 1
-            last = k
-            if not (any(nd in v for nd in needles) or (unhosted and key not in v)):
-                continue                      # another gateway's: not decoded
-            rec = SessionRecord.from_bytes(v)
-            if rec.host is None:
-                if unhosted:
-                    out.append(rec)
-            elif gateways is None or rec.host in gateways:
-                out.append(rec)
+            if len(out) >= limit:
+                return out, out[-1][0]
+            out.append((k[len(P_SESSION):].decode("utf-8"), v))
         return out, None
 
     def session_hosts(self, after: str | None = None, limit: int = 1000) -> tuple[list[tuple[str, str | None]], str | None]:
         """(client id, host) of the next `limit` records (client id order, after `after`), and the
-        client id to go on after (None at the end), read from the records' bytes without decoding
-        them: the store's first session sweep learns which gateways have sessions at ~1/10 of the
-        cost of decoding every record. The host is the value of the last `"gateway":` key (the
-        record's `extra`, written last; an earlier one can only be a queue name inside the
-        in-flight state); a record whose host needs JSON unescaping is decoded."""
-        start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
-        key = b'"' + HOST.encode() + b'":"'
+        client id to go on after (None at the end), read from the records' bytes (`_host_of`)
+        without decoding them: the store's first session sweep learns which gateways have
+        sessions at ~1/5 of the cost of decoding every record."""
+        page, nxt = self._session_page(after, limit)
+        return [(cid, _host_of(v)) for cid, v in page], nxt
+
+    def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
+                             limit: int = 1000, unhosted: bool = False) -> tuple[list[SessionRecord], str | None]:
+        """The records among the next `limit` (client id order, after `after`) whose host
+        (`SessionRecord.host`) is one of `gateways` (None: any gateway), with `unhosted` also those
+        naming no gateway, and the client id to go on after (None at the end). Only the records
+        returned are decoded: the store's session sweep looking through a million sessions for
+        those of one gone gateway, or a restarting gateway's restore (`gw_list_sessions
+        {hosted_by}`)."""
+        page, nxt = self._session_page(after, limit)
         out = []
-        last = None
-        for k, v in self._scan(P_SESSION, start):
-            if len(out) >= limit:
-                return out, last[len(P_SESSION):].decode("utf-8")
-            last = k
-            cid = k[len(P_SESSION):].decode("utf-8")
-            i = v.rfind(key)
-            host = None
-            if i >= 0:
-                j = i + len(key)
-                end = v.find(b'"', j)
-                raw = v[j:end]
-                host = SessionRecord.from_bytes(v).host if b"\\" in raw else raw.decode("utf-8")
-            out.append((cid, host))
-        return out, None
+        for _cid, v in page:
+            host = _host_of(v)
+            if unhosted if host is None else (gateways is None or host in gateways):
+                out.append(SessionRecord.from_bytes(v))
+        return out, nxt
 
     def sessions_with_offsets(self, hosted_by: str | None = None) -> list[tuple[SessionRecord, dict[str, int]]]:
         """Every session record with its committed offsets (consumer = client id): what a gateway
