@@ -153,19 +153,6 @@ class GatewayService:
         self.session_sweep.start()
         self._install()
 
-    # what /metrics reads (gateway/store_serve.py); the state itself is gateway_wills.py's
-    @property
-    def connections_of(self) -> dict[str, set]:
-        return self.wills.connections_of
-
-    @property
-    def wills_published(self) -> int:
-        return self.wills.wills_published
-
-    @property
-    def will_publish_errors(self) -> int:
-        return self.wills.will_publish_errors
-
     def close(self) -> None:
         self.wills.close()
         self.session_sweep.close()
