@@ -219,7 +219,7 @@ class SessionRegistry:
         for rec, offsets in self.persist.load_sessions():
             last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
             exp = rec.expiry_interval
-            if exp <= 0 or (exp != NEVER_EXPIRES and now - last >= exp * 1000):
+            if exp <= 0 or rec.expired(now):
                 self.persist.delete_session(rec.client_id)
                 continue
             s = self._session_from(rec, offsets, last)
