@@ -45,16 +45,21 @@ _handed_out: set[int] = set()
 
 
 def free_port() -> int:
-    """A free loopback port not handed out before by this process: a broker's ports come from
-    successive calls, and the kernel may offer a just-released port again."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
-    raise BrokerUnavailable("no fresh free loopback port in 100 tries")
+    """A free loopback port for a broker, not handed out before by this process.
+
+    Chosen below the kernel's ephemeral range, never with bind(0): a broker restarted on its port
+    after kill -9 must find it free, and a port from the ephemeral range can meanwhile be taken as
+    the local port of any outgoing connection on the machine (a store restart failed with 'address
+    already in use' so). Successive calls give distinct ports; the kernel's bind(0) may offer a
+    just-released one again."""
+    return _free_ports(1)
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i).
+    Below the ephemeral range too: after a storm of client connections most ports in that range
+    are held by sockets in TIME_WAIT, and 50 tries of two neighbours there all failed."""
+    return _free_ports(2)
 
 
 def _ephemeral_start() -> int:
@@ -65,26 +70,29 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def free_port_pair() -> int:
-    """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i).
-    Chosen below the kernel's ephemeral range: after a storm of client connections most ports in
-    that range are held by sockets in TIME_WAIT, and 50 tries of two neighbours there all failed."""
+def _free_ports(n: int) -> int:
+    """The first of n consecutive loopback ports that bind now, below the ephemeral range and not
+    handed out before."""
     import random
-    top = max(2000, _ephemeral_start() - 2)
+    top = max(2000, _ephemeral_start() - n)
     for _ in range(200):
         p = random.randrange(max(1024, top // 2), top)
-        if p in _handed_out or p + 1 in _handed_out:
+        if any(p + i in _handed_out for i in range(n)):
             continue
+        socks = []
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
-                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
-                a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 1))
+            for i in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p + i))
         except OSError:
             continue
-        _handed_out.update((p, p + 1))
+        finally:
+            for s in socks:
+                s.close()
+        _handed_out.update(p + i for i in range(n))
         return p
-    raise BrokerUnavailable("no two consecutive free loopback ports for the gateways' metrics")
+    raise BrokerUnavailable(f"no {n} consecutive free loopback port(s) below the ephemeral range in 200 tries")
 
 
 def raise_nofile() -> int:
