@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from lmqtt.gateway.mqtt import Decoder, encode, packets as P
+from lmqtt.loadtest.brokers import free_port
 
 _TS = struct.Struct(">QI")   # send time ns, sequence
 
@@ -234,9 +235,7 @@ async def run_qos(host, port, qos, n_subs, n_msgs, rate, payload_size, server_pi
 
 
 def _start_server(flush_mode: str, data_dir: str, extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     p = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", str(port), "--data-dir",
                           data_dir, "--metrics-port", "0", "--flush-mode", flush_mode, "--segment-mb", "64",

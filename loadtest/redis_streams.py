@@ -19,15 +19,12 @@ import subprocess
 import tempfile
 import time
 
+from lmqtt.loadtest.brokers import free_port  # below the ephemeral range: a restart finds its port free
+
 
 class RedisUnavailable(RuntimeError):
     """redis-server is not installed (Debian: `apt-get install redis-server`) or did not start."""
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
@@ -38,7 +35,7 @@ class RedisServer:
         if exe is None:
             raise RedisUnavailable("redis-server not found on PATH (Debian: apt-get install redis-server)")
         self.dir = tempfile.mkdtemp(prefix="lmqtt-bench-redis-")
-        self.port = port or _free_port()
+        self.port = port or free_port()
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.dir,
                 "--daemonize", "no", "--protected-mode", "yes"]
         if aof == "no":

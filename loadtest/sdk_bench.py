@@ -34,17 +34,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from lmqtt.loadtest.brokers import free_port  # below the ephemeral range: a restart finds its port free
 
 ALL_CASES = ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_cpu(pid: int) -> float:
@@ -62,16 +58,16 @@ class LmqttProc:
     def __init__(self, kind: str, flush_mode: str = "async") -> None:
         self.kind = kind
         self.dir = tempfile.mkdtemp(prefix=f"lmqtt-bench-sdk-{kind}-")
-        self.store_port = _free_port()
+        self.store_port = free_port()
         args = [sys.executable, "-m", "lmqtt.gateway.cli", kind, "--host", "127.0.0.1",
                 "--data-dir", os.path.join(self.dir, "data"), "--flush-mode", flush_mode]
         if kind == "store":
             args += ["--port", str(self.store_port)]
             wait = [self.store_port]
         else:
-            self.mqtt_port = _free_port()
+            self.mqtt_port = free_port()
             args += ["--port", str(self.mqtt_port), "--store-port", str(self.store_port),
-                     "--metrics-port", str(_free_port())]
+                     "--metrics-port", str(free_port())]
             wait = [self.mqtt_port, self.store_port]
         self.log = open(os.path.join(self.dir, f"{kind}.log"), "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from lmqtt.loadtest.brokers import free_port_pair
 from tests.support import LmqttGateway, LmqttStore, Paho, metric, stop_all, wait_metric
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
@@ -102,23 +103,6 @@ def _before_sentinel(publisher, topic: str, sub, timeout: float = 15.0) -> list:
                 return got + batch[:i]
         got += batch
 
-
-def _port_pair() -> int:
-    """A loopback port p with p + 1 free as well (bounded tries)."""
-    import socket
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-                return p
-    raise AssertionError("no two adjacent free loopback ports found")
 
 
 def test_kill9_of_a_gateway_under_qos1_load_clients_move_and_its_wills_fire(tmp_path):
@@ -355,7 +339,7 @@ def test_serve_workers_a_restarted_worker_fires_only_the_wills_of_its_own_client
     from lmqtt.gateway.mqtt import packets as P
     from tests.support import LmqttServer, RawMQTT
     srv = LmqttServer(str(tmp_path / "data"), ("--workers", "2"), log_path=str(tmp_path / "serve.log"))
-    srv.metrics_port = _port_pair()          # worker i serves metrics on metrics_port + i
+    srv.metrics_port = free_port_pair()          # worker i serves metrics on metrics_port + i
     srv.start()
     raws = []
     try:

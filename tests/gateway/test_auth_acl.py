@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 
 import pytest
@@ -13,6 +14,7 @@ from lmqtt.gateway.acl import AclError, AclFile, filter_covers, topic_matches
 from lmqtt.gateway.auth import (AuthChain, AuthError, ClientCertificate, Credentials, HmacSignature, Identity,
                                 PasswordFile, certificate_subject, hash_password, verify_password,
                                 write_password_file)
+from tests.support import free_port
 
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 
@@ -47,10 +49,7 @@ def test_mosquitto_accepts_a_password_file_written_by_lmqtt(tmp_path):
     pw = str(tmp_path / "passwd")
     write_password_file(pw, {"dave": hash_password("hunter2", iterations=1000)})
     assert oct(os.stat(pw).st_mode & 0o777) == "0o600"
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     conf = tmp_path / "m.conf"
     # `user root`: otherwise Mosquitto started as root drops to `mosquitto`, who cannot enter tmp_path
     conf.write_text(f"user root\nlistener {port} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n")
