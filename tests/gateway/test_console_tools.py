@@ -178,6 +178,30 @@ def test_admin_shows_sessions_and_one_sessions_lag(lmqtt_server):
     here.disconnect()
 
 
+
+def test_a_clean_connect_ends_a_forgotten_session_and_its_filter_stops_being_indexed(lmqtt_server):
+    """How docs/gateway.md says to end a persistent session of a device gone for good (a 3.1.1 one
+    never expires by default): connect once with its client id and a clean session. Then `lmqtt
+    admin --session` knows it no more, and its wildcard filter, which no one else holds, is no
+    longer indexed: what is published after does not reach the filter's light queue."""
+    addr = lmqtt_server.store_address
+    dev = Paho(lmqtt_server, "dev-gone", clean=False)
+    dev.subscribe("gone/+/t", 1)
+    dev.disconnect()
+    pub = Paho(lmqtt_server, "gone-pub")
+    pub.publish("gone/1/t", b"a", qos=1)
+    with connect(addr) as c:
+        assert c.cmd("filter_offsets", filter="gone/+/t")["max_offset"] == 1
+    assert lmqtt("admin", "--store", addr, "--session", "dev-gone").returncode == 0
+    Paho(lmqtt_server, "dev-gone", clean=True).disconnect()
+    r = lmqtt("admin", "--store", addr, "--session", "dev-gone")
+    assert r.returncode == 1 and b"no persistent session 'dev-gone'" in r.stderr
+    pub.publish("gone/2/t", b"b", qos=1)
+    pub.publish("gone/3/t", b"c", qos=1)
+    with connect(addr) as c:
+        assert c.cmd("filter_offsets", filter="gone/+/t")["max_offset"] <= 1
+    pub.disconnect()
+
 def test_mqtt_subscriber_sees_produced_lines(lmqtt_server):
     sub = Paho(lmqtt_server, client_id="console-sub", version=5)
     try:
