@@ -156,6 +156,7 @@ class FleetSessionRegistry(SessionRegistry):
         super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
         persist.host = metadata.gateway_id or None   # records name this gateway (module docstring)
         metadata.on_sessions_swept = self.sessions_swept
+        metadata.on_sessions_moved = self.sessions_moved
 
     def attach(self, conn, s) -> None:
         super().attach(conn, s)
@@ -213,6 +214,19 @@ class FleetSessionRegistry(SessionRegistry):
                 n += 1
         log.warning("event=sessions_swept_by_store count=%d rewritten=%d (this gateway was away from "
                     "the store longer than its grace period)", len(client_ids), n)
+
+    def sessions_moved(self, client_ids) -> None:
+        """The store says another gateway wrote or ended these sessions' records (SESSIONS_MOVED):
+        drop the offline copies kept here once the store's record confirms they are stale (as an
+        expiry check does), and with them their wildcard filter holds, which would otherwise keep
+        those filters indexed until the copy's expiry (never, for a 3.1.1 session). A copy whose
+        client is connected here is left alone: one live connection per client id across
+        gateways is the session directory's (Redis) to settle."""
+        for cid in client_ids:
+            s = self.sessions.get(cid)
+            if s is not None and not s.online:
+                self._unless_still_ours(cid, s, lambda: None, lambda e, cid=cid: log.warning(
+                    "event=session_moved_check_failed client_id=%s error=%r (the copy ends at its expiry)", cid, e))
 
     def _needs_reload(self, client_id: str, clean_start: bool) -> bool:
         if clean_start:
@@ -357,20 +371,32 @@ class FleetSessionRegistry(SessionRegistry):
         s = self.sessions.get(cid)
         if s is None or s.online:
             return
+
+        def failed(e) -> None:               # keep it: expiring later beats deleting a live one
+            log.error("event=session_expiry_check_failed client_id=%s error=%r", cid, e)
+            self._schedule_expiry(s)
+        self._unless_still_ours(cid, s, lambda: SessionRegistry._expire(self, cid), failed)
+
+    def _unless_still_ours(self, cid: str, s, then, failed) -> None:
+        """Ask the store (without waiting) whether the session is still the one this gateway saw
+        leave: `then()` if so; drop the local copy if the session ended, went live or moved on
+        elsewhere since (its record gone, connected, left later, or written by another gateway);
+        `failed(error)` if the store could not say. Nothing if the copy changed meanwhile."""
         mine = s.disconnected_at_ms or 0
+        host = self.persist.host
 
         def checked(f) -> None:
             if self.sessions.get(cid) is not s or s.online:
                 return                       # resumed or reloaded while the store was asked
-            e = asyncio.CancelledError("expiry check cancelled") if f.cancelled() else f.exception()
-            if e is not None:                # keep it: expiring later beats deleting a live one
-                log.error("event=session_expiry_check_failed client_id=%s error=%r", cid, e)
-                self._schedule_expiry(s)
+            e = asyncio.CancelledError("session check cancelled") if f.cancelled() else f.exception()
+            if e is not None:
+                failed(e)
                 return
             rec = f.result()
-            if rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine:
+            if (rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine
+                    or rec.host not in (None, host)):
                 self._forget_local(cid)
                 self.metrics.sessions.set(len(self.sessions))
                 return
-            SessionRegistry._expire(self, cid)
+            then()
         self.metadata.get_session_later(cid).add_done_callback(checked)

@@ -22,6 +22,7 @@ import logging
 from typing import Any, Callable, Iterator
 
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
+from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import LoopConnection
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -44,6 +45,8 @@ class RemoteMetadata:
         # set by the fleet's session registry: the store's session sweep took this gateway for
         # gone and changed these clients' records (lightqueue/session_sweep.py)
         self.on_sessions_swept: Callable[[list], None] | None = None
+        # client ids whose record another gateway wrote or ended (a SESSIONS_MOVED push)
+        self.on_sessions_moved: Callable[[list], None] | None = None
         self.wills_published_by_store = 0
         # which put_will each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
@@ -87,6 +90,16 @@ class RemoteMetadata:
         fut = self.link.cmd_within("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
         fut.add_done_callback(_log_failed_write("gw_put_session", client_id))
         return fut
+
+    def sessions_moved(self, body: bytes) -> None:
+        """A SESSIONS_MOVED push from the store (docs/protocol.md)."""
+        try:
+            client_ids = W.decode_sessions_moved(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the copies then end at their expiry
+            log.warning("event=bad_sessions_moved_frame error=%r", e)
+            return
+        if self.on_sessions_moved is not None:
+            self.on_sessions_moved(client_ids)
 
     def get_session(self, client_id: str) -> SessionRecord | None:
         r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]

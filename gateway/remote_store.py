@@ -414,6 +414,9 @@ class RemoteStore:
         if op == W.OP_PUSH:
             self._on_entries(body)
             return
+        if op == W.OP_SESSIONS_MOVED:
+            self.metadata.sessions_moved(body)
+            return
         if op != W.OP_EVENT:
             return
         try:

@@ -234,6 +234,9 @@ def _start_http(host: str, port: int, srv, gws):
                  "Failed attempts to publish an absent gateway's will", gws.wills.will_publish_errors),
                 ("lmqtt_store_gateway_sessions_ended_total", "counter",
                  "Expired sessions of gateways gone for good, ended by the store", gws.session_sweep.ended),
+                ("lmqtt_store_sessions_moved_told_total", "counter",
+                 "Gateways told that a session record naming them was taken over by another gateway",
+                 gws.sessions_moved_told),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
                 ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
         out = []

@@ -117,6 +117,7 @@ class GatewayService:
         self.events_sent = 0           # EVENT and PUSH frames
         self.pushed_entries = 0        # entries carried by PUSH frames
         self.push_read_errors = 0
+        self.sessions_moved_told = 0        # SESSIONS_MOVED pushes sent (a session moved to another gateway)
         self.loop = loop
         self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
         self.bus = InProcessBus(loop, window_s)
@@ -268,6 +269,19 @@ class GatewayService:
         self.push_cursors.pop(conn, None)
         self.raw_push.discard(conn)
         self.wills.detach(conn)
+
+    def tell_session_moved(self, gid: str, client_id: str) -> None:
+        """Another gateway wrote or ended the session record that named `gid`: tell `gid`'s
+        connections (SESSIONS_MOVED), so that it drops a stale offline copy of the session and
+        the copy's wildcard filter holds (else held until that copy's expiry, never for a 3.1.1
+        session). A gateway not connected now learns nothing and needs nothing: it reads the
+        record when the client comes back, and its restore takes only records naming it."""
+        conns = self.wills.connections_of.get(gid)
+        if conns:
+            body = W.encode_sessions_moved([client_id])
+            for conn in list(conns):
+                conn.push(W.OP_SESSIONS_MOVED, body)
+            self.sessions_moved_told += 1
 
     # ---------------------------------------------------------------- filter holds
     def _hold(self, gid: str, flt: str, delta: int) -> int:
@@ -424,15 +438,25 @@ class GatewayService:
             return self.release_gateway(str(a["gateway"]))
 
         def put_session(a):
-            meta.put_session(str(a["client_id"]), SessionRecord.from_bytes(a["rec"].encode()))
+            cid = str(a["client_id"])
+            rec = SessionRecord.from_bytes(a["rec"].encode())
+            before = meta.session_host(cid)
+            meta.put_session(cid, rec)
+            if before is not None and before != rec.host:
+                self.tell_session_moved(before, cid)
             return {"ok": True}
 
         def get_session(a):
             rec = meta.get_session(str(a["client_id"]))
             return {"rec": rec.to_bytes().decode() if rec is not None else None}
 
-        def delete_session(a):
-            return {"deleted": bool(meta.delete_session(str(a["client_id"])))}
+        def delete_session(a, conn):
+            cid = str(a["client_id"])
+            before = meta.session_host(cid)
+            deleted = bool(meta.delete_session(cid))
+            if before is not None and before != self.wills.gateway_of.get(conn):
+                self.tell_session_moved(before, cid)
+            return {"deleted": deleted}
 
         def list_sessions(a):
             after, limit = a.get("after"), a.get("limit")
@@ -512,12 +536,13 @@ class GatewayService:
         reg("gw_hello", hello, with_connection=True)
         reg("gw_put_will", put_will, with_connection=True)
         reg("gw_pull", pull, with_connection=True)
+        reg("gw_delete_session", delete_session, with_connection=True)
         for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_replay", replay),
                          ("gw_replay_read", replay_read), ("gw_register", register),
                          ("gw_holders", holders), ("gw_release_gateway", release_gateway),
                          ("gw_unregister", unregister), ("gw_filters", filters),
                          ("gw_put_session", put_session), ("gw_get_session", get_session),
-                         ("gw_delete_session", delete_session), ("gw_list_sessions", list_sessions),
+                         ("gw_list_sessions", list_sessions),
                          ("gw_get_offset", get_offset), ("gw_get_offsets", get_offsets),
                          ("gw_set_offsets", set_offsets), ("gw_delete_offsets", delete_offsets),
                          ("gw_set_retained", set_retained), ("gw_retained_matching", retained_matching),

@@ -192,6 +192,13 @@ class MetadataStore:
             out.append((k[len(P_SESSION):].decode("utf-8"), v))
         return out, None
 
+    def session_host(self, client_id: str) -> str | None:
+        """The gateway `client_id`'s session record names (None: no record, or one of no
+        gateway), read from its bytes: the store checks it on every record write of a fleet
+        gateway, to tell the gateway it named when another one takes the session over."""
+        v = self._db.get(P_SESSION + client_id.encode("utf-8"))
+        return None if v is None else _host_of(v)
+
     def session_hosts(self, after: str | None = None, limit: int = 1000) -> tuple[list[tuple[str, str | None]], str | None]:
         """(client id, host) of the next `limit` records (client id order, after `after`), and the
         client id to go on after (None at the end), read from the records' bytes (`_host_of`)

@@ -381,6 +381,22 @@ def decode_event(body: bytes) -> dict[str, int]:
     return {str(k): int(v) for k, v in obj.items()}
 
 
+# ---------------------------------------------------------------- SESSIONS_MOVED (server push)
+# body: JSON object {"client_ids": [...]}; request id 0. Sent to the connections of a gateway
+# (those that said `gw_hello`) when another gateway wrote or ended the session record that named
+# it: its offline copies of those sessions are stale (docs/fleet.md "Sessions across gateways").
+# A hint: the gateway checks the record before it drops anything; a client ignores unknown pushes.
+OP_SESSIONS_MOVED = 0xC3
+
+
+def encode_sessions_moved(client_ids: list) -> bytes:
+    return compact_json({"client_ids": list(client_ids)}).encode()
+
+
+def decode_sessions_moved(body: bytes) -> list[str]:
+    return [str(c) for c in parse_json(body)["client_ids"]]
+
+
 # ---------------------------------------------------------------- PUSH (server push, optional)
 # An EVENT that carries the new entries (docs/protocol.md "EVENT push and the gw_* commands"):
 # sent instead of EVENT to a connection that asked with `gw_watch {push: true}`. Binary, no JSON:

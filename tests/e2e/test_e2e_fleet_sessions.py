@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from lmqtt.store.client import connect
 from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, wait_metric
 
 
@@ -154,3 +155,41 @@ def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clie
             c.disconnect()
     finally:
         stop_all([gw], store)
+
+
+def test_a_gateway_drops_its_offline_copy_of_a_session_another_gateway_took_over(tmp_path):
+    """Without Redis. Two sessions left gateway A with a wildcard filter each. One comes back on B
+    (resumed), the other is ended there by a clean connect. The store tells A (SESSIONS_MOVED),
+    and A drops both offline copies and their filter holds: the ended session's filter, which
+    nobody holds any more, stops being indexed (it used to be held by A's copy forever: a 3.1.1
+    session never expires), while the resumed one still gets what is published."""
+    store_metrics = free_port()
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log"),
+                       extra_args=("--metrics-port", str(store_metrics))).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        for cid in ("mv-resumed", "mv-ended"):
+            c = Paho(a, cid, clean=False)
+            c.subscribe(f"mv/{cid}/+", 1)
+            c.disconnect()
+        assert wait_metric(a.metrics_url, "lmqtt_sessions", 2) == 2
+        pub = Paho(b, "mv-pub")
+        pub.publish("mv/mv-ended/1", b"a", qos=1)
+        with connect(store.address) as c:
+            assert c.cmd("filter_offsets", filter="mv/mv-ended/+")["max_offset"] == 1
+        resumed = Paho(b, "mv-resumed", clean=False)
+        assert resumed.session_present
+        Paho(b, "mv-ended", clean=True).disconnect()
+        assert wait_metric(f"http://127.0.0.1:{store_metrics}/metrics", "lmqtt_store_sessions_moved_told_total", 2) == 2
+        assert wait_metric(a.metrics_url, "lmqtt_sessions", 0) == 0, a.log_tail()
+        for i in (2, 3):
+            pub.publish("mv/mv-ended/%d" % i, b"b", qos=1)
+        pub.publish("mv/mv-resumed/x", b"still-here", qos=1)
+        assert [m.payload for m in resumed.get_n(1)] == [b"still-here"]
+        with connect(store.address) as c:
+            assert c.cmd("filter_offsets", filter="mv/mv-ended/+")["max_offset"] <= 1
+        for c in (resumed, pub):
+            c.disconnect()
+    finally:
+        stop_all([a, b], store)
