@@ -14,11 +14,11 @@ for persistent sessions that are not connected HERE:
     (lightqueue/session_sweep.py); a record found expired when a client comes back is deleted and
     the client starts a new session.
 
-With Redis (`lmqtt gateway --redis`), `SessionDirectory` makes one live connection per client id
-across the fleet: a gateway that attaches a connection to a client id announces it on Redis
-pub/sub, and the gateway that held the previous connection closes it with MQTT 5 reason 0x8E
-(session taken over), as a takeover within one gateway does. Without Redis a client id connected
-to two gateways keeps both connections (docs/fleet.md).
+One live connection per client id across the fleet: a gateway that attaches a connection to a
+client id announces it, and the gateway that held the previous connection closes it with MQTT 5
+reason 0x8E (session taken over), as a takeover within one gateway does. The announcement goes
+over Redis pub/sub with `lmqtt gateway --redis` (`SessionDirectory`), else through the store,
+which relays it to the other gateways (`StoreSessionDirectory`); docs/fleet.md.
 """
 from __future__ import annotations
 
@@ -139,6 +139,64 @@ class SessionDirectory:
             await self._redis.aclose()
 
 
+class StoreSessionDirectory:
+    """The claims of `SessionDirectory` without Redis: sent to the store (`gw_claim_sessions`, the
+    claims of one loop iteration in one call), which relays them to every other gateway connected
+    to it (a SESSION_CLAIMS push, docs/protocol.md). Every gateway of a fleet already holds a
+    connection to the one store, so one live connection per client id needs nothing more. The
+    same rules as over Redis: a claim carries the wall-clock time its connection attached, an
+    older connection of that client id elsewhere is closed, a newer one stays; a claim lost (the
+    store unreachable at that moment) leaves the old connection open until its client leaves."""
+
+    def __init__(self, loop, metadata, on_claimed_elsewhere) -> None:
+        self.loop = loop
+        self.metadata = metadata
+        self.on_claimed_elsewhere = on_claimed_elsewhere
+        metadata.on_session_claims = self._heard
+        self._pending: list[tuple[str, int]] = []
+        self._scheduled = False
+        self.claims_sent = 0
+        self.claims_heard = 0
+        self.errors = 0
+
+    async def start(self) -> None:
+        pass
+
+    def claim(self, client_id: str, since_ms: int) -> None:
+        """Announce that this gateway holds `client_id` since `since_ms` (sent at the end of this
+        loop iteration, with the other claims made in it: a reconnect storm is a few calls)."""
+        self.claims_sent += 1
+        self._pending.append((client_id, since_ms))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._send)
+
+    def _send(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+
+        def done(f) -> None:
+            e = asyncio.CancelledError("claim cancelled") if f.cancelled() else f.exception()
+            if e is not None:        # a hint: the old connection stays until its client leaves
+                self.errors += len(batch)
+                log.warning("event=session_claim_failed claims=%d first_client_id=%s error=%r",
+                            len(batch), batch[0][0], e)
+        self.metadata.claim_sessions(batch).add_done_callback(done)
+
+    def _heard(self, claims) -> None:
+        for cid, since_ms in claims:
+            self.claims_heard += 1
+            try:
+                self.on_claimed_elsewhere(cid, since_ms)
+            except Exception:  # noqa: BLE001 - the others' claims still count
+                log.exception("event=session_release_failed client_id=%s", cid)
+
+    async def close(self) -> None:
+        self._pending.clear()
+
+
 class Loaded(NamedTuple):
     """What `FleetSessionRegistry.load_later` read for a CONNECT: the local copy's state when it
     was asked (`mark`: used only if unchanged), the store's record and offsets, and the answers
@@ -150,7 +208,8 @@ class Loaded(NamedTuple):
 
 
 class FleetSessionRegistry(SessionRegistry):
-    directory: SessionDirectory | None = None     # set by the composition when Redis is configured
+    # set by the composition: SessionDirectory (Redis) or StoreSessionDirectory
+    directory: "SessionDirectory | StoreSessionDirectory | None" = None
 
     def __init__(self, loop, metrics, metadata, persist, subscriptions, publish) -> None:
         super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
@@ -221,7 +280,7 @@ class FleetSessionRegistry(SessionRegistry):
         expiry check does), and with them their wildcard filter holds, which would otherwise keep
         those filters indexed until the copy's expiry (never, for a 3.1.1 session). A copy whose
         client is connected here is left alone: one live connection per client id across
-        gateways is the session directory's (Redis) to settle."""
+        gateways is the session directory's to settle (its claims carry the attach times)."""
         for cid in client_ids:
             s = self.sessions.get(cid)
             if s is not None and not s.online:

@@ -47,6 +47,8 @@ class RemoteMetadata:
         self.on_sessions_swept: Callable[[list], None] | None = None
         # client ids whose record another gateway wrote or ended (a SESSIONS_MOVED push)
         self.on_sessions_moved: Callable[[list], None] | None = None
+        # [(client id, since ms)] another gateway attached connections to (a SESSION_CLAIMS push)
+        self.on_session_claims: Callable[[list], None] | None = None
         self.wills_published_by_store = 0
         # which put_will each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
@@ -100,6 +102,22 @@ class RemoteMetadata:
             return
         if self.on_sessions_moved is not None:
             self.on_sessions_moved(client_ids)
+
+    def claim_sessions(self, claims: list) -> asyncio.Future:
+        """This gateway attached connections to these client ids (`[(client id, since ms)]`): the
+        store relays it to the other gateways (fleet.StoreSessionDirectory)."""
+        return self.link.cmd("gw_claim_sessions", gateway=self.gateway_id, claims=[list(c) for c in claims])
+
+    def session_claims(self, body: bytes) -> None:
+        """A SESSION_CLAIMS push from the store (docs/protocol.md); claims of this gateway's own id
+        (another process started with the same --gateway-id) are not for it to act on."""
+        try:
+            gid, claims = W.decode_session_claims(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the old connections stay until their clients leave
+            log.warning("event=bad_session_claims_frame error=%r", e)
+            return
+        if gid != self.gateway_id and self.on_session_claims is not None:
+            self.on_session_claims(claims)
 
     def get_session(self, client_id: str) -> SessionRecord | None:
         r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]

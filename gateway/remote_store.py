@@ -417,6 +417,9 @@ class RemoteStore:
         if op == W.OP_SESSIONS_MOVED:
             self.metadata.sessions_moved(body)
             return
+        if op == W.OP_SESSION_CLAIMS:
+            self.metadata.session_claims(body)
+            return
         if op != W.OP_EVENT:
             return
         try:

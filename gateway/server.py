@@ -233,7 +233,7 @@ class Gateway:
         self.storage = None         # remote: the RemoteStore
         self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
-        self.sessions_directory = None   # remote with Redis: client id claims across the fleet
+        self.sessions_directory = None   # remote: client id claims across the fleet (Redis or the store)
         self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
 
     @property
@@ -328,13 +328,17 @@ class Gateway:
                                             ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
                                             tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
             self.group_leases.start()
+            # one live connection per client id across the fleet (gateway/fleet.py): claims over
+            # Redis when there is one, else relayed by the store
+            from lmqtt.gateway.fleet import SessionDirectory, StoreSessionDirectory
+            reg = self.broker.session_registry
             if cfg.redis:
-                # one live connection per client id across the fleet (gateway/fleet.py)
-                from lmqtt.gateway.fleet import SessionDirectory
-                reg = self.broker.session_registry
                 self.sessions_directory = SessionDirectory(cfg.redis, gid, reg.release_to_other_gateway)
-                reg.directory = self.sessions_directory
-                await self.sessions_directory.start()
+            else:
+                self.sessions_directory = StoreSessionDirectory(loop, self.storage.metadata,
+                                                                reg.release_to_other_gateway)
+            reg.directory = self.sessions_directory
+            await self.sessions_directory.start()
             self.broker.start()
             await self._listen(loop)
         except BaseException:
@@ -385,7 +389,7 @@ class Gateway:
             try:
                 await self.sessions_directory.close()
             except Exception as e:  # noqa: BLE001
-                log.error("event=redis_close_failed error=%r", e)
+                log.error("event=session_directory_close_failed error=%r", e)
             self.sessions_directory = None
         if self.redis_events is not None:
             try:

@@ -237,6 +237,9 @@ def _start_http(host: str, port: int, srv, gws):
                 ("lmqtt_store_sessions_moved_told_total", "counter",
                  "Gateways told that a session record naming them was taken over by another gateway",
                  gws.sessions_moved_told),
+                ("lmqtt_store_session_claims_relayed_total", "counter",
+                 "Client id claims relayed to the other gateways (one live connection per client id)",
+                 gws.session_claims_relayed),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
                 ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
         out = []

@@ -118,6 +118,7 @@ class GatewayService:
         self.pushed_entries = 0        # entries carried by PUSH frames
         self.push_read_errors = 0
         self.sessions_moved_told = 0        # SESSIONS_MOVED pushes sent (a session moved to another gateway)
+        self.session_claims_relayed = 0     # client id claims relayed to the other gateways (SESSION_CLAIMS)
         self.loop = loop
         self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
         self.bus = InProcessBus(loop, window_s)
@@ -282,6 +283,24 @@ class GatewayService:
             for conn in list(conns):
                 conn.push(W.OP_SESSIONS_MOVED, body)
             self.sessions_moved_told += 1
+
+    def relay_session_claims(self, gid: str, claims: list) -> None:
+        """Gateway `gid` attached connections to these client ids (`[[client id, since ms], ...]`):
+        tell the connections of every other gateway (SESSION_CLAIMS), the one holding an older
+        connection of a client id closes it. The store is the fleet's session directory when the
+        gateways have no Redis; it keeps nothing (one frame per claiming batch and gateway), as
+        Redis pub/sub would not, so a gateway away at that moment learns nothing (docs/fleet.md)."""
+        if not claims:
+            return
+        body = None
+        for other, conns in list(self.wills.connections_of.items()):
+            if other == gid or not conns:
+                continue
+            if body is None:
+                body = W.encode_session_claims(gid, claims)
+            for conn in list(conns):
+                conn.push(W.OP_SESSION_CLAIMS, body)
+        self.session_claims_relayed += len(claims)
 
     # ---------------------------------------------------------------- filter holds
     def _hold(self, gid: str, flt: str, delta: int) -> int:
@@ -506,6 +525,14 @@ class GatewayService:
             return {"wills_published": self.wills.hello(conn, gid),
                     "sessions_swept": self.session_sweep.take_swept(gid)}
 
+        def claim_sessions(a, conn):
+            gid = str(a["gateway"])
+            if not gid:
+                raise ValueError("gw_claim_sessions needs a non-empty gateway id")
+            self.wills.attach(conn, gid)
+            self.relay_session_claims(gid, [(str(c), int(t)) for c, t in a["claims"]])
+            return {"ok": True}
+
         def put_will(a, conn):
             gid = a.get("gateway")
             if gid:                       # a will comes with its gateway: this connection is it
@@ -535,6 +562,7 @@ class GatewayService:
         reg("gw_unwatch", unwatch, with_connection=True)
         reg("gw_hello", hello, with_connection=True)
         reg("gw_put_will", put_will, with_connection=True)
+        reg("gw_claim_sessions", claim_sessions, with_connection=True)
         reg("gw_pull", pull, with_connection=True)
         reg("gw_delete_session", delete_session, with_connection=True)
         for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_replay", replay),

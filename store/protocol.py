@@ -397,6 +397,24 @@ def decode_sessions_moved(body: bytes) -> list[str]:
     return [str(c) for c in parse_json(body)["client_ids"]]
 
 
+# ---------------------------------------------------------------- SESSION_CLAIMS (server push)
+# body: JSON object {"gateway": G, "claims": [[client id, since ms], ...]}; request id 0. The
+# store relays a gateway's `gw_claim_sessions` ("G attached a connection to these client ids at
+# these wall-clock times") to the connections of every other gateway, which close an older
+# connection of the same client id (MQTT 5 reason 0x8E): one live connection per client id across
+# the fleet (docs/fleet.md). A hint, like Redis pub/sub: a claim lost leaves two connections open.
+OP_SESSION_CLAIMS = 0xC4
+
+
+def encode_session_claims(gateway: str, claims: list) -> bytes:
+    return compact_json({"gateway": gateway, "claims": [[c, int(t)] for c, t in claims]}).encode()
+
+
+def decode_session_claims(body: bytes) -> tuple[str, list[tuple[str, int]]]:
+    obj = parse_json(body)
+    return str(obj["gateway"]), [(str(c), int(t)) for c, t in obj["claims"]]
+
+
 # ---------------------------------------------------------------- PUSH (server push, optional)
 # An EVENT that carries the new entries (docs/protocol.md "EVENT push and the gw_* commands"):
 # sent instead of EVENT to a connection that asked with `gw_watch {push: true}`. Binary, no JSON:

@@ -281,6 +281,40 @@ def test_redis_notify_and_a_dead_redis(tmp_path, mode):
         redis.stop()
 
 
+def test_session_takeover_across_gateways_without_redis(fleet):
+    """No Redis: the store relays the claims. Connecting on B closes the connection on A with MQTT
+    5 reason 0x8E, and the session (subscription, queued messages) continues on B; a 3.1.1 clean
+    session's older connection is closed too (no record to move: only the claim tells A)."""
+    from lmqtt.gateway.mqtt import packets as P
+    _store, a, b = fleet
+    first = RawMQTT(a, version=5)
+    assert first.connect("roamer-nr", clean=False, props=P.Properties(session_expiry_interval=300)).reason_code == 0
+    first.send(P.Subscribe(1, [P.SubscriptionRequest("roamnr/#", 1)]))
+    assert isinstance(first.recv(), P.SubAck)
+    old311 = RawMQTT(a, version=4)
+    assert old311.connect("roamer-311", clean=True).reason_code == 0
+    second = Paho(b, "roamer-nr", version=5, clean=False, expiry=300)
+    new311 = Paho(b, "roamer-311")
+    try:
+        assert second.session_present
+        pkt = first.recv(5)
+        assert isinstance(pkt, P.Disconnect) and pkt.reason_code == 0x8E, pkt
+        assert first.closed_by_server(5)
+        assert old311.closed_by_server(5)          # 3.1.1: closed without a DISCONNECT
+        pub = Paho(a, "roamnr-pub")
+        for i in range(5):
+            pub.publish("roamnr/t", str(i).encode(), qos=1)
+        assert [m.payload for m in second.get_n(5)] == [str(i).encode() for i in range(5)]
+        assert second.drain(0.3) == []
+        new311.subscribe("roamnr/311", qos=1)      # the newer 3.1.1 connection stays open
+        pub.publish("roamnr/311", b"kept", qos=1)
+        assert new311.get(5).payload == b"kept"
+        pub.disconnect()
+    finally:
+        second.disconnect()
+        new311.disconnect()
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_redis_session_takeover_across_gateways(tmp_path):
     """With --redis, one live connection per client id across the fleet: connecting on B closes

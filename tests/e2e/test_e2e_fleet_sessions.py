@@ -158,22 +158,27 @@ def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clie
 
 
 def test_a_gateway_drops_its_offline_copy_of_a_session_another_gateway_took_over(tmp_path):
-    """Without Redis. Two sessions left gateway A with a wildcard filter each. One comes back on B
-    (resumed), the other is ended there by a clean connect. The store tells A (SESSIONS_MOVED),
-    and A drops both offline copies and their filter holds: the ended session's filter, which
-    nobody holds any more, stops being indexed (it used to be held by A's copy forever: a 3.1.1
-    session never expires), while the resumed one still gets what is published."""
+    """Two sessions left gateway A with a wildcard filter each. One comes back on B (resumed), the
+    other is ended there by a clean connect, while the claims B makes of those client ids are lost
+    (the gateways' session directory is a Redis that is down): the store tells A anyway
+    (SESSIONS_MOVED), and A drops both offline copies and their filter holds: the ended session's
+    filter, which nobody holds any more, stops being indexed (it used to be held by A's copy
+    forever: a 3.1.1 session never expires), while the resumed one still gets what is published."""
+    from lmqtt.loadtest.redis_streams import RedisServer
+    redis = RedisServer()
     store_metrics = free_port()
     store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log"),
                        extra_args=("--metrics-port", str(store_metrics))).start()
-    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
-    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    directory_only = ("--redis", redis.url, "--notify-mode", "native")    # Redis: the session directory only
+    a = LmqttGateway(store.address, directory_only, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, directory_only, log_dir=str(tmp_path)).start()
     try:
         for cid in ("mv-resumed", "mv-ended"):
             c = Paho(a, cid, clean=False)
             c.subscribe(f"mv/{cid}/+", 1)
             c.disconnect()
         assert wait_metric(a.metrics_url, "lmqtt_sessions", 2) == 2
+        redis.stop()
         pub = Paho(b, "mv-pub")
         pub.publish("mv/mv-ended/1", b"a", qos=1)
         with connect(store.address) as c:
@@ -193,3 +198,4 @@ def test_a_gateway_drops_its_offline_copy_of_a_session_another_gateway_took_over
             c.disconnect()
     finally:
         stop_all([a, b], store)
+        redis.stop()

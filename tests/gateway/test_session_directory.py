@@ -1,6 +1,6 @@
-"""The fleet's session directory (gateway/fleet.py `SessionDirectory`) over a real redis-server:
-a reconnect storm's claims all reach the other gateways, in order, and a claim is never heard by
-the gateway that made it."""
+"""The fleet's session directory (gateway/fleet.py), over a real redis-server (`SessionDirectory`)
+and relayed by a real `lmqtt store` (`StoreSessionDirectory`): a reconnect storm's claims all
+reach the other gateways, in order, and a claim is never heard by the gateway that made it."""
 from __future__ import annotations
 
 import asyncio
@@ -8,15 +8,19 @@ import shutil
 
 import pytest
 
-from lmqtt.gateway.fleet import SessionDirectory
-from tests.support import redis_server_fixture, wait_until
+from lmqtt.gateway.fleet import SessionDirectory, StoreSessionDirectory
+from lmqtt.gateway.remote_metadata import RemoteMetadata
+from lmqtt.store import protocol as W
+from lmqtt.store.client.aio import LoopConnection
+from tests.support import LmqttStore, redis_server_fixture, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
 
 redis_server = redis_server_fixture()
 
 
+@needs_redis
 def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
     """3,000 clients attach to gateway A at once (one claim each, made in the same loop step):
     gateway B hears all of them, in order, and A hears none of its own. Each claim used to be its
@@ -42,3 +46,48 @@ def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
             for d in (a, b):
                 await d.close()
     asyncio.run(main())
+
+
+def test_the_store_relays_a_reconnect_storm_of_claims_to_every_other_gateway(tmp_path):
+    """Without Redis: 3,000 clients attach to gateway A in one loop step; the store relays the
+    claims and gateways B and C hear all of them, in order; A hears none of its own, and hears B's
+    claim."""
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        heard: dict[str, list] = {}
+        dirs: dict[str, StoreSessionDirectory] = {}
+        links = []
+        try:
+            for gid in ("gw-a", "gw-b", "gw-c"):
+                link = LoopConnection(store.address, loop=loop)
+                link.connect_blocking()
+                links.append(link)
+                meta = RemoteMetadata(link, gid)
+                link.on_push(lambda op, body, meta=meta: meta.session_claims(body)
+                             if op == W.OP_SESSION_CLAIMS else None)
+                meta.hello()
+                await link.cmd("gw_flush")            # answered after the hello: B and C are known
+                heard[gid] = []
+                dirs[gid] = StoreSessionDirectory(loop, meta, lambda cid, ts, h=heard[gid]: h.append((cid, ts)))
+            for i in range(3000):
+                dirs["gw-a"].claim(f"dev-{i}", 1000 + i)
+            assert await wait_until(lambda: len(heard["gw-b"]) >= 3000 and len(heard["gw-c"]) >= 3000, 10), \
+                {g: len(h) for g, h in heard.items()}
+            want = [(f"dev-{i}", 1000 + i) for i in range(3000)]
+            assert heard["gw-b"] == want and heard["gw-c"] == want
+            assert dirs["gw-a"].errors == 0 and dirs["gw-a"].claims_sent == 3000
+            assert dirs["gw-b"].claims_heard == 3000
+            dirs["gw-b"].claim("dev-0", 5000)             # B takes one back: A and C hear it
+            assert await wait_until(lambda: heard["gw-a"] == [("dev-0", 5000)], 5), heard["gw-a"]
+            assert await wait_until(lambda: heard["gw-c"][-1] == ("dev-0", 5000), 5)
+            await asyncio.sleep(0.1)
+            assert len(heard["gw-b"]) == 3000             # never its own
+        finally:
+            for link in links:
+                link.close()
+    try:
+        asyncio.run(main())
+    finally:
+        assert store.stop() == 0, store.log_tail()
