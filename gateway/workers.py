@@ -9,10 +9,9 @@ small supervisor that starts, on this host:
 * N `lmqtt gateway` processes on the same MQTT port (SO_REUSEPORT: the kernel spreads new
   connections over them), notified of new data by the store itself (EVENT frames on their store
   connection, no Redis);
-* when `redis-server` is installed, a private one on a Unix socket (no persistence) for the
-  session directory only: one live connection per client id across the workers, takeover with
-  MQTT 5 reason 0x8E. Without it each worker still serves persistent sessions from the store, but
-  a client id connected twice on two workers is not taken over (logged at start).
+* nothing else: persistent sessions live in the store, and the store relays each worker's client
+  id claims to the others (gateway/fleet.py `StoreSessionDirectory`), so a client id connected
+  twice, on two workers, is taken over as on one (MQTT 5 reason 0x8E).
 
 A gateway that dies is restarted (its clients reconnect to the others meanwhile, their sessions
 and wills are in the store); the store dying stops everything with its exit status. SIGTERM /
@@ -24,12 +23,10 @@ holding the ports or the data directory.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 # `lmqtt serve` flags that belong to the store (or to the supervisor) and not to the gateways;
@@ -111,13 +108,10 @@ class Supervisor:
             raise ValueError(f"{workers} workers need {workers} ports, got {ports}")
         self.ports = ports
         self.store: subprocess.Popen | None = None
-        self.redis: subprocess.Popen | None = None
         self.gateways: list[subprocess.Popen | None] = [None] * workers
         self.restarts: list[list[float]] = [[] for _ in range(workers)]
         self.stopping = False
-        self.rundir = tempfile.mkdtemp(prefix="lmqtt-workers-")   # short path: a Unix socket lives here
         self.store_port = int(cfg.store_port) or _free_port()
-        self.redis_url: str | None = None
 
     # ------------------------------------------------------------------------------ children
     def _cmd(self, *args: str) -> list[str]:
@@ -136,35 +130,12 @@ class Supervisor:
             raise RuntimeError(f"the store did not start on port {self.store_port} (exit status "
                                f"{self.store.poll()}; its messages are above)")
 
-    def _start_redis(self) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            print("lmqtt serve: redis-server not found: workers share sessions through the store, but a "
-                  "client id connected to two workers at once is not taken over", file=sys.stderr, flush=True)
-            return
-        sock = os.path.join(self.rundir, "redis.sock")
-        self.redis = subprocess.Popen([exe, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-                                       "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-                                      stdout=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=_die_with_parent())
-        deadline = time.monotonic() + 10
-        while not os.path.exists(sock) and time.monotonic() < deadline and self.redis.poll() is None:
-            time.sleep(0.02)
-        if not os.path.exists(sock):
-            print("lmqtt serve: the private redis-server did not start; no cross-worker takeover",
-                  file=sys.stderr, flush=True)
-            self.redis = None
-            return
-        self.redis_url = f"unix://{sock}"
-
     def _start_gateway(self, i: int) -> None:
         cfg = self.cfg
         port = self.ports[i] if self.ports else cfg.port
         args = ["gateway", "--store", f"127.0.0.1:{self.store_port}",
                 "--gateway-id", f"{socket.gethostname()}:{port}:w{i}", "--notify-mode", "native",
                 "--metrics-port", str(int(cfg.metrics_port) + i if cfg.metrics_port else 0)]
-        if self.redis_url:
-            args += ["--redis", self.redis_url]
         tail = ["--port", str(port)] if self.ports else ["--reuse-port"]
         env = dict(os.environ)
         if getattr(cfg, "token", None):
@@ -179,7 +150,6 @@ class Supervisor:
         signal.signal(signal.SIGHUP, self._on_hup)
         try:
             self._start_store()
-            self._start_redis()
             for i in range(self.n):
                 self._start_gateway(i)
             host, port = self.cfg.host, self.cfg.port
@@ -190,16 +160,13 @@ class Supervisor:
             where = (f"on mqtt://{host}:{port} (SO_REUSEPORT)" if not self.ports else
                      "on " + ", ".join(f"mqtt://{host}:{p}" for p in ports))
             print(f"lmqtt serve: {self.n} workers {where}, store "
-                  f"lmqtt://127.0.0.1:{self.store_port} (pid {self.store.pid}), data {self.cfg.data_dir}, "
-                  f"sessions across workers: {'private redis' if self.redis_url else 'store only'}",
+                  f"lmqtt://127.0.0.1:{self.store_port} (pid {self.store.pid}), data {self.cfg.data_dir}",
                   file=sys.stderr, flush=True)
             return self._supervise()
         except RuntimeError as e:
             print(f"lmqtt serve: {e}", file=sys.stderr, flush=True)
             self._stop_all()
             return 1
-        finally:
-            shutil.rmtree(self.rundir, ignore_errors=True)
 
     def _supervise(self) -> int:
         while not self.stopping:
@@ -245,13 +212,13 @@ class Supervisor:
                 g.wait(20)
             except subprocess.TimeoutExpired:
                 g.kill()
-        for p in (self.store, self.redis):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        p = self.store
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def run(cfg, argv: list[str], workers: int, ports: list[int] | None = None) -> int:

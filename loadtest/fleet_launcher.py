@@ -1,6 +1,6 @@
 """`python -m lmqtt.loadtest.fleet_launcher --ports P,Q [serve flags]`: a small lmqtt fleet on this
-host for `lmqtt bench compare --brokers lmqtt-fleet`: one `lmqtt store`, a `redis-server` (session
-directory) and one `lmqtt gateway` per port, each gateway on its own port (as behind a load
+host for `lmqtt bench compare --brokers lmqtt-fleet`: one `lmqtt store` and one `lmqtt gateway` per
+port, each gateway on its own port (as behind a load
 balancer). It is `lmqtt serve --workers N` (gateway/workers.py) with a port per gateway instead of
 one shared SO_REUSEPORT port, so the benchmark can put publishers and subscribers on different
 gateways and measure the cross-gateway path. All processes are children of this one, so the
