@@ -23,12 +23,12 @@ import zlib
 from collections import deque
 
 from .config import StoreConfig
-from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
+from .errors import DiskFull, InvalidMessage, NotVisible
 from .mapped_file_queue import MappedFileQueue
 from .errors import CorruptRecord
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_decode, c_decode_many, check_size,
                      decode, decode_many, encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .encoding import ENCODER, PREFIX3 as _PREFIX3, c_encoder, encode_py
+from .encoding import ENCODER, PREFIX3 as _PREFIX3, c_encoder, encode_py  # noqa: F401  (ENCODER read as commitlog.ENCODER)
 from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
 _new = tuple.__new__

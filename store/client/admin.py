@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from .connection import Connection
-from .consumer import Record, _records
+from .consumer import Record
 
 
 class Admin:

@@ -14,7 +14,6 @@ producer id + sequence, which the store deduplicates) are retried by `call(..., 
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import socket

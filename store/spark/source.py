@@ -13,9 +13,7 @@ Queues ("queue" column, and the keys of streaming offsets):
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import uuid
-from typing import Iterator
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition,
