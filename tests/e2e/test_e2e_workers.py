@@ -140,7 +140,7 @@ def test_a_killed_supervisor_takes_its_workers_with_it_and_a_restart_finds_the_d
         pub.publish("kept/state", b"on", qos=1, retain=True)          # returns once acknowledged
         pub.disconnect()
         children = _children(srv)
-        assert len(children) >= 3, children                          # store + 2 gateways (+ redis)
+        assert len(children) >= 3, children                          # store + 2 gateways
         srv.stop(signal.SIGKILL)
         deadline = time.monotonic() + 30
         while not all(_gone(p) for p in children) and time.monotonic() < deadline:
