@@ -43,6 +43,16 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def outlives_claim(ours_ms: int, ours_gateway: str, since_ms: int, claimant: str) -> bool:
+    """Whether a connection attached at `ours_ms` on gateway `ours_gateway` stays when gateway
+    `claimant` claims its client id for a connection attached at `since_ms`: the newer one stays.
+    Two attached in the same millisecond: the one on the gateway with the greater id, so that both
+    gateways, each deciding alone, close exactly one of them."""
+    if ours_ms != since_ms:
+        return ours_ms > since_ms
+    return bool(claimant) and ours_gateway > claimant
+
+
 class SessionDirectory:
     """Redis pub/sub of "gateway G owns client id C since time T" (message `G\nC\nT`, T in ms of
     the wall clock). A connection attached after T is newer than the claim and stays (a claim that
@@ -111,7 +121,7 @@ class SessionDirectory:
                     if gid != self.gateway_id and cid:
                         self.claims_heard += 1
                         try:
-                            self.on_claimed_elsewhere(cid, int(ts or 0))
+                            self.on_claimed_elsewhere(cid, int(ts or 0), gid)
                         except Exception:  # noqa: BLE001
                             log.exception("event=session_release_failed client_id=%s", cid)
             except asyncio.CancelledError:
@@ -185,11 +195,11 @@ class StoreSessionDirectory:
                             len(batch), batch[0][0], e)
         self.metadata.claim_sessions(batch).add_done_callback(done)
 
-    def _heard(self, claims) -> None:
+    def _heard(self, gateway: str, claims) -> None:
         for cid, since_ms in claims:
             self.claims_heard += 1
             try:
-                self.on_claimed_elsewhere(cid, since_ms)
+                self.on_claimed_elsewhere(cid, since_ms, gateway)
             except Exception:  # noqa: BLE001 - the others' claims still count
                 log.exception("event=session_release_failed client_id=%s", cid)
 
@@ -224,13 +234,16 @@ class FleetSessionRegistry(SessionRegistry):
             conn.fleet_attached_ms = now
             self.directory.claim(s.client_id, now)
 
-    def release_to_other_gateway(self, client_id: str, since_ms: int = 0) -> None:
-        """Another gateway attached a connection to `client_id`: close ours with 0x8E and let the
-        session go without writing its record (the new owner holds the newer one); offsets are
-        saved (progress, never a loss). A will without delay is published, as on a local takeover;
-        a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
+    taken_over_elsewhere = 0     # live connections closed for a newer one on another gateway
+
+    def release_to_other_gateway(self, client_id: str, since_ms: int = 0, claimant: str = "") -> None:
+        """Gateway `claimant` attached a connection to `client_id` at `since_ms`: close ours with
+        0x8E and let the session go without writing its record (the new owner holds the newer
+        one); offsets are saved (progress, never a loss). A will without delay is published, as on
+        a local takeover; a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
         conn = self.owner(client_id)
-        if conn is not None and getattr(conn, "fleet_attached_ms", 0) > since_ms:
+        if conn is not None and outlives_claim(getattr(conn, "fleet_attached_ms", 0), self.persist.host or "",
+                                               since_ms, claimant):
             return          # ours came after that claim (a late message): ours is the live one
         if conn is None:
             s = self.sessions.get(client_id)
@@ -239,7 +252,9 @@ class FleetSessionRegistry(SessionRegistry):
                 self.metrics.sessions.set(len(self.sessions))
             return
         s = conn.session
-        log.info("event=takeover_by_other_gateway client_id=%s peer=%s", client_id, conn.peer)
+        self.taken_over_elsewhere += 1
+        log.info("event=takeover_by_other_gateway client_id=%s peer=%s gateway=%s", client_id, conn.peer,
+                 claimant or "?")
         conn.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over (by another gateway)")
         # detach without the session record; the broker's connection-lost handling then finds no
         # session on the connection

@@ -47,8 +47,9 @@ class RemoteMetadata:
         self.on_sessions_swept: Callable[[list], None] | None = None
         # client ids whose record another gateway wrote or ended (a SESSIONS_MOVED push)
         self.on_sessions_moved: Callable[[list], None] | None = None
-        # [(client id, since ms)] another gateway attached connections to (a SESSION_CLAIMS push)
-        self.on_session_claims: Callable[[list], None] | None = None
+        # (gateway, [(client id, since ms)]): another gateway attached connections to these client
+        # ids (a SESSION_CLAIMS push)
+        self.on_session_claims: Callable[[str, list], None] | None = None
         self.wills_published_by_store = 0
         # which put_will each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
@@ -117,7 +118,7 @@ class RemoteMetadata:
             log.warning("event=bad_session_claims_frame error=%r", e)
             return
         if gid != self.gateway_id and self.on_session_claims is not None:
-            self.on_session_claims(claims)
+            self.on_session_claims(gid, claims)
 
     def get_session(self, client_id: str) -> SessionRecord | None:
         r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]

@@ -368,6 +368,17 @@ class Gateway:
                                        ("lmqtt_remote_reconnects", "Reconnects to the store",
                                         link.reconnects if link is not None else 0)):
                     yield CounterMetricFamily(name, help_, value=v)
+                d = gw.sessions_directory
+                for name, help_, v in (
+                        ("lmqtt_session_claims_sent", "Client id claims this gateway announced (one per attached connection)",
+                         d.claims_sent if d is not None else 0),
+                        ("lmqtt_session_claims_heard", "Client id claims of other gateways heard",
+                         d.claims_heard if d is not None else 0),
+                        ("lmqtt_session_claim_errors", "Claims that could not be announced (the old connection elsewhere stays)",
+                         d.errors if d is not None else 0),
+                        ("lmqtt_takeovers_by_other_gateway", "Connections closed (0x8E) for a newer one on another gateway",
+                         getattr(gw.broker.session_registry, "taken_over_elsewhere", 0) if gw.broker is not None else 0)):
+                    yield CounterMetricFamily(name, help_, value=v)
                 ev = gw.redis_events
                 yield CounterMetricFamily("lmqtt_remote_redis_events", "Event messages heard on Redis pub/sub",
                                           value=ev.events_received if ev is not None else 0)

@@ -287,6 +287,7 @@ def test_session_takeover_across_gateways_without_redis(fleet):
     session's older connection is closed too (no record to move: only the claim tells A)."""
     from lmqtt.gateway.mqtt import packets as P
     _store, a, b = fleet
+    closed_before = _metric(a, "lmqtt_takeovers_by_other_gateway")
     first = RawMQTT(a, version=5)
     assert first.connect("roamer-nr", clean=False, props=P.Properties(session_expiry_interval=300)).reason_code == 0
     first.send(P.Subscribe(1, [P.SubscriptionRequest("roamnr/#", 1)]))
@@ -309,6 +310,8 @@ def test_session_takeover_across_gateways_without_redis(fleet):
         new311.subscribe("roamnr/311", qos=1)      # the newer 3.1.1 connection stays open
         pub.publish("roamnr/311", b"kept", qos=1)
         assert new311.get(5).payload == b"kept"
+        assert _metric(a, "lmqtt_takeovers_by_other_gateway") == closed_before + 2
+        assert _metric(b, "lmqtt_session_claims_sent") >= 2 and _metric(a, "lmqtt_session_claims_heard") >= 2
         pub.disconnect()
     finally:
         second.disconnect()

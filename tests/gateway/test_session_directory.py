@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from lmqtt.gateway.fleet import SessionDirectory, StoreSessionDirectory
+from lmqtt.gateway.fleet import SessionDirectory, StoreSessionDirectory, outlives_claim
 from lmqtt.gateway.remote_metadata import RemoteMetadata
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import LoopConnection
@@ -28,8 +28,8 @@ def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
     async def main():
         heard_a: list = []
         heard_b: list = []
-        a = SessionDirectory(redis_server.url, "gw-a", lambda cid, ts: heard_a.append((cid, ts)))
-        b = SessionDirectory(redis_server.url, "gw-b", lambda cid, ts: heard_b.append((cid, ts)))
+        a = SessionDirectory(redis_server.url, "gw-a", lambda cid, ts, gid: heard_a.append((cid, ts, gid)))
+        b = SessionDirectory(redis_server.url, "gw-b", lambda cid, ts, gid: heard_b.append((cid, ts, gid)))
         for d in (a, b):
             await d.start()
         try:
@@ -38,7 +38,7 @@ def test_a_reconnect_storm_of_claims_reaches_every_other_gateway(redis_server):
             for i in range(3000):
                 a.claim(f"dev-{i}", 1000 + i)
             assert await wait_until(lambda: len(heard_b) >= 3000, 10), f"heard {len(heard_b)} of 3000"
-            assert heard_b == [(f"dev-{i}", 1000 + i) for i in range(3000)]
+            assert heard_b == [(f"dev-{i}", 1000 + i, "gw-a") for i in range(3000)]
             assert a.errors == 0 and a.claims_sent == 3000 and b.claims_heard == 3000
             await asyncio.sleep(0.1)
             assert heard_a == []
@@ -70,18 +70,18 @@ def test_the_store_relays_a_reconnect_storm_of_claims_to_every_other_gateway(tmp
                 meta.hello()
                 await link.cmd("gw_flush")            # answered after the hello: B and C are known
                 heard[gid] = []
-                dirs[gid] = StoreSessionDirectory(loop, meta, lambda cid, ts, h=heard[gid]: h.append((cid, ts)))
+                dirs[gid] = StoreSessionDirectory(loop, meta, lambda cid, ts, by, h=heard[gid]: h.append((cid, ts, by)))
             for i in range(3000):
                 dirs["gw-a"].claim(f"dev-{i}", 1000 + i)
             assert await wait_until(lambda: len(heard["gw-b"]) >= 3000 and len(heard["gw-c"]) >= 3000, 10), \
                 {g: len(h) for g, h in heard.items()}
-            want = [(f"dev-{i}", 1000 + i) for i in range(3000)]
+            want = [(f"dev-{i}", 1000 + i, "gw-a") for i in range(3000)]
             assert heard["gw-b"] == want and heard["gw-c"] == want
             assert dirs["gw-a"].errors == 0 and dirs["gw-a"].claims_sent == 3000
             assert dirs["gw-b"].claims_heard == 3000
             dirs["gw-b"].claim("dev-0", 5000)             # B takes one back: A and C hear it
-            assert await wait_until(lambda: heard["gw-a"] == [("dev-0", 5000)], 5), heard["gw-a"]
-            assert await wait_until(lambda: heard["gw-c"][-1] == ("dev-0", 5000), 5)
+            assert await wait_until(lambda: heard["gw-a"] == [("dev-0", 5000, "gw-b")], 5), heard["gw-a"]
+            assert await wait_until(lambda: heard["gw-c"][-1] == ("dev-0", 5000, "gw-b"), 5)
             await asyncio.sleep(0.1)
             assert len(heard["gw-b"]) == 3000             # never its own
         finally:
@@ -91,3 +91,14 @@ def test_the_store_relays_a_reconnect_storm_of_claims_to_every_other_gateway(tmp
         asyncio.run(main())
     finally:
         assert store.stop() == 0, store.log_tail()
+
+
+def test_of_two_connections_the_newer_one_stays_and_a_tie_keeps_exactly_one():
+    """What each gateway decides alone when another claims a client id it holds: the connection
+    attached later stays; attached in the same millisecond, the one on the greater gateway id
+    stays, so the two gateways never both close theirs (nor both keep theirs)."""
+    assert outlives_claim(1001, "gw-a", 1000, "gw-b") and not outlives_claim(999, "gw-a", 1000, "gw-b")
+    for ours, theirs in (("gw-a", "gw-b"), ("gw-b", "gw-a"), ("gw-1", "gw-10")):
+        kept = [outlives_claim(1000, ours, 1000, theirs), outlives_claim(1000, theirs, 1000, ours)]
+        assert kept.count(True) == 1, (ours, theirs, kept)
+    assert not outlives_claim(1000, "gw-a", 1000, "")      # a claim of no id: the claim wins
