@@ -143,6 +143,28 @@ def test_external_redis_without_a_url_is_refused_with_the_reason():
         _render({"redis": {"enabled": False}})
 
 
+def test_native_notify_runs_no_redis_at_all():
+    """notify.mode=native: the store pushes new-data events and relays client id claims on the
+    gateways' store connections, so nothing of Redis is rendered or passed, even with
+    redis.enabled=false and no url (which Redis modes refuse); an unknown mode is refused by name."""
+    for values in ({"notify": {"mode": "native"}}, {"notify": {"mode": "native"}, "redis": {"enabled": False}}):
+        docs, out = _render(values)
+        k = _by_kind(docs)
+        assert "Deployment" not in k                              # no in-chart Redis
+        for sts in k["StatefulSet"]:
+            args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert not [a for a in args if a.startswith("--redis")], args
+        gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+        assert "--notify-mode=native" in gw["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "no Redis" in out["lmqtt/templates/NOTES.txt"]
+        for d in docs:
+            kv.validate(d, KUBE_VERSION, strict=True)
+    report = helm.lint(CHART, {"notify": {"mode": "native"}}, strict=True)
+    assert report["errors"] == [], report
+    with pytest.raises(helm.HelmError, match="notify.mode must be broadcast, precise or native"):
+        _render({"notify": {"mode": "redis"}})
+
+
 def test_every_value_is_documented():
     """Every leaf of values.yaml has a `# --` comment on the line above it or above a parent key."""
     with open(os.path.join(CHART, "values.yaml")) as f:

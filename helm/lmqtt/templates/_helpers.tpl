@@ -53,6 +53,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "lmqtt.fullname" . }}-store-0.{{ include "lmqtt.fullname" . }}-store-headless.{{ .Release.Namespace }}.svc:{{ .Values.store.port }}
 {{- end -}}
 
+{{/* Whether the release runs with Redis: notify.mode broadcast or precise; native needs none. */}}
+{{- define "lmqtt.usesRedis" -}}
+{{- if not (has .Values.notify.mode (list "broadcast" "precise" "native")) -}}
+{{- fail (printf "notify.mode must be broadcast, precise or native, not %q" .Values.notify.mode) -}}
+{{- end -}}
+{{- if ne .Values.notify.mode "native" -}}true{{- end -}}
+{{- end -}}
+
 {{- define "lmqtt.redisUrl" -}}
 {{- if .Values.redis.enabled -}}
 redis://{{ include "lmqtt.fullname" . }}-redis.{{ .Release.Namespace }}.svc:6379/0
