@@ -30,69 +30,16 @@ entries are taken only where they continue a mirror (offset = its end); anything
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable
 
+from lmqtt.gateway.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, pulled
 from lmqtt.gateway.remote_metadata import RemoteMetadata, json_reply
 from lmqtt.gateway.remote_reads import RemoteReads
-from lmqtt.store import MessageTooLarge, StoredMessage, protocol as W
-from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER, c_decode_many, decode_many
+from lmqtt.store import MessageTooLarge, protocol as W
+from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
 
 log = logging.getLogger("lmqtt.gateway.remote")
-
-
-class RemotePull(NamedTuple):
-    messages: list
-    next_offset: int
-    min_offset: int
-    max_offset: int
-
-
-def _pulled(reply) -> tuple[dict, list]:
-    """A `gw_pull` reply: its header and its entries as RemoteMessages."""
-    header, recs = W.decode_messages(reply[2])
-    dq = header.get("dq") or [()] * len(recs)
-    return header, [RemoteMessage(t, d) for t, d in zip(recs, dq)]
-
-
-class RemoteMessage:
-    """A light-queue entry as the delivery engine reads it (StoredMessage's fields it uses)."""
-
-    __slots__ = ("topic", "body", "props", "queue_offset", "phys_offset", "dispatch_queues", "store_ts",
-                 "born_ts", "keys", "queue_id")
-
-    def __init__(self, t: tuple, dq) -> None:
-        (self.queue_offset, self.phys_offset, self.born_ts, self.store_ts, self.queue_id, self.topic,
-         self.keys, self.props, self.body) = t
-        self.dispatch_queues = tuple(dq)
-
-
-def decode_raw_entries(body, runs, sizes, first: int, ident: str) -> list | None:
-    """The records of an OP_PUSH_RAW queue (`runs` and `sizes` as `decode_push_raw` gives them,
-    `body` a memoryview of the frame body) as StoredMessages carrying the light queue's offsets
-    first, first + 1, ... (a StoredMessage reads like a RemoteMessage: the same field names).
-    None if a record fails its framing or CRC check."""
-    out: list = []
-    k = 0
-    for phys, count, start, end in runs:
-        wanted = []
-        p = phys
-        for size in sizes[k:k + count]:
-            wanted.append((p, size))
-            p += size
-        k += count
-        got: list = []
-        if _decode_many(body[start:end], phys, wanted, 0, ident, got) != count:
-            return None
-        out += got
-    for m in out:
-        if isinstance(m, Exception):
-            return None
-    new = tuple.__new__
-    return [new(StoredMessage, m[:5] + (first + i,) + m[6:]) for i, m in enumerate(out)]
-
-
-_decode_many = c_decode_many or decode_many      # the C decoder when built (store/_append.c)
 
 
 class _Result:
@@ -177,7 +124,7 @@ class RemoteStore:
         # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/remote_reads.py
         r = self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
                                      track_later=self._track_later, heard=self.heard, follow=self.max_offset,
-                                     decode=_pulled, ask_history=self._ask_history)
+                                     decode=pulled, ask_history=self._ask_history)
         for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
             setattr(self, name, getattr(r, name))
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
@@ -385,7 +332,7 @@ class RemoteStore:
                         queue, offset, e)
             self.loop.call_later(1.0, self._tell, {queue})
             return
-        header, msgs = _pulled(f.result())
+        header, msgs = pulled(f.result())
         m.min_offset = int(header.get("min_offset", m.min_offset))
         msgs = [it for it in msgs if it.queue_offset < m.base]
         self._drop_back(m)

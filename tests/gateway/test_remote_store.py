@@ -174,7 +174,7 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
     """PUSH_RAW records are checked where they are decoded: they read back as the store wrote
     them, with the light queue's offsets; one damaged byte and the queue's entries are refused
     (the gateway pulls them instead, where the store reports and skips)."""
-    from lmqtt.gateway.remote_store import decode_raw_entries
+    from lmqtt.gateway.remote_entries import decode_raw_entries
     from lmqtt.store import MessageStore, StoreConfig, protocol as W
     from lmqtt.store.fastpath import raw_runs
 

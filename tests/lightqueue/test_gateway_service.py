@@ -420,7 +420,7 @@ def test_raw_push_watchers_get_the_records_as_written(lmqtt_store):
     order, each once, with their dispatch queues; a pull still moves the connection's cursor."""
     import asyncio
 
-    from lmqtt.gateway.remote_store import decode_raw_entries
+    from lmqtt.gateway.remote_entries import decode_raw_entries
     from lmqtt.store import protocol as W
     from lmqtt.store.client.aio import connect_async
 
