@@ -31,6 +31,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "sdk": ("lmqtt.loadtest.sdk_bench", "SDK produce/pull/POP vs Redis Streams; SDK -> MQTT latency"),
     "spark": ("lmqtt.loadtest.spark_bench", "Spark over the store: batch read vs Parquet/JSON, publish -> alert latency"),
     "restart": ("lmqtt.loadtest.restart_bench", "Time to be back after a restart with N persistent sessions (vs Mosquitto)"),
+    "ab": ("lmqtt.loadtest.ab_bench", "Two versions (git revisions or trees) through store/lightqueue/compare, alternated"),
     "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
 }
 
