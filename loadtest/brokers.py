@@ -11,9 +11,9 @@ and the tail of its log instead of failing the whole comparison.
 * ``amqtt``: the ``amqtt`` console script of this Python (3.1.1 only), anonymous auth plugin only
   (the default config also loads packet/event loggers, which would benchmark logging).
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
-* ``lmqtt-workers``: ``lmqtt serve --workers 2`` (a store process, a private redis-server and two
-  gateway processes sharing the MQTT port with SO_REUSEPORT; gateway/workers.py).
-* ``lmqtt-fleet``: ``lmqtt store`` + two ``lmqtt gateway`` on their own ports + ``redis-server``
+* ``lmqtt-workers``: ``lmqtt serve --workers 2`` (a store process and two gateway processes
+  sharing the MQTT port with SO_REUSEPORT; gateway/workers.py).
+* ``lmqtt-fleet``: ``lmqtt store`` + two ``lmqtt gateway`` on their own ports, no Redis
   (loadtest/fleet_launcher.py); the bench client puts subscribers on the other gateway than
   their publishers (ScenarioConfig.ports), so every message crosses gateways.
 
@@ -334,7 +334,7 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
                     *common], "lmqtt (serve --workers 2)"
         ports = f"{port},{extra_ports[0] if extra_ports else free_port()}"
         return [sys.executable, "-m", "lmqtt.loadtest.fleet_launcher", "--ports", ports, *common], \
-            "lmqtt (store + 2 gateways + redis)"
+            "lmqtt (store + 2 gateways)"
     if name == "lmqtt":
         module = "lmqtt.gateway.cli"
         if lmqtt_src:
@@ -392,7 +392,7 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv, extra,
                        [mbase, mbase + 1] if mbase else [])
     if name in ("lmqtt-workers", "lmqtt-fleet"):
-        ready_timeout = max(ready_timeout, 60.0)     # a store, redis and two gateways start in turn
+        ready_timeout = max(ready_timeout, 60.0)     # a store and two gateways start in turn
     if not all(wait_port(host, p, ready_timeout, proc) for p in [port, *extra]):
         rc = proc.poll()
         rb.stop()

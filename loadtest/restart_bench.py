@@ -1,7 +1,7 @@
 """`lmqtt bench restart`: how long a broker takes to be back, serving, after a restart with N
 persistent sessions to restore (a rolling update, a crash, a maintenance restart).
 
-For each broker (`lmqtt`: `lmqtt serve`; `lmqtt-fleet`: a store, two gateways and Redis, the
+For each broker (`lmqtt`: `lmqtt serve`; `lmqtt-fleet`: a store and two gateways, the
 sessions created on the gateways in turn, each gateway restoring those it served; `mosquitto` with
 persistence to its db file, written at shutdown), in a fresh data directory: `--sessions` clients
 CONNECT with a persistent session (3.1.1 clean session 0) and SUBSCRIBE to a wildcard filter of
