@@ -35,8 +35,8 @@ class GatewayConfig:
     # protocol limits
     max_packet_size: int = 4 << 20 | 1024   # store max message size + header room
     # cap on the client's Receive Maximum (outbound QoS 1/2 window; a 3.1.1 client has none). A
-    # subscriber that acks in batches (every few ms) gets at most this many messages per batch:
-    # 100 held a fan-in subscriber napping 10 ms per read to ~8k msg/s (docs/gateway.md).
+    # subscriber that acks in batches (every few ms) gets at most this many messages per batch, so
+    # a small cap bounds its rate (100 per 10 ms between reads is 10,000 msg/s at most).
     max_inflight: int = 1000
     max_keepalive: int = 65535
     max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80; 0 = unlimited
@@ -90,7 +90,7 @@ class GatewayConfig:
     # store: dispatch on the appending (event-loop) thread when the dispatch thread is idle
     # (StoreConfig.dispatch_inline, docs/store.md "Inline dispatch"). Then the new entries are
     # visible when the append returns: subscribers get them in the same loop callback, fed from the
-    # batch in hand (no pull, no thread hop; docs/gateway.md "Performance").
+    # batch in hand (no pull, no thread hop; docs/gateway.md "The QoS 1 hot path").
     dispatch_inline: bool = True
     gc_gen0_threshold: int = 10000
     # the store's native protocol (docs/protocol.md) served by `lmqtt serve` too, so the SDK works
@@ -102,7 +102,7 @@ class GatewayConfig:
     # process; `reuse_port` (SO_REUSEPORT) lets several processes listen on the same port
     workers: int = 1
     reuse_port: bool = False
-    # listeners beside the plain MQTT `port`, all on `host`; 0 = off (docs/gateway.md "Security")
+    # listeners beside the plain MQTT `port`, all on `host`; 0 = off (docs/gateway.md "Security and listeners")
     tls_port: int = 0                 # MQTT over TLS (needs cert, key)
     ws_port: int = 0                  # MQTT over WebSocket, path /mqtt, subprotocol mqtt
     wss_port: int = 0                 # MQTT over secure WebSocket (same cert/key)

@@ -163,8 +163,8 @@ def _tune_gc(cfg) -> None:
 
 
 def check_data_dir(path: str) -> str | None:
-    """None if `path` can be created and written, else the real reason (startup errors must name
-    their cause: an unwritable data dir used to surface as "cannot listen")."""
+    """None if `path` can be created and written, else the real reason (startup errors name their
+    cause: an unwritable data dir is reported as such, not as a listener that cannot start)."""
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".write-test-{os.getpid()}")

@@ -17,7 +17,7 @@ lightqueue/gateway_service.py; they hear of new data by EVENT frames on their co
 The wills of a gateway whose store connection stays gone longer than `--will-grace-s` (and is
 not back) are published by the store itself (docs/fleet.md "Wills in a fleet"); every
 `--session-sweep-s` the sessions such a gateway served last are checked, and the expired ones end
-(lightqueue/session_sweep.py, docs/fleet.md "Sessions in a fleet").
+(lightqueue/session_sweep.py, docs/fleet.md "Sessions across gateways").
 """
 from __future__ import annotations
 

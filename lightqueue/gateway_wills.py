@@ -37,8 +37,8 @@ from lmqtt.store import Message
 from .errors import MetadataError
 from .topics import validate_topic
 
-# the events of this module were logged by gateway_service.py before it moved here: the same
-# logger name keeps the store's log output (and what operators filter it by) unchanged
+# logged under the store's gateway-service logger name, with the other gw_* commands' events, so
+# operators filter the store's log output for them by one name
 log = logging.getLogger("lmqtt.lightqueue.gateway_service")
 
 # client ids remembered per absent gateway whose wills the store published (told at its gw_hello)

@@ -9,9 +9,10 @@ same topic are merged).
 
 Why leading edge: the first event after a quiet window is delivered at once (next loop iteration),
 later ones wait until `window_s` after the previous delivery. Names keep merging while a delivery is
-pending, so under load a busy loop coalesces by itself. The previous trailing-edge timer (arm on the
-loop, then `call_later(window_s)`) put two extra loop iterations plus the whole window on *every*
-message's path — measurable in p50/p99 at a fixed 5,000 msg/s (docs/gateway.md "Performance").
+pending, so under load a busy loop coalesces by itself. A trailing-edge timer (arm on the loop,
+then `call_later(window_s)`) would put two extra loop iterations plus the whole window on *every*
+message's path, which shows in p50/p99 at a fixed 5,000 msg/s (docs/gateway.md "The QoS 1 hot
+path").
 
 Why no hop when the loop itself dispatched: with the store's inline dispatch the listener runs on
 the event-loop thread, inside the append. A `call_soon_threadsafe` there costs a self-pipe write and
