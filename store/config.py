@@ -10,7 +10,7 @@ FLUSH_MODES = ("sync", "async", "async+buffer")
 class StoreConfig:
     """Configuration of a `MessageStore`.
 
-    Defaults follow RocketMQ (seed 001): async flush every 500 ms or when >= 4 pages are dirty, a
+    Defaults follow RocketMQ's message store: async flush every 500 ms or when >= 4 pages are dirty, a
     thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
     """
 
@@ -19,7 +19,8 @@ class StoreConfig:
     flush_mode: str = "async"
     max_message_size: int = 4 << 20
     max_topic_bytes: int = 4096
-    # async flush (seed 001: flushIntervalCommitLog / flushCommitLogLeastPages / thorough interval)
+    # async flush (RocketMQ's flushIntervalCommitLog / flushCommitLogLeastPages /
+    # flushCommitLogThoroughInterval)
     flush_interval_ms: int = 500
     flush_least_pages: int = 4
     flush_thorough_interval_ms: int = 10_000

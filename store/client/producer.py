@@ -1,4 +1,4 @@
-"""Producers: `Producer` (send, send_async, send_batch) and `AutoBatchProducer` (seed 003).
+"""Producers: `Producer` (send, send_async, send_batch) and `AutoBatchProducer`.
 
 Every PRODUCE carries the producer id and a sequence number per batch; the store remembers the
 last batches of each producer id, so a batch re-sent after a lost connection is stored once and
@@ -302,7 +302,7 @@ class _Batch:
 
 
 class AutoBatchProducer:
-    """AutoBatch (seed 003): `send()` only queues; messages are flushed as ONE PRODUCE frame when
+    """AutoBatch (as RocketMQ 5's producer AutoBatch): `send()` only queues; messages are flushed as ONE PRODUCE frame when
     `batch_bytes` are queued or `linger_ms` passed since the first, by a background thread.
     `max_memory` bounds queued + in-flight bytes: `send()` blocks when it is reached
     (back-pressure instead of unbounded memory). `send()` returns a `SendFuture` of the
