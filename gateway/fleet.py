@@ -32,7 +32,6 @@ from lmqtt.gateway.persistence import INFLIGHT
 from lmqtt.gateway.session_registry import SessionRegistry
 from lmqtt.gateway.shared import group_consumer
 from lmqtt.gateway.store_api import ReadAhead, StoreReads
-from lmqtt.lightqueue import topics as T
 
 log = logging.getLogger("lmqtt.gateway.fleet")
 
@@ -348,10 +347,8 @@ class FleetSessionRegistry(SessionRegistry):
         mirrored, for each shared group not on this gateway yet the group's committed offset
         and, for a group with none, the queue's start, and the messages it had in flight when it
         went offline (resumed with their packet ids, persistence.restore_inflight)."""
-        users = self.subscriptions.filter_users
         groups = self.subscriptions.groups
-        register = list(dict.fromkeys(rs.filter for rs in rec.subscriptions
-                                      if T.is_wildcard(rs.filter) and not users.get(rs.filter)))
+        register = self.subscriptions.unheld(rs.filter for rs in rec.subscriptions)
         watch = [rs.filter for rs in rec.subscriptions if not rs.share_group]
         new_groups = [(rs.share_group, rs.filter) for rs in rec.subscriptions
                       if rs.share_group and (rs.share_group, rs.filter) not in groups]
@@ -426,13 +423,7 @@ class FleetSessionRegistry(SessionRegistry):
         # holders in between (the last unregistration drops a filter's queue with its entries)
         old = self.sessions.pop(client_id, None)
         new = self._session_from(rec, offsets, last)
-        # `restore` counts wildcard filters without registering them (at start sync_store_filters
-        # does); here a filter this gateway did not use yet must be held in the store NOW, before
-        # anything else lets go of it (the gateway the client left drops its holds)
-        users = self.subscriptions.filter_users
-        for sub in new.subs.values():
-            if users.get(sub.queue) == 1:
-                self.subscriptions.store.register_filter(sub.queue)
+        self.subscriptions.hold_restored(new)
         if old is not None:
             self._drop_copy(old)
         self.metrics.sessions.set(len(self.sessions))

@@ -17,7 +17,10 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   go_online(session) / go_offline(session)
                                     the session's connection arrived / left: start or stop reading
   remove_all(session)               the session ended
-  sync_store_filters()              after restoring: the store registers exactly the filters in use
+  sync_store_filters()              after restoring at start: the store registers exactly the filters in use
+  hold_restored(session)            a session restored while running (a fleet's reload): its filters
+                                    new here are registered now
+  unheld(filters)                   which wildcard filters a new user would register (read ahead)
   is_current(group)                 whether a group object is still the live one (offset flushes)
 """
 from __future__ import annotations
@@ -48,7 +51,7 @@ class SubscriptionRegistry:
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
-        self.filter_users: dict[str, int] = {}                  # wildcard filter -> local users
+        self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         # called before a wildcard filter is registered with the store (the broker: append the
         # publishes already routed without it, so that every record appended after the
         # registration carries the filter: the seam of subscribing from the past, replay.py)
@@ -83,7 +86,7 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
-            if T.is_wildcard(flt) and not self.filter_users.get(flt) and flt not in register:
+            if T.is_wildcard(flt) and not self._filter_users.get(flt) and flt not in register:
                 register.append(flt)
             if since is not None:
                 if group is None:                 # (a shared one is refused)
@@ -185,7 +188,7 @@ class SubscriptionRegistry:
         """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
         s.subs[sub.filter] = sub
         if T.is_wildcard(sub.queue):
-            self.filter_users[sub.queue] = self.filter_users.get(sub.queue, 0) + 1
+            self._filter_users[sub.queue] = self._filter_users.get(sub.queue, 0) + 1
         if sub.group is None:
             s.direct[sub.queue] = sub
             s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue) if offset is None else offset)
@@ -228,31 +231,54 @@ class SubscriptionRegistry:
         registration each); non-persistent sessions alive at a crash left registrations behind."""
         registered = self.store.registered_filters()
         for f, n in registered.items():
-            want = 1 if f in self.filter_users else 0
+            want = 1 if f in self._filter_users else 0
             while n > want:
                 n = self.store.unregister_filter(f)
-        missing = [f for f in self.filter_users if registered.get(f, 0) == 0]
+        missing = [f for f in self._filter_users if registered.get(f, 0) == 0]
         if missing:
             self.store.register_filters(missing)
+
+    def unheld(self, filters) -> list[str]:
+        """The wildcard filters among `filters` that no subscription here holds (in order, each
+        once): those a new user would register with the store, so a reader ahead (a fleet
+        gateway loading a session) registers them before the session is restored."""
+        users = self._filter_users
+        return list(dict.fromkeys(f for f in filters if T.is_wildcard(f) and not users.get(f)))
+
+    def hold_restored(self, s: Session) -> None:
+        """`s` was just restored while the gateway runs (a fleet gateway reloading a session from
+        the store): register with the store the wildcard filters nobody else here uses. `restore`
+        only counts users (at start `sync_store_filters` registers them all at once); here a
+        filter new to this gateway must be held NOW, before anything else lets go of it (the
+        gateway the client left drops its holds, and the last unregistration drops the filter's
+        queue). Counted per filter: a session with a direct and a shared subscription on one
+        filter is still its only user."""
+        mine: dict[str, int] = {}
+        for sub in s.subs.values():
+            if T.is_wildcard(sub.queue):
+                mine[sub.queue] = mine.get(sub.queue, 0) + 1
+        for q, n in mine.items():
+            if self._filter_users.get(q) == n:
+                self.store.register_filter(q)
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):
             return
-        n = self.filter_users.get(q, 0)
+        n = self._filter_users.get(q, 0)
         if n == 0:
             if self.before_register is not None:
                 self.before_register()
             self.store.register_filter(q)
-        self.filter_users[q] = n + 1
+        self._filter_users[q] = n + 1
 
     def _release_filter(self, q: str) -> None:
         if not T.is_wildcard(q):
             return
-        n = self.filter_users.get(q, 0) - 1
+        n = self._filter_users.get(q, 0) - 1
         if n > 0:
-            self.filter_users[q] = n
+            self._filter_users[q] = n
             return
-        self.filter_users.pop(q, None)
+        self._filter_users.pop(q, None)
         try:
             self.store.release_filter(q)
         except Exception as e:

@@ -1,0 +1,131 @@
+"""`SubscriptionRegistry` (gateway/subscriptions.py) as the single owner of this gateway's filter
+registrations with the store, built on a recording fake store: every register/release the store
+sees, including those of a fleet gateway reloading a session (gateway/fleet.py), goes through
+the registry's own counts."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from lmqtt.gateway.fleet import FleetSessionRegistry
+from lmqtt.gateway.persistence import SessionPersistence
+from lmqtt.gateway.session import ClientSubscription, Session
+from lmqtt.gateway.subscriptions import SubscriptionRegistry
+from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
+
+
+class Metadata:
+    """The metadata store's face: offsets and session records written, nothing read back."""
+    gateway_id = "gw-test"
+
+    def __init__(self) -> None:
+        self.offsets: dict = {}
+
+    def set_offsets(self, consumer, offsets) -> None:
+        self.offsets.setdefault(consumer, {}).update(offsets)
+
+    def get_offset(self, consumer, queue):
+        return self.offsets.get(consumer, {}).get(queue)
+
+    def delete_offsets(self, consumer, queues) -> None:
+        for q in queues:
+            self.offsets.get(consumer, {}).pop(q, None)
+
+    def put_session(self, cid, rec) -> None:
+        return None
+
+    def delete_session(self, cid) -> None:
+        pass
+
+
+class Store:
+    """A GatewayStore that records the filter registrations it is asked for."""
+    reads_ahead = False
+
+    def __init__(self) -> None:
+        self.metadata = Metadata()
+        self.calls: list[tuple[str, str]] = []
+
+    def register_filter(self, f: str) -> int:
+        self.calls.append(("register", f))
+        return 1
+
+    def release_filter(self, f: str) -> None:
+        self.calls.append(("release", f))
+
+    def start_offset(self, q: str) -> int:
+        return 0
+
+    def max_offset(self, q: str) -> int:
+        return 0
+
+    def offset_read_ahead(self, consumer: str, q: str):
+        return False, None
+
+
+class Delivery:
+    """The DeliveryEngine's face: readers and groups are only noted."""
+
+    def __init__(self) -> None:
+        self.histories: dict = {}
+
+    def add_reader(self, s, q) -> None: ...
+    def remove_reader(self, s, q) -> None: ...
+    def add_group(self, g) -> None: ...
+    def remove_group(self, g) -> None: ...
+    def kick_queue(self, q) -> None: ...
+
+
+def _registry():
+    store = Store()
+    return SubscriptionRegistry(store, Delivery(), SessionPersistence(store.metadata)), store
+
+
+def _sub(flt: str, group: str | None = None) -> ClientSubscription:
+    return ClientSubscription(f"$share/{group}/{flt}" if group else flt, flt, 1, group)
+
+
+def test_one_registration_per_filter_however_many_local_users():
+    reg, store = _registry()
+    a, b = Session("a"), Session("b")
+    reg.add(a, _sub("w/+"))
+    reg.add(b, _sub("w/+", "g"))
+    reg.add(b, _sub("plain"))                     # not a wildcard: nothing to register
+    assert store.calls == [("register", "w/+")]
+    assert reg.unheld(["w/+", "x/#", "x/#", "plain"]) == ["x/#"]
+    reg.remove_all(a)
+    assert store.calls == [("register", "w/+")]   # the group still reads it
+    reg.remove_all(b)
+    assert store.calls == [("register", "w/+"), ("release", "w/+")]
+    assert reg.unheld(["w/+"]) == ["w/+"]
+
+
+def test_a_session_restored_while_running_holds_the_filters_only_it_uses():
+    reg, store = _registry()
+    other = Session("other")
+    reg.add(other, _sub("held/+"))
+    store.calls.clear()
+    s = Session("back")
+    for sub in (_sub("p/+"), _sub("p/+", "g"), _sub("held/+"), _sub("exact/t")):
+        reg.restore(s, sub, None)
+    assert store.calls == []                      # restore counts, it does not register
+    reg.hold_restored(s)
+    # one registration for the direct and the shared subscription on p/+; held/+ already is
+    assert store.calls == [("register", "p/+")]
+    reg.remove_all(s)
+    assert store.calls == [("register", "p/+"), ("release", "p/+")]
+
+
+def test_a_fleet_reload_registers_a_filter_new_here_even_with_two_subscriptions_on_it():
+    """A session coming back from another gateway with a direct and a shared subscription on one
+    wildcard filter: this gateway must hold the filter in the store, else the other gateway's
+    release (its copy dropped) leaves nobody holding it and the filter stops being indexed."""
+    reg, store = _registry()
+    metadata = store.metadata
+    metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
+    fleet = FleetSessionRegistry(None, metrics, metadata, reg.persist, reg, publish=None)
+    rec = SessionRecord("moved", 5, 3600, int(time.time() * 1000),
+                        [SubscriptionRecord("p/+", 1), SubscriptionRecord("p/+", 1, share_group="g")])
+    fleet._reload("moved", rec, {})
+    assert set(fleet.sessions["moved"].subs) == {"p/+", "$share/g/p/+"}
+    assert store.calls == [("register", "p/+")]
