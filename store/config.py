@@ -10,8 +10,8 @@ FLUSH_MODES = ("sync", "async", "async+buffer")
 class StoreConfig:
     """Configuration of a `MessageStore`.
 
-    Defaults follow RocketMQ's message store: async flush every 500 ms or when >= 4 pages are dirty, a
-    thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
+    Defaults follow RocketMQ's message store: async flush every 500 ms or when >= 4 pages are
+    dirty, a thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
     """
 
     data_dir: str

@@ -1,4 +1,5 @@
-"""POP consumption (as RocketMQ 5's POP consumers): store-side load balancing for SDK consumer groups.
+"""POP consumption (as RocketMQ 5's POP consumers): store-side load balancing for SDK consumer
+groups.
 
 Many stateless consumers share a group without rebalancing: each `pop` hands out messages of a
 ConsumeQueue that no other member holds, invisible to the others for `invisible_ms`. `ack` removes

@@ -302,8 +302,9 @@ class _Batch:
 
 
 class AutoBatchProducer:
-    """AutoBatch (as RocketMQ 5's producer AutoBatch): `send()` only queues; messages are flushed as ONE PRODUCE frame when
-    `batch_bytes` are queued or `linger_ms` passed since the first, by a background thread.
+    """AutoBatch (as RocketMQ 5's producer AutoBatch): `send()` only queues; messages are flushed
+    as ONE PRODUCE frame when `batch_bytes` are queued or `linger_ms` passed since the first, by a
+    background thread.
     `max_memory` bounds queued + in-flight bytes: `send()` blocks when it is reached
     (back-pressure instead of unbounded memory). `send()` returns a `SendFuture` of the
     SendResult; code that does not need each offset just calls `send()` and then `flush()` (waits
