@@ -81,7 +81,7 @@ class BacklogRuns:
         outbound = s.outbound
         inflight = cur.inflight
         room = s.receive_max - len(outbound)
-        pid = s._next_pid
+        pid = s.next_pid
         nxt = cur.next_offset
         run: list = []
         append = run.append
@@ -114,7 +114,7 @@ class BacklogRuns:
                 # the per-message path, after what the run holds so far
                 if run:
                     _write_run(conn, run, v5)
-                s._next_pid = pid
+                s.next_pid = pid
                 cur.next_offset = nxt
                 if self._feed_session(s, q, [self._item(m)], off + 1):
                     over = True
@@ -123,7 +123,7 @@ class BacklogRuns:
                     nxt = cur.next_offset
                     break
                 nxt = off + 1
-                pid = s._next_pid
+                pid = s.next_pid
                 room = s.receive_max - len(outbound)
                 if over:
                     break
@@ -159,7 +159,7 @@ class BacklogRuns:
                 break
         if run:
             _write_run(conn, run, v5)
-        s._next_pid = pid
+        s.next_pid = pid
         if complete and not over and nxt < next_offset:
             nxt = next_offset
         cur.next_offset = nxt

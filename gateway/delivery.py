@@ -483,7 +483,7 @@ class DeliveryEngine:
                 break
             retain = rec.retain if rap else False
             if qos:
-                pid = s._next_pid                      # inline alloc_pid (room > 0: a free id exists)
+                pid = s.next_pid                       # inline alloc_pid (room > 0: a free id exists)
                 while pid in outbound:
                     pid = pid % 65535 + 1
             else:
@@ -516,7 +516,7 @@ class DeliveryEngine:
                 write(data)
                 sent0 += 1
             else:
-                s._next_pid = pid % 65535 + 1
+                s.next_pid = pid % 65535 + 1
                 inf = outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
                 if ids is not None:
                     inf.sub_ids = ids

@@ -58,7 +58,7 @@ def inflight_state(s: "Session") -> dict | None:
         nxt[q] = cursors[q].next_offset
     if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2):
         return None
-    return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s._next_pid}
+    return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
 
 
 def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:
@@ -103,7 +103,7 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
     for q, n in moved.items():
         s.cursors[q].next_offset = max(s.cursors[q].next_offset, n)
     s.inbound_qos2.update(int(p) for p in state.get("in2", ()))
-    s._next_pid = int(state.get("pid") or 1)
+    s.next_pid = int(state.get("pid") or 1)
     return len(resumed)
 
 

@@ -85,7 +85,7 @@ def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
     # None when it takes the general path: most retained messages share a few values (one per
     # publisher and QoS), so the checks run once per value, not per message
     kinds: dict = {}
-    pid = s._next_pid            # allocated here as Session.alloc_pid does, without a call each
+    pid = s.next_pid             # allocated here as Session.alloc_pid does, without a call each
     try:
         for batch in found:
             for topic, payload, value in batch:
@@ -117,13 +117,13 @@ def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
                         chunk = min(chunk * 2, RUN_FLUSH_MAX)
                     continue
                 # the general path: expiry, MQTT 5 properties, QoS 2, No Local, a full window
-                s._next_pid = pid
+                s.next_pid = pid
                 _send_one(metadata, s, topic, payload, value, sub_qos, no_local, client_id, ids, now_ms,
                           run, room <= 0)
-                pid = s._next_pid
+                pid = s.next_pid
                 room = s.receive_max - len(outbound)
     finally:
-        s._next_pid = pid
+        s.next_pid = pid
         if run:
             _write_run(s, run)
 

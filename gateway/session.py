@@ -224,7 +224,7 @@ class Session:
     # no per-session __dict__ (one per connected or persisted client)
     __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
                  "inbound_qos2", "inbound_pending", "conn", "receive_max", "expiry_handle",
-                 "disconnected_at_ms", "retained_backlog", "_next_pid", "max_packet", "alias_max",
+                 "disconnected_at_ms", "retained_backlog", "next_pid", "max_packet", "alias_max",
                  "aliases", "custom", "dropped_expired", "dropped_too_large")
 
     def __init__(self, client_id: str) -> None:
@@ -244,7 +244,9 @@ class Session:
         # QoS 1/2 retained messages waiting for the window: (message, qos, subscription identifiers);
         # () until one waits (`wait_retained`: an empty deque is 600 bytes, per client)
         self.retained_backlog: deque[tuple[OutboundMessage, int, tuple[int, ...] | None]] | tuple = ()
-        self._next_pid = 1
+        # where the search for the next free packet id starts (`alloc_pid`; the delivery loops
+        # allocate inline from it and store back the id after the last one they used)
+        self.next_pid = 1
         # MQTT 5 limits the client set in CONNECT (per connection: reset by `set_client_limits`)
         self.max_packet = 0               # client's Maximum Packet Size; 0 = none
         self.alias_max = 0                # client's Topic Alias Maximum: aliases we may send
@@ -355,10 +357,10 @@ class Session:
         out = self.outbound
         if len(out) >= 65535:
             raise RuntimeError("no free packet identifier (65535 messages in flight)")
-        pid = self._next_pid
+        pid = self.next_pid
         while pid in out:
             pid = pid % 65535 + 1
-        self._next_pid = pid % 65535 + 1
+        self.next_pid = pid % 65535 + 1
         return pid
 
     def window_open(self) -> bool:
