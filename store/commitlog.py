@@ -69,7 +69,7 @@ class CommitLog:
         self.corrupt_ranges: list[tuple[int, int]] = []
         self.group_commit = None  # set by MessageStore in sync mode
         # Recently appended records kept as their fields (keep_recent(); off by default):
-        # phys -> (topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq).
+        # phys -> a tuple of store.message.RECENT_FIELDS.
         # read() serves them without slicing the map, CRC-checking and decoding again: the
         # light-queue delivery path reads nearly every record right after dispatch, and that
         # decode was most of a pull. Only bytes bodies/props are kept (immutable), FIFO-bounded.
@@ -321,6 +321,7 @@ class CommitLog:
                 self.queue_table[key] = qoff + 1
                 new = tuple.__new__
                 if self._recent_max_records and type(body) is bytes and type(props) is bytes:
+                    # in store.message.RECENT_FIELDS order
                     self._recent_add([phys], [(topic, body, props, qid, qoff, flags, total, born, store_ts,
                                                keys, dq)], total)
                 if self.live_enabled:
@@ -393,10 +394,13 @@ class CommitLog:
         if mf is None:
             raise NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, {self.wrote})")
         t = self._recent.get(phys)
-        if t is not None and (size is None or size == t[6]):
-            # (topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq) as appended
-            return _new(StoredMessage, (t[0], t[1], t[2], t[3], t[5], t[4], phys, t[6], t[7], t[8],
-                                        f"{self.ident}{phys:016X}", t[9], t[10]))
+        if t is not None:
+            # the fields as appended, unpacked in store.message.RECENT_FIELDS order (one unpack is
+            # cheaper than indexing them one by one)
+            topic, body, props, queue_id, queue_offset, flags, rsize, born_ts, store_ts, keys, dq = t
+            if size is None or size == rsize:
+                return _new(StoredMessage, (topic, body, props, queue_id, flags, queue_offset, phys, rsize,
+                                            born_ts, store_ts, f"{self.ident}{phys:016X}", keys, dq))
         rel = phys - mf.start_offset
         mm = mf.mm
         try:

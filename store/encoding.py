@@ -31,7 +31,7 @@ import zlib
 from . import accel
 from .consume_queue import ENTRY as CQ_ENTRY
 from .errors import InvalidMessage
-from .message import DispatchRequest, Message
+from .message import RECENT_FIELDS, DispatchRequest, Message
 from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX,
                      check_size)
 
@@ -66,6 +66,7 @@ LAYOUT = {
     "cq_entry_format": CQ_ENTRY.format,
     "ti_topic_bytes": TI_TOPIC_BYTES, "ti_first_level": TI_FIRST_LEVEL, "ti_tags": TI_TAGS,
     "ti_dq": TI_DQ, "ti_dq_bytes": TI_DQ_BYTES, "ti_len": TI_LEN,
+    "recent_fields": RECENT_FIELDS,
 }
 assert PREFIX.size <= MIN_BLANK and PREFIX3.size == CRC_START
 
@@ -220,6 +221,7 @@ def encode_py(cl, msgs: list, phys: int, seg_end: int, store_ts: int, want_recen
             size_append(total)
             if recent is not None and type(body) is bytes and type(props) is bytes:
                 recent_offs.append(phys)
+                # in store.message.RECENT_FIELDS order
                 recent.append((topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq))
             qoff += 1
             phys += total

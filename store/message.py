@@ -148,6 +148,20 @@ CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_KEYED, CHUNK_CQ = range(5)
  DR_KEYS, DR_DISPATCH_QUEUES) = range(11)
 assert _DR_FIELDS[DR_STORE_TS] == "store_ts" and _DR_FIELDS[DR_DISPATCH_QUEUES] == "dispatch_queues"
 
+# The fields of one recently appended record as the CommitLog keeps them for read() (keep_recent):
+# what a StoredMessage holds but its phys_offset (the key they are kept under) and msg_id (made
+# from it), so read() rebuilds the StoredMessage without decoding. A plain tuple, not a named one:
+# the encoders build one per record (a tuple display is the cheapest object there is), and read()
+# unpacks it in this order into named locals. The Python encoders build it in this order; the C
+# encoder receives RECENT_FIELDS in its layout (store.encoding.LAYOUT) and puts each value at the
+# position of its name (store/_append.c).
+RECENT_FIELDS = ("topic", "body", "props", "queue_id", "queue_offset", "flags", "size", "born_ts", "store_ts",
+                 "keys", "dispatch_queues")
+(RF_TOPIC, RF_BODY, RF_PROPS, RF_QUEUE_ID, RF_QUEUE_OFFSET, RF_FLAGS, RF_SIZE, RF_BORN_TS, RF_STORE_TS, RF_KEYS,
+ RF_DISPATCH_QUEUES) = range(len(RECENT_FIELDS))
+# every field of a StoredMessage is either kept or derived from the offset: read() can rebuild it
+assert set(RECENT_FIELDS) == set(_SM_FIELDS) - {"phys_offset", "msg_id"}
+
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""

@@ -13,7 +13,8 @@ from lmqtt.store import Message, StoreConfig, accel, commitlog, encoding
 from lmqtt.store.commitlog import CommitLog
 from lmqtt.store.errors import InvalidMessage
 from lmqtt.store.message import (CHUNK_CQ, CHUNK_KEYED, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS,
-                                 DR_DISPATCH_QUEUES, DR_PHYS, DR_STORE_TS, DispatchRequest)
+                                 DR_DISPATCH_QUEUES, DR_PHYS, DR_STORE_TS, RECENT_FIELDS, RF_FLAGS,
+                                 RF_QUEUE_OFFSET, DispatchRequest)
 from lmqtt.store.record import HEADER_SIZE, decode
 
 STORE_TS_S = 1_700_000_000.123
@@ -107,6 +108,43 @@ def test_chunk_and_dispatch_request_positions_name_the_columns(tmp_path, monkeyp
     assert (run[DR_PHYS], run[DR_STORE_TS], run[DR_DISPATCH_QUEUES]) == (0, STORE_TS, ("a", "#"))
 
 
+def recent_of_append_one(tmp_path, msgs, monkeypatch):
+    cl = new_log(tmp_path, "recent-one")
+    cl.keep_recent(1 << 20, 10_000)
+    monkeypatch.setattr(commitlog.time, "time", lambda: STORE_TS_S)
+    for m in msgs:
+        cl.append_one(m, None, "x")
+    return [(p, cl._recent[p]) for p in sorted(cl._recent)]
+
+
+def recent_of_batch(tmp_path, name, msgs, fast):
+    cl = new_log(tmp_path, name)
+    if fast is None:
+        r = encoding.encode_py(cl, msgs, 0, SEG, STORE_TS, True)
+    else:
+        r = fast.encode(msgs, cl, cl._topic_cache, cl._names_cache, cl.queue_table, 0, SEG, SEG, STORE_TS,
+                        cl.cfg.max_message_size, True)
+    return list(zip(r[7], r[8]))
+
+
+def test_recent_fields_hold_what_their_names_say(tmp_path, monkeypatch):
+    """Every writer keeps a recent record's fields at the positions RECENT_FIELDS names (read()
+    unpacks them in that order): each slot equals the decoded record's field of that name."""
+    msgs = sample_messages(seed=11)
+    py_bytes = bytes_by(tmp_path, "ref", msgs, None)
+    writers = {"append_one": recent_of_append_one(tmp_path, msgs, monkeypatch),
+               "encode_py": recent_of_batch(tmp_path, "recent-py", msgs, None)}
+    if commitlog._fast is not None:
+        writers["c"] = recent_of_batch(tmp_path, "recent-c", msgs, commitlog._fast)
+    kept = sum(type(m.body) is bytes for m in msgs)   # bytearray bodies are not kept (mutable)
+    for name, recent in writers.items():
+        assert len(recent) == kept, name
+        for phys, t in recent:
+            sm = decode(py_bytes, phys, phys, "0" * 16)
+            assert len(t) == len(RECENT_FIELDS)
+            assert {f: t[i] for i, f in enumerate(RECENT_FIELDS)} == {f: getattr(sm, f) for f in RECENT_FIELDS}, name
+
+
 # ------------------------------------------------------------------ the C encoder's layout check
 needs_c = pytest.mark.skipif(encoding.c_encoder is None, reason="C encoder not built or LMQTT_PURE_PYTHON set")
 
@@ -128,6 +166,8 @@ def c_mod():
     ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
     ({"cq_entry_format": "<QQQ"}, "ConsumeQueue"),
     ({"ti_dq": 10}, "ti_dq"),
+    ({"recent_fields": RECENT_FIELDS[:-1]}, "recent_fields"),
+    ({"recent_fields": RECENT_FIELDS[:-1] + ("topic",)}, "recent_fields has no dispatch_queues"),
 ])
 def test_the_c_encoder_refuses_a_layout_it_does_not_write(c_mod, change, words, tmp_path):
     with pytest.raises(ValueError, match=words):
@@ -148,6 +188,21 @@ def test_the_c_encoder_reads_the_topic_info_slots_it_is_given(c_mod, tmp_path):
     encoding.configure_c(c_mod, {**encoding.LAYOUT, "ti_tags": encoding.TI_TOPIC_LEN})
     moved = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {}, *args)[3][0]
     assert good.tags_code == cl._topic_cache["a/b"][encoding.TI_TAGS] and moved.tags_code == 3
+
+
+@needs_c
+def test_the_c_encoder_puts_recent_fields_where_their_names_are(c_mod, tmp_path):
+    """Swap two names in the recent_fields it is given: the two values swap places."""
+    cl = new_log(tmp_path, "rf")
+    msgs = [Message("a/b", b"x", queue_id=3, flags=9)]
+    args = (0, SEG, SEG, STORE_TS, 4096, True)
+    good = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {("a", 3): 5}, *args)[8][0]
+    swapped = list(RECENT_FIELDS)
+    swapped[RF_QUEUE_OFFSET], swapped[RF_FLAGS] = swapped[RF_FLAGS], swapped[RF_QUEUE_OFFSET]
+    encoding.configure_c(c_mod, {**encoding.LAYOUT, "recent_fields": tuple(swapped)})
+    moved = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {("a", 3): 5}, *args)[8][0]
+    assert (good[RF_QUEUE_OFFSET], good[RF_FLAGS]) == (5, 9)
+    assert (moved[RF_QUEUE_OFFSET], moved[RF_FLAGS]) == (9, 5)
 
 
 @needs_c
