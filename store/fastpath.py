@@ -19,16 +19,18 @@ and checks each record's CRC without decoding it.
 """
 from __future__ import annotations
 
+import struct
 import sys
 import zlib
 from array import array
 from itertools import accumulate
+from operator import itemgetter
 
 from . import accel
 from . import protocol as W
 from .consume_queue import ENTRY, ENTRY_SIZE
-from .message import Message
-from .record import CRC_START, MSG_MAGIC
+from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, Message
+from .record import CRC_FIELD, CRC_START, HEADER, MSG_MAGIC, PREFIX
 
 _MSG_NEW = object.__new__
 _HEAD = W.MSG_HEAD
@@ -107,7 +109,8 @@ def produced_body(results) -> bytes:
     chunk = getattr(results, "_chunk", None)
     if chunk is None or getattr(results, "_items", None) is not None:
         return W.encode_produced([(r.phys_offset, r.queue_offset) for r in results])
-    sizes, starts, runs = chunk[0], chunk[1], chunk[2]
+    sizes, starts, runs = chunk[CHUNK_SIZES], chunk[CHUNK_STARTS], chunk[CHUNK_RUNS]
+    phys_at, qoff_at = DR_PHYS, DR_QUEUE_OFFSET      # locals: read once per run below
     n = len(sizes)
     flat = array("Q", bytes(16 * n))
     nr = len(runs)
@@ -116,11 +119,12 @@ def produced_body(results) -> bytes:
         i0 = starts[k]
         i1 = starts[k + 1] if k + 1 < nr else n
         if i1 - i0 == 1:
-            flat[2 * i0] = r[0]
-            flat[2 * i0 + 1] = r[4]
+            flat[2 * i0] = r[phys_at]
+            flat[2 * i0 + 1] = r[qoff_at]
             continue
-        flat[2 * i0:2 * i1:2] = array("Q", accumulate(sizes[i0:i1 - 1], initial=r[0]))
-        flat[2 * i0 + 1:2 * i1:2] = array("Q", range(r[4], r[4] + i1 - i0))
+        flat[2 * i0:2 * i1:2] = array("Q", accumulate(sizes[i0:i1 - 1], initial=r[phys_at]))
+        qoff = r[qoff_at]
+        flat[2 * i0 + 1:2 * i1:2] = array("Q", range(qoff, qoff + i1 - i0))
     if not _BIG_ENDIAN:
         flat.byteswap()
     return _U32.pack(n) + flat.tobytes()
@@ -206,11 +210,12 @@ def check_records_py(chunk, sizes: bytes, magic: int, crc_start: int) -> bool:
     mv = memoryview(chunk)
     crc32 = zlib.crc32
     head = _RAW_HEAD.unpack_from
+    least = _RAW_HEAD.size           # a record holds at least the three fields read here
     a = 0
     part = array("I")
     part.frombytes(sizes[:len(sizes) // 4 * 4])
     for size in part:
-        if size < 12 or size < crc_start or a + size > len(chunk):
+        if size < least or size < crc_start or a + size > len(chunk):
             return False
         rsize, m, crc = head(chunk, a)
         if rsize != size or m != magic or crc32(mv[a + crc_start:a + size]) != crc:
@@ -219,11 +224,37 @@ def check_records_py(chunk, sizes: bytes, magic: int, crc_start: int) -> bool:
     return True
 
 
-_RAW_HEAD = W.struct.Struct("<III")       # total size, magic, CRC: the first fields of a record
+# total size, magic, CRC: the first fields of a record (store/record.py), all `check_records` reads
+_RAW_HEAD = struct.Struct(PREFIX.format + CRC_FIELD.format.lstrip("<"))
+assert _RAW_HEAD.size == CRC_START and HEADER.format.startswith(_RAW_HEAD.format)
+
+# What the C loops read, from the one Python definition of each layout, handed over at import;
+# store/_fastpath.c checks it against the offsets it was written for and refuses to run until it
+# has accepted it (a ValueError here names the field that differs: rebuild the extension).
+C_LAYOUT = {
+    "cq_entry_format": ENTRY.format,
+    "cq_entry_size": ENTRY_SIZE,
+    "record_header_format": HEADER.format,
+}
+
+
+def configure_c(mod, layout: dict = C_LAYOUT) -> None:
+    """Hand the ConsumeQueue entry and record header layouts to the C module `mod`; ValueError when
+    they are not the ones its loops read."""
+    mod.configure(layout)
+
 
 _fastpath = accel.load("lmqtt.store._fastpath")
+if _fastpath is not None:
+    configure_c(_fastpath)
 _cq_runs = _fastpath.cq_runs if _fastpath is not None else cq_runs_py
 _check_records = _fastpath.check_records if _fastpath is not None else check_records_py
+
+# Positions in a RawRecord (below), which the per-record loops of this module build and read by
+# index (a global name there is a lookup per record; they copy these into locals, or build the
+# tuple in this order, which the assert ties to the names).
+RR_QUEUE_OFFSET, RR_PHYS, RR_BUF, RR_START, RR_SIZE = range(5)
+assert (RR_QUEUE_OFFSET, RR_PHYS, RR_BUF, RR_START, RR_SIZE) == (0, 1, 2, 3, 4)
 
 
 class RawRecord(tuple):
@@ -235,21 +266,18 @@ class RawRecord(tuple):
 
     __slots__ = ()
 
-    @property
-    def queue_offset(self) -> int:
-        return self[0]
-
-    @property
-    def phys_offset(self) -> int:
-        return self[1]
+    # plain C getters, as a named tuple's fields are (read per record by POP)
+    queue_offset = property(itemgetter(RR_QUEUE_OFFSET), doc="ConsumeQueue offset of the record")
+    phys_offset = property(itemgetter(RR_PHYS), doc="CommitLog offset of the record")
 
     @property
     def data(self) -> bytes:
-        return self[2][self[3]:self[3] + self[4]]
+        start = self[RR_START]
+        return self[RR_BUF][start:start + self[RR_SIZE]]
 
     def message(self, ident: str):
         from .record import decode
-        return decode(self[2], self[3], self[1], ident)
+        return decode(self[RR_BUF], self[RR_START], self[RR_PHYS], ident)
 
 
 def raw_chunks(records) -> list:
@@ -258,20 +286,37 @@ def raw_chunks(records) -> list:
     out = []
     buf = None
     a = b = 0
+    BUF, START, SIZE = RR_BUF, RR_START, RR_SIZE
     for r in records:
-        if r[2] is buf and r[3] == b:
-            b += r[4]
+        if r[BUF] is buf and r[START] == b:
+            b += r[SIZE]
             continue
         if buf is not None:
             out.append(memoryview(buf)[a:b])
-        buf, a, b = r[2], r[3], r[3] + r[4]
+        buf, a, b = r[BUF], r[START], r[START] + r[SIZE]
     if buf is not None:
         out.append(memoryview(buf)[a:b])
     return out
 
 
 _RAW_NEW = tuple.__new__
-_SIZE_AT = W.struct.Struct("<I").unpack_from
+
+
+def _header_field(i: int) -> tuple[int, struct.Struct]:
+    """(byte offset, Struct) of field `i` of the record header (store/record.py HEADER: one
+    little-endian code per field), so the cut below reads the fields where HEADER puts them."""
+    codes = HEADER.format.lstrip("<")
+    return struct.calcsize("<" + codes[:i]), struct.Struct("<" + codes[i])
+
+
+# the two fields read per record: its total size and its own CommitLog offset, at their positions
+# in HEADER (the order record.decode unpacks: total, magic, crc, queue id, flags, queue offset, phys)
+_H_TOTAL, _H_PHYS = 0, 6
+_SIZE_FROM, _SIZE_ST = _header_field(_H_TOTAL)
+_PHYS_FROM, _PHYS_ST = _header_field(_H_PHYS)
+assert _SIZE_FROM == 0            # records are cut by their leading size
+_SIZE_AT = _SIZE_ST.unpack_from
+_PHYS_AT = _PHYS_ST.unpack_from
 
 
 def read_raw_records(store, topic: str, queue_id: int, offset: int, max_count: int):
@@ -291,15 +336,13 @@ def read_raw_records(store, topic: str, queue_id: int, offset: int, max_count: i
     RR = RawRecord
     size_at = _SIZE_AT
     phys_at = _PHYS_AT
+    phys_from = _PHYS_FROM
     for _ in range(count):
         size = size_at(data, pos)[0]
-        append(new(RR, (qoff, phys_at(data, pos + 28)[0], data, pos, size)))
+        append(new(RR, (qoff, phys_at(data, pos + phys_from)[0], data, pos, size)))    # RR_* order
         pos += size
         qoff += 1
     return out
-
-
-_PHYS_AT = W.struct.Struct("<Q").unpack_from
 
 
 def find_batch(store, position: int, msgs: list, max_records: int = 4096):

@@ -95,3 +95,64 @@ def test_check_records_equals_its_reference(bodies, damage, where, junk):
         assert got == fastpath.check_records_py(*args)
     if damage == "none":
         assert _C.check_records(bytes(chunk), sizes.tobytes(), MSG_MAGIC, CRC_START) is True
+
+
+# ------------------------------------------------------------------ the layout handed to the C loops
+@pytest.fixture
+def c_mod():
+    yield _C
+    fastpath.configure_c(_C)        # whatever a test did, leave the module configured as at import
+
+
+@needs_c
+@pytest.mark.parametrize("change,words", [
+    ({"cq_entry_format": "<QQQ"}, r"ConsumeQueue entry field 1 \(size\) is 8 bytes at offset 8"),
+    ({"cq_entry_format": "<IQQ"}, r"ConsumeQueue entry field 0 \(phys_offset\) is 4 bytes"),
+    ({"cq_entry_format": "<QIQI"}, "ConsumeQueue entry format <QIQI has 4 fields"),
+    ({"cq_entry_format": ">QIQ"}, "not little-endian"),
+    ({"cq_entry_size": 24}, "cq_entry_size 24"),
+    ({"record_header_format": "<QIIIIQQQQQIIHHH"}, r"record header field 0 \(total_size\)"),
+    ({"record_header_format": "<IIHIIQQQQQIIHHH"}, r"record header field 2 \(crc\) is 2 bytes"),
+    ({"record_header_format": "<II"}, "has 2 fields, these loops read at least 3"),
+    ({"record_header_format": None}, "layout has no str record_header_format"),
+])
+def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
+    with pytest.raises(ValueError, match=words):
+        fastpath.configure_c(c_mod, {**fastpath.C_LAYOUT, **change})
+    piece = ENTRY.pack(0, 50, 0)
+    with pytest.raises(RuntimeError, match="configure"):        # unusable until configured again
+        c_mod.cq_runs(piece, 0, 100, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="configure"):
+        c_mod.check_records(_record(b"x"), array("I", [13]).tobytes(), MSG_MAGIC, CRC_START)
+    fastpath.configure_c(c_mod)
+    assert c_mod.cq_runs(piece, 0, 100, 0, 0, 0)[1] == 1
+
+
+def test_the_layout_handed_over_is_the_stores():
+    from lmqtt.store.consume_queue import ENTRY_SIZE
+    from lmqtt.store.record import HEADER
+    assert fastpath.C_LAYOUT == {"cq_entry_format": ENTRY.format, "cq_entry_size": ENTRY_SIZE,
+                                 "record_header_format": HEADER.format}
+
+
+def fresh_import_refuses(name: str, call: str) -> str:
+    """Load the extension `name` in a new interpreter without the Python module that configures it,
+    run `call` on it (as `m`) and return what it printed: the RuntimeError's message, or "ran"."""
+    import importlib
+    import subprocess
+    import sys
+    path = importlib.import_module(name).__file__
+    code = ("import importlib.util as u\n"
+            f"s = u.spec_from_file_location({name!r}, {path!r}); m = u.module_from_spec(s); s.loader.exec_module(m)\n"
+            f"try:\n    {call}\n    print('ran')\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@needs_c
+def test_an_unconfigured_module_refuses_to_run():
+    assert "lmqtt.store._fastpath.configure() was not called" in fresh_import_refuses(
+        "lmqtt.store._fastpath", "m.cq_runs(bytes(20), 0, 1, 0, 0, 0)")
+    assert "lmqtt.store._fastpath.configure() was not called" in fresh_import_refuses(
+        "lmqtt.store._fastpath", "m.check_records(b'', b'', 0, 12)")
