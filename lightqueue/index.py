@@ -42,8 +42,8 @@ from typing import Iterable, NamedTuple
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from lmqtt.store import accel
-from lmqtt.store.message import (DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE, DR_STORE_TS,
-                                  DispatchRequest)
+from lmqtt.store.message import (CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE,
+                                  DR_STORE_TS, DispatchRequest)
 
 from .errors import LightQueueError
 from .retention import IndexRetention
@@ -95,15 +95,20 @@ def _as_request(r) -> DispatchRequest:
 
 
 def _known_chunks(chunks) -> bool:
-    """True when `chunks` has the columnar layout `_take_runs` reads (store.message: per append
-    call `(sizes, starts, runs, ...)`: record sizes, the index of each run's first record, and
-    that record's DispatchRequest); else dispatch iterates the batch as DispatchRequests, which
-    is always correct, only slower."""
+    """True when `chunks` has the columnar layout `_take_runs` reads (store.message CHUNK_*: per
+    append call the record sizes, the index of each run's first record, and that record's
+    DispatchRequest); else dispatch iterates the batch as DispatchRequests, which is always
+    correct, only slower."""
+    at_sizes, at_starts, at_runs = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS
+    n = max(at_sizes, at_starts, at_runs) + 1
     for c in chunks:
-        if (type(c) is not tuple or len(c) < 3 or type(c[0]) is not list or type(c[1]) is not list
-                or type(c[2]) is not list or len(c[1]) != len(c[2]) or len(c[2]) > len(c[0])):
+        if type(c) is not tuple or len(c) < n:
             return False
-        if c[2] and (type(c[2][0]) is not DispatchRequest or c[1][0] != 0):
+        sizes, starts, runs = c[at_sizes], c[at_starts], c[at_runs]
+        if (type(sizes) is not list or type(starts) is not list or type(runs) is not list
+                or len(starts) != len(runs) or len(runs) > len(sizes)):
+            return False
+        if runs and (type(runs[0]) is not DispatchRequest or starts[0] != 0):
             return False
     return True
 
@@ -389,8 +394,9 @@ class LightQueueIndex:
             ckpt = self._ckpt
             chunks = getattr(batch, "chunks", None)
             if chunks is not None and _known_chunks(chunks):
+                at_sizes, at_starts, at_runs = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS
                 for c in chunks:
-                    sizes, starts, runs = c[0], c[1], c[2]
+                    sizes, starts, runs = c[at_sizes], c[at_starts], c[at_runs]
                     if len(runs) == len(sizes):     # one record per run: runs are the requests
                         self._take_requests(runs, ckpt)
                     else:

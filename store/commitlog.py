@@ -198,9 +198,8 @@ class CommitLog:
                 if self.mfq.find(c) is None:
                     self._new_segment(c - c % seg)
             if self.buffered:
-                for c in chunks:
-                    self.pending.append(c)
-                    self.pending_bytes += len(c[1])
+                self.pending += chunks     # (start offset, encoded bytes) per segment touched
+                self.pending_bytes += sum(len(buf) for _, buf in chunks)
                 self.wrote = phys
                 if self.pending_bytes > self.cfg.commit_buffer_max:
                     self._commit_locked()
@@ -216,11 +215,11 @@ class CommitLog:
             self.queue_table.update(assigned)
             if recent:
                 self._recent_add(recent_offs, recent, phys - start_phys)
-            # store.message CHUNK_*; cq: ConsumeQueue entries per (first level, queue id) as
-            # encoded, or None (the ConsumeQueue dispatcher packs them from the runs)
+            # a chunk, in store.message CHUNK_* order; cq: ConsumeQueue entries per (first level,
+            # queue id) as encoded, or None (the ConsumeQueue dispatcher packs them from the runs)
             chunk = (sizes, starts, runs, keyed, cq)
             if self.live_enabled:
-                self._live_add(start_phys, phys, chunk)
+                self._live_add(start_phys, phys, chunk, len(sizes))
                 if self.buffered and self.live_count > self.live_cap // 2:
                     # commit before the live hand-off overflows: past its cap dispatch falls back
                     # to parsing the log (~3x its CPU), and a fast appender fills it within the
@@ -238,10 +237,10 @@ class CommitLog:
         """The Python reference encoder (store.encoding.encode_py) on this log's caches."""
         return encode_py(self, msgs, phys, seg_end, store_ts, want_recent)
 
-    def _live_add(self, start: int, end: int, chunk) -> None:
-        """Under self.lock: queue one append's chunk for the dispatch thread."""
+    def _live_add(self, start: int, end: int, chunk, count: int) -> None:
+        """Under self.lock: queue one append's chunk (of `count` records) for the dispatch thread."""
         self.live.append((start, end, chunk))
-        self.live_count += len(chunk[0])
+        self.live_count += count
         if self.live_count > self.live_cap:
             # dispatch is far behind: stop queueing, it will read the CommitLog instead
             self.live_enabled = False
@@ -325,8 +324,11 @@ class CommitLog:
                     self._recent_add([phys], [(topic, body, props, qid, qoff, flags, total, born, store_ts,
                                                keys, dq)], total)
                 if self.live_enabled:
+                    # a chunk of one record, in store.message CHUNK_* order like append_batch's;
+                    # no packed ConsumeQueue entries (the dispatcher packs the one from the run)
                     self._live_add(phys, end, ([total], [0], [new(DispatchRequest, (
-                        phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))], bool(keys)))
+                        phys, total, topic, qid, qoff, flags, born, store_ts, tags, keys, dq))], bool(keys), None),
+                        1)
                 return new(AppendResult, (phys, total, qoff, fut, ident)), end
         results, end = self._append_batch((m,), fut, ident)
         return results[0], end

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 from .checkpoint import OffsetCheckpoint
 from .mapped_file_queue import MappedFileQueue
-from .message import DispatchBatch
+from .message import CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DispatchBatch
 from .record import first_level
 
 log = logging.getLogger("lmqtt.store")
@@ -309,9 +309,9 @@ class ConsumeQueueStore:
         last_qid = -1
         key = None
         g: list = []
+        at_sizes, at_starts, at_runs, at_cq = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_CQ
         for c in batch.chunks:
-            sizes, starts, runs = c[0], c[1], c[2]
-            cqs = c[4] if len(c) > 4 else None
+            sizes, starts, runs, cqs = c[at_sizes], c[at_starts], c[at_runs], c[at_cq]
             if cqs is not None:   # packed by the encoder: a block per queue of this append
                 for key, (qoff, data) in cqs.items():
                     g = groups.get(key)

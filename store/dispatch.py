@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from .message import DispatchBatch, DispatchRequest
+from .message import CHUNK_SIZES, DispatchBatch, DispatchRequest
 from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
 log = logging.getLogger("lmqtt.store")
@@ -153,6 +153,7 @@ class DispatchService:
         chunks: list = []
         count = 0
         max_batch = self.max_batch
+        at_sizes = CHUNK_SIZES
         try:
             while live and count < max_batch:
                 start, e, chunk = live[0]
@@ -160,7 +161,7 @@ class DispatchService:
                     break
                 live.popleft()
                 chunks.append(chunk)
-                count += len(chunk[0])
+                count += len(chunk[at_sizes])
                 end = e
         except IndexError:
             pass

@@ -121,8 +121,8 @@ class ResolvedFuture(Future):
 # tuples were ~40 % of the appender's time for small messages, and because they stay alive until
 # dispatch (and until the caller drops its results) the cyclic GC scanned them again and again.
 #
-# A *chunk* is `(sizes, starts, runs, keyed, cq)` for the records of one append call (fields are
-# only ever added at the end; read them by index):
+# A *chunk* is `(sizes, starts, runs, keyed, cq)` for the records of one append call, always all
+# five (append_batch and append_one build the same shape; read them by the CHUNK_* names below):
 #   sizes   list[int], the total record size of each record, in CommitLog order;
 #   runs    list[DispatchRequest], the first record of each *run*: records that share every field
 #           but phys_offset (each starts where the previous ends), size and queue_offset (+1 each);
@@ -138,8 +138,9 @@ class ResolvedFuture(Future):
 
 _DR_new = tuple.__new__
 
-# Positions in a chunk (above). The tuple is built positionally by CommitLog (and by the C encoder
-# for its columns); readers outside the per-record loops index it with these names.
+# Positions in a chunk (above). CommitLog builds the tuple positionally (its columns come from the
+# encoder, C or Python); readers index it with these names, bound to locals before a loop over
+# chunks (a live hand-off of single-record appends is one chunk per record).
 CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_KEYED, CHUNK_CQ = range(5)
 # Positions in a DispatchRequest, for code that reads it by index in per-record loops (attribute
 # access works everywhere else). The C loops check `DispatchRequest._fields` against the order
@@ -165,7 +166,7 @@ assert set(RECENT_FIELDS) == set(_SM_FIELDS) - {"phys_offset", "msg_id"}
 
 def _chunk_requests(chunk, out: list) -> None:
     """Append the DispatchRequests of one chunk to `out`."""
-    sizes, starts, runs = chunk[0], chunk[1], chunk[2]
+    sizes, starts, runs = chunk[CHUNK_SIZES], chunk[CHUNK_STARTS], chunk[CHUNK_RUNS]
     nr = len(runs)
     if nr == len(sizes):
         out += runs
@@ -206,8 +207,8 @@ class DispatchBatch:
         items = self._items
         if items is None:
             chunks = self.chunks
-            if len(chunks) == 1 and len(chunks[0][2]) == len(chunks[0][0]):
-                items = chunks[0][2]
+            if len(chunks) == 1 and len(chunks[0][CHUNK_RUNS]) == len(chunks[0][CHUNK_SIZES]):
+                items = chunks[0][CHUNK_RUNS]
             else:
                 items = []
                 for c in chunks:
@@ -216,8 +217,9 @@ class DispatchBatch:
         return items
 
     def has_keys(self) -> bool:
+        keyed = CHUNK_KEYED
         for c in self.chunks:
-            if c[3]:
+            if c[keyed]:
                 return True
         return False
 
@@ -263,7 +265,8 @@ class AppendResults:
     def _list(self) -> list:
         items = self._items
         if items is None:
-            sizes, starts, runs = self._chunk[0], self._chunk[1], self._chunk[2]
+            chunk = self._chunk
+            sizes, starts, runs = chunk[CHUNK_SIZES], chunk[CHUNK_STARTS], chunk[CHUNK_RUNS]
             fut = self._fut
             ident = self._ident
             new = _DR_new
@@ -287,11 +290,12 @@ class AppendResults:
         return items
 
     def __len__(self) -> int:
-        return len(self._chunk[0])
+        return len(self._chunk[CHUNK_SIZES])
 
     def __getitem__(self, i):
         if self._items is None and type(i) is int:
-            sizes, starts, runs = self._chunk[0], self._chunk[1], self._chunk[2]
+            chunk = self._chunk
+            sizes, starts, runs = chunk[CHUNK_SIZES], chunk[CHUNK_STARTS], chunk[CHUNK_RUNS]
             n = len(sizes)
             if i == -1 or i == n - 1:
                 r = runs[-1]

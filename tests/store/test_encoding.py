@@ -108,6 +108,24 @@ def test_chunk_and_dispatch_request_positions_name_the_columns(tmp_path, monkeyp
     assert (run[DR_PHYS], run[DR_STORE_TS], run[DR_DISPATCH_QUEUES]) == (0, STORE_TS, ("a", "#"))
 
 
+def test_append_one_hands_dispatch_a_chunk_of_the_same_shape(tmp_path, monkeypatch):
+    """The live hand-off of append_one and of append_batch: one chunk shape, all five columns."""
+    cl = new_log(tmp_path, "live")
+    cl.live_enabled, cl.live_cap = True, 1000
+    monkeypatch.setattr(commitlog.time, "time", lambda: STORE_TS_S)
+    cl.append_batch([Message("a", b"1")], None, "x")
+    cl.append_one(Message("a", b"22", keys=("k",), dispatch_queues=("a", "#")), None, "x")
+    (_, end0, batch_chunk), (start1, end1, one_chunk) = cl.live
+    assert start1 == end0 and cl.live_count == 2
+    assert len(one_chunk) == len(batch_chunk) == CHUNK_CQ + 1
+    size = HEADER_SIZE + 1 + 1 + 3 + 2
+    assert (one_chunk[CHUNK_SIZES], one_chunk[CHUNK_STARTS], one_chunk[CHUNK_KEYED]) == ([size], [0], True)
+    assert one_chunk[CHUNK_CQ] is None            # the ConsumeQueue dispatcher packs it from the run
+    run = one_chunk[CHUNK_RUNS][0]
+    assert type(run) is DispatchRequest and end1 == start1 + size
+    assert (run[DR_PHYS], run[DR_STORE_TS], run[DR_DISPATCH_QUEUES]) == (start1, STORE_TS, ("a", "#"))
+
+
 def recent_of_append_one(tmp_path, msgs, monkeypatch):
     cl = new_log(tmp_path, "recent-one")
     cl.keep_recent(1 << 20, 10_000)
