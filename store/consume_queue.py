@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 from .checkpoint import OffsetCheckpoint
 from .mapped_file_queue import MappedFileQueue
-from .message import CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DispatchBatch
+from .message import (CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_ID, DR_QUEUE_OFFSET,
+                      DR_SIZE, DR_TAGS_CODE, DR_TOPIC, DispatchBatch)
 from .record import first_level
 
 log = logging.getLogger("lmqtt.store")
@@ -265,7 +266,8 @@ class ConsumeQueueStore:
     def dispatch(self, batch, end_offset: int) -> None:
         """Group entries per queue into runs of consecutive queue offsets; one slice copy per run.
         A DispatchBatch is read as its columns (no DispatchRequest built); a plain list of
-        DispatchRequests is read by index (named tuples) on this hot path."""
+        DispatchRequests is read by index on this hot path (store.message DR_*, bound to locals:
+        a named tuple's attribute is slower to read)."""
         if type(batch) is DispatchBatch:
             self._dispatch_columns(batch)
             self._last_end = end_offset
@@ -277,23 +279,26 @@ class ConsumeQueueStore:
         last_qid = -1
         g: list = []
         nxt = 0
+        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
+                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
         for r in batch:
-            topic = r[2]
-            qid = r[3]
+            topic = r[at_topic]
+            qid = r[at_qid]
             if topic is not last_topic or qid != last_qid:
                 fl = flc.get(topic) or self._first_level(topic)
                 key = (fl, qid)
                 g = groups.get(key)
                 if g is None:
-                    g = groups[key] = [r[4]]
+                    g = groups[key] = [r[at_qoff]]
                 nxt = g[0] + len(g) - 1
                 last_topic = topic
                 last_qid = qid
-            if r[4] != nxt:  # not consecutive: write what we have and start a new run
+            qoff = r[at_qoff]
+            if qoff != nxt:  # not consecutive: write what we have and start a new run
                 self._write_run(key, g[0], g[1:])
-                g = groups[key] = [r[4]]
-                nxt = r[4]
-            g.append(pack(r[0], r[1], r[8]))
+                g = groups[key] = [qoff]
+                nxt = qoff
+            g.append(pack(r[at_phys], r[at_size], r[at_tags]))
             nxt += 1
         for key, g in groups.items():
             self._write_run(key, g[0], g[1:])
@@ -310,6 +315,8 @@ class ConsumeQueueStore:
         key = None
         g: list = []
         at_sizes, at_starts, at_runs, at_cq = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_CQ
+        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
+                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
         for c in batch.chunks:
             sizes, starts, runs, cqs = c[at_sizes], c[at_starts], c[at_runs], c[at_cq]
             if cqs is not None:   # packed by the encoder: a block per queue of this append
@@ -333,20 +340,21 @@ class ConsumeQueueStore:
                 for k in range(nr):
                     i0 = starts[k]
                     i1 = starts[k + 1] if k + 1 < nr else ns
+                    r = runs[k]
                     if i1 - i0 == 1:
-                        blocks.append((1, pack(runs[k][0], sizes[i0], runs[k][8])))
+                        blocks.append((1, pack(r[at_phys], sizes[i0], r[at_tags])))
                     else:
-                        blocks.append((i1 - i0, _entries(runs[k][0], sizes if i1 - i0 == ns else sizes[i0:i1],
-                                                         runs[k][8])))
+                        blocks.append((i1 - i0, _entries(r[at_phys], sizes if i1 - i0 == ns else sizes[i0:i1],
+                                                         r[at_tags])))
             for k, r in enumerate(runs):
                 if blocks is None:
                     n = 1
-                    data = pack(r[0], r[1], r[8])
+                    data = pack(r[at_phys], r[at_size], r[at_tags])
                 else:
                     n, data = blocks[k]
-                topic = r[2]
-                qid = r[3]
-                qoff = r[4]
+                topic = r[at_topic]
+                qid = r[at_qid]
+                qoff = r[at_qoff]
                 if topic is not last_topic or qid != last_qid:
                     fl = flc.get(topic) or self._first_level(topic)
                     key = (fl, qid)

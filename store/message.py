@@ -271,16 +271,17 @@ class AppendResults:
             ident = self._ident
             new = _DR_new
             AR = AppendResult
+            at_phys, at_size, at_qoff = DR_PHYS, DR_SIZE, DR_QUEUE_OFFSET
             nr = len(runs)
             if nr == len(sizes):
-                items = [new(AR, (r[0], r[1], r[4], fut, ident)) for r in runs]
+                items = [new(AR, (r[at_phys], r[at_size], r[at_qoff], fut, ident)) for r in runs]
             else:
                 items = []
                 append = items.append
                 for k in range(nr):
                     r = runs[k]
-                    phys = r[0]
-                    qoff = r[4]
+                    phys = r[at_phys]
+                    qoff = r[at_qoff]
                     for i in range(starts[k], starts[k + 1] if k + 1 < nr else len(sizes)):
                         sz = sizes[i]
                         append(new(AR, (phys, sz, qoff, fut, ident)))
@@ -300,11 +301,11 @@ class AppendResults:
             if i == -1 or i == n - 1:
                 r = runs[-1]
                 sz = sizes[-1]
-                return _DR_new(AppendResult, (self._end - sz, sz, r[4] + (n - 1 - starts[-1]), self._fut,
-                                              self._ident))
+                return _DR_new(AppendResult, (self._end - sz, sz, r[DR_QUEUE_OFFSET] + (n - 1 - starts[-1]),
+                                              self._fut, self._ident))
             if i == 0 or i == -n:
                 r = runs[0]
-                return _DR_new(AppendResult, (r[0], r[1], r[4], self._fut, self._ident))
+                return _DR_new(AppendResult, (r[DR_PHYS], r[DR_SIZE], r[DR_QUEUE_OFFSET], self._fut, self._ident))
         return self._list()[i]
 
     def __iter__(self):
