@@ -3,19 +3,28 @@
  * Why: a pull of 1,024 records of 100 bytes spent ~2 us of client CPU per record in the Python loop
  * (`consumer._records_raw`: a 15-field struct unpack, four slices, a named tuple and an f-string
  * msg id per record), which held `lmqtt bench sdk` pull at ~250k msg/s with the server at 1.6 us.
- * This does exactly what `_records_raw` does, record for record (tests/store/test_sdk_records.py
- * compares them on generated and real replies); the Python loop stays the reference and the
- * fallback when this does not build or LMQTT_PURE_PYTHON=1 is set (store/accel.py).
+ * This does exactly what `_records_raw` does, record for record (tests/store/test_fastpath.py
+ * compares them on real replies of a store, and on malformed ones); the Python loop stays the
+ * reference and the fallback when this does not build or LMQTT_PURE_PYTHON=1 is set
+ * (store/accel.py).
  *
- * decode(body, pos, count, ident, Record) -> list of Record
+ * configure(Record, layout) must succeed first (store/client/consumer.py calls it at import):
+ * `Record` is the SDK's named tuple (consumer.Record), whose `_fields` must be the order this loop
+ * fills (record_fields below); `layout` is consumer.C_LAYOUT, the record header's struct format
+ * and size from store/record.py (HEADER, HEADER_SIZE), checked against the field offsets this loop
+ * reads (the enum below). A mismatch raises ValueError naming the field, so a layout change on the
+ * Python side cannot make this loop build wrong Records; until a configure() succeeds, decode()
+ * raises RuntimeError.
  *
- * `body[pos:]` holds `count` CommitLog records (docs/store.md): a 74-byte little-endian head
- * (total u32, magic u32, crc u32, queue_id u32, flags u32, queue_offset u64, phys_offset u64,
- * born_ts u64, store_ts u64, tags u64, body_len u32, props_len u32, topic_len u16, keys_len u16,
- * dq_len u16), then topic, keys (NUL-joined), dispatch queues, props, body. Each Record is
- * (topic, body, keys, props, queue_id, queue_offset, phys_offset, born_ts, store_ts, msg_id) with
- * msg_id = ident + 16 upper-case hex digits of phys_offset. Topic and props objects are shared with
- * the previous record when their bytes are equal (one object per run, like the Python loop's
+ * decode(body, pos, count, ident) -> list of Record
+ *
+ * `body[pos:]` holds `count` CommitLog records (docs/store.md): the little-endian head (total u32,
+ * magic u32, crc u32, queue_id u32, flags u32, queue_offset u64, phys_offset u64, born_ts u64,
+ * store_ts u64, tags u64, body_len u32, props_len u32, topic_len u16, keys_len u16, dq_len u16),
+ * then topic, keys (NUL-joined), dispatch queues, props, body. Each Record is (topic, body, keys,
+ * props, queue_id, queue_offset, offset = phys_offset, born_ts, store_ts, msg_id) with msg_id =
+ * ident + 16 upper-case hex digits of phys_offset. Topic and props objects are shared with the
+ * previous record when their bytes are equal (one object per run, like the Python loop's
  * per-reply caches give equal values). Raises ValueError for a record that does not fit.
  */
 #define PY_SSIZE_T_CLEAN
@@ -23,7 +32,32 @@
 #include <stdint.h>
 #include <string.h>
 
-#define HEAD 74
+/* The record head this loop reads: each field's byte offset, in the order of store/record.py's
+ * HEADER struct, checked by configure() against HEADER's format; the head's size is received from
+ * there too (head_size). */
+enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
+       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
+       F_KEYS_LEN = 70, F_DQ_LEN = 72, F_END = 74 };
+typedef struct { const char *name; int offset; int width; } field_t;
+static const field_t header_fields[] = {
+    {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
+    {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
+    {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
+    {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
+    {"dq_len", F_DQ_LEN, 2}};
+#define N_HEADER_FIELDS ((int)(sizeof header_fields / sizeof header_fields[0]))
+_Static_assert(F_DQ_LEN + 2 == F_END, "header_fields end at F_END");
+
+/* The Record fields in the order this loop fills the tuple (store/client/consumer.py Record),
+ * checked by configure() against Record._fields. */
+enum { R_TOPIC, R_BODY, R_KEYS, R_PROPS, R_QUEUE_ID, R_QUEUE_OFFSET, R_OFFSET, R_BORN_TS, R_STORE_TS, R_MSG_ID,
+       N_RECORD_FIELDS };
+static const char *const record_fields[N_RECORD_FIELDS] = {
+    "topic", "body", "keys", "props", "queue_id", "queue_offset", "offset", "born_ts", "store_ts", "msg_id"};
+
+/* set by configure(); decode() refuses to run before */
+static Py_ssize_t head_size = -1;
+static PyTypeObject *record_type;
 
 static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -37,15 +71,17 @@ static PyObject *nul_str;
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t pos, count;
-    PyObject *ident, *rtype;
-    if (!PyArg_ParseTuple(args, "y*nnUO", &buf, &pos, &count, &ident, &rtype))
+    PyObject *ident;
+    if (!PyArg_ParseTuple(args, "y*nnU", &buf, &pos, &count, &ident))
         return NULL;
-    if (!PyType_Check(rtype) || !PyType_IsSubtype((PyTypeObject *)rtype, &PyTuple_Type)) {
+    if (record_type == NULL || head_size < 0) {
         PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_TypeError, "Record must be a tuple subclass");
+        PyErr_SetString(PyExc_RuntimeError, "lmqtt.store.client._records.configure() was not called or failed "
+                        "(store/client/consumer.py configures it at import)");
         return NULL;
     }
-    PyTypeObject *rt = (PyTypeObject *)rtype;
+    PyTypeObject *rt = record_type;
+    const Py_ssize_t head = head_size;     /* the configured record head size */
     const unsigned char *b = (const unsigned char *)buf.buf;
     Py_ssize_t n = buf.len;
     char idbuf[128];
@@ -70,19 +106,19 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     if (out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (pos + HEAD > n) {
+        if (pos + head > n) {
             PyErr_Format(PyExc_ValueError, "record %zd: head truncated at byte %zd", i, pos);
             goto fail;
         }
         const unsigned char *h = b + pos;
-        uint32_t total = le32(h);
-        uint32_t bl = le32(h + 60), pl = le32(h + 64);
-        uint16_t tl = le16(h + 68), kl = le16(h + 70), dl = le16(h + 72);
-        if ((uint64_t)pos + total > (uint64_t)n || (uint64_t)total != (uint64_t)HEAD + tl + kl + dl + pl + bl) {
+        uint32_t total = le32(h + F_TOTAL);
+        uint32_t bl = le32(h + F_BODY_LEN), pl = le32(h + F_PROPS_LEN);
+        uint16_t tl = le16(h + F_TOPIC_LEN), kl = le16(h + F_KEYS_LEN), dl = le16(h + F_DQ_LEN);
+        if ((uint64_t)pos + total > (uint64_t)n || (uint64_t)total != (uint64_t)head + tl + kl + dl + pl + bl) {
             PyErr_Format(PyExc_ValueError, "record at %zd of %u bytes does not fit its fields", pos, total);
             goto fail;
         }
-        const unsigned char *p = h + HEAD;
+        const unsigned char *p = h + head;
         if (topic == NULL || topic_l != tl || memcmp(topic_b, p, tl) != 0) {
             Py_XDECREF(topic);
             topic = PyUnicode_DecodeUTF8((const char *)p, tl, "strict");
@@ -120,26 +156,26 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             props_l = pl;
         }
         p += pl;
-        uint64_t phys = le64(h + 28);
+        uint64_t phys = le64(h + F_PHYS);
         snprintf(idbuf + idlen, sizeof idbuf - idlen, "%016llX", (unsigned long long)phys);
-        PyObject *rec = rt->tp_alloc(rt, 10);
+        PyObject *rec = rt->tp_alloc(rt, N_RECORD_FIELDS);
         if (rec == NULL) {
             Py_DECREF(keys);
             goto fail;
         }
-        PyObject *f[10];
-        f[0] = Py_NewRef(topic);
-        f[1] = PyBytes_FromStringAndSize((const char *)p, bl);
-        f[2] = keys;
-        f[3] = Py_NewRef(props);
-        f[4] = PyLong_FromUnsignedLong(le32(h + 12));
-        f[5] = PyLong_FromUnsignedLongLong(le64(h + 20));
-        f[6] = PyLong_FromUnsignedLongLong(phys);
-        f[7] = PyLong_FromUnsignedLongLong(le64(h + 36));
-        f[8] = PyLong_FromUnsignedLongLong(le64(h + 44));
-        f[9] = PyUnicode_FromStringAndSize(idbuf, idlen + 16);
+        PyObject *f[N_RECORD_FIELDS];
+        f[R_TOPIC] = Py_NewRef(topic);
+        f[R_BODY] = PyBytes_FromStringAndSize((const char *)p, bl);
+        f[R_KEYS] = keys;
+        f[R_PROPS] = Py_NewRef(props);
+        f[R_QUEUE_ID] = PyLong_FromUnsignedLong(le32(h + F_QID));
+        f[R_QUEUE_OFFSET] = PyLong_FromUnsignedLongLong(le64(h + F_QOFF));
+        f[R_OFFSET] = PyLong_FromUnsignedLongLong(phys);
+        f[R_BORN_TS] = PyLong_FromUnsignedLongLong(le64(h + F_BORN));
+        f[R_STORE_TS] = PyLong_FromUnsignedLongLong(le64(h + F_STORE));
+        f[R_MSG_ID] = PyUnicode_FromStringAndSize(idbuf, idlen + 16);
         int bad = 0;
-        for (int k = 0; k < 10; k++) {
+        for (int k = 0; k < N_RECORD_FIELDS; k++) {
             if (f[k] == NULL)
                 bad = 1;
             PyTuple_SET_ITEM(rec, k, f[k]);   /* NULL items are fine for the dealloc below */
@@ -163,8 +199,102 @@ fail:
     return NULL;
 }
 
+
+/* ------------------------------------------------------------------ configuration */
+/* The fields of a little-endian struct format made of Q, I and H codes: fills offs[] and widths[]
+ * (at most max entries) and returns the field count, with *size the total; -1 if the format is
+ * not little-endian or has another code. */
+static int format_fields(const char *fmt, int *offs, int *widths, int max, long long *size) {
+    int n = 0;
+    long long at = 0;
+    if (*fmt != '<') return -1;
+    for (fmt++; *fmt; fmt++) {
+        int w = *fmt == 'Q' ? 8 : *fmt == 'I' ? 4 : *fmt == 'H' ? 2 : 0;
+        if (w == 0) return -1;
+        if (n < max) {
+            offs[n] = (int)at;
+            widths[n] = w;
+        }
+        n++;
+        at += w;
+    }
+    *size = at;
+    return n;
+}
+
+/* configure(Record, layout): layout = {"header_format": record.HEADER.format, "header_size":
+ * record.HEADER_SIZE} (consumer.C_LAYOUT). A refused configuration leaves decode() unusable. */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *rtype, *layout;
+    if (!PyArg_ParseTuple(args, "OO!", &rtype, &PyDict_Type, &layout)) return NULL;
+    head_size = -1;
+    Py_CLEAR(record_type);
+    if (!PyType_Check(rtype) || !PyType_IsSubtype((PyTypeObject *)rtype, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure: Record must be a tuple subclass");
+        return NULL;
+    }
+    PyObject *v = PyDict_GetItemString(layout, "header_format");
+    if (v == NULL || !PyUnicode_Check(v)) {
+        PyErr_SetString(PyExc_ValueError, "configure: layout has no str header_format");
+        return NULL;
+    }
+    const char *hf = PyUnicode_AsUTF8(v);
+    if (hf == NULL) return NULL;
+    v = PyDict_GetItemString(layout, "header_size");
+    if (v == NULL || !PyLong_Check(v)) {
+        PyErr_SetString(PyExc_ValueError, "configure: layout has no int header_size");
+        return NULL;
+    }
+    long long hs = PyLong_AsLongLong(v), fsize;
+    if (hs == -1 && PyErr_Occurred()) return NULL;
+    int offs[64], widths[64];
+    int n = format_fields(hf, offs, widths, 64, &fsize);
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "configure: record header format %s is not little-endian Q/I/H "
+                     "fields, the layout this decoder reads", hf);
+        return NULL;
+    }
+    if (n != N_HEADER_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "configure: record header format %s has %d fields, this decoder "
+                     "reads %d", hf, n, N_HEADER_FIELDS);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        if (offs[i] != header_fields[i].offset || widths[i] != header_fields[i].width) {
+            PyErr_Format(PyExc_ValueError, "configure: record header field %d (%s) is %d bytes at offset %d "
+                         "in %s, this decoder reads %d bytes at offset %d", i, header_fields[i].name,
+                         widths[i], offs[i], hf, header_fields[i].width, header_fields[i].offset);
+            return NULL;
+        }
+    if (hs != fsize || hs != F_END) {
+        PyErr_Format(PyExc_ValueError, "configure: header_size %lld, the header format %s is %lld bytes "
+                     "and this decoder reads %d", hs, hf, fsize, (int)F_END);
+        return NULL;
+    }
+    PyObject *fields = PyObject_GetAttrString(rtype, "_fields");
+    if (fields == NULL) return NULL;
+    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_RECORD_FIELDS;
+    for (Py_ssize_t i = 0; ok && i < N_RECORD_FIELDS; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, record_fields[i]) == 0;
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "configure: Record._fields %R differ from the order this decoder "
+                     "fills (topic, body, keys, props, queue_id, queue_offset, offset, born_ts, store_ts, "
+                     "msg_id)", fields);
+        Py_DECREF(fields);
+        return NULL;
+    }
+    Py_DECREF(fields);
+    record_type = (PyTypeObject *)Py_NewRef(rtype);
+    head_size = (Py_ssize_t)hs;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
-    {"decode", decode, METH_VARARGS, "decode(body, pos, count, ident, Record) -> [Record] (see module doc)"},
+    {"configure", configure, METH_VARARGS,
+     "configure(Record, layout): the Record type and the record header layout, checked (see module doc)"},
+    {"decode", decode, METH_VARARGS, "decode(body, pos, count, ident) -> [Record] (see module doc)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.store.client._records",

@@ -13,7 +13,7 @@ import struct
 
 from lmqtt.store import accel, protocol as W
 from lmqtt.store.props import MessageProperties, decode as decode_props
-from lmqtt.store.record import HEADER as _CLOG_HEAD
+from lmqtt.store.record import HEADER as _CLOG_HEAD, HEADER_SIZE as _CLOG_HEAD_SIZE
 
 from .connection import Connection, ConnectionLost, StoreClientError
 
@@ -54,14 +54,32 @@ def _records(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
 
 _U32 = struct.Struct(">I").unpack_from
 _NEW = tuple.__new__
+
+# What the C twin of the loop in _records_raw reads and builds, handed over at import: the record
+# head from store/record.py and (as configure's first argument) `Record`, whose `_fields` it
+# checks against the order it fills. store/client/_records.c refuses a layout whose field offsets
+# differ from the ones it reads (ValueError naming the field: rebuild the extension) and decodes
+# nothing until configured.
+C_LAYOUT = {"header_format": _CLOG_HEAD.format, "header_size": _CLOG_HEAD_SIZE}
+
+
+def configure_c(mod, record_type=Record, layout: dict = C_LAYOUT) -> None:
+    """Hand `Record` and the record head layout to the C decoder `mod`; ValueError when either is
+    not what its loop reads and fills."""
+    mod.configure(record_type, layout)
+
+
 _C_RECORDS = accel.load("lmqtt.store.client._records")    # C twin of the loop in _records_raw
+if _C_RECORDS is not None:
+    configure_c(_C_RECORDS)
 
 
 def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
     """Decode a MESSAGES body in the raw layout (flag F_RAW): the CommitLog's own records
-    (docs/store.md: 74-byte little-endian head, then topic, keys, dispatch queues, props, body).
-    The store checked each record's CRC before sending it. Topic strings and props are decoded
-    once per distinct value in the reply and shared by the records that carry them."""
+    (docs/store.md: the little-endian head of store/record.py's HEADER, then topic, keys, dispatch
+    queues, props, body). The store checked each record's CRC before sending it. Topic strings and
+    props are decoded once per distinct value in the reply and shared by the records that carry
+    them."""
     try:
         (hl,) = _U32(body, 0)
         header = json.loads(body[4:4 + hl]) if hl else {}
@@ -70,7 +88,7 @@ def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
         pos += 4
         ident = ident or ""
         if _C_RECORDS is not None:
-            return header, _C_RECORDS.decode(body, pos, count, ident, Record)
+            return header, _C_RECORDS.decode(body, pos, count, ident)
         unpack = _CLOG_HEAD.unpack_from
         hs = _CLOG_HEAD.size
         topics: dict[bytes, str] = {}
@@ -94,7 +112,7 @@ def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
             props = body[p:p + pl]
             props = props_seen.setdefault(props, props)
             append(_NEW(Record, (topic, body[p + pl:end], keys, props, qid, qo, po, born, st,
-                                 f"{ident}{po:016X}")))
+                                 f"{ident}{po:016X}")))            # in Record._fields order
             pos = end
         return header, out
     except (struct.error, ValueError) as e:
@@ -242,11 +260,11 @@ class FilterConsumer:
 
 
 class PopConsumer:
-    """POP consumption (seed 000): many stateless members of `group` share a queue without
-    rebalancing. `pop()` returns records nobody else holds, invisible for `invisible_ms`; `ack()`
-    removes them; un-acked ones come back after the invisible time; after `max_attempts`
-    deliveries a record goes to the dead-letter topic `%DLQ%<group>`. `record.queue_offset` is
-    the receipt to ack."""
+    """POP consumption (as RocketMQ's POP consumption does): many stateless members of `group`
+    share a queue without rebalancing. `pop()` returns records nobody else holds, invisible for
+    `invisible_ms`; `ack()` removes them; un-acked ones come back after the invisible time; after
+    `max_attempts` deliveries a record goes to the dead-letter topic `%DLQ%<group>`.
+    `record.queue_offset` is the receipt to ack."""
 
     def __init__(self, conn: Connection, topic: str, group: str, queue_id: int = 0, *,
                  invisible_ms: int = 30_000, max_attempts: int = 16) -> None:

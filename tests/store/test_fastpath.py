@@ -310,3 +310,68 @@ def test_pending_marker_is_never_mistaken_for_results(tmp_path):
         assert meta.pending(meta.seen("p", 5)) is None and meta._window("p") == [5]
     finally:
         meta.close()
+
+
+# ------------------------------------------------------------------ the layout handed to the C decoder
+needs_c_decoder = pytest.mark.skipif(consumer._C_RECORDS is None,
+                                     reason="the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
+
+
+@pytest.fixture
+def c_decoder():
+    yield consumer._C_RECORDS
+    consumer.configure_c(consumer._C_RECORDS)     # whatever a test did, leave it configured as at import
+
+
+def _one_record_body():
+    from lmqtt.store.record import HEADER
+    rec = HEADER.pack(HEADER.size + 3 + 2, 0, 0, 7, 0, 5, 99, 1, 2, 0, 2, 0, 3, 0, 0) + b"t/x" + b"hi"
+    return struct.pack(">I", 0) + struct.pack(">I", 1) + rec
+
+
+def test_the_decoder_layout_handed_over_is_the_stores():
+    from lmqtt.store.record import HEADER, HEADER_SIZE
+    assert consumer.C_LAYOUT == {"header_format": HEADER.format, "header_size": HEADER_SIZE}
+
+
+@needs_c_decoder
+@pytest.mark.parametrize("change,words", [
+    ({"header_format": "<IIIIIQQQQQIIHHHH"}, "has 16 fields, this decoder reads 15"),
+    ({"header_format": "<IIIIIQQQQQIIHIH"}, r"record header field 13 \(keys_len\) is 4 bytes at offset 70"),
+    ({"header_format": "<IIIIIIQQQQIIHHH"}, r"record header field 5 \(queue_offset\) is 4 bytes at offset 20"),
+    ({"header_format": ">IIIIIQQQQQIIHHH"}, "not little-endian"),
+    ({"header_size": 76}, "header_size 76"),
+    ({"header_format": 74}, "layout has no str header_format"),
+])
+def test_the_c_decoder_refuses_a_layout_it_does_not_read(c_decoder, change, words):
+    with pytest.raises(ValueError, match=words):
+        consumer.configure_c(c_decoder, consumer.Record, {**consumer.C_LAYOUT, **change})
+    body = _one_record_body()
+    with pytest.raises(RuntimeError, match="configure"):       # unusable until configured again
+        c_decoder.decode(body, 8, 1, IDENT)
+    consumer.configure_c(c_decoder)
+    assert c_decoder.decode(body, 8, 1, IDENT) == [
+        consumer.Record("t/x", b"hi", (), b"", 7, 5, 99, 1, 2, f"{IDENT}{99:016X}")]
+
+
+@needs_c_decoder
+def test_the_c_decoder_checks_the_record_field_order(c_decoder):
+    from collections import namedtuple
+    fields = list(consumer.Record._fields)
+    fields[4], fields[5] = fields[5], fields[4]                # queue_id <-> queue_offset
+    with pytest.raises(ValueError, match=r"Record._fields .*queue_offset', 'queue_id'.* differ"):
+        consumer.configure_c(c_decoder, namedtuple("Swapped", fields))
+    with pytest.raises(ValueError, match="Record._fields"):
+        consumer.configure_c(c_decoder, namedtuple("Short", fields[:-1]))
+    with pytest.raises(TypeError, match="tuple subclass"):
+        consumer.configure_c(c_decoder, dict)
+    with pytest.raises(RuntimeError, match="configure"):
+        c_decoder.decode(_one_record_body(), 8, 1, IDENT)
+
+
+@needs_c_decoder
+def test_an_unconfigured_decoder_refuses_to_run():
+    from tests.store.accel_support import run_unconfigured
+    body = _one_record_body()
+    assert "lmqtt.store.client._records.configure() was not called" in run_unconfigured(
+        "lmqtt.store.client._records", f"m.decode({body!r}, 8, 1, 'X')")

@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from lmqtt.store import accel, fastpath
 from lmqtt.store.consume_queue import ENTRY
 from lmqtt.store.record import CRC_START, MSG_MAGIC
+from tests.store.accel_support import run_unconfigured
 
 _C = accel.load("lmqtt.store._fastpath")
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
@@ -135,24 +136,9 @@ def test_the_layout_handed_over_is_the_stores():
                                  "record_header_format": HEADER.format}
 
 
-def fresh_import_refuses(name: str, call: str) -> str:
-    """Load the extension `name` in a new interpreter without the Python module that configures it,
-    run `call` on it (as `m`) and return what it printed: the RuntimeError's message, or "ran"."""
-    import importlib
-    import subprocess
-    import sys
-    path = importlib.import_module(name).__file__
-    code = ("import importlib.util as u\n"
-            f"s = u.spec_from_file_location({name!r}, {path!r}); m = u.module_from_spec(s); s.loader.exec_module(m)\n"
-            f"try:\n    {call}\n    print('ran')\nexcept RuntimeError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 @needs_c
 def test_an_unconfigured_module_refuses_to_run():
-    assert "lmqtt.store._fastpath.configure() was not called" in fresh_import_refuses(
-        "lmqtt.store._fastpath", "m.cq_runs(bytes(20), 0, 1, 0, 0, 0)")
-    assert "lmqtt.store._fastpath.configure() was not called" in fresh_import_refuses(
-        "lmqtt.store._fastpath", "m.check_records(b'', b'', 0, 12)")
+    for call in ("m.cq_runs(bytes(20), 0, 1, 0, 0, 0)", "m.check_records(b'', b'', 0, 12)"):
+        assert "lmqtt.store._fastpath.configure() was not called" in run_unconfigured("lmqtt.store._fastpath", call)
+    assert run_unconfigured("lmqtt.store._fastpath", f"m.configure({fastpath.C_LAYOUT!r}); m.cq_runs(bytes(20), 0, 1, 0, 0, 0)") \
+        == "ran"

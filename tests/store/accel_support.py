@@ -1,0 +1,23 @@
+"""Test help for the C accelerators' configure() refusals (tests/store/test_fastpath_accel.py,
+tests/store/test_fastpath.py, tests/spark/test_columns.py)."""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+
+def run_unconfigured(name: str, call: str) -> str:
+    """Load the C extension `name` in a new interpreter, bypassing the Python module that configures
+    it at import (in this process it is configured already, and its configuration is per process),
+    evaluate `call` with the extension bound to `m`, and return what happened: the RuntimeError's
+    message, or "ran"."""
+    path = importlib.import_module(name).__file__
+    code = ("import importlib.util as u\n"
+            f"s = u.spec_from_file_location({name!r}, {path!r})\n"
+            "m = u.module_from_spec(s)\n"
+            "s.loader.exec_module(m)\n"
+            f"try:\n    {call}\n    print('ran')\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
