@@ -8,23 +8,52 @@
  *                                        props_offsets, props_data, body_offsets, body_data,
  *                                        msgid_offsets, msgid_data)
  *   columns_raw(...)                   the same from a raw MESSAGES body (frame flag F_RAW): the
- *                                      records are CommitLog records, 74-byte little-endian head
+ *                                      records are CommitLog records, little-endian head
  *                                      (docs/store.md), dispatch queues skipped
  *
  * `pos` is where the first record starts (after the JSON header and the count), `count` the
  * number of records, `ident` the store's identity prefixing every message id
  * (ident + 16 upper-case hex digits of the physical offset). The fixed part of each record is
  *   u64 queue offset, u64 phys offset, u64 born ms, u64 store ms, u32 queue id,
- *   u16 topic length, u16 keys length, u16 props length, u32 body length   (big-endian, 46 bytes)
+ *   u16 topic length, u16 keys length, u16 props length, u32 body length   (big-endian)
  * Offsets buffers are int32 (count + 1 entries): a batch above 2 GiB of one column is refused.
+ *
+ * configure(layout) must succeed first (store/spark/columns.py calls it at import with
+ * columns.C_LAYOUT): the struct format and size of the MESSAGES record head (store/protocol.py
+ * REC_HEAD) and of the CommitLog record head (store/record.py HEADER, HEADER_SIZE), checked against
+ * the field offsets this walk reads (the enums below). A mismatch raises ValueError naming the
+ * field, so a layout change on the Python side cannot make this walk fill wrong columns; until a
+ * configure() succeeds, columns() and columns_raw() raise RuntimeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define REC_HEAD 46      /* the MESSAGES record head */
-#define RAW_HEAD 74      /* a CommitLog record head (raw layout, frame flag F_RAW) */
+/* Where this walk reads each field, in the order of the Python struct; checked by configure(). */
+/* the MESSAGES record head (store/protocol.py REC_HEAD, big-endian) */
+enum { M_QOFF = 0, M_PHYS = 8, M_BORN = 16, M_STORE = 24, M_QID = 32, M_TOPIC_LEN = 36, M_KEYS_LEN = 38,
+       M_PROPS_LEN = 40, M_BODY_LEN = 42, REC_HEAD = 46 };
+/* a CommitLog record head (store/record.py HEADER, little-endian; raw layout, frame flag F_RAW) */
+enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
+       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
+       F_KEYS_LEN = 70, F_DQ_LEN = 72, RAW_HEAD = 74 };
+typedef struct { const char *name; int offset; int width; } field_t;
+static const field_t rec_fields[] = {
+    {"queue_offset", M_QOFF, 8}, {"phys_offset", M_PHYS, 8}, {"born_ts", M_BORN, 8}, {"store_ts", M_STORE, 8},
+    {"queue_id", M_QID, 4}, {"topic_len", M_TOPIC_LEN, 2}, {"keys_len", M_KEYS_LEN, 2},
+    {"props_len", M_PROPS_LEN, 2}, {"body_len", M_BODY_LEN, 4}};
+static const field_t raw_fields[] = {
+    {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
+    {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
+    {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
+    {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
+    {"dq_len", F_DQ_LEN, 2}};
+#define N_FIELDS(a) ((int)(sizeof a / sizeof a[0]))
+_Static_assert(M_BODY_LEN + 4 == REC_HEAD, "rec_fields end at REC_HEAD");
+_Static_assert(F_DQ_LEN + 2 == RAW_HEAD, "raw_fields end at RAW_HEAD");
+
+static int configured = 0;     /* set by configure(); the walks refuse to run before */
 
 static inline uint64_t be64(const unsigned char *p) {
     return ((uint64_t)p[0] << 56) | ((uint64_t)p[1] << 48) | ((uint64_t)p[2] << 40) | ((uint64_t)p[3] << 32) |
@@ -61,16 +90,17 @@ typedef struct {
 static int parse(int raw, const unsigned char *h, Py_ssize_t avail, rec_t *r) {
     if (!raw) {
         if (avail < REC_HEAD) goto short_head;
-        r->qo = be64(h); r->phys = be64(h + 8); r->born = be64(h + 16); r->st = be64(h + 24);
-        r->tl = be16(h + 36); r->kl = be16(h + 38); r->pl = be16(h + 40); r->bl = be32(h + 42);
+        r->qo = be64(h + M_QOFF); r->phys = be64(h + M_PHYS); r->born = be64(h + M_BORN); r->st = be64(h + M_STORE);
+        r->tl = be16(h + M_TOPIC_LEN); r->kl = be16(h + M_KEYS_LEN); r->pl = be16(h + M_PROPS_LEN);
+        r->bl = be32(h + M_BODY_LEN);
         r->skip = 0; r->head = REC_HEAD;
     } else {
-        /* a CommitLog record (docs/store.md): 74-byte little-endian head */
+        /* a CommitLog record (docs/store.md): little-endian head */
         if (avail < RAW_HEAD) goto short_head;
-        Py_ssize_t total = le32(h);
-        r->qo = le64(h + 20); r->phys = le64(h + 28); r->born = le64(h + 36); r->st = le64(h + 44);
-        r->bl = le32(h + 60); r->pl = le32(h + 64); r->tl = le16(h + 68); r->kl = le16(h + 70);
-        r->skip = le16(h + 72); r->head = RAW_HEAD;
+        Py_ssize_t total = le32(h + F_TOTAL);
+        r->qo = le64(h + F_QOFF); r->phys = le64(h + F_PHYS); r->born = le64(h + F_BORN); r->st = le64(h + F_STORE);
+        r->bl = le32(h + F_BODY_LEN); r->pl = le32(h + F_PROPS_LEN); r->tl = le16(h + F_TOPIC_LEN);
+        r->kl = le16(h + F_KEYS_LEN); r->skip = le16(h + F_DQ_LEN); r->head = RAW_HEAD;
         if (total != RAW_HEAD + r->tl + r->kl + r->skip + r->pl + r->bl) {
             PyErr_SetString(PyExc_ValueError, "MESSAGES body malformed: record size does not match its lengths");
             return -1;
@@ -93,6 +123,12 @@ static PyObject *walk(PyObject *args, int raw) {
     Py_ssize_t ident_len;
     if (!PyArg_ParseTuple(args, "y*nny#", &buf, &pos, &count, &ident, &ident_len))
         return NULL;
+    if (!configured) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_RuntimeError, "lmqtt.store.spark._columns.configure() was not called or failed "
+                        "(store/spark/columns.py configures it at import)");
+        return NULL;
+    }
     const unsigned char *b = (const unsigned char *)buf.buf;
     Py_ssize_t n = buf.len;
     PyObject *result = NULL;
@@ -178,7 +214,93 @@ done:
 static PyObject *columns(PyObject *self, PyObject *args) { return walk(args, 0); }
 static PyObject *columns_raw(PyObject *self, PyObject *args) { return walk(args, 1); }
 
+
+/* ------------------------------------------------------------------ configuration */
+/* The fields of a struct format made of Q, I and H codes with the byte-order mark `order` ('<' or
+ * '>'): fills offs[] and widths[] (at most max entries) and returns the field count, with *size
+ * the total; -1 if the format has another byte order or another code. */
+static int format_fields(const char *fmt, char order, int *offs, int *widths, int max, long long *size) {
+    int n = 0;
+    long long at = 0;
+    if (*fmt != order) return -1;
+    for (fmt++; *fmt; fmt++) {
+        int w = *fmt == 'Q' ? 8 : *fmt == 'I' ? 4 : *fmt == 'H' ? 2 : 0;
+        if (w == 0) return -1;
+        if (n < max) {
+            offs[n] = (int)at;
+            widths[n] = w;
+        }
+        n++;
+        at += w;
+    }
+    *size = at;
+    return n;
+}
+
+/* Check layout[fmt_key] (a struct format) and layout[size_key] against `want` and `head`, the
+ * fields and size this walk reads; ValueError naming the first difference. */
+static int check_head(PyObject *layout, const char *what, const char *fmt_key, const char *size_key, char order,
+                      const field_t *want, int nwant, int head) {
+    PyObject *v = PyDict_GetItemString(layout, fmt_key);
+    if (v == NULL || !PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no str %s", fmt_key);
+        return -1;
+    }
+    const char *fmt = PyUnicode_AsUTF8(v);
+    if (fmt == NULL) return -1;
+    v = PyDict_GetItemString(layout, size_key);
+    if (v == NULL || !PyLong_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no int %s", size_key);
+        return -1;
+    }
+    long long size = PyLong_AsLongLong(v), fsize;
+    if (size == -1 && PyErr_Occurred()) return -1;
+    int offs[64], widths[64];
+    int n = format_fields(fmt, order, offs, widths, 64, &fsize);
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "configure: %s format %s is not %s Q/I/H fields, the layout this "
+                     "walk reads", what, fmt, order == '<' ? "little-endian" : "big-endian");
+        return -1;
+    }
+    if (n != nwant) {
+        PyErr_Format(PyExc_ValueError, "configure: %s format %s has %d fields, this walk reads %d", what, fmt, n,
+                     nwant);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (offs[i] != want[i].offset || widths[i] != want[i].width) {
+            PyErr_Format(PyExc_ValueError, "configure: %s field %d (%s) is %d bytes at offset %d in %s, this "
+                         "walk reads %d bytes at offset %d", what, i, want[i].name, widths[i], offs[i], fmt,
+                         want[i].width, want[i].offset);
+            return -1;
+        }
+    if (size != fsize || size != head) {
+        PyErr_Format(PyExc_ValueError, "configure: %s %s %lld, the format %s is %lld bytes and this walk "
+                     "reads %d", what, size_key, size, fmt, fsize, head);
+        return -1;
+    }
+    return 0;
+}
+
+/* configure(layout): {"rec_head_format": protocol.REC_HEAD.format, "rec_head_size": REC_HEAD.size,
+ * "raw_head_format": record.HEADER.format, "raw_head_size": record.HEADER_SIZE} (columns.C_LAYOUT).
+ * A refused layout leaves both walks unusable. */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *layout;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &layout)) return NULL;
+    configured = 0;
+    if (check_head(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
+                   N_FIELDS(rec_fields), REC_HEAD) < 0 ||
+        check_head(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<', raw_fields,
+                   N_FIELDS(raw_fields), RAW_HEAD) < 0)
+        return NULL;
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(layout): the MESSAGES and CommitLog record head formats, checked (see columns.py)"},
     {"columns", columns, METH_VARARGS, "MESSAGES records -> Arrow column buffers (see columns.py)"},
     {"columns_raw", columns_raw, METH_VARARGS, "raw MESSAGES (CommitLog records) -> Arrow column buffers"},
     {NULL, NULL, 0, NULL},

@@ -20,18 +20,35 @@ from array import array
 
 from lmqtt.store import accel
 from lmqtt.store import protocol as W
+from lmqtt.store.record import HEADER, HEADER_SIZE
 
-_REC = W.REC_HEAD
+_REC = W.REC_HEAD       # a MESSAGES record head (docs/protocol.md)
+_RAW = HEADER           # a CommitLog record head (docs/store.md): the raw layout's records
+
+# What the C walk reads, from the one Python definition of each head, handed over at import;
+# store/spark/_columns.c checks it against the offsets it was written for (ValueError naming the
+# field that differs: rebuild the extension) and walks nothing until it has accepted it.
+C_LAYOUT = {
+    "rec_head_format": _REC.format, "rec_head_size": _REC.size,
+    "raw_head_format": _RAW.format, "raw_head_size": HEADER_SIZE,
+}
+
+
+def configure_c(mod, layout: dict = C_LAYOUT) -> None:
+    """Hand the MESSAGES and CommitLog record heads to the C walk `mod`; ValueError when they are
+    not the ones it reads."""
+    mod.configure(layout)
+
+
 _C = accel.load("lmqtt.store.spark._columns")
+if _C is not None:
+    configure_c(_C)
 
 COLUMNS = ["topic", "payload", "qos", "retain", "client_id", "user_properties", "content_type",
            "born_ts", "store_ts", "msg_id", "queue", "offset"]
 
 _U64 = (1 << 64) - 1
 _EMPTY_PROPS = (0, False, "", None, None, None, None, None, [])
-
-
-_RAW = struct.Struct("<IIIIIQQQQQIIHHH")      # a CommitLog record head (docs/store.md), 74 bytes
 
 
 def _raw_fields(body, pos):

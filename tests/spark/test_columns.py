@@ -129,3 +129,53 @@ def test_raw_replies_give_the_same_batch_as_the_plain_layout(server):
                 except ValueError:
                     outcomes.append("ValueError")
             assert outcomes[0] == outcomes[1]
+
+
+# ------------------------------------------------------------------ the layouts handed to the C walk
+needs_c = pytest.mark.skipif(C._C is None, reason="the C accelerator is not built (or LMQTT_PURE_PYTHON is set)")
+
+
+@pytest.fixture
+def c_walk():
+    yield C._C
+    C.configure_c(C._C)         # whatever a test did, leave the module configured as at import
+
+
+def test_the_layouts_handed_over_are_the_stores():
+    from lmqtt.store.record import HEADER, HEADER_SIZE
+    assert C.C_LAYOUT == {"rec_head_format": W.REC_HEAD.format, "rec_head_size": W.REC_HEAD.size,
+                          "raw_head_format": HEADER.format, "raw_head_size": HEADER_SIZE}
+
+
+@needs_c
+@pytest.mark.parametrize("change,words", [
+    ({"rec_head_format": ">QQQQIHHII"}, r"MESSAGES record head field 7 \(props_len\) is 4 bytes at offset 40"),
+    ({"rec_head_format": ">QQQQIHHH"}, "MESSAGES record head format >QQQQIHHH has 8 fields, this walk reads 9"),
+    ({"rec_head_format": "<QQQQIHHHI"}, "not big-endian"),
+    ({"rec_head_size": 48}, "MESSAGES record head rec_head_size 48"),
+    ({"raw_head_format": "<IIIIIQQQQQIIHHHH"}, "CommitLog record head format .* has 16 fields"),
+    ({"raw_head_format": "<IIIIIQQQQQIHHHH"}, r"CommitLog record head field 11 \(props_len\) is 2 bytes"),
+    ({"raw_head_format": ">IIIIIQQQQQIIHHH"}, "not little-endian"),
+    ({"raw_head_size": 72}, "CommitLog record head raw_head_size 72"),
+    ({"raw_head_size": None}, "layout has no int raw_head_size"),
+])
+def test_the_c_walk_refuses_a_layout_it_does_not_read(c_walk, change, words):
+    with pytest.raises(ValueError, match=words):
+        C.configure_c(c_walk, {**C.C_LAYOUT, **change})
+    body = _body(3)
+    _h, pos, count = C.split_body(body)
+    for walk in (c_walk.columns, c_walk.columns_raw):       # unusable until configured again
+        with pytest.raises(RuntimeError, match="configure"):
+            walk(body, pos, count, b"ID")
+    C.configure_c(c_walk)
+    assert c_walk.columns(body, pos, count, b"ID") == C.columns_py(body, pos, count, b"ID")
+
+
+@needs_c
+def test_an_unconfigured_walk_refuses_to_run():
+    from tests.store.accel_support import run_unconfigured
+    for fn in ("columns", "columns_raw"):
+        assert "lmqtt.store.spark._columns.configure() was not called" in run_unconfigured(
+            "lmqtt.store.spark._columns", f"m.{fn}(b'', 0, 0, b'ID')")
+    assert run_unconfigured("lmqtt.store.spark._columns", f"m.configure({C.C_LAYOUT!r}); m.columns(b'', 0, 0, b'ID')") \
+        == "ran"
