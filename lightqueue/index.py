@@ -67,12 +67,11 @@ _DR_ONLY = {DispatchRequest}
 
 # Slots of a resolved list (`_resolved[dispatch_queues]`, built by `_resolve`): the first queue's
 # tail, the other queues' tails (a tuple), the first queue's name, the mark of the last batch
-# that touched it, the other queues' names. The per-record loops index it with literals (a
-# global name there is a lookup per record), which the assert below ties to these names; the C
-# loop receives the positions at import (configure below).
+# that touched it, the other queues' names. A list, not an object: it is read per record. The
+# per-record loops bind these names to locals before they start (a global name there would be a
+# lookup per record); the C loop receives the positions at import (configure below).
 RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME, RES_MARK, RES_OTHER_NAMES = range(5)
-RES_LEN = 5
-assert (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME, RES_MARK, RES_OTHER_NAMES) == (0, 1, 2, 3, 4)
+RES_LEN = RES_OTHER_NAMES + 1
 
 # `_take_requests` in C when it was built (setup.py; optional) unless LMQTT_PURE_PYTHON=1; the
 # Python method is the reference (tests/lightqueue/test_lightqueue_speedups.py compares them).
@@ -419,9 +418,9 @@ class LightQueueIndex:
                 self._write()
 
     # The two loops below share one shape (kept inline: a call per record would cost more than
-    # the work): c = _resolved[tuple] = [first tail, filter tails, first name, batch mark,
-    # filter names];
-    # `cur`/`acc`: the filter tails being accumulated and their pending entries.
+    # the work): c = _resolved[tuple], a resolved list (RES_* slots: first tail, filter tails,
+    # first name, batch mark, filter names); `cur`/`acc`: the filter tails being accumulated and
+    # their pending entries.
     def _take_requests(self, batch: list, ckpt: int) -> None:
         """A list of DispatchRequests (parsed from the CommitLog, a replay, or the runs of a
         columnar chunk whose every record is its own run). Unpacked in the for target: the
@@ -437,6 +436,8 @@ class LightQueueIndex:
         pack = ENTRY.pack
         cur = _NO_TAILS
         acc: list[bytes] = []
+        res_tail, res_filters, res_first, res_mark, res_others = (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME,
+                                                                  RES_MARK, RES_OTHER_NAMES)
         for phys, size, _t, _q, _o, _f, _b, sts, _g, _k, qs in batch:
             if not qs or phys < ckpt:
                 continue   # no light queue, or already indexed (idempotent replay)
@@ -447,20 +448,20 @@ class LightQueueIndex:
                     acc = []
                 c = self._resolve(qs, phys)
                 rget = self._resolved.get
-            if c[3] is not mark:
-                c[3] = mark
-                touched.append(c[2])
+            if c[res_mark] is not mark:
+                c[res_mark] = mark
+                touched.append(c[res_first])
             e = pack(phys, size, sts)   # one entry, shared by all its queues
-            f = c[1]
+            f = c[res_filters]
             if f is not cur:
                 if acc:
                     _spread(acc, cur)
                 cur = f
                 acc = [e]
-                touched_f.append(c[4])
+                touched_f.append(c[res_others])
             else:
                 acc.append(e)
-            ba = c[0]
+            ba = c[res_tail]
             ba += e
         if acc:
             _spread(acc, cur)
@@ -479,6 +480,8 @@ class LightQueueIndex:
         acc: list[bytes] = []
         nr = len(runs)
         ns = len(sizes)
+        res_tail, res_filters, res_first, res_mark, res_others = (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME,
+                                                                  RES_MARK, RES_OTHER_NAMES)
         for k in range(nr):
             r = runs[k]
             qs = r.dispatch_queues
@@ -504,20 +507,20 @@ class LightQueueIndex:
                     acc = []
                 c = self._resolve(qs, p0)
                 rget = self._resolved.get
-            if c[3] is not mark:
-                c[3] = mark
-                touched.append(c[2])
+            if c[res_mark] is not mark:
+                c[res_mark] = mark
+                touched.append(c[res_first])
             e = join(es)
-            f = c[1]
+            f = c[res_filters]
             if f is not cur:
                 if acc:
                     _spread(acc, cur)
                 cur = f
                 acc = [e]
-                touched_f.append(c[4])
+                touched_f.append(c[res_others])
             else:
                 acc.append(e)
-            ba = c[0]
+            ba = c[res_tail]
             ba += e
         if acc:
             _spread(acc, cur)
@@ -542,7 +545,13 @@ class LightQueueIndex:
                 f = self._filter_tails.get(rest)
                 if f is None:
                     f = self._filter_tails[rest] = tuple(self._tail_for(n) for n in dict.fromkeys(rest))
-        c = self._resolved[qs] = [t0, f, qs[0], None, qs[1:]]
+        c = [None] * RES_LEN
+        c[RES_TAIL] = t0
+        c[RES_FILTER_TAILS] = f
+        c[RES_FIRST_NAME] = qs[0]
+        c[RES_MARK] = None
+        c[RES_OTHER_NAMES] = qs[1:]
+        self._resolved[qs] = c
         return c
 
     def _tail_for(self, name: str) -> bytearray:

@@ -28,7 +28,9 @@ from .mapped_file_queue import MappedFileQueue
 from .errors import CorruptRecord
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_decode, c_decode_many, check_size,
                      decode, decode_many, encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .encoding import ENCODER, PREFIX3 as _PREFIX3, c_encoder, encode_py  # noqa: F401  (ENCODER read as commitlog.ENCODER)
+from .encoding import (ENCODER, PREFIX3 as _PREFIX3, TI_DQ, TI_DQ_BYTES, TI_DQ_HBASE, TI_DQ_STRUCT,  # noqa: F401
+                       TI_FIRST_LEVEL, TI_HBASE, TI_LEN, TI_STRUCT, TI_TAGS, TI_TOPIC_BYTES, TI_TOPIC_LEN,
+                       c_encoder, encode_py)   # (ENCODER is read as commitlog.ENCODER)
 from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
 _new = tuple.__new__
@@ -120,8 +122,15 @@ class CommitLog:
         and this saves hashing that tuple and looking up its Struct per record."""
         tb = encode_topic(topic, self.cfg.max_topic_bytes)
         S0 = self._tail_struct(len(tb), 0, 0)
-        info = [tb, sys.intern(first_level(topic)), tags_code_of(tb), len(tb), S0, HEADER_SIZE + len(tb),
-                (), b"", S0, HEADER_SIZE + len(tb)]
+        info = [None] * TI_LEN
+        info[TI_TOPIC_BYTES] = tb
+        info[TI_FIRST_LEVEL] = sys.intern(first_level(topic))
+        info[TI_TAGS] = tags_code_of(tb)
+        info[TI_TOPIC_LEN] = len(tb)
+        info[TI_STRUCT] = info[TI_DQ_STRUCT] = S0
+        info[TI_HBASE] = info[TI_DQ_HBASE] = HEADER_SIZE + len(tb)
+        info[TI_DQ] = ()
+        info[TI_DQ_BYTES] = b""
         if len(self._topic_cache) > 100_000:
             self._topic_cache.clear()
         self._topic_cache[topic] = info
@@ -231,7 +240,8 @@ class CommitLog:
         """Remember `dq` (and its encoding, Struct, header size) as topic info `t`'s last
         dispatch-queue tuple (see _topic_info)."""
         db = self._names_cache.get(dq) or self._names(dq, "dispatch_queues")
-        t[6:10] = (dq, db, self._tail_struct(t[3], 0, len(db)), t[5] + len(db))
+        S = self._tail_struct(t[TI_TOPIC_LEN], 0, len(db))
+        t[TI_DQ], t[TI_DQ_BYTES], t[TI_DQ_STRUCT], t[TI_DQ_HBASE] = dq, db, S, t[TI_HBASE] + len(db)
 
     def _encode_py(self, msgs: list, phys: int, seg_end: int, store_ts: int, want_recent: bool) -> tuple:
         """The Python reference encoder (store.encoding.encode_py) on this log's caches."""
@@ -257,7 +267,9 @@ class CommitLog:
         t = self._topic_cache.get(topic)
         if t is None:
             t = self._topic_info(topic)
-        tb, fl, tags, tl, S, hbase = t[0], t[1], t[2], t[3], t[4], t[5]
+        # the topic info (store.encoding TI_*) unpacked whole, in slot order: cheaper than indexing
+        # six slots (a reordered TI_* shows in tests/store/test_encoding.py's byte-for-byte test)
+        tb, fl, tags, tl, S, hbase, _dq, _db, _dS, _dh = t
         body = m.body
         props = m.props
         keys = m.keys

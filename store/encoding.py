@@ -46,14 +46,12 @@ _POST = struct.Struct("<QQQIIHHH")          # born_ts, store_ts, tags, body_len,
 # Slots of a topic-info list (`CommitLog._topic_info`, cached per topic in `_topic_cache`): the
 # topic's bytes, its first level (ConsumeQueue name), tags code, byte length, the tail Struct and
 # header size without keys/queues, then the last dispatch-queue tuple seen with the topic, its
-# encoding, Struct and header size. The per-record loops index it with literals (a global name
-# there is a lookup per record), tied to these names by the assert; the C loop gets the
-# positions it reads in LAYOUT.
+# encoding, Struct and header size. A list, not an object: it is read per run on the append path.
+# The per-record loop below binds these names to locals before it starts (a global name there
+# would be a lookup per record); the C loop gets the positions it reads in LAYOUT.
 (TI_TOPIC_BYTES, TI_FIRST_LEVEL, TI_TAGS, TI_TOPIC_LEN, TI_STRUCT, TI_HBASE, TI_DQ, TI_DQ_BYTES,
  TI_DQ_STRUCT, TI_DQ_HBASE) = range(10)
-TI_LEN = 10
-assert (TI_TOPIC_BYTES, TI_FIRST_LEVEL, TI_TAGS, TI_TOPIC_LEN, TI_STRUCT, TI_HBASE, TI_DQ, TI_DQ_BYTES,
-        TI_DQ_STRUCT, TI_DQ_HBASE) == tuple(range(10))
+TI_LEN = TI_DQ_HBASE + 1
 
 # The record format as handed to the C encoder (checked there, see store/_append.c configure()).
 LAYOUT = {
@@ -128,6 +126,10 @@ def encode_py(cl, msgs: list, phys: int, seg_end: int, store_ts: int, want_recen
     size_append = sizes.append
     recent: list | None = [] if want_recent else None
     recent_offs: list = []
+    # topic-info slots (TI_*) as locals: read per run, which is per record for many topics
+    ti_tb, ti_fl, ti_tags, ti_tl, ti_struct, ti_hbase = (TI_TOPIC_BYTES, TI_FIRST_LEVEL, TI_TAGS, TI_TOPIC_LEN,
+                                                         TI_STRUCT, TI_HBASE)
+    ti_dq, ti_db, ti_dstruct, ti_dhbase = TI_DQ, TI_DQ_BYTES, TI_DQ_STRUCT, TI_DQ_HBASE
     try:
         for m in msgs:
             topic = m.topic
@@ -146,7 +148,7 @@ def encode_py(cl, msgs: list, phys: int, seg_end: int, store_ts: int, want_recen
                     t = tcache.get(topic)
                     if t is None:
                         t = cl._topic_info(topic)
-                    tb, fl, tags, tl = t[0], t[1], t[2], t[3]
+                    tb, fl, tags, tl = t[ti_tb], t[ti_fl], t[ti_tags], t[ti_tl]
                     r_topic = topic
                 if keys:
                     keyed = True
@@ -155,21 +157,21 @@ def encode_py(cl, msgs: list, phys: int, seg_end: int, store_ts: int, want_recen
                     kl = len(kb)
                     dl = len(db)
                     S = cl._tail_struct(tl, kl, dl)
-                    hbase = t[5] + kl + dl
+                    hbase = t[ti_hbase] + kl + dl
                 elif dq:
-                    if dq is not t[6]:
+                    if dq is not t[ti_dq]:
                         cl._dq_info(t, dq)
                     kb = b""
                     kl = 0
-                    db = t[7]
+                    db = t[ti_db]
                     dl = len(db)
-                    S = t[8]
-                    hbase = t[9]
+                    S = t[ti_dstruct]
+                    hbase = t[ti_dhbase]
                 else:
                     kb = db = b""
                     kl = dl = 0
-                    S = t[4]
-                    hbase = t[5]
+                    S = t[ti_struct]
+                    hbase = t[ti_hbase]
                 if qid != last_qid or fl is not last_fl:
                     if last_fl is not None:
                         assigned[(last_fl, last_qid)] = qoff
