@@ -1,12 +1,40 @@
-"""One loader for the optional C accelerators (`lmqtt.store._append`, `lmqtt.lightqueue._take`).
+"""One loader for the optional C accelerators, all seven of them (setup.py builds each; the module
+that loads it holds its Python reference):
+
+* `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
+  (store/encoding.py, store/record.py);
+* `lmqtt.store._fastpath` (store/_fastpath.c): the store server's raw pull, ConsumeQueue entries
+  into runs of adjacent records and their CRC check (store/fastpath.py);
+* `lmqtt.store.client._records` (store/client/_records.c): the SDK's decode of raw MESSAGES
+  replies into Records (store/client/consumer.py);
+* `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers
+  for the Spark reader (store/spark/columns.py);
+* `lmqtt.lightqueue._take` (lightqueue/_take.c): the light-queue index's per-record dispatch
+  loop (lightqueue/index.py);
+* `lmqtt.lightqueue._retained` (lightqueue/_retained.c): the retained-message scan's per-entry
+  loop (lightqueue/metadata.py);
+* `lmqtt.gateway.mqtt._run` (gateway/mqtt/_run.c): a run of PUBLISH packets encoded at once
+  (gateway/mqtt/encoder.py).
 
 Each accelerator is a C loop beside a pure-Python reference that produces the same results; the
 extensions are built by setup.py with `optional=True`, so an install without a C compiler still
 works and runs the Python loops. `LMQTT_PURE_PYTHON=1` forces the Python loops even when the
 extensions are built (equivalence tests, debugging, profiling the reference).
 
+Why the layouts are handed over: the C loops read and write formats defined in Python (the
+record header, the ConsumeQueue entry, the MESSAGES record head, the order of shared tuples such
+as DispatchRequest or Record). They do not repeat them: the module that loads `_append`,
+`_fastpath`, `_records`, `_columns` or `_take` passes the Python definitions to its
+`configure(...)` (`_append`'s decoder: `configure_reader(...)`) right after `load`; the C side
+checks them against the offsets it was written for, raises ValueError naming what differs, and
+refuses to run (RuntimeError) until configured. A layout change in Python thus fails loudly at
+import instead of producing wrong data. (`_retained` is given its key and value lengths on each
+call; `_run` writes only MQTT's own packet format.)
+
     from lmqtt.store import accel
     _take = accel.load("lmqtt.lightqueue._take")   # the module, or None
+    if _take is not None:
+        _take.configure(TAKE_LAYOUT)
 
 Only a missing module (ImportError) means "not built"; any other error while importing a built
 extension is a bug and propagates.
