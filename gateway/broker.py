@@ -1,16 +1,17 @@
 """The MQTT broker logic of one gateway: what happens on each packet (CONNECT, PUBLISH, the acks,
-SUBSCRIBE, UNSUBSCRIBE, DISCONNECT), retained messages, keepalive and shutdown.
+SUBSCRIBE, UNSUBSCRIBE, DISCONNECT, AUTH), start and shutdown.
 
-Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable top
-to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket and write batching are in
-`connection.py`; the store write in `publish.py`; the pull/fan-out in `delivery.py`; per-client state in
-`session.py`; which sessions exist, who owns them, expiry and wills in `session_registry.py`;
-subscriptions, shared groups and filter registrations in `subscriptions.py`; deciding a
-SUBSCRIBE/UNSUBSCRIBE filter by filter (validation, ACL, limits, replay, retained) in `subscribe.py`;
-offset/session persistence in `persistence.py`. Those modules never import this one: they get the few
-callbacks they need as plain callables. Everything runs on the event loop thread; nothing here blocks
-except short RocksDB metadata writes (sessions/offsets change at subscribe/ack rate and are batched per
-100 ms).
+Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
+top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket, write batching and the
+connections' deadlines (keep alive, connect timeout) are in `connection.py`; the store write in
+`publish.py`; the pull/fan-out in `delivery.py`; per-client state in `session.py`; which sessions
+exist, who owns them, expiry and wills in `session_registry.py`; subscriptions, shared groups and
+filter registrations in `subscriptions.py`; deciding a SUBSCRIBE/UNSUBSCRIBE filter by filter
+(validation, ACL, limits, replay, retained) in `subscribe.py`; offset/session persistence and its
+flush timer in `persistence.py`; the AUTH exchanges in `enhanced_auth.py`. Those modules never
+import this one: they get the few callbacks they need as plain callables. Everything runs on the
+event loop thread; nothing here blocks except short RocksDB metadata writes (sessions/offsets change
+at subscribe/ack rate and are batched per 100 ms).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from lmqtt.gateway.auth import AuthRunner, Credentials, Denied, Identity
 from lmqtt.gateway.enhanced_auth import EnhancedAuth, peer_certificate_subject
-from lmqtt.gateway.connection import NO_TOPICS, WriteBatcher
+from lmqtt.gateway.connection import NO_TOPICS, ConnectionSweep, WriteBatcher
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
 from lmqtt.gateway.retained import drain_retained
 from lmqtt.gateway.session import NEVER_EXPIRES, InFlight, Session
@@ -56,7 +57,8 @@ class Broker:
         self.auth = auth
         self.auth_runner = AuthRunner(auth, loop) if auth is not None else None
         self.acl = acl
-        self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked)
+        self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked,
+                                          timeout_s=cfg.connect_timeout_s)
         self.gate = None    # the connection/rate limits and their counters (gateway/limits.py), set by the Gateway
         self.store = store
         self.lq = lq
@@ -66,6 +68,7 @@ class Broker:
         self.loop = loop
         self.metrics = metrics
         self.connections: set["MQTTConnection"] = set()
+        self.sweep = ConnectionSweep(loop, self.connections, cfg.connect_timeout_s, self.enhanced_auth.timed_out)
         self.persist = SessionPersistence(self.metadata)
         self.writes = WriteBatcher(loop)
         self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
@@ -94,8 +97,6 @@ class Broker:
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
                                             kick=self.delivery.kick, resume=self._continue)
-        self._sweep_handle: asyncio.TimerHandle | None = None
-        self._offsets_handle: asyncio.TimerHandle | None = None
         self.accepting = True
         self._handlers = {
             P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,
@@ -110,8 +111,10 @@ class Broker:
         n = self.session_registry.restore()
         self.subscriptions.sync_store_filters()
         wills = self.session_registry.publish_orphan_wills()
-        self._tick_sweep()
-        self._tick_offsets()
+        self.sweep.start()
+        self.persist.start_flushing(self.loop, self.cfg.offset_flush_ms / 1000.0,
+                                    session_live=lambda s: self.sessions.get(s.client_id) is s,
+                                    group_live=self.subscriptions.is_current)
         log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
 
     def _publish_will(self, client_id: str, qos: int, topic: str, payload: bytes, retain: bool,
@@ -137,13 +140,11 @@ class Broker:
         deadline = self.loop.time() + timeout
         while self.publisher.inflight_batches and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
-        for t in (self._sweep_handle, self._offsets_handle):
-            if t is not None:
-                t.cancel()
+        self.sweep.stop()
         if self.auth_runner is not None:
             self.auth_runner.close()
         self.session_registry.close()
-        self._flush_offsets()
+        self.persist.stop_flushing()
         try:
             self.metadata.flush()
         except Exception as e:
@@ -581,36 +582,3 @@ class Broker:
         pending = self.persist.save_session(s)
         if pending is not None and s.conn is not None:
             s.conn.wait_for_store(pending)
-
-    def _flush_offsets(self) -> None:
-        self.persist.flush(lambda s: self.sessions.get(s.client_id) is s,
-                           self.subscriptions.is_current)
-
-    # ======================================================================= timers
-    def _tick_offsets(self) -> None:
-        try:
-            self._flush_offsets()
-        finally:
-            self._offsets_handle = self.loop.call_later(self.cfg.offset_flush_ms / 1000.0, self._tick_offsets)
-
-    def _tick_sweep(self) -> None:
-        try:
-            now = self.loop.time()
-            for c in list(self.connections):
-                if not c.connected:
-                    if now - c.accepted_at > self.cfg.connect_timeout_s:
-                        if c.auth_login is not None and not c.closing:
-                            self._refuse(c, RC.NOT_AUTHORIZED, "not authorized",
-                                         f"enhanced authentication ({c.auth_login.method}) did not complete "
-                                         f"within connect_timeout_s ({self.cfg.connect_timeout_s:g}s)")
-                        c.close()
-                    continue
-                if c.auth_login is not None and now - c.auth_login.started_at > self.cfg.connect_timeout_s:
-                    log.info("event=reauth_refused client_id=%s peer=%s reason_code=0x87 cause=%r", c.client_id,
-                             c.peer, "re-authentication did not complete within connect_timeout_s")
-                    c.auth_login = None
-                    c.close_with_error(RC.NOT_AUTHORIZED, "re-authentication timed out")
-                elif c.keepalive and now - c.last_rx > 1.5 * c.keepalive:
-                    c.close_with_error(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
-        finally:
-            self._sweep_handle = self.loop.call_later(0.5, self._tick_sweep)

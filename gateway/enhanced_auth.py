@@ -7,8 +7,8 @@ starts (a CONNECT with a method) and how it ends (the CONNECT goes on with an id
 refused). The methods themselves are the authenticators' (gateway/auth.py: `ScramLogin` for
 SCRAM-SHA-256, offered when the password file holds SCRAM verifiers); the state of an exchange in
 progress is the connection's `auth_login`. Until CONNACK only AUTH or DISCONNECT may follow
-(`Broker.handle_packet`), and a login that stalls is refused after `connect_timeout_s` by the
-broker's sweep.
+(`Broker.handle_packet`), and a login that stalls is refused after `connect_timeout_s`: the
+connection sweep (connection.py `ConnectionSweep`) finds it past its deadline and calls `timed_out`.
 """
 from __future__ import annotations
 
@@ -42,11 +42,26 @@ class EnhancedAuth:
     exchange succeeded (`auth_reply`: the method and final data CONNACK carries)."""
 
     def __init__(self, auth, loop: asyncio.AbstractEventLoop,
-                 refuse: Callable[..., None], accept: Callable[..., None]) -> None:
+                 refuse: Callable[..., None], accept: Callable[..., None], timeout_s: float = 0.0) -> None:
         self.auth = auth
         self.loop = loop
         self.refuse = refuse
         self.accept = accept
+        self.timeout_s = timeout_s      # connect_timeout_s: the sweep's deadline, named in the refusals
+
+    def timed_out(self, conn: "MQTTConnection") -> None:
+        """The exchange in progress on `conn` missed its deadline (the connection sweep's call): a
+        CONNECT's is refused with CONNACK 0x87, a re-authentication's closes the connection with
+        DISCONNECT 0x87 (DISCONNECT has no 0x86)."""
+        login = conn.auth_login
+        if not conn.connected:
+            return self.refuse(conn, RC.NOT_AUTHORIZED, "not authorized",
+                               f"enhanced authentication ({login.method}) did not complete "
+                               f"within connect_timeout_s ({self.timeout_s:g}s)")
+        log.info("event=reauth_refused client_id=%s peer=%s reason_code=0x87 cause=%r", conn.client_id,
+                 conn.peer, "re-authentication did not complete within connect_timeout_s")
+        conn.auth_login = None
+        conn.close_with_error(RC.NOT_AUTHORIZED, "re-authentication timed out")
 
     def begin(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned) -> None:
         """CONNECT with an Authentication Method: SCRAM-SHA-256 when a password file is configured

@@ -3,13 +3,14 @@
 Why a separate module: this is the only place that knows how the gateway's in-memory `Session`
 maps to the light-queue metadata records (`SessionRecord`, offsets per consumer), and it owns the
 write batching. Offsets change at ack rate, so they are only marked dirty on the hot path and
-written every `offset_flush_ms` by the broker's timer (a crash loses at most that much progress:
+written every `offset_flush_ms` by this module's timer (`start_flushing`; a crash loses at most that much progress:
 the messages are delivered again, never lost). Session records change at subscribe/connect rate
 and are written synchronously, before SUBACK/CONNACK, so an acknowledged subscription survives
 `kill -9`.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -116,6 +117,10 @@ class SessionPersistence:
         self.metadata = meta
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
+        # which dirty sessions/groups still exist when the offsets are written (`start_flushing`)
+        self._session_live: Callable[["Session"], bool] = lambda s: True
+        self._group_live: Callable[["SharedGroup"], bool] = lambda g: True
+        self._flush_handle: asyncio.TimerHandle | None = None
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
@@ -182,13 +187,38 @@ class SessionPersistence:
         except Exception as e:
             log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
 
-    def flush(self, session_live: Callable[["Session"], bool], group_live: Callable[["SharedGroup"], bool]) -> None:
+    def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float,
+                       session_live: Callable[["Session"], bool],
+                       group_live: Callable[["SharedGroup"], bool]) -> None:
+        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms), those of the
+        sessions and shared groups that still exist only: `session_live(s)` / `group_live(g)` say
+        whether one is still the live object (an ended or replaced session, a dropped group, must
+        not write its offsets over its successor's)."""
+        self._session_live, self._group_live = session_live, group_live
+
+        def tick() -> None:
+            try:
+                self.flush()
+            finally:
+                self._flush_handle = loop.call_later(interval_s, tick)
+        tick()
+
+    def stop_flushing(self) -> None:
+        """At shutdown: no more timer; what is dirty is written one last time."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.flush()
+
+    def flush(self) -> None:
         """Write every dirty offset of sessions/groups that still exist."""
         ds, self.dirty_sessions = self.dirty_sessions, set()
+        live = self._session_live
         for s in ds:
-            if s.expiry_interval and session_live(s):
+            if s.expiry_interval and live(s):
                 self.save_offsets(s)
         dg, self.dirty_groups = self.dirty_groups, set()
+        live = self._group_live
         for g in dg:
-            if group_live(g):
+            if live(g):
                 self.save_group_offset(g)

@@ -354,7 +354,7 @@ def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
             for qos, retain, pid, dup in ((0, False, None, False), (1, True, 7, False), (2, False, 65535, True),
                                           (1, False, 300, True)):
                 want = encode_publish_v5_parts("a/b", it.payload, qos, retain, dup, pid,
-                                               it.props_body() + message_expiry_prop(left))
+                                               it.properties_body() + message_expiry_prop(left))
                 assert it.encode_with_expiry(qos, retain, pid, dup, left) == want
 
 
@@ -443,3 +443,56 @@ def test_qos0_messages_for_a_client_waiting_for_the_store_wait_with_it_and_are_n
         assert [p.payload for p in got] == [b"m%d" % i for i in range(20)]
         assert gw.broker.metrics.dropped_qos0_backpressure._value.get() == dropped
     run(tmp_path, body)
+
+
+# ------------------------------------------------------------------------------- connection deadlines
+def test_the_sweep_closes_a_silent_connection_with_keep_alive_timeout(tmp_path):
+    """Silent for more than 1.5 x its keep alive: DISCONNECT 0x8D (MQTT 5), then closed; a
+    connection heard from within it stays."""
+    async def body(gw):
+        quiet, talking = Client(gw), Client(gw)
+        for c, cid in ((quiet, "ka-quiet"), (talking, "ka-talking")):
+            pkt = P.Connect(client_id=cid, protocol_level=5, keepalive=10)
+            c.send(pkt)
+            await c.wait_for(P.ConnAck)
+        now = asyncio.get_running_loop().time()
+        quiet.conn.last_rx = now - 16                 # > 15 s = 1.5 x 10 s
+        talking.conn.last_rx = now - 14
+        gw.broker.sweep.sweep()
+        d, = await quiet.wait_for(P.Disconnect)
+        assert d.reason_code == ReasonCode.KEEP_ALIVE_TIMEOUT and quiet.transport.closed
+        assert not talking.transport.closed
+        assert not [p for p in talking.packets() if isinstance(p, P.Disconnect)]
+    run(tmp_path, body)
+
+
+def test_the_sweep_closes_a_socket_without_connect_after_connect_timeout(tmp_path):
+    async def body(gw):
+        idle = Client(gw)
+        gw.broker.sweep.sweep()
+        assert not idle.transport.closed               # within connect_timeout_s
+        idle.conn.accepted_at -= gw.cfg.connect_timeout_s + 1
+        gw.broker.sweep.sweep()
+        assert idle.transport.closed and idle.transport.take() == b""    # nothing to answer
+    run(tmp_path, body)
+
+
+def test_a_stalled_reauthentication_is_ended_by_the_sweep_with_disconnect_0x87(tmp_path, caplog):
+    import logging
+
+    from lmqtt.gateway.scram import ScramClient
+    from tests.gateway.test_scram_broker import _auth, _scram_login, run as run_scram
+
+    async def body(gw):
+        c = Client(gw)
+        assert (await _scram_login(c, "reauth-stall", "alice", "s3cret"))[1].reason_code == 0
+        c.send(_auth(ReasonCode.RE_AUTHENTICATE, ScramClient("alice", "s3cret").first()))
+        await c.wait_for(P.Auth, 2)                    # the challenge ... never answered
+        c.conn.auth_login.started_at -= gw.cfg.connect_timeout_s + 1
+        with caplog.at_level(logging.INFO, logger="lmqtt.gateway"):
+            gw.broker.sweep.sweep()
+        d, = await c.wait_for(P.Disconnect)
+        assert d.reason_code == ReasonCode.NOT_AUTHORIZED and c.transport.closed
+        assert c.conn.auth_login is None
+        assert "re-authentication did not complete within connect_timeout_s" in caplog.text
+    run_scram(tmp_path, body)

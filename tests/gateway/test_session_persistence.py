@@ -1,0 +1,53 @@
+"""`SessionPersistence`'s offset flushing (gateway/persistence.py): offsets marked dirty on the ack
+path are written by its own timer, only for the sessions and shared groups that are still the
+live ones, and once more when flushing stops at shutdown."""
+from __future__ import annotations
+
+import asyncio
+
+from lmqtt.gateway.persistence import SessionPersistence
+from lmqtt.gateway.session import Cursor, Session
+from lmqtt.gateway.shared import SharedGroup
+
+
+class Metadata:
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, dict]] = []
+
+    def set_offsets(self, consumer, offsets) -> None:
+        self.writes.append((consumer, dict(offsets)))
+
+
+def _session(cid: str, offset: int) -> Session:
+    s = Session(cid)
+    s.expiry_interval = 60
+    s.cursors["q"] = Cursor(offset)
+    return s
+
+
+def test_dirty_offsets_of_live_sessions_and_groups_are_written_by_the_timer_and_at_stop():
+    async def main():
+        meta = Metadata()
+        p = SessionPersistence(meta)
+        live, gone = _session("live", 5), _session("gone", 7)
+        g_live, g_gone = SharedGroup("g", "q", 3), SharedGroup("h", "q", 4)
+        p.start_flushing(asyncio.get_running_loop(), 0.01, session_live=lambda s: s is live,
+                         group_live=lambda g: g is g_live)
+        for s in (live, gone):
+            p.mark_session(s)
+        for g in (g_live, g_gone):
+            p.mark_group(g)
+        for _ in range(200):
+            if meta.writes:
+                break
+            await asyncio.sleep(0.005)
+        assert sorted(meta.writes) == sorted([("live", {"q": 5}), (g_live.consumer, {"q": 3})])
+        assert not p.dirty_sessions and not p.dirty_groups
+        meta.writes.clear()
+        p.stop_flushing()
+        p.mark_session(live)
+        await asyncio.sleep(0.05)
+        assert meta.writes == []                       # the timer is gone
+        p.stop_flushing()                              # at shutdown: written once more
+        assert meta.writes == [("live", {"q": 5})]
+    asyncio.run(main())
