@@ -28,7 +28,7 @@ from .mapped_file_queue import MappedFileQueue
 from .errors import CorruptRecord
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_decode, c_decode_many, check_size,
                      decode, decode_many, encode_names, encode_topic, first_level, tags_code_of, valid_at)
-from .encoding import (ENCODER, PREFIX3 as _PREFIX3, TI_DQ, TI_DQ_BYTES, TI_DQ_HBASE, TI_DQ_STRUCT,  # noqa: F401
+from .encoding import (ENCODER, PREFIX3 as _PREFIX3, TAIL_FORMAT as _TAIL_FORMAT, TI_DQ, TI_DQ_BYTES, TI_DQ_HBASE, TI_DQ_STRUCT,  # noqa: F401
                        TI_FIRST_LEVEL, TI_HBASE, TI_LEN, TI_STRUCT, TI_TAGS, TI_TOPIC_BYTES, TI_TOPIC_LEN,
                        c_encoder, encode_py)   # (ENCODER is read as commitlog.ENCODER)
 from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
@@ -142,7 +142,7 @@ class CommitLog:
         key = (tl, kl, dl)
         st = self._struct_cache.get(key)
         if st is None:
-            st = struct.Struct(f"<IIQQQQQIIHHH{tl}s{kl}s{dl}s")
+            st = struct.Struct(f"{_TAIL_FORMAT}{tl}s{kl}s{dl}s")
             if len(self._struct_cache) > 10_000:
                 self._struct_cache.clear()
             self._struct_cache[key] = st
@@ -242,10 +242,6 @@ class CommitLog:
         db = self._names_cache.get(dq) or self._names(dq, "dispatch_queues")
         S = self._tail_struct(t[TI_TOPIC_LEN], 0, len(db))
         t[TI_DQ], t[TI_DQ_BYTES], t[TI_DQ_STRUCT], t[TI_DQ_HBASE] = dq, db, S, t[TI_HBASE] + len(db)
-
-    def _encode_py(self, msgs: list, phys: int, seg_end: int, store_ts: int, want_recent: bool) -> tuple:
-        """The Python reference encoder (store.encoding.encode_py) on this log's caches."""
-        return encode_py(self, msgs, phys, seg_end, store_ts, want_recent)
 
     def _live_add(self, start: int, end: int, chunk, count: int) -> None:
         """Under self.lock: queue one append's chunk (of `count` records) for the dispatch thread."""

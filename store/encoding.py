@@ -33,15 +33,19 @@ from .consume_queue import ENTRY as CQ_ENTRY
 from .errors import InvalidMessage
 from .message import RECENT_FIELDS, DispatchRequest, Message
 from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX,
-                     check_size)
+                     check_size, header_format)
 
 _NONE = object()  # matches nothing (`is` comparisons)
 
-PREFIX3 = struct.Struct("<III")  # total_size, magic, crc
+# Slices of the record header (store.record.HEADER, the one definition), by field name:
+PREFIX3 = struct.Struct(header_format("total_size", "queue_id"))      # total_size, magic, crc
+# the fields after the CRC, up to the variable part (topic, keys, queues); CommitLog._tail_struct
+# appends the `s` codes of those
+TAIL_FORMAT = header_format("queue_id")
 # a record after the CRC split around the two fields that change from record to record of a run
-_PRE = struct.Struct("<II")                 # queue_id, flags
-_QQ = struct.Struct("<QQ")                  # queue_offset, phys_offset
-_POST = struct.Struct("<QQQIIHHH")          # born_ts, store_ts, tags, body_len, props_len, 3 lengths
+_PRE = struct.Struct(header_format("queue_id", "queue_offset"))       # queue_id, flags
+_QQ = struct.Struct(header_format("queue_offset", "born_ts"))         # queue_offset, phys_offset
+_POST = struct.Struct(header_format("born_ts"))   # born_ts, store_ts, tags, body_len, props_len, 3 lengths
 
 # Slots of a topic-info list (`CommitLog._topic_info`, cached per topic in `_topic_cache`): the
 # topic's bytes, its first level (ConsumeQueue name), tags code, byte length, the tail Struct and

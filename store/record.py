@@ -28,15 +28,31 @@ _new = tuple.__new__
 
 MSG_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
+# The one definition of the header: every other Struct of header fields (here, in store.encoding
+# and CommitLog._tail_struct) is a slice of this format, taken by field name with header_format().
 HEADER = struct.Struct("<IIIIIQQQQQIIHHH")
+HEADER_FIELDS = ("total_size", "magic", "crc", "queue_id", "flags", "queue_offset", "phys_offset", "born_ts",
+                 "store_ts", "tags_code", "body_len", "props_len", "topic_len", "keys_len", "dq_len")
+# one code per field, no repeat counts: header_format() slices the format by field position
+assert len(HEADER_FIELDS) == len(HEADER.format) - 1 and HEADER.format[1:].isalpha()
+
+
+def header_format(first: str, end: str | None = None) -> str:
+    """The struct format (byte order included) of the header fields from `first` up to, not
+    including, `end` (default: to the end of the header)."""
+    i = HEADER_FIELDS.index(first)
+    j = len(HEADER_FIELDS) if end is None else HEADER_FIELDS.index(end)
+    return HEADER.format[0] + HEADER.format[1 + i:1 + j]
+
+
 HEADER_SIZE = HEADER.size  # 74
-CRC_START = 12
-PREFIX = struct.Struct("<II")  # total_size, magic
-CRC_FIELD = struct.Struct("<I")
+CRC_START = struct.calcsize(header_format("total_size", "queue_id"))  # 12: the CRC covers the rest
+PREFIX = struct.Struct(header_format("total_size", "crc"))  # total_size, magic
+CRC_FIELD = struct.Struct(header_format("crc", "queue_id"))
 MIN_BLANK = 8  # a segment always keeps room for a blank filler header
 SEP = "\x00"
 
-assert HEADER_SIZE == 74
+assert HEADER_SIZE == 74 and CRC_START == 12   # the layout docs/store.md documents
 
 
 def tags_code_of(topic_bytes: bytes) -> int:

@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from lmqtt.store import InvalidMessage, Message, StoreConfig, commitlog
+from lmqtt.store import InvalidMessage, Message, StoreConfig, commitlog, encoding
 from lmqtt.store.commitlog import CommitLog
 from lmqtt.store.consume_queue import ENTRY
 from lmqtt.store.errors import InvalidTopic, MessageTooLarge
@@ -49,7 +49,7 @@ def encode_both(tmp_path, batches, seg=4096, recent=False):
                                     seg_end, seg, 1_700_000_000_000 + i, cl.cfg.max_message_size, recent)
                     cq, r = r[9], r[:9]
                 else:
-                    r = cl._encode_py(msgs, phys, seg_end, 1_700_000_000_000 + i, recent)
+                    r = encoding.encode_py(cl, msgs, phys, seg_end, 1_700_000_000_000 + i, recent)
                     cq = None
             except Exception as e:   # noqa: BLE001 - compared below
                 res.append((type(e), None))
