@@ -47,10 +47,13 @@ log = logging.getLogger("lmqtt.gateway")
 class Broker:
     def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
                  metrics: "GatewayMetrics", auth=None, acl=None, storage=None,
-                 session_registry_cls=SessionRegistry) -> None:
+                 session_registry_cls=SessionRegistry, gate=None, after_append=None) -> None:
         """`storage`: a `GatewayStore` (e.g. RemoteStore for `lmqtt gateway`); default: an
         InProcessStore over `store`/`lq`. `session_registry_cls`: the fleet's variant reloads a
-        session from the store on CONNECT (gateway/fleet.py)."""
+        session from the store on CONNECT (gateway/fleet.py). `gate`: the connection and rate
+        limits with their counters (gateway/limits.py `ConnectionGate`), None for none.
+        `after_append()`: called once each publish batch is appended (the embedded gateway's
+        notify bus drain, so subscribers get the batch before its PUBACKs go out)."""
         self.cfg = cfg
         # security (gateway/auth.py, gateway/acl.py): None = not configured, and then CONNECT,
         # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
@@ -59,7 +62,7 @@ class Broker:
         self.acl = acl
         self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked,
                                           timeout_s=cfg.connect_timeout_s)
-        self.gate = None    # the connection/rate limits and their counters (gateway/limits.py), set by the Gateway
+        self.gate = gate
         self.store = store
         self.lq = lq
         # everything below uses the store through it
@@ -75,21 +78,20 @@ class Broker:
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush)
-        self.delivery.acl = acl
-        self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist)
-        self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
-                                                self._publish_will)
-        self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
+        self.delivery.acl = acl       # (set after construction: DeliveryEngine takes no acl argument)
         self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,
-                                         flush_writes=self.writes.flush)
+                                         flush_writes=self.writes.flush, after_append=after_append)
         # subscribing from the past (gateway/replay.py): publishes routed before a filter's
         # registration are appended before it; history obeys the ACL's read rules
-        self.subscriptions.before_register = self.publisher.flush
+        self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist,
+                                                  before_register=self.publisher.flush, acl=acl)
         if lq is not None:            # embedded: registrations by SDK consumers too (store port)
             lq.before_register = self.publisher.flush
-        self.subscriptions.acl = acl
+        self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
+                                                self._publish_will)
+        self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
         # `using` looked up when called: only a store that reads ahead (remote) has it
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
                                             using=lambda ahead: self.storage.using(ahead),

@@ -117,6 +117,7 @@ class PacketHandler(Protocol):
     metrics: Any
     loop: asyncio.AbstractEventLoop
     writes: WriteBatcher
+    gate: Any      # the connection and rate limits (gateway/limits.py ConnectionGate), None for none
 
     def on_accept(self, conn: "MQTTConnection") -> None: ...
     def on_connection_lost(self, conn: "MQTTConnection", exc: BaseException | None) -> None: ...
@@ -196,7 +197,7 @@ class MQTTConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
         pn = transport.get_extra_info("peername")
         self.peer = f"{pn[0]}:{pn[1]}" if pn else "?"
-        gate = getattr(self.handler, "gate", None)
+        gate = self.handler.gate
         if gate is not None and not self._admit(gate, pn[0] if pn else "?"):
             return
         self.handler.on_accept(self)

@@ -127,7 +127,8 @@ class PublishPipeline:
     def __init__(self, store: "GatewayStore", loop, metrics, max_pending_publish: int, *,
                  set_retained: Callable[[str, bytes, bytes], None],
                  record_appended: Callable[[list, int], None],
-                 flush_writes: Callable[[], None]) -> None:
+                 flush_writes: Callable[[], None],
+                 after_append: Callable[[], None] | None = None) -> None:
         self.store = store
         self.loop = loop
         self.metrics = metrics
@@ -143,7 +144,7 @@ class PublishPipeline:
         # called once the batch is appended (Gateway: the notify bus's drain): with the store's
         # inline dispatch the new entries are already visible, so subscribers get them in this
         # same loop callback, before the PUBACKs are written
-        self.after_append = None
+        self.after_append = after_append
         # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
         # remote one fires on its own)
         enable = getattr(store, "enable_delayed", None)

@@ -268,9 +268,9 @@ class Gateway:
         self.lq.add_listener(self.bus.publish)
         self.store.start()
         try:
-            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics, auth=self.auth, acl=self.acl)
+            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics, auth=self.auth, acl=self.acl,
+                                 gate=self._new_gate(), after_append=self.bus.drain)
             self.bus.subscribe(self.broker.delivery.on_queues)
-            self.broker.publisher.after_append = self.bus.drain
             self.broker.start()
             await self._listen(loop)
         except BaseException:
@@ -318,7 +318,8 @@ class Gateway:
             self.storage.start()
             self._remote_metrics()
             self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
-                                 storage=self.storage, session_registry_cls=FleetSessionRegistry)
+                                 storage=self.storage, session_registry_cls=FleetSessionRegistry,
+                                 gate=self._new_gate())
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
             self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
@@ -412,14 +413,18 @@ class Gateway:
             self.link.close()
             self.link = None
 
+    def _new_gate(self):
+        """The connection and rate limits (gateway/limits.py) the broker and its connections apply."""
+        from lmqtt.gateway.limits import ConnectionGate, Limits
+        return ConnectionGate(Limits.from_config(self.cfg))
+
     def _install_limits(self) -> None:
-        """The connection and rate limits (gateway/limits.py) on the broker, and their counters on
-        /metrics: lmqtt_limit_hits_total{limit}, lmqtt_tls_handshake_failures_total{cause},
+        """The counters of the broker's connection and rate limits on /metrics:
+        lmqtt_limit_hits_total{limit}, lmqtt_tls_handshake_failures_total{cause},
         lmqtt_limit_refused_sockets_waiting."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from lmqtt.gateway.limits import ConnectionGate, Limits
-        gate = self.broker.gate = ConnectionGate(Limits.from_config(self.cfg))
+        gate = self.broker.gate
         gw = self
 
         class _Collector:

@@ -26,7 +26,7 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.replay import REPLAY_PREFIX, HistoryRun, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.session import ClientSubscription, Cursor, Session
@@ -45,18 +45,20 @@ log = logging.getLogger("lmqtt.gateway.subscriptions")
 
 
 class SubscriptionRegistry:
-    def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence") -> None:
+    def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence", *,
+                 before_register: Callable[[], None] | None = None, acl=None) -> None:
+        """`before_register()`: called before a wildcard filter is registered with the store (the
+        broker: append the publishes already routed without it, so that every record appended
+        after the registration carries the filter: the seam of subscribing from the past,
+        replay.py). `acl`: its read rules filter the history of a subscription from the past."""
         self.store = store
         self.metadata = store.metadata
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
-        # called before a wildcard filter is registered with the store (the broker: append the
-        # publishes already routed without it, so that every record appended after the
-        # registration carries the filter: the seam of subscribing from the past, replay.py)
-        self.before_register = None
-        self.acl = None         # for the history of subscriptions from the past (read rules)
+        self.before_register = before_register
+        self.acl = acl
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
     def read_ahead(self, s: Session, requests, since_all: int | None = None):
