@@ -1,11 +1,12 @@
-/* lightqueue._take: LightQueueIndex._take_requests in C (optional accelerator).
+/* lightqueue._take: lightqueue.take.take_requests in C (optional accelerator).
  *
  * Why: with device topics every record is its own run, and indexing it in Python (unpack the
  * request, look up its resolved queues, pack a 20-byte entry, append it to the topic's tail and
  * accumulate it for the filters' tails) cost ~1.5 us of CPU per record on the store's dispatch
  * thread, which shares the GIL with the appender. This does the same, record for record; the
- * Python method stays the reference and the fallback (tests/lightqueue/test_lightqueue_speedups.py
- * compares the two; LMQTT_PURE_PYTHON=1 turns this off).
+ * Python function (lightqueue/take.py) stays the reference and the fallback
+ * (tests/lightqueue/test_lightqueue_speedups.py compares the two; LMQTT_PURE_PYTHON=1 turns this
+ * off). `index` is the LightQueueIndex: its _resolved dict and _resolve method are called back.
  *
  * take_requests(index, batch, ckpt, touched, touched_f, mark)
  *
@@ -21,7 +22,7 @@
 #include <string.h>
 
 /* Positions and sizes this loop reads and writes, handed over by configure() from
- * lightqueue/index.py (ENTRY, the RES_* slots of a resolved list) and store/message.py (the DR_*
+ * lightqueue/take.py (ENTRY, the RES_* slots of a resolved list) and store/message.py (the DR_*
  * positions of a DispatchRequest). Nothing is repeated here: take_requests refuses to run until
  * configure() has accepted them. */
 #define ENTRY_SIZE 20   /* the only entry layout this loop packs: >QIQ, checked by configure() */
@@ -171,7 +172,7 @@ static int get_index(PyObject *d, const char *key, Py_ssize_t *out) {
 
 /* configure(layout): {"entry_format": ">QIQ", "dr_phys", "dr_size", "dr_store_ts",
  * "dr_dispatch_queues", "dr_len", "res_tail", "res_filter_tails", "res_first_name", "res_mark",
- * "res_other_names", "res_len"} (see lightqueue/index.py). */
+ * "res_other_names", "res_len"} (lightqueue/take.py TAKE_LAYOUT). */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *d;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return NULL;
@@ -200,13 +201,13 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"configure", configure, METH_VARARGS, "configure(layout): positions and entry format (lightqueue/index.py)"},
+    {"configure", configure, METH_VARARGS, "configure(layout): positions and entry format (lightqueue/take.py)"},
     {"take_requests", take_requests, METH_VARARGS,
-     "take_requests(index, batch, ckpt, touched, touched_f, mark): LightQueueIndex._take_requests in C"},
+     "take_requests(index, batch, ckpt, touched, touched_f, mark): lightqueue.take.take_requests in C"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.lightqueue._take",
-                                    "C accelerator for LightQueueIndex._take_requests (optional)", -1,
+                                    "C accelerator for lightqueue.take.take_requests (optional)", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__take(void) {

@@ -41,17 +41,15 @@ from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from lmqtt.store import accel
-from lmqtt.store.message import (CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE,
-                                  DR_STORE_TS, DispatchRequest)
-
 from .errors import LightQueueError
 from .retention import IndexRetention
+# The take loop (dispatched records into the tails) lives in take.py with the entry format;
+# ENTRY and ENTRY_SIZE stay importable from here.
+from .take import (_NO_TAILS, ENTRY, ENTRY_SIZE, RES_FILTER_TAILS, RES_FIRST_NAME, RES_LEN, RES_MARK,
+                   RES_OTHER_NAMES, RES_TAIL, take_batch)
 
 log = logging.getLogger(__name__)
 
-ENTRY = struct.Struct(">QIQ")      # phys_offset, size, store_ts
-ENTRY_SIZE = ENTRY.size            # 20
 _U64 = struct.Struct(">Q")
 _KEY = struct.Struct(">QQ")        # qid, first queue offset
 
@@ -60,56 +58,6 @@ K_NAME = b"\xffN"
 K_NEXT = b"\xffX"
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
 _ITER = ENTRY.iter_unpack
-_NO_TAILS: tuple = ()
-
-
-_DR_ONLY = {DispatchRequest}
-
-# Slots of a resolved list (`_resolved[dispatch_queues]`, built by `_resolve`): the first queue's
-# tail, the other queues' tails (a tuple), the first queue's name, the mark of the last batch
-# that touched it, the other queues' names. A list, not an object: it is read per record. The
-# per-record loops bind these names to locals before they start (a global name there would be a
-# lookup per record); the C loop receives the positions at import (configure below).
-RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME, RES_MARK, RES_OTHER_NAMES = range(5)
-RES_LEN = RES_OTHER_NAMES + 1
-
-# `_take_requests` in C when it was built (setup.py; optional) unless LMQTT_PURE_PYTHON=1; the
-# Python method is the reference (tests/lightqueue/test_lightqueue_speedups.py compares them).
-# What the C loop reads and writes, handed to it at import (it refuses another entry format).
-TAKE_LAYOUT = {
-    "entry_format": ENTRY.format,
-    "dr_phys": DR_PHYS, "dr_size": DR_SIZE, "dr_store_ts": DR_STORE_TS,
-    "dr_dispatch_queues": DR_DISPATCH_QUEUES, "dr_len": len(DispatchRequest._fields),
-    "res_tail": RES_TAIL, "res_filter_tails": RES_FILTER_TAILS, "res_first_name": RES_FIRST_NAME,
-    "res_mark": RES_MARK, "res_other_names": RES_OTHER_NAMES, "res_len": RES_LEN,
-}
-_ctake = accel.load("lmqtt.lightqueue._take")
-if _ctake is not None:
-    _ctake.configure(TAKE_LAYOUT)
-
-
-def _as_request(r) -> DispatchRequest:
-    return DispatchRequest(r.phys_offset, r.size, r.topic, r.queue_id, r.queue_offset, r.flags,
-                           r.born_ts, r.store_ts, r.tags_code, r.keys, r.dispatch_queues)
-
-
-def _known_chunks(chunks) -> bool:
-    """True when `chunks` has the columnar layout `_take_runs` reads (store.message CHUNK_*: per
-    append call the record sizes, the index of each run's first record, and that record's
-    DispatchRequest); else dispatch iterates the batch as DispatchRequests, which is always
-    correct, only slower."""
-    at_sizes, at_starts, at_runs = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS
-    n = max(at_sizes, at_starts, at_runs) + 1
-    for c in chunks:
-        if type(c) is not tuple or len(c) < n:
-            return False
-        sizes, starts, runs = c[at_sizes], c[at_starts], c[at_runs]
-        if (type(sizes) is not list or type(starts) is not list or type(runs) is not list
-                or len(starts) != len(runs) or len(runs) > len(sizes)):
-            return False
-        if runs and (type(runs[0]) is not DispatchRequest or starts[0] != 0):
-            return False
-    return True
 
 
 class IndexEntry(NamedTuple):
@@ -117,14 +65,6 @@ class IndexEntry(NamedTuple):
     phys_offset: int
     size: int
     store_ts: int
-
-
-def _spread(entries: list, tails) -> None:
-    """Append the joined `entries` to every filter tail of one filter set (called when the set
-    changes, not per record: consecutive records of one set accumulate in `entries`)."""
-    v = b"".join(entries)
-    for ba in tails:
-        ba += v
 
 
 class LightQueueIndex:
@@ -380,34 +320,13 @@ class LightQueueIndex:
         """Append the batch's entries to the in-memory tails (readable at once); write RocksDB
         when enough is buffered (`write_records`, `max_queues_per_write`, `tail_queues`).
 
-        Per record the work is one pack and one bytearray append: `_resolved` maps a dispatch
-        tuple (the same tuple object for every publish of a topic) to its first queue's tail
-        bytearray and to the bytearrays of the others (the wildcard filters), interned so that
-        every tuple with the same filters shares one object. Consecutive records with the same
-        filters have their entries joined and appended to those tails once (when the filter set
-        changes, before the next resolve and at the end of the batch), so a record costs one
-        append however many filters match it. Resolution happens once per tuple between two
-        writes, which is also when a queue's first unwritten position is noted. The lock is held
-        for the whole batch, so a flush or drop from another thread never sees half a batch."""
+        Per record the work is one pack and one bytearray append into the tails (take.py,
+        `take_batch`: the Python reference loops and the C one). Resolving a dispatch tuple to its
+        tails (`_resolve`, called back from the loops) happens once per tuple between two writes,
+        which is also when a queue's first unwritten position is noted. The lock is held for the
+        whole batch, so a flush or drop from another thread never sees half a batch."""
         with self._lock:
-            ckpt = self._ckpt
-            chunks = getattr(batch, "chunks", None)
-            if chunks is not None and _known_chunks(chunks):
-                at_sizes, at_starts, at_runs = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS
-                for c in chunks:
-                    sizes, starts, runs = c[at_sizes], c[at_starts], c[at_runs]
-                    if len(runs) == len(sizes):     # one record per run: runs are the requests
-                        self._take_requests(runs, ckpt)
-                    else:
-                        self._take_runs(sizes, starts, runs, ckpt)
-            else:
-                if type(batch) is not list:
-                    batch = list(batch)
-                if set(map(type, batch)) <= _DR_ONLY:
-                    self._take_requests(batch, ckpt)
-                else:   # objects with the DispatchRequest attributes
-                    self._take_requests([_as_request(r) for r in batch], ckpt)
-            self._taken += len(batch)
+            self._taken += take_batch(self, batch, self._ckpt)
             if len(self._touched) + len(self._touched_f) > self._touched_cap:   # nobody takes
                 self._touched = list(set(self._touched))                       # them: dedupe
                 self._touched_f = list(set(self._touched_f))
@@ -417,116 +336,8 @@ class LightQueueIndex:
             if self._taken >= self.write_records or len(self._tail) > self.tail_queues:
                 self._write()
 
-    # The two loops below share one shape (kept inline: a call per record would cost more than
-    # the work): c = _resolved[tuple], a resolved list (RES_* slots: first tail, filter tails,
-    # first name, batch mark, filter names); `cur`/`acc`: the filter tails being accumulated and
-    # their pending entries.
-    def _take_requests(self, batch: list, ckpt: int) -> None:
-        """A list of DispatchRequests (parsed from the CommitLog, a replay, or the runs of a
-        columnar chunk whose every record is its own run). Unpacked in the for target: the
-        cheapest way to reach four fields of a named tuple (measured 390 vs 630 ns/record for
-        attribute access)."""
-        if _ctake is not None:
-            _ctake.take_requests(self, batch, ckpt, self._touched, self._touched_f, object())
-            return
-        rget = self._resolved.get
-        touched = self._touched
-        touched_f = self._touched_f
-        mark = object()
-        pack = ENTRY.pack
-        cur = _NO_TAILS
-        acc: list[bytes] = []
-        res_tail, res_filters, res_first, res_mark, res_others = (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME,
-                                                                  RES_MARK, RES_OTHER_NAMES)
-        for phys, size, _t, _q, _o, _f, _b, sts, _g, _k, qs in batch:
-            if not qs or phys < ckpt:
-                continue   # no light queue, or already indexed (idempotent replay)
-            c = rget(qs)
-            if c is None:
-                if acc:
-                    _spread(acc, cur)
-                    acc = []
-                c = self._resolve(qs, phys)
-                rget = self._resolved.get
-            if c[res_mark] is not mark:
-                c[res_mark] = mark
-                touched.append(c[res_first])
-            e = pack(phys, size, sts)   # one entry, shared by all its queues
-            f = c[res_filters]
-            if f is not cur:
-                if acc:
-                    _spread(acc, cur)
-                cur = f
-                acc = [e]
-                touched_f.append(c[res_others])
-            else:
-                acc.append(e)
-            ba = c[res_tail]
-            ba += e
-        if acc:
-            _spread(acc, cur)
-
-    def _take_runs(self, sizes: list, starts: list, runs: list, ckpt: int) -> None:
-        """A columnar chunk (store.message): `runs[k]` is the first record of records
-        starts[k]..starts[k+1]-1 that share every field but phys/size/queue offset. Their
-        entries are packed, joined and appended once per queue."""
-        rget = self._resolved.get
-        touched = self._touched
-        touched_f = self._touched_f
-        mark = object()
-        pack = ENTRY.pack
-        join = b"".join
-        cur = _NO_TAILS
-        acc: list[bytes] = []
-        nr = len(runs)
-        ns = len(sizes)
-        res_tail, res_filters, res_first, res_mark, res_others = (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME,
-                                                                  RES_MARK, RES_OTHER_NAMES)
-        for k in range(nr):
-            r = runs[k]
-            qs = r.dispatch_queues
-            if not qs:
-                continue
-            phys = r.phys_offset
-            sts = r.store_ts
-            es = []
-            p0 = -1
-            for i in range(starts[k], starts[k + 1] if k + 1 < nr else ns):
-                sz = sizes[i]
-                if phys >= ckpt:   # else already indexed (idempotent replay)
-                    if p0 < 0:
-                        p0 = phys
-                    es.append(pack(phys, sz, sts))
-                phys += sz
-            if not es:
-                continue
-            c = rget(qs)
-            if c is None:
-                if acc:
-                    _spread(acc, cur)
-                    acc = []
-                c = self._resolve(qs, p0)
-                rget = self._resolved.get
-            if c[res_mark] is not mark:
-                c[res_mark] = mark
-                touched.append(c[res_first])
-            e = join(es)
-            f = c[res_filters]
-            if f is not cur:
-                if acc:
-                    _spread(acc, cur)
-                cur = f
-                acc = [e]
-                touched_f.append(c[res_others])
-            else:
-                acc.append(e)
-            ba = c[res_tail]
-            ba += e
-        if acc:
-            _spread(acc, cur)
-
     def _resolve(self, qs: tuple[str, ...], phys: int) -> list:
-        """`_resolved[qs]` (see dispatch), noting where each queue's unwritten entries start. The
+        """`_resolved[qs]` (a resolved list, see take.py), noting where each queue's unwritten entries start. The
         record at `phys` is about to be appended (everything before it is in the tails); if it
         would leave too many queues unwritten, that is written first, with `phys` as checkpoint."""
         dirty = self._dirty

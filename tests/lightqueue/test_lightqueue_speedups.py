@@ -1,5 +1,5 @@
 """The C dispatch loop of the light-queue index (lightqueue/_take.c) against the Python reference
-(`LightQueueIndex._take_requests`): fed the same dispatch batches, both indexes hold the same
+(`lightqueue.take.take_requests`): fed the same dispatch batches, both indexes hold the same
 entries in every queue, report the same touched queues per batch, and survive the same writes
 (a small `max_queues_per_write` forces RocksDB writes in the middle of batches)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from lmqtt.lightqueue import index as lqindex
+from lmqtt.lightqueue import take as lqtake
 from lmqtt.lightqueue.index import LightQueueIndex
 from lmqtt.store import DispatchRequest
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("LMQTT_PURE_PYTHON", "") not in (
 
 
 def test_the_c_dispatch_loop_is_built_and_used():
-    assert lqindex._ctake is not None, ("lmqtt.lightqueue._take was not built: `pip install -e .` needs a C "
+    assert lqtake._ctake is not None, ("lmqtt.lightqueue._take was not built: `pip install -e .` needs a C "
                                         "compiler (the index falls back to its Python loop)")
 
 
@@ -45,7 +45,7 @@ def batches(rng, n=30):
 
 
 def run(tmp_path, name, bs, ckpt_replay, monkeypatch, use_c):
-    monkeypatch.setattr(lqindex, "_ctake", lqindex._ctake if use_c else None)
+    monkeypatch.setattr(lqtake, "_ctake", lqtake._ctake if use_c else None)
     idx = LightQueueIndex(str(tmp_path / name))
     idx.max_queues_per_write = 16       # writes (and _resolved resets) in the middle of batches
     idx.write_records = 200
@@ -66,7 +66,7 @@ def run(tmp_path, name, bs, ckpt_replay, monkeypatch, use_c):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("replay", [False, True])
 def test_c_and_python_dispatch_loops_build_the_same_index(tmp_path, monkeypatch, seed, replay):
-    if lqindex._ctake is None:
+    if lqtake._ctake is None:
         pytest.skip("C loop not built (see test_the_c_dispatch_loop_is_built_and_used)")
     bs = batches(random.Random(seed))
     c = run(tmp_path, "c", bs, replay, monkeypatch, True)

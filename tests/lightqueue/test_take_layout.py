@@ -1,20 +1,21 @@
 """The C dispatch loop (lightqueue/_take.c) takes its positions and entry format from
-lightqueue/index.py at import and refuses ones it cannot honour; the positions it receives are
+lightqueue/take.py at import and refuses ones it cannot honour; the positions it receives are
 the ones it uses (a moved slot changes what it reads)."""
 from __future__ import annotations
 
 import pytest
 
-from lmqtt.lightqueue import index as lqindex
+from lmqtt.lightqueue import take as lqtake
 from lmqtt.store import DispatchRequest
+from lmqtt.store.message import DR_BORN_TS
 
-pytestmark = pytest.mark.skipif(lqindex._ctake is None, reason="C loop not built or LMQTT_PURE_PYTHON set")
+pytestmark = pytest.mark.skipif(lqtake._ctake is None, reason="C loop not built or LMQTT_PURE_PYTHON set")
 
 
 @pytest.fixture
 def take():
-    yield lqindex._ctake
-    lqindex._ctake.configure(lqindex.TAKE_LAYOUT)   # leave it as configured at import
+    yield lqtake._ctake
+    lqtake._ctake.configure(lqtake.TAKE_LAYOUT)   # leave it as configured at import
 
 
 class FakeIndex:
@@ -41,13 +42,13 @@ def take_one(take, r):
 ])
 def test_take_refuses_a_layout_it_cannot_honour(take, change, words):
     with pytest.raises(ValueError, match=words):
-        take.configure({**lqindex.TAKE_LAYOUT, **change})
+        take.configure({**lqtake.TAKE_LAYOUT, **change})
     with pytest.raises(RuntimeError, match="configure"):
         take.take_requests(FakeIndex({}), [], 0, [], [], object())
 
 
 def test_take_reads_the_positions_it_is_given(take):
     r = DispatchRequest(1000, 90, "t", 0, 0, 0, 777, 555, 0, (), ("t",))
-    assert take_one(take, r) == lqindex.ENTRY.pack(1000, 90, 555)
-    take.configure({**lqindex.TAKE_LAYOUT, "dr_store_ts": lqindex.DR_PHYS + 6})   # born_ts's slot
-    assert take_one(take, r) == lqindex.ENTRY.pack(1000, 90, 777)
+    assert take_one(take, r) == lqtake.ENTRY.pack(1000, 90, 555)
+    take.configure({**lqtake.TAKE_LAYOUT, "dr_store_ts": DR_BORN_TS})
+    assert take_one(take, r) == lqtake.ENTRY.pack(1000, 90, 777)
