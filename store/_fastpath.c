@@ -12,7 +12,8 @@
  *
  * configure(layout) must succeed first (store/fastpath.py calls it at import, with
  * `fastpath.C_LAYOUT`): the ConsumeQueue entry format (store/consume_queue.py ENTRY) and size,
- * and the record header format (store/record.py HEADER). They are checked against the offsets
+ * and the record header format and field names (store/record.py HEADER, HEADER_FIELDS). They are
+ * checked against the offsets
  * these loops read (enums below) and a mismatch raises ValueError naming the field, so a layout
  * change on the Python side cannot make these loops read the wrong bytes; until a configure()
  * succeeds both functions raise RuntimeError. The magic number and CRC start are handed in by
@@ -177,6 +178,32 @@ static PyObject *check_records(PyObject *self, PyObject *args) {
 
 
 /* ------------------------------------------------------------------ configuration */
+#define READS "these loops read"
+
+/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
+ * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
+ * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
+static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
+    if (names == NULL || !PyTuple_Check(names)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (exact ? n != nwant : n < nwant) {
+        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
+                     exact ? "" : "at least ", nwant);
+        return -1;
+    }
+    for (int i = 0; i < nwant; i++) {
+        PyObject *f = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
+            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
+                         want[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
 /* The fields of a little-endian struct format made of Q, I and H codes ("<QIQ"): fills offs[] and
  * widths[] (at most max entries) and returns the field count, with *size the total; -1 if the
  * format is not little-endian or has another code. */
@@ -244,8 +271,9 @@ static int layout_int(PyObject *layout, const char *key, long long *out) {
 }
 
 /* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_size": 20, "record_header_format":
- * "<IIIIIQQQQQIIHHH"} (store/fastpath.py C_LAYOUT, from store/consume_queue.py and
- * store/record.py). A refused layout leaves the module unconfigured. */
+ * "<IIIIIQQQQQIIHHH", "record_header_fields": ("total_size", "magic", "crc", ...)}
+ * (store/fastpath.py C_LAYOUT, from store/consume_queue.py and store/record.py). A refused layout
+ * leaves the module unconfigured. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
     long long entry_size, fmt_size, head_size;
@@ -262,7 +290,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     const char *hf = layout_str(layout, "record_header_format");
     if (hf == NULL) return NULL;
-    if (check_format("record header", hf, prefix_fields, N_FIELDS(prefix_fields), 0, &head_size) < 0)
+    if (check_format("record header", hf, prefix_fields, N_FIELDS(prefix_fields), 0, &head_size) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "record_header_fields"), prefix_fields,
+                    N_FIELDS(prefix_fields), 0) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;

@@ -30,7 +30,7 @@ from . import accel
 from . import protocol as W
 from .consume_queue import ENTRY, ENTRY_SIZE
 from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, Message
-from .record import CRC_FIELD, CRC_START, HEADER, MSG_MAGIC, PREFIX
+from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, header_format
 
 _MSG_NEW = object.__new__
 _HEAD = W.MSG_HEAD
@@ -225,8 +225,8 @@ def check_records_py(chunk, sizes: bytes, magic: int, crc_start: int) -> bool:
 
 
 # total size, magic, CRC: the first fields of a record (store/record.py), all `check_records` reads
-_RAW_HEAD = struct.Struct(PREFIX.format + CRC_FIELD.format.lstrip("<"))
-assert _RAW_HEAD.size == CRC_START and HEADER.format.startswith(_RAW_HEAD.format)
+_RAW_HEAD = struct.Struct(header_format("total_size", "queue_id"))
+assert _RAW_HEAD.size == CRC_START
 
 # What the C loops read, from the one Python definition of each layout, handed over at import;
 # store/_fastpath.c checks it against the offsets it was written for and refuses to run until it
@@ -235,6 +235,7 @@ C_LAYOUT = {
     "cq_entry_format": ENTRY.format,
     "cq_entry_size": ENTRY_SIZE,
     "record_header_format": HEADER.format,
+    "record_header_fields": HEADER_FIELDS,
 }
 
 
@@ -302,18 +303,16 @@ def raw_chunks(records) -> list:
 _RAW_NEW = tuple.__new__
 
 
-def _header_field(i: int) -> tuple[int, struct.Struct]:
-    """(byte offset, Struct) of field `i` of the record header (store/record.py HEADER: one
-    little-endian code per field), so the cut below reads the fields where HEADER puts them."""
-    codes = HEADER.format.lstrip("<")
-    return struct.calcsize("<" + codes[:i]), struct.Struct("<" + codes[i])
+def _header_field(name: str) -> tuple[int, struct.Struct]:
+    """(byte offset, Struct) of the record header field `name` (store/record.py HEADER_FIELDS), so
+    the cut below reads the fields where HEADER puts them."""
+    after = HEADER_FIELDS[HEADER_FIELDS.index(name) + 1]
+    return struct.calcsize(header_format(HEADER_FIELDS[0], name)), struct.Struct(header_format(name, after))
 
 
-# the two fields read per record: its total size and its own CommitLog offset, at their positions
-# in HEADER (the order record.decode unpacks: total, magic, crc, queue id, flags, queue offset, phys)
-_H_TOTAL, _H_PHYS = 0, 6
-_SIZE_FROM, _SIZE_ST = _header_field(_H_TOTAL)
-_PHYS_FROM, _PHYS_ST = _header_field(_H_PHYS)
+# the two fields read per record: its total size and its own CommitLog offset
+_SIZE_FROM, _SIZE_ST = _header_field("total_size")
+_PHYS_FROM, _PHYS_ST = _header_field("phys_offset")
 assert _SIZE_FROM == 0            # records are cut by their leading size
 _SIZE_AT = _SIZE_ST.unpack_from
 _PHYS_AT = _PHYS_ST.unpack_from

@@ -10,11 +10,11 @@
  *
  * configure(Record, layout) must succeed first (store/client/consumer.py calls it at import):
  * `Record` is the SDK's named tuple (consumer.Record), whose `_fields` must be the order this loop
- * fills (record_fields below); `layout` is consumer.C_LAYOUT, the record header's struct format
- * and size from store/record.py (HEADER, HEADER_SIZE), checked against the field offsets this loop
- * reads (the enum below). A mismatch raises ValueError naming the field, so a layout change on the
- * Python side cannot make this loop build wrong Records; until a configure() succeeds, decode()
- * raises RuntimeError.
+ * fills (record_fields below); `layout` is consumer.C_LAYOUT, the record header's struct format,
+ * field names and size from store/record.py (HEADER, HEADER_FIELDS, HEADER_SIZE), checked against
+ * the fields this loop reads (header_fields below). A mismatch raises ValueError naming the field,
+ * so a layout change on the Python side cannot make this loop build wrong Records; until a
+ * configure() succeeds, decode() raises RuntimeError.
  *
  * decode(body, pos, count, ident) -> list of Record
  *
@@ -201,6 +201,32 @@ fail:
 
 
 /* ------------------------------------------------------------------ configuration */
+#define READS "this decoder reads"
+
+/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
+ * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
+ * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
+static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
+    if (names == NULL || !PyTuple_Check(names)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (exact ? n != nwant : n < nwant) {
+        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
+                     exact ? "" : "at least ", nwant);
+        return -1;
+    }
+    for (int i = 0; i < nwant; i++) {
+        PyObject *f = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
+            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
+                         want[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
 /* The fields of a little-endian struct format made of Q, I and H codes: fills offs[] and widths[]
  * (at most max entries) and returns the field count, with *size the total; -1 if the format is
  * not little-endian or has another code. */
@@ -222,8 +248,9 @@ static int format_fields(const char *fmt, int *offs, int *widths, int max, long 
     return n;
 }
 
-/* configure(Record, layout): layout = {"header_format": record.HEADER.format, "header_size":
- * record.HEADER_SIZE} (consumer.C_LAYOUT). A refused configuration leaves decode() unusable. */
+/* configure(Record, layout): layout = {"header_format": record.HEADER.format, "header_fields":
+ * record.HEADER_FIELDS, "header_size": record.HEADER_SIZE} (consumer.C_LAYOUT). A refused
+ * configuration leaves decode() unusable. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *rtype, *layout;
     if (!PyArg_ParseTuple(args, "OO!", &rtype, &PyDict_Type, &layout)) return NULL;
@@ -266,6 +293,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
                          widths[i], offs[i], hf, header_fields[i].width, header_fields[i].offset);
             return NULL;
         }
+    if (check_names("record header", PyDict_GetItemString(layout, "header_fields"), header_fields,
+                    N_HEADER_FIELDS, 1) < 0)
+        return NULL;
     if (hs != fsize || hs != F_END) {
         PyErr_Format(PyExc_ValueError, "configure: header_size %lld, the header format %s is %lld bytes "
                      "and this decoder reads %d", hs, hf, fsize, (int)F_END);

@@ -13,7 +13,7 @@ import struct
 
 from lmqtt.store import accel, protocol as W
 from lmqtt.store.props import MessageProperties, decode as decode_props
-from lmqtt.store.record import HEADER as _CLOG_HEAD, HEADER_SIZE as _CLOG_HEAD_SIZE
+from lmqtt.store.record import HEADER as _CLOG_HEAD, HEADER_FIELDS as _CLOG_FIELDS, HEADER_SIZE as _CLOG_HEAD_SIZE
 
 from .connection import Connection, ConnectionLost, StoreClientError
 
@@ -60,7 +60,7 @@ _NEW = tuple.__new__
 # checks against the order it fills. store/client/_records.c refuses a layout whose field offsets
 # differ from the ones it reads (ValueError naming the field: rebuild the extension) and decodes
 # nothing until configured.
-C_LAYOUT = {"header_format": _CLOG_HEAD.format, "header_size": _CLOG_HEAD_SIZE}
+C_LAYOUT = {"header_format": _CLOG_HEAD.format, "header_fields": _CLOG_FIELDS, "header_size": _CLOG_HEAD_SIZE}
 
 
 def configure_c(mod, record_type=Record, layout: dict = C_LAYOUT) -> None:

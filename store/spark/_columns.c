@@ -20,7 +20,8 @@
  *
  * configure(layout) must succeed first (store/spark/columns.py calls it at import with
  * columns.C_LAYOUT): the struct format and size of the MESSAGES record head (store/protocol.py
- * REC_HEAD) and of the CommitLog record head (store/record.py HEADER, HEADER_SIZE), checked against
+ * REC_HEAD) and of the CommitLog record head (store/record.py HEADER, HEADER_SIZE; its field names
+ * HEADER_FIELDS too), checked against
  * the field offsets this walk reads (the enums below). A mismatch raises ValueError naming the
  * field, so a layout change on the Python side cannot make this walk fill wrong columns; until a
  * configure() succeeds, columns() and columns_raw() raise RuntimeError.
@@ -216,6 +217,32 @@ static PyObject *columns_raw(PyObject *self, PyObject *args) { return walk(args,
 
 
 /* ------------------------------------------------------------------ configuration */
+#define READS "this walk reads"
+
+/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
+ * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
+ * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
+static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
+    if (names == NULL || !PyTuple_Check(names)) {
+        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (exact ? n != nwant : n < nwant) {
+        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
+                     exact ? "" : "at least ", nwant);
+        return -1;
+    }
+    for (int i = 0; i < nwant; i++) {
+        PyObject *f = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
+            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
+                         want[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
 /* The fields of a struct format made of Q, I and H codes with the byte-order mark `order` ('<' or
  * '>'): fills offs[] and widths[] (at most max entries) and returns the field count, with *size
  * the total; -1 if the format has another byte order or another code. */
@@ -283,7 +310,8 @@ static int check_head(PyObject *layout, const char *what, const char *fmt_key, c
 }
 
 /* configure(layout): {"rec_head_format": protocol.REC_HEAD.format, "rec_head_size": REC_HEAD.size,
- * "raw_head_format": record.HEADER.format, "raw_head_size": record.HEADER_SIZE} (columns.C_LAYOUT).
+ * "raw_head_format": record.HEADER.format, "raw_head_fields": record.HEADER_FIELDS,
+ * "raw_head_size": record.HEADER_SIZE} (columns.C_LAYOUT).
  * A refused layout leaves both walks unusable. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
@@ -292,7 +320,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     if (check_head(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
                    N_FIELDS(rec_fields), REC_HEAD) < 0 ||
         check_head(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<', raw_fields,
-                   N_FIELDS(raw_fields), RAW_HEAD) < 0)
+                   N_FIELDS(raw_fields), RAW_HEAD) < 0 ||
+        check_names("CommitLog record head", PyDict_GetItemString(layout, "raw_head_fields"), raw_fields,
+                    N_FIELDS(raw_fields), 1) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;

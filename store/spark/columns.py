@@ -20,7 +20,7 @@ from array import array
 
 from lmqtt.store import accel
 from lmqtt.store import protocol as W
-from lmqtt.store.record import HEADER, HEADER_SIZE
+from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
 
 _REC = W.REC_HEAD       # a MESSAGES record head (docs/protocol.md)
 _RAW = HEADER           # a CommitLog record head (docs/store.md): the raw layout's records
@@ -30,7 +30,7 @@ _RAW = HEADER           # a CommitLog record head (docs/store.md): the raw layou
 # field that differs: rebuild the extension) and walks nothing until it has accepted it.
 C_LAYOUT = {
     "rec_head_format": _REC.format, "rec_head_size": _REC.size,
-    "raw_head_format": _RAW.format, "raw_head_size": HEADER_SIZE,
+    "raw_head_format": _RAW.format, "raw_head_fields": HEADER_FIELDS, "raw_head_size": HEADER_SIZE,
 }
 
 

@@ -142,9 +142,17 @@ def c_walk():
 
 
 def test_the_layouts_handed_over_are_the_stores():
-    from lmqtt.store.record import HEADER, HEADER_SIZE
+    from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
     assert C.C_LAYOUT == {"rec_head_format": W.REC_HEAD.format, "rec_head_size": W.REC_HEAD.size,
-                          "raw_head_format": HEADER.format, "raw_head_size": HEADER_SIZE}
+                          "raw_head_format": HEADER.format, "raw_head_fields": HEADER_FIELDS,
+                          "raw_head_size": HEADER_SIZE}
+
+
+def _swapped(names, a, b):
+    names = list(names)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = names[j], names[i]
+    return tuple(names)
 
 
 @needs_c
@@ -158,6 +166,9 @@ def test_the_layouts_handed_over_are_the_stores():
     ({"raw_head_format": ">IIIIIQQQQQIIHHH"}, "not little-endian"),
     ({"raw_head_size": 72}, "CommitLog record head raw_head_size 72"),
     ({"raw_head_size": None}, "layout has no int raw_head_size"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"raw_head_fields": _swapped(C.C_LAYOUT["raw_head_fields"], "queue_offset", "phys_offset")},
+     "CommitLog record head field 5 is 'phys_offset', this walk reads queue_offset there"),
 ])
 def test_the_c_walk_refuses_a_layout_it_does_not_read(c_walk, change, words):
     with pytest.raises(ValueError, match=words):

@@ -330,8 +330,15 @@ def _one_record_body():
 
 
 def test_the_decoder_layout_handed_over_is_the_stores():
-    from lmqtt.store.record import HEADER, HEADER_SIZE
-    assert consumer.C_LAYOUT == {"header_format": HEADER.format, "header_size": HEADER_SIZE}
+    from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
+    assert consumer.C_LAYOUT == {"header_format": HEADER.format, "header_fields": HEADER_FIELDS,
+                                 "header_size": HEADER_SIZE}
+
+def _swapped(names, a, b):
+    names = list(names)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = names[j], names[i]
+    return tuple(names)
 
 
 @needs_c_decoder
@@ -342,6 +349,10 @@ def test_the_decoder_layout_handed_over_is_the_stores():
     ({"header_format": ">IIIIIQQQQQIIHHH"}, "not little-endian"),
     ({"header_size": 76}, "header_size 76"),
     ({"header_format": 74}, "layout has no str header_format"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"header_fields": _swapped(consumer.C_LAYOUT["header_fields"], "born_ts", "store_ts")},
+     "record header field 7 is 'store_ts', this decoder reads born_ts there"),
+    ({"header_fields": consumer.C_LAYOUT["header_fields"][:-1]}, "has 14 field names, this decoder reads 15"),
 ])
 def test_the_c_decoder_refuses_a_layout_it_does_not_read(c_decoder, change, words):
     with pytest.raises(ValueError, match=words):

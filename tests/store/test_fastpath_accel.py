@@ -116,6 +116,10 @@ def c_mod():
     ({"record_header_format": "<IIHIIQQQQQIIHHH"}, r"record header field 2 \(crc\) is 2 bytes"),
     ({"record_header_format": "<II"}, "has 2 fields, these loops read at least 3"),
     ({"record_header_format": None}, "layout has no str record_header_format"),
+    ({"record_header_fields": ("magic", "total_size", "crc")}, "record header field 0 is 'magic', these loops "
+                                                               "read total_size there"),
+    ({"record_header_fields": ("total_size", "magic")}, "record header has 2 field names"),
+    ({"record_header_fields": None}, "no tuple of record header field names"),
 ])
 def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
     with pytest.raises(ValueError, match=words):
@@ -131,9 +135,9 @@ def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
 
 def test_the_layout_handed_over_is_the_stores():
     from lmqtt.store.consume_queue import ENTRY_SIZE
-    from lmqtt.store.record import HEADER
+    from lmqtt.store.record import HEADER, HEADER_FIELDS
     assert fastpath.C_LAYOUT == {"cq_entry_format": ENTRY.format, "cq_entry_size": ENTRY_SIZE,
-                                 "record_header_format": HEADER.format}
+                                 "record_header_format": HEADER.format, "record_header_fields": HEADER_FIELDS}
 
 
 @needs_c
