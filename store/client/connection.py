@@ -55,6 +55,15 @@ def _check(reply):
     return reply
 
 
+def parse_hello_ok(op: int, body: bytes) -> dict:
+    """`protocol.parse_hello_reply` with the SDK's error type (StoreClientError): the store's
+    answer to HELLO, for every connection class of the SDK."""
+    try:
+        return W.parse_hello_reply(op, body)
+    except W.ProtocolError as e:
+        raise StoreClientError(e.code, str(e)) from None
+
+
 class Connection:
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, connect_timeout: float = 5.0, reconnect_attempts: int = 6,
@@ -95,10 +104,10 @@ class Connection:
             frames = dec.feed(data)
         op, flags, _rid, body = frames[0]
         try:
-            info = W.parse_hello_reply(op, body)
-        except W.ProtocolError as e:
+            info = parse_hello_ok(op, body)
+        except StoreClientError:
             s.close()
-            raise StoreClientError(e.code, str(e)) from None
+            raise
         self.ident = info.get("ident")
         self.server_info = info
         s.settimeout(None)

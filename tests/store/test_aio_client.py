@@ -1,6 +1,6 @@
-"""The SDK's asyncio connections (store/client/aio.py) against a real `lmqtt store`: EVENT pushes
-for watched queues, re-watch after the store restarts, and the loop-driven connection's blocking
-calls keeping request order with what was sent before them."""
+"""The SDK's asyncio connections (store/client/aio.py, store/client/loop_connection.py) against a
+real `lmqtt store`: EVENT pushes for watched queues, re-watch after the store restarts, and the
+loop-driven connection's blocking calls keeping request order with what was sent before them."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,17 @@ import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
-from lmqtt.store.client.aio import AsyncConnection, ConnectionLost, LoopConnection
+from lmqtt.store.client import aio
+from lmqtt.store.client.aio import AsyncConnection, ConnectionLost
+from lmqtt.store.client.loop_connection import LoopConnection
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def test_loop_connection_stays_importable_from_aio():
+    """The gateway imports it from aio.py, where it used to live."""
+    assert aio.LoopConnection is LoopConnection
 
 
 def test_async_connection_gets_events_and_rewatches_after_a_store_restart(lmqtt_store):
