@@ -1,6 +1,6 @@
 """LightQueueIndex: the RocksDB index of every light queue, fed by the store's dispatcher.
 
-Why this shape (DESIGN.md "Light queues", seed 000 "轻型队列 / 百万队列能力"):
+Why this shape (docs/lightqueue.md; as RocketMQ's light message queues, built for a million queues):
 
 * One record is written once to the CommitLog; each light queue only stores a 20-byte entry
   (CommitLog offset u64, size u32, store time u64) pointing at it.
