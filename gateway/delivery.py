@@ -274,12 +274,7 @@ class DeliveryEngine:
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             self._items[m.phys_offset] = it
         else:
-            # same record reached through another queue: its queue offset differs
-            first = it
-            it = OutboundMessage(it.topic, it.payload, it.record, m.queue_offset, it.phys_offset, it.dispatch_queues,
-                      it.store_ts)
-            it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
-            it.sent = first.sent
+            it = it.at_offset(m.queue_offset)     # the same record reached through another queue
         return it
 
     # Messages one delivery run reads for one cursor: what its readers can take (a QoS 1/2

@@ -108,9 +108,7 @@ class RecentMessages:
                     it = base[i] = OutboundMessage(p.topic, p.payload, self._record_of(p.props), off, -1, p.queues,
                                         store_ts)
                 else:
-                    first = it
-                    it = OutboundMessage(p.topic, p.payload, first.record, off, -1, p.queues, store_ts)
-                    it._variants = first._variants      # encoded PUBLISH variants do not depend on the queue
+                    it = it.at_offset(off)      # the same record in another queue
                 nbytes += len(p.payload)
                 items.append(it)
                 off += 1

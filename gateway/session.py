@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts, message_expiry_prop,
                                 packets as P, subscription_identifier_props, topic_alias_prop)
-from lmqtt.gateway.mqtt.properties import encode_properties
-from lmqtt.gateway.mqtt.wire import encode_varint, read_varint
 from lmqtt.gateway.record_props import RecordMeta
 from lmqtt.lightqueue import records as _records
 
@@ -73,68 +71,31 @@ class OutboundMessage(PublishTemplate):
     receives the message.
     """
 
-    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent", "_body", "_exp")
+    __slots__ = ("record", "queue_offset", "phys_offset", "dispatch_queues", "store_ts", "sent")
 
     def __init__(self, topic: str, payload: bytes, record: RecordMeta, queue_offset: int | None = None,
                  phys_offset: int = -1, dispatch_queues: tuple[str, ...] = (), store_ts: int = 0) -> None:
         # PublishTemplate.__init__ is not called: this runs once per message pulled, and the
-        # template's own qos/retain/version/properties are not used (see properties_block)
+        # template's own qos/retain/version/properties are not used (QoS, retain and version are
+        # given per subscriber, the properties come from `record`)
         self.topic = topic
         self.payload = payload
+        self.encodings = {}
         self.record = record
         self.queue_offset = queue_offset
         self.phys_offset = phys_offset
         self.dispatch_queues = dispatch_queues
         self.store_ts = store_ts
         self.sent = False
-        self._variants = {}
-        self._props = None
-        self._body = None
-        self._exp = None
 
-    def props_body(self) -> bytes:
-        """The record's MQTT 5 properties without the Message Expiry Interval and without the
-        length prefix: the shared part of a per-subscriber PUBLISH (`Session.publish_bytes` adds
-        subscription identifiers, topic alias and the remaining expiry)."""
-        b = self._body
-        if b is None:
-            rec = self.record
-            if rec.has_app_properties():
-                pr = rec.to_properties()
-                pr.message_expiry_interval = None
-                block = encode_properties(pr)
-                _, start = read_varint(block, 0, len(block))
-                b = block[start:]
-            else:
-                b = b""
-            self._body = b
-        return b
-
-    def encode_with_expiry(self, qos: int, retain: bool, pid: int | None, dup: bool, left: int) -> bytes:
-        """The MQTT 5 PUBLISH carrying `left` seconds of Message Expiry Interval and nothing else per
-        subscriber: like the template variants, encoded once per (seconds left, QoS, retain) as
-        the bytes before and after the packet id, so a fan-out within the same second shares it."""
-        exp = self._exp
-        if exp is None or exp[0] != left:
-            exp = self._exp = (left, {})
-        variants = exp[1]
-        key = qos | (4 if retain else 0)
-        t = variants.get(key)
-        if t is None:
-            body = self.props_body() + message_expiry_prop(left)
-            data = encode_publish_v5_parts(self.topic, self.payload, qos, retain, False, 1 if qos else None, body)
-            if qos:
-                cut = len(data) - len(self.payload) - len(body) - len(encode_varint(len(body))) - 2
-                t = (data[:cut], data[cut + 2:])
-            else:
-                t = data
-            variants[key] = t
-        if not qos:
-            return t
-        head = t[0]
-        if dup:
-            head = bytes((head[0] | 0x08,)) + head[1:]
-        return b"".join((head, pid.to_bytes(2, "big"), t[1]))
+    def at_offset(self, queue_offset: int) -> OutboundMessage:
+        """This message as read at `queue_offset` of another queue it was dispatched to: the same
+        record, sharing its PUBLISH encodings (they do not depend on the queue)."""
+        it = OutboundMessage(self.topic, self.payload, self.record, queue_offset, self.phys_offset,
+                             self.dispatch_queues, self.store_ts)
+        it.encodings = self.encodings
+        it.sent = self.sent
+        return it
 
     def expiry_left(self, now_ms: float) -> int | None:
         """Seconds of Message Expiry Interval left (>= 1), 0 when expired, None when it never expires."""
@@ -149,11 +110,10 @@ class OutboundMessage(PublishTemplate):
             return 0
         return mei - int(waited_ms // 1000) if waited_ms > 0 else mei
 
-    def properties_block(self) -> bytes:
-        if self._props is None:
-            rec = self.record
-            self._props = encode_properties(rec.to_properties() if rec.has_app_properties() else None)
-        return self._props
+    def message_properties(self):
+        """The MQTT 5 properties to forward, from the record (the template keeps their encoding)."""
+        rec = self.record
+        return rec.to_properties() if rec.has_app_properties() else None
 
 
 class InFlight:
@@ -309,7 +269,7 @@ class Session:
             data = (item.encode(qos, retain, 5, pid, dup) if left is None
                     else item.encode_with_expiry(qos, retain, pid, dup, left))
         else:
-            extra = item.props_body()
+            extra = item.properties_body()
             if left is not None:
                 extra += message_expiry_prop(left)
             if sub_ids:

@@ -10,6 +10,7 @@ represented at all (e.g. strings over 65535 bytes), but it does not police MQTT 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from struct import Struct, pack
 
 from lmqtt.store import accel
@@ -17,7 +18,7 @@ from lmqtt.store import accel
 from . import packets as P
 from .properties import encode_properties
 from .reason_codes import SUBACK_FAILURE_V311, ReasonCode, connack_return_code_v311
-from .wire import VARINT_MAX, encode_string, encode_varint
+from .wire import VARINT_MAX, encode_string, encode_varint, read_varint
 
 __all__ = ["encode", "encode_publish", "PublishTemplate", "SUCCESS_ACK_HEAD", "encode_success_acks",
            "encode_connack_refusal", "encode_malformed_connect_reply", "encode_publish_v5_parts", "encode_publish_run",
@@ -191,6 +192,12 @@ def _topic_bytes(topic: str) -> bytes:
     return tb
 
 
+# keys of `PublishTemplate.encodings` besides the (qos, retain, version) variants (0..14)
+_PROPS_BLOCK = 16       # the property block, length prefix included
+_PROPS_BODY = 17        # the properties other than the Message Expiry Interval, no length prefix
+_EXPIRY = 18            # (seconds left, {qos | retain: variant}): variants with a Message Expiry Interval
+
+
 class PublishTemplate:
     """One message pre-encoded for fan-out: the only place PUBLISH bytes for delivery are built.
 
@@ -201,48 +208,97 @@ class PublishTemplate:
     is a single `join` of three parts — topic, properties and payload are never re-encoded, and no
     variant is built that nobody receives.
 
-    `encode(qos, retain, version, pid, dup)` is the general form used by the gateway; the load
-    generator uses the template's own QoS/retain/version through `for_packet_id` and `qos0`.
-    Subclasses may override `properties_block` to encode MQTT 5 properties lazily from another
-    representation (the gateway decodes them from the store record only when a v5 client needs them).
+    `encode(qos, retain, version, pid, dup)` is the general form used by the gateway;
+    `encode_with_expiry` the MQTT 5 form carrying the seconds of Message Expiry Interval left (kept
+    per second, so a fan-out within the same second shares it); `properties_body` the shared part
+    of a PUBLISH built per subscriber (`encode_publish_v5_parts`). The load generator uses the
+    template's own QoS/retain/version through `for_packet_id` and `qos0`.
+
+    A subclass may build its MQTT 5 properties lazily from another representation by overriding
+    `message_properties` (the gateway decodes them from the store record only when a v5 client
+    needs them). One that skips `__init__` (the gateway builds one per message pulled and gives
+    QoS, retain and version per subscriber) sets `topic`, `payload` and `encodings`: a new dict,
+    or the `encodings` of another template of the same message (same topic, payload and
+    properties) so that what one encodes the other reuses. The entries of `encodings` are the
+    template's own: nothing else reads or writes them.
     """
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties", "version", "_variants", "_props")
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "version", "encodings")
 
     def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                  properties: P.Properties | None = None, version: int = 4) -> None:
         self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
         self.properties, self.version = properties, version
-        self._variants: dict[int, object] = {}
-        self._props: bytes | None = None
+        self.encodings: dict[int, object] = {}
+
+    def message_properties(self) -> P.Properties | None:
+        """The message's MQTT 5 properties (read once per template: the encodings are kept)."""
+        return self.properties
 
     def properties_block(self) -> bytes:
         """The MQTT 5 property block (with its length prefix), encoded once."""
-        if self._props is None:
-            self._props = encode_properties(self.properties)
-        return self._props
+        enc = self.encodings
+        b = enc.get(_PROPS_BLOCK)
+        if b is None:
+            b = enc[_PROPS_BLOCK] = encode_properties(self.message_properties())
+        return b
 
-    def _variant(self, key: int, qos: int, retain: bool, v5: bool):
-        props = self.properties_block() if v5 else b""
+    def properties_body(self) -> bytes:
+        """The message's MQTT 5 properties other than the Message Expiry Interval, without the
+        length prefix, encoded once: the shared part of a PUBLISH built per subscriber, to which
+        the caller adds the remaining expiry, subscription identifiers and a topic alias."""
+        enc = self.encodings
+        b = enc.get(_PROPS_BODY)
+        if b is None:
+            pr = self.message_properties()
+            if pr is not None and pr.message_expiry_interval is not None:
+                pr = replace(pr, message_expiry_interval=None)
+            block = encode_properties(pr)
+            _, start = read_varint(block, 0, len(block))
+            b = enc[_PROPS_BODY] = block[start:]
+        return b
+
+    def _parts(self, qos: int, retain: bool, props: bytes):
+        """The packet for QoS 0, or the bytes before and after the packet id."""
         tb = _topic_bytes(self.topic)
         payload = self.payload
         first = 0x30 | (qos << 1) | (0x01 if retain else 0)
         if qos:
             rl = len(tb) + 2 + len(props) + len(payload)
-            t = (bytes((first,)) + encode_varint(rl) + tb, props + payload if props else payload)
-        else:
-            rl = len(tb) + len(props) + len(payload)
-            t = b"".join((bytes((first,)), encode_varint(rl), tb, props, payload))
-        self._variants[key] = t
-        return t
+            return (bytes((first,)) + encode_varint(rl) + tb, props + payload if props else payload)
+        rl = len(tb) + len(props) + len(payload)
+        return b"".join((bytes((first,)), encode_varint(rl), tb, props, payload))
 
     def encode(self, qos: int, retain: bool, version: int, pid: int | None = None,
                dup: bool = False) -> bytes:
         """The PUBLISH for one subscriber: granted `qos`, `retain` flag, its protocol `version`."""
         key = qos | (4 if retain else 0) | (8 if version == 5 else 0)
-        t = self._variants.get(key)
+        t = self.encodings.get(key)
         if t is None:
-            t = self._variant(key, qos, retain, version == 5)
+            t = self.encodings[key] = self._parts(qos, retain, self.properties_block() if version == 5 else b"")
+        if qos == 0:
+            return t
+        if pid is None or not 0 < pid <= 0xFFFF:
+            raise ValueError(f"packet id must be 1..65535, got {pid}")
+        head = t[0]
+        if dup:
+            head = bytes((head[0] | 0x08,)) + head[1:]
+        return b"".join((head, _U16.pack(pid), t[1]))
+
+    def encode_with_expiry(self, qos: int, retain: bool, pid: int | None, dup: bool, seconds_left: int) -> bytes:
+        """The MQTT 5 PUBLISH carrying `seconds_left` of Message Expiry Interval (§3.3.2.3.3) and
+        nothing else per subscriber: encoded once per (seconds left, QoS, retain) like the other
+        variants, so a fan-out within the same second shares it."""
+        enc = self.encodings
+        exp = enc.get(_EXPIRY)
+        if exp is None or exp[0] != seconds_left:
+            exp = enc[_EXPIRY] = (seconds_left, {})
+        variants = exp[1]
+        key = qos | (4 if retain else 0)
+        t = variants.get(key)
+        if t is None:
+            body = self.properties_body() + message_expiry_prop(seconds_left)
+            t = variants[key] = self._parts(qos, retain, encode_varint(len(body)) + body)
         if qos == 0:
             return t
         if pid is None or not 0 < pid <= 0xFFFF:

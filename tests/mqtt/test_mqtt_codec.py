@@ -2,10 +2,13 @@
 strictness rules, remaining-length edges, max_packet_size and split feeds."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, PublishTemplate, ReasonCode, encode, encode_publish,
-                                connack_return_code_v311)
+                                encode_publish_v5_parts, connack_return_code_v311,
+                                message_expiry_prop)
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.gateway.mqtt.wire import encode_varint
 
@@ -513,3 +516,57 @@ def test_publish_template_encode_every_variant_equals_plain_encoding(version):
                 assert t.encode(qos, retain, version, pid, dup and qos > 0) == want
     with pytest.raises(ValueError):
         t.encode(1, False, version, None)
+
+
+def test_publish_template_expiry_variants_carry_the_seconds_left_and_the_other_properties():
+    """`encode_with_expiry` is the MQTT 5 PUBLISH with the template's other properties and the
+    seconds left as Message Expiry Interval (last, as a per-subscriber build appends it): byte for
+    byte `encode_publish_v5_parts` from `properties_body`, every QoS, retain and DUP, read back
+    with the seconds left; a new second gives new bytes, not the previous second's cached ones."""
+    props = _v5_props(message_expiry_interval=60, content_type="c", user_property=[("k", "v")])
+    t = PublishTemplate("e/1", b"p" * 200, 0, False, props, 5)
+    for left in (60, 59, 1):
+        for qos in (0, 1, 2):
+            for retain in (False, True):
+                for dup in ((False, True) if qos else (False,)):
+                    pid = 65535 if qos else None
+                    data = t.encode_with_expiry(qos, retain, pid, dup, left)
+                    assert data == encode_publish_v5_parts("e/1", b"p" * 200, qos, retain, dup, pid,
+                                                           t.properties_body() + message_expiry_prop(left))
+                    assert decode_one(data, 5, server_side=False) == P.Publish(
+                        "e/1", b"p" * 200, qos, retain, dup, pid, replace(props, message_expiry_interval=left))
+    assert props.message_expiry_interval == 60        # the caller's properties are left as they were
+    with pytest.raises(ValueError):
+        t.encode_with_expiry(1, False, None, False, 5)
+
+
+@pytest.mark.parametrize("props", [None, P.Properties(), _v5_props(message_expiry_interval=9),
+                                   _v5_props(message_expiry_interval=9, response_topic="r", correlation_data=b"x")])
+def test_publish_template_properties_body_is_every_property_but_the_expiry(props):
+    """`properties_body` is what a per-subscriber PUBLISH starts from (no length prefix): sent as
+    it is, the client reads the template's properties without the Message Expiry Interval."""
+    t = PublishTemplate("b/1", b"", 0, False, props, 5)
+    got = decode_one(encode_publish_v5_parts("b/1", b"", 0, False, False, None, t.properties_body()), 5,
+                     server_side=False)
+    assert got.properties == (replace(props, message_expiry_interval=None) if props else P.Properties())
+
+
+def test_templates_of_one_message_share_their_encodings():
+    """A template given another template's `encodings` (the gateway's message read through another
+    queue) reuses what the first one encoded, and adds to it what it encodes itself."""
+    first = PublishTemplate("s/1", b"x" * 50, 0, False, _v5_props(content_type="a"), 5)
+    a = first.encode(1, False, 5, 7)
+
+    class Bare(PublishTemplate):
+        __slots__ = ()
+
+        def __init__(self, same):
+            self.topic, self.payload, self.encodings = "s/1", b"x" * 50, same.encodings
+
+        def message_properties(self):
+            raise AssertionError("the shared encodings hold the property block already")
+
+    second = Bare(first)
+    assert second.encode(1, False, 5, 7) == a
+    b = second.encode(2, True, 4, 9, True)
+    assert first.encode(2, True, 4, 9, True) == b == encode_publish("s/1", b"x" * 50, 2, True, True, 9, None, 4)
