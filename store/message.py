@@ -37,6 +37,7 @@ class Message:
 
 _SM_FIELDS = ("topic", "body", "props", "queue_id", "flags", "queue_offset", "phys_offset", "size",
               "born_ts", "store_ts", "msg_id", "keys", "dispatch_queues")
+_SM_QOFF = _SM_FIELDS.index("queue_offset")   # with_queue_offset() replaces this slot
 
 
 class StoredMessage(namedtuple("_StoredMessageBase", _SM_FIELDS)):
@@ -52,9 +53,10 @@ class StoredMessage(namedtuple("_StoredMessageBase", _SM_FIELDS)):
 
     def with_queue_offset(self, queue_offset: int) -> "StoredMessage":
         """This message with another `queue_offset` (payload objects shared, nothing copied)."""
-        if self[5] == queue_offset:
+        i = _SM_QOFF
+        if self[i] == queue_offset:
             return self
-        return tuple.__new__(StoredMessage, self[:5] + (queue_offset,) + self[6:])
+        return tuple.__new__(StoredMessage, self[:i] + (queue_offset,) + self[i + 1:])
 
     def __repr__(self) -> str:
         return (f"StoredMessage(topic={self.topic!r}, phys_offset={self.phys_offset}, size={self.size}, "
