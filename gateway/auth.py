@@ -525,7 +525,6 @@ class AuthRunner:
         self.workers = workers
         self.max_pending = max_pending
         self.pending = 0
-        self.deferred = 0                 # checks sent to the pool (a counter for tests/metrics)
         self._pool = None
 
     def check_later(self, creds: Credentials, done) -> bool:
@@ -541,7 +540,6 @@ class AuthRunner:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="lmqtt-auth")
         self.pending += 1
-        self.deferred += 1
         fut = self.loop.run_in_executor(self._pool, self.chain.check, creds)
 
         def finished(f) -> None:

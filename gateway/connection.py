@@ -131,7 +131,7 @@ class MQTTConnection(asyncio.Protocol):
     # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
     # another module sets must be named here (fleet_attached_ms: gateway/fleet.py).
     __slots__ = ("handler", "cfg", "metrics", "loop", "writes", "transport", "decoder", "version",
-                 "session", "client_id", "connected", "closing", "closed", "write_blocked",
+                 "session", "client_id", "connected", "closing", "write_blocked",
                  "transport_full", "_store_waits", "will", "identity", "auth_login", "auth_method",
                  "read_checks", "keepalive", "last_rx", "accepted_at", "pending_publishes",
                  "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "_reading_paused",
@@ -153,7 +153,6 @@ class MQTTConnection(asyncio.Protocol):
         self.client_id: str | None = None
         self.connected = False        # CONNECT accepted
         self.closing = False          # close() called: no more writes
-        self.closed = False           # connection_lost seen
         self.write_blocked = False     # delivery stops writing: the transport is full or a store write is awaited
         self.transport_full = False    # the transport's buffer is over its high-water mark (pause_writing)
         self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
@@ -432,7 +431,6 @@ class MQTTConnection(asyncio.Protocol):
             self.metrics.paused_sessions.dec()
         self.write_blocked = False
         self.closing = True
-        self.closed = True
         self._out.clear()
         self.handler.on_connection_lost(self, exc)
 

@@ -35,7 +35,7 @@ class GroupLeases:
         self.ttl_s = ttl_s
         self.tick_s = tick_s
         self._handle = None
-        self.granted = 0            # times this gateway became a group's deliverer (metrics, tests)
+        self.granted = 0            # times this gateway became a group's deliverer (/metrics)
         delivery.on_group_added = self.added
         delivery.on_group_removed = self.removed
 

@@ -115,7 +115,6 @@ class GatewayMetrics:
         d = Counter("lmqtt_dropped_messages", "Messages not delivered", ["reason"], registry=r)
         self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")
         self.dropped_store_error = d.labels(reason="store_error")
-        self.dropped_invalid = d.labels(reason="invalid")
         # MQTT 5: message expiry passed before delivery / over the client's Maximum Packet Size
         self.dropped_expired = d.labels(reason="expired")
         self.dropped_too_large = d.labels(reason="packet_too_large")

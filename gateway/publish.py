@@ -138,7 +138,6 @@ class PublishPipeline:
         self._flush_writes = flush_writes
         self._pending: list[_Pending] = []
         self._delayed = 0         # delayed publishes in _pending
-        self.delayed_refused = 0
         self._scheduled = False
         self.inflight_batches = 0
         # called once the batch is appended (Gateway: the notify bus's drain): with the store's
@@ -199,7 +198,6 @@ class PublishPipeline:
         """A delayed publish with a bad form: nothing is stored. MQTT 5: PUBACK/PUBREC with the
         reason code and string (QoS 0: dropped); 3.1.1 has no negative ack: the connection is
         closed, as for any invalid topic name. Logged with the cause either way."""
-        self.delayed_refused += 1
         s = conn.session if conn is not None else None
         log.info("event=delayed_publish_refused client_id=%s topic=%r reason_code=0x%02X cause=%r",
                  s.client_id if s is not None else "", topic, err.reason_code, str(err))

@@ -50,7 +50,6 @@ class RemoteMetadata:
         # (gateway, [(client id, since ms)]): another gateway attached connections to these client
         # ids (a SESSION_CLAIMS push)
         self.on_session_claims: Callable[[str, list], None] | None = None
-        self.wills_published_by_store = 0
         # which put_will each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
         self._will_seq = 0
@@ -78,7 +77,6 @@ class RemoteMetadata:
             fired = [c for c in reply.get("wills_published", [])
                      if self._will_put_at.get(c, 0) <= mark]
             if fired:
-                self.wills_published_by_store += len(fired)
                 log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
                 if self.on_wills_published is not None:
                     self.on_wills_published(fired)

@@ -122,9 +122,9 @@ class RemoteStore:
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
         # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/remote_reads.py
-        r = self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
-                                     track_later=self._track_later, heard=self.heard, follow=self.max_offset,
-                                     decode=pulled, ask_history=self._ask_history)
+        r = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
+                        track_later=self._track_later, heard=self.heard, follow=self.max_offset,
+                        decode=pulled, ask_history=self._ask_history)
         for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
             setattr(self, name, getattr(r, name))
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)

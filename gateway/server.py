@@ -380,6 +380,10 @@ class Gateway:
                         ("lmqtt_takeovers_by_other_gateway", "Connections closed (0x8E) for a newer one on another gateway",
                          getattr(gw.broker.session_registry, "taken_over_elsewhere", 0) if gw.broker is not None else 0)):
                     yield CounterMetricFamily(name, help_, value=v)
+                leases = gw.group_leases
+                yield CounterMetricFamily("lmqtt_group_leases_granted", "Times this gateway became the deliverer "
+                                          "of a shared group (a steady rise: leases moving between gateways)",
+                                          value=leases.granted if leases is not None else 0)
                 ev = gw.redis_events
                 yield CounterMetricFamily("lmqtt_remote_redis_events", "Event messages heard on Redis pub/sub",
                                           value=ev.events_received if ev is not None else 0)
@@ -496,8 +500,7 @@ class Gateway:
             ver = version("lmqtt")
         except Exception:  # noqa: BLE001 - a source tree without metadata
             ver = "unknown"
-        self.sys_topics = SysTopics(self._sys_stats, publish, version=ver, interval=self.cfg.sys_interval,
-                                    prefix=prefix)
+        self.sys_topics = SysTopics(self._sys_stats, publish, version=ver, prefix=prefix)
 
         def tick() -> None:
             try:

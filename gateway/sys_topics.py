@@ -62,17 +62,16 @@ class SysTopics:
     """Computes the `$SYS` values and publishes the changed ones.
 
     `stats()` returns a dict with (any of) the keys of `_PLAIN` and `_LOADS` plus `connects`;
-    `publish(topic, payload)` publishes one retained QoS 0 message. `tick()` is called every
-    `interval` seconds by the owner's timer."""
+    `publish(topic, payload)` publishes one retained QoS 0 message. `tick()` is called by the
+    owner's timer (every `sys_interval` seconds, gateway/server.py)."""
 
     def __init__(self, stats: Callable[[], dict], publish: Callable[[str, bytes], None], *,
-                 version: str, interval: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 version: str, clock: Callable[[], float] = time.monotonic,
                  prefix: str = PREFIX) -> None:
         self.prefix = prefix
         self.stats = stats
         self.publish = publish
         self.version = version
-        self.interval = interval
         self.clock = clock
         self.started = clock()
         self.maximum = 0
@@ -80,7 +79,6 @@ class SysTopics:
         self._prev: dict[str, float] | None = None
         self._prev_t = self.started
         self._load: dict[tuple[str, float], float] = {}
-        self.published = 0
 
     def values(self) -> dict[str, str]:
         """topic -> payload text of every `$SYS` topic now (also advances the load averages)."""
@@ -119,5 +117,4 @@ class SysTopics:
                 self.publish(topic, text.encode())
                 self._last[topic] = text
                 n += 1
-        self.published += n
         return n

@@ -122,6 +122,8 @@ def test_a_shared_group_split_over_a_and_b_gets_each_message_once(fleet):
             pub.publish("fleet/sh", b"%d" % i, qos=1)
         rest = other.get_n(20, timeout=15)        # the other gateway takes the lease over
         assert sorted(int(m.payload) for m in rest) == list(range(40, 60))
+        # each gateway was granted the lease once at least (/metrics)
+        assert _metric(a, "lmqtt_group_leases_granted") >= 1 and _metric(b, "lmqtt_group_leases_granted") >= 1
     finally:
         for c in (sa, sb, pub):
             c.disconnect()
