@@ -389,7 +389,7 @@ class FleetSessionRegistry(SessionRegistry):
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
-        self.persist.dirty_sessions.discard(s)
+        self.persist.forget(s)
         self.subscriptions.remove_all(s)
         s.outbound.clear()
 

@@ -71,14 +71,14 @@ def _fmt(b: float) -> str:
 class _HotCounters:
     """Exports GatewayMetrics' plain-int counters as Prometheus counters."""
 
-    def __init__(self, m: "GatewayMetrics") -> None:
-        self.m = m
+    def __init__(self, metrics: "GatewayMetrics") -> None:
+        self.metrics = metrics
 
     def describe(self):
         return []
 
     def collect(self):
-        m = self.m
+        m = self.metrics
         for name, doc, vals in (("lmqtt_messages_in", "PUBLISH packets received from clients", m.msg_in),
                                 ("lmqtt_messages_out", "PUBLISH packets sent to clients", m.msg_out)):
             c = CounterMetricFamily(name, doc, labels=["qos"])

@@ -113,8 +113,8 @@ class SessionPersistence:
     # restores at start the sessions it served last, and no others; None in the embedded server
     host: str | None = None
 
-    def __init__(self, meta) -> None:
-        self.metadata = meta
+    def __init__(self, metadata) -> None:
+        self.metadata = metadata
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
         # which dirty sessions/groups still exist when the offsets are written (`start_flushing`)
@@ -171,6 +171,15 @@ class SessionPersistence:
 
     def mark_group(self, g: "SharedGroup") -> None:
         self.dirty_groups.add(g)
+
+    def forget(self, s: "Session") -> None:
+        """The session ended or its copy here was dropped: its offsets are not written any more
+        (they would write over its successor's, or recreate a deleted session's)."""
+        self.dirty_sessions.discard(s)
+
+    def forget_group(self, g: "SharedGroup") -> None:
+        """The group was dropped (its last member unsubscribed): its offset is not written any more."""
+        self.dirty_groups.discard(g)
 
     def save_offsets(self, s: "Session") -> None:
         self.dirty_sessions.discard(s)

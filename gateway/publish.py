@@ -317,8 +317,7 @@ class PublishPipeline:
             if conn is None:
                 continue
             conn.pending_publishes -= 1
-            if conn._reading_paused:
-                conn.maybe_resume_reading()
+            conn.maybe_resume_reading()
             s = p.session
             pid = p.pid
             if s is not None:

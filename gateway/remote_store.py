@@ -220,6 +220,11 @@ class RemoteStore:
     def all_visible(self) -> bool:
         return False
 
+    @property
+    def mirrored_bytes(self) -> int:
+        """Payload bytes the mirrors hold now (bounded by `mirror_bytes`; /metrics)."""
+        return self._bytes
+
     def unavailable(self) -> str | None:
         if self.link.connected:
             return None

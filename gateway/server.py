@@ -392,7 +392,7 @@ class Gateway:
                 yield GaugeMetricFamily("lmqtt_remote_mirrored_queues", "Queues mirrored locally",
                                         value=len(st.queues))
                 yield GaugeMetricFamily("lmqtt_remote_mirror_bytes", "Payload bytes held by the mirrors",
-                                        value=st._bytes)
+                                        value=st.mirrored_bytes)
 
         self.metrics.registry.register(_Collector())
 

@@ -186,7 +186,7 @@ class SessionRegistry:
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
-        self.persist.dirty_sessions.discard(s)
+        self.persist.forget(s)
         if self.sessions.get(s.client_id) is s:
             del self.sessions[s.client_id]
         self.persist.delete_session(s.client_id)

@@ -178,7 +178,7 @@ class SubscriptionRegistry:
                 if g.refs <= 0:
                     del self.groups[key]
                     self.delivery.remove_group(g)
-                    self.persist.dirty_groups.discard(g)
+                    self.persist.forget_group(g)
                     self.metadata.delete_offsets(g.consumer, [g.queue])
         self._release_filter(sub.queue)
 
