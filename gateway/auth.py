@@ -427,16 +427,15 @@ class ScramLogin:
         self.started_at = 0.0
 
     def step(self, data: bytes):
-        from lmqtt.gateway.scram import ScramError
+        from lmqtt.gateway.scram import ScramAuthFailed, ScramError
         s = self.server
         try:
             if not s.started:
                 return s.first(data)
             final = s.final(data)
         except ScramError as e:
-            failed = str(e).startswith("authentication failed")
             return Denied(f"SCRAM-SHA-256 user {s.username!r}: {e}", "scram",
-                          0x86 if failed else 0x87)
+                          0x86 if isinstance(e, ScramAuthFailed) else 0x87)
         user = s.username
         if self.creds.username not in (None, "", user):
             return Denied(f"SCRAM-SHA-256 authenticated {user!r}, CONNECT names user "

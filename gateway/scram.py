@@ -32,6 +32,12 @@ class ScramError(Exception):
     """The exchange failed; the message is safe to log (it never contains secrets)."""
 
 
+class ScramAuthFailed(ScramError):
+    """A well-formed exchange whose credentials are wrong (unknown user, wrong password), as
+    opposed to a malformed or unsupported one: the broker answers it with 0x86 (bad user name or
+    password) rather than 0x87 (not authorized)."""
+
+
 def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
@@ -167,7 +173,7 @@ class ScramServer:
         if a.get("c") != _b64(self._gs2.encode()):      # "biws" / "eSws": base64 of "n,," / "y,,"
             raise ScramError("channel binding data mismatch")
         if self._creds is None:
-            raise ScramError("authentication failed: unknown user (no SCRAM-SHA-256 verifier)")
+            raise ScramAuthFailed("authentication failed: unknown user (no SCRAM-SHA-256 verifier)")
         auth_message = f"{self._auth_message_prefix},{head}".encode()
         client_signature = _hmac(self._creds.stored_key, auth_message)
         try:
@@ -175,10 +181,10 @@ class ScramServer:
         except ValueError:
             raise ScramError("malformed proof") from None
         if len(proof) != len(client_signature):
-            raise ScramError("authentication failed: the client proof has the wrong length")
+            raise ScramAuthFailed("authentication failed: the client proof has the wrong length")
         client_key = bytes(x ^ y for x, y in zip(proof, client_signature))
         if not hmac.compare_digest(_h(client_key), self._creds.stored_key):
-            raise ScramError("authentication failed: wrong password (the client proof does not verify)")
+            raise ScramAuthFailed("authentication failed: wrong password (the client proof does not verify)")
         return f"v={_b64(_hmac(self._creds.server_key, auth_message))}".encode()
 
 

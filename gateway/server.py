@@ -107,8 +107,11 @@ def tls_failure_cause(exc: BaseException) -> tuple[str, str]:
     import ssl
     if isinstance(exc, ssl.SSLError):
         return _TLS_CAUSES.get(exc.reason or "", ("tls_error", f"TLS error {exc.reason or exc}"))
+    # uvloop reports its ssl_handshake_timeout as a ConnectionAbortedError whose message says the
+    # handshake is "taking longer" than the timeout: a third-party message with no class of its
+    # own, so it is matched by text (asyncio raises TimeoutError)
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (
-            isinstance(exc, ConnectionAbortedError) and "taking longer" in str(exc)):   # uvloop's timeout
+            isinstance(exc, ConnectionAbortedError) and "taking longer" in str(exc)):
         return "handshake_timeout", "no TLS handshake within connect_timeout_s"
     return "connection_lost", f"the client left during the handshake ({type(exc).__name__})"
 

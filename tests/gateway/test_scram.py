@@ -150,3 +150,24 @@ def test_authzid_empty_message_and_extensions_are_refused():
         server().first(b"")
     with pytest.raises(ScramError, match="extension"):
         server().first(b"n,,m=ext,n=a,r=x")
+
+
+def test_wrong_credentials_are_scram_auth_failed_and_a_malformed_exchange_is_not():
+    """The broker answers ScramAuthFailed with 0x86 and any other ScramError with 0x87
+    (gateway/auth.py ScramLogin.step): the class, not the message, tells them apart."""
+    from lmqtt.gateway.scram import ScramAuthFailed
+    stored = scram_credentials("s3cret", 4096)
+
+    def final_of(user: str, password: str, tamper=lambda cf: cf):
+        server = ScramServer({"alice": stored}.get)
+        client = ScramClient(user, password)
+        with pytest.raises(ScramError) as e:
+            server.final(tamper(client.final(server.first(client.first()))))
+        return e.value
+
+    assert isinstance(final_of("alice", "wrong"), ScramAuthFailed)                # wrong password
+    assert isinstance(final_of("mallory", "x"), ScramAuthFailed)                  # unknown user
+    short = final_of("alice", "s3cret", lambda cf: cf.rsplit(b",p=", 1)[0] + b",p=AAAA")
+    assert isinstance(short, ScramAuthFailed) and "wrong length" in str(short)
+    malformed = final_of("alice", "s3cret", lambda cf: cf.rsplit(b",p=", 1)[0] + b",p=!!")
+    assert not isinstance(malformed, ScramAuthFailed) and "malformed proof" in str(malformed)
