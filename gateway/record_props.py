@@ -1,6 +1,6 @@
 """The gateway's compact encoding of MQTT metadata inside `Message.props` (opaque to the store).
 
-Why our own format: the store must not know MQTT (DESIGN.md), yet a delivery needs the publish QoS,
+Why our own format: the store must not know MQTT (docs/internals.md), yet a delivery needs the publish QoS,
 the retain flag, the publisher's client id (MQTT 5 No Local) and the MQTT 5 application properties
 that must be forwarded unchanged (payload format, message expiry, content type, response topic,
 correlation data, user properties). A few bytes per record, decoded once per pulled message and

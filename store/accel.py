@@ -10,7 +10,7 @@ that loads it holds its Python reference):
 * `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers
   for the Spark reader (store/spark/columns.py);
 * `lmqtt.lightqueue._take` (lightqueue/_take.c): the light-queue index's per-record dispatch
-  loop (lightqueue/index.py);
+  loop (lightqueue/take.py);
 * `lmqtt.lightqueue._retained` (lightqueue/_retained.c): the retained-message scan's per-entry
   loop (lightqueue/metadata.py);
 * `lmqtt.gateway.mqtt._run` (gateway/mqtt/_run.c): a run of PUBLISH packets encoded at once

@@ -1,7 +1,7 @@
 """Store-side metadata of SDK clients: consumer-group offsets, producer dedup state, POP state.
 
 Why its own small RocksDB (rocksdict, WAL on) under `<data-dir>/sdk-meta` and not the light
-queues' MetadataStore: `store/` may import nothing of `lightqueue/` (DESIGN.md), and the store
+queues' MetadataStore: `store/` may import nothing of `lightqueue/` (docs/internals.md), and the store
 server must work without light queues (a plain `MessageStore` behind `StoreServer`). The light
 queues keep their own metadata (sessions, retained, filters) where the gateway reads them.
 

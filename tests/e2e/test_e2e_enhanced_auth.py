@@ -1,5 +1,5 @@
 """MQTT 5 enhanced authentication (SCRAM-SHA-256 over AUTH packets) against a real `lmqtt serve`,
-and `lmqtt gateway` over `lmqtt store` (docs/gateway.md "Enhanced authentication"), with a
+and `lmqtt gateway` over `lmqtt store` (docs/gateway.md "Security and listeners"), with a
 password file written by `lmqtt passwd --scram` and an ACL.
 
 The SCRAM client is driven with the project's own codec (tests/support.py `RawMQTT`): paho-mqtt

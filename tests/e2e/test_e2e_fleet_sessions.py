@@ -1,4 +1,4 @@
-"""Persistent sessions across a fleet with real processes (docs/fleet.md "Sessions in a fleet"): a
+"""Persistent sessions across a fleet with real processes (docs/fleet.md "Sessions across gateways"): a
 gateway restores at start only the sessions it served last (the others are loaded by whichever
 gateway their client comes back to), and the store node ends at their expiry the sessions of a
 gateway that is gone for good. Every wait is bounded; nothing asserts timings."""

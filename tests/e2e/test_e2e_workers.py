@@ -128,8 +128,8 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_killed_supervisor_takes_its_workers_with_it_and_a_restart_finds_the_data(tmp_path):
-    """`kill -9` of `lmqtt serve --workers 2` itself: the store, the gateways and the private Redis
-    stop too (nothing left holding the ports or the data directory), and `lmqtt serve --workers 2`
+    """`kill -9` of `lmqtt serve --workers 2` itself: the store and the gateways stop
+    too (nothing left holding the ports or the data directory), and `lmqtt serve --workers 2`
     started again on the same port and data has the acknowledged retained message."""
     srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2"), log_path=str(tmp_path / "serve.log"))
     srv.metrics_port = free_port_pair()

@@ -1,7 +1,7 @@
 """`lmqtt bench ab`: both sides run from their own trees, in alternating order, and the report's
 medians and ratios are those of the runs. The trees here are stand-ins whose `bench store` /
 `bench lightqueue` print fixed result lines, so every figure in the report is known beforehand; the
-real benches are what BENCHMARKS.md's A/B rows ran."""
+real benches are what BENCHMARKS.md's A/B row ran."""
 import json
 import subprocess
 import sys
