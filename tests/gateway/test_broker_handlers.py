@@ -55,11 +55,11 @@ class Client:
         return ack
 
 
-def run(tmp_path, body):
+def run(tmp_path, body, **cfg_extra):
     """Start a Gateway on a free port with its data in tmp_path, run `body(gw)`, stop it."""
     async def main():
         cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                                "data_dir": str(tmp_path / "data"), "segment_mb": 16})
+                                "data_dir": str(tmp_path / "data"), "segment_mb": 16, **cfg_extra})
         gw = Gateway(cfg)
         await gw.start()
         try:
@@ -496,3 +496,217 @@ def test_a_stalled_reauthentication_is_ended_by_the_sweep_with_disconnect_0x87(t
         assert c.conn.auth_login is None
         assert "re-authentication did not complete within connect_timeout_s" in caplog.text
     run_scram(tmp_path, body)
+
+
+# ------------------------------------------------------------------------------- outbound QoS 2
+async def _qos2_delivered(gw, sub: Client, topic: str, payload: bytes, pub: Client) -> P.Publish:
+    """`pub` publishes `payload` at QoS 2 (its own exchange completed); `sub` receives it."""
+    seen = len([p for p in sub.packets() if isinstance(p, P.Publish)])
+    pid = 100 + seen
+    pub.send(P.Publish(topic, payload, qos=2, packet_id=pid))
+    rec = (await pub.wait_for(P.PubRec, seen + 1))[-1]
+    assert rec.packet_id == pid and rec.reason_code == 0
+    pub.send(P.PubRel(pid))
+    return (await sub.wait_for(P.Publish, seen + 1))[-1]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_qos2_outbound_flow_pubrec_pubrel_pubcomp(tmp_path, version):
+    async def body(gw):
+        sub, pub = Client(gw, version), Client(gw)
+        await sub.connect("o2-sub")
+        await pub.connect("o2-pub")
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("o2/t", qos=2)]))
+        await sub.wait_for(P.SubAck)
+        m = await _qos2_delivered(gw, sub, "o2/t", b"x", pub)
+        assert (m.qos, m.payload) == (2, b"x")
+        s = gw.broker.sessions["o2-sub"]
+        sub.send(P.PubRec(m.packet_id))
+        rel, = await sub.wait_for(P.PubRel)
+        assert (rel.packet_id, rel.reason_code) == (m.packet_id, 0)
+        assert m.packet_id in s.outbound                 # released only by PUBCOMP
+        sub.send(P.PubComp(m.packet_id))
+        await asyncio.sleep(0)
+        assert not s.outbound
+        assert all(not c.inflight for c in s.cursors.values())
+        sub.send(P.PubRec(m.packet_id))                  # an id no longer in flight
+        rels = await sub.wait_for(P.PubRel, 2)
+        assert rels[1].reason_code == (ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if version == 5 else 0)
+    run(tmp_path, body)
+
+
+def test_a_pubrec_with_an_error_code_drops_the_message_and_frees_the_window(tmp_path):
+    """MQTT 5: PUBREC >= 0x80 ends the exchange (no PUBREL); with a Receive Maximum of 1 the next
+    message waits for exactly that."""
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw)
+        await sub.connect("o2e-sub", receive_maximum=1)
+        await pub.connect("o2e-pub")
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("o2e/t", qos=2)]))
+        await sub.wait_for(P.SubAck)
+        first = await _qos2_delivered(gw, sub, "o2e/t", b"first", pub)
+        pub.send(P.Publish("o2e/t", b"second", qos=1, packet_id=1))
+        await pub.wait_for(P.PubAck)
+        await asyncio.sleep(0.02)
+        assert [p.payload for p in sub.packets() if isinstance(p, P.Publish)] == [b"first"]   # window full
+        sub.send(P.PubRec(first.packet_id, ReasonCode.UNSPECIFIED_ERROR))
+        got = await sub.wait_for(P.Publish, 2)
+        assert got[1].payload == b"second"
+        assert not [p for p in sub.packets() if isinstance(p, P.PubRel)]
+        assert first.packet_id not in gw.broker.sessions["o2e-sub"].outbound
+    run(tmp_path, body)
+
+
+# ------------------------------------------------------------------------------- DISCONNECT
+def test_disconnect_setting_session_expiry_to_zero_ends_the_session(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        await c.connect("dx-end", clean=False, session_expiry_interval=60)
+        c.send(P.Subscribe(1, [P.SubscriptionRequest("dx/+", qos=1)]))
+        await c.wait_for(P.SubAck)
+        assert gw.broker.metadata.get_session("dx-end") is not None
+        c.send(P.Disconnect(0, P.Properties(session_expiry_interval=0)))
+        assert c.transport.closed
+        await asyncio.sleep(0)                           # connection_lost
+        assert "dx-end" not in gw.broker.sessions
+        assert gw.broker.metadata.get_session("dx-end") is None
+        assert gw.lq.registry.refcount("dx/+") == 0
+    run(tmp_path, body)
+
+
+def test_disconnect_raising_session_expiry_keeps_the_session_that_long(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        await c.connect("dx-longer", clean=False, session_expiry_interval=10)
+        c.send(P.Disconnect(0, P.Properties(session_expiry_interval=120)))
+        await asyncio.sleep(0)
+        s = gw.broker.sessions["dx-longer"]
+        assert not s.online and s.expiry_interval == 120
+        assert gw.broker.metadata.get_session("dx-longer").expiry_interval == 120
+    run(tmp_path, body)
+
+
+def test_disconnect_setting_session_expiry_after_a_connect_with_zero_is_a_protocol_error(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        await c.connect("dx-zero")                       # session expiry 0
+        c.send(P.Disconnect(0, P.Properties(session_expiry_interval=30)))
+        d, = await c.wait_for(P.Disconnect)
+        assert d.reason_code == ReasonCode.PROTOCOL_ERROR and c.transport.closed
+        await asyncio.sleep(0)
+        assert "dx-zero" not in gw.broker.sessions
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("reason, will_sent", [(0x04, True), (0x00, False)])
+def test_disconnect_with_will_message_sends_the_will_and_a_normal_one_does_not(tmp_path, reason, will_sent):
+    async def body(gw):
+        watcher, leaving = Client(gw, version=4), Client(gw)
+        await watcher.connect("dw-watcher")
+        watcher.send(P.Subscribe(1, [P.SubscriptionRequest("dwills/#", qos=1)]))
+        await watcher.wait_for(P.SubAck)
+        leaving.send(P.Connect(client_id="dw-leaving", protocol_level=5,
+                               will=P.Will("dwills/leaving", b"bye", qos=1, retain=False)))
+        await leaving.wait_for(P.ConnAck)
+        leaving.send(P.Disconnect(reason))
+        assert leaving.transport.closed
+        if will_sent:
+            m, = await watcher.wait_for(P.Publish)
+            assert (m.topic, m.payload) == ("dwills/leaving", b"bye")
+        else:
+            await asyncio.sleep(0.05)
+            assert not [p for p in watcher.packets() if isinstance(p, P.Publish)]
+        assert list(gw.broker.metadata.list_wills()) == []
+    run(tmp_path, body)
+
+
+# ------------------------------------------------------------------------------- inbound limits
+def test_inbound_topic_alias_is_set_then_used(tmp_path):
+    async def body(gw):
+        sub, pub = Client(gw, version=4), Client(gw)
+        await sub.connect("ta-sub")
+        ack = await pub.connect("ta-pub")
+        assert ack.properties.topic_alias_maximum == 5
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("ta/#", qos=1)]))
+        await sub.wait_for(P.SubAck)
+        pub.send(P.Publish("ta/one", b"1", qos=1, packet_id=1, properties=P.Properties(topic_alias=3)))
+        pub.send(P.Publish("", b"2", qos=1, packet_id=2, properties=P.Properties(topic_alias=3)))
+        pub.send(P.Publish("ta/two", b"3", qos=1, packet_id=3, properties=P.Properties(topic_alias=3)))
+        pub.send(P.Publish("", b"4", qos=1, packet_id=4, properties=P.Properties(topic_alias=3)))
+        assert [a.reason_code for a in await pub.wait_for(P.PubAck, 4)] == [0, 0, 0, 0]
+        got = await sub.wait_for(P.Publish, 4)
+        assert [(m.topic, m.payload) for m in got] == [("ta/one", b"1"), ("ta/one", b"2"),
+                                                       ("ta/two", b"3"), ("ta/two", b"4")]
+    run(tmp_path, body, topic_alias_maximum=5)
+
+
+@pytest.mark.parametrize("topic, alias, code", [
+    ("ta/x", 6, ReasonCode.TOPIC_ALIAS_INVALID),          # above the Topic Alias Maximum in CONNACK
+    ("", 2, ReasonCode.PROTOCOL_ERROR),                   # never set on this connection
+])
+def test_an_invalid_inbound_topic_alias_disconnects(tmp_path, topic, alias, code):
+    async def body(gw):
+        pub = Client(gw)
+        await pub.connect("ta-bad")
+        pub.send(P.Publish(topic, b"x", qos=1, packet_id=1, properties=P.Properties(topic_alias=alias)))
+        d, = await pub.wait_for(P.Disconnect)
+        assert d.reason_code == code and pub.transport.closed
+        assert not [p for p in pub.packets() if isinstance(p, P.PubAck)]
+    run(tmp_path, body, topic_alias_maximum=5)
+
+
+def test_more_unacknowledged_qos2_publishes_than_receive_maximum_disconnects_with_0x93(tmp_path):
+    async def body(gw):
+        c = Client(gw)
+        ack = await c.connect("rm-pub")
+        assert ack.properties.receive_maximum == 2
+        for pid in (1, 2):                               # PUBREC'd, never PUBREL'd: still counted
+            c.send(P.Publish("rm/t", b"x", qos=2, packet_id=pid))
+        await c.wait_for(P.PubRec, 2)
+        c.send(P.Publish("rm/t", b"x", qos=2, packet_id=3))
+        d, = await c.wait_for(P.Disconnect)
+        assert d.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED and c.transport.closed
+        assert len([p for p in c.packets() if isinstance(p, P.PubRec)]) == 2
+    run(tmp_path, body, receive_maximum=2)
+
+
+# ------------------------------------------------------------------------------- ACL
+ACL_RULES = """default deny
+allow anonymous publish ok/#
+allow anonymous subscribe ok/#
+allow anonymous subscribe denied/#
+"""
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_acl_denied_publish_is_refused_and_not_stored(tmp_path, version):
+    """MQTT 5: PUBACK / PUBREC 0x87; 3.1.1 has no negative ack: acknowledged (QoS 2: to PUBCOMP)
+    and dropped. A subscriber allowed to read the topic gets nothing; an allowed publish goes
+    through on the same connection."""
+    acl = tmp_path / "acl"
+    acl.write_text(ACL_RULES)
+
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw, version)
+        await sub.connect("acl-sub")
+        await pub.connect("acl-pub")
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("denied/#", qos=1), P.SubscriptionRequest("ok/#", qos=1)]))
+        assert (await sub.wait_for(P.SubAck))[0].reason_codes == [1, 1]
+        refused = ReasonCode.NOT_AUTHORIZED if version == 5 else 0
+        pub.send(P.Publish("denied/x", b"no", qos=1, packet_id=1))
+        ack, = await pub.wait_for(P.PubAck)
+        assert (ack.packet_id, ack.reason_code) == (1, refused)
+        pub.send(P.Publish("denied/x", b"no", qos=2, packet_id=2))
+        rec, = await pub.wait_for(P.PubRec)
+        assert (rec.packet_id, rec.reason_code) == (2, refused)
+        if version == 4:
+            pub.send(P.PubRel(2))
+            comp, = await pub.wait_for(P.PubComp)
+            assert (comp.packet_id, comp.reason_code) == (2, 0)
+        pub.send(P.Publish("ok/x", b"yes", qos=1, packet_id=3))
+        assert (await pub.wait_for(P.PubAck, 2))[1].reason_code == 0
+        m, = await sub.wait_for(P.Publish)
+        await asyncio.sleep(0.02)
+        assert [p.payload for p in sub.packets() if isinstance(p, P.Publish)] == [b"yes"] and m.topic == "ok/x"
+        assert not pub.transport.closed
+    run(tmp_path, body, acl_file=str(acl))
