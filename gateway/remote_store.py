@@ -2,11 +2,7 @@
 for `lmqtt gateway` (docs/fleet.md). The store side is lightqueue/gateway_service.py.
 
 The gateway's code calls the store synchronously on its event loop. What that costs here:
-  * append_batch   one PRODUCE frame written, returns at once; the batch's `.durable` future is
-                   resolved by the store's reply (PRODUCED after the flush mode's durability).
-                   The store computes the dispatch queues itself (its router sees the topic), so
-                   `queues_for_topic` is () and `all_visible()` is False (delivery then never
-                   assumes it saw every append: other gateways append too).
+  * append_batch   one PRODUCE frame written, returns at once: gateway/remote_produce.py.
   * pull, max_offset  served from a per-queue mirror: the newest entries of every queue this
                    gateway serves. With the native watch the store pushes the new entries with
                    its event (PUSH frames, `gw_watch {push: true}`): no round trip before local
@@ -34,21 +30,12 @@ from typing import Callable, Iterable
 
 from lmqtt.gateway.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, pulled
 from lmqtt.gateway.remote_metadata import RemoteMetadata, json_reply
+from lmqtt.gateway.remote_produce import RemoteProducer
 from lmqtt.gateway.remote_reads import RemoteReads
-from lmqtt.store import MessageTooLarge, protocol as W
-from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
+from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
 
 log = logging.getLogger("lmqtt.gateway.remote")
-
-
-class _Result:
-    """What append/append_batch return: only `.durable` is read (store_api contract)."""
-
-    __slots__ = ("durable",)
-
-    def __init__(self, durable) -> None:
-        self.durable = durable
 
 
 class _Mirror:
@@ -127,6 +114,10 @@ class RemoteStore:
                         decode=pulled, ask_history=self._ask_history)
         for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
             setattr(self, name, getattr(r, name))
+        # the publish path (PRODUCE frames): gateway/remote_produce.py
+        p = RemoteProducer(link, self.loop)
+        for name in RemoteProducer.SEAM:
+            setattr(self, name, getattr(p, name))
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
@@ -175,50 +166,6 @@ class RemoteStore:
         if self._poll_handle is not None:
             self._poll_handle.cancel()
             self._poll_handle = None
-
-    # ------------------------------------------------------------------ publish path
-    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
-        return ()          # the store's router computes them from the topic
-
-    # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
-    max_message_size = 4 << 20
-
-    def append_batch(self, messages, due_ms=None) -> list:
-        """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
-        anything is sent, as the embedded store does: the publish pipeline then appends the others
-        one by one and only that publisher gets the error (the store would refuse the whole batch).
-        `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
-        limit = self.max_message_size - _RECORD_HEADER
-        for m in messages:
-            n = len(m.body) + len(m.props) + len(m.topic)
-            if n > limit:
-                raise MessageTooLarge(f"record of at least {n + _RECORD_HEADER} bytes is above "
-                                      f"max_message_size={self.max_message_size}; nothing was written")
-        body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
-            [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
-        if due_ms is None:
-            reply = self.link.request(W.OP_PRODUCE, body)
-        else:
-            reply = self.link.request(W.OP_PRODUCE, body + W.encode_due_trailer(due_ms), W.F_DELAYED)
-        durable = self.loop.create_future()
-
-        def done(f):
-            e = f.exception()
-            if e is not None:
-                durable.set_exception(e)
-            else:
-                durable.set_result(None)
-        reply.add_done_callback(done)
-        return [_Result(durable)]
-
-    def append(self, message) -> _Result:
-        return self.append_batch([message])[0]
-
-    def append_batch_delayed(self, messages, due_ms) -> list:
-        return self.append_batch(messages, due_ms)
-
-    def all_visible(self) -> bool:
-        return False
 
     @property
     def mirrored_bytes(self) -> int:
