@@ -80,9 +80,10 @@ class SessionDirectory:
 
     def claim(self, client_id: str, since_ms: int) -> None:
         """Announce that this gateway now holds `client_id` (sent by one task, in order, claims
-        made meanwhile in one pipeline: a reconnect storm of 1,000 clients used to start 1,000
-        publishes at once, each wanting its own Redis connection, and most failed with the
-        connection pool's MaxConnectionsError, so their old connections elsewhere stayed open)."""
+        made meanwhile in one pipeline: with a publish per claim, a reconnect storm of 1,000
+        clients would start 1,000 publishes at once, each wanting its own Redis connection; most
+        would fail with the connection pool's MaxConnectionsError, and the old connections
+        elsewhere would stay open)."""
         if self._redis is None:
             return
         self.claims_sent += 1

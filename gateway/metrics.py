@@ -4,11 +4,12 @@ Why a private registry: tests and `lmqtt serve` may build several gateways in on
 a registry per gateway keeps their counters apart and makes `/metrics` show only this process'
 gateway.
 
-Why plain ints for the per-message counters: profiling the 1 -> 100 fan-out (cProfile, see
-BENCHMARKS.md) showed prometheus_client's `Counter.inc` (a lock + a float add, ~13 us) at ~12% of
-server CPU when called per delivered message. Messages/bytes/pulls/notify counters are therefore
-plain Python ints bumped on the event-loop thread (`m.msg_out[qos] += 1`) and turned into
-Prometheus counters only when /metrics is scraped (`_HotCounters.collect`).
+Why plain ints for the per-message counters: profiling the 1 -> 100 fan-out (cProfile,
+docs/benchmarks/history.md "Gateway: publish → deliver") showed prometheus_client's
+`Counter.inc` (a lock + a float add, ~13 us) at ~12% of server CPU when called per delivered
+message. Messages/bytes/pulls/notify counters are therefore plain Python ints bumped on the
+event-loop thread (`m.msg_out[qos] += 1`) and turned into Prometheus counters only when /metrics
+is scraped (`_HotCounters.collect`).
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ class FastHistogram:
     """A Prometheus histogram for per-message observations, as plain ints on the event loop.
 
     `prometheus_client.Histogram.observe` takes a lock and updates two float values (~25 us under
-    cProfile per delivered message, BENCHMARKS.md "Side by side"); this one is a bisect and two
-    adds, exported as a normal histogram (`_bucket`, `_sum`, `_count`) when /metrics is scraped.
-    Only the event-loop thread may call `observe`.
+    cProfile per delivered message, docs/benchmarks/history.md "Side by side: lmqtt vs Mosquitto
+    vs amqtt"); this one is a bisect and two adds, exported as a normal histogram (`_bucket`,
+    `_sum`, `_count`) when /metrics is scraped. Only the event-loop thread may call `observe`.
     """
 
     def __init__(self, name: str, doc: str, buckets) -> None:

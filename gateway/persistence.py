@@ -31,8 +31,8 @@ def _now_ms() -> int:
 # The QoS 1/2 exchanges of an offline session, kept in its record (`extra["inflight"]`), so that a
 # restart resumes them as MQTT asks of a session (§4.4: the same packet ids, PUBLISH again with DUP
 # or PUBREL for those past PUBREC; inbound QoS 2 ids awaiting PUBREL still known): without them a
-# restarted server sent its unacknowledged messages again as new ones, and a QoS 2 message the
-# client had already received reached its application twice.
+# restarted server would send its unacknowledged messages again as new ones, and a QoS 2 message
+# the client had already received would reach its application twice.
 #
 # Why only offline sessions: nothing changes an offline session's exchanges (no delivery, no acks;
 # its shared-group messages went back to their groups), so the record written when it went
@@ -40,7 +40,7 @@ def _now_ms() -> int:
 # again, crash or not. The record of a connected session has none: after a crash its messages are
 # delivered again from the committed offsets, with new ids (at least once, never lost).
 INFLIGHT = "inflight"
-MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again as new, as before)
+MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
 
 
 def inflight_state(s: "Session") -> dict | None:

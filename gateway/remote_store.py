@@ -249,8 +249,9 @@ class RemoteStore:
         chunk; one that reaches the mirror's start is joined to it). One read per queue at a time.
         Readers behind the mirror read in big chunks, not a small round trip per delivery (at
         20,000 msg/s into one queue a subscriber a few thousand messages behind would otherwise
-        make a round trip of 32 entries per delivery: measured, fan-in), and never stop the loop:
-        a resumed session's backlog used to cost every other client a blocking round trip per chunk."""
+        make a round trip of 32 entries per delivery: measured, fan-in), and never stop the loop: a
+        blocking read would cost every other client of the gateway a round trip per chunk of a
+        resumed session's backlog."""
         if m.reading_back is not None:
             return                                  # the read under way tells the readers
         if not self.link.connected:
