@@ -15,7 +15,7 @@ first while the rest are encoded. Any message that needs more (QoS 2, an expiry 
 properties) goes through the engine's per-message path, in queue order.
 
 The engine hands this module what it shares with it as narrow callables and objects (its props
-cache, `_item`, `_feed_session`, the offsets-moved callback). `feed` applies the same window,
+cache, `_outbound_message`, `_feed_session`, the offsets-moved callback). `feed` applies the same window,
 No Local, byte budget and cursor rules as the engine's `_feed_session`, in a loop of its own: a
 change to those rules is made in both.
 """
@@ -32,20 +32,20 @@ class BacklogRuns:
     """Feeds a single reader's pulled records to its socket as PUBLISH runs (`runnable`, `feed`).
 
     `records`/`record_of`: the engine's cache of decoded props (the dict is shared, never
-    replaced); `item(m)`: the engine's OutboundMessage for a pulled record; `feed_session(s, q,
-    items, next_offset)`: the engine's per-message path; `session_offsets_moved(s)`: marks the
+    replaced); `outbound(m)`: the engine's OutboundMessage for a pulled record; `feed_session(s,
+    q, messages, next_offset)`: the engine's per-message path; `session_offsets_moved(s)`: marks the
     session's offsets for the next metadata flush.
     """
 
     def __init__(self, cfg, metrics, *, records: dict, record_of: Callable[[bytes], object],
-                 item: Callable[[object], OutboundMessage],
+                 outbound: Callable[[object], OutboundMessage],
                  feed_session: Callable[[Session, str, list, int], bool],
                  session_offsets_moved: Callable[[Session], None]) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self._records = records
         self._record_of = record_of
-        self._item = item
+        self._outbound = outbound
         self._feed_session = feed_session
         self._session_offsets_moved = session_offsets_moved
 
@@ -116,7 +116,7 @@ class BacklogRuns:
                     _write_run(conn, run, v5)
                 s.next_pid = pid
                 cur.next_offset = nxt
-                if self._feed_session(s, q, [self._item(m)], off + 1):
+                if self._feed_session(s, q, [self._outbound(m)], off + 1):
                     over = True
                 if cur.next_offset != off + 1:        # the window is full (or the bytes budget)
                     complete = False

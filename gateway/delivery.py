@@ -64,20 +64,20 @@ class DeliveryEngine:
         self.on_group_removed: Callable[["SharedGroup"], None] | None = None
         self._dirty: set[str] = set()
         self._scheduled = False
-        self._items: dict[int, OutboundMessage] = {}                  # phys offset -> OutboundMessage, per run
+        self._outbound: dict[int, OutboundMessage] = {}               # phys offset -> OutboundMessage, per run
         self._budget = self.run_budget      # messages this run may still read at backlog_batch
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
         self._records: dict[bytes, object] = {}
         # a single reader's backlog encoded straight into PUBLISH runs (gateway/backlog_runs.py)
-        self._runs = BacklogRuns(cfg, metrics, records=self._records, record_of=self._record_of, item=self._item,
+        self._runs = BacklogRuns(cfg, metrics, records=self._records, record_of=self._record_of, outbound=self._outbound_message,
                                  feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
         # the newest entries of queues with local readers, from the records the loop appended
         # itself, served without a pull (gateway/recent.py); bounded to a quarter of lq_cache_mb.
         # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
         # bound here: no call level added.
-        self.recent = RecentMessages(store, metrics, self.direct, self._record_of, self._item,
+        self.recent = RecentMessages(store, metrics, self.direct, self._record_of, self._outbound_message,
                                      max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
         self.record_appended = self.recent.record_appended
         self.drop_recent = self.recent.drop
@@ -156,7 +156,7 @@ class DeliveryEngine:
         if self._hist_dirty:
             self._run_histories()
         work, self._dirty = self._dirty, set()
-        self._items = {}
+        self._outbound = {}
         self._budget = self.run_budget
         for q in work:
             try:
@@ -171,7 +171,7 @@ class DeliveryEngine:
                     self._dirty.add(q)
             except Exception:
                 log.exception("event=delivery_failed queue=%s", q)
-        self._items = {}
+        self._outbound = {}
         if self._dirty or self._hist_dirty:
             self._schedule()
         self._flush_writes()
@@ -254,7 +254,7 @@ class DeliveryEngine:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
         after a restart, persistence.restore_inflight); None when it is no longer stored."""
         m = self.store.message_at(q, off)
-        return None if m is None else self._item(m)
+        return None if m is None else self._outbound_message(m)
 
     def _record_of(self, props: bytes):
         rec = self._records.get(props)
@@ -265,14 +265,15 @@ class DeliveryEngine:
             self._records[props] = rec
         return rec
 
-    def _item(self, m) -> OutboundMessage:
-        it = self._items.get(m.phys_offset)
+    def _outbound_message(self, m) -> OutboundMessage:
+        """The OutboundMessage of pulled record `m`, one per record and queue offset in a run."""
+        it = self._outbound.get(m.phys_offset)
         if it is None:
             rec = self._record_of(m.props)
             dq = m.dispatch_queues
             it = OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
-            self._items[m.phys_offset] = it
+            self._outbound[m.phys_offset] = it
         else:
             it = it.at_offset(m.queue_offset)     # the same record reached through another queue
         return it
@@ -289,13 +290,13 @@ class DeliveryEngine:
     backlog_batch = 1024
     run_budget = 8192
 
-    def _items_of(self, msgs: list) -> list[OutboundMessage]:
-        """`[self._item(m) for m in msgs]` in one loop: a backlog pull hands over up to
+    def _outbound_messages(self, msgs: list) -> list[OutboundMessage]:
+        """`[self._outbound_message(m) for m in msgs]` in one loop: a backlog pull hands over up to
         `backlog_batch` records, and a method call per record was a noticeable part of a
         reconnecting session's delivery. (`msgs` are StoredMessages, or the remote store's
         RemoteMessages: fields read by name.)"""
-        items = self._items
-        get = items.get
+        known = self._outbound
+        get = known.get
         records = self._records
         out = []
         append = out.append
@@ -308,10 +309,10 @@ class DeliveryEngine:
                 if rec is None:
                     rec = self._record_of(props)
                 dq = m.dispatch_queues
-                it = items[phys] = OutboundMessage(m.topic, m.body, rec, m.queue_offset, phys,
+                it = known[phys] = OutboundMessage(m.topic, m.body, rec, m.queue_offset, phys,
                                                    dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
             else:
-                it = self._item(m)
+                it = self._outbound_message(m)
             append(it)
         return out
 
@@ -382,8 +383,8 @@ class DeliveryEngine:
             if recent is not None and recent[0] <= off < recent[0] + len(recent[1]):
                 # the records are in hand (RecentMessages.record_appended): no pull
                 i = off - recent[0]
-                items = recent[1][i:i + n]
-                nxt = off + len(items)
+                messages = recent[1][i:i + n]
+                nxt = off + len(messages)
             else:
                 res = self._pull(q, off, n)
                 msgs = res.messages
@@ -402,16 +403,16 @@ class DeliveryEngine:
                     if nxt < maxo:
                         more = True
                     continue
-                items = self._items_of(msgs)
+                messages = self._outbound_messages(msgs)
             for s in sessions:
-                if self._feed_session(s, q, items, nxt):
+                if self._feed_session(s, q, messages, nxt):
                     more = True
             if nxt < maxo:
                 more = True
         return more
 
-    def _feed_session(self, s: Session, q: str, items: list[OutboundMessage], next_offset: int) -> bool:
-        """Send what the session can take from `items` (one pulled batch of queue `q`).
+    def _feed_session(self, s: Session, q: str, messages: list[OutboundMessage], next_offset: int) -> bool:
+        """Send what the session can take from `messages` (one pulled batch of queue `q`).
 
         The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
         write_blocked flag cannot change inside it (writes are coalesced until the end of the tick),
@@ -454,7 +455,7 @@ class DeliveryEngine:
         # never-reading client with a large window would get window × payload queued at once.
         budget = self.cfg.write_high_water
         over = False
-        for it in items:
+        for it in messages:
             off = it.queue_offset
             if off < nxt:
                 continue
@@ -584,7 +585,7 @@ class DeliveryEngine:
             if pick is None:
                 break
             cur.next_offset = m.queue_offset + 1
-            self._send_group(g, pick[0], pick[1], self._item(m))
+            self._send_group(g, pick[0], pick[1], self._outbound_message(m))
         else:
             if cur.next_offset < res.next_offset:
                 cur.next_offset = res.next_offset
@@ -602,7 +603,7 @@ class DeliveryEngine:
             it.sent = True
             if it.store_ts:
                 self.metrics.dispatch_lag.observe(max(0.0, (time.time() * 1000.0 - it.store_ts) / 1000.0))
-        pid = s.send_item(it, qos, retain, queue=None, group=g,
+        pid = s.send_message(it, qos, retain, queue=None, group=g,
                           sub_ids=(sub.subscription_id,) if sub.subscription_id and s.version == 5 else None)
         off = it.queue_offset
         if pid is None or pid is False:       # QoS 0, or dropped for this client (expired / too large)

@@ -38,7 +38,7 @@ class RecentMessages:
     """The rings of the queues with local readers: queue -> [first queue offset, messages].
 
     `readers` is the delivery engine's `direct` (queue -> online sessions reading it; the same dict
-    object, read only), `record_of(props)` its props cache, `item(stored message)` its
+    object, read only), `record_of(props)` its props cache, `outbound(stored message)` its
     OutboundMessage of an entry read from the store. Entries every online reader of a
     queue has passed are dropped at its next delivery run (`drop_passed`); a queue whose readers
     fall further behind than `per_queue` drops its older half; the whole cache is dropped when
@@ -50,15 +50,15 @@ class RecentMessages:
     ENTRY_COST = 256
 
     def __init__(self, store: "GatewayStore", metrics, readers: dict, record_of: Callable[[bytes], object],
-                 item: Callable[[object], OutboundMessage], max_bytes: int) -> None:
+                 outbound: Callable[[object], OutboundMessage], max_bytes: int) -> None:
         self.store = store
         self.metrics = metrics
         self._readers = readers
         self._record_of = record_of
-        self._item = item       # the engine's: a stored message -> OutboundMessage
+        self._outbound = outbound   # the engine's: a stored message -> OutboundMessage
         self.max_bytes = max_bytes
         self.rings: dict[str, list] = {}
-        self.items = 0          # entries in all rings
+        self.entries = 0        # entries in all rings
         self.nbytes = 0         # their payload bytes
 
     def record_appended(self, batch: list, store_ts: int) -> None:
@@ -97,7 +97,7 @@ class RecentMessages:
                 r = None
             if r is None:
                 r = recent[q] = [start, []]
-            items = r[1]
+            messages = r[1]
             off = start
             for i in idx:
                 it = base.get(i)
@@ -110,18 +110,18 @@ class RecentMessages:
                 else:
                     it = it.at_offset(off)      # the same record in another queue
                 nbytes += len(p.payload)
-                items.append(it)
+                messages.append(it)
                 off += 1
             added += len(idx)
-            if len(items) > cap:
-                drop = len(items) - cap // 2
-                nbytes -= sum([len(it.payload) for it in items[:drop]])
-                del items[:drop]
+            if len(messages) > cap:
+                drop = len(messages) - cap // 2
+                nbytes -= sum([len(it.payload) for it in messages[:drop]])
+                del messages[:drop]
                 r[0] += drop
                 added -= drop
-        self.items += added
+        self.entries += added
         self.nbytes += nbytes
-        if self.nbytes + self.items * self.ENTRY_COST > self.max_bytes:
+        if self.nbytes + self.entries * self.ENTRY_COST > self.max_bytes:
             self.drop()
 
     def _fill_gap(self, q: str, r: list, start: int) -> bool:
@@ -131,8 +131,8 @@ class RecentMessages:
         off = r[0] + len(r[1])
         if not 0 < start - off <= self.gap_max:
             return False
-        items = r[1]
-        n0 = len(items)
+        messages = r[1]
+        n0 = len(messages)
         nbytes = 0
         ok = True
         while ok and off < start:
@@ -144,11 +144,11 @@ class RecentMessages:
                 if m.queue_offset != off or off >= start:
                     ok = False
                     break
-                items.append(self._item(m))
+                messages.append(self._outbound(m))
                 nbytes += len(m.body)
                 off += 1
         # counted either way: on failure drop subtracts the whole ring
-        self.items += len(items) - n0
+        self.entries += len(messages) - n0
         self.nbytes += nbytes
         return ok
 
@@ -162,15 +162,15 @@ class RecentMessages:
         self.nbytes -= sum([len(it.payload) for it in ri[:drop]])
         del ri[:drop]
         r[0] += drop
-        self.items -= drop
+        self.entries -= drop
 
     def drop(self, queue: str | None = None) -> None:
         """Forget `queue`'s ring (its last local reader went), or every ring."""
         if queue is None:
             self.rings.clear()
-            self.items = self.nbytes = 0
+            self.entries = self.nbytes = 0
         else:
             r = self.rings.pop(queue, None)
             if r is not None:
-                self.items -= len(r[1])
+                self.entries -= len(r[1])
                 self.nbytes -= sum([len(it.payload) for it in r[1]])

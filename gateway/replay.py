@@ -117,7 +117,7 @@ class HistoryRun:
 
         Plain QoS 0 messages (no MQTT 5 properties, expiry, alias or subscription identifier to
         add) are collected and encoded as one run (`encode_publish_run`); anything else goes
-        through `Session.send_item` after the run so far is written, so the order on the wire is
+        through `Session.send_message` after the run so far is written, so the order on the wire is
         the history's order. Why: a history is thousands of distinct messages each sent once, and
         an OutboundMessage + PUBLISH template per message was a third of the pump's time."""
         s = self.s
@@ -181,7 +181,7 @@ class HistoryRun:
                         if run:
                             self._write_run(run)
                         it = OutboundMessage(m.topic, m.body, rec, None, m.phys_offset, (), m.store_ts)
-                        s.send_item(it, qos, retain, sub_ids=ids)
+                        s.send_message(it, qos, retain, sub_ids=ids)
                     pos += 1
                     self.sent += 1
                     n += 1

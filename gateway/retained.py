@@ -23,7 +23,7 @@ held = tuple.__new__
 
 class RetainedMessage(tuple):
     """(topic, body, store_ts) of a retained message held in flight as a `HeldInFlight` (its
-    `item` reads these three by name when a resend needs the message)."""
+    `message` reads these three by name when a resend needs the message)."""
 
     __slots__ = ()
     topic = property(itemgetter(0))
@@ -40,7 +40,7 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None
     Messages whose PUBLISH needs nothing per subscriber but QoS, packet id and the retain flag
     (MQTT 3.1.1, or MQTT 5 without properties, expiry, topic alias, subscription identifier or
     Maximum Packet Size) are encoded as one run (`encode_publish_run`) and written at once; the
-    others go through `Session.send_item` after the run so far is written (the order on the wire
+    others go through `Session.send_message` after the run so far is written (the order on the wire
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message. `found`: the messages, when already
     read (a remote store's read-ahead); else they are read here."""
@@ -156,13 +156,13 @@ def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, su
             clear_expired(metadata, topic, value)
             return
         store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
-    item = OutboundMessage(topic, payload, record, store_ts=store_ts)
+    message = OutboundMessage(topic, payload, record, store_ts=store_ts)
     if qos and (s.retained_backlog or window_full):
-        s.wait_retained((item, qos, ids))                # sent as acks open the window
+        s.wait_retained((message, qos, ids))                # sent as acks open the window
         return
     if run:
         _write_run(s, run)
-    s.send_item(item, qos, True, sub_ids=ids)
+    s.send_message(message, qos, True, sub_ids=ids)
 
 
 def _write_run(s: Session, run: list, now: bool = False) -> None:
@@ -200,7 +200,7 @@ def drain_retained(s: Session) -> None:
     bl = s.retained_backlog
     while bl and s.conn is not None and s.window_open():
         it, qos, ids = bl.popleft()
-        s.send_item(it, qos, True, sub_ids=ids)
+        s.send_message(it, qos, True, sub_ids=ids)
 
 
 def clear_expired(metadata, topic: str, value: bytes) -> None:

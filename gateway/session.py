@@ -119,15 +119,15 @@ class OutboundMessage(PublishTemplate):
 class InFlight:
     """An outbound QoS 1/2 PUBLISH awaiting PUBACK, or PUBREC then PUBCOMP."""
 
-    __slots__ = ("pid", "item", "qos", "retain", "state", "queue", "offset", "group", "sub_ids")
+    __slots__ = ("pid", "message", "qos", "retain", "state", "queue", "offset", "group", "sub_ids")
 
     WAIT_ACK = 1      # PUBACK (QoS 1) or PUBREC (QoS 2) expected
     WAIT_COMP = 2     # PUBREL sent, PUBCOMP expected
 
-    def __init__(self, pid: int, item: OutboundMessage, qos: int, retain: bool, queue: str | None,
+    def __init__(self, pid: int, message: OutboundMessage, qos: int, retain: bool, queue: str | None,
                  offset: int | None, group: "SharedGroup | None") -> None:
         self.pid = pid
-        self.item = item
+        self.message = message
         self.qos = qos
         self.retain = retain
         self.state = InFlight.WAIT_ACK
@@ -153,7 +153,7 @@ class HeldInFlight(tuple):
     OutboundMessage and its PUBLISH template per message. A tuple (pid, retain, queue, offset,
     pulled message, record) built in C by `HeldInFlight.new`; the pulled message (a StoredMessage
     or the remote store's RemoteMessage: topic, body, store_ts read by name) becomes an
-    OutboundMessage only when one is needed (`item`: a resend with DUP after a reconnect). Read like
+    OutboundMessage only when one is needed (`message`: a resend with DUP after a reconnect). Read like
     an InFlight (pid, qos, retain, state, queue, offset, group, sub_ids)."""
 
     __slots__ = ()
@@ -173,7 +173,7 @@ class HeldInFlight(tuple):
         return tuple.__new__(cls, (pid, retain, queue, offset, msg, record))
 
     @property
-    def item(self) -> OutboundMessage:
+    def message(self) -> OutboundMessage:
         m = self[4]
         return OutboundMessage(m.topic, m.body, self[5], self[3], -1, (), m.store_ts)
 
@@ -251,30 +251,30 @@ class Session:
                     ids.append(sub.subscription_id)
         return tuple(sorted(set(ids))) if ids else None
 
-    def publish_bytes(self, item: OutboundMessage, qos: int, retain: bool, pid: int | None, dup: bool = False,
+    def publish_bytes(self, message: OutboundMessage, qos: int, retain: bool, pid: int | None, dup: bool = False,
                       sub_ids=None, now_ms: float | None = None, resend: bool = False):
         """The PUBLISH for this client with everything MQTT 5 makes per-subscriber: remaining
         message expiry, subscription identifiers, topic alias; checked against the client's
         Maximum Packet Size. Returns bytes, or EXPIRED / TOO_LARGE (not sent: the caller drops it
         for this client). A `resend` (in flight before a reconnect) is not dropped for expiry:
         onward delivery had started (§3.3.2.3.3)."""
-        left = item.expiry_left(time.time() * 1000.0 if now_ms is None else now_ms)
+        left = message.expiry_left(time.time() * 1000.0 if now_ms is None else now_ms)
         if left == 0:
             if not resend:
                 return EXPIRED
             left = 1
         if self.version != 5:
-            data = item.encode(qos, retain, self.version, pid, dup)
+            data = message.encode(qos, retain, self.version, pid, dup)
         elif not sub_ids and not self.alias_max:
-            data = (item.encode(qos, retain, 5, pid, dup) if left is None
-                    else item.encode_with_expiry(qos, retain, pid, dup, left))
+            data = (message.encode(qos, retain, 5, pid, dup) if left is None
+                    else message.encode_with_expiry(qos, retain, pid, dup, left))
         else:
-            extra = item.properties_body()
+            extra = message.properties_body()
             if left is not None:
                 extra += message_expiry_prop(left)
             if sub_ids:
                 extra += subscription_identifier_props(sub_ids)
-            topic = item.topic
+            topic = message.topic
             new_alias = False
             evicted = None
             if self.alias_max:
@@ -295,10 +295,10 @@ class Session:
                     aliases[topic] = alias
                     extra += topic_alias_prop(alias)   # topic and alias: the client records it
                     new_alias = True
-            data = encode_publish_v5_parts(topic, item.payload, qos, retain, dup, pid, extra)
+            data = encode_publish_v5_parts(topic, message.payload, qos, retain, dup, pid, extra)
             if new_alias and self.max_packet and len(data) > self.max_packet:
                 # not sent: the client never learnt this mapping, and still has the one it replaced
-                alias = self.aliases.pop(item.topic)
+                alias = self.aliases.pop(message.topic)
                 if evicted is not None:
                     self.aliases[evicted] = alias
         if self.max_packet and len(data) > self.max_packet:
@@ -332,14 +332,14 @@ class Session:
         return c is not None and not c.write_blocked and len(self.outbound) < self.receive_max
 
     # -- sending ----------------------------------------------------------------------------
-    def send_item(self, item: OutboundMessage, qos: int, retain: bool, queue: str | None = None,
+    def send_message(self, message: OutboundMessage, qos: int, retain: bool, queue: str | None = None,
                   group: "SharedGroup | None" = None, sub_ids=None) -> int | None | bool:
         """Encode and queue one PUBLISH; returns the packet id for QoS 1/2 (None for QoS 0), or
         False when the message was dropped for this client (expired, or over its Maximum Packet
         Size; counted)."""
         conn = self.conn
         pid = self.alloc_pid() if qos else None
-        data = self.publish_bytes(item, qos, retain, pid, False, sub_ids)
+        data = self.publish_bytes(message, qos, retain, pid, False, sub_ids)
         if type(data) is not bytes:
             self.count_drop(data)
             return False
@@ -347,18 +347,18 @@ class Session:
             conn.write(data)
             conn.metrics.msg_out[0] += 1
             return None
-        inf = self.outbound[pid] = InFlight(pid, item, qos, retain, queue, item.queue_offset, group)
+        inf = self.outbound[pid] = InFlight(pid, message, qos, retain, queue, message.queue_offset, group)
         inf.sub_ids = sub_ids
         conn.write(data)
         conn.metrics.msg_out[qos] += 1
         return pid
 
-    def hold(self, item: OutboundMessage, qos: int, retain: bool, sub_ids=None) -> int:
-        """Register a QoS 1/2 `item` in flight without sending it: its packet id. For a caller that
+    def hold(self, message: OutboundMessage, qos: int, retain: bool, sub_ids=None) -> int:
+        """Register a QoS 1/2 `message` in flight without sending it: its packet id. For a caller that
         encodes a run of PUBLISHes in one go (gateway/retained.py) and writes them itself, counting
-        them in `msg_out`; what send_item does per message, minus the encoding and the write."""
+        them in `msg_out`; what send_message does per message, minus the encoding and the write."""
         pid = self.alloc_pid()
-        inf = self.outbound[pid] = InFlight(pid, item, qos, retain, None, item.queue_offset, None)
+        inf = self.outbound[pid] = InFlight(pid, message, qos, retain, None, message.queue_offset, None)
         inf.sub_ids = sub_ids
         return pid
 
@@ -383,7 +383,7 @@ class Session:
         dropped = []
         for inf in self.outbound.values():
             if inf.state == InFlight.WAIT_ACK:
-                data = self.publish_bytes(inf.item, inf.qos, inf.retain, inf.pid, True, inf.sub_ids, resend=True)
+                data = self.publish_bytes(inf.message, inf.qos, inf.retain, inf.pid, True, inf.sub_ids, resend=True)
                 if type(data) is not bytes:
                     self.count_drop(data)
                     dropped.append(inf)

@@ -62,6 +62,6 @@ class SharedGroup:
         if offset is not None:
             self.cursor.inflight.pop(offset, None)
 
-    def take_back(self, item: OutboundMessage) -> None:
-        """A member left with `item` unacked: offer it to another member (keeps the offset pinned)."""
-        self.redeliver.append(item)
+    def take_back(self, message: OutboundMessage) -> None:
+        """A member left with `message` unacked: offer it to another member (keeps the offset pinned)."""
+        self.redeliver.append(message)

@@ -221,7 +221,7 @@ class SubscriptionRegistry:
                     g.remove_member(s)
         for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
             inf = s.outbound.pop(pid)
-            inf.group.take_back(inf.item)
+            inf.group.take_back(inf.message)
             self.delivery.kick_queue(inf.group.queue)
 
     def is_current(self, g: SharedGroup) -> bool:
