@@ -33,10 +33,13 @@ delivery pays nothing for ACLs it cannot hit). `reload()` re-reads the file
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 from lmqtt.gateway.auth import Identity
+
+log = logging.getLogger("lmqtt.gateway")
 
 PUBLISH, SUBSCRIBE, READ = "publish", "subscribe", "read"   # READ: one message at delivery
 
@@ -336,6 +339,16 @@ class AclFile:
         with self._lock:
             self._acl = acl
 
+    def reload_or_keep(self) -> bool:
+        """SIGHUP: `reload`, logged; a file that fails keeps the previous rules (False)."""
+        try:
+            self.reload()
+        except Exception as e:
+            log.error("event=reload_failed what=acl error=%s (previous rules kept)", e)
+            return False
+        log.info("event=reloaded what=acl path=%s", self.path)
+        return True
+
     def can_publish(self, ident: Identity, topic: str) -> bool:
         return self._acl.check(ident, PUBLISH, topic)
 
@@ -350,3 +363,10 @@ class AclFile:
     def can_read(self, ident: Identity, topic: str) -> bool:
         """May this message be delivered to this identity (per-message check at delivery)?"""
         return self._acl.check(ident, READ, topic)
+
+    def read_checks(self, ident: Identity, queues) -> set[str] | None:
+        """Which of a session's subscribed `queues` need `can_read` per message at delivery (a
+        connection's `read_checks`): those overlapping a denied area, and a restored subscription
+        the identity may no longer make. None when none does: delivery's fast path."""
+        checks = {q for q in queues if self.needs_read_check(ident, q) or not self.can_subscribe(ident, q)}
+        return checks or None

@@ -19,11 +19,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import threading
 from dataclasses import dataclass
 from typing import Protocol
+
+log = logging.getLogger("lmqtt.gateway")
 
 
 class AuthError(Exception):
@@ -503,6 +506,17 @@ class AuthChain:
         for a in self.authenticators:
             if hasattr(a, "reload"):
                 a.reload()
+
+    def reload_files(self) -> None:
+        """SIGHUP: re-read each authenticator's file (password file, HMAC keys), logged; one that
+        fails keeps its previous contents, and the others are re-read all the same."""
+        for a in self.authenticators:
+            if hasattr(a, "reload"):
+                try:
+                    a.reload()
+                    log.info("event=reloaded what=%s path=%s", a.name, getattr(a, "path", ""))
+                except Exception as e:
+                    log.error("event=reload_failed what=%s error=%s (previous rules kept)", a.name, e)
 
 
 # ------------------------------------------------------------------------ off the event loop

@@ -366,7 +366,7 @@ class Broker:
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
         if self.acl is not None:
-            self._compute_read_checks(conn, s)
+            conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
         if present and cfg.max_offline_backlog:
             self.delivery.trim_backlog(s, cfg.max_offline_backlog)
         self.subscriptions.go_online(s)
@@ -447,38 +447,16 @@ class Broker:
                 s.inbound_qos2.add(pid)         # the PUBREL that follows gets its PUBCOMP
             conn.send(P.PubRec(pid, rc))
 
-    def _compute_read_checks(self, conn, s: Session) -> None:
-        """Which of the session's direct subscriptions need the per-message `can_read` at delivery
-        (`conn.read_checks`, None when none does: the fast path). A restored subscription the
-        identity may no longer make is checked per message too."""
-        acl, ident = self.acl, conn.identity
-        checks = set()
-        for sub in s.subs.values():
-            if acl.needs_read_check(ident, sub.queue) or not acl.can_subscribe(ident, sub.queue):
-                checks.add(sub.queue)
-        conn.read_checks = checks or None
-
     def reload_security(self) -> None:
-        """SIGHUP: re-read password/keys files and the ACL; a file that fails keeps its old rules."""
+        """SIGHUP: re-read password/keys files and the ACL (a file that fails keeps its old rules);
+        with new ACL rules, what each connection remembered of the old ones is asked again."""
         if self.auth is not None:
-            for a in self.auth.authenticators:
-                if hasattr(a, "reload"):
-                    try:
-                        a.reload()
-                        log.info("event=reloaded what=%s path=%s", a.name, getattr(a, "path", ""))
-                    except Exception as e:
-                        log.error("event=reload_failed what=%s error=%s (previous rules kept)", a.name, e)
-        if self.acl is not None:
-            try:
-                self.acl.reload()
-                log.info("event=reloaded what=acl path=%s", self.acl.path)
-            except Exception as e:
-                log.error("event=reload_failed what=acl error=%s (previous rules kept)", e)
-                return
+            self.auth.reload_files()
+        if self.acl is not None and self.acl.reload_or_keep():
             for c in list(self.connections):
                 c.acl_publish_ok = NO_TOPICS
                 if c.connected and c.session is not None:
-                    self._compute_read_checks(c, c.session)
+                    c.read_checks = self.acl.read_checks(c.identity, [sub.queue for sub in c.session.subs.values()])
 
     # ======================================================================= acks from the client
     def _release(self, s: Session, inf: InFlight) -> None:

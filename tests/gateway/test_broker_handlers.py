@@ -710,3 +710,40 @@ def test_an_acl_denied_publish_is_refused_and_not_stored(tmp_path, version):
         assert [p.payload for p in sub.packets() if isinstance(p, P.Publish)] == [b"yes"] and m.topic == "ok/x"
         assert not pub.transport.closed
     run(tmp_path, body, acl_file=str(acl))
+
+
+def test_reloaded_acl_rules_apply_to_live_connections(tmp_path, caplog):
+    """SIGHUP (`reload_security`): a topic a connection was allowed to publish is asked again, and
+    a subscription the new rules no longer allow is checked per message; a file that fails to
+    parse keeps the rules in force."""
+    import logging
+    acl = tmp_path / "acl"
+    acl.write_text(ACL_RULES)
+
+    async def body(gw):
+        sub, pub = Client(gw), Client(gw)
+        await sub.connect("rl-sub")
+        await pub.connect("rl-pub")
+        sub.send(P.Subscribe(1, [P.SubscriptionRequest("ok/#", qos=1)]))
+        await sub.wait_for(P.SubAck)
+        pub.send(P.Publish("ok/a", b"1", qos=1, packet_id=1))
+        assert (await pub.wait_for(P.PubAck))[0].reason_code == 0
+        await sub.wait_for(P.Publish)
+        assert sub.conn.read_checks is None and "ok/a" in pub.conn.acl_publish_ok
+        acl.write_text("default deny\nallow anonymous publish ok/a\nallow anonymous subscribe ok/b/#\n")
+        with caplog.at_level(logging.INFO, logger="lmqtt.gateway"):
+            gw.reload_security()
+        assert "event=reloaded what=acl" in caplog.text
+        assert sub.conn.read_checks == {"ok/#"} and not pub.conn.acl_publish_ok
+        pub.send(P.Publish("ok/a", b"2", qos=1, packet_id=2))      # still allowed, not readable
+        pub.send(P.Publish("ok/c", b"3", qos=1, packet_id=3))      # no longer allowed
+        acks = await pub.wait_for(P.PubAck, 3)          # (a refusal goes out before a store ack)
+        assert sorted((a.packet_id, a.reason_code) for a in acks[1:]) == [(2, 0), (3, ReasonCode.NOT_AUTHORIZED)]
+        await asyncio.sleep(0.02)
+        assert [p.payload for p in sub.packets() if isinstance(p, P.Publish)] == [b"1"]
+        acl.write_text("this is not an acl\n")
+        with caplog.at_level(logging.INFO, logger="lmqtt.gateway"):
+            gw.reload_security()
+        assert "event=reload_failed what=acl" in caplog.text
+        assert sub.conn.read_checks == {"ok/#"}                     # the rules in force stay
+    run(tmp_path, body, acl_file=str(acl))
