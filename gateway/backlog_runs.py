@@ -31,20 +31,20 @@ from lmqtt.gateway.session import RUN_FLUSH_FIRST, RUN_FLUSH_MAX, HeldInFlight, 
 class BacklogRuns:
     """Feeds a single reader's pulled records to its socket as PUBLISH runs (`runnable`, `feed`).
 
-    `records`/`record_of`: the engine's cache of decoded props (the dict is shared, never
+    `metas`/`meta_of`: the engine's cache of decoded props (the dict is shared, never
     replaced); `outbound(m)`: the engine's OutboundMessage for a pulled record; `feed_session(s,
     q, messages, next_offset)`: the engine's per-message path; `session_offsets_moved(s)`: marks the
     session's offsets for the next metadata flush.
     """
 
-    def __init__(self, cfg, metrics, *, records: dict, record_of: Callable[[bytes], object],
+    def __init__(self, cfg, metrics, *, metas: dict, meta_of: Callable[[bytes], object],
                  outbound: Callable[[object], OutboundMessage],
                  feed_session: Callable[[Session, str, list, int], bool],
                  session_offsets_moved: Callable[[Session], None]) -> None:
         self.cfg = cfg
         self.metrics = metrics
-        self._records = records
-        self._record_of = record_of
+        self._metas = metas
+        self._meta_of = meta_of
         self._outbound = outbound
         self._feed_session = feed_session
         self._session_offsets_moved = session_offsets_moved
@@ -71,8 +71,8 @@ class BacklogRuns:
         conn = s.conn
         cur = s.cursors[q]
         sub = s.direct[q]
-        records = self._records
-        record_of = self._record_of
+        metas = self._metas
+        meta_of = self._meta_of
         sub_qos = sub.qos
         no_local = sub.no_local
         rap = sub.retain_as_published
@@ -100,9 +100,9 @@ class BacklogRuns:
             if off < nxt:
                 continue
             props = m.props
-            rec = records.get(props)
+            rec = metas.get(props)
             if rec is None:
-                rec = record_of(props)
+                rec = meta_of(props)
             if rec is not last_rec:
                 last_rec = rec
                 plain = rec.message_expiry_interval is None and not (v5 and rec.has_app_properties())

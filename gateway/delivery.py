@@ -69,15 +69,16 @@ class DeliveryEngine:
         # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
         # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
         # mutated after decoding); bounded, cleared when full.
-        self._records: dict[bytes, object] = {}
+        self._metas: dict[bytes, object] = {}
         # a single reader's backlog encoded straight into PUBLISH runs (gateway/backlog_runs.py)
-        self._runs = BacklogRuns(cfg, metrics, records=self._records, record_of=self._record_of, outbound=self._outbound_message,
+        self._runs = BacklogRuns(cfg, metrics, metas=self._metas, meta_of=self._meta_of,
+                                 outbound=self._outbound_message,
                                  feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
         # the newest entries of queues with local readers, from the records the loop appended
         # itself, served without a pull (gateway/recent.py); bounded to a quarter of lq_cache_mb.
         # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
         # bound here: no call level added.
-        self.recent = RecentMessages(store, metrics, self.direct, self._record_of, self._outbound_message,
+        self.recent = RecentMessages(store, metrics, self.direct, self._meta_of, self._outbound_message,
                                      max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
         self.record_appended = self.recent.record_appended
         self.drop_recent = self.recent.drop
@@ -180,12 +181,12 @@ class DeliveryEngine:
     def start_history(self, run) -> None:
         """`run` (a HistoryRun) sends its subscription's history first; its queue is read live
         (the session becomes a reader at the seam) when the history is done."""
-        if run.record_of is not None:
-            run.record_of = self._record_of      # props decoded once per distinct value
-        run.plan.on_ready = partial(self.kick, run.s)     # a chunk of a remote history came in
-        self.remove_reader(run.s, run.queue)
-        self.histories.setdefault(run.s, []).append(run)
-        self._hist_dirty.add(run.s)
+        if run.meta_of is not None:
+            run.meta_of = self._meta_of      # props decoded once per distinct value
+        run.plan.on_ready = partial(self.kick, run.session)     # a chunk of a remote history came in
+        self.remove_reader(run.session, run.queue)
+        self.histories.setdefault(run.session, []).append(run)
+        self._hist_dirty.add(run.session)
         self._schedule()
 
     def trim_backlog(self, s: Session, keep: int) -> int:
@@ -256,20 +257,21 @@ class DeliveryEngine:
         m = self.store.message_at(q, off)
         return None if m is None else self._outbound_message(m)
 
-    def _record_of(self, props: bytes):
-        rec = self._records.get(props)
+    def _meta_of(self, props: bytes):
+        """The RecordMeta (QoS, retain, publisher, MQTT 5 properties) of a record's props bytes."""
+        rec = self._metas.get(props)
         if rec is None:
             rec = safe_decode(props)
-            if len(self._records) >= 4096:
-                self._records.clear()
-            self._records[props] = rec
+            if len(self._metas) >= 4096:
+                self._metas.clear()
+            self._metas[props] = rec
         return rec
 
     def _outbound_message(self, m) -> OutboundMessage:
         """The OutboundMessage of pulled record `m`, one per record and queue offset in a run."""
         it = self._outbound.get(m.phys_offset)
         if it is None:
-            rec = self._record_of(m.props)
+            rec = self._meta_of(m.props)
             dq = m.dispatch_queues
             it = OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset,
                       dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
@@ -297,7 +299,7 @@ class DeliveryEngine:
         RemoteMessages: fields read by name.)"""
         known = self._outbound
         get = known.get
-        records = self._records
+        metas = self._metas
         out = []
         append = out.append
         for m in msgs:
@@ -305,9 +307,9 @@ class DeliveryEngine:
             it = get(phys)
             if it is None:
                 props = m.props
-                rec = records.get(props)
+                rec = metas.get(props)
                 if rec is None:
-                    rec = self._record_of(props)
+                    rec = self._meta_of(props)
                 dq = m.dispatch_queues
                 it = known[phys] = OutboundMessage(m.topic, m.body, rec, m.queue_offset, phys,
                                                    dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)

@@ -38,7 +38,7 @@ class RecentMessages:
     """The rings of the queues with local readers: queue -> [first queue offset, messages].
 
     `readers` is the delivery engine's `direct` (queue -> online sessions reading it; the same dict
-    object, read only), `record_of(props)` its props cache, `outbound(stored message)` its
+    object, read only), `meta_of(props)` its props cache, `outbound(stored message)` its
     OutboundMessage of an entry read from the store. Entries every online reader of a
     queue has passed are dropped at its next delivery run (`drop_passed`); a queue whose readers
     fall further behind than `per_queue` drops its older half; the whole cache is dropped when
@@ -49,12 +49,12 @@ class RecentMessages:
     gap_max = 1 << 13      # entries a ring reads to bridge a gap (else it starts over)
     ENTRY_COST = 256
 
-    def __init__(self, store: "GatewayStore", metrics, readers: dict, record_of: Callable[[bytes], object],
+    def __init__(self, store: "GatewayStore", metrics, readers: dict, meta_of: Callable[[bytes], object],
                  outbound: Callable[[object], OutboundMessage], max_bytes: int) -> None:
         self.store = store
         self.metrics = metrics
         self._readers = readers
-        self._record_of = record_of
+        self._meta_of = meta_of
         self._outbound = outbound   # the engine's: a stored message -> OutboundMessage
         self.max_bytes = max_bytes
         self.rings: dict[str, list] = {}
@@ -105,7 +105,7 @@ class RecentMessages:
                 if it is None:
                     # phys_offset left unknown (-1): nothing reads it, and indexing the store's
                     # columnar results would build every AppendResult tuple
-                    it = base[i] = OutboundMessage(p.topic, p.payload, self._record_of(p.props), off, -1, p.queues,
+                    it = base[i] = OutboundMessage(p.topic, p.payload, self._meta_of(p.props), off, -1, p.queues,
                                         store_ts)
                 else:
                     it = it.at_offset(off)      # the same record in another queue

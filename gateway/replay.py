@@ -91,10 +91,10 @@ class HistoryRun:
     send_batch = 1024          # messages sent per delivery run (fairness with other sessions)
     reads_per_run = 4          # store reads per delivery run
 
-    def __init__(self, s: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None,
-                 record_of=None) -> None:
-        self.s = s
-        self.record_of = record_of or _record_of     # the delivery engine's props cache when given
+    def __init__(self, session: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None,
+                 meta_of=None) -> None:
+        self.session = session
+        self.meta_of = meta_of or _meta_of     # the delivery engine's props cache when given
         self.sub = sub
         self.plan = plan
         self.acl = acl
@@ -120,7 +120,7 @@ class HistoryRun:
         through `Session.send_message` after the run so far is written, so the order on the wire is
         the history's order. Why: a history is thousands of distinct messages each sent once, and
         an OutboundMessage + PUBLISH template per message was a third of the pump's time."""
-        s = self.s
+        s = self.session
         sub = self.sub
         n = reads = 0
         conn = s.conn
@@ -134,7 +134,7 @@ class HistoryRun:
         cid = s.client_id
         sub_qos = sub.qos
         rap = sub.retain_as_published
-        record_of = self.record_of
+        meta_of = self.meta_of
         run: list = []                  # (topic, payload, retain) of plain QoS 0 messages, in order
         try:
             while True:
@@ -159,7 +159,7 @@ class HistoryRun:
                 stop = len(pending)
                 while pos < stop:
                     m = pending[pos]
-                    rec = record_of(m.props)
+                    rec = meta_of(m.props)
                     if no_local and rec.client_id == cid:
                         pos += 1
                         continue
@@ -193,7 +193,7 @@ class HistoryRun:
 
     def _write_run(self, run: list) -> None:
         """Write the collected plain QoS 0 PUBLISHes (see pump) and empty `run`."""
-        s = self.s
+        s = self.session
         conn = s.conn
         data, dropped = encode_publish_run(run, s.version, s.max_packet)
         for _ in range(dropped):
@@ -205,6 +205,6 @@ class HistoryRun:
         run.clear()
 
 
-def _record_of(props: bytes):
+def _meta_of(props: bytes):
     from lmqtt.gateway.record_props import safe_decode
     return safe_decode(props)

@@ -133,7 +133,7 @@ def _run_kind(value: bytes, plain: bool, v5: bool, sub_qos: int, no_local: bool,
     `_send`): QoS 0 or 1, no expiry, no MQTT 5 properties to forward, not held back by No Local."""
     if not plain or (value and value[0] == _DEADLINE):
         return None
-    record = _record_of(value)
+    record = _meta_of(value)
     if record.message_expiry_interval is not None or (v5 and record.has_app_properties()):
         return None
     if no_local and record.client_id == client_id:
@@ -146,7 +146,7 @@ def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, su
               client_id: str, ids, now_ms: float, run: list, window_full: bool) -> None:
     """One retained message the general way (after writing what `run` holds, to keep the order)."""
     props, deadline = split_retained(value)
-    record = _record_of(props)
+    record = _meta_of(props)
     if no_local and record.client_id == client_id:
         return
     qos = min(sub_qos, record.qos)
@@ -182,16 +182,16 @@ def _write_run(s: Session, run: list, now: bool = False) -> None:
 # props bytes -> decoded RecordMeta: retained messages from one publisher carry identical props
 # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never mutated
 # after decoding, as in the delivery engine's cache); bounded, cleared when full.
-_RECORDS: dict[bytes, object] = {}
+_METAS: dict[bytes, object] = {}
 
 
-def _record_of(props: bytes):
-    rec = _RECORDS.get(props)
+def _meta_of(props: bytes):
+    rec = _METAS.get(props)
     if rec is None:
         rec = safe_decode(props)
-        if len(_RECORDS) >= 4096:
-            _RECORDS.clear()
-        _RECORDS[props] = rec
+        if len(_METAS) >= 4096:
+            _METAS.clear()
+        _METAS[props] = rec
     return rec
 
 

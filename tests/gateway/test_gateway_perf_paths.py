@@ -203,7 +203,7 @@ def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
                           [(it.topic, it.payload, it.queue_offset, tuple(it.dispatch_queues),
                             it.record.qos, it.record.client_id) for it in items],
                           [(m.topic, m.body, m.queue_offset, tuple(m.dispatch_queues),
-                            d._record_of(m.props).qos, d._record_of(m.props).client_id) for m in res.messages])
+                            d._meta_of(m.props).qos, d._meta_of(m.props).client_id) for m in res.messages])
             return got
         finally:
             await gw.stop()
