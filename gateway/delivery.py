@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.backlog_runs import BacklogRuns
 from lmqtt.gateway.recent import RecentMessages
 from lmqtt.gateway.record_props import safe_decode
+from lmqtt.gateway.replay import HistoryRuns
 from lmqtt.gateway.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,8 +42,9 @@ class DeliveryEngine:
     It calls back through three narrow callables: `session_offsets_moved(session)` and
     `group_offsets_moved(group)` mark offsets for the next metadata flush, `flush_writes()` writes
     the connections' queued output at the end of a run. It composes `RecentMessages`
-    (gateway/recent.py: the messages this gateway just appended, served without a pull) and
-    `BacklogRuns` (gateway/backlog_runs.py: a single reader's backlog encoded as PUBLISH runs).
+    (gateway/recent.py: the messages this gateway just appended, served without a pull),
+    `BacklogRuns` (gateway/backlog_runs.py: a single reader's backlog encoded as PUBLISH runs) and
+    `HistoryRuns` (gateway/replay.py: subscriptions from the past sending their history).
     """
 
     def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
@@ -82,10 +83,14 @@ class DeliveryEngine:
                                      max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
         self.record_appended = self.recent.record_appended
         self.drop_recent = self.recent.drop
-        # subscriptions from the past (gateway/replay.py) still sending their history: session ->
-        # [HistoryRun]; the session reads those queues live only once their history is sent
-        self.histories: dict[Session, list] = {}
-        self._hist_dirty: set[Session] = set()
+        # subscriptions from the past still sending their history (gateway/replay.py); the session
+        # reads those queues live only once their history is sent. `histories` is its dict
+        # (session -> [HistoryRun], read by the subscription registry), `has_history` and
+        # `drop_history` its methods, bound here.
+        self._histories = HistoryRuns(loop, cfg, kick=self.kick, go_live=self._history_done, meta_of=self._meta_of)
+        self.histories = self._histories.by_session
+        self.has_history = self._histories.has
+        self.drop_history = self._histories.drop
 
     # -- index maintenance -------------------------------------------------------------------
     def add_reader(self, s: Session, queue: str) -> None:
@@ -129,8 +134,7 @@ class DeliveryEngine:
 
     def kick(self, s: Session) -> None:
         """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
-        if self.histories and s in self.histories:
-            self._hist_dirty.add(s)
+        if self.histories and self._histories.mark(s):
             self._schedule()
         d = self._dirty
         d.update(s.cursors)
@@ -154,8 +158,9 @@ class DeliveryEngine:
     # -- the work ------------------------------------------------------------------------------
     def _run(self) -> None:
         self._scheduled = False
-        if self._hist_dirty:
-            self._run_histories()
+        histories = self._histories
+        if histories.marked:
+            histories.run()
         work, self._dirty = self._dirty, set()
         self._outbound = {}
         self._budget = self.run_budget
@@ -173,7 +178,7 @@ class DeliveryEngine:
             except Exception:
                 log.exception("event=delivery_failed queue=%s", q)
         self._outbound = {}
-        if self._dirty or self._hist_dirty:
+        if self._dirty or histories.marked:
             self._schedule()
         self._flush_writes()
 
@@ -181,13 +186,13 @@ class DeliveryEngine:
     def start_history(self, run) -> None:
         """`run` (a HistoryRun) sends its subscription's history first; its queue is read live
         (the session becomes a reader at the seam) when the history is done."""
-        if run.meta_of is not None:
-            run.meta_of = self._meta_of      # props decoded once per distinct value
-        run.plan.on_ready = partial(self.kick, run.session)     # a chunk of a remote history came in
         self.remove_reader(run.session, run.queue)
-        self.histories.setdefault(run.session, []).append(run)
-        self._hist_dirty.add(run.session)
+        self._histories.start(run)
         self._schedule()
+
+    def _history_done(self, s: Session, queue: str) -> None:
+        self.add_reader(s, queue)
+        self._dirty.add(queue)
 
     def trim_backlog(self, s: Session, keep: int) -> int:
         """A session that comes back keeps at most its newest `keep` messages per subscription
@@ -207,48 +212,6 @@ class DeliveryEngine:
             self._session_offsets_moved(s)
             log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
         return skipped
-
-    def has_history(self, s: Session, queue: str) -> bool:
-        runs = self.histories.get(s)
-        return runs is not None and any(r.queue == queue for r in runs)
-
-    def drop_history(self, s: Session, queue: str | None = None) -> None:
-        """The subscription went (unsubscribe, session ended): its unsent history with it."""
-        runs = self.histories.get(s)
-        if runs is None:
-            return
-        runs[:] = [r for r in runs if queue is not None and r.queue != queue]
-        if not runs:
-            del self.histories[s]
-            self._hist_dirty.discard(s)
-
-    def _run_histories(self) -> None:
-        work, self._hist_dirty = self._hist_dirty, set()
-        for s in work:
-            runs = self.histories.get(s)
-            if not runs:
-                continue
-            for run in list(runs):
-                try:
-                    more = run.pump(self.cfg.write_high_water)
-                except Exception as e:
-                    # the store failed mid-history (e.g. the remote store is away): try again in a
-                    # second, from where it stopped (the cursor waits at the seam meanwhile)
-                    log.error("event=replay_history_failed client_id=%s filter=%s sent=%d error=%r "
-                              "(retried in 1 s)", s.client_id, run.queue, run.sent, e)
-                    self.loop.call_later(1.0, self.kick, s)
-                    continue
-                if run.finished():
-                    runs.remove(run)
-                    log.info("event=replay_history_done client_id=%s filter=%s sent=%d", s.client_id,
-                             run.queue, run.sent)
-                    if s.online and s.cursors.get(run.queue) is not None:
-                        self.add_reader(s, run.queue)
-                        self._dirty.add(run.queue)
-                elif more:
-                    self._hist_dirty.add(s)
-            if not runs:
-                self.histories.pop(s, None)
 
     # -- records in hand -----------------------------------------------------------------------
     def message_at(self, q: str, off: int) -> OutboundMessage | None:

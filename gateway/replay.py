@@ -9,9 +9,10 @@ subscription is then the filter's own (UNSUBSCRIBE names the filter, with or wit
 What the store says (`GatewayStore.replay_plan`, lightqueue/replay.py): either the light queue
 holds the whole period (the cursor simply starts in the past: delivery as usual), or the history is
 read from the log up to a seam and the light queue continues from the seam. In the second case the
-session's cursor waits at the seam (it is not a delivery reader yet) while `HistoryRun` sends the
-history, window and socket permitting; when the history is done the cursor becomes a reader and
-live delivery continues from the seam: nothing between, nothing twice.
+session's cursor waits at the seam (it is not a delivery reader yet) while a `HistoryRun` sends
+the history, window and socket permitting; when the history is done the cursor becomes a reader
+and live delivery continues from the seam: nothing between, nothing twice. The delivery engine
+drives the runs through `HistoryRuns` (which sessions to pump, and the hand-over to live reading).
 
 History messages are sent like retained ones (no queue offset; QoS 1/2 in the session's window,
 acked without moving a cursor); the session's cursor is persisted at the seam, so what survives a
@@ -22,7 +23,8 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.session import TOO_LARGE, OutboundMessage, Session, ClientSubscription
@@ -83,9 +85,90 @@ def plain_filter(topic_filter: str) -> str:
     return topic_filter if r is None else r[1]
 
 
+class HistoryRuns:
+    """The subscriptions from the past still sending their history: session -> [HistoryRun].
+
+    The delivery engine owns one and drives it: `start` a run (its session is then not a reader of
+    the queue: the cursor waits at the seam), `mark` a session to examine (the engine's `kick`:
+    after an ack, the socket draining, a reconnect), `run` the marked ones in each delivery run.
+    A finished history hands its queue to live delivery through `go_live(session, queue)`, when the
+    session is online and still subscribed. `kick(session)` is the engine's: it is called when a
+    chunk of a remote history comes in, and a second after a history failed to read.
+    """
+
+    def __init__(self, loop, cfg, *, kick: Callable[[Session], None], go_live: Callable[[Session, str], None],
+                 meta_of: Callable[[bytes], object]) -> None:
+        self.loop = loop
+        self.cfg = cfg
+        self._kick = kick
+        self._go_live = go_live
+        self._meta_of = meta_of
+        self.by_session: dict[Session, list[HistoryRun]] = {}
+        self.marked: set[Session] = set()        # sessions to examine at the next `run`
+
+    def start(self, run: "HistoryRun") -> None:
+        """Send `run`'s history from the next `run` on (the caller schedules one)."""
+        s = run.session
+        run.meta_of = self._meta_of      # props decoded once per distinct value (the engine's cache)
+        run.plan.on_ready = partial(self._kick, s)     # a chunk of a remote history came in
+        self.by_session.setdefault(s, []).append(run)
+        self.marked.add(s)
+
+    def mark(self, s: Session) -> bool:
+        """Examine `s` at the next `run` if it has a history under way; whether it has."""
+        if s in self.by_session:
+            self.marked.add(s)
+            return True
+        return False
+
+    def has(self, s: Session, queue: str) -> bool:
+        runs = self.by_session.get(s)
+        return runs is not None and any(r.queue == queue for r in runs)
+
+    def drop(self, s: Session, queue: str | None = None) -> None:
+        """The subscription went (unsubscribe; every one of `s` when `queue` is None, the session
+        ended): its unsent history with it."""
+        runs = self.by_session.get(s)
+        if runs is None:
+            return
+        runs[:] = [r for r in runs if queue is not None and r.queue != queue]
+        if not runs:
+            del self.by_session[s]
+            self.marked.discard(s)
+
+    def run(self) -> None:
+        """Pump the histories of the marked sessions; a session whose history could send more at
+        once stays marked (the caller schedules another delivery run while `marked` is not empty)."""
+        work, self.marked = self.marked, set()
+        for s in work:
+            runs = self.by_session.get(s)
+            if not runs:
+                continue
+            for run in list(runs):
+                try:
+                    more = run.pump(self.cfg.write_high_water)
+                except Exception as e:
+                    # the store failed mid-history (e.g. the remote store is away): try again in a
+                    # second, from where it stopped (the cursor waits at the seam meanwhile)
+                    log.error("event=replay_history_failed client_id=%s filter=%s sent=%d error=%r "
+                              "(retried in 1 s)", s.client_id, run.queue, run.sent, e)
+                    self.loop.call_later(1.0, self._kick, s)
+                    continue
+                if run.finished():
+                    runs.remove(run)
+                    log.info("event=replay_history_done client_id=%s filter=%s sent=%d", s.client_id,
+                             run.queue, run.sent)
+                    if s.online and s.cursors.get(run.queue) is not None:
+                        self._go_live(s, run.queue)
+                elif more:
+                    self.marked.add(s)
+            if not runs:
+                self.by_session.pop(s, None)
+
+
 class HistoryRun:
-    """Sends one subscription's history (a "log" plan) to its session, then hands over to live
-    delivery (`on_done`). Driven by the delivery engine on each run that examines the session."""
+    """Sends one subscription's history (a "log" plan) to its session; `HistoryRuns` then hands
+    its queue over to live delivery. Pumped in each delivery run that examines the session."""
 
     read_batch = 1024          # messages per history read from the store
     send_batch = 1024          # messages sent per delivery run (fairness with other sessions)

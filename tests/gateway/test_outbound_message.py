@@ -3,7 +3,7 @@ the message was read. A record dispatched to several queues is one message per q
 all sharing one set of encodings (`at_offset`)."""
 from __future__ import annotations
 
-from lmqtt.gateway.mqtt import Decoder, packets as P
+from lmqtt.gateway.mqtt import Decoder
 from lmqtt.gateway.record_props import RecordMeta
 from lmqtt.gateway.session import OutboundMessage
 
