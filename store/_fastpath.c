@@ -40,15 +40,15 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "_layout.h"
+
 /* What these loops read, checked by configure() against the Python definitions. */
 #define ENTRY_SIZE 20   /* a ConsumeQueue entry, <QIQ (store/consume_queue.py ENTRY), checked by configure() */
 enum { E_PHYS = 0, E_SIZE = 8, E_TAGS = 12 };                   /* its fields */
 enum { R_TOTAL = 0, R_MAGIC = 4, R_CRC = 8, R_PREFIX_END = 12 }; /* a record's first fields (store/record.py HEADER) */
 
-typedef struct { const char *name; int offset; int width; } field_t;
 static const field_t entry_fields[] = {{"phys_offset", E_PHYS, 8}, {"size", E_SIZE, 4}, {"tags_code", E_TAGS, 8}};
 static const field_t prefix_fields[] = {{"total_size", R_TOTAL, 4}, {"magic", R_MAGIC, 4}, {"crc", R_CRC, 4}};
-#define N_FIELDS(a) ((int)(sizeof a / sizeof a[0]))
 _Static_assert(E_TAGS + 8 == ENTRY_SIZE, "entry_fields end at ENTRY_SIZE");
 _Static_assert(R_CRC + 4 == R_PREFIX_END, "prefix_fields end at R_PREFIX_END");
 
@@ -180,119 +180,23 @@ static PyObject *check_records(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------ configuration */
 #define READS "these loops read"
 
-/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
- * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
- * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
-static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
-    if (names == NULL || !PyTuple_Check(names)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
-        return -1;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (exact ? n != nwant : n < nwant) {
-        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
-                     exact ? "" : "at least ", nwant);
-        return -1;
-    }
-    for (int i = 0; i < nwant; i++) {
-        PyObject *f = PyTuple_GET_ITEM(names, i);
-        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
-            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
-                         want[i].name);
-            return -1;
-        }
-    }
-    return 0;
-}
-/* The fields of a little-endian struct format made of Q, I and H codes ("<QIQ"): fills offs[] and
- * widths[] (at most max entries) and returns the field count, with *size the total; -1 if the
- * format is not little-endian or has another code. */
-static int format_fields(const char *fmt, int *offs, int *widths, int max, long long *size) {
-    int n = 0;
-    long long at = 0;
-    if (*fmt != '<') return -1;
-    for (fmt++; *fmt; fmt++) {
-        int w = *fmt == 'Q' ? 8 : *fmt == 'I' ? 4 : *fmt == 'H' ? 2 : 0;
-        if (w == 0) return -1;
-        if (n < max) {
-            offs[n] = (int)at;
-            widths[n] = w;
-        }
-        n++;
-        at += w;
-    }
-    *size = at;
-    return n;
-}
-
-/* Check that `fmt` (a struct format from Python, `what` names it) starts with the fields `want`
- * (all of it when `exact`); ValueError naming the first field that differs. */
-static int check_format(const char *what, const char *fmt, const field_t *want, int nwant, int exact,
-                        long long *size) {
-    int offs[64], widths[64];
-    int n = format_fields(fmt, offs, widths, 64, size);
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "configure: %s format %s is not little-endian Q/I/H fields, "
-                     "the layout these loops read", what, fmt);
-        return -1;
-    }
-    if (exact ? n != nwant : n < nwant) {
-        PyErr_Format(PyExc_ValueError, "configure: %s format %s has %d fields, these loops read %s%d",
-                     what, fmt, n, exact ? "" : "at least ", nwant);
-        return -1;
-    }
-    for (int i = 0; i < nwant; i++)
-        if (offs[i] != want[i].offset || widths[i] != want[i].width) {
-            PyErr_Format(PyExc_ValueError, "configure: %s field %d (%s) is %d bytes at offset %d in %s, "
-                         "these loops read %d bytes at offset %d", what, i, want[i].name, widths[i], offs[i],
-                         fmt, want[i].width, want[i].offset);
-            return -1;
-        }
-    return 0;
-}
-
-static const char *layout_str(PyObject *layout, const char *key) {
-    PyObject *v = PyDict_GetItemString(layout, key);
-    if (v == NULL || !PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no str %s", key);
-        return NULL;
-    }
-    return PyUnicode_AsUTF8(v);
-}
-
-static int layout_int(PyObject *layout, const char *key, long long *out) {
-    PyObject *v = PyDict_GetItemString(layout, key);
-    if (v == NULL || !PyLong_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no int %s", key);
-        return -1;
-    }
-    *out = PyLong_AsLongLong(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
 /* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_size": 20, "record_header_format":
  * "<IIIIIQQQQQIIHHH", "record_header_fields": ("total_size", "magic", "crc", ...)}
  * (store/fastpath.py C_LAYOUT, from store/consume_queue.py and store/record.py). A refused layout
  * leaves the module unconfigured. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
-    long long entry_size, fmt_size, head_size;
+    long long head_size;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &layout)) return NULL;
     configured = 0;
-    const char *ef = layout_str(layout, "cq_entry_format");
-    if (ef == NULL || layout_int(layout, "cq_entry_size", &entry_size) < 0) return NULL;
-    if (check_format("ConsumeQueue entry", ef, entry_fields, N_FIELDS(entry_fields), 1, &fmt_size) < 0)
+    if (check_struct(layout, "ConsumeQueue entry", "cq_entry_format", "cq_entry_size", '<', entry_fields,
+                     N_FIELDS(entry_fields), ENTRY_SIZE, READS) < 0)
         return NULL;
-    if (entry_size != fmt_size || entry_size != ENTRY_SIZE) {
-        PyErr_Format(PyExc_ValueError, "configure: ConsumeQueue cq_entry_size %lld (format %s: %lld bytes), "
-                     "these loops step %d bytes per entry", entry_size, ef, fmt_size, ENTRY_SIZE);
-        return NULL;
-    }
     const char *hf = layout_str(layout, "record_header_format");
-    if (hf == NULL) return NULL;
-    if (check_format("record header", hf, prefix_fields, N_FIELDS(prefix_fields), 0, &head_size) < 0 ||
+    if (hf == NULL ||
+        check_format("record header", hf, '<', prefix_fields, N_FIELDS(prefix_fields), 0, &head_size, READS) < 0 ||
         check_names("record header", PyDict_GetItemString(layout, "record_header_fields"), prefix_fields,
-                    N_FIELDS(prefix_fields), 0) < 0)
+                    N_FIELDS(prefix_fields), 0, READS) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;

@@ -32,13 +32,14 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_layout.h"
+
 /* The record head this loop reads: each field's byte offset, in the order of store/record.py's
  * HEADER struct, checked by configure() against HEADER's format; the head's size is received from
  * there too (head_size). */
 enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
        F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
        F_KEYS_LEN = 70, F_DQ_LEN = 72, F_END = 74 };
-typedef struct { const char *name; int offset; int width; } field_t;
 static const field_t header_fields[] = {
     {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
     {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
@@ -203,51 +204,6 @@ fail:
 /* ------------------------------------------------------------------ configuration */
 #define READS "this decoder reads"
 
-/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
- * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
- * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
-static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
-    if (names == NULL || !PyTuple_Check(names)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
-        return -1;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (exact ? n != nwant : n < nwant) {
-        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
-                     exact ? "" : "at least ", nwant);
-        return -1;
-    }
-    for (int i = 0; i < nwant; i++) {
-        PyObject *f = PyTuple_GET_ITEM(names, i);
-        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
-            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
-                         want[i].name);
-            return -1;
-        }
-    }
-    return 0;
-}
-/* The fields of a little-endian struct format made of Q, I and H codes: fills offs[] and widths[]
- * (at most max entries) and returns the field count, with *size the total; -1 if the format is
- * not little-endian or has another code. */
-static int format_fields(const char *fmt, int *offs, int *widths, int max, long long *size) {
-    int n = 0;
-    long long at = 0;
-    if (*fmt != '<') return -1;
-    for (fmt++; *fmt; fmt++) {
-        int w = *fmt == 'Q' ? 8 : *fmt == 'I' ? 4 : *fmt == 'H' ? 2 : 0;
-        if (w == 0) return -1;
-        if (n < max) {
-            offs[n] = (int)at;
-            widths[n] = w;
-        }
-        n++;
-        at += w;
-    }
-    *size = at;
-    return n;
-}
-
 /* configure(Record, layout): layout = {"header_format": record.HEADER.format, "header_fields":
  * record.HEADER_FIELDS, "header_size": record.HEADER_SIZE} (consumer.C_LAYOUT). A refused
  * configuration leaves decode() unusable. */
@@ -260,47 +216,11 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "configure: Record must be a tuple subclass");
         return NULL;
     }
-    PyObject *v = PyDict_GetItemString(layout, "header_format");
-    if (v == NULL || !PyUnicode_Check(v)) {
-        PyErr_SetString(PyExc_ValueError, "configure: layout has no str header_format");
+    if (check_struct(layout, "record header", "header_format", "header_size", '<', header_fields,
+                     N_HEADER_FIELDS, F_END, READS) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "header_fields"), header_fields,
+                    N_HEADER_FIELDS, 1, READS) < 0)
         return NULL;
-    }
-    const char *hf = PyUnicode_AsUTF8(v);
-    if (hf == NULL) return NULL;
-    v = PyDict_GetItemString(layout, "header_size");
-    if (v == NULL || !PyLong_Check(v)) {
-        PyErr_SetString(PyExc_ValueError, "configure: layout has no int header_size");
-        return NULL;
-    }
-    long long hs = PyLong_AsLongLong(v), fsize;
-    if (hs == -1 && PyErr_Occurred()) return NULL;
-    int offs[64], widths[64];
-    int n = format_fields(hf, offs, widths, 64, &fsize);
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "configure: record header format %s is not little-endian Q/I/H "
-                     "fields, the layout this decoder reads", hf);
-        return NULL;
-    }
-    if (n != N_HEADER_FIELDS) {
-        PyErr_Format(PyExc_ValueError, "configure: record header format %s has %d fields, this decoder "
-                     "reads %d", hf, n, N_HEADER_FIELDS);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++)
-        if (offs[i] != header_fields[i].offset || widths[i] != header_fields[i].width) {
-            PyErr_Format(PyExc_ValueError, "configure: record header field %d (%s) is %d bytes at offset %d "
-                         "in %s, this decoder reads %d bytes at offset %d", i, header_fields[i].name,
-                         widths[i], offs[i], hf, header_fields[i].width, header_fields[i].offset);
-            return NULL;
-        }
-    if (check_names("record header", PyDict_GetItemString(layout, "header_fields"), header_fields,
-                    N_HEADER_FIELDS, 1) < 0)
-        return NULL;
-    if (hs != fsize || hs != F_END) {
-        PyErr_Format(PyExc_ValueError, "configure: header_size %lld, the header format %s is %lld bytes "
-                     "and this decoder reads %d", hs, hf, fsize, (int)F_END);
-        return NULL;
-    }
     PyObject *fields = PyObject_GetAttrString(rtype, "_fields");
     if (fields == NULL) return NULL;
     int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_RECORD_FIELDS;
@@ -317,7 +237,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fields);
     record_type = (PyTypeObject *)Py_NewRef(rtype);
-    head_size = (Py_ssize_t)hs;
+    head_size = F_END;            /* what check_struct found layout["header_size"] to be */
     Py_RETURN_NONE;
 }
 

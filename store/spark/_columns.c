@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../_layout.h"
+
 /* Where this walk reads each field, in the order of the Python struct; checked by configure(). */
 /* the MESSAGES record head (store/protocol.py REC_HEAD, big-endian) */
 enum { M_QOFF = 0, M_PHYS = 8, M_BORN = 16, M_STORE = 24, M_QID = 32, M_TOPIC_LEN = 36, M_KEYS_LEN = 38,
@@ -39,7 +41,6 @@ enum { M_QOFF = 0, M_PHYS = 8, M_BORN = 16, M_STORE = 24, M_QID = 32, M_TOPIC_LE
 enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
        F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
        F_KEYS_LEN = 70, F_DQ_LEN = 72, RAW_HEAD = 74 };
-typedef struct { const char *name; int offset; int width; } field_t;
 static const field_t rec_fields[] = {
     {"queue_offset", M_QOFF, 8}, {"phys_offset", M_PHYS, 8}, {"born_ts", M_BORN, 8}, {"store_ts", M_STORE, 8},
     {"queue_id", M_QID, 4}, {"topic_len", M_TOPIC_LEN, 2}, {"keys_len", M_KEYS_LEN, 2},
@@ -50,7 +51,6 @@ static const field_t raw_fields[] = {
     {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
     {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
     {"dq_len", F_DQ_LEN, 2}};
-#define N_FIELDS(a) ((int)(sizeof a / sizeof a[0]))
 _Static_assert(M_BODY_LEN + 4 == REC_HEAD, "rec_fields end at REC_HEAD");
 _Static_assert(F_DQ_LEN + 2 == RAW_HEAD, "raw_fields end at RAW_HEAD");
 
@@ -219,96 +219,6 @@ static PyObject *columns_raw(PyObject *self, PyObject *args) { return walk(args,
 /* ------------------------------------------------------------------ configuration */
 #define READS "this walk reads"
 
-/* Check that the field names `names` (a tuple of str from Python, `what` names the struct) start
- * with the names of `want` (are exactly them when `exact`); ValueError naming the first that
- * differs. Catches a reorder of two fields of the same width, which offsets alone do not. */
-static int check_names(const char *what, PyObject *names, const field_t *want, int nwant, int exact) {
-    if (names == NULL || !PyTuple_Check(names)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no tuple of %s field names", what);
-        return -1;
-    }
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    if (exact ? n != nwant : n < nwant) {
-        PyErr_Format(PyExc_ValueError, "configure: %s has %zd field names, %s %s%d", what, n, READS,
-                     exact ? "" : "at least ", nwant);
-        return -1;
-    }
-    for (int i = 0; i < nwant; i++) {
-        PyObject *f = PyTuple_GET_ITEM(names, i);
-        if (!PyUnicode_Check(f) || PyUnicode_CompareWithASCIIString(f, want[i].name) != 0) {
-            PyErr_Format(PyExc_ValueError, "configure: %s field %d is %R, %s %s there", what, i, f, READS,
-                         want[i].name);
-            return -1;
-        }
-    }
-    return 0;
-}
-/* The fields of a struct format made of Q, I and H codes with the byte-order mark `order` ('<' or
- * '>'): fills offs[] and widths[] (at most max entries) and returns the field count, with *size
- * the total; -1 if the format has another byte order or another code. */
-static int format_fields(const char *fmt, char order, int *offs, int *widths, int max, long long *size) {
-    int n = 0;
-    long long at = 0;
-    if (*fmt != order) return -1;
-    for (fmt++; *fmt; fmt++) {
-        int w = *fmt == 'Q' ? 8 : *fmt == 'I' ? 4 : *fmt == 'H' ? 2 : 0;
-        if (w == 0) return -1;
-        if (n < max) {
-            offs[n] = (int)at;
-            widths[n] = w;
-        }
-        n++;
-        at += w;
-    }
-    *size = at;
-    return n;
-}
-
-/* Check layout[fmt_key] (a struct format) and layout[size_key] against `want` and `head`, the
- * fields and size this walk reads; ValueError naming the first difference. */
-static int check_head(PyObject *layout, const char *what, const char *fmt_key, const char *size_key, char order,
-                      const field_t *want, int nwant, int head) {
-    PyObject *v = PyDict_GetItemString(layout, fmt_key);
-    if (v == NULL || !PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no str %s", fmt_key);
-        return -1;
-    }
-    const char *fmt = PyUnicode_AsUTF8(v);
-    if (fmt == NULL) return -1;
-    v = PyDict_GetItemString(layout, size_key);
-    if (v == NULL || !PyLong_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no int %s", size_key);
-        return -1;
-    }
-    long long size = PyLong_AsLongLong(v), fsize;
-    if (size == -1 && PyErr_Occurred()) return -1;
-    int offs[64], widths[64];
-    int n = format_fields(fmt, order, offs, widths, 64, &fsize);
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "configure: %s format %s is not %s Q/I/H fields, the layout this "
-                     "walk reads", what, fmt, order == '<' ? "little-endian" : "big-endian");
-        return -1;
-    }
-    if (n != nwant) {
-        PyErr_Format(PyExc_ValueError, "configure: %s format %s has %d fields, this walk reads %d", what, fmt, n,
-                     nwant);
-        return -1;
-    }
-    for (int i = 0; i < n; i++)
-        if (offs[i] != want[i].offset || widths[i] != want[i].width) {
-            PyErr_Format(PyExc_ValueError, "configure: %s field %d (%s) is %d bytes at offset %d in %s, this "
-                         "walk reads %d bytes at offset %d", what, i, want[i].name, widths[i], offs[i], fmt,
-                         want[i].width, want[i].offset);
-            return -1;
-        }
-    if (size != fsize || size != head) {
-        PyErr_Format(PyExc_ValueError, "configure: %s %s %lld, the format %s is %lld bytes and this walk "
-                     "reads %d", what, size_key, size, fmt, fsize, head);
-        return -1;
-    }
-    return 0;
-}
-
 /* configure(layout): {"rec_head_format": protocol.REC_HEAD.format, "rec_head_size": REC_HEAD.size,
  * "raw_head_format": record.HEADER.format, "raw_head_fields": record.HEADER_FIELDS,
  * "raw_head_size": record.HEADER_SIZE} (columns.C_LAYOUT).
@@ -317,12 +227,12 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &layout)) return NULL;
     configured = 0;
-    if (check_head(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
-                   N_FIELDS(rec_fields), REC_HEAD) < 0 ||
-        check_head(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<', raw_fields,
-                   N_FIELDS(raw_fields), RAW_HEAD) < 0 ||
+    if (check_struct(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
+                     N_FIELDS(rec_fields), REC_HEAD, READS) < 0 ||
+        check_struct(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<', raw_fields,
+                     N_FIELDS(raw_fields), RAW_HEAD, READS) < 0 ||
         check_names("CommitLog record head", PyDict_GetItemString(layout, "raw_head_fields"), raw_fields,
-                    N_FIELDS(raw_fields), 1) < 0)
+                    N_FIELDS(raw_fields), 1, READS) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;
