@@ -77,8 +77,7 @@ class Broker:
         self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
-                                       flush_writes=self.writes.flush)
-        self.delivery.acl = acl       # (set after construction: DeliveryEngine takes no acl argument)
+                                       flush_writes=self.writes.flush, acl=acl)
         self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self.metadata.set_retained,
                                          record_appended=self.delivery.record_appended,

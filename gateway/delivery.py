@@ -50,12 +50,12 @@ class DeliveryEngine:
     def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
                  session_offsets_moved: Callable[[Session], None],
                  group_offsets_moved: Callable[["SharedGroup"], None],
-                 flush_writes: Callable[[], None]) -> None:
+                 flush_writes: Callable[[], None], acl=None) -> None:
         self.store = store
         self.loop = loop
         self.metrics = metrics
         self.cfg = cfg
-        self.acl = None        # AclFile when --acl-file is configured (set by the broker)
+        self.acl = acl         # AclFile when --acl-file is configured: read rules checked per delivery
         self._session_offsets_moved = session_offsets_moved
         self._group_offsets_moved = group_offsets_moved
         self._flush_writes = flush_writes
