@@ -188,7 +188,7 @@ def test_only_the_composition_roots_hold_the_store_objects():
     engine = ("MessageStore", "StoreConfig", "LightQueueStore", "StoreServer", "lmqtt.store.server",
               "lmqtt.store.message_store", "lmqtt.store.commitlog", "lmqtt.store.consume_queue",
               "lmqtt.lightqueue.light_queue_store", "lmqtt.lightqueue.index", "lmqtt.lightqueue.service",
-              "lmqtt.lightqueue.gateway_service")
+              "lmqtt.lightqueue.gateway_service", "lmqtt.lightqueue.take")
     reaching = {}
     for p in _modules():
         if p.name in roots:
