@@ -64,6 +64,45 @@ def parse_hello_ok(op: int, body: bytes) -> dict:
         raise StoreClientError(e.code, str(e)) from None
 
 
+def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
+         decoder: "W.FrameDecoder") -> tuple[socket.socket, dict, list]:
+    """Open a TCP connection to a store and do the HELLO handshake, blocking for at most
+    `connect_timeout` to connect and as much again for the answer: (the socket, back in blocking
+    mode; the server's info; the frames that arrived behind HELLO_OK, already fed to `decoder`).
+    The one handshake of every SDK connection class. The socket is closed on any error:
+    ConnectionLost (an OSError) when the network fails, StoreClientError when the store refuses
+    (wrong token or version: retrying will not help)."""
+    address = f"{host}:{port}"
+    try:
+        s = socket.create_connection((host, port), timeout=connect_timeout)
+    except OSError as e:
+        raise ConnectionLost(f"cannot reach the store at {address}: {e.strerror or e}") from None
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(W.hello_frame(client_name, token))
+        frames = []
+        deadline = time.monotonic() + connect_timeout
+        while not frames:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionLost(f"store {address} closed the connection during the handshake")
+            frames = decoder.feed(data)
+        op, _flags, _rid, body = frames[0]
+        info = parse_hello_ok(op, body)
+    except ConnectionLost:
+        s.close()
+        raise
+    except OSError as e:
+        s.close()
+        raise ConnectionLost(f"handshake with the store at {address} failed: {e}") from None
+    except BaseException:
+        s.close()
+        raise
+    s.settimeout(None)
+    return s, info, frames[1:]
+
+
 class Connection:
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, connect_timeout: float = 5.0, reconnect_attempts: int = 6,
@@ -88,32 +127,14 @@ class Connection:
 
     # ---------------------------------------------------------------- connect
     def _connect_once(self) -> None:
-        s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = {"version": W.PROTOCOL_VERSION, "client": self.client_name}
-        if self.token:
-            hello["token"] = self.token
-        s.sendall(W.json_frame(W.OP_HELLO, 0, hello))
         dec = W.FrameDecoder()
-        frames = []
-        while not frames:
-            data = s.recv(65536)
-            if not data:
-                s.close()
-                raise ConnectionLost(f"store {self.host}:{self.port} closed the connection during the handshake")
-            frames = dec.feed(data)
-        op, flags, _rid, body = frames[0]
-        try:
-            info = parse_hello_ok(op, body)
-        except StoreClientError:
-            s.close()
-            raise
+        s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
+                              client_name=self.client_name, token=self.token, decoder=dec)
         self.ident = info.get("ident")
         self.server_info = info
-        s.settimeout(None)
         self._sock = s
         self._generation += 1
-        t = threading.Thread(target=self._reader, args=(s, dec, frames[1:], self._generation),
+        t = threading.Thread(target=self._reader, args=(s, dec, early, self._generation),
                              name=f"lmqtt-sdk-reader-{self.port}", daemon=True)
         t.start()
 

@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, parse_address, parse_hello_ok
+from .connection import ConnectionLost, StoreClientError, dial, parse_address
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -83,36 +83,11 @@ class LoopConnection:
     # ---------------------------------------------------------------- connect
     def connect_blocking(self) -> None:
         """Dial and handshake now (startup: the gateway does not serve before its store answers)."""
-        try:
-            s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
-        except OSError as e:
-            raise ConnectionLost(f"cannot reach the store at {self.address}: {e.strerror or e}") from None
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.sendall(W.hello_frame(self.client_name, self.token))
-            dec = W.FrameDecoder(self.max_frame)
-            frames = []
-            deadline = time.monotonic() + self.connect_timeout
-            while not frames:
-                s.settimeout(max(0.01, deadline - time.monotonic()))
-                data = s.recv(65536)
-                if not data:
-                    raise ConnectionLost(f"store {self.address} closed the connection during the handshake")
-                frames = dec.feed(data)
-        except OSError as e:
-            s.close()
-            raise ConnectionLost(f"handshake with the store at {self.address} failed: {e}") from None
-        except Exception:
-            s.close()
-            raise
-        op, _f, _rid, body = frames[0]
-        try:
-            self.server_info = parse_hello_ok(op, body)
-        except Exception:
-            s.close()
-            raise
+        dec = W.FrameDecoder(self.max_frame)
+        s, self.server_info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
+                                          client_name=self.client_name, token=self.token, decoder=dec)
         self._attach(s, dec)
-        for f in frames[1:]:
+        for f in early:
             self._frame(*f)
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
@@ -138,24 +113,10 @@ class LoopConnection:
 
     def _dial_only(self) -> None:
         # runs in a thread: handshake blocking there, then attach on the loop
-        s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(W.hello_frame(self.client_name, self.token))
         dec = W.FrameDecoder(self.max_frame)
-        frames = []
-        while not frames:
-            data = s.recv(65536)
-            if not data:
-                s.close()
-                raise ConnectionLost("closed during the handshake")
-            frames = dec.feed(data)
-        op, _f, _rid, body = frames[0]
-        try:
-            info = parse_hello_ok(op, body)
-        except Exception:
-            s.close()
-            raise
-        fut = asyncio.run_coroutine_threadsafe(self._attach_async(s, dec, info, frames[1:]), self.loop)
+        s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
+                              client_name=self.client_name, token=self.token, decoder=dec)
+        fut = asyncio.run_coroutine_threadsafe(self._attach_async(s, dec, info, early), self.loop)
         fut.result(10)
 
     async def _attach_async(self, s, dec, info, rest) -> None:
