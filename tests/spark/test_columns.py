@@ -12,6 +12,7 @@ from lmqtt.store.client.consumer import _records
 from lmqtt.store.props import encode_fields
 from lmqtt.store.spark import columns as C
 from lmqtt.store.spark.source import COLUMNS
+from tests.store.accel_support import swapped
 
 
 def _body(n=40, seed=0):
@@ -148,13 +149,6 @@ def test_the_layouts_handed_over_are_the_stores():
                           "raw_head_size": HEADER_SIZE}
 
 
-def _swapped(names, a, b):
-    names = list(names)
-    i, j = names.index(a), names.index(b)
-    names[i], names[j] = names[j], names[i]
-    return tuple(names)
-
-
 @needs_c
 @pytest.mark.parametrize("change,words", [
     ({"rec_head_format": ">QQQQIHHII"}, r"MESSAGES record head field 7 \(props_len\) is 4 bytes at offset 40"),
@@ -167,7 +161,7 @@ def _swapped(names, a, b):
     ({"raw_head_size": 72}, "CommitLog record head raw_head_size 72"),
     ({"raw_head_size": None}, "layout has no int raw_head_size"),
     # two fields of one width swapped: the offsets agree, the names do not
-    ({"raw_head_fields": _swapped(C.C_LAYOUT["raw_head_fields"], "queue_offset", "phys_offset")},
+    ({"raw_head_fields": swapped(C.C_LAYOUT["raw_head_fields"], "queue_offset", "phys_offset")},
      "CommitLog record head field 5 is 'phys_offset', this walk reads queue_offset there"),
 ])
 def test_the_c_walk_refuses_a_layout_it_does_not_read(c_walk, change, words):

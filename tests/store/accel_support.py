@@ -21,3 +21,12 @@ def run_unconfigured(name: str, call: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
+
+
+def swapped(names: tuple[str, ...], a: str, b: str) -> tuple[str, ...]:
+    """`names` with `a` and `b` swapped: two fields of one width exchanged, which a check of offsets
+    alone would not see (a configure() must refuse it by the names)."""
+    names = list(names)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = names[j], names[i]
+    return tuple(names)

@@ -14,6 +14,7 @@ from lmqtt.store import Message, MessageStore, StoreConfig
 from lmqtt.store import fastpath
 from lmqtt.store import protocol as W
 from lmqtt.store.client import consumer
+from tests.store.accel_support import swapped
 
 IDENT = "0123456789ABCDEF"
 
@@ -334,13 +335,6 @@ def test_the_decoder_layout_handed_over_is_the_stores():
     assert consumer.C_LAYOUT == {"header_format": HEADER.format, "header_fields": HEADER_FIELDS,
                                  "header_size": HEADER_SIZE}
 
-def _swapped(names, a, b):
-    names = list(names)
-    i, j = names.index(a), names.index(b)
-    names[i], names[j] = names[j], names[i]
-    return tuple(names)
-
-
 @needs_c_decoder
 @pytest.mark.parametrize("change,words", [
     ({"header_format": "<IIIIIQQQQQIIHHHH"}, "has 16 fields, this decoder reads 15"),
@@ -350,7 +344,7 @@ def _swapped(names, a, b):
     ({"header_size": 76}, "header_size 76"),
     ({"header_format": 74}, "layout has no str header_format"),
     # two fields of one width swapped: the offsets agree, the names do not
-    ({"header_fields": _swapped(consumer.C_LAYOUT["header_fields"], "born_ts", "store_ts")},
+    ({"header_fields": swapped(consumer.C_LAYOUT["header_fields"], "born_ts", "store_ts")},
      "record header field 7 is 'store_ts', this decoder reads born_ts there"),
     ({"header_fields": consumer.C_LAYOUT["header_fields"][:-1]}, "has 14 field names, this decoder reads 15"),
 ])
