@@ -208,7 +208,10 @@ class CommitLog:
                     self._new_segment(c - c % seg)
             if self.buffered:
                 self.pending += chunks     # (start offset, encoded bytes) per segment touched
-                self.pending_bytes += sum(len(buf) for _, buf in chunks)
+                # the bytes buffered, not phys - start_phys (a blank filler is 8 bytes written that
+                # move phys to the segment's end); a plain loop: sum() over a generator is ~2x slower
+                for _, buf in chunks:
+                    self.pending_bytes += len(buf)
                 self.wrote = phys
                 if self.pending_bytes > self.cfg.commit_buffer_max:
                     self._commit_locked()
