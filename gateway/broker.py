@@ -72,7 +72,10 @@ class Broker:
         self.metrics = metrics
         self.connections: set["MQTTConnection"] = set()
         self.sweep = ConnectionSweep(loop, self.connections, cfg.connect_timeout_s, self.enhanced_auth.timed_out)
-        self.persist = SessionPersistence(self.metadata)
+        # the live checks are looked up when called: the registries are built below
+        self.persist = SessionPersistence(self.metadata,
+                                          session_live=lambda s: self.sessions.get(s.client_id) is s,
+                                          group_live=lambda g: self.subscriptions.is_current(g))
         self.writes = WriteBatcher(loop)
         self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
@@ -113,9 +116,7 @@ class Broker:
         self.subscriptions.sync_store_filters()
         wills = self.session_registry.publish_orphan_wills()
         self.sweep.start()
-        self.persist.start_flushing(self.loop, self.cfg.offset_flush_ms / 1000.0,
-                                    session_live=lambda s: self.sessions.get(s.client_id) is s,
-                                    group_live=self.subscriptions.is_current)
+        self.persist.start_flushing(self.loop, self.cfg.offset_flush_ms / 1000.0)
         log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
 
     def _publish_will(self, client_id: str, qos: int, topic: str, payload: bytes, retain: bool,

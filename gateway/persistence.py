@@ -113,13 +113,16 @@ class SessionPersistence:
     # restores at start the sessions it served last, and no others; None in the embedded server
     host: str | None = None
 
-    def __init__(self, metadata) -> None:
+    def __init__(self, metadata, *, session_live: Callable[["Session"], bool],
+                 group_live: Callable[["SharedGroup"], bool]) -> None:
+        """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
+        the live one when its offsets are written (`flush`); an ended or replaced session, a
+        dropped group, must not write its offsets over its successor's."""
         self.metadata = metadata
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
-        # which dirty sessions/groups still exist when the offsets are written (`start_flushing`)
-        self._session_live: Callable[["Session"], bool] = lambda s: True
-        self._group_live: Callable[["SharedGroup"], bool] = lambda g: True
+        self._session_live = session_live
+        self._group_live = group_live
         self._flush_handle: asyncio.TimerHandle | None = None
 
     # -- session records ----------------------------------------------------------------------
@@ -196,15 +199,8 @@ class SessionPersistence:
         except Exception as e:
             log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
 
-    def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float,
-                       session_live: Callable[["Session"], bool],
-                       group_live: Callable[["SharedGroup"], bool]) -> None:
-        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms), those of the
-        sessions and shared groups that still exist only: `session_live(s)` / `group_live(g)` say
-        whether one is still the live object (an ended or replaced session, a dropped group, must
-        not write its offsets over its successor's)."""
-        self._session_live, self._group_live = session_live, group_live
-
+    def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
+        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`)."""
         def tick() -> None:
             try:
                 self.flush()
@@ -220,7 +216,7 @@ class SessionPersistence:
         self.flush()
 
     def flush(self) -> None:
-        """Write every dirty offset of sessions/groups that still exist."""
+        """Write every dirty offset of sessions/groups that are still the live ones."""
         ds, self.dirty_sessions = self.dirty_sessions, set()
         live = self._session_live
         for s in ds:

@@ -78,7 +78,8 @@ class Delivery:
 
 def _registry():
     store = Store()
-    return SubscriptionRegistry(store, Delivery(), SessionPersistence(store.metadata)), store
+    persist = SessionPersistence(store.metadata, session_live=lambda s: True, group_live=lambda g: True)
+    return SubscriptionRegistry(store, Delivery(), persist), store
 
 
 def _sub(flt: str, group: str | None = None) -> ClientSubscription:
