@@ -486,7 +486,8 @@ class Broker:
             cur = s.cursors.get(inf.queue)
             if cur is not None:
                 cur.inflight.pop(inf.offset, None)
-                self.persist.mark_session(s)
+                if s.expiry_interval:       # only a persistent session's offsets are written
+                    self.persist.mark_session(s)
             # Delivery only ever holds messages back for this session because its window was
             # full (a blocked socket kicks on resume_writing; a partial read re-schedules itself),
             # so only the ack that opens a full window needs a delivery run.
