@@ -134,7 +134,7 @@ class MQTTConnection(asyncio.Protocol):
                  "session", "client_id", "connected", "closing", "write_blocked",
                  "transport_full", "_store_waits", "will", "identity", "auth_login", "auth_method",
                  "read_checks", "keepalive", "last_rx", "accepted_at", "pending_publishes",
-                 "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "_reading_paused",
+                 "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "reading_paused",
                  "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
                  "_rate_logged", "_refusal_logged", "_rate_timer", "_held", "_holds", "_out",
                  "_flush_scheduled", "peer", "fleet_attached_ms")
@@ -171,7 +171,7 @@ class MQTTConnection(asyncio.Protocol):
         self.acl_publish_ok: frozenset | set = NO_TOPICS
         self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
-        self._reading_paused = False   # too many publishes awaiting the store
+        self.reading_paused = False   # too many publishes awaiting the store
         self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
         self._transport_paused = False  # what we last told the transport (any of the reasons)
         # limits (gateway/limits.py): the gate that admitted this socket (released on close), the
@@ -356,7 +356,7 @@ class MQTTConnection(asyncio.Protocol):
         t = self.transport
         if t is None or self.closing:
             return
-        want = self._held is not None or self._reading_paused or self._rate_paused
+        want = self._held is not None or self.reading_paused or self._rate_paused
         if want != self._transport_paused:
             self._transport_paused = want
             if want:
@@ -533,11 +533,11 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- inbound flow control ----------------------------------------------------------------
     def pause_reading_for_store(self) -> None:
-        if not self._reading_paused and self.transport is not None and not self.closing:
-            self._reading_paused = True
+        if not self.reading_paused and self.transport is not None and not self.closing:
+            self.reading_paused = True
             self._sync_reading()
 
     def maybe_resume_reading(self) -> None:
-        if self._reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
-            self._reading_paused = False
+        if self.reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
+            self.reading_paused = False
             self._sync_reading()

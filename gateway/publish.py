@@ -317,7 +317,8 @@ class PublishPipeline:
             if conn is None:
                 continue
             conn.pending_publishes -= 1
-            conn.maybe_resume_reading()
+            if conn.reading_paused:
+                conn.maybe_resume_reading()
             s = p.session
             pid = p.pid
             if s is not None:
