@@ -97,7 +97,7 @@ class Broker:
         # `using` looked up when called: only a store that reads ahead (remote) has it
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
                                             using=lambda ahead: self.storage.using(ahead),
-                                            metadata=self.metadata, acl=acl, gate=lambda: self.gate,
+                                            metadata=self.metadata, acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
                                             kick=self.delivery.kick, resume=self._continue)

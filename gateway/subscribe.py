@@ -42,8 +42,8 @@ class SubscribeHandler:
     * `using(ahead)`: the storage's context manager answering from a remote store's read-ahead;
     * `metadata`: where the retained messages are (the store's SessionMetadata);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
-    * `gate()`: the connection/rate limits (gateway/limits.py) or None; a callable because the
-      Gateway sets them on the broker after constructing it;
+    * `gate`: the connection/rate limits (gateway/limits.py `ConnectionGate`) with their counters,
+      None for none;
     * `max_subscriptions`: the per-session quota, 0 = unlimited;
     * `save_session(s)`: write a persistent session's record (on a remote store the answer being
       written next waits for the store's acknowledgement);
@@ -54,14 +54,14 @@ class SubscribeHandler:
     """
 
     def __init__(self, *, subscriptions: "SubscriptionRegistry", using: Callable[[Any], Any], metadata,
-                 acl: "AclFile | None", gate: Callable[[], "ConnectionGate | None"], max_subscriptions: int,
+                 acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
                  save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
                  kick: Callable[[Session], None], resume: Callable[..., None]) -> None:
         self.subscriptions = subscriptions
         self._using = using
         self.metadata = metadata
         self.acl = acl
-        self._gate = gate
+        self.gate = gate
         self.max_subscriptions = max_subscriptions
         self._save_session = save_session
         self._save_offsets = save_offsets
@@ -124,7 +124,7 @@ class SubscribeHandler:
         since_all, replay_refused = since
         reasons: list[str] = []
         acl = self.acl
-        gate = self._gate()
+        gate = self.gate
         max_subs = self.max_subscriptions
         for req in pkt.subscriptions:
             since = since_all
