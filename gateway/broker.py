@@ -366,7 +366,7 @@ class Broker:
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
         if self.acl is not None:
-            conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
+            self._set_read_checks(conn, s)
         if present and cfg.max_offline_backlog:
             self.delivery.trim_backlog(s, cfg.max_offline_backlog)
         self.subscriptions.go_online(s)
@@ -456,7 +456,12 @@ class Broker:
             for c in list(self.connections):
                 c.acl_publish_ok = NO_TOPICS
                 if c.connected and c.session is not None:
-                    c.read_checks = self.acl.read_checks(c.identity, [sub.queue for sub in c.session.subs.values()])
+                    self._set_read_checks(c, c.session)
+
+    def _set_read_checks(self, conn: "MQTTConnection", s: Session) -> None:
+        """The queues of `s`'s subscriptions whose messages need the ACL's read rule for this
+        connection's identity (`AclFile.read_checks`); only called with an ACL configured."""
+        conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
 
     # ======================================================================= acks from the client
     def _release(self, s: Session, inf: InFlight) -> None:
