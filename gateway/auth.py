@@ -426,7 +426,7 @@ class ScramLogin:
         self.creds = creds
         self.username = username           # re-authentication: must stay the same user
         self.final_data: bytes | None = None
-        self.pending = None                # set by the broker: the CONNECT waiting for the outcome
+        self.pending = None                # set by `EnhancedAuth.begin`: the CONNECT waiting for the outcome
         self.started_at = 0.0
 
     def step(self, data: bytes):
@@ -501,11 +501,6 @@ class AuthChain:
     def is_slow(self, creds: Credentials) -> bool:
         """True when checking these credentials may compute a password hash (not cached yet)."""
         return any(getattr(a, "is_slow", lambda c: False)(creds) for a in self.authenticators)
-
-    def reload(self) -> None:
-        for a in self.authenticators:
-            if hasattr(a, "reload"):
-                a.reload()
 
     def reload_files(self) -> None:
         """SIGHUP: re-read each authenticator's file (password file, HMAC keys), logged; one that
