@@ -70,7 +70,7 @@ class SubscriptionRegistry:
         nothing takes is dropped again."""
         if not self.store.reads_ahead:
             return None
-        register: list[str] = []
+        filters: list[str] = []
         watch: list[str] = []
         start: list[str] = []
         retained: list[str] = []
@@ -88,8 +88,7 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
-            if T.is_wildcard(flt) and not self._filter_users.get(flt) and flt not in register:
-                register.append(flt)
+            filters.append(flt)
             if since is not None:
                 if group is None:                 # (a shared one is refused)
                     watch.append(flt)
@@ -102,6 +101,7 @@ class SubscriptionRegistry:
                     retained.append(flt)
             elif (group, flt) not in self.groups:
                 start.append(flt)                 # a group new here starts at the queue's end
+        register = self.unheld(filters)
         if register and self.before_register is not None:
             self.before_register()
         return self.store.read_ahead(StoreReads(register, watch, start, retained, (), replay))
