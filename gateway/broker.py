@@ -86,9 +86,9 @@ class Broker:
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush, after_append=after_append)
         # subscribing from the past (gateway/replay.py): publishes routed before a filter's
-        # registration are appended before it; history obeys the ACL's read rules
+        # registration are appended before it
         self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist,
-                                                  before_register=self.publisher.flush, acl=acl)
+                                                  before_register=self.publisher.flush)
         if lq is not None:            # embedded: registrations by SDK consumers too (store port)
             lq.before_register = self.publisher.flush
         self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.backlog_runs import BacklogRuns
 from lmqtt.gateway.recent import RecentMessages
 from lmqtt.gateway.record_props import safe_decode
-from lmqtt.gateway.replay import HistoryRuns
+from lmqtt.gateway.replay import HistoryRun, HistoryRuns
 from lmqtt.gateway.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +55,8 @@ class DeliveryEngine:
         self.loop = loop
         self.metrics = metrics
         self.cfg = cfg
-        self.acl = acl         # AclFile when --acl-file is configured: read rules checked per delivery
+        # AclFile when --acl-file is configured: read rules checked per delivery and per history message
+        self.acl = acl
         self._session_offsets_moved = session_offsets_moved
         self._group_offsets_moved = group_offsets_moved
         self._flush_writes = flush_writes
@@ -87,7 +88,7 @@ class DeliveryEngine:
         # reads those queues live only once their history is sent. `histories` is its dict
         # (session -> [HistoryRun], read by the subscription registry), `has_history` and
         # `drop_history` its methods, bound here.
-        self._histories = HistoryRuns(loop, cfg, kick=self.kick, go_live=self._history_done, meta_of=self._meta_of)
+        self._histories = HistoryRuns(loop, cfg, kick=self.kick, go_live=self._history_done)
         self.histories = self._histories.by_session
         self.has_history = self._histories.has
         self.drop_history = self._histories.drop
@@ -183,11 +184,12 @@ class DeliveryEngine:
         self._flush_writes()
 
     # -- history of subscriptions from the past (gateway/replay.py) ----------------------------
-    def start_history(self, run) -> None:
-        """`run` (a HistoryRun) sends its subscription's history first; its queue is read live
+    def start_history(self, s: Session, sub: ClientSubscription, plan) -> None:
+        """`s` is sent `sub`'s history first, as `plan` (a "log" ReplayPlan) reads it, with this
+        engine's props cache and the ACL's read rules (a `HistoryRun`); its queue is read live
         (the session becomes a reader at the seam) when the history is done."""
-        self.remove_reader(run.session, run.queue)
-        self._histories.start(run)
+        self.remove_reader(s, sub.queue)
+        self._histories.start(HistoryRun(s, sub, plan, self._meta_of, self.acl))
         self._schedule()
 
     def _history_done(self, s: Session, queue: str) -> None:

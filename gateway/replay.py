@@ -96,20 +96,18 @@ class HistoryRuns:
     chunk of a remote history comes in, and a second after a history failed to read.
     """
 
-    def __init__(self, loop, cfg, *, kick: Callable[[Session], None], go_live: Callable[[Session, str], None],
-                 meta_of: Callable[[bytes], object]) -> None:
+    def __init__(self, loop, cfg, *, kick: Callable[[Session], None],
+                 go_live: Callable[[Session, str], None]) -> None:
         self.loop = loop
         self.cfg = cfg
         self._kick = kick
         self._go_live = go_live
-        self._meta_of = meta_of
         self.by_session: dict[Session, list[HistoryRun]] = {}
         self.marked: set[Session] = set()        # sessions to examine at the next `run`
 
     def start(self, run: "HistoryRun") -> None:
         """Send `run`'s history from the next `run` on (the caller schedules one)."""
         s = run.session
-        run.meta_of = self._meta_of      # props decoded once per distinct value (the engine's cache)
         run.plan.on_ready = partial(self._kick, s)     # a chunk of a remote history came in
         self.by_session.setdefault(s, []).append(run)
         self.marked.add(s)
@@ -174,10 +172,11 @@ class HistoryRun:
     send_batch = 1024          # messages sent per delivery run (fairness with other sessions)
     reads_per_run = 4          # store reads per delivery run
 
-    def __init__(self, session: Session, sub: ClientSubscription, plan: "ReplayPlan", acl=None, metrics=None,
-                 meta_of=None) -> None:
+    def __init__(self, session: Session, sub: ClientSubscription, plan: "ReplayPlan",
+                 meta_of: Callable[[bytes], object], acl=None, metrics=None) -> None:
+        """`meta_of(props)`: a message's decoded props (the delivery engine's cache)."""
         self.session = session
-        self.meta_of = meta_of or _meta_of     # the delivery engine's props cache when given
+        self.meta_of = meta_of
         self.sub = sub
         self.plan = plan
         self.acl = acl
@@ -286,8 +285,3 @@ class HistoryRun:
                 conn.write(data)
             conn.metrics.msg_out[0] += len(run) - dropped
         run.clear()
-
-
-def _meta_of(props: bytes):
-    from lmqtt.gateway.record_props import safe_decode
-    return safe_decode(props)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.replay import REPLAY_PREFIX, HistoryRun, ReplayRequestError, split_replay_filter
+from lmqtt.gateway.replay import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.shared import SharedGroup, group_consumer
 from lmqtt.gateway.store_api import StoreReads
@@ -46,11 +46,11 @@ log = logging.getLogger("lmqtt.gateway.subscriptions")
 
 class SubscriptionRegistry:
     def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence", *,
-                 before_register: Callable[[], None] | None = None, acl=None) -> None:
+                 before_register: Callable[[], None] | None = None) -> None:
         """`before_register()`: called before a wildcard filter is registered with the store (the
         broker: append the publishes already routed without it, so that every record appended
         after the registration carries the filter: the seam of subscribing from the past,
-        replay.py). `acl`: its read rules filter the history of a subscription from the past."""
+        replay.py)."""
         self.store = store
         self.metadata = store.metadata
         self.delivery = delivery
@@ -58,7 +58,6 @@ class SubscriptionRegistry:
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         self.before_register = before_register
-        self.acl = acl
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
     def read_ahead(self, s: Session, requests, since_all: int | None = None):
@@ -154,7 +153,7 @@ class SubscriptionRegistry:
         log.info("event=replay_subscribe client_id=%s filter=%s since_ms=%d source=%s live_offset=%d",
                  s.client_id, sub.queue, since_ms, plan.source, plan.live_offset)
         if plan.source == "log" and not plan.done:
-            self.delivery.start_history(HistoryRun(s, sub, plan, self.acl))
+            self.delivery.start_history(s, sub, plan)
         elif s.online:
             self.delivery.add_reader(s, sub.queue)
         return old is not None

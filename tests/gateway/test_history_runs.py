@@ -1,13 +1,17 @@
 """`HistoryRuns` (gateway/replay.py): the subscriptions from the past still sending their history,
 driven by the delivery engine. Its rules, with stand-in runs: a marked session is pumped; one that
 can send more stays marked; a finished history goes live when the session is online and still
-subscribed; a failed read is retried through the engine's kick a second later."""
+subscribed; a failed read is retried through the engine's kick a second later. And the engine's
+`start_history`: the `HistoryRun` it starts decodes props through the engine's cache and reads
+with its ACL."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lmqtt.gateway.replay import HistoryRuns
-from lmqtt.gateway.session import Cursor, Session
+from lmqtt.gateway.config import GatewayConfig
+from lmqtt.gateway.delivery import DeliveryEngine
+from lmqtt.gateway.replay import HistoryRun, HistoryRuns
+from lmqtt.gateway.session import ClientSubscription, Cursor, Session
 
 
 class Run:
@@ -16,7 +20,6 @@ class Run:
     def __init__(self, session, queue, steps=1, fail=False):
         self.session, self.queue, self.steps, self.fail = session, queue, steps, fail
         self.plan = SimpleNamespace(on_ready=None)
-        self.meta_of = None
         self.sent = 0
 
     def pump(self, budget_bytes):
@@ -37,14 +40,16 @@ class Loop:
     def call_later(self, delay, fn, *args):
         self.later.append((delay, fn, args))
 
+    def call_soon(self, fn, *args):
+        self.later.append((0, fn, args))
+
 
 def _runs():
     kicked, live = [], []
     loop = Loop()
-    meta_of = object()
     h = HistoryRuns(loop, SimpleNamespace(write_high_water=1 << 20), kick=kicked.append,
-                    go_live=lambda s, q: live.append((s.client_id, q)), meta_of=meta_of)
-    return h, loop, kicked, live, meta_of
+                    go_live=lambda s, q: live.append((s.client_id, q)))
+    return h, loop, kicked, live
 
 
 def _online(cid, *queues):
@@ -56,11 +61,11 @@ def _online(cid, *queues):
 
 
 def test_a_history_is_pumped_until_done_then_goes_live():
-    h, _, kicked, live, meta_of = _runs()
+    h, _, kicked, live = _runs()
     s = _online("a", "t/#")
     run = Run(s, "t/#", steps=2)
     h.start(run)
-    assert run.meta_of is meta_of and h.has(s, "t/#") and not h.has(s, "u") and s in h.marked
+    assert h.has(s, "t/#") and not h.has(s, "u") and s in h.marked
     run.plan.on_ready()                       # a chunk of a remote history came in: the engine's kick
     assert kicked == [s]
     h.run()
@@ -71,7 +76,7 @@ def test_a_history_is_pumped_until_done_then_goes_live():
 
 
 def test_a_history_that_waits_is_examined_when_marked():
-    h, _, _, live, _ = _runs()
+    h, _, _, live = _runs()
     s = _online("a", "t/#")
     h.start(Run(s, "t/#", steps=3))
     h.marked.clear()
@@ -81,7 +86,7 @@ def test_a_history_that_waits_is_examined_when_marked():
 
 
 def test_no_live_reading_for_a_session_gone_offline_or_unsubscribed():
-    h, _, _, live, _ = _runs()
+    h, _, _, live = _runs()
     off = _online("off", "t/#")
     off.conn = None
     gone = _online("gone")
@@ -92,7 +97,7 @@ def test_no_live_reading_for_a_session_gone_offline_or_unsubscribed():
 
 
 def test_drop_one_subscription_or_the_whole_session():
-    h, _, _, _, _ = _runs()
+    h, _, _, _ = _runs()
     s = _online("a", "x", "y")
     h.start(Run(s, "x"))
     h.start(Run(s, "y"))
@@ -103,9 +108,25 @@ def test_drop_one_subscription_or_the_whole_session():
 
 
 def test_a_failed_read_is_retried_a_second_later():
-    h, loop, kicked, live, _ = _runs()
+    h, loop, kicked, live = _runs()
     s = _online("a", "t/#")
     run = Run(s, "t/#", fail=True)
     h.start(run)
     h.run()
     assert loop.later == [(1.0, kicked.append, (s,))] and h.has(s, "t/#") and live == []
+
+
+def test_the_engine_starts_a_history_with_its_props_cache_and_acl():
+    acl = object()
+    d = DeliveryEngine(None, Loop(), None, GatewayConfig(), session_offsets_moved=lambda s: None,
+                       group_offsets_moved=lambda g: None, flush_writes=lambda: None, acl=acl)
+    s = _online("a", "t/#")
+    d.add_reader(s, "t/#")
+    sub = ClientSubscription("t/#", "t/#", 1)
+    plan = SimpleNamespace(on_ready=None)
+    d.start_history(s, sub, plan)
+    [run] = d.histories[s]
+    assert isinstance(run, HistoryRun) and run.sub is sub and run.plan is plan and run.acl is acl
+    assert run.meta_of == d._meta_of              # props decoded once per distinct value
+    assert s not in d.direct.get("t/#", ())       # not a live reader until the history is sent
+    assert d.has_history(s, "t/#")
