@@ -10,8 +10,8 @@ reads its record and offsets in one pipelined round trip (`load_session`). What 
 (bounded by the connection's timeout) is start-up and rare paths: the session list, wills to
 publish after a crash, an expiry check.
 
-All on the gateway's one `LoopConnection` (store/client/aio.py), so the store sees its requests in
-order: a read sent after a write sees it.
+All on the gateway's one `LoopConnection` (store/client/loop_connection.py), so the store sees
+its requests in order: a read sent after a write sees it.
 """
 from __future__ import annotations
 

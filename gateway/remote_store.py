@@ -18,10 +18,11 @@ The gateway's code calls the store synchronously on its event loop. What that co
                    gateway/remote_reads.py (`read_ahead`, `using`, the filter registrations).
   * metadata       gateway/remote_metadata.py.
 
-Everything uses one `LoopConnection` (store/client/aio.py), so the store sees this gateway's
-requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max offsets of
-every queue it mirrors and fetches what an event missed (a lost event delays, never loses). Pushed
-entries are taken only where they continue a mirror (offset = its end); anything else is pulled.
+Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
+gateway's requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max
+offsets of every queue it mirrors and fetches what an event missed (a lost event delays, never
+loses). Pushed entries are taken only where they continue a mirror (offset = its end); anything
+else is pulled.
 """
 from __future__ import annotations
 

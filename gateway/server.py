@@ -232,7 +232,7 @@ class Gateway:
         self.servers: list = []                            # every listener's asyncio Server
         self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
         self.ssl_context = self.auth = self.acl = None
-        self.link = None            # remote: the store connection (store/client/aio.py)
+        self.link = None            # remote: the store connection (store/client/loop_connection.py)
         self.storage = None         # remote: the RemoteStore
         self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
