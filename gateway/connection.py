@@ -9,6 +9,8 @@ with ONE loop callback, or right away at the end of a delivery run / an ack batc
 (`WriteBatcher.flush`), so a PUBLISH or PUBACK does not wait one more loop iteration.
 The transport's write-buffer limits drive back-pressure: `pause_writing` marks the connection
 `write_blocked`, which stops delivery pulling for it until `resume_writing`.
+`ConnectionSweep` keeps the connections' deadlines (connect timeout, a stalled enhanced
+authentication or re-authentication, keep alive) with one pass over them twice a second.
 """
 from __future__ import annotations
 
