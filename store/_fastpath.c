@@ -45,12 +45,14 @@
 /* What these loops read, checked by configure() against the Python definitions. */
 #define ENTRY_SIZE 20   /* a ConsumeQueue entry, <QIQ (store/consume_queue.py ENTRY), checked by configure() */
 enum { E_PHYS = 0, E_SIZE = 8, E_TAGS = 12 };                   /* its fields */
-enum { R_TOTAL = 0, R_MAGIC = 4, R_CRC = 8, R_PREFIX_END = 12 }; /* a record's first fields (store/record.py HEADER) */
 
 static const field_t entry_fields[] = {{"phys_offset", E_PHYS, 8}, {"size", E_SIZE, 4}, {"tags_code", E_TAGS, 8}};
-static const field_t prefix_fields[] = {{"total_size", R_TOTAL, 4}, {"magic", R_MAGIC, 4}, {"crc", R_CRC, 4}};
+/* a record's first fields, all check_records reads: the first N_PREFIX_FIELDS of store/_layout.h's
+ * record_head_fields (total_size, magic, crc; store/record.py HEADER), ending at PREFIX_END */
+#define N_PREFIX_FIELDS 3
+#define PREFIX_END F_QID
 _Static_assert(E_TAGS + 8 == ENTRY_SIZE, "entry_fields end at ENTRY_SIZE");
-_Static_assert(R_CRC + 4 == R_PREFIX_END, "prefix_fields end at R_PREFIX_END");
+_Static_assert(F_CRC + 4 == PREFIX_END, "the prefix ends after the CRC");
 
 static int configured = 0;     /* set by configure(); cq_runs and check_records refuse to run before */
 
@@ -161,10 +163,10 @@ static PyObject *check_records(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t size;
         memcpy(&size, s + i * sizeof(uint32_t), sizeof(uint32_t));
-        if (size < R_PREFIX_END || size < crc_start || a + (Py_ssize_t)size > chunk.len) { ok = 0; break; }
+        if (size < PREFIX_END || size < crc_start || a + (Py_ssize_t)size > chunk.len) { ok = 0; break; }
         const unsigned char *r = c + a;
-        if (le32(r + R_TOTAL) != size || le32(r + R_MAGIC) != magic ||
-            (uint32_t)crc32(0L, r + crc_start, (uInt)(size - crc_start)) != le32(r + R_CRC)) {
+        if (le32(r + F_TOTAL) != size || le32(r + F_MAGIC) != magic ||
+            (uint32_t)crc32(0L, r + crc_start, (uInt)(size - crc_start)) != le32(r + F_CRC)) {
             ok = 0;
             break;
         }
@@ -194,9 +196,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         return NULL;
     const char *hf = layout_str(layout, "record_header_format");
     if (hf == NULL ||
-        check_format("record header", hf, '<', prefix_fields, N_FIELDS(prefix_fields), 0, &head_size, READS) < 0 ||
-        check_names("record header", PyDict_GetItemString(layout, "record_header_fields"), prefix_fields,
-                    N_FIELDS(prefix_fields), 0, READS) < 0)
+        check_format("record header", hf, '<', record_head_fields, N_PREFIX_FIELDS, 0, &head_size, READS) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "record_header_fields"), record_head_fields,
+                    N_PREFIX_FIELDS, 0, READS) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;

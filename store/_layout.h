@@ -1,20 +1,37 @@
-/* Layout checks shared by the store's C accelerators (store/_fastpath.c, store/client/_records.c,
- * store/spark/_columns.c).
+/* Layout checks shared by the store's C accelerators (store/_append.c, store/_fastpath.c,
+ * store/client/_records.c, store/spark/_columns.c), and the CommitLog record head they all read.
  *
  * Why: each of those loops reads fixed offsets of a struct whose one definition is in Python
  * (store/record.py HEADER and HEADER_FIELDS, store/consume_queue.py ENTRY, store/protocol.py
  * REC_HEAD). The Python side hands its formats to the module's configure() at import, and
  * configure() compares them, field by field, with the offsets the C code was written for, so a
  * layout changed on one side only is refused by name instead of decoding wrong data. The
- * comparison lives here once; each module keeps its own table of the fields it reads and the
- * phrase naming itself in the messages ("these loops read", "this decoder reads", ...).
+ * comparison lives here once, and so does the table of the CommitLog record head (below), which
+ * four of them read; each module keeps its own table of the other fields it reads and the phrase
+ * naming itself in the messages ("these loops read", "this decoder reads", ...).
  *
- * Requires Python.h before it. Everything is static inline: each module gets its own copy. */
+ * Requires Python.h before it. Everything is static (inline): each module gets its own copy. */
 #ifndef LMQTT_STORE_LAYOUT_H
 #define LMQTT_STORE_LAYOUT_H
 
 typedef struct { const char *name; int offset; int width; } field_t;
 #define N_FIELDS(a) ((int)(sizeof a / sizeof a[0]))
+
+/* The CommitLog record head (store/record.py HEADER and HEADER_FIELDS, little-endian; docs/store.md):
+ * each field's byte offset, in the order of HEADER, and F_END its size. The modules that read or
+ * write it (_append, _records, _columns' raw walk, _fastpath's first three fields) step by F_END and
+ * read at these offsets; their configure() checks the Python format and names against
+ * record_head_fields. */
+enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
+       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
+       F_KEYS_LEN = 70, F_DQ_LEN = 72, F_END = 74 };
+static const field_t record_head_fields[] = {
+    {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
+    {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
+    {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
+    {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
+    {"dq_len", F_DQ_LEN, 2}};
+_Static_assert(F_DQ_LEN + 2 == F_END, "record_head_fields end at F_END");
 
 /* layout[key] as a str (its UTF-8, owned by the dict's value), or NULL with ValueError. */
 static inline const char *layout_str(PyObject *layout, const char *key) {

@@ -12,9 +12,10 @@
  * `Record` is the SDK's named tuple (consumer.Record), whose `_fields` must be the order this loop
  * fills (record_fields below); `layout` is consumer.C_LAYOUT, the record header's struct format,
  * field names and size from store/record.py (HEADER, HEADER_FIELDS, HEADER_SIZE), checked against
- * the fields this loop reads (header_fields below). A mismatch raises ValueError naming the field,
- * so a layout change on the Python side cannot make this loop build wrong Records; until a
- * configure() succeeds, decode() raises RuntimeError.
+ * the fields this loop reads (record_head_fields and F_END in store/_layout.h: compiled in, the
+ * layout is only compared with them, nothing is taken from it). A mismatch raises ValueError
+ * naming the field, so a layout change on the Python side cannot make this loop build wrong
+ * Records; until a configure() succeeds, decode() raises RuntimeError.
  *
  * decode(body, pos, count, ident) -> list of Record
  *
@@ -34,20 +35,9 @@
 
 #include "../_layout.h"
 
-/* The record head this loop reads: each field's byte offset, in the order of store/record.py's
- * HEADER struct, checked by configure() against HEADER's format; the head's size is received from
- * there too (head_size). */
-enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
-       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
-       F_KEYS_LEN = 70, F_DQ_LEN = 72, F_END = 74 };
-static const field_t header_fields[] = {
-    {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
-    {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
-    {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
-    {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
-    {"dq_len", F_DQ_LEN, 2}};
-#define N_HEADER_FIELDS ((int)(sizeof header_fields / sizeof header_fields[0]))
-_Static_assert(F_DQ_LEN + 2 == F_END, "header_fields end at F_END");
+/* The record head this loop reads is store/_layout.h's (F_* offsets, record_head_fields): configure()
+ * checks HEADER's format and HEADER_FIELDS against it, and decode() steps by the compiled F_END (the
+ * layout's header_size is only checked to equal it). */
 
 /* The Record fields in the order this loop fills the tuple (store/client/consumer.py Record),
  * checked by configure() against Record._fields. */
@@ -56,8 +46,7 @@ enum { R_TOPIC, R_BODY, R_KEYS, R_PROPS, R_QUEUE_ID, R_QUEUE_OFFSET, R_OFFSET, R
 static const char *const record_fields[N_RECORD_FIELDS] = {
     "topic", "body", "keys", "props", "queue_id", "queue_offset", "offset", "born_ts", "store_ts", "msg_id"};
 
-/* set by configure(); decode() refuses to run before */
-static Py_ssize_t head_size = -1;
+/* set by configure() once the layout is accepted; decode() refuses to run before */
 static PyTypeObject *record_type;
 
 static uint32_t le32(const unsigned char *p) {
@@ -75,14 +64,14 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     PyObject *ident;
     if (!PyArg_ParseTuple(args, "y*nnU", &buf, &pos, &count, &ident))
         return NULL;
-    if (record_type == NULL || head_size < 0) {
+    if (record_type == NULL) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_RuntimeError, "lmqtt.store.client._records.configure() was not called or failed "
                         "(store/client/consumer.py configures it at import)");
         return NULL;
     }
     PyTypeObject *rt = record_type;
-    const Py_ssize_t head = head_size;     /* the configured record head size */
+    const Py_ssize_t head = F_END;         /* the compiled record head size (configure() checked HEADER's) */
     const unsigned char *b = (const unsigned char *)buf.buf;
     Py_ssize_t n = buf.len;
     char idbuf[128];
@@ -210,16 +199,15 @@ fail:
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *rtype, *layout;
     if (!PyArg_ParseTuple(args, "OO!", &rtype, &PyDict_Type, &layout)) return NULL;
-    head_size = -1;
     Py_CLEAR(record_type);
     if (!PyType_Check(rtype) || !PyType_IsSubtype((PyTypeObject *)rtype, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure: Record must be a tuple subclass");
         return NULL;
     }
-    if (check_struct(layout, "record header", "header_format", "header_size", '<', header_fields,
-                     N_HEADER_FIELDS, F_END, READS) < 0 ||
-        check_names("record header", PyDict_GetItemString(layout, "header_fields"), header_fields,
-                    N_HEADER_FIELDS, 1, READS) < 0)
+    if (check_struct(layout, "record header", "header_format", "header_size", '<', record_head_fields,
+                     N_FIELDS(record_head_fields), F_END, READS) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "header_fields"), record_head_fields,
+                    N_FIELDS(record_head_fields), 1, READS) < 0)
         return NULL;
     PyObject *fields = PyObject_GetAttrString(rtype, "_fields");
     if (fields == NULL) return NULL;
@@ -237,7 +225,6 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fields);
     record_type = (PyTypeObject *)Py_NewRef(rtype);
-    head_size = F_END;            /* what check_struct found layout["header_size"] to be */
     Py_RETURN_NONE;
 }
 

@@ -37,22 +37,14 @@
 /* the MESSAGES record head (store/protocol.py REC_HEAD, big-endian) */
 enum { M_QOFF = 0, M_PHYS = 8, M_BORN = 16, M_STORE = 24, M_QID = 32, M_TOPIC_LEN = 36, M_KEYS_LEN = 38,
        M_PROPS_LEN = 40, M_BODY_LEN = 42, REC_HEAD = 46 };
-/* a CommitLog record head (store/record.py HEADER, little-endian; raw layout, frame flag F_RAW) */
-enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
-       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
-       F_KEYS_LEN = 70, F_DQ_LEN = 72, RAW_HEAD = 74 };
 static const field_t rec_fields[] = {
     {"queue_offset", M_QOFF, 8}, {"phys_offset", M_PHYS, 8}, {"born_ts", M_BORN, 8}, {"store_ts", M_STORE, 8},
     {"queue_id", M_QID, 4}, {"topic_len", M_TOPIC_LEN, 2}, {"keys_len", M_KEYS_LEN, 2},
     {"props_len", M_PROPS_LEN, 2}, {"body_len", M_BODY_LEN, 4}};
-static const field_t raw_fields[] = {
-    {"total_size", F_TOTAL, 4}, {"magic", F_MAGIC, 4}, {"crc", F_CRC, 4}, {"queue_id", F_QID, 4},
-    {"flags", F_FLAGS, 4}, {"queue_offset", F_QOFF, 8}, {"phys_offset", F_PHYS, 8}, {"born_ts", F_BORN, 8},
-    {"store_ts", F_STORE, 8}, {"tags_code", F_TAGS, 8}, {"body_len", F_BODY_LEN, 4},
-    {"props_len", F_PROPS_LEN, 4}, {"topic_len", F_TOPIC_LEN, 2}, {"keys_len", F_KEYS_LEN, 2},
-    {"dq_len", F_DQ_LEN, 2}};
 _Static_assert(M_BODY_LEN + 4 == REC_HEAD, "rec_fields end at REC_HEAD");
-_Static_assert(F_DQ_LEN + 2 == RAW_HEAD, "raw_fields end at RAW_HEAD");
+/* a CommitLog record head (raw layout, frame flag F_RAW): store/_layout.h's F_* offsets and
+ * record_head_fields (store/record.py HEADER, little-endian), F_END bytes */
+#define RAW_HEAD F_END
 
 static int configured = 0;     /* set by configure(); the walks refuse to run before */
 
@@ -229,10 +221,10 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     configured = 0;
     if (check_struct(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
                      N_FIELDS(rec_fields), REC_HEAD, READS) < 0 ||
-        check_struct(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<', raw_fields,
-                     N_FIELDS(raw_fields), RAW_HEAD, READS) < 0 ||
-        check_names("CommitLog record head", PyDict_GetItemString(layout, "raw_head_fields"), raw_fields,
-                    N_FIELDS(raw_fields), 1, READS) < 0)
+        check_struct(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<',
+                     record_head_fields, N_FIELDS(record_head_fields), RAW_HEAD, READS) < 0 ||
+        check_names("CommitLog record head", PyDict_GetItemString(layout, "raw_head_fields"), record_head_fields,
+                    N_FIELDS(record_head_fields), 1, READS) < 0)
         return NULL;
     configured = 1;
     Py_RETURN_NONE;
