@@ -65,7 +65,7 @@ def test_mirror_serves_in_order_within_its_budget_and_reads_through_behind_it(lm
             await _append(st, "rs/t", bodies[k:k + 50])
         assert await wait_until(lambda: st.max_offset("rs/t") == 300), st.max_offset("rs/t")
         assert heard and all(s == {"rs/t"} for s in heard)
-        assert st._bytes <= 64 << 10 and st.mirror_trims >= 1
+        assert st.mirrored_bytes <= 64 << 10 and st.mirror_trims >= 1
         m = st.queues["rs/t"]
         assert m.base > 0                                 # the oldest entries left the mirror ...
         got, waited = await _read_all(st, "rs/t", 300, 64)
