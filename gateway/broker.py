@@ -47,13 +47,16 @@ log = logging.getLogger("lmqtt.gateway")
 class Broker:
     def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
                  metrics: "GatewayMetrics", auth=None, acl=None, storage=None,
-                 session_registry_cls=SessionRegistry, gate=None, after_append=None) -> None:
+                 session_registry_cls=SessionRegistry, gate=None, after_append=None,
+                 gateway_id: str | None = None) -> None:
         """`storage`: a `GatewayStore` (e.g. RemoteStore for `lmqtt gateway`); default: an
         InProcessStore over `store`/`lq`. `session_registry_cls`: the fleet's variant reloads a
         session from the store on CONNECT (gateway/fleet.py). `gate`: the connection and rate
         limits with their counters (gateway/limits.py `ConnectionGate`), None for none.
         `after_append()`: called once each publish batch is appended (the embedded gateway's
-        notify bus drain, so subscribers get the batch before its PUBACKs go out)."""
+        notify bus drain, so subscribers get the batch before its PUBACKs go out). `gateway_id`:
+        a fleet gateway's id (`lmqtt gateway`), named in the session records it writes; None in
+        the embedded server."""
         self.cfg = cfg
         # security (gateway/auth.py, gateway/acl.py): None = not configured, and then CONNECT,
         # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
@@ -75,7 +78,8 @@ class Broker:
         # the live checks are looked up when called: the registries are built below
         self.persist = SessionPersistence(self.metadata,
                                           session_live=lambda s: self.sessions.get(s.client_id) is s,
-                                          group_live=lambda g: self.subscriptions.is_current(g))
+                                          group_live=lambda g: self.subscriptions.is_current(g),
+                                          host=gateway_id)
         self.writes = WriteBatcher(loop)
         self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,

@@ -222,8 +222,8 @@ class FleetSessionRegistry(SessionRegistry):
     directory: "SessionDirectory | StoreSessionDirectory | None" = None
 
     def __init__(self, loop, metrics, metadata, persist, subscriptions, publish) -> None:
+        """`persist.host` is this gateway's id: the records it writes name it (module docstring)."""
         super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
-        persist.host = metadata.gateway_id or None   # records name this gateway (module docstring)
         metadata.on_sessions_swept = self.sessions_swept
         metadata.on_sessions_moved = self.sessions_moved
 

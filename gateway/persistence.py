@@ -109,16 +109,15 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
 
 
 class SessionPersistence:
-    # the fleet gateway id written into every record (`SessionRecord.host`), so that this gateway
-    # restores at start the sessions it served last, and no others; None in the embedded server
-    host: str | None = None
-
     def __init__(self, metadata, *, session_live: Callable[["Session"], bool],
-                 group_live: Callable[["SharedGroup"], bool]) -> None:
+                 group_live: Callable[["SharedGroup"], bool], host: str | None = None) -> None:
         """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
         the live one when its offsets are written (`flush`); an ended or replaced session, a
-        dropped group, must not write its offsets over its successor's."""
+        dropped group, must not write its offsets over its successor's. `host`: the fleet gateway
+        id written into every record (`SessionRecord.host`), so that this gateway restores at
+        start the sessions it served last, and no others; None in the embedded server."""
         self.metadata = metadata
+        self.host = host
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
         self._session_live = session_live

@@ -322,7 +322,7 @@ class Gateway:
             self._remote_metrics()
             self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  storage=self.storage, session_registry_cls=FleetSessionRegistry,
-                                 gate=self._new_gate())
+                                 gate=self._new_gate(), gateway_id=gid)
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
             self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups

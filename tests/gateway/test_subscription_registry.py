@@ -76,9 +76,10 @@ class Delivery:
     def kick_queue(self, q) -> None: ...
 
 
-def _registry():
+def _registry(host=None):
     store = Store()
-    persist = SessionPersistence(store.metadata, session_live=lambda s: True, group_live=lambda g: True)
+    persist = SessionPersistence(store.metadata, session_live=lambda s: True, group_live=lambda g: True,
+                                 host=host)
     return SubscriptionRegistry(store, Delivery(), persist), store
 
 
@@ -121,7 +122,7 @@ def test_a_fleet_reload_registers_a_filter_new_here_even_with_two_subscriptions_
     """A session coming back from another gateway with a direct and a shared subscription on one
     wildcard filter: this gateway must hold the filter in the store, else the other gateway's
     release (its copy dropped) leaves nobody holding it and the filter stops being indexed."""
-    reg, store = _registry()
+    reg, store = _registry(host="gw-test")
     metadata = store.metadata
     metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
     fleet = FleetSessionRegistry(None, metrics, metadata, reg.persist, reg, publish=None)
