@@ -13,12 +13,12 @@ imported through `lmqtt.store.accel.load`, which also honours LMQTT_PURE_PYTHON=
 """
 from setuptools import Extension, setup
 
-# the layout checks three store modules share (their configure() compares Python's struct formats
-# with the offsets they read)
+# the layout checks four store modules share, with the CommitLog record head they read (their
+# configure() compares Python's struct formats and field names with the offsets they read)
 LAYOUT = ["store/_layout.h"]
 
 setup(ext_modules=[
-    Extension("lmqtt.store._append", ["store/_append.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.store._append", ["store/_append.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.lightqueue._take", ["lightqueue/_take.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store.client._records", ["store/client/_records.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"]),

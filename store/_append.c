@@ -10,7 +10,7 @@
  *
  * configure(DispatchRequest, InvalidMessage, check_size, Message, layout) must succeed first:
  * `layout` (store.encoding.LAYOUT) carries the record format from store/record.py, checked
- * against the field offsets below.
+ * against the record head this loop writes (store/_layout.h: offsets, widths and names).
  *
  * encode(msgs, commitlog, tcache, ncache, qt, phys, seg_end, seg, store_ts, maxsize, want_recent)
  *   -> (chunks, sizes, starts, runs, keyed, assigned, phys_end, recent_offs, recent, cq)
@@ -32,20 +32,19 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-/* The record layout this loop writes: the byte offset of each header field, in the order of
- * store/record.py's HEADER struct. The sizes and magic numbers themselves are not repeated here:
- * configure() receives them from store/record.py and refuses a HEADER format whose field offsets
- * differ from these (so a layout change in Python cannot silently produce records C and Python
- * disagree on). */
-enum { F_TOTAL = 0, F_MAGIC = 4, F_CRC = 8, F_QID = 12, F_FLAGS = 16, F_QOFF = 20, F_PHYS = 28,
-       F_BORN = 36, F_STORE = 44, F_TAGS = 52, F_BODY_LEN = 60, F_PROPS_LEN = 64, F_TOPIC_LEN = 68,
-       F_KEYS_LEN = 70, F_DQ_LEN = 72 };
-static const int header_offsets[] = {F_TOTAL, F_MAGIC, F_CRC, F_QID, F_FLAGS, F_QOFF, F_PHYS, F_BORN,
-                                     F_STORE, F_TAGS, F_BODY_LEN, F_PROPS_LEN, F_TOPIC_LEN, F_KEYS_LEN,
-                                     F_DQ_LEN};
-#define N_HEADER_FIELDS ((int)(sizeof header_offsets / sizeof header_offsets[0]))
-/* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue.py) */
-static const int cq_offsets[] = {0, 8, 12};
+#include "_layout.h"
+
+/* The record layout this loop writes (and decode below reads): store/_layout.h's CommitLog record
+ * head, the F_* offsets and record_head_fields in the order of store/record.py's HEADER struct.
+ * The sizes and magic numbers themselves are not repeated here: configure() receives them from
+ * store/record.py and refuses a HEADER format or HEADER_FIELDS that differ from record_head_fields
+ * in an offset, a width or a name (so a layout change in Python cannot silently produce records C
+ * and Python disagree on). */
+/* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue.py
+ * ENTRY), checked by configure() against ENTRY's format */
+enum { CQ_PHYS = 0, CQ_SIZE = 8, CQ_TAGS = 12 };
+static const field_t cq_entry_fields[] = {{"phys_offset", CQ_PHYS, 8}, {"size", CQ_SIZE, 4},
+                                          {"tags_code", CQ_TAGS, 8}};
 /* the DispatchRequest fields in the order this loop fills the tuple (store/message.py) */
 static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
                                         "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
@@ -129,76 +128,32 @@ static Py_ssize_t slot_offset(PyTypeObject *tp, const char *name) {
     return m->offset;
 }
 
-/* Field offsets of a little-endian struct format made of I, Q and H codes ("<IIQ..."): fills
- * offs[] (at most max entries) and returns the field count, with *size the total; -1 if the
- * format has other codes or too many fields. */
-static int format_offsets(const char *fmt, int *offs, int max, long long *size) {
-    int n = 0;
-    long long at = 0;
-    if (*fmt != '<') return -1;
-    for (fmt++; *fmt; fmt++) {
-        int w = *fmt == 'I' ? 4 : *fmt == 'Q' ? 8 : *fmt == 'H' ? 2 : 0;
-        if (w == 0 || n >= max) return -1;
-        offs[n++] = (int)at;
-        at += w;
-    }
-    *size = at;
-    return n;
-}
-
-static int layout_int(PyObject *layout, const char *key, long long *out) {
-    PyObject *v = PyDict_GetItemString(layout, key);
-    if (v == NULL) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no %s", key);
-        return -1;
-    }
-    *out = PyLong_AsLongLong(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
-static const char *layout_str(PyObject *layout, const char *key) {
-    PyObject *v = PyDict_GetItemString(layout, key);
-    if (v == NULL || !PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "configure: layout has no str %s", key);
-        return NULL;
-    }
-    return PyUnicode_AsUTF8(v);
-}
+#define WRITES "this encoder writes"
 
 /* Take the record layout from store/record.py (`layout`, see store/encoding.py) and check it is
  * the one this loop writes; a mismatch raises ValueError naming the field, and encode() stays
- * unusable (the caller then runs the Python encoder). */
+ * unusable (at import store/encoding.py lets that ValueError propagate: the import of lmqtt.store
+ * fails rather than fall back to the Python encoder unnoticed). */
 static int configure_layout(PyObject *layout, PyObject *dr) {
-    long long hs, mb, cs, mm, bm, hsize, cqsize;
-    int offs[32];
-    const char *hf, *cf;
+    long long hs, mb, cs, mm, bm, cqsize;
+    const char *cf;
     if (!PyDict_Check(layout)) {
         PyErr_SetString(PyExc_TypeError, "configure: layout must be a dict");
         return -1;
     }
+    if (check_struct(layout, "record header", "header_format", "header_size", '<', record_head_fields,
+                     N_FIELDS(record_head_fields), F_END, WRITES) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "header_fields"), record_head_fields,
+                    N_FIELDS(record_head_fields), 1, WRITES) < 0)
+        return -1;
     if (layout_int(layout, "header_size", &hs) < 0 || layout_int(layout, "min_blank", &mb) < 0 ||
         layout_int(layout, "crc_start", &cs) < 0 || layout_int(layout, "msg_magic", &mm) < 0 ||
         layout_int(layout, "blank_magic", &bm) < 0)
         return -1;
-    if ((hf = layout_str(layout, "header_format")) == NULL || (cf = layout_str(layout, "cq_entry_format")) == NULL)
+    if ((cf = layout_str(layout, "cq_entry_format")) == NULL ||
+        check_format("ConsumeQueue entry", cf, '<', cq_entry_fields, N_FIELDS(cq_entry_fields), 1, &cqsize,
+                     WRITES) < 0)
         return -1;
-    int n = format_offsets(hf, offs, 32, &hsize);
-    if (n != N_HEADER_FIELDS) {
-        PyErr_Format(PyExc_ValueError, "configure: record header format %s has %d I/Q/H fields, this "
-                     "encoder writes %d", hf, n, N_HEADER_FIELDS);
-        return -1;
-    }
-    for (int i = 0; i < n; i++)
-        if (offs[i] != header_offsets[i]) {
-            PyErr_Format(PyExc_ValueError, "configure: record header field %d is at offset %d in %s, "
-                         "this encoder writes it at %d", i, offs[i], hf, header_offsets[i]);
-            return -1;
-        }
-    if (hs != hsize) {
-        PyErr_Format(PyExc_ValueError, "configure: header_size %lld does not match the header format "
-                     "%s (%lld bytes)", hs, hf, hsize);
-        return -1;
-    }
     if (cs != F_QID) {
         PyErr_Format(PyExc_ValueError, "configure: crc_start %lld, this encoder checksums from the field "
                      "after the CRC (offset %d)", cs, (int)F_QID);
@@ -210,12 +165,6 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
     }
     if (mm < 0 || mm > 0xFFFFFFFFll || bm < 0 || bm > 0xFFFFFFFFll || mm == bm) {
         PyErr_SetString(PyExc_ValueError, "configure: msg_magic and blank_magic must be distinct u32");
-        return -1;
-    }
-    if (format_offsets(cf, offs, 32, &cqsize) != 3 || offs[1] != cq_offsets[1] || offs[2] != cq_offsets[2] ||
-        strcmp(cf + 1, "QIQ") != 0) {
-        PyErr_Format(PyExc_ValueError, "configure: ConsumeQueue entry format %s, this encoder packs <QIQ "
-                     "(phys, size, tags)", cf);
         return -1;
     }
     long long ti[6];
@@ -654,9 +603,9 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             Py_ssize_t cl0 = PyByteArray_GET_SIZE(cq_cur);
             if (PyByteArray_Resize(cq_cur, cl0 + CQ_ENTRY_SIZE) < 0) { Py_DECREF(total_o); goto done; }
             unsigned char *e = (unsigned char *)PyByteArray_AS_STRING(cq_cur) + cl0;
-            put64(e + cq_offsets[0], (uint64_t)phys);
-            put32(e + cq_offsets[1], (uint32_t)total);
-            put64(e + cq_offsets[2], tags);
+            put64(e + CQ_PHYS, (uint64_t)phys);
+            put32(e + CQ_SIZE, (uint32_t)total);
+            put64(e + CQ_TAGS, tags);
         }
         if (PyList_Append(sizes, total_o) < 0) { Py_DECREF(total_o); goto done; }
         if (want_recent && PyBytes_CheckExact(body) && PyBytes_CheckExact(props)) {
@@ -746,10 +695,11 @@ static const char *const sm_fields[] = {"topic", "body", "props", "queue_id", "f
                                         "dispatch_queues"};
 #define N_SM_FIELDS ((Py_ssize_t)(sizeof sm_fields / sizeof sm_fields[0]))
 
+#define READS "this decoder reads"
+
 static PyObject *configure_reader(PyObject *self, PyObject *args) {
     PyObject *sm, *cr, *layout;
-    long long hs, cs, mm, hsize;
-    int offs[32];
+    long long hs, cs, mm;
     if (!PyArg_ParseTuple(args, "OOO!", &sm, &cr, &PyDict_Type, &layout)) return NULL;
     if (!PyType_Check(sm) || !PyType_IsSubtype((PyTypeObject *)sm, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "StoredMessage must be a tuple subclass");
@@ -760,28 +710,14 @@ static PyObject *configure_reader(PyObject *self, PyObject *args) {
         return NULL;
     }
     R_HEADER_SIZE = -1;
+    if (check_struct(layout, "record header", "header_format", "header_size", '<', record_head_fields,
+                     N_FIELDS(record_head_fields), F_END, READS) < 0 ||
+        check_names("record header", PyDict_GetItemString(layout, "header_fields"), record_head_fields,
+                    N_FIELDS(record_head_fields), 1, READS) < 0)
+        return NULL;
     if (layout_int(layout, "header_size", &hs) < 0 || layout_int(layout, "crc_start", &cs) < 0 ||
         layout_int(layout, "msg_magic", &mm) < 0)
         return NULL;
-    const char *hf = layout_str(layout, "header_format");
-    if (hf == NULL) return NULL;
-    int n = format_offsets(hf, offs, 32, &hsize);
-    if (n != N_HEADER_FIELDS) {
-        PyErr_Format(PyExc_ValueError, "configure_reader: record header format %s has %d I/Q/H fields, "
-                     "this decoder reads %d", hf, n, N_HEADER_FIELDS);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++)
-        if (offs[i] != header_offsets[i]) {
-            PyErr_Format(PyExc_ValueError, "configure_reader: record header field %d is at offset %d in "
-                         "%s, this decoder reads it at %d", i, offs[i], hf, header_offsets[i]);
-            return NULL;
-        }
-    if (hs != hsize) {
-        PyErr_Format(PyExc_ValueError, "configure_reader: header_size %lld does not match the header "
-                     "format %s (%lld bytes)", hs, hf, hsize);
-        return NULL;
-    }
     if (cs != F_QID) {
         PyErr_Format(PyExc_ValueError, "configure_reader: crc_start %lld, this decoder checksums from "
                      "the field after the CRC (offset %d)", cs, (int)F_QID);

@@ -14,9 +14,9 @@ tests/store/test_encoding.py checks all three byte for byte; tests/store/test_ap
 compares C and Python column for column on random batches.
 
 The C module does not repeat the record format: `configure_c` hands it `LAYOUT` (header format,
-size, CRC start, filler size, magic numbers, ConsumeQueue entry format, all from store/record.py
-and store/consume_queue.py) and the C side refuses a layout whose field offsets differ from the
-ones it writes, with a ValueError naming the field.
+field names, size, CRC start, filler size, magic numbers, ConsumeQueue entry format, all from
+store/record.py and store/consume_queue.py) and the C side refuses a layout whose fields differ
+from the ones it writes (offset, width or name), with a ValueError naming the field.
 
 `encode_py` reads the caches and helpers of the CommitLog it is given (`_topic_cache`,
 `_names_cache`, `queue_table`, `_topic_info`, `_dq_info`, `_names`, `_tail_struct`); the C loop
@@ -32,7 +32,7 @@ from . import accel
 from .consume_queue import ENTRY as CQ_ENTRY
 from .errors import InvalidMessage
 from .message import RECENT_FIELDS, DispatchRequest, Message
-from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX,
+from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_FIELDS, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX,
                      check_size, header_format)
 
 _NONE = object()  # matches nothing (`is` comparisons)
@@ -60,6 +60,7 @@ TI_LEN = TI_DQ_HBASE + 1
 # The record format as handed to the C encoder (checked there, see store/_append.c configure()).
 LAYOUT = {
     "header_format": HEADER.format,
+    "header_fields": HEADER_FIELDS,
     "header_size": HEADER_SIZE,
     "crc_start": CRC_START,
     "min_blank": MIN_BLANK,

@@ -179,10 +179,10 @@ def valid_at(buf, pos: int, phys_offset: int, limit: int) -> int:
 
 
 # The C decoder (store/_append.c `decode` / `decode_many`), configured with this module's layout
-# (it refuses a header whose field offsets differ from the ones it reads), or None when the
-# extension is not built or LMQTT_PURE_PYTHON is set: then `decode` / `decode_many` above run.
-READ_LAYOUT = {"header_format": HEADER.format, "header_size": HEADER_SIZE, "crc_start": CRC_START,
-               "msg_magic": MSG_MAGIC}
+# (it refuses a header whose fields differ from the ones it reads: offset, width or name), or None
+# when the extension is not built or LMQTT_PURE_PYTHON is set: then `decode` / `decode_many` above run.
+READ_LAYOUT = {"header_format": HEADER.format, "header_fields": HEADER_FIELDS, "header_size": HEADER_SIZE,
+               "crc_start": CRC_START, "msg_magic": MSG_MAGIC}
 
 
 def _load_c():

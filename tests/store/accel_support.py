@@ -1,5 +1,6 @@
 """Test help for the C accelerators' configure() refusals (tests/store/test_fastpath_accel.py,
-tests/store/test_fastpath.py, tests/spark/test_columns.py)."""
+tests/store/test_fastpath.py, tests/store/test_encoding.py, tests/store/test_record_decode_accel.py,
+tests/spark/test_columns.py)."""
 from __future__ import annotations
 
 import importlib

@@ -15,7 +15,8 @@ from lmqtt.store.errors import InvalidMessage
 from lmqtt.store.message import (CHUNK_CQ, CHUNK_KEYED, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS,
                                  DR_DISPATCH_QUEUES, DR_PHYS, DR_STORE_TS, RECENT_FIELDS, RF_FLAGS,
                                  RF_QUEUE_OFFSET, DispatchRequest)
-from lmqtt.store.record import HEADER_SIZE, decode
+from lmqtt.store.record import HEADER_FIELDS, HEADER_SIZE, decode
+from tests.store.accel_support import swapped
 
 STORE_TS_S = 1_700_000_000.123
 STORE_TS = int(STORE_TS_S * 1000)
@@ -179,10 +180,15 @@ def c_mod():
     ({"header_size": HEADER_SIZE + 2}, "header_size"),
     ({"header_format": "<IIIIIQQQQQIIHHHH"}, "fields"),
     ({"header_format": "<IIIIIQQQQQIIHIH"}, "offset"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"header_fields": swapped(HEADER_FIELDS, "born_ts", "store_ts")},
+     "record header field 7 is 'store_ts', this encoder writes born_ts there"),
+    ({"header_fields": HEADER_FIELDS[:-1]}, "record header has 14 field names, this encoder writes 15"),
+    ({"header_fields": None}, "no tuple of record header field names"),
     ({"crc_start": 8}, "crc_start"),
     ({"min_blank": 4}, "min_blank"),
     ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
-    ({"cq_entry_format": "<QQQ"}, "ConsumeQueue"),
+    ({"cq_entry_format": "<QQQ"}, r"ConsumeQueue entry field 1 \(size\) is 8 bytes at offset 8"),
     ({"ti_dq": 10}, "ti_dq"),
     ({"recent_fields": RECENT_FIELDS[:-1]}, "recent_fields"),
     ({"recent_fields": RECENT_FIELDS[:-1] + ("topic",)}, "recent_fields has no dispatch_queues"),

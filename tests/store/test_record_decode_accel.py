@@ -17,6 +17,7 @@ from lmqtt.store import Message, MessageStore, StoreConfig, accel, commitlog, re
 from lmqtt.store.commitlog import CommitLog
 from lmqtt.store.errors import CorruptRecord, NotVisible
 from lmqtt.store.message import StoredMessage
+from tests.store.accel_support import swapped
 
 c_decode, c_decode_many = record.c_decode, record.c_decode_many
 needs_c = pytest.mark.skipif(c_decode is None, reason="C decoder not built or LMQTT_PURE_PYTHON set")
@@ -242,6 +243,10 @@ def c_mod():
     ({"header_size": record.HEADER_SIZE + 2}, "header_size"),
     ({"header_format": "<IIIIIQQQQQIIHHHH"}, "fields"),
     ({"header_format": "<IIIIIQQQQQIIHIH"}, "offset"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"header_fields": swapped(record.HEADER_FIELDS, "queue_offset", "phys_offset")},
+     "record header field 5 is 'phys_offset', this decoder reads queue_offset there"),
+    ({"header_fields": None}, "no tuple of record header field names"),
     ({"crc_start": 8}, "crc_start"),
     ({"msg_magic": -1}, "msg_magic"),
 ])
