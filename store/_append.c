@@ -49,14 +49,17 @@ static const field_t cq_entry_fields[] = {{"phys_offset", CQ_PHYS, 8}, {"size", 
 static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
                                         "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
 #define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
-/* the fields of a recently appended record (the `recent` list), by name: configure() finds each
- * name's position in the layout's recent_fields (store.message.RECENT_FIELDS) and encode() puts
- * each value there, so the tuple's order is defined once, in Python */
+/* the fields of a recently appended record (the `recent` list) in the order encode() fills the
+ * tuple: configure() refuses a layout whose recent_fields (store.message.RECENT_FIELDS, the order
+ * CommitLog.read unpacks) are other names or another order. As field_t for check_names: the
+ * offset is the position in the tuple, there is no width. */
 enum { RF_TOPIC, RF_BODY, RF_PROPS, RF_QUEUE_ID, RF_QUEUE_OFFSET, RF_FLAGS, RF_SIZE, RF_BORN_TS, RF_STORE_TS,
        RF_KEYS, RF_DISPATCH_QUEUES, N_RF_FIELDS };
-static const char *const rf_names[N_RF_FIELDS] = {"topic", "body", "props", "queue_id", "queue_offset", "flags",
-                                                  "size", "born_ts", "store_ts", "keys", "dispatch_queues"};
-static Py_ssize_t rf_pos[N_RF_FIELDS];
+static const field_t recent_fields[N_RF_FIELDS] = {
+    {"topic", RF_TOPIC, 0}, {"body", RF_BODY, 0}, {"props", RF_PROPS, 0}, {"queue_id", RF_QUEUE_ID, 0},
+    {"queue_offset", RF_QUEUE_OFFSET, 0}, {"flags", RF_FLAGS, 0}, {"size", RF_SIZE, 0},
+    {"born_ts", RF_BORN_TS, 0}, {"store_ts", RF_STORE_TS, 0}, {"keys", RF_KEYS, 0},
+    {"dispatch_queues", RF_DISPATCH_QUEUES, 0}};
 
 /* set by configure() from store/record.py; encode() refuses to run before */
 static long long HEADER_SIZE = -1, MIN_BLANK, CRC_START, CQ_ENTRY_SIZE;
@@ -178,24 +181,9 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
             return -1;
         }
     }
-    PyObject *rf = PyDict_GetItemString(layout, "recent_fields");
-    if (rf == NULL || !PyTuple_Check(rf) || PyTuple_GET_SIZE(rf) != N_RF_FIELDS) {
-        PyErr_Format(PyExc_ValueError, "configure: recent_fields must be a tuple of the %d field names this "
-                     "encoder keeps per recent record", (int)N_RF_FIELDS);
+    if (check_names("recent record", PyDict_GetItemString(layout, "recent_fields"), recent_fields, N_RF_FIELDS,
+                    1, WRITES) < 0)
         return -1;
-    }
-    Py_ssize_t rpos[N_RF_FIELDS];
-    for (int i = 0; i < N_RF_FIELDS; i++) {
-        rpos[i] = -1;
-        for (Py_ssize_t j = 0; j < N_RF_FIELDS && rpos[i] < 0; j++) {
-            PyObject *f = PyTuple_GET_ITEM(rf, j);
-            if (PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, rf_names[i]) == 0) rpos[i] = j;
-        }
-        if (rpos[i] < 0) {   /* n distinct names in n slots: every slot is filled exactly once */
-            PyErr_Format(PyExc_ValueError, "configure: recent_fields has no %s", rf_names[i]);
-            return -1;
-        }
-    }
     PyObject *fields = PyObject_GetAttrString(dr, "_fields");
     if (fields == NULL) return -1;
     int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
@@ -222,7 +210,6 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
     ti_dq = (Py_ssize_t)ti[3];
     ti_dq_bytes = (Py_ssize_t)ti[4];
     ti_len = (Py_ssize_t)ti[5];
-    memcpy(rf_pos, rpos, sizeof rf_pos);
     return 0;
 }
 
@@ -612,18 +599,18 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             PyObject *ph = PyLong_FromLongLong(phys);
             PyObject *qo = ph ? PyLong_FromLongLong(qoff) : NULL;
             PyObject *fields = qo ? PyTuple_New(N_RF_FIELDS) : NULL;
-            if (fields != NULL) {   /* each value at its name's position (rf_pos, see configure) */
-                PyTuple_SET_ITEM(fields, rf_pos[RF_TOPIC], Py_NewRef(topic));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_BODY], Py_NewRef(body));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_PROPS], Py_NewRef(props));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_QUEUE_ID], Py_NewRef(qid_o));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_QUEUE_OFFSET], Py_NewRef(qo));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_FLAGS], Py_NewRef(flags_o));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_SIZE], Py_NewRef(total_o));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_BORN_TS], Py_NewRef(born_o));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_STORE_TS], Py_NewRef(store_ts_o));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_KEYS], Py_NewRef(keys));
-                PyTuple_SET_ITEM(fields, rf_pos[RF_DISPATCH_QUEUES], Py_NewRef(dq));
+            if (fields != NULL) {   /* in recent_fields order (checked by configure) */
+                PyTuple_SET_ITEM(fields, RF_TOPIC, Py_NewRef(topic));
+                PyTuple_SET_ITEM(fields, RF_BODY, Py_NewRef(body));
+                PyTuple_SET_ITEM(fields, RF_PROPS, Py_NewRef(props));
+                PyTuple_SET_ITEM(fields, RF_QUEUE_ID, Py_NewRef(qid_o));
+                PyTuple_SET_ITEM(fields, RF_QUEUE_OFFSET, Py_NewRef(qo));
+                PyTuple_SET_ITEM(fields, RF_FLAGS, Py_NewRef(flags_o));
+                PyTuple_SET_ITEM(fields, RF_SIZE, Py_NewRef(total_o));
+                PyTuple_SET_ITEM(fields, RF_BORN_TS, Py_NewRef(born_o));
+                PyTuple_SET_ITEM(fields, RF_STORE_TS, Py_NewRef(store_ts_o));
+                PyTuple_SET_ITEM(fields, RF_KEYS, Py_NewRef(keys));
+                PyTuple_SET_ITEM(fields, RF_DISPATCH_QUEUES, Py_NewRef(dq));
             }
             Py_XDECREF(qo);
             int r = fields ? PyList_Append(recent_offs, ph) : -1;

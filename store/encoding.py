@@ -228,7 +228,7 @@ def encode_py(cl, msgs: list, phys: int, seg_end: int, store_ts: int, want_recen
             size_append(total)
             if recent is not None and type(body) is bytes and type(props) is bytes:
                 recent_offs.append(phys)
-                # in store.message.RECENT_FIELDS order
+                # in store.message.RECENT_FIELDS order (tests/store/test_encoding.py checks it)
                 recent.append((topic, body, props, qid, qoff, flags, total, born, store_ts, keys, dq))
             qoff += 1
             phys += total

@@ -155,14 +155,17 @@ assert _DR_FIELDS[DR_STORE_TS] == "store_ts" and _DR_FIELDS[DR_DISPATCH_QUEUES] 
 # what a StoredMessage holds but its phys_offset (the key they are kept under) and msg_id (made
 # from it), so read() rebuilds the StoredMessage without decoding. A plain tuple, not a named one:
 # the encoders build one per record (a tuple display is the cheapest object there is), and read()
-# unpacks it in this order into named locals. The Python encoders build it in this order; the C
-# encoder receives RECENT_FIELDS in its layout (store.encoding.LAYOUT) and puts each value at the
-# position of its name (store/_append.c).
+# unpacks it into named locals (one unpack is cheaper than indexing). So the order is written out
+# in four places and tied to this one: the C encoder receives RECENT_FIELDS in its layout
+# (store.encoding.LAYOUT) and refuses any other order than the one it fills (store/_append.c);
+# commitlog.py checks at import that read() unpacks in this order; the two Python writers
+# (encoding.encode_py, CommitLog.append_one) are checked against it by
+# tests/store/test_encoding.py. RF_* are the positions by name, for code that indexes the tuple.
 RECENT_FIELDS = ("topic", "body", "props", "queue_id", "queue_offset", "flags", "size", "born_ts", "store_ts",
                  "keys", "dispatch_queues")
 (RF_TOPIC, RF_BODY, RF_PROPS, RF_QUEUE_ID, RF_QUEUE_OFFSET, RF_FLAGS, RF_SIZE, RF_BORN_TS, RF_STORE_TS, RF_KEYS,
- RF_DISPATCH_QUEUES) = range(len(RECENT_FIELDS))
-# every field of a StoredMessage is either kept or derived from the offset: read() can rebuild it
+ RF_DISPATCH_QUEUES) = map(RECENT_FIELDS.index, ("topic", "body", "props", "queue_id", "queue_offset", "flags",
+                                                 "size", "born_ts", "store_ts", "keys", "dispatch_queues"))
 assert set(RECENT_FIELDS) == set(_SM_FIELDS) - {"phys_offset", "msg_id"}
 
 

@@ -164,6 +164,19 @@ def test_recent_fields_hold_what_their_names_say(tmp_path, monkeypatch):
             assert {f: t[i] for i, f in enumerate(RECENT_FIELDS)} == {f: getattr(sm, f) for f in RECENT_FIELDS}, name
 
 
+def test_read_is_checked_to_unpack_recent_fields_in_their_order(monkeypatch):
+    """CommitLog.read() unpacks a kept tuple positionally; commitlog.py checks at import that the
+    order is RECENT_FIELDS. Here RECENT_FIELDS changes under it: the check names the fields."""
+    commitlog._check_read_unpacks_recent_fields()      # what the import ran
+    monkeypatch.setattr(commitlog, "RECENT_FIELDS", swapped(RECENT_FIELDS, "queue_offset", "flags"))
+    with pytest.raises(RuntimeError, match="RECENT_FIELDS order .*'flags': 'queue_offset', 'queue_offset': 'flags'"):
+        commitlog._check_read_unpacks_recent_fields()
+
+
+def test_rf_positions_are_those_of_recent_fields():
+    assert (RECENT_FIELDS[RF_QUEUE_OFFSET], RECENT_FIELDS[RF_FLAGS]) == ("queue_offset", "flags")
+
+
 # ------------------------------------------------------------------ the C encoder's layout check
 needs_c = pytest.mark.skipif(encoding.c_encoder is None, reason="C encoder not built or LMQTT_PURE_PYTHON set")
 
@@ -190,8 +203,13 @@ def c_mod():
     ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
     ({"cq_entry_format": "<QQQ"}, r"ConsumeQueue entry field 1 \(size\) is 8 bytes at offset 8"),
     ({"ti_dq": 10}, "ti_dq"),
-    ({"recent_fields": RECENT_FIELDS[:-1]}, "recent_fields"),
-    ({"recent_fields": RECENT_FIELDS[:-1] + ("topic",)}, "recent_fields has no dispatch_queues"),
+    ({"recent_fields": RECENT_FIELDS[:-1]}, "recent record has 10 field names, this encoder writes 11"),
+    ({"recent_fields": RECENT_FIELDS[:-1] + ("topic",)},
+     "recent record field 10 is 'topic', this encoder writes dispatch_queues there"),
+    # the order too: read() unpacks the tuple in RECENT_FIELDS order, the C loop fills one order only
+    ({"recent_fields": swapped(RECENT_FIELDS, "queue_offset", "flags")},
+     "recent record field 4 is 'flags', this encoder writes queue_offset there"),
+    ({"recent_fields": None}, "no tuple of recent record field names"),
 ])
 def test_the_c_encoder_refuses_a_layout_it_does_not_write(c_mod, change, words, tmp_path):
     with pytest.raises(ValueError, match=words):
@@ -212,21 +230,6 @@ def test_the_c_encoder_reads_the_topic_info_slots_it_is_given(c_mod, tmp_path):
     encoding.configure_c(c_mod, {**encoding.LAYOUT, "ti_tags": encoding.TI_TOPIC_LEN})
     moved = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {}, *args)[3][0]
     assert good.tags_code == cl._topic_cache["a/b"][encoding.TI_TAGS] and moved.tags_code == 3
-
-
-@needs_c
-def test_the_c_encoder_puts_recent_fields_where_their_names_are(c_mod, tmp_path):
-    """Swap two names in the recent_fields it is given: the two values swap places."""
-    cl = new_log(tmp_path, "rf")
-    msgs = [Message("a/b", b"x", queue_id=3, flags=9)]
-    args = (0, SEG, SEG, STORE_TS, 4096, True)
-    good = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {("a", 3): 5}, *args)[8][0]
-    swapped = list(RECENT_FIELDS)
-    swapped[RF_QUEUE_OFFSET], swapped[RF_FLAGS] = swapped[RF_FLAGS], swapped[RF_QUEUE_OFFSET]
-    encoding.configure_c(c_mod, {**encoding.LAYOUT, "recent_fields": tuple(swapped)})
-    moved = c_mod.encode(msgs, cl, cl._topic_cache, cl._names_cache, {("a", 3): 5}, *args)[8][0]
-    assert (good[RF_QUEUE_OFFSET], good[RF_FLAGS]) == (5, 9)
-    assert (moved[RF_QUEUE_OFFSET], moved[RF_FLAGS]) == (9, 5)
 
 
 @needs_c
