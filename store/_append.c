@@ -41,7 +41,7 @@
  * in an offset, a width or a name (so a layout change in Python cannot silently produce records C
  * and Python disagree on). */
 /* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue.py
- * ENTRY), checked by configure() against ENTRY's format */
+ * ENTRY), checked by configure() against ENTRY's format and ENTRY_FIELDS */
 enum { CQ_PHYS = 0, CQ_SIZE = 8, CQ_TAGS = 12 };
 static const field_t cq_entry_fields[] = {{"phys_offset", CQ_PHYS, 8}, {"size", CQ_SIZE, 4},
                                           {"tags_code", CQ_TAGS, 8}};
@@ -155,7 +155,9 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
         return -1;
     if ((cf = layout_str(layout, "cq_entry_format")) == NULL ||
         check_format("ConsumeQueue entry", cf, '<', cq_entry_fields, N_FIELDS(cq_entry_fields), 1, &cqsize,
-                     WRITES) < 0)
+                     WRITES) < 0 ||
+        check_names("ConsumeQueue entry", PyDict_GetItemString(layout, "cq_entry_fields"), cq_entry_fields,
+                    N_FIELDS(cq_entry_fields), 1, WRITES) < 0)
         return -1;
     if (cs != F_QID) {
         PyErr_Format(PyExc_ValueError, "configure: crc_start %lld, this encoder checksums from the field "

@@ -11,12 +11,12 @@
  * that tests compare them with on arbitrary input (tests/store/test_fastpath_accel.py).
  *
  * configure(layout) must succeed first (store/fastpath.py calls it at import, with
- * `fastpath.C_LAYOUT`): the ConsumeQueue entry format (store/consume_queue.py ENTRY) and size,
- * and the record header format and field names (store/record.py HEADER, HEADER_FIELDS). They are
- * checked against the offsets
- * these loops read (enums below) and a mismatch raises ValueError naming the field, so a layout
- * change on the Python side cannot make these loops read the wrong bytes; until a configure()
- * succeeds both functions raise RuntimeError. The magic number and CRC start are handed in by
+ * `fastpath.C_LAYOUT`): the ConsumeQueue entry format, field names and size (store/consume_queue.py
+ * ENTRY, ENTRY_FIELDS), and the record header format and field names (store/record.py HEADER,
+ * HEADER_FIELDS). They are checked against the fields these loops read (offset, width and name;
+ * the tables below and store/_layout.h) and a mismatch raises ValueError naming the field, so a
+ * layout change on the Python side cannot make these loops read the wrong bytes; until a
+ * configure() succeeds both functions raise RuntimeError. The magic number and CRC start are handed in by
  * the caller on every check_records call (store/record.py), not compiled in.
  *
  *   cq_runs(piece, first_qoff, visible, max_bytes, count, total)
@@ -182,17 +182,19 @@ static PyObject *check_records(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------ configuration */
 #define READS "these loops read"
 
-/* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_size": 20, "record_header_format":
- * "<IIIIIQQQQQIIHHH", "record_header_fields": ("total_size", "magic", "crc", ...)}
- * (store/fastpath.py C_LAYOUT, from store/consume_queue.py and store/record.py). A refused layout
- * leaves the module unconfigured. */
+/* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_fields": ("phys_offset", "size",
+ * "tags_code"), "cq_entry_size": 20, "record_header_format": "<IIIIIQQQQQIIHHH",
+ * "record_header_fields": ("total_size", "magic", "crc", ...)} (store/fastpath.py C_LAYOUT, from
+ * store/consume_queue.py and store/record.py). A refused layout leaves the module unconfigured. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
     long long head_size;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &layout)) return NULL;
     configured = 0;
     if (check_struct(layout, "ConsumeQueue entry", "cq_entry_format", "cq_entry_size", '<', entry_fields,
-                     N_FIELDS(entry_fields), ENTRY_SIZE, READS) < 0)
+                     N_FIELDS(entry_fields), ENTRY_SIZE, READS) < 0 ||
+        check_names("ConsumeQueue entry", PyDict_GetItemString(layout, "cq_entry_fields"), entry_fields,
+                    N_FIELDS(entry_fields), 1, READS) < 0)
         return NULL;
     const char *hf = layout_str(layout, "record_header_format");
     if (hf == NULL ||

@@ -27,8 +27,12 @@ from .record import first_level
 log = logging.getLogger("lmqtt.store")
 
 ENTRY = struct.Struct("<QIQ")
+# its fields, one per code of the format (the C modules that read or pack entries, store/_fastpath.c
+# and store/_append.c, check these names, not only the offsets: phys_offset and tags_code are both
+# u64 and could trade places without changing the format)
+ENTRY_FIELDS = ("phys_offset", "size", "tags_code")
 ENTRY_SIZE = ENTRY.size  # 20
-assert ENTRY_SIZE == 20
+assert ENTRY_SIZE == 20 and len(ENTRY_FIELDS) == len(ENTRY.format) - 1
 
 _BULK: dict[int, struct.Struct] = {}   # n -> Struct of n entries
 _BULK_MAX = 1024

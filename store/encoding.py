@@ -29,7 +29,7 @@ import struct
 import zlib
 
 from . import accel
-from .consume_queue import ENTRY as CQ_ENTRY
+from .consume_queue import ENTRY as CQ_ENTRY, ENTRY_FIELDS as CQ_ENTRY_FIELDS
 from .errors import InvalidMessage
 from .message import RECENT_FIELDS, DispatchRequest, Message
 from .record import (BLANK_MAGIC, CRC_START, HEADER, HEADER_FIELDS, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX,
@@ -67,6 +67,7 @@ LAYOUT = {
     "msg_magic": MSG_MAGIC,
     "blank_magic": BLANK_MAGIC,
     "cq_entry_format": CQ_ENTRY.format,
+    "cq_entry_fields": CQ_ENTRY_FIELDS,
     "ti_topic_bytes": TI_TOPIC_BYTES, "ti_first_level": TI_FIRST_LEVEL, "ti_tags": TI_TAGS,
     "ti_dq": TI_DQ, "ti_dq_bytes": TI_DQ_BYTES, "ti_len": TI_LEN,
     "recent_fields": RECENT_FIELDS,

@@ -28,7 +28,7 @@ from operator import itemgetter
 
 from . import accel
 from . import protocol as W
-from .consume_queue import ENTRY, ENTRY_SIZE
+from .consume_queue import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
 from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, Message
 from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, header_format
 
@@ -233,6 +233,7 @@ assert _RAW_HEAD.size == CRC_START
 # has accepted it (a ValueError here names the field that differs: rebuild the extension).
 C_LAYOUT = {
     "cq_entry_format": ENTRY.format,
+    "cq_entry_fields": ENTRY_FIELDS,
     "cq_entry_size": ENTRY_SIZE,
     "record_header_format": HEADER.format,
     "record_header_fields": HEADER_FIELDS,

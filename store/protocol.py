@@ -295,8 +295,12 @@ F_RAW_OK = 0x01
 F_RAW = 0x01
 # body: u32 JSON-header length, JSON header (e.g. {"next_offset": n, "max_offset": m}), u32 count,
 #       then per message REC_HEAD + topic + keys (\x00-joined) + props + body
-REC_HEAD = struct.Struct(">QQQQIHHHI")   # queue offset, phys offset, born ts, store ts, queue id,
-                                         # topic len, keys len, props len, body len
+REC_HEAD = struct.Struct(">QQQQIHHHI")
+# its fields, one per code of the format (store/spark/_columns.c checks these names, not only the
+# offsets: two fields of one width could trade places without changing the format)
+REC_HEAD_FIELDS = ("queue_offset", "phys_offset", "born_ts", "store_ts", "queue_id", "topic_len", "keys_len",
+                   "props_len", "body_len")
+assert len(REC_HEAD_FIELDS) == len(REC_HEAD.format) - 1 and REC_HEAD.format[1:].isalpha()
 
 
 def encode_messages(header: dict, msgs) -> bytes:

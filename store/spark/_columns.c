@@ -19,12 +19,12 @@
  * Offsets buffers are int32 (count + 1 entries): a batch above 2 GiB of one column is refused.
  *
  * configure(layout) must succeed first (store/spark/columns.py calls it at import with
- * columns.C_LAYOUT): the struct format and size of the MESSAGES record head (store/protocol.py
- * REC_HEAD) and of the CommitLog record head (store/record.py HEADER, HEADER_SIZE; its field names
- * HEADER_FIELDS too), checked against
- * the field offsets this walk reads (the enums below). A mismatch raises ValueError naming the
- * field, so a layout change on the Python side cannot make this walk fill wrong columns; until a
- * configure() succeeds, columns() and columns_raw() raise RuntimeError.
+ * columns.C_LAYOUT): the struct format, field names and size of the MESSAGES record head
+ * (store/protocol.py REC_HEAD, REC_HEAD_FIELDS) and of the CommitLog record head (store/record.py
+ * HEADER, HEADER_FIELDS, HEADER_SIZE), checked against the fields this walk reads (offset, width
+ * and name; rec_fields below, record_head_fields in store/_layout.h). A mismatch raises ValueError
+ * naming the field, so a layout change on the Python side cannot make this walk fill wrong
+ * columns; until a configure() succeeds, columns() and columns_raw() raise RuntimeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -211,7 +211,8 @@ static PyObject *columns_raw(PyObject *self, PyObject *args) { return walk(args,
 /* ------------------------------------------------------------------ configuration */
 #define READS "this walk reads"
 
-/* configure(layout): {"rec_head_format": protocol.REC_HEAD.format, "rec_head_size": REC_HEAD.size,
+/* configure(layout): {"rec_head_format": protocol.REC_HEAD.format, "rec_head_fields":
+ * protocol.REC_HEAD_FIELDS, "rec_head_size": REC_HEAD.size,
  * "raw_head_format": record.HEADER.format, "raw_head_fields": record.HEADER_FIELDS,
  * "raw_head_size": record.HEADER_SIZE} (columns.C_LAYOUT).
  * A refused layout leaves both walks unusable. */
@@ -221,6 +222,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     configured = 0;
     if (check_struct(layout, "MESSAGES record head", "rec_head_format", "rec_head_size", '>', rec_fields,
                      N_FIELDS(rec_fields), REC_HEAD, READS) < 0 ||
+        check_names("MESSAGES record head", PyDict_GetItemString(layout, "rec_head_fields"), rec_fields,
+                    N_FIELDS(rec_fields), 1, READS) < 0 ||
         check_struct(layout, "CommitLog record head", "raw_head_format", "raw_head_size", '<',
                      record_head_fields, N_FIELDS(record_head_fields), RAW_HEAD, READS) < 0 ||
         check_names("CommitLog record head", PyDict_GetItemString(layout, "raw_head_fields"), record_head_fields,

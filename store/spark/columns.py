@@ -29,7 +29,7 @@ _RAW = HEADER           # a CommitLog record head (docs/store.md): the raw layou
 # store/spark/_columns.c checks it against the offsets it was written for (ValueError naming the
 # field that differs: rebuild the extension) and walks nothing until it has accepted it.
 C_LAYOUT = {
-    "rec_head_format": _REC.format, "rec_head_size": _REC.size,
+    "rec_head_format": _REC.format, "rec_head_fields": W.REC_HEAD_FIELDS, "rec_head_size": _REC.size,
     "raw_head_format": _RAW.format, "raw_head_fields": HEADER_FIELDS, "raw_head_size": HEADER_SIZE,
 }
 

@@ -144,7 +144,8 @@ def c_walk():
 
 def test_the_layouts_handed_over_are_the_stores():
     from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
-    assert C.C_LAYOUT == {"rec_head_format": W.REC_HEAD.format, "rec_head_size": W.REC_HEAD.size,
+    assert C.C_LAYOUT == {"rec_head_format": W.REC_HEAD.format, "rec_head_fields": W.REC_HEAD_FIELDS,
+                          "rec_head_size": W.REC_HEAD.size,
                           "raw_head_format": HEADER.format, "raw_head_fields": HEADER_FIELDS,
                           "raw_head_size": HEADER_SIZE}
 
@@ -155,6 +156,11 @@ def test_the_layouts_handed_over_are_the_stores():
     ({"rec_head_format": ">QQQQIHHH"}, "MESSAGES record head format >QQQQIHHH has 8 fields, this walk reads 9"),
     ({"rec_head_format": "<QQQQIHHHI"}, "not big-endian"),
     ({"rec_head_size": 48}, "MESSAGES record head rec_head_size 48"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"rec_head_fields": swapped(C.C_LAYOUT["rec_head_fields"], "born_ts", "store_ts")},
+     "MESSAGES record head field 2 is 'store_ts', this walk reads born_ts there"),
+    ({"rec_head_fields": C.C_LAYOUT["rec_head_fields"][:-1]}, "MESSAGES record head has 8 field names"),
+    ({"rec_head_fields": None}, "no tuple of MESSAGES record head field names"),
     ({"raw_head_format": "<IIIIIQQQQQIIHHHH"}, "CommitLog record head format .* has 16 fields"),
     ({"raw_head_format": "<IIIIIQQQQQIHHHH"}, r"CommitLog record head field 11 \(props_len\) is 2 bytes"),
     ({"raw_head_format": ">IIIIIQQQQQIIHHH"}, "not little-endian"),

@@ -11,6 +11,7 @@ import pytest
 
 from lmqtt.store import Message, StoreConfig, accel, commitlog, encoding
 from lmqtt.store.commitlog import CommitLog
+from lmqtt.store.consume_queue import ENTRY_FIELDS
 from lmqtt.store.errors import InvalidMessage
 from lmqtt.store.message import (CHUNK_CQ, CHUNK_KEYED, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS,
                                  DR_DISPATCH_QUEUES, DR_PHYS, DR_STORE_TS, RECENT_FIELDS, RF_FLAGS,
@@ -202,6 +203,8 @@ def c_mod():
     ({"min_blank": 4}, "min_blank"),
     ({"blank_magic": encoding.LAYOUT["msg_magic"]}, "magic"),
     ({"cq_entry_format": "<QQQ"}, r"ConsumeQueue entry field 1 \(size\) is 8 bytes at offset 8"),
+    ({"cq_entry_fields": swapped(ENTRY_FIELDS, "phys_offset", "tags_code")},
+     "ConsumeQueue entry field 0 is 'tags_code', this encoder writes phys_offset there"),
     ({"ti_dq": 10}, "ti_dq"),
     ({"recent_fields": RECENT_FIELDS[:-1]}, "recent record has 10 field names, this encoder writes 11"),
     ({"recent_fields": RECENT_FIELDS[:-1] + ("topic",)},

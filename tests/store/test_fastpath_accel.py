@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lmqtt.store import accel, fastpath
-from lmqtt.store.consume_queue import ENTRY
+from lmqtt.store.consume_queue import ENTRY, ENTRY_FIELDS
 from lmqtt.store.record import CRC_START, MSG_MAGIC
-from tests.store.accel_support import run_unconfigured
+from tests.store.accel_support import run_unconfigured, swapped
 
 _C = accel.load("lmqtt.store._fastpath")
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
@@ -112,6 +112,11 @@ def c_mod():
     ({"cq_entry_format": "<QIQI"}, "ConsumeQueue entry format <QIQI has 4 fields"),
     ({"cq_entry_format": ">QIQ"}, "not little-endian"),
     ({"cq_entry_size": 24}, "cq_entry_size 24"),
+    # two fields of one width swapped: the offsets agree, the names do not
+    ({"cq_entry_fields": swapped(ENTRY_FIELDS, "phys_offset", "tags_code")},
+     "ConsumeQueue entry field 0 is 'tags_code', these loops read phys_offset there"),
+    ({"cq_entry_fields": ENTRY_FIELDS[:-1]}, "ConsumeQueue entry has 2 field names, these loops read 3"),
+    ({"cq_entry_fields": None}, "no tuple of ConsumeQueue entry field names"),
     ({"record_header_format": "<QIIIIQQQQQIIHHH"}, r"record header field 0 \(total_size\)"),
     ({"record_header_format": "<IIHIIQQQQQIIHHH"}, r"record header field 2 \(crc\) is 2 bytes"),
     ({"record_header_format": "<II"}, "has 2 fields, these loops read at least 3"),
@@ -136,7 +141,8 @@ def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
 def test_the_layout_handed_over_is_the_stores():
     from lmqtt.store.consume_queue import ENTRY_SIZE
     from lmqtt.store.record import HEADER, HEADER_FIELDS
-    assert fastpath.C_LAYOUT == {"cq_entry_format": ENTRY.format, "cq_entry_size": ENTRY_SIZE,
+    assert fastpath.C_LAYOUT == {"cq_entry_format": ENTRY.format, "cq_entry_fields": ENTRY_FIELDS,
+                                 "cq_entry_size": ENTRY_SIZE,
                                  "record_header_format": HEADER.format, "record_header_fields": HEADER_FIELDS}
 
 
