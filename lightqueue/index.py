@@ -45,7 +45,7 @@ from .errors import LightQueueError
 from .retention import IndexRetention
 # The take loop (dispatched records into the tails) lives in take.py with the entry format;
 # ENTRY and ENTRY_SIZE stay importable from here.
-from .take import (_NO_TAILS, ENTRY, ENTRY_SIZE, RES_FILTER_TAILS, RES_FIRST_NAME, RES_LEN, RES_MARK,
+from .take import (ENTRY, ENTRY_SIZE, NO_TAILS, RES_FILTER_TAILS, RES_FIRST_NAME, RES_LEN, RES_MARK,
                    RES_OTHER_NAMES, RES_TAIL, take_batch)
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ class LightQueueIndex:
             self._write()
         t0 = self._tail_for(qs[0])
         if len(qs) == 1:
-            f = _NO_TAILS
+            f = NO_TAILS
         else:
             rest = qs[1:]
             if qs[0] in rest:   # a name twice in one tuple: one entry, and a tuple of its own

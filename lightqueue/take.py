@@ -33,7 +33,9 @@ from lmqtt.store.message import (CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_DISPA
 
 ENTRY = struct.Struct(">QIQ")      # phys_offset, size, store_ts
 ENTRY_SIZE = ENTRY.size            # 20
-_NO_TAILS: tuple = ()              # the filter tails of a tuple with one queue
+# the filter tails of a dispatch tuple with one queue: `LightQueueIndex._resolve` puts this object
+# in the RES_FILTER_TAILS slot and the loops below start from it (`cur`), so it is one shared name
+NO_TAILS: tuple = ()
 _DR_ONLY = {DispatchRequest}
 
 # Slots of a resolved list (`index._resolved[dispatch_queues]`, built by `LightQueueIndex._resolve`):
@@ -129,7 +131,7 @@ def take_requests(index, batch: list, ckpt: int) -> None:
     touched_f = index._touched_f
     mark = object()
     pack = ENTRY.pack
-    cur = _NO_TAILS
+    cur = NO_TAILS
     acc: list[bytes] = []
     res_tail, res_filters, res_first, res_mark, res_others = (RES_TAIL, RES_FILTER_TAILS, RES_FIRST_NAME,
                                                               RES_MARK, RES_OTHER_NAMES)
@@ -172,7 +174,7 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
     mark = object()
     pack = ENTRY.pack
     join = b"".join
-    cur = _NO_TAILS
+    cur = NO_TAILS
     acc: list[bytes] = []
     nr = len(runs)
     ns = len(sizes)
