@@ -132,7 +132,8 @@ class LightQueueIndex:
         self._tail: dict[int, tuple[int, bytearray]] = {}
         self._dirty: dict[int, int] = {}    # qid -> byte position of its first unwritten entry
         self._taken = 0                     # records taken since the last write
-        self._resolved: dict[tuple[str, ...], list] = {}                     # see dispatch()
+        # dispatch tuple -> its resolved list (the RES_* slots in take.py), built by _resolve
+        self._resolved: dict[tuple[str, ...], list] = {}
         self._filter_tails: dict[tuple[str, ...], tuple[bytearray, ...]] = {}  # interned
         self._new_names: dict[str, int] = {}   # queues allocated since the last write
         self._closed = False

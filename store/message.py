@@ -145,8 +145,9 @@ _DR_new = tuple.__new__
 # chunks (a live hand-off of single-record appends is one chunk per record).
 CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_KEYED, CHUNK_CQ = range(5)
 # Positions in a DispatchRequest, for code that reads it by index in per-record loops (attribute
-# access works everywhere else). The C loops check `DispatchRequest._fields` against the order
-# they fill (store/_append.c configure()).
+# access works everywhere else). Of the C loops, store/_append.c (which builds them) checks
+# `DispatchRequest._fields` against the order it fills at configure(); lightqueue/_take.c (which
+# reads them) is handed these DR_* positions instead (lightqueue/take.py TAKE_LAYOUT).
 (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID, DR_QUEUE_OFFSET, DR_FLAGS, DR_BORN_TS, DR_STORE_TS, DR_TAGS_CODE,
  DR_KEYS, DR_DISPATCH_QUEUES) = range(11)
 assert _DR_FIELDS[DR_STORE_TS] == "store_ts" and _DR_FIELDS[DR_DISPATCH_QUEUES] == "dispatch_queues"

@@ -66,12 +66,20 @@ def parse_hello_ok(op: int, body: bytes) -> dict:
 
 def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
          decoder: "W.FrameDecoder") -> tuple[socket.socket, dict, list]:
-    """Open a TCP connection to a store and do the HELLO handshake, blocking for at most
-    `connect_timeout` to connect and as much again for the answer: (the socket, back in blocking
+    """Open a TCP connection to a store and do the HELLO handshake: (the socket, back in blocking
     mode; the server's info; the frames that arrived behind HELLO_OK, already fed to `decoder`).
-    The one handshake of every SDK connection class. The socket is closed on any error:
-    ConnectionLost (an OSError) when the network fails, StoreClientError when the store refuses
-    (wrong token or version: retrying will not help)."""
+    The one handshake of every SDK connection class.
+
+    It blocks for at most `connect_timeout` in each of its three steps: the connect, the send of
+    HELLO (the socket keeps the connect's timeout) and the wait for the answer, so about three
+    times `connect_timeout` in the worst case.
+
+    The socket is closed on any error: ConnectionLost (an OSError, naming the store) when the
+    network fails; StoreClientError when the store refuses (wrong token or version) or answers
+    with another frame or a HELLO_OK whose body is not a JSON object; protocol.ProtocolError when
+    its bytes are not frames at all (FrameDecoder: a length out of range). Connection._ensure
+    retries only ConnectionLost (a refusal or a malformed answer will not change on retry);
+    LoopConnection's redial loop retries every error."""
     address = f"{host}:{port}"
     try:
         s = socket.create_connection((host, port), timeout=connect_timeout)
@@ -151,13 +159,14 @@ class Connection:
                     self._connect_once()
                     return self._sock
                 except StoreClientError:
-                    raise                  # refused by the store (auth, version): retrying won't help
+                    raise                  # refused (auth, version) or a malformed answer: retrying won't help
                 except OSError as e:
                     last = e
                 if attempt + 1 < self.reconnect_attempts:
                     time.sleep(delay)
                     delay = min(delay * 2, self.backoff_max)
-            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+            # `last` is dial's ConnectionLost, which names the store already
+            raise ConnectionLost(f"{last} (gave up after {max(1, self.reconnect_attempts)} attempts)")
 
     def _reader(self, s: socket.socket, dec: W.FrameDecoder, early, gen: int) -> None:
         err = "connection closed by the store"
