@@ -19,7 +19,6 @@ import struct
 import sys
 import threading
 import time
-import types
 import zlib
 from collections import deque
 
@@ -32,7 +31,7 @@ from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_d
 from .encoding import (ENCODER, PREFIX3 as _PREFIX3, TAIL_FORMAT as _TAIL_FORMAT, TI_DQ, TI_DQ_BYTES, TI_DQ_HBASE, TI_DQ_STRUCT,  # noqa: F401
                        TI_FIRST_LEVEL, TI_HBASE, TI_LEN, TI_STRUCT, TI_TAGS, TI_TOPIC_BYTES, TI_TOPIC_LEN,
                        c_encoder, encode_py)   # (ENCODER is read as commitlog.ENCODER)
-from .message import RECENT_FIELDS, AppendResult, AppendResults, DispatchRequest, StoredMessage
+from .message import AppendResult, AppendResults, DispatchRequest, StoredMessage
 
 _new = tuple.__new__
 
@@ -410,8 +409,8 @@ class CommitLog:
         t = self._recent.get(phys)
         if t is not None:
             # the fields as appended, unpacked in store.message.RECENT_FIELDS order (one unpack is
-            # cheaper than indexing them one by one; _check_read_unpacks_recent_fields below checks
-            # the order at import)
+            # cheaper than indexing them one by one; tests/store/test_encoding.py checks that this
+            # gives the record as decoded from the log)
             topic, body, props, queue_id, queue_offset, flags, rsize, born_ts, store_ts, keys, dq = t
             if size is None or size == rsize:
                 return _new(StoredMessage, (topic, body, props, queue_id, flags, queue_offset, phys, rsize,
@@ -595,19 +594,3 @@ def _disk_usage_fraction(path: str) -> float | None:
         return None
     return (u.total - u.free) / u.total if u.total else None
 
-
-def _check_read_unpacks_recent_fields() -> None:
-    """CommitLog.read() rebuilds a kept record with one positional unpack (cheaper per read than
-    indexing by RF_*), so its order is tied to store.message.RECENT_FIELDS by nothing but this:
-    run read()'s recent-record branch once on a tuple of the field names themselves, and each name
-    must come out in the StoredMessage field it names. Raises at import otherwise."""
-    probe = types.SimpleNamespace(mfq=types.SimpleNamespace(find=lambda phys: probe), _recent={0: RECENT_FIELDS},
-                                  ident="")
-    sm = CommitLog.read(probe, 0)
-    wrong = {f: getattr(sm, f) for f in RECENT_FIELDS if getattr(sm, f) != f}
-    if wrong:
-        raise RuntimeError(f"CommitLog.read() unpacks a kept record out of store.message.RECENT_FIELDS order "
-                           f"(field: what it got) {wrong}")
-
-
-_check_read_unpacks_recent_fields()
