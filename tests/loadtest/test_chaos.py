@@ -1,0 +1,154 @@
+"""`lmqtt bench chaos`: the loss checker on hand-made histories (each verdict detected, and not
+detected where it does not apply), then a short chaos round against real processes (kill -9,
+SIGSTOP/SIGCONT, disk full on a tmpfs) asserting nothing acknowledged was lost and no QoS 2
+message was delivered twice."""
+from __future__ import annotations
+
+import pytest
+
+from lmqtt.loadtest.chaos.checker import Checker, body, failures, parse
+
+
+def _row(rows, path, qos):
+    [r] = [r for r in rows if (r["path"], r["qos"]) == (path, qos)]
+    return r
+
+
+def _send(ck, pub, seqs, qos=1, path="mqtt", acked=True):
+    for s in seqs:
+        ck.sent(pub, s, qos, path)
+        if acked:
+            ck.acked(pub, s)
+
+
+def test_body_round_trip():
+    b = body("mqtt-q2-p0", 1234, 64)
+    assert len(b) == 64 and parse(b) == ("mqtt-q2-p0", 1234)
+    assert parse(b"garbage") is None and parse(b"a#notanumber#") is None
+
+
+def test_clean_history_has_no_verdicts():
+    ck = Checker()
+    ck.receiver("s0", "mqtt", 1)
+    ck.receiver("s1", "mqtt", 1)
+    _send(ck, "p0", range(1, 6))
+    for r in ("s0", "s1"):
+        for s in range(1, 6):
+            ck.received(r, body("p0", s))
+    row = _row(ck.verdict(), "mqtt", 1)
+    assert row["sent"] == 5 and row["acked"] == 5 and row["expected"] == 10 and row["received"] == 10
+    assert (row["lost"], row["duplicated"], row["reordered"], row["never_sent"], row["unacked_delivered"]) == (0,) * 5
+    assert failures([row]) == [] and ck.missing() == 0
+
+
+def test_acknowledged_but_lost_per_receiver_and_named_fault():
+    ck = Checker()
+    ck.receiver("s0", "mqtt", 1)
+    ck.receiver("s1", "mqtt", 1)
+    _send(ck, "p0", [1, 2, 3])
+    for s in (1, 2, 3):
+        ck.received("s0", body("p0", s))
+    ck.received("s1", body("p0", 1))              # s1 misses 2 and 3
+    faults = [{"n": 1, "t": -1.0, "kind": "stop", "victim": "x"}, {"n": 2, "t": 1e9, "kind": "kill", "victim": "store"}]
+    row = _row(ck.verdict(faults), "mqtt", 1)
+    assert row["lost"] == 2 and row["received"] == 4 and ck.missing() == 2
+    ex = row["examples"]["lost"]
+    assert {(e["receiver"], e["seq"]) for e in ex} == {("s1", 2), ("s1", 3)}
+    assert ex[0]["fault_after"] == {"n": 2, "t": 1e9, "kind": "kill", "victim": "store"}
+    assert failures([row]) == ["mqtt QoS 1: 2 acknowledged message(s) lost"]
+
+
+def test_unacknowledged_and_missing_is_not_lost_but_delivered_is_counted():
+    ck = Checker()
+    ck.receiver("s0", "sdk", 1)
+    _send(ck, "p0", [1, 2], path="sdk")
+    _send(ck, "p0", [3, 4], path="sdk", acked=False)    # never acknowledged
+    for s in (1, 2, 3):                                   # 3 delivered anyway, 4 not
+        ck.received("s0", body("p0", s))
+    row = _row(ck.verdict(), "sdk", 1)
+    assert row["lost"] == 0 and row["unacked_delivered"] == 1 and row["received"] == 3
+    assert failures([row]) == []
+
+
+def test_duplicates_split_by_qos_and_only_qos2_fails():
+    ck = Checker()
+    ck.receiver("s1", "mqtt", 1)
+    ck.receiver("s2", "mqtt", 2)
+    _send(ck, "p1", [1, 2], qos=1)
+    _send(ck, "p2", [1, 2], qos=2)
+    for r, p in (("s1", "p1"), ("s2", "p2")):
+        for s in (1, 2, 2):
+            ck.received(r, body(p, s))
+    rows = ck.verdict()
+    q1, q2 = _row(rows, "mqtt", 1), _row(rows, "mqtt", 2)
+    assert q1["duplicated"] == 1 and q2["duplicated"] == 1
+    assert q1["lost"] == q2["lost"] == 0 and q1["received"] == q2["received"] == 2
+    assert q2["examples"]["duplicated"][0]["seq"] == 2
+    assert failures(rows) == ["mqtt QoS 2: 1 duplicate(s) at QoS 2"]
+
+
+def test_reordered_within_a_publisher_per_receiver():
+    ck = Checker()
+    ck.receiver("s0", "mqtt", 1)
+    ck.receiver("s1", "mqtt", 1)
+    _send(ck, "a", [1, 2, 3])
+    _send(ck, "b", [1, 2])
+    # s0: a3 before a2 (reordered); b interleaved with a is fine; a redelivered 1 is a duplicate only
+    for p, s in (("a", 1), ("b", 1), ("a", 3), ("b", 2), ("a", 2), ("a", 1)):
+        ck.received("s0", body(p, s))
+    for p, s in (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)):
+        ck.received("s1", body(p, s))
+    row = _row(ck.verdict(), "mqtt", 1)
+    assert row["reordered"] == 1 and row["duplicated"] == 1 and row["lost"] == 0
+    [ex] = row["examples"]["reordered"]
+    assert (ex["receiver"], ex["publisher"], ex["seq"], ex["after"]) == ("s0", "a", 2, 3)
+
+
+def test_unordered_receiver_is_not_checked_for_order():
+    ck = Checker()
+    ck.receiver("pop", "pop", 1, ordered=False)
+    _send(ck, "p", [1, 2, 3], path="pop")
+    for s in (2, 3, 1):
+        ck.received("pop", body("p", s))
+    row = _row(ck.verdict(), "pop", 1)
+    assert row["reordered"] is None and row["lost"] == 0
+
+
+def test_delivered_but_never_sent():
+    ck = Checker()
+    ck.receiver("s0", "mqtt", 2)
+    ck.receiver("x", "sdk", 1)
+    _send(ck, "p", [1], qos=2)
+    _send(ck, "q", [1], path="sdk")
+    ck.received("s0", body("p", 1))
+    ck.received("s0", body("p", 7))            # a sequence p never sent
+    ck.received("s0", body("ghost", 1))        # a publisher that does not exist
+    ck.received("s0", body("q", 1))            # another stream's message
+    ck.received("s0", b"\x00garbled")          # not a body at all
+    ck.received("x", body("q", 1))
+    rows = ck.verdict()
+    row = _row(rows, "mqtt", 2)
+    assert row["never_sent"] == 4 and row["received"] == 1 and row["lost"] == 0
+    kinds = {(e.get("publisher"), e.get("seq")) for e in row["examples"]["never_sent"]}
+    assert {("p", 7), ("ghost", 1), ("q", 1)} <= kinds
+    assert _row(rows, "sdk", 1)["never_sent"] == 0
+    assert failures(rows) == ["mqtt QoS 2: 4 delivery(ies) of messages never sent"]
+
+
+def test_receiver_that_got_nothing_loses_everything_acknowledged():
+    ck = Checker()
+    ck.receiver("s0", "mqtt", 1)
+    _send(ck, "p", range(1, 4))
+    row = _row(ck.verdict(), "mqtt", 1)
+    assert row["lost"] == 3 and row["expected"] == 3 and row["received"] == 0
+
+
+def test_a_publisher_or_receiver_keeps_its_stream():
+    ck = Checker()
+    ck.sent("p", 1, 1, "mqtt")
+    with pytest.raises(ValueError):
+        ck.sent("p", 2, 2, "mqtt")
+    ck.receiver("r", "mqtt", 1)
+    ck.receiver("r", "mqtt", 1)
+    with pytest.raises(ValueError):
+        ck.receiver("r", "sdk", 1)
