@@ -1,9 +1,24 @@
 """`StoreConfig`: every tunable of the store in one place, validated once at construction."""
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
+
+# Sizes of the preallocated files, laptop-sized (docs/store.md "Data dir footprint"): a fresh data
+# dir holding a few messages is one CommitLog segment, one ConsumeQueue file per first-level topic
+# and, once a message carries keys, one key index file: ~34 MB for one topic (it was ~268 MB with
+# 256 MiB segments and 6 MB ConsumeQueue files, ~330 MB with a key index file). Every file stays
+# preallocated (a full disk is a DiskFull when a file is created, never SIGBUS on a mapped write);
+# a busy server gives a larger `segment_size` (`--segment-mb`, the Helm chart: 256).
+SEGMENT_SIZE = 32 << 20            # CommitLog segment
+CQ_ENTRIES_PER_FILE = 65_536       # x 20 B = 1.25 MiB per ConsumeQueue file
+INDEX_SLOTS = 65_536               # key index file: 256 KiB of slots ...
+INDEX_ENTRIES = 262_144            # ... and 5 MiB of 20-byte entries (4 entries per slot, as before)
+
+log = logging.getLogger("lmqtt.store")
 
 
 @dataclass
@@ -12,10 +27,15 @@ class StoreConfig:
 
     Defaults follow RocketMQ's message store: async flush every 500 ms or when >= 4 pages are
     dirty, a thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
+
+    File sizes are a property of the data dir, fixed when it is created: opening a data dir that
+    already holds CommitLog segments or ConsumeQueue files keeps their sizes (`segment_size`,
+    `cq_entries_per_file` are set from the files, logged when they differ from what was asked),
+    so changing a default or `--segment-mb` never makes an existing data dir unreadable.
     """
 
     data_dir: str
-    segment_size: int = 1 << 30
+    segment_size: int = SEGMENT_SIZE
     flush_mode: str = "async"
     max_message_size: int = 4 << 20
     max_topic_bytes: int = 4096
@@ -53,11 +73,12 @@ class StoreConfig:
     # to the dispatch thread, which under one GIL waits for a busy event loop to let go (up to
     # the 5 ms switch interval). Off by default: listeners may then run on the caller's thread.
     dispatch_inline: bool = False
-    # ConsumeQueue
-    cq_entries_per_file: int = 300_000
-    # key index (IndexFile): slots and entries per file (RocketMQ: 5M slots, 20M entries)
-    index_slots: int = 500_000
-    index_entries: int = 2_000_000
+    # ConsumeQueue (RocketMQ: 300,000 entries per file)
+    cq_entries_per_file: int = CQ_ENTRIES_PER_FILE
+    # key index (IndexFile): slots and entries per file of a new file (RocketMQ: 5M slots, 20M
+    # entries); an existing file keeps the geometry in its header
+    index_slots: int = INDEX_SLOTS
+    index_entries: int = INDEX_ENTRIES
     # retention: whole segments older than this are deleted once every dispatcher is past them
     retention_ms: int = 72 * 3600 * 1000
     retention_check_interval_ms: int = 10_000
@@ -77,17 +98,72 @@ class StoreConfig:
     timer_max_delay_ms: int = 40 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
+        self._keep_existing_sizes()
         if self.flush_mode not in FLUSH_MODES:
             raise ValueError(f"flush_mode must be one of {FLUSH_MODES}, got {self.flush_mode!r}")
         if self.segment_size < 4096 or self.segment_size % 4096:
             raise ValueError(f"segment_size must be a multiple of 4096 (>= 4096), got {self.segment_size}")
         if self.max_message_size + 16 > self.segment_size:
+            kept = " (the size of the data dir's segments)" if self._kept_segment else ""
             raise ValueError(
                 f"max_message_size ({self.max_message_size}) must be smaller than segment_size "
-                f"({self.segment_size}) so that any record fits in one segment")
+                f"({self.segment_size}{kept}) so that any record fits in one segment")
         if self.segment_size >= 1 << 62:
             raise ValueError("segment_size too large")
         if not 0.0 < self.disk_high_water <= 1.0:
             raise ValueError("disk_high_water must be in (0, 1]")
         if self.cq_entries_per_file <= 0 or self.index_slots <= 0 or self.index_entries <= 0:
             raise ValueError("cq_entries_per_file, index_slots and index_entries must be positive")
+
+    def _keep_existing_sizes(self) -> None:
+        """An existing data dir keeps the file sizes it was created with (see the class docstring)."""
+        seg = _existing_file_size(os.path.join(self.data_dir, "commitlog"), 4096)
+        self._kept_segment = seg is not None and seg != self.segment_size
+        if self._kept_segment:
+            log.info("event=segment_size_kept data_dir=%s segment_size=%d asked=%d reason=\"the data dir's "
+                     "CommitLog segments have this size\"", self.data_dir, seg, self.segment_size)
+            self.segment_size = seg
+        cq_root = os.path.join(self.data_dir, "consumequeue")
+        try:
+            topics = sorted(os.listdir(cq_root))
+        except OSError:
+            return
+        for t in topics:
+            tdir = os.path.join(cq_root, t)
+            try:
+                queues = sorted(q for q in os.listdir(tdir) if q.isdigit())
+            except OSError:
+                continue        # the checkpoint file
+            for q in queues:
+                size = _existing_file_size(os.path.join(tdir, q), 20)
+                if size is None:
+                    continue
+                if size // 20 != self.cq_entries_per_file:
+                    log.info("event=cq_entries_per_file_kept data_dir=%s cq_entries_per_file=%d asked=%d",
+                             self.data_dir, size // 20, self.cq_entries_per_file)
+                    self.cq_entries_per_file = size // 20
+                return
+
+
+def _existing_file_size(directory: str, unit: int) -> int | None:
+    """The file size of a MappedFileQueue directory that holds files (None: no usable file).
+
+    Files are named by their start offset, so two names give the size exactly; a single file gives
+    it by its length (all files are created at full size; an empty or odd-sized one, as a crash
+    inside the file's creation could leave, tells nothing)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if len(n) == 20 and n.isdigit())
+    except OSError:
+        return None
+    if len(names) >= 2:
+        size = int(names[1]) - int(names[0])
+        return size if size > 0 and size % unit == 0 else None
+    if not names:
+        return None
+    try:
+        size = os.path.getsize(os.path.join(directory, names[0]))
+    except OSError:
+        return None
+    if size <= 0 or size % unit or int(names[0]) % size:
+        return None
+    return size

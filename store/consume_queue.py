@@ -1,8 +1,9 @@
 """ConsumeQueue: per (first-level topic, queue id) index of fixed 20-byte entries.
 
-Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic); 300,000
-entries per file, files named by the 20-digit byte offset of their first entry, so the entry for
-queue offset N is at byte N*20: O(1) seek, no search. (as RocketMQ's ConsumeQueue.)
+Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic);
+`StoreConfig.cq_entries_per_file` entries per file (65,536 = 1.25 MiB; RocketMQ: 300,000), files
+named by the 20-digit byte offset of their first entry, so the entry for queue offset N is at byte
+N*20: O(1) seek, no search. (as RocketMQ's ConsumeQueue.)
 
 `ConsumeQueueStore` is the built-in dispatcher that maintains all of them. Its checkpoint is the
 CommitLog offset below which every entry is durable; on recovery it truncates entries at/after
@@ -212,7 +213,7 @@ class ConsumeQueueStore:
     # then fsyncs, so the checkpoint never claims more than what was on disk before the fsync
     flush_thread_safe = True
 
-    def __init__(self, root: str, entries_per_file: int = 300_000, preallocate: bool = True) -> None:
+    def __init__(self, root: str, entries_per_file: int = 65_536, preallocate: bool = True) -> None:
         self.root = root
         self.entries_per_file = entries_per_file
         self.preallocate = preallocate

@@ -41,6 +41,10 @@ def key_hash(topic: str, key: str) -> int:
 
 class IndexFile:
     def __init__(self, path: str, slots: int, entries: int, create: bool, preallocate: bool) -> None:
+        if not create:
+            # an existing file keeps the geometry in its header (written with other sizes, e.g.
+            # before the defaults changed): mapped at the configured size it would not open
+            slots, entries = _geometry(path, slots, entries)
         self.slots = slots
         self.entries = entries
         size = HEAD_SIZE + slots * 4 + entries * ENTRY_SIZE
@@ -124,6 +128,22 @@ class IndexFile:
 
     def destroy(self) -> None:
         self.mf.destroy()
+
+
+def _geometry(path: str, slots: int, entries: int) -> tuple[int, int]:
+    """(slots, entries) of the existing index file at `path` from its header; the given ones when
+    the header is not written yet (a crash while the file was created)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_SIZE)
+    except FileNotFoundError:
+        return slots, entries
+    if len(head) < HEAD_SIZE:
+        return slots, entries
+    s, e = HEAD.unpack(head)[4:6]
+    if s and e:
+        return s, e
+    return slots, entries
 
 
 class IndexService:
