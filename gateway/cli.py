@@ -10,15 +10,15 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("lmqtt.gateway.serve", "Run gateway + store + notify in one process (embedded default)"),
-    "store": ("lmqtt.gateway.store_serve", "Run the store node serving the native protocol (SDK, remote gateways)"),
-    "gateway": ("lmqtt.gateway.gateway_serve", "Run an MQTT gateway over a remote `lmqtt store` (scale-out fleet)"),
-    "produce": ("lmqtt.gateway.console:produce_main", "Send stdin lines to a store topic (console producer)"),
-    "consume": ("lmqtt.gateway.console:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
-    "admin": ("lmqtt.gateway.console:admin_main", "Topics, queues, groups and their lag, store stats"),
-    "passwd": ("lmqtt.gateway.passwd", "Manage a password file (mosquitto_passwd-compatible)"),
-    "simulate": ("lmqtt.store.spark.simulator", "Simulated devices publishing JSON telemetry over MQTT"),
-    "spark-iot": ("lmqtt.store.spark.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
+    "serve": ("lmqtt.gateway.app.serve_command", "Run gateway + store + notify in one process (embedded default)"),
+    "store": ("lmqtt.store.node.command", "Run the store node serving the native protocol (SDK, remote gateways)"),
+    "gateway": ("lmqtt.gateway.app.gateway_command", "Run an MQTT gateway over a remote `lmqtt store` (scale-out fleet)"),
+    "produce": ("lmqtt.gateway.app.console:produce_main", "Send stdin lines to a store topic (console producer)"),
+    "consume": ("lmqtt.gateway.app.console:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
+    "admin": ("lmqtt.gateway.app.console:admin_main", "Topics, queues, groups and their lag, store stats"),
+    "passwd": ("lmqtt.gateway.security.passwd", "Manage a password file (mosquitto_passwd-compatible)"),
+    "simulate": ("lmqtt.examples.simulator", "Simulated devices publishing JSON telemetry over MQTT"),
+    "spark-iot": ("lmqtt.examples.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
 }
 
 BENCH: dict[str, tuple[str, str]] = {

@@ -223,7 +223,7 @@ class LightQueueStore:
 
     def pull_raw(self, queue: str, offset: int, max_count: int, max_bytes: int):
         """The entries of `queue` from `offset` as the CommitLog's own record bytes, for a PUSH to
-        a gateway (lightqueue/gateway_service.py): -> (first queue offset, [(phys, record count,
+        a gateway (store/node/gateway_service.py): -> (first queue offset, [(phys, record count,
         bytes)], sizes) covering consecutive queue offsets from `offset`, ([], ()) when nothing
         is visible there, or None when this path cannot serve them (an entry below the log start,
         a record it cannot check): the caller sends a hint and the gateway pulls, which reports

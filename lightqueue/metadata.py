@@ -312,7 +312,7 @@ class MetadataStore:
     # -- wills -------------------------------------------------------------------------------
     # A will belongs to the gateway holding its client's connection (`WillRecord.gateway`, "" for
     # the embedded one); `W gateway \0 client_id` indexes a gateway's wills, so the store node can
-    # publish those of a gateway that died (lightqueue/gateway_service.py) without scanning all.
+    # publish those of a gateway that died (store/node/gateway_service.py) without scanning all.
     # Index entries are hints checked against the record (a stale one is dropped when found).
     @staticmethod
     def _wkey(gateway: str, client_id: str) -> bytes:

@@ -43,7 +43,7 @@ class SessionRecord:
 
     `extra[HOST]` names the fleet gateway that last served the session (absent when written by
     the embedded server): at its restart that gateway restores its own sessions only, and the
-    store node ends the sessions of a gateway that is gone for good (lightqueue/session_sweep.py).
+    store node ends the sessions of a gateway that is gone for good (store/node/session_sweep.py).
     It lives in `extra` rather than in a field of its own so that a store node of the previous
     version still reads records a newer gateway wrote (rolling upgrades)."""
 

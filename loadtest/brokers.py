@@ -12,7 +12,7 @@ and the tail of its log instead of failing the whole comparison.
   (the default config also loads packet/event loggers, which would benchmark logging).
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
 * ``lmqtt-workers``: ``lmqtt serve --workers 2`` (a store process and two gateway processes
-  sharing the MQTT port with SO_REUSEPORT; gateway/workers.py).
+  sharing the MQTT port with SO_REUSEPORT; gateway/app/workers.py).
 * ``lmqtt-fleet``: ``lmqtt store`` + two ``lmqtt gateway`` on their own ports, no Redis
   (loadtest/fleet_launcher.py); the bench client puts subscribers on the other gateway than
   their publishers (ScenarioConfig.ports), so every message crosses gateways.
@@ -273,7 +273,7 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
     `store`, ...) runs as `gateway.cli` with the tree itself on the path."""
     src = Path(lmqtt_src).resolve()
     if not (src / "gateway" / "serve.py").exists():
-        raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/serve.py there")
+        raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/app/serve_command.py there")
     pyproject = src / "pyproject.toml"
     if pyproject.exists() and '"lmqtt.gateway" = "gateway"' in pyproject.read_text():
         ns = Path(workdir) / "lmqtt-src"
@@ -323,8 +323,8 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
     if name in ("lmqtt-workers", "lmqtt-fleet"):
         if lmqtt_src:
             raise BrokerUnavailable(f"{name}: --lmqtt-src is supported for the embedded lmqtt only")
-        if importlib.util.find_spec("lmqtt.gateway.workers") is None:
-            raise BrokerUnavailable(f"{name}: lmqtt.gateway.workers is not in this lmqtt")
+        if importlib.util.find_spec("lmqtt.gateway.app.workers") is None:
+            raise BrokerUnavailable(f"{name}: lmqtt.gateway.app.workers is not in this lmqtt")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
         common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port",
@@ -339,8 +339,8 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         module = "lmqtt.gateway.cli"
         if lmqtt_src:
             module = source_path(lmqtt_src, workdir)[1]
-        elif importlib.util.find_spec("lmqtt.gateway.serve") is None:
-            raise BrokerUnavailable("lmqtt.gateway.serve is not built yet (lmqtt serve missing)")
+        elif importlib.util.find_spec("lmqtt.gateway.app.serve_command") is None:
+            raise BrokerUnavailable("lmqtt.gateway.app.serve_command is not built yet (lmqtt serve missing)")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
         sec = security or Security()

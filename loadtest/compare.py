@@ -242,8 +242,8 @@ def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
             Path(sec.password_file).unlink(missing_ok=True)
             subprocess.run([exe, "-b", "-c", sec.password_file, sec.username, sec.password], check=True,
                            capture_output=True, timeout=30)
-        else:           # the same $7$ format (gateway/passwd.py), Mosquitto's default iteration count
-            from lmqtt.gateway.auth import hash_password
+        else:           # the same $7$ format (gateway/security/passwd.py), Mosquitto's default iteration count
+            from lmqtt.gateway.security.auth import hash_password
             Path(sec.password_file).write_text(f"{sec.username}:{hash_password(sec.password, iterations=101)}\n")
         os.chmod(sec.password_file, 0o644)
     return sec

@@ -1,7 +1,7 @@
 """`python -m lmqtt.loadtest.fleet_launcher --ports P,Q [serve flags]`: a small lmqtt fleet on this
 host for `lmqtt bench compare --brokers lmqtt-fleet`: one `lmqtt store` and one `lmqtt gateway` per
 port, each gateway on its own port (as behind a load
-balancer). It is `lmqtt serve --workers N` (gateway/workers.py) with a port per gateway instead of
+balancer). It is `lmqtt serve --workers N` (gateway/app/workers.py) with a port per gateway instead of
 one shared SO_REUSEPORT port, so the benchmark can put publishers and subscribers on different
 gateways and measure the cross-gateway path. All processes are children of this one, so the
 benchmark's CPU/RSS probe (the launcher's PID and its children) covers the whole fleet.
@@ -12,9 +12,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lmqtt.gateway.config import ConfigError, build_config
-    from lmqtt.gateway.serve import _parser
-    from lmqtt.gateway.workers import run
+    from lmqtt.gateway.app.config import ConfigError, build_config
+    from lmqtt.gateway.app.serve_command import _parser
+    from lmqtt.gateway.app.workers import run
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--ports" not in argv:

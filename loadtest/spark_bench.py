@@ -196,7 +196,7 @@ def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, ba
                          warmup: float = 5.0) -> dict:
     import paho.mqtt.client as mqtt
 
-    from lmqtt.store.spark.iot_analytics import build, parse_args
+    from lmqtt.examples.iot_analytics import build, parse_args
     args = parse_args(["--store", srv.address, "--filter", "latbench/+", "--out", os.path.join(base, "iot"),
                        "--trigger", trigger, "--max-temp", "-1000", "--silence", "86400",
                        "--window", "10 seconds", "--watermark", "10 seconds", "--job-id", "bench-latency"])

@@ -61,7 +61,7 @@ class DelayedMessages:
         """`loop`: an asyncio loop that makes every other append of this store (the embedded
         gateway's, the store server's). Released messages are then appended on it too, so that
         appender stays the store's only one (the gateway's delivery relies on that to know the
-        queue offsets of what it just appended, gateway/delivery.py `record_appended`)."""
+        queue offsets of what it just appended, gateway/delivery/engine.py `record_appended`)."""
         self.store = store
         self._route = route or (lambda m: m)
         self._clock = clock

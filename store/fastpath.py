@@ -406,7 +406,7 @@ def raw_runs(store, entries) -> list | None:
     (`_copy_checked`, as `read_raw` above does for a ConsumeQueue range). None when this path
     cannot serve them as they are (a record not mapped here, a CRC failure): the caller then uses
     the decoding path, which reports and skips bad records. For pushes of a light queue's new
-    entries (lightqueue/gateway_service.py)."""
+    entries (store/node/gateway_service.py)."""
     out = []
     find = store.clog.mfq.find
     i = 0

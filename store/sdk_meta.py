@@ -10,7 +10,7 @@ Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<to
        p\\0<producer id>\\0<u64 seq> -> PRODUCED reply body of that batch (the last 64 per producer),
                                      or a pending marker while the batch is being appended
        s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
-       f\\0<filter>                -> b"1": a filter an SDK consumer registered (lightqueue/service.py)
+       f\\0<filter>                -> b"1": a filter an SDK consumer registered (store/node/sdk_service.py)
 """
 from __future__ import annotations
 

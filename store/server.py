@@ -5,7 +5,7 @@ One `StoreConnection` (asyncio.Protocol) per client: bytes go through the sans-I
 client may pipeline (replies to PRODUCE come when the batch is durable and can overtake others).
 
 Extension without imports the wrong way: `store/` knows nothing of light queues, so
-`lightqueue/service.py` plugs them in through
+`store/node/sdk_service.py` plugs them in through
   `server.router`           topic -> dispatch queues for every produced message (MQTT filters),
   `server.filter_pull`      handler of PULL_FILTER,
   `server.register_call()`  extra CALL commands (filter registration, filter offsets).
@@ -342,7 +342,7 @@ class StoreConnection(asyncio.Protocol):
         self.discard_left = 0        # after a too-large frame: its bytes still to drop, then close
         self._cork: list[bytes] | None = None     # frames to write at the end of data_received
         # the transport's buffer is above its high-water mark (the client does not read): pushes
-        # that carry data hold back (lightqueue/gateway_service.py sends hints only meanwhile)
+        # that carry data hold back (store/node/gateway_service.py sends hints only meanwhile)
         self.write_paused = False
 
     def connection_made(self, transport) -> None:

@@ -450,7 +450,7 @@ class LmqttGateway:
 class LmqttFleet:
     """`lmqtt store` + one `lmqtt gateway` standing in for `lmqtt serve` in end-to-end tests (same
     `host`, `port`, `data_dir` of the store, `store_address`, `restart`, `stop`): the gateway's
-    tests run against the remote seam too (gateway/remote_store.py)."""
+    tests run against the remote seam too (gateway/storage/remote_store.py)."""
 
     def __init__(self, data_dir: str, extra_args: tuple[str, ...] = (), log_dir: str | None = None) -> None:
         self.store = LmqttStore(data_dir, log_path=os.path.join(log_dir or os.path.dirname(str(data_dir)),

@@ -18,7 +18,7 @@ import socket
 from typing import Callable
 
 from .. import protocol as W
-from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, _check, parse_address,
+from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, parse_address,
                          parse_hello_ok)
 from .loop_connection import LoopConnection
 
@@ -135,7 +135,7 @@ class AsyncConnection:
         for i in range(tries):
             try:
                 fut = await self.request(op, body, flags)
-                return _check(await asyncio.wait_for(fut, self.timeout))
+                return check_reply(await asyncio.wait_for(fut, self.timeout))
             except ConnectionLost:
                 if i + 1 >= tries:
                     raise

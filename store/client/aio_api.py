@@ -24,7 +24,7 @@ import time
 import uuid
 
 from .. import protocol as W
-from .consumer import Record, _pull_result, _records, _records_raw
+from .consumer import Record, _pull_result, decode_messages, _records_raw
 from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
 
 
@@ -313,7 +313,7 @@ class AsyncFilterConsumer:
                 break
             args = {"cmd": "replay_read", "cursor": self._history, "max_count": self.max_count}
             _op, _f, body = await self.conn.call(W.OP_CALL, json.dumps(args).encode(), retry=True)
-            header, recs = _records(self.conn.ident, body)
+            header, recs = decode_messages(self.conn.ident, body)
             self._history = None if header.get("done") else header["cursor"]
             if recs:
                 return recs
@@ -321,7 +321,7 @@ class AsyncFilterConsumer:
             return []
         _op, _f, body = await self.conn.call(
             W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position, self.max_count, 4 << 20), retry=True)
-        header, recs = _records(self.conn.ident, body)
+        header, recs = decode_messages(self.conn.ident, body)
         self.position = header.get("next_offset", self.position)
         return recs
 
@@ -347,7 +347,7 @@ class AsyncPopConsumer:
                 "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
                 "raw": True}
         _op, flags, body = await self.conn.call(W.OP_CALL, json.dumps(args).encode())   # not idempotent
-        header, recs = (_records_raw if flags & W.F_RAW else _records)(self.conn.ident, body)
+        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
         self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
         return recs
 

@@ -47,7 +47,7 @@ def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str
     return host or "127.0.0.1", int(port)
 
 
-def _check(reply):
+def check_reply(reply):
     op, flags, body = reply
     if op == W.OP_ERROR:
         code, msg = W.parse_error(body)
@@ -237,7 +237,7 @@ class Connection:
         for i in range(tries):
             try:
                 fut = self.request(op, body, flags)
-                return _check(fut.result(self.timeout if timeout is None else timeout))
+                return check_reply(fut.result(self.timeout if timeout is None else timeout))
             except ConnectionLost:
                 if i + 1 >= tries:
                     raise

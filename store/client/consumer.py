@@ -12,7 +12,7 @@ import json
 import struct
 
 from lmqtt.store import accel, protocol as W
-from lmqtt.store.props import MessageProperties, decode as decode_props
+from lmqtt.store.client.props import MessageProperties, decode as decode_props
 from lmqtt.store.record import HEADER as _CLOG_HEAD, HEADER_FIELDS as _CLOG_FIELDS, HEADER_SIZE as _CLOG_HEAD_SIZE
 
 from .connection import Connection, ConnectionLost, StoreClientError
@@ -45,7 +45,7 @@ class PullResult(NamedTuple):
     header: dict
 
 
-def _records(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
+def decode_messages(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
     header, raw = W.decode_messages(body)
     ident = ident or ""
     return header, [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
@@ -120,7 +120,7 @@ def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
 
 
 def _pull_result(ident, body: bytes, flags: int = 0) -> PullResult:
-    header, recs = (_records_raw if flags & W.F_RAW else _records)(ident, body)
+    header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(ident, body)
     return PullResult(recs, header.get("next_offset", 0), header)
 
 
@@ -240,7 +240,7 @@ class FilterConsumer:
                 break
             args = {"cmd": "replay_read", "cursor": self._history, "max_count": self.max_count}
             _op, _f, body = self.conn.call(W.OP_CALL, json.dumps(args).encode(), retry=True)
-            header, recs = _records(self.conn.ident, body)
+            header, recs = decode_messages(self.conn.ident, body)
             self._history = None if header.get("done") else header["cursor"]
             if recs:
                 return recs
@@ -248,7 +248,7 @@ class FilterConsumer:
             return []
         _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position,
                                                                       self.max_count, 4 << 20), retry=True)
-        header, recs = _records(self.conn.ident, body)
+        header, recs = decode_messages(self.conn.ident, body)
         self.position = header.get("next_offset", self.position)
         return recs
 
@@ -277,7 +277,7 @@ class PopConsumer:
                 "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
                 "raw": True}         # the raw reply layout is welcome (docs/protocol.md); not retried: pop
         _op, flags, body = self.conn.call(W.OP_CALL, json.dumps(args).encode())    # is not idempotent
-        header, recs = (_records_raw if flags & W.F_RAW else _records)(self.conn.ident, body)
+        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
         self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
         return recs
 

@@ -1,5 +1,5 @@
 """`LoopConnection`: one connection to the store driven by an asyncio loop's selector, for callers
-that live ON the loop and are partly synchronous (the remote gateway, gateway/remote_store.py).
+that live ON the loop and are partly synchronous (the remote gateway, gateway/storage/remote_store.py).
 
 Why it exists beside `AsyncConnection` (aio.py): the gateway's publish and
 delivery code calls the store synchronously. The hot paths must not block - a PRODUCE is written

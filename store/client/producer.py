@@ -6,7 +6,7 @@ answered with the original offsets. A send returns when the store says the batch
 under its flush mode (docs/store.md).
 
 MQTT fields (qos, retain, content_type, response_topic, correlation_data, user_properties, ...)
-go into the record's props with the same encoding the MQTT gateway uses (`lmqtt.store.props`), so
+go into the record's props with the same encoding the MQTT gateway uses (`lmqtt.store.client.props`), so
 an MQTT subscriber of the topic sees them as MQTT 5 properties (docs/sdk.md, mapping table).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from lmqtt.store import protocol as W
-from lmqtt.store.props import MessageProperties, encode as encode_props
+from lmqtt.store.client.props import MessageProperties, encode as encode_props
 
 from .connection import Connection, ConnectionLost
 
@@ -52,14 +52,14 @@ def make_props(qos: int = 1, retain: bool = False, content_type: str | None = No
                                           correlation_data, up))
 
 
-def _tuple(topic: str, body, keys=(), queue_id: int = 0, **props):
+def message_tuple(topic: str, body, keys=(), queue_id: int = 0, **props):
     if isinstance(keys, str):
         keys = (keys,)
     return (topic, bytes(body), tuple(keys), make_props(**props), queue_id, 0)
 
 
 def _pack_one(topic: str, body, **kw) -> bytes:
-    return W.encode_messages_for_produce([_tuple(topic, body, **kw)])
+    return W.encode_messages_for_produce([message_tuple(topic, body, **kw)])
 
 
 def due_ms(delay: float | None = None, deliver_at=None) -> int:
@@ -104,7 +104,7 @@ def pack_batch(heads: dict, messages) -> tuple[int, bytes, list[int] | None]:
                 dues.append(due)
             elif dues is not None:
                 dues.append(0)
-            parts.append(W.encode_messages_for_produce([_tuple(**m)]))
+            parts.append(W.encode_messages_for_produce([message_tuple(**m)]))
             continue
         if dues is not None:
             dues.append(0)

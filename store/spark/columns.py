@@ -137,7 +137,7 @@ def _props_dictionary(props):
     """Arrow arrays (qos, retain, client_id, user_properties, content_type) over the distinct
     props values of `props` (a BinaryArray), plus the per-record indices into them."""
     import pyarrow as pa
-    from lmqtt.store.props import decode_fields
+    from lmqtt.store.client.props import decode_fields
     enc = props.dictionary_encode()
     uniq = []
     for p in enc.dictionary.to_pylist():

@@ -112,12 +112,12 @@ class _Queues:
     def pull(self, key: str, start: int, end: int, max_count: int = _PULL):
         """Records with start <= queue offset < end (one request, up to max_count)."""
         from lmqtt.store import protocol as W
-        from lmqtt.store.client.consumer import _records
+        from lmqtt.store.client.consumer import decode_messages
         n = max(1, min(max_count, end - start))
         if key.startswith("lq:"):
             _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20),
                                            retry=True)
-            _h, recs = _records(self.conn.ident, body)
+            _h, recs = decode_messages(self.conn.ident, body)
         else:
             from lmqtt.store.client.consumer import pull
             name, qid = self._split(key)
@@ -138,7 +138,7 @@ class _Queues:
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
         ahead of the one being converted (the store reads while this process builds columns)."""
         from lmqtt.store import protocol as W
-        from lmqtt.store.client.connection import _check
+        from lmqtt.store.client.connection import check_reply
 
         from .columns import arrow_batch
         ident = self.conn.ident or ""
@@ -147,7 +147,7 @@ class _Queues:
         while pos < end:
             fut = nxt[1] if nxt is not None and nxt[0] == pos else self._request(key, pos, end)
             nxt = None
-            _op, flags, body = _check(fut.result(self.conn.timeout))
+            _op, flags, body = check_reply(fut.result(self.conn.timeout))
             batch, header, new_pos = arrow_batch(key, ident, body, start, end, raw=bool(flags & W.F_RAW))
             if new_pos is None or new_pos <= pos:
                 lo = header.get("min_offset", pos)
@@ -337,7 +337,7 @@ def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
     from pyspark import TaskContext
 
     from lmqtt.store import protocol as W
-    from lmqtt.store.client.producer import _tuple
+    from lmqtt.store.client.producer import message_tuple
 
     ctx = TaskContext.get()
     part = ctx.partitionId() if ctx is not None else 0
@@ -369,7 +369,7 @@ def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
             if d.get("content_type"):
                 kw["content_type"] = d["content_type"]
             keys = (d["key"],) if d.get("key") else ()
-            chunk.append(_tuple(d["topic"], bytes(body), keys, **kw))
+            chunk.append(message_tuple(d["topic"], bytes(body), keys, **kw))
             count += 1
             if len(chunk) >= _CHUNK:
                 flush()

@@ -20,9 +20,9 @@ import types
 
 import pytest
 
-from lmqtt.gateway import passwd
+from lmqtt.gateway.security import passwd
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
-from lmqtt.gateway.scram import ScramClient
+from lmqtt.gateway.security.scram import ScramClient
 from tests.support import ROOT, SERVER_KINDS, Paho, RawMQTT, free_port, per_test, serve_or_fleet
 
 METHOD = "SCRAM-SHA-256"

@@ -1,4 +1,4 @@
-"""Limits that protect the broker (gateway/limits.py, docs/gateway.md "Limits"), end to end against
+"""Limits that protect the broker (gateway/core/limits.py, docs/gateway.md "Limits"), end to end against
 a real `lmqtt serve` (and `lmqtt gateway` over `lmqtt store` where marked), with independent
 clients (paho-mqtt) and raw sockets on the gateway's codec where a library hides the reply.
 
@@ -442,7 +442,7 @@ def test_acl_publish_decisions_cached_per_connection_are_dropped_on_reload(tmp_p
     import os
     import signal
 
-    from lmqtt.gateway.auth import hash_password
+    from lmqtt.gateway.security.auth import hash_password
     pw = tmp_path / "passwd"
     pw.write_text(f"bob:{hash_password('builder', iterations=1000)}\n")
     acl = tmp_path / "acl"

@@ -1,12 +1,12 @@
 """A thousand failed logins in a row: each refused with the reason code (and the cause in the
 log), while the clients already connected keep being served. Password hashes are slow on
 purpose (PBKDF2); the gateway computes them on a small thread pool, off the event loop, so a
-flood of wrong passwords costs CPU, not everyone else's latency (gateway/auth.py AuthRunner)."""
+flood of wrong passwords costs CPU, not everyone else's latency (gateway/security/auth.py AuthRunner)."""
 import statistics
 import threading
 import time
 
-from lmqtt.gateway.auth import hash_password
+from lmqtt.gateway.security.auth import hash_password
 from lmqtt.gateway.mqtt import packets as P
 from tests.support import LmqttServer, Paho, RawMQTT
 

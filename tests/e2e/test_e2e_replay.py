@@ -198,7 +198,7 @@ def test_sdk_filter_consumer_since(lmqtt_server):
 
 def test_since_and_replay_filter_forms():
     """The two ways to ask, parsed (no server needed)."""
-    from lmqtt.gateway.replay import ReplayRequestError, parse_since, plain_filter, split_replay_filter
+    from lmqtt.gateway.delivery.history import ReplayRequestError, parse_since, plain_filter, split_replay_filter
     assert parse_since("1795420800000") == 1795420800000
     assert parse_since("2026-11-23T08:00:00Z") == parse_since("2026-11-23T09:00:00+01:00")
     assert parse_since("2026-11-23T08:00:00.250Z") % 1000 == 250

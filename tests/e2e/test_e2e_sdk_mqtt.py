@@ -113,11 +113,11 @@ def test_mqtt_publish_consumed_by_sdk_filter_and_topic_consumers(lmqtt_server):
 
 
 def test_props_codec_matches_gateway():
-    """store/props.py is the gateway's record_props encoding without the MQTT classes: both must
+    """store/client/props.py is the gateway's record_props encoding without the MQTT classes: both must
     write the same bytes and read each other's."""
-    from lmqtt.gateway import record_props as G
+    from lmqtt.gateway.model import record_props as G
     from lmqtt.gateway.mqtt import packets as P
-    from lmqtt.store import props as S
+    from lmqtt.store.client import props as S
 
     gp = P.Properties(payload_format_indicator=1, message_expiry_interval=60, content_type="ct",
                       response_topic="rt", correlation_data=b"cd", user_property=[("a", "1"), ("b", "2")])

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from lmqtt.gateway.auth import hash_password
+from lmqtt.gateway.security.auth import hash_password
 from lmqtt.gateway.mqtt import packets as P
 from tests.support import (SERVER_KINDS, LmqttServer, Paho, RawMQTT, before_sentinel, free_port, per_test,
                            serve_or_fleet)
@@ -312,7 +312,7 @@ def test_will_to_a_denied_topic_is_dropped_connect_accepted(secured):
 
 def test_hmac_and_jwt_authentication(tmp_path):
     jwt = pytest.importorskip("jwt")
-    from lmqtt.gateway.auth import HmacSignature
+    from lmqtt.gateway.security.auth import HmacSignature
     keys = tmp_path / "keys"
     keys.write_text("AK1:s3cret\n")
     srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log"), extra_args=(
@@ -360,7 +360,7 @@ def test_each_login_refusal_has_its_code_and_log_cause_and_others_stay_served(tm
 
     import jwt
 
-    from lmqtt.gateway.auth import HmacSignature
+    from lmqtt.gateway.security.auth import HmacSignature
     pw = tmp_path / "passwd"
     pw.write_text(f"alice:{hash_password('4lice')}\n")
     keys = tmp_path / "hmac"

@@ -1,4 +1,4 @@
-"""Authentication and ACL rules (gateway/auth.py, gateway/acl.py): Mosquitto's own files, written by
+"""Authentication and ACL rules (gateway/security/auth.py, gateway/security/acl.py): Mosquitto's own files, written by
 the real mosquitto_passwd, verify here; lmqtt's hashes are Mosquitto's `$7$` form; ACL semantics of
 both file formats."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from lmqtt.gateway.acl import AclError, AclFile, filter_covers, topic_matches
-from lmqtt.gateway.auth import (AuthChain, AuthError, ClientCertificate, Credentials, HmacSignature, Identity,
+from lmqtt.gateway.security.acl import AclError, AclFile, filter_covers, topic_matches
+from lmqtt.gateway.security.auth import (AuthChain, AuthError, ClientCertificate, Credentials, HmacSignature, Identity,
                                 PasswordFile, certificate_subject, hash_password, verify_password,
                                 write_password_file)
 from tests.support import free_port
@@ -22,7 +22,7 @@ MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 
 def _denied(result, reason_part: str) -> bool:
     """A refusal (falsy, not None) whose logged reason names what was wrong."""
-    from lmqtt.gateway.auth import Denied
+    from lmqtt.gateway.security.auth import Denied
     assert isinstance(result, Denied) and not result, result
     assert reason_part in result.reason, result.reason
     return True
@@ -255,7 +255,7 @@ def test_a_malformed_acl_names_the_line_and_keeps_the_previous_rules(tmp_path, t
 
 def _passwd(*args):
     import sys
-    return subprocess.run([sys.executable, "-m", "lmqtt.gateway.passwd", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "lmqtt.gateway.security.passwd", *args], capture_output=True, text=True)
 
 
 def test_lmqtt_passwd_creates_changes_deletes_and_upgrades_plaintext(tmp_path):
@@ -289,7 +289,7 @@ def test_jwt_hs256_and_rs256_with_expiry_issuer_and_client_id_binding(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from lmqtt.gateway.auth import JwtToken
+    from lmqtt.gateway.security.auth import JwtToken
     now = int(time.time())
     hs = JwtToken(secret=SECRET, issuer="idp")
     tok = jwt.encode({"sub": "dev-1", "exp": now + 60, "iss": "idp", "clientid": "c-1"}, SECRET, algorithm="HS256")

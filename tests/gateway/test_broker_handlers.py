@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from lmqtt.gateway.config import build_config
-from lmqtt.gateway.connection import MQTTConnection
+from lmqtt.gateway.app.config import build_config
+from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.gateway.mqtt import Decoder, ReasonCode, encode, packets as P
-from lmqtt.gateway.server import Gateway
+from lmqtt.gateway.app.gateway import Gateway
 from tests.fakes import FakeTransport
 
 
@@ -313,8 +313,8 @@ def test_expired_message_is_not_delivered_to_a_311_subscriber(tmp_path):
 def test_publish_bytes_without_per_subscriber_parts_is_the_shared_template():
     """The fast path (shared template variant) and Session.publish_bytes agree byte for byte when
     there is nothing per subscriber, so choosing either cannot change what a client receives."""
-    from lmqtt.gateway.record_props import RecordMeta
-    from lmqtt.gateway.session import OutboundMessage, Session
+    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.model.session import OutboundMessage, Session
     rec = RecordMeta(qos=1, content_type="text/plain", user_property=[("k", "v")])
     for version in (4, 5):
         s = Session("c")
@@ -345,8 +345,8 @@ def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
     """A message with an expiry fanned out to plain MQTT 5 subscribers shares one encoding per
     second left (`encode_with_expiry`); it must equal the general per-subscriber build."""
     from lmqtt.gateway.mqtt import encode_publish_v5_parts, message_expiry_prop
-    from lmqtt.gateway.record_props import RecordMeta
-    from lmqtt.gateway.session import OutboundMessage
+    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.model.session import OutboundMessage
     for rec in (RecordMeta(qos=2, message_expiry_interval=60),
                 RecordMeta(qos=2, message_expiry_interval=60, content_type="c", user_property=[("k", "v")])):
         it = OutboundMessage("a/b", b"p" * 300, rec, store_ts=1)
@@ -365,8 +365,8 @@ def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
     it was not told."""
     import random
     from lmqtt.gateway.mqtt import Decoder, packets as P
-    from lmqtt.gateway.record_props import RecordMeta
-    from lmqtt.gateway.session import OutboundMessage, Session
+    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.model.session import OutboundMessage, Session
     rnd = random.Random(2026)
     for _ in range(200):
         s = Session("c")
@@ -480,7 +480,7 @@ def test_the_sweep_closes_a_socket_without_connect_after_connect_timeout(tmp_pat
 def test_a_stalled_reauthentication_is_ended_by_the_sweep_with_disconnect_0x87(tmp_path, caplog):
     import logging
 
-    from lmqtt.gateway.scram import ScramClient
+    from lmqtt.gateway.security.scram import ScramClient
     from tests.gateway.test_scram_broker import _auth, _scram_login, run as run_scram
 
     async def body(gw):

@@ -18,11 +18,11 @@ import random
 
 from prometheus_client import generate_latest
 
-from lmqtt.gateway import record_props
-from lmqtt.gateway.metrics import GatewayMetrics
+from lmqtt.gateway.model import record_props
+from lmqtt.gateway.app.metrics import GatewayMetrics
 from lmqtt.gateway.mqtt import Decoder, encode, encode_publish, packets as P
-from lmqtt.gateway.record_props import RecordMeta
-from lmqtt.gateway.session import OutboundMessage
+from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.model.session import OutboundMessage
 from lmqtt.notify import InProcessBus
 
 
@@ -160,9 +160,9 @@ def test_decoder_shared_empty_properties_decodes_the_same():
 
 
 def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
-    from lmqtt.gateway.config import build_config
-    from lmqtt.gateway.server import Gateway
-    from lmqtt.gateway.session import Cursor, Session
+    from lmqtt.gateway.app.config import build_config
+    from lmqtt.gateway.app.gateway import Gateway
+    from lmqtt.gateway.model.session import Cursor, Session
 
     async def run():
         cfg = build_config({}, {"data_dir": str(tmp_path / "d"), "port": 0, "metrics_port": 0})

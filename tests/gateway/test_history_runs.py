@@ -1,4 +1,4 @@
-"""`HistoryRuns` (gateway/replay.py): the subscriptions from the past still sending their history,
+"""`HistoryRuns` (gateway/delivery/history.py): the subscriptions from the past still sending their history,
 driven by the delivery engine. Its rules, with stand-in runs: a marked session is pumped; one that
 can send more stays marked; a finished history goes live when the session is online and still
 subscribed; a failed read is retried through the engine's kick a second later. And the engine's
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lmqtt.gateway.config import GatewayConfig
-from lmqtt.gateway.delivery import DeliveryEngine
-from lmqtt.gateway.replay import HistoryRun, HistoryRuns
-from lmqtt.gateway.session import ClientSubscription, Cursor, Session
+from lmqtt.gateway.app.config import GatewayConfig
+from lmqtt.gateway.delivery.engine import DeliveryEngine
+from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
+from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
 
 
 class Run:

@@ -10,9 +10,9 @@ not in a review months later:
   `encoder`, `decoder`), the tools for taking packets apart and putting them together;
 * the Broker is a decision table that nothing reaches back into: its collaborators (delivery,
   publishing, sessions, subscriptions, connection, replay, fleet, ...) get narrow callables, so no
-  gateway module imports `broker` except the composition root `server.py`, which constructs it;
+  gateway module imports `broker` except the composition root `app/gateway.py`, which constructs it;
 * the store is reached only through the narrow storage interface (`store_api.py`): the embedded
-  store's objects are built by the composition roots (`server.py`, `store_serve.py`, `serve.py`)
+  store's objects are built by the composition roots (`app/gateway.py`, `app/serve_command.py`; the store node's is `store/node/command.py`)
   and used behind that interface, never by the broker or its collaborators.
 """
 from __future__ import annotations
@@ -27,7 +27,12 @@ FIRST_BYTES = {0x10, 0x20, 0x40, 0x50, 0x62, 0x70, 0x82, 0x90, 0xA2, 0xB0, 0xC0,
 
 
 def _modules():
-    return sorted(p for p in GATEWAY.glob("*.py"))
+    """Every module of the gateway outside the codec (gateway/mqtt/), by its path under gateway/."""
+    return sorted(p for p in GATEWAY.rglob("*.py") if p.relative_to(GATEWAY).parts[0] != "mqtt")
+
+
+def _name(p: pathlib.Path) -> str:
+    return p.relative_to(GATEWAY).as_posix()
 
 
 def _tree(path: pathlib.Path) -> ast.AST:
@@ -137,7 +142,7 @@ def _codec_internals(tree: ast.AST) -> set[str]:
 
 def test_the_checker_sees_packet_bytes_and_broker_imports():
     """The rules below would pass on anything if the checks saw nothing: they see these."""
-    src = ("import struct\nfrom lmqtt.gateway.broker import Broker\nfrom . import broker\n"
+    src = ("import struct\nfrom lmqtt.gateway.core.broker import Broker\nfrom . import broker\n"
            "A = b'\\x40\\x02'\nB = bytes((0xE0, 0))\nC = struct.pack('>BB', 0x30, 5)\nD = HDR.pack(0x82, 1)\n"
            "OK = b'0' + b'\\x00\\x04MQTT'\n"
            # a DUP flag set on a PUBLISH's first byte, and its packet id written in by hand
@@ -151,7 +156,7 @@ def test_the_checker_sees_packet_bytes_and_broker_imports():
     internals = ("from lmqtt.gateway.mqtt.wire import encode_varint, read_varint\n"
                  "from lmqtt.gateway.mqtt.properties import encode_properties\nimport lmqtt.gateway.mqtt.encoder\n"
                  "from lmqtt.gateway.mqtt import encoder\n"
-                 "from lmqtt.gateway.mqtt import PublishTemplate, packets as P\nfrom lmqtt.gateway import record_props\n")
+                 "from lmqtt.gateway.mqtt import PublishTemplate, packets as P\nfrom lmqtt.gateway.model import record_props\n")
     assert _codec_internals(ast.parse(internals)) == {
         "lmqtt.gateway.mqtt.wire", "lmqtt.gateway.mqtt.wire.encode_varint", "lmqtt.gateway.mqtt.wire.read_varint",
         "lmqtt.gateway.mqtt.properties", "lmqtt.gateway.mqtt.properties.encode_properties",
@@ -159,23 +164,23 @@ def test_the_checker_sees_packet_bytes_and_broker_imports():
 
 
 def _broker_imports(tree: ast.AST) -> set[str]:
-    return {m for m in _imports(tree) if m in ("lmqtt.gateway.broker", ".broker")
-            or m.startswith(("lmqtt.gateway.broker.", ".broker."))}
+    return {m for m in _imports(tree) if m in ("lmqtt.gateway.core.broker", ".broker")
+            or m.startswith(("lmqtt.gateway.core.broker.", ".broker."))}
 
 
 def test_no_wire_bytes_outside_the_codec():
-    found = {p.name: lines for p in _modules() if (lines := _packet_bytes(_tree(p)))}
+    found = {_name(p): lines for p in _modules() if (lines := _packet_bytes(_tree(p)))}
     assert found == {}, f"MQTT packet bytes built outside gateway/mqtt/ (move them into the codec): {found}"
 
 
 def test_the_codec_is_used_through_its_package():
-    found = {p.name: sorted(mods) for p in _modules() if (mods := _codec_internals(_tree(p)))}
+    found = {_name(p): sorted(mods) for p in _modules() if (mods := _codec_internals(_tree(p)))}
     assert found == {}, f"byte-level codec modules imported outside gateway/mqtt/ (ask the codec instead): {found}"
 
 
 def test_only_the_composition_root_imports_the_broker():
-    importers = {p.name for p in _modules() if p.name != "broker.py" and _broker_imports(_tree(p))}
-    assert importers == {"server.py"}, importers
+    importers = {_name(p) for p in _modules() if _name(p) != "core/broker.py" and _broker_imports(_tree(p))}
+    assert importers == {"app/gateway.py"}, importers
 
 
 def test_only_the_composition_roots_hold_the_store_objects():
@@ -184,17 +189,17 @@ def test_only_the_composition_roots_hold_the_store_objects():
     which `RemoteStore` also implements over the store protocol for `lmqtt gateway`). Value types,
     topic helpers and errors of the store (records, `Message`, `InvalidTopicName`) are shared
     vocabulary and may be imported anywhere."""
-    roots = {"server.py", "store_serve.py", "serve.py"}
+    roots = {"app/gateway.py", "app/serve_command.py"}
     engine = ("MessageStore", "StoreConfig", "LightQueueStore", "StoreServer", "lmqtt.store.server",
               "lmqtt.store.message_store", "lmqtt.store.commitlog", "lmqtt.store.consume_queue",
-              "lmqtt.lightqueue.light_queue_store", "lmqtt.lightqueue.index", "lmqtt.lightqueue.service",
-              "lmqtt.lightqueue.gateway_service", "lmqtt.lightqueue.take")
+              "lmqtt.lightqueue.light_queue_store", "lmqtt.lightqueue.index", "lmqtt.store.node.sdk_service",
+              "lmqtt.store.node.gateway_service", "lmqtt.lightqueue.take")
     reaching = {}
     for p in _modules():
-        if p.name in roots:
+        if _name(p) in roots:
             continue
         mods = sorted(m for m in _imports(_tree(p)) if m.startswith(("lmqtt.store", "lmqtt.lightqueue"))
                       and any(m == e or m.startswith(e + ".") or m.endswith("." + e) for e in engine))
         if mods:
-            reaching[p.name] = mods
+            reaching[_name(p)] = mods
     assert reaching == {}, reaching

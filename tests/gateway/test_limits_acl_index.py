@@ -1,12 +1,12 @@
-"""The lmqtt ACL's per-identity rule index (gateway/acl.py LmqttAcl.rules_for) decides exactly as
+"""The lmqtt ACL's per-identity rule index (gateway/security/acl.py LmqttAcl.rules_for) decides exactly as
 the plain first-match scan of every rule, and a file with a rule per device does not make each
 check scan them all (the ACL-cost limit of a broker with 10,000 rules)."""
 from __future__ import annotations
 
 import random
 
-from lmqtt.gateway.acl import PUBLISH, READ, SUBSCRIBE, LmqttAcl, _hits, _overlaps, _substitute, parse_acl
-from lmqtt.gateway.auth import Identity
+from lmqtt.gateway.security.acl import PUBLISH, READ, SUBSCRIBE, LmqttAcl, _hits, _overlaps, _substitute, parse_acl
+from lmqtt.gateway.security.auth import Identity
 
 
 def _linear_check(acl: LmqttAcl, ident, action, topic) -> bool:

@@ -1,4 +1,4 @@
-"""`RemoteStore` (gateway/remote_store.py) against a real `lmqtt store`, driven directly: the
+"""`RemoteStore` (gateway/storage/remote_store.py) against a real `lmqtt store`, driven directly: the
 mirror serves what the store holds in order, stays within its byte budget (readers behind it read
 through to the store), announces new data only once it is local, and stops mirroring queues
 nobody reads."""
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from lmqtt.gateway.remote_reads import RemoteReads
-from lmqtt.gateway.remote_store import RemoteStore
+from lmqtt.gateway.storage.remote_reads import RemoteReads
+from lmqtt.gateway.storage.remote_store import RemoteStore
 from lmqtt.store import Message, MessageTooLarge
 from lmqtt.store.client.aio import LoopConnection
 from tests.support import wait_until
@@ -174,7 +174,7 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
     """PUSH_RAW records are checked where they are decoded: they read back as the store wrote
     them, with the light queue's offsets; one damaged byte and the queue's entries are refused
     (the gateway pulls them instead, where the store reports and skips)."""
-    from lmqtt.gateway.remote_entries import decode_raw_entries
+    from lmqtt.gateway.storage.remote_entries import decode_raw_entries
     from lmqtt.store import MessageStore, StoreConfig, protocol as W
     from lmqtt.store.fastpath import raw_runs
 
@@ -200,7 +200,7 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
     """`read_ahead` + `using` (a SUBSCRIBE decided without blocking calls): the registrations,
     mirrors, start offsets and retained messages are there when the packet is decided; a
     registration nothing took is dropped again, so the store holds no filter for nobody."""
-    from lmqtt.gateway.store_api import StoreReads
+    from lmqtt.gateway.storage.store_api import StoreReads
 
     async def go():
         st = _remote(lmqtt_store.address)
@@ -227,7 +227,7 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
     import os
     import signal
 
-    from lmqtt.gateway.store_api import StoreReads
+    from lmqtt.gateway.storage.store_api import StoreReads
 
     async def go():
         st = _remote(lmqtt_store.address)
@@ -255,7 +255,7 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
 def test_a_gateway_restores_every_session_with_its_offsets_a_page_at_a_time(lmqtt_store, monkeypatch):
     """`sessions_with_offsets` (a gateway's restore at start) pages through the store's session
     records, each with its committed offsets, and misses none at the page boundaries."""
-    from lmqtt.gateway.remote_metadata import RemoteMetadata
+    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
     from lmqtt.lightqueue.records import SessionRecord, Subscription
 
     async def go():
@@ -275,7 +275,7 @@ def test_a_fleet_gateway_restores_its_own_sessions_and_those_of_no_gateway(lmqtt
     """`sessions_with_offsets(hosted_by=G)`: the records G served last and those of no gateway,
     with their offsets, across pages of which some hold none of G's (the store filters: a page
     may come back empty while more follow)."""
-    from lmqtt.gateway.remote_metadata import RemoteMetadata
+    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
     from lmqtt.lightqueue.records import HOST, SessionRecord
 
     async def go():

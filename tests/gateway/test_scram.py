@@ -1,4 +1,4 @@
-"""SCRAM-SHA-256 for MQTT 5 enhanced authentication (gateway/scram.py): RFC 7677's published
+"""SCRAM-SHA-256 for MQTT 5 enhanced authentication (gateway/security/scram.py): RFC 7677's published
 exchange, both sides of a fresh exchange, and every way it must fail."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from lmqtt.gateway.scram import ScramClient, ScramError, ScramServer, scram_credentials
+from lmqtt.gateway.security.scram import ScramClient, ScramError, ScramServer, scram_credentials
 
 
 def test_server_first_carries_the_stored_salt_and_iterations_and_extends_the_client_nonce():
@@ -76,7 +76,7 @@ def test_tampering_and_protocol_misuse_are_refused():
 # ------------------------------------------------------------- an independent client (RFC 5802 §3)
 def _rfc_client_final(password: str, client_first_bare: str, server_first: str) -> tuple[str, str]:
     """client-final and the server-final it expects, computed from the RFC's formulas with hashlib
-    and hmac only (none of gateway/scram.py), so a shared mistake cannot hide."""
+    and hmac only (none of gateway/security/scram.py), so a shared mistake cannot hide."""
     import hashlib
     import hmac
     attrs = dict(p.split("=", 1) for p in server_first.split(","))
@@ -133,7 +133,7 @@ def test_independent_client_with_fresh_nonces_and_a_wrong_password():
 
 
 def test_verifier_parsing_refuses_malformed_lines():
-    from lmqtt.gateway.scram import ScramCredentials
+    from lmqtt.gateway.security.scram import ScramCredentials
     good = scram_credentials("x", 4096)
     assert ScramCredentials.parse(good).iterations == 4096
     for bad in ("$scram-sha-256$x$AA==$AA==$AA==", good.replace("$scram-sha-256$", "$scram-sha-1$"),
@@ -154,8 +154,8 @@ def test_authzid_empty_message_and_extensions_are_refused():
 
 def test_wrong_credentials_are_scram_auth_failed_and_a_malformed_exchange_is_not():
     """The broker answers ScramAuthFailed with 0x86 and any other ScramError with 0x87
-    (gateway/auth.py ScramLogin.step): the class, not the message, tells them apart."""
-    from lmqtt.gateway.scram import ScramAuthFailed
+    (gateway/security/auth.py ScramLogin.step): the class, not the message, tells them apart."""
+    from lmqtt.gateway.security.scram import ScramAuthFailed
     stored = scram_credentials("s3cret", 4096)
 
     def final_of(user: str, password: str, tamper=lambda cf: cf):

@@ -1,5 +1,5 @@
 """MQTT 5 enhanced authentication (SCRAM-SHA-256) through the broker's packet handlers in-process
-(gateway/enhanced_auth.py `EnhancedAuth`, gateway/auth.py `ScramLogin`): the AUTH exchange
+(gateway/security/enhanced_auth.py `EnhancedAuth`, gateway/security/auth.py `ScramLogin`): the AUTH exchange
 packet by packet, every refusal's reason code and log cause, protocol errors, the stall timeout,
 re-authentication, and `lmqtt passwd --scram` writing the verifier."""
 from __future__ import annotations
@@ -9,12 +9,12 @@ import logging
 
 import pytest
 
-from lmqtt.gateway import passwd
-from lmqtt.gateway.auth import PasswordFile, hash_password, read_password_file, split_entry
-from lmqtt.gateway.config import build_config
+from lmqtt.gateway.security import passwd
+from lmqtt.gateway.security.auth import PasswordFile, hash_password, read_password_file, split_entry
+from lmqtt.gateway.app.config import build_config
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
-from lmqtt.gateway.scram import ScramClient, scram_credentials
-from lmqtt.gateway.server import Gateway
+from lmqtt.gateway.security.scram import ScramClient, scram_credentials
+from lmqtt.gateway.app.gateway import Gateway
 from tests.gateway.test_broker_handlers import Client
 
 METHOD = "SCRAM-SHA-256"
@@ -239,7 +239,7 @@ def test_passwd_scram_writes_a_verifier_kept_in_step_and_never_the_password(tmp_
     assert split_entry(users["bob"])[1] is None
     pf = PasswordFile(f)
     sc = ScramClient("alice", "pencil")
-    from lmqtt.gateway.scram import ScramServer
+    from lmqtt.gateway.security.scram import ScramServer
     srv = ScramServer(pf.scram_credentials)
     sc.verify(srv.final(sc.final(srv.first(sc.first()))))
     # a password change keeps the verifier, for the new password
@@ -254,7 +254,7 @@ def test_passwd_scram_writes_a_verifier_kept_in_step_and_never_the_password(tmp_
 
 
 def test_password_file_rejects_a_malformed_or_misplaced_verifier(tmp_path):
-    from lmqtt.gateway.auth import AuthError
+    from lmqtt.gateway.security.auth import AuthError
     f = tmp_path / "pw"
     f.write_text(f"alice:{scram_credentials('x')}\n")
     with pytest.raises(AuthError, match="must follow the password hash"):

@@ -1,4 +1,4 @@
-"""The fleet's session directory (gateway/fleet.py), over a real redis-server (`SessionDirectory`)
+"""The fleet's session directory (gateway/fleet/sessions.py), over a real redis-server (`SessionDirectory`)
 and relayed by a real `lmqtt store` (`StoreSessionDirectory`): a reconnect storm's claims all
 reach the other gateways, in order, and a claim is never heard by the gateway that made it."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from lmqtt.gateway.fleet import SessionDirectory, StoreSessionDirectory, outlives_claim
-from lmqtt.gateway.remote_metadata import RemoteMetadata
+from lmqtt.gateway.fleet.sessions import SessionDirectory, StoreSessionDirectory, outlives_claim
+from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import LoopConnection
 from tests.support import LmqttStore, redis_server_fixture, wait_until

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lmqtt.gateway.store_api import GatewayStore, InProcessStore
+from lmqtt.gateway.storage.store_api import GatewayStore, InProcessStore
 
 
 def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path):
@@ -54,7 +54,7 @@ def test_a_remote_history_is_read_ahead_and_a_failed_read_is_asked_again():
     where the history stands."""
     import asyncio
 
-    from lmqtt.gateway.store_api import ReplayPlan
+    from lmqtt.gateway.storage.store_api import ReplayPlan
 
     async def go():
         loop = asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""`SubscribeHandler` (gateway/subscribe.py) built from nothing but the narrow callables it is
+"""`SubscribeHandler` (gateway/core/subscribe_handler.py) built from nothing but the narrow callables it is
 given, on the remote-store path the in-process gateway never takes: the SUBSCRIBE waits on hold
 for the store's read-ahead, is then decided inside `using(ahead)` through `resume`, and a store
 that does not answer refuses every filter without subscribing anything."""
@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ReasonCode as RC, packets as P
-from lmqtt.gateway.session import Session
-from lmqtt.gateway.subscribe import SubscribeHandler
+from lmqtt.gateway.model.session import Session
+from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
 
 
 class Conn:

@@ -1,16 +1,16 @@
-"""`SubscriptionRegistry` (gateway/subscriptions.py) as the single owner of this gateway's filter
+"""`SubscriptionRegistry` (gateway/core/subscription_registry.py) as the single owner of this gateway's filter
 registrations with the store, built on a recording fake store: every register/release the store
-sees, including those of a fleet gateway reloading a session (gateway/fleet.py), goes through
+sees, including those of a fleet gateway reloading a session (gateway/fleet/sessions.py), goes through
 the registry's own counts."""
 from __future__ import annotations
 
 import time
 from types import SimpleNamespace
 
-from lmqtt.gateway.fleet import FleetSessionRegistry
-from lmqtt.gateway.persistence import SessionPersistence
-from lmqtt.gateway.session import ClientSubscription, Session
-from lmqtt.gateway.subscriptions import SubscriptionRegistry
+from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
+from lmqtt.gateway.core.session_persistence import SessionPersistence
+from lmqtt.gateway.model.session import ClientSubscription, Session
+from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
 from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 
 

@@ -1,4 +1,4 @@
-"""TLS listeners (gateway/tls.py) with certificates from trustme: paho over TLS and mutual TLS
+"""TLS listeners (gateway/net/tls.py) with certificates from trustme: paho over TLS and mutual TLS
 through a real in-process gateway, the client certificate's CN as the identity, and clear errors."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from lmqtt.gateway.auth import certificate_subject
-from lmqtt.gateway.tls import TlsConfigError, server_context
+from lmqtt.gateway.security.auth import certificate_subject
+from lmqtt.gateway.net.tls import TlsConfigError, server_context
 from tests.gateway.test_websocket import LoopThread
 
 trustme = pytest.importorskip("trustme")
@@ -43,9 +43,9 @@ def pki(tmp_path_factory):
 
 @pytest.fixture
 def tls_gateway(tmp_path, pki):
-    from lmqtt.gateway.config import build_config
-    from lmqtt.gateway.connection import MQTTConnection
-    from lmqtt.gateway.server import Gateway
+    from lmqtt.gateway.app.config import build_config
+    from lmqtt.gateway.net.connection import MQTTConnection
+    from lmqtt.gateway.app.gateway import Gateway
     lt = LoopThread()
     cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "data_dir": str(tmp_path / "data"),
                             "metrics_port": 0, "segment_mb": 16})

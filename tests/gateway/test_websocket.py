@@ -1,4 +1,4 @@
-"""MQTT over WebSocket (gateway/websocket.py): paho-mqtt over WebSocket against a real in-process
+"""MQTT over WebSocket (gateway/net/websocket.py): paho-mqtt over WebSocket against a real in-process
 gateway, and the WebSocket edge cases with a raw wsproto client."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, RejectConnection, Request,
                             TextMessage)
 
-from lmqtt.gateway.websocket import WebSocketProtocol
+from lmqtt.gateway.net.websocket import WebSocketProtocol
 
 
 class LoopThread:
@@ -124,9 +124,9 @@ def test_garbage_instead_of_a_handshake_closes_only_that_connection(echo_server)
 
 def test_paho_over_websocket_publishes_and_receives_through_a_real_gateway(tmp_path):
     paho = pytest.importorskip("paho.mqtt.client")
-    from lmqtt.gateway.config import build_config
-    from lmqtt.gateway.connection import MQTTConnection
-    from lmqtt.gateway.server import Gateway
+    from lmqtt.gateway.app.config import build_config
+    from lmqtt.gateway.net.connection import MQTTConnection
+    from lmqtt.gateway.app.gateway import Gateway
     lt = LoopThread()
     cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "data_dir": str(tmp_path / "data"),
                             "metrics_port": 0, "segment_mb": 16})

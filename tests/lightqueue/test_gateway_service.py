@@ -1,4 +1,4 @@
-"""The store side of the remote gateway seam (lightqueue/gateway_service.py) on a real `lmqtt
+"""The store side of the remote gateway seam (store/node/gateway_service.py) on a real `lmqtt
 store`, through the SDK connections: wildcard filters held per gateway id (indexed while any
 gateway holds them, holds surviving a store restart), gw_pull's dispatch queues, and the PUSH
 frames that carry new entries to the gateways that ask for them."""
@@ -99,8 +99,9 @@ def test_start_offsets_wait_for_dispatch_of_acknowledged_messages(tmp_path):
     import json
     import threading
 
-    from lmqtt.lightqueue import LightQueueStore, gateway_service
-    from lmqtt.lightqueue.service import install
+    from lmqtt.lightqueue import LightQueueStore
+    from lmqtt.store.node import gateway_service
+    from lmqtt.store.node.sdk_service import install
     from lmqtt.store import MessageStore, StoreConfig
     from lmqtt.store import protocol as W
     from lmqtt.store.server import StoreServer
@@ -420,7 +421,7 @@ def test_raw_push_watchers_get_the_records_as_written(lmqtt_store):
     order, each once, with their dispatch queues; a pull still moves the connection's cursor."""
     import asyncio
 
-    from lmqtt.gateway.remote_entries import decode_raw_entries
+    from lmqtt.gateway.storage.remote_entries import decode_raw_entries
     from lmqtt.store import protocol as W
     from lmqtt.store.client.aio import connect_async
 

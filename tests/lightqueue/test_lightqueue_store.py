@@ -80,7 +80,7 @@ def test_pull_raw_is_pull_as_record_bytes(pair):
     """`pull_raw` (what the store pushes to gateways as PUSH_RAW) gives the same entries as `pull`:
     decoded, the same messages and light-queue offsets, in runs of records adjacent in the log,
     within the same count and byte limits; nothing visible yet -> empty; an unknown queue too."""
-    from lmqtt.gateway.remote_entries import decode_raw_entries
+    from lmqtt.gateway.storage.remote_entries import decode_raw_entries
     from lmqtt.store import protocol as W
 
     st, lq = pair

@@ -1,4 +1,4 @@
-"""The store node's session sweep (lightqueue/session_sweep.py) over a real MetadataStore on a
+"""The store node's session sweep (store/node/session_sweep.py) over a real MetadataStore on a
 real event loop: it ends the expired sessions of gateways gone for good, gives a session that was
 connected when its gateway went away that moment as its disconnect time, and leaves alone the
 sessions of connected gateways, of gateways away for less than the grace period and of no gateway."""
@@ -9,7 +9,7 @@ import time
 
 from lmqtt.lightqueue import MetadataStore, SessionRecord, Subscription
 from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES
-from lmqtt.lightqueue.session_sweep import SessionSweep
+from lmqtt.store.node.session_sweep import SessionSweep
 
 
 def _rec(cid: str, host: str | None, expiry: int, last_ms: int | None) -> SessionRecord:
@@ -89,7 +89,7 @@ def test_a_gateway_back_before_the_grace_keeps_its_sessions(tmp_path):
 def test_lmqtt_store_checks_the_sweep_interval(tmp_path, capsys):
     """`lmqtt store --session-sweep-s` / TOML `session_sweep_s`: out of range or not a number is
     refused before anything starts, naming the setting."""
-    from lmqtt.gateway import store_serve
+    from lmqtt.store.node import command as store_serve
     assert store_serve.main(["--data-dir", str(tmp_path / "d"), "--session-sweep-s", "0"]) == 2
     assert "session_sweep_s must be 0.1..86400 seconds, got 0" in capsys.readouterr().err
     cfg = tmp_path / "store.toml"

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from lmqtt.store import protocol as W
-from lmqtt.store.client.consumer import _records
-from lmqtt.store.props import encode_fields
+from lmqtt.store.client.consumer import decode_messages
+from lmqtt.store.client.props import encode_fields
 from lmqtt.store.spark import columns as C
 from lmqtt.store.spark.source import COLUMNS
 from tests.store.accel_support import swapped
@@ -34,7 +34,7 @@ def test_arrow_batch_matches_the_sdk_record_view(pure):
     batch, header, nxt = C.arrow_batch("t:0", "ABCD", body, pure=pure)
     assert header["next_offset"] == 140 and nxt == 140
     batch = batch.to_pylist()
-    _h, sdk = _records("ABCD", body)
+    _h, sdk = decode_messages("ABCD", body)
     assert [c for c in COLUMNS] == list(batch[0])
     for row, r in zip(batch, sdk, strict=True):
         m = r.mqtt
@@ -86,8 +86,8 @@ class _Rec:
 
 
 def _pull(conn, topic, flags):
-    from lmqtt.store.client.connection import _check
-    return _check(conn.request(W.OP_PULL, W.encode_pull(topic, 0, 0, 1000, 4 << 20), flags).result(10))
+    from lmqtt.store.client.connection import check_reply
+    return check_reply(conn.request(W.OP_PULL, W.encode_pull(topic, 0, 0, 1000, 4 << 20), flags).result(10))
 
 
 def test_raw_replies_give_the_same_batch_as_the_plain_layout(server):

@@ -1,4 +1,4 @@
-"""The shipped IoT analytics job (lmqtt.store.spark.iot_analytics) end to end: telemetry published
+"""The shipped IoT analytics job (lmqtt.examples.iot_analytics) end to end: telemetry published
 over MQTT (paho) -> the job's two streaming queries -> window statistics in Parquet that equal a
 pure-Python computation of the same readings, a late reading dropped by the watermark, and the
 anomaly alert back over MQTT."""
@@ -58,7 +58,7 @@ def _stats(spark, out):
 
 
 def test_job_window_stats_equal_pure_python_and_alerts_arrive_over_mqtt(spark, server, tmp_path):
-    from lmqtt.store.spark.iot_analytics import build, parse_args
+    from lmqtt.examples.iot_analytics import build, parse_args
     out = str(tmp_path / "iot")
     args = parse_args(["--store", server.store_address, "--filter", "iotjob/+", "--out", out,
                        "--window", f"{WINDOW_S} seconds", "--watermark", "5 seconds",

@@ -1,0 +1,170 @@
+"""IoT analytics job: MQTT JSON telemetry in the store -> per-device window stats (Parquet) and
+alerts published back to MQTT (`alerts/{device}`) through the `lmqtt` sink.
+
+    lmqtt serve &                                                  # MQTT 1883, store 10911
+    python3 -m lmqtt.examples.simulator --seconds 120 &         # telemetry/{device}
+    python3 -m lmqtt.examples.iot_analytics --out /tmp/iot --seconds 120
+    mosquitto_sub -t 'alerts/#' -v                                 # or any MQTT client
+
+Two streaming queries over `readStream.format("lmqtt").option("filter", "telemetry/+")`:
+  1. stats: event time from the payload's `ts`, watermark `--watermark`, tumbling windows of
+     `--window` per device: count, avg/min/max/stddev temp, avg humidity, min battery -> Parquet
+     under OUT/stats (append mode: a window is written once the watermark passes it).
+  2. alerts (foreachBatch): a reading outside [--min-temp, --max-temp] or more than --z standard
+     deviations from its device's mean within the micro-batch -> `alerts/{device}` {"kind":
+     "anomaly"}; a device whose last reading (state as of now) is older than --silence ->
+     {"kind": "silent"}, once (checked every max(trigger, silence/2) seconds, not on every
+     micro-batch, so anomaly alerts never wait for it; read from the first-level ConsumeQueue,
+     which also has telemetry from before the job started).
+     Alerts are written with queryId/batchId = the job's checkpoint/batch: a re-run batch is not
+     published twice (docs/spark.md, exactly-once).
+Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _seconds(trigger: str) -> float:
+    """"500 milliseconds" / "10 seconds" / "1 minute" -> seconds."""
+    n, _, unit = trigger.strip().partition(" ")
+    unit = unit.strip().lower().rstrip("s")
+    return float(n) * {"millisecond": 0.001, "second": 1.0, "minute": 60.0, "hour": 3600.0}.get(unit or "second", 1.0)
+
+
+def build(spark, a):
+    from pyspark.sql import functions as F
+
+    from lmqtt.store.spark import write_rows
+    from lmqtt.store.spark.views import state_as_of
+
+    src = (spark.readStream.format("lmqtt").option("store", a.store).option("filter", a.filter)
+           .option("startingOffsets", a.starting))
+    if a.token:
+        src = src.option("token", a.token)
+    raw = src.load()
+    schema = "device string, ts long, temp double, humidity double, battery double, seq long"
+    tele = (raw.select("topic", "store_ts", F.from_json(F.col("payload").cast("string"), schema).alias("j"))
+            .select(F.coalesce("j.device", F.element_at(F.split("topic", "/"), -1)).alias("device"),
+                    F.coalesce((F.col("j.ts") / 1000).cast("timestamp"), F.col("store_ts")).alias("event_time"),
+                    "j.temp", "j.humidity", "j.battery")
+            .where("temp is not null"))
+
+    stats = (tele.withWatermark("event_time", a.watermark)
+             .groupBy(F.window("event_time", a.window).alias("w"), "device")
+             .agg(F.count("*").alias("n"), F.avg("temp").alias("avg_temp"), F.min("temp").alias("min_temp"),
+                  F.max("temp").alias("max_temp"), F.stddev("temp").alias("std_temp"),
+                  F.avg("humidity").alias("avg_humidity"), F.min("battery").alias("min_battery"))
+             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "*")
+             .drop("w"))
+    q_stats = (stats.writeStream.outputMode("append").format("parquet").option("path", f"{a.out}/stats")
+               .option("checkpointLocation", f"{a.out}/_checkpoints/stats").trigger(processingTime=a.stats_trigger)
+               .start())
+
+    trigger_s = _seconds(a.trigger)
+    # The silence check reads the device states (a batch read of the first-level topic), so it
+    # runs at most every `check_s` seconds, not on every micro-batch: anomaly alerts, the part
+    # that must be fast, do not wait for it. Each check covers the devices whose last reading
+    # fell in [previous cut, this cut); the first check of a run looks back an hour (devices may
+    # have gone quiet while the job was down).
+    check_s = max(trigger_s, a.silence / 2)
+    last_cut = [None]
+
+    def alerts(batch, batch_id):
+        batch = batch.persist()          # read from the store once, used twice (stats + join)
+        try:
+            _alerts(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _alerts(batch, batch_id):
+        dev = batch.groupBy("device").agg(F.avg("temp").alias("mu"), F.stddev("temp").alias("sd"))
+        anomalies = (batch.join(dev, "device")
+                     .where((F.col("temp") < a.min_temp) | (F.col("temp") > a.max_temp)
+                            | ((F.col("sd") > 0) & (F.abs(F.col("temp") - F.col("mu")) > a.z * F.col("sd"))))
+                     .select(F.concat(F.lit("alerts/"), "device").alias("topic"),
+                             F.to_json(F.struct(F.lit("anomaly").alias("kind"), "device", "temp",
+                                                F.col("event_time").cast("string").alias("at"))).alias("payload")))
+        now = int(time.time() * 1000)
+        cut = now - int(a.silence * 1000)
+        silent = None
+        if last_cut[0] is None or cut - last_cut[0] >= check_s * 1000:
+            lower = cut - 3_600_000 if last_cut[0] is None else last_cut[0]
+            last_cut[0] = cut
+            # the first-level ConsumeQueue: it has history from before the job registered its filter
+            last = state_as_of(spark, now, topic=a.filter.split("/")[0], store=a.store, token=a.token,
+                               since=lower)
+            silent = (last.where((F.col("store_ts") < F.timestamp_millis(F.lit(cut)))
+                                 & (F.col("store_ts") >= F.timestamp_millis(F.lit(lower))))
+                      .select(F.concat(F.lit("alerts/"), F.element_at(F.split("topic", "/"), -1)).alias("topic"),
+                              F.to_json(F.struct(F.lit("silent").alias("kind"),
+                                                 F.element_at(F.split("topic", "/"), -1).alias("device"),
+                                                 F.col("store_ts").cast("string").alias("last_seen"))).alias("payload")))
+        out = anomalies if silent is None else anomalies.unionByName(silent)
+        out = out.withColumn("payload", F.col("payload").cast("binary")).withColumn("qos", F.lit(1))
+        # alerts are few: collected and written from the driver (no Spark write job, no task per
+        # partition), with the sink's exactly-once rule (query id + batch id)
+        write_rows(out.collect(), query_id=a.job_id, batch_id=batch_id, store=a.store, token=a.token)
+
+    q_alerts = (tele.writeStream.foreachBatch(alerts)
+                .option("checkpointLocation", f"{a.out}/_checkpoints/alerts").trigger(processingTime=a.trigger)
+                .start())
+    return q_stats, q_alerts
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The job's options (also what tests and notebooks pass to `build`)."""
+    ap = argparse.ArgumentParser(prog="lmqtt spark-iot", description="lmqtt IoT analytics job (docs/spark.md)")
+    ap.add_argument("--store", default="127.0.0.1:10911")
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--filter", default="telemetry/+")
+    ap.add_argument("--starting", default="earliest", help="startingOffsets of a new checkpoint")
+    ap.add_argument("--out", default="./iot-analytics")
+    ap.add_argument("--window", default="1 minute")
+    ap.add_argument("--watermark", default="2 minutes")
+    ap.add_argument("--trigger", default="1 second", help="micro-batch interval of the alerts query")
+    ap.add_argument("--stats-trigger", default="10 seconds",
+                    help="micro-batch interval of the window statistics (a window is written once "
+                         "the watermark passes it, so a short interval only costs CPU the alerts need)")
+    ap.add_argument("--min-temp", type=float, default=-10.0)
+    ap.add_argument("--max-temp", type=float, default=45.0)
+    ap.add_argument("--z", type=float, default=4.0)
+    ap.add_argument("--silence", type=float, default=30.0, help="seconds without telemetry = silent")
+    ap.add_argument("--job-id", default="iot-analytics-alerts", help="producer identity of the alerts")
+    ap.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run until Ctrl-C)")
+    ap.add_argument("--master", default="local[2]")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+
+    from pyspark.sql import SparkSession
+
+    from lmqtt.store.spark import LmqttDataSource
+    spark = (SparkSession.builder.master(a.master).appName("lmqtt-iot-analytics")
+             .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.dataSource.register(LmqttDataSource)
+    qs = build(spark, a)
+    try:
+        if a.seconds:
+            time.sleep(a.seconds)
+        else:
+            spark.streams.awaitAnyTermination()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        failed = [q.exception() for q in qs if q.exception() is not None]
+        for q in qs:
+            q.stop()
+        spark.stop()
+    for e in failed:
+        print(f"iot_analytics: query failed: {e}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

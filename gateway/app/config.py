@@ -1,0 +1,231 @@
+"""Gateway / `lmqtt serve` configuration: defaults, TOML file, command-line overrides.
+
+Why one dataclass: every knob has one name used in the TOML file (`[serve]` table or top level),
+on the command line (`--flag-name`) and in code (`cfg.flag_name`), so a newcomer can grep one name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FLUSH_MODES = ("sync", "async", "async+buffer")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key and what is allowed."""
+
+
+@dataclass
+class GatewayConfig:
+    host: str = "127.0.0.1"           # loopback unless told otherwise (security default)
+    port: int = 1883
+    data_dir: str = "./lmqtt-data"
+    flush_mode: str = "async"
+    metrics_port: int = 9883          # 0 = no metrics endpoint
+    metrics_host: str | None = None   # defaults to `host`
+    segment_mb: int = 256             # CommitLog segment size (preallocated)
+    # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
+    # ring and another quarter the store's cache of just-appended records
+    lq_cache_mb: int = 64
+    metadata_sync: bool = False       # fsync every metadata write (power-loss safety for sessions)
+    log_level: str = "INFO"
+    # protocol limits
+    max_packet_size: int = 4 << 20 | 1024   # store max message size + header room
+    # cap on the client's Receive Maximum (outbound QoS 1/2 window; a 3.1.1 client has none). A
+    # subscriber that acks in batches (every few ms) gets at most this many messages per batch, so
+    # a small cap bounds its rate (100 per 10 ms between reads is 10,000 msg/s at most).
+    max_inflight: int = 1000
+    max_keepalive: int = 65535
+    max_subscriptions: int = 1000     # per session; more get SUBACK 0x97 (quota exceeded) / 0x80; 0 = unlimited
+    # a persistent session that reconnects gets at most this many of the messages stored for each
+    # of its subscriptions while it was away, the newest (the older ones are counted as dropped);
+    # 0 = all of them, as far back as the store's retention (Mosquitto's max_queued_messages, EMQX's
+    # max_mqueue_len: a device back after a week is not flooded with a week of commands)
+    max_offline_backlog: int = 0
+    # limits that protect the broker (gateway/core/limits.py, docs/gateway.md "Limits"); per gateway
+    # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's
+    # CONNECT gets CONNACK 0x97 quota exceeded (connect rate: 0x9F; 3.1.1: return code 3).
+    max_connections: int = 0          # open client sockets at once (Mosquitto max_connections)
+    max_connections_per_address: int = 0   # open sockets from one source IP address
+    connect_rate_per_address: float = 0.0  # new connections per second from one source IP (token bucket)
+    connect_burst_per_address: int = 20    # ... of which this many at once
+    # PUBLISH packets per second per connection; over it the gateway stops reading that client's
+    # socket until its budget is back (back-pressure: nothing is refused or lost, TCP slows it down)
+    publish_rate_per_client: float = 0.0
+    publish_burst_per_client: int = 1000
+    # topic names and filters: bytes and '/'-separated levels (0 = unlimited); a PUBLISH over it:
+    # DISCONNECT 0x90 (3.1.1: closed), a SUBSCRIBE filter: SUBACK 0x8F (3.1.1: 0x80)
+    max_topic_length: int = 65535
+    max_topic_levels: int = 0
+    # MQTT 5 (docs/gateway.md "MQTT 5"): topic aliases a client may use towards us (CONNACK Topic
+    # Alias Maximum; more -> DISCONNECT 0x94) and the most we assign towards one client
+    topic_alias_maximum: int = 100
+    # inbound QoS 1/2 publishes an MQTT 5 client may have unacknowledged (CONNACK Receive Maximum,
+    # sent when below 65535; more -> DISCONNECT 0x93)
+    receive_maximum: int = 65535
+    response_information: str | None = None   # CONNACK Response Information for clients that ask
+    sys_interval: float = 10.0        # seconds between $SYS/broker/... updates (0 = none published)
+    connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
+    max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
+    # delivery / back-pressure
+    notify_window_ms: float = 2.0     # coalescing window of the in-process bus
+    pull_batch: int = 64              # messages per light-queue pull
+    pull_max_bytes: int = 1 << 20
+    write_high_water: int = 1 << 20   # bytes queued to a socket before we stop pulling for it
+    write_low_water: int = 256 << 10
+    max_pending_publish: int = 1000   # inbound publishes awaiting the store before we stop reading
+    offset_flush_ms: float = 100.0    # how often dirty persistent-session offsets go to metadata
+    # GIL hand-off interval of the `lmqtt serve` process (sys.setswitchinterval; Python's default is
+    # 5 ms): the store's dispatch thread and the event loop share one GIL, and on a busy loop every
+    # message crosses that hand-off twice (append -> dispatch -> notify). 0 = leave Python's default.
+    switch_interval_ms: float = 0.5
+    # Garbage collector of the `lmqtt serve` process: after startup everything alive is frozen
+    # (gc.freeze: modules, config, restored sessions are never scanned again), and the young
+    # generation is collected every `gc_gen0_threshold` allocations (Python: 700). Measured: full
+    # collections of 50-95 ms were the largest loop stalls at 5,000 msg/s QoS 1. 0 = Python's default.
+    gc_freeze: bool = True
+    # store: dispatch on the appending (event-loop) thread when the dispatch thread is idle
+    # (StoreConfig.dispatch_inline, docs/store.md "Inline dispatch"). Then the new entries are
+    # visible when the append returns: subscribers get them in the same loop callback, fed from the
+    # batch in hand (no pull, no thread hop; docs/gateway.md "The QoS 1 hot path").
+    dispatch_inline: bool = True
+    gc_gen0_threshold: int = 10000
+    # the store's native protocol (docs/protocol.md) served by `lmqtt serve` too, so the SDK works
+    # against the embedded default; 0 = off. A non-loopback store_host requires `token`.
+    store_port: int = 10911
+    store_host: str = "127.0.0.1"
+    token: str | None = None
+    # `lmqtt serve --workers N` (gateway/app/workers.py): N gateway processes on one port over one store
+    # process; `reuse_port` (SO_REUSEPORT) lets several processes listen on the same port
+    workers: int = 1
+    reuse_port: bool = False
+    # listeners beside the plain MQTT `port`, all on `host`; 0 = off (docs/gateway.md "Security and listeners")
+    tls_port: int = 0                 # MQTT over TLS (needs cert, key)
+    ws_port: int = 0                  # MQTT over WebSocket, path /mqtt, subprotocol mqtt
+    wss_port: int = 0                 # MQTT over secure WebSocket (same cert/key)
+    cert: str | None = None           # server certificate chain (PEM)
+    key: str | None = None            # its private key (PEM; default: in `cert`)
+    cafile: str | None = None         # CA of client certificates (TLS peers may present one)
+    require_certificate: bool = False  # TLS clients without a valid certificate fail the handshake
+    # authentication and access control; with none of password_file/hmac_keys/jwt_*/cafile,
+    # anonymous clients are accepted on loopback only (a non-loopback host needs allow_anonymous)
+    password_file: str | None = None  # Mosquitto-compatible user:hash file (`lmqtt passwd`)
+    hmac_keys: str | None = None      # access_key:secret_key lines (RocketMQ-MQTT signatures)
+    jwt_secret: str | None = None     # HS256 secret: a JWT as the CONNECT password
+    jwt_public_key: str | None = None  # RS256/ES256 public key file, instead of jwt_secret
+    allow_anonymous: bool = False     # accept clients without credentials (non-loopback too)
+    acl_file: str | None = None       # Mosquitto acl_file or lmqtt's allow/deny rules
+    # `lmqtt gateway` (docs/fleet.md): the store node it uses instead of an embedded store, and
+    # how it hears about new data. notify_mode: "native" = EVENT frames pushed on the store
+    # connection; "broadcast" / "precise" = Redis pub/sub at `redis` (notify/redis_bus.py);
+    # "poll" = no events, the safety poll only. Events are hints: every `safety_poll_ms` the
+    # gateway re-reads the max offsets of the queues it serves, so a lost event delays a delivery
+    # by at most that long.
+    store_address: str | None = None  # HOST:PORT of `lmqtt store`
+    redis: str | None = None          # redis://HOST:6379/0
+    notify_mode: str | None = None    # default: broadcast with `redis`, else native
+    safety_poll_ms: float = 1000.0
+    gateway_id: str | None = None     # default: host name + MQTT port (filter registrations are held per id)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> "GatewayConfig":
+        if self.flush_mode not in FLUSH_MODES:
+            raise ConfigError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {self.flush_mode!r}")
+        if not (0 <= int(self.port) <= 65535):
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if not (0 <= int(self.metrics_port) <= 65535):
+            raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
+        if not (0 <= int(self.store_port) <= 65535):
+            raise ConfigError(f"store_port must be 0..65535 (0 = off), got {self.store_port}")
+        for name in ("tls_port", "ws_port", "wss_port"):
+            if not (0 <= int(getattr(self, name)) <= 65535):
+                raise ConfigError(f"{name} must be 0..65535 (0 = off), got {getattr(self, name)}")
+        if (self.tls_port or self.wss_port) and not self.cert:
+            raise ConfigError("tls_port / wss_port need cert (and key) (--cert FILE --key FILE)")
+        if self.require_certificate and not self.cafile:
+            raise ConfigError("require_certificate needs cafile (the CA that signs client certificates)")
+        if self.jwt_secret and self.jwt_public_key:
+            raise ConfigError("give one of jwt_secret or jwt_public_key, not both")
+        if not (1 <= int(self.max_inflight) <= 65535):
+            raise ConfigError(f"max_inflight must be 1..65535, got {self.max_inflight}")
+        if not (0 <= int(self.topic_alias_maximum) <= 65535):
+            raise ConfigError(f"topic_alias_maximum must be 0..65535 (0 = no aliases), got {self.topic_alias_maximum}")
+        if not (1 <= int(self.receive_maximum) <= 65535):
+            raise ConfigError(f"receive_maximum must be 1..65535, got {self.receive_maximum}")
+        if not (0 <= float(self.switch_interval_ms) <= 1000):
+            raise ConfigError(f"switch_interval_ms must be 0..1000 (0 = Python's default), got {self.switch_interval_ms}")
+        if self.notify_mode is not None and self.notify_mode not in ("native", "broadcast", "precise", "poll"):
+            raise ConfigError(f"notify_mode must be native, broadcast, precise or poll, got {self.notify_mode!r}")
+        if self.notify_mode in ("broadcast", "precise") and not self.redis:
+            raise ConfigError(f"notify_mode {self.notify_mode} needs redis (--redis redis://HOST:6379/0)")
+        if not (0 < float(self.safety_poll_ms) <= 3_600_000):
+            raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
+        if not (1 <= int(self.max_topic_length) <= 65535):
+            raise ConfigError(f"max_topic_length must be 1..65535, got {self.max_topic_length}")
+        for name in ("max_connections", "max_connections_per_address", "max_subscriptions", "max_topic_levels",
+                     "max_offline_backlog"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
+        for name, burst in (("connect_rate_per_address", "connect_burst_per_address"),
+                            ("publish_rate_per_client", "publish_burst_per_client")):
+            if float(getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0 (per second; 0 = unlimited), got {getattr(self, name)}")
+            if int(getattr(self, burst)) < 1:
+                raise ConfigError(f"{burst} must be >= 1, got {getattr(self, burst)}")
+        if self.write_low_water > self.write_high_water:
+            raise ConfigError("write_low_water must not exceed write_high_water")
+        return self
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file; keys may be top level or under `[serve]`, dashes or underscores."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    flat: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k in ("serve", "gateway") and isinstance(v, dict):
+            flat.update(v)
+        else:
+            flat[k] = v
+    return {k.replace("-", "_"): v for k, v in flat.items()}
+
+
+def build_config(file_values: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Defaults <- config file <- command-line flags (only flags the user gave)."""
+    cfg = GatewayConfig()
+    known = GatewayConfig.field_names()
+    for source in (file_values or {}, overrides or {}):
+        for k, v in source.items():
+            if v is None:
+                continue
+            if k not in known:
+                cfg.extra[k] = v
+                continue
+            default = getattr(GatewayConfig(), k)
+            if isinstance(default, bool):
+                v = bool(v)
+            elif isinstance(default, int) and not isinstance(v, bool):
+                try:
+                    v = int(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{k} must be an integer, got {v!r}") from None
+            elif isinstance(default, float):
+                try:
+                    v = float(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{k} must be a number, got {v!r}") from None
+            setattr(cfg, k, v)
+    return cfg.validate()

@@ -1,0 +1,385 @@
+"""Console tools over the store's native protocol, like Kafka's console producer/consumer.
+
+    lmqtt produce --store HOST:PORT --topic T [--qos N] [--key K]... [--property k=v]... [--batch]
+    lmqtt consume --store HOST:PORT --filter F [--group G] [--from earliest|latest|TIME]
+                  [--count N] [--timeout S] [--format text|json]
+    lmqtt admin   --store HOST:PORT [--group G]... [--format table|json]
+                  [--gateways | --release-gateway ID | --sessions [--limit N] | --session CLIENT_ID]
+
+`produce` sends one message per stdin line (the line without its newline) and prints a one-line
+summary (count, rate) to stderr. `consume` prints one message per stdout line. `--filter` is an MQTT
+topic filter (wildcards, or any topic with a `/`: read from the filter's light queue, exactly what
+an MQTT subscriber sees) or a plain first-level topic (`sensors`: its ConsumeQueue, every message
+under `sensors/...`). `--from TIME` takes epoch milliseconds or ISO 8601. With `--group` the
+position is committed in the store after every printed message batch, so the next run resumes
+where this one stopped. Errors (store unreachable, refused, lost mid-run) name the cause on stderr
+and exit non-zero; `produce` reports how many lines were acknowledged before the failure.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import json
+import sys
+import time
+
+EXIT_UNREACHABLE = 3
+EXIT_REFUSED = 4
+
+
+def _connect(prog: str, address: str, token: str | None):
+    from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+    try:
+        return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
+    except StoreClientError as e:
+        print(f"{prog}: store {address} refused the connection: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_REFUSED)
+    except (ConnectionLost, OSError, ValueError) as e:
+        print(f"{prog}: cannot reach store {address}: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_UNREACHABLE)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="127.0.0.1:10911", help="store address HOST:PORT (default 127.0.0.1:10911)")
+    p.add_argument("--token", help="auth token for the store handshake")
+
+
+# --------------------------------------------------------------------------------------- produce
+def _prop(s: str) -> tuple[str, str]:
+    k, sep, v = s.partition("=")
+    if not sep or not k:
+        raise argparse.ArgumentTypeError(f"--property wants k=v, got {s!r}")
+    return k, v
+
+
+def _line(raw: bytes) -> bytes:
+    """The message of one stdin line: without its "\n" (and a "\r" before it)."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+    return raw
+
+
+def produce_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lmqtt produce",
+                                description="Send one message per stdin line to a topic of the store.")
+    _common(p)
+    p.add_argument("--topic", required=True, help="MQTT topic name (no wildcards)")
+    p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1, help="QoS carried on the record (default 1)")
+    p.add_argument("--key", action="append", default=[], help="message key (repeatable; indexed for queries)")
+    p.add_argument("--property", action="append", default=[], type=_prop, metavar="K=V",
+                   help="MQTT 5 user property (repeatable, order kept)")
+    p.add_argument("--retain", action="store_true", help="set the retain flag on the records")
+    p.add_argument("--content-type", help="MQTT 5 content type")
+    p.add_argument("--batch", action="store_true", help="AutoBatch: pack lines into batches (much faster)")
+    p.add_argument("--producer-id", help="stable producer id (default: random)")
+    args = p.parse_args(argv)
+    if "+" in args.topic or "#" in args.topic or not args.topic:
+        print(f"lmqtt produce: --topic must be a topic name without wildcards, got {args.topic!r}", file=sys.stderr)
+        return 2
+    from lmqtt.store.client import ConnectionLost, StoreClientError
+    conn = _connect("lmqtt produce", args.store, args.token)
+    kw = dict(keys=tuple(args.key), qos=args.qos, retain=args.retain, content_type=args.content_type,
+              user_properties=list(args.property) or None)
+    n = 0
+    t0 = time.perf_counter()
+    stdin = sys.stdin.buffer
+    try:
+        if args.batch:
+            ab = conn.auto_batch_producer(args.producer_id)
+            try:
+                for line in stdin:
+                    ab.send(args.topic, _line(line), **kw)
+                    if ab.failed is not None:   # stop reading at the first refused batch
+                        break
+                n = ab.flush()                  # raises the first failure, if any
+            except BaseException:
+                n = ab.acknowledged             # what the store acknowledged, for the message below
+                raise
+            finally:
+                try:
+                    ab.close()
+                except Exception:  # noqa: BLE001 - the error that matters is reported below
+                    pass
+        else:
+            prod = conn.producer(args.producer_id)
+            for line in stdin:
+                prod.send(args.topic, _line(line), **kw)
+                n += 1
+    except StoreClientError as e:
+        print(f"lmqtt produce: store {args.store} refused a message after {n} acknowledged: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (ConnectionLost, OSError) as e:
+        print(f"lmqtt produce: lost the store {args.store} after {n} acknowledged messages: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        print(f"lmqtt produce: interrupted after {n} acknowledged messages", file=sys.stderr)
+        return 130
+    finally:
+        conn.close()
+    el = time.perf_counter() - t0
+    print(f"lmqtt produce: {n} messages to {args.topic!r} in {el:.3f} s ({n / el if el > 0 else 0:.0f} msg/s)",
+          file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------------------- consume
+def parse_time(s: str) -> int:
+    """Epoch milliseconds from digits, or from ISO 8601 (naive = UTC)."""
+    s = s.strip()
+    if s.isdigit():
+        return int(s)
+    if s.endswith("Z"):
+        s = s[:-1] + "+00:00"
+    try:
+        dt = _dt.datetime.fromisoformat(s)
+    except ValueError:
+        raise ValueError(f"--from wants earliest, latest, epoch ms or ISO 8601; got {s!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=_dt.timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def is_filter(f: str) -> bool:
+    """True: read the light queue of an MQTT filter; False: the ConsumeQueue of a first-level topic."""
+    return "/" in f or "+" in f or "#" in f
+
+
+def record_json(r) -> dict:
+    m = r.mqtt
+    try:
+        body = {"payload": r.body.decode("utf-8")}
+    except UnicodeDecodeError:
+        body = {"payload_base64": base64.b64encode(r.body).decode()}
+    props = {"user_properties": [list(kv) for kv in m.user_properties]}
+    for name in ("content_type", "response_topic", "payload_format_indicator", "message_expiry_interval"):
+        v = getattr(m, name)
+        if v is not None:
+            props[name] = v
+    if m.correlation_data is not None:
+        props["correlation_data_base64"] = base64.b64encode(m.correlation_data).decode()
+    if m.client_id:
+        props["client_id"] = m.client_id
+    return {"topic": r.topic, **body, "properties": props, "offset": r.queue_offset, "queue_id": r.queue_id,
+            "physical_offset": r.offset, "msg_id": r.msg_id, "keys": list(r.keys), "qos": m.qos,
+            "retain": m.retain, "born_ts": r.born_ts, "store_ts": r.store_ts}
+
+
+def consume_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lmqtt consume", description="Print messages of a topic filter, one per line.")
+    _common(p)
+    p.add_argument("--filter", required=True, help="MQTT topic filter (a/+/c, a/#) or a first-level topic")
+    p.add_argument("--group", help="consumer group: resume from / commit to the store's offset")
+    p.add_argument("--from", dest="start", default=None,
+                   help="earliest | latest | epoch ms | ISO 8601 (default: the group's offset, else latest)")
+    p.add_argument("--count", type=int, help="exit after N messages")
+    p.add_argument("--timeout", type=float, help="exit after S seconds without a new message")
+    p.add_argument("--queue-id", type=int, default=0, help="ConsumeQueue id for a first-level topic (default 0)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    args = p.parse_args(argv)
+    if args.count is not None and args.count < 0:
+        print("lmqtt consume: --count must be >= 0", file=sys.stderr)
+        return 2
+    ts = None
+    if args.start not in (None, "earliest", "latest"):
+        try:
+            ts = parse_time(args.start)
+        except ValueError as e:
+            print(f"lmqtt consume: {e}", file=sys.stderr)
+            return 2
+    from lmqtt.store.client import ConnectionLost, StoreClientError
+    conn = _connect("lmqtt consume", args.store, args.token)
+    out = sys.stdout
+    n = 0
+    try:
+        cons, position_of = _consumer(conn, args, ts)
+        last_new = time.monotonic()
+        while args.count is None or n < args.count:
+            recs = cons.poll()
+            if ts is not None:
+                recs = [r for r in recs if r.store_ts >= ts]
+            if not recs:
+                if args.timeout is not None and time.monotonic() - last_new >= args.timeout:
+                    break
+                time.sleep(0.05)
+                continue
+            last_new = time.monotonic()
+            if args.count is not None:
+                recs = recs[:args.count - n]
+            for r in recs:
+                if args.format == "json":
+                    out.write(json.dumps(record_json(r), separators=(",", ":")) + "\n")
+                else:
+                    out.write(r.body.decode("utf-8", "replace") + "\n")
+            out.flush()
+            n += len(recs)
+            if args.group:
+                cons.commit(position_of(recs[-1]))
+    except StoreClientError as e:
+        print(f"lmqtt consume: store {args.store} refused: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (ConnectionLost, OSError) as e:
+        print(f"lmqtt consume: lost the store {args.store} after {n} messages: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        conn.close()
+    print(f"lmqtt consume: {n} messages", file=sys.stderr)
+    return 0
+
+
+class _TopicReader:
+    """A ConsumeQueue reader without a group (nothing committed)."""
+
+    def __init__(self, conn, topic: str, queue_id: int, position: int) -> None:
+        self.conn, self.topic, self.queue_id, self.position = conn, topic, queue_id, position
+
+    def poll(self):
+        r = self.conn.pull(self.topic, self.queue_id, self.position, 256)
+        self.position = r.next_offset
+        return r.records
+
+
+def _consumer(conn, args, ts):
+    """(consumer, record -> offset to commit after it). An explicit --from overrides the group's
+    committed offset; without --from a group resumes where it stopped (else: latest)."""
+    f = args.filter
+    start = "earliest" if ts is not None else (args.start or "latest")
+    if is_filter(f):
+        cons = conn.filter_consumer(f, args.group, start=start, max_count=256)
+        if args.start is not None:
+            info = conn.cmd("subscribe", filter=f)
+            cons.position = info["max_offset"] if start == "latest" else info["min_offset"]
+        if args.group:      # a new group starts here, even if this run reads nothing (as Kafka's)
+            cons.commit(cons.position)
+        return cons, lambda r: r.queue_offset + 1
+    if args.group:
+        cons = conn.consumer(f, args.group, args.queue_id, start=start, max_count=256)
+    else:
+        cons = _TopicReader(conn, f, args.queue_id, 0)
+    if args.start is not None or not args.group:
+        admin = conn.admin()
+        lo, hi = admin.offsets(f, args.queue_id)
+        if ts is not None:
+            cons.position = admin.offset_for_time(f, ts, args.queue_id)
+        else:
+            cons.position = hi if start == "latest" else lo
+    if args.group:
+        cons.commit(cons.position)
+    return cons, lambda r: r.queue_offset + 1
+
+
+# ----------------------------------------------------------------------------------------- admin
+def admin_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lmqtt admin",
+                                description="Topics, queues, consumer groups with their lag, store stats.")
+    _common(p)
+    p.add_argument("--group", action="append", default=[], help="only these groups (repeatable; default all)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--gateways", action="store_true",
+                   help="list the gateway ids holding wildcard filters in the store, and whether each is connected")
+    p.add_argument("--release-gateway", metavar="ID",
+                   help="drop the filter holds of a gateway id gone for good (refused while it is connected; "
+                        "a filter only it holds for a persistent session is kept)")
+    p.add_argument("--sessions", action="store_true",
+                   help="list the persistent MQTT sessions: gateway, connected or since when not, expiry")
+    p.add_argument("--session", metavar="CLIENT_ID",
+                   help="one session: its subscriptions with their committed offsets and lag")
+    p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
+    args = p.parse_args(argv)
+    conn = _connect("lmqtt admin", args.store, args.token)
+    if args.gateways or args.release_gateway:
+        return _admin_gateways(conn, args)
+    if args.sessions or args.session:
+        from lmqtt.gateway.app.admin_sessions import admin_sessions
+        return admin_sessions(conn, args, _admin_call, _table)
+    r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
+    if code:
+        return code
+    queues, groups, stats = r
+    if args.format == "json":
+        print(json.dumps({"store": args.store, "queues": queues, "groups": groups, "stats": stats},
+                         default=str, indent=2))
+        return 0
+    print(render_table(queues, groups, stats))
+    return 0
+
+
+def _admin_call(conn, store: str, fn):
+    """`fn(conn)`, the store's failures turned into admin's exit codes (the cause on stderr), the
+    connection closed: (result, 0) or (None, exit code)."""
+    from lmqtt.store.client import ConnectionLost, StoreClientError
+    try:
+        return fn(conn), 0
+    except StoreClientError as e:
+        print(f"lmqtt admin: store {store} refused: {e}", file=sys.stderr)
+        return None, EXIT_REFUSED
+    except (ConnectionLost, OSError) as e:
+        print(f"lmqtt admin: lost the store {store}: {e}", file=sys.stderr)
+        return None, EXIT_UNREACHABLE
+    finally:
+        conn.close()
+
+
+def _overview(conn, only_groups: list[str]):
+    a = conn.admin()
+    queues = []
+    for q in a.topics():
+        lo, hi = a.offsets(q["topic"], q["queue_id"])
+        queues.append({"topic": q["topic"], "queue_id": q["queue_id"], "min_offset": lo, "max_offset": hi})
+    stats = a.stats()
+    return queues, {g: a.lag(g) for g in (only_groups or stats.get("groups", []))}, stats
+
+
+def _admin_gateways(conn, args) -> int:
+    if args.release_gateway:
+        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_release_gateway", gateway=args.release_gateway))
+    else:
+        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_holders"))
+    if code:
+        return code
+    if args.format == "json":
+        print(json.dumps(r, indent=2))
+    elif args.release_gateway:
+        print(f"gateway {args.release_gateway}: released {len(r['released'])} filter(s), kept {len(r['kept'])} "
+              f"(only it holds them for a persistent session)")
+        for f in r["kept"]:
+            print(f"  kept {f}")
+    else:
+        rows = [[g, v["filters"], "yes" if v["connected"] else "no"] for g, v in r["gateways"].items()]
+        print("\n".join(_table(["gateway", "filters", "connected"], rows)) if rows else "(no gateway holds a filter)")
+    return 0
+
+
+def _table(headers: list[str], rows: list[list]) -> list[str]:
+    rows = [[str(c) for c in r] for r in rows]
+    w = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    fmt = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return [fmt(headers), fmt(["-" * x for x in w])] + [fmt(r) for r in rows]
+
+
+def render_table(queues, groups, stats) -> str:
+    lines = ["QUEUES (ConsumeQueues by first-level topic)"]
+    lines += _table(["topic", "queue", "min", "max", "messages"],
+                    [[q["topic"], q["queue_id"], q["min_offset"], q["max_offset"], q["max_offset"] - q["min_offset"]]
+                     for q in queues]) if queues else ["  (none)"]
+    lines += ["", "GROUPS"]
+    rows = []
+    for g, qs in sorted(groups.items()):
+        for q in qs:
+            where = q.get("filter") if "filter" in q else f'{q["topic"]}[{q["queue_id"]}]'
+            rows.append([g, "filter" if "filter" in q else "topic", where, q["committed"], q["max_offset"], q["lag"]])
+    lines += _table(["group", "kind", "queue", "committed", "max", "lag"], rows) if rows else ["  (none)"]
+    lines += ["", "STATS"]
+    flat = [[k, json.dumps(v, default=str) if isinstance(v, (dict, list)) else v] for k, v in sorted(stats.items())]
+    lines += _table(["key", "value"], flat)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(produce_main())

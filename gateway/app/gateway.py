@@ -1,0 +1,570 @@
+"""The embedded gateway: store + light queues + notify bus + MQTT listener in one process.
+
+`Gateway(cfg)` is what `lmqtt serve` runs and what tests may build in-process. Start order matters:
+the light-queue store registers its dispatcher before `store.start()` (recovery re-dispatches), the
+notify bus is attached before the first publish, and the listener opens last; stop is the reverse,
+with the broker persisting sessions/offsets before the store flushes and closes.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from pathlib import Path
+
+from lmqtt.gateway.core.broker import Broker
+from lmqtt.gateway.app.config import GatewayConfig
+from lmqtt.gateway.net.connection import MQTTConnection
+from lmqtt.gateway.app.metrics import GatewayMetrics
+from lmqtt.notify import InProcessBus
+
+log = logging.getLogger("lmqtt.gateway")
+
+
+class SecurityConfigError(Exception):
+    """A listener/authentication/ACL setting that cannot work; the message names the cause."""
+
+
+class ListenerError(Exception):
+    """A listener could not be opened; the message names the listener, address and reason."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_security(cfg: GatewayConfig):
+    """(ssl context or None, AuthChain or None, AclFile or None) from the configuration.
+
+    `None` for the chain means "no authentication configured and anonymous clients are fine here"
+    (a loopback host, or `allow_anonymous`): CONNECT then pays nothing for authentication.
+    """
+    from lmqtt.gateway.security.acl import AclError, AclFile
+    from lmqtt.gateway.security.auth import (AuthChain, AuthError, ClientCertificate, HmacSignature, JwtToken,
+                                    PasswordFile)
+    from lmqtt.gateway.net.tls import TlsConfigError, server_context
+    ctx = None
+    if cfg.tls_port or cfg.wss_port:
+        try:
+            ctx = server_context(cfg.cert, cfg.key, cfg.cafile, bool(cfg.require_certificate))
+        except TlsConfigError as e:
+            raise SecurityConfigError(str(e)) from None
+    authenticators = []
+    try:
+        if cfg.cafile and ctx is not None:
+            authenticators.append(ClientCertificate())   # a verified certificate names the user
+        if cfg.password_file:
+            authenticators.append(PasswordFile(cfg.password_file))
+        if cfg.hmac_keys:
+            authenticators.append(HmacSignature(cfg.hmac_keys))
+        if cfg.jwt_secret or cfg.jwt_public_key:
+            authenticators.append(JwtToken(secret=cfg.jwt_secret, public_key_file=cfg.jwt_public_key))
+    except AuthError as e:
+        raise SecurityConfigError(str(e)) from None
+    except OSError as e:
+        raise SecurityConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
+    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
+        raise SecurityConfigError(
+            f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
+            f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
+            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
+            f"anonymous clients on purpose")
+    chain = AuthChain(authenticators, bool(cfg.allow_anonymous)) if authenticators else None
+    acl = None
+    if cfg.acl_file:
+        try:
+            acl = AclFile(cfg.acl_file)
+        except AclError as e:
+            raise SecurityConfigError(str(e)) from None
+    return ctx, chain, acl
+
+
+# why a TLS handshake failed, from the ssl module's reason: (cause label, what to tell the operator)
+_TLS_CAUSES = {
+    "WRONG_VERSION_NUMBER": ("not_tls", "not TLS: the client sent plain MQTT (or another protocol) to the TLS port"),
+    "UNKNOWN_PROTOCOL": ("not_tls", "not TLS: the client sent plain MQTT (or another protocol) to the TLS port"),
+    "HTTP_REQUEST": ("not_tls", "not TLS: the client sent a plain HTTP request to the TLS port"),
+    "RECORD_LAYER_FAILURE": ("not_tls", "not TLS: the client sent plain data to the TLS port"),
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": ("no_client_certificate",
+                                          "the client sent no certificate and --require-certificate is set"),
+    "CERTIFICATE_VERIFY_FAILED": ("client_certificate_untrusted",
+                                  "the client's certificate is not signed by --cafile (or expired)"),
+    "TLSV1_ALERT_UNKNOWN_CA": ("server_certificate_rejected", "the client does not trust our certificate"),
+    "SSLV3_ALERT_BAD_CERTIFICATE": ("server_certificate_rejected", "the client rejected our certificate"),
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": ("server_certificate_rejected", "the client rejected our certificate"),
+    "UNSUPPORTED_PROTOCOL": ("tls_version", "no TLS version in common (we accept TLS 1.2 and 1.3)"),
+    "NO_SHARED_CIPHER": ("tls_version", "no cipher in common"),
+}
+
+
+def tls_failure_cause(exc: BaseException) -> tuple[str, str]:
+    """(cause label, explanation) of a failed TLS handshake."""
+    import ssl
+    if isinstance(exc, ssl.SSLError):
+        return _TLS_CAUSES.get(exc.reason or "", ("tls_error", f"TLS error {exc.reason or exc}"))
+    # uvloop reports its ssl_handshake_timeout as a ConnectionAbortedError whose message says the
+    # handshake is "taking longer" than the timeout: a third-party message with no class of its
+    # own, so it is matched by text (asyncio raises TimeoutError)
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or (
+            isinstance(exc, ConnectionAbortedError) and "taking longer" in str(exc)):
+        return "handshake_timeout", "no TLS handshake within connect_timeout_s"
+    return "connection_lost", f"the client left during the handshake ({type(exc).__name__})"
+
+
+class _Resume:
+    """Awaits the rest of a coroutine whose first step already ran (see `TlsAcceptor`)."""
+
+    __slots__ = ("it", "first")
+
+    def __init__(self, it, first) -> None:
+        self.it, self.first = it, first
+
+    def __await__(self):
+        it, y = self.it, self.first
+        while True:
+            try:
+                sent = yield y
+            except GeneratorExit:
+                it.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - thrown into the coroutine as a Task would
+                try:
+                    y = it.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    y = it.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+class TlsAcceptor(asyncio.Protocol):
+    """A TLS listener's socket until its handshake is done; then the MQTT (or WebSocket) protocol
+    takes over the TLS transport.
+
+    Why not `create_server(ssl=...)`: there a failed handshake is silent (asyncio and uvloop log it
+    only in debug mode), so an operator never learns that a device speaks plain MQTT to the TLS port
+    or presents an untrusted certificate. Here `loop.start_tls` runs the handshake and a failure is
+    logged with its cause (`event=tls_handshake_failed ... cause=not_tls`) and counted
+    (`lmqtt_tls_handshake_failures_total{cause}`). start_tls's first step (switching the socket to
+    the TLS protocol) runs inside `connection_made`, before any byte can be read, and the rest is
+    awaited in a task (`_Resume`).
+    """
+
+    def __init__(self, gateway: "Gateway", factory, ctx, listener: str) -> None:
+        self.gw, self.factory, self.ctx, self.listener = gateway, factory, ctx, listener
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        loop = asyncio.get_running_loop()
+        pn = transport.get_extra_info("peername")
+        peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        gw = self.gw
+        gate = gw.broker.gate if gw.broker is not None else None
+        if gate is not None and pn and gate.over_connect_rate(pn[0]):
+            # over its connect rate: refused before the handshake (no CONNACK can be sent without
+            # one); within the rate the MQTT connection's own admission takes the token
+            gw.metrics.connect_refused.labels(reason="0x9F").inc()
+            left_out = gate.log_allowed()
+            if left_out is not None:
+                log.warning("event=connect_refused peer=%s reason_code=none cause=connect_rate_per_address limit=%s "
+                            "reason='closed before the TLS handshake (listener %s)'%s", peer,
+                            gate.limits.connect_rate_per_address, self.listener,
+                            f" suppressed={left_out}" if left_out else "")
+            transport.abort()
+            return
+        proto = self.factory()
+        try:
+            it = loop.start_tls(transport, proto, self.ctx, server_side=True,
+                                ssl_handshake_timeout=max(1.0, float(self.gw.cfg.connect_timeout_s))).__await__()
+            first = it.send(None)
+        except StopIteration as stop:      # cannot happen (start_tls awaits the handshake), but be exact
+            proto.connection_made(stop.value)
+            return
+        except Exception as e:  # noqa: BLE001
+            self._failed(e, peer, transport)
+            return
+        loop.create_task(self._finish(it, first, proto, peer, transport))
+
+    async def _finish(self, it, first, proto, peer: str, transport) -> None:
+        try:
+            tls = await _Resume(it, first)
+        except Exception as e:  # noqa: BLE001 - every failure is the client's handshake; logged
+            self._failed(e, peer, transport)
+            return
+        if tls is None or tls.is_closing():
+            # uvloop may complete start_tls for a peer that closed during the handshake
+            self._failed(ConnectionResetError("closed during the TLS handshake"), peer, transport)
+            return
+        proto.connection_made(tls)
+
+    def _failed(self, exc: BaseException, peer: str, transport) -> None:
+        cause, why = tls_failure_cause(exc)
+        gw = self.gw
+        gw.tls_failures[cause] = gw.tls_failures.get(cause, 0) + 1
+        gate = gw.broker.gate if gw.broker is not None else None
+        left_out = gate.log_allowed() if gate is not None else 0
+        if left_out is not None:
+            # a peer that connects and leaves without a handshake is what TCP health checks of a
+            # load balancer do: counted, logged at debug only
+            log.log(logging.DEBUG if cause == "connection_lost" else logging.WARNING,
+                    "event=tls_handshake_failed listener=%s peer=%s cause=%s reason=%r error=%r%s", self.listener,
+                    peer, cause, why, str(exc)[:200], f" suppressed={left_out}" if left_out else "")
+        if not transport.is_closing():
+            transport.abort()
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics or GatewayMetrics()
+        self.store = None
+        self.lq = None
+        self.bus: InProcessBus | None = None
+        self.broker: Broker | None = None
+        self.server: asyncio.base_events.Server | None = None
+        self.address: tuple[str, int] | None = None
+        self.servers: list = []                            # every listener's asyncio Server
+        self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
+        self.ssl_context = self.auth = self.acl = None
+        self.link = None            # remote: the store connection (store/client/loop_connection.py)
+        self.storage = None         # remote: the RemoteStore
+        self.group_leases = None    # remote: who delivers each shared group
+        self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
+        self.sessions_directory = None   # remote: client id claims across the fleet (Redis or the store)
+        self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.cfg.store_address)
+
+    async def start(self) -> None:
+        if self.remote:
+            await self._start_remote()
+            return
+        from lmqtt.lightqueue import LightQueueStore
+        from lmqtt.store import MessageStore, StoreConfig
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        # settings that cannot work are refused before the store is opened
+        self.ssl_context, self.auth, self.acl = build_security(cfg)
+        data = Path(cfg.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode,
+                           segment_size=int(cfg.segment_mb) << 20)
+        if cfg.dispatch_inline:
+            scfg.dispatch_inline = True
+        self.store = MessageStore(scfg)
+        self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
+                                  cache_bytes=int(cfg.lq_cache_mb) << 20,
+                                  # the store's just-appended records: the same budget as the
+                                  # delivery ring (a quarter of lq_cache_mb), so one knob sizes
+                                  # every message cache
+                                  recent_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
+        self.bus = InProcessBus(loop, cfg.notify_window_ms / 1000.0)
+        self.lq.add_listener(self.bus.publish)
+        self.store.start()
+        try:
+            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics, auth=self.auth, acl=self.acl,
+                                 gate=self._new_gate(), after_append=self.bus.drain)
+            self.bus.subscribe(self.broker.delivery.on_queues)
+            self.broker.start()
+            await self._listen(loop)
+        except BaseException:
+            for srv in self.servers:
+                srv.close()
+            self._close_storage()
+            raise
+        self._start_sys_topics(loop)
+
+    async def _start_remote(self) -> None:
+        """`lmqtt gateway`: the same broker over a `RemoteStore` (docs/fleet.md). Refuses to start
+        while the store cannot be reached: a gateway that accepted clients it cannot serve would
+        only fail their publishes."""
+        import socket
+
+        from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
+        from lmqtt.gateway.storage.remote_store import RemoteStore
+        from lmqtt.store.client.aio import LoopConnection
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        self.ssl_context, self.auth, self.acl = build_security(cfg)
+        mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
+        gid = cfg.gateway_id or f"{socket.gethostname()}:{cfg.port}"
+        self.link = LoopConnection(cfg.store_address, loop=loop, token=cfg.token, client_name=f"lmqtt-gateway {gid}")
+        await loop.run_in_executor(None, lambda: None)   # the default executor exists before any redial
+        self.link.connect_blocking()
+        try:
+            self.storage = RemoteStore(self.link, gid, self.metrics, safety_poll_s=cfg.safety_poll_ms / 1000.0,
+                                       watch=(mode == "native"),
+                                       # the same budget as the embedded delivery ring
+                                       mirror_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
+            if mode in ("broadcast", "precise"):
+                from lmqtt.notify.redis_bus import RedisEventSubscriber
+                self.redis_events = RedisEventSubscriber(cfg.redis, gid, mode, safety_poll_s=cfg.safety_poll_ms / 1000.0)
+                self.redis_events.subscribe(self.storage.heard_names)
+                self.redis_events.on_resync(self.storage.poll)
+                if mode == "precise":
+                    ev = self.redis_events
+                    self.storage.on_track = lambda q: ev.watch_later((q,))
+                    self.storage.on_forget = ev.unwatch_later
+                await self.redis_events.start()
+            # the safety poll runs in every mode: the Redis subscriber's own resync stops while
+            # Redis is down, which is exactly when events are being lost
+            self.storage.start()
+            self._remote_metrics()
+            self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
+                                 storage=self.storage, session_registry_cls=FleetSessionRegistry,
+                                 gate=self._new_gate(), gateway_id=gid)
+            self.storage.on_new_data(self.broker.delivery.on_queues)
+            delivery = self.broker.delivery
+            self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
+            # shared subscriptions: one gateway of the fleet delivers each group (gateway/fleet/group_leases.py)
+            from lmqtt.gateway.fleet.group_leases import GroupLeases
+            self.group_leases = GroupLeases(self.link, gid, delivery, loop,
+                                            ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
+                                            tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
+            self.group_leases.start()
+            # one live connection per client id across the fleet (gateway/fleet/sessions.py): claims over
+            # Redis when there is one, else relayed by the store
+            from lmqtt.gateway.fleet.sessions import SessionDirectory, StoreSessionDirectory
+            reg = self.broker.session_registry
+            if cfg.redis:
+                self.sessions_directory = SessionDirectory(cfg.redis, gid, reg.release_to_other_gateway)
+            else:
+                self.sessions_directory = StoreSessionDirectory(loop, self.storage.metadata,
+                                                                reg.release_to_other_gateway)
+            reg.directory = self.sessions_directory
+            await self.sessions_directory.start()
+            self.broker.start()
+            await self._listen(loop)
+        except BaseException:
+            for srv in self.servers:
+                srv.close()
+            await self._close_remote()
+            raise
+        self._start_sys_topics(loop, f"$SYS/broker/gateways/{gid}/")
+        log.info("event=gateway_started store=%s gateway_id=%s notify=%s", cfg.store_address, gid, mode)
+
+    def _remote_metrics(self) -> None:
+        """The remote seam's counters on /metrics: pulls that crossed the network (one per queue
+        per event however many local sessions read it), blocking reads behind the mirror, EVENT
+        frames heard, safety polls, store reconnects and whether the store is connected now."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        gw = self
+
+        class _Collector:
+            def collect(self):
+                st, link = gw.storage, gw.link
+                if st is None:
+                    return
+                for name, help_, v in (("lmqtt_remote_pulls", "Light-queue reads the store made for this gateway (pulls and pushed batches)", st.remote_pulls),
+                                       ("lmqtt_remote_pull_misses", "Reads behind the local mirror (a reader further back than it holds)", st.remote_misses),
+                                       ("lmqtt_remote_events", "EVENT frames heard from the store", st.events),
+                                       ("lmqtt_remote_safety_polls", "Safety polls of the served queues", st.polls),
+                                       ("lmqtt_remote_reconnects", "Reconnects to the store",
+                                        link.reconnects if link is not None else 0)):
+                    yield CounterMetricFamily(name, help_, value=v)
+                d = gw.sessions_directory
+                for name, help_, v in (
+                        ("lmqtt_session_claims_sent", "Client id claims this gateway announced (one per attached connection)",
+                         d.claims_sent if d is not None else 0),
+                        ("lmqtt_session_claims_heard", "Client id claims of other gateways heard",
+                         d.claims_heard if d is not None else 0),
+                        ("lmqtt_session_claim_errors", "Claims that could not be announced (the old connection elsewhere stays)",
+                         d.errors if d is not None else 0),
+                        ("lmqtt_takeovers_by_other_gateway", "Connections closed (0x8E) for a newer one on another gateway",
+                         getattr(gw.broker.session_registry, "taken_over_elsewhere", 0) if gw.broker is not None else 0)):
+                    yield CounterMetricFamily(name, help_, value=v)
+                leases = gw.group_leases
+                yield CounterMetricFamily("lmqtt_group_leases_granted", "Times this gateway became the deliverer "
+                                          "of a shared group (a steady rise: leases moving between gateways)",
+                                          value=leases.granted if leases is not None else 0)
+                ev = gw.redis_events
+                yield CounterMetricFamily("lmqtt_remote_redis_events", "Event messages heard on Redis pub/sub",
+                                          value=ev.events_received if ev is not None else 0)
+                yield GaugeMetricFamily("lmqtt_remote_store_connected", "1 while connected to the store",
+                                        value=1 if link is not None and link.connected else 0)
+                yield GaugeMetricFamily("lmqtt_remote_mirrored_queues", "Queues mirrored locally",
+                                        value=len(st.queues))
+                yield GaugeMetricFamily("lmqtt_remote_mirror_bytes", "Payload bytes held by the mirrors",
+                                        value=st.mirrored_bytes)
+
+        self.metrics.registry.register(_Collector())
+
+    async def _close_remote(self) -> None:
+        if self.group_leases is not None:
+            self.group_leases.close()
+        if self.storage is not None:
+            self.storage.close()
+        if self.sessions_directory is not None:
+            try:
+                await self.sessions_directory.close()
+            except Exception as e:  # noqa: BLE001
+                log.error("event=session_directory_close_failed error=%r", e)
+            self.sessions_directory = None
+        if self.redis_events is not None:
+            try:
+                await self.redis_events.close()
+            except Exception as e:  # noqa: BLE001
+                log.error("event=redis_close_failed error=%r", e)
+            self.redis_events = None
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+    def _new_gate(self):
+        """The connection and rate limits (gateway/core/limits.py) the broker and its connections apply."""
+        from lmqtt.gateway.core.limits import ConnectionGate, Limits
+        return ConnectionGate(Limits.from_config(self.cfg))
+
+    def _install_limits(self) -> None:
+        """The counters of the broker's connection and rate limits on /metrics:
+        lmqtt_limit_hits_total{limit}, lmqtt_tls_handshake_failures_total{cause},
+        lmqtt_limit_refused_sockets_waiting."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        gate = self.broker.gate
+        gw = self
+
+        class _Collector:
+            def collect(self):
+                c = CounterMetricFamily("lmqtt_limit_hits", "Times a limit refused or slowed a client "
+                                        "(connections: refused sockets; publish rate: read pauses)", labels=["limit"])
+                for name, v in gate.hits.items():
+                    c.add_metric([name], v)
+                yield c
+                t = CounterMetricFamily("lmqtt_tls_handshake_failures", "Failed TLS handshakes", labels=["cause"])
+                for name, v in gw.tls_failures.items():
+                    t.add_metric([name], v)
+                yield t
+                yield GaugeMetricFamily("lmqtt_limit_refused_sockets_waiting",
+                                        "Refused sockets waiting for their CONNECT to be answered",
+                                        value=gate.refused_pending)
+
+        self.metrics.registry.register(_Collector())
+
+    async def _listen(self, loop) -> None:
+        from lmqtt.gateway.net.websocket import WebSocketProtocol
+        cfg = self.cfg
+        broker = self.broker
+        self._install_limits()
+
+        def mqtt():
+            return MQTTConnection(broker)
+
+        def ws():
+            return WebSocketProtocol(mqtt, path="/mqtt", max_message_bytes=cfg.max_packet_size)
+
+        plan = [("mqtt", cfg.port, mqtt, None)]
+        if cfg.tls_port:
+            plan.append(("mqtts", cfg.tls_port, mqtt, self.ssl_context))
+        if cfg.ws_port:
+            plan.append(("ws", cfg.ws_port, ws, None))
+        if cfg.wss_port:
+            plan.append(("wss", cfg.wss_port, ws, self.ssl_context))
+        for name, port, factory, ctx in plan:
+            if ctx is not None:
+                factory = (lambda f=factory, c=ctx, n=name: TlsAcceptor(self, f, c, n))
+            try:
+                srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024,
+                                               reuse_port=bool(cfg.reuse_port) or None)
+            except OSError as e:
+                what = {"mqtt": "", "mqtts": "TLS ", "ws": "WebSocket ", "wss": "secure WebSocket "}[name]
+                flag = {"mqtt": "--port", "mqtts": "--tls-port", "ws": "--ws-port", "wss": "--wss-port"}[name]
+                raise ListenerError(f"cannot listen on {what}{cfg.host}:{port} ({flag}): {e.strerror or e}") from None
+            self.servers.append(srv)
+            self.listeners[name] = srv.sockets[0].getsockname()[:2]
+            if name == "mqtt":
+                self.server = srv
+        self.address = self.listeners["mqtt"]
+
+    # ------------------------------------------------------------------------------ $SYS
+    def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
+        """Publish `$SYS/...` (gateway/core/sys_topics.py) every `sys_interval` seconds, retained,
+        through the ordinary publish path."""
+        from lmqtt.gateway.core.sys_topics import SysTopics
+        if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
+            return
+        broker = self.broker
+
+        def publish(topic: str, payload: bytes) -> None:
+            broker.publisher.submit(None, 0, None, topic, payload, True, "$SYS", None)
+
+        try:
+            from importlib.metadata import version
+            ver = version("lmqtt")
+        except Exception:  # noqa: BLE001 - a source tree without metadata
+            ver = "unknown"
+        self.sys_topics = SysTopics(self._sys_stats, publish, version=ver, prefix=prefix)
+
+        def tick() -> None:
+            try:
+                self.sys_topics.tick()
+            except Exception as e:  # noqa: BLE001 - $SYS must never take the gateway down
+                log.warning("event=sys_topics_failed error=%r", e)
+            self._sys_handle = loop.call_later(self.cfg.sys_interval, tick)
+        self._sys_handle = loop.call_soon(tick)
+
+    def _sys_stats(self) -> dict:
+        b, m = self.broker, self.metrics
+        connected = sum(1 for c in b.connections if c.connected)
+        sessions = b.session_registry.sessions
+        totals = {}
+        for fam in m.registry.collect():
+            if fam.name in ("lmqtt_dropped_messages", "lmqtt_connects"):
+                totals[fam.name] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
+        received, sent = sum(m.msg_in), sum(m.msg_out)
+        return {"connected": connected, "disconnected": max(0, len(sessions) - connected),
+                "messages_received": received, "messages_sent": sent,
+                "publish_received": received, "publish_sent": sent,
+                "publish_dropped": totals.get("lmqtt_dropped_messages", 0),
+                "bytes_received": m.bytes_in, "bytes_sent": m.bytes_out,
+                "subscriptions": sum(len(s.subs) for s in sessions.values()),
+                "connects": totals.get("lmqtt_connects", 0)}
+
+    def reload_security(self) -> None:
+        """SIGHUP: re-read the password/keys files and the ACL; connections stay. A file that does
+        not parse keeps its previous rules (logged)."""
+        if self.broker is not None:
+            self.broker.reload_security()
+
+    async def stop(self) -> None:
+        """Stop accepting, close sessions (persisting offsets), flush and close the store."""
+        if getattr(self, "_sys_handle", None) is not None:
+            self._sys_handle.cancel()
+        for srv in self.servers:
+            srv.close()
+        if self.broker is not None:
+            await self.broker.shutdown()
+        for srv in self.servers:
+            try:
+                await asyncio.wait_for(srv.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        if self.remote:
+            await self._close_remote()
+            return
+        self._close_storage()
+
+    def _close_storage(self) -> None:
+        if self.bus is not None:
+            self.bus.close()
+        if self.store is not None:
+            try:
+                self.store.shutdown()
+            except Exception as e:
+                log.error("event=store_shutdown_failed error=%r", e)
+        if self.lq is not None:
+            try:
+                self.lq.close()
+            except Exception as e:
+                log.error("event=lightqueue_close_failed error=%r", e)
+        self.store = self.lq = None

@@ -1,0 +1,293 @@
+"""`lmqtt serve`: gateway + store + notify in one process (the embedded default).
+
+    lmqtt serve [--host 127.0.0.1] [--port 1883] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
+                [--flush-mode async|sync|async+buffer] [--metrics-port 9883 (0 = off)]
+                [--store-port 10911 (0 = off)] [--store-host 127.0.0.1] [--token TOKEN]
+                [--tls-port P --cert FILE --key FILE [--cafile FILE] [--require-certificate]]
+                [--ws-port P] [--wss-port P] [--password-file FILE] [--allow-anonymous]
+                [--hmac-keys FILE] [--jwt-secret S | --jwt-public-key FILE] [--acl-file FILE]
+                [--max-connections N] [--max-connections-per-address N] [--connect-rate-per-address R]
+                [--publish-rate-per-client R] [--max-subscriptions N] (limits: docs/gateway.md)
+
+Precedence: built-in defaults < the TOML file (`--config`, keys at top level or under `[serve]`)
+< flags given on the command line. Binds to loopback unless told otherwise; without authentication
+anonymous clients are accepted on loopback only (a non-loopback --host needs --password-file etc.
+or --allow-anonymous). SIGHUP re-reads the password/keys files and the ACL. SIGTERM/SIGINT: stop accepting, close connections
+(MQTT 5: DISCONNECT 0x8B), persist sessions and offsets, flush the store, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, load_toml
+
+log = logging.getLogger("lmqtt.serve")
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts=... level=... logger=... event=... k=v`: greppable structured logs without a dependency."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        base = f"ts={self.formatTime(record, '%Y-%m-%dT%H:%M:%S')}.{int(record.msecs):03d} " \
+               f"level={record.levelname.lower()} logger={record.name} {msg}"
+        if record.exc_info:
+            base += " exc=" + repr(self.formatException(record.exc_info))
+        return base
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmqtt serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="MQTT port (default 1883; 0 = any free port)")
+    p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
+    p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
+    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--workers", type=int,
+                   help="gateway processes on this port over one store process (SO_REUSEPORT; default 1 = "
+                        "everything in this process)")
+    p.add_argument("--sys-interval", type=float,
+                   help="seconds between $SYS/broker/... updates, Mosquitto's names (default 10, 0 = off)")
+    p.add_argument("--store-port", type=int,
+                   help="port of the store's native protocol for the SDK (default 10911, 0 = off)")
+    p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")
+    p.add_argument("--token", help="auth token SDK clients must send (required for a non-loopback --store-host)")
+    add_listener_args(p)
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def add_listener_args(p: argparse.ArgumentParser) -> None:
+    """The TLS/WebSocket listener and authentication flags, shared by `lmqtt serve` and `lmqtt gateway`."""
+    g = p.add_argument_group("listeners (all on --host; docs/gateway.md \"Security and listeners\")")
+    g.add_argument("--tls-port", type=int, help="MQTT over TLS port (needs --cert, --key; 0 = off)")
+    g.add_argument("--ws-port", type=int, help="MQTT over WebSocket port (path /mqtt; 0 = off)")
+    g.add_argument("--wss-port", type=int, help="MQTT over secure WebSocket port (same --cert/--key; 0 = off)")
+    g.add_argument("--cert", help="server certificate chain, PEM")
+    g.add_argument("--key", help="server private key, PEM (default: inside --cert)")
+    g.add_argument("--cafile", help="CA of client certificates; a verified certificate's CN becomes the username")
+    g.add_argument("--require-certificate", action="store_true", default=None,
+                   help="TLS clients must present a certificate signed by --cafile")
+    a = p.add_argument_group("authentication and access control")
+    a.add_argument("--password-file", help="Mosquitto-compatible password file (lmqtt passwd / mosquitto_passwd)")
+    a.add_argument("--allow-anonymous", action="store_true", default=None,
+                   help="accept clients without credentials (default: only on a loopback --host with no auth)")
+    a.add_argument("--hmac-keys", help="access_key:secret_key file for signature auth (RocketMQ-MQTT style)")
+    a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
+    a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
+    a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
+    lim = p.add_argument_group("limits (per gateway process; 0 = unlimited; docs/gateway.md \"Limits\")")
+    lim.add_argument("--max-connections", type=int,
+                     help="open client sockets at once; more get CONNACK 0x97 / 3.1.1 rc 3 (default 0)")
+    lim.add_argument("--max-connections-per-address", type=int,
+                     help="open sockets from one source IP; more get CONNACK 0x97 / rc 3 (default 0)")
+    lim.add_argument("--connect-rate-per-address", type=float,
+                     help="new connections per second from one source IP; faster get CONNACK 0x9F / rc 3 (default 0)")
+    lim.add_argument("--connect-burst-per-address", type=int,
+                     help="connections from one IP allowed at once before the rate applies (default 20)")
+    lim.add_argument("--publish-rate-per-client", type=float,
+                     help="PUBLISH packets per second per connection; over it the client is not read until "
+                          "its budget is back (back-pressure, nothing lost; default 0)")
+    lim.add_argument("--publish-burst-per-client", type=int, help="publishes allowed at once (default 1000)")
+    lim.add_argument("--max-topic-length", type=int,
+                     help="bytes of a topic name or filter; longer: DISCONNECT / SUBACK 0x8F (default 65535)")
+    lim.add_argument("--max-topic-levels", type=int,
+                     help="'/'-separated levels of a topic or filter; more: DISCONNECT / SUBACK 0x8F (default 0 = unlimited)")
+    lim.add_argument("--max-subscriptions", type=int,
+                     help="subscriptions per session; more get SUBACK 0x97 / 3.1.1 0x80 (default 1000, 0 = unlimited)")
+    lim.add_argument("--max-offline-backlog", type=int,
+                     help="messages per subscription a persistent session gets of what was stored while it was "
+                          "away, the newest; the older are dropped (default 0 = all, up to the store's retention)")
+
+
+def install_event_loop() -> str:
+    """uvloop when installed, else asyncio's own loop;
+    returns the name for the startup banner. Shared by every long-running lmqtt command."""
+    try:
+        import uvloop  # type: ignore
+        uvloop.install()
+        return "uvloop"
+    except ImportError:  # pragma: no cover
+        return "asyncio"
+
+
+def _setup_logging(level: str) -> None:
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [h]
+    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        file_values = load_toml(args.config) if args.config else {}
+        overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+        cfg = build_config(file_values, overrides)
+    except ConfigError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 2
+    if int(cfg.workers) > 1:
+        from lmqtt.gateway.app.workers import run
+        return run(cfg, list(sys.argv[2:] if argv is None else argv), int(cfg.workers))
+    _setup_logging(cfg.log_level)
+    if cfg.switch_interval_ms:
+        # process-wide, so set by the command, not by Gateway (tests may embed several gateways)
+        sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
+    loop_name = install_event_loop()
+    try:
+        explicit = args.store_port is not None or "store_port" in file_values
+        return asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
+    except KeyboardInterrupt:  # pragma: no cover - signal handler normally catches it
+        return 0
+
+
+def _tune_gc(cfg) -> None:
+    """Shorter and rarer GC pauses on the event loop (see `gc_freeze` in gateway/app/config.py)."""
+    import gc
+    if cfg.gc_gen0_threshold:
+        _g0, g1, g2 = gc.get_threshold()
+        gc.set_threshold(int(cfg.gc_gen0_threshold), g1, g2)
+    if cfg.gc_freeze:
+        gc.collect()
+        gc.freeze()
+
+
+def check_data_dir(path: str) -> str | None:
+    """None if `path` can be created and written, else the real reason (startup errors name their
+    cause: an unwritable data dir is reported as such, not as a listener that cannot start)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as e:
+        return f"cannot use data dir {os.path.abspath(path)}: {e.strerror or e}"
+    return None
+
+
+async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
+    from lmqtt.gateway.app.gateway import Gateway
+
+    gw = Gateway(cfg)
+    # signal handlers first: a SIGTERM that arrives while starting (the port may already accept
+    # connections) becomes a clean stop right after startup, never Python's default death
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gw.reload_security)   # a no-op until the broker exists
+    problem = check_data_dir(cfg.data_dir)
+    if problem:
+        print(f"lmqtt serve: {problem}", file=sys.stderr)
+        return 1
+    from lmqtt.gateway.app.gateway import ListenerError, SecurityConfigError
+    try:
+        await gw.start()
+    except SecurityConfigError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 2
+    except ListenerError as e:
+        print(f"lmqtt serve: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.filename:     # a file of the data dir, not the socket
+            print(f"lmqtt serve: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+        else:
+            print(f"lmqtt serve: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        print(f"lmqtt serve: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        log.exception("event=startup_failed")
+        return 1
+    store_srv = None
+    store_url = "off"
+    if cfg.store_port:
+        from lmqtt.store.node.sdk_service import install
+        from lmqtt.store.server import StoreServer
+        try:
+            store_srv = StoreServer(gw.store, os.path.join(cfg.data_dir, "sdk-meta"), host=cfg.store_host,
+                                    port=cfg.store_port, token=cfg.token)
+            install(store_srv, gw.lq)
+            await store_srv.start()
+        except ValueError as e:
+            print(f"lmqtt serve: {e}", file=sys.stderr)
+            await gw.stop()
+            return 2
+        except OSError as e:
+            if e.filename:
+                print(f"lmqtt serve: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+                await gw.stop()
+                return 1
+            why = f"cannot listen on store port {cfg.store_host}:{cfg.store_port}: {e.strerror or e}"
+            if store_port_explicit:
+                print(f"lmqtt serve: {why}", file=sys.stderr)
+                if store_srv is not None:
+                    store_srv.meta.close()
+                await gw.stop()
+                return 1
+            # the default port is taken (e.g. another lmqtt on this machine): MQTT still serves,
+            # the banner and the log say why the SDK port is missing; pass --store-port to insist
+            log.warning("event=store_listen_failed host=%s port=%s error=%s", cfg.store_host, cfg.store_port, e)
+            if store_srv is not None:
+                store_srv.meta.close()
+            store_srv = None
+            store_url = f"unavailable ({why}; set --store-port)"
+        if store_srv is not None:
+            sh, sp = store_srv.address
+            store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
+    _tune_gc(cfg)
+    metrics_url = "off"
+    if cfg.metrics_port:
+        mhost = cfg.metrics_host or cfg.host
+        try:
+            h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
+            metrics_url = f"http://{h}:{p}/metrics"
+        except OSError as e:
+            log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
+            metrics_url = f"unavailable ({e.strerror or e})"
+    host, port = gw.address
+    more = ""
+    scheme = {"mqtts": "mqtts://{}:{} (TLS)", "ws": "ws://{}:{}/mqtt (WebSocket)",
+              "wss": "wss://{}:{}/mqtt (secure WebSocket)"}
+    for name, (h, p) in gw.listeners.items():
+        if name != "mqtt":
+            more += "\n  listener:   " + scheme[name].format(h, p)
+    if gw.auth is not None:
+        kinds = ", ".join(a.name for a in gw.auth.authenticators)
+        auth_line = f"{kinds}; anonymous {'allowed' if cfg.allow_anonymous else 'refused'}"
+    elif cfg.allow_anonymous:
+        auth_line = "none: anonymous clients allowed (--allow-anonymous)"
+    else:
+        auth_line = "none: anonymous clients allowed on loopback only"
+    if gw.acl is not None:
+        auth_line += f"; ACL {cfg.acl_file}"
+    print(f"lmqtt serve: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
+          f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
+          f"  flush mode: {cfg.flush_mode}\n"
+          f"  metrics:    {metrics_url}\n"
+          f"  store:      {store_url}{more}\n"
+          f"  auth:       {auth_line}", file=sys.stderr, flush=True)
+    await stop.wait()
+    log.info("event=shutdown_begin")
+    if store_srv is not None:
+        await store_srv.stop()
+    await gw.stop()
+    gw.metrics.stop_http()
+    log.info("event=shutdown_complete")
+    print("lmqtt serve: stopped cleanly", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,573 @@
+"""The MQTT broker logic of one gateway: what happens on each packet (CONNECT, PUBLISH, the acks,
+SUBSCRIBE, UNSUBSCRIBE, DISCONNECT, AUTH), start and shutdown.
+
+Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
+top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket, write batching and the
+connections' deadlines (keep alive, connect timeout) are in `connection.py`; the store write in
+`publish.py`; the pull/fan-out in `delivery.py`; per-client state in `session.py`; which sessions
+exist, who owns them, expiry and wills in `session_registry.py`; subscriptions, shared groups and
+filter registrations in `subscriptions.py`; deciding a SUBSCRIBE/UNSUBSCRIBE filter by filter
+(validation, ACL, limits, replay, retained) in `subscribe.py`; offset/session persistence and its
+flush timer in `persistence.py`; the AUTH exchanges in `enhanced_auth.py`. Those modules never
+import this one: they get the few callbacks they need as plain callables. Everything runs on the
+event loop thread; nothing here blocks except short RocksDB metadata writes (sessions/offsets change
+at subscribe/ack rate and are batched per 100 ms).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from lmqtt.gateway.security.auth import AuthRunner, Credentials, Denied, Identity
+from lmqtt.gateway.security.enhanced_auth import EnhancedAuth, peer_certificate_subject
+from lmqtt.gateway.net.connection import NO_TOPICS, ConnectionSweep, WriteBatcher
+from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
+from lmqtt.gateway.delivery.retained import drain_retained
+from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session
+from lmqtt.gateway.core.session_registry import SessionRegistry
+from lmqtt.gateway.storage.store_api import InProcessStore
+from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
+from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.delivery.engine import DeliveryEngine
+from lmqtt.gateway.core.session_persistence import SessionPersistence
+from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicName
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.app.config import GatewayConfig
+    from lmqtt.gateway.net.connection import MQTTConnection
+    from lmqtt.gateway.app.metrics import GatewayMetrics
+
+log = logging.getLogger("lmqtt.gateway")
+
+
+class Broker:
+    def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
+                 metrics: "GatewayMetrics", auth=None, acl=None, storage=None,
+                 session_registry_cls=SessionRegistry, gate=None, after_append=None,
+                 gateway_id: str | None = None) -> None:
+        """`storage`: a `GatewayStore` (e.g. RemoteStore for `lmqtt gateway`); default: an
+        InProcessStore over `store`/`lq`. `session_registry_cls`: the fleet's variant reloads a
+        session from the store on CONNECT (gateway/fleet/sessions.py). `gate`: the connection and rate
+        limits with their counters (gateway/core/limits.py `ConnectionGate`), None for none.
+        `after_append()`: called once each publish batch is appended (the embedded gateway's
+        notify bus drain, so subscribers get the batch before its PUBACKs go out). `gateway_id`:
+        a fleet gateway's id (`lmqtt gateway`), named in the session records it writes; None in
+        the embedded server."""
+        self.cfg = cfg
+        # security (gateway/security/auth.py, gateway/security/acl.py): None = not configured, and then CONNECT,
+        # PUBLISH, SUBSCRIBE and delivery pay one `is None` test for it
+        self.auth = auth
+        self.auth_runner = AuthRunner(auth, loop) if auth is not None else None
+        self.acl = acl
+        self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked,
+                                          timeout_s=cfg.connect_timeout_s)
+        self.gate = gate
+        self.store = store
+        self.lq = lq
+        # everything below uses the store through it
+        self.storage = storage if storage is not None else InProcessStore(store, lq)
+        self.metadata = self.storage.metadata
+        self.loop = loop
+        self.metrics = metrics
+        self.connections: set["MQTTConnection"] = set()
+        self.sweep = ConnectionSweep(loop, self.connections, cfg.connect_timeout_s, self.enhanced_auth.timed_out)
+        # the live checks are looked up when called: the registries are built below
+        self.persist = SessionPersistence(self.metadata,
+                                          session_live=lambda s: self.sessions.get(s.client_id) is s,
+                                          group_live=lambda g: self.subscriptions.is_current(g),
+                                          host=gateway_id)
+        self.writes = WriteBatcher(loop)
+        self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
+                                       session_offsets_moved=self.persist.mark_session,
+                                       group_offsets_moved=self.persist.mark_group,
+                                       flush_writes=self.writes.flush, acl=acl)
+        self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,
+                                         set_retained=self.metadata.set_retained,
+                                         record_appended=self.delivery.record_appended,
+                                         flush_writes=self.writes.flush, after_append=after_append)
+        # subscribing from the past (gateway/delivery/history.py): publishes routed before a filter's
+        # registration are appended before it
+        self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist,
+                                                  before_register=self.publisher.flush)
+        if lq is not None:            # embedded: registrations by SDK consumers too (store port)
+            lq.before_register = self.publisher.flush
+        self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
+                                                self._publish_will)
+        self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
+        # `using` looked up when called: only a store that reads ahead (remote) has it
+        self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
+                                            using=lambda ahead: self.storage.using(ahead),
+                                            metadata=self.metadata, acl=acl, gate=gate,
+                                            max_subscriptions=cfg.max_subscriptions,
+                                            save_session=self._save_session, save_offsets=self.persist.save_offsets,
+                                            kick=self.delivery.kick, resume=self._continue)
+        self.accepting = True
+        self._handlers = {
+            P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,
+            P.PubRec: self.on_pubrec, P.PubRel: self.on_pubrel, P.PubComp: self.on_pubcomp,
+            P.Subscribe: self.on_subscribe, P.Unsubscribe: self.on_unsubscribe,
+            P.PingReq: self.on_pingreq, P.Disconnect: self.on_disconnect, P.Auth: self.enhanced_auth.on_auth,
+        }
+
+    # ======================================================================= lifecycle
+    def start(self) -> None:
+        """Restore persistent sessions and shared groups from metadata; publish wills of a crash."""
+        n = self.session_registry.restore()
+        self.subscriptions.sync_store_filters()
+        wills = self.session_registry.publish_orphan_wills()
+        self.sweep.start()
+        self.persist.start_flushing(self.loop, self.cfg.offset_flush_ms / 1000.0)
+        log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
+
+    def _publish_will(self, client_id: str, qos: int, topic: str, payload: bytes, retain: bool,
+                      props: P.Properties | None) -> None:
+        self.publisher.submit(None, qos, None, topic, payload, retain, client_id, props)
+
+    async def shutdown(self, timeout: float = 3.0) -> None:
+        """Stop accepting, close every connection (MQTT 5: DISCONNECT 0x8B), persist state."""
+        self.accepting = False
+        for c in list(self.connections):
+            if c.connected:
+                c.close_with_error(RC.SERVER_SHUTTING_DOWN, "server shutting down")
+            else:
+                c.close()
+        deadline = self.loop.time() + timeout
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for c in list(self.connections):   # did not go away: abort
+            if c.transport is not None:
+                c.transport.abort()
+        await asyncio.sleep(0)
+        self.publisher.flush()      # wills of closed connections
+        deadline = self.loop.time() + timeout
+        while self.publisher.inflight_batches and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        self.sweep.stop()
+        if self.auth_runner is not None:
+            self.auth_runner.close()
+        self.session_registry.close()
+        self.persist.stop_flushing()
+        try:
+            self.metadata.flush()
+        except Exception as e:
+            log.error("event=metadata_flush_failed error=%r", e)
+
+    # ======================================================================= connections
+    def on_accept(self, conn: "MQTTConnection") -> None:
+        if not self.accepting:
+            conn.close()
+            return
+        self.connections.add(conn)
+
+    def on_connection_lost(self, conn: "MQTTConnection", exc) -> None:
+        self.connections.discard(conn)
+        if conn.connected:
+            self.metrics.connections.dec()
+            conn.connected = False
+            self.session_registry.detach(conn)
+
+    def on_writable(self, conn: "MQTTConnection") -> None:
+        """The socket drained below its low-water mark: deliver what was held back."""
+        s = conn.session
+        if s is not None and s.conn is conn:
+            self.delivery.kick(s)
+
+    # ======================================================================= packets
+    def handle_packet(self, conn: "MQTTConnection", pkt) -> None:
+        h = self._handlers.get(type(pkt))
+        if h is None:
+            raise ProtocolError(f"unexpected packet {type(pkt).__name__} from a client", RC.PROTOCOL_ERROR)
+        if not conn.connected and h != self.on_connect:
+            if conn.auth_login is None:
+                raise ProtocolError("the first packet must be CONNECT", RC.PROTOCOL_ERROR)
+            if h == self.on_disconnect:         # gave up during enhanced authentication
+                log.info("event=connect_abandoned peer=%s cause='DISCONNECT during enhanced authentication'",
+                         conn.peer)
+                return conn.close()
+            if h != self.enhanced_auth.on_auth:   # MQTT-3.1.2-30
+                raise ProtocolError(f"{type(pkt).__name__.upper()} before CONNACK during enhanced "
+                                    f"authentication (only AUTH or DISCONNECT may follow CONNECT)",
+                                    RC.PROTOCOL_ERROR)
+        h(conn, pkt)
+
+    def _continue(self, conn, fn, *args) -> None:
+        """Run a packet's handling that waited for the store, failing as `_handle_packets` would:
+        a protocol error or a bug costs this connection only."""
+        try:
+            fn(*args)
+        except ProtocolError as e:
+            conn.protocol_error(e.reason_code, str(e))
+        except Exception as e:  # noqa: BLE001
+            log.exception("event=packet_handler_failed client_id=%s", conn.client_id)
+            conn.close_with_error(RC.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
+
+    # ======================================================================= CONNECT
+    def _refuse(self, conn: "MQTTConnection", rc: int, reason: str, cause: str | None = None) -> None:
+        """CONNACK with a failure code; `reason` goes to the client, `cause` (which part of the
+        credentials was wrong) only to the log."""
+        self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+        log.info("event=connect_refused peer=%s reason_code=0x%02X reason=%r%s", conn.peer, rc, reason,
+                 f" cause={cause!r}" if cause else "")
+        conn.write(encode_connack_refusal(rc, reason, conn.version))
+        conn.close()
+
+    def on_connect(self, conn: "MQTTConnection", pkt: P.Connect) -> None:
+        if conn.connected:
+            raise ProtocolError("second CONNECT on one connection", RC.PROTOCOL_ERROR)
+        v = pkt.protocol_level
+        conn.version = v
+        props = pkt.properties
+        if not self.accepting:
+            return self._refuse(conn, RC.SERVER_UNAVAILABLE, "server shutting down")
+        down = self.storage.unavailable()         # remote store unreachable: no session to offer
+        if down:
+            return self._refuse(conn, RC.SERVER_UNAVAILABLE, down)
+        cid = pkt.client_id
+        assigned = None
+        if not cid:
+            if v != 5 and not pkt.clean_start:
+                return self._refuse(conn, RC.CLIENT_IDENTIFIER_NOT_VALID, "an empty client id needs clean session = 1")
+            cid = "lmqtt-" + secrets.token_hex(8)
+            if v == 5:
+                assigned = cid
+        if v == 5 and props.authentication_method:
+            return self.enhanced_auth.begin(conn, pkt, cid, assigned)
+        ident = None
+        if self.auth is not None:
+            creds = Credentials(cid, pkt.username, pkt.password, peer_certificate_subject(conn))
+
+            def checked(result, conn=conn, pkt=pkt, cid=cid, assigned=assigned) -> None:
+                if conn.closing:             # the client left while its password was checked
+                    return
+                try:
+                    self._connect_checked(conn, pkt, cid, assigned, result)
+                except ProtocolError as e:
+                    conn.protocol_error(e.reason_code, str(e))
+                    return
+                conn.release()               # the packets that came after CONNECT, in order
+            if self.auth_runner.check_later(creds, checked):
+                conn.hold()                  # a password hash to compute: off the event loop
+                return
+            return self._connect_checked(conn, pkt, cid, assigned, self.auth.check(creds))
+        elif self.acl is not None:
+            ident = Identity(None, cid, "anonymous")
+        self._connect_checked(conn, pkt, cid, assigned, ident)
+
+    def _connect_checked(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, ident,
+                         auth_reply: tuple[str, bytes] | None = None) -> None:
+        """The rest of CONNECT once the credentials are checked (`ident`: Identity, Denied, or None
+        when no authentication is configured; `auth_reply`: enhanced authentication's method and
+        final data for CONNACK)."""
+        if isinstance(ident, Denied):
+            if ident.method == AuthRunner.BUSY:
+                return self._refuse(conn, RC.SERVER_BUSY, "server busy", ident.reason)
+            if pkt.username is not None or pkt.password is not None:
+                return self._refuse(conn, RC.BAD_USER_NAME_OR_PASSWORD, "bad user name or password",
+                                    ident.reason)
+            return self._refuse(conn, RC.NOT_AUTHORIZED, "not authorized", ident.reason)
+        cfg = self.cfg
+        v = pkt.protocol_level
+        props = pkt.properties
+        conn.identity = ident
+        will = pkt.will
+        if will is not None and self.acl is not None and not self.acl.can_publish(ident, will.topic):
+            # as Mosquitto: the connection is accepted, the will is not kept (never published)
+            log.info("event=will_denied client_id=%s topic=%r", cid, will.topic)
+            will = None
+        if pkt.will is not None:
+            try:
+                T.validate_topic(pkt.will.topic)
+            except InvalidTopicName as e:
+                if v == 5:
+                    return self._refuse(conn, RC.TOPIC_NAME_INVALID, f"will topic: {e}")
+                raise ProtocolError(f"will topic: {e}", RC.TOPIC_NAME_INVALID) from None   # 3.1.1: close
+        if v == 5:
+            expiry = props.session_expiry_interval or 0
+        else:
+            expiry = 0 if pkt.clean_start else NEVER_EXPIRES
+        expiry = min(expiry, cfg.max_session_expiry_s)
+        loading = self.session_registry.load_later(cid, pkt.clean_start)
+        if loading is None:
+            return self._connect_open(conn, pkt, cid, assigned, auth_reply, will, expiry)
+        # the session is on the store (a fleet): this connection waits for it, the others go on
+        conn.hold()
+
+        def loaded(f, conn=conn) -> None:
+            if conn.closing:                 # the client left meanwhile
+                if f.exception() is None:
+                    self.session_registry.discard(f.result())
+                return
+            if f.exception() is not None:
+                return self._refuse(conn, RC.SERVER_UNAVAILABLE, "session store unavailable", repr(f.exception()))
+            self._continue(conn, self._connect_open, conn, pkt, cid, assigned, auth_reply, will, expiry, f.result())
+            conn.release()
+        loading.add_done_callback(loaded)
+
+    def _connect_open(self, conn: "MQTTConnection", pkt: P.Connect, cid: str, assigned, auth_reply, will,
+                      expiry: int, loaded=None) -> None:
+        """CONNECT accepted: take the session over (`loaded`: what the registry read for it)."""
+        cfg = self.cfg
+        v = pkt.protocol_level
+        props = pkt.properties
+        registry = self.session_registry
+        old = registry.owner(cid)
+        if old is not None and old is not conn:
+            log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
+            old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
+            registry.detach(old)
+            old.connected = False
+            self.metrics.connections.dec()
+        s, present = registry.open(cid, pkt.clean_start, loaded)
+        was_persistent = s.persistent
+        s.expiry_interval = expiry
+        s.version = v
+        rm = props.receive_maximum if (v == 5 and props.receive_maximum) else 65535
+        s.receive_max = max(1, min(rm, cfg.max_inflight))
+        if v == 5:
+            s.set_client_limits(props.maximum_packet_size, props.topic_alias_maximum, cfg.topic_alias_maximum)
+            conn.problem_info = props.request_problem_information != 0
+        else:
+            s.set_client_limits(None, None, 0)
+        registry.attach(conn, s)
+        conn.connected = True
+        keepalive = pkt.keepalive
+        server_keepalive = None
+        if keepalive > cfg.max_keepalive:
+            keepalive = server_keepalive = cfg.max_keepalive
+        conn.keepalive = keepalive
+        conn.will = will
+        if will is not None:
+            registry.store_will(cid, will, v)
+        if s.persistent:
+            self._save_session(s)
+        elif was_persistent:
+            self.persist.delete_session(cid)
+
+        ack = P.ConnAck(present, 0)
+        if v == 5:
+            ap = ack.properties
+            ap.assigned_client_identifier = assigned
+            if cfg.topic_alias_maximum:
+                ap.topic_alias_maximum = cfg.topic_alias_maximum
+            if cfg.receive_maximum < 65535:
+                ap.receive_maximum = cfg.receive_maximum
+            if props.request_response_information and cfg.response_information:
+                ap.response_information = cfg.response_information
+            ap.maximum_packet_size = cfg.max_packet_size
+            if server_keepalive is not None:
+                ap.server_keep_alive = server_keepalive
+            if expiry != (props.session_expiry_interval or 0):
+                ap.session_expiry_interval = expiry
+            if auth_reply is not None:
+                ap.authentication_method, ap.authentication_data = auth_reply
+        conn.send(ack)
+        self.metrics.connects.inc()
+        self.metrics.connections.inc()
+        log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
+                  cid, conn.peer, v, pkt.clean_start, expiry, present)
+        if self.acl is not None:
+            self._set_read_checks(conn, s)
+        if present and cfg.max_offline_backlog:
+            self.delivery.trim_backlog(s, cfg.max_offline_backlog)
+        self.subscriptions.go_online(s)
+        for inf in s.resend_inflight():     # no longer fits the client's Maximum Packet Size
+            self._release(s, inf)
+        self.delivery.kick(s)
+
+    # ======================================================================= PUBLISH in
+    def on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None:
+        s = conn.session
+        qos = pkt.qos
+        self.metrics.msg_in[qos] += 1
+        v5 = conn.version == 5
+        topic = pkt.topic
+        if v5 and pkt.properties.topic_alias is not None:
+            topic = conn.resolve_topic_alias(topic, pkt.properties.topic_alias, self.cfg.topic_alias_maximum)
+        if topic not in conn.valid_topics:
+            # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
+            # topic; this is the light-queue rule set, checked once per topic per connection
+            try:
+                T.validate_topic(topic)
+            except InvalidTopicName as e:
+                raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
+            if topic.startswith("$SYS"):     # the broker's own (gateway/core/sys_topics.py): as Mosquitto
+                return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
+            gate = self.gate
+            if gate is not None and gate.limits.topic_limited:     # max_topic_length / _levels
+                over = gate.limits.topic_violation(topic)
+                if over is not None:
+                    gate.hits[over[0]] += 1
+                    raise ProtocolError(f"{over[1]} ({over[0]})", RC.TOPIC_NAME_INVALID)
+            vt = conn.valid_topics
+            if vt is NO_TOPICS or len(vt) >= 1024:
+                conn.valid_topics = vt = set()
+            vt.add(topic)
+        pid = pkt.packet_id
+        due = 0
+        if topic[0] == "$" and topic.startswith(DELAYED_PREFIX):   # $delayed/{seconds}/{topic}: ACL on {topic}
+            try:
+                topic, due = parse_delayed_topic(topic)
+            except DelayRefused as e:
+                return self.publisher.refuse(conn, qos, pid, topic, e)
+        if self.acl is not None and topic not in conn.acl_publish_ok:
+            # the identity is fixed per connection: an allowed topic is remembered until SIGHUP
+            if not self.acl.can_publish(conn.identity, topic):
+                return self._publish_denied(conn, s, qos, pid, topic, v5)
+            ok = conn.acl_publish_ok
+            if ok is NO_TOPICS or len(ok) >= 1024:
+                conn.acl_publish_ok = ok = set()
+            ok.add(topic)
+        if qos == 2:
+            if pid in s.inbound_qos2:       # retransmission of a stored message
+                conn.send(P.PubRec(pid))
+                return
+            if pid in s.inbound_pending:
+                return
+        elif qos == 1 and pid in s.inbound_pending:
+            return
+        if qos:
+            if v5 and len(s.inbound_pending) + len(s.inbound_qos2) >= self.cfg.receive_maximum:
+                raise ProtocolError(f"more than Receive Maximum ({self.cfg.receive_maximum}) QoS 1/2 "
+                                    "publishes unacknowledged", RC.RECEIVE_MAXIMUM_EXCEEDED)
+            s.inbound_pending.add(pid)
+        self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
+                              pkt.properties if v5 else None, due)
+
+    def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
+        """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is
+        acknowledged and dropped (as Mosquitto does). Nothing is stored."""
+        log.info("event=publish_denied client_id=%s topic=%r", s.client_id, topic)
+        if qos == 0:
+            return
+        rc = RC.NOT_AUTHORIZED if v5 else 0
+        if qos == 1:
+            conn.send(P.PubAck(pid, rc))
+        else:
+            if not v5:
+                s.inbound_qos2.add(pid)         # the PUBREL that follows gets its PUBCOMP
+            conn.send(P.PubRec(pid, rc))
+
+    def reload_security(self) -> None:
+        """SIGHUP: re-read password/keys files and the ACL (a file that fails keeps its old rules);
+        with new ACL rules, what each connection remembered of the old ones is asked again."""
+        if self.auth is not None:
+            self.auth.reload_files()
+        if self.acl is not None and self.acl.reload_or_keep():
+            for c in list(self.connections):
+                c.acl_publish_ok = NO_TOPICS
+                if c.connected and c.session is not None:
+                    self._set_read_checks(c, c.session)
+
+    def _set_read_checks(self, conn: "MQTTConnection", s: Session) -> None:
+        """The queues of `s`'s subscriptions whose messages need the ACL's read rule for this
+        connection's identity (`AclFile.read_checks`); only called with an ACL configured."""
+        conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
+
+    # ======================================================================= acks from the client
+    def _release(self, s: Session, inf: InFlight) -> None:
+        if inf.group is not None:
+            inf.group.acked(inf.offset)
+            self.persist.mark_group(inf.group)
+        elif inf.queue is not None:
+            cur = s.cursors.get(inf.queue)
+            if cur is not None:
+                cur.inflight.pop(inf.offset, None)
+                self.persist.mark_session(s)
+        if s.retained_backlog:
+            drain_retained(s)
+        self.delivery.kick(s)
+
+    def on_puback(self, conn, pkt: P.PubAck) -> None:
+        s = conn.session
+        pid = pkt.packet_id
+        out = s.outbound
+        inf = out.get(pid)
+        if inf is None or inf.qos != 1:
+            return   # unknown id: ignore (a late ack after a reconnect)
+        was_full = len(out) >= s.receive_max
+        del out[pid]
+        if inf.group is None and inf.queue is not None and not s.retained_backlog:
+            # _release inlined for the QoS 1 hot path (a direct subscription's message)
+            cur = s.cursors.get(inf.queue)
+            if cur is not None:
+                cur.inflight.pop(inf.offset, None)
+                if s.expiry_interval:       # only a persistent session's offsets are written
+                    self.persist.mark_session(s)
+            # Delivery only ever holds messages back for this session because its window was
+            # full (a blocked socket kicks on resume_writing; a partial read re-schedules itself),
+            # so only the ack that opens a full window needs a delivery run.
+            if was_full:
+                self.delivery.kick(s)
+            return
+        self._release(s, inf)
+
+    def on_pubrec(self, conn, pkt: P.PubRec) -> None:
+        s = conn.session
+        inf = s.outbound.get(pkt.packet_id)
+        if inf is None or inf.qos != 2:
+            conn.send(P.PubRel(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
+            return
+        if pkt.reason_code >= RC.UNSPECIFIED_ERROR:   # an error code: the message is dropped
+            del s.outbound[pkt.packet_id]
+            self._release(s, inf)
+            return
+        inf.state = InFlight.WAIT_COMP
+        conn.send(P.PubRel(pkt.packet_id))
+
+    def on_pubcomp(self, conn, pkt: P.PubComp) -> None:
+        s = conn.session
+        inf = s.outbound.get(pkt.packet_id)
+        if inf is None or inf.qos != 2:
+            return
+        del s.outbound[pkt.packet_id]
+        self._release(s, inf)
+
+    def on_pubrel(self, conn, pkt: P.PubRel) -> None:
+        s = conn.session
+        if pkt.packet_id in s.inbound_qos2:
+            s.inbound_qos2.discard(pkt.packet_id)
+            conn.send(P.PubComp(pkt.packet_id))
+        else:
+            conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
+
+    # ======================================================================= SUBSCRIBE
+    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/core/subscribe_handler.py
+    def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        self.subscribing.on_subscribe(conn, pkt)
+
+    def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
+        self.subscribing.on_unsubscribe(conn, pkt)
+
+    # ======================================================================= misc packets
+    def on_pingreq(self, conn, pkt) -> None:
+        conn.send(P.PingResp())
+
+    def on_disconnect(self, conn, pkt: P.Disconnect) -> None:
+        s = conn.session
+        if conn.version == 5:
+            new_exp = pkt.properties.session_expiry_interval
+            if new_exp is not None:
+                if s.expiry_interval == 0 and new_exp > 0:
+                    raise ProtocolError("session expiry cannot be set on DISCONNECT when CONNECT had 0", RC.PROTOCOL_ERROR)
+                was = s.persistent
+                s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
+                if was and not s.persistent:
+                    self.persist.delete_session(s.client_id)
+        if not (conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE):
+            if conn.will is not None:
+                conn.will = None
+                self.session_registry.drop_will(s.client_id)
+        conn.close()
+
+    # ======================================================================= persistence
+    def _save_session(self, s: Session) -> None:
+        """Save the record; on a remote store the answer being written next (CONNACK, SUBACK,
+        UNSUBACK) and what follows it wait for the store's acknowledgement, as they would have
+        after a blocking write, without stopping the other connections meanwhile."""
+        pending = self.persist.save_session(s)
+        if pending is not None and s.conn is not None:
+            s.conn.wait_for_store(pending)

@@ -1,0 +1,228 @@
+"""Persistent-session state in the store's metadata: session records and consumer offsets.
+
+Why a separate module: this is the only place that knows how the gateway's in-memory `Session`
+maps to the light-queue metadata records (`SessionRecord`, offsets per consumer), and it owns the
+write batching. Offsets change at ack rate, so they are only marked dirty on the hot path and
+written every `offset_flush_ms` by this module's timer (`start_flushing`; a crash loses at most that much progress:
+the messages are delivered again, never lost). Session records change at subscribe/connect rate
+and are written synchronously, before SUBACK/CONNACK, so an acknowledged subscription survives
+`kill -9`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription as SubscriptionRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.model.session import Session
+    from lmqtt.gateway.model.shared_groups import SharedGroup
+
+log = logging.getLogger("lmqtt.gateway.core.session_persistence")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# The QoS 1/2 exchanges of an offline session, kept in its record (`extra["inflight"]`), so that a
+# restart resumes them as MQTT asks of a session (§4.4: the same packet ids, PUBLISH again with DUP
+# or PUBREL for those past PUBREC; inbound QoS 2 ids awaiting PUBREL still known): without them a
+# restarted server would send its unacknowledged messages again as new ones, and a QoS 2 message
+# the client had already received would reach its application twice.
+#
+# Why only offline sessions: nothing changes an offline session's exchanges (no delivery, no acks;
+# its shared-group messages went back to their groups), so the record written when it went
+# offline (`SessionRegistry.detach`, also at a graceful shutdown) stays true until it connects
+# again, crash or not. The record of a connected session has none: after a crash its messages are
+# delivered again from the committed offsets, with new ids (at least once, never lost).
+INFLIGHT = "inflight"
+MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
+
+
+def inflight_state(s: "Session") -> dict | None:
+    """`{"out": [[pid, queue, offset, qos, retain, state, sub_ids], ...] in send order, "next":
+    {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` for the
+    messages read from a light queue (retained messages and a replay's history are not kept: they
+    were never kept across a restart), or None when there is nothing to keep."""
+    out = []
+    nxt = {}
+    cursors = s.cursors
+    for inf in s.outbound.values():
+        q, off = inf.queue, inf.offset
+        if inf.group is not None or q is None or off is None or q not in cursors:
+            continue
+        out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
+        nxt[q] = cursors[q].next_offset
+    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2):
+        return None
+    return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
+
+
+def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:
+    """Put the exchanges `inflight_state` kept back into a session just restored from its record
+    (its cursors at the committed offsets); `message_at(queue, offset)` reads a message again (None
+    when it cannot: deleted by retention, or not read ahead by a fleet gateway). All of a queue's
+    exchanges are resumed or none: a queue with one missing is delivered again from its committed
+    offset, as new messages, never past one. Returns how many outbound were resumed."""
+    from lmqtt.gateway.model.session import InFlight
+    per_queue: dict[str, list] = {}
+    for entry in state.get("out", ()):
+        per_queue.setdefault(entry[1], []).append(entry)
+    resumed: list[InFlight] = []
+    moved: dict[str, int] = {}
+    nxt = state.get("next", {})
+    for q, entries in per_queue.items():
+        cur = s.cursors.get(q)
+        if cur is None or q not in s.direct or cur.inflight:
+            continue                    # unsubscribed since
+        mine = []
+        for pid, _q, off, qos, retain, st, ids in entries:
+            if off < cur.next_offset or pid in s.outbound:
+                mine = None             # acknowledged after all: the record is not this state
+                break
+            it = message_at(q, off)
+            if it is None:
+                mine = None
+                break
+            inf = InFlight(pid, it, qos, retain, q, off, None)
+            inf.state = st
+            inf.sub_ids = tuple(ids) if ids else None
+            mine.append(inf)
+        if mine:
+            resumed += mine
+            moved[q] = max(int(nxt.get(q, 0)), max(inf.offset for inf in mine) + 1)
+    order = {e[0]: i for i, e in enumerate(state.get("out", ()))}
+    resumed.sort(key=lambda inf: order[inf.pid])
+    for inf in resumed:                 # in send order, as they go out again
+        s.outbound[inf.pid] = inf
+    for inf in sorted(resumed, key=lambda inf: inf.offset):
+        s.cursors[inf.queue].inflight[inf.offset] = inf.pid     # a cursor's in-flight: offset order
+    for q, n in moved.items():
+        s.cursors[q].next_offset = max(s.cursors[q].next_offset, n)
+    s.inbound_qos2.update(int(p) for p in state.get("in2", ()))
+    s.next_pid = int(state.get("pid") or 1)
+    return len(resumed)
+
+
+class SessionPersistence:
+    def __init__(self, metadata, *, session_live: Callable[["Session"], bool],
+                 group_live: Callable[["SharedGroup"], bool], host: str | None = None) -> None:
+        """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
+        the live one when its offsets are written (`flush`); an ended or replaced session, a
+        dropped group, must not write its offsets over its successor's. `host`: the fleet gateway
+        id written into every record (`SessionRecord.host`), so that this gateway restores at
+        start the sessions it served last, and no others; None in the embedded server."""
+        self.metadata = metadata
+        self.host = host
+        self.dirty_sessions: set["Session"] = set()
+        self.dirty_groups: set["SharedGroup"] = set()
+        self._session_live = session_live
+        self._group_live = group_live
+        self._flush_handle: asyncio.TimerHandle | None = None
+
+    # -- session records ----------------------------------------------------------------------
+    def record_of(self, s: "Session") -> SessionRecord:
+        online = s.online
+        state = None if online or not (s.outbound or s.inbound_qos2) else inflight_state(s)
+        return SessionRecord(
+            client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
+            last_disconnect_ms=None if online else (s.disconnected_at_ms or _now_ms()),
+            subscriptions=[SubscriptionRecord(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
+                                 retain_as_published=sub.retain_as_published,
+                                 retain_handling=sub.retain_handling, subscription_id=sub.subscription_id,
+                                 share_group=sub.group)
+                           for sub in s.subs.values()],
+            extra=self._extra(state))
+
+    def _extra(self, state: dict | None) -> dict:
+        extra = {INFLIGHT: state} if state else {}
+        if self.host is not None:
+            extra[HOST] = self.host
+        return extra
+
+    def save_session(self, s: "Session"):
+        """Write the session's record; returns the store's pending answer when the store is remote
+        (None once written, or when the write failed: logged here)."""
+        try:
+            return self.metadata.put_session(s.client_id, self.record_of(s))
+        except Exception as e:
+            log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
+            return None
+
+    def delete_session(self, client_id: str) -> None:
+        """Drop the record and the session's offsets (consumer name = client id)."""
+        try:
+            self.metadata.delete_session(client_id)
+        except Exception as e:
+            log.error("event=delete_session_failed client_id=%s error=%r", client_id, e)
+
+    def load_sessions(self) -> list[tuple[SessionRecord, dict[str, int]]]:
+        """The records to restore at start, with their offsets: all of them in the embedded
+        server; in a fleet those this gateway served last and those of no gateway (written by
+        the embedded server or an older gateway), the rest are their own gateway's."""
+        return self.metadata.sessions_with_offsets(hosted_by=self.host)
+
+    # -- offsets ------------------------------------------------------------------------------
+    def mark_session(self, s: "Session") -> None:
+        if s.expiry_interval:
+            self.dirty_sessions.add(s)
+
+    def mark_group(self, g: "SharedGroup") -> None:
+        self.dirty_groups.add(g)
+
+    def forget(self, s: "Session") -> None:
+        """The session ended or its copy here was dropped: its offsets are not written any more
+        (they would write over its successor's, or recreate a deleted session's)."""
+        self.dirty_sessions.discard(s)
+
+    def forget_group(self, g: "SharedGroup") -> None:
+        """The group was dropped (its last member unsubscribed): its offset is not written any more."""
+        self.dirty_groups.discard(g)
+
+    def save_offsets(self, s: "Session") -> None:
+        self.dirty_sessions.discard(s)
+        if s.cursors:
+            try:
+                self.metadata.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
+            except Exception as e:
+                log.error("event=save_offsets_failed client_id=%s error=%r", s.client_id, e)
+
+    def save_group_offset(self, g: "SharedGroup") -> None:
+        self.dirty_groups.discard(g)
+        try:
+            self.metadata.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
+        except Exception as e:
+            log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
+
+    def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
+        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`)."""
+        def tick() -> None:
+            try:
+                self.flush()
+            finally:
+                self._flush_handle = loop.call_later(interval_s, tick)
+        tick()
+
+    def stop_flushing(self) -> None:
+        """At shutdown: no more timer; what is dirty is written one last time."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every dirty offset of sessions/groups that are still the live ones."""
+        ds, self.dirty_sessions = self.dirty_sessions, set()
+        live = self._session_live
+        for s in ds:
+            if s.expiry_interval and live(s):
+                self.save_offsets(s)
+        dg, self.dirty_groups = self.dirty_groups, set()
+        live = self._group_live
+        for g in dg:
+            if live(g):
+                self.save_group_offset(g)

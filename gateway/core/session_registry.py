@@ -1,0 +1,302 @@
+"""Session registry: the sessions of this gateway by client id, which connection owns each one,
+session expiry, restore at start, and will messages.
+
+Why a registry of its own: these are the pieces of state that must be fleet-wide once several
+gateways serve the same clients (one live connection per client id, takeover on reconnect,
+sessions and wills surviving a gateway), so they sit behind one small interface that an
+implementation over shared storage (e.g. Redis) can provide. This in-process implementation
+keeps sessions in memory and persists persistent ones through `SessionPersistence`.
+
+Interface:
+  sessions / get(client_id)          the sessions known here, by client id
+  owner(client_id)                   the connection that currently owns a client id, or None
+  load_later(client_id, clean_start) what `open` must first read from the store, asked for now: a
+                                     future of it to hold the CONNECT on, or None (nothing to read)
+  discard(loaded)                    a load the CONNECT will not use (its client left)
+  open(client_id, clean_start, loaded)
+                                     the session a CONNECT continues or starts -> (session, present)
+  attach(conn, session)              `conn` owns the session from now on
+  detach(conn)                       the connection went away (or was taken over): the session goes
+                                     offline (persistent) or ends, and the connection's will is armed
+  store_will(client_id, will, version) / drop_will(client_id)
+                                     keep the will of a connection in metadata / forget it (a
+                                     CONNECT voids the will a previous connection left anywhere)
+  restore() / publish_orphan_wills() at start: persisted sessions back, this gateway's wills of a
+                                     crash sent (a fleet's store node sends those of a gateway
+                                     that does not come back, docs/fleet.md)
+  close()                            at shutdown: cancel expiry and will timers
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from lmqtt.gateway.model import record_props
+from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.core.session_persistence import INFLIGHT, restore_inflight
+from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.model.session import NEVER_EXPIRES, ClientSubscription, Session
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicName
+from lmqtt.lightqueue.records import WillRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.net.connection import MQTTConnection
+    from lmqtt.gateway.core.session_persistence import SessionPersistence
+    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+
+log = logging.getLogger("lmqtt.gateway.sessions")
+
+# publish(client_id, qos, topic, payload, retain, properties): a will or orphan will to the store
+WillPublisher = Callable[[str, int, str, bytes, bool, "P.Properties | None"], None]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SessionRegistry:
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics, metadata, persist: "SessionPersistence",
+                 subscriptions: "SubscriptionRegistry", publish: WillPublisher) -> None:
+        self.loop = loop
+        self.metrics = metrics
+        self.metadata = metadata
+        self.persist = persist
+        self.subscriptions = subscriptions
+        self._publish = publish
+        self.sessions: dict[str, Session] = {}
+        self._owners: dict[str, "MQTTConnection"] = {}
+        self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
+        if hasattr(metadata, "on_wills_published"):      # remote: the store may publish our wills
+            metadata.on_wills_published = self.wills_published_elsewhere
+
+    # ------------------------------------------------------------------ lookups
+    def get(self, client_id: str) -> Session | None:
+        return self.sessions.get(client_id)
+
+    def owner(self, client_id: str) -> "MQTTConnection | None":
+        return self._owners.get(client_id)
+
+    # ------------------------------------------------------------------ connect / disconnect
+    def load_later(self, client_id: str, clean_start: bool):
+        """In-process, sessions live here: nothing to read before `open`."""
+        return None
+
+    def discard(self, loaded) -> None:
+        """A `load_later` result nobody will `open` with (the client left meanwhile)."""
+
+    def open(self, client_id: str, clean_start: bool, loaded=None) -> tuple[Session, bool]:
+        """The session a CONNECT continues (present=True) or a new one; a pending delayed will of
+        the client is cancelled (it reconnected within the will delay, MQTT 5 §3.1.3.2.2)."""
+        wt = self._will_timers.pop(client_id, None)
+        if wt is not None:
+            wt[0].cancel()
+        # the will a previous connection left is void, also one another gateway of a fleet holds
+        # (that gateway died: the store node would publish it after its grace period)
+        try:
+            self.metadata.void_will(client_id)
+        except Exception as e:
+            log.error("event=void_will_failed client_id=%s error=%r", client_id, e)
+        s = self.sessions.get(client_id)
+        if s is not None and clean_start:
+            self._end(s)
+            s = None
+        present = s is not None
+        if s is None:
+            s = Session(client_id)
+            self.sessions[client_id] = s
+            self.metrics.sessions.set(len(self.sessions))
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        return s, present
+
+    def attach(self, conn: "MQTTConnection", s: Session) -> None:
+        s.disconnected_at_ms = None
+        s.conn = conn
+        conn.session = s
+        conn.client_id = s.client_id
+        self._owners[s.client_id] = conn
+
+    def detach(self, conn: "MQTTConnection") -> None:
+        s = conn.session
+        conn.session = None
+        if s is None:
+            return
+        cid = s.client_id
+        if self._owners.get(cid) is conn:
+            del self._owners[cid]
+        if s.conn is conn:
+            s.conn = None
+        self.subscriptions.go_offline(s)     # shared-group messages in flight go back to the group
+        s.retained_backlog = ()
+        if conn.will is not None:
+            self._arm_will(cid, conn.will, s, conn.version)
+            conn.will = None
+        if not s.persistent:
+            self._end(s)
+        else:
+            s.disconnected_at_ms = _now_ms()
+            self.persist.save_session(s)
+            self.persist.save_offsets(s)
+            self._schedule_expiry(s)
+
+    # ------------------------------------------------------------------ wills
+    def store_will(self, client_id: str, will: P.Will, version: int) -> None:
+        """Keep the will in metadata while the connection lives: a crash still sends it."""
+        try:
+            delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
+            self.metadata.put_will(client_id, WillRecord(
+                will.topic, will.payload, will.qos, will.retain,
+                record_props.encode(will.qos, will.retain, client_id, will.properties), delay, _now_ms()))
+        except Exception as e:
+            log.error("event=put_will_failed client_id=%s error=%r", client_id, e)
+
+    def drop_will(self, client_id: str) -> None:
+        try:
+            self.metadata.pop_will(client_id)
+        except Exception as e:
+            log.error("event=pop_will_failed client_id=%s error=%r", client_id, e)
+
+    def _arm_will(self, cid: str, will: P.Will, s: Session, version: int) -> None:
+        delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
+        delay = min(delay, s.expiry_interval) if s.persistent else 0
+        if delay <= 0:
+            self._send_will(cid, will)
+        else:
+            self._will_timers[cid] = (self.loop.call_later(delay, self._send_will, cid, will), will)
+
+    def _send_will(self, cid: str, will: P.Will) -> None:
+        self._will_timers.pop(cid, None)
+        self.drop_will(cid)
+        try:
+            T.validate_topic(will.topic)
+        except InvalidTopicName as e:
+            log.warning("event=will_dropped client_id=%s error=%s", cid, e)
+            return
+        log.info("event=will_published client_id=%s topic=%s", cid, will.topic)
+        self._publish(cid, will.qos, will.topic, will.payload, will.retain, will.properties)
+
+    # ------------------------------------------------------------------ expiry / end
+    def _end(self, s: Session) -> None:
+        self.subscriptions.remove_all(s)
+        s.outbound.clear()
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        self.persist.forget(s)
+        if self.sessions.get(s.client_id) is s:
+            del self.sessions[s.client_id]
+        self.persist.delete_session(s.client_id)
+        self.metrics.sessions.set(len(self.sessions))
+
+    def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
+        if s.expiry_handle is not None:
+            s.expiry_handle.cancel()
+            s.expiry_handle = None
+        if s.expiry_interval == NEVER_EXPIRES:
+            return
+        delay = s.expiry_interval if remaining_ms is None else max(0.0, remaining_ms / 1000.0)
+        s.expiry_handle = self.loop.call_later(delay, self._expire, s.client_id)
+
+    def _expire(self, cid: str) -> None:
+        s = self.sessions.get(cid)
+        if s is not None and not s.online:
+            log.info("event=session_expired client_id=%s", cid)
+            self._end(s)
+            wt = self._will_timers.pop(cid, None)   # session end publishes a delayed will now
+            if wt is not None:
+                wt[0].cancel()
+                self._send_will(cid, wt[1])
+
+    # ------------------------------------------------------------------ start / stop
+    def restore(self) -> int:
+        """Persistent sessions back from metadata (expired ones deleted); returns how many."""
+        now = _now_ms()
+        n = 0
+        for rec, offsets in self.persist.load_sessions():
+            last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
+            exp = rec.expiry_interval
+            if exp <= 0 or rec.expired(now):
+                self.persist.delete_session(rec.client_id)
+                continue
+            s = self._session_from(rec, offsets, last)
+            if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
+                self.persist.save_session(s)
+            self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
+            n += 1
+        self.metrics.sessions.set(len(self.sessions))
+        return n
+
+    def _session_from(self, rec, offsets: dict[str, int], last_ms: int) -> Session:
+        """A persisted session record (and its committed offsets) back as a live Session here."""
+        s = Session(rec.client_id)
+        s.version = rec.protocol_version
+        s.expiry_interval = rec.expiry_interval
+        s.disconnected_at_ms = last_ms
+        for rs in rec.subscriptions:
+            flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
+            sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
+                                     rs.retain_as_published, rs.retain_handling, rs.subscription_id)
+            self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
+        state = rec.extra.get(INFLIGHT) if rec.extra else None
+        if state:
+            # the messages are read again (in-process: here and now; a fleet gateway: read ahead
+            # with a resumed session's record, else they are delivered again as new ones)
+            try:
+                n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
+                log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
+                         s.client_id, n, len(s.inbound_qos2))
+            except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
+                log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
+        self.sessions[s.client_id] = s
+        return s
+
+    def publish_orphan_wills(self) -> int:
+        """Wills this gateway held for connections alive at its crash: send them now. Only its own
+        (`take_wills`): in a fleet, the wills of clients on other gateways are theirs, and those of
+        a gateway that does not come back are published by the store node (docs/fleet.md)."""
+        try:
+            wills = self.metadata.take_wills()
+        except Exception as e:
+            log.error("event=take_wills_failed error=%r (orphan wills not published now; they stay stored)", e)
+            return 0
+        n = 0
+        for cid, w in wills:
+            try:
+                T.validate_topic(w.topic)
+            except InvalidTopicName as e:
+                log.warning("event=will_dropped client_id=%s error=%s", cid, e)
+                continue
+            rec = safe_decode(w.props)
+            log.info("event=orphan_will_published client_id=%s topic=%s", cid, w.topic)
+            self._publish(cid, w.qos, w.topic, w.payload, w.retain,
+                          rec.to_properties() if rec.has_app_properties() else None)
+            n += 1
+        return n
+
+    def wills_published_elsewhere(self, client_ids) -> None:
+        """The store node published these clients' wills while this gateway was cut off from it
+        longer than the grace period: a connection still here must not publish its will again."""
+        n = 0
+        for cid in client_ids:
+            conn = self._owners.get(cid)
+            if conn is not None and conn.will is not None:
+                conn.will = None
+                n += 1
+            wt = self._will_timers.pop(cid, None)
+            if wt is not None:
+                wt[0].cancel()
+                n += 1
+        if n:
+            log.warning("event=wills_published_by_store count=%d (this gateway was away from the store "
+                        "longer than its will grace period)", n)
+
+    def close(self) -> None:
+        for t, _w in self._will_timers.values():
+            t.cancel()
+        for s in self.sessions.values():
+            if s.expiry_handle is not None:
+                s.expiry_handle.cancel()

@@ -1,0 +1,229 @@
+"""SUBSCRIBE and UNSUBSCRIBE: deciding each filter of the packet and answering SUBACK/UNSUBACK.
+
+For every requested filter, in this order: a subscription from the past (the SUBSCRIBE's MQTT 5
+`since` user property or a `$replay/` prefix, gateway/delivery/history.py) is parsed or refused; the filter
+(and its `$share/` group) is validated; the broker's topic limits, the ACL and the per-session
+`max_subscriptions` quota may refuse it; then it is subscribed (history instead of retained
+messages for one from the past). The SUBACK carries one code per filter in request order (MQTT 5:
+the reason strings of refused replays), and the retained messages follow it.
+
+Why a class of its own and not part of the Broker: this is a second job beside the protocol's
+decision table (broker.py), with its own rules. It gets only what it uses as narrow callables and
+objects (the subscription registry, the ACL, the session save, ...), never the Broker, which keeps
+the `on_subscribe`/`on_unsubscribe` entry points of its dispatch table and delegates here.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, packets as P
+from lmqtt.gateway.delivery.history import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
+                                  split_replay_filter)
+from lmqtt.gateway.delivery.retained import send_retained
+from lmqtt.gateway.model.session import ClientSubscription, Session
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicFilter
+from lmqtt.lightqueue.replay import ReplayRefused
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.security.acl import AclFile
+    from lmqtt.gateway.core.limits import ConnectionGate
+    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+
+# the broker's logger: the log lines are the ones the broker always wrote
+log = logging.getLogger("lmqtt.gateway")
+
+
+class SubscribeHandler:
+    """The SUBSCRIBE/UNSUBSCRIBE path, given at construction:
+
+    * `subscriptions`: the SubscriptionRegistry (read-ahead, add, add_since, remove);
+    * `using(ahead)`: the storage's context manager answering from a remote store's read-ahead;
+    * `metadata`: where the retained messages are (the store's SessionMetadata);
+    * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
+    * `gate`: the connection/rate limits (gateway/core/limits.py `ConnectionGate`) with their counters,
+      None for none;
+    * `max_subscriptions`: the per-session quota, 0 = unlimited;
+    * `save_session(s)`: write a persistent session's record (on a remote store the answer being
+      written next waits for the store's acknowledgement);
+    * `save_offsets(s)`: write its committed offsets now;
+    * `kick(s)`: a delivery run for the session (its new subscriptions may have messages);
+    * `resume(conn, fn, *args)`: run a packet's handling that waited for the store, failing as the
+      connection's dispatch would (the broker's, shared with CONNECT).
+    """
+
+    def __init__(self, *, subscriptions: "SubscriptionRegistry", using: Callable[[Any], Any], metadata,
+                 acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
+                 save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
+                 kick: Callable[[Session], None], resume: Callable[..., None]) -> None:
+        self.subscriptions = subscriptions
+        self._using = using
+        self.metadata = metadata
+        self.acl = acl
+        self.gate = gate
+        self.max_subscriptions = max_subscriptions
+        self._save_session = save_session
+        self._save_offsets = save_offsets
+        self._kick = kick
+        self._resume = resume
+
+    # ======================================================================= SUBSCRIBE
+    def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        # MQTT 5: the SUBSCRIBE's own `since` (every filter from the past), or why it is refused
+        since = (None, None)
+        if conn.version == 5 and pkt.properties.user_property:
+            try:
+                since = (since_property(pkt.properties), None)
+            except ReplayRequestError as e:
+                since = (None, str(e))
+        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
+        if ahead is None:
+            return self._subscribe(conn, pkt, None, since)
+        # a remote store: this connection waits for the answers on hold, the others go on
+        conn.hold()
+
+        def ready(f, conn=conn) -> None:
+            if conn.closing:
+                if f.exception() is None:
+                    with self._using(f.result()):
+                        pass                 # drops what was registered for it
+                return
+            if f.exception() is not None:
+                self._subscribe_failed(conn, pkt, f.exception())
+            else:
+                with self._using(f.result()) as got:
+                    self._resume(conn, self._subscribe, conn, pkt, got, since)
+            conn.release()
+        ahead.add_done_callback(ready)
+
+    def _subscribe_failed(self, conn, pkt: P.Subscribe, err: BaseException) -> None:
+        """The store did not answer a SUBSCRIBE's reads: every filter is refused (0x80, MQTT 5
+        with the reason), nothing is subscribed, the connection stays."""
+        log.error("event=subscribe_failed client_id=%s error=%r", conn.client_id, err)
+        v5 = conn.version == 5
+        ack = P.SubAck(pkt.packet_id, [RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311] * len(pkt.subscriptions))
+        if v5 and conn.problem_info:
+            ack.properties.reason_string = f"store unavailable: {err}"[:500]
+        conn.send_fitting(ack)
+
+    def _subscribe(self, conn, pkt: P.Subscribe, ahead, since: tuple) -> None:
+        """Decide every filter, answer SUBACK, then send the retained messages (`ahead`: a remote
+        store's read-ahead, else None; `since`: the SUBSCRIBE's own since time, or why it is
+        refused)."""
+        s = conn.session
+        v5 = conn.version == 5
+        codes: list[int] = []
+        retained: list[ClientSubscription] = []
+        sub_id = None
+        if v5 and pkt.properties.subscription_identifier:
+            ids = pkt.properties.subscription_identifier
+            if len(ids) > 1:
+                raise ProtocolError("SUBSCRIBE carries more than one subscription identifier", RC.PROTOCOL_ERROR)
+            sub_id = ids[0]
+        since_all, replay_refused = since
+        reasons: list[str] = []
+        acl = self.acl
+        gate = self.gate
+        max_subs = self.max_subscriptions
+        for req in pkt.subscriptions:
+            since = since_all
+            tf = req.topic_filter
+            try:
+                if replay_refused is not None:
+                    raise ReplayRefused(replay_refused)
+                if tf.startswith(REPLAY_PREFIX):
+                    since, tf = split_replay_filter(tf)
+                    req.topic_filter = tf          # the subscription is the filter's own
+            except (ReplayRequestError, ReplayRefused) as e:
+                self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
+                continue
+            try:
+                group, flt = T.parse_shared(req.topic_filter)
+                T.validate_filter(flt)
+            except InvalidTopicFilter as e:
+                log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
+                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
+                continue
+            over = gate.limits.topic_violation(flt) if gate is not None and gate.limits.topic_limited else None
+            if over is not None:
+                gate.hits[over[0]] += 1
+                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=%s reason=%r",
+                         s.client_id, req.topic_filter, RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311,
+                         over[0], over[1])
+                codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
+                continue
+            if group is not None and req.no_local and v5:
+                raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
+            if acl is not None and not acl.can_subscribe(conn.identity, flt):
+                log.info("event=subscribe_denied client_id=%s filter=%r", s.client_id, req.topic_filter)
+                codes.append(RC.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V311)
+                continue
+            if max_subs and req.topic_filter not in s.subs and len(s.subs) >= max_subs:
+                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=max_subscriptions "
+                         "limit=%d", s.client_id, req.topic_filter, RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311,
+                         max_subs)
+                if gate is not None:
+                    gate.hits["max_subscriptions"] += 1
+                codes.append(RC.QUOTA_EXCEEDED if v5 else SUBACK_FAILURE_V311)      # refused by policy: quota exceeded
+                continue
+            qos = min(req.qos, 2)
+            sub = ClientSubscription(req.topic_filter, flt, qos, group, req.no_local, req.retain_as_published,
+                                     req.retain_handling, sub_id)
+            if acl is not None and acl.needs_read_check(conn.identity, flt):
+                rc_set = conn.read_checks
+                if rc_set is None:
+                    rc_set = conn.read_checks = set()
+                rc_set.add(flt)
+            if since is not None:
+                try:
+                    self.subscriptions.add_since(s, sub, since)
+                except ReplayRefused as e:
+                    self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
+                    continue
+                codes.append(qos)          # history instead of the retained messages
+                continue
+            existed = self.subscriptions.add(s, sub)
+            codes.append(qos)
+            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
+                retained.append(sub)
+        s.update_custom()
+        if s.persistent:
+            self._save_session(s)
+            self._save_offsets(s)
+        ack = P.SubAck(pkt.packet_id, codes)
+        if reasons and v5 and conn.problem_info:
+            ack.properties.reason_string = "; ".join(reasons)[:500]
+        if reasons:
+            conn.send_fitting(ack)         # a reason string that does not fit goes, the codes stay
+        else:
+            conn.send(ack)
+        for sub in retained:
+            send_retained(self.metadata, acl, s, sub,
+                          ahead.retained.pop(sub.queue, None) if ahead is not None else None)
+        self._kick(s)
+
+    def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
+        """A subscription from the past that cannot be served: SUBACK 0x80 (MQTT 5: with the reason)."""
+        log.info("event=replay_refused client_id=%s filter=%r reason=%r", s.client_id, tf, why)
+        codes.append(RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311)
+        reasons.append(f"{tf}: {why}")
+
+    # ======================================================================= UNSUBSCRIBE
+    def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
+        """UNSUBACK: MQTT 5 with one code per filter; a `$replay/` filter names its plain one."""
+        s = conn.session
+        codes = []
+        for flt in pkt.topic_filters:
+            sub = s.subs.get(flt)
+            if sub is None and flt.startswith(REPLAY_PREFIX):
+                sub = s.subs.get(plain_filter(flt))
+            if sub is None:
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+                continue
+            self.subscriptions.remove(s, sub)
+            codes.append(RC.SUCCESS)
+        s.update_custom()
+        if s.persistent:
+            self._save_session(s)
+        conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))

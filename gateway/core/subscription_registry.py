@@ -1,0 +1,305 @@
+"""Subscription registry: which session reads which light queue, shared groups, and the gateway's
+registrations of wildcard filters with the light-queue store.
+
+Why one owner for filter registrations: a wildcard filter must be registered with the light-queue
+store (so the publish path dispatches matching records to its queue) exactly while some local
+subscription uses it. This registry counts local users per filter and holds ONE registration per
+filter in the store, taken on the first user and dropped with the last. The store's registration
+table is persistent and outlives a crash, while non-persistent sessions do not: `sync_store_filters`
+makes the store's table equal to what the restored sessions use when the gateway starts. In a
+fleet the store keeps the registrations per gateway id (`registered_filters` answers this
+gateway's holds only), so each gateway reconciles its own and leaves the others' alone.
+
+Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
+  add(session, sub) -> existed      subscribe (replaces a subscription with the same filter)
+  remove(session, sub, persist)     unsubscribe; drops the offsets kept for it when `persist`
+  restore(session, sub, offset)     re-create a persisted subscription at gateway start
+  go_online(session) / go_offline(session)
+                                    the session's connection arrived / left: start or stop reading
+  remove_all(session)               the session ended
+  sync_store_filters()              after restoring at start: the store registers exactly the filters in use
+  hold_restored(session)            a session restored while running (a fleet's reload): its filters
+                                    new here are registered now
+  unheld(filters)                   which wildcard filters a new user would register (read ahead)
+  is_current(group)                 whether a group object is still the live one (offset flushes)
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
+from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
+from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.gateway.storage.store_api import StoreReads
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicFilter
+from lmqtt.lightqueue.replay import ReplayRefused
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.delivery.engine import DeliveryEngine
+    from lmqtt.gateway.core.session_persistence import SessionPersistence
+    from lmqtt.gateway.storage.store_api import GatewayStore
+
+log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
+
+
+class SubscriptionRegistry:
+    def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence", *,
+                 before_register: Callable[[], None] | None = None) -> None:
+        """`before_register()`: called before a wildcard filter is registered with the store (the
+        broker: append the publishes already routed without it, so that every record appended
+        after the registration carries the filter: the seam of subscribing from the past,
+        replay.py)."""
+        self.store = store
+        self.metadata = store.metadata
+        self.delivery = delivery
+        self.persist = persist
+        self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
+        self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
+        self.before_register = before_register
+
+    # ------------------------------------------------------------------ subscribe / unsubscribe
+    def read_ahead(self, s: Session, requests, since_all: int | None = None):
+        """What deciding these SUBSCRIBE requests will read from the store, asked for now
+        (registrations of new wildcard filters, start offsets of new subscriptions and shared
+        groups, retained messages, the replay plans of subscriptions from the past: `since_all`
+        is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): a future to hold
+        the SUBSCRIBE on, or None. Filters that will be refused may be asked for too; what
+        nothing takes is dropped again."""
+        if not self.store.reads_ahead:
+            return None
+        filters: list[str] = []
+        watch: list[str] = []
+        start: list[str] = []
+        retained: list[str] = []
+        replay: list[tuple[str, int]] = []
+        for req in requests:
+            tf = req.topic_filter
+            since = since_all
+            if tf.startswith(REPLAY_PREFIX):
+                try:
+                    since, tf = split_replay_filter(tf)
+                except ReplayRequestError:
+                    continue
+            try:
+                group, flt = T.parse_shared(tf)
+                T.validate_filter(flt)
+            except InvalidTopicFilter:
+                continue
+            filters.append(flt)
+            if since is not None:
+                if group is None:                 # (a shared one is refused)
+                    watch.append(flt)
+                    replay.append((flt, since))
+                continue
+            if group is None:
+                if tf not in s.subs:
+                    start.append(flt)
+                if req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs):
+                    retained.append(flt)
+            elif (group, flt) not in self.groups:
+                start.append(flt)                 # a group new here starts at the queue's end
+        register = self.unheld(filters)
+        if register and self.before_register is not None:
+            self.before_register()
+        return self.store.read_ahead(StoreReads(register, watch, start, retained, (), replay))
+
+    def add(self, s: Session, sub: ClientSubscription) -> bool:
+        """Add or replace a subscription; returns True if one with the same filter existed."""
+        old = s.subs.get(sub.filter)
+        s.subs[sub.filter] = sub
+        if old is not None:
+            if sub.group is None:
+                s.direct[sub.queue] = sub
+            elif s.online:
+                self.groups[(sub.group, sub.queue)].add_member(s, sub)
+            return True
+        self._use_filter(sub.queue)
+        if sub.group is None:
+            s.direct[sub.queue] = sub
+            s.cursors[sub.queue] = Cursor(self.store.start_offset(sub.queue))
+            if s.online:
+                self.delivery.add_reader(s, sub.queue)
+        else:
+            g = self._group(sub.group, sub.queue)
+            g.refs += 1
+            if s.online:
+                g.add_member(s, sub)
+        return False
+
+    def add_since(self, s: Session, sub: ClientSubscription, since_ms: int) -> bool:
+        """Subscribe from the past (gateway/delivery/history.py): the stored messages matching the filter
+        since `since_ms`, then live from the seam. A subscription with the same filter is replaced
+        (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
+        if sub.group is not None:
+            raise ReplayRefused("subscribing from the past is not available for shared subscriptions")
+        old = s.subs.get(sub.filter)
+        if old is not None:
+            self.remove(s, old, persist=False)
+        s.subs[sub.filter] = sub
+        self._use_filter(sub.queue)
+        try:
+            plan = self.store.replay_plan(sub.queue, since_ms)
+        except Exception as e:
+            s.subs.pop(sub.filter, None)
+            self._release_filter(sub.queue)
+            if isinstance(e, ReplayRefused):
+                raise
+            log.error("event=replay_plan_failed client_id=%s filter=%s error=%r", s.client_id, sub.queue, e)
+            raise ReplayRefused(f"the store could not plan the replay: {e}") from e
+        s.direct[sub.queue] = sub
+        s.cursors[sub.queue] = Cursor(plan.live_offset)
+        log.info("event=replay_subscribe client_id=%s filter=%s since_ms=%d source=%s live_offset=%d",
+                 s.client_id, sub.queue, since_ms, plan.source, plan.live_offset)
+        if plan.source == "log" and not plan.done:
+            self.delivery.start_history(s, sub, plan)
+        elif s.online:
+            self.delivery.add_reader(s, sub.queue)
+        return old is not None
+
+    def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
+        s.subs.pop(sub.filter, None)
+        if sub.group is None:
+            if self.delivery.histories:
+                self.delivery.drop_history(s, sub.queue)
+            s.direct.pop(sub.queue, None)
+            s.cursors.pop(sub.queue, None)
+            self.delivery.remove_reader(s, sub.queue)
+            if persist and s.persistent:
+                self.metadata.delete_offsets(s.client_id, [sub.queue])
+        else:
+            key = (sub.group, sub.queue)
+            g = self.groups.get(key)
+            if g is not None:
+                g.remove_member(s)
+                g.refs -= 1
+                if g.refs <= 0:
+                    del self.groups[key]
+                    self.delivery.remove_group(g)
+                    self.persist.forget_group(g)
+                    self.metadata.delete_offsets(g.consumer, [g.queue])
+        self._release_filter(sub.queue)
+
+    def remove_all(self, s: Session) -> None:
+        for sub in list(s.subs.values()):
+            self.remove(s, sub, persist=False)
+
+    def restore(self, s: Session, sub: ClientSubscription, offset: int | None) -> None:
+        """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
+        s.subs[sub.filter] = sub
+        if T.is_wildcard(sub.queue):
+            self._filter_users[sub.queue] = self._filter_users.get(sub.queue, 0) + 1
+        if sub.group is None:
+            s.direct[sub.queue] = sub
+            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue) if offset is None else offset)
+        else:
+            self._group(sub.group, sub.queue, restoring=True).refs += 1
+
+    # ------------------------------------------------------------------ online / offline
+    def go_online(self, s: Session) -> None:
+        hist = self.delivery.histories.get(s)
+        for sub in s.subs.values():
+            if sub.group is None:
+                if hist and self.delivery.has_history(s, sub.queue):
+                    continue        # read live once its history is sent (replay.py)
+                self.delivery.add_reader(s, sub.queue)
+            else:
+                g = self.groups.get((sub.group, sub.queue))
+                if g is not None:
+                    g.add_member(s, sub)
+
+    def go_offline(self, s: Session) -> None:
+        """Stop reading for `s`; its shared-group messages in flight go back to their group."""
+        for sub in s.subs.values():
+            if sub.group is None:
+                self.delivery.remove_reader(s, sub.queue)
+            else:
+                g = self.groups.get((sub.group, sub.queue))
+                if g is not None:
+                    g.remove_member(s)
+        for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
+            inf = s.outbound.pop(pid)
+            inf.group.take_back(inf.message)
+            self.delivery.kick_queue(inf.group.queue)
+
+    def is_current(self, g: SharedGroup) -> bool:
+        return self.groups.get((g.name, g.queue)) is g
+
+    # ------------------------------------------------------------------ store registrations
+    def sync_store_filters(self) -> None:
+        """Make the store's filter registrations exactly the filters restored sessions use (one
+        registration each); non-persistent sessions alive at a crash left registrations behind."""
+        registered = self.store.registered_filters()
+        for f, n in registered.items():
+            want = 1 if f in self._filter_users else 0
+            while n > want:
+                n = self.store.unregister_filter(f)
+        missing = [f for f in self._filter_users if registered.get(f, 0) == 0]
+        if missing:
+            self.store.register_filters(missing)
+
+    def unheld(self, filters) -> list[str]:
+        """The wildcard filters among `filters` that no subscription here holds (in order, each
+        once): those a new user would register with the store, so a reader ahead (a fleet
+        gateway loading a session) registers them before the session is restored."""
+        users = self._filter_users
+        return list(dict.fromkeys(f for f in filters if T.is_wildcard(f) and not users.get(f)))
+
+    def hold_restored(self, s: Session) -> None:
+        """`s` was just restored while the gateway runs (a fleet gateway reloading a session from
+        the store): register with the store the wildcard filters nobody else here uses. `restore`
+        only counts users (at start `sync_store_filters` registers them all at once); here a
+        filter new to this gateway must be held NOW, before anything else lets go of it (the
+        gateway the client left drops its holds, and the last unregistration drops the filter's
+        queue). Counted per filter: a session with a direct and a shared subscription on one
+        filter is still its only user."""
+        mine: dict[str, int] = {}
+        for sub in s.subs.values():
+            if T.is_wildcard(sub.queue):
+                mine[sub.queue] = mine.get(sub.queue, 0) + 1
+        for q, n in mine.items():
+            if self._filter_users.get(q) == n:
+                self.store.register_filter(q)
+
+    def _use_filter(self, q: str) -> None:
+        if not T.is_wildcard(q):
+            return
+        n = self._filter_users.get(q, 0)
+        if n == 0:
+            if self.before_register is not None:
+                self.before_register()
+            self.store.register_filter(q)
+        self._filter_users[q] = n + 1
+
+    def _release_filter(self, q: str) -> None:
+        if not T.is_wildcard(q):
+            return
+        n = self._filter_users.get(q, 0) - 1
+        if n > 0:
+            self._filter_users[q] = n
+            return
+        self._filter_users.pop(q, None)
+        try:
+            self.store.release_filter(q)
+        except Exception as e:
+            log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
+
+    def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
+        key = (name, queue)
+        g = self.groups.get(key)
+        if g is None:
+            off = None
+            if restoring:
+                consumer = group_consumer(name, queue)
+                known, off = self.store.offset_read_ahead(consumer, queue)
+                if not known:
+                    off = self.metadata.get_offset(consumer, queue)
+            if off is None:
+                off = self.store.start_offset(queue)
+            g = SharedGroup(name, queue, off)
+            self.groups[key] = g
+            self.delivery.add_group(g)
+            if not restoring:
+                self.metadata.set_offsets(g.consumer, {queue: off})
+        return g

@@ -1,0 +1,579 @@
+"""Delivery: notify events -> pull from light queues at each session's offset -> PUBLISH.
+
+Why pull and not push-per-message (RocketMQ-MQTT's push-pull model): the notify bus only says
+*which* queues have new entries. For every such queue with local readers we group the online sessions by their
+cursor and do ONE `lq.pull` per distinct offset (sessions that keep up share an offset, so a
+broadcast to N clients costs one read), decode each message once (`OutboundMessage`), encode each PUBLISH
+variant once, and only patch packet ids per subscriber. Offsets advance only as far as what was
+acknowledged, so anything not sent (window full, socket above its high-water mark, client offline)
+simply stays in the store and is pulled later.
+
+Back-pressure: a session whose socket is above the high-water mark is not pulled for. For a QoS 0
+subscription the backlog is skipped (cursor jumps to the queue end) and counted in
+`lmqtt_dropped_messages{reason="qos0_backpressure"}`; QoS 1/2 keep their offset and wait.
+
+Overlapping subscriptions of one client (e.g. `a/+` and `a/#`): the message sits in both queues; it
+is delivered once, from the "owner" queue = the matching subscription with the highest QoS (ties:
+smallest queue name), at that QoS. This is MQTT 3.1.1 §3.3.5 behaviour; for MQTT 5 we chose the
+same single delivery (allowed by §3.3.4: the server may deliver once with the maximum QoS).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from lmqtt.gateway.delivery.backlog_runs import BacklogRuns
+from lmqtt.gateway.delivery.recent import RecentMessages
+from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
+from lmqtt.gateway.model.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.storage.store_api import GatewayStore
+
+log = logging.getLogger("lmqtt.gateway.delivery.engine")
+
+
+class DeliveryEngine:
+    """Pulls new light-queue entries for online readers and sends them.
+
+    It calls back through three narrow callables: `session_offsets_moved(session)` and
+    `group_offsets_moved(group)` mark offsets for the next metadata flush, `flush_writes()` writes
+    the connections' queued output at the end of a run. It composes `RecentMessages`
+    (gateway/delivery/recent.py: the messages this gateway just appended, served without a pull),
+    `BacklogRuns` (gateway/delivery/backlog_runs.py: a single reader's backlog encoded as PUBLISH runs) and
+    `HistoryRuns` (gateway/delivery/history.py: subscriptions from the past sending their history).
+    """
+
+    def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
+                 session_offsets_moved: Callable[[Session], None],
+                 group_offsets_moved: Callable[["SharedGroup"], None],
+                 flush_writes: Callable[[], None], acl=None) -> None:
+        self.store = store
+        self.loop = loop
+        self.metrics = metrics
+        self.cfg = cfg
+        # AclFile when --acl-file is configured: read rules checked per delivery and per history message
+        self.acl = acl
+        self._session_offsets_moved = session_offsets_moved
+        self._group_offsets_moved = group_offsets_moved
+        self._flush_writes = flush_writes
+        self.direct: dict[str, set[Session]] = {}          # queue -> online sessions reading it
+        self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
+        self.on_group_added: Callable[["SharedGroup"], None] | None = None   # fleet: group leases
+        self.on_group_removed: Callable[["SharedGroup"], None] | None = None
+        self._dirty: set[str] = set()
+        self._scheduled = False
+        self._outbound: dict[int, OutboundMessage] = {}               # phys offset -> OutboundMessage, per run
+        self._budget = self.run_budget      # messages this run may still read at backlog_batch
+        # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
+        # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
+        # mutated after decoding); bounded, cleared when full.
+        self._metas: dict[bytes, object] = {}
+        # a single reader's backlog encoded straight into PUBLISH runs (gateway/delivery/backlog_runs.py)
+        self._runs = BacklogRuns(cfg, metrics, metas=self._metas, meta_of=self._meta_of,
+                                 outbound=self._outbound_message,
+                                 feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
+        # the newest entries of queues with local readers, from the records the loop appended
+        # itself, served without a pull (gateway/delivery/recent.py); bounded to a quarter of lq_cache_mb.
+        # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
+        # bound here: no call level added.
+        self.recent = RecentMessages(store, metrics, self.direct, self._meta_of, self._outbound_message,
+                                     max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
+        self.record_appended = self.recent.record_appended
+        self.drop_recent = self.recent.drop
+        # subscriptions from the past still sending their history (gateway/delivery/history.py); the session
+        # reads those queues live only once their history is sent. `histories` is its dict
+        # (session -> [HistoryRun], read by the subscription registry), `has_history` and
+        # `drop_history` its methods, bound here.
+        self._histories = HistoryRuns(loop, cfg, kick=self.kick, go_live=self._history_done)
+        self.histories = self._histories.by_session
+        self.has_history = self._histories.has
+        self.drop_history = self._histories.drop
+
+    # -- index maintenance -------------------------------------------------------------------
+    def add_reader(self, s: Session, queue: str) -> None:
+        self.direct.setdefault(queue, set()).add(s)
+
+    def remove_reader(self, s: Session, queue: str) -> None:
+        ss = self.direct.get(queue)
+        if ss is not None:
+            ss.discard(s)
+            if not ss:
+                del self.direct[queue]
+                self.drop_recent(queue)
+
+    def add_group(self, g: "SharedGroup") -> None:
+        self.groups.setdefault(g.queue, {})[g.name] = g
+        if self.on_group_added is not None:
+            self.on_group_added(g)
+
+    def remove_group(self, g: "SharedGroup") -> None:
+        gs = self.groups.get(g.queue)
+        if gs is not None:
+            gs.pop(g.name, None)
+            if not gs:
+                del self.groups[g.queue]
+        if self.on_group_removed is not None:
+            self.on_group_removed(g)
+
+    # -- triggers ----------------------------------------------------------------------------
+    def on_queues(self, names: set[str]) -> None:
+        """Notify-bus callback (on the loop): merged names of queues with new entries."""
+        self.metrics.notify_events += 1
+        self.metrics.notify_queues += len(names)
+        d, g = self.direct, self.groups
+        hit = [q for q in names if q in d or q in g]
+        if hit:
+            self._dirty.update(hit)
+            # run now, not one loop iteration later: the data is visible, and every iteration a
+            # message waits costs latency on a busy loop (a pending scheduled _run then finds
+            # less or nothing to do)
+            self._run()
+
+    def kick(self, s: Session) -> None:
+        """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
+        if self.histories and self._histories.mark(s):
+            self._schedule()
+        d = self._dirty
+        d.update(s.cursors)
+        if len(s.subs) != len(s.cursors):          # some subscriptions are shared ($share/...)
+            for sub in s.subs.values():
+                if sub.group:
+                    d.add(sub.queue)
+        if d and not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
+
+    def kick_queue(self, queue: str) -> None:
+        self._dirty.add(queue)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
+
+    # -- the work ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._scheduled = False
+        histories = self._histories
+        if histories.marked:
+            histories.run()
+        work, self._dirty = self._dirty, set()
+        self._outbound = {}
+        self._budget = self.run_budget
+        for q in work:
+            try:
+                more = False
+                if q in self.direct:
+                    more |= self._deliver_direct(q)
+                gs = self.groups.get(q)
+                if gs:
+                    for g in list(gs.values()):
+                        more |= self._deliver_group(g)
+                if more:          # a full batch was read: continue next loop iteration (fairness)
+                    self._dirty.add(q)
+            except Exception:
+                log.exception("event=delivery_failed queue=%s", q)
+        self._outbound = {}
+        if self._dirty or histories.marked:
+            self._schedule()
+        self._flush_writes()
+
+    # -- history of subscriptions from the past (gateway/delivery/history.py) ----------------------------
+    def start_history(self, s: Session, sub: ClientSubscription, plan) -> None:
+        """`s` is sent `sub`'s history first, as `plan` (a "log" ReplayPlan) reads it, with this
+        engine's props cache and the ACL's read rules (a `HistoryRun`); its queue is read live
+        (the session becomes a reader at the seam) when the history is done."""
+        self.remove_reader(s, sub.queue)
+        self._histories.start(HistoryRun(s, sub, plan, self._meta_of, self.acl))
+        self._schedule()
+
+    def _history_done(self, s: Session, queue: str) -> None:
+        self.add_reader(s, queue)
+        self._dirty.add(queue)
+
+    def trim_backlog(self, s: Session, keep: int) -> int:
+        """A session that comes back keeps at most its newest `keep` messages per subscription
+        (`max_offline_backlog`): a cursor further behind its queue's end skips the older ones,
+        counted as dropped (`reason="offline_backlog"`). A subscription still sending its history
+        from the past is left alone. Returns how many were skipped."""
+        skipped = 0
+        for q, cur in s.cursors.items():
+            if self.has_history(s, q):
+                continue
+            start = self.store.end_offset(q) - keep
+            if cur.next_offset < start:
+                skipped += start - cur.next_offset
+                cur.next_offset = start
+        if skipped:
+            self.metrics.dropped_offline_backlog.inc(skipped)
+            self._session_offsets_moved(s)
+            log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
+        return skipped
+
+    # -- records in hand -----------------------------------------------------------------------
+    def message_at(self, q: str, off: int) -> OutboundMessage | None:
+        """The message at `off` in queue `q` read again (a session's exchange in flight resumed
+        after a restart, persistence.restore_inflight); None when it is no longer stored."""
+        m = self.store.message_at(q, off)
+        return None if m is None else self._outbound_message(m)
+
+    def _meta_of(self, props: bytes):
+        """The RecordMeta (QoS, retain, publisher, MQTT 5 properties) of a record's props bytes."""
+        rec = self._metas.get(props)
+        if rec is None:
+            rec = safe_decode(props)
+            if len(self._metas) >= 4096:
+                self._metas.clear()
+            self._metas[props] = rec
+        return rec
+
+    def _outbound_message(self, m) -> OutboundMessage:
+        """The OutboundMessage of pulled record `m`, one per record and queue offset in a run."""
+        it = self._outbound.get(m.phys_offset)
+        if it is None:
+            rec = self._meta_of(m.props)
+            dq = m.dispatch_queues
+            it = OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset,
+                      dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
+            self._outbound[m.phys_offset] = it
+        else:
+            it = it.at_offset(m.queue_offset)     # the same record reached through another queue
+        return it
+
+    # Messages one delivery run reads for one cursor: what its readers can take (a QoS 1/2
+    # window's room), at most `backlog_batch` shared by the readers at that offset (never less
+    # than `pull_batch`). Why not `pull_batch` (64) always: a reader far behind - an offline
+    # session's backlog on reconnect - then took one loop iteration, one pull and one socket write
+    # per 64 messages, and each write (a wake-up of the peer on loopback) cost about as much as
+    # encoding the 64 messages. A run stays bounded: once it has sent `run_budget` messages the
+    # rest of it reads `pull_batch` again (many sessions reconnecting at once do not hold the loop
+    # for seconds), and the socket's high-water mark bounds bytes (_feed_session); a fan-out (many
+    # readers at one offset) reads `pull_batch` as before; shared groups always do.
+    backlog_batch = 1024
+    run_budget = 8192
+
+    def _outbound_messages(self, msgs: list) -> list[OutboundMessage]:
+        """`[self._outbound_message(m) for m in msgs]` in one loop: a backlog pull hands over up to
+        `backlog_batch` records, and a method call per record was a noticeable part of a
+        reconnecting session's delivery. (`msgs` are StoredMessages, or the remote store's
+        RemoteMessages: fields read by name.)"""
+        known = self._outbound
+        get = known.get
+        metas = self._metas
+        out = []
+        append = out.append
+        for m in msgs:
+            phys = m.phys_offset
+            it = get(phys)
+            if it is None:
+                props = m.props
+                rec = metas.get(props)
+                if rec is None:
+                    rec = self._meta_of(props)
+                dq = m.dispatch_queues
+                it = known[phys] = OutboundMessage(m.topic, m.body, rec, m.queue_offset, phys,
+                                                   dq if type(dq) is tuple else tuple(dq or ()), m.store_ts)
+            else:
+                it = self._outbound_message(m)
+            append(it)
+        return out
+
+    def _pull(self, q: str, offset: int, count: int | None = None):
+        self.metrics.pulls += 1
+        if count is None:
+            count = self.cfg.pull_batch
+        elif count > self.backlog_batch:
+            count = self.backlog_batch
+        return self.store.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
+
+    def _deliver_direct(self, q: str) -> bool:
+        maxo = self.store.max_offset(q)
+        by_off: dict[int, list[Session]] = {}
+        want: dict[int, int] = {}
+        batch = self.backlog_batch
+        lo = maxo                 # the lowest cursor among the readers
+        for s in self.direct.get(q, ()):
+            cur = s.cursors.get(q)
+            if cur is None:
+                continue
+            if cur.next_offset >= maxo:
+                continue
+            if cur.next_offset < lo:
+                lo = cur.next_offset
+            conn = s.conn
+            if conn is None:
+                continue
+            if conn.write_blocked:
+                # a client that stopped reading loses QoS 0 messages (as Mosquitto); one whose
+                # answer waits for the store (`wait_for_store`) only waits: it reads on after
+                sub = s.direct.get(q)
+                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.inflight:
+                    skipped = maxo - cur.next_offset
+                    cur.next_offset = maxo
+                    self.metrics.dropped_qos0_backpressure.inc(skipped)
+                    self._session_offsets_moved(s)
+                continue
+            sub = s.direct.get(q)
+            if sub is not None and sub.qos:
+                room = s.receive_max - len(s.outbound)
+                if room <= 0:
+                    continue
+            else:
+                room = batch
+            off = cur.next_offset
+            lst = by_off.get(off)
+            if lst is None:
+                by_off[off] = [s]
+                want[off] = room
+            else:
+                lst.append(s)
+                if room > want[off]:
+                    want[off] = room
+        more = False
+        recent = self.recent.rings.get(q)        # [first queue offset, messages] (gateway/delivery/recent.py)
+        if recent is not None and lo > recent[0]:
+            self.recent.drop_passed(recent, lo)  # every reader is past these
+        small = self.cfg.pull_batch
+        for off, sessions in by_off.items():
+            # never read more than the roomiest reader at this offset can take: a QoS 1 window
+            # with 10 free slots must not pull (and build messages for) 64 messages it cannot send
+            cap = batch // len(sessions) if self._budget > 0 else small
+            if cap < small:
+                cap = small
+            n = want[off] if want[off] < cap else cap
+            self._budget -= n * len(sessions)
+            if recent is not None and recent[0] <= off < recent[0] + len(recent[1]):
+                # the records are in hand (RecentMessages.record_appended): no pull
+                i = off - recent[0]
+                messages = recent[1][i:i + n]
+                nxt = off + len(messages)
+            else:
+                res = self._pull(q, off, n)
+                msgs = res.messages
+                nxt = res.next_offset
+                if not msgs:
+                    # nothing readable at `off` (retention moved the start, or not yet visible)
+                    if nxt > off:
+                        for s in sessions:
+                            s.cursors[q].next_offset = nxt
+                            self._session_offsets_moved(s)
+                    continue
+                if len(sessions) == 1 and BacklogRuns.runnable(sessions[0], q):
+                    # one reader at this offset (an offline session's backlog on reconnect)
+                    if self._runs.feed(sessions[0], q, msgs, nxt):
+                        more = True
+                    if nxt < maxo:
+                        more = True
+                    continue
+                messages = self._outbound_messages(msgs)
+            for s in sessions:
+                if self._feed_session(s, q, messages, nxt):
+                    more = True
+            if nxt < maxo:
+                more = True
+        return more
+
+    def _feed_session(self, s: Session, q: str, messages: list[OutboundMessage], next_offset: int) -> bool:
+        """Send what the session can take from `messages` (one pulled batch of queue `q`).
+
+        The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
+        write_blocked flag cannot change inside it (writes are coalesced until the end of the tick),
+        so only the QoS 1/2 window is counted down. Stops at the first QoS 1/2 message that does
+        not fit the window, so per-queue order is kept and the cursor stays on that message.
+        """
+        conn = s.conn
+        if conn is None or conn.write_blocked:
+            return False
+        cur = s.cursors[q]
+        sub = s.direct[q]
+        multi = len(s.direct) > 1
+        # ACL read rules: only subscriptions overlapping a denied area pay a check per message
+        rc = conn.read_checks
+        acl_read = None
+        if rc is not None and q in rc:
+            ident = conn.identity
+            acl_read = self.acl.can_read
+        room = s.receive_max - len(s.outbound)
+        sub_qos = sub.qos
+        no_local = sub.no_local
+        rap = sub.retain_as_published
+        cid = s.client_id
+        version = s.version
+        outbound = s.outbound
+        inflight = cur.inflight
+        write = conn.write
+        # MQTT 5 per-subscriber parts (topic alias, subscription identifiers) or a message with an
+        # expiry interval take `publish_bytes`; everything else the shared template variant
+        custom = s.custom
+        maxp = s.max_packet
+        one_ids = (sub.subscription_id,) if sub.subscription_id else None
+        now_ms = None
+        nxt = cur.next_offset
+        sent0 = sent1 = sent2 = 0
+        first_ts = None           # store timestamps of messages sent here for the first time
+        complete = True
+        # Writes are coalesced until the end of the tick, so `write_blocked` cannot stop this loop:
+        # bound the payload bytes one call may queue to the socket's high-water mark, or a
+        # never-reading client with a large window would get window × payload queued at once.
+        budget = self.cfg.write_high_water
+        over = False
+        for it in messages:
+            off = it.queue_offset
+            if off < nxt:
+                continue
+            qos = sub_qos
+            rec = it.record
+            if no_local and rec.client_id == cid:
+                nxt = off + 1
+                continue
+            if multi:
+                owner, qos = self._owner(s, it, q)
+                if owner != q:
+                    nxt = off + 1
+                    continue
+            if acl_read is not None and not acl_read(ident, it.topic):
+                nxt = off + 1
+                continue
+            if rec.qos < qos:
+                qos = rec.qos
+            if qos and room <= 0:
+                complete = False
+                break
+            retain = rec.retain if rap else False
+            if qos:
+                pid = s.next_pid                       # inline alloc_pid (room > 0: a free id exists)
+                while pid in outbound:
+                    pid = pid % 65535 + 1
+            else:
+                pid = None
+            ids = None
+            if custom or rec.message_expiry_interval is not None:
+                if custom:
+                    ids = s.sub_ids_for(it, q) if multi else one_ids
+                if now_ms is None:
+                    now_ms = time.time() * 1000.0
+                data = s.publish_bytes(it, qos, retain, pid, False, ids, now_ms)
+                if type(data) is not bytes:
+                    s.count_drop(data)             # expired, or over the client's Maximum Packet Size
+                    nxt = off + 1
+                    continue
+            else:
+                data = it.encode(qos, retain, version, pid)
+                if maxp and len(data) > maxp:
+                    s.count_drop(TOO_LARGE)
+                    nxt = off + 1
+                    continue
+            if not it.sent:
+                it.sent = True
+                if it.store_ts:
+                    if first_ts is None:
+                        first_ts = [it.store_ts]
+                    else:
+                        first_ts.append(it.store_ts)
+            if qos == 0:
+                write(data)
+                sent0 += 1
+            else:
+                s.next_pid = pid % 65535 + 1
+                inf = outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
+                if ids is not None:
+                    inf.sub_ids = ids
+                write(data)
+                inflight[off] = pid
+                room -= 1
+                if qos == 1:
+                    sent1 += 1
+                else:
+                    sent2 += 1
+            nxt = off + 1
+            budget -= len(it.payload)
+            if budget <= 0:
+                over = True       # the rest next run (or after resume_writing)
+                break
+        if complete and not over and nxt < next_offset:
+            nxt = next_offset
+        cur.next_offset = nxt
+        mo = self.metrics.msg_out
+        mo[0] += sent0
+        mo[1] += sent1
+        mo[2] += sent2
+        if first_ts is not None:
+            now_ms = time.time() * 1000.0
+            self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
+        if s.expiry_interval:
+            self._session_offsets_moved(s)
+        return over
+
+    @staticmethod
+    def _owner(s: Session, it: OutboundMessage, q: str) -> tuple[str, int]:
+        best_q, best_qos = q, s.direct[q].qos
+        own = it.record.client_id == s.client_id
+        for dq in it.dispatch_queues:
+            if dq == q:
+                continue
+            sub = s.direct.get(dq)
+            if sub is None or (own and sub.no_local):    # No Local: that subscription does not match
+                continue
+            if sub.qos > best_qos or (sub.qos == best_qos and dq < best_q):
+                best_q, best_qos = dq, sub.qos
+        return best_q, best_qos
+
+    def _deliver_group(self, g: "SharedGroup") -> bool:
+        if not g.active:           # another gateway of the fleet holds this group's lease
+            return False
+        # 1. messages taken back from members that left
+        while g.redeliver:
+            pick = g.pick()
+            if pick is None:
+                return False
+            it = g.redeliver.popleft()
+            self._send_group(g, pick[0], pick[1], it)
+        maxo = self.store.max_offset(g.queue)
+        cur = g.cursor
+        if cur.next_offset >= maxo or not g.members:
+            return False
+        if not any(s.can_send() for s, _ in g.members):
+            return False
+        res = self._pull(g.queue, cur.next_offset)
+        if not res.messages:
+            if res.next_offset > cur.next_offset:
+                cur.next_offset = res.next_offset
+                self._group_offsets_moved(g)
+            return False
+        for m in res.messages:
+            if m.queue_offset < cur.next_offset:
+                continue
+            pick = g.pick()
+            if pick is None:
+                break
+            cur.next_offset = m.queue_offset + 1
+            self._send_group(g, pick[0], pick[1], self._outbound_message(m))
+        else:
+            if cur.next_offset < res.next_offset:
+                cur.next_offset = res.next_offset
+        self._group_offsets_moved(g)
+        return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
+
+    def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: OutboundMessage) -> None:
+        conn = s.conn
+        if conn is not None and conn.read_checks is not None and g.queue in conn.read_checks \
+                and not self.acl.can_read(conn.identity, it.topic):
+            return      # withheld by the ACL: the group's cursor has passed it
+        qos = min(sub.qos, it.record.qos)
+        retain = it.record.retain if sub.retain_as_published else False
+        if not it.sent:
+            it.sent = True
+            if it.store_ts:
+                self.metrics.dispatch_lag.observe(max(0.0, (time.time() * 1000.0 - it.store_ts) / 1000.0))
+        pid = s.send_message(it, qos, retain, queue=None, group=g,
+                          sub_ids=(sub.subscription_id,) if sub.subscription_id and s.version == 5 else None)
+        off = it.queue_offset
+        if pid is None or pid is False:       # QoS 0, or dropped for this client (expired / too large)
+            g.cursor.inflight.pop(off, None)
+        else:
+            g.cursor.inflight[off] = s

@@ -1,0 +1,366 @@
+"""Inbound publish path: PUBLISH -> one store record (multi-dispatch) -> PUBACK/PUBREC when durable.
+
+Why a per-tick batch: every PUBLISH decoded during one event-loop iteration (from any number of
+connections) is appended with ONE `store.append_batch` call (one lock, one buffer copy). Under the
+`sync` flush mode one group-commit fsync then acknowledges the whole batch, which is what makes QoS 1
+fast there. Acks are sent only after the store's durable future resolves - never before - and in
+arrival order per connection, so a publisher that sees PUBACK(n) knows 1..n are durable.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+from lmqtt.gateway.model import record_props
+from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
+from lmqtt.lightqueue import topics as T
+from lmqtt.lightqueue.errors import InvalidTopicName
+from lmqtt.store import Message, MessageTooLarge
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.net.connection import MQTTConnection
+    from lmqtt.gateway.storage.store_api import GatewayStore
+
+log = logging.getLogger("lmqtt.gateway.delivery.publish")
+
+# ------------------------------------------------------------------------- delayed publishes
+# Two ways for an MQTT client to ask for later delivery (docs/store.md "Delayed messages over MQTT"):
+#   * PUBLISH to `$delayed/{seconds}/{topic}` (EMQX's convention): delivered on {topic} after
+#     {seconds} whole seconds; the broker checks ACLs against {topic};
+#   * MQTT 5: an ordinary PUBLISH with the user property `deliver-at` = epoch milliseconds or an
+#     RFC 3339 time (no zone = UTC).
+# The message is parked in the store's timer wheel (store/delayed.py) in the same append as the
+# other publishes of the tick; the PUBACK/PUBREC means "the timer is durable". A due time not in
+# the future publishes at once.
+DELAYED_PREFIX = "$delayed/"
+DELIVER_AT = "deliver-at"
+MAX_DELAY_MS = 40 * 24 * 3600 * 1000      # the store's default (StoreConfig.timer_max_delay_ms)
+
+
+class DelayRefused(Exception):
+    """A delayed publish the broker refuses: `reason_code` for MQTT 5's PUBACK/PUBREC."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+def parse_delayed_topic(topic: str, now_ms: int | None = None) -> tuple[str, int]:
+    """`$delayed/{seconds}/{topic}` -> (topic, due epoch ms); DelayRefused (0x90) for a bad form."""
+    rest = topic[len(DELAYED_PREFIX):]
+    secs, sep, real = rest.partition("/")
+    bad = ReasonCode.TOPIC_NAME_INVALID
+    if not (secs.isascii() and secs.isdigit()) or len(secs) > 12:
+        raise DelayRefused(bad, f"{topic!r}: the delay must be whole seconds, as in $delayed/30/a/b "
+                                f"(got {secs!r})")
+    if not sep or not real:
+        raise DelayRefused(bad, f"{topic!r}: no topic after the delay ($delayed/{{seconds}}/{{topic}})")
+    delay_ms = int(secs) * 1000
+    if delay_ms > MAX_DELAY_MS:
+        raise DelayRefused(bad, f"{topic!r}: a delay of {secs} s exceeds the maximum of {MAX_DELAY_MS // 1000} s")
+    if "+" in real or "#" in real:
+        raise DelayRefused(bad, f"{topic!r}: the topic after the delay must not contain wildcards")
+    if real.startswith("$"):
+        raise DelayRefused(bad, f"{topic!r}: a delayed message cannot go to a $-topic")
+    try:
+        T.validate_topic(real)
+    except InvalidTopicName as e:
+        raise DelayRefused(bad, f"{topic!r}: {e}") from None
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    return real, now_ms + delay_ms
+
+
+def parse_deliver_at(value: str, now_ms: int | None = None) -> int:
+    """The `deliver-at` user property (epoch ms, or RFC 3339 / ISO 8601; no zone = UTC) -> due
+    epoch ms; DelayRefused (0x99) when unreadable or beyond the maximum delay."""
+    v = value.strip()
+    try:
+        if v.isascii() and v.isdigit():
+            due = int(v)
+        else:
+            dt = datetime.fromisoformat(v)
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            due = int(dt.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise DelayRefused(ReasonCode.PAYLOAD_FORMAT_INVALID,
+                           f"user property {DELIVER_AT}={value!r} is neither epoch milliseconds nor an "
+                           "RFC 3339 time") from None
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    if due - now_ms > MAX_DELAY_MS:
+        raise DelayRefused(ReasonCode.PAYLOAD_FORMAT_INVALID,
+                           f"user property {DELIVER_AT}={value!r} is {(due - now_ms) // 1000} s ahead, beyond "
+                           f"the maximum delay of {MAX_DELAY_MS // 1000} s")
+    return due
+
+
+class _Pending:
+    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues", "due")
+
+    def __init__(self, conn, qos, pid, topic, payload, retain, props, queues, due=0) -> None:
+        self.conn = conn
+        # the session, not the connection, owns the packet id: after a takeover/reconnect the ack
+        # goes to the session's current connection (where the client re-sent the PUBLISH)
+        self.session = conn.session if conn is not None else None
+        self.qos = qos
+        self.pid = pid
+        self.topic = topic
+        self.payload = payload
+        self.retain = retain
+        self.props = props
+        self.queues = queues
+        self.due = due            # epoch ms of a delayed publish (0 = now)
+
+
+class PublishPipeline:
+    """Batches publishes per loop iteration into the store and acknowledges them when durable.
+
+    It calls back through three narrow callables: `set_retained(topic, payload, props)` stores a
+    retained message, `record_appended(batch, now_ms)` hands freshly visible records to delivery,
+    `flush_writes()` writes the connections' queued output (the acks) right away.
+    """
+
+    def __init__(self, store: "GatewayStore", loop, metrics, max_pending_publish: int, *,
+                 set_retained: Callable[[str, bytes, bytes], None],
+                 record_appended: Callable[[list, int], None],
+                 flush_writes: Callable[[], None],
+                 after_append: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.loop = loop
+        self.metrics = metrics
+        self.max_pending_publish = max_pending_publish
+        self._set_retained = set_retained
+        self._record_appended = record_appended
+        self._flush_writes = flush_writes
+        self._pending: list[_Pending] = []
+        self._delayed = 0         # delayed publishes in _pending
+        self._scheduled = False
+        self.inflight_batches = 0
+        # called once the batch is appended (Gateway: the notify bus's drain): with the store's
+        # inline dispatch the new entries are already visible, so subscribers get them in this
+        # same loop callback, before the PUBACKs are written
+        self.after_append = after_append
+        # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
+        # remote one fires on its own)
+        enable = getattr(store, "enable_delayed", None)
+        if enable is not None:
+            try:
+                enable(loop)
+            except Exception as e:  # noqa: BLE001 - ordinary publishes still work
+                log.error("event=delayed_unavailable error=%r", e)
+
+    def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
+               payload: bytes, retain: bool, client_id: str, props: P.Properties | None,
+               due_ms: int = 0) -> None:
+        """Queue one publish for the next batch append (topic already validated). `due_ms`: epoch
+        ms of a `$delayed/` publish (the broker parsed the topic); an MQTT 5 `deliver-at` user
+        property is read here."""
+        if props is not None and props.user_property and not due_ms:
+            for k, v in props.user_property:
+                if k == DELIVER_AT:
+                    try:
+                        due_ms = parse_deliver_at(v)
+                    except DelayRefused as e:
+                        return self.refuse(conn, pkt_qos, pid, topic, e)
+                    break
+        if due_ms:
+            if due_ms > time.time() * 1000:
+                return self._submit_delayed(conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms)
+        queues = self.store.queues_for_topic(topic)
+        rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
+        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues), conn, pkt_qos)
+
+    def _enqueue(self, p: "_Pending", conn, pkt_qos: int) -> None:
+        """Queue for this tick's batch append; a QoS 1/2 publisher with too many waiting for the
+        store is not read meanwhile."""
+        self._pending.append(p)
+        if conn is not None and pkt_qos:
+            conn.pending_publishes += 1
+            if conn.pending_publishes >= self.max_pending_publish:
+                conn.pause_reading_for_store()
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def _submit_delayed(self, conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms) -> None:
+        """A delayed publish: parked by the store in the next batch append, no light queues now
+        (they are computed when it fires) and no retained-message update (RETAIN is carried on
+        the record only)."""
+        rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
+        self._delayed += 1
+        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, (), due_ms), conn, pkt_qos)
+
+    def refuse(self, conn, qos: int, pid: int | None, topic: str, err: DelayRefused) -> None:
+        """A delayed publish with a bad form: nothing is stored. MQTT 5: PUBACK/PUBREC with the
+        reason code and string (QoS 0: dropped); 3.1.1 has no negative ack: the connection is
+        closed, as for any invalid topic name. Logged with the cause either way."""
+        s = conn.session if conn is not None else None
+        log.info("event=delayed_publish_refused client_id=%s topic=%r reason_code=0x%02X cause=%r",
+                 s.client_id if s is not None else "", topic, err.reason_code, str(err))
+        if conn is None:
+            return
+        if qos and s is not None:
+            s.inbound_pending.discard(pid)
+        if conn.version != 5:
+            raise ProtocolError(str(err), err.reason_code)
+        if qos == 0:
+            return
+        pkt = P.PubAck(pid, err.reason_code) if qos == 1 else P.PubRec(pid, err.reason_code)
+        if conn.problem_info:
+            pkt.properties.reason_string = str(err)[:200]
+        conn.send_fitting(pkt)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        now_ms = int(time.time() * 1000)
+        msgs = [Message(p.topic, p.payload, 0, 0, p.props, (), now_ms, p.queues) for p in batch]
+        store = self.store
+        dues = None
+        if self._delayed:         # parked by the store in the same append (store/delayed.py)
+            self._delayed = 0
+            dues = [p.due for p in batch]
+        whole = True              # append_batch took every record (all or none)
+        t0 = time.perf_counter()
+        try:
+            results = store.append_batch(msgs) if dues is None else store.append_batch_delayed(msgs, dues)
+        except Exception as e:  # one bad record must not fail the others: retry one by one
+            whole = False
+            log.warning("event=append_batch_failed error=%r count=%d; retrying one by one", e, len(batch))
+            results = []
+            for p, m in zip(batch, msgs):
+                try:
+                    results.append(self.store.append(m) if not p.due
+                                   else self.store.append_batch_delayed([m], [p.due])[0])
+                except Exception as e1:
+                    results.append(e1)
+        t1 = time.perf_counter()
+        self.metrics.append_latency.observe(t1 - t0)
+        self.metrics.append_batch_size.observe(len(batch))
+        ok_batch = []
+        last = None               # result of the last appended QoS 1/2 record
+        if whole:
+            # append_batch appends all or none: no per-record result to look at (the store's
+            # columnar results would build one tuple per record just to be iterated)
+            for p in batch:
+                if p.retain and not p.due:
+                    self._retain(p)
+                if p.qos:
+                    ok_batch.append(p)
+            if ok_batch:
+                last = results[-1]
+        else:
+            for p, r in zip(batch, results):
+                if isinstance(r, Exception):
+                    self.metrics.dropped_store_error.inc()
+                    log.error("event=append_failed topic=%s error=%r", p.topic, r)
+                    if p.conn is not None and p.qos:
+                        p.conn.pending_publishes -= 1
+                    self._fail(p, r)
+                    continue
+                if p.retain and not p.due:
+                    self._retain(p)
+                if p.qos:
+                    ok_batch.append(p)
+                    last = r
+        if whole and store.all_visible():
+            # everything appended is visible (inline dispatch): the batch's records are the newest
+            # entries of their queues, in order (DeliveryEngine.record_appended)
+            self._record_appended(batch, now_ms)
+        if self.after_append is not None:
+            self.after_append()
+        if not ok_batch:
+            return
+        # The durable future of the last record covers all earlier ones (store contract).
+        fut = last.durable
+        if fut.done():
+            self._acked(ok_batch, fut, t0)
+        else:
+            self.inflight_batches += 1
+            loop = self.loop
+
+            def _done(f, ok_batch=ok_batch, t0=t0):
+                try:
+                    loop.call_soon_threadsafe(self._acked_later, ok_batch, f, t0)
+                except RuntimeError:  # loop closed at shutdown
+                    pass
+            fut.add_done_callback(_done)
+
+    def _acked_later(self, ok_batch: list, fut: Any, t0: float) -> None:
+        self.inflight_batches -= 1
+        self._acked(ok_batch, fut, t0)
+
+    def _acked(self, ok_batch: list, fut: Any, t0: float) -> None:
+        self.metrics.flush_latency.observe(time.perf_counter() - t0)
+        err = fut.exception()
+        if err is not None:
+            for p in ok_batch:
+                conn = p.conn
+                if conn is None:
+                    continue
+                conn.pending_publishes -= 1
+                conn.maybe_resume_reading()
+                self._fail(p, err)
+            return
+        # Acks of one batch are joined per target connection: one write() each (the connection
+        # joins again per loop tick); order per connection is arrival order.
+        acks: dict = {}
+        heads = SUCCESS_ACK_HEAD
+        for p in ok_batch:
+            conn = p.conn
+            if conn is None:
+                continue
+            conn.pending_publishes -= 1
+            if conn.reading_paused:
+                conn.maybe_resume_reading()
+            s = p.session
+            pid = p.pid
+            if s is not None:
+                s.inbound_pending.discard(pid)
+                if p.qos == 2:
+                    s.inbound_qos2.add(pid)
+                target = s.conn
+            else:
+                target = conn
+            if target is None or target.closing:
+                continue  # offline: the client re-sends (DUP) on its next connection
+            lst = acks.get(target)
+            if lst is None:
+                acks[target] = [heads[p.qos], pid]
+            else:
+                lst.append(heads[p.qos])
+                lst.append(pid)
+        for target, lst in acks.items():
+            target.write(encode_success_acks(lst))
+        if acks:
+            self._flush_writes()
+
+    def _retain(self, p: _Pending) -> None:
+        try:
+            self._set_retained(p.topic, p.payload, record_props.retained_props(p.props, int(time.time() * 1000)))
+        except Exception as e:
+            log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
+
+    def _fail(self, p: _Pending, err: BaseException) -> None:
+        """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends)."""
+        conn = p.conn
+        if p.qos and p.session is not None:
+            p.session.inbound_pending.discard(p.pid)
+        if conn is None or conn.closing or p.qos == 0:
+            return
+        if conn.version == 5:
+            # PUBACK/PUBREC allow no "packet too large": a store limit is implementation-specific
+            rc = (ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if isinstance(err, MessageTooLarge)
+                  else ReasonCode.UNSPECIFIED_ERROR)
+            pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
+            if conn.problem_info:      # the client may have said: no reason strings (§3.1.2.11.7)
+                pkt.properties.reason_string = f"store error: {err}"[:200]
+            conn.send_fitting(pkt)
+        else:
+            conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, f"store error: {err}")

@@ -1,0 +1,67 @@
+"""Shared subscriptions (`$share/{group}/{filter}`): each message to exactly one group member.
+
+Why a group-level cursor: the group, not each member, consumes the light queue. The group keeps one
+offset (persisted under consumer name `$share/{group}`), hands each pulled message to the next
+member (round-robin) whose window and socket have room, and commits the offset only when the member
+acks. If a member goes away with messages in flight, those go back to the group and are re-offered
+to the other members first, so nothing acknowledged by the store is lost and nothing is sent to two
+members unless one disconnected before acking (MQTT 5 §4.8.2 allows that redelivery).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from lmqtt.gateway.model.session import Cursor, OutboundMessage, Session, ClientSubscription
+
+
+def group_consumer(group: str, queue: str) -> str:
+    """Metadata consumer name holding a group's offset in `queue`."""
+    return f"$share/{group}"
+
+
+class SharedGroup:
+    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver", "active", "lease_until")
+
+    def __init__(self, name: str, queue: str, offset: int) -> None:
+        self.name = name
+        self.queue = queue
+        self.cursor = Cursor(offset)
+        self.members: list[tuple[Session, ClientSubscription]] = []   # online members
+        self.refs = 0                                           # sessions (online or not) holding the sub
+        self.rr = 0
+        self.redeliver: deque[OutboundMessage] = deque()                  # taken back from departed members
+        # in a fleet only the gateway holding the group's lease delivers (gateway/fleet/group_leases.py);
+        # alone (lmqtt serve) a group is always active
+        self.active = True
+        self.lease_until = 0.0
+
+    @property
+    def consumer(self) -> str:
+        return group_consumer(self.name, self.queue)
+
+    def add_member(self, s: Session, sub: ClientSubscription) -> None:
+        self.remove_member(s)
+        self.members.append((s, sub))
+
+    def remove_member(self, s: Session) -> None:
+        self.members = [(m, sub) for m, sub in self.members if m is not s]
+
+    def pick(self) -> tuple[Session, ClientSubscription] | None:
+        """Next member (round-robin) that can take a message now, or None."""
+        ms = self.members
+        n = len(ms)
+        for i in range(n):
+            k = (self.rr + i) % n
+            s, sub = ms[k]
+            if s.can_send():
+                self.rr = (k + 1) % n
+                return s, sub
+        return None
+
+    def acked(self, offset: int | None) -> None:
+        if offset is not None:
+            self.cursor.inflight.pop(offset, None)
+
+    def take_back(self, message: OutboundMessage) -> None:
+        """A member left with `message` unacked: offer it to another member (keeps the offset pinned)."""
+        self.redeliver.append(message)

@@ -1,0 +1,1 @@
+"""Bytes on sockets: the MQTT connection (asyncio.Protocol), WebSocket, TLS."""

@@ -1,0 +1,545 @@
+"""One MQTT network connection: bytes <-> packets, coalesced writes, flow control flags.
+
+Why `asyncio.Protocol` and not streams: no task per connection and no coroutine per packet. Bytes
+arrive in `data_received`, the sans-IO decoder turns them into packets, the packet handler (the
+broker) handles each synchronously. Everything a connection sends during one loop iteration is
+joined and written with one `transport.write` at the end of that iteration (one syscall per tick,
+not per packet): `WriteBatcher` keeps one list of connections with pending output and flushes it
+with ONE loop callback, or right away at the end of a delivery run / an ack batch
+(`WriteBatcher.flush`), so a PUBLISH or PUBACK does not wait one more loop iteration.
+The transport's write-buffer limits drive back-pressure: `pause_writing` marks the connection
+`write_blocked`, which stops delivery pulling for it until `resume_writing`.
+`ConnectionSweep` keeps the connections' deadlines (connect timeout, a stalled enhanced
+authentication or re-authentication, keep alive) with one pass over them twice a second.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
+                                encode_malformed_connect_reply, packets as P)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.model.session import Session
+
+log = logging.getLogger("lmqtt.gateway.conn")
+
+
+NO_TOPICS: frozenset = frozenset()
+
+
+class WriteBatcher:
+    """Connections with queued output, written together once per loop iteration (or on `flush`)."""
+
+    __slots__ = ("loop", "_dirty", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._dirty: list["MQTTConnection"] = []
+        self._scheduled = False
+
+    def want_flush(self, conn: "MQTTConnection") -> None:
+        """`conn` has queued output: write it at the latest in the next loop iteration."""
+        self._dirty.append(conn)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._on_loop)
+
+    def _on_loop(self) -> None:
+        self._scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every connection's queued output now (one transport.write per connection)."""
+        conns = self._dirty
+        if conns:
+            self._dirty = []
+            for c in conns:
+                c.flush()
+
+
+class ConnectionSweep:
+    """The deadlines of every connection, checked every `INTERVAL` seconds: a socket whose CONNECT
+    is not accepted within `connect_timeout_s` is closed (an enhanced authentication still in
+    progress is refused first, through `login_timed_out(conn)`); a re-authentication not done
+    within it ends the same way; a connection silent for 1.5 times its keep alive gets DISCONNECT
+    0x8D (MQTT-3.1.2-24).
+
+    Why one sweep rather than a timer per connection: a timer re-armed at every packet costs a
+    heap operation per packet on the hot path and memory per idle connection; the sweep costs one
+    pass over the connections twice a second, and half a second late is within what MQTT allows
+    for a keep alive."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: "set[MQTTConnection]",
+                 connect_timeout_s: float, login_timed_out: "Callable[[MQTTConnection], None]") -> None:
+        self.loop = loop
+        self.connections = connections
+        self.connect_timeout_s = connect_timeout_s
+        self.login_timed_out = login_timed_out
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._tick()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        try:
+            self.sweep()
+        finally:
+            self._handle = self.loop.call_later(self.INTERVAL, self._tick)
+
+    def sweep(self) -> None:
+        now = self.loop.time()
+        limit = self.connect_timeout_s
+        for c in list(self.connections):
+            login = c.auth_login
+            if not c.connected:
+                if now - c.accepted_at > limit:
+                    if login is not None and not c.closing:
+                        self.login_timed_out(c)
+                    c.close()
+            elif login is not None and now - login.started_at > limit:
+                self.login_timed_out(c)
+            elif c.keepalive and now - c.last_rx > 1.5 * c.keepalive:
+                c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+
+
+class PacketHandler(Protocol):
+    """What a connection needs from the broker (`Broker` implements it)."""
+
+    cfg: Any
+    metrics: Any
+    loop: asyncio.AbstractEventLoop
+    writes: WriteBatcher
+    gate: Any      # the connection and rate limits (gateway/core/limits.py ConnectionGate), None for none
+
+    def on_accept(self, conn: "MQTTConnection") -> None: ...
+    def on_connection_lost(self, conn: "MQTTConnection", exc: BaseException | None) -> None: ...
+    def handle_packet(self, conn: "MQTTConnection", pkt: Any) -> None: ...
+    def on_publish(self, conn: "MQTTConnection", pkt: P.Publish) -> None: ...
+    def on_puback(self, conn: "MQTTConnection", pkt: P.PubAck) -> None: ...
+    def on_writable(self, conn: "MQTTConnection") -> None: ...
+
+
+class MQTTConnection(asyncio.Protocol):
+    # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
+    # another module sets must be named here (fleet_attached_ms: gateway/fleet/sessions.py).
+    __slots__ = ("handler", "cfg", "metrics", "loop", "writes", "transport", "decoder", "version",
+                 "session", "client_id", "connected", "closing", "write_blocked",
+                 "transport_full", "_store_waits", "will", "identity", "auth_login", "auth_method",
+                 "read_checks", "keepalive", "last_rx", "accepted_at", "pending_publishes",
+                 "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "reading_paused",
+                 "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
+                 "_rate_logged", "_refusal_logged", "_rate_timer", "_held", "_holds", "_out",
+                 "_flush_scheduled", "peer", "fleet_attached_ms")
+
+    def __init__(self, handler: PacketHandler) -> None:
+        self.handler = handler
+        self.cfg = handler.cfg
+        self.metrics = handler.metrics
+        self.loop = handler.loop
+        self.writes = handler.writes
+        self.transport: asyncio.Transport | None = None
+        # decoded packets are only read by the handler, never mutated: share the empty Properties
+        self.decoder = Decoder(max_packet_size=self.cfg.max_packet_size, share_empty_properties=True)
+        self.version = 4
+        self.session: Session | None = None
+        self.client_id: str | None = None
+        self.connected = False        # CONNECT accepted
+        self.closing = False          # close() called: no more writes
+        self.write_blocked = False     # delivery stops writing: the transport is full or a store write is awaited
+        self.transport_full = False    # the transport's buffer is over its high-water mark (pause_writing)
+        self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
+        self.will: P.Will | None = None
+        self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
+        self.auth_login = None        # MQTT 5 enhanced authentication in progress (auth.ScramLogin)
+        self.auth_method: str | None = None   # the Authentication Method the connection logged in with
+        self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
+        self.keepalive = 0
+        self.last_rx = self.loop.time()
+        self.accepted_at = self.last_rx
+        self.pending_publishes = 0
+        # PUBLISH topics already validated on this connection / the ACL let it publish (cleared on
+        # reload): the shared empty NO_TOPICS until the first one (an empty set is 216 bytes)
+        self.valid_topics: frozenset | set = NO_TOPICS
+        self.acl_publish_ok: frozenset | set = NO_TOPICS
+        self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
+        self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
+        self.reading_paused = False   # too many publishes awaiting the store
+        self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
+        self._transport_paused = False  # what we last told the transport (any of the reasons)
+        # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
+        # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
+        self._gate = None
+        self._gate_addr: str | None = None
+        self.refusal: tuple[int, str] | None = None
+        self.pub_bucket = None
+        self._rate_logged = False
+        self._refusal_logged = False
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._held: list | None = None   # packets read while on hold (a password check, a store reply)
+        self._holds = 0                  # `hold` calls not yet released
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.peer = "?"
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        cfg = self.cfg
+        transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
+        pn = transport.get_extra_info("peername")
+        self.peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        gate = self.handler.gate
+        if gate is not None and not self._admit(gate, pn[0] if pn else "?"):
+            return
+        self.handler.on_accept(self)
+
+    def _admit(self, gate, addr: str) -> bool:
+        """The connection limits, asked once per socket. Admitted: counted until the socket closes.
+        Refused: kept open until its CONNECT arrives, to answer it with the reason code (the
+        client then knows why and does not retry blindly); more than MAX_REFUSED_PENDING such
+        sockets waiting, or no CONNECT within connect_timeout_s: closed without an answer."""
+        rc, cause = gate.admit(addr)
+        if not rc:
+            self._gate, self._gate_addr = gate, addr
+            self.pub_bucket = gate.publish_limiter()
+            return True
+        if gate.refused_pending >= gate.MAX_REFUSED_PENDING:
+            self._log_refusal(gate, rc, cause, "closed at accept (too many refused sockets waiting)")
+            self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+            self.closing = True
+            self.transport.abort()
+            return False
+        gate.refused_pending += 1
+        self.refusal = (rc, cause)
+        self.decoder.max_packet_size = min(self.decoder.max_packet_size, 64 << 10)   # a CONNECT, no more
+        return True
+
+    def _log_refusal(self, gate, rc: int, cause: str, reason: str) -> None:
+        left_out = gate.log_allowed()
+        if left_out is None:
+            return
+        lim = gate.limits
+        limit = {"max_connections": lim.max_connections,
+                 "max_connections_per_address": lim.max_connections_per_address,
+                 "connect_rate_per_address": lim.connect_rate_per_address}.get(cause)
+        log.warning("event=connect_refused peer=%s reason_code=0x%02X cause=%s limit=%s reason=%r%s", self.peer,
+                    rc, cause, limit, reason, f" suppressed={left_out}" if left_out else "")
+
+    _REFUSAL_REASONS = {"max_connections": "server full: too many connections (max_connections)",
+                        "max_connections_per_address": "too many connections from your address "
+                                                       "(max_connections_per_address)",
+                        "connect_rate_per_address": "connection rate exceeded (connect_rate_per_address)"}
+
+    def _refuse_by_limit(self, pkt) -> None:
+        """The first packet of a socket the limits refused: CONNACK with the reason code (3.1.1:
+        return code 3, server unavailable), then close."""
+        rc, cause = self.refusal
+        gate = self.handler.gate
+        reason = self._REFUSAL_REASONS.get(cause, cause)
+        self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+        self._refusal_logged = True
+        self._log_refusal(gate, rc, cause, reason)
+        if isinstance(pkt, P.Connect):
+            self.write(encode_connack_refusal(rc, reason, pkt.protocol_level))
+        self.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_rx = self.loop.time()
+        self.metrics.bytes_in += len(data)
+        try:
+            packets = self.decoder.feed(data)
+        except ProtocolError as e:
+            self.protocol_error(e.reason_code, str(e))
+            return
+        if self._held is not None:
+            self._held.extend(packets)
+            return
+        self._handle_packets(packets)
+
+    def _handle_packets(self, packets) -> None:
+        h = self.handler
+        handle = h.handle_packet
+        for i, pkt in enumerate(packets):
+            if self.closing:
+                return
+            if self._held is not None:       # the handler put CONNECT on hold: keep the rest
+                self._held.extend(packets[i:])
+                return
+            try:
+                # the two QoS 1 hot-path packets skip the generic dispatch table (CONNECT accepted:
+                # the decoder lets nothing but CONNECT through before it, `connected` after it)
+                t = type(pkt)
+                if t is P.Publish and self.connected:
+                    if self.pub_bucket is not None and not self.pub_bucket.take():   # publish_rate_per_client
+                        self._rate_hold(packets[i:])
+                        return
+                    h.on_publish(self, pkt)
+                elif t is P.PubAck and self.connected:
+                    h.on_puback(self, pkt)
+                elif self.refusal is not None:
+                    self._refuse_by_limit(pkt)
+                    return
+                else:
+                    handle(self, pkt)
+            except ProtocolError as e:
+                self.protocol_error(e.reason_code, str(e))
+                return
+            except Exception as e:  # a bug must cost one connection, never the server
+                log.exception("event=packet_handler_failed client_id=%s packet=%s", self.client_id,
+                              type(pkt).__name__)
+                self.close_with_error(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, f"internal error: {type(e).__name__}")
+                return
+
+    def eof_received(self):
+        return False  # close the transport
+
+    def hold(self) -> None:
+        """Stop handling packets (CONNECT waits for a password check off the loop, or for the
+        store's answer): what arrives meanwhile is kept in order, and reading pauses so a client
+        cannot pile up more. Each `hold` is ended by one `release`."""
+        self._holds += 1
+        if self._held is None:
+            self._held = []
+            self._sync_reading()
+
+    def release(self) -> None:
+        """End one `hold`; after the last, handle the packets kept meanwhile, in order, then read again."""
+        if self._holds > 0:
+            self._holds -= 1
+            if self._holds:
+                return
+        held, self._held = self._held, None
+        if held is None or self.closing:
+            return
+        self._sync_reading()
+        if held:
+            self._handle_packets(held)
+
+    def wait_for_store(self, fut) -> None:
+        """The answer being written depends on a store write still in flight (a session record
+        on a remote store): what this connection writes from now on waits for `fut`, and so do
+        the packets it reads. Only this connection waits; a blocking call would have stopped the
+        whole gateway for the round trip. `fut`'s failure is the writer's to report (the answer
+        then goes as it would have after a failed blocking write)."""
+        if fut.done():
+            return
+        self._store_waits += 1
+        self.write_blocked = True
+        self.hold()
+        fut.add_done_callback(self._store_answered)
+
+    def _store_answered(self, _fut) -> None:
+        self._store_waits -= 1
+        if self._store_waits or self.closing:
+            return
+        self.write_blocked = self.transport_full
+        if self._out and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.writes.want_flush(self)
+        self.release()
+        if not self.write_blocked and not self.closing:
+            self.handler.on_writable(self)
+
+    def _sync_reading(self) -> None:
+        """Pause or resume reading the socket: paused while any reason holds (a CONNECT awaiting
+        its password check, publishes awaiting the store, over the publish rate)."""
+        t = self.transport
+        if t is None or self.closing:
+            return
+        want = self._held is not None or self.reading_paused or self._rate_paused
+        if want != self._transport_paused:
+            self._transport_paused = want
+            if want:
+                t.pause_reading()
+            else:
+                t.resume_reading()
+
+    # -- publish rate per client (gateway/core/limits.py) --------------------------------------------
+    def _rate_hold(self, rest) -> None:
+        """Over publish_rate_per_client: this PUBLISH and everything after it (already read) wait
+        in order, and the socket is not read, until the budget has a token again; TCP then slows
+        the client down. Back-pressure, as for a slow store: nothing is refused, dropped or
+        disconnected (the alternative, DISCONNECT 0x96, would make a well-behaved client with a
+        backlog reconnect and resend in a loop)."""
+        self._held = list(rest)
+        self._holds += 1
+        self._rate_paused = True
+        gate = self._gate
+        gate.hits["publish_rate_per_client"] += 1
+        if not self._rate_logged:     # once per connection; the counter counts every pause
+            self._rate_logged = True
+            log.info("event=publish_throttled client_id=%s peer=%s cause=publish_rate_per_client limit=%s "
+                     "burst=%s action=pause_reading", self.client_id, self.peer,
+                     gate.limits.publish_rate_per_client, gate.limits.publish_burst_per_client)
+        self._sync_reading()
+        self._rate_timer = self.loop.call_later(min(self.pub_bucket.wait_time(), 1.0), self._rate_release)
+
+    def _rate_release(self) -> None:
+        self._rate_timer = None
+        if self.closing:
+            return
+        # a client we chose not to read is not idle: keepalive counts from now
+        self.last_rx = self.loop.time()
+        wait = self.pub_bucket.wait_time()
+        if wait > 0:
+            self._rate_timer = self.loop.call_later(min(wait, 1.0), self._rate_release)
+            return
+        self._rate_paused = False
+        self.release()
+
+    def pause_writing(self) -> None:
+        if not self.transport_full:
+            self.transport_full = True
+            self.write_blocked = True
+            self.metrics.paused_sessions.inc()
+
+    def resume_writing(self) -> None:
+        if self.transport_full:
+            self.transport_full = False
+            self.metrics.paused_sessions.dec()
+            if not self._store_waits:
+                self.write_blocked = False
+                self.handler.on_writable(self)
+
+    def connection_lost(self, exc) -> None:
+        if self._gate is not None:
+            self._gate.release(self._gate_addr)
+            self._gate = None
+        elif self.refusal is not None:
+            gate = self.handler.gate
+            gate.refused_pending -= 1
+            if not self._refusal_logged:         # closed before its CONNECT came: still say why
+                rc, cause = self.refusal
+                self.metrics.connect_refused.labels(reason=f"0x{rc:02X}").inc()
+                self._log_refusal(gate, rc, cause, "closed before CONNECT")
+            self.refusal = None
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
+        if self.transport_full:
+            self.transport_full = False
+            self.metrics.paused_sessions.dec()
+        self.write_blocked = False
+        self.closing = True
+        self._out.clear()
+        self.handler.on_connection_lost(self, exc)
+
+    # -- output ------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.writes.want_flush(self)
+
+    def send(self, pkt) -> None:
+        self.write(encode(pkt, self.version))
+
+    def send_fitting(self, pkt) -> None:
+        """Send an ack/DISCONNECT that may carry a reason string: without it (and without user
+        properties) when the packet would exceed the client's MQTT 5 Maximum Packet Size (§3.1.2.11.4)."""
+        data = encode(pkt, self.version)
+        s = self.session
+        if s is not None and s.max_packet and len(data) > s.max_packet:
+            pkt.properties.reason_string = None
+            pkt.properties.user_property = []
+            data = encode(pkt, self.version)
+        self.write(data)
+
+    def flush(self, force: bool = False) -> None:
+        """Write the queued output (held back while a store write it depends on is in flight,
+        unless `force`: the connection is closing anyway)."""
+        self._flush_scheduled = False
+        out = self._out
+        if self._store_waits and not force:
+            return
+        if not out or self.transport is None or self.transport.is_closing():
+            out.clear()
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.metrics.bytes_out += len(data)
+        self.transport.write(data)
+
+    @property
+    def buffered(self) -> int:
+        t = self.transport
+        return t.get_write_buffer_size() if t is not None else 0
+
+    # -- closing -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush what is queued, then close the socket (connection_lost follows)."""
+        if self.closing:
+            return
+        self.flush(force=True)
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_with_error(self, reason_code: int, reason: str = "") -> None:
+        """Server-initiated close: MQTT 5 DISCONNECT with the reason (after CONNECT), then close.
+
+        The will message stays armed: a close for any reason but a normal DISCONNECT from the client sends it.
+        """
+        if self.closing:
+            return
+        if self.connected and self.version == 5:
+            d = P.Disconnect(reason_code)
+            if reason:
+                d.properties.reason_string = reason[:200]
+            self.send_fitting(d)
+        log.info("event=close client_id=%s peer=%s reason_code=0x%02X reason=%r", self.client_id, self.peer,
+                 reason_code, reason)
+        self.close()
+
+    def protocol_error(self, reason_code: int, reason: str) -> None:
+        self.metrics.protocol_errors.inc()
+        log.warning("event=protocol_error client_id=%s peer=%s reason_code=0x%02X error=%r",
+                    self.client_id, self.peer, reason_code, reason)
+        if not self.connected:
+            reply = encode_malformed_connect_reply(reason_code, reason, self.decoder.version)
+            if reply is not None:
+                self.write(reply)
+            self.close()
+            return
+        self.close_with_error(reason_code, reason)
+
+    # -- MQTT 5 topic aliases from the client ---------------------------------------------------
+    def resolve_topic_alias(self, topic: str, alias: int, maximum: int) -> str:
+        """The topic of a PUBLISH carrying a topic alias (§3.3.2.3.4): with a topic it sets the
+        alias (valid for this connection only), with an empty topic it uses it. Alias 0 or above
+        our CONNACK Topic Alias Maximum: 0x94; an alias never set: protocol error."""
+        if not 0 < alias <= maximum:
+            raise ProtocolError(f"topic alias {alias} is outside 1..{maximum} "
+                                "(the Topic Alias Maximum in CONNACK)", ReasonCode.TOPIC_ALIAS_INVALID)
+        if topic:
+            self.topic_aliases[alias] = topic
+            return topic
+        t = self.topic_aliases.get(alias)
+        if t is None:
+            raise ProtocolError(f"topic alias {alias} was never set on this connection", ReasonCode.PROTOCOL_ERROR)
+        return t
+
+    # -- inbound flow control ----------------------------------------------------------------
+    def pause_reading_for_store(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.closing:
+            self.reading_paused = True
+            self._sync_reading()
+
+    def maybe_resume_reading(self) -> None:
+        if self.reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
+            self.reading_paused = False
+            self._sync_reading()

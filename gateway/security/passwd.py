@@ -1,0 +1,108 @@
+"""`lmqtt passwd`: manage a password file, with mosquitto_passwd's options.
+
+    lmqtt passwd [-c] FILE USER            add or change USER (prompts twice; -c creates/overwrites FILE)
+    lmqtt passwd -b [-c] FILE USER PASS    the same, password on the command line (scripts)
+    lmqtt passwd -D FILE USER              delete USER
+    lmqtt passwd -U FILE                   hash every plaintext password in FILE in place
+    --scram (with any of the above)        also write a SCRAM-SHA-256 verifier (MQTT 5 enhanced auth)
+
+Hashes are `$7$` PBKDF2-SHA512 (gateway/security/auth.py), readable by Mosquitto 2 too. With `--scram` the
+line gets a third field, `user:$7$...:$scram-sha-256$ITER$SALT$STOREDKEY$SERVERKEY`, which
+Mosquitto ignores; a user who has one keeps it in step when the password changes (a stale
+verifier would still accept the old password). The file is replaced atomically with mode 0600.
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+
+from lmqtt.gateway.security.auth import (AuthError, hash_password, password_file_entries, read_password_file,
+                                split_entry, write_password_file)
+from lmqtt.gateway.security.scram import DEFAULT_ITERATIONS, scram_credentials
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmqtt passwd", description=__doc__.split("\n\n")[0])
+    p.add_argument("-c", action="store_true", help="create a new file (overwrites an existing one)")
+    p.add_argument("-b", action="store_true", help="batch mode: the password is the last argument")
+    p.add_argument("-D", action="store_true", help="delete the user")
+    p.add_argument("-U", action="store_true", help="hash the plaintext passwords of an existing file")
+    p.add_argument("--scram", action="store_true",
+                   help="also store a SCRAM-SHA-256 verifier, for MQTT 5 enhanced authentication")
+    p.add_argument("--scram-iterations", type=int, default=DEFAULT_ITERATIONS,
+                   help=f"PBKDF2 rounds of the SCRAM verifier (default {DEFAULT_ITERATIONS}, RFC 7677's "
+                        "minimum; every client login computes them once)")
+    p.add_argument("file")
+    p.add_argument("user", nargs="?")
+    p.add_argument("password", nargs="?")
+    return p
+
+
+def _entry(password: str, scram: bool, iterations: int) -> str:
+    h = hash_password(password)
+    return f"{h}:{scram_credentials(password, iterations)}" if scram else h
+
+
+def _upgrade(path: str, scram: bool, iterations: int) -> int:
+    try:
+        users = {user: stored if stored.startswith("$") else _entry(stored, scram, iterations)
+                 for _n, user, stored in password_file_entries(path)}
+    except AuthError as e:
+        print(f"lmqtt passwd: {e}", file=sys.stderr)
+        return 1
+    write_password_file(path, users)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.scram_iterations < 4096:
+        print("lmqtt passwd: --scram-iterations must be at least 4096 (RFC 7677)", file=sys.stderr)
+        return 2
+    if a.U:
+        return _upgrade(a.file, a.scram, a.scram_iterations)
+    if not a.user:
+        print("lmqtt passwd: a USER is needed (see --help)", file=sys.stderr)
+        return 2
+    if ":" in a.user:
+        print("lmqtt passwd: a username cannot contain ':'", file=sys.stderr)
+        return 2
+    users: dict[str, str] = {}
+    if not a.c:
+        if not os.path.exists(a.file):
+            print(f"lmqtt passwd: {a.file} does not exist (use -c to create it)", file=sys.stderr)
+            return 1
+        try:
+            users = read_password_file(a.file)
+        except AuthError as e:
+            print(f"lmqtt passwd: {e}", file=sys.stderr)
+            return 1
+    if a.D:
+        if users.pop(a.user, None) is None:
+            print(f"lmqtt passwd: user {a.user!r} is not in {a.file}", file=sys.stderr)
+            return 1
+        write_password_file(a.file, users)
+        return 0
+    if a.b:
+        if a.password is None:
+            print("lmqtt passwd: -b needs the password as the last argument", file=sys.stderr)
+            return 2
+        password = a.password
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Reenter password: ") != password:
+            print("lmqtt passwd: passwords do not match", file=sys.stderr)
+            return 1
+    if not password:
+        print("lmqtt passwd: an empty password is not allowed", file=sys.stderr)
+        return 2
+    had_scram = a.user in users and split_entry(users[a.user])[1] is not None
+    users[a.user] = _entry(password, a.scram or had_scram, a.scram_iterations)
+    write_password_file(a.file, users)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

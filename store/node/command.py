@@ -1,0 +1,288 @@
+"""`lmqtt store`: the store node (CommitLog, ConsumeQueue, key index, light queues, metadata)
+served over the native protocol (docs/protocol.md) for the SDK and remote gateways.
+
+    lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
+                [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
+                [--redis redis://HOST:6379/0 [--notify-mode broadcast|precise]] [--metrics-port 9884]
+                [--will-grace-s 5] [--session-sweep-s 60]
+
+The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
+dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
+(`--config`, keys at top level or under `[store]`) < flags. A non-loopback --host needs a token.
+SIGTERM/SIGINT: stop accepting, flush SDK metadata, flush and close the store, exit 0.
+Remote gateways (`lmqtt gateway --store`, docs/fleet.md) are served by the gw_* commands of
+store/node/gateway_service.py; they hear of new data by EVENT frames on their connection, or, with
+`--redis`, by Redis pub/sub as well. The token may also come from $LMQTT_STORE_TOKEN. With
+`--metrics-port`, /metrics (a few store counters), /healthz and /readyz are served over HTTP.
+The wills of a gateway whose store connection stays gone longer than `--will-grace-s` (and is
+not back) are published by the store itself (docs/fleet.md "Wills in a fleet"); every
+`--session-sweep-s` the sessions such a gateway served last are checked, and the expired ones end
+(store/node/session_sweep.py, docs/fleet.md "Sessions across gateways").
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tomllib
+
+from lmqtt.gateway.app.serve_command import _setup_logging, check_data_dir, install_event_loop
+
+log = logging.getLogger("lmqtt.store")
+
+FLUSH_MODES = ("sync", "async", "async+buffer")
+DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
+            "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
+            "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
+            "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
+            "dispatch_inline": True}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 10911; 0 = any free port)")
+    p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--token", help="auth token clients send in the handshake (required off loopback)")
+    p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
+    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--max-frame-mb", type=int, help="largest accepted frame in MiB (default 64)")
+    p.add_argument("--redis", help="also publish new-data events to Redis pub/sub (gateways with --redis)")
+    p.add_argument("--notify-mode", choices=("broadcast", "precise"), help="Redis notify mode (default broadcast)")
+    p.add_argument("--notify-window-ms", type=float, help="events for one queue within this window merge (default 2)")
+    p.add_argument("--metrics-port", type=int, help="HTTP /metrics, /healthz, /readyz port (default 0 = off)")
+    p.add_argument("--will-grace-s", type=float,
+                   help="publish the wills of a gateway whose store connection stays gone this long (default 5)")
+    p.add_argument("--session-sweep-s", type=float,
+                   help="check this often for sessions whose gateway is gone for good: expired ones end (default 60)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    return p
+
+
+def _config(args) -> dict:
+    cfg = dict(DEFAULTS)
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ValueError(f"config file not found: {args.config}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {args.config} is not valid TOML: {e}") from None
+        from lmqtt.gateway.app.config import GatewayConfig
+        # one file may configure the whole fleet (the Helm chart mounts one lmqtt.toml into store
+        # and gateway pods): top-level keys that only a gateway knows are the gateway's, not typos;
+        # keys under [store] must be the store's
+        gateway_keys = GatewayConfig.field_names()
+        table = dict(doc.get("store", {})) if isinstance(doc.get("store"), dict) else {}
+        top = {k: v for k, v in doc.items() if not isinstance(v, dict)}
+        for source, strict in ((top, False), (table, True)):
+            for k, v in source.items():
+                k = k.replace("-", "_")
+                if k not in DEFAULTS:
+                    if not strict and k in gateway_keys:
+                        continue
+                    raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
+                cfg[k] = v
+    if not cfg["token"] and os.environ.get("LMQTT_STORE_TOKEN"):
+        cfg["token"] = os.environ["LMQTT_STORE_TOKEN"]
+    for k, v in vars(args).items():
+        if k != "config" and v is not None:
+            cfg[k] = v
+    if cfg["flush_mode"] not in FLUSH_MODES:
+        raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
+    if not 0 <= int(cfg["port"]) <= 65535:
+        raise ValueError(f"port must be 0..65535, got {cfg['port']}")
+    for key, low in (("will_grace_s", 0.0), ("session_sweep_s", 0.1)):
+        cfg[key] = _seconds(cfg, key, low, 86400.0)
+    return cfg
+
+
+def _seconds(cfg: dict, key: str, low: float, high: float) -> float:
+    try:
+        v = float(cfg[key])
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be a number of seconds, got {cfg[key]!r}") from None
+    if not low <= v <= high:
+        raise ValueError(f"{key} must be {low:g}..{high:g} seconds, got {cfg[key]}")
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _config(args)
+    except ValueError as e:
+        print(f"lmqtt store: {e}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg["log_level"])
+    # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
+    # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
+    sys.setswitchinterval(0.0005)
+    loop_name = install_event_loop()
+    try:
+        return asyncio.run(_serve(cfg, loop_name))
+    except KeyboardInterrupt:  # pragma: no cover
+        return 0
+
+
+async def _serve(cfg: dict, loop_name: str) -> int:
+    from lmqtt.gateway.model.record_props import retained_props
+    from lmqtt.lightqueue import LightQueueStore
+    from lmqtt.store.node import gateway_service
+    from lmqtt.store.node.sdk_service import install
+    from lmqtt.store import MessageStore, StoreConfig
+    from lmqtt.store.server import StoreServer, is_loopback
+
+    host, port, data = cfg["host"], int(cfg["port"]), cfg["data_dir"]
+    if not is_loopback(host) and not cfg["token"]:
+        print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
+              "(--token or `token` in the config)", file=sys.stderr)
+        return 2
+    problem = check_data_dir(data)
+    if problem:
+        print(f"lmqtt store: {problem}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = lq = srv = gws = None
+    try:
+        store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
+                                         segment_size=int(cfg["segment_mb"]) << 20,
+                                         dispatch_inline=bool(cfg["dispatch_inline"])))
+        lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
+        store.start()
+        srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg["token"],
+                          max_frame=int(cfg["max_frame_mb"]) << 20)
+        install(srv, lq)
+        publisher = None
+        if cfg["redis"]:
+            from lmqtt.notify.redis_bus import RedisEventPublisher
+            publisher = RedisEventPublisher(cfg["redis"], cfg["notify_mode"], float(cfg["notify_window_ms"]) / 1000.0)
+        gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher,
+                                      will_grace_s=cfg["will_grace_s"], retained_props=retained_props,
+                                      session_sweep_s=cfg["session_sweep_s"])
+        await srv.start()
+    except OSError as e:
+        if e.filename:
+            print(f"lmqtt store: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
+        else:
+            print(f"lmqtt store: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        _close(store, lq)
+        return 1
+    except Exception as e:  # noqa: BLE001 - named, logged, clean exit
+        print(f"lmqtt store: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
+        log.exception("event=startup_failed")
+        _close(store, lq)
+        return 1
+    h, p = srv.address
+    http = None
+    metrics_url = "off (the `stats` command answers over the protocol)"
+    if int(cfg["metrics_port"] or 0):
+        try:
+            http = _start_http(cfg["metrics_host"] or host, int(cfg["metrics_port"]), srv, gws)
+            metrics_url = "http://{}:{}/metrics (/healthz, /readyz)".format(*http.server_address[:2])
+        except OSError as e:
+            log.error("event=metrics_listen_failed port=%s error=%s", cfg["metrics_port"], e)
+            metrics_url = f"unavailable ({e.strerror or e})"
+    print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
+          f"  data dir:   {os.path.abspath(data)}\n"
+          f"  flush mode: {cfg['flush_mode']}\n"
+          f"  notify:     EVENT frames to watching gateways"
+          f"{'; Redis ' + cfg['notify_mode'] + ' at ' + cfg['redis'] if cfg['redis'] else ''}\n"
+          f"  auth:       {'token required' if cfg['token'] else 'none (loopback only)'}\n"
+          f"  wills:      of a gateway gone longer than {cfg['will_grace_s']:g} s published here\n"
+          f"  metrics:    {metrics_url}", file=sys.stderr, flush=True)
+    await stop.wait()
+    log.info("event=shutdown_begin")
+    if http is not None:
+        http.shutdown()
+        http.server_close()
+    await srv.stop()
+    gws.close()
+    _close(store, lq)
+    print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
+    return 0
+
+
+def _start_http(host: str, port: int, srv, gws):
+    """/metrics (Prometheus text: connections, frames, errors, events pushed, store offsets),
+    /healthz and /readyz (the store listens) on a daemon thread."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    def metrics() -> bytes:
+        st = srv.store
+        rows = [("lmqtt_store_connections", "gauge", "Open native-protocol connections", len(srv.connections)),
+                ("lmqtt_store_frames_total", "counter", "Frames received", srv.frames),
+                ("lmqtt_store_errors_total", "counter", "Requests answered with ERROR", srv.errors),
+                ("lmqtt_store_events_pushed_total", "counter", "EVENT and PUSH frames sent to gateways", gws.events_sent),
+                ("lmqtt_store_pushed_entries_total", "counter", "Light-queue entries sent in PUSH frames", gws.pushed_entries),
+                ("lmqtt_store_push_read_errors_total", "counter",
+                 "Reads for a PUSH that failed (sent as a hint; the gateway pulls)", gws.push_read_errors),
+                ("lmqtt_store_watching_gateways", "gauge", "Connections watching queues", len(gws.watchers)),
+                ("lmqtt_store_gateways_connected", "gauge", "Gateway ids with a live connection", len(gws.wills.connections_of)),
+                ("lmqtt_store_gateway_wills_published_total", "counter",
+                 "Wills of absent gateways published by the store", gws.wills.wills_published),
+                ("lmqtt_store_gateway_will_errors_total", "counter",
+                 "Failed attempts to publish an absent gateway's will", gws.wills.will_publish_errors),
+                ("lmqtt_store_gateway_sessions_ended_total", "counter",
+                 "Expired sessions of gateways gone for good, ended by the store", gws.session_sweep.ended),
+                ("lmqtt_store_sessions_moved_told_total", "counter",
+                 "Gateways told that a session record naming them was taken over by another gateway",
+                 gws.sessions_moved_told),
+                ("lmqtt_store_session_claims_relayed_total", "counter",
+                 "Client id claims relayed to the other gateways (one live connection per client id)",
+                 gws.session_claims_relayed),
+                ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
+                ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
+        out = []
+        for name, kind, help_, v in rows:
+            out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")
+        return "".join(out).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, code = metrics(), 200
+            elif path in ("/healthz", "/readyz"):
+                body, code = b"ok\n", 200
+            else:
+                body, code = b"not found\n", 404
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    http = ThreadingHTTPServer((host, port), Handler)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, name="lmqtt-store-http", daemon=True).start()
+    return http
+
+
+def _close(store, lq) -> None:
+    if store is not None:
+        try:
+            store.shutdown()
+        except Exception as e:  # noqa: BLE001
+            log.error("event=store_shutdown_failed error=%r", e)
+    if lq is not None:
+        try:
+            lq.close()
+        except Exception as e:  # noqa: BLE001
+            log.error("event=lightqueue_close_failed error=%r", e)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Which package and which gateway room may import which: the rules are the table `MAY_IMPORT`
+below, written once; docs/internals.md prints the same table (checked by
+`test_the_docs_show_the_same_rules`). The check reads the source (ast), so a wrong import fails
+here in CI, whatever code path would have run it.
+
+Units are matched by the longest prefix: `lmqtt.store.node`, `lmqtt.store.client`,
+`lmqtt.store.spark` are units of their own and `lmqtt.store` is the rest (the engine); every
+room of the gateway (`lmqtt.gateway.core`, ...) is a unit. Imports under `if TYPE_CHECKING:` are
+annotations, not dependencies, and are not counted. `EXCEPTIONS` lists the imports that break a
+rule today, each with why it still stands; the list only shrinks (a stale entry fails too).
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# folder -> package (pyproject.toml's package-dir)
+FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "lmqtt.notify",
+           "gateway": "lmqtt.gateway", "loadtest": "lmqtt.loadtest", "examples": "lmqtt.examples"}
+
+UNITS = [
+    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark", "lmqtt.store.node",
+    "lmqtt.lightqueue", "lmqtt.notify",
+    "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.net",
+    "lmqtt.gateway.security", "lmqtt.gateway.model", "lmqtt.gateway.delivery", "lmqtt.gateway.core",
+    "lmqtt.gateway.fleet", "lmqtt.gateway.app",
+    "lmqtt.loadtest", "lmqtt.loadtest.chaos", "lmqtt.examples",
+]
+
+# unit -> the units it may import (besides itself). The processes: `lmqtt store` is
+# lmqtt.store.node, `lmqtt gateway` is lmqtt.gateway.app.gateway_command over the gateway's rooms,
+# `lmqtt serve` is lmqtt.gateway.app.serve_command, which composes both in one process.
+MAY_IMPORT: dict[str, set[str]] = {
+    # the engine: CommitLog, ConsumeQueue, index, timer, POP, the native protocol's server side
+    "lmqtt.store": set(),
+    # the SDK: the native protocol's client side
+    "lmqtt.store.client": {"lmqtt.store"},
+    "lmqtt.store.spark": {"lmqtt.store", "lmqtt.store.client"},
+    "lmqtt.lightqueue": {"lmqtt.store"},
+    "lmqtt.notify": {"lmqtt.store", "lmqtt.lightqueue"},
+    # `lmqtt store`: the engine, light queues and notify served to SDK clients and gateways
+    "lmqtt.store.node": {"lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify"},
+    # the gateway, room by room, from the bottom up
+    "lmqtt.gateway.mqtt": {"lmqtt.store"},                     # only lmqtt.store.accel (the C loader)
+    "lmqtt.gateway.storage": {"lmqtt.store", "lmqtt.store.client", "lmqtt.lightqueue"},
+    "lmqtt.gateway.net": {"lmqtt.gateway.mqtt"},
+    "lmqtt.gateway.security": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net"},
+    "lmqtt.gateway.model": {"lmqtt.gateway.mqtt", "lmqtt.lightqueue", "lmqtt.store.client"},
+    "lmqtt.gateway.delivery": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.storage",
+                               "lmqtt.lightqueue", "lmqtt.store"},
+    "lmqtt.gateway.core": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
+                           "lmqtt.gateway.storage", "lmqtt.gateway.net", "lmqtt.gateway.security",
+                           "lmqtt.lightqueue"},
+    "lmqtt.gateway.fleet": {"lmqtt.gateway.model", "lmqtt.gateway.core", "lmqtt.gateway.storage",
+                            "lmqtt.gateway.mqtt"},
+    "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
+                          "lmqtt.gateway.storage", "lmqtt.gateway.net", "lmqtt.gateway.security",
+                          "lmqtt.gateway.core", "lmqtt.gateway.fleet", "lmqtt.store.client",
+                          "lmqtt.store.node", "lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify"},
+    # the `lmqtt` command: resolves every command lazily by module name
+    "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
+    "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
+    "lmqtt.loadtest": {"lmqtt.gateway.mqtt", "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark",
+                       "lmqtt.lightqueue", "lmqtt.examples"},
+    "lmqtt.loadtest.chaos": {"lmqtt.loadtest", "lmqtt.store", "lmqtt.store.client", "lmqtt.gateway.mqtt"},
+}
+
+# (importer, imported): imports that break a rule today, and why they still stand. Only shrinks.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("lmqtt.store.node.command", "lmqtt.gateway.app.serve_command"):
+        "the process helpers (logging format, event loop, data-dir checks) still live in `lmqtt serve`'s module",
+    ("lmqtt.store.node.command", "lmqtt.gateway.app.config"): "the TOML loader is the gateway's",
+    ("lmqtt.store.node.command", "lmqtt.gateway.model.record_props"):
+        "a will published by the node is marked retained with the gateway's props encoding",
+    ("lmqtt.loadtest.compare", "lmqtt.gateway.security.auth"): "writes a password file for the compared brokers",
+    ("lmqtt.loadtest.fleet_launcher", "lmqtt.gateway.app.config"): "builds `lmqtt serve`'s configuration",
+    ("lmqtt.loadtest.fleet_launcher", "lmqtt.gateway.app.serve_command"): "parses `lmqtt serve`'s flags",
+    ("lmqtt.loadtest.fleet_launcher", "lmqtt.gateway.app.workers"): "runs `serve --workers` in-process",
+}
+
+
+def _module_of(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for folder in FOLDERS:
+        for p in (ROOT / folder).rglob("*.py"):
+            out[_module_of(p)] = p
+    return out
+
+
+def unit_of(module: str) -> str | None:
+    best = None
+    for u in UNITS:
+        if module == u or module.startswith(u + "."):
+            if best is None or len(u) > len(best):
+                best = u
+    return best
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+            for b in n.body:
+                lines.update(range(b.lineno, (b.end_lineno or b.lineno) + 1))
+    return lines
+
+
+def imports_of(module: str, source: str, known: set[str]) -> list[tuple[str, int]]:
+    """(imported lmqtt module, line) of every import in `source`, TYPE_CHECKING blocks left out."""
+    tree = ast.parse(source)
+    skip = _type_checking_lines(tree)
+    is_pkg = module in known and source is not None and False
+    out = []
+    for n in ast.walk(tree):
+        if getattr(n, "lineno", None) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            out += [(a.name, n.lineno) for a in n.names if a.name.startswith("lmqtt.")]
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = module.split(".")
+                base = base[: len(base) - n.level + (1 if _is_package(module) else 0)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            if not mod.startswith("lmqtt."):
+                continue
+            for a in n.names:
+                full = f"{mod}.{a.name}"
+                out.append((full if full in known else mod, n.lineno))
+    return out
+
+
+_PACKAGES: set[str] = set()
+
+
+def _is_package(module: str) -> bool:
+    return module in _PACKAGES
+
+
+def violations(mods: dict[str, pathlib.Path]) -> list[tuple[str, str, int]]:
+    _PACKAGES.clear()
+    _PACKAGES.update(m for m, p in mods.items() if p.name == "__init__.py")
+    known = set(mods)
+    bad = []
+    for m, p in sorted(mods.items()):
+        src_unit = unit_of(m)
+        for imp, line in imports_of(m, p.read_text(), known):
+            dst_unit = unit_of(imp)
+            if dst_unit is None or dst_unit == src_unit:
+                continue
+            if dst_unit not in MAY_IMPORT.get(src_unit, set()):
+                bad.append((m, imp, line))
+    return bad
+
+
+def test_every_module_belongs_to_a_unit_with_rules():
+    mods = modules()
+    assert len(mods) > 100
+    homeless = sorted(m for m in mods if unit_of(m) not in MAY_IMPORT)
+    assert homeless == []
+
+
+def test_imports_follow_the_rules():
+    bad = [(m, imp, line) for m, imp, line in violations(modules()) if (m, imp) not in EXCEPTIONS]
+    assert bad == [], "imports against docs/internals.md's rules (importer, imported, line):\n" + \
+        "\n".join(f"  {m} -> {imp}  (line {line}): {unit_of(m)} may not import {unit_of(imp)}" for m, imp, line in bad)
+
+
+def test_the_exceptions_are_still_needed():
+    found = {(m, imp) for m, imp, _ in violations(modules())}
+    stale = sorted(set(EXCEPTIONS) - found)
+    assert stale == [], f"these exceptions no longer happen: remove them from EXCEPTIONS: {stale}"
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path):
+    """A check that sees nothing passes on anything: this one sees an engine import in a gateway
+    room, a relative import of a sibling, a lazy import in a function, and skips TYPE_CHECKING."""
+    src = ("from typing import TYPE_CHECKING\nfrom lmqtt.store.commitlog import CommitLog\n"
+           "from . import broker\nimport lmqtt.lightqueue.index\n"
+           "def f():\n    from lmqtt.store.node import command\n"
+           "if TYPE_CHECKING:\n    from lmqtt.gateway.app.config import GatewayConfig\n")
+    known = {"lmqtt.gateway.core.broker", "lmqtt.store.node.command", "lmqtt.store.commitlog"}
+    got = imports_of("lmqtt.gateway.core.x", src, known)
+    assert got == [("lmqtt.store.commitlog", 2), ("lmqtt.gateway.core.broker", 3),
+                   ("lmqtt.lightqueue.index", 4), ("lmqtt.store.node.command", 6)]
+    p = tmp_path / "x.py"
+    p.write_text(src)
+    assert unit_of("lmqtt.store.node.command") == "lmqtt.store.node"
+    assert unit_of("lmqtt.store.commitlog") == "lmqtt.store"
+
+
+def _rules_table() -> str:
+    rows = ["| unit | may import |", "| --- | --- |"]
+    for u in UNITS:
+        allowed = ", ".join(f"`{a}`" for a in sorted(MAY_IMPORT[u])) or "nothing of ours"
+        rows.append(f"| `{u}` | {allowed} |")
+    return "\n".join(rows)
+
+
+def test_the_docs_show_the_same_rules():
+    doc = (ROOT / "docs" / "internals.md").read_text()
+    assert _rules_table() in doc, "docs/internals.md must contain this table (print it with " \
+        "`python3 -c 'from tests.architecture.test_layering import _rules_table as t; print(t())'`):\n" + _rules_table()
+
+
+def private_imports(mods: dict[str, pathlib.Path]) -> list[tuple[str, str, int]]:
+    """(importer, imported name, line): a `_name` imported from a module of another unit."""
+    _PACKAGES.clear()
+    _PACKAGES.update(m for m, p in mods.items() if p.name == "__init__.py")
+    out = []
+    for m, p in sorted(mods.items()):
+        tree = ast.parse(p.read_text())
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.ImportFrom) or n.level:
+                continue
+            mod = n.module or ""
+            if not mod.startswith("lmqtt.") or unit_of(mod) == unit_of(m):
+                continue
+            for a in n.names:
+                private = a.name.startswith("_") or any(part.startswith("_") and not part.startswith("__")
+                                                        for part in mod.split("."))
+                if private and f"{mod}.{a.name}" not in mods:      # a C module (_append) is a module, not a name
+                    out.append((m, f"{mod}.{a.name}", n.lineno))
+    return out
+
+
+# (importer, imported private name): still there, and why. Only shrinks.
+PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("lmqtt.loadtest.fleet_launcher", "lmqtt.gateway.app.serve_command._parser"): "parses `lmqtt serve`'s flags",
+    ("lmqtt.store.node.command", "lmqtt.gateway.app.serve_command._setup_logging"):
+        "the process helpers still live in `lmqtt serve`'s module",
+}
+
+
+def test_the_private_exceptions_are_still_needed():
+    found = {(m, name) for m, name, _ in private_imports(modules())}
+    assert sorted(set(PRIVATE_EXCEPTIONS) - found) == []
+
+
+def test_no_private_name_is_imported_across_units():
+    bad = [(m, name, line) for m, name, line in private_imports(modules()) if (m, name) not in PRIVATE_EXCEPTIONS]
+    assert bad == [], "private names imported from another package or room (make them public, or move the code):\n" + \
+        "\n".join(f"  {m} line {line}: {name}" for m, name, line in bad)
