@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import hmac
 import logging
 import struct
@@ -72,7 +73,15 @@ class CallError(Exception):
 
 
 def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+    """Is `host` (a listen address as given on the command line) a loopback address? The one test
+    of every lmqtt process: `localhost`, or an IP address in 127.0.0.0/8 or ::1 — never a name that
+    merely starts with "127." (`127.example.com` is a host on the network)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class StoreServer:

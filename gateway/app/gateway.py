@@ -8,7 +8,6 @@ with the broker persisting sessions/offsets before the store flushes and closes.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.gateway.app.metrics import GatewayMetrics
 from lmqtt.notify import InProcessBus
+from lmqtt.store.server import is_loopback
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -27,15 +27,6 @@ class SecurityConfigError(Exception):
 
 class ListenerError(Exception):
     """A listener could not be opened; the message names the listener, address and reason."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def build_security(cfg: GatewayConfig):
