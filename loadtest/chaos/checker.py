@@ -91,6 +91,7 @@ class Checker:
         self._lock = threading.Lock()
         self._pubs: dict[str, _Publisher] = {}
         self._recv: dict[str, _Receiver] = {}
+        self._n = {"sent": 0, "acked": 0, "deliveries": 0}     # running totals (progress lines)
 
     def now(self) -> float:
         """Seconds since the checker was made (the time axis of every timestamp it keeps)."""
@@ -117,6 +118,7 @@ class Checker:
                 raise ValueError(f"publisher {publisher!r} sends ({p.path}, QoS {p.qos}), not ({path}, QoS {qos})")
             if seq not in p.msgs:
                 p.msgs[seq] = _Msg(t)
+                self._n["sent"] += 1
 
     def acked(self, publisher: str, seq: int) -> None:
         t = self.now()
@@ -124,6 +126,7 @@ class Checker:
             m = self._pubs[publisher].msgs[seq]
             if m.acked_t is None:
                 m.acked_t = t
+                self._n["acked"] += 1
 
     def received(self, receiver: str, payload: bytes) -> None:
         """Record a delivery of `payload` (a `body()`) to `receiver`, in arrival order."""
@@ -133,6 +136,7 @@ class Checker:
             with self._lock:
                 r = self._recv[receiver]
                 r.alien += 1
+                self._n["deliveries"] += 1
                 if len(r.alien_examples) < EXAMPLES:
                     r.alien_examples.append({"body": bytes(payload[:40]).decode("latin-1"), "t": t})
             return
@@ -141,6 +145,7 @@ class Checker:
     def received_id(self, receiver: str, publisher: str, seq: int) -> None:
         t = self.now()
         with self._lock:
+            self._n["deliveries"] += 1
             r = self._recv[receiver]
             s = r.per_pub.get(publisher)
             if s is None:
@@ -160,13 +165,9 @@ class Checker:
 
     # ------------------------------------------------------------------ queries
     def counts(self) -> dict:
-        """Running totals for progress lines: sent, acked, deliveries, missing (acknowledged
-        messages some receiver of their stream has not got yet)."""
+        """Running totals (cheap, for progress lines): messages sent, acknowledged, deliveries."""
         with self._lock:
-            sent = sum(len(p.msgs) for p in self._pubs.values())
-            acked = sum(1 for p in self._pubs.values() for m in p.msgs.values() if m.acked_t is not None)
-            got = sum(len(s.seqs) + s.duplicates for r in self._recv.values() for s in r.per_pub.values())
-        return {"sent": sent, "acked": acked, "deliveries": got, "missing": self.missing()}
+            return dict(self._n)
 
     def missing(self) -> int:
         """Acknowledged messages not yet delivered, counted per receiver (the drain waits for 0)."""
@@ -196,12 +197,15 @@ class Checker:
         recvs = {n: r for n, r in self._recv.items() if (r.path, r.qos) == (path, qos)}
         sent = sum(len(p.msgs) for p in pubs.values())
         acked = sum(1 for p in pubs.values() for m in p.msgs.values() if m.acked_t is not None)
-        row = {"path": path, "qos": qos, "publishers": len(pubs), "receivers": len(recvs), "sent": sent,
+        row = {"path": path, "qos": qos, "publishers": len(pubs), "publisher_names": sorted(pubs),
+               "receivers": len(recvs), "sent": sent,
                "acked": acked, "expected": acked * len(recvs), "received": 0, "lost": 0, "duplicated": 0,
                "reordered": 0 if any(r.ordered for r in recvs.values()) else None, "never_sent": 0,
                "unacked_delivered": 0}
         ex = {"lost": [], "duplicated": [], "reordered": [], "never_sent": []}
+        per: dict[str, dict] = {}
         for rname, r in sorted(recvs.items()):
+            before = {k: row[k] for k in ("received", "lost", "duplicated", "never_sent")}
             row["never_sent"] += r.alien
             ex["never_sent"].extend({"receiver": rname, **e} for e in r.alien_examples)
             for pname, s in sorted(r.per_pub.items()):
@@ -234,6 +238,8 @@ class Checker:
                         if len(ex["lost"]) < EXAMPLES:
                             ex["lost"].append({"receiver": rname, "publisher": pname, "seq": q, "sent_t": m.sent_t,
                                                "acked_t": m.acked_t, "fault_after": _fault_after(faults, m.acked_t)})
+            per[rname] = {k: row[k] - v for k, v in before.items()}
+        row["by_receiver"] = per
         row["examples"] = {k: v[:EXAMPLES] for k, v in ex.items() if v}
         return row
 
