@@ -33,6 +33,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "restart": ("lmqtt.loadtest.restart_bench", "Time to be back after a restart with N persistent sessions (vs Mosquitto)"),
     "ab": ("lmqtt.loadtest.ab_bench", "Two versions (git revisions or trees) through store/lightqueue/compare, alternated"),
     "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
+    "chaos": ("lmqtt.loadtest.chaos.cli", "kill -9 / SIGSTOP / disk full under mixed load; lost, duplicated, reordered"),
 }
 
 
