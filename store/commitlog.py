@@ -23,6 +23,7 @@ import zlib
 from collections import deque
 
 from .config import StoreConfig
+from .disk_space import DiskSpace
 from .errors import DiskFull, InvalidMessage, NotVisible
 from .mapped_file_queue import MappedFileQueue
 from .errors import CorruptRecord
@@ -67,7 +68,9 @@ class CommitLog:
         self._struct_cache: dict[tuple[int, int, int], struct.Struct] = {}
         self.pending: list[tuple[int, bytearray]] = []
         self.pending_bytes = 0
+        # set while appends are refused for lack of space (store/disk_space.py owns it)
         self.disk_full_reason: str | None = None
+        self.disk = DiskSpace(self, cfg.data_dir, cfg.segment_size, cfg.disk_high_water)
         self.corrupt_ranges: list[tuple[int, int]] = []
         self.group_commit = None  # set by MessageStore in sync mode
         # Recently appended records kept as their fields (keep_recent(); off by default):
@@ -159,7 +162,7 @@ class CommitLog:
 
     def check_writable(self) -> None:
         if self.disk_full_reason:
-            raise DiskFull(self.disk_full_reason)
+            raise self.disk.refuse(1, self.disk_full_reason)
 
     def append_batch(self, msgs, fut, ident: str) -> tuple[list, int]:
         """`fut` is the durable future for the results, or None to use `self.group_commit.current`
@@ -179,11 +182,11 @@ class CommitLog:
         and the live hand-off to dispatch need. No tuple per record survives the call (that was
         40 % of the time for small messages, plus the GC scans of those tuples).
         """
-        if self.disk_full_reason:
-            raise DiskFull(self.disk_full_reason)
-        seg = self.seg_size
         if type(msgs) is not list:
             msgs = list(msgs)
+        if self.disk_full_reason:
+            raise self.disk.refuse(len(msgs), self.disk_full_reason)
+        seg = self.seg_size
         with self.lock:
             if fut is None:
                 fut = self.group_commit.current
@@ -205,7 +208,11 @@ class CommitLog:
             # make sure every segment exists before writing anything (DiskFull -> nothing written)
             for c, _ in chunks:
                 if self.mfq.find(c) is None:
-                    self._new_segment(c - c % seg)
+                    try:
+                        self._new_segment(c - c % seg)
+                    except DiskFull as e:
+                        self.disk.refused += len(msgs)
+                        raise e from None
             if self.buffered:
                 self.pending += chunks     # (start offset, encoded bytes) per segment touched
                 # the bytes buffered, not phys - start_phys (a blank filler is 8 bytes written that
@@ -261,7 +268,7 @@ class CommitLog:
         as append_batch, with ~1/3 of its fixed per-call cost. Falls back to append_batch when the
         record needs a new segment. Returns (AppendResult, end offset)."""
         if self.disk_full_reason:
-            raise DiskFull(self.disk_full_reason)
+            raise self.disk.refuse(1, self.disk_full_reason)
         topic = m.topic
         t = self._topic_cache.get(topic)
         if t is None:
@@ -357,17 +364,21 @@ class CommitLog:
         return self.live_enabled
 
     def _new_segment(self, start: int):
-        used = _disk_usage_fraction(self.cfg.data_dir)
-        if used is not None and used > self.cfg.disk_high_water:
-            reason = (f"disk usage {used:.1%} of the filesystem holding {self.cfg.data_dir} is above the "
-                      f"high-water mark {self.cfg.disk_high_water:.0%}; appends refused until space is freed")
-            self.disk_full_reason = reason
-            raise DiskFull(reason)
+        """Create (preallocate) the segment at `start`, under self.lock. DiskFull when the disk is
+        above the high-water mark or the segment does not fit; after such a failure, no new
+        fallocate is tried until the filesystem reports room for a segment (store/disk_space.py:
+        one log line per episode, not one per refused append)."""
+        disk = self.disk
+        blocked = disk.segment_blocked()
+        if blocked:
+            raise DiskFull(blocked)
+        disk.check_high_water()
         try:
-            return self.mfq.create(start)
+            mf = self.mfq.create(start)
         except DiskFull as e:
-            log.error("commitlog: %s", e)
-            raise
+            raise disk.segment_failed(e) from None
+        disk.segment_created()
+        return mf
 
     def commit(self) -> int:
         """async+buffer: copy pending chunks into the maps. Returns the new committed offset."""

@@ -250,8 +250,20 @@ class ConsumeQueueStore:
             os.makedirs(tdir, exist_ok=True)
             tfile = os.path.join(tdir, ".topic")
             if not os.path.exists(tfile):
-                with open(tfile, "w", encoding="utf-8") as f:
-                    f.write(fl)
+                # written whole or not at all (temp file + rename): on a full disk the write fails
+                # and the retry writes it again, where an in-place write would leave an empty
+                # .topic - the queue then loads under the wrong name after a restart
+                tmp = tfile + ".tmp"
+                try:
+                    with open(tmp, "w", encoding="utf-8") as f:
+                        f.write(fl)
+                    os.replace(tmp, tfile)
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
             cq = ConsumeQueue(os.path.join(tdir, str(qid)), self.entries_per_file, self.preallocate)
             cq.mfq.load()
             with self._lock:

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+from .errors import is_disk_full
 from .message import CHUNK_SIZES, DispatchBatch, DispatchRequest
 from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
@@ -48,7 +49,13 @@ class DispatchService:
         self.flush_interval = flush_interval_ms / 1000.0
         self.dispatched = 0
         self.listeners: list[Callable[[int], None]] = []
+        # the error the last round failed with (None once a round gets through again), and the
+        # name of the dispatcher that raised it; the same for the dispatchers' periodic flush
         self.error: BaseException | None = None
+        self.failed_dispatcher: str | None = None
+        self.flush_error: BaseException | None = None
+        self.failed_flush: str | None = None
+        self._flush_full: str | None = None     # what a disk-full flush failure told DiskSpace
         self._ckpts: list[int] = []
         self._idle = False
         # wake-up signal: a Lock used as a binary semaphore (released = "wake pending"). An
@@ -99,8 +106,11 @@ class DispatchService:
                 self.dispatch_once()
             return self.dispatched >= self.clog.committed
         except Exception as e:  # noqa: BLE001 - the dispatch thread retries and reports
-            log.warning("inline dispatch at offset %d failed (%s); left to the dispatch thread",
-                        self.dispatched, e)
+            if is_disk_full(e):
+                self._failed(e)     # the store refuses appends now (one log line)
+            else:
+                log.warning("inline dispatch at offset %d failed (%s); left to the dispatch thread",
+                            self.dispatched, e)
             return False
         finally:
             self._dispatching.release()
@@ -182,23 +192,38 @@ class DispatchService:
     def flush_dispatchers(self, which: str = "all") -> None:
         """Flush dispatchers. `which`: "all", "dispatch-thread" (those not declaring
         `flush_thread_safe = True`; called on the dispatch thread) or "thread-safe" (the others;
-        called from the background thread so their fsyncs never stall dispatch)."""
+        called from the background thread so their fsyncs never stall dispatch).
+
+        A dispatcher whose flush fails (a full disk: a checkpoint file, a RocksDB flush) does not
+        keep the others from flushing; the first error is raised after all were tried, with the
+        failing one's name in `failed_flush`. Its checkpoint stays where it was, so a restart
+        replays from there: nothing is lost, only replayed."""
+        err = None
         for d in self.dispatchers:
             safe = getattr(d, "flush_thread_safe", False)
             if which == "all" or (which == "thread-safe") == safe:
-                d.flush()
+                try:
+                    d.flush()
+                except Exception as e:  # noqa: BLE001 - raised below, after the others flushed
+                    if err is None:
+                        err = e
+                        self.failed_flush = getattr(d, "name", repr(d))
         if which != "thread-safe":
-            self._last_flush = time.monotonic()
+            self._last_flush = time.monotonic()   # also after a failure: retried next interval
+        if err is not None:
+            raise err
 
     # ------------------------------------------------------------------ loop
     def _run(self) -> None:
         while not self._stop:
+            phase = "dispatch"
             try:
                 if self.dispatched < self.clog.committed:
                     with self._dispatching:
                         if self.dispatched < self.clog.committed:   # an inline append may have
                             self.dispatch_once()                     # done it meanwhile
-                    self.error = None
+                    if self.error is not None:
+                        self._resumed()
                 else:
                     self._idle = True
                     if self.dispatched >= self.clog.committed:
@@ -212,13 +237,61 @@ class DispatchService:
                             time.sleep(0.0005)
                     self._idle = False
                 if time.monotonic() - self._last_flush >= self.flush_interval:
+                    phase = "flush"
                     with self._dispatching:
                         self.flush_dispatchers("dispatch-thread")
-            except BaseException as e:  # keep the thread alive; nothing past this point is visible
-                if self.error is None or repr(e) != repr(self.error):
-                    log.exception("dispatch stalled at offset %d: %s (will retry)", self.dispatched, e)
-                self.error = e
-                time.sleep(0.5)
+                    if self.flush_error is not None:
+                        self._flushed_again()
+            except BaseException as e:  # keep the thread alive
+                if phase == "flush":    # dispatch goes on; the flush is retried next interval
+                    self._flush_failed(e)
+                else:                   # nothing past this point is visible; retried
+                    self._failed(e)
+                    time.sleep(0.5)
+
+    def _failed(self, e: BaseException) -> None:
+        """A round failed. Lack of space: the store refuses appends and says so once
+        (store/disk_space.py); anything else is logged with its traceback, once per error."""
+        name = self.failed_dispatcher or "?"
+        disk = getattr(self.clog, "disk", None)
+        if disk is not None and is_disk_full(e):
+            disk.dispatch_failed(name, self.dispatched, e)
+        elif self.error is None or repr(e) != repr(self.error):
+            log.exception("dispatch stalled at offset %d in the %s dispatcher: %s (will retry)",
+                          self.dispatched, name, e)
+        self.error = e
+
+    def _resumed(self) -> None:
+        """A round got through after failures: visibility moves again."""
+        e, self.error = self.error, None
+        self.failed_dispatcher = None
+        disk = getattr(self.clog, "disk", None)
+        if disk is not None and disk.active("dispatch"):
+            disk.dispatch_resumed(self.dispatched)
+        elif e is not None:
+            log.warning("dispatch resumed at offset %d (after: %s)", self.dispatched, e)
+
+    def _flush_failed(self, e: BaseException) -> None:
+        name = self.failed_flush or "?"
+        disk = getattr(self.clog, "disk", None)
+        if disk is not None and is_disk_full(e):
+            what = f"the {name} dispatcher's flush"
+            disk.write_failed(what, e)      # part of the disk-full episode: logged once
+            self._flush_full = what
+        elif self.flush_error is None or repr(e) != repr(self.flush_error):
+            log.exception("flush of the %s dispatcher failed: %s (retried every %.1f s)", name, e,
+                          self.flush_interval)
+        self.flush_error = e
+
+    def _flushed_again(self) -> None:
+        what = self._flush_full
+        if what is not None:
+            self.clog.disk.write_ok(what)
+            self._flush_full = None
+        else:
+            log.warning("the dispatchers flush again (after: %s)", self.flush_error)
+        self.flush_error = None
+        self.failed_flush = None
 
     def dispatch_round(self) -> None:
         clog = self.clog
@@ -313,10 +386,17 @@ class DispatchService:
             c = ckpts[i] if i < len(ckpts) else 0
             if c and c >= end:
                 continue  # replay: this dispatcher already has everything below end
-            if c and batch and batch[0].phys_offset < c:
-                d.dispatch([r for r in batch if r.phys_offset >= c], end)
-            else:
-                d.dispatch(batch, end)
+            # A dispatcher that raises (a full disk) gets the same batch again on the retry, and
+            # so do the ones before it: each skips what it already has (ConsumeQueue by queue
+            # offset, the key index and the light queues by CommitLog offset)
+            try:
+                if c and batch and batch[0].phys_offset < c:
+                    d.dispatch([r for r in batch if r.phys_offset >= c], end)
+                else:
+                    d.dispatch(batch, end)
+            except BaseException:
+                self.failed_dispatcher = getattr(d, "name", repr(d))
+                raise
         if ckpts and max(ckpts) <= end:
             self._ckpts = []
         with self._progress:

@@ -6,6 +6,8 @@ knowing the details.
 """
 from __future__ import annotations
 
+import errno
+
 
 class StoreError(Exception):
     """Base class of every error the store raises on purpose."""
@@ -24,11 +26,13 @@ class InvalidMessage(StoreError):
 
 
 class DiskFull(StoreError):
-    """No space for a new segment, or disk usage above the high-water mark.
+    """The store refuses an append for lack of disk space; nothing of it was written.
 
-    Raised at segment creation (the segment is preallocated, so a full disk never surfaces later as
-    SIGBUS on a memory-mapped write) or before an append while usage is above the mark. Earlier
-    records stay readable and the store keeps serving reads.
+    Raised when there is no space for a new CommitLog segment (segments are preallocated, so a full
+    disk never surfaces later as SIGBUS on a memory-mapped write), while disk usage is above the
+    high-water mark, and while dispatch cannot write an index for lack of space (store/disk_space.py).
+    The message names the data directory and the free space. Earlier records stay readable, the
+    store keeps serving reads, and appends are accepted again once space is freed (no restart).
     """
 
 
@@ -42,3 +46,19 @@ class StoreClosed(StoreError):
 
 class NotVisible(StoreError):
     """The offset is at/after the dispatched offset (not yet visible) or before the log start."""
+
+
+# the OSError errnos that mean "no space left" (a full filesystem, an exhausted quota)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True if `exc` means "no space left": DiskFull, an OSError ENOSPC/EDQUOT, or a RocksDB error
+    (rocksdict raises a plain Exception whose text carries the OS message, e.g. "IO error: No space
+    left on device: While appending to file: ...")."""
+    if isinstance(exc, DiskFull):
+        return True
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text

@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .errors import StoreError
+from .errors import StoreError, is_disk_full
 
 log = logging.getLogger("lmqtt.store")
 
@@ -115,7 +115,9 @@ class BackgroundService:
         self.cfg = cfg
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None      # the last error of any duty, None when all work
+        self.errors: dict[str, BaseException] = {}   # duty -> its error, while it fails
+        self._full: dict[str, str] = {}              # duty -> what it told DiskSpace failed
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-background", daemon=True)
@@ -144,33 +146,63 @@ class BackgroundService:
                    cfg.dispatcher_flush_interval_ms, 1000) / 1000
         while not self._stop.wait(tick):
             now = time.monotonic()
-            try:
-                if buffered and now >= next_commit:
-                    next_commit = now + cfg.commit_interval_ms / 1000
-                    if clog.pending:
-                        clog.commit()
-                        st.dispatch.wake()
-                if async_flush and now >= next_flush:
-                    next_flush = now + cfg.flush_interval_ms / 1000
-                    thorough = now >= next_thorough
-                    if thorough:
-                        next_thorough = now + cfg.flush_thorough_interval_ms / 1000
-                    if thorough or clog.committed - clog.flushed >= cfg.flush_least_pages * PAGE:
-                        clog.flush()
-                if now >= next_disk:
-                    next_disk = now + cfg.disk_check_interval_ms / 1000
-                    st.check_disk()
-                if now >= next_dflush:
-                    next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
-                    st.dispatch.flush_dispatchers("thread-safe")
-                if now >= next_ckpt:
-                    next_ckpt = now + 1.0
-                    st.save_clog_checkpoint()
-                if now >= next_retention:
-                    next_retention = now + cfg.retention_check_interval_ms / 1000
-                    st.delete_expired_segments()
-                self.error = None
-            except BaseException as e:  # keep serving; report once per distinct error
-                if self.error is None or repr(e) != repr(self.error):
-                    log.exception("store background service: %s", e)
-                self.error = e
+            # Each duty separately: one that fails (a checkpoint on a full disk) must not keep the
+            # others from running - retention and the disk check are what end a full disk.
+            if buffered and now >= next_commit:
+                next_commit = now + cfg.commit_interval_ms / 1000
+                if clog.pending:
+                    self._duty("commit", self._commit)
+            if async_flush and now >= next_flush:
+                next_flush = now + cfg.flush_interval_ms / 1000
+                thorough = now >= next_thorough
+                if thorough:
+                    next_thorough = now + cfg.flush_thorough_interval_ms / 1000
+                if thorough or clog.committed - clog.flushed >= cfg.flush_least_pages * PAGE:
+                    self._duty("commitlog flush", clog.flush)
+            if now >= next_disk:
+                next_disk = now + cfg.disk_check_interval_ms / 1000
+                self._duty("disk check", st.check_disk)
+            if now >= next_dflush:
+                next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
+                self._duty("dispatcher flush", st.dispatch.flush_dispatchers, "thread-safe")
+            if now >= next_ckpt:
+                next_ckpt = now + 1.0
+                self._duty("commitlog checkpoint", st.save_clog_checkpoint)
+            if now >= next_retention:
+                next_retention = now + cfg.retention_check_interval_ms / 1000
+                self._duty("retention", st.delete_expired_segments)
+
+    def _commit(self) -> None:
+        self.store.clog.commit()
+        self.store.dispatch.wake()
+
+    def _duty(self, name: str, fn, *args) -> None:
+        """Run one duty; keep serving if it fails. A full disk is part of the store's disk-full
+        episode (store/disk_space.py: one line for all of it); anything else is logged with its
+        traceback once per distinct error, and once more when the duty works again."""
+        disk = self.store.clog.disk
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - keep serving
+            if is_disk_full(e):
+                what = name
+                if name == "dispatcher flush" and self.store.dispatch.failed_flush:
+                    what = f"the {self.store.dispatch.failed_flush} dispatcher's flush"
+                disk.write_failed(what, e)
+                self._full[name] = what
+            else:
+                last = self.errors.get(name)
+                if last is None or repr(e) != repr(last):
+                    log.exception("store background service: %s failed: %s", name, e)
+            self.errors[name] = e
+            self.error = e
+        else:
+            if name in self.errors:
+                e = self.errors.pop(name)
+                what = self._full.pop(name, None)
+                if what is not None:
+                    disk.write_ok(what)
+                else:
+                    log.warning("store background service: %s works again (after: %s)", name, e)
+                if not self.errors:
+                    self.error = None

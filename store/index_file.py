@@ -162,6 +162,7 @@ class IndexService:
         self._ckpt = 0
         self._last_end = 0
         self._dirty = False
+        self._resume: tuple[int, int] | None = None   # see dispatch()
         self._lock = threading.Lock()  # self.files is replaced by dispatch (roll) and retention
 
     def load(self) -> None:
@@ -180,20 +181,33 @@ class IndexService:
             self._last_end = end_offset  # nothing to index: no DispatchRequest is built
             return
         done = self._last_end  # a batch retried after another dispatcher failed: skip what we have
-        for r in batch:
-            if r.keys and r.phys_offset >= done:
-                ts = r.store_ts
-                for k in r.keys:
-                    f = self.files[-1] if self.files else None
-                    if f is None or f.full or not f.fits_time(ts):
-                        if f is not None:
-                            f.flush()
-                        f = IndexFile(os.path.join(self.root, file_name(r.phys_offset)), self.slots,
-                                      self.entries, True, self.preallocate)
-                        with self._lock:
-                            self.files = self.files + [f]
-                    f.add(key_hash(r.topic, k), r.phys_offset, ts)
-                    self._dirty = True
+        # a batch retried after THIS dispatcher failed (no space for a new index file): the keys
+        # it added before the failure, up to (phys, key number), are not added twice
+        resume = self._resume
+        r = k = None
+        i = 0
+        try:
+            for r in batch:
+                if r.keys and r.phys_offset >= done:
+                    ts = r.store_ts
+                    for i, k in enumerate(r.keys):
+                        if resume is not None and (r.phys_offset, i) < resume:
+                            continue
+                        f = self.files[-1] if self.files else None
+                        if f is None or f.full or not f.fits_time(ts):
+                            if f is not None:
+                                f.flush()
+                            f = IndexFile(os.path.join(self.root, file_name(r.phys_offset)), self.slots,
+                                          self.entries, True, self.preallocate)
+                            with self._lock:
+                                self.files = self.files + [f]
+                        f.add(key_hash(r.topic, k), r.phys_offset, ts)
+                        self._dirty = True
+        except BaseException:
+            if r is not None and k is not None:
+                self._resume = (r.phys_offset, i)
+            raise
+        self._resume = None
         self._last_end = end_offset
 
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:

@@ -2,7 +2,9 @@
 
 Why preallocate: with mmap, a write into a file hole on a full disk is reported as SIGBUS, which
 kills the process. `os.posix_fallocate` at creation turns a full disk into a clean `DiskFull`
-here, before any record is written into the segment.
+here, before any record is written into the segment; a file that could not be preallocated is
+removed again, so no half-allocated file is left for a later load. Every write into a map then
+lands in reserved blocks: a full disk can refuse new files, never a write into an existing one.
 
 Positions are relative to the file start; `start_offset` is the global offset of byte 0 (the file
 is named by it, 20-digit zero-padded).
@@ -13,7 +15,7 @@ import errno
 import mmap
 import os
 
-from .errors import DiskFull, StoreError
+from .errors import NO_SPACE_ERRNOS, DiskFull, StoreError
 
 NAME_DIGITS = 20
 
@@ -26,7 +28,7 @@ def _preallocate(fd: int, offset: int, length: int, path: str) -> None:
     try:
         os.posix_fallocate(fd, offset, length)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno in NO_SPACE_ERRNOS:
             raise DiskFull(f"no space left to preallocate {length} bytes for {path}: {e.strerror}") from None
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystem without fallocate
             os.ftruncate(fd, offset + length)
@@ -44,7 +46,12 @@ class MappedFile:
         self.size = size
         self.closed = False
         if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except OSError as e:   # a filesystem that needs a block for the directory entry
+                if e.errno in NO_SPACE_ERRNOS:
+                    raise DiskFull(f"no space left to create {path}: {e.strerror}") from None
+                raise
             try:
                 if preallocate:
                     _preallocate(fd, 0, size, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .errors import StoreError
+from .errors import NO_SPACE_ERRNOS, DiskFull, StoreError
 from .mapped_file import NAME_DIGITS, MappedFile, file_name
 
 
@@ -57,12 +57,18 @@ class MappedFileQueue:
         return None
 
     def create(self, start_offset: int) -> MappedFile:
-        """Create (preallocate) the file starting at `start_offset`; may raise DiskFull."""
+        """Create (preallocate) the file starting at `start_offset`; DiskFull when it does not fit
+        (then no file is left behind and `files` is unchanged)."""
         with self._lock:
             f = self.files
             if f and start_offset != f[-1].end_offset:
                 raise StoreError(f"{self.dir}: new file at {start_offset} does not follow {f[-1].path}")
-            os.makedirs(self.dir, exist_ok=True)
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+            except OSError as e:
+                if e.errno in NO_SPACE_ERRNOS:
+                    raise DiskFull(f"no space left to create the directory {self.dir}: {e.strerror}") from None
+                raise
             mf = MappedFile(os.path.join(self.dir, file_name(start_offset)), start_offset, self.file_size,
                             create=True, preallocate=self.preallocate)
             self.files = f + [mf]

@@ -15,11 +15,11 @@ import time
 from concurrent.futures import Future
 
 from .checkpoint import OffsetCheckpoint
-from .commitlog import CommitLog, _disk_usage_fraction
+from .commitlog import CommitLog
 from .config import StoreConfig
 from .consume_queue import ConsumeQueueStore
 from .dispatch import DispatchService
-from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError
+from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError, is_disk_full
 from .flush import BackgroundService, GroupCommitService
 from .index_file import IndexService
 from .prefault import Prefaulter
@@ -154,9 +154,17 @@ class MessageStore:
         try:
             self.dispatch.catch_up()
             self.dispatch.flush_dispatchers()
-        except Exception:
-            log.exception("store shutdown: final dispatch failed; it will be replayed on the next start")
-        self._clog_ckpt.save(self.clog.flushed)
+        except Exception as e:
+            if is_disk_full(e):   # one line: the disk-full episode was logged already
+                log.error("store shutdown: final dispatch failed (disk full: %s); it will be replayed on the "
+                          "next start", e)
+            else:
+                log.exception("store shutdown: final dispatch failed; it will be replayed on the next start")
+        try:
+            self._clog_ckpt.save(self.clog.flushed)
+        except OSError as e:      # a full disk: the files must still be closed (and flushed)
+            log.error("store shutdown: cannot save the CommitLog checkpoint (%s); the next start checks "
+                      "the log from the previous one", e)
         self._close_files()
 
     def enable_delayed(self, route=None, loop=None):
@@ -429,8 +437,10 @@ class MessageStore:
             "dispatch_lag_bytes": clog.committed - self.dispatch.dispatched,
             "group_commit_rounds": self.group_commit.flushes if self.group_commit else 0,
             "segments": len(clog.mfq.files), "corrupt_ranges": len(clog.corrupt_ranges),
-            "disk_full": bool(clog.disk_full_reason), "dispatch_error": repr(self.dispatch.error)
-            if self.dispatch.error else None,
+            # disk_full (refusing now), disk_full_reason, disk_full_causes, disk_full_refused
+            # (messages refused so far), disk_full_episodes, disk_free_bytes: store/disk_space.py
+            **clog.disk.stats(),
+            "dispatch_error": repr(self.dispatch.error) if self.dispatch.error else None,
             # delayed messages (None until enable_delayed): pending timers, fired, rolled
             "timers_pending": self.delayed.wheel.pending if self.delayed is not None else None,
             "timers_fired": self.delayed.wheel.fired_total if self.delayed is not None else None,
@@ -442,18 +452,8 @@ class MessageStore:
         return list(self.clog.corrupt_ranges)
 
     def check_disk(self) -> None:
-        used = _disk_usage_fraction(self.cfg.data_dir)
-        if used is None:
-            return
-        if used > self.cfg.disk_high_water:
-            reason = (f"disk usage {used:.1%} of the filesystem holding {self.cfg.data_dir} is above the "
-                      f"high-water mark {self.cfg.disk_high_water:.0%}; appends refused until space is freed")
-            if self.clog.disk_full_reason != reason:
-                log.error("store: %s", reason)
-            self.clog.disk_full_reason = reason
-        elif self.clog.disk_full_reason:
-            log.warning("store: disk usage %.1f%% back under the high-water mark; accepting appends", used * 100)
-            self.clog.disk_full_reason = None
+        """The high-water mark and the end of a segment-space shortage (store/disk_space.py)."""
+        self.clog.disk.check()
 
     def save_clog_checkpoint(self) -> None:
         self._clog_ckpt.save(self.clog.flushed)
