@@ -101,6 +101,10 @@ class StoreServer:
         self.filter_pull: Callable[..., Messages] | None = None
         self.filter_max_offset: Callable[[str], int] | None = None
         self.calls: dict[str, Callable[[dict], Any]] = {}
+        # more fields of HELLO_OK, set by what plugs in: the gateway protocol the node speaks (0:
+        # none, store/node/gateway_service.py sets its version), so a gateway can refuse a store
+        # that does not serve it before it sends anything (store/node/protocol.py `peer_refusal`)
+        self.hello_info: dict[str, Any] = {"gateway_protocol": 0}
         self._conn_calls: set[str] = set()     # CALLs whose handler also gets the StoreConnection
         # fn(connection) when a client connection goes away (e.g. drop its event watch)
         self.on_connection_lost: list[Callable[["StoreConnection"], None]] = []
@@ -503,7 +507,8 @@ class StoreConnection(asyncio.Protocol):
                 raise W.ProtocolError(W.E_AUTH, "missing or wrong auth token", True)
             self.ready = True
             self._send(W.json_frame(W.OP_HELLO_OK, rid, {"version": W.PROTOCOL_VERSION, "ident": srv.store.ident,
-                                                         "max_frame": srv.max_frame, "server": "lmqtt-store"}))
+                                                         "max_frame": srv.max_frame, "server": "lmqtt-store",
+                                                         **srv.hello_info}))
             return
         if op == W.OP_PRODUCE:
             results, durable, dup = srv.produce(body, flags)

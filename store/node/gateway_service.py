@@ -1,45 +1,27 @@
-"""The store side of the remote gateway seam: what `lmqtt gateway` (gateway/storage/remote_store.py) asks
-the store node for, plugged into the `StoreServer` like `service.py` (store/ may not import
-lightqueue/). Every command is a CALL (docs/protocol.md "Remote gateways"):
+"""The store side of the remote gateway seam: what `lmqtt gateway` (gateway/storage/remote_store.py)
+asks the store node for, plugged into the `StoreServer` like sdk_service.py. Every command is a
+CALL whose request and reply types are in store/node/protocol.py (docs/protocol.md "Remote
+gateways"); `GatewayService` answers each with its method of the same name (`gw_watch`, ...),
+registered from the protocol's registry, and says in HELLO_OK which gateway protocol it speaks.
+What the commands are for:
 
-  gw_watch {queues}            start pushing EVENT frames for these queues to this connection;
-                               answers their max offsets (the watch and the answer are one step on
-                               the server's loop, so no append can fall between them)
-  gw_max_offsets {queues}      max offsets, no watch (the gateway's safety poll)
-  gw_group_lease {gateway, group, queue, consumer, ttl_ms | release}
-                               one gateway at a time delivers a shared group (in memory: after a
-                               store restart the gateways claim again); the holder gets the group's
-                               committed offset
-  gw_start_offsets {queues}    max offsets once every message appended before the request is
-                               dispatched (where a new subscription starts: PRODUCED does not
-                               wait for the light-queue dispatch)
-  gw_replay {filter, since}    subscribing from the past: where the history is (replay.py `plan`),
-  gw_replay_read {cursor, ..}  and its next messages from the log (`read_history`)
-  gw_pull {queue, offset, ...} a light-queue pull; the MESSAGES header carries each message's
-                               dispatch queues ("dq"), which the gateway needs to deliver a message
-                               once to a session whose subscriptions overlap
-  gw_register / gw_unregister / gw_filters {gateway, filter} (gw_register also {gateway, filters}: many)
-  gw_holders, gw_release_gateway {gateway}
-                               who holds filters; drop a gone gateway id's holds (lmqtt admin)
-                               wildcard filter registrations held per gateway id, persisted: a
-                               gateway that restarts with the same id reconciles exactly its own
-                               (`SubscriptionRegistry.sync_store_filters`), never another's
-  gw_put_session, gw_get_session, gw_delete_session, gw_list_sessions {after?, limit?,
-  offsets?, hosted_by?} (a page, with the sessions' offsets; `hosted_by`: only the sessions that
-  gateway served last and those of no gateway, a gateway's restore), gw_get_offset(s),
-  gw_set_offsets, gw_delete_offsets, gw_set_retained, gw_retained_matching,
-  gw_clear_retained_if, gw_flush
-                               the `SessionMetadata` of gateway/storage/store_api.py over the store's
-                               light-queue `MetadataStore` (binary fields base64 in JSON: these
-                               run at connect/subscribe rate, not message rate)
-  gw_hello {gateway}           this connection is gateway G (sent at connect and every reconnect);
-                               answers the client ids whose wills the store published while G
-                               was away, and those whose session records its sweep changed
-                               (session_sweep.py: G writes again those still connected to it)
-  gw_put_will {client_id, will, gateway}   G holds the client's connection with this will
-  gw_pop_will {client_id[, gateway]}       drop it (with gateway: only if G still holds it)
-  gw_take_wills {gateway}      remove and return G's wills (G restarted after a crash)
-  gw_list_wills [{gateway}]    read them
+  the delivery path      gw_watch (EVENT / PUSH / PUSH_RAW frames from now on, and the queues' max
+                         offsets, in one step on the loop: no append falls between them),
+                         gw_unwatch, gw_max_offsets (the safety poll), gw_start_offsets (max
+                         offsets once every message acknowledged before is dispatched: where a new
+                         subscription starts), gw_pull (with each entry's dispatch queues, "dq"),
+                         gw_group_lease (one gateway at a time delivers a shared group; in memory)
+  from the past          gw_replay, gw_replay_read (lightqueue/replay.py `plan`, `read_history`)
+  filter holds           gw_register, gw_unregister, gw_filters: wildcard filter registrations
+                         held per gateway id, persisted (a gateway that restarts with the same id
+                         reconciles exactly its own); gw_holders, gw_release_gateway (lmqtt admin)
+  session metadata       gw_put/get/delete/list_sessions, gw_get_offset(s), gw_set/delete_offsets,
+                         gw_set_retained, gw_retained_matching, gw_clear_retained_if, gw_flush: the
+                         `SessionMetadata` of gateway/storage/store_api.py over the light queues'
+                         `MetadataStore`
+  who is who, wills      gw_hello (this connection is gateway G; answers the wills published and
+                         the sessions swept while G was away: session_sweep.py), gw_claim_sessions,
+                         gw_put_will, gw_pop_will, gw_take_wills, gw_list_wills
 
 Wills of a dead gateway, and which connection is which gateway: gateway_wills.py.
 
@@ -65,34 +47,24 @@ Redis URL the same names also go to Redis pub/sub (notify/redis_bus.py) for gate
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from typing import Callable
 
-from lmqtt.notify import InProcessBus
-from lmqtt.store import protocol as W
-from lmqtt.store.server import Messages, StoreServer
-
 from lmqtt.lightqueue import replay as replay_mod
-
-from lmqtt.store.node.gateway_wills import GatewayWills
 from lmqtt.lightqueue.light_queue_store import LightQueueStore
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
-from lmqtt.store.node.session_sweep import SessionSweep
 from lmqtt.lightqueue.topics import validate_filter
+from lmqtt.notify import InProcessBus
+from lmqtt.store import protocol as W
+from lmqtt.store.node import protocol as P
+from lmqtt.store.node.gateway_wills import GatewayWills
+from lmqtt.store.node.session_sweep import SessionSweep
+from lmqtt.store.server import CallError, Messages, StoreServer
 
 log = logging.getLogger("lmqtt.store.node.gateway_service")
 
 _HOLD = "gwf\0"          # SdkMetadata key prefix: gwf \0 gateway id \0 filter -> count
-
-
-def _b64(b: bytes) -> str:
-    return base64.b64encode(b).decode()
-
-
-def _unb64(s: str) -> bytes:
-    return base64.b64decode(s)
 
 
 class GatewayService:
@@ -121,6 +93,7 @@ class GatewayService:
         self.session_claims_relayed = 0     # client id claims relayed to the other gateways (SESSION_CLAIMS)
         self.loop = loop
         self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
+        self._released_leases: dict[tuple[str, str], int] = {}    # offset a holder handed back with the lease
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
         lq.add_listener(self.bus.publish)
@@ -345,239 +318,255 @@ class GatewayService:
         log.info("event=gateway_holds_released gateway=%s released=%d kept=%d", gid, len(released), len(kept))
         return {"released": released, "kept": kept}
 
-    # ---------------------------------------------------------------- CALLs
+    # ---------------------------------------------------------------- the gw_* commands
+    # One method per command of store/node/protocol.py, named as the command: `req` is its typed
+    # request, `conn` the StoreConnection it came on; the answer is its reply type, or a future of
+    # it for a command that waits. `_install` registers them all from the protocol's registry.
     def _install(self) -> None:
-        lq, meta, reg, loop = self.lq, self.meta, self.srv.register_call, self.loop
+        for name, (req_type, _reply_type) in P.COMMANDS.items():
+            self.srv.register_call(name, self._handler(req_type, getattr(self, name)), with_connection=True)
+        self.srv.hello_info[P.HELLO_KEY] = P.NODE_PROTOCOL_VERSION
 
-        def watch(a, conn):
-            qs = [str(q) for q in a.get("queues", ())]
-            if a.get("replace"):
-                self.watchers[conn] = set(qs)
-            else:
-                self.watchers.setdefault(conn, set()).update(qs)
-            mo = {q: lq.max_offset(q) for q in qs}
-            if a.get("push"):
-                # from here on this connection gets PUSH frames: entries after these offsets
-                cur = self.push_cursors.get(conn)
-                if cur is None or a.get("replace"):
-                    cur = self.push_cursors[conn] = {}
-                cur.update(mo)
-                if a.get("raw"):
-                    self.raw_push.add(conn)
-                    return {"max_offsets": mo, "push": True, "raw": True}
-                self.raw_push.discard(conn)
-                return {"max_offsets": mo, "push": True}
-            return {"max_offsets": mo}
+    def _handler(self, req_type: type, method: Callable):
+        def handle(args: dict, conn):
+            try:
+                req = req_type.from_wire(args)
+            except P.BadRequest as e:            # the field named, as ERROR `invalid`
+                raise CallError(W.E_INVALID, str(e)) from None
+            out = method(req, conn)
+            if asyncio.isfuture(out):
+                done = self.loop.create_future()
 
-        def unwatch(a, conn):
-            qs = [str(q) for q in a.get("queues", ())]
-            w = self.watchers.get(conn)
-            if w is not None:
-                w.difference_update(qs)
-            cur = self.push_cursors.get(conn)
-            if cur is not None:
-                for q in qs:
-                    cur.pop(q, None)
-            return {"ok": True}
+                def then(f) -> None:
+                    if f.cancelled():
+                        done.cancel()
+                    elif f.exception() is not None:
+                        done.set_exception(f.exception())
+                    else:
+                        done.set_result(_on_wire(f.result()))
+                out.add_done_callback(then)
+                return done
+            return _on_wire(out)
+        return handle
 
-        leases: dict[tuple[str, str], tuple[str, float]] = self.group_leases
-        released: dict[tuple[str, str], int] = {}       # offset a holder handed back with the lease
+    def _after_dispatch(self, answer: Callable[[], P.Wire], slow: Callable[[int], None]):
+        """`answer()` once the store's dispatch has passed the log's end as of now: at once when it
+        has (usually), else a future (waited for off the loop, at most 5 s; then `slow(target)`,
+        which may raise)."""
+        st = self.srv.store
+        target = st.max_offset
+        if st.dispatched_offset >= target:
+            return answer()
 
-        def group_lease(a):
-            # one deliverer per shared group across the fleet (gateway/fleet/group_leases.py)
-            gid, key = str(a["gateway"]), (str(a["group"]), str(a["queue"]))
-            now = time.monotonic()
-            held = leases.get(key)
-            if a.get("release"):
-                if held is not None and held[0] == gid:
-                    del leases[key]
-                    if a.get("offset") is not None:          # where the next holder starts
-                        released[key] = int(a["offset"])
-                return {"owner": None}
-            if held is None or held[0] == gid or held[1] < now:
-                leases[key] = held = (gid, now + max(0.1, int(a.get("ttl_ms", 3000)) / 1000.0))
-            out = {"owner": held[0]}
-            if held[0] == gid and a.get("consumer"):
-                off = meta.get_offset(str(a["consumer"]), key[1])
-                out["offset"] = max(off, released.get(key, off)) if off is not None else released.get(key)
-            return out
+        async def later():
+            if not await self.loop.run_in_executor(None, st.wait_dispatched, target, 5.0):
+                slow(target)
+            return answer()
+        return asyncio.ensure_future(later())
 
-        def max_offsets(a):
-            return {"max_offsets": {str(q): lq.max_offset(str(q)) for q in a.get("queues", ())}}
+    # the delivery path
+    def gw_watch(self, req: P.Watch, conn) -> P.WatchReply:
+        """Watch and answer in one step on the loop: no append can fall between them."""
+        qs = req.queues
+        if req.replace:
+            self.watchers[conn] = set(qs)
+        else:
+            self.watchers.setdefault(conn, set()).update(qs)
+        mo = {q: self.lq.max_offset(q) for q in qs}
+        if not req.push:
+            return P.WatchReply(mo)
+        # from here on this connection gets PUSH frames: entries after these offsets
+        cur = self.push_cursors.get(conn)
+        if cur is None or req.replace:
+            cur = self.push_cursors[conn] = {}
+        cur.update(mo)
+        if req.raw:
+            self.raw_push.add(conn)
+        else:
+            self.raw_push.discard(conn)
+        return P.WatchReply(mo, push=True, raw=req.raw)
 
-        def start_offsets(a):
-            # Where a new subscription starts: after every message already acknowledged. The
-            # PRODUCED reply does not wait for the light-queue dispatch, so wait here until
-            # dispatch has passed the log's end as of this request (usually it already has).
-            st = self.srv.store
-            target = st.max_offset
-            if st.dispatched_offset >= target:
-                return max_offsets(a)
+    def gw_unwatch(self, req: P.Unwatch, conn) -> P.Ok:
+        w = self.watchers.get(conn)
+        if w is not None:
+            w.difference_update(req.queues)
+        cur = self.push_cursors.get(conn)
+        if cur is not None:
+            for q in req.queues:
+                cur.pop(q, None)
+        return P.Ok()
 
-            async def later():
-                if not await loop.run_in_executor(None, st.wait_dispatched, target, 5.0):
-                    log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
-                                target, st.dispatched_offset)
-                return max_offsets(a)
-            return asyncio.ensure_future(later())
+    def gw_max_offsets(self, req: P.MaxOffsets, conn) -> P.MaxOffsetsReply:
+        return P.MaxOffsetsReply({q: self.lq.max_offset(q) for q in req.queues})
 
-        def pull(a, conn):
-            q = str(a["queue"])
-            res = lq.pull(q, int(a.get("offset", 0)),
-                          max_count=max(1, min(int(a.get("max_count", 64)), 65536)),
-                          max_bytes=int(a.get("max_bytes", 1 << 20)) or (1 << 20))
-            cur = self.push_cursors.get(conn)
-            if cur is not None and cur.get(q, res.next_offset) < res.next_offset:
-                cur[q] = res.next_offset        # the connection has these now: push from there
-            return Messages({"next_offset": res.next_offset, "min_offset": res.min_offset,
-                             "max_offset": res.max_offset,
-                             "dq": [list(m.dispatch_queues or ()) for m in res.messages]}, res.messages)
+    def gw_start_offsets(self, req: P.StartOffsets, conn):
+        """Where a new subscription starts: after every message already acknowledged. PRODUCED
+        does not wait for the light-queue dispatch, so this waits until dispatch has passed the
+        log's end as of this request (usually it already has)."""
+        def slow(target: int) -> None:
+            log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
+                        target, self.srv.store.dispatched_offset)
+        return self._after_dispatch(lambda: P.MaxOffsetsReply({q: self.lq.max_offset(q) for q in req.queues}), slow)
 
-        # subscribing from the past (lightqueue/replay.py): the gateway registered the filter before
-        replay, replay_read = replay_mod.call_handlers(self.srv.store, lq)
+    def gw_group_lease(self, req: P.GroupLease, conn) -> P.GroupLeaseReply:
+        """One deliverer per shared group across the fleet (gateway/fleet/group_leases.py)."""
+        gid, key = req.gateway, (req.group, req.queue)
+        leases, released = self.group_leases, self._released_leases
+        now = time.monotonic()
+        held = leases.get(key)
+        if req.release:
+            if held is not None and held[0] == gid:
+                del leases[key]
+                if req.offset is not None:          # where the next holder starts
+                    released[key] = req.offset
+            return P.GroupLeaseReply(None)
+        if held is None or held[0] == gid or held[1] < now:
+            leases[key] = held = (gid, now + max(0.1, req.ttl_ms / 1000.0))
+        if held[0] != gid or not req.consumer:
+            return P.GroupLeaseReply(held[0])
+        off = self.meta.get_offset(req.consumer, key[1])
+        return P.GroupLeaseReply(gid, max(off, released.get(key, off)) if off is not None else released.get(key))
 
-        def register(a):
-            gid = str(a["gateway"])
-            if "filters" in a:            # many at once: a gateway's filters at its start
-                flts = [validate_filter(str(f)) for f in a["filters"]]
-                return {"counts": {f: self._hold(gid, f, +1) for f in flts}}
-            return {"count": self._hold(gid, validate_filter(str(a["filter"])), +1)}
+    def gw_pull(self, req: P.Pull, conn) -> P.PullReply:
+        q = req.queue
+        res = self.lq.pull(q, req.offset, max_count=max(1, min(req.max_count, 65536)),
+                           max_bytes=req.max_bytes or (1 << 20))
+        cur = self.push_cursors.get(conn)
+        if cur is not None and cur.get(q, res.next_offset) < res.next_offset:
+            cur[q] = res.next_offset        # the connection has these now: push from there
+        return P.PullReply(res.next_offset, res.min_offset, res.max_offset,
+                           [list(m.dispatch_queues or ()) for m in res.messages], res.messages)
 
-        def unregister(a):
-            return {"count": self._hold(str(a["gateway"]), str(a["filter"]), -1)}
+    # subscribing from the past (lightqueue/replay.py): the gateway registered the filter before
+    def gw_replay(self, req: P.Replay, conn):
+        flt = validate_filter(req.filter)
+        st = self.srv.store
 
-        def filters(a):
-            return {"filters": dict(self.holds.get(str(a["gateway"]), {}))}
+        def answer() -> P.ReplayReply:
+            try:
+                p = replay_mod.plan(st, self.lq, flt, req.since)
+            except replay_mod.ReplayRefused as e:
+                raise CallError(W.E_INVALID, str(e)) from None
+            return P.ReplayReply(p["source"], p["live_offset"], p.get("cursor"))
 
-        def holders(_a):
-            return {"gateways": {gid: {"filters": len(fs), "connected": self.wills.is_connected(gid)}
-                                 for gid, fs in sorted(self.holds.items())}}
+        def slow(_target: int) -> None:
+            raise CallError(W.E_STORE, "the store's dispatch is behind; try again")
+        return self._after_dispatch(answer, slow)
 
-        def release_gateway(a):
-            return self.release_gateway(str(a["gateway"]))
+    def gw_replay_read(self, req: P.ReplayRead, conn) -> P.ReplayReadReply:
+        msgs, cursor, done = replay_mod.read_history(self.srv.store, req.cursor, max(1, min(req.max_count, 65536)))
+        return P.ReplayReadReply(cursor, done, msgs)
 
-        def put_session(a):
-            cid = str(a["client_id"])
-            rec = SessionRecord.from_bytes(a["rec"].encode())
-            before = meta.session_host(cid)
-            meta.put_session(cid, rec)
-            if before is not None and before != rec.host:
-                self.tell_session_moved(before, cid)
-            return {"ok": True}
+    # filter holds
+    def gw_register(self, req: P.Register, conn) -> P.RegisterReply:
+        if req.filters is not None:          # many at once: a gateway's filters at its start
+            flts = [validate_filter(f) for f in req.filters]
+            return P.RegisterReply(counts={f: self._hold(req.gateway, f, +1) for f in flts})
+        return P.RegisterReply(count=self._hold(req.gateway, validate_filter(req.filter), +1))
 
-        def get_session(a):
-            rec = meta.get_session(str(a["client_id"]))
-            return {"rec": rec.to_bytes().decode() if rec is not None else None}
+    def gw_unregister(self, req: P.Unregister, conn) -> P.CountReply:
+        return P.CountReply(self._hold(req.gateway, req.filter, -1))
 
-        def delete_session(a, conn):
-            cid = str(a["client_id"])
-            before = meta.session_host(cid)
-            deleted = bool(meta.delete_session(cid))
-            if before is not None and before != self.wills.gateway_of.get(conn):
-                self.tell_session_moved(before, cid)
-            return {"deleted": deleted}
+    def gw_filters(self, req: P.Filters, conn) -> P.FiltersReply:
+        return P.FiltersReply(dict(self.holds.get(req.gateway, {})))
 
-        def list_sessions(a):
-            after, limit = a.get("after"), a.get("limit")
-            after = None if after is None else str(after)
-            host = a.get("hosted_by")
-            if host is not None:        # a gateway's restore: its own sessions and those of no gateway
-                recs, nxt = meta.sessions_of_gateways([str(host)], after, int(limit or 5000), unhosted=True)
-                more = nxt is not None
-            else:
-                recs = meta.list_sessions(after, None if limit is None else int(limit))
-                more = limit is not None and len(recs) >= int(limit)
-                nxt = recs[-1].client_id if recs else None
-            out = {"sessions": [r.to_bytes().decode() for r in recs], "more": more, "next": nxt}
-            if a.get("offsets"):
-                out["offsets"] = [meta.get_offsets(r.client_id) for r in recs]
-            return out
+    def gw_holders(self, req: P.Holders, conn) -> P.HoldersReply:
+        return P.HoldersReply({gid: P.HolderInfo(len(fs), self.wills.is_connected(gid))
+                               for gid, fs in sorted(self.holds.items())})
 
-        def get_offset(a):
-            return {"offset": meta.get_offset(str(a["consumer"]), str(a["queue"]))}
+    def gw_release_gateway(self, req: P.ReleaseGateway, conn) -> P.ReleaseGatewayReply:
+        r = self.release_gateway(req.gateway)
+        return P.ReleaseGatewayReply(r["released"], r["kept"])
 
-        def get_offsets(a):
-            return {"offsets": meta.get_offsets(str(a["consumer"]))}
+    # sessions, offsets, retained messages: the light-queue MetadataStore
+    def gw_put_session(self, req: P.PutSession, conn) -> P.Ok:
+        rec = SessionRecord.from_bytes(req.rec.encode())
+        before = self.meta.session_host(req.client_id)
+        self.meta.put_session(req.client_id, rec)
+        if before is not None and before != rec.host:
+            self.tell_session_moved(before, req.client_id)
+        return P.Ok()
 
-        def set_offsets(a):
-            meta.set_offsets(str(a["consumer"]), {str(k): int(v) for k, v in a["offsets"].items()})
-            return {"ok": True}
+    def gw_get_session(self, req: P.GetSession, conn) -> P.SessionReply:
+        rec = self.meta.get_session(req.client_id)
+        return P.SessionReply(rec.to_bytes().decode() if rec is not None else None)
 
-        def delete_offsets(a):
-            qs = a.get("queues")
-            meta.delete_offsets(str(a["consumer"]), [str(q) for q in qs] if qs is not None else None)
-            return {"ok": True}
+    def gw_delete_session(self, req: P.DeleteSession, conn) -> P.DeletedReply:
+        cid = req.client_id
+        before = self.meta.session_host(cid)
+        deleted = bool(self.meta.delete_session(cid))
+        if before is not None and before != self.wills.gateway_of.get(conn):
+            self.tell_session_moved(before, cid)
+        return P.DeletedReply(deleted)
 
-        def set_retained(a):
-            meta.set_retained(str(a["topic"]), _unb64(a["payload"]), _unb64(a.get("props", "")))
-            return {"ok": True}
+    def gw_list_sessions(self, req: P.ListSessions, conn) -> P.ListSessionsReply:
+        meta, limit = self.meta, req.limit
+        if req.hosted_by is not None:     # a gateway's restore: its own sessions and those of no gateway
+            recs, nxt = meta.sessions_of_gateways([req.hosted_by], req.after, limit or 5000, unhosted=True)
+            more = nxt is not None
+        else:
+            recs = meta.list_sessions(req.after, limit)
+            more = limit is not None and len(recs) >= limit
+            nxt = recs[-1].client_id if recs else None
+        offsets = [meta.get_offsets(r.client_id) for r in recs] if req.offsets else None
+        return P.ListSessionsReply([r.to_bytes().decode() for r in recs], more, nxt, offsets)
 
-        def clear_retained_if(a):
-            return {"cleared": meta.clear_retained_if(str(a["topic"]), _unb64(a.get("props", "")))}
+    def gw_get_offset(self, req: P.GetOffset, conn) -> P.OffsetReply:
+        return P.OffsetReply(self.meta.get_offset(req.consumer, req.queue))
 
-        def retained_matching(a):
-            return {"retained": [[t, _b64(p), _b64(pr)] for t, p, pr in meta.retained_matching(str(a["filter"]))]}
+    def gw_get_offsets(self, req: P.GetOffsets, conn) -> P.OffsetsReply:
+        return P.OffsetsReply(self.meta.get_offsets(req.consumer))
 
-        def hello(a, conn):
-            gid = str(a["gateway"])
-            if not gid:
-                raise ValueError("gw_hello needs a non-empty gateway id")
-            return {"wills_published": self.wills.hello(conn, gid),
-                    "sessions_swept": self.session_sweep.take_swept(gid)}
+    def gw_set_offsets(self, req: P.SetOffsets, conn) -> P.Ok:
+        self.meta.set_offsets(req.consumer, req.offsets)
+        return P.Ok()
 
-        def claim_sessions(a, conn):
-            gid = str(a["gateway"])
-            if not gid:
-                raise ValueError("gw_claim_sessions needs a non-empty gateway id")
-            self.wills.attach(conn, gid)
-            self.relay_session_claims(gid, [(str(c), int(t)) for c, t in a["claims"]])
-            return {"ok": True}
+    def gw_delete_offsets(self, req: P.DeleteOffsets, conn) -> P.Ok:
+        self.meta.delete_offsets(req.consumer, req.queues)
+        return P.Ok()
 
-        def put_will(a, conn):
-            gid = a.get("gateway")
-            if gid:                       # a will comes with its gateway: this connection is it
-                self.wills.attach(conn, str(gid))
-            meta.put_will(str(a["client_id"]), WillRecord.from_bytes(_unb64(a["will"])),
-                          gateway=str(gid) if gid is not None else None)
-            return {"ok": True}
+    def gw_set_retained(self, req: P.SetRetained, conn) -> P.Ok:
+        self.meta.set_retained(req.topic, req.payload, req.props)
+        return P.Ok()
 
-        def pop_will(a):
-            gid = a.get("gateway")
-            w = meta.pop_will(str(a["client_id"]), gateway=str(gid) if gid is not None else None)
-            return {"will": _b64(w.to_bytes()) if w is not None else None}
+    def gw_clear_retained_if(self, req: P.ClearRetainedIf, conn) -> P.ClearedReply:
+        return P.ClearedReply(bool(self.meta.clear_retained_if(req.topic, req.props)))
 
-        def take_wills(a):
-            return {"wills": [[cid, _b64(w.to_bytes())] for cid, w in self.wills.take(str(a["gateway"]))]}
+    def gw_retained_matching(self, req: P.RetainedMatching, conn) -> P.RetainedReply:
+        return P.RetainedReply(list(self.meta.retained_matching(req.filter)))
 
-        def list_wills(a):
-            gid = a.get("gateway")
-            return {"wills": [[cid, _b64(w.to_bytes())]
-                              for cid, w in meta.list_wills(str(gid) if gid is not None else None)]}
+    def gw_flush(self, req: P.Flush, conn) -> P.Ok:
+        self.meta.flush()
+        return P.Ok()
 
-        def flush(_a):
-            meta.flush()
-            return {"ok": True}
+    # which connection is which gateway; wills (gateway_wills.py)
+    def gw_hello(self, req: P.Hello, conn) -> P.HelloReply:
+        if not req.gateway:
+            raise CallError(W.E_INVALID, "gw_hello: field 'gateway' must not be empty")
+        return P.HelloReply(self.wills.hello(conn, req.gateway), self.session_sweep.take_swept(req.gateway))
 
-        reg("gw_watch", watch, with_connection=True)
-        reg("gw_unwatch", unwatch, with_connection=True)
-        reg("gw_hello", hello, with_connection=True)
-        reg("gw_put_will", put_will, with_connection=True)
-        reg("gw_claim_sessions", claim_sessions, with_connection=True)
-        reg("gw_pull", pull, with_connection=True)
-        reg("gw_delete_session", delete_session, with_connection=True)
-        for name, fn in (("gw_max_offsets", max_offsets), ("gw_group_lease", group_lease), ("gw_start_offsets", start_offsets), ("gw_replay", replay),
-                         ("gw_replay_read", replay_read), ("gw_register", register),
-                         ("gw_holders", holders), ("gw_release_gateway", release_gateway),
-                         ("gw_unregister", unregister), ("gw_filters", filters),
-                         ("gw_put_session", put_session), ("gw_get_session", get_session),
-                         ("gw_list_sessions", list_sessions),
-                         ("gw_get_offset", get_offset), ("gw_get_offsets", get_offsets),
-                         ("gw_set_offsets", set_offsets), ("gw_delete_offsets", delete_offsets),
-                         ("gw_set_retained", set_retained), ("gw_retained_matching", retained_matching),
-                         ("gw_clear_retained_if", clear_retained_if),
-                         ("gw_pop_will", pop_will), ("gw_take_wills", take_wills), ("gw_list_wills", list_wills),
-                         ("gw_flush", flush)):
-            reg(name, fn)
+    def gw_claim_sessions(self, req: P.ClaimSessions, conn) -> P.Ok:
+        if not req.gateway:
+            raise CallError(W.E_INVALID, "gw_claim_sessions: field 'gateway' must not be empty")
+        self.wills.attach(conn, req.gateway)
+        self.relay_session_claims(req.gateway, req.claims)
+        return P.Ok()
+
+    def gw_put_will(self, req: P.PutWill, conn) -> P.Ok:
+        if req.gateway:                   # a will comes with its gateway: this connection is it
+            self.wills.attach(conn, req.gateway)
+        self.meta.put_will(req.client_id, WillRecord.from_bytes(req.will), gateway=req.gateway)
+        return P.Ok()
+
+    def gw_pop_will(self, req: P.PopWill, conn) -> P.WillReply:
+        w = self.meta.pop_will(req.client_id, gateway=req.gateway)
+        return P.WillReply(w.to_bytes() if w is not None else None)
+
+    def gw_take_wills(self, req: P.TakeWills, conn) -> P.WillsReply:
+        return P.WillsReply([(cid, w.to_bytes()) for cid, w in self.wills.take(req.gateway)])
+
+    def gw_list_wills(self, req: P.ListWills, conn) -> P.WillsReply:
+        return P.WillsReply([(cid, w.to_bytes()) for cid, w in self.meta.list_wills(req.gateway)])
 
 
 def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
@@ -585,3 +574,10 @@ def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.
             session_sweep_s: float = 60.0) -> GatewayService:
     return GatewayService(server, lq, loop, window_s, redis_publisher, will_grace_s, retained_props,
                           session_sweep_s)
+
+
+def _on_wire(reply: P.Wire):
+    """A reply as the StoreServer sends it: a MESSAGES frame's header and entries, or a RESULT's JSON."""
+    if reply.has_messages:
+        return Messages(reply.to_wire(), reply.messages)
+    return reply.to_wire()

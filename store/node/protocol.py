@@ -1,0 +1,818 @@
+"""The gateway <-> store node protocol: every `gw_*` command `lmqtt gateway` sends `lmqtt store`,
+its request and its reply as typed values, in one module both sides import (docs/protocol.md
+"Remote gateways"). The node (store/node/gateway_service.py) answers each command with the method
+of the same name; the gateway sends them through `NodeClient`.
+
+On the wire each command is a CALL frame whose JSON body is the request's `to_wire()` plus
+`"cmd"`; the reply is a RESULT frame holding the reply's `to_wire()`, or, for `gw_pull` and
+`gw_replay_read`, a MESSAGES frame whose JSON header is the reply's `to_wire()` and whose entries
+are the reply's `messages`. Binary fields (wills, retained payloads and props) travel as base64
+strings; a session record as its JSON text.
+
+`from_wire` checks every field against its declared type: a request missing a field, or with one
+of the wrong type, is refused with `BadRequest` naming the command and the field (the node answers
+ERROR `invalid` with that message); fields it does not know are ignored.
+
+Version rule: the node says which gateway protocol it speaks in its HELLO_OK (`"gateway_protocol":
+NODE_PROTOCOL_VERSION`; 0 from a store that serves no gateways, i.e. an embedded `lmqtt serve`).
+A gateway talks only to a node of its own version (`peer_refusal`): bump NODE_PROTOCOL_VERSION with
+any change to a command's name, fields or meaning that an older peer would misread.
+
+Pure Python: this module imports nothing of the engine, the light queues or RocksDB (the gateway
+imports it); only `lmqtt.store.protocol`, the sans-IO frame codec.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+import types
+import typing
+from typing import Any, Callable, ClassVar
+
+from lmqtt.store import protocol as W
+
+log = logging.getLogger("lmqtt.store.node.protocol")
+
+NODE_PROTOCOL_VERSION = 1
+HELLO_KEY = "gateway_protocol"       # the HELLO_OK field that carries it
+
+
+class BadRequest(ValueError):
+    """A request (or reply) that does not match its type: names the command and the field."""
+
+
+class NodeMismatch(Exception):
+    """The store at the other end does not speak this gateway's protocol (`peer_refusal`)."""
+
+
+# ---------------------------------------------------------------- field codecs
+# A codec is (decode(wire value, path) -> value, encode(value) -> wire value); decode raises
+# _Wrong(what it expected, at which path) and `from_wire` turns that into BadRequest.
+class _Wrong(Exception):
+    def __init__(self, path: str, want: str, got: Any) -> None:
+        super().__init__(path)
+        self.path, self.want, self.got = path, want, got
+
+
+def _show(v: Any) -> str:
+    kind = {str: "a string", int: "an integer", bool: "a boolean", float: "a number", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+    text = json.dumps(v) if isinstance(v, (str, int, float, bool)) else ""
+    return f"{kind} ({text[:40]})" if text else kind
+
+
+def _same(v):
+    return v
+
+
+def _scalar(t: type, want: str):
+    def dec(v, path):
+        if type(v) is not t:
+            raise _Wrong(path, want, v)
+        return v
+    return dec, _same
+
+
+def _bytes_codec():
+    def dec(v, path):
+        if type(v) is not str:
+            raise _Wrong(path, "a base64 string", v)
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise _Wrong(path, "a base64 string", v) from None
+    return dec, lambda b: base64.b64encode(b).decode()
+
+
+def _codec(tp) -> tuple[Callable, Callable]:
+    """The codec of a field annotated `tp` (the types this module's messages use)."""
+    if tp is str:
+        return _scalar(str, "a string")
+    if tp is bool:
+        return _scalar(bool, "a boolean")
+    if tp is int:
+        return _scalar(int, "an integer")
+    if tp is bytes:
+        return _bytes_codec()
+    if tp is dict or tp is Any:                  # an opaque JSON object (a replay cursor)
+        return _scalar(dict, "an object")
+    if dataclasses.is_dataclass(tp):
+        def dec_dc(v, path, tp=tp):
+            if type(v) is not dict:
+                raise _Wrong(path, "an object", v)
+            return tp._decode(v, path + ".")
+        return dec_dc, lambda x: x.to_wire()
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1 or len(args) != 2:
+            raise TypeError(f"unsupported field type {tp!r}")
+        d, e = _codec(inner[0])
+        return (lambda v, path: None if v is None else d(v, path)), (lambda x: None if x is None else e(x))
+    if origin is list:
+        (item,) = args
+        if item is str:                          # the common case, checked in one pass
+            def dec_strs(v, path):
+                if type(v) is not list:
+                    raise _Wrong(path, "a list of strings", v)
+                if not all(type(x) is str for x in v):
+                    i = next(i for i, x in enumerate(v) if type(x) is not str)
+                    raise _Wrong(f"{path}[{i}]", "a string", v[i])
+                return v
+            return dec_strs, _same
+        d, e = _codec(item)
+
+        def dec_list(v, path):
+            if type(v) is not list:
+                raise _Wrong(path, "a list", v)
+            return [d(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        return dec_list, (lambda xs: [e(x) for x in xs])
+    if origin is tuple:
+        parts = [_codec(a) for a in args]
+
+        def dec_tuple(v, path):
+            if type(v) is not list or len(v) != len(parts):
+                raise _Wrong(path, f"a list of {len(parts)}", v)
+            return tuple(d(x, f"{path}[{i}]") for i, ((d, _e), x) in enumerate(zip(parts, v)))
+        return dec_tuple, (lambda xs: [e(x) for (_d, e), x in zip(parts, xs)])
+    if origin is dict:
+        key, val = args
+        if key is not str:
+            raise TypeError(f"unsupported field type {tp!r}")
+        d, e = _codec(val)
+
+        def dec_dict(v, path):
+            if type(v) is not dict:
+                raise _Wrong(path, "an object", v)
+            return {k: d(x, f"{path}.{k}") for k, x in v.items()}
+        return dec_dict, (lambda m: {k: e(x) for k, x in m.items()})
+    raise TypeError(f"unsupported field type {tp!r}")
+
+
+# field metadata: left out of to_wire when equal to its default (what the node has always done
+# for these reply fields); not on the wire at all (a MESSAGES reply's entries)
+OMIT_DEFAULT = {"omit_default": True}
+NOT_WIRE = {"wire": False}
+_MISSING = dataclasses.MISSING
+
+
+class Wire:
+    """What every message type has: `to_wire()` (the JSON object) and `from_wire(obj)` (checked);
+    built by `_message` from the dataclass fields."""
+
+    __slots__ = ()
+    _fields: ClassVar[tuple] = ()        # (name, decode, encode, default, default_factory, omit_default)
+    _label: ClassVar[str] = ""           # "gw_pull" / "gw_pull reply": errors name it
+    has_messages: ClassVar[bool] = False
+
+    def to_wire(self) -> dict:
+        out = {}
+        for name, _dec, enc, default, _factory, omit in self._fields:
+            v = getattr(self, name)
+            if omit and v == default:
+                continue
+            out[name] = enc(v)
+        return out
+
+    @classmethod
+    def from_wire(cls, obj: dict, messages: list | None = None):
+        """`obj` checked against the fields (BadRequest names the first bad one); `messages`:
+        a MESSAGES reply's entries."""
+        if type(obj) is not dict:
+            raise BadRequest(f"{cls._label}: the body must be a JSON object, got {_show(obj)}")
+        try:
+            kw = cls._decode(obj, "")
+        except _Wrong as w:
+            if w.got is _MISSING:
+                raise BadRequest(f"{cls._label}: field {w.path!r} is missing") from None
+            raise BadRequest(f"{cls._label}: field {w.path!r} must be {w.want}, got {_show(w.got)}") from None
+        if cls.has_messages:
+            return cls(**kw, messages=messages if messages is not None else [])
+        return cls(**kw)
+
+    @classmethod
+    def _decode(cls, obj: dict, prefix: str):
+        kw = {}
+        for name, dec, _enc, default, factory, _omit in cls._fields:
+            v = obj.get(name, _MISSING)
+            if v is _MISSING:
+                if default is _MISSING and factory is _MISSING:
+                    raise _Wrong(prefix + name, "", _MISSING)
+                continue
+            kw[name] = dec(v, prefix + name)
+        if prefix:                       # a nested value (HolderInfo): the object itself
+            return cls(**kw)
+        return kw
+
+
+def _message(cls, label: str):
+    cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("wire", True):
+            cls.has_messages = True
+            continue
+        dec, enc = _codec(hints[f.name])
+        fields.append((f.name, dec, enc, f.default, f.default_factory, bool(f.metadata.get("omit_default"))))
+    cls._fields = tuple(fields)
+    cls._label = label
+    return cls
+
+
+def reply(cls):
+    """A reply type (`<command> reply` in error messages)."""
+    return _message(cls, f"{cls.__name__}")
+
+
+COMMANDS: dict[str, tuple[type, type]] = {}      # command name -> (request type, reply type)
+
+
+def command(name: str, reply_type: type):
+    """A request type: the command `name`, answered with `reply_type`."""
+    def wrap(cls):
+        cls = _message(cls, name)
+        cls.cmd = name
+        cls.Reply = reply_type
+        if name in COMMANDS:
+            raise ValueError(f"command {name} defined twice")
+        COMMANDS[name] = (cls, reply_type)
+        return cls
+    return wrap
+
+
+class Request(Wire):
+    __slots__ = ()
+    cmd: ClassVar[str]
+    Reply: ClassVar[type]
+
+
+# ---------------------------------------------------------------- replies
+@reply
+class Ok(Wire):
+    """`{ok: true}`: the command was done."""
+    ok: bool = True
+
+
+@reply
+class MaxOffsetsReply(Wire):
+    max_offsets: dict[str, int]
+
+
+@reply
+class WatchReply(Wire):
+    """`push` / `raw`: the node pushes the entries (PUSH / PUSH_RAW frames), as asked."""
+    max_offsets: dict[str, int]
+    push: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
+    raw: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
+
+
+@reply
+class GroupLeaseReply(Wire):
+    """`owner`: the gateway that delivers the group now (None after a release); `offset`: for the
+    holder, where to start (the group's committed offset or the one the last holder handed back)."""
+    owner: str | None
+    offset: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+
+
+@reply
+class ReplayReply(Wire):
+    """lightqueue/replay.py `plan`: `source` "queue" or "log" (then read `cursor` with
+    gw_replay_read), and the light-queue offset live reads start at."""
+    source: str
+    live_offset: int
+    cursor: dict | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+
+    def plan(self) -> dict:
+        """As `replay.plan` returns it (what `store_api.ReplayPlan` takes)."""
+        return self.to_wire()
+
+
+@reply
+class ReplayReadReply(Wire):
+    """MESSAGES: the next history entries, the cursor to read on from, and whether that was all."""
+    cursor: dict
+    done: bool
+    messages: list = dataclasses.field(default_factory=list, metadata=NOT_WIRE)
+
+
+@reply
+class PullReply(Wire):
+    """MESSAGES: a light queue's entries from the offset asked for; `dq`: each one's dispatch
+    queues (the gateway delivers a message once to a session whose subscriptions overlap)."""
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    dq: list[list[str]] = dataclasses.field(default_factory=list)
+    messages: list = dataclasses.field(default_factory=list, metadata=NOT_WIRE)
+
+
+@reply
+class RegisterReply(Wire):
+    """`count` (one filter) or `counts` (`filters`: many): this gateway's holds on each."""
+    count: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+    counts: dict[str, int] | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+
+
+@reply
+class CountReply(Wire):
+    count: int
+
+
+@reply
+class FiltersReply(Wire):
+    filters: dict[str, int]
+
+
+@reply
+class HolderInfo(Wire):
+    filters: int
+    connected: bool
+
+
+@reply
+class HoldersReply(Wire):
+    gateways: dict[str, HolderInfo]
+
+
+@reply
+class ReleaseGatewayReply(Wire):
+    released: list[str]
+    kept: list[str]
+
+
+@reply
+class SessionReply(Wire):
+    """`rec`: the SessionRecord's JSON text, None if there is none."""
+    rec: str | None
+
+
+@reply
+class DeletedReply(Wire):
+    deleted: bool
+
+
+@reply
+class ListSessionsReply(Wire):
+    """A page of session records (JSON text) in client id order; `more`: another page follows,
+    after `next`; `offsets`: each one's committed offsets, when asked for."""
+    sessions: list[str]
+    more: bool
+    next: str | None
+    offsets: list[dict[str, int]] | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
+
+
+@reply
+class OffsetReply(Wire):
+    offset: int | None
+
+
+@reply
+class OffsetsReply(Wire):
+    offsets: dict[str, int]
+
+
+@reply
+class RetainedReply(Wire):
+    """(topic, payload, props) of every retained message the filter matches, in topic order."""
+    retained: list[tuple[str, bytes, bytes]]
+
+
+@reply
+class ClearedReply(Wire):
+    cleared: bool
+
+
+@reply
+class HelloReply(Wire):
+    """The client ids whose wills the node published while this gateway was away, and those whose
+    session records its sweep changed meanwhile."""
+    wills_published: list[str]
+    sessions_swept: list[str]
+
+
+@reply
+class WillReply(Wire):
+    """The WillRecord bytes removed, None if there was none."""
+    will: bytes | None
+
+
+@reply
+class WillsReply(Wire):
+    """(client id, WillRecord bytes) pairs."""
+    wills: list[tuple[str, bytes]]
+
+
+# ---------------------------------------------------------------- requests
+# the delivery path: watches, offsets, pulls, shared-group leases, history
+@command("gw_watch", WatchReply)
+class Watch(Request):
+    """Push EVENT (or with `push` PUSH, with `raw` too PUSH_RAW) frames for these queues to this
+    connection; `replace`: instead of the queues watched so far."""
+    queues: list[str]
+    push: bool = False
+    raw: bool = False
+    replace: bool = False
+
+
+@command("gw_unwatch", Ok)
+class Unwatch(Request):
+    queues: list[str]
+
+
+@command("gw_max_offsets", MaxOffsetsReply)
+class MaxOffsets(Request):
+    queues: list[str]
+
+
+@command("gw_start_offsets", MaxOffsetsReply)
+class StartOffsets(Request):
+    """Max offsets once every message appended before the request is dispatched."""
+    queues: list[str]
+
+
+@command("gw_group_lease", GroupLeaseReply)
+class GroupLease(Request):
+    """Claim (or renew) the lease of a shared group for `ttl_ms`; with `release`, hand it back
+    with the `offset` the next holder starts from."""
+    gateway: str
+    group: str
+    queue: str
+    consumer: str | None = None
+    ttl_ms: int = 3000
+    release: bool = False
+    offset: int | None = None
+
+
+@command("gw_replay", ReplayReply)
+class Replay(Request):
+    filter: str
+    since: int
+
+
+@command("gw_replay_read", ReplayReadReply)
+class ReplayRead(Request):
+    cursor: dict
+    max_count: int = 1024
+
+
+@command("gw_pull", PullReply)
+class Pull(Request):
+    queue: str
+    offset: int = 0
+    max_count: int = 64
+    max_bytes: int = 1 << 20
+
+
+# filter holds per gateway id
+@command("gw_register", RegisterReply)
+class Register(Request):
+    """Hold one `filter`, or many (`filters`): exactly one of the two."""
+    gateway: str
+    filter: str | None = None
+    filters: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.filter is None) == (self.filters is None):
+            raise BadRequest("gw_register: give field 'filter' or field 'filters' (one of them)")
+
+
+@command("gw_unregister", CountReply)
+class Unregister(Request):
+    gateway: str
+    filter: str
+
+
+@command("gw_filters", FiltersReply)
+class Filters(Request):
+    gateway: str
+
+
+@command("gw_holders", HoldersReply)
+class Holders(Request):
+    pass
+
+
+@command("gw_release_gateway", ReleaseGatewayReply)
+class ReleaseGateway(Request):
+    gateway: str
+
+
+# sessions, offsets, retained messages
+@command("gw_put_session", Ok)
+class PutSession(Request):
+    client_id: str
+    rec: str
+
+
+@command("gw_get_session", SessionReply)
+class GetSession(Request):
+    client_id: str
+
+
+@command("gw_delete_session", DeletedReply)
+class DeleteSession(Request):
+    client_id: str
+
+
+@command("gw_list_sessions", ListSessionsReply)
+class ListSessions(Request):
+    """A page of `limit` records after client id `after`; `offsets`: with their offsets;
+    `hosted_by`: only those that gateway served last and those of no gateway."""
+    after: str | None = None
+    limit: int | None = None
+    offsets: bool = False
+    hosted_by: str | None = None
+
+
+@command("gw_get_offset", OffsetReply)
+class GetOffset(Request):
+    consumer: str
+    queue: str
+
+
+@command("gw_get_offsets", OffsetsReply)
+class GetOffsets(Request):
+    consumer: str
+
+
+@command("gw_set_offsets", Ok)
+class SetOffsets(Request):
+    consumer: str
+    offsets: dict[str, int]
+
+
+@command("gw_delete_offsets", Ok)
+class DeleteOffsets(Request):
+    """`queues` None: all of the consumer's."""
+    consumer: str
+    queues: list[str] | None = None
+
+
+@command("gw_set_retained", Ok)
+class SetRetained(Request):
+    topic: str
+    payload: bytes
+    props: bytes = b""
+
+
+@command("gw_retained_matching", RetainedReply)
+class RetainedMatching(Request):
+    filter: str
+
+
+@command("gw_clear_retained_if", ClearedReply)
+class ClearRetainedIf(Request):
+    topic: str
+    props: bytes = b""
+
+
+@command("gw_flush", Ok)
+class Flush(Request):
+    pass
+
+
+# which connection is which gateway; wills
+@command("gw_hello", HelloReply)
+class Hello(Request):
+    gateway: str
+
+
+@command("gw_claim_sessions", Ok)
+class ClaimSessions(Request):
+    """This gateway attached connections to these client ids at these wall-clock ms."""
+    gateway: str
+    claims: list[tuple[str, int]]
+
+
+@command("gw_put_will", Ok)
+class PutWill(Request):
+    client_id: str
+    will: bytes
+    gateway: str | None = None
+
+
+@command("gw_pop_will", WillReply)
+class PopWill(Request):
+    """With `gateway`: only a will that gateway holds."""
+    client_id: str
+    gateway: str | None = None
+
+
+@command("gw_take_wills", WillsReply)
+class TakeWills(Request):
+    gateway: str
+
+
+@command("gw_list_wills", WillsReply)
+class ListWills(Request):
+    gateway: str | None = None
+
+
+# ---------------------------------------------------------------- the version rule
+def peer_refusal(info: dict, address: str) -> str | None:
+    """Why a gateway must not use the store whose HELLO_OK said `info` (None: it may)."""
+    theirs = info.get(HELLO_KEY)
+    ours = NODE_PROTOCOL_VERSION
+    if theirs == ours:
+        return None
+    if theirs == 0:
+        return f"{address} is an embedded `lmqtt serve`; gateways need `lmqtt store` (docs/fleet.md)"
+    if theirs is None:
+        return (f"the store at {address} speaks no versioned gateway protocol (an lmqtt older than this "
+                f"gateway, which speaks gateway protocol {ours}): run the same lmqtt version on both")
+    return (f"store node {address} speaks gateway protocol {theirs}, this gateway speaks {ours}: "
+            f"run the same lmqtt version on both")
+
+
+# ---------------------------------------------------------------- the gateway's side
+def decode_reply(reply_type: type, op: int, body: bytes):
+    """A RESULT or MESSAGES frame answering a command -> its typed reply."""
+    if op == W.OP_MESSAGES:
+        header, entries = W.decode_messages(body)
+        return reply_type.from_wire(header, entries)
+    if op == W.OP_RESULT:
+        return reply_type.from_wire(W.parse_json(body))
+    raise BadRequest(f"{reply_type.__name__}: unexpected opcode {op:#x} in the answer")
+
+
+class NodeClient:
+    """The gateway's client of the store node: typed requests over one `LoopConnection`
+    (store/client/loop_connection.py), typed replies back.
+
+    `call(req)` sends now and returns an asyncio future of the reply, bounded by the link's timeout
+    (no answer in time: the link is dropped and the future fails), or unbounded with
+    `bounded=False`; `call_blocking(req)` waits for the reply right here (bounded); `send(req)`
+    does not wait and only logs a failure. One method per command (`watch`, `pull`, ...) is `call`
+    of that request. Failures: StoreClientError (the node refused: ERROR frame), ConnectionLost,
+    BadRequest (a reply that does not match its type)."""
+
+    def __init__(self, link) -> None:
+        self.link = link
+
+    # ------------------------------------------------------------ the version rule
+    def refusal(self) -> str | None:
+        """Why the node this link is connected to must not be used (None: it may)."""
+        return peer_refusal(self.link.server_info, self.link.address)
+
+    def check(self) -> None:
+        """At start: NodeMismatch unless the node speaks this gateway's protocol."""
+        why = self.refusal()
+        if why is not None:
+            raise NodeMismatch(why)
+
+    def refuse_mismatched_node(self) -> bool:
+        """After a reconnect (run before anything is sent): a node of another version (an upgrade
+        of one side only) gets nothing; the link is dropped with the reason, which requests, the
+        store's `unavailable()` and /readyz then report, and redials until the versions match."""
+        why = self.refusal()
+        if why is None:
+            return False
+        log.error("event=store_node_refused reason=%s", why)
+        self.link._drop(why)
+        return True
+
+    # ------------------------------------------------------------ generic
+    def call(self, req: Request, *, bounded: bool = True) -> asyncio.Future:
+        wire = req.to_wire()
+        fut = self.link.cmd_within(req.cmd, **wire) if bounded else self.link.cmd(req.cmd, **wire)
+        out = self.link.loop.create_future()
+        reply_type = req.Reply
+
+        def done(f) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+                return
+            e = f.exception()
+            if e is None:
+                op, _flags, body = f.result()
+                try:
+                    out.set_result(decode_reply(reply_type, op, body))
+                    return
+                except Exception as bad:  # noqa: BLE001 - the caller gets it as the answer
+                    e = bad
+            out.set_exception(e)
+            out.exception()       # retrieved, as the link does: a caller that ignores it is not warned
+        fut.add_done_callback(done)
+        return out
+
+    def call_blocking(self, req: Request, timeout: float | None = None):
+        op, _flags, body = self.link.call_blocking(W.OP_CALL, W.compact_json({"cmd": req.cmd, **req.to_wire()}).encode(),
+                                                   timeout)
+        return decode_reply(req.Reply, op, body)
+
+    def send(self, req: Request) -> None:
+        self.link.cmd_nowait(req.cmd, **req.to_wire())
+
+    # ------------------------------------------------------------ one method per command
+    def watch(self, queues: list[str], push: bool = False, raw: bool = False,
+              replace: bool = False) -> "asyncio.Future[WatchReply]":
+        return self.call(Watch(queues, push, raw, replace))
+
+    def unwatch(self, queues: list[str]) -> "asyncio.Future[Ok]":
+        return self.call(Unwatch(queues))
+
+    def max_offsets(self, queues: list[str]) -> "asyncio.Future[MaxOffsetsReply]":
+        return self.call(MaxOffsets(queues))
+
+    def start_offsets(self, queues: list[str]) -> "asyncio.Future[MaxOffsetsReply]":
+        return self.call(StartOffsets(queues))
+
+    def group_lease(self, gateway: str, group: str, queue: str, consumer: str | None = None, ttl_ms: int = 3000,
+                    release: bool = False, offset: int | None = None) -> "asyncio.Future[GroupLeaseReply]":
+        return self.call(GroupLease(gateway, group, queue, consumer, ttl_ms, release, offset))
+
+    def replay(self, filter: str, since: int) -> "asyncio.Future[ReplayReply]":  # noqa: A002 - the field's name
+        return self.call(Replay(filter, since))
+
+    def replay_read(self, cursor: dict, max_count: int = 1024) -> "asyncio.Future[ReplayReadReply]":
+        return self.call(ReplayRead(cursor, max_count))
+
+    def pull(self, queue: str, offset: int = 0, max_count: int = 64,
+             max_bytes: int = 1 << 20) -> "asyncio.Future[PullReply]":
+        return self.call(Pull(queue, offset, max_count, max_bytes))
+
+    def register(self, gateway: str, filter: str | None = None,  # noqa: A002
+                 filters: list[str] | None = None) -> "asyncio.Future[RegisterReply]":
+        return self.call(Register(gateway, filter, filters))
+
+    def unregister(self, gateway: str, filter: str) -> "asyncio.Future[CountReply]":  # noqa: A002
+        return self.call(Unregister(gateway, filter))
+
+    def filters(self, gateway: str) -> "asyncio.Future[FiltersReply]":
+        return self.call(Filters(gateway))
+
+    def holders(self) -> "asyncio.Future[HoldersReply]":
+        return self.call(Holders())
+
+    def release_gateway(self, gateway: str) -> "asyncio.Future[ReleaseGatewayReply]":
+        return self.call(ReleaseGateway(gateway))
+
+    def put_session(self, client_id: str, rec: str) -> "asyncio.Future[Ok]":
+        return self.call(PutSession(client_id, rec))
+
+    def get_session(self, client_id: str) -> "asyncio.Future[SessionReply]":
+        return self.call(GetSession(client_id))
+
+    def delete_session(self, client_id: str) -> "asyncio.Future[DeletedReply]":
+        return self.call(DeleteSession(client_id))
+
+    def list_sessions(self, after: str | None = None, limit: int | None = None, offsets: bool = False,
+                      hosted_by: str | None = None) -> "asyncio.Future[ListSessionsReply]":
+        return self.call(ListSessions(after, limit, offsets, hosted_by))
+
+    def get_offset(self, consumer: str, queue: str) -> "asyncio.Future[OffsetReply]":
+        return self.call(GetOffset(consumer, queue))
+
+    def get_offsets(self, consumer: str) -> "asyncio.Future[OffsetsReply]":
+        return self.call(GetOffsets(consumer))
+
+    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> "asyncio.Future[Ok]":
+        return self.call(SetOffsets(consumer, offsets))
+
+    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> "asyncio.Future[Ok]":
+        return self.call(DeleteOffsets(consumer, queues))
+
+    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> "asyncio.Future[Ok]":
+        return self.call(SetRetained(topic, payload, props))
+
+    def retained_matching(self, filter: str) -> "asyncio.Future[RetainedReply]":  # noqa: A002
+        return self.call(RetainedMatching(filter))
+
+    def clear_retained_if(self, topic: str, props: bytes = b"") -> "asyncio.Future[ClearedReply]":
+        return self.call(ClearRetainedIf(topic, props))
+
+    def flush(self) -> "asyncio.Future[Ok]":
+        return self.call(Flush())
+
+    def hello(self, gateway: str) -> "asyncio.Future[HelloReply]":
+        return self.call(Hello(gateway))
+
+    def claim_sessions(self, gateway: str, claims: list[tuple[str, int]]) -> "asyncio.Future[Ok]":
+        return self.call(ClaimSessions(gateway, claims))
+
+    def put_will(self, client_id: str, will: bytes, gateway: str | None = None) -> "asyncio.Future[Ok]":
+        return self.call(PutWill(client_id, will, gateway))
+
+    def pop_will(self, client_id: str, gateway: str | None = None) -> "asyncio.Future[WillReply]":
+        return self.call(PopWill(client_id, gateway))
+
+    def take_wills(self, gateway: str) -> "asyncio.Future[WillsReply]":
+        return self.call(TakeWills(gateway))
+
+    def list_wills(self, gateway: str | None = None) -> "asyncio.Future[WillsReply]":
+        return self.call(ListWills(gateway))
+
+
+def call_sync(conn, req: Request):
+    """`req` over the SDK's blocking `Connection` (lmqtt admin): its typed reply."""
+    got = conn.cmd(req.cmd, **req.to_wire())
+    if isinstance(got, tuple):              # a MESSAGES reply: (header, entries)
+        return req.Reply.from_wire(got[0], got[1])
+    return req.Reply.from_wire(got)

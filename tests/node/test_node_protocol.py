@@ -1,0 +1,166 @@
+"""The gateway <-> store node protocol (store/node/protocol.py): every request and reply type
+survives its wire form, the registry is exactly what the node serves and what `NodeClient` sends,
+a malformed request is refused naming its field by a real `lmqtt store`, and the version rule:
+a gateway refuses a store node of another version, or an embedded `lmqtt serve`, before it
+sends anything."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import inspect
+import json
+import typing
+
+import pytest
+
+from lmqtt.store.node import protocol as P
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---------------------------------------------------------------- the types, without a store
+def _sample(tp, k: int = 0):
+    """A value of field type `tp` (k varies it)."""
+    if tp is str:
+        return f"s{k}/é"
+    if tp is int:
+        return 7 + k
+    if tp is bool:
+        return True
+    if tp is bytes:
+        return b"\x00\xff" + bytes([k])
+    if tp is dict:
+        return {"filter": "a/+", "sources": [["a", 0, k]]}
+    if dataclasses.is_dataclass(tp):
+        return tp(**{f.name: _sample(h, k) for f, h in _hints(tp)})
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        return [_sample(args[0], k), _sample(args[0], k + 1)]
+    if origin is tuple:
+        return tuple(_sample(a, k + i) for i, a in enumerate(args))
+    if origin is dict:
+        return {f"k{k}": _sample(args[1], k), f"k{k + 1}": _sample(args[1], k + 1)}
+    inner = [a for a in args if a is not type(None)]
+    return _sample(inner[0], k)                   # X | None
+
+
+def _hints(cls):
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls) if f.metadata.get("wire", True)]
+
+
+def _full(cls):
+    kw = {f.name: _sample(h, i) for i, (f, h) in enumerate(_hints(cls))}
+    if cls is P.Register:
+        kw["filter"] = None                        # one of filter / filters
+    if cls.has_messages:
+        kw["messages"] = [("an entry",)]
+    return cls(**kw)
+
+
+def _required(cls):
+    kw = {f.name: _sample(h) for f, h in _hints(cls)
+          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    if cls is P.Register:
+        kw["filters"] = ["a/#"]
+    return cls(**kw)
+
+
+ALL_TYPES = sorted({t for pair in P.COMMANDS.values() for t in pair} | {P.HolderInfo}, key=lambda t: t.__name__)
+
+
+@pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda t: t.__name__)
+def test_every_request_and_reply_type_round_trips_through_its_wire_form(cls):
+    for obj in (_full(cls), _required(cls)):
+        wire = json.loads(json.dumps(obj.to_wire()))          # what crosses the socket
+        back = cls.from_wire(wire, obj.messages) if cls.has_messages else cls.from_wire(wire)
+        assert back == obj, (wire, back, obj)
+        assert "messages" not in wire
+
+
+@pytest.mark.parametrize("cls", [t for t, _r in P.COMMANDS.values()], ids=lambda t: t.cmd)
+def test_a_request_missing_a_field_or_with_a_wrong_type_is_refused_naming_the_field(cls):
+    wire = _full(cls).to_wire()
+    for f, tp in _hints(cls):
+        wrong = dict(wire, **{f.name: 1.5})                     # no field of ours is a float
+        with pytest.raises(P.BadRequest, match=rf"^{cls.cmd}: field '{f.name}' must be .*, got a number \(1.5\)$"):
+            cls.from_wire(wrong)
+        if f.default is dataclasses.MISSING:
+            with pytest.raises(P.BadRequest, match=rf"^{cls.cmd}: field '{f.name}' is missing$"):
+                cls.from_wire({k: v for k, v in wire.items() if k != f.name})
+
+
+def test_the_wire_form_is_the_one_gateways_and_stores_used_before():
+    """The JSON bodies are those of the untyped commands (docs/protocol.md's table): a push-less
+    watch answer has no `push`, binary fields are base64, a missing session is `rec: null`."""
+    assert P.Watch(["a"], push=True).to_wire() == {"queues": ["a"], "push": True, "raw": False, "replace": False}
+    assert P.WatchReply({"a": 3}).to_wire() == {"max_offsets": {"a": 3}}
+    assert P.WatchReply({"a": 3}, push=True, raw=True).to_wire() == {"max_offsets": {"a": 3}, "push": True, "raw": True}
+    assert P.RetainedReply([("r/1", b"\x00\xff", b"")]).to_wire() == {"retained": [["r/1", "AP8=", ""]]}
+    assert P.SessionReply(None).to_wire() == {"rec": None}
+    assert P.GroupLeaseReply("gw-a").to_wire() == {"owner": "gw-a"}
+    assert P.RegisterReply(count=2).to_wire() == {"count": 2}
+    assert P.HoldersReply({"g": P.HolderInfo(2, False)}).to_wire() == {"gateways": {"g": {"filters": 2, "connected": False}}}
+    assert P.PutWill.from_wire({"client_id": "c", "will": "AP8="}) == P.PutWill("c", b"\x00\xff", None)
+    assert P.Pull.from_wire({"queue": "q", "cmd": "gw_pull", "later": 1}) == P.Pull("q")    # unknown fields ignored
+    with pytest.raises(P.BadRequest, match=r"^gw_set_retained: field 'payload' must be a base64 string"):
+        P.SetRetained.from_wire({"topic": "t", "payload": "not base64!"})
+    with pytest.raises(P.BadRequest, match=r"^gw_claim_sessions: field 'claims\[1\]\[1\]' must be an integer"):
+        P.ClaimSessions.from_wire({"gateway": "g", "claims": [["a", 1], ["b", "2"]]})
+    with pytest.raises(P.BadRequest, match=r"gw_register: give field 'filter' or field 'filters'"):
+        P.Register.from_wire({"gateway": "g"})
+
+
+def test_the_node_client_has_one_method_per_command_taking_the_requests_fields():
+    for name, (req, _reply) in P.COMMANDS.items():
+        method = getattr(P.NodeClient, name[len("gw_"):])
+        params = list(inspect.signature(method).parameters)[1:]
+        assert params == [f.name for f in dataclasses.fields(req)], name
+
+
+# ---------------------------------------------------------------- a real `lmqtt store`
+def test_the_registry_is_exactly_what_the_node_serves(tmp_path):
+    """Every command of the registry is served by the node's method of that name, and the node
+    serves no gw_* command the registry does not type."""
+    from lmqtt.lightqueue import LightQueueStore
+    from lmqtt.store import MessageStore, StoreConfig
+    from lmqtt.store.node import gateway_service
+    from lmqtt.store.server import StoreServer
+
+    store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), flush_mode="async"))
+    lq = LightQueueStore(store, str(tmp_path / "lq"))
+    store.start()
+    loop = asyncio.new_event_loop()
+    srv = StoreServer(store, str(tmp_path / "meta"), port=0)
+    gws = gateway_service.install(srv, lq, loop)
+    try:
+        served = {c for c in srv.calls if c.startswith("gw_")}
+        assert served == set(P.COMMANDS)
+        assert all(callable(getattr(gws, c)) for c in P.COMMANDS)
+        assert srv.hello_info == {"gateway_protocol": P.NODE_PROTOCOL_VERSION}
+    finally:
+        gws.close()
+        loop.close()
+        asyncio.run(srv.stop())
+        store.shutdown()
+        lq.close()
+
+
+def test_a_malformed_request_gets_an_error_naming_the_field_and_the_connection_goes_on(lmqtt_store):
+    from lmqtt.store.client import StoreClientError, connect
+
+    with connect(lmqtt_store.address) as c:
+        with pytest.raises(StoreClientError, match=r"^invalid: gw_pull: field 'queue' is missing$"):
+            c.cmd("gw_pull", offset=0)
+        with pytest.raises(StoreClientError, match=r"^invalid: gw_pull: field 'offset' must be an integer, "
+                                                   r"got a string \(\"12\"\)$"):
+            c.cmd("gw_pull", queue="q", offset="12")
+        with pytest.raises(StoreClientError, match=r"^invalid: gw_set_offsets: field 'offsets.a/b' must be an "
+                                                   r"integer, got null$"):
+            c.cmd("gw_set_offsets", consumer="c", offsets={"a/b": None})
+        with pytest.raises(StoreClientError, match=r"^invalid: gw_put_will: field 'will' must be a base64 string"):
+            c.cmd("gw_put_will", client_id="c", will="%%%")
+        assert c.cmd("gw_get_offsets", consumer="c") == {"offsets": {}}       # nothing was written
+        assert c.cmd("gw_max_offsets", queues=["q"]) == {"max_offsets": {"q": 0}}
+        assert c.server_info["gateway_protocol"] == P.NODE_PROTOCOL_VERSION
