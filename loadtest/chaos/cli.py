@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="lmqtt's flush mode (default async: a process crash loses nothing)")
     ap.add_argument("--notify", default="auto", choices=("auto", "redis", "native"),
                     help="the fleet's notify: Redis when redis-server is installed (auto), or forced")
+    ap.add_argument("--lmqtt-src", help="run lmqtt from this source tree (e.g. a `git archive` snapshot with its C "
+                    "modules built in place), so edits to the working tree do not reach a long run")
     ap.add_argument("--seed", type=int, default=1, help="victim choice and pause lengths (default 1)")
     ap.add_argument("--out", help="directory for <target>.json and summary.md")
     ap.add_argument("--workdir", help="where data and logs go (default: a temporary directory, removed)")
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = Options(faults=faults[t], interval=args.interval, kinds=kinds, qos=qos,
                            paths=("mqtt",) if t == "mosquitto" else paths, rate=args.rate, pause=args.pause,
                            full_s=args.full_s, drain=args.drain, disk_mb=args.disk_mb, flush_mode=args.flush_mode,
-                           notify=args.notify, seed=args.seed)
+                           notify=args.notify, seed=args.seed, lmqtt_src=args.lmqtt_src)
             res = run_target(t, opts, base / t, log=lambda m: print(m, file=sys.stderr, flush=True))
             res["time_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
             results.append(res)

@@ -8,7 +8,8 @@ Fault kinds:
 * `stop`: SIGSTOP of one victim, SIGCONT after a pause (uniform in [pause/2, pause*3/2]);
 * `diskfull`: the data disk filled to its last byte for `full_s` seconds, then freed.
 
-The kinds take turns in the order given; victims are drawn with `seed`. Every wait is bounded.
+The kinds take turns in the order given; for each kind the victims take turns too, in an order
+shuffled with `seed` every round, so each victim gets its share of each kind. Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Options:
     disk_mb: int = 256
     flush_mode: str = "async"
     notify: str = "auto"
+    lmqtt_src: str | None = None   # run lmqtt from this source tree (a snapshot) instead of the installed one
     extra: dict = field(default_factory=dict)
 
 
@@ -80,7 +82,7 @@ def run_target(name: str, opts: Options, workdir: Path, log=print) -> dict:
     t_start = time.monotonic()
     try:
         try:
-            target = TARGETS[name](workdir, data_root, opts.flush_mode, **(
+            target = TARGETS[name](workdir, data_root, opts.flush_mode, opts.lmqtt_src, **(
                 {"notify": opts.notify} if name == "fleet" else {}))
             target.start()
         except TargetError as e:
@@ -241,6 +243,9 @@ def _stored_copies(rows: list[dict], address: str, first_levels: list[str]) -> N
         row["stored_twice"] = sum(n for pub, n in twice.items() if pub in row.get("publisher_names", ()))
 
 
+_turns: dict[tuple, list] = {}
+
+
 def _inject(target, kind: str, rng: random.Random, opts: Options, disk, checker: Checker, n: int) -> dict:
     f: dict = {"n": n, "t": checker.now(), "kind": kind}
     t0 = time.monotonic()
@@ -252,7 +257,11 @@ def _inject(target, kind: str, rng: random.Random, opts: Options, disk, checker:
         disk.free()
         f["duration_s"] = round(time.monotonic() - t0, 3)
         return f
-    victim = rng.choice(target.victims())
+    turn = _turns.setdefault((id(target), kind), [])
+    if not turn:                      # every victim once per round of this kind, in a random order
+        turn.extend(target.victims())
+        rng.shuffle(turn)
+    victim = turn.pop()
     f["victim"] = victim
     pid = target.pid(victim)
     if pid is None:

@@ -185,13 +185,43 @@ def _lmqtt(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmqtt.gateway.cli", *args]
 
 
+def _lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
+    """The environment of lmqtt's processes: run from the source tree `lmqtt_src` (a snapshot, C
+    modules built in place) when given, so edits to the working tree during a long run do not
+    reach the processes it restarts; else the installed lmqtt (None: this environment).
+
+    The tree's top-level packages (pyproject.toml's package-dir `"lmqtt.X" = "folder"`) get
+    symlinks in `workdir/lmqtt-src/lmqtt/`, which goes first on PYTHONPATH."""
+    if not lmqtt_src:
+        return None
+    import re
+    src = Path(lmqtt_src).resolve()
+    pyproject = src / "pyproject.toml"
+    if not (src / "gateway" / "cli.py").exists() or not pyproject.exists():
+        raise TargetError(f"--lmqtt-src {lmqtt_src}: not an lmqtt source tree (no gateway/cli.py, pyproject.toml)")
+    dirs = dict(re.findall(r'^"lmqtt\.(\w+)"\s*=\s*"([^"/]+)"\s*$', pyproject.read_text(), re.M))
+    if dirs.get("gateway") != "gateway":
+        raise TargetError(f"--lmqtt-src {lmqtt_src}: its pyproject.toml does not map lmqtt.gateway to gateway/")
+    root = Path(workdir) / "lmqtt-src" / "lmqtt"
+    root.mkdir(parents=True, exist_ok=True)
+    for pkg, folder in dirs.items():
+        link = root / pkg
+        if not link.exists() and (src / folder).is_dir():
+            link.symlink_to(src / folder, target_is_directory=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root.parent) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 # ------------------------------------------------------------------------------ targets
 class Target:
     name = ""
     lmqtt = True               # an lmqtt target (the run's exit code counts its verdicts)
 
-    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async") -> None:
+    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
+                 lmqtt_src: str | None = None) -> None:
         self.workdir = Path(workdir)
+        self.env = _lmqtt_env(lmqtt_src, self.workdir) if self.lmqtt else None
         self.data_root = Path(data_root)         # on the SmallDisk when there is one
         self.flush_mode = flush_mode
         self.version = ""
@@ -238,8 +268,9 @@ class Target:
 class ServeTarget(Target):
     name = "serve"
 
-    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async") -> None:
-        super().__init__(workdir, data_root, flush_mode)
+    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
+                 lmqtt_src: str | None = None) -> None:
+        super().__init__(workdir, data_root, flush_mode, lmqtt_src)
         port, sport = free_port(), free_port()
         self.mqtt_ports = [port]
         self.store_address = f"{HOST}:{sport}"
@@ -248,15 +279,16 @@ class ServeTarget(Target):
                       "--data-dir", str(self.data_root / "serve-data"), "--metrics-port", "0",
                       "--segment-mb", str(SEGMENT_MB), "--flush-mode", flush_mode)
         self.procs["serve"] = Proc("lmqtt serve", argv, self.workdir / "serve.log",
-                                   lambda: port_open(port) and port_open(sport))
+                                   lambda: port_open(port) and port_open(sport), env=self.env)
 
 
 class WorkersTarget(Target):
     """`lmqtt serve --workers 2`; victims are the supervisor's children: `store`, `worker0`, `worker1`."""
     name = "workers"
 
-    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async") -> None:
-        super().__init__(workdir, data_root, flush_mode)
+    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
+                 lmqtt_src: str | None = None) -> None:
+        super().__init__(workdir, data_root, flush_mode, lmqtt_src)
         self.port, self.sport = free_port(), free_port()
         self.mqtt_ports = [self.port]
         self.store_address = f"{HOST}:{self.sport}"
@@ -264,7 +296,7 @@ class WorkersTarget(Target):
         argv = _lmqtt("serve", "--workers", "2", "--host", HOST, "--port", str(self.port),
                       "--store-port", str(self.sport), "--data-dir", str(self.data_root / "workers-data"),
                       "--metrics-port", "0", "--segment-mb", str(SEGMENT_MB), "--flush-mode", flush_mode)
-        self.sup = Proc("lmqtt serve --workers 2", argv, self.workdir / "workers.log", self._ready)
+        self.sup = Proc("lmqtt serve --workers 2", argv, self.workdir / "workers.log", self._ready, env=self.env)
         self.procs = {"supervisor": self.sup}
 
     def _kids(self) -> dict[str, int]:
@@ -336,8 +368,9 @@ class FleetTarget(Target):
     (`notify="auto"`), else the store's native events."""
     name = "fleet"
 
-    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async", notify: str = "auto") -> None:
-        super().__init__(workdir, data_root, flush_mode)
+    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
+                 lmqtt_src: str | None = None, notify: str = "auto") -> None:
+        super().__init__(workdir, data_root, flush_mode, lmqtt_src)
         sport = free_port()
         self.store_address = f"{HOST}:{sport}"
         self.mqtt_ports = [free_port(), free_port()]
@@ -356,13 +389,13 @@ class FleetTarget(Target):
                                                           "--data-dir", str(self.data_root / "fleet-store"),
                                                           "--segment-mb", str(SEGMENT_MB), "--flush-mode",
                                                           flush_mode, *redis),
-                                   self.workdir / "store.log", lambda: port_open(sport))
+                                   self.workdir / "store.log", lambda: port_open(sport), env=self.env)
         for i, port in enumerate(self.mqtt_ports):
             self.procs[f"gateway{i}"] = Proc(
                 f"lmqtt gateway {i}", _lmqtt("gateway", "--store", self.store_address, "--host", HOST, "--port",
                                              str(port), "--gateway-id", f"chaos-gw{i}", "--metrics-port", "0",
                                              *redis),
-                self.workdir / f"gateway{i}.log", lambda port=port: port_open(port))
+                self.workdir / f"gateway{i}.log", lambda port=port: port_open(port), env=self.env)
         self.version = f"lmqtt store + 2 gateways (notify {self.notify})"
 
     def victims(self) -> list[str]:
@@ -378,8 +411,9 @@ class MosquittoTarget(Target):
     name = "mosquitto"
     lmqtt = False
 
-    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async") -> None:
-        super().__init__(workdir, data_root, flush_mode)
+    def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
+                 lmqtt_src: str | None = None) -> None:
+        super().__init__(workdir, data_root, flush_mode, lmqtt_src)
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
         if not exe:
             raise TargetError("mosquitto: binary not found (apt-get install mosquitto)")

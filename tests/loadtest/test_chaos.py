@@ -152,3 +152,81 @@ def test_a_publisher_or_receiver_keeps_its_stream():
     ck.receiver("r", "mqtt", 1)
     with pytest.raises(ValueError):
         ck.receiver("r", "sdk", 1)
+
+
+# ------------------------------------------------------------------------------ the command
+def test_usage_errors_exit_2_with_one_line(capsys):
+    from lmqtt.loadtest.chaos.cli import main
+    for argv, says in ((["--target", "nope"], "unknown nope"), (["--kinds", "kill,flood"], "--kinds"),
+                       (["--faults", "many"], "not a number"), (["--faults", "serve=3,nope=2"], "unknown target"),
+                       (["--qos", "0"], "--qos"), (["--paths", "amqp"], "--paths")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+
+
+def test_faults_per_target():
+    from lmqtt.loadtest.chaos.cli import _faults_arg
+    assert _faults_arg("600", ["serve", "fleet"]) == {"serve": 600, "fleet": 600}
+    assert _faults_arg("serve=600,150", ["serve", "fleet"]) == {"serve": 600, "fleet": 150}
+    assert _faults_arg("fleet=5", ["serve", "fleet"]) == {"serve": 0, "fleet": 5}
+
+
+# ------------------------------------------------------------------------------ a short chaos round
+# CI's round: ~10 faults on each lmqtt shape (kill -9, SIGSTOP/SIGCONT, disk full when a tmpfs can
+# be mounted), MQTT QoS 1 + QoS 2 persistent sessions, SDK consumer group and POP at once.
+ROUND = (("serve", 10), ("workers", 10), ("fleet", 10))
+
+
+@pytest.fixture(scope="module")
+def chaos_round(tmp_path_factory):
+    pytest.importorskip("paho.mqtt.client")
+    import json
+
+    from lmqtt.loadtest.chaos.cli import main
+    out = tmp_path_factory.mktemp("chaos-out")
+    work = tmp_path_factory.mktemp("chaos-work")
+    faults = ",".join(f"{t}={n}" for t, n in ROUND)
+    rc = main(["--target", ",".join(t for t, _ in ROUND), "--faults", faults, "--interval", "1",
+               "--drain", "60", "--out", str(out), "--workdir", str(work)])
+    results = {t: json.loads((out / f"{t}.json").read_text()) for t, _ in ROUND}
+    return rc, results, (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_chaos_round_loses_no_acknowledged_message(chaos_round):
+    rc, results, summary = chaos_round
+    assert rc in (0, 1), f"a target did not start or come back (exit {rc}):\n{summary}"
+    for (target, n) in ROUND:
+        res = results[target]
+        assert not res.get("error"), res.get("error")
+        assert sum(res["faults_by_kind"].values()) == n
+        assert not res["unexpected_exits"], f"{target}: died without our kill: {res['unexpected_exits']}"
+        streams = {(r["path"], r["qos"]): r for r in res["rows"]}
+        assert set(streams) == {("mqtt", 1), ("mqtt", 2), ("sdk", 1), ("pop", 1)}, streams.keys()
+        for (path, qos), r in streams.items():
+            where = f"{target} {path} QoS {qos}"
+            assert r["acked"] > 0 and r["received"] > 0, f"{where}: nothing went through: {r}"
+            assert r["lost"] == 0, f"{where}: {r['lost']} acknowledged message(s) lost: {r['examples'].get('lost')}"
+            assert r["never_sent"] == 0, f"{where}: delivered but never sent: {r['examples'].get('never_sent')}"
+            assert r["reordered"] in (0, None), f"{where}: reordered: {r['examples'].get('reordered')}"
+    # the exit code says whether a verdict failed (here: only QoS 2 duplicates can, see below)
+    failed = any(res["failures"] for res in results.values())
+    assert rc == (1 if failed else 0)
+    assert "| serve | mqtt | 2 |" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=(
+    "lmqtt delivers a QoS 2 message twice after a crash (kill -9 of serve, a worker, the store or a "
+    "gateway) while the subscriber is connected: a connected session's in-flight QoS 2 state is not "
+    "persisted (only an offline session's is, docs/gateway.md 'Known limits'), its offsets are "
+    "written every offset_flush_ms, so messages it had completed (PUBCOMP) are sent again as new "
+    "ones; and an inbound QoS 2 id is not persisted, so a publisher's re-sent PUBLISH (DUP) after "
+    "the crash can be stored twice"))
+def test_chaos_round_no_qos2_duplicate(chaos_round):
+    _rc, results, _summary = chaos_round
+    dups = {t: r["duplicated"] for t, res in results.items() for r in res["rows"] if r["qos"] == 2 and r["duplicated"]}
+    assert not dups, f"QoS 2 duplicates per target: {dups}"
