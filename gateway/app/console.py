@@ -337,21 +337,20 @@ def _overview(conn, only_groups: list[str]):
 
 
 def _admin_gateways(conn, args) -> int:
-    if args.release_gateway:
-        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_release_gateway", gateway=args.release_gateway))
-    else:
-        r, code = _admin_call(conn, args.store, lambda c: c.cmd("gw_holders"))
+    from lmqtt.store.node import protocol as P
+    req = P.ReleaseGateway(args.release_gateway) if args.release_gateway else P.Holders()
+    r, code = _admin_call(conn, args.store, lambda c: P.call_sync(c, req))
     if code:
         return code
     if args.format == "json":
-        print(json.dumps(r, indent=2))
+        print(json.dumps(r.to_wire(), indent=2))
     elif args.release_gateway:
-        print(f"gateway {args.release_gateway}: released {len(r['released'])} filter(s), kept {len(r['kept'])} "
+        print(f"gateway {args.release_gateway}: released {len(r.released)} filter(s), kept {len(r.kept)} "
               f"(only it holds them for a persistent session)")
-        for f in r["kept"]:
+        for f in r.kept:
             print(f"  kept {f}")
     else:
-        rows = [[g, v["filters"], "yes" if v["connected"] else "no"] for g, v in r["gateways"].items()]
+        rows = [[g, v.filters, "yes" if v.connected else "no"] for g, v in r.gateways.items()]
         print("\n".join(_table(["gateway", "filters", "connected"], rows)) if rows else "(no gateway holds a filter)")
     return 0
 

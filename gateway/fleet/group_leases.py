@@ -17,11 +17,11 @@ group is spread over the holder's members only. `lmqtt serve` (one gateway) neve
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.store.node import protocol as P
 
 log = logging.getLogger("lmqtt.gateway.fleet.group_leases")
 
@@ -29,6 +29,7 @@ log = logging.getLogger("lmqtt.gateway.fleet.group_leases")
 class GroupLeases:
     def __init__(self, link, gateway_id: str, delivery, loop, ttl_s: float = 3.0, tick_s: float = 1.0) -> None:
         self.link = link
+        self.node = P.NodeClient(link)
         self.gateway_id = gateway_id
         self.delivery = delivery
         self.loop = loop
@@ -77,24 +78,23 @@ class GroupLeases:
         if not self.link.connected:
             return
         sent = time.monotonic()
-        fut = self.link.cmd("gw_group_lease", gateway=self.gateway_id, group=g.name, queue=g.queue,
-                            consumer=group_consumer(g.name, g.queue), ttl_ms=int(self.ttl_s * 1000))
+        fut = self.node.call(P.GroupLease(self.gateway_id, g.name, g.queue, consumer=group_consumer(g.name, g.queue),
+                                          ttl_ms=int(self.ttl_s * 1000)), bounded=False)
         fut.add_done_callback(lambda f, g=g, sent=sent: self._answered(g, sent, f))
 
     def _answered(self, g: SharedGroup, sent: float, f) -> None:
-        if f.exception() is not None:
+        if f.cancelled() or f.exception() is not None:
             return                                    # the tick asks again; lease_until lapses meanwhile
-        _op, _fl, body = f.result()
-        r = json.loads(body)
-        if r.get("owner") != self.gateway_id:
+        r: P.GroupLeaseReply = f.result()
+        if r.owner != self.gateway_id:
             if g.active:
-                log.info("event=group_lease_lost group=%s queue=%s owner=%s", g.name, g.queue, r.get("owner"))
+                log.info("event=group_lease_lost group=%s queue=%s owner=%s", g.name, g.queue, r.owner)
             g.active = False
             return
         # stop a quarter of the ttl before the store could give it away (measured from the request)
         g.lease_until = sent + self.ttl_s * 0.75
         if not g.active:
-            off = r.get("offset")
+            off = r.offset
             if off is not None and not g.cursor.inflight:
                 g.cursor.next_offset = max(int(off), 0)   # where the previous holder committed
             g.active = True
@@ -105,5 +105,4 @@ class GroupLeases:
     def _release(self, g: SharedGroup) -> None:
         g.active = False
         if self.link.connected:
-            self.link.cmd_nowait("gw_group_lease", gateway=self.gateway_id, group=g.name, queue=g.queue,
-                                 release=True, offset=g.cursor.committed())
+            self.node.send(P.GroupLease(self.gateway_id, g.name, g.queue, release=True, offset=g.cursor.committed()))

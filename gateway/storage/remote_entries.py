@@ -1,11 +1,13 @@
 """What the store sends a gateway, as the messages its delivery engine reads: the entries of a
-`gw_pull` reply (MESSAGES frame) and of a PUSH_RAW frame (CommitLog records as the store wrote
-them, checked and decoded here), for gateway/storage/remote_store.py's mirrors (docs/protocol.md)."""
+`gw_pull` or `gw_replay_read` reply (a MESSAGES frame, store/node/protocol.py) and of a PUSH_RAW
+frame (CommitLog records as the store wrote them, checked and decoded here), for
+gateway/storage/remote_store.py's mirrors (docs/protocol.md)."""
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmqtt.store import StoredMessage, protocol as W
+from lmqtt.store import StoredMessage
+from lmqtt.store.node.protocol import PullReply, ReplayReadReply
 from lmqtt.store.record import c_decode_many, decode_many
 
 
@@ -16,11 +18,13 @@ class RemotePull(NamedTuple):
     max_offset: int
 
 
-def pulled(reply) -> tuple[dict, list]:
-    """A `gw_pull` reply: its header and its entries as RemoteMessages."""
-    header, recs = W.decode_messages(reply[2])
-    dq = header.get("dq") or [()] * len(recs)
-    return header, [RemoteMessage(t, d) for t, d in zip(recs, dq)]
+def entries(reply: PullReply | ReplayReadReply) -> list:
+    """A `gw_pull` or `gw_replay_read` reply's entries as RemoteMessages (with a pull's dispatch
+    queues; a history entry has none)."""
+    msgs = reply.messages
+    if isinstance(reply, PullReply) and reply.dq:
+        return [RemoteMessage(t, d) for t, d in zip(msgs, reply.dq)]
+    return [RemoteMessage(t, ()) for t in msgs]
 
 
 class RemoteMessage:

@@ -1,5 +1,6 @@
 """`RemoteMetadata`: the `SessionMetadata` seam (gateway/storage/store_api.py) over the store's native
-protocol, for `lmqtt gateway` (docs/fleet.md); the store side is store/node/gateway_service.py.
+protocol, for `lmqtt gateway` (docs/fleet.md): the store node's gw_* commands, typed in
+store/node/protocol.py and sent with its `NodeClient`; the node side is store/node/gateway_service.py.
 
 Writes that may be lost with a crash at no harm (offsets: re-delivery; wills, retained messages:
 ordered before the PRODUCE they go with; session deletions) are sent without waiting, errors
@@ -16,28 +17,25 @@ its requests in order: a read sent after a write sees it.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 from typing import Any, Callable, Iterator
 
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import LoopConnection
+from lmqtt.store.node import protocol as P
 
 log = logging.getLogger("lmqtt.gateway.remote")
 
 
-def _b64(b: bytes) -> str:
-    return base64.b64encode(b).decode()
-
-
 class RemoteMetadata:
-    """`SessionMetadata` over the gateway_service CALLs. Wills carry this gateway's id: the store
-    node publishes them if this gateway's connection stays gone past its grace period."""
+    """`SessionMetadata` over the store node's gw_* commands (store/node/protocol.py). Wills carry
+    this gateway's id: the store node publishes them if this gateway's connection stays gone past
+    its grace period."""
 
     def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
         self.link = link
+        self.node = P.NodeClient(link)
         self.gateway_id = gateway_id
         # set by the session registry: the store published these clients' wills while this
         # gateway was away (gw_hello's answer)
@@ -61,7 +59,7 @@ class RemoteMetadata:
         if not self.gateway_id:
             return
         mark = self._will_seq
-        fut = self.link.cmd("gw_hello", gateway=self.gateway_id)
+        fut = self.node.call(P.Hello(self.gateway_id), bounded=False)
 
         def done(f):
             if f.cancelled():
@@ -70,12 +68,11 @@ class RemoteMetadata:
             if e is not None:
                 log.warning("event=gw_hello_failed error=%r", e)
                 return
-            reply = json_reply(f.result())
-            swept = reply.get("sessions_swept") or []
+            reply: P.HelloReply = f.result()
+            swept = reply.sessions_swept
             if swept and self.on_sessions_swept is not None:
                 self.on_sessions_swept(swept)
-            fired = [c for c in reply.get("wills_published", [])
-                     if self._will_put_at.get(c, 0) <= mark]
+            fired = [c for c in reply.wills_published if self._will_put_at.get(c, 0) <= mark]
             if fired:
                 log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
                 if self.on_wills_published is not None:
@@ -88,7 +85,7 @@ class RemoteMetadata:
         SUBACK this record backs waits for (`MQTTConnection.wait_for_store`), so only that client
         waits for the round trip, not the gateway. Requests on the link are answered in order,
         so this gateway's later reads see the record."""
-        fut = self.link.cmd_within("gw_put_session", client_id=client_id, rec=rec.to_bytes().decode())
+        fut = self.node.put_session(client_id, rec.to_bytes().decode())
         fut.add_done_callback(_log_failed_write("gw_put_session", client_id))
         return fut
 
@@ -105,7 +102,7 @@ class RemoteMetadata:
     def claim_sessions(self, claims: list) -> asyncio.Future:
         """This gateway attached connections to these client ids (`[(client id, since ms)]`): the
         store relays it to the other gateways (fleet.StoreSessionDirectory)."""
-        return self.link.cmd("gw_claim_sessions", gateway=self.gateway_id, claims=[list(c) for c in claims])
+        return self.node.call(P.ClaimSessions(self.gateway_id, [(c, int(t)) for c, t in claims]), bounded=False)
 
     def session_claims(self, body: bytes) -> None:
         """A SESSION_CLAIMS push from the store (docs/protocol.md); claims of this gateway's own id
@@ -119,13 +116,12 @@ class RemoteMetadata:
             self.on_session_claims(gid, claims)
 
     def get_session(self, client_id: str) -> SessionRecord | None:
-        r = self.link.cmd_blocking("gw_get_session", client_id=client_id)["rec"]
-        return SessionRecord.from_bytes(r.encode()) if r is not None else None
+        return _record(self.node.call_blocking(P.GetSession(client_id)))
 
     def get_session_later(self, client_id: str) -> asyncio.Future:
         """`get_session` sent now and not waited for: a future of the record or None (a session
         expiry check, `FleetSessionRegistry._expire`, while the gateway serves its clients)."""
-        got = self.link.cmd_within("gw_get_session", client_id=client_id)
+        got = self.node.get_session(client_id)
         out = self.link.loop.create_future()
 
         def done(f) -> None:
@@ -135,8 +131,7 @@ class RemoteMetadata:
                 out.set_exception(f.exception())
             else:
                 try:
-                    r = json_reply(f.result())["rec"]
-                    out.set_result(SessionRecord.from_bytes(r.encode()) if r is not None else None)
+                    out.set_result(_record(f.result()))
                 except Exception as e:  # noqa: BLE001 - a reply we cannot read: checked again later
                     out.set_exception(e)
         got.add_done_callback(done)
@@ -146,8 +141,7 @@ class RemoteMetadata:
         """`get_session` and `get_offsets` together, sent now and not waited for here (one round
         trip for both): a future of (record or None, offsets). A CONNECT that resumes a session
         waits for it on hold (`FleetSessionRegistry.load_later`) while the gateway serves the rest."""
-        got = [self.link.cmd_within("gw_get_session", client_id=client_id),
-               self.link.cmd_within("gw_get_offsets", consumer=client_id)]
+        got = [self.node.get_session(client_id), self.node.get_offsets(client_id)]
         out = self.link.loop.create_future()
 
         def done(f1) -> None:
@@ -160,9 +154,7 @@ class RemoteMetadata:
                     out.set_exception(f.exception())
                     return
             try:
-                r = json_reply(got[0].result())["rec"]
-                out.set_result((SessionRecord.from_bytes(r.encode()) if r is not None else None,
-                                json_reply(got[1].result())["offsets"]))
+                out.set_result((_record(got[0].result()), got[1].result().offsets))
             except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this CONNECT only
                 out.set_exception(e)
         for f in got:
@@ -170,11 +162,11 @@ class RemoteMetadata:
         return out
 
     def delete_session(self, client_id: str) -> bool:
-        self.link.cmd_nowait("gw_delete_session", client_id=client_id)
+        self.node.send(P.DeleteSession(client_id))
         return True
 
     def list_sessions(self) -> list:
-        return [SessionRecord.from_bytes(r.encode()) for r in self.link.cmd_blocking("gw_list_sessions")["sessions"]]
+        return [SessionRecord.from_bytes(r.encode()) for r in self.node.call_blocking(P.ListSessions()).sessions]
 
     RESTORE_PAGE = 5000
 
@@ -186,39 +178,38 @@ class RemoteMetadata:
         of the previous version that sends them all)."""
         out = []
         after = None
-        args = {} if hosted_by is None else {"hosted_by": hosted_by}
         while True:
-            r = self.link.cmd_blocking("gw_list_sessions", after=after, limit=self.RESTORE_PAGE, offsets=True, **args)
-            recs = [SessionRecord.from_bytes(s.encode()) for s in r["sessions"]]
-            out += ((rec, offs) for rec, offs in zip(recs, r["offsets"])
+            r = self.node.call_blocking(P.ListSessions(after, self.RESTORE_PAGE, True, hosted_by))
+            recs = [SessionRecord.from_bytes(s.encode()) for s in r.sessions]
+            out += ((rec, offs) for rec, offs in zip(recs, r.offsets)
                     if hosted_by is None or rec.host in (None, hosted_by))
-            after = r.get("next") or (recs[-1].client_id if recs else None)
-            if not r.get("more") or after is None:
+            after = r.next or (recs[-1].client_id if recs else None)
+            if not r.more or after is None:
                 return out
 
     # offsets
     def get_offset(self, consumer: str, queue: str) -> int | None:
-        return self.link.cmd_blocking("gw_get_offset", consumer=consumer, queue=queue)["offset"]
+        return self.node.call_blocking(P.GetOffset(consumer, queue)).offset
 
     def get_offsets(self, consumer: str) -> dict[str, int]:
-        return self.link.cmd_blocking("gw_get_offsets", consumer=consumer)["offsets"]
+        return self.node.call_blocking(P.GetOffsets(consumer)).offsets
 
     def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
-        self.link.cmd_nowait("gw_set_offsets", consumer=consumer, offsets=offsets)
+        self.node.send(P.SetOffsets(consumer, offsets))
 
     def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
-        self.link.cmd_nowait("gw_delete_offsets", consumer=consumer, queues=queues)
+        self.node.send(P.DeleteOffsets(consumer, queues))
 
     # retained
     def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
-        self.link.cmd_nowait("gw_set_retained", topic=topic, payload=_b64(payload), props=_b64(props))
+        self.node.send(P.SetRetained(topic, payload, props))
 
     def clear_retained_if(self, topic: str, props: bytes) -> None:
         """Sent now, not waited for (the store compares and clears in one step)."""
-        self.link.cmd_nowait("gw_clear_retained_if", topic=topic, props=_b64(props))
+        self.node.send(P.ClearRetainedIf(topic, props))
 
     def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        return retained_rows(self.link.cmd_blocking("gw_retained_matching", filter=flt)["retained"])
+        return list(self.node.call_blocking(P.RetainedMatching(flt)).retained)
 
     def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
         return iter((self.retained_matching(flt),))     # one reply: nothing to gain by reading lazily
@@ -227,34 +218,31 @@ class RemoteMetadata:
     def put_will(self, client_id: str, will: WillRecord) -> None:
         self._will_seq += 1
         self._will_put_at[client_id] = self._will_seq
-        self.link.cmd_nowait("gw_put_will", client_id=client_id, will=_b64(will.to_bytes()),
-                             gateway=self.gateway_id)
+        self.node.send(P.PutWill(client_id, will.to_bytes(), self.gateway_id))
 
     def pop_will(self, client_id: str) -> Any:
         # callers only need it gone (the gateway keeps the will it publishes in memory); only
         # this gateway's: a will the client's newer connection left on another gateway stays
         self._will_put_at.pop(client_id, None)
-        self.link.cmd_nowait("gw_pop_will", client_id=client_id, gateway=self.gateway_id)
+        self.node.send(P.PopWill(client_id, self.gateway_id))
         return None
 
     def void_will(self, client_id: str) -> None:
         self._will_put_at.pop(client_id, None)
-        self.link.cmd_nowait("gw_pop_will", client_id=client_id)
+        self.node.send(P.PopWill(client_id))
 
     def take_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
-                for cid, w in self.link.cmd_blocking("gw_take_wills", gateway=self.gateway_id)["wills"]]
+        return [(cid, WillRecord.from_bytes(w)) for cid, w in self.node.call_blocking(P.TakeWills(self.gateway_id)).wills]
 
     def list_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(base64.b64decode(w)))
-                for cid, w in self.link.cmd_blocking("gw_list_wills", gateway=self.gateway_id)["wills"]]
+        return [(cid, WillRecord.from_bytes(w)) for cid, w in self.node.call_blocking(P.ListWills(self.gateway_id)).wills]
 
     def flush(self) -> None:
-        self.link.cmd_blocking("gw_flush")
+        self.node.call_blocking(P.Flush())
 
 
-def retained_rows(rows) -> list[tuple[str, bytes, bytes]]:
-    return [(t, base64.b64decode(p), base64.b64decode(pr)) for t, p, pr in rows]
+def _record(reply: P.SessionReply) -> SessionRecord | None:
+    return SessionRecord.from_bytes(reply.rec.encode()) if reply.rec is not None else None
 
 
 def _log_failed_write(cmd: str, client_id: str):
@@ -264,9 +252,4 @@ def _log_failed_write(cmd: str, client_id: str):
     return done
 
 
-def json_reply(reply) -> dict:
-    _op, _f, body = reply
-    return json.loads(body)
-
-
-__all__ = ["RemoteMetadata", "json_reply", "retained_rows"]
+__all__ = ["RemoteMetadata"]

@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from lmqtt.gateway.storage.remote_metadata import json_reply, retained_rows
 from lmqtt.gateway.storage.store_api import ReadAhead, ReplayPlan, StoreReads
 from lmqtt.store.client.aio import LoopConnection, StoreClientError
+from lmqtt.store.node import protocol as P
 
 
 class RemoteReads:
@@ -39,7 +39,7 @@ class RemoteReads:
                              `take()`, which mirrors them from it once every read came in);
       * `heard(offsets)`     the store says these queues reach these max offsets;
       * `follow(q)`          mirror and watch q now if it is not (blocking): `max_offset`;
-      * `decode(reply)`      a `gw_pull` / `gw_replay_read` reply -> (header, entries);
+      * `decode(reply)`      a `gw_pull` / `gw_replay_read` reply -> its entries;
       * `ask_history(cursor, max_count)`  one `gw_replay_read`, not waited for (counted and
                              bounded as the mirror's reads are): the reply's future.
     """
@@ -52,8 +52,9 @@ class RemoteReads:
     def __init__(self, link: LoopConnection, gateway_id: str, *, mirrored: Callable[[str], bool],
                  track_later: Callable[[list], tuple[Any, Callable[[], None]]],
                  heard: Callable[[dict], None], follow: Callable[[str], int],
-                 decode: Callable[[Any], tuple[dict, list]], ask_history: Callable[[dict, int], Any]) -> None:
+                 decode: Callable[[Any], list], ask_history: Callable[[dict, int], Any]) -> None:
         self.link = link
+        self.node = P.NodeClient(link)
         self.loop = link.loop
         self.gateway_id = gateway_id
         self.mirrored = mirrored
@@ -73,7 +74,7 @@ class RemoteReads:
         its queue is watched, so live reads follow it); a future of the `ReadAhead`. A replay plan
         the store refuses refuses that subscription only; any other failure fails them all."""
         register, watch, start, retained, offsets, replay, messages = reads
-        link = self.link
+        node = self.node
         track = [q for q in dict.fromkeys([*watch, *start]) if not self.mirrored(q)]
         offsets = list(dict.fromkeys(offsets))
         replay = list(dict.fromkeys((f, int(since)) for f, since in replay))
@@ -83,14 +84,13 @@ class RemoteReads:
             sp[0], sp[1] = min(sp[0], off), max(sp[1], off)
         if not (register or track or start or retained or offsets or replay or spans):
             return None
-        regs = [link.cmd_within("gw_register", gateway=self.gateway_id, filter=f) for f in register]
+        regs = [node.register(self.gateway_id, f) for f in register]
         watching, take = self.track_later(track) if track else (None, None)
-        starts = link.cmd_within("gw_start_offsets", queues=list(dict.fromkeys(start))) if start else None
-        offs = [link.cmd_within("gw_get_offset", consumer=c, queue=q) for c, q in offsets]
-        plans = [link.cmd_within("gw_replay", filter=f, since=since) for f, since in replay]
-        pulls = [link.cmd_within("gw_pull", queue=q, offset=a, max_count=b - a + 1, max_bytes=16 << 20)
-                 for q, (a, b) in spans.items()]
-        rets = [link.cmd_within("gw_retained_matching", filter=f) for f in retained]
+        starts = node.start_offsets(list(dict.fromkeys(start))) if start else None
+        offs = [node.get_offset(c, q) for c, q in offsets]
+        plans = [node.replay(f, since) for f, since in replay]
+        pulls = [node.pull(q, a, b - a + 1, 16 << 20) for q, (a, b) in spans.items()]
+        rets = [node.retained_matching(f) for f in retained]
         futs = [*regs, *([watching] if watching else []), *([starts] if starts else []), *offs, *plans, *pulls,
                 *rets]
         out = self.loop.create_future()
@@ -106,8 +106,7 @@ class RemoteReads:
             if out.done() or not all(f.done() for f in futs):
                 return
             bad = next((e for e in map(failure, futs) if e is not None), None)
-            registered = {f: int(json_reply(r.result())["count"]) for f, r in zip(register, regs)
-                          if r.exception() is None}
+            registered = {f: r.result().count for f, r in zip(register, regs) if r.exception() is None}
             if bad is not None:
                 # what was registered is not left held: nothing will take it now
                 for f in registered:
@@ -118,11 +117,11 @@ class RemoteReads:
                 take()                             # the new mirrors (one mirrored meanwhile is kept)
             out.set_result(ReadAhead(
                 registered,
-                {q: int(o) for q, o in json_reply(starts.result())["max_offsets"].items()} if starts else {},
-                {f: retained_rows(json_reply(r.result())["retained"]) for f, r in zip(retained, rets)},
-                {k: json_reply(r.result())["offset"] for k, r in zip(offsets, offs)},
-                {k: (r.exception() or json_reply(r.result())) for k, r in zip(replay, plans)},
-                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in self.decode(r.result())[1]}))
+                dict(starts.result().max_offsets) if starts else {},
+                {f: list(r.result().retained) for f, r in zip(retained, rets)},
+                {k: r.result().offset for k, r in zip(offsets, offs)},
+                {k: (r.exception() or r.result()) for k, r in zip(replay, plans)},
+                {(q, m.queue_offset): m for q, r in zip(spans, pulls) for m in self.decode(r.result())}))
         for f in futs:
             f.add_done_callback(done)
         return out
@@ -135,7 +134,7 @@ class RemoteReads:
         ahead = self._ahead
         off = ahead.start.pop(queue, None) if ahead is not None else None
         if off is None:
-            off = int(self.link.cmd_blocking("gw_start_offsets", queues=[queue])["max_offsets"][queue])
+            off = self.node.call_blocking(P.StartOffsets([queue])).max_offsets[queue]
         self.heard({queue: off})        # fetch what the mirror lacks (its event may still be on the way)
         return off
 
@@ -172,7 +171,7 @@ class RemoteReads:
         ahead = self._ahead
         if ahead is not None and flt in ahead.registered:
             return ahead.registered.pop(flt)
-        return int(self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filter=flt)["count"])
+        return self.node.call_blocking(P.Register(self.gateway_id, flt)).count
 
     def register_filters(self, flts: list[str]) -> dict[str, int]:
         """Register many filters, `REGISTER_CHUNK` per round trip (a gateway's start: one blocking
@@ -180,18 +179,17 @@ class RemoteReads:
         chunk = self.REGISTER_CHUNK
         out: dict[str, int] = {}
         for i in range(0, len(flts), chunk):
-            r = self.link.cmd_blocking("gw_register", gateway=self.gateway_id, filters=flts[i:i + chunk])
-            out.update({f: int(n) for f, n in r["counts"].items()})
+            out.update(self.node.call_blocking(P.Register(self.gateway_id, filters=flts[i:i + chunk])).counts)
         return out
 
     def unregister_filter(self, flt: str) -> int:
-        return int(self.link.cmd_blocking("gw_unregister", gateway=self.gateway_id, filter=flt)["count"])
+        return self.node.call_blocking(P.Unregister(self.gateway_id, flt)).count
 
     def release_filter(self, flt: str) -> None:
-        self.link.cmd_nowait("gw_unregister", gateway=self.gateway_id, filter=flt)
+        self.node.send(P.Unregister(self.gateway_id, flt))
 
     def registered_filters(self) -> dict[str, int]:
-        return dict(self.link.cmd_blocking("gw_filters", gateway=self.gateway_id)["filters"])
+        return dict(self.node.call_blocking(P.Filters(self.gateway_id)).filters)
 
     # ------------------------------------------------------------------ subscribing from the past
     def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
@@ -205,12 +203,12 @@ class RemoteReads:
         if plan is None:
             self.follow(flt)              # mirrored and watched before the plan: live reads follow
             try:
-                plan = self.link.cmd_blocking("gw_replay", filter=flt, since=int(since_ms))
+                plan = self.node.call_blocking(P.Replay(flt, int(since_ms)))
             except StoreClientError as e:
                 raise ReplayRefused(e.reason) from None
         elif isinstance(plan, StoreClientError):
             raise ReplayRefused(plan.reason) from None
-        return ReplayPlan(plan, read_later=self._read_history)
+        return ReplayPlan(plan.plan(), read_later=self._read_history)
 
     def _read_history(self, cursor: dict, max_count: int):
         """One chunk of a replay plan's history, asked for now: a future of (messages, cursor, done)."""
@@ -222,8 +220,8 @@ class RemoteReads:
                 out.set_exception(f.exception())
                 return
             try:
-                header, msgs = self.decode(f.result())
-                out.set_result((msgs, header["cursor"], bool(header["done"])))
+                r: P.ReplayReadReply = f.result()
+                out.set_result((self.decode(r), r.cursor, r.done))
             except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this read only
                 out.set_exception(e)
         fut.add_done_callback(done)

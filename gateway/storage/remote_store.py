@@ -1,5 +1,5 @@
-"""`RemoteStore`: the `GatewayStore` seam (gateway/storage/store_api.py) over the store's native protocol,
-for `lmqtt gateway` (docs/fleet.md). The store side is store/node/gateway_service.py.
+"""`RemoteStore`: the `GatewayStore` seam (gateway/storage/store_api.py) over the store's native
+protocol, for `lmqtt gateway` (docs/fleet.md). The store side is store/node/gateway_service.py.
 
 The gateway's code calls the store synchronously on its event loop. What that costs here:
   * append_batch   one PRODUCE frame written, returns at once: gateway/storage/remote_produce.py.
@@ -19,7 +19,10 @@ The gateway's code calls the store synchronously on its event loop. What that co
   * metadata       gateway/storage/remote_metadata.py.
 
 Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
-gateway's requests in order. Events are hints: every `safety_poll_s` the gateway asks for the max
+gateway's requests in order; the gw_* commands are typed in store/node/protocol.py and sent with
+its `NodeClient`. A store that does not speak this gateway's protocol version (or an embedded
+`lmqtt serve`) is refused from its HELLO_OK, at start (NodeMismatch) and after every reconnect
+(the link is dropped with the reason), before anything is sent to it. Events are hints: every `safety_poll_s` the gateway asks for the max
 offsets of every queue it mirrors and fetches what an event missed (a lost event delays, never
 loses). Pushed entries are taken only where they continue a mirror (offset = its end); anything
 else is pulled.
@@ -29,12 +32,14 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from lmqtt.gateway.storage.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, pulled
-from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, json_reply
+from lmqtt.gateway.storage.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, entries
+from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
+from lmqtt.store.node import protocol as P
+from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.remote")
 
@@ -88,8 +93,13 @@ class RemoteStore:
                  watch: bool = True, fetch_batch: int = 1024, mirror_bytes: int = 16 << 20,
                  raw_push: bool = True) -> None:
         """`raw_push`: ask the store to push new entries as its own record bytes (OP_PUSH_RAW,
-        decoded here in C) rather than re-encoded messages; a store without it pushes OP_PUSH."""
+        decoded here in C) rather than re-encoded messages; a store without it pushes OP_PUSH.
+        Raises NodeMismatch when `link` is connected to a store that does not speak this
+        gateway's protocol (another version, or an embedded `lmqtt serve`), before anything is sent."""
         self.link = link
+        self.node = P.NodeClient(link)
+        if link.connected:
+            self.node.check()
         self.loop = link.loop
         self.gateway_id = gateway_id
         self.metrics = metrics
@@ -112,7 +122,7 @@ class RemoteStore:
         # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/storage/remote_reads.py
         r = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
                         track_later=self._track_later, heard=self.heard, follow=self.max_offset,
-                        decode=pulled, ask_history=self._ask_history)
+                        decode=entries, ask_history=self._ask_history)
         for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
             setattr(self, name, getattr(r, name))
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
@@ -133,8 +143,7 @@ class RemoteStore:
         if metrics is not None and getattr(metrics, "registry", None) is not None:
             self._export_push_metrics(metrics.registry)
         link.on_push(self._on_push)
-        link.on_reconnect(self.metadata.hello)      # first: the store learns who this is
-        link.on_reconnect(self._rewatch)
+        link.on_reconnect(self._reconnected)
         if link.connected:
             self.metadata.hello()
 
@@ -178,31 +187,39 @@ class RemoteStore:
             return None
         return f"store {self.link.address} unavailable: {self.link.last_error}"
 
+    def _reconnected(self) -> None:
+        """The link is back (maybe to another store process): a node of another version gets
+        nothing (the link is dropped again with the reason, and redials); else the store learns
+        first who this is, then what it watches."""
+        if self.node.refuse_mismatched_node():
+            return
+        self.metadata.hello()
+        self._rewatch()
+
     # ------------------------------------------------------------------ delivery path
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self._listeners.append(callback)
 
     def _track(self, q: str) -> _Mirror:
         if self.watch:
-            r = self.link.cmd_blocking("gw_watch", queues=[q], push=True, raw=self.raw_push)
-            self.push = bool(r.get("push"))
+            r = self.node.call_blocking(P.Watch([q], push=True, raw=self.raw_push))
+            self.push = r.push
         else:
-            r = self.link.cmd_blocking("gw_max_offsets", queues=[q])
-        return self._new_mirror(q, int(r["max_offsets"][q]))
+            r = self.node.call_blocking(P.MaxOffsets([q]))
+        return self._new_mirror(q, r.max_offsets[q])
 
     def _track_later(self, queues: list[str]):
         """Watch `queues` (not mirrored yet) without waiting (a read-ahead): -> the reply's future,
         and `take()`, which mirrors them from it (called once every read of the pipeline is in)."""
-        fut = (self.link.cmd_within("gw_watch", queues=queues, push=True, raw=self.raw_push) if self.watch
-               else self.link.cmd_within("gw_max_offsets", queues=queues))
+        fut = self.node.watch(queues, push=True, raw=self.raw_push) if self.watch else self.node.max_offsets(queues)
 
         def take() -> None:
-            r = json_reply(fut.result())
+            r = fut.result()
             if self.watch:
-                self.push = bool(r.get("push"))
+                self.push = r.push
             for q in queues:
                 if q not in self.queues:       # mirrored meanwhile: keep that one
-                    self._new_mirror(q, int(r["max_offsets"][q]))
+                    self._new_mirror(q, r.max_offsets[q])
         return fut, take
 
     def _new_mirror(self, q: str, max_offset: int) -> _Mirror:
@@ -267,14 +284,13 @@ class RemoteStore:
         """One `gw_pull` of `q` from `offset`, not waited for (bounded as every call is): `then`
         gets the reply's future."""
         self.remote_pulls += 1
-        self.link.cmd_within("gw_pull", queue=q, offset=offset, max_count=max_count,
-                             max_bytes=4 << 20).add_done_callback(then)
+        self.node.pull(q, offset, max_count, 4 << 20).add_done_callback(then)
 
     def _ask_history(self, cursor: dict, max_count: int):
         """One `gw_replay_read` (a replay plan's history, RemoteReads), not waited for: a read like
         a pull (counted in `remote_pulls`, at most `fetch_batch` entries). The reply's future."""
         self.remote_pulls += 1
-        return self.link.cmd_within("gw_replay_read", cursor=cursor, max_count=min(max_count, self.fetch_batch))
+        return self.node.replay_read(cursor, min(max_count, self.fetch_batch))
 
     def _read_back_done(self, queue: str, m: _Mirror, offset: int, f) -> None:
         m.reading_back = None
@@ -286,13 +302,13 @@ class RemoteStore:
                         queue, offset, e)
             self.loop.call_later(1.0, self._tell, {queue})
             return
-        header, msgs = pulled(f.result())
-        m.min_offset = int(header.get("min_offset", m.min_offset))
-        msgs = [it for it in msgs if it.queue_offset < m.base]
+        r: P.PullReply = f.result()
+        m.min_offset = r.min_offset
+        msgs = [it for it in entries(r) if it.queue_offset < m.base]
         self._drop_back(m)
         m.back_from = offset
         if not msgs:
-            m.back_base = max(offset, int(header.get("next_offset", offset)))
+            m.back_base = max(offset, r.next_offset)
         else:
             first = msgs[0].queue_offset
             if msgs[-1].queue_offset - first + 1 != len(msgs):       # not contiguous: keep the head only
@@ -479,13 +495,12 @@ class RemoteStore:
         if e is not None:
             log.warning("event=prefetch_failed queue=%s error=%s (the safety poll retries)", q, e)
             return
-        op, _fl, body = f.result()
-        header, recs = W.decode_messages(body)
-        dq = header.get("dq") or [()] * len(recs)
-        mx = int(header.get("max_offset", 0))
-        if mx > m.known:
-            m.known = mx
-        m.min_offset = int(header.get("min_offset", m.min_offset))
+        r: P.PullReply = f.result()
+        recs = r.messages
+        dq = r.dq or [()] * len(recs)
+        if r.max_offset > m.known:
+            m.known = r.max_offset
+        m.min_offset = r.min_offset
         if m.end != start:
             # the mirror moved meanwhile (a push): keep what continues it, fetch again if needed
             added = self._extend(m, recs, dq) > 0
@@ -503,9 +518,9 @@ class RemoteStore:
             m.base = recs[0][0]
         if recs:
             added = self._extend(m, recs, dq) > 0
-        if not recs and int(header.get("next_offset", start)) > start:
+        if not recs and r.next_offset > start:
             self._trim(m, len(m.items))
-            m.base = int(header["next_offset"])      # skipped entries no reader can get any more
+            m.base = r.next_offset                   # skipped entries no reader can get any more
             added = True
         self._bound_memory(m)
         if m.known > m.end and (recs or added):
@@ -518,12 +533,11 @@ class RemoteStore:
         if not self.queues or not self.link.connected:
             return
         self.polls += 1
-        fut = self.link.cmd("gw_max_offsets", queues=list(self.queues))
+        fut = self.node.call(P.MaxOffsets(list(self.queues)), bounded=False)
 
         def done(f):
-            e = f.exception()
-            if e is None:
-                self.heard(json_reply(f.result()).get("max_offsets", {}))
+            if not f.cancelled() and f.exception() is None:
+                self.heard(f.result().max_offsets)
         fut.add_done_callback(done)
 
     def _drop_back(self, m: _Mirror) -> None:
@@ -548,7 +562,7 @@ class RemoteStore:
             self._trim(m, len(m.items))
             self._drop_back(m)
         if gone and self.watch and self.link.connected:
-            self.link.cmd_nowait("gw_unwatch", queues=gone)
+            self.node.send(P.Unwatch(gone))
         if gone and self.on_forget is not None:
             self.on_forget(gone)
         return len(gone)
@@ -565,15 +579,14 @@ class RemoteStore:
         if not self.queues:
             return
         if self.watch:
-            fut = self.link.cmd("gw_watch", queues=list(self.queues), replace=True, push=True,
-                                raw=self.raw_push)
+            fut = self.node.call(P.Watch(list(self.queues), push=True, raw=self.raw_push, replace=True), bounded=False)
         else:
-            fut = self.link.cmd("gw_max_offsets", queues=list(self.queues))
+            fut = self.node.call(P.MaxOffsets(list(self.queues)), bounded=False)
 
         def done(f):
-            if f.exception() is None:
-                self.heard(json_reply(f.result()).get("max_offsets", {}))
+            if not f.cancelled() and f.exception() is None:
+                self.heard(f.result().max_offsets)
         fut.add_done_callback(done)
 
 
-__all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError"]
+__all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError", "NodeMismatch"]

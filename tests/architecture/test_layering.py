@@ -22,7 +22,7 @@ FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "
            "gateway": "lmqtt.gateway", "loadtest": "lmqtt.loadtest", "examples": "lmqtt.examples"}
 
 UNITS = [
-    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark", "lmqtt.store.node",
+    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark", "lmqtt.store.node", "lmqtt.store.node.protocol",
     "lmqtt.lightqueue", "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.net",
     "lmqtt.gateway.security", "lmqtt.gateway.model", "lmqtt.gateway.delivery", "lmqtt.gateway.core",
@@ -42,10 +42,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.lightqueue": {"lmqtt.store"},
     "lmqtt.notify": {"lmqtt.store", "lmqtt.lightqueue"},
     # `lmqtt store`: the engine, light queues and notify served to SDK clients and gateways
-    "lmqtt.store.node": {"lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify"},
+    "lmqtt.store.node": {"lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify", "lmqtt.store.node.protocol"},
+    # the gw_* commands' types, which the node and the gateway both import: only the frame codec
+    "lmqtt.store.node.protocol": {"lmqtt.store"},
     # the gateway, room by room, from the bottom up
     "lmqtt.gateway.mqtt": {"lmqtt.store"},                     # only lmqtt.store.accel (the C loader)
-    "lmqtt.gateway.storage": {"lmqtt.store", "lmqtt.store.client", "lmqtt.lightqueue"},
+    "lmqtt.gateway.storage": {"lmqtt.store", "lmqtt.store.client", "lmqtt.lightqueue", "lmqtt.store.node.protocol"},
     "lmqtt.gateway.net": {"lmqtt.gateway.mqtt"},
     "lmqtt.gateway.security": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net"},
     "lmqtt.gateway.model": {"lmqtt.gateway.mqtt", "lmqtt.lightqueue", "lmqtt.store.client"},
@@ -55,11 +57,12 @@ MAY_IMPORT: dict[str, set[str]] = {
                            "lmqtt.gateway.storage", "lmqtt.gateway.net", "lmqtt.gateway.security",
                            "lmqtt.lightqueue"},
     "lmqtt.gateway.fleet": {"lmqtt.gateway.model", "lmqtt.gateway.core", "lmqtt.gateway.storage",
-                            "lmqtt.gateway.mqtt"},
+                            "lmqtt.gateway.mqtt", "lmqtt.store.node.protocol"},
     "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
                           "lmqtt.gateway.storage", "lmqtt.gateway.net", "lmqtt.gateway.security",
                           "lmqtt.gateway.core", "lmqtt.gateway.fleet", "lmqtt.store.client",
-                          "lmqtt.store.node", "lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify"},
+                          "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store", "lmqtt.lightqueue",
+                          "lmqtt.notify"},
     # the `lmqtt` command: resolves every command lazily by module name
     "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
