@@ -5,7 +5,8 @@ MQTT (paho-mqtt, MQTT 3.1.1, persistent sessions: clean session 0, like a real d
   i.e. it lost the session) and records every delivery;
 * `MqttPublisher`: publishes at a bounded rate with at most `window` messages unacknowledged;
   after a reconnect paho re-sends what was not acknowledged (PUBLISH with DUP, or PUBREL for a
-  QoS 2 message the broker had PUBRECed), as the protocol asks of a client with a session.
+  QoS 2 message the broker had PUBRECed), as the protocol asks of a client with a session, and
+  the publisher makes new messages only once those are acknowledged.
 
 SDK (lmqtt.store.client, against the store port):
 * `SdkProducer`: one message per PRODUCE with the producer id and a sequence of its own; a send
@@ -252,7 +253,7 @@ class MqttPublisher(_Worker):
 _SDK_ERRORS: tuple = ()
 
 
-def _sdk_errors() -> tuple:
+def sdk_errors() -> tuple:
     """The errors an SDK client meets under faults. Call it once before starting the client threads:
     it also imports the SDK on one thread (two threads importing lmqtt.store.client at once can
     see a partially initialised module: ImportError "cannot import name ... circular import")."""
@@ -298,7 +299,7 @@ class SdkProducer(_Worker):
     def run(self) -> None:
         from lmqtt.store import protocol as W
         from lmqtt.store.client.producer import make_props
-        errors = _sdk_errors()
+        errors = sdk_errors()
         props = make_props(qos=1)
         producer = None
         pace = _Pacer(self.rate)
@@ -357,7 +358,7 @@ class SdkGroupConsumer(_Worker):
         self.restarts = 0
 
     def run(self) -> None:
-        errors = _sdk_errors()
+        errors = sdk_errors()
         cons = None
         while self.running():
             try:
@@ -408,7 +409,7 @@ class PopMember(_Worker):
         self.popped = 0
 
     def run(self) -> None:
-        errors = _sdk_errors()
+        errors = sdk_errors()
         pc = None
         while self.running():
             try:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import disk as disk_mod
 from .checker import Checker, failures
-from .paths import _sdk_errors, MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer
+from .paths import MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, sdk_errors
 from .targets import TARGETS, TargetError, pid_alive
 
 KINDS = ("kill", "stop", "diskfull")
@@ -190,7 +190,7 @@ def _clients(target, opts: Options, checker: Checker, tag: str, deadline: float)
                 pubs.append(MqttPublisher(checker, name, "127.0.0.1", ports[(i + 1) % len(ports)],
                                           f"{tag}/q{qos}/{name}", qos, deadline, opts.rate, opts.window))
     if target.store_address and ("sdk" in opts.paths or "pop" in opts.paths):
-        _sdk_errors()                  # imports the SDK here, before its threads start
+        sdk_errors()                  # imports the SDK here, before its threads start
         if "sdk" in opts.paths:
             consumers.append(SdkGroupConsumer(checker, f"{tag}-sdk-g", target.store_address, f"{tag}sdk",
                                               "chaos", deadline))
