@@ -205,6 +205,27 @@ class LightQueueIndex:
         """Smallest offset still readable: entries below point into deleted CommitLog segments."""
         return self.retention.min_offset(name)
 
+    def end_at(self, name: str, phys: int) -> int:
+        """The end (next offset) `name` had when the CommitLog ended at `phys`: one past its last
+        entry pointing below phys (entries are in CommitLog order; those at/after phys were
+        appended since). Its max offset when nothing was; O(log n) one-entry reads otherwise.
+        After a recovery that cut the log (store/recovery.py), consumer offsets beyond it are reset."""
+        hi = self.max_offset(name)
+        lo = self.min_offset(name)
+        if lo >= hi:
+            return hi
+        last = self.read_raw(name, hi - 1, 1)
+        if last and last[0][1] < phys:
+            return hi
+        while lo < hi:      # read_raw(mid) gives the first entry at/after mid (holes are skipped)
+            mid = (lo + hi) // 2
+            e = self.read_raw(name, mid, 1)
+            if e and e[0][1] < phys:
+                lo = e[0][0] + 1
+            else:
+                hi = mid
+        return lo
+
     # ---------------------------------------------------------------- reads
     # Entries below a queue's tail are in RocksDB: a tail always starts at or below the queue's
     # written point. Readers take the tail snapshot BEFORE opening the RocksDB iterator, so the

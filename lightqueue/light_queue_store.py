@@ -67,6 +67,12 @@ class LightQueueStore:
         self.before_register: Callable[[], None] | None = None
         store.add_dispatcher(self.index)
         store.add_dispatch_listener(self._on_dispatched)
+        # after a recovery that cut the log, consumer offsets beyond their queue's new end are
+        # brought back to it before anything is appended (store/recovery.py); and SDK consumer
+        # groups on light queues (store/sdk_meta.py) learn the queues' ends at the cut from here
+        if hasattr(store, "add_recovery_listener"):
+            store.add_recovery_listener(self._check_after_recovery)
+            store.add_queue_kind("lq", self.index.end_at)
         # Live delivery reads each record right after dispatch: while someone pulls, the store
         # keeps the newest records as appended, so a cache miss costs no CommitLog decode. It
         # costs the appender ~1 µs per record, paid for nothing when nobody reads (ingest only):
@@ -299,6 +305,43 @@ class LightQueueStore:
             return self.index.max_offset(queue) > offset
         with self._cond:
             return self._cond.wait_for(ready, timeout)
+
+    # ------------------------------------------------------------ after a recovery
+    def _check_after_recovery(self, store) -> None:
+        """Called by the store's start() before anything can be appended. If the log was cut since
+        the offsets were last checked (store/recovery.py: the store's recoveries newer than the
+        generation kept in the metadata), every committed offset (persistent sessions, shared
+        groups) beyond its queue's end at the cut is reset to that end with a WARNING: left there,
+        the consumer would skip the new messages appended at the offsets below it. Wildcard
+        filters' epochs beyond the cut move back to it (the queue holds every record from there)."""
+        md = self.metadata
+        recoveries = store.recoveries
+        checked = md.recovery_checked()
+        if checked == recoveries.generation:
+            return
+        cut = recoveries.cut_since(checked)
+        if cut is not None:
+            ends: dict[str, int] = {}
+            resets: dict[str, dict[str, int]] = {}
+            for consumer, queue, off in md.iter_offsets():
+                end = ends.get(queue)
+                if end is None:
+                    end = ends[queue] = self.index.end_at(queue, cut)
+                if off > end:
+                    store.offset_reset(consumer, queue, off, end)
+                    resets.setdefault(consumer, {})[queue] = end
+            for consumer, offs in resets.items():
+                md.set_offsets(consumer, offs)
+            for flt, (phys, ms) in md.filter_epochs().items():
+                if phys > cut:
+                    log.warning("filter %s: epoch at CommitLog offset %d beyond the log's end %d after recovery: "
+                                "moved to %d", flt, phys, cut, cut)
+                    md.put_filter_epoch(flt, cut, ms)
+                    self._epochs.pop(flt, None)
+            log.info("light queues: consumer offsets checked against the recovered log (recoveries %d..%d, "
+                     "log cut at %d): %d reset", checked + 1, recoveries.generation, cut,
+                     sum(len(o) for o in resets.values()))
+        md.set_recovery_checked(recoveries.generation)
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -12,6 +12,8 @@ know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a cont
     r topic              -> u32 plen, payload, props
     w client_id          -> WillRecord bytes     f filter -> u32 reference count
     W gateway \0 client_id -> b""  (the wills a gateway holds)
+    R                    -> u64 the store's last recovery generation whose cut the offsets were
+                            checked against (store/recovery.py)
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ P_WILL = b"w"
 P_WILL_BY_GATEWAY = b"W"
 P_FILTER = b"f"
 P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was last registered (0 -> 1)
+K_RECOVERY = b"R"       # the store's recovery generation the offsets were last checked against
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -138,6 +141,20 @@ class MetadataStore:
         """Every committed offset of `consumer` (prefix scan)."""
         pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
         return {k[len(pre):].decode("utf-8"): _U64.unpack(v)[0] for k, v in self._scan(pre)}
+
+    def iter_offsets(self) -> Iterator[tuple[str, str, int]]:
+        """(consumer, queue, offset) of every committed offset (sessions, shared groups), in key order."""
+        for k, v in self._scan(P_OFFSET):
+            consumer, _, queue = k[1:].partition(b"\x00")
+            yield consumer.decode("utf-8"), queue.decode("utf-8"), _U64.unpack(v)[0]
+
+    def recovery_checked(self) -> int:
+        """The store recovery generation the offsets were last checked against (0: none)."""
+        v = self._db.get(K_RECOVERY)
+        return 0 if v is None else _U64.unpack(v)[0]
+
+    def set_recovery_checked(self, generation: int) -> None:
+        self._put(K_RECOVERY, _U64.pack(generation))
 
     def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
         """Forget `consumer`'s offsets (all, or only for `queues`)."""
@@ -457,6 +474,11 @@ class MetadataStore:
     def get_filter_epoch(self, flt: str) -> tuple[int, int] | None:
         v = self._db.get(P_EPOCH + flt.encode("utf-8"))
         return None if v is None else _EPOCH.unpack(v)
+
+    def filter_epochs(self) -> dict[str, tuple[int, int]]:
+        """Every wildcard filter's epoch (CommitLog position, ms)."""
+        n = len(P_EPOCH)
+        return {k[n:].decode("utf-8"): _EPOCH.unpack(v) for k, v in self._scan(P_EPOCH)}
 
     def delete_filter_epoch(self, flt: str) -> None:
         wb = WriteBatch(raw_mode=True)

@@ -1,8 +1,8 @@
 """`OffsetCheckpoint`: one durable integer (a CommitLog offset) in a small file.
 
-Written atomically (temp file, fsync, rename, fsync of the directory) so a crash leaves either the
-old or the new value, never a torn one. Each dispatcher owns one; the CommitLog keeps its flushed
-offset in one too. Written about once a second, so the fsync cost does not matter.
+Written atomically (temp file, fsync, rename, fsync of the directory: `write_atomic`) so a crash
+leaves either the old or the new value, never a torn one. Each dispatcher owns one; the CommitLog
+keeps its flushed offset in one too. Written about once a second, so the fsync cost does not matter.
 """
 from __future__ import annotations
 
@@ -33,16 +33,24 @@ class OffsetCheckpoint:
     def save(self, value: int) -> None:
         raw = struct.pack("<Q", value)
         raw += struct.pack("<I", zlib.crc32(raw))
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, raw)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomic(self.path, raw)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace the file `path` by `data`: a crash leaves the old or the new content, never a mix
+    (temp file, fsync, rename, fsync of the directory)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -479,6 +479,10 @@ class CommitLog:
         return out
 
     # ------------------------------------------------------------------ recovery
+    # bytes the last recover() rewrote with zeros after the end of valid data (0: it found a clean
+    # end); the store writes a recovery that cut down (store/recovery.py): consumer offsets get checked
+    tail_cut = 0
+
     def recover(self, scan_from: int, trusted_end: int = 0) -> int:
         """Find the end of valid data scanning (with CRC) from `scan_from` (a record boundary, or any
         offset: it is rounded down to its segment start). Returns the end offset.
@@ -490,7 +494,11 @@ class CommitLog:
         map with one memcpy, which does not necessarily store front to back, so a process killed
         inside it can leave a hole before the batch's last records; a power failure writes pages
         back in any order. Neither was acknowledged (sync acks after the fsync of the whole batch),
-        and keeping them would break batch atomicity and leave gaps in the queues."""
+        and keeping them would break batch atomicity and leave gaps in the queues.
+
+        The log ending below `trusted_end` (fsynced data missing: a segment truncated, emptied or
+        deleted) is logged at ERROR here; the store says how much the checkpoints recorded."""
+        self.tail_cut = 0
         files = self.mfq.files
         if not files:
             self.wrote = self.committed = self.flushed = 0
@@ -524,7 +532,7 @@ class CommitLog:
                     continue
                 if mf.start_offset + rel >= trusted_end:
                     end = mf.start_offset + rel
-                    self._cut(mf, rel, idx, files)
+                    self._cut(mf, rel, idx, files, trusted_end)
                     self.corrupt_ranges = corrupt
                     return end
                 nxt = self._resync(mf, rel)
@@ -542,7 +550,7 @@ class CommitLog:
                     break
                 # torn / absent tail: the end of the log
                 end = mf.start_offset + rel
-                self._cut(mf, rel, idx, files)
+                self._cut(mf, rel, idx, files, trusted_end)
                 self.corrupt_ranges = corrupt
                 return end
             pos = mf.end_offset
@@ -570,7 +578,7 @@ class CommitLog:
                 return cand
             i = cand + 1
 
-    def _cut(self, mf, rel: int, idx: int, files) -> None:
+    def _cut(self, mf, rel: int, idx: int, files, trusted_end: int = 0) -> None:
         end = mf.start_offset + rel
         # zero non-zero blocks after the end so a later recovery cannot see stale bytes
         mm = mf.mm
@@ -583,9 +591,16 @@ class CommitLog:
                 mm[p:q] = _ZERO_BLOCK[:q - p]
                 cut += q - p
             p = q
-        if cut:
+        if end < trusted_end:
+            # not a torn write: data below the flushed checkpoint was fsynced and complete
+            log.error("commitlog: valid data ends at offset %d (%s +%d), below the flushed checkpoint %d: "
+                      "%d bytes that were fsynced are missing or unreadable%s", end, mf.path, rel, trusted_end,
+                      trusted_end - end, "; the rest of the segment zeroed" if cut else "")
+        elif cut:
             log.warning("commitlog: torn/invalid tail at offset %d (%s +%d) cut", end, mf.path, rel)
+        if cut:
             mf.flush()
+        self.tail_cut = cut
         for later in files[idx + 1:]:
             log.warning("commitlog: deleting segment %s after the end of valid data", later.path)
         self.mfq.files = files[:idx + 1]

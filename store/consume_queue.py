@@ -155,20 +155,29 @@ class ConsumeQueue:
                     out.append((q + i, phys, size, tags))
         return out
 
-    def truncate_phys(self, offset: int) -> None:
-        """Forget entries whose CommitLog offset is >= offset (entries are in CommitLog order)."""
+    def first_at_or_after(self, phys: int) -> int:
+        """The queue offset of the first entry whose CommitLog offset is >= phys (max_offset if
+        none): the queue's end when the log ended at phys (entries are in CommitLog order)."""
         lo, hi = self.min_offset, self.max_offset
-        while lo < hi:  # first entry with phys >= offset
+        while lo < hi:
             mid = (lo + hi) // 2
             e = self.entry(mid)
-            if e is not None and e[0] < offset and e[1] != 0:
+            if e is not None and e[0] < phys and e[1] != 0:
                 lo = mid + 1
             else:
                 hi = mid
+        return lo
+
+    def truncate_phys(self, offset: int) -> None:
+        """Forget entries whose CommitLog offset is >= offset (entries are in CommitLog order).
+        The zeroed entries are fsynced at once: an entry left on disk past a cut log would point at
+        whatever record is appended there next."""
+        lo = self.first_at_or_after(offset)
         if lo >= self.max_offset:
             return
         pos = lo * ENTRY_SIZE
         end = self.max_offset * ENTRY_SIZE
+        touched = []
         while pos < end:
             mf = self.mfq.find(pos)
             if mf is None:
@@ -176,8 +185,12 @@ class ConsumeQueue:
             rel = pos - mf.start_offset
             n = min(end - pos, mf.size - rel)
             mf.mm[rel:rel + n] = bytes(n)
+            touched.append(mf)
             pos += n
         self.mfq.truncate_files_after(max(lo * ENTRY_SIZE, self.mfq.min_offset + 1))
+        for mf in touched:
+            if not mf.closed:      # (files after the cut were deleted)
+                mf.flush()
         self.max_offset = lo
         self.dirty = True
 
@@ -275,6 +288,12 @@ class ConsumeQueueStore:
 
     def max_offsets(self) -> dict[tuple[str, int], int]:
         return {k: q.max_offset for k, q in self.queues.items()}
+
+    def end_at(self, topic: str, qid: int, phys: int) -> int:
+        """The end (next queue offset) the ConsumeQueue of `topic` had when the CommitLog ended at
+        `phys`: how many of its entries point below phys (0 for a queue that does not exist)."""
+        cq = self.get(topic, qid)
+        return 0 if cq is None else cq.first_at_or_after(phys)
 
     # -------------------------------------------------------------- Dispatcher protocol
     def checkpoint(self) -> int:

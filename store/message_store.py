@@ -25,6 +25,8 @@ from .index_file import IndexService
 from .prefault import Prefaulter
 from .message import AppendResult, Message, ResolvedFuture, StoredMessage
 from .record import first_level
+from .recovery import RecoveryEvent, RecoveryLog, offset_reset_message
+from .mapped_file import file_name
 from . import commitlog, retention
 
 log = logging.getLogger("lmqtt.store")
@@ -79,6 +81,13 @@ class MessageStore:
         self._bp_wait = cfg.dispatch_backpressure_max_wait_ms / 1000.0
         self._inline = cfg.dispatch_inline
         self.recovered_end = 0
+        # recoveries that cut the log (store/recovery.py); `recovery`: this start's, if it cut
+        self.recoveries = RecoveryLog(cfg.data_dir)
+        self.recovery: RecoveryEvent | None = None
+        self.offsets_reset = 0        # consumer offsets brought back to their queue's end (stats)
+        self._recovery_listeners: list = []
+        # queue kind -> fn(name, phys): the queue's end when the log ended at phys (queue_end_at)
+        self._queue_kinds: dict = {"cq": self._cq_end_at}
         self._state_lock = threading.Lock()
         self.delayed = None          # DelayedMessages once enable_delayed() was called
 
@@ -92,6 +101,19 @@ class MessageStore:
                 raise TypeError(f"dispatcher {d!r} lacks {attr!r} (see the Dispatcher protocol)")
         self._dispatchers.append(d)
 
+    def add_recovery_listener(self, fn) -> None:
+        """`fn(store)` is called once by start(), after recovery and re-dispatch, before any append
+        can happen: where the light queues check their consumer offsets against the recovered
+        queues (`recoveries`, `queue_end_at`). Must be called before start()."""
+        if self._running:
+            raise StoreError("add_recovery_listener must be called before start()")
+        self._recovery_listeners.append(fn)
+
+    def add_queue_kind(self, kind: str, end_at) -> None:
+        """Make `queue_end_at(kind, name, phys)` answer for queues of `kind` ("lq": the light
+        queues register theirs): `end_at(name, phys)` -> the queue's end when the log ended at phys."""
+        self._queue_kinds[kind] = end_at
+
     def start(self) -> None:
         """Open, recover (CRC tail check, cut torn record), re-dispatch, start the threads."""
         if self._running:
@@ -102,11 +124,23 @@ class MessageStore:
         self.clog.mfq.load()
         self.consume_queues.load()
         self.index.load()
+        self.recoveries.load()
         ckpts = [d.checkpoint() for d in self._dispatchers]
         clog_ckpt = self._clog_ckpt.load(0)
         scan_from = min(ckpts + [clog_ckpt])
+        recorded = max(ckpts + [clog_ckpt])
+        # before recover() cuts anything: is a segment the checkpoints point into missing?
+        seg = self.clog.mfq.file_size
+        missing = (self.clog.mfq.find(recorded - 1) is None and recorded > self.clog.mfq.min_offset)
         end = self.clog.recover(scan_from, trusted_end=clog_ckpt)
         self.recovered_end = end
+        if end < recorded or self.clog.tail_cut:
+            # written down (durably) before any checkpoint is lowered: the holders of consumer
+            # offsets check theirs against the cut queues, now or whenever they open next
+            self.recovery = self.recoveries.add(end, recorded, clog_ckpt, self.clog.tail_cut)
+            if end < recorded:
+                self._report_lost(end, recorded, clog_ckpt, ckpts,
+                                  (recorded - 1) - (recorded - 1) % seg if missing else None)
         log_min = self.clog.mfq.min_offset
         for d in self._dispatchers:
             d.truncate(min(d.checkpoint(), end))
@@ -117,6 +151,8 @@ class MessageStore:
         self.clog.queue_table.update(self.consume_queues.max_offsets())
         self.clog.enable_live(self.dispatch.dispatched)
         self._clog_ckpt.save(self.clog.flushed)
+        for fn in self._recovery_listeners:
+            fn(self)          # nothing can be appended yet: the queues end where recovery left them
         self.check_disk()
         if self.group_commit:
             self.group_commit.start()
@@ -127,6 +163,46 @@ class MessageStore:
         log.info("store %s started: log [%d, %d), replayed from %d in %.3fs, %d corrupt range(s), "
                  "%s record encoder", self.cfg.data_dir, log_min, end, start, time.monotonic() - t0,
                  len(self.clog.corrupt_ranges), commitlog.ENCODER)
+
+    def _report_lost(self, end: int, recorded: int, flushed: int, ckpts: list, missing_seg: int | None) -> None:
+        """The loud line of a recovery that found less than the checkpoints recorded."""
+        who = ", ".join(f"{d.name} {c}" for d, c in zip(self._dispatchers, ckpts))
+        where = ""
+        if missing_seg is not None:
+            where = (f"; the segment file {os.path.join(self.clog.mfq.dir, file_name(missing_seg))} "
+                     f"holding offset {recorded - 1} is missing")
+        if flushed > end:
+            log.error("store recovery: the checkpoints recorded %d bytes of CommitLog (flushed offset %d; "
+                      "dispatched: %s) but only %d were found: %d bytes of messages that were fsynced and "
+                      "acknowledged are lost (disk or file damage: a segment file truncated, emptied, replaced "
+                      "or deleted?)%s. Queues are cut back to the log; consumer offsets beyond their queue's "
+                      "end are reset to it (recovery %d, %s)", recorded, flushed, who, end, recorded - end,
+                      where, self.recovery.generation, self.recoveries.path)
+        else:
+            log.warning("store recovery: the dispatch checkpoints recorded %d bytes of CommitLog (%s; flushed "
+                        "offset %d) but only %d were found: %d bytes of messages that were not yet fsynced are "
+                        "lost, and consumers may have read some of them (power loss, or disk or file damage?)%s. "
+                        "Queues are cut back to the log; consumer offsets beyond their queue's end are reset to "
+                        "it (recovery %d, %s)", recorded, who, flushed, end, recorded - end, where,
+                        self.recovery.generation, self.recoveries.path)
+
+    # ------------------------------------------------------------------ after a recovery that cut the log
+    def queue_end_at(self, kind: str, name: str, phys: int) -> int | None:
+        """The end (next queue offset) a queue had when the CommitLog ended at `phys`: how many of
+        its entries point below phys. `kind` "cq": `name` is "<first-level topic>\\0<queue id>";
+        "lq": a light queue (when the light queues registered, see add_queue_kind). None for an
+        unknown kind."""
+        fn = self._queue_kinds.get(kind)
+        return None if fn is None else fn(name, phys)
+
+    def _cq_end_at(self, name: str, phys: int) -> int:
+        topic, _, qid = name.rpartition("\0")
+        return self.consume_queues.end_at(topic, int(qid), phys)
+
+    def offset_reset(self, consumer: str, queue: str, offset: int, end: int) -> None:
+        """Log (WARNING) and count one consumer offset brought back to its queue's end."""
+        self.offsets_reset += 1
+        log.warning("%s", offset_reset_message(consumer, queue, offset, end))
 
     def shutdown(self) -> None:
         """Flush everything, checkpoint, stop threads, close files."""
@@ -444,6 +520,11 @@ class MessageStore:
             # delayed messages (None until enable_delayed): pending timers, fired, rolled
             "timers_pending": self.delayed.wheel.pending if self.delayed is not None else None,
             "timers_fired": self.delayed.wheel.fired_total if self.delayed is not None else None,
+            # recoveries that cut the log (store/recovery.py): how many so far in this data dir,
+            # the bytes this start found missing below the checkpoints, consumer offsets reset
+            "recoveries": self.recoveries.generation,
+            "recovery_lost_bytes": self.recovery.lost_bytes if self.recovery is not None else 0,
+            "consumer_offsets_reset": self.offsets_reset,
         }
 
     # ------------------------------------------------------------------ housekeeping

@@ -13,6 +13,9 @@ every `persist_interval` by the server's timer and at shutdown):
     inflight  {queue offset: [visible-again-at ms, attempts so far]}
 A crash loses at most the last interval of state; that can only hand a message out again
 (at-least-once), never lose one: `next` and acks are re-applied from the previous snapshot.
+After a recovery that cut the log (store/recovery.py), a state whose `next` lies beyond its
+queue's end at the cut is brought back to it (its in-flight offsets at/after the end dropped: they
+would name the new messages appended there), as are the group offsets, when the manager is made.
 
 Receipts are the queue offsets themselves (RocketMQ uses receipt handles carrying the pop time so a
 late ack of an already re-delivered message is refused; here a late ack still removes it).
@@ -23,7 +26,7 @@ import time
 
 from .fastpath import RawRecord, read_raw_records
 from .message import Message
-from .sdk_meta import SdkMetadata
+from .sdk_meta import SdkMetadata, cq_key, queue_label
 
 
 def _now_ms() -> int:
@@ -40,6 +43,38 @@ class PopManager:
         self.meta = meta
         self._states: dict[tuple[str, str, int], dict] = {}
         self._dirty: set[tuple[str, str, int]] = set()
+        self._check_after_recovery()
+
+    def _check_after_recovery(self) -> None:
+        """If the store's log was cut since the SDK metadata was last checked (its recoveries newer
+        than the generation kept there), bring group offsets and POP states beyond their queue's
+        end at the cut back to it. Runs before any client can be served (the StoreServer makes
+        this manager when it is made)."""
+        recoveries = getattr(self.store, "recoveries", None)
+        if recoveries is None:
+            return
+        meta = self.meta
+        checked = meta.recovery_checked()
+        if checked == recoveries.generation:
+            return
+        cut = recoveries.cut_since(checked)
+        if cut is not None:
+            meta.reset_offsets_beyond(self.store, cut)
+            for key in meta.keys_with_prefix("s\0"):
+                parts = key.split("\0")      # s, group, topic, queue id
+                group, topic, qid = parts[1], "\0".join(parts[2:-1]), parts[-1]
+                st = meta.get_json(key)
+                if st is None:
+                    continue
+                qk = cq_key(topic, int(qid))
+                end = self.store.queue_end_at("cq", qk[3:], cut)
+                if end is None or st["next"] <= end:
+                    continue
+                self.store.offset_reset(f"group {group} (POP)", queue_label(qk), st["next"], end)
+                st["next"] = end
+                st["inflight"] = {o: e for o, e in st["inflight"].items() if int(o) < end}
+                meta.put_json(key, st)
+        meta.set_recovery_checked(recoveries.generation)
 
     def _key(self, k) -> str:
         return f"s\0{k[0]}\0{k[1]}\0{k[2]}"

@@ -11,6 +11,8 @@ Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<to
                                      or a pending marker while the batch is being appended
        s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
        f\\0<filter>                -> b"1": a filter an SDK consumer registered (store/node/sdk_service.py)
+       R                          -> u64 the store's last recovery generation whose cut the offsets
+                                     and POP states were checked against (store/recovery.py)
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from rocksdict import Options, Rdict, WriteOptions
 from .protocol import compact_json
 
 _U64 = struct.Struct(">Q")
+_K_RECOVERY = b"R"
 _PENDING = struct.Struct(">cQI")        # b"P", CommitLog position before the append, message count
 DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
 
@@ -33,6 +36,15 @@ def cq_key(topic: str, queue_id: int) -> str:
 
 def lq_key(flt: str) -> str:
     return f"lq\0{flt}"
+
+
+def queue_label(qkey: str) -> str:
+    """A queue key as messages show it: `<topic>:<queue id>` (ConsumeQueue) or the filter."""
+    kind, _, rest = qkey.partition("\0")
+    if kind == "cq":
+        topic, _, qid = rest.rpartition("\0")
+        return f"{topic}:{qid}"
+    return rest
 
 
 class SdkMetadata:
@@ -69,6 +81,37 @@ class SdkMetadata:
 
     def groups(self) -> list[str]:
         return sorted({k.split(b"\0")[1].decode() for k, _v in self._scan(b"o\0")})
+
+    # ---------------------------------------------------------------- after a recovery
+    def recovery_checked(self) -> int:
+        """The store recovery generation the offsets were last checked against (0: none)."""
+        v = self._db.get(_K_RECOVERY)
+        return 0 if v is None else _U64.unpack(v)[0]
+
+    def set_recovery_checked(self, generation: int) -> None:
+        self._db.put(_K_RECOVERY, _U64.pack(generation), self._wo)
+
+    def reset_offsets_beyond(self, store, cut: int) -> int:
+        """Every group offset beyond its queue's end when the CommitLog ended at `cut` (a recovery
+        cut it there, store/recovery.py) back to that end, with a WARNING each: left there, the
+        group would skip the new messages appended at the offsets below it. The end comes from
+        `store.queue_end_at` ("cq" ConsumeQueues; "lq" light queues when they are there). Returns
+        how many were reset."""
+        ends: dict[str, int | None] = {}
+        n = 0
+        for k, v in list(self._scan(b"o\0")):
+            group, _, qkey = k[2:].decode().partition("\0")
+            off = _U64.unpack(v)[0]
+            if qkey not in ends:
+                kind, _, name = qkey.partition("\0")
+                ends[qkey] = store.queue_end_at(kind, name, cut)
+            end = ends[qkey]
+            if end is None or off <= end:
+                continue
+            store.offset_reset(f"group {group}", queue_label(qkey), off, end)
+            self.commit(group, qkey, end)
+            n += 1
+        return n
 
     # ---------------------------------------------------------------- producer dedup
     # one key per remembered batch: p\0<producer id>\0<u64 sequence> -> the PRODUCED reply body

@@ -241,7 +241,16 @@ def _start_http(host: str, port: int, srv, gws):
                  "Client id claims relayed to the other gateways (one live connection per client id)",
                  gws.session_claims_relayed),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
-                ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset)]
+                ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset),
+                # recoveries that cut the log (store/recovery.py, docs/store.md "Recovery")
+                ("lmqtt_store_recoveries_total", "counter",
+                 "Recoveries that cut the CommitLog in this data dir (a torn tail, or less data than recorded)",
+                 st.recoveries.generation),
+                ("lmqtt_store_recovery_lost_bytes", "gauge",
+                 "CommitLog bytes the checkpoints recorded that this start's recovery did not find",
+                 st.recovery.lost_bytes if st.recovery is not None else 0),
+                ("lmqtt_store_consumer_offsets_reset_total", "counter",
+                 "Consumer offsets beyond their queue's end after a recovery, reset to it", st.offsets_reset)]
         out = []
         for name, kind, help_, v in rows:
             out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")

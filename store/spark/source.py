@@ -13,6 +13,7 @@ Queues ("queue" column, and the keys of streaming offsets):
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import uuid
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
@@ -23,6 +24,8 @@ from pyspark.sql.types import StructType
 SCHEMA = ("topic string, payload binary, qos int, retain boolean, client_id string, "
           "user_properties map<string,string>, content_type string, born_ts timestamp, "
           "store_ts timestamp, msg_id string, queue string, offset long")
+
+log = logging.getLogger("lmqtt.spark")
 
 DEFAULT_STORE = "127.0.0.1:10911"
 _PULL = 512                    # records per pull request (planning, streaming)
@@ -232,7 +235,14 @@ class LmqttStreamReader(DataSourceStreamReader):
     maxRecordsPerTrigger: the reader remembers where the last planned batch ended. A restarted
     reader learns it from Spark before the first new range is asked for: Spark commits the restored
     offsets again (`commit`) or re-plans the unfinished batch (`partitions`), so the limit holds
-    from the first trigger after a restart (tests/spark/test_sink_stream.py)."""
+    from the first trigger after a restart (tests/spark/test_sink_stream.py).
+
+    Offsets read from the query's checkpoint (those Spark commits again or re-plans at a restart)
+    that lie beyond their queue's end are brought back to it, with a WARNING: the store lost the
+    entries there in a recovery (a cut CommitLog, docs/store.md "Recovery"), and the messages
+    appended since take those offsets again; reading on from the old offset would skip them. It
+    can only see what is beyond the end when it reads: messages published between the store's
+    recovery and the query's restart fill the gap first (the store's log names the cut)."""
 
     def __init__(self, options: dict) -> None:
         self.options = options
@@ -240,6 +250,32 @@ class LmqttStreamReader(DataSourceStreamReader):
         self.per = int(options.get("recordsperpartition", 20000))
         self._pos: dict | None = None
         self._q = None
+        self._reset: dict[str, tuple[int, int]] = {}   # key -> (checkpoint's offset, where read from)
+
+    def _checked(self, offsets: dict, ends: dict | None = None) -> dict:
+        """`offsets` (from Spark's checkpoint) with each one beyond its queue's end brought back to
+        the end (remembered, so that a batch Spark plans from the old offset reads from the end).
+        With `ends` (a batch's planned ends, no further than the queues' ends then), only an offset
+        above its planned end is looked at."""
+        q = self._queues()
+        out = {}
+        for key, off in offsets.items():
+            r = self._reset.get(key)
+            if r is not None and r[0] == off:
+                out[key] = r[1]
+                continue
+            if ends is not None and off <= ends.get(key, off):
+                out[key] = off
+                continue
+            hi = q.bounds(key)[1]
+            if off > hi:
+                log.warning("lmqtt spark source: offset %d of queue %s in the query's checkpoint is beyond the "
+                            "queue's end %d (the store lost entries in a recovery): reading from %d (%d entries "
+                            "lost from the log)", off, key, hi, hi, off - hi)
+                self._reset[key] = (off, hi)
+                off = hi
+            out[key] = off
+        return out
 
     def _queues(self) -> _Queues:
         if self._q is None:
@@ -280,6 +316,8 @@ class LmqttStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict):
         self._pos = dict(end)
         q = self._queues()
+        start = self._checked(start, end)
+        self._reset.clear()              # used by this batch; later ones start where it ends
         parts = []
         for key, e in end.items():
             s = start.get(key)
@@ -292,8 +330,8 @@ class LmqttStreamReader(DataSourceStreamReader):
         yield from _read_partition(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        if self._pos is None:
-            self._pos = dict(end)
+        if self._pos is None:           # a restart: Spark commits the checkpoint's offsets again
+            self._pos = self._checked(end)
         group = self.options.get("group")
         if group:   # optional: make the query's progress visible to Admin.lag / delivery_audit
             q = self._queues()
