@@ -131,6 +131,7 @@ class _Health:
 async def _serve(cfg, loop_name: str) -> int:
     from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError
     from lmqtt.store.client.aio import ConnectionLost, StoreClientError
+    from lmqtt.store.node.protocol import NodeMismatch
 
     gw = Gateway(cfg)
     stop = asyncio.Event()
@@ -144,6 +145,9 @@ async def _serve(cfg, loop_name: str) -> int:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
     except ConnectionLost as e:          # names the address already
+        print(f"lmqtt gateway: {e}", file=sys.stderr)
+        return 1
+    except NodeMismatch as e:            # another version, or an embedded `lmqtt serve`: names both
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 1
     except StoreClientError as e:        # e.g. a wrong token

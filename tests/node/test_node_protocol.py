@@ -164,3 +164,136 @@ def test_a_malformed_request_gets_an_error_naming_the_field_and_the_connection_g
         assert c.cmd("gw_get_offsets", consumer="c") == {"offsets": {}}       # nothing was written
         assert c.cmd("gw_max_offsets", queues=["q"]) == {"max_offsets": {"q": 0}}
         assert c.server_info["gateway_protocol"] == P.NODE_PROTOCOL_VERSION
+
+
+# ---------------------------------------------------------------- the version rule, real processes
+def _gateway_exit(store_address: str, tmp_path) -> tuple[int, str]:
+    """`lmqtt gateway --store store_address` run to its exit (30 s at most): (exit code, output)."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT, free_port
+    cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", store_address, "--host", "127.0.0.1",
+           "--port", str(free_port()), "--metrics-port", "0", "--gateway-id", "refused-gw"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"the gateway started against {store_address} instead of refusing it: {err[-2000:]}")
+    return p.returncode, out + err
+
+
+def _start_store_speaking(version: int, data_dir: str, port: int, log_path: str):
+    """`lmqtt store` as another lmqtt version would run it: the same node, NODE_PROTOCOL_VERSION
+    set to `version` before it starts (a real process on a real port)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import ROOT
+    code = ("import sys\nfrom lmqtt.store.node import protocol\nprotocol.NODE_PROTOCOL_VERSION = %d\n"
+            "from lmqtt.gateway.cli import main\nsys.exit(main())\n" % version)
+    log = open(log_path, "ab")
+    p = subprocess.Popen([sys.executable, "-c", code, "store", "--host", "127.0.0.1", "--port", str(port),
+                          "--data-dir", data_dir, "--segment-mb", "16"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    log.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        assert p.poll() is None, f"lmqtt store exited with {p.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return p
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    pytest.fail("lmqtt store did not listen")
+
+
+def _stop(p) -> None:
+    import signal
+    import subprocess
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
+def test_a_gateway_pointed_at_an_embedded_serve_is_told_it_needs_lmqtt_store(tmp_path):
+    """`lmqtt serve --store-port` serves the SDK, not gateways: `lmqtt gateway --store` at that port
+    exits at start with one line saying so, no traceback (it used to start and fail later)."""
+    from tests.support import LmqttServer
+    srv = LmqttServer(str(tmp_path / "serve"), log_path=str(tmp_path / "serve.log")).start()
+    try:
+        code, output = _gateway_exit(srv.store_address, tmp_path)
+    finally:
+        srv.stop()
+    assert code == 1, output
+    assert output.strip().splitlines()[-1] == (f"lmqtt gateway: {srv.store_address} is an embedded `lmqtt serve`; "
+                                               f"gateways need `lmqtt store` (docs/fleet.md)"), output
+    assert "Traceback" not in output
+
+
+def test_a_gateway_refuses_a_store_node_of_another_version(tmp_path):
+    from tests.support import free_port
+    port = free_port()
+    theirs = P.NODE_PROTOCOL_VERSION + 1
+    p = _start_store_speaking(theirs, str(tmp_path / "node"), port, str(tmp_path / "node.log"))
+    try:
+        code, output = _gateway_exit(f"127.0.0.1:{port}", tmp_path)
+    finally:
+        _stop(p)
+    assert code == 1, output
+    assert output.strip().splitlines()[-1] == (
+        f"lmqtt gateway: store node 127.0.0.1:{port} speaks gateway protocol {theirs}, this gateway speaks "
+        f"{P.NODE_PROTOCOL_VERSION}: run the same lmqtt version on both"), output
+    assert "Traceback" not in output
+
+
+def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versions_match(tmp_path):
+    """A running gateway whose store node restarts as another version (one side upgraded) drops
+    the link before it sends anything (the node never hears its gw_hello: the gateway does not
+    count as connected there), reports why, and redials; the same version back, it goes on."""
+    from lmqtt.gateway.storage.remote_store import RemoteStore
+    from lmqtt.store.client import connect
+    from lmqtt.store.client.aio import LoopConnection
+    from tests.support import LmqttStore, wait_until
+
+    store = LmqttStore(str(tmp_path / "node"), log_path=str(tmp_path / "node.log")).start()
+    other = None
+
+    async def go():
+        nonlocal other
+        link = LoopConnection(store.address, loop=asyncio.get_running_loop(), backoff_max=0.2)
+        link.connect_blocking()
+        st = RemoteStore(link, "gw-up", safety_poll_s=0)
+        try:
+            assert st.register_filter("vx/+") == 1                    # a hold: the node names its holder
+            store.stop()
+            other = _start_store_speaking(P.NODE_PROTOCOL_VERSION + 1, store.data_dir, store.port,
+                                          str(tmp_path / "other.log"))
+            why = f"store node {store.address} speaks gateway protocol {P.NODE_PROTOCOL_VERSION + 1}"
+            assert await wait_until(lambda: why in (st.unavailable() or ""), 20), st.unavailable()
+            with connect(store.address) as sdk:
+                holders = P.call_sync(sdk, P.Holders()).gateways
+            assert holders == {"gw-up": P.HolderInfo(1, False)}      # gw_hello never reached it
+            _stop(other)
+            other = None
+            store.start()
+            assert await wait_until(lambda: st.unavailable() is None, 20), st.unavailable()
+            assert st.registered_filters() == {"vx/+": 1}
+            with connect(store.address) as sdk:
+                assert await wait_until(lambda: P.call_sync(sdk, P.Holders()).gateways["gw-up"].connected, 10)
+        finally:
+            st.close()
+            link.close()
+    try:
+        asyncio.run(go())
+    finally:
+        if other is not None:
+            _stop(other)
+        store.stop()
