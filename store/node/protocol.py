@@ -191,7 +191,7 @@ class Wire:
                 raise BadRequest(f"{cls._label}: field {w.path!r} is missing") from None
             raise BadRequest(f"{cls._label}: field {w.path!r} must be {w.want}, got {_show(w.got)}") from None
         if cls.has_messages:
-            return cls(**kw, messages=messages if messages is not None else [])
+            kw["messages"] = messages if messages is not None else []
         return cls(**kw)
 
     @classmethod
@@ -224,7 +224,12 @@ def _message(cls, label: str):
     return cls
 
 
-def reply(cls):
+_T = typing.TypeVar("_T")
+
+
+# dataclass_transform: a type checker sees the decorated classes as the frozen dataclasses they are
+@typing.dataclass_transform(frozen_default=True)
+def reply(cls: type[_T]) -> type[_T]:
     """A reply type (`<command> reply` in error messages)."""
     return _message(cls, f"{cls.__name__}")
 
@@ -232,9 +237,10 @@ def reply(cls):
 COMMANDS: dict[str, tuple[type, type]] = {}      # command name -> (request type, reply type)
 
 
-def command(name: str, reply_type: type):
+@typing.dataclass_transform(frozen_default=True)
+def command(name: str, reply_type: type) -> Callable[[type[_T]], type[_T]]:
     """A request type: the command `name`, answered with `reply_type`."""
-    def wrap(cls):
+    def wrap(cls: Any) -> Any:
         cls = _message(cls, name)
         cls.cmd = name
         cls.Reply = reply_type
@@ -248,7 +254,7 @@ def command(name: str, reply_type: type):
 class Request(Wire):
     __slots__ = ()
     cmd: ClassVar[str]
-    Reply: ClassVar[type]
+    Reply: ClassVar[type[Wire]]
 
 
 # ---------------------------------------------------------------- replies
@@ -630,7 +636,7 @@ def peer_refusal(info: dict, address: str) -> str | None:
 
 
 # ---------------------------------------------------------------- the gateway's side
-def decode_reply(reply_type: type, op: int, body: bytes):
+def decode_reply(reply_type: type[Wire], op: int, body: bytes):
     """A RESULT or MESSAGES frame answering a command -> its typed reply."""
     if op == W.OP_MESSAGES:
         header, entries = W.decode_messages(body)
