@@ -41,6 +41,8 @@ from typing import Iterable, NamedTuple
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from lmqtt.store.errors import is_disk_full
+
 from .errors import LightQueueError
 from .retention import IndexRetention
 # The take loop (dispatched records into the tails) lives in take.py with the entry format;
@@ -604,6 +606,18 @@ class LightQueueIndex:
         self.retention.join(timeout=30)
         try:
             self._flush_db()   # a clean close leaves nothing to re-dispatch
-        except Exception:
-            log.exception("light-queue index: final flush failed; the store will re-dispatch")
-        self._db.close()
+        except Exception as e:
+            if not is_disk_full(e):
+                log.exception("light-queue index: final flush failed; the store will re-dispatch")
+            else:              # one line: the store logged the disk-full episode already
+                log.error("light-queue index: final flush failed (disk full: %s); the store re-dispatches "
+                          "from the last flushed checkpoint on the next start", str(e)[:200])
+        try:
+            self._db.close()
+        except Exception as e:
+            # RocksDB's close flushes too, and refuses after a failed write ("No space left", or
+            # "Writer has previous error"): nothing it held is lost, the next start re-dispatches
+            if not (is_disk_full(e) or "previous error" in str(e)):
+                raise
+            log.error("light-queue index: close failed (%s); the store re-dispatches from the last flushed "
+                      "checkpoint on the next start", str(e)[:200])

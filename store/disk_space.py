@@ -133,16 +133,17 @@ class DiskSpace:
             log.info("store: %s after %.1f s (the disk is still short of space: %s)", what, took,
                      ", ".join(sorted(self._reasons)))
 
-    def write_failed(self, what: str, err: BaseException) -> None:
+    def write_failed(self, what: str, err: BaseException,
+                     then: str = "retried (a checkpoint left behind only means a longer replay after a restart)") -> None:
         """A write that does not refuse appends failed for lack of space (a checkpoint, a dispatcher's
-        flush): part of the episode (logged once, as `set`), ended by `write_ok`."""
+        flush): part of the episode (logged once, as `set`), ended by `write_ok`. `then`: what
+        happens meanwhile, for the log line."""
         detail = str(err).replace("\n", " ")
         if len(detail) > 160:
             detail = detail[:157] + "..."
         if "write:" + what not in self._reasons:
             self.set("write:" + what, f"disk full: {what} failed in {self.data_dir} ({size_text(self.free_bytes())} "
-                                      f"free; {detail}); retried (a checkpoint left behind only means a longer "
-                                      f"replay after a restart)")
+                                      f"free; {detail}); {then}")
 
     def write_ok(self, what: str) -> None:
         if "write:" + what in self._reasons:

@@ -26,11 +26,16 @@ import time
 from typing import Any, Callable
 
 from . import protocol as W
-from .errors import InvalidMessage, InvalidTopic, MessageTooLarge, StoreError
+from .disk_space import size_text
+from .errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
 from .fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks, read_raw
 from .message_store import _await_durable
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
+
+# what the disk-full episode calls the SDK metadata's writes (store/disk_space.py write_failed)
+META_WRITES = "writing the SDK metadata (RocksDB: producer dedup, consumer offsets)"
+META_THEN = "SDK requests that write it are refused until space is freed"
 
 log = logging.getLogger("lmqtt.store.server")
 _U32 = struct.Struct(">I")
@@ -118,6 +123,8 @@ class StoreServer:
         self._timer: asyncio.TimerHandle | None = None
         self.frames = 0
         self.errors = 0
+        self.disk_full_refusals = 0     # requests answered disk_full (each also counted in errors)
+        self.meta_full = False          # a write of the SDK metadata failed for lack of space
         self._register_builtin()
 
     # ---------------------------------------------------------------- lifecycle
@@ -148,8 +155,16 @@ class StoreServer:
             self.server.close()
         for c in list(self.connections):
             c.transport.close()
-        self.pop.persist()
-        self.meta.close()
+        # on a full disk RocksDB refuses these writes (and its close, "Writer has previous error"):
+        # one line each, and the stop goes on - the store still has to close its files
+        for what, fn in (("saving the POP state", self.pop.persist), ("closing the SDK metadata", self.meta.close)):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                if not is_disk_full(e) and "previous error" not in str(e):
+                    raise
+                log.error("event=store_server_stop_failed step=%r error=%r (disk full: what it did not write "
+                          "is what a producer's retry or a consumer's re-read covers)", what, str(e)[:200])
 
     def register_call(self, name: str, fn: Callable[..., Any], with_connection: bool = False) -> None:
         """Add a CALL command: `fn(args) -> dict | Messages`, may raise CallError/ValueError/KeyError.
@@ -208,7 +223,19 @@ class StoreServer:
                 delayed.arm(rs, parked, dues)
             out = produced_body(rs)
             if pid and seq:
-                self.meta.remember(pid, seq, out)
+                try:
+                    self.meta.remember(pid, seq, out)
+                except Exception as e:  # noqa: BLE001 - only a full disk is survivable here
+                    if not is_disk_full(e):
+                        raise
+                    # stored, but its results could not be remembered: the reply still says
+                    # stored (it is); a retry finds the batch through begin()'s pending marker
+                    self.store.clog.disk.write_failed(META_WRITES, e, META_THEN)
+                    self.meta_full = True
+                else:
+                    if self.meta_full:      # the metadata is written again: part of the episode ends
+                        self.meta_full = False
+                        self.store.clog.disk.write_ok(META_WRITES)
             del msgs
         finally:
             if gc_on:
@@ -265,7 +292,7 @@ class StoreServer:
         def stats(_a):
             st = dict(s.stats())
             st.update(connections=len(self.connections), frames=self.frames, errors=self.errors,
-                      groups=meta.groups())
+                      disk_full_refusals=self.disk_full_refusals, groups=meta.groups())
             return st
 
         def by_msg_id(a):
@@ -432,6 +459,23 @@ class StoreConnection(asyncio.Protocol):
             timer.cancel()
         self.transport.close()
 
+    def _disk_full(self, rid: int, e: BaseException) -> None:
+        """Refused for lack of space (ERROR disk_full; the SDK raises DiskFull). Not logged per
+        request: the store logs the disk-full episode once (store/disk_space.py)."""
+        disk = self.srv.store.clog.disk
+        if isinstance(e, DiskFull):
+            msg = str(e)
+        else:   # not the store's own refusal (RocksDB): part of the episode too, and counted
+            disk.write_failed(META_WRITES, e, META_THEN)
+            self.srv.meta_full = True
+            disk.refused += 1
+            msg = (f"disk full: cannot write the SDK metadata next to {disk.data_dir} "
+                   f"({size_text(disk.free_bytes())} free); nothing was stored, send again once space is freed")
+        self.srv.errors += 1
+        self.srv.disk_full_refusals += 1
+        log.debug("event=request_refused_disk_full peer=%s error=%r", self.peer, msg)
+        self._send(W.error_frame(rid, W.E_DISK_FULL, msg))
+
     def _error(self, rid: int, code: int, msg: str, close: bool = False) -> None:
         self.srv.errors += 1
         log.info("event=request_error peer=%s code=%s error=%r", self.peer, W.ERROR_NAMES.get(code, code), msg)
@@ -486,11 +530,16 @@ class StoreConnection(asyncio.Protocol):
                 self._error(rid, e.code, str(e))
             except (InvalidTopic, InvalidMessage, MessageTooLarge) as e:
                 self._error(rid, W.E_INVALID, f"{type(e).__name__}: {e}")
+            except DiskFull as e:
+                self._disk_full(rid, e)
             except StoreError as e:
                 self._error(rid, W.E_STORE, f"{type(e).__name__}: {e}")
             except (KeyError, ValueError, TypeError) as e:
                 self._error(rid, W.E_INVALID, f"bad request: {type(e).__name__}: {e}")
             except Exception as e:  # noqa: BLE001 - a bug answers one request, never kills the server
+                if is_disk_full(e):     # e.g. RocksDB (the SDK metadata) out of space
+                    self._disk_full(rid, e)
+                    continue
                 log.exception("event=handler_failed op=%#x", op)
                 self._error(rid, W.E_INTERNAL, f"{type(e).__name__}: {e}")
 

@@ -17,7 +17,7 @@ from lmqtt.gateway.model import record_props
 from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
-from lmqtt.store import Message, MessageTooLarge
+from lmqtt.store import DiskFull, Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
@@ -140,6 +140,11 @@ class PublishPipeline:
         self._delayed = 0         # delayed publishes in _pending
         self._scheduled = False
         self.inflight_batches = 0
+        # publishes refused because the store's disk is full (/metrics, see _DiskFullMetrics)
+        self.refused_disk_full = 0
+        registry = getattr(metrics, "registry", None)
+        if registry is not None:
+            registry.register(_DiskFullMetrics(self))
         # called once the batch is appended (Gateway: the notify bus's drain): with the store's
         # inline dispatch the new entries are already visible, so subscribers get them in this
         # same loop callback, before the PUBACKs are written
@@ -230,6 +235,9 @@ class PublishPipeline:
         t0 = time.perf_counter()
         try:
             results = store.append_batch(msgs) if dues is None else store.append_batch_delayed(msgs, dues)
+        except DiskFull as e:     # the store is out of space for all of them: no retry one by one,
+            whole = False         # and no log line each (the store logs the episode once)
+            results = [e] * len(batch)
         except Exception as e:  # one bad record must not fail the others: retry one by one
             whole = False
             log.warning("event=append_batch_failed error=%r count=%d; retrying one by one", e, len(batch))
@@ -258,8 +266,11 @@ class PublishPipeline:
         else:
             for p, r in zip(batch, results):
                 if isinstance(r, Exception):
-                    self.metrics.dropped_store_error.inc()
-                    log.error("event=append_failed topic=%s error=%r", p.topic, r)
+                    if isinstance(r, DiskFull):
+                        self.refused_disk_full += 1
+                    else:
+                        self.metrics.dropped_store_error.inc()
+                        log.error("event=append_failed topic=%s error=%r", p.topic, r)
                     if p.conn is not None and p.qos:
                         p.conn.pending_publishes -= 1
                     self._fail(p, r)
@@ -300,6 +311,8 @@ class PublishPipeline:
         self.metrics.flush_latency.observe(time.perf_counter() - t0)
         err = fut.exception()
         if err is not None:
+            if isinstance(err, DiskFull):     # a remote store (lmqtt gateway) refused the batch
+                self.refused_disk_full += len(ok_batch)
             for p in ok_batch:
                 conn = p.conn
                 if conn is None:
@@ -348,19 +361,68 @@ class PublishPipeline:
             log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
 
     def _fail(self, p: _Pending, err: BaseException) -> None:
-        """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends)."""
+        """The store refused or lost the write: tell an MQTT 5 client; close a 3.1.1 one (it resends).
+
+        A full disk (DiskFull, from the embedded store or a remote one) is 0x97 Quota exceeded
+        with the store's reason ("disk full: ... <data dir> (<free> free) ..."): the client may
+        publish again later, the store accepts again once space is freed. MQTT 3.1.1 has no
+        negative PUBACK: the connection is closed without acknowledging the message, and the
+        client re-sends it (DUP) when it reconnects. A QoS 0 publish is dropped (counted)."""
         conn = p.conn
         if p.qos and p.session is not None:
             p.session.inbound_pending.discard(p.pid)
         if conn is None or conn.closing or p.qos == 0:
             return
+        full = isinstance(err, DiskFull)
         if conn.version == 5:
             # PUBACK/PUBREC allow no "packet too large": a store limit is implementation-specific
-            rc = (ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if isinstance(err, MessageTooLarge)
+            rc = (ReasonCode.QUOTA_EXCEEDED if full
+                  else ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR if isinstance(err, MessageTooLarge)
                   else ReasonCode.UNSPECIFIED_ERROR)
             pkt = P.PubAck(p.pid, rc) if p.qos == 1 else P.PubRec(p.pid, rc)
             if conn.problem_info:      # the client may have said: no reason strings (§3.1.2.11.7)
-                pkt.properties.reason_string = f"store error: {err}"[:200]
+                pkt.properties.reason_string = (_disk_full_text(err) if full else f"store error: {err}")[:200]
             conn.send_fitting(pkt)
+        elif full:
+            conn.close_with_error(ReasonCode.QUOTA_EXCEEDED, _disk_full_text(err))
         else:
             conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, f"store error: {err}")
+
+
+def _disk_full_text(err: BaseException) -> str:
+    """The store's own words ("disk full: ..."), without the SDK's error-name prefix."""
+    text = getattr(err, "reason", None) or str(err)
+    return text if text.startswith("disk full") else f"disk full: {text}"
+
+
+class _DiskFullMetrics:
+    """/metrics: lmqtt_publish_refused_disk_full_total (PUBLISHes this gateway refused because the
+    store's disk is full: QoS 1/2 answered 0x97 or their 3.1.1 connection closed, QoS 0 dropped);
+    with the embedded store also lmqtt_store_disk_full (1 while it refuses appends for lack of
+    space), lmqtt_store_disk_full_refused_total (messages it refused: MQTT and SDK) and
+    lmqtt_store_disk_free_bytes (store/disk_space.py)."""
+
+    def __init__(self, pipeline: "PublishPipeline") -> None:
+        self.pipeline = pipeline
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        yield CounterMetricFamily("lmqtt_publish_refused_disk_full",
+                                  "PUBLISHes refused because the store's disk is full",
+                                  value=self.pipeline.refused_disk_full)
+        st = getattr(self.pipeline.store, "store", None)        # InProcessStore: the MessageStore
+        disk = getattr(getattr(st, "clog", None), "disk", None)
+        if disk is None:
+            return
+        s = disk.stats()
+        yield GaugeMetricFamily("lmqtt_store_disk_full", "1 while the store refuses appends for lack of disk space",
+                                value=1 if s["disk_full"] else 0)
+        yield CounterMetricFamily("lmqtt_store_disk_full_refused",
+                                  "Messages the store refused for lack of disk space (MQTT and SDK)",
+                                  value=s["disk_full_refused"])
+        if s["disk_free_bytes"] is not None:
+            yield GaugeMetricFamily("lmqtt_store_disk_free_bytes", "Free bytes on the store's filesystem",
+                                    value=s["disk_free_bytes"])

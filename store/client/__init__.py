@@ -9,13 +9,13 @@ Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with back
 asyncio), then the command API on top (`producer.py`, `consumer.py`, `admin.py`; asyncio:
 `aio_api.py`).
 """
-from .connection import (AsyncConnection, Connection, ConnectionLost, StoreClientError, connect,
+from .connection import (AsyncConnection, Connection, ConnectionLost, DiskFull, StoreClientError, connect,
                          connect_async, parse_address)
 from .consumer import FilterConsumer, PopConsumer, PullConsumer, PullResult, Record
 from .producer import AutoBatchProducer, Producer, SendResult
 from .aio_api import AsyncFilterConsumer, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer
 
 __all__ = ["connect", "connect_async", "parse_address", "Connection", "AsyncConnection", "ConnectionLost",
-           "StoreClientError", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
+           "StoreClientError", "DiskFull", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
            "FilterConsumer", "PopConsumer", "PullResult", "Record", "AsyncProducer", "AsyncPullConsumer",
            "AsyncFilterConsumer", "AsyncPopConsumer"]

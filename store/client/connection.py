@@ -22,15 +22,36 @@ import time
 from concurrent.futures import Future
 
 from lmqtt.store import protocol as W
+from lmqtt.store.errors import DiskFull as _StoreDiskFull
 
 
 class StoreClientError(Exception):
-    """The store answered with an ERROR frame. `.code` is the protocol's error code."""
+    """The store answered with an ERROR frame. `.code` is the protocol's error code.
+
+    A refusal for lack of disk space is made a `DiskFull` (a subclass), wherever the SDK builds
+    the error."""
+
+    def __new__(cls, code: int = 0, message: str = "", *args, **kw):
+        if cls is StoreClientError and _is_disk_full_reply(code, message):
+            cls = DiskFull
+        return super().__new__(cls)
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{W.ERROR_NAMES.get(code, code)}: {message}")
         self.code = code
         self.reason = message
+
+
+def _is_disk_full_reply(code, message) -> bool:
+    # E_DISK_FULL; a store from before that code answered E_STORE "DiskFull: ..."
+    return code == W.E_DISK_FULL or (code == W.E_STORE and str(message).startswith("DiskFull:"))
+
+
+class DiskFull(StoreClientError, _StoreDiskFull):
+    """The store refused the request for lack of disk space: nothing of it was stored. The message
+    names the store's data directory and its free space. The store accepts requests again once
+    space is freed (no restart), so the same send can be retried later; a Producer's retry of the
+    same batch is deduplicated as usual. Also a `lmqtt.store.DiskFull`."""
 
 
 class ConnectionLost(ConnectionError):

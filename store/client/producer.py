@@ -126,7 +126,13 @@ class Producer:
 
     `delay` (seconds) or `deliver_at` (epoch ms or an aware datetime): the store parks the message
     in its timer wheel and it appears under `topic` at that time; the SendResult (returned once
-    the timer is durable) names the parked message: `cancel_delayed(result.msg_id)` cancels it."""
+    the timer is durable) names the parked message: `cancel_delayed(result.msg_id)` cancels it.
+
+    A store out of disk space refuses the send with `DiskFull` (lmqtt.store.client; a
+    StoreClientError): nothing of it was stored, the message names the store's data directory and
+    free space. It is not retried here (space returns when an operator frees it, without a restart
+    of the store); send again later. The same error reaches the futures of `send_async` and of
+    AutoBatchProducer."""
 
     def __init__(self, conn: Connection, producer_id: str | None = None, *, retries: int = 5) -> None:
         self.conn = conn
