@@ -480,15 +480,11 @@ class Gateway:
     # ------------------------------------------------------------------------------ $SYS
     def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
         """Publish `$SYS/...` (gateway/core/sys_topics.py) every `sys_interval` seconds, retained,
-        through the ordinary publish path."""
+        from memory (the broker's `sys_retained`: never appended to the store)."""
         from lmqtt.gateway.core.sys_topics import SysTopics
         if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
             return
-        broker = self.broker
-
-        def publish(topic: str, payload: bytes) -> None:
-            broker.publisher.submit(None, 0, None, topic, payload, True, "$SYS", None)
-
+        publish = self.broker.sys_retained.publish
         try:
             from importlib.metadata import version
             ver = version("lmqtt")

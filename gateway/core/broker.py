@@ -30,6 +30,7 @@ from lmqtt.gateway.core.session_registry import SessionRegistry
 from lmqtt.gateway.storage.store_api import InProcessStore
 from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
 from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.core.sys_topics import SysRetained
 from lmqtt.gateway.delivery.engine import DeliveryEngine
 from lmqtt.gateway.core.session_persistence import SessionPersistence
 from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
@@ -98,10 +99,13 @@ class Broker:
         self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
                                                 self._publish_will)
         self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
+        # the gateway's `$SYS` values, served from memory (core/sys_topics.py): published into by
+        # app/gateway.py's timer, looked up by a SUBSCRIBE's retained messages; never stored
+        self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
         # `using` looked up when called: only a store that reads ahead (remote) has it
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
                                             using=lambda ahead: self.storage.using(ahead),
-                                            metadata=self.metadata, acl=acl, gate=gate,
+                                            metadata=self.sys_retained.over(self.metadata), acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
                                             kick=self.delivery.kick, resume=self._continue)

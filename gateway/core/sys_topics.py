@@ -3,9 +3,18 @@
 Dashboards and tools written for Mosquitto (MQTT Explorer, mosquitto_sub -t '$SYS/#', Telegraf's
 mqtt_consumer recipes) read these topics; lmqtt publishes the same names so they work unchanged.
 Every `interval` seconds (`sys_interval`, default 10, 0 = off) the values that changed since the
-last round are published retained at QoS 0 through the ordinary publish path, so they are stored
-like any retained message and a new subscriber gets the latest at once. Wildcard subscriptions
-starting with `+` or `#` do not match `$SYS` (MQTT 5 §4.7.2): a client asks for them explicitly.
+last round are published as retained QoS 0 messages. Wildcard subscriptions starting with `+` or
+`#` do not match `$SYS` (MQTT 5 §4.7.2): a client asks for them explicitly.
+
+Served from memory, never stored (`SysRetained`): `$SYS` state is this gateway's and ephemeral, so
+it is not appended to the CommitLog (an idle broker's log does not grow: a record per changed
+value every tick was 786 records after ten idle minutes) nor kept as a retained message in the
+store. The gateway holds the latest value of each topic; a SUBSCRIBE to a `$SYS` filter gets the
+matching ones as retained messages at once (the retained lookup answers a filter whose first level
+is `$SYS` from `SysRetained`, not the store: nothing else can be published there), and each
+published value goes straight to the online sessions subscribed to a matching filter (QoS 0, as a
+live message: retain flag per Retain As Published). Like any QoS 0 message it is not queued for an
+offline session or a socket over its write high-water mark; the next change of the value reaches it.
 
 Published (a subset of Mosquitto's list; values are plain decimal text as Mosquitto sends them):
   version, uptime ("N seconds"),
@@ -17,16 +26,24 @@ Published (a subset of Mosquitto's list; values are plain decimal text as Mosqui
   load/{messages,publish/received,publish/sent,bytes,connections}/{received,sent}/{1min,5min,15min}
   as Mosquitto computes them: exponentially damped per-minute rates.
 
-The numbers come from a `stats()` callable (the gateway's metrics and registries), so this
-module knows nothing of connections or the store. In a fleet each `lmqtt gateway` publishes its
-own figures under `$SYS/broker/gateways/<gateway id>/...` (one broker's `clients/connected` would
-otherwise be overwritten by every gateway in turn).
+The numbers come from a `stats()` callable (the gateway's metrics and registries), so `SysTopics`
+knows nothing of connections or the store. In a fleet each `lmqtt gateway` publishes its own
+figures under `$SYS/broker/gateways/<gateway id>/...` to its own clients (a client sees the `$SYS`
+of the gateway it is connected to).
 """
 from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+from lmqtt.gateway.delivery.retained import is_sys_filter
+from lmqtt.gateway.model.record_props import encode_cached, safe_decode
+from lmqtt.gateway.model.session import OutboundMessage, Session
+from lmqtt.lightqueue.topics import topic_matches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.delivery.engine import DeliveryEngine
 
 PREFIX = "$SYS/broker/"
 
@@ -118,3 +135,91 @@ class SysTopics:
                 self._last[topic] = text
                 n += 1
         return n
+
+
+# the props (record_props) of every `$SYS` message: QoS 0, retained, published by "$SYS"
+_PROPS = encode_cached(0, True, "$SYS")
+
+
+class SysRetained:
+    """The gateway's `$SYS` values, served from memory (see the module docstring).
+
+    `publish(topic, payload)` (SysTopics' publish callable) keeps the value and sends it to the
+    online subscribers of matching filters: the direct readers of `delivery.direct` and one member
+    of each shared group of `delivery.groups`, with the ACL's read rule. `over(metadata)` is the
+    store's retained-message lookups with `$SYS` filters answered from here (what the SUBSCRIBE
+    path sends as retained messages)."""
+
+    def __init__(self, delivery: "DeliveryEngine", acl=None, dropped=None) -> None:
+        self.values: dict[str, bytes] = {}
+        self._delivery = delivery
+        self._acl = acl
+        self._dropped = dropped          # a counter (`.inc()`) of values not sent: socket above high water
+        self._record = safe_decode(_PROPS)
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.values[topic] = payload
+        d = self._delivery
+        queues = tuple(q for q in (*d.direct, *d.groups) if is_sys_filter(q) and topic_matches(q, topic))
+        if not queues:
+            return
+        it = OutboundMessage(topic, payload, self._record, dispatch_queues=queues)
+        # a session on overlapping filters gets it once, through the subscription the delivery
+        # engine would take: the highest QoS, then the smallest filter (DeliveryEngine._owner)
+        owners: dict[Session, str] = {}
+        for q in queues:
+            for s in d.direct.get(q, ()):
+                cur = owners.get(s)
+                if cur is None or (s.direct[q].qos, cur) > (s.direct[cur].qos, q):
+                    owners[s] = q
+        for s, q in owners.items():
+            self._send(s, q, s.direct[q], it)
+        for q in queues:
+            for g in d.groups.get(q, {}).values():
+                pick = g.pick()
+                if pick is not None:
+                    self._send(pick[0], q, pick[1], it, shared=True)
+
+    def _send(self, s: Session, q: str, sub, it: OutboundMessage, shared: bool = False) -> None:
+        conn = s.conn
+        if conn is None or (sub.no_local and s.client_id == "$SYS"):
+            return
+        if conn.write_blocked:
+            if self._dropped is not None:
+                self._dropped.inc()
+            return
+        if conn.read_checks is not None and q in conn.read_checks \
+                and not self._acl.can_read(conn.identity, it.topic):
+            return
+        ids = None
+        if s.version == 5:
+            if shared:
+                ids = (sub.subscription_id,) if sub.subscription_id else None
+            else:
+                ids = s.sub_ids_for(it, q)
+        s.send_message(it, 0, sub.retain_as_published, sub_ids=ids)
+
+    def retained_batches(self, flt: str):
+        """The values matching `flt` in the shape of the store's `retained_batches`."""
+        found = [(t, p, _PROPS) for t, p in self.values.items() if topic_matches(flt, t)]
+        return iter((found,)) if found else iter(())
+
+    def over(self, metadata) -> "_WithSys":
+        return _WithSys(metadata, self)
+
+
+class _WithSys:
+    """The store's retained-message lookups (`SessionMetadata`: the two send_retained uses), with
+    `$SYS` filters answered by `SysRetained`."""
+
+    def __init__(self, metadata, sys_retained: SysRetained) -> None:
+        self._metadata = metadata
+        self._sys = sys_retained
+
+    def retained_batches(self, flt: str):
+        if is_sys_filter(flt):
+            return self._sys.retained_batches(flt)
+        return self._metadata.retained_batches(flt)
+
+    def clear_retained_if(self, topic: str, value: bytes) -> bool:
+        return self._metadata.clear_retained_if(topic, value)

@@ -33,6 +33,12 @@ class RetainedMessage(tuple):
 log = logging.getLogger("lmqtt.gateway")
 
 
+def is_sys_filter(flt: str) -> bool:
+    """A topic filter whose first level is `$SYS`: only `$SYS` topics can match it (wildcards at the
+    first level never match a `$` topic), and only the broker publishes those."""
+    return flt.startswith("$SYS") and (len(flt) == 4 or flt[4] == "/")
+
+
 def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None) -> None:
     """Send `s` the retained messages matching `sub` (retain flag 1), window permitting.
     `metadata`: the store's `SessionMetadata` (store_api.py); `acl`: None when not configured.
@@ -43,8 +49,10 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None
     others go through `Session.send_message` after the run so far is written (the order on the wire
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message. `found`: the messages, when already
-    read (a remote store's read-ahead); else they are read here."""
-    if found is not None:
+    read (a remote store's read-ahead); else they are read here. A `$SYS` filter's are never in
+    the store (the gateway's own values, core/sys_topics.py): `metadata` answers those from memory
+    and a read-ahead of the store for one is not used."""
+    if found is not None and not is_sys_filter(sub.queue):
         return _send(metadata, acl, s, sub, iter((found,)))
     try:
         found = metadata.retained_batches(sub.queue)

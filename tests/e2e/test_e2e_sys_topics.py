@@ -1,8 +1,13 @@
 """`$SYS/broker/...` on a real `lmqtt serve`, read as Mosquitto's tools read them: retained values
-under Mosquitto's names, updated every `--sys-interval`, never matched by a `#` subscription."""
+under Mosquitto's names, updated every `--sys-interval`, never matched by a `#` subscription, and
+served from the gateway's memory: never appended to the store."""
+import os
 import time
 
-from tests.support import LmqttServer, Paho
+import pytest
+
+from lmqtt.store.client import connect
+from tests.support import SERVER_KINDS, LmqttServer, Paho, serve_or_fleet
 
 
 def test_sys_topics_are_retained_updated_and_not_matched_by_hash(tmp_path):
@@ -52,5 +57,68 @@ def test_sys_topics_are_retained_updated_and_not_matched_by_hash(tmp_path):
         assert "event=publish_denied client_id=pub topic='$SYS/broker/version'" in srv.log_tail(50_000)
         for c in (everything, pub, sys_, late):
             c.disconnect()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("kind", SERVER_KINDS)
+def test_sys_topics_are_served_from_memory_and_an_idle_log_does_not_grow(kind, tmp_path):
+    """`$SYS` values are the gateway's and ephemeral: a `$SYS/#` subscriber gets them (retained at
+    once, then live every tick) while nothing is appended to the store: its CommitLog end stays
+    where it was and no `$SYS` ConsumeQueue appears. `lmqtt serve` and a fleet's `lmqtt gateway`
+    (which publishes under `$SYS/broker/gateways/<id>/`)."""
+    conf = tmp_path / "lmqtt.toml"
+    conf.write_text("sys_interval = 0.1\n")          # `lmqtt gateway` takes it from the file
+    servers = serve_or_fleet(kind, tmp_path, ("--config", str(conf)))
+    srv = next(servers)
+    admin = connect(srv.store_address)
+    try:
+        reader = Paho(srv, client_id="sys-reader", version=5)
+        reader.subscribe("$SYS/#", qos=0)
+        first = reader.get(timeout=5)
+        assert first.topic.startswith("$SYS/broker/") and first.retain       # the current values, at once
+        start = admin.admin().stats()["max_offset"]
+        # messages/sent moves every tick (the reader is sent $SYS messages): live updates
+        sent = set()
+        deadline = time.monotonic() + 10
+        while len(sent) < 5 and time.monotonic() < deadline:
+            for m in reader.get_n(1, timeout=max(0.01, deadline - time.monotonic())):
+                if m.topic.endswith("/messages/sent") and not m.retain:
+                    sent.add(m.payload)
+        assert len(sent) >= 5, sent
+        assert admin.admin().stats()["max_offset"] == start
+        assert not os.path.exists(os.path.join(srv.data_dir, "store", "consumequeue", "%24SYS"))
+        reader.disconnect()
+    finally:
+        admin.close()
+        servers.close()
+
+
+def test_live_sys_values_reach_overlapping_subscriptions_once_with_their_identifiers(tmp_path):
+    """Sent from memory as the delivery engine sends a stored message: one PUBLISH per value for
+    overlapping filters, carrying every matching subscription identifier (MQTT 5 §3.3.4)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--sys-interval", "0.2"),
+                      log_path=str(tmp_path / "serve.log")).start()
+    try:
+        c = Paho(srv, client_id="sys-ids", version=5)
+        for flt, sid in (("$SYS/broker/uptime", 7), ("$SYS/#", 9)):
+            props = Properties(PacketTypes.SUBSCRIBE)
+            props.SubscriptionIdentifier = sid
+            res, _mid = c.c.subscribe(flt, options=SubscribeOptions(qos=0), properties=props)
+            assert res == 0
+        live = []
+        deadline = time.monotonic() + 10
+        while len(live) < 3 and time.monotonic() < deadline:
+            for m in c.get_n(1, timeout=max(0.01, deadline - time.monotonic())):
+                if m.topic == "$SYS/broker/uptime" and not m.retain:
+                    live.append((m.payload, sorted(m.properties.SubscriptionIdentifier)))
+        assert len(live) >= 3, live
+        assert len({p for p, _ in live}) == len(live), f"a value came twice: {live}"
+        assert all(ids == [7, 9] for _, ids in live), live
+        c.disconnect()
     finally:
         srv.stop()
