@@ -26,7 +26,7 @@ class GatewayConfig:
     flush_mode: str = "async"
     metrics_port: int = 9883          # 0 = no metrics endpoint
     metrics_host: str | None = None   # defaults to `host`
-    segment_mb: int = 256             # CommitLog segment size (preallocated)
+    segment_mb: int = 32              # CommitLog segment size of a new data dir (preallocated; docs/store.md)
     # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
     # ring and another quarter the store's cache of just-appended records
     lq_cache_mb: int = 64

@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
-    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--segment-mb", type=int,
+                   help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
+                        "data dir keeps its own; a busy server: 256)")
     p.add_argument("--workers", type=int,
                    help="gateway processes on this port over one store process (SO_REUSEPORT; default 1 = "
                         "everything in this process)")

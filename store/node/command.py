@@ -2,7 +2,7 @@
 served over the native protocol (docs/protocol.md) for the SDK and remote gateways.
 
     lmqtt store [--host 127.0.0.1] [--port 10911] [--data-dir ./lmqtt-data] [--config lmqtt.toml]
-                [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 256]
+                [--token TOKEN] [--flush-mode async|sync|async+buffer] [--segment-mb 32]
                 [--redis redis://HOST:6379/0 [--notify-mode broadcast|precise]] [--metrics-port 9884]
                 [--will-grace-s 5] [--session-sweep-s 60]
 
@@ -35,7 +35,7 @@ log = logging.getLogger("lmqtt.store")
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
 DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
-            "flush_mode": "async", "segment_mb": 256, "log_level": "INFO", "max_frame_mb": 64,
+            "flush_mode": "async", "segment_mb": 32, "log_level": "INFO", "max_frame_mb": 64,
             "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
             "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
             "dispatch_inline": True}
@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--token", help="auth token clients send in the handshake (required off loopback)")
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
-    p.add_argument("--segment-mb", type=int, help="CommitLog segment size in MiB (default 256)")
+    p.add_argument("--segment-mb", type=int,
+                   help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
+                        "data dir keeps its own; a busy server: 256)")
     p.add_argument("--max-frame-mb", type=int, help="largest accepted frame in MiB (default 64)")
     p.add_argument("--redis", help="also publish new-data events to Redis pub/sub (gateways with --redis)")
     p.add_argument("--notify-mode", choices=("broadcast", "precise"), help="Redis notify mode (default broadcast)")
