@@ -1,6 +1,6 @@
 """`MappedFileQueue`: a directory of equal-size `MappedFile`s forming one contiguous address space.
 
-Used by the CommitLog (1 GiB segments) and each ConsumeQueue (300,000 x 20-byte entries). Files are
+Used by the CommitLog (`segment_size` segments) and each ConsumeQueue (`cq_entries_per_file` x 20 B). Files are
 named by their 20-digit zero-padded start offset, so offset -> file is one division. The list is
 replaced, never mutated in place (copy-on-write), so readers on other threads can take a snapshot
 without a lock.

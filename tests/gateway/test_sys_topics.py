@@ -74,3 +74,12 @@ def test_load_averages_are_damped_per_minute_rates():
     got = dict(sent)
     assert float(got[PREFIX + "load/messages/received/1min"]) == round(600 * math.exp(-1), 2)
     assert float(got[PREFIX + "load/messages/received/15min"]) == round(600 * math.exp(-60 / 900), 2)
+
+
+def test_sys_filters_are_those_whose_first_level_is_sys():
+    """The retained lookup answers these from the gateway's memory (SysRetained), the others from
+    the store: a filter that can match a topic anyone else may publish must not be one."""
+    from lmqtt.gateway.delivery.retained import is_sys_filter
+    assert all(is_sys_filter(f) for f in ("$SYS", "$SYS/#", "$SYS/broker/+", "$SYS/broker/uptime"))
+    assert not any(is_sys_filter(f) for f in ("#", "+/broker/uptime", "$SYSX/#", "$SYSTEM",
+                                              "a/$SYS", "$sys/#"))
