@@ -26,12 +26,16 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from .errors import DiskFull
 from .message import Message, StoredMessage
 from .timer import Timer, TimerWheel
 
 PARK_TOPIC = "$timer"
 _WRAP = struct.Struct("<qIHH")       # due_ms, flags, queue_id, topic length; then topic, then props
 TIMER_KEY = "timer:"
+# what the disk-full episode calls a failed TimerLog reservation (store/disk_space.py)
+_TIMERLOG_WRITES = "allocating TimerLog space for delayed messages"
+
 log = logging.getLogger("lmqtt.store.delayed")
 
 
@@ -70,6 +74,7 @@ class DelayedMessages:
         self._sync = getattr(cfg, "flush_mode", "") == "sync"
         self.wheel = TimerWheel(directory, self._fire, already_fired=self._already_fired, clock=clock,
                                 **wheel_options)
+        self._full = False      # the last TimerLog reservation failed for lack of space
 
     # --------------------------------------------------------------------------------- API
     def schedule(self, msg: Message, due_ms: int):
@@ -82,6 +87,7 @@ class DelayedMessages:
             raise DelayError(f"a delay of {(due_ms - now) / 1000:.0f} s exceeds the maximum of "
                              f"{self.wheel.max_delay_ms / 1000:.0f} s")
         parked = Message(PARK_TOPIC, msg.body, 0, 0, _wrap(msg, due_ms), msg.keys, msg.born_ts or now)
+        self._reserve(1)
         r = self.store.append(parked)
         self.wheel.schedule(due_ms, r.phys_offset, r.size)
         return r
@@ -98,6 +104,7 @@ class DelayedMessages:
                 raise DelayError(f"a delay of {(due - now) / 1000:.0f} s exceeds the maximum of "
                                  f"{self.wheel.max_delay_ms / 1000:.0f} s")
             parked.append(Message(PARK_TOPIC, m.body, 0, 0, _wrap(m, due), m.keys, m.born_ts or now))
+        self._reserve(len(parked))
         results = self.store.append_batch(parked)
         schedule = self.wheel.schedule
         for r, due in zip(results, due_ms):
@@ -127,7 +134,26 @@ class DelayedMessages:
                 self.check(m.topic, due, now)
                 out[i] = Message(PARK_TOPIC, m.body, 0, 0, _wrap(m, due), m.keys, m.born_ts or now)
                 idx.append(i)
+        if idx:
+            self._reserve(len(idx))
         return out, idx
+
+    def _reserve(self, count: int) -> None:
+        """TimerLog space for `count` timers, before their parked records are appended: a full
+        disk refuses the publish (DiskFull, the store's disk-full episode, store/disk_space.py)
+        instead of storing a parked record whose timer cannot be written."""
+        disk = getattr(getattr(self.store, "clog", None), "disk", None)
+        try:
+            self.wheel.reserve(count)
+        except DiskFull as e:
+            if disk is None:
+                raise
+            self._full = True
+            raise disk.write_refused(_TIMERLOG_WRITES, e, count, "delayed messages are refused until space is "
+                                                                 "freed") from None
+        if self._full:
+            self._full = False
+            disk.write_ok(_TIMERLOG_WRITES)
 
     def arm(self, results, indexes: list[int], due_ms: list[int]) -> None:
         """The timers of the parked records of a batch appended after `park`."""

@@ -145,6 +145,13 @@ class DiskSpace:
             self.set("write:" + what, f"disk full: {what} failed in {self.data_dir} ({size_text(self.free_bytes())} "
                                       f"free; {detail}); {then}")
 
+    def write_refused(self, what: str, err: BaseException, count: int, then: str) -> DiskFull:
+        """`write_failed`, for a write whose failure refuses `count` messages: counted, and the
+        DiskFull to raise (with the episode's reason for it)."""
+        self.write_failed(what, err, then)
+        self.refused += count
+        return DiskFull(self._reasons.get("write:" + what) or str(err))
+
     def write_ok(self, what: str) -> None:
         if "write:" + what in self._reasons:
             self.clear("write:" + what, f"{what} works again")

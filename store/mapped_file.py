@@ -93,6 +93,20 @@ class MappedFile:
     def end_offset(self) -> int:
         return self.start_offset + self.size
 
+    def reserve(self, pos: int, length: int) -> None:
+        """Allocate the disk blocks of [pos, pos + length) of a file created sparse
+        (preallocate=False): a write into the map over a hole meets a full disk as SIGBUS, which
+        kills the process; this meets it as DiskFull, before anything is written there. Blocks
+        already allocated cost nothing. On a filesystem without fallocate it does nothing."""
+        try:
+            os.posix_fallocate(self.fd, pos, length)
+        except OSError as e:
+            if e.errno in NO_SPACE_ERRNOS:
+                raise DiskFull(f"no space left to allocate {length} bytes of {self.path}: {e.strerror}") from None
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return
+            raise StoreError(f"cannot allocate space in {self.path}: {e}") from None
+
     def write(self, pos: int, data) -> None:
         """Copy `data` into the map at `pos` (one slice assignment, no syscall)."""
         self.mm[pos:pos + len(data)] = data

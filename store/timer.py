@@ -27,6 +27,14 @@ Delays beyond the wheel span are *rolled*: the record is placed at the middle of
 the ROLL flag and the real due time, and re-enqueued when that tick comes, as many times as needed
 (RocketMQ rolls the same way). Cancellation appends a DELETE record for the same tick naming the
 cancelled timer; the firing walk collects those first.
+
+After a recovery that cut the parked records' log (the caller's business: the store's
+`<data_dir>/recoveries`, store/recovery.py), the caller hands the cut's end to `drop_lost` before
+anything is scheduled: every timer and cancellation written so far whose record does not lie
+wholly below that end is dropped. The rule `(TimerLog position then, end)` is kept in the
+checkpoint (`cuts`), so every later recovery of the TimerLog drops the same records (no TimerLog
+record changes: the format is the same as before), together with the last recovery generation
+checked (`recovery_generation`); a rule is forgotten once the fired position has passed it.
 """
 from __future__ import annotations
 
@@ -56,6 +64,9 @@ DEFAULT_PRECISION_MS = 1000
 DEFAULT_WHEEL_TICKS = 7 * 24 * 3600          # one week of 1 s ticks: 2.4 MB of slot arrays
 DEFAULT_MAX_DELAY_MS = 40 * 24 * 3600 * 1000  # 40 days
 RECORDS_PER_FILE = 1 << 20                   # 48 MiB TimerLog files
+# TimerLog files are sparse: disk blocks are allocated this far ahead of the write position
+# (`reserve`), so a record written into a map never meets a full disk as SIGBUS
+RESERVE_BYTES = 64 << 10
 MAX_TICKS_PER_ROUND = 3600                   # a long outage catches up in checkpointed steps
 
 
@@ -78,7 +89,8 @@ class TimerWheel:
 
     `fire(timers)` runs on the firing thread with the due timers of one or more ticks, in due
     order; it must make them durable before returning (the checkpoint moves after it returns). If
-    it raises, the same ticks are offered again after `retry_s`; nothing is skipped.
+    it raises, the same ticks are offered again after `retry_s`; nothing is skipped. It may return
+    how many of them it refused to release (not counted as fired; they are done with all the same).
     """
 
     def __init__(self, directory: str, fire: Callable[[list[Timer]], None], *,
@@ -113,9 +125,15 @@ class TimerWheel:
         self._recovered: dict[int, list[int]] = {}  # tick -> positions re-chained at recovery
         self._cancelled: set[int] = set()          # ref_offsets cancelled and not yet passed
         self._write_pos = 0
+        self._reserved = 0                         # TimerLog position blocks are allocated up to
         self._lock = threading.Lock()              # appends and slot updates (any thread)
         self._cp_path = os.path.join(directory, "fired.json")
         self._cp_early: tuple[int, list[int]] | None = None     # set by _load_checkpoint
+        # drop_lost's rules, (TimerLog position, CommitLog end): a record below the position whose
+        # parked record does not end below the end is dropped (set by _load_checkpoint)
+        self._cuts: list[tuple[int, int]] = []
+        self.recovery_generation: int | None = None   # last recovery of the caller's log checked
+        self._lost: list[Timer] = []      # set by _recover: the timers the newest rule dropped
         self._fired_tick, self._fired_pos = self._load_checkpoint()
         if not os.path.exists(self._cp_path):
             # written before the first timer: a crash before the first firing must find every
@@ -136,6 +154,7 @@ class TimerWheel:
         self.fired_total = 0
         self.rolled_total = 0
         self._recover()
+        self._opened_at = self._write_pos          # drop_lost: nothing written since the recovery
 
     # ------------------------------------------------------------------------------ public API
     def schedule(self, due_ms: int, ref_offset: int, ref_size: int) -> int:
@@ -149,8 +168,9 @@ class TimerWheel:
             raise TimerError(f"a delay of {(due_ms - now) / 1000:.0f} s exceeds the maximum of "
                              f"{self.max_delay_ms / 1000:.0f} s")
         with self._lock:
+            pos = self._place(due_ms, ref_offset, ref_size)    # DiskFull: nothing changed
             self._pending += 1
-            return self._place(due_ms, ref_offset, ref_size)
+            return pos
 
     def cancel(self, ref_offset: int) -> None:
         """Cancel the pending timer of `ref_offset`: it will not fire (durable like `schedule`).
@@ -162,12 +182,35 @@ class TimerWheel:
         with self._lock:
             if ref_offset in self._cancelled:
                 return
+            self._reserve(1)
             pos = self._write_pos
             f = self.log.find(pos) or self.log.create(pos)
             f.write(pos - f.start_offset, RECORD.pack(RECORD_SIZE, MAGIC, NO_POS, 0, ref_offset, 0,
                                                       FLAG_DELETE, -1))
             self._write_pos = pos + RECORD_SIZE
             self._cancelled.add(ref_offset)
+
+    def reserve(self, count: int) -> None:
+        """Make sure the next `count` records have disk blocks; DiskFull when the disk has no room
+        for them (nothing is written). The delayed messages call it before appending their parked
+        records, so that a full disk refuses the publish instead of leaving a parked record
+        without its timer."""
+        with self._lock:
+            self._reserve(count)
+
+    def _reserve(self, count: int) -> None:
+        """Under the lock: allocate the blocks of the next `count` records (and RESERVE_BYTES
+        ahead, so this is one comparison per record). The TimerLog files are sparse."""
+        end = self._write_pos + count * RECORD_SIZE
+        if end <= self._reserved:
+            return
+        pos = max(self._reserved, self._write_pos)
+        while pos < end:
+            f = self.log.find(pos) or self.log.create(pos)
+            n = min(max(end, pos + RESERVE_BYTES), f.end_offset) - pos
+            f.reserve(pos - f.start_offset, n)
+            pos += n
+            self._reserved = pos
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-timer", daemon=True)
@@ -210,6 +253,7 @@ class TimerWheel:
         return self._append(tick, due_ms, ref, ref_size, flags)
 
     def _append(self, tick: int, due_ms: int, ref: int, ref_size: int, flags: int) -> int:
+        self._reserve(1)                         # DiskFull before anything changes
         i = tick % self.ticks
         if self._slot_tick[i] != tick:          # the slot last held an older, fired tick
             self._slot_tick[i] = tick
@@ -265,6 +309,10 @@ class TimerWheel:
                                  f"{cp['precision_ms']} ms, not {self.precision} ms")
             if "early_tick" in cp:      # a clean close inside a tick: what it released already
                 self._cp_early = (int(cp["early_tick"]), [int(x) for x in cp["early_done"]])
+            # absent in a checkpoint written before drop_lost existed: no rules, generation unknown
+            self._cuts = [(int(w), int(e)) for w, e in cp.get("cuts", ())]
+            if "recovery_generation" in cp:
+                self.recovery_generation = int(cp["recovery_generation"])
             return int(cp["tick"]), int(cp["pos"])
         except FileNotFoundError:
             return int(self._clock() * 1000) // self.precision - 1, 0
@@ -276,6 +324,12 @@ class TimerWheel:
         clean restart does not offer them again (after a crash the caller's recheck does that)."""
         tmp = self._cp_path + ".tmp"
         cp = {"tick": self._fired_tick, "pos": self._fired_pos, "precision_ms": self.precision}
+        # a rule below the fired position is never needed again: recovery starts there
+        self._cuts = [c for c in self._cuts if c[0] > self._fired_pos]
+        if self._cuts:
+            cp["cuts"] = [list(c) for c in self._cuts]
+        if self.recovery_generation is not None:
+            cp["recovery_generation"] = self.recovery_generation
         if early and self._early_tick == self._fired_tick + 1 and self._early_done:
             cp["early_tick"] = self._early_tick
             cp["early_done"] = sorted(self._early_done)
@@ -294,6 +348,10 @@ class TimerWheel:
         A cancellation below the scan start needs no replay: its timer sat in a tick that fired
         (the scan starts at the first record of the oldest unfired tick), and a rolled timer is
         dropped at its roll when cancelled.
+
+        Records a `drop_lost` rule covers are skipped, timers and cancellations alike (a
+        cancellation of a lost record must not cancel a new parked record at the same offset);
+        the timers the newest rule covers are listed in `_lost` for drop_lost's report.
         """
         files = self.log.files
         if not files:
@@ -301,25 +359,43 @@ class TimerWheel:
         pos = max(self._fired_pos, files[0].start_offset)
         end = files[-1].end_offset
         live: list[tuple[int, int]] = []
+        cuts = self._cuts
+        newest = len(cuts) - 1
+        lost: list[tuple[int, tuple]] = []
+        lost_cancelled: set[int] = set()
         while pos < end:
             f = self.log.find(pos)
             rec = RECORD.unpack_from(f.mm, pos - f.start_offset)
             if rec[0] != RECORD_SIZE or rec[1] != MAGIC:
                 break
+            cut = self._cut_by(pos, rec) if cuts else -1
             if rec[_FLAGS] & FLAG_DELETE:
-                self._cancelled.add(rec[_REF])
+                if cut < 0:
+                    self._cancelled.add(rec[_REF])
+                elif cut == newest:
+                    lost_cancelled.add(rec[_REF])
             elif rec[_TICK] > self._fired_tick:
-                live.append((pos, rec[_TICK]))
+                if cut < 0:
+                    live.append((pos, rec[_TICK]))
+                elif cut == newest:
+                    lost.append((pos, rec))
             pos += RECORD_SIZE
         self._write_pos = pos
         if self._cp_early is not None and self._cp_early[0] == self._fired_tick + 1:
             et, done = self._cp_early
             self._early_tick, self._early_done, self._early_fresh = et, set(done), True
             live = [(p, tick) for p, tick in live if not (tick == et and p in self._early_done)]
+            lost = [(p, r) for p, r in lost if not (r[_TICK] == et and p in self._early_done)]
             for p in done:
                 r = self._read(p)
-                if r is not None:
+                if r is not None and (not cuts or self._cut_by(p, r) < 0):
                     self._early_refs.add(r[_REF])
+        # one per parked record (a re-armed timer has copies), and not the cancelled ones
+        seen: dict[int, Timer] = {}
+        for p, r in lost:
+            if r[_REF] not in lost_cancelled and r[_REF] not in seen:
+                seen[r[_REF]] = Timer(r[_REF], r[_REF_SIZE], r[_DUE], p)
+        self._lost = sorted(seen.values(), key=lambda t: (t.due_ms, t.ref_offset))
         for p, tick in live:
             chain = self._recovered.setdefault(tick, [])
             if not chain:
@@ -327,6 +403,48 @@ class TimerWheel:
             chain.append(p)
             self._pending += 1
         self._recheck_until = int(self._clock() * 1000) // self.precision
+
+    def _cut_by(self, pos: int, rec: tuple) -> int:
+        """The index of the first `drop_lost` rule covering the record at `pos` (-1: none)."""
+        last = rec[_REF] + max(rec[_REF_SIZE], 1)        # a cancellation names its ref only
+        for i, (below, end) in enumerate(self._cuts):
+            if pos < below and last > end:
+                return i
+        return -1
+
+    def drop_lost(self, end: int, generation: int) -> list[Timer]:
+        """After a recovery that cut the log of the parked records at `end` (and earlier ones,
+        up to `generation`): drop every timer and cancellation written so far whose record does
+        not lie wholly below `end`, for good (the rule is checkpointed; see the module
+        docstring). Returns the pending timers dropped (one per record, cancelled ones left out),
+        in due order. Call before `start()` and before anything is scheduled or cancelled."""
+        with self._lock:
+            if self._thread is not None or self._write_pos != self._opened_at:
+                raise TimerError("drop_lost must be called before the timer wheel starts or writes")
+            self._cuts.append((self._write_pos, end))
+            # recovered again from the TimerLog under the new rule: the same state as a restart
+            self._firsts = []
+            self._recovered = {}
+            self._cancelled = set()
+            self._pending = 0
+            self._early_tick = -1
+            self._early_queue = []
+            self._early_seen = NO_POS
+            self._early_done = set()
+            self._early_refs = set()
+            self._early_fresh = True
+            self._recover()
+            lost, self._lost = self._lost, []
+            self.recovery_generation = generation
+            self._save_checkpoint(early=True)
+        return lost
+
+    def note_recovery_generation(self, generation: int) -> None:
+        """Record (durably) that the caller's recoveries up to `generation` were checked."""
+        with self._lock:
+            if self.recovery_generation != generation:
+                self.recovery_generation = generation
+                self._save_checkpoint(early=True)
 
     # --------------------------------------------------------------------------------- firing
     def _run(self) -> None:
@@ -389,6 +507,9 @@ class TimerWheel:
                         dropped.append(-1)
                         continue
                     due.append(t)
+            # room for the rolled timers' new records before anything fires: on a full disk the
+            # ticks are offered again later rather than half-rolled
+            self._reserve(len(rolled))
         due.sort(key=lambda t: (t.due_ms, t.pos))
         if len(due) > 1:
             # one timer per ref fires: a ref scheduled twice (a retried PRODUCE re-arming timers
@@ -403,11 +524,12 @@ class TimerWheel:
                     seen.add(t.ref_offset)
                     uniq.append(t)
             due = uniq
+        refused = 0
         if due:
-            self._fire(due)                      # raises -> nothing below runs; retried
+            refused = self._fire(due) or 0       # raises -> nothing below runs; retried
         with self._lock:
             self._pending -= len(due) + len(dropped)
-            self.fired_total += len(due)
+            self.fired_total += len(due) - refused
             self._cancelled.difference_update(dropped)
             for tick in range(self._fired_tick + 1, last + 1):
                 self._recovered.pop(tick, None)
@@ -497,9 +619,10 @@ class TimerWheel:
                     continue
                 seen.add(ref)
                 due.append(t)
+        refused = 0
         if due:
             try:
-                self._fire(due)
+                refused = self._fire(due) or 0
             except BaseException:
                 with self._lock:                # offered again at the next scan
                     if self._early_tick == cur:
@@ -512,6 +635,6 @@ class TimerWheel:
                 self._early_done.update(t.pos for t in due)
                 self._early_refs.update(t.ref_offset for t in due)
             self._pending -= len(due) + len(accounted)
-            self.fired_total += len(due)
+            self.fired_total += len(due) - refused
             self._cancelled.difference_update(cancelled_refs)
         return len(due)

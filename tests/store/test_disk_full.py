@@ -169,3 +169,69 @@ def test_a_topic_first_seen_on_a_full_disk_is_readable_after_free_and_after_rest
         assert ("", 0) not in st.consume_queues.queues
     finally:
         st.shutdown()
+
+
+_DELAYED_CHILD = r'''
+import sys, time
+from lmqtt.store import DiskFull, Message, MessageStore, StoreConfig
+sys.path.insert(0, sys.argv[2])
+from lmqtt.loadtest.chaos.disk import SmallDisk
+disk = SmallDisk(sys.argv[1], 1)          # mounted by the test: fill/free only
+st = MessageStore(StoreConfig(data_dir=sys.argv[1] + "/store", segment_size=1 << 20, max_message_size=64 * 1024,
+                              cq_entries_per_file=100_000, index_slots=64, index_entries=100_000,
+                              disk_high_water=1.0, timer_precision_ms=100))
+st.start()
+dm = st.enable_delayed()
+now = int(time.time() * 1000)
+r = dm.schedule(Message(topic="d/x", body=b"first"), now + 60_000)
+assert st.wait_dispatched(r.phys_offset + r.size, 10)     # its ConsumeQueue file exists
+disk.fill(0)
+acked = 1
+for i in range(5000):                      # a TimerLog reservation holds ~1365 timers
+    try:
+        dm.schedule(Message(topic="d/x", body=b"%d" % i), now + 60_000)
+    except DiskFull as e:
+        print("REFUSED", e, flush=True)
+        break
+    acked += 1
+else:
+    print("NEVER REFUSED", flush=True)
+disk.free()
+deadline = time.time() + 15
+while True:                                  # accepted again (the disk check runs every second)
+    try:
+        dm.schedule(Message(topic="d/x", body=b"soon"), int(time.time() * 1000) + 200)
+        break
+    except DiskFull:
+        assert time.time() < deadline, "delayed messages still refused after free()"
+        time.sleep(0.1)
+acked += 1
+deadline = time.time() + 15
+while time.time() < deadline and not st.read_consume_queue("d/x", 0, 0, 10):
+    time.sleep(0.05)
+print("FIRED", [m.body for m in st.read_consume_queue("d/x", 0, 0, 10)], "PENDING", dm.wheel.pending, "ACKED", acked)
+st.shutdown()
+'''
+
+
+def test_a_delayed_publish_on_a_full_disk_is_refused_not_a_sigbus(tmp_path):
+    """The TimerLog's files are sparse and written through a memory map: on a full disk the write
+    of a timer into a hole was SIGBUS (the process died). Now its blocks are allocated ahead and a
+    delayed message that does not fit is refused with DiskFull before its parked record is
+    appended; after free() delayed messages are accepted and fire."""
+    import subprocess
+    import sys
+    disk = SmallDisk(str(tmp_path / "disk"), 16).mount()
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        p = subprocess.run([sys.executable, "-c", _DELAYED_CHILD, disk.path, root], capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        disk.umount()
+    assert p.returncode == 0, f"exit {p.returncode} (SIGBUS is -7): {p.stdout[-2000:]} {p.stderr[-2000:]}"
+    assert "REFUSED disk full" in p.stdout and "TimerLog" in p.stdout, p.stdout
+    fired = [ln for ln in p.stdout.splitlines() if ln.startswith("FIRED")]
+    assert fired and "[b'soon']" in fired[0], p.stdout
+    n_pending = int(fired[0].split("PENDING ")[1].split()[0])
+    n_acked = int(fired[0].split("ACKED ")[1])
+    assert n_pending == n_acked - 1, fired        # every accepted timer is there, the refused one not
