@@ -134,16 +134,20 @@ class DiskSpace:
                      ", ".join(sorted(self._reasons)))
 
     def write_failed(self, what: str, err: BaseException,
-                     then: str = "retried (a checkpoint left behind only means a longer replay after a restart)") -> None:
+                     then: str = "retried (a checkpoint left behind only means a longer replay after a restart)",
+                     key: str | None = None) -> None:
         """A write that does not refuse appends failed for lack of space (a checkpoint, a dispatcher's
-        flush): part of the episode (logged once, as `set`), ended by `write_ok`. `then`: what
-        happens meanwhile, for the log line."""
+        flush): part of the episode (logged once, as `set`), ended by `write_ok(key)`. `what`
+        names it in the log line, `then` says what happens meanwhile; `key` (default `what`)
+        identifies it, when what fails may differ from one attempt to the next."""
+        key = "write:" + (key or what)
+        if key in self._reasons:
+            return
         detail = str(err).replace("\n", " ")
         if len(detail) > 160:
             detail = detail[:157] + "..."
-        if "write:" + what not in self._reasons:
-            self.set("write:" + what, f"disk full: {what} failed in {self.data_dir} ({size_text(self.free_bytes())} "
-                                      f"free; {detail}); {then}")
+        self.set(key, f"disk full: {what} failed in {self.data_dir} ({size_text(self.free_bytes())} free; "
+                      f"{detail}); {then}")
 
     def write_refused(self, what: str, err: BaseException, count: int, then: str) -> DiskFull:
         """`write_failed`, for a write whose failure refuses `count` messages: counted, and the
@@ -152,9 +156,9 @@ class DiskSpace:
         self.refused += count
         return DiskFull(self._reasons.get("write:" + what) or str(err))
 
-    def write_ok(self, what: str) -> None:
-        if "write:" + what in self._reasons:
-            self.clear("write:" + what, f"{what} works again")
+    def write_ok(self, key: str) -> None:
+        if "write:" + key in self._reasons:
+            self.clear("write:" + key, f"{key} works again")
 
     def _publish(self) -> None:
         """Under the lock: what the append path reads. `segment` refuses only appends that need a

@@ -22,6 +22,10 @@ from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
 log = logging.getLogger("lmqtt.store")
 
+# how the disk-full episode (store/disk_space.py) keys a failing flush of the dispatch thread's
+# dispatchers (those without flush_thread_safe: the light-queue index)
+DISPATCH_THREAD_FLUSH = "the dispatch thread's flush of its dispatchers"
+
 
 @runtime_checkable
 class Dispatcher(Protocol):
@@ -54,8 +58,10 @@ class DispatchService:
         self.error: BaseException | None = None
         self.failed_dispatcher: str | None = None
         self.flush_error: BaseException | None = None
-        self.failed_flush: str | None = None
-        self._flush_full: str | None = None     # what a disk-full flush failure told DiskSpace
+        # per `which` of flush_dispatchers (the dispatch thread and the background service flush
+        # different dispatchers, concurrently): the name of the one whose flush failed last
+        self.failed_flush: dict[str, str] = {}
+        self._flush_full = False                # a disk-full flush failure was told to DiskSpace
         self._ckpts: list[int] = []
         self._idle = False
         # wake-up signal: a Lock used as a binary semaphore (released = "wake pending"). An
@@ -196,7 +202,7 @@ class DispatchService:
 
         A dispatcher whose flush fails (a full disk: a checkpoint file, a RocksDB flush) does not
         keep the others from flushing; the first error is raised after all were tried, with the
-        failing one's name in `failed_flush`. Its checkpoint stays where it was, so a restart
+        failing one's name in `failed_flush[which]`. Its checkpoint stays where it was, so a restart
         replays from there: nothing is lost, only replayed."""
         err = None
         for d in self.dispatchers:
@@ -207,7 +213,7 @@ class DispatchService:
                 except Exception as e:  # noqa: BLE001 - raised below, after the others flushed
                     if err is None:
                         err = e
-                        self.failed_flush = getattr(d, "name", repr(d))
+                        self.failed_flush[which] = getattr(d, "name", repr(d))
         if which != "thread-safe":
             self._last_flush = time.monotonic()   # also after a failure: retried next interval
         if err is not None:
@@ -272,26 +278,24 @@ class DispatchService:
             log.warning("dispatch resumed at offset %d (after: %s)", self.dispatched, e)
 
     def _flush_failed(self, e: BaseException) -> None:
-        name = self.failed_flush or "?"
+        name = self.failed_flush.get("dispatch-thread", "?")
         disk = getattr(self.clog, "disk", None)
         if disk is not None and is_disk_full(e):
-            what = f"the {name} dispatcher's flush"
-            disk.write_failed(what, e)      # part of the disk-full episode: logged once
-            self._flush_full = what
+            # part of the disk-full episode: logged once
+            disk.write_failed(f"the {name} dispatcher's flush", e, key=DISPATCH_THREAD_FLUSH)
+            self._flush_full = True
         elif self.flush_error is None or repr(e) != repr(self.flush_error):
             log.exception("flush of the %s dispatcher failed: %s (retried every %.1f s)", name, e,
                           self.flush_interval)
         self.flush_error = e
 
     def _flushed_again(self) -> None:
-        what = self._flush_full
-        if what is not None:
-            self.clog.disk.write_ok(what)
-            self._flush_full = None
+        if self._flush_full:
+            self.clog.disk.write_ok(DISPATCH_THREAD_FLUSH)
+            self._flush_full = False
         else:
             log.warning("the dispatchers flush again (after: %s)", self.flush_error)
         self.flush_error = None
-        self.failed_flush = None
 
     def dispatch_round(self) -> None:
         clog = self.clog

@@ -117,7 +117,7 @@ class BackgroundService:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None      # the last error of any duty, None when all work
         self.errors: dict[str, BaseException] = {}   # duty -> its error, while it fails
-        self._full: dict[str, str] = {}              # duty -> what it told DiskSpace failed
+        self._full: set[str] = set()                 # duties that told DiskSpace they failed for space
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-background", daemon=True)
@@ -186,10 +186,11 @@ class BackgroundService:
         except BaseException as e:  # noqa: BLE001 - keep serving
             if is_disk_full(e):
                 what = name
-                if name == "dispatcher flush" and self.store.dispatch.failed_flush:
-                    what = f"the {self.store.dispatch.failed_flush} dispatcher's flush"
-                disk.write_failed(what, e)
-                self._full[name] = what
+                failed = self.store.dispatch.failed_flush.get("thread-safe")
+                if name == "dispatcher flush" and failed:
+                    what = f"the {failed} dispatcher's flush"
+                disk.write_failed(what, e, key=name)     # one cause per duty, whoever failed in it
+                self._full.add(name)
             else:
                 last = self.errors.get(name)
                 if last is None or repr(e) != repr(last):
@@ -199,9 +200,9 @@ class BackgroundService:
         else:
             if name in self.errors:
                 e = self.errors.pop(name)
-                what = self._full.pop(name, None)
-                if what is not None:
-                    disk.write_ok(what)
+                if name in self._full:
+                    self._full.discard(name)
+                    disk.write_ok(name)
                 else:
                     log.warning("store background service: %s works again (after: %s)", name, e)
                 if not self.errors:

@@ -133,8 +133,10 @@ def wait(pred, timeout: float, what: str, step: float = 0.05):
 
 @pytest.fixture
 def full_disk_server(tmp_path):
-    """`lmqtt serve` with its data dir on a 64 MiB tmpfs (8 MiB CommitLog segments)."""
-    disk = SmallDisk(str(tmp_path / "disk"), 64).mount()
+    """`lmqtt serve` with its data dir on a 128 MiB tmpfs (8 MiB CommitLog segments). Not smaller:
+    RocksDB leaves its out-of-space error state by itself only once the free space is at least
+    its write buffer (64 MiB for the light-queue index)."""
+    disk = SmallDisk(str(tmp_path / "disk"), 128).mount()
     srv = LmqttServer(str(tmp_path / "disk" / "data"), extra_args=("--segment-mb", "8"),
                       log_path=str(tmp_path / "serve.log"))
     try:
@@ -150,7 +152,7 @@ def full_disk_server(tmp_path):
 def publish_until_refused(pub: Pub, topic: str, tag: str, qos: int, acked: list, limit: int = 5000):
     """Publish (one at a time) until the broker refuses; the acknowledged payloads go to `acked`.
     -> (reason code, reason string) of the refusal."""
-    for i in range(limit):         # bounded: 64 MiB hold ~16,000 of these
+    for i in range(limit):         # bounded: an 8 MiB segment holds ~2,000 of these
         p = payload(tag, i)
         a = pub.answer(pub.publish(topic, p, qos))
         assert a is not None, f"no answer for {tag} {i}"
@@ -214,6 +216,9 @@ def test_full_disk_refuses_each_publisher_cleanly_serves_subscribers_and_accepts
             assert mid not in pub.answers, f"{tag}: acknowledged on a full disk"
             refused_v3.append((pub, mid, p))
 
+        # the disk stays full for a while: the 3.1.1 clients reconnect and re-send (refused and
+        # closed again), the light-queue index's and the SDK metadata's RocksDB flushes fail
+        time.sleep(3)
         assert srv.proc.poll() is None, "the server died on a full disk"
         errors = disk_full_errors(log_lines(srv.log_path))
         assert len(errors) == 1, errors                     # one line, not one per refusal
@@ -253,7 +258,10 @@ def test_full_disk_refuses_each_publisher_cleanly_serves_subscribers_and_accepts
             return True
         wait(sdk_ok, 30, "SDK send accepted after free()")
         assert metric(srv, "lmqtt_store_disk_full") == 0
-        assert any("disk space is back" in ln for ln in log_lines(srv.log_path))
+        # the episode ends with one line once everything writes again (RocksDB's own recovery
+        # from running out of space takes a few seconds)
+        wait(lambda: any("disk space is back" in ln for ln in log_lines(srv.log_path)), 30,
+             "the log line saying the disk-full episode ended", step=0.2)
 
         # every acknowledged message: delivered live, and readable from the earliest offset
         got |= {m.payload for m in sub.get_n(len(acked) - len(got), timeout=30)}
@@ -287,7 +295,7 @@ def test_acknowledged_messages_survive_sigterm_and_kill9_after_a_full_disk(full_
                     p = payload(f"r{round_}-sdk-pre", i)
                     sdk.producer().send("df/sdk", p)
                     acked.append(p)
-            disk.fill(6 << 20)      # under the 95% high-water mark: the next segment does not fit,
+            disk.fill(7 << 20)      # under the 95% high-water mark: the next segment does not fit,
                                     # what is left of the current one is taken first
             n = len(acked)
             rc, why = publish_until_refused(v5, "df/v5q1", f"r{round_}-v5q1", 1, acked)
