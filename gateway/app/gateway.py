@@ -319,7 +319,7 @@ class Gateway:
             self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
             # shared subscriptions: one gateway of the fleet delivers each group (gateway/fleet/group_leases.py)
             from lmqtt.gateway.fleet.group_leases import GroupLeases
-            self.group_leases = GroupLeases(self.link, gid, delivery, loop,
+            self.group_leases = GroupLeases(self.storage.metadata.leases, gid, delivery, loop,
                                             ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
                                             tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
             self.group_leases.start()
@@ -330,7 +330,7 @@ class Gateway:
             if cfg.redis:
                 self.sessions_directory = SessionDirectory(cfg.redis, gid, reg.release_to_other_gateway)
             else:
-                self.sessions_directory = StoreSessionDirectory(loop, self.storage.metadata,
+                self.sessions_directory = StoreSessionDirectory(loop, self.storage.metadata.sessions,
                                                                 reg.release_to_other_gateway)
             reg.directory = self.sessions_directory
             await self.sessions_directory.start()

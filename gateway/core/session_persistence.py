@@ -15,11 +15,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription as SubscriptionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.model.session import Session
     from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway.core.session_persistence")
 
@@ -109,14 +111,15 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
 
 
 class SessionPersistence:
-    def __init__(self, metadata, *, session_live: Callable[["Session"], bool],
+    def __init__(self, storage: "Storage", *, session_live: Callable[["Session"], bool],
                  group_live: Callable[["SharedGroup"], bool], host: str | None = None) -> None:
         """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
         the live one when its offsets are written (`flush`); an ended or replaced session, a
         dropped group, must not write its offsets over its successor's. `host`: the fleet gateway
         id written into every record (`SessionRecord.host`), so that this gateway restores at
         start the sessions it served last, and no others; None in the embedded server."""
-        self.metadata = metadata
+        self.sessions = storage.sessions          # the storage facades it uses (storage/facades.py)
+        self.offsets = storage.offsets
         self.host = host
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
@@ -145,26 +148,26 @@ class SessionPersistence:
         return extra
 
     def save_session(self, s: "Session"):
-        """Write the session's record; returns the store's pending answer when the store is remote
-        (None once written, or when the write failed: logged here)."""
+        """Write the session's record: the store's answer (a CONNACK / SUBACK it backs waits for
+        it); a failure is logged here."""
         try:
-            return self.metadata.put_session(s.client_id, self.record_of(s))
+            rec = self.record_of(s)
         except Exception as e:
             log.error("event=save_session_failed client_id=%s error=%r", s.client_id, e)
             return None
+        answer = self.sessions.put(s.client_id, rec)
+        log_failure(answer, log, "save_session_failed", client_id=s.client_id)
+        return answer
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
-        try:
-            self.metadata.delete_session(client_id)
-        except Exception as e:
-            log.error("event=delete_session_failed client_id=%s error=%r", client_id, e)
+        log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
     def load_sessions(self) -> list[tuple[SessionRecord, dict[str, int]]]:
         """The records to restore at start, with their offsets: all of them in the embedded
         server; in a fleet those this gateway served last and those of no gateway (written by
         the embedded server or an older gateway), the rest are their own gateway's."""
-        return self.metadata.sessions_with_offsets(hosted_by=self.host)
+        return self.sessions.list_for_restore(self.host).wait()
 
     # -- offsets ------------------------------------------------------------------------------
     def mark_session(self, s: "Session") -> None:
@@ -186,17 +189,13 @@ class SessionPersistence:
     def save_offsets(self, s: "Session") -> None:
         self.dirty_sessions.discard(s)
         if s.cursors:
-            try:
-                self.metadata.set_offsets(s.client_id, {q: c.committed() for q, c in s.cursors.items()})
-            except Exception as e:
-                log.error("event=save_offsets_failed client_id=%s error=%r", s.client_id, e)
+            log_failure(self.offsets.set(s.client_id, {q: c.committed() for q, c in s.cursors.items()}),
+                        log, "save_offsets_failed", client_id=s.client_id)
 
     def save_group_offset(self, g: "SharedGroup") -> None:
         self.dirty_groups.discard(g)
-        try:
-            self.metadata.set_offsets(g.consumer, {g.queue: g.cursor.committed()})
-        except Exception as e:
-            log.error("event=save_group_offset_failed group=%s error=%r", g.name, e)
+        log_failure(self.offsets.set(g.consumer, {g.queue: g.cursor.committed()}),
+                    log, "save_group_offset_failed", group=g.name)
 
     def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
         """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`)."""

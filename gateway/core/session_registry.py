@@ -38,6 +38,7 @@ from lmqtt.gateway.mqtt import packets as P
 from lmqtt.gateway.core.session_persistence import INFLIGHT, restore_inflight
 from lmqtt.gateway.model.record_props import safe_decode
 from lmqtt.gateway.model.session import NEVER_EXPIRES, ClientSubscription, Session
+from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
 from lmqtt.lightqueue.records import WillRecord
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
     from lmqtt.gateway.core.session_persistence import SessionPersistence
     from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway.sessions")
 
@@ -58,19 +60,19 @@ def _now_ms() -> int:
 
 
 class SessionRegistry:
-    def __init__(self, loop: asyncio.AbstractEventLoop, metrics, metadata, persist: "SessionPersistence",
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics, storage: "Storage", persist: "SessionPersistence",
                  subscriptions: "SubscriptionRegistry", publish: WillPublisher) -> None:
         self.loop = loop
         self.metrics = metrics
-        self.metadata = metadata
+        self.wills = storage.wills            # the storage facades it uses (storage/facades.py)
         self.persist = persist
         self.subscriptions = subscriptions
         self._publish = publish
         self.sessions: dict[str, Session] = {}
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
-        if hasattr(metadata, "on_wills_published"):      # remote: the store may publish our wills
-            metadata.on_wills_published = self.wills_published_elsewhere
+        # a fleet's store node publishes the wills of a gateway away past its grace period
+        storage.wills.on_wills_published(self.wills_published_elsewhere)
 
     # ------------------------------------------------------------------ lookups
     def get(self, client_id: str) -> Session | None:
@@ -95,10 +97,7 @@ class SessionRegistry:
             wt[0].cancel()
         # the will a previous connection left is void, also one another gateway of a fleet holds
         # (that gateway died: the store node would publish it after its grace period)
-        try:
-            self.metadata.void_will(client_id)
-        except Exception as e:
-            log.error("event=void_will_failed client_id=%s error=%r", client_id, e)
+        log_failure(self.wills.void(client_id), log, "void_will_failed", client_id=client_id)
         s = self.sessions.get(client_id)
         if s is not None and clean_start:
             self._end(s)
@@ -148,17 +147,15 @@ class SessionRegistry:
         """Keep the will in metadata while the connection lives: a crash still sends it."""
         try:
             delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
-            self.metadata.put_will(client_id, WillRecord(
-                will.topic, will.payload, will.qos, will.retain,
-                record_props.encode(will.qos, will.retain, client_id, will.properties), delay, _now_ms()))
+            rec = WillRecord(will.topic, will.payload, will.qos, will.retain,
+                             record_props.encode(will.qos, will.retain, client_id, will.properties), delay, _now_ms())
         except Exception as e:
             log.error("event=put_will_failed client_id=%s error=%r", client_id, e)
+            return
+        log_failure(self.wills.put(client_id, rec), log, "put_will_failed", client_id=client_id)
 
     def drop_will(self, client_id: str) -> None:
-        try:
-            self.metadata.pop_will(client_id)
-        except Exception as e:
-            log.error("event=pop_will_failed client_id=%s error=%r", client_id, e)
+        log_failure(self.wills.pop(client_id), log, "pop_will_failed", client_id=client_id)
 
     def _arm_will(self, cid: str, will: P.Will, s: Session, version: int) -> None:
         delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
@@ -259,7 +256,7 @@ class SessionRegistry:
         (`take_wills`): in a fleet, the wills of clients on other gateways are theirs, and those of
         a gateway that does not come back are published by the store node (docs/fleet.md)."""
         try:
-            wills = self.metadata.take_wills()
+            wills = self.wills.take().wait()
         except Exception as e:
             log.error("event=take_wills_failed error=%r (orphan wills not published now; they stay stored)", e)
             return 0

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.gateway.storage.store_api import StoreReads
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
@@ -52,7 +53,7 @@ class SubscriptionRegistry:
         after the registration carries the filter: the seam of subscribing from the past,
         replay.py)."""
         self.store = store
-        self.metadata = store.metadata
+        self.offsets = store.metadata.offsets      # the offsets facade (storage/facades.py)
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
@@ -167,7 +168,8 @@ class SubscriptionRegistry:
             s.cursors.pop(sub.queue, None)
             self.delivery.remove_reader(s, sub.queue)
             if persist and s.persistent:
-                self.metadata.delete_offsets(s.client_id, [sub.queue])
+                log_failure(self.offsets.delete(s.client_id, [sub.queue]), log, "delete_offsets_failed",
+                            consumer=s.client_id)
         else:
             key = (sub.group, sub.queue)
             g = self.groups.get(key)
@@ -178,7 +180,8 @@ class SubscriptionRegistry:
                     del self.groups[key]
                     self.delivery.remove_group(g)
                     self.persist.forget_group(g)
-                    self.metadata.delete_offsets(g.consumer, [g.queue])
+                    log_failure(self.offsets.delete(g.consumer, [g.queue]), log, "delete_offsets_failed",
+                                consumer=g.consumer)
         self._release_filter(sub.queue)
 
     def remove_all(self, s: Session) -> None:
@@ -294,12 +297,13 @@ class SubscriptionRegistry:
                 consumer = group_consumer(name, queue)
                 known, off = self.store.offset_read_ahead(consumer, queue)
                 if not known:
-                    off = self.metadata.get_offset(consumer, queue)
+                    off = self.offsets.get(consumer, queue).wait()
             if off is None:
                 off = self.store.start_offset(queue)
             g = SharedGroup(name, queue, off)
             self.groups[key] = g
             self.delivery.add_group(g)
             if not restoring:
-                self.metadata.set_offsets(g.consumer, {queue: off})
+                log_failure(self.offsets.set(g.consumer, {queue: off}), log, "save_group_offset_failed",
+                            group=name)
         return g

@@ -20,16 +20,21 @@ from __future__ import annotations
 import logging
 import time
 
+from typing import TYPE_CHECKING
+
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
-from lmqtt.store.node import protocol as P
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.storage.facades import Answer, GroupLeases as LeaseStore, Lease
 
 log = logging.getLogger("lmqtt.gateway.fleet.group_leases")
 
 
 class GroupLeases:
-    def __init__(self, link, gateway_id: str, delivery, loop, ttl_s: float = 3.0, tick_s: float = 1.0) -> None:
-        self.link = link
-        self.node = P.NodeClient(link)
+    def __init__(self, leases: "LeaseStore", gateway_id: str, delivery, loop, ttl_s: float = 3.0,
+                 tick_s: float = 1.0) -> None:
+        """`leases`: the storage facade granting them (storage/facades.py `GroupLeases`)."""
+        self.leases = leases
         self.gateway_id = gateway_id
         self.delivery = delivery
         self.loop = loop
@@ -75,17 +80,14 @@ class GroupLeases:
             self._handle = self.loop.call_later(self.tick_s, self._tick)
 
     def _claim(self, g: SharedGroup) -> None:
-        if not self.link.connected:
-            return
         sent = time.monotonic()
-        fut = self.node.call(P.GroupLease(self.gateway_id, g.name, g.queue, consumer=group_consumer(g.name, g.queue),
-                                          ttl_ms=int(self.ttl_s * 1000)), bounded=False)
-        fut.add_done_callback(lambda f, g=g, sent=sent: self._answered(g, sent, f))
+        self.leases.claim(g.name, g.queue, group_consumer(g.name, g.queue), int(self.ttl_s * 1000)) \
+            .add_done_callback(lambda a, g=g, sent=sent: self._answered(g, sent, a))
 
-    def _answered(self, g: SharedGroup, sent: float, f) -> None:
-        if f.cancelled() or f.exception() is not None:
+    def _answered(self, g: SharedGroup, sent: float, a: "Answer[Lease]") -> None:
+        if a.exception() is not None:
             return                                    # the tick asks again; lease_until lapses meanwhile
-        r: P.GroupLeaseReply = f.result()
+        r = a.result()
         if r.owner != self.gateway_id:
             if g.active:
                 log.info("event=group_lease_lost group=%s queue=%s owner=%s", g.name, g.queue, r.owner)
@@ -104,5 +106,4 @@ class GroupLeases:
 
     def _release(self, g: SharedGroup) -> None:
         g.active = False
-        if self.link.connected:
-            self.node.send(P.GroupLease(self.gateway_id, g.name, g.queue, release=True, offset=g.cursor.committed()))
+        self.leases.release(g.name, g.queue, g.cursor.committed())   # lost with the link: the lease lapses

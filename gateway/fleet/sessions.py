@@ -25,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.core.session_persistence import INFLIGHT
 from lmqtt.gateway.core.session_registry import SessionRegistry
 from lmqtt.gateway.model.shared_groups import group_consumer
 from lmqtt.gateway.storage.store_api import ReadAhead, StoreReads
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.storage.facades import SessionStore, Storage
 
 log = logging.getLogger("lmqtt.gateway.fleet.sessions")
 
@@ -158,11 +161,11 @@ class StoreSessionDirectory:
     older connection of that client id elsewhere is closed, a newer one stays; a claim lost (the
     store unreachable at that moment) leaves the old connection open until its client leaves."""
 
-    def __init__(self, loop, metadata, on_claimed_elsewhere) -> None:
+    def __init__(self, loop, sessions: "SessionStore", on_claimed_elsewhere) -> None:
         self.loop = loop
-        self.metadata = metadata
+        self.store_sessions = sessions
         self.on_claimed_elsewhere = on_claimed_elsewhere
-        metadata.on_session_claims = self._heard
+        sessions.on_session_claims(self._heard)
         self._pending: list[tuple[str, int]] = []
         self._scheduled = False
         self.claims_sent = 0
@@ -193,7 +196,7 @@ class StoreSessionDirectory:
                 self.errors += len(batch)
                 log.warning("event=session_claim_failed claims=%d first_client_id=%s error=%r",
                             len(batch), batch[0][0], e)
-        self.metadata.claim_sessions(batch).add_done_callback(done)
+        self.store_sessions.claim(batch).add_done_callback(done)
 
     def _heard(self, gateway: str, claims) -> None:
         for cid, since_ms in claims:
@@ -221,11 +224,13 @@ class FleetSessionRegistry(SessionRegistry):
     # set by the composition: SessionDirectory (Redis) or StoreSessionDirectory
     directory: "SessionDirectory | StoreSessionDirectory | None" = None
 
-    def __init__(self, loop, metrics, metadata, persist, subscriptions, publish) -> None:
+    def __init__(self, loop, metrics, storage: "Storage", persist, subscriptions, publish) -> None:
         """`persist.host` is this gateway's id: the records it writes name it (module docstring)."""
-        super().__init__(loop, metrics, metadata, persist, subscriptions, publish)
-        metadata.on_sessions_swept = self.sessions_swept
-        metadata.on_sessions_moved = self.sessions_moved
+        super().__init__(loop, metrics, storage, persist, subscriptions, publish)
+        self.store_sessions = storage.sessions
+        self.offsets = storage.offsets
+        storage.sessions.on_sessions_swept(self.sessions_swept)
+        storage.sessions.on_sessions_moved(self.sessions_moved)
 
     def attach(self, conn, s) -> None:
         super().attach(conn, s)
@@ -340,7 +345,7 @@ class FleetSessionRegistry(SessionRegistry):
                 else:
                     out.set_result(Loaded(mark, rec, offsets, g.result()))
             ahead.add_done_callback(got_reads)
-        self.metadata.load_session(client_id).add_done_callback(got_session)
+        self.store_sessions.load(client_id).add_done_callback(got_session)
         return out
 
     def _reads_of(self, rec) -> StoreReads:
@@ -400,7 +405,7 @@ class FleetSessionRegistry(SessionRegistry):
         """Replace the local copy with the store's record (`rec`, `offsets`: as `load_later` read
         them; else read now, blocking)."""
         if rec is self._UNREAD:
-            rec = self.metadata.get_session(client_id)
+            rec = self.store_sessions.get(client_id).wait()
         local = self.sessions.get(client_id)
         if (local is not None and rec is not None and rec.last_disconnect_ms is not None
                 and rec.last_disconnect_ms == local.disconnected_at_ms):
@@ -418,7 +423,7 @@ class FleetSessionRegistry(SessionRegistry):
             self.metrics.sessions.set(len(self.sessions))
             return
         if offsets is None:
-            offsets = self.metadata.get_offsets(client_id)
+            offsets = self.offsets.get_all(client_id).wait()
         last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else _now_ms()
         # the new copy first, then the old one goes: its wildcard filters never drop to zero
         # holders in between (the last unregistration drops a filter's queue with its entries)
@@ -465,4 +470,4 @@ class FleetSessionRegistry(SessionRegistry):
                 self.metrics.sessions.set(len(self.sessions))
                 return
             then()
-        self.metadata.get_session_later(cid).add_done_callback(checked)
+        self.store_sessions.get(cid).add_done_callback(checked)

@@ -1,255 +1,349 @@
-"""`RemoteMetadata`: the `SessionMetadata` seam (gateway/storage/store_api.py) over the store's native
-protocol, for `lmqtt gateway` (docs/fleet.md): the store node's gw_* commands, typed in
-store/node/protocol.py and sent with its `NodeClient`; the node side is store/node/gateway_service.py.
+"""The metadata facades (gateway/storage/facades.py: sessions, offsets, retained messages, wills,
+shared-group leases) over the store node's gw_* commands, for `lmqtt gateway` (docs/fleet.md): typed
+in store/node/protocol.py, sent with its `NodeClient`; the node side is store/node/gateway_service.py.
 
-Writes that may be lost with a crash at no harm (offsets: re-delivery; wills, retained messages:
-ordered before the PRODUCE they go with; session deletions) are sent without waiting, errors
-logged. A session record is sent without waiting too, but the CONNACK / SUBACK it backs waits for
-the store's answer (`put_session` returns it; `MQTTConnection.wait_for_store`), so an
-acknowledged subscription survives and only that client waits. A CONNECT resuming a session
-reads its record and offsets in one pipelined round trip (`load_session`). What remains blocking
-(bounded by the connection's timeout) is start-up and rare paths: the session list, wills to
-publish after a crash, an expiry check.
+Every method sends its request now, on the gateway's one `LoopConnection` (so the store sees this
+gateway's requests in order: a read sent after a write sees it), and returns an `Answer`: a write
+nobody waits for costs the gateway nothing; a CONNACK / SUBACK backed by a session record waits for
+the store's answer (`MQTTConnection.wait_for_store`), so only that client waits; start-up and rare
+paths (the restore's session list, orphan wills, the shutdown flush) `wait()`, bounded by the
+link's timeout. Reads are bounded too (no answer in time drops the link); writes are not (they are
+answered in order with whatever follows them).
 
-All on the gateway's one `LoopConnection` (store/client/loop_connection.py), so the store sees
-its requests in order: a read sent after a write sees it.
-"""
+`RemoteMetadata` builds the five and says hello for them: at start and after every reconnect it
+tells the store which gateway this link is (`gw_hello`), whose answer names the wills the store
+published and the sessions its sweep changed while this gateway was away (the facades' events)."""
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Callable, Iterator
 
+from lmqtt.gateway.storage.facades import Answer, Lease, Retained, Storage
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import LoopConnection
+from lmqtt.store.client.aio import ConnectionLost, LoopConnection
 from lmqtt.store.node import protocol as P
 
 log = logging.getLogger("lmqtt.gateway.remote")
 
 
-class RemoteMetadata:
-    """`SessionMetadata` over the store node's gw_* commands (store/node/protocol.py). Wills carry
-    this gateway's id: the store node publishes them if this gateway's connection stays gone past
-    its grace period."""
+def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer[Any]:
+    """Send `req` now: an `Answer` of its typed reply. `wait()` drives the link right here."""
+    wire = req.to_wire()
+    raw = link.cmd_within(req.cmd, **wire) if bounded else link.cmd(req.cmd, **wire)
+    reply_type = req.Reply
 
-    def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
-        self.link = link
-        self.node = P.NodeClient(link)
-        self.gateway_id = gateway_id
-        # set by the session registry: the store published these clients' wills while this
-        # gateway was away (gw_hello's answer)
-        self.on_wills_published: Callable[[list], None] | None = None
-        # set by the fleet's session registry: the store's session sweep took this gateway for
-        # gone and changed these clients' records (store/node/session_sweep.py)
-        self.on_sessions_swept: Callable[[list], None] | None = None
-        # client ids whose record another gateway wrote or ended (a SESSIONS_MOVED push)
-        self.on_sessions_moved: Callable[[list], None] | None = None
-        # (gateway, [(client id, since ms)]): another gateway attached connections to these client
-        # ids (a SESSION_CLAIMS push)
-        self.on_session_claims: Callable[[str, list], None] | None = None
-        # which put_will each client's stored will came from: a will put after a gw_hello was sent
-        # belongs to a newer connection than any the store can name in that hello's answer
-        self._will_seq = 0
-        self._will_put_at: dict[str, int] = {}
-
-    def hello(self) -> None:
-        """Tell the store which gateway this connection is (at start and after every reconnect):
-        it stops the grace timer of this gateway's wills and says which it published meanwhile."""
-        if not self.gateway_id:
+    def settle(out: Answer[Any]) -> None:
+        if out.done():
             return
-        mark = self._will_seq
-        fut = self.node.call(P.Hello(self.gateway_id), bounded=False)
-
-        def done(f):
-            if f.cancelled():
-                return
-            e = f.exception()
-            if e is not None:
-                log.warning("event=gw_hello_failed error=%r", e)
-                return
-            reply: P.HelloReply = f.result()
-            swept = reply.sessions_swept
-            if swept and self.on_sessions_swept is not None:
-                self.on_sessions_swept(swept)
-            fired = [c for c in reply.wills_published if self._will_put_at.get(c, 0) <= mark]
-            if fired:
-                log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
-                if self.on_wills_published is not None:
-                    self.on_wills_published(fired)
-        fut.add_done_callback(done)
-
-    # sessions
-    def put_session(self, client_id: str, rec: SessionRecord):
-        """Sent now, not waited for here: the future is the store's answer, which the CONNACK or
-        SUBACK this record backs waits for (`MQTTConnection.wait_for_store`), so only that client
-        waits for the round trip, not the gateway. Requests on the link are answered in order,
-        so this gateway's later reads see the record."""
-        fut = self.node.put_session(client_id, rec.to_bytes().decode())
-        fut.add_done_callback(_log_failed_write("gw_put_session", client_id))
-        return fut
-
-    def sessions_moved(self, body: bytes) -> None:
-        """A SESSIONS_MOVED push from the store (docs/protocol.md)."""
+        if raw.cancelled():
+            out.set_exception(ConnectionLost(f"store at {link.address}: request cancelled"))
+            return
+        e = raw.exception()
+        if e is not None:
+            out.set_exception(e)
+            return
+        op, _flags, body = raw.result()
         try:
-            client_ids = W.decode_sessions_moved(body)
-        except Exception as e:  # noqa: BLE001 - a hint: the copies then end at their expiry
-            log.warning("event=bad_sessions_moved_frame error=%r", e)
+            got = P.decode_reply(reply_type, op, body)
+        except Exception as bad:  # noqa: BLE001 - a reply that does not match its type is the answer
+            out.set_exception(bad)
             return
-        if self.on_sessions_moved is not None:
-            self.on_sessions_moved(client_ids)
+        out.set_result(got)
 
-    def claim_sessions(self, claims: list) -> asyncio.Future:
-        """This gateway attached connections to these client ids (`[(client id, since ms)]`): the
-        store relays it to the other gateways (fleet.StoreSessionDirectory)."""
-        return self.node.call(P.ClaimSessions(self.gateway_id, [(c, int(t)) for c, t in claims]), bounded=False)
+    def waiter(out: Answer[Any], timeout: float | None) -> None:
+        if not raw.done():
+            link.wait_reply(raw, timeout)
+        if raw.done():
+            settle(out)
+        else:
+            out.set_exception(ConnectionLost(f"store at {link.address} unavailable: {link.last_error}"))
 
-    def session_claims(self, body: bytes) -> None:
-        """A SESSION_CLAIMS push from the store (docs/protocol.md); claims of this gateway's own id
-        (another process started with the same --gateway-id) are not for it to act on."""
-        try:
-            gid, claims = W.decode_session_claims(body)
-        except Exception as e:  # noqa: BLE001 - a hint: the old connections stay until their clients leave
-            log.warning("event=bad_session_claims_frame error=%r", e)
-            return
-        if gid != self.gateway_id and self.on_session_claims is not None:
-            self.on_session_claims(gid, claims)
-
-    def get_session(self, client_id: str) -> SessionRecord | None:
-        return _record(self.node.call_blocking(P.GetSession(client_id)))
-
-    def get_session_later(self, client_id: str) -> asyncio.Future:
-        """`get_session` sent now and not waited for: a future of the record or None (a session
-        expiry check, `FleetSessionRegistry._expire`, while the gateway serves its clients)."""
-        got = self.node.get_session(client_id)
-        out = self.link.loop.create_future()
-
-        def done(f) -> None:
-            if f.cancelled():
-                out.cancel()
-            elif f.exception() is not None:
-                out.set_exception(f.exception())
-            else:
-                try:
-                    out.set_result(_record(f.result()))
-                except Exception as e:  # noqa: BLE001 - a reply we cannot read: checked again later
-                    out.set_exception(e)
-        got.add_done_callback(done)
-        return out
-
-    def load_session(self, client_id: str) -> asyncio.Future:
-        """`get_session` and `get_offsets` together, sent now and not waited for here (one round
-        trip for both): a future of (record or None, offsets). A CONNECT that resumes a session
-        waits for it on hold (`FleetSessionRegistry.load_later`) while the gateway serves the rest."""
-        got = [self.node.get_session(client_id), self.node.get_offsets(client_id)]
-        out = self.link.loop.create_future()
-
-        def done(f1) -> None:
-            if not f1.cancelled():
-                f1.exception()             # retrieved: the first failure is the one reported
-            if out.done() or not all(f.done() for f in got):
-                return
-            for f in got:
-                if f.exception() is not None:
-                    out.set_exception(f.exception())
-                    return
-            try:
-                out.set_result((_record(got[0].result()), got[1].result().offsets))
-            except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this CONNECT only
-                out.set_exception(e)
-        for f in got:
-            f.add_done_callback(done)
-        return out
-
-    def delete_session(self, client_id: str) -> bool:
-        self.node.send(P.DeleteSession(client_id))
-        return True
-
-    def list_sessions(self) -> list:
-        return [SessionRecord.from_bytes(r.encode()) for r in self.node.call_blocking(P.ListSessions()).sessions]
-
-    RESTORE_PAGE = 5000
-
-    def sessions_with_offsets(self, hosted_by: str | None = None) -> list:
-        """Every session record with its committed offsets, a page of `RESTORE_PAGE` per round trip
-        (a gateway's restore at start: one `gw_get_offsets` round trip per session made 20,000
-        sessions take 4.6 s). `hosted_by`: only the sessions that gateway served last and those
-        of no gateway (`SessionRecord.host`; the store filters, and so does this, for a store node
-        of the previous version that sends them all)."""
-        out = []
-        after = None
-        while True:
-            r = self.node.call_blocking(P.ListSessions(after, self.RESTORE_PAGE, True, hosted_by))
-            recs = [SessionRecord.from_bytes(s.encode()) for s in r.sessions]
-            out += ((rec, offs) for rec, offs in zip(recs, r.offsets)
-                    if hosted_by is None or rec.host in (None, hosted_by))
-            after = r.next or (recs[-1].client_id if recs else None)
-            if not r.more or after is None:
-                return out
-
-    # offsets
-    def get_offset(self, consumer: str, queue: str) -> int | None:
-        return self.node.call_blocking(P.GetOffset(consumer, queue)).offset
-
-    def get_offsets(self, consumer: str) -> dict[str, int]:
-        return self.node.call_blocking(P.GetOffsets(consumer)).offsets
-
-    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
-        self.node.send(P.SetOffsets(consumer, offsets))
-
-    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
-        self.node.send(P.DeleteOffsets(consumer, queues))
-
-    # retained
-    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
-        self.node.send(P.SetRetained(topic, payload, props))
-
-    def clear_retained_if(self, topic: str, props: bytes) -> None:
-        """Sent now, not waited for (the store compares and clears in one step)."""
-        self.node.send(P.ClearRetainedIf(topic, props))
-
-    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        return list(self.node.call_blocking(P.RetainedMatching(flt)).retained)
-
-    def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
-        return iter((self.retained_matching(flt),))     # one reply: nothing to gain by reading lazily
-
-    # wills
-    def put_will(self, client_id: str, will: WillRecord) -> None:
-        self._will_seq += 1
-        self._will_put_at[client_id] = self._will_seq
-        self.node.send(P.PutWill(client_id, will.to_bytes(), self.gateway_id))
-
-    def pop_will(self, client_id: str) -> Any:
-        # callers only need it gone (the gateway keeps the will it publishes in memory); only
-        # this gateway's: a will the client's newer connection left on another gateway stays
-        self._will_put_at.pop(client_id, None)
-        self.node.send(P.PopWill(client_id, self.gateway_id))
-        return None
-
-    def void_will(self, client_id: str) -> None:
-        self._will_put_at.pop(client_id, None)
-        self.node.send(P.PopWill(client_id))
-
-    def take_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(w)) for cid, w in self.node.call_blocking(P.TakeWills(self.gateway_id)).wills]
-
-    def list_wills(self) -> list[tuple[str, Any]]:
-        return [(cid, WillRecord.from_bytes(w)) for cid, w in self.node.call_blocking(P.ListWills(self.gateway_id)).wills]
-
-    def flush(self) -> None:
-        self.node.call_blocking(P.Flush())
+    out: Answer[Any] = Answer(waiter)
+    if raw.done():
+        settle(out)
+    else:
+        raw.add_done_callback(lambda _f: settle(out))
+    return out
 
 
 def _record(reply: P.SessionReply) -> SessionRecord | None:
     return SessionRecord.from_bytes(reply.rec.encode()) if reply.rec is not None else None
 
 
-def _log_failed_write(cmd: str, client_id: str):
-    def done(f) -> None:
-        if not f.cancelled() and f.exception() is not None:
-            log.error("event=store_write_failed cmd=%s client_id=%s error=%s", cmd, client_id, f.exception())
-    return done
+def _none(_reply: Any) -> None:
+    return None
 
 
-__all__ = ["RemoteMetadata"]
+def _both(a: Answer[Any], b: Answer[Any], fn: Callable[[Any, Any], Any]) -> Answer[Any]:
+    """An answer of fn(a's value, b's value), once both are in (the first failure fails it)."""
+    def waiter(_out: Answer[Any], timeout: float | None) -> None:
+        for x in (a, b):
+            if not x.done():
+                x._wait_quietly(timeout)
+
+    out: Answer[Any] = Answer(waiter)
+
+    def done(_x: Answer[Any]) -> None:
+        if out.done() or not (a.done() and b.done()):
+            return
+        for x in (a, b):
+            if x.exception() is not None:
+                out.set_exception(x.exception())        # type: ignore[arg-type]
+                return
+        try:
+            out.set_result(fn(a.result(), b.result()))
+        except Exception as e:  # noqa: BLE001 - a reply we cannot read fails this request only
+            out.set_exception(e)
+    a.add_done_callback(done)
+    b.add_done_callback(done)
+    return out
+
+
+class RemoteSessions:
+    """`SessionStore` over gw_put_session, gw_get_session, gw_list_sessions, gw_claim_sessions..."""
+
+    RESTORE_PAGE = 5000
+
+    def __init__(self, link: LoopConnection, gateway_id: str) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        self.swept: list[Callable[[list[str]], None]] = []
+        self.moved: list[Callable[[list[str]], None]] = []
+        self.claims: list[Callable[[str, list], None]] = []
+
+    def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
+        return ask(self.link, P.PutSession(client_id, rec.to_bytes().decode())).then(_none)
+
+    def get(self, client_id: str) -> Answer[SessionRecord | None]:
+        return ask(self.link, P.GetSession(client_id)).then(_record)
+
+    def load(self, client_id: str) -> Answer[tuple[SessionRecord | None, dict[str, int]]]:
+        """gw_get_session and gw_get_offsets sent together: one round trip for both."""
+        return _both(ask(self.link, P.GetSession(client_id)), ask(self.link, P.GetOffsets(client_id)),
+                     lambda r, o: (_record(r), o.offsets))
+
+    def delete(self, client_id: str) -> Answer[bool]:
+        return ask(self.link, P.DeleteSession(client_id), bounded=False).then(lambda r: r.deleted)
+
+    def all(self) -> Answer[list[SessionRecord]]:
+        return ask(self.link, P.ListSessions()).then(
+            lambda r: [SessionRecord.from_bytes(s.encode()) for s in r.sessions])
+
+    def list_for_restore(self, hosted_by: str | None = None) -> Answer[list[tuple[SessionRecord, dict[str, int]]]]:
+        """A page of `RESTORE_PAGE` records with their offsets per round trip (one `gw_get_offsets`
+        per session made 20,000 sessions take 4.6 s); each page asked for when the one before is
+        in. `hosted_by`: the store filters, and so does this (a node of the previous version sends
+        them all)."""
+        got: list[tuple[SessionRecord, dict[str, int]]] = []
+        page: list[Answer[Any]] = []
+
+        def waiter(out: Answer[Any], timeout: float | None) -> None:
+            while not out.done() and page:
+                this = page[-1]
+                this._wait_quietly(timeout)
+                if not this.done():
+                    return              # no answer in time: `wait` says so
+
+        out: Answer[list[tuple[SessionRecord, dict[str, int]]]] = Answer(waiter)
+
+        def ask_page(after: str | None) -> None:
+            a = ask(self.link, P.ListSessions(after, self.RESTORE_PAGE, True, hosted_by))
+            page.append(a)
+            a.add_done_callback(took)
+
+        def took(a: Answer[Any]) -> None:
+            if a.exception() is not None:
+                out.set_exception(a.exception())        # type: ignore[arg-type]
+                return
+            r: P.ListSessionsReply = a.result()
+            recs = [SessionRecord.from_bytes(s.encode()) for s in r.sessions]
+            got.extend((rec, offs) for rec, offs in zip(recs, r.offsets or [{} for _ in recs])
+                       if hosted_by is None or rec.host in (None, hosted_by))
+            after = r.next or (recs[-1].client_id if recs else None)
+            if not r.more or after is None:
+                out.set_result(got)
+            else:
+                ask_page(after)
+        ask_page(None)
+        return out
+
+    def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
+        return ask(self.link, P.ClaimSessions(self.gateway_id, [(c, int(t)) for c, t in claims]),
+                   bounded=False).then(_none)
+
+    def flush(self) -> Answer[None]:
+        return ask(self.link, P.Flush()).then(_none)
+
+    def on_sessions_swept(self, fn: Callable[[list[str]], None]) -> None:
+        self.swept.append(fn)
+
+    def on_sessions_moved(self, fn: Callable[[list[str]], None]) -> None:
+        self.moved.append(fn)
+
+    def on_session_claims(self, fn: Callable[[str, list], None]) -> None:
+        self.claims.append(fn)
+
+    # pushes from the store (RemoteStore routes them here)
+    def sessions_moved_frame(self, body: bytes) -> None:
+        """A SESSIONS_MOVED push (docs/protocol.md)."""
+        try:
+            client_ids = W.decode_sessions_moved(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the copies then end at their expiry
+            log.warning("event=bad_sessions_moved_frame error=%r", e)
+            return
+        for fn in self.moved:
+            fn(client_ids)
+
+    def session_claims_frame(self, body: bytes) -> None:
+        """A SESSION_CLAIMS push; claims of this gateway's own id (another process started with the
+        same --gateway-id) are not for it to act on."""
+        try:
+            gid, claims = W.decode_session_claims(body)
+        except Exception as e:  # noqa: BLE001 - a hint: the old connections stay until their clients leave
+            log.warning("event=bad_session_claims_frame error=%r", e)
+            return
+        if gid != self.gateway_id:
+            for fn in self.claims:
+                fn(gid, claims)
+
+
+class RemoteOffsets:
+    def __init__(self, link: LoopConnection) -> None:
+        self.link = link
+
+    def get(self, consumer: str, queue: str) -> Answer[int | None]:
+        return ask(self.link, P.GetOffset(consumer, queue)).then(lambda r: r.offset)
+
+    def get_all(self, consumer: str) -> Answer[dict[str, int]]:
+        return ask(self.link, P.GetOffsets(consumer)).then(lambda r: r.offsets)
+
+    def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
+        return ask(self.link, P.SetOffsets(consumer, offsets), bounded=False).then(_none)
+
+    def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
+        return ask(self.link, P.DeleteOffsets(consumer, queues), bounded=False).then(_none)
+
+
+class RemoteRetained:
+    def __init__(self, link: LoopConnection) -> None:
+        self.link = link
+
+    def set(self, topic: str, payload: bytes, props: bytes = b"") -> Answer[None]:
+        return ask(self.link, P.SetRetained(topic, payload, props), bounded=False).then(_none)
+
+    def matching(self, flt: str) -> Answer[list[Retained]]:
+        return ask(self.link, P.RetainedMatching(flt)).then(lambda r: list(r.retained))
+
+    def batches(self, flt: str) -> Answer[Iterator[list[Retained]]]:
+        return self.matching(flt).then(lambda found: iter((found,)))   # one reply: nothing to read lazily
+
+    def clear_if(self, topic: str, props: bytes) -> Answer[bool]:
+        """The store compares and clears in one step."""
+        return ask(self.link, P.ClearRetainedIf(topic, props), bounded=False).then(lambda r: r.cleared)
+
+
+class RemoteWills:
+    """Wills carry this gateway's id: the store node publishes them if this gateway's connection
+    stays gone past its grace period (and says so in the next gw_hello's answer)."""
+
+    def __init__(self, link: LoopConnection, gateway_id: str) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        self.published: list[Callable[[list[str]], None]] = []
+        # which put each client's stored will came from: a will put after a gw_hello was sent
+        # belongs to a newer connection than any the store can name in that hello's answer
+        self.seq = 0
+        self.put_at: dict[str, int] = {}
+
+    def put(self, client_id: str, will: WillRecord) -> Answer[None]:
+        self.seq += 1
+        self.put_at[client_id] = self.seq
+        return ask(self.link, P.PutWill(client_id, will.to_bytes(), self.gateway_id), bounded=False).then(_none)
+
+    def pop(self, client_id: str) -> Answer[None]:
+        # only this gateway's: a will the client's newer connection left on another gateway stays
+        self.put_at.pop(client_id, None)
+        return ask(self.link, P.PopWill(client_id, self.gateway_id), bounded=False).then(_none)
+
+    def void(self, client_id: str) -> Answer[None]:
+        self.put_at.pop(client_id, None)
+        return ask(self.link, P.PopWill(client_id), bounded=False).then(_none)
+
+    def take(self) -> Answer[list[tuple[str, WillRecord]]]:
+        return ask(self.link, P.TakeWills(self.gateway_id)).then(
+            lambda r: [(cid, WillRecord.from_bytes(w)) for cid, w in r.wills])
+
+    def held(self) -> Answer[list[tuple[str, WillRecord]]]:
+        return ask(self.link, P.ListWills(self.gateway_id)).then(
+            lambda r: [(cid, WillRecord.from_bytes(w)) for cid, w in r.wills])
+
+    def on_wills_published(self, fn: Callable[[list[str]], None]) -> None:
+        self.published.append(fn)
+
+
+class RemoteLeases:
+    """`GroupLeases` over gw_group_lease; nothing is sent while the link is down (the fleet's
+    lease tick asks again)."""
+
+    def __init__(self, link: LoopConnection, gateway_id: str) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+
+    def _down(self) -> Answer[Any] | None:
+        if self.link.connected:
+            return None
+        return Answer.failed(ConnectionLost(f"store at {self.link.address} unavailable: {self.link.last_error}"))
+
+    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
+        return self._down() or ask(self.link, P.GroupLease(self.gateway_id, group, queue, consumer=consumer,
+                                                           ttl_ms=int(ttl_ms)), bounded=False).then(
+            lambda r: Lease(r.owner, r.offset))
+
+    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
+        return self._down() or ask(self.link, P.GroupLease(self.gateway_id, group, queue, release=True,
+                                                           offset=int(offset)), bounded=False).then(_none)
+
+
+class RemoteMetadata:
+    """The five remote metadata facades of one gateway's link, and its gw_hello."""
+
+    def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        self.sessions = RemoteSessions(link, gateway_id)
+        self.offsets = RemoteOffsets(link)
+        self.retained = RemoteRetained(link)
+        self.wills = RemoteWills(link, gateway_id)
+        self.leases = RemoteLeases(link, gateway_id)
+
+    def storage(self, queues: Any = None, filters: Any = None) -> Storage:
+        return Storage(self.sessions, self.offsets, self.retained, self.wills, self.leases, queues, filters)
+
+    def hello(self) -> None:
+        """Tell the store which gateway this connection is (at start and after every reconnect):
+        it stops the grace timer of this gateway's wills and says which it published meanwhile."""
+        if not self.gateway_id:
+            return
+        wills = self.wills
+        mark = wills.seq
+
+        def done(a: Answer[Any]) -> None:
+            e = a.exception()
+            if e is not None:
+                log.warning("event=gw_hello_failed error=%r", e)
+                return
+            reply: P.HelloReply = a.result()
+            if reply.sessions_swept:
+                for fn in self.sessions.swept:
+                    fn(reply.sessions_swept)
+            fired = [c for c in reply.wills_published if wills.put_at.get(c, 0) <= mark]
+            if fired:
+                log.warning("event=store_published_wills_of_this_gateway count=%d", len(fired))
+                for fn2 in wills.published:
+                    fn2(fired)
+        ask(self.link, P.Hello(self.gateway_id), bounded=False).add_done_callback(done)
+
+
+__all__ = ["RemoteMetadata", "RemoteSessions", "RemoteOffsets", "RemoteRetained", "RemoteWills", "RemoteLeases",
+           "ask"]

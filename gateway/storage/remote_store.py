@@ -103,7 +103,9 @@ class RemoteStore:
         self.loop = link.loop
         self.gateway_id = gateway_id
         self.metrics = metrics
-        self.metadata = RemoteMetadata(link, gateway_id)
+        # the metadata facades (sessions, offsets, retained, wills, leases) over the same link
+        self.remote_metadata = RemoteMetadata(link, gateway_id)
+        self.metadata = self.remote_metadata.storage(queues=self, filters=self)
         self.safety_poll_s = safety_poll_s
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.raw_push = raw_push
@@ -145,7 +147,7 @@ class RemoteStore:
         link.on_push(self._on_push)
         link.on_reconnect(self._reconnected)
         if link.connected:
-            self.metadata.hello()
+            self.remote_metadata.hello()
 
     def _export_push_metrics(self, registry) -> None:
         """The push path's counters on /metrics (lmqtt_remote_pulls counts every light-queue read
@@ -193,7 +195,7 @@ class RemoteStore:
         first who this is, then what it watches."""
         if self.node.refuse_mismatched_node():
             return
-        self.metadata.hello()
+        self.remote_metadata.hello()
         self._rewatch()
 
     # ------------------------------------------------------------------ delivery path
@@ -332,10 +334,10 @@ class RemoteStore:
             self._on_entries(body)
             return
         if op == W.OP_SESSIONS_MOVED:
-            self.metadata.sessions_moved(body)
+            self.remote_metadata.sessions.sessions_moved_frame(body)
             return
         if op == W.OP_SESSION_CLAIMS:
-            self.metadata.session_claims(body)
+            self.remote_metadata.sessions.session_claims_frame(body)
             return
         if op != W.OP_EVENT:
             return

@@ -1,69 +1,32 @@
-"""What the gateway needs from the store: the one narrow seam between MQTT and storage.
+"""What the gateway needs from the store's light queues: the seam between MQTT and storage for
+appends, pulls, offsets of queues, new-data events and filter registrations (`GatewayStore`).
+The metadata concerns (sessions, offsets, retained messages, wills, group leases) are the facades
+of gateway/storage/facades.py; a `GatewayStore`'s `metadata` is their `Storage` bundle. Issue 25's
+next steps replace `GatewayStore` by the `QueueStore` and `FilterRegistry` facades the same way.
 
 Two implementations: in-process (`InProcessStore`, below: the embedded `lmqtt serve`, zero
-copies, calls straight into `MessageStore` / `LightQueueStore` / `MetadataStore`) and remote
-(`gateway/storage/remote_store.py` `RemoteStore`: the store's native protocol, for `lmqtt gateway`,
-docs/fleet.md). The gateway depends on `GatewayStore` only, so the two can be swapped; the
-end-to-end tests run against both.
+copies, calls straight into `MessageStore` / `LightQueueStore`; its metadata facades are
+store/node/inprocess.py's) and remote (`gateway/storage/remote_store.py` `RemoteStore`: the store's
+native protocol, for `lmqtt gateway`, docs/fleet.md). The end-to-end tests run against both.
 
 The broker uses the `GatewayStore` it is given (default: an `InProcessStore` built from the store
-objects) and hands it to the
-publish pipeline, the delivery engine, the subscription registry and (its `metadata`) the session
-persistence; none of them touches the store objects otherwise. A remote implementation only has to
-provide the same attributes.
+objects) and hands it to the publish pipeline, the delivery engine, the subscription registry and
+(its `metadata`) the session persistence and registry; none of them touches the store objects
+otherwise.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
-
-class SessionMetadata(Protocol):
-    """Sessions, offsets, retained messages and wills kept by the store side."""
-
-    # sessions (persistent MQTT sessions: subscriptions, expiry, last disconnect)
-    def put_session(self, client_id: str, rec: Any) -> None: ...
-    def delete_session(self, client_id: str) -> bool: ...
-    def list_sessions(self) -> list: ...
-    def sessions_with_offsets(self, hosted_by: str | None = None) -> list:
-        """[(record, {queue: committed offset})] of every session: a gateway's restore at start
-        (`hosted_by`: a fleet gateway's, its own sessions and those of no gateway)."""
-    # consumer offsets in light queues (a session's client id, or `$share/{group}`)
-    def get_offset(self, consumer: str, queue: str) -> int | None: ...
-    def get_offsets(self, consumer: str) -> dict[str, int]: ...
-    def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None: ...
-    def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None: ...
-    # retained messages (an empty payload clears)
-    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None: ...
-    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]: ...
-    def clear_retained_if(self, topic: str, props: bytes) -> Any:
-        """Clear `topic`'s retained message if it is still the one stored with `props`."""
-    def retained_batches(self, flt: str) -> Iterator[list[tuple[str, bytes, bytes]]]:
-        """retained_matching in lists: the in-process store reads them as they are consumed, so a
-        subscriber's first retained messages are sent before the whole range is read."""
-    # wills of connected clients, held by the gateway serving the connection (the remote
-    # implementation records its gateway id with each; the in-process one is the only gateway):
-    # published by that gateway when the connection ends uncleanly, by that gateway at its next
-    # start after a crash (`take_wills`), or, in a fleet, by the store node when the gateway's
-    # store connection stays gone longer than the grace period (docs/fleet.md)
-    def put_will(self, client_id: str, will: Any) -> None:
-        """This gateway holds `client_id`'s connection with this will (replaces any earlier one)."""
-    def pop_will(self, client_id: str) -> Any:
-        """This gateway's will of `client_id` is gone (published or discarded); a will another
-        gateway wrote since stays."""
-    def void_will(self, client_id: str) -> None:
-        """A new connection of `client_id`: a previous connection's will, whichever gateway held
-        it, is never published."""
-    def take_wills(self) -> list[tuple[str, Any]]:
-        """Remove and return the wills this gateway holds (at start: the orphans of its crash)."""
-    def list_wills(self) -> list[tuple[str, Any]]: ...
-    def flush(self) -> None: ...
+from lmqtt.gateway.storage.facades import Storage
+from lmqtt.store.node.inprocess import metadata_storage
 
 
 class GatewayStore(Protocol):
     """Append, pull, filter registrations, metadata, and "queues have new data" events."""
 
-    metadata: SessionMetadata
+    metadata: Storage          # the metadata facades (storage/facades.py), and this as queues/filters
 
     # -- publish path
     def queues_for_topic(self, topic: str) -> tuple[str, ...]: ...
@@ -236,7 +199,9 @@ class InProcessStore:
     def __init__(self, store, lq) -> None:
         self.store = store
         self.lq = lq
-        self.metadata: SessionMetadata = lq.metadata
+        # the metadata facades (storage/facades.py), in-process (store/node/inprocess.py)
+        self.metadata = metadata_storage(lq)
+        self.metadata.queues = self.metadata.filters = self
         # bound methods: the hot paths call straight into the store objects
         self.queues_for_topic = lq.queues_for_topic
         self.append_batch = store.append_batch

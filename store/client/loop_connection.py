@@ -321,6 +321,18 @@ class LoopConnection:
             raise ConnectionLost(f"store at {self.address} unavailable: {self.last_error}")
         return fut.result()
 
+    def wait_reply(self, fut: asyncio.Future, timeout: float | None = None) -> None:
+        """Wait right here (the loop does not run) until `fut`, a future of `request` / `cmd` /
+        `cmd_within`, is done, bounded by `timeout` (default: the connection's; no answer in time
+        drops the connection, which fails it). For callers that hold such a future and must have
+        the answer now (the gateway's storage facades, `Answer.wait`)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._blocking += 1
+        try:
+            self._wait_reply(fut, deadline, timeout)
+        finally:
+            self._blocking -= 1
+
     def _wait_reply(self, fut, deadline: float, timeout: float | None) -> None:
         while not fut.done():
             s = self._sock

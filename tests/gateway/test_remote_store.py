@@ -204,7 +204,7 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
 
     async def go():
         st = _remote(lmqtt_store.address)
-        st.metadata.set_retained("ra/1", b"kept", b"")
+        st.metadata.retained.set("ra/1", b"kept", b"")
         await _append(st, "ra/1", [b"old-1", b"old-2"])
         fut = st.read_ahead(StoreReads(["ra/+", "unused/+"], [], ["ra/1"], ["ra/+"]))
         assert not fut.done()                              # asked, not waited for
@@ -231,7 +231,7 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
 
     async def go():
         st = _remote(lmqtt_store.address)
-        st.metadata.set_offsets("$share/crew", {"ro/q": 1})
+        st.metadata.offsets.set("$share/crew", {"ro/q": 1})
         await _append(st, "ro/h", [b"h0", b"h1"])
         fut = st.read_ahead(StoreReads([], ["ro/h"], ["ro/q"], [], [("$share/crew", "ro/q"), ("$share/none", "ro/q")],
                                        [("ro/h", 0)]))
@@ -253,29 +253,29 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
 
 
 def test_a_gateway_restores_every_session_with_its_offsets_a_page_at_a_time(lmqtt_store, monkeypatch):
-    """`sessions_with_offsets` (a gateway's restore at start) pages through the store's session
+    """`SessionStore.list_for_restore` (a gateway's restore at start) pages through the store's session
     records, each with its committed offsets, and misses none at the page boundaries."""
-    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+    from lmqtt.gateway.storage.remote_metadata import RemoteSessions
     from lmqtt.lightqueue.records import SessionRecord, Subscription
 
     async def go():
         st = _remote(lmqtt_store.address)
         for i in range(7):
             cid = f"dev-{i:02d}"
-            st.metadata.put_session(cid, SessionRecord(cid, 4, 60, 1, [Subscription(f"d/{i}")]))
-            st.metadata.set_offsets(cid, {f"d/{i}": i})
-        monkeypatch.setattr(RemoteMetadata, "RESTORE_PAGE", 3)
-        got = st.metadata.sessions_with_offsets()
+            st.metadata.sessions.put(cid, SessionRecord(cid, 4, 60, 1, [Subscription(f"d/{i}")]))
+            st.metadata.offsets.set(cid, {f"d/{i}": i})
+        monkeypatch.setattr(RemoteSessions, "RESTORE_PAGE", 3)
+        got = st.metadata.sessions.list_for_restore().wait()
         assert [(rec.client_id, offs) for rec, offs in got] == [(f"dev-{i:02d}", {f"d/{i}": i}) for i in range(7)]
         st.link.close()
     asyncio.run(go())
 
 
 def test_a_fleet_gateway_restores_its_own_sessions_and_those_of_no_gateway(lmqtt_store, monkeypatch):
-    """`sessions_with_offsets(hosted_by=G)`: the records G served last and those of no gateway,
+    """`SessionStore.list_for_restore(hosted_by=G)`: the records G served last and those of no gateway,
     with their offsets, across pages of which some hold none of G's (the store filters: a page
     may come back empty while more follow)."""
-    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+    from lmqtt.gateway.storage.remote_metadata import RemoteSessions
     from lmqtt.lightqueue.records import HOST, SessionRecord
 
     async def go():
@@ -283,14 +283,14 @@ def test_a_fleet_gateway_restores_its_own_sessions_and_those_of_no_gateway(lmqtt
         hosts = ["gw-a", "gw-b", "gw-b", "gw-b", "gw-b", None, "gw-a", "gw-b", "gw-a"]
         for i, h in enumerate(hosts):
             cid = f"hb-{i:02d}"
-            st.metadata.put_session(cid, SessionRecord(cid, 5, 60, 1, [], {HOST: h} if h else {}))
-            st.metadata.set_offsets(cid, {f"hb/{i}": i})
-        monkeypatch.setattr(RemoteMetadata, "RESTORE_PAGE", 2)
-        got = st.metadata.sessions_with_offsets(hosted_by="gw-a")
+            st.metadata.sessions.put(cid, SessionRecord(cid, 5, 60, 1, [], {HOST: h} if h else {}))
+            st.metadata.offsets.set(cid, {f"hb/{i}": i})
+        monkeypatch.setattr(RemoteSessions, "RESTORE_PAGE", 2)
+        got = st.metadata.sessions.list_for_restore("gw-a").wait()
         want = [i for i, h in enumerate(hosts) if h in (None, "gw-a")]
         assert [(rec.client_id, offs) for rec, offs in got] == [(f"hb-{i:02d}", {f"hb/{i}": i}) for i in want]
         assert all(rec.host in (None, "gw-a") for rec, _ in got)
-        assert len(st.metadata.sessions_with_offsets()) == len(hosts)
+        assert len(st.metadata.sessions.list_for_restore().wait()) == len(hosts)
         st.link.close()
     asyncio.run(go())
 

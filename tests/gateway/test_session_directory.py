@@ -65,12 +65,12 @@ def test_the_store_relays_a_reconnect_storm_of_claims_to_every_other_gateway(tmp
                 link.connect_blocking()
                 links.append(link)
                 meta = RemoteMetadata(link, gid)
-                link.on_push(lambda op, body, meta=meta: meta.session_claims(body)
+                link.on_push(lambda op, body, meta=meta: meta.sessions.session_claims_frame(body)
                              if op == W.OP_SESSION_CLAIMS else None)
                 meta.hello()
                 await link.cmd("gw_flush")            # answered after the hello: B and C are known
                 heard[gid] = []
-                dirs[gid] = StoreSessionDirectory(loop, meta, lambda cid, ts, by, h=heard[gid]: h.append((cid, ts, by)))
+                dirs[gid] = StoreSessionDirectory(loop, meta.sessions, lambda cid, ts, by, h=heard[gid]: h.append((cid, ts, by)))
             for i in range(3000):
                 dirs["gw-a"].claim(f"dev-{i}", 1000 + i)
             assert await wait_until(lambda: len(heard["gw-b"]) >= 3000 and len(heard["gw-c"]) >= 3000, 10), \

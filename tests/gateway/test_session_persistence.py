@@ -9,14 +9,19 @@ import asyncio
 from lmqtt.gateway.core.session_persistence import SessionPersistence
 from lmqtt.gateway.model.session import Cursor, Session
 from lmqtt.gateway.model.shared_groups import SharedGroup
+from lmqtt.gateway.storage.facades import Answer
 
 
 class Metadata:
+    """The storage facades SessionPersistence uses (storage/facades.py): offsets written are kept."""
     def __init__(self) -> None:
         self.writes: list[tuple[str, dict]] = []
+        self.offsets = self
+        self.sessions = None
 
-    def set_offsets(self, consumer, offsets) -> None:
+    def set(self, consumer, offsets) -> Answer[None]:
         self.writes.append((consumer, dict(offsets)))
+        return Answer.of(None)
 
 
 def _session(cid: str, offset: int) -> Session:

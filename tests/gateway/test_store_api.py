@@ -36,8 +36,8 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
             assert api.max_offset(q) == 1
             pulled = api.pull(q, 0)
             assert [(m.topic, m.body) for m in pulled.messages] == [("s/1", b"hello")]
-        api.metadata.set_retained("s/1", b"kept", b"")
-        assert [(t, p) for t, p, _props in api.metadata.retained_matching("s/#")] == [("s/1", b"kept")]
+        assert api.metadata.retained.set("s/1", b"kept", b"").done()          # in-process: answered at once
+        assert [(t, p) for t, p, _props in api.metadata.retained.matching("s/#").result()] == [("s/1", b"kept")]
         assert api.unregister_filter("s/+") == 0
         assert api.registered_filters() == {}
         assert api.queues_for_topic("s/1") == ("s/1",)

@@ -11,31 +11,51 @@ from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
 from lmqtt.gateway.core.session_persistence import SessionPersistence
 from lmqtt.gateway.model.session import ClientSubscription, Session
 from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.storage.facades import Answer
 from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 
 
 class Metadata:
-    """The metadata store's face: offsets and session records written, nothing read back."""
+    """The storage facades' face (storage/facades.py): offsets and session records written, nothing
+    read back but offsets."""
     gateway_id = "gw-test"
 
     def __init__(self) -> None:
-        self.offsets: dict = {}
+        self.offsets = _Offsets()
+        self.sessions = _Sessions()
+        self.wills = _Wills()
 
-    def set_offsets(self, consumer, offsets) -> None:
-        self.offsets.setdefault(consumer, {}).update(offsets)
 
-    def get_offset(self, consumer, queue):
-        return self.offsets.get(consumer, {}).get(queue)
+class _Offsets:
+    def __init__(self) -> None:
+        self.kept: dict = {}
 
-    def delete_offsets(self, consumer, queues) -> None:
+    def set(self, consumer, offsets) -> Answer[None]:
+        self.kept.setdefault(consumer, {}).update(offsets)
+        return Answer.of(None)
+
+    def get(self, consumer, queue) -> Answer[int | None]:
+        return Answer.of(self.kept.get(consumer, {}).get(queue))
+
+    def delete(self, consumer, queues) -> Answer[None]:
         for q in queues:
-            self.offsets.get(consumer, {}).pop(q, None)
+            self.kept.get(consumer, {}).pop(q, None)
+        return Answer.of(None)
 
-    def put_session(self, cid, rec) -> None:
-        return None
 
-    def delete_session(self, cid) -> None:
-        pass
+class _Sessions:
+    def put(self, cid, rec) -> Answer[None]:
+        return Answer.of(None)
+
+    def delete(self, cid) -> Answer[bool]:
+        return Answer.of(True)
+
+    def on_sessions_swept(self, fn) -> None: ...
+    def on_sessions_moved(self, fn) -> None: ...
+
+
+class _Wills:
+    def on_wills_published(self, fn) -> None: ...
 
 
 class Store:

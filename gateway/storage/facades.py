@@ -1,0 +1,290 @@
+"""What the gateway asks of the store, one small facade per concern (after apache/rocketmq-mqtt's
+`LmqQueueStore`, `LmqOffsetStore`, `RetainedPersistManager`, `WillMsgPersistManager`).
+
+Two implementations of each: in-process (store/node/inprocess.py: `lmqtt serve`, straight into
+the engine's MetadataStore / LightQueueStore) and remote (gateway/storage/remote_metadata.py, over
+the store node's `NodeClient`: `lmqtt gateway`, docs/fleet.md). The composition roots build a
+`Storage` bundle and hand each collaborator only the facades it needs; no caller asks which
+implementation it holds. One contract suite runs against both: tests/contract/.
+
+Method semantics: the request is made when the method is called (a caller that does not wait
+still has its requests ordered, as the remote link orders them), and the method returns an
+`Answer`, a future of the store's answer. The in-process implementation returns answers already
+done (a failure is a failed answer, never an exception raised by the call). A caller on a hot path
+takes `.result()` of a done answer or adds a done-callback; start-up and rare paths may `wait()`
+(a remote answer then blocks for its round trip, bounded by the link's timeout); asyncio code may
+`await` it. Events (`on_wills_published`, `on_sessions_moved`, ...) are registered on the facades
+of both implementations; the in-process ones never fire (there is no other gateway, and the
+store is this process).
+
+This module imports nothing of lmqtt at run time: the store node's in-process implementations
+import it (tests/architecture/test_layering.py).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterator, NamedTuple, Protocol, TypeVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.lightqueue.records import SessionRecord, WillRecord
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+Retained = tuple[str, bytes, bytes]            # (topic, payload, props) of a retained message
+
+
+class Answer(Generic[T]):
+    """A future of the store's answer to one request (see the module docstring).
+
+    Like an asyncio future (`done`, `result`, `exception`, `cancelled`, `add_done_callback`,
+    `await`), with two differences: a callback added to an answer already done runs at once, not
+    at the loop's next iteration; and `wait(timeout)` gives the answer right here, driving the
+    remote link while the loop does not run (start-up, rare paths). An answer is never cancelled."""
+
+    __slots__ = ("_done", "_value", "_error", "_callbacks", "_waiter")
+
+    def __init__(self, waiter: "Callable[[Answer[T], float | None], None] | None" = None) -> None:
+        """`waiter(answer, timeout)`: makes the answer done before returning (or leaves it not done
+        when the store could not answer in time); None for an answer nobody can wait for."""
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Answer[T]], None]] = []
+        self._waiter = waiter
+
+    @classmethod
+    def of(cls, value: T) -> "Answer[T]":
+        """An answer done with `value` (an in-process implementation's)."""
+        a: Answer[T] = cls()
+        a._done, a._value = True, value
+        return a
+
+    @classmethod
+    def failed(cls, error: BaseException) -> "Answer[T]":
+        a: Answer[T] = cls()
+        a._done, a._error = True, error
+        return a
+
+    @classmethod
+    def now(cls, fn: Callable[..., T], *args: Any) -> "Answer[T]":
+        """`fn(*args)` called now: done with its value, or failed with what it raised."""
+        try:
+            return cls.of(fn(*args))
+        except Exception as e:  # noqa: BLE001 - the caller gets it as the answer
+            return cls.failed(e)
+
+    # -- completing
+    def set_result(self, value: T) -> None:
+        if not self._done:
+            self._done, self._value = True, value
+            self._run_callbacks()
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self._done:
+            self._done, self._error = True, error
+            self._run_callbacks()
+
+    def _run_callbacks(self) -> None:
+        cbs, self._callbacks = self._callbacks, []
+        for fn in cbs:
+            fn(self)
+
+    # -- reading
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self) -> T:
+        if not self._done:
+            raise asyncio.InvalidStateError("the store's answer is not in yet")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        if not self._done:
+            raise asyncio.InvalidStateError("the store's answer is not in yet")
+        return self._error
+
+    def add_done_callback(self, fn: "Callable[[Answer[T]], None]") -> None:
+        if self._done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def wait(self, timeout: float | None = None) -> T:
+        """The answer, waited for here if it is not in (bounded by `timeout`, default the link's)."""
+        if not self._done and self._waiter is not None:
+            self._waiter(self, timeout)
+        if not self._done:
+            raise TimeoutError("the store did not answer")
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self._done:
+            fut = asyncio.get_running_loop().create_future()
+            def wake(_a: Answer[T]) -> None:
+                if not fut.done():
+                    fut.set_result(None)
+            self.add_done_callback(wake)
+            yield from fut
+        return self.result()
+
+    def then(self, fn: Callable[[T], U]) -> "Answer[U]":
+        """An answer of `fn(this answer's value)` (a failure, of either, fails it)."""
+        out: Answer[U] = Answer(lambda _a, timeout: self._wait_quietly(timeout))
+
+        def done(a: Answer[T]) -> None:
+            if a._error is not None:
+                out.set_exception(a._error)
+                return
+            try:
+                v = fn(a._value)
+            except Exception as e:  # noqa: BLE001 - an answer we cannot read fails this request only
+                out.set_exception(e)
+                return
+            out.set_result(v)
+        self.add_done_callback(done)
+        return out
+
+    def _wait_quietly(self, timeout: float | None) -> None:
+        if not self._done and self._waiter is not None:
+            self._waiter(self, timeout)
+
+
+def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> None:
+    """Log `event` (ERROR, with `fields` and the error) if `answer` fails: a write nobody waits for."""
+    def done(a: Answer[Any]) -> None:
+        e = a.exception()
+        if e is not None:
+            log.error("event=%s %s error=%r", event, " ".join(f"{k}={v}" for k, v in fields.items()), e)
+    answer.add_done_callback(done)
+
+
+# ---------------------------------------------------------------- the facades
+class SessionStore(Protocol):
+    """Persistent MQTT sessions' records (SessionRecord), and in a fleet who serves which."""
+
+    def put(self, client_id: str, rec: "SessionRecord") -> Answer[None]:
+        """Write the record; a CONNACK / SUBACK it backs waits for the answer."""
+    def get(self, client_id: str) -> "Answer[SessionRecord | None]": ...
+    def load(self, client_id: str) -> "Answer[tuple[SessionRecord | None, dict[str, int]]]":
+        """The record and the client's committed offsets together (a CONNECT resuming a session)."""
+    def delete(self, client_id: str) -> Answer[bool]:
+        """The record and the session's offsets (consumer = client id) go."""
+    def all(self) -> "Answer[list[SessionRecord]]": ...
+    def list_for_restore(self, hosted_by: str | None = None) -> "Answer[list[tuple[SessionRecord, dict[str, int]]]]":
+        """Every record with its committed offsets (a gateway's restore at start); `hosted_by`:
+        a fleet gateway's own and those of no gateway."""
+    def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
+        """This gateway attached connections to these client ids at these wall-clock ms: the
+        other gateways are told (in-process: there are none)."""
+    def flush(self) -> Answer[None]:
+        """Everything written so far through any metadata facade is durable."""
+    # events (in-process: never fire)
+    def on_sessions_swept(self, fn: Callable[[list[str]], None]) -> None:
+        """The store took this gateway for gone and changed these clients' records."""
+    def on_sessions_moved(self, fn: Callable[[list[str]], None]) -> None:
+        """Another gateway wrote or ended these clients' records."""
+    def on_session_claims(self, fn: Callable[[str, list], None]) -> None:
+        """(gateway, [(client id, since ms)]): another gateway attached connections to these."""
+
+
+class OffsetStore(Protocol):
+    """Consumer offsets in light queues (a session's client id, or `$share/{group}`)."""
+
+    def get(self, consumer: str, queue: str) -> Answer[int | None]: ...
+    def get_all(self, consumer: str) -> Answer[dict[str, int]]: ...
+    def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]: ...
+    def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
+        """`queues` None: all of the consumer's."""
+
+
+class RetainedStore(Protocol):
+    """Retained messages (an empty payload clears)."""
+
+    def set(self, topic: str, payload: bytes, props: bytes = b"") -> Answer[None]: ...
+    def matching(self, flt: str) -> Answer[list[Retained]]:
+        """Every retained message `flt` matches, in topic order."""
+    def batches(self, flt: str) -> Answer[Iterator[list[Retained]]]:
+        """`matching` in lists, read as they are consumed in-process (a subscriber's first
+        retained messages go out before the whole range is read); remote: one list."""
+    def clear_if(self, topic: str, props: bytes) -> Answer[bool]:
+        """Clear `topic`'s retained message if it is still the one stored with `props`."""
+
+
+class WillStore(Protocol):
+    """Wills of connected clients, held by the gateway serving the connection: published by that
+    gateway when the connection ends uncleanly, at its next start after a crash (`take`), or in a
+    fleet by the store node when the gateway stays away past its grace period (docs/fleet.md)."""
+
+    def put(self, client_id: str, will: "WillRecord") -> Answer[None]:
+        """This gateway holds `client_id`'s connection with this will (replaces any earlier one)."""
+    def pop(self, client_id: str) -> Answer[None]:
+        """This gateway's will of `client_id` is gone; a will another gateway wrote since stays."""
+    def void(self, client_id: str) -> Answer[None]:
+        """A new connection of `client_id`: a previous connection's will, whichever gateway held
+        it, is never published."""
+    def take(self) -> "Answer[list[tuple[str, WillRecord]]]":
+        """Remove and return the wills this gateway holds (at start: the orphans of its crash)."""
+    def held(self) -> "Answer[list[tuple[str, WillRecord]]]":
+        """The wills this gateway holds (in-process: all)."""
+    def on_wills_published(self, fn: Callable[[list[str]], None]) -> None:
+        """The store published these clients' wills while this gateway was away (in-process: never)."""
+
+
+class Lease(NamedTuple):
+    """`owner`: the gateway that delivers the group now; `offset`: for the holder, where to start
+    (the group's committed offset or the one the last holder handed back), or None."""
+    owner: str | None
+    offset: int | None
+
+
+class GroupLeases(Protocol):
+    """Which gateway delivers a shared group's messages (gateway/fleet/group_leases.py)."""
+
+    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
+        """Claim or renew the lease of (group, queue) for `ttl_ms`."""
+    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
+        """Hand the lease back with the offset the next holder starts from."""
+
+
+@dataclass
+class Storage:
+    """The facades a composition root builds and hands out, each collaborator taking only those
+    it needs. `queues`/`filters`: the light queues and filter registrations (until issue 25's
+    steps 2 and 3 land, both are the `GatewayStore` of gateway/storage/store_api.py)."""
+    sessions: SessionStore
+    offsets: OffsetStore
+    retained: RetainedStore
+    wills: WillStore
+    leases: GroupLeases
+    queues: Any = None
+    filters: Any = None
+
+    # -- transitional: the three callers of the old `SessionMetadata` that others are editing
+    #    (core/broker.py, core/sys_topics.py, delivery/retained.py) until they take the facades
+    #    (a failure already in raises, as those callers expect; a later one is logged)
+    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
+        _raise_or_log(self.retained.set(topic, payload, props), "retained_store_failed", topic)
+
+    def retained_batches(self, flt: str) -> Iterator[list[Retained]]:
+        return self.retained.batches(flt).wait()
+
+    def clear_retained_if(self, topic: str, props: bytes) -> None:
+        _raise_or_log(self.retained.clear_if(topic, props), "retained_clear_failed", topic)
+
+    def flush(self) -> None:
+        self.sessions.flush().wait()
+
+
+def _raise_or_log(answer: Answer[Any], event: str, topic: str) -> None:
+    if answer.done():
+        answer.result()
+    else:
+        import logging
+        log_failure(answer, logging.getLogger("lmqtt.gateway"), event, topic=topic)

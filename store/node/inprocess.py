@@ -1,0 +1,166 @@
+"""The gateway's storage facades (gateway/storage/facades.py) in-process: `lmqtt serve`, where the
+gateway and the store are one process and every call goes straight into the engine's objects
+(`MetadataStore` of the light queues, `MessageStore`, `LightQueueStore`). Every answer is done when
+the method returns; a failure (a RocksDB write refused for space...) is a failed answer. The events
+of the facades never fire here: there is no other gateway, and the store is this process.
+
+The gateway's composition root for `lmqtt serve` gets its bundle from `storage(store, lq)`; the
+gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from lmqtt.gateway.storage.facades import Answer, Lease, Retained, Storage
+from lmqtt.lightqueue.metadata import MetadataStore
+from lmqtt.lightqueue.records import SessionRecord, WillRecord
+
+
+class InProcessSessions:
+    def __init__(self, md: MetadataStore) -> None:
+        self.md = md
+
+    def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
+        return Answer.now(self.md.put_session, client_id, rec)
+
+    def get(self, client_id: str) -> Answer[SessionRecord | None]:
+        return Answer.now(self.md.get_session, client_id)
+
+    def load(self, client_id: str) -> Answer[tuple[SessionRecord | None, dict[str, int]]]:
+        return Answer.now(lambda: (self.md.get_session(client_id), self.md.get_offsets(client_id)))
+
+    def delete(self, client_id: str) -> Answer[bool]:
+        return Answer.now(self.md.delete_session, client_id)
+
+    def all(self) -> Answer[list[SessionRecord]]:
+        return Answer.now(self.md.list_sessions)
+
+    def list_for_restore(self, hosted_by: str | None = None) -> Answer[list[tuple[SessionRecord, dict[str, int]]]]:
+        return Answer.now(self.md.sessions_with_offsets, hosted_by)
+
+    def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
+        return Answer.of(None)            # no other gateway to tell
+
+    def flush(self) -> Answer[None]:
+        return Answer.now(self.md.flush)
+
+    def on_sessions_swept(self, fn: Callable[[list[str]], None]) -> None:
+        pass
+
+    def on_sessions_moved(self, fn: Callable[[list[str]], None]) -> None:
+        pass
+
+    def on_session_claims(self, fn: Callable[[str, list], None]) -> None:
+        pass
+
+
+class InProcessOffsets:
+    def __init__(self, md: MetadataStore) -> None:
+        self.md = md
+
+    def get(self, consumer: str, queue: str) -> Answer[int | None]:
+        return Answer.now(self.md.get_offset, consumer, queue)
+
+    def get_all(self, consumer: str) -> Answer[dict[str, int]]:
+        return Answer.now(self.md.get_offsets, consumer)
+
+    def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
+        return Answer.now(self.md.set_offsets, consumer, offsets)
+
+    def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
+        return Answer.now(self.md.delete_offsets, consumer, queues)
+
+
+class InProcessRetained:
+    def __init__(self, md: MetadataStore) -> None:
+        self.md = md
+
+    def set(self, topic: str, payload: bytes, props: bytes = b"") -> Answer[None]:
+        return Answer.now(self.md.set_retained, topic, payload, props)
+
+    def matching(self, flt: str) -> Answer[list[Retained]]:
+        return Answer.now(self.md.retained_matching, flt)
+
+    def batches(self, flt: str) -> Answer[Iterator[list[Retained]]]:
+        return Answer.now(self.md.retained_batches, flt)     # lazy: read as they are consumed
+
+    def clear_if(self, topic: str, props: bytes) -> Answer[bool]:
+        return Answer.now(self.md.clear_retained_if, topic, props)
+
+
+class InProcessWills:
+    """The embedded gateway's wills: it is the only gateway (its wills carry no gateway id)."""
+
+    def __init__(self, md: MetadataStore) -> None:
+        self.md = md
+
+    def put(self, client_id: str, will: WillRecord) -> Answer[None]:
+        return Answer.now(self.md.put_will, client_id, will)
+
+    def pop(self, client_id: str) -> Answer[None]:
+        def pop() -> None:
+            self.md.pop_will(client_id)
+        return Answer.now(pop)
+
+    def void(self, client_id: str) -> Answer[None]:
+        return Answer.now(self.md.void_will, client_id)
+
+    def take(self) -> Answer[list[tuple[str, WillRecord]]]:
+        return Answer.now(self.md.take_wills)
+
+    def held(self) -> Answer[list[tuple[str, WillRecord]]]:
+        return Answer.now(self.md.list_wills)
+
+    def on_wills_published(self, fn: Callable[[list[str]], None]) -> None:
+        pass
+
+
+class InProcessLeases:
+    """One gateway in the process; the same rule as the store node's `gw_group_lease`
+    (store/node/gateway_service.py): the holder renews, a lease not renewed within its ttl
+    lapses, the holder starts at the later of the group's committed offset and the one the last
+    holder handed back."""
+
+    def __init__(self, md: MetadataStore, gateway_id: str = "") -> None:
+        self.md = md
+        self.gateway_id = gateway_id
+        self._held: dict[tuple[str, str], tuple[str, float]] = {}      # -> (owner, until)
+        self._released: dict[tuple[str, str], int] = {}
+
+    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
+        def grant() -> Lease:
+            key, me, now = (group, queue), self.gateway_id, time.monotonic()
+            held = self._held.get(key)
+            if held is None or held[0] == me or held[1] < now:
+                self._held[key] = held = (me, now + max(0.1, ttl_ms / 1000.0))
+            if held[0] != me:
+                return Lease(held[0], None)
+            off = self.md.get_offset(consumer, queue)
+            back = self._released.get(key)
+            return Lease(me, max(off, back if back is not None else off) if off is not None else back)
+        return Answer.now(grant)
+
+    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
+        key = (group, queue)
+        held = self._held.get(key)
+        if held is not None and held[0] == self.gateway_id:
+            del self._held[key]
+            self._released[key] = int(offset)
+        return Answer.of(None)
+
+
+def metadata_storage(lq: Any) -> Storage:
+    """The metadata facades over `lq.metadata` (a LightQueueStore's MetadataStore)."""
+    md = lq.metadata
+    return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
+                   InProcessLeases(md))
+
+
+def storage(store: Any, lq: Any) -> Storage:
+    """The whole in-process bundle of `lmqtt serve` over `store` (MessageStore) and `lq`
+    (LightQueueStore)."""
+    return metadata_storage(lq)
+
+
+__all__ = ["storage", "metadata_storage", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
+           "InProcessWills", "InProcessLeases"]

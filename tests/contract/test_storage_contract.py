@@ -1,0 +1,208 @@
+"""One contract for the gateway's storage facades (gateway/storage/facades.py), run against both
+implementations: in-process (store/node/inprocess.py over a real MessageStore + LightQueueStore in
+a tmp dir, `lmqtt serve`) and remote (gateway/storage/remote_metadata.py over a real `lmqtt store`
+subprocess, one per module, `lmqtt gateway`). Each test states what a gateway relies on; the two
+implementations must agree on every answer.
+
+The remote facades are driven without a running event loop: every answer is `wait()`ed for,
+which drives the link right here (as a gateway's start-up does), and requests not waited for are
+still answered in order before the next one waited for (a read after a write sees it)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from lmqtt.gateway.storage.facades import Answer, Lease, Storage
+from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription, WillRecord
+from tests.support import LmqttStore
+
+pytestmark = pytest.mark.timeout(60)
+
+_n = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    d = tmp_path_factory.mktemp("contract-node")
+    srv = LmqttStore(str(d / "data"), log_path=str(d / "lmqtt-store.log")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+class _Side:
+    """One implementation's bundle, and a second gateway's view of the same store (`other`)."""
+
+    def __init__(self, storage: Storage, other: Storage, gateway_id: str, close) -> None:
+        self.storage, self.other, self.gateway_id, self.close = storage, other, gateway_id, close
+
+
+@pytest.fixture(params=["inprocess", "remote"])
+def side(request, tmp_path):
+    if request.param == "inprocess":
+        from lmqtt.lightqueue import LightQueueStore
+        from lmqtt.store import MessageStore, StoreConfig
+        from lmqtt.store.node import inprocess
+
+        store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
+        lq = LightQueueStore(store, str(tmp_path / "lq"))
+        store.start()
+        one = inprocess.storage(store, lq)
+        yield _Side(one, one, "", None)
+        lq.close()
+        store.shutdown()
+        return
+    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+    from lmqtt.store.client.aio import LoopConnection
+
+    srv = request.getfixturevalue("node")
+    loop = asyncio.new_event_loop()
+    links = []
+    bundles = []
+    gid = f"gw-{next(_n)}"
+    for g in (gid, gid + "-other"):
+        link = LoopConnection(srv.address, loop=loop)
+        link.connect_blocking()
+        links.append(link)
+        md = RemoteMetadata(link, g)
+        bundles.append(md.storage())
+    yield _Side(bundles[0], bundles[1], gid, None)
+    for link in links:
+        link.close()
+    loop.close()
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{next(_n)}"
+
+
+# ---------------------------------------------------------------- answers
+def test_every_answer_is_a_future_that_can_be_waited_for(side):
+    """The facades' methods return `Answer`s: done (in-process) or done once waited for (remote),
+    with a done-callback run once it is in."""
+    a = side.storage.offsets.get(_name("c"), "q")
+    assert isinstance(a, Answer)
+    assert a.wait() is None
+    seen = []
+    a.add_done_callback(lambda x: seen.append(x.result()))
+    assert seen == [None]
+
+
+# ---------------------------------------------------------------- offsets
+def test_offsets_round_trip_and_are_deleted_per_queue_or_all(side):
+    o = side.storage.offsets
+    c = _name("client")
+    assert o.get(c, "a/1").wait() is None and o.get_all(c).wait() == {}
+    o.set(c, {"a/1": 5, "a/2": 7})                 # not waited for: the read after it sees it
+    assert o.get(c, "a/1").wait() == 5
+    o.set(c, {"a/1": 6})
+    assert o.get_all(c).wait() == {"a/1": 6, "a/2": 7}
+    o.delete(c, ["a/1"])
+    assert o.get_all(c).wait() == {"a/2": 7}
+    o.delete(c)
+    assert o.get_all(c).wait() == {}
+
+
+# ---------------------------------------------------------------- sessions
+def test_session_records_round_trip_load_with_offsets_and_delete(side):
+    s, o = side.storage.sessions, side.storage.offsets
+    c = _name("dev")
+    rec = SessionRecord(c, 5, 120, None, [Subscription("t/+", 1), Subscription("x", 0, share_group="g")], {"k": 1})
+    s.put(c, rec).wait()
+    assert s.get(c).wait() == rec
+    o.set(c, {"t/1": 3})
+    got, offs = s.load(c).wait()
+    assert got == rec and offs == {"t/1": 3}
+    assert c in [r.client_id for r in s.all().wait()]
+    assert s.delete(c).wait() is True
+    assert s.get(c).wait() is None
+    assert s.load(_name("none")).wait() == (None, {})
+
+
+def test_sessions_listed_for_restore_carry_offsets_and_a_fleet_gateway_gets_its_own(side):
+    s, o = side.storage.sessions, side.storage.offsets
+    mine, theirs, nobodys = _name("mine"), _name("theirs"), _name("nobody")
+    for cid, host in ((mine, "gw-a"), (theirs, "gw-b"), (nobodys, None)):
+        s.put(cid, SessionRecord(cid, 4, 60, 1, [Subscription(f"r/{cid}")], {HOST: host} if host else {}))
+        o.set(cid, {f"r/{cid}": 9})
+    got = {rec.client_id: offs for rec, offs in s.list_for_restore().wait()}
+    assert {mine, theirs, nobodys} <= set(got) and got[mine] == {f"r/{mine}": 9}
+    got_a = {rec.client_id for rec, _offs in s.list_for_restore("gw-a").wait()}
+    assert mine in got_a and nobodys in got_a and theirs not in got_a
+
+
+def test_session_claims_and_flush_are_answered(side):
+    s = side.storage.sessions
+    assert s.claim([(_name("c"), 1000)]).wait() is None
+    assert s.flush().wait() is None
+    # events are registered on both implementations (in-process: never fire)
+    s.on_sessions_moved(lambda ids: None)
+    s.on_sessions_swept(lambda ids: None)
+    s.on_session_claims(lambda gid, claims: None)
+
+
+# ---------------------------------------------------------------- retained
+def test_retained_set_match_and_clear_if_still_the_same(side):
+    r = side.storage.retained
+    base = _name("ret")
+    r.set(f"{base}/a", b"one", b"p1")
+    r.set(f"{base}/b", b"two", b"p2")
+    assert r.matching(f"{base}/#").wait() == [(f"{base}/a", b"one", b"p1"), (f"{base}/b", b"two", b"p2")]
+    assert [m for batch in r.batches(f"{base}/+").wait() for m in batch] == r.matching(f"{base}/+").wait()
+    assert r.clear_if(f"{base}/a", b"other").wait() is False       # replaced since: kept
+    assert r.clear_if(f"{base}/a", b"p1").wait() is True
+    r.set(f"{base}/b", b"", b"")                                   # an empty payload clears
+    assert r.matching(f"{base}/#").wait() == []
+
+
+# ---------------------------------------------------------------- wills
+def _will(topic: str) -> WillRecord:
+    return WillRecord(topic, b"gone", 1, False, b"", 0, 1)
+
+
+def test_wills_put_pop_void_and_take(side):
+    w = side.storage.wills
+    a, b, c = _name("wa"), _name("wb"), _name("wc")
+    for cid in (a, b, c):
+        w.put(cid, _will(f"will/{cid}"))
+    held = dict(w.held().wait())
+    assert {a, b, c} <= set(held) and held[a].topic == f"will/{a}"
+    w.pop(a)                                  # published or discarded by this gateway
+    w.void(b)                                 # a new connection of b: never published
+    assert not {a, b} & set(dict(w.held().wait()))
+    taken = dict(w.take().wait())             # the orphans of a crash: removed as they are returned
+    assert c in taken and taken[c].payload == b"gone"
+    assert c not in dict(w.held().wait())
+    w.on_wills_published(lambda ids: None)
+
+
+def test_a_will_another_gateway_wrote_since_survives_this_gateways_pop_but_not_a_void(side):
+    """pop removes only this gateway's will; void removes the client's will whoever holds it (a
+    single in-process gateway holds every will: there the two agree)."""
+    cid = _name("moved")
+    side.storage.wills.put(cid, _will("w/1"))
+    side.other.wills.put(cid, _will("w/2"))       # the client reconnected through another gateway
+    side.storage.wills.pop(cid)
+    left = dict(side.other.wills.held().wait())
+    if side.other is not side.storage:
+        assert left[cid].topic == "w/2"
+    side.other.wills.void(cid)
+    assert cid not in dict(side.other.wills.held().wait())
+
+
+# ---------------------------------------------------------------- group leases
+def test_a_group_lease_is_granted_renewed_and_handed_back_with_the_offset(side):
+    leases, offsets = side.storage.leases, side.storage.offsets
+    group, queue = _name("grp"), _name("lq")
+    consumer = f"$share/{group}"
+    offsets.set(consumer, {queue: 4})
+    got = leases.claim(group, queue, consumer, 3000).wait()
+    assert got == Lease(side.gateway_id, 4)
+    assert leases.claim(group, queue, consumer, 3000).wait().owner == side.gateway_id     # renewed
+    if side.other is not side.storage:
+        assert side.other.leases.claim(group, queue, consumer, 3000).wait().owner == side.gateway_id   # held
+    leases.release(group, queue, 9).wait()
+    assert leases.claim(group, queue, consumer, 3000).wait() == Lease(side.gateway_id, 9)
