@@ -24,6 +24,26 @@ def disk(tmp_path):
         d.umount()
 
 
+def test_small_disk_fills_to_what_is_asked_and_frees_it_again(tmp_path):
+    """loadtest/chaos/disk.py, which the disk-full tests and the chaos bench use."""
+    d = SmallDisk(str(tmp_path / "sd"), 8)
+    with d:
+        assert os.path.ismount(d.path) and d.free_bytes() == 8 << 20
+        d.fill(64 << 10)
+        assert d.free_bytes() == 64 << 10
+        with pytest.raises(OSError) as e, open(os.path.join(d.path, "x"), "wb") as f:
+            f.write(b"x" * (128 << 10))
+            f.flush()
+        assert e.value.errno == 28
+        os.unlink(os.path.join(d.path, "x"))
+        d.fill(0)                       # again: grows the filler
+        assert d.free_bytes() == 0
+        d.free()
+        assert d.free_bytes() == 8 << 20
+    assert not os.path.ismount(d.path)
+    d.umount()                          # idempotent
+
+
 def cfg(d, **kw):
     base = dict(data_dir=os.path.join(d, "store"), segment_size=1 << 20, max_message_size=64 * 1024,
                 flush_mode="sync", index_slots=64, index_entries=1024, cq_entries_per_file=1000,
