@@ -17,6 +17,17 @@ parked record without a timer: it never fires, and the client's resend schedules
 `route(msg)` (given by the layer above, e.g. the light queues) fills in a fired message's
 dispatch queues: which wildcard filters want a topic is known only there, and only at firing time
 (filters registered during the delay must see the message).
+
+A timer names its parked record by CommitLog offset only, and a recovery that cuts the log hands
+the offsets of the lost records to new appends (issue 26). So:
+  * on opening, the recoveries of the store not checked yet (store/recovery.py, generation kept
+    in the wheel's checkpoint) drop every timer whose parked record was at/after the cut
+    (`TimerWheel.drop_lost`), with one WARNING naming them ("N delayed messages lost in the cut,
+    due at ..."): their loss is the one the recovery's ERROR reports;
+  * when a timer fires, the record read at its offset must be its parked record: a `$timer`
+    record of the size and due time the TimerLog entry recorded. Anything else (another message,
+    no readable record, the log ending or starting beyond it) is not released: one ERROR naming
+    the offsets, and the timer is done (`refused` in stats()).
 """
 from __future__ import annotations
 
@@ -26,7 +37,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from .errors import DiskFull
+from .errors import DiskFull, NotVisible
 from .message import Message, StoredMessage
 from .timer import Timer, TimerWheel
 
@@ -37,6 +48,14 @@ TIMER_KEY = "timer:"
 _TIMERLOG_WRITES = "allocating TimerLog space for delayed messages"
 
 log = logging.getLogger("lmqtt.store.delayed")
+
+
+_NAMED = 20                          # lost delayed messages named in the WARNING (then "and N more")
+
+
+def _iso(ms: int) -> str:
+    """Epoch ms as an ISO 8601 UTC time with milliseconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 class DelayError(ValueError):
@@ -75,6 +94,9 @@ class DelayedMessages:
         self.wheel = TimerWheel(directory, self._fire, already_fired=self._already_fired, clock=clock,
                                 **wheel_options)
         self._full = False      # the last TimerLog reservation failed for lack of space
+        self.lost_in_cut = 0    # timers dropped on opening: their parked record was cut from the log
+        self.refused = 0        # timers that found another record than their parked one when due
+        self._check_recoveries()
 
     # --------------------------------------------------------------------------------- API
     def schedule(self, msg: Message, due_ms: int):
@@ -178,10 +200,11 @@ class DelayedMessages:
             phys = phys_offsets[i]
             self.store.wait_dispatched(phys + 1, timeout=30)
             parked = self.store.read(phys)
-            t = Timer(phys, parked.size, due_ms[i], -1)
+            due = _unwrap(parked)[1]      # the due time the record carries (what firing checks)
+            t = Timer(phys, parked.size, due, -1)
             if self._already_fired(t):
                 continue
-            self.wheel.schedule(due_ms[i], phys, parked.size)
+            self.wheel.schedule(due, phys, parked.size)
             n += 1
         if n and self._sync:
             self.wheel.flush()
@@ -215,26 +238,111 @@ class DelayedMessages:
         self.wheel.close()
 
     def stats(self) -> dict:
-        return self.wheel.stats()
+        return {**self.wheel.stats(), "lost_in_cut": self.lost_in_cut, "refused": self.refused}
+
+    # --------------------------------------------------------- after a recovery that cut the log
+    def _check_recoveries(self) -> None:
+        """Drop the timers whose parked record a recovery not checked yet has cut from the log
+        (before anything is scheduled: the wheel was just opened), with one WARNING."""
+        recoveries = getattr(self.store, "recoveries", None)
+        if recoveries is None:
+            return
+        seen = self.wheel.recovery_generation
+        current = recoveries.generation
+        if seen is None:
+            # a new timer directory, or one written before the wheel kept the generation: from
+            # now on. Timers of such a directory that a cut lost are refused when due (_parked).
+            self.wheel.note_recovery_generation(current)
+            return
+        events = [e for e in recoveries.events if e.generation > seen]
+        if not events:
+            self.wheel.note_recovery_generation(current)
+            return
+        end = min(e.end for e in events)
+        lost = self.wheel.drop_lost(end, current)
+        self.lost_in_cut = len(lost)
+        if lost:
+            gens = ", ".join(str(e.generation) for e in events)
+            ident = getattr(self.store, "ident", "")
+            shown = ", ".join(f"{_iso(t.due_ms)} (msg id {ident}{t.ref_offset:016X})" for t in lost[:_NAMED])
+            more = f" and {len(lost) - _NAMED} more" if len(lost) > _NAMED else ""
+            lo, hi = min(t.ref_offset for t in lost), max(t.ref_offset for t in lost)
+            if len(lost) == 1:
+                what = f"1 delayed message lost in the cut, due at {shown}: its parked record (CommitLog offset {lo})"
+            else:
+                what = (f"{len(lost)} delayed messages lost in the cut, due at {shown}{more}: their parked records "
+                        f"(CommitLog offsets {lo}..{hi})")
+            log.warning("store recovery: %s lay at/after the recovered end %d of the log (recovery %s); %s not be "
+                        "delivered", what, end, gens, "it will" if len(lost) == 1 else "they will")
 
     # ------------------------------------------------------------------------------ firing
-    def _released(self, t: Timer) -> Message:
-        parked = self.store.read(t.ref_offset, t.ref_size)
+    def _parked(self, t: Timer) -> tuple[StoredMessage | None, str]:
+        """The parked record of `t`, read back and checked: a `$timer` record of the size and
+        due time its TimerLog entry recorded. Else (None, what is at its offset instead).
+        NotVisible when the record is in the log but not dispatched yet (offered again)."""
+        st = self.store
+        if t.ref_offset < st.min_offset:
+            return None, f"the log now starts at {st.min_offset}"
+        if t.ref_offset + t.ref_size > st.max_offset:
+            return None, f"the log now ends at {st.max_offset}"
+        if not st.wait_dispatched(t.ref_offset + t.ref_size, timeout=30):
+            raise NotVisible(f"the parked record at {t.ref_offset} is not dispatched yet")
+        try:
+            rec = st.read(t.ref_offset)       # its own size: what is there, whatever it is
+        except NotVisible:
+            if t.ref_offset < st.min_offset:          # deleted by retention meanwhile
+                return None, f"the log now starts at {st.min_offset}"
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever lies there, it is not a readable record
+            return None, f"no readable record starts there ({e})"
+        if rec.topic != PARK_TOPIC or rec.size != t.ref_size:
+            return None, f"a message to {rec.topic!r} of {rec.size} bytes is there"
+        try:
+            due = _unwrap(rec)[1]
+        except Exception as e:  # noqa: BLE001 - struct.error, UnicodeDecodeError
+            return None, f"a {PARK_TOPIC} record of {rec.size} bytes that is not a parked message ({e}) is there"
+        if due != t.due_ms:
+            return None, f"another parked message ({rec.size} bytes, due at {_iso(due)}) is there"
+        return rec, ""
+
+    def _released(self, t: Timer, parked: StoredMessage) -> Message:
         topic, _due, flags, queue_id, props = _unwrap(parked)
         keys = tuple(parked.keys) + (f"{TIMER_KEY}{t.ref_offset}",)
         return Message(topic, parked.body, queue_id, flags, props, keys, parked.born_ts)
 
-    def _fire(self, timers: list[Timer]) -> None:
+    def _fire(self, timers: list[Timer]) -> int:
+        """Release `timers` (the wheel's fire callback); -> how many were refused: their offset
+        no longer holds their parked record (see the module docstring)."""
         # a timer due at once can fire before dispatch made its parked record readable
-        self.store.wait_dispatched(max(t.ref_offset + t.ref_size for t in timers), timeout=30)
-        msgs = [self._released(t) for t in timers]
-        if self._loop is not None:
-            results = self._append(msgs)
-        else:
-            route = self._route
-            results = self.store.append_batch([route(m) for m in msgs])
-        if results:
-            results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
+        end = self.store.max_offset
+        ends = [t.ref_offset + t.ref_size for t in timers if t.ref_offset + t.ref_size <= end]
+        if ends:
+            self.store.wait_dispatched(max(ends), timeout=30)
+        msgs = []
+        refused = []
+        for t in timers:
+            parked, why = self._parked(t)
+            if parked is None:
+                refused.append((t, why))
+            else:
+                msgs.append(self._released(t, parked))
+        if msgs:
+            if self._loop is not None:
+                results = self._append(msgs)
+            else:
+                route = self._route
+                results = self.store.append_batch([route(m) for m in msgs])
+            if results:
+                results[-1].durable.result(timeout=30)       # durable before the checkpoint moves
+        # said once the release is done (a failed one is offered again, and would say it twice)
+        ident = getattr(self.store, "ident", "")
+        for t, why in refused:
+            log.error("delayed message %s%016X due at %s not released: its timer points at CommitLog offset %d "
+                      "(%d bytes) where its parked record was, but %s; the parked record is gone (a recovery "
+                      "that cut the log?) and nothing else is released in its place", ident, t.ref_offset,
+                      _iso(t.due_ms), t.ref_offset, t.ref_size, why)
+        self.refused += len(refused)
+        return len(refused)
 
     def _append(self, msgs: list[Message]):
         """append_batch on `self._loop` (see __init__), waited for from the firing thread. Gives up
@@ -264,8 +372,9 @@ class DelayedMessages:
                     raise RuntimeError("firing abandoned: the timer wheel is closing") from None
 
     def _already_fired(self, t: Timer) -> bool:
-        self.store.wait_dispatched(t.ref_offset + t.ref_size, timeout=30)
-        parked = self.store.read(t.ref_offset, t.ref_size)
+        parked, _why = self._parked(t)
+        if parked is None:
+            return False        # not its parked record: refused (and said) when it fires
         topic = _unwrap(parked)[0]
         now = int(self._clock() * 1000)
         hits = self.store.query_by_key(topic, f"{TIMER_KEY}{t.ref_offset}", max(0, t.due_ms - 60_000),

@@ -16,6 +16,10 @@ after those recoveries* and resets the offsets beyond it to that end, with a WAR
 without its store port in between) still finds that end: the entries of a queue that point below
 the CommitLog end P of the recovery are the ones it had then, those at/after P were appended
 since (`RecoveryLog.cut_since`: the lowest P of the recoveries a holder has not checked).
+
+The timer wheel of delayed messages checks the same generations (store/delayed.py
+`DelayedMessages._check_recoveries`): a timer names its parked record by CommitLog offset, so the
+timers whose parked record lay at/after P are dropped when the wheel opens, with one WARNING.
 """
 from __future__ import annotations
 

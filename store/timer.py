@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import os
 import struct
 import threading
@@ -47,8 +48,10 @@ import time
 from array import array
 from typing import Callable, NamedTuple
 
-from .errors import StoreError
+from .errors import StoreError, is_disk_full
 from .mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger("lmqtt.store.timer")
 
 # size u32 | magic u32 | prev_pos i64 | due_ms i64 | ref_offset i64 | ref_size u32 | flags u32 | tick i64
 RECORD = struct.Struct("<IIqqqIIq")
@@ -448,12 +451,22 @@ class TimerWheel:
 
     # --------------------------------------------------------------------------------- firing
     def _run(self) -> None:
+        failing = None        # the error of the failing firing round, said once (not every retry)
         while not self._stop.is_set():
             try:
                 busy = self.fire_due()
-            except Exception:  # the fire callback failed: the same ticks are offered again
+            except Exception as e:  # the fire callback failed: the same ticks are offered again
+                what = f"{type(e).__name__}: {e}"
+                # a full disk is the store's disk-full episode, said there; a close abandons firing
+                if what != failing and not self._stop.is_set() and not is_disk_full(e):
+                    log.error("timer wheel %s: releasing due timers failed (%s); no timer fires until it "
+                              "succeeds, retried every %.1f s", self.dir, what, self._retry_s)
+                failing = what
                 self._stop.wait(self._retry_s)
                 continue
+            if failing is not None:
+                log.info("timer wheel %s: releasing due timers works again", self.dir)
+                failing = None
             if not busy:
                 # wake at the next tick boundary, or when the next timer of the tick in progress
                 # is due, when that comes before the next scan
