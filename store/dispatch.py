@@ -258,13 +258,13 @@ class DispatchService:
     def _failed(self, e: BaseException) -> None:
         """A round failed. Lack of space: the store refuses appends and says so once
         (store/disk_space.py); anything else is logged with its traceback, once per error."""
-        name = self.failed_dispatcher or "?"
+        name, self.failed_dispatcher = self.failed_dispatcher, None    # set by _deliver, if there
         disk = getattr(self.clog, "disk", None)
         if disk is not None and is_disk_full(e):
-            disk.dispatch_failed(name, self.dispatched, e)
+            disk.dispatch_failed(name or "index files", self.dispatched, e)
         elif self.error is None or repr(e) != repr(self.error):
-            log.exception("dispatch stalled at offset %d in the %s dispatcher: %s (will retry)",
-                          self.dispatched, name, e)
+            log.exception("dispatch stalled at offset %d%s: %s (will retry)", self.dispatched,
+                          f" in the {name} dispatcher" if name else "", e)
         self.error = e
 
     def _resumed(self) -> None:
@@ -278,7 +278,7 @@ class DispatchService:
             log.warning("dispatch resumed at offset %d (after: %s)", self.dispatched, e)
 
     def _flush_failed(self, e: BaseException) -> None:
-        name = self.failed_flush.get("dispatch-thread", "?")
+        name = self.failed_flush.get("dispatch-thread", "light-queue")
         disk = getattr(self.clog, "disk", None)
         if disk is not None and is_disk_full(e):
             # part of the disk-full episode: logged once
