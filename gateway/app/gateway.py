@@ -240,6 +240,7 @@ class Gateway:
             return
         from lmqtt.lightqueue import LightQueueStore
         from lmqtt.store import MessageStore, StoreConfig
+        from lmqtt.store.node.inprocess import storage as in_process_storage
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
@@ -262,8 +263,10 @@ class Gateway:
         self.lq.add_listener(self.bus.publish)
         self.store.start()
         try:
-            self.broker = Broker(cfg, self.store, self.lq, loop, self.metrics, auth=self.auth, acl=self.acl,
-                                 gate=self._new_gate(), after_append=self.bus.drain)
+            self.broker = Broker(cfg, in_process_storage(self.store, self.lq), loop, self.metrics, auth=self.auth,
+                                 acl=self.acl, gate=self._new_gate(), after_append=self.bus.drain)
+            # registrations by SDK consumers (the store port) append the routed publishes first too
+            self.lq.before_register = self.broker.publisher.flush
             self.bus.subscribe(self.broker.delivery.on_queues)
             self.broker.start()
             await self._listen(loop)
@@ -311,8 +314,8 @@ class Gateway:
             # Redis is down, which is exactly when events are being lost
             self.storage.start()
             self._remote_metrics()
-            self.broker = Broker(cfg, None, None, loop, self.metrics, auth=self.auth, acl=self.acl,
-                                 storage=self.storage, session_registry_cls=FleetSessionRegistry,
+            self.broker = Broker(cfg, self.storage.metadata, loop, self.metrics, auth=self.auth, acl=self.acl,
+                                 session_registry_cls=FleetSessionRegistry,
                                  gate=self._new_gate(), gateway_id=gid)
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery

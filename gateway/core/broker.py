@@ -27,13 +27,13 @@ from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_r
 from lmqtt.gateway.delivery.retained import drain_retained
 from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session
 from lmqtt.gateway.core.session_registry import SessionRegistry
-from lmqtt.gateway.storage.store_api import InProcessStore
 from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
 from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
 from lmqtt.gateway.core.sys_topics import SysRetained
 from lmqtt.gateway.delivery.engine import DeliveryEngine
 from lmqtt.gateway.core.session_persistence import SessionPersistence
 from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
+from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
 
@@ -41,17 +41,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.app.config import GatewayConfig
     from lmqtt.gateway.net.connection import MQTTConnection
     from lmqtt.gateway.app.metrics import GatewayMetrics
+    from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway")
 
 
 class Broker:
-    def __init__(self, cfg: "GatewayConfig", store, lq, loop: asyncio.AbstractEventLoop,
-                 metrics: "GatewayMetrics", auth=None, acl=None, storage=None,
+    def __init__(self, cfg: "GatewayConfig", storage: "Storage", loop: asyncio.AbstractEventLoop,
+                 metrics: "GatewayMetrics", auth=None, acl=None,
                  session_registry_cls=SessionRegistry, gate=None, after_append=None,
                  gateway_id: str | None = None) -> None:
-        """`storage`: a `GatewayStore` (e.g. RemoteStore for `lmqtt gateway`); default: an
-        InProcessStore over `store`/`lq`. `session_registry_cls`: the fleet's variant reloads a
+        """`storage`: the storage facades (gateway/storage/facades.py `Storage`), in-process
+        (`lmqtt serve`: store/node/inprocess.py `storage(store, lq)`) or remote (`lmqtt gateway`:
+        the RemoteStore's); the broker hands each collaborator the facades it uses and never asks
+        which implementation it holds. `session_registry_cls`: the fleet's variant reloads a
         session from the store on CONNECT (gateway/fleet/sessions.py). `gate`: the connection and rate
         limits with their counters (gateway/core/limits.py `ConnectionGate`), None for none.
         `after_append()`: called once each publish batch is appended (the embedded gateway's
@@ -67,36 +70,31 @@ class Broker:
         self.enhanced_auth = EnhancedAuth(auth, loop, refuse=self._refuse, accept=self._connect_checked,
                                           timeout_s=cfg.connect_timeout_s)
         self.gate = gate
-        self.store = store
-        self.lq = lq
-        # everything below uses the store through it
-        self.storage = storage if storage is not None else InProcessStore(store, lq)
-        self.metadata = self.storage.metadata
+        # everything below uses the store through these facades
+        self.storage = storage
         self.loop = loop
         self.metrics = metrics
         self.connections: set["MQTTConnection"] = set()
         self.sweep = ConnectionSweep(loop, self.connections, cfg.connect_timeout_s, self.enhanced_auth.timed_out)
         # the live checks are looked up when called: the registries are built below
-        self.persist = SessionPersistence(self.metadata,
+        self.persist = SessionPersistence(storage,
                                           session_live=lambda s: self.sessions.get(s.client_id) is s,
                                           group_live=lambda g: self.subscriptions.is_current(g),
                                           host=gateway_id)
         self.writes = WriteBatcher(loop)
-        self.delivery = DeliveryEngine(self.storage, loop, metrics, cfg,
+        self.delivery = DeliveryEngine(storage.queues, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,
                                        flush_writes=self.writes.flush, acl=acl)
-        self.publisher = PublishPipeline(self.storage, loop, metrics, cfg.max_pending_publish,
-                                         set_retained=self.metadata.set_retained,
+        self.publisher = PublishPipeline(storage.queues, loop, metrics, cfg.max_pending_publish,
+                                         set_retained=self._set_retained,
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush, after_append=after_append)
         # subscribing from the past (gateway/delivery/history.py): publishes routed before a filter's
         # registration are appended before it
-        self.subscriptions = SubscriptionRegistry(self.storage, self.delivery, self.persist,
+        self.subscriptions = SubscriptionRegistry(storage, self.delivery, self.persist,
                                                   before_register=self.publisher.flush)
-        if lq is not None:            # embedded: registrations by SDK consumers too (store port)
-            lq.before_register = self.publisher.flush
-        self.session_registry = session_registry_cls(loop, metrics, self.metadata, self.persist, self.subscriptions,
+        self.session_registry = session_registry_cls(loop, metrics, storage, self.persist, self.subscriptions,
                                                 self._publish_will)
         self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
         # the gateway's `$SYS` values, served from memory (core/sys_topics.py): published into by
@@ -104,8 +102,8 @@ class Broker:
         self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
         # `using` looked up when called: only a store that reads ahead (remote) has it
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
-                                            using=lambda ahead: self.storage.using(ahead),
-                                            metadata=self.sys_retained.over(self.metadata), acl=acl, gate=gate,
+                                            using=lambda ahead: storage.queues.using(ahead),
+                                            retained=self.sys_retained.over(storage.retained), acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
                                             kick=self.delivery.kick, resume=self._continue)
@@ -126,6 +124,15 @@ class Broker:
         self.sweep.start()
         self.persist.start_flushing(self.loop, self.cfg.offset_flush_ms / 1000.0)
         log.info("event=broker_started restored_sessions=%d orphan_wills=%d groups=%d", n, wills, len(self.subscriptions.groups))
+
+    def _set_retained(self, topic: str, payload: bytes, props: bytes) -> None:
+        """Store a retained message (the publish pipeline's callback): nobody waits for it, a
+        failure is logged (a failure already in raises, and the pipeline logs it)."""
+        answer = self.storage.retained.set(topic, payload, props)
+        if answer.done():
+            answer.result()
+        else:
+            log_failure(answer, log, "retained_store_failed", topic=topic)
 
     def _publish_will(self, client_id: str, qos: int, topic: str, payload: bytes, retain: bool,
                       props: P.Properties | None) -> None:
@@ -156,7 +163,7 @@ class Broker:
         self.session_registry.close()
         self.persist.stop_flushing()
         try:
-            self.metadata.flush()
+            self.storage.sessions.flush().wait()
         except Exception as e:
             log.error("event=metadata_flush_failed error=%r", e)
 
@@ -227,7 +234,7 @@ class Broker:
         props = pkt.properties
         if not self.accepting:
             return self._refuse(conn, RC.SERVER_UNAVAILABLE, "server shutting down")
-        down = self.storage.unavailable()         # remote store unreachable: no session to offer
+        down = self.storage.queues.unavailable()         # remote store unreachable: no session to offer
         if down:
             return self._refuse(conn, RC.SERVER_UNAVAILABLE, down)
         cid = pkt.client_id

@@ -40,7 +40,8 @@ class SubscribeHandler:
 
     * `subscriptions`: the SubscriptionRegistry (read-ahead, add, add_since, remove);
     * `using(ahead)`: the storage's context manager answering from a remote store's read-ahead;
-    * `metadata`: where the retained messages are (the store's SessionMetadata);
+    * `retained`: where the retained messages are (a `RetainedStore`, storage/facades.py; the
+      broker's has `$SYS` filters answered from memory, core/sys_topics.py);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
     * `gate`: the connection/rate limits (gateway/core/limits.py `ConnectionGate`) with their counters,
       None for none;
@@ -53,13 +54,13 @@ class SubscribeHandler:
       connection's dispatch would (the broker's, shared with CONNECT).
     """
 
-    def __init__(self, *, subscriptions: "SubscriptionRegistry", using: Callable[[Any], Any], metadata,
+    def __init__(self, *, subscriptions: "SubscriptionRegistry", using: Callable[[Any], Any], retained,
                  acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
                  save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
                  kick: Callable[[Session], None], resume: Callable[..., None]) -> None:
         self.subscriptions = subscriptions
         self._using = using
-        self.metadata = metadata
+        self.retained = retained
         self.acl = acl
         self.gate = gate
         self.max_subscriptions = max_subscriptions
@@ -199,7 +200,7 @@ class SubscribeHandler:
         else:
             conn.send(ack)
         for sub in retained:
-            send_retained(self.metadata, acl, s, sub,
+            send_retained(self.retained, acl, s, sub,
                           ahead.retained.pop(sub.queue, None) if ahead is not None else None)
         self._kick(s)
 

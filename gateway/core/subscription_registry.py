@@ -40,20 +40,20 @@ from lmqtt.lightqueue.replay import ReplayRefused
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine
     from lmqtt.gateway.core.session_persistence import SessionPersistence
-    from lmqtt.gateway.storage.store_api import GatewayStore
+    from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
 
 
 class SubscriptionRegistry:
-    def __init__(self, store: "GatewayStore", delivery: "DeliveryEngine", persist: "SessionPersistence", *,
+    def __init__(self, storage: "Storage", delivery: "DeliveryEngine", persist: "SessionPersistence", *,
                  before_register: Callable[[], None] | None = None) -> None:
         """`before_register()`: called before a wildcard filter is registered with the store (the
         broker: append the publishes already routed without it, so that every record appended
         after the registration carries the filter: the seam of subscribing from the past,
         replay.py)."""
-        self.store = store
-        self.offsets = store.metadata.offsets      # the offsets facade (storage/facades.py)
+        self.store = storage.filters               # registrations, start offsets (store_api.py)
+        self.offsets = storage.offsets             # the offsets facade (storage/facades.py)
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group

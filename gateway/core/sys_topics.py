@@ -35,15 +35,17 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from lmqtt.gateway.delivery.retained import is_sys_filter
 from lmqtt.gateway.model.record_props import encode_cached, safe_decode
 from lmqtt.gateway.model.session import OutboundMessage, Session
+from lmqtt.gateway.storage.facades import Answer, Retained
 from lmqtt.lightqueue.topics import topic_matches
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine
+    from lmqtt.gateway.storage.facades import RetainedStore
 
 PREFIX = "$SYS/broker/"
 
@@ -146,8 +148,8 @@ class SysRetained:
 
     `publish(topic, payload)` (SysTopics' publish callable) keeps the value and sends it to the
     online subscribers of matching filters: the direct readers of `delivery.direct` and one member
-    of each shared group of `delivery.groups`, with the ACL's read rule. `over(metadata)` is the
-    store's retained-message lookups with `$SYS` filters answered from here (what the SUBSCRIBE
+    of each shared group of `delivery.groups`, with the ACL's read rule. `over(retained)` is the
+    store's retained messages with `$SYS` filters answered from here (what the SUBSCRIBE
     path sends as retained messages)."""
 
     def __init__(self, delivery: "DeliveryEngine", acl=None, dropped=None) -> None:
@@ -199,27 +201,35 @@ class SysRetained:
                 ids = s.sub_ids_for(it, q)
         s.send_message(it, 0, sub.retain_as_published, sub_ids=ids)
 
-    def retained_batches(self, flt: str):
-        """The values matching `flt` in the shape of the store's `retained_batches`."""
+    def batches(self, flt: str) -> "Answer[Iterator[list[Retained]]]":
+        """The values matching `flt`, as the retained facade's `batches` answers (done)."""
         found = [(t, p, _PROPS) for t, p in self.values.items() if topic_matches(flt, t)]
-        return iter((found,)) if found else iter(())
+        return Answer.of(iter((found,)) if found else iter(()))
 
-    def over(self, metadata) -> "_WithSys":
-        return _WithSys(metadata, self)
+    def over(self, retained: "RetainedStore") -> "_WithSys":
+        return _WithSys(retained, self)
 
 
 class _WithSys:
-    """The store's retained-message lookups (`SessionMetadata`: the two send_retained uses), with
-    `$SYS` filters answered by `SysRetained`."""
+    """The store's retained messages (a `RetainedStore`, storage/facades.py), with `$SYS` filters
+    answered by `SysRetained`: what the SUBSCRIBE path sends as retained messages."""
 
-    def __init__(self, metadata, sys_retained: SysRetained) -> None:
-        self._metadata = metadata
+    def __init__(self, retained: "RetainedStore", sys_retained: SysRetained) -> None:
+        self._retained = retained
         self._sys = sys_retained
 
-    def retained_batches(self, flt: str):
-        if is_sys_filter(flt):
-            return self._sys.retained_batches(flt)
-        return self._metadata.retained_batches(flt)
+    def set(self, topic: str, payload: bytes, props: bytes = b"") -> "Answer[None]":
+        return self._retained.set(topic, payload, props)
 
-    def clear_retained_if(self, topic: str, value: bytes) -> bool:
-        return self._metadata.clear_retained_if(topic, value)
+    def matching(self, flt: str) -> "Answer[list[Retained]]":
+        if is_sys_filter(flt):
+            return self._sys.batches(flt).then(lambda it: [m for batch in it for m in batch])
+        return self._retained.matching(flt)
+
+    def batches(self, flt: str) -> "Answer[Iterator[list[Retained]]]":
+        if is_sys_filter(flt):
+            return self._sys.batches(flt)
+        return self._retained.batches(flt)
+
+    def clear_if(self, topic: str, props: bytes) -> "Answer[bool]":
+        return self._retained.clear_if(topic, props)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
 from lmqtt.gateway.mqtt import encode_publish_run
+from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.gateway.model.record_props import RETAINED_DEADLINE as _DEADLINE, safe_decode, split_retained
 from lmqtt.gateway.model.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, ClientSubscription, HeldInFlight, OutboundMessage,
                                    Session)
@@ -30,6 +32,10 @@ class RetainedMessage(tuple):
     body = property(itemgetter(1))
     store_ts = property(itemgetter(2))
 
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.storage.facades import RetainedStore
+
 log = logging.getLogger("lmqtt.gateway")
 
 
@@ -39,9 +45,9 @@ def is_sys_filter(flt: str) -> bool:
     return flt.startswith("$SYS") and (len(flt) == 4 or flt[4] == "/")
 
 
-def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None) -> None:
+def send_retained(retained: "RetainedStore", acl, s: Session, sub: ClientSubscription, found=None) -> None:
     """Send `s` the retained messages matching `sub` (retain flag 1), window permitting.
-    `metadata`: the store's `SessionMetadata` (store_api.py); `acl`: None when not configured.
+    `retained`: the retained-message facade (storage/facades.py); `acl`: None when not configured.
 
     Messages whose PUBLISH needs nothing per subscriber but QoS, packet id and the retain flag
     (MQTT 3.1.1, or MQTT 5 without properties, expiry, topic alias, subscription identifier or
@@ -50,16 +56,16 @@ def send_retained(metadata, acl, s: Session, sub: ClientSubscription, found=None
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message. `found`: the messages, when already
     read (a remote store's read-ahead); else they are read here. A `$SYS` filter's are never in
-    the store (the gateway's own values, core/sys_topics.py): `metadata` answers those from memory
+    the store (the gateway's own values, core/sys_topics.py): `retained` answers those from memory
     and a read-ahead of the store for one is not used."""
     if found is not None and not is_sys_filter(sub.queue):
-        return _send(metadata, acl, s, sub, iter((found,)))
+        return _send(retained, acl, s, sub, iter((found,)))
     try:
-        found = metadata.retained_batches(sub.queue)
+        found = retained.batches(sub.queue).wait()
     except Exception as e:
         log.error("event=retained_lookup_failed filter=%s error=%r", sub.queue, e)
         return
-    _send(metadata, acl, s, sub, _reading(found, sub.queue))
+    _send(retained, acl, s, sub, _reading(found, sub.queue))
 
 
 def _reading(batches, flt: str):
@@ -71,7 +77,7 @@ def _reading(batches, flt: str):
         log.error("event=retained_lookup_failed filter=%s error=%r", flt, e)
 
 
-def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
+def _send(retained: "RetainedStore", acl, s: Session, sub: ClientSubscription, found) -> None:
     conn = s.conn
     if conn is None:
         return
@@ -126,7 +132,7 @@ def _send(metadata, acl, s: Session, sub: ClientSubscription, found) -> None:
                     continue
                 # the general path: expiry, MQTT 5 properties, QoS 2, No Local, a full window
                 s.next_pid = pid
-                _send_one(metadata, s, topic, payload, value, sub_qos, no_local, client_id, ids, now_ms,
+                _send_one(retained, s, topic, payload, value, sub_qos, no_local, client_id, ids, now_ms,
                           run, room <= 0)
                 pid = s.next_pid
                 room = s.receive_max - len(outbound)
@@ -150,7 +156,7 @@ def _run_kind(value: bytes, plain: bool, v5: bool, sub_qos: int, no_local: bool,
     return None if qos == 2 else (record, qos)
 
 
-def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, sub_qos: int, no_local: bool,
+def _send_one(retained: "RetainedStore", s: Session, topic: str, payload: bytes, value: bytes, sub_qos: int, no_local: bool,
               client_id: str, ids, now_ms: float, run: list, window_full: bool) -> None:
     """One retained message the general way (after writing what `run` holds, to keep the order)."""
     props, deadline = split_retained(value)
@@ -161,7 +167,7 @@ def _send_one(metadata, s: Session, topic: str, payload: bytes, value: bytes, su
     store_ts = 0
     if deadline is not None and record.message_expiry_interval is not None:
         if now_ms >= deadline:
-            clear_expired(metadata, topic, value)
+            clear_expired(retained, topic, value)
             return
         store_ts = deadline - record.message_expiry_interval * 1000   # expiry_left counts from it
     message = OutboundMessage(topic, payload, record, store_ts=store_ts)
@@ -211,10 +217,7 @@ def drain_retained(s: Session) -> None:
         s.send_message(it, qos, True, sub_ids=ids)
 
 
-def clear_expired(metadata, topic: str, value: bytes) -> None:
+def clear_expired(retained: "RetainedStore", topic: str, value: bytes) -> None:
     """A retained message whose Message Expiry Interval passed is deleted (§3.3.2.3.3), unless a
-    newer one replaced it meanwhile."""
-    try:
-        metadata.clear_retained_if(topic, value)
-    except Exception as e:
-        log.error("event=retained_clear_failed topic=%s error=%r", topic, e)
+    newer one replaced it meanwhile (a failure is logged; nobody waits for it)."""
+    log_failure(retained.clear_if(topic, value), log, "retained_clear_failed", topic=topic)

@@ -253,11 +253,85 @@ class GroupLeases(Protocol):
         """Hand the lease back with the offset the next holder starts from."""
 
 
+class ReplayPlan:
+    """Answer of `GatewayStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
+    light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
+    history, `read()` until `done`, then the light queue from `live_offset`).
+
+    The history is read with `read(cursor, max_count) -> (messages, cursor, done)` (in-process:
+    at once), or with `read_later(cursor, max_count)` returning a future of the same (a remote
+    store): then `read()` answers None while the chunk is on its way and calls `on_ready()` when it
+    is in, and up to `AHEAD` chunks are read ahead, each asked for as the one before arrives, so
+    the store reads while the gateway sends."""
+
+    __slots__ = ("source", "live_offset", "cursor", "done", "_read", "_read_later", "_next", "_ready",
+                 "_error", "_end", "on_ready")
+
+    AHEAD = 2            # chunks read ahead (a remote store): the store reads while the gateway sends
+
+    def __init__(self, plan: dict, read: Callable[[dict, int], tuple[list, dict, bool]] | None = None,
+                 read_later: Callable[[dict, int], Any] | None = None) -> None:
+        self.source: str = plan["source"]
+        self.live_offset = int(plan["live_offset"])
+        self.cursor: Any = plan.get("cursor")
+        self.done = self.cursor is None
+        self._read = read
+        self._read_later = read_later
+        self._next: Any = None              # the chunk being read (read_later): at most one, each
+                                            # is asked for with the cursor the one before returned
+        self._ready: list = []              # chunks in, not taken: (messages, cursor, done)
+        self._error: BaseException | None = None
+        self._end = self.done               # the last chunk is asked for or in
+        self.on_ready: Callable[[], None] | None = None
+
+    def read(self, max_count: int = 1024) -> list | None:
+        """The next history messages (StoredMessage-like, in log order); [] once `done`; None
+        while they are on their way (`on_ready` follows). A failed read raises here once and is
+        asked for again at the next call, from where the history stands."""
+        if self.done:
+            return []
+        if self._read_later is None:
+            assert self._read is not None
+            msgs, self.cursor, self.done = self._read(self.cursor, max_count)
+            return msgs
+        if self._ready:
+            msgs, self.cursor, self.done = self._ready.pop(0)
+            self._fill(max_count)
+            return msgs
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        self._fill(max_count)
+        return None
+
+    def _fill(self, max_count: int) -> None:
+        if self._next is not None or self._end or self._error is not None or len(self._ready) >= self.AHEAD:
+            return
+        cursor = self._ready[-1][1] if self._ready else self.cursor
+        assert self._read_later is not None
+        fut = self._next = self._read_later(cursor, max_count)
+
+        def done(f: Any) -> None:
+            self._next = None
+            e = f.exception() if not f.cancelled() else asyncio.CancelledError()
+            if e is not None:
+                self._error = e
+            else:
+                got = f.result()
+                self._ready.append(got)
+                self._end = bool(got[2])
+                self._fill(max_count)
+            if self.on_ready is not None:
+                self.on_ready()
+        fut.add_done_callback(done)
+
+
 @dataclass
 class Storage:
     """The facades a composition root builds and hands out, each collaborator taking only those
-    it needs. `queues`/`filters`: the light queues and filter registrations (until issue 25's
-    steps 2 and 3 land, both are the `GatewayStore` of gateway/storage/store_api.py)."""
+    it needs (the Broker gets the bundle and hands them on). `queues`/`filters`: the light queues
+    and filter registrations (until issue 25's steps 2 and 3 land, both are the `GatewayStore` of
+    gateway/storage/store_api.py)."""
     sessions: SessionStore
     offsets: OffsetStore
     retained: RetainedStore
@@ -265,26 +339,3 @@ class Storage:
     leases: GroupLeases
     queues: Any = None
     filters: Any = None
-
-    # -- transitional: the three callers of the old `SessionMetadata` that others are editing
-    #    (core/broker.py, core/sys_topics.py, delivery/retained.py) until they take the facades
-    #    (a failure already in raises, as those callers expect; a later one is logged)
-    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
-        _raise_or_log(self.retained.set(topic, payload, props), "retained_store_failed", topic)
-
-    def retained_batches(self, flt: str) -> Iterator[list[Retained]]:
-        return self.retained.batches(flt).wait()
-
-    def clear_retained_if(self, topic: str, props: bytes) -> None:
-        _raise_or_log(self.retained.clear_if(topic, props), "retained_clear_failed", topic)
-
-    def flush(self) -> None:
-        self.sessions.flush().wait()
-
-
-def _raise_or_log(answer: Answer[Any], event: str, topic: str) -> None:
-    if answer.done():
-        answer.result()
-    else:
-        import logging
-        log_failure(answer, logging.getLogger("lmqtt.gateway"), event, topic=topic)

@@ -1,6 +1,7 @@
 """The gateway's storage facades (gateway/storage/facades.py) in-process: `lmqtt serve`, where the
 gateway and the store are one process and every call goes straight into the engine's objects
-(`MetadataStore` of the light queues, `MessageStore`, `LightQueueStore`). Every answer is done when
+(`MetadataStore` of the light queues, `MessageStore`, `LightQueueStore`); `InProcessStore` is the
+`GatewayStore` (gateway/storage/store_api.py) of the light queues and filter registrations. Every answer is done when
 the method returns; a failure (a RocksDB write refused for space...) is a failed answer. The events
 of the facades never fire here: there is no other gateway, and the store is this process.
 
@@ -9,9 +10,9 @@ gateway's own modules never import the engine (tests/architecture/test_layering.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, Lease, Retained, Storage
+from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, Retained, Storage
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 
@@ -149,6 +150,80 @@ class InProcessLeases:
         return Answer.of(None)
 
 
+class InProcessStore:
+    """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
+
+    reads_ahead = False
+
+    def __init__(self, store: Any, lq: Any) -> None:
+        self.store = store
+        self.lq = lq
+        # bound methods: the hot paths call straight into the store objects
+        self.queues_for_topic = lq.queues_for_topic
+        self.append_batch = store.append_batch
+        self.append = store.append
+        self.max_offset = self.end_offset = lq.max_offset
+        self.pull = lq.pull
+        self.register_filter = lq.register_filter
+
+    def all_visible(self) -> bool:
+        return self.store.dispatched_offset >= self.store.max_offset
+
+    def start_offset(self, queue: str) -> int:
+        st = self.store
+        if st.dispatched_offset < st.max_offset:          # dispatch on its own thread (not inline)
+            st.wait_dispatched(st.max_offset, 1.0)
+        return self.lq.max_offset(queue)
+
+    def unavailable(self) -> str | None:
+        return None               # the embedded store is this process
+
+    def read_ahead(self, reads: Any) -> None:
+        return None               # local reads: nothing to wait for
+
+    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
+        return False, None
+
+    def message_at(self, queue: str, offset: int):
+        for m in self.lq.pull(queue, offset, max_count=1).messages:
+            if m.queue_offset == offset:
+                return m
+        return None
+
+    def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
+        self.lq.add_listener(callback)
+
+    def register_filters(self, flts: list[str]) -> dict[str, int]:
+        self.lq.register_filters(flts)            # one metadata write for all
+        return {f: self.lq.registry.refcount(f) for f in flts}
+
+    def unregister_filter(self, flt: str) -> int:
+        return self.lq.unregister_filter(flt)
+
+    def release_filter(self, flt: str) -> None:
+        self.lq.unregister_filter(flt)
+
+    def enable_delayed(self, loop) -> None:
+        """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop
+        stays the store's only appender) and routed through the light queues at firing time."""
+        self.store.enable_delayed(self.lq.queues_for_topic, loop)
+
+    def append_batch_delayed(self, messages, due_ms):
+        """append_batch where `due_ms[i]` > 0 parks message i in the timer wheel until then (one
+        append, all or none; the timers are written before this returns)."""
+        d = self.store.delayed
+        msgs, parked = d.park(messages, due_ms)
+        rs = self.store.append_batch(msgs)
+        d.arm(rs, parked, due_ms)
+        return rs
+
+    def registered_filters(self) -> dict[str, int]:
+        return dict(self.lq.registry.filters())
+
+    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
+        return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)
+
+
 def metadata_storage(lq: Any) -> Storage:
     """The metadata facades over `lq.metadata` (a LightQueueStore's MetadataStore)."""
     md = lq.metadata
@@ -158,9 +233,11 @@ def metadata_storage(lq: Any) -> Storage:
 
 def storage(store: Any, lq: Any) -> Storage:
     """The whole in-process bundle of `lmqtt serve` over `store` (MessageStore) and `lq`
-    (LightQueueStore)."""
-    return metadata_storage(lq)
+    (LightQueueStore): the metadata facades, and the light queues and filter registrations."""
+    bundle = metadata_storage(lq)
+    bundle.queues = bundle.filters = InProcessStore(store, lq)
+    return bundle
 
 
-__all__ = ["storage", "metadata_storage", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
+__all__ = ["storage", "metadata_storage", "InProcessStore", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
            "InProcessWills", "InProcessLeases"]

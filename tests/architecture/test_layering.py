@@ -79,9 +79,6 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 # (importer, imported): imports that break a rule today, and why they still stand. Only shrinks.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("lmqtt.gateway.storage.store_api", "lmqtt.store.node.inprocess"):
-        "InProcessStore (queues and filters of `lmqtt serve`, the Broker's default) builds the in-process "
-        "metadata facades; goes when the Broker takes the `Storage` bundle (issue 25, steps 2-3)",
     ("lmqtt.store.node.command", "lmqtt.gateway.app.serve_command"):
         "the process helpers (logging format, event loop, data-dir checks) still live in `lmqtt serve`'s module",
     ("lmqtt.store.node.command", "lmqtt.gateway.app.config"): "the TOML loader is the gateway's",

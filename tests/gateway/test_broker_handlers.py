@@ -215,11 +215,11 @@ def test_will_is_published_when_the_connection_drops_without_disconnect(tmp_path
                       will=P.Will("wills/dying", b"gone", qos=1, retain=False))
         dying.send(c)
         await dying.wait_for(P.ConnAck)
-        assert [cid for cid, _w in gw.broker.metadata.wills.held().wait()] == ["dying"]   # kept for a crash
+        assert [cid for cid, _w in gw.broker.storage.wills.held().wait()] == ["dying"]   # kept for a crash
         dying.transport.close()                      # network loss: connection_lost, no DISCONNECT
         m, = await watcher.wait_for(P.Publish)
         assert (m.topic, m.payload) == ("wills/dying", b"gone")
-        assert list(gw.broker.metadata.wills.held().wait()) == []
+        assert list(gw.broker.storage.wills.held().wait()) == []
     run(tmp_path, body)
 
 
@@ -564,12 +564,12 @@ def test_disconnect_setting_session_expiry_to_zero_ends_the_session(tmp_path):
         await c.connect("dx-end", clean=False, session_expiry_interval=60)
         c.send(P.Subscribe(1, [P.SubscriptionRequest("dx/+", qos=1)]))
         await c.wait_for(P.SubAck)
-        assert gw.broker.metadata.sessions.get("dx-end").wait() is not None
+        assert gw.broker.storage.sessions.get("dx-end").wait() is not None
         c.send(P.Disconnect(0, P.Properties(session_expiry_interval=0)))
         assert c.transport.closed
         await asyncio.sleep(0)                           # connection_lost
         assert "dx-end" not in gw.broker.sessions
-        assert gw.broker.metadata.sessions.get("dx-end").wait() is None
+        assert gw.broker.storage.sessions.get("dx-end").wait() is None
         assert gw.lq.registry.refcount("dx/+") == 0
     run(tmp_path, body)
 
@@ -582,7 +582,7 @@ def test_disconnect_raising_session_expiry_keeps_the_session_that_long(tmp_path)
         await asyncio.sleep(0)
         s = gw.broker.sessions["dx-longer"]
         assert not s.online and s.expiry_interval == 120
-        assert gw.broker.metadata.sessions.get("dx-longer").wait().expiry_interval == 120
+        assert gw.broker.storage.sessions.get("dx-longer").wait().expiry_interval == 120
     run(tmp_path, body)
 
 
@@ -616,7 +616,7 @@ def test_disconnect_with_will_message_sends_the_will_and_a_normal_one_does_not(t
         else:
             await asyncio.sleep(0.05)
             assert not [p for p in watcher.packets() if isinstance(p, P.Publish)]
-        assert list(gw.broker.metadata.wills.held().wait()) == []
+        assert list(gw.broker.storage.wills.held().wait()) == []
     run(tmp_path, body)
 
 

@@ -1,4 +1,4 @@
-"""`InProcessStore`, the in-process implementation of the gateway's store interface, over a real
+"""`InProcessStore` (store/node/inprocess.py), the in-process implementation of the gateway's store interface, over a real
 MessageStore and LightQueueStore in a tmp dir."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from lmqtt.gateway.storage.store_api import GatewayStore, InProcessStore
+from lmqtt.gateway.storage.store_api import GatewayStore
+from lmqtt.store.node.inprocess import storage as in_process_storage
 
 
 def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path):
@@ -15,7 +16,8 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
 
     store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
     lq = LightQueueStore(store, str(tmp_path / "lq"))
-    api: GatewayStore = InProcessStore(store, lq)
+    bundle = in_process_storage(store, lq)
+    api: GatewayStore = bundle.queues
     seen: list[set] = []
     api.on_new_data(lambda names: seen.append(set(names)))
     store.start()
@@ -36,8 +38,8 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
             assert api.max_offset(q) == 1
             pulled = api.pull(q, 0)
             assert [(m.topic, m.body) for m in pulled.messages] == [("s/1", b"hello")]
-        assert api.metadata.retained.set("s/1", b"kept", b"").done()          # in-process: answered at once
-        assert [(t, p) for t, p, _props in api.metadata.retained.matching("s/#").result()] == [("s/1", b"kept")]
+        assert bundle.retained.set("s/1", b"kept", b"").done()          # in-process: answered at once
+        assert [(t, p) for t, p, _props in bundle.retained.matching("s/#").result()] == [("s/1", b"kept")]
         assert api.unregister_filter("s/+") == 0
         assert api.registered_filters() == {}
         assert api.queues_for_topic("s/1") == ("s/1",)

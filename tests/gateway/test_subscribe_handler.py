@@ -69,7 +69,7 @@ def _handler(registry: Registry, events: list) -> SubscribeHandler:
         events.append(("resume", fn.__name__))
         fn(*args)
 
-    return SubscribeHandler(subscriptions=registry, using=using, metadata=None, acl=None, gate=None,
+    return SubscribeHandler(subscriptions=registry, using=using, retained=None, acl=None, gate=None,
                             max_subscriptions=0, save_session=lambda s: events.append(("save_session", s)),
                             save_offsets=lambda s: events.append(("save_offsets", s)),
                             kick=lambda s: events.append(("kick", s)), resume=resume)

@@ -20,10 +20,11 @@ class Metadata:
     read back but offsets."""
     gateway_id = "gw-test"
 
-    def __init__(self) -> None:
+    def __init__(self, store=None) -> None:
         self.offsets = _Offsets()
         self.sessions = _Sessions()
         self.wills = _Wills()
+        self.queues = self.filters = store
 
 
 class _Offsets:
@@ -63,7 +64,7 @@ class Store:
     reads_ahead = False
 
     def __init__(self) -> None:
-        self.metadata = Metadata()
+        self.metadata = Metadata(self)        # the Storage bundle, this as its queues and filters
         self.calls: list[tuple[str, str]] = []
 
     def register_filter(self, f: str) -> int:
@@ -100,7 +101,7 @@ def _registry(host=None):
     store = Store()
     persist = SessionPersistence(store.metadata, session_live=lambda s: True, group_live=lambda g: True,
                                  host=host)
-    return SubscriptionRegistry(store, Delivery(), persist), store
+    return SubscriptionRegistry(store.metadata, Delivery(), persist), store
 
 
 def _sub(flt: str, group: str | None = None) -> ClientSubscription:
