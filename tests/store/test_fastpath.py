@@ -110,7 +110,7 @@ def classic(st, topic, qid, off, cnt, mb):
                 ms = ms[:i]
                 break
     nxt = ms[-1].queue_offset + 1 if ms else off
-    return consumer._records(IDENT, W.encode_messages({"next_offset": nxt}, ms))[1], nxt
+    return consumer.decode_messages(IDENT, W.encode_messages({"next_offset": nxt}, ms))[1], nxt
 
 
 def raw_reply(st, topic, qid, off, cnt, mb):
