@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 SEP = b"#"
@@ -71,6 +72,7 @@ class _Seen:
     duplicates: int = 0
     reordered: int = 0
     dup_examples: list = field(default_factory=list)      # (seq, t)
+    dup_times: list = field(default_factory=list)         # t of every duplicate delivery
     reorder_examples: list = field(default_factory=list)  # (seq, hi before, t)
 
 
@@ -152,6 +154,7 @@ class Checker:
                 s = r.per_pub[publisher] = _Seen()
             if seq in s.seqs:
                 s.duplicates += 1
+                s.dup_times.append(t)
                 if len(s.dup_examples) < EXAMPLES:
                     s.dup_examples.append((seq, t))
                 return
@@ -189,10 +192,11 @@ class Checker:
         with self._lock:
             streams = sorted({(p.path, p.qos) for p in self._pubs.values()}
                              | {(r.path, r.qos) for r in self._recv.values()})
-            rows = [self._row(path, qos, faults or []) for path, qos in streams]
+            fl = _Faults(sorted(faults or [], key=lambda f: f["t"]))
+            rows = [self._row(path, qos, fl) for path, qos in streams]
         return rows
 
-    def _row(self, path: str, qos: int, faults: list[dict]) -> dict:
+    def _row(self, path: str, qos: int, faults: "_Faults") -> dict:
         pubs = {n: p for n, p in self._pubs.items() if (p.path, p.qos) == (path, qos)}
         recvs = {n: r for n, r in self._recv.items() if (r.path, r.qos) == (path, qos)}
         sent = sum(len(p.msgs) for p in pubs.values())
@@ -201,7 +205,7 @@ class Checker:
                "receivers": len(recvs), "sent": sent,
                "acked": acked, "expected": acked * len(recvs), "received": 0, "lost": 0, "duplicated": 0,
                "reordered": 0 if any(r.ordered for r in recvs.values()) else None, "never_sent": 0,
-               "unacked_delivered": 0}
+               "unacked_delivered": 0, "duplicated_after": {}}
         ex = {"lost": [], "duplicated": [], "reordered": [], "never_sent": []}
         per: dict[str, dict] = {}
         for rname, r in sorted(recvs.items()):
@@ -218,14 +222,19 @@ class Checker:
                 known = len(s.seqs) - len(unknown)
                 row["received"] += known
                 row["duplicated"] += s.duplicates
+                after = row["duplicated_after"]
+                for t in s.dup_times:
+                    f = faults.before(t)
+                    k = f["kind"] if f else "none"
+                    after[k] = after.get(k, 0) + 1
                 for q, t in s.dup_examples:
                     ex["duplicated"].append({"receiver": rname, "publisher": pname, "seq": q, "t": t,
-                                             "fault_before": _fault_before(faults, t)})
+                                             "fault_before": faults.before(t)})
                 if r.ordered:
                     row["reordered"] += s.reordered
                     for q, hi, t in s.reorder_examples:
                         ex["reordered"].append({"receiver": rname, "publisher": pname, "seq": q,
-                                                "after": hi, "t": t, "fault_before": _fault_before(faults, t)})
+                                                "after": hi, "t": t, "fault_before": faults.before(t)})
                 if p is not None:
                     row["unacked_delivered"] += sum(1 for q in s.seqs if q in p.msgs and p.msgs[q].acked_t is None)
             for pname, p in sorted(pubs.items()):
@@ -237,26 +246,33 @@ class Checker:
                         row["lost"] += 1
                         if len(ex["lost"]) < EXAMPLES:
                             ex["lost"].append({"receiver": rname, "publisher": pname, "seq": q, "sent_t": m.sent_t,
-                                               "acked_t": m.acked_t, "fault_after": _fault_after(faults, m.acked_t)})
+                                               "acked_t": m.acked_t, "fault_after": faults.after(m.acked_t)})
             per[rname] = {k: row[k] - v for k, v in before.items()}
         row["by_receiver"] = per
         row["examples"] = {k: v[:EXAMPLES] for k, v in ex.items() if v}
         return row
 
 
-def _fault_after(faults: list[dict], t: float) -> dict | None:
-    for f in faults:
-        if f["t"] >= t:
-            return {k: f[k] for k in ("n", "t", "kind", "victim") if k in f}
-    return None
+def _pick(f: dict) -> dict:
+    return {k: f[k] for k in ("n", "t", "kind", "victim") if k in f}
 
 
-def _fault_before(faults: list[dict], t: float) -> dict | None:
-    best = None
-    for f in faults:
-        if f["t"] <= t:
-            best = f
-    return None if best is None else {k: best[k] for k in ("n", "t", "kind", "victim") if k in best}
+class _Faults:
+    """The run's faults (in time order) and their start times, for "which fault came next / last"."""
+
+    def __init__(self, faults: list[dict]) -> None:
+        self.faults = faults
+        self.times = [f["t"] for f in faults]
+
+    def after(self, t: float) -> dict | None:
+        """The first fault at or after `t`."""
+        i = bisect_left(self.times, t)
+        return _pick(self.faults[i]) if i < len(self.faults) else None
+
+    def before(self, t: float) -> dict | None:
+        """The last fault at or before `t`."""
+        i = bisect_right(self.times, t)
+        return _pick(self.faults[i - 1]) if i else None
 
 
 def failures(rows: list[dict]) -> list[str]:

@@ -247,7 +247,8 @@ _turns: dict[tuple, list] = {}
 
 
 def _inject(target, kind: str, rng: random.Random, opts: Options, disk, checker: Checker, n: int) -> dict:
-    f: dict = {"n": n, "t": checker.now(), "kind": kind}
+    f: dict = {"n": n, "t": checker.now(), "kind": kind,
+               "utc": time.strftime("%H:%M:%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:]}   # as in the logs
     t0 = time.monotonic()
     if kind == "diskfull":
         f["victim"] = "disk"

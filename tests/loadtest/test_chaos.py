@@ -87,6 +87,20 @@ def test_duplicates_split_by_qos_and_only_qos2_fails():
     assert failures(rows) == ["mqtt QoS 2: 1 duplicate(s) at QoS 2"]
 
 
+def test_duplicates_are_attributed_to_the_fault_before_them():
+    ck = Checker()
+    ck.receiver("s", "mqtt", 1)
+    _send(ck, "p", [1, 2, 3])
+    for q in (1, 2, 3, 1):                       # the second 1 comes after the kill below
+        ck.received("s", body("p", q))
+    t_kill = ck.now() - 10                        # a kill before every delivery, a stop after them
+    faults = [{"n": 1, "t": t_kill, "kind": "kill", "victim": "serve"},
+              {"n": 2, "t": t_kill + 1e6, "kind": "stop", "victim": "serve"}]
+    row = _row(ck.verdict(faults), "mqtt", 1)
+    assert row["duplicated_after"] == {"kill": 1}
+    assert row["examples"]["duplicated"][0]["fault_before"]["kind"] == "kill"
+
+
 def test_reordered_within_a_publisher_per_receiver():
     ck = Checker()
     ck.receiver("s0", "mqtt", 1)
