@@ -199,6 +199,14 @@ def summary(out: Path, command: str) -> str:
         for line in res.get("failures", []):
             parts.append(f"- **{line}**")
         for r in res.get("rows", []):
+            notes = []
+            if r.get("duplicated_after"):
+                notes.append("duplicates after " + ", ".join(f"{k} {n}" for k, n in sorted(r["duplicated_after"].items())))
+            if r.get("stored_twice") is not None and r["duplicated"]:
+                notes.append(f"{r['stored_twice']} message(s) stored twice (publish side: a duplicate at every "
+                             f"receiver), the other duplicates delivered again (delivery side)")
+            if notes:
+                parts.append(f"- {r['path']} QoS {r['qos']}: " + "; ".join(notes))
             for kind, ex in r.get("examples", {}).items():
                 parts.append(f"- {r['path']} QoS {r['qos']} {kind}, first examples: `{json.dumps(ex[:3])}`")
         parts.append("")
