@@ -7,8 +7,8 @@ subscription uses it. This registry counts local users per filter and holds ONE 
 filter in the store, taken on the first user and dropped with the last. The store's registration
 table is persistent and outlives a crash, while non-persistent sessions do not: `sync_store_filters`
 makes the store's table equal to what the restored sessions use when the gateway starts. In a
-fleet the store keeps the registrations per gateway id (`registered_filters` answers this
-gateway's holds only), so each gateway reconciles its own and leaves the others' alone.
+fleet the store keeps the registrations per gateway id (the `FilterRegistry` facade's `registered`
+answers this gateway's holds only), so each gateway reconciles its own and leaves the others' alone.
 
 Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   add(session, sub) -> existed      subscribe (replaces a subscription with the same filter)
@@ -52,8 +52,9 @@ class SubscriptionRegistry:
         broker: append the publishes already routed without it, so that every record appended
         after the registration carries the filter: the seam of subscribing from the past,
         replay.py)."""
-        self.store = storage.filters               # registrations, start offsets (store_api.py)
-        self.offsets = storage.offsets             # the offsets facade (storage/facades.py)
+        self.store = storage.queues                # start offsets, reads ahead (store_api.py)
+        self.filters = storage.filters             # the storage facades it uses (storage/facades.py)
+        self.offsets = storage.offsets
         self.delivery = delivery
         self.persist = persist
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
@@ -68,8 +69,6 @@ class SubscriptionRegistry:
         is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): a future to hold
         the SUBSCRIBE on, or None. Filters that will be refused may be asked for too; what
         nothing takes is dropped again."""
-        if not self.store.reads_ahead:
-            return None
         filters: list[str] = []
         watch: list[str] = []
         start: list[str] = []
@@ -233,14 +232,14 @@ class SubscriptionRegistry:
     def sync_store_filters(self) -> None:
         """Make the store's filter registrations exactly the filters restored sessions use (one
         registration each); non-persistent sessions alive at a crash left registrations behind."""
-        registered = self.store.registered_filters()
+        registered = self.filters.registered().wait()
         for f, n in registered.items():
             want = 1 if f in self._filter_users else 0
             while n > want:
-                n = self.store.unregister_filter(f)
+                n = self.filters.unregister(f).wait()
         missing = [f for f in self._filter_users if registered.get(f, 0) == 0]
         if missing:
-            self.store.register_filters(missing)
+            self.filters.register_all(missing).wait()
 
     def unheld(self, filters) -> list[str]:
         """The wildcard filters among `filters` that no subscription here holds (in order, each
@@ -263,7 +262,7 @@ class SubscriptionRegistry:
                 mine[sub.queue] = mine.get(sub.queue, 0) + 1
         for q, n in mine.items():
             if self._filter_users.get(q) == n:
-                self.store.register_filter(q)
+                self.filters.register(q).wait()
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):
@@ -272,7 +271,7 @@ class SubscriptionRegistry:
         if n == 0:
             if self.before_register is not None:
                 self.before_register()
-            self.store.register_filter(q)
+            self.filters.register(q).wait()
         self._filter_users[q] = n + 1
 
     def _release_filter(self, q: str) -> None:
@@ -283,10 +282,7 @@ class SubscriptionRegistry:
             self._filter_users[q] = n
             return
         self._filter_users.pop(q, None)
-        try:
-            self.store.release_filter(q)
-        except Exception as e:
-            log.error("event=unregister_filter_failed filter=%s error=%r", q, e)
+        log_failure(self.filters.release(q), log, "unregister_filter_failed", filter=q)
 
     def _group(self, name: str, queue: str, restoring: bool = False) -> SharedGroup:
         key = (name, queue)
@@ -295,9 +291,7 @@ class SubscriptionRegistry:
             off = None
             if restoring:
                 consumer = group_consumer(name, queue)
-                known, off = self.store.offset_read_ahead(consumer, queue)
-                if not known:
-                    off = self.offsets.get(consumer, queue).wait()
+                off = self.offsets.get(consumer, queue).wait()     # (remote: read ahead, if it was)
             if off is None:
                 off = self.store.start_offset(queue)
             g = SharedGroup(name, queue, off)

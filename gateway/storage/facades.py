@@ -237,6 +237,26 @@ class WillStore(Protocol):
         """The store published these clients' wills while this gateway was away (in-process: never)."""
 
 
+class FilterRegistry(Protocol):
+    """This gateway's holds on wildcard filters: the store indexes a wildcard filter's light queue
+    while some gateway holds it (one hold per filter per gateway; the subscription registry,
+    gateway/core/subscription_registry.py, counts the local users). A hold is what a new
+    subscription waits for: a message appended after `register`'s answer is in the queue."""
+
+    def register(self, flt: str) -> Answer[int]:
+        """Hold `flt` (validated: an invalid filter fails the answer): its new hold count."""
+    def register_all(self, flts: list[str]) -> Answer[dict[str, int]]:
+        """`register` of each (a restore at start: one metadata write in-process, many per round
+        trip remote): hold counts by filter."""
+    def unregister(self, flt: str) -> Answer[int]:
+        """Let go of one hold: the count left (at 0 the filter's queue is dropped)."""
+    def release(self, flt: str) -> Answer[None]:
+        """`unregister` whose count nobody reads (remote: sent now, answered in order with what
+        this gateway asks next; the caller logs a failure)."""
+    def registered(self) -> Answer[dict[str, int]]:
+        """This gateway's holds by filter (in-process: every hold of the store)."""
+
+
 class Lease(NamedTuple):
     """`owner`: the gateway that delivers the group now; `offset`: for the holder, where to start
     (the group's committed offset or the one the last holder handed back), or None."""
@@ -329,13 +349,12 @@ class ReplayPlan:
 @dataclass
 class Storage:
     """The facades a composition root builds and hands out, each collaborator taking only those
-    it needs (the Broker gets the bundle and hands them on). `queues`/`filters`: the light queues
-    and filter registrations (until issue 25's steps 2 and 3 land, both are the `GatewayStore` of
-    gateway/storage/store_api.py)."""
+    it needs (the Broker gets the bundle and hands them on). `queues`: the light queues (until
+    issue 25's step 3 lands, the `GatewayStore` of gateway/storage/store_api.py)."""
     sessions: SessionStore
     offsets: OffsetStore
     retained: RetainedStore
     wills: WillStore
     leases: GroupLeases
+    filters: FilterRegistry
     queues: Any = None
-    filters: Any = None

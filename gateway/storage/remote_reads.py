@@ -1,21 +1,23 @@
 """`RemoteReads`: what a SUBSCRIBE or a resumed session's CONNECT reads from the store before it
 is decided, and this gateway's wildcard filter holds, over the store's native protocol (docs/fleet.md).
 `RemoteStore` (gateway/storage/remote_store.py) composes it: its `GatewayStore` methods of that kind
-(`read_ahead`, `using`, `start_offset`, `message_at`, `offset_read_ahead`, `register_filter(s)`,
-`unregister_filter`, `release_filter`, `registered_filters`, `replay_plan`) are this one's.
+(`read_ahead`, `using`, `start_offset`, `message_at`, `replay_plan`) call this one's, and the
+`FilterRegistry` and `OffsetStore` facades of a remote store (remote_metadata.py) answer a
+registration and a committed offset from the open read-ahead (`registered_ahead`,
+`offset_read_ahead`).
 
 What each call costs (all on the gateway's one `LoopConnection`, in order with its other requests):
   * read_ahead     everything a packet will read (registrations, watches of queues not mirrored
                    yet, start offsets, committed offsets, replay plans, messages in flight,
                    retained messages) asked for in one pipeline, not waited for: a future of the
                    `ReadAhead`; only that connection waits (docs/fleet.md).
-  * using          while the packet is decided, `register_filter`, `start_offset`, `replay_plan`,
-                   `offset_read_ahead` and `message_at` answer from the read-ahead, no round trip;
-                   what nothing took is released after.
-  * otherwise      register_filter, unregister_filter, registered_filters, start_offset,
-                   replay_plan: one blocking round trip each (bounded); register_filters:
-                   `REGISTER_CHUNK` filters per round trip; release_filter: sent, not waited for;
-                   a replay plan's history: chunks asked for without waiting (`ReplayPlan.read_later`).
+  * using          while the packet is decided, `RemoteFilters.register`, `start_offset`,
+                   `replay_plan`, the offsets facade's `get` and `message_at` answer from the
+                   read-ahead, no round trip; what nothing took is released after.
+  * otherwise      start_offset, replay_plan: one blocking round trip each (bounded); the filter
+                   registrations: an `Answer` each (`register_all`: `REGISTER_CHUNK` filters per
+                   round trip, all sent at once); a replay plan's history: chunks asked for
+                   without waiting (`ReplayPlan.read_later`).
 """
 from __future__ import annotations
 
@@ -43,11 +45,6 @@ class RemoteReads:
       * `ask_history(cursor, max_count)`  one `gw_replay_read`, not waited for (counted and
                              bounded as the mirror's reads are): the reply's future.
     """
-
-    REGISTER_CHUNK = 2000        # filters per `gw_register` round trip (`register_filters`)
-    # the `GatewayStore` methods RemoteStore hands over to this object (bound in its __init__)
-    SEAM = ("read_ahead", "using", "start_offset", "message_at", "offset_read_ahead", "replay_plan",
-            "register_filter", "register_filters", "unregister_filter", "release_filter", "registered_filters")
 
     def __init__(self, link: LoopConnection, gateway_id: str, *, mirrored: Callable[[str], bool],
                  track_later: Callable[[list], tuple[Any, Callable[[], None]]],
@@ -110,7 +107,7 @@ class RemoteReads:
             if bad is not None:
                 # what was registered is not left held: nothing will take it now
                 for f in registered:
-                    self.release_filter(f)
+                    self._release(f)
                 out.set_exception(bad)
                 return
             if take is not None:
@@ -160,36 +157,21 @@ class RemoteReads:
         finally:
             self._ahead = None
             for f in ahead.registered:          # registered ahead, not taken (refused, or held already)
-                self.release_filter(f)
+                self._release(f)
             ahead.registered.clear()
             if ahead.start:                     # queue ends read ahead, not taken: still news of them
                 self.heard(ahead.start)
                 ahead.start.clear()
 
-    # ------------------------------------------------------------------ filters
-    def register_filter(self, flt: str) -> int:
+    def registered_ahead(self, flt: str) -> int | None:
+        """`flt`'s hold count as the open read-ahead registered it (taken), or None."""
         ahead = self._ahead
         if ahead is not None and flt in ahead.registered:
             return ahead.registered.pop(flt)
-        return self.node.call_blocking(P.Register(self.gateway_id, flt)).count
+        return None
 
-    def register_filters(self, flts: list[str]) -> dict[str, int]:
-        """Register many filters, `REGISTER_CHUNK` per round trip (a gateway's start: one blocking
-        round trip per filter made 20,000 sessions with a wildcard filter each take ~9 s)."""
-        chunk = self.REGISTER_CHUNK
-        out: dict[str, int] = {}
-        for i in range(0, len(flts), chunk):
-            out.update(self.node.call_blocking(P.Register(self.gateway_id, filters=flts[i:i + chunk])).counts)
-        return out
-
-    def unregister_filter(self, flt: str) -> int:
-        return self.node.call_blocking(P.Unregister(self.gateway_id, flt)).count
-
-    def release_filter(self, flt: str) -> None:
+    def _release(self, flt: str) -> None:
         self.node.send(P.Unregister(self.gateway_id, flt))
-
-    def registered_filters(self) -> dict[str, int]:
-        return dict(self.node.call_blocking(P.Filters(self.gateway_id)).filters)
 
     # ------------------------------------------------------------------ subscribing from the past
     def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:

@@ -83,8 +83,6 @@ def _within(out: list, max_bytes: int) -> list:
 class RemoteStore:
     """`GatewayStore` over one store connection (see the module docstring)."""
 
-    reads_ahead = True
-
     # entries kept per queue (the byte budget `mirror_bytes` bounds them all); older ones are
     # pulled on demand, a chunk at a time (_read_back)
     mirror_entries = 65536
@@ -103,9 +101,6 @@ class RemoteStore:
         self.loop = link.loop
         self.gateway_id = gateway_id
         self.metrics = metrics
-        # the metadata facades (sessions, offsets, retained, wills, leases) over the same link
-        self.remote_metadata = RemoteMetadata(link, gateway_id)
-        self.metadata = self.remote_metadata.storage(queues=self, filters=self)
         self.safety_poll_s = safety_poll_s
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.raw_push = raw_push
@@ -122,11 +117,14 @@ class RemoteStore:
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle = None
         # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/storage/remote_reads.py
-        r = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
-                        track_later=self._track_later, heard=self.heard, follow=self.max_offset,
-                        decode=entries, ask_history=self._ask_history)
-        for name in RemoteReads.SEAM:      # these `GatewayStore` methods are the reads' own
-            setattr(self, name, getattr(r, name))
+        self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
+                                 track_later=self._track_later, heard=self.heard, follow=self.max_offset,
+                                 decode=entries, ask_history=self._ask_history)
+        # the metadata facades (sessions, offsets, retained, wills, leases) and the filter holds
+        # over the same link; this is the bundle's queues
+        self.remote_metadata = RemoteMetadata(link, gateway_id, offsets_read_ahead=self.reads.offset_read_ahead,
+                                              registered_ahead=self.reads.registered_ahead)
+        self.metadata = self.remote_metadata.storage(queues=self)
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
         p = RemoteProducer(link, self.loop)
         for name in RemoteProducer.SEAM:
@@ -188,6 +186,22 @@ class RemoteStore:
         if self.link.connected:
             return None
         return f"store {self.link.address} unavailable: {self.link.last_error}"
+
+    # ------------------------------------------------------------------ a packet's reads (remote_reads.py)
+    def read_ahead(self, reads):
+        return self.reads.read_ahead(reads)
+
+    def using(self, ahead):
+        return self.reads.using(ahead)
+
+    def start_offset(self, queue: str) -> int:
+        return self.reads.start_offset(queue)
+
+    def message_at(self, queue: str, offset: int):
+        return self.reads.message_at(queue, offset)
+
+    def replay_plan(self, flt: str, since_ms: int):
+        return self.reads.replay_plan(flt, since_ms)
 
     def _reconnected(self) -> None:
         """The link is back (maybe to another store process): a node of another version gets

@@ -1,15 +1,15 @@
 """What the gateway needs from the store's light queues: the seam between MQTT and storage for
-appends, pulls, offsets of queues, new-data events and filter registrations (`GatewayStore`).
-The metadata concerns (sessions, offsets, retained messages, wills, group leases) are the facades
-of gateway/storage/facades.py, bundled with this in a `Storage`. Issue 25's
-next steps replace `GatewayStore` by the `QueueStore` and `FilterRegistry` facades the same way.
+appends, pulls, offsets of queues and new-data events (`GatewayStore`).
+The metadata concerns (sessions, offsets, retained messages, wills, group leases) and the filter
+registrations are the facades of gateway/storage/facades.py, bundled with this in a `Storage`.
+Issue 25's next step replaces `GatewayStore` by a `QueueStore` facade the same way.
 
 Two implementations: in-process (`InProcessStore` in store/node/inprocess.py: the embedded
 `lmqtt serve`, zero copies, calls straight into `MessageStore` / `LightQueueStore`, beside the
 in-process metadata facades) and remote (`gateway/storage/remote_store.py` `RemoteStore`: the store's
 native protocol, for `lmqtt gateway`, docs/fleet.md). The end-to-end tests run against both.
 
-The composition root puts it in the `Storage` bundle (`queues`, `filters`) it gives the broker,
+The composition root puts it in the `Storage` bundle (`queues`) it gives the broker,
 which hands it to the publish pipeline, the delivery engine, the subscription registry and
 the bundle's metadata facades to the session persistence and registry; none of them touches the store objects
 otherwise.
@@ -22,7 +22,7 @@ from lmqtt.gateway.storage.facades import ReplayPlan
 
 
 class GatewayStore(Protocol):
-    """Append, pull, filter registrations, and "queues have new data" events."""
+    """Append, pull, and "queues have new data" events."""
 
     # -- publish path
     def queues_for_topic(self, topic: str) -> tuple[str, ...]: ...
@@ -49,34 +49,20 @@ class GatewayStore(Protocol):
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         """Call `callback(queue_names)` when queues get new entries."""
 
-    reads_ahead: bool      # True: `read_ahead` may ask for something (a remote store)
-
     # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote store: one pipelined
     #    round trip the connection waits for on hold, instead of blocking calls that would stop
     #    the whole gateway; in-process: None, the reads are local)
     def read_ahead(self, reads: "StoreReads") -> Any:
-        """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to ask for)."""
-    def using(self, ahead: "ReadAhead") -> Any:
-        """Context manager: while it is open, `register_filter`, `start_offset`, `replay_plan`
-        and `offset_read_ahead` answer from `ahead`; on exit, registrations it made that nothing
-        took are dropped again."""
-    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
-        """A consumer's committed offset as the open read-ahead has it: (True, offset or None if
-        none is committed), or (False, None) when it was not read ahead (ask the metadata)."""
+        """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to wait for)."""
+    def using(self, ahead: "ReadAhead | None") -> Any:
+        """Context manager: while it is open, the filter registrations (`Storage.filters`),
+        `start_offset`, `replay_plan`, `message_at` and the committed offsets (`Storage.offsets`)
+        answer from `ahead`; on exit, registrations it made that nothing took are dropped again.
+        `ahead` None: nothing."""
     def message_at(self, queue: str, offset: int) -> Any:
         """The entry at `offset` of `queue` (StoredMessage's fields), read now in-process; a remote
         store answers from the open read-ahead. None when not available (deleted by retention,
         or not read ahead)."""
-
-    # -- wildcard filter registrations (one per filter the gateway uses)
-    def register_filter(self, flt: str) -> int: ...
-    def register_filters(self, flts: list[str]) -> dict[str, int]:
-        """`register_filter` of each (remote: many per round trip)."""
-    def unregister_filter(self, flt: str) -> int: ...
-    def release_filter(self, flt: str) -> None:
-        """`unregister_filter` without waiting for the count (remote: sent now, answered in order
-        with what this gateway asks next; a failure is logged)."""
-    def registered_filters(self) -> dict[str, int]: ...
 
     # -- subscribing from the past (gateway/delivery/history.py; off the delivery hot path)
     def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":

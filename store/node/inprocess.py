@@ -116,6 +116,34 @@ class InProcessWills:
         pass
 
 
+class InProcessFilters:
+    """The light queues' wildcard filter registrations (`lq.registry`): the embedded gateway is
+    the only holder besides the store port's SDK consumers, so `registered` is every hold."""
+
+    def __init__(self, lq: Any) -> None:
+        self.lq = lq
+
+    def register(self, flt: str) -> Answer[int]:
+        return Answer.now(self.lq.register_filter, flt)
+
+    def register_all(self, flts: list[str]) -> Answer[dict[str, int]]:
+        def register() -> dict[str, int]:
+            self.lq.register_filters(flts)            # one metadata write for all
+            return {f: self.lq.registry.refcount(f) for f in flts}
+        return Answer.now(register)
+
+    def unregister(self, flt: str) -> Answer[int]:
+        return Answer.now(self.lq.unregister_filter, flt)
+
+    def release(self, flt: str) -> Answer[None]:
+        def release() -> None:
+            self.lq.unregister_filter(flt)
+        return Answer.now(release)
+
+    def registered(self) -> Answer[dict[str, int]]:
+        return Answer.now(lambda: dict(self.lq.registry.filters()))
+
+
 class InProcessLeases:
     """One gateway in the process; the same rule as the store node's `gw_group_lease`
     (store/node/gateway_service.py): the holder renews, a lease not renewed within its ttl
@@ -153,8 +181,6 @@ class InProcessLeases:
 class InProcessStore:
     """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
 
-    reads_ahead = False
-
     def __init__(self, store: Any, lq: Any) -> None:
         self.store = store
         self.lq = lq
@@ -164,7 +190,6 @@ class InProcessStore:
         self.append = store.append
         self.max_offset = self.end_offset = lq.max_offset
         self.pull = lq.pull
-        self.register_filter = lq.register_filter
 
     def all_visible(self) -> bool:
         return self.store.dispatched_offset >= self.store.max_offset
@@ -181,9 +206,6 @@ class InProcessStore:
     def read_ahead(self, reads: Any) -> None:
         return None               # local reads: nothing to wait for
 
-    def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
-        return False, None
-
     def message_at(self, queue: str, offset: int):
         for m in self.lq.pull(queue, offset, max_count=1).messages:
             if m.queue_offset == offset:
@@ -192,16 +214,6 @@ class InProcessStore:
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)
-
-    def register_filters(self, flts: list[str]) -> dict[str, int]:
-        self.lq.register_filters(flts)            # one metadata write for all
-        return {f: self.lq.registry.refcount(f) for f in flts}
-
-    def unregister_filter(self, flt: str) -> int:
-        return self.lq.unregister_filter(flt)
-
-    def release_filter(self, flt: str) -> None:
-        self.lq.unregister_filter(flt)
 
     def enable_delayed(self, loop) -> None:
         """Delayed publishes: the store's timer wheel, firing on the gateway's loop (so the loop
@@ -217,27 +229,25 @@ class InProcessStore:
         d.arm(rs, parked, due_ms)
         return rs
 
-    def registered_filters(self) -> dict[str, int]:
-        return dict(self.lq.registry.filters())
-
     def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
         return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)
 
 
 def metadata_storage(lq: Any) -> Storage:
-    """The metadata facades over `lq.metadata` (a LightQueueStore's MetadataStore)."""
+    """The metadata facades over `lq.metadata` (a LightQueueStore's MetadataStore), and its filter
+    registrations."""
     md = lq.metadata
     return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
-                   InProcessLeases(md))
+                   InProcessLeases(md), InProcessFilters(lq))
 
 
 def storage(store: Any, lq: Any) -> Storage:
     """The whole in-process bundle of `lmqtt serve` over `store` (MessageStore) and `lq`
-    (LightQueueStore): the metadata facades, and the light queues and filter registrations."""
+    (LightQueueStore): the metadata facades and filter registrations, and the light queues."""
     bundle = metadata_storage(lq)
-    bundle.queues = bundle.filters = InProcessStore(store, lq)
+    bundle.queues = InProcessStore(store, lq)
     return bundle
 
 
 __all__ = ["storage", "metadata_storage", "InProcessStore", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
-           "InProcessWills", "InProcessLeases"]
+           "InProcessWills", "InProcessLeases", "InProcessFilters"]

@@ -206,3 +206,36 @@ def test_a_group_lease_is_granted_renewed_and_handed_back_with_the_offset(side):
         assert side.other.leases.claim(group, queue, consumer, 3000).wait().owner == side.gateway_id   # held
     leases.release(group, queue, 9).wait()
     assert leases.claim(group, queue, consumer, 3000).wait() == Lease(side.gateway_id, 9)
+
+
+# ---------------------------------------------------------------- filter registrations
+def test_filter_holds_are_counted_listed_released_and_registered_many_at_once(side):
+    """What the subscription registry relies on: a hold per register, the count after each
+    change, `registered` naming this gateway's holds, `release` not waited for yet seen by the
+    next request, `register_all` one hold more of each."""
+    f = side.storage.filters
+    a, b, c = (f"{_name('flt')}/+" for _ in range(3))
+    assert f.register(a).wait() == 1
+    assert f.register(a).wait() == 2
+    assert f.registered().wait().get(a) == 2
+    assert f.unregister(a).wait() == 1
+    f.release(a)                                   # not waited for: the read after it sees it
+    assert a not in f.registered().wait()
+    assert f.register(b).wait() == 1
+    assert f.register_all([b, c]).wait() == {b: 2, c: 1}
+    held = f.registered().wait()
+    assert (held.get(b), held.get(c)) == (2, 1)
+    if side.other is not side.storage:             # a fleet: each gateway sees its own holds
+        assert b not in side.other.filters.registered().wait()
+        assert side.other.filters.register(b).wait() == 1
+        assert f.registered().wait().get(b) == 2
+    for x in (b, b, c):
+        f.release(x)
+    assert not {b, c} & set(f.registered().wait())
+
+
+def test_an_invalid_filter_is_a_failed_answer_not_an_exception_of_the_call(side):
+    bad = side.storage.filters.register("no/#/more")
+    with pytest.raises(Exception):
+        bad.wait()
+    assert side.storage.filters.register_all([]).wait() == {}

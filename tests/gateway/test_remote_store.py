@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from lmqtt.gateway.storage.remote_reads import RemoteReads
+from lmqtt.gateway.storage.remote_metadata import RemoteFilters
 from lmqtt.gateway.storage.remote_store import RemoteStore
 from lmqtt.store import Message, MessageTooLarge
 from lmqtt.store.client.aio import LoopConnection
@@ -197,7 +197,8 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
 
 
 def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_dropped(lmqtt_store):
-    """`read_ahead` + `using` (a SUBSCRIBE decided without blocking calls): the registrations,
+    """`read_ahead` + `using` (a SUBSCRIBE decided without blocking calls): the registrations (the
+    FilterRegistry facade answers from the read-ahead),
     mirrors, start offsets and retained messages are there when the packet is decided; a
     registration nothing took is dropped again, so the store holds no filter for nobody."""
     from lmqtt.gateway.storage.store_api import StoreReads
@@ -212,18 +213,20 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
         assert "ra/1" in st.queues                         # mirrored as the answers came in
         assert [(t, p) for t, p, _props in ahead.retained["ra/+"]] == [("ra/1", b"kept")]
         with st.using(ahead):
-            assert st.register_filter("ra/+") == 1
+            held = st.metadata.filters.register("ra/+")
+            assert held.done() and held.result() == 1       # answered from the read-ahead
             assert st.start_offset("ra/1") == 2
-        assert st.registered_filters() == {"ra/+": 1}       # "unused/+" went again
+        assert st.metadata.filters.registered().wait() == {"ra/+": 1}       # "unused/+" went again
         assert st.read_ahead(StoreReads([], [], [], [])) is None
         st.link.close()
     asyncio.run(go())
 
 
 def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_store(lmqtt_store):
-    """A shared group's committed offset and a subscription's replay plan, read ahead: taken
-    from the answers while the store is frozen (any round trip then would wait for it); the
-    same plan as a blocking `replay_plan` gives once it runs again."""
+    """A shared group's committed offset (the offsets facade's `get`) and a subscription's replay
+    plan, read ahead: taken from the answers while the store is frozen (any round trip then would
+    wait for it); an offset not read ahead is asked of the store; the same plan as a blocking
+    `replay_plan` gives once it runs again."""
     import os
     import signal
 
@@ -239,13 +242,17 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
         os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
         try:
             with st.using(ahead):
-                assert st.offset_read_ahead("$share/crew", "ro/q") == (True, 1)
-                assert st.offset_read_ahead("$share/none", "ro/q") == (True, None)
-                assert st.offset_read_ahead("$share/other", "ro/q") == (False, None)
+                crew = st.metadata.offsets.get("$share/crew", "ro/q")
+                none = st.metadata.offsets.get("$share/none", "ro/q")
+                assert crew.done() and crew.result() == 1
+                assert none.done() and none.result() is None
+                other = st.metadata.offsets.get("$share/other", "ro/q")
+                assert not other.done()                          # not read ahead: asked of the store
                 plan = st.replay_plan("ro/h", 0)
                 assert st.start_offset("ro/q") == 0
         finally:
             os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
+        assert other.wait() is None
         again = st.replay_plan("ro/h", 0)
         assert (plan.source, plan.live_offset, plan.done) == (again.source, again.live_offset, again.done)
         st.link.close()
@@ -296,15 +303,16 @@ def test_a_fleet_gateway_restores_its_own_sessions_and_those_of_no_gateway(lmqtt
 
 
 def test_a_gateways_filters_are_registered_many_per_round_trip(lmqtt_store, monkeypatch):
-    """`register_filters` (a gateway's start): every filter held once more, across chunks, and the
-    store registers exactly those."""
+    """`FilterRegistry.register_all` (a gateway's start): every filter held once more, across chunks,
+    and the store registers exactly those."""
     async def go():
         st = _remote(lmqtt_store.address)
-        monkeypatch.setattr(RemoteReads, "REGISTER_CHUNK", 2)
-        assert st.register_filter("m/0/+") == 1
-        got = st.register_filters(["m/0/+", "m/1/+", "m/2/#"])
+        filters = st.metadata.filters
+        monkeypatch.setattr(RemoteFilters, "REGISTER_CHUNK", 2)
+        assert filters.register("m/0/+").wait() == 1
+        got = filters.register_all(["m/0/+", "m/1/+", "m/2/#"]).wait()
         assert got == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
-        assert st.registered_filters() == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
+        assert filters.registered().wait() == {"m/0/+": 2, "m/1/+": 1, "m/2/#": 1}
         st.link.close()
     asyncio.run(go())
 

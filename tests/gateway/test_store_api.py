@@ -22,8 +22,9 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
     api.on_new_data(lambda names: seen.append(set(names)))
     store.start()
     try:
-        assert api.register_filter("s/+") == 1
-        assert api.registered_filters() == {"s/+": 1}
+        filters = bundle.filters
+        assert filters.register("s/+").result() == 1                            # in-process: answered at once
+        assert filters.registered().result() == {"s/+": 1}
         queues = api.queues_for_topic("s/1")
         assert set(queues) == {"s/1", "s/+"}
         res = api.append_batch([Message("s/1", b"hello", 0, 0, b"", (), int(time.time() * 1000), queues)])
@@ -40,8 +41,8 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
             assert [(m.topic, m.body) for m in pulled.messages] == [("s/1", b"hello")]
         assert bundle.retained.set("s/1", b"kept", b"").done()          # in-process: answered at once
         assert [(t, p) for t, p, _props in bundle.retained.matching("s/#").result()] == [("s/1", b"kept")]
-        assert api.unregister_filter("s/+") == 0
-        assert api.registered_filters() == {}
+        assert filters.unregister("s/+").result() == 0
+        assert filters.registered().result() == {}
         assert api.queues_for_topic("s/1") == ("s/1",)
     finally:
         store.shutdown()

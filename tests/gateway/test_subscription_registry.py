@@ -20,11 +20,12 @@ class Metadata:
     read back but offsets."""
     gateway_id = "gw-test"
 
-    def __init__(self, store=None) -> None:
+    def __init__(self, store) -> None:
         self.offsets = _Offsets()
         self.sessions = _Sessions()
         self.wills = _Wills()
-        self.queues = self.filters = store
+        self.filters = _Filters(store.calls)
+        self.queues = store
 
 
 class _Offsets:
@@ -55,33 +56,37 @@ class _Sessions:
     def on_sessions_moved(self, fn) -> None: ...
 
 
+class _Filters:
+    """The FilterRegistry facade, recording what it is asked for."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def register(self, f: str) -> Answer[int]:
+        self.calls.append(("register", f))
+        return Answer.of(1)
+
+    def release(self, f: str) -> Answer[None]:
+        self.calls.append(("release", f))
+        return Answer.of(None)
+
+
 class _Wills:
     def on_wills_published(self, fn) -> None: ...
 
 
 class Store:
-    """A GatewayStore that records the filter registrations it is asked for."""
-    reads_ahead = False
+    """A GatewayStore; its bundle's filters facade records the registrations it is asked for."""
 
     def __init__(self) -> None:
-        self.metadata = Metadata(self)        # the Storage bundle, this as its queues and filters
         self.calls: list[tuple[str, str]] = []
-
-    def register_filter(self, f: str) -> int:
-        self.calls.append(("register", f))
-        return 1
-
-    def release_filter(self, f: str) -> None:
-        self.calls.append(("release", f))
+        self.metadata = Metadata(self)        # the Storage bundle, this as its queues
 
     def start_offset(self, q: str) -> int:
         return 0
 
     def max_offset(self, q: str) -> int:
         return 0
-
-    def offset_read_ahead(self, consumer: str, q: str):
-        return False, None
 
 
 class Delivery:

@@ -272,7 +272,7 @@ def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versio
         link.connect_blocking()
         st = RemoteStore(link, "gw-up", safety_poll_s=0)
         try:
-            assert st.register_filter("vx/+") == 1                    # a hold: the node names its holder
+            assert st.metadata.filters.register("vx/+").wait() == 1                    # a hold: the node names its holder
             store.stop()
             other = _start_store_speaking(P.NODE_PROTOCOL_VERSION + 1, store.data_dir, store.port,
                                           str(tmp_path / "other.log"))
@@ -285,7 +285,7 @@ def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versio
             other = None
             store.start()
             assert await wait_until(lambda: st.unavailable() is None, 20), st.unavailable()
-            assert st.registered_filters() == {"vx/+": 1}
+            assert st.metadata.filters.registered().wait() == {"vx/+": 1}
             with connect(store.address) as sdk:
                 assert await wait_until(lambda: P.call_sync(sdk, P.Holders()).gateways["gw-up"].connected, 10)
         finally:
