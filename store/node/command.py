@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import sys
-import tomllib
 
 from lmqtt.gateway.app.serve_command import _setup_logging, check_data_dir, install_event_loop
 
@@ -40,6 +39,8 @@ DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "tok
             "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
             "dispatch_inline": True}
 
+# the type of each key (a None default is a string); a config file's value must be of it
+_KINDS = {k: (type(v) if v is not None else str) for k, v in DEFAULTS.items()}
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
@@ -68,28 +69,36 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args) -> dict:
     cfg = dict(DEFAULTS)
     if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                doc = tomllib.load(f)
-        except FileNotFoundError:
-            raise ValueError(f"config file not found: {args.config}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"config file {args.config} is not valid TOML: {e}") from None
-        from lmqtt.gateway.app.config import GatewayConfig
+        from lmqtt.gateway.app.config import (GATEWAY_TABLES, STORE_TABLE, GatewayConfig, check_type, line_of,
+                                              read_toml, unknown_key)
+        doc, text = read_toml(args.config)
         # one file may configure the whole fleet (the Helm chart mounts one lmqtt.toml into store
-        # and gateway pods): top-level keys that only a gateway knows are the gateway's, not typos;
-        # keys under [store] must be the store's
+        # and gateway pods): top-level keys that only a gateway knows are the gateway's, not typos,
+        # and so are the [serve] / [gateway] tables; keys under [store] must be the store's
         gateway_keys = GatewayConfig.field_names()
-        table = dict(doc.get("store", {})) if isinstance(doc.get("store"), dict) else {}
-        top = {k: v for k, v in doc.items() if not isinstance(v, dict)}
-        for source, strict in ((top, False), (table, True)):
+        for k, v in doc.items():
+            if isinstance(v, dict) and k not in DEFAULTS and k.replace("-", "_") not in DEFAULTS:
+                if k == STORE_TABLE or k in GATEWAY_TABLES:
+                    continue
+                import difflib
+                close = difflib.get_close_matches(k, (STORE_TABLE,) + GATEWAY_TABLES, n=1, cutoff=0.6)
+                hint = f"did you mean [{close[0]}]?" if close else "the tables are [store], [serve] and [gateway]"
+                raise ValueError(f"unknown table [{k}] in {args.config} ({hint})")
+        table = doc.get(STORE_TABLE) if isinstance(doc.get(STORE_TABLE), dict) else {}
+        top = {k: v for k, v in doc.items() if not (isinstance(v, dict) and k in (STORE_TABLE,) + GATEWAY_TABLES)}
+        for source, where in ((top, None), (table, STORE_TABLE)):
             for k, v in source.items():
-                k = k.replace("-", "_")
-                if k not in DEFAULTS:
-                    if not strict and k in gateway_keys:
+                key = k.replace("-", "_")
+                n = line_of(text, k, where)
+                at = f"{args.config}" + (f" line {n}" if n else "") + (f" [{where}]" if where else "")
+                if key not in DEFAULTS:
+                    if where is None and key in gateway_keys:
                         continue
-                    raise ValueError(f"unknown key {k!r} in {args.config} (known: {', '.join(sorted(DEFAULTS))})")
-                cfg[k] = v
+                    # at the top level a key may be the gateway's: the closest of either is suggested
+                    known = set(DEFAULTS) | (gateway_keys if where is None else set())
+                    raise unknown_key(key, known, at, "lmqtt store (known: " + ", ".join(sorted(DEFAULTS)) + ")")
+                cfg[key] = check_type(key, v, _KINDS[key], at,
+                                      "a number of seconds" if key.endswith("_s") else None)
     if not cfg["token"] and os.environ.get("LMQTT_STORE_TOKEN"):
         cfg["token"] = os.environ["LMQTT_STORE_TOKEN"]
     for k, v in vars(args).items():
@@ -97,8 +106,14 @@ def _config(args) -> dict:
             cfg[k] = v
     if cfg["flush_mode"] not in FLUSH_MODES:
         raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
-    if not 0 <= int(cfg["port"]) <= 65535:
-        raise ValueError(f"port must be 0..65535, got {cfg['port']}")
+    if cfg["notify_mode"] not in ("broadcast", "precise"):
+        raise ValueError(f"notify_mode must be broadcast or precise, got {cfg['notify_mode']!r}")
+    for key in ("port", "metrics_port"):
+        if not 0 <= int(cfg[key]) <= 65535:
+            raise ValueError(f"{key} must be 0..65535, got {cfg[key]}")
+    for key in ("segment_mb", "max_frame_mb"):
+        if int(cfg[key]) < 1:
+            raise ValueError(f"{key} must be at least 1 (MiB), got {cfg[key]}")
     for key, low in (("will_grace_s", 0.0), ("session_sweep_s", 0.1)):
         cfg[key] = _seconds(cfg, key, low, 86400.0)
     return cfg
