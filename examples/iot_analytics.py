@@ -116,25 +116,27 @@ def build(spark, a):
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The job's options (also what tests and notebooks pass to `build`)."""
-    ap = argparse.ArgumentParser(prog="lmqtt spark-iot", description="lmqtt IoT analytics job (docs/spark.md)")
-    ap.add_argument("--store", default="127.0.0.1:10911")
-    ap.add_argument("--token", default=None)
-    ap.add_argument("--filter", default="telemetry/+")
+    ap = argparse.ArgumentParser(prog="lmqtt spark-iot", description="lmqtt IoT analytics job (docs/spark.md)",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--store", default="127.0.0.1:10911", help="HOST:PORT of the store's native protocol")
+    ap.add_argument("--token", default=None, help="the store's auth token")
+    ap.add_argument("--filter", default="telemetry/+", help="MQTT topic filter of the telemetry")
     ap.add_argument("--starting", default="earliest", help="startingOffsets of a new checkpoint")
-    ap.add_argument("--out", default="./iot-analytics")
-    ap.add_argument("--window", default="1 minute")
-    ap.add_argument("--watermark", default="2 minutes")
+    ap.add_argument("--out", default="./iot-analytics", help="folder of the Parquet stats and the checkpoints")
+    ap.add_argument("--window", default="1 minute", help="tumbling window of the per-device stats")
+    ap.add_argument("--watermark", default="2 minutes", help="how late a reading may arrive (event time)")
     ap.add_argument("--trigger", default="1 second", help="micro-batch interval of the alerts query")
     ap.add_argument("--stats-trigger", default="10 seconds",
                     help="micro-batch interval of the window statistics (a window is written once "
                          "the watermark passes it, so a short interval only costs CPU the alerts need)")
-    ap.add_argument("--min-temp", type=float, default=-10.0)
-    ap.add_argument("--max-temp", type=float, default=45.0)
-    ap.add_argument("--z", type=float, default=4.0)
+    ap.add_argument("--min-temp", type=float, default=-10.0, help="a reading below this is an anomaly")
+    ap.add_argument("--max-temp", type=float, default=45.0, help="a reading above this is an anomaly")
+    ap.add_argument("--z", type=float, default=4.0,
+                    help="a reading this many standard deviations from its device's mean is an anomaly")
     ap.add_argument("--silence", type=float, default=30.0, help="seconds without telemetry = silent")
     ap.add_argument("--job-id", default="iot-analytics-alerts", help="producer identity of the alerts")
     ap.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = run until Ctrl-C)")
-    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--master", default="local[2]", help="Spark master URL")
     return ap.parse_args(argv)
 
 

@@ -16,16 +16,18 @@ import time
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="lmqtt simulate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=1883)
-    ap.add_argument("--devices", type=int, default=20)
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap = argparse.ArgumentParser(prog="lmqtt simulate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--host", default="127.0.0.1", help="MQTT broker address")
+    ap.add_argument("--port", type=int, default=1883, help="MQTT broker port")
+    ap.add_argument("--devices", type=int, default=20, help="simulated devices, one topic each")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long to run")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between readings of one device")
-    ap.add_argument("--anomaly-rate", type=float, default=0.01)
+    ap.add_argument("--anomaly-rate", type=float, default=0.01, help="share of readings that spike (0..1)")
     ap.add_argument("--silent", type=int, default=2, help="devices that stop after a third of the run")
-    ap.add_argument("--qos", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--qos", type=int, default=1, choices=(0, 1, 2), help="QoS of the publishes")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="random seed, for a repeatable run (default: %(default)s = a new one each run)")
     a = ap.parse_args(argv)
 
     import paho.mqtt.client as mqtt

@@ -6,6 +6,7 @@ Each target is `main(argv: list[str]) -> int`, or `module:function` for a module
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -38,12 +39,35 @@ BENCH: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: lmqtt COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: lmqtt COMMAND [ARGS...]    (lmqtt COMMAND --help: its flags; lmqtt --version)", "",
+             "commands:"]
     for name, (_, desc) in COMMANDS.items():
         lines.append(f"  {name:<18} {desc}")
     for name, (_, desc) in BENCH.items():
         lines.append(f"  bench {name:<12} {desc}")
     return "\n".join(lines)
+
+
+def _bench_usage() -> str:
+    lines = ["usage: lmqtt bench BENCHMARK [ARGS...]    (lmqtt bench BENCHMARK --help: its flags)", "",
+             "benchmarks:"]
+    for name, (_, desc) in BENCH.items():
+        lines.append(f"  {name:<12} {desc}")
+    return "\n".join(lines)
+
+
+def _unknown(what: str, name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def version() -> str:
+    """`lmqtt 0.1.0`: the installed package's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return f"lmqtt {dist_version('lmqtt')}"
+    except PackageNotFoundError:
+        return "lmqtt (version unknown: the package is not installed; pip install -e .)"
 
 
 def _run(module: str, argv: list[str]) -> int:
@@ -57,15 +81,24 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
+    if argv[0] in ("-V", "--version", "version"):
+        print(version())
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "bench":
-        if not rest or rest[0] not in BENCH:
-            print(_usage(), file=sys.stderr)
+        if rest and rest[0] in ("-h", "--help", "help"):
+            print(_bench_usage())
+            return 0
+        if not rest:
+            print(f"lmqtt bench: name a benchmark\n\n{_bench_usage()}", file=sys.stderr)
+            return 2
+        if rest[0] not in BENCH:
+            print(f"lmqtt bench: {_unknown('benchmark', rest[0], BENCH)}\n\n{_bench_usage()}", file=sys.stderr)
             return 2
         return _run(BENCH[rest[0]][0], rest[1:])
     if cmd in COMMANDS:
         return _run(COMMANDS[cmd][0], rest)
-    print(f"lmqtt: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+    print(f"lmqtt: {_unknown('command', cmd, list(COMMANDS) + ['bench'])}\n\n{_usage()}", file=sys.stderr)
     return 2
 
 
