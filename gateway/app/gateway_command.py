@@ -23,7 +23,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lmqtt.gateway.app.config import ConfigError, build_config, load_toml
-from lmqtt.gateway.app.serve_command import _setup_logging, _tune_gc, add_listener_args, install_event_loop
+from lmqtt.gateway.app.serve_command import (_setup_logging, _tune_gc, add_listener_args, install_event_loop,
+                                             metrics_unavailable, set_process_title)
 
 log = logging.getLogger("lmqtt.gateway.command")
 
@@ -65,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
+    from lmqtt.gateway.app.serve_command import check_startup
+    problem = check_startup(cfg, store_protocol=False)     # the same refusals as `lmqtt serve`, first
+    if problem:
+        print(f"lmqtt gateway: {problem}", file=sys.stderr)
+        return 2
+    # `lmqtt serve --workers` names its gateway children (gateway/app/workers.py): `lmqtt-w0`, ...
+    child = os.environ.pop("LMQTT_PROCESS_NAME", None)
+    set_process_title("gateway", list(sys.argv[2:] if argv is None else argv), child or "lmqtt", bool(child))
     _setup_logging(cfg.log_level)
     if cfg.switch_interval_ms:
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
@@ -173,7 +182,7 @@ async def _serve(cfg, loop_name: str) -> int:
             metrics_url = f"http://{h}:{p}/metrics (/healthz, /readyz)"
         except OSError as e:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
-            metrics_url = f"unavailable ({e.strerror or e})"
+            metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
     host, port = gw.address
     if gw.auth is not None:
         auth_line = (f"{', '.join(a.name for a in gw.auth.authenticators)}; anonymous "

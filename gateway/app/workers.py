@@ -124,7 +124,11 @@ class Supervisor:
                 "--log-level", cfg.log_level]
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
-        self.store = subprocess.Popen(self._cmd(*args), start_new_session=True, preexec_fn=_die_with_parent())
+        # ps / pidof tell the children apart (gateway/app/serve_command.py `set_process_title`):
+        # only the supervisor is named `lmqtt`, so `kill -HUP $(pidof -s lmqtt)` reaches it
+        env = dict(os.environ, LMQTT_PROCESS_NAME="lmqtt-store")
+        self.store = subprocess.Popen(self._cmd(*args), env=env, start_new_session=True,
+                                      preexec_fn=_die_with_parent())
         if not _wait_port("127.0.0.1" if (cfg.store_host or "127.0.0.1") in ("0.0.0.0", "::") else
                           (cfg.store_host or "127.0.0.1"), self.store_port, self.store, 60):
             raise RuntimeError(f"the store did not start on port {self.store_port} (exit status "
@@ -137,7 +141,7 @@ class Supervisor:
                 "--gateway-id", f"{socket.gethostname()}:{port}:w{i}", "--notify-mode", "native",
                 "--metrics-port", str(int(cfg.metrics_port) + i if cfg.metrics_port else 0)]
         tail = ["--port", str(port)] if self.ports else ["--reuse-port"]
-        env = dict(os.environ)
+        env = dict(os.environ, LMQTT_PROCESS_NAME=f"lmqtt-w{i}")
         if getattr(cfg, "token", None):
             env["LMQTT_STORE_TOKEN"] = cfg.token
         self.gateways[i] = subprocess.Popen(self._cmd(*args, *_gateway_args(self.argv), *tail), env=env,

@@ -34,9 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scram-iterations", type=int, default=DEFAULT_ITERATIONS,
                    help=f"PBKDF2 rounds of the SCRAM verifier (default {DEFAULT_ITERATIONS}, RFC 7677's "
                         "minimum; every client login computes them once)")
-    p.add_argument("file")
-    p.add_argument("user", nargs="?")
-    p.add_argument("password", nargs="?")
+    p.add_argument("file", help="the password file (its folder must exist)")
+    p.add_argument("user", nargs="?", help="the user to add, change or delete")
+    p.add_argument("password", nargs="?", help="with -b: the password")
     return p
 
 
@@ -45,15 +45,53 @@ def _entry(password: str, scram: bool, iterations: int) -> str:
     return f"{h}:{scram_credentials(password, iterations)}" if scram else h
 
 
-def _upgrade(path: str, scram: bool, iterations: int) -> int:
+def _write(path: str, users: dict[str, str]) -> int:
+    """Replace the file (write_password_file: a temporary file beside it, then a rename); every way
+    that fails is one line naming the cause, and no temporary file is left. A missing folder is not
+    created (as mosquitto_passwd): a typo in the path would otherwise make a folder nobody reads."""
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        users = {user: stored if stored.startswith("$") else _entry(stored, scram, iterations)
-                 for _n, user, stored in password_file_entries(path)}
+        write_password_file(path, users)
+        return 0
+    except FileNotFoundError:
+        why = (f"the folder {folder} does not exist (create it first: mkdir -p {folder})"
+               if not os.path.isdir(folder) else "No such file or directory")
+    except NotADirectoryError:
+        why = f"a part of {folder} is a file, not a folder"
+    except IsADirectoryError:
+        why = "it is a directory"
+    except PermissionError:
+        why = f"permission denied (writing in {folder})"
+    except OSError as e:
+        why = e.strerror or str(e)
+    try:
+        os.unlink(f"{path}.tmp-{os.getpid()}")
+    except OSError:
+        pass
+    print(f"lmqtt passwd: cannot write {path}: {why}", file=sys.stderr)
+    return 1
+
+
+def _read(path: str, entries: bool = False):
+    """The users of an existing file, or None after printing why it cannot be read."""
+    try:
+        if entries:
+            return list(password_file_entries(path))
+        return read_password_file(path)
     except AuthError as e:
         print(f"lmqtt passwd: {e}", file=sys.stderr)
+    except UnicodeDecodeError:
+        print(f"lmqtt passwd: {path} is not a password file (not UTF-8 text)", file=sys.stderr)
+    return None
+
+
+def _upgrade(path: str, scram: bool, iterations: int) -> int:
+    entries = _read(path, entries=True)
+    if entries is None:
         return 1
-    write_password_file(path, users)
-    return 0
+    users = {user: stored if stored.startswith("$") else _entry(stored, scram, iterations)
+             for _n, user, stored in entries}
+    return _write(path, users)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,17 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.exists(a.file):
             print(f"lmqtt passwd: {a.file} does not exist (use -c to create it)", file=sys.stderr)
             return 1
-        try:
-            users = read_password_file(a.file)
-        except AuthError as e:
-            print(f"lmqtt passwd: {e}", file=sys.stderr)
+        users = _read(a.file)
+        if users is None:
             return 1
     if a.D:
         if users.pop(a.user, None) is None:
             print(f"lmqtt passwd: user {a.user!r} is not in {a.file}", file=sys.stderr)
             return 1
-        write_password_file(a.file, users)
-        return 0
+        return _write(a.file, users)
     if a.b:
         if a.password is None:
             print("lmqtt passwd: -b needs the password as the last argument", file=sys.stderr)
@@ -100,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     had_scram = a.user in users and split_entry(users[a.user])[1] is not None
     users[a.user] = _entry(password, a.scram or had_scram, a.scram_iterations)
-    write_password_file(a.file, users)
-    return 0
+    return _write(a.file, users)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,7 +28,8 @@ import os
 import signal
 import sys
 
-from lmqtt.gateway.app.serve_command import _setup_logging, check_data_dir, install_event_loop
+from lmqtt.gateway.app.serve_command import (DataDirError, _setup_logging, check_data_dir, install_event_loop,
+                                             lock_data_dir, metrics_unavailable, set_process_title)
 
 log = logging.getLogger("lmqtt.store")
 
@@ -38,9 +39,9 @@ DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "tok
             "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
             "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
             "dispatch_inline": True}
-
 # the type of each key (a None default is a string); a config file's value must be of it
 _KINDS = {k: (type(v) if v is not None else str) for k, v in DEFAULTS.items()}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
@@ -136,6 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"lmqtt store: {e}", file=sys.stderr)
         return 2
+    from lmqtt.store.server import is_loopback
+    host, data = cfg["host"], cfg["data_dir"]
+    # settings that cannot work are refused before the data dir is touched
+    if not is_loopback(host) and not cfg["token"]:
+        print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
+              "(--token or `token` in the config)", file=sys.stderr)
+        return 2
+    problem = check_data_dir(data)
+    if problem:
+        print(f"lmqtt store: {problem}", file=sys.stderr)
+        return 1
+    try:
+        lock = lock_data_dir(data, "lmqtt store")     # before anything in it is opened
+    except DataDirError as e:
+        print(f"lmqtt store: {e}", file=sys.stderr)
+        return 1
+    # `lmqtt serve --workers` names its store child (gateway/app/workers.py)
+    child = os.environ.pop("LMQTT_PROCESS_NAME", None)
+    set_process_title("store", list(sys.argv[2:] if argv is None else argv), child or "lmqtt-store", bool(child))
     _setup_logging(cfg["log_level"])
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
@@ -145,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_serve(cfg, loop_name))
     except KeyboardInterrupt:  # pragma: no cover
         return 0
+    finally:
+        os.close(lock)
 
 
 async def _serve(cfg: dict, loop_name: str) -> int:
@@ -153,21 +175,16 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     from lmqtt.store.node import gateway_service
     from lmqtt.store.node.sdk_service import install
     from lmqtt.store import MessageStore, StoreConfig
-    from lmqtt.store.server import StoreServer, is_loopback
+    from lmqtt.store.server import StoreServer
 
     host, port, data = cfg["host"], int(cfg["port"]), cfg["data_dir"]
-    if not is_loopback(host) and not cfg["token"]:
-        print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
-              "(--token or `token` in the config)", file=sys.stderr)
-        return 2
-    problem = check_data_dir(data)
-    if problem:
-        print(f"lmqtt store: {problem}", file=sys.stderr)
-        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP reloads a gateway's files; the store has none, and a `kill -HUP` meant for a gateway
+    # must not end it (the default action of SIGHUP)
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("event=sighup_ignored reason=\"nothing to reload\""))
     store = lq = srv = gws = None
     try:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
@@ -207,7 +224,7 @@ async def _serve(cfg: dict, loop_name: str) -> int:
             metrics_url = "http://{}:{}/metrics (/healthz, /readyz)".format(*http.server_address[:2])
         except OSError as e:
             log.error("event=metrics_listen_failed port=%s error=%s", cfg["metrics_port"], e)
-            metrics_url = f"unavailable ({e.strerror or e})"
+            metrics_url = metrics_unavailable(cfg["metrics_host"] or host, int(cfg["metrics_port"]), e)
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg['flush_mode']}\n"
