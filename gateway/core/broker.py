@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from lmqtt.gateway.security.auth import AuthRunner, Credentials, Denied, Identity
 from lmqtt.gateway.security.enhanced_auth import EnhancedAuth, peer_certificate_subject
 from lmqtt.gateway.net.connection import NO_TOPICS, ConnectionSweep, WriteBatcher
-from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
+from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode, encode_connack_refusal, packets as P
 from lmqtt.gateway.delivery.retained import drain_retained
 from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session
 from lmqtt.gateway.core.session_registry import SessionRegistry
@@ -90,6 +90,9 @@ class Broker:
                                          set_retained=self._set_retained,
                                          record_appended=self.delivery.record_appended,
                                          flush_writes=self.writes.flush, after_append=after_append)
+        # QoS 2 exactly once across a crash (core/session_persistence.py `write_ahead`, `journal`)
+        self.delivery.qos2_sent = self._qos2_sent
+        self.publisher.qos2_stored = lambda s, pid: self.persist.journal(s, encode(P.PubRec(pid), s.version))
         # subscribing from the past (gateway/delivery/history.py): publishes routed before a filter's
         # registration are appended before it
         self.subscriptions = SubscriptionRegistry(storage, self.delivery, self.persist,
@@ -100,9 +103,8 @@ class Broker:
         # the gateway's `$SYS` values, served from memory (core/sys_topics.py): published into by
         # app/gateway.py's timer, looked up by a SUBSCRIBE's retained messages; never stored
         self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
-        # `using` looked up when called: only a store that reads ahead (remote) has it
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
-                                            using=lambda ahead: storage.queues.using(ahead),
+                                            using=storage.queues.using,
                                             retained=self.sys_retained.over(storage.retained), acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
@@ -434,7 +436,10 @@ class Broker:
             ok.add(topic)
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
-                conn.send(P.PubRec(pid))
+                if s.expiry_interval:       # after the id's write-ahead, if one is in flight
+                    self.persist.journal(s, encode(P.PubRec(pid), conn.version))
+                else:
+                    conn.send(P.PubRec(pid))
                 return
             if pid in s.inbound_pending:
                 return
@@ -527,7 +532,10 @@ class Broker:
             self._release(s, inf)
             return
         inf.state = InFlight.WAIT_COMP
-        conn.send(P.PubRel(pkt.packet_id))
+        if s.expiry_interval:       # the PUBREL leaves once the new state is durable (exactly once across a crash)
+            self.persist.journal(s, encode(P.PubRel(pkt.packet_id), conn.version))
+        else:
+            conn.send(P.PubRel(pkt.packet_id))
 
     def on_pubcomp(self, conn, pkt: P.PubComp) -> None:
         s = conn.session
@@ -541,7 +549,10 @@ class Broker:
         s = conn.session
         if pkt.packet_id in s.inbound_qos2:
             s.inbound_qos2.discard(pkt.packet_id)
-            conn.send(P.PubComp(pkt.packet_id))
+            if s.expiry_interval:   # the id forgotten durably before PUBCOMP frees it for the client
+                self.persist.journal(s, encode(P.PubComp(pkt.packet_id), conn.version))
+            else:
+                conn.send(P.PubComp(pkt.packet_id))
         else:
             conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
 
@@ -575,6 +586,19 @@ class Broker:
         conn.close()
 
     # ======================================================================= persistence
+    def _qos2_sent(self, s: Session) -> None:
+        """A delivery batch queued new QoS 2 PUBLISHes to persistent `s`: they leave once its
+        exchanges are durable (a remote store: one round trip; in-process: done at once)."""
+        conn = s.conn
+        pending = self.persist.write_ahead(s)
+        if conn is None or pending is None:
+            return
+        if pending.done():
+            if pending.exception() is not None:
+                conn.close_with_error(RC.UNSPECIFIED_ERROR, f"session state could not be written: {pending.exception()}")
+            return
+        conn.wait_for_store(pending)
+
     def _save_session(self, s: Session) -> None:
         """Save the record; on a remote store the answer being written next (CONNACK, SUBACK,
         UNSUBACK) and what follows it wait for the store's acknowledgement, as they would have

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
-from lmqtt.gateway.storage.facades import log_failure
-from lmqtt.gateway.storage.store_api import StoreReads
+from lmqtt.gateway.storage.facades import StoreReads, log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
 from lmqtt.lightqueue.replay import ReplayRefused
@@ -52,7 +51,7 @@ class SubscriptionRegistry:
         broker: append the publishes already routed without it, so that every record appended
         after the registration carries the filter: the seam of subscribing from the past,
         replay.py)."""
-        self.store = storage.queues                # start offsets, reads ahead (store_api.py)
+        self.store = storage.queues                # start offsets, reads ahead
         self.filters = storage.filters             # the storage facades it uses (storage/facades.py)
         self.offsets = storage.offsets
         self.delivery = delivery

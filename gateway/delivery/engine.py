@@ -31,7 +31,7 @@ from lmqtt.gateway.model.session import TOO_LARGE, ClientSubscription, InFlight,
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.model.shared_groups import SharedGroup
-    from lmqtt.gateway.storage.store_api import GatewayStore
+    from lmqtt.gateway.storage.facades import QueueStore
 
 log = logging.getLogger("lmqtt.gateway.delivery.engine")
 
@@ -47,7 +47,11 @@ class DeliveryEngine:
     `HistoryRuns` (gateway/delivery/history.py: subscriptions from the past sending their history).
     """
 
-    def __init__(self, store: "GatewayStore", loop, metrics, cfg, *,
+    # `qos2_sent(session)`: a batch of new QoS 2 PUBLISHes was queued to a persistent session's
+    # connection (core/broker.py: written ahead before they leave); None: nothing to do
+    qos2_sent: Callable[[Session], None] | None = None
+
+    def __init__(self, store: "QueueStore", loop, metrics, cfg, *,
                  session_offsets_moved: Callable[[Session], None],
                  group_offsets_moved: Callable[["SharedGroup"], None],
                  flush_writes: Callable[[], None], acl=None) -> None:
@@ -507,6 +511,8 @@ class DeliveryEngine:
             self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
         if s.expiry_interval:
             self._session_offsets_moved(s)
+            if sent2 and self.qos2_sent is not None:
+                self.qos2_sent(s)     # the batch's QoS 2 PUBLISHes leave once their state is durable
         return over
 
     @staticmethod

@@ -6,7 +6,7 @@ MQTT 3.1.1 clients (which have no properties), the filter `$replay/{epoch-ms}/{f
 subscription is then the filter's own (UNSUBSCRIBE names the filter, with or without the
 `$replay/{ms}/` prefix).
 
-What the store says (`GatewayStore.replay_plan`, lightqueue/replay.py): either the light queue
+What the store says (`QueueStore.replay_plan`, lightqueue/replay.py): either the light queue
 holds the whole period (the cursor simply starts in the past: delivery as usual), or the history is
 read from the log up to a seam and the light queue continues from the seam. In the second case the
 session's cursor waits at the seam (it is not a delivery reader yet) while a `HistoryRun` sends
@@ -30,7 +30,7 @@ from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.model.session import TOO_LARGE, OutboundMessage, Session, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.storage.store_api import ReplayPlan
+    from lmqtt.gateway.storage.facades import ReplayPlan
 
 log = logging.getLogger("lmqtt.gateway.delivery.history")
 

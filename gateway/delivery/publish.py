@@ -21,7 +21,7 @@ from lmqtt.store import DiskFull, Message, MessageTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
-    from lmqtt.gateway.storage.store_api import GatewayStore
+    from lmqtt.gateway.storage.facades import QueueStore
 
 log = logging.getLogger("lmqtt.gateway.delivery.publish")
 
@@ -124,7 +124,11 @@ class PublishPipeline:
     `flush_writes()` writes the connections' queued output (the acks) right away.
     """
 
-    def __init__(self, store: "GatewayStore", loop, metrics, max_pending_publish: int, *,
+    # `qos2_stored(session, packet id)`: an inbound QoS 2 message of a persistent session is stored;
+    # it sends the PUBREC once the id is durable (core/broker.py); None: the PUBREC goes with the acks
+    qos2_stored: Callable[[Any, int], None] | None = None
+
+    def __init__(self, store: "QueueStore", loop, metrics, max_pending_publish: int, *,
                  set_retained: Callable[[str, bytes, bytes], None],
                  record_appended: Callable[[list, int], None],
                  flush_writes: Callable[[], None],
@@ -151,12 +155,10 @@ class PublishPipeline:
         self.after_append = after_append
         # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
         # remote one fires on its own)
-        enable = getattr(store, "enable_delayed", None)
-        if enable is not None:
-            try:
-                enable(loop)
-            except Exception as e:  # noqa: BLE001 - ordinary publishes still work
-                log.error("event=delayed_unavailable error=%r", e)
+        try:
+            store.enable_delayed(loop)
+        except Exception as e:  # noqa: BLE001 - ordinary publishes still work
+            log.error("event=delayed_unavailable error=%r", e)
 
     def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
                payload: bytes, retain: bool, client_id: str, props: P.Properties | None,
@@ -338,6 +340,9 @@ class PublishPipeline:
                 s.inbound_pending.discard(pid)
                 if p.qos == 2:
                     s.inbound_qos2.add(pid)
+                    if s.expiry_interval and self.qos2_stored is not None:
+                        self.qos2_stored(s, pid)    # PUBREC once the id is durable
+                        continue
                 target = s.conn
             else:
                 target = conn
@@ -413,11 +418,9 @@ class _DiskFullMetrics:
         yield CounterMetricFamily("lmqtt_publish_refused_disk_full",
                                   "PUBLISHes refused because the store's disk is full",
                                   value=self.pipeline.refused_disk_full)
-        st = getattr(self.pipeline.store, "store", None)        # InProcessStore: the MessageStore
-        disk = getattr(getattr(st, "clog", None), "disk", None)
-        if disk is None:
+        s = self.pipeline.store.disk_state()        # None: the store is another process
+        if s is None:
             return
-        s = disk.stats()
         yield GaugeMetricFamily("lmqtt_store_disk_full", "1 while the store refuses appends for lack of disk space",
                                 value=1 if s["disk_full"] else 0)
         yield CounterMetricFamily("lmqtt_store_disk_full_refused",

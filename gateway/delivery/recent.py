@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.model.session import OutboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.storage.store_api import GatewayStore
+    from lmqtt.gateway.storage.facades import QueueStore
 
 
 class RecentMessages:
@@ -49,7 +49,7 @@ class RecentMessages:
     gap_max = 1 << 13      # entries a ring reads to bridge a gap (else it starts over)
     ENTRY_COST = 256
 
-    def __init__(self, store: "GatewayStore", metrics, readers: dict, meta_of: Callable[[bytes], object],
+    def __init__(self, store: "QueueStore", metrics, readers: dict, meta_of: Callable[[bytes], object],
                  outbound: Callable[[object], OutboundMessage], max_bytes: int) -> None:
         self.store = store
         self.metrics = metrics

@@ -31,7 +31,7 @@ from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.core.session_persistence import INFLIGHT
 from lmqtt.gateway.core.session_registry import SessionRegistry
 from lmqtt.gateway.model.shared_groups import group_consumer
-from lmqtt.gateway.storage.store_api import ReadAhead, StoreReads
+from lmqtt.gateway.storage.facades import ReadAhead, StoreReads
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.facades import SessionStore, Storage

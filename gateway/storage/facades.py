@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterator, NamedTuple, Protocol, TypeVar
+from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, NamedTuple, Protocol,
+                    Sequence, TypeVar)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.lightqueue.records import SessionRecord, WillRecord
@@ -274,7 +275,7 @@ class GroupLeases(Protocol):
 
 
 class ReplayPlan:
-    """Answer of `GatewayStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
+    """Answer of `QueueStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
     light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
     history, `read()` until `done`, then the light queue from `live_offset`).
 
@@ -346,15 +347,110 @@ class ReplayPlan:
         fut.add_done_callback(done)
 
 
+class StoreReads(NamedTuple):
+    """What a SUBSCRIBE (SubscriptionRegistry.read_ahead) or a resumed session (fleet.py
+    `FleetSessionRegistry.load_later`) will ask the store: wildcard filters new to this gateway
+    to register, queues to follow (a remote store mirrors them), queues whose start offset new
+    subscriptions and shared groups need, filters whose retained messages are sent after the
+    SUBACK; (consumer, queue) pairs whose committed offset a shared group resumes from, and
+    (filter, since_ms) pairs of subscriptions from the past whose replay plan is needed; (queue,
+    offset) of messages a resumed session had in flight (persistence.restore_inflight)."""
+    register: list
+    watch: list
+    start: list
+    retained: list
+    offsets: Sequence = ()
+    replay: Sequence = ()
+    messages: Sequence = ()
+
+
+class ReadAhead(NamedTuple):
+    """The store's answers to `StoreReads`: registration counts by filter, start offsets by
+    queue, retained (topic, payload, properties) lists by filter, committed offsets (or None) by
+    (consumer, queue), replay plans by (filter, since_ms) (the store's answer, or the error it
+    refused that one plan with), messages by (queue, offset). Taken (popped) as used."""
+    registered: dict
+    start: dict
+    retained: dict
+    offsets: dict
+    replay: dict
+    messages: dict
+
+
+class QueueStore(Protocol):
+    """The light queues: appends (delayed ones too), pulls, offsets, "queues have new data" events,
+    the history of a filter, and what a SUBSCRIBE or a resumed session reads ahead. The delivery
+    hot path calls these synchronously (a pull answers from memory: in-process the light queues'
+    tails, remote the mirror of each queue this gateway reads, gateway/storage/remote_store.py);
+    an append's results carry a `.durable` future the PUBACK waits for."""
+
+    # -- publish path
+    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
+        """The light queues a publish to `topic` is dispatched to (remote: (), the store's
+        router computes them)."""
+    def append_batch(self, messages: Sequence[Any]) -> Any:
+        """All or none; the last result's `.durable` future covers the whole batch."""
+    def append(self, message: Any) -> Any: ...
+    def append_batch_delayed(self, messages: Sequence[Any], due_ms: Sequence[int]) -> Any:
+        """append_batch where message i with `due_ms[i]` > 0 is delivered at that epoch ms (the
+        store's timer wheel); the durable future means the timers are durable too."""
+    def enable_delayed(self, loop: Any) -> None:
+        """Delayed publishes fire on `loop` (in-process: the store's timer wheel, so the loop stays
+        the store's only appender; remote: nothing to do, the store node fires them)."""
+    def all_visible(self) -> bool:
+        """Everything appended so far is readable from the light queues."""
+    def unavailable(self) -> str | None:
+        """Why the store cannot serve right now (CONNECT is refused with 0x88), or None."""
+    def disk_state(self) -> dict | None:
+        """The store's disk-full state (`disk_full`, `disk_full_refused`, `disk_free_bytes`,
+        store/disk_space.py) when the store is this process, for the gateway's /metrics; None
+        when it is elsewhere (`lmqtt store` exports its own)."""
+
+    # -- delivery path
+    def max_offset(self, queue: str) -> int: ...
+    def end_offset(self, queue: str) -> int:
+        """Where the queue ends as far as the gateway knows (remote: what the store last said,
+        which the mirror may not hold yet; in-process: `max_offset`)."""
+    def start_offset(self, queue: str) -> int:
+        """Where a new subscription to `queue` starts: after every message whose publish was
+        acknowledged before this call (so it is not delivered as new, nor missed)."""
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Any:
+        """The entries from `offset` (`.messages`, `.next_offset`...); remote, behind the mirror:
+        nothing yet, the chunk is asked for and `on_new_data` names the queue when it is in."""
+    def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
+        """Call `callback(queue_names)` when queues get new entries."""
+    def message_at(self, queue: str, offset: int) -> Any:
+        """The entry at `offset` of `queue` (StoredMessage's fields), read now in-process; a remote
+        store answers from the open read-ahead. None when not available (deleted by retention,
+        or not read ahead)."""
+
+    # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote
+    #    store: one pipelined round trip the connection waits for on hold, instead of blocking
+    #    calls that would stop the whole gateway; in-process: None, the reads are local)
+    def read_ahead(self, reads: "StoreReads") -> Any:
+        """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to wait for)."""
+    def using(self, ahead: "ReadAhead | None") -> Any:
+        """Context manager: while it is open, the filter registrations (`Storage.filters`),
+        `start_offset`, `replay_plan`, `message_at` and the committed offsets (`Storage.offsets`)
+        answer from `ahead`; on exit, registrations it made that nothing took are dropped again.
+        `ahead` None: nothing."""
+
+    # -- subscribing from the past (gateway/delivery/history.py; off the delivery hot path)
+    def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
+        """Where the history of `flt` since `since_ms` is: the light queue from
+        `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
+        the seam. Call after registering a wildcard `flt`. Raises
+        `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
+
+
 @dataclass
 class Storage:
     """The facades a composition root builds and hands out, each collaborator taking only those
-    it needs (the Broker gets the bundle and hands them on). `queues`: the light queues (until
-    issue 25's step 3 lands, the `GatewayStore` of gateway/storage/store_api.py)."""
+    it needs (the Broker gets the bundle and hands them on)."""
     sessions: SessionStore
     offsets: OffsetStore
     retained: RetainedStore
     wills: WillStore
     leases: GroupLeases
     filters: FilterRegistry
-    queues: Any = None
+    queues: QueueStore

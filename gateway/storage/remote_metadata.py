@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, Lease, Retained, Storage
+from lmqtt.gateway.storage.facades import Answer, Lease, QueueStore, Retained, Storage
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection
@@ -392,7 +392,7 @@ class RemoteMetadata:
         self.wills = RemoteWills(link, gateway_id)
         self.leases = RemoteLeases(link, gateway_id)
 
-    def storage(self, queues: Any = None) -> Storage:
+    def storage(self, queues: "QueueStore") -> Storage:
         return Storage(self.sessions, self.offsets, self.retained, self.wills, self.leases, self.filters, queues)
 
     def hello(self) -> None:

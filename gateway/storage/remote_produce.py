@@ -1,6 +1,5 @@
 """The publish path of `lmqtt gateway` over the store's native protocol (docs/fleet.md): the
-`GatewayStore` append methods (gateway/storage/store_api.py) of `RemoteStore`, bound into it as
-`RemoteReads.SEAM` is.
+append methods of `RemoteStore`'s `QueueStore` (gateway/storage/facades.py) call this one's.
 
   * append_batch   one PRODUCE frame written, returns at once; the batch's `.durable` future is
                    resolved by the store's reply (PRODUCED after the flush mode's durability).
@@ -21,7 +20,7 @@ from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 
 
 class _Result:
-    """What append/append_batch return: only `.durable` is read (store_api contract)."""
+    """What append/append_batch return: only `.durable` is read (the QueueStore contract)."""
 
     __slots__ = ("durable",)
 
@@ -32,9 +31,6 @@ class _Result:
 class RemoteProducer:
     """Appends through one store connection (the one the gateway's other requests use, so the
     store sees them in order)."""
-
-    # these `GatewayStore` methods are this one's (RemoteStore binds them)
-    SEAM = ("queues_for_topic", "append_batch", "append", "append_batch_delayed", "all_visible")
 
     # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
     max_message_size = 4 << 20

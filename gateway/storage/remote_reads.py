@@ -1,6 +1,6 @@
 """`RemoteReads`: what a SUBSCRIBE or a resumed session's CONNECT reads from the store before it
 is decided, and this gateway's wildcard filter holds, over the store's native protocol (docs/fleet.md).
-`RemoteStore` (gateway/storage/remote_store.py) composes it: its `GatewayStore` methods of that kind
+`RemoteStore` (gateway/storage/remote_store.py) composes it: its `QueueStore` methods of that kind
 (`read_ahead`, `using`, `start_offset`, `message_at`, `replay_plan`) call this one's, and the
 `FilterRegistry` and `OffsetStore` facades of a remote store (remote_metadata.py) answer a
 registration and a committed offset from the open read-ahead (`registered_ahead`,
@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from lmqtt.gateway.storage.store_api import ReadAhead, ReplayPlan, StoreReads
+from lmqtt.gateway.storage.facades import ReadAhead, ReplayPlan, StoreReads
 from lmqtt.store.client.aio import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 

@@ -1,4 +1,4 @@
-"""`RemoteStore`: the `GatewayStore` seam (gateway/storage/store_api.py) over the store's native
+"""`RemoteStore`: the `QueueStore` facade (gateway/storage/facades.py) over the store's native
 protocol, for `lmqtt gateway` (docs/fleet.md). The store side is store/node/gateway_service.py.
 
 The gateway's code calls the store synchronously on its event loop. What that costs here:
@@ -81,7 +81,8 @@ def _within(out: list, max_bytes: int) -> list:
 
 
 class RemoteStore:
-    """`GatewayStore` over one store connection (see the module docstring)."""
+    """`QueueStore` over one store connection (see the module docstring); `metadata`: the bundle
+    of every remote facade of this link, this as its queues."""
 
     # entries kept per queue (the byte budget `mirror_bytes` bounds them all); older ones are
     # pulled on demand, a chunk at a time (_read_back)
@@ -126,9 +127,7 @@ class RemoteStore:
                                               registered_ahead=self.reads.registered_ahead)
         self.metadata = self.remote_metadata.storage(queues=self)
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
-        p = RemoteProducer(link, self.loop)
-        for name in RemoteProducer.SEAM:
-            setattr(self, name, getattr(p, name))
+        self.producer = RemoteProducer(link, self.loop)
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)
@@ -186,6 +185,28 @@ class RemoteStore:
         if self.link.connected:
             return None
         return f"store {self.link.address} unavailable: {self.link.last_error}"
+
+    def disk_state(self) -> dict | None:
+        return None               # the store node exports its own (its /metrics)
+
+    # ------------------------------------------------------------------ the publish path (remote_produce.py)
+    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
+        return ()                 # the store's router computes them from the topic
+
+    def append_batch(self, messages) -> list:
+        return self.producer.append_batch(messages)
+
+    def append(self, message):
+        return self.producer.append_batch([message])[0]
+
+    def append_batch_delayed(self, messages, due_ms) -> list:
+        return self.producer.append_batch(messages, due_ms)
+
+    def enable_delayed(self, loop) -> None:
+        pass                      # the store node's timer wheel fires them
+
+    def all_visible(self) -> bool:
+        return False              # other gateways append too
 
     # ------------------------------------------------------------------ a packet's reads (remote_reads.py)
     def read_ahead(self, reads):

@@ -1,7 +1,7 @@
 """The gateway's storage facades (gateway/storage/facades.py) in-process: `lmqtt serve`, where the
 gateway and the store are one process and every call goes straight into the engine's objects
-(`MetadataStore` of the light queues, `MessageStore`, `LightQueueStore`); `InProcessStore` is the
-`GatewayStore` (gateway/storage/store_api.py) of the light queues and filter registrations. Every answer is done when
+(`MetadataStore` of the light queues, `MessageStore`, `LightQueueStore`); `InProcessQueues` is the
+`QueueStore` of the light queues. Every answer is done when
 the method returns; a failure (a RocksDB write refused for space...) is a failed answer. The events
 of the facades never fire here: there is no other gateway, and the store is this process.
 
@@ -9,6 +9,7 @@ The gateway's composition root for `lmqtt serve` gets its bundle from `storage(s
 gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -178,8 +179,9 @@ class InProcessLeases:
         return Answer.of(None)
 
 
-class InProcessStore:
-    """`GatewayStore` over the embedded `MessageStore` and `LightQueueStore` (no copies)."""
+class InProcessQueues:
+    """`QueueStore` over the embedded `MessageStore` and `LightQueueStore` (no copies: the hot
+    paths are bound methods of the store objects)."""
 
     def __init__(self, store: Any, lq: Any) -> None:
         self.store = store
@@ -203,8 +205,14 @@ class InProcessStore:
     def unavailable(self) -> str | None:
         return None               # the embedded store is this process
 
+    def disk_state(self) -> dict | None:
+        return self.store.clog.disk.stats()
+
     def read_ahead(self, reads: Any) -> None:
         return None               # local reads: nothing to wait for
+
+    def using(self, ahead: Any) -> Any:
+        return contextlib.nullcontext(ahead)    # nothing was read ahead
 
     def message_at(self, queue: str, offset: int):
         for m in self.lq.pull(queue, offset, max_count=1).messages:
@@ -233,21 +241,14 @@ class InProcessStore:
         return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)
 
 
-def metadata_storage(lq: Any) -> Storage:
-    """The metadata facades over `lq.metadata` (a LightQueueStore's MetadataStore), and its filter
-    registrations."""
-    md = lq.metadata
-    return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
-                   InProcessLeases(md), InProcessFilters(lq))
-
-
 def storage(store: Any, lq: Any) -> Storage:
     """The whole in-process bundle of `lmqtt serve` over `store` (MessageStore) and `lq`
-    (LightQueueStore): the metadata facades and filter registrations, and the light queues."""
-    bundle = metadata_storage(lq)
-    bundle.queues = InProcessStore(store, lq)
-    return bundle
+    (LightQueueStore): the metadata facades over `lq.metadata`, the filter registrations and the
+    light queues."""
+    md = lq.metadata
+    return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
+                   InProcessLeases(md), InProcessFilters(lq), InProcessQueues(store, lq))
 
 
-__all__ = ["storage", "metadata_storage", "InProcessStore", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
+__all__ = ["storage", "InProcessQueues", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
            "InProcessWills", "InProcessLeases", "InProcessFilters"]

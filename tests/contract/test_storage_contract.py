@@ -68,7 +68,7 @@ def side(request, tmp_path):
         link.connect_blocking()
         links.append(link)
         md = RemoteMetadata(link, g)
-        bundles.append(md.storage())
+        bundles.append(md.storage(None))          # the queues: their own tests below
     yield _Side(bundles[0], bundles[1], gid, None)
     for link in links:
         link.close()
@@ -239,3 +239,74 @@ def test_an_invalid_filter_is_a_failed_answer_not_an_exception_of_the_call(side)
     with pytest.raises(Exception):
         bad.wait()
     assert side.storage.filters.register_all([]).wait() == {}
+
+
+# ---------------------------------------------------------------- light queues
+@pytest.fixture(params=["inprocess", "remote"])
+def queue_side(request, tmp_path):
+    """A builder of one implementation's `QueueStore`, called on the running loop (a remote
+    store's mirrors are fed by it)."""
+    made: list = []
+    if request.param == "inprocess":
+        from lmqtt.lightqueue import LightQueueStore
+        from lmqtt.store import MessageStore, StoreConfig
+        from lmqtt.store.node import inprocess
+
+        store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
+        lq = LightQueueStore(store, str(tmp_path / "lq"))
+        store.start()
+        yield lambda: inprocess.storage(store, lq).queues
+        lq.close()
+        store.shutdown()
+        return
+    from lmqtt.gateway.storage.remote_store import RemoteStore
+    from lmqtt.store.client.aio import LoopConnection
+
+    srv = request.getfixturevalue("node")
+
+    def build():
+        link = LoopConnection(srv.address, loop=asyncio.get_running_loop())
+        link.connect_blocking()
+        st = RemoteStore(link, _name("gw-q"), safety_poll_s=0.2)
+        st.start()
+        made.append(st)
+        return st.metadata.queues
+    yield build
+    for st in made:
+        st.close()
+        st.link.close()
+
+
+async def _until(cond, timeout: float = 10.0) -> bool:
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return cond()
+
+
+def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it(queue_side):
+    """What the publish pipeline and the delivery engine rely on: an append's `.durable` future
+    is resolved, the queue's listeners are told, `max_offset` and `pull` then have the message,
+    and `start_offset` is after it (a new subscription does not get it as new)."""
+    import time
+
+    from lmqtt.store import Message
+
+    async def go():
+        q = queue_side()
+        topic = _name("qs") + "/t"
+        heard: list = []
+        q.on_new_data(lambda names: heard.extend(names))
+        assert q.start_offset(topic) == 0 and q.unavailable() is None
+        q.enable_delayed(asyncio.get_running_loop())             # both answer it (remote: nothing to do)
+        res = q.append_batch([Message(topic, b"one", 0, 0, b"", (), int(time.time() * 1000),
+                                      q.queues_for_topic(topic))])
+        durable = res[-1].durable
+        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+        assert await _until(lambda: q.max_offset(topic) == 1 and topic in heard)
+        assert [(m.topic, bytes(m.body)) for m in q.pull(topic, 0).messages] == [(topic, b"one")]
+        assert q.start_offset(topic) == 1
+        state = q.disk_state()
+        assert state is None or state["disk_full"] is False
+    asyncio.run(go())

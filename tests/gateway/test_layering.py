@@ -11,7 +11,7 @@ not in a review months later:
 * the Broker is a decision table that nothing reaches back into: its collaborators (delivery,
   publishing, sessions, subscriptions, connection, replay, fleet, ...) get narrow callables, so no
   gateway module imports `broker` except the composition root `app/gateway.py`, which constructs it;
-* the store is reached only through the narrow storage interface (`store_api.py`): the embedded
+* the store is reached only through the storage facades (`storage/facades.py`): the embedded
   store's objects are built by the composition roots (`app/gateway.py`, `app/serve_command.py`; the store node's is `store/node/command.py`)
   and used behind that interface, never by the broker or its collaborators.
 """
@@ -185,8 +185,8 @@ def test_only_the_composition_root_imports_the_broker():
 
 def test_only_the_composition_roots_hold_the_store_objects():
     """The embedded store's objects (MessageStore, LightQueueStore, the store server) are built by
-    the composition roots; every other module works through the storage interface (`store_api.py`,
-    which `RemoteStore` also implements over the store protocol for `lmqtt gateway`). Value types,
+    the composition roots; every other module works through the storage facades (`storage/facades.py`,
+    which `RemoteStore` and its metadata facades also implement over the store protocol for `lmqtt gateway`). Value types,
     topic helpers and errors of the store (records, `Message`, `InvalidTopicName`) are shared
     vocabulary and may be imported anywhere."""
     roots = {"app/gateway.py", "app/serve_command.py"}

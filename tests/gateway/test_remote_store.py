@@ -201,7 +201,7 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
     FilterRegistry facade answers from the read-ahead),
     mirrors, start offsets and retained messages are there when the packet is decided; a
     registration nothing took is dropped again, so the store holds no filter for nobody."""
-    from lmqtt.gateway.storage.store_api import StoreReads
+    from lmqtt.gateway.storage.facades import StoreReads
 
     async def go():
         st = _remote(lmqtt_store.address)
@@ -230,7 +230,7 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
     import os
     import signal
 
-    from lmqtt.gateway.storage.store_api import StoreReads
+    from lmqtt.gateway.storage.facades import StoreReads
 
     async def go():
         st = _remote(lmqtt_store.address)

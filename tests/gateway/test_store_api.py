@@ -1,4 +1,4 @@
-"""`InProcessStore` (store/node/inprocess.py), the in-process implementation of the gateway's store interface, over a real
+"""`InProcessQueues` (store/node/inprocess.py), the in-process `QueueStore` of the gateway, over a real
 MessageStore and LightQueueStore in a tmp dir."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lmqtt.gateway.storage.store_api import GatewayStore
+from lmqtt.gateway.storage.facades import QueueStore
 from lmqtt.store.node.inprocess import storage as in_process_storage
 
 
@@ -17,7 +17,7 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
     store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
     lq = LightQueueStore(store, str(tmp_path / "lq"))
     bundle = in_process_storage(store, lq)
-    api: GatewayStore = bundle.queues
+    api: QueueStore = bundle.queues
     seen: list[set] = []
     api.on_new_data(lambda names: seen.append(set(names)))
     store.start()
@@ -57,7 +57,7 @@ def test_a_remote_history_is_read_ahead_and_a_failed_read_is_asked_again():
     where the history stands."""
     import asyncio
 
-    from lmqtt.gateway.storage.store_api import ReplayPlan
+    from lmqtt.gateway.storage.facades import ReplayPlan
 
     async def go():
         loop = asyncio.get_running_loop()

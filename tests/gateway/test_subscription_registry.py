@@ -76,7 +76,7 @@ class _Wills:
 
 
 class Store:
-    """A GatewayStore; its bundle's filters facade records the registrations it is asked for."""
+    """A QueueStore; its bundle's filters facade records the registrations it is asked for."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
