@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from lmqtt.gateway.mqtt import ReasonCode
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription as SubscriptionRecord
 
@@ -36,11 +37,23 @@ def _now_ms() -> int:
 # restarted server would send its unacknowledged messages again as new ones, and a QoS 2 message
 # the client had already received would reach its application twice.
 #
-# Why only offline sessions: nothing changes an offline session's exchanges (no delivery, no acks;
-# its shared-group messages went back to their groups), so the record written when it went
-# offline (`SessionRegistry.detach`, also at a graceful shutdown) stays true until it connects
-# again, crash or not. The record of a connected session has none: after a crash its messages are
-# delivered again from the committed offsets, with new ids (at least once, never lost).
+# An offline session: nothing changes its exchanges (no delivery, no acks; its shared-group
+# messages went back to their groups), so the record written when it went offline
+# (`SessionRegistry.detach`, also at a graceful shutdown) stays true until it connects again.
+#
+# A connected session (write-ahead, QoS 2 only): QoS 2 is exactly once, so a crash must not make
+# the server send a message again as new that the client may already hold or have delivered. The
+# record of a connected persistent session is written with its exchanges (a snapshot in this same
+# format) before a packet that depends on them leaves: a batch of new QoS 2 PUBLISHes
+# (`write_ahead`, the delivery engine's batch waits for its answer), a PUBREL (the PUBREC's state
+# change), a PUBREC for an inbound QoS 2 message (its id now "stored, awaiting PUBREL") and a
+# PUBCOMP (the id forgotten) (`journal`: one write per session per event-loop tick, the packets
+# sent when the store answered). A PUBCOMP received writes nothing: the next snapshot leaves the
+# exchange out; until then a restart sends that PUBREL again, which the client answers with
+# PUBCOMP (no delivery). A snapshot also says where delivery stands ("next" per queue: whatever
+# below it is not in "out" was done), so the offsets may follow lazily (`offset_flush_ms`). QoS 0
+# and QoS 1 sends write nothing: after a crash what they sent after the last snapshot is delivered
+# again (at least once).
 INFLIGHT = "inflight"
 MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
 
@@ -83,8 +96,10 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
             continue                    # unsubscribed since
         mine = []
         for pid, _q, off, qos, retain, st, ids in entries:
-            if off < cur.next_offset or pid in s.outbound:
-                mine = None             # acknowledged after all: the record is not this state
+            if off < cur.next_offset:
+                continue                # below the committed offset: acknowledged since the snapshot
+            if pid in s.outbound:
+                mine = None             # the record is not this state
                 break
             it = message_at(q, off)
             if it is None:
@@ -94,9 +109,10 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
             inf.state = st
             inf.sub_ids = tuple(ids) if ids else None
             mine.append(inf)
-        if mine:
+        if mine is not None:
+            # everything below the snapshot's "next" not among its exchanges was done: not again
             resumed += mine
-            moved[q] = max(int(nxt.get(q, 0)), max(inf.offset for inf in mine) + 1)
+            moved[q] = max([int(nxt.get(q, 0))] + [inf.offset + 1 for inf in mine])
     order = {e[0]: i for i, e in enumerate(state.get("out", ()))}
     resumed.sort(key=lambda inf: order[inf.pid])
     for inf in resumed:                 # in send order, as they go out again
@@ -126,11 +142,18 @@ class SessionPersistence:
         self._session_live = session_live
         self._group_live = group_live
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # sessions whose record (with its exchanges) is written at the end of this tick, and the
+        # packets (encoded) each waits with until the store answered (`journal`)
+        self._journal: dict["Session", list[bytes]] = {}
+        self._journal_scheduled = False
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
         online = s.online
-        state = None if online or not (s.outbound or s.inbound_qos2) else inflight_state(s)
+        # a connected session's too: a snapshot written by `write_ahead` / `journal` must not be
+        # erased by a record written for another reason (SUBSCRIBE, UNSUBSCRIBE, CONNECT)
+        state = inflight_state(s) if (s.outbound or s.inbound_qos2) else None
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
             last_disconnect_ms=None if online else (s.disconnected_at_ms or _now_ms()),
@@ -158,6 +181,62 @@ class SessionPersistence:
         answer = self.sessions.put(s.client_id, rec)
         log_failure(answer, log, "save_session_failed", client_id=s.client_id)
         return answer
+
+    # -- QoS 2 write-ahead of a connected session's exchanges ------------------------------------
+    def write_ahead(self, s: "Session"):
+        """New QoS 2 PUBLISHes of a persistent session were queued to its connection (not yet on
+        the wire): write its record with its exchanges now; the caller makes the connection's
+        output wait for the answer (`MQTTConnection.wait_for_store`). None: nothing to write."""
+        if not s.expiry_interval:
+            return None
+        return self.save_session(s)
+
+    def journal(self, s: "Session", packet: bytes | None) -> None:
+        """A QoS 2 exchange of `s` changed (PUBREC received, inbound id stored or released): its
+        record is written at the end of this event-loop tick (one write per session per tick),
+        and `packet` (the PUBREL / PUBREC / PUBCOMP that depends on it) is written to the
+        connection once the store answered. Not a persistent session: `packet` goes now."""
+        if not s.expiry_interval:
+            if packet is not None and s.conn is not None:
+                s.conn.write(packet)
+            return
+        waiting = self._journal.get(s)
+        if waiting is None:
+            waiting = self._journal[s] = []
+        if packet is not None:
+            waiting.append(packet)
+        if not self._journal_scheduled:
+            self._journal_scheduled = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self.write_journal)
+
+    def write_journal(self) -> None:
+        """Write the records `journal` asked for this tick; each session's packets follow its
+        answer. A failed write: the packets are not sent (the peer sends its packet again when it
+        reconnects) and the connection is closed, naming the cause."""
+        self._journal_scheduled = False
+        j, self._journal = self._journal, {}
+        live = self._session_live
+        for s, packets in j.items():
+            conn = s.conn
+            if not live(s):
+                continue
+            answer = self.save_session(s)
+            if not packets or conn is None:
+                continue
+            if answer is None:
+                conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR, "session state could not be written")
+                continue
+
+            def sent(a, s=s, conn=conn, packets=packets) -> None:
+                if s.conn is not conn or conn.closing:
+                    return                  # reconnected meanwhile: the new connection resends
+                if a.exception() is not None:
+                    conn.close_with_error(ReasonCode.UNSPECIFIED_ERROR,
+                                          f"session state could not be written: {a.exception()}")
+                    return
+                for data in packets:
+                    conn.write(data)
+            answer.add_done_callback(sent)
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
@@ -199,6 +278,7 @@ class SessionPersistence:
 
     def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
         """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`)."""
+        self._loop = loop
         def tick() -> None:
             try:
                 self.flush()
