@@ -6,7 +6,8 @@ write batching. Offsets change at ack rate, so they are only marked dirty on the
 written every `offset_flush_ms` by this module's timer (`start_flushing`; a crash loses at most that much progress:
 the messages are delivered again, never lost). Session records change at subscribe/connect rate
 and are written synchronously, before SUBACK/CONNACK, so an acknowledged subscription survives
-`kill -9`.
+`kill -9`; a connected persistent session's record is also written ahead of its QoS 2 packets
+(`write_ahead`, `journal`: QoS 2 exactly once across a crash).
 """
 from __future__ import annotations
 
@@ -64,15 +65,15 @@ def inflight_state(s: "Session") -> dict | None:
     messages read from a light queue (retained messages and a replay's history are not kept: they
     were never kept across a restart), or None when there is nothing to keep."""
     out = []
-    nxt = {}
     cursors = s.cursors
+    # every queue's: what is below it and not in "out" was done (the offsets may lag behind)
+    nxt = {q: cur.next_offset for q, cur in cursors.items()}
     for inf in s.outbound.values():
         q, off = inf.queue, inf.offset
         if inf.group is not None or q is None or off is None or q not in cursors:
             continue
         out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
-        nxt[q] = cursors[q].next_offset
-    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2):
+    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2 or nxt):
         return None
     return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
 
@@ -113,6 +114,10 @@ def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int],
             # everything below the snapshot's "next" not among its exchanges was done: not again
             resumed += mine
             moved[q] = max([int(nxt.get(q, 0))] + [inf.offset + 1 for inf in mine])
+    for q, n in nxt.items():            # queues with nothing in flight: where delivery stood
+        cur = s.cursors.get(q)
+        if q not in per_queue and cur is not None and q in s.direct and not cur.inflight:
+            moved[q] = int(n)
     order = {e[0]: i for i, e in enumerate(state.get("out", ()))}
     resumed.sort(key=lambda inf: order[inf.pid])
     for inf in resumed:                 # in send order, as they go out again
@@ -153,7 +158,7 @@ class SessionPersistence:
         online = s.online
         # a connected session's too: a snapshot written by `write_ahead` / `journal` must not be
         # erased by a record written for another reason (SUBSCRIBE, UNSUBSCRIBE, CONNECT)
-        state = inflight_state(s) if (s.outbound or s.inbound_qos2) else None
+        state = inflight_state(s)
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
             last_disconnect_ms=None if online else (s.disconnected_at_ms or _now_ms()),
