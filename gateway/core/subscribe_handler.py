@@ -24,7 +24,7 @@ from lmqtt.gateway.delivery.retained import send_retained
 from lmqtt.gateway.model.session import ClientSubscription, Session
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
-from lmqtt.lightqueue.replay import ReplayRefused
+from lmqtt.gateway.storage.facades import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.security.acl import AclFile

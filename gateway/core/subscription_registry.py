@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
-from lmqtt.gateway.storage.facades import StoreReads, log_failure
+from lmqtt.gateway.storage.facades import ReplayRefused, StoreReads, log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
-from lmqtt.lightqueue.replay import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine

@@ -17,7 +17,8 @@ from lmqtt.gateway.model import record_props
 from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
-from lmqtt.store import DiskFull, Message, MessageTooLarge
+from lmqtt.store.errors import DiskFull, MessageTooLarge
+from lmqtt.store.message import Message
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection

@@ -274,6 +274,12 @@ class GroupLeases(Protocol):
         """Hand the lease back with the offset the next holder starts from."""
 
 
+class ReplayRefused(Exception):
+    """`QueueStore.replay_plan` cannot serve the period asked for (outside retention, ...): the
+    message says why (the subscription is refused with it). Both implementations raise this one
+    (in-process: translated from the light queues' own)."""
+
+
 class ReplayPlan:
     """Answer of `QueueStore.replay_plan` (lightqueue/replay.py `plan`): `source` "queue" (the
     light queue holds the whole period: start a cursor at `live_offset`) or "log" (first the
@@ -439,8 +445,8 @@ class QueueStore(Protocol):
     def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
         """Where the history of `flt` since `since_ms` is: the light queue from
         `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
-        the seam. Call after registering a wildcard `flt`. Raises
-        `lmqtt.lightqueue.replay.ReplayRefused` (outside retention)."""
+        the seam. Call after registering a wildcard `flt`. Raises `ReplayRefused` (outside
+        retention)."""
 
 
 @dataclass

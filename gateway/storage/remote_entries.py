@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from lmqtt.store import StoredMessage
+from lmqtt.store.message import StoredMessage
 from lmqtt.store.node.protocol import PullReply, ReplayReadReply
 from lmqtt.store.record import c_decode_many, decode_many
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lmqtt.store import MessageTooLarge, protocol as W
+from lmqtt.store import protocol as W
+from lmqtt.store.errors import MessageTooLarge
 from lmqtt.store.client.aio import LoopConnection
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from lmqtt.gateway.storage.facades import ReadAhead, ReplayPlan, StoreReads
+from lmqtt.gateway.storage.facades import ReadAhead, ReplayPlan, ReplayRefused, StoreReads
 from lmqtt.store.client.aio import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 
@@ -179,7 +179,6 @@ class RemoteReads:
         the store's dispatch passed its log end);
         the history is read with `gw_replay_read`, chunks of up to `RemoteStore.fetch_batch` messages
         asked for without waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
-        from lmqtt.lightqueue.replay import ReplayRefused
         ahead = self._ahead
         plan = ahead.replay.pop((flt, int(since_ms)), None) if ahead is not None else None
         if plan is None:

@@ -13,9 +13,10 @@ import contextlib
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, Retained, Storage
+from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, ReplayRefused, Retained, Storage
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
+from lmqtt.lightqueue.replay import ReplayRefused as LightQueueReplayRefused
 
 
 class InProcessSessions:
@@ -238,7 +239,11 @@ class InProcessQueues:
         return rs
 
     def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
-        return ReplayPlan(self.lq.replay_plan(flt, since_ms), self.lq.replay_read)
+        try:
+            plan = self.lq.replay_plan(flt, since_ms)
+        except LightQueueReplayRefused as e:
+            raise ReplayRefused(str(e)) from None
+        return ReplayPlan(plan, self.lq.replay_read)
 
 
 def storage(store: Any, lq: Any) -> Storage:
