@@ -593,10 +593,15 @@ class Broker:
         pending = self.persist.write_ahead(s)
         if conn is None or pending is None:
             return
-        if pending.done():
-            if pending.exception() is not None:
-                conn.close_with_error(RC.UNSPECIFIED_ERROR, f"session state could not be written: {pending.exception()}")
-            return
+
+        def failed(a) -> None:
+            # not written: the PUBLISHes queued must not leave (a crash would send them again as
+            # new); the connection is dropped with them, the client resumes on its next one
+            if a.exception() is not None and conn.transport is not None:
+                log.warning("event=qos2_write_ahead_failed client_id=%s error=%r (connection dropped)",
+                            s.client_id, a.exception())
+                conn.transport.abort()
+        pending.add_done_callback(failed)      # before wait_for_store's: runs first
         conn.wait_for_store(pending)
 
     def _save_session(self, s: Session) -> None:
