@@ -333,8 +333,11 @@ def lock_data_dir(path: str, command: str) -> int:
     except OSError as e:
         os.close(fd)
         raise DataDirError(f"cannot lock {os.path.abspath(lock_path)}: {e.strerror or e}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+    except OSError:         # a full disk: the lock holds all the same, only the pid is not shown
+        pass
     return fd
 
 
