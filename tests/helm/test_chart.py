@@ -189,3 +189,24 @@ def test_every_value_is_documented():
         else:
             stack.append((indent, documented))
     assert not undocumented, f"values without a `# --` comment: {undocumented}"
+
+
+def test_config_values_render_as_toml_the_gateway_accepts(tmp_path):
+    """`config:` values become lmqtt.toml, read strictly by lmqtt serve/gateway/store: a whole number
+    must stay an integer (Go would print 1000000 as 1e+06, a float an integer key refuses)."""
+    import tomllib
+
+    from lmqtt.gateway.app.config import build_config, load_toml
+
+    values = {"config": {"max_packet_size": 1000000, "max_inflight": 200, "allow_anonymous": False,
+                         "sys_interval": 2.5, "log_level": "info"}}
+    _docs, out = _render(values)
+    cm = next(yaml.safe_load(t) for p, t in out.items() if p.endswith("configmap.yaml"))
+    text = cm["data"]["lmqtt.toml"]
+    parsed = tomllib.loads(text)
+    assert parsed["max_packet_size"] == 1000000 and type(parsed["max_packet_size"]) is int, text
+    assert parsed["allow_anonymous"] is False and parsed["sys_interval"] == 2.5, text
+    f = tmp_path / "lmqtt.toml"
+    f.write_text(text)
+    cfg = build_config(load_toml(f))
+    assert cfg.max_packet_size == 1000000 and cfg.max_inflight == 200 and cfg.allow_anonymous is False
