@@ -23,8 +23,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lmqtt.gateway.app.config import ConfigError, build_config, load_toml
-from lmqtt.gateway.app.serve_command import (_setup_logging, _tune_gc, add_listener_args, install_event_loop,
-                                             metrics_unavailable, set_process_title)
+from lmqtt.gateway.app.serve_command import _tune_gc, add_listener_args
+from lmqtt.store.node.process import install_event_loop, metrics_unavailable, set_process_title, setup_logging
 
 log = logging.getLogger("lmqtt.gateway.command")
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     # `lmqtt serve --workers` names its gateway children (gateway/app/workers.py): `lmqtt-w0`, ...
     child = os.environ.pop("LMQTT_PROCESS_NAME", None)
     set_process_title("gateway", list(sys.argv[2:] if argv is None else argv), child or "lmqtt", bool(child))
-    _setup_logging(cfg.log_level)
+    setup_logging(cfg.log_level)
     if cfg.switch_interval_ms:
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
     loop_name = install_event_loop()

@@ -124,7 +124,7 @@ class Supervisor:
                 "--log-level", cfg.log_level]
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
-        # ps / pidof tell the children apart (gateway/app/serve_command.py `set_process_title`):
+        # ps / pidof tell the children apart (store/node/process.py `set_process_title`):
         # only the supervisor is named `lmqtt`, so `kill -HUP $(pidof -s lmqtt)` reaches it
         env = dict(os.environ, LMQTT_PROCESS_NAME="lmqtt-store")
         self.store = subprocess.Popen(self._cmd(*args), env=env, start_new_session=True,

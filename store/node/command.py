@@ -28,8 +28,8 @@ import os
 import signal
 import sys
 
-from lmqtt.gateway.app.serve_command import (DataDirError, _setup_logging, check_data_dir, install_event_loop,
-                                             lock_data_dir, metrics_unavailable, set_process_title)
+from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
+                                      metrics_unavailable, set_process_title, setup_logging)
 
 log = logging.getLogger("lmqtt.store")
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     # `lmqtt serve --workers` names its store child (gateway/app/workers.py)
     child = os.environ.pop("LMQTT_PROCESS_NAME", None)
     set_process_title("store", list(sys.argv[2:] if argv is None else argv), child or "lmqtt-store", bool(child))
-    _setup_logging(cfg["log_level"])
+    setup_logging(cfg["log_level"])
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
