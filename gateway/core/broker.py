@@ -104,7 +104,6 @@ class Broker:
         # app/gateway.py's timer, looked up by a SUBSCRIBE's retained messages; never stored
         self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
-                                            using=storage.queues.using,
                                             retained=self.sys_retained.over(storage.retained), acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,

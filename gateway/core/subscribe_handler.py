@@ -15,7 +15,7 @@ the `on_subscribe`/`on_unsubscribe` entry points of its dispatch table and deleg
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, packets as P
 from lmqtt.gateway.delivery.history import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
@@ -39,7 +39,6 @@ class SubscribeHandler:
     """The SUBSCRIBE/UNSUBSCRIBE path, given at construction:
 
     * `subscriptions`: the SubscriptionRegistry (read-ahead, add, add_since, remove);
-    * `using(ahead)`: the storage's context manager answering from a remote store's read-ahead;
     * `retained`: where the retained messages are (a `RetainedStore`, storage/facades.py; the
       broker's has `$SYS` filters answered from memory, core/sys_topics.py);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
@@ -54,12 +53,11 @@ class SubscribeHandler:
       connection's dispatch would (the broker's, shared with CONNECT).
     """
 
-    def __init__(self, *, subscriptions: "SubscriptionRegistry", using: Callable[[Any], Any], retained,
+    def __init__(self, *, subscriptions: "SubscriptionRegistry", retained,
                  acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
                  save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
                  kick: Callable[[Session], None], resume: Callable[..., None]) -> None:
         self.subscriptions = subscriptions
-        self._using = using
         self.retained = retained
         self.acl = acl
         self.gate = gate
@@ -78,25 +76,27 @@ class SubscribeHandler:
                 since = (since_property(pkt.properties), None)
             except ReplayRequestError as e:
                 since = (None, str(e))
-        ahead = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
-        if ahead is None:
-            return self._subscribe(conn, pkt, None, since)
-        # a remote store: this connection waits for the answers on hold, the others go on
+        # what deciding it reads, asked for now: the answer is the context it is decided in
+        prepared = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
+        if prepared.done() and prepared.exception() is None:
+            with prepared.result():
+                return self._subscribe(conn, pkt, since)
+        # not in yet (a remote store): this connection waits for the answers on hold, the others go on
         conn.hold()
 
         def ready(f, conn=conn) -> None:
             if conn.closing:
                 if f.exception() is None:
-                    with self._using(f.result()):
+                    with f.result():
                         pass                 # drops what was registered for it
                 return
             if f.exception() is not None:
                 self._subscribe_failed(conn, pkt, f.exception())
             else:
-                with self._using(f.result()) as got:
-                    self._resume(conn, self._subscribe, conn, pkt, got, since)
+                with f.result():
+                    self._resume(conn, self._subscribe, conn, pkt, since)
             conn.release()
-        ahead.add_done_callback(ready)
+        prepared.add_done_callback(ready)
 
     def _subscribe_failed(self, conn, pkt: P.Subscribe, err: BaseException) -> None:
         """The store did not answer a SUBSCRIBE's reads: every filter is refused (0x80, MQTT 5
@@ -108,10 +108,10 @@ class SubscribeHandler:
             ack.properties.reason_string = f"store unavailable: {err}"[:500]
         conn.send_fitting(ack)
 
-    def _subscribe(self, conn, pkt: P.Subscribe, ahead, since: tuple) -> None:
-        """Decide every filter, answer SUBACK, then send the retained messages (`ahead`: a remote
-        store's read-ahead, else None; `since`: the SUBSCRIBE's own since time, or why it is
-        refused)."""
+    def _subscribe(self, conn, pkt: P.Subscribe, since: tuple) -> None:
+        """Decide every filter, answer SUBACK, then send the retained messages (`since`: the
+        SUBSCRIBE's own since time, or why it is refused). Runs inside the read-ahead's context:
+        what it reads of the store is answered at once."""
         s = conn.session
         v5 = conn.version == 5
         codes: list[int] = []
@@ -200,8 +200,7 @@ class SubscribeHandler:
         else:
             conn.send(ack)
         for sub in retained:
-            send_retained(self.retained, acl, s, sub,
-                          ahead.retained.pop(sub.queue, None) if ahead is not None else None)
+            send_retained(self.retained, acl, s, sub)
         self._kick(s)
 
     def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:

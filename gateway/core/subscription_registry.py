@@ -64,9 +64,9 @@ class SubscriptionRegistry:
         """What deciding these SUBSCRIBE requests will read from the store, asked for now
         (registrations of new wildcard filters, start offsets of new subscriptions and shared
         groups, retained messages, the replay plans of subscriptions from the past: `since_all`
-        is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): a future to hold
-        the SUBSCRIBE on, or None. Filters that will be refused may be asked for too; what
-        nothing takes is dropped again."""
+        is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): the store's
+        Answer (`QueueStore.read_ahead`), once in the context to decide the SUBSCRIBE in. Filters
+        that will be refused may be asked for too; what nothing takes is dropped again."""
         filters: list[str] = []
         watch: list[str] = []
         start: list[str] = []

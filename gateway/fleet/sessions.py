@@ -23,15 +23,16 @@ which relays it to the other gateways (`StoreSessionDirectory`); docs/fleet.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ContextManager, NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.core.session_persistence import INFLIGHT
 from lmqtt.gateway.core.session_registry import SessionRegistry
 from lmqtt.gateway.model.shared_groups import group_consumer
-from lmqtt.gateway.storage.facades import ReadAhead, StoreReads
+from lmqtt.gateway.storage.facades import StoreReads
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.facades import SessionStore, Storage
@@ -213,11 +214,11 @@ class StoreSessionDirectory:
 class Loaded(NamedTuple):
     """What `FleetSessionRegistry.load_later` read for a CONNECT: the local copy's state when it
     was asked (`mark`: used only if unchanged), the store's record and offsets, and the answers
-    resuming it needs (`ahead`, or None)."""
+    resuming it needs (`ahead`: the context `QueueStore.read_ahead` answered, to resume it in)."""
     mark: tuple
     rec: object
     offsets: dict
-    ahead: ReadAhead | None
+    ahead: ContextManager
 
 
 class FleetSessionRegistry(SessionRegistry):
@@ -335,9 +336,9 @@ class FleetSessionRegistry(SessionRegistry):
                 return out.set_exception(f.exception())
             rec, offsets = f.result()
             reads = None if rec is None or rec.expired(_now_ms()) else self._reads_of(rec)
-            ahead = store.read_ahead(reads) if reads is not None else None
-            if ahead is None:
-                return out.set_result(Loaded(mark, rec, offsets, None))
+            if reads is None:
+                return out.set_result(Loaded(mark, rec, offsets, contextlib.nullcontext()))
+            ahead = store.read_ahead(reads)
 
             def got_reads(g) -> None:
                 if g.exception() is not None:
@@ -367,16 +368,15 @@ class FleetSessionRegistry(SessionRegistry):
 
     def discard(self, loaded: "Loaded") -> None:
         """A load nobody will use (the client left while it was read): drop its registrations."""
-        with self.subscriptions.store.using(loaded.ahead):
+        with loaded.ahead:
             pass
 
     def open(self, client_id: str, clean_start: bool, loaded: "Loaded | None" = None):
-        store = self.subscriptions.store
         if self._needs_reload(client_id, clean_start):
             # a failure propagates (the CONNECT fails): answering "no session" from a stale or
             # missing copy would later overwrite the store's record
             if loaded is not None and loaded.mark == self._local_mark(client_id):
-                with store.using(loaded.ahead):
+                with loaded.ahead:
                     self._reload(client_id, loaded.rec, loaded.offsets)
                 loaded = None
             else:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, NamedTuple, Protocol,
-                    Sequence, TypeVar)
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generator, Generic, Iterable, Iterator, NamedTuple,
+                    Protocol, Sequence, TypeVar)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.lightqueue.records import SessionRecord, WillRecord
@@ -432,14 +432,15 @@ class QueueStore(Protocol):
 
     # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote
     #    store: one pipelined round trip the connection waits for on hold, instead of blocking
-    #    calls that would stop the whole gateway; in-process: None, the reads are local)
-    def read_ahead(self, reads: "StoreReads") -> Any:
-        """A future of a `ReadAhead` with the answers to `reads`, or None (nothing to wait for)."""
-    def using(self, ahead: "ReadAhead | None") -> Any:
-        """Context manager: while it is open, the filter registrations (`Storage.filters`),
-        `start_offset`, `replay_plan`, `message_at` and the committed offsets (`Storage.offsets`)
-        answer from `ahead`; on exit, registrations it made that nothing took are dropped again.
-        `ahead` None: nothing."""
+    #    calls that would stop the whole gateway; in-process: done at once, the reads are local)
+    def read_ahead(self, reads: "StoreReads") -> "Answer[ContextManager[Any]]":
+        """Ask now for what deciding a packet will read; the answer, once in, is a context
+        manager to decide the packet in: while it is open, the facades answer those reads
+        without a round trip (the filter registrations, `start_offset`, `replay_plan`,
+        `message_at`, the committed offsets, the retained messages); on exit, registrations
+        made for it that nothing took are dropped again. In-process: done at once, a context
+        that does nothing. The caller never asks which it got: it waits for the answer (a
+        connection on hold), then decides inside it."""
 
     # -- subscribing from the past (gateway/delivery/history.py; off the delivery hot path)
     def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":

@@ -236,13 +236,22 @@ class RemoteOffsets:
 
 
 class RemoteRetained:
-    def __init__(self, link: LoopConnection) -> None:
+    """`RetainedStore` over gw_set_retained / gw_retained_matching / gw_clear_retained_if.
+    `read_ahead(flt)`: the retained messages a packet's open read-ahead has for `flt` (taken), or
+    None; answered without a round trip."""
+
+    def __init__(self, link: LoopConnection, read_ahead: Callable[[str], list | None] | None = None) -> None:
         self.link = link
+        self.read_ahead = read_ahead
 
     def set(self, topic: str, payload: bytes, props: bytes = b"") -> Answer[None]:
         return ask(self.link, P.SetRetained(topic, payload, props), bounded=False).then(_none)
 
     def matching(self, flt: str) -> Answer[list[Retained]]:
+        if self.read_ahead is not None:
+            found = self.read_ahead(flt)
+            if found is not None:
+                return Answer.of(found)
         return ask(self.link, P.RetainedMatching(flt)).then(lambda r: list(r.retained))
 
     def batches(self, flt: str) -> Answer[Iterator[list[Retained]]]:
@@ -323,7 +332,8 @@ class RemoteFilters:
     REGISTER_CHUNK = 2000        # filters per `gw_register` round trip (`register_all`)
 
     def __init__(self, link: LoopConnection, gateway_id: str,
-                 registered_ahead: Callable[[str], int | None] | None = None) -> None:
+                 registered_ahead: Callable[[str], int | None] | None = None,
+                 retained_ahead: Callable[[str], list | None] | None = None) -> None:
         self.link = link
         self.gateway_id = gateway_id
         self.registered_ahead = registered_ahead
@@ -380,15 +390,16 @@ class RemoteMetadata:
 
     def __init__(self, link: LoopConnection, gateway_id: str = "",
                  offsets_read_ahead: Callable[[str, str], tuple[bool, int | None]] | None = None,
-                 registered_ahead: Callable[[str], int | None] | None = None) -> None:
-        """`offsets_read_ahead`, `registered_ahead`: what a packet's open read-ahead answers
+                 registered_ahead: Callable[[str], int | None] | None = None,
+                 retained_ahead: Callable[[str], list | None] | None = None) -> None:
+        """`offsets_read_ahead`, `registered_ahead`, `retained_ahead`: what a packet's open read-ahead answers
         (RemoteReads, gateway/storage/remote_reads.py)."""
         self.link = link
         self.gateway_id = gateway_id
         self.sessions = RemoteSessions(link, gateway_id)
         self.offsets = RemoteOffsets(link, offsets_read_ahead)
         self.filters = RemoteFilters(link, gateway_id, registered_ahead)
-        self.retained = RemoteRetained(link)
+        self.retained = RemoteRetained(link, retained_ahead)
         self.wills = RemoteWills(link, gateway_id)
         self.leases = RemoteLeases(link, gateway_id)
 

@@ -11,9 +11,10 @@ What each call costs (all on the gateway's one `LoopConnection`, in order with i
                    yet, start offsets, committed offsets, replay plans, messages in flight,
                    retained messages) asked for in one pipeline, not waited for: a future of the
                    `ReadAhead`; only that connection waits (docs/fleet.md).
-  * using          while the packet is decided, `RemoteFilters.register`, `start_offset`,
-                   `replay_plan`, the offsets facade's `get` and `message_at` answer from the
-                   read-ahead, no round trip; what nothing took is released after.
+  * using          the context `read_ahead` answers: while the packet is decided in it,
+                   `RemoteFilters.register`, `start_offset`, `replay_plan`, the offsets and
+                   retained facades' reads and `message_at` answer from the read-ahead, no round
+                   trip; what nothing took is released after.
   * otherwise      start_offset, replay_plan: one blocking round trip each (bounded); the filter
                    registrations: an `Answer` each (`register_all`: `REGISTER_CHUNK` filters per
                    round trip, all sent at once); a replay plan's history: chunks asked for
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from lmqtt.gateway.storage.facades import ReadAhead, ReplayPlan, ReplayRefused, StoreReads
+from lmqtt.gateway.storage.facades import Answer, ReadAhead, ReplayPlan, ReplayRefused, StoreReads
 from lmqtt.store.client.aio import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 
@@ -63,7 +64,25 @@ class RemoteReads:
         self._ahead: ReadAhead | None = None   # a SUBSCRIBE's answers while it is decided (`using`)
 
     # ------------------------------------------------------------------ a SUBSCRIBE's reads
-    def read_ahead(self, reads: StoreReads):
+    def read_ahead(self, reads: StoreReads) -> Answer:
+        """`QueueStore.read_ahead`: an Answer of the context (`using`) of `ask_ahead`'s `ReadAhead`;
+        done at once with a context that does nothing when there is nothing to ask for."""
+        fut = self.ask_ahead(reads)
+        if fut is None:
+            return Answer.of(contextlib.nullcontext())
+        out: Answer = Answer()
+
+        def done(f) -> None:
+            if f.cancelled():
+                out.set_exception(ConnectionError("the store's read-ahead was cancelled"))
+            elif f.exception() is not None:
+                out.set_exception(f.exception())
+            else:
+                out.set_result(self.using(f.result()))
+        fut.add_done_callback(done)
+        return out
+
+    def ask_ahead(self, reads: StoreReads):
         """Ask for everything `reads` names in one pipeline, in the order the blocking calls would
         have gone (registrations, watches of queues not mirrored yet, start offsets, committed
         offsets, replay plans, retained messages: the retained read comes after the start offsets,
@@ -162,6 +181,13 @@ class RemoteReads:
             if ahead.start:                     # queue ends read ahead, not taken: still news of them
                 self.heard(ahead.start)
                 ahead.start.clear()
+
+    def retained_ahead(self, flt: str) -> list | None:
+        """`flt`'s retained messages as the open read-ahead has them (taken), or None."""
+        ahead = self._ahead
+        if ahead is not None and flt in ahead.retained:
+            return ahead.retained.pop(flt)
+        return None
 
     def registered_ahead(self, flt: str) -> int | None:
         """`flt`'s hold count as the open read-ahead registered it (taken), or None."""

@@ -124,7 +124,8 @@ class RemoteStore:
         # the metadata facades (sessions, offsets, retained, wills, leases) and the filter holds
         # over the same link; this is the bundle's queues
         self.remote_metadata = RemoteMetadata(link, gateway_id, offsets_read_ahead=self.reads.offset_read_ahead,
-                                              registered_ahead=self.reads.registered_ahead)
+                                              registered_ahead=self.reads.registered_ahead,
+                                              retained_ahead=self.reads.retained_ahead)
         self.metadata = self.remote_metadata.storage(queues=self)
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
         self.producer = RemoteProducer(link, self.loop)
@@ -211,9 +212,6 @@ class RemoteStore:
     # ------------------------------------------------------------------ a packet's reads (remote_reads.py)
     def read_ahead(self, reads):
         return self.reads.read_ahead(reads)
-
-    def using(self, ahead):
-        return self.reads.using(ahead)
 
     def start_offset(self, queue: str) -> int:
         return self.reads.start_offset(queue)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, ReplayRefused, Retained, Storage
 from lmqtt.lightqueue.metadata import MetadataStore
@@ -209,11 +209,8 @@ class InProcessQueues:
     def disk_state(self) -> dict | None:
         return self.store.clog.disk.stats()
 
-    def read_ahead(self, reads: Any) -> None:
-        return None               # local reads: nothing to wait for
-
-    def using(self, ahead: Any) -> Any:
-        return contextlib.nullcontext(ahead)    # nothing was read ahead
+    def read_ahead(self, reads: Any) -> Answer[ContextManager[Any]]:
+        return Answer.of(contextlib.nullcontext())     # local reads: nothing to wait for
 
     def message_at(self, queue: str, offset: int):
         for m in self.lq.pull(queue, offset, max_count=1).messages:

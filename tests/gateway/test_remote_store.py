@@ -197,8 +197,8 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
 
 
 def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_dropped(lmqtt_store):
-    """`read_ahead` + `using` (a SUBSCRIBE decided without blocking calls): the registrations (the
-    FilterRegistry facade answers from the read-ahead),
+    """`read_ahead` (a SUBSCRIBE decided without blocking calls, in the context it answers): the
+    registrations (the FilterRegistry facade answers from the read-ahead),
     mirrors, start offsets and retained messages are there when the packet is decided; a
     registration nothing took is dropped again, so the store holds no filter for nobody."""
     from lmqtt.gateway.storage.facades import StoreReads
@@ -209,15 +209,19 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
         await _append(st, "ra/1", [b"old-1", b"old-2"])
         fut = st.read_ahead(StoreReads(["ra/+", "unused/+"], [], ["ra/1"], ["ra/+"]))
         assert not fut.done()                              # asked, not waited for
-        ahead = await asyncio.wait_for(fut, 10)
+        ahead = await asyncio.wait_for(asyncio.ensure_future(fut), 10)
         assert "ra/1" in st.queues                         # mirrored as the answers came in
-        assert [(t, p) for t, p, _props in ahead.retained["ra/+"]] == [("ra/1", b"kept")]
-        with st.using(ahead):
+        with ahead:
             held = st.metadata.filters.register("ra/+")
             assert held.done() and held.result() == 1       # answered from the read-ahead
+            kept = st.metadata.retained.batches("ra/+")
+            assert kept.done() and [(t, p) for batch in kept.result() for t, p, _props in batch] == [("ra/1", b"kept")]
             assert st.start_offset("ra/1") == 2
         assert st.metadata.filters.registered().wait() == {"ra/+": 1}       # "unused/+" went again
-        assert st.read_ahead(StoreReads([], [], [], [])) is None
+        nothing = st.read_ahead(StoreReads([], [], [], []))
+        assert nothing.done()                              # nothing to ask for: a context at once
+        with nothing.result():
+            pass
         st.link.close()
     asyncio.run(go())
 
@@ -238,10 +242,10 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
         await _append(st, "ro/h", [b"h0", b"h1"])
         fut = st.read_ahead(StoreReads([], ["ro/h"], ["ro/q"], [], [("$share/crew", "ro/q"), ("$share/none", "ro/q")],
                                        [("ro/h", 0)]))
-        ahead = await asyncio.wait_for(fut, 10)
+        ahead = await asyncio.wait_for(asyncio.ensure_future(fut), 10)
         os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
         try:
-            with st.using(ahead):
+            with ahead:
                 crew = st.metadata.offsets.get("$share/crew", "ro/q")
                 none = st.metadata.offsets.get("$share/none", "ro/q")
                 assert crew.done() and crew.result() == 1

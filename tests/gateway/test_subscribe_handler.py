@@ -1,12 +1,10 @@
 """`SubscribeHandler` (gateway/core/subscribe_handler.py) built from nothing but the narrow callables it is
 given, on the remote-store path the in-process gateway never takes: the SUBSCRIBE waits on hold
-for the store's read-ahead, is then decided inside `using(ahead)` through `resume`, and a store
+for the store's read-ahead, is then decided inside the context it answers through `resume`, and a store
 that does not answer refuses every filter without subscribing anything."""
 from __future__ import annotations
 
-from concurrent.futures import Future
-from contextlib import contextmanager
-from types import SimpleNamespace
+from lmqtt.gateway.storage.facades import Answer
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ReasonCode as RC, packets as P
 from lmqtt.gateway.model.session import Session
@@ -43,10 +41,10 @@ class Conn:
 
 
 class Registry:
-    """The SubscriptionRegistry's face: `read_ahead` hands out a future the test resolves."""
+    """The SubscriptionRegistry's face: `read_ahead` hands out an answer the test resolves."""
 
     def __init__(self) -> None:
-        self.future: Future = Future()
+        self.future: Answer = Answer()
         self.added: list = []
 
     def read_ahead(self, s, requests, since_all):
@@ -58,18 +56,25 @@ class Registry:
         return False
 
 
-def _handler(registry: Registry, events: list) -> SubscribeHandler:
-    @contextmanager
-    def using(ahead):
-        events.append(("using", ahead))
-        yield ahead
-        events.append(("used", ahead))
+class Ahead:
+    """What a remote store's read-ahead answers: the context the SUBSCRIBE is decided in."""
 
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def __enter__(self):
+        self.events.append(("using", self))
+
+    def __exit__(self, *exc):
+        self.events.append(("used", self))
+
+
+def _handler(registry: Registry, events: list) -> SubscribeHandler:
     def resume(conn, fn, *args):
         events.append(("resume", fn.__name__))
         fn(*args)
 
-    return SubscribeHandler(subscriptions=registry, using=using, retained=None, acl=None, gate=None,
+    return SubscribeHandler(subscriptions=registry, retained=None, acl=None, gate=None,
                             max_subscriptions=0, save_session=lambda s: events.append(("save_session", s)),
                             save_offsets=lambda s: events.append(("save_offsets", s)),
                             kick=lambda s: events.append(("kick", s)), resume=resume)
@@ -84,7 +89,7 @@ def test_a_subscribe_waits_for_the_store_then_is_decided_from_its_answers():
     h = _handler(registry, events)
     h.on_subscribe(conn, _subscribe("a/+", "bad/#/x"))
     assert conn.calls == ["hold"] and conn.sent == [] and events == []      # nothing decided yet
-    ahead = SimpleNamespace(retained={})
+    ahead = Ahead(events)
     registry.future.set_result(ahead)
     s = conn.session
     assert [type(p) for p in conn.sent] == [P.SubAck]
@@ -111,7 +116,7 @@ def test_a_client_gone_while_the_store_answered_gets_nothing_and_its_reads_are_d
     events, registry, conn = [], Registry(), Conn(5)
     _handler(registry, events).on_subscribe(conn, _subscribe("a/+"))
     conn.closing = True
-    ahead = SimpleNamespace(retained={})
+    ahead = Ahead(events)
     registry.future.set_result(ahead)
     assert events == [("using", ahead), ("used", ahead)]                   # entered and left: dropped
     assert conn.sent == [] and registry.added == [] and conn.calls == ["hold"]
