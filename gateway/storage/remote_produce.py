@@ -3,9 +3,9 @@ append methods of `RemoteStore`'s `QueueStore` (gateway/storage/facades.py) call
 
   * append_batch   one PRODUCE frame written, returns at once; the batch's `.durable` future is
                    resolved by the store's reply (PRODUCED after the flush mode's durability).
-  * queues_for_topic  () : the store computes the dispatch queues itself (its router sees the
-                   topic).
-  * all_visible()  False: delivery never assumes it saw every append (other gateways append too).
+  (`RemoteStore.queues_for_topic` answers (): the store computes the dispatch queues itself, its
+  router sees the topic; `all_visible()` False: delivery never assumes it saw every append, other
+  gateways append too.)
 
 Why apart from remote_store.py: that module's job is the mirrors of the queues this gateway
 reads; appending shares nothing with them but the store connection, which is passed in.
@@ -40,9 +40,6 @@ class RemoteProducer:
         self.link = link
         self.loop = loop
 
-    def queues_for_topic(self, topic: str) -> tuple[str, ...]:
-        return ()          # the store's router computes them from the topic
-
     def append_batch(self, messages, due_ms=None) -> list:
         """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
         anything is sent, as the embedded store does: the publish pipeline then appends the others
@@ -70,12 +67,3 @@ class RemoteProducer:
                 durable.set_result(None)
         reply.add_done_callback(done)
         return [_Result(durable)]
-
-    def append(self, message) -> _Result:
-        return self.append_batch([message])[0]
-
-    def append_batch_delayed(self, messages, due_ms) -> list:
-        return self.append_batch(messages, due_ms)
-
-    def all_visible(self) -> bool:
-        return False

@@ -244,8 +244,8 @@ def test_an_invalid_filter_is_a_failed_answer_not_an_exception_of_the_call(side)
 # ---------------------------------------------------------------- light queues
 @pytest.fixture(params=["inprocess", "remote"])
 def queue_side(request, tmp_path):
-    """A builder of one implementation's `QueueStore`, called on the running loop (a remote
-    store's mirrors are fed by it)."""
+    """A builder of one implementation's whole bundle (for its `QueueStore`), called on the
+    running loop (a remote store's mirrors are fed by it)."""
     made: list = []
     if request.param == "inprocess":
         from lmqtt.lightqueue import LightQueueStore
@@ -255,7 +255,7 @@ def queue_side(request, tmp_path):
         store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
         lq = LightQueueStore(store, str(tmp_path / "lq"))
         store.start()
-        yield lambda: inprocess.storage(store, lq).queues
+        yield lambda: inprocess.storage(store, lq)
         lq.close()
         store.shutdown()
         return
@@ -270,7 +270,7 @@ def queue_side(request, tmp_path):
         st = RemoteStore(link, _name("gw-q"), safety_poll_s=0.2)
         st.start()
         made.append(st)
-        return st.metadata.queues
+        return st.metadata
     yield build
     for st in made:
         st.close()
@@ -294,7 +294,7 @@ def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it
     from lmqtt.store import Message
 
     async def go():
-        q = queue_side()
+        q = queue_side().queues
         topic = _name("qs") + "/t"
         heard: list = []
         q.on_new_data(lambda names: heard.extend(names))
@@ -309,4 +309,38 @@ def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it
         assert q.start_offset(topic) == 1
         state = q.disk_state()
         assert state is None or state["disk_full"] is False
+    asyncio.run(go())
+
+
+def test_a_packets_reads_are_answered_inside_the_context_read_ahead_answers(queue_side):
+    """What the SUBSCRIBE path relies on: it asks `read_ahead` for what it will read, waits for
+    the answer, and inside the context it answers makes its requests as usual, which are then
+    answered at once (remote: from the read-ahead; in-process: locally); after it, the store
+    holds exactly the registrations taken, and nothing asked for but not taken."""
+    import time
+
+    from lmqtt.gateway.storage.facades import StoreReads
+    from lmqtt.store import Message
+
+    async def go():
+        st = queue_side()
+        base = _name("ra")
+        q, flt, unused = base + "/t", base + "/+", f"{_name('unused')}/+"
+        st.retained.set(q, b"kept", b"")
+        res = st.queues.append_batch([Message(q, b"old", 0, 0, b"", (), int(time.time() * 1000),
+                                              st.queues.queues_for_topic(q))])
+        durable = res[-1].durable
+        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+        answer = st.queues.read_ahead(StoreReads([flt, unused], [q], [q], [flt]))
+        ctx = await answer
+        with ctx:
+            held = st.filters.register(flt)
+            kept = st.retained.matching(flt)
+            assert held.done() and kept.done()             # no round trip inside the context
+            assert held.result() == 1
+            assert [(t, p) for t, p, _props in kept.result()] == [(q, b"kept")]
+            assert st.queues.start_offset(q) == 1
+        held_now = st.filters.registered().wait()
+        assert held_now.get(flt) == 1 and unused not in held_now
+        st.filters.release(flt).wait()               # nothing left in flight when the loop ends
     asyncio.run(go())
