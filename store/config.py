@@ -167,3 +167,10 @@ def _existing_file_size(directory: str, unit: int) -> int | None:
     if size <= 0 or size % unit or int(names[0]) % size:
         return None
     return size
+
+
+def min_segment_mb(max_message_size: int = StoreConfig.max_message_size) -> int:
+    """The smallest CommitLog segment, in MiB, that holds the largest record (a record never spans two
+    segments; `StoreConfig` refuses a smaller one): what `--segment-mb` is checked against before a
+    process touches its data dir."""
+    return ((max_message_size + 16 - 1) >> 20) + 1

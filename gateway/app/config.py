@@ -138,6 +138,10 @@ class GatewayConfig:
             raise ConfigError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {self.flush_mode!r}")
         if not (0 <= int(self.port) <= 65535):
             raise ConfigError(f"port must be 0..65535, got {self.port}")
+        from lmqtt.store.config import min_segment_mb
+        if int(self.segment_mb) < min_segment_mb():
+            raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
+                              f"largest message, 4 MiB), got {self.segment_mb}")
         if not (0 <= int(self.metrics_port) <= 65535):
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
         if not (0 <= int(self.store_port) <= 65535):

@@ -112,9 +112,12 @@ def _config(args) -> dict:
     for key in ("port", "metrics_port"):
         if not 0 <= int(cfg[key]) <= 65535:
             raise ValueError(f"{key} must be 0..65535, got {cfg[key]}")
-    for key in ("segment_mb", "max_frame_mb"):
-        if int(cfg[key]) < 1:
-            raise ValueError(f"{key} must be at least 1 (MiB), got {cfg[key]}")
+    from lmqtt.store.config import min_segment_mb
+    if int(cfg["segment_mb"]) < min_segment_mb():
+        raise ValueError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the largest "
+                         f"message, 4 MiB), got {cfg['segment_mb']}")
+    if int(cfg["max_frame_mb"]) < 1:
+        raise ValueError(f"max_frame_mb must be at least 1 (MiB), got {cfg['max_frame_mb']}")
     for key, low in (("will_grace_s", 0.0), ("session_sweep_s", 0.1)):
         cfg[key] = _seconds(cfg, key, low, 86400.0)
     return cfg

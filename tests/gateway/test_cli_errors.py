@@ -179,6 +179,17 @@ def test_refused_flags_create_no_data_dir(tmp_path):
         assert not data.exists(), f"{flags}: the data dir was created before the start was refused"
 
 
+@pytest.mark.parametrize("cmd", ["serve", "store"])
+def test_a_segment_too_small_for_the_largest_message_is_refused_before_the_data_dir(tmp_path, cmd):
+    """--segment-mb 2 cannot hold a 4 MiB message: it was a traceback from StoreConfig after the
+    data dir was made; now one line naming the smallest size, and no data dir."""
+    data = tmp_path / "d"
+    r = run_refused([cmd, "--data-dir", str(data), "--port", "0", "--segment-mb", "2"])
+    assert r.returncode == 2, r.stderr
+    assert "segment_mb must be at least 5" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not data.exists()
+
+
 def test_metrics_port_in_use_is_named_with_the_flag(tmp_path):
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
