@@ -260,7 +260,7 @@ def _amqtt_script() -> str:
 
 # where each installed package lives in a source tree (pyproject.toml's package-dir)
 _NAMESPACE_DIRS = {"store": "store", "lightqueue": "lightqueue", "notify": "notify", "gateway": "gateway",
-                   "loadtest": "loadtest"}
+                   "loadtest": "loadtest", "examples": "examples"}
 
 
 def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
@@ -272,8 +272,10 @@ def source_path(lmqtt_src: str, workdir: Path) -> tuple[str, str]:
     imports from the tree and not from the installed package; an older tree (top-level `gateway`,
     `store`, ...) runs as `gateway.cli` with the tree itself on the path."""
     src = Path(lmqtt_src).resolve()
-    if not (src / "gateway" / "serve.py").exists():
-        raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no gateway/app/serve_command.py there")
+    # `lmqtt serve`'s module: gateway/app/serve_command.py since the layout by role, gateway/serve.py before
+    if not any((src / "gateway" / p).exists() for p in ("app/serve_command.py", "serve.py")):
+        raise BrokerUnavailable(f"--lmqtt-src {lmqtt_src}: no lmqtt tree there (no gateway/app/serve_command.py "
+                                "nor gateway/serve.py)")
     pyproject = src / "pyproject.toml"
     if pyproject.exists() and '"lmqtt.gateway" = "gateway"' in pyproject.read_text():
         ns = Path(workdir) / "lmqtt-src"
