@@ -29,8 +29,9 @@ else is pulled.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, entries
 from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
@@ -116,7 +117,7 @@ class RemoteStore:
         self.is_served: Callable[[str], bool] | None = None
         self.mirror_trims = 0
         self._listeners: list[Callable[[Iterable[str]], None]] = []
-        self._poll_handle = None
+        self._poll_handle: asyncio.TimerHandle | None = None
         # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/storage/remote_reads.py
         self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
                                  track_later=self._track_later, heard=self.heard, follow=self.max_offset,
@@ -250,7 +251,7 @@ class RemoteStore:
 
         def take() -> None:
             r = fut.result()
-            if self.watch:
+            if self.watch and isinstance(r, P.WatchReply):
                 self.push = r.push
             for q in queues:
                 if q not in self.queues:       # mirrored meanwhile: keep that one
@@ -532,7 +533,7 @@ class RemoteStore:
             return
         r: P.PullReply = f.result()
         recs = r.messages
-        dq = r.dq or [()] * len(recs)
+        dq: list[Any] = r.dq or [()] * len(recs)
         if r.max_offset > m.known:
             m.known = r.max_offset
         m.min_offset = r.min_offset

@@ -24,6 +24,8 @@ TYPED = [
     "lmqtt.gateway.storage.facades",        # the storage facades (issue 25) and both implementations
     "lmqtt.store.node.inprocess",
     "lmqtt.gateway.storage.remote_metadata",
+    "lmqtt.gateway.storage.remote_store",   # the remote QueueStore, and the reads ahead it answers from
+    "lmqtt.gateway.storage.remote_reads",
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")
