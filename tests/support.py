@@ -500,7 +500,7 @@ SERVER_KINDS = ("serve", "fleet")
 
 def serve_or_fleet(kind: str, tmp_path, extra_args: tuple[str, ...] = ()):
     """Generator for a fixture parametrized over SERVER_KINDS: an embedded `lmqtt serve`
-    (InProcessStore) or `lmqtt store` + `lmqtt gateway` (RemoteStore), started, stopped after."""
+    (the in-process storage facades) or `lmqtt store` + `lmqtt gateway` (the remote ones), started, stopped after."""
     if kind == "serve":
         srv = LmqttServer(str(tmp_path / "data"), extra_args, log_path=str(tmp_path / "lmqtt-serve.log")).start()
     else:

@@ -17,8 +17,8 @@ What the commands are for:
                          reconciles exactly its own); gw_holders, gw_release_gateway (lmqtt admin)
   session metadata       gw_put/get/delete/list_sessions, gw_get_offset(s), gw_set/delete_offsets,
                          gw_set_retained, gw_retained_matching, gw_clear_retained_if, gw_flush: the
-                         `SessionMetadata` of gateway/storage/store_api.py over the light queues'
-                         `MetadataStore`
+                         remote side of the gateway's sessions, offsets and retained facades
+                         (gateway/storage/facades.py) over the light queues' `MetadataStore`
   who is who, wills      gw_hello (this connection is gateway G; answers the wills published and
                          the sessions swept while G was away: session_sweep.py), gw_claim_sessions,
                          gw_put_will, gw_pop_will, gw_take_wills, gw_list_wills

@@ -294,7 +294,7 @@ class ReplayReply(Wire):
     cursor: dict | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
 
     def plan(self) -> dict:
-        """As `replay.plan` returns it (what `store_api.ReplayPlan` takes)."""
+        """As `replay.plan` returns it (what the facades' `ReplayPlan` takes, gateway/storage/facades.py)."""
         return self.to_wire()
 
 

@@ -4,7 +4,7 @@ PUBLISH bytes, limits that make the server disconnect).
 
 One server serves the module (limits set in a TOML file so each can be hit with small packets);
 each test uses its own topics and client ids. Persistence across a restart has its own server.
-Every test runs against both shapes: the embedded `lmqtt serve` (InProcessStore) and `lmqtt store`
+Every test runs against both shapes: the embedded `lmqtt serve` (in-process storage) and `lmqtt store`
 + `lmqtt gateway` (RemoteStore), so the MQTT 5 state (subscription identifiers in session records,
 retained expiry deadlines) goes through both store seams.
 """
