@@ -276,7 +276,25 @@ def _sdk_connect(address: str):
                    client_name="lmqtt-chaos")
 
 
-class SdkProducer(_Worker):
+class _SdkWorker(_Worker):
+    """A worker over one SDK connection (`self.conn`), dropped after an error and at close (a
+    failing close of a connection to a killed store is expected, not reported)."""
+
+    conn = None
+
+    def _drop(self) -> None:
+        c, self.conn = self.conn, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        self._drop()
+
+
+class SdkProducer(_SdkWorker):
     """One message per PRODUCE; a failed send is re-sent with the same producer sequence."""
 
     def __init__(self, checker: Checker, name: str, address: str, topic: str, deadline: float,
@@ -329,22 +347,11 @@ class SdkProducer(_Worker):
                     self.wait(0.2)
             self.wait(pace.delay())
 
-    def _drop(self) -> None:
-        c, self.conn = self.conn, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-    def close(self) -> None:
-        self._drop()
-
     def stats(self) -> dict:
         return {**super().stats(), "sent": self.seq, "retries": self.retries, "unacked": self.unacked_left}
 
 
-class SdkGroupConsumer(_Worker):
+class SdkGroupConsumer(_SdkWorker):
     """A consumer-group member of `topic` (a first level: its ConsumeQueue 0): poll, record, commit.
     After an error it reconnects and resumes from the group's committed offset."""
 
@@ -380,22 +387,11 @@ class SdkGroupConsumer(_Worker):
                 cons = None
                 self.wait(0.2)
 
-    def _drop(self) -> None:
-        c, self.conn = self.conn, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-    def close(self) -> None:
-        self._drop()
-
     def stats(self) -> dict:
         return {**super().stats(), "restarts": self.restarts}
 
 
-class PopMember(_Worker):
+class PopMember(_SdkWorker):
     """One POP member of `group` on `topic` (ConsumeQueue 0): pop, record, ack. Records as
     `receiver` (shared by the group's members; unordered: un-acked messages come back later)."""
 
@@ -428,19 +424,9 @@ class PopMember(_Worker):
                     self.wait(0.05)
             except errors as e:
                 self.note(e)
-                c, self.conn = self.conn, None
-                if c is not None:
-                    c.close()
+                self._drop()
                 pc = None
                 self.wait(0.2)
-
-    def close(self) -> None:
-        c, self.conn = self.conn, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def stats(self) -> dict:
         return {**super().stats(), "popped": self.popped}
