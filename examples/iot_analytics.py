@@ -23,7 +23,9 @@ Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the sa
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 
 
@@ -140,31 +142,88 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _check_store(a) -> str | None:
+    """One line saying why the store cannot be used, or None: checked before Spark starts, so a
+    store that is not running is one message, not a streaming query's stack trace."""
+    from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+    try:
+        connect(a.store, token=a.token).close()
+    except ConnectionLost as e:
+        return f"{e} (is `lmqtt serve` or `lmqtt store` running? --store HOST:PORT)"
+    except StoreClientError as e:
+        return f"the store at {a.store} refused the connection: {e}"
+    except ValueError:                          # a malformed HOST:PORT
+        return f"--store {a.store!r} is not HOST:PORT"
+    return None
+
+
+def _failure(e) -> str:
+    """A failed streaming query in one line: the lmqtt/Python error at the bottom of the
+    traceback Spark wraps it in, else the first line of Spark's message."""
+    text = str(getattr(e, "desc", None) or e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        head = ln.split(":", 1)[0]
+        if ":" in ln and " " not in head and (head.endswith(("Error", "Exception", "Lost", "Full"))):
+            return ln
+    return lines[0] if lines else repr(e)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    try:
+        return _main(a)
+    except KeyboardInterrupt:                   # Ctrl-C while Spark was still starting
+        print("lmqtt spark-iot: interrupted", file=sys.stderr)
+        return 130
 
-    from pyspark.sql import SparkSession
+
+def _main(a) -> int:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        print("lmqtt spark-iot: needs pyspark: python3 -m pip install -e '.[spark]' (and Java 17)", file=sys.stderr)
+        return 2
+    problem = _check_store(a)
+    if problem:
+        print(f"lmqtt spark-iot: {problem}", file=sys.stderr)
+        return 3
 
     from lmqtt.store.spark import LmqttDataSource
     spark = (SparkSession.builder.master(a.master).appName("lmqtt-iot-analytics")
              .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
+    # PySpark's own SIGINT handler cancels the jobs over py4j from inside whatever py4j call the
+    # main thread is blocked in (a reentrant call: pages of tracebacks on Ctrl-C). Here Ctrl-C and
+    # SIGTERM only set a flag; the loop below then stops the queries, which is the documented way
+    # to end the job (the checkpoints make a re-run continue where it stopped).
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     spark.dataSource.register(LmqttDataSource)
-    qs = build(spark, a)
+    failed = []
     try:
-        if a.seconds:
-            time.sleep(a.seconds)
-        else:
-            spark.streams.awaitAnyTermination()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        failed = [q.exception() for q in qs if q.exception() is not None]
+        qs = build(spark, a)
+        print(f"lmqtt spark-iot: running over {a.filter!r} at {a.store}: window stats -> {a.out}/stats, "
+              f"alerts -> alerts/{{device}}; " + (f"stops after {a.seconds:g} s" if a.seconds else "Ctrl-C stops"),
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + a.seconds if a.seconds else None
+        while not stop.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if not all(q.isActive for q in qs):
+                break
+            stop.wait(0.5)
+        failed = [e for e in (q.exception() for q in qs) if e is not None]
         for q in qs:
             q.stop()
+    finally:
         spark.stop()
     for e in failed:
-        print(f"iot_analytics: query failed: {e}", file=sys.stderr)
+        print(f"lmqtt spark-iot: a streaming query failed: {_failure(e)}", file=sys.stderr)
+    if stop.is_set() and not failed:
+        print("lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)",
+              file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 
 
@@ -30,15 +31,36 @@ def main(argv=None) -> int:
                     help="random seed, for a repeatable run (default: %(default)s = a new one each run)")
     a = ap.parse_args(argv)
 
-    import paho.mqtt.client as mqtt
+    try:
+        import paho.mqtt.client as mqtt
+    except ImportError:
+        print("lmqtt simulate: needs paho-mqtt: python3 -m pip install -e '.[spark]'", file=sys.stderr)
+        return 2
     rnd = random.Random(a.seed)
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"simulator-{rnd.randrange(1 << 30)}")
-    c.connect(a.host, a.port, 30)
+    try:
+        c.connect(a.host, a.port, 30)
+    except OSError as e:
+        print(f"lmqtt simulate: cannot reach the MQTT broker at {a.host}:{a.port}: "
+              f"{e.strerror or e} (is `lmqtt serve` running?)", file=sys.stderr)
+        return 3
     c.loop_start()
     devs = [{"id": f"dev-{i}", "temp": rnd.uniform(18, 26), "hum": rnd.uniform(35, 60),
              "bat": rnd.uniform(3.7, 4.2), "seq": 0} for i in range(a.devices)]
     silent = {d["id"] for d in devs[:a.silent]}
     t0 = time.monotonic()
+    sent = 0
+    try:
+        return _run(a, rnd, c, devs, silent, t0)
+    except KeyboardInterrupt:             # Ctrl-C: the run stops early, not an error
+        print(f"lmqtt simulate: interrupted after {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        return 0
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def _run(a, rnd, c, devs, silent, t0) -> int:
     sent = 0
     while time.monotonic() - t0 < a.seconds:
         tick = time.monotonic()
@@ -52,11 +74,19 @@ def main(argv=None) -> int:
             d["seq"] += 1
             msg = {"device": d["id"], "ts": int(time.time() * 1000), "temp": round(temp, 2),
                    "humidity": round(d["hum"], 1), "battery": round(d["bat"], 3), "seq": d["seq"]}
-            c.publish(f"telemetry/{d['id']}", json.dumps(msg), qos=a.qos).wait_for_publish(10)
+            info = c.publish(f"telemetry/{d['id']}", json.dumps(msg), qos=a.qos)
+            try:
+                info.wait_for_publish(10)
+            except (RuntimeError, ValueError) as e:      # paho: not connected, queue full
+                print(f"lmqtt simulate: lost the MQTT broker at {a.host}:{a.port} after {sent} readings: {e}",
+                      file=sys.stderr)
+                return 3
+            if not info.is_published():
+                print(f"lmqtt simulate: lost the MQTT broker at {a.host}:{a.port} after {sent} readings: "
+                      "a reading was not acknowledged within 10 s", file=sys.stderr)
+                return 3
             sent += 1
         time.sleep(max(0.0, a.interval - (time.monotonic() - tick)))
-    c.loop_stop()
-    c.disconnect()
     print(f"simulator: {sent} readings from {a.devices} devices ({len(silent)} went silent)")
     return 0
 

@@ -1,0 +1,117 @@
+"""What a newcomer meets walking README.md and docs/spark.md (issue 26): the example commands
+`lmqtt simulate` and `lmqtt spark-iot`, run as real processes against a real `lmqtt serve`, end
+with one line naming the cause (no broker, no store, broker lost) and stop cleanly on Ctrl-C,
+never with a traceback."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import ROOT, free_port
+
+LMQTT = [sys.executable, "-m", "lmqtt.gateway.cli"]
+# Spark's driver and UI on loopback only
+ENV = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+
+
+class _Run:
+    """An `lmqtt ...` process; its output goes to files (Spark writes more than a pipe holds)."""
+
+    _n = 0
+
+    def __init__(self, args, log_dir) -> None:
+        _Run._n += 1
+        self.out_path = os.path.join(str(log_dir), f"run{_Run._n}.out")
+        self.err_path = os.path.join(str(log_dir), f"run{_Run._n}.err")
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.p = subprocess.Popen(LMQTT + list(args), stdout=out, stderr=err, cwd=ROOT, env=ENV)
+
+    def err(self) -> str:
+        with open(self.err_path, errors="replace") as f:
+            return f.read()
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            pytest.fail(f"{self.p.args} did not end within {timeout}s; stderr:\n{self.err()[-3000:]}")
+        return self.p.returncode, self.err()
+
+
+def _no_traceback(err: str) -> None:
+    assert "Traceback" not in err, err[-4000:]
+
+
+def test_simulate_without_a_broker_says_so_in_one_line(tmp_path):
+    port = free_port()                                   # nothing listens there
+    rc, err = _Run(["simulate", "--port", str(port), "--seconds", "2"], tmp_path).finish(30)
+    _no_traceback(err)
+    assert rc == 3
+    assert err.strip() == (f"lmqtt simulate: cannot reach the MQTT broker at 127.0.0.1:{port}: "
+                           "Connection refused (is `lmqtt serve` running?)")
+
+
+def test_simulate_stops_on_ctrl_c(lmqtt_server, tmp_path):
+    run = _Run(["simulate", "--port", str(lmqtt_server.port), "--devices", "3", "--seconds", "60"], tmp_path)
+    time.sleep(2)                                        # publishing by now (not asserted on)
+    run.p.send_signal(signal.SIGINT)
+    rc, err = run.finish(30)
+    _no_traceback(err)
+    assert rc == 0
+    assert "lmqtt simulate: interrupted after" in err
+
+
+def test_simulate_names_the_lost_broker(lmqtt_server, tmp_path):
+    run = _Run(["simulate", "--port", str(lmqtt_server.port), "--devices", "3", "--seconds", "120",
+                "--interval", "0.2"], tmp_path)
+    time.sleep(2)
+    lmqtt_server.kill9()
+    rc, err = run.finish(60)
+    _no_traceback(err)
+    assert rc == 3
+    assert f"lmqtt simulate: lost the MQTT broker at 127.0.0.1:{lmqtt_server.port} after" in err
+
+
+def test_spark_iot_without_a_store_says_so_before_starting_spark(tmp_path):
+    pytest.importorskip("pyspark")
+    port = free_port()
+    rc, err = _Run(["spark-iot", "--store", f"127.0.0.1:{port}", "--out", str(tmp_path / "iot")], tmp_path).finish(180)
+    _no_traceback(err)
+    assert rc == 3
+    assert err.startswith(f"lmqtt spark-iot: cannot reach the store at 127.0.0.1:{port}"), err[-3000:]
+    assert "is `lmqtt serve` or `lmqtt store` running?" in err
+    assert not (tmp_path / "iot").exists()               # Spark never started
+
+
+def test_spark_iot_stops_cleanly_on_ctrl_c_twice_over_one_checkpoint(lmqtt_server, tmp_path):
+    """docs/spark.md: the job runs until Ctrl-C, 'stop and re-run any time'. Ctrl-C used to
+    print PySpark's reentrant py4j tracebacks (its SIGINT handler calls into the JVM while the
+    main thread waits in awaitAnyTermination)."""
+    pytest.importorskip("pyspark")
+    out_dir = tmp_path / "iot"
+    args = ["spark-iot", "--store", lmqtt_server.store_address, "--out", str(out_dir), "--master", "local[1]"]
+    started = out_dir / "_checkpoints" / "alerts" / "metadata"     # written when the 2nd query starts
+    running = "lmqtt spark-iot: running over 'telemetry/+'"
+    for n in (1, 2):                                     # the 2nd run continues from the checkpoints
+        run = _Run(args, tmp_path)
+        deadline = time.monotonic() + 180
+        while not (started.exists() if n == 1 else running in run.err()):
+            if run.p.poll() is not None:
+                pytest.fail(f"run {n}: spark-iot exited with {run.p.returncode}: {run.err()[-3000:]}")
+            if time.monotonic() > deadline:
+                run.finish(0.1)
+            time.sleep(0.2)
+        time.sleep(2)                                    # the driver is waiting on its queries by now
+        run.p.send_signal(signal.SIGINT)
+        rc, err = run.finish(120)
+        _no_traceback(err)
+        assert rc == 0, err[-3000:]
+        assert running in err
+        assert "lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)" in err
