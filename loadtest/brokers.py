@@ -323,20 +323,22 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             version = "amqtt"
         return [_amqtt_script(), "-c", str(_amqtt_conf(port, workdir))], version
     if name in ("lmqtt-workers", "lmqtt-fleet"):
-        if lmqtt_src:
-            raise BrokerUnavailable(f"{name}: --lmqtt-src is supported for the embedded lmqtt only")
-        if importlib.util.find_spec("lmqtt.gateway.app.workers") is None:
+        cli, launcher = "lmqtt.gateway.cli", "lmqtt.loadtest.fleet_launcher"
+        if lmqtt_src:       # the tree's own modules (its directory goes first on PYTHONPATH, `start`)
+            cli = source_path(lmqtt_src, workdir)[1]
+            launcher = cli.replace("gateway.cli", "loadtest.fleet_launcher")
+        elif importlib.util.find_spec("lmqtt.gateway.app.workers") is None:
             raise BrokerUnavailable(f"{name}: lmqtt.gateway.app.workers is not in this lmqtt")
         data = workdir / "lmqtt-data"
         data.mkdir(exist_ok=True)
         common = ["--host", "127.0.0.1", "--data-dir", str(data), "--metrics-port",
                   str(metrics_base or 0), "--store-port", str(free_port()), *LMQTT_MATCH_MOSQUITTO]
         if name == "lmqtt-workers":
-            return [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--workers", "2", "--port", str(port),
+            return [sys.executable, "-m", cli, "serve", "--workers", "2", "--port", str(port),
                     *common], "lmqtt (serve --workers 2)"
         ports = f"{port},{extra_ports[0] if extra_ports else free_port()}"
-        return [sys.executable, "-m", "lmqtt.loadtest.fleet_launcher", "--ports", ports, *common], \
-            "lmqtt (store + 2 gateways)"
+        return [sys.executable, "-m", launcher, "--ports", ports, *common], \
+            "lmqtt (store + 2 gateways" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     if name == "lmqtt":
         module = "lmqtt.gateway.cli"
         if lmqtt_src:
@@ -372,16 +374,16 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     port = port or free_port()
     multi = name in ("lmqtt-workers", "lmqtt-fleet")
     extra = [free_port()] if name == "lmqtt-fleet" else []
-    mbase = free_port_pair() if multi and not lmqtt_src else None
+    mbase = free_port_pair() if multi else None
     opts = {k: v for k, v in (("security", security), ("persist", persist)) if v}   # only what is set
-    argv, version = (command_for(name, port, workdir, lmqtt_src, **opts) if lmqtt_src
-                     else command_for(name, port, workdir, extra_ports=extra, metrics_base=mbase, **opts) if multi
-                     else command_for(name, port, workdir, **opts))
+    if multi:
+        opts.update(extra_ports=extra, metrics_base=mbase)
+    argv, version = command_for(name, port, workdir, lmqtt_src, **opts)
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if name == "lmqtt" and lmqtt_src:
+    if name.startswith("lmqtt") and lmqtt_src:
         src = source_path(lmqtt_src, workdir)[0]
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
