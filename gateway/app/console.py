@@ -21,6 +21,7 @@ import argparse
 import base64
 import datetime as _dt
 import json
+import os
 import sys
 import time
 
@@ -276,6 +277,16 @@ def _consumer(conn, args, ts):
 
 # ----------------------------------------------------------------------------------------- admin
 def admin_main(argv: list[str] | None = None) -> int:
+    """`lmqtt admin`; its output piped into a reader that leaves early (`| head`) ends it quietly."""
+    try:
+        return _admin(argv)
+    except BrokenPipeError:
+        # the reader is gone: nothing more to say, and Python's flush at exit must not say it either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _admin(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="lmqtt admin",
                                 description="Topics, queues, consumer groups with their lag, store stats.")
     _common(p)
@@ -337,9 +348,20 @@ def _overview(conn, only_groups: list[str]):
 
 
 def _admin_gateways(conn, args) -> int:
+    from lmqtt.store.client import StoreClientError
     from lmqtt.store.node import protocol as P
     req = P.ReleaseGateway(args.release_gateway) if args.release_gateway else P.Holders()
-    r, code = _admin_call(conn, args.store, lambda c: P.call_sync(c, req))
+
+    def call(c):
+        try:
+            return P.call_sync(c, req)
+        except StoreClientError as e:
+            if c.server_info.get(P.HELLO_KEY) == 0:        # an embedded lmqtt serve: no gateway service
+                raise StoreClientError(e.code, "it is an embedded `lmqtt serve`, which keeps no gateways: "
+                                               "--gateways and --release-gateway are for `lmqtt store` "
+                                               "(docs/fleet.md)") from None
+            raise
+    r, code = _admin_call(conn, args.store, call)
     if code:
         return code
     if args.format == "json":

@@ -126,8 +126,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         password = a.password
     else:
-        password = getpass.getpass("Password: ")
-        if getpass.getpass("Reenter password: ") != password:
+        folder = os.path.dirname(os.path.abspath(a.file))
+        if not os.path.isdir(folder):        # say it before asking for a password it cannot store
+            print(f"lmqtt passwd: cannot write {a.file}: the folder {folder} does not exist (create it "
+                  f"first: mkdir -p {folder})", file=sys.stderr)
+            return 1
+        try:
+            password = getpass.getpass("Password: ")
+            again = getpass.getpass("Reenter password: ")
+        except (EOFError, KeyboardInterrupt):
+            print("\nlmqtt passwd: no password given; nothing changed", file=sys.stderr)
+            return 1
+        if again != password:
             print("lmqtt passwd: passwords do not match", file=sys.stderr)
             return 1
     if not password:

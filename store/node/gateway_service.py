@@ -301,7 +301,8 @@ class GatewayService:
         session may have been created on `gid`, after the other gateways restored theirs, and its
         messages must keep being indexed until it comes back."""
         if self.wills.is_connected(gid):
-            raise ValueError(f"gateway {gid!r} is connected: its holds are in use")
+            raise CallError(W.E_INVALID, f"gateway {gid!r} is connected: its holds are in use (release only a "
+                                         "gateway id that is gone for good)")
         mine = dict(self.holds.get(gid, {}))
         needed = {rs.filter for rec in self.meta.list_sessions() for rs in rec.subscriptions}
         released, kept = [], []

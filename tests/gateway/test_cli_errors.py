@@ -89,6 +89,21 @@ def test_passwd_in_a_missing_folder_names_the_folder(tmp_path):
     assert os.listdir(target.parent) == ["passwd"]           # no temporary file left
 
 
+def test_passwd_without_a_password_at_the_prompt_says_so(tmp_path):
+    """Input ended at the prompt (Ctrl-D, or no terminal): one line, nothing written; and a missing
+    folder is named before any password is asked for."""
+    f = tmp_path / "passwd"
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "passwd", "-c", str(f), "alice"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no password given; nothing changed" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not f.exists()
+    missing = tmp_path / "nodir" / "passwd"
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "passwd", "-c", str(missing), "alice"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "does not exist (create it first" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Password" not in r.stderr
+
+
 def test_passwd_on_a_binary_file(tmp_path):
     f = tmp_path / "passwd"
     f.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
