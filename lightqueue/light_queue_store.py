@@ -24,6 +24,7 @@ from lmqtt.store.fastpath import raw_runs
 
 from .cache import MessageCache
 from .errors import LightQueueError
+from .records import HOST
 from .index import LightQueueIndex
 from .metadata import MetadataStore
 from .registry import FilterRegistry
@@ -332,6 +333,20 @@ class LightQueueStore:
                     resets.setdefault(consumer, {})[queue] = end
             for consumer, offs in resets.items():
                 md.set_offsets(consumer, offs)
+            # A session record's gateway-private state (`extra`, all but the gateway id) may hold log
+            # positions of its own: the QoS 1/2 exchanges in flight and where delivery stood
+            # (gateway/core/session_persistence.py). Past a cut they name offsets that now hold other
+            # messages, or none: dropped, so the session resumes from its committed offsets (reset
+            # above): the messages after them come again, none is skipped.
+            dropped = 0
+            for rec in md.list_sessions():
+                if rec.extra and set(rec.extra) - {HOST}:
+                    rec.extra = {k: v for k, v in rec.extra.items() if k == HOST}
+                    md.put_session(rec.client_id, rec)
+                    dropped += 1
+            if dropped:
+                log.warning("light queues: the in-flight state kept in %d session record(s) dropped after the log "
+                            "was cut at %d: those sessions resume from their committed offsets", dropped, cut)
             for flt, (phys, ms) in md.filter_epochs().items():
                 if phys > cut:
                     log.warning("filter %s: epoch at CommitLog offset %d beyond the log's end %d after recovery: "

@@ -378,7 +378,9 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     opts = {k: v for k, v in (("security", security), ("persist", persist)) if v}   # only what is set
     if multi:
         opts.update(extra_ports=extra, metrics_base=mbase)
-    argv, version = command_for(name, port, workdir, lmqtt_src, **opts)
+    if lmqtt_src:
+        opts["lmqtt_src"] = lmqtt_src
+    argv, version = command_for(name, port, workdir, **opts)
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)
