@@ -6,18 +6,15 @@ on the command line (`--flag-name`) and in code (`cfg.flag_name`), so a newcomer
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FLUSH_MODES = ("sync", "async", "async+buffer")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the key and what is allowed."""
+# the strict TOML loader is shared with `lmqtt store` (one lmqtt.toml may configure the fleet);
+# its names stay importable from here
+from lmqtt.store.node.config import (FLUSH_MODES, GATEWAY_TABLES, STORE_TABLE, ConfigError,  # noqa: F401
+                                     NodeConfig, check_type, kinds_of, line_of, read_toml, unknown_key,
+                                     unknown_table, where)
 
 
 @dataclass
@@ -192,111 +189,9 @@ class GatewayConfig:
         return {f.name for f in dataclasses.fields(cls)} - {"extra"}
 
 
-def read_toml(path: str | Path) -> tuple[dict[str, Any], str]:
-    """(document, text) of a TOML config file; every way it cannot be read is a ConfigError naming
-    the file (and the line where that is known), never a traceback."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {p}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {p} is a directory, not a file") from None
-    except PermissionError:
-        raise ConfigError(f"cannot read config file {p}: permission denied") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"config file {p} is not a TOML text file: line {line} has a byte that is not "
-                          f"UTF-8 (0x{raw[e.start]:02x} at byte offset {e.start}); is it a binary file?") from None
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
-
-
-def line_of(text: str, key: str, table: str | None = None) -> int | None:
-    """The line (1-based) where `key` (dashes or underscores) is set in `text`, in `[table]` when
-    given, else before any table; None if not found (a dotted or quoted key: messages then go
-    without a line)."""
-    names = {key, key.replace("_", "-")}
-    current = None
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        m = re.match(r"^\[\s*([A-Za-z0-9_.-]+)\s*\]", s)
-        if m:
-            current = m.group(1)
-            continue
-        m = re.match(r"^([A-Za-z0-9_-]+)\s*=", s)
-        if m and m.group(1) in names and current == table:
-            return n
-    return None
-
-
-def _where(path: str | Path, text: str, key: str, table: str | None) -> str:
-    n = line_of(text, key, table)
-    return f"{path}" + (f" line {n}" if n else "") + (f" [{table}]" if table else "")
-
-
-def unknown_key(key: str, known, where: str, what: str) -> ConfigError:
-    """`unknown key 'tls_prot' in FILE line 3 (did you mean 'tls_port'?)`: the closest known key by
-    difflib, else where the keys are listed."""
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}?" if close else f"not a setting of {what}"
-    return ConfigError(f"unknown key {key!r} in {where} ({hint})")
-
-
-_KIND_NAMES = {bool: "true or false (a TOML boolean, without quotes)", int: "an integer",
-               float: "a number", str: "a string (in quotes)"}
-
-
-def check_type(key: str, value: Any, kind: type, where: str = "", expected: str | None = None) -> Any:
-    """`value` as `kind` if it is one in TOML's types, else a ConfigError naming the key and the
-    type. No conversion between types: `allow_anonymous = "false"` is a string, not a boolean (a
-    conversion made it true), `port = "1883"` a string, not a port; an integer is a number."""
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, int) and not isinstance(value, bool) if kind is int else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-          isinstance(value, str))
-    if ok:
-        return float(value) if kind is float else value
-    got = f"{value!r} (a string)" if isinstance(value, str) else \
-        f"{str(value).lower()} (a boolean)" if isinstance(value, bool) else \
-        f"{value!r} (a {type(value).__name__})" if not isinstance(value, (dict, list)) else \
-        f"a {'table' if isinstance(value, dict) else 'list'}"
-    hint = ""
-    if isinstance(value, str) and kind is not str:
-        bare = value.strip().lower() if kind is bool else value.strip()
-        try:
-            if kind is bool and bare in ("true", "false"):
-                hint = f"; write {key} = {bare}, without quotes"
-            elif kind in (int, float):
-                kind(bare)
-                hint = f"; write {key} = {bare}, without quotes"
-        except ValueError:
-            pass
-    loc = f" ({where})" if where else ""
-    raise ConfigError(f"{key} must be {expected or _KIND_NAMES[kind]}, got {got}{loc}{hint}")
-
-
 def field_kinds() -> dict[str, type]:
     """GatewayConfig key -> bool / int / float / str (from the annotations; `str | None` is str)."""
-    kinds = {"bool": bool, "int": int, "float": float, "str": str}
-    out = {}
-    for f in dataclasses.fields(GatewayConfig):
-        base = str(f.type).replace(" | None", "").strip()
-        if base in kinds:
-            out[f.name] = kinds[base]
-    return out
-
-
-# tables of a config file: [serve] and [gateway] are the gateway's; [store] is `lmqtt store`'s (one
-# file may configure the whole fleet, as the Helm chart's lmqtt.toml does)
-GATEWAY_TABLES = ("serve", "gateway")
-STORE_TABLE = "store"
+    return kinds_of(GatewayConfig)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -304,21 +199,20 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     `[serve]` / `[gateway]`, dashes or underscores. Strict: an unknown key or table is refused by
     name (with the closest known key), a value of the wrong type too (ConfigError). Top-level keys
     only `lmqtt store` knows, and the `[store]` table, are the store's and skipped here."""
-    from lmqtt.store.node.command import DEFAULTS as STORE_KEYS   # the fleet's shared file
-
+    store_keys = NodeConfig.keys()      # the fleet's shared file
     doc, text = read_toml(path)
     kinds = field_kinds()
     flat: dict[str, Any] = {}
 
     def take(k: str, v: Any, table: str | None) -> None:
         key = k.replace("-", "_")
-        where = _where(path, text, k, table)
+        at = where(path, text, k, table)
         if key not in kinds:
-            if table is None and key in STORE_KEYS:
+            if table is None and key in store_keys:
                 return                      # a setting of `lmqtt store` in a shared file
-            raise unknown_key(key, kinds, where, "lmqtt serve / lmqtt gateway (keys are the long flag "
+            raise unknown_key(key, kinds, at, "lmqtt serve / lmqtt gateway (keys are the long flag "
                                                  "names, docs/gateway.md)")
-        flat[key] = check_type(key, v, kinds[key], where)
+        flat[key] = check_type(key, v, kinds[key], at)
 
     for k, v in doc.items():
         if isinstance(v, dict) and k in GATEWAY_TABLES:
@@ -327,9 +221,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         elif isinstance(v, dict) and k == STORE_TABLE:
             continue
         elif isinstance(v, dict) and k.replace("-", "_") not in kinds:
-            close = difflib.get_close_matches(k, GATEWAY_TABLES + (STORE_TABLE,), n=1, cutoff=0.6)
-            hint = f"did you mean [{close[0]}]?" if close else "the tables are [serve], [gateway] and [store]"
-            raise ConfigError(f"unknown table [{k}] in {path} ({hint})")
+            raise unknown_table(k, path, GATEWAY_TABLES + (STORE_TABLE,))
         else:
             take(k, v, None)
     return flat

@@ -8,7 +8,8 @@ served over the native protocol (docs/protocol.md) for the SDK and remote gatewa
 
 The data dir has the same layout as `lmqtt serve`'s (store/, lightqueue/, sdk-meta/), so a data
 dir can move between the embedded and the scale-out shape. Precedence: defaults < TOML file
-(`--config`, keys at top level or under `[store]`) < flags. A non-loopback --host needs a token.
+(`--config`, keys at top level or under `[store]`) < flags; every setting, its type, default and
+doc is a field of `NodeConfig` (store/node/config.py). A non-loopback --host needs a token.
 SIGTERM/SIGINT: stop accepting, flush SDK metadata, flush and close the store, exit 0.
 Remote gateways (`lmqtt gateway --store`, docs/fleet.md) are served by the gw_* commands of
 store/node/gateway_service.py; they hear of new data by EVENT frames on their connection, or, with
@@ -28,122 +29,43 @@ import os
 import signal
 import sys
 
+from lmqtt.store.node.config import ConfigError, NodeConfig
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
                                       metrics_unavailable, set_process_title, setup_logging)
 
 log = logging.getLogger("lmqtt.store")
 
-FLUSH_MODES = ("sync", "async", "async+buffer")
-DEFAULTS = {"host": "127.0.0.1", "port": 10911, "data_dir": "./lmqtt-data", "token": None,
-            "flush_mode": "async", "segment_mb": 32, "log_level": "INFO", "max_frame_mb": 64,
-            "redis": None, "notify_mode": "broadcast", "notify_window_ms": 2.0, "metrics_port": 0,
-            "metrics_host": None, "will_grace_s": 5.0, "session_sweep_s": 60.0,
-            "dispatch_inline": True}
-# the type of each key (a None default is a string); a config file's value must be of it
-_KINDS = {k: (type(v) if v is not None else str) for k, v in DEFAULTS.items()}
-
 
 def _parser() -> argparse.ArgumentParser:
+    """`lmqtt store`'s flags: one per NodeConfig setting (store/node/config.py), and --config."""
     p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 10911; 0 = any free port)")
-    p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
-    p.add_argument("--config", help="TOML config file")
-    p.add_argument("--token", help="auth token clients send in the handshake (required off loopback)")
-    p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
-    p.add_argument("--segment-mb", type=int,
-                   help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
-                        "data dir keeps its own; a busy server: 256)")
-    p.add_argument("--max-frame-mb", type=int, help="largest accepted frame in MiB (default 64)")
-    p.add_argument("--redis", help="also publish new-data events to Redis pub/sub (gateways with --redis)")
-    p.add_argument("--notify-mode", choices=("broadcast", "precise"), help="Redis notify mode (default broadcast)")
-    p.add_argument("--notify-window-ms", type=float, help="events for one queue within this window merge (default 2)")
-    p.add_argument("--metrics-port", type=int, help="HTTP /metrics, /healthz, /readyz port (default 0 = off)")
-    p.add_argument("--will-grace-s", type=float,
-                   help="publish the wills of a gateway whose store connection stays gone this long (default 5)")
-    p.add_argument("--session-sweep-s", type=float,
-                   help="check this often for sessions whose gateway is gone for good: expired ones end (default 60)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--config", help="TOML config file (keys at top level or under [store])")
+    NodeConfig.add_arguments(p)
     return p
 
 
-def _config(args) -> dict:
-    cfg = dict(DEFAULTS)
+def load_config(args: argparse.Namespace) -> NodeConfig:
+    """Defaults < `--config` file < $LMQTT_STORE_TOKEN < flags; ConfigError naming what is wrong.
+    A file shared by the fleet may hold the gateway's settings at its top level: their names are
+    the gateway's (`GatewayConfig`), not typos."""
+    file_values = {}
     if args.config:
-        from lmqtt.gateway.app.config import (GATEWAY_TABLES, STORE_TABLE, GatewayConfig, check_type, line_of,
-                                              read_toml, unknown_key)
-        doc, text = read_toml(args.config)
-        # one file may configure the whole fleet (the Helm chart mounts one lmqtt.toml into store
-        # and gateway pods): top-level keys that only a gateway knows are the gateway's, not typos,
-        # and so are the [serve] / [gateway] tables; keys under [store] must be the store's
-        gateway_keys = GatewayConfig.field_names()
-        for k, v in doc.items():
-            if isinstance(v, dict) and k not in DEFAULTS and k.replace("-", "_") not in DEFAULTS:
-                if k == STORE_TABLE or k in GATEWAY_TABLES:
-                    continue
-                import difflib
-                close = difflib.get_close_matches(k, (STORE_TABLE,) + GATEWAY_TABLES, n=1, cutoff=0.6)
-                hint = f"did you mean [{close[0]}]?" if close else "the tables are [store], [serve] and [gateway]"
-                raise ValueError(f"unknown table [{k}] in {args.config} ({hint})")
-        table = doc.get(STORE_TABLE) if isinstance(doc.get(STORE_TABLE), dict) else {}
-        top = {k: v for k, v in doc.items() if not (isinstance(v, dict) and k in (STORE_TABLE,) + GATEWAY_TABLES)}
-        for source, where in ((top, None), (table, STORE_TABLE)):
-            for k, v in source.items():
-                key = k.replace("-", "_")
-                n = line_of(text, k, where)
-                at = f"{args.config}" + (f" line {n}" if n else "") + (f" [{where}]" if where else "")
-                if key not in DEFAULTS:
-                    if where is None and key in gateway_keys:
-                        continue
-                    # at the top level a key may be the gateway's: the closest of either is suggested
-                    known = set(DEFAULTS) | (gateway_keys if where is None else set())
-                    raise unknown_key(key, known, at, "lmqtt store (known: " + ", ".join(sorted(DEFAULTS)) + ")")
-                cfg[key] = check_type(key, v, _KINDS[key], at,
-                                      "a number of seconds" if key.endswith("_s") else None)
-    if not cfg["token"] and os.environ.get("LMQTT_STORE_TOKEN"):
-        cfg["token"] = os.environ["LMQTT_STORE_TOKEN"]
-    for k, v in vars(args).items():
-        if k != "config" and v is not None:
-            cfg[k] = v
-    if cfg["flush_mode"] not in FLUSH_MODES:
-        raise ValueError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {cfg['flush_mode']!r}")
-    if cfg["notify_mode"] not in ("broadcast", "precise"):
-        raise ValueError(f"notify_mode must be broadcast or precise, got {cfg['notify_mode']!r}")
-    for key in ("port", "metrics_port"):
-        if not 0 <= int(cfg[key]) <= 65535:
-            raise ValueError(f"{key} must be 0..65535, got {cfg[key]}")
-    from lmqtt.store.config import min_segment_mb
-    if int(cfg["segment_mb"]) < min_segment_mb():
-        raise ValueError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the largest "
-                         f"message, 4 MiB), got {cfg['segment_mb']}")
-    if int(cfg["max_frame_mb"]) < 1:
-        raise ValueError(f"max_frame_mb must be at least 1 (MiB), got {cfg['max_frame_mb']}")
-    for key, low in (("will_grace_s", 0.0), ("session_sweep_s", 0.1)):
-        cfg[key] = _seconds(cfg, key, low, 86400.0)
-    return cfg
-
-
-def _seconds(cfg: dict, key: str, low: float, high: float) -> float:
-    try:
-        v = float(cfg[key])
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a number of seconds, got {cfg[key]!r}") from None
-    if not low <= v <= high:
-        raise ValueError(f"{key} must be {low:g}..{high:g} seconds, got {cfg[key]}")
-    return v
+        from lmqtt.gateway.app.config import GatewayConfig
+        file_values = NodeConfig.from_file(args.config, GatewayConfig.field_names())
+    return NodeConfig.build(file_values, {k: v for k, v in vars(args).items() if k != "config"})
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg = _config(args)
-    except ValueError as e:
+        cfg = load_config(args)
+    except ConfigError as e:
         print(f"lmqtt store: {e}", file=sys.stderr)
         return 2
     from lmqtt.store.server import is_loopback
-    host, data = cfg["host"], cfg["data_dir"]
+    host, data = cfg.host, cfg.data_dir
     # settings that cannot work are refused before the data dir is touched
-    if not is_loopback(host) and not cfg["token"]:
+    if not is_loopback(host) and not cfg.token:
         print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
               "(--token or `token` in the config)", file=sys.stderr)
         return 2
@@ -159,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # `lmqtt serve --workers` names its store child (gateway/app/workers.py)
     child = os.environ.pop("LMQTT_PROCESS_NAME", None)
     set_process_title("store", list(sys.argv[2:] if argv is None else argv), child or "lmqtt-store", bool(child))
-    setup_logging(cfg["log_level"])
+    setup_logging(cfg.log_level)
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
@@ -172,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(lock)
 
 
-async def _serve(cfg: dict, loop_name: str) -> int:
+async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     from lmqtt.gateway.model.record_props import retained_props
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.store.node import gateway_service
@@ -180,7 +102,7 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     from lmqtt.store import MessageStore, StoreConfig
     from lmqtt.store.server import StoreServer
 
-    host, port, data = cfg["host"], int(cfg["port"]), cfg["data_dir"]
+    host, port, data = cfg.host, int(cfg.port), cfg.data_dir
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -190,21 +112,21 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("event=sighup_ignored reason=\"nothing to reload\""))
     store = lq = srv = gws = None
     try:
-        store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg["flush_mode"],
-                                         segment_size=int(cfg["segment_mb"]) << 20,
-                                         dispatch_inline=bool(cfg["dispatch_inline"])))
+        store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg.flush_mode,
+                                         segment_size=int(cfg.segment_mb) << 20,
+                                         dispatch_inline=bool(cfg.dispatch_inline)))
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
         store.start()
-        srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg["token"],
-                          max_frame=int(cfg["max_frame_mb"]) << 20)
+        srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,
+                          max_frame=int(cfg.max_frame_mb) << 20)
         install(srv, lq)
         publisher = None
-        if cfg["redis"]:
+        if cfg.redis:
             from lmqtt.notify.redis_bus import RedisEventPublisher
-            publisher = RedisEventPublisher(cfg["redis"], cfg["notify_mode"], float(cfg["notify_window_ms"]) / 1000.0)
-        gws = gateway_service.install(srv, lq, loop, float(cfg["notify_window_ms"]) / 1000.0, publisher,
-                                      will_grace_s=cfg["will_grace_s"], retained_props=retained_props,
-                                      session_sweep_s=cfg["session_sweep_s"])
+            publisher = RedisEventPublisher(cfg.redis, cfg.notify_mode, float(cfg.notify_window_ms) / 1000.0)
+        gws = gateway_service.install(srv, lq, loop, float(cfg.notify_window_ms) / 1000.0, publisher,
+                                      will_grace_s=cfg.will_grace_s, retained_props=retained_props,
+                                      session_sweep_s=cfg.session_sweep_s)
         await srv.start()
     except OSError as e:
         if e.filename:
@@ -221,20 +143,20 @@ async def _serve(cfg: dict, loop_name: str) -> int:
     h, p = srv.address
     http = None
     metrics_url = "off (the `stats` command answers over the protocol)"
-    if int(cfg["metrics_port"] or 0):
+    if int(cfg.metrics_port or 0):
         try:
-            http = _start_http(cfg["metrics_host"] or host, int(cfg["metrics_port"]), srv, gws)
+            http = _start_http(cfg.metrics_host or host, int(cfg.metrics_port), srv, gws)
             metrics_url = "http://{}:{}/metrics (/healthz, /readyz)".format(*http.server_address[:2])
         except OSError as e:
-            log.error("event=metrics_listen_failed port=%s error=%s", cfg["metrics_port"], e)
-            metrics_url = metrics_unavailable(cfg["metrics_host"] or host, int(cfg["metrics_port"]), e)
+            log.error("event=metrics_listen_failed port=%s error=%s", cfg.metrics_port, e)
+            metrics_url = metrics_unavailable(cfg.metrics_host or host, int(cfg.metrics_port), e)
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
-          f"  flush mode: {cfg['flush_mode']}\n"
+          f"  flush mode: {cfg.flush_mode}\n"
           f"  notify:     EVENT frames to watching gateways"
-          f"{'; Redis ' + cfg['notify_mode'] + ' at ' + cfg['redis'] if cfg['redis'] else ''}\n"
-          f"  auth:       {'token required' if cfg['token'] else 'none (loopback only)'}\n"
-          f"  wills:      of a gateway gone longer than {cfg['will_grace_s']:g} s published here\n"
+          f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}\n"
+          f"  auth:       {'token required' if cfg.token else 'none (loopback only)'}\n"
+          f"  wills:      of a gateway gone longer than {cfg.will_grace_s:g} s published here\n"
           f"  metrics:    {metrics_url}", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
