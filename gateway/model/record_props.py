@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.store.client.props import VERSION, decode_fields, encode_fields  # noqa: F401  (VERSION re-exported)
+# a retained value's props carry its expiry deadline in front (`retained_props`, `split_retained`):
+# that encoding is the SDK's props module's too, since the store node writes it for the retained
+# will of a gateway that is gone (store/node/command.py)
+from lmqtt.store.client.props import RETAINED_DEADLINE, retained_props, split_retained  # noqa: F401  (re-exported)
 
 
 @dataclass(slots=True)
@@ -94,28 +98,3 @@ def safe_decode(data: bytes) -> RecordMeta:
     except (RecordPropsError, struct.error, UnicodeDecodeError, IndexError):
         return RecordMeta()
 
-
-# Retained messages keep their expiry deadline in front of the record props (gateway-private:
-# only the gateway reads the retained metadata). The store keeps no time for a retained value, and
-# MQTT 5 §3.3.2.3.3 wants a retained message with an expiry gone once it expired, and its
-# remaining interval forwarded when it is sent on subscribe.
-RETAINED_DEADLINE = 0xFE       # never a record props VERSION byte
-_U64 = struct.Struct(">Q")
-
-
-def retained_props(props: bytes, now_ms: int) -> bytes:
-    """What to keep as the retained value's props: `props`, prefixed with the expiry deadline
-    (ms since the epoch) when the message has a Message Expiry Interval."""
-    if not props:
-        return props
-    mei = safe_decode(props).message_expiry_interval
-    if mei is None:
-        return props
-    return bytes((RETAINED_DEADLINE,)) + _U64.pack(now_ms + mei * 1000) + props
-
-
-def split_retained(value: bytes) -> tuple[bytes, int | None]:
-    """(record props, expiry deadline ms or None) of a retained value written by `retained_props`."""
-    if value and value[0] == RETAINED_DEADLINE and len(value) >= 9:
-        return value[9:], _U64.unpack_from(value, 1)[0]
-    return value, None

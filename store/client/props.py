@@ -128,3 +128,34 @@ def encode(p: MessageProperties) -> bytes:
 def decode(data: bytes) -> MessageProperties:
     """Empty props decode as QoS 0 without properties; ValueError for bytes of another format."""
     return MessageProperties(*decode_fields(data))
+
+
+# A retained message keeps its expiry deadline in front of its record props: the store keeps no
+# time for a retained value, and MQTT 5 §3.3.2.3.3 wants a retained message with an expiry gone
+# once it expired, and its remaining interval forwarded when it is sent on subscribe. Written by
+# the gateway (a retained PUBLISH) and by the store node (the retained will of a gateway that is
+# gone, store/node/gateway_wills.py), read by the gateway (gateway/delivery/retained.py).
+RETAINED_DEADLINE = 0xFE       # never a record props VERSION byte
+_U64 = struct.Struct(">Q")
+
+
+def retained_props(props: bytes, now_ms: int) -> bytes:
+    """What to keep as the retained value's props: `props`, prefixed with the expiry deadline
+    (ms since the epoch) when the message has a Message Expiry Interval. Props of another format
+    are kept as they are."""
+    if not props:
+        return props
+    try:
+        mei = decode_fields(props)[4]
+    except ValueError:
+        return props
+    if mei is None:
+        return props
+    return bytes((RETAINED_DEADLINE,)) + _U64.pack(now_ms + mei * 1000) + props
+
+
+def split_retained(value: bytes) -> tuple[bytes, int | None]:
+    """(record props, expiry deadline ms or None) of a retained value written by `retained_props`."""
+    if value and value[0] == RETAINED_DEADLINE and len(value) >= 9:
+        return value[9:], _U64.unpack_from(value, 1)[0]
+    return value, None

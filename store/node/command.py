@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(cfg: NodeConfig, loop_name: str) -> int:
-    from lmqtt.gateway.model.record_props import retained_props
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.store.node import gateway_service
+    from lmqtt.store.client.props import retained_props
     from lmqtt.store.node.sdk_service import install
     from lmqtt.store import MessageStore, StoreConfig
     from lmqtt.store.server import StoreServer
