@@ -242,11 +242,23 @@ def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
             Path(sec.password_file).unlink(missing_ok=True)
             subprocess.run([exe, "-b", "-c", sec.password_file, sec.username, sec.password], check=True,
                            capture_output=True, timeout=30)
-        else:           # the same $7$ format (gateway/security/passwd.py), Mosquitto's default iteration count
-            from lmqtt.gateway.security.auth import hash_password
-            Path(sec.password_file).write_text(f"{sec.username}:{hash_password(sec.password, iterations=101)}\n")
+        else:
+            Path(sec.password_file).write_text(f"{sec.username}:{mosquitto_hash(sec.password)}\n")
         os.chmod(sec.password_file, 0o644)
     return sec
+
+
+def mosquitto_hash(password: str, iterations: int = 101) -> str:
+    """A password file line's hash in Mosquitto 2's `$7$` form (PBKDF2-HMAC-SHA512, base64 salt and
+    hash), with mosquitto_passwd's iteration count, so a login costs what it costs on Mosquitto:
+    what `--password` writes when mosquitto_passwd is not installed. Both brokers read it (lmqtt's
+    check: gateway/security/auth.py `verify_password`; tests/loadtest/test_compare_password.py)."""
+    import base64
+    import hashlib
+    import secrets
+    salt = secrets.token_bytes(12)
+    dk = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
 
 
 def _headline(r: dict) -> str:
