@@ -5,6 +5,10 @@ balancer). It is `lmqtt serve --workers N` (gateway/app/workers.py) with a port 
 one shared SO_REUSEPORT port, so the benchmark can put publishers and subscribers on different
 gateways and measure the cross-gateway path. All processes are children of this one, so the
 benchmark's CPU/RSS probe (the launcher's PID and its children) covers the whole fleet.
+
+It runs the product's own supervisor (`gateway/app/workers.py`) over `lmqtt serve`'s flags and
+configuration: the one load tool that imports the composition root (`MAY_IMPORT` in
+tests/architecture/test_layering.py, docs/internals.md).
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from lmqtt.gateway.app.config import ConfigError, build_config
-    from lmqtt.gateway.app.serve_command import _parser
+    from lmqtt.gateway.app.serve_command import parser
     from lmqtt.gateway.app.workers import run
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -23,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     i = argv.index("--ports")
     ports = [int(p) for p in argv[i + 1].split(",") if p]
     rest = argv[:i] + argv[i + 2:]
-    args = _parser().parse_args(["--port", str(ports[0]), *rest])
+    args = parser().parse_args(["--port", str(ports[0]), *rest])
     try:
         cfg = build_config({}, {k: v for k, v in vars(args).items() if k != "config" and v is not None})
     except ConfigError as e:

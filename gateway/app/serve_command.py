@@ -31,7 +31,7 @@ from lmqtt.store.node.process import (DataDirError, check_data_dir, install_even
 log = logging.getLogger("lmqtt.serve")
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmqtt serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="MQTT port (default 1883; 0 = any free port)")
@@ -101,7 +101,7 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         file_values = load_toml(args.config) if args.config else {}
         overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
