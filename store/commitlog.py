@@ -24,7 +24,7 @@ from collections import deque
 
 from .config import StoreConfig
 from .disk_space import DiskSpace
-from .errors import DiskFull, InvalidMessage, NotVisible
+from .errors import DiskFull, InvalidMessage, NotVisible, StoreError
 from .mapped_file_queue import MappedFileQueue
 from .errors import CorruptRecord
 from .record import (BLANK_MAGIC, HEADER_SIZE, MIN_BLANK, MSG_MAGIC, PREFIX, c_decode, c_decode_many, check_size,
@@ -89,6 +89,8 @@ class CommitLog:
         self.live_enabled = False
         self.live_count = 0
         self.live_cap = cfg.dispatch_memory_max_records if cfg.dispatch_from_memory else 0
+        # store/tier TierService when a tier is enabled: reads below the first local segment go there
+        self.tier = None
 
     def keep_recent(self, max_bytes: int, max_records: int) -> None:
         """Keep the last appended records (up to both bounds) for read(); 0 turns it off."""
@@ -351,6 +353,33 @@ class CommitLog:
         results, end = self._append_batch((m,), fut, ident)
         return results[0], end
 
+    def append_replicated(self, offset: int, data) -> int:
+        """A replica's append (store/ha/replication.py): the primary's CommitLog bytes `data`, which it
+        appended at `offset`, written at the same offset (== `wrote`: the stream is contiguous),
+        blank fillers and the zeros after them included, so segments line up byte for byte. Records
+        are visible once dispatch parsed them from the log (no live hand-off on a replica).
+        Returns the new end."""
+        if self.disk_full_reason:
+            raise self.disk.refuse(1, self.disk_full_reason)
+        seg = self.seg_size
+        view = memoryview(data)
+        with self.lock:
+            if offset != self.wrote:
+                raise StoreError(f"replicated bytes at offset {offset}, but this log ends at {self.wrote}")
+            pos, i, n = offset, 0, len(view)
+            while i < n:
+                mf = self.mfq.find(pos)
+                if mf is None:
+                    mf = self._new_segment(pos - pos % seg)
+                rel = pos - mf.start_offset
+                k = min(n - i, mf.size - rel)
+                mf.mm[rel:rel + k] = view[i:i + k]
+                mf.wrote_pos = rel + k
+                pos += k
+                i += k
+            self.wrote = self.committed = pos
+        return pos
+
     def enable_live(self, dispatched: int) -> bool:
         """Called by the dispatch thread when it has caught up: start queueing requests again.
         Chunks queued from now on start at `wrote`; dispatch reads the log up to there."""
@@ -416,6 +445,8 @@ class CommitLog:
     def read(self, phys: int, size: int | None = None) -> StoredMessage:
         mf = self.mfq.find(phys)
         if mf is None:
+            if self.tier is not None and phys < self.mfq.min_offset:
+                return self.tier.read(phys, size)     # offloaded (store/tier): read from the tier
             raise NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, {self.wrote})")
         t = self._recent.get(phys)
         if t is not None:
@@ -437,8 +468,15 @@ class CommitLog:
             return _decode(mm, rel, phys, self.ident, True, rel + size)
         except ValueError:
             if mm.closed:   # map closed by retention meanwhile
+                if self.tier is not None:       # deleted after its upload: the tier has it
+                    return self.tier.read(phys, size)
                 raise NotVisible(f"offset {phys} was deleted by retention") from None
             raise
+
+    @property
+    def min_readable(self) -> int:
+        """The first readable offset: the tier's first segment when a tier holds older ones."""
+        return self.tier.min_offset() if self.tier is not None else self.mfq.min_offset
 
     def read_many(self, wanted: list) -> list:
         """The records at `wanted` [(phys, size), ...] (sizes as the index recorded them), in that
@@ -457,17 +495,25 @@ class CommitLog:
         while i < n:
             phys = wanted[i][0]
             mf = find(phys)
+            if mf is None and self.tier is not None and phys < self.mfq.min_offset:
+                i = self.tier.read_many(wanted, i, out)     # offloaded (store/tier)
+                continue
             if mf is None:
                 out.append(NotVisible(f"offset {phys} is outside the CommitLog [{self.mfq.min_offset}, "
                                       f"{self.wrote})"))
                 i += 1
                 continue
             mm = mf.mm
+            base = len(out)
             try:
                 j = many(mm, mf.start_offset, wanted, i, ident, out)
             except ValueError:
                 if not mm.closed:
                     raise
+                del out[base:]
+                if self.tier is not None:       # deleted after its upload: read the tier
+                    i = self.tier.read_many(wanted, i, out)
+                    continue
                 j = i
                 while j < n and mf.start_offset <= wanted[j][0] < mf.end_offset:
                     out.append(NotVisible(f"offset {wanted[j][0]} was deleted by retention"))

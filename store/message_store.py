@@ -90,6 +90,13 @@ class MessageStore:
         self._queue_kinds: dict = {"cq": self._cq_end_at}
         self._state_lock = threading.Lock()
         self.delayed = None          # DelayedMessages once enable_delayed() was called
+        # store/ha: why appends are refused on this member (a replica), None when they are taken;
+        # what a cut of the log before start() was (the recovery's line names it instead of a loss)
+        self.refuse_appends: str | None = None
+        self.cut_reason: str | None = None
+        self._commit_wake = self.group_commit.wake if self.group_commit else None
+        self._gate = None
+        self.tier = None             # store/tier TierService once enable_tier() was called
 
     # ------------------------------------------------------------------ lifecycle
     def add_dispatcher(self, d) -> None:
@@ -100,6 +107,16 @@ class MessageStore:
             if not hasattr(d, attr):
                 raise TypeError(f"dispatcher {d!r} lacks {attr!r} (see the Dispatcher protocol)")
         self._dispatchers.append(d)
+
+    def enable_tier(self, tier_cfg) -> None:
+        """Tiered storage (store/tier, docs/store.md "Tiered storage"): sealed CommitLog segments
+        are uploaded to `tier_cfg.url` in the background and read back from there once local
+        retention deleted them. Must be called before start(); ValueError for a bad URL/option."""
+        if self._running:
+            raise StoreError("enable_tier must be called before start()")
+        from .tier.service import TierService
+        self.tier = TierService(self, tier_cfg)
+        self.clog.tier = self.tier
 
     def add_recovery_listener(self, fn) -> None:
         """`fn(store)` is called once by start(), after recovery and re-dispatch, before any append
@@ -154,6 +171,8 @@ class MessageStore:
         for fn in self._recovery_listeners:
             fn(self)          # nothing can be appended yet: the queues end where recovery left them
         self.check_disk()
+        if self.tier is not None:
+            self.tier.start()
         if self.group_commit:
             self.group_commit.start()
         self.dispatch.start()
@@ -167,6 +186,12 @@ class MessageStore:
     def _report_lost(self, end: int, recorded: int, flushed: int, ckpts: list, missing_seg: int | None) -> None:
         """The loud line of a recovery that found less than the checkpoints recorded."""
         who = ", ".join(f"{d.name} {c}" for d, c in zip(self._dispatchers, ckpts))
+        if self.cut_reason:
+            log.warning("store recovery: the log was cut at %d on purpose (%s): %d bytes after it are gone, "
+                        "queues are cut back to it (dispatched: %s); consumer offsets beyond their queue's end "
+                        "are reset to it (recovery %d)", end, self.cut_reason, recorded - end, who,
+                        self.recovery.generation)
+            return
         where = ""
         if missing_seg is not None:
             where = (f"; the segment file {os.path.join(self.clog.mfq.dir, file_name(missing_seg))} "
@@ -221,6 +246,8 @@ class MessageStore:
                 log.exception("store shutdown: closing the timer wheel failed")
         self.background.stop()
         self.prefault.stop()
+        if self.tier is not None:
+            self.tier.stop()
         if self.clog.buffered:
             self.clog.commit()
         if self.group_commit:
@@ -287,9 +314,11 @@ class MessageStore:
         """Append one message (fast path of append_batch([msg])[0])."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
+        if self.refuse_appends is not None:
+            raise StoreError(self.refuse_appends)
         if self._sync:
             r, end = self.clog.append_one(msg, None, self.ident)
-            self.group_commit.wake()
+            self._commit_wake()
         else:
             fut = ResolvedFuture(None)
             r, end = self.clog.append_one(msg, fut, self.ident)
@@ -305,9 +334,11 @@ class MessageStore:
             msgs = list(msgs)
         if len(msgs) == 1:
             return [self.append(msgs[0])]
+        if self.refuse_appends is not None:
+            raise StoreError(self.refuse_appends)
         if self._sync:
             results, end = self.clog.append_batch(msgs, None, self.ident)
-            self.group_commit.wake()
+            self._commit_wake()
         else:
             fut = ResolvedFuture(None)
             results, end = self.clog.append_batch(msgs, fut, self.ident)
@@ -327,6 +358,27 @@ class MessageStore:
             committed = self.clog.committed
             if committed - self.dispatch.dispatched > bp:
                 self.dispatch.wait_for(committed - bp // 2, self._bp_wait)
+
+    def use_ack_gate(self, gate) -> None:
+        """store/ha: the durable future of every append from now on is `gate.current` (read under the
+        CommitLog lock, as the group commit's), resolved when the replicas have acknowledged it
+        (store/ha/replication.py AckGate); None goes back to the flush mode's own futures."""
+        with self.clog.lock:
+            self._gate = gate
+            gc = self.group_commit
+            if gate is None:
+                self.clog.group_commit = gc
+                self._sync = self.cfg.flush_mode == "sync"
+                self._commit_wake = gc.wake if gc else None
+            else:
+                self.clog.group_commit = gate
+
+                def wake(gc=gc, gate=gate):
+                    if gc is not None:
+                        gc.wake()
+                    gate.wake()
+                self._commit_wake = wake
+                self._sync = True
 
     async def append_async(self, msg: Message) -> AppendResult:
         """Append one message and wait until it is durable under the flush mode."""
@@ -397,7 +449,8 @@ class MessageStore:
 
     @property
     def min_offset(self) -> int:
-        return self.clog.mfq.min_offset
+        """The first readable offset (with a tier: the tier's first segment)."""
+        return self.clog.min_readable
 
     @property
     def max_offset(self) -> int:
@@ -411,8 +464,8 @@ class MessageStore:
     def read(self, phys_offset: int, size: int | None = None) -> StoredMessage:
         """The record at `phys_offset` (CRC checked). Only offsets below the dispatched offset are
         served; raises NotVisible otherwise and CorruptRecord if the record fails its check."""
-        if phys_offset >= self.dispatch.dispatched or phys_offset < self.clog.mfq.min_offset or phys_offset < 0:
-            raise NotVisible(f"offset {phys_offset} is not visible (log [{self.clog.mfq.min_offset}, "
+        if phys_offset >= self.dispatch.dispatched or phys_offset < self.clog.min_readable or phys_offset < 0:
+            raise NotVisible(f"offset {phys_offset} is not visible (log [{self.clog.min_readable}, "
                              f"{self.dispatch.dispatched}) dispatched)")
         return self.clog.read(phys_offset, size)
 
@@ -421,7 +474,7 @@ class MessageStore:
         item, or the exception that read would have raised (NotVisible, CorruptRecord), returned,
         not raised (CommitLog.read_many: one decode call per segment's run of records)."""
         visible = self.dispatch.dispatched
-        lo = self.clog.mfq.min_offset
+        lo = self.clog.min_readable
         if all(lo <= w[0] < visible for w in wanted):
             return self.clog.read_many(wanted)
         ok = [w for w in wanted if lo <= w[0] < visible]
@@ -476,7 +529,7 @@ class MessageStore:
         visible = self.dispatch.dispatched
         out = []
         for phys in self.index.query(topic, key, begin_ms, end_ms, max_count * 4 + 16):
-            if phys >= visible or phys < self.clog.mfq.min_offset:
+            if phys >= visible or phys < self.clog.min_readable:
                 continue
             try:
                 m = self.clog.read(phys)
@@ -527,6 +580,10 @@ class MessageStore:
             "consumer_offsets_reset": self.offsets_reset,
         }
 
+    def tier_stats(self) -> dict | None:
+        """What is local, uploading, in the tier, the oldest readable time (store/tier); None without a tier."""
+        return self.tier.stats() if self.tier is not None else None
+
     # ------------------------------------------------------------------ housekeeping
     @property
     def corrupt_ranges(self) -> list[tuple[int, int]]:
@@ -540,7 +597,10 @@ class MessageStore:
         self._clog_ckpt.save(self.clog.flushed)
 
     def delete_expired_segments(self, now_ms: int | None = None) -> int:
-        """Run retention now (the background service runs it every retention_check_interval_ms)."""
+        """Run retention now (the background service runs it every retention_check_interval_ms).
+        With a tier, local files go only once uploaded (the tier's local and tier retention)."""
+        if self.tier is not None:
+            return self.tier.housekeep(now_ms)
         return retention.delete_expired(self.clog, self._dispatchers, self.dispatch.dispatched,
                                         self.cfg.retention_ms, now_ms)
 

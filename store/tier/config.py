@@ -1,0 +1,101 @@
+"""`TierConfig`: where sealed CommitLog segments go and how long they are kept (docs/store.md "Tiered storage").
+
+Retention values are durations (`90s`, `30m`, `72h`, `30d`, `500ms`, a bare number = seconds),
+sizes (`512MB`, `20GiB`, a bare number with a unit only) or both, comma-separated
+(`72h,20GB`: whichever is reached first). `0` means "as soon as possible" (local: delete a
+segment once the tier holds it).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_DUR = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
+_SIZE = {"b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4,
+         "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m_": 1 << 20}
+_PART = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_retention(text: str | int | float | None, what: str) -> tuple[int | None, int | None]:
+    """`text` -> (milliseconds or None, bytes or None). ValueError naming `what` when unreadable."""
+    if text is None or text == "":
+        return None, None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text * 1000), None
+    ms = size = None
+    for part in str(text).split(","):
+        m = _PART.match(part)
+        if not m:
+            raise ValueError(f"{what}: {part.strip()!r} is not a duration (72h, 30d, 90s) or a size (20GB)")
+        num, unit = float(m.group(1)), m.group(2).lower()
+        if unit in ("", *_DUR):
+            if ms is not None:
+                raise ValueError(f"{what}: two durations in {text!r}")
+            ms = int(num * _DUR.get(unit, 1000))
+        elif unit in _SIZE:
+            if size is not None:
+                raise ValueError(f"{what}: two sizes in {text!r}")
+            size = int(num * _SIZE[unit])
+        else:
+            raise ValueError(f"{what}: unknown unit {m.group(2)!r} in {text!r} (durations: ms s m h d w; "
+                             f"sizes: B KB MB GB TB KiB MiB GiB TiB)")
+    return ms, size
+
+
+@dataclass
+class TierConfig:
+    """Configuration of the tier under a `MessageStore` (`MessageStore.enable_tier`)."""
+
+    # fsspec URL: file:///mnt/cold/lmqtt, s3://bucket/prefix, any other fsspec backend
+    url: str
+    # S3-compatible servers (MinIO, Ceph, moto ...): their endpoint, e.g. http://127.0.0.1:9000.
+    # Credentials come from the usual AWS places (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY ...).
+    endpoint: str | None = None
+    # kept on the node's disk once uploaded (None: the store's retention applies to local files)
+    local_retention_ms: int | None = 24 * 3600 * 1000
+    local_retention_bytes: int | None = None
+    # kept in the tier (None: forever); past it a segment is gone from the tier and from the node
+    tier_retention_ms: int | None = 30 * 24 * 3600 * 1000
+    tier_retention_bytes: int | None = None
+    # decompressed segments kept in memory for reads of offloaded ranges (at least one segment)
+    cache_bytes: int = 256 << 20
+    # how often the uploader looks for sealed segments (and retries after a failure, backing off
+    # up to 30 s)
+    upload_interval_ms: int = 1000
+    # "zstd" (python zstandard, or pyarrow's zstd codec), "zlib", "none"; "auto": the first available
+    codec: str = "auto"
+    # further fsspec storage options (s3fs: key, secret, client_kwargs ...)
+    storage_options: dict = field(default_factory=dict)
+    # timeouts of one object operation against the tier (seconds)
+    timeout_s: float = 20.0
+
+    @classmethod
+    def from_flags(cls, url: str, endpoint: str | None = None, local_retention: str | None = None,
+                   tier_retention: str | None = None, cache_mb: int | None = None, **kw) -> "TierConfig":
+        """From the command-line / config-file strings (`--tier`, `--tier-endpoint`,
+        `--local-retention`, `--tier-retention`, `--tier-cache-mb`)."""
+        c = cls(url=url, endpoint=endpoint or None, **kw)
+        if local_retention not in (None, ""):
+            c.local_retention_ms, c.local_retention_bytes = parse_retention(local_retention, "--local-retention")
+        if tier_retention not in (None, ""):
+            if str(tier_retention).strip().lower() in ("forever", "none", "inf"):
+                c.tier_retention_ms = c.tier_retention_bytes = None
+            else:
+                c.tier_retention_ms, c.tier_retention_bytes = parse_retention(tier_retention, "--tier-retention")
+        if cache_mb is not None:
+            c.cache_bytes = int(cache_mb) << 20
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        if not isinstance(self.url, str) or "://" not in self.url:
+            raise ValueError(f"--tier must be a URL such as file:///mnt/cold/lmqtt or s3://bucket/prefix, "
+                             f"got {self.url!r}")
+        if self.codec not in ("auto", "zstd", "zlib", "none"):
+            raise ValueError(f"tier codec must be auto, zstd, zlib or none, got {self.codec!r}")
+        for name in ("local_retention_ms", "local_retention_bytes", "tier_retention_ms", "tier_retention_bytes"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must not be negative, got {v}")
+        if self.cache_bytes <= 0:
+            raise ValueError(f"the tier read cache must be positive, got {self.cache_bytes} bytes")
