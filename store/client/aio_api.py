@@ -24,7 +24,7 @@ import time
 import uuid
 
 from .. import protocol as W
-from .consumer import Record, _pull_result, decode_messages, _records_raw
+from .consumer import FilterConsumer, Record, _commit_args, _pull_result, decode_messages, _records_raw
 from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
 
 
@@ -282,54 +282,54 @@ class AsyncPullConsumer:
 
 
 class AsyncFilterConsumer:
-    """FilterConsumer (consumer.py): what an MQTT subscriber of `topic_filter` sees, wildcards
-    included; `since` (epoch ms) first replays the stored history. Create it with `await
-    AsyncConnection.filter_consumer(...)` (that registers the filter, like a SUBSCRIBE)."""
+    """FilterConsumer (consumer.py): every stored message matching `topic_filter`, wildcards
+    included, whether or not the filter was held when it was written, then the live ones; starts
+    at `since` (epoch ms), else the group's committed position, else `start`. Create it with
+    `await AsyncConnection.filter_consumer(...)` (that registers the filter, like a SUBSCRIBE).
+    `log_position` (a CommitLog position) is what a group commits; `position` the light-queue
+    offset of the same point when the queue covers it."""
 
     def __init__(self, conn, topic_filter: str, group: str | None = None, *, max_count: int = 256) -> None:
         self.conn, self.filter, self.group = conn, topic_filter, group
         self.max_count = max_count
-        self.position = 0
-        self._history = None
+        self.position = None
+        self.log_position = 0
+        self._hint = None
+        self._last = None
 
     async def _start(self, start: str, since: int | None) -> "AsyncFilterConsumer":
-        info = await self.conn.cmd("subscribe", filter=self.filter)
-        if since is not None:
-            plan = await self.conn.cmd("replay", filter=self.filter, since=int(since))
-            self.position = int(plan["live_offset"])
-            self._history = plan.get("cursor")
-            return self
-        pos = None
-        if self.group:
-            pos = (await self.conn.cmd("committed", group=self.group, filter=self.filter))["offset"]
-        if pos is None:
-            pos = info["max_offset"] if start == "latest" else info["min_offset"]
-        self.position = pos
+        await self.conn.cmd("subscribe", filter=self.filter)
+        self._place(await self.conn.cmd("filter_position", filter=self.filter, group=self.group, start=start,
+                                        since=None if since is None else int(since)))
         return self
 
-    async def poll(self) -> list[Record]:
-        for _ in range(8):           # the history first (bounded: a stretch of other topics)
-            if self._history is None:
-                break
-            args = {"cmd": "replay_read", "cursor": self._history, "max_count": self.max_count}
-            _op, _f, body = await self.conn.call(W.OP_CALL, json.dumps(args).encode(), retry=True)
-            header, recs = decode_messages(self.conn.ident, body)
-            self._history = None if header.get("done") else header["cursor"]
-            if recs:
-                return recs
-        else:
-            return []
-        _op, _f, body = await self.conn.call(
-            W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position, self.max_count, 4 << 20), retry=True)
-        header, recs = decode_messages(self.conn.ident, body)
-        self.position = header.get("next_offset", self.position)
-        return recs
+    _place = FilterConsumer._place
+    _args = FilterConsumer._args
+    _took = FilterConsumer._took
 
-    async def commit(self, offset: int | None = None) -> None:
+    async def seek(self, start: str | int) -> None:
+        """Go on from "earliest", "latest" or a time (epoch ms)."""
+        if isinstance(start, str):
+            r = await self.conn.cmd("filter_position", filter=self.filter, start=start)
+        else:
+            r = await self.conn.cmd("filter_position", filter=self.filter, since=int(start))
+        self._place(r)
+
+    async def poll(self) -> list[Record]:
+        for _ in range(8):           # a stretch of other topics in the history may give nothing
+            before = self.log_position
+            _op, flags, body = await self.conn.call(W.OP_CALL, self._args(), retry=True)
+            recs = self._took(flags, body)
+            if recs or self.log_position == before:
+                return recs
+        return []
+
+    async def commit(self, offset=None) -> None:
+        """As FilterConsumer.commit: None (after the last poll), a Record (through it) or a
+        light-queue offset."""
         if not self.group:
             raise ValueError("a filter consumer without a group has nothing to commit to")
-        await self.conn.cmd("commit", group=self.group, filter=self.filter,
-                            offset=self.position if offset is None else offset)
+        await self.conn.cmd("filter_commit", **_commit_args(self, offset))
 
 
 class AsyncPopConsumer:

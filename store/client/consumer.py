@@ -1,5 +1,5 @@
 """Consumers: by topic/queue/offset (`pull`, `PullConsumer` with committed group offsets), by MQTT
-topic filter over the light queues (`FilterConsumer`), and POP (`PopConsumer`).
+topic filter (`FilterConsumer`: a filter's history and live tail), and POP (`PopConsumer`).
 
 Records are `Record` named tuples; `.mqtt` decodes the MQTT metadata (QoS, retain, MQTT 5
 properties) of records written by the gateway or by an SDK producer (docs/sdk.md).
@@ -24,7 +24,7 @@ class Record(NamedTuple):
     keys: tuple
     props: bytes
     queue_id: int
-    queue_offset: int     # ConsumeQueue offset, or light-queue offset for a FilterConsumer
+    queue_offset: int     # ConsumeQueue offset (of the first-level topic's queue)
     offset: int           # physical CommitLog offset
     born_ts: int
     store_ts: int
@@ -205,58 +205,89 @@ class PullConsumer:
 
 
 class FilterConsumer:
-    """Reads exactly what an MQTT subscriber of `topic_filter` sees (wildcards included): the
-    filter's light queue. Creating it registers the filter with the store (persisted), so
-    messages published from then on are indexed for it, like an MQTT SUBSCRIBE. With a `group`,
-    the position is committed in the store; without one it starts at the queue's end.
+    """Every stored message whose topic matches the MQTT filter `topic_filter` (wildcards
+    included), whether or not the filter was held when it was written, then the new ones as they
+    come: the filter's history and its live tail are one read (lightqueue/history.py, docs/sdk.md
+    "Reading a filter's history"), served from the filter's light queue where it covers and from
+    its first-level topic's ConsumeQueues before that. Creating it registers the filter with the
+    store (persisted), like an MQTT SUBSCRIBE, so the light queue serves the live part.
 
-    `since` (epoch ms): first every stored message matching the filter from that time on, then
-    live, as an MQTT SUBSCRIBE with `since` (docs/gateway.md "Subscribing from the past"); it
-    wins over a group's committed position. Records of the history come from the log (their
-    `queue_offset` is not the filter queue's); `commit()` during it commits where live reading
-    will start. Outside retention: StoreClientError (`invalid`) with the reason."""
+    Where it starts: `since` (epoch ms; outside retention: StoreClientError `invalid`), else a
+    group's committed position, else `start`: "earliest" (the oldest stored message) or "latest"
+    (only what comes next). `seek(...)` moves it later the same ways.
+
+    Position: `log_position` is a CommitLog position: every matching message stored below it has
+    been returned. It is what a group commits (`commit()`, or `commit(record)`: through that
+    record), so a group resumes exactly after what it committed whether or not the filter's light
+    queue still exists. `position` is the light-queue offset of the same point when the light
+    queue covers it (None while reading the history before it). Records come in CommitLog order
+    (the publish order of each topic); `Record.queue_offset` is the ConsumeQueue offset and
+    `Record.offset` the CommitLog offset."""
 
     def __init__(self, conn: Connection, topic_filter: str, group: str | None = None, *,
                  start: str = "latest", max_count: int = 256, since: int | None = None) -> None:
         self.conn, self.filter, self.group = conn, topic_filter, group
         self.max_count = max_count
-        self._history = None
-        info = conn.cmd("subscribe", filter=topic_filter)
-        if since is not None:
-            plan = conn.cmd("replay", filter=topic_filter, since=int(since))
-            self.position = int(plan["live_offset"])
-            self._history = plan.get("cursor")
-            return
-        pos = None
-        if group:
-            pos = conn.cmd("committed", group=group, filter=topic_filter)["offset"]
-        if pos is None:
-            pos = info["max_offset"] if start == "latest" else info["min_offset"]
-        self.position = pos
+        self._hint = None
+        self._last = None
+        conn.cmd("subscribe", filter=topic_filter)
+        self._place(conn.cmd("filter_position", filter=topic_filter, group=group, start=start,
+                             since=None if since is None else int(since)))
 
-    def poll(self) -> list[Record]:
-        for _ in range(8):           # the history first (bounded: a stretch of other topics)
-            if self._history is None:
-                break
-            args = {"cmd": "replay_read", "cursor": self._history, "max_count": self.max_count}
-            _op, _f, body = self.conn.call(W.OP_CALL, json.dumps(args).encode(), retry=True)
-            header, recs = decode_messages(self.conn.ident, body)
-            self._history = None if header.get("done") else header["cursor"]
-            if recs:
-                return recs
+    def _place(self, r: dict) -> None:
+        self.log_position = int(r["position"])
+        self.position = r.get("lq_offset")
+        self._hint = self.position
+        self._last = None
+
+    def seek(self, start: str | int) -> None:
+        """Go on from "earliest", "latest" or a time (epoch ms)."""
+        if isinstance(start, str):
+            r = self.conn.cmd("filter_position", filter=self.filter, start=start)
         else:
-            return []
-        _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(self.filter, 0, self.position,
-                                                                      self.max_count, 4 << 20), retry=True)
-        header, recs = decode_messages(self.conn.ident, body)
-        self.position = header.get("next_offset", self.position)
+            r = self.conn.cmd("filter_position", filter=self.filter, since=int(start))
+        self._place(r)
+
+    def _args(self) -> bytes:
+        return json.dumps({"cmd": "filter_read", "filter": self.filter, "position": self.log_position,
+                           "max_count": self.max_count, "hint": self._hint}).encode()
+
+    def _took(self, flags: int, body: bytes) -> list[Record]:
+        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+        self.log_position = int(header["position"])
+        self._hint = header.get("hint")
+        self.position = self._hint
+        if recs:
+            self._last = (recs[-1].offset, recs[-1].store_ts)
         return recs
 
-    def commit(self, offset: int | None = None) -> None:
+    def poll(self) -> list[Record]:
+        """The next matching records (possibly none: the history may be a stretch of other topics)."""
+        for _ in range(8):
+            before = self.log_position
+            _op, flags, body = self.conn.call(W.OP_CALL, self._args(), retry=True)
+            recs = self._took(flags, body)
+            if recs or self.log_position == before:
+                return recs
+        return []
+
+    def commit(self, offset=None) -> None:
+        """Commit the group's position: after the last poll (None), through `offset` when it is a
+        Record, or a light-queue offset (an int, as before CommitLog positions)."""
         if not self.group:
             raise ValueError("FilterConsumer without a group has nothing to commit to")
-        self.conn.cmd("commit", group=self.group, filter=self.filter,
-                      offset=self.position if offset is None else offset)
+        self.conn.cmd("filter_commit", **_commit_args(self, offset))
+
+
+def _commit_args(fc, offset) -> dict:
+    a = {"group": fc.group, "filter": fc.filter}
+    if offset is None:
+        a.update(position=fc.log_position, last=fc._last)
+    elif isinstance(offset, Record):
+        a.update(position=offset.offset + 1, last=(offset.offset, offset.store_ts))
+    else:
+        a.update(lq_offset=int(offset))
+    return a
 
 
 class PopConsumer:

@@ -11,7 +11,14 @@
   CALL unsubscribe  drop the SDK's registration
   CALL filter_offsets  min/max offset of a filter's queue
   CALL replay, replay_read  subscribing from the past (replay.py): where a filter's history since a
-                    time is, and its messages from the log (`FilterConsumer(since=...)`)
+                    time is, and its messages from the log (the gateway's `$replay/` and `since`)
+  CALL filter_read  a filter's history by CommitLog position (lightqueue/history.py `read_from`):
+                    every stored message matching it, whether or not the filter was held when it was
+                    written (`FilterConsumer`, `lmqtt consume --filter --from`)
+  CALL filter_position  where a FilterConsumer starts: earliest / latest / a time / a group's commit
+  CALL filter_commit  a FilterConsumer group's CommitLog position (and its light-queue offset, for lag)
+  CALL filter_sources, filter_range  the ConsumeQueues a filter's history is in, and one queue's
+                    offset range read with the filter applied (the Spark source's `filter` option)
   CALL sessions     a page of the persistent MQTT sessions (`lmqtt admin --sessions`): client id,
                     gateway, connected or since when not, expiry, number of subscriptions
   CALL session      one session in full (`lmqtt admin --session ID`): each subscription with its
@@ -21,10 +28,14 @@ from __future__ import annotations
 
 import logging
 
-from lmqtt.store.server import Messages, StoreServer
+from lmqtt.store import protocol as W
+from lmqtt.store.sdk_meta import lq_key
+from lmqtt.store.server import CallError, Messages, RawMessages, StoreServer
+
+from lmqtt.lightqueue import history
 
 from lmqtt.lightqueue.light_queue_store import LightQueueStore
-from lmqtt.lightqueue.replay import call_handlers
+from lmqtt.lightqueue.replay import ReplayRefused, call_handlers, check_retention
 from lmqtt.lightqueue.topics import validate_filter
 
 log = logging.getLogger("lmqtt.store.node.sdk_service")
@@ -115,6 +126,125 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
     replay, replay_read = call_handlers(server.store, lq)
     server.register_call("replay", replay)
     server.register_call("replay_read", replay_read)
+    _install_history(server, lq)
+
+
+_FP = "fp\0"          # SDK meta key prefix of a FilterConsumer group's position: fp \0 group \0 filter
+
+
+def _reply(header: dict, got: history.Got):
+    if got.msgs is not None:
+        return Messages(header, got.msgs)
+    return RawMessages(header, got.count, got.chunks)
+
+
+def _install_history(server: StoreServer, lq: LightQueueStore) -> None:
+    """A filter's history (lightqueue/history.py) for the SDK and Spark."""
+    store, meta = server.store, server.meta
+
+    def flt_of(a: dict) -> str:
+        try:
+            return validate_filter(str(a["filter"]))
+        except ValueError as e:
+            raise CallError(W.E_INVALID, str(e)) from None
+
+    def limits(a: dict) -> tuple[int, int]:
+        return max(1, min(int(a.get("max_count", 1024)), 65536)), max(1, min(int(a.get("max_bytes") or 4 << 20), 64 << 20))
+
+    def lq_offset_of(flt: str, position: int) -> int | None:
+        """The filter's light-queue offset of `position` when its queue covers it, else None."""
+        cover = history.lq_covers_from(lq, flt)
+        if cover is None or position < cover:
+            return None
+        from lmqtt.lightqueue.replay import lq_offset
+        return lq_offset(lq, flt, position, 0)
+
+    def filter_read(a: dict):
+        flt = flt_of(a)
+        mc, mb = limits(a)
+        pos = int(a["position"])
+        got, nxt, hint = history.read_from(store, lq, flt, pos, mc, mb, a.get("end"), a.get("hint"))
+        return _reply({"position": nxt, "hint": hint, "end": store.dispatched_offset}, got)
+
+    def committed_position(group: str, flt: str) -> int | None:
+        """A group's committed position, checked against the log: a log cut below it in a recovery
+        (its last record is gone or another one took its place) falls back to the group's
+        light-queue offset, which recovery brought back to the queue's end."""
+        rec = meta.get_json(f"{_FP}{group}\0{flt}")
+        if rec is not None:
+            pos, last = int(rec["position"]), rec.get("last")
+            ok = pos <= store.max_offset
+            if ok and last:
+                try:
+                    ok = int(store.read(int(last[0])).store_ts) == int(last[1])
+                except Exception:   # noqa: BLE001 - unreadable: cut, or deleted by retention
+                    ok = int(last[0]) < store.min_offset
+            if ok:
+                return pos
+            log.warning("event=filter_position_reset group=%r filter=%r position=%d: the log no longer holds "
+                        "the last record read there (cut in a recovery); going on from the group's light-queue "
+                        "offset", group, flt, pos)
+        off = meta.committed(group, lq_key(flt))
+        if off is None:
+            return None
+        e = lq.index.read(flt, max(off, lq.index.min_offset(flt)), 1)
+        return e[0].phys_offset if e else store.dispatched_offset
+
+    def filter_position(a: dict) -> dict:
+        flt = flt_of(a)
+        pos = None
+        if a.get("since") is not None:
+            since = int(a["since"])
+            try:
+                check_retention(store, since)
+            except ReplayRefused as e:
+                raise CallError(W.E_INVALID, str(e)) from None
+            pos = history.position_for_time(store, flt, since)
+        elif a.get("group"):
+            pos = committed_position(str(a["group"]), flt)
+        if pos is None:
+            start = str(a.get("start") or "latest")
+            if start not in ("earliest", "latest"):
+                raise CallError(W.E_INVALID, f"start must be earliest or latest, got {start!r}")
+            pos = store.min_offset if start == "earliest" else store.dispatched_offset
+        return {"position": pos, "lq_offset": lq_offset_of(flt, pos)}
+
+    def filter_commit(a: dict) -> dict:
+        flt, group = flt_of(a), str(a["group"])
+        if a.get("lq_offset") is not None:          # a light-queue offset (FilterConsumer.commit(int))
+            off = int(a["lq_offset"])
+            e = lq.index.read(flt, max(off, lq.index.min_offset(flt)), 1)
+            pos, last = (e[0].phys_offset if e else store.dispatched_offset), None
+        else:
+            pos, last = int(a["position"]), a.get("last")
+        if pos < 0:
+            raise CallError(W.E_INVALID, f"position must be >= 0, got {pos}")
+        meta.put_json(f"{_FP}{group}\0{flt}", {"position": pos, "last": last})
+        off = lq_offset_of(flt, pos)
+        if off is not None:                     # the light-queue offset too: lmqtt admin's lag
+            meta.commit(group, lq_key(flt), off)
+        return {"ok": True, "position": pos, "lq_offset": off}
+
+    def filter_sources(a: dict) -> dict:
+        flt = flt_of(a)
+        out = []
+        for fl, qid in history.sources(store, flt):
+            lo, hi = store.consume_queue_offsets(fl, qid)
+            out.append([fl, qid, lo, hi])
+        return {"sources": out}
+
+    def filter_range(a: dict):
+        flt = flt_of(a)
+        mc, mb = limits(a)
+        fl, qid = str(a["topic"]), int(a.get("queue_id", 0))
+        got, nxt = history.read_range(store, flt, fl, qid, int(a["start"]), int(a["end"]), mc, mb)
+        lo, hi = store.consume_queue_offsets(fl, qid)
+        return _reply({"next_offset": nxt, "min_offset": lo, "max_offset": hi}, got)
+
+    for name, fn in (("filter_read", filter_read), ("filter_position", filter_position),
+                     ("filter_commit", filter_commit), ("filter_sources", filter_sources),
+                     ("filter_range", filter_range)):
+        server.register_call(name, fn)
 
 
 def _summary(rec) -> dict:
