@@ -63,7 +63,10 @@ def inflight_state(s: "Session") -> dict | None:
     """`{"out": [[pid, queue, offset, qos, retain, state, sub_ids], ...] in send order, "next":
     {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` for the
     messages read from a light queue (retained messages and a replay's history are not kept: they
-    were never kept across a restart), or None when there is nothing to keep."""
+    were never kept across a restart), or None when there is nothing to keep. A state restored
+    without its messages and not resumed yet (`Session.saved_inflight`) is kept as it was read."""
+    if s.saved_inflight is not None:
+        return s.saved_inflight
     out = []
     cursors = s.cursors
     # every queue's: what is below it and not in "out" was done (the offsets may lag behind)

@@ -103,6 +103,10 @@ class SessionRegistry:
             self._end(s)
             s = None
         present = s is not None
+        if s is not None and s.saved_inflight is not None:
+            # kept from the restore at start and not reloaded with its messages read ahead: what
+            # cannot be read now is delivered again as new (at least once, never lost)
+            self._resume_inflight(s, s.saved_inflight)
         if s is None:
             s = Session(client_id)
             self.sessions[client_id] = s
@@ -219,7 +223,9 @@ class SessionRegistry:
             if exp <= 0 or rec.expired(now):
                 self.persist.delete_session(rec.client_id)
                 continue
-            s = self._session_from(rec, offsets, last)
+            # over a remote store the messages of its exchanges in flight cannot be read here (they
+            # are read ahead with the CONNECT that resumes it): the state waits, unchanged
+            s = self._session_from(rec, offsets, last, read_inflight=self.persist.host is None)
             if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
                 self.persist.save_session(s)
             self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
@@ -227,8 +233,10 @@ class SessionRegistry:
         self.metrics.sessions.set(len(self.sessions))
         return n
 
-    def _session_from(self, rec, offsets: dict[str, int], last_ms: int) -> Session:
-        """A persisted session record (and its committed offsets) back as a live Session here."""
+    def _session_from(self, rec, offsets: dict[str, int], last_ms: int, read_inflight: bool = True) -> Session:
+        """A persisted session record (and its committed offsets) back as a live Session here.
+        `read_inflight=False`: its exchanges in flight are kept as read (`Session.saved_inflight`,
+        written back unchanged) and resumed when a CONNECT reloads it with their messages."""
         s = Session(rec.client_id)
         s.version = rec.protocol_version
         s.expiry_interval = rec.expiry_interval
@@ -240,16 +248,26 @@ class SessionRegistry:
             self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
         state = rec.extra.get(INFLIGHT) if rec.extra else None
         if state:
-            # the messages are read again (in-process: here and now; a fleet gateway: read ahead
-            # with a resumed session's record, else they are delivered again as new ones)
-            try:
-                n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
-                log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
-                         s.client_id, n, len(s.inbound_qos2))
-            except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
-                log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
+            if read_inflight:
+                self._resume_inflight(s, state)
+            else:
+                s.saved_inflight = state
+                log.info("event=inflight_kept client_id=%s outbound=%d inbound_qos2=%d (resumed at its "
+                         "connect)", s.client_id, len(state.get("out", ())), len(state.get("in2", ())))
         self.sessions[s.client_id] = s
         return s
+
+    def _resume_inflight(self, s: Session, state: dict) -> None:
+        """Put a record's exchanges in flight back into `s`: the messages are read again
+        (in-process: here and now; a fleet gateway: read ahead with a resumed session's record,
+        else they are delivered again as new ones)."""
+        s.saved_inflight = None
+        try:
+            n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
+            log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
+                     s.client_id, n, len(s.inbound_qos2))
+        except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
+            log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
 
     def publish_orphan_wills(self) -> int:
         """Wills this gateway held for connections alive at its crash: send them now. Only its own

@@ -408,10 +408,11 @@ class FleetSessionRegistry(SessionRegistry):
             rec = self.store_sessions.get(client_id).wait()
         local = self.sessions.get(client_id)
         if (local is not None and rec is not None and rec.last_disconnect_ms is not None
-                and rec.last_disconnect_ms == local.disconnected_at_ms):
+                and rec.last_disconnect_ms == local.disconnected_at_ms and local.saved_inflight is None):
             # the store holds the record this gateway wrote when the client left: nobody served
             # the session since, and the local copy also knows its messages in flight (re-sent
-            # with DUP and their packet ids)
+            # with DUP and their packet ids; unless it was restored at start without their
+            # messages, `saved_inflight`: reloaded here, where they are read ahead)
             return
         if rec is not None and rec.expired(_now_ms()):
             # its gateway is gone and the store's sweep has not ended it yet: it ends now

@@ -185,7 +185,7 @@ class Session:
     __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
                  "inbound_qos2", "inbound_pending", "conn", "receive_max", "expiry_handle",
                  "disconnected_at_ms", "retained_backlog", "next_pid", "max_packet", "alias_max",
-                 "aliases", "custom", "dropped_expired", "dropped_too_large")
+                 "aliases", "custom", "dropped_expired", "dropped_too_large", "saved_inflight")
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
@@ -217,6 +217,11 @@ class Session:
         self.custom = False
         self.dropped_expired = 0
         self.dropped_too_large = 0
+        # the QoS 1/2 exchanges of its record not resumed yet (core/session_persistence.py): a
+        # gateway over a remote store restores its sessions at start without their messages, so it
+        # keeps the state as read (and writes it back unchanged) until a CONNECT resumes it with
+        # the messages read ahead; None: nothing waits (`outbound`, `inbound_qos2` are the truth)
+        self.saved_inflight: dict | None = None
 
     def wait_retained(self, entry: tuple) -> deque:
         """Queue a retained message behind the QoS 1/2 window; returns the queue."""
