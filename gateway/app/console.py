@@ -144,7 +144,7 @@ def parse_time(s: str) -> int:
 
 
 def is_filter(f: str) -> bool:
-    """True: read the light queue of an MQTT filter; False: the ConsumeQueue of a first-level topic."""
+    """True: the history of an MQTT filter (then its live tail); False: the ConsumeQueue of a first-level topic."""
     return "/" in f or "+" in f or "#" in f
 
 
@@ -252,13 +252,13 @@ def _consumer(conn, args, ts):
     f = args.filter
     start = "earliest" if ts is not None else (args.start or "latest")
     if is_filter(f):
-        cons = conn.filter_consumer(f, args.group, start=start, max_count=256)
-        if args.start is not None:
-            info = conn.cmd("subscribe", filter=f)
-            cons.position = info["max_offset"] if start == "latest" else info["min_offset"]
+        # a filter's history (every stored message matching it, held or not when written), then live
+        cons = conn.filter_consumer(f, args.group, start=start, max_count=256, since=ts)
+        if args.start is not None and ts is None:
+            cons.seek(start)
         if args.group:      # a new group starts here, even if this run reads nothing (as Kafka's)
-            cons.commit(cons.position)
-        return cons, lambda r: r.queue_offset + 1
+            cons.commit()
+        return cons, lambda r: r            # commit through the record
     if args.group:
         cons = conn.consumer(f, args.group, args.queue_id, start=start, max_count=256)
     else:

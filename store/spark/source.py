@@ -5,9 +5,13 @@ mode against `lmqtt serve --store-port` and on a cluster against `lmqtt store`: 
 (offsets, time -> offset), executors pull their own offset ranges over their own connections.
 
 Queues ("queue" column, and the keys of streaming offsets):
-  * option `filter` (MQTT topic filter, wildcards allowed): the filter's light queue, exactly what
-    an MQTT subscriber of the filter sees. Key `lq:<filter>`. Reading registers the filter (like
-    a SUBSCRIBE); messages published before the first registration are not in it.
+  * option `filter` (MQTT topic filter, wildcards allowed): every stored message whose topic
+    matches it, whether or not the filter was ever subscribed (lightqueue/history.py): the
+    ConsumeQueues of its first-level topic (every first-level topic for a filter starting with a
+    wildcard), key `<first-level topic>:<queue id>`, each range read with the filter applied in
+    the store (CALL filter_range: only matching records cross the wire). Reading registers
+    nothing. (Before issue 28 this read the filter's light queue, key `lq:<filter>`: only what was
+    published while the filter was held.)
   * option `topic` (first-level topic): its ConsumeQueues, key `<topic>:<queue id>`.
 """
 from __future__ import annotations
@@ -74,7 +78,8 @@ class _Queues:
 
     def keys(self) -> list[str]:
         if self.filter:
-            return [f"lq:{self.filter}"]
+            r = self.conn.cmd("filter_sources", filter=self.filter)
+            return [f"{fl}:{qid}" for fl, qid, _lo, _hi in r["sources"]]
         from lmqtt.store.client.admin import Admin
         qids = sorted({q["queue_id"] for q in Admin(self.conn).topics() if q["topic"] == self.topic}) or [0]
         return [f"{self.topic}:{q}" for q in qids]
@@ -118,7 +123,11 @@ class _Queues:
         from lmqtt.store import protocol as W
         from lmqtt.store.client.consumer import decode_messages
         n = max(1, min(max_count, end - start))
-        if key.startswith("lq:"):
+        if self.filter and not key.startswith("lq:"):
+            from lmqtt.store.client.consumer import _records_raw
+            _op, flags, body = self.conn.call(W.OP_CALL, self._range_args(key, start, end, n), retry=True)
+            _h, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+        elif key.startswith("lq:"):
             _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20),
                                            retry=True)
             _h, recs = decode_messages(self.conn.ident, body)
@@ -128,10 +137,19 @@ class _Queues:
             recs = pull(self.conn, name, qid, start, n).records
         return [r for r in recs if start <= r.queue_offset < end]
 
+    def _range_args(self, key: str, start: int, end: int, n: int) -> bytes:
+        import json
+        name, qid = self._split(key)
+        return json.dumps({"cmd": "filter_range", "filter": self.filter, "topic": name, "queue_id": qid,
+                           "start": start, "end": end, "max_count": n, "max_bytes": 4 << 20}).encode()
+
     def _request(self, key: str, start: int, end: int):
-        """One pull of [start, end) (up to _RANGE_PULL records / 4 MiB) sent now; a future."""
+        """One pull of [start, end) (up to _RANGE_PULL records / 4 MiB) sent now; a future. With a
+        filter, the range's records whose topic matches it (the store looks at every entry)."""
         from lmqtt.store import protocol as W
         n = max(1, min(_RANGE_PULL, end - start))
+        if self.filter and not key.startswith("lq:"):
+            return self.conn.request(W.OP_CALL, self._range_args(key, start, end, max(n, _RANGE_PULL)))
         if key.startswith("lq:"):
             return self.conn.request(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20))
         name, qid = self._split(key)
@@ -153,6 +171,8 @@ class _Queues:
             nxt = None
             _op, flags, body = check_reply(fut.result(self.conn.timeout))
             batch, header, new_pos = arrow_batch(key, ident, body, start, end, raw=bool(flags & W.F_RAW))
+            if self.filter:         # records are the matching ones: the store says where it got to
+                new_pos = header.get("next_offset")
             if new_pos is None or new_pos <= pos:
                 lo = header.get("min_offset", pos)
                 if pos < lo:                # expired head: go on from the queue's first entry
