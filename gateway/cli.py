@@ -30,6 +30,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "fuzz": ("lmqtt.loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
     "timer": ("lmqtt.loadtest.timer_bench", "Delayed messages: timer enqueue, firing error, a million pending timers"),
     "sdk": ("lmqtt.loadtest.sdk_bench", "SDK produce/pull/POP vs Redis Streams; SDK -> MQTT latency"),
+    "tier": ("lmqtt.loadtest.tier_bench", "Tiered storage: upload rate vs append rate, a 100,000-message backlog from the tier vs local"),
     "spark": ("lmqtt.loadtest.spark_bench", "Spark over the store: batch read vs Parquet/JSON, publish -> alert latency"),
     "restart": ("lmqtt.loadtest.restart_bench", "Time to be back after a restart with N persistent sessions (vs Mosquitto)"),
     "ab": ("lmqtt.loadtest.ab_bench", "Two versions (git revisions or trees) through store/lightqueue/compare, alternated"),

@@ -125,6 +125,10 @@ class StoreServer:
         self.errors = 0
         self.disk_full_refusals = 0     # requests answered disk_full (each also counted in errors)
         self.meta_full = False          # a write of the SDK metadata failed for lack of space
+        # store/ha: `guard(op, cmd)` runs before every request after HELLO (cmd: a CALL's name, else
+        # None) and raises CallError to refuse it (a replica answers not_primary); None = serve all
+        self.guard: Callable[[int, str | None], None] | None = None
+        self.serve_delayed = True       # start() turns the store's timer wheel on (off on a group member)
         self._register_builtin()
 
     # ---------------------------------------------------------------- lifecycle
@@ -137,7 +141,7 @@ class StoreServer:
         # delayed messages (PRODUCE flag F_DELAYED, CALL cancel_delayed): the timer wheel fires
         # on this loop, routed like a produced message (an embedded gateway may have enabled it)
         enable = getattr(self.store, "enable_delayed", None)
-        if enable is not None:
+        if enable is not None and self.serve_delayed:
             enable(self.router, loop)
         self._tick()
 
@@ -353,6 +357,8 @@ class StoreServer:
             return {"cancelled": d.cancel(str(a["msg_id"]))}
 
         self.register_call("cancel_delayed", cancel_delayed)
+        # tiered storage (store/tier): what is local, uploading, in the tier (lmqtt admin --tier)
+        self.register_call("tier", lambda _a: {"tier": s.tier_stats() if hasattr(s, "tier_stats") else None})
         for name, fn in (("commit", commit), ("committed", committed), ("lag", lag), ("offsets", offsets),
                          ("topics", topics), ("stats", stats), ("get_by_msg_id", by_msg_id),
                          ("query_by_key", by_key), ("offset_for_time", offset_for_time), ("pop", pop),
@@ -559,6 +565,8 @@ class StoreConnection(asyncio.Protocol):
                                                          "max_frame": srv.max_frame, "server": "lmqtt-store",
                                                          **srv.hello_info}))
             return
+        if srv.guard is not None and op != W.OP_CALL:
+            srv.guard(op, None)
         if op == W.OP_PRODUCE:
             results, durable, dup = srv.produce(body, flags)
             if durable is None or durable.done():
@@ -603,6 +611,8 @@ class StoreConnection(asyncio.Protocol):
             fn = srv.calls.get(cmd)
             if fn is None:
                 raise CallError(W.E_UNKNOWN_CMD, f"unknown command {cmd!r}")
+            if srv.guard is not None:
+                srv.guard(op, cmd)
             res = fn(a, self) if cmd in srv._conn_calls else fn(a)
             if asyncio.isfuture(res):
                 # a handler that must wait (e.g. for dispatch) answers later; replies carry the
@@ -639,6 +649,9 @@ class StoreConnection(asyncio.Protocol):
         try:
             await _await_durable(durable)
         except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
+            if getattr(e, "not_primary", False):     # store/ha: deposed before the replicas had it
+                self._error(rid, W.E_NOT_PRIMARY, str(e))
+                return
             self._error(rid, W.E_STORE, f"flush failed: {type(e).__name__}: {e}")
             return
         self._send(W.frame(W.OP_PRODUCED, rid, results))

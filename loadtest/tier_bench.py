@@ -1,0 +1,208 @@
+"""`lmqtt bench tier`: tiered storage (store/tier) through the store's public API, one JSON object
+per result on stdout.
+
+Cases (each against every tier of `--tiers`: `file` = a local directory through file://, `s3` =
+moto's S3 server started by the bench on a loopback port, or `--tier URL` [--tier-endpoint]):
+* upload   100-byte messages appended in async flush mode for `--duration` s with the tier on
+           (local retention 0: a segment goes as soon as the tier has it): the append rate
+           (msgs/s, CommitLog MB/s), the uploader's rate (raw MB/s while it worked), their ratio
+           (>= 1: the tier keeps up), and the segments still waiting at the end
+* backlog  `--backlog` messages of 100 B (default 100,000): read back in pulls of 512 through
+           MessageStore.read_many (the read a persistent session's light-queue backlog makes)
+           from the local disk, then from the tier with a cold cache and again warm
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from lmqtt.store import Message, MessageStore, StoreConfig
+from lmqtt.store.tier.config import TierConfig
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class _Moto:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        t_end = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > t_end or self.proc.poll() is not None:
+                    raise SystemExit("lmqtt bench tier: moto's S3 server did not start (pip install 'moto[server]')")
+                time.sleep(0.1)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.n = 0
+
+    def bucket(self) -> str:
+        import boto3
+        self.n += 1
+        name = f"bench{self.n}"
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+        return f"s3://{name}/lmqtt"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def _store(base: str, url: str, endpoint: str | None, seg_mb: int, **kw) -> MessageStore:
+    st = MessageStore(StoreConfig(data_dir=os.path.join(base, "store"), flush_mode="async",
+                                  segment_size=seg_mb << 20))
+    tk = {"local_retention_ms": 0, "upload_interval_ms": 100}
+    tk.update(kw)
+    st.enable_tier(TierConfig(url=url, endpoint=endpoint, **tk))
+    st.start()
+    return st
+
+
+def bench_upload(base: str, tier: str, url: str, endpoint: str | None, duration: float, seg_mb: int,
+                 batch: int) -> dict:
+    st = _store(base, url, endpoint, seg_mb)
+    body = os.urandom(100)
+    msgs = [Message(f"bench/{i % 16}/t", body) for i in range(batch)]
+    n = 0
+    t0 = time.monotonic()
+    t_end = t0 + duration
+    while time.monotonic() < t_end:
+        st.append_batch(msgs)
+        n += batch
+    secs = time.monotonic() - t0
+    log_bytes = st.max_offset
+    st.clog.flush()
+    waiting_at_end = len(st.tier.pending())
+    # let the uploader finish what was sealed (bounded), to report its rate over real work
+    t_wait = time.monotonic() + 120
+    while st.tier.pending() and time.monotonic() < t_wait:
+        time.sleep(0.1)
+    s = st.tier_stats()
+    st.shutdown()
+    append_mb_s = log_bytes / secs / 1e6
+    up_mb_s = s["uploaded_raw_bytes"] / st.tier.upload_seconds / 1e6 if st.tier.upload_seconds else None
+    return {"case": "upload", "tier": tier, "msg_bytes": 100, "segment_mb": seg_mb, "seconds": round(secs, 2),
+            "append_msgs_per_s": round(n / secs), "append_mb_per_s": round(append_mb_s, 1),
+            "segments_uploaded": s["uploaded"], "upload_mb_per_s": round(up_mb_s, 1) if up_mb_s else None,
+            "upload_vs_append": round(up_mb_s / append_mb_s, 2) if up_mb_s else None,
+            "segments_waiting_at_end": waiting_at_end, "codec": s["codec"],
+            "compression_ratio": round(s["tier_raw_bytes"] / s["tier_stored_bytes"], 1) if s["tier_stored_bytes"] else None}
+
+
+def _pull_all(st, entries, chunk: int) -> tuple[int, float]:
+    t0 = time.monotonic()
+    n = 0
+    for i in range(0, len(entries), chunk):
+        got = st.read_many(entries[i:i + chunk])
+        for g in got:
+            if isinstance(g, BaseException):
+                raise g
+        n += len(got)
+    return n, time.monotonic() - t0
+
+
+def bench_backlog(base: str, tier: str, url: str, endpoint: str | None, count: int, seg_mb: int, chunk: int) -> dict:
+    st = _store(base, url, endpoint, seg_mb, local_retention_ms=3600_000)
+    body = os.urandom(100)
+    for i in range(0, count, 1000):
+        st.append_batch([Message("session/backlog", body) for _ in range(min(1000, count - i))])
+    st.append_batch([Message("filler/x", os.urandom(4096)) for _ in range((seg_mb << 20) // 4096 + 16)])
+    st.clog.flush()
+    st.wait_dispatched(st.max_offset, 60)
+    cq = st.consume_queues.get("session", 0)
+    entries = [(e[1], e[2]) for e in cq.range(0, count)]
+    assert len(entries) == count, (len(entries), count)
+    n, local_s = _pull_all(st, entries, chunk)
+    t_end = time.monotonic() + 300
+    while st.tier.pending() and time.monotonic() < t_end:
+        time.sleep(0.1)
+    # now drop the local copies (the tier has them): local retention 0
+    st.tier.cfg.local_retention_ms = 0
+    t_end = time.monotonic() + 60
+    while st.clog.mfq.min_offset <= entries[-1][0] and time.monotonic() < t_end:
+        st.delete_expired_segments()
+        time.sleep(0.2)
+    assert st.clog.mfq.min_offset > entries[-1][0], "the backlog's segments did not leave the local disk"
+    st.tier.cache.clear()
+    st.tier.cache_bytes = 0
+    _, cold_s = _pull_all(st, entries, chunk)
+    _, warm_s = _pull_all(st, entries, chunk)
+    s = st.tier_stats()
+    st.shutdown()
+    return {"case": "backlog", "tier": tier, "messages": n, "msg_bytes": 100, "pull": chunk,
+            "local_msgs_per_s": round(n / local_s), "tier_cold_msgs_per_s": round(n / cold_s),
+            "tier_warm_msgs_per_s": round(n / warm_s), "tier_cold_vs_local": round(local_s / cold_s, 2),
+            "tier_warm_vs_local": round(local_s / warm_s, 2), "segments_fetched": s["cache_misses"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lmqtt bench tier", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="upload,backlog")
+    ap.add_argument("--tiers", default="file,s3", help="file, s3 (moto's server, started here), comma-separated")
+    ap.add_argument("--tier", help="a tier URL of your own instead of --tiers (e.g. s3://bucket/prefix)")
+    ap.add_argument("--tier-endpoint", help="S3 endpoint for --tier")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of appends in the upload case (default 10)")
+    ap.add_argument("--batch", type=int, default=64, help="messages per append_batch (default 64)")
+    ap.add_argument("--segment-mb", type=int, default=32, help="CommitLog segment size (default 32)")
+    ap.add_argument("--backlog", type=int, default=100_000, help="messages in the backlog case (default 100,000)")
+    ap.add_argument("--pull", type=int, default=512, help="messages per read in the backlog case (default 512)")
+    ap.add_argument("--data-dir", default=None)
+    a = ap.parse_args(argv)
+    base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-tier-bench-")
+    os.makedirs(base, exist_ok=True)
+    moto = None
+    try:
+        tiers = [("custom", None)] if a.tier else [(t, None) for t in a.tiers.split(",") if t]
+        for c in [c for c in a.cases.split(",") if c]:
+            for tier, _ in tiers:
+                sub = tempfile.mkdtemp(dir=base)
+                if tier == "custom":
+                    url, ep = a.tier, a.tier_endpoint
+                elif tier == "file":
+                    url, ep = f"file://{os.path.join(sub, 'tier')}", None
+                elif tier == "s3":
+                    if moto is None:
+                        moto = _Moto()
+                    url, ep = moto.bucket(), moto.endpoint
+                else:
+                    print(f"lmqtt bench tier: unknown tier {tier!r} (file, s3)", file=sys.stderr)
+                    return 2
+                print(f"[tier] {c} on {tier} ...", file=sys.stderr, flush=True)
+                if c == "upload":
+                    r = bench_upload(sub, tier, url, ep, a.duration, a.segment_mb, a.batch)
+                elif c == "backlog":
+                    r = bench_backlog(sub, tier, url, ep, a.backlog, a.segment_mb, a.pull)
+                else:
+                    print(f"lmqtt bench tier: unknown case {c!r} (upload, backlog)", file=sys.stderr)
+                    return 2
+                print(json.dumps(r), flush=True)
+                shutil.rmtree(sub, ignore_errors=True)
+    finally:
+        if moto is not None:
+            moto.stop()
+        if not a.data_dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
