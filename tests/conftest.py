@@ -13,7 +13,7 @@ def pytest_collection_modifyitems(config, items):
     together, so the run starts one SparkSession. Without xdist the marks do nothing."""
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        group = "spark" if path.startswith("tests/spark/") else path
+        group = "spark" if path.startswith("tests/spark/") or path.endswith("_spark.py") else path
         item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -1,0 +1,109 @@
+"""The Spark source's `filter` option reads a filter's history (issue 28): every stored message
+matching it, whether or not the filter was ever held. Real `lmqtt serve`, paho publishers, one
+local SparkSession for the test session (tests/spark/conftest.py's fixture; these tests share the
+Spark tests' xdist group, tests/conftest.py)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from tests.spark.conftest import spark  # noqa: E402,F401  (the session's one SparkSession)
+from tests.support import LmqttServer, Paho  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = LmqttServer(str(tmp_path_factory.mktemp("history-spark"))).start()
+    yield srv
+    srv.stop()
+
+
+def publish(srv, items, client_id="spark-hist-pub"):
+    p = Paho(srv, client_id=client_id)
+    try:
+        for topic, body in items:
+            p.publish(topic, body, qos=1)
+    finally:
+        p.disconnect()
+
+
+def read(spark, srv, **opts):
+    r = spark.read.format("lmqtt").option("store", srv.store_address)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return [(x.topic, x.payload.decode()) for x in r.load().orderBy("store_ts", "offset").collect()]
+
+
+def test_batch_by_filter_and_time_range_never_subscribed(spark, server):
+    """1,000 messages to `sparkchk/devN/t` (and other sub-topics, another first level) with no
+    subscriber of the filter ever: the batch read by filter returns exactly the 1,000, a time range
+    exactly the half inside it. Before: 0 rows (the filter's light queue was read)."""
+    def batch(lo, hi):
+        out = []
+        for i in range(lo, hi):
+            out.append((f"sparkchk/dev{i % 10}/t", f"v-{i}".encode()))
+            if i % 4 == 0:
+                out.append((f"sparkchk/dev{i % 10}/hum", b"h"))
+                out.append((f"sparkcheck/dev{i % 10}/t", b"other"))
+        return out
+    publish(server, batch(0, 500))
+    time.sleep(0.05)
+    t0 = int(time.time() * 1000)
+    publish(server, batch(500, 1000))
+    time.sleep(0.05)
+    t1 = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish(server, batch(1000, 1100))
+    rows = read(spark, server, filter="sparkchk/+/t")
+    assert sorted(b for _t, b in rows) == sorted(f"v-{i}" for i in range(1100))
+    assert all(t.startswith("sparkchk/dev") and t.endswith("/t") for t, _b in rows)
+    ranged = read(spark, server, filter="sparkchk/+/t", startTime=str(t0), endTime=str(t1))
+    assert sorted(b for _t, b in ranged) == sorted(f"v-{i}" for i in range(500, 1000))
+    # small partitions: each row once whatever the split
+    again = read(spark, server, filter="sparkchk/#", startTime=str(t0), endTime=str(t1),
+                 recordsPerPartition="97")
+    assert sorted(b for _t, b in again) == sorted([f"v-{i}" for i in range(500, 1000)] +
+                                                  ["h"] * len(range(500, 1000, 4)))
+    exact = read(spark, server, filter="sparkchk/dev3/t")
+    assert [b for _t, b in exact] == [f"v-{i}" for i in range(3, 1100, 10)]
+
+
+def test_batch_after_the_last_subscriber_left(spark, server):
+    sub = Paho(server, client_id="sp-sub")
+    sub.subscribe("sw2x/+/t", qos=1)
+    publish(server, [(f"sw2x/d{i % 4}/t", f"w-{i}".encode()) for i in range(300)])
+    assert len(sub.get_n(300)) == 300
+    sub.unsubscribe("sw2x/+/t")
+    sub.disconnect()
+    rows = read(spark, server, filter="sw2x/+/t")
+    assert sorted(b for _t, b in rows) == sorted(f"w-{i}" for i in range(300))
+
+
+def test_stream_history_then_live_no_gap_no_duplicate(spark, server, tmp_path):
+    """A streaming query by filter from earliest: the history (published before, no subscriber),
+    then live messages published while it runs, and after a restart from its checkpoint: every
+    matching message once."""
+    publish(server, [(f"sl/n{i % 3}/v", f"h-{i}".encode()) for i in range(200)] + [("sl/n1/x", b"no")])
+    seen = []
+
+    def sink(df, _batch_id):
+        seen.extend(r.v for r in df.selectExpr("cast(payload as string) as v").collect())
+
+    def run():
+        return (spark.readStream.format("lmqtt").option("store", server.store_address)
+                .option("filter", "sl/+/v").option("startingOffsets", "earliest").load()
+                .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    q = run()
+    q.processAllAvailable()
+    publish(server, [(f"sl/n{i % 3}/v", f"l-{i}".encode()) for i in range(100)])
+    q.processAllAvailable()
+    q.stop()
+    publish(server, [(f"sl/n{i % 3}/v", f"r-{i}".encode()) for i in range(50)] + [("sl/n2/x", b"no")])
+    q = run()
+    q.processAllAvailable()
+    q.stop()
+    want = [f"h-{i}" for i in range(200)] + [f"l-{i}" for i in range(100)] + [f"r-{i}" for i in range(50)]
+    assert sorted(seen) == sorted(want) and len(seen) == len(want)
