@@ -115,6 +115,10 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg.flush_mode,
                                          segment_size=int(cfg.segment_mb) << 20,
                                          dispatch_inline=bool(cfg.dispatch_inline)))
+        if cfg.tier:       # tiered storage (store/tier; checked by NodeConfig.validate)
+            from lmqtt.store.tier.config import TierConfig
+            store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
+                                                    cfg.tier_retention, cfg.tier_cache_mb))
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
         store.start()
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,

@@ -184,6 +184,16 @@ class NodeConfig:
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING (default INFO)")
     dispatch_inline: bool = setting(True, "dispatch on the appending thread when the dispatch thread is idle "
                                           "(docs/store.md \"Inline dispatch\")", flag=False)
+    # tiered storage (store/tier, docs/store.md "Tiered storage")
+    tier: str | None = setting(None, "upload sealed CommitLog segments to this fsspec URL (file:///mnt/cold/x, "
+                                     "s3://bucket/prefix) and read offloaded ranges back from it")
+    tier_endpoint: str | None = setting(None, "with --tier s3://...: the endpoint of an S3-compatible server "
+                                              "(MinIO, Ceph ...); credentials from AWS_ACCESS_KEY_ID/_SECRET_ACCESS_KEY")
+    local_retention: str | None = setting(None, "with --tier: kept on the local disk once in the tier: a time "
+                                                "(24h), a size (20GB) or both (24h,20GB) (default 24h)")
+    tier_retention: str | None = setting(None, "with --tier: kept in the tier: 60d, 1TB, forever (default 60d)")
+    tier_cache_mb: int = setting(256, "with --tier: memory for segments read back from the tier (default 256)",
+                                 low=1, unit="MiB")
 
     @classmethod
     def keys(cls) -> dict[str, type]:
@@ -288,4 +298,14 @@ class NodeConfig:
         if int(self.segment_mb) < min_segment_mb():
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")
+        if self.tier:
+            from lmqtt.store.tier.config import check_tier
+            try:
+                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        else:
+            given = [n for n in ("tier_endpoint", "local_retention", "tier_retention") if getattr(self, n)]
+            if given:
+                raise ConfigError(f"{given[0]} is set but tier is not (tiered storage: --tier URL)")
         return self

@@ -55,7 +55,7 @@ class TierConfig:
     local_retention_ms: int | None = 24 * 3600 * 1000
     local_retention_bytes: int | None = None
     # kept in the tier (None: forever); past it a segment is gone from the tier and from the node
-    tier_retention_ms: int | None = 30 * 24 * 3600 * 1000
+    tier_retention_ms: int | None = 60 * 24 * 3600 * 1000   # > the longest delay (40 d) of a delayed message
     tier_retention_bytes: int | None = None
     # decompressed segments kept in memory for reads of offloaded ranges (at least one segment)
     cache_bytes: int = 256 << 20
@@ -99,3 +99,27 @@ class TierConfig:
                 raise ValueError(f"{name} must not be negative, got {v}")
         if self.cache_bytes <= 0:
             raise ValueError(f"the tier read cache must be positive, got {self.cache_bytes} bytes")
+
+
+def check_tier(url: str, endpoint: str | None = None, local_retention: str | None = None,
+               tier_retention: str | None = None) -> TierConfig:
+    """Everything about the tier flags that can be checked before the store starts: the URL's form
+    and its fsspec backend (installed?), the endpoint's use, the retention values. ValueError with
+    one line naming the flag otherwise."""
+    c = TierConfig.from_flags(url, endpoint, local_retention, tier_retention)
+    proto = url.split("://", 1)[0].lower()
+    if endpoint and proto not in ("s3", "s3a"):
+        raise ValueError(f"--tier-endpoint is for s3:// tiers, not {proto}://")
+    try:
+        import fsspec
+    except ImportError:
+        raise ValueError("--tier needs fsspec (and s3fs for s3://): pip install 'lmqtt[tier]'") from None
+    try:
+        fsspec.get_filesystem_class(proto)
+    except ImportError as e:
+        raise ValueError(f"--tier {url}: the {proto}:// backend is not installed ({e}); for s3://: "
+                         f"pip install 'lmqtt[tier]'") from None
+    except ValueError:
+        raise ValueError(f"--tier {url}: unknown protocol {proto!r} (file://, s3://, or another fsspec "
+                         f"backend)") from None
+    return c
