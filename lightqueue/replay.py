@@ -19,7 +19,9 @@ A filter's messages since `since_ms` come from one of two places, joined at one 
   filter's first-level topic (all queue ids; every first-level topic for a filter starting with a
   wildcard), each entered at its first entry stored at/after `since_ms` (binary search over the
   ConsumeQueue: the same as the store's `offset_for_time`), merged in CommitLog order, each record
-  checked with `topic_matches`, **up to the epoch's log position `seam`**. Live delivery starts at
+  checked with the compiled matcher, **up to the epoch's log position `seam`**. The sources, the
+  time lookup and the matcher are lightqueue/history.py's: the one definition of a filter's
+  history, which the SDK's FilterConsumer and the Spark source read too. Live delivery starts at
   the light queue's first entry at/after `seam`. Nothing falls between (every matching record
   below `seam` is read from the log, every one at/after it is in the queue) and nothing is
   delivered twice (each record is on one side of `seam`).
@@ -40,7 +42,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from .topics import is_wildcard, topic_matches, validate_filter
+from . import history
+from .topics import is_wildcard, validate_filter
 
 
 class ReplayRefused(Exception):
@@ -96,29 +99,10 @@ def lq_offset(lq, queue: str, min_phys: int = 0, since_ms: int = 0) -> int:
     return _first_at_or_after(lo, hi, ok)
 
 
-def cq_sources(store, flt: str) -> list[tuple[str, int]]:
-    """The ConsumeQueues that can hold messages matching `flt`: its first-level topic's (every
-    queue id); every first-level topic's for a filter starting with a wildcard (except `$` ones,
-    which such filters never match)."""
-    first = flt.split("/", 1)[0]
-    keys = list(store.consume_queues.max_offsets())
-    if first in ("+", "#"):
-        return sorted(k for k in keys if not k[0].startswith("$"))
-    return sorted(k for k in keys if k[0] == first)
-
-
-def cq_offset_for_time(store, fl: str, qid: int, since_ms: int) -> int:
-    """First ConsumeQueue offset stored at/after `since_ms` (binary search; the store's
-    `offset_for_time` CALL does the same)."""
-    cq = store.consume_queues.get(fl, qid)
-    if cq is None:
-        return 0
-    lo, hi = cq.min_offset, cq.max_offset
-
-    def ok(off: int) -> bool:
-        m = store.read_consume_queue(fl, qid, off, 1)
-        return not m or m[0].store_ts >= since_ms
-    return _first_at_or_after(lo, hi, ok)
+# the ConsumeQueues a filter's history is in, and time -> queue offset: lightqueue/history.py's (one
+# definition of a filter's history for $replay/, since, the SDK and Spark)
+cq_sources = history.sources
+cq_offset_for_time = history.cq_offset_for_time
 
 
 def plan(store, lq, flt: str, since_ms: int) -> dict:
@@ -198,6 +182,8 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
     msgs = store.read_many([(p[0], p[1]) for p in picked])
     append = out.append
     matches: dict[str, bool] = {}       # topic -> matches the filter (topics repeat)
+    fb = flt.encode()
+    match = history.match               # the compiled matcher (lightqueue/_history.c)
     for (phys, size, i, qoff), m in zip(picked, msgs):
         if out and nbytes + size > max_bytes:
             break
@@ -207,7 +193,7 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
         topic = m[0]
         ok = matches.get(topic)
         if ok is None:
-            ok = matches[topic] = topic_matches(flt, topic)
+            ok = matches[topic] = match(fb, topic.encode())
         if ok and (phys < seam or flt not in m[12]):      # [12]: dispatch_queues, a tuple
             append(m)
             nbytes += size
