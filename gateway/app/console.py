@@ -302,8 +302,13 @@ def _admin(argv: list[str] | None) -> int:
     p.add_argument("--session", metavar="CLIENT_ID",
                    help="one session: its subscriptions with their committed offsets and lag")
     p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
+    p.add_argument("--tier", action="store_true",
+                   help="tiered storage: what is local, uploading, in the tier, the oldest readable time")
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
+    if args.tier:
+        from lmqtt.gateway.app.admin_tier import admin_tier
+        return admin_tier(conn, args, _admin_call)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
     if args.sessions or args.session:

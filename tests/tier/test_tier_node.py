@@ -85,12 +85,43 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         sent = _produce(store, 2000)                       # ~16 MB: 3 sealed 5 MiB segments
         s = _offloaded(store, 3)
         assert os.listdir(tmp_path / "data" / "store" / "commitlog") == [f"{s['local_min_offset']:020d}"]
+        # lmqtt admin --tier: local / uploading / in the tier / the oldest readable time
+        import subprocess
+        import sys
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "admin", "--store", store.address, "--tier"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        import re
+        out = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in r.stdout.splitlines())
+        assert f"s3://{bucket}/n1 (reachable" in out["tier"] and out["local"].startswith("1 segment(s)")
+        assert out["in tier"].startswith(f"{s['tier_segments']} segment(s)")
+        assert out["uploading"].startswith("0 sealed") and "UTC" in out["oldest readable"]
         man = json.loads(moto_s3.client().get_object(Bucket=bucket, Key="n1/manifest.json")["Body"].read())
         assert moto_s3.keys(bucket, "n1/") == sorted(["n1/manifest.json"] + [f"n1/{e['key']}" for e in man["segments"]])
         # the SDK's pull (the store node's raw fast path cannot map these: the tier serves them)
         got = _pull_all(store, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent
         assert got[0].offset < s["local_min_offset"]
+        # POP and a filter's history read (FilterConsumer from earliest) come from the tier too
+        c = connect(store.address)
+        try:
+            pc, popped = c.pop_consumer("dev", "poppers"), []
+            for _ in range(200):
+                recs = pc.pop(64)
+                if not recs:
+                    break
+                pc.ack(recs)
+                popped += recs
+            assert [(r.topic, bytes(r.body)) for r in popped] == sent
+            fc, hist = c.filter_consumer("dev/+/t", start="earliest"), []
+            for _ in range(400):
+                recs = fc.poll()
+                hist += recs
+                if len(hist) >= len(sent):
+                    break
+            assert [(r.topic, bytes(r.body)) for r in hist] == sent
+        finally:
+            c.close()
         # the persistent session's backlog, through a fresh gateway (nothing of it cached there)
         gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
         sub = Paho(gw, client_id="tier-session", clean=False)
