@@ -38,7 +38,7 @@ log = logging.getLogger("lmqtt.gateway")
 class SubscribeHandler:
     """The SUBSCRIBE/UNSUBSCRIBE path, given at construction:
 
-    * `subscriptions`: the SubscriptionRegistry (read-ahead, add, add_since, remove);
+    * `subscriptions`: the SubscriptionRegistry (prepare, deciding, add, add_since, remove);
     * `retained`: where the retained messages are (a `RetainedStore`, storage/facades.py; the
       broker's has `$SYS` filters answered from memory, core/sys_topics.py);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
@@ -76,27 +76,29 @@ class SubscribeHandler:
                 since = (since_property(pkt.properties), None)
             except ReplayRequestError as e:
                 since = (None, str(e))
-        # what deciding it reads, asked for now: the answer is the context it is decided in
-        prepared = self.subscriptions.read_ahead(conn.session, pkt.subscriptions, since[0])
-        if prepared.done() and prepared.exception() is None:
-            with prepared.result():
-                return self._subscribe(conn, pkt, since)
+        # every answer deciding it reads, asked for now and waited for together: in-process (and
+        # when a remote store's mirror holds them) they are in at once and it is decided here
+        prepared = self.subscriptions.prepare(conn.session, pkt.subscriptions, since[0], self.retained)
+        if prepared.ready.done():
+            return self._decide(conn, pkt, since, prepared)
         # not in yet (a remote store): this connection waits for the answers on hold, the others go on
         conn.hold()
 
-        def ready(f, conn=conn) -> None:
+        def ready(_a, conn=conn) -> None:
             if conn.closing:
-                if f.exception() is None:
-                    with f.result():
-                        pass                 # drops what was registered for it
+                prepared.release()          # what was registered for it
                 return
-            if f.exception() is not None:
-                self._subscribe_failed(conn, pkt, f.exception())
-            else:
-                with f.result():
-                    self._resume(conn, self._subscribe, conn, pkt, since)
+            self._resume(conn, self._decide, conn, pkt, since, prepared)
             conn.release()
-        prepared.add_done_callback(ready)
+        prepared.ready.add_done_callback(ready)
+
+    def _decide(self, conn, pkt: P.Subscribe, since: tuple, prepared) -> None:
+        """The SUBSCRIBE with its answers in: refused whole if the store failed one, else decided."""
+        with self.subscriptions.deciding(prepared):
+            err = prepared.failure()
+            if err is not None:
+                return self._subscribe_failed(conn, pkt, err)
+            self._subscribe(conn, pkt, since, prepared)
 
     def _subscribe_failed(self, conn, pkt: P.Subscribe, err: BaseException) -> None:
         """The store did not answer a SUBSCRIBE's reads: every filter is refused (0x80, MQTT 5
@@ -108,10 +110,10 @@ class SubscribeHandler:
             ack.properties.reason_string = f"store unavailable: {err}"[:500]
         conn.send_fitting(ack)
 
-    def _subscribe(self, conn, pkt: P.Subscribe, since: tuple) -> None:
+    def _subscribe(self, conn, pkt: P.Subscribe, since: tuple, prepared) -> None:
         """Decide every filter, answer SUBACK, then send the retained messages (`since`: the
-        SUBSCRIBE's own since time, or why it is refused). Runs inside the read-ahead's context:
-        what it reads of the store is answered at once."""
+        SUBSCRIBE's own since time, or why it is refused). Runs inside `deciding(prepared)`: what
+        it reads of the store was asked for ahead and is in."""
         s = conn.session
         v5 = conn.version == 5
         codes: list[int] = []
@@ -200,7 +202,7 @@ class SubscribeHandler:
         else:
             conn.send(ack)
         for sub in retained:
-            send_retained(self.retained, acl, s, sub)
+            send_retained(self.retained, acl, s, sub, batches=prepared.take_retained(sub.queue))
         self._kick(s)
 
     def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:

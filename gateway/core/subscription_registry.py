@@ -20,27 +20,78 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   sync_store_filters()              after restoring at start: the store registers exactly the filters in use
   hold_restored(session)            a session restored while running (a fleet's reload): its filters
                                     new here are registered now
-  unheld(filters)                   which wildcard filters a new user would register (read ahead)
+  prepare(session, requests, ...)   a SUBSCRIBE's store answers, asked for together (`Prepared`)
+  deciding(prepared)                the context its decision runs in (add / add_since take them)
+  unheld(filters)                   which wildcard filters a new user would register (asked ahead)
   is_current(group)                 whether a group object is still the live one (offset flushes)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
 from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
-from lmqtt.gateway.storage.facades import ReplayRefused, StoreReads, log_failure
+from lmqtt.gateway.storage.facades import Answer, ReplayRefused, log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine
     from lmqtt.gateway.core.session_persistence import SessionPersistence
-    from lmqtt.gateway.storage.facades import Storage
+    from lmqtt.gateway.storage.facades import FilterRegistry, ReplayPlan, RetainedStore, Storage
 
 log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
+
+
+class Prepared:
+    """The store's answers a SUBSCRIBE's decision reads, asked for together before it is decided
+    (`SubscriptionRegistry.prepare`): the holds of wildcard filters new here, the start offsets
+    of new subscriptions and shared groups, the replay plans of subscriptions from the past and
+    the retained messages (each an `Answer`, by filter; replay plans by (filter, since ms)).
+    `ready` is done once every one is in: at once in-process, after one round trip of a remote
+    store (what is asked in one loop turn travels together); the SUBSCRIBE's connection waits for
+    it on hold. The caller never asks which store it has: it waits for `ready` when it is not
+    done, then decides inside `SubscriptionRegistry.deciding(prepared)`. Holds nothing took are
+    let go of (`release`)."""
+
+    __slots__ = ("registered", "start", "replay", "retained", "ready", "_filters")
+
+    def __init__(self, filters: "FilterRegistry") -> None:
+        self._filters = filters
+        self.registered: dict[str, Answer[int]] = {}
+        self.start: dict[str, Answer[int]] = {}
+        self.replay: dict[tuple[str, int], Answer["ReplayPlan"]] = {}
+        self.retained: dict[str, Answer[Iterator[list]]] = {}
+        self.ready: Answer[None] = Answer.of(None)
+
+    def failure(self) -> BaseException | None:
+        """Why the store could not answer (a registration, a start offset or a retained lookup
+        failed: the whole SUBSCRIBE is refused), or None. A refused replay plan refuses only its
+        own subscription (answered where it is taken)."""
+        for group in (self.registered, self.start, self.retained):
+            for a in group.values():
+                e = a.exception()
+                if e is not None:
+                    return e
+        return None
+
+    def take_retained(self, flt: str) -> Iterator[list] | None:
+        """`flt`'s retained messages as asked for (taken once), or None (not asked, or failed)."""
+        a = self.retained.pop(flt, None)
+        if a is None or not a.done() or a.exception() is not None:
+            return None
+        return a.result()
+
+    def release(self) -> None:
+        """Let go of the holds registered for this SUBSCRIBE that nothing took (refused by the ACL,
+        a quota, ...; or the SUBSCRIBE was not decided at all)."""
+        regs, self.registered = self.registered, {}
+        for f, a in regs.items():
+            if a.done() and a.exception() is None:
+                log_failure(self._filters.release(f), log, "unregister_filter_failed", filter=f)
 
 
 class SubscriptionRegistry:
@@ -58,19 +109,22 @@ class SubscriptionRegistry:
         self.groups: dict[tuple[str, str], SharedGroup] = {}    # (group name, queue) -> group
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         self.before_register = before_register
+        self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
-    def read_ahead(self, s: Session, requests, since_all: int | None = None):
-        """What deciding these SUBSCRIBE requests will read from the store, asked for now
-        (registrations of new wildcard filters, start offsets of new subscriptions and shared
-        groups, retained messages, the replay plans of subscriptions from the past: `since_all`
-        is the SUBSCRIBE's own since time, else a `$replay/` prefix gives one): the store's
-        Answer (`QueueStore.read_ahead`), once in the context to decide the SUBSCRIBE in. Filters
-        that will be refused may be asked for too; what nothing takes is dropped again."""
+    def prepare(self, s: Session, requests, since_all: int | None = None,
+                retained: "RetainedStore | None" = None) -> Prepared:
+        """Ask the store now for every answer deciding these SUBSCRIBE requests reads, in the order
+        the decision would read them: the holds of wildcard filters new here (with
+        `before_register` first), the start offsets of new subscriptions and shared groups, the
+        replay plans of subscriptions from the past (`since_all`: the SUBSCRIBE's own since time,
+        else a `$replay/` prefix gives one), then the retained messages from `retained` (after
+        the start offsets: a retained message set in between is delivered live, never lost).
+        Filters that will be refused may be asked for too; holds nothing takes are let go of
+        (`Prepared.release`, called by `deciding`)."""
         filters: list[str] = []
-        watch: list[str] = []
         start: list[str] = []
-        retained: list[str] = []
+        kept: list[str] = []
         replay: list[tuple[str, int]] = []
         for req in requests:
             tf = req.topic_filter
@@ -88,20 +142,54 @@ class SubscriptionRegistry:
             filters.append(flt)
             if since is not None:
                 if group is None:                 # (a shared one is refused)
-                    watch.append(flt)
-                    replay.append((flt, since))
+                    replay.append((flt, int(since)))
                 continue
             if group is None:
                 if tf not in s.subs:
                     start.append(flt)
                 if req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs):
-                    retained.append(flt)
+                    kept.append(flt)
             elif (group, flt) not in self.groups:
                 start.append(flt)                 # a group new here starts at the queue's end
+        p = Prepared(self.filters)
         register = self.unheld(filters)
         if register and self.before_register is not None:
             self.before_register()
-        return self.store.read_ahead(StoreReads(register, watch, start, retained, (), replay))
+        for f in register:
+            p.registered[f] = self.filters.register(f)
+        for q in dict.fromkeys(start):
+            p.start[q] = self.store.start_offset(q)
+        for key in dict.fromkeys(replay):
+            p.replay[key] = self.store.replay_plan(*key)
+        if retained is not None:
+            for f in dict.fromkeys(kept):
+                p.retained[f] = retained.batches(f)
+        p.ready = Answer.all_in([*p.registered.values(), *p.start.values(), *p.replay.values(),
+                                 *p.retained.values()])
+        return p
+
+    @contextlib.contextmanager
+    def deciding(self, prepared: Prepared):
+        """Decide a SUBSCRIBE inside: `add`, `add_since` and the groups take the prepared answers
+        (a read not prepared is waited for: start-up and rare paths); on exit the holds nothing
+        took are let go of."""
+        self._prepared = prepared
+        try:
+            yield prepared
+        finally:
+            self._prepared = None
+            prepared.release()
+
+    def _answer(self, table: str, key: Any, ask: Callable[[], Answer[Any]]) -> Any:
+        """The prepared answer of `key` (start offsets: shared by a subscription and a group of
+        one filter; the others taken), else `ask()` waited for."""
+        p = self._prepared
+        if p is not None:
+            d = getattr(p, table)
+            a = d.get(key) if table == "start" else d.pop(key, None)
+            if a is not None:
+                return a.wait()
+        return ask().wait()
 
     def add(self, s: Session, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if one with the same filter existed."""
@@ -116,7 +204,8 @@ class SubscriptionRegistry:
         self._use_filter(sub.queue)
         if sub.group is None:
             s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.store.start_offset(sub.queue))
+            q = sub.queue
+            s.cursors[q] = Cursor(self._answer("start", q, lambda: self.store.start_offset(q)))
             if s.online:
                 self.delivery.add_reader(s, sub.queue)
         else:
@@ -138,7 +227,8 @@ class SubscriptionRegistry:
         s.subs[sub.filter] = sub
         self._use_filter(sub.queue)
         try:
-            plan = self.store.replay_plan(sub.queue, since_ms)
+            plan = self._answer("replay", (sub.queue, int(since_ms)),
+                                lambda: self.store.replay_plan(sub.queue, since_ms))
         except Exception as e:
             s.subs.pop(sub.filter, None)
             self._release_filter(sub.queue)
@@ -192,7 +282,7 @@ class SubscriptionRegistry:
             self._filter_users[sub.queue] = self._filter_users.get(sub.queue, 0) + 1
         if sub.group is None:
             s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue) if offset is None else offset)
+            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue).wait() if offset is None else offset)
         else:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
@@ -267,9 +357,14 @@ class SubscriptionRegistry:
             return
         n = self._filter_users.get(q, 0)
         if n == 0:
-            if self.before_register is not None:
-                self.before_register()
-            self.filters.register(q).wait()
+            p = self._prepared
+            held = p.registered.pop(q, None) if p is not None else None
+            if held is not None:
+                held.wait()                 # registered ahead (its failure refused the SUBSCRIBE)
+            else:
+                if self.before_register is not None:
+                    self.before_register()
+                self.filters.register(q).wait()
         self._filter_users[q] = n + 1
 
     def _release_filter(self, q: str) -> None:
@@ -291,7 +386,7 @@ class SubscriptionRegistry:
                 consumer = group_consumer(name, queue)
                 off = self.offsets.get(consumer, queue).wait()     # (remote: read ahead, if it was)
             if off is None:
-                off = self.store.start_offset(queue)
+                off = self._answer("start", queue, lambda: self.store.start_offset(queue))
             g = SharedGroup(name, queue, off)
             self.groups[key] = g
             self.delivery.add_group(g)

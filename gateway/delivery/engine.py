@@ -8,6 +8,12 @@ variant once, and only patch packet ids per subscriber. Offsets advance only as 
 acknowledged, so anything not sent (window full, socket above its high-water mark, client offline)
 simply stays in the store and is pulled later.
 
+Reads through the `QueueStore` facade (gateway/storage/facades.py) return `Answer`s: in-process
+and from a remote store's mirror they are done at once and taken as values (the hot path); one
+that is not (a remote reader behind the mirror, a queue not mirrored yet) is left for this run and
+its queue is examined again when the answer is in (`_later`): the engine never waits, and never
+asks which implementation it holds.
+
 Back-pressure: a session whose socket is above the high-water mark is not pulled for. For a QoS 0
 subscription the backlog is skipped (cursor jumps to the queue end) and counted in
 `lmqtt_dropped_messages{reason="qos0_backpressure"}`; QoS 1/2 keep their offset and wait.
@@ -209,21 +215,43 @@ class DeliveryEngine:
         for q, cur in s.cursors.items():
             if self.has_history(s, q):
                 continue
-            start = self.store.end_offset(q) - keep
-            if cur.next_offset < start:
-                skipped += start - cur.next_offset
-                cur.next_offset = start
+            end = self.store.end_offset(q)
+            if end.done():
+                skipped += self._trim_cursor(cur, end.result() - keep)
+            else:               # not known here yet (remote): trimmed when the store answers
+                end.add_done_callback(lambda a, s=s, q=q, cur=cur: self._trim_later(s, q, cur, a, keep))
         if skipped:
-            self.metrics.dropped_offline_backlog.inc(skipped)
-            self._session_offsets_moved(s)
-            log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
+            self._trimmed(s, skipped, keep)
         return skipped
+
+    @staticmethod
+    def _trim_cursor(cur, start: int) -> int:
+        if cur.next_offset < start:
+            n = start - cur.next_offset
+            cur.next_offset = start
+            return n
+        return 0
+
+    def _trim_later(self, s: Session, q: str, cur, end, keep: int) -> None:
+        if end.exception() is not None or s.cursors.get(q) is not cur or self.has_history(s, q):
+            return
+        n = self._trim_cursor(cur, end.result() - keep)
+        if n:
+            self._trimmed(s, n, keep)
+
+    def _trimmed(self, s: Session, skipped: int, keep: int) -> None:
+        self.metrics.dropped_offline_backlog.inc(skipped)
+        self._session_offsets_moved(s)
+        log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
 
     # -- records in hand -----------------------------------------------------------------------
     def message_at(self, q: str, off: int) -> OutboundMessage | None:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
-        after a restart, persistence.restore_inflight); None when it is no longer stored."""
-        m = self.store.message_at(q, off)
+        after a restart, persistence.restore_inflight); None when it is no longer stored, or not
+        at hand (its answer not in: a remote store asked when the message was not read ahead with
+        the session; it is then delivered again as a new one)."""
+        a = self.store.message_at(q, off)
+        m = a.result() if a.done() else None
         return None if m is None else self._outbound_message(m)
 
     def _meta_of(self, props: bytes):
@@ -288,15 +316,36 @@ class DeliveryEngine:
         return out
 
     def _pull(self, q: str, offset: int, count: int | None = None):
+        """The pull's result, or None when its answer is not in yet (`_later` wakes the queue)."""
         self.metrics.pulls += 1
         if count is None:
             count = self.cfg.pull_batch
         elif count > self.backlog_batch:
             count = self.backlog_batch
-        return self.store.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
+        a = self.store.pull(q, offset, max_count=count, max_bytes=self.cfg.pull_max_bytes)
+        if a.done():
+            return a.result()
+        self._later(q, a)
+        return None
+
+    def _later(self, q: str, answer) -> None:
+        """`answer` (a read of queue `q`) is not in: examine `q` again when it is; if it failed
+        (the store away), a second later."""
+        def ready(a) -> None:
+            e = a.exception()
+            if e is None:
+                self.kick_queue(q)
+            else:
+                log.warning("event=store_read_failed queue=%s error=%s (again in 1 s)", q, e)
+                self.loop.call_later(1.0, self.kick_queue, q)
+        answer.add_done_callback(ready)
 
     def _deliver_direct(self, q: str) -> bool:
-        maxo = self.store.max_offset(q)
+        a = self.store.max_offset(q)
+        if not a.done():
+            self._later(q, a)
+            return False
+        maxo = a.result()
         by_off: dict[int, list[Session]] = {}
         want: dict[int, int] = {}
         batch = self.backlog_batch
@@ -358,6 +407,8 @@ class DeliveryEngine:
                 nxt = off + len(messages)
             else:
                 res = self._pull(q, off, n)
+                if res is None:
+                    continue            # on its way: the queue is examined again when it is in
                 msgs = res.messages
                 nxt = res.next_offset
                 if not msgs:
@@ -539,13 +590,19 @@ class DeliveryEngine:
                 return False
             it = g.redeliver.popleft()
             self._send_group(g, pick[0], pick[1], it)
-        maxo = self.store.max_offset(g.queue)
+        a = self.store.max_offset(g.queue)
+        if not a.done():
+            self._later(g.queue, a)
+            return False
+        maxo = a.result()
         cur = g.cursor
         if cur.next_offset >= maxo or not g.members:
             return False
         if not any(s.can_send() for s, _ in g.members):
             return False
         res = self._pull(g.queue, cur.next_offset)
+        if res is None:
+            return False                # on its way: the queue is examined again when it is in
         if not res.messages:
             if res.next_offset > cur.next_offset:
                 cur.next_offset = res.next_offset

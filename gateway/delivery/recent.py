@@ -20,7 +20,9 @@ What it costs: memory, at most `max_bytes` (a quarter of `lq_cache_mb`, counting
 `ENTRY_COST` per entry; all rings are dropped when over it) and at most `per_queue` entries per
 queue (the older half dropped when over it); one `OutboundMessage` per entry and queue (the PUBLISH
 encodings shared between the queues of one record); a store read of up to `gap_max` entries to
-bridge a gap (beyond, the ring starts over). The engine reads the ring layout (`[first queue
+bridge a gap (beyond, the ring starts over). Its store reads are `Answer`s (storage/facades.py):
+taken when done, as they are where this runs (the store dispatched the append inline: it is this
+process); one not in yet is treated as unknown (the ring starts over, readers pull). The engine reads the ring layout (`[first queue
 offset, messages]`) directly in `_deliver_direct` rather than through a method, so that serving a
 cursor costs no call: a change of that layout is made in both.
 """
@@ -90,7 +92,11 @@ class RecentMessages:
         cap = self.per_queue
         added = nbytes = 0
         for q, idx in per_q.items():
-            start = max_offset(q) - len(idx)
+            end = max_offset(q)
+            if not end.done():
+                self.drop(q)            # where the batch sits is not known here: readers pull
+                continue
+            start = end.result() - len(idx)
             r = recent.get(q)
             if r is not None and r[0] + len(r[1]) != start and not self._fill_gap(q, r, start):
                 self.drop(q)
@@ -137,7 +143,11 @@ class RecentMessages:
         ok = True
         while ok and off < start:
             self.metrics.pulls += 1
-            res = self.store.pull(q, off, max_count=start - off, max_bytes=1 << 30)
+            a = self.store.pull(q, off, max_count=start - off, max_bytes=1 << 30)
+            if not a.done() or a.exception() is not None:
+                ok = False
+                break
+            res = a.result()
             if not res.messages:
                 ok = False
             for m in res.messages:

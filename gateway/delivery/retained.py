@@ -45,7 +45,8 @@ def is_sys_filter(flt: str) -> bool:
     return flt.startswith("$SYS") and (len(flt) == 4 or flt[4] == "/")
 
 
-def send_retained(retained: "RetainedStore", acl, s: Session, sub: ClientSubscription, found=None) -> None:
+def send_retained(retained: "RetainedStore", acl, s: Session, sub: ClientSubscription, found=None,
+                  batches=None) -> None:
     """Send `s` the retained messages matching `sub` (retain flag 1), window permitting.
     `retained`: the retained-message facade (storage/facades.py); `acl`: None when not configured.
 
@@ -55,11 +56,14 @@ def send_retained(retained: "RetainedStore", acl, s: Session, sub: ClientSubscri
     others go through `Session.send_message` after the run so far is written (the order on the wire
     is the lookup's). Why: a `#` subscribe over 1,000 retained topics spent most of its time in a
     props decode, a PUBLISH template and a write per message. `found`: the messages, when already
-    read (a remote store's read-ahead); else they are read here. A `$SYS` filter's are never in
+    read (a remote store's read-ahead), or `batches` (the `RetainedStore.batches` answer's
+    iterator, asked for with the SUBSCRIBE's other reads); else they are read here. A `$SYS` filter's are never in
     the store (the gateway's own values, core/sys_topics.py): `retained` answers those from memory
     and a read-ahead of the store for one is not used."""
     if found is not None and not is_sys_filter(sub.queue):
         return _send(retained, acl, s, sub, iter((found,)))
+    if batches is not None and not is_sys_filter(sub.queue):
+        return _send(retained, acl, s, sub, _reading(batches, sub.queue))
     try:
         found = retained.batches(sub.queue).wait()
     except Exception as e:

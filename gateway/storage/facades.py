@@ -13,7 +13,9 @@ still has its requests ordered, as the remote link orders them), and the method 
 done (a failure is a failed answer, never an exception raised by the call). A caller on a hot path
 takes `.result()` of a done answer or adds a done-callback; start-up and rare paths may `wait()`
 (a remote answer then blocks for its round trip, bounded by the link's timeout); asyncio code may
-`await` it. Events (`on_wills_published`, `on_sessions_moved`, ...) are registered on the facades
+`await` it; several at once: `Answer.gather` / `Answer.all_in`. The light queues' reads
+(`QueueStore`) are answers too, done at once on the delivery hot path (in-process, or from a
+remote store's mirror). Events (`on_wills_published`, `on_sessions_moved`, ...) are registered on the facades
 of both implementations; the in-process ones never fire (there is no other gateway, and the
 store is this process).
 
@@ -57,9 +59,13 @@ class Answer(Generic[T]):
 
     @classmethod
     def of(cls, value: T) -> "Answer[T]":
-        """An answer done with `value` (an in-process implementation's)."""
-        a: Answer[T] = cls()
-        a._done, a._value = True, value
+        """An answer done with `value` (an in-process implementation's, or a remote one the mirror
+        holds). On the delivery hot path: only the three fields a done answer reads are set (a
+        done answer never reads its callbacks or its waiter)."""
+        a: Answer[T] = _new(cls)
+        a._done = True
+        a._value = value
+        a._error = None
         return a
 
     @classmethod
@@ -155,6 +161,66 @@ class Answer(Generic[T]):
     def _wait_quietly(self, timeout: float | None) -> None:
         if not self._done and self._waiter is not None:
             self._waiter(self, timeout)
+
+    @staticmethod
+    def gather(answers: "Sequence[Answer[Any]]") -> "Answer[list[Any]]":
+        """One answer of every answer's value, in order, once all are in (the first failure, in
+        order, fails it): what a caller that asked for everything a decision needs waits for.
+        Done at once when they all are (in-process); `wait()` waits for each."""
+        answers = list(answers)
+        if all(a._done for a in answers):
+            for a in answers:
+                if a._error is not None:
+                    return Answer.failed(a._error)
+            return Answer.of([a._value for a in answers])
+
+        def waiter(_out: Answer[list[Any]], timeout: float | None) -> None:
+            for a in answers:
+                a._wait_quietly(timeout)
+
+        out: Answer[list[Any]] = Answer(waiter)
+        left = [sum(1 for a in answers if not a._done)]
+
+        def one(_a: Answer[Any]) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            for a in answers:
+                if a._error is not None:
+                    out.set_exception(a._error)
+                    return
+            out.set_result([a._value for a in answers])
+        for a in answers:
+            if not a._done:
+                a.add_done_callback(one)
+        return out
+
+    @staticmethod
+    def all_in(answers: "Sequence[Answer[Any]]") -> "Answer[None]":
+        """Done (with None) once every one of `answers` is in, failed or not: a caller that asked
+        for several answers, some of which may fail on their own (a replay plan refused), waits
+        for this, then reads each. Done at once when they all are."""
+        answers = [a for a in answers if not a._done]
+        if not answers:
+            return Answer.of(None)
+
+        def waiter(_out: Answer[None], timeout: float | None) -> None:
+            for a in answers:
+                a._wait_quietly(timeout)
+
+        out: Answer[None] = Answer(waiter)
+        left = [len(answers)]
+
+        def one(_a: Answer[Any]) -> None:
+            left[0] -= 1
+            if not left[0]:
+                out.set_result(None)
+        for a in answers:
+            a.add_done_callback(one)
+        return out
+
+
+_new = object.__new__
 
 
 def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> None:
@@ -354,8 +420,8 @@ class ReplayPlan:
 
 
 class StoreReads(NamedTuple):
-    """What a SUBSCRIBE (SubscriptionRegistry.read_ahead) or a resumed session (fleet.py
-    `FleetSessionRegistry.load_later`) will ask the store: wildcard filters new to this gateway
+    """What a resumed session (gateway/fleet/sessions.py `FleetSessionRegistry.load_later`) will
+    ask the store (`QueueStore.read_ahead`; a SUBSCRIBE asks the facades directly): wildcard filters new to this gateway
     to register, queues to follow (a remote store mirrors them), queues whose start offset new
     subscriptions and shared groups need, filters whose retained messages are sent after the
     SUBACK; (consumer, queue) pairs whose committed offset a shared group resumes from, and
@@ -385,10 +451,18 @@ class ReadAhead(NamedTuple):
 
 class QueueStore(Protocol):
     """The light queues: appends (delayed ones too), pulls, offsets, "queues have new data" events,
-    the history of a filter, and what a SUBSCRIBE or a resumed session reads ahead. The delivery
-    hot path calls these synchronously (a pull answers from memory: in-process the light queues'
-    tails, remote the mirror of each queue this gateway reads, gateway/storage/remote_store.py);
-    an append's results carry a `.durable` future the PUBACK waits for."""
+    the history of a filter, and what a SUBSCRIBE or a resumed session reads ahead.
+
+    Every read returns an `Answer`. In-process it is done when the method returns (`Answer.of`:
+    the reads are local). Remote (gateway/storage/remote_store.py) it is done at once when the
+    gateway holds what is asked (the mirror of each queue this gateway reads, the open
+    read-ahead), else the request is sent now and the answer completes when the store's reply is
+    in: never a blocking round trip on the event loop. Requests asked for in one loop turn travel
+    together (one round trip). The delivery hot path takes `.result()` when `.done()` (the case
+    of every read in-process and of the mirror remote) and otherwise lets the answer wake it;
+    a SUBSCRIBE or CONNECT asks for every answer it needs and waits for them together
+    (`Answer.gather`, the connection on hold). An append's results carry a `.durable` future the
+    PUBACK waits for."""
 
     # -- publish path
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
@@ -412,42 +486,46 @@ class QueueStore(Protocol):
         store/disk_space.py) when the store is this process, for the gateway's /metrics; None
         when it is elsewhere (`lmqtt store` exports its own)."""
 
-    # -- delivery path
-    def max_offset(self, queue: str) -> int: ...
-    def end_offset(self, queue: str) -> int:
+    # -- delivery path (each an Answer: see the class docstring)
+    def max_offset(self, queue: str) -> Answer[int]:
+        """Where the queue's readable entries end (remote: the mirror's end; a queue not mirrored
+        yet is watched now, and the answer completes with the store's reply)."""
+    def end_offset(self, queue: str) -> Answer[int]:
         """Where the queue ends as far as the gateway knows (remote: what the store last said,
         which the mirror may not hold yet; in-process: `max_offset`)."""
-    def start_offset(self, queue: str) -> int:
+    def start_offset(self, queue: str) -> Answer[int]:
         """Where a new subscription to `queue` starts: after every message whose publish was
         acknowledged before this call (so it is not delivered as new, nor missed)."""
-    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Any:
-        """The entries from `offset` (`.messages`, `.next_offset`...); remote, behind the mirror:
-        nothing yet, the chunk is asked for and `on_new_data` names the queue when it is in."""
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
+        """The entries from `offset` (`.messages`, `.next_offset`...). Remote, behind the mirror:
+        the chunk is asked for now and the answer completes when it is in (`on_new_data` names
+        the queue then too); an answer that fails (the store away) is asked again later."""
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         """Call `callback(queue_names)` when queues get new entries."""
-    def message_at(self, queue: str, offset: int) -> Any:
-        """The entry at `offset` of `queue` (StoredMessage's fields), read now in-process; a remote
-        store answers from the open read-ahead. None when not available (deleted by retention,
-        or not read ahead)."""
+    def message_at(self, queue: str, offset: int) -> Answer[Any]:
+        """The entry at `offset` of `queue` (StoredMessage's fields), or None when it is no longer
+        stored (retention). Remote: from the open read-ahead, else one read."""
 
     # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote
     #    store: one pipelined round trip the connection waits for on hold, instead of blocking
     #    calls that would stop the whole gateway; in-process: done at once, the reads are local)
     def read_ahead(self, reads: "StoreReads") -> "Answer[ContextManager[Any]]":
         """Ask now for what deciding a packet will read; the answer, once in, is a context
-        manager to decide the packet in: while it is open, the facades answer those reads
-        without a round trip (the filter registrations, `start_offset`, `replay_plan`,
-        `message_at`, the committed offsets, the retained messages); on exit, registrations
-        made for it that nothing took are dropped again. In-process: done at once, a context
-        that does nothing. The caller never asks which it got: it waits for the answer (a
-        connection on hold), then decides inside it."""
+        manager to decide the packet in: while it is open, the facades' answers to those reads
+        are done at once (the filter registrations, `start_offset`, `replay_plan`, `message_at`,
+        the committed offsets, the retained messages); on exit, registrations made for it that
+        nothing took are dropped again. In-process: done at once, a context that does nothing.
+        The caller never asks which it got: it waits for the answer (a connection on hold), then
+        decides inside it. (A SUBSCRIBE no longer needs it: it asks for its answers directly,
+        core/subscription_registry.py `prepare`.)"""
 
     # -- subscribing from the past (gateway/delivery/history.py; off the delivery hot path)
-    def replay_plan(self, flt: str, since_ms: int) -> "ReplayPlan":
+    def replay_plan(self, flt: str, since_ms: int) -> "Answer[ReplayPlan]":
         """Where the history of `flt` since `since_ms` is: the light queue from
         `plan.live_offset`, preceded (source "log") by `plan.read()` batches from the log up to
-        the seam. Call after registering a wildcard `flt`. Raises `ReplayRefused` (outside
-        retention)."""
+        the seam. Ask after registering a wildcard `flt` (in the same loop turn is enough: the
+        requests are answered in order). A failed answer with `ReplayRefused` (outside
+        retention...)."""
 
 
 @dataclass

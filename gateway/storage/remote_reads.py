@@ -13,9 +13,13 @@ What each call costs (all on the gateway's one `LoopConnection`, in order with i
                    `ReadAhead`; only that connection waits (docs/fleet.md).
   * using          the context `read_ahead` answers: while the packet is decided in it,
                    `RemoteFilters.register`, `start_offset`, `replay_plan`, the offsets and
-                   retained facades' reads and `message_at` answer from the read-ahead, no round
-                   trip; what nothing took is released after.
-  * otherwise      start_offset, replay_plan: one blocking round trip each (bounded); the filter
+                   retained facades' reads and `message_at` answer from the read-ahead (answers
+                   done at once); what nothing took is released after.
+  * otherwise      start_offset, replay_plan, message_at: the request is sent now (with a watch
+                   of the queue when it is not mirrored yet) and the `Answer` completes with the
+                   store's reply, never a blocking call; what a caller asks in one loop turn
+                   leaves in one send (the link's), so a SUBSCRIBE that asks for all its answers
+                   and then waits for them together makes one round trip. The filter
                    registrations: an `Answer` each (`register_all`: `REGISTER_CHUNK` filters per
                    round trip, all sent at once); a replay plan's history: chunks asked for
                    without waiting (`ReplayPlan.read_later`).
@@ -26,6 +30,7 @@ import contextlib
 from typing import Any, Callable
 
 from lmqtt.gateway.storage.facades import Answer, ReadAhead, ReplayPlan, ReplayRefused, StoreReads
+from lmqtt.gateway.storage.remote_metadata import ask
 from lmqtt.store.client.aio import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 
@@ -41,7 +46,8 @@ class RemoteReads:
       * `track_later(qs)`    watch queues not mirrored yet, asked for now: -> (the reply's future,
                              `take()`, which mirrors them from it once every read came in);
       * `heard(offsets)`     the store says these queues reach these max offsets;
-      * `follow(q)`          mirror and watch q now if it is not (blocking): `max_offset`;
+      * `follow(q)`          mirror and watch q if it is not (`max_offset`: an Answer, done at
+                             once when q is mirrored);
       * `decode(reply)`      a `gw_pull` / `gw_replay_read` reply -> its entries;
       * `ask_history(cursor, max_count)`  one `gw_replay_read`, not waited for (counted and
                              bounded as the mirror's reads are): the reply's future.
@@ -49,7 +55,7 @@ class RemoteReads:
 
     def __init__(self, link: LoopConnection, gateway_id: str, *, mirrored: Callable[[str], bool],
                  track_later: Callable[[list], tuple[Any, Callable[[], None]]],
-                 heard: Callable[[dict], None], follow: Callable[[str], int],
+                 heard: Callable[[dict], None], follow: Callable[[str], Answer[int]],
                  decode: Callable[[Any], list], ask_history: Callable[[dict, int], Any]) -> None:
         self.link = link
         self.node = P.NodeClient(link)
@@ -142,21 +148,36 @@ class RemoteReads:
             f.add_done_callback(done)
         return out
 
-    def start_offset(self, queue: str) -> int:
+    def start_offset(self, queue: str) -> Answer[int]:
         """The store's max offset once what was acknowledged before now is dispatched (read ahead,
-        else one round trip: the mirror may not have heard of the newest entries yet, and a
-        subscription started at its end would get them as new messages)."""
-        self.follow(queue)
+        else asked for now, after the watch of a queue not mirrored yet: the mirror may not have
+        heard of the newest entries yet, and a subscription started at its end would get them as
+        new messages)."""
+        followed = self.follow(queue)
         ahead = self._ahead
         off = ahead.start.pop(queue, None) if ahead is not None else None
-        if off is None:
-            off = self.node.call_blocking(P.StartOffsets([queue])).max_offsets[queue]
-        self.heard({queue: off})        # fetch what the mirror lacks (its event may still be on the way)
-        return off
+        if off is not None and followed.done():
+            self.heard({queue: off})    # fetch what the mirror lacks (its event may still be on the way)
+            return Answer.of(off)
+        asked = Answer.of(off) if off is not None else ask(self.link, P.StartOffsets([queue]))
 
-    def message_at(self, queue: str, offset: int):
+        def got(both: list) -> int:
+            r = both[1]
+            start = r if isinstance(r, int) else r.max_offsets[queue]
+            self.heard({queue: start})
+            return start
+        return Answer.gather([followed, asked]).then(got)
+
+    def message_at(self, queue: str, offset: int) -> Answer[Any]:
+        """The entry at `offset` of `queue`: from the open read-ahead, else one `gw_pull` of it
+        (None when it is no longer stored)."""
         ahead = self._ahead
-        return ahead.messages.pop((queue, offset), None) if ahead is not None else None
+        if ahead is not None and (queue, offset) in ahead.messages:
+            return Answer.of(ahead.messages.pop((queue, offset)))
+
+        def found(r: P.PullReply) -> Any:
+            return next((m for m in self.decode(r) if m.queue_offset == offset), None)
+        return ask(self.link, P.Pull(queue, offset, 1, 16 << 20)).then(found)
 
     def offset_read_ahead(self, consumer: str, queue: str) -> tuple[bool, int | None]:
         ahead = self._ahead
@@ -200,22 +221,43 @@ class RemoteReads:
         self.node.send(P.Unregister(self.gateway_id, flt))
 
     # ------------------------------------------------------------------ subscribing from the past
-    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
-        """`gw_replay` (read ahead with the SUBSCRIBE, else one blocking round trip; answered once
-        the store's dispatch passed its log end);
-        the history is read with `gw_replay_read`, chunks of up to `RemoteStore.fetch_batch` messages
-        asked for without waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
+    def replay_plan(self, flt: str, since_ms: int) -> Answer[ReplayPlan]:
+        """`gw_replay` (read ahead with the SUBSCRIBE, else asked for now, after the watch of `flt`
+        so live reads follow the plan; answered once the store's dispatch passed its log end); a
+        refusal of the store is a `ReplayRefused` answer. The history is read with
+        `gw_replay_read`, chunks of up to `RemoteStore.fetch_batch` messages asked for without
+        waiting, the next while the gateway sends one (`ReplayPlan.read_later`)."""
         ahead = self._ahead
-        plan = ahead.replay.pop((flt, int(since_ms)), None) if ahead is not None else None
-        if plan is None:
-            self.follow(flt)              # mirrored and watched before the plan: live reads follow
-            try:
-                plan = self.node.call_blocking(P.Replay(flt, int(since_ms)))
-            except StoreClientError as e:
-                raise ReplayRefused(e.reason) from None
-        elif isinstance(plan, StoreClientError):
-            raise ReplayRefused(plan.reason) from None
-        return ReplayPlan(plan.plan(), read_later=self._read_history)
+        key = (flt, int(since_ms))
+        if ahead is not None and key in ahead.replay:
+            plan = ahead.replay.pop(key)
+            if isinstance(plan, StoreClientError):
+                return Answer.failed(ReplayRefused(plan.reason))
+            return Answer.of(ReplayPlan(plan.plan(), read_later=self._read_history))
+        followed = self.follow(flt)              # mirrored and watched before the plan: live reads follow
+        asked = ask(self.link, P.Replay(flt, int(since_ms)))
+
+        def waiter(_a: Answer[ReplayPlan], timeout: float | None) -> None:
+            for a in (followed, asked):
+                a._wait_quietly(timeout)
+        out: Answer[ReplayPlan] = Answer(waiter)
+
+        def done(_a: Answer[Any]) -> None:
+            if not (followed.done() and asked.done()) or out.done():
+                return
+            e = asked.exception() or followed.exception()
+            if isinstance(e, StoreClientError):
+                out.set_exception(ReplayRefused(e.reason))
+            elif e is not None:
+                out.set_exception(e)
+            else:
+                try:
+                    out.set_result(ReplayPlan(asked.result().plan(), read_later=self._read_history))
+                except Exception as bad:  # noqa: BLE001 - a reply we cannot read fails this plan only
+                    out.set_exception(bad)
+        followed.add_done_callback(done)
+        asked.add_done_callback(done)
+        return out
 
     def _read_history(self, cursor: dict, max_count: int):
         """One chunk of a replay plan's history, asked for now: a future of (messages, cursor, done)."""

@@ -1,9 +1,11 @@
 """`RemoteStore`: the `QueueStore` facade (gateway/storage/facades.py) over the store's native
 protocol, for `lmqtt gateway` (docs/fleet.md). The store side is store/node/gateway_service.py.
 
-The gateway's code calls the store synchronously on its event loop. What that costs here:
+Every read returns an `Answer` (gateway/storage/facades.py): done at once when the gateway holds
+what is asked, else completed by the store's reply; nothing here waits on the event loop. What
+each costs:
   * append_batch   one PRODUCE frame written, returns at once: gateway/storage/remote_produce.py.
-  * pull, max_offset  served from a per-queue mirror: the newest entries of every queue this
+  * pull, max_offset  answered at once from a per-queue mirror: the newest entries of every queue this
                    gateway serves. With the native watch the store pushes the new entries with
                    its event (PUSH frames, `gw_watch {push: true}`): no round trip before local
                    delivery. Otherwise, and for whatever a push did not carry (a gap, a queue over
@@ -11,11 +13,14 @@ The gateway's code calls the store synchronously on its event loop. What that co
                    queue when the store says the queue grew (an EVENT on the watch, a Redis event,
                    or the safety poll). Local sessions at that offset all read the one copy;
                    `on_new_data` listeners are called only once the entries are local. A reader
-                   behind the mirror (a resumed session's backlog) gets a chunk asked for without
-                   waiting; its queue's readers are told when it is in.
-  * a SUBSCRIBE    what it reads (registrations, mirrors, start offsets, retained messages) is
-                   asked for in one pipeline before it is decided; only that connection waits:
-                   gateway/storage/remote_reads.py (`read_ahead`, `using`, the filter registrations).
+                   behind the mirror (a resumed session's backlog) gets an answer that completes
+                   when its chunk (asked for then, one per queue at a time) is in. A queue not
+                   mirrored yet is watched when first read: its answers complete with the reply.
+  * a SUBSCRIBE    asks for what it reads (registrations, watches, start offsets, replay plans,
+                   retained messages) and waits for the answers together: they leave in one send
+                   (the link sends what one loop turn queued at once), one round trip; only that
+                   connection waits. A resumed session asks them in one `read_ahead`:
+                   gateway/storage/remote_reads.py (`read_ahead`, `using`, start_offset...).
   * metadata       gateway/storage/remote_metadata.py.
 
 Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
@@ -33,8 +38,9 @@ import asyncio
 import logging
 from typing import Any, Callable, Iterable
 
+from lmqtt.gateway.storage.facades import Answer, ReplayPlan
 from lmqtt.gateway.storage.remote_entries import RemoteMessage, RemotePull, decode_raw_entries, entries
-from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
 from lmqtt.store import protocol as W
@@ -49,7 +55,7 @@ class _Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
     __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_from", "back_base", "back",
-                 "reading_back")
+                 "reading_back", "back_answer")
 
     def __init__(self, max_offset: int) -> None:
         self.base = max_offset
@@ -64,6 +70,7 @@ class _Mirror:
         self.back_base = 0
         self.back: list[RemoteMessage] = []
         self.reading_back: int | None = None    # the offset a read behind the mirror is under way from
+        self.back_answer: Answer[None] | None = None   # ... done when its chunk is in (or failed)
 
     @property
     def end(self) -> int:
@@ -108,6 +115,7 @@ class RemoteStore:
         self.raw_push = raw_push
         self.fetch_batch = fetch_batch
         self.queues: dict[str, _Mirror] = {}
+        self._tracking: dict[str, Answer[_Mirror]] = {}    # queues being watched, not mirrored yet
         # memory bound of all mirrors (payload bytes): over it, every mirror keeps only its newer
         # half; readers behind pull from the store (the composition passes a quarter of lq_cache_mb)
         self.mirror_bytes = mirror_bytes
@@ -214,13 +222,13 @@ class RemoteStore:
     def read_ahead(self, reads):
         return self.reads.read_ahead(reads)
 
-    def start_offset(self, queue: str) -> int:
+    def start_offset(self, queue: str) -> Answer[int]:
         return self.reads.start_offset(queue)
 
-    def message_at(self, queue: str, offset: int):
+    def message_at(self, queue: str, offset: int) -> Answer[Any]:
         return self.reads.message_at(queue, offset)
 
-    def replay_plan(self, flt: str, since_ms: int):
+    def replay_plan(self, flt: str, since_ms: int) -> Answer[ReplayPlan]:
         return self.reads.replay_plan(flt, since_ms)
 
     def _reconnected(self) -> None:
@@ -236,13 +244,32 @@ class RemoteStore:
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self._listeners.append(callback)
 
-    def _track(self, q: str) -> _Mirror:
-        if self.watch:
-            r = self.node.call_blocking(P.Watch([q], push=True, raw=self.raw_push))
-            self.push = r.push
+    def _tracked(self, q: str) -> "Answer[_Mirror]":
+        """The mirror of `q`: done at once when there is one, else `q` is watched now (one request,
+        shared by everyone asking meanwhile) and the answer completes with the store's reply."""
+        m = self.queues.get(q)
+        if m is not None:
+            return Answer.of(m)
+        pending = self._tracking.get(q)
+        if pending is not None:
+            return pending
+        watch = self.watch
+        req = P.Watch([q], push=True, raw=self.raw_push) if watch else P.MaxOffsets([q])
+
+        def take(r: Any) -> _Mirror:
+            self._tracking.pop(q, None)
+            if watch and isinstance(r, P.WatchReply):
+                self.push = r.push
+            have = self.queues.get(q)               # mirrored meanwhile (a read-ahead): keep that one
+            return have if have is not None else self._new_mirror(q, r.max_offsets[q])
+        out = self._tracking[q] = ask(self.link, req).then(take)
+        if out.done():                              # failed at once (the store away): not shared
+            self._tracking.pop(q, None)
         else:
-            r = self.node.call_blocking(P.MaxOffsets([q]))
-        return self._new_mirror(q, r.max_offsets[q])
+            def untrack(_a: Answer[_Mirror]) -> None:
+                self._tracking.pop(q, None)
+            out.add_done_callback(untrack)
+        return out
 
     def _track_later(self, queues: list[str]):
         """Watch `queues` (not mirrored yet) without waiting (a read-ahead): -> the reply's future,
@@ -264,23 +291,53 @@ class RemoteStore:
             self.on_track(q)
         return m
 
-    def max_offset(self, queue: str) -> int:
+    def max_offset(self, queue: str) -> Answer[int]:
         m = self.queues.get(queue)
-        if m is None:
-            m = self._track(queue)
-        return m.end
+        if m is not None:
+            return Answer.of(m.end)
+        return self._tracked(queue).then(_end)
 
-    def end_offset(self, queue: str) -> int:
+    def end_offset(self, queue: str) -> Answer[int]:
         """The queue's end as the store last told it (the mirror may not hold those entries yet)."""
         m = self.queues.get(queue)
-        if m is None:
-            m = self._track(queue)
-        return max(m.known, m.end)
+        if m is not None:
+            return Answer.of(max(m.known, m.end))
+        return self._tracked(queue).then(_known_end)
 
-    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> RemotePull:
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[RemotePull]:
         m = self.queues.get(queue)
         if m is None:
-            m = self._track(queue)
+            # watched now; then read as from a mirror (behind it: the chunk, asked for then)
+            out: Answer[RemotePull] = Answer(lambda _a, timeout: tracked._wait_quietly(timeout))
+            tracked = self._tracked(queue)
+
+            def mirrored(t: Answer[_Mirror]) -> None:
+                e = t.exception()
+                if e is not None:
+                    out.set_exception(e)
+                    return
+                then = self.pull(queue, offset, max_count, max_bytes)
+                out._waiter = lambda _a, timeout: then._wait_quietly(timeout)
+
+                def answered(a: Answer[RemotePull]) -> None:
+                    e = a.exception()
+                    if e is not None:
+                        out.set_exception(e)
+                    else:
+                        out.set_result(a.result())
+                then.add_done_callback(answered)
+            tracked.add_done_callback(mirrored)
+            return out
+        got = self._held(m, offset, max_count, max_bytes)
+        if got is not None:
+            return Answer.of(got)
+        # behind the mirror and not read yet: the chunk is asked for, the answer is its arrival
+        return self._read_back(queue, m, offset).then(
+            lambda _none: self._held(m, offset, max_count, max_bytes) or RemotePull([], offset, m.min_offset, m.end))
+
+    @staticmethod
+    def _held(m: _Mirror, offset: int, max_count: int, max_bytes: int) -> RemotePull | None:
+        """A pull answered from what mirror `m` holds, or None (behind it, not read yet)."""
         if offset >= m.end:
             return RemotePull([], offset, m.min_offset, m.end)
         if offset >= m.base:
@@ -294,27 +351,34 @@ class RemoteStore:
                 out = _within(m.back[i:i + max_count], max_bytes)
                 return RemotePull(out, out[-1].queue_offset + 1, m.min_offset, m.end)
             return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)   # nothing there: go on
-        self._read_back(queue, m, offset)
-        return RemotePull([], offset, m.min_offset, m.end)       # not here yet: the queue's readers are told
+        return None
 
-    def _read_back(self, queue: str, m: _Mirror, offset: int) -> None:
-        """Ask for up to `fetch_batch` entries from `offset` on, not waited for: the reader gets
-        nothing now and its queue's readers are told when the chunk is in (it replaces the older
-        chunk; one that reaches the mirror's start is joined to it). One read per queue at a time.
-        Readers behind the mirror read in big chunks, not a small round trip per delivery (at
-        20,000 msg/s into one queue a subscriber a few thousand messages behind would otherwise
-        make a round trip of 32 entries per delivery: measured, fan-in), and never stop the loop: a
-        blocking read would cost every other client of the gateway a round trip per chunk of a
-        resumed session's backlog."""
-        if m.reading_back is not None:
-            return                                  # the read under way tells the readers
+    def _read_back(self, queue: str, m: _Mirror, offset: int) -> Answer[None]:
+        """Ask for up to `fetch_batch` entries from `offset` on, not waited for: the answer is done
+        when the chunk is in (it replaces the older chunk; one that reaches the mirror's start is
+        joined to it), and the queue's readers are told then too. One read per queue at a time:
+        a reader asking meanwhile gets the answer of the read under way. Readers behind the mirror
+        read in big chunks, not a small round trip per delivery (at 20,000 msg/s into one queue a
+        subscriber a few thousand messages behind would otherwise make a round trip of 32
+        entries per delivery: measured, fan-in), and never stop the loop: a blocking read would
+        cost every other client of the gateway a round trip per chunk of a resumed session's
+        backlog. A failed answer (the store away, a read that failed): the reader asks again
+        later."""
+        if m.reading_back is not None and m.back_answer is not None:
+            return m.back_answer                    # the read under way answers this reader too
         if not self.link.connected:
-            self.loop.call_later(1.0, self._tell, {queue})   # ask again once the store is back
-            return
+            return Answer.failed(ConnectionLost(f"store {self.link.address} unavailable: {self.link.last_error}"))
         m.reading_back = offset
         self.remote_misses += 1
-        self._ask_pull(queue, offset, min(self.fetch_batch, m.base - offset),
-                       lambda f, q=queue, m=m, offset=offset: self._read_back_done(q, m, offset, f))
+        self.remote_pulls += 1
+        read = ask(self.link, P.Pull(queue, offset, min(self.fetch_batch, m.base - offset), 4 << 20))
+        out: Answer[None] = Answer(lambda _a, timeout: read._wait_quietly(timeout))
+        m.back_answer = out
+
+        def done(f: Answer[Any]) -> None:
+            self._read_back_done(queue, m, offset, f, out)
+        read.add_done_callback(done)
+        return out
 
     def _ask_pull(self, q: str, offset: int, max_count: int, then: Callable) -> None:
         """One `gw_pull` of `q` from `offset`, not waited for (bounded as every call is): `then`
@@ -328,15 +392,17 @@ class RemoteStore:
         self.remote_pulls += 1
         return self.node.replay_read(cursor, min(max_count, self.fetch_batch))
 
-    def _read_back_done(self, queue: str, m: _Mirror, offset: int, f) -> None:
+    def _read_back_done(self, queue: str, m: _Mirror, offset: int, f: Answer[Any], out: Answer[None]) -> None:
         m.reading_back = None
+        m.back_answer = None
         if self.queues.get(queue) is not m:
+            out.set_result(None)                    # no longer mirrored: the reader asks again
             return
         e = f.exception()
         if e is not None:
-            log.warning("event=read_behind_mirror_failed queue=%s offset=%d error=%s (retried in 1 s)",
+            log.warning("event=read_behind_mirror_failed queue=%s offset=%d error=%s (asked again later)",
                         queue, offset, e)
-            self.loop.call_later(1.0, self._tell, {queue})
+            out.set_exception(e)
             return
         r: P.PullReply = f.result()
         m.min_offset = r.min_offset
@@ -357,7 +423,7 @@ class RemoteStore:
                 m.base = first
             else:
                 m.back = msgs
-        self._tell({queue})
+        out.set_result(None)                        # every reader that asked holds this answer
 
     # ------------------------------------------------------------------ events -> prefetch
     def _on_push(self, op: int, body: bytes) -> None:
@@ -623,6 +689,14 @@ class RemoteStore:
             if not f.cancelled() and f.exception() is None:
                 self.heard(f.result().max_offsets)
         fut.add_done_callback(done)
+
+
+def _end(m: _Mirror) -> int:
+    return m.end
+
+
+def _known_end(m: _Mirror) -> int:
+    return max(m.known, m.end)
 
 
 __all__ = ["RemoteStore", "RemoteMetadata", "ConnectionLost", "StoreClientError", "NodeMismatch"]

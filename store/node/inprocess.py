@@ -181,8 +181,8 @@ class InProcessLeases:
 
 
 class InProcessQueues:
-    """`QueueStore` over the embedded `MessageStore` and `LightQueueStore` (no copies: the hot
-    paths are bound methods of the store objects)."""
+    """`QueueStore` over the embedded `MessageStore` and `LightQueueStore`: every read is local,
+    its answer done when the method returns (`Answer.of`, the only cost the seam adds)."""
 
     def __init__(self, store: Any, lq: Any) -> None:
         self.store = store
@@ -191,17 +191,34 @@ class InProcessQueues:
         self.queues_for_topic = lq.queues_for_topic
         self.append_batch = store.append_batch
         self.append = store.append
-        self.max_offset = self.end_offset = lq.max_offset
-        self.pull = lq.pull
+        self._max_offset = lq.max_offset
+        self._pull = lq.pull
+
+    # the hot path's reads: a try costs nothing in Python 3.11 unless it raises (a failure is a
+    # failed answer, as everywhere on the seam)
+    def max_offset(self, queue: str) -> Answer[int]:
+        try:
+            return Answer.of(self._max_offset(queue))
+        except Exception as e:  # noqa: BLE001 - the caller gets it as the answer
+            return Answer.failed(e)
+
+    def end_offset(self, queue: str) -> Answer[int]:
+        return self.max_offset(queue)
+
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
+        try:
+            return Answer.of(self._pull(queue, offset, max_count, max_bytes))
+        except Exception as e:  # noqa: BLE001 - the caller gets it as the answer
+            return Answer.failed(e)
 
     def all_visible(self) -> bool:
         return self.store.dispatched_offset >= self.store.max_offset
 
-    def start_offset(self, queue: str) -> int:
+    def start_offset(self, queue: str) -> Answer[int]:
         st = self.store
         if st.dispatched_offset < st.max_offset:          # dispatch on its own thread (not inline)
             st.wait_dispatched(st.max_offset, 1.0)
-        return self.lq.max_offset(queue)
+        return Answer.now(self.lq.max_offset, queue)
 
     def unavailable(self) -> str | None:
         return None               # the embedded store is this process
@@ -212,11 +229,13 @@ class InProcessQueues:
     def read_ahead(self, reads: Any) -> Answer[ContextManager[Any]]:
         return Answer.of(contextlib.nullcontext())     # local reads: nothing to wait for
 
-    def message_at(self, queue: str, offset: int):
-        for m in self.lq.pull(queue, offset, max_count=1).messages:
-            if m.queue_offset == offset:
-                return m
-        return None
+    def message_at(self, queue: str, offset: int) -> Answer[Any]:
+        def read() -> Any:
+            for m in self.lq.pull(queue, offset, max_count=1).messages:
+                if m.queue_offset == offset:
+                    return m
+            return None
+        return Answer.now(read)
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self.lq.add_listener(callback)
@@ -235,12 +254,14 @@ class InProcessQueues:
         d.arm(rs, parked, due_ms)
         return rs
 
-    def replay_plan(self, flt: str, since_ms: int) -> ReplayPlan:
+    def replay_plan(self, flt: str, since_ms: int) -> Answer[ReplayPlan]:
         try:
             plan = self.lq.replay_plan(flt, since_ms)
         except LightQueueReplayRefused as e:
-            raise ReplayRefused(str(e)) from None
-        return ReplayPlan(plan, self.lq.replay_read)
+            return Answer.failed(ReplayRefused(str(e)))
+        except Exception as e:  # noqa: BLE001 - the caller gets it as the answer
+            return Answer.failed(e)
+        return Answer.of(ReplayPlan(plan, self.lq.replay_read))
 
 
 def storage(store: Any, lq: Any) -> Storage:

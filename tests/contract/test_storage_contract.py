@@ -10,7 +10,10 @@ still answered in order before the next one waited for (a read after a write see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
+import signal
 
 import pytest
 
@@ -242,10 +245,35 @@ def test_an_invalid_filter_is_a_failed_answer_not_an_exception_of_the_call(side)
 
 
 # ---------------------------------------------------------------- light queues
+class _Queues:
+    """One implementation's bundle builder (for its `QueueStore`, called on the running loop: a
+    remote store's mirrors are fed by it) and, for the remote one, `frozen()`: the store node
+    stopped (SIGSTOP) while the block runs, so that any request waited for would hang."""
+
+    def __init__(self, build, pid: int | None = None) -> None:
+        self.build, self.pid = build, pid
+
+    def __call__(self):
+        return self.build()
+
+    @property
+    def remote(self) -> bool:
+        return self.pid is not None
+
+    @contextlib.contextmanager
+    def frozen(self):
+        if self.pid is None:
+            yield
+            return
+        os.kill(self.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
+
+
 @pytest.fixture(params=["inprocess", "remote"])
 def queue_side(request, tmp_path):
-    """A builder of one implementation's whole bundle (for its `QueueStore`), called on the
-    running loop (a remote store's mirrors are fed by it)."""
     made: list = []
     if request.param == "inprocess":
         from lmqtt.lightqueue import LightQueueStore
@@ -255,7 +283,7 @@ def queue_side(request, tmp_path):
         store = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=16 << 20))
         lq = LightQueueStore(store, str(tmp_path / "lq"))
         store.start()
-        yield lambda: inprocess.storage(store, lq)
+        yield _Queues(lambda: inprocess.storage(store, lq))
         lq.close()
         store.shutdown()
         return
@@ -271,7 +299,7 @@ def queue_side(request, tmp_path):
         st.start()
         made.append(st)
         return st.metadata
-    yield build
+    yield _Queues(build, srv.proc.pid)
     for st in made:
         st.close()
         st.link.close()
@@ -285,61 +313,151 @@ async def _until(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it(queue_side):
-    """What the publish pipeline and the delivery engine rely on: an append's `.durable` future
-    is resolved, the queue's listeners are told, `max_offset` and `pull` then have the message,
-    and `start_offset` is after it (a new subscription does not get it as new)."""
+async def _append(st: Storage, topic: str, bodies: list[bytes]) -> None:
     import time
 
     from lmqtt.store import Message
 
+    q = st.queues
+    res = q.append_batch([Message(topic, b, 0, 0, b"", (), int(time.time() * 1000), q.queues_for_topic(topic))
+                          for b in bodies])
+    durable = res[-1].durable
+    await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+
+
+def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it(queue_side):
+    """What the publish pipeline and the delivery engine rely on: an append's `.durable` future
+    is resolved, the queue's listeners are told, `max_offset` and `pull` then have the message,
+    and `start_offset` is after it (a new subscription does not get it as new)."""
     async def go():
-        q = queue_side().queues
+        st = queue_side()
+        q = st.queues
         topic = _name("qs") + "/t"
         heard: list = []
         q.on_new_data(lambda names: heard.extend(names))
-        assert q.start_offset(topic) == 0 and q.unavailable() is None
+        assert await q.start_offset(topic) == 0 and q.unavailable() is None
         q.enable_delayed(asyncio.get_running_loop())             # both answer it (remote: nothing to do)
-        res = q.append_batch([Message(topic, b"one", 0, 0, b"", (), int(time.time() * 1000),
-                                      q.queues_for_topic(topic))])
-        durable = res[-1].durable
-        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
-        assert await _until(lambda: q.max_offset(topic) == 1 and topic in heard)
-        assert [(m.topic, bytes(m.body)) for m in q.pull(topic, 0).messages] == [(topic, b"one")]
-        assert q.start_offset(topic) == 1
+        await _append(st, topic, [b"one"])
+        assert await _until(lambda: q.max_offset(topic).wait() == 1 and topic in heard)
+        assert [(m.topic, bytes(m.body)) for m in (await q.pull(topic, 0)).messages] == [(topic, b"one")]
+        assert await q.start_offset(topic) == 1
         state = q.disk_state()
         assert state is None or state["disk_full"] is False
     asyncio.run(go())
 
 
-def test_a_packets_reads_are_answered_inside_the_context_read_ahead_answers(queue_side):
-    """What the SUBSCRIBE path relies on: it asks `read_ahead` for what it will read, waits for
-    the answer, and inside the context it answers makes its requests as usual, which are then
-    answered at once (remote: from the read-ahead; in-process: locally); after it, the store
-    holds exactly the registrations taken, and nothing asked for but not taken."""
-    import time
+def test_every_queue_read_is_an_answer_and_none_waits_for_the_store(queue_side):
+    """Every `QueueStore` read returns an `Answer` without waiting for the store: in-process done
+    at once; remote, for a queue it does not mirror (and a start offset, a message, a replay
+    plan), asked for while the store node is stopped, the calls return at once with answers not
+    in yet (the gateway's loop is never blocked on a round trip), which complete when it runs
+    again; both give the same values."""
+    from lmqtt.gateway.storage.facades import ReplayPlan
 
+    async def go():
+        writer, st = queue_side(), queue_side()
+        q = st.queues
+        topic = _name("aq") + "/t"
+        await _append(writer, topic, [b"m0", b"m1", b"m2"])
+        assert await writer.queues.start_offset(topic) == 3       # (the store dispatched them)
+        with queue_side.frozen():
+            reads = {"max": q.max_offset(topic), "end": q.end_offset(topic), "start": q.start_offset(topic),
+                     "pull": q.pull(topic, 1, 32), "at": q.message_at(topic, 2), "gone": q.message_at(topic, 99),
+                     "plan": q.replay_plan(topic, 0)}
+            assert all(isinstance(a, Answer) for a in reads.values())
+            assert all(a.done() for a in reads.values()) is not queue_side.remote
+        await asyncio.wait_for(_all(Answer.all_in(list(reads.values()))), 20)
+        assert (reads["max"].result(), reads["end"].result(), reads["start"].result()) == (3, 3, 3)
+        assert [bytes(m.body) for m in reads["pull"].result().messages] == [b"m1", b"m2"]
+        assert bytes(reads["at"].result().body) == b"m2" and reads["at"].result().queue_offset == 2
+        assert reads["gone"].result() is None
+        plan = reads["plan"].result()
+        assert isinstance(plan, ReplayPlan) and plan.source in ("queue", "log")
+        # the queue is followed now: its end is answered at once (remote: from the mirror)
+        again = q.max_offset(topic), q.pull(topic, 3, 32)
+        assert all(a.done() for a in again) and again[0].result() == 3
+        assert again[1].result().messages == [] and again[1].result().next_offset == 3
+    asyncio.run(go())
+
+
+async def _all(answer):
+    return await answer
+
+
+def test_a_pull_behind_what_is_held_completes_when_the_entries_are_in(queue_side):
+    """A reader far behind (a resumed session's backlog: remote, behind the mirror, which starts
+    where the queue ended when it was first read) gets an answer that completes with the entries
+    from its offset, in order, and nothing is skipped."""
+    async def go():
+        writer, st = queue_side(), queue_side()
+        q = st.queues
+        topic = _name("behind") + "/t"
+        await q.max_offset(topic)                      # followed from here (remote: mirrored)
+        bodies = [b"%04d" % i for i in range(200)]
+        await _append(writer, topic, bodies)
+        assert await _until(lambda: q.max_offset(topic).wait() == 200)
+        got, off = [], 0
+        while off < 200:
+            res = await asyncio.wait_for(_all(q.pull(topic, off, 64)), 20)
+            assert [m.queue_offset for m in res.messages] == list(range(off, off + len(res.messages)))
+            assert res.messages, off
+            got += [bytes(m.body) for m in res.messages]
+            off = res.next_offset
+        assert got == bodies
+    asyncio.run(go())
+
+
+def test_a_subscribes_answers_asked_together_are_in_together(queue_side):
+    """What the SUBSCRIBE path does now (core/subscription_registry.py `prepare`): it asks each
+    facade for what it will read (a filter hold, the start offset, the replay plan, the retained
+    messages), then waits for them together (`Answer.all_in`), never asking which implementation
+    it holds; remote, they were all asked while the store was stopped (none answered, nothing
+    waited for) and all come in once it runs; the values agree."""
+    async def go():
+        st = queue_side()
+        base = _name("sub")
+        q, flt = base + "/t", base + "/+"
+        st.retained.set(q, b"kept", b"")
+        await _append(st, q, [b"old"])
+        with queue_side.frozen():
+            held = st.filters.register(flt)
+            start = st.queues.start_offset(q)
+            plan = st.queues.replay_plan(flt, 0)
+            kept = st.retained.batches(flt)
+            ready = Answer.all_in([held, start, plan, kept])
+            assert ready.done() is not queue_side.remote
+        await asyncio.wait_for(_all(ready), 20)
+        assert held.result() == 1 and start.result() == 1
+        assert [(t, p) for batch in kept.result() for t, p, _props in batch] == [(q, b"kept")]
+        assert plan.result().live_offset >= 0
+        st.filters.release(flt).wait()
+    asyncio.run(go())
+
+
+def test_a_packets_reads_are_answered_inside_the_context_read_ahead_answers(queue_side):
+    """What a resumed session relies on (fleet/sessions.py): it asks `read_ahead` for what it will
+    read, waits for the answer, and inside the context it answers makes its requests as usual,
+    whose answers are then done at once (remote: from the read-ahead; in-process: locally);
+    after it, the store holds exactly the registrations taken, and nothing asked for but not
+    taken."""
     from lmqtt.gateway.storage.facades import StoreReads
-    from lmqtt.store import Message
 
     async def go():
         st = queue_side()
         base = _name("ra")
         q, flt, unused = base + "/t", base + "/+", f"{_name('unused')}/+"
         st.retained.set(q, b"kept", b"")
-        res = st.queues.append_batch([Message(q, b"old", 0, 0, b"", (), int(time.time() * 1000),
-                                              st.queues.queues_for_topic(q))])
-        durable = res[-1].durable
-        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+        await _append(st, q, [b"old"])
         answer = st.queues.read_ahead(StoreReads([flt, unused], [q], [q], [flt]))
         ctx = await answer
         with ctx:
             held = st.filters.register(flt)
             kept = st.retained.matching(flt)
-            assert held.done() and kept.done()             # no round trip inside the context
+            start = st.queues.start_offset(q)
+            assert held.done() and kept.done() and start.done()       # no round trip inside the context
             assert held.result() == 1
             assert [(t, p) for t, p, _props in kept.result()] == [(q, b"kept")]
-            assert st.queues.start_offset(q) == 1
+            assert start.result() == 1
         held_now = st.filters.registered().wait()
         assert held_now.get(flt) == 1 and unused not in held_now
         st.filters.release(flt).wait()               # nothing left in flight when the loop ends

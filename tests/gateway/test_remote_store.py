@@ -24,28 +24,31 @@ def _remote(address, **kw):
 
 
 async def _read_all(st: RemoteStore, q: str, end: int, max_count: int) -> tuple[list, int]:
-    """Pull `q` from 0 to `end` as the delivery engine does: a pull behind the mirror answers
-    nothing at once (the chunk is asked for, not waited for) and the queue's readers are told
-    when it is in. Returns the bodies in order and how many pulls found nothing yet."""
-    told: list = []
-    st.on_new_data(lambda qs: told.append(q) if q in qs else None)
+    """Pull `q` from 0 to `end` as the delivery engine does: a pull behind the mirror is an answer
+    not done at once (the chunk is asked for, not waited for), done when the chunk is in. Returns
+    the bodies in order and how many pulls had to wait."""
     got, off, waited = [], 0, 0
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
     while off < end:
-        res = st.pull(q, off, max_count=max_count)
+        assert loop.time() < deadline, off
+        a = st.pull(q, off, max_count=max_count)
+        if not a.done():
+            waited += 1
+            await asyncio.wait_for(_awaited(a), 20)         # until the chunk is in
+        res = a.result()
         if not res.messages:
             assert res.next_offset == off, (off, res)      # nothing is skipped
-            waited += 1
-            n = len(told)
-            while len(told) == n:                          # until the chunk is in
-                assert loop.time() < deadline, off
-                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)
             continue
         assert [x.queue_offset for x in res.messages] == list(range(off, off + len(res.messages)))
         got += [x.body for x in res.messages]
         off = res.next_offset
     return got, waited
+
+
+async def _awaited(answer):
+    return await answer
 
 
 async def _append(st: RemoteStore, topic: str, bodies: list[bytes]) -> None:
@@ -58,12 +61,12 @@ def test_mirror_serves_in_order_within_its_budget_and_reads_through_behind_it(lm
         st = _remote(lmqtt_store.address, mirror_bytes=64 << 10)
         heard: list[set] = []
         st.on_new_data(heard.append)
-        assert st.max_offset("rs/t") == 0                 # tracked (watched) from here on
+        assert st.max_offset("rs/t").wait() == 0                 # tracked (watched) from here on
         st.start()
         bodies = [b"%06d" % i + b"." * 1000 for i in range(300)]     # ~300 KB through a 64 KB budget
         for k in range(0, 300, 50):
             await _append(st, "rs/t", bodies[k:k + 50])
-        assert await wait_until(lambda: st.max_offset("rs/t") == 300), st.max_offset("rs/t")
+        assert await wait_until(lambda: st.max_offset("rs/t").wait() == 300), st.max_offset("rs/t").wait()
         assert heard and all(s == {"rs/t"} for s in heard)
         assert st.mirrored_bytes <= 64 << 10 and st.mirror_trims >= 1
         m = st.queues["rs/t"]
@@ -82,12 +85,12 @@ def test_a_reader_far_behind_the_mirror_reads_in_chunks_in_order(lmqtt_store):
     async def go():
         st = _remote(lmqtt_store.address, fetch_batch=512)
         st.mirror_entries = 100                          # the mirror keeps only the newest 50-100
-        assert st.max_offset("lag/t") == 0
+        assert st.max_offset("lag/t").wait() == 0
         st.start()
         bodies = [b"%05d" % i for i in range(3000)]
         for k in range(0, 3000, 500):
             await _append(st, "lag/t", bodies[k:k + 500])
-        assert await wait_until(lambda: st.max_offset("lag/t") == 3000)
+        assert await wait_until(lambda: st.max_offset("lag/t").wait() == 3000)
         assert st.queues["lag/t"].base >= 2900
         got, waited = await _read_all(st, "lag/t", 3000, 32)
         assert got == bodies
@@ -103,13 +106,13 @@ def test_unserved_queues_are_forgotten_and_too_large_refused_before_sending(lmqt
         st = _remote(lmqtt_store.address)
         served = {"keep/t"}
         st.is_served = lambda q: q in served
-        st.max_offset("keep/t")
-        st.max_offset("drop/t")
+        st.max_offset("keep/t").wait()
+        st.max_offset("drop/t").wait()
         assert st.forget_unserved() == 1 and set(st.queues) == {"keep/t"}
         with pytest.raises(MessageTooLarge):
             st.append_batch([Message("keep/t", b"x" * (4 << 20), 0, 0, b"", (), 0, ())])
         await _append(st, "drop/t", [b"later"])            # a forgotten queue is tracked again on use
-        assert await wait_until(lambda: st.max_offset("drop/t") == 1 or st.queues["drop/t"].end == 1)
+        assert await wait_until(lambda: st.max_offset("drop/t").wait() == 1 or st.queues["drop/t"].end == 1)
         assert (await _read_all(st, "drop/t", 1, 32))[0] == [b"later"]
         st.link.close()
     asyncio.run(go())
@@ -124,14 +127,14 @@ def test_new_entries_come_with_the_event_and_need_no_pull(lmqtt_store, raw):
         st = _remote(lmqtt_store.address, raw_push=raw)
         heard: list[set] = []
         st.on_new_data(heard.append)
-        assert st.max_offset("push/t") == 0 and st.push
+        assert st.max_offset("push/t").wait() == 0 and st.push
         st.start()
         writer = _remote(lmqtt_store.address)            # another gateway publishes
         bodies = [b"%03d" % i for i in range(60)]
         for k in range(0, 60, 6):
             await _append(writer, "push/t", bodies[k:k + 6])
-        assert await wait_until(lambda: st.max_offset("push/t") == 60)
-        assert [m.body for m in st.pull("push/t", 0, max_count=100).messages] == bodies
+        assert await wait_until(lambda: st.max_offset("push/t").wait() == 60)
+        assert [m.body for m in st.pull("push/t", 0, max_count=100).wait().messages] == bodies
         assert st.pushed_entries == 60 and st.push_skipped == 0
         assert st.remote_pulls == st.pushed_batches          # every read was a push: no gw_pull sent
         assert heard and all(s == {"push/t"} for s in heard)
@@ -149,11 +152,11 @@ def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store,
     mirror has a gap below the first push; it pulls the gap (nothing lost, nothing twice)."""
     async def go():
         st = _remote(lmqtt_store.address, raw_push=raw)
-        assert st.max_offset("gap/t") == 0
+        assert st.max_offset("gap/t").wait() == 0
         st.start()
         writer = _remote(lmqtt_store.address)
         await _append(writer, "gap/t", [b"a0", b"a1"])
-        assert await wait_until(lambda: st.max_offset("gap/t") == 2)
+        assert await wait_until(lambda: st.max_offset("gap/t").wait() == 2)
         lost = asyncio.Event()
         st.link.on_lost(lambda _r: lost.set())
         st.link._sock.shutdown(2)                       # the connection breaks; events meanwhile are lost
@@ -161,8 +164,8 @@ def test_entries_a_push_cannot_place_are_pulled_and_nothing_is_lost(lmqtt_store,
         await _append(writer, "gap/t", [b"b%d" % i for i in range(5)])
         assert await wait_until(lambda: st.link.connected, 10)
         await _append(writer, "gap/t", [b"c%d" % i for i in range(5)])    # pushed from offset 7 on
-        assert await wait_until(lambda: st.max_offset("gap/t") == 12, 10)
-        got = [m.body for m in st.pull("gap/t", 0, max_count=100).messages]
+        assert await wait_until(lambda: st.max_offset("gap/t").wait() == 12, 10)
+        got = [m.body for m in st.pull("gap/t", 0, max_count=100).wait().messages]
         assert got == [b"a0", b"a1"] + [b"b%d" % i for i in range(5)] + [b"c%d" % i for i in range(5)]
         st.close()
         for s in (st, writer):
@@ -216,7 +219,8 @@ def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_droppe
             assert held.done() and held.result() == 1       # answered from the read-ahead
             kept = st.metadata.retained.batches("ra/+")
             assert kept.done() and [(t, p) for batch in kept.result() for t, p, _props in batch] == [("ra/1", b"kept")]
-            assert st.start_offset("ra/1") == 2
+            start = st.start_offset("ra/1")
+            assert start.done() and start.result() == 2    # answered from the read-ahead
         assert st.metadata.filters.registered().wait() == {"ra/+": 1}       # "unused/+" went again
         nothing = st.read_ahead(StoreReads([], [], [], []))
         assert nothing.done()                              # nothing to ask for: a context at once
@@ -252,12 +256,14 @@ def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_stor
                 assert none.done() and none.result() is None
                 other = st.metadata.offsets.get("$share/other", "ro/q")
                 assert not other.done()                          # not read ahead: asked of the store
-                plan = st.replay_plan("ro/h", 0)
-                assert st.start_offset("ro/q") == 0
+                planned = st.replay_plan("ro/h", 0)
+                start = st.start_offset("ro/q")
+                assert planned.done() and start.done() and start.result() == 0
+                plan = planned.result()
         finally:
             os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
         assert other.wait() is None
-        again = st.replay_plan("ro/h", 0)
+        again = st.replay_plan("ro/h", 0).wait()
         assert (plan.source, plan.live_offset, plan.done) == (again.source, again.live_offset, again.done)
         st.link.close()
     asyncio.run(go())

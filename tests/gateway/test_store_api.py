@@ -36,8 +36,8 @@ def test_in_process_store_appends_notifies_pulls_and_registers_filters(tmp_path)
         assert api.all_visible()
         assert {"s/1", "s/+"} <= set().union(*seen)       # "queues have new data" for both
         for q in ("s/1", "s/+"):
-            assert api.max_offset(q) == 1
-            pulled = api.pull(q, 0)
+            assert api.max_offset(q).result() == 1          # in-process: answered at once
+            pulled = api.pull(q, 0).result()
             assert [(m.topic, m.body) for m in pulled.messages] == [("s/1", b"hello")]
         assert bundle.retained.set("s/1", b"kept", b"").done()          # in-process: answered at once
         assert [(t, p) for t, p, _props in bundle.retained.matching("s/#").result()] == [("s/1", b"kept")]

@@ -1,14 +1,18 @@
 """`SubscribeHandler` (gateway/core/subscribe_handler.py) built from nothing but the narrow callables it is
-given, on the remote-store path the in-process gateway never takes: the SUBSCRIBE waits on hold
-for the store's read-ahead, is then decided inside the context it answers through `resume`, and a store
-that does not answer refuses every filter without subscribing anything."""
+given, on the path a remote store takes when its answers are not in at once: the SUBSCRIBE asks
+for its answers (`prepare`), waits on hold until they are all in, is then decided inside
+`deciding` through `resume`, and a store that does not answer refuses every filter without
+subscribing anything."""
 from __future__ import annotations
+
+import contextlib
 
 from lmqtt.gateway.storage.facades import Answer
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ReasonCode as RC, packets as P
 from lmqtt.gateway.model.session import Session
 from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
+from lmqtt.gateway.core.subscription_registry import Prepared
 
 
 class Conn:
@@ -40,33 +44,46 @@ class Conn:
         self.sent.append(pkt)
 
 
-class Registry:
-    """The SubscriptionRegistry's face: `read_ahead` hands out an answer the test resolves."""
+class Filters:
+    """The FilterRegistry facade's face: what is let go of is noted."""
 
-    def __init__(self) -> None:
-        self.future: Answer = Answer()
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def release(self, flt: str) -> Answer[None]:
+        self.events.append(("release", flt))
+        return Answer.of(None)
+
+
+class Registry:
+    """The SubscriptionRegistry's face: `prepare` asks for the hold of "a/+" (an answer the test
+    resolves) and hands out `ready`, which the test resolves too; `deciding` notes its context."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self.held: Answer = Answer()
+        self.ready: Answer = Answer()
         self.added: list = []
 
-    def read_ahead(self, s, requests, since_all):
-        return self.future
+    def prepare(self, s, requests, since_all, retained) -> Prepared:
+        p = Prepared(Filters(self.events))
+        p.registered["a/+"] = self.held
+        p.ready = self.ready
+        return p
+
+    @contextlib.contextmanager
+    def deciding(self, prepared: Prepared):
+        self.events.append(("deciding",))
+        try:
+            yield prepared
+        finally:
+            prepared.release()
+            self.events.append(("decided",))
 
     def add(self, s, sub) -> bool:
         self.added.append(sub)
         s.subs[sub.filter] = sub
         return False
-
-
-class Ahead:
-    """What a remote store's read-ahead answers: the context the SUBSCRIBE is decided in."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-
-    def __enter__(self):
-        self.events.append(("using", self))
-
-    def __exit__(self, *exc):
-        self.events.append(("used", self))
 
 
 def _handler(registry: Registry, events: list) -> SubscribeHandler:
@@ -85,38 +102,45 @@ def _subscribe(*filters: str) -> P.Subscribe:
 
 
 def test_a_subscribe_waits_for_the_store_then_is_decided_from_its_answers():
-    events, registry, conn = [], Registry(), Conn(5)
+    events, conn = [], Conn(5)
+    registry = Registry(events)
     h = _handler(registry, events)
     h.on_subscribe(conn, _subscribe("a/+", "bad/#/x"))
     assert conn.calls == ["hold"] and conn.sent == [] and events == []      # nothing decided yet
-    ahead = Ahead(events)
-    registry.future.set_result(ahead)
+    registry.held.set_result(1)
+    assert events == []                                                     # one answer in: not yet
+    registry.ready.set_result(None)
     s = conn.session
     assert [type(p) for p in conn.sent] == [P.SubAck]
     assert conn.sent[0].packet_id == 5 and conn.sent[0].reason_codes == [1, RC.TOPIC_FILTER_INVALID]
     assert [(sub.filter, sub.qos) for sub in registry.added] == [("a/+", 1)]
-    assert events == [("using", ahead), ("resume", "_subscribe"), ("save_session", s), ("save_offsets", s),
-                      ("kick", s), ("used", ahead)]
+    # (this fake's `add` takes no hold: the one asked for is let go of when the decision ends)
+    assert events == [("resume", "_decide"), ("deciding",), ("save_session", s), ("save_offsets", s),
+                      ("kick", s), ("release", "a/+"), ("decided",)]
     assert conn.calls == ["hold", "release"]
 
 
 def test_a_store_that_does_not_answer_refuses_every_filter_and_subscribes_nothing():
     for version, code in ((5, RC.UNSPECIFIED_ERROR), (4, SUBACK_FAILURE_V311)):
-        events, registry, conn = [], Registry(), Conn(version)
+        events, conn = [], Conn(version)
+        registry = Registry(events)
         _handler(registry, events).on_subscribe(conn, _subscribe("a/+", "b"))
-        registry.future.set_exception(ConnectionError("link down"))
+        registry.held.set_exception(ConnectionError("link down"))
+        registry.ready.set_result(None)
         ack, = conn.sent
         assert ack.reason_codes == [code, code]
         assert ack.properties.reason_string == ("store unavailable: link down" if version == 5 else None)
-        assert registry.added == [] and conn.session.subs == {} and events == []
+        assert registry.added == [] and conn.session.subs == {}
+        assert events == [("resume", "_decide"), ("deciding",), ("decided",)]   # nothing held to let go
         assert conn.calls == ["hold", "release"]                              # the connection stays
 
 
-def test_a_client_gone_while_the_store_answered_gets_nothing_and_its_reads_are_dropped():
-    events, registry, conn = [], Registry(), Conn(5)
+def test_a_client_gone_while_the_store_answered_gets_nothing_and_its_holds_are_let_go():
+    events, conn = [], Conn(5)
+    registry = Registry(events)
     _handler(registry, events).on_subscribe(conn, _subscribe("a/+"))
     conn.closing = True
-    ahead = Ahead(events)
-    registry.future.set_result(ahead)
-    assert events == [("using", ahead), ("used", ahead)]                   # entered and left: dropped
+    registry.held.set_result(1)
+    registry.ready.set_result(None)
+    assert events == [("release", "a/+")]                                   # not decided: let go
     assert conn.sent == [] and registry.added == [] and conn.calls == ["hold"]

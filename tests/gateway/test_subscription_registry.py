@@ -82,11 +82,11 @@ class Store:
         self.calls: list[tuple[str, str]] = []
         self.metadata = Metadata(self)        # the Storage bundle, this as its queues
 
-    def start_offset(self, q: str) -> int:
-        return 0
+    def start_offset(self, q: str) -> Answer[int]:
+        return Answer.of(0)
 
-    def max_offset(self, q: str) -> int:
-        return 0
+    def max_offset(self, q: str) -> Answer[int]:
+        return Answer.of(0)
 
 
 class Delivery:
