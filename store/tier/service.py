@@ -8,7 +8,7 @@ Layout in the tier (under the `--tier` URL):
 Upload (one background thread, oldest segment first): a segment is *sealed* when a later one
 exists and all its bytes are flushed. Its bytes are compressed, hashed (sha256 of the object),
 written as one object (atomic: see objects.py), then the manifest listing it is written (one
-atomic object), then a local copy of the manifest (`<data dir>/tier/manifest.json`). Only a
+atomic object), then a local copy of the manifest (`<store data dir>/tier/manifest.json`). Only a
 segment in a committed manifest counts as being in the tier; a process killed before the
 manifest write leaves an object no manifest names: it is removed (or overwritten by the same
 key) when the upload resumes at the next start, so nothing is listed twice and nothing half
