@@ -11,6 +11,12 @@ Cases:
                   reader produced, read once from a local Arrow file), same partitions, same job.
                   What Spark's Python data source path itself costs, so the lmqtt row can be read
                   as "store + SDK" against "Spark's own share"
+* filter-history  a filter's history (issue 28): `--rows` messages under one first-level topic, one
+                  in `--filter-every` to `fhist/dK/temp` and the rest to `fhist/dK/hum`, nobody
+                  subscribed; `spark.read.format("lmqtt").option("filter", "fhist/+/temp")` reads the
+                  matching ones (the store scans the topic's whole ConsumeQueue and keeps the matching
+                  records, lightqueue/history.py) with the same all-columns job: rows_per_s of matching
+                  rows and scanned_per_s of ConsumeQueue entries looked at
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
                   anomaly: a device publishes readings over MQTT at `--rate` per second, the job
                   publishes one alert per reading back over MQTT; latency = alert received minus
@@ -18,6 +24,7 @@ Cases:
 
     lmqtt bench spark --rows 1000000
     lmqtt bench spark --rows 10000000 --cases lmqtt,parquet
+    lmqtt bench spark --rows 10000000 --cases filter-history        # 1M matching rows among 10M
 
 Each batch case runs its job `--repeat` times (default 3) and reports the best run and all runs:
 the first action of a session also starts Spark's Python workers, so every case is compared warm.
@@ -192,6 +199,38 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     return out
 
 
+def _load_mixed(address: str, rows: int, size: int, every: int) -> float:
+    """`rows` messages under `fhist`: one in `every` to fhist/dK/temp, the others to fhist/dK/hum."""
+    from lmqtt.store.client import connect
+    body = os.urandom(size)
+    batch = [(f"fhist/d{i % 100}/{'temp' if i % every == 0 else 'hum'}", body) for i in range(1000 * every)]
+    t0 = time.perf_counter()
+    with connect(address) as c:
+        p = c.producer()
+        done = 0
+        while done < rows:
+            n = min(1000, rows - done)
+            k = done % len(batch)
+            p.send_batch(batch[k:k + n])
+            done += n
+    return time.perf_counter() - t0
+
+
+def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_partition: int, repeat: int) -> dict:
+    print(f"[spark] loading {rows:,} messages of {size} B, 1 in {every} matching ...", file=sys.stderr, flush=True)
+    load_s = _load_mixed(srv.address, rows, size, every)
+    print(f"[spark] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
+    want = len(range(0, rows, every))
+    df = (spark.read.format("lmqtt").option("store", srv.address).option("filter", "fhist/+/temp")
+          .option("recordsPerPartition", str(per_partition)).load())
+    s0 = srv.cpu()
+    el, runs = _timed(df, want, repeat, "filter-history")
+    return {"case": "filter-history", "rows": want, "among": rows, "size": size, "seconds": round(el, 3),
+            "runs_s": runs, "rows_per_s": round(want / el), "scanned_per_s": round(rows / el),
+            "store_cpu_s_per_run": round((srv.cpu() - s0) / max(1, repeat), 2),
+            "partitions": df.rdd.getNumPartitions(), "load_s": round(load_s, 1)}
+
+
 def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str,
                          warmup: float = 5.0) -> dict:
     import paho.mqtt.client as mqtt
@@ -271,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--records-per-partition", type=int, default=250_000)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each batch case; the best is reported")
+    ap.add_argument("--filter-every", type=int, default=10,
+                    help="filter-history: one message in N matches the filter (default 10: 1M among 10M)")
     ap.add_argument("--stream-seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=200, help="readings per second in stream-latency")
     ap.add_argument("--trigger", default="500 milliseconds")
@@ -280,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < a.rows <= 50_000_000:
         ap.error("--rows must be in 1..50,000,000")
     cases = [c for c in a.cases.split(",") if c]
-    unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency"}
+    unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency", "filter-history"}
     if unknown:
         ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     base = tempfile.mkdtemp(prefix="lmqtt-bench-spark-")
@@ -295,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[spark] loaded in {el:.1f} s", file=sys.stderr, flush=True)
             for row in bench_read(spark, srv, a.rows, a.size, base, cases, a.records_per_partition, a.repeat):
                 print(json.dumps(row), flush=True)
+        if "filter-history" in cases:
+            print(json.dumps(bench_filter_history(spark, srv, a.rows, a.size, max(1, a.filter_every),
+                                                  a.records_per_partition, a.repeat)), flush=True)
         if "stream-latency" in cases:
             print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base, a.warmup)),
                   flush=True)
