@@ -82,6 +82,7 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         assert sub.subscribe("dev/+/t", qos=1) == [1]
         sub.disconnect()
         gw.stop()
+        since = int(time.time() * 1000) - 1000
         sent = _produce(store, 2000)                       # ~16 MB: 3 sealed 5 MiB segments
         s = _offloaded(store, 3)
         assert os.listdir(tmp_path / "data" / "store" / "commitlog") == [f"{s['local_min_offset']:020d}"]
@@ -129,6 +130,12 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         msgs = sub.get_n(len(sent), timeout=60)
         assert [(m.topic, bytes(m.payload)) for m in msgs] == sent
         sub.disconnect()
+        # subscribing from the past ($replay/{since}/{filter}) reads the same history from the tier
+        rp = Paho(gw, client_id="replayer")
+        assert rp.subscribe(f"$replay/{since}/dev/+/t", qos=1) == [1]
+        msgs = rp.get_n(len(sent), timeout=60)
+        assert [(m.topic, bytes(m.payload)) for m in msgs] == sent
+        rp.disconnect()
         assert _tier(store)["cache_misses"] >= 3
     finally:
         gw.stop()
