@@ -68,6 +68,10 @@ class LightQueueStore:
         self.before_register: Callable[[], None] | None = None
         store.add_dispatcher(self.index)
         store.add_dispatch_listener(self._on_dispatched)
+        # a session record read back settles its pending inbound QoS 2 ids against the log's key
+        # index (lightqueue/records.py `resolve_pending_qos2`)
+        if hasattr(store, "query_by_key"):
+            self.metadata.qos2_stored = self._qos2_stored
         # after a recovery that cut the log, consumer offsets beyond their queue's new end are
         # brought back to it before anything is appended (store/recovery.py); and SDK consumer
         # groups on light queues (store/sdk_meta.py) learn the queues' ends at the cut from here
@@ -84,6 +88,12 @@ class LightQueueStore:
         self._pulls = 0
         self._pulls_seen = 0
         self._recent_checked = time.monotonic()
+
+    def _qos2_stored(self, topic: str, key: str, ms: int) -> bool:
+        """Whether the log holds the message of `topic` carrying `key`, stored around `ms` (the
+        gateway's clock: ten minutes either side)."""
+        now = int(time.time() * 1000)
+        return bool(self._store.query_by_key(topic, key, ms - 600_000, max(now, ms) + 600_000, 1))
 
     # ------------------------------------------------------------ filters and topic mapping
     def register_filter(self, flt: str) -> int:

@@ -28,7 +28,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 from lmqtt.store import accel
 
 from .errors import MetadataError
-from .records import HOST, SessionRecord, WillRecord
+from .records import HOST, IN2_PENDING, SessionRecord, WillRecord, resolve_pending_qos2
 from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
 
 log = logging.getLogger("lmqtt.lightqueue.metadata")
@@ -83,6 +83,10 @@ class MetadataStore:
         self._wo.sync = sync
         self._lock = threading.Lock()   # read-modify-write of reference counts
         self._closed = False
+        # `stored(topic, key, ms)`: whether the log holds the message with that key (set by the
+        # light-queue store): a session record read back has its pending inbound QoS 2 ids settled
+        # (records.py `resolve_pending_qos2`); None: they are returned as written
+        self.qos2_stored = None
 
     # -- low level ---------------------------------------------------------------------------
     def _put(self, key: bytes, value: bytes) -> None:
@@ -174,7 +178,13 @@ class MetadataStore:
 
     def get_session(self, client_id: str) -> SessionRecord | None:
         v = self._db.get(P_SESSION + client_id.encode("utf-8"))
-        return None if v is None else SessionRecord.from_bytes(v)
+        return None if v is None else self._session(v)
+
+    def _session(self, v: bytes) -> SessionRecord:
+        rec = SessionRecord.from_bytes(v)
+        if self.qos2_stored is not None and IN2_PENDING.encode() in v:
+            resolve_pending_qos2(rec, self.qos2_stored)
+        return rec
 
     def delete_session(self, client_id: str) -> bool:
         """Delete the session and its consumer offsets (consumer name = client id)."""
@@ -195,7 +205,7 @@ class MetadataStore:
         for _, v in self._scan(P_SESSION, start):
             if limit is not None and len(out) >= limit:
                 break
-            out.append(SessionRecord.from_bytes(v))
+            out.append(self._session(v))
         return out
 
     def _session_page(self, after: str | None, limit: int) -> tuple[list[tuple[str, bytes]], str | None]:
@@ -237,7 +247,7 @@ class MetadataStore:
         for _cid, v in page:
             host = _host_of(v)
             if unhosted if host is None else (gateways is None or host in gateways):
-                out.append(SessionRecord.from_bytes(v))
+                out.append(self._session(v))
         return out, nxt
 
     def sessions_with_offsets(self, hosted_by: str | None = None) -> list[tuple[SessionRecord, dict[str, int]]]:

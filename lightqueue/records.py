@@ -35,6 +35,37 @@ class Subscription:
 
 NEVER_EXPIRES = 0xFFFFFFFF      # expiry_interval of a session that never expires
 HOST = "gateway"                # extra[HOST]: id of the fleet gateway that last served the session
+# extra[INFLIGHT]: a persistent session's QoS 1/2 exchanges (gateway/core/session_persistence.py);
+# its IN2_PENDING entries [packet id, topic, key, ms] are inbound QoS 2 messages whose append may
+# or may not have been stored when the record was written (the id is written before the append,
+# the message carries `key`): `resolve_pending_qos2` settles them against the log when the record
+# is read, into IN2 ("stored, awaiting PUBREL") or forgotten (not stored: the client's PUBLISH
+# sent again is stored then)
+INFLIGHT = "inflight"
+IN2 = "in2"
+IN2_PENDING = "in2p"
+QOS2_KEY_PREFIX = "mqtt-qos2:"   # the message key of such an append (indexed under topic#key)
+
+
+def resolve_pending_qos2(rec: "SessionRecord", stored) -> "SessionRecord":
+    """Settle `rec`'s pending inbound QoS 2 ids (IN2_PENDING) in place: `stored(topic, key,
+    ms)` says whether the message carrying `key` was stored (around `ms`); a stored one's id is
+    known as stored, awaiting PUBREL, the others are forgotten. A lookup that fails counts as not
+    stored (the message may then be stored twice, never lost). Records without pending ids (every
+    record of an older gateway) are returned untouched."""
+    state = rec.extra.get(INFLIGHT) if rec.extra else None
+    if not isinstance(state, dict) or not state.get(IN2_PENDING):
+        return rec
+    in2 = set(state.get(IN2) or ())
+    for entry in state.pop(IN2_PENDING):
+        try:
+            pid, topic, key, ms = entry
+            if stored(topic, key, int(ms)):
+                in2.add(int(pid))
+        except Exception:  # noqa: BLE001 - not known as stored: the client's retry stores it
+            continue
+    state[IN2] = sorted(in2)
+    return rec
 
 
 @dataclass

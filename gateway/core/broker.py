@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.security.auth import AuthRunner, Credentials, Denied, Identity
@@ -36,6 +37,7 @@ from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, Publish
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
+from lmqtt.lightqueue.records import QOS2_KEY_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.app.config import GatewayConfig
@@ -449,8 +451,42 @@ class Broker:
                 raise ProtocolError(f"more than Receive Maximum ({self.cfg.receive_maximum}) QoS 1/2 "
                                     "publishes unacknowledged", RC.RECEIVE_MAXIMUM_EXCEEDED)
             s.inbound_pending.add(pid)
+            if qos == 2 and s.expiry_interval and not due:
+                return self._qos2_ahead(conn, s, pid, topic, pkt.payload, pkt.retain, pkt.properties if v5 else None)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None, due)
+
+    def _qos2_ahead(self, conn, s: Session, pid: int, topic: str, payload: bytes, retain: bool, props) -> None:
+        """A new inbound QoS 2 PUBLISH of a persistent session: its id is written to the session
+        record as pending (with the unique key the message will carry) before the message is
+        appended, so that a crash after the append and before the id is written as stored leaves
+        a trace the store settles against its log when the record is read back (lightqueue/
+        records.py `resolve_pending_qos2`): the client's PUBLISH sent again is then answered, not
+        stored twice. In-process the write is done at once; over a remote store the connection
+        waits one round trip (its later packets too, so its publishes stay in order)."""
+        key = f"{QOS2_KEY_PREFIX}{secrets.token_hex(8)}"
+        keys = s.inbound_keys
+        if keys is None:
+            keys = s.inbound_keys = {}
+        keys[pid] = (topic, key, int(time.time() * 1000))
+        answer = self.persist.save_session(s)
+
+        def go(a) -> None:
+            if a is not None and a.exception() is not None:
+                # not written: not appended either; the client sends the PUBLISH again on its next
+                # connection (the id is forgotten here)
+                s.inbound_pending.discard(pid)
+                if s.inbound_keys:
+                    s.inbound_keys.pop(pid, None)
+                if not conn.closing:
+                    conn.close_with_error(RC.UNSPECIFIED_ERROR, f"session state could not be written: {a.exception()}")
+                return
+            self.publisher.submit(conn, 2, pid, topic, payload, retain, s.client_id, props, 0, (key,))
+        if answer is None or answer.done():
+            go(answer)
+            return
+        answer.add_done_callback(go)
+        conn.wait_for_store(answer)
 
     def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
         """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway.mqtt import ReasonCode
 from lmqtt.gateway.storage.facades import log_failure
-from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription as SubscriptionRecord
+from lmqtt.lightqueue.records import HOST, IN2_PENDING, SessionRecord, Subscription as SubscriptionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.model.session import Session
@@ -55,13 +55,22 @@ def _now_ms() -> int:
 # below it is not in "out" was done), so the offsets may follow lazily (`offset_flush_ms`). QoS 0
 # and QoS 1 sends write nothing: after a crash what they sent after the last snapshot is delivered
 # again (at least once).
+#
+# An inbound QoS 2 PUBLISH of a persistent session: its id is written BEFORE the append as pending
+# ("in2p": the message carries a unique key, core/broker.py `_qos2_ahead`), and after it as stored
+# ("in2", before the PUBREC). A crash in between leaves it pending: when the record is read back,
+# the store looks the key up in its log (lightqueue/records.py `resolve_pending_qos2`): stored ->
+# "stored, awaiting PUBREL" (the client's PUBLISH sent again is answered, not stored twice), not
+# stored -> forgotten (the client's PUBLISH sent again is stored then).
 INFLIGHT = "inflight"
 MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
 
 
 def inflight_state(s: "Session") -> dict | None:
     """`{"out": [[pid, queue, offset, qos, retain, state, sub_ids], ...] in send order, "next":
-    {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` for the
+    {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` (and
+    "in2p": [[id, topic, key, ms], ...], inbound QoS 2 ids written ahead of their append, which
+    the store settles when the record is read: lightqueue/records.py `resolve_pending_qos2`) for the
     messages read from a light queue (retained messages and a replay's history are not kept: they
     were never kept across a restart), or None when there is nothing to keep. A state restored
     without its messages and not resumed yet (`Session.saved_inflight`) is kept as it was read."""
@@ -76,9 +85,13 @@ def inflight_state(s: "Session") -> dict | None:
         if inf.group is not None or q is None or off is None or q not in cursors:
             continue
         out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
-    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2 or nxt):
+    keys = s.inbound_keys
+    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2 or nxt or keys):
         return None
-    return {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
+    state = {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
+    if keys:
+        state[IN2_PENDING] = [[pid, topic, key, ms] for pid, (topic, key, ms) in keys.items()]
+    return state
 
 
 def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:

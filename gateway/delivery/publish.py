@@ -100,9 +100,9 @@ def parse_deliver_at(value: str, now_ms: int | None = None) -> int:
 
 
 class _Pending:
-    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues", "due")
+    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues", "due", "keys")
 
-    def __init__(self, conn, qos, pid, topic, payload, retain, props, queues, due=0) -> None:
+    def __init__(self, conn, qos, pid, topic, payload, retain, props, queues, due=0, keys=()) -> None:
         self.conn = conn
         # the session, not the connection, owns the packet id: after a takeover/reconnect the ack
         # goes to the session's current connection (where the client re-sent the PUBLISH)
@@ -115,6 +115,7 @@ class _Pending:
         self.props = props
         self.queues = queues
         self.due = due            # epoch ms of a delayed publish (0 = now)
+        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (core/broker.py)
 
 
 class PublishPipeline:
@@ -163,10 +164,10 @@ class PublishPipeline:
 
     def submit(self, conn: "MQTTConnection | None", pkt_qos: int, pid: int | None, topic: str,
                payload: bytes, retain: bool, client_id: str, props: P.Properties | None,
-               due_ms: int = 0) -> None:
+               due_ms: int = 0, keys: tuple[str, ...] = ()) -> None:
         """Queue one publish for the next batch append (topic already validated). `due_ms`: epoch
         ms of a `$delayed/` publish (the broker parsed the topic); an MQTT 5 `deliver-at` user
-        property is read here."""
+        property is read here. `keys`: the record's keys (indexed by the store)."""
         if props is not None and props.user_property and not due_ms:
             for k, v in props.user_property:
                 if k == DELIVER_AT:
@@ -180,7 +181,7 @@ class PublishPipeline:
                 return self._submit_delayed(conn, pkt_qos, pid, topic, payload, retain, client_id, props, due_ms)
         queues = self.store.queues_for_topic(topic)
         rp = record_props.encode_cached(pkt_qos, bool(retain), client_id, props)
-        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues), conn, pkt_qos)
+        self._enqueue(_Pending(conn, pkt_qos, pid, topic, payload, retain, rp, queues, 0, keys), conn, pkt_qos)
 
     def _enqueue(self, p: "_Pending", conn, pkt_qos: int) -> None:
         """Queue for this tick's batch append; a QoS 1/2 publisher with too many waiting for the
@@ -213,6 +214,8 @@ class PublishPipeline:
             return
         if qos and s is not None:
             s.inbound_pending.discard(pid)
+            if s.inbound_keys:
+                s.inbound_keys.pop(pid, None)
         if conn.version != 5:
             raise ProtocolError(str(err), err.reason_code)
         if qos == 0:
@@ -228,7 +231,7 @@ class PublishPipeline:
         if not batch:
             return
         now_ms = int(time.time() * 1000)
-        msgs = [Message(p.topic, p.payload, 0, 0, p.props, (), now_ms, p.queues) for p in batch]
+        msgs = [Message(p.topic, p.payload, 0, 0, p.props, p.keys, now_ms, p.queues) for p in batch]
         store = self.store
         dues = None
         if self._delayed:         # parked by the store in the same append (store/delayed.py)
@@ -341,6 +344,8 @@ class PublishPipeline:
                 s.inbound_pending.discard(pid)
                 if p.qos == 2:
                     s.inbound_qos2.add(pid)
+                    if s.inbound_keys:                  # written ahead (core/broker.py): stored now
+                        s.inbound_keys.pop(pid, None)
                     if s.expiry_interval and self.qos2_stored is not None:
                         self.qos2_stored(s, pid)    # PUBREC once the id is durable
                         continue
@@ -377,6 +382,8 @@ class PublishPipeline:
         conn = p.conn
         if p.qos and p.session is not None:
             p.session.inbound_pending.discard(p.pid)
+            if p.session.inbound_keys:                # written ahead, not stored: forgotten
+                p.session.inbound_keys.pop(p.pid, None)
         if conn is None or conn.closing or p.qos == 0:
             return
         full = isinstance(err, DiskFull)

@@ -185,7 +185,8 @@ class Session:
     __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
                  "inbound_qos2", "inbound_pending", "conn", "receive_max", "expiry_handle",
                  "disconnected_at_ms", "retained_backlog", "next_pid", "max_packet", "alias_max",
-                 "aliases", "custom", "dropped_expired", "dropped_too_large", "saved_inflight")
+                 "aliases", "custom", "dropped_expired", "dropped_too_large", "saved_inflight",
+                 "inbound_keys")
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
@@ -222,6 +223,9 @@ class Session:
         # keeps the state as read (and writes it back unchanged) until a CONNECT resumes it with
         # the messages read ahead; None: nothing waits (`outbound`, `inbound_qos2` are the truth)
         self.saved_inflight: dict | None = None
+        # inbound QoS 2 ids of a persistent session written ahead of their append, not stored yet:
+        # id -> (topic, key, ms), the key the message carries (core/broker.py `_qos2_ahead`)
+        self.inbound_keys: dict[int, tuple[str, str, int]] | None = None
 
     def wait_retained(self, entry: tuple) -> deque:
         """Queue a retained message behind the QoS 1/2 window; returns the queue."""
