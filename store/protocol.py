@@ -51,10 +51,13 @@ E_INVALID = 7            # a well-formed request the store refuses (bad topic, t
 E_STORE = 8              # the store failed (disk full, closed...)
 E_INTERNAL = 9           # a bug on the server: reported, the connection stays open
 E_DISK_FULL = 10         # refused for lack of disk space, nothing stored; retry once space is freed
+E_NOT_PRIMARY = 11       # a replica of a store group (docs/ha.md): nothing done; the message ends
+                         # with "primary=HOST:PORT" (or "primary=unknown" during an election)
 
 ERROR_NAMES = {E_BAD_FRAME: "bad_frame", E_TOO_LARGE: "too_large", E_VERSION: "version",
                E_AUTH: "auth", E_NOT_READY: "not_ready", E_UNKNOWN_CMD: "unknown_command",
-               E_INVALID: "invalid", E_STORE: "store", E_INTERNAL: "internal", E_DISK_FULL: "disk_full"}
+               E_INVALID: "invalid", E_STORE: "store", E_INTERNAL: "internal", E_DISK_FULL: "disk_full",
+               E_NOT_PRIMARY: "not_primary"}
 
 
 class ProtocolError(Exception):

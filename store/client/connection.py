@@ -11,6 +11,14 @@ Lost connection: every request in flight fails with `ConnectionLost` (nothing is
 dropped); the next request reconnects, with exponential backoff (`backoff_initial` doubling up to
 `backoff_max`, `reconnect_attempts` tries). Commands that are safe to repeat (reads, PRODUCE with
 producer id + sequence, which the store deduplicates) are retried by `call(..., retry=True)`.
+
+A store group (docs/ha.md): the address may list several members, "a:p,b:p,c:p". The connection
+goes to the primary: a member that is not says so in its HELLO_OK (role, primary) or answers a
+request with ERROR not_primary naming the primary; the connection then moves there (or to the next
+address while no primary is known) and sends again - nothing was done by the refusal, so every
+request may be repeated. After a failover the same happens by itself, for up to
+`failover_timeout` seconds (default 30) across reconnects; a PRODUCE is re-sent with its producer
+id + sequence, so the new primary stores it once (the dedup markers are replicated).
 """
 from __future__ import annotations
 
@@ -56,6 +64,31 @@ class DiskFull(StoreClientError, _StoreDiskFull):
 
 class ConnectionLost(ConnectionError):
     """The connection broke (or could not be made) while the request was in flight."""
+
+
+def is_not_primary(e: BaseException) -> bool:
+    """A store group member that is not the primary refused the request (nothing was done)."""
+    return isinstance(e, StoreClientError) and e.code == W.E_NOT_PRIMARY
+
+
+def parse_addresses(address: str, default_port: int = W.DEFAULT_PORT) -> list[tuple[str, int]]:
+    """"a:p" or a store group's "a:p,b:p,c:p" -> [(host, port), ...] (at least one)."""
+    parts = [a.strip() for a in str(address).split(",") if a.strip()]
+    return [parse_address(a, default_port) for a in parts] or [parse_address(str(address), default_port)]
+
+
+def primary_named(message: str) -> tuple[str, int] | None:
+    """The primary a not_primary refusal names ("... primary=HOST:PORT"), None while unknown."""
+    _, sep, rest = str(message).rpartition("primary=")
+    if not sep:
+        return None
+    rest = rest.split()[0].rstrip(";,.") if rest.split() else ""
+    if not rest or rest == "unknown":
+        return None
+    try:
+        return parse_address(rest)
+    except ValueError:
+        return None
 
 
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
@@ -135,8 +168,13 @@ def dial(host: str, port: int, *, connect_timeout: float, client_name: str, toke
 class Connection:
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, connect_timeout: float = 5.0, reconnect_attempts: int = 6,
-                 backoff_initial: float = 0.05, backoff_max: float = 2.0, client_name: str = "lmqtt-sdk") -> None:
-        self.host, self.port = parse_address(address)
+                 backoff_initial: float = 0.05, backoff_max: float = 2.0, client_name: str = "lmqtt-sdk",
+                 failover_timeout: float = 30.0) -> None:
+        self.addresses = parse_addresses(address)
+        self.host, self.port = self.addresses[0]
+        # a store group: how long requests keep looking for the primary (across reconnects)
+        self.failover_timeout = failover_timeout
+        self.failovers = 0          # times this connection moved to another member
         self.token = token
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -159,6 +197,13 @@ class Connection:
         dec = W.FrameDecoder()
         s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
                               client_name=self.client_name, token=self.token, decoder=dec)
+        role = info.get("role")
+        if role is not None and role != "primary" and len(self.addresses) > 1:
+            # a store group member that is not the primary: go where it points, or try the next
+            s.close()
+            self._move(info.get("primary"))
+            raise ConnectionLost(f"store {self.host}:{self.port} is not the group's primary ({role}; "
+                                 f"primary {info.get('primary') or 'unknown'})")
         self.ident = info.get("ident")
         self.server_info = info
         self._sock = s
@@ -175,7 +220,11 @@ class Connection:
                 return self._sock
             delay = self.backoff_initial
             last = None
-            for attempt in range(max(1, self.reconnect_attempts)):
+            multi = len(self.addresses) > 1
+            deadline = time.monotonic() + self.failover_timeout
+            attempt = 0
+            while True:
+                host = (self.host, self.port)
                 try:
                     self._connect_once()
                     return self._sock
@@ -183,11 +232,48 @@ class Connection:
                     raise                  # refused (auth, version) or a malformed answer: retrying won't help
                 except OSError as e:
                     last = e
-                if attempt + 1 < self.reconnect_attempts:
-                    time.sleep(delay)
+                attempt += 1
+                if multi:
+                    if (self.host, self.port) == host:
+                        self._move(None)   # unreachable: the next member
+                    if time.monotonic() >= deadline:
+                        raise ConnectionLost(f"no primary found among {self._members()} within "
+                                             f"{self.failover_timeout:g} s (last: {last})")
+                    time.sleep(min(delay, 0.25))
                     delay = min(delay * 2, self.backoff_max)
+                    continue
+                if attempt >= self.reconnect_attempts:
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, self.backoff_max)
             # `last` is dial's ConnectionLost, which names the store already
             raise ConnectionLost(f"{last} (gave up after {max(1, self.reconnect_attempts)} attempts)")
+
+    def _members(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.addresses)
+
+    def _move(self, primary) -> None:
+        """Point the next connect at `primary` ("host:port" or (host, port), when a member named it)
+        or else at the next address of the group."""
+        with self._lock:
+            target = primary_named(f"primary={primary}") if isinstance(primary, str) else primary
+            if target is None:
+                try:
+                    i = self.addresses.index((self.host, self.port))
+                except ValueError:
+                    i = -1
+                target = self.addresses[(i + 1) % len(self.addresses)]
+            if target != (self.host, self.port):
+                self.failovers += 1
+            self.host, self.port = target
+
+    def not_primary(self, e: BaseException) -> None:
+        """After a not_primary refusal: drop this connection and aim at the primary it names."""
+        with self._lock:
+            s = self._sock
+            self._move(primary_named(getattr(e, "reason", str(e))))
+        if s is not None:
+            self._drop(s, f"store {self.host}:{self.port}: {e}")
 
     def _reader(self, s: socket.socket, dec: W.FrameDecoder, early, gen: int) -> None:
         err = "connection closed by the store"
@@ -255,14 +341,24 @@ class Connection:
         """request() and wait; ERROR -> StoreClientError. `retry`: the request is idempotent, so a
         lost connection is retried (reconnecting with backoff) instead of raised."""
         tries = self.reconnect_attempts if retry else 1
-        for i in range(tries):
+        deadline = time.monotonic() + self.failover_timeout
+        i = 0
+        while True:
             try:
                 fut = self.request(op, body, flags)
                 return check_reply(fut.result(self.timeout if timeout is None else timeout))
-            except ConnectionLost:
-                if i + 1 >= tries:
+            except StoreClientError as e:
+                # a group member that is not the primary did nothing: always safe to send again
+                if not is_not_primary(e) or time.monotonic() >= deadline:
                     raise
-                time.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
+                self.not_primary(e)
+                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25))
+            except ConnectionLost:
+                multi = len(self.addresses) > 1
+                if (not multi and i + 1 >= tries) or (multi and (not retry or time.monotonic() >= deadline)):
+                    raise
+                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), self.backoff_max if not multi else 0.25))
+            i += 1
 
     def cmd(self, name: str, **args):
         """A CALL command; returns the JSON result (dict) or, for message replies, the MESSAGES body."""

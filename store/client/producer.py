@@ -22,7 +22,7 @@ from typing import NamedTuple
 from lmqtt.store import protocol as W
 from lmqtt.store.client.props import MessageProperties, encode as encode_props
 
-from .connection import Connection, ConnectionLost
+from .connection import Connection, ConnectionLost, StoreClientError, is_not_primary
 
 
 class SendResult(NamedTuple):
@@ -295,7 +295,7 @@ def _as_bytes(body) -> bytes:
 class _Batch:
     """Messages packed for one PRODUCE frame; `future` resolves to the PRODUCED body (or the error)."""
 
-    __slots__ = ("parts", "count", "nbytes", "future", "ident", "count_in_reply", "dues")
+    __slots__ = ("parts", "count", "nbytes", "future", "ident", "count_in_reply", "dues", "first_try")
 
     def __init__(self) -> None:
         self.dues: list[int] | None = None      # due time per message once one is delayed
@@ -305,6 +305,7 @@ class _Batch:
         self.future: Future = Future()
         self.ident = ""
         self.count_in_reply = 0
+        self.first_try = 0.0
 
 
 class AutoBatchProducer:
@@ -389,6 +390,8 @@ class AutoBatchProducer:
             self._send(b, self.p.next_sequence(), 0)
 
     def _send(self, b: _Batch, seq: int, attempt: int) -> None:
+        if not attempt:
+            b.first_try = time.monotonic()
         frame, flags = _delayed_frame(W.encode_produce(self.p.producer_id, seq, b.count, b"".join(b.parts)),
                                       b.dues)
         try:
@@ -404,20 +407,32 @@ class AutoBatchProducer:
             try:
                 op, _fl, body = f.result()
                 if op == W.OP_ERROR:
-                    from .connection import StoreClientError
                     raise StoreClientError(*W.parse_error(body))
                 b.ident = self.conn.ident or ""
                 b.count_in_reply = _COUNT(body)[0] if len(body) >= 4 else 0
                 b.parts = None
                 b.future.set_result(body)
                 ok = b.count
-            except ConnectionLost as e:
-                if attempt + 1 < self.conn.reconnect_attempts:
-                    time.sleep(min(self.conn.backoff_initial * (2 ** attempt), self.conn.backoff_max))
+            except (ConnectionLost, StoreClientError) as e:
+                # lost, or refused by a store group member that is not the primary (nothing done):
+                # re-sent with the same sequence, stored once; in a group for up to failover_timeout
+                conn = self.conn
+                moved = is_not_primary(e)
+                if not moved and not isinstance(e, ConnectionLost):
+                    self._fail(b, e)
+                    ok = 0
+                elif (attempt + 1 < conn.reconnect_attempts
+                      or ((moved or len(getattr(conn, "addresses", ())) > 1)
+                          and time.monotonic() - b.first_try < getattr(conn, "failover_timeout", 0))):
+                    if moved:
+                        conn.not_primary(e)
+                    time.sleep(min(conn.backoff_initial * (2 ** min(attempt, 6)),
+                                   0.25 if moved or len(getattr(conn, "addresses", ())) > 1 else conn.backoff_max))
                     threading.Thread(target=self._send, args=(b, seq, attempt + 1), daemon=True).start()
                     return
-                self._fail(b, e)
-                ok = 0
+                else:
+                    self._fail(b, e)
+                    ok = 0
             except BaseException as e:  # noqa: BLE001
                 self._fail(b, e)
                 ok = 0

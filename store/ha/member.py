@@ -1,0 +1,450 @@
+"""One member of a replicated store group: Raft (pysyncobj) for the group state, roles, fencing.
+
+`Member` runs beside a started MessageStore and its StoreServer (wired by store/node/ha_member.py):
+
+* Raft: a `SyncObj` on the member's raft port with the `GroupState` (store/ha/state.py) as its
+  consumer. Every member heartbeats through Raft (`heartbeat(node, epoch, log end)`, every
+  `heartbeat_s`); the Raft leader acts as the controller and, when the primary's heartbeats stopped
+  for `dead_after_s` (or there is none), elects the live in-sync member with the longest log.
+* Primary of epoch E: appends its epoch entry (start = its log end), serves the replication port
+  (Shipper) and routes every append's durable future through the AckGate: acknowledged once the
+  in-sync replicas (at least `ack_replicas`) have it under the flush mode AND its lease holds: a
+  heartbeat sent less than `lease_s` ago came back from Raft confirming it as primary of E. The
+  controller waits `dead_after_s` > `lease_s` of silence before electing another, so a paused old
+  primary's lease has run out before a newer epoch can exist: it acknowledges nothing after.
+* Replica: refuses requests (not_primary, naming the primary), follows the primary's stream
+  (Follower); when its log diverged it asks for a cut and its process restarts in place.
+* In-sync set: the primary proposes removing a replica whose log stays behind what the primary had
+  `max_lag_s` ago, and adding one whose acknowledged offset reached everything acknowledged so far
+  (the gate waits for it from that moment on).
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import logging
+import os
+import threading
+import time
+
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.syncobj import FAIL_REASON
+
+from .epochs import EpochFile
+from .replication import AckGate, Follower, MetaLog, NotPrimary, Shipper
+from .state import GroupState
+from .truncate import request_cut
+
+log = logging.getLogger("lmqtt.store.ha")
+
+
+def raft_port(port: int) -> int:
+    """A member uses three consecutive ports: the store's (clients), +1 Raft, +2 replication."""
+    return port + 1
+
+
+def ship_port(port: int) -> int:
+    return port + 2
+
+
+def default_ack_replicas(group_size: int) -> int:
+    """A majority of the group counting the primary: group of 3 -> 1 replica, 5 -> 2, 1 -> 0."""
+    return group_size // 2
+
+
+class Member:
+    def __init__(self, *, group: str, node: int, peers: list[tuple[str, int]], store, ha_dir: str,
+                 ack_replicas: int | None = None, heartbeat_s: float = 0.2, dead_after_s: float = 2.5,
+                 lease_s: float | None = None, max_lag_s: float = 2.0, on_restart=None,
+                 listen_host: str | None = None) -> None:
+        if not 1 <= node <= len(peers):
+            raise ValueError(f"node id {node} is not in 1..{len(peers)} (the position of this member in --peers)")
+        self.group = group
+        self.node = node
+        self.peers = peers
+        self.size = len(peers)
+        self.store = store
+        self.clog = store.clog
+        self.ha_dir = ha_dir
+        self.ack_replicas = default_ack_replicas(self.size) if ack_replicas is None else int(ack_replicas)
+        if not 0 <= self.ack_replicas < self.size:
+            raise ValueError(f"--ack-replicas must be 0..{self.size - 1} for a group of {self.size}, "
+                             f"got {self.ack_replicas}")
+        self.heartbeat_s = heartbeat_s
+        self.dead_after_s = dead_after_s
+        self.lease_s = lease_s if lease_s is not None else dead_after_s * 0.6
+        if self.lease_s >= self.dead_after_s:
+            raise ValueError("the lease must be shorter than the election timeout")
+        self.max_lag_s = max_lag_s
+        self.on_restart = on_restart         # fn(): stop serving and restart this process (after a cut)
+        self.listen_host = listen_host or peers[node - 1][0]
+        self.sync = store.cfg.flush_mode == "sync"
+        os.makedirs(ha_dir, exist_ok=True)
+        self.epochs = EpochFile(os.path.join(ha_dir, "epochs"))
+        self.state = GroupState()
+        self.role = "starting"
+        self.role_epoch = 0
+        self.lease_at = -1e9
+        self.following: int | None = None
+        self.shipper: Shipper | None = None
+        self.follower: Follower | None = None
+        self.gate: AckGate | None = None
+        self.meta_log = MetaLog()
+        self.meta = None            # the SdkMetadata whose changes are shipped (attach_meta)
+        self._meta_apply: dict = {}
+        self.server = None
+        self.on_promoted: list = []          # fn() after this member became primary
+        self._isr_proposal = 0.0
+        self._samples: collections.deque = collections.deque()
+        self._electing_until = 0.0
+        self._stop = threading.Event()
+        self._saved_live_cap = self.clog.live_cap
+        self.elections_won = 0
+        self.cuts_requested = 0
+        me = self.peers[node - 1]
+        self.raft_addr = f"{me[0]}:{raft_port(me[1])}"
+        others = [f"{h}:{raft_port(p)}" for i, (h, p) in enumerate(peers) if i != node - 1]
+        conf = SyncObjConf(autoTick=True, raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.1,
+                           connectionTimeout=3.5, journalFile=os.path.join(ha_dir, "raft.journal"),
+                           fullDumpFile=os.path.join(ha_dir, "raft.dump"), dynamicMembershipChange=False,
+                           bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
+        self._become_read_only("starting: the group state is not known yet")
+        self.raft = SyncObj(self.raft_addr, others, conf=conf, consumers=[self.state])
+        self._thread = threading.Thread(target=self._run, name="lmqtt-ha-control", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ wiring
+    def attach_server(self, server) -> None:
+        """The StoreServer: refused requests on a replica, `ha_status`, role in HELLO_OK."""
+        self.server = server
+        server.serve_delayed = False
+        server.register_call("ha_status", lambda _a: self.status())
+        self._update_server()
+
+    def attach_meta(self, meta) -> None:
+        """Ship the SDK metadata changes a failover must keep (producer dedup markers and results,
+        group offsets, filter registrations) to the replicas, and apply them there."""
+        self.meta = meta
+        orig_remember, orig_commit, orig_put = meta.remember, meta.commit, meta.put_json
+        self._meta_apply = {"remember": lambda o: orig_remember(o["p"], int(o["s"]), base64.b64decode(o["v"])),
+                            "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
+                            "put_json": lambda o: orig_put(o["key"], o["v"])}
+        clog = self.clog
+        ml = self.meta_log
+
+        def remember(pid, seq, body):
+            orig_remember(pid, seq, body)
+            if self.role == "primary":
+                ml.add(clog.wrote, {"k": "remember", "p": pid, "s": seq, "v": base64.b64encode(body).decode()})
+
+        def commit(group, queue, offset):
+            orig_commit(group, queue, offset)
+            if self.role == "primary":
+                ml.add(clog.wrote, {"k": "commit", "g": group, "q": queue, "o": offset})
+
+        def put_json(key, obj):
+            orig_put(key, obj)
+            if self.role == "primary":
+                ml.add(clog.wrote, {"k": "put_json", "key": key, "v": obj})
+        meta.remember, meta.commit, meta.put_json = remember, commit, put_json
+
+    def _apply_meta(self, op: dict) -> None:
+        fn = self._meta_apply.get(op.get("k"))
+        if fn is not None:
+            fn(op)
+
+    # ------------------------------------------------------------------ status
+    def address_of(self, node: int | None) -> str:
+        if node is None or not 1 <= node <= self.size:
+            return "unknown"
+        h, p = self.peers[node - 1]
+        return f"{h}:{p}"
+
+    def lease_ok(self) -> bool:
+        return time.monotonic() - self.lease_at < self.lease_s
+
+    def status(self) -> dict:
+        st = self.state
+        reps = []
+        if self.shipper is not None:
+            for n, r in sorted(self.shipper.replicas.items()):
+                reps.append({"node": n, "connected": r.connected, "written": r.written, "flushed": r.flushed,
+                             "lag_bytes": max(0, self.clog.committed - (r.flushed if self.sync else r.written))})
+        leader = self.raft._getLeader()
+        return {"group": self.group, "node": self.node, "role": self.role, "epoch": st.epoch,
+                "primary": st.primary, "primary_address": self.address_of(st.primary),
+                "in_sync": sorted(st.in_sync), "ack_replicas": self.ack_replicas,
+                "raft_leader": str(leader) if leader is not None else None,
+                "lease_ok": self.lease_ok() if self.role == "primary" else None,
+                "acks_blocked": (self.gate.blocked or None) if self.gate is not None else None,
+                "log_end": self.clog.wrote, "flushed": self.clog.flushed,
+                "dispatched": self.store.dispatch.dispatched, "epochs": [list(x) for x in self.epochs.entries],
+                "replicas": reps, "following": self.address_of(self.following) if self.following else None,
+                "follow_error": (self.follower.error or None) if self.follower is not None else None,
+                "elections_won": self.elections_won}
+
+    def _update_server(self) -> None:
+        srv = self.server
+        if srv is None:
+            return
+        srv.hello_info.update(group=self.group, node=self.node, role=self.role,
+                              primary=self.address_of(self.state.primary))
+        if self.role == "primary":
+            srv.guard = None
+        else:
+            srv.guard = self._guard
+
+    def _guard(self, op: int, cmd: str | None) -> None:
+        if cmd in ("stats", "ha_status"):
+            return
+        from ..protocol import E_NOT_PRIMARY
+        from ..server import CallError
+        raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is a {self.role}, not "
+                                       f"the primary; primary={self.address_of(self.state.primary)}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._drop_primary(NotPrimary(f"node {self.node} is shutting down; primary=unknown"))
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+        try:
+            self.raft.destroy()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _run(self) -> None:
+        next_hb = 0.0
+        while not self._stop.wait(0.05):
+            try:
+                now = time.monotonic()
+                if now >= next_hb:
+                    next_hb = now + self.heartbeat_s
+                    self._heartbeat(now)
+                if not self.raft.isReady():
+                    continue
+                self._control(now)
+                self._reconcile()
+                if self.role == "primary":
+                    self._maintain_in_sync(now)
+            except Exception:  # noqa: BLE001 - the control loop keeps going
+                log.exception("event=ha_control_failed")
+
+    def _heartbeat(self, sent: float) -> None:
+        epoch = self.role_epoch
+
+        def done(res, err, sent=sent, epoch=epoch):
+            if err != FAIL_REASON.SUCCESS or res is None:
+                return
+            e, primary, _isr = res
+            if primary == self.node and e == epoch and self.role == "primary" and self.role_epoch == epoch:
+                if sent > self.lease_at:
+                    self.lease_at = sent
+                    g = self.gate
+                    if g is not None:
+                        g.wake()
+        try:
+            self.state.heartbeat(self.node, epoch, self.clog.wrote, callback=done)
+        except Exception as e:  # noqa: BLE001 - no leader yet, queue full: the next one tries again
+            log.debug("event=ha_heartbeat_not_sent error=%r", e)
+
+    def _is_leader(self) -> bool:
+        leader = self.raft._getLeader()
+        return leader is not None and str(getattr(leader, "address", leader)) == self.raft_addr
+
+    def _control(self, now: float) -> None:
+        """The Raft leader's controller duty: elect a primary when there is none or it went silent."""
+        if not self._is_leader() or now < self._electing_until:
+            return
+        st = self.state
+        alive = {n for n, t in st.last_seen.items() if now - t < self.dead_after_s}
+        p = st.primary
+        if p is not None and p in alive:
+            return
+        cands = [n for n in alive if n != p and (not st.in_sync or n in st.in_sync)]
+        if not cands:
+            return
+        best = max(cands, key=lambda n: (st.reports.get(n, (0, 0))[0], st.reports.get(n, (0, 0))[1], -n))
+        self._electing_until = now + 1.0
+
+        def done(res, err, best=best):
+            if err == FAIL_REASON.SUCCESS and res is not None:
+                log.info("event=ha_elected group=%s primary=%d epoch=%d (by controller %d)", self.group, best,
+                         res, self.node)
+        log.info("event=ha_electing group=%s old_primary=%s candidate=%d alive=%s in_sync=%s", self.group, p, best,
+                 sorted(alive), sorted(st.in_sync))
+        self.state.elect(st.epoch, best, callback=done)
+
+    def _reconcile(self) -> None:
+        st = self.state
+        epoch, primary = st.epoch, st.primary
+        if primary == self.node:
+            if self.role != "primary" or self.role_epoch != epoch:
+                self._become_primary(epoch)
+        elif primary is None:
+            if self.role == "primary":
+                self._drop_primary(NotPrimary(f"node {self.node} lost the primary role; primary=unknown"))
+            if self.role != "electing":
+                self._become_read_only("no primary elected yet")
+                self.role = "electing"
+                self._update_server()
+        elif self.role != "replica" or self.following != primary or self.role_epoch != epoch:
+            self._become_replica(primary, epoch)
+
+    # ------------------------------------------------------------------ roles
+    def _become_read_only(self, why: str) -> None:
+        self.store.refuse_appends = (f"store group {self.group!r} node {self.node}: {why}; "
+                                     f"appends go to the primary")
+
+    def _become_primary(self, epoch: int) -> None:
+        log.info("event=ha_becoming_primary group=%s node=%d epoch=%d log_end=%d", self.group, self.node, epoch,
+                 self.clog.wrote)
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+        self.following = None
+        self._drop_primary(None)
+        store, clog = self.store, self.clog
+        store.dispatch.wait_for(clog.committed, 30.0)
+        with clog.lock:
+            clog.queue_table.update(store.consume_queues.max_offsets())
+            clog.live_cap = self._saved_live_cap
+        if self.epochs.last_epoch != epoch:
+            self.epochs.begin(epoch, clog.wrote)
+        host = self.listen_host
+        self.shipper = Shipper(store, host, ship_port(self.peers[self.node - 1][1]), self.node, epoch, self.epochs,
+                               self.meta_log, self._acked, self.group)
+        self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
+        self.gate.also_wake = self.shipper.wake
+        self.gate.want_add = self._want_add
+        self.gate.on_add = self._propose_add
+        store.use_ack_gate(self.gate)
+        self.role = "primary"
+        self.role_epoch = epoch
+        self._samples.clear()
+        self.elections_won += 1
+        for fn in self.on_promoted:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("event=ha_on_promoted_failed")
+        store.refuse_appends = None
+        self._update_server()
+        log.info("event=ha_primary group=%s node=%d epoch=%d start=%d in_sync=%s ack_replicas=%d", self.group,
+                 self.node, epoch, clog.wrote, sorted(self.state.in_sync), self.ack_replicas)
+
+    def _drop_primary(self, err) -> None:
+        """Stop acting as primary: refuse appends, fail what waits for acknowledgement, stop shipping."""
+        if self.role == "primary" or self.gate is not None or self.shipper is not None:
+            self._become_read_only(f"no longer primary (epoch {self.role_epoch})")
+            gate, self.gate = self.gate, None
+            if gate is not None:
+                self.store.use_ack_gate(None)
+                gate.stop(err if err is not None else NotPrimary(
+                    f"node {self.node} is no longer the primary; primary={self.address_of(self.state.primary)}"))
+            sh, self.shipper = self.shipper, None
+            if sh is not None:
+                sh.stop()
+            if self.role == "primary":
+                log.warning("event=ha_primary_deposed group=%s node=%d epoch=%d now_epoch=%d", self.group,
+                            self.node, self.role_epoch, self.state.epoch)
+                self.role = "deposed"
+
+    def _become_replica(self, primary: int, epoch: int) -> None:
+        self._drop_primary(None)
+        self._become_read_only(f"a replica (primary: node {primary})")
+        clog = self.clog
+        with clog.lock:
+            clog.live_cap = 0
+            clog.live_enabled = False
+            clog.live.clear()
+            clog.live_count = 0
+        if self.follower is not None:
+            self.follower.stop()
+        self.role = "replica"
+        self.role_epoch = epoch
+        self.following = primary
+        h, p = self.peers[primary - 1]
+        self.follower = Follower(self.store, (h, ship_port(p)), self.node, lambda: self.state.epoch, self.epochs,
+                                 self._cut, self._apply_meta, self.sync)
+        self._update_server()
+        log.info("event=ha_replica group=%s node=%d epoch=%d primary=%d log_end=%d", self.group, self.node, epoch,
+                 primary, clog.wrote)
+
+    def _cut(self, offset: int, why: str) -> None:
+        self.cuts_requested += 1
+        log.warning("event=ha_cut_requested group=%s node=%d offset=%d log_end=%d reason=%r", self.group, self.node,
+                    offset, self.clog.wrote, why)
+        request_cut(self.ha_dir, offset, why)
+        if self.on_restart is not None:
+            self.on_restart()
+
+    # ------------------------------------------------------------------ primary: acks and in-sync set
+    def _acked(self) -> None:
+        g = self.gate
+        if g is not None:
+            g.wake()
+
+    def _ack_set(self):
+        g = self.gate
+        extra = g.adding if g is not None else ()
+        return (set(self.state.in_sync) | set(extra)) - {self.node}
+
+    def _replica_offset(self, node: int) -> int:
+        sh = self.shipper
+        r = sh.replicas.get(node) if sh is not None else None
+        if r is None:
+            return 0
+        return r.flushed if self.sync else r.written
+
+    def _want_add(self):
+        sh = self.shipper
+        if sh is None:
+            return ()
+        isr = self.state.in_sync
+        return [n for n, r in sh.replicas.items() if r.connected and n not in isr]
+
+    def _propose_add(self, node: int) -> None:
+        epoch = self.role_epoch
+
+        def done(res, err, node=node):
+            g = self.gate
+            if g is not None:
+                if err != FAIL_REASON.SUCCESS or res is None:
+                    g.adding.discard(node)       # not added: the gate stops waiting for it
+                elif node in self.state.in_sync:
+                    g.adding.discard(node)
+            if err == FAIL_REASON.SUCCESS and res is not None:
+                log.info("event=ha_in_sync_grew group=%s node=%d in_sync=%s", self.group, node, list(res))
+        self.state.change_in_sync(epoch, self.node, (node,), (), callback=done)
+
+    def _maintain_in_sync(self, now: float) -> None:
+        committed = self.clog.committed
+        s = self._samples
+        s.append((now, committed))
+        while len(s) > 2 and s[1][0] <= now - self.max_lag_s:
+            s.popleft()
+        if self._isr_proposal and now - self._isr_proposal > 5.0:
+            self._isr_proposal = 0.0       # no answer from Raft (no majority): propose again
+        if s[0][0] > now - self.max_lag_s or self._isr_proposal:
+            return      # not primary for max_lag_s yet, or a change is on its way
+        bound = s[0][1]
+        lagging = [n for n in self.state.in_sync if n != self.node and self._replica_offset(n) < bound]
+        if not lagging:
+            return
+        self._isr_proposal = now
+        epoch = self.role_epoch
+
+        def done(res, err):
+            self._isr_proposal = 0.0
+            if err == FAIL_REASON.SUCCESS and res is not None:
+                log.warning("event=ha_in_sync_shrunk group=%s removed=%s in_sync=%s", self.group, lagging, list(res))
+                g = self.gate
+                if g is not None:
+                    for n in lagging:
+                        g.adding.discard(n)
+                    g.wake()
+        log.info("event=ha_in_sync_shrinking group=%s lagging=%s bound=%d", self.group, lagging, bound)
+        self.state.change_in_sync(epoch, self.node, (), tuple(lagging), callback=done)

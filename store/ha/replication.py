@@ -1,0 +1,519 @@
+"""CommitLog shipping (after RocketMQ's HAService / HAConnection / HAClient) and the ack gate.
+
+The replica connects to the primary's replication port and says who it is, the epoch list it has
+and its CommitLog end (HANDSHAKE); the primary answers where to stream from (the divergence point
+of the two epoch lists, store/ha/epochs.py): below the replica's end, the replica must first cut
+its tail (store/ha/truncate.py). Then the primary streams the CommitLog bytes as appended (DATA:
+offset + bytes, at most one segment's rest per frame) and the SDK metadata changes that must
+survive a failover (META: producer dedup markers and results, group offsets, filter
+registrations), each META before the bytes it refers to. The replica writes the bytes at the same
+offsets (CommitLog.append_replicated), lets its dispatch derive ConsumeQueues / light queues /
+index from them, flushes under its flush mode and acknowledges (ACK: written, flushed).
+
+Frames: 1 byte type, u32 length, payload.
+  H  replica -> primary  JSON {node, epoch, end, epochs, segment_size}
+  S  primary -> replica  JSON {epoch, start, end, min_offset, epochs}   (the stream starts at `start`)
+  X  primary -> replica  JSON {error}                                   (refused; closed)
+  D  primary -> replica  u64 offset + CommitLog bytes
+  M  primary -> replica  JSON metadata change
+  K  primary -> replica  u64 the primary's committed end (keep-alive while idle)
+  A  replica -> primary  u64 written + u64 flushed
+
+`AckGate` holds the durable futures of appends on the primary: one resolves only when the primary
+has the data under its flush mode, every member of the acknowledging set (the in-sync replicas,
+at least `ack_replicas` of them) has acknowledged it under the flush mode, and the primary's epoch
+lease is valid (store/ha/member.py: a Raft round trip confirmed it recently). A deposed primary's
+waiting futures fail; nothing is acknowledged after a newer epoch exists.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+from concurrent.futures import Future
+
+from ..errors import StoreError
+
+log = logging.getLogger("lmqtt.store.ha")
+
+_HEAD = struct.Struct(">cI")
+_U64 = struct.Struct(">Q")
+_ACK = struct.Struct(">QQ")
+MAX_CHUNK = 1 << 20
+MAX_FRAME = 64 << 20
+
+
+class NotPrimary(StoreError):
+    """This member is not (or no longer) the primary: the write was not acknowledged. The store
+    server answers it with ERROR not_primary (the SDK retries on the primary)."""
+    not_primary = True
+
+
+def frame(kind: bytes, payload: bytes) -> bytes:
+    return _HEAD.pack(kind, len(payload)) + payload
+
+
+def jframe(kind: bytes, obj) -> bytes:
+    return frame(kind, json.dumps(obj, separators=(",", ":")).encode())
+
+
+class FrameReader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buf += data
+        out = []
+        buf = self.buf
+        i = 0
+        while len(buf) - i >= 5:
+            kind, n = _HEAD.unpack_from(buf, i)
+            if n > MAX_FRAME:
+                raise ConnectionError(f"replication frame of {n} bytes is above the limit")
+            if len(buf) - i - 5 < n:
+                break
+            out.append((kind, bytes(buf[i + 5:i + 5 + n])))
+            i += 5 + n
+        del buf[:i]
+        return out
+
+    def read_one(self, timeout: float) -> tuple[bytes, bytes]:
+        self.sock.settimeout(timeout)
+        while True:
+            got = self.feed(b"")
+            if got:
+                # put back what came after the first frame
+                rest = got[1:]
+                if rest:
+                    self.buf[:0] = b"".join(frame(k, p) for k, p in rest)
+                return got[0]
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("connection closed")
+            self.buf += data
+
+
+class MetaLog:
+    """The metadata changes a primary ships, in order, bounded: (seq, log position, op)."""
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.ops: collections.deque = collections.deque(maxlen=keep)
+        self.seq = 0
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+
+    def add(self, pos: int, op: dict) -> None:
+        with self.cond:
+            self.seq += 1
+            self.ops.append((self.seq, pos, op))
+            self.cond.notify_all()
+
+    def since(self, seq: int, min_pos: int = -1) -> list:
+        with self.lock:
+            return [(s, op) for s, p, op in self.ops if s > seq and p >= min_pos]
+
+
+# ---------------------------------------------------------------------------------------- primary
+class ReplicaInfo:
+    __slots__ = ("node", "written", "flushed", "connected", "caught_up_at", "addr", "since")
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.written = 0
+        self.flushed = 0
+        self.connected = False
+        self.caught_up_at = 0.0
+        self.addr = ""
+        self.since = time.monotonic()
+
+
+class Shipper:
+    """The primary's side: accepts replica connections on the replication port, streams to each."""
+
+    def __init__(self, store, host: str, port: int, node: int, epoch: int, epochs, meta: MetaLog,
+                 on_ack, group: str) -> None:
+        self.store = store
+        self.clog = store.clog
+        self.node = node
+        self.epoch = epoch
+        self.epochs = epochs
+        self.meta = meta
+        self.on_ack = on_ack
+        self.group = group
+        self.replicas: dict[int, ReplicaInfo] = {}
+        self.cond = threading.Condition()
+        self._stop = False
+        self._socks: set = set()
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self._thread = threading.Thread(target=self._accept, name="lmqtt-ha-ship-accept", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        self._stop = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for s in list(self._socks):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.wake()
+        with self.meta.cond:
+            self.meta.cond.notify_all()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                s, addr = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._socks.add(s)
+            threading.Thread(target=self._serve, args=(s, addr), name="lmqtt-ha-ship", daemon=True).start()
+
+    def _serve(self, s: socket.socket, addr) -> None:
+        r = None
+        try:
+            reader = FrameReader(s)
+            kind, payload = reader.read_one(10.0)
+            if kind != b"H":
+                raise ConnectionError(f"expected a handshake, got {kind!r}")
+            h = json.loads(payload)
+            node = int(h["node"])
+            clog = self.clog
+            if int(h.get("segment_size", clog.seg_size)) != clog.seg_size:
+                s.sendall(jframe(b"X", {"error": f"segment size {h.get('segment_size')} differs from the "
+                                                  f"primary's {clog.seg_size}: every member of a group must use "
+                                                  "the same --segment-mb"}))
+                return
+            if int(h.get("epoch", 0)) > self.epoch:
+                s.sendall(jframe(b"X", {"error": f"node {self.node} is primary of epoch {self.epoch}, the "
+                                                  f"replica knows epoch {h.get('epoch')}: not primary any more"}))
+                return
+            from .epochs import divergence
+            end = clog.committed
+            start = divergence(self.epochs.entries, end, h.get("epochs") or [], int(h["end"]))
+            lo = clog.mfq.min_offset
+            if start < lo:
+                s.sendall(jframe(b"X", {"error": f"the replica's log ends at {start}, below the primary's oldest "
+                                                  f"segment (offset {lo}, deleted by retention): it cannot catch up "
+                                                  "from the stream; give it an empty data dir"}))
+                return
+            s.sendall(jframe(b"S", {"epoch": self.epoch, "start": start, "end": end, "min_offset": lo,
+                                    "epochs": self.epochs.entries, "group": self.group}))
+            if start < int(h["end"]):
+                log.info("event=ha_replica_must_cut node=%d from=%d to=%d", node, int(h["end"]), start)
+                return          # it cuts, restarts and connects again
+            r = self.replicas.get(node)
+            if r is None:
+                r = self.replicas[node] = ReplicaInfo(node)
+            r.written = r.flushed = start
+            r.connected = True
+            r.addr = f"{addr[0]}:{addr[1]}"
+            r.since = time.monotonic()
+            log.info("event=ha_replica_connected node=%d from=%d epoch=%d", node, start, self.epoch)
+            threading.Thread(target=self._acks, args=(s, reader, r), name="lmqtt-ha-acks", daemon=True).start()
+            self._stream(s, r, start)
+        except (OSError, ConnectionError, ValueError, KeyError) as e:
+            if not self._stop:
+                log.info("event=ha_replica_stream_ended peer=%s error=%r", addr, str(e))
+        finally:
+            if r is not None:
+                r.connected = False
+                self.on_ack()
+            self._socks.discard(s)
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int) -> None:
+        clog = self.clog
+        meta_seq = 0
+        for sq, _op in self.meta.since(0, pos):
+            meta_seq = sq - 1
+            break
+        else:
+            meta_seq = self.meta.seq
+        last_send = time.monotonic()
+        while not self._stop and r.connected:
+            ops = self.meta.since(meta_seq)
+            if ops:
+                s.sendall(b"".join(jframe(b"M", op) for _sq, op in ops))
+                meta_seq = ops[-1][0]
+            committed = clog.committed
+            if pos < committed:
+                mf = clog.mfq.find(pos)
+                if mf is None:
+                    raise ConnectionError(f"offset {pos} is no longer in the primary's log")
+                n = min(committed, mf.end_offset, pos + MAX_CHUNK) - pos
+                rel = pos - mf.start_offset
+                data = bytes(mf.mm[rel:rel + n])
+                s.sendall(_HEAD.pack(b"D", 8 + n) + _U64.pack(pos) + data)
+                pos += n
+                last_send = time.monotonic()
+                continue
+            now = time.monotonic()
+            if now - last_send >= 0.2:
+                s.sendall(frame(b"K", _U64.pack(committed)))
+                last_send = now
+            with self.cond:
+                if clog.committed <= pos and self.meta.seq <= meta_seq and not self._stop:
+                    self.cond.wait(0.05)
+
+    def _acks(self, s: socket.socket, reader: FrameReader, r: ReplicaInfo) -> None:
+        try:
+            s.settimeout(None)
+            while not self._stop:
+                data = s.recv(65536)
+                if not data:
+                    break
+                for kind, payload in reader.feed(data):
+                    if kind == b"A":
+                        w, f = _ACK.unpack(payload)
+                        r.written, r.flushed = w, f
+                        if w >= self.clog.committed:
+                            r.caught_up_at = time.monotonic()
+                        self.on_ack()
+        except OSError:
+            pass
+        finally:
+            r.connected = False
+            self.on_ack()
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class AckGate:
+    """Durable futures of the primary's appends (MessageStore.use_ack_gate): `current` is shared by
+    the appends of one round, like GroupCommitService's; a round resolves when its end offset is
+    acknowledged (see the module docstring)."""
+
+    def __init__(self, clog, sync: bool, ack_replicas: int, lease_ok, ack_set, replica_offset) -> None:
+        self.clog = clog
+        self.sync = sync
+        self.ack_replicas = ack_replicas
+        self.lease_ok = lease_ok
+        self.ack_set = ack_set               # () -> node ids whose acknowledgement is needed
+        self.replica_offset = replica_offset  # node -> its acknowledged offset under the flush mode
+        self.current: Future = Future()
+        self.waiting: collections.deque = collections.deque()
+        self.taken = clog.committed
+        self.acked = clog.committed
+        self.failed: BaseException | None = None
+        self._ev = threading.Event()
+        self._stop = False
+        self.blocked = ""                    # why nothing is being acknowledged now ("" when it is)
+        self.also_wake = None                # fn() woken with the gate on every append (the shipper)
+        # replicas being added to the in-sync set: waited for from the moment they had everything
+        # acknowledged so far (want_add() -> candidates; on_add(node) proposes the change to Raft)
+        self.adding: set = set()
+        self.want_add = lambda: ()
+        self.on_add = None
+        self._thread = threading.Thread(target=self._run, name="lmqtt-ha-ackgate", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._ev.set()
+        w = self.also_wake
+        if w is not None:
+            w()
+
+    def stop(self, err: BaseException) -> None:
+        self._stop = True
+        self._ev.set()
+        self._thread.join()
+        with self.clog.lock:
+            self.failed = err
+            fut = self.current
+            self.current = _failed_future(err)
+        items = list(self.waiting) + [(0, fut)]
+        self.waiting.clear()
+        for _t, f in items:
+            if not f.done():
+                f.set_exception(err)
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._ev.wait(0.002 if self.waiting else 0.05)
+            self._ev.clear()
+            try:
+                self.evaluate()
+            except Exception:  # noqa: BLE001 - keep the gate alive; nothing is acknowledged meanwhile
+                log.exception("event=ha_ack_gate_failed")
+
+    def evaluate(self) -> None:
+        clog = self.clog
+        with clog.lock:
+            if clog.committed > self.taken:
+                fut = self.current
+                self.current = Future()
+                self.taken = clog.committed
+                self.waiting.append((self.taken, fut))
+        for n in self.want_add():
+            if n not in self.adding and self.replica_offset(n) >= self.acked:
+                self.adding.add(n)       # from now on acknowledgements wait for it too
+                if self.on_add is not None:
+                    self.on_add(n)
+        if not self.waiting:
+            return
+        local = clog.flushed if self.sync else clog.committed
+        if not self.lease_ok():
+            self.blocked = "the primary's epoch lease is not confirmed (no Raft majority reached lately)"
+            return
+        members = list(self.ack_set())
+        if len(members) < self.ack_replicas:
+            self.blocked = (f"{len(members)} replica(s) in sync, --ack-replicas needs {self.ack_replicas}")
+            return
+        acked = local
+        for n in members:
+            acked = min(acked, self.replica_offset(n))
+        self.blocked = ""
+        if acked > self.acked:
+            self.acked = acked
+        w = self.waiting
+        while w and w[0][0] <= acked:
+            target, f = w.popleft()
+            if not f.done():
+                f.set_result(target)
+
+
+def _failed_future(err: BaseException) -> Future:
+    f: Future = Future()
+    f.set_exception(err)
+    return f
+
+
+# ---------------------------------------------------------------------------------------- replica
+class Follower:
+    """The replica's side: connects to the primary's replication port, writes what it ships."""
+
+    def __init__(self, store, primary_addr: tuple[str, int], node: int, epoch_now, epochs, on_cut,
+                 apply_meta, sync: bool) -> None:
+        self.store = store
+        self.clog = store.clog
+        self.addr = primary_addr
+        self.node = node
+        self.epoch_now = epoch_now        # () -> the epoch this member knows now
+        self.epochs = epochs
+        self.on_cut = on_cut              # fn(offset, why): the member cuts and restarts
+        self.apply_meta = apply_meta
+        self.sync = sync
+        self.connected = False
+        self.conn_epoch = 0
+        self.error = ""
+        self.primary_end = 0
+        self._stop = False
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name="lmqtt-ha-follow", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        s = self._sock
+        if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                self._session()
+            except (OSError, ConnectionError, ValueError, StoreError) as e:
+                if not self._stop:
+                    msg = f"replication from {self.addr[0]}:{self.addr[1]} failed: {e}"
+                    if msg != self.error:
+                        log.warning("event=ha_follow_failed error=%r", msg)
+                    self.error = msg
+            self.connected = False
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass
+                self._sock = None
+            for _ in range(5):
+                if self._stop:
+                    return
+                time.sleep(0.1)
+
+    def _session(self) -> None:
+        clog = self.clog
+        s = socket.create_connection(self.addr, timeout=2.0)
+        self._sock = s
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = FrameReader(s)
+        s.sendall(jframe(b"H", {"node": self.node, "epoch": self.epoch_now(), "end": clog.wrote,
+                                "epochs": self.epochs.entries, "segment_size": clog.seg_size}))
+        kind, payload = reader.read_one(10.0)
+        h = json.loads(payload)
+        if kind == b"X":
+            raise ConnectionError(h.get("error", "refused"))
+        if kind != b"S":
+            raise ConnectionError(f"unexpected answer {kind!r} to the handshake")
+        start, epoch = int(h["start"]), int(h["epoch"])
+        if start < clog.wrote:
+            self._stop = True
+            self.on_cut(start, f"rejoining epoch {epoch}: the log diverged from the primary's at {start} "
+                               f"(this member's ended at {clog.wrote})")
+            return
+        if start > clog.wrote:
+            raise ConnectionError(f"the primary streams from {start}, this log ends at {clog.wrote}")
+        self.epochs.replace(h["epochs"], clog.wrote)
+        self.conn_epoch = epoch
+        self.primary_end = int(h["end"])
+        self.connected = True
+        self.error = ""
+        log.info("event=ha_following primary=%s:%d epoch=%d from=%d", self.addr[0], self.addr[1], epoch, start)
+        s.settimeout(5.0)       # keep-alives come every 0.2 s while idle
+        dispatch = self.store.dispatch
+        while not self._stop:
+            data = s.recv(1 << 20)
+            if not data:
+                raise ConnectionError("the primary closed the replication stream")
+            frames = reader.feed(data)
+            wrote = False
+            for kind, payload in frames:
+                if kind == b"D":
+                    off = _U64.unpack_from(payload)[0]
+                    clog.append_replicated(off, memoryview(payload)[8:])
+                    wrote = True
+                elif kind == b"M":
+                    self.apply_meta(json.loads(payload))
+                elif kind == b"K":
+                    self.primary_end = _U64.unpack(payload)[0]
+            if self.epoch_now() > self.conn_epoch:
+                raise ConnectionError(f"a newer epoch than {self.conn_epoch} exists: not acknowledging its "
+                                      "old primary")
+            if wrote:
+                dispatch.wake()
+                if self.sync:
+                    clog.flush()
+            if frames:
+                s.sendall(frame(b"A", _ACK.pack(clog.wrote, clog.flushed)))

@@ -1,0 +1,145 @@
+"""A store group of real member processes for the tests in tests/ha (docs/ha.md).
+
+Each member uses three consecutive ports (store, Raft, replication): `group_ports` finds bases
+whose three ports are all free (and never handed out by free_port before). Only our own PIDs are
+signalled (kill -9, SIGSTOP / SIGCONT, SIGTERM)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from lmqtt.store.client import connect
+from tests.support import ROOT
+
+
+def group_ports(n: int) -> list[int]:
+    """n base ports, each with its next two free too (store, Raft, replication), never handed out
+    before in this process (loadtest.brokers' reservation, below the ephemeral range)."""
+    from lmqtt.loadtest.brokers import _free_ports
+    return [_free_ports(3) for _ in range(n)]
+
+
+class Member:
+    def __init__(self, group: "StoreGroup", node: int, port: int) -> None:
+        self.group = group
+        self.node = node
+        self.port = port
+        self.data_dir = os.path.join(group.root, f"m{node}")
+        self.log_path = os.path.join(group.root, f"m{node}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "Member":
+        cmd = [sys.executable, "-m", "lmqtt.store.node.ha_member", "--group", self.group.name, "--node-id",
+               str(self.node), "--peers", self.group.peers, "--data-dir", self.data_dir, "--segment-mb", "8",
+               "--election-timeout-s", str(self.group.election_timeout), *self.group.extra]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def status(self, timeout: float = 2.0) -> dict | None:
+        try:
+            c = connect(self.address, timeout=timeout, connect_timeout=timeout, reconnect_attempts=1)
+        except Exception:  # noqa: BLE001 - not up (or stopped)
+            return None
+        try:
+            return c.cmd("ha_status")
+        except Exception:  # noqa: BLE001
+            return None
+        finally:
+            c.close()
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+
+class StoreGroup:
+    def __init__(self, root: str, n: int = 3, name: str = "g1", extra: tuple = (), election_timeout: float = 2.0):
+        self.root = str(root)
+        self.name = name
+        self.extra = tuple(extra)
+        self.election_timeout = election_timeout
+        ports = group_ports(n)
+        self.peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        self.members = [Member(self, i + 1, p) for i, p in enumerate(ports)]
+
+    def start(self) -> "StoreGroup":
+        for m in self.members:
+            m.start()
+        return self
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+    def wait_primary(self, timeout: float = 30.0, exclude=(), in_sync: int | None = None,
+                     among=None) -> Member:
+        """The member that says it is primary (and, with `in_sync`, has that many in sync)."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            for m in among or self.members:
+                if m.node in exclude:
+                    continue
+                st = m.status(1.0)
+                last = st or last
+                if st and st["role"] == "primary" and st["lease_ok"] and (
+                        in_sync is None or len(st["in_sync"]) >= in_sync):
+                    return m
+            time.sleep(0.2)
+        raise AssertionError(f"no primary within {timeout}s (last status {last}); logs:\n" +
+                             "\n".join(m.log_text()[-3000:] for m in self.members))
+
+    def wait_status(self, member: Member, pred, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        st = None
+        while time.monotonic() < deadline:
+            st = member.status(1.0)
+            if st and pred(st):
+                return st
+            time.sleep(0.2)
+        raise AssertionError(f"member {member.node}: condition not met within {timeout}s (last {st});\n"
+                             f"{member.log_text()[-4000:]}")
+
+
+def read_all(conn, topic: str, upto_queue_offset: int | None = None) -> list:
+    """Every record of `topic`'s ConsumeQueue 0, in order."""
+    out = []
+    off = 0
+    while True:
+        r = conn.pull(topic, 0, off, 4096)
+        if not r.records:
+            return out
+        out.extend(r.records)
+        off = r.next_offset

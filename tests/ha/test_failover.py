@@ -1,0 +1,156 @@
+"""A store group of 3 real member processes (store/node/ha_member.py): failover under SDK load, fencing of
+a paused primary and its rejoin with a cut tail. The loss/duplication verdicts come from the
+chaos bench's checker (loadtest/chaos/checker.py)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from lmqtt.loadtest.chaos.checker import Checker, body, failures
+from lmqtt.store.client import connect
+from tests.ha.group import StoreGroup, read_all
+
+pytestmark = pytest.mark.timeout(240)
+
+TOPIC = "ha/load"
+STREAM = "sdk"
+
+
+def _verdict(ck: Checker, records) -> dict:
+    ck.receiver("readback", STREAM, 2)       # QoS 2 label: every acknowledged message exactly once
+    for r in records:
+        ck.received("readback", r.body)
+    rows = ck.verdict()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+@pytest.fixture
+def group(tmp_path):
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0).start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_kill9_primary_under_autobatch_load_loses_and_duplicates_nothing(group):
+    """kill -9 of the primary while an AutoBatch producer (connected to all three addresses)
+    sends: a replica becomes primary, the producer moves there by itself, and reading the topic
+    back from the new primary finds every acknowledged message exactly once. The killed member
+    then restarts, catches up as a replica and is in sync again."""
+    first = group.wait_primary(in_sync=3)
+    ck = Checker()
+    conn = connect(group.peers, timeout=20.0)
+    ab = conn.auto_batch_producer(linger_ms=2.0, batch_bytes=16 << 10)
+    stop = threading.Event()
+    sent = [0]
+
+    def produce():
+        seq = 0
+        deadline = time.monotonic() + 40
+        while not stop.is_set() and seq < 30_000 and time.monotonic() < deadline:
+            ck.sent("p1", seq, 2, STREAM)
+            f = ab.send(TOPIC, body("p1", seq, 64))
+            f.add_done_callback(lambda fut, s=seq: fut.exception() is None and ck.acked("p1", s))
+            seq += 1
+            if seq % 200 == 0:
+                time.sleep(0.01)        # a steady stream, not one burst
+        sent[0] = seq
+
+    t = threading.Thread(target=produce)
+    t.start()
+    while ck.counts().get("acked", 0) < 2000 and t.is_alive():
+        time.sleep(0.05)
+    acked_before = ck.counts().get("acked", 0)
+    assert acked_before >= 2000, "the load did not start"
+    first.kill9()
+    new = group.wait_primary(exclude=(first.node,), timeout=30)
+    # keep sending on the new primary for a while, then stop and wait for every answer
+    n_at_failover = ck.counts().get("acked", 0)
+    deadline = time.monotonic() + 30
+    while ck.counts().get("acked", 0) < n_at_failover + 2000 and time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.05)
+    stop.set()
+    t.join(60)
+    ab.flush(60)
+    assert ab.acknowledged == sent[0], (ab.acknowledged, sent[0])
+    assert conn.failovers >= 1
+    reader = connect(new.address)
+    records = read_all(reader, TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [], row
+    assert row["lost"] == 0 and row["duplicated"] == 0 and row["never_sent"] == 0, row
+    assert row["acked"] == sent[0]
+    # the old primary comes back as a replica and catches up
+    first.start()
+    st = group.wait_status(first, lambda s: s["role"] == "replica" and s["log_end"] >= len(records) and
+                           first.node in s["in_sync"], timeout=60)
+    assert st["primary"] == new.node
+    reader.close()
+    conn.close()
+
+
+def test_paused_primary_is_fenced_then_rejoins_with_its_tail_cut(group):
+    """kill -9 of both replicas, then writes to the primary: with no replica to acknowledge them
+    (and no Raft majority) nothing is acknowledged, they are only in the primary's log. SIGSTOP of
+    the primary, the replicas restart: past the election timeout they elect a new primary. SIGCONT
+    of the old one: it acknowledges none of its pending writes (they fail with not_primary), finds
+    it is a replica, cuts the tail only it had, and catches up. The producer re-sends the refused
+    batches with their producer id + sequence through the group address: each is stored once."""
+    old = group.wait_primary(in_sync=3)
+    others = [m for m in group.members if m is not old]
+    ck = Checker()
+    conn = connect(group.peers, timeout=60.0)
+    p = conn.producer("p2")
+    for i in range(300):                      # acknowledged before any fault
+        ck.sent("p2", i, 2, STREAM)
+        p.send(TOPIC, body("p2", i, 64))
+        ck.acked("p2", i)
+    end_before = old.status()["log_end"]
+    for m in others:
+        m.kill9()
+    direct = connect(old.address, timeout=60.0)
+    dp = direct.producer("p2")
+    pending = []
+    for i in range(300, 400):                 # appended on the old primary only
+        ck.sent("p2", i, 2, STREAM)
+        seq = dp.next_sequence()
+        pending.append((i, seq, dp.send_async(TOPIC, body("p2", i, 64))))
+    time.sleep(1.5)
+    assert not any(f.done() for _i, _s, f in pending), "acknowledged without a replica"
+    st = old.status()
+    assert st["log_end"] > end_before
+    assert st["acks_blocked"]
+    old.pause()
+    for m in others:
+        m.start()
+    new = group.wait_primary(among=others, timeout=30)
+    assert new.status()["epoch"] > st["epoch"]
+    old.resume()
+    # fenced: every pending write of the old primary fails (not_primary), none is acknowledged
+    for _i, _s, f in pending:
+        exc = f.exception(30)
+        assert exc is not None and ("not_primary" in str(exc) or "lost" in str(exc).lower()), exc
+    # it rejoins as a replica with its tail cut, then catches up and is in sync
+    group.wait_status(old, lambda s: s["role"] == "replica" and old.node in s["in_sync"], timeout=60)
+    log_text = old.log_text()
+    assert "event=ha_cut_requested" in log_text and "event=ha_log_truncated" in log_text
+    # the producer re-sends the refused batches with their sequence: stored once, on the new primary
+    retry = connect(group.peers, timeout=30.0)
+    rp = retry.producer("p2")
+    from lmqtt.store.client.producer import _pack_one
+    for i, seq, _f in pending:
+        rp.send_packed(1, _pack_one(TOPIC, body("p2", i, 64)), seq=seq)
+        ck.acked("p2", i)
+    rp.send_packed(1, _pack_one(TOPIC, body("p2", 300, 64)), seq=pending[0][1])   # a second retry: a duplicate
+    records = read_all(connect(new.address), TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [], row
+    assert row["lost"] == 0 and row["duplicated"] == 0 and row["acked"] == 400, row
+    # the old primary's copy ends up byte-identical in what it serves: same records in the same order
+    group.wait_status(old, lambda s: s["log_end"] == new.status()["log_end"], timeout=30)
+    conn.close()
+    retry.close()

@@ -1,0 +1,34 @@
+"""The group state Raft decides (store/ha/state.py), on a real one-member pysyncobj group: only an
+in-sync member may become primary, every election moves the epoch, stale requests are refused."""
+from __future__ import annotations
+
+import time
+
+from pysyncobj import SyncObj, SyncObjConf
+
+from lmqtt.store.ha.state import GroupState
+from tests.support import free_port
+
+
+def test_elections_and_in_sync_changes_are_fenced_by_epoch():
+    st = GroupState()
+    raft = SyncObj(f"127.0.0.1:{free_port()}", [], conf=SyncObjConf(autoTick=True), consumers=[st])
+    try:
+        deadline = time.monotonic() + 10
+        while not raft.isReady() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        call = lambda fn, *a: fn(*a, sync=True, timeout=5)    # noqa: E731
+        assert call(st.elect, 0, 1) == 1                    # first election: anyone
+        assert (st.epoch, st.primary, st.in_sync) == (1, 1, frozenset({1}))
+        assert call(st.change_in_sync, 1, 1, (2, 3), ()) == (1, 2, 3)
+        assert call(st.change_in_sync, 1, 2, (), (1,)) is None      # only the primary changes it
+        assert call(st.change_in_sync, 0, 1, (), (2,)) is None      # a stale epoch changes nothing
+        assert call(st.change_in_sync, 1, 1, (), (3,)) == (1, 2)
+        assert call(st.elect, 1, 3) is None                 # 3 is not in sync: never primary
+        assert call(st.elect, 0, 2) is None                 # decided on a stale epoch
+        assert call(st.elect, 1, 2) == 2
+        # the old primary left the in-sync set: it must catch up before it counts again
+        assert (st.epoch, st.primary, st.in_sync) == (2, 2, frozenset({2}))
+        assert call(st.heartbeat, 1, 1, 100) == (2, 2, (2,))  # what a deposed primary hears back
+    finally:
+        raft.destroy()
