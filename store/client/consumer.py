@@ -119,6 +119,11 @@ def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
         raise W.ProtocolError(W.E_BAD_FRAME, f"raw MESSAGES body malformed: {e}") from None
 
 
+def decode_reply(ident: str | None, body: bytes, flags: int = 0) -> tuple[dict, list[Record]]:
+    """(header, Records) of a MESSAGES body in either layout (`flags`: the frame's, F_RAW = raw)."""
+    return (_records_raw if flags & W.F_RAW else decode_messages)(ident, body)
+
+
 def _pull_result(ident, body: bytes, flags: int = 0) -> PullResult:
     header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(ident, body)
     return PullResult(recs, header.get("next_offset", 0), header)

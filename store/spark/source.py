@@ -124,9 +124,9 @@ class _Queues:
         from lmqtt.store.client.consumer import decode_messages
         n = max(1, min(max_count, end - start))
         if self.filter and not key.startswith("lq:"):
-            from lmqtt.store.client.consumer import _records_raw
+            from lmqtt.store.client.consumer import decode_reply
             _op, flags, body = self.conn.call(W.OP_CALL, self._range_args(key, start, end, n), retry=True)
-            _h, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+            _h, recs = decode_reply(self.conn.ident, body, flags)
         elif key.startswith("lq:"):
             _op, _f, body = self.conn.call(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20),
                                            retry=True)

@@ -98,3 +98,27 @@ def test_read_from_is_every_matching_record_once_in_log_order(store, flt):
             break
         pos = nxt
     assert [(r.offset, r.topic) for r in got] == [(m.phys_offset, m.topic) for m in want]
+
+
+@pytest.mark.parametrize("flt", ["p/+/t", "#", "p/a/t"])
+def test_records_the_raw_scan_cannot_reach_come_through_the_store_reads(store, flt, monkeypatch):
+    """A record whose segment is not mapped here (another layer serves it) stops the raw scan;
+    the read goes on through the store's decoding reads with the same records and positions."""
+    def every(read):
+        out, pos = [], store.min_offset
+        for _ in range(10_000):
+            g, nxt, _h = read(pos)
+            out.append((g.count, nxt))
+            if nxt == pos:
+                return out
+            pos = nxt
+        return out
+    raw_ranges = every(lambda pos: H.read_from(store, None, flt, pos, max_count=11))
+    raw_range = H.read_range(store, flt, flt.split("/")[0] if flt[0] not in "+#" else "p", 0, 0, 10_000)
+    monkeypatch.setattr(H, "_segs", lambda st: ([], 1 << 16))
+    got = H.read_from(store, None, flt, store.min_offset, max_count=11)[0]
+    assert got.msgs is not None and not got.chunks
+    assert every(lambda pos: H.read_from(store, None, flt, pos, max_count=11)) == raw_ranges
+    dec_range = H.read_range(store, flt, flt.split("/")[0] if flt[0] not in "+#" else "p", 0, 0, 10_000)
+    assert dec_range[0].msgs is not None
+    assert (dec_range[0].count, dec_range[1]) == (raw_range[0].count, raw_range[1])
