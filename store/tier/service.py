@@ -198,7 +198,9 @@ class TierService:
         self._wake.set()
         t = self._thread
         if t is not None:
-            t.join(self.cfg.timeout_s * 3)
+            # an upload in flight finishes or times out; a shutdown does not wait for an outage
+            # (what is not in a committed manifest stays local and is uploaded at the next start)
+            t.join(min(self.cfg.timeout_s, 10.0))
 
     def wake(self) -> None:
         self._wake.set()
@@ -446,41 +448,49 @@ class TierService:
                 return b
             flock = self._fetching.setdefault(start, threading.Lock())
         with flock:
-            with self._lock:
-                b = self.cache.get(start)
-                if b is not None:
-                    self.cache_hits += 1
-                    return b
-                self.cache_misses += 1
-            t0 = time.monotonic()
-            where = self.objects.where(s["key"])
             try:
-                blob = self.objects.get(s["key"])
-            except FileNotFoundError:
-                raise TierReadError(f"tier object {where} (CommitLog [{start}, {s['end']})) is missing") from None
-            except TierUnavailable as e:
-                raise TierReadError(f"{e} (reading CommitLog [{start}, {s['end']}); nothing skipped, retry "
-                                    f"later)") from None
-            digest = hashlib.sha256(blob).hexdigest()
-            if digest != s["sha256"]:
-                self._corrupt(where, f"sha256 {digest} is not the manifest's {s['sha256']}")
-            try:
-                b = codecs.decompress(s["codec"], blob, s["raw"])
-            except Exception as e:  # noqa: BLE001 - the checksum matched: a codec problem
-                self._corrupt(where, f"cannot decompress ({s['codec']}): {e}")
-            if len(b) != s["raw"]:
-                self._corrupt(where, f"decompressed to {len(b)} bytes, the manifest says {s['raw']}")
-            self.fetch_seconds += time.monotonic() - t0
-            with self._lock:
-                if s is not self._find_locked(start):
-                    return b          # dropped by retention meanwhile: serve this read, cache nothing
-                self.cache[start] = b
-                self.cache_bytes += len(b)
-                while self.cache_bytes > self.cfg.cache_bytes and len(self.cache) > 1:
-                    _, old = self.cache.popitem(last=False)
-                    self.cache_bytes -= len(old)
-                self._fetching.pop(start, None)
-            return b
+                return self._fetch(s)
+            finally:
+                with self._lock:
+                    self._fetching.pop(start, None)
+
+    def _fetch(self, s: dict) -> bytes:
+        start = s["start"]
+        with self._lock:
+            b = self.cache.get(start)
+            if b is not None:
+                self.cache_hits += 1
+                return b
+            self.cache_misses += 1
+        t0 = time.monotonic()
+        where = self.objects.where(s["key"])
+        try:
+            blob = self.objects.get(s["key"])
+        except FileNotFoundError:
+            raise TierReadError(f"tier object {where} (CommitLog [{start}, {s['end']})) is missing") from None
+        except TierUnavailable as e:
+            raise TierReadError(f"{e} (reading CommitLog [{start}, {s['end']}); nothing skipped, retry "
+                                f"later)") from None
+        digest = hashlib.sha256(blob).hexdigest()
+        if digest != s["sha256"]:
+            self._corrupt(where, f"sha256 {digest} is not the manifest's {s['sha256']}")
+        try:
+            b = codecs.decompress(s["codec"], blob, s["raw"])
+        except Exception as e:  # noqa: BLE001 - the checksum matched: a codec problem
+            self._corrupt(where, f"cannot decompress ({s['codec']}): {e}")
+        if len(b) != s["raw"]:
+            self._corrupt(where, f"decompressed to {len(b)} bytes, the manifest says {s['raw']}")
+        self.fetch_seconds += time.monotonic() - t0
+        with self._lock:
+            cur = self._find_locked(start)
+            if cur is None or cur["sha256"] != s["sha256"]:
+                return b          # dropped by retention meanwhile: serve this read, cache nothing
+            self.cache[start] = b
+            self.cache_bytes += len(b)
+            while self.cache_bytes > self.cfg.cache_bytes and len(self.cache) > 1:
+                _, old = self.cache.popitem(last=False)
+                self.cache_bytes -= len(old)
+        return b
 
     def _find_locked(self, start: int):
         i = bisect.bisect_left(self._starts, start)

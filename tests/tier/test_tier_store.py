@@ -296,3 +296,33 @@ def test_a_tier_of_another_store_is_refused(tmp_path):
         assert len(st.clog.mfq.files) > 1                     # nothing deleted locally
     finally:
         st.shutdown()
+
+
+def test_the_read_cache_stays_within_its_bound(tmp_path):
+    url = f"file://{tmp_path / 'tier'}"
+    st = _store(tmp_path / "data", url, None, cache_bytes=2 * SEG)
+    try:
+        msgs, rs = _append(st, 3000)
+        s = _offloaded(st)
+        assert s["tier_segments"] > 4
+        for _ in range(2):
+            got = st.read_many([(r.phys_offset, r.size) for r in rs])
+            assert [bytes(g.body) for g in got] == [m.body for m in msgs]
+            assert st.tier.cache_bytes <= 2 * SEG and len(st.tier.cache) <= 2
+        s = st.tier_stats()
+        assert s["cache_misses"] == 2 * s["tier_segments"] and s["cache_bytes"] <= 2 * SEG
+    finally:
+        st.shutdown()
+
+
+def test_a_missing_bucket_is_one_clear_error_and_nothing_local_goes(moto_s3, tmp_path):
+    st = _store(tmp_path / "data", "s3://no-such-bucket-here/x", moto_s3.endpoint)
+    try:
+        msgs, rs = _append(st, 1000)
+        err = _wait(lambda: st.tier_stats()["error"], 20, "the error")
+        assert "the bucket 'no-such-bucket-here' does not exist" in err
+        st.delete_expired_segments()
+        assert len(st.clog.mfq.files) > 5 and st.tier_stats()["uploading_segments"] == len(st.clog.mfq.files) - 1
+        _same(st.read(rs[0].phys_offset), msgs[0])
+    finally:
+        st.shutdown()
