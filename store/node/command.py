@@ -87,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.0005)
     loop_name = install_event_loop()
     try:
-        return asyncio.run(_serve(cfg, loop_name))
+        rc = asyncio.run(_serve(cfg, loop_name))
     except KeyboardInterrupt:  # pragma: no cover
         return 0
     finally:
         os.close(lock)
+    if rc == "restart":     # a group member cut its log back to the primary's (store/node/ha_member.py)
+        from lmqtt.store.node.ha_member import restart_in_place
+        restart_in_place("lmqtt.gateway.cli", ["store", *(sys.argv[2:] if argv is None else argv)])
+    return rc
 
 
 async def _serve(cfg: NodeConfig, loop_name: str) -> int:
@@ -103,6 +107,12 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     from lmqtt.store.server import StoreServer
 
     host, port, data = cfg.host, int(cfg.port), cfg.data_dir
+    member = cut_reason = None
+    restart: list = []
+    if cfg.group:           # a replicated store group member (docs/ha.md)
+        from lmqtt.store.node import ha_member
+        host, port = ha_member.member_address(cfg)
+        cut_reason = ha_member.before_open(cfg, data)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,6 +125,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg.flush_mode,
                                          segment_size=int(cfg.segment_mb) << 20,
                                          dispatch_inline=bool(cfg.dispatch_inline)))
+        store.cut_reason = cut_reason
         if cfg.tier:       # tiered storage (store/tier; checked by NodeConfig.validate)
             from lmqtt.store.tier.config import TierConfig
             store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
@@ -131,8 +142,12 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         gws = gateway_service.install(srv, lq, loop, float(cfg.notify_window_ms) / 1000.0, publisher,
                                       will_grace_s=cfg.will_grace_s, retained_props=retained_props,
                                       session_sweep_s=cfg.session_sweep_s)
+        if cfg.group:
+            member = ha_member.attach(cfg, store, srv, lq, lambda: (restart.append(1), loop.call_soon_threadsafe(stop.set)))
         await srv.start()
     except OSError as e:
+        if member is not None:
+            member.stop()
         if e.filename:
             print(f"lmqtt store: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
         else:
@@ -142,6 +157,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     except Exception as e:  # noqa: BLE001 - named, logged, clean exit
         print(f"lmqtt store: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         log.exception("event=startup_failed")
+        if member is not None:
+            member.stop()
         _close(store, lq)
         return 1
     h, p = srv.address
@@ -157,6 +174,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
+          f"{f'  group:      {cfg.group!r} node {cfg.node_id} of {cfg.peers} (raft +1, replication +2)' + chr(10) if cfg.group else ''}"
           f"  notify:     EVENT frames to watching gateways"
           f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}\n"
           f"  auth:       {'token required' if cfg.token else 'none (loopback only)'}\n"
@@ -169,7 +187,12 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         http.server_close()
     await srv.stop()
     gws.close()
+    if member is not None:
+        member.stop()
     _close(store, lq)
+    if restart:
+        print("lmqtt store: restarting to cut the log back to the group primary's", file=sys.stderr, flush=True)
+        return "restart"
     print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
     return 0
 

@@ -192,6 +192,15 @@ class NodeConfig:
     local_retention: str | None = setting(None, "with --tier: kept on the local disk once in the tier: a time "
                                                 "(24h), a size (20GB) or both (24h,20GB) (default 24h)")
     tier_retention: str | None = setting(None, "with --tier: kept in the tier: 60d, 1TB, forever (default 60d)")
+    # a replicated store group (store/ha, store/node/ha_member.py, docs/ha.md)
+    group: str | None = setting(None, "run as a member of this replicated store group (with --node-id, --peers)")
+    node_id: int = setting(0, "this member's position in --peers (1-based)", low=0, high=255)
+    peers: str | None = setting(None, "every group member's HOST:PORT, the same list on every member; a member "
+                                      "also uses PORT+1 (Raft) and PORT+2 (replication)")
+    ack_replicas: int | None = setting(None, "replicas that must have a record before it is acknowledged "
+                                             "(default: a majority of the group counting the primary)")
+    election_timeout_s: float = setting(2.5, "a group's primary silent this long is replaced (default 2.5)",
+                                        low=0.5, high=60.0, unit="seconds")
     tier_cache_mb: int = setting(256, "with --tier: memory for segments read back from the tier (default 256)",
                                  low=1, unit="MiB")
 
@@ -308,4 +317,8 @@ class NodeConfig:
             given = [n for n in ("tier_endpoint", "local_retention", "tier_retention") if getattr(self, n)]
             if given:
                 raise ConfigError(f"{given[0]} is set but tier is not (tiered storage: --tier URL)")
+        from lmqtt.store.ha.peers import group_problem
+        problem = group_problem(self)
+        if problem:
+            raise ConfigError(problem)
         return self

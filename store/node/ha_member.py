@@ -24,28 +24,49 @@ import os
 import signal
 import sys
 
+from lmqtt.store.ha.peers import group_problem, parse_peers  # noqa: F401  (group_problem: NodeConfig's)
+
 log = logging.getLogger("lmqtt.store.ha")
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
 
 
-def parse_peers(text: str) -> list[tuple[str, int]]:
-    from lmqtt.store.client.connection import parse_address
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, port = parse_address(part, 0)
-        if not port or not 0 < port < 65533:
-            raise ValueError(f"--peers entry {part!r} needs HOST:PORT with PORT 1..65532 (PORT+1 and PORT+2 are "
-                             "the member's Raft and replication ports)")
-        out.append((host, port))
-    if not out:
-        raise ValueError("--peers is empty: list every member's HOST:PORT, this one included")
-    if len(set(out)) != len(out):
-        raise ValueError(f"--peers lists a member twice: {text}")
-    return out
+# ------------------------------------------------------------------ `lmqtt store --group` (command.py)
+def member_address(cfg) -> tuple[str, int]:
+    """Where a group member listens: --host (when given) and its --peers entry's port."""
+    host, port = parse_peers(cfg.peers)[int(cfg.node_id) - 1]
+    return (cfg.host if cfg.host not in ("127.0.0.1",) else host), port
+
+
+def before_open(cfg, data_dir: str) -> str | None:
+    """Before the store opens: apply a cut this member asked for (rejoining as a replica). Returns
+    the reason to give the store's recovery (MessageStore.cut_reason), or None."""
+    from lmqtt.store.ha.truncate import apply_pending_cut
+    cut = apply_pending_cut(os.path.join(data_dir, "ha"), os.path.join(data_dir, "store"))
+    if cut is None:
+        return None
+    return f"store group {cfg.group!r}: rejoining as a replica, the tail after {cut[0]} was never acknowledged"
+
+
+def attach(cfg, store, srv, lq, on_restart):
+    """Make the started store and its server (not listening yet) a group member. Returns the Member."""
+    from lmqtt.store.ha.member import Member
+    member = Member(group=cfg.group, node=int(cfg.node_id), peers=parse_peers(cfg.peers), store=store,
+                    ha_dir=os.path.join(cfg.data_dir, "ha"), ack_replicas=cfg.ack_replicas,
+                    dead_after_s=float(cfg.election_timeout_s), on_restart=on_restart,
+                    listen_host=None if cfg.host in ("127.0.0.1",) else cfg.host)
+    member.attach_meta(srv.meta)
+    member.attach_server(srv)
+    member.on_promoted.append(lambda: _register_filters(srv, lq))
+    return member
+
+
+def restart_in_place(module: str, args: list[str]) -> None:
+    """After a cut was asked for: the same command again in this process (same pid), which applies
+    the cut before its store opens."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.close(lock)
     if rc == "restart":
-        logging.shutdown()
-        sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "lmqtt.store.node.ha_member", *argv])
+        restart_in_place("lmqtt.store.node.ha_member", argv)
     return rc
 
 

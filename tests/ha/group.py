@@ -36,7 +36,7 @@ class Member:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "Member":
-        cmd = [sys.executable, "-m", "lmqtt.store.node.ha_member", "--group", self.group.name, "--node-id",
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", self.group.name, "--node-id",
                str(self.node), "--peers", self.group.peers, "--data-dir", self.data_dir, "--segment-mb", "8",
                "--election-timeout-s", str(self.group.election_timeout), *self.group.extra]
         self._log = open(self.log_path, "ab")
