@@ -357,7 +357,10 @@ class Broker:
         if will is not None:
             registry.store_will(cid, will, v)
         if s.persistent:
-            self._save_session(s)
+            # its QoS 2 exchanges go out again below (PUBLISH with DUP, PUBREL) in the state held
+            # here, which may be newer than its record (a PUBREC taken whose write then failed): they
+            # leave only once this write is done, and a write that fails drops the connection
+            self._save_session(s, qos2_resumed=present and any(inf.qos == 2 for inf in s.outbound.values()))
         elif was_persistent:
             self.persist.delete_session(cid)
 
@@ -639,10 +642,27 @@ class Broker:
         pending.add_done_callback(failed)      # before wait_for_store's: runs first
         conn.wait_for_store(pending)
 
-    def _save_session(self, s: Session) -> None:
+    def _save_session(self, s: Session, qos2_resumed: bool = False) -> None:
         """Save the record; on a remote store the answer being written next (CONNACK, SUBACK,
         UNSUBACK) and what follows it wait for the store's acknowledgement, as they would have
-        after a blocking write, without stopping the other connections meanwhile."""
+        after a blocking write, without stopping the other connections meanwhile.
+        `qos2_resumed`: a CONNECT resuming QoS 2 exchanges: a failed write drops the connection
+        before anything leaves (a PUBREL sent from a state never written would let a crash send
+        that message again as PUBLISH: delivered twice)."""
         pending = self.persist.save_session(s)
-        if pending is not None and s.conn is not None:
-            s.conn.wait_for_store(pending)
+        conn = s.conn
+        if conn is None:
+            return
+        if pending is None:
+            if qos2_resumed and conn.transport is not None:
+                conn.transport.abort()
+            return
+        if qos2_resumed:
+            def failed(a) -> None:
+                if a.exception() is not None and conn.transport is not None:
+                    log.warning("event=qos2_resume_write_failed client_id=%s error=%r (connection dropped: "
+                                "its QoS 2 exchanges are resumed once its session record is written)",
+                                s.client_id, a.exception())
+                    conn.transport.abort()
+            pending.add_done_callback(failed)   # before wait_for_store's (runs at once if done)
+        conn.wait_for_store(pending)
