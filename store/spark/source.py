@@ -156,6 +156,27 @@ class _Queues:
         # F_RAW_OK: the store may answer with its CommitLog records as stored (no re-encoding)
         return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20), W.F_RAW_OK)
 
+    def entries_per_partition(self, key: str, start: int, end: int, rows: int) -> int:
+        """Queue entries per partition for about `rows` rows each. A `filter` read returns only the
+        matching entries of its ConsumeQueues: the share that matches is sampled (one range read
+        of up to 65,536 entries in the middle of [start, end)) and the partitions are widened by its
+        inverse (at most 100x), so a filter matching 1 message in 10 gets partitions of 10x the
+        entries, not ten times as many partitions of a tenth of the rows."""
+        if not self.filter or key.startswith("lq:") or end - start <= rows:
+            return rows
+        from lmqtt.store import protocol as W
+        from lmqtt.store.client.connection import check_reply
+
+        from .columns import split_body
+        mid = start + (end - start) // 2
+        n = min(65536, end - mid)
+        _op, _flags, body = check_reply(self.conn.request(W.OP_CALL, self._range_args(key, mid, mid + n, n))
+                                        .result(self.conn.timeout))
+        header, _pos, count = split_body(body)
+        scanned = max(1, int(header.get("next_offset", mid + n)) - mid)
+        share = max(count / scanned, 0.01)
+        return max(rows, int(rows / share))
+
     def iter_batches(self, key: str, start: int, end: int):
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
         ahead of the one being converted (the store reads while this process builds columns)."""
@@ -238,7 +259,7 @@ class LmqttReader(DataSourceReader):
                 lo, hi = q.bounds(key)
                 s = lo if t0 is None else q.offset_for_time(key, t0)
                 e = hi if t1 is None else q.offset_for_time(key, t1)
-                parts += _split_ranges(key, s, e, self.per)
+                parts += _split_ranges(key, s, e, q.entries_per_partition(key, s, e, self.per))
         finally:
             q.conn.close()
         return parts or [RangePartition("", 0, 0)]
