@@ -279,6 +279,8 @@ def _decoded_queue(store, fl: str, qid: int, q0: int, q_end: int, flt: str, tag:
     msgs = store.read_many([(p, s) for _q, p, s in todo]) if todo else []
     for (qoff, phys, size), m in zip(todo, msgs):
         if isinstance(m, Exception):
+            if type(m).__name__ == "TierReadError":    # store/tier unreachable: fail, skip nothing
+                raise m
             if not type(m).__name__ == "NotVisible":
                 bad += 1
             continue

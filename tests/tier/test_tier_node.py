@@ -187,3 +187,55 @@ def test_tier_flags_are_checked_before_the_store_starts(tmp_path):
         r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", "0", "--data-dir",
                             str(tmp_path / "d"), *args], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_tier_away_the_node_serves_keeps_its_files_and_readers_skip_nothing(moto_s3, s3_proxy, tmp_path):
+    """The tier unreachable for a while: appends and local reads go on, sealed segments stay on the
+    disk, a read of the offloaded range fails (SDK pull, a filter's history) instead of skipping
+    those messages; when the tier is back the uploads catch up and every reader gets everything."""
+    from lmqtt.store.client import StoreClientError
+    bucket = moto_s3.new_bucket()
+    (tmp_path / "data").mkdir()
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"s3://{bucket}/n",
+                                                "--tier-endpoint", s3_proxy.endpoint, "--local-retention", "0"))
+    store.start()
+    try:
+        sent = _produce(store, 2000)
+        s = _offloaded(store, 3)
+        s3_proxy.down()
+        more = _produce(store, 2000, "dev/{}/t")                 # the node keeps taking messages
+        _wait(lambda: _tier(store)["error"], 60, "the uploader to notice")
+        t = _tier(store)
+        assert t["uploading_segments"] >= 3 and t["local_segments"] == t["uploading_segments"] + 1
+        assert not t["reachable"] and "failed" in t["error"]
+        c = connect(store.address)
+        try:
+            with pytest.raises(StoreClientError, match="tier"):
+                c.pull("dev", 0, 0, 256)
+            fc = c.filter_consumer("dev/+/t", start="earliest")
+            with pytest.raises(StoreClientError, match="tier"):
+                fc.poll()
+            # local data is served meanwhile
+            r = c.pull("dev", 0, len(sent), 256)
+            assert [(x.topic, bytes(x.body)) for x in r.records] == more[:len(r.records)] and r.records
+        finally:
+            c.close()
+        s3_proxy.up()
+        s = _offloaded(store, 6)
+        assert s["reachable"] and s["error"] is None
+        got = _pull_all(store, "dev", len(sent) + len(more))
+        assert [(x.topic, bytes(x.body)) for x in got] == sent + more
+        c = connect(store.address)
+        try:
+            fc, hist = c.filter_consumer("dev/+/t", start="earliest"), []
+            for _ in range(400):
+                hist += fc.poll()
+                if len(hist) >= len(sent) + len(more):
+                    break
+            assert [(x.topic, bytes(x.body)) for x in hist] == sent + more
+        finally:
+            c.close()
+    finally:
+        if s3_proxy._srv is None:
+            s3_proxy.up()
+        store.stop()
