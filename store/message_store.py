@@ -139,6 +139,8 @@ class MessageStore:
             raise StoreClosed("a shut-down MessageStore cannot be restarted; create a new one")
         t0 = time.monotonic()
         self.clog.mfq.load()
+        if self.tier is not None:
+            self.tier.load()      # offloaded ranges are readable (min_offset) before anyone asks
         self.consume_queues.load()
         self.index.load()
         self.recoveries.load()

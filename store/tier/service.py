@@ -186,10 +186,18 @@ class TierService:
         self.synced = True
 
     # ------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        """Called by MessageStore.start() before recovery and the dispatchers' checks: the local
+        manifest copy tells which offloaded ranges exist (the store's min_offset) before the tier
+        answers. A copy that does not fit this store is reported and ignored (the tier's manifest
+        decides when the tier answers)."""
+        try:
+            self._load_local()
+        except TierMismatch as e:
+            log.error("tier: %s; ignored", e)
+
     def start(self) -> None:
-        """Called by MessageStore.start() after recovery: the local manifest copy tells which
-        offloaded ranges exist before the tier answers; the uploader thread does the rest."""
-        self._load_local()
+        """Called by MessageStore.start() after recovery: the uploader thread does the rest."""
         self._thread = threading.Thread(target=self._run, name="lmqtt-tier", daemon=True)
         self._thread.start()
 

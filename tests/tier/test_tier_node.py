@@ -239,3 +239,36 @@ def test_the_tier_away_the_node_serves_keeps_its_files_and_readers_skip_nothing(
         if s3_proxy._srv is None:
             s3_proxy.up()
         store.stop()
+
+
+def test_after_a_restart_offloaded_history_is_still_every_reader_s(tmp_path):
+    """A store restarted with its history in the tier: the light queues, the session backlog, an
+    SDK pull and a filter's history still reach the offloaded range (the tier's range is known
+    before the queues check themselves against the log start)."""
+    (tmp_path / "data").mkdir()
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tmp_path / 'tier'}",
+                                                "--local-retention", "0"))
+    store.start()
+    gw = None
+    try:
+        gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+        sub = Paho(gw, client_id="tier-restart", clean=False)
+        assert sub.subscribe("dev/+/t", qos=1) == [1]
+        sub.disconnect()
+        gw.stop()
+        sent = _produce(store, 2000)
+        _offloaded(store, 3)
+        store.stop()
+        store.start()
+        got = _pull_all(store, "dev", len(sent))
+        assert [(r.topic, bytes(r.body)) for r in got] == sent
+        gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+        sub = Paho(gw, client_id="tier-restart", clean=False)
+        assert sub.session_present
+        msgs = sub.get_n(len(sent), timeout=60)
+        assert [(m.topic, bytes(m.payload)) for m in msgs] == sent
+        sub.disconnect()
+    finally:
+        if gw is not None:
+            gw.stop()
+        store.stop()
