@@ -119,6 +119,9 @@ class Member:
         self.server = server
         server.serve_delayed = False
         server.register_call("ha_status", lambda _a: self.status())
+        stats = server.calls.get("stats")
+        if stats is not None:       # `lmqtt admin` shows the group beside the store's counters
+            server.register_call("stats", lambda a: {**stats(a), "ha": self.brief()})
         self._update_server()
 
     def attach_meta(self, meta) -> None:
@@ -182,6 +185,13 @@ class Member:
                 "replicas": reps, "following": self.address_of(self.following) if self.following else None,
                 "follow_error": (self.follower.error or None) if self.follower is not None else None,
                 "elections_won": self.elections_won}
+
+    def brief(self) -> dict:
+        """The group as `stats` (and so `lmqtt admin`) shows it."""
+        st = self.status()
+        return {k: st[k] for k in ("group", "node", "role", "epoch", "primary_address", "in_sync", "ack_replicas",
+                                   "acks_blocked")} | {"replica_lag_bytes": {r["node"]: r["lag_bytes"]
+                                                                              for r in st["replicas"]}}
 
     def _update_server(self) -> None:
         srv = self.server

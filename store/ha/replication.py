@@ -374,7 +374,10 @@ class AckGate:
                 self.taken = clog.committed
                 self.waiting.append((self.taken, fut))
         for n in self.want_add():
-            if n not in self.adding and self.replica_offset(n) >= self.acked:
+            # it must have everything acknowledged so far (safety) and what the oldest waiting
+            # round needs (else a stalled replica that holds back the acks would look caught up)
+            need = self.waiting[0][0] if self.waiting else self.taken
+            if n not in self.adding and self.replica_offset(n) >= max(self.acked, need):
                 self.adding.add(n)       # from now on acknowledgements wait for it too
                 if self.on_add is not None:
                     self.on_add(n)

@@ -166,7 +166,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     metrics_url = "off (the `stats` command answers over the protocol)"
     if int(cfg.metrics_port or 0):
         try:
-            http = _start_http(cfg.metrics_host or host, int(cfg.metrics_port), srv, gws)
+            http = _start_http(cfg.metrics_host or host, int(cfg.metrics_port), srv, gws, member)
             metrics_url = "http://{}:{}/metrics (/healthz, /readyz)".format(*http.server_address[:2])
         except OSError as e:
             log.error("event=metrics_listen_failed port=%s error=%s", cfg.metrics_port, e)
@@ -197,7 +197,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     return 0
 
 
-def _start_http(host: str, port: int, srv, gws):
+def _start_http(host: str, port: int, srv, gws, member=None):
     """/metrics (Prometheus text: connections, frames, errors, events pushed, store offsets),
     /healthz and /readyz (the store listens) on a daemon thread."""
     import threading
@@ -240,6 +240,9 @@ def _start_http(host: str, port: int, srv, gws):
         out = []
         for name, kind, help_, v in rows:
             out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")
+        if member is not None:      # a store group member: role, epoch, in-sync set, replica lag
+            from lmqtt.store.node.ha_member import metrics_text
+            out.append(metrics_text(member))
         return "".join(out).encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -247,6 +250,10 @@ def _start_http(host: str, port: int, srv, gws):
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 body, code = metrics(), 200
+            elif path == "/readyz" and member is not None:    # a group member: primary or in sync
+                from lmqtt.store.node.ha_member import ready
+                ok, why = ready(member)
+                body, code = (why + "\n").encode(), 200 if ok else 503
             elif path in ("/healthz", "/readyz"):
                 body, code = b"ok\n", 200
             else:

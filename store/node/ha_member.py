@@ -217,44 +217,51 @@ def _register_filters(srv, lq) -> None:
             lq.register_filter(flt)
 
 
+def metrics_text(member) -> str:
+    """The group rows of /metrics (Prometheus text), for `lmqtt store --group` and this module."""
+    st = member.status()
+    roles = ("primary", "replica", "electing", "starting", "deposed")
+    rows = [("lmqtt_ha_epoch", "gauge", "Epoch (term) of the group's primary", st["epoch"]),
+            ("lmqtt_ha_in_sync_members", "gauge", "Members in the in-sync set (primary included)", len(st["in_sync"])),
+            ("lmqtt_ha_ack_replicas", "gauge", "Replicas that must have a record before it is acknowledged",
+             st["ack_replicas"]),
+            ("lmqtt_ha_log_end_bytes", "gauge", "This member's CommitLog end", st["log_end"]),
+            ("lmqtt_ha_elections_won_total", "counter", "Times this member became primary", st["elections_won"]),
+            ("lmqtt_ha_acks_blocked", "gauge", "1 when this primary acknowledges nothing now (and why: ha_status)",
+             1 if st["acks_blocked"] else 0)]
+    out = [f"# HELP {n} {h}\n# TYPE {n} {k}\n{n} {v}\n" for n, k, h, v in rows]
+    out.append("# HELP lmqtt_ha_role This member's role\n# TYPE lmqtt_ha_role gauge\n")
+    out += [f'lmqtt_ha_role{{role="{r}"}} {1 if st["role"] == r else 0}\n' for r in roles]
+    out.append("# HELP lmqtt_ha_in_sync 1 per member in the in-sync set\n# TYPE lmqtt_ha_in_sync gauge\n")
+    out += [f'lmqtt_ha_in_sync{{node="{n}"}} {1 if n in st["in_sync"] else 0}\n' for n in range(1, member.size + 1)]
+    out.append("# HELP lmqtt_ha_replica_lag_bytes Bytes a replica has not acknowledged (on the primary)\n"
+               "# TYPE lmqtt_ha_replica_lag_bytes gauge\n")
+    out += [f'lmqtt_ha_replica_lag_bytes{{node="{r["node"]}"}} {r["lag_bytes"]}\n' for r in st["replicas"]]
+    return "".join(out)
+
+
+def ready(member) -> tuple[bool, str]:
+    """/readyz of a member: the primary, or a replica in the in-sync set."""
+    st = member.status()
+    if st["role"] == "primary" or (st["role"] == "replica" and member.node in st["in_sync"]):
+        return True, "ok"
+    return False, f"not ready: {st['role']}, not in the in-sync set {st['in_sync']}"
+
+
 def _start_http(host: str, port: int, member):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    def metrics() -> bytes:
-        st = member.status()
-        roles = ("primary", "replica", "electing", "starting", "deposed")
-        rows = [("lmqtt_ha_epoch", "gauge", "Epoch (term) of the group's primary", st["epoch"]),
-                ("lmqtt_ha_in_sync_members", "gauge", "Members in the in-sync set (primary included)",
-                 len(st["in_sync"])),
-                ("lmqtt_ha_ack_replicas", "gauge", "Replicas that must have a record before it is acknowledged",
-                 st["ack_replicas"]),
-                ("lmqtt_ha_log_end_bytes", "gauge", "This member's CommitLog end", st["log_end"]),
-                ("lmqtt_ha_elections_won_total", "counter", "Times this member became primary", st["elections_won"]),
-                ("lmqtt_ha_acks_blocked", "gauge", "1 when the primary acknowledges nothing now",
-                 1 if st["acks_blocked"] else 0)]
-        out = [f"# HELP {n} {h}\n# TYPE {n} {k}\n{n} {v}\n" for n, k, h, v in rows]
-        out.append("# HELP lmqtt_ha_role This member's role\n# TYPE lmqtt_ha_role gauge\n")
-        out += [f'lmqtt_ha_role{{role="{r}"}} {1 if st["role"] == r else 0}\n' for r in roles]
-        out.append("# HELP lmqtt_ha_in_sync 1 per member in the in-sync set\n# TYPE lmqtt_ha_in_sync gauge\n")
-        out += [f'lmqtt_ha_in_sync{{node="{n}"}} {1 if n in st["in_sync"] else 0}\n'
-                for n in range(1, member.size + 1)]
-        out.append("# HELP lmqtt_ha_replica_lag_bytes Bytes a replica lacks (on the primary)\n"
-                   "# TYPE lmqtt_ha_replica_lag_bytes gauge\n")
-        out += [f'lmqtt_ha_replica_lag_bytes{{node="{r["node"]}"}} {r["lag_bytes"]}\n' for r in st["replicas"]]
-        return "".join(out).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                body, code = metrics(), 200
+                body, code = metrics_text(member).encode(), 200
             elif path == "/healthz":
                 body, code = b"ok\n", 200
             elif path == "/readyz":
-                st = member.status()
-                ok = st["role"] == "primary" or (st["role"] == "replica" and member.node in st["in_sync"])
-                body, code = (b"ok\n", 200) if ok else (f"not ready: {st['role']}, not in sync\n".encode(), 503)
+                ok, why = ready(member)
+                body, code = (why + "\n").encode(), 200 if ok else 503
             else:
                 body, code = b"not found\n", 404
             self.send_response(code)

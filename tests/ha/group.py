@@ -30,6 +30,12 @@ class Member:
         self.data_dir = os.path.join(group.root, f"m{node}")
         self.log_path = os.path.join(group.root, f"m{node}.log")
         self.proc: subprocess.Popen | None = None
+        from tests.support import free_port
+        self.metrics_port = free_port()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     @property
     def address(self) -> str:
@@ -38,7 +44,8 @@ class Member:
     def start(self) -> "Member":
         cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", self.group.name, "--node-id",
                str(self.node), "--peers", self.group.peers, "--data-dir", self.data_dir, "--segment-mb", "8",
-               "--election-timeout-s", str(self.group.election_timeout), *self.group.extra]
+               "--election-timeout-s", str(self.group.election_timeout), "--metrics-port", str(self.metrics_port),
+               *self.group.extra]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self

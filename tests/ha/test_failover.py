@@ -154,3 +154,64 @@ def test_paused_primary_is_fenced_then_rejoins_with_its_tail_cut(group):
     group.wait_status(old, lambda s: s["log_end"] == new.status()["log_end"], timeout=30)
     conn.close()
     retry.close()
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_lagging_replica_leaves_the_in_sync_set_and_comes_back(group):
+    """A replica paused (SIGSTOP) longer than the lag bound while a producer sends: the primary
+    takes it out of the in-sync set (acknowledgements go on with the other replica: --ack-replicas
+    1 of a group of 3), /metrics and `lmqtt admin` show it; resumed, it catches up and is put back."""
+    import json
+    import subprocess
+    import sys
+    from tests.support import ROOT
+    prim = group.wait_primary(in_sync=3)
+    lag = next(m for m in group.members if m is not prim)
+    code, text = _get(prim.metrics_url + "/metrics")
+    assert code == 200 and 'lmqtt_ha_role{role="primary"} 1' in text and "lmqtt_ha_in_sync_members 3" in text
+    assert _get(lag.metrics_url + "/readyz")[0] == 200         # an in-sync replica is ready
+    conn = connect(group.peers, timeout=30.0)
+    p = conn.producer("p3")
+    ck = Checker()
+    lag.pause()
+    try:
+        deadline = time.monotonic() + 30
+        i = 0
+        while time.monotonic() < deadline:
+            ck.sent("p3", i, 2, STREAM)
+            p.send(TOPIC, body("p3", i, 64))
+            ck.acked("p3", i)
+            i += 1
+            st = prim.status()
+            if lag.node not in st["in_sync"]:
+                break
+            time.sleep(0.01)
+        assert lag.node not in st["in_sync"], st
+        for j in range(i, i + 200):          # acknowledged without the paused one
+            ck.sent("p3", j, 2, STREAM)
+            p.send(TOPIC, body("p3", j, 64))
+            ck.acked("p3", j)
+        code, text = _get(prim.metrics_url + "/metrics")
+        assert "lmqtt_ha_in_sync_members 2" in text and f'lmqtt_ha_in_sync{{node="{lag.node}"}} 0' in text
+        out = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "admin", "--store", group.peers,
+                              "--format", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        ha = json.loads(out.stdout)["stats"]["ha"]
+        assert ha["role"] == "primary" and lag.node not in ha["in_sync"] and ha["node"] == prim.node
+    finally:
+        lag.resume()
+    group.wait_status(prim, lambda s: lag.node in s["in_sync"], timeout=30)
+    assert _get(lag.metrics_url + "/readyz")[0] == 200
+    records = read_all(connect(prim.address), TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [] and row["lost"] == 0 and row["duplicated"] == 0, row
+    conn.close()
