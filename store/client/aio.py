@@ -18,8 +18,10 @@ import socket
 from typing import Callable
 
 from .. import protocol as W
-from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, parse_address,
-                         parse_hello_ok)
+import time
+
+from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
+                         parse_addresses, parse_hello_ok, primary_named)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -30,8 +32,13 @@ class AsyncConnection:
 
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, reconnect_attempts: int = 6, backoff_initial: float = 0.05,
-                 backoff_max: float = 2.0, client_name: str = "lmqtt-sdk-async") -> None:
-        self.host, self.port = parse_address(address)
+                 backoff_max: float = 2.0, client_name: str = "lmqtt-sdk-async",
+                 failover_timeout: float = 30.0) -> None:
+        # a store group (docs/ha.md): several addresses; requests follow the primary, as Connection's
+        self.addresses = parse_addresses(address)
+        self.host, self.port = self.addresses[0]
+        self.failover_timeout = failover_timeout
+        self.failovers = 0
         self.token = token
         self.timeout = timeout
         self.reconnect_attempts = reconnect_attempts
@@ -67,6 +74,11 @@ class AsyncConnection:
         except BaseException:
             proto.transport.close()
             raise
+        role = info.get("role")
+        if role is not None and role != "primary" and len(self.addresses) > 1:
+            proto.transport.close()
+            self._move(primary_named(f"primary={info.get('primary')}"))
+            raise ConnectionLost(f"store {info.get('group', '')} member is a {role}, not the primary")
         self.server_info = info
         self.ident = info.get("ident")
         self._proto = proto
@@ -87,7 +99,11 @@ class AsyncConnection:
             if self._proto is not None:
                 return self._proto
             delay, last = self.backoff_initial, None
-            for _attempt in range(max(1, self.reconnect_attempts)):
+            multi = len(self.addresses) > 1
+            deadline = time.monotonic() + self.failover_timeout
+            attempt = 0
+            while True:
+                at = (self.host, self.port)
                 try:
                     await self._connect_once()
                     return self._proto
@@ -95,9 +111,38 @@ class AsyncConnection:
                     raise
                 except (OSError, ConnectionLost, asyncio.TimeoutError) as e:
                     last = e
-                await asyncio.sleep(delay)
+                attempt += 1
+                if multi:
+                    if (self.host, self.port) == at:
+                        self._move(None)
+                    if time.monotonic() >= deadline:
+                        raise ConnectionLost(f"no primary found among the store group's members within "
+                                             f"{self.failover_timeout:g} s (last: {last})")
+                    await asyncio.sleep(min(delay, 0.25))
+                elif attempt >= max(1, self.reconnect_attempts):
+                    raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+                else:
+                    await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max)
-            raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
+
+    def _move(self, target) -> None:
+        """Aim the next connect at `target` (host, port), or the next address when None."""
+        if target is None:
+            try:
+                i = self.addresses.index((self.host, self.port))
+            except ValueError:
+                i = -1
+            target = self.addresses[(i + 1) % len(self.addresses)]
+        if target != (self.host, self.port):
+            self.failovers += 1
+        self.host, self.port = target
+
+    def _not_primary(self, e: StoreClientError) -> None:
+        proto = self._proto
+        self._move(primary_named(e.reason))
+        if proto is not None:
+            proto.transport.close()
+            self._lost(proto, f"not the primary: {e}")
 
     def _lost(self, proto: "_AsyncProtocol", err: str) -> None:
         if self._proto is proto:
@@ -132,14 +177,24 @@ class AsyncConnection:
 
     async def call(self, op: int, body: bytes = b"", *, retry: bool = False, flags: int = 0):
         tries = self.reconnect_attempts if retry else 1
-        for i in range(tries):
+        multi = len(self.addresses) > 1
+        deadline = time.monotonic() + self.failover_timeout
+        i = 0
+        while True:
             try:
                 fut = await self.request(op, body, flags)
                 return check_reply(await asyncio.wait_for(fut, self.timeout))
-            except ConnectionLost:
-                if i + 1 >= tries:
+            except StoreClientError as e:
+                # a group member that is not the primary did nothing: safe to send again there
+                if not is_not_primary(e) or time.monotonic() >= deadline:
                     raise
-                await asyncio.sleep(min(self.backoff_initial * (2 ** i), self.backoff_max))
+                self._not_primary(e)
+                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25))
+            except ConnectionLost:
+                if (not multi and i + 1 >= tries) or (multi and (not retry or time.monotonic() >= deadline)):
+                    raise
+                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25 if multi else self.backoff_max))
+            i += 1
 
     async def cmd(self, name: str, **args):
         args["cmd"] = name
