@@ -221,8 +221,9 @@ def test_the_tier_away_the_node_serves_keeps_its_files_and_readers_skip_nothing(
         finally:
             c.close()
         s3_proxy.up()
-        s = _offloaded(store, 6)
-        assert s["reachable"] and s["error"] is None
+        _offloaded(store, 6)
+        s = _wait(lambda: (lambda t: t if t["reachable"] and t["error"] is None else None)(_tier(store)), 30,
+                  "the tier reachable again")
         got = _pull_all(store, "dev", len(sent) + len(more))
         assert [(x.topic, bytes(x.body)) for x in got] == sent + more
         c = connect(store.address)

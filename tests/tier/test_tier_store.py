@@ -195,8 +195,8 @@ def test_the_tier_unreachable_the_store_keeps_serving_keeps_local_files_and_catc
         with pytest.raises(TierReadError, match="retry"):
             st.read(rs1[0].phys_offset)
         s3_proxy.up()
-        s = _offloaded(st)
-        assert s["error"] is None and s["reachable"]
+        _offloaded(st)
+        _wait(lambda: st.tier_stats()["error"] is None and st.tier_stats()["reachable"], 30, "the tier reachable")
         got = st.read_many([(r.phys_offset, r.size) for r in rs1 + rs2 + rs3])
         for g, m in zip(got, msgs1 + msgs2 + msgs3):
             _same(g, m)
