@@ -73,6 +73,7 @@ class TierService:
         self.local_dir = os.path.join(store.cfg.data_dir, "tier")
         self.segments: list[dict] = []      # committed manifest entries, by start offset
         self._starts: list[int] = []
+        self._first: int | None = None       # the tier's first offset (None: it holds nothing)
         self._lock = threading.Lock()        # segments / cache bookkeeping
         self._hk_lock = threading.Lock()     # housekeeping (uploader thread, background service)
         self._stop = threading.Event()
@@ -107,6 +108,7 @@ class TierService:
         with self._lock:
             self.segments = segments
             self._starts = [s["start"] for s in segments]
+            self._first = segments[0]["start"] if segments else None   # read without the lock
 
     def _check_doc(self, doc: dict, where: str) -> list[dict]:
         if doc.get("version") != 1:
@@ -426,11 +428,11 @@ class TierService:
 
     # ------------------------------------------------------------------ reads
     def min_offset(self) -> int:
-        """The first readable CommitLog offset: the tier's first segment, else the first local one."""
-        with self._lock:
-            if self.segments:
-                return min(self.segments[0]["start"], self.clog.mfq.min_offset)
-        return self.clog.mfq.min_offset
+        """The first readable CommitLog offset: the tier's first segment, else the first local one
+        (no lock: every read's visibility check asks)."""
+        first = self._first
+        local = self.clog.mfq.min_offset
+        return local if first is None or local < first else first
 
     def _find(self, phys: int) -> dict | None:
         with self._lock:
