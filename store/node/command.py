@@ -179,7 +179,9 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
           f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}\n"
           f"  auth:       {'token required' if cfg.token else 'none (loopback only)'}\n"
           f"  wills:      of a gateway gone longer than {cfg.will_grace_s:g} s published here\n"
-          f"  metrics:    {metrics_url}", file=sys.stderr, flush=True)
+          f"  metrics:    {metrics_url}"
+          + (f"\n  tier:       {cfg.tier} (sealed segments uploaded; lmqtt admin --tier)" if cfg.tier else ""),
+          file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
     if http is not None:
