@@ -114,6 +114,8 @@ class ObjectStore:
 
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix/` (relative to the tier root); [] when there is none."""
+        if hasattr(self.fs, "invalidate_cache"):
+            self.fs.invalidate_cache()       # a listing cached earlier in this process is stale
         try:
             names = self._wrap("listing of", prefix, self.fs.ls, self.path(prefix), False)
         except FileNotFoundError:
@@ -125,8 +127,6 @@ class ObjectStore:
             if "/" not in rel:
                 rel = f"{prefix}/{rel}"
             out.append(rel)
-        if hasattr(self.fs, "invalidate_cache"):
-            self.fs.invalidate_cache()
         return sorted(out)
 
     def ensure(self) -> None:
