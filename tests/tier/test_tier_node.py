@@ -142,23 +142,42 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         store.stop()
 
 
-@pytest.mark.parametrize("point", ["tmp", "manifest"])
-def test_kill9_in_the_middle_of_an_upload_loses_nothing_and_the_upload_resumes(point, tmp_path, monkeypatch):
-    """`tmp`: killed after an object's bytes were written but before they were renamed into place;
-    `manifest`: killed after the objects were in place but before the manifest naming them."""
+@pytest.mark.parametrize("kind,point", [("file", "tmp"), ("file", "manifest"), ("s3", "manifest")])
+def test_kill9_in_the_middle_of_an_upload_loses_nothing_and_the_upload_resumes(kind, point, tmp_path, monkeypatch,
+                                                                              request):
+    """`tmp` (a filesystem tier): killed after an object's bytes were written but before they were
+    renamed into place; `manifest`: killed after the objects were in place but before the manifest
+    naming them (a filesystem, and moto's S3 server)."""
     tier_dir = tmp_path / "tier"
+    if kind == "file":
+        args = ("--tier", f"file://{tier_dir}")
+
+        def listing():
+            return sorted(str(p.relative_to(tier_dir)) for p in tier_dir.rglob("*") if p.is_file())
+
+        def manifest():
+            return json.loads((tier_dir / "manifest.json").read_bytes())
+    else:
+        moto_s3 = request.getfixturevalue("moto_s3")
+        bucket = moto_s3.new_bucket()
+        args = ("--tier", f"s3://{bucket}/k", "--tier-endpoint", moto_s3.endpoint)
+
+        def listing():
+            return [k[len("k/"):] for k in moto_s3.keys(bucket, "k/")]
+
+        def manifest():
+            return json.loads(moto_s3.client().get_object(Bucket=bucket, Key="k/manifest.json")["Body"].read())
     marker = tmp_path / "paused"
     monkeypatch.setenv("LMQTT_TIER_PAUSE", point)
     monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
     (tmp_path / "data").mkdir()
-    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier_dir}",
-                                                "--local-retention", "0"))
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), *args, "--local-retention", "0"))
     store.start()
     try:
         sent = _produce(store, 2000)
         _wait(marker.exists, 60, "the uploader to reach the pause point")
         store.kill9()
-        left = sorted(str(p.relative_to(tier_dir)) for p in tier_dir.rglob("*") if p.is_file())
+        left = listing()
         if point == "tmp":
             assert any(".tmp-" in k for k in left) and not any(k.endswith(".zst") for k in left), left
         else:
@@ -168,9 +187,8 @@ def test_kill9_in_the_middle_of_an_upload_loses_nothing_and_the_upload_resumes(p
         monkeypatch.delenv("LMQTT_TIER_PAUSE")
         store.start()
         s = _offloaded(store, 3)
-        keys = sorted(str(p.relative_to(tier_dir)) for p in tier_dir.rglob("*") if p.is_file())
-        man = json.loads((tier_dir / "manifest.json").read_bytes())
-        assert keys == sorted(["manifest.json"] + [e["key"] for e in man["segments"]])   # no tmp, no duplicate
+        man = manifest()
+        assert listing() == sorted(["manifest.json"] + [e["key"] for e in man["segments"]])  # no tmp, no duplicate
         assert [e["start"] for e in man["segments"]] == [i * (SEG_MB << 20) for i in range(s["tier_segments"])]
         got = _pull_all(store, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent
