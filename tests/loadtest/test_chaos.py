@@ -233,20 +233,12 @@ def test_chaos_round_loses_no_acknowledged_message(chaos_round):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "a connected persistent session's QoS 2 exchanges are written ahead now (gateway/core/"
-    "session_persistence.py; tests/e2e/test_e2e_qos2_crash.py: kill -9 of serve with every exchange "
-    "state pinned, exactly once), and a focused round at 20 msg/s (--kinds kill --qos 2 --paths mqtt) "
-    "has no QoS 2 duplicate on serve; left: (1) an inbound QoS 2 message whose append was durable "
-    "before a kill -9 that came before its id's write is stored again when the publisher re-sends it "
-    "(docs/gateway.md 'Known limits'), which this round's load hits about once per publisher per "
-    "kill; (2) duplicates delivered again (delivery side) not found yet: on serve under this round's "
-    "mixed load a few per kill, on the messages in flight at the kill (14 in one local run, beside 6 "
-    "messages stored twice), and after a kill of the store under serve --workers or of a fleet "
-    "gateway (remote store; 18 and 7 in a focused 6-kill run)"))
 def test_chaos_round_no_qos2_duplicate(chaos_round):
     """QoS 2 exactly once across kill -9 of serve, a worker, the store or a gateway while the
-    clients are connected: their exchanges are written ahead (gateway/core/session_persistence.py)."""
+    clients are connected, SIGSTOP and disk full: their exchanges are written ahead, inbound ids
+    before the append as pending (gateway/core/session_persistence.py, docs/gateway.md 'Known
+    limits'); a gateway over a remote store resumes them at the CONNECT with their messages read
+    ahead (tests/e2e/test_e2e_qos2_*.py pin each cause)."""
     _rc, results, _summary = chaos_round
     dups = {t: r["duplicated"] for t, res in results.items() for r in res["rows"] if r["qos"] == 2 and r["duplicated"]}
     assert not dups, f"QoS 2 duplicates per target: {dups}"
