@@ -16,7 +16,8 @@ Cases:
                   subscribed; `spark.read.format("lmqtt").option("filter", "fhist/+/temp")` reads the
                   matching ones (the store scans the topic's whole ConsumeQueue and keeps the matching
                   records, lightqueue/history.py) with the same all-columns job: rows_per_s of matching
-                  rows and scanned_per_s of ConsumeQueue entries looked at
+                  rows and scanned_per_s of ConsumeQueue entries looked at; without_spark_rows_per_s:
+                  the source's partition reader alone (store scan + SDK + Arrow batches, no Spark)
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
                   anomaly: a device publishes readings over MQTT at `--rate` per second, the job
                   publishes one alert per reading back over MQTT; latency = alert received minus
@@ -225,10 +226,26 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
           .option("recordsPerPartition", str(per_partition)).load())
     s0 = srv.cpu()
     el, runs = _timed(df, want, repeat, "filter-history")
+    cpu = (srv.cpu() - s0) / max(1, repeat)
+    # the same read without Spark: the source's own partition reader (store scan + SDK + Arrow
+    # batches) in this process, one partition after the other, best of `repeat`
+    from lmqtt.store.spark.source import _Queues
+    q = _Queues({"store": srv.address, "filter": "fhist/+/temp"})
+    direct = []
+    try:
+        for _ in range(max(1, repeat)):
+            t0 = time.perf_counter()
+            n = sum(b.num_rows for key in q.keys() for b in q.iter_batches(key, *q.bounds(key)))
+            direct.append(time.perf_counter() - t0)
+            if n != want:
+                raise RuntimeError(f"filter-history direct read returned {n} rows, {want} were written")
+    finally:
+        q.conn.close()
     return {"case": "filter-history", "rows": want, "among": rows, "size": size, "seconds": round(el, 3),
             "runs_s": runs, "rows_per_s": round(want / el), "scanned_per_s": round(rows / el),
-            "store_cpu_s_per_run": round((srv.cpu() - s0) / max(1, repeat), 2),
-            "partitions": df.rdd.getNumPartitions(), "load_s": round(load_s, 1)}
+            "store_cpu_s_per_run": round(cpu, 2), "partitions": df.rdd.getNumPartitions(),
+            "without_spark_rows_per_s": round(want / min(direct)), "without_spark_runs_s": [round(t, 3) for t in direct],
+            "load_s": round(load_s, 1)}
 
 
 def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str,
