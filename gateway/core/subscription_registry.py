@@ -47,17 +47,19 @@ log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
 
 
 class Prepared:
-    """The store's answers a SUBSCRIBE's decision reads, asked for together before it is decided
-    (`SubscriptionRegistry.prepare`): the holds of wildcard filters new here, the start offsets
-    of new subscriptions and shared groups, the replay plans of subscriptions from the past and
-    the retained messages (each an `Answer`, by filter; replay plans by (filter, since ms)).
-    `ready` is done once every one is in: at once in-process, after one round trip of a remote
-    store (what is asked in one loop turn travels together); the SUBSCRIBE's connection waits for
-    it on hold. The caller never asks which store it has: it waits for `ready` when it is not
-    done, then decides inside `SubscriptionRegistry.deciding(prepared)`. Holds nothing took are
-    let go of (`release`)."""
+    """The store's answers a SUBSCRIBE's decision (`SubscriptionRegistry.prepare`) or a resumed
+    session (`prepare_resume`, a fleet gateway's CONNECT) reads, asked for together before it is
+    decided: the holds of wildcard filters new here, the start offsets of new subscriptions and
+    shared groups (and of a resumed session's queues: what it missed is known before it resumes),
+    the replay plans of subscriptions from the past, the retained messages, the committed offsets
+    of shared groups new here by (consumer, queue), the messages a resumed session had in flight
+    by (queue, offset); each an `Answer`. `ready` is done once every one is in: at once
+    in-process, after one round trip of a remote store (what is asked in one loop turn travels
+    together); the packet's connection waits for it on hold. The caller never asks which store it
+    has: it waits for `ready` when it is not done, then decides inside
+    `SubscriptionRegistry.deciding(prepared)`. Holds nothing took are let go of (`release`)."""
 
-    __slots__ = ("registered", "start", "replay", "retained", "ready", "_filters")
+    __slots__ = ("registered", "start", "replay", "retained", "offsets", "messages", "ready", "_filters")
 
     def __init__(self, filters: "FilterRegistry") -> None:
         self._filters = filters
@@ -65,13 +67,19 @@ class Prepared:
         self.start: dict[str, Answer[int]] = {}
         self.replay: dict[tuple[str, int], Answer["ReplayPlan"]] = {}
         self.retained: dict[str, Answer[Iterator[list]]] = {}
+        self.offsets: dict[tuple[str, str], Answer[int | None]] = {}
+        self.messages: dict[tuple[str, int], Answer[Any]] = {}
         self.ready: Answer[None] = Answer.of(None)
 
+    def _asked(self) -> list[Answer[Any]]:
+        return [*self.registered.values(), *self.start.values(), *self.replay.values(), *self.retained.values(),
+                *self.offsets.values(), *self.messages.values()]
+
     def failure(self) -> BaseException | None:
-        """Why the store could not answer (a registration, a start offset or a retained lookup
-        failed: the whole SUBSCRIBE is refused), or None. A refused replay plan refuses only its
-        own subscription (answered where it is taken)."""
-        for group in (self.registered, self.start, self.retained):
+        """Why the store could not answer (any read but a replay plan failed: the whole packet is
+        refused), or None. A refused replay plan refuses only its own subscription (answered where
+        it is taken)."""
+        for group in (self.registered, self.start, self.retained, self.offsets, self.messages):
             for a in group.values():
                 e = a.exception()
                 if e is not None:
@@ -164,8 +172,31 @@ class SubscriptionRegistry:
         if retained is not None:
             for f in dict.fromkeys(kept):
                 p.retained[f] = retained.batches(f)
-        p.ready = Answer.all_in([*p.registered.values(), *p.start.values(), *p.replay.values(),
-                                 *p.retained.values()])
+        p.ready = Answer.all_in(p._asked())
+        return p
+
+    def prepare_resume(self, subscriptions, inflight: list[tuple[str, int]]) -> Prepared:
+        """What resuming a session here reads (a fleet gateway's CONNECT of a session another
+        gateway served, gateway/fleet/sessions.py), asked for now: its wildcard filters new here
+        held, the start offsets of its queues (a remote store mirrors them, and knows what the
+        session missed before it resumes: max_offline_backlog counts from there), for each shared
+        group not here yet the group's committed offset and the queue's start, and the messages
+        it had in flight (`inflight`: (queue, offset); resumed with their packet ids).
+        `subscriptions`: the record's (`.filter`, `.share_group`)."""
+        subs = list(subscriptions)
+        p = Prepared(self.filters)
+        for f in self.unheld(rs.filter for rs in subs):
+            p.registered[f] = self.filters.register(f)
+        new_groups = [(rs.share_group, rs.filter) for rs in subs
+                      if rs.share_group and (rs.share_group, rs.filter) not in self.groups]
+        for q in dict.fromkeys([*(rs.filter for rs in subs if not rs.share_group), *(q for _, q in new_groups)]):
+            p.start[q] = self.store.start_offset(q)
+        for g, q in dict.fromkeys(new_groups):
+            consumer = group_consumer(g, q)
+            p.offsets[(consumer, q)] = self.offsets.get(consumer, q)
+        for q, off in dict.fromkeys(inflight):
+            p.messages[(q, off)] = self.store.message_at(q, off)
+        p.ready = Answer.all_in(p._asked())
         return p
 
     @contextlib.contextmanager
@@ -174,10 +205,14 @@ class SubscriptionRegistry:
         (a read not prepared is waited for: start-up and rare paths); on exit the holds nothing
         took are let go of."""
         self._prepared = prepared
+        if prepared.messages:
+            self.delivery.at_hand = prepared.messages      # DeliveryEngine.message_at takes them
         try:
             yield prepared
         finally:
             self._prepared = None
+            if prepared.messages:
+                self.delivery.at_hand = None
             prepared.release()
 
     def _answer(self, table: str, key: Any, ask: Callable[[], Answer[Any]]) -> Any:
@@ -350,7 +385,7 @@ class SubscriptionRegistry:
                 mine[sub.queue] = mine.get(sub.queue, 0) + 1
         for q, n in mine.items():
             if self._filter_users.get(q) == n:
-                self.filters.register(q).wait()
+                self._answer("registered", q, lambda q=q: self.filters.register(q))
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):
@@ -384,7 +419,7 @@ class SubscriptionRegistry:
             off = None
             if restoring:
                 consumer = group_consumer(name, queue)
-                off = self.offsets.get(consumer, queue).wait()     # (remote: read ahead, if it was)
+                off = self._answer("offsets", (consumer, queue), lambda: self.offsets.get(consumer, queue))
             if off is None:
                 off = self._answer("start", queue, lambda: self.store.start_offset(queue))
             g = SharedGroup(name, queue, off)

@@ -56,6 +56,9 @@ class DeliveryEngine:
     # `qos2_sent(session)`: a batch of new QoS 2 PUBLISHes was queued to a persistent session's
     # connection (core/broker.py: written ahead before they leave); None: nothing to do
     qos2_sent: Callable[[Session], None] | None = None
+    # (queue, offset) -> Answer of the message: what a session being resumed had in flight,
+    # asked for with it (SubscriptionRegistry.prepare_resume); None otherwise
+    at_hand: dict | None = None
 
     def __init__(self, store: "QueueStore", loop, metrics, cfg, *,
                  session_offsets_moved: Callable[[Session], None],
@@ -247,10 +250,14 @@ class DeliveryEngine:
     # -- records in hand -----------------------------------------------------------------------
     def message_at(self, q: str, off: int) -> OutboundMessage | None:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
-        after a restart, persistence.restore_inflight); None when it is no longer stored, or not
-        at hand (its answer not in: a remote store asked when the message was not read ahead with
-        the session; it is then delivered again as a new one)."""
-        a = self.store.message_at(q, off)
+        after a restart, persistence.restore_inflight): asked for with the session it resumes
+        (`at_hand`, set while a resumed session is decided: SubscriptionRegistry.deciding), else
+        asked now; None when it is no longer stored, or its answer is not in (it is then
+        delivered again as a new one)."""
+        hand = self.at_hand
+        a = hand.pop((q, off), None) if hand else None
+        if a is None:
+            a = self.store.message_at(q, off)
         m = a.result() if a.done() else None
         return None if m is None else self._outbound_message(m)
 

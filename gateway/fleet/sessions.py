@@ -23,18 +23,16 @@ which relays it to the other gateways (`StoreSessionDirectory`); docs/fleet.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, ContextManager, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.core.session_persistence import INFLIGHT
 from lmqtt.gateway.core.session_registry import SessionRegistry
-from lmqtt.gateway.model.shared_groups import group_consumer
-from lmqtt.gateway.storage.facades import StoreReads
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.core.subscription_registry import Prepared
     from lmqtt.gateway.storage.facades import SessionStore, Storage
 
 log = logging.getLogger("lmqtt.gateway.fleet.sessions")
@@ -214,11 +212,12 @@ class StoreSessionDirectory:
 class Loaded(NamedTuple):
     """What `FleetSessionRegistry.load_later` read for a CONNECT: the local copy's state when it
     was asked (`mark`: used only if unchanged), the store's record and offsets, and the answers
-    resuming it needs (`ahead`: the context `QueueStore.read_ahead` answered, to resume it in)."""
+    resuming it needs (`prepared`: SubscriptionRegistry.prepare_resume's, all in; None when there
+    is nothing to resume)."""
     mark: tuple
     rec: object
     offsets: dict
-    ahead: ContextManager
+    prepared: "Prepared | None"
 
 
 class FleetSessionRegistry(SessionRegistry):
@@ -322,62 +321,51 @@ class FleetSessionRegistry(SessionRegistry):
 
     def load_later(self, client_id: str, clean_start: bool):
         """A CONNECT resuming a session not connected here: ask the store for its record and
-        offsets now, then for what resuming it reads (its wildcard filters new here registered,
-        its queues mirrored), without waiting: the broker holds the CONNECT until the future of
-        a `Loaded` is done, and the gateway serves every other connection meanwhile."""
+        offsets now, then for every answer resuming it reads (SubscriptionRegistry.prepare_resume:
+        its wildcard filters new here held, its queues' ends, its new groups' offsets, its
+        messages in flight), without waiting: the broker holds the CONNECT until the future of a
+        `Loaded` is done, and the gateway serves every other connection meanwhile."""
         if not self._needs_reload(client_id, clean_start):
             return None
         mark = self._local_mark(client_id)
         out = self.loop.create_future()
-        store = self.subscriptions.store
 
         def got_session(f) -> None:
             if f.exception() is not None:
                 return out.set_exception(f.exception())
             rec, offsets = f.result()
-            reads = None if rec is None or rec.expired(_now_ms()) else self._reads_of(rec)
-            if reads is None:
-                return out.set_result(Loaded(mark, rec, offsets, contextlib.nullcontext()))
-            ahead = store.read_ahead(reads)
+            if rec is None or rec.expired(_now_ms()):
+                return out.set_result(Loaded(mark, rec, offsets, None))
+            state = rec.extra.get(INFLIGHT) if rec.extra else None
+            inflight = [(q, off) for _pid, q, off, *_rest in state.get("out", ())] if state else []
+            prepared = self.subscriptions.prepare_resume(rec.subscriptions, inflight)
 
-            def got_reads(g) -> None:
-                if g.exception() is not None:
-                    out.set_exception(g.exception())
+            def got_reads(_a) -> None:
+                e = prepared.failure()
+                if e is not None:
+                    prepared.release()          # what was registered for it: nothing takes it now
+                    out.set_exception(e)
                 else:
-                    out.set_result(Loaded(mark, rec, offsets, g.result()))
-            ahead.add_done_callback(got_reads)
+                    out.set_result(Loaded(mark, rec, offsets, prepared))
+            prepared.ready.add_done_callback(got_reads)
         self.store_sessions.load(client_id).add_done_callback(got_session)
         return out
 
-    def _reads_of(self, rec) -> StoreReads:
-        """What resuming `rec` here reads: its wildcard filters new here registered, its queues
-        mirrored, for each shared group not on this gateway yet the group's committed offset
-        and, for a group with none, the queue's start, and the messages it had in flight when it
-        went offline (resumed with their packet ids, persistence.restore_inflight)."""
-        groups = self.subscriptions.groups
-        register = self.subscriptions.unheld(rs.filter for rs in rec.subscriptions)
-        watch = [rs.filter for rs in rec.subscriptions if not rs.share_group]
-        new_groups = [(rs.share_group, rs.filter) for rs in rec.subscriptions
-                      if rs.share_group and (rs.share_group, rs.filter) not in groups]
-        state = rec.extra.get(INFLIGHT) if rec.extra else None
-        messages = [(q, off) for _pid, q, off, *_rest in state.get("out", ())] if state else []
-        # the ends of its queues too: what it missed while away, known before it is resumed
-        # (max_offline_backlog counts from them)
-        return StoreReads(register, watch, [*watch, *(q for _, q in new_groups)], [],
-                          [(group_consumer(g, q), q) for g, q in new_groups], (), messages)
-
     def discard(self, loaded: "Loaded") -> None:
         """A load nobody will use (the client left while it was read): drop its registrations."""
-        with loaded.ahead:
-            pass
+        if loaded.prepared is not None:
+            loaded.prepared.release()
 
     def open(self, client_id: str, clean_start: bool, loaded: "Loaded | None" = None):
         if self._needs_reload(client_id, clean_start):
             # a failure propagates (the CONNECT fails): answering "no session" from a stale or
             # missing copy would later overwrite the store's record
             if loaded is not None and loaded.mark == self._local_mark(client_id):
-                with loaded.ahead:
+                if loaded.prepared is None:
                     self._reload(client_id, loaded.rec, loaded.offsets)
+                else:
+                    with self.subscriptions.deciding(loaded.prepared):
+                        self._reload(client_id, loaded.rec, loaded.offsets)
                 loaded = None
             else:
                 self._reload(client_id)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Generator, Generic, Iterable, Iterator, NamedTuple,
-                    Protocol, Sequence, TypeVar)
+from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, NamedTuple, Protocol,
+                    Sequence, TypeVar)
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.lightqueue.records import SessionRecord, WillRecord
@@ -419,50 +419,20 @@ class ReplayPlan:
         fut.add_done_callback(done)
 
 
-class StoreReads(NamedTuple):
-    """What a resumed session (gateway/fleet/sessions.py `FleetSessionRegistry.load_later`) will
-    ask the store (`QueueStore.read_ahead`; a SUBSCRIBE asks the facades directly): wildcard filters new to this gateway
-    to register, queues to follow (a remote store mirrors them), queues whose start offset new
-    subscriptions and shared groups need, filters whose retained messages are sent after the
-    SUBACK; (consumer, queue) pairs whose committed offset a shared group resumes from, and
-    (filter, since_ms) pairs of subscriptions from the past whose replay plan is needed; (queue,
-    offset) of messages a resumed session had in flight (persistence.restore_inflight)."""
-    register: list
-    watch: list
-    start: list
-    retained: list
-    offsets: Sequence = ()
-    replay: Sequence = ()
-    messages: Sequence = ()
-
-
-class ReadAhead(NamedTuple):
-    """The store's answers to `StoreReads`: registration counts by filter, start offsets by
-    queue, retained (topic, payload, properties) lists by filter, committed offsets (or None) by
-    (consumer, queue), replay plans by (filter, since_ms) (the store's answer, or the error it
-    refused that one plan with), messages by (queue, offset). Taken (popped) as used."""
-    registered: dict
-    start: dict
-    retained: dict
-    offsets: dict
-    replay: dict
-    messages: dict
-
-
 class QueueStore(Protocol):
     """The light queues: appends (delayed ones too), pulls, offsets, "queues have new data" events,
-    the history of a filter, and what a SUBSCRIBE or a resumed session reads ahead.
+    the history of a filter.
 
     Every read returns an `Answer`. In-process it is done when the method returns (`Answer.of`:
     the reads are local). Remote (gateway/storage/remote_store.py) it is done at once when the
-    gateway holds what is asked (the mirror of each queue this gateway reads, the open
-    read-ahead), else the request is sent now and the answer completes when the store's reply is
-    in: never a blocking round trip on the event loop. Requests asked for in one loop turn travel
-    together (one round trip). The delivery hot path takes `.result()` when `.done()` (the case
-    of every read in-process and of the mirror remote) and otherwise lets the answer wake it;
-    a SUBSCRIBE or CONNECT asks for every answer it needs and waits for them together
-    (`Answer.gather`, the connection on hold). An append's results carry a `.durable` future the
-    PUBACK waits for."""
+    gateway holds what is asked (the mirror of each queue this gateway reads), else the request
+    is sent now and the answer completes when the store's reply is in: never a blocking round
+    trip on the event loop. Requests asked for in one loop turn travel together (one round trip).
+    The delivery hot path takes `.result()` when `.done()` (the case of every read in-process and
+    of the mirror remote) and otherwise lets the answer wake it; a SUBSCRIBE or a resumed
+    session's CONNECT asks every facade for every answer it needs and waits for them together
+    (core/subscription_registry.py `Prepared`, the connection on hold). An append's results carry
+    a `.durable` future the PUBACK waits for."""
 
     # -- publish path
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
@@ -504,20 +474,7 @@ class QueueStore(Protocol):
         """Call `callback(queue_names)` when queues get new entries."""
     def message_at(self, queue: str, offset: int) -> Answer[Any]:
         """The entry at `offset` of `queue` (StoredMessage's fields), or None when it is no longer
-        stored (retention). Remote: from the open read-ahead, else one read."""
-
-    # -- what a SUBSCRIBE or a resumed session reads, asked for before it is decided (a remote
-    #    store: one pipelined round trip the connection waits for on hold, instead of blocking
-    #    calls that would stop the whole gateway; in-process: done at once, the reads are local)
-    def read_ahead(self, reads: "StoreReads") -> "Answer[ContextManager[Any]]":
-        """Ask now for what deciding a packet will read; the answer, once in, is a context
-        manager to decide the packet in: while it is open, the facades' answers to those reads
-        are done at once (the filter registrations, `start_offset`, `replay_plan`, `message_at`,
-        the committed offsets, the retained messages); on exit, registrations made for it that
-        nothing took are dropped again. In-process: done at once, a context that does nothing.
-        The caller never asks which it got: it waits for the answer (a connection on hold), then
-        decides inside it. (A SUBSCRIBE no longer needs it: it asks for its answers directly,
-        core/subscription_registry.py `prepare`.)"""
+        stored (retention). Remote: one read (asked with the session it resumes)."""
 
     # -- subscribing from the past (gateway/delivery/history.py; off the delivery hot path)
     def replay_plan(self, flt: str, since_ms: int) -> "Answer[ReplayPlan]":

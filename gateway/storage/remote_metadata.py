@@ -209,20 +209,12 @@ class RemoteSessions:
 
 
 class RemoteOffsets:
-    """`OffsetStore` over gw_get_offset(s) / gw_set_offsets / gw_delete_offsets. `read_ahead(consumer,
-    queue)`: the committed offset as a packet's open read-ahead has it (RemoteReads.offset_read_ahead:
-    (True, offset or None) or (False, None) when not read ahead), answered without a round trip."""
+    """`OffsetStore` over gw_get_offset(s) / gw_set_offsets / gw_delete_offsets."""
 
-    def __init__(self, link: LoopConnection,
-                 read_ahead: Callable[[str, str], tuple[bool, int | None]] | None = None) -> None:
+    def __init__(self, link: LoopConnection) -> None:
         self.link = link
-        self.read_ahead = read_ahead
 
     def get(self, consumer: str, queue: str) -> Answer[int | None]:
-        if self.read_ahead is not None:
-            known, off = self.read_ahead(consumer, queue)
-            if known:
-                return Answer.of(off)
         return ask(self.link, P.GetOffset(consumer, queue)).then(lambda r: r.offset)
 
     def get_all(self, consumer: str) -> Answer[dict[str, int]]:
@@ -236,22 +228,15 @@ class RemoteOffsets:
 
 
 class RemoteRetained:
-    """`RetainedStore` over gw_set_retained / gw_retained_matching / gw_clear_retained_if.
-    `read_ahead(flt)`: the retained messages a packet's open read-ahead has for `flt` (taken), or
-    None; answered without a round trip."""
+    """`RetainedStore` over gw_set_retained / gw_retained_matching / gw_clear_retained_if."""
 
-    def __init__(self, link: LoopConnection, read_ahead: Callable[[str], list | None] | None = None) -> None:
+    def __init__(self, link: LoopConnection) -> None:
         self.link = link
-        self.read_ahead = read_ahead
 
     def set(self, topic: str, payload: bytes, props: bytes = b"") -> Answer[None]:
         return ask(self.link, P.SetRetained(topic, payload, props), bounded=False).then(_none)
 
     def matching(self, flt: str) -> Answer[list[Retained]]:
-        if self.read_ahead is not None:
-            found = self.read_ahead(flt)
-            if found is not None:
-                return Answer.of(found)
         return ask(self.link, P.RetainedMatching(flt)).then(lambda r: list(r.retained))
 
     def batches(self, flt: str) -> Answer[Iterator[list[Retained]]]:
@@ -325,24 +310,15 @@ class RemoteLeases:
 
 
 class RemoteFilters:
-    """`FilterRegistry` over gw_register / gw_unregister / gw_filters. `registered_ahead(flt)`: the
-    hold count a packet's open read-ahead registered (RemoteReads.registered_ahead, taken), or None:
-    a registration made ahead is answered from it."""
+    """`FilterRegistry` over gw_register / gw_unregister / gw_filters."""
 
     REGISTER_CHUNK = 2000        # filters per `gw_register` round trip (`register_all`)
 
-    def __init__(self, link: LoopConnection, gateway_id: str,
-                 registered_ahead: Callable[[str], int | None] | None = None,
-                 retained_ahead: Callable[[str], list | None] | None = None) -> None:
+    def __init__(self, link: LoopConnection, gateway_id: str) -> None:
         self.link = link
         self.gateway_id = gateway_id
-        self.registered_ahead = registered_ahead
 
     def register(self, flt: str) -> Answer[int]:
-        if self.registered_ahead is not None:
-            held = self.registered_ahead(flt)
-            if held is not None:
-                return Answer.of(held)
         return ask(self.link, P.Register(self.gateway_id, flt)).then(lambda r: r.count)
 
     def register_all(self, flts: list[str]) -> Answer[dict[str, int]]:
@@ -388,18 +364,13 @@ class RemoteFilters:
 class RemoteMetadata:
     """The remote metadata facades and filter registrations of one gateway's link, and its gw_hello."""
 
-    def __init__(self, link: LoopConnection, gateway_id: str = "",
-                 offsets_read_ahead: Callable[[str, str], tuple[bool, int | None]] | None = None,
-                 registered_ahead: Callable[[str], int | None] | None = None,
-                 retained_ahead: Callable[[str], list | None] | None = None) -> None:
-        """`offsets_read_ahead`, `registered_ahead`, `retained_ahead`: what a packet's open read-ahead answers
-        (RemoteReads, gateway/storage/remote_reads.py)."""
+    def __init__(self, link: LoopConnection, gateway_id: str = "") -> None:
         self.link = link
         self.gateway_id = gateway_id
         self.sessions = RemoteSessions(link, gateway_id)
-        self.offsets = RemoteOffsets(link, offsets_read_ahead)
-        self.filters = RemoteFilters(link, gateway_id, registered_ahead)
-        self.retained = RemoteRetained(link, retained_ahead)
+        self.offsets = RemoteOffsets(link)
+        self.filters = RemoteFilters(link, gateway_id)
+        self.retained = RemoteRetained(link)
         self.wills = RemoteWills(link, gateway_id)
         self.leases = RemoteLeases(link, gateway_id)
 

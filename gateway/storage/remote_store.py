@@ -19,8 +19,8 @@ each costs:
   * a SUBSCRIBE    asks for what it reads (registrations, watches, start offsets, replay plans,
                    retained messages) and waits for the answers together: they leave in one send
                    (the link sends what one loop turn queued at once), one round trip; only that
-                   connection waits. A resumed session asks them in one `read_ahead`:
-                   gateway/storage/remote_reads.py (`read_ahead`, `using`, start_offset...).
+                   connection waits; a resumed session's CONNECT likewise (its filters, queue
+                   ends, group offsets, messages in flight): gateway/storage/remote_reads.py.
   * metadata       gateway/storage/remote_metadata.py.
 
 Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
@@ -126,15 +126,12 @@ class RemoteStore:
         self.mirror_trims = 0
         self._listeners: list[Callable[[Iterable[str]], None]] = []
         self._poll_handle: asyncio.TimerHandle | None = None
-        # a SUBSCRIBE's / CONNECT's reads ahead and the filter holds: gateway/storage/remote_reads.py
-        self.reads = RemoteReads(link, gateway_id, mirrored=self.queues.__contains__,
-                                 track_later=self._track_later, heard=self.heard, follow=self.max_offset,
-                                 decode=entries, ask_history=self._ask_history)
+        # start offsets, messages in flight, replay plans: gateway/storage/remote_reads.py
+        self.reads = RemoteReads(link, heard=self.heard, follow=self.max_offset, decode=entries,
+                                 ask_history=self._ask_history)
         # the metadata facades (sessions, offsets, retained, wills, leases) and the filter holds
         # over the same link; this is the bundle's queues
-        self.remote_metadata = RemoteMetadata(link, gateway_id, offsets_read_ahead=self.reads.offset_read_ahead,
-                                              registered_ahead=self.reads.registered_ahead,
-                                              retained_ahead=self.reads.retained_ahead)
+        self.remote_metadata = RemoteMetadata(link, gateway_id)
         self.metadata = self.remote_metadata.storage(queues=self)
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
         self.producer = RemoteProducer(link, self.loop)
@@ -219,9 +216,6 @@ class RemoteStore:
         return False              # other gateways append too
 
     # ------------------------------------------------------------------ a packet's reads (remote_reads.py)
-    def read_ahead(self, reads):
-        return self.reads.read_ahead(reads)
-
     def start_offset(self, queue: str) -> Answer[int]:
         return self.reads.start_offset(queue)
 
@@ -270,20 +264,6 @@ class RemoteStore:
                 self._tracking.pop(q, None)
             out.add_done_callback(untrack)
         return out
-
-    def _track_later(self, queues: list[str]):
-        """Watch `queues` (not mirrored yet) without waiting (a read-ahead): -> the reply's future,
-        and `take()`, which mirrors them from it (called once every read of the pipeline is in)."""
-        fut = self.node.watch(queues, push=True, raw=self.raw_push) if self.watch else self.node.max_offsets(queues)
-
-        def take() -> None:
-            r = fut.result()
-            if self.watch and isinstance(r, P.WatchReply):
-                self.push = r.push
-            for q in queues:
-                if q not in self.queues:       # mirrored meanwhile: keep that one
-                    self._new_mirror(q, r.max_offsets[q])
-        return fut, take
 
     def _new_mirror(self, q: str, max_offset: int) -> _Mirror:
         m = self.queues[q] = _Mirror(max_offset)

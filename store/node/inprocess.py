@@ -9,9 +9,8 @@ The gateway's composition root for `lmqtt serve` gets its bundle from `storage(s
 gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any, Callable, ContextManager, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, ReplayRefused, Retained, Storage
 from lmqtt.lightqueue.metadata import MetadataStore
@@ -225,9 +224,6 @@ class InProcessQueues:
 
     def disk_state(self) -> dict | None:
         return self.store.clog.disk.stats()
-
-    def read_ahead(self, reads: Any) -> Answer[ContextManager[Any]]:
-        return Answer.of(contextlib.nullcontext())     # local reads: nothing to wait for
 
     def message_at(self, queue: str, offset: int) -> Answer[Any]:
         def read() -> Any:

@@ -434,31 +434,91 @@ def test_a_subscribes_answers_asked_together_are_in_together(queue_side):
     asyncio.run(go())
 
 
-def test_a_packets_reads_are_answered_inside_the_context_read_ahead_answers(queue_side):
-    """What a resumed session relies on (fleet/sessions.py): it asks `read_ahead` for what it will
-    read, waits for the answer, and inside the context it answers makes its requests as usual,
-    whose answers are then done at once (remote: from the read-ahead; in-process: locally);
-    after it, the store holds exactly the registrations taken, and nothing asked for but not
-    taken."""
-    from lmqtt.gateway.storage.facades import StoreReads
+class _Delivery:
+    """The DeliveryEngine's face the subscription registry uses: readers and groups only noted;
+    `at_hand` is what the registry hands it while a resumed session is decided."""
+    histories: dict = {}
+    at_hand = None
+
+    def add_reader(self, s, q) -> None: ...
+    def remove_reader(self, s, q) -> None: ...
+    def add_group(self, g) -> None: ...
+    def remove_group(self, g) -> None: ...
+    def kick_queue(self, q) -> None: ...
+
+
+def _registry(st: Storage, delivery=None):
+    from lmqtt.gateway.core.session_persistence import SessionPersistence
+    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+
+    persist = SessionPersistence(st, session_live=lambda s: True, group_live=lambda g: True)
+    return SubscriptionRegistry(st, delivery or _Delivery(), persist)
+
+
+def test_a_subscribe_is_decided_from_answers_asked_together_without_the_store(queue_side):
+    """What the SUBSCRIBE path relies on (core/subscription_registry.py `prepare`, `deciding`):
+    the answers it asked for together are in once `ready` is; then it is decided with the store
+    stopped (remote: any request waited for would hang), the subscriptions start after what was
+    stored, the retained messages are at hand; afterwards the store holds exactly the filter
+    holds taken, not the one asked for a filter that was then refused."""
+    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.gateway.mqtt import packets as P
 
     async def go():
         st = queue_side()
-        base = _name("ra")
-        q, flt, unused = base + "/t", base + "/+", f"{_name('unused')}/+"
+        reg = _registry(st)
+        base = _name("pr")
+        q, flt, refused = base + "/t", base + "/+", f"{_name('refused')}/+"
         st.retained.set(q, b"kept", b"")
         await _append(st, q, [b"old"])
-        answer = st.queues.read_ahead(StoreReads([flt, unused], [q], [q], [flt]))
-        ctx = await answer
-        with ctx:
-            held = st.filters.register(flt)
-            kept = st.retained.matching(flt)
-            start = st.queues.start_offset(q)
-            assert held.done() and kept.done() and start.done()       # no round trip inside the context
-            assert held.result() == 1
-            assert [(t, p) for t, p, _props in kept.result()] == [(q, b"kept")]
-            assert start.result() == 1
-        held_now = st.filters.registered().wait()
-        assert held_now.get(flt) == 1 and unused not in held_now
-        st.filters.release(flt).wait()               # nothing left in flight when the loop ends
+        s = Session(_name("c"))
+        p = reg.prepare(s, [P.SubscriptionRequest(f, qos=1) for f in (flt, q, refused)], None, st.retained)
+        await asyncio.wait_for(_all(p.ready), 20)
+        assert p.failure() is None
+        with queue_side.frozen():
+            with reg.deciding(p):
+                for f in (flt, q):                          # (`refused`: the ACL said no, say)
+                    reg.add(s, ClientSubscription(f, f, 1, None))
+                kept = p.take_retained(flt)
+            assert s.cursors[q].next_offset == 1 and s.cursors[flt].next_offset == 0
+            assert [(t, bytes(pl)) for batch in kept for t, pl, _props in batch] == [(q, b"kept")]
+        held = st.filters.registered().wait()
+        assert held.get(flt) == 1 and refused not in held
+        reg.remove_all(s)
+        assert flt not in st.filters.registered().wait()
+    asyncio.run(go())
+
+
+def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_store(queue_side):
+    """What a fleet gateway's CONNECT of a session served elsewhere relies on (`prepare_resume`):
+    its filters new here held, its queues' ends, a new shared group's committed offset and the
+    message it had in flight come in together; restored with the store stopped, from them."""
+    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.lightqueue.records import Subscription
+
+    async def go():
+        st = queue_side()
+        delivery = _Delivery()
+        reg = _registry(st, delivery)
+        base = _name("rs")
+        q, flt = base + "/t", base + "/+"
+        await _append(st, q, [b"m0", b"m1"])
+        assert await st.queues.start_offset(q) == 2
+        st.offsets.set("$share/crew", {q: 1})
+        subs = [Subscription(flt, 1), Subscription(q, 1, share_group="crew")]
+        p = reg.prepare_resume(subs, [(q, 1)])
+        await asyncio.wait_for(_all(p.ready), 20)
+        assert p.failure() is None
+        s = Session(_name("c"))
+        with queue_side.frozen():
+            with reg.deciding(p):
+                reg.restore(s, ClientSubscription(flt, flt, 1, None), None)
+                reg.restore(s, ClientSubscription(f"$share/crew/{q}", q, 1, "crew"), None)
+                reg.hold_restored(s)
+                at = delivery.at_hand[(q, 1)]
+                assert at.done() and bytes(at.result().body) == b"m1"
+            assert reg.groups[("crew", q)].cursor.next_offset == 1
+            assert s.cursors[flt].next_offset == 0
+        assert st.filters.registered().wait().get(flt) == 1
+        reg.remove_all(s)
     asyncio.run(go())

@@ -199,67 +199,62 @@ def test_a_pushed_record_that_fails_its_check_is_not_taken(tmp_path):
     assert decode_raw_entries(memoryview(bytes(body)), spans, got_sizes, first, ident) is None
 
 
-def test_a_subscribes_reads_come_in_one_pipeline_and_what_nothing_took_is_dropped(lmqtt_store):
-    """`read_ahead` (a SUBSCRIBE decided without blocking calls, in the context it answers): the
-    registrations (the FilterRegistry facade answers from the read-ahead),
-    mirrors, start offsets and retained messages are there when the packet is decided; a
-    registration nothing took is dropped again, so the store holds no filter for nobody."""
-    from lmqtt.gateway.storage.facades import StoreReads
+def test_a_subscribes_reads_asked_together_come_in_together_and_a_hold_let_go_of_is_gone(lmqtt_store):
+    """A SUBSCRIBE's reads (holds, the start offset of a queue not mirrored yet, retained
+    messages) asked together in one loop turn: none answered while the store is stopped (nothing
+    waited for, the calls returned at once), all in once it runs; the queue is mirrored by then;
+    a hold let go of (a filter then refused) leaves the store holding only the one taken."""
+    import os
+    import signal
+
+    from lmqtt.gateway.storage.facades import Answer
 
     async def go():
         st = _remote(lmqtt_store.address)
         st.metadata.retained.set("ra/1", b"kept", b"")
         await _append(st, "ra/1", [b"old-1", b"old-2"])
-        fut = st.read_ahead(StoreReads(["ra/+", "unused/+"], [], ["ra/1"], ["ra/+"]))
-        assert not fut.done()                              # asked, not waited for
-        ahead = await asyncio.wait_for(asyncio.ensure_future(fut), 10)
+        os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
+        try:
+            asked = [st.metadata.filters.register("ra/+"), st.metadata.filters.register("unused/+"),
+                     st.start_offset("ra/1"), st.metadata.retained.batches("ra/+")]
+            assert not any(a.done() for a in asked)          # asked, not waited for
+        finally:
+            os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
+        await asyncio.wait_for(_awaited(Answer.all_in(asked)), 10)
+        held, unused, start, kept = (a.result() for a in asked)
+        assert held == 1 and unused == 1 and start == 2
         assert "ra/1" in st.queues                         # mirrored as the answers came in
-        with ahead:
-            held = st.metadata.filters.register("ra/+")
-            assert held.done() and held.result() == 1       # answered from the read-ahead
-            kept = st.metadata.retained.batches("ra/+")
-            assert kept.done() and [(t, p) for batch in kept.result() for t, p, _props in batch] == [("ra/1", b"kept")]
-            start = st.start_offset("ra/1")
-            assert start.done() and start.result() == 2    # answered from the read-ahead
+        assert [(t, p) for batch in kept for t, p, _props in batch] == [("ra/1", b"kept")]
+        st.metadata.filters.release("unused/+")
         assert st.metadata.filters.registered().wait() == {"ra/+": 1}       # "unused/+" went again
-        nothing = st.read_ahead(StoreReads([], [], [], []))
-        assert nothing.done()                              # nothing to ask for: a context at once
-        with nothing.result():
-            pass
         st.link.close()
     asyncio.run(go())
 
 
-def test_group_offsets_and_replay_plans_read_ahead_are_answered_without_the_store(lmqtt_store):
-    """A shared group's committed offset (the offsets facade's `get`) and a subscription's replay
-    plan, read ahead: taken from the answers while the store is frozen (any round trip then would
-    wait for it); an offset not read ahead is asked of the store; the same plan as a blocking
-    `replay_plan` gives once it runs again."""
+def test_group_offsets_and_replay_plans_asked_together_are_then_in_hand(lmqtt_store):
+    """A resumed session's shared group offsets and a subscription's replay plan, asked together:
+    once in, they are values in hand while the store is frozen (an offset asked for then waits
+    for it); the plan is the one a fresh `replay_plan` gives once it runs again."""
     import os
     import signal
 
-    from lmqtt.gateway.storage.facades import StoreReads
+    from lmqtt.gateway.storage.facades import Answer
 
     async def go():
         st = _remote(lmqtt_store.address)
         st.metadata.offsets.set("$share/crew", {"ro/q": 1})
         await _append(st, "ro/h", [b"h0", b"h1"])
-        fut = st.read_ahead(StoreReads([], ["ro/h"], ["ro/q"], [], [("$share/crew", "ro/q"), ("$share/none", "ro/q")],
-                                       [("ro/h", 0)]))
-        ahead = await asyncio.wait_for(asyncio.ensure_future(fut), 10)
+        asked = [st.metadata.offsets.get("$share/crew", "ro/q"), st.metadata.offsets.get("$share/none", "ro/q"),
+                 st.replay_plan("ro/h", 0), st.start_offset("ro/q")]
+        await asyncio.wait_for(_awaited(Answer.all_in(asked)), 10)
         os.kill(lmqtt_store.proc.pid, signal.SIGSTOP)
         try:
-            with ahead:
-                crew = st.metadata.offsets.get("$share/crew", "ro/q")
-                none = st.metadata.offsets.get("$share/none", "ro/q")
-                assert crew.done() and crew.result() == 1
-                assert none.done() and none.result() is None
-                other = st.metadata.offsets.get("$share/other", "ro/q")
-                assert not other.done()                          # not read ahead: asked of the store
-                planned = st.replay_plan("ro/h", 0)
-                start = st.start_offset("ro/q")
-                assert planned.done() and start.done() and start.result() == 0
-                plan = planned.result()
+            crew, none, planned, start = asked
+            assert crew.result() == 1 and none.result() is None and start.result() == 0
+            plan = planned.result()
+            other = st.metadata.offsets.get("$share/other", "ro/q")
+            assert not other.done()                          # not asked before: asked of the store
+            assert st.max_offset("ro/h").done()              # the plan's filter is mirrored
         finally:
             os.kill(lmqtt_store.proc.pid, signal.SIGCONT)
         assert other.wait() is None
