@@ -128,6 +128,12 @@ class GatewayConfig:
     notify_mode: str | None = None    # default: broadcast with `redis`, else native
     safety_poll_ms: float = 1000.0
     gateway_id: str | None = None     # default: host name + MQTT port (filter registrations are held per id)
+    # tiered storage of the embedded store (`lmqtt serve`; docs/store.md "Tiered storage")
+    tier: str | None = None           # fsspec URL: file:///mnt/cold/x, s3://bucket/prefix
+    tier_endpoint: str | None = None  # S3-compatible server (MinIO, Ceph ...)
+    local_retention: str | None = None  # kept locally once uploaded: 24h, 20GB, 24h,20GB (default 24h)
+    tier_retention: str | None = None   # kept in the tier: 60d, 1TB, forever (default 60d)
+    tier_cache_mb: int = 256          # memory for segments read back from the tier
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -141,6 +147,15 @@ class GatewayConfig:
                               f"largest message, 4 MiB), got {self.segment_mb}")
         if not (0 <= int(self.metrics_port) <= 65535):
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
+        if self.tier:
+            from lmqtt.store.tier.config import check_tier
+            try:
+                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        elif self.tier_endpoint or self.local_retention or self.tier_retention:
+            raise ConfigError("tier_endpoint / local_retention / tier_retention are set but tier is not "
+                              "(tiered storage: --tier URL)")
         if not (0 <= int(self.store_port) <= 65535):
             raise ConfigError(f"store_port must be 0..65535 (0 = off), got {self.store_port}")
         for name in ("tls_port", "ws_port", "wss_port"):

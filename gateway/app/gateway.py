@@ -253,6 +253,10 @@ class Gateway:
         if cfg.dispatch_inline:
             scfg.dispatch_inline = True
         self.store = MessageStore(scfg)
+        if cfg.tier:       # tiered storage (store/tier; checked by GatewayConfig.validate)
+            from lmqtt.store.tier.config import TierConfig
+            self.store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
+                                                         cfg.tier_retention, cfg.tier_cache_mb))
         self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
                                   cache_bytes=int(cfg.lq_cache_mb) << 20,
                                   # the store's just-appended records: the same budget as the

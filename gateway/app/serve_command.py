@@ -53,6 +53,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store-host", help="address of the store protocol listener (default 127.0.0.1)")
     p.add_argument("--token", help="auth token SDK clients must send (required for a non-loopback --store-host)")
     add_listener_args(p)
+    t = p.add_argument_group("tiered storage (docs/store.md \"Tiered storage\")")
+    t.add_argument("--tier", help="upload sealed CommitLog segments to this fsspec URL (file:///mnt/cold/x, "
+                                  "s3://bucket/prefix) and read offloaded ranges back from it")
+    t.add_argument("--tier-endpoint", help="with an s3:// --tier: the endpoint of an S3-compatible server")
+    t.add_argument("--local-retention", help="kept on the local disk once in the tier: 24h, 20GB, 24h,20GB "
+                                             "(default 24h)")
+    t.add_argument("--tier-retention", help="kept in the tier: 60d, 1TB, forever (default 60d)")
+    t.add_argument("--tier-cache-mb", type=int, help="memory for segments read back from the tier (default 256)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 

@@ -33,7 +33,9 @@ import time
 # everything else on the command line (listeners, auth, --config, --max-inflight, ...) is passed
 # to every gateway as given.
 _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": True, "--store-port": True,
-                     "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True}
+                     "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True,
+                     "--tier": True, "--tier-endpoint": True, "--local-retention": True, "--tier-retention": True,
+                     "--tier-cache-mb": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 
@@ -124,6 +126,12 @@ class Supervisor:
                 "--log-level", cfg.log_level]
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
+        if getattr(cfg, "tier", None):       # tiered storage is the store's
+            args += ["--tier", cfg.tier, "--tier-cache-mb", str(cfg.tier_cache_mb)]
+            for flag, v in (("--tier-endpoint", cfg.tier_endpoint), ("--local-retention", cfg.local_retention),
+                            ("--tier-retention", cfg.tier_retention)):
+                if v:
+                    args += [flag, v]
         # ps / pidof tell the children apart (store/node/process.py `set_process_title`):
         # only the supervisor is named `lmqtt`, so `kill -HUP $(pidof -s lmqtt)` reaches it
         env = dict(os.environ, LMQTT_PROCESS_NAME="lmqtt-store")

@@ -1,0 +1,57 @@
+"""`lmqtt serve --tier` (the embedded store, and `--workers 2`: the store child gets the flags):
+MQTT publishes fill segments, they move to the tier, and a persistent session's backlog and an
+SDK pull read them back byte-identical."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support import LmqttServer, Paho
+from tests.tier.test_tier_node import BODY, SEG_MB, _offloaded, _pull_all
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_lmqtt_serve_tier_offloads_and_a_session_backlog_reads_it_back(workers, tmp_path):
+    (tmp_path / "data").mkdir()
+    extra = ("--segment-mb", str(SEG_MB), "--tier", f"file://{tmp_path / 'tier'}", "--local-retention", "0")
+    if workers > 1:
+        extra += ("--workers", str(workers))
+    srv = LmqttServer(str(tmp_path / "data"), extra).start(timeout=60)
+    srv.store = srv.store_address
+    try:
+        sub = Paho(srv, client_id="serve-tier", clean=False)
+        assert sub.subscribe("dev/+/t", qos=1) == [1]
+        sub.disconnect()
+        pub = Paho(srv, client_id="serve-tier-pub")
+        sent = [(f"dev/{i % 5}/t", f"{i:06d}".encode() + os.urandom(BODY - 6)) for i in range(2000)]
+        for t, b in sent:
+            pub.c.publish(t, b, qos=1)
+        pub.publish("dev/0/t", b"last", qos=1)          # waits for its PUBACK: the others are in
+        pub.disconnect()
+        sent.append(("dev/0/t", b"last"))
+
+        class _Addr:
+            address = srv.store_address
+        s = _offloaded(_Addr, 3)
+        assert s["tier_min_offset"] == 0
+        assert os.listdir(tmp_path / "data" / "store" / "commitlog") == [f"{s['local_min_offset']:020d}"]
+        got = _pull_all(_Addr, "dev", len(sent))
+        assert [(r.topic, bytes(r.body)) for r in got] == sent
+        sub = Paho(srv, client_id="serve-tier", clean=False)
+        assert sub.session_present
+        msgs = sub.get_n(len(sent), timeout=60)
+        assert [(m.topic, bytes(m.payload)) for m in msgs] == sent
+        sub.disconnect()
+    finally:
+        srv.stop()
+
+
+def test_lmqtt_serve_refuses_bad_tier_flags_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", "0", "--data-dir",
+                        str(tmp_path / "d"), "--tier", "file:///x", "--tier-retention", "long"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--tier-retention: 'long'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists()
