@@ -3,11 +3,14 @@ Python reference on a real store, and the C matcher against lightqueue/topics.py
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 
 from lmqtt.lightqueue import history as H
 from lmqtt.lightqueue.topics import topic_matches
+from lmqtt.store import protocol as W
+from lmqtt.store.client.consumer import decode_reply
 from lmqtt.store.config import StoreConfig
 from lmqtt.store.message import Message
 from lmqtt.store.message_store import MessageStore
@@ -89,11 +92,8 @@ def test_read_from_is_every_matching_record_once_in_log_order(store, flt):
         g, nxt, _h = H.read_from(store, None, flt, pos, max_count=13, max_bytes=3000)
         assert g.msgs is None and nxt >= pos
         data = b"".join(bytes(c) for c in g.chunks)
-        from lmqtt.store.client.consumer import _records_raw
-        import struct
-        import json
         body = struct.pack(">I", 2) + b"{}" + struct.pack(">I", g.count) + data
-        got += _records_raw("", body)[1]
+        got += decode_reply("", body, W.F_RAW)[1]
         if nxt == pos:
             break
         pos = nxt
