@@ -62,10 +62,8 @@ class Answer(Generic[T]):
         """An answer done with `value` (an in-process implementation's, or a remote one the mirror
         holds). On the delivery hot path: only the three fields a done answer reads are set (a
         done answer never reads its callbacks or its waiter)."""
-        a: Answer[T] = _new(cls)
-        a._done = True
+        a: Answer[T] = _new(_Done)
         a._value = value
-        a._error = None
         return a
 
     @classmethod
@@ -218,6 +216,22 @@ class Answer(Generic[T]):
         for a in answers:
             a.add_done_callback(one)
         return out
+
+
+class _Done(Answer[T]):
+    """An answer done with a value when made (`Answer.of`): the delivery hot path's reads
+    in-process and from a remote mirror. Only its value is set; `_done` and `_error` are this
+    class's (they shadow the slots), and `done`/`result` need no test."""
+
+    __slots__ = ()
+    _done = True            # type: ignore[assignment]
+    _error = None           # type: ignore[assignment]
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> T:
+        return self._value  # type: ignore[no-any-return]
 
 
 _new = object.__new__

@@ -521,4 +521,5 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
             assert s.cursors[flt].next_offset == 0
         assert st.filters.registered().wait().get(flt) == 1
         reg.remove_all(s)
+        assert flt not in st.filters.registered().wait()     # (nothing left in flight at the end)
     asyncio.run(go())
