@@ -38,6 +38,10 @@ from .truncate import request_cut
 log = logging.getLogger("lmqtt.store.ha")
 
 
+# CALLs whose metadata change is shipped and waited for (store/server.py, store/node/sdk_service.py)
+META_CALLS = ("commit", "filter_commit", "subscribe")
+
+
 def raft_port(port: int) -> int:
     """A member uses three consecutive ports: the store's (clients), +1 Raft, +2 replication."""
     return port + 1
@@ -119,6 +123,10 @@ class Member:
         self.server = server
         server.serve_delayed = False
         server.register_call("ha_status", lambda _a: self.status())
+        for name in META_CALLS:
+            fn = server.calls.get(name)
+            if fn is not None:
+                server.register_call(name, self._replicated_call(fn), with_connection=name in server._conn_calls)
         stats = server.calls.get("stats")
         if stats is not None:       # `lmqtt admin` shows the group beside the store's counters
             server.register_call("stats", lambda a: {**stats(a), "ha": self.brief()})
@@ -150,6 +158,36 @@ class Member:
             if self.role == "primary":
                 ml.add(clog.wrote, {"k": "put_json", "key": key, "v": obj})
         meta.remember, meta.commit, meta.put_json = remember, commit, put_json
+
+    def _replicated_call(self, fn):
+        """A CALL that changes shipped metadata (a group offset commit, a filter registration)
+        answers once the in-sync replicas applied the change (as a produce waits for its bytes):
+        an offset committed on the primary is there after a failover."""
+        import asyncio
+
+        def call(*a):
+            before = self.meta_log.seq
+            res = fn(*a)
+            gate = self.gate
+            seq = self.meta_log.seq
+            if seq == before or gate is None or asyncio.isfuture(res):
+                return res
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+
+            def settle(err, fut=fut, res=res):
+                if fut.done():
+                    return
+                if err is None:
+                    fut.set_result(res)
+                else:
+                    from ..protocol import E_NOT_PRIMARY
+                    from ..server import CallError
+                    fut.set_exception(CallError(E_NOT_PRIMARY, str(err)))
+            gate.meta_waiting.append((seq, lambda err: loop.call_soon_threadsafe(settle, err)))
+            gate.wake()
+            return fut
+        return call
 
     def _apply_meta(self, op: dict) -> None:
         fn = self._meta_apply.get(op.get("k"))
@@ -328,7 +366,9 @@ class Member:
                                self.meta_log, self._acked, self.group)
         self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
         self.gate.also_wake = self.shipper.wake
+        self.meta_log.on_add = self.shipper.wake
         self.gate.want_add = self._want_add
+        self.gate.replica_meta = self._replica_meta
         self.gate.on_add = self._propose_add
         store.use_ack_gate(self.gate)
         self.role = "primary"
@@ -408,6 +448,11 @@ class Member:
         if r is None:
             return 0
         return r.flushed if self.sync else r.written
+
+    def _replica_meta(self, node: int) -> int:
+        sh = self.shipper
+        r = sh.replicas.get(node) if sh is not None else None
+        return r.meta_acked if r is not None else 0
 
     def _want_add(self):
         sh = self.shipper

@@ -15,9 +15,9 @@ Frames: 1 byte type, u32 length, payload.
   S  primary -> replica  JSON {epoch, start, end, min_offset, epochs}   (the stream starts at `start`)
   X  primary -> replica  JSON {error}                                   (refused; closed)
   D  primary -> replica  u64 offset + CommitLog bytes
-  M  primary -> replica  JSON metadata change
+  M  primary -> replica  JSON metadata change (with its sequence number "n")
   K  primary -> replica  u64 the primary's committed end (keep-alive while idle)
-  A  replica -> primary  u64 written + u64 flushed
+  A  replica -> primary  u64 written + u64 flushed + u64 the last META applied (its sequence)
 
 `AckGate` holds the durable futures of appends on the primary: one resolves only when the primary
 has the data under its flush mode, every member of the acknowledging set (the in-sync replicas,
@@ -42,7 +42,7 @@ log = logging.getLogger("lmqtt.store.ha")
 
 _HEAD = struct.Struct(">cI")
 _U64 = struct.Struct(">Q")
-_ACK = struct.Struct(">QQ")
+_ACK = struct.Struct(">QQQ")
 MAX_CHUNK = 1 << 20
 MAX_FRAME = 64 << 20
 
@@ -106,12 +106,18 @@ class MetaLog:
         self.seq = 0
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
+        self.on_add = None
 
-    def add(self, pos: int, op: dict) -> None:
+    def add(self, pos: int, op: dict) -> int:
         with self.cond:
             self.seq += 1
+            op["n"] = self.seq
             self.ops.append((self.seq, pos, op))
             self.cond.notify_all()
+            seq = self.seq
+        if self.on_add is not None:
+            self.on_add()            # wake the shipper
+        return seq
 
     def since(self, seq: int, min_pos: int = -1) -> list:
         with self.lock:
@@ -120,12 +126,13 @@ class MetaLog:
 
 # ---------------------------------------------------------------------------------------- primary
 class ReplicaInfo:
-    __slots__ = ("node", "written", "flushed", "connected", "caught_up_at", "addr", "since")
+    __slots__ = ("node", "written", "flushed", "connected", "caught_up_at", "addr", "since", "meta_acked")
 
     def __init__(self, node: int) -> None:
         self.node = node
         self.written = 0
         self.flushed = 0
+        self.meta_acked = 0
         self.connected = False
         self.caught_up_at = 0.0
         self.addr = ""
@@ -220,8 +227,12 @@ class Shipper:
                                                   f"segment (offset {lo}, deleted by retention): it cannot catch up "
                                                   "from the stream; give it an empty data dir"}))
                 return
+            meta_from = self.meta.seq
+            for sq, _op in self.meta.since(0, start):
+                meta_from = sq - 1       # the changes from the replica's end on are shipped again
+                break
             s.sendall(jframe(b"S", {"epoch": self.epoch, "start": start, "end": end, "min_offset": lo,
-                                    "epochs": self.epochs.entries, "group": self.group}))
+                                    "epochs": self.epochs.entries, "group": self.group, "meta_from": meta_from}))
             if start < int(h["end"]):
                 log.info("event=ha_replica_must_cut node=%d from=%d to=%d", node, int(h["end"]), start)
                 return          # it cuts, restarts and connects again
@@ -234,7 +245,7 @@ class Shipper:
             r.since = time.monotonic()
             log.info("event=ha_replica_connected node=%d from=%d epoch=%d", node, start, self.epoch)
             threading.Thread(target=self._acks, args=(s, reader, r), name="lmqtt-ha-acks", daemon=True).start()
-            self._stream(s, r, start)
+            self._stream(s, r, start, meta_from)
         except (OSError, ConnectionError, ValueError, KeyError) as e:
             if not self._stop:
                 log.info("event=ha_replica_stream_ended peer=%s error=%r", addr, str(e))
@@ -248,21 +259,18 @@ class Shipper:
             except OSError:
                 pass
 
-    def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int) -> None:
+    def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int, meta_seq: int) -> None:
         clog = self.clog
-        meta_seq = 0
-        for sq, _op in self.meta.since(0, pos):
-            meta_seq = sq - 1
-            break
-        else:
-            meta_seq = self.meta.seq
+        r.meta_acked = meta_seq
         last_send = time.monotonic()
         while not self._stop and r.connected:
+            # the end first, then the metadata changes: a dedup marker is logged before its batch
+            # is appended, so every marker of the bytes up to `committed` goes out before them
+            committed = clog.committed
             ops = self.meta.since(meta_seq)
             if ops:
                 s.sendall(b"".join(jframe(b"M", op) for _sq, op in ops))
                 meta_seq = ops[-1][0]
-            committed = clog.committed
             if pos < committed:
                 mf = clog.mfq.find(pos)
                 if mf is None:
@@ -291,8 +299,8 @@ class Shipper:
                     break
                 for kind, payload in reader.feed(data):
                     if kind == b"A":
-                        w, f = _ACK.unpack(payload)
-                        r.written, r.flushed = w, f
+                        w, f, m = _ACK.unpack(payload)
+                        r.written, r.flushed, r.meta_acked = w, f, m
                         if w >= self.clog.committed:
                             r.caught_up_at = time.monotonic()
                         self.on_ack()
@@ -333,6 +341,10 @@ class AckGate:
         self.adding: set = set()
         self.want_add = lambda: ()
         self.on_add = None
+        # metadata changes (a group offset commit) answered once the replicas applied them:
+        # (meta sequence, fn() to call then); replica_meta(node) -> the last sequence it applied
+        self.meta_waiting: collections.deque = collections.deque()
+        self.replica_meta = lambda node: 0
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-ackgate", daemon=True)
         self._thread.start()
 
@@ -352,6 +364,10 @@ class AckGate:
             self.current = _failed_future(err)
         items = list(self.waiting) + [(0, fut)]
         self.waiting.clear()
+        metas = list(self.meta_waiting)
+        self.meta_waiting.clear()
+        for _seq, fn in metas:
+            fn(err)
         for _t, f in items:
             if not f.done():
                 f.set_exception(err)
@@ -381,6 +397,8 @@ class AckGate:
                 self.adding.add(n)       # from now on acknowledgements wait for it too
                 if self.on_add is not None:
                     self.on_add(n)
+        if self.meta_waiting:
+            self._meta_evaluate()
         if not self.waiting:
             return
         local = clog.flushed if self.sync else clog.committed
@@ -402,6 +420,22 @@ class AckGate:
             target, f = w.popleft()
             if not f.done():
                 f.set_result(target)
+
+
+def _meta_evaluate_impl(self) -> None:
+    if not self.lease_ok():
+        return
+    members = list(self.ack_set())
+    if len(members) < self.ack_replicas:
+        return
+    done = min([self.replica_meta(n) for n in members], default=1 << 62)
+    w = self.meta_waiting
+    while w and w[0][0] <= done:
+        _seq, fn = w.popleft()
+        fn(None)
+
+
+AckGate._meta_evaluate = _meta_evaluate_impl
 
 
 def _failed_future(err: BaseException) -> Future:
@@ -429,6 +463,7 @@ class Follower:
         self.conn_epoch = 0
         self.error = ""
         self.primary_end = 0
+        self.meta_seq = 0
         self._stop = False
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-follow", daemon=True)
@@ -489,6 +524,7 @@ class Follower:
         if start > clog.wrote:
             raise ConnectionError(f"the primary streams from {start}, this log ends at {clog.wrote}")
         self.epochs.replace(h["epochs"], clog.wrote)
+        self.meta_seq = int(h.get("meta_from", 0))
         self.conn_epoch = epoch
         self.primary_end = int(h["end"])
         self.connected = True
@@ -508,7 +544,9 @@ class Follower:
                     clog.append_replicated(off, memoryview(payload)[8:])
                     wrote = True
                 elif kind == b"M":
-                    self.apply_meta(json.loads(payload))
+                    op = json.loads(payload)
+                    self.apply_meta(op)
+                    self.meta_seq = int(op.get("n", self.meta_seq))
                 elif kind == b"K":
                     self.primary_end = _U64.unpack(payload)[0]
             if self.epoch_now() > self.conn_epoch:
@@ -519,4 +557,4 @@ class Follower:
                 if self.sync:
                     clog.flush()
             if frames:
-                s.sendall(frame(b"A", _ACK.pack(clog.wrote, clog.flushed)))
+                s.sendall(frame(b"A", _ACK.pack(clog.wrote, clog.flushed, self.meta_seq)))

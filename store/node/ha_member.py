@@ -38,10 +38,23 @@ def member_address(cfg) -> tuple[str, int]:
     return (cfg.host if cfg.host not in ("127.0.0.1",) else host), port
 
 
+def group_identity(group: str, store_dir: str) -> None:
+    """A new member's store identity (the first half of every msg id) is the group's, the same on
+    every member, so a msg id names the same record whichever member serves it. A data dir that
+    had its own identity before joining keeps it (its msg ids are its own)."""
+    import hashlib
+    from lmqtt.store.checkpoint import write_atomic
+    path = os.path.join(store_dir, "identity")
+    if not os.path.exists(path):
+        os.makedirs(store_dir, exist_ok=True)
+        write_atomic(path, hashlib.sha256(f"lmqtt-group:{group}".encode()).hexdigest()[:16].upper().encode())
+
+
 def before_open(cfg, data_dir: str) -> str | None:
     """Before the store opens: apply a cut this member asked for (rejoining as a replica). Returns
     the reason to give the store's recovery (MessageStore.cut_reason), or None."""
     from lmqtt.store.ha.truncate import apply_pending_cut
+    group_identity(cfg.group, os.path.join(data_dir, "store"))
     cut = apply_pending_cut(os.path.join(data_dir, "ha"), os.path.join(data_dir, "store"))
     if cut is None:
         return None
@@ -146,6 +159,7 @@ async def _serve(args, peers):
     restart = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    group_identity(args.group, store_dir)
     cut = apply_pending_cut(ha_dir, store_dir)
     store = lq = srv = member = None
     try:
