@@ -42,7 +42,9 @@ def _connect(prog: str, address: str, token: str | None):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default="127.0.0.1:10911", help="store address HOST:PORT (default 127.0.0.1:10911)")
+    p.add_argument("--store", default="127.0.0.1:10911",
+                   help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md; "
+                        "default 127.0.0.1:10911)")
     p.add_argument("--token", help="auth token for the store handshake")
 
 
