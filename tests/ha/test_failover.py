@@ -274,3 +274,38 @@ def test_asyncio_producer_follows_the_primary_through_a_kill9(group):
     records = read_all(connect(new.address), TOPIC)
     row = _verdict(ck, records)
     assert failures([row]) == [] and row["acked"] == 16 * 150 and row["duplicated"] == 0, row
+
+
+def test_losing_the_majority_stops_acks_until_it_returns(group):
+    """Both replicas killed: the primary (alive, still primary) acknowledges nothing: no replica has
+    the writes and no Raft majority confirms its lease. The replicas restart: the majority is back,
+    they catch up, and the writes that waited are acknowledged - each stored once."""
+    prim = group.wait_primary(in_sync=3)
+    others = [m for m in group.members if m is not prim]
+    ck = Checker()
+    conn = connect(prim.address, timeout=60.0)
+    p = conn.producer("p4")
+    for i in range(100):
+        ck.sent("p4", i, 2, STREAM)
+        p.send(TOPIC, body("p4", i, 64))
+        ck.acked("p4", i)
+    for m in others:
+        m.kill9()
+    waiting = []
+    for i in range(100, 150):
+        ck.sent("p4", i, 2, STREAM)
+        waiting.append((i, p.send_async(TOPIC, body("p4", i, 64))))
+    time.sleep(2.0)
+    assert not any(f.done() for _i, f in waiting)
+    st = prim.status()
+    assert st["role"] == "primary" and st["acks_blocked"], st
+    for m in others:
+        m.start()
+    for i, f in waiting:
+        f.result(60)                      # acknowledged once the majority is back
+        ck.acked("p4", i)
+    st = group.wait_status(prim, lambda s: s["role"] == "primary" and not s["acks_blocked"], timeout=30)
+    records = read_all(connect(prim.address), TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [] and row["acked"] == 150 and row["duplicated"] == 0, row
+    conn.close()
