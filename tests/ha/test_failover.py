@@ -233,6 +233,10 @@ def test_a_lagging_replica_leaves_the_in_sync_set_and_comes_back(group):
     finally:
         lag.resume()
     group.wait_status(prim, lambda s: lag.node in s["in_sync"], timeout=30)
+    # the replica's own view of the Raft state follows within a heartbeat or two
+    deadline = time.monotonic() + 10
+    while _get(lag.metrics_url + "/readyz")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _get(lag.metrics_url + "/readyz")[0] == 200
     records = read_all(connect(prim.address), TOPIC)
     row = _verdict(ck, records)
