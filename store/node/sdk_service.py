@@ -200,6 +200,10 @@ def _install_history(server: StoreServer, lq: LightQueueStore) -> None:
             except ReplayRefused as e:
                 raise CallError(W.E_INVALID, str(e)) from None
             pos = history.position_for_time(store, flt, since)
+        elif a.get("lq_offset") is not None:      # where a light-queue offset of the filter is
+            off = int(a["lq_offset"])
+            e = lq.index.read(flt, max(off, lq.index.min_offset(flt)), 1)
+            pos = e[0].phys_offset if e else store.dispatched_offset
         elif a.get("group"):
             pos = committed_position(str(a["group"]), flt)
         if pos is None:
@@ -227,10 +231,14 @@ def _install_history(server: StoreServer, lq: LightQueueStore) -> None:
 
     def filter_sources(a: dict) -> dict:
         flt = flt_of(a)
+        at = a.get("position")        # optional: each queue's offset of that CommitLog position too
         out = []
         for fl, qid in history.sources(store, flt):
             lo, hi = store.consume_queue_offsets(fl, qid)
-            out.append([fl, qid, lo, hi])
+            row = [fl, qid, lo, hi]
+            if at is not None:
+                row.append(store.consume_queues.get(fl, qid).first_at_or_after(int(at)))
+            out.append(row)
         return {"sources": out}
 
     def filter_range(a: dict):

@@ -156,6 +156,15 @@ class _Queues:
         # F_RAW_OK: the store may answer with its CommitLog records as stored (no re-encoding)
         return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20), W.F_RAW_OK)
 
+    def from_light_queue(self, flt: str, offset: int) -> dict:
+        """A streaming checkpoint written before issue 28 keeps the filter's light-queue offset
+        (key `lq:<filter>`): the same point as each source ConsumeQueue's offset (the first entry
+        at/after the CommitLog position of that light-queue entry), so the query goes on where it
+        stopped instead of reading the queues from their start."""
+        pos = self.conn.cmd("filter_position", filter=flt, lq_offset=int(offset))["position"]
+        r = self.conn.cmd("filter_sources", filter=flt, position=pos)
+        return {f"{fl}:{qid}": at for fl, qid, _lo, _hi, at in r["sources"]}
+
     def entries_per_partition(self, key: str, start: int, end: int, rows: int) -> int:
         """Queue entries per partition for about `rows` rows each. A `filter` read returns only the
         matching entries of its ConsumeQueues: the share that matches is sampled (one range read
@@ -302,6 +311,9 @@ class LmqttStreamReader(DataSourceStreamReader):
         q = self._queues()
         out = {}
         for key, off in offsets.items():
+            if key.startswith("lq:") and q.filter and not (ends and key in ends):
+                out[key] = off               # a pre-issue-28 checkpoint: converted below
+                continue
             r = self._reset.get(key)
             if r is not None and r[0] == off:
                 out[key] = r[1]
@@ -317,6 +329,19 @@ class LmqttStreamReader(DataSourceStreamReader):
                 self._reset[key] = (off, hi)
                 off = hi
             out[key] = off
+        return self._from_light_queues(out, ends)
+
+    def _from_light_queues(self, offsets: dict, ends: dict | None = None) -> dict:
+        """`offsets` with a pre-issue-28 checkpoint's `lq:<filter>` offset replaced by the source
+        ConsumeQueues' offsets of the same point (`_Queues.from_light_queue`); kept where `ends`
+        has the same key (a batch planned before the upgrade is re-read as it was planned)."""
+        q = self._queues()
+        legacy = {k: v for k, v in offsets.items() if k.startswith("lq:") and not (ends and k in ends)}
+        if not legacy or not q.filter:
+            return offsets
+        out = {k: v for k, v in offsets.items() if k not in legacy}
+        for key, off in legacy.items():
+            out.update(q.from_light_queue(key[3:], off))
         return out
 
     def _queues(self) -> _Queues:
@@ -346,6 +371,7 @@ class LmqttStreamReader(DataSourceStreamReader):
             latest[key] = q.bounds(key)[1]
         if self.limit is None or self._pos is None:
             return latest
+        self._pos = self._from_light_queues(self._pos)
         # share the limit over the queues in key order, from where the last batch ended
         left, out = self.limit, {}
         for key, hi in latest.items():

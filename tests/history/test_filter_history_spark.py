@@ -107,3 +107,34 @@ def test_stream_history_then_live_no_gap_no_duplicate(spark, server, tmp_path):
     q.stop()
     want = [f"h-{i}" for i in range(200)] + [f"l-{i}" for i in range(100)] + [f"r-{i}" for i in range(50)]
     assert sorted(seen) == sorted(want) and len(seen) == len(want)
+
+
+def test_stream_checkpoint_of_the_light_queue_goes_on_where_it_stopped(server):
+    """A streaming checkpoint written before issue 28 holds the filter's light-queue offset (key
+    `lq:<filter>`); the reader goes on from the same point in the source ConsumeQueues: the
+    messages after it, once, none of those before (it read them from the start before)."""
+    from lmqtt.store.client import connect
+    from lmqtt.store.spark.source import LmqttStreamReader
+    with connect(server.store_address) as c:
+        c.cmd("subscribe", filter="up/+/t")             # the old source registered the filter
+        c.producer().send_batch([(f"up/d{i % 3}/t", f"u-{i}".encode()) for i in range(30)] + [("up/d0/x", b"no")])
+        deadline = time.monotonic() + 10
+        while c.cmd("filter_offsets", filter="up/+/t")["max_offset"] < 30 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    opts = {"store": server.store_address, "filter": "up/+/t"}
+    reader = LmqttStreamReader(opts)
+    try:
+        end = reader.latestOffset()
+        assert list(end) == ["up:0"]
+        got = [bytes(x).decode() for p in reader.partitions({"lq:up/+/t": 10}, end)
+               for b in reader.read(p) for x in b.column("payload").to_pylist()]
+        assert sorted(got, key=lambda v: int(v[2:])) == [f"u-{i}" for i in range(10, 30)]
+        limited = LmqttStreamReader({**opts, "maxrecordspertrigger": "5"})
+        limited.commit({"lq:up/+/t": 25})               # a restart: Spark commits the restored offsets
+        nxt = limited.latestOffset()
+        got = [bytes(x).decode() for p in limited.partitions({"lq:up/+/t": 25}, nxt)
+               for b in limited.read(p) for x in b.column("payload").to_pylist()]
+        assert sorted(got, key=lambda v: int(v[2:])) == [f"u-{i}" for i in range(25, 30)]
+        limited.stop()
+    finally:
+        reader.stop()
