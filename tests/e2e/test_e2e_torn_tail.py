@@ -153,14 +153,16 @@ def test_spark_stream_offsets_beyond_the_end_are_read_from_the_end(tmp_path, cap
     srv = LmqttServer(str(data)).start()
     try:
         opts = {"store": srv.store_address, "startingoffsets": "earliest"}
-        readers = {"lq:t/#": source.LmqttStreamReader({**opts, "filter": "t/#"}),
-                   "t:0": source.LmqttStreamReader({**opts, "topic": "t"})}
+        # a filter read's queues are its first-level topic's ConsumeQueues too (issue 28): key t:0
+        kinds = {"filter": {"filter": "t/#"}, "topic": {"topic": "t"}}
+        key = "t:0"
+        readers = {kind: source.LmqttStreamReader({**opts, **o}) for kind, o in kinds.items()}
         for r in readers.values():
-            r.initialOffset()                       # registers the filter, like the first trigger
+            r.initialOffset()
         pub = Paho(srv, "pub")
         for i in range(1, 11):
             pub.publish("t/a", f"m-{i}".encode(), qos=1)
-        for key, r in readers.items():
+        for r in readers.values():
             latest = r.latestOffset()
             assert latest == {key: 10}
             assert _read(r, {key: 0}, latest) == [f"m-{i}".encode() for i in range(1, 11)]
@@ -175,16 +177,17 @@ def test_spark_stream_offsets_beyond_the_end_are_read_from_the_end(tmp_path, cap
         caplog.set_level(logging.WARNING, logger="lmqtt.spark")
         pub = Paho(srv, "pub")
         new = [f"new-{i}".encode() for i in range(1, 7)]
-        for key in readers:
-            r = readers[key] = source.LmqttStreamReader({**opts, **({"filter": "t/#"} if key[0] == "l" else {"topic": "t"})})
+        for kind in readers:
+            caplog.clear()
+            r = readers[kind] = source.LmqttStreamReader({**opts, **kinds[kind]})
             r.commit({key: 10})                     # Spark, restarting from its checkpoint
             assert (f"offset 10 of queue {key} in the query's checkpoint is beyond the queue's end 5"
-                    in caplog.text), key
+                    in caplog.text), kind
         for body in new:
             pub.publish("t/a", body, qos=1)
-        for key, r in readers.items():
+        for kind, r in readers.items():
             latest = _wait(lambda: (lambda v: v if v == {key: 11} else None)(r.latestOffset()), "the new messages")
-            assert _read(r, {key: 10}, latest) == new, key    # Spark's next batch starts at its 10
+            assert _read(r, {key: 10}, latest) == new, kind   # Spark's next batch starts at its 10
             r.commit(latest)
             assert _read(r, latest, latest) == []
             r.stop()
