@@ -391,7 +391,8 @@ class Member:
             self._become_read_only(f"no longer primary (epoch {self.role_epoch})")
             gate, self.gate = self.gate, None
             if gate is not None:
-                self.store.use_ack_gate(None)
+                # the stopped gate stays the store's: its `current` is a failed future from now on,
+                # so an append racing this sees NotPrimary rather than the flush mode's own future
                 gate.stop(err if err is not None else NotPrimary(
                     f"node {self.node} is no longer the primary; primary={self.address_of(self.state.primary)}"))
             sh, self.shipper = self.shipper, None

@@ -141,7 +141,13 @@ class StoreGroup:
 
 
 def read_all(conn, topic: str, upto_queue_offset: int | None = None) -> list:
-    """Every record of `topic`'s ConsumeQueue 0, in order."""
+    """Every record of `topic`'s ConsumeQueue 0, in order: once the store has dispatched everything
+    it had appended when asked (an acknowledged record is visible only after dispatch)."""
+    import time as _t
+    end = conn.cmd("stats")["max_offset"]
+    deadline = _t.monotonic() + 30
+    while conn.cmd("stats")["dispatched_offset"] < end and _t.monotonic() < deadline:
+        _t.sleep(0.05)
     out = []
     off = 0
     while True:
