@@ -348,3 +348,52 @@ def test_the_whole_group_restarts_with_its_data_and_primary(group):
     row = _verdict(ck, records)
     assert failures([row]) == [] and row["acked"] == 250 and row["duplicated"] == 0, row
     conn.close()
+
+
+def test_sigstop_of_the_primary_under_load_then_sigcont(group):
+    """The acceptance's SIGSTOP case as it comes: an AutoBatch producer sends, the primary is
+    stopped longer than the election timeout, a replica becomes primary and the producer moves
+    there; SIGCONT: the old primary acknowledges nothing more, rejoins as a replica (cutting any
+    tail it alone had) and is in sync again. Every acknowledged message once, on the new primary."""
+    old = group.wait_primary(in_sync=3)
+    ck = Checker()
+    conn = connect(group.peers, timeout=30.0)
+    ab = conn.auto_batch_producer(linger_ms=2.0, batch_bytes=16 << 10)
+    stop = threading.Event()
+    sent = [0]
+
+    def produce():
+        seq = 0
+        deadline = time.monotonic() + 45
+        while not stop.is_set() and seq < 20_000 and time.monotonic() < deadline:
+            ck.sent("p6", seq, 2, STREAM)
+            f = ab.send(TOPIC, body("p6", seq, 64))
+            f.add_done_callback(lambda fut, s=seq: fut.exception() is None and ck.acked("p6", s))
+            seq += 1
+            if seq % 200 == 0:
+                time.sleep(0.01)
+        sent[0] = seq
+
+    t = threading.Thread(target=produce)
+    t.start()
+    while ck.counts().get("acked", 0) < 1500 and t.is_alive():
+        time.sleep(0.05)
+    old.pause()
+    try:
+        new = group.wait_primary(exclude=(old.node,), among=[m for m in group.members if m is not old], timeout=30)
+        n = ck.counts().get("acked", 0)
+        deadline = time.monotonic() + 20
+        while ck.counts().get("acked", 0) < n + 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        old.resume()
+    stop.set()
+    t.join(60)
+    ab.flush(60)
+    assert ab.acknowledged == sent[0]
+    group.wait_status(old, lambda s: s["role"] == "replica" and old.node in s["in_sync"], timeout=60)
+    assert old.status()["primary"] == new.node
+    records = read_all(connect(new.address), TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [] and row["acked"] == sent[0] and row["duplicated"] == 0, row
+    conn.close()
