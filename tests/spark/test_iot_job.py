@@ -98,10 +98,10 @@ def test_job_window_stats_equal_pure_python_and_alerts_arrive_over_mqtt(spark, s
         late_key = ("iot-0", base_ms // 1000)
         pub.publish("iotjob/iot-0", json.dumps({"device": "iot-0", "ts": base_ms + 1500, "temp": -5.0,
                                                 "humidity": 10.0, "battery": 3.0}), qos=1)
-        def read_up_to(q):           # the job's offset in the filter's queue, from its progress
+        def read_up_to(q):           # the job's offset in iotjob's ConsumeQueue (issue 28), from its progress
             src = (q.lastProgress or {}).get("sources") or [{}]
             end = src[0].get("endOffset") or "{}"
-            return (json.loads(end) if isinstance(end, str) else end).get("lq:iotjob/+", -1)
+            return (json.loads(end) if isinstance(end, str) else end).get("iotjob:0", -1)
         before = [read_up_to(q) for q in qs]
         deadline = time.monotonic() + 60
         while not all(read_up_to(q) > b for q, b in zip(qs, before)):
