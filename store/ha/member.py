@@ -98,6 +98,7 @@ class Member:
         self._meta_apply: dict = {}
         self.server = None
         self.on_promoted: list = []          # fn() after this member became primary
+        self.on_demoted: list = []           # fn() when it becomes a replica
         self._isr_proposal = 0.0
         self._samples: collections.deque = collections.deque()
         self._electing_until = 0.0
@@ -122,6 +123,23 @@ class Member:
         """The StoreServer: refused requests on a replica, `ha_status`, role in HELLO_OK."""
         self.server = server
         server.serve_delayed = False
+        pop = getattr(server, "pop", None)
+        if pop is not None:
+            # POP state is shipped as SDK metadata (PopManager.persist, every 0.1 s); a member
+            # changing role drops what it holds in memory: a new primary reads the shipped state,
+            # a replica must not write its stale state over it
+            def clear(pop=pop):
+                pop._states.clear()
+                pop._dirty.clear()
+
+            def fresh_pop(server=server):      # on the server's loop, where POP runs
+                loop = getattr(server, "_loop", None)
+                if loop is not None:
+                    loop.call_soon_threadsafe(clear)
+                else:
+                    clear()
+            self.on_promoted.append(fresh_pop)
+            self.on_demoted.append(fresh_pop)
         server.register_call("ha_status", lambda _a: self.status())
         for name in META_CALLS:
             fn = server.calls.get(name)
@@ -405,6 +423,11 @@ class Member:
 
     def _become_replica(self, primary: int, epoch: int) -> None:
         self._drop_primary(None)
+        for fn in self.on_demoted:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("event=ha_on_demoted_failed")
         self._become_read_only(f"a replica (primary: node {primary})")
         clog = self.clog
         with clog.lock:

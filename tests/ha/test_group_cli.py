@@ -53,3 +53,34 @@ def test_produce_and_group_consume_across_a_failover(tmp_path):
         c.close()
     finally:
         g.stop()
+
+
+def test_pop_state_is_shipped(tmp_path):
+    """POP across a failover: the state persisted on the old primary (every 0.1 s, shipped as SDK
+    metadata) is what the new primary serves: acknowledged records are not popped again, the
+    rest are (at least once)."""
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0).start()
+    try:
+        first = g.wait_primary(in_sync=3)
+        c = connect(g.peers)
+        p = c.producer()
+        for i in range(20):
+            p.send("popq", b"q%d" % i)
+        pc = c.pop_consumer("popq", "workers", invisible_ms=60_000)
+        got = pc.pop(10)
+        assert [r.body for r in got] == [b"q%d" % i for i in range(10)]
+        assert pc.ack(got) == 10
+        time.sleep(1.0)                  # persisted (0.1 s) and shipped
+        c.close()
+        first.kill9()
+        g.wait_primary(exclude=(first.node,))
+        c = connect(g.peers)
+        pc = c.pop_consumer("popq", "workers", invisible_ms=60_000)
+        rest = []
+        deadline = time.monotonic() + 10
+        while len(rest) < 10 and time.monotonic() < deadline:
+            rest += pc.pop(32)
+        assert sorted(r.body for r in rest) == sorted(b"q%d" % i for i in range(10, 20))
+        c.close()
+    finally:
+        g.stop()
