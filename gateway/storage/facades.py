@@ -62,9 +62,7 @@ class Answer(Generic[T]):
         """An answer done with `value` (an in-process implementation's, or a remote one the mirror
         holds). On the delivery hot path: only the three fields a done answer reads are set (a
         done answer never reads its callbacks or its waiter)."""
-        a: Answer[T] = _new(_Done)
-        a._value = value
-        return a
+        return answered(value)
 
     @classmethod
     def failed(cls, error: BaseException) -> "Answer[T]":
@@ -235,6 +233,14 @@ class _Done(Answer[T]):
 
 
 _new = object.__new__
+
+
+def answered(value: T) -> Answer[T]:
+    """`Answer.of(value)` as a plain function (one call less: what the in-process hot path's
+    reads return, store/node/inprocess.py)."""
+    a: Answer[T] = _new(_Done)
+    a._value = value
+    return a
 
 
 def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> None:
