@@ -21,7 +21,9 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   hold_restored(session)            a session restored while running (a fleet's reload): its filters
                                     new here are registered now
   prepare(session, requests, ...)   a SUBSCRIBE's store answers, asked for together (`Prepared`)
-  deciding(prepared)                the context its decision runs in (add / add_since take them)
+  prepare_resume(subscriptions, inflight)
+                                    the same for a session a fleet gateway resumes (gateway/fleet/sessions.py)
+  deciding(prepared)                the context its decision runs in (add / add_since / restore take them)
   unheld(filters)                   which wildcard filters a new user would register (asked ahead)
   is_current(group)                 whether a group object is still the live one (offset flushes)
 """
