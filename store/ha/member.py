@@ -329,6 +329,9 @@ class Member:
         p = st.primary
         if p is not None and p in alive:
             return
+        if st.epoch == 0 and len(alive) < self.size:
+            return      # the group's first election waits for every member: the longest log wins
+                        # (a data dir that joins with data must not be cut to an empty member's log)
         cands = [n for n in alive if n != p and (not st.in_sync or n in st.in_sync)]
         if not cands:
             return

@@ -84,3 +84,41 @@ def test_pop_state_is_shipped(tmp_path):
         c.close()
     finally:
         g.stop()
+
+
+def test_a_store_with_data_joined_by_empty_members_keeps_its_data(tmp_path):
+    """A plain lmqtt store with messages becomes member 3 of a new group whose members 1 and 2 are
+    empty and start first (longer ago than the election timeout): the first election waits for
+    every member and takes the longest log, so nothing of the old store is cut away."""
+    from tests.support import LmqttStore
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0)
+    m3 = g.members[2]
+    s = LmqttStore(m3.data_dir, extra_args=("--segment-mb", "8"),
+                   log_path=str(tmp_path / "standalone.log")).start()
+    c = connect(s.address)
+    p = c.producer()
+    for i in range(100):
+        p.send("old/t", b"o%d" % i)
+    c.close()
+    s.stop()
+    try:
+        g.members[0].start()
+        g.members[1].start()
+        time.sleep(4.0)
+        assert all((m.status() or {}).get("role") != "primary" for m in g.members[:2])
+        m3.start()
+        prim = g.wait_primary(in_sync=3, timeout=60)
+        assert prim is m3
+        c = connect(g.peers)
+        got = []
+        off = 0
+        while True:
+            r = c.pull("old/t", 0, off, 1000)
+            if not r.records:
+                break
+            got += [x.body for x in r.records]
+            off = r.next_offset
+        assert got == [b"o%d" % i for i in range(100)]
+        c.close()
+    finally:
+        g.stop()
