@@ -25,6 +25,13 @@ class GatewayConfig:
     flush_mode: str = "async"
     metrics_port: int = 9883          # 0 = no metrics endpoint
     metrics_host: str | None = None   # defaults to `host`
+    # the web console on the metrics port (`lmqtt serve`; docs/console.md): off loopback (or with
+    # console_login) it needs a login of a password_file user named in console_admins (actions)
+    # or console_viewers (read-only); both are comma-separated user names
+    console: bool = True
+    console_login: bool = False
+    console_admins: str | None = None
+    console_viewers: str | None = None
     segment_mb: int = 32              # CommitLog segment size of a new data dir (preallocated; docs/store.md)
     # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
     # ring and another quarter the store's cache of just-appended records

@@ -38,7 +38,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9883, 0 = off)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port, and the web console's (default 9883, 0 = off)")
+    p.add_argument("--no-console", dest="console", action="store_false", default=None,
+                   help="serve /metrics only, without the web console (docs/console.md)")
+    p.add_argument("--console-login", action="store_true", default=None,
+                   help="the console asks for a login on loopback too (always elsewhere)")
+    p.add_argument("--console-admins", help="password-file users with the console's admin role, comma-separated")
+    p.add_argument("--console-viewers", help="password-file users with the console's read-only role, comma-separated")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int,
                    help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
@@ -264,11 +270,18 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
             store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
     _tune_gc(cfg)
     metrics_url = "off"
+    console = None
     if cfg.metrics_port:
         mhost = cfg.metrics_host or cfg.host
         try:
-            h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
-            metrics_url = f"http://{h}:{p}/metrics"
+            if cfg.console:     # the console's ASGI server serves /metrics (and /healthz, /readyz) too
+                from lmqtt.gateway.app.console_web import ConsoleServer
+                console = ConsoleServer(gw, cfg)
+                h, p = await console.start(mhost, cfg.metrics_port)
+                metrics_url = f"http://{h}:{p}/metrics\n  console:    http://{h}:{p}/console/"
+            else:
+                h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
+                metrics_url = f"http://{h}:{p}/metrics"
         except OSError as e:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
@@ -298,6 +311,8 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     log.info("event=shutdown_begin")
     if store_srv is not None:
         await store_srv.stop()
+    if console is not None:
+        await console.stop()
     await gw.stop()
     gw.metrics.stop_http()
     log.info("event=shutdown_complete")

@@ -1,0 +1,222 @@
+"""The console's routes (Starlette) and /metrics, /healthz, /readyz on the same port."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import pathlib
+
+from prometheus_client import make_asgi_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from . import data
+from .auth import COOKIE, ConsoleAuth
+
+log = logging.getLogger("lmqtt.console")
+STATIC = pathlib.Path(__file__).parent / "static"
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-store"}
+
+
+class ConsoleState:
+    def __init__(self, gw, cfg, bound_host: str) -> None:
+        self.gw, self.cfg = gw, cfg
+        self.auth = ConsoleAuth(cfg, bound_host)
+        self.sampler = data.Sampler(gw)
+        self.stopping = asyncio.Event()
+        why = self.auth.why_no_login()
+        if why:
+            log.warning("event=console_login_impossible reason=%r", why)
+
+    def start_sampler(self) -> None:
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.sampler.stop()
+
+
+def _json(obj, status: int = 200) -> JSONResponse:
+    return JSONResponse(obj, status_code=status, headers=_HEADERS)
+
+
+def build_app(gw, cfg, bound_host: str):
+    st = ConsoleState(gw, cfg, bound_host)
+    auth = st.auth
+    secure_cookie = False     # plain HTTP today: a Secure cookie would never be sent back
+
+    def who(request: Request):
+        return auth.session_of(request.cookies.get(COOKIE))
+
+    def need(request: Request, role: str | None = None):
+        """The session, or the refusal to return."""
+        s = who(request)
+        if s is None:
+            return None, _json({"error": "login required", "login": True, "why": auth.why_no_login()}, 401)
+        if role == "admin" and s.role != "admin":
+            return None, _json({"error": f"user {s.user!r} has the read-only role: this needs the admin role"}, 403)
+        return s, None
+
+    def action(request: Request, s) -> JSONResponse | None:
+        """CSRF: an action carries the session's token in X-CSRF-Token (a page of another site
+        cannot read it, and SameSite=Strict keeps the cookie off its requests anyway)."""
+        if request.headers.get("x-csrf-token") != s.csrf:
+            log.warning("event=console_action_refused user=%s reason=csrf path=%s", s.user, request.url.path)
+            return _json({"error": "missing or wrong CSRF token: reload the page"}, 403)
+        return None
+
+    async def healthz(request: Request):
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request):
+        b = gw.broker
+        if b is None or not b.accepting:
+            return PlainTextResponse("not accepting MQTT clients\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    async def root(request: Request):
+        return RedirectResponse("/console/", status_code=302)
+
+    async def index(request: Request):
+        return FileResponse(STATIC / "index.html", headers=_HEADERS)
+
+    async def me(request: Request):
+        s = who(request)
+        if s is None and not auth.login_required:
+            token = auth.open("local", "admin")
+            s = auth.session_of(token)
+            resp = _json({"user": s.user, "role": s.role, "csrf": s.csrf, "login_required": False})
+            resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure_cookie, path="/")
+            return resp
+        if s is None:
+            return _json({"error": "login required", "login": True, "why": auth.why_no_login()}, 401)
+        return _json({"user": s.user, "role": s.role, "csrf": s.csrf, "login_required": auth.login_required})
+
+    async def login(request: Request):
+        try:
+            body = await request.json()
+            user, password = str(body["user"]), str(body["password"])
+        except (ValueError, KeyError, TypeError):
+            return _json({"error": "send {\"user\": ..., \"password\": ...}"}, 400)
+        why = auth.why_no_login()
+        if why:
+            return _json({"error": why}, 403)
+        role, why = await asyncio.to_thread(auth.check_password, user, password)
+        peer = request.client.host if request.client else "?"
+        if role is None:
+            log.warning("event=console_login_refused user=%s peer=%s reason=%r", user, peer, why)
+            return _json({"error": why}, 403)
+        log.info("event=console_login user=%s role=%s peer=%s", user, role, peer)
+        token = auth.open(user, role)
+        s = auth.session_of(token)
+        resp = _json({"user": user, "role": role, "csrf": s.csrf, "login_required": True})
+        resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure_cookie, path="/",
+                        max_age=8 * 3600)
+        return resp
+
+    async def logout(request: Request):
+        s, refused = need(request)
+        if refused:
+            return refused
+        if (r := action(request, s)) is not None:
+            return r
+        auth.sessions.pop(request.cookies.get(COOKIE), None)
+        log.info("event=console_logout user=%s", s.user)
+        resp = _json({"ok": True})
+        resp.delete_cookie(COOKIE, path="/")
+        return resp
+
+    async def overview(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json(data.overview(gw, st.sampler))
+
+    async def history(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json({"samples": list(st.sampler.ring)})
+
+    async def clients(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json(data.clients(gw, request.query_params.get("q", "")))
+
+    async def sessions(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json(data.sessions(gw))
+
+    async def disconnect(request: Request):
+        s, refused = need(request, "admin")
+        if refused is not None:
+            s2 = who(request)
+            log.warning("event=console_action_refused action=disconnect user=%s reason=role",
+                        s2.user if s2 else "-")
+            return refused
+        if (r := action(request, s)) is not None:
+            return r
+        try:
+            client_id = str((await request.json())["client_id"])
+        except (ValueError, KeyError, TypeError):
+            return _json({"error": "send {\"client_id\": ...}"}, 400)
+        conn = data.find_connection(gw, client_id)
+        if conn is None:
+            log.info("event=console_action action=disconnect user=%s client_id=%s result=not_connected",
+                     s.user, client_id)
+            return _json({"error": f"client {client_id!r} is not connected"}, 404)
+        log.info("event=console_action action=disconnect user=%s client_id=%s peer=%s result=ok",
+                 s.user, client_id, conn.peer)
+        conn.close_with_error(0x98, f"disconnected from the console by {s.user}")   # Administrative action
+        return _json({"ok": True, "client_id": client_id})
+
+    async def stream(request: Request):
+        """Server-sent events: a sample a second (overview, charts) until the page goes away."""
+        if (r := need(request)[1]) is not None:
+            return r
+        q: asyncio.Queue = asyncio.Queue()
+        st.sampler.listeners.add(q)
+
+        async def events():
+            try:
+                yield "retry: 2000\n\n"
+                while not st.stopping.is_set():
+                    try:
+                        sample = await asyncio.wait_for(q.get(), 5)
+                    except asyncio.TimeoutError:
+                        yield ": keepalive\n\n"
+                        continue
+                    if sample is None:
+                        return
+                    yield f"data: {json.dumps(sample)}\n\n"
+            finally:
+                st.sampler.listeners.discard(q)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={**_HEADERS, "X-Accel-Buffering": "no"})
+
+    routes = [
+        Route("/healthz", healthz), Route("/readyz", readyz), Route("/", root),
+        Route("/console/", index), Route("/console", root),
+        Route("/console/api/me", me), Route("/console/api/login", login, methods=["POST"]),
+        Route("/console/api/logout", logout, methods=["POST"]),
+        Route("/console/api/overview", overview), Route("/console/api/history", history),
+        Route("/console/api/clients", clients), Route("/console/api/sessions", sessions),
+        Route("/console/api/clients/disconnect", disconnect, methods=["POST"]),
+        Route("/console/api/stream", stream),
+        Mount("/console/static", app=StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+    console = Starlette(routes=routes)
+    metrics = make_asgi_app(gw.metrics.registry)
+
+    async def app(scope, receive, send):
+        # /metrics exactly as before (prometheus_client's own exposition: content negotiation, gzip)
+        if scope["type"] == "http" and scope["path"] == "/metrics":
+            await metrics(scope, receive, send)
+        else:
+            await console(scope, receive, send)
+    return app, st

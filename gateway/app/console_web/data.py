@@ -1,0 +1,208 @@
+"""What the console shows, read from the gateway's live objects on the loop thread.
+
+The broker is read through what it exposes (`connections`, `sessions`, a connection's `session`,
+`identity`, `peer`, ...); the persistent sessions and their offsets through the embedded store's
+light-queue metadata (`lmqtt serve`: gateway.lq), the same reads the store's `session` CALL makes
+for `lmqtt admin --session` (store/node/sdk_service.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import shutil
+import time
+from collections import deque
+
+RING = 3600          # one sample a second: the last hour
+_CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _dir_size(path: str, limit: int = 20000) -> int:
+    total = n = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            n += 1
+            if n > limit:
+                return total
+            try:
+                total += os.stat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class Sampler:
+    """A sample a second into a ring of the last hour: counters as rates, gauges as values."""
+
+    def __init__(self, gw) -> None:
+        self.gw = gw
+        self.ring: deque[dict] = deque(maxlen=RING)
+        self._prev = None
+        self._handle = None
+        self._disk = (0.0, None)
+        self.listeners: set[asyncio.Queue] = set()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tick()
+
+    def stop(self) -> None:
+        for q in list(self.listeners):       # the open event streams end (None) before the server stops
+            q.put_nowait(None)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _counters(self) -> dict:
+        m = self.gw.metrics
+        t = os.times()
+        return {"t": time.time(), "mono": time.monotonic(), "in": sum(m.msg_in), "out": sum(m.msg_out),
+                "bytes_in": m.bytes_in, "bytes_out": m.bytes_out, "appended": m.append_batch_size.sum,
+                "lag_sum": m.dispatch_lag.sum, "lag_n": sum(m.dispatch_lag.counts),
+                "cpu": t.user + t.system}
+
+    def _tick(self) -> None:
+        try:
+            self.ring.append(self.sample())
+            for q in list(self.listeners):
+                if q.qsize() < 4:
+                    q.put_nowait(self.ring[-1])
+        finally:
+            self._handle = self._loop.call_later(1.0, self._tick)
+
+    def sample(self) -> dict:
+        now = self._counters()
+        prev, self._prev = self._prev, now
+        dt = (now["mono"] - prev["mono"]) if prev else 0.0
+        rate = (lambda k: round((now[k] - prev[k]) / dt, 1)) if dt > 0 else (lambda k: 0.0)
+        lag_n = now["lag_n"] - prev["lag_n"] if prev else 0
+        lag_ms = round((now["lag_sum"] - prev["lag_sum"]) / lag_n * 1000, 2) if lag_n > 0 else None
+        b = self.gw.broker
+        conns = sum(1 for c in b.connections if c.connected) if b is not None else 0
+        return {"t": round(now["t"], 3), "connections": conns,
+                "sessions": len(b.sessions) if b is not None else 0,
+                "msg_in_s": rate("in"), "msg_out_s": rate("out"), "bytes_in_s": rate("bytes_in"),
+                "bytes_out_s": rate("bytes_out"), "append_s": rate("appended"), "dispatch_lag_ms": lag_ms,
+                "cpu_pct": round(rate("cpu") * 100, 1), "rss_mb": round(_rss_bytes() / 2**20, 1),
+                "msg_in": now["in"], "msg_out": now["out"], **self.disk()}
+
+    def disk(self) -> dict:
+        """The data dir's size and its file system's free space, re-read every 10 s."""
+        at, val = self._disk
+        if val is None or time.monotonic() - at > 10:
+            d = self.gw.cfg.data_dir
+            try:
+                du = shutil.disk_usage(d)
+                val = {"data_mb": round(_dir_size(d) / 2**20, 1), "disk_free_mb": round(du.free / 2**20),
+                       "disk_total_mb": round(du.total / 2**20)}
+            except OSError:
+                val = {"data_mb": None, "disk_free_mb": None, "disk_total_mb": None}
+            self._disk = (time.monotonic(), val)
+        return val
+
+
+def overview(gw, sampler: Sampler) -> dict:
+    last = sampler.ring[-1] if sampler.ring else sampler.sample()
+    cfg = gw.cfg
+    return {"gateway": {"mqtt": "{}:{}".format(*gw.address) if getattr(gw, "address", None) else None,
+                        "pid": os.getpid(), "flush_mode": cfg.flush_mode, "data_dir": os.path.abspath(cfg.data_dir),
+                        "mode": "fleet gateway" if gw.remote else "lmqtt serve (embedded store)"},
+            "now": last, "subscriptions": sum(len(s.subs) for s in gw.broker.sessions.values())}
+
+
+def _client_row(c, now_loop: float) -> dict:
+    s = c.session
+    ident = c.identity
+    subs = []
+    queued = 0
+    if s is not None:
+        subs = [{"filter": f, "qos": getattr(sub, "qos", None)} for f, sub in s.subs.items()]
+    return {"client_id": c.client_id, "username": getattr(ident, "username", None), "address": c.peer,
+            "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(c.version, str(c.version)),
+            "keepalive": c.keepalive, "subscriptions": subs,
+            "inflight": len(s.outbound) if s is not None else 0,
+            "queued": queued, "persistent": bool(s is not None and s.expiry_interval),
+            "idle_s": round(max(0.0, now_loop - c.last_rx), 1),
+            "connected_s": round(max(0.0, now_loop - c.accepted_at), 1)}
+
+
+def clients(gw, q: str = "", limit: int = 500) -> dict:
+    b = gw.broker
+    now = b.loop.time()
+    q = q.strip().lower()
+    rows, total = [], 0
+    for c in list(b.connections):
+        if not c.connected:
+            continue
+        total += 1
+        if q and not any(q in (v or "").lower() for v in (c.client_id, getattr(c.identity, "username", None), c.peer)):
+            continue
+        if len(rows) < limit:
+            rows.append(_client_row(c, now))
+    rows.sort(key=lambda r: r["client_id"] or "")
+    _queued(gw, rows)
+    return {"total": total, "shown": len(rows), "clients": rows}
+
+
+def _queued(gw, rows: list[dict]) -> None:
+    """Messages in a connected client's queues beyond what it has been sent (embedded store only)."""
+    lq = getattr(gw, "lq", None)
+    if lq is None:
+        return
+    b = gw.broker
+    for r in rows:
+        s = b.sessions.get(r["client_id"])
+        if s is None:
+            continue
+        n = 0
+        for qname, cur in list(s.cursors.items()):
+            try:
+                n += max(0, lq.max_offset(qname) - cur.next_offset)
+            except Exception:  # noqa: BLE001 - a queue gone meanwhile counts nothing
+                pass
+        r["queued"] = n
+
+
+def find_connection(gw, client_id: str):
+    for c in list(gw.broker.connections):
+        if c.connected and c.client_id == client_id:
+            return c
+    return None
+
+
+def sessions(gw, limit: int = 500) -> dict:
+    """Persistent sessions with each subscription's committed offset, queue end and lag."""
+    lq = getattr(gw, "lq", None)
+    if lq is None:
+        return {"available": False, "why": "a fleet gateway: `lmqtt admin --store ... --sessions` reads the store",
+                "sessions": []}
+    md = lq.metadata
+    out = []
+    now_ms = int(time.time() * 1000)
+    for rec in md.list_sessions(None, limit):
+        own = md.get_offsets(rec.client_id)
+        subs = []
+        for sub in rec.subscriptions:
+            committed = (md.get_offset(f"$share/{sub.share_group}", sub.filter) if sub.share_group
+                         else own.get(sub.filter))
+            end = lq.max_offset(sub.filter)
+            subs.append({"filter": sub.filter, "qos": sub.qos, "share_group": sub.share_group,
+                         "committed_offset": committed, "max_offset": end,
+                         "lag": None if committed is None else max(0, end - committed)})
+        connected = rec.last_disconnect_ms is None
+        out.append({"client_id": rec.client_id, "connected": connected,
+                    "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(rec.protocol_version, str(rec.protocol_version)),
+                    "offline_s": None if connected else round((now_ms - rec.last_disconnect_ms) / 1000),
+                    "expiry_interval": rec.expiry_interval, "subscriptions": subs,
+                    "lag": sum(s["lag"] or 0 for s in subs)})
+    return {"available": True, "sessions": out, "truncated": len(out) >= limit}

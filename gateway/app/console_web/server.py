@@ -1,0 +1,65 @@
+"""uvicorn's server, embedded in the running loop.
+
+`uvicorn.Server.serve` installs its own SIGINT/SIGTERM handlers (and restores them on exit): the
+gateway owns those signals (serve_command's stop event, SIGHUP reloads), so the server is started
+through `_serve` with `capture_signals` a no-op, on a socket bound here (a port in use is the
+caller's OSError, like the metrics server's, before anything is served).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+import uvicorn
+
+from .app import build_app
+
+log = logging.getLogger("lmqtt.console")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):   # the gateway's loop handles the signals
+        yield
+
+
+class ConsoleServer:
+    def __init__(self, gateway, cfg) -> None:
+        self.gw, self.cfg = gateway, cfg
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+        self.state = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Bind HOST:PORT and serve /metrics, /healthz, /readyz and the console; the bound address."""
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(fam, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        bound = sock.getsockname()[:2]
+        app, self.state = build_app(self.gw, self.cfg, bound[0])
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=1, server_header=False, date_header=False)
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
+        self.state.start_sampler()
+        return bound[0], bound[1]
+
+    async def stop(self) -> None:
+        if self.state is not None:
+            self.state.stop()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(self._task, 5)
+            except (asyncio.TimeoutError, Exception) as e:  # noqa: BLE001 - stopping must not fail the shutdown
+                log.warning("event=console_stop_failed error=%r", e)
+            self._server = self._task = None

@@ -1,0 +1,213 @@
+// lmqtt console: plain ES module, no build step, no CDN. Every value from the server is set as
+// text (textContent), never as HTML: client ids, users and topics come from MQTT clients.
+const $ = (id) => document.getElementById(id);
+let me = null;
+let timer = null;
+let events = null;
+let samples = [];
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+async function api(path, opts = {}) {
+  const headers = { "Accept": "application/json" };
+  if (opts.body !== undefined) headers["Content-Type"] = "application/json";
+  if (me && me.csrf && opts.method === "POST") headers["X-CSRF-Token"] = me.csrf;
+  const r = await fetch(path, { method: opts.method || "GET", headers, credentials: "same-origin",
+                                body: opts.body === undefined ? undefined : JSON.stringify(opts.body) });
+  const data = await r.json().catch(() => ({}));
+  if (r.status === 401) { showLogin(data.why); throw new Error("login required"); }
+  if (!r.ok) throw new Error(data.error || `HTTP ${r.status}`);
+  return data;
+}
+
+function fmt(n, digits = 0) {
+  if (n === null || n === undefined) return "-";
+  return Number(n).toLocaleString("en-US", { maximumFractionDigits: digits });
+}
+function ago(s) {
+  if (s < 60) return `${Math.round(s)}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${Math.round(s % 60)}s ago`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m ago`;
+}
+
+function showLogin(why) {
+  for (const p of document.querySelectorAll(".page")) p.hidden = true;
+  $("login").hidden = false;
+  $("nav").hidden = true;
+  $("login-error").textContent = why || "";
+  stopLive();
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  try {
+    const r = await fetch("/console/api/login", { method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ user: $("login-user").value, password: $("login-password").value }) });
+    const data = await r.json();
+    if (!r.ok) { $("login-error").textContent = data.error || `HTTP ${r.status}`; return; }
+    me = data; $("login").hidden = true; $("nav").hidden = false; $("login-password").value = "";
+    showWho(); route();
+  } catch (e) { $("login-error").textContent = String(e.message || e); }
+}
+
+function showWho() {
+  const w = $("who"); w.replaceChildren();
+  if (!me) return;
+  w.append(el("span", { id: "who-user", text: `${me.user} (${me.role})` }));
+  if (me.login_required) w.append(el("button", { id: "logout", onclick: async () => {
+    await api("/console/api/logout", { method: "POST" }).catch(() => {}); me = null; showLogin(""); } }, "Log out"));
+}
+
+function stopLive() {
+  if (timer) { clearInterval(timer); timer = null; }
+  if (events) { events.close(); events = null; }
+}
+
+// ---- overview -----------------------------------------------------------------------------
+function line(svg, series, colors) {
+  svg.replaceChildren();
+  const W = 600, H = 140, pad = 4;
+  const all = series.flat().filter((v) => v !== null && v !== undefined);
+  const max = Math.max(1, ...all);
+  const n = Math.max(2, ...series.map((s) => s.length));
+  series.forEach((s, i) => {
+    if (!s.length) return;
+    const pts = s.map((v, j) => `${(j / (n - 1)) * W},${H - pad - ((v || 0) / max) * (H - 2 * pad)}`).join(" ");
+    const p = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    p.setAttribute("points", pts); p.setAttribute("fill", "none");
+    p.setAttribute("stroke", colors[i]); p.setAttribute("stroke-width", "2");
+    p.setAttribute("vector-effect", "non-scaling-stroke");
+    svg.append(p);
+  });
+  const t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+  t.setAttribute("x", "4"); t.setAttribute("y", "14"); t.setAttribute("fill", "#8aa0b4"); t.setAttribute("font-size", "12");
+  t.textContent = `max ${fmt(max, 1)}`; svg.append(t);
+}
+
+function showSample(s) {
+  $("ov-connections").textContent = fmt(s.connections);
+  $("ov-sessions").textContent = fmt(s.sessions);
+  $("ov-in").textContent = fmt(s.msg_in_s, 1);
+  $("ov-out").textContent = fmt(s.msg_out_s, 1);
+  $("ov-append").textContent = fmt(s.append_s, 1);
+  $("ov-lag").textContent = s.dispatch_lag_ms === null ? "-" : `${fmt(s.dispatch_lag_ms, 2)} ms`;
+  $("ov-proc").textContent = `${fmt(s.cpu_pct, 1)}% · ${fmt(s.rss_mb, 0)} MB`;
+  $("ov-disk").textContent = `${fmt(s.data_mb, 1)} MB · ${fmt(s.disk_free_mb)} MB`;
+  samples.push(s); if (samples.length > 3600) samples.shift();
+  line($("chart-connections"), [samples.map((x) => x.connections)], ["#5ad19a"]);
+  line($("chart-rates"), [samples.map((x) => x.msg_in_s), samples.map((x) => x.msg_out_s)], ["#4fb3ff", "#f7a84a"]);
+}
+
+async function overview() {
+  const [ov, hist] = await Promise.all([api("/console/api/overview"), api("/console/api/history")]);
+  samples = hist.samples.slice(0, -1);
+  showSample(ov.now);
+  $("ov-subscriptions").textContent = fmt(ov.subscriptions);
+  const g = ov.gateway;
+  $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ${g.data_dir}`;
+  events = new EventSource("/console/api/stream");
+  events.onmessage = (m) => showSample(JSON.parse(m.data));
+  timer = setInterval(async () => {
+    const o = await api("/console/api/overview").catch(() => null);
+    if (o) $("ov-subscriptions").textContent = fmt(o.subscriptions);
+  }, 2000);
+}
+
+// ---- clients ------------------------------------------------------------------------------
+async function disconnect(clientId, button) {
+  button.disabled = true;
+  try {
+    await api("/console/api/clients/disconnect", { method: "POST", body: { client_id: clientId } });
+    $("cl-message").textContent = "";
+    await loadClients();
+  } catch (e) {
+    $("cl-message").textContent = `disconnect ${clientId}: ${e.message}`;
+    button.disabled = false;
+  }
+}
+
+async function loadClients() {
+  const q = $("cl-search").value;
+  const d = await api(`/console/api/clients?q=${encodeURIComponent(q)}`);
+  $("cl-count").textContent = `${d.shown} shown of ${d.total} connected`;
+  const body = $("cl-table").tBodies[0];
+  body.replaceChildren(...d.clients.map((c) => {
+    const subs = el("td", { class: "subs" }, ...c.subscriptions.map((s) => el("span", { class: "tag", text: `${s.filter} q${s.qos}` })));
+    const btn = el("button", { class: "danger disconnect", "data-client": c.client_id }, "Disconnect");
+    if (me && me.role !== "admin") { btn.disabled = true; btn.title = "needs the admin role"; }
+    btn.addEventListener("click", () => disconnect(c.client_id, btn));
+    return el("tr", { "data-client": c.client_id },
+      el("td", { class: "cid", text: c.client_id }), el("td", { text: c.username || "-" }),
+      el("td", { text: c.address }), el("td", { text: c.protocol }), el("td", { class: "num", text: `${c.keepalive}s` }),
+      subs, el("td", { class: "num inflight", text: fmt(c.inflight) }), el("td", { class: "num queued", text: fmt(c.queued) }),
+      el("td", { text: ago(c.idle_s) }), el("td", {}, btn));
+  }));
+}
+
+async function clients() {
+  await loadClients();
+  timer = setInterval(() => loadClients().catch(() => {}), 2000);
+}
+
+// ---- sessions -----------------------------------------------------------------------------
+async function loadSessions() {
+  const d = await api("/console/api/sessions");
+  $("se-note").textContent = d.available ? (d.truncated ? "first 500 by client id" : "") : d.why;
+  $("se-count").textContent = d.available ? `${d.sessions.length}` : "";
+  const body = $("se-table").tBodies[0];
+  const maxLag = Math.max(1, ...d.sessions.flatMap((s) => s.subscriptions.map((x) => x.lag || 0)));
+  const rows = [];
+  for (const s of d.sessions) {
+    const state = s.connected ? el("span", { class: "ok", text: "connected" }) : `offline ${ago(s.offline_s).replace(" ago", "")}`;
+    const subs = s.subscriptions.length ? s.subscriptions : [null];
+    subs.forEach((x, i) => {
+      const bar = el("div", { class: "bar" }, el("div", { style: `width:${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` }));
+      rows.push(el("tr", { "data-client": s.client_id, "data-filter": x ? x.filter : "" },
+        el("td", { class: "cid", text: i ? "" : s.client_id }), el("td", {}, i ? "" : state),
+        el("td", { text: x ? x.filter + (x.share_group ? ` ($share/${x.share_group})` : "") : "(no subscription)" }),
+        el("td", { text: x ? x.qos : "" }),
+        el("td", { class: "num committed", text: x ? fmt(x.committed_offset) : "" }),
+        el("td", { class: "num end", text: x ? fmt(x.max_offset) : "" }),
+        el("td", { class: "num lag", text: x ? fmt(x.lag) : "" }), el("td", {}, x ? bar : "")));
+    });
+  }
+  body.replaceChildren(...rows);
+}
+
+async function sessions() {
+  await loadSessions();
+  timer = setInterval(() => loadSessions().catch(() => {}), 2000);
+}
+
+// ---- routing ------------------------------------------------------------------------------
+const pages = { overview, clients, sessions };
+
+async function route() {
+  stopLive();
+  const name = (location.hash || "#overview").slice(1);
+  const page = pages[name] ? name : "overview";
+  for (const p of document.querySelectorAll(".page")) p.hidden = p.id !== `page-${page}`;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === page);
+  try { await pages[page](); document.body.dataset.ready = page; } catch (e) { /* 401: the login form shows */ }
+}
+
+async function start() {
+  $("login-form").addEventListener("submit", login);
+  let t = null;
+  $("cl-search").addEventListener("input", () => { clearTimeout(t); t = setTimeout(() => loadClients().catch(() => {}), 200); });
+  window.addEventListener("hashchange", route);
+  try { me = await api("/console/api/me"); } catch (e) { return; }
+  showWho();
+  route();
+}
+
+start();

@@ -1,0 +1,317 @@
+"""The web console (docs/console.md) in a real browser: headless Chromium from Debian's packages
+driven by Selenium, against real `lmqtt serve` subprocesses with paho clients. The numbers on the
+pages are checked against what the clients did (connections, a client's subscriptions, a
+session's lag as `lmqtt admin --session` computes it); a client is disconnected from the page and
+the paho client sees it; off loopback the console asks for a login (the MQTT password file) and
+refuses an action to the read-only role. Every page is saved as a screenshot in the test's
+tmp_path (the overview also as docs/console.png, the README's picture).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.support import ROOT, LmqttServer, Paho, free_port
+
+selenium = pytest.importorskip("selenium")
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
+    pytest.skip("needs Debian's chromium and chromium-driver (.ci/run installs them)", allow_module_level=True)
+
+WAIT = 20
+
+
+@pytest.fixture(scope="module")
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1400,900", "--disable-extensions", "--no-first-run"):
+        opts.add_argument(a)
+    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("console")
+    srv = LmqttServer(str(d / "data"), extra_args=("--sys-interval", "0"), log_path=str(d / "serve.log")).start()
+    _wait_port(srv.host, srv.metrics_port)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
+
+
+def console_url(srv, host: str | None = None) -> str:
+    return f"http://{host or srv.host}:{srv.metrics_port}/console/"
+
+
+def wait_text(browser, css: str, want: str, timeout: float = WAIT) -> None:
+    """Until the element's text is `want` (the page updates itself: no reload)."""
+    def ok(d):
+        try:
+            return d.find_element(By.CSS_SELECTOR, css).text == want
+        except Exception:  # noqa: BLE001 - not rendered yet
+            return False
+    try:
+        WebDriverWait(browser, timeout).until(ok)
+    except Exception:
+        els = browser.find_elements(By.CSS_SELECTOR, css)
+        raise AssertionError(f"{css}: want {want!r}, page shows {[e.text for e in els]!r}") from None
+
+
+def open_page(browser, url: str, page: str) -> None:
+    browser.get(url + "#" + page)
+    WebDriverWait(browser, WAIT).until(lambda d: d.execute_script("return document.body.dataset.ready") == page)
+
+
+def shot(browser, tmp_path, name: str) -> str:
+    path = str(tmp_path / f"console-{name}.png")
+    browser.save_screenshot(path)
+    assert os.path.getsize(path) > 1000
+    return path
+
+
+def test_overview_shows_the_connections_and_traffic(server, browser, tmp_path):
+    clients = [Paho(server, client_id=f"ov-{i}") for i in range(3)]
+    try:
+        sub = clients[0]
+        sub.subscribe("ov/t", 1)
+        for i in range(20):
+            clients[1].publish("ov/t", f"m{i}", qos=1)
+        assert len(sub.get_n(20)) == 20
+        open_page(browser, console_url(server), "overview")
+        wait_text(browser, "#ov-connections", "3")
+        wait_text(browser, "#ov-subscriptions", "1")
+        # the chart drew the ring's samples (inline SVG polylines)
+        WebDriverWait(browser, WAIT).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-connections polyline"))
+        p = shot(browser, tmp_path, "overview")
+        shutil.copy(p, os.path.join(ROOT, "docs", "console.png"))
+        clients.pop().disconnect()
+        wait_text(browser, "#ov-connections", "2")      # live: the same page, no reload
+    finally:
+        for c in clients:
+            c.disconnect()
+    wait_text(browser, "#ov-connections", "0")
+
+
+def test_clients_page_shows_a_client_and_disconnects_it(server, browser, tmp_path):
+    a = Paho(server, client_id="dev-alpha", version=5, keepalive=45)
+    b = Paho(server, client_id="dev-beta", version=4)
+    try:
+        a.subscribe("plant/+/temp", 1)
+        a.subscribe("alerts/#", 0)
+        b.subscribe("other", 0)
+        open_page(browser, console_url(server), "clients")
+        wait_text(browser, "#cl-count", "2 shown of 2 connected")
+        search = browser.find_element(By.ID, "cl-search")
+        search.send_keys("alpha")
+        wait_text(browser, "#cl-count", "1 shown of 2 connected")
+        row = browser.find_element(By.CSS_SELECTOR, 'tr[data-client="dev-alpha"]')
+        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        assert cells[0] == "dev-alpha" and cells[3] == "5.0" and cells[4] == "45s", cells
+        tags = sorted(t.text for t in row.find_elements(By.CSS_SELECTOR, ".subs .tag"))
+        assert tags == ["alerts/# q0", "plant/+/temp q1"]
+        shot(browser, tmp_path, "clients")
+        row.find_element(By.CSS_SELECTOR, "button.disconnect").click()
+        rc = a.disconnects.get(timeout=WAIT)          # the paho client sees the server close it
+        assert getattr(rc, "value", rc) == 0x98, rc   # MQTT 5: Administrative action
+        wait_text(browser, "#cl-count", "0 shown of 1 connected")
+        assert b.c.is_connected()
+        log = open(server.log_path, encoding="utf-8", errors="replace").read()
+        assert "event=console_action action=disconnect user=local client_id=dev-alpha" in log
+    finally:
+        a.c.loop_stop()
+        b.disconnect()
+
+
+def test_sessions_page_shows_the_lag_of_an_offline_session(server, browser, tmp_path):
+    dev = Paho(server, client_id="sess-dev", version=4, clean=False)
+    dev.subscribe("fleet/lag", 1)
+    dev.disconnect()
+    pub = Paho(server, client_id="sess-pub")
+    try:
+        for i in range(7):
+            pub.publish("fleet/lag", f"m{i}", qos=1)
+    finally:
+        pub.disconnect()
+    admin = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "admin", "--store", server.store_address,
+                            "--session", "sess-dev", "--format", "json"], capture_output=True, text=True, timeout=30,
+                           cwd=ROOT)
+    assert admin.returncode == 0, admin.stderr
+    sub = json.loads(admin.stdout)["session"]["subscriptions"][0]
+    assert sub["lag"] == 7, sub
+    open_page(browser, console_url(server), "sessions")
+    row = 'tr[data-client="sess-dev"][data-filter="fleet/lag"]'
+    wait_text(browser, row + " .lag", "7")
+    wait_text(browser, row + " .committed", f"{sub['committed_offset']:,}")
+    wait_text(browser, row + " .end", f"{sub['max_offset']:,}")
+    shot(browser, tmp_path, "sessions")
+    dev.connect()                      # back online: it gets the 7 and the lag goes to 0 on the page
+    try:
+        assert len(dev.get_n(7)) == 7
+        wait_text(browser, row + " .lag", "0")
+    finally:
+        dev.disconnect()
+
+
+# ---- off loopback: a login -------------------------------------------------------------------
+
+def _local_address() -> str | None:
+    """A non-loopback address of this machine the browser can reach (192.0.2.2 here), or None."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout.split()
+    except OSError:
+        return None
+    for a in out:
+        if ":" in a or a.startswith("127."):
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((a, 0))
+            return a
+        except OSError:
+            continue
+    return None
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """`lmqtt serve` whose console listens on a non-loopback address (login required) or, when the
+    machine has none, on loopback with console_login = true."""
+    from lmqtt.gateway.security.auth import hash_password, write_password_file
+    d = tmp_path_factory.mktemp("console-login")
+    pw = d / "passwd"
+    write_password_file(str(pw), {"ops": hash_password("ops-secret"), "watcher": hash_password("watch-secret"),
+                                  "device": hash_password("dev-secret")})
+    addr = _local_address()
+    cfg = d / "lmqtt.toml"
+    lines = [f'password_file = "{pw}"', 'console_admins = "ops"', 'console_viewers = "watcher"']
+    lines.append(f'metrics_host = "{addr}"' if addr else "console_login = true")
+    cfg.write_text("\n".join(lines) + "\n")
+    srv = LmqttServer(str(d / "data"), extra_args=("--config", str(cfg), "--sys-interval", "0"),
+                      log_path=str(d / "serve.log")).start()
+    srv.console_host = addr or srv.host
+    _wait_port(srv.console_host, srv.metrics_port)
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
+
+
+def _wait_port(host: str, port: int, timeout: float = 20.0) -> None:
+    """The console's port opens a moment after the MQTT port (LmqttServer.start waits for that)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _mqtt(srv, client_id: str, user: str, password: str) -> Paho:
+    p = Paho(srv, client_id=client_id, connect=False)
+    p.c.username_pw_set(user, password)
+    p.connect()
+    return p
+
+
+def _login(browser, url: str, user: str, password: str) -> None:
+    browser.delete_all_cookies()
+    browser.get(url)
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "login").is_displayed())
+    browser.find_element(By.ID, "login-user").send_keys(user)
+    browser.find_element(By.ID, "login-password").send_keys(password)
+    browser.find_element(By.ID, "login-submit").click()
+
+
+def test_off_loopback_the_console_needs_a_login(guarded, browser, tmp_path):
+    url = console_url(guarded, guarded.console_host)
+    # the API answers nothing without a login; /metrics and the probes stay open for Prometheus/k8s
+    for path in ("api/clients", "api/sessions", "api/overview"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + path, timeout=10)
+        assert e.value.code == 401
+    base = url.rsplit("/console/", 1)[0]
+    assert urllib.request.urlopen(base + "/metrics", timeout=10).status == 200
+    assert urllib.request.urlopen(base + "/healthz", timeout=10).read() == b"ok\n"
+    _login(browser, url, "ops", "wrong")
+    wait_text(browser, "#login-error", "wrong user name or password")
+    shot(browser, tmp_path, "login")
+    _login(browser, url, "device", "dev-secret")           # in the password file, no console role
+    wait_text(browser, "#login-error", "user 'device' has no console role (console_admins / console_viewers)")
+    dev = _mqtt(guarded, "guarded-dev", "device", "dev-secret")
+    try:
+        _login(browser, url, "ops", "ops-secret")
+        wait_text(browser, "#who-user", "ops (admin)")
+        open_page(browser, url, "clients")
+        wait_text(browser, 'tr[data-client="guarded-dev"] td:nth-child(2)', "device")
+        shot(browser, tmp_path, "clients-logged-in")
+        browser.find_element(By.CSS_SELECTOR, 'tr[data-client="guarded-dev"] button.disconnect').click()
+        dev.disconnects.get(timeout=WAIT)
+        wait_text(browser, "#cl-count", "0 shown of 0 connected")
+    finally:
+        dev.c.loop_stop()
+    log = open(guarded.log_path, encoding="utf-8", errors="replace").read()
+    assert "event=console_login user=ops role=admin" in log
+    assert "event=console_login_refused user=ops" in log
+    assert "event=console_action action=disconnect user=ops client_id=guarded-dev" in log
+
+
+def test_the_read_only_role_cannot_disconnect(guarded, browser, tmp_path):
+    url = console_url(guarded, guarded.console_host)
+    dev = _mqtt(guarded, "guarded-dev2", "device", "dev-secret")
+    try:
+        _login(browser, url, "watcher", "watch-secret")
+        wait_text(browser, "#who-user", "watcher (viewer)")
+        open_page(browser, url, "clients")
+        btn = 'tr[data-client="guarded-dev2"] button.disconnect'
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, btn))
+        assert not browser.find_element(By.CSS_SELECTOR, btn).is_enabled()
+        shot(browser, tmp_path, "clients-read-only")
+        # the server refuses it too (not only the greyed button): the viewer's own session and CSRF token
+        status, body = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            const me = await (await fetch('/console/api/me')).json();
+            const r = await fetch('/console/api/clients/disconnect', {method: 'POST',
+                headers: {'Content-Type': 'application/json', 'X-CSRF-Token': me.csrf},
+                body: JSON.stringify({client_id: 'guarded-dev2'})});
+            done([r.status, await r.text()]);""")
+        assert status == 403 and "read-only role" in body, (status, body)
+        # an admin's action without the CSRF token is refused as well
+        _login(browser, url, "ops", "ops-secret")
+        wait_text(browser, "#who-user", "ops (admin)")
+        status, body = browser.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            const r = await fetch('/console/api/clients/disconnect', {method: 'POST',
+                headers: {'Content-Type': 'application/json'}, body: JSON.stringify({client_id: 'guarded-dev2'})});
+            done([r.status, await r.text()]);""")
+        assert status == 403 and "CSRF" in body, (status, body)
+        assert dev.c.is_connected()
+        assert dev.disconnects.empty()
+    finally:
+        dev.disconnect()
+    log = open(guarded.log_path, encoding="utf-8", errors="replace").read()
+    assert "event=console_action_refused action=disconnect user=watcher reason=role" in log
