@@ -420,8 +420,12 @@ class Member:
             if sh is not None:
                 sh.stop()
             if self.role == "primary":
-                log.warning("event=ha_primary_deposed group=%s node=%d epoch=%d now_epoch=%d", self.group,
-                            self.node, self.role_epoch, self.state.epoch)
+                if self._stop.is_set():
+                    log.info("event=ha_primary_stopping group=%s node=%d epoch=%d", self.group, self.node,
+                             self.role_epoch)
+                else:
+                    log.warning("event=ha_primary_deposed group=%s node=%d epoch=%d now_epoch=%d primary=%s",
+                                self.group, self.node, self.role_epoch, self.state.epoch, self.state.primary)
                 self.role = "deposed"
 
     def _become_replica(self, primary: int, epoch: int) -> None:
