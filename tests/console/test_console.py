@@ -173,6 +173,45 @@ def test_sessions_page_shows_the_lag_of_an_offline_session(server, browser, tmp_
         dev.disconnect()
 
 
+def _trace(browser, flt: str, since: str) -> None:
+    browser.find_element(By.ID, "tr-filter").clear()
+    browser.find_element(By.ID, "tr-filter").send_keys(flt)
+    browser.find_element(By.CSS_SELECTOR, f'#tr-since option[value="{since}"]').click()
+    browser.find_element(By.ID, "tr-start").click()
+
+
+def _traced(browser) -> list[tuple[str, str, str]]:
+    return [(r.find_element(By.CSS_SELECTOR, ".topic").text, r.find_element(By.CSS_SELECTOR, ".payload").text,
+             r.find_element(By.CSS_SELECTOR, ".props").text)
+            for r in browser.find_elements(By.CSS_SELECTOR, "#tr-table tbody tr")]
+
+
+def test_tracer_shows_history_since_then_live_messages(server, browser, tmp_path):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+    pub = Paho(server, client_id="tracer-pub", version=5)
+    try:
+        props = Properties(PacketTypes.PUBLISH)
+        props.UserProperty = ("line", "3")
+        props.ContentType = "text/plain"
+        pub.publish("trace/room1/temp", "21.5", qos=1, properties=props)
+        pub.publish("trace/room2/temp", "19.0", qos=1)
+        pub.publish("other/x", "not traced", qos=1)
+        open_page(browser, console_url(server), "tracer")
+        _trace(browser, "trace/+/temp", "3600000")               # since an hour ago: the history
+        wait_text(browser, "#tr-count", "2 messages")
+        got = sorted(_traced(browser))
+        assert got == [("trace/room1/temp", "21.5", "content-type=text/plain line=3"),
+                       ("trace/room2/temp", "19.0", "")], got
+        pub.publish("trace/room3/temp", "18.25", qos=1)         # live, on the same page
+        wait_text(browser, "#tr-count", "3 messages")
+        assert _traced(browser)[0][:2] == ("trace/room3/temp", "18.25")
+        shot(browser, tmp_path, "tracer")
+        browser.find_element(By.ID, "tr-stop").click()
+    finally:
+        pub.disconnect()
+
+
 # ---- off loopback: a login -------------------------------------------------------------------
 
 def _local_address() -> str | None:
@@ -204,7 +243,11 @@ def guarded(tmp_path_factory):
                                   "device": hash_password("dev-secret")})
     addr = _local_address()
     cfg = d / "lmqtt.toml"
-    lines = [f'password_file = "{pw}"', 'console_admins = "ops"', 'console_viewers = "watcher"']
+    acl = d / "acl"
+    acl.write_text("user ops\ntopic readwrite #\nuser device\ntopic readwrite #\n"
+                   "user watcher\ntopic read #\ntopic deny secret/#\n")
+    lines = [f'password_file = "{pw}"', f'acl_file = "{acl}"', 'console_admins = "ops"',
+             'console_viewers = "watcher"']
     lines.append(f'metrics_host = "{addr}"' if addr else "console_login = true")
     cfg.write_text("\n".join(lines) + "\n")
     srv = LmqttServer(str(d / "data"), extra_args=("--config", str(cfg), "--sys-interval", "0"),
@@ -315,3 +358,33 @@ def test_the_read_only_role_cannot_disconnect(guarded, browser, tmp_path):
         dev.disconnect()
     log = open(guarded.log_path, encoding="utf-8", errors="replace").read()
     assert "event=console_action_refused action=disconnect user=watcher reason=role" in log
+
+
+def test_the_tracer_shows_only_what_the_users_acl_lets_them_read(guarded, browser, tmp_path):
+    url = console_url(guarded, guarded.console_host)
+    dev = _mqtt(guarded, "guarded-pub", "device", "dev-secret")
+    try:
+        dev.publish("secret/vault", "the combination", qos=1)
+        dev.publish("public/news", "hello", qos=1)
+        _login(browser, url, "watcher", "watch-secret")
+        wait_text(browser, "#who-user", "watcher (viewer)")
+        open_page(browser, url, "tracer")
+        _trace(browser, "secret/#", "3600000")
+        wait_text(browser, "#tr-error", "the ACL does not let user 'watcher' subscribe to 'secret/#'")
+        _trace(browser, "#", "3600000")                 # allowed, overlaps the denied secret/#
+        wait_text(browser, "#tr-count", "1 message")
+        dev.publish("secret/vault", "changed", qos=1)
+        dev.publish("public/news", "more", qos=1)
+        wait_text(browser, "#tr-count", "2 messages")
+        got = _traced(browser)
+        assert [t for t, _p, _x in got] == ["public/news", "public/news"], got
+        assert "combination" not in browser.page_source and "changed" not in browser.page_source
+        shot(browser, tmp_path, "tracer-acl")
+        # the admin's ACL (readwrite #) lets them see both
+        _login(browser, url, "ops", "ops-secret")
+        wait_text(browser, "#who-user", "ops (admin)")
+        open_page(browser, url, "tracer")
+        _trace(browser, "secret/#", "3600000")
+        wait_text(browser, "#tr-count", "2 messages")
+    finally:
+        dev.disconnect()

@@ -199,7 +199,52 @@ def build_app(gw, cfg, bound_host: str):
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={**_HEADERS, "X-Accel-Buffering": "no"})
 
+    async def trace(request: Request):
+        """Server-sent events: the messages of a filter since a time, then live (the tracer)."""
+        s, refused = need(request)
+        if refused is not None:
+            return refused
+        if getattr(gw, "store", None) is None:
+            return _json({"error": "the tracer reads the embedded store: lmqtt serve only"}, 409)
+        flt = request.query_params.get("filter", "")
+        try:
+            since = int(request.query_params.get("since") or 0)
+        except ValueError:
+            return _json({"error": "since must be epoch milliseconds"}, 400)
+        allowed = None
+        if auth.login_required and gw.acl is not None:
+            from lmqtt.gateway.security.auth import Identity
+            ident = Identity(s.user, "lmqtt-console", "password")
+            if not gw.acl.can_subscribe(ident, flt):
+                log.info("event=console_trace_refused user=%s filter=%r reason=acl", s.user, flt)
+                return _json({"error": f"the ACL does not let user {s.user!r} subscribe to {flt!r}"}, 403)
+            if gw.acl.needs_read_check(ident, flt):
+                allowed = lambda topic: gw.acl.can_read(ident, topic)  # noqa: E731
+        try:
+            tr = data.Trace(gw, flt, since, allowed)
+        except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
+            return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
+        log.info("event=console_trace user=%s filter=%r since_ms=%d", s.user, flt, since)
+
+        async def events():
+            yield "retry: 2000\n\n"
+            while not st.stopping.is_set():
+                if await request.is_disconnected():
+                    return
+                batch = tr.poll()
+                if batch:
+                    yield f"data: {json.dumps(batch)}\n\n"
+                if len(batch) < tr.MAX_PER_POLL:
+                    try:
+                        await asyncio.wait_for(st.stopping.wait(), 0.5)
+                    except asyncio.TimeoutError:
+                        pass
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={**_HEADERS, "X-Accel-Buffering": "no"})
+
     routes = [
+        Route("/console/api/trace", trace),
         Route("/healthz", healthz), Route("/readyz", readyz), Route("/", root),
         Route("/console/", index), Route("/console", root),
         Route("/console/api/me", me), Route("/console/api/login", login, methods=["POST"]),

@@ -206,3 +206,58 @@ def sessions(gw, limit: int = 500) -> dict:
                     "expiry_interval": rec.expiry_interval, "subscriptions": subs,
                     "lag": sum(s["lag"] or 0 for s in subs)})
     return {"available": True, "sessions": out, "truncated": len(out) >= limit}
+
+
+class Trace:
+    """The message tracer: the messages matching a filter, from `since_ms` on, read from the
+    embedded store's ConsumeQueues (the same history read as `$replay/` and the SDK's `since`,
+    lightqueue/history.py and replay.read_history) and then followed as they arrive. Nothing is
+    registered in the store (no light queue is created for the filter): each poll reads the
+    ConsumeQueues of the filter's first-level topics from where the last one stopped.
+    `allowed(topic)`: False hides a message (the user's ACL would not let them read it)."""
+
+    MAX_PER_POLL = 200
+
+    def __init__(self, gw, flt: str, since_ms: int, allowed=None) -> None:
+        from lmqtt.lightqueue import history
+        from lmqtt.lightqueue.topics import validate_filter
+        validate_filter(flt)            # ValueError-like InvalidTopic with the reason
+        self.gw, self.flt, self.since_ms = gw, flt, int(since_ms)
+        self.allowed = allowed
+        self._history = history
+        self.cursor = {"filter": flt, "seam": 1 << 62, "end": 1 << 62, "sources": []}
+        self._known: set[tuple[str, int]] = set()
+
+    def _refresh_sources(self) -> None:
+        store = self.gw.store
+        for fl, qid in self._history.sources(store, self.flt):
+            if (fl, qid) not in self._known:
+                self._known.add((fl, qid))
+                self.cursor["sources"].append([fl, qid, self._history.cq_offset_for_time(store, fl, qid, self.since_ms)])
+
+    def poll(self) -> list[dict]:
+        from lmqtt.lightqueue.replay import read_history
+        from lmqtt.store.client.props import decode_fields
+        self._refresh_sources()
+        if not self.cursor["sources"]:
+            return []
+        msgs, self.cursor, _done = read_history(self.gw.store, self.cursor, max_count=self.MAX_PER_POLL)
+        out = []
+        for m in msgs:
+            if self.allowed is not None and not self.allowed(m.topic):
+                continue
+            try:
+                qos, retain, client_id, pfi, expiry, ctype, resp, corr, user = decode_fields(m.props)
+            except ValueError:
+                qos, retain, client_id, pfi, expiry, ctype, resp, corr, user = 0, False, "", None, None, None, None, None, []
+            body = bytes(m.body)
+            try:
+                text, binary = body[:2048].decode("utf-8"), False
+            except UnicodeDecodeError:
+                text, binary = body[:64].hex(" "), True
+            out.append({"topic": m.topic, "payload": text, "binary": binary, "size": len(body),
+                        "truncated": len(body) > 2048, "qos": qos, "retain": retain, "client_id": client_id,
+                        "store_ts": m.store_ts, "content_type": ctype, "response_topic": resp,
+                        "message_expiry_interval": expiry,
+                        "user_properties": [list(p) for p in user]})
+        return out

@@ -188,11 +188,55 @@ async function sessions() {
   timer = setInterval(() => loadSessions().catch(() => {}), 2000);
 }
 
+// ---- tracer -------------------------------------------------------------------------------
+let trace = null;
+let traced = 0;
+function stopTrace() {
+  if (trace) { trace.close(); trace = null; }
+  $("tr-start").disabled = false; $("tr-stop").disabled = true;
+}
+function startTrace(ev) {
+  ev.preventDefault();
+  stopTrace();
+  const back = Number($("tr-since").value);
+  const since = back ? Date.now() - back : Date.now();
+  const flt = $("tr-filter").value;
+  $("tr-error").textContent = ""; traced = 0; $("tr-count").textContent = "";
+  $("tr-table").tBodies[0].replaceChildren();
+  const url = `/console/api/trace?filter=${encodeURIComponent(flt)}&since=${since}`;
+  // an EventSource hides the refusal's body: ask once with fetch for a clear message
+  fetch(url, { headers: { "Accept": "application/json" } }).then(async (r) => {
+    if (!r.ok) { const d = await r.json().catch(() => ({})); $("tr-error").textContent = d.error || `HTTP ${r.status}`; stopTrace(); return; }
+    r.body.cancel();
+    trace = new EventSource(url);
+    $("tr-start").disabled = true; $("tr-stop").disabled = false;
+    trace.onmessage = (m) => {
+      const body = $("tr-table").tBodies[0];
+      for (const x of JSON.parse(m.data)) {
+        traced += 1;
+        const props = [];
+        if (x.content_type) props.push(`content-type=${x.content_type}`);
+        if (x.response_topic) props.push(`response-topic=${x.response_topic}`);
+        if (x.message_expiry_interval !== null) props.push(`expiry=${x.message_expiry_interval}s`);
+        for (const [k, v] of x.user_properties) props.push(`${k}=${v}`);
+        body.prepend(el("tr", { "data-topic": x.topic },
+          el("td", { text: new Date(x.store_ts).toISOString().replace("T", " ").replace("Z", "") }),
+          el("td", { class: "topic", text: x.topic }), el("td", { text: x.qos }), el("td", { text: x.retain ? "yes" : "" }),
+          el("td", { text: x.client_id || "-" }), el("td", { class: "props", text: props.join(" ") }),
+          el("td", { class: "payload", text: (x.binary ? "[hex] " : "") + x.payload + (x.truncated ? " …" : "") })));
+        while (body.rows.length > 500) body.deleteRow(body.rows.length - 1);
+      }
+      $("tr-count").textContent = `${traced} message${traced === 1 ? "" : "s"}`;
+    };
+  }).catch((e) => { $("tr-error").textContent = String(e.message || e); });
+}
+async function tracer() { /* the form starts a trace; leaving the page stops it (route) */ }
+
 // ---- routing ------------------------------------------------------------------------------
-const pages = { overview, clients, sessions };
+const pages = { overview, clients, sessions, tracer };
 
 async function route() {
-  stopLive();
+  stopLive(); stopTrace();
   const name = (location.hash || "#overview").slice(1);
   const page = pages[name] ? name : "overview";
   for (const p of document.querySelectorAll(".page")) p.hidden = p.id !== `page-${page}`;
@@ -202,6 +246,8 @@ async function route() {
 
 async function start() {
   $("login-form").addEventListener("submit", login);
+  $("tr-form").addEventListener("submit", startTrace);
+  $("tr-stop").addEventListener("click", stopTrace);
   let t = null;
   $("cl-search").addEventListener("input", () => { clearTimeout(t); t = setTimeout(() => loadClients().catch(() => {}), 200); });
   window.addEventListener("hashchange", route);
