@@ -229,8 +229,8 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
     cpu = (srv.cpu() - s0) / max(1, repeat)
     # the same read without Spark: the source's own partition reader (store scan + SDK + Arrow
     # batches) in this process, one partition after the other, best of `repeat`
-    from lmqtt.store.spark.source import _Queues
-    q = _Queues({"store": srv.address, "filter": "fhist/+/temp"})
+    from lmqtt.store.spark.source import SourceQueues
+    q = SourceQueues({"store": srv.address, "filter": "fhist/+/temp"})
     direct = []
     try:
         for _ in range(max(1, repeat)):

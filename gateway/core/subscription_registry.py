@@ -30,6 +30,7 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -141,9 +142,12 @@ class SubscriptionRegistry:
             since = since_all
             if tf.startswith(REPLAY_PREFIX):
                 try:
-                    since, tf = split_replay_filter(tf)
+                    split = split_replay_filter(tf)
                 except ReplayRequestError:
                     continue
+                if split is None:
+                    continue
+                since, tf = split
             try:
                 group, flt = T.parse_shared(tf)
                 T.validate_filter(flt)
@@ -347,8 +351,10 @@ class SubscriptionRegistry:
                     g.remove_member(s)
         for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
             inf = s.outbound.pop(pid)
-            inf.group.take_back(inf.message)
-            self.delivery.kick_queue(inf.group.queue)
+            group = inf.group
+            assert group is not None
+            group.take_back(inf.message)
+            self.delivery.kick_queue(group.queue)
 
     def is_current(self, g: SharedGroup) -> bool:
         return self.groups.get((g.name, g.queue)) is g
@@ -387,7 +393,7 @@ class SubscriptionRegistry:
                 mine[sub.queue] = mine.get(sub.queue, 0) + 1
         for q, n in mine.items():
             if self._filter_users.get(q) == n:
-                self._answer("registered", q, lambda q=q: self.filters.register(q))
+                self._answer("registered", q, functools.partial(self.filters.register, q))
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):

@@ -26,7 +26,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
 
@@ -224,7 +224,8 @@ class NodeConfig:
             if kind is bool:
                 p.add_argument(name, action=argparse.BooleanOptionalAction, default=None, help=md["help"])
             else:
-                p.add_argument(name, type=None if kind is str else kind, choices=md.get("choices"), help=md["help"])
+                kw: dict[str, Any] = {} if kind is str else {"type": kind}
+                p.add_argument(name, choices=md.get("choices"), help=md["help"], **kw)
 
     # ------------------------------------------------------------------ config file
     @classmethod
@@ -240,7 +241,8 @@ class NodeConfig:
         for k, v in doc.items():
             if isinstance(v, dict) and k not in (STORE_TABLE,) + GATEWAY_TABLES and k.replace("-", "_") not in kinds:
                 raise unknown_table(k, path, (STORE_TABLE,) + GATEWAY_TABLES)
-        table = doc.get(STORE_TABLE) if isinstance(doc.get(STORE_TABLE), dict) else {}
+        raw_table = doc.get(STORE_TABLE)
+        table: dict[str, Any] = raw_table if isinstance(raw_table, dict) else {}
         top = {k: v for k, v in doc.items() if not (isinstance(v, dict) and k in (STORE_TABLE,) + GATEWAY_TABLES)}
         out: dict[str, Any] = {}
         for source, tbl in ((top, None), (table, STORE_TABLE)):
@@ -270,9 +272,9 @@ class NodeConfig:
         kinds = cls.keys()
         for k, v in (file_values or {}).items():
             setattr(cfg, k, v)
-        env = os.environ if env is None else env
-        if not cfg.token and env.get("LMQTT_STORE_TOKEN"):
-            cfg.token = env["LMQTT_STORE_TOKEN"]
+        environ: Mapping[str, str] = os.environ if env is None else env
+        if not cfg.token and environ.get("LMQTT_STORE_TOKEN"):
+            cfg.token = environ["LMQTT_STORE_TOKEN"]
         for k, v in (flags or {}).items():
             if v is None:
                 continue

@@ -64,7 +64,7 @@ def parse_time(v) -> int | None:
     return int(d.timestamp() * 1000)
 
 
-class _Queues:
+class SourceQueues:
     """The queues one read covers, with offsets, time lookups and range pulls (driver or executor)."""
 
     def __init__(self, opts: dict, conn=None) -> None:
@@ -242,7 +242,7 @@ class RangePartition(InputPartition):
 def _read_partition(opts: dict, p: RangePartition):
     if p.start >= p.end:
         return
-    q = _Queues(opts)
+    q = SourceQueues(opts)
     try:
         yield from q.iter_batches(p.key, p.start, p.end)
     finally:
@@ -260,7 +260,7 @@ class LmqttReader(DataSourceReader):
         self.per = int(options.get("recordsperpartition", 20000))
 
     def partitions(self):
-        q = _Queues(self.options)
+        q = SourceQueues(self.options)
         try:
             t0, t1 = parse_time(self.options.get("starttime")), parse_time(self.options.get("endtime"))
             parts = []
@@ -333,7 +333,7 @@ class LmqttStreamReader(DataSourceStreamReader):
 
     def _from_light_queues(self, offsets: dict, ends: dict | None = None) -> dict:
         """`offsets` with a pre-issue-28 checkpoint's `lq:<filter>` offset replaced by the source
-        ConsumeQueues' offsets of the same point (`_Queues.from_light_queue`); kept where `ends`
+        ConsumeQueues' offsets of the same point (`SourceQueues.from_light_queue`); kept where `ends`
         has the same key (a batch planned before the upgrade is re-read as it was planned)."""
         q = self._queues()
         legacy = {k: v for k, v in offsets.items() if k.startswith("lq:") and not (ends and k in ends)}
@@ -344,9 +344,9 @@ class LmqttStreamReader(DataSourceStreamReader):
             out.update(q.from_light_queue(key[3:], off))
         return out
 
-    def _queues(self) -> _Queues:
+    def _queues(self) -> SourceQueues:
         if self._q is None:
-            self._q = _Queues(self.options)
+            self._q = SourceQueues(self.options)
         return self._q
 
     def initialOffset(self) -> dict:

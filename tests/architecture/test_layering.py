@@ -31,7 +31,7 @@ UNITS = [
     "lmqtt.gateway.net",
     "lmqtt.gateway.security", "lmqtt.gateway.model", "lmqtt.gateway.delivery", "lmqtt.gateway.core",
     "lmqtt.gateway.fleet", "lmqtt.gateway.app", "lmqtt.gateway.app.config",
-    "lmqtt.loadtest", "lmqtt.loadtest.chaos", "lmqtt.loadtest.fleet_launcher", "lmqtt.examples",
+    "lmqtt.loadtest", "lmqtt.loadtest.chaos", "lmqtt.loadtest.chaos.checker", "lmqtt.loadtest.fleet_launcher", "lmqtt.examples",
 ]
 
 # unit -> the units it may import (besides itself). The processes: `lmqtt store` is
@@ -101,8 +101,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
     "lmqtt.loadtest": {"lmqtt.gateway.mqtt", "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark",
-                       "lmqtt.lightqueue", "lmqtt.examples"},
-    "lmqtt.loadtest.chaos": {"lmqtt.loadtest", "lmqtt.store", "lmqtt.store.client", "lmqtt.gateway.mqtt"},
+                       "lmqtt.lightqueue", "lmqtt.examples", "lmqtt.loadtest.chaos.checker"},
+    "lmqtt.loadtest.chaos": {"lmqtt.loadtest", "lmqtt.store", "lmqtt.store.client", "lmqtt.gateway.mqtt",
+                             "lmqtt.loadtest.chaos.checker"},
+    # the loss checker (lost, duplicated, reordered, never sent): the chaos bench's and the store
+    # group's (bench ha, tests/ha); nothing of ours
+    "lmqtt.loadtest.chaos.checker": set(),
     # `lmqtt serve --workers` with a port per gateway (bench compare's lmqtt-fleet): a load tool that
     # launches the product through its composition root (the supervisor and `lmqtt serve`'s flags)
     "lmqtt.loadtest.fleet_launcher": {"lmqtt.gateway.app", "lmqtt.gateway.app.config"},

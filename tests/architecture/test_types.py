@@ -24,8 +24,10 @@ TYPED = [
     "lmqtt.gateway.storage.facades",        # the storage facades (issue 25) and both implementations
     "lmqtt.store.node.inprocess",
     "lmqtt.gateway.storage.remote_metadata",
-    "lmqtt.gateway.storage.remote_store",   # the remote QueueStore, and the reads ahead it answers from
+    "lmqtt.gateway.storage.remote_store",   # the remote QueueStore: mirrors, and answers asked together
     "lmqtt.gateway.storage.remote_reads",
+    "lmqtt.gateway.core.subscription_registry",  # the facades' main caller: prepare / deciding
+    "lmqtt.store.node.config",              # NodeConfig: every lmqtt store setting, typed
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")
