@@ -1,4 +1,4 @@
-"""One loader for the optional C accelerators, all seven of them (setup.py builds each; the module
+"""One loader for the optional C accelerators, all eight of them (setup.py builds each; the module
 that loads it holds its Python reference):
 
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
@@ -13,6 +13,8 @@ that loads it holds its Python reference):
   loop (lightqueue/take.py);
 * `lmqtt.lightqueue._retained` (lightqueue/_retained.c): the retained-message scan's per-entry
   loop (lightqueue/metadata.py);
+* `lmqtt.lightqueue._history` (lightqueue/_history.c): a filter's history read, the scan of its
+  first-level topics' ConsumeQueue entries with the topic match (lightqueue/history.py);
 * `lmqtt.gateway.mqtt._run` (gateway/mqtt/_run.c): a run of PUBLISH packets encoded at once
   (gateway/mqtt/encoder.py).
 

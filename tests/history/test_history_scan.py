@@ -2,6 +2,7 @@
 Python reference on a real store, and the C matcher against lightqueue/topics.py's rule."""
 from __future__ import annotations
 
+import os
 import random
 import struct
 
@@ -16,6 +17,15 @@ from lmqtt.store.message import Message
 from lmqtt.store.message_store import MessageStore
 
 needs_c = pytest.mark.skipif(H._C is None, reason="lightqueue._history not built")
+PURE = os.environ.get("LMQTT_PURE_PYTHON", "") not in ("", "0")
+
+
+@pytest.mark.skipif(PURE, reason="LMQTT_PURE_PYTHON is set: the C loop is off on purpose")
+def test_the_c_history_scan_is_built_and_used():
+    """Every C test below skips when the module is missing: this one says so instead."""
+    assert H._C is not None, ("lmqtt.lightqueue._history was not built: `pip install -e .` needs a C compiler "
+                              "(filter history reads fall back to the Python scan)")
+    assert H.scan is H._C.scan, "the history read does not use the C scan"
 
 TOPICS = ["p/a/t", "p/b/t", "p/a/h", "p", "p/", "p//t", "p/a/t/x", "p/$x/t", "q/a/t", "$sys/a", "p/a/tt"]
 FILTERS = ["p/+/t", "p/#", "#", "+/a/t", "p/a/t", "p/+", "p/+/+/x", "p//t", "p/+/#", "+", "+/+", "$sys/#",
