@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
 import socket
 import threading
 import time
@@ -175,6 +176,9 @@ class Connection:
         # a store group: how long requests keep looking for the primary (across reconnects)
         self.failover_timeout = failover_timeout
         self.failovers = 0          # times this connection moved to another member
+        # a store group: seconds without any answer while requests wait before the member is left
+        self.stall_timeout = 5.0
+        self._waiting_since = 0.0
         self.token = token
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -277,19 +281,43 @@ class Connection:
 
     def _reader(self, s: socket.socket, dec: W.FrameDecoder, early, gen: int) -> None:
         err = "connection closed by the store"
+        # a store group: a primary that stops answering (paused, cut off) while requests wait is
+        # left after `stall_timeout` s of silence, so the requests go to the group's new primary
+        stall = self.stall_timeout if len(self.addresses) > 1 else None
+        stalled = False
+        last_rx = time.monotonic()
         try:
             self._deliver(early)
             while True:
+                if stall:
+                    ready, _w, _x = select.select([s], [], [], 0.5)
+                    if not ready:
+                        waiting = self._waiting_since
+                        now = time.monotonic()
+                        if self._pending and waiting and now - max(last_rx, waiting) > stall:
+                            err = (f"no answer from the store at {self.host}:{self.port} for {stall:g} s "
+                                   f"(a stopped or cut-off group member?)")
+                            stalled = True
+                            break
+                        continue
                 data = s.recv(1 << 20)
                 if not data:
                     break
+                last_rx = time.monotonic()
                 self._deliver(dec.feed(data))
         except (OSError, W.ProtocolError) as e:
             err = f"connection to the store lost: {e}"
         if self._conn_error:
             err = f"the store closed the connection: {self._conn_error}"
             self._conn_error = None
+        if stalled:
+            try:
+                s.shutdown(socket.SHUT_RDWR)     # a send blocked on the silent member fails now
+            except OSError:
+                pass
         self._drop(s, err)
+        if stalled:
+            self._move(None)
 
     def _deliver(self, frames) -> None:
         pop = self._pending.pop
@@ -327,6 +355,8 @@ class Connection:
                 raise StoreClientError(W.E_TOO_LARGE, f"request of {len(body) + 6} bytes exceeds the store's "
                                        f"frame limit of {limit} bytes (split the batch)")
             rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+            if not self._pending:
+                self._waiting_since = time.monotonic()
             self._pending[rid] = fut
             try:
                 s.sendall(W.frame(op, rid, body, flags))

@@ -397,3 +397,31 @@ def test_sigstop_of_the_primary_under_load_then_sigcont(group):
     row = _verdict(ck, records)
     assert failures([row]) == [] and row["acked"] == sent[0] and row["duplicated"] == 0, row
     conn.close()
+
+
+def test_a_send_waiting_on_a_stopped_primary_moves_to_the_new_one(group):
+    """A sync send in flight when its primary is stopped (SIGSTOP, never resumed during the send):
+    the connection hears nothing from it, leaves it after its stall timeout and re-sends to the
+    new primary - the send completes, stored once (before: it waited for the stopped member until
+    the request timeout and failed)."""
+    old = group.wait_primary(in_sync=3)
+    ck = Checker()
+    conn = connect(group.peers, timeout=40.0)
+    p = conn.producer("p7")
+    for i in range(50):
+        ck.sent("p7", i, 2, STREAM)
+        p.send(TOPIC, body("p7", i, 64))
+        ck.acked("p7", i)
+    old.pause()
+    try:
+        for i in range(50, 60):               # the first of these is in flight when nothing answers
+            ck.sent("p7", i, 2, STREAM)
+            p.send(TOPIC, body("p7", i, 64))
+            ck.acked("p7", i)
+        new = group.wait_primary(exclude=(old.node,), among=[m for m in group.members if m is not old])
+        records = read_all(connect(new.address), TOPIC)
+    finally:
+        old.resume()
+    row = _verdict(ck, records)
+    assert failures([row]) == [] and row["acked"] == 60 and row["duplicated"] == 0, row
+    conn.close()

@@ -1,0 +1,295 @@
+"""`lmqtt bench ha`: a replicated store group (docs/ha.md) of real `lmqtt store --group` processes on
+loopback, one JSON object per result on stdout.
+
+Cases:
+* append-replicated  `--messages` messages of `--size` bytes through an AutoBatch producer into a
+                     single `lmqtt store`, then into a group of 3 with --ack-replicas 1 and 2, per
+                     flush mode of `--flush-modes`, in the same run: msgs/s and the ratio to the
+                     single node of the same flush mode
+* failover           a group of 3 under a sync producer's load; `--kills` faults of the primary,
+                     kill -9 and SIGSTOP alternated (`--faults`): the time from the fault to the
+                     first acknowledged write on the new primary (p50/p99/max over the faults); the
+                     victim comes back (restarted / SIGCONT) and catches up before the next fault;
+                     at the end every acknowledged message is read back from the last primary and
+                     checked by the chaos checker (lost / duplicated)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from lmqtt.loadtest.brokers import _free_ports
+from lmqtt.loadtest.chaos.checker import Checker, body, failures
+
+TOPIC = "bench/ha"
+
+
+class _Member:
+    def __init__(self, root: str, group: "_Group", node: int, port: int) -> None:
+        self.node, self.port, self.group = node, port, group
+        self.data_dir = os.path.join(root, f"m{node}")
+        self.log = os.path.join(root, f"m{node}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        g = self.group
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", "bench", "--node-id", str(self.node),
+               "--peers", g.peers, "--data-dir", self.data_dir, "--flush-mode", g.flush_mode,
+               "--segment-mb", "64", "--election-timeout-s", str(g.election_timeout)]
+        if g.ack_replicas is not None:
+            cmd += ["--ack-replicas", str(g.ack_replicas)]
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+
+    def status(self) -> dict | None:
+        from lmqtt.store.client import connect
+        try:
+            c = connect(self.address, timeout=1.0, connect_timeout=1.0, reconnect_attempts=1)
+        except Exception:  # noqa: BLE001
+            return None
+        try:
+            return c.cmd("ha_status")
+        except Exception:  # noqa: BLE001
+            return None
+        finally:
+            c.close()
+
+    def signal(self, sig) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            if sig == signal.SIGKILL:
+                self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class _Group:
+    def __init__(self, root: str, flush_mode: str, ack_replicas: int | None, election_timeout: float) -> None:
+        self.flush_mode, self.ack_replicas, self.election_timeout = flush_mode, ack_replicas, election_timeout
+        ports = [_free_ports(3) for _ in range(3)]
+        self.peers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        self.members = [_Member(root, self, i + 1, p) for i, p in enumerate(ports)]
+
+    def start(self) -> "_Group":
+        for m in self.members:
+            m.start()
+        return self
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+    def primary(self, timeout: float = 60.0, exclude=(), in_sync: int = 0) -> _Member:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in self.members:
+                if m.node in exclude:
+                    continue
+                st = m.status()
+                if st and st["role"] == "primary" and st["lease_ok"] and len(st["in_sync"]) >= in_sync:
+                    return m
+            time.sleep(0.1)
+        raise RuntimeError(f"no primary within {timeout} s (logs: {self.members[0].log} ...)")
+
+
+def _autobatch_rate(address: str, n: int, size: int) -> float:
+    from lmqtt.store.client import connect
+    c = connect(address, timeout=120)
+    ab = c.auto_batch_producer()
+    payload = b"x" * size
+    t = time.perf_counter()
+    for _ in range(n):
+        ab.send(TOPIC, payload)
+    ab.flush(300)
+    dt = time.perf_counter() - t
+    c.close()
+    return n / dt
+
+
+def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
+    for mode in modes:
+        d = os.path.join(root, f"single-{mode.replace('+', '_')}")
+        os.makedirs(d, exist_ok=True)
+        port = _free_ports(1)
+        with open(os.path.join(root, f"single-{mode}.log"), "ab") as f:
+            p = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
+                                  "--data-dir", d, "--flush-mode", mode, "--segment-mb", "64"], stdout=f,
+                                 stderr=subprocess.STDOUT)
+        try:
+            _wait_port(port)
+            single = _autobatch_rate(f"127.0.0.1:{port}", n, size)
+        finally:
+            p.terminate()
+            p.wait(30)
+        out({"case": "append-replicated", "flush_mode": mode, "shape": "single", "messages": n, "size": size,
+             "msgs_per_s": round(single)})
+        for k in (1, 2):
+            gd = os.path.join(root, f"group-{mode.replace('+', '_')}-{k}")
+            os.makedirs(gd, exist_ok=True)
+            g = _Group(gd, mode, k, 2.5).start()
+            try:
+                prim = g.primary(in_sync=3)
+                rate = _autobatch_rate(g.peers, n, size)
+                assert prim is not None
+            finally:
+                g.stop()
+            out({"case": "append-replicated", "flush_mode": mode, "shape": "group of 3", "ack_replicas": k,
+                 "messages": n, "size": size, "msgs_per_s": round(rate), "vs_single": round(rate / single, 2)})
+
+
+def _wait_port(port: int, timeout: float = 30.0) -> None:
+    import socket
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int, timeout: float, out) -> None:
+    from lmqtt.store.client import connect
+    g = _Group(root, mode, None, timeout).start()
+    ck = Checker()
+    acks: list[float] = []          # ack times (monotonic), appended by the producer
+    stop = threading.Event()
+    errors: list[str] = []
+    try:
+        g.primary(in_sync=3)
+        conn = connect(g.peers, timeout=60.0)
+        p = conn.producer("ha-bench")
+
+        def produce():
+            seq = 0
+            while not stop.is_set():
+                ck.sent("ha-bench", seq, 2, "sdk")
+                try:
+                    p.send(TOPIC, body("ha-bench", seq, size))
+                except Exception as e:  # noqa: BLE001 - counted; a send is not retried here
+                    errors.append(repr(e))
+                else:
+                    ck.acked("ha-bench", seq)
+                    acks.append(time.monotonic())
+                seq += 1
+        t = threading.Thread(target=produce, daemon=True)
+        t.start()
+        times = []
+        for i in range(kills):
+            prim = g.primary(in_sync=3, timeout=120)
+            kind = faults[i % len(faults)]
+            time.sleep(0.5)                      # some load on this primary first
+            t0 = time.monotonic()
+            prim.signal(signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+            new = g.primary(exclude=(prim.node,), timeout=60)
+            # the first acknowledgement after the fault (a send in flight then is retried on the new one)
+            deadline = time.monotonic() + 60
+            first = None
+            while first is None and time.monotonic() < deadline:
+                later = [a for a in acks[-2000:] if a > t0 + 0.02]
+                first = later[0] if later else None
+                if first is None:
+                    time.sleep(0.01)
+            if first is None:
+                raise RuntimeError(f"no acknowledgement within 60 s after fault {i}")
+            times.append(first - t0)
+            if kind == "kill":
+                prim.start()
+            else:
+                prim.signal(signal.SIGCONT)
+            print(f"fault {i + 1}/{kills}: {kind} of node {prim.node} -> node {new.node} primary, "
+                  f"first ack after {first - t0:.2f} s", file=sys.stderr, flush=True)
+        g.primary(in_sync=3, timeout=120)
+        stop.set()
+        t.join(60)
+        last = g.primary()
+        reader = connect(last.address, timeout=60)
+        end = reader.cmd("stats")["max_offset"]
+        while reader.cmd("stats")["dispatched_offset"] < end:
+            time.sleep(0.05)
+        ck.receiver("readback", "sdk", 2)
+        off = 0
+        while True:
+            r = reader.pull(TOPIC, 0, off, 4096)
+            if not r.records:
+                break
+            for rec in r.records:
+                ck.received("readback", rec.body)
+            off = r.next_offset
+        reader.close()
+        conn.close()
+        row = ck.verdict()[0]
+        times.sort()
+        out({"case": "failover", "flush_mode": mode, "faults": kills, "kinds": faults,
+             "election_timeout_s": timeout, "p50_s": round(times[len(times) // 2], 3),
+             "p99_s": round(times[min(len(times) - 1, int(len(times) * 0.99))], 3), "max_s": round(times[-1], 3),
+             "acked": row["acked"], "lost": row["lost"], "duplicated": row["duplicated"],
+             "never_sent": row["never_sent"], "send_errors": len(errors), "verdict": failures([row]) or "ok"})
+    finally:
+        stop.set()
+        g.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lmqtt bench ha", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="append-replicated,failover")
+    ap.add_argument("--flush-modes", default="sync", help="flush modes of append-replicated (default sync)")
+    ap.add_argument("--messages", type=int, default=100_000, help="messages per append-replicated run")
+    ap.add_argument("--size", type=int, default=100, help="message size in bytes (default 100)")
+    ap.add_argument("--kills", type=int, default=20, help="faults of the primary in the failover case (default 20)")
+    ap.add_argument("--faults", default="kill,stop", help="kill (kill -9) and/or stop (SIGSTOP), alternated")
+    ap.add_argument("--election-timeout-s", type=float, default=2.5)
+    ap.add_argument("--data-dir", default=None)
+    a = ap.parse_args(argv)
+    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in ("append-replicated", "failover")]
+    faults = [f.strip() for f in a.faults.split(",") if f.strip()]
+    if unknown or not cases or not faults or any(f not in ("kill", "stop") for f in faults):
+        print(f"lmqtt bench ha: cases are append-replicated, failover; faults kill, stop (got {a.cases!r}, "
+              f"{a.faults!r})", file=sys.stderr)
+        return 2
+    base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-ha-bench-")
+    os.makedirs(base, exist_ok=True)
+
+    def out(obj: dict) -> None:
+        print(json.dumps(obj), flush=True)
+    try:
+        if "append-replicated" in cases:
+            case_append(os.path.join(base, "append"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
+                        a.messages, a.size, out)
+        if "failover" in cases:
+            d = os.path.join(base, "failover")
+            os.makedirs(d, exist_ok=True)
+            case_failover(d, a.flush_modes.split(",")[0].strip(), a.kills, faults, a.size, a.election_timeout_s, out)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if a.data_dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
