@@ -482,7 +482,8 @@ class CommitLog:
         """The records at `wanted` [(phys, size), ...] (sizes as the index recorded them), in that
         order: one StoredMessage per item, or the exception its read raised (NotVisible outside
         the log or deleted by retention meanwhile, CorruptRecord) - never raised, so one bad record
-        does not cost the others; the caller decides. The same checks and results as read() per
+        does not cost the others; the caller decides. The one exception raised: TierReadError
+        (an offloaded range while the tier is unreachable), which fails the whole read. The same checks and results as read() per
         item, with one decode call per run of items in the same segment (store.record.decode_many)
         instead of one read() per record: a history read or a pull asks for hundreds at once.
         The recently-appended cache is not consulted: decoding from the map gives the same fields."""

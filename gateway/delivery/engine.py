@@ -33,6 +33,7 @@ from lmqtt.gateway.delivery.backlog_runs import BacklogRuns
 from lmqtt.gateway.delivery.recent import RecentMessages
 from lmqtt.gateway.model.record_props import safe_decode
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
+from lmqtt.store.errors import StoreError
 from lmqtt.gateway.model.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +42,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("lmqtt.gateway.delivery.engine")
 
+
+def _store_side(e: BaseException) -> bool:
+    """A read the store refused or could not serve (its errors, an ERROR frame's code, a lost
+    link), as opposed to a fault of this process: the former is retried, the latter logged whole."""
+    return isinstance(e, (StoreError, ConnectionError, OSError)) or isinstance(getattr(e, "code", None), int)
 
 class DeliveryEngine:
     """Pulls new light-queue entries for online readers and sends them.
@@ -189,8 +195,14 @@ class DeliveryEngine:
                         more |= self._deliver_group(g)
                 if more:          # a full batch was read: continue next loop iteration (fairness)
                     self._dirty.add(q)
-            except Exception:
-                log.exception("event=delivery_failed queue=%s", q)
+            except Exception as e:
+                if _store_side(e):
+                    # the store could not answer a read (it is away, or its tier is unreachable):
+                    # one line naming the cause, the queue examined again a second later
+                    log.warning("event=store_read_failed queue=%s error=%s (again in 1 s)", q, e)
+                    self.loop.call_later(1.0, self.kick_queue, q)
+                else:
+                    log.exception("event=delivery_failed queue=%s", q)
         self._outbound = {}
         if self._dirty or histories.marked:
             self._schedule()

@@ -528,7 +528,8 @@ class TierService:
 
     def read_many(self, wanted: list, i: int, out: list) -> int:
         """CommitLog.read_many's items from `i` on that lie in one tier segment: appended to `out`
-        (a StoredMessage or the exception of that item); returns the index of the next item."""
+        (a StoredMessage or the exception of that item); returns the index of the next item.
+        Raises TierReadError when the tier cannot be read (not returned per item: retry later)."""
         phys = wanted[i][0]
         s = self._find(phys)
         if s is None:
@@ -536,7 +537,11 @@ class TierService:
             return i + 1
         try:
             buf = self._segment(s)
-        except (CorruptRecord, TierReadError) as e:
+        except TierReadError:
+            # the tier away: the whole read fails, so no caller mistakes these records for ones
+            # deleted by retention and skips them (a light queue's pull, $replay/, a history read)
+            raise
+        except CorruptRecord as e:
             j = i
             while j < len(wanted) and s["start"] <= wanted[j][0] < s["end"]:
                 out.append(e)
