@@ -197,6 +197,7 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
         t = threading.Thread(target=produce, daemon=True)
         t.start()
         times = []
+        fault_log: list = []
         for i in range(kills):
             prim = g.primary(in_sync=3, timeout=120)
             kind = faults[i % len(faults)]
@@ -215,6 +216,7 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
             if first is None:
                 raise RuntimeError(f"no acknowledgement within 60 s after fault {i}")
             times.append(first - t0)
+            fault_log.append({"n": i + 1, "t": round(t0, 3), "kind": kind, "victim": prim.node, "new": new.node})
             if kind == "kill":
                 prim.start()
             else:
@@ -246,7 +248,9 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
              "election_timeout_s": timeout, "p50_s": round(times[len(times) // 2], 3),
              "p99_s": round(times[min(len(times) - 1, int(len(times) * 0.99))], 3), "max_s": round(times[-1], 3),
              "acked": row["acked"], "lost": row["lost"], "duplicated": row["duplicated"],
-             "never_sent": row["never_sent"], "send_errors": len(errors), "verdict": failures([row]) or "ok"})
+             "never_sent": row["never_sent"], "send_errors": len(errors), "verdict": failures([row]) or "ok",
+             "lost_examples": (row.get("examples") or {}).get("lost", []),
+             "fault_times": fault_log})
     finally:
         stop.set()
         g.stop()

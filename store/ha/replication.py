@@ -120,8 +120,9 @@ class MetaLog:
         return seq
 
     def since(self, seq: int, min_pos: int = -1) -> list:
+        """[(seq, log position, op)] after `seq` (and at/after `min_pos`), in order."""
         with self.lock:
-            return [(s, op) for s, p, op in self.ops if s > seq and p >= min_pos]
+            return [(s, p, op) for s, p, op in self.ops if s > seq and p >= min_pos]
 
 
 # ---------------------------------------------------------------------------------------- primary
@@ -228,7 +229,7 @@ class Shipper:
                                                   "from the stream; give it an empty data dir"}))
                 return
             meta_from = self.meta.seq
-            for sq, _op in self.meta.since(0, start):
+            for sq, _p, _op in self.meta.since(0, start):
                 meta_from = sq - 1       # the changes from the replica's end on are shipped again
                 break
             s.sendall(jframe(b"S", {"epoch": self.epoch, "start": start, "end": end, "min_offset": lo,
@@ -264,13 +265,20 @@ class Shipper:
         r.meta_acked = meta_seq
         last_send = time.monotonic()
         while not self._stop and r.connected:
-            # the end first, then the metadata changes: a dedup marker is logged before its batch
-            # is appended, so every marker of the bytes up to `committed` goes out before them
+            # a metadata change goes out once the log bytes up to where it was made have: a dedup
+            # marker (made before its batch's append) before the batch's bytes, the batch's
+            # results (made after) only after them - a replica must never hold the results of a
+            # batch it does not have (a retry would be answered "stored" by it after a failover)
             committed = clog.committed
             ops = self.meta.since(meta_seq)
-            if ops:
-                s.sendall(b"".join(jframe(b"M", op) for _sq, op in ops))
-                meta_seq = ops[-1][0]
+            ready = []
+            for sq, p, op in ops:
+                if p > pos:
+                    break
+                ready.append(jframe(b"M", op))
+                meta_seq = sq
+            if ready:
+                s.sendall(b"".join(ready))
             if pos < committed:
                 mf = clog.mfq.find(pos)
                 if mf is None:
@@ -287,7 +295,7 @@ class Shipper:
                 s.sendall(frame(b"K", _U64.pack(committed)))
                 last_send = now
             with self.cond:
-                if clog.committed <= pos and self.meta.seq <= meta_seq and not self._stop:
+                if clog.committed <= pos and (self.meta.seq <= meta_seq or ops) and not self._stop:
                     self.cond.wait(0.05)
 
     def _acks(self, s: socket.socket, reader: FrameReader, r: ReplicaInfo) -> None:

@@ -110,3 +110,49 @@ def test_cut_then_reopen_cuts_the_queues_and_appends_continue_there(tmp_path, ca
     finally:
         s2.shutdown()
     assert not os.path.exists(os.path.join(ha, "cut"))
+
+
+def test_a_metadata_change_is_shipped_only_after_the_log_bytes_before_it(tmp_path):
+    """The primary's Shipper, in-process, to a replica played by a socket: a dedup marker made at
+    log position P goes out before the bytes from P on; a batch's results (made after its append,
+    at its end E) only after the bytes up to E. Shipped the other way round, a replica could hold
+    "batch stored" without the batch, and answer a retry with it after a failover (a lost message
+    in `lmqtt bench ha`; fails before: the results went out first)."""
+    import json
+    import socket
+    from lmqtt.store.ha.epochs import EpochFile
+    from lmqtt.store.ha.replication import FrameReader, MetaLog, Shipper, jframe
+    from tests.support import free_port
+    p = _store(tmp_path / "p")
+    meta = MetaLog()
+    epochs = EpochFile(str(tmp_path / "ha" / "epochs"))
+    epochs.begin(1, 0)
+    port = free_port()
+    sh = Shipper(p, "127.0.0.1", port, 1, 1, epochs, meta, lambda: None, "g")
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(jframe(b"H", {"node": 2, "epoch": 1, "end": 0, "epochs": [[1, 0]], "segment_size": SEG}))
+        rd = FrameReader(s)
+        kind, _ = rd.read_one(10)
+        assert kind == b"S"
+        meta.add(p.clog.wrote, {"k": "remember", "what": "marker"})          # before the append
+        rs = p.append_batch([Message(topic="m", body=b"b%d" % i) for i in range(50)])
+        end = rs[-1].phys_offset + rs[-1].size
+        meta.add(end, {"k": "remember", "what": "results"})                   # after it
+        sh.wake()
+        order, shipped = [], 0
+        s.settimeout(10)
+        while len([o for o in order if o[0] == "M"]) < 2:
+            for k, payload in rd.feed(s.recv(1 << 20)):
+                if k == b"D":
+                    shipped = int.from_bytes(payload[:8], "big") + len(payload) - 8
+                    order.append(("D", shipped))
+                elif k == b"M":
+                    order.append(("M", json.loads(payload)["what"], shipped))
+        ms = [o for o in order if o[0] == "M"]
+        assert ms[0] == ("M", "marker", 0)                  # before any of the batch's bytes
+        assert ms[1][1] == "results" and ms[1][2] >= end    # only once the bytes up to its end went
+    finally:
+        s.close()
+        sh.stop()
+        p.shutdown()
