@@ -212,6 +212,22 @@ def test_tracer_shows_history_since_then_live_messages(server, browser, tmp_path
         pub.disconnect()
 
 
+def test_without_a_login_the_console_answers_only_to_a_loopback_host(server):
+    """DNS rebinding: a page of evil.example resolved to 127.0.0.1 must not read or act."""
+    base = f"http://{server.host}:{server.metrics_port}"
+    for path in ("/console/", "/console/api/me", "/console/api/clients"):
+        req = urllib.request.Request(base + path, headers={"Host": f"evil.example:{server.metrics_port}"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 403 and b"DNS rebinding" in e.value.read()
+    for host in (f"127.0.0.1:{server.metrics_port}", f"localhost:{server.metrics_port}"):
+        req = urllib.request.Request(base + "/console/api/me", headers={"Host": host})
+        assert json.loads(urllib.request.urlopen(req, timeout=10).read())["role"] == "admin"
+    # Prometheus scrapes by any name
+    req = urllib.request.Request(base + "/metrics", headers={"Host": "prometheus-target.internal"})
+    assert b"lmqtt_connections" in urllib.request.urlopen(req, timeout=10).read()
+
+
 # ---- off loopback: a login -------------------------------------------------------------------
 
 def _local_address() -> str | None:

@@ -8,7 +8,9 @@ clients page (the whole client list every 2 s) in another, until the console's p
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
+import sys
 import time
 import urllib.parse
 
@@ -21,6 +23,7 @@ def main() -> None:
     p.add_argument("url")
     p.add_argument("--seconds", type=float, default=600)
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))    # quit the browser (finally) on SIGTERM
     u = urllib.parse.urlsplit(a.url)
     deadline = time.monotonic() + a.seconds
     while True:                                    # wait for the server (bounded)
@@ -41,7 +44,20 @@ def main() -> None:
         d.switch_to.new_window("window")
         d.get(a.url + "#clients")
         seen = 0
+        windows = d.window_handles
+        last_report = 0.0
         while time.monotonic() < deadline:
+            if time.monotonic() - last_report > 5:       # what the pages show, as evidence they update
+                last_report = time.monotonic()
+                shown = []
+                for w, css in zip(windows, ("#ov-connections", "#cl-count")):
+                    try:
+                        d.switch_to.window(w)
+                        shown.append(d.execute_script(f"return document.querySelector('{css}').textContent"))
+                    except Exception as e:  # noqa: BLE001 - a page reloading between runs
+                        shown.append(f"? {type(e).__name__}")
+                print(f"{time.strftime('%H:%M:%S')} overview connections={shown[0]!r} clients={shown[1]!r}",
+                      flush=True)
             try:
                 socket.create_connection((u.hostname, u.port), timeout=1).close()
                 seen = 0

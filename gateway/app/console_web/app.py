@@ -48,10 +48,18 @@ def _json(obj, status: int = 200) -> JSONResponse:
 def build_app(gw, cfg, bound_host: str):
     st = ConsoleState(gw, cfg, bound_host)
     auth = st.auth
+    from .auth import Session
+    _local = Session("local", "admin")
+    _local.csrf = None          # never matches a header: actions need a real session
     secure_cookie = False     # plain HTTP today: a Secure cookie would never be sent back
 
     def who(request: Request):
-        return auth.session_of(request.cookies.get(COOKIE))
+        s = auth.session_of(request.cookies.get(COOKIE))
+        if s is None and not auth.login_required:
+            # loopback without a login: a page kept open across a restart goes on reading (an
+            # action still needs the CSRF token of a session from /console/api/me: a reload)
+            s = _local
+        return s
 
     def need(request: Request, role: str | None = None):
         """The session, or the refusal to return."""
@@ -65,7 +73,7 @@ def build_app(gw, cfg, bound_host: str):
     def action(request: Request, s) -> JSONResponse | None:
         """CSRF: an action carries the session's token in X-CSRF-Token (a page of another site
         cannot read it, and SameSite=Strict keeps the cookie off its requests anyway)."""
-        if request.headers.get("x-csrf-token") != s.csrf:
+        if s.csrf is None or request.headers.get("x-csrf-token") != s.csrf:
             log.warning("event=console_action_refused user=%s reason=csrf path=%s", s.user, request.url.path)
             return _json({"error": "missing or wrong CSRF token: reload the page"}, 403)
         return None
@@ -86,7 +94,7 @@ def build_app(gw, cfg, bound_host: str):
         return FileResponse(STATIC / "index.html", headers=_HEADERS)
 
     async def me(request: Request):
-        s = who(request)
+        s = auth.session_of(request.cookies.get(COOKIE))
         if s is None and not auth.login_required:
             token = auth.open("local", "admin")
             s = auth.session_of(token)
@@ -258,10 +266,27 @@ def build_app(gw, cfg, bound_host: str):
     console = Starlette(routes=routes)
     metrics = make_asgi_app(gw.metrics.registry)
 
+    local_names = {bound_host.strip("[]"), "127.0.0.1", "localhost", "::1"}
+    host_refused = PlainTextResponse("the console without a login answers only to a loopback Host "
+                                     "(DNS rebinding); open it as http://127.0.0.1:PORT/console/\n", status_code=403)
+
+    def _host_ok(scope) -> bool:
+        """Without a login (loopback), a page of another site whose name an attacker points at
+        127.0.0.1 (DNS rebinding) would be same-origin with the console: its Host header names it."""
+        for k, v in scope.get("headers", ()):
+            if k == b"host":
+                h = v.decode("latin-1")
+                name = h[1:h.index("]")] if h.startswith("[") and "]" in h else h.rsplit(":", 1)[0]
+                return name.lower() in local_names
+        return False
+
     async def app(scope, receive, send):
         # /metrics exactly as before (prometheus_client's own exposition: content negotiation, gzip)
         if scope["type"] == "http" and scope["path"] == "/metrics":
             await metrics(scope, receive, send)
+        elif scope["type"] == "http" and not auth.login_required and scope["path"].startswith("/console") \
+                and not _host_ok(scope):
+            await host_refused(scope, receive, send)
         else:
             await console(scope, receive, send)
     return app, st
