@@ -98,6 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
+def _tier_parquet(store, mode: str) -> None:
+    """--tier-parquet: the tier service's columnar hook, the Parquet writer of the Spark package
+    (lmqtt.store.spark.cold, docs/spark.md), loaded by module name: it needs pyarrow, which the
+    store itself does not (`auto`: on when pyarrow is importable)."""
+    if mode == "off":
+        return
+    import importlib
+    cold = importlib.import_module("lmqtt.store.spark.cold")
+    why = cold.available()
+    if why is not None:
+        if mode == "on":
+            raise SystemExit(f"lmqtt store: --tier-parquet on: {why}")
+        log.info("tier: no Parquet copy for Spark (--tier-parquet auto): %s", why)
+        return
+    store.tier.columnar = cold.ColumnarWriter(store)
+
+
 async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.store.node import gateway_service
@@ -130,6 +147,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
             from lmqtt.store.tier.config import TierConfig
             store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
                                                     cfg.tier_retention, cfg.tier_cache_mb))
+            _tier_parquet(store, cfg.tier_parquet)
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
         store.start()
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,

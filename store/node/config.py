@@ -203,6 +203,9 @@ class NodeConfig:
                                         low=0.5, high=60.0, unit="seconds")
     tier_cache_mb: int = setting(256, "with --tier: memory for segments read back from the tier (default 256)",
                                  low=1, unit="MiB")
+    tier_parquet: str = setting("auto", "with --tier: also write each uploaded segment's records as Parquet files "
+                                        "for Spark (docs/spark.md): auto (when pyarrow is importable), on, off "
+                                        "(default auto)", choices=("auto", "on", "off"))
 
     @classmethod
     def keys(cls) -> dict[str, type]:

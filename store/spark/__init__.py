@@ -4,9 +4,26 @@
     spark.dataSource.register(LmqttDataSource)
     df = spark.read.format("lmqtt").option("store", "127.0.0.1:10911").option("filter", "sensors/#").load()
 
-This package imports pyspark; the rest of `lmqtt.store` never imports it.
-"""
-from .source import SCHEMA, LmqttDataSource, write_rows
-from .views import delivery_audit, state_as_of
+    from lmqtt.store.spark import read_history      # cold Parquet in the tier + the hot tail, once each
+    df = read_history(spark, store="127.0.0.1:10911", tier="file:///mnt/cold/n1", filter="sensors/#")
 
-__all__ = ["LmqttDataSource", "SCHEMA", "state_as_of", "delivery_audit", "write_rows"]
+The names are imported on first use: `lmqtt.store.spark.cold` (the tier's Parquet writer, which the
+store node loads) needs pyarrow, not pyspark; the rest of `lmqtt.store` never imports pyspark.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"LmqttDataSource": ".source", "SCHEMA": ".source", "write_rows": ".source",
+          "state_as_of": ".views", "delivery_audit": ".views", "read_history": ".cold"}
+
+__all__ = ["LmqttDataSource", "SCHEMA", "state_as_of", "delivery_audit", "write_rows", "read_history"]
+
+
+def __getattr__(name: str):
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value

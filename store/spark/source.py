@@ -118,6 +118,13 @@ class SourceQueues:
                 hi = mid
         return lo
 
+    def offsets_at(self, position: int) -> dict:
+        """{queue key: the queue offset of its first entry at/after CommitLog offset `position`}
+        (read_history's cut between the tier's Parquet files and this source)."""
+        flt = self.filter or f"{self.topic}/#"
+        r = self.conn.cmd("filter_sources", filter=flt, position=int(position))
+        return {f"{fl}:{qid}": at for fl, qid, _lo, _hi, at in r["sources"]}
+
     def pull(self, key: str, start: int, end: int, max_count: int = _PULL):
         """Records with start <= queue offset < end (one request, up to max_count)."""
         from lmqtt.store import protocol as W
@@ -264,9 +271,13 @@ class LmqttReader(DataSourceReader):
         try:
             t0, t1 = parse_time(self.options.get("starttime")), parse_time(self.options.get("endtime"))
             parts = []
+            # fromPosition (read_history): only entries at/after this CommitLog offset
+            fp = self.options.get("fromposition")
+            at = q.offsets_at(int(fp)) if fp not in (None, "") else {}
             for key in q.keys():
                 lo, hi = q.bounds(key)
                 s = lo if t0 is None else q.offset_for_time(key, t0)
+                s = max(s, at.get(key, s))
                 e = hi if t1 is None else q.offset_for_time(key, t1)
                 parts += _split_ranges(key, s, e, q.entries_per_partition(key, s, e, self.per))
         finally:
@@ -564,7 +575,8 @@ class LmqttStreamWriter(DataSourceStreamWriter):
 # ------------------------------------------------------------------------------------ the source
 class LmqttDataSource(DataSource):
     """Format `lmqtt`. Options: store (HOST:PORT, default 127.0.0.1:10911), token, filter | topic,
-    startTime/endTime (batch; epoch ms or ISO 8601, on store time, end exclusive),
+    startTime/endTime (batch; epoch ms or ISO 8601, on store time, end exclusive), fromPosition
+    (batch: only entries at/after this CommitLog offset; read_history's cut),
     startingOffsets (stream: earliest | latest | a time), maxRecordsPerTrigger, recordsPerPartition,
     group (stream: commit progress to this consumer group too), qos (sink default), queryId/batchId
     (batch sink dedup). Schema: SCHEMA (docs/spark.md)."""

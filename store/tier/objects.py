@@ -2,8 +2,9 @@
 
 put() makes an object visible whole or not at all: on S3 (and S3-compatible servers) one PUT is
 atomic; on a filesystem (`file://`, a mounted volume) the bytes go to `<key>.tmp-<pid>-<rand>`,
-are fsynced, then renamed over the key. A process killed in between leaves only a `.tmp-` file,
-which is never read and is removed at the next start (`clean_tmp`).
+are fsynced, then renamed over the key. A process killed in between leaves only a `.tmp-` file
+(`.<name>.tmp-...`: a dot file, which Spark and Hadoop skip when they list a Parquet directory),
+which is never read and is removed at the next start (the tier service's sync).
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class ObjectStore:
         final = self.path(key)
         d = os.path.dirname(final)
         os.makedirs(d, exist_ok=True)
-        tmp = f"{final}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = os.path.join(d, f".{os.path.basename(final)}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -128,6 +129,17 @@ class ObjectStore:
                 rel = f"{prefix}/{rel}"
             out.append(rel)
         return sorted(out)
+
+    def find(self, prefix: str) -> list[str]:
+        """Keys anywhere under `prefix/` (relative to the tier root); [] when there is none."""
+        if hasattr(self.fs, "invalidate_cache"):
+            self.fs.invalidate_cache()
+        try:
+            names = self._wrap("listing of", prefix, self.fs.find, self.path(prefix))
+        except FileNotFoundError:
+            return []
+        root = self.root + "/"
+        return sorted(n[len(root):] for n in names if n.startswith(root))
 
     def ensure(self) -> None:
         """Check the tier answers (and, for a filesystem, make the root)."""

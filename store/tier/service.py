@@ -4,6 +4,10 @@ Layout in the tier (under the `--tier` URL):
 
     manifest.json                         what the tier holds: one entry per segment, written last
     commitlog/<20-digit start offset>.zst one sealed segment, compressed (.zz zlib, .seg none)
+    parquet/first_level=<t>/date=<day>/<20-digit start offset>.parquet
+                                          with a columnar hook (the node's --tier-parquet): the
+                                          segment's records for Spark, written after the segment's
+                                          object and before the manifest entry that names them
 
 Upload (one background thread, oldest segment first): a segment is *sealed* when a later one
 exists and all its bytes are flushed. Its bytes are compressed, hashed (sha256 of the object),
@@ -46,6 +50,7 @@ log = logging.getLogger("lmqtt.store")
 
 MANIFEST = "manifest.json"
 SEG_DIR = "commitlog"
+PARQUET_DIR = "parquet"
 _decode = c_decode or decode
 _decode_many = c_decode_many or decode_many
 
@@ -98,6 +103,10 @@ class TierService:
         self.fetch_seconds = 0.0
         self._fetching: dict[int, threading.Lock] = {}
         self._gap_logged = False
+        # columnar hook (set by the node before start: store/spark/cold.py ColumnarWriter):
+        # (segment bytes, start offset) -> [(key under the tier root, bytes)]; None: no Parquet
+        self.columnar = None
+        self.columnar_error: str | None = None
 
     # ------------------------------------------------------------------ manifest
     def _manifest_doc(self, segments: list[dict]) -> bytes:
@@ -166,8 +175,8 @@ class TierService:
             except ValueError as e:
                 raise TierMismatch(f"{self.objects.where(MANIFEST)} is not a readable manifest: {e}") from None
             tier_segs = self._check_doc(doc, self.objects.where(MANIFEST))
-        named = {s["key"] for s in tier_segs}
-        for key in self.objects.list(SEG_DIR):
+        named = {s["key"] for s in tier_segs} | {k for s in tier_segs for k in s.get("parquet", ())}
+        for key in self.objects.list(SEG_DIR) + self.objects.find(PARQUET_DIR):
             if key not in named:
                 # a kill -9 before its manifest write, or after a retention's manifest write
                 log.info("tier: removing %s, which no manifest names (an upload cut short, or retention)",
@@ -326,9 +335,33 @@ class TierService:
         digest = hashlib.sha256(blob).hexdigest()
         key = f"{SEG_DIR}/{file_name(start)}{codecs.EXT[self.codec]}"
         self.objects.put(key, blob)
-        return {"start": start, "end": mf.end_offset, "key": key, "codec": self.codec, "raw": len(raw),
-                "stored": len(blob), "sha256": digest, "first_ts": first_ts or last_ts, "last_ts": last_ts,
-                "uploaded_ms": _now_ms()}
+        entry = {"start": start, "end": mf.end_offset, "key": key, "codec": self.codec, "raw": len(raw),
+                 "stored": len(blob), "sha256": digest, "first_ts": first_ts or last_ts, "last_ts": last_ts,
+                 "uploaded_ms": _now_ms()}
+        if self.columnar is not None:
+            _pause_point("parquet")
+            files = self._columnar(raw, start)
+            if files is not None:
+                for k, data in files:        # each atomic; a kill -9 before the manifest: removed at start
+                    self.objects.put(k, data)
+                entry["parquet"] = [k for k, _ in files]
+        return entry
+
+    def _columnar(self, raw: bytes, start: int):
+        """The columnar hook's files of a segment; None (logged) when the hook fails: the segment
+        goes to the tier without them (offset reads and local retention do not wait for Spark's
+        copy; read_history reads from that segment on through the lmqtt source)."""
+        try:
+            files = self.columnar(raw, start)
+        except Exception as e:  # noqa: BLE001 - a writer bug or missing library: one line, go on
+            msg = f"{type(e).__name__}: {e}"
+            if msg != self.columnar_error:
+                log.error("tier: no Parquet files for segment %d (%s); the segment is uploaded without them",
+                          start, msg)
+            self.columnar_error = msg
+            return None
+        self.columnar_error = None
+        return files
 
     # ------------------------------------------------------------------ retention
     def housekeep(self, now_ms: int | None = None) -> int:
@@ -411,10 +444,11 @@ class TierService:
                 b = self.cache.pop(s["start"], None)
                 if b is not None:
                     self.cache_bytes -= len(b)
-            try:
-                self.objects.delete(s["key"])
-            except TierUnavailable as e:          # left behind; the next start's sync removes it
-                log.warning("tier: %s", e)
+            for k in [s["key"], *s.get("parquet", ())]:
+                try:
+                    self.objects.delete(k)
+                except TierUnavailable as e:      # left behind; the next start's sync removes it
+                    log.warning("tier: %s", e)
         self.tier_deleted += n
         new_min = gone[-1]["end"]
         if self.clog.mfq.min_offset < new_min:
@@ -572,6 +606,7 @@ class TierService:
             "uploading_segments": len(pend), "uploading_bytes": len(pend) * self.clog.seg_size,
             "uploading_now": self.uploading,
             "tier_segments": len(segs), "tier_raw_bytes": sum(s["raw"] for s in segs),
+            "parquet_segments": sum(1 for s in segs if "parquet" in s), "parquet_error": self.columnar_error,
             "tier_stored_bytes": sum(s["stored"] for s in segs),
             "tier_min_offset": segs[0]["start"] if segs else None, "tier_end_offset": segs[-1]["end"] if segs else None,
             "oldest_readable_ms": oldest, "min_readable_offset": self.min_offset(),

@@ -188,7 +188,8 @@ def test_kill9_in_the_middle_of_an_upload_loses_nothing_and_the_upload_resumes(k
         store.start()
         s = _offloaded(store, 3)
         man = manifest()
-        assert listing() == sorted(["manifest.json"] + [e["key"] for e in man["segments"]])  # no tmp, no duplicate
+        assert listing() == sorted(["manifest.json"] + [e["key"] for e in man["segments"]]     # no tmp, no duplicate
+                                   + [k for e in man["segments"] for k in e.get("parquet", ())])  # (Parquet: --tier-parquet auto)
         assert [e["start"] for e in man["segments"]] == [i * (SEG_MB << 20) for i in range(s["tier_segments"])]
         got = _pull_all(store, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent

@@ -1,0 +1,218 @@
+"""The cold tier in Parquet (store/spark/cold.py, --tier-parquet): `spark.read.parquet` on the tier
+returns exactly the offloaded rows with the `lmqtt` source's schema and values, `read_history`
+(cold Parquet + the hot tail through the source) returns every row once across the cut, and a
+kill -9 between a segment's object and its Parquet files leaves nothing half visible."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from lmqtt.store.client import connect  # noqa: E402
+from tests.support import LmqttStore  # noqa: E402
+from tests.tier.test_tier_node import SEG_MB, _offloaded, _tier, _wait  # noqa: E402
+
+BODY = 8 << 10
+COLS = ["topic", "payload", "qos", "retain", "client_id", "user_properties", "content_type", "born_ts",
+        "store_ts", "msg_id", "queue", "offset"]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    from lmqtt.store.spark import LmqttDataSource
+    os.environ.setdefault("PYSPARK_PYTHON", __import__("sys").executable)
+    s = (SparkSession.builder.master("local[2]").appName("lmqtt-tests")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+         .config("spark.default.parallelism", "2").config("spark.sql.session.timeZone", "UTC")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    s.dataSource.register(LmqttDataSource)
+    yield s
+
+
+def _produce(store, n: int, start: int = 0) -> list[tuple[str, bytes]]:
+    """n messages: 4 in 5 to dev/<k>/t (two queue ids), 1 in 5 to other/<k> (another first level),
+    with MQTT props (QoS, a user property, a content type) on some of them."""
+    c = connect(store.address)
+    try:
+        p = c.producer()
+        sent = []
+        for i in range(start, start + n):
+            topic = f"other/{i % 3}" if i % 5 == 4 else f"dev/{i % 4}/t"
+            sent.append((topic, f"{i:06d}".encode() + os.urandom(BODY - 6)))
+        for i in range(0, n, 100):
+            chunk = sent[i:i + 100]
+            if (start + i) % 200 == 0:
+                p.send_batch(chunk)
+            else:
+                for t, b in chunk:
+                    p.send(t, b, queue_id=(hash(t) & 1), qos=1, user_properties={"k": t[-1]}, content_type="x/y")
+        return sent
+    finally:
+        c.close()
+
+
+def _rows(df) -> list[tuple]:
+    out = []
+    for r in df.select(*COLS).collect():
+        d = r.asDict()
+        d["payload"] = bytes(d["payload"])
+        d["user_properties"] = sorted((d["user_properties"] or {}).items())
+        out.append(tuple(d[c] for c in COLS))
+    return sorted(out, key=lambda x: (x[10], x[11]))
+
+
+def _phys(msg_id: str) -> int:
+    return int(msg_id[-16:], 16)
+
+
+def _source(spark, store, **opts):
+    r = spark.read.format("lmqtt").option("store", store.address)
+    for k, v in opts.items():
+        r = r.option(k, str(v))
+    return r.load()
+
+
+def _manifest(tier_dir) -> dict:
+    return json.loads((tier_dir / "manifest.json").read_bytes())
+
+
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory):
+    """A store whose first segments are in a file:// tier with their Parquet files, and a hot tail."""
+    d = tmp_path_factory.mktemp("parquet")
+    (d / "data").mkdir()
+    tier = d / "tier"
+    store = LmqttStore(str(d / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
+                                         "--local-retention", "0"))
+    store.start()
+    try:
+        sent = _produce(store, 2000)
+        s = _offloaded(store, 3)
+        sent += _produce(store, 300, start=2000)          # the hot tail: in the open segment
+        yield store, tier, sent, s
+    finally:
+        store.stop()
+
+
+def test_spark_read_parquet_on_the_tier_is_exactly_the_offloaded_rows(spark, offloaded):
+    store, tier, sent, s = offloaded
+    man = _manifest(tier)
+    assert s["parquet_segments"] == len(man["segments"]) >= 3 and s["parquet_error"] is None
+    end = man["segments"][-1]["end"]
+    files = [k for e in man["segments"] for k in e["parquet"]]
+    assert {k.split("/")[1] for k in files} == {"first_level=dev", "first_level=other"}
+    assert all(k.startswith("parquet/first_level=") and "/date=" in k for k in files)
+
+    cold = spark.read.parquet(f"file://{tier}/parquet")
+    want = [r for r in _rows(_source(spark, store, topic="dev")) + _rows(_source(spark, store, topic="other"))
+            if _phys(r[9]) < end]
+    got = _rows(cold)
+    assert got == sorted(want, key=lambda x: (x[10], x[11]))        # every column's values
+    assert 1500 < len(got) < 2000                                   # the offloaded part only
+    types = {f.name: f.dataType.simpleString() for f in cold.schema.fields}
+    src = {f.name: f.dataType.simpleString() for f in _source(spark, store, topic="dev").schema.fields}
+    assert {c: types[c] for c in COLS} == src
+    assert got[0][2] in (0, 1) and any(r[5] == [("k", "t")] for r in got) and any(r[6] == "x/y" for r in got)
+    # row groups in offset order: each file's rows of a queue come in increasing offsets
+    import pyarrow.parquet as pq
+    for k in files:
+        t = pq.read_table(tier / k).to_pydict()
+        per: dict = {}
+        for q, o in zip(t["queue"], t["offset"]):
+            per.setdefault(q, []).append(o)
+        assert all(v == sorted(v) for v in per.values())
+
+
+def test_read_history_returns_every_row_once_across_the_cut(spark, offloaded):
+    from lmqtt.store.spark import read_history
+    store, tier, sent, _s = offloaded
+    cut = _manifest(tier)["segments"][-1]["end"]
+    for kw, match in (({"filter": "dev/+/t"}, lambda t: t.startswith("dev/")),
+                      ({"filter": "#"}, lambda t: True),
+                      ({"filter": "other/1"}, lambda t: t == "other/1"),
+                      ({"topic": "other"}, lambda t: t.startswith("other/"))):
+        df = read_history(spark, store=store.address, tier=f"file://{tier}", **kw)
+        rows = df.select("topic", "payload", "msg_id").collect()
+        got = sorted((r.topic, bytes(r.payload)) for r in rows)
+        assert got == sorted(x for x in sent if match(x[0])), kw
+        phys = [_phys(r.msg_id) for r in rows]
+        assert min(phys) < cut <= max(phys), kw                      # both sides of the cut
+    # a time range: the same rows as the source's own read of that range
+    allrows = _rows(_source(spark, store, filter="dev/+/t"))
+    ts = sorted(r[8] for r in allrows)
+    t0, t1 = ts[len(ts) // 4], ts[-50]
+    ms = [int(t.timestamp() * 1000) for t in (t0, t1)]
+    got = _rows(read_history(spark, store=store.address, tier=f"file://{tier}", filter="dev/+/t",
+                             startTime=ms[0], endTime=ms[1]))
+    want = _rows(_source(spark, store, filter="dev/+/t", startTime=ms[0], endTime=ms[1]))
+    assert got == want and len(got) > 100
+
+
+def test_kill9_between_the_segment_and_its_parquet_leaves_nothing_half_visible(spark, tmp_path, monkeypatch):
+    from lmqtt.store.spark import read_history
+    tier = tmp_path / "tier"
+    marker = tmp_path / "paused"
+    monkeypatch.setenv("LMQTT_TIER_PAUSE", "parquet")
+    monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
+    (tmp_path / "data").mkdir()
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
+                                                "--local-retention", "0"))
+    store.start()
+    try:
+        sent = _produce(store, 2000)
+        _wait(marker.exists, 60, "the uploader to reach the pause point")
+        store.kill9()
+        left = sorted(str(p.relative_to(tier)) for p in tier.rglob("*") if p.is_file())
+        assert any(k.endswith(".zst") for k in left) and "manifest.json" not in left, left
+        assert not [k for k in left if "parquet" in k], left          # no Parquet file at all yet
+        monkeypatch.delenv("LMQTT_TIER_PAUSE")
+        store.start()
+        s = _offloaded(store, 3)
+        man = _manifest(tier)
+        assert s["parquet_segments"] == len(man["segments"])
+        left = sorted(str(p.relative_to(tier)) for p in tier.rglob("*") if p.is_file())
+        assert left == sorted(["manifest.json"] + [e["key"] for e in man["segments"]]
+                              + [k for e in man["segments"] for k in e["parquet"]])
+        cold = spark.read.parquet(f"file://{tier}/parquet").select("topic", "payload").collect()
+        assert len(cold) == len({(r.topic, bytes(r.payload)) for r in cold}) > 1000
+        got = read_history(spark, store=store.address, tier=f"file://{tier}", filter="#").collect()
+        assert sorted((r.topic, bytes(r.payload)) for r in got) == sorted(sent)
+    finally:
+        store.stop()
+
+
+def test_a_kill9_after_the_parquet_files_before_the_manifest_rewrites_them_once(tmp_path, monkeypatch):
+    """Killed after the segments' objects and Parquet files were in place but before the manifest
+    named them: the restart removes what no manifest names and writes them again, once."""
+    tier = tmp_path / "tier"
+    marker = tmp_path / "paused"
+    monkeypatch.setenv("LMQTT_TIER_PAUSE", "manifest")
+    monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
+    (tmp_path / "data").mkdir()
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
+                                                "--local-retention", "0"))
+    store.start()
+    try:
+        _produce(store, 2000)
+        _wait(marker.exists, 60, "the uploader to reach the pause point")
+        store.kill9()
+        before = sorted(str(p.relative_to(tier)) for p in (tier / "parquet").rglob("*.parquet"))
+        assert before and "manifest.json" not in os.listdir(tier)
+        monkeypatch.delenv("LMQTT_TIER_PAUSE")
+        store.start()
+        _offloaded(store, 3)
+        man = _manifest(tier)
+        after = sorted(str(p.relative_to(tier)) for p in (tier / "parquet").rglob("*") if p.is_file())
+        assert after == sorted(k for e in man["segments"] for k in e["parquet"])
+        assert set(before) <= set(after)
+        assert _tier(store)["parquet_segments"] == len(man["segments"])
+    finally:
+        store.stop()
