@@ -32,6 +32,7 @@ class GatewayConfig:
     console_login: bool = False
     console_admins: str | None = None
     console_viewers: str | None = None
+    console_tls: bool = False         # the metrics port (console and /metrics) over HTTPS with cert/key
     segment_mb: int = 32              # CommitLog segment size of a new data dir (preallocated; docs/store.md)
     # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
     # ring and another quarter the store's cache of just-appended records
@@ -170,6 +171,8 @@ class GatewayConfig:
                 raise ConfigError(f"{name} must be 0..65535 (0 = off), got {getattr(self, name)}")
         if (self.tls_port or self.wss_port) and not self.cert:
             raise ConfigError("tls_port / wss_port need cert (and key) (--cert FILE --key FILE)")
+        if self.console_tls and not self.cert:
+            raise ConfigError("console_tls needs cert (and key) (--cert FILE --key FILE): the listener's certificate")
         if self.require_certificate and not self.cafile:
             raise ConfigError("require_certificate needs cafile (the CA that signs client certificates)")
         if self.jwt_secret and self.jwt_public_key:

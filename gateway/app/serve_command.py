@@ -45,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the console asks for a login on loopback too (always elsewhere)")
     p.add_argument("--console-admins", help="password-file users with the console's admin role, comma-separated")
     p.add_argument("--console-viewers", help="password-file users with the console's read-only role, comma-separated")
+    p.add_argument("--console-tls", action="store_true", default=None,
+                   help="serve the metrics port (console and /metrics) over HTTPS with --cert/--key")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int,
                    help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
@@ -278,7 +280,8 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
                 from lmqtt.gateway.app.console_web import ConsoleServer
                 console = ConsoleServer(gw, cfg)
                 h, p = await console.start(mhost, cfg.metrics_port)
-                metrics_url = f"http://{h}:{p}/metrics\n  console:    http://{h}:{p}/console/"
+                web = "https" if cfg.console_tls else "http"
+                metrics_url = f"{web}://{h}:{p}/metrics\n  console:    {web}://{h}:{p}/console/"
             else:
                 h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
                 metrics_url = f"http://{h}:{p}/metrics"

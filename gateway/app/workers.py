@@ -38,7 +38,7 @@ _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": T
                      "--tier-cache-mb": True,
                      # the web console is `lmqtt serve`'s alone for now (docs/console.md "Where it runs")
                      "--no-console": False, "--console-login": False, "--console-admins": True,
-                     "--console-viewers": True}
+                     "--console-viewers": True, "--console-tls": False}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 

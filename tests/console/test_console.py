@@ -39,7 +39,8 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,900", "--disable-extensions", "--no-first-run"):
+              "--window-size=1400,900", "--disable-extensions", "--no-first-run",
+              "--ignore-certificate-errors"):          # the TLS test's certificate is made by trustme
         opts.add_argument(a)
     d = webdriver.Chrome(service=Service(DRIVER), options=opts)
     try:
@@ -404,3 +405,42 @@ def test_the_tracer_shows_only_what_the_users_acl_lets_them_read(guarded, browse
         wait_text(browser, "#tr-count", "2 messages")
     finally:
         dev.disconnect()
+
+
+def test_console_tls_serves_https_with_the_listeners_certificate_and_a_secure_cookie(browser, tmp_path):
+    import ssl
+
+    import trustme
+    from lmqtt.gateway.security.auth import hash_password, write_password_file
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_pem, ca_pem = tmp_path / "server.pem", tmp_path / "ca.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_pem))
+    ca.cert_pem.write_to_path(str(ca_pem))
+    pw = tmp_path / "passwd"
+    write_password_file(str(pw), {"ops": hash_password("ops-secret")})
+    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log"), extra_args=(
+        "--sys-interval", "0", "--cert", str(cert_pem), "--console-tls", "--console-login",
+        "--password-file", str(pw), "--console-admins", "ops")).start()
+    try:
+        _wait_port(srv.host, srv.metrics_port)
+        base = f"https://{srv.host}:{srv.metrics_port}"
+        ctx = ssl.create_default_context(cafile=str(ca_pem))
+        assert b"lmqtt_connections" in urllib.request.urlopen(base + "/metrics", context=ctx, timeout=10).read()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(base + "/console/api/me", context=ctx, timeout=10)
+        assert e.value.code == 401
+        req = urllib.request.Request(base + "/console/api/login", method="POST",
+                                     data=json.dumps({"user": "ops", "password": "ops-secret"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        r = urllib.request.urlopen(req, context=ctx, timeout=10)
+        cookie = r.headers["Set-Cookie"].lower()
+        assert "secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie, cookie
+        with pytest.raises((urllib.error.URLError, ConnectionError)):   # no plain HTTP on that port any more
+            urllib.request.urlopen(f"http://{srv.host}:{srv.metrics_port}/metrics", timeout=10).read()
+        _login(browser, base + "/console/", "ops", "ops-secret")
+        wait_text(browser, "#who-user", "ops (admin)")     # the Secure cookie comes back over HTTPS
+        assert f"console:    https://{srv.host}:{srv.metrics_port}/console/" in srv.log_tail(20000)
+        shot(browser, tmp_path, "tls")
+    finally:
+        assert srv.stop() == 0, srv.log_tail()

@@ -51,7 +51,7 @@ def build_app(gw, cfg, bound_host: str):
     from .auth import Session
     _local = Session("local", "admin")
     _local.csrf = None          # never matches a header: actions need a real session
-    secure_cookie = False     # plain HTTP today: a Secure cookie would never be sent back
+    secure_cookie = bool(getattr(cfg, "console_tls", False))   # over plain HTTP a Secure cookie never comes back
 
     def who(request: Request):
         s = auth.session_of(request.cookies.get(COOKIE))

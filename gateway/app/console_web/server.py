@@ -46,8 +46,16 @@ class ConsoleServer:
         sock.setblocking(False)
         bound = sock.getsockname()[:2]
         app, self.state = build_app(self.gw, self.cfg, bound[0])
+        tls = {}
+        if getattr(self.cfg, "console_tls", False):     # the listener's certificate (cfg.validate checked it is set)
+            tls = {"ssl_certfile": self.cfg.cert, "ssl_keyfile": self.cfg.key or self.cfg.cert}
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=1, server_header=False, date_header=False)
+                                timeout_graceful_shutdown=1, server_header=False, date_header=False, **tls)
+        try:
+            config.load()          # reads the certificate: a bad file is this OSError/SSLError, before serving
+        except BaseException:
+            sock.close()
+            raise
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
         self.state.start_sampler()
