@@ -18,6 +18,14 @@ Cases:
                   records, lightqueue/history.py) with the same all-columns job: rows_per_s of matching
                   rows and scanned_per_s of ConsumeQueue entries looked at; without_spark_rows_per_s:
                   the source's partition reader alone (store scan + SDK + Arrow batches, no Spark)
+* cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
+                  --tier file://... --tier-parquet on --local-retention 0` (segments of
+                  `--cold-segment-mb`); once every sealed segment is in the tier, the same
+                  all-columns job over (a) `spark.read.parquet(<tier>/parquet)` (the offloaded rows,
+                  Spark's native reader), (b) the same rows as plain Parquet written by Spark (the
+                  yardstick), (c) `spark.read.format("lmqtt")` of the whole topic through the store
+                  (today's Python source; the offloaded part read back from the tier) and (d)
+                  `read_history` (cold Parquet + the hot tail through the source, each row once)
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
                   anomaly: a device publishes readings over MQTT at `--rate` per second, the job
                   publishes one alert per reading back over MQTT; latency = alert received minus
@@ -26,6 +34,7 @@ Cases:
     lmqtt bench spark --rows 1000000
     lmqtt bench spark --rows 10000000 --cases lmqtt,parquet
     lmqtt bench spark --rows 10000000 --cases filter-history        # 1M matching rows among 10M
+    lmqtt bench spark --rows 10000000 --cases cold-parquet
 
 Each batch case runs its job `--repeat` times (default 3) and reports the best run and all runs:
 the first action of a session also starts Spark's Python workers, so every case is compared warm.
@@ -200,6 +209,111 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     return out
 
 
+def _cold_store(base: str, segment_mb: int):
+    """`lmqtt store` writing Parquet to a file:// tier under `base`: (Popen, address, tier dir, log)."""
+    import socket
+    import subprocess
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    tier = os.path.join(base, "tier")
+    log_path = os.path.join(base, "cold-store.log")
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", "127.0.0.1",
+                             "--port", str(port), "--data-dir", os.path.join(base, "cold-data"),
+                             "--segment-mb", str(segment_mb), "--tier", f"file://{tier}", "--tier-parquet", "on",
+                             "--local-retention", "0"], stdout=log, stderr=subprocess.STDOUT)
+    t_end = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"lmqtt store exited with {proc.returncode} (log: {log_path})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > t_end:
+                proc.kill()
+                raise RuntimeError(f"lmqtt store did not listen in 60 s (log: {log_path})")
+            time.sleep(0.2)
+    print(f"[spark] cold store pid {proc.pid}, tier {tier}", file=sys.stderr, flush=True)
+    return proc, f"127.0.0.1:{port}", tier, log
+
+
+def _wait_offloaded(address: str, timeout: float) -> dict:
+    """The tier's stats once every sealed segment is in the tier (with Parquet) and off the disk."""
+    from lmqtt.store.client import connect
+    t_end = time.monotonic() + timeout
+    with connect(address) as c:
+        while True:
+            s = c.cmd("tier")["tier"]
+            if (s["local_segments"] == 1 and s["uploading_segments"] == 0 and s["tier_segments"]
+                    and s["parquet_segments"] == s["tier_segments"]):
+                return s
+            if s.get("parquet_error"):
+                raise RuntimeError(f"the store wrote no Parquet: {s['parquet_error']}")
+            if time.monotonic() > t_end:
+                raise RuntimeError(f"segments not offloaded in {timeout:.0f} s: {s}")
+            time.sleep(0.5)
+
+
+def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repeat: int, segment_mb: int) -> list:
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark import read_history
+    from lmqtt.store.spark.source import SCHEMA
+    cols = [c.split()[0] for c in SCHEMA.split(", ")]
+    proc, address, tier, log = _cold_store(base, segment_mb)
+    out = []
+    try:
+        print(f"[spark] cold: loading {rows:,} messages of {size} B ...", file=sys.stderr, flush=True)
+        el = _load(address, rows, size)
+        t0 = time.perf_counter()
+        st = _wait_offloaded(address, 1800)
+        up = time.perf_counter() - t0
+        with open(os.path.join(tier, "manifest.json")) as f:
+            man = json.load(f)
+        files = [os.path.join(tier, k) for e in man["segments"] for k in e["parquet"]]
+        cold_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+        pq_bytes = sum(os.path.getsize(p) for p in files)
+        print(f"[spark] cold: loaded in {el:.1f} s; {cold_rows:,} rows in {len(files)} Parquet files "
+              f"({pq_bytes / 1e6:.0f} MB) {up:.1f} s after the load", file=sys.stderr, flush=True)
+        common = {"rows": cold_rows, "size": size, "segments": st["tier_segments"], "segment_mb": segment_mb}
+        cdf = spark.read.parquet(f"file://{tier}/parquet").select(*cols)
+        el_c, runs = _timed(cdf, cold_rows, repeat, "cold-parquet")
+        out.append({"case": "cold-parquet", **common, "seconds": round(el_c, 3), "runs_s": runs,
+                    "rows_per_s": round(cold_rows / el_c), "bytes_on_disk": pq_bytes,
+                    "partitions": cdf.rdd.getNumPartitions()})
+        plain = os.path.join(base, "plain-parquet")
+        cdf.write.mode("overwrite").parquet(plain)
+        pdf = spark.read.schema(cdf.schema).parquet(plain)
+        el_p, runs = _timed(pdf, cold_rows, repeat, "plain parquet")
+        out.append({"case": "cold-parquet:plain-parquet", **common, "seconds": round(el_p, 3), "runs_s": runs,
+                    "rows_per_s": round(cold_rows / el_p), "partitions": pdf.rdd.getNumPartitions()})
+        out[0]["vs_plain_parquet"] = round(el_p / el_c, 2)
+        sdf = (spark.read.format("lmqtt").option("store", address).option("topic", TOPIC)
+               .option("recordsPerPartition", str(per_partition)).load())
+        el_s, runs = _timed(sdf, rows, repeat, "lmqtt source")
+        out.append({"case": "cold-parquet:lmqtt-source", "rows": rows, "size": size, "seconds": round(el_s, 3),
+                    "runs_s": runs, "rows_per_s": round(rows / el_s), "partitions": sdf.rdd.getNumPartitions(),
+                    "note": "every row of the topic through the store (offloaded ones read back from the tier)"})
+        hdf = read_history(spark, store=address, tier=f"file://{tier}", topic=TOPIC,
+                           recordsPerPartition=per_partition)
+        el_h, runs = _timed(hdf, rows, repeat, "read_history")
+        out.append({"case": "cold-parquet:read-history", "rows": rows, "size": size, "seconds": round(el_h, 3),
+                    "runs_s": runs, "rows_per_s": round(rows / el_h), "cold_rows": cold_rows,
+                    "hot_rows": rows - cold_rows})
+        for r in out[1:]:
+            r["vs_cold_parquet"] = round((r["rows_per_s"]) / out[0]["rows_per_s"], 2)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except Exception:  # noqa: BLE001
+            proc.kill()
+        log.close()
+    return out
+
+
 def _load_mixed(address: str, rows: int, size: int, every: int) -> float:
     """`rows` messages under `fhist`: one in `every` to fhist/dK/temp, the others to fhist/dK/hum."""
     from lmqtt.store.client import connect
@@ -332,13 +446,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=200, help="readings per second in stream-latency")
     ap.add_argument("--trigger", default="500 milliseconds")
+    ap.add_argument("--cold-segment-mb", type=int, default=64, help="cold-parquet: the store's segment size")
     ap.add_argument("--warmup", type=float, default=5.0,
                     help="seconds of readings published first and not counted (query warm-up)")
     a = ap.parse_args(argv)
     if not 0 < a.rows <= 50_000_000:
         ap.error("--rows must be in 1..50,000,000")
     cases = [c for c in a.cases.split(",") if c]
-    unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency", "filter-history"}
+    unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency", "filter-history",
+                          "cold-parquet"}
     if unknown:
         ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     base = tempfile.mkdtemp(prefix="lmqtt-bench-spark-")
@@ -356,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         if "filter-history" in cases:
             print(json.dumps(bench_filter_history(spark, srv, a.rows, a.size, max(1, a.filter_every),
                                                   a.records_per_partition, a.repeat)), flush=True)
+        if "cold-parquet" in cases:
+            for row in bench_cold(spark, a.rows, a.size, base, a.records_per_partition, a.repeat,
+                                  a.cold_segment_mb):
+                print(json.dumps(row), flush=True)
         if "stream-latency" in cases:
             print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base, a.warmup)),
                   flush=True)

@@ -98,7 +98,8 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         assert out["in tier"].startswith(f"{s['tier_segments']} segment(s)")
         assert out["uploading"].startswith("0 sealed") and "UTC" in out["oldest readable"]
         man = json.loads(moto_s3.client().get_object(Bucket=bucket, Key="n1/manifest.json")["Body"].read())
-        assert moto_s3.keys(bucket, "n1/") == sorted(["n1/manifest.json"] + [f"n1/{e['key']}" for e in man["segments"]])
+        assert moto_s3.keys(bucket, "n1/") == sorted(["n1/manifest.json"] + [f"n1/{e['key']}" for e in man["segments"]]
+                                                     + [f"n1/{k}" for e in man["segments"] for k in e["parquet"]])
         # the SDK's pull (the store node's raw fast path cannot map these: the tier serves them)
         got = _pull_all(store, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent
