@@ -213,6 +213,32 @@ def test_tracer_shows_history_since_then_live_messages(server, browser, tmp_path
         pub.disconnect()
 
 
+def test_topics_page_counts_stored_messages_and_browses_retained(server, browser, tmp_path):
+    pub = Paho(server, client_id="topics-pub")
+    try:
+        for i in range(5):
+            pub.publish(f"tp/dev{i}/temp", f"{20 + i}", qos=1)
+        pub.publish("tp/status", "online", qos=1, retain=True)
+        pub.publish("tpx/state", bytes([0, 1, 2, 255]), qos=0, retain=True)
+        open_page(browser, console_url(server), "topics")
+        wait_text(browser, 'tr[data-topic="tp"] .stored', "6")           # 5 + the retained publish
+        rows = browser.find_elements(By.CSS_SELECTOR, "#rt-table tbody tr")
+        got = {r.get_attribute("data-topic"): r.find_element(By.CSS_SELECTOR, ".payload").text for r in rows}
+        assert got.get("tp/status") == "online" and got.get("tpx/state") == "[hex] 00 01 02 ff", got
+        f = browser.find_element(By.ID, "rt-filter")
+        f.clear()
+        f.send_keys("tp/#")
+        browser.find_element(By.ID, "rt-show").click()
+        wait_text(browser, "#rt-count", "1")
+        f.clear()
+        f.send_keys("tp/#/x")                                              # an invalid filter: its reason
+        browser.find_element(By.ID, "rt-show").click()
+        WebDriverWait(browser, WAIT).until(lambda d: "invalid filter 'tp/#/x'" in d.find_element(By.ID, "rt-error").text)
+        shot(browser, tmp_path, "topics")
+    finally:
+        pub.disconnect()
+
+
 def test_without_a_login_the_console_answers_only_to_a_loopback_host(server):
     """DNS rebinding: a page of evil.example resolved to 127.0.0.1 must not read or act."""
     base = f"http://{server.host}:{server.metrics_port}"
@@ -397,12 +423,25 @@ def test_the_tracer_shows_only_what_the_users_acl_lets_them_read(guarded, browse
         assert [t for t, _p, _x in got] == ["public/news", "public/news"], got
         assert "combination" not in browser.page_source and "changed" not in browser.page_source
         shot(browser, tmp_path, "tracer-acl")
+        # the retained browser too: the denied subtree refused, its messages hidden from '#'
+        dev.publish("secret/door", "code 1234", qos=1, retain=True)
+        dev.publish("public/motd", "welcome", qos=1, retain=True)
+        open_page(browser, url, "topics")
+        wait_text(browser, "#rt-count", "1")
+        assert [r.get_attribute("data-topic") for r in browser.find_elements(By.CSS_SELECTOR, "#rt-table tbody tr")] \
+            == ["public/motd"]
+        f = browser.find_element(By.ID, "rt-filter")
+        f.clear()
+        f.send_keys("secret/#")
+        browser.find_element(By.ID, "rt-show").click()
+        wait_text(browser, "#rt-error", "the ACL does not let user 'watcher' subscribe to 'secret/#'")
+        assert "1234" not in browser.page_source
         # the admin's ACL (readwrite #) lets them see both
         _login(browser, url, "ops", "ops-secret")
         wait_text(browser, "#who-user", "ops (admin)")
         open_page(browser, url, "tracer")
         _trace(browser, "secret/#", "3600000")
-        wait_text(browser, "#tr-count", "2 messages")
+        wait_text(browser, "#tr-count", "3 messages")       # secret/vault twice, secret/door
     finally:
         dev.disconnect()
 

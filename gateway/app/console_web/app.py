@@ -207,6 +207,44 @@ def build_app(gw, cfg, bound_host: str):
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={**_HEADERS, "X-Accel-Buffering": "no"})
 
+    def acl_gate(s, flt: str, what: str):
+        """(allowed(topic) or None, refusal): what a logged-in user may see of `flt` — what their
+        MQTT ACL lets them subscribe to and read. Without a login (loopback) everything."""
+        if not auth.login_required or gw.acl is None:
+            return None, None
+        from lmqtt.gateway.security.auth import Identity
+        ident = Identity(s.user, "lmqtt-console", "password")
+        try:
+            ok = gw.acl.can_subscribe(ident, flt)
+        except Exception as e:  # noqa: BLE001 - an invalid filter: its reason
+            return None, _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
+        if not ok:
+            log.info("event=console_%s_refused user=%s filter=%r reason=acl", what, s.user, flt)
+            return None, _json({"error": f"the ACL does not let user {s.user!r} subscribe to {flt!r}"}, 403)
+        if gw.acl.needs_read_check(ident, flt):
+            return (lambda topic: gw.acl.can_read(ident, topic)), None
+        return None, None
+
+    rates = data.TopicRates(gw)
+
+    async def topics(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json(rates.snapshot())
+
+    async def retained(request: Request):
+        s, refused = need(request)
+        if refused is not None:
+            return refused
+        flt = request.query_params.get("filter") or "#"
+        allowed, refused = acl_gate(s, flt, "retained")
+        if refused is not None:
+            return refused
+        try:
+            return _json(data.retained(gw, flt, allowed))
+        except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
+            return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
+
     async def trace(request: Request):
         """Server-sent events: the messages of a filter since a time, then live (the tracer)."""
         s, refused = need(request)
@@ -219,15 +257,9 @@ def build_app(gw, cfg, bound_host: str):
             since = int(request.query_params.get("since") or 0)
         except ValueError:
             return _json({"error": "since must be epoch milliseconds"}, 400)
-        allowed = None
-        if auth.login_required and gw.acl is not None:
-            from lmqtt.gateway.security.auth import Identity
-            ident = Identity(s.user, "lmqtt-console", "password")
-            if not gw.acl.can_subscribe(ident, flt):
-                log.info("event=console_trace_refused user=%s filter=%r reason=acl", s.user, flt)
-                return _json({"error": f"the ACL does not let user {s.user!r} subscribe to {flt!r}"}, 403)
-            if gw.acl.needs_read_check(ident, flt):
-                allowed = lambda topic: gw.acl.can_read(ident, topic)  # noqa: E731
+        allowed, refused = acl_gate(s, flt, "trace")
+        if refused is not None:
+            return refused
         try:
             tr = data.Trace(gw, flt, since, allowed)
         except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
@@ -252,7 +284,8 @@ def build_app(gw, cfg, bound_host: str):
                                  headers={**_HEADERS, "X-Accel-Buffering": "no"})
 
     routes = [
-        Route("/console/api/trace", trace),
+        Route("/console/api/trace", trace), Route("/console/api/topics", topics),
+        Route("/console/api/retained", retained),
         Route("/healthz", healthz), Route("/readyz", readyz), Route("/", root),
         Route("/console/", index), Route("/console", root),
         Route("/console/api/me", me), Route("/console/api/login", login, methods=["POST"]),

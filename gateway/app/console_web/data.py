@@ -261,3 +261,60 @@ class Trace:
                         "message_expiry_interval": expiry,
                         "user_properties": [list(p) for p in user]})
         return out
+
+
+class TopicRates:
+    """Messages stored per first-level topic (the ConsumeQueues' ends) and their rate since the
+    previous look: computed when the topics page asks (every 2 s while it is open), nothing
+    otherwise."""
+
+    def __init__(self, gw) -> None:
+        self.gw = gw
+        self._prev: tuple[float, dict[str, int]] | None = None
+
+    def snapshot(self, limit: int = 200) -> dict:
+        store = getattr(self.gw, "store", None)
+        if store is None:
+            return {"available": False, "topics": []}
+        totals: dict[str, int] = {}
+        for (fl, _qid), end in store.consume_queues.max_offsets().items():
+            if not fl.startswith("$"):
+                totals[fl] = totals.get(fl, 0) + end
+        now = time.monotonic()
+        prev, self._prev = self._prev, (now, totals)
+        rows = []
+        for fl, n in totals.items():
+            rate = None
+            if prev is not None and now > prev[0]:
+                rate = round(max(0, n - prev[1].get(fl, 0)) / (now - prev[0]), 1)
+            rows.append({"topic": fl, "stored": n, "rate": rate})
+        rows.sort(key=lambda r: (-(r["rate"] or 0), -r["stored"], r["topic"]))
+        return {"available": True, "count": len(rows), "topics": rows[:limit]}
+
+
+def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
+    """Retained messages matching `flt` (topic order, at most `limit`), payload previews."""
+    from lmqtt.store.client.props import decode_fields
+    lq = getattr(gw, "lq", None)
+    if lq is None:
+        return {"available": False, "messages": []}
+    out, hidden = [], 0
+    for batch in lq.metadata.retained_batches(flt):
+        for topic, payload, props in batch:
+            if allowed is not None and not allowed(topic):
+                hidden += 1
+                continue
+            try:
+                qos = decode_fields(props)[0]
+            except ValueError:
+                qos = 0
+            body = bytes(payload)
+            try:
+                text, binary = body[:512].decode("utf-8"), False
+            except UnicodeDecodeError:
+                text, binary = body[:32].hex(" "), True
+            out.append({"topic": topic, "qos": qos, "size": len(body), "payload": text, "binary": binary,
+                        "truncated": len(body) > 512})
+            if len(out) >= limit:
+                return {"available": True, "messages": out, "truncated": True}
+    return {"available": True, "messages": out, "truncated": False}

@@ -188,6 +188,32 @@ async function sessions() {
   timer = setInterval(() => loadSessions().catch(() => {}), 2000);
 }
 
+// ---- topics and retained -------------------------------------------------------------------
+async function loadTopics() {
+  const d = await api("/console/api/topics");
+  $("tp-count").textContent = d.available ? `${d.count}` : "(lmqtt serve only)";
+  $("tp-table").tBodies[0].replaceChildren(...d.topics.map((t) => el("tr", { "data-topic": t.topic },
+    el("td", { class: "topic", text: t.topic }), el("td", { class: "num stored", text: fmt(t.stored) }),
+    el("td", { class: "num rate", text: t.rate === null ? "-" : fmt(t.rate, 1) }))));
+}
+async function loadRetained(ev) {
+  if (ev) ev.preventDefault();
+  try {
+    const d = await api(`/console/api/retained?filter=${encodeURIComponent($("rt-filter").value || "#")}`);
+    $("rt-error").textContent = "";
+    $("rt-count").textContent = `${d.messages.length}${d.truncated ? "+" : ""}`;
+    $("rt-table").tBodies[0].replaceChildren(...d.messages.map((m) => el("tr", { "data-topic": m.topic },
+      el("td", { class: "topic", text: m.topic }), el("td", { text: m.qos }), el("td", { class: "num", text: fmt(m.size) }),
+      el("td", { class: "payload", text: (m.binary ? "[hex] " : "") + m.payload + (m.truncated ? " …" : "") }))));
+  } catch (e) {
+    $("rt-error").textContent = e.message; $("rt-table").tBodies[0].replaceChildren(); $("rt-count").textContent = "";
+  }
+}
+async function topics() {
+  await Promise.all([loadTopics(), loadRetained()]);
+  timer = setInterval(() => loadTopics().catch(() => {}), 2000);
+}
+
 // ---- tracer -------------------------------------------------------------------------------
 let trace = null;
 let traced = 0;
@@ -233,7 +259,7 @@ function startTrace(ev) {
 async function tracer() { /* the form starts a trace; leaving the page stops it (route) */ }
 
 // ---- routing ------------------------------------------------------------------------------
-const pages = { overview, clients, sessions, tracer };
+const pages = { overview, clients, sessions, topics, tracer };
 
 async function route() {
   stopLive(); stopTrace();
@@ -247,6 +273,7 @@ async function route() {
 async function start() {
   $("login-form").addEventListener("submit", login);
   $("tr-form").addEventListener("submit", startTrace);
+  $("rt-form").addEventListener("submit", loadRetained);
   $("tr-stop").addEventListener("click", stopTrace);
   let t = null;
   $("cl-search").addEventListener("input", () => { clearTimeout(t); t = setTimeout(() => loadClients().catch(() => {}), 200); });
