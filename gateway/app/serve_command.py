@@ -278,7 +278,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
         try:
             if cfg.console:     # the console's ASGI server serves /metrics (and /healthz, /readyz) too
                 from lmqtt.gateway.app.console_web import ConsoleServer
-                console = ConsoleServer(gw, cfg)
+                console = ConsoleServer(gw, cfg, sdk=store_srv)
                 h, p = await console.start(mhost, cfg.metrics_port)
                 web = "https" if cfg.console_tls else "http"
                 metrics_url = f"{web}://{h}:{p}/metrics\n  console:    {web}://{h}:{p}/console/"

@@ -239,6 +239,32 @@ def test_topics_page_counts_stored_messages_and_browses_retained(server, browser
         pub.disconnect()
 
 
+def test_groups_page_shows_a_groups_committed_offset_lag_and_pop_state(server, browser, tmp_path):
+    from lmqtt.store.client import connect
+    pub = Paho(server, client_id="groups-pub")
+    try:
+        for i in range(9):
+            pub.publish(f"grp/dev{i}", f"{i}", qos=1)
+    finally:
+        pub.disconnect()
+    conn = connect(server.store_address)
+    try:
+        conn.cmd("commit", group="billing", topic="grp", queue_id=0, offset=4)
+        lag = conn.admin().lag("billing")
+        pop = conn.admin().pop_info("billing", "grp", 0)
+    finally:
+        conn.close()
+    assert [(q["committed"], q["max_offset"], q["lag"]) for q in lag] == [(4, 9, 5)], lag
+    open_page(browser, console_url(server), "groups")
+    row = 'tr[data-group="billing"][data-queue="grp:0"]'
+    wait_text(browser, row + " .committed", "4")
+    wait_text(browser, row + " .end", "9")
+    wait_text(browser, row + " .lag", "5")
+    wait_text(browser, row + " .pop", f"{pop['next']:,} / {pop['inflight']:,} / {pop['backlog']:,}")
+    wait_text(browser, row + " .dead", "0")
+    shot(browser, tmp_path, "groups")
+
+
 def test_without_a_login_the_console_answers_only_to_a_loopback_host(server):
     """DNS rebinding: a page of evil.example resolved to 127.0.0.1 must not read or act."""
     base = f"http://{server.host}:{server.metrics_port}"

@@ -29,6 +29,7 @@ class ConsoleState:
         self.auth = ConsoleAuth(cfg, bound_host)
         self.sampler = data.Sampler(gw)
         self.stopping = asyncio.Event()
+        self.sdk = None       # lmqtt serve's SDK store server (its CALL handlers), when it listens
         why = self.auth.why_no_login()
         if why:
             log.warning("event=console_login_impossible reason=%r", why)
@@ -227,6 +228,11 @@ def build_app(gw, cfg, bound_host: str):
 
     rates = data.TopicRates(gw)
 
+    async def groups(request: Request):
+        if (r := need(request)[1]) is not None:
+            return r
+        return _json(data.groups(st.sdk))
+
     async def topics(request: Request):
         if (r := need(request)[1]) is not None:
             return r
@@ -285,7 +291,7 @@ def build_app(gw, cfg, bound_host: str):
 
     routes = [
         Route("/console/api/trace", trace), Route("/console/api/topics", topics),
-        Route("/console/api/retained", retained),
+        Route("/console/api/retained", retained), Route("/console/api/groups", groups),
         Route("/healthz", healthz), Route("/readyz", readyz), Route("/", root),
         Route("/console/", index), Route("/console", root),
         Route("/console/api/me", me), Route("/console/api/login", login, methods=["POST"]),

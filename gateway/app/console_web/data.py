@@ -318,3 +318,29 @@ def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
             if len(out) >= limit:
                 return {"available": True, "messages": out, "truncated": True}
     return {"available": True, "messages": out, "truncated": False}
+
+
+def groups(sdk) -> dict:
+    """Consumer groups of the SDK service (`lmqtt serve`'s store port): each queue's committed
+    offset, end and lag (the `lag` CALL of `lmqtt admin --group`), with the POP state of a
+    ConsumeQueue (`pop_info`: next, in flight, backlog) and the group's dead letters (the end of
+    its `%DLQ%group` queue)."""
+    if sdk is None:
+        return {"available": False, "why": "no SDK store port (--store-port 0 or unavailable): groups are the "
+                                           "SDK service's", "groups": []}
+    calls = sdk.calls
+    out = []
+    for g in calls["stats"]({}).get("groups", [])[:200]:
+        rows = calls["lag"]({"group": g})["queues"]
+        for r in rows:
+            if "topic" in r:
+                try:
+                    r["pop"] = calls["pop_info"]({"group": g, "topic": r["topic"], "queue_id": r["queue_id"]})
+                except Exception:  # noqa: BLE001 - no POP state: a plain offset group
+                    r["pop"] = None
+        try:
+            dead = calls["offsets"]({"topic": f"%DLQ%{g}", "queue_id": 0})["max_offset"]
+        except Exception:  # noqa: BLE001 - no dead letter queue yet
+            dead = 0
+        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows), "dead_letters": dead})
+    return {"available": True, "groups": out}

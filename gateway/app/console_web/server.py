@@ -26,8 +26,8 @@ class _Server(uvicorn.Server):
 
 
 class ConsoleServer:
-    def __init__(self, gateway, cfg) -> None:
-        self.gw, self.cfg = gateway, cfg
+    def __init__(self, gateway, cfg, sdk=None) -> None:
+        self.gw, self.cfg, self.sdk = gateway, cfg, sdk
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
         self.state = None
@@ -46,6 +46,7 @@ class ConsoleServer:
         sock.setblocking(False)
         bound = sock.getsockname()[:2]
         app, self.state = build_app(self.gw, self.cfg, bound[0])
+        self.state.sdk = self.sdk
         tls = {}
         if getattr(self.cfg, "console_tls", False):     # the listener's certificate (cfg.validate checked it is set)
             tls = {"ssl_certfile": self.cfg.cert, "ssl_keyfile": self.cfg.key or self.cfg.cert}

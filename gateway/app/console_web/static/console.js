@@ -188,6 +188,31 @@ async function sessions() {
   timer = setInterval(() => loadSessions().catch(() => {}), 2000);
 }
 
+// ---- consumer groups ----------------------------------------------------------------------
+async function loadGroups() {
+  const d = await api("/console/api/groups");
+  $("gr-note").textContent = d.available ? "" : d.why;
+  $("gr-count").textContent = d.available ? `${d.groups.length}` : "";
+  const rows = [];
+  for (const g of d.groups) {
+    const qs = g.queues.length ? g.queues : [null];
+    qs.forEach((q, i) => {
+      const name = q ? (q.filter !== undefined ? q.filter : `${q.topic}:${q.queue_id}`) : "(nothing committed)";
+      const pop = q && q.pop ? `${fmt(q.pop.next)} / ${fmt(q.pop.inflight)} / ${fmt(q.pop.backlog)}` : "";
+      rows.push(el("tr", { "data-group": g.group, "data-queue": q ? name : "" },
+        el("td", { text: i ? "" : g.group }), el("td", { class: "queue", text: name }),
+        el("td", { class: "num committed", text: q ? fmt(q.committed) : "" }), el("td", { class: "num end", text: q ? fmt(q.max_offset) : "" }),
+        el("td", { class: "num lag", text: q ? fmt(q.lag) : "" }), el("td", { class: "num pop", text: pop }),
+        el("td", { class: "num dead", text: i ? "" : fmt(g.dead_letters) })));
+    });
+  }
+  $("gr-table").tBodies[0].replaceChildren(...rows);
+}
+async function groups() {
+  await loadGroups();
+  timer = setInterval(() => loadGroups().catch(() => {}), 2000);
+}
+
 // ---- topics and retained -------------------------------------------------------------------
 async function loadTopics() {
   const d = await api("/console/api/topics");
@@ -259,7 +284,7 @@ function startTrace(ev) {
 async function tracer() { /* the form starts a trace; leaving the page stops it (route) */ }
 
 // ---- routing ------------------------------------------------------------------------------
-const pages = { overview, clients, sessions, topics, tracer };
+const pages = { overview, clients, sessions, groups, topics, tracer };
 
 async function route() {
   stopLive(); stopTrace();
