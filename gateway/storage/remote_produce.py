@@ -7,17 +7,35 @@ append methods of `RemoteStore`'s `QueueStore` (gateway/storage/facades.py) call
   router sees the topic; `all_visible()` False: delivery never assumes it saw every append, other
   gateways append too.)
 
+Over a store group (the link has several members, docs/fleet.md): every PRODUCE carries this
+gateway's producer id and a sequence, and one that fails because the primary went away
+(ConnectionLost, or ERROR not_primary from a deposed primary) is kept and re-sent, the same bytes,
+once the link is connected to the new primary, for up to the link's `failover_timeout`: the
+store's dedup (its markers are shipped to the replicas, docs/ha.md) answers a batch the old primary
+had with its original offsets and stores a batch it did not have once. The publishers' PUBACKs
+wait meanwhile, so nothing PUBACKed is lost and nothing is stored twice. With one store the
+PRODUCE carries no producer id (no dedup write on the store) and a lost connection fails the batch
+(the publish path closes / NACKs, the client re-sends), as before.
+
 Why apart from remote_store.py: that module's job is the mirrors of the queues this gateway
 reads; appending shares nothing with them but the store connection, which is passed in.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
+import time
+import uuid
 
 from lmqtt.store import protocol as W
 from lmqtt.store.errors import MessageTooLarge
-from lmqtt.store.client.aio import LoopConnection
+from lmqtt.store.client.aio import ConnectionLost, LoopConnection
+from lmqtt.store.client.connection import is_not_primary
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
+
+
+log = logging.getLogger("lmqtt.gateway.remote")
 
 
 class _Result:
@@ -36,9 +54,18 @@ class RemoteProducer:
     # the store's default record limit (StoreConfig.max_message_size); `lmqtt store` has no flag for it
     max_message_size = 4 << 20
 
-    def __init__(self, link: LoopConnection, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, link: LoopConnection, loop: asyncio.AbstractEventLoop, gateway_id: str = "") -> None:
         self.link = link
         self.loop = loop
+        # a store group: PRODUCEs carry (producer id, sequence) and are re-sent across a failover
+        self.group = bool(getattr(link, "group", False))
+        self.producer_id = f"gw:{gateway_id}:{uuid.uuid4().hex[:12]}" if self.group else ""
+        # sequences grow across restarts too (a new id each start anyway)
+        self._seq = itertools.count(time.time_ns() // 1000)
+        self._waiting: list = []       # [seq, op flags, body, durable, deadline, last error], to re-send
+        self.resent = 0                # PRODUCEs re-sent after a failover (counter)
+        if self.group:
+            link.on_reconnect(self._resend)
 
     def append_batch(self, messages, due_ms=None) -> list:
         """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
@@ -51,8 +78,16 @@ class RemoteProducer:
             if n > limit:
                 raise MessageTooLarge(f"record of at least {n + _RECORD_HEADER} bytes is above "
                                       f"max_message_size={self.max_message_size}; nothing was written")
-        body = W.encode_produce("", 0, len(messages), W.encode_messages_for_produce(
+        seq = next(self._seq) if self.group else 0
+        body = W.encode_produce(self.producer_id, seq, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
+        if self.group:
+            durable = self.loop.create_future()
+            flags = 0
+            if due_ms is not None:
+                body, flags = body + W.encode_due_trailer(due_ms), W.F_DELAYED
+            self._send([seq, flags, body, durable, time.monotonic() + self.link.failover_timeout, None])
+            return [_Result(durable)]
         if due_ms is None:
             reply = self.link.request(W.OP_PRODUCE, body)
         else:
@@ -67,3 +102,51 @@ class RemoteProducer:
                 durable.set_result(None)
         reply.add_done_callback(done)
         return [_Result(durable)]
+
+    # ------------------------------------------------------------------ a store group
+    def _send(self, entry: list) -> None:
+        reply = self.link.request(W.OP_PRODUCE, entry[2], entry[1])
+        reply.add_done_callback(lambda f, entry=entry: self._answered(entry, f))
+
+    def _answered(self, entry: list, f: asyncio.Future) -> None:
+        durable = entry[3]
+        if durable.done():
+            return
+        e = f.exception()
+        if e is None:
+            durable.set_result(None)
+            return
+        if not (isinstance(e, ConnectionLost) or is_not_primary(e)) or self.link.closed \
+                or time.monotonic() >= entry[4]:
+            durable.set_exception(e if entry[5] is None or not isinstance(e, ConnectionLost)
+                                  else ConnectionLost(f"{e} (re-sent across a failover since: {entry[5]})"))
+            return
+        # the primary went away: the same bytes again once the link has the new one
+        entry[5] = entry[5] or str(e)
+        if self.link.connected:
+            self.resent += 1
+            self._send(entry)
+        else:
+            self._waiting.append(entry)
+            self.loop.call_later(max(0.0, entry[4] - time.monotonic()), self._expire, entry)
+
+    def _expire(self, entry: list) -> None:
+        """No primary came back within failover_timeout: the batch fails (nothing PUBACKed)."""
+        if entry in self._waiting:
+            self._waiting.remove(entry)
+        if not entry[3].done():
+            entry[3].set_exception(ConnectionLost(
+                f"no primary of the store group {getattr(self.link, 'members', self.link.address)} within "
+                f"{self.link.failover_timeout:g} s (first: {entry[5]})"))
+
+    def _resend(self) -> None:
+        """On the link's reconnect (to the new primary): every PRODUCE in flight again, in the
+        order first sent (the store's dedup window is per producer and ordered)."""
+        if not self._waiting:
+            return
+        waiting, self._waiting = sorted(self._waiting, key=lambda x: x[0]), []
+        log.warning("event=produce_resent_after_failover batches=%d store=%s", len(waiting), self.link.address)
+        for entry in waiting:
+            if not entry[3].done():
+                self.resent += 1
+                self._send(entry)

@@ -134,7 +134,7 @@ class RemoteStore:
         self.remote_metadata = RemoteMetadata(link, gateway_id)
         self.metadata = self.remote_metadata.storage(queues=self)
         # the publish path (PRODUCE frames): gateway/storage/remote_produce.py
-        self.producer = RemoteProducer(link, self.loop)
+        self.producer = RemoteProducer(link, self.loop, gateway_id)
         self.on_track: Callable[[str], None] | None = None    # new queue mirrored (Redis precise watch)
         self.on_forget: Callable[[list], None] | None = None  # queues no longer mirrored (unwatch)
         # counters (exported as gateway metrics by the composition)

@@ -20,6 +20,16 @@ blocking wait read them (never inside a blocking wait's stack). After a lost con
 request in flight fails with `ConnectionLost`, the connection re-dials with backoff and
 `on_reconnect` callbacks run (the gateway re-watches its queues there).
 
+A store group (docs/ha.md, docs/fleet.md): the address may list every member, "a:p,b:p,c:p". The
+link then connects to the primary only: a member whose HELLO_OK says it is not is left for the
+primary it names (or the next address while none is known), at start and on every redial, for up
+to `failover_timeout` seconds at start (the redial goes on until the link is closed). A request
+answered ERROR not_primary (a deposed primary) drops the link at once, aimed at the primary the
+refusal names: every request in flight fails with ConnectionLost and the redial finds the new
+primary; the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
+the gateway's producer re-sends its PRODUCEs in flight with their producer id + sequence
+(gateway/storage/remote_produce.py), so the new primary stores each batch once.
+
 It is also importable from aio.py, where it used to live.
 """
 from __future__ import annotations
@@ -34,7 +44,7 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, dial, parse_address
+from .connection import ConnectionLost, StoreClientError, dial, parse_addresses, primary_named
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -43,9 +53,16 @@ log = logging.getLogger("lmqtt.store.client.aio")
 class LoopConnection:
     def __init__(self, address: str, *, loop: asyncio.AbstractEventLoop, token: str | None = None,
                  timeout: float = 5.0, connect_timeout: float = 5.0, backoff_max: float = 2.0,
-                 client_name: str = "lmqtt-gateway", max_frame: int = W.DEFAULT_MAX_FRAME) -> None:
-        self.host, self.port = parse_address(address)
-        self.address = f"{self.host}:{self.port}"
+                 client_name: str = "lmqtt-gateway", max_frame: int = W.DEFAULT_MAX_FRAME,
+                 failover_timeout: float = 30.0) -> None:
+        # one store, or a store group's members (the link follows its primary)
+        self.addresses = parse_addresses(address)
+        self.group = len(self.addresses) > 1
+        self.host, self.port = self.addresses[0]
+        # a store group: how long the first connect looks for the primary; how long the gateway's
+        # producer keeps re-sending a PRODUCE across failovers (remote_produce.py)
+        self.failover_timeout = failover_timeout
+        self.failovers = 0             # times the link moved to another member
         self.loop = loop
         self.token = token
         self.timeout = timeout
@@ -70,6 +87,15 @@ class LoopConnection:
         self.last_error: str | None = None
         self._blocking = 0             # > 0 while call_blocking reads the socket itself
 
+    @property
+    def address(self) -> str:
+        """The store this link talks to (or dials next): in a group, the member taken for primary."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def members(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.addresses)
+
     # ---------------------------------------------------------------- callbacks
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
         self._push.append(fn)
@@ -82,13 +108,59 @@ class LoopConnection:
 
     # ---------------------------------------------------------------- connect
     def connect_blocking(self) -> None:
-        """Dial and handshake now (startup: the gateway does not serve before its store answers)."""
-        dec = W.FrameDecoder(self.max_frame)
-        s, self.server_info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
-                                          client_name=self.client_name, token=self.token, decoder=dec)
+        """Dial and handshake now (startup: the gateway does not serve before its store answers).
+        A store group: look for the primary among the members for up to `failover_timeout`
+        (a group may be electing); ConnectionLost naming every member when none is found."""
+        if not self.group:
+            s, dec, self.server_info, early = self._dial_primary()
+        else:
+            deadline = time.monotonic() + self.failover_timeout
+            while True:
+                try:
+                    s, dec, self.server_info, early = self._dial_primary()
+                    break
+                except ConnectionLost as e:
+                    if time.monotonic() >= deadline:
+                        raise ConnectionLost(f"no primary found among the store group {self.members} within "
+                                             f"{self.failover_timeout:g} s (last: {e})") from None
+                    time.sleep(0.1)
         self._attach(s, dec)
         for f in early:
             self._frame(*f)
+
+    def _dial_primary(self):
+        """One dial of the current target -> (socket, decoder, server info, early frames). In a
+        group, a member that says it is not the primary is closed and the target moves to the
+        primary it names, or the next member (ConnectionLost); an unreachable member likewise."""
+        dec = W.FrameDecoder(self.max_frame)
+        try:
+            s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
+                                  client_name=self.client_name, token=self.token, decoder=dec)
+        except ConnectionLost:
+            if self.group:
+                self._move(None)
+            raise
+        role = info.get("role")
+        if self.group and role is not None and role != "primary":
+            s.close()
+            where = f"{self.host}:{self.port}"
+            self._move(info.get("primary"))
+            raise ConnectionLost(f"store {where} is not the group's primary ({role}; primary "
+                                 f"{info.get('primary') or 'unknown'})")
+        return s, dec, info, early
+
+    def _move(self, primary) -> None:
+        """Aim the next dial at `primary` ("host:port" or (host, port)) or else the next member."""
+        target = primary_named(f"primary={primary}") if isinstance(primary, str) else primary
+        if target is None:
+            try:
+                i = self.addresses.index((self.host, self.port))
+            except ValueError:
+                i = -1
+            target = self.addresses[(i + 1) % len(self.addresses)]
+        if target != (self.host, self.port):
+            self.failovers += 1
+        self.host, self.port = target
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
         s.setblocking(False)
@@ -101,9 +173,11 @@ class LoopConnection:
 
     async def _redial_loop(self) -> None:
         backoff = 0.05
+        # a group: members are tried in turn while one is elected; the wait stays short
+        cap = min(self.backoff_max, 0.25) if self.group else self.backoff_max
         while not self.closed:
             await asyncio.sleep(backoff)
-            backoff = min(self.backoff_max, backoff * 2)
+            backoff = min(cap, backoff * 2)
             try:
                 await self.loop.run_in_executor(None, self._dial_only)
             except Exception as e:  # noqa: BLE001 - logged, retried
@@ -113,9 +187,7 @@ class LoopConnection:
 
     def _dial_only(self) -> None:
         # runs in a thread: handshake blocking there, then attach on the loop
-        dec = W.FrameDecoder(self.max_frame)
-        s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
-                              client_name=self.client_name, token=self.token, decoder=dec)
+        s, dec, info, early = self._dial_primary()
         fut = asyncio.run_coroutine_threadsafe(self._attach_async(s, dec, info, early), self.loop)
         fut.result(10)
 
@@ -129,7 +201,11 @@ class LoopConnection:
         self.server_info = info
         self._attach(s, dec)
         self.reconnects += 1
-        log.info("event=store_reconnected address=%s", self.address)
+        if self.group:
+            log.info("event=store_reconnected address=%s role=%s failovers=%d", self.address,
+                     info.get("role"), self.failovers)
+        else:
+            log.info("event=store_reconnected address=%s", self.address)
         for fn in list(self._reconnect_cbs):
             try:
                 fn()
@@ -222,7 +298,13 @@ class LoopConnection:
         if fut is None or fut.done():
             return
         if op == W.OP_ERROR:
-            fut.set_exception(StoreClientError(*W.parse_error(body)))
+            err = StoreClientError(*W.parse_error(body))
+            if self.group and err.code == W.E_NOT_PRIMARY:
+                # a deposed primary: nothing was done; leave it now for the primary it names (every
+                # other request in flight fails with ConnectionLost and is re-sent by its owner)
+                self._drop(f"not the group's primary any more ({err.reason})")
+                self._move(primary_named(err.reason))
+            fut.set_exception(err)
         else:
             fut.set_result((op, flags, body))
 

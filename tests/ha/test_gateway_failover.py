@@ -1,0 +1,192 @@
+"""Gateways over a store group (docs/fleet.md "Gateways over a store group"): two real `lmqtt gateway`
+processes given every member's address (`--store a,b,c`), paho QoS 1 publishers on both and a
+persistent subscriber, and `kill -9` of the group's primary mid-stream. The gateways find the new
+primary by themselves, re-send the PRODUCEs they had in flight (producer id + sequence: stored
+once), and every PUBACKed message reaches the persistent subscriber and is in the store exactly
+once (a FilterConsumer from earliest). The loss verdicts are the chaos checker's
+(loadtest/chaos/checker.py)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from lmqtt.loadtest.chaos.checker import Checker, body, failures
+from lmqtt.store.client import connect
+from tests.ha.group import StoreGroup
+from tests.support import LmqttGateway
+
+pytestmark = pytest.mark.timeout(300)
+
+TOPIC = "hagw/t"
+STREAM = "mqtt"
+
+
+def _client(cid: str, clean: bool) -> mqtt.Client:
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, clean_session=clean,
+                    protocol=mqtt.MQTTv311)
+    c.reconnect_delay_set(0.1, 1)
+    return c
+
+
+class _Publisher:
+    """A paho QoS 1 publisher on one gateway: `ck.sent` before each publish, `ck.acked` on PUBACK."""
+
+    def __init__(self, name: str, gw: LmqttGateway, ck: Checker) -> None:
+        self.name, self.ck = name, ck
+        self.c = _client(name, True)
+        self.c.max_inflight_messages_set(50)
+        self.lock = threading.Lock()
+        self.mids: dict[int, int] = {}
+        self.early: set[int] = set()
+        self.sent = 0
+        self.acked = 0
+        self.stop = threading.Event()
+        self.c.on_publish = self._on_publish
+        self.drops = 0
+        self.c.on_disconnect = self._on_disconnect
+        self.c.connect(gw.host, gw.port, keepalive=30)
+        self.c.loop_start()
+        self.t = threading.Thread(target=self._run, daemon=True)
+
+    def _on_publish(self, _c, _u, mid, _rc, _props) -> None:
+        with self.lock:
+            seq = self.mids.pop(mid, None)
+            if seq is None:
+                self.early.add(mid)
+                return
+            self.acked += 1
+        self.ck.acked(self.name, seq)
+
+    def _on_disconnect(self, *_a) -> None:
+        if not self.stop.is_set():
+            self.drops += 1
+
+    def _run(self) -> None:
+        seq = 0
+        deadline = time.monotonic() + 60
+        while not self.stop.is_set() and seq < 20_000 and time.monotonic() < deadline:
+            self.ck.sent(self.name, seq, 1, STREAM)
+            # paho calls on_publish holding its own lock: ours is never held across publish()
+            info = self.c.publish(TOPIC, body(self.name, seq, 48), qos=1)
+            with self.lock:
+                if info.mid in self.early:
+                    self.early.discard(info.mid)
+                    self.acked += 1
+                    done = True
+                else:
+                    self.mids[info.mid] = seq
+                    done = False
+            if done:
+                self.ck.acked(self.name, seq)
+            seq += 1
+            self.sent = seq
+            if seq % 50 == 0:
+                time.sleep(0.02)        # a steady stream, not one burst
+            while len(self.mids) > 400 and not self.stop.is_set():
+                time.sleep(0.01)        # paho's queue stays bounded while the store fails over
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+@pytest.fixture
+def group(tmp_path):
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0).start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledged(group, tmp_path):
+    first = group.wait_primary(in_sync=3)
+    gws = [LmqttGateway(group.peers, log_dir=str(tmp_path)).start() for _ in range(2)]
+    ck = Checker()
+    ck.receiver("sub", STREAM, 1)
+    got = []
+    sub = _client("persistent-sub", False)
+    subscribed = threading.Event()
+    sub.on_message = lambda _c, _u, m: (got.append(m.payload), ck.received("sub", m.payload))
+    sub.on_subscribe = lambda *_a: subscribed.set()
+    pubs = []
+    try:
+        sub.connect(gws[0].host, gws[0].port, keepalive=30)
+        sub.loop_start()
+        sub.subscribe(TOPIC, qos=1)
+        assert subscribed.wait(20), "no SUBACK"
+        pubs = [_Publisher(f"p{i}", gw, ck) for i, gw in enumerate(gws)]
+        for p in pubs:
+            p.t.start()
+        deadline = time.monotonic() + 60
+        while sum(p.acked for p in pubs) < 1500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(p.acked for p in pubs) >= 1500, "the load did not start:\n" + gws[0].log_tail()
+        first.kill9()
+        new = group.wait_primary(exclude=(first.node,), timeout=30)
+        at_kill = sum(p.acked for p in pubs)
+        deadline = time.monotonic() + 60
+        while sum(p.acked for p in pubs) < at_kill + 1500 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for p in pubs:
+            p.stop.set()
+            p.t.join(30)
+        # every publish answered: nothing the gateways had in flight was left hanging
+        deadline = time.monotonic() + 60
+        while any(p.acked < p.sent for p in pubs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        logs = "\n".join(g.log_tail() for g in gws)
+        assert all(p.acked == p.sent for p in pubs), ([(p.sent, p.acked) for p in pubs], logs)
+        # no publisher was cut off: what was in flight at the kill waited for the new primary
+        # (a gateway that fails its PRODUCEs closes MQTT 3.1.1 publishers, which then re-send)
+        assert [p.drops for p in pubs] == [0, 0], logs
+        assert sum(p.acked for p in pubs) >= at_kill + 1500, logs
+        assert "event=store_reconnected" in logs and new.address in logs, logs
+        # the persistent subscriber (connected throughout) gets every PUBACKed message
+        total = sum(p.acked for p in pubs)
+        deadline = time.monotonic() + 60
+        while ck.missing() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rows = ck.verdict()
+        assert failures(rows) == [], rows
+        row = rows[0]
+        assert row["lost"] == 0 and row["never_sent"] == 0 and row["acked"] == total, row
+
+        # a filter read on the new primary has each acknowledged message exactly once
+        rb = Checker()
+        for p in pubs:
+            for s in range(p.sent):
+                rb.sent(p.name, s, 2, STREAM)
+                rb.acked(p.name, s)
+        rb.receiver("readback", STREAM, 2)       # QoS 2 label: duplicates are failures
+        conn = connect(group.peers)
+        try:
+            fc = conn.filter_consumer("hagw/#", start="earliest")
+            n = 0
+            deadline = time.monotonic() + 60
+            while n < total and time.monotonic() < deadline:
+                recs = fc.poll()
+                for r in recs:
+                    rb.received("readback", r.body)
+                n += len(recs)
+            time.sleep(0.5)
+            for r in fc.poll():
+                rb.received("readback", r.body)
+        finally:
+            conn.close()
+        rows = rb.verdict()
+        assert failures(rows) == [], rows
+        assert rows[0]["lost"] == 0 and rows[0]["duplicated"] == 0, rows
+    finally:
+        for p in pubs:
+            p.stop.set()
+            try:
+                p.close()
+            except Exception:  # noqa: BLE001
+                pass
+        sub.loop_stop()
+        for g in gws:
+            g.stop()
