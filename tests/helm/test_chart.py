@@ -68,13 +68,15 @@ def test_default_install_runs_a_store_gateways_and_redis_wired_together():
     gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
     c = gw["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "gateway"
-    assert "--store=mqtt-lmqtt-store-0.mqtt-lmqtt-store-headless.iot.svc:10911" in c["args"]
+    members = ",".join(f"mqtt-lmqtt-store-{i}.mqtt-lmqtt-store-headless.iot.svc:10911" for i in range(3))
+    assert f"--store={members}" in c["args"]           # a group of 3 by default: every member
     assert "--redis=redis://mqtt-lmqtt-redis.iot.svc:6379/0" in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "replicas" not in gw["spec"]                      # the HPA owns the count
     hpa = k["HorizontalPodAutoscaler"][0]
     assert hpa["spec"]["scaleTargetRef"]["name"] == "mqtt-lmqtt-gateway" and hpa["spec"]["minReplicas"] == 2
-    assert k["PodDisruptionBudget"][0]["spec"]["minAvailable"] == 1
+    pdbs = {d["metadata"]["name"]: d["spec"]["minAvailable"] for d in k["PodDisruptionBudget"]}
+    assert pdbs == {"mqtt-lmqtt-gateway": 1, "mqtt-lmqtt-store": 2}
     svc = next(d for d in k["Service"] if d["metadata"]["name"] == "mqtt-lmqtt")
     assert svc["spec"]["ports"][0]["port"] == 1883
     assert any(d["metadata"]["name"] == "mqtt-lmqtt-redis" for d in k["Deployment"])
@@ -210,3 +212,86 @@ def test_config_values_render_as_toml_the_gateway_accepts(tmp_path):
     f.write_text(text)
     cfg = build_config(load_toml(f))
     assert cfg.max_packet_size == 1000000 and cfg.max_inflight == 200 and cfg.allow_anonymous is False
+
+
+def _store(values):
+    docs, out = _render(values)
+    k = _by_kind(docs)
+    sts = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-store")
+    gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    return docs, k, sts, gw["spec"]["template"]["spec"]["containers"][0]["args"], out
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_store_replicas_render_a_group_with_its_flags_pdb_and_anti_affinity(n):
+    """store.replicas 3 (default) / 5: a store group (docs/ha.md) - --group, --peers naming every
+    member by its stable DNS name in ordinal order, the three ports in the headless Service, pods
+    started in parallel (the first election waits for all), a PodDisruptionBudget keeping a
+    majority, one member per node; gateways get every member. 1: a single store as before (no
+    group flags, no store PDB, no anti-affinity)."""
+    docs, k, sts, gw_args, out = _store({"store": {"replicas": n}})
+    for d in docs:
+        kv.validate(d, KUBE_VERSION, strict=True)
+    pod = sts["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    members = [f"mqtt-lmqtt-store-{i}.mqtt-lmqtt-store-headless.iot.svc:10911" for i in range(n)]
+    assert f"--store={','.join(members)}" in gw_args
+    headless = next(d for d in k["Service"] if d["metadata"]["name"] == "mqtt-lmqtt-store-headless")
+    ports = {p["name"]: p["port"] for p in headless["spec"]["ports"]}
+    store_pdb = [d for d in k["PodDisruptionBudget"] if d["metadata"]["name"] == "mqtt-lmqtt-store"]
+    if n == 1:
+        assert not [a for a in c["args"] if a.startswith(("--group", "--peers", "--node-id"))], c["args"]
+        assert "command" not in c and sts["spec"]["podManagementPolicy"] == "OrderedReady"
+        assert ports == {"store": 10911} and store_pdb == [] and "affinity" not in pod
+        return
+    assert c["args"][0] == "store"
+    assert "--group=mqtt-lmqtt" in c["args"] and f"--peers={','.join(members)}" in c["args"]
+    assert "--election-timeout-s=2.5" in c["args"]
+    assert not [a for a in c["args"] if a.startswith("--ack-replicas")]   # the store's default
+    assert sts["spec"]["replicas"] == n and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert ports == {"store": 10911, "raft": 10912, "replication": 10913}
+    assert {p["name"] for p in c["ports"]} == {"store", "raft", "replication", "metrics"}
+    assert store_pdb[0]["spec"]["minAvailable"] == n // 2 + 1
+    assert store_pdb[0]["spec"]["selector"] == sts["spec"]["selector"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == sts["spec"]["template"]["metadata"]["labels"]
+    assert "every member" in out["lmqtt/templates/NOTES.txt"]
+    report = helm.lint(CHART, {"store": {"replicas": n}}, strict=True)
+    assert report["errors"] == [], report
+
+
+def test_each_member_gets_its_ordinal_plus_one_as_node_id(tmp_path):
+    """The member's command, as Kubernetes runs it ($$ unescaped to $) by a real /bin/sh with the
+    pod's HOSTNAME: `lmqtt` (a stand-in printing its arguments) gets every rendered arg and
+    --node-id = ordinal + 1, its position in --peers."""
+    import subprocess
+    _docs, _k, sts, _gw, _out = _store({"store": {"replicas": 5}})
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    fake = tmp_path / "lmqtt"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    cmd = [part.replace("$$", "$") for part in c["command"]] + c["args"]
+    for ordinal in (0, 4):
+        r = subprocess.run(cmd, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOSTNAME": f"mqtt-lmqtt-store-{ordinal}"},
+                           capture_output=True, text=True, timeout=10, check=True)
+        assert r.stdout.splitlines() == c["args"] + [f"--node-id={ordinal + 1}"]
+
+
+def test_store_group_values_ack_replicas_soft_anti_affinity_and_own_affinity():
+    _docs, _k, sts, _gw, _out = _store({"store": {"replicas": 5, "antiAffinity": "soft",
+                                                  "group": {"ackReplicas": 3, "name": "g1", "electionTimeoutSeconds": 4}}})
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    assert {"--ack-replicas=3", "--group=g1", "--election-timeout-s=4"} <= set(c["args"])
+    pref = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref[0]["weight"] == 100
+    own = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "zone", "labelSelector": {"matchLabels": {"a": "b"}}}}]}}
+    _docs, _k, sts, _gw, _out = _store({"store": {"affinity": own}})
+    assert sts["spec"]["template"]["spec"]["affinity"] == own      # the user's wins
+    _docs, _k, sts, _gw, _out = _store({"store": {"antiAffinity": "off"}})
+    assert "affinity" not in sts["spec"]["template"]["spec"]
+    with pytest.raises(helm.HelmError, match="store.antiAffinity must be hard, soft or off"):
+        _render({"store": {"antiAffinity": "always"}})
+    with pytest.raises(helm.HelmError, match="store.replicas must be at least 1"):
+        _render({"store": {"replicas": 0}})

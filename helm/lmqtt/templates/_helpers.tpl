@@ -48,9 +48,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-auth" (include "lmqtt.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
-{{/* The store address gateways dial: the first store pod through the headless Service. */}}
+{{/* Every store member's address (its stable DNS name through the headless Service), comma-
+separated: the group's --peers, and what gateways dial (they find the primary among them). One
+member: the only store. */}}
 {{- define "lmqtt.storeAddress" -}}
-{{ include "lmqtt.fullname" . }}-store-0.{{ include "lmqtt.fullname" . }}-store-headless.{{ .Release.Namespace }}.svc:{{ .Values.store.port }}
+{{- $n := int .Values.store.replicas -}}
+{{- if lt $n 1 -}}
+{{- fail (printf "store.replicas must be at least 1, not %d" $n) -}}
+{{- end -}}
+{{- $full := include "lmqtt.fullname" . -}}
+{{- $out := list -}}
+{{- range $i := until $n -}}
+{{- $out = append $out (printf "%s-store-%d.%s-store-headless.%s.svc:%d" $full $i $full $.Release.Namespace (int $.Values.store.port)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* Whether the store runs as a replicated group (more than one member). */}}
+{{- define "lmqtt.storeGroup" -}}
+{{- if gt (int .Values.store.replicas) 1 -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the release runs with Redis: notify.mode broadcast or precise; native needs none. */}}
