@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="listen with SO_REUSEPORT, beside other processes on the same port (serve --workers)")
     add_listener_args(p)
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    from lmqtt.gateway.app.console_web import add_console_args
+    add_console_args(p)         # this gateway's web console on the metrics port (docs/console.md)
     return p
 
 
@@ -174,12 +176,20 @@ async def _serve(cfg, loop_name: str) -> int:
         return 1
     _tune_gc(cfg)
     health = _Health(gw)
+    console = None
     metrics_url = "off"
     if cfg.metrics_port:
         mhost = cfg.metrics_host or cfg.host
         try:
-            h, p = health.start(mhost, cfg.metrics_port)
-            metrics_url = f"http://{h}:{p}/metrics (/healthz, /readyz)"
+            if cfg.console:     # the console's ASGI server serves /metrics, /healthz, /readyz too
+                from lmqtt.gateway.app.console_web import ConsoleServer
+                console = ConsoleServer(gw, cfg, ready=health.ready)
+                h, p = await console.start(mhost, cfg.metrics_port)
+                web = "https" if cfg.console_tls else "http"
+                metrics_url = f"{web}://{h}:{p}/metrics (/healthz, /readyz)\n  console:    {web}://{h}:{p}/console/"
+            else:
+                h, p = health.start(mhost, cfg.metrics_port)
+                metrics_url = f"http://{h}:{p}/metrics (/healthz, /readyz)"
         except OSError as e:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
@@ -203,6 +213,8 @@ async def _serve(cfg, loop_name: str) -> int:
           file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
+    if console is not None:
+        await console.stop()
     await gw.stop()
     health.stop()
     print("lmqtt gateway: stopped cleanly", file=sys.stderr, flush=True)

@@ -39,14 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port, and the web console's (default 9883, 0 = off)")
-    p.add_argument("--no-console", dest="console", action="store_false", default=None,
-                   help="serve /metrics only, without the web console (docs/console.md)")
-    p.add_argument("--console-login", action="store_true", default=None,
-                   help="the console asks for a login on loopback too (always elsewhere)")
-    p.add_argument("--console-admins", help="password-file users with the console's admin role, comma-separated")
-    p.add_argument("--console-viewers", help="password-file users with the console's read-only role, comma-separated")
-    p.add_argument("--console-tls", action="store_true", default=None,
-                   help="serve the metrics port (console and /metrics) over HTTPS with --cert/--key")
+    from lmqtt.gateway.app.console_web import add_console_args
+    add_console_args(p)
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int,
                    help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "

@@ -35,10 +35,7 @@ import time
 _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": True, "--store-port": True,
                      "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True,
                      "--tier": True, "--tier-endpoint": True, "--local-retention": True, "--tier-retention": True,
-                     "--tier-cache-mb": True,
-                     # the web console is `lmqtt serve`'s alone for now (docs/console.md "Where it runs")
-                     "--no-console": False, "--console-login": False, "--console-admins": True,
-                     "--console-viewers": True, "--console-tls": False}
+                     "--tier-cache-mb": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 

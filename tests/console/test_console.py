@@ -509,3 +509,46 @@ def test_console_tls_serves_https_with_the_listeners_certificate_and_a_secure_co
         shot(browser, tmp_path, "tls")
     finally:
         assert srv.stop() == 0, srv.log_tail()
+
+
+def test_serve_workers_each_gateway_serves_its_console(browser, tmp_path):
+    """`serve --workers 2`: each gateway's console (metrics port + i) shows its own clients (the
+    kernel spreads connections over the workers); together they show every client."""
+    import time
+
+    from lmqtt.loadtest.brokers import free_port_pair
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2"),
+                      log_path=str(tmp_path / "serve.log"))
+    srv.metrics_port = free_port_pair()
+    srv.start()
+    clients = []
+    try:
+        for i in (0, 1):
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port + i}/readyz", timeout=2).read() \
+                            == b"ready\n":
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"worker {i} not ready: {srv.log_tail()}"
+                time.sleep(0.1)
+        clients = [Paho(srv, client_id=f"w-{i}") for i in range(6)]
+        per = []
+        for i in (0, 1):
+            url = f"http://127.0.0.1:{srv.metrics_port + i}/console/"
+            open_page(browser, url, "clients")
+            WebDriverWait(browser, WAIT).until(
+                lambda d: d.find_element(By.ID, "cl-count").text.endswith(" connected"))
+            ids = {r.get_attribute("data-client") for r in browser.find_elements(By.CSS_SELECTOR, "#cl-table tbody tr")}
+            per.append(ids)
+            shot(browser, tmp_path, f"clients-worker{i}")
+        assert per[0] | per[1] == {f"w-{i}" for i in range(6)} and not (per[0] & per[1]), per
+        # the fleet gateway's console: the sessions page points to `lmqtt admin` (the store keeps them)
+        open_page(browser, f"http://127.0.0.1:{srv.metrics_port}/console/", "sessions")
+        wait_text(browser, "#se-note", "a fleet gateway: `lmqtt admin --store ... --sessions` reads the store")
+    finally:
+        for c in clients:
+            c.disconnect()
+        assert srv.stop() == 0, srv.log_tail()

@@ -7,4 +7,16 @@ of plain Python objects, taken once per second by the sampler or once per page r
 """
 from .server import ConsoleServer
 
-__all__ = ["ConsoleServer"]
+__all__ = ["ConsoleServer", "add_console_args"]
+
+
+def add_console_args(p) -> None:
+    """The console's flags, the same on `lmqtt serve` and `lmqtt gateway` (its config keys too)."""
+    p.add_argument("--no-console", dest="console", action="store_false", default=None,
+                   help="serve /metrics only, without the web console (docs/console.md)")
+    p.add_argument("--console-login", action="store_true", default=None,
+                   help="the console asks for a login on loopback too (always elsewhere)")
+    p.add_argument("--console-admins", help="password-file users with the console's admin role, comma-separated")
+    p.add_argument("--console-viewers", help="password-file users with the console's read-only role, comma-separated")
+    p.add_argument("--console-tls", action="store_true", default=None,
+                   help="serve the metrics port (console and /metrics) over HTTPS with --cert/--key")

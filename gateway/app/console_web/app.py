@@ -46,7 +46,7 @@ def _json(obj, status: int = 200) -> JSONResponse:
     return JSONResponse(obj, status_code=status, headers=_HEADERS)
 
 
-def build_app(gw, cfg, bound_host: str):
+def build_app(gw, cfg, bound_host: str, ready=None):
     st = ConsoleState(gw, cfg, bound_host)
     auth = st.auth
     from .auth import Session
@@ -83,6 +83,9 @@ def build_app(gw, cfg, bound_host: str):
         return PlainTextResponse("ok\n")
 
     async def readyz(request: Request):
+        if ready is not None:             # a fleet gateway: its own rule (gateway_command._Health)
+            ok, why = ready()
+            return PlainTextResponse(why + "\n", status_code=200 if ok else 503)
         b = gw.broker
         if b is None or not b.accepting:
             return PlainTextResponse("not accepting MQTT clients\n", status_code=503)

@@ -26,8 +26,10 @@ class _Server(uvicorn.Server):
 
 
 class ConsoleServer:
-    def __init__(self, gateway, cfg, sdk=None) -> None:
-        self.gw, self.cfg, self.sdk = gateway, cfg, sdk
+    def __init__(self, gateway, cfg, sdk=None, ready=None) -> None:
+        """`sdk`: lmqtt serve's store server (the groups page); `ready() -> (ok, why)`: /readyz of a
+        fleet gateway (its store link), else ready while the broker accepts MQTT clients."""
+        self.gw, self.cfg, self.sdk, self.ready = gateway, cfg, sdk, ready
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
         self.state = None
@@ -45,7 +47,7 @@ class ConsoleServer:
             raise
         sock.setblocking(False)
         bound = sock.getsockname()[:2]
-        app, self.state = build_app(self.gw, self.cfg, bound[0])
+        app, self.state = build_app(self.gw, self.cfg, bound[0], self.ready)
         self.state.sdk = self.sdk
         tls = {}
         if getattr(self.cfg, "console_tls", False):     # the listener's certificate (cfg.validate checked it is set)
