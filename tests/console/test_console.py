@@ -148,6 +148,30 @@ def test_clients_page_shows_a_client_and_disconnects_it(server, browser, tmp_pat
         b.disconnect()
 
 
+def test_clients_page_shows_in_flight_and_queued_of_a_client_that_does_not_ack(server, browser):
+    """A raw MQTT 5 client with Receive Maximum 2 that never acknowledges: 2 in flight, the rest
+    of what was published queued in its queue."""
+    from lmqtt.gateway.mqtt import packets as P
+    from tests.support import RawMQTT
+    raw = RawMQTT(server, version=5)
+    pub = Paho(server, client_id="slow-pub")
+    try:
+        props = P.Properties()
+        props.receive_maximum = 2
+        assert raw.connect("slow-dev", props=props) is not None
+        raw.send(P.Subscribe(1, [P.SubscriptionRequest("slow/t", 1)]))
+        assert isinstance(raw.recv(), P.SubAck)
+        for i in range(5):
+            pub.publish("slow/t", f"m{i}", qos=1)
+        open_page(browser, console_url(server), "clients")
+        row = 'tr[data-client="slow-dev"]'
+        wait_text(browser, row + " .inflight", "2")
+        wait_text(browser, row + " .queued", "3")
+    finally:
+        pub.disconnect()
+        raw.close()
+
+
 def test_sessions_page_shows_the_lag_of_an_offline_session(server, browser, tmp_path):
     dev = Paho(server, client_id="sess-dev", version=4, clean=False)
     dev.subscribe("fleet/lag", 1)
