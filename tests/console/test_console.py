@@ -80,6 +80,7 @@ def wait_text(browser, css: str, want: str, timeout: float = WAIT) -> None:
 
 
 def open_page(browser, url: str, page: str) -> None:
+    browser.get("about:blank")        # a fresh load (the same URL with another #page would not reload)
     browser.get(url + "#" + page)
     WebDriverWait(browser, WAIT).until(lambda d: d.execute_script("return document.body.dataset.ready") == page)
 
