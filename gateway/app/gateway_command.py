@@ -8,7 +8,8 @@ Same flags and config keys as `lmqtt serve` where they apply (the TOML file's to
 `[gateway]`/`[serve]` table); no data dir: sessions, offsets, retained messages and wills live in
 the store. The store's auth token comes from `--token` or the LMQTT_STORE_TOKEN environment
 variable (the Helm chart's secret). The metrics port serves /metrics, /healthz (the process
-answers) and /readyz (connected to the store and accepting MQTT clients). SIGTERM/SIGINT: stop
+answers) and /readyz (connected to the store and accepting MQTT clients), and this gateway's web
+console at /console/ (docs/console.md; --no-console: those three only). SIGTERM/SIGINT: stop
 accepting, close connections (MQTT 5: DISCONNECT 0x8B), persist sessions and offsets, exit 0.
 """
 from __future__ import annotations
