@@ -282,6 +282,8 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         el_c, runs = _timed(cdf, cold_rows, repeat, "cold-parquet")
         out.append({"case": "cold-parquet", **common, "seconds": round(el_c, 3), "runs_s": runs,
                     "rows_per_s": round(cold_rows / el_c), "bytes_on_disk": pq_bytes,
+                    "segments_raw_bytes": st["tier_raw_bytes"], "segments_stored_bytes": st["tier_stored_bytes"],
+                    "upload_s_after_load": round(up, 1),
                     "partitions": cdf.rdd.getNumPartitions()})
         plain = os.path.join(base, "plain-parquet")
         cdf.write.mode("overwrite").parquet(plain)
