@@ -105,6 +105,8 @@ function showSample(s) {
   samples.push(s); if (samples.length > 3600) samples.shift();
   line($("chart-connections"), [samples.map((x) => x.connections)], ["#5ad19a"]);
   line($("chart-rates"), [samples.map((x) => x.msg_in_s), samples.map((x) => x.msg_out_s)], ["#4fb3ff", "#f7a84a"]);
+  line($("chart-lag"), [samples.map((x) => x.dispatch_lag_ms)], ["#f7a84a"]);
+  line($("chart-proc"), [samples.map((x) => x.cpu_pct)], ["#5ad19a"]);
 }
 
 async function overview() {
