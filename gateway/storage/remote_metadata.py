@@ -111,9 +111,14 @@ class RemoteSessions:
         self.swept: list[Callable[[list[str]], None]] = []
         self.moved: list[Callable[[list[str]], None]] = []
         self.claims: list[Callable[[str, list], None]] = []
+        # a store group: the last record put per client id, written again on a new primary
+        self.kept: dict[str, str] | None = {} if getattr(link, "group", False) else None
 
     def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
-        return ask(self.link, P.PutSession(client_id, rec.to_bytes().decode())).then(_none)
+        text = rec.to_bytes().decode()
+        if self.kept is not None:
+            self.kept[client_id] = text
+        return ask(self.link, P.PutSession(client_id, text)).then(_none)
 
     def get(self, client_id: str) -> Answer[SessionRecord | None]:
         return ask(self.link, P.GetSession(client_id)).then(_record)
@@ -124,6 +129,8 @@ class RemoteSessions:
                      lambda r, o: (_record(r), o.offsets))
 
     def delete(self, client_id: str) -> Answer[bool]:
+        if self.kept is not None:
+            self.kept.pop(client_id, None)
         return ask(self.link, P.DeleteSession(client_id), bounded=False).then(lambda r: r.deleted)
 
     def all(self) -> Answer[list[SessionRecord]]:
@@ -192,6 +199,9 @@ class RemoteSessions:
         except Exception as e:  # noqa: BLE001 - a hint: the copies then end at their expiry
             log.warning("event=bad_sessions_moved_frame error=%r", e)
             return
+        if self.kept is not None:            # another gateway holds them now: not ours to write again
+            for cid in client_ids:
+                self.kept.pop(cid, None)
         for fn in self.moved:
             fn(client_ids)
 
@@ -213,6 +223,8 @@ class RemoteOffsets:
 
     def __init__(self, link: LoopConnection) -> None:
         self.link = link
+        # a store group: the offsets set per consumer, written again on a new primary
+        self.kept: dict[str, dict[str, int]] | None = {} if getattr(link, "group", False) else None
 
     def get(self, consumer: str, queue: str) -> Answer[int | None]:
         return ask(self.link, P.GetOffset(consumer, queue)).then(lambda r: r.offset)
@@ -221,9 +233,18 @@ class RemoteOffsets:
         return ask(self.link, P.GetOffsets(consumer)).then(lambda r: r.offsets)
 
     def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
+        if self.kept is not None:
+            self.kept.setdefault(consumer, {}).update(offsets)
         return ask(self.link, P.SetOffsets(consumer, offsets), bounded=False).then(_none)
 
     def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
+        if self.kept is not None:
+            if queues is None:
+                self.kept.pop(consumer, None)
+            else:
+                held = self.kept.get(consumer, {})
+                for q in queues:
+                    held.pop(q, None)
         return ask(self.link, P.DeleteOffsets(consumer, queues), bounded=False).then(_none)
 
 
@@ -259,22 +280,32 @@ class RemoteWills:
         # belongs to a newer connection than any the store can name in that hello's answer
         self.seq = 0
         self.put_at: dict[str, int] = {}
+        # a store group: the wills put and not popped, written again on a new primary
+        self.kept: dict[str, bytes] | None = {} if getattr(link, "group", False) else None
 
     def put(self, client_id: str, will: WillRecord) -> Answer[None]:
         self.seq += 1
         self.put_at[client_id] = self.seq
+        if self.kept is not None:
+            self.kept[client_id] = will.to_bytes()
         return ask(self.link, P.PutWill(client_id, will.to_bytes(), self.gateway_id), bounded=False).then(_none)
 
     def pop(self, client_id: str) -> Answer[None]:
         # only this gateway's: a will the client's newer connection left on another gateway stays
         self.put_at.pop(client_id, None)
+        if self.kept is not None:
+            self.kept.pop(client_id, None)
         return ask(self.link, P.PopWill(client_id, self.gateway_id), bounded=False).then(_none)
 
     def void(self, client_id: str) -> Answer[None]:
         self.put_at.pop(client_id, None)
+        if self.kept is not None:
+            self.kept.pop(client_id, None)
         return ask(self.link, P.PopWill(client_id), bounded=False).then(_none)
 
     def take(self) -> Answer[list[tuple[str, WillRecord]]]:
+        if self.kept is not None:
+            self.kept.clear()
         return ask(self.link, P.TakeWills(self.gateway_id)).then(
             lambda r: [(cid, WillRecord.from_bytes(w)) for cid, w in r.wills])
 
@@ -392,6 +423,9 @@ class RemoteMetadata:
                 return
             reply: P.HelloReply = a.result()
             if reply.sessions_swept:
+                if self.sessions.kept is not None:
+                    for cid in reply.sessions_swept:
+                        self.sessions.kept.pop(cid, None)
                 for fn in self.sessions.swept:
                     fn(reply.sessions_swept)
             fired = [c for c in reply.wills_published if wills.put_at.get(c, 0) <= mark]
@@ -400,6 +434,30 @@ class RemoteMetadata:
                 for fn2 in wills.published:
                     fn2(fired)
         ask(self.link, P.Hello(self.gateway_id), bounded=False).add_done_callback(done)
+
+    def reestablish(self) -> int:
+        """A store group's new primary (docs/fleet.md): the gateway's metadata is not replicated
+        (docs/ha.md), so what this gateway wrote and still holds is written there again - the
+        last record of every persistent session it put (and did not delete), the offsets it set,
+        the wills it put and did not pop. Sent in order on the link, before anything the gateway
+        writes after the reconnect. -> the number of writes."""
+        n = 0
+        link = self.link
+        for cid, text in list((self.sessions.kept or {}).items()):
+            ask(link, P.PutSession(cid, text), bounded=False)
+            n += 1
+        for consumer, offs in list((self.offsets.kept or {}).items()):
+            if offs:
+                ask(link, P.SetOffsets(consumer, dict(offs)), bounded=False)
+                n += 1
+        for cid, will in list((self.wills.kept or {}).items()):
+            ask(link, P.PutWill(cid, will, self.gateway_id), bounded=False)
+            n += 1
+        if n:
+            log.warning("event=metadata_rewritten_on_new_primary store=%s sessions=%d offsets=%d wills=%d",
+                        link.address, len(self.sessions.kept or {}), len(self.offsets.kept or {}),
+                        len(self.wills.kept or {}))
+        return n
 
 
 __all__ = ["RemoteMetadata", "RemoteSessions", "RemoteOffsets", "RemoteRetained", "RemoteWills", "RemoteLeases",

@@ -148,6 +148,7 @@ class RemoteStore:
         self.push = False              # the store pushes entries (it answered gw_watch with push)
         if metrics is not None and getattr(metrics, "registry", None) is not None:
             self._export_push_metrics(metrics.registry)
+        self._member = link.address        # the store (group member) the metadata was written to
         link.on_push(self._on_push)
         link.on_reconnect(self._reconnected)
         if link.connected:
@@ -232,6 +233,10 @@ class RemoteStore:
         if self.node.refuse_mismatched_node():
             return
         self.remote_metadata.hello()
+        if getattr(self.link, "group", False) and self.link.address != self._member:
+            # a store group's new primary: what this gateway wrote to the old one, again
+            self._member = self.link.address
+            self.remote_metadata.reestablish()
         self._rewatch()
 
     # ------------------------------------------------------------------ delivery path
