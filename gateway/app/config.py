@@ -131,7 +131,7 @@ class GatewayConfig:
     # "poll" = no events, the safety poll only. Events are hints: every `safety_poll_ms` the
     # gateway re-reads the max offsets of the queues it serves, so a lost event delays a delivery
     # by at most that long.
-    store_address: str | None = None  # HOST:PORT of `lmqtt store`
+    store_address: str | None = None  # HOST:PORT of `lmqtt store`, or every member of a store group (a,b,c)
     redis: str | None = None          # redis://HOST:6379/0
     notify_mode: str | None = None    # default: broadcast with `redis`, else native
     safety_poll_ms: float = 1000.0

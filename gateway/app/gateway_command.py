@@ -1,6 +1,6 @@
 """`lmqtt gateway`: an MQTT gateway over a remote `lmqtt store` (the scale-out shape, docs/fleet.md).
 
-    lmqtt gateway --store HOST:PORT [--redis redis://HOST:6379/0] [--notify-mode native|broadcast|precise|poll]
+    lmqtt gateway --store HOST:PORT[,HOST:PORT...] [--redis redis://HOST:6379/0] [--notify-mode native|broadcast|precise|poll]
                   [--host 127.0.0.1] [--port 1883] [--config lmqtt.toml] [--metrics-port 9883]
                   [--safety-poll-ms 1000] [--gateway-id ID] [TLS / WebSocket / auth flags of `lmqtt serve`]
 
@@ -32,7 +32,9 @@ log = logging.getLogger("lmqtt.gateway.command")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmqtt gateway", description=__doc__.split("\n\n")[0])
-    p.add_argument("--store", dest="store_address", help="HOST:PORT of the `lmqtt store` node (required)")
+    p.add_argument("--store", dest="store_address",
+                   help="HOST:PORT of the `lmqtt store` node (required); a store group: every member, "
+                        "HOST:PORT,HOST:PORT,... (the gateway follows the primary, docs/fleet.md)")
     p.add_argument("--redis", help="Redis URL for notify events (redis://HOST:6379/0)")
     p.add_argument("--notify-mode", choices=("native", "broadcast", "precise", "poll"),
                    help="how new data is announced: native = pushed on the store connection (default "
@@ -65,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             overrides["token"] = os.environ["LMQTT_STORE_TOKEN"]
         cfg = build_config(file_values, overrides)
         if not cfg.store_address:
-            raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use)")
+            raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
+                              "every member, HOST:PORT,HOST:PORT,...)")
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
