@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--metrics-port", type=int, help="/metrics, /healthz, /readyz port (default 9883, 0 = off)")
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
+    p.add_argument("--sys-interval", type=float,
+                   help="seconds between $SYS/broker/... updates, Mosquitto's names (default 10, 0 = off)")
     p.add_argument("--reuse-port", action="store_true", default=None,
                    help="listen with SO_REUSEPORT, beside other processes on the same port (serve --workers)")
     add_listener_args(p)

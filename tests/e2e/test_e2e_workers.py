@@ -155,3 +155,18 @@ def test_a_killed_supervisor_takes_its_workers_with_it_and_a_restart_finds_the_d
         sub.disconnect()
     finally:
         srv.stop()
+
+
+def test_serve_workers_passes_sys_interval_to_its_gateways(tmp_path):
+    """`lmqtt serve --workers 2 --sys-interval 1`: every gateway takes the flag (`lmqtt gateway`
+    refused it, so the supervisor exited) and publishes $SYS at that interval."""
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2", "--sys-interval", "1"),
+                      log_path=str(tmp_path / "serve.log")).start()
+    try:
+        c = Paho(srv, client_id="sys-watcher")
+        assert c.subscribe("$SYS/broker/gateways/+/uptime", qos=0) == [0]     # per gateway in a fleet
+        got = c.get_n(3, timeout=10)          # the retained value, then one per second
+        assert len(got) == 3, open(tmp_path / "serve.log").read()[-2000:]
+        c.disconnect()
+    finally:
+        srv.stop()
