@@ -10,7 +10,8 @@ append methods of `RemoteStore`'s `QueueStore` (gateway/storage/facades.py) call
 Over a store group (the link has several members, docs/fleet.md): every PRODUCE carries this
 gateway's producer id and a sequence, and one that fails because the primary went away
 (ConnectionLost, or ERROR not_primary from a deposed primary) is kept and re-sent, the same bytes,
-once the link is connected to the new primary, for up to the link's `failover_timeout`: the
+once the link is connected to the new primary, for up to the link's `failover_timeout` after
+the first failure: the
 store's dedup (its markers are shipped to the replicas, docs/ha.md) answers a batch the old primary
 had with its original offsets and stores a batch it did not have once. The publishers' PUBACKs
 wait meanwhile, so nothing PUBACKed is lost and nothing is stored twice. With one store the
@@ -86,7 +87,8 @@ class RemoteProducer:
             flags = 0
             if due_ms is not None:
                 body, flags = body + W.encode_due_trailer(due_ms), W.F_DELAYED
-            self._send([seq, flags, body, durable, time.monotonic() + self.link.failover_timeout, None])
+            # [seq, flags, body, durable, re-send until (set at the first failure), first failure]
+            self._send([seq, flags, body, durable, None, None])
             return [_Result(durable)]
         if due_ms is None:
             reply = self.link.request(W.OP_PRODUCE, body)
@@ -116,6 +118,8 @@ class RemoteProducer:
         if e is None:
             durable.set_result(None)
             return
+        if entry[4] is None:           # failover_timeout counts from the first failure
+            entry[4] = time.monotonic() + self.link.failover_timeout
         if not (isinstance(e, ConnectionLost) or is_not_primary(e)) or self.link.closed \
                 or time.monotonic() >= entry[4]:
             durable.set_exception(e if entry[5] is None or not isinstance(e, ConnectionLost)

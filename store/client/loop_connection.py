@@ -26,7 +26,8 @@ primary it names (or the next address while none is known), at start and on ever
 to `failover_timeout` seconds at start (the redial goes on until the link is closed). A request
 answered ERROR not_primary (a deposed primary) drops the link at once, aimed at the primary the
 refusal names: every request in flight fails with ConnectionLost and the redial finds the new
-primary; the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
+primary; so does a member that answers nothing for `stall_timeout` (5 s) while requests wait (a
+stopped or cut-off primary keeps its socket open); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
 the gateway's producer re-sends its PRODUCEs in flight with their producer id + sequence
 (gateway/storage/remote_produce.py), so the new primary stores each batch once.
 
@@ -86,6 +87,12 @@ class LoopConnection:
         self._redial: asyncio.Task | None = None
         self.last_error: str | None = None
         self._blocking = 0             # > 0 while call_blocking reads the socket itself
+        # a store group: a member that answers nothing for `stall_timeout` s while requests wait
+        # (stopped, cut off: its socket stays open) is left for the others
+        self.stall_timeout = 5.0
+        self._last_rx = 0.0
+        self._waiting_since = 0.0
+        self._stall_handle: asyncio.TimerHandle | None = None
 
     @property
     def address(self) -> str:
@@ -169,7 +176,21 @@ class LoopConnection:
         self._out.clear()
         self._writing = False
         self.connected = True
+        self._last_rx = time.monotonic()
         self.loop.add_reader(s.fileno(), self._on_readable)
+        if self.group and self._stall_handle is None:
+            self._stall_handle = self.loop.call_later(1.0, self._stall_tick)
+
+    def _stall_tick(self) -> None:
+        self._stall_handle = None
+        if self.closed:
+            return
+        now = time.monotonic()
+        if self.connected and self._pending and now - max(self._last_rx, self._waiting_since) > self.stall_timeout:
+            self._drop(f"no answer from the store at {self.address} for {self.stall_timeout:g} s "
+                       f"(a stopped or cut-off group member?)")
+            self._move(None)
+        self._stall_handle = self.loop.call_later(1.0, self._stall_tick)
 
     async def _redial_loop(self) -> None:
         backoff = 0.05
@@ -247,6 +268,9 @@ class LoopConnection:
 
     def close(self) -> None:
         self.closed = True
+        if self._stall_handle is not None:
+            self._stall_handle.cancel()
+            self._stall_handle = None
         if self._redial is not None:
             self._redial.cancel()
         if self._sock is not None and self._out:
@@ -268,6 +292,7 @@ class LoopConnection:
         if not data:
             self._drop("closed by the store")
             return
+        self._last_rx = time.monotonic()
         self._feed(data)
 
     def _feed(self, data: bytes) -> None:
@@ -355,6 +380,8 @@ class LoopConnection:
             fut.set_exception(ConnectionLost(f"store at {self.address} unavailable: {self.last_error}"))
             return fut
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        if not self._pending:
+            self._waiting_since = time.monotonic()
         self._pending[rid] = fut
         self._write(W.frame(op, rid, body, flags))
         return fut
@@ -378,6 +405,8 @@ class LoopConnection:
     def _overdue(self, fut: asyncio.Future, t: float) -> None:
         if not fut.done():
             self._drop(f"no reply within {t} s")
+            if self.group:     # a stopped or cut-off member keeps its socket open: try the others first
+                self._move(None)
 
     def cmd_nowait(self, name: str, **args) -> None:
         """A CALL whose failure is only logged (metadata writes: ordered with everything after)."""

@@ -102,7 +102,12 @@ def group(tmp_path):
         g.stop()
 
 
-def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledged(group, tmp_path):
+@pytest.mark.parametrize("fault", ["kill9", "sigstop"])
+def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledged(group, tmp_path, fault):
+    """`kill9`: the primary's connections close at once. `sigstop`: they stay open and the stopped
+    primary answers nothing; the gateways leave it when a bounded request goes unanswered (the
+    link's timeout), and it is resumed (fenced: it acknowledges nothing more) once a new primary
+    took over."""
     first = group.wait_primary(in_sync=3)
     gws = [LmqttGateway(group.peers, log_dir=str(tmp_path)).start() for _ in range(2)]
     ck = Checker()
@@ -135,12 +140,17 @@ def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledg
         while sum(p.acked for p in pubs) < 1500 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sum(p.acked for p in pubs) >= 1500, "the load did not start:\n" + gws[0].log_tail()
-        first.kill9()
+        if fault == "kill9":
+            first.kill9()
+        else:
+            first.pause()
         new = group.wait_primary(exclude=(first.node,), timeout=30)
         at_kill = sum(p.acked for p in pubs)
         deadline = time.monotonic() + 60
         while sum(p.acked for p in pubs) < at_kill + 1500 and time.monotonic() < deadline:
             time.sleep(0.05)
+        if fault == "sigstop":
+            first.resume()
         for p in pubs:
             p.stop.set()
             p.t.join(30)
