@@ -32,6 +32,8 @@ log = logging.getLogger("lmqtt.spark")
 
 PARQUET_DIR = "parquet"
 ROW_GROUP_ROWS = 1 << 17
+# zstd: half the bytes of snappy for the same read speed in Spark (BENCHMARKS.md, Spark over the cold tier)
+COMPRESSION = "zstd"
 DAY_MS = 86_400_000
 # characters Spark/Hive escape in a partition value (ExternalCatalogUtils.escapePathName), as %XX
 _ESCAPE = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(0x20)}
@@ -124,7 +126,7 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = ROW_GROUP_R
     for gi, (fl, day) in enumerate(groups):
         part = table if g_arr is None else table.filter(pc.equal(g_arr, gi))
         sink = pa.BufferOutputStream()
-        pq.write_table(part, sink, compression="zstd", row_group_size=row_group_rows)
+        pq.write_table(part, sink, compression=COMPRESSION, row_group_size=row_group_rows)
         out.append((parquet_key(fl, day, start), sink.getvalue().to_pybytes()))
     return sorted(out)
 
