@@ -52,6 +52,10 @@ class DispatchService:
         self.chunk = chunk_bytes
         self.flush_interval = flush_interval_ms / 1000.0
         self.dispatched = 0
+        # what bounds dispatch: an object whose `committed` is the end that may be made visible.
+        # The CommitLog; on a store group's primary its AckGate (store/ha/replication.py), whose
+        # `committed` is the end the in-sync replicas acknowledged: readers see only that prefix
+        self.limit = clog
         self.listeners: list[Callable[[int], None]] = []
         # the error the last round failed with (None once a round gets through again), and the
         # name of the dispatcher that raised it; the same for the dispatchers' periodic flush
@@ -107,10 +111,10 @@ class DispatchService:
             return False
         try:
             for _ in range(4):
-                if self.dispatched >= self.clog.committed:
+                if self.dispatched >= self.limit.committed:
                     break
                 self.dispatch_once()
-            return self.dispatched >= self.clog.committed
+            return self.dispatched >= self.limit.committed
         except Exception as e:  # noqa: BLE001 - the dispatch thread retries and reports
             if is_disk_full(e):
                 self._failed(e)     # the store refuses appends now (one log line)
@@ -133,6 +137,7 @@ class DispatchService:
 
     def catch_up(self) -> None:
         """Dispatch synchronously until the committed offset (used at start and shutdown)."""
+        self.limit = self.clog
         while self.dispatched < self.clog.committed:
             self.dispatch_once()
 
@@ -164,7 +169,7 @@ class DispatchService:
         """Deliver queued append chunks as one columnar DispatchBatch (see store.message)."""
         clog = self.clog
         live = clog.live
-        committed = clog.committed
+        committed = self.limit.committed
         end = self.dispatched
         chunks: list = []
         count = 0
@@ -224,15 +229,15 @@ class DispatchService:
         while not self._stop:
             phase = "dispatch"
             try:
-                if self.dispatched < self.clog.committed:
+                if self.dispatched < self.limit.committed:
                     with self._dispatching:
-                        if self.dispatched < self.clog.committed:   # an inline append may have
+                        if self.dispatched < self.limit.committed:  # an inline append may have
                             self.dispatch_once()                     # done it meanwhile
                     if self.error is not None:
                         self._resumed()
                 else:
                     self._idle = True
-                    if self.dispatched >= self.clog.committed:
+                    if self.dispatched >= self.limit.committed:
                         # every commit wakes an idle thread (wake()); the timeout only brings the
                         # next dispatcher flush, so an idle store does not wake 200 times a second
                         # (IDLE_WAIT_MAX bounds the lag should a wake-up ever be missed)
@@ -300,7 +305,7 @@ class DispatchService:
     def dispatch_round(self) -> None:
         clog = self.clog
         pos = self.dispatched
-        committed = clog.committed
+        committed = self.limit.committed
         mf = clog.mfq.find(pos)
         if mf is None:
             raise RuntimeError(f"dispatch: no segment holds offset {pos}")

@@ -376,6 +376,7 @@ class Member:
         self.following = None
         self._drop_primary(None)
         store, clog = self.store, self.clog
+        store.dispatch.limit = clog          # its log is the group's from now on (a deposed gate's bound goes)
         store.dispatch.wait_for(clog.committed, 30.0)
         with clog.lock:
             clog.queue_table.update(store.consume_queues.max_offsets())
@@ -391,6 +392,8 @@ class Member:
         self.gate.want_add = self._want_add
         self.gate.replica_meta = self._replica_meta
         self.gate.on_add = self._propose_add
+        self.gate.on_confirm = store.dispatch.wake
+        store.dispatch.limit = self.gate     # readers see only what the in-sync replicas acknowledged
         store.use_ack_gate(self.gate)
         self.role = "primary"
         self.role_epoch = epoch

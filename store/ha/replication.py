@@ -339,6 +339,12 @@ class AckGate:
         self.waiting: collections.deque = collections.deque()
         self.taken = clog.committed
         self.acked = clog.committed
+        # the confirm offset (RocketMQ's controller mode): the end of the acknowledged rounds, an
+        # append boundary; the primary's dispatch goes no further (DispatchService.limit), so
+        # readers, pulls and the gateways' pushes see only what the in-sync replicas have.
+        # on_confirm(): called when it moved (the dispatcher's wake-up). A stopped gate keeps it.
+        self.committed = clog.committed
+        self.on_confirm = None
         self.failed: BaseException | None = None
         self._ev = threading.Event()
         self._stop = False
@@ -424,8 +430,15 @@ class AckGate:
         if acked > self.acked:
             self.acked = acked
         w = self.waiting
+        done = []
         while w and w[0][0] <= acked:
-            target, f = w.popleft()
+            done.append(w.popleft())
+        if done and done[-1][0] > self.committed:
+            self.committed = done[-1][0]     # visible first, then answered
+            fn = self.on_confirm
+            if fn is not None:
+                fn()
+        for target, f in done:
             if not f.done():
                 f.set_result(target)
 
@@ -535,6 +548,9 @@ class Follower:
         self.meta_seq = int(h.get("meta_from", 0))
         self.conn_epoch = epoch
         self.primary_end = int(h["end"])
+        # the log agrees with the primary's up to here: a deposed primary's dispatch, held at what
+        # its replicas had acknowledged (AckGate.committed), may go on (no cut was needed)
+        self.store.dispatch.limit = clog
         self.connected = True
         self.error = ""
         log.info("event=ha_following primary=%s:%d epoch=%d from=%d", self.addr[0], self.addr[1], epoch, start)
