@@ -100,19 +100,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _tier_parquet(store, mode: str) -> None:
     """--tier-parquet: the tier service's columnar hook, the Parquet writer of the Spark package
-    (lmqtt.store.spark.cold, docs/spark.md), loaded by module name: it needs pyarrow, which the
+    (lmqtt.store.spark.cold, docs/spark.md), imported only here: it needs pyarrow, which the
     store itself does not (`auto`: on when pyarrow is importable)."""
     if mode == "off":
         return
-    import importlib
-    cold = importlib.import_module("lmqtt.store.spark.cold")
-    why = cold.available()
+    from lmqtt.store.spark.cold import ColumnarWriter, available
+    why = available()
     if why is not None:
         if mode == "on":
             raise SystemExit(f"lmqtt store: --tier-parquet on: {why}")
         log.info("tier: no Parquet copy for Spark (--tier-parquet auto): %s", why)
         return
-    store.tier.columnar = cold.ColumnarWriter(store)
+    store.tier.columnar = ColumnarWriter(store)
 
 
 async def _serve(cfg: NodeConfig, loop_name: str) -> int:

@@ -22,7 +22,8 @@ FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "
            "gateway": "lmqtt.gateway", "loadtest": "lmqtt.loadtest", "examples": "lmqtt.examples"}
 
 UNITS = [
-    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.spark", "lmqtt.store.node",
+    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.spark",
+    "lmqtt.store.node",
     "lmqtt.store.node.protocol", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
@@ -64,7 +65,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     # a leaf) to tell them from typos at the file's top level
     "lmqtt.store.node": {"lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify", "lmqtt.store.node.protocol",
                          "lmqtt.store.node.config", "lmqtt.gateway.storage.facades", "lmqtt.store.client.props",
-                         "lmqtt.gateway.app.config"},
+                         "lmqtt.gateway.app.config",
+                         # --tier-parquet: the tier's Parquet copy for Spark (store/spark/cold.py's
+                         # writer: pyarrow and the source's columns, pyspark not imported)
+                         "lmqtt.store.spark"},
     # the gw_* commands' types, which the node and the gateway both import: only the frame codec
     "lmqtt.store.node.protocol": {"lmqtt.store"},
     # `lmqtt store`'s settings (NodeConfig) and the strict TOML loader every command reads its
