@@ -329,8 +329,8 @@ def read_from(store, lq, flt: str, position: int, max_count: int = 1024, max_byt
     ConsumeQueues, stopping at the light queue's start (the next read goes on from there)."""
     flt = validate_filter(flt)
     limit = store.dispatched_offset if end is None else min(int(end), store.dispatched_offset)
-    if position >= limit:
-        return Got(0, [], None, 0), position, None
+    if position >= limit:                   # nothing new: the light-queue offset stays what it was
+        return Got(0, [], None, 0), position, lq_hint
     cover = lq_covers_from(lq, flt)
     if cover is not None and position >= cover:
         got = _read_lq(store, lq, flt, position, limit, max_count, max_bytes, lq_hint)

@@ -144,6 +144,8 @@ def test_filter_registered_later_history_then_live_no_gap_no_duplicate(server):
         want = [b.decode() for _t, b in before + live]
         assert [r.body.decode() for r in got] == want
         assert fc.position is not None            # reading the light queue now
+        at = fc.position
+        assert fc.poll() == [] and fc.position == at   # an empty poll at the tail keeps it (was: None)
         fc.commit(got[99])                         # through the 100th
         fc2 = c.filter_consumer("late/+/v", group="lg")
         assert [r.body.decode() for r in poll_all(fc2, 110)] == want[100:]
