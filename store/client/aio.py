@@ -21,7 +21,7 @@ from .. import protocol as W
 import time
 
 from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
-                         parse_addresses, parse_hello_ok, primary_named)
+                         next_member, parse_addresses, parse_hello_ok, primary_named)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -127,12 +127,7 @@ class AsyncConnection:
 
     def _move(self, target) -> None:
         """Aim the next connect at `target` (host, port), or the next address when None."""
-        if target is None:
-            try:
-                i = self.addresses.index((self.host, self.port))
-            except ValueError:
-                i = -1
-            target = self.addresses[(i + 1) % len(self.addresses)]
+        target = next_member(self.addresses, (self.host, self.port), target)
         if target != (self.host, self.port):
             self.failovers += 1
         self.host, self.port = target

@@ -92,6 +92,20 @@ def primary_named(message: str) -> tuple[str, int] | None:
         return None
 
 
+def next_member(addresses: list, current: tuple[str, int], primary=None) -> tuple[str, int]:
+    """Where a client of a store group dials next: `primary` ("host:port" or (host, port)) when a
+    member named it, else the member after `current` in `addresses` (round robin). The one rule
+    the sync, asyncio and gateway connections share."""
+    target = primary_named(f"primary={primary}") if isinstance(primary, str) else primary
+    if target is not None:
+        return target
+    try:
+        i = addresses.index(current)
+    except ValueError:
+        i = -1
+    return addresses[(i + 1) % len(addresses)]
+
+
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
     if address.startswith("["):
         host, _, rest = address[1:].partition("]")
@@ -260,13 +274,7 @@ class Connection:
         """Point the next connect at `primary` ("host:port" or (host, port), when a member named it)
         or else at the next address of the group."""
         with self._lock:
-            target = primary_named(f"primary={primary}") if isinstance(primary, str) else primary
-            if target is None:
-                try:
-                    i = self.addresses.index((self.host, self.port))
-                except ValueError:
-                    i = -1
-                target = self.addresses[(i + 1) % len(self.addresses)]
+            target = next_member(self.addresses, (self.host, self.port), primary)
             if target != (self.host, self.port):
                 self.failovers += 1
             self.host, self.port = target

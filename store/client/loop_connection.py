@@ -45,7 +45,7 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, dial, parse_addresses, primary_named
+from .connection import ConnectionLost, StoreClientError, dial, next_member, parse_addresses, primary_named
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -158,13 +158,7 @@ class LoopConnection:
 
     def _move(self, primary) -> None:
         """Aim the next dial at `primary` ("host:port" or (host, port)) or else the next member."""
-        target = primary_named(f"primary={primary}") if isinstance(primary, str) else primary
-        if target is None:
-            try:
-                i = self.addresses.index((self.host, self.port))
-            except ValueError:
-                i = -1
-            target = self.addresses[(i + 1) % len(self.addresses)]
+        target = next_member(self.addresses, (self.host, self.port), primary)
         if target != (self.host, self.port):
             self.failovers += 1
         self.host, self.port = target
