@@ -315,6 +315,10 @@ class Connection:
                 self._deliver(dec.feed(data))
         except (OSError, W.ProtocolError) as e:
             err = f"connection to the store lost: {e}"
+        except ValueError:
+            # select() on a socket another thread closed meanwhile (a failover's drop or close():
+            # its fd is -1): the connection is gone, as for an OSError
+            err = "connection closed"
         if self._conn_error:
             err = f"the store closed the connection: {self._conn_error}"
             self._conn_error = None
