@@ -85,7 +85,12 @@ def test_lmqtt_store_offloads_to_s3_and_sdk_pull_and_a_session_backlog_read_it_b
         since = int(time.time() * 1000) - 1000
         sent = _produce(store, 2000)                       # ~16 MB: 3 sealed 5 MiB segments
         s = _offloaded(store, 3)
-        assert os.listdir(tmp_path / "data" / "store" / "commitlog") == [f"{s['local_min_offset']:020d}"]
+        # the stats drop a segment before its file is unlinked (a reader may still map it): wait
+        # for the disk to show it, then the assertion
+        local = tmp_path / "data" / "store" / "commitlog"
+        want = [f"{s['local_min_offset']:020d}"]
+        _wait(lambda: sorted(os.listdir(local)) == want, 30, "the uploaded segments' local files removed")
+        assert sorted(os.listdir(local)) == want
         # lmqtt admin --tier: local / uploading / in the tier / the oldest readable time
         import subprocess
         import sys

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.support import LmqttServer, Paho
-from tests.tier.test_tier_node import BODY, SEG_MB, _offloaded, _pull_all
+from tests.tier.test_tier_node import BODY, SEG_MB, _offloaded, _pull_all, _wait
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -35,7 +35,12 @@ def test_lmqtt_serve_tier_offloads_and_a_session_backlog_reads_it_back(workers, 
             address = srv.store_address
         s = _offloaded(_Addr, 3)
         assert s["tier_min_offset"] == 0
-        assert os.listdir(tmp_path / "data" / "store" / "commitlog") == [f"{s['local_min_offset']:020d}"]
+        # the stats drop a segment before its file is unlinked (a reader may still map it): wait
+        # for the disk to show it, then the assertion
+        local = tmp_path / "data" / "store" / "commitlog"
+        want = [f"{s['local_min_offset']:020d}"]
+        _wait(lambda: sorted(os.listdir(local)) == want, 30, "the uploaded segments' local files removed")
+        assert sorted(os.listdir(local)) == want
         got = _pull_all(_Addr, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent
         sub = Paho(srv, client_id="serve-tier", clean=False)
