@@ -142,6 +142,7 @@ class GatewayConfig:
     local_retention: str | None = None  # kept locally once uploaded: 24h, 20GB, 24h,20GB (default 24h)
     tier_retention: str | None = None   # kept in the tier: 60d, 1TB, forever (default 60d)
     tier_cache_mb: int = 256          # memory for segments read back from the tier
+    tier_parquet: str = "auto"        # also write uploaded segments as Parquet for Spark: auto, on, off
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":
@@ -158,12 +159,13 @@ class GatewayConfig:
         if self.tier:
             from lmqtt.store.tier.config import check_tier
             try:
-                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention)
+                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention,
+                           self.tier_parquet)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-        elif self.tier_endpoint or self.local_retention or self.tier_retention:
-            raise ConfigError("tier_endpoint / local_retention / tier_retention are set but tier is not "
-                              "(tiered storage: --tier URL)")
+        elif self.tier_endpoint or self.local_retention or self.tier_retention or self.tier_parquet == "on":
+            raise ConfigError("tier_endpoint / local_retention / tier_retention / tier_parquet are set but tier "
+                              "is not (tiered storage: --tier URL)")
         if not (0 <= int(self.store_port) <= 65535):
             raise ConfigError(f"store_port must be 0..65535 (0 = off), got {self.store_port}")
         for name in ("tls_port", "ws_port", "wss_port"):

@@ -257,6 +257,8 @@ class Gateway:
             from lmqtt.store.tier.config import TierConfig
             self.store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
                                                          cfg.tier_retention, cfg.tier_cache_mb))
+            from lmqtt.store.node.tier_parquet import attach_parquet
+            attach_parquet(self.store, cfg.tier_parquet)
         self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
                                   cache_bytes=int(cfg.lq_cache_mb) << 20,
                                   # the store's just-appended records: the same budget as the

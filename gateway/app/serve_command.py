@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                                              "(default 24h)")
     t.add_argument("--tier-retention", help="kept in the tier: 60d, 1TB, forever (default 60d)")
     t.add_argument("--tier-cache-mb", type=int, help="memory for segments read back from the tier (default 256)")
+    t.add_argument("--tier-parquet", choices=("auto", "on", "off"),
+                   help="also write each uploaded segment's records as Parquet files for Spark (docs/spark.md): "
+                        "auto (when pyarrow is importable), on, off (default auto)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 

@@ -35,7 +35,7 @@ import time
 _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": True, "--store-port": True,
                      "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True,
                      "--tier": True, "--tier-endpoint": True, "--local-retention": True, "--tier-retention": True,
-                     "--tier-cache-mb": True}
+                     "--tier-cache-mb": True, "--tier-parquet": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 
@@ -127,7 +127,8 @@ class Supervisor:
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
         if getattr(cfg, "tier", None):       # tiered storage is the store's
-            args += ["--tier", cfg.tier, "--tier-cache-mb", str(cfg.tier_cache_mb)]
+            args += ["--tier", cfg.tier, "--tier-cache-mb", str(cfg.tier_cache_mb),
+                     "--tier-parquet", getattr(cfg, "tier_parquet", None) or "auto"]
             for flag, v in (("--tier-endpoint", cfg.tier_endpoint), ("--local-retention", cfg.local_retention),
                             ("--tier-retention", cfg.tier_retention)):
                 if v:

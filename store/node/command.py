@@ -98,22 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _tier_parquet(store, mode: str) -> None:
-    """--tier-parquet: the tier service's columnar hook, the Parquet writer of the Spark package
-    (lmqtt.store.spark.cold, docs/spark.md), imported only here: it needs pyarrow, which the
-    store itself does not (`auto`: on when pyarrow is importable)."""
-    if mode == "off":
-        return
-    from lmqtt.store.spark.cold import ColumnarWriter, available
-    why = available()
-    if why is not None:
-        if mode == "on":
-            raise SystemExit(f"lmqtt store: --tier-parquet on: {why}")
-        log.info("tier: no Parquet copy for Spark (--tier-parquet auto): %s", why)
-        return
-    store.tier.columnar = ColumnarWriter(store)
-
-
 async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.store.node import gateway_service
@@ -146,7 +130,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
             from lmqtt.store.tier.config import TierConfig
             store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
                                                     cfg.tier_retention, cfg.tier_cache_mb))
-            _tier_parquet(store, cfg.tier_parquet)
+            from lmqtt.store.node.tier_parquet import attach_parquet
+            attach_parquet(store, cfg.tier_parquet)
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
         store.start()
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,
@@ -159,6 +144,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         gws = gateway_service.install(srv, lq, loop, float(cfg.notify_window_ms) / 1000.0, publisher,
                                       will_grace_s=cfg.will_grace_s, retained_props=retained_props,
                                       session_sweep_s=cfg.session_sweep_s)
+        from lmqtt.store.node import console_peers      # the fleet's consoles find each other here
+        console_peers.install(srv, gws)
         if cfg.group:
             member = ha_member.attach(cfg, store, srv, lq, lambda: (restart.append(1), loop.call_soon_threadsafe(stop.set)))
         await srv.start()

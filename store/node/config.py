@@ -315,11 +315,13 @@ class NodeConfig:
         if self.tier:
             from lmqtt.store.tier.config import check_tier
             try:
-                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention)
+                check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention,
+                           self.tier_parquet)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         else:
             given = [n for n in ("tier_endpoint", "local_retention", "tier_retention") if getattr(self, n)]
+            given += ["tier_parquet"] if self.tier_parquet == "on" else []
             if given:
                 raise ConfigError(f"{given[0]} is set but tier is not (tiered storage: --tier URL)")
         from lmqtt.store.ha.peers import group_problem

@@ -101,12 +101,34 @@ class TierConfig:
             raise ValueError(f"the tier read cache must be positive, got {self.cache_bytes} bytes")
 
 
+PARQUET_MODES = ("auto", "on", "off")
+
+
+def parquet_problem(mode: str | None) -> str | None:
+    """None when `--tier-parquet mode` can work in this environment, else why not (one line):
+    `on` needs pyarrow (the Parquet writer, lmqtt.store.spark.cold); `auto` turns itself off
+    without it."""
+    if mode not in PARQUET_MODES:
+        return f"--tier-parquet must be auto, on or off, got {mode!r}"
+    if mode != "on":
+        return None
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
+        return (f"--tier-parquet on needs pyarrow, which is not importable here ({e}): "
+                f"pip install 'lmqtt[spark]', or --tier-parquet auto/off")
+    return None
+
+
 def check_tier(url: str, endpoint: str | None = None, local_retention: str | None = None,
-               tier_retention: str | None = None) -> TierConfig:
+               tier_retention: str | None = None, parquet: str | None = "auto") -> TierConfig:
     """Everything about the tier flags that can be checked before the store starts: the URL's form
-    and its fsspec backend (installed?), the endpoint's use, the retention values. ValueError with
-    one line naming the flag otherwise."""
+    and its fsspec backend (installed?), the endpoint's use, the retention values, `--tier-parquet
+    on`'s pyarrow. ValueError with one line naming the flag otherwise."""
     c = TierConfig.from_flags(url, endpoint, local_retention, tier_retention)
+    problem = parquet_problem(parquet if parquet is not None else "auto")
+    if problem:
+        raise ValueError(problem)
     proto = url.split("://", 1)[0].lower()
     if endpoint and proto not in ("s3", "s3a"):
         raise ValueError(f"--tier-endpoint is for s3:// tiers, not {proto}://")

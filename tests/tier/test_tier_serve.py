@@ -1,6 +1,7 @@
 """`lmqtt serve --tier` (the embedded store, and `--workers 2`: the store child gets the flags):
-MQTT publishes fill segments, they move to the tier, and a persistent session's backlog and an
-SDK pull read them back byte-identical."""
+MQTT publishes fill segments, they move to the tier with their Parquet files (--tier-parquet, as
+`lmqtt store` writes them), and a persistent session's backlog and an SDK pull read them back
+byte-identical; `--tier-parquet on` without pyarrow is refused when the flags are checked."""
 from __future__ import annotations
 
 import os
@@ -41,6 +42,20 @@ def test_lmqtt_serve_tier_offloads_and_a_session_backlog_reads_it_back(workers, 
         want = [f"{s['local_min_offset']:020d}"]
         _wait(lambda: sorted(os.listdir(local)) == want, 30, "the uploaded segments' local files removed")
         assert sorted(os.listdir(local)) == want
+        # serve writes the Parquet copy for Spark as `lmqtt store` does (--tier-parquet auto, pyarrow
+        # importable here): every offloaded message once, in order, in the manifest's files
+        import json
+
+        import pyarrow.parquet as pq
+        assert s["parquet_segments"] == s["tier_segments"] and s["parquet_error"] is None, s
+        man = json.loads((tmp_path / "tier" / "manifest.json").read_bytes())
+        keys = list(dict.fromkeys(k for e in man["segments"] for k in e["parquet"]))
+        assert keys and all(k.startswith("parquet/first_level=dev/date=") for k in keys), keys
+        rows = []
+        for k in keys:
+            t = pq.read_table(tmp_path / "tier" / k, columns=["topic", "payload", "offset"]).to_pydict()
+            rows += zip(t["offset"], t["topic"], t["payload"])
+        assert [(tp, bytes(b)) for _o, tp, b in sorted(rows)] == sent[:len(rows)] and len(rows) > 1000
         got = _pull_all(_Addr, "dev", len(sent))
         assert [(r.topic, bytes(r.body)) for r in got] == sent
         sub = Paho(srv, client_id="serve-tier", clean=False)
@@ -60,3 +75,29 @@ def test_lmqtt_serve_refuses_bad_tier_flags_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--tier-retention: 'long'" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def _without_pyarrow(tmp_path) -> dict:
+    """The environment of a machine without pyarrow: a `pyarrow` package first on the path whose
+    import fails as a missing one does."""
+    shadow = tmp_path / "no-pyarrow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'pyarrow'\")\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.parametrize("command", ["serve", "store"])
+def test_tier_parquet_on_without_pyarrow_is_a_config_error_naming_pyarrow(command, tmp_path):
+    import subprocess
+    import sys
+    env = _without_pyarrow(tmp_path)
+    base = [sys.executable, "-m", "lmqtt.gateway.cli", command, "--port", "0", "--data-dir", str(tmp_path / "d"),
+            "--tier", f"file://{tmp_path / 'tier'}"]
+    r = subprocess.run(base + ["--tier-parquet", "on"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "--tier-parquet on needs pyarrow" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "d").exists() and not (tmp_path / "tier").exists()
+    # without --tier, `on` is named as a tier setting given alone
+    r = subprocess.run(base[:-2] + ["--tier-parquet", "on"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "tier_parquet" in r.stderr and "tier is not" in r.stderr, r.stderr
