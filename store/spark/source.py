@@ -574,7 +574,8 @@ class LmqttStreamWriter(DataSourceStreamWriter):
 
 # ------------------------------------------------------------------------------------ the source
 class LmqttDataSource(DataSource):
-    """Format `lmqtt`. Options: store (HOST:PORT, default 127.0.0.1:10911), token, filter | topic,
+    """Format `lmqtt`. Options: store (HOST:PORT, default 127.0.0.1:10911; a store group: every
+    member, HOST:PORT,HOST:PORT,..., read from the primary wherever it is), token, filter | topic,
     startTime/endTime (batch; epoch ms or ISO 8601, on store time, end exclusive), fromPosition
     (batch: only entries at/after this CommitLog offset; read_history's cut),
     startingOffsets (stream: earliest | latest | a time), maxRecordsPerTrigger, recordsPerPartition,
