@@ -265,25 +265,31 @@ class Shipper:
         r.meta_acked = meta_seq
         last_send = time.monotonic()
         while not self._stop and r.connected:
-            # a metadata change goes out once the log bytes up to where it was made have: a dedup
-            # marker (made before its batch's append) before the batch's bytes, the batch's
-            # results (made after) only after them - a replica must never hold the results of a
-            # batch it does not have (a retry would be answered "stored" by it after a failover)
+            # a metadata change made at log position P goes out exactly between the bytes before P
+            # and the bytes from P on: a dedup marker (made before its batch's append) before the
+            # batch's bytes, the batch's results (made after) only after them - a replica must
+            # never hold the results of a batch it does not have (a retry would be answered
+            # "stored" by it after a failover), nor a batch without its marker (a retry would be
+            # stored again). So a DATA frame stops at the next unshipped change's position.
+            # `committed` is read before the changes: one made after that read was made at or
+            # beyond it (positions only grow), so no unseen change falls inside this frame.
             committed = clog.committed
             ops = self.meta.since(meta_seq)
             ready = []
+            upto = committed
             for sq, p, op in ops:
                 if p > pos:
+                    upto = min(upto, p)
                     break
                 ready.append(jframe(b"M", op))
                 meta_seq = sq
             if ready:
                 s.sendall(b"".join(ready))
-            if pos < committed:
+            if pos < upto:
                 mf = clog.mfq.find(pos)
                 if mf is None:
                     raise ConnectionError(f"offset {pos} is no longer in the primary's log")
-                n = min(committed, mf.end_offset, pos + MAX_CHUNK) - pos
+                n = min(upto, mf.end_offset, pos + MAX_CHUNK) - pos
                 rel = pos - mf.start_offset
                 data = bytes(mf.mm[rel:rel + n])
                 s.sendall(_HEAD.pack(b"D", 8 + n) + _U64.pack(pos) + data)

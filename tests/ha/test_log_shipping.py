@@ -156,3 +156,59 @@ def test_a_metadata_change_is_shipped_only_after_the_log_bytes_before_it(tmp_pat
         s.close()
         sh.stop()
         p.shutdown()
+
+
+def test_every_batch_marker_reaches_the_replica_before_the_batch_bytes(tmp_path):
+    """Several batches appended (each: dedup marker at its start, results at its end) before the
+    Shipper streams them - a busy primary, many small batches in flight (the asyncio SDK's 16
+    concurrent senders): every marker must go out before any byte of its batch, every result
+    only after its batch's last byte. Before: one DATA frame carried all the batches after the
+    first marker, their markers behind it; a kill -9 of the primary between the two left a
+    replica with batches it did not know were stored, and the retries were stored twice (the
+    asyncio test's duplicates)."""
+    import json
+    import socket
+    from lmqtt.store.ha.epochs import EpochFile
+    from lmqtt.store.ha.replication import FrameReader, MetaLog, Shipper, jframe
+    from tests.support import free_port
+    p = _store(tmp_path / "p")
+    meta = MetaLog()
+    epochs = EpochFile(str(tmp_path / "ha" / "epochs"))
+    epochs.begin(1, 0)
+    spans = []
+    for b in range(20):                  # all made before the replica connects: shipped as one backlog
+        start = p.clog.wrote
+        meta.add(start, {"k": "remember", "what": "marker", "b": b})
+        rs = p.append_batch([Message(topic="m", body=b"b%d-%d" % (b, i)) for i in range(1 + b % 3)])
+        end = rs[-1].phys_offset + rs[-1].size
+        meta.add(end, {"k": "remember", "what": "results", "b": b})
+        spans.append((rs[0].phys_offset, end))
+    port = free_port()
+    sh = Shipper(p, "127.0.0.1", port, 1, 1, epochs, meta, lambda: None, "g")
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(jframe(b"H", {"node": 2, "epoch": 1, "end": 0, "epochs": [[1, 0]], "segment_size": SEG}))
+        rd = FrameReader(s)
+        kind, _ = rd.read_one(10)
+        assert kind == b"S"
+        shipped, seen = 0, []
+        s.settimeout(10)
+        while len(seen) < 40:
+            for k, payload in rd.feed(s.recv(1 << 20)):
+                if k == b"D":
+                    off = int.from_bytes(payload[:8], "big")
+                    assert off == shipped
+                    shipped = off + len(payload) - 8
+                elif k == b"M":
+                    op = json.loads(payload)
+                    seen.append((op["what"], op["b"], shipped))
+        for what, b, at in seen:
+            start, end = spans[b]
+            if what == "marker":
+                assert at <= start, (b, at, start)       # none of its batch's bytes went first
+            else:
+                assert at >= end, (b, at, end)           # all of them went first
+    finally:
+        s.close()
+        sh.stop()
+        p.shutdown()
