@@ -148,7 +148,9 @@ def plan(cfg: ScenarioConfig) -> list[ClientSpec]:
         pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/pair/{i}", pub_id=i) for i in range(n)]
         subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/pair/{i}", sub_id=i, expects=[i]) for i in range(n)]
     elif s == "conn":
-        return [ClientSpec("idle", f"{r}-c{i}") for i in range(cfg.connections)]
+        # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (issue 29's measure of
+        # memory per idle connection), then silence
+        return [ClientSpec("sub", f"{r}-c{i}", f"{r}/idle/{i}", sub_id=i) for i in range(cfg.connections)]
     else:
         raise ValueError(f"{s!r} is not a traffic scenario; traffic scenarios: {', '.join(TRAFFIC)}")
     # subscribers first: they are connected and subscribed before any publisher sends
