@@ -1,0 +1,185 @@
+"""The console's view of the fleet (docs/console.md "Where it runs").
+
+**Every gateway's console shows the whole fleet.** `lmqtt serve --workers N` and the `lmqtt
+gateway` processes of a fleet each serve the console on their metrics port, and each of them:
+
+* finds the other consoles through the store: it announces its own (gateway id, URL, a random
+  token) on its store connection (`console_announce`, store/node/console_peers.py; again after
+  every reconnect, a store group's failover included) and asks `console_peers` for the others';
+* asks each peer over HTTP for what only that gateway knows - its live clients, its overview
+  sample - at `/console/peer/*`, with the peer's token in `X-Lmqtt-Peer` (no login: the token is
+  the proof, handed out by the store to whoever may CALL it); a disconnect on the page goes to the
+  gateway the client is on;
+* reads what the store keeps - persistent sessions, groups and POP, retained messages, topics, the
+  store group's roles, disk and tier - from the store itself, through the same CALLs `lmqtt admin`
+  makes (`sessions`, `session`, `stats`, `lag`, `pop_groups`, `topics`, `tier`, `ha_status`).
+
+`lmqtt serve` (one process) is a fleet of one: the same pages read its embedded store's SDK server
+directly (its CALL handlers, on this loop).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+
+log = logging.getLogger("lmqtt.console")
+PEER_HEADER = "X-Lmqtt-Peer"
+PEER_TIMEOUT_S = 3.0
+STORE_TIMEOUT_S = 5.0
+
+
+class StoreUnavailable(Exception):
+    """The store cannot answer (one line: why)."""
+
+
+class Fleet:
+    def __init__(self, gw, cfg, sdk=None) -> None:
+        self.gw, self.cfg, self.sdk = gw, cfg, sdk
+        self.token = secrets.token_urlsafe(24)
+        self.remote = bool(getattr(gw, "remote", False))
+        storage = getattr(gw, "storage", None)
+        self.gateway_id = (getattr(storage, "gateway_id", None) or cfg.gateway_id or "gateway") if self.remote \
+            else "lmqtt serve"
+        self.url: str | None = None
+        self._peers: tuple[float, list[dict], list[str]] = (0.0, [], [])
+        self._announce_warned = False
+        self._ssl: ssl.SSLContext | None = None
+
+    # ------------------------------------------------------------------ the store
+    async def call(self, name: str, **args) -> dict:
+        """A CALL of the store this gateway uses (its result dict); StoreUnavailable if it cannot answer."""
+        if not self.remote:
+            if self.sdk is None:
+                raise StoreUnavailable("lmqtt serve runs without its store port (--store-port 0): the SDK "
+                                       "service that answers this is off")
+            if name == "pop_groups":
+                from lmqtt.store.node.console_peers import dead_letters, pop_groups
+                rows = pop_groups(self.sdk.pop, self.sdk.store)
+                return {"pop": rows, "dead_letters": {g: dead_letters(self.sdk.store, g)
+                                                      for g in {r["group"] for r in rows}}}
+            fn = self.sdk.calls.get(name)
+            if fn is None:
+                raise StoreUnavailable(f"this store does not answer {name!r}")
+            out = fn(args)
+            if asyncio.isfuture(out):
+                out = await out
+            return out
+        link = getattr(self.gw, "link", None)
+        if link is None or not link.connected:
+            raise StoreUnavailable(f"store {self.cfg.store_address} unreachable: "
+                                   f"{link.last_error if link is not None else 'closed'}")
+        from lmqtt.store.client.connection import StoreClientError
+        try:
+            _op, _flags, body = await asyncio.wait_for(link.cmd(name, **args), STORE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"store {link.address} did not answer {name!r} within {STORE_TIMEOUT_S:g} s") from None
+        except StoreClientError as e:
+            raise StoreUnavailable(f"store {link.address} refused {name!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - ConnectionLost and the like: one line
+            raise StoreUnavailable(f"store {link.address}: {e}") from None
+        return json.loads(body)
+
+    def store_where(self) -> str:
+        if not self.remote:
+            return "embedded (lmqtt serve)"
+        link = getattr(self.gw, "link", None)
+        return f"lmqtt://{link.address if link is not None else self.cfg.store_address}"
+
+    # ------------------------------------------------------------------ announcing this console
+    def start(self, bound_host: str, port: int) -> None:
+        """Announce this console to the store (a fleet gateway; again after each reconnect)."""
+        if not self.remote:
+            return
+        scheme = "https" if getattr(self.cfg, "console_tls", False) else "http"
+        host = bound_host
+        if host in ("0.0.0.0", "::", ""):
+            host = self._route_address() or "127.0.0.1"
+        self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
+        self.gw.link.on_reconnect(self._announce)
+        self._announce()
+
+    def _route_address(self) -> str | None:
+        """The address this machine reaches the store from: what the peers can reach it at when the
+        console listens on every address."""
+        link = self.gw.link
+        try:
+            fam = socket.AF_INET6 if ":" in link.host else socket.AF_INET
+            with socket.socket(fam, socket.SOCK_DGRAM) as s:       # no packet is sent
+                s.connect((link.host, link.port))
+                return s.getsockname()[0]
+        except OSError:
+            return None
+
+    def _announce(self) -> None:
+        link = self.gw.link
+        if link is None or self.url is None:
+            return
+        fut = link.cmd("console_announce", gateway=self.gateway_id, url=self.url, token=self.token)
+
+        def done(f) -> None:
+            e = f.exception()
+            if e is not None and not self._announce_warned:
+                self._announce_warned = True
+                log.warning("event=console_announce_failed store=%s error=%s (the other gateways' consoles "
+                            "will not list this one)", link.address, e)
+        fut.add_done_callback(done)
+
+    # ------------------------------------------------------------------ the other gateways
+    async def peers(self) -> tuple[list[dict], list[str]]:
+        """(the other gateways' consoles, every connected gateway id), asked at most once a second."""
+        if not self.remote:
+            return [], []
+        at, consoles, connected = self._peers
+        if time.monotonic() - at < 1.0:
+            return consoles, connected
+        out = await self.call("console_peers")
+        consoles = [c for c in out.get("consoles", []) if c.get("token") != self.token]
+        connected = list(out.get("connected", []))
+        self._peers = (time.monotonic(), consoles, connected)
+        return consoles, connected
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            ctx = ssl.create_default_context()
+            if getattr(self.cfg, "cafile", None):
+                ctx.load_verify_locations(self.cfg.cafile)
+            self._ssl = ctx
+        return self._ssl
+
+    def _http(self, peer: dict, path: str, body: dict | None) -> dict:
+        url = peer["url"].rstrip("/") + path
+        req = urllib.request.Request(url, method="POST" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={PEER_HEADER: peer["token"], "Accept": "application/json",
+                                              "Content-Type": "application/json"})
+        ctx = self._ssl_context() if url.startswith("https:") else None
+        try:
+            with urllib.request.urlopen(req, timeout=PEER_TIMEOUT_S, context=ctx) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            try:
+                why = json.loads(e.read()).get("error")
+            except Exception:  # noqa: BLE001 - no JSON body
+                why = None
+            return {"error": why or f"HTTP {e.code}", "status": e.code}
+        except (OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            return {"error": f"console {peer['url']} unreachable: {reason}", "status": 0}
+
+    async def ask(self, peer: dict, path: str, body: dict | None = None) -> dict:
+        """A peer console's /console/peer/* answer, or {"error": ..., "status": ...}."""
+        return await asyncio.to_thread(self._http, peer, path, body)
+
+    async def ask_all(self, path: str) -> list[tuple[dict, dict]]:
+        consoles, _ = await self.peers()
+        if not consoles:
+            return []
+        answers = await asyncio.gather(*(self.ask(p, path) for p in consoles))
+        return list(zip(consoles, answers))
