@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import pathlib
+import secrets
 
 from prometheus_client import make_asgi_app
 from starlette.applications import Starlette
@@ -15,6 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from . import data
 from .auth import COOKIE, ConsoleAuth
+from .fleet import PEER_HEADER, Fleet, StoreUnavailable
 
 log = logging.getLogger("lmqtt.console")
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -24,8 +26,8 @@ _HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:
 
 
 class ConsoleState:
-    def __init__(self, gw, cfg, bound_host: str) -> None:
-        self.gw, self.cfg = gw, cfg
+    def __init__(self, gw, cfg, bound_host: str, fleet: Fleet) -> None:
+        self.gw, self.cfg, self.fleet = gw, cfg, fleet
         self.auth = ConsoleAuth(cfg, bound_host)
         self.sampler = data.Sampler(gw)
         self.stopping = asyncio.Event()
@@ -42,12 +44,18 @@ class ConsoleState:
         self.sampler.stop()
 
 
+def _quote(q: str) -> str:
+    from urllib.parse import quote
+    return quote(q, safe="")
+
+
 def _json(obj, status: int = 200) -> JSONResponse:
     return JSONResponse(obj, status_code=status, headers=_HEADERS)
 
 
-def build_app(gw, cfg, bound_host: str, ready=None):
-    st = ConsoleState(gw, cfg, bound_host)
+def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
+    fleet = fleet or Fleet(gw, cfg)
+    st = ConsoleState(gw, cfg, bound_host, fleet)
     auth = st.auth
     from .auth import Session
     _local = Session("local", "admin")
@@ -144,9 +152,73 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         return resp
 
     async def overview(request: Request):
+        """This process (as before), the fleet's members (this gateway and every peer console, with
+        the gateways connected to the store without one), their totals, and the store."""
         if (r := need(request)[1]) is not None:
             return r
-        return _json(data.overview(gw, st.sampler))
+        out = data.overview(gw, st.sampler)
+        me = data.member_row(gw, fleet, st.sampler, ready)
+        me["self"] = True
+        members, peers_error, connected = [me], None, []
+        try:
+            _c, connected = await fleet.peers()
+            for peer, ans in await fleet.ask_all("/console/peer/overview"):
+                if "error" in ans:
+                    members.append({"gateway": peer["gateway"], "url": peer["url"], "ready": False,
+                                    "health": ans["error"], "unreachable": True})
+                else:
+                    members.append(ans)
+        except StoreUnavailable as e:
+            peers_error = str(e)
+        listed = {m["gateway"] for m in members}
+        for gid in connected:          # connected to the store, console off (or not announced yet)
+            if gid not in listed:
+                members.append({"gateway": gid, "url": None, "ready": None, "health": "no console announced"})
+        members.sort(key=lambda m: m["gateway"])
+        live = [m for m in members if "connections" in m]
+        out["fleet"] = {"members": members, "error": peers_error, "gateways": len(members),
+                        "totals": {k: round(sum(m.get(k) or 0 for m in live), 1)
+                                   for k in ("connections", "sessions", "subscriptions", "msg_in_s", "msg_out_s")}}
+        out["store"] = await data.store_overview(gw, fleet)
+        return _json(out)
+
+    def peer_ok(request: Request) -> bool:
+        got = request.headers.get(PEER_HEADER.lower()) or ""
+        return bool(got) and secrets.compare_digest(got, fleet.token)
+
+    peer_refused = _json({"error": "a peer console's request needs this gateway's token (from the store)"}, 403)
+
+    async def peer_overview(request: Request):
+        if not peer_ok(request):
+            return peer_refused
+        return _json(data.member_row(gw, fleet, st.sampler, ready))
+
+    async def peer_clients(request: Request):
+        if not peer_ok(request):
+            return peer_refused
+        return _json(data.clients(gw, request.query_params.get("q", "")))
+
+    async def peer_disconnect(request: Request):
+        if not peer_ok(request):
+            return peer_refused
+        try:
+            body = await request.json()
+            client_id, user, via = str(body["client_id"]), str(body.get("user") or "?"), str(body.get("via") or "?")
+        except (ValueError, KeyError, TypeError):
+            return _json({"error": "send {\"client_id\": ...}"}, 400)
+        return local_disconnect(client_id, user, via)
+
+    def local_disconnect(client_id: str, user: str, via: str | None = None):
+        conn = data.find_connection(gw, client_id)
+        hop = f" via={via}" if via else ""
+        if conn is None:
+            log.info("event=console_action action=disconnect user=%s client_id=%s gateway=%s%s result=not_connected",
+                     user, client_id, fleet.gateway_id, hop)
+            return _json({"error": f"client {client_id!r} is not connected to gateway {fleet.gateway_id}"}, 404)
+        log.info("event=console_action action=disconnect user=%s client_id=%s gateway=%s%s peer=%s result=ok",
+                 user, client_id, fleet.gateway_id, hop, conn.peer)
+        conn.close_with_error(0x98, f"disconnected from the console by {user}")   # Administrative action
+        return _json({"ok": True, "client_id": client_id, "gateway": fleet.gateway_id})
 
     async def history(request: Request):
         if (r := need(request)[1]) is not None:
@@ -154,13 +226,39 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         return _json({"samples": list(st.sampler.ring)})
 
     async def clients(request: Request):
+        """Every gateway's clients: this one's, and each peer console's (in parallel), each row
+        with the gateway it is on; a peer that does not answer is named in `unreachable`."""
         if (r := need(request)[1]) is not None:
             return r
-        return _json(data.clients(gw, request.query_params.get("q", "")))
+        q = request.query_params.get("q", "")
+        out = data.clients(gw, q)
+        for c in out["clients"]:
+            c["gateway"] = fleet.gateway_id
+        unreachable = []
+        try:
+            answers = await fleet.ask_all(f"/console/peer/clients?q={_quote(q)}")
+        except StoreUnavailable as e:
+            answers, unreachable = [], [{"gateway": "(the store)", "error": str(e)}]
+        for peer, ans in answers:
+            if "error" in ans:
+                unreachable.append({"gateway": peer["gateway"], "error": ans["error"]})
+                continue
+            for c in ans["clients"]:
+                c["gateway"] = peer["gateway"]
+            out["clients"].extend(ans["clients"])
+            out["total"] += ans["total"]
+        out["clients"].sort(key=lambda c: (c["client_id"] or "", c["gateway"]))
+        del out["clients"][500:]
+        out["shown"] = len(out["clients"])
+        out["unreachable"] = unreachable
+        out["gateways"] = 1 + len(answers)
+        return _json(out)
 
     async def sessions(request: Request):
         if (r := need(request)[1]) is not None:
             return r
+        if fleet.remote:
+            return _json(await data.sessions_remote(fleet))
         return _json(data.sessions(gw))
 
     async def disconnect(request: Request):
@@ -173,18 +271,31 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         if (r := action(request, s)) is not None:
             return r
         try:
-            client_id = str((await request.json())["client_id"])
+            body = await request.json()
+            client_id, where = str(body["client_id"]), body.get("gateway")
         except (ValueError, KeyError, TypeError):
-            return _json({"error": "send {\"client_id\": ...}"}, 400)
-        conn = data.find_connection(gw, client_id)
-        if conn is None:
-            log.info("event=console_action action=disconnect user=%s client_id=%s result=not_connected",
-                     s.user, client_id)
-            return _json({"error": f"client {client_id!r} is not connected"}, 404)
-        log.info("event=console_action action=disconnect user=%s client_id=%s peer=%s result=ok",
-                 s.user, client_id, conn.peer)
-        conn.close_with_error(0x98, f"disconnected from the console by {s.user}")   # Administrative action
-        return _json({"ok": True, "client_id": client_id})
+            return _json({"error": "send {\"client_id\": ..., \"gateway\": ...}"}, 400)
+        if not where or where == fleet.gateway_id:
+            return local_disconnect(client_id, s.user)
+        # the client is on another gateway: its console does it (and logs it too)
+        try:
+            consoles, _ = await fleet.peers()
+        except StoreUnavailable as e:
+            return _json({"error": f"cannot reach gateway {where}: {e}"}, 502)
+        peer = next((p for p in consoles if p["gateway"] == where), None)
+        if peer is None:
+            log.info("event=console_action action=disconnect user=%s client_id=%s gateway=%s result=no_such_gateway",
+                     s.user, client_id, where)
+            return _json({"error": f"gateway {where!r} has no console in the fleet now"}, 404)
+        ans = await fleet.ask(peer, "/console/peer/disconnect",
+                              {"client_id": client_id, "user": s.user, "via": fleet.gateway_id})
+        if "error" in ans:
+            log.info("event=console_action action=disconnect user=%s client_id=%s gateway=%s result=%r",
+                     s.user, client_id, where, ans["error"])
+            return _json({"error": ans["error"]}, 404 if ans.get("status") == 404 else 502)
+        log.info("event=console_action action=disconnect user=%s client_id=%s gateway=%s result=ok",
+                 s.user, client_id, where)
+        return _json(ans)
 
     async def stream(request: Request):
         """Server-sent events: a sample a second (overview, charts) until the page goes away."""
@@ -229,17 +340,17 @@ def build_app(gw, cfg, bound_host: str, ready=None):
             return (lambda topic: gw.acl.can_read(ident, topic)), None
         return None, None
 
-    rates = data.TopicRates(gw)
+    rates = data.TopicRates(gw, fleet)
 
     async def groups(request: Request):
         if (r := need(request)[1]) is not None:
             return r
-        return _json(data.groups(st.sdk))
+        return _json(await data.groups(fleet))
 
     async def topics(request: Request):
         if (r := need(request)[1]) is not None:
             return r
-        return _json(rates.snapshot())
+        return _json(await rates.snapshot())
 
     async def retained(request: Request):
         s, refused = need(request)
@@ -250,8 +361,12 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         if refused is not None:
             return refused
         try:
-            return _json(data.retained(gw, flt, allowed))
+            return _json(await data.retained(gw, flt, allowed))
+        except StoreUnavailable as e:
+            return _json({"error": str(e)}, 502)
         except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
+            if getattr(gw, "lq", None) is None and type(e).__name__ in ("ConnectionLost", "StoreClientError"):
+                return _json({"error": f"the store could not answer: {e}"}, 502)
             return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
 
     async def trace(request: Request):
@@ -303,6 +418,8 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         Route("/console/api/clients", clients), Route("/console/api/sessions", sessions),
         Route("/console/api/clients/disconnect", disconnect, methods=["POST"]),
         Route("/console/api/stream", stream),
+        Route("/console/peer/overview", peer_overview), Route("/console/peer/clients", peer_clients),
+        Route("/console/peer/disconnect", peer_disconnect, methods=["POST"]),
         Mount("/console/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
     console = Starlette(routes=routes)
@@ -327,7 +444,7 @@ def build_app(gw, cfg, bound_host: str, ready=None):
         if scope["type"] == "http" and scope["path"] == "/metrics":
             await metrics(scope, receive, send)
         elif scope["type"] == "http" and not auth.login_required and scope["path"].startswith("/console") \
-                and not _host_ok(scope):
+                and not scope["path"].startswith("/console/peer/") and not _host_ok(scope):
             await host_refused(scope, receive, send)
         else:
             await console(scope, receive, send)

@@ -268,16 +268,30 @@ class TopicRates:
     previous look: computed when the topics page asks (every 2 s while it is open), nothing
     otherwise."""
 
-    def __init__(self, gw) -> None:
-        self.gw = gw
+    def __init__(self, gw, fleet=None) -> None:
+        self.gw, self.fleet = gw, fleet
         self._prev: tuple[float, dict[str, int]] | None = None
 
-    def snapshot(self, limit: int = 200) -> dict:
+    async def _ends(self) -> dict:
+        """{(first-level topic, queue id): end}: the embedded store's, or the store's `topics` CALL."""
         store = getattr(self.gw, "store", None)
-        if store is None:
+        if store is not None:
+            return store.consume_queues.max_offsets()
+        if self.fleet is None or not self.fleet.remote:
+            return {}
+        got = await self.fleet.call("topics")
+        return {(q["topic"], q["queue_id"]): q["max_offset"] for q in got.get("queues", [])}
+
+    async def snapshot(self, limit: int = 200) -> dict:
+        from .fleet import StoreUnavailable
+        if getattr(self.gw, "store", None) is None and (self.fleet is None or not self.fleet.remote):
             return {"available": False, "topics": []}
+        try:
+            ends = await self._ends()
+        except StoreUnavailable as e:
+            return {"available": False, "why": str(e), "topics": []}
         totals: dict[str, int] = {}
-        for (fl, _qid), end in store.consume_queues.max_offsets().items():
+        for (fl, _qid), end in ends.items():
             if not fl.startswith("$"):
                 totals[fl] = totals.get(fl, 0) + end
         now = time.monotonic()
@@ -292,14 +306,28 @@ class TopicRates:
         return {"available": True, "count": len(rows), "topics": rows[:limit]}
 
 
-def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
-    """Retained messages matching `flt` (topic order, at most `limit`), payload previews."""
-    from lmqtt.store.client.props import decode_fields
+async def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
+    """Retained messages matching `flt` (topic order, at most `limit`), payload previews: the
+    embedded store's metadata read in batches, or a fleet gateway's retained facade (the store's
+    gw_retained_matching)."""
     lq = getattr(gw, "lq", None)
-    if lq is None:
+    if lq is not None:
+        from lmqtt.lightqueue.topics import validate_filter
+        validate_filter(flt)
+        return _retained_rows(lq.metadata.retained_batches(flt), allowed, limit)
+    storage = getattr(gw, "storage", None)
+    if storage is None:
         return {"available": False, "messages": []}
+    from lmqtt.lightqueue.topics import validate_filter
+    validate_filter(flt)             # the reason in one line before the store is asked
+    found = await storage.metadata.retained.matching(flt)
+    return _retained_rows((found,), allowed, limit)
+
+
+def _retained_rows(batches, allowed, limit: int) -> dict:
+    from lmqtt.store.client.props import decode_fields
     out, hidden = [], 0
-    for batch in lq.metadata.retained_batches(flt):
+    for batch in batches:
         for topic, payload, props in batch:
             if allowed is not None and not allowed(topic):
                 hidden += 1
@@ -320,27 +348,129 @@ def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
     return {"available": True, "messages": out, "truncated": False}
 
 
-def groups(sdk) -> dict:
-    """Consumer groups of the SDK service (`lmqtt serve`'s store port): each queue's committed
-    offset, end and lag (the `lag` CALL of `lmqtt admin --group`), with the POP state of a
-    ConsumeQueue (`pop_info`: next, in flight, backlog) and the group's dead letters (the end of
-    its `%DLQ%group` queue)."""
-    if sdk is None:
-        return {"available": False, "why": "no SDK store port (--store-port 0 or unavailable): groups are the "
-                                           "SDK service's", "groups": []}
-    calls = sdk.calls
-    out = []
-    for g in calls["stats"]({}).get("groups", [])[:200]:
-        rows = calls["lag"]({"group": g})["queues"]
+async def groups(fleet) -> dict:
+    """Consumer groups of the SDK service (the store's; what `lmqtt admin --group` reads): each
+    queue's committed offset, end and lag (the `lag` CALL), with the POP state of a ConsumeQueue
+    (next offset, messages invisible now, backlog); groups that only POP and never commit (the
+    `pop_groups` CALL) too; and each group's dead letters (the end of its `%DLQ%group` queue)."""
+    from .fleet import StoreUnavailable
+    try:
+        names = (await fleet.call("stats")).get("groups", [])[:200]
+        pops = await fleet.call("pop_groups")
+    except StoreUnavailable as e:
+        return {"available": False, "why": str(e), "groups": []}
+    pop_of = {(r["group"], r["topic"], r["queue_id"]): r for r in pops.get("pop", [])}
+    dead = pops.get("dead_letters", {})
+    out, seen = [], set()
+    for g in names:
+        try:
+            rows = (await fleet.call("lag", group=g))["queues"]
+        except StoreUnavailable:
+            rows = []
         for r in rows:
             if "topic" in r:
-                try:
-                    r["pop"] = calls["pop_info"]({"group": g, "topic": r["topic"], "queue_id": r["queue_id"]})
-                except Exception:  # noqa: BLE001 - no POP state: a plain offset group
-                    r["pop"] = None
-        try:
-            dead = calls["offsets"]({"topic": f"%DLQ%{g}", "queue_id": 0})["max_offset"]
-        except Exception:  # noqa: BLE001 - no dead letter queue yet
-            dead = 0
-        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows), "dead_letters": dead})
+                p = pop_of.pop((g, r["topic"], r["queue_id"]), None)
+                r["pop"] = {k: p[k] for k in ("next", "inflight", "backlog")} if p else None
+        seen.add(g)
+        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows),
+                    "dead_letters": dead.get(g, 0) if g in dead else await _dead_letters(fleet, g)})
+    # groups that only POP (no committed offset): their POP state is where they are
+    pop_only: dict[str, list] = {}
+    for (g, t, q), p in sorted(pop_of.items()):
+        pop_only.setdefault(g, []).append({"topic": t, "queue_id": q, "committed": None,
+                                           "max_offset": p["next"] + p["backlog"], "lag": p["backlog"],
+                                           "pop": {k: p[k] for k in ("next", "inflight", "backlog")}})
+    for g, rows in pop_only.items():
+        if g in seen:            # a POP queue of a group that also commits elsewhere
+            next(x for x in out if x["group"] == g)["queues"].extend(rows)
+            continue
+        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows), "pop_only": True,
+                    "dead_letters": dead.get(g, 0)})
+    out.sort(key=lambda x: x["group"])
     return {"available": True, "groups": out}
+
+
+async def _dead_letters(fleet, g: str) -> int:
+    from .fleet import StoreUnavailable
+    try:
+        return (await fleet.call("offsets", topic=f"%DLQ%{g}", queue_id=0))["max_offset"]
+    except (StoreUnavailable, KeyError, TypeError):
+        return 0
+
+
+async def sessions_remote(fleet, limit: int = 200) -> dict:
+    """`sessions` of a fleet gateway: the store's `sessions` and `session` CALLs (lmqtt admin)."""
+    from .fleet import StoreUnavailable
+    try:
+        listed = (await fleet.call("sessions", limit=limit))["sessions"]
+        full = await asyncio.gather(*(fleet.call("session", client_id=r["client_id"]) for r in listed))
+    except StoreUnavailable as e:
+        return {"available": False, "why": str(e), "sessions": []}
+    now_ms = int(time.time() * 1000)
+    out = []
+    for r in full:
+        rec = r.get("session")
+        if rec is None:          # gone between the two calls
+            continue
+        subs = [{k: x.get(k) for k in ("filter", "qos", "share_group", "committed_offset", "max_offset", "lag")}
+                for x in rec["subscriptions"]]
+        connected = rec["connected"]
+        out.append({"client_id": rec["client_id"], "connected": connected, "gateway": rec.get("gateway"),
+                    "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(rec.get("protocol_version"),
+                                                                     str(rec.get("protocol_version"))),
+                    "offline_s": None if connected or rec.get("last_disconnect_ms") is None
+                    else round((now_ms - rec["last_disconnect_ms"]) / 1000),
+                    "expiry_interval": rec.get("expiry_interval"), "subscriptions": subs,
+                    "lag": sum(s["lag"] or 0 for s in subs)})
+    return {"available": True, "sessions": out, "truncated": len(listed) >= limit}
+
+
+async def store_overview(gw, fleet) -> dict:
+    """The store: where, its counters (log end, dispatch lag, disk), the store group's members and
+    roles (a replicated group: docs/ha.md) and the tier's use."""
+    from .fleet import StoreUnavailable
+    out: dict = {"where": fleet.store_where(), "error": None, "ha": None, "members": None, "tier": None}
+    try:
+        if not fleet.remote and getattr(gw, "store", None) is not None:
+            st = dict(gw.store.stats())
+            tier = gw.store.tier_stats() if hasattr(gw.store, "tier_stats") else None
+        else:
+            st = await fleet.call("stats")
+            tier = (await fleet.call("tier")).get("tier")
+    except StoreUnavailable as e:
+        out["error"] = str(e)
+        return out
+    out["stats"] = {k: st.get(k) for k in ("max_offset", "dispatch_lag_bytes", "segments", "disk_free_bytes",
+                                           "disk_full", "disk_full_reason", "connections", "recoveries")}
+    ha = st.get("ha")
+    if ha:
+        out["ha"] = ha
+        members = [{"node": ha.get("node"), "role": ha.get("role"), "address": ha.get("primary_address"),
+                    "in_sync": ha.get("node") in (ha.get("in_sync") or []), "lag_bytes": 0}]
+        try:
+            status = await fleet.call("ha_status")
+        except StoreUnavailable:
+            status = {}
+        for r in status.get("replicas", []):
+            members.append({"node": r["node"], "role": "replica", "connected": r.get("connected"),
+                            "in_sync": r["node"] in (ha.get("in_sync") or []), "lag_bytes": r.get("lag_bytes")})
+        out["members"] = members
+    if tier:
+        out["tier"] = {k: tier.get(k) for k in ("url", "reachable", "error", "local_segments", "local_bytes",
+                                                "uploading_segments", "tier_segments", "tier_stored_bytes",
+                                                "tier_raw_bytes", "oldest_readable_ms")}
+    return out
+
+
+def member_row(gw, fleet, sampler, ready) -> dict:
+    """This gateway as a member of the fleet (the overview's table, and a peer's answer)."""
+    last = sampler.ring[-1] if sampler.ring else sampler.sample()
+    b = gw.broker
+    ok, why = ready() if ready is not None else ((b is not None and b.accepting),
+                                                 "ready" if b is not None and b.accepting else "not accepting MQTT clients")
+    return {"gateway": fleet.gateway_id, "url": fleet.url, "pid": os.getpid(),
+            "mqtt": "{}:{}".format(*gw.address) if getattr(gw, "address", None) else None,
+            "ready": ok, "health": why, "connections": last["connections"], "sessions": last["sessions"],
+            "subscriptions": sum(len(s.subs) for s in b.sessions.values()) if b is not None else 0,
+            "msg_in_s": last["msg_in_s"], "msg_out_s": last["msg_out_s"], "cpu_pct": last["cpu_pct"],
+            "rss_mb": last["rss_mb"]}

@@ -1,9 +1,10 @@
 """uvicorn's server, embedded in the running loop.
 
-`uvicorn.Server.serve` installs its own SIGINT/SIGTERM handlers (and restores them on exit): the
-gateway owns those signals (serve_command's stop event, SIGHUP reloads), so the server is started
-through `_serve` with `capture_signals` a no-op, on a socket bound here (a port in use is the
-caller's OSError, like the metrics server's, before anything is served).
+`uvicorn.Server.serve` installs its own SIGINT/SIGTERM handlers (and restores them on exit) in its
+`capture_signals()` context: the gateway owns those signals (serve_command's stop event, SIGHUP
+reloads), so this subclass makes `capture_signals` a no-op and runs the public `serve()` on a
+socket bound here (a port in use is the caller's OSError, like the metrics server's, before
+anything is served).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import socket
 import uvicorn
 
 from .app import build_app
+from .fleet import Fleet
 
 log = logging.getLogger("lmqtt.console")
 
@@ -33,6 +35,7 @@ class ConsoleServer:
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
         self.state = None
+        self.fleet: Fleet | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Bind HOST:PORT and serve /metrics, /healthz, /readyz and the console; the bound address."""
@@ -47,7 +50,8 @@ class ConsoleServer:
             raise
         sock.setblocking(False)
         bound = sock.getsockname()[:2]
-        app, self.state = build_app(self.gw, self.cfg, bound[0], self.ready)
+        self.fleet = Fleet(self.gw, self.cfg, self.sdk)
+        app, self.state = build_app(self.gw, self.cfg, bound[0], self.ready, self.fleet)
         self.state.sdk = self.sdk
         tls = {}
         if getattr(self.cfg, "console_tls", False):     # the listener's certificate (cfg.validate checked it is set)
@@ -60,8 +64,9 @@ class ConsoleServer:
             sock.close()
             raise
         self._server = _Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server._serve(sockets=[sock]))
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         self.state.start_sampler()
+        self.fleet.start(bound[0], bound[1])      # a fleet gateway: the other consoles can find this one
         return bound[0], bound[1]
 
     async def stop(self) -> None:

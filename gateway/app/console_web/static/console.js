@@ -5,6 +5,7 @@ let me = null;
 let timer = null;
 let events = null;
 let samples = [];
+let fleetMode = false;     // more than one gateway: the cards show the fleet's totals (every 2 s)
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -94,10 +95,12 @@ function line(svg, series, colors) {
 }
 
 function showSample(s) {
-  $("ov-connections").textContent = fmt(s.connections);
-  $("ov-sessions").textContent = fmt(s.sessions);
-  $("ov-in").textContent = fmt(s.msg_in_s, 1);
-  $("ov-out").textContent = fmt(s.msg_out_s, 1);
+  if (!fleetMode) {
+    $("ov-connections").textContent = fmt(s.connections);
+    $("ov-sessions").textContent = fmt(s.sessions);
+    $("ov-in").textContent = fmt(s.msg_in_s, 1);
+    $("ov-out").textContent = fmt(s.msg_out_s, 1);
+  }
   $("ov-append").textContent = fmt(s.append_s, 1);
   $("ov-lag").textContent = s.dispatch_lag_ms === null ? "-" : `${fmt(s.dispatch_lag_ms, 2)} ms`;
   $("ov-proc").textContent = `${fmt(s.cpu_pct, 1)}% · ${fmt(s.rss_mb, 0)} MB`;
@@ -109,26 +112,77 @@ function showSample(s) {
   line($("chart-proc"), [samples.map((x) => x.cpu_pct)], ["#5ad19a"]);
 }
 
+function mb(bytes) { return bytes === null || bytes === undefined ? "-" : `${fmt(bytes / 1048576, 1)} MB`; }
+
+function showFleet(ov) {
+  const f = ov.fleet;
+  fleetMode = f.members.length > 1;
+  const t = f.totals;
+  if (fleetMode) {
+    $("ov-connections").textContent = fmt(t.connections);
+    $("ov-sessions").textContent = fmt(t.sessions);
+    $("ov-in").textContent = fmt(t.msg_in_s, 1);
+    $("ov-out").textContent = fmt(t.msg_out_s, 1);
+    $("ov-subscriptions").textContent = fmt(t.subscriptions);
+  } else {
+    $("ov-subscriptions").textContent = fmt(ov.subscriptions);
+  }
+  $("fl-count").textContent = `${f.members.length} gateway${f.members.length === 1 ? "" : "s"}` +
+    (fleetMode ? " · the cards above add them up; the charts are this gateway's" : "");
+  $("fl-error").textContent = f.error || "";
+  $("fl-table").tBodies[0].replaceChildren(...f.members.map((m) => {
+    const health = el("span", { class: m.ready ? "ok" : (m.ready === false ? "bad" : "muted"),
+                                text: (m.ready ? "ready" : m.health || "-") });
+    const live = m.connections !== undefined;
+    return el("tr", { "data-gateway": m.gateway },
+      el("td", { class: "gateway", text: m.gateway + (m.self ? " (this console)" : "") }), el("td", { class: "health" }, health),
+      el("td", { text: m.mqtt || "-" }), el("td", { class: "num connections", text: live ? fmt(m.connections) : "-" }),
+      el("td", { class: "num subscriptions", text: live ? fmt(m.subscriptions) : "-" }),
+      el("td", { class: "num", text: live ? fmt(m.msg_in_s, 1) : "-" }), el("td", { class: "num", text: live ? fmt(m.msg_out_s, 1) : "-" }),
+      el("td", { class: "num", text: live ? `${fmt(m.cpu_pct, 1)}% · ${fmt(m.rss_mb, 0)} MB` : "-" }),
+      el("td", {}, m.url && !m.self ? el("a", { href: `${m.url}/console/`, text: m.url }) : (m.url || "")));
+  }));
+  const st = ov.store;
+  $("st-where").textContent = st.where;
+  $("st-error").textContent = st.error || "";
+  if (st.stats) {
+    const s = st.stats;
+    $("st-summary").textContent = `log end ${fmt(s.max_offset)} B · dispatch lag ${fmt(s.dispatch_lag_bytes)} B · ` +
+      `${fmt(s.segments)} segments · disk free ${mb(s.disk_free_bytes)}` + (s.disk_full ? ` · DISK FULL: ${s.disk_full_reason}` : "");
+  } else $("st-summary").textContent = "";
+  const mt = $("st-members");
+  mt.hidden = !st.members;
+  if (st.members) {
+    mt.tBodies[0].replaceChildren(...st.members.map((m) => el("tr", { "data-node": m.node },
+      el("td", { text: `node ${m.node}` + (m.address ? ` (${m.address})` : "") }), el("td", { class: "role", text: m.role }),
+      el("td", { class: "insync", text: m.in_sync ? "yes" : "no" }), el("td", { class: "num", text: mb(m.lag_bytes) }))));
+  }
+  const tr = st.tier;
+  $("st-tier").textContent = tr ? `tier ${tr.url}: ${tr.reachable ? "reachable" : "unreachable " + (tr.error || "")} · local ` +
+    `${fmt(tr.local_segments)} segments (${mb(tr.local_bytes)}) · uploading ${fmt(tr.uploading_segments)} · in the tier ` +
+    `${fmt(tr.tier_segments)} segments (${mb(tr.tier_stored_bytes)} stored of ${mb(tr.tier_raw_bytes)})` : "no tiered storage";
+}
+
 async function overview() {
   const [ov, hist] = await Promise.all([api("/console/api/overview"), api("/console/api/history")]);
   samples = hist.samples.slice(0, -1);
+  showFleet(ov);
   showSample(ov.now);
-  $("ov-subscriptions").textContent = fmt(ov.subscriptions);
   const g = ov.gateway;
   $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ${g.data_dir}`;
   events = new EventSource("/console/api/stream");
   events.onmessage = (m) => showSample(JSON.parse(m.data));
   timer = setInterval(async () => {
     const o = await api("/console/api/overview").catch(() => null);
-    if (o) $("ov-subscriptions").textContent = fmt(o.subscriptions);
+    if (o) showFleet(o);
   }, 2000);
 }
 
 // ---- clients ------------------------------------------------------------------------------
-async function disconnect(clientId, button) {
+async function disconnect(clientId, gateway, button) {
   button.disabled = true;
   try {
-    await api("/console/api/clients/disconnect", { method: "POST", body: { client_id: clientId } });
+    await api("/console/api/clients/disconnect", { method: "POST", body: { client_id: clientId, gateway } });
     $("cl-message").textContent = "";
     await loadClients();
   } catch (e) {
@@ -140,18 +194,19 @@ async function disconnect(clientId, button) {
 async function loadClients() {
   const q = $("cl-search").value;
   const d = await api(`/console/api/clients?q=${encodeURIComponent(q)}`);
-  $("cl-count").textContent = `${d.shown} shown of ${d.total} connected`;
+  $("cl-count").textContent = `${d.shown} shown of ${d.total} connected` + (d.gateways > 1 ? ` on ${d.gateways} gateways` : "");
+  $("cl-note").textContent = (d.unreachable || []).map((u) => `${u.gateway}: ${u.error}`).join("; ");
   const body = $("cl-table").tBodies[0];
   body.replaceChildren(...d.clients.map((c) => {
     const subs = el("td", { class: "subs" }, ...c.subscriptions.map((s) => el("span", { class: "tag", text: `${s.filter} q${s.qos}` })));
-    const btn = el("button", { class: "danger disconnect", "data-client": c.client_id }, "Disconnect");
+    const btn = el("button", { class: "danger disconnect", "data-client": c.client_id, "data-gateway": c.gateway }, "Disconnect");
     if (me && me.role !== "admin") { btn.disabled = true; btn.title = "needs the admin role"; }
-    btn.addEventListener("click", () => disconnect(c.client_id, btn));
-    return el("tr", { "data-client": c.client_id },
+    btn.addEventListener("click", () => disconnect(c.client_id, c.gateway, btn));
+    return el("tr", { "data-client": c.client_id, "data-gateway": c.gateway },
       el("td", { class: "cid", text: c.client_id }), el("td", { text: c.username || "-" }),
       el("td", { text: c.address }), el("td", { text: c.protocol }), el("td", { class: "num", text: `${c.keepalive}s` }),
       subs, el("td", { class: "num inflight", text: fmt(c.inflight) }), el("td", { class: "num queued", text: fmt(c.queued) }),
-      el("td", { text: ago(c.idle_s) }), el("td", {}, btn));
+      el("td", { text: ago(c.idle_s) }), el("td", { class: "gateway", text: c.gateway }), el("td", {}, btn));
   }));
 }
 
@@ -163,13 +218,13 @@ async function clients() {
 // ---- sessions -----------------------------------------------------------------------------
 async function loadSessions() {
   const d = await api("/console/api/sessions");
-  $("se-note").textContent = d.available ? (d.truncated ? "first 500 by client id" : "") : d.why;
+  $("se-note").textContent = d.available ? (d.truncated ? `first ${d.sessions.length} by client id` : "") : d.why;
   $("se-count").textContent = d.available ? `${d.sessions.length}` : "";
   const body = $("se-table").tBodies[0];
   const maxLag = Math.max(1, ...d.sessions.flatMap((s) => s.subscriptions.map((x) => x.lag || 0)));
   const rows = [];
   for (const s of d.sessions) {
-    const state = s.connected ? el("span", { class: "ok", text: "connected" }) : `offline ${ago(s.offline_s).replace(" ago", "")}`;
+    const state = s.connected ? el("span", { class: "ok", text: "connected" + (s.gateway ? ` on ${s.gateway}` : "") }) : `offline ${ago(s.offline_s).replace(" ago", "")}`;
     const subs = s.subscriptions.length ? s.subscriptions : [null];
     subs.forEach((x, i) => {
       const bar = el("div", { class: "bar" }, el("div", { style: `width:${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` }));
@@ -218,7 +273,7 @@ async function groups() {
 // ---- topics and retained -------------------------------------------------------------------
 async function loadTopics() {
   const d = await api("/console/api/topics");
-  $("tp-count").textContent = d.available ? `${d.count}` : "(lmqtt serve only)";
+  $("tp-count").textContent = d.available ? `${d.count}` : (d.why || "(unavailable)");
   $("tp-table").tBodies[0].replaceChildren(...d.topics.map((t) => el("tr", { "data-topic": t.topic },
     el("td", { class: "topic", text: t.topic }), el("td", { class: "num stored", text: fmt(t.stored) }),
     el("td", { class: "num rate", text: t.rate === null ? "-" : fmt(t.rate, 1) }))));
