@@ -540,43 +540,106 @@ def test_console_tls_serves_https_with_the_listeners_certificate_and_a_secure_co
         assert srv.stop() == 0, srv.log_tail()
 
 
-def test_serve_workers_each_gateway_serves_its_console(browser, tmp_path):
-    """`serve --workers 2`: each gateway's console (metrics port + i) shows its own clients (the
-    kernel spreads connections over the workers); together they show every client."""
+def _wait_ready(url: str, what: str, log_tail, timeout: float = 30) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(url + "/readyz", timeout=2).read() == b"ready\n":
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{what} not ready: {log_tail()}"
+        time.sleep(0.1)
+
+
+def _connections(metrics_url: str) -> int:
+    """A gateway's own count of its MQTT connections (its /metrics gauge)."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    return int(float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith("lmqtt_connections "))))
+
+
+def test_serve_workers_console_shows_every_workers_clients_and_disconnects_on_the_right_one(browser, tmp_path):
+    """`serve --workers 2`: each worker's console shows the clients of both (each row names the
+    worker it is on, the counts equal each worker's own gauge); a Disconnect pressed on worker 0's
+    page ends a client that is on worker 1 (paho sees 0x98); the overview lists both workers as
+    ready with the fleet's total; sessions and POP groups are read from the store."""
     import time
 
     from lmqtt.loadtest.brokers import free_port_pair
+    from lmqtt.store.client import connect
     srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2"),
                       log_path=str(tmp_path / "serve.log"))
     srv.metrics_port = free_port_pair()
     srv.start()
+    urls = [f"http://127.0.0.1:{srv.metrics_port + i}" for i in (0, 1)]
     clients = []
     try:
-        for i in (0, 1):
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port + i}/readyz", timeout=2).read() \
-                            == b"ready\n":
-                        break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, f"worker {i} not ready: {srv.log_tail()}"
-                time.sleep(0.1)
-        clients = [Paho(srv, client_id=f"w-{i}") for i in range(6)]
-        per = []
-        for i in (0, 1):
-            url = f"http://127.0.0.1:{srv.metrics_port + i}/console/"
-            open_page(browser, url, "clients")
-            WebDriverWait(browser, WAIT).until(
-                lambda d: d.find_element(By.ID, "cl-count").text.endswith(" connected"))
-            ids = {r.get_attribute("data-client") for r in browser.find_elements(By.CSS_SELECTOR, "#cl-table tbody tr")}
-            per.append(ids)
-            shot(browser, tmp_path, f"clients-worker{i}")
-        assert per[0] | per[1] == {f"w-{i}" for i in range(6)} and not (per[0] & per[1]), per
-        # the fleet gateway's console: the sessions page points to `lmqtt admin` (the store keeps them)
-        open_page(browser, f"http://127.0.0.1:{srv.metrics_port}/console/", "sessions")
-        wait_text(browser, "#se-note", "a fleet gateway: `lmqtt admin --store ... --sessions` reads the store")
+        for i, u in enumerate(urls):
+            _wait_ready(u, f"worker {i}", srv.log_tail)
+        # the kernel spreads connections over the workers (SO_REUSEPORT): connect until both have some
+        while len(clients) < 24:
+            clients.append(Paho(srv, client_id=f"w-{len(clients)}", version=5))
+            if len(clients) >= 6 and all(_connections(u + "/metrics") for u in urls):
+                break
+        per = [_connections(u + "/metrics") for u in urls]
+        assert all(per) and sum(per) == len(clients), per
+        n = len(clients)
+        open_page(browser, urls[0] + "/console/", "clients")
+        wait_text(browser, "#cl-count", f"{n} shown of {n} connected on 2 gateways")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#cl-table tbody tr")
+        on = {r.get_attribute("data-client"): r.get_attribute("data-gateway") for r in rows}
+        assert set(on) == {f"w-{i}" for i in range(n)}, on
+        gateways = sorted(set(on.values()))
+        assert len(gateways) == 2 and all(g.endswith((":w0", ":w1")) for g in gateways), gateways
+        for i, g in enumerate(sorted(gateways)):       # each worker's rows: as many as its own gauge says
+            assert sum(1 for v in on.values() if v == g) == per[int(g[-1])], (on, per)
+        shot(browser, tmp_path, "clients-workers")
+        # disconnect, from worker 0's page, a client that is on worker 1
+        victim = next(c for c in sorted(on) if on[c].endswith(":w1"))
+        browser.find_element(By.CSS_SELECTOR, f'tr[data-client="{victim}"] button.disconnect').click()
+        paho = clients[int(victim.split("-")[1])]
+        rc = paho.disconnects.get(timeout=WAIT)
+        paho.c.loop_stop()                                    # paho would reconnect a second later
+        clients.remove(paho)
+        assert getattr(rc, "value", rc) == 0x98, rc           # MQTT 5: Administrative action
+        wait_text(browser, "#cl-count", f"{n - 1} shown of {n - 1} connected on 2 gateways")
+        assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-client="{victim}"]')
+        assert _connections(urls[1] + "/metrics") == per[1] - 1 and _connections(urls[0] + "/metrics") == per[0]
+        log = open(srv.log_path, encoding="utf-8", errors="replace").read()
+        assert f"client_id={victim} gateway={on[victim]} via={gateways[0]} " in log, log[-3000:]
+        # the overview of worker 1: both workers, ready, and the fleet's total on the card
+        open_page(browser, urls[1] + "/console/", "overview")
+        wait_text(browser, "#ov-connections", str(n - 1))
+        wait_text(browser, "#fl-count", "2 gateways · the cards above add them up; the charts are this gateway's")
+        for g in gateways:
+            wait_text(browser, f'tr[data-gateway="{g}"] .health', "ready")
+        wait_text(browser, f'tr[data-gateway="{gateways[0]}"] .connections', str(per[0]))
+        assert browser.find_element(By.ID, "st-where").text == f"lmqtt://{srv.store_address}"
+        shot(browser, tmp_path, "overview-workers")
+        # sessions and POP groups: the store's, read by the worker's console too
+        keep = Paho(srv, client_id="w-keep", version=4, clean=False)
+        keep.subscribe("wk/lag", 1)
+        keep.disconnect()
+        for i in range(4):
+            clients[0].publish("wk/lag", f"m{i}", qos=1)
+        conn = connect(srv.store_address)
+        try:
+            popped = conn.cmd("pop", group="w-popper", topic="wk", queue_id=0, max_count=3, invisible_ms=60000)
+            pop = conn.admin().pop_info("w-popper", "wk", 0)
+            sess = conn.cmd("session", client_id="w-keep")["session"]["subscriptions"][0]
+        finally:
+            conn.close()
+        assert sess["lag"] == 4 and pop["inflight"] == 3, (sess, pop, popped)
+        open_page(browser, urls[1] + "/console/", "sessions")
+        row = 'tr[data-client="w-keep"][data-filter="wk/lag"]'
+        wait_text(browser, row + " .lag", "4")
+        wait_text(browser, row + " .committed", f"{sess['committed_offset']:,}")
+        open_page(browser, urls[0] + "/console/", "groups")
+        row = 'tr[data-group="w-popper"][data-queue="wk:0"]'
+        wait_text(browser, row + " .pop", f"{pop['next']:,} / 3 / {pop['backlog']:,}")
+        wait_text(browser, row + " .dead", "0")
+        shot(browser, tmp_path, "groups-workers")
     finally:
         for c in clients:
             c.disconnect()

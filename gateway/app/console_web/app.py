@@ -374,8 +374,6 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         s, refused = need(request)
         if refused is not None:
             return refused
-        if getattr(gw, "store", None) is None:
-            return _json({"error": "the tracer reads the embedded store: lmqtt serve only"}, 409)
         flt = request.query_params.get("filter", "")
         try:
             since = int(request.query_params.get("since") or 0)
@@ -385,9 +383,14 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         if refused is not None:
             return refused
         try:
-            tr = data.Trace(gw, flt, since, allowed)
+            tr = data.RemoteTrace(fleet, flt, since, allowed) if fleet.remote else data.Trace(gw, flt, since, allowed)
         except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
             return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
+        if fleet.remote:
+            try:
+                await tr.start()
+            except StoreUnavailable as e:        # e.g. a time outside the store's retention
+                return _json({"error": str(e)}, 400)
         log.info("event=console_trace user=%s filter=%r since_ms=%d", s.user, flt, since)
 
         async def events():
@@ -395,7 +398,11 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
             while not st.stopping.is_set():
                 if await request.is_disconnected():
                     return
-                batch = tr.poll()
+                try:
+                    batch = await tr.apoll()
+                except StoreUnavailable as e:     # the store went away: said once, then tried again
+                    yield f"event: trace_error\ndata: {json.dumps(str(e))}\n\n"
+                    batch = []
                 if batch:
                     yield f"data: {json.dumps(batch)}\n\n"
                 if len(batch) < tr.MAX_PER_POLL:

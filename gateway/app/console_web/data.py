@@ -237,29 +237,76 @@ class Trace:
 
     def poll(self) -> list[dict]:
         from lmqtt.lightqueue.replay import read_history
-        from lmqtt.store.client.props import decode_fields
         self._refresh_sources()
         if not self.cursor["sources"]:
             return []
         msgs, self.cursor, _done = read_history(self.gw.store, self.cursor, max_count=self.MAX_PER_POLL)
-        out = []
-        for m in msgs:
-            if self.allowed is not None and not self.allowed(m.topic):
-                continue
-            try:
-                qos, retain, client_id, pfi, expiry, ctype, resp, corr, user = decode_fields(m.props)
-            except ValueError:
-                qos, retain, client_id, pfi, expiry, ctype, resp, corr, user = 0, False, "", None, None, None, None, None, []
-            body = bytes(m.body)
-            try:
-                text, binary = body[:2048].decode("utf-8"), False
-            except UnicodeDecodeError:
-                text, binary = body[:64].hex(" "), True
-            out.append({"topic": m.topic, "payload": text, "binary": binary, "size": len(body),
-                        "truncated": len(body) > 2048, "qos": qos, "retain": retain, "client_id": client_id,
-                        "store_ts": m.store_ts, "content_type": ctype, "response_topic": resp,
-                        "message_expiry_interval": expiry,
-                        "user_properties": [list(p) for p in user]})
+        return [_traced(m.topic, m.props, m.body, m.store_ts) for m in msgs
+                if self.allowed is None or self.allowed(m.topic)]
+
+    async def apoll(self) -> list[dict]:
+        return self.poll()
+
+
+def _traced(topic: str, props, payload, store_ts: int) -> dict:
+    from lmqtt.store.client.props import decode_fields
+    try:
+        qos, retain, client_id, _pfi, expiry, ctype, resp, _corr, user = decode_fields(props)
+    except ValueError:
+        qos, retain, client_id, expiry, ctype, resp, user = 0, False, "", None, None, None, []
+    body = bytes(payload)
+    try:
+        text, binary = body[:2048].decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, binary = body[:64].hex(" "), True
+    return {"topic": topic, "payload": text, "binary": binary, "size": len(body),
+            "truncated": len(body) > 2048, "qos": qos, "retain": retain, "client_id": client_id,
+            "store_ts": store_ts, "content_type": ctype, "response_topic": resp,
+            "message_expiry_interval": expiry, "user_properties": [list(p) for p in user]}
+
+
+class RemoteTrace:
+    """The tracer of a fleet gateway: the store's filter history read by CommitLog position, as the
+    SDK's FilterConsumer does (`filter_position` with `since`, then `filter_read` from where the
+    last read stopped: the history, then each new message as it is stored). Nothing is registered
+    in the store (no `subscribe`: the read scans the filter's ConsumeQueues)."""
+
+    MAX_PER_POLL = 200
+
+    def __init__(self, fleet, flt: str, since_ms: int, allowed=None) -> None:
+        from lmqtt.lightqueue.topics import validate_filter
+        validate_filter(flt)
+        self.fleet, self.flt, self.since_ms, self.allowed = fleet, flt, int(since_ms), allowed
+        self.position: int | None = None
+        self.hint = None
+
+    async def start(self) -> None:
+        """Where `since` is in the log (the store refuses a time outside its retention: StoreUnavailable)."""
+        r = await self.fleet.call("filter_position", filter=self.flt, since=self.since_ms)
+        self.position, self.hint = int(r["position"]), r.get("lq_offset")
+
+    async def apoll(self) -> list[dict]:
+        from lmqtt.store import protocol as W
+        out: list[dict] = []
+        for _ in range(8):            # a stretch of other topics reads nothing and moves on
+            before = self.position
+            op, flags, body = await self.fleet.call_raw("filter_read", filter=self.flt, position=self.position,
+                                                       max_count=self.MAX_PER_POLL, hint=self.hint)
+            if op != W.OP_MESSAGES:
+                return out
+            if flags & W.F_RAW:      # the CommitLog's own records (the SDK's decoder)
+                from lmqtt.store.client.consumer import _records_raw
+                header, recs = _records_raw(None, body)
+                items = [(r.topic, r.props, r.body, r.store_ts) for r in recs]
+            else:                    # (queue_offset, phys_offset, born_ts, store_ts, queue_id, topic, keys, props, body)
+                header, recs = W.decode_messages(body)
+                items = [(r[5], r[7], r[8], r[3]) for r in recs]
+            self.position, self.hint = int(header["position"]), header.get("hint")
+            for topic, props, payload, store_ts in items:
+                if self.allowed is None or self.allowed(topic):
+                    out.append(_traced(topic, props, payload, store_ts))
+            if recs or self.position == before:
+                return out
         return out
 
 

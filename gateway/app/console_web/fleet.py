@@ -71,20 +71,24 @@ class Fleet:
             if asyncio.isfuture(out):
                 out = await out
             return out
+        _op, _flags, body = await self.call_raw(name, **args)
+        return json.loads(body)
+
+    async def call_raw(self, name: str, **args) -> tuple[int, int, bytes]:
+        """A fleet gateway's CALL answered as the frame (op, flags, body): a MESSAGES reply too."""
         link = getattr(self.gw, "link", None)
         if link is None or not link.connected:
             raise StoreUnavailable(f"store {self.cfg.store_address} unreachable: "
                                    f"{link.last_error if link is not None else 'closed'}")
         from lmqtt.store.client.connection import StoreClientError
         try:
-            _op, _flags, body = await asyncio.wait_for(link.cmd(name, **args), STORE_TIMEOUT_S)
+            return await asyncio.wait_for(link.cmd(name, **args), STORE_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise StoreUnavailable(f"store {link.address} did not answer {name!r} within {STORE_TIMEOUT_S:g} s") from None
         except StoreClientError as e:
             raise StoreUnavailable(f"store {link.address} refused {name!r}: {e}") from None
         except Exception as e:  # noqa: BLE001 - ConnectionLost and the like: one line
             raise StoreUnavailable(f"store {link.address}: {e}") from None
-        return json.loads(body)
 
     def store_where(self) -> str:
         if not self.remote:

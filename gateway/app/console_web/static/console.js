@@ -318,7 +318,9 @@ function startTrace(ev) {
     r.body.cancel();
     trace = new EventSource(url);
     $("tr-start").disabled = true; $("tr-stop").disabled = false;
+    trace.addEventListener("trace_error", (m) => { $("tr-error").textContent = JSON.parse(m.data); });
     trace.onmessage = (m) => {
+      $("tr-error").textContent = "";
       const body = $("tr-table").tBodies[0];
       for (const x of JSON.parse(m.data)) {
         traced += 1;
