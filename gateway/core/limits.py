@@ -154,6 +154,11 @@ class ConnectionGate:
         self._log_suppressed = 0
 
     @property
+    def counts_addresses(self) -> bool:
+        """Whether `release` needs the address `admit` was given (max_connections_per_address set)."""
+        return self._per_address is not None
+
+    @property
     def refused_full(self) -> int:
         return self.hits["max_connections"]
 

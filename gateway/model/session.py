@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from types import MappingProxyType
 from operator import itemgetter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,10 @@ NEVER_EXPIRES = _records.NEVER_EXPIRES     # one definition (the store reads it 
 # why a per-subscriber PUBLISH was not sent (Session.publish_bytes returns one of these instead of bytes)
 EXPIRED = 1        # its Message Expiry Interval has passed (MQTT 5 §3.3.2.3.3)
 TOO_LARGE = 2      # larger than the client's Maximum Packet Size (§3.1.2.11.4: dropped for that client)
+
+# the topic -> alias map of a client that takes no topic aliases (most): one shared read-only
+# empty mapping instead of an empty dict per session (64 bytes each)
+NO_ALIASES = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -183,7 +188,7 @@ class Session:
 
     # no per-session __dict__ (one per connected or persisted client)
     __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
-                 "inbound_qos2", "inbound_pending", "conn", "receive_max", "expiry_handle",
+                 "_inbound_qos2", "_inbound_pending", "conn", "receive_max", "expiry_handle",
                  "disconnected_at_ms", "retained_backlog", "next_pid", "max_packet", "alias_max",
                  "aliases", "custom", "dropped_expired", "dropped_too_large", "saved_inflight",
                  "inbound_keys")
@@ -196,8 +201,11 @@ class Session:
         self.direct: dict[str, ClientSubscription] = {}     # non-shared, by queue name
         self.cursors: dict[str, Cursor] = {}          # non-shared, by queue name
         self.outbound: dict[int, InFlight] = {}       # by packet id, in send order
-        self.inbound_qos2: set[int] = set()           # QoS 2 ids stored, PUBREL not yet received
-        self.inbound_pending: set[int] = set()        # QoS 1/2 ids waiting for the store's ack
+        # QoS 2 ids stored, PUBREL not yet received / QoS 1/2 ids waiting for the store's ack:
+        # created at first use (`inbound_qos2`, `inbound_pending`): a device that never publishes
+        # QoS 1/2 does not pay two empty sets (432 bytes) for them
+        self._inbound_qos2: set[int] | None = None
+        self._inbound_pending: set[int] | None = None
         self.conn: MQTTConnection | None = None
         self.receive_max = 100
         self.expiry_handle = None
@@ -211,7 +219,7 @@ class Session:
         # MQTT 5 limits the client set in CONNECT (per connection: reset by `set_client_limits`)
         self.max_packet = 0               # client's Maximum Packet Size; 0 = none
         self.alias_max = 0                # client's Topic Alias Maximum: aliases we may send
-        self.aliases: dict[str, int] = {}  # topic -> alias sent on the current connection
+        self.aliases: dict[str, int] = NO_ALIASES  # topic -> alias sent on the current connection (alias_max > 0)
         # True when a PUBLISH to this client may need per-subscriber parts (a topic alias or a
         # subscription identifier): delivery then builds it with `publish_bytes` instead of the
         # shared template variant
@@ -227,6 +235,28 @@ class Session:
         # id -> (topic, key, ms), the key the message carries (core/broker.py `_qos2_ahead`)
         self.inbound_keys: dict[int, tuple[str, str, int]] | None = None
 
+    @property
+    def inbound_qos2(self) -> set[int]:
+        v = self._inbound_qos2
+        if v is None:
+            v = self._inbound_qos2 = set()
+        return v
+
+    @inbound_qos2.setter
+    def inbound_qos2(self, v: set[int]) -> None:
+        self._inbound_qos2 = v
+
+    @property
+    def inbound_pending(self) -> set[int]:
+        v = self._inbound_pending
+        if v is None:
+            v = self._inbound_pending = set()
+        return v
+
+    @inbound_pending.setter
+    def inbound_pending(self, v: set[int]) -> None:
+        self._inbound_pending = v
+
     def wait_retained(self, entry: tuple) -> deque:
         """Queue a retained message behind the QoS 1/2 window; returns the queue."""
         bl = self.retained_backlog
@@ -239,7 +269,7 @@ class Session:
         """CONNECT's Maximum Packet Size and Topic Alias Maximum (aliases are per connection)."""
         self.max_packet = max_packet or 0
         self.alias_max = min(alias_max or 0, alias_cap) if self.version == 5 else 0
-        self.aliases = {}
+        self.aliases = {} if self.alias_max else NO_ALIASES
         self.update_custom()
 
     def update_custom(self) -> None:

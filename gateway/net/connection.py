@@ -28,6 +28,7 @@ log = logging.getLogger("lmqtt.gateway.conn")
 
 
 NO_TOPICS: frozenset = frozenset()
+NO_ALIASES: dict = {}     # never written: the topic aliases of a connection that set none (see `resolve_topic_alias`)
 
 
 class WriteBatcher:
@@ -171,7 +172,8 @@ class MQTTConnection(asyncio.Protocol):
         # reload): the shared empty NO_TOPICS until the first one (an empty set is 216 bytes)
         self.valid_topics: frozenset | set = NO_TOPICS
         self.acl_publish_ok: frozenset | set = NO_TOPICS
-        self.topic_aliases: dict[int, str] = {}   # MQTT 5 topic aliases the client set (alias -> topic)
+        # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
+        self.topic_aliases: dict[int, str] = NO_ALIASES
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self.reading_paused = False   # too many publishes awaiting the store
         self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
@@ -210,7 +212,8 @@ class MQTTConnection(asyncio.Protocol):
         sockets waiting, or no CONNECT within connect_timeout_s: closed without an answer."""
         rc, cause = gate.admit(addr)
         if not rc:
-            self._gate, self._gate_addr = gate, addr
+            # the address is kept for `release` only when the gate counts per address (a string per connection)
+            self._gate, self._gate_addr = gate, (addr if gate.counts_addresses else None)
             self.pub_bucket = gate.publish_limiter()
             return True
         if gate.refused_pending >= gate.MAX_REFUSED_PENDING:
@@ -526,7 +529,10 @@ class MQTTConnection(asyncio.Protocol):
             raise ProtocolError(f"topic alias {alias} is outside 1..{maximum} "
                                 "(the Topic Alias Maximum in CONNACK)", ReasonCode.TOPIC_ALIAS_INVALID)
         if topic:
-            self.topic_aliases[alias] = topic
+            aliases = self.topic_aliases
+            if aliases is NO_ALIASES:
+                aliases = self.topic_aliases = {}
+            aliases[alias] = topic
             return topic
         t = self.topic_aliases.get(alias)
         if t is None:
