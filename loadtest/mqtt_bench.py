@@ -306,6 +306,10 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             # messages each costs the generator shows whether its reads and writes batch up
             "gen_reads": sum(r["reads"] for r in results),
             "gen_publish_writes": sum(r["writes"] for r in results),
+            # fixed rate: the paced worker (paced.py) times deliveries by the kernel's arrival
+            # time (SO_TIMESTAMPNS); the asyncio worker when it reads the socket
+            "gen_loop": "paced" if all("rx_kernel_stamps" in r for r in results) else "asyncio",
+            "gen_rx_kernel_reads": sum(r.get("rx_kernel_stamps", 0) for r in results),
             "gen_cpu_cores_per_proc": [round(r["cpu_s"] / wall, 3) for r in results],
             "gen_cpu_cores_max_proc": round(max(r["cpu_s"] for r in results) / wall, 3),
             "gen_cpu_sys_frac": round(sum(r["cpu_sys_s"] for r in results) / gen_cpu, 3) if gen_cpu else None,

@@ -152,6 +152,9 @@ class Client(asyncio.Protocol):
         self.inflight: set[int] = set()
         self.received = 0
         self.reads = 0  # data_received calls: messages per read shows how well reads batch
+        # receive time of the data being fed (ns, CLOCK_MONOTONIC) when the caller knows it (the
+        # paced worker: the kernel's arrival time); 0 = read the clock while parsing
+        self.rx_ns = 0
         self.streams: dict[int, Stream] = {}  # publisher id -> this subscriber's stream of it
         self.error: str | None = None
         self.connack: P.ConnAck | None = None
@@ -275,7 +278,7 @@ class Client(asyncio.Protocol):
                     stream.unique += 1
                 else:
                     stream.see(seq)
-        now = _monotonic_ns()
+        now = self.rx_ns or _monotonic_ns()
         sink.lat.extend(map(_sub, _repeat(now, k), sents))
         sink.last_ns = now
         return off
@@ -288,7 +291,7 @@ class Client(asyncio.Protocol):
         streams = self.streams
         lat = sink.lat if sink is not None else None
         acks = None
-        now = _monotonic_ns()
+        now = self.rx_ns or _monotonic_ns()
         off = 0
         got = 0
         for off in range(0, k * size, size):
@@ -416,7 +419,7 @@ class Client(asyncio.Protocol):
                     self._learn(buf, pos, hdr, body, qos, end - p)
                 if lat is not None and end - p >= STAMP_SIZE:
                     if not now:
-                        now = _monotonic_ns()
+                        now = self.rx_ns or _monotonic_ns()
                     pub, seq, sent = _STAMP_UNPACK(buf, p)
                     st = streams.get(pub)
                     if st is None:

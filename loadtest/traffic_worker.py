@@ -394,6 +394,21 @@ class Worker:
 def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int, n_workers: int,
                  credit) -> None:
     raise_nofile()
+    from . import paced
+    if paced.usable(cfg, specs) and not os.environ.get("LMQTT_BENCH_ASYNC_RATE"):
+        # fixed rate: the lean paced loop (why: paced.py's docstring); LMQTT_BENCH_ASYNC_RATE=1
+        # runs the asyncio worker instead, to compare the two generators
+        try:
+            paced.paced_main(cfg, specs, conn, index)
+        except KeyboardInterrupt:
+            pass
+        except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
+            try:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+            except OSError:
+                pass
+            raise
+        return
     _install_uvloop()
     prof_dir = os.environ.get("LMQTT_BENCH_PROFILE")  # cProfile each worker into this directory
     try:

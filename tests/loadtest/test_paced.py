@@ -1,0 +1,70 @@
+"""The paced fixed-rate worker (loadtest/paced.py): an even schedule over all processes, kernel
+receive timestamps, and the same accounting as every other scenario, against a real Mosquitto."""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+
+import pytest
+
+from lmqtt.loadtest import brokers, mqtt_bench
+from lmqtt.loadtest.paced import schedule
+from lmqtt.loadtest.scenarios import ScenarioConfig, partition, plan
+
+
+def test_schedule_spreads_every_message_evenly_over_processes_and_publishers():
+    # the latency scenario's layout: 50 pairs over 2 processes (publisher i in process i % 2)
+    cfg = ScenarioConfig(scenario="latency", publishers=50, subscribers=50, qos=1, rate=5000.0, procs=2)
+    parts = partition(plan(cfg), cfg.procs)
+    t_go = 10**12
+    merged = []
+    for part in parts:
+        mine = [sp.pub_id for sp in part if sp.role == "pub"]
+        merged += itertools.islice(schedule(mine, cfg.publishers, cfg.rate, t_go), 500)
+    merged.sort()
+    times = [t for t, _ in merged]
+    gaps = {b - a for a, b in zip(times, times[1:])}
+    assert gaps <= {200_000}, gaps       # one message every 200 µs: never two at once (no bursts)
+    assert times[0] == t_go
+    per_pub = {}
+    for t, p in merged:
+        per_pub.setdefault(p, []).append(t)
+    assert sorted(per_pub) == list(range(50))
+    for ts in per_pub.values():           # each publisher every 50 / 5000 s = 10 ms
+        assert {b - a for a, b in zip(ts, ts[1:])} == {10_000_000}
+
+
+@pytest.mark.skipif(shutil.which("mosquitto") is None and not os.path.exists("/usr/sbin/mosquitto"),
+                    reason="mosquitto binary not installed")
+def test_latency_scenario_is_paced_and_timed_by_the_kernel(tmp_path):
+    b = brokers.start("mosquitto", tmp_path)
+    try:
+        cfg = ScenarioConfig(scenario="latency", host=b.host, port=b.port, publishers=6, subscribers=6,
+                             qos=1, rate=600.0, duration=1.5, procs=2, drain_max=20.0, drain_idle=5.0)
+        res = mqtt_bench.run(cfg, b.pid, broker="mosquitto", quiet=True)
+    finally:
+        b.stop()
+    assert res["gen_loop"] == "paced"
+    assert res["gen_rx_kernel_reads"] > 0          # SO_TIMESTAMPNS arrival times, not loop time
+    assert res["sent"] > 500 and res["received"] == res["expected"] == res["sent"]
+    assert res["lost"] == 0 and res["duplicated"] == 0 and res["unacked"] == 0
+    # one write per message: the schedule never batches a publisher's messages at this rate
+    assert res["gen_publish_writes"] == res["sent"]
+    lat = res["latency_us"]
+    assert lat["count"] == res["received"] and 0 < lat["p50"] <= lat["p99"] <= lat["max"]
+
+
+@pytest.mark.skipif(shutil.which("mosquitto") is None and not os.path.exists("/usr/sbin/mosquitto"),
+                    reason="mosquitto binary not installed")
+def test_asyncio_worker_still_runs_fixed_rate_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMQTT_BENCH_ASYNC_RATE", "1")
+    b = brokers.start("mosquitto", tmp_path)
+    try:
+        cfg = ScenarioConfig(scenario="latency", host=b.host, port=b.port, publishers=4, subscribers=4,
+                             qos=1, rate=400.0, duration=1.0, procs=2, drain_max=20.0, drain_idle=5.0)
+        res = mqtt_bench.run(cfg, b.pid, broker="mosquitto", quiet=True)
+    finally:
+        b.stop()
+    assert res["gen_loop"] == "asyncio" and res["gen_rx_kernel_reads"] == 0
+    assert res["received"] == res["sent"] > 0 and res["lost"] == 0
