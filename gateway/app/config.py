@@ -143,6 +143,8 @@ class GatewayConfig:
     tier_retention: str | None = None   # kept in the tier: 60d, 1TB, forever (default 60d)
     tier_cache_mb: int = 256          # memory for segments read back from the tier
     tier_parquet: str = "auto"        # also write uploaded segments as Parquet for Spark: auto, on, off
+    tier_parquet_file_mb: int = 128   # small Parquet files of a topic and day merged into files this big
+    tier_parquet_merge_after_s: float = 60.0   # ... also fewer than 8 of them once the newest is this old
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> "GatewayConfig":

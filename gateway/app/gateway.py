@@ -256,7 +256,8 @@ class Gateway:
         if cfg.tier:       # tiered storage (store/tier; checked by GatewayConfig.validate)
             from lmqtt.store.tier.config import TierConfig
             self.store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
-                                                         cfg.tier_retention, cfg.tier_cache_mb))
+                                                         cfg.tier_retention, cfg.tier_cache_mb,
+                                                         cfg.tier_parquet_file_mb, cfg.tier_parquet_merge_after_s))
             from lmqtt.store.node.tier_parquet import attach_parquet
             attach_parquet(self.store, cfg.tier_parquet)
         self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
@@ -325,10 +326,12 @@ class Gateway:
                                  gate=self._new_gate(), gateway_id=gid)
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
-            self.storage.is_served = lambda q: q in delivery.direct or q in delivery.groups
-            # shared subscriptions: one gateway of the fleet delivers each group (gateway/fleet/group_leases.py)
-            from lmqtt.gateway.fleet.group_leases import GroupLeases
-            self.group_leases = GroupLeases(self.storage.metadata.leases, gid, delivery, loop,
+            # (a shared group's messages come from the store's assignment, not from a mirror)
+            self.storage.is_served = lambda q: q in delivery.direct
+            # shared subscriptions: the store hands each message to one gateway (gateway/fleet/group_leases.py)
+            from lmqtt.gateway.fleet.group_leases import FleetGroups
+            from lmqtt.gateway.storage.remote_groups import RemoteGroups
+            self.group_leases = FleetGroups(RemoteGroups(self.link, gid), delivery, loop,
                                             ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
                                             tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
             self.group_leases.start()
@@ -383,10 +386,15 @@ class Gateway:
                         ("lmqtt_takeovers_by_other_gateway", "Connections closed (0x8E) for a newer one on another gateway",
                          getattr(gw.broker.session_registry, "taken_over_elsewhere", 0) if gw.broker is not None else 0)):
                     yield CounterMetricFamily(name, help_, value=v)
-                leases = gw.group_leases
-                yield CounterMetricFamily("lmqtt_group_leases_granted", "Times this gateway became the deliverer "
-                                          "of a shared group (a steady rise: leases moving between gateways)",
-                                          value=leases.granted if leases is not None else 0)
+                fg = gw.group_leases
+                for name, help_, v in (
+                        ("lmqtt_group_pops", "Shared-group messages asked of the store (gw_group_pop requests)",
+                         fg.pops if fg is not None else 0),
+                        ("lmqtt_group_messages_assigned", "Shared-group messages the store handed to this gateway",
+                         fg.received if fg is not None else 0),
+                        ("lmqtt_group_messages_handed_back", "Shared-group messages handed back to the store "
+                         "(no member here could take them)", fg.handed_back if fg is not None else 0)):
+                    yield CounterMetricFamily(name, help_, value=v)
                 ev = gw.redis_events
                 yield CounterMetricFamily("lmqtt_remote_redis_events", "Event messages heard on Redis pub/sub",
                                           value=ev.events_received if ev is not None else 0)

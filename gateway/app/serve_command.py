@@ -66,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tier-parquet", choices=("auto", "on", "off"),
                    help="also write each uploaded segment's records as Parquet files for Spark (docs/spark.md): "
                         "auto (when pyarrow is importable), on, off (default auto)")
+    t.add_argument("--tier-parquet-file-mb", type=int,
+                   help="merge a topic's and day's small Parquet files into files of up to this size (default 128)")
+    t.add_argument("--tier-parquet-merge-after-s", type=float,
+                   help="merge a topic's and day's small Parquet files once the newest is this old (default 60)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     return p
 

@@ -35,7 +35,8 @@ import time
 _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": True, "--store-port": True,
                      "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True,
                      "--tier": True, "--tier-endpoint": True, "--local-retention": True, "--tier-retention": True,
-                     "--tier-cache-mb": True, "--tier-parquet": True}
+                     "--tier-cache-mb": True, "--tier-parquet": True, "--tier-parquet-file-mb": True,
+                     "--tier-parquet-merge-after-s": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 
@@ -128,7 +129,9 @@ class Supervisor:
             args += ["--token", cfg.token]
         if getattr(cfg, "tier", None):       # tiered storage is the store's
             args += ["--tier", cfg.tier, "--tier-cache-mb", str(cfg.tier_cache_mb),
-                     "--tier-parquet", getattr(cfg, "tier_parquet", None) or "auto"]
+                     "--tier-parquet", getattr(cfg, "tier_parquet", None) or "auto",
+                     "--tier-parquet-file-mb", str(getattr(cfg, "tier_parquet_file_mb", 128)),
+                     "--tier-parquet-merge-after-s", str(getattr(cfg, "tier_parquet_merge_after_s", 60.0))]
             for flag, v in (("--tier-endpoint", cfg.tier_endpoint), ("--local-retention", cfg.local_retention),
                             ("--tier-retention", cfg.tier_retention)):
                 if v:

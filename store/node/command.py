@@ -129,7 +129,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         if cfg.tier:       # tiered storage (store/tier; checked by NodeConfig.validate)
             from lmqtt.store.tier.config import TierConfig
             store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
-                                                    cfg.tier_retention, cfg.tier_cache_mb))
+                                                    cfg.tier_retention, cfg.tier_cache_mb, cfg.tier_parquet_file_mb,
+                                                    cfg.tier_parquet_merge_after_s))
             from lmqtt.store.node.tier_parquet import attach_parquet
             attach_parquet(store, cfg.tier_parquet)
         lq = LightQueueStore(store, os.path.join(data, "lightqueue"))

@@ -206,6 +206,11 @@ class NodeConfig:
     tier_parquet: str = setting("auto", "with --tier: also write each uploaded segment's records as Parquet files "
                                         "for Spark (docs/spark.md): auto (when pyarrow is importable), on, off "
                                         "(default auto)", choices=("auto", "on", "off"))
+    tier_parquet_file_mb: int = setting(128, "with --tier-parquet: merge a topic's and day's small Parquet files into "
+                                             "files of up to this size (default 128)", low=1, unit="MiB")
+    tier_parquet_merge_after_s: float = setting(60.0, "with --tier-parquet: merge a topic's and day's small Parquet "
+                                                      "files once the newest is this old, fewer than 8 too (default 60)",
+                                                low=0.0, high=86400.0, unit="seconds")
 
     @classmethod
     def keys(cls) -> dict[str, type]:

@@ -131,14 +131,71 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = ROW_GROUP_R
     return sorted(out)
 
 
+def merge_files(sources, row_group_rows: int = ROW_GROUP_ROWS) -> tuple[bytes, int]:
+    """One Parquet file (bytes, rows) of the rows of the Parquet files `sources` (an iterable of
+    their bytes, taken one at a time), in that order, in full row groups of `row_group_rows` (the
+    last one the rest), zstd: the compaction of a partition's small files (the tier service's
+    TierService.compact_parquet). Memory: one input file and one row group at a time, plus the
+    output."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    sink = pa.BufferOutputStream()
+    writer = None
+    schema = None
+    pending: list = []
+    held = rows = 0
+
+    def flush(n: int) -> None:
+        nonlocal pending, held
+        t = pa.Table.from_batches(pending, schema=schema).combine_chunks()
+        writer.write_table(t.slice(0, n), row_group_size=row_group_rows)
+        rest = t.slice(n)
+        pending = rest.to_batches() if rest.num_rows else []
+        held = rest.num_rows
+
+    for data in sources:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        if writer is None:
+            schema = pf.schema_arrow
+            writer = pq.ParquetWriter(sink, schema, compression=COMPRESSION)
+        for b in pf.iter_batches(batch_size=row_group_rows):
+            if b.schema != schema:
+                b = pa.Table.from_batches([b]).cast(schema).combine_chunks().to_batches()[0]
+            pending.append(b)
+            held += b.num_rows
+            rows += b.num_rows
+            while held >= row_group_rows:
+                flush(row_group_rows)
+    if writer is None:
+        raise ValueError("merge_files: no input files")
+    if held:
+        flush(held)
+    writer.close()
+    return sink.getvalue().to_pybytes(), rows
+
+
+def merged_key(first_key: str, last_start: int) -> str:
+    """The key of a merge of a partition's files from `first_key` (`<start>.parquet` or a merge's
+    `<start>-<last>.parquet`) to the file of the segment at `last_start`: `<start>-<last start>.parquet`."""
+    d, name = first_key.rsplit("/", 1)
+    return f"{d}/{name.split('.', 1)[0].split('-', 1)[0]}-{file_name(last_start)}.parquet"
+
+
 class ColumnarWriter:
-    """The tier service's columnar hook (TierService.columnar): segment bytes, start -> files."""
+    """The tier service's columnar hook (TierService.columnar): segment bytes, start -> files;
+    `merge`: several of a partition's files -> one (compaction)."""
 
     def __init__(self, store) -> None:
         self.store = store
 
     def __call__(self, buf, start: int) -> list[tuple[str, bytes]]:
         return segment_files(buf, start, self.store.ident)
+
+    @staticmethod
+    def merge(sources) -> tuple[bytes, int]:
+        return merge_files(sources)
+
+    merged_key = staticmethod(merged_key)
 
 
 def available() -> str | None:
@@ -161,10 +218,13 @@ class ColdTier:
         self.start = segs[0]["start"] if segs else None
         self.cut = self.start
         self.keys: list[str] = []
+        seen: set = set()
         for s in segs:
             if "parquet" not in s or (self.cut is not None and s["start"] != self.cut):
                 break
-            self.keys += s["parquet"]
+            # a merged file (compaction) is listed by every segment whose rows it holds: once here
+            self.keys += [k for k in s["parquet"] if k not in seen]
+            seen.update(s["parquet"])
             self.cut = s["end"]
 
     @classmethod

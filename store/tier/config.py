@@ -68,13 +68,27 @@ class TierConfig:
     storage_options: dict = field(default_factory=dict)
     # timeouts of one object operation against the tier (seconds)
     timeout_s: float = 20.0
+    # Parquet compaction (with a columnar hook, --tier-parquet): a partition's (first-level topic,
+    # day) files smaller than half of `parquet_file_bytes` are merged, in offset order, into files
+    # of up to `parquet_file_bytes`, once `parquet_merge_files` of them follow each other, or once
+    # the newest of them is `parquet_merge_after_ms` old (nothing more is coming soon)
+    parquet_file_bytes: int = 128 << 20
+    parquet_merge_files: int = 8
+    parquet_merge_after_ms: int = 60_000
 
     @classmethod
     def from_flags(cls, url: str, endpoint: str | None = None, local_retention: str | None = None,
-                   tier_retention: str | None = None, cache_mb: int | None = None, **kw) -> "TierConfig":
+                   tier_retention: str | None = None, cache_mb: int | None = None,
+                   parquet_file_mb: int | None = None, parquet_merge_after_s: float | None = None,
+                   **kw) -> "TierConfig":
         """From the command-line / config-file strings (`--tier`, `--tier-endpoint`,
-        `--local-retention`, `--tier-retention`, `--tier-cache-mb`)."""
+        `--local-retention`, `--tier-retention`, `--tier-cache-mb`, `--tier-parquet-file-mb`,
+        `--tier-parquet-merge-after-s`)."""
         c = cls(url=url, endpoint=endpoint or None, **kw)
+        if parquet_file_mb is not None:
+            c.parquet_file_bytes = int(parquet_file_mb) << 20
+        if parquet_merge_after_s is not None:
+            c.parquet_merge_after_ms = int(float(parquet_merge_after_s) * 1000)
         if local_retention not in (None, ""):
             c.local_retention_ms, c.local_retention_bytes = parse_retention(local_retention, "--local-retention")
         if tier_retention not in (None, ""):
@@ -99,6 +113,10 @@ class TierConfig:
                 raise ValueError(f"{name} must not be negative, got {v}")
         if self.cache_bytes <= 0:
             raise ValueError(f"the tier read cache must be positive, got {self.cache_bytes} bytes")
+        if self.parquet_file_bytes < (1 << 20):
+            raise ValueError(f"--tier-parquet-file-mb must be at least 1, got {self.parquet_file_bytes >> 20}")
+        if self.parquet_merge_after_ms < 0 or self.parquet_merge_files < 2:
+            raise ValueError("--tier-parquet-merge-after-s must not be negative (and parquet_merge_files at least 2)")
 
 
 PARQUET_MODES = ("auto", "on", "off")

@@ -107,6 +107,10 @@ class ObjectStore:
         """The object's bytes; FileNotFoundError when there is no such object."""
         return self._wrap("read of", key, self.fs.cat_file, self.path(key))
 
+    def size(self, key: str) -> int:
+        """The object's size in bytes; FileNotFoundError when there is no such object."""
+        return int(self._wrap("size of", key, self.fs.size, self.path(key)))
+
     def delete(self, key: str) -> None:
         try:
             self._wrap("delete of", key, self.fs.rm_file, self.path(key))

@@ -107,6 +107,10 @@ class TierService:
         # (segment bytes, start offset) -> [(key under the tier root, bytes)]; None: no Parquet
         self.columnar = None
         self.columnar_error: str | None = None
+        self.parquet_sizes: dict[str, int] = {}   # Parquet key -> bytes (asked of the tier once after a start)
+        self.parquet_merges = 0                   # merges (compaction) done by this process
+        self.parquet_merged_files = 0             # files they replaced
+        self.parquet_waiting = 0                  # partitions with small files not merged yet (last pass)
 
     # ------------------------------------------------------------------ manifest
     def _manifest_doc(self, segments: list[dict]) -> bytes:
@@ -231,6 +235,7 @@ class TierService:
                 if not self.synced:
                     self._sync()
                 self.upload_pending()
+                self.compact_parquet()
                 self.housekeep()
             except (TierUnavailable, OSError) as e:
                 self._failed(e)
@@ -299,13 +304,15 @@ class TierService:
                         entries.append(e)
                 if entries:
                     _pause_point("manifest")
-                    with self._lock:
-                        segs = list(self.segments)
-                    if segs and entries[0]["start"] != segs[-1]["end"] and not self._gap_logged:
-                        self._gap_logged = True
-                        log.warning("tier: segment %d does not follow the tier's last one (ends at %d): offsets "
-                                    "in between are in neither place", entries[0]["start"], segs[-1]["end"])
-                    self._write_manifest(segs + entries)
+                    with self._hk_lock:          # retention and compaction write the manifest too
+                        with self._lock:
+                            segs = list(self.segments)
+                        if segs and entries[0]["start"] != segs[-1]["end"] and not self._gap_logged:
+                            self._gap_logged = True
+                            log.warning("tier: segment %d does not follow the tier's last one (ends at %d): "
+                                        "offsets in between are in neither place", entries[0]["start"],
+                                        segs[-1]["end"])
+                        self._write_manifest(segs + entries)
             finally:
                 self.uploading = None
             self.upload_seconds += time.monotonic() - t0
@@ -344,6 +351,7 @@ class TierService:
             if files is not None:
                 for k, data in files:        # each atomic; a kill -9 before the manifest: removed at start
                     self.objects.put(k, data)
+                    self.parquet_sizes[k] = len(data)
                 entry["parquet"] = [k for k, _ in files]
         return entry
 
@@ -362,6 +370,121 @@ class TierService:
             return None
         self.columnar_error = None
         return files
+
+    # ------------------------------------------------------------------ Parquet compaction
+    def _parquet_size(self, key: str) -> int:
+        n = self.parquet_sizes.get(key)
+        if n is None:
+            try:
+                n = self.objects.size(key)
+            except FileNotFoundError:
+                log.error("tier: %s is listed by the manifest but missing; not merged", self.objects.where(key))
+                n = 1 << 62              # never small: left as it is
+            self.parquet_sizes[key] = n
+        return n
+
+    def _merge_runs(self, segs: list[dict], now_ms: int) -> list[tuple[list[str], int]]:
+        """The merges due: ([keys in offset order], start of the last one's segment). Only over
+        the tier's Parquet prefix (segments from the first, contiguous, each with its files: what
+        read_history reads as Parquet; a merge never reaches past a segment without Parquet, whose
+        rows read_history reads through the source)."""
+        cfg = self.cfg
+        small = cfg.parquet_file_bytes // 2
+        parts: dict[str, list] = {}          # partition dir -> [(key, start of its last segment, uploaded_ms)]
+        where: dict[str, tuple] = {}
+        end = None
+        for s in segs:
+            if "parquet" not in s or (end is not None and s["start"] != end):
+                break
+            end = s["end"]
+            for k in s["parquet"]:
+                if k in where:               # a merged file: listed by each of its segments
+                    d, i = where[k]
+                    key, _st, _up = parts[d][i]
+                    parts[d][i] = (key, s["start"], s.get("uploaded_ms", 0))
+                    continue
+                d = k.rsplit("/", 1)[0]
+                lst = parts.setdefault(d, [])
+                where[k] = (d, len(lst))
+                lst.append((k, s["start"], s.get("uploaded_ms", 0)))
+        out = []
+        waiting = 0
+        for files in parts.values():
+            run: list = []
+            runs = []
+            for f in files:
+                size = self._parquet_size(f[0])
+                if size >= small:
+                    runs.append(run)
+                    run = []
+                    continue
+                if run and sum(x[3] for x in run) + size > cfg.parquet_file_bytes:
+                    runs.append(run)
+                    run = []
+                run.append((*f, size))
+            runs.append(run)
+            for run in runs:
+                if len(run) < 2:
+                    continue
+                if (len(run) >= cfg.parquet_merge_files or sum(x[3] for x in run) >= small
+                        or now_ms - max(x[2] for x in run) >= cfg.parquet_merge_after_ms):
+                    out.append(([x[0] for x in run], run[-1][1]))
+                else:
+                    waiting += 1
+        self.parquet_waiting = waiting
+        return out
+
+    def compact_parquet(self, now_ms: int | None = None) -> int:
+        """Merge each partition's (first-level topic, day) small Parquet files into files of up to
+        `parquet_file_bytes` (Spark reads few row-group-sized files faster than many small ones).
+        Crash-safe as an upload: the merged file is one atomic put; then the manifest lists it in
+        place of the small files (each segment whose rows it holds names it); only then are the
+        small files deleted. A kill -9 before the manifest leaves a file no manifest names, after
+        it small files no manifest names: either is removed at the next start. Returns the number
+        of merges."""
+        merge = getattr(self.columnar, "merge", None)
+        if merge is None or not self.synced:
+            return 0
+        if now_ms is None:
+            now_ms = _now_ms()
+        n = 0
+        with self._hk_lock:
+            with self._lock:
+                segs = list(self.segments)
+            for keys, last_start in self._merge_runs(segs, now_ms):
+                if self._stop.is_set():
+                    break
+                new_key = self.columnar.merged_key(keys[0], last_start)
+                t0 = time.monotonic()
+                try:
+                    data, rows = merge(self.objects.get(k) for k in keys)
+                except (OSError, ValueError) as e:     # missing, or unreadable as Parquet
+                    log.error("tier: cannot merge %s ... (%s: %s); those files are left as they are",
+                              self.objects.where(keys[0]), type(e).__name__, e)
+                    for k in keys:
+                        self.parquet_sizes[k] = 1 << 62
+                    continue
+                self.objects.put(new_key, data)
+                self.parquet_sizes[new_key] = len(data)
+                _pause_point("parquet-merge")
+                gone = set(keys)
+                with self._lock:
+                    segs = [dict(s, parquet=list(dict.fromkeys(new_key if k in gone else k for k in s["parquet"])))
+                            if "parquet" in s and gone.intersection(s["parquet"]) else s for s in self.segments]
+                self._write_manifest(segs)
+                _pause_point("parquet-merged")
+                for k in keys:
+                    try:
+                        self.objects.delete(k)
+                    except TierUnavailable as e:  # left behind; the next start's sync removes it
+                        log.warning("tier: %s", e)
+                    self.parquet_sizes.pop(k, None)
+                self.parquet_merges += 1
+                self.parquet_merged_files += len(keys)
+                n += 1
+                log.info("tier: merged %d Parquet files (%d rows) into %s (%d bytes) in %.2f s", len(keys), rows,
+                         self.objects.where(new_key), len(data), time.monotonic() - t0)
+        return n
 
     # ------------------------------------------------------------------ retention
     def housekeep(self, now_ms: int | None = None) -> int:
@@ -437,6 +560,8 @@ class TierService:
             return
         gone, keep = segs[:n], segs[n:]
         self._write_manifest(keep)                 # first: from now on nothing reads them
+        # a merged Parquet file holds the rows of several segments: it goes with the last of them
+        kept_parquet = {k for s in keep for k in s.get("parquet", ())}
         for s in gone:
             log.info("tier: retention: deleting segment %d from the tier (%s)", s["start"],
                      self.objects.where(s["key"]))
@@ -444,7 +569,8 @@ class TierService:
                 b = self.cache.pop(s["start"], None)
                 if b is not None:
                     self.cache_bytes -= len(b)
-            for k in [s["key"], *s.get("parquet", ())]:
+            for k in [s["key"], *(k for k in s.get("parquet", ()) if k not in kept_parquet)]:
+                self.parquet_sizes.pop(k, None)
                 try:
                     self.objects.delete(k)
                 except TierUnavailable as e:      # left behind; the next start's sync removes it
@@ -607,6 +733,9 @@ class TierService:
             "uploading_now": self.uploading,
             "tier_segments": len(segs), "tier_raw_bytes": sum(s["raw"] for s in segs),
             "parquet_segments": sum(1 for s in segs if "parquet" in s), "parquet_error": self.columnar_error,
+            "parquet_files": len({k for s in segs for k in s.get("parquet", ())}),
+            "parquet_merges": self.parquet_merges, "parquet_merged_files": self.parquet_merged_files,
+            "parquet_waiting_merges": self.parquet_waiting,
             "tier_stored_bytes": sum(s["stored"] for s in segs),
             "tier_min_offset": segs[0]["start"] if segs else None, "tier_end_offset": segs[-1]["end"] if segs else None,
             "oldest_readable_ms": oldest, "min_readable_offset": self.min_offset(),

@@ -1,7 +1,9 @@
 """The cold tier in Parquet (store/spark/cold.py, --tier-parquet): `spark.read.parquet` on the tier
 returns exactly the offloaded rows with the `lmqtt` source's schema and values, `read_history`
-(cold Parquet + the hot tail through the source) returns every row once across the cut, and a
-kill -9 between a segment's object and its Parquet files leaves nothing half visible."""
+(cold Parquet + the hot tail through the source) returns every row once across the cut, a
+kill -9 between a segment's object and its Parquet files leaves nothing half visible, and the
+compaction merges a partition's small files into one, crash-safe (a kill -9 before or after the
+manifest names the merged file: every row once, in the directory and in read_history)."""
 from __future__ import annotations
 
 import json
@@ -84,6 +86,33 @@ def _manifest(tier_dir) -> dict:
     return json.loads((tier_dir / "manifest.json").read_bytes())
 
 
+def _keys(man: dict) -> list[str]:
+    """The manifest's Parquet files, each once (a merged file is listed by each of its segments)."""
+    return list(dict.fromkeys(k for e in man["segments"] for k in e["parquet"]))
+
+
+def _on_disk(tier) -> list[str]:
+    return sorted(str(p.relative_to(tier)) for p in (tier / "parquet").rglob("*") if p.is_file())
+
+
+def _compacted(store, tier) -> dict:
+    """The tier's stats once every partition's Parquet is one file (the merges done) and the
+    directory holds exactly the manifest's files."""
+    def done():
+        s = _tier(store)
+        if s["parquet_waiting_merges"] or s["uploading_segments"]:
+            return None
+        keys = _keys(_manifest(tier))
+        if len(keys) != len({k.rsplit("/", 1)[0] for k in keys}) or _on_disk(tier) != sorted(keys):
+            return None
+        return s
+    return _wait(done, 90, "each partition's Parquet merged into one file")
+
+
+MERGE_NOW = ("--tier-parquet-file-mb", "64", "--tier-parquet-merge-after-s", "0")
+NO_MERGE = ("--tier-parquet-merge-after-s", "3600")
+
+
 @pytest.fixture(scope="module")
 def offloaded(tmp_path_factory):
     """A store whose first segments are in a file:// tier with their Parquet files, and a hot tail."""
@@ -91,11 +120,12 @@ def offloaded(tmp_path_factory):
     (d / "data").mkdir()
     tier = d / "tier"
     store = LmqttStore(str(d / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
-                                         "--local-retention", "0"))
+                                         "--local-retention", "0", *MERGE_NOW))
     store.start()
     try:
         sent = _produce(store, 2000)
-        s = _offloaded(store, 3)
+        _offloaded(store, 3)
+        s = _compacted(store, tier)
         sent += _produce(store, 300, start=2000)          # the hot tail: in the open segment
         yield store, tier, sent, s
     finally:
@@ -107,7 +137,7 @@ def test_spark_read_parquet_on_the_tier_is_exactly_the_offloaded_rows(spark, off
     man = _manifest(tier)
     assert s["parquet_segments"] == len(man["segments"]) >= 3 and s["parquet_error"] is None
     end = man["segments"][-1]["end"]
-    files = [k for e in man["segments"] for k in e["parquet"]]
+    files = _keys(man)
     assert {k.split("/")[1] for k in files} == {"first_level=dev", "first_level=other"}
     assert all(k.startswith("parquet/first_level=") and "/date=" in k for k in files)
 
@@ -129,6 +159,33 @@ def test_spark_read_parquet_on_the_tier_is_exactly_the_offloaded_rows(spark, off
         for q, o in zip(t["queue"], t["offset"]):
             per.setdefault(q, []).append(o)
         assert all(v == sorted(v) for v in per.values())
+
+
+def test_compaction_leaves_one_file_per_partition_in_full_row_groups(offloaded):
+    """The segments' small files (one per segment, first level and day) merged: each partition
+    directory holds one file, which every segment it covers lists, whose row groups are full but
+    the last, rows in CommitLog order; the small files are gone."""
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark.cold import ROW_GROUP_ROWS
+    store, tier, _sent, s = offloaded
+    man = _manifest(tier)
+    keys = _keys(man)
+    dirs = {k.rsplit("/", 1)[0] for k in keys}
+    assert {d.split("/")[1] for d in dirs} == {"first_level=dev", "first_level=other"}
+    assert len(keys) == len(dirs) and _on_disk(tier) == sorted(keys)
+    assert all("-" in k.rsplit("/", 1)[1] for k in keys), keys            # <first start>-<last start>
+    assert s["parquet_merges"] >= len(dirs) and s["parquet_merged_files"] >= 2 * len(dirs)
+    assert s["parquet_files"] == len(keys) and s["parquet_segments"] == len(man["segments"])
+    for e in man["segments"]:
+        assert e["parquet"] and set(e["parquet"]) <= set(keys)
+    for k in keys:
+        f = pq.ParquetFile(tier / k)
+        sizes = [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]
+        assert all(n == ROW_GROUP_ROWS for n in sizes[:-1]), sizes
+        t = f.read(columns=["msg_id"]).to_pydict()
+        phys = [_phys(m) for m in t["msg_id"]]
+        assert phys == sorted(phys)                                     # CommitLog order across the merge
 
 
 def test_read_history_returns_every_row_once_across_the_cut(spark, offloaded):
@@ -164,7 +221,7 @@ def test_kill9_between_the_segment_and_its_parquet_leaves_nothing_half_visible(s
     monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
     (tmp_path / "data").mkdir()
     store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
-                                                "--local-retention", "0"))
+                                                "--local-retention", "0", *NO_MERGE))
     store.start()
     try:
         sent = _produce(store, 2000)
@@ -198,7 +255,7 @@ def test_a_kill9_after_the_parquet_files_before_the_manifest_rewrites_them_once(
     monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
     (tmp_path / "data").mkdir()
     store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
-                                                "--local-retention", "0"))
+                                                "--local-retention", "0", *NO_MERGE))
     store.start()
     try:
         _produce(store, 2000)
@@ -214,5 +271,48 @@ def test_a_kill9_after_the_parquet_files_before_the_manifest_rewrites_them_once(
         assert after == sorted(k for e in man["segments"] for k in e["parquet"])
         assert set(before) <= set(after)
         assert _tier(store)["parquet_segments"] == len(man["segments"])
+    finally:
+        store.stop()
+
+
+@pytest.mark.parametrize("point", ["parquet-merge", "parquet-merged"])
+def test_kill9_in_a_merge_leaves_every_row_once(point, spark, tmp_path, monkeypatch):
+    """`parquet-merge`: killed after the merged file's put, before the manifest names it (the
+    directory holds it and the small files it merges); `parquet-merged`: after the manifest names
+    it, before the small files are deleted. The restart removes what no manifest names, the
+    compaction finishes, and the directory and read_history return every row once."""
+    from lmqtt.store.spark import read_history
+    tier = tmp_path / "tier"
+    marker = tmp_path / "paused"
+    monkeypatch.setenv("LMQTT_TIER_PAUSE", point)
+    monkeypatch.setenv("LMQTT_TIER_PAUSE_FILE", str(marker))
+    (tmp_path / "data").mkdir()
+    store = LmqttStore(str(tmp_path / "data"), ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}",
+                                                "--local-retention", "0", *MERGE_NOW))
+    store.start()
+    try:
+        sent = _produce(store, 2000)
+        _wait(marker.exists, 60, "the compaction to reach the pause point")
+        store.kill9()
+        keys = _keys(_manifest(tier))
+        disk = _on_disk(tier)
+        merged = [k for k in disk if "-" in k.rsplit("/", 1)[1]]
+        assert len(merged) == 1, disk
+        if point == "parquet-merge":
+            assert merged[0] not in keys and set(keys) <= set(disk)       # the small files still named
+        else:
+            assert merged[0] in keys and set(disk) - set(keys)            # small files no manifest names
+        monkeypatch.delenv("LMQTT_TIER_PAUSE")
+        store.start()
+        _offloaded(store, 3)
+        _compacted(store, tier)
+        man = _manifest(tier)
+        cut = man["segments"][-1]["end"]
+        cold = spark.read.parquet(f"file://{tier}/parquet").select("topic", "payload", "msg_id").collect()
+        got = sorted((r.topic, bytes(r.payload)) for r in cold)
+        assert len(got) == len(set(got)) > 1000 and all(_phys(r.msg_id) < cut for r in cold)
+        assert set(got) <= set(sent)
+        hist = read_history(spark, store=store.address, tier=f"file://{tier}", filter="#").collect()
+        assert sorted((r.topic, bytes(r.payload)) for r in hist) == sorted(sent)
     finally:
         store.stop()
