@@ -600,8 +600,9 @@ class DeliveryEngine:
         return best_q, best_qos
 
     def _deliver_group(self, g: "SharedGroup") -> bool:
-        if not g.active:           # another gateway of the fleet holds this group's lease
-            return False
+        f = g.fleet
+        if f is not None:          # a fleet gateway: the store hands it the group's messages (gateway/fleet/group_leases.py)
+            return f.deliver(g, self._send_group)
         # 1. messages taken back from members that left
         while g.redeliver:
             pick = g.pick()

@@ -1,47 +1,152 @@
-"""Shared subscriptions across a fleet: one gateway at a time delivers a group's messages.
+"""Shared subscriptions across a fleet: members of `$share/g/f` on every gateway share the group's
+messages, each message to one member (issue 29).
 
-Why: each gateway keeps its own `SharedGroup` (gateway/model/shared_groups.py) for the members connected to it,
-reading the group's light queue from the group's committed offset. Two gateways with members of
-`$share/g/...` would each hand every message to one of *their* members: every message twice. The
-store therefore grants a lease per (group, queue) (`gw_group_lease`, store/node/gateway_service.py):
-the gateway holding it delivers, the others keep their members connected and wait. Each gateway
-with online members of a group asks every `tick_s` (the holder renews, the others ask again); a
-lease not renewed for `ttl_s` lapses, so when the holder dies or loses all its members another
-gateway takes over from the offset the holder committed (messages it had delivered but not yet
-committed are delivered again: at least once, as MQTT allows for shared subscriptions after a
-member is lost). A gateway stops delivering a little before its lease could lapse at the store,
-so two gateways never deliver at once even with a delayed renewal.
+Why the store assigns the messages: each gateway keeps its own `SharedGroup`
+(gateway/model/shared_groups.py) for the members connected to it; two gateways reading the group's
+light queue would each hand every message to one of *their* members. The store therefore hands
+each message to ONE gateway (store/node/group_assign.py, POP-style): this gateway asks for as many
+as its members' in-flight windows have room for (`gw_group_pop`, one request per group at a time,
+parked at the store until the queue grows), hands them to its members round-robin
+(`SharedGroup.pick`), and acknowledges each to the store once its member did (PUBACK, PUBCOMP, or
+at once for QoS 0: `gw_group_ack`, the acks of a loop iteration in one request per group). A
+member that leaves with messages in flight gives them back to the group: another member here
+takes them, or, with none left that can, they go back to the store for the other gateways. Every
+`tick_s` the gateway renews its lease (`gw_group_renew`); if it stops (killed, frozen, cut off for
+`ttl_s`), what it held is given to the other gateways' members: the lease time bounds that
+redelivery's delay.
 
-The cost: members on gateways without the lease get nothing while the holder has members; the
-group is spread over the holder's members only. `lmqtt serve` (one gateway) never uses this.
+The group's local cursor is not used to read the queue here (`SharedGroup.cursor.inflight` still
+says which member holds which offset); the group's committed offset is the store's.
+`lmqtt serve` (one gateway) never uses this: its groups read the queue directly.
 """
 from __future__ import annotations
 
 import logging
-import time
+from typing import TYPE_CHECKING, Callable
 
-from typing import TYPE_CHECKING
-
-from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.model.session import OutboundMessage
+from lmqtt.gateway.model.shared_groups import SharedGroup
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.storage.facades import Answer, GroupLeases as LeaseStore, Lease
+    from lmqtt.gateway.storage.remote_groups import RemoteGroups
 
 log = logging.getLogger("lmqtt.gateway.fleet.group_leases")
 
+MAX_POP = 256          # messages asked for at once (the store's limit too)
+WAIT_MS = 20_000       # how long a pop waits at the store for new messages
 
-class GroupLeases:
-    def __init__(self, leases: "LeaseStore", gateway_id: str, delivery, loop, ttl_s: float = 3.0,
-                 tick_s: float = 1.0) -> None:
-        """`leases`: the storage facade granting them (storage/facades.py `GroupLeases`)."""
-        self.leases = leases
-        self.gateway_id = gateway_id
+
+class FleetGroup:
+    """One shared group's fleet state on this gateway (`SharedGroup.fleet`)."""
+
+    __slots__ = ("owner", "popping", "done", "back", "gone", "stuck")
+
+    def __init__(self, owner: "FleetGroups") -> None:
+        self.owner = owner
+        self.popping = False         # a gw_group_pop is on its way
+        self.done: list[int] = []    # offsets to acknowledge to the store
+        self.back: list[int] = []    # offsets to hand back to the store
+        self.gone = False            # the group's last subscription here ended
+        self.stuck = False           # messages held here that no member could take at the last tick
+
+    # called by the delivery engine (`_deliver_group`), the group (`acked`, `take_back`)
+    def deliver(self, g: SharedGroup, send: Callable) -> bool:
+        """Hand what this gateway holds of `g` to its members, then ask the store for more."""
+        held = g.redeliver
+        inflight = g.cursor.inflight
+        while held:
+            pick = g.pick()
+            if pick is None:
+                break
+            it = held.popleft()
+            send(g, pick[0], pick[1], it)
+            off = it.queue_offset
+            if off not in inflight:      # QoS 0, withheld by the ACL, or dropped for the client: done
+                self.done.append(off)
+        if self.done:
+            self.owner.flush_soon(g)
+        self.ask(g)
+        return False
+
+    def acked(self, g: SharedGroup, offset: int) -> None:
+        self.done.append(offset)
+        self.owner.flush_soon(g)
+
+    def take_back(self, g: SharedGroup, message: OutboundMessage) -> None:
+        """A member left with `message` unacknowledged: another member here, else the store."""
+        if self.gone or not g.members:
+            self.back.append(message.queue_offset)
+            self.owner.flush_soon(g)
+        else:
+            g.redeliver.append(message)
+
+    def hand_back_held(self, g: SharedGroup) -> None:
+        if g.redeliver:
+            self.back.extend(m.queue_offset for m in g.redeliver)
+            g.redeliver.clear()
+            self.owner.flush_soon(g)
+
+    def credit(self, g: SharedGroup) -> int:
+        """Messages this gateway's members can take now, minus those it holds already."""
+        n = 0
+        for s, _sub in g.members:
+            if s.can_send():
+                n += s.receive_max - len(s.outbound)
+        return n - len(g.redeliver)
+
+    def ask(self, g: SharedGroup) -> None:
+        if self.popping or self.gone or not g.members:
+            return
+        n = self.credit(g)
+        if n <= 0:
+            return
+        self.popping = True
+        o = self.owner
+        o.pops += 1
+        o.remote.pop(g.name, g.queue, min(n, MAX_POP), g.cursor.next_offset, o.ttl_ms, WAIT_MS) \
+            .add_done_callback(lambda a, g=g: self._popped(g, a))
+
+    def _popped(self, g: SharedGroup, a) -> None:
+        self.popping = False
+        o = self.owner
+        e = a.exception()
+        if e is not None:
+            log.debug("event=group_pop_failed group=%s queue=%s error=%s", g.name, g.queue, e)
+            return                       # asked again at the next tick
+        msgs = a.result()
+        if not msgs:
+            o.loop.call_later(0.05, self.ask, g)
+            return
+        if self.gone or g.fleet is not self or not g.members:
+            self.back.extend(m.queue_offset for m in msgs)
+            o.flush_soon(g)
+            return
+        o.received += len(msgs)
+        held = g.redeliver
+        for m in msgs:
+            held.append(o.outbound(m))
+        o.delivery.kick_queue(g.queue)
+
+
+class FleetGroups:
+    """Every shared group's fleet state on this gateway; its tick renews the lease."""
+
+    def __init__(self, remote: "RemoteGroups", delivery, loop, ttl_s: float = 3.0, tick_s: float = 1.0) -> None:
+        self.remote = remote
         self.delivery = delivery
         self.loop = loop
-        self.ttl_s = ttl_s
+        self.ttl_ms = int(ttl_s * 1000)
         self.tick_s = tick_s
         self._handle = None
-        self.granted = 0            # times this gateway became a group's deliverer (/metrics)
+        self._dirty: set[SharedGroup] = set()
+        self._flush_scheduled = False
+        self._metas: dict[bytes, object] = {}
+        self.used = False
+        # counters (/metrics)
+        self.pops = 0              # gw_group_pop requests sent
+        self.received = 0          # messages the store handed to this gateway
+        self.handed_back = 0       # messages handed back to the store (no member here could take them)
         delivery.on_group_added = self.added
         delivery.on_group_removed = self.removed
 
@@ -54,56 +159,77 @@ class GroupLeases:
             self._handle = None
 
     def added(self, g: SharedGroup) -> None:
-        """A new group on this gateway: inactive until the store grants its lease."""
-        g.active = False
-        self._claim(g)
+        g.fleet = FleetGroup(self)
+        self.used = True
+        self.delivery.kick_queue(g.queue)
 
     def removed(self, g: SharedGroup) -> None:
-        """The group's last member here is gone for good: hand the lease back with the offset
-        reached, which the next holder starts from (this gateway may drop its stored offset)."""
-        if g.active:
-            self._release(g)
+        """The group's last subscription here ended: what is held goes back, the store is told."""
+        f = g.fleet
+        if f is None:
+            return
+        f.gone = True
+        f.hand_back_held(g)
+        self._send(g, f, leave=True)
 
+    def outbound(self, m) -> OutboundMessage:
+        props = m.props
+        rec = self._metas.get(props)
+        if rec is None:
+            rec = safe_decode(props)
+            if len(self._metas) >= 4096:
+                self._metas.clear()
+            self._metas[props] = rec
+        return OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset, m.dispatch_queues, m.store_ts)
+
+    # ------------------------------------------------------------------ acks, hand-backs
+    def flush_soon(self, g: SharedGroup) -> None:
+        self._dirty.add(g)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for g in dirty:
+            f = g.fleet
+            if f is not None and (f.done or f.back):
+                self._send(g, f)
+
+    def _send(self, g: SharedGroup, f: FleetGroup, leave: bool = False) -> None:
+        done, back = f.done, f.back
+        f.done, f.back = [], []
+        self.handed_back += len(back)
+        a = self.remote.ack(g.name, g.queue, done, back, leave, self.ttl_ms)
+        a.add_done_callback(lambda a, g=g, n=len(done), b=len(back): self._acked(g, a, n, b))
+
+    @staticmethod
+    def _acked(g: SharedGroup, a, n: int, b: int) -> None:
+        e = a.exception()
+        if e is not None:      # the link is down: the store gives them out again when the lease lapses
+            log.warning("event=group_ack_failed group=%s queue=%s acks=%d handed_back=%d error=%s",
+                        g.name, g.queue, n, b, e)
+
+    # ------------------------------------------------------------------ the tick
     def _tick(self) -> None:
         try:
-            now = time.monotonic()
+            if self.used:
+                self.remote.renew(self.ttl_ms)
             for gs in list(self.delivery.groups.values()):
                 for g in list(gs.values()):
-                    if g.active and now > g.lease_until:
-                        g.active = False              # not renewed in time: another may hold it now
-                        log.info("event=group_lease_lapsed group=%s queue=%s", g.name, g.queue)
-                    if g.members:
-                        self._claim(g)
-                    elif g.active:
-                        self._release(g)
+                    f = g.fleet
+                    if f is None:
+                        continue
+                    if g.redeliver and g.pick() is None:
+                        # held here, no member could take them for a whole tick: the others may
+                        if f.stuck:
+                            f.hand_back_held(g)
+                            f.stuck = False
+                        else:
+                            f.stuck = True
+                    else:
+                        f.stuck = False
+                    f.ask(g)
         finally:
             self._handle = self.loop.call_later(self.tick_s, self._tick)
-
-    def _claim(self, g: SharedGroup) -> None:
-        sent = time.monotonic()
-        self.leases.claim(g.name, g.queue, group_consumer(g.name, g.queue), int(self.ttl_s * 1000)) \
-            .add_done_callback(lambda a, g=g, sent=sent: self._answered(g, sent, a))
-
-    def _answered(self, g: SharedGroup, sent: float, a: "Answer[Lease]") -> None:
-        if a.exception() is not None:
-            return                                    # the tick asks again; lease_until lapses meanwhile
-        r = a.result()
-        if r.owner != self.gateway_id:
-            if g.active:
-                log.info("event=group_lease_lost group=%s queue=%s owner=%s", g.name, g.queue, r.owner)
-            g.active = False
-            return
-        # stop a quarter of the ttl before the store could give it away (measured from the request)
-        g.lease_until = sent + self.ttl_s * 0.75
-        if not g.active:
-            off = r.offset
-            if off is not None and not g.cursor.inflight:
-                g.cursor.next_offset = max(int(off), 0)   # where the previous holder committed
-            g.active = True
-            self.granted += 1
-            log.info("event=group_lease_granted group=%s queue=%s offset=%s", g.name, g.queue, off)
-            self.delivery.on_queues({g.queue})
-
-    def _release(self, g: SharedGroup) -> None:
-        g.active = False
-        self.leases.release(g.name, g.queue, g.cursor.committed())   # lost with the link: the lease lapses

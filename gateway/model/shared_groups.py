@@ -20,7 +20,7 @@ def group_consumer(group: str, queue: str) -> str:
 
 
 class SharedGroup:
-    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver", "active", "lease_until")
+    __slots__ = ("name", "queue", "cursor", "members", "refs", "rr", "redeliver", "fleet")
 
     def __init__(self, name: str, queue: str, offset: int) -> None:
         self.name = name
@@ -29,11 +29,11 @@ class SharedGroup:
         self.members: list[tuple[Session, ClientSubscription]] = []   # online members
         self.refs = 0                                           # sessions (online or not) holding the sub
         self.rr = 0
-        self.redeliver: deque[OutboundMessage] = deque()                  # taken back from departed members
-        # in a fleet only the gateway holding the group's lease delivers (gateway/fleet/group_leases.py);
-        # alone (lmqtt serve) a group is always active
-        self.active = True
-        self.lease_until = 0.0
+        # taken back from departed members (in a fleet: also what the store handed to this gateway)
+        self.redeliver: deque[OutboundMessage] = deque()
+        # in a fleet the store assigns each message to one gateway (gateway/fleet/group_leases.py
+        # `FleetGroup`); None alone (lmqtt serve): the group reads its queue with its own cursor
+        self.fleet = None
 
     @property
     def consumer(self) -> str:
@@ -61,7 +61,15 @@ class SharedGroup:
     def acked(self, offset: int | None) -> None:
         if offset is not None:
             self.cursor.inflight.pop(offset, None)
+            f = self.fleet
+            if f is not None:
+                f.acked(self, offset)
 
     def take_back(self, message: OutboundMessage) -> None:
-        """A member left with `message` unacked: offer it to another member (keeps the offset pinned)."""
-        self.redeliver.append(message)
+        """A member left with `message` unacked: offer it to another member (keeps the offset pinned;
+        in a fleet, with no member left here, the store gives it to another gateway)."""
+        f = self.fleet
+        if f is not None:
+            f.take_back(self, message)
+        else:
+            self.redeliver.append(message)

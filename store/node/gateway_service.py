@@ -10,7 +10,9 @@ What the commands are for:
                          gw_unwatch, gw_max_offsets (the safety poll), gw_start_offsets (max
                          offsets once every message acknowledged before is dispatched: where a new
                          subscription starts), gw_pull (with each entry's dispatch queues, "dq"),
-                         gw_group_lease (one gateway at a time delivers a shared group; in memory)
+                         gw_group_pop / gw_group_ack / gw_group_renew (shared groups balanced
+                         over the fleet: each message handed to one gateway, group_assign.py);
+                         gw_group_lease (the older one-gateway-per-group lease; in memory)
   from the past          gw_replay, gw_replay_read (lightqueue/replay.py `plan`, `read_history`)
   filter holds           gw_register, gw_unregister, gw_filters: wildcard filter registrations
                          held per gateway id, persisted (a gateway that restarts with the same id
@@ -58,6 +60,7 @@ from lmqtt.lightqueue.topics import validate_filter
 from lmqtt.notify import InProcessBus
 from lmqtt.store import protocol as W
 from lmqtt.store.node import protocol as P
+from lmqtt.store.node.group_assign import GroupAssignments
 from lmqtt.store.node.gateway_wills import GatewayWills
 from lmqtt.store.node.session_sweep import SessionSweep
 from lmqtt.store.server import CallError, Messages, StoreServer
@@ -96,6 +99,9 @@ class GatewayService:
         self._released_leases: dict[tuple[str, str], int] = {}    # offset a holder handed back with the lease
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
+        # shared groups across the fleet: parked pops are answered when their queue grows
+        self.assign = GroupAssignments(lq, loop)
+        self.bus.subscribe(self.assign.on_names)
         lq.add_listener(self.bus.publish)
         # inline dispatch raises the names on the loop: push them right after the frames that
         # appended them, before those frames' replies are written
@@ -129,6 +135,7 @@ class GatewayService:
         self._install()
 
     def close(self) -> None:
+        self.assign.close()
         self.wills.close()
         self.session_sweep.close()
         self.lq.remove_listener(self.bus.publish)
@@ -242,6 +249,7 @@ class GatewayService:
         self.watchers.pop(conn, None)
         self.push_cursors.pop(conn, None)
         self.raw_push.discard(conn)
+        self.assign.lost(conn)
         self.wills.detach(conn)
 
     def tell_session_moved(self, gid: str, client_id: str) -> None:
@@ -427,6 +435,35 @@ class GatewayService:
             return P.GroupLeaseReply(held[0])
         off = self.meta.get_offset(req.consumer, key[1])
         return P.GroupLeaseReply(gid, max(off, released.get(key, off)) if off is not None else released.get(key))
+
+    def gw_group_pop(self, req: P.GroupPop, conn):
+        """A shared group's messages for this gateway's members (group_assign.py): now, or a
+        future when parked until the queue grows."""
+        def reply(msgs: list) -> P.GroupPopReply:
+            return P.GroupPopReply([list(m.dispatch_queues or ()) for m in msgs], msgs)
+        got = self.assign.pop(req.gateway, req.incarnation, req.group, req.queue, req.max_count, req.start,
+                              req.ttl_ms, req.wait_ms, conn)
+        if not asyncio.isfuture(got):
+            return reply(got)
+        out = self.loop.create_future()
+
+        def done(f) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            else:
+                out.set_result(reply(f.result()))
+        got.add_done_callback(done)
+        return out
+
+    def gw_group_ack(self, req: P.GroupAck, conn) -> P.CountReply:
+        return P.CountReply(self.assign.ack(req.gateway, req.incarnation, req.group, req.queue, req.offsets,
+                                            req.back, req.leave, req.ttl_ms))
+
+    def gw_group_renew(self, req: P.GroupRenew, conn) -> P.Ok:
+        self.assign.renew(req.gateway, req.incarnation, req.ttl_ms)
+        return P.Ok()
 
     def gw_pull(self, req: P.Pull, conn) -> P.PullReply:
         q = req.queue

@@ -37,7 +37,7 @@ from lmqtt.store import protocol as W
 
 log = logging.getLogger("lmqtt.store.node.protocol")
 
-NODE_PROTOCOL_VERSION = 1
+NODE_PROTOCOL_VERSION = 2       # 2: shared groups assigned per message (gw_group_pop/ack/renew)
 HELLO_KEY = "gateway_protocol"       # the HELLO_OK field that carries it
 
 
@@ -286,6 +286,19 @@ class GroupLeaseReply(Wire):
 
 
 @reply
+class GroupPopReply(Wire):
+    """MESSAGES: the messages of a shared group handed to this gateway (store/node/group_assign.py),
+    in queue order, those visible again first; `dq`: each one's dispatch queues."""
+    dq: list[list[str]] = dataclasses.field(default_factory=list)
+    messages: list = dataclasses.field(default_factory=list, metadata=NOT_WIRE)
+
+
+@reply
+class CountReply(Wire):
+    count: int
+
+
+@reply
 class ReplayReply(Wire):
     """lightqueue/replay.py `plan`: `source` "queue" or "log" (then read `cursor` with
     gw_replay_read), and the light-queue offset live reads start at."""
@@ -322,11 +335,6 @@ class RegisterReply(Wire):
     """`count` (one filter) or `counts` (`filters`: many): this gateway's holds on each."""
     count: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
     counts: dict[str, int] | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
-
-
-@reply
-class CountReply(Wire):
-    count: int
 
 
 @reply
@@ -452,6 +460,45 @@ class GroupLease(Request):
     ttl_ms: int = 3000
     release: bool = False
     offset: int | None = None
+
+
+@command("gw_group_pop", GroupPopReply)
+class GroupPop(Request):
+    """Shared groups across the fleet (store/node/group_assign.py): up to `max_count` messages of
+    (group, queue) for this gateway's members, parked up to `wait_ms` until there are some;
+    `start`: where the group starts if the store has no state for it; every request renews the
+    gateway's lease for `ttl_ms` (`incarnation`: its process; a new one releases the old one's)."""
+    gateway: str
+    incarnation: str
+    group: str
+    queue: str
+    max_count: int = 64
+    start: int | None = None
+    ttl_ms: int = 3000
+    wait_ms: int = 0
+
+
+@command("gw_group_ack", CountReply)
+class GroupAck(Request):
+    """`offsets` done (a member acknowledged them, or took them at QoS 0), `back` handed back
+    (visible to the other gateways at once), `leave`: no subscription to the group here any more.
+    Answers how many were still in flight."""
+    gateway: str
+    incarnation: str
+    group: str
+    queue: str
+    offsets: list[int]
+    back: list[int]
+    leave: bool = False
+    ttl_ms: int = 3000
+
+
+@command("gw_group_renew", Ok)
+class GroupRenew(Request):
+    """This gateway is alive: what it holds of shared groups stays its own for `ttl_ms` more."""
+    gateway: str
+    incarnation: str
+    ttl_ms: int = 3000
 
 
 @command("gw_replay", ReplayReply)
@@ -733,6 +780,18 @@ class NodeClient:
     def group_lease(self, gateway: str, group: str, queue: str, consumer: str | None = None, ttl_ms: int = 3000,
                     release: bool = False, offset: int | None = None) -> "asyncio.Future[GroupLeaseReply]":
         return self.call(GroupLease(gateway, group, queue, consumer, ttl_ms, release, offset))
+
+    def group_pop(self, gateway: str, incarnation: str, group: str, queue: str, max_count: int = 64,
+                  start: int | None = None, ttl_ms: int = 3000, wait_ms: int = 0) -> "asyncio.Future[GroupPopReply]":
+        return self.call(GroupPop(gateway, incarnation, group, queue, max_count, start, ttl_ms, wait_ms),
+                         bounded=wait_ms <= 0)
+
+    def group_ack(self, gateway: str, incarnation: str, group: str, queue: str, offsets: list[int],
+                  back: list[int], leave: bool = False, ttl_ms: int = 3000) -> "asyncio.Future[CountReply]":
+        return self.call(GroupAck(gateway, incarnation, group, queue, offsets, back, leave, ttl_ms))
+
+    def group_renew(self, gateway: str, incarnation: str, ttl_ms: int = 3000) -> "asyncio.Future[Ok]":
+        return self.call(GroupRenew(gateway, incarnation, ttl_ms))
 
     def replay(self, filter: str, since: int) -> "asyncio.Future[ReplayReply]":  # noqa: A002 - the field's name
         return self.call(Replay(filter, since))

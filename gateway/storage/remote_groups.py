@@ -1,0 +1,46 @@
+"""A fleet gateway's requests for shared groups balanced across the fleet (gw_group_pop / ack /
+renew, store/node/group_assign.py): the store hands each message of a group to one gateway; this
+is the gateway's end of it, used by gateway/fleet/group_leases.py. Nothing is sent while the link
+is down (the fleet's tick asks again; what this gateway held is given to the others when its lease
+lapses)."""
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from lmqtt.gateway.storage.facades import Answer
+from lmqtt.gateway.storage.remote_entries import RemoteMessage
+from lmqtt.gateway.storage.remote_metadata import ask
+from lmqtt.store.client.aio import ConnectionLost
+from lmqtt.store.node import protocol as P
+
+
+class RemoteGroups:
+    def __init__(self, link, gateway_id: str) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        # this process: a gateway restarted under the same id releases what its last process held
+        self.incarnation = uuid.uuid4().hex[:16]
+
+    def _down(self) -> Answer[Any] | None:
+        if self.link.connected:
+            return None
+        return Answer.failed(ConnectionLost(f"store at {self.link.address} unavailable: {self.link.last_error}"))
+
+    def pop(self, group: str, queue: str, max_count: int, start: int | None, ttl_ms: int,
+            wait_ms: int) -> Answer[list]:
+        """Up to `max_count` of the group's messages for this gateway (RemoteMessages), parked at
+        the store up to `wait_ms` until there are some (not bounded by the link's timeout then)."""
+        req = P.GroupPop(self.gateway_id, self.incarnation, group, queue, int(max_count), start,
+                         int(ttl_ms), int(wait_ms))
+        return self._down() or ask(self.link, req, bounded=wait_ms <= 0).then(
+            lambda r: [RemoteMessage(t, d) for t, d in zip(r.messages, r.dq)])
+
+    def ack(self, group: str, queue: str, offsets: list[int], back: list[int], leave: bool,
+            ttl_ms: int) -> Answer[Any]:
+        return self._down() or ask(self.link, P.GroupAck(self.gateway_id, self.incarnation, group, queue,
+                                                         offsets, back, leave, int(ttl_ms)), bounded=False)
+
+    def renew(self, ttl_ms: int) -> Answer[Any]:
+        return self._down() or ask(self.link, P.GroupRenew(self.gateway_id, self.incarnation, int(ttl_ms)),
+                                   bounded=False)
