@@ -644,3 +644,74 @@ def test_serve_workers_console_shows_every_workers_clients_and_disconnects_on_th
         for c in clients:
             c.disconnect()
         assert srv.stop() == 0, srv.log_tail()
+
+
+def test_fleet_console_shows_both_gateways_traces_the_store_and_finds_a_peer_again_after_a_store_restart(
+        browser, tmp_path):
+    """A fleet (`lmqtt store` + 2 `lmqtt gateway`): gateway A's page lists B's client with B's id;
+    B's tracer shows what was published on A (history, then live) and B's topics and retained
+    browser read the store; after the store is killed (-9) and restarted, each gateway announces
+    its console again (the store keeps none across a restart) and A's overview lists B as ready."""
+    from tests.support import LmqttGateway, LmqttStore
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gws = []
+    clients = []
+    try:
+        gws = [LmqttGateway(store.address, log_dir=str(tmp_path)).start() for _ in range(2)]
+        urls = [f"http://127.0.0.1:{g.metrics_port}" for g in gws]
+        ids = [f"test-{g.port}" for g in gws]
+        for i, u in enumerate(urls):
+            _wait_ready(u, f"gateway {i}", gws[i].log_tail)
+        a, b = Paho(gws[0], client_id="on-a"), Paho(gws[1], client_id="on-b", version=5)
+        clients = [a, b]
+        b.subscribe("fl/cmd/#", 1)
+        for i in range(3):
+            a.publish(f"fl/hist/{i}", f"h{i}", qos=1)
+        a.publish("fl/state", "up", qos=1, retain=True)
+        open_page(browser, urls[0] + "/console/", "clients")
+        wait_text(browser, "#cl-count", "2 shown of 2 connected on 2 gateways")
+        assert browser.find_element(By.CSS_SELECTOR, 'tr[data-client="on-b"]').get_attribute("data-gateway") == ids[1]
+        wait_text(browser, 'tr[data-client="on-b"] .subs .tag', "fl/cmd/# q1")
+        open_page(browser, urls[1] + "/console/", "tracer")
+        _trace(browser, "fl/#", "3600000")
+        WebDriverWait(browser, WAIT).until(lambda d: len(_traced(d)) == 4)
+        a.publish("fl/cmd/go", "live", qos=1)
+        WebDriverWait(browser, WAIT).until(lambda d: len(_traced(d)) == 5)
+        assert sorted(t[:2] for t in _traced(browser)) == sorted(
+            [(f"fl/hist/{i}", f"h{i}") for i in range(3)] + [("fl/state", "up"), ("fl/cmd/go", "live")]), _traced(browser)
+        froms = [r.find_elements(By.TAG_NAME, "td")[4].text for r in browser.find_elements(By.CSS_SELECTOR, "#tr-table tbody tr")]
+        assert froms == ["on-a"] * 5, froms
+        shot(browser, tmp_path, "tracer-fleet")
+        open_page(browser, urls[1] + "/console/", "topics")
+        wait_text(browser, 'tr[data-topic="fl"] .stored', "5")
+        wait_text(browser, 'tr[data-topic="fl/state"] .payload', "up")
+        # the store restarts: it forgets the consoles; the gateways reconnect and announce again
+        store.restart(kill=True)
+        for i, u in enumerate(urls):
+            _wait_ready(u, f"gateway {i} after the store's restart", gws[i].log_tail, timeout=60)
+        open_page(browser, urls[0] + "/console/", "overview")
+        wait_text(browser, f'tr[data-gateway="{ids[1]}"] .health', "ready", timeout=40)
+        wait_text(browser, f'tr[data-gateway="{ids[0]}"] .health', "ready")
+        wait_text(browser, "#st-where", f"lmqtt://{store.address}")
+        shot(browser, tmp_path, "overview-fleet")
+    finally:
+        for c in clients:
+            c.disconnect()
+        for g in gws:
+            g.stop()
+        assert store.stop() == 0, store.log_tail()
+
+
+def test_a_peer_request_without_the_gateways_token_is_refused(server):
+    """/console/peer/* (what a peer console asks) answers only with this gateway's token, on
+    loopback without a login too."""
+    base = f"http://{server.host}:{server.metrics_port}"
+    for path, hdr in (("/console/peer/clients", {}), ("/console/peer/overview", {"X-Lmqtt-Peer": "x" * 32})):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(base + path, headers=hdr), timeout=10)
+        assert e.value.code == 403 and b"token" in e.value.read()
+    req = urllib.request.Request(base + "/console/peer/disconnect", method="POST", data=b'{"client_id": "x"}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 403
