@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.model import record_props
 from lmqtt.gateway.mqtt import packets as P
-from lmqtt.gateway.core.session_persistence import INFLIGHT, restore_inflight
+from lmqtt.gateway.core.session_persistence import (BUILD, ENDED, INFLIGHT, Dormant, dormant_from, restore_inflight,
+                                                   start_offsets)
 from lmqtt.gateway.model.record_props import safe_decode
 from lmqtt.gateway.model.session import NEVER_EXPIRES, ClientSubscription, Session
 from lmqtt.gateway.storage.facades import log_failure
@@ -69,6 +70,9 @@ class SessionRegistry:
         self.subscriptions = subscriptions
         self._publish = publish
         self.sessions: dict[str, Session] = {}
+        # persistent sessions restored at start and not built yet (core/session_persistence.py
+        # `Dormant`): built by `_wake` when their client connects
+        self.dormant: dict[str, Dormant] = {}
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         # a fleet's store node publishes the wills of a gateway away past its grace period
@@ -80,6 +84,10 @@ class SessionRegistry:
 
     def owner(self, client_id: str) -> "MQTTConnection | None":
         return self._owners.get(client_id)
+
+    def count(self) -> int:
+        """Sessions known here: built (online, or offline persistent) and dormant."""
+        return len(self.sessions) + len(self.dormant)
 
     # ------------------------------------------------------------------ connect / disconnect
     def load_later(self, client_id: str, clean_start: bool):
@@ -98,6 +106,12 @@ class SessionRegistry:
         # the will a previous connection left is void, also one another gateway of a fleet holds
         # (that gateway died: the store node would publish it after its grace period)
         log_failure(self.wills.void(client_id), log, "void_will_failed", client_id=client_id)
+        d = self.dormant.pop(client_id, None)
+        if d is not None:
+            if clean_start:
+                self._end_dormant(client_id, d)
+            else:
+                self._wake(client_id, d)
         s = self.sessions.get(client_id)
         if s is not None and clean_start:
             self._end(s)
@@ -110,7 +124,7 @@ class SessionRegistry:
         if s is None:
             s = Session(client_id)
             self.sessions[client_id] = s
-            self.metrics.sessions.set(len(self.sessions))
+            self.metrics.sessions.set(self.count())
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -191,7 +205,7 @@ class SessionRegistry:
         if self.sessions.get(s.client_id) is s:
             del self.sessions[s.client_id]
         self.persist.delete_session(s.client_id)
-        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.sessions.set(self.count())
 
     def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
         if s.expiry_handle is not None:
@@ -214,24 +228,106 @@ class SessionRegistry:
 
     # ------------------------------------------------------------------ start / stop
     def restore(self) -> int:
-        """Persistent sessions back from metadata (expired ones deleted); returns how many."""
+        """Persistent sessions back from metadata (expired ones deleted); returns how many. Each
+        stays dormant (`Dormant`: its filters held, its expiry timed, nothing else) until its
+        client connects; only a record of an older version is built at once (`dormant_from`)."""
         now = _now_ms()
+        host = self.persist.host
+        hold = self.subscriptions.hold_dormant
+        dormant = self.dormant
+        build: list[str] = []
         n = 0
-        for rec, offsets in self.persist.load_sessions():
+        for raw in self.persist.records_for_restore():
+            try:
+                got = dormant_from(raw, host, now)
+            except Exception as e:  # noqa: BLE001 - one record that does not decode: the others still come back
+                log.error("event=session_restore_failed error=%r record=%r", e, bytes(raw[:200]))
+                continue
+            if got is None:
+                continue                    # another gateway's (a node of the previous version sent it)
+            cid, d, rewrite = got
+            if d is ENDED:
+                self.persist.delete_session(cid)
+            elif d is BUILD:
+                build.append(cid)
+            else:
+                hold(d.subs)
+                dormant[cid] = d
+                if rewrite:
+                    self.persist.rewrite_offline(raw, d.last_ms)
+                if d.expiry != NEVER_EXPIRES:
+                    d.handle = self.loop.call_later(max(0.0, (d.expiry * 1000 - (now - d.last_ms)) / 1000.0),
+                                                    self._expire_dormant, cid)
+                n += 1
+        # records of older versions: built now, as the restore always did (their reads sent together)
+        for cid, answer in [(cid, self.persist.sessions.load(cid)) for cid in build]:
+            try:
+                rec, offsets = answer.wait()
+            except Exception as e:  # noqa: BLE001
+                log.error("event=session_restore_failed client_id=%s error=%r", cid, e)
+                continue
+            if rec is None:
+                continue
             last = rec.last_disconnect_ms if rec.last_disconnect_ms is not None else now
             exp = rec.expiry_interval
-            if exp <= 0 or rec.expired(now):
-                self.persist.delete_session(rec.client_id)
-                continue
             # over a remote store the messages of its exchanges in flight cannot be read here (they
             # are read ahead with the CONNECT that resumes it): the state waits, unchanged
-            s = self._session_from(rec, offsets, last, read_inflight=self.persist.host is None)
+            s = self._session_from(rec, offsets, last, read_inflight=host is None)
             if rec.last_disconnect_ms is None:   # was online when the server stopped/crashed
                 self.persist.save_session(s)
             self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
             n += 1
-        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.sessions.set(self.count())
         return n
+
+    def _wake(self, cid: str, d: Dormant) -> Session | None:
+        """Build a dormant session (its client connects): its record and offsets read now, as the
+        restore at start used to; then the dormant's holds let go (the built one holds them
+        now). None if its record is gone or expired meanwhile."""
+        if d.handle is not None:
+            d.handle.cancel()
+            d.handle = None
+        try:
+            rec, offsets = self.persist.sessions.load(cid).wait()
+        except BaseException:
+            self.dormant[cid] = d               # still dormant: the CONNECT fails, the session stays
+            if d.expiry != NEVER_EXPIRES:
+                self._expire_dormant_later(cid, d)
+            raise
+        s = None
+        if rec is not None and not rec.expired(_now_ms()):
+            s = self._session_from(rec, start_offsets(rec, offsets), d.last_ms,
+                                   read_inflight=self.persist.host is None)
+        self.subscriptions.release_dormant(d.subs)
+        self.metrics.sessions.set(self.count())
+        return s
+
+    def _end_dormant(self, cid: str, d: Dormant) -> None:
+        """A dormant session ends (expired, or its client connected with clean start): its holds
+        let go, its record and offsets deleted."""
+        self._drop_dormant(cid, d)
+        self.persist.delete_session(cid)
+
+    def _drop_dormant(self, cid: str, d: Dormant) -> None:
+        """Forget a dormant session here (its holds let go), its record untouched."""
+        if self.dormant.get(cid) is d:
+            del self.dormant[cid]
+        if d.handle is not None:
+            d.handle.cancel()
+            d.handle = None
+        self.subscriptions.release_dormant(d.subs)
+        self.metrics.sessions.set(self.count())
+
+    def _expire_dormant_later(self, cid: str, d: Dormant) -> None:
+        left_ms = d.expiry * 1000 - (_now_ms() - d.last_ms)
+        d.handle = self.loop.call_later(max(0.0, left_ms / 1000.0), self._expire_dormant, cid)
+
+    def _expire_dormant(self, cid: str) -> None:
+        d = self.dormant.get(cid)
+        if d is not None:
+            d.handle = None
+            log.info("event=session_expired client_id=%s", cid)
+            self._end_dormant(cid, d)
 
     def _session_from(self, rec, offsets: dict[str, int], last_ms: int, read_inflight: bool = True) -> Session:
         """A persisted session record (and its committed offsets) back as a live Session here.
@@ -312,6 +408,9 @@ class SessionRegistry:
     def close(self) -> None:
         for t, _w in self._will_timers.values():
             t.cancel()
+        for d in self.dormant.values():
+            if d.handle is not None:
+                d.handle.cancel()
         for s in self.sessions.values():
             if s.expiry_handle is not None:
                 s.expiry_handle.cancel()

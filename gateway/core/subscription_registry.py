@@ -327,6 +327,37 @@ class SubscriptionRegistry:
         else:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
+    def hold_dormant(self, subs: tuple) -> None:
+        """A session restored at start without being built (core/session_persistence.py `Dormant`,
+        `subs` flat (queue, group or None, ...)): what `restore` takes for it, minus the session:
+        its wildcard filters counted as used here (`sync_store_filters` keeps them registered) and
+        its shared groups' references."""
+        users = self._filter_users
+        for i in range(0, len(subs), 2):
+            q, g = subs[i], subs[i + 1]
+            if g is not None:
+                self._group(g, q, restoring=True).refs += 1
+            if T.is_wildcard(q):
+                users[q] = users.get(q, 0) + 1
+
+    def release_dormant(self, subs: tuple) -> None:
+        """Let go of what `hold_dormant` took (the dormant session was built, ended or moved away),
+        as `remove` does for a built session's subscriptions."""
+        for i in range(0, len(subs), 2):
+            q, g = subs[i], subs[i + 1]
+            if g is not None:
+                key = (g, q)
+                grp = self.groups.get(key)
+                if grp is not None:
+                    grp.refs -= 1
+                    if grp.refs <= 0:
+                        del self.groups[key]
+                        self.delivery.remove_group(grp)
+                        self.persist.forget_group(grp)
+                        log_failure(self.offsets.delete(grp.consumer, [grp.queue]), log, "delete_offsets_failed",
+                                    consumer=grp.consumer)
+            self._release_filter(q)
+
     # ------------------------------------------------------------------ online / offline
     def go_online(self, s: Session) -> None:
         hist = self.delivery.histories.get(s)

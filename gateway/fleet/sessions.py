@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
-from lmqtt.gateway.core.session_persistence import INFLIGHT
+from lmqtt.gateway.core.session_persistence import INFLIGHT, Dormant, start_offsets
 from lmqtt.gateway.core.session_registry import SessionRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -252,9 +252,11 @@ class FleetSessionRegistry(SessionRegistry):
             return          # ours came after that claim (a late message): ours is the live one
         if conn is None:
             s = self.sessions.get(client_id)
-            if s is not None and not s.online and (s.disconnected_at_ms or 0) <= since_ms:
+            d = self.dormant.get(client_id)
+            if ((s is not None and not s.online and (s.disconnected_at_ms or 0) <= since_ms)
+                    or (d is not None and d.last_ms <= since_ms)):
                 self._forget_local(client_id)      # stale copy: the other gateway has it now
-                self.metrics.sessions.set(len(self.sessions))
+                self.metrics.sessions.set(self.count())
             return
         s = conn.session
         self.taken_over_elsewhere += 1
@@ -278,7 +280,7 @@ class FleetSessionRegistry(SessionRegistry):
             delay = (will.properties.will_delay_interval or 0) if conn.version == 5 else 0
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
-        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.sessions.set(self.count())
 
     def sessions_swept(self, client_ids) -> None:
         """The store took this gateway for gone while it was cut off and marked offline, or ended,
@@ -302,8 +304,8 @@ class FleetSessionRegistry(SessionRegistry):
         client is connected here is left alone: one live connection per client id across
         gateways is the session directory's to settle (its claims carry the attach times)."""
         for cid in client_ids:
-            s = self.sessions.get(cid)
-            if s is not None and not s.online:
+            s = self.sessions.get(cid) or self.dormant.get(cid)
+            if s is not None and not getattr(s, "online", False):
                 self._unless_still_ours(cid, s, lambda: None, lambda e, cid=cid: log.warning(
                     "event=session_moved_check_failed client_id=%s error=%r (the copy ends at its expiry)", cid, e))
 
@@ -378,6 +380,9 @@ class FleetSessionRegistry(SessionRegistry):
         s = self.sessions.pop(client_id, None)
         if s is not None:
             self._drop_copy(s)
+        d = self.dormant.get(client_id)
+        if d is not None:
+            self._drop_dormant(client_id, d)
 
     def _drop_copy(self, s) -> None:
         if s.expiry_handle is not None:
@@ -409,7 +414,7 @@ class FleetSessionRegistry(SessionRegistry):
             rec = None
         if rec is None:
             self._forget_local(client_id)
-            self.metrics.sessions.set(len(self.sessions))
+            self.metrics.sessions.set(self.count())
             return
         if offsets is None:
             offsets = self.offsets.get_all(client_id).wait()
@@ -417,11 +422,14 @@ class FleetSessionRegistry(SessionRegistry):
         # the new copy first, then the old one goes: its wildcard filters never drop to zero
         # holders in between (the last unregistration drops a filter's queue with its entries)
         old = self.sessions.pop(client_id, None)
-        new = self._session_from(rec, offsets, last)
+        new = self._session_from(rec, start_offsets(rec, offsets), last)
         self.subscriptions.hold_restored(new)
         if old is not None:
             self._drop_copy(old)
-        self.metrics.sessions.set(len(self.sessions))
+        d = self.dormant.get(client_id)
+        if d is not None:                 # restored dormant at start: the new copy holds its filters now
+            self._drop_dormant(client_id, d)
+        self.metrics.sessions.set(self.count())
         log.info("event=session_reloaded client_id=%s subscriptions=%d", client_id, len(rec.subscriptions))
 
     def _expire(self, cid: str) -> None:
@@ -437,16 +445,30 @@ class FleetSessionRegistry(SessionRegistry):
             self._schedule_expiry(s)
         self._unless_still_ours(cid, s, lambda: SessionRegistry._expire(self, cid), failed)
 
+    def _expire_dormant(self, cid: str) -> None:
+        """A dormant copy's expiry is due: as `_expire`, the store asked first."""
+        d = self.dormant.get(cid)
+        if d is None:
+            return
+        d.handle = None
+
+        def failed(e) -> None:
+            log.error("event=session_expiry_check_failed client_id=%s error=%r", cid, e)
+            self._expire_dormant_later(cid, d)
+        self._unless_still_ours(cid, d, lambda: SessionRegistry._expire_dormant(self, cid), failed)
+
     def _unless_still_ours(self, cid: str, s, then, failed) -> None:
         """Ask the store (without waiting) whether the session is still the one this gateway saw
         leave: `then()` if so; drop the local copy if the session ended, went live or moved on
         elsewhere since (its record gone, connected, left later, or written by another gateway);
-        `failed(error)` if the store could not say. Nothing if the copy changed meanwhile."""
-        mine = s.disconnected_at_ms or 0
+        `failed(error)` if the store could not say. Nothing if the copy changed meanwhile. `s`: a
+        built offline copy, or a `Dormant` one."""
+        dormant = isinstance(s, Dormant)
+        mine = s.last_ms if dormant else (s.disconnected_at_ms or 0)
         host = self.persist.host
 
         def checked(f) -> None:
-            if self.sessions.get(cid) is not s or s.online:
+            if (self.dormant.get(cid) is not s) if dormant else (self.sessions.get(cid) is not s or s.online):
                 return                       # resumed or reloaded while the store was asked
             e = asyncio.CancelledError("session check cancelled") if f.cancelled() else f.exception()
             if e is not None:
@@ -456,7 +478,7 @@ class FleetSessionRegistry(SessionRegistry):
             if (rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine
                     or rec.host not in (None, host)):
                 self._forget_local(cid)
-                self.metrics.sessions.set(len(self.sessions))
+                self.metrics.sessions.set(self.count())
                 return
             then()
         self.store_sessions.get(cid).add_done_callback(checked)

@@ -267,6 +267,12 @@ class SessionStore(Protocol):
     def list_for_restore(self, hosted_by: str | None = None) -> "Answer[list[tuple[SessionRecord, dict[str, int]]]]":
         """Every record with its committed offsets (a gateway's restore at start); `hosted_by`:
         a fleet gateway's own and those of no gateway."""
+    def records_for_restore(self, hosted_by: str | None = None) -> "Answer[Iterable[bytes]]":
+        """The records' bytes (SessionRecord JSON, as written), without offsets: a gateway's
+        restore at start decodes only what it needs of each (gateway/core/session_persistence.py
+        `dormant_from`) and reads a session's offsets when its client comes back. In-process read
+        as they are consumed; remote a page per round trip. `hosted_by`: as `list_for_restore`
+        (a node of the previous version may send them all: the caller checks the host too)."""
     def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
         """This gateway attached connections to these client ids at these wall-clock ms: the
         other gateways are told (in-process: there are none)."""

@@ -142,7 +142,26 @@ class RemoteSessions:
         per session made 20,000 sessions take 4.6 s); each page asked for when the one before is
         in. `hosted_by`: the store filters, and so does this (a node of the previous version sends
         them all)."""
-        got: list[tuple[SessionRecord, dict[str, int]]] = []
+        def took(r: P.ListSessionsReply) -> tuple[list, str | None]:
+            recs = [SessionRecord.from_bytes(s.encode()) for s in r.sessions]
+            return ([(rec, offs) for rec, offs in zip(recs, r.offsets or [{} for _ in recs])
+                     if hosted_by is None or rec.host in (None, hosted_by)],
+                    recs[-1].client_id if recs else None)
+        return self._pages(hosted_by, True, took)
+
+    def records_for_restore(self, hosted_by: str | None = None) -> Answer[list[bytes]]:
+        """`list_for_restore` without offsets and without decoding: the records' bytes as the store
+        sent them (the gateway's restore checks the host)."""
+        def took(r: P.ListSessionsReply) -> tuple[list, str | None]:
+            raws = [s.encode() for s in r.sessions]
+            return raws, (SessionRecord.from_bytes(raws[-1]).client_id if raws and not r.next else None)
+        return self._pages(hosted_by, False, took)
+
+    def _pages(self, hosted_by: str | None, offsets: bool,
+               took: Callable[[P.ListSessionsReply], tuple[list, str | None]]) -> Answer[list[Any]]:
+        """Every page of gw_list_sessions (`RESTORE_PAGE` records each, asked for when the one
+        before is in), each turned by `took` into (its items, the client id of its last record)."""
+        got: list[Any] = []
         page: list[Answer[Any]] = []
 
         def waiter(out: Answer[Any], timeout: float | None) -> None:
@@ -152,22 +171,25 @@ class RemoteSessions:
                 if not this.done():
                     return              # no answer in time: `wait` says so
 
-        out: Answer[list[tuple[SessionRecord, dict[str, int]]]] = Answer(waiter)
+        out: Answer[list[Any]] = Answer(waiter)
 
         def ask_page(after: str | None) -> None:
-            a = ask(self.link, P.ListSessions(after, self.RESTORE_PAGE, True, hosted_by))
+            a = ask(self.link, P.ListSessions(after, self.RESTORE_PAGE, offsets, hosted_by))
             page.append(a)
-            a.add_done_callback(took)
+            a.add_done_callback(answered)
 
-        def took(a: Answer[Any]) -> None:
+        def answered(a: Answer[Any]) -> None:
             if a.exception() is not None:
                 out.set_exception(a.exception())        # type: ignore[arg-type]
                 return
             r: P.ListSessionsReply = a.result()
-            recs = [SessionRecord.from_bytes(s.encode()) for s in r.sessions]
-            got.extend((rec, offs) for rec, offs in zip(recs, r.offsets or [{} for _ in recs])
-                       if hosted_by is None or rec.host in (None, hosted_by))
-            after = r.next or (recs[-1].client_id if recs else None)
+            try:
+                items, last = took(r)
+            except Exception as e:  # noqa: BLE001 - a record that does not decode fails the list
+                out.set_exception(e)
+                return
+            got.extend(items)
+            after = r.next or last
             if not r.more or after is None:
                 out.set_result(got)
             else:

@@ -40,6 +40,22 @@ class InProcessSessions:
     def list_for_restore(self, hosted_by: str | None = None) -> Answer[list[tuple[SessionRecord, dict[str, int]]]]:
         return Answer.now(self.md.sessions_with_offsets, hosted_by)
 
+    def records_for_restore(self, hosted_by: str | None = None) -> Answer[Iterator[bytes]]:
+        """The records' bytes in client id order, read in pages as they are consumed (a million
+        sessions' bytes are never all in memory at once); no host filtering in-process (the
+        embedded gateway restores them all; the caller checks the host)."""
+        md = self.md
+
+        def pages() -> Iterator[bytes]:
+            after = None
+            while True:
+                page, after = md._session_page(after, 10000)
+                for _cid, raw in page:
+                    yield raw
+                if after is None:
+                    return
+        return Answer.of(pages())
+
     def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
         return Answer.of(None)            # no other gateway to tell
 
