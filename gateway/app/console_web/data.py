@@ -287,6 +287,7 @@ class RemoteTrace:
 
     async def apoll(self) -> list[dict]:
         from lmqtt.store import protocol as W
+        from lmqtt.store.client.consumer import decode_reply
         out: list[dict] = []
         for _ in range(8):            # a stretch of other topics reads nothing and moves on
             before = self.position
@@ -294,17 +295,12 @@ class RemoteTrace:
                                                        max_count=self.MAX_PER_POLL, hint=self.hint)
             if op != W.OP_MESSAGES:
                 return out
-            if flags & W.F_RAW:      # the CommitLog's own records (the SDK's decoder)
-                from lmqtt.store.client.consumer import _records_raw
-                header, recs = _records_raw(None, body)
-                items = [(r.topic, r.props, r.body, r.store_ts) for r in recs]
-            else:                    # (queue_offset, phys_offset, born_ts, store_ts, queue_id, topic, keys, props, body)
-                header, recs = W.decode_messages(body)
-                items = [(r[5], r[7], r[8], r[3]) for r in recs]
+            # either layout (F_RAW: the CommitLog's own records), decoded by the SDK's decoder
+            header, recs = decode_reply(None, body, flags)
             self.position, self.hint = int(header["position"]), header.get("hint")
-            for topic, props, payload, store_ts in items:
-                if self.allowed is None or self.allowed(topic):
-                    out.append(_traced(topic, props, payload, store_ts))
+            for r in recs:
+                if self.allowed is None or self.allowed(r.topic):
+                    out.append(_traced(r.topic, r.props, r.body, r.store_ts))
             if recs or self.position == before:
                 return out
         return out
