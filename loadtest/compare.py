@@ -60,6 +60,8 @@ def scenario_config(name: str, a: argparse.Namespace, host: str, port: int) -> S
         setattr(cfg, k, v)
     if name == "conn":
         cfg.connections = a.connections
+    if name == "million" and a.million_connections:
+        cfg.connections = a.million_connections
     if name == "fanout" and a.subscribers:
         cfg.subscribers = a.subscribers
     if name == "fanin" and a.publishers:
@@ -120,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--connections", type=int, default=10000, help="conn scenario")
+    ap.add_argument("--million-connections", type=int, default=None,
+                    help="million scenario: idle connections asked for (default 1,000,000; held: as many as "
+                         "the broker's open-files limits allow, see loadtest/million_bench.py)")
     ap.add_argument("--subscribers", type=int, default=None, help="fanout subscribers (default 1000)")
     ap.add_argument("--publishers", type=int, default=None, help="fanin publishers (default 1000)")
     ap.add_argument("--pairs", type=int, default=None, help="pairs (default 100)")
@@ -267,6 +272,12 @@ def _headline(r: dict) -> str:
         return (f"{r.get('sessions')} persistent sessions: new {r.get('new_per_s', 0):,.0f}/s, resumed "
                 f"{r.get('resume_per_s', 0):,.0f}/s ({r.get('session_present')} present); an idle client's "
                 f"PINGRESP p99 {lat.get('p99', 0) / 1e3:.1f} ms, max {lat.get('max', 0) / 1e3:.1f} ms")
+    if r["scenario"] == "million":
+        per = r.get("rss_per_conn_bytes")
+        return (f"{r.get('connected', 0):,} of {r.get('connections_requested', 0):,} held (target "
+                f"{r.get('connections_target', 0):,}), connected in {r.get('connect_s')} s, "
+                f"{'?' if per is None else f'{per / 1024:.2f}'} KiB/conn, PINGRESP p99 {r.get('idle_ping_p99_ms')} ms"
+                f"{'; bound: ' + r['bound'] if r.get('bound') else ''}")
     if r["scenario"] == "conn":
         c = r.get("connect", {})
         per = r.get("rss_per_conn_bytes")

@@ -338,6 +338,13 @@ def run_state(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = 
     probe = BrokerProbe(broker_pid)
     cpu_b0, cpu_g0, wall0 = probe.cpu(), _cpu_seconds(), time.monotonic()
     _log(f"{cfg.scenario}: running", quiet)
+    if cfg.scenario == "million":
+        from .million_bench import run_million
+        out = run_million(cfg, broker_pid, quiet)
+        out["latency_us"] = out["histogram"].summary(1e3)
+        out["gen_cpu_cores"] = None
+        out["broker_cpu_cores"] = None
+        return out
     fn = {"retained": run_retained, "persistent": run_persistent, "replay": run_replay,
           "sessions": run_sessions}[cfg.scenario]
     _install_uvloop()
@@ -397,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--publishers", type=int, default=None)
     ap.add_argument("--subscribers", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=None, help="pairs/latency: number of pairs")
-    ap.add_argument("--connections", type=int, default=None, help="conn: idle connections")
+    ap.add_argument("--connections", type=int, default=None, help="conn, million: idle connections")
     ap.add_argument("--topics", type=int, default=None, help="retained: retained topics")
     ap.add_argument("--backlog", type=int, default=None, help="persistent: queued messages; replay: stored messages")
     ap.add_argument("--procs", type=int, default=2, help="worker processes")

@@ -57,6 +57,22 @@ STATE_METRICS = [
     ("idle client's PINGRESP max meanwhile (ms)", ("idle_ping_max_ms",), 1, "{:,.1f}", False),
     ("broker CPU (cores)", ("broker_cpu_cores",), 1, "{:.2f}", None),
 ]
+MILLION_METRICS = [
+    ("connections asked for", ("connections_requested",), 1, "{:,.0f}", None),
+    ("connections the broker's fd limits allow", ("connections_target",), 1, "{:,.0f}", True),
+    ("connections held", ("connected",), 1, "{:,.0f}", True),
+    ("still open at the end", ("still_open",), 1, "{:,.0f}", True),
+    ("time to connect them all (s)", ("connect_s",), 1, "{:,.1f}", False),
+    ("connect rate (conn/s)", ("connect_per_s",), 1, "{:,.0f}", True),
+    ("RSS per idle connection (KiB)", ("rss_per_conn_bytes",), 1024, "{:,.2f}", False),
+    ("kernel slab growth per connection, both ends, system-wide (KiB)", ("kernel_slab_bytes_per_conn",), 1024,
+     "{:,.2f}", False),
+    ("broker RSS (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
+    ("idle client's PINGRESP p99 while held (ms)", ("idle_ping_p99_ms",), 1, "{:,.2f}", False),
+    ("idle client's PINGRESP max while held (ms)", ("idle_ping_max_ms",), 1, "{:,.2f}", False),
+    ("PINGRESP p99 on a sample of the held connections (ms)", ("held_ping_p99_ms",), 1, "{:,.2f}", False),
+    ("broker CPU while idle (% of a core)", ("idle_broker_cpu_cores",), 0.01, "{:,.2f}", False),
+]
 SESSIONS_METRICS = [
     ("persistent sessions", ("sessions",), 1, "{:,.0f}", None),
     ("new sessions/s (CONNECT + SUBSCRIBE)", ("new_per_s",), 1, "{:,.0f}", True),
@@ -77,6 +93,7 @@ SCENARIO_TITLES = {
     "persistent": "Persistent session: offline QoS 1 backlog delivered on reconnect",
     "replay": "Replay: stored messages of a never-subscribed filter ($replay/, lmqtt only)",
     "sessions": "Reconnect storm: persistent sessions connecting and subscribing, 200 at a time",
+    "million": "A million idle connections (CONNECT + SUBSCRIBE each): held, memory, PINGRESP",
 }
 
 
@@ -88,6 +105,8 @@ def metrics_for(scenario: str):
         return CONN_METRICS
     if scenario == "sessions":
         return SESSIONS_METRICS
+    if scenario == "million":
+        return MILLION_METRICS
     if scenario in ("retained", "persistent", "replay"):
         return STATE_METRICS
     return TRAFFIC_METRICS
@@ -201,7 +220,8 @@ def params_line(by_broker: dict[str, list[dict]]) -> str:
                 "retained": ["topics", "qos", "size"],
                 "persistent": ["backlog", "qos", "size"],
                 "replay": ["backlog", "qos", "size"],
-                "sessions": ["connections", "qos"]}.get(
+                "sessions": ["connections", "qos"],
+                "million": ["connections", "hold"]}.get(
             s, ["publishers", "subscribers", "qos", "size", "rate", "duration", "window", "procs"])
         bits = []
         for k in keys:
@@ -354,7 +374,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
         by_proc = process_breakdown(g[scen], brokers)
         if by_proc:
             md += by_proc + [""]
-        if scen not in ("conn", "sessions", *STATE_SCENARIOS):
+        if scen not in ("conn", "sessions", "million", *STATE_SCENARIOS):
             md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
             for b in brokers:
                 for r in g[scen].get(b, []):

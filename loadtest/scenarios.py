@@ -24,7 +24,7 @@ from .mqtt_client import Sink, StampedPublisher, connect
 from .stamp import Tracker, account
 
 TRAFFIC = ("fanout", "fanin", "pairs", "latency", "conn")
-STATE = ("retained", "persistent", "replay", "sessions")
+STATE = ("retained", "persistent", "replay", "sessions", "million")
 ALL = TRAFFIC + STATE
 
 
@@ -125,6 +125,8 @@ def defaults_for(scenario: str) -> dict:
         "persistent": {"backlog": 10000, "qos": 1},
         "replay": {"backlog": 100000, "qos": 0},
         "sessions": {"connections": 2000, "qos": 1},
+        # loadtest/million_bench.py: held for `hold` s; connecting them all bounded by connect_timeout
+        "million": {"connections": 1_000_000, "hold": 10.0, "connect_timeout": 600.0},
     }.get(scenario, {})
 
 

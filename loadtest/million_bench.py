@@ -1,0 +1,224 @@
+"""The `million` scenario: up to 1,000,000 idle MQTT connections held by one broker (issue 29).
+
+    lmqtt bench compare --brokers lmqtt-workers,mosquitto --scenarios million [--connections N]
+    lmqtt bench mqtt --scenario million --broker-port P [--connections N]
+
+Each connection CONNECTs and SUBSCRIBEs to a topic of its own (as in `conn`), then stays idle.
+They come from raw non-blocking sockets driven by one epoll per generator process
+(loadtest/conn_hold.py), as many processes as the open-files limit asks for, from source addresses
+127.0.0.2, .3, ... (one address has ~28,000 ephemeral ports towards one listening port).
+
+What it reports: how many were asked for and held, the time to connect them all (and the rate),
+the broker's RSS growth per held connection and the kernel's unreclaimable slab growth (both ends
+of each connection, system-wide: /proc/meminfo SUnreclaim), an idle client's PINGRESP wait (p99/max, every 5 ms from a process of its
+own) while they are held, and a PINGREQ round trip on a sample of the held connections themselves
+(every connection still open is checked at the end).
+
+Bounds, said in the result rather than worked around: a process holds at most its open-files
+limit of sockets. The bench raises each process's soft limit to its hard limit (never the hard
+limit: that is the system's, and needs CAP_SYS_RESOURCE); the broker's processes that listen on the
+port can hold the sum of their limits, and the scenario asks for no more than that
+(`connections_target`, with `bound` saying why when it is below the request).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import select
+import time
+
+from .conn_hold import RESERVED_FDS, Holder, capacity
+from .histogram import Histogram
+
+PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 32768-60999: 28,232)
+PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
+
+
+def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe) -> None:
+    """One generator process: open `count` connections (indexes first..), report, then answer
+    "ping" (round trips on a sample, and how many are still open) and "close"."""
+    try:
+        h = Holder(host, port, count, lambda i: f"{run}-m{first + i}", lambda i: f"{run}/m/{first + i}",
+                   src_ips=ips, window=256)
+        h.open_all(deadline)
+        pipe.send(("ready", {"held": len(h.held), "failed": h.failed, "errors": h.errors,
+                             "t_start": h.t_start, "t_done": h.t_done}))
+        while True:
+            cmd = pipe.recv()
+            if cmd == "ping":
+                pipe.send(("ping", {"rtts": _ping_sample(h.held, PING_SAMPLE), "still_open": h.still_open()}))
+            else:
+                break
+        h.close_all()
+        pipe.send(("closed", None))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the scenario
+        pipe.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _ping_sample(held: list, n: int) -> list[int]:
+    """PINGREQ on `n` connections spread over `held`, one at a time: each round trip in ns."""
+    rtts = []
+    if not held:
+        return rtts
+    step = max(1, len(held) // n)
+    ep = select.epoll()
+    try:
+        for s in held[::step][:n]:
+            fd = s.fileno()
+            ep.register(fd, select.EPOLLIN)
+            t0 = time.monotonic_ns()
+            try:
+                s.send(b"\xc0\x00")
+                got = b""
+                while len(got) < 2 and ep.poll(5.0):
+                    got += s.recv(2 - len(got))
+                    if not got:
+                        break
+            except OSError:
+                got = b""
+            if got == b"\xd0\x00":
+                rtts.append(time.monotonic_ns() - t0)
+            ep.unregister(fd)
+    finally:
+        ep.close()
+    return rtts
+
+
+def _kernel_slab_bytes() -> int | None:
+    """The kernel's unreclaimable slab memory (sockets, their inodes and files live there)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SUnreclaim:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]:
+    """How many more sockets the broker's processes that listen on `port` can open: the sum of
+    (soft open-files limit - open fds - a reserve) over them; None when unknown (no PID, no psutil)."""
+    if not pid:
+        return None, []
+    try:
+        import psutil
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil or the broker is gone: unknown
+        return None, []
+    total, seen = 0, []
+    for p in procs:
+        try:
+            listening = any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                            for c in p.net_connections(kind="tcp"))
+            if not listening:
+                continue
+            soft, hard = p.rlimit(psutil.RLIMIT_NOFILE)
+            free = max(0, soft - p.num_fds() - RESERVED_FDS)
+        except Exception:  # noqa: BLE001 - exited meanwhile, or not ours to inspect
+            continue
+        total += free
+        seen.append({"pid": p.pid, "nofile_soft": soft, "nofile_hard": hard, "free": free})
+    return (total if seen else None), seen
+
+
+def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
+    from .mqtt_bench import BrokerProbe
+    from .scenarios import IdleProbe
+    import asyncio
+
+    requested = cfg.connections
+    cap, listeners = broker_capacity(broker_pid, cfg.port)
+    target = requested if cap is None else min(requested, cap)
+    bound = None
+    if target < requested:
+        lim = sorted({(x["nofile_soft"], x["nofile_hard"]) for x in listeners})
+        bound = (f"the broker's {len(listeners)} listening process(es) can open {cap:,} more sockets: open-files "
+                 f"limit (soft, hard) {lim} per process; raising the hard limit needs CAP_SYS_RESOURCE")
+    per_proc = capacity()
+    nprocs = max(1, -(-target // per_proc))
+    n_ips = max(1, -(-target // PER_ADDRESS))
+    ips = [f"127.0.{(2 + k) // 256}.{(2 + k) % 256}" for k in range(n_ips)]
+    run = f"mb{os.getpid():x}{int(time.time()) % 100000:x}"
+    probe = BrokerProbe(broker_pid)
+    rss0, slab0 = probe.rss(), _kernel_slab_bytes()
+    ctx = multiprocessing.get_context("fork")
+    deadline = time.monotonic() + cfg.connect_timeout
+    gens = []
+    first = 0
+    for k in range(nprocs):
+        n = min(per_proc, target - first)
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=_gen_main, args=(cfg.host, cfg.port, run, first, n, ips, deadline, b), daemon=True)
+        p.start()
+        gens.append((p, a))
+        first += n
+    out: dict = {"connections_requested": requested, "connections_target": target, "bound": bound,
+                 "broker_listeners": listeners, "generator_procs": nprocs, "source_addresses": n_ips}
+
+    def gather(name: str, timeout: float) -> list:
+        res = []
+        end = time.monotonic() + timeout
+        for p, a in gens:
+            if not a.poll(max(0.0, end - time.monotonic())):
+                raise TimeoutError(f"million: a generator did not report {name!r} within {timeout:.0f}s")
+            msg = a.recv()
+            if msg[0] == "error":
+                raise RuntimeError(f"million: generator failed: {msg[1]}")
+            res.append(msg[1])
+        return res
+
+    try:
+        ready = gather("ready", cfg.connect_timeout + 60)
+        held = sum(r["held"] for r in ready)
+        if not held:
+            errs = [e for r in ready for e in r["errors"]][:2]
+            raise RuntimeError(f"million: no connection to {cfg.host}:{cfg.port} could be opened: {errs}")
+        conn_s = max(r["t_done"] for r in ready) - min(r["t_start"] for r in ready)
+        out.update({"connected": held, "failed": sum(r["failed"] for r in ready),
+                    "errors": [e for r in ready for e in r["errors"]][:5],
+                    "connect_s": round(conn_s, 2), "connect_per_s": round(held / conn_s, 1) if conn_s else None})
+        time.sleep(1.0)
+        probe_ping = IdleProbe(cfg)
+
+        async def hold() -> None:
+            async with probe_ping:
+                await asyncio.sleep(cfg.hold)
+
+        cpu0, t0 = probe.cpu(), time.monotonic()
+        asyncio.run(hold())
+        cpu1, dt = probe.cpu(), time.monotonic() - t0
+        rss1, slab1 = probe.rss(), _kernel_slab_bytes()
+        for _p, a in gens:
+            a.send("ping")
+        pings = gather("ping", 120)
+        sample = Histogram()
+        for r in pings:
+            sample.record_many(r["rtts"])
+        out["still_open"] = sum(r["still_open"] for r in pings)
+        out["broker_rss_bytes"] = rss1
+        if rss0 is not None and rss1 is not None and held:
+            out["rss_per_conn_bytes"] = round((rss1 - rss0) / held, 1)
+        if slab0 is not None and slab1 is not None and held:
+            # system-wide: both ends of each connection, and whatever else the machine did meanwhile
+            out["kernel_slab_bytes_per_conn"] = round((slab1 - slab0) / held, 1)
+        if cpu0 is not None and cpu1 is not None:
+            out["idle_broker_cpu_cores"] = round((cpu1 - cpu0) / dt, 4)
+        out.update(probe_ping.summary())
+        p99 = sample.percentile(99.0)
+        out["held_ping_sample"] = sample.total
+        out["held_ping_p99_ms"] = None if p99 is None else round(p99 / 1e6, 2)
+        out["histogram"] = probe_ping.histogram()
+    finally:
+        for p, a in gens:
+            try:
+                a.send("close")
+            except OSError:
+                pass
+        for p, a in gens:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return out

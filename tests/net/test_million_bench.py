@@ -1,0 +1,70 @@
+"""The `million` scenario's generator and its bounds, against a real `lmqtt serve` (small counts:
+the machinery, not the figure; the figure is BENCHMARKS.md's)."""
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from lmqtt.loadtest.brokers import free_port, wait_port
+from lmqtt.loadtest.million_bench import run_million
+from lmqtt.loadtest.scenarios import ScenarioConfig
+
+
+def _serve(tmp_path, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", str(port),
+                             "--data-dir", str(tmp_path / "data"), "--metrics-port", "0", "--store-port", "0",
+                             "--sys-interval", "0"], stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit)
+    if not wait_port("127.0.0.1", port, 60, proc):
+        proc.kill()
+        raise RuntimeError((tmp_path / "serve.log").read_text()[-2000:])
+    return proc, port
+
+
+@pytest.fixture
+def stop():
+    procs = []
+    yield procs.append
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _cfg(port: int, n: int) -> ScenarioConfig:
+    return ScenarioConfig(scenario="million", port=port, connections=n, hold=0.5, connect_timeout=120.0)
+
+
+def test_million_holds_every_connection_from_several_source_addresses(tmp_path, stop, monkeypatch):
+    import lmqtt.loadtest.million_bench as mb
+    monkeypatch.setattr(mb, "PER_ADDRESS", 150)     # 400 connections over 3 source addresses
+    proc, port = _serve(tmp_path)
+    stop(proc)
+    r = run_million(_cfg(port, 400), proc.pid)
+    assert r["source_addresses"] == 3
+    assert r["connected"] == r["still_open"] == 400 and r["failed"] == 0, r.get("errors")
+    assert r["bound"] is None and r["connections_target"] == 400
+    assert r["held_ping_sample"] > 0 and r["idle_pings"] > 0
+    assert r["rss_per_conn_bytes"] is not None
+
+
+def test_million_asks_for_no_more_than_the_brokers_open_files_limit_allows_and_says_why(tmp_path, stop):
+    proc, port = _serve(tmp_path, nofile=700)
+    stop(proc)
+    r = run_million(_cfg(port, 5_000), proc.pid)
+    assert r["connections_target"] < 700 and "open-files limit" in r["bound"], r
+    # every connection asked for is held: none refused or dropped by a broker out of descriptors
+    assert r["connected"] == r["still_open"] == r["connections_target"] and r["failed"] == 0, r.get("errors")
+    assert proc.poll() is None
