@@ -20,7 +20,10 @@ Cases:
                   the source's partition reader alone (store scan + SDK + Arrow batches, no Spark)
 * cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
                   --tier file://... --tier-parquet on --local-retention 0` (segments of
-                  `--cold-segment-mb`); once every sealed segment is in the tier, the same
+                  `--cold-segment-mb`); once every sealed segment is in the tier and the
+                  tier's compaction merged each partition's small files (one per segment) into
+                  row-group-sized ones (--tier-parquet-file-mb, after --tier-parquet-merge-after-s
+                  without a new segment: 60 s by default), the same
                   all-columns job over (a) `spark.read.parquet(<tier>/parquet)` (the offloaded rows,
                   Spark's native reader), (b) the same rows as plain Parquet written by Spark (the
                   yardstick; (a) and (b) timed alternately, run by run, after a warm-up job), (c) `spark.read.format("lmqtt")` of the whole topic through the store
@@ -240,14 +243,15 @@ def _cold_store(base: str, segment_mb: int):
 
 
 def _wait_offloaded(address: str, timeout: float) -> dict:
-    """The tier's stats once every sealed segment is in the tier (with Parquet) and off the disk."""
+    """The tier's stats once every sealed segment is in the tier (with Parquet), off the disk, and
+    no partition's small Parquet files wait for a merge (the compaction's quiet delay)."""
     from lmqtt.store.client import connect
     t_end = time.monotonic() + timeout
     with connect(address) as c:
         while True:
             s = c.cmd("tier")["tier"]
             if (s["local_segments"] == 1 and s["uploading_segments"] == 0 and s["tier_segments"]
-                    and s["parquet_segments"] == s["tier_segments"]):
+                    and s["parquet_segments"] == s["tier_segments"] and not s.get("parquet_waiting_merges")):
                 return s
             if s.get("parquet_error"):
                 raise RuntimeError(f"the store wrote no Parquet: {s['parquet_error']}")
@@ -272,16 +276,20 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         up = time.perf_counter() - t0
         with open(os.path.join(tier, "manifest.json")) as f:
             man = json.load(f)
-        files = [os.path.join(tier, k) for e in man["segments"] for k in e["parquet"]]
+        # a merged file is listed by every segment whose rows it holds: each once
+        files = [os.path.join(tier, k) for k in dict.fromkeys(k for e in man["segments"] for k in e["parquet"])]
         cold_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         pq_bytes = sum(os.path.getsize(p) for p in files)
         print(f"[spark] cold: loaded in {el:.1f} s; {cold_rows:,} rows in {len(files)} Parquet files "
               f"({pq_bytes / 1e6:.0f} MB) {up:.1f} s after the load", file=sys.stderr, flush=True)
-        common = {"rows": cold_rows, "size": size, "segments": st["tier_segments"], "segment_mb": segment_mb}
+        common = {"rows": cold_rows, "size": size, "segments": st["tier_segments"], "segment_mb": segment_mb,
+                  "parquet_files": len(files), "parquet_merges": st.get("parquet_merges"),
+                  "plain_parquet_files": None}
         cdf = spark.read.parquet(f"file://{tier}/parquet").select(*cols)
         plain = os.path.join(base, "plain-parquet")
         cdf.write.mode("overwrite").parquet(plain)         # also the session's first (warm-up) job
         pdf = spark.read.schema(cdf.schema).parquet(plain)
+        common["plain_parquet_files"] = len([n for n in os.listdir(plain) if n.endswith(".parquet")])
         # alternated, run by run: the machine's load changes under both the same way
         c_runs, p_runs = [], []
         for _ in range(max(1, repeat)):

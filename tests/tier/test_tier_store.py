@@ -326,3 +326,46 @@ def test_a_missing_bucket_is_one_clear_error_and_nothing_local_goes(moto_s3, tmp
         _same(st.read(rs[0].phys_offset), msgs[0])
     finally:
         st.shutdown()
+
+
+def test_a_merged_parquet_file_stays_until_the_last_segment_it_holds_rows_of_is_dropped(tmp_path):
+    """Parquet compaction under tier retention: the small files of many segments are merged into
+    one, which every segment it covers lists; retention dropping the first segments keeps it (the
+    later ones still need it), dropping the last one deletes it."""
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark.cold import ColumnarWriter
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
+                                  preallocate=False))
+    st.enable_tier(TierConfig(url=f"file://{tmp_path / 'tier'}", local_retention_ms=0, upload_interval_ms=50,
+                              timeout_s=5.0, parquet_merge_after_ms=0, tier_retention_ms=None))
+    st.tier.columnar = ColumnarWriter(st)
+    st.start()
+    try:
+        _append(st, 2000)
+        _offloaded(st)
+        tier = tmp_path / "tier"
+
+        def one_file():
+            keys = {k for e in json.loads((tier / "manifest.json").read_bytes())["segments"] for k in e["parquet"]}
+            on_disk = {str(p.relative_to(tier)) for p in (tier / "parquet").rglob("*") if p.is_file()}
+            return keys if len(keys) == 1 and keys == on_disk and not st.tier_stats()["parquet_waiting_merges"] else None
+        (key,) = _wait(one_file, 30, "the segments' Parquet merged into one file")
+        segs = json.loads((tier / "manifest.json").read_bytes())["segments"]
+        assert len(segs) > 3 and all(e["parquet"] == [key] for e in segs)
+        rows = pq.ParquetFile(tier / key).metadata.num_rows
+        # retention drops the first two segments: the merged file stays (the others hold rows of it)
+        st.tier.cfg.tier_retention_bytes = sum(e["stored"] for e in segs[2:])
+        st.tier.housekeep()
+        man = json.loads((tier / "manifest.json").read_bytes())
+        assert [e["start"] for e in man["segments"]] == [e["start"] for e in segs[2:]]
+        assert (tier / key).exists() and pq.ParquetFile(tier / key).metadata.num_rows == rows
+        assert all(e["parquet"] == [key] for e in man["segments"])
+        # ... and the last of them: the file goes
+        st.tier.cfg.tier_retention_bytes = 0
+        st.tier.housekeep()
+        assert json.loads((tier / "manifest.json").read_bytes())["segments"] == []
+        assert not [p for p in (tier / "parquet").rglob("*") if p.is_file()]
+    finally:
+        st.shutdown()
