@@ -18,29 +18,16 @@ profile of idle connections (loadtest/conn_profile.py).
 from __future__ import annotations
 
 import errno
-import resource
 import select
 import socket
 import time
 
 from lmqtt.gateway.mqtt import encode, packets as P
 
+from .brokers import raise_nofile
+
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 RESERVED_FDS = 64          # kept free in every process: pipes, logs, the interpreter's own
-
-
-def raise_nofile() -> int:
-    """The soft open-files limit raised to the hard one; returns the limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def capacity() -> int:
