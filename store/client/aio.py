@@ -21,7 +21,7 @@ from .. import protocol as W
 import time
 
 from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
-                         next_member, parse_addresses, parse_hello_ok, primary_named)
+                         next_member, parse_addresses, parse_hello_ok, primary_named, probe_primary)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -54,6 +54,16 @@ class AsyncConnection:
         self._connects = 0
         self.ident = None
         self.server_info: dict = {}
+        # a store group: a member that answers nothing while requests wait (a stopped or cut-off
+        # primary keeps its connection open) - after `probe_after` s the other members are asked
+        # who is primary, every `probe_interval` s, and a newer primary is followed at once
+        # (connection.probe_primary); after `stall_timeout` s the member is left in any case
+        self.stall_timeout = 5.0
+        self.probe_after = 1.0
+        self.probe_interval = 0.5
+        self.probe_timeout = 0.5
+        self._waiting_since = 0.0
+        self._watch: asyncio.Task | None = None
 
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
         """fn(opcode, body) for every frame the server sends unasked (request id 0)."""
@@ -69,7 +79,10 @@ class AsyncConnection:
         _t, proto = await loop.create_connection(lambda: _AsyncProtocol(self, hello), self.host, self.port)
         proto.transport.write(W.hello_frame(self.client_name, self.token))
         try:
-            op, body = await asyncio.wait_for(hello, self.timeout)
+            # a group member that accepts but does not answer (stopped) is not waited for long:
+            # the others are tried meanwhile
+            wait = min(self.timeout, 5.0) if len(self.addresses) > 1 else self.timeout
+            op, body = await asyncio.wait_for(hello, wait)
             info = parse_hello_ok(op, body)
         except BaseException:
             proto.transport.close()
@@ -83,6 +96,8 @@ class AsyncConnection:
         self.ident = info.get("ident")
         self._proto = proto
         self._connects += 1
+        if len(self.addresses) > 1 and (self._watch is None or self._watch.done()):
+            self._watch = loop.create_task(self._watch_silence(), name="lmqtt-aio-group-watch")
         if self._connects > 1:
             for fn in list(self._reconnect_cbs):
                 try:
@@ -125,6 +140,41 @@ class AsyncConnection:
                     await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff_max)
 
+    async def _watch_silence(self) -> None:
+        """A store group: leave a member that answers nothing while requests wait - for the primary
+        another member names (probe_primary, run in a thread: it dials), or after `stall_timeout`
+        for the next member. One task per connection, started by its connect, ended with it."""
+        loop = asyncio.get_running_loop()
+        next_probe = 0.0
+        while True:
+            await asyncio.sleep(0.25)
+            proto = self._proto
+            if proto is None:
+                return                  # the next connect starts another
+            now = time.monotonic()
+            if not self._pending or not self._waiting_since:
+                continue
+            silent = now - max(proto.last_rx, self._waiting_since)
+            target, why = None, ""
+            if silent > self.stall_timeout:
+                why = f"no answer from the store at {self.host}:{self.port} for {self.stall_timeout:g} s " \
+                      f"(a stopped or cut-off group member?)"
+            elif silent > self.probe_after and now >= next_probe:
+                next_probe = now + self.probe_interval
+                target = await loop.run_in_executor(
+                    None, lambda: probe_primary(self.addresses, (self.host, self.port), self.server_info.get("epoch"),
+                                                token=self.token, timeout=self.probe_timeout,
+                                                client_name=self.client_name))
+                if target is None or self._proto is not proto:
+                    continue
+                why = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, and the "
+                       f"group's primary is now {target[0]}:{target[1]}")
+            else:
+                continue
+            self._move(target)          # aimed first: the requests failed below are re-sent there
+            proto.transport.abort()
+            self._lost(proto, why)
+
     def _move(self, target) -> None:
         """Aim the next connect at `target` (host, port), or the next address when None."""
         target = next_member(self.addresses, (self.host, self.port), target)
@@ -140,8 +190,11 @@ class AsyncConnection:
             self._lost(proto, f"not the primary: {e}")
 
     def _lost(self, proto: "_AsyncProtocol", err: str) -> None:
-        if self._proto is proto:
-            self._proto = None
+        if self._proto is not None and self._proto is not proto:
+            # an earlier connection's late close (connection_lost runs a loop step after the
+            # close): its requests failed then; those pending now were sent on the current one
+            return
+        self._proto = None
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -166,6 +219,8 @@ class AsyncConnection:
         proto = await self._ensure()
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         fut = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            self._waiting_since = time.monotonic()
         self._pending[rid] = fut
         proto.transport.write(W.frame(op, rid, body, flags))
         return fut
@@ -241,6 +296,9 @@ class AsyncConnection:
         return AsyncPopConsumer(self, topic, group, queue_id, **kw)
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._proto is not None:
             self._proto.transport.close()
             self._proto = None
@@ -252,6 +310,7 @@ class _AsyncProtocol(asyncio.Protocol):
         self.hello = hello
         self.dec = W.FrameDecoder()
         self.transport: asyncio.Transport | None = None
+        self.last_rx = time.monotonic()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -263,6 +322,7 @@ class _AsyncProtocol(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        self.last_rx = time.monotonic()
         try:
             frames = self.dec.feed(data)
         except W.ProtocolError as e:

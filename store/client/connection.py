@@ -106,6 +106,46 @@ def next_member(addresses: list, current: tuple[str, int], primary=None) -> tupl
     return addresses[(i + 1) % len(addresses)]
 
 
+def newer_primary(info: dict, at: tuple[str, int], current: tuple[str, int], epoch) -> tuple[str, int] | None:
+    """What one member's HELLO_OK (`info`, from the member at `at`) says about the group's primary,
+    seen from a client connected to `current` in `epoch` (its HELLO_OK's): the address of another
+    primary, or None when the member knows of none newer. A member that knows a later epoch than
+    the client's is believed (epochs only grow: the client's primary is deposed); from a member
+    that does not say its epoch, only a primary other than `current`."""
+    theirs = info.get("epoch")
+    if isinstance(theirs, int) and isinstance(epoch, int) and theirs <= epoch:
+        return None
+    target = at if info.get("role") == "primary" else primary_named(f"primary={info.get('primary')}")
+    if target is None or target == current:
+        return None
+    return target
+
+
+def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: str | None, timeout: float,
+                  client_name: str) -> tuple[str, int] | None:
+    """Ask the other members of a store group (their HELLO_OK: role, primary, epoch) whether another
+    member is primary now: the address of a newer primary (newer_primary), or None. For a client
+    whose requests get no answer: a stopped or cut-off primary keeps its connections open, so
+    silence alone cannot tell it from a slow one, but the members that elected its successor can.
+    Each member gets `timeout` for its answer; a member that gives none is skipped."""
+    for at in addresses:
+        if at == current:
+            continue
+        try:
+            s, info, _early = dial(at[0], at[1], connect_timeout=timeout, client_name=f"{client_name}-probe",
+                                   token=token, decoder=W.FrameDecoder())
+        except Exception:  # noqa: BLE001 - unreachable, refusing or silent: ask the next one
+            continue
+        try:
+            s.close()
+        except OSError:
+            pass
+        target = newer_primary(info, at, current, epoch)
+        if target is not None:
+            return target
+    return None
+
+
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
     if address.startswith("["):
         host, _, rest = address[1:].partition("]")
@@ -192,6 +232,12 @@ class Connection:
         self.failovers = 0          # times this connection moved to another member
         # a store group: seconds without any answer while requests wait before the member is left
         self.stall_timeout = 5.0
+        # ... and after `probe_after` s of such silence, every `probe_interval` s, the other members
+        # are asked who is primary (probe_primary): one that names a newer primary is followed at
+        # once, without waiting for the stall timeout (a SIGSTOPped primary: docs/ha.md)
+        self.probe_after = 1.0
+        self.probe_interval = 0.5
+        self.probe_timeout = 0.5
         self._waiting_since = 0.0
         self.token = token
         self.timeout = timeout
@@ -291,22 +337,35 @@ class Connection:
         err = "connection closed by the store"
         # a store group: a primary that stops answering (paused, cut off) while requests wait is
         # left after `stall_timeout` s of silence, so the requests go to the group's new primary
-        stall = self.stall_timeout if len(self.addresses) > 1 else None
+        group = len(self.addresses) > 1
         stalled = False
+        moved_to = None
         last_rx = time.monotonic()
+        next_probe = 0.0
         try:
             self._deliver(early)
             while True:
-                if stall:
-                    ready, _w, _x = select.select([s], [], [], 0.5)
+                if group:
+                    ready, _w, _x = select.select([s], [], [], 0.25)
                     if not ready:
                         waiting = self._waiting_since
                         now = time.monotonic()
-                        if self._pending and waiting and now - max(last_rx, waiting) > stall:
-                            err = (f"no answer from the store at {self.host}:{self.port} for {stall:g} s "
-                                   f"(a stopped or cut-off group member?)")
+                        silent = now - max(last_rx, waiting) if self._pending and waiting else 0.0
+                        if silent > self.stall_timeout:
+                            err = (f"no answer from the store at {self.host}:{self.port} for "
+                                   f"{self.stall_timeout:g} s (a stopped or cut-off group member?)")
                             stalled = True
                             break
+                        if silent > self.probe_after and now >= next_probe:
+                            next_probe = now + self.probe_interval
+                            moved_to = probe_primary(self.addresses, (self.host, self.port),
+                                                     self.server_info.get("epoch"), token=self.token,
+                                                     timeout=self.probe_timeout, client_name=self.client_name)
+                            if moved_to is not None:
+                                err = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, "
+                                       f"and the group's primary is now {moved_to[0]}:{moved_to[1]}")
+                                stalled = True
+                                break
                         continue
                 data = s.recv(1 << 20)
                 if not data:
@@ -323,13 +382,13 @@ class Connection:
             err = f"the store closed the connection: {self._conn_error}"
             self._conn_error = None
         if stalled:
+            # aimed first, so the requests failed below are re-sent to the new primary
+            self._move(moved_to)
             try:
                 s.shutdown(socket.SHUT_RDWR)     # a send blocked on the silent member fails now
             except OSError:
                 pass
         self._drop(s, err)
-        if stalled:
-            self._move(None)
 
     def _deliver(self, frames) -> None:
         pop = self._pending.pop
