@@ -11,7 +11,8 @@ Cases:
                      first acknowledged write on the new primary (p50/p99/max over the faults); the
                      victim comes back (restarted / SIGCONT) and catches up before the next fault;
                      at the end every acknowledged message is read back from the last primary and
-                     checked by the chaos checker (lost / duplicated)
+                     checked by the chaos checker (lost / duplicated). Figures over all faults and
+                     per kind (`by_kind`); `--max-seconds` bounds the run (no fault started after)
 """
 from __future__ import annotations
 
@@ -170,7 +171,19 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int, timeout: float, out) -> None:
+def _pct(times: list[float], q: float) -> float:
+    """The q-quantile of `times` (nearest rank, as the figures in BENCHMARKS.md)."""
+    t = sorted(times)
+    return round(t[min(len(t) - 1, int(len(t) * q))], 3)
+
+
+def _figures(times: list[float]) -> dict:
+    return {"faults": len(times), "p50_s": _pct(times, 0.5), "p99_s": _pct(times, 0.99),
+            "max_s": round(max(times), 3)} if times else {"faults": 0}
+
+
+def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int, timeout: float, out,
+                  max_seconds: float = 0.0) -> None:
     from lmqtt.store.client import connect
     g = _Group(root, mode, None, timeout).start()
     ck = Checker()
@@ -197,8 +210,13 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
         t = threading.Thread(target=produce, daemon=True)
         t.start()
         times = []
+        by_kind: dict[str, list[float]] = {}
         fault_log: list = []
+        started = time.monotonic()
         for i in range(kills):
+            if max_seconds and time.monotonic() - started > max_seconds:
+                print(f"time bound of {max_seconds:g} s reached after {i} faults", file=sys.stderr, flush=True)
+                break
             prim = g.primary(in_sync=3, timeout=120)
             kind = faults[i % len(faults)]
             time.sleep(0.5)                      # some load on this primary first
@@ -216,7 +234,9 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
             if first is None:
                 raise RuntimeError(f"no acknowledgement within 60 s after fault {i}")
             times.append(first - t0)
-            fault_log.append({"n": i + 1, "t": round(t0, 3), "kind": kind, "victim": prim.node, "new": new.node})
+            by_kind.setdefault(kind, []).append(first - t0)
+            fault_log.append({"n": i + 1, "t": round(t0, 3), "kind": kind, "victim": prim.node, "new": new.node,
+                              "s": round(first - t0, 3)})
             if kind == "kill":
                 prim.start()
             else:
@@ -243,10 +263,10 @@ def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int
         reader.close()
         conn.close()
         row = ck.verdict()[0]
-        times.sort()
-        out({"case": "failover", "flush_mode": mode, "faults": kills, "kinds": faults,
-             "election_timeout_s": timeout, "p50_s": round(times[len(times) // 2], 3),
-             "p99_s": round(times[min(len(times) - 1, int(len(times) * 0.99))], 3), "max_s": round(times[-1], 3),
+        out({"case": "failover", "flush_mode": mode, "faults": len(times), "kinds": faults,
+             "election_timeout_s": timeout, **{k: v for k, v in _figures(times).items() if k != "faults"},
+             "by_kind": {k: _figures(v) for k, v in by_kind.items()},
+             "seconds": round(time.monotonic() - started, 1),
              "acked": row["acked"], "lost": row["lost"], "duplicated": row["duplicated"],
              "never_sent": row["never_sent"], "send_errors": len(errors), "verdict": failures([row]) or "ok",
              "lost_examples": (row.get("examples") or {}).get("lost", []),
@@ -265,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=20, help="faults of the primary in the failover case (default 20)")
     ap.add_argument("--faults", default="kill,stop", help="kill (kill -9) and/or stop (SIGSTOP), alternated")
     ap.add_argument("--election-timeout-s", type=float, default=2.5)
+    ap.add_argument("--max-seconds", type=float, default=0.0,
+                    help="failover case: start no fault after this many seconds (0: no bound); the figures "
+                         "say how many faults ran")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
@@ -286,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         if "failover" in cases:
             d = os.path.join(base, "failover")
             os.makedirs(d, exist_ok=True)
-            case_failover(d, a.flush_modes.split(",")[0].strip(), a.kills, faults, a.size, a.election_timeout_s, out)
+            case_failover(d, a.flush_modes.split(",")[0].strip(), a.kills, faults, a.size, a.election_timeout_s, out,
+                          a.max_seconds)
     except KeyboardInterrupt:
         return 130
     finally:
