@@ -281,8 +281,11 @@ def test_groups_page_shows_a_groups_committed_offset_lag_and_pop_state(server, b
         conn.cmd("commit", group="billing", topic="grp", queue_id=0, offset=4)
         lag = conn.admin().lag("billing")
         pop = conn.admin().pop_info("billing", "grp", 0)
+        popped = conn.cmd("pop", group="grp-popper", topic="grp", queue_id=0, max_count=2, invisible_ms=60000)
+        only = conn.admin().pop_info("grp-popper", "grp", 0)      # a group that only POPs
     finally:
         conn.close()
+    assert (only["next"], only["inflight"], only["backlog"]) == (2, 2, 7), (only, popped)
     assert [(q["committed"], q["max_offset"], q["lag"]) for q in lag] == [(4, 9, 5)], lag
     open_page(browser, console_url(server), "groups")
     row = 'tr[data-group="billing"][data-queue="grp:0"]'
@@ -291,6 +294,10 @@ def test_groups_page_shows_a_groups_committed_offset_lag_and_pop_state(server, b
     wait_text(browser, row + " .lag", "5")
     wait_text(browser, row + " .pop", f"{pop['next']:,} / {pop['inflight']:,} / {pop['backlog']:,}")
     wait_text(browser, row + " .dead", "0")
+    row = 'tr[data-group="grp-popper"][data-queue="grp:0"]'
+    wait_text(browser, row + " .pop", "2 / 2 / 7")
+    wait_text(browser, row + " .committed", "-")
+    wait_text(browser, row + " .lag", "7")
     shot(browser, tmp_path, "groups")
 
 
