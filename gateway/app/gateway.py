@@ -35,17 +35,41 @@ def build_security(cfg: GatewayConfig):
     `None` for the chain means "no authentication configured and anonymous clients are fine here"
     (a loopback host, or `allow_anonymous`): CONNECT then pays nothing for authentication.
     """
-    from lmqtt.gateway.security.acl import AclError, AclFile
-    from lmqtt.gateway.security.auth import (AuthChain, AuthError, ClientCertificate, HmacSignature, JwtToken,
-                                    PasswordFile)
-    from lmqtt.gateway.net.tls import TlsConfigError, server_context
+    # TLS, authentication and the ACL are imported only when configured: a plain `lmqtt serve`
+    # starts without them (issue 29: the start's imports count in a restart)
     ctx = None
     if cfg.tls_port or cfg.wss_port:
+        from lmqtt.gateway.net.tls import TlsConfigError, server_context
         try:
             ctx = server_context(cfg.cert, cfg.key, cfg.cafile, bool(cfg.require_certificate))
         except TlsConfigError as e:
             raise SecurityConfigError(str(e)) from None
-    authenticators = []
+    authenticators: list = []
+    if (cfg.cafile and ctx is not None) or cfg.password_file or cfg.hmac_keys or cfg.jwt_secret or cfg.jwt_public_key:
+        authenticators = _authenticators(cfg, ctx)
+    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
+        raise SecurityConfigError(
+            f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
+            f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
+            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
+            f"anonymous clients on purpose")
+    chain = None
+    if authenticators:
+        from lmqtt.gateway.security.auth import AuthChain
+        chain = AuthChain(authenticators, bool(cfg.allow_anonymous))
+    acl = None
+    if cfg.acl_file:
+        from lmqtt.gateway.security.acl import AclError, AclFile
+        try:
+            acl = AclFile(cfg.acl_file)
+        except AclError as e:
+            raise SecurityConfigError(str(e)) from None
+    return ctx, chain, acl
+
+
+def _authenticators(cfg: GatewayConfig, ctx) -> list:
+    from lmqtt.gateway.security.auth import AuthError, ClientCertificate, HmacSignature, JwtToken, PasswordFile
+    authenticators: list = []
     try:
         if cfg.cafile and ctx is not None:
             authenticators.append(ClientCertificate())   # a verified certificate names the user
@@ -59,20 +83,7 @@ def build_security(cfg: GatewayConfig):
         raise SecurityConfigError(str(e)) from None
     except OSError as e:
         raise SecurityConfigError(f"cannot read {e.filename}: {e.strerror or e}") from None
-    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
-        raise SecurityConfigError(
-            f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
-            f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
-            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
-            f"anonymous clients on purpose")
-    chain = AuthChain(authenticators, bool(cfg.allow_anonymous)) if authenticators else None
-    acl = None
-    if cfg.acl_file:
-        try:
-            acl = AclFile(cfg.acl_file)
-        except AclError as e:
-            raise SecurityConfigError(str(e)) from None
-    return ctx, chain, acl
+    return authenticators
 
 
 # why a TLS handshake failed, from the ssl module's reason: (cause label, what to tell the operator)
@@ -460,7 +471,6 @@ class Gateway:
         self.metrics.registry.register(_Collector())
 
     async def _listen(self, loop) -> None:
-        from lmqtt.gateway.net.websocket import WebSocketProtocol
         cfg = self.cfg
         broker = self.broker
         self._install_limits()
@@ -470,6 +480,9 @@ class Gateway:
 
         def ws():
             return WebSocketProtocol(mqtt, path="/mqtt", max_message_bytes=cfg.max_packet_size)
+
+        if cfg.ws_port or cfg.wss_port:     # wsproto: imported only with a WebSocket listener
+            from lmqtt.gateway.net.websocket import WebSocketProtocol
 
         plan = [("mqtt", cfg.port, mqtt, None)]
         if cfg.tls_port:
@@ -521,12 +534,13 @@ class Gateway:
         b, m = self.broker, self.metrics
         connected = sum(1 for c in b.connections if c.connected)
         sessions = b.session_registry.sessions
+        known = b.session_registry.count()       # with those restored dormant (not built yet)
         totals = {}
         for fam in m.registry.collect():
             if fam.name in ("lmqtt_dropped_messages", "lmqtt_connects"):
                 totals[fam.name] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
         received, sent = sum(m.msg_in), sum(m.msg_out)
-        return {"connected": connected, "disconnected": max(0, len(sessions) - connected),
+        return {"connected": connected, "disconnected": max(0, known - connected),
                 "messages_received": received, "messages_sent": sent,
                 "publish_received": received, "publish_sent": sent,
                 "publish_dropped": totals.get("lmqtt_dropped_messages", 0),

@@ -16,7 +16,7 @@ published and the sessions its sweep changed while this gateway was away (the fa
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, Lease, QueueStore, Retained, Storage
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
@@ -149,7 +149,7 @@ class RemoteSessions:
                     recs[-1].client_id if recs else None)
         return self._pages(hosted_by, True, took)
 
-    def records_for_restore(self, hosted_by: str | None = None) -> Answer[list[bytes]]:
+    def records_for_restore(self, hosted_by: str | None = None) -> Answer[Iterable[bytes]]:
         """`list_for_restore` without offsets and without decoding: the records' bytes as the store
         sent them (the gateway's restore checks the host)."""
         def took(r: P.ListSessionsReply) -> tuple[list, str | None]:
@@ -158,7 +158,7 @@ class RemoteSessions:
         return self._pages(hosted_by, False, took)
 
     def _pages(self, hosted_by: str | None, offsets: bool,
-               took: Callable[[P.ListSessionsReply], tuple[list, str | None]]) -> Answer[list[Any]]:
+               took: Callable[[P.ListSessionsReply], tuple[list, str | None]]) -> Answer[Any]:
         """Every page of gw_list_sessions (`RESTORE_PAGE` records each, asked for when the one
         before is in), each turned by `took` into (its items, the client id of its last record)."""
         got: list[Any] = []

@@ -9,13 +9,44 @@ Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with back
 asyncio), then the command API on top (`producer.py`, `consumer.py`, `admin.py`; asyncio:
 `aio_api.py`).
 """
+from typing import TYPE_CHECKING
+
+# connection.py first, as always (it imports aio.py at its end, which needs its names: importing
+# aio.py first would be circular)
 from .connection import (AsyncConnection, Connection, ConnectionLost, DiskFull, StoreClientError, connect,
                          connect_async, parse_address)
-from .consumer import FilterConsumer, PopConsumer, PullConsumer, PullResult, Record
-from .producer import AutoBatchProducer, Producer, SendResult
-from .aio_api import AsyncFilterConsumer, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer
+
+# where each other name of the API lives: imported on first use (PEP 562), so that importing one
+# submodule (the gateway reads `lmqtt.store.client.props`) does not import the producers and
+# consumers (~40 ms of an `lmqtt serve` start)
+_WHERE = {
+    "consumer": ("FilterConsumer", "PopConsumer", "PullConsumer", "PullResult", "Record"),
+    "producer": ("AutoBatchProducer", "Producer", "SendResult"),
+    "aio_api": ("AsyncFilterConsumer", "AsyncPopConsumer", "AsyncProducer", "AsyncPullConsumer"),
+}
+_MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
 __all__ = ["connect", "connect_async", "parse_address", "Connection", "AsyncConnection", "ConnectionLost",
            "StoreClientError", "DiskFull", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
            "FilterConsumer", "PopConsumer", "PullResult", "Record", "AsyncProducer", "AsyncPullConsumer",
            "AsyncFilterConsumer", "AsyncPopConsumer"]
+
+
+def __getattr__(name: str):
+    mod = _MODULE_OF.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .aio_api import AsyncFilterConsumer, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer
+    from .consumer import FilterConsumer, PopConsumer, PullConsumer, PullResult, Record
+    from .producer import AutoBatchProducer, Producer, SendResult

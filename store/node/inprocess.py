@@ -40,7 +40,7 @@ class InProcessSessions:
     def list_for_restore(self, hosted_by: str | None = None) -> Answer[list[tuple[SessionRecord, dict[str, int]]]]:
         return Answer.now(self.md.sessions_with_offsets, hosted_by)
 
-    def records_for_restore(self, hosted_by: str | None = None) -> Answer[Iterator[bytes]]:
+    def records_for_restore(self, hosted_by: str | None = None) -> Answer[Iterable[bytes]]:
         """The records' bytes in client id order, read in pages as they are consumed (a million
         sessions' bytes are never all in memory at once); no host filtering in-process (the
         embedded gateway restores them all; the caller checks the host)."""

@@ -5,9 +5,16 @@ Why in the loop (no thread, no second process): every page reads the broker's li
 (connections, sessions, cursors), which only the loop thread may touch; a snapshot costs a walk
 of plain Python objects, taken once per second by the sampler or once per page request.
 """
-from .server import ConsoleServer
-
 __all__ = ["ConsoleServer", "add_console_args"]
+
+
+def __getattr__(name: str):
+    # ConsoleServer (Starlette, uvicorn: ~0.1 s of imports) is imported when the console starts,
+    # after the MQTT listener is up; the command's flags (`add_console_args`) need none of it
+    if name == "ConsoleServer":
+        from .server import ConsoleServer
+        return ConsoleServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_console_args(p) -> None:
