@@ -722,3 +722,38 @@ def test_a_peer_request_without_the_gateways_token_is_refused(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 403
+
+
+def test_fleet_overview_shows_the_store_groups_roles_and_follows_a_failover(browser, tmp_path):
+    """Gateways over a store group of 3 (docs/ha.md): the overview names the primary and the two
+    replicas in sync, as the members' own `ha_status` says; after a kill -9 of the primary the same
+    page (no reload) shows the new primary, and both gateways ready again (announced to it)."""
+    from tests.ha.group import StoreGroup
+    from tests.support import LmqttGateway
+    group = StoreGroup(str(tmp_path), 3).start()
+    gws = []
+    try:
+        first = group.wait_primary(in_sync=3)
+        gws = [LmqttGateway(group.peers, log_dir=str(tmp_path)).start() for _ in range(2)]
+        ids = [f"test-{g.port}" for g in gws]
+        url = f"http://127.0.0.1:{gws[0].metrics_port}"
+        _wait_ready(url, "gateway 0", gws[0].log_tail)
+        open_page(browser, url + "/console/", "overview")
+        for m in group.members:
+            row = f'#st-members tr[data-node="{m.node}"]'
+            wait_text(browser, row + " .role", "primary" if m is first else "replica")
+            wait_text(browser, row + " .insync", "yes")
+        for g in ids:
+            wait_text(browser, f'tr[data-gateway="{g}"] .health', "ready")
+        shot(browser, tmp_path, "overview-store-group")
+        first.kill9()
+        second = group.wait_primary(exclude=(first.node,), timeout=40)
+        wait_text(browser, f'#st-members tr[data-node="{second.node}"] .role', "primary", timeout=40)
+        assert not browser.find_elements(By.CSS_SELECTOR, f'#st-members tr[data-node="{first.node}"]')
+        for g in ids:
+            wait_text(browser, f'tr[data-gateway="{g}"] .health', "ready", timeout=40)
+        assert browser.find_element(By.ID, "st-where").text == f"lmqtt://{second.address}"
+    finally:
+        for g in gws:
+            g.stop()
+        group.stop()
