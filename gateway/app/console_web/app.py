@@ -200,6 +200,8 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
 
     async def peer_disconnect(request: Request):
         if not peer_ok(request):
+            log.warning("event=console_action_refused action=disconnect user=- reason=peer_token peer=%s",
+                        request.client.host if request.client else "?")
             return peer_refused
         try:
             body = await request.json()
