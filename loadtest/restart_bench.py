@@ -3,28 +3,50 @@ persistent sessions to restore (a rolling update, a crash, a maintenance restart
 
 For each broker (`lmqtt`: `lmqtt serve`; `lmqtt-fleet`: a store and two gateways, the
 sessions created on the gateways in turn, each gateway restoring those it served; `mosquitto` with
-persistence to its db file, written at shutdown), in a fresh data directory: `--sessions` clients
-CONNECT with a persistent session (3.1.1 clean session 0) and SUBSCRIBE to a wildcard filter of
-their own, 200 at a time, and leave (on a fleet, session i on gateway i mod 2); then the
-broker is stopped (SIGTERM) and started again `--repeat` times. `restart_s` is from starting the
-process to its MQTT port accepting connections (for the fleet: every gateway up); then a sample of
-the sessions is resumed and `sample_present` says how many the broker still had. One JSON line per
-restart:
+persistence to its db file, written at shutdown), in a fresh data directory, N persistent sessions
+(3.1.1 clean session 0), each SUBSCRIBEd to a wildcard filter of its own, are created
+(`--create`): `mqtt`, N clients CONNECT + SUBSCRIBE, 200 at a time, and leave (on a fleet, session
+i on gateway i mod 2); `direct` (lmqtt only; the default above 100,000 sessions: a million MQTT
+connects would take minutes and is not what is measured), the session records and offsets are
+written straight into the stopped server's metadata (lightqueue.MetadataStore, the records the
+gateway writes for such a client), and the server is started once to register their filters, as
+their SUBSCRIBEs did. Then the broker is stopped (SIGTERM) and started again `--repeat` times.
 
-    {"case": "lmqtt", "sessions": 20000, "rep": 1, "restart_s": 1.2, "stop_s": 0.4,
-     "sample": 50, "sample_present": 50, "broker_rss_bytes": ...}
+One JSON line per restart:
 
-(`broker_rss_bytes`: after the restart, single-process brokers only.)
+    {"case": "lmqtt", "sessions": 20000, "rep": 1, "restart_s": 0.61, "first_connack_s": 0.63,
+     "all_present_s": 0.66, "sample": 51, "sample_present": 51, "sessions_known": 20000,
+     "import_s": 0.21, "interpreter_s": 0.04, "broker_rss_bytes": ..., "stop_s": 0.1, ...}
+
+  restart_s        from starting the process to its MQTT port accepting connections (a fleet:
+                   every gateway up)
+  first_connack_s  from starting the process to the CONNACK of a first client resuming its session
+  all_present_s    from starting the process until a sample spread over every session (`sample`)
+                   is resumed: each CONNACK with session present counts (`sample_present`)
+  sessions_known   lmqtt serve's `lmqtt_sessions` gauge (sessions it knows: online, offline, and
+                   restored not yet resumed), read from /metrics right after
+  import_s         lmqtt: the time its start spends importing modules (which ones: read from an
+                   extra start under `python -X importtime` after the timed ones; timed in a fresh
+                   interpreter without it); `interpreter_s`: `python -c pass`, for scale
+  broker_rss_bytes after the sample, single-process brokers only
+
+`--time-cap` bounds the whole run of a broker (creation included): past it, no further restart is
+started and the row says `"capped": true`.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from lmqtt.loadtest import brokers
@@ -32,9 +54,10 @@ from lmqtt.loadtest.mqtt_client import connect
 from lmqtt.loadtest.scenarios import SESSION_STORM_CONCURRENCY
 
 SAMPLE = 50
+DIRECT_ABOVE = 100_000       # --create auto: direct record writes above this many sessions
 
 
-async def _sessions(host: str, ports: list[int], subscribe: bool, ids: range) -> int:
+async def _sessions(host: str, ports: list[int], subscribe: bool, ids, timeout: float = 60.0) -> int:
     """CONNECT (clean session 0) each of `ids` (i on `ports[i % len(ports)]`), SUBSCRIBE to its
     own filter if `subscribe`, leave; returns how many found their session present."""
     sem = asyncio.Semaphore(SESSION_STORM_CONCURRENCY)
@@ -43,13 +66,34 @@ async def _sessions(host: str, ports: list[int], subscribe: bool, ids: range) ->
     async def one(i: int) -> None:
         nonlocal present
         async with sem:
-            c = await connect(host, ports[i % len(ports)], f"rs-{i}", 4, clean=False, timeout=60.0)
+            c = await connect(host, ports[i % len(ports)], f"rs-{i}", 4, clean=False, timeout=timeout)
             present += bool(c.connack.session_present)
             if subscribe:
-                await c.subscribe(f"rs/dev/{i}/+", 1, timeout=60.0)
+                await c.subscribe(f"rs/dev/{i}/+", 1, timeout=timeout)
             c.disconnect()
     await asyncio.gather(*(one(i) for i in ids))
     return present
+
+
+def write_sessions_direct(data_dir: Path, n: int) -> None:
+    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with clean
+    session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
+    metadata: what the MQTT creation leaves, without a million connects."""
+    from lmqtt.lightqueue.metadata import MetadataStore
+    from lmqtt.lightqueue.records import NEVER_EXPIRES, SessionRecord, Subscription
+
+    md = MetadataStore(str(data_dir / "lightqueue" / "meta"))
+    try:
+        now = int(time.time() * 1000)
+        for i in range(n):
+            flt = f"rs/dev/{i}/+"
+            rec = SessionRecord(f"rs-{i}", 4, NEVER_EXPIRES, now, [Subscription(flt, 1)],
+                                {"inflight": {"out": [], "next": {flt: 0}, "in2": [], "pid": 1}})
+            md.put_session(rec.client_id, rec)
+            md.set_offsets(rec.client_id, {flt: 0})
+        md.flush()
+    finally:
+        md.close()
 
 
 def _rss(pid: int) -> int | None:
@@ -63,29 +107,110 @@ def _rss(pid: int) -> int | None:
     return None
 
 
-def bench_broker(name: str, n: int, repeat: int, base: Path) -> list[dict]:
+def _gauge(port: int, name: str = "lmqtt_sessions") -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def interpreter_s() -> float:
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], check=False)
+    return round(time.monotonic() - t0, 3)
+
+
+def import_s(argv: list[str], host: str, port: int, log: Path, timeout: float) -> float | None:
+    """The imports of one start of `argv` (an lmqtt command line): which modules it imports is
+    read from one more start under `python -X importtime` (until its port accepts, then SIGTERM);
+    their time is measured without it (importtime's own bookkeeping doubles it): a fresh
+    interpreter imports exactly those top-level modules, timed with perf_counter."""
+    if not argv or argv[0] != sys.executable:
+        return None
+    with open(log, "wb") as err:
+        p = subprocess.Popen([argv[0], "-X", "importtime", *argv[1:]], stdout=subprocess.DEVNULL, stderr=err,
+                             start_new_session=True)
+    try:
+        if not brokers.wait_port(host, port, timeout, p):
+            return None
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+    mods = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+\d+ \| (\S+)$", line)     # depth 0: no indent
+        if m and m.group(1) not in ("site", "encodings") and not m.group(1).startswith("_"):
+            mods.append(m.group(1))
+    code = ("import importlib, time\nt = time.perf_counter()\nfor m in %r:\n    importlib.import_module(m)\n"
+            "print(time.perf_counter() - t)" % mods)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    try:
+        return round(float(r.stdout.strip().splitlines()[-1]), 3)
+    except (ValueError, IndexError):
+        return None
+
+
+def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s: float) -> list[dict]:
+    started = time.monotonic()
+    left = lambda: max(10.0, cap_s - (time.monotonic() - started))     # noqa: E731
+    if create == "auto":
+        create = "direct" if n > DIRECT_ABOVE and name == "lmqtt" else "mqtt"
+    if create == "direct" and name != "lmqtt":
+        return [{"case": name, "sessions": n, "skipped": f"--create direct is for lmqtt serve only ({name}: "
+                 f"sessions are created over MQTT, pass --create mqtt for {n:,} connects)"}]
     workdir = base / name
-    out = []
-    rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0)
+    mport = brokers.free_port() if name == "lmqtt" else None
+    sec = brokers.Security(lmqtt_args=("--metrics-port", str(mport), "--no-console")) if mport else None
+    out: list[dict] = []
+    rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0, security=sec)
     try:
         t0 = time.monotonic()
-        asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], True, range(n)))
+        if create == "direct":
+            rb.stop(timeout=300.0)
+            write_sessions_direct(workdir / "lmqtt-data", n)
+            # the first start registers their filters with the store (what their SUBSCRIBEs did)
+            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=left(), security=sec)
+        else:
+            asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], True, range(n)))
         created_s = time.monotonic() - t0
+        step = max(1, n // SAMPLE) | 1          # odd: a fleet's sample spans both gateways
+        sample = range(1, n, step)
         for rep in range(1, repeat + 1):
+            if time.monotonic() - started > cap_s:
+                out.append({"case": name, "sessions": n, "rep": rep, "capped": True, "time_cap_s": cap_s})
+                break
             t0 = time.monotonic()
             rb.stop(timeout=300.0)
             stop_s = time.monotonic() - t0
             t0 = time.monotonic()
-            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=600.0)
+            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=min(600.0, left()),
+                               security=sec)
             restart_s = time.monotonic() - t0
+            ports = [rb.port, *rb.extra_ports]
+            first = asyncio.run(_sessions(rb.host, ports, False, [0], timeout=min(600.0, left())))
+            first_s = time.monotonic() - t0
+            present = asyncio.run(_sessions(rb.host, ports, False, sample, timeout=min(600.0, left())))
+            all_s = time.monotonic() - t0
             rss = None if rb.extra_ports or name == "lmqtt-workers" else _rss(rb.pid)   # one process only
-            step = max(1, n // SAMPLE) | 1          # odd: a fleet's sample spans both gateways
-            sample = range(0, n, step)
-            present = asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], False, sample))
-            out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep,
-                        "restart_s": round(restart_s, 3), "stop_s": round(stop_s, 3),
-                        "created_per_s": round(n / created_s, 1), "sample": len(sample),
-                        "sample_present": present, "broker_rss_bytes": rss})
+            out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep, "created": create,
+                        "created_s": round(created_s, 1), "restart_s": round(restart_s, 3),
+                        "first_connack_s": round(first_s, 3), "first_present": bool(first),
+                        "all_present_s": round(all_s, 3), "sample": len(sample), "sample_present": present,
+                        "sessions_known": _gauge(mport) if mport else None, "stop_s": round(stop_s, 3),
+                        "broker_rss_bytes": rss})
+        if name == "lmqtt" and time.monotonic() - started < cap_s:
+            rb.stop(timeout=300.0)
+            imp = import_s(rb.argv, rb.host, rb.port, workdir / "importtime.log", min(600.0, left()))
+            for row in out:
+                row.update(import_s=imp, interpreter_s=interpreter_s())
     finally:
         rb.stop(timeout=300.0)
     return out
@@ -96,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brokers", default="lmqtt,lmqtt-fleet,mosquitto")
     ap.add_argument("--sessions", type=int, default=20000, help="persistent sessions to restore (default 20000)")
     ap.add_argument("--repeat", type=int, default=2, help="restarts per broker (default 2)")
+    ap.add_argument("--create", choices=("auto", "mqtt", "direct"), default="auto",
+                    help=f"how the sessions are made: MQTT connects, or (lmqtt) records written into the stopped "
+                         f"server's metadata (default auto: direct above {DIRECT_ABOVE:,} sessions)")
+    ap.add_argument("--time-cap", type=float, default=1800.0,
+                    help="seconds a broker's run may take, creation included (default 1800)")
     args = ap.parse_args(argv)
     if args.sessions < SAMPLE:
         ap.error(f"--sessions must be at least {SAMPLE}")
@@ -103,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in [b.strip() for b in args.brokers.split(",") if b.strip()]:
             try:
-                for row in bench_broker(name, args.sessions, args.repeat, base):
+                for row in bench_broker(name, args.sessions, args.repeat, base, args.create, args.time_cap):
                     print(json.dumps(row), flush=True)
             except brokers.BrokerUnavailable as e:
                 print(json.dumps({"case": name, "error": str(e)}), flush=True)
+            shutil.rmtree(base / name, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0
