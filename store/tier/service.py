@@ -111,6 +111,7 @@ class TierService:
         self.parquet_merges = 0                   # merges (compaction) done by this process
         self.parquet_merged_files = 0             # files they replaced
         self.parquet_waiting = 0                  # partitions with small files not merged yet (last pass)
+        self._compacted_upto = None               # the tier's end offset at the last compaction pass
 
     # ------------------------------------------------------------------ manifest
     def _manifest_doc(self, segments: list[dict]) -> bytes:
@@ -451,6 +452,7 @@ class TierService:
         with self._hk_lock:
             with self._lock:
                 segs = list(self.segments)
+            upto = segs[-1]["end"] if segs else None
             for keys, last_start in self._merge_runs(segs, now_ms):
                 if self._stop.is_set():
                     break
@@ -484,7 +486,16 @@ class TierService:
                 n += 1
                 log.info("tier: merged %d Parquet files (%d rows) into %s (%d bytes) in %.2f s", len(keys), rows,
                          self.objects.where(new_key), len(data), time.monotonic() - t0)
+            self._compacted_upto = upto
         return n
+
+    def _merges_waiting(self, segs: list[dict]) -> int:
+        """Partitions whose small files wait for a merge, as of the last compaction pass; 1 more
+        when segments came since that pass (it has not looked at their files yet)."""
+        if getattr(self.columnar, "merge", None) is None:
+            return 0
+        end = segs[-1]["end"] if segs else None
+        return self.parquet_waiting + (1 if end != self._compacted_upto and any("parquet" in s for s in segs) else 0)
 
     # ------------------------------------------------------------------ retention
     def housekeep(self, now_ms: int | None = None) -> int:
@@ -735,7 +746,7 @@ class TierService:
             "parquet_segments": sum(1 for s in segs if "parquet" in s), "parquet_error": self.columnar_error,
             "parquet_files": len({k for s in segs for k in s.get("parquet", ())}),
             "parquet_merges": self.parquet_merges, "parquet_merged_files": self.parquet_merged_files,
-            "parquet_waiting_merges": self.parquet_waiting,
+            "parquet_waiting_merges": self._merges_waiting(segs),
             "tier_stored_bytes": sum(s["stored"] for s in segs),
             "tier_min_offset": segs[0]["start"] if segs else None, "tier_end_offset": segs[-1]["end"] if segs else None,
             "oldest_readable_ms": oldest, "min_readable_offset": self.min_offset(),
