@@ -140,6 +140,7 @@ class Member:
                     clear()
             self.on_promoted.append(fresh_pop)
             self.on_demoted.append(fresh_pop)
+        server.produce = self._replicated_duplicates(server.produce)
         server.register_call("ha_status", lambda _a: self.status())
         for name in META_CALLS:
             fn = server.calls.get(name)
@@ -206,6 +207,30 @@ class Member:
             gate.wake()
             return fut
         return call
+
+    def _replicated_duplicates(self, produce):
+        """StoreServer.produce on a member: a retried batch the dedup finds stored already is
+        answered when every in-sync replica has its bytes (AckGate.when_replicated), like its first
+        attempt - not at once: a new primary inherits batches (bytes and results) its replicas may
+        not have yet, and a retry acknowledged before they do would be lost with this member."""
+        from ..protocol import decode_produced
+        from ..record import PREFIX
+        clog = self.clog
+
+        def wrapped(body, flags=0):
+            out, durable, dup = produce(body, flags)
+            gate = self.gate
+            if dup and durable is None and gate is not None and out:
+                got = decode_produced(out)
+                end = clog.committed
+                if got:
+                    phys = got[-1][0]
+                    mf = clog.mfq.find(phys)
+                    if mf is not None and phys < clog.wrote:
+                        end = phys + PREFIX.unpack_from(mf.mm, phys - mf.start_offset)[0]
+                durable = gate.when_replicated(end)
+            return out, durable, dup
+        return wrapped
 
     def _apply_meta(self, op: dict) -> None:
         fn = self._meta_apply.get(op.get("k"))

@@ -365,6 +365,9 @@ class AckGate:
         # (meta sequence, fn() to call then); replica_meta(node) -> the last sequence it applied
         self.meta_waiting: collections.deque = collections.deque()
         self.replica_meta = lambda node: 0
+        # retried batches the dedup found stored already (when_replicated): answered once every
+        # in-sync replica has their bytes, as their first attempt would have been - (end, Future)
+        self.dup_waiting: list = []
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-ackgate", daemon=True)
         self._thread.start()
 
@@ -382,7 +385,8 @@ class AckGate:
             self.failed = err
             fut = self.current
             self.current = _failed_future(err)
-        items = list(self.waiting) + [(0, fut)]
+            dups, self.dup_waiting = self.dup_waiting, []
+        items = list(self.waiting) + [(0, fut)] + dups
         self.waiting.clear()
         metas = list(self.meta_waiting)
         self.meta_waiting.clear()
@@ -392,9 +396,25 @@ class AckGate:
             if not f.done():
                 f.set_exception(err)
 
+    def when_replicated(self, end: int) -> Future:
+        """A future resolved once the log up to `end` is on every in-sync replica (at least
+        `ack_replicas`) under the flush mode and the lease holds - the rule of an append's
+        acknowledgement, for bytes already in the log: a batch a retry found stored. A new primary
+        counts its whole log as confirmed (its predecessor confirmed some of it, it cannot tell
+        which), but its replicas may not have all of it yet: a retry answered "stored" at once
+        would be acknowledged on this member only. Fails as the appends' futures do (stop)."""
+        f: Future = Future()
+        with self.clog.lock:
+            if self.failed is not None:
+                f.set_exception(self.failed)
+                return f
+            self.dup_waiting.append((end, f))
+        self.wake()
+        return f
+
     def _run(self) -> None:
         while not self._stop:
-            self._ev.wait(0.002 if self.waiting else 0.05)
+            self._ev.wait(0.002 if self.waiting or self.dup_waiting else 0.05)
             self._ev.clear()
             try:
                 self.evaluate()
@@ -419,7 +439,7 @@ class AckGate:
                     self.on_add(n)
         if self.meta_waiting:
             self._meta_evaluate()
-        if not self.waiting:
+        if not self.waiting and not self.dup_waiting:
             return
         local = clog.flushed if self.sync else clog.committed
         if not self.lease_ok():
@@ -435,6 +455,14 @@ class AckGate:
         self.blocked = ""
         if acked > self.acked:
             self.acked = acked
+        if self.dup_waiting:
+            with clog.lock:
+                ready = [(e, f) for e, f in self.dup_waiting if e <= acked]
+                if ready:
+                    self.dup_waiting = [(e, f) for e, f in self.dup_waiting if e > acked]
+            for e, f in ready:
+                if not f.done():
+                    f.set_result(e)
         w = self.waiting
         done = []
         while w and w[0][0] <= acked:

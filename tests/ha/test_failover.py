@@ -488,3 +488,45 @@ def test_a_silent_primary_is_left_as_soon_as_another_member_names_a_newer_one(gr
             loop.close()
     row = _verdict(ck, records)
     assert failures([row]) == [] and row["acked"] == 30 and row["duplicated"] == 0, row
+
+
+def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
+    """A batch appended on the primary while both replicas are stopped waits for them; the same
+    batch sent again (same producer id + sequence: the dedup finds it stored) must wait too - it
+    is the same acknowledgement. Before, the retry was answered "stored" at once: on a new
+    primary that inherited the batch from its predecessor before its replicas had it, that
+    acknowledged a message held by one member only. Both answers come once the replicas are
+    back, with the same offsets; the message is stored once."""
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.producer import _pack_one
+    prim = group.wait_primary(in_sync=3)
+    others = [m for m in group.members if m is not prim]
+    ck = Checker()
+    conn = connect(prim.address, timeout=60.0)
+    other = connect(prim.address, timeout=60.0)
+    p = conn.producer("p9")
+    for i in range(20):
+        ck.sent("p9", i, 2, STREAM)
+        p.send(TOPIC, body("p9", i, 64))
+        ck.acked("p9", i)
+    frame = W.encode_produce("p9", p.next_sequence(), 1, _pack_one(TOPIC, body("p9", 20, 64)))
+    ck.sent("p9", 20, 2, STREAM)
+    for m in others:
+        m.pause()
+    try:
+        first = conn.request(W.OP_PRODUCE, frame)
+        again = other.request(W.OP_PRODUCE, frame)        # a retry of the same batch
+        time.sleep(1.0)
+        assert not first.done() and not again.done(), "acknowledged while no replica had it"
+    finally:
+        for m in others:
+            m.resume()
+    op1, _f1, r1 = first.result(30)
+    op2, _f2, r2 = again.result(30)
+    assert op1 == op2 == W.OP_PRODUCED and W.decode_produced(r1) == W.decode_produced(r2)
+    ck.acked("p9", 20)
+    records = read_all(connect(prim.address), TOPIC)
+    row = _verdict(ck, records)
+    assert failures([row]) == [] and row["acked"] == 21 and row["duplicated"] == 0, row
+    conn.close()
+    other.close()
