@@ -757,3 +757,34 @@ def test_fleet_overview_shows_the_store_groups_roles_and_follows_a_failover(brow
         for g in gws:
             g.stop()
         group.stop()
+
+
+def _fmt1(x: float) -> str:
+    """As the page's fmt(x, 1): thousands separators, at most one decimal."""
+    return f"{x:,.1f}".rstrip("0").rstrip(".")
+
+
+def test_overview_shows_the_tiers_use(browser, tmp_path):
+    """`lmqtt serve --tier file://...`: the overview's store section says where the tier is and what
+    it holds, as `lmqtt admin --tier` (the store's `tier` CALL) says."""
+    from lmqtt.store.client import connect
+    tier = tmp_path / "cold"
+    tier.mkdir()
+    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log"),
+                      extra_args=("--sys-interval", "0", "--tier", f"file://{tier}")).start()
+    try:
+        _wait_port(srv.host, srv.metrics_port)
+        conn = connect(srv.store_address)
+        try:
+            t = conn.cmd("tier")["tier"]
+        finally:
+            conn.close()
+        open_page(browser, console_url(srv), "overview")
+        want = (f"tier file://{tier}: reachable · local {t['local_segments']:,} segments "
+                f"({_fmt1(t['local_bytes'] / 1048576)} MB) · uploading {t['uploading_segments']:,} · in the tier "
+                f"{t['tier_segments']:,} segments")
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "st-tier").text.startswith(want))
+        assert browser.find_element(By.ID, "st-where").text == "embedded (lmqtt serve)"
+        assert "disk free" in browser.find_element(By.ID, "st-summary").text
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
