@@ -87,6 +87,57 @@ class MetadataStore:
         # light-queue store): a session record read back has its pending inbound QoS 2 ids settled
         # (records.py `resolve_pending_qos2`); None: they are returned as written
         self.qos2_stored = None
+        # a store group member (store/node/ha_member.py `replicate`): every write is checked
+        # (`check()` raises on a member that is not the primary) and its operations handed to
+        # `ship(ops)` right after, both under `_ship_lock`, so they ship in the order written
+        self._ship = None
+        self._check = None
+        self._ship_lock = threading.Lock()
+
+    # -- replication (store groups, docs/ha.md "Replicated metadata") -------------------------
+    def replicate(self, check, ship) -> None:
+        """Group mode: before every write `check()` (raises to refuse it: only the primary writes
+        its metadata), after it `ship(ops)`, ops = [(key, value | None for a delete)] in the
+        order written (every write of this class goes through `_put` / `_write`: the one
+        chokepoint). Keys of this data dir only (`K_RECOVERY`) are not shipped. None, None: off."""
+        self._check, self._ship = check, ship
+
+    def apply_replicated(self, ops) -> None:
+        """Write what the primary shipped (`replicate`): one WAL write, no check, not shipped."""
+        wb = WriteBatch(raw_mode=True)
+        for k, v in ops:
+            if k == K_RECOVERY:
+                continue
+            if v is None:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+        if self._closed:
+            raise MetadataError("metadata store is closed")
+        self._db.write(wb, self._wo)
+
+    def snapshot(self):
+        """A point-in-time view of the replicated keys: an iterator of (key, value), lazily
+        read (RocksDB snapshot; take it where no write runs concurrently to tie it to a
+        position in the shipped stream)."""
+        snap = self._db.snapshot()
+
+        def items(snap=snap):
+            for k, v in snap.items():
+                if k != K_RECOVERY:
+                    yield k, v
+        return items()
+
+    def replicated_keys(self):
+        """Every key a snapshot would hold (the replica's side of a snapshot: those it did not
+        get are deleted after it)."""
+        for k in self._db.keys():
+            if k != K_RECOVERY:
+                yield k
+
+    def _batch(self):
+        """A WriteBatch; in group mode one that also lists its operations (for `ship`)."""
+        return WriteBatch(raw_mode=True) if self._ship is None else _ShippedBatch()
 
     # -- low level ---------------------------------------------------------------------------
     def _put(self, key: bytes, value: bytes) -> None:
@@ -94,14 +145,34 @@ class MetadataStore:
         every CONNECT, SUBSCRIBE and disconnect of a persistent client writes its record)."""
         if self._closed:
             raise MetadataError("metadata store is closed")
+        if self._ship is not None and key != K_RECOVERY:
+            with self._ship_lock:
+                self._check()
+                try:
+                    self._db.put(key, value, self._wo)
+                except Exception as e:
+                    raise MetadataError(f"metadata write failed: {e}") from e
+                self._ship([(key, value)])
+            return
         try:
             self._db.put(key, value, self._wo)
         except Exception as e:
             raise MetadataError(f"metadata write failed: {e}") from e
 
-    def _write(self, wb: WriteBatch) -> None:
+    def _write(self, wb) -> None:
         if self._closed:
             raise MetadataError("metadata store is closed")
+        if isinstance(wb, _ShippedBatch):
+            if not wb.ops:
+                return
+            with self._ship_lock:
+                self._check()
+                try:
+                    self._db.write(wb.wb, self._wo)
+                except Exception as e:
+                    raise MetadataError(f"metadata write failed: {e}") from e
+                self._ship(wb.ops)
+            return
         try:
             self._db.write(wb, self._wo)
         except Exception as e:
@@ -134,7 +205,7 @@ class MetadataStore:
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
             return self._put(self._okey(consumer, q), _U64.pack(off))
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         for q, off in offsets.items():
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
@@ -162,7 +233,7 @@ class MetadataStore:
 
     def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
         """Forget `consumer`'s offsets (all, or only for `queues`)."""
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         if queues is None:
             pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
             for k, _ in self._scan(pre):
@@ -190,7 +261,7 @@ class MetadataStore:
         """Delete the session and its consumer offsets (consumer name = client id)."""
         key = P_SESSION + client_id.encode("utf-8")
         existed = self._db.get(key) is not None
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         wb.delete(key)
         for k, _ in self._scan(P_OFFSET + client_id.encode("utf-8") + b"\x00"):
             wb.delete(k)
@@ -264,7 +335,7 @@ class MetadataStore:
         key = P_RETAINED + topic.encode("utf-8")
         with self._lock:                  # against clear_retained_if's read-then-delete
             if not payload:
-                wb = WriteBatch(raw_mode=True)
+                wb = self._batch()
                 wb.delete(key)
                 self._write(wb)
                 return
@@ -280,7 +351,7 @@ class MetadataStore:
             v = self._db.get(key)
             if v is None or self._decode_retained(v)[1] != props:
                 return False
-            wb = WriteBatch(raw_mode=True)
+            wb = self._batch()
             wb.delete(key)
             self._write(wb)
             return True
@@ -351,7 +422,7 @@ class MetadataStore:
         if gateway is not None:
             will.gateway = gateway
         key = P_WILL + client_id.encode("utf-8")
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         wb.put(key, will.to_bytes())
         if will.gateway:
             wb.put(self._wkey(will.gateway, client_id), b"")
@@ -381,7 +452,7 @@ class MetadataStore:
             w = WillRecord.from_bytes(v)
             if gateway is not None and w.gateway != gateway:
                 return None
-            wb = WriteBatch(raw_mode=True)
+            wb = self._batch()
             wb.delete(key)
             if w.gateway:
                 wb.delete(self._wkey(w.gateway, client_id))
@@ -414,7 +485,7 @@ class MetadataStore:
         """Remove and return the wills `gateway` holds (all of them with None): the orphans of a
         gateway that crashed, in one write."""
         with self._lock:
-            wb = WriteBatch(raw_mode=True)
+            wb = self._batch()
             out = []
             if gateway is None:
                 for k, v in self._scan(P_WILL):
@@ -453,7 +524,7 @@ class MetadataStore:
         with self._lock:
             v = self._db.get(key)
             n = max(0, (0 if v is None else _U32.unpack(v)[0]) + delta)
-            wb = WriteBatch(raw_mode=True)
+            wb = self._batch()
             if n:
                 wb.put(key, _U32.pack(n))
             else:
@@ -464,7 +535,7 @@ class MetadataStore:
     def set_filter_refs(self, counts: dict[str, int]) -> None:
         """Write absolute reference counts (0 deletes) in one WAL write; the caller holds the
         authoritative in-memory counts (FilterRegistry), so no read-modify-write is needed."""
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         for flt, n in counts.items():
             key = P_FILTER + flt.encode("utf-8")
             if n > 0:
@@ -491,7 +562,7 @@ class MetadataStore:
         return {k[n:].decode("utf-8"): _EPOCH.unpack(v) for k, v in self._scan(P_EPOCH)}
 
     def delete_filter_epoch(self, flt: str) -> None:
-        wb = WriteBatch(raw_mode=True)
+        wb = self._batch()
         wb.delete(P_EPOCH + flt.encode("utf-8"))
         self._write(wb)
 
@@ -503,6 +574,23 @@ class MetadataStore:
         if not self._closed:
             self._closed = True
             self._db.close()
+
+
+class _ShippedBatch:
+    """A WriteBatch that lists its operations too (`MetadataStore._batch` in group mode)."""
+    __slots__ = ("wb", "ops")
+
+    def __init__(self) -> None:
+        self.wb = WriteBatch(raw_mode=True)
+        self.ops: list = []
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.wb.put(key, value)
+        self.ops.append((key, value))
+
+    def delete(self, key: bytes) -> None:
+        self.wb.delete(key)
+        self.ops.append((key, None))
 
 
 def retained_rows_py(items, n: int, plen: int, klen: int, below: bytes | None) -> tuple[list, bool]:

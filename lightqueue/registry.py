@@ -73,6 +73,17 @@ class FilterRegistry:
                 self._refs[flt] = n
         return n
 
+    def reload(self) -> None:
+        """Read the counts again from the metadata (a store group member that becomes primary:
+        its metadata was written by the previous primary, docs/ha.md)."""
+        with self._lock:
+            self._refs = dict(self._meta.filters())
+            self._trie = FilterTrie()
+            for f in self._refs:
+                if is_wildcard(f):
+                    self._trie.add(f)
+            self._cache = OrderedDict()
+
     def refcount(self, flt: str) -> int:
         return self._refs.get(flt, 0)
 

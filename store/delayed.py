@@ -28,18 +28,32 @@ the offsets of the lost records to new appends (issue 26). So:
     record of the size and due time the TimerLog entry recorded. Anything else (another message,
     no readable record, the log ending or starting beyond it) is not released: one ERROR naming
     the offsets, and the timer is done (`refused` in stats()).
+
+In a store group (docs/ha.md, `store.delayed_role` set by store/node/ha_member.py) the timers are
+derived from the log on every member: the parked records are in the replicated CommitLog, and a
+replica's follower thread reads the `$timer` ConsumeQueue as its dispatch fills it (a cursor kept
+in `<timer dir>/follow`) and schedules each parked record's timer in its own wheel. A replica's
+wheel releases nothing: when a timer is due it waits (FiringDeferred) until the primary's release
+(the key `timer:<offset>`) is in its log, then counts it fired, so it keeps pace with the primary.
+A replica that becomes primary (`promote`) first schedules what its follower had not read yet, then
+releases for real; a timer due before its promotion (+ a minute of clock skew) is looked up in the
+key index first, so one the old primary released is not released twice. On the primary the
+follower only moves its cursor (the PRODUCE path arms the timers). A cancellation is shipped on the
+group's metadata stream (`cancel` via ha_member).
 """
 from __future__ import annotations
 
 import logging
+import os
 import struct
+import threading
 import time
 from concurrent.futures import Future
 from typing import Callable
 
 from .errors import DiskFull, NotVisible
 from .message import Message, StoredMessage
-from .timer import Timer, TimerWheel
+from .timer import FiringDeferred, Timer, TimerError, TimerWheel
 
 PARK_TOPIC = "$timer"
 _WRAP = struct.Struct("<qIHH")       # due_ms, flags, queue_id, topic length; then topic, then props
@@ -97,6 +111,23 @@ class DelayedMessages:
         self.lost_in_cut = 0    # timers dropped on opening: their parked record was cut from the log
         self.refused = 0        # timers that found another record than their parked one when due
         self._check_recoveries()
+        # a store group member: "replica" (timers followed from the log, released by the primary)
+        # or "primary"; None: a store of its own (see the module docstring)
+        self.role = getattr(store, "delayed_role", None)
+        self.recheck_before_ms = 0        # a new primary's: timers due before this are looked up first
+        self.released_elsewhere = 0       # a replica's timers found released by the primary
+        self._follow_path = os.path.join(directory, "follow")
+        self._follow_lock = threading.RLock()
+        self._follow_next = self._load_follow()
+        self._follow_stop = threading.Event()
+        self._follow_thread: threading.Thread | None = None
+        self._follow_failing = ""
+        # fn(ref offset) after a cancellation (a group ships it to the replicas)
+        self.on_cancel = getattr(store, "delayed_on_cancel", None)
+        # a member that became primary before its wheel existed catches up first (`start`)
+        self._promote_at_start = self.role == "primary"
+        if self._promote_at_start:
+            self.role = "replica"
 
     # --------------------------------------------------------------------------------- API
     def schedule(self, msg: Message, due_ms: int):
@@ -229,13 +260,109 @@ class DelayedMessages:
         if self._already_fired(t):
             return False
         self.wheel.cancel(parked.phys_offset)
+        if self.on_cancel is not None:
+            self.on_cancel(parked.phys_offset)
         return True
 
     def start(self) -> None:
+        if self._promote_at_start:
+            self.promote()
         self.wheel.start()
+        if self.role is not None:
+            self._follow_thread = threading.Thread(target=self._follow_run, name="lmqtt-timer-follow", daemon=True)
+            self._follow_thread.start()
 
     def close(self) -> None:
+        self._follow_stop.set()
+        if self._follow_thread is not None:
+            self._follow_thread.join(10)
+            self._follow_thread = None
         self.wheel.close()
+
+    # ------------------------------------------------------------------ store groups (docs/ha.md)
+    def _load_follow(self) -> int:
+        try:
+            with open(self._follow_path) as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _follow_run(self) -> None:
+        while not self._follow_stop.is_set():
+            try:
+                n = self.follow_log()
+                if self._follow_failing:
+                    log.info("delayed messages: following the log's parked records works again")
+                    self._follow_failing = ""
+            except Exception as e:  # noqa: BLE001 - retried; said once
+                what = f"{type(e).__name__}: {e}"
+                if what != self._follow_failing:
+                    log.error("delayed messages: scheduling the timers of replicated parked records failed (%s); "
+                              "retried every second", what)
+                self._follow_failing = what
+                self._follow_stop.wait(1.0)
+                continue
+            if not n:
+                self._follow_stop.wait(0.05)
+
+    def follow_log(self, max_count: int = 512) -> int:
+        """Read the parked records after the cursor from the `$timer` ConsumeQueue (dispatched
+        ones); on a replica schedule their timers (on the primary the append path did). -> how
+        many records were read."""
+        st = self.store
+        with self._follow_lock:
+            lo, hi = st.consume_queue_offsets(PARK_TOPIC, 0)
+            nxt = min(max(self._follow_next, lo), hi)     # a cut log ends lower; retention starts higher
+            if nxt >= hi:
+                if nxt != self._follow_next:
+                    self._save_follow(nxt)
+                return 0
+            msgs = st.read_consume_queue(PARK_TOPIC, 0, nxt, max_count)
+            if not msgs:
+                return 0
+            if self.role == "replica":
+                schedule = self.wheel.schedule
+                for m in msgs:
+                    try:
+                        due = _unwrap(m)[1]
+                    except Exception as e:  # noqa: BLE001 - not a parked message: nothing to time
+                        log.error("delayed messages: the %s record at CommitLog offset %d is not a parked message "
+                                  "(%s); no timer", PARK_TOPIC, m.phys_offset, e)
+                        continue
+                    try:
+                        schedule(due, m.phys_offset, m.size)
+                    except TimerError as e:        # the primary's clock allowed it; said, not retried
+                        log.error("delayed messages: no timer for the parked record at %d: %s", m.phys_offset, e)
+                if self._sync:
+                    self.wheel.flush()
+            self._save_follow(msgs[-1].queue_offset + 1)
+            return len(msgs)
+
+    def _save_follow(self, nxt: int) -> None:
+        from .checkpoint import write_atomic
+        write_atomic(self._follow_path, str(nxt).encode())
+        self._follow_next = nxt
+
+    def promote(self) -> None:
+        """This replica became the primary: the parked records it has not scheduled yet first, then
+        it releases timers itself (those due before now + a minute are looked up first: the old
+        primary may have released them)."""
+        with self._follow_lock:
+            while self.follow_log(4096):
+                pass
+            self.recheck_before_ms = int(self._clock() * 1000) + 60_000
+            self.role = "primary"
+
+    def demote(self) -> None:
+        with self._follow_lock:
+            self.role = "replica"
+
+    def _found_released(self, t: Timer, parked: StoredMessage) -> bool:
+        """Whether the log holds the release of `t` (the key `timer:<offset>` under its topic)."""
+        topic = _unwrap(parked)[0]
+        now = int(self._clock() * 1000)
+        return bool(self.store.query_by_key(topic, f"{TIMER_KEY}{t.ref_offset}", max(0, t.due_ms - 60_000),
+                                            now + 60_000, 1))
 
     def stats(self) -> dict:
         return {**self.wheel.stats(), "lost_in_cut": self.lost_in_cut, "refused": self.refused}
@@ -313,6 +440,14 @@ class DelayedMessages:
     def _fire(self, timers: list[Timer]) -> int:
         """Release `timers` (the wheel's fire callback); -> how many were refused: their offset
         no longer holds their parked record (see the module docstring)."""
+        if self.role == "replica":
+            # the primary releases; this wheel counts a timer fired once the release is in the log
+            for t in timers:
+                parked, _why = self._parked(t)
+                if parked is not None and not self._found_released(t, parked):
+                    raise FiringDeferred(f"the release of the timer at {t.ref_offset} is not in the log yet")
+            self.released_elsewhere += len(timers)
+            return 0
         # a timer due at once can fire before dispatch made its parked record readable
         end = self.store.max_offset
         ends = [t.ref_offset + t.ref_size for t in timers if t.ref_offset + t.ref_size <= end]
@@ -324,6 +459,8 @@ class DelayedMessages:
             parked, why = self._parked(t)
             if parked is None:
                 refused.append((t, why))
+            elif t.due_ms < self.recheck_before_ms and self._found_released(t, parked):
+                continue                 # released by the previous primary of the group
             else:
                 msgs.append(self._released(t, parked))
         if msgs:

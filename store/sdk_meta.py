@@ -181,6 +181,39 @@ class SdkMetadata:
         v = self._db.get(key.encode())
         return None if v is None else json.loads(v)
 
+    def delete_json(self, key: str) -> None:
+        self._db.delete(key.encode(), self._wo)
+
+    # ---------------------------------------------------------------- store groups (docs/ha.md)
+    def snapshot(self):
+        """(key, value) of every key but this data dir's own (`_K_RECOVERY`), as of now (a
+        RocksDB snapshot, read lazily): what a store group's primary sends a replica whose
+        metadata it cannot bring up to date change by change."""
+        snap = self._db.snapshot()
+
+        def items(snap=snap):
+            for k, v in snap.items():
+                if k != _K_RECOVERY:
+                    yield k, v
+        return items()
+
+    def replicated_keys(self):
+        for k in self._db.keys():
+            if k != _K_RECOVERY:
+                yield k
+
+    def apply_replicated(self, ops) -> None:
+        """Write (key, value | None = delete) pairs a primary sent (a snapshot's); the producer
+        windows are read again from what is stored."""
+        for k, v in ops:
+            if k == _K_RECOVERY:
+                continue
+            if v is None:
+                self._db.delete(k, self._wo)
+            else:
+                self._db.put(k, v, self._wo)
+        self._producers.clear()
+
     def keys_with_prefix(self, prefix: str) -> list[str]:
         return [k.decode() for k, _v in self._scan(prefix.encode())]
 

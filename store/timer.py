@@ -87,6 +87,15 @@ class TimerError(StoreError):
     """A timer request that cannot be honoured (delay out of range, bad settings)."""
 
 
+class FiringDeferred(Exception):
+    """Raised by a `fire` callback that may not release these timers yet (a store group replica
+    waiting for the primary's release of them to arrive, store/delayed.py): the same timers are
+    offered again shortly, without an ERROR."""
+
+
+DEFERRED_RETRY_S = 0.2
+
+
 class TimerWheel:
     """The TimerLog + the wheel + the firing thread.
 
@@ -455,6 +464,9 @@ class TimerWheel:
         while not self._stop.is_set():
             try:
                 busy = self.fire_due()
+            except FiringDeferred:
+                self._stop.wait(min(self._retry_s, DEFERRED_RETRY_S))
+                continue
             except Exception as e:  # the fire callback failed: the same ticks are offered again
                 what = f"{type(e).__name__}: {e}"
                 # a full disk is the store's disk-full episode, said there; a close abandons firing

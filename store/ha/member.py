@@ -38,8 +38,9 @@ from .truncate import request_cut
 log = logging.getLogger("lmqtt.store.ha")
 
 
-# CALLs whose metadata change is shipped and waited for (store/server.py, store/node/sdk_service.py)
-META_CALLS = ("commit", "filter_commit", "subscribe")
+# CALLs whose metadata change is shipped and waited for (store/server.py, store/node/sdk_service.py;
+# the gateways' gw_* commands are wrapped by store/node/ha_member.py)
+META_CALLS = ("commit", "filter_commit", "subscribe", "unsubscribe", "cancel_delayed")
 
 
 def raft_port(port: int) -> int:
@@ -96,6 +97,14 @@ class Member:
         self.meta_log = MetaLog()
         self.meta = None            # the SdkMetadata whose changes are shipped (attach_meta)
         self._meta_apply: dict = {}
+        # replicated metadata stores by name ("sdk", and "md" the light queues' MetadataStore):
+        # snapshot() / replicated_keys() / apply_replicated(ops), for snapshots (Shipper)
+        self.meta_dbs: dict = {}
+        self._snap_seen: dict | None = None
+        # fn() -> run by the snapshot where no metadata write runs concurrently (the server's loop)
+        self.run_consistent = None
+        self._meta_epoch_path = os.path.join(ha_dir, "meta_epoch")
+        self._meta_incomplete_path = os.path.join(ha_dir, "meta_incomplete")
         self.server = None
         self.on_promoted: list = []          # fn() after this member became primary
         self.on_demoted: list = []           # fn() when it becomes a replica
@@ -122,7 +131,6 @@ class Member:
     def attach_server(self, server) -> None:
         """The StoreServer: refused requests on a replica, `ha_status`, role in HELLO_OK."""
         self.server = server
-        server.serve_delayed = False
         pop = getattr(server, "pop", None)
         if pop is not None:
             # POP state is shipped as SDK metadata (PopManager.persist, every 0.1 s); a member
@@ -156,9 +164,13 @@ class Member:
         group offsets, filter registrations) to the replicas, and apply them there."""
         self.meta = meta
         orig_remember, orig_commit, orig_put = meta.remember, meta.commit, meta.put_json
-        self._meta_apply = {"remember": lambda o: orig_remember(o["p"], int(o["s"]), base64.b64decode(o["v"])),
-                            "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
-                            "put_json": lambda o: orig_put(o["key"], o["v"])}
+        orig_delete = meta.delete_json
+        self._meta_apply.update({"remember": lambda o: orig_remember(o["p"], int(o["s"]), base64.b64decode(o["v"])),
+                                 "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
+                                 "put_json": lambda o: orig_put(o["key"], o["v"]),
+                                 "delete_json": lambda o: orig_delete(o["key"]),
+                                 "snap_begin": self._snap_begin, "snap": self._snap, "snap_end": self._snap_end})
+        self.meta_dbs["sdk"] = meta
         clog = self.clog
         ml = self.meta_log
 
@@ -176,7 +188,79 @@ class Member:
             orig_put(key, obj)
             if self.role == "primary":
                 ml.add(clog.wrote, {"k": "put_json", "key": key, "v": obj})
-        meta.remember, meta.commit, meta.put_json = remember, commit, put_json
+        def delete_json(key):
+            orig_delete(key)
+            if self.role == "primary":
+                ml.add(clog.wrote, {"k": "delete_json", "key": key})
+        meta.remember, meta.commit, meta.put_json, meta.delete_json = remember, commit, put_json, delete_json
+
+    def meta_kind(self, kind: str, apply) -> None:
+        """Replicas apply the shipped changes {"k": kind, ...} with `apply(op)`."""
+        self._meta_apply[kind] = apply
+
+    def ship(self, op: dict) -> None:
+        """Ship a metadata change (this member is the primary): after the log bytes written so far,
+        before any written later; applied by the replicas in that order."""
+        self.meta_log.add(self.clog.wrote, op)
+
+    # ------------------------------------------------------------------ metadata snapshots
+    def meta_state(self) -> dict:
+        """What a replica tells the primary about its metadata (the replication handshake): the
+        epoch whose primary's metadata it holds, and whether a snapshot was cut short."""
+        try:
+            with open(self._meta_epoch_path) as f:
+                epoch = int(f.read().strip() or -1)
+        except (OSError, ValueError):
+            epoch = -1
+        return {"meta_epoch": epoch, "meta_incomplete": os.path.exists(self._meta_incomplete_path)}
+
+    def _set_meta_epoch(self, epoch: int) -> None:
+        from ..checkpoint import write_atomic
+        write_atomic(self._meta_epoch_path, str(epoch).encode())
+
+    def _snapshot(self):
+        """(MetaLog sequence, [(db name, items)]) taken where no metadata write runs (the server's
+        loop), so the items are the state after exactly the changes up to that sequence."""
+        def take():
+            return self.meta_log.seq, [(name, db.snapshot()) for name, db in self.meta_dbs.items()]
+        run = self.run_consistent
+        return run(take) if run is not None else take()
+
+    def _snap_begin(self, _op) -> None:
+        with open(self._meta_incomplete_path, "wb"):
+            pass
+        self._snap_seen = {name: set() for name in self.meta_dbs}
+
+    def _snap(self, op) -> None:
+        db = self.meta_dbs.get(op["d"])
+        if db is None or self._snap_seen is None:
+            return
+        ops = [(base64.b64decode(k), base64.b64decode(v)) for k, v in op["ops"]]
+        db.apply_replicated(ops)
+        self._snap_seen[op["d"]].update(k for k, _v in ops)
+
+    def _snap_end(self, _op) -> None:
+        seen, self._snap_seen = self._snap_seen, None
+        if seen is None:
+            return
+        dropped = 0
+        for name, db in self.meta_dbs.items():
+            gone = [(k, None) for k in db.replicated_keys() if k not in seen[name]]
+            if gone:
+                db.apply_replicated(gone)
+                dropped += len(gone)
+        f = self.follower
+        if f is not None:
+            self._set_meta_epoch(f.conn_epoch)
+        try:
+            os.unlink(self._meta_incomplete_path)
+        except FileNotFoundError:
+            pass
+        log.info("event=ha_metadata_snapshot_applied group=%s node=%d kept=%d dropped=%d", self.group, self.node,
+                 sum(len(v) for v in seen.values()), dropped)
+
+    def replicated_call(self, fn):
+        return self._replicated_call(fn)
 
     def _replicated_call(self, fn):
         """A CALL that changes shipped metadata (a group offset commit, a filter registration)
@@ -411,8 +495,17 @@ class Member:
         if self.epochs.last_epoch != epoch:
             self.epochs.begin(epoch, clog.wrote)
         host = self.listen_host
+        # the metadata this member holds is the group's from here: changes from this log end on
+        # are held for the replicas (MetaLog.reset); others get a snapshot first
+        self.meta_log.reset(clog.wrote)
+        if os.path.exists(self._meta_incomplete_path):
+            log.error("event=ha_primary_with_incomplete_metadata group=%s node=%d (a metadata snapshot from the "
+                      "previous primary was cut short: keys it had not sent yet may be missing)", self.group,
+                      self.node)
+        self._set_meta_epoch(epoch)
         self.shipper = Shipper(store, host, ship_port(self.peers[self.node - 1][1]), self.node, epoch, self.epochs,
-                               self.meta_log, self._acked, self.group)
+                               self.meta_log, self._acked, self.group,
+                               snapshot=self._snapshot if self.meta_dbs else None)
         self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
         self.gate.also_wake = self.shipper.wake
         self.meta_log.on_add = self.shipper.wake
@@ -479,7 +572,7 @@ class Member:
         self.following = primary
         h, p = self.peers[primary - 1]
         self.follower = Follower(self.store, (h, ship_port(p)), self.node, lambda: self.state.epoch, self.epochs,
-                                 self._cut, self._apply_meta, self.sync)
+                                 self._cut, self._apply_meta, self.sync, meta_state=self.meta_state)
         self._update_server()
         log.info("event=ha_replica group=%s node=%d epoch=%d primary=%d log_end=%d", self.group, self.node, epoch,
                  primary, clog.wrote)

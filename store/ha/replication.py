@@ -45,6 +45,7 @@ _U64 = struct.Struct(">Q")
 _ACK = struct.Struct(">QQQ")
 MAX_CHUNK = 1 << 20
 MAX_FRAME = 64 << 20
+SNAP_KEYS = 2000            # metadata keys per snapshot frame
 
 
 class NotPrimary(StoreError):
@@ -99,7 +100,12 @@ class FrameReader:
 
 
 class MetaLog:
-    """The metadata changes a primary ships, in order, bounded: (seq, log position, op)."""
+    """The metadata changes a primary ships, in order, bounded: (seq, log position, op).
+
+    `covers_after`: every change made at a log position above it is held (None: none is, this
+    member has not been primary). Set to the log end when the member becomes primary (`reset`),
+    raised to the position of each change the bound drops. A replica whose log ends above it gets
+    the changes from its end on; any other gets a snapshot first (Shipper, `snapshot`)."""
 
     def __init__(self, keep: int = 100_000) -> None:
         self.ops: collections.deque = collections.deque(maxlen=keep)
@@ -107,12 +113,26 @@ class MetaLog:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.on_add = None
+        self.covers_after: int | None = None
+
+    def reset(self, pos: int) -> None:
+        """This member starts shipping as primary at log position `pos`."""
+        with self.cond:
+            self.covers_after = pos
+
+    def covers(self, end: int) -> bool:
+        """Whether every change a replica whose log ends at `end` may lack is held."""
+        c = self.covers_after
+        return c is not None and end > c
 
     def add(self, pos: int, op: dict) -> int:
         with self.cond:
             self.seq += 1
             op["n"] = self.seq
-            self.ops.append((self.seq, pos, op))
+            ops = self.ops
+            if len(ops) == ops.maxlen and self.covers_after is not None:
+                self.covers_after = max(self.covers_after, ops[0][1])     # dropped below
+            ops.append((self.seq, pos, op))
             self.cond.notify_all()
             seq = self.seq
         if self.on_add is not None:
@@ -144,7 +164,7 @@ class Shipper:
     """The primary's side: accepts replica connections on the replication port, streams to each."""
 
     def __init__(self, store, host: str, port: int, node: int, epoch: int, epochs, meta: MetaLog,
-                 on_ack, group: str) -> None:
+                 on_ack, group: str, snapshot=None) -> None:
         self.store = store
         self.clog = store.clog
         self.node = node
@@ -153,6 +173,9 @@ class Shipper:
         self.meta = meta
         self.on_ack = on_ack
         self.group = group
+        # snapshot() -> (meta sequence, [(db name, iterator of (key, value))]): every replicated
+        # metadata key as of that sequence, for a replica the MetaLog cannot bring up to date
+        self.snapshot = snapshot
         self.replicas: dict[int, ReplicaInfo] = {}
         self.cond = threading.Condition()
         self._stop = False
@@ -232,6 +255,14 @@ class Shipper:
             for sq, _p, _op in self.meta.since(0, start):
                 meta_from = sq - 1       # the changes from the replica's end on are shipped again
                 break
+            # a replica that followed another primary's metadata (or none, or not to the end of a
+            # snapshot), or whose log ends where this MetaLog does not hold every change since,
+            # gets a snapshot of the metadata first (docs/ha.md "Replicated metadata")
+            snap = self.snapshot is not None and (
+                int(h.get("meta_epoch", -1)) != self.epoch or bool(h.get("meta_incomplete"))
+                or not self.meta.covers(start))
+            if snap:
+                meta_from = 0
             s.sendall(jframe(b"S", {"epoch": self.epoch, "start": start, "end": end, "min_offset": lo,
                                     "epochs": self.epochs.entries, "group": self.group, "meta_from": meta_from}))
             if start < int(h["end"]):
@@ -241,6 +272,9 @@ class Shipper:
             if r is None:
                 r = self.replicas[node] = ReplicaInfo(node)
             r.written = r.flushed = start
+            r.meta_acked = meta_from
+            if snap and start >= int(h["end"]):
+                meta_from = self._send_snapshot(s, node)
             r.connected = True
             r.addr = f"{addr[0]}:{addr[1]}"
             r.since = time.monotonic()
@@ -260,9 +294,31 @@ class Shipper:
             except OSError:
                 pass
 
+    def _send_snapshot(self, s: socket.socket, node: int) -> int:
+        """Every replicated metadata key, in frames of SNAP_KEYS: `snap_begin`, `snap` (db name,
+        [[key, value] base64]), `snap_end` with the MetaLog sequence the snapshot is as of; the
+        replica deletes what it holds beyond it (store/ha/member.py). -> that sequence."""
+        import base64
+        seq, dbs = self.snapshot()
+        s.sendall(jframe(b"M", {"k": "snap_begin"}))
+        n = 0
+        for name, items in dbs:
+            chunk = []
+            for k, v in items:
+                chunk.append([base64.b64encode(k).decode(), base64.b64encode(v).decode()])
+                if len(chunk) >= SNAP_KEYS:
+                    s.sendall(jframe(b"M", {"k": "snap", "d": name, "ops": chunk}))
+                    n += len(chunk)
+                    chunk = []
+            if chunk:
+                s.sendall(jframe(b"M", {"k": "snap", "d": name, "ops": chunk}))
+                n += len(chunk)
+        s.sendall(jframe(b"M", {"k": "snap_end", "n": seq}))
+        log.info("event=ha_metadata_snapshot_sent node=%d keys=%d as_of=%d", node, n, seq)
+        return seq
+
     def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int, meta_seq: int) -> None:
         clog = self.clog
-        r.meta_acked = meta_seq
         last_send = time.monotonic()
         while not self._stop and r.connected:
             # a metadata change made at log position P goes out exactly between the bytes before P
@@ -504,7 +560,7 @@ class Follower:
     """The replica's side: connects to the primary's replication port, writes what it ships."""
 
     def __init__(self, store, primary_addr: tuple[str, int], node: int, epoch_now, epochs, on_cut,
-                 apply_meta, sync: bool) -> None:
+                 apply_meta, sync: bool, meta_state=None) -> None:
         self.store = store
         self.clog = store.clog
         self.addr = primary_addr
@@ -513,6 +569,7 @@ class Follower:
         self.epochs = epochs
         self.on_cut = on_cut              # fn(offset, why): the member cuts and restarts
         self.apply_meta = apply_meta
+        self.meta_state = meta_state      # () -> {"meta_epoch": E, "meta_incomplete": bool} for the handshake
         self.sync = sync
         self.connected = False
         self.conn_epoch = 0
@@ -562,8 +619,11 @@ class Follower:
         self._sock = s
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = FrameReader(s)
-        s.sendall(jframe(b"H", {"node": self.node, "epoch": self.epoch_now(), "end": clog.wrote,
-                                "epochs": self.epochs.entries, "segment_size": clog.seg_size}))
+        hello = {"node": self.node, "epoch": self.epoch_now(), "end": clog.wrote,
+                 "epochs": self.epochs.entries, "segment_size": clog.seg_size}
+        if self.meta_state is not None:
+            hello.update(self.meta_state())
+        s.sendall(jframe(b"H", hello))
         kind, payload = reader.read_one(10.0)
         h = json.loads(payload)
         if kind == b"X":

@@ -148,7 +148,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         from lmqtt.store.node import console_peers      # the fleet's consoles find each other here
         console_peers.install(srv, gws)
         if cfg.group:
-            member = ha_member.attach(cfg, store, srv, lq, lambda: (restart.append(1), loop.call_soon_threadsafe(stop.set)))
+            member = ha_member.attach(cfg, store, srv, lq, lambda: (restart.append(1), loop.call_soon_threadsafe(stop.set)),
+                                      gws)
         await srv.start()
     except OSError as e:
         if member is not None:

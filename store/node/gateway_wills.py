@@ -249,6 +249,20 @@ class GatewayWills:
         except Exception as e:  # noqa: BLE001 - it stays stored: published again if its gateway restarts
             log.error("event=will_pop_failed client_id=%s gateway=%s error=%r", cid, gid, e)
 
+    def pause(self) -> None:
+        """A store group member that is not the primary (store/node/ha_member.py): no gateway is
+        connected to it and its metadata is the primary's copy, so it publishes no will; the
+        timers running stop (`resume` when it becomes primary)."""
+        self.close()
+        self.gateway_of.clear()
+        self.connections_of.clear()
+
+    def resume(self) -> None:
+        """This member became the primary: the gateways holding wills in the (replicated)
+        metadata are not connected to it yet, so their grace starts now, as at a store's start."""
+        self._closed = False
+        self.start()
+
     def close(self) -> None:
         """No more wills from here (the store is stopping): connections closing now are not
         gateways going away."""

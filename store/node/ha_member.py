@@ -53,17 +53,151 @@ def before_open(cfg, data_dir: str) -> str | None:
     return f"store group {cfg.group!r}: rejoining as a replica, the tail after {cut[0]} was never acknowledged"
 
 
-def attach(cfg, store, srv, lq, on_restart):
-    """Make the started store and its server (not listening yet) a group member. Returns the Member."""
+def attach(cfg, store, srv, lq, on_restart, gws=None):
+    """Make the started store and its server (not listening yet) a group member. Returns the Member.
+    `gws`: the GatewayService (its wills and session sweep run on the primary only)."""
     from lmqtt.store.ha.member import Member
     member = Member(group=cfg.group, node=int(cfg.node_id), peers=parse_peers(cfg.peers), store=store,
                     ha_dir=os.path.join(cfg.data_dir, "ha"), ack_replicas=cfg.ack_replicas,
                     dead_after_s=float(cfg.election_timeout_s), on_restart=on_restart,
                     listen_host=None if cfg.host in ("127.0.0.1",) else cfg.host)
     member.attach_meta(srv.meta)
+    replicate_metadata(member, lq.metadata)
+    member.run_consistent = lambda fn: _on_loop(srv, fn)
     member.attach_server(srv)
+    _wait_for_replicas(member, srv)
+    if gws is not None:
+        _primary_only(member, srv, gws)
+    member.on_promoted.append(lambda: _promoted(srv, lq, gws))
     member.on_promoted.append(lambda: _register_filters(srv, lq))
+    follow_delayed(member, store)
     return member
+
+
+def follow_delayed(member, store) -> None:
+    """Delayed messages on a group member (store/delayed.py "In a store group"): the timers come
+    from the replicated log on every member, a replica's wheel keeps pace with the primary's
+    releases, a new primary schedules what it had not read yet and releases from then on.
+    Cancellations are shipped ({"k": "timer_cancel", "ref": offset})."""
+    store.delayed_role = "replica"           # read when the server's start() enables the wheel
+
+    def role(r: str):
+        def change() -> None:
+            store.delayed_role = r
+            d = store.delayed
+            if d is not None:
+                d.promote() if r == "primary" else d.demote()
+        return change
+
+    def ship_cancel(ref: int) -> None:
+        if member.role == "primary":
+            member.ship({"k": "timer_cancel", "ref": int(ref)})
+
+    def apply_cancel(op) -> None:
+        d = store.delayed
+        if d is not None:
+            d.wheel.cancel(int(op["ref"]))
+    store.delayed_on_cancel = ship_cancel
+    member.meta_kind("timer_cancel", apply_cancel)
+    # before the other promotion work: the wheel is complete before appends are taken
+    member.on_promoted.insert(0, role("primary"))
+    member.on_demoted.append(role("replica"))
+
+
+# ------------------------------------------------------------------ replicated gateway metadata
+def replicate_metadata(member, md) -> None:
+    """The light queues' MetadataStore (sessions, offsets, retained, wills, filter counts and
+    epochs, `$share` group offsets) on the group's metadata stream: every write on the primary is
+    shipped as {"k": "md", "ops": [[key, value | null], ...]} (base64) after the log bytes written
+    before it, and applied by the replicas in that order; a member that is not the primary refuses
+    to write it (its copy is the primary's)."""
+    import base64
+    from lmqtt.lightqueue.errors import MetadataError
+    b64, unb64 = base64.b64encode, base64.b64decode
+
+    def check() -> None:
+        if member.role != "primary":
+            raise MetadataError(f"node {member.node} of store group {member.group!r} is a {member.role}, not the "
+                                f"primary: its metadata is written by the primary only")
+
+    def ship(ops) -> None:
+        member.ship({"k": "md", "ops": [[b64(k).decode(), None if v is None else b64(v).decode()]
+                                        for k, v in ops]})
+
+    def apply(op) -> None:
+        md.apply_replicated([(unb64(k), None if v is None else unb64(v)) for k, v in op["ops"]])
+    md.replicate(check, ship)
+    member.meta_kind("md", apply)
+    member.meta_dbs["md"] = md
+
+
+def _on_loop(srv, fn):
+    """fn() on the store server's loop (where every metadata write runs), waited for."""
+    import concurrent.futures
+    loop = getattr(srv, "_loop", None)
+    if loop is None or loop.is_closed():
+        return fn()
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            done.set_exception(e)
+    loop.call_soon_threadsafe(run)
+    return done.result(timeout=30)
+
+
+# the gw_* commands that write the metadata: answered once the in-sync replicas applied the change
+GW_WRITES = ("gw_put_session", "gw_delete_session", "gw_set_offsets", "gw_delete_offsets", "gw_set_retained",
+             "gw_clear_retained_if", "gw_put_will", "gw_pop_will", "gw_take_wills", "gw_register", "gw_unregister",
+             "gw_release_gateway", "gw_hello", "gw_claim_sessions")
+
+
+def _wait_for_replicas(member, srv) -> None:
+    for name in GW_WRITES:
+        fn = srv.calls.get(name)
+        if fn is not None:
+            srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
+
+
+def _primary_only(member, srv, gws) -> None:
+    """The store's own work on the gateway metadata (publishing the wills of gone gateways, the
+    session sweep) runs on the primary only: a replica has no gateway connected and its metadata
+    is the primary's copy."""
+    def on_loop(fn):
+        loop = getattr(srv, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn)
+        else:
+            fn()
+
+    def pause() -> None:
+        gws.wills.pause()
+        gws.session_sweep.close()
+
+    def resume() -> None:
+        gws.wills.resume()
+        gws.session_sweep.resume()
+    pause()
+    member.on_demoted.append(lambda: on_loop(pause))
+    member.on_promoted.append(lambda: on_loop(resume))
+
+
+def _promoted(srv, lq, gws) -> None:
+    """A new primary serves the metadata the previous one shipped: the filter registrations are
+    read again (which queues a topic lands in), and the gateways' filter holds."""
+    lq.registry.reload()
+    lq._epochs.clear()
+    if gws is not None:
+        from lmqtt.store.node.gateway_service import _HOLD
+        holds: dict = {}
+        for key in srv.meta.keys_with_prefix(_HOLD):
+            gid, _, flt = key[len(_HOLD):].partition("\0")
+            n = int(srv.meta.get_json(key) or 0)
+            if n > 0:
+                holds.setdefault(gid, {})[flt] = n
+        gws.holds = holds
 
 
 def restart_in_place(module: str, args: list[str]) -> None:

@@ -73,7 +73,7 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
         flt = str(a["filter"])
         if meta.get_json(_PREFIX + flt) is None:
             return {"ok": False}
-        meta._db.delete((_PREFIX + flt).encode())
+        meta.delete_json(_PREFIX + flt)      # shipped to a store group's replicas (docs/ha.md)
         held.discard(flt)
         lq.unregister_filter(flt)
         return {"ok": True}

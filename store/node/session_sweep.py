@@ -91,6 +91,16 @@ class SessionSweep:
         if len(mine) < MAX_SWEPT_REMEMBERED:
             mine.add(cid)
 
+    def resume(self) -> None:
+        """A store group member became the primary (store/node/ha_member.py; `close` while it was
+        not): sweeps start again, the gateways' absence counted from now, as at a store's start."""
+        self.close()
+        self._closed = False
+        self.started_ms = _now_ms()
+        self.away_since.clear()
+        self._hosts = None
+        self.start()
+
     def close(self) -> None:
         self._closed = True
         if self._handle is not None:

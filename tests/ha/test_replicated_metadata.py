@@ -1,0 +1,238 @@
+"""Everything a client relies on survives a failover of the store group (docs/ha.md "Replicated
+metadata"): 3 real `lmqtt store --group` members, real `lmqtt gateway --store a,b,c` processes,
+paho and SDK clients, `kill -9` of the primary.
+
+The gateway that wrote the sessions, the will and the `$share` offsets is killed together with the
+primary, so it cannot write anything again on the new primary (docs/fleet.md): whatever the clients
+find afterwards on the other gateway came from the metadata the old primary shipped to its replicas.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from lmqtt.store.client import connect
+from tests.ha.group import StoreGroup
+from tests.support import LmqttGateway
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _client(cid: str, clean: bool, gw: LmqttGateway, got: list | None = None, will=None) -> mqtt.Client:
+    """A connected paho client (MQTT 3.1.1, QoS 1 subscriptions) recording (topic, payload) into
+    `got`; `.present` holds the session-present flags of its CONNACKs."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, clean_session=clean, protocol=mqtt.MQTTv311)
+    c.present = []
+    c.subacks = []
+    ready = threading.Event()
+    if will is not None:
+        c.will_set(*will, qos=1)
+
+    def on_connect(_c, _u, flags, rc, _p):
+        c.present.append(flags.session_present)
+        ready.set()
+    c.on_connect = on_connect
+    c.on_subscribe = lambda *_a: c.subacks.append(1)
+    if got is not None:
+        c.on_message = lambda _c, _u, m: got.append((m.topic, m.payload))
+    c.connect(gw.host, gw.port, keepalive=30)
+    c.loop_start()
+    assert ready.wait(20), f"{cid}: no CONNACK\n{gw.log_tail()}"
+    return c
+
+
+def _subscribe(c: mqtt.Client, flt: str) -> None:
+    n = len(c.subacks)
+    c.subscribe(flt, qos=1)
+    _until(lambda: len(c.subacks) > n, 20, f"no SUBACK for {flt}")
+
+
+def _publish(c: mqtt.Client, topic: str, payloads, retain: bool = False) -> None:
+    for p in payloads:
+        c.publish(topic, p, qos=1, retain=retain).wait_for_publish(20)
+
+
+def _until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def _close(c: mqtt.Client) -> None:
+    c.disconnect()
+    c.loop_stop()
+
+
+@pytest.fixture
+def group(tmp_path):
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0).start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_gateway(group, tmp_path):
+    first = group.wait_primary(in_sync=3)
+    gw_a = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
+    gw_b = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
+    clients = []
+    try:
+        pub = _client("rm-pub", True, gw_b)
+        clients.append(pub)
+        # a witness on B for the will
+        wills: list = []
+        witness = _client("rm-witness", True, gw_b, wills)
+        clients.append(witness)
+        _subscribe(witness, "rm/will")
+        # a persistent session on A: 3 messages delivered, then offline while 5 more come
+        got: list = []
+        sess = _client("rm-sess", False, gw_a, got)
+        _subscribe(sess, "rm/s")
+        _publish(pub, "rm/s", [f"old{i}".encode() for i in range(3)])
+        _until(lambda: len(got) >= 3, 20, f"the session's first messages ({got})")
+        # a $share group member of a persistent session on A: the same
+        shared: list = []
+        sh = _client("rm-share", False, gw_a, shared)
+        _subscribe(sh, "$share/g1/rm/sh")
+        _publish(pub, "rm/sh", [f"sold{i}".encode() for i in range(3)])
+        _until(lambda: len(shared) >= 3, 20, f"the group's first messages ({shared})")
+        time.sleep(0.5)          # the delivery offsets are written (every 100 ms) before they go offline
+        _close(sess)
+        _close(sh)
+        _publish(pub, "rm/s", [f"new{i}".encode() for i in range(5)])
+        _publish(pub, "rm/sh", [f"snew{i}".encode() for i in range(4)])
+        # a retained message, and a client of A with a will
+        _publish(pub, "rm/r", [b"kept"], retain=True)
+        holder = _client("rm-will", True, gw_a, will=("rm/will", b"gone"))
+        clients.append(holder)
+        time.sleep(0.5)          # the will is stored on the store (gw_put_will) after the CONNACK
+
+        # the primary and gateway A die together: A writes nothing to the new primary
+        gw_a.kill9()
+        first.kill9()
+        new = group.wait_primary(exclude=(first.node,), timeout=30)
+        assert new.node != first.node
+
+        problems = {}        # each part checked whatever the others found
+
+        def check(name, fn):
+            try:
+                fn()
+            except AssertionError as e:
+                problems[name] = str(e)[:600]
+
+        def will():
+            # A's client's will: published by the new primary once A stays gone (--will-grace-s)
+            _until(lambda: ("rm/will", b"gone") in wills, 40, f"the will was not published ({wills})")
+
+        def retained_msg():
+            # the retained message, to a new subscriber after the failover
+            retained: list = []
+            late = _client("rm-late", True, gw_b, retained)
+            clients.append(late)
+            _subscribe(late, "rm/r")
+            _until(lambda: ("rm/r", b"kept") in retained, 20, f"no retained message ({retained})")
+
+        def session():
+            # the persistent session resumes on B: session present, the 5 it missed, not the 3 it had
+            got2: list = []
+            back = _client("rm-sess", False, gw_b, got2)
+            clients.append(back)
+            assert back.present == [True], back.present
+            _until(lambda: len(got2) >= 5, 30, f"the session's missed messages ({got2})")
+            time.sleep(1.0)
+            assert sorted(p for _t, p in got2) == [f"new{i}".encode() for i in range(5)], got2
+
+        def share():
+            # the $share group continues from its committed offset
+            shared2: list = []
+            sh2 = _client("rm-share", False, gw_b, shared2)
+            clients.append(sh2)
+            assert sh2.present == [True], sh2.present
+            _until(lambda: len(shared2) >= 4, 30, f"the group's missed messages ({shared2})")
+            time.sleep(1.0)
+            assert sorted(p for _t, p in shared2) == [f"snew{i}".encode() for i in range(4)], shared2
+        for name, fn in (("will", will), ("retained", retained_msg), ("session", session), ("share", share)):
+            check(name, fn)
+        assert problems == {}, (sorted(problems), problems, gw_b.log_tail(), new.log_text()[-3000:])
+    finally:
+        for c in clients:
+            try:
+                c.loop_stop()
+            except Exception:  # noqa: BLE001
+                pass
+        gw_a.stop()
+        gw_b.stop()
+
+
+def _bodies(conn, topic: str) -> list[bytes]:
+    out, off = [], 0
+    while True:
+        r = conn.pull(topic, 0, off, 1024)
+        if not r.records:
+            return out
+        out += [m.body for m in r.records]
+        off = r.next_offset
+
+
+def test_delayed_messages_survive_a_kill9_of_the_primary(group):
+    """A delayed message produced before the failover and due after it is released once by the new
+    primary; one released before the failover is not released again; one cancelled before it
+    stays cancelled."""
+    first = group.wait_primary(in_sync=3)
+    c = connect(group.peers)
+    try:
+        p = c.producer()
+        early = p.send("dl/t", b"early", delay=1.0)
+        late = p.send("dl/t", b"late", delay=10.0)
+        dropped = p.send("dl/t", b"cancelled", delay=10.0)
+        assert p.cancel_delayed(dropped.msg_id)
+        _until(lambda: _bodies(c, "dl/t") == [b"early"], 20, "the early delayed message")
+        due = time.time() + 10.0
+    finally:
+        c.close()
+    assert early.msg_id and late.msg_id
+    first.kill9()
+    new = group.wait_primary(exclude=(first.node,), timeout=30)
+    c = connect(group.peers)
+    try:
+        _until(lambda: b"late" in _bodies(c, "dl/t"), 40, "the late delayed message after the failover\n"
+               + new.log_text()[-3000:])
+        while time.time() < due + 3.0:       # past every due time: nothing else comes
+            time.sleep(0.2)
+        assert _bodies(c, "dl/t") == [b"early", b"late"]
+    finally:
+        c.close()
+
+
+def test_an_sdk_filter_unsubscribe_is_shipped(group):
+    first = group.wait_primary(in_sync=3)
+    c = connect(group.peers)
+    try:
+        kept = c.filter_consumer("uf/kept/#", start="latest")
+        kept.poll()
+        gone = c.filter_consumer("uf/gone/#", start="latest")
+        gone.poll()
+        assert c.cmd("unsubscribe", filter="uf/gone/#")["ok"] is True
+    finally:
+        c.close()
+    first.kill9()
+    group.wait_primary(exclude=(first.node,), timeout=30)
+    c = connect(group.peers)
+    try:
+        p = c.producer()
+        for i in range(5):
+            p.send(f"uf/kept/{i}", b"k")
+            p.send(f"uf/gone/{i}", b"g")
+        # the new primary indexes the filter still registered, not the one unsubscribed
+        _until(lambda: c.cmd("filter_offsets", filter="uf/kept/#")["max_offset"] >= 5, 20, "the kept filter")
+        assert c.cmd("filter_offsets", filter="uf/gone/#")["max_offset"] == 0
+    finally:
+        c.close()
