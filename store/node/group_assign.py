@@ -64,7 +64,7 @@ class _Waiter:
 
 
 class _Group:
-    __slots__ = ("group", "queue", "next", "inflight", "again", "waiters", "gateways", "saved")
+    __slots__ = ("group", "queue", "next", "inflight", "again", "waiters", "gateways", "saved", "last_pop")
 
     def __init__(self, group: str, queue: str, nxt: int) -> None:
         self.group = group
@@ -75,6 +75,7 @@ class _Group:
         self.waiters: list[_Waiter] = []        # parked pops, oldest first
         self.gateways: set[str] = set()         # gateways that use the group (popped, not left or lapsed)
         self.saved: int | None = None           # committed offset last written
+        self.last_pop: dict[str, float] = {}    # gateway -> when it last asked (monotonic)
 
     def committed(self) -> int:
         c = self.next
@@ -138,6 +139,7 @@ class GroupAssignments:
         self.renew(gid, incarnation, ttl_ms)
         g = self._group(group, queue, start)
         g.gateways.add(gid)
+        g.last_pop[gid] = time.monotonic()
         fut = self.loop.create_future()
         w = _Waiter(gid, max(1, min(int(max_count), MAX_POP)), fut, conn)
         g.waiters.append(w)
@@ -178,6 +180,7 @@ class GroupAssignments:
             self._mark(g)
         if leave:
             g.gateways.discard(gid)
+            g.last_pop.pop(gid, None)
             for w in [w for w in g.waiters if w.gid == gid]:
                 g.waiters.remove(w)
                 self._answer(w)
@@ -305,6 +308,14 @@ class GroupAssignments:
         if not live:
             return
         want = sum(w.want for w in live)
+        # gateways that asked within the last second but are not waiting now (busy sending what
+        # they got) are due their turn too: those waiting take their share of what is there, not
+        # all of it (a burst would otherwise go to whoever happens to be waiting)
+        active = sum(1 for t in g.last_pop.values() if now - t < 1.0)
+        waiting = len({w.gid for w in live})
+        if active > waiting:
+            avail = len(g.again) + max(0, self.lq.max_offset(g.queue) - g.next)
+            want = min(want, max(1, -(-avail * waiting // active)))
         msgs = self._take(g, want)
         if not msgs:
             return
@@ -352,6 +363,7 @@ class GroupAssignments:
                 bisect.insort(g.again, off)
             n += len(mine)
             g.gateways.discard(gid)
+            g.last_pop.pop(gid, None)
             if g.waiters:
                 for w in [w for w in g.waiters if w.gid == gid]:
                     g.waiters.remove(w)
