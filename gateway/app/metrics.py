@@ -102,6 +102,8 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.connections = Gauge("lmqtt_connections", "Open MQTT connections (after CONNECT)", registry=r)
         self.sessions = Gauge("lmqtt_sessions", "Sessions known to this gateway (online + offline persistent)", registry=r)
+        self.sessions_dormant = Gauge("lmqtt_sessions_dormant", "Persistent sessions restored at start whose client "
+                                      "has not come back yet (their filters held; built when it connects)", registry=r)
         self.connects = Counter("lmqtt_connects", "CONNECT packets accepted", registry=r)
         self.connect_refused = Counter("lmqtt_connect_refused", "CONNECT refused", ["reason"], registry=r)
         # hot counters: plain ints, exported by _HotCounters at scrape time

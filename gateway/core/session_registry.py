@@ -73,6 +73,9 @@ class SessionRegistry:
         # persistent sessions restored at start and not built yet (core/session_persistence.py
         # `Dormant`): built by `_wake` when their client connects
         self.dormant: dict[str, Dormant] = {}
+        gauge = getattr(metrics, "sessions_dormant", None)
+        if gauge is not None:
+            gauge.set_function(lambda: len(self.dormant))
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         # a fleet's store node publishes the wills of a gateway away past its grace period
