@@ -61,6 +61,8 @@ class ConsolePeers:
         gid, url, token = str(a.get("gateway") or ""), str(a.get("url") or ""), str(a.get("token") or "")
         if not gid or not url.startswith(("http://", "https://")) or len(token) < 16:
             raise ValueError("console_announce needs gateway, an http(s) url and a token of 16+ characters")
+        for other in [c for c, v in self.consoles.items() if v["gateway"] == gid and c is not conn]:
+            del self.consoles[other]       # the same gateway restarted before its old connection was seen gone
         self.consoles[conn] = {"gateway": gid, "url": url, "token": token, "since_ms": int(time.time() * 1000)}
         return {"ok": True}
 
