@@ -137,3 +137,51 @@ def test_kill9_of_a_gateway_mid_stream_its_unacknowledged_messages_go_to_the_oth
     finally:
         for c in (*on_b, pub):
             c.disconnect()
+
+
+def _metric(gw, name: str) -> float:
+    import urllib.request
+    with urllib.request.urlopen(gw.metrics_url, timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "_total "):
+                return float(line.split()[-1])
+    raise AssertionError(f"{name} not in {gw.metrics_url}")
+
+
+def test_a_member_that_leaves_unacknowledged_hands_its_messages_to_the_other_gateway(fleet):
+    """A's only member (MQTT 5, Receive Maximum 5) never acknowledges and drops its connection:
+    gateway A has no member left to give its messages to, so it hands them back to the store at
+    once (not after its lease), and B's member gets every message, those included."""
+    from lmqtt.gateway.mqtt import packets as MP
+    from tests.support import RawMQTT
+    _store, a, b = fleet
+    n = 40
+    mb = Paho(b, "hb-b")
+    assert mb.subscribe(FILTER, qos=1) == [1]
+    ra = RawMQTT(a, version=5)
+    assert ra.connect("hb-a", props=MP.Properties(receive_maximum=5)).reason_code == 0
+    ra.send(MP.Subscribe(1, [MP.SubscriptionRequest(FILTER, qos=1)]))
+    assert isinstance(ra.recv(), MP.SubAck)
+    pub = Paho(b, "hb-pub")
+    try:
+        held: list[int] = []
+        i = 0
+        while not held and i < n:              # until A's member holds some (unacknowledged)
+            pub.publish(TOPIC, b"%d" % i, qos=1)
+            i += 1
+            try:
+                pkt = ra.recv(timeout=0.2)
+            except OSError:
+                continue
+            if isinstance(pkt, MP.Publish):
+                held.append(int(pkt.payload))
+        assert held, "A's member was handed a message"
+        for j in range(i, n):
+            pub.publish(TOPIC, b"%d" % j, qos=1)
+        ra.close()                              # gone without DISCONNECT, nothing acknowledged
+        got = _collect([mb], lambda seen: set(range(n)) <= set(seen), timeout=30)[0]
+        assert sorted(got) == list(range(n)), f"B's member got each message once: {sorted(got)}"
+        assert _metric(a, "lmqtt_group_messages_handed_back") >= len(held)
+    finally:
+        for c in (mb, pub):
+            c.disconnect()
