@@ -27,7 +27,8 @@ to `failover_timeout` seconds at start (the redial goes on until the link is clo
 answered ERROR not_primary (a deposed primary) drops the link at once, aimed at the primary the
 refusal names: every request in flight fails with ConnectionLost and the redial finds the new
 primary; so does a member that answers nothing for `stall_timeout` (5 s) while requests wait (a
-stopped or cut-off primary keeps its socket open); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
+stopped or cut-off primary keeps its socket open), or sooner, once another member asked after
+`probe_after` (1 s) of such silence names a newer primary (connection.probe_primary); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
 the gateway's producer re-sends its PRODUCEs in flight with their producer id + sequence
 (gateway/storage/remote_produce.py), so the new primary stores each batch once.
 
@@ -45,7 +46,8 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, dial, next_member, parse_addresses, primary_named
+from .connection import (ConnectionLost, StoreClientError, dial, next_member, parse_addresses, primary_named,
+                         probe_primary)
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -90,6 +92,14 @@ class LoopConnection:
         # a store group: a member that answers nothing for `stall_timeout` s while requests wait
         # (stopped, cut off: its socket stays open) is left for the others
         self.stall_timeout = 5.0
+        # ... and after `probe_after` s of such silence the other members are asked who is primary
+        # (connection.probe_primary, in a thread), every `probe_interval` s: a member that knows a
+        # later epoch names the primary the link moves to at once
+        self.probe_after = 1.0
+        self.probe_interval = 0.5
+        self.probe_timeout = 0.5
+        self._probing = False
+        self._next_probe = 0.0
         self._last_rx = 0.0
         self._waiting_since = 0.0
         self._stall_handle: asyncio.TimerHandle | None = None
@@ -173,18 +183,42 @@ class LoopConnection:
         self._last_rx = time.monotonic()
         self.loop.add_reader(s.fileno(), self._on_readable)
         if self.group and self._stall_handle is None:
-            self._stall_handle = self.loop.call_later(1.0, self._stall_tick)
+            self._stall_handle = self.loop.call_later(0.25, self._stall_tick)
 
     def _stall_tick(self) -> None:
         self._stall_handle = None
         if self.closed:
             return
         now = time.monotonic()
-        if self.connected and self._pending and now - max(self._last_rx, self._waiting_since) > self.stall_timeout:
+        silent = now - max(self._last_rx, self._waiting_since) if self.connected and self._pending else 0.0
+        if silent > self.stall_timeout:
             self._drop(f"no answer from the store at {self.address} for {self.stall_timeout:g} s "
                        f"(a stopped or cut-off group member?)")
-            self._move(None)
-        self._stall_handle = self.loop.call_later(1.0, self._stall_tick)
+            self._move(None)         # before the redial the drop started runs (it is a task)
+        elif silent > self.probe_after and not self._probing and now >= self._next_probe:
+            self._next_probe = now + self.probe_interval
+            self._probing = True
+            sock, at = self._sock, (self.host, self.port)
+            fut = self.loop.run_in_executor(None, lambda: probe_primary(
+                self.addresses, at, self.server_info.get("epoch"), token=self.token, timeout=self.probe_timeout,
+                client_name=self.client_name))
+            fut.add_done_callback(lambda f, sock=sock, at=at: self._probed(f, sock, at))
+        self._stall_handle = self.loop.call_later(0.25, self._stall_tick)
+
+    def _probed(self, fut, sock, at) -> None:
+        """On the loop: a probe's answer. The link still on the silent member moves to the primary
+        another member named (its requests fail with ConnectionLost and are re-sent by their
+        owners after the redial)."""
+        self._probing = False
+        target = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        if target is None or self.closed or not self.connected or self._sock is not sock:
+            return
+        silent = time.monotonic() - max(self._last_rx, self._waiting_since)
+        if not self._pending or silent <= self.probe_after:
+            return                   # it answered meanwhile
+        self._drop(f"no answer from the store at {at[0]}:{at[1]} for {silent:.1f} s, and the group's primary is "
+                   f"now {target[0]}:{target[1]}")
+        self._move(target)           # before the redial the drop started runs (it is a task)
 
     async def _redial_loop(self) -> None:
         backoff = 0.05

@@ -530,3 +530,53 @@ def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
     assert failures([row]) == [] and row["acked"] == 21 and row["duplicated"] == 0, row
     conn.close()
     other.close()
+
+
+def test_a_gateway_link_leaves_a_silent_primary_once_another_member_names_a_newer_one(group):
+    """The gateway's link to a store group (LoopConnection, docs/fleet.md) with the stall timeout
+    out of play: SIGSTOP of the primary while a PRODUCE waits on it; the link asks the other
+    members, drops the silent one once they name the new primary (the PRODUCE fails with
+    ConnectionLost, as the gateway's producer expects) and redials there; the same PRODUCE
+    re-sent is stored once (before: the link waited on the stopped member for the stall timeout)."""
+    import asyncio
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client import ConnectionLost
+    from lmqtt.store.client.loop_connection import LoopConnection
+    from lmqtt.store.client.producer import _pack_one
+    old = group.wait_primary(in_sync=3)
+    ck = Checker()
+    frames = []
+    for i in range(2):
+        ck.sent("gwp", i, 2, STREAM)
+        frames.append(W.encode_produce("gwp", 1000 + i, 1, _pack_one(TOPIC, body("gwp", i, 64))))
+
+    async def run():
+        link = LoopConnection(group.peers, loop=asyncio.get_running_loop(), timeout=30.0)
+        link.stall_timeout = 1000.0
+        link.connect_blocking()
+        try:
+            op, _f, _b = await asyncio.wait_for(link.request(W.OP_PRODUCE, frames[0]), 30)
+            assert op == W.OP_PRODUCED
+            ck.acked("gwp", 0)
+            old.pause()
+            try:
+                with pytest.raises(ConnectionLost):
+                    await asyncio.wait_for(link.request(W.OP_PRODUCE, frames[1]), 25)
+                deadline = time.monotonic() + 30
+                while not (link.connected and link.address != old.address) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert link.connected and link.address != old.address, link.last_error
+                op, _f, _b = await asyncio.wait_for(link.request(W.OP_PRODUCE, frames[1]), 30)
+                assert op == W.OP_PRODUCED
+                ck.acked("gwp", 1)
+                return link.address
+            finally:
+                old.resume()
+        finally:
+            link.close()
+
+    at = asyncio.run(run())
+    new = group.wait_primary(exclude=(old.node,))
+    assert at == new.address
+    row = _verdict(ck, read_all(connect(new.address), TOPIC))
+    assert failures([row]) == [] and row["acked"] == 2 and row["duplicated"] == 0, row
