@@ -679,6 +679,24 @@ def test_fleet_console_shows_both_gateways_traces_the_store_and_finds_a_peer_aga
         wait_text(browser, "#cl-count", "2 shown of 2 connected on 2 gateways")
         assert browser.find_element(By.CSS_SELECTOR, 'tr[data-client="on-b"]').get_attribute("data-gateway") == ids[1]
         wait_text(browser, 'tr[data-client="on-b"] .subs .tag', "fl/cmd/# q1")
+        # a client of B that never acknowledges (Receive Maximum 2): 2 in flight, 3 queued, on A's page
+        from lmqtt.gateway.mqtt import packets as P
+        from tests.support import RawMQTT
+        slow = RawMQTT(gws[1], version=5)
+        try:
+            props = P.Properties()
+            props.receive_maximum = 2
+            assert slow.connect("slow-on-b", props=props) is not None
+            slow.send(P.Subscribe(1, [P.SubscriptionRequest("slow/t", 1)]))
+            assert isinstance(slow.recv(), P.SubAck)
+            for i in range(5):
+                a.publish("slow/t", f"m{i}", qos=1)
+            wait_text(browser, 'tr[data-client="slow-on-b"] .inflight', "2")
+            wait_text(browser, 'tr[data-client="slow-on-b"] .queued', "3")
+            assert browser.find_element(By.CSS_SELECTOR, 'tr[data-client="slow-on-b"]').get_attribute(
+                "data-gateway") == ids[1]
+        finally:
+            slow.close()
         open_page(browser, urls[1] + "/console/", "tracer")
         _trace(browser, "fl/#", "3600000")
         WebDriverWait(browser, WAIT).until(lambda d: len(_traced(d)) == 4)

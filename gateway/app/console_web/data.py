@@ -155,10 +155,22 @@ def clients(gw, q: str = "", limit: int = 500) -> dict:
 
 
 def _queued(gw, rows: list[dict]) -> None:
-    """Messages in a connected client's queues beyond what it has been sent (embedded store only)."""
+    """Messages in a connected client's queues beyond what it has been sent: the embedded store's
+    queue ends, or a fleet gateway's mirror of the queues it serves (the end the store last told
+    it; a queue it does not mirror is not asked for here)."""
     lq = getattr(gw, "lq", None)
-    if lq is None:
+    storage = getattr(gw, "storage", None)
+    mirrors = getattr(storage, "queues", None) if lq is None else None
+    if lq is None and mirrors is None:
         return
+
+    def end(qname: str) -> int | None:
+        if lq is not None:
+            return lq.max_offset(qname)
+        if qname not in mirrors:
+            return None
+        a = storage.end_offset(qname)
+        return a.result() if a.done() else None
     b = gw.broker
     for r in rows:
         s = b.sessions.get(r["client_id"])
@@ -167,9 +179,11 @@ def _queued(gw, rows: list[dict]) -> None:
         n = 0
         for qname, cur in list(s.cursors.items()):
             try:
-                n += max(0, lq.max_offset(qname) - cur.next_offset)
+                e = end(qname)
             except Exception:  # noqa: BLE001 - a queue gone meanwhile counts nothing
-                pass
+                e = None
+            if e is not None:
+                n += max(0, e - cur.next_offset)
         r["queued"] = n
 
 
