@@ -115,8 +115,9 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         cut_reason = ha_member.before_open(cfg, data)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    signalled: list = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: (signalled.append(1), stop.set()))
     # SIGHUP reloads a gateway's files; the store has none, and a `kill -HUP` meant for a gateway
     # must not end it (the default action of SIGHUP)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("event=sighup_ignored reason=\"nothing to reload\""))
@@ -198,7 +199,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     if member is not None:
         member.stop()
     _close(store, lq)
-    if restart:
+    if restart and not signalled:     # a SIGTERM during the cut's shutdown ends it (not lost in the restart)
         print("lmqtt store: restarting to cut the log back to the group primary's", file=sys.stderr, flush=True)
         return "restart"
     print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
