@@ -403,6 +403,7 @@ class GroupAssignments:
                 try:
                     self.meta.set_offsets(store_consumer(g.group), {g.queue: c})
                     g.saved = c
-                except Exception as e:  # noqa: BLE001 - kept dirty, written again later
-                    log.error("event=group_offset_write_failed group=%s queue=%s error=%r", g.group, g.queue, e)
-                    self._mark(g)
+                except Exception as e:  # noqa: BLE001 - written again at its next change
+                    # (a deposed primary refuses writes: its successor starts from the last
+                    # replicated offset, so at worst messages come again, none is lost)
+                    log.warning("event=group_offset_write_failed group=%s queue=%s error=%s", g.group, g.queue, e)
