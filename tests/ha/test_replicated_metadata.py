@@ -95,8 +95,10 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
         got: list = []
         sess = _client("rm-sess", False, gw_a, got)
         _subscribe(sess, "rm/s")
+        _subscribe(sess, "rm/x/+")           # a wildcard filter: its registration and queue too
         _publish(pub, "rm/s", [f"old{i}".encode() for i in range(3)])
-        _until(lambda: len(got) >= 3, 20, f"the session's first messages ({got})")
+        _publish(pub, "rm/x/1", [b"xold"])
+        _until(lambda: len(got) >= 4, 20, f"the session's first messages ({got})")
         # a $share group member of a persistent session on A: the same
         shared: list = []
         sh = _client("rm-share", False, gw_a, shared)
@@ -107,6 +109,7 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
         _close(sess)
         _close(sh)
         _publish(pub, "rm/s", [f"new{i}".encode() for i in range(5)])
+        _publish(pub, "rm/x/2", [b"xnew"])
         _publish(pub, "rm/sh", [f"snew{i}".encode() for i in range(4)])
         # a retained message, and a client of A with a will
         _publish(pub, "rm/r", [b"kept"], retain=True)
@@ -141,14 +144,15 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
             _until(lambda: ("rm/r", b"kept") in retained, 20, f"no retained message ({retained})")
 
         def session():
-            # the persistent session resumes on B: session present, the 5 it missed, not the 3 it had
+            # the persistent session resumes on B: session present, the 6 it missed (5 on its exact
+            # topic, 1 on its wildcard filter), not the 4 it had
             got2: list = []
             back = _client("rm-sess", False, gw_b, got2)
             clients.append(back)
             assert back.present == [True], back.present
-            _until(lambda: len(got2) >= 5, 30, f"the session's missed messages ({got2})")
+            _until(lambda: len(got2) >= 6, 30, f"the session's missed messages ({got2})")
             time.sleep(1.0)
-            assert sorted(p for _t, p in got2) == [f"new{i}".encode() for i in range(5)], got2
+            assert sorted(got2) == [("rm/s", f"new{i}".encode()) for i in range(5)] + [("rm/x/2", b"xnew")], got2
 
         def share():
             # the $share group continues from its committed offset
