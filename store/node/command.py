@@ -235,6 +235,14 @@ def _start_http(host: str, port: int, srv, gws, member=None):
                 ("lmqtt_store_session_claims_relayed_total", "counter",
                  "Client id claims relayed to the other gateways (one live connection per client id)",
                  gws.session_claims_relayed),
+                # shared groups across the fleet (store/node/group_assign.py)
+                ("lmqtt_store_group_messages_handed_out_total", "counter",
+                 "Shared-group messages handed to a gateway (gw_group_pop), redeliveries included", gws.assign.handed_out),
+                ("lmqtt_store_group_messages_redelivered_total", "counter",
+                 "Shared-group messages handed out again (handed back, or held by a gateway whose lease lapsed)",
+                 gws.assign.redelivered),
+                ("lmqtt_store_group_messages_lapsed_total", "counter",
+                 "Shared-group messages taken from gateways whose lease lapsed (gone, frozen, restarted)", gws.assign.lapsed),
                 ("lmqtt_store_max_offset_bytes", "gauge", "CommitLog max physical offset", st.max_offset),
                 ("lmqtt_store_dispatched_offset_bytes", "gauge", "CommitLog dispatched offset", st.dispatched_offset),
                 # recoveries that cut the log (store/recovery.py, docs/store.md "Recovery")
