@@ -318,8 +318,19 @@ class Member:
 
     def _apply_meta(self, op: dict) -> None:
         fn = self._meta_apply.get(op.get("k"))
-        if fn is not None:
+        if fn is None:
+            return
+        try:
             fn(op)
+        except Exception as e:  # noqa: BLE001 - a RocksDB write refused (a full disk...)
+            # not acknowledged; the next connection asks for a snapshot (the changes before this
+            # one's log position are not shipped again)
+            try:
+                with open(self._meta_incomplete_path, "wb"):
+                    pass
+            except OSError:
+                pass
+            raise ConnectionError(f"applying a metadata change ({op.get('k')}) failed: {e}") from e
 
     # ------------------------------------------------------------------ status
     def address_of(self, node: int | None) -> str:

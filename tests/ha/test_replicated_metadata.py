@@ -240,3 +240,52 @@ def test_an_sdk_filter_unsubscribe_is_shipped(group):
         assert c.cmd("filter_offsets", filter="uf/gone/#")["max_offset"] == 0
     finally:
         c.close()
+
+
+
+def test_a_member_replaced_with_an_empty_data_dir_gets_the_metadata_by_snapshot(group, tmp_path):
+    """"Replacing a dead member" (docs/ha.md): a member restarted on an empty data dir copies the
+    log through the stream and the metadata through a snapshot. The metadata here was written under
+    the first primary, which is then killed: the second primary never shipped those changes itself
+    (they are in no MetaLog), so only a snapshot brings them to the empty member. Checked on the
+    member's own disk after it stopped."""
+    import shutil
+    from lmqtt.lightqueue.metadata import MetadataStore
+    first = group.wait_primary(in_sync=3)
+    gw = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
+    clients = []
+    try:
+        pub = _client("es-pub", True, gw)
+        clients.append(pub)
+        _publish(pub, "es/r", [b"kept"], retain=True)
+        sess = _client("es-sess", False, gw, [])
+        _subscribe(sess, "es/t")
+        _close(sess)
+        time.sleep(0.5)
+        first.kill9()
+        second = group.wait_primary(exclude=(first.node,), timeout=30)
+        first.start()
+        group.wait_status(first, lambda s: s["role"] == "replica" and first.node in s["in_sync"], timeout=60)
+        x = next(m for m in group.members if m.node not in (first.node, second.node))
+        x.stop()
+        shutil.rmtree(x.data_dir)
+        x.start()
+        end = second.status()["log_end"]
+        group.wait_status(x, lambda s: s["role"] == "replica" and x.node in s["in_sync"] and s["log_end"] >= end,
+                          timeout=60)
+        x.stop()
+        md = MetadataStore(f"{x.data_dir}/lightqueue/meta")
+        try:
+            assert md.get_retained("es/r") is not None and md.get_retained("es/r")[0] == b"kept"
+            rec = md.get_session("es-sess")
+            assert rec is not None and [s.filter for s in rec.subscriptions] == ["es/t"], rec
+        finally:
+            md.close()
+        assert "event=ha_metadata_snapshot_applied" in x.log_text()
+    finally:
+        for c in clients:
+            try:
+                c.loop_stop()
+            except Exception:  # noqa: BLE001
+                pass
+        gw.stop()
