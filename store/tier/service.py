@@ -110,7 +110,7 @@ class TierService:
         self.parquet_sizes: dict[str, int] = {}   # Parquet key -> bytes (asked of the tier once after a start)
         self.parquet_merges = 0                   # merges (compaction) done by this process
         self.parquet_merged_files = 0             # files they replaced
-        self.parquet_waiting = 0                  # partitions with small files not merged yet (last pass)
+        self.parquet_waiting = 0                  # merges not done yet (due or waiting) as of the last pass
         self._compacted_upto = None               # the tier's end offset at the last compaction pass
 
     # ------------------------------------------------------------------ manifest
@@ -432,7 +432,7 @@ class TierService:
                     out.append(([x[0] for x in run], run[-1][1]))
                 else:
                     waiting += 1
-        self.parquet_waiting = waiting
+        self.parquet_waiting = waiting + len(out)      # each due merge counts until it is done
         return out
 
     def compact_parquet(self, now_ms: int | None = None) -> int:
@@ -465,6 +465,7 @@ class TierService:
                               self.objects.where(keys[0]), type(e).__name__, e)
                     for k in keys:
                         self.parquet_sizes[k] = 1 << 62
+                    self.parquet_waiting = max(0, self.parquet_waiting - 1)
                     continue
                 self.objects.put(new_key, data)
                 self.parquet_sizes[new_key] = len(data)
@@ -483,6 +484,7 @@ class TierService:
                     self.parquet_sizes.pop(k, None)
                 self.parquet_merges += 1
                 self.parquet_merged_files += len(keys)
+                self.parquet_waiting = max(0, self.parquet_waiting - 1)
                 n += 1
                 log.info("tier: merged %d Parquet files (%d rows) into %s (%d bytes) in %.2f s", len(keys), rows,
                          self.objects.where(new_key), len(data), time.monotonic() - t0)
