@@ -35,6 +35,8 @@ TRAFFIC_METRICS = [
     ("generator CPU, busiest process (cores)", ("gen_cpu_cores_max_proc",), 1, "{:.2f}", None),
     ("broker CPU per delivered msg (µs)", ("broker_cpu_us_per_msg",), 1, "{:,.1f}", False),
     ("generator CPU per delivered msg (µs)", ("gen_cpu_us_per_msg",), 1, "{:,.1f}", None),
+    # fixed rate: reads the paced worker timed by the kernel's arrival time (loadtest/paced.py)
+    ("reads timed at kernel arrival (paced generator)", ("gen_rx_kernel_reads",), 1, "{:,.0f}", None),
     ("broker RSS after (MiB)", ("broker_rss_bytes",), 2**20, "{:,.1f}", False),
     ("store reads per published msg (remote gateways)", ("store_reads_per_published_msg",), 1, "{:.2f}", False),
     ("connections", ("connect", "connected"), 1, "{:,.0f}", None),
