@@ -63,6 +63,7 @@ class AsyncConnection:
         self.probe_interval = 0.5
         self.probe_timeout = 0.5
         self._waiting_since = 0.0
+        self._stay = False
         self._watch: asyncio.Task | None = None
 
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
@@ -76,12 +77,13 @@ class AsyncConnection:
     async def _connect_once(self) -> None:
         loop = asyncio.get_running_loop()
         hello: asyncio.Future = loop.create_future()
-        _t, proto = await loop.create_connection(lambda: _AsyncProtocol(self, hello), self.host, self.port)
+        # a group member that accepts but does not answer (stopped) or cannot be reached is not
+        # waited for long: the others are tried meanwhile
+        wait = min(self.timeout, 2.0) if len(self.addresses) > 1 else self.timeout
+        _t, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: _AsyncProtocol(self, hello), self.host, self.port), wait)
         proto.transport.write(W.hello_frame(self.client_name, self.token))
         try:
-            # a group member that accepts but does not answer (stopped) is not waited for long:
-            # the others are tried meanwhile
-            wait = min(self.timeout, 5.0) if len(self.addresses) > 1 else self.timeout
             op, body = await asyncio.wait_for(hello, wait)
             info = parse_hello_ok(op, body)
         except BaseException:
@@ -90,7 +92,10 @@ class AsyncConnection:
         role = info.get("role")
         if role is not None and role != "primary" and len(self.addresses) > 1:
             proto.transport.close()
-            self._move(primary_named(f"primary={info.get('primary')}"))
+            # one that names itself is taking over (elected, not serving yet): dialled again
+            target = primary_named(f"primary={info.get('primary')}")
+            self._stay = target == (self.host, self.port)
+            self._move(target)
             raise ConnectionLost(f"store {info.get('group', '')} member is a {role}, not the primary")
         self.server_info = info
         self.ident = info.get("ident")
@@ -128,8 +133,9 @@ class AsyncConnection:
                     last = e
                 attempt += 1
                 if multi:
-                    if (self.host, self.port) == at:
+                    if (self.host, self.port) == at and not self._stay:
                         self._move(None)
+                    self._stay = False
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among the store group's members within "
                                              f"{self.failover_timeout:g} s (last: {last})")

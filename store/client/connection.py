@@ -239,6 +239,7 @@ class Connection:
         self.probe_interval = 0.5
         self.probe_timeout = 0.5
         self._waiting_since = 0.0
+        self._stay = False          # the member dialled named itself primary (still taking over)
         self.token = token
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -259,12 +260,18 @@ class Connection:
     # ---------------------------------------------------------------- connect
     def _connect_once(self) -> None:
         dec = W.FrameDecoder()
-        s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
-                              client_name=self.client_name, token=self.token, decoder=dec)
+        multi = len(self.addresses) > 1
+        # a group member answers HELLO at once; one that accepts and says nothing (stopped) is not
+        # waited for the whole connect timeout while the others may have a primary
+        s, info, early = dial(self.host, self.port, connect_timeout=min(self.connect_timeout, 2.0) if multi
+                              else self.connect_timeout, client_name=self.client_name, token=self.token,
+                              decoder=dec)
         role = info.get("role")
-        if role is not None and role != "primary" and len(self.addresses) > 1:
-            # a store group member that is not the primary: go where it points, or try the next
+        if role is not None and role != "primary" and multi:
+            # a store group member that is not the primary: go where it points, or try the next;
+            # one that names itself is taking over (elected, not serving yet): dialled again
             s.close()
+            self._stay = primary_named(f"primary={info.get('primary')}") == (self.host, self.port)
             self._move(info.get("primary"))
             raise ConnectionLost(f"store {self.host}:{self.port} is not the group's primary ({role}; "
                                  f"primary {info.get('primary') or 'unknown'})")
@@ -298,8 +305,9 @@ class Connection:
                     last = e
                 attempt += 1
                 if multi:
-                    if (self.host, self.port) == host:
+                    if (self.host, self.port) == host and not self._stay:
                         self._move(None)   # unreachable: the next member
+                    self._stay = False
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among {self._members()} within "
                                              f"{self.failover_timeout:g} s (last: {last})")
