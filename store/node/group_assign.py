@@ -64,7 +64,7 @@ class _Waiter:
 
 
 class _Group:
-    __slots__ = ("group", "queue", "next", "inflight", "again", "waiters", "gateways", "saved", "last_pop")
+    __slots__ = ("group", "queue", "next", "inflight", "again", "waiters", "gateways", "saved", "last_pop", "held")
 
     def __init__(self, group: str, queue: str, nxt: int) -> None:
         self.group = group
@@ -76,6 +76,7 @@ class _Group:
         self.gateways: set[str] = set()         # gateways that use the group (popped, not left or lapsed)
         self.saved: int | None = None           # committed offset last written
         self.last_pop: dict[str, float] = {}    # gateway -> when it last asked (monotonic)
+        self.held: dict[str, int] = {}          # gateway -> messages of `inflight` it holds
 
     def committed(self) -> int:
         c = self.next
@@ -165,15 +166,19 @@ class GroupAssignments:
                 return 0
         n = 0
         inflight = g.inflight
+        held = g.held
         for off in offsets:
-            if inflight.pop(off, None) is not None:
+            owner = inflight.pop(off, None)
+            if owner is not None:
                 n += 1
+                held[owner] = held.get(owner, 1) - 1
             else:
                 n += self._drop_again(g, off)   # acked late, after it was given out again: done
         woke = False
         for off in back:
             if inflight.get(off) == gid:
                 del inflight[off]
+                held[gid] = held.get(gid, 1) - 1
                 bisect.insort(g.again, off)
                 woke = True
         if n or woke:
@@ -307,15 +312,23 @@ class GroupAssignments:
         g.waiters = live
         if not live:
             return
-        want = sum(w.want for w in live)
-        # gateways that asked within the last second but are not waiting now (busy sending what
-        # they got) are due their turn too: those waiting take their share of what is there, not
-        # all of it (a burst would otherwise go to whoever happens to be waiting)
+        # a pop takes at most what it asked for; and while gateways that asked within the last
+        # second are busy (sending what they got, not waiting now), those waiting take no more
+        # than brings them to an even share of what is in flight and available: a burst would
+        # otherwise go to whoever happens to be waiting, and a gateway whose members take more
+        # (acknowledge sooner, so hold fewer) still gets more
+        held = g.held
+        limit = {w.gid: w.want for w in live}
         active = sum(1 for t in g.last_pop.values() if now - t < 1.0)
-        waiting = len({w.gid for w in live})
-        if active > waiting:
+        if active > len(limit):
             avail = len(g.again) + max(0, self.lq.max_offset(g.queue) - g.next)
-            want = min(want, max(1, -(-avail * waiting // active)))
+            fair = -(-(len(g.inflight) + avail) // active)
+            for gid in limit:
+                limit[gid] = min(limit[gid], max(0, fair - held.get(gid, 0)))
+            if not any(limit.values()):
+                least = min(limit, key=lambda gid: held.get(gid, 0))
+                limit[least] = 1
+        want = sum(limit.values())
         msgs = self._take(g, want)
         if not msgs:
             return
@@ -325,9 +338,10 @@ class GroupAssignments:
             for _ in range(n):
                 w = live[k]
                 k = (k + 1) % n
-                if len(w.got) < w.want:
+                if len(w.got) < limit[w.gid]:
                     w.got.append(m)
                     inflight[m.queue_offset] = w.gid
+                    held[w.gid] = held.get(w.gid, 0) + 1
                     break
         self.handed_out += len(msgs)
         self._mark(g)
@@ -364,6 +378,7 @@ class GroupAssignments:
             n += len(mine)
             g.gateways.discard(gid)
             g.last_pop.pop(gid, None)
+            g.held.pop(gid, None)
             if g.waiters:
                 for w in [w for w in g.waiters if w.gid == gid]:
                     g.waiters.remove(w)
