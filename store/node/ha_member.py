@@ -189,6 +189,9 @@ def _promoted(srv, lq, gws) -> None:
     read again (which queues a topic lands in), and the gateways' filter holds."""
     lq.registry.reload()
     lq._epochs.clear()
+    held = getattr(srv, "sdk_filters_held", None)
+    if held is not None:
+        held.clear()
     if gws is not None:
         from lmqtt.store.node.gateway_service import _HOLD
         holds: dict = {}

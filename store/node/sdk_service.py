@@ -90,6 +90,9 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
 
     server.router = lq.queues_for_topic
     server.filter_pull = filter_pull
+    # the filters known registered (a cache of `ensure`): a store group member that becomes primary
+    # empties it, its registrations being the previous primary's (store/node/ha_member.py)
+    server.sdk_filters_held = held
     server.filter_max_offset = lq.max_offset
     server.register_call("subscribe", subscribe)
     server.register_call("unsubscribe", unsubscribe)
