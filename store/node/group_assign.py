@@ -8,8 +8,10 @@ its members' QoS 1/2 windows have room for (`gw_group_pop`, at most `MAX_POP` at
 answers at once with what it has (first messages handed back or taken from a lost gateway, then the
 queue's new ones from `next`), or parks the request until the queue grows (long poll: the answer
 is the delivery, no EVENT/pull round trip). Gateways waiting together are dealt new messages one
-at a time in turn, oldest request first, so equal consumers get equal shares and a gateway whose
-members take more asks again sooner and gets more. Each message handed out is in flight, owned by
+at a time in turn, oldest request first; while another gateway that asked within the last second
+is busy (sending what it got), a waiting one takes no more than an even share of what is in flight
+and available. So equal consumers get equal shares, and a gateway whose members take more
+(acknowledge sooner, hold fewer) gets more. Each message handed out is in flight, owned by
 that gateway, until the gateway acknowledges it (`gw_group_ack`, after the member's PUBACK /
 PUBCOMP, or at once for QoS 0) or hands it back (its member left and no other member here can
 take it).
