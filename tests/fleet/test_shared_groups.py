@@ -70,6 +70,7 @@ def test_a_group_with_two_members_on_each_gateway_shares_every_message_once_and_
         every = sorted(x for g in got for x in g)
         assert every == list(range(n)), f"each message once: {len(every)} received, {len(set(every))} distinct"
         shares = [len(g) for g in got]
+        print(f"\nshares of {n} over 2 members on A and 2 on B: {shares}")
         even = n / len(members)
         assert all(0.75 * even <= s <= 1.25 * even for s in shares), f"shares {shares}, even {even:g}"
         for g in got:
