@@ -177,6 +177,21 @@ ENDED = "ended"      # dormant_from: the record's session ended (no expiry, or e
 BUILD = "build"      # dormant_from: the session cannot wait dormant, built at start as before
 
 
+_decode = json.JSONDecoder().decode     # on str: json.loads(bytes) first detects the encoding (~20 % more)
+
+
+def _fields(raw: bytes):
+    """(client id, expiry, last disconnect ms or None, [(filter, group or None)], the queues of
+    its "next" or None, host or None) of a record's bytes."""
+    d = _decode(raw.decode("utf-8"))
+    extra = d.get("extra") or {}
+    state = extra.get(INFLIGHT)
+    nxt = state.get("next") if isinstance(state, dict) else None
+    return (d["client_id"], d.get("expiry_interval") or 0, d.get("last_disconnect_ms"),
+            [(sub["filter"], sub.get("share_group")) for sub in d.get("subscriptions") or ()],
+            nxt if isinstance(nxt, dict) else None, extra.get(HOST))
+
+
 def dormant_from(raw: bytes, hosted_by: str | None, now_ms: int) -> tuple[str, "Dormant | str", bool] | None:
     """What the restore needs of one record's bytes: (client id, a `Dormant` | ENDED | BUILD,
     whether the record must be written again), or None when the record is not this gateway's
@@ -184,27 +199,19 @@ def dormant_from(raw: bytes, hosted_by: str | None, now_ms: int) -> tuple[str, "
     expired (the caller deletes it). BUILD: a subscription whose start is in neither its committed
     offset nor its record's "next" (records of older versions): the caller builds it now, as
     before. "Written again": it was online when the gateway stopped (`last_disconnect_ms` null),
-    it is offline from now on (`rewrite_offline`). One json.loads per record; no SessionRecord is
-    built (a third of the cost)."""
-    d = json.loads(raw)
-    extra = d.get("extra") or {}
-    host = extra.get(HOST)
+    it is offline from now on (`rewrite_offline`). One JSON decode per record (most of a
+    restore's time); no SessionRecord is built (a third more)."""
+    cid, expiry, last, subs, nxt, host = _fields(raw)
     if hosted_by is not None and host is not None and host != hosted_by:
         return None
-    cid = d["client_id"]
-    expiry = d.get("expiry_interval") or 0
-    last = d.get("last_disconnect_ms")
     if expiry <= 0 or (last is not None and expiry != NEVER_EXPIRES and now_ms - last >= expiry * 1000):
         return cid, ENDED, False
-    state = extra.get(INFLIGHT)
-    nxt = state.get("next") if isinstance(state, dict) else None
-    subs: list = []
-    for sub in d.get("subscriptions") or ():
-        q, g = sub["filter"], sub.get("share_group")
+    flat: list = []
+    for q, g in subs:
         if g is None and not (nxt and q in nxt):
             return cid, BUILD, False
-        subs += (q, g)
-    return cid, Dormant(now_ms if last is None else last, expiry, tuple(subs)), last is None
+        flat += (q, g)
+    return cid, Dormant(now_ms if last is None else last, expiry, tuple(flat)), last is None
 
 
 def start_offsets(rec: SessionRecord, offsets: dict[str, int]) -> dict[str, int]:

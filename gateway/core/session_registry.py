@@ -29,6 +29,7 @@ Interface:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -234,6 +235,17 @@ class SessionRegistry:
         """Persistent sessions back from metadata (expired ones deleted); returns how many. Each
         stays dormant (`Dormant`: its filters held, its expiry timed, nothing else) until its
         client connects; only a record of an older version is built at once (`dormant_from`)."""
+        # a million records make millions of objects that all live on: the collector's passes
+        # over them while they are made are wasted (serve_command's _tune_gc freezes them after)
+        gc_was = gc.isenabled()
+        gc.disable()
+        try:
+            return self._restore()
+        finally:
+            if gc_was:
+                gc.enable()
+
+    def _restore(self) -> int:
         now = _now_ms()
         host = self.persist.host
         hold = self.subscriptions.hold_dormant
