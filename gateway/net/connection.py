@@ -105,7 +105,7 @@ class ConnectionSweep:
             self._handle = None
 
     def armed(self) -> int:
-        """Connections with a keep-alive deadline in the wheel."""
+        """Connections with a keep-alive deadline in the wheel (slots emptied by closes stay until they come)."""
         return sum(len(d) for d in self.wheel.values())
 
     # -- registration (by MQTTConnection) -----------------------------------------------------
@@ -119,17 +119,13 @@ class ConnectionSweep:
             if d is None:
                 d = self.wheel[slot] = {}
             d[c] = None
-            c._ka_slot = slot
+            c._ka_slot = d        # the slot's table itself (shared), not its number (an int per connection)
 
     def disarm(self, c: "MQTTConnection") -> None:
-        slot = c._ka_slot
-        if slot:
-            c._ka_slot = 0
-            d = self.wheel.get(slot)
-            if d is not None:
-                d.pop(c, None)
-                if not d:
-                    del self.wheel[slot]
+        d = c._ka_slot
+        if d is not None:
+            c._ka_slot = None
+            d.pop(c, None)        # an emptied slot stays in the wheel until it comes
 
     def forget(self, c: "MQTTConnection") -> None:
         """`c` is closed: out of every table (a closed connection must not be kept alive here)."""
@@ -171,7 +167,7 @@ class ConnectionSweep:
                     continue
                 self.checked += len(due)
                 for c in due:
-                    c._ka_slot = 0
+                    c._ka_slot = None
                     if c.closing:
                         continue
                     if now - c.last_rx > 1.5 * c._keepalive:
@@ -253,7 +249,7 @@ class MQTTConnection(asyncio.Protocol):
         self.auth_method: str | None = None   # the Authentication Method the connection logged in with
         self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
         self._keepalive = 0           # seconds (`keepalive`: set, it arms the sweep's deadline)
-        self._ka_slot = 0             # the sweep's wheel slot this connection is in (0: none)
+        self._ka_slot = None          # the sweep's wheel slot (its table) this connection is in
         self.last_rx = self.loop.time()
         self.accepted_at = self.last_rx
         self.pending_publishes = 0
