@@ -27,11 +27,12 @@ import os
 import select
 import time
 
-from .conn_hold import RESERVED_FDS, Holder, capacity
+from .conn_hold import Holder, capacity
 from .histogram import Histogram
 
 PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 32768-60999: 28,232)
 PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
+BROKER_RESERVED_FDS = 256  # left free in each broker process: its store link, logs, the idle probe
 
 
 def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe) -> None:
@@ -115,7 +116,7 @@ def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]
             if not listening:
                 continue
             soft, hard = p.rlimit(psutil.RLIMIT_NOFILE)
-            free = max(0, soft - p.num_fds() - RESERVED_FDS)
+            free = max(0, soft - p.num_fds() - BROKER_RESERVED_FDS)
         except Exception:  # noqa: BLE001 - exited meanwhile, or not ours to inspect
             continue
         total += free
