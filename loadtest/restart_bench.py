@@ -20,6 +20,8 @@ One JSON line per restart:
 
   restart_s        from starting the process to its MQTT port accepting connections (a fleet:
                    every gateway up)
+  cpu_s            the CPU time the (single-process) broker used until then: what restart_s would
+                   be on an idle machine, give or take I/O (a loaded VM stretches restart_s)
   first_connack_s  from starting the process to the CONNACK of a first client resuming its session
   all_present_s    from starting the process until a sample spread over every session (`sample`)
                    is resumed: each CONNACK with session present counts (`sample_present`)
@@ -105,6 +107,16 @@ def _rss(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) the process has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _gauge(port: int, name: str = "lmqtt_sessions") -> float | None:
@@ -194,15 +206,17 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
             rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=min(600.0, left()),
                                security=sec)
             restart_s = time.monotonic() - t0
+            single = not rb.extra_ports and name != "lmqtt-workers"
+            cpu = _cpu_s(rb.pid) if single else None
             ports = [rb.port, *rb.extra_ports]
             first = asyncio.run(_sessions(rb.host, ports, False, [0], timeout=min(600.0, left())))
             first_s = time.monotonic() - t0
             present = asyncio.run(_sessions(rb.host, ports, False, sample, timeout=min(600.0, left())))
             all_s = time.monotonic() - t0
-            rss = None if rb.extra_ports or name == "lmqtt-workers" else _rss(rb.pid)   # one process only
+            rss = _rss(rb.pid) if single else None          # one process only
             out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep, "created": create,
                         "created_s": round(created_s, 1), "restart_s": round(restart_s, 3),
-                        "first_connack_s": round(first_s, 3), "first_present": bool(first),
+                        "cpu_s": cpu, "first_connack_s": round(first_s, 3), "first_present": bool(first),
                         "all_present_s": round(all_s, 3), "sample": len(sample), "sample_present": present,
                         "sessions_known": _gauge(mport) if mport else None, "stop_s": round(stop_s, 3),
                         "broker_rss_bytes": rss})
