@@ -448,6 +448,9 @@ class Member:
             return
         st = self.state
         alive = {n for n, t in st.last_seen.items() if now - t < self.dead_after_s}
+        # this member runs: its own heartbeats may just not commit (no majority now), and an
+        # election proposed then would commit when the majority returns and depose a live primary
+        alive.add(self.node)
         p = st.primary
         if p is not None and p in alive:
             return
