@@ -143,6 +143,9 @@ class GroupAssignments:
         g = self._group(group, queue, start)
         g.gateways.add(gid)
         g.last_pop[gid] = time.monotonic()
+        for old in [w for w in g.waiters if w.gid == gid]:     # one pop per gateway and group: the
+            g.waiters.remove(old)                             # newer replaces it (answered empty)
+            self._answer(old)
         fut = self.loop.create_future()
         w = _Waiter(gid, max(1, min(int(max_count), MAX_POP)), fut, conn)
         g.waiters.append(w)
