@@ -88,9 +88,10 @@ def inflight_state(s: "Session") -> dict | None:
             continue
         out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
     keys = s.inbound_keys
-    if len(out) > MAX_SAVED_INFLIGHT or not (out or s.inbound_qos2 or nxt or keys):
+    in2 = s.inbound_qos2_ids          # not `inbound_qos2`: that creates the set for every saved session
+    if len(out) > MAX_SAVED_INFLIGHT or not (out or in2 or nxt or keys):
         return None
-    state = {"out": out, "next": nxt, "in2": sorted(s.inbound_qos2), "pid": s.next_pid}
+    state = {"out": out, "next": nxt, "in2": sorted(in2), "pid": s.next_pid}
     if keys:
         state[IN2_PENDING] = [[pid, topic, key, ms] for pid, (topic, key, ms) in keys.items()]
     return state

@@ -33,6 +33,7 @@ TOO_LARGE = 2      # larger than the client's Maximum Packet Size (§3.1.2.11.4:
 # the topic -> alias map of a client that takes no topic aliases (most): one shared read-only
 # empty mapping instead of an empty dict per session (64 bytes each)
 NO_ALIASES = MappingProxyType({})
+NO_IDS: frozenset = frozenset()    # the inbound QoS 2 ids of a session that has none (`inbound_qos2_ids`)
 
 
 @dataclass(slots=True)
@@ -245,6 +246,13 @@ class Session:
     @inbound_qos2.setter
     def inbound_qos2(self, v: set[int]) -> None:
         self._inbound_qos2 = v
+
+    @property
+    def inbound_qos2_ids(self) -> "set[int] | frozenset[int]":
+        """The inbound QoS 2 ids awaiting PUBREL, read without creating the set (a reader such as
+        the session record's writer must not give every saved session an empty set)."""
+        v = self._inbound_qos2
+        return NO_IDS if v is None else v
 
     @property
     def inbound_pending(self) -> set[int]:
