@@ -170,7 +170,8 @@ def import_s(argv: list[str], host: str, port: int, log: Path, timeout: float) -
         return None
 
 
-def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s: float) -> list[dict]:
+def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s: float,
+                 lmqtt_src: str | None = None) -> list[dict]:
     started = time.monotonic()
     left = lambda: max(10.0, cap_s - (time.monotonic() - started))     # noqa: E731
     if create == "auto":
@@ -182,14 +183,15 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
     mport = brokers.free_port() if name == "lmqtt" else None
     sec = brokers.Security(lmqtt_args=("--metrics-port", str(mport), "--no-console")) if mport else None
     out: list[dict] = []
-    rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0, security=sec)
+    src = {"lmqtt_src": lmqtt_src} if lmqtt_src and name.startswith("lmqtt") else {}
+    rb = brokers.start(name, workdir, persist=True, ready_timeout=120.0, security=sec, **src)
     try:
         t0 = time.monotonic()
         if create == "direct":
             rb.stop(timeout=300.0)
             write_sessions_direct(workdir / "lmqtt-data", n)
             # the first start registers their filters with the store (what their SUBSCRIBEs did)
-            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=left(), security=sec)
+            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=left(), security=sec, **src)
         else:
             asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], True, range(n)))
         created_s = time.monotonic() - t0
@@ -204,7 +206,7 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
             stop_s = time.monotonic() - t0
             t0 = time.monotonic()
             rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=min(600.0, left()),
-                               security=sec)
+                               security=sec, **src)
             restart_s = time.monotonic() - t0
             single = not rb.extra_ports and name != "lmqtt-workers"
             cpu = _cpu_s(rb.pid) if single else None
@@ -220,7 +222,7 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
                         "all_present_s": round(all_s, 3), "sample": len(sample), "sample_present": present,
                         "sessions_known": _gauge(mport) if mport else None, "stop_s": round(stop_s, 3),
                         "broker_rss_bytes": rss})
-        if name == "lmqtt" and time.monotonic() - started < cap_s:
+        if name == "lmqtt" and not lmqtt_src and time.monotonic() - started < cap_s:
             rb.stop(timeout=300.0)
             imp = import_s(rb.argv, rb.host, rb.port, workdir / "importtime.log", min(600.0, left()))
             for row in out:
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--create", choices=("auto", "mqtt", "direct"), default="auto",
                     help=f"how the sessions are made: MQTT connects, or (lmqtt) records written into the stopped "
                          f"server's metadata (default auto: direct above {DIRECT_ABOVE:,} sessions)")
+    ap.add_argument("--lmqtt-src", help="run lmqtt from this source tree (a `git archive` snapshot with its C modules "
+                                        "built in place), to compare two versions")
     ap.add_argument("--time-cap", type=float, default=1800.0,
                     help="seconds a broker's run may take, creation included (default 1800)")
     args = ap.parse_args(argv)
@@ -247,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in [b.strip() for b in args.brokers.split(",") if b.strip()]:
             try:
-                for row in bench_broker(name, args.sessions, args.repeat, base, args.create, args.time_cap):
+                for row in bench_broker(name, args.sessions, args.repeat, base, args.create, args.time_cap,
+                                        args.lmqtt_src):
                     print(json.dumps(row), flush=True)
             except brokers.BrokerUnavailable as e:
                 print(json.dumps({"case": name, "error": str(e)}), flush=True)
