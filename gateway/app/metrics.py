@@ -91,7 +91,10 @@ class _HotCounters:
                 ("lmqtt_bytes_out", "Bytes written to client sockets", m.bytes_out),
                 ("lmqtt_lightqueue_pulls", "Light-queue pull calls (shared by sessions at one offset)", m.pulls),
                 ("lmqtt_notify_events", "Merged queue-event sets received from notify", m.notify_events),
-                ("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", m.notify_queues)):
+                ("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", m.notify_queues),
+                ("lmqtt_session_record_writes", "Persistent session records written to the store (CONNECT of a "
+                 "present session, a SUBSCRIBE that changes one, disconnect, QoS 2 exchanges)",
+                 m.session_record_writes)):
             yield CounterMetricFamily(name, doc, value=v)
         for h in m.fast_histograms:
             yield h.metric()
@@ -114,6 +117,7 @@ class GatewayMetrics:
         self.pulls = 0
         self.notify_events = 0
         self.notify_queues = 0
+        self.session_record_writes = 0     # persistent session records written (SessionPersistence)
         r.register(_HotCounters(self))
         d = Counter("lmqtt_dropped_messages", "Messages not delivered", ["reason"], registry=r)
         self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")

@@ -82,7 +82,7 @@ class Broker:
         self.persist = SessionPersistence(storage,
                                           session_live=lambda s: self.sessions.get(s.client_id) is s,
                                           group_live=lambda g: self.subscriptions.is_current(g),
-                                          host=gateway_id)
+                                          host=gateway_id, metrics=metrics)
         self.writes = WriteBatcher(loop)
         self.delivery = DeliveryEngine(storage.queues, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
@@ -357,10 +357,15 @@ class Broker:
         if will is not None:
             registry.store_will(cid, will, v)
         if s.persistent:
-            # its QoS 2 exchanges go out again below (PUBLISH with DUP, PUBREL) in the state held
-            # here, which may be newer than its record (a PUBREC taken whose write then failed): they
-            # leave only once this write is done, and a write that fails drops the connection
-            self._save_session(s, qos2_resumed=present and any(inf.qos == 2 for inf in s.outbound.values()))
+            if present or pkt.clean_start or self.persist.host is not None:
+                # its QoS 2 exchanges go out again below (PUBLISH with DUP, PUBREL) in the state held
+                # here, which may be newer than its record (a PUBREC taken whose write then failed): they
+                # leave only once this write is done, and a write that fails drops the connection
+                self._save_session(s, qos2_resumed=present and any(inf.qos == 2 for inf in s.outbound.values()))
+            # else a new session (no record: CONNACK says none is present) with nothing in it yet, on
+            # the embedded server: its record is first written by what puts something in it (its
+            # SUBSCRIBE, before SUBACK; a QoS 2 exchange) or by its disconnect. A crash before that
+            # loses nothing the client was told exists (issue 29: one record write less per session)
         elif was_persistent:
             self.persist.delete_session(cid)
 

@@ -234,7 +234,7 @@ def start_offsets(rec: SessionRecord, offsets: dict[str, int]) -> dict[str, int]
 
 class SessionPersistence:
     def __init__(self, storage: "Storage", *, session_live: Callable[["Session"], bool],
-                 group_live: Callable[["SharedGroup"], bool], host: str | None = None) -> None:
+                 group_live: Callable[["SharedGroup"], bool], host: str | None = None, metrics=None) -> None:
         """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
         the live one when its offsets are written (`flush`); an ended or replaced session, a
         dropped group, must not write its offsets over its successor's. `host`: the fleet gateway
@@ -243,6 +243,7 @@ class SessionPersistence:
         self.sessions = storage.sessions          # the storage facades it uses (storage/facades.py)
         self.offsets = storage.offsets
         self.host = host
+        self.metrics = metrics                    # GatewayMetrics (`session_record_writes`), None in tests
         self.dirty_sessions: set["Session"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
         self._session_live = session_live
@@ -286,6 +287,8 @@ class SessionPersistence:
             return None
         answer = self.sessions.put(s.client_id, rec)
         log_failure(answer, log, "save_session_failed", client_id=s.client_id)
+        if self.metrics is not None:
+            self.metrics.session_record_writes += 1
         return answer
 
     # -- QoS 2 write-ahead of a connected session's exchanges ------------------------------------

@@ -118,6 +118,7 @@ class SubscribeHandler:
         v5 = conn.version == 5
         codes: list[int] = []
         retained: list[ClientSubscription] = []
+        changed = False        # the session record changes (a new or different subscription)
         sub_id = None
         if v5 and pkt.properties.subscription_identifier:
             ids = pkt.properties.subscription_identifier
@@ -179,6 +180,7 @@ class SubscribeHandler:
                     rc_set = conn.read_checks = set()
                 rc_set.add(flt)
             if since is not None:
+                changed = True         # its cursor restarts in the past
                 try:
                     self.subscriptions.add_since(s, sub, since)
                 except ReplayRefused as e:
@@ -186,12 +188,17 @@ class SubscribeHandler:
                     continue
                 codes.append(qos)          # history instead of the retained messages
                 continue
+            if not changed and s.subs.get(sub.filter) != sub:
+                changed = True
             existed = self.subscriptions.add(s, sub)
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 retained.append(sub)
         s.update_custom()
-        if s.persistent:
+        if s.persistent and changed:
+            # a SUBSCRIBE repeating subscriptions the session has, with the same options (a client
+            # resuming its session subscribes again, as most do), writes nothing: its record and
+            # offsets already hold them (each was written before its first SUBACK)
             self._save_session(s)
             self._save_offsets(s)
         ack = P.SubAck(pkt.packet_id, codes)
