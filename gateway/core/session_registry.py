@@ -235,13 +235,17 @@ class SessionRegistry:
         """Persistent sessions back from metadata (expired ones deleted); returns how many. Each
         stays dormant (`Dormant`: its filters held, its expiry timed, nothing else) until its
         client connects; only a record of an older version is built at once (`dormant_from`)."""
-        # a million records make millions of objects that all live on: the collector's passes
-        # over them while they are made are wasted (serve_command's _tune_gc freezes them after)
+        # a million records make millions of objects that all live on (acyclic: freed by their
+        # reference counts when a session wakes or ends): the collector's passes over them while
+        # they are made are wasted, and so would be every later full collection (the one before
+        # serve's gc.freeze took 1-3 s after the port opened, before the first CONNACK): they
+        # are frozen as they are made, with what the start made before them
         gc_was = gc.isenabled()
         gc.disable()
         try:
             return self._restore()
         finally:
+            gc.freeze()
             if gc_was:
                 gc.enable()
 
