@@ -571,8 +571,6 @@ def test_serve_workers_console_shows_every_workers_clients_and_disconnects_on_th
     worker it is on, the counts equal each worker's own gauge); a Disconnect pressed on worker 0's
     page ends a client that is on worker 1 (paho sees 0x98); the overview lists both workers as
     ready with the fleet's total; sessions and POP groups are read from the store."""
-    import time
-
     from lmqtt.loadtest.brokers import free_port_pair
     from lmqtt.store.client import connect
     srv = LmqttServer(str(tmp_path / "data"), extra_args=("--workers", "2"),
