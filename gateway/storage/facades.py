@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, NamedTuple, Protocol,
+from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, Protocol,
                     Sequence, TypeVar)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -350,22 +350,6 @@ class FilterRegistry(Protocol):
         """This gateway's holds by filter (in-process: every hold of the store)."""
 
 
-class Lease(NamedTuple):
-    """`owner`: the gateway that delivers the group now; `offset`: for the holder, where to start
-    (the group's committed offset or the one the last holder handed back), or None."""
-    owner: str | None
-    offset: int | None
-
-
-class GroupLeases(Protocol):
-    """Which gateway delivers a shared group's messages (gateway/fleet/group_leases.py)."""
-
-    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
-        """Claim or renew the lease of (group, queue) for `ttl_ms`."""
-    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
-        """Hand the lease back with the offset the next holder starts from."""
-
-
 class ReplayRefused(Exception):
     """`QueueStore.replay_plan` cannot serve the period asked for (outside retention, ...): the
     message says why (the subscription is refused with it). Both implementations raise this one
@@ -519,6 +503,5 @@ class Storage:
     offsets: OffsetStore
     retained: RetainedStore
     wills: WillStore
-    leases: GroupLeases
     filters: FilterRegistry
     queues: QueueStore

@@ -1,5 +1,5 @@
 """The metadata facades (gateway/storage/facades.py: sessions, offsets, retained messages, wills,
-shared-group leases) over the store node's gw_* commands, for `lmqtt gateway` (docs/fleet.md): typed
+filter registrations) over the store node's gw_* commands, for `lmqtt gateway` (docs/fleet.md): typed
 in store/node/protocol.py, sent with its `NodeClient`; the node side is store/node/gateway_service.py.
 
 Every method sends its request now, on the gateway's one `LoopConnection` (so the store sees this
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, Lease, QueueStore, Retained, Storage
+from lmqtt.gateway.storage.facades import Answer, QueueStore, Retained, Storage
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection
@@ -339,29 +339,6 @@ class RemoteWills:
         self.published.append(fn)
 
 
-class RemoteLeases:
-    """`GroupLeases` over gw_group_lease; nothing is sent while the link is down (the fleet's
-    lease tick asks again)."""
-
-    def __init__(self, link: LoopConnection, gateway_id: str) -> None:
-        self.link = link
-        self.gateway_id = gateway_id
-
-    def _down(self) -> Answer[Any] | None:
-        if self.link.connected:
-            return None
-        return Answer.failed(ConnectionLost(f"store at {self.link.address} unavailable: {self.link.last_error}"))
-
-    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
-        return self._down() or ask(self.link, P.GroupLease(self.gateway_id, group, queue, consumer=consumer,
-                                                           ttl_ms=int(ttl_ms)), bounded=False).then(
-            lambda r: Lease(r.owner, r.offset))
-
-    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
-        return self._down() or ask(self.link, P.GroupLease(self.gateway_id, group, queue, release=True,
-                                                           offset=int(offset)), bounded=False).then(_none)
-
-
 class RemoteFilters:
     """`FilterRegistry` over gw_register / gw_unregister / gw_filters."""
 
@@ -425,10 +402,9 @@ class RemoteMetadata:
         self.filters = RemoteFilters(link, gateway_id)
         self.retained = RemoteRetained(link)
         self.wills = RemoteWills(link, gateway_id)
-        self.leases = RemoteLeases(link, gateway_id)
 
     def storage(self, queues: "QueueStore") -> Storage:
-        return Storage(self.sessions, self.offsets, self.retained, self.wills, self.leases, self.filters, queues)
+        return Storage(self.sessions, self.offsets, self.retained, self.wills, self.filters, queues)
 
     def hello(self) -> None:
         """Tell the store which gateway this connection is (at start and after every reconnect):
@@ -482,5 +458,5 @@ class RemoteMetadata:
         return n
 
 
-__all__ = ["RemoteMetadata", "RemoteSessions", "RemoteOffsets", "RemoteRetained", "RemoteWills", "RemoteLeases",
-           "RemoteFilters", "ask"]
+__all__ = ["RemoteMetadata", "RemoteSessions", "RemoteOffsets", "RemoteRetained", "RemoteWills", "RemoteFilters",
+           "ask"]

@@ -11,8 +11,7 @@ What the commands are for:
                          offsets once every message acknowledged before is dispatched: where a new
                          subscription starts), gw_pull (with each entry's dispatch queues, "dq"),
                          gw_group_pop / gw_group_ack / gw_group_renew (shared groups balanced
-                         over the fleet: each message handed to one gateway, group_assign.py);
-                         gw_group_lease (the older one-gateway-per-group lease; in memory)
+                         over the fleet: each message handed to one gateway, group_assign.py)
   from the past          gw_replay, gw_replay_read (lightqueue/replay.py `plan`, `read_history`)
   filter holds           gw_register, gw_unregister, gw_filters: wildcard filter registrations
                          held per gateway id, persisted (a gateway that restarts with the same id
@@ -50,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Callable
 
 from lmqtt.lightqueue import replay as replay_mod
@@ -95,8 +93,6 @@ class GatewayService:
         self.sessions_moved_told = 0        # SESSIONS_MOVED pushes sent (a session moved to another gateway)
         self.session_claims_relayed = 0     # client id claims relayed to the other gateways (SESSION_CLAIMS)
         self.loop = loop
-        self.group_leases: dict[tuple[str, str], tuple[str, float]] = {}   # (group, queue) -> (gateway, until)
-        self._released_leases: dict[tuple[str, str], int] = {}    # offset a holder handed back with the lease
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
         # shared groups across the fleet: parked pops are answered when their queue grows
@@ -416,25 +412,6 @@ class GatewayService:
             log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
                         target, self.srv.store.dispatched_offset)
         return self._after_dispatch(lambda: P.MaxOffsetsReply({q: self.lq.max_offset(q) for q in req.queues}), slow)
-
-    def gw_group_lease(self, req: P.GroupLease, conn) -> P.GroupLeaseReply:
-        """One deliverer per shared group across the fleet (gateway/fleet/group_leases.py)."""
-        gid, key = req.gateway, (req.group, req.queue)
-        leases, released = self.group_leases, self._released_leases
-        now = time.monotonic()
-        held = leases.get(key)
-        if req.release:
-            if held is not None and held[0] == gid:
-                del leases[key]
-                if req.offset is not None:          # where the next holder starts
-                    released[key] = req.offset
-            return P.GroupLeaseReply(None)
-        if held is None or held[0] == gid or held[1] < now:
-            leases[key] = held = (gid, now + max(0.1, req.ttl_ms / 1000.0))
-        if held[0] != gid or not req.consumer:
-            return P.GroupLeaseReply(held[0])
-        off = self.meta.get_offset(req.consumer, key[1])
-        return P.GroupLeaseReply(gid, max(off, released.get(key, off)) if off is not None else released.get(key))
 
     def gw_group_pop(self, req: P.GroupPop, conn):
         """A shared group's messages for this gateway's members (group_assign.py): now, or a

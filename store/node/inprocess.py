@@ -9,10 +9,9 @@ The gateway's composition root for `lmqtt serve` gets its bundle from `storage(s
 gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Iterable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, Lease, ReplayPlan, ReplayRefused, Retained, Storage, answered
+from lmqtt.gateway.storage.facades import Answer, ReplayPlan, ReplayRefused, Retained, Storage, answered
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.lightqueue.replay import ReplayRefused as LightQueueReplayRefused
@@ -161,40 +160,6 @@ class InProcessFilters:
         return Answer.now(lambda: dict(self.lq.registry.filters()))
 
 
-class InProcessLeases:
-    """One gateway in the process; the same rule as the store node's `gw_group_lease`
-    (store/node/gateway_service.py): the holder renews, a lease not renewed within its ttl
-    lapses, the holder starts at the later of the group's committed offset and the one the last
-    holder handed back."""
-
-    def __init__(self, md: MetadataStore, gateway_id: str = "") -> None:
-        self.md = md
-        self.gateway_id = gateway_id
-        self._held: dict[tuple[str, str], tuple[str, float]] = {}      # -> (owner, until)
-        self._released: dict[tuple[str, str], int] = {}
-
-    def claim(self, group: str, queue: str, consumer: str, ttl_ms: int) -> Answer[Lease]:
-        def grant() -> Lease:
-            key, me, now = (group, queue), self.gateway_id, time.monotonic()
-            held = self._held.get(key)
-            if held is None or held[0] == me or held[1] < now:
-                self._held[key] = held = (me, now + max(0.1, ttl_ms / 1000.0))
-            if held[0] != me:
-                return Lease(held[0], None)
-            off = self.md.get_offset(consumer, queue)
-            back = self._released.get(key)
-            return Lease(me, max(off, back if back is not None else off) if off is not None else back)
-        return Answer.now(grant)
-
-    def release(self, group: str, queue: str, offset: int) -> Answer[None]:
-        key = (group, queue)
-        held = self._held.get(key)
-        if held is not None and held[0] == self.gateway_id:
-            del self._held[key]
-            self._released[key] = int(offset)
-        return Answer.of(None)
-
-
 class InProcessQueues:
     """`QueueStore` over the embedded `MessageStore` and `LightQueueStore`: every read is local,
     its answer done when the method returns (`Answer.of`, the only cost the seam adds)."""
@@ -281,8 +246,8 @@ def storage(store: Any, lq: Any) -> Storage:
     light queues."""
     md = lq.metadata
     return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
-                   InProcessLeases(md), InProcessFilters(lq), InProcessQueues(store, lq))
+                   InProcessFilters(lq), InProcessQueues(store, lq))
 
 
 __all__ = ["storage", "InProcessQueues", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
-           "InProcessWills", "InProcessLeases", "InProcessFilters"]
+           "InProcessWills", "InProcessFilters"]

@@ -38,6 +38,7 @@ from lmqtt.store import protocol as W
 log = logging.getLogger("lmqtt.store.node.protocol")
 
 NODE_PROTOCOL_VERSION = 2       # 2: shared groups assigned per message (gw_group_pop/ack/renew)
+# (gw_group_lease, the one-gateway lease of 1, is gone without a bump: no gateway of 2 sends it)
 HELLO_KEY = "gateway_protocol"       # the HELLO_OK field that carries it
 
 
@@ -278,14 +279,6 @@ class WatchReply(Wire):
 
 
 @reply
-class GroupLeaseReply(Wire):
-    """`owner`: the gateway that delivers the group now (None after a release); `offset`: for the
-    holder, where to start (the group's committed offset or the one the last holder handed back)."""
-    owner: str | None
-    offset: int | None = dataclasses.field(default=None, metadata=OMIT_DEFAULT)
-
-
-@reply
 class GroupPopReply(Wire):
     """MESSAGES: the messages of a shared group handed to this gateway (store/node/group_assign.py),
     in queue order, those visible again first; `dq`: each one's dispatch queues."""
@@ -447,19 +440,6 @@ class MaxOffsets(Request):
 class StartOffsets(Request):
     """Max offsets once every message appended before the request is dispatched."""
     queues: list[str]
-
-
-@command("gw_group_lease", GroupLeaseReply)
-class GroupLease(Request):
-    """Claim (or renew) the lease of a shared group for `ttl_ms`; with `release`, hand it back
-    with the `offset` the next holder starts from."""
-    gateway: str
-    group: str
-    queue: str
-    consumer: str | None = None
-    ttl_ms: int = 3000
-    release: bool = False
-    offset: int | None = None
 
 
 @command("gw_group_pop", GroupPopReply)
@@ -776,10 +756,6 @@ class NodeClient:
 
     def start_offsets(self, queues: list[str]) -> "asyncio.Future[MaxOffsetsReply]":
         return self.call(StartOffsets(queues))
-
-    def group_lease(self, gateway: str, group: str, queue: str, consumer: str | None = None, ttl_ms: int = 3000,
-                    release: bool = False, offset: int | None = None) -> "asyncio.Future[GroupLeaseReply]":
-        return self.call(GroupLease(gateway, group, queue, consumer, ttl_ms, release, offset))
 
     def group_pop(self, gateway: str, incarnation: str, group: str, queue: str, max_count: int = 64,
                   start: int | None = None, ttl_ms: int = 3000, wait_ms: int = 0) -> "asyncio.Future[GroupPopReply]":

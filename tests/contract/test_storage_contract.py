@@ -17,7 +17,7 @@ import signal
 
 import pytest
 
-from lmqtt.gateway.storage.facades import Answer, Lease, Storage
+from lmqtt.gateway.storage.facades import Answer, Storage
 from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription, WillRecord
 from tests.support import LmqttStore
 
@@ -194,21 +194,6 @@ def test_a_will_another_gateway_wrote_since_survives_this_gateways_pop_but_not_a
         assert left[cid].topic == "w/2"
     side.other.wills.void(cid)
     assert cid not in dict(side.other.wills.held().wait())
-
-
-# ---------------------------------------------------------------- group leases
-def test_a_group_lease_is_granted_renewed_and_handed_back_with_the_offset(side):
-    leases, offsets = side.storage.leases, side.storage.offsets
-    group, queue = _name("grp"), _name("lq")
-    consumer = f"$share/{group}"
-    offsets.set(consumer, {queue: 4})
-    got = leases.claim(group, queue, consumer, 3000).wait()
-    assert got == Lease(side.gateway_id, 4)
-    assert leases.claim(group, queue, consumer, 3000).wait().owner == side.gateway_id     # renewed
-    if side.other is not side.storage:
-        assert side.other.leases.claim(group, queue, consumer, 3000).wait().owner == side.gateway_id   # held
-    leases.release(group, queue, 9).wait()
-    assert leases.claim(group, queue, consumer, 3000).wait() == Lease(side.gateway_id, 9)
 
 
 # ---------------------------------------------------------------- filter registrations

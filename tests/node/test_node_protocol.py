@@ -99,7 +99,6 @@ def test_the_wire_form_is_the_one_gateways_and_stores_used_before():
     assert P.WatchReply({"a": 3}, push=True, raw=True).to_wire() == {"max_offsets": {"a": 3}, "push": True, "raw": True}
     assert P.RetainedReply([("r/1", b"\x00\xff", b"")]).to_wire() == {"retained": [["r/1", "AP8=", ""]]}
     assert P.SessionReply(None).to_wire() == {"rec": None}
-    assert P.GroupLeaseReply("gw-a").to_wire() == {"owner": "gw-a"}
     assert P.RegisterReply(count=2).to_wire() == {"count": 2}
     assert P.HoldersReply({"g": P.HolderInfo(2, False)}).to_wire() == {"gateways": {"g": {"filters": 2, "connected": False}}}
     assert P.PutWill.from_wire({"client_id": "c", "will": "AP8="}) == P.PutWill("c", b"\x00\xff", None)
@@ -164,6 +163,33 @@ def test_a_malformed_request_gets_an_error_naming_the_field_and_the_connection_g
         assert c.cmd("gw_get_offsets", consumer="c") == {"offsets": {}}       # nothing was written
         assert c.cmd("gw_max_offsets", queues=["q"]) == {"max_offsets": {"q": 0}}
         assert c.server_info["gateway_protocol"] == P.NODE_PROTOCOL_VERSION
+
+
+def test_the_one_gateway_group_lease_is_gone_an_old_caller_gets_unknown_command(lmqtt_store):
+    """gw_group_lease (protocol 1's one-gateway-per-group lease) was replaced by per-message
+    assignment (gw_group_pop/ack/renew): the node no longer serves it, a caller gets one clear
+    error and the connection goes on."""
+    from lmqtt.store.client import StoreClientError, connect
+
+    assert "gw_group_lease" not in P.COMMANDS
+    with connect(lmqtt_store.address) as c:
+        with pytest.raises(StoreClientError, match=r"^unknown_command: unknown command 'gw_group_lease'$"):
+            c.cmd("gw_group_lease", gateway="gw-a", group="g", queue="q", consumer="$share/g", ttl_ms=3000)
+        assert c.cmd("gw_max_offsets", queues=["q"]) == {"max_offsets": {"q": 0}}
+
+
+def test_docs_protocol_md_lists_exactly_the_commands_the_node_serves():
+    """docs/protocol.md's table of gw_* commands names each command of the registry once and no
+    other (a removed command leaves the docs with it)."""
+    import re
+    from tests.support import ROOT
+
+    text = open(f"{ROOT}/docs/protocol.md", encoding="utf-8").read()
+    documented: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("| `gw_"):
+            documented += re.findall(r"`(gw_[a-z_]+)`", line.split(" | ")[0])
+    assert sorted(documented) == sorted(P.COMMANDS)
 
 
 # ---------------------------------------------------------------- the version rule, real processes
