@@ -94,7 +94,10 @@ class _HotCounters:
                 ("lmqtt_notify_queue_names", "Queue names received from notify (after merging)", m.notify_queues),
                 ("lmqtt_session_record_writes", "Persistent session records written to the store (CONNECT of a "
                  "present session, a SUBSCRIBE that changes one, disconnect, QoS 2 exchanges)",
-                 m.session_record_writes)):
+                 m.session_record_writes),
+                ("lmqtt_session_offset_writes", "Persistent sessions' committed offsets written to the store "
+                 "(a new subscription's start, moved offsets at the flush timer or at disconnect)",
+                 m.session_offset_writes)):
             yield CounterMetricFamily(name, doc, value=v)
         for h in m.fast_histograms:
             yield h.metric()
@@ -118,6 +121,7 @@ class GatewayMetrics:
         self.notify_events = 0
         self.notify_queues = 0
         self.session_record_writes = 0     # persistent session records written (SessionPersistence)
+        self.session_offset_writes = 0     # and their committed offsets
         r.register(_HotCounters(self))
         d = Counter("lmqtt_dropped_messages", "Messages not delivered", ["reason"], registry=r)
         self.dropped_qos0_backpressure = d.labels(reason="qos0_backpressure")

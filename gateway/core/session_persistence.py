@@ -390,6 +390,8 @@ class SessionPersistence:
     def save_offsets(self, s: "Session") -> None:
         self.dirty_sessions.discard(s)
         if s.cursors:
+            if self.metrics is not None:
+                self.metrics.session_offset_writes += 1
             log_failure(self.offsets.set(s.client_id, {q: c.committed() for q, c in s.cursors.items()}),
                         log, "save_offsets_failed", client_id=s.client_id)
 

@@ -161,7 +161,10 @@ class SessionRegistry:
         else:
             s.disconnected_at_ms = _now_ms()
             self.persist.save_session(s)
-            self.persist.save_offsets(s)
+            if s in self.persist.dirty_sessions:
+                # its offsets moved since they were last written (a cursor moves only forward and
+                # marks the session dirty: SUBSCRIBE writes a new one's start; the flush timer, the rest)
+                self.persist.save_offsets(s)
             self._schedule_expiry(s)
 
     # ------------------------------------------------------------------ wills

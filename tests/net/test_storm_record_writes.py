@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 N = 20
 
 
-def _writes(srv) -> int:
+def _writes(srv, what: str = "record") -> int:
     deadline = time.monotonic() + 10
     while True:
         try:                            # the metrics port opens just after the MQTT port
@@ -31,8 +31,9 @@ def _writes(srv) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-    m = re.search(r"^lmqtt_session_record_writes_total ([0-9.e+]+)$", text, re.M)
-    assert m, "lmqtt_session_record_writes_total is not exported"
+    name = what if what == "lmqtt_connections" else f"lmqtt_session_{what}_writes_total"
+    m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    assert m, f"{name} is not exported"
     return int(float(m.group(1)))
 
 
@@ -63,17 +64,20 @@ def _round(srv, i: int, qos: int = 1, expect_present: bool | None = None) -> Non
 
 def test_a_storm_writes_each_session_record_twice_per_round_not_three_times(lmqtt_server):
     srv = lmqtt_server
-    base = _writes(srv)
+    base, obase = _writes(srv), _writes(srv, "offset")
     for i in range(N):                           # new sessions: SUBSCRIBE + disconnect
         _round(srv, i, expect_present=False)
     assert _settled(srv, base + 2 * N) - base == 2 * N
-    base = _writes(srv)
+    assert _writes(srv, "offset") - obase == N   # the new subscription's start (not again at disconnect)
+    base, obase = _writes(srv), _writes(srv, "offset")
     for i in range(N):                           # resumed, the same SUBSCRIBE: CONNECT + disconnect
         _round(srv, i, expect_present=True)
     assert _settled(srv, base + 2 * N) - base == 2 * N
-    base = _writes(srv)
+    assert _writes(srv, "offset") - obase == 0   # nothing delivered: no offset moved
+    base, obase = _writes(srv), _writes(srv, "offset")
     _round(srv, 0, qos=0, expect_present=True)   # the same filter at another QoS: the record changes
     assert _settled(srv, base + 3) - base == 3
+    assert _writes(srv, "offset") - obase == 1
 
 
 def test_the_writes_left_out_lose_nothing_across_kill9(lmqtt_server):
@@ -99,8 +103,23 @@ def test_the_writes_left_out_lose_nothing_across_kill9(lmqtt_server):
         assert ack.session_present is True
         m = c.recv()
         assert isinstance(m, P.Publish) and m.payload == b"m%d" % i and m.qos == qos, (i, m)
+        if qos:
+            c.send(P.PubAck(m.packet_id))
+        c.send(P.Disconnect())                   # its offsets moved: written at this disconnect
         c.close()
     # the session that held nothing was not kept: CONNACK says so (the client subscribes again)
     c = RawMQTT(srv, version=4)
     assert c.connect("storm-idle", clean=False).session_present is False
     c.close()
+    pub.close()
+    deadline = time.monotonic() + 20             # every disconnect handled (its offsets written)
+    while _writes(srv, "lmqtt_connections") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    srv.kill9()
+    srv.start()
+    for i in range(3):                           # what was acknowledged is not delivered again
+        c = RawMQTT(srv, version=4)
+        assert c.connect(f"storm-{i}", clean=False).session_present is True
+        with pytest.raises(OSError):             # socket.timeout: nothing comes
+            c.recv(timeout=1.0)
+        c.close()
