@@ -3,8 +3,9 @@
 Every gateway's console shows the whole fleet: it finds the other gateways' consoles here. A
 gateway with a console announces it on its store connection (`console_announce`: its gateway id,
 its console's URL and a random token of its own, which a peer shows to read its clients or
-disconnect one of them); the announcement lives as long as that connection (a gateway that
-reconnects, or follows a store group's new primary, announces again). `console_peers` answers the
+disconnect one of them; over HTTPS the SHA-256 of its certificate, which a peer checks); the
+announcement lives as long as that connection (a gateway that reconnects, or follows a store
+group's new primary, announces again). `console_peers` answers the
 announced consoles and the ids of every gateway connected (gw_hello), consoles or not.
 `pop_groups` lists the POP consumer states (SDK `pop`: group, ConsumeQueue, next offset, messages
 invisible now, backlog) and each group's dead letters, which the `stats` CALL's `groups` (groups
@@ -64,6 +65,8 @@ class ConsolePeers:
         for other in [c for c, v in self.consoles.items() if v["gateway"] == gid and c is not conn]:
             del self.consoles[other]       # the same gateway restarted before its old connection was seen gone
         self.consoles[conn] = {"gateway": gid, "url": url, "token": token, "since_ms": int(time.time() * 1000)}
+        if a.get("cert_sha256"):                 # an HTTPS console: the certificate its peers must see
+            self.consoles[conn]["cert_sha256"] = str(a["cert_sha256"])
         return {"ok": True}
 
     def peers(self, _a: dict) -> dict:

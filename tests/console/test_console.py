@@ -804,3 +804,42 @@ def test_overview_shows_the_tiers_use(browser, tmp_path):
         assert "disk free" in browser.find_element(By.ID, "st-summary").text
     finally:
         assert srv.stop() == 0, srv.log_tail()
+
+
+def test_fleet_consoles_over_https_check_the_peers_announced_certificate(browser, tmp_path):
+    """`--console-tls` in a fleet with a certificate no system CA signed (trustme): gateway A's
+    console asks B's over HTTPS and lists B's client, because B's certificate is the one B announced
+    to the store (its SHA-256); a console presenting another certificate is refused by name."""
+    import trustme
+
+    from lmqtt.gateway.app.console_web.fleet import Fleet, cert_fingerprint
+    from tests.support import LmqttGateway, LmqttStore
+    ca = trustme.CA()
+    pem = tmp_path / "server.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gws, clients = [], []
+    try:
+        gws = [LmqttGateway(store.address, log_dir=str(tmp_path),
+                            extra_args=("--cert", str(pem), "--console-tls")).start() for _ in range(2)]
+        ids = [f"test-{g.port}" for g in gws]
+        clients = [Paho(gws[1], client_id="tls-on-b")]
+        url = f"https://127.0.0.1:{gws[0].metrics_port}/console/"
+        open_page(browser, url, "clients")
+        wait_text(browser, "#cl-count", "1 shown of 1 connected on 2 gateways")
+        assert browser.find_element(By.CSS_SELECTOR, 'tr[data-client="tls-on-b"]').get_attribute("data-gateway") \
+            == ids[1]
+        assert browser.find_element(By.ID, "cl-note").text == ""
+        shot(browser, tmp_path, "clients-fleet-tls")
+        # the same peer with another certificate announced: refused, the reason named
+        peer = {"gateway": ids[1], "url": f"https://127.0.0.1:{gws[1].metrics_port}", "token": "t" * 32,
+                "cert_sha256": "0" * 64}
+        ans = Fleet.__new__(Fleet)._http(peer, "/console/peer/clients", None)
+        assert ans["status"] == 0 and "is not the one its gateway announced" in ans["error"], ans
+        assert cert_fingerprint(str(pem)) != "0" * 64
+    finally:
+        for c in clients:
+            c.disconnect()
+        for g in gws:
+            g.stop()
+        assert store.stop() == 0, store.log_tail()

@@ -20,14 +20,16 @@ directly (its CALL handlers, on this loop).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import http.client
 import json
 import logging
+import re
 import secrets
 import socket
 import ssl
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 log = logging.getLogger("lmqtt.console")
 PEER_HEADER = "X-Lmqtt-Peer"
@@ -48,6 +50,7 @@ class Fleet:
         self.gateway_id = (getattr(storage, "gateway_id", None) or cfg.gateway_id or "gateway") if self.remote \
             else "lmqtt serve"
         self.url: str | None = None
+        self.cert_sha256: str | None = None      # console_tls: the certificate peers must see here
         self._peers: tuple[float, list[dict], list[str]] = (0.0, [], [])
         self._announce_warned = False
         self._ssl: ssl.SSLContext | None = None
@@ -106,6 +109,8 @@ class Fleet:
         if host in ("0.0.0.0", "::", ""):
             host = self._route_address() or "127.0.0.1"
         self.url = f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
+        if scheme == "https":
+            self.cert_sha256 = cert_fingerprint(self.cfg.cert)
         self.gw.link.on_reconnect(self._announce)
         self._announce()
 
@@ -125,7 +130,8 @@ class Fleet:
         link = self.gw.link
         if link is None or self.url is None:
             return
-        fut = link.cmd("console_announce", gateway=self.gateway_id, url=self.url, token=self.token)
+        extra = {"cert_sha256": self.cert_sha256} if self.cert_sha256 else {}
+        fut = link.cmd("console_announce", gateway=self.gateway_id, url=self.url, token=self.token, **extra)
 
         def done(f) -> None:
             e = f.exception()
@@ -149,33 +155,55 @@ class Fleet:
         self._peers = (time.monotonic(), consoles, connected)
         return consoles, connected
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
-            ctx = ssl.create_default_context()
-            if getattr(self.cfg, "cafile", None):
-                ctx.load_verify_locations(self.cfg.cafile)
-            self._ssl = ctx
-        return self._ssl
+    def _connection(self, peer: dict) -> tuple[http.client.HTTPConnection, str]:
+        """A connection to the peer's console, and its base path. Over HTTPS the peer's certificate
+        is the one its gateway announced to the store (SHA-256 of its DER): the store is the
+        trusted channel, so neither a CA nor a host name that matches the URL is needed (a fleet
+        often shares one certificate, or a self-signed one, and peers are reached by address)."""
+        u = urllib.parse.urlsplit(peer["url"])
+        if u.scheme != "https":
+            return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=PEER_TIMEOUT_S), u.path.rstrip("/")
+        want = peer.get("cert_sha256")
+        if not want:
+            raise ConnectionError("it announced no certificate fingerprint (an older gateway): not asked over HTTPS")
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE          # checked below: the announced certificate, exactly
+        c = http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=PEER_TIMEOUT_S, context=ctx)
+        c.connect()
+        got = hashlib.sha256(c.sock.getpeercert(binary_form=True) or b"").hexdigest()
+        if not secrets.compare_digest(got, want):
+            c.close()
+            raise ConnectionError(f"its certificate (sha256 {got[:16]}...) is not the one its gateway announced "
+                                  f"({want[:16]}...)")
+        return c, u.path.rstrip("/")
 
     def _http(self, peer: dict, path: str, body: dict | None) -> dict:
-        url = peer["url"].rstrip("/") + path
-        req = urllib.request.Request(url, method="POST" if body is not None else "GET",
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={PEER_HEADER: peer["token"], "Accept": "application/json",
-                                              "Content-Type": "application/json"})
-        ctx = self._ssl_context() if url.startswith("https:") else None
         try:
-            with urllib.request.urlopen(req, timeout=PEER_TIMEOUT_S, context=ctx) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
+            c, base = self._connection(peer)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            return {"error": f"console {peer['url']} unreachable: {e}", "status": 0}
+        try:
+            c.request("POST" if body is not None else "GET", base + path,
+                      body=json.dumps(body).encode() if body is not None else None,
+                      headers={PEER_HEADER: peer["token"], "Accept": "application/json",
+                               "Content-Type": "application/json"})
+            r = c.getresponse()
+            raw = r.read()
             try:
-                why = json.loads(e.read()).get("error")
-            except Exception:  # noqa: BLE001 - no JSON body
-                why = None
-            return {"error": why or f"HTTP {e.code}", "status": e.code}
-        except (OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            return {"error": f"console {peer['url']} unreachable: {reason}", "status": 0}
+                out = json.loads(raw)
+            except ValueError:
+                out = None
+            if r.status != 200:
+                why = out.get("error") if isinstance(out, dict) else None
+                return {"error": why or f"HTTP {r.status}", "status": r.status}
+            if not isinstance(out, dict):
+                return {"error": f"console {peer['url']}: not a JSON answer", "status": 0}
+            return out
+        except (OSError, http.client.HTTPException) as e:
+            return {"error": f"console {peer['url']} unreachable: {e}", "status": 0}
+        finally:
+            c.close()
 
     async def ask(self, peer: dict, path: str, body: dict | None = None) -> dict:
         """A peer console's /console/peer/* answer, or {"error": ..., "status": ...}."""
@@ -187,3 +215,15 @@ class Fleet:
             return []
         answers = await asyncio.gather(*(self.ask(p, path) for p in consoles))
         return list(zip(consoles, answers))
+
+
+def cert_fingerprint(path: str | None) -> str | None:
+    """SHA-256 (hex) of the first certificate in a PEM file: what a TLS server presents from it."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            m = re.search(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", f.read(), re.S)
+    except OSError:
+        return None
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(m.group(0))).hexdigest() if m else None
