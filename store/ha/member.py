@@ -105,6 +105,16 @@ class Member:
         self.run_consistent = None
         self._meta_epoch_path = os.path.join(ha_dir, "meta_epoch")
         self._meta_incomplete_path = os.path.join(ha_dir, "meta_incomplete")
+        # the changes applied from the primary followed now, while this member holds that primary's
+        # whole metadata (its meta_epoch): numbering (MetaLog.ident), the last sequence applied,
+        # and the recent ones [(seq, op)]. A member promoted with them brings a replica that
+        # followed the same primary up to date with the ones it lacks instead of a snapshot.
+        self._applied: collections.deque = collections.deque(maxlen=100_000)
+        self._applied_id: str | None = None
+        self._applied_last = 0
+        self._applied_from = 0            # the tail holds every change after this sequence
+        self._promoted_from = None        # (ident, old epoch, last, from, [(seq, op)]) at promotion
+        self._meta_epoch_now = self.meta_state()["meta_epoch"]
         self.server = None
         self.on_promoted: list = []          # fn() after this member became primary
         self.on_demoted: list = []           # fn() when it becomes a replica
@@ -169,7 +179,8 @@ class Member:
                                  "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
                                  "put_json": lambda o: orig_put(o["key"], o["v"]),
                                  "delete_json": lambda o: orig_delete(o["key"]),
-                                 "snap_begin": self._snap_begin, "snap": self._snap, "snap_end": self._snap_end})
+                                 "snap_begin": self._snap_begin, "snap": self._snap, "snap_end": self._snap_end,
+                                 "caught_up": self._caught_up})
         self.meta_dbs["sdk"] = meta
         clog = self.clog
         ml = self.meta_log
@@ -212,11 +223,63 @@ class Member:
                 epoch = int(f.read().strip() or -1)
         except (OSError, ValueError):
             epoch = -1
-        return {"meta_epoch": epoch, "meta_incomplete": os.path.exists(self._meta_incomplete_path)}
+        return {"meta_epoch": epoch, "meta_incomplete": os.path.exists(self._meta_incomplete_path),
+                "follow_id": getattr(self, "_applied_id", None), "follow_seq": getattr(self, "_applied_last", 0)}
 
     def _set_meta_epoch(self, epoch: int) -> None:
         from ..checkpoint import write_atomic
         write_atomic(self._meta_epoch_path, str(epoch).encode())
+        self._meta_epoch_now = epoch
+
+    def _tail_reset(self, ident, seq: int) -> None:
+        self._applied.clear()
+        self._applied_id = ident
+        self._applied_last = self._applied_from = seq
+
+    def _note_applied(self, op: dict) -> None:
+        """Keep a change applied from the primary (see `_applied`)."""
+        f = self.follower
+        n = op.get("n")
+        if f is None or n is None or f.meta_id is None or self._meta_epoch_now != f.conn_epoch:
+            self._applied_id = None
+            return
+        n = int(n)
+        if f.meta_id != self._applied_id:
+            self._tail_reset(f.meta_id, n - 1)
+        if n <= self._applied_last:
+            return                       # shipped again after a reconnect
+        if n != self._applied_last + 1:
+            self._applied_id = None      # a gap: not a tail to bring anyone up to date with
+            return
+        a = self._applied
+        if len(a) == a.maxlen:
+            self._applied_from = a[0][0]
+        a.append((n, op))
+        self._applied_last = n
+
+    def _catch_up(self, h: dict):
+        """The replica's handshake `h`: the changes it lacks of the primary both followed, if this
+        member holds them all (see Shipper.catch_up); None: it needs a snapshot."""
+        pf = self._promoted_from
+        if pf is None or h.get("meta_incomplete"):
+            return None
+        ident, old_epoch, last, frm, ops = pf
+        seq = h.get("follow_seq")
+        if h.get("follow_id") != ident or int(h.get("meta_epoch", -1)) != old_epoch or seq is None:
+            return None
+        seq = int(seq)
+        if not frm <= seq <= last:
+            return None                  # it has changes this member lacks, or older than the tail
+        return [op for n, op in ops if n > seq]
+
+    def _caught_up(self, op) -> None:
+        f = self.follower
+        self._set_meta_epoch(int(op["epoch"]))
+        try:
+            os.unlink(self._meta_incomplete_path)
+        except FileNotFoundError:
+            pass
+        self._tail_reset(f.meta_id if f is not None else None, int(op.get("from", 0)))
 
     def _snapshot(self):
         """(MetaLog sequence, [(db name, items)]) taken where no metadata write runs (the server's
@@ -252,6 +315,7 @@ class Member:
         f = self.follower
         if f is not None:
             self._set_meta_epoch(f.conn_epoch)
+            self._tail_reset(f.meta_id, int(_op.get("n", 0)))
         try:
             os.unlink(self._meta_incomplete_path)
         except FileNotFoundError:
@@ -322,6 +386,8 @@ class Member:
             return
         try:
             fn(op)
+            if "n" in op and not op.get("k", "").startswith("snap"):
+                self._note_applied(op)
         except Exception as e:  # noqa: BLE001 - a RocksDB write refused (a full disk...)
             # not acknowledged; the next connection asks for a snapshot (the changes before this
             # one's log position are not shipped again)
@@ -495,9 +561,18 @@ class Member:
     def _become_primary(self, epoch: int) -> None:
         log.info("event=ha_becoming_primary group=%s node=%d epoch=%d log_end=%d", self.group, self.node, epoch,
                  self.clog.wrote)
-        if self.follower is not None:
-            self.follower.stop()
+        f = self.follower
+        if f is not None:
+            f.stop()
             self.follower = None
+        # the previous primary's changes this member applied: a replica that followed it too is
+        # brought up to date with them (Shipper.catch_up) rather than a snapshot
+        self._promoted_from = None
+        if f is not None and self._applied_id is not None and self._applied_id == f.meta_id \
+                and self._meta_epoch_now == f.conn_epoch:
+            self._promoted_from = (self._applied_id, self._meta_epoch_now, self._applied_last, self._applied_from,
+                                   list(self._applied))
+        self._applied_id = None
         self.following = None
         self._drop_primary(None)
         store, clog = self.store, self.clog
@@ -519,7 +594,7 @@ class Member:
         self._set_meta_epoch(epoch)
         self.shipper = Shipper(store, host, ship_port(self.peers[self.node - 1][1]), self.node, epoch, self.epochs,
                                self.meta_log, self._acked, self.group,
-                               snapshot=self._snapshot if self.meta_dbs else None)
+                               snapshot=self._snapshot if self.meta_dbs else None, catch_up=self._catch_up)
         self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
         self.gate.also_wake = self.shipper.wake
         self.meta_log.on_add = self.shipper.wake
@@ -627,7 +702,15 @@ class Member:
         if sh is None:
             return ()
         isr = self.state.in_sync
-        return [n for n, r in sh.replicas.items() if r.connected and n not in isr]
+        # and has the metadata changes too: the oldest one waited for, or every one shipped when
+        # none waits (else a stopped replica, whose log is complete while only metadata is
+        # written, would be added back and removed again every round)
+        g = self.gate
+        mw = g.meta_waiting if g is not None else None
+        need = mw[0][0] if mw else self.meta_log.seq
+        if need <= self.meta_log.reset_seq:
+            need = 0
+        return [n for n, r in sh.replicas.items() if r.connected and n not in isr and r.meta_acked >= need]
 
     def _propose_add(self, node: int) -> None:
         epoch = self.role_epoch
@@ -646,15 +729,19 @@ class Member:
     def _maintain_in_sync(self, now: float) -> None:
         committed = self.clog.committed
         s = self._samples
-        s.append((now, committed))
+        s.append((now, committed, self.meta_log.seq))
         while len(s) > 2 and s[1][0] <= now - self.max_lag_s:
             s.popleft()
         if self._isr_proposal and now - self._isr_proposal > 5.0:
             self._isr_proposal = 0.0       # no answer from Raft (no majority): propose again
         if s[0][0] > now - self.max_lag_s or self._isr_proposal:
             return      # not primary for max_lag_s yet, or a change is on its way
-        bound = s[0][1]
-        lagging = [n for n in self.state.in_sync if n != self.node and self._replica_offset(n) < bound]
+        bound, meta_bound = s[0][1], s[0][2]
+        # behind on the log, or on the metadata changes (a stopped replica with only metadata
+        # written meanwhile would hold every metadata answer otherwise)
+        lagging = [n for n in self.state.in_sync if n != self.node and (
+            self._replica_offset(n) < bound
+            or (meta_bound > self.meta_log.reset_seq and self._replica_meta(n) < meta_bound))]
         if not lagging:
             return
         self._isr_proposal = now

@@ -114,11 +114,18 @@ class MetaLog:
         self.cond = threading.Condition(self.lock)
         self.on_add = None
         self.covers_after: int | None = None
+        self.dropped = False          # the bound dropped a change since `reset`
+        self.reset_seq = 0            # the sequence before this term's first change
+        import uuid
+        self.ident = uuid.uuid4().hex     # names this change numbering (per process)
 
     def reset(self, pos: int) -> None:
         """This member starts shipping as primary at log position `pos`."""
         with self.cond:
             self.covers_after = pos
+            self.dropped = False
+            self.ops.clear()             # an earlier term's changes are no replica's business now
+            self.reset_seq = self.seq
 
     def covers(self, end: int) -> bool:
         """Whether every change a replica whose log ends at `end` may lack is held."""
@@ -132,6 +139,7 @@ class MetaLog:
             ops = self.ops
             if len(ops) == ops.maxlen and self.covers_after is not None:
                 self.covers_after = max(self.covers_after, ops[0][1])     # dropped below
+                self.dropped = True
             ops.append((self.seq, pos, op))
             self.cond.notify_all()
             seq = self.seq
@@ -164,7 +172,7 @@ class Shipper:
     """The primary's side: accepts replica connections on the replication port, streams to each."""
 
     def __init__(self, store, host: str, port: int, node: int, epoch: int, epochs, meta: MetaLog,
-                 on_ack, group: str, snapshot=None) -> None:
+                 on_ack, group: str, snapshot=None, catch_up=None) -> None:
         self.store = store
         self.clog = store.clog
         self.node = node
@@ -176,6 +184,9 @@ class Shipper:
         # snapshot() -> (meta sequence, [(db name, iterator of (key, value))]): every replicated
         # metadata key as of that sequence, for a replica the MetaLog cannot bring up to date
         self.snapshot = snapshot
+        # catch_up(handshake) -> the previous primary's changes this replica lacks and this member
+        # applied before its promotion ([op]), or None: a snapshot is needed (store/ha/member.py)
+        self.catch_up = catch_up
         self.replicas: dict[int, ReplicaInfo] = {}
         self.cond = threading.Condition()
         self._stop = False
@@ -261,10 +272,17 @@ class Shipper:
             snap = self.snapshot is not None and (
                 int(h.get("meta_epoch", -1)) != self.epoch or bool(h.get("meta_incomplete"))
                 or not self.meta.covers(start))
+            tail = None
+            if snap and self.catch_up is not None and not self.meta.dropped:
+                tail = self.catch_up(h)      # both followed the same primary: its missing changes only
+                if tail is not None:
+                    snap = False
+                    meta_from = self.meta.reset_seq      # then every change this primary made
             if snap:
                 meta_from = 0
             s.sendall(jframe(b"S", {"epoch": self.epoch, "start": start, "end": end, "min_offset": lo,
-                                    "epochs": self.epochs.entries, "group": self.group, "meta_from": meta_from}))
+                                    "epochs": self.epochs.entries, "group": self.group, "meta_from": meta_from,
+                                    "meta_id": self.meta.ident}))
             if start < int(h["end"]):
                 log.info("event=ha_replica_must_cut node=%d from=%d to=%d", node, int(h["end"]), start)
                 return          # it cuts, restarts and connects again
@@ -275,6 +293,8 @@ class Shipper:
             r.meta_acked = meta_from
             if snap and start >= int(h["end"]):
                 meta_from = self._send_snapshot(s, node)
+            elif tail is not None:
+                self._send_tail(s, node, tail)
             r.connected = True
             r.addr = f"{addr[0]}:{addr[1]}"
             r.since = time.monotonic()
@@ -316,6 +336,14 @@ class Shipper:
         s.sendall(jframe(b"M", {"k": "snap_end", "n": seq}))
         log.info("event=ha_metadata_snapshot_sent node=%d keys=%d as_of=%d", node, n, seq)
         return seq
+
+    def _send_tail(self, s: socket.socket, node: int, tail: list) -> None:
+        """The previous primary's changes a replica lacks (without their sequence numbers, which
+        are that primary's), then `caught_up`: from here it holds this primary's metadata."""
+        frames = [jframe(b"M", {k: v for k, v in op.items() if k != "n"}) for op in tail]
+        frames.append(jframe(b"M", {"k": "caught_up", "epoch": self.epoch, "from": self.meta.reset_seq}))
+        s.sendall(b"".join(frames))
+        log.info("event=ha_metadata_caught_up node=%d changes=%d (no snapshot)", node, len(tail))
 
     def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int, meta_seq: int) -> None:
         clog = self.clog
@@ -576,6 +604,7 @@ class Follower:
         self.error = ""
         self.primary_end = 0
         self.meta_seq = 0
+        self.meta_id = None               # the primary's change numbering (MetaLog.ident)
         self._stop = False
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-follow", daemon=True)
@@ -640,6 +669,7 @@ class Follower:
             raise ConnectionError(f"the primary streams from {start}, this log ends at {clog.wrote}")
         self.epochs.replace(h["epochs"], clog.wrote)
         self.meta_seq = int(h.get("meta_from", 0))
+        self.meta_id = h.get("meta_id")
         self.conn_epoch = epoch
         self.primary_end = int(h["end"])
         # the log agrees with the primary's up to here: a deposed primary's dispatch, held at what

@@ -289,3 +289,71 @@ def test_a_member_replaced_with_an_empty_data_dir_gets_the_metadata_by_snapshot(
             except Exception:  # noqa: BLE001
                 pass
         gw.stop()
+
+
+
+def test_a_replica_stopped_while_only_metadata_is_written_leaves_the_in_sync_set(group, tmp_path):
+    """A replica stopped (SIGSTOP) while only metadata is written (an SDK subscribe, a persistent
+    session's record: no log append) leaves the in-sync set after the lag bound like one behind on
+    the log, so the writes waiting for it are answered; it is not put back while it lacks them,
+    and once resumed it applies them and is. Checked on its own disk."""
+    from lmqtt.lightqueue.metadata import MetadataStore
+    first = group.wait_primary(in_sync=3)
+    gw = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
+    clients = []
+    c = connect(group.peers, timeout=30.0)
+    try:
+        behind = max((m for m in group.members if m.node != first.node), key=lambda m: m.node)
+        behind.pause()
+        t0 = time.monotonic()
+        assert c.cmd("subscribe", filter="ic/f/#")["filter"] == "ic/f/#"     # answered without it
+        assert time.monotonic() - t0 < 20
+        sess = _client("ic-sess", False, gw)
+        clients.append(sess)
+        _subscribe(sess, "ic/t")
+        st = first.status()
+        assert behind.node not in st["in_sync"], st
+        time.sleep(1.0)                  # not put back while stopped (it lacks those changes)
+        assert behind.node not in first.status()["in_sync"]
+        behind.resume()
+        group.wait_status(first, lambda s: behind.node in s["in_sync"], timeout=60)
+        behind.stop()
+        md = MetadataStore(f"{behind.data_dir}/lightqueue/meta")
+        try:
+            rec = md.get_session("ic-sess")
+            assert rec is not None and [s.filter for s in rec.subscriptions] == ["ic/t"], rec
+            assert md.filters().get("ic/f/#") == 1, md.filters()
+        finally:
+            md.close()
+    finally:
+        c.close()
+        for cl in clients:
+            try:
+                cl.loop_stop()
+            except Exception:  # noqa: BLE001
+                pass
+        gw.stop()
+
+
+def test_which_replica_a_new_primary_brings_up_to_date_without_a_snapshot():
+    """Member._catch_up, the new primary's choice (no processes): a replica that followed the same
+    old primary gets the changes after its last one, if the new primary applied them all; one that
+    has changes the new primary lacks, followed another numbering, or was cut short needs a
+    snapshot (None)."""
+    from types import SimpleNamespace
+    from lmqtt.store.ha.member import Member
+    ops = [(n, {"k": "md", "n": n}) for n in range(11, 16)]          # applied 11..15, tail from 10
+    me = SimpleNamespace(_promoted_from=("old-primary", 4, 15, 10, ops))
+
+    def hs(**kw):
+        return {"follow_id": "old-primary", "meta_epoch": 4, "follow_seq": 12, **kw}
+    assert [op["n"] for op in Member._catch_up(me, hs())] == [13, 14, 15]
+    assert Member._catch_up(me, hs(follow_seq=15)) == []
+    assert Member._catch_up(me, hs(follow_seq=10)) == [op for _n, op in ops]
+    assert Member._catch_up(me, hs(follow_seq=16)) is None           # it has a change we lack
+    assert Member._catch_up(me, hs(follow_seq=9)) is None            # older than the tail kept
+    assert Member._catch_up(me, hs(follow_id="another")) is None
+    assert Member._catch_up(me, hs(meta_epoch=3)) is None
+    assert Member._catch_up(me, hs(meta_incomplete=True)) is None
+    assert Member._catch_up(me, hs(follow_seq=None)) is None
+    assert Member._catch_up(SimpleNamespace(_promoted_from=None), hs()) is None
