@@ -166,6 +166,22 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
         for name, fn in (("will", will), ("retained", retained_msg), ("session", session), ("share", share)):
             check(name, fn)
         assert problems == {}, (sorted(problems), problems, gw_b.log_tail(), new.log_text()[-3000:])
+        # the other replica followed the new primary without a snapshot (it had followed the same
+        # old one): it holds what the old primary wrote and what the new one wrote since
+        _publish(pub, "rm/r2", [b"after"], retain=True)
+        other = next(m for m in group.members if m.node not in (first.node, new.node))
+        group.wait_status(new, lambda s: other.node in s["in_sync"], timeout=30)
+        assert f"event=ha_metadata_caught_up node={other.node} " in new.log_text(), new.log_text()[-3000:]
+        time.sleep(0.5)
+        other.stop()
+        from lmqtt.lightqueue.metadata import MetadataStore
+        md = MetadataStore(f"{other.data_dir}/lightqueue/meta")
+        try:
+            assert md.get_retained("rm/r")[0] == b"kept" and md.get_retained("rm/r2")[0] == b"after"
+            assert md.get_session("rm-sess") is not None and md.get_session("rm-share") is not None
+            assert md.get_will("rm-will") is None          # published by the new primary: gone
+        finally:
+            md.close()
     finally:
         for c in clients:
             try:
