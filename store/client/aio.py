@@ -61,7 +61,7 @@ class AsyncConnection:
         self.stall_timeout = 5.0
         self.probe_after = 1.0
         self.probe_interval = 0.5
-        self.probe_timeout = 0.5
+        self.probe_timeout = 1.0
         self._waiting_since = 0.0
         self._stay = False
         self._watch: asyncio.Task | None = None

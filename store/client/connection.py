@@ -127,20 +127,37 @@ def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: st
     member is primary now: the address of a newer primary (newer_primary), or None. For a client
     whose requests get no answer: a stopped or cut-off primary keeps its connections open, so
     silence alone cannot tell it from a slow one, but the members that elected its successor can.
-    Each member gets `timeout` for its answer; a member that gives none is skipped."""
-    for at in addresses:
-        if at == current:
-            continue
+    The members are asked at once (a thread each) and the first that names a newer primary
+    answers; each gets `timeout` (a loaded member may answer late, a stopped one never)."""
+    import queue
+    others = [at for at in addresses if at != current]
+    if not others:
+        return None
+    answers: queue.Queue = queue.Queue()
+
+    def ask(at):
+        target = None
         try:
             s, info, _early = dial(at[0], at[1], connect_timeout=timeout, client_name=f"{client_name}-probe",
                                    token=token, decoder=W.FrameDecoder())
-        except Exception:  # noqa: BLE001 - unreachable, refusing or silent: ask the next one
-            continue
-        try:
-            s.close()
-        except OSError:
+            try:
+                s.close()
+            except OSError:
+                pass
+            target = newer_primary(info, at, current, epoch)
+        except Exception:  # noqa: BLE001 - unreachable, refusing or silent: the others may know
             pass
-        target = newer_primary(info, at, current, epoch)
+        answers.put(target)
+
+    for at in others:
+        threading.Thread(target=ask, args=(at,), name="lmqtt-sdk-probe", daemon=True).start()
+    # dial's three steps may each take `timeout`; a member silent that long is not waited for
+    deadline = time.monotonic() + 3 * timeout
+    for _ in others:
+        try:
+            target = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
         if target is not None:
             return target
     return None
@@ -237,7 +254,7 @@ class Connection:
         # once, without waiting for the stall timeout (a SIGSTOPped primary: docs/ha.md)
         self.probe_after = 1.0
         self.probe_interval = 0.5
-        self.probe_timeout = 0.5
+        self.probe_timeout = 1.0
         self._waiting_since = 0.0
         self._stay = False          # the member dialled named itself primary (still taking over)
         self.token = token

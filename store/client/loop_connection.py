@@ -97,7 +97,7 @@ class LoopConnection:
         # later epoch names the primary the link moves to at once
         self.probe_after = 1.0
         self.probe_interval = 0.5
-        self.probe_timeout = 0.5
+        self.probe_timeout = 1.0
         self._probing = False
         self._next_probe = 0.0
         self._last_rx = 0.0
