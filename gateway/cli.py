@@ -6,7 +6,6 @@ Each target is `main(argv: list[str]) -> int`, or `module:function` for a module
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 
@@ -59,6 +58,7 @@ def _bench_usage() -> str:
 
 
 def _unknown(what: str, name: str, known) -> str:
+    import difflib              # only for a mistyped name (~6 ms of every start otherwise)
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
