@@ -320,6 +320,9 @@ class SessionRegistry:
         if rec is not None and not rec.expired(_now_ms()):
             s = self._session_from(rec, start_offsets(rec, offsets), d.last_ms,
                                    read_inflight=self.persist.host is None)
+        elif rec is not None:               # expired before its timer fired: it ends (offsets too)
+            log.info("event=session_expired client_id=%s", cid)
+            self.persist.delete_session(cid)
         self.subscriptions.release_dormant(d.subs)
         self.metrics.sessions.set(self.count())
         return s
