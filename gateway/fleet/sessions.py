@@ -452,9 +452,9 @@ class FleetSessionRegistry(SessionRegistry):
             return
         d.handle = None
 
-        def failed(e) -> None:
+        def failed(e) -> None:               # asked again one expiry interval later, as `_expire`
             log.error("event=session_expiry_check_failed client_id=%s error=%r", cid, e)
-            self._expire_dormant_later(cid, d)
+            d.handle = self.loop.call_later(float(d.expiry), self._expire_dormant, cid)
         self._unless_still_ours(cid, d, lambda: SessionRegistry._expire_dormant(self, cid), failed)
 
     def _unless_still_ours(self, cid: str, s, then, failed) -> None:
