@@ -2,8 +2,9 @@
 
 Why not the asyncio ``Worker`` of ``traffic_worker``: at 5,000 msg/s over 50 QoS 1 pairs it
 measured itself. Mosquitto's p50/p99 came out at 0.73 / 4.9 ms on a quiet machine (loaded:
-1.8 ms p99), where an independent harness (``loadtest/paho_latency.py``) measured about 0.1 /
-0.4 ms. Three causes, each fixed here:
+1.8 ms p99), where an independent harness measured about 0.12 / 0.4 ms (``loadtest/c/
+latency_harness.c``: 0.04 / 0.2-0.3 ms at load 3; this worker: 0.04 ms p50). Three causes, each
+fixed here:
 
 * **Bursts.** The asyncio worker woke every 5 ms and wrote every publisher's due messages at
   once: 25 messages reached the broker together and the last of them queued behind the other 24
@@ -26,6 +27,10 @@ measured itself. Mosquitto's p50/p99 came out at 0.73 / 4.9 ms on a quiet machin
   then non-blocking sockets, one ``epoll`` wait per wake-up, ``recvmsg`` and ``send`` directly. The
   packet parsing and accounting are ``mqtt_client.Client``'s (the same fast paths and checks as
   every other scenario), fed by this loop instead of asyncio.
+
+What it costs: ~90 µs of CPU per message (four socket calls and the Python around them), 0.45
+cores at 5,000 msg/s; on two busy cores that competes with the broker, and the C harness (28 µs)
+disturbs it less: compare the two when the tail matters (BENCHMARKS.md, issue 29).
 
 A message is stamped just before its ``send``; a QoS 1/2 publisher whose window is full sends
 late rather than early (``behind_schedule`` counts it, as in the asyncio worker). The parent
