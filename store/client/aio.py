@@ -152,6 +152,7 @@ class AsyncConnection:
         for the next member. One task per connection, started by its connect, ended with it."""
         loop = asyncio.get_running_loop()
         next_probe = 0.0
+        group_heard = 0.0       # when a probe last heard members that know no newer primary
         while True:
             await asyncio.sleep(0.25)
             proto = self._proto
@@ -162,15 +163,20 @@ class AsyncConnection:
                 continue
             silent = now - max(proto.last_rx, self._waiting_since)
             target, why = None, ""
-            if silent > self.stall_timeout:
+            # members that still take this one for the primary would only send us back to it
+            held = now - group_heard < 1.5 and silent <= 2 * self.stall_timeout
+            if silent > self.stall_timeout and not held:
                 why = f"no answer from the store at {self.host}:{self.port} for {self.stall_timeout:g} s " \
                       f"(a stopped or cut-off group member?)"
             elif silent > self.probe_after and now >= next_probe:
                 next_probe = now + self.probe_interval
+                heard: list = []
                 target = await loop.run_in_executor(
                     None, lambda: probe_primary(self.addresses, (self.host, self.port), self.server_info.get("epoch"),
                                                 token=self.token, timeout=self.probe_timeout,
-                                                client_name=self.client_name))
+                                                client_name=self.client_name, heard=heard))
+                if heard and target is None:
+                    group_heard = time.monotonic()
                 if target is None or self._proto is not proto:
                     continue
                 why = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, and the "

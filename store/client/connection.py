@@ -122,13 +122,14 @@ def newer_primary(info: dict, at: tuple[str, int], current: tuple[str, int], epo
 
 
 def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: str | None, timeout: float,
-                  client_name: str) -> tuple[str, int] | None:
+                  client_name: str, heard: list | None = None) -> tuple[str, int] | None:
     """Ask the other members of a store group (their HELLO_OK: role, primary, epoch) whether another
     member is primary now: the address of a newer primary (newer_primary), or None. For a client
     whose requests get no answer: a stopped or cut-off primary keeps its connections open, so
     silence alone cannot tell it from a slow one, but the members that elected its successor can.
     The members are asked at once (a thread each) and the first that names a newer primary
-    answers; each gets `timeout` (a loaded member may answer late, a stopped one never)."""
+    answers; each gets `timeout` (a loaded member may answer late, a stopped one never). `heard`
+    (a list) gets one entry per member that answered at all."""
     import queue
     others = [at for at in addresses if at != current]
     if not others:
@@ -144,6 +145,8 @@ def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: st
                 s.close()
             except OSError:
                 pass
+            if heard is not None:
+                heard.append(at)
             target = newer_primary(info, at, current, epoch)
         except Exception:  # noqa: BLE001 - unreachable, refusing or silent: the others may know
             pass
@@ -367,6 +370,7 @@ class Connection:
         moved_to = None
         last_rx = time.monotonic()
         next_probe = 0.0
+        group_heard = 0.0           # when a probe last heard members that know no newer primary
         try:
             self._deliver(early)
             while True:
@@ -376,16 +380,24 @@ class Connection:
                         waiting = self._waiting_since
                         now = time.monotonic()
                         silent = now - max(last_rx, waiting) if self._pending and waiting else 0.0
-                        if silent > self.stall_timeout:
+                        # while the other members still take this one for the primary (a probe
+                        # heard them lately), leaving it would only lead back to it - and to a
+                        # HELLO it does not answer: the stall waits, up to twice its timeout
+                        held = now - group_heard < 1.5 and silent <= 2 * self.stall_timeout
+                        if silent > self.stall_timeout and not held:
                             err = (f"no answer from the store at {self.host}:{self.port} for "
                                    f"{self.stall_timeout:g} s (a stopped or cut-off group member?)")
                             stalled = True
                             break
                         if silent > self.probe_after and now >= next_probe:
                             next_probe = now + self.probe_interval
+                            heard: list = []
                             moved_to = probe_primary(self.addresses, (self.host, self.port),
                                                      self.server_info.get("epoch"), token=self.token,
-                                                     timeout=self.probe_timeout, client_name=self.client_name)
+                                                     timeout=self.probe_timeout, client_name=self.client_name,
+                                                     heard=heard)
+                            if heard and moved_to is None:
+                                group_heard = time.monotonic()
                             if moved_to is not None:
                                 err = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, "
                                        f"and the group's primary is now {moved_to[0]}:{moved_to[1]}")

@@ -100,6 +100,7 @@ class LoopConnection:
         self.probe_timeout = 1.0
         self._probing = False
         self._next_probe = 0.0
+        self._group_heard = 0.0      # when a probe last heard members that know no newer primary
         self._last_rx = 0.0
         self._waiting_since = 0.0
         self._stall_handle: asyncio.TimerHandle | None = None
@@ -191,26 +192,30 @@ class LoopConnection:
             return
         now = time.monotonic()
         silent = now - max(self._last_rx, self._waiting_since) if self.connected and self._pending else 0.0
-        if silent > self.stall_timeout:
+        # members that still take this one for the primary would only send the link back to it
+        held = now - self._group_heard < 1.5 and silent <= 2 * self.stall_timeout
+        if silent > self.stall_timeout and not held:
             self._drop(f"no answer from the store at {self.address} for {self.stall_timeout:g} s "
                        f"(a stopped or cut-off group member?)")
             self._move(None)         # before the redial the drop started runs (it is a task)
         elif silent > self.probe_after and not self._probing and now >= self._next_probe:
             self._next_probe = now + self.probe_interval
             self._probing = True
-            sock, at = self._sock, (self.host, self.port)
+            sock, at, heard = self._sock, (self.host, self.port), []
             fut = self.loop.run_in_executor(None, lambda: probe_primary(
                 self.addresses, at, self.server_info.get("epoch"), token=self.token, timeout=self.probe_timeout,
-                client_name=self.client_name))
-            fut.add_done_callback(lambda f, sock=sock, at=at: self._probed(f, sock, at))
+                client_name=self.client_name, heard=heard))
+            fut.add_done_callback(lambda f, sock=sock, at=at, heard=heard: self._probed(f, sock, at, heard))
         self._stall_handle = self.loop.call_later(0.25, self._stall_tick)
 
-    def _probed(self, fut, sock, at) -> None:
+    def _probed(self, fut, sock, at, heard=()) -> None:
         """On the loop: a probe's answer. The link still on the silent member moves to the primary
         another member named (its requests fail with ConnectionLost and are re-sent by their
         owners after the redial)."""
         self._probing = False
         target = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        if heard and target is None:
+            self._group_heard = time.monotonic()
         if target is None or self.closed or not self.connected or self._sock is not sock:
             return
         silent = time.monotonic() - max(self._last_rx, self._waiting_since)
