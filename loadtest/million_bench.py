@@ -188,7 +188,14 @@ def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
                 await asyncio.sleep(cfg.hold)
 
         cpu0, t0 = probe.cpu(), time.monotonic()
-        asyncio.run(hold())
+        probe_error = None
+        try:
+            asyncio.run(hold())
+        except RuntimeError as e:
+            # the idle client is one more socket on a broker held at its open-files limit: one it
+            # could not take (reset, seen once under CI load at a 700-descriptor limit) is a result
+            # of the run, reported, not a reason to lose the figures of the connections it holds
+            probe_error = str(e)
         cpu1, dt = probe.cpu(), time.monotonic() - t0
         rss1, slab1 = probe.rss(), _kernel_slab_bytes()
         for _p, a in gens:
@@ -206,11 +213,15 @@ def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
             out["kernel_slab_bytes_per_conn"] = round((slab1 - slab0) / held, 1)
         if cpu0 is not None and cpu1 is not None:
             out["idle_broker_cpu_cores"] = round((cpu1 - cpu0) / dt, 4)
-        out.update(probe_ping.summary())
+        if probe_error is None:
+            out.update(probe_ping.summary())
+            out["histogram"] = probe_ping.histogram()
+        else:
+            out["idle_probe_error"] = probe_error
+            out["histogram"] = Histogram()          # no idle-client samples: an empty latency row
         p99 = sample.percentile(99.0)
         out["held_ping_sample"] = sample.total
         out["held_ping_p99_ms"] = None if p99 is None else round(p99 / 1e6, 2)
-        out["histogram"] = probe_ping.histogram()
     finally:
         for p, a in gens:
             try:
