@@ -54,6 +54,7 @@ import time
 
 from lmqtt.gateway.mqtt import encode, packets as P
 
+from .drain import DrainWatch
 from .histogram import Histogram
 from .mqtt_client import Client, MqttError, PidAllocator, Sink, StampedPublisher
 from .scenarios import ClientSpec, ScenarioConfig
@@ -421,19 +422,10 @@ class PacedWorker:
         self._flush_sink()
 
     def _drain(self, totals: dict[int, int]) -> None:
-        cfg = self.cfg
-        want = sum(totals.get(p, 0) for (_s, p) in self.tracker.streams)
-        deadline = time.monotonic() + cfg.drain_max
-        last_n, last_change = -1, time.monotonic()
-        while time.monotonic() < deadline and not self.stopped:
+        watch = DrainWatch(self.tracker, totals, self.cfg)
+        while not self.stopped:
             self._flush_sink()
-            got = sum(st.unique for st in self.tracker.streams.values())
-            if got >= want:
-                return
-            n = got + sum(st.duplicates for st in self.tracker.streams.values())
-            if n != last_n:
-                last_n, last_change = n, time.monotonic()
-            elif time.monotonic() - last_change > cfg.drain_idle:
+            if watch.done():
                 return
             self._poll(0.02)
 

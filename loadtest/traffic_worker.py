@@ -21,6 +21,7 @@ import sys
 import time
 
 from .brokers import raise_nofile
+from .drain import DrainWatch
 from .histogram import Histogram
 from .scenarios import ClientSpec, ScenarioConfig
 from .stamp import Tracker
@@ -228,21 +229,10 @@ class Worker:
                       f"buf={[len(c.buf) for c in self.clients if c.sink][:3]}", file=sys.stderr)
 
     async def _drain(self, totals: dict[int, int]) -> None:
-        cfg = self.cfg
-        want = 0
-        for (_s, p) in self.tracker.streams:
-            want += totals.get(p, 0)
-        deadline = time.monotonic() + cfg.drain_max
-        last_n, last_change = -1, time.monotonic()
-        while time.monotonic() < deadline:
+        watch = DrainWatch(self.tracker, totals, self.cfg)
+        while True:
             self._flush_sink()
-            got = sum(st.unique for st in self.tracker.streams.values())
-            if got >= want:
-                return
-            n = got + sum(st.duplicates for st in self.tracker.streams.values())
-            if n != last_n:
-                last_n, last_change = n, time.monotonic()
-            elif time.monotonic() - last_change > cfg.drain_idle:
+            if watch.done():
                 return
             await asyncio.sleep(0.02)
 
