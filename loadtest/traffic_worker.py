@@ -14,6 +14,7 @@ runs one way only, ``mqtt_bench`` imports ``_worker_main`` (and ``_install_uvloo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import resource
@@ -381,6 +382,23 @@ class Worker:
         return pump
 
 
+@contextlib.contextmanager
+def _errors_to_parent(conn):
+    """Around a worker's run: an exception is sent to the parent over ``conn`` (one line, type
+    and message) before it ends the process, so the parent reports it instead of the worker dying
+    silently; Ctrl-C ends the worker quietly."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        except OSError:
+            pass
+        raise
+
+
 def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int, n_workers: int,
                  credit) -> None:
     raise_nofile()
@@ -388,20 +406,12 @@ def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int,
     if paced.usable(cfg, specs) and not os.environ.get("LMQTT_BENCH_ASYNC_RATE"):
         # fixed rate: the lean paced loop (why: paced.py's docstring); LMQTT_BENCH_ASYNC_RATE=1
         # runs the asyncio worker instead, to compare the two generators
-        try:
+        with _errors_to_parent(conn):
             paced.paced_main(cfg, specs, conn, index)
-        except KeyboardInterrupt:
-            pass
-        except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
-            try:
-                conn.send(("error", f"{type(e).__name__}: {e}"))
-            except OSError:
-                pass
-            raise
         return
     _install_uvloop()
     prof_dir = os.environ.get("LMQTT_BENCH_PROFILE")  # cProfile each worker into this directory
-    try:
+    with _errors_to_parent(conn):
         if prof_dir:  # CPU time, not wall time: the machine is usually shared
             import cProfile
             prof = cProfile.Profile(time.process_time)
@@ -411,11 +421,3 @@ def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int,
                 prof.dump_stats(os.path.join(prof_dir, f"worker{index}.prof"))
         else:
             asyncio.run(Worker(cfg, specs, conn, index, n_workers, credit).run())
-    except KeyboardInterrupt:
-        pass
-    except Exception as e:  # noqa: BLE001 - report to the parent instead of dying silently
-        try:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-        except OSError:
-            pass
-        raise
