@@ -495,6 +495,28 @@ class LmqttFleet:
         return f"--- store ---\n{self.store.log_tail(n)}\n--- gateway ---\n{self.gateway.log_tail(n) if self.gateway else ''}"
 
 
+def store_and_gateways(directory, n: int = 2):
+    """Generator for a fixture: one `lmqtt store` (data in `directory`/store, log store.log) and
+    `n` `lmqtt gateway`s over it (logs in `directory`); yields `(store, gateway1, ..., gatewayN)`.
+    After: every gateway still running stops with exit code 0, then the store (asserted, with the
+    log's tail); a gateway the test stopped or killed itself is passed over. The fixture keeps its
+    own scope: `yield from store_and_gateways(tmp_path)` per test, or
+    `tmp_path_factory.mktemp(...)` in a module-scoped one."""
+    directory = str(directory)
+    store = LmqttStore(os.path.join(directory, "store"), log_path=os.path.join(directory, "store.log")).start()
+    gws: list[LmqttGateway] = []
+    try:
+        for _ in range(n):
+            gws.append(LmqttGateway(store.address, log_dir=directory).start())
+        yield (store, *gws)
+    finally:
+        for g in gws:
+            if g.proc is not None:
+                rc = g.stop()
+                assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
+        assert store.stop() == 0, store.log_tail()
+
+
 SERVER_KINDS = ("serve", "fleet")
 
 

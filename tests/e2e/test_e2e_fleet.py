@@ -12,33 +12,14 @@ import urllib.request
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT, free_port
+from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT, free_port, metric, store_and_gateways
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """One store and two gateways (A, B) with native EVENT notify, shared by the module's tests
     (each test uses its own topics and client ids)."""
-    d = tmp_path_factory.mktemp("fleet")
-    store = LmqttStore(str(d / "store"), log_path=str(d / "store.log")).start()
-    gws = []
-    try:
-        for _ in range(2):
-            gws.append(LmqttGateway(store.address, log_dir=str(d)).start())
-        yield store, gws[0], gws[1]
-    finally:
-        for g in gws:
-            rc = g.stop()
-            assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
-        assert store.stop() == 0, store.log_tail()
-
-
-def _metric(gw, name: str) -> float:
-    with urllib.request.urlopen(gw.metrics_url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "_total "):
-                return float(line.split()[-1])
-    raise AssertionError(f"{name} not in {gw.metrics_url}")
+    yield from store_and_gateways(tmp_path_factory.mktemp("fleet"))
 
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
@@ -123,7 +104,8 @@ def test_a_shared_group_split_over_a_and_b_gets_each_message_once(fleet):
         rest = other.get_n(20, timeout=15)        # the other gateway takes the lease over
         assert sorted(int(m.payload) for m in rest) == list(range(40, 60))
         # the store handed messages of the group to each gateway (/metrics)
-        assert _metric(a, "lmqtt_group_messages_assigned") >= 1 and _metric(b, "lmqtt_group_messages_assigned") >= 1
+        assert metric(a.metrics_url, "lmqtt_group_messages_assigned") >= 1
+        assert metric(b.metrics_url, "lmqtt_group_messages_assigned") >= 1
     finally:
         for c in (sa, sb, pub):
             c.disconnect()
@@ -162,13 +144,13 @@ def test_one_store_pull_per_event_however_many_local_subscribers(fleet):
     try:
         for s in subs:
             s.subscribe("fan/t", qos=1)
-        before = _metric(b, "lmqtt_remote_pulls")
+        before = metric(b.metrics_url, "lmqtt_remote_pulls")
         n = 20
         for i in range(n):
             pub.publish("fan/t", str(i).encode(), qos=1)
         for s in subs:
             assert [m.payload for m in s.get_n(n)] == [str(i).encode() for i in range(n)]
-        pulls = _metric(b, "lmqtt_remote_pulls") - before
+        pulls = metric(b.metrics_url, "lmqtt_remote_pulls") - before
         # at most one pull per publish (events may merge several into one), never one per session
         assert 1 <= pulls <= n, pulls
     finally:
@@ -238,8 +220,8 @@ def test_without_events_the_safety_poll_still_delivers(fleet, tmp_path):
         for i in range(5):
             pub.publish(f"poll/{i}", str(i).encode(), qos=1)
         assert sorted(m.payload for m in sub.get_n(5, timeout=10)) == [b"0", b"1", b"2", b"3", b"4"]
-        assert _metric(c, "lmqtt_remote_events") == 0
-        assert _metric(c, "lmqtt_remote_safety_polls") >= 1
+        assert metric(c.metrics_url, "lmqtt_remote_events") == 0
+        assert metric(c.metrics_url, "lmqtt_remote_safety_polls") >= 1
         sub.disconnect()
         pub.disconnect()
     finally:
@@ -267,8 +249,8 @@ def test_redis_notify_and_a_dead_redis(tmp_path, mode):
         for i in range(10):
             pub.publish("rd/x", str(i).encode(), qos=1)
         assert [m.payload for m in sub.get_n(10)] == [str(i).encode() for i in range(10)]
-        assert _metric(b, "lmqtt_remote_events") == 0      # not the native push: Redis carried them
-        assert _metric(b, "lmqtt_remote_redis_events") >= 1
+        assert metric(b.metrics_url, "lmqtt_remote_events") == 0      # not the native push: Redis carried them
+        assert metric(b.metrics_url, "lmqtt_remote_redis_events") >= 1
         redis.stop()
         for i in range(10, 15):
             pub.publish("rd/x", str(i).encode(), qos=1)
@@ -289,7 +271,7 @@ def test_session_takeover_across_gateways_without_redis(fleet):
     session's older connection is closed too (no record to move: only the claim tells A)."""
     from lmqtt.gateway.mqtt import packets as P
     _store, a, b = fleet
-    closed_before = _metric(a, "lmqtt_takeovers_by_other_gateway")
+    closed_before = metric(a.metrics_url, "lmqtt_takeovers_by_other_gateway")
     first = RawMQTT(a, version=5)
     assert first.connect("roamer-nr", clean=False, props=P.Properties(session_expiry_interval=300)).reason_code == 0
     first.send(P.Subscribe(1, [P.SubscriptionRequest("roamnr/#", 1)]))
@@ -312,8 +294,9 @@ def test_session_takeover_across_gateways_without_redis(fleet):
         new311.subscribe("roamnr/311", qos=1)      # the newer 3.1.1 connection stays open
         pub.publish("roamnr/311", b"kept", qos=1)
         assert new311.get(5).payload == b"kept"
-        assert _metric(a, "lmqtt_takeovers_by_other_gateway") == closed_before + 2
-        assert _metric(b, "lmqtt_session_claims_sent") >= 2 and _metric(a, "lmqtt_session_claims_heard") >= 2
+        assert metric(a.metrics_url, "lmqtt_takeovers_by_other_gateway") == closed_before + 2
+        assert metric(b.metrics_url, "lmqtt_session_claims_sent") >= 2
+        assert metric(a.metrics_url, "lmqtt_session_claims_heard") >= 2
         pub.disconnect()
     finally:
         second.disconnect()

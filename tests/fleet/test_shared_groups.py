@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho
+from tests.support import Paho, metric, store_and_gateways
 
 TOPIC = "fleet/shared/work"
 FILTER = f"$share/workers/{TOPIC}"
@@ -17,18 +17,7 @@ FILTER = f"$share/workers/{TOPIC}"
 
 @pytest.fixture
 def fleet(tmp_path):
-    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
-    gws = []
-    try:
-        for _ in range(2):
-            gws.append(LmqttGateway(store.address, log_dir=str(tmp_path)).start())
-        yield store, gws[0], gws[1]
-    finally:
-        for g in gws:
-            if g.proc is not None:
-                rc = g.stop()
-                assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
-        assert store.stop() == 0, store.log_tail()
+    yield from store_and_gateways(tmp_path)
 
 
 def _members(gw, prefix: str, n: int, qos: int = 1) -> list[Paho]:
@@ -141,15 +130,6 @@ def test_kill9_of_a_gateway_mid_stream_its_unacknowledged_messages_go_to_the_oth
             c.disconnect()
 
 
-def _metric(gw, name: str) -> float:
-    import urllib.request
-    with urllib.request.urlopen(gw.metrics_url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "_total "):
-                return float(line.split()[-1])
-    raise AssertionError(f"{name} not in {gw.metrics_url}")
-
-
 def test_a_member_that_leaves_unacknowledged_hands_its_messages_to_the_other_gateway(fleet):
     """A's only member (MQTT 5, Receive Maximum 5) never acknowledges and drops its connection:
     gateway A has no member left to give its messages to, so it hands them back to the store at
@@ -183,7 +163,7 @@ def test_a_member_that_leaves_unacknowledged_hands_its_messages_to_the_other_gat
         ra.close()                              # gone without DISCONNECT, nothing acknowledged
         got = _collect([mb], lambda seen: set(range(n)) <= set(seen), timeout=30)[0]
         assert sorted(got) == list(range(n)), f"B's member got each message once: {sorted(got)}"
-        assert _metric(a, "lmqtt_group_messages_handed_back") >= len(held)
+        assert metric(a.metrics_url, "lmqtt_group_messages_handed_back") >= len(held)
     finally:
         for c in (mb, pub):
             c.disconnect()
