@@ -1,0 +1,205 @@
+"""Parking idle connections (issue 29: memory per idle connection; docs/gateway.md "Idle connections").
+
+An idle connected client costs the broker its event-loop transport (uvloop's TCPTransport, its
+libuv handle and buffers, the loop's fd -> transport map: ~1.2 KiB) and its packet decoder, for
+nothing: it sends a PINGREQ now and then. After `park_idle_after_s` (GatewayConfig) with no packet
+in or out and nothing in flight or queued, `MQTTConnection.park` takes its socket out of the loop:
+it keeps a dup of the fd (closing the transport then does not end the TCP connection), drops the
+transport and the decoder, and hands the fd to a `Parker`, which watches every parked socket with
+one epoll of its own (the loop watches that epoll's fd: one reader for all of them). The Parker
+answers PINGREQ itself and notes the time of every byte (the keep-alive wheel asks it, so a
+silent parked client still times out at 1.5 x keep alive and its will fires); anything else it
+reads, EOF or an error hand the socket back (`MQTTConnection.unpark`): a new transport over the
+same fd (`loop.connect_accepted_socket`), the bytes already read fed first. A connection with
+something to send (a delivery, a DISCONNECT of a takeover or shutdown) is woken by its `write`.
+The MQTTConnection object itself stays (it is what the session, the registries and the metrics
+know): a parked connection is connected for everyone.
+
+`Parker` is the C module `lmqtt.gateway.net._park` (gateway/net/_park.c) when built, else
+`PyParker` below: same interface, same behaviour (tests/net/test_park_parker.py compares them).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import time
+from typing import TYPE_CHECKING, Any
+
+from lmqtt.store import accel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.net.connection import MQTTConnection
+
+log = logging.getLogger("lmqtt.gateway.conn")
+
+READ_BUF = 4096
+MAX_READS = 16        # reads of one socket per poll: a PINGREQ flood waits for the next poll
+PONG = b"\xd0\x00"
+
+
+class PyParker:
+    """The pure-Python reference of `_park.Parker` (interface in gateway/net/_park.c's header)."""
+
+    def __init__(self) -> None:
+        self._ep: select.epoll | None = select.epoll()
+        self._slots: dict[int, list] = {}     # fd -> [owner, last byte time, pending 0xC0]
+        self.pings = 0
+
+    def fileno(self) -> int:
+        if self._ep is None:
+            raise ValueError("parker is closed")
+        return self._ep.fileno()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def add(self, fd: int, owner: Any) -> None:
+        if self._ep is None:
+            raise ValueError("parker is closed")
+        if fd < 0:
+            raise ValueError(f"bad fd {fd}")
+        if fd in self._slots:
+            raise ValueError(f"fd {fd} is already parked")
+        self._ep.register(fd, select.EPOLLIN)
+        self._slots[fd] = [owner, time.monotonic(), False]
+
+    def _unwatch(self, fd: int) -> list:
+        slot = self._slots.pop(fd)
+        try:
+            self._ep.unregister(fd)
+        except (OSError, ValueError, AttributeError):
+            pass
+        return slot
+
+    def remove(self, fd: int):
+        if fd not in self._slots:
+            return None
+        owner, _, pending = self._unwatch(fd)
+        return owner, (b"\xc0" if pending else b"")
+
+    def idle(self, fd: int) -> float:
+        slot = self._slots.get(fd)
+        if slot is None:
+            raise KeyError(f"fd {fd} is not parked")
+        return time.monotonic() - slot[1]
+
+    def _serve(self, fd: int, slot: list):
+        """None: stays parked; (rest, eof): hand back."""
+        for _ in range(MAX_READS):
+            head = b"\xc0" if slot[2] else b""
+            try:
+                data = os.read(fd, READ_BUF - len(head))
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError:
+                return head, True
+            if not data:
+                return head, True
+            slot[1] = time.monotonic()
+            buf = head + data
+            i, n = 0, len(buf)
+            while i + 1 < n and buf[i] == 0xC0 and buf[i + 1] == 0:
+                i += 2
+            pongs = i // 2
+            if pongs:
+                try:
+                    w = os.write(fd, PONG * pongs)
+                except OSError:
+                    w = -1
+                if w != 2 * pongs:
+                    return buf[i:], True
+                self.pings += pongs
+            slot[2] = False
+            if n - i == 1 and buf[i] == 0xC0:
+                slot[2] = True
+                continue
+            if n > i:
+                return buf[i:], False
+        return None
+
+    def poll(self, max_events: int = 256) -> list:
+        if self._ep is None:
+            return []
+        max_events = min(max(max_events, 1), 1024)
+        out = []
+        for fd, _ in self._ep.poll(0, max_events):
+            slot = self._slots.get(fd)
+            if slot is None:
+                continue
+            r = self._serve(fd, slot)
+            if r is None:
+                continue
+            self._unwatch(fd)
+            out.append((slot[0], fd, r[0], r[1]))
+        return out
+
+    def close(self) -> None:
+        self._slots.clear()
+        if self._ep is not None:
+            self._ep.close()
+            self._ep = None
+
+
+_park = accel.load("lmqtt.gateway.net._park")
+Parker = _park.Parker if _park is not None else PyParker
+
+
+class Parking:
+    """The parked connections of one broker: the Parker, its reader on the loop, and the check
+    that parks connections idle for `after_s` (every `after_s`, over the connections not parked:
+    `candidates`, added at CONNECT and at each unpark)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after_s: float) -> None:
+        self.loop = loop
+        self.after_s = after_s
+        self.parker = Parker()
+        self.candidates: set["MQTTConnection"] = set()
+        self.parked_total = 0         # parks so far (tests, metrics)
+        self.unparked_total = 0
+        self._fd = self.parker.fileno()
+        loop.add_reader(self._fd, self._ready)
+        self._handle: asyncio.TimerHandle | None = loop.call_later(after_s, self._check)
+
+    def __len__(self) -> int:
+        return len(self.parker)
+
+    def watch(self, c: "MQTTConnection") -> None:
+        self.candidates.add(c)
+
+    def _check(self) -> None:
+        self._handle = None
+        try:
+            now = self.loop.time()
+            cands = self.candidates
+            for c in list(cands):
+                if c.closing:
+                    cands.discard(c)
+                elif c.park_if_idle(now, self.after_s):
+                    cands.discard(c)
+        except Exception:   # never stop the checks for one connection's bug
+            log.exception("event=park_check_failed")
+        finally:
+            if self._fd is not None:
+                self._handle = self.loop.call_later(self.after_s, self._check)
+
+    def _ready(self) -> None:
+        for owner, fd, data, eof in self.parker.poll():
+            try:
+                owner.unpark(fd, data, eof)
+            except Exception:
+                log.exception("event=unpark_failed client_id=%s", getattr(owner, "client_id", None))
+
+    def close(self) -> None:
+        """Stop watching (the broker closed its connections first; a parked fd still here is closed)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._fd is not None:
+            try:
+                self.loop.remove_reader(self._fd)
+            except Exception:
+                pass
+            self._fd = None
+        self.parker.close()
