@@ -150,18 +150,51 @@ class SourceQueues:
         return json.dumps({"cmd": "filter_range", "filter": self.filter, "topic": name, "queue_id": qid,
                            "start": start, "end": end, "max_count": n, "max_bytes": 4 << 20}).encode()
 
-    def _request(self, key: str, start: int, end: int):
-        """One pull of [start, end) (up to _RANGE_PULL records / 4 MiB) sent now; a future. With a
-        filter, the range's records whose topic matches it (the store looks at every entry)."""
+    def _range_request(self, key: str, start: int, end: int) -> tuple[int, bytes, int]:
+        """(opcode, body, flags) of one pull of [start, end) (up to _RANGE_PULL records / 4 MiB).
+        With a filter, the range's records whose topic matches it (the store looks at every entry)."""
         from lmqtt.store import protocol as W
         n = max(1, min(_RANGE_PULL, end - start))
         if self.filter and not key.startswith("lq:"):
-            return self.conn.request(W.OP_CALL, self._range_args(key, start, end, max(n, _RANGE_PULL)))
+            return W.OP_CALL, self._range_args(key, start, end, max(n, _RANGE_PULL)), 0
         if key.startswith("lq:"):
-            return self.conn.request(W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20))
+            return W.OP_PULL_FILTER, W.encode_pull(key[3:], 0, start, n, 4 << 20), 0
         name, qid = self._split(key)
         # F_RAW_OK: the store may answer with its CommitLog records as stored (no re-encoding)
-        return self.conn.request(W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20), W.F_RAW_OK)
+        return W.OP_PULL, W.encode_pull(name, qid, start, n, 4 << 20), W.F_RAW_OK
+
+    def _request(self, key: str, start: int, end: int):
+        """One pull of [start, end) sent now; a future (`_answer` reads it). A send that fails with
+        the connection is not raised here: `_answer` asks again."""
+        from concurrent.futures import Future
+
+        from lmqtt.store.client.connection import ConnectionLost
+        op, body, flags = self._range_request(key, start, end)
+        try:
+            return self.conn.request(op, body, flags)
+        except ConnectionLost as e:
+            fut: Future = Future()
+            fut.set_exception(e)
+            return fut
+
+    def _answer(self, fut, key: str, start: int, end: int):
+        """The reply to the pull `_request(key, start, end)` sent as `fut`. One lost with its
+        connection or refused by a member that is no longer primary (a store group's failover: the
+        primary was killed, or stopped answering and the group elected another) is asked again of
+        the primary the connection finds (`Connection.call`'s retry, up to its failover timeout): a
+        pull changes nothing, so a partition being read when the primary goes returns all its rows
+        (docs/ha.md "Clients")."""
+        from lmqtt.store.client.connection import ConnectionLost, StoreClientError, check_reply, is_not_primary
+        try:
+            return check_reply(fut.result(self.conn.timeout))
+        except ConnectionLost:
+            pass
+        except StoreClientError as e:
+            if not is_not_primary(e):
+                raise
+            self.conn.not_primary(e)
+        op, body, flags = self._range_request(key, start, end)
+        return self.conn.call(op, body, retry=True, flags=flags)
 
     def from_light_queue(self, flt: str, offset: int) -> dict:
         """A streaming checkpoint written before issue 28 keeps the filter's light-queue offset
@@ -181,13 +214,11 @@ class SourceQueues:
         if not self.filter or key.startswith("lq:") or end - start <= rows:
             return rows
         from lmqtt.store import protocol as W
-        from lmqtt.store.client.connection import check_reply
 
         from .columns import split_body
         mid = start + (end - start) // 2
         n = min(65536, end - mid)
-        _op, _flags, body = check_reply(self.conn.request(W.OP_CALL, self._range_args(key, mid, mid + n, n))
-                                        .result(self.conn.timeout))
+        _op, _flags, body = self.conn.call(W.OP_CALL, self._range_args(key, mid, mid + n, n), retry=True)
         header, _pos, count = split_body(body)
         scanned = max(1, int(header.get("next_offset", mid + n)) - mid)
         share = max(count / scanned, 0.01)
@@ -197,7 +228,6 @@ class SourceQueues:
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
         ahead of the one being converted (the store reads while this process builds columns)."""
         from lmqtt.store import protocol as W
-        from lmqtt.store.client.connection import check_reply
 
         from .columns import arrow_batch
         ident = self.conn.ident or ""
@@ -206,7 +236,7 @@ class SourceQueues:
         while pos < end:
             fut = nxt[1] if nxt is not None and nxt[0] == pos else self._request(key, pos, end)
             nxt = None
-            _op, flags, body = check_reply(fut.result(self.conn.timeout))
+            _op, flags, body = self._answer(fut, key, pos, end)
             batch, header, new_pos = arrow_batch(key, ident, body, start, end, raw=bool(flags & W.F_RAW))
             if self.filter:         # records are the matching ones: the store says where it got to
                 new_pos = header.get("next_offset")
