@@ -8,6 +8,7 @@ find afterwards on the other gateway came from the metadata the old primary ship
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -67,6 +68,39 @@ def _until(cond, timeout: float, what: str) -> None:
 def _close(c: mqtt.Client) -> None:
     c.disconnect()
     c.loop_stop()
+
+
+def _stop_loops(clients: list[mqtt.Client]) -> None:
+    """End the network threads of the clients a test made (their gateway may be gone)."""
+    for c in clients:
+        try:
+            c.loop_stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _resume(cid: str, gw: LmqttGateway, n: int, clients: list, what: str) -> list:
+    """The persistent session `cid` connects again, on `gw`: its session is present and at least
+    `n` messages come within 30 s; -> them and whatever else came in the next second (a message
+    redelivered or sent twice would show)."""
+    got: list = []
+    c = _client(cid, False, gw, got)
+    clients.append(c)
+    assert c.present == [True], c.present
+    _until(lambda: len(got) >= n, 30, f"{what} ({got})")
+    time.sleep(1.0)
+    return got
+
+
+@contextlib.contextmanager
+def _metadata_on_disk(member):
+    """The metadata store of a stopped member, read from its own data dir."""
+    from lmqtt.lightqueue.metadata import MetadataStore
+    md = MetadataStore(f"{member.data_dir}/lightqueue/meta")
+    try:
+        yield md
+    finally:
+        md.close()
 
 
 @pytest.fixture
@@ -146,22 +180,12 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
         def session():
             # the persistent session resumes on B: session present, the 6 it missed (5 on its exact
             # topic, 1 on its wildcard filter), not the 4 it had
-            got2: list = []
-            back = _client("rm-sess", False, gw_b, got2)
-            clients.append(back)
-            assert back.present == [True], back.present
-            _until(lambda: len(got2) >= 6, 30, f"the session's missed messages ({got2})")
-            time.sleep(1.0)
+            got2 = _resume("rm-sess", gw_b, 6, clients, "the session's missed messages")
             assert sorted(got2) == [("rm/s", f"new{i}".encode()) for i in range(5)] + [("rm/x/2", b"xnew")], got2
 
         def share():
             # the $share group continues from its committed offset
-            shared2: list = []
-            sh2 = _client("rm-share", False, gw_b, shared2)
-            clients.append(sh2)
-            assert sh2.present == [True], sh2.present
-            _until(lambda: len(shared2) >= 4, 30, f"the group's missed messages ({shared2})")
-            time.sleep(1.0)
+            shared2 = _resume("rm-share", gw_b, 4, clients, "the group's missed messages")
             assert sorted(p for _t, p in shared2) == [f"snew{i}".encode() for i in range(4)], shared2
         for name, fn in (("will", will), ("retained", retained_msg), ("session", session), ("share", share)):
             check(name, fn)
@@ -174,20 +198,12 @@ def test_sessions_retained_wills_and_share_offsets_survive_a_kill9_with_their_ga
         assert f"event=ha_metadata_caught_up node={other.node} " in new.log_text(), new.log_text()[-3000:]
         time.sleep(0.5)
         other.stop()
-        from lmqtt.lightqueue.metadata import MetadataStore
-        md = MetadataStore(f"{other.data_dir}/lightqueue/meta")
-        try:
+        with _metadata_on_disk(other) as md:
             assert md.get_retained("rm/r")[0] == b"kept" and md.get_retained("rm/r2")[0] == b"after"
             assert md.get_session("rm-sess") is not None and md.get_session("rm-share") is not None
             assert md.get_will("rm-will") is None          # published by the new primary: gone
-        finally:
-            md.close()
     finally:
-        for c in clients:
-            try:
-                c.loop_stop()
-            except Exception:  # noqa: BLE001
-                pass
+        _stop_loops(clients)
         gw_a.stop()
         gw_b.stop()
 
@@ -266,7 +282,6 @@ def test_a_member_replaced_with_an_empty_data_dir_gets_the_metadata_by_snapshot(
     (they are in no MetaLog), so only a snapshot brings them to the empty member. Checked on the
     member's own disk after it stopped."""
     import shutil
-    from lmqtt.lightqueue.metadata import MetadataStore
     first = group.wait_primary(in_sync=3)
     gw = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
     clients = []
@@ -290,20 +305,13 @@ def test_a_member_replaced_with_an_empty_data_dir_gets_the_metadata_by_snapshot(
         group.wait_status(x, lambda s: s["role"] == "replica" and x.node in s["in_sync"] and s["log_end"] >= end,
                           timeout=60)
         x.stop()
-        md = MetadataStore(f"{x.data_dir}/lightqueue/meta")
-        try:
+        with _metadata_on_disk(x) as md:
             assert md.get_retained("es/r") is not None and md.get_retained("es/r")[0] == b"kept"
             rec = md.get_session("es-sess")
             assert rec is not None and [s.filter for s in rec.subscriptions] == ["es/t"], rec
-        finally:
-            md.close()
         assert "event=ha_metadata_snapshot_applied" in x.log_text()
     finally:
-        for c in clients:
-            try:
-                c.loop_stop()
-            except Exception:  # noqa: BLE001
-                pass
+        _stop_loops(clients)
         gw.stop()
 
 
@@ -313,7 +321,6 @@ def test_a_replica_stopped_while_only_metadata_is_written_leaves_the_in_sync_set
     session's record: no log append) leaves the in-sync set after the lag bound like one behind on
     the log, so the writes waiting for it are answered; it is not put back while it lacks them,
     and once resumed it applies them and is. Checked on its own disk."""
-    from lmqtt.lightqueue.metadata import MetadataStore
     first = group.wait_primary(in_sync=3)
     gw = LmqttGateway(group.peers, log_dir=str(tmp_path)).start()
     clients = []
@@ -334,20 +341,13 @@ def test_a_replica_stopped_while_only_metadata_is_written_leaves_the_in_sync_set
         behind.resume()
         group.wait_status(first, lambda s: behind.node in s["in_sync"], timeout=60)
         behind.stop()
-        md = MetadataStore(f"{behind.data_dir}/lightqueue/meta")
-        try:
+        with _metadata_on_disk(behind) as md:
             rec = md.get_session("ic-sess")
             assert rec is not None and [s.filter for s in rec.subscriptions] == ["ic/t"], rec
             assert md.filters().get("ic/f/#") == 1, md.filters()
-        finally:
-            md.close()
     finally:
         c.close()
-        for cl in clients:
-            try:
-                cl.loop_stop()
-            except Exception:  # noqa: BLE001
-                pass
+        _stop_loops(clients)
         gw.stop()
 
 
