@@ -332,6 +332,9 @@ class LightQueueIndex:
     # this many queues' runs: when a record would make more queues unwritten, the entries before
     # it are written first (a cut at a record boundary, with that record's offset as checkpoint).
     max_queues_per_write = 2048
+    # flush() takes _lock only for the in-memory part; its RocksDB flush (milliseconds) may run
+    # while dispatch() goes on: the dispatch thread then keeps inline dispatch open (store.dispatch)
+    flush_during_dispatch = True
     # Records taken into the tails before they are written to RocksDB. One put per queue per
     # write is the index's main per-queue cost: a small dispatch batch (the store hands over a few
     # appends at a time) touches ~1 queue per record, so writing per dispatch batch paid ~1 put

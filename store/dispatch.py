@@ -203,22 +203,25 @@ class DispatchService:
     def flush_dispatchers(self, which: str = "all") -> None:
         """Flush dispatchers. `which`: "all", "dispatch-thread" (those not declaring
         `flush_thread_safe = True`; called on the dispatch thread) or "thread-safe" (the others;
-        called from the background thread so their fsyncs never stall dispatch).
+        called from the background thread so their fsyncs never stall dispatch). The dispatch
+        thread's periodic flush goes through `_flush_on_thread` (see there).
 
         A dispatcher whose flush fails (a full disk: a checkpoint file, a RocksDB flush) does not
         keep the others from flushing; the first error is raised after all were tried, with the
         failing one's name in `failed_flush[which]`. Its checkpoint stays where it was, so a restart
         replays from there: nothing is lost, only replayed."""
+        self._flush_some([d for d in self.dispatchers if which == "all"
+                          or (which == "thread-safe") == getattr(d, "flush_thread_safe", False)], which)
+
+    def _flush_some(self, dispatchers: list, which: str) -> None:
         err = None
-        for d in self.dispatchers:
-            safe = getattr(d, "flush_thread_safe", False)
-            if which == "all" or (which == "thread-safe") == safe:
-                try:
-                    d.flush()
-                except Exception as e:  # noqa: BLE001 - raised below, after the others flushed
-                    if err is None:
-                        err = e
-                        self.failed_flush[which] = getattr(d, "name", repr(d))
+        for d in dispatchers:
+            try:
+                d.flush()
+            except Exception as e:  # noqa: BLE001 - raised below, after the others flushed
+                if err is None:
+                    err = e
+                    self.failed_flush[which] = getattr(d, "name", repr(d))
         if which != "thread-safe":
             self._last_flush = time.monotonic()   # also after a failure: retried next interval
         if err is not None:
@@ -249,8 +252,7 @@ class DispatchService:
                     self._idle = False
                 if time.monotonic() - self._last_flush >= self.flush_interval:
                     phase = "flush"
-                    with self._dispatching:
-                        self.flush_dispatchers("dispatch-thread")
+                    self._flush_on_thread()
                     if self.flush_error is not None:
                         self._flushed_again()
             except BaseException as e:  # keep the thread alive
@@ -259,6 +261,40 @@ class DispatchService:
                 else:                   # nothing past this point is visible; retried
                     self._failed(e)
                     time.sleep(0.5)
+
+    def _flush_on_thread(self) -> None:
+        """The dispatch thread's periodic flush of its dispatchers ("dispatch-thread").
+
+        A dispatcher declaring `flush_during_dispatch = True` (the light-queue index: its flush
+        takes its own lock for the in-memory part, then waits milliseconds, up to hundreds on a
+        busy disk, for a RocksDB memtable flush) is flushed without `_dispatching` held and with
+        the thread marked idle, so appends made meanwhile are dispatched inline (or by this
+        thread right after): every second that flush held up every delivery, the p99 of a
+        5,000 msg/s run (issue 29). The others are flushed as before, with no dispatch running."""
+        mine = [d for d in self.dispatchers if not getattr(d, "flush_thread_safe", False)]
+        held = [d for d in mine if not getattr(d, "flush_during_dispatch", False)]
+        free = [d for d in mine if getattr(d, "flush_during_dispatch", False)]
+        err = None
+        if held or not free:
+            try:
+                with self._dispatching:
+                    self._flush_some(held, "dispatch-thread")
+            except Exception as e:  # noqa: BLE001 - raised below, after the others flushed
+                err = e
+                first = self.failed_flush.get("dispatch-thread", "")
+        if free:
+            self._idle = True
+            try:
+                self._flush_some(free, "dispatch-thread")
+            except Exception as e:  # noqa: BLE001
+                if err is None:
+                    err = e
+                else:               # the first failure is the one named, as in flush_dispatchers
+                    self.failed_flush["dispatch-thread"] = first
+            finally:
+                self._idle = False
+        if err is not None:
+            raise err
 
     def _failed(self, e: BaseException) -> None:
         """A round failed. Lack of space: the store refuses appends and says so once
