@@ -76,6 +76,9 @@ class GatewayConfig:
     response_information: str | None = None   # CONNACK Response Information for clients that ask
     sys_interval: float = 10.0        # seconds between $SYS/broker/... updates (0 = none published)
     connect_timeout_s: float = 10.0   # time allowed between TCP accept and CONNECT
+    # an idle connected client's socket leaves the event loop after this many seconds with no packet
+    # in or out and nothing in flight (gateway/net/parking.py; docs/gateway.md "Idle connections"); 0 = never
+    park_idle_after_s: float = 2.0
     max_session_expiry_s: int = 0xFFFFFFFF   # cap; 3.1.1 persistent sessions never expire unless capped
     # delivery / back-pressure
     notify_window_ms: float = 2.0     # coalescing window of the in-process bus
