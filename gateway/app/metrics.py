@@ -147,6 +147,8 @@ class GatewayMetrics:
                                 self.dispatch_lag]
         self.inflight = Gauge("lmqtt_inflight_messages", "Outbound QoS 1/2 messages awaiting the client's ack", registry=r)
         self.paused_sessions = Gauge("lmqtt_backpressured_connections", "Connections above the write high-water mark", registry=r)
+        # idle connections whose socket is parked off the event loop (gateway/net/parking.py); counted in lmqtt_connections too
+        self.connections_parked = Gauge("lmqtt_connections_parked", "Connected clients parked while idle", registry=r)
         self._http: ThreadingHTTPServer | None = None
 
     def start_http(self, host: str, port: int) -> tuple[str, int]:
