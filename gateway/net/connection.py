@@ -12,11 +12,15 @@ The transport's write-buffer limits drive back-pressure: `pause_writing` marks t
 `ConnectionSweep` keeps the connections' deadlines (connect timeout, a stalled enhanced
 authentication or re-authentication, keep alive): twice a second it checks the few connections
 still logging in and the keep-alive deadlines that have come, not every connection.
+An idle connected client is parked after `park_idle_after_s` (gateway/net/parking.py): its
+socket leaves the loop's transports for one epoll that answers its PINGREQs; `park`, `unpark`.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
@@ -30,6 +34,15 @@ log = logging.getLogger("lmqtt.gateway.conn")
 
 NO_TOPICS: frozenset = frozenset()
 NO_ALIASES: dict = {}     # never written: the topic aliases of a connection that set none (see `resolve_topic_alias`)
+# the loop transports of plain TCP sockets: the only ones parked (TLS and WebSocket keep their transport)
+PARKABLE_TRANSPORTS = frozenset({"TCPTransport", "_SelectorSocketTransport"})
+
+
+class _Dropped(asyncio.Protocol):
+    """The protocol of a transport given up by a parked connection: its close reports to nobody."""
+
+
+_DROPPED = _Dropped()
 
 
 class WriteBatcher:
@@ -94,6 +107,24 @@ class ConnectionSweep:
         self._done = int(loop.time())      # every slot up to this second has been handled
         self.checked = 0                   # keep-alive deadlines looked at by the ticks (tests, metrics)
         self._handle: asyncio.TimerHandle | None = None
+        self.parking = None                # parking.Parking once a connection may be parked (`watch_idle`)
+        self._park_after: float | None = None
+
+    def watch_idle(self, c: "MQTTConnection") -> None:
+        """`c`'s CONNECT was accepted: park it once idle (`park_idle_after_s`; 0 = never)."""
+        p = self.parking
+        if p is None:
+            after = self._park_after
+            if after is None:
+                after = self._park_after = float(getattr(c.cfg, "park_idle_after_s", 2.0) or 0.0)
+            if after <= 0:
+                return
+            from lmqtt.gateway.net.parking import Parking
+            p = self.parking = Parking(self.loop, after)
+            gauge = getattr(c.metrics, "connections_parked", None)
+            if gauge is not None:
+                gauge.set_function(lambda parker=p.parker: len(parker))
+        p.candidates.add(c)
 
     def start(self) -> None:
         self._done = int(self.loop.time())
@@ -103,6 +134,9 @@ class ConnectionSweep:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if self.parking is not None:
+            self.parking.close()
+            self.parking = None
 
     def armed(self) -> int:
         """Connections with a keep-alive deadline in the wheel (slots emptied by closes stay until they come)."""
@@ -132,6 +166,8 @@ class ConnectionSweep:
         self.disarm(c)
         self.pending.discard(c)
         self.logins.discard(c)
+        if self.parking is not None:
+            self.parking.candidates.discard(c)
 
     # -- the periodic check ---------------------------------------------------------------------
     def _tick(self) -> None:
@@ -170,6 +206,8 @@ class ConnectionSweep:
                     c._ka_slot = None
                     if c.closing:
                         continue
+                    if c._park.__class__ is int:
+                        c.parked_rx(now)     # the parker read its PINGREQs: when was its last byte
                     if now - c.last_rx > 1.5 * c._keepalive:
                         c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
                     else:
@@ -185,8 +223,11 @@ class ConnectionSweep:
                 c.close()
         elif login is not None and now - login.started_at > limit:
             self.login_timed_out(c)
-        elif c._keepalive and now - c.last_rx > 1.5 * c._keepalive:
-            c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+        elif c._keepalive:
+            if c._park.__class__ is int:
+                c.parked_rx(now)
+            if now - c.last_rx > 1.5 * c._keepalive:
+                c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
 
     def sweep(self) -> None:
         """Every connection's deadlines checked now (one full pass): what the ticks do by their
@@ -224,7 +265,7 @@ class MQTTConnection(asyncio.Protocol):
                  "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "reading_paused",
                  "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
                  "_rate_logged", "_refusal_logged", "_rate_timer", "_held", "_holds", "_out",
-                 "_flush_scheduled", "peer", "fleet_attached_ms")
+                 "_flush_scheduled", "peer", "fleet_attached_ms", "_park", "_wrote")
 
     def __init__(self, handler: PacketHandler) -> None:
         self.handler = handler
@@ -277,6 +318,10 @@ class MQTTConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self.peer = "?"
+        # parking (gateway/net/parking.py): None; the fd (int) while parked; the bytes to feed
+        # first (bytes) while its new transport is on its way (`unpark`)
+        self._park: int | bytes | None = None
+        self._wrote = False            # output flushed since the last idle check (`park_if_idle`)
 
     # -- deadlines (ConnectionSweep) ---------------------------------------------------------------
     @property
@@ -291,6 +336,7 @@ class MQTTConnection(asyncio.Protocol):
         if sweep is not None:
             if self.connected:
                 sweep.pending.discard(self)     # CONNECT accepted: no connect deadline any more
+                sweep.watch_idle(self)
             sweep.arm(self)
 
     @property
@@ -308,6 +354,9 @@ class MQTTConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
+        if self._park is not None:
+            self._reattached(transport)
+            return
         self.transport = transport
         sweep = getattr(self.handler, "sweep", None)
         if sweep is not None:
@@ -588,6 +637,11 @@ class MQTTConnection(asyncio.Protocol):
         out = self._out
         if self._store_waits and not force:
             return
+        if self._park is not None:
+            if out and not self.closing and self._park.__class__ is int:
+                self.wake()           # something to send: back on the loop, sent when it is there
+            return
+        self._wrote = True
         if not out or self.transport is None or self.transport.is_closing():
             out.clear()
             return
@@ -605,6 +659,9 @@ class MQTTConnection(asyncio.Protocol):
     def close(self) -> None:
         """Flush what is queued, then close the socket (connection_lost follows)."""
         if self.closing:
+            return
+        if self._park is not None:
+            self._close_parked()
             return
         self.flush(force=True)
         self.closing = True
@@ -668,3 +725,174 @@ class MQTTConnection(asyncio.Protocol):
         if self.reading_paused and self.pending_publishes < self.cfg.max_pending_publish // 2:
             self.reading_paused = False
             self._sync_reading()
+
+    # -- parking (gateway/net/parking.py) ----------------------------------------------------------
+    @property
+    def parked(self) -> bool:
+        """Its socket is watched by the Parker (not by the loop)."""
+        return self._park.__class__ is int
+
+    def _parking(self):
+        sweep = getattr(self.handler, "sweep", None)
+        return sweep.parking if sweep is not None else None
+
+    def park_if_idle(self, now: float, after_s: float) -> bool:
+        """Park this connection if nothing happened on it for `after_s` (no packet in, nothing
+        written since the last check) and nothing is in flight, held or queued. True: parked, or
+        never parkable (closed, TLS, WebSocket): no more checks; False: ask again later."""
+        if self.closing or self._park is not None:
+            return True
+        t = self.transport
+        if t is None or not self.connected:
+            return False
+        if type(t).__name__ not in PARKABLE_TRANSPORTS:
+            return True
+        if self._wrote:
+            self._wrote = False
+            return False
+        if now - self.last_rx < after_s:
+            return False
+        if (self._out or self._flush_scheduled or self._held is not None or self._store_waits
+                or self.write_blocked or self.reading_paused or self._rate_paused or self._rate_timer is not None
+                or self._auth_login is not None or self.pending_publishes or self.decoder.buffered):
+            return False
+        s = self.session
+        if s is None or s.conn is not self or s.outbound or s._inbound_pending:
+            return False
+        if t.get_write_buffer_size() or t.is_closing():
+            return False
+        parking = self._parking()
+        sock = t.get_extra_info("socket")
+        if parking is None or sock is None:
+            return True
+        try:
+            fd = os.dup(sock.fileno())
+        except OSError as e:      # out of descriptors: stay on the loop, try again later
+            log.warning("event=park_failed client_id=%s error=%r", self.client_id, e)
+            return False
+        try:
+            parking.parker.add(fd, self)
+        except (OSError, ValueError) as e:
+            os.close(fd)
+            log.warning("event=park_failed client_id=%s error=%r", self.client_id, e)
+            return False
+        # the transport goes (its fd closes; the dup keeps the TCP connection: no FIN, no RST)
+        t.set_protocol(_DROPPED)
+        t.close()
+        self.transport = None
+        self.decoder = None
+        self._transport_paused = False
+        self._park = fd
+        parking.parked_total += 1
+        return True
+
+    def parked_rx(self, now: float) -> bool:
+        """While parked: `last_rx` from the Parker (it reads the PINGREQs)."""
+        parking = self._parking()
+        if parking is not None:
+            try:
+                rx = now - parking.parker.idle(self._park)
+            except KeyError:
+                return False
+            if rx > self.last_rx:
+                self.last_rx = rx
+        return True
+
+    def wake(self) -> None:
+        """Back on the loop (the broker has something to send): a new transport over the fd."""
+        fd = self._park
+        if fd.__class__ is not int:
+            return
+        parking = self._parking()
+        r = parking.parker.remove(fd) if parking is not None else None
+        self._reattach(fd, r[1] if r is not None else b"")
+
+    def unpark(self, fd: int, data: bytes, eof: bool) -> None:
+        """The Parker handed the socket back: `data` (other than its answered PINGREQs) read from
+        it first, or its end (`eof`: EOF or an error)."""
+        if self._park != fd:
+            return
+        self.last_rx = self.loop.time()
+        if eof and not data:
+            self._park = None
+            os.close(fd)
+            self._end_parked()
+            return
+        self._reattach(fd, data)     # an EOF after data: the new transport reads it again
+
+    def _reattach(self, fd: int, data: bytes) -> None:
+        self._park = data             # bytes: the transport is on its way (`connection_made`)
+        parking = self._parking()
+        if parking is not None:
+            parking.unparked_total += 1
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError as e:
+            os.close(fd)
+            self._park = None
+            self._end_parked(e)
+            return
+        self.loop.create_task(self._attach(sock))
+
+    async def _attach(self, sock: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: self, sock=sock)
+        except Exception as e:
+            if self._park is not None and self._park.__class__ is not int:   # connection_made never came
+                sock.close()
+                self._park = None
+                log.warning("event=unpark_failed client_id=%s error=%r", self.client_id, e)
+                self._end_parked(e)
+
+    def _reattached(self, transport) -> None:
+        """connection_made of the transport `unpark`/`wake` asked for."""
+        data = self._park
+        self._park = None
+        self.transport = transport
+        transport.set_write_buffer_limits(high=self.cfg.write_high_water, low=self.cfg.write_low_water)
+        d = Decoder(max_packet_size=self.cfg.max_packet_size, share_empty_properties=True)
+        d.version = self.version
+        d._connected = True
+        d._update_table()
+        self.decoder = d
+        if self.closing:              # closed while the transport was on its way: what was queued, then close
+            self.flush(force=True)
+            transport.close()
+            return
+        parking = self._parking()
+        if parking is not None:
+            parking.candidates.add(self)
+        if self._out and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.writes.want_flush(self)
+        if data:
+            self.data_received(data)
+
+    def _close_parked(self) -> None:
+        """close() of a parked connection: what is queued (a DISCONNECT) written to the socket as
+        is (a few bytes to an idle socket), then closed; connection_lost follows, as for a transport.
+        Closed while its transport is on its way: `_reattached` closes it."""
+        pk = self._park
+        self.closing = True
+        if pk.__class__ is not int:
+            return
+        self._park = None
+        parking = self._parking()
+        if parking is not None:
+            parking.parker.remove(pk)
+        out = self._out
+        if out:
+            data = b"".join(out)
+            out.clear()
+            try:
+                os.write(pk, data)
+                self.metrics.bytes_out += len(data)
+            except OSError:
+                pass
+        os.close(pk)
+        self.loop.call_soon(self.connection_lost, None)
+
+    def _end_parked(self, exc: BaseException | None = None) -> None:
+        """The parked socket ended (EOF, reset, a failed unpark): as a transport's connection_lost."""
+        self.closing = True
+        self.loop.call_soon(self.connection_lost, exc)
