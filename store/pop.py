@@ -13,6 +13,10 @@ every `persist_interval` by the server's timer and at shutdown):
     inflight  {queue offset: [visible-again-at ms, attempts so far]}
 A crash loses at most the last interval of state; that can only hand a message out again
 (at-least-once), never lose one: `next` and acks are re-applied from the previous snapshot.
+On a store group member (`eager`, set by store/node/ha_member.py) every change is written at once,
+in the call that made it (a pop, an ack, a change of invisible time), so the write is shipped to
+the replicas and the call answers once they have it (docs/ha.md): an acknowledged message is not
+popped again by the next primary.
 After a recovery that cut the log (store/recovery.py), a state whose `next` lies beyond its
 queue's end at the cut is brought back to it (its in-flight offsets at/after the end dropped: they
 would name the new messages appended there), as are the group offsets, when the manager is made.
@@ -43,6 +47,8 @@ class PopManager:
         self.meta = meta
         self._states: dict[tuple[str, str, int], dict] = {}
         self._dirty: set[tuple[str, str, int]] = set()
+        # write each change in the call that made it, not at the next persist (a group member)
+        self.eager = False
         self._check_after_recovery()
 
     def _check_after_recovery(self) -> None:
@@ -144,7 +150,7 @@ class PopManager:
             if fresh:
                 st["next"] = fresh[-1].queue_offset + 1
         if out or dead:
-            self._dirty.add((group, topic, qid))
+            self._changed((group, topic, qid))
         return out, attempts, dead
 
     def ack(self, group: str, topic: str, qid: int, offsets) -> int:
@@ -155,7 +161,7 @@ class PopManager:
             if inflight.pop(int(o), None) is not None:
                 n += 1
         if n:
-            self._dirty.add((group, topic, qid))
+            self._changed((group, topic, qid))
         return n
 
     def change_invisible_time(self, group: str, topic: str, qid: int, offset: int, invisible_ms: int) -> bool:
@@ -164,7 +170,7 @@ class PopManager:
         if e is None:
             return False
         e[0] = _now_ms() + invisible_ms
-        self._dirty.add((group, topic, qid))
+        self._changed((group, topic, qid))
         return True
 
     def info(self, group: str, topic: str, qid: int) -> dict:
@@ -172,9 +178,19 @@ class PopManager:
         _lo, hi = self.store.consume_queue_offsets(topic, qid)
         return {"next": st["next"], "inflight": len(st["inflight"]), "backlog": max(0, hi - st["next"])}
 
+    def _changed(self, k: tuple[str, str, int]) -> None:
+        if self.eager:
+            self._dirty.discard(k)
+            self._write(k)
+        else:
+            self._dirty.add(k)
+
+    def _write(self, k: tuple[str, str, int]) -> None:
+        st = self._states[k]
+        self.meta.put_json(self._key(k), {"next": st["next"],
+                                          "inflight": {str(o): v for o, v in st["inflight"].items()}})
+
     def persist(self) -> None:
         for k in list(self._dirty):
-            st = self._states[k]
-            self.meta.put_json(self._key(k), {"next": st["next"],
-                                              "inflight": {str(o): v for o, v in st["inflight"].items()}})
+            self._write(k)
         self._dirty.clear()

@@ -66,6 +66,7 @@ def attach(cfg, store, srv, lq, on_restart, gws=None):
     member.run_consistent = lambda fn: _on_loop(srv, fn)
     member.attach_server(srv)
     _wait_for_replicas(member, srv)
+    _pop_waited(member, srv)
     if gws is not None:
         _primary_only(member, srv, gws)
     member.on_promoted.append(lambda: _promoted(srv, lq, gws))
@@ -156,6 +157,27 @@ GW_WRITES = ("gw_put_session", "gw_delete_session", "gw_set_offsets", "gw_delete
 
 def _wait_for_replicas(member, srv) -> None:
     for name in GW_WRITES:
+        fn = srv.calls.get(name)
+        if fn is not None:
+            srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
+
+
+# the POP calls that change the POP state: answered once the in-sync replicas applied the change
+POP_WRITES = ("pop", "ack", "change_invisible_time")
+
+
+def _pop_waited(member, srv) -> None:
+    """POP on a group member (store/pop.py): each pop, ack and change of invisible time writes the
+    queue's POP state in the call (`PopManager.eager`, instead of at the next 0.1 s persist), so
+    the change is shipped then, and the call answers once the in-sync replicas applied it, as a
+    group offset commit does: an acknowledged message is not popped again after a failover, a
+    popped one stays invisible there for its invisible time. A pop that changes nothing (an empty
+    queue) answers at once."""
+    pop = getattr(srv, "pop", None)
+    if pop is None:
+        return
+    pop.eager = True
+    for name in POP_WRITES:
         fn = srv.calls.get(name)
         if fn is not None:
             srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
