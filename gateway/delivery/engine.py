@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.delivery.backlog_runs import BacklogRuns
 from lmqtt.gateway.delivery.recent import RecentMessages
-from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.model.record_props import MetaCache
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
 from lmqtt.store.errors import StoreError
 from lmqtt.gateway.model.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
@@ -87,10 +87,8 @@ class DeliveryEngine:
         self._scheduled = False
         self._outbound: dict[int, OutboundMessage] = {}               # phys offset -> OutboundMessage, per run
         self._budget = self.run_budget      # messages this run may still read at backlog_batch
-        # props bytes -> decoded RecordMeta: a publisher's messages usually carry identical props
-        # (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never
-        # mutated after decoding); bounded, cleared when full.
-        self._metas: dict[bytes, object] = {}
+        # props bytes -> decoded RecordMeta, each distinct value decoded once (record_props.MetaCache)
+        self._metas = MetaCache()
         # a single reader's backlog encoded straight into PUBLISH runs (gateway/delivery/backlog_runs.py)
         self._runs = BacklogRuns(cfg, metrics, metas=self._metas, meta_of=self._meta_of,
                                  outbound=self._outbound_message,
@@ -275,13 +273,7 @@ class DeliveryEngine:
 
     def _meta_of(self, props: bytes):
         """The RecordMeta (QoS, retain, publisher, MQTT 5 properties) of a record's props bytes."""
-        rec = self._metas.get(props)
-        if rec is None:
-            rec = safe_decode(props)
-            if len(self._metas) >= 4096:
-                self._metas.clear()
-            self._metas[props] = rec
-        return rec
+        return self._metas[props]
 
     def _outbound_message(self, m) -> OutboundMessage:
         """The OutboundMessage of pulled record `m`, one per record and queue offset in a run."""

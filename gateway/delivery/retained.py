@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from lmqtt.gateway.mqtt import encode_publish_run
 from lmqtt.gateway.storage.facades import log_failure
-from lmqtt.gateway.model.record_props import RETAINED_DEADLINE as _DEADLINE, safe_decode, split_retained
+from lmqtt.gateway.model.record_props import MetaCache, RETAINED_DEADLINE as _DEADLINE, split_retained
 from lmqtt.gateway.model.session import (RUN_FLUSH_FIRST, RUN_FLUSH_MAX, ClientSubscription, HeldInFlight, OutboundMessage,
                                    Session)
 
@@ -197,20 +197,9 @@ def _write_run(s: Session, run: list, now: bool = False) -> None:
     run.clear()
 
 
-# props bytes -> decoded RecordMeta: retained messages from one publisher carry identical props
-# (QoS, retain, client id), so each distinct value is decoded once (RecordMeta is never mutated
-# after decoding, as in the delivery engine's cache); bounded, cleared when full.
-_METAS: dict[bytes, object] = {}
-
-
-def _meta_of(props: bytes):
-    rec = _METAS.get(props)
-    if rec is None:
-        rec = safe_decode(props)
-        if len(_METAS) >= 4096:
-            _METAS.clear()
-        _METAS[props] = rec
-    return rec
+# props bytes -> decoded RecordMeta: retained messages from one publisher carry identical props,
+# each distinct value decoded once (record_props.MetaCache)
+_meta_of = MetaCache().__getitem__
 
 
 def drain_retained(s: Session) -> None:

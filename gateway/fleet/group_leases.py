@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.model.record_props import MetaCache
 from lmqtt.gateway.model.session import OutboundMessage
 from lmqtt.gateway.model.shared_groups import SharedGroup
 
@@ -141,7 +141,7 @@ class FleetGroups:
         self._handle = None
         self._dirty: set[SharedGroup] = set()
         self._flush_scheduled = False
-        self._metas: dict[bytes, object] = {}
+        self._metas = MetaCache()
         self.used = False
         # counters (/metrics)
         self.pops = 0              # gw_group_pop requests sent
@@ -173,13 +173,7 @@ class FleetGroups:
         self._send(g, f, leave=True)
 
     def outbound(self, m) -> OutboundMessage:
-        props = m.props
-        rec = self._metas.get(props)
-        if rec is None:
-            rec = safe_decode(props)
-            if len(self._metas) >= 4096:
-                self._metas.clear()
-            self._metas[props] = rec
+        rec = self._metas[m.props]
         return OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset, m.dispatch_queues, m.store_ts)
 
     # ------------------------------------------------------------------ acks, hand-backs

@@ -98,3 +98,19 @@ def safe_decode(data: bytes) -> RecordMeta:
     except (RecordPropsError, struct.error, UnicodeDecodeError, IndexError):
         return RecordMeta()
 
+
+class MetaCache(dict):
+    """props bytes -> decoded RecordMeta (`safe_decode`): a publisher's records usually carry
+    identical props (QoS, retain, client id), so each distinct value is decoded once (a RecordMeta
+    is never mutated after decoding). `cache[props]` decodes on a miss; `cache.get(props)` is the
+    plain lookup for loops that inline the hit. Bounded: cleared when it holds 4,096 values."""
+
+    __slots__ = ()
+
+    def __missing__(self, props: bytes) -> RecordMeta:
+        rec = safe_decode(props)
+        if len(self) >= 4096:
+            self.clear()
+        self[props] = rec
+        return rec
+
