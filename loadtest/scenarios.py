@@ -120,7 +120,9 @@ def defaults_for(scenario: str) -> dict:
         "fanin": {"publishers": 1000, "subscribers": 1, "qos": 1, "coalesce_ms": 10.0},
         "pairs": {"publishers": 100, "subscribers": 100, "qos": 1},
         "latency": {"publishers": 50, "subscribers": 50, "qos": 1, "rate": 5000.0},
-        "conn": {"connections": 10000},
+        # held idle 6 s before memory is sampled: past `park_idle_after_s` (2 s) and its next check,
+        # so the figure is that of idle connections (gateway/net/parking.py), not of fresh ones
+        "conn": {"connections": 10000, "hold": 6.0},
         "retained": {"topics": 1000, "qos": 1},
         "persistent": {"backlog": 10000, "qos": 1},
         "replay": {"backlog": 100000, "qos": 0},
