@@ -54,7 +54,7 @@ import time
 
 from lmqtt.gateway.mqtt import encode, packets as P
 
-from .drain import DrainWatch
+from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 from .histogram import Histogram
 from .mqtt_client import Client, MqttError, PidAllocator, Sink, StampedPublisher
 from .scenarios import ClientSpec, ScenarioConfig
@@ -442,7 +442,6 @@ class PacedWorker:
                 tr.close()
 
     def run(self) -> None:
-        from .traffic_worker import _cpu_split
         self._pipe_fd = self.conn.fileno()
         self._send("hello", os.getpid())
         msg = self.conn.recv()
@@ -470,27 +469,17 @@ class PacedWorker:
             gc.collect()
             gc.freeze()  # the connections and plans are long-lived: keep them out of every GC pass
             reads0 = sum(c.reads for c in self.clients)
-            cpu0 = _cpu_split()
+            cpu0 = cpu_split()
             self._publish(t_go, t_end)
-            sent = {p.sp.pub_id: p.seq for p in self.pubs}
-            unacked = sum(len(p.client.inflight) for p in self.pubs)
-            behind = sum(p.behind for p in self.pubs)
-            self._send("published", {"sent": sent, "unacked": unacked, "behind_schedule": behind})
+            self._send("published", published_report(self.pubs))
             msg = self._wait_for("drain")
             if msg[0] == "stop":
                 return
             self._drain(msg[1])
             self._flush_sink()
-            cpu1 = _cpu_split()
-            self._send("result", {
-                "per_pub": self.tracker.to_dict(), "hist": self.hist.to_dict(),
-                "last_recv_ns": self.sink.last_ns, "cpu_s": (cpu1[0] - cpu0[0]) + (cpu1[1] - cpu0[1]),
-                "cpu_sys_s": cpu1[1] - cpu0[1],
-                "reads": sum(c.reads for c in self.clients) - reads0, "writes": self.writes,
-                "errors": self.errors + [c.error for c in self.clients if c.error][:5],
-                "disconnected": sum(1 for c in self.clients if c.transport.closing),
-                "rx_kernel_stamps": self.kernel_stamps,  # reads timed by the kernel
-            })
+            result = result_report(self, cpu0, reads0, sum(1 for c in self.clients if c.transport.closing))
+            result["rx_kernel_stamps"] = self.kernel_stamps  # reads timed by the kernel
+            self._send("result", result)
             self._wait_for("stop")
         finally:
             self._close()

@@ -17,21 +17,14 @@ import asyncio
 import contextlib
 import gc
 import os
-import resource
 import sys
 import time
 
 from .brokers import raise_nofile
-from .drain import DrainWatch
+from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 from .histogram import Histogram
 from .scenarios import ClientSpec, ScenarioConfig
 from .stamp import Tracker
-
-
-def _cpu_split() -> tuple[float, float]:
-    """(user, system) CPU seconds of this process: system time is mostly socket syscalls."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime, ru.ru_stime
 
 
 def _install_uvloop() -> bool:
@@ -143,7 +136,7 @@ class Worker:
         if not self.cfg.rate:  # flat out: fewer gen-0 passes over the per-read tuples; at a
             gc.set_threshold(50_000, 20, 100)  # fixed rate keep them small (latency is measured)
         reads0 = sum(c.reads for c in self.clients)
-        cpu0 = _cpu_split()
+        cpu0 = cpu_split()
         pump = asyncio.ensure_future(self._pump_sink())
         nap = self.cfg.resolved_coalesce()
         self.done = False
@@ -151,10 +144,7 @@ class Worker:
             self._start_coalescing(nap)
         await self._sleep_until(t_go)
         await self._publish(t_go, t_end)
-        sent = {p.sp.pub_id: p.seq for p in self.pubs}
-        unacked = sum(len(p.client.inflight) for p in self.pubs)
-        behind = sum(p.behind for p in self.pubs)
-        self._send("published", {"sent": sent, "unacked": unacked, "behind_schedule": behind})
+        self._send("published", published_report(self.pubs))
         msg = await self._recv("drain")
         if msg[0] == "stop":
             pump.cancel()
@@ -165,15 +155,8 @@ class Worker:
         self.done = True
         pump.cancel()
         self._flush_sink()
-        cpu1 = _cpu_split()
-        self._send("result", {
-            "per_pub": self.tracker.to_dict(), "hist": self.hist.to_dict(),
-            "last_recv_ns": self.sink.last_ns, "cpu_s": (cpu1[0] - cpu0[0]) + (cpu1[1] - cpu0[1]),
-            "cpu_sys_s": cpu1[1] - cpu0[1],
-            "reads": sum(c.reads for c in self.clients) - reads0, "writes": self.writes,
-            "errors": self.errors + [c.error for c in self.clients if c.error][:5],
-            "disconnected": sum(1 for c in self.clients if c.closed.done()),
-        })
+        self._send("result", result_report(self, cpu0, reads0,
+                                           sum(1 for c in self.clients if c.closed.done())))
         await self._recv("stop")
         await self._close()
 

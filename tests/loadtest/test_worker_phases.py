@@ -1,7 +1,7 @@
-"""The drain phase's stop rule (loadtest/drain.py), shared by the asyncio and the paced worker."""
+"""The drain phase's stop rule (loadtest/worker_phases.py), shared by the asyncio and the paced worker."""
 from __future__ import annotations
 
-from lmqtt.loadtest.drain import DrainWatch
+from lmqtt.loadtest.worker_phases import DrainWatch
 from lmqtt.loadtest.scenarios import ScenarioConfig
 from lmqtt.loadtest.stamp import Tracker
 
