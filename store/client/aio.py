@@ -20,7 +20,7 @@ from typing import Callable
 from .. import protocol as W
 import time
 
-from .connection import (_NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
+from .connection import (GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
                          next_member, parse_addresses, parse_hello_ok, primary_named, probe_primary)
 from .loop_connection import LoopConnection
 
@@ -139,7 +139,7 @@ class AsyncConnection:
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among the store group's members within "
                                              f"{self.failover_timeout:g} s (last: {last})")
-                    await asyncio.sleep(min(delay, 0.25))
+                    await asyncio.sleep(min(delay, GROUP_RETRY_S))
                 elif attempt >= max(1, self.reconnect_attempts):
                     raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
                 else:
@@ -251,11 +251,11 @@ class AsyncConnection:
                 if not is_not_primary(e) or time.monotonic() >= deadline:
                     raise
                 self._not_primary(e)
-                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25))
+                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), GROUP_RETRY_S))
             except ConnectionLost:
                 if (not multi and i + 1 >= tries) or (multi and (not retry or time.monotonic() >= deadline)):
                     raise
-                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25 if multi else self.backoff_max))
+                await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), GROUP_RETRY_S if multi else self.backoff_max))
             i += 1
 
     async def cmd(self, name: str, **args):

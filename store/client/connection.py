@@ -121,6 +121,11 @@ def newer_primary(info: dict, at: tuple[str, int], current: tuple[str, int], epo
     return target
 
 
+# how often a client of a store group retries while it looks for the primary: a failover's
+# last step is the client finding the new one, so this is part of every failover's length
+GROUP_RETRY_S = 0.1
+
+
 def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: str | None, timeout: float,
                   client_name: str, heard: list | None = None) -> tuple[str, int] | None:
     """Ask the other members of a store group (their HELLO_OK: role, primary, epoch) whether another
@@ -331,7 +336,7 @@ class Connection:
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among {self._members()} within "
                                              f"{self.failover_timeout:g} s (last: {last})")
-                    time.sleep(min(delay, 0.25))
+                    time.sleep(min(delay, GROUP_RETRY_S))
                     delay = min(delay * 2, self.backoff_max)
                     continue
                 if attempt >= self.reconnect_attempts:
@@ -490,12 +495,12 @@ class Connection:
                 if not is_not_primary(e) or time.monotonic() >= deadline:
                     raise
                 self.not_primary(e)
-                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), 0.25))
+                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), GROUP_RETRY_S))
             except ConnectionLost:
                 multi = len(self.addresses) > 1
                 if (not multi and i + 1 >= tries) or (multi and (not retry or time.monotonic() >= deadline)):
                     raise
-                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), self.backoff_max if not multi else 0.25))
+                time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), self.backoff_max if not multi else GROUP_RETRY_S))
             i += 1
 
     def cmd(self, name: str, **args):

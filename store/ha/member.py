@@ -134,6 +134,11 @@ class Member:
                            bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
         self._become_read_only("starting: the group state is not known yet")
         self.raft = SyncObj(self.raft_addr, others, conf=conf, consumers=[self.state])
+        self.state.term_now = lambda: self.raft.raftCurrentTerm
+        # when this member started to see the group's heartbeats applied (the controller duty needs
+        # `dead_after_s` of them before it may call anyone silent: a member just restarted that
+        # becomes Raft leader has not watched long enough to know)
+        self._watching_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-control", daemon=True)
         self._thread.start()
 
@@ -500,7 +505,7 @@ class Member:
                     if g is not None:
                         g.wake()
         try:
-            self.state.heartbeat(self.node, epoch, self.clog.wrote, callback=done)
+            self.state.heartbeat(self.node, epoch, self.clog.wrote, self.raft.raftCurrentTerm, callback=done)
         except Exception as e:  # noqa: BLE001 - no leader yet, queue full: the next one tries again
             log.debug("event=ha_heartbeat_not_sent error=%r", e)
 
@@ -510,10 +515,23 @@ class Member:
 
     def _control(self, now: float) -> None:
         """The Raft leader's controller duty: elect a primary when there is none or it went silent."""
+        if self._watching_since is None:
+            self._watching_since = now
         if not self._is_leader() or now < self._electing_until:
             return
         st = self.state
-        alive = {n for n, t in st.last_seen.items() if now - t < self.dead_after_s}
+        seen = dict(st.last_seen)
+        if now - self._watching_since < self.dead_after_s and st.primary is not None:
+            return      # restarted (or Raft just became ready) less than a timeout ago: not watched enough
+        # a member is silent when the others' heartbeats kept being applied for `dead_after_s` after
+        # its last one: measured against the newest heartbeat of anyone else, not the clock, so a
+        # Raft stall (no leader for a while, a disruptive restart) that holds everyone's heartbeats
+        # back makes no member look dead when Raft resumes
+        alive = set()
+        for n, t in seen.items():
+            ref = max([u for m, u in seen.items() if m != n] or [now])
+            if ref - t < self.dead_after_s:
+                alive.add(n)
         # this member runs: its own heartbeats may just not commit (no majority now), and an
         # election proposed then would commit when the majority returns and depose a live primary
         alive.add(self.node)
@@ -526,7 +544,11 @@ class Member:
         cands = [n for n in alive if n != p and (not st.in_sync or n in st.in_sync)]
         if not cands:
             return
-        best = max(cands, key=lambda n: (st.reports.get(n, (0, 0))[0], st.reports.get(n, (0, 0))[1], -n))
+        # the longest log (the fewest unacknowledged records cut from the others, and no cut of this
+        # member's tail: a cut restarts the process, and with it the group's Raft leader); on a tie
+        # not this Raft leader, so that losing the primary does not also cost a Raft election
+        best = max(cands, key=lambda n: (st.reports.get(n, (0, 0))[0], st.reports.get(n, (0, 0))[1],
+                                         n != self.node, -n))
         self._electing_until = now + 1.0
 
         def done(res, err, best=best):
@@ -615,6 +637,8 @@ class Member:
                 log.exception("event=ha_on_promoted_failed")
         store.refuse_appends = None
         self._update_server()
+        # the lease now rather than at the next heartbeat tick: acknowledgements wait for it
+        self._heartbeat(time.monotonic())
         log.info("event=ha_primary group=%s node=%d epoch=%d start=%d in_sync=%s ack_replicas=%d", self.group,
                  self.node, epoch, clog.wrote, sorted(self.state.in_sync), self.ack_replicas)
 

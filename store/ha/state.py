@@ -10,8 +10,15 @@ CommitLog bytes never go through Raft: the primary ships them itself (store/ha/r
 
 Liveness is what each member saw applied locally (`last_seen`, monotonic, not replicated): the Raft
 leader acts as the controller and elects a new primary when the primary's heartbeats stopped
-arriving for `dead_after` seconds; only a member of `in_sync` may become primary (`elect` refuses
-anyone else, on every member alike, because it runs as a replicated command).
+arriving for `dead_after` seconds while the other members' kept arriving (store/ha/member.py
+`_control`); only a member of `in_sync` may become primary (`elect` refuses anyone else, on every
+member alike, because it runs as a replicated command).
+
+A heartbeat carries the Raft term its sender knew. One applied in a later term is stale: a dead
+Raft leader's last heartbeats are committed by its successor, after the election, and stamping them
+"seen now" would make a primary killed together with the Raft leader look alive for a whole Raft
+election longer (failovers of 3.5-4 s instead of 2.5). Stale heartbeats update the report, not
+`last_seen`; so do the journal's heartbeats replayed at start.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ class GroupState(SyncObjConsumer):
         # snapshots every attribute that exists at that point)
         self.last_seen: dict[int, float] = {}
         self.listeners: list = []
+        self.term_now = None          # fn() -> this member's Raft term (Member sets it)
         super().__init__()
         self.epoch = 0
         self.primary: int | None = None
@@ -46,11 +54,14 @@ class GroupState(SyncObjConsumer):
 
     # ------------------------------------------------------------------ replicated commands
     @replicated
-    def heartbeat(self, node: int, epoch: int, offset: int):
-        """A member says it is alive, the epoch it knows and its CommitLog end. Returns the state
-        as applied: a primary that gets back another epoch or primary is deposed."""
+    def heartbeat(self, node: int, epoch: int, offset: int, term: int | None = None):
+        """A member says it is alive, the epoch it knows and its CommitLog end (and the Raft term
+        it knew when it sent this). Returns the state as applied: a primary that gets back another
+        epoch or primary is deposed."""
         self.reports[node] = (epoch, offset)
-        self.last_seen[node] = time.monotonic()
+        fn = self.term_now
+        if term is None or fn is None or term >= fn():
+            self.last_seen[node] = time.monotonic()
         return self.epoch, self.primary, tuple(sorted(self.in_sync))
 
     @replicated

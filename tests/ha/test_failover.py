@@ -92,7 +92,9 @@ def test_kill9_primary_under_autobatch_load_loses_and_duplicates_nothing(group):
     first.start()
     st = group.wait_status(first, lambda s: s["role"] == "replica" and s["log_end"] >= len(records) and
                            first.node in s["in_sync"], timeout=60)
-    assert st["primary"] == new.node
+    # (the primary is normally still `new`; on a loaded machine a slow member can cost one more
+    # election meanwhile, which loses nothing either: the next kill is of whoever is primary now)
+    new = group.wait_primary(in_sync=3, timeout=60)
     reader.close()
     # the caught-up member takes part in the next failover: kill the second primary as well
     p2 = conn.producer("p1b")
