@@ -1,0 +1,101 @@
+"""POP on a store group vs a single store (issue 27): one consumer's `pop(32)` + `ack` loop over
+`--messages` stored messages, first on a single `lmqtt store`, then on a group of 3 (where each
+pop and ack answers once the in-sync replicas have the POP state, docs/ha.md "POP on a group"),
+in the same run. One JSON object per shape on stdout: messages/s, p50/p99 of pop and ack.
+
+    python3 -m lmqtt.loadtest.ha_pop_bench --messages 20000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from lmqtt.loadtest.brokers import _free_ports
+from lmqtt.loadtest.ha_bench import _Group, _wait_port
+
+TOPIC = "popbench"
+
+
+def _ms(times: list[float], q: float) -> float:
+    """The q-quantile of `times` (nearest rank) in milliseconds."""
+    t = sorted(times)
+    return round(t[min(len(t) - 1, int(len(t) * q))] * 1000, 3) if t else 0.0
+
+
+def _loop(address: str, n: int, size: int, max_seconds: float) -> dict:
+    from lmqtt.store.client import connect
+    c = connect(address, timeout=60)
+    try:
+        p = c.producer()
+        for i in range(0, n, 100):
+            p.send_batch([(TOPIC, b"x" * size) for _ in range(min(100, n - i))])
+        pc = c.pop_consumer(TOPIC, "bench", invisible_ms=600_000)
+        pops: list[float] = []
+        acks: list[float] = []
+        got = 0
+        t0 = time.perf_counter()
+        while got < n and time.perf_counter() - t0 < max_seconds:
+            t1 = time.perf_counter()
+            recs = pc.pop(32)
+            t2 = time.perf_counter()
+            if not recs:
+                continue
+            pc.ack(recs)
+            acks.append(time.perf_counter() - t2)
+            pops.append(t2 - t1)
+            got += len(recs)
+        dt = time.perf_counter() - t0
+    finally:
+        c.close()
+    return {"messages": got, "msgs_per_s": round(got / dt), "pop_p50_ms": _ms(pops, 0.5),
+            "pop_p99_ms": _ms(pops, 0.99), "ack_p50_ms": _ms(acks, 0.5), "ack_p99_ms": _ms(acks, 0.99)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.ha_pop_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="bound of each loop (default 60)")
+    a = ap.parse_args(argv)
+    base = tempfile.mkdtemp(prefix="lmqtt-ha-pop-bench-")
+    out = lambda obj: print(json.dumps(obj), flush=True)      # noqa: E731
+    try:
+        d = os.path.join(base, "single")
+        os.makedirs(d)
+        port = _free_ports(1)
+        with open(os.path.join(base, "single.log"), "ab") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
+                                     "--data-dir", d, "--flush-mode", "sync", "--segment-mb", "64"],
+                                    stdout=f, stderr=subprocess.STDOUT)
+        try:
+            _wait_port(port)
+            single = _loop(f"127.0.0.1:{port}", a.messages, a.size, a.max_seconds)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        out({"case": "pop-ack", "shape": "single", **single})
+        gd = os.path.join(base, "group")
+        os.makedirs(gd)
+        g = _Group(gd, "sync", None, 2.5).start()
+        try:
+            g.primary(in_sync=3)
+            group = _loop(g.peers, a.messages, a.size, a.max_seconds)
+        finally:
+            g.stop()
+        out({"case": "pop-ack", "shape": "group of 3", **group,
+             "vs_single": round(group["msgs_per_s"] / max(1, single["msgs_per_s"]), 2)})
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
