@@ -117,11 +117,14 @@ def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]
                 continue
             soft, hard = p.rlimit(psutil.RLIMIT_NOFILE)
             free = max(0, soft - p.num_fds() - BROKER_RESERVED_FDS)
-        except Exception:  # noqa: BLE001 - exited meanwhile, or not ours to inspect
+        except Exception as e:  # noqa: BLE001 - exited meanwhile, or not ours to inspect
+            # kept, so a caller that finds no listener can say why (unknown, not zero)
+            seen.append({"pid": p.pid, "error": repr(e)})
             continue
         total += free
         seen.append({"pid": p.pid, "nofile_soft": soft, "nofile_hard": hard, "free": free})
-    return (total if seen else None), seen
+    listeners = [x for x in seen if "error" not in x]
+    return (total if listeners else None), (listeners or seen)
 
 
 def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:

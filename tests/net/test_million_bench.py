@@ -73,7 +73,8 @@ def test_million_asks_for_no_more_than_the_brokers_open_files_limit_allows_and_s
         time.sleep(0.5)
         cap, seen = broker_capacity(proc.pid, port)
     if cap is None:
-        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here: no bound to test")
+        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here "
+                    f"(what it saw: {seen or 'no process with that listener'}): no bound to test")
     r = run_million(_cfg(port, 5_000), proc.pid)
     assert r["connections_target"] < 700 and "open-files limit" in r["bound"], r
     # every connection asked for is held: none refused or dropped by a broker out of descriptors
