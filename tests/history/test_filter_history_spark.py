@@ -151,3 +151,23 @@ def test_a_range_is_split_into_partitions_of_equal_size(server):
     parts = LmqttReader({"store": server.store_address, "topic": "eqsplit", "recordsperpartition": "400"}).partitions()
     sizes = [p.end - p.start for p in parts if p.key == "eqsplit:0"]
     assert sum(sizes) == 1000 and len(sizes) == 3 and max(sizes) - min(sizes) <= 1, sizes
+
+
+def test_a_filter_range_gets_the_nearest_partition_count_not_one_more(server):
+    """A filter read sizes its partitions by the sampled share of matching entries; the count is the
+    nearest whole number, not the ceiling: 2,000 entries with 1 in 10 matching (and one more in the
+    sampled half: a share a hair above 1/10) at 50 rows a partition are 4 partitions of 500 entries,
+    not 5 of 400 (the filter-history bench: 5 partitions of 10M entries, 3 rounds on 2 cores).
+    Each matching row is still read once."""
+    from lmqtt.store.client import connect
+    from lmqtt.store.spark.source import LmqttReader, _read_partition
+    items = [(f"fround/d{i % 7}/{'temp' if i % 10 == 0 or i == 1501 else 'hum'}", f"v{i}".encode())
+             for i in range(2000)]
+    with connect(server.store_address) as c:
+        c.producer().send_batch(items)
+    opts = {"store": server.store_address, "filter": "fround/+/temp", "recordsperpartition": "50"}
+    parts = [p for p in LmqttReader(opts).partitions() if p.key == "fround:0"]
+    sizes = [p.end - p.start for p in parts]
+    assert len(sizes) == 4 and sum(sizes) == 2000 and max(sizes) - min(sizes) <= 1, sizes
+    got = [bytes(v).decode() for p in parts for b in _read_partition(opts, p) for v in b.column("payload").to_pylist()]
+    assert sorted(got) == sorted(b.decode() for t, b in items if t.endswith("/temp"))
