@@ -48,24 +48,30 @@ class LmqttServer:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 20.0) -> "LmqttServer":
-        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", self.host, "--port", str(self.port),
-               "--data-dir", self.data_dir, "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
-               "--store-port", str(self.store_port), *self.extra_args]
+        return self._spawn(["serve", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+                            "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
+                            "--store-port", str(self.store_port), *self.extra_args],
+                           (self.port, self.store_port), timeout)
+
+    def _spawn(self, args: list[str], ports: tuple[int, ...], timeout: float):
+        """Run `lmqtt <args>` (output appended to the log) and wait until each of `ports` accepts a
+        connection, in order; -> self. Exited first, or not listening within `timeout` seconds:
+        RuntimeError with the log's tail. (LmqttStore and LmqttGateway start through it too.)"""
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=ROOT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", *args], stdout=self._log,
+                                     stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"lmqtt serve exited with {self.proc.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"{self.command} exited with {self.proc.returncode}: {self.log_tail()}")
             try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    pass
-                with socket.create_connection((self.host, self.store_port), timeout=0.2):
-                    return self
+                for port in ports:
+                    with socket.create_connection((self.host, port), timeout=0.2):
+                        pass
+                return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"lmqtt serve did not listen within {timeout}s: {self.log_tail()}")
+        raise RuntimeError(f"{self.command} did not listen within {timeout}s: {self.log_tail()}")
 
     @property
     def store_address(self) -> str:
@@ -124,21 +130,10 @@ class LmqttStore:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> "LmqttStore":
-        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", self.host, "--port", str(self.port),
-               "--data-dir", self.data_dir, "--segment-mb", "16", *self.extra_args]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lmqtt store exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"lmqtt store did not listen within {timeout}s: {self.log_tail()}")
+        return self._spawn(["store", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+                            "--segment-mb", "16", *self.extra_args], (self.port,), timeout)
 
+    _spawn = LmqttServer._spawn
     stop = LmqttServer.stop
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail
@@ -421,24 +416,12 @@ class LmqttGateway:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 20.0) -> "LmqttGateway":
-        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", self.store_address_,
-               "--host", self.host, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-               "--gateway-id", f"test-{self.port}", *self.extra_args]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lmqtt gateway exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    pass
-                with socket.create_connection((self.host, self.metrics_port), timeout=0.2):
-                    return self          # the metrics/health port opens right after MQTT's
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"lmqtt gateway did not listen within {timeout}s: {self.log_tail()}")
+        # the metrics/health port opens right after MQTT's
+        return self._spawn(["gateway", "--store", self.store_address_, "--host", self.host, "--port", str(self.port),
+                            "--metrics-port", str(self.metrics_port), "--gateway-id", f"test-{self.port}",
+                            *self.extra_args], (self.port, self.metrics_port), timeout)
 
+    _spawn = LmqttServer._spawn
     stop = LmqttServer.stop
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail
