@@ -18,10 +18,14 @@
  *   .poll(max_events=256) -> [(owner, fd, data, eof)]   sockets handed back (no longer watched)
  *   .pings                    PINGRESPs answered so far
  *   len(parker), .close()
+ *   trim() -> bool            malloc_trim(0): give the heap's free pages back to the system (the
+ *                             transports of connections just parked were freed; without it the
+ *                             process keeps their pages)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <malloc.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -339,7 +343,19 @@ static PyTypeObject ParkerType = {
     .tp_as_sequence = &Parker_seq,
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_park", "parked idle MQTT sockets", -1, NULL};
+static PyObject *park_trim(PyObject *m, PyObject *unused) {
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = malloc_trim(0);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(r);
+}
+
+static PyMethodDef module_methods[] = {
+    {"trim", park_trim, METH_NOARGS, "malloc_trim(0): free heap pages back to the system"},
+    {NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_park", "parked idle MQTT sockets", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__park(void) {
     for (size_t i = 0; i < READ_BUF; i += 2) {

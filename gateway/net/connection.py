@@ -34,6 +34,7 @@ log = logging.getLogger("lmqtt.gateway.conn")
 
 NO_TOPICS: frozenset = frozenset()
 NO_ALIASES: dict = {}     # never written: the topic aliases of a connection that set none (see `resolve_topic_alias`)
+NO_OUT: tuple = ()        # the output list of a parked connection (a list is 56 bytes): `write` makes one
 # the loop transports of plain TCP sockets: the only ones parked (TLS and WebSocket keep their transport)
 PARKABLE_TRANSPORTS = frozenset({"TCPTransport", "_SelectorSocketTransport"})
 
@@ -601,7 +602,8 @@ class MQTTConnection(asyncio.Protocol):
             self.metrics.paused_sessions.dec()
         self.write_blocked = False
         self.closing = True
-        self._out.clear()
+        if self._out:
+            self._out.clear()
         sweep = getattr(self.handler, "sweep", None)
         if sweep is not None:
             sweep.forget(self)
@@ -611,7 +613,10 @@ class MQTTConnection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.closing:
             return
-        self._out.append(data)
+        out = self._out
+        if out is NO_OUT:
+            out = self._out = []
+        out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.writes.want_flush(self)
@@ -641,10 +646,11 @@ class MQTTConnection(asyncio.Protocol):
             if out and not self.closing and self._park.__class__ is int:
                 self.wake()           # something to send: back on the loop, sent when it is there
             return
-        self._wrote = True
         if not out or self.transport is None or self.transport.is_closing():
-            out.clear()
+            if out:
+                out.clear()
             return
+        self._wrote = True
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         self.metrics.bytes_out += len(data)
@@ -781,6 +787,8 @@ class MQTTConnection(asyncio.Protocol):
         t.close()
         self.transport = None
         self.decoder = None
+        self._out = NO_OUT
+        self.accepted_at = 0.0        # read only before CONNECT: the float goes too
         self._transport_paused = False
         self._park = fd
         parking.parked_total += 1
@@ -855,6 +863,8 @@ class MQTTConnection(asyncio.Protocol):
         d._connected = True
         d._update_table()
         self.decoder = d
+        if self._out is NO_OUT:
+            self._out = []
         if self.closing:              # closed while the transport was on its way: what was queued, then close
             self.flush(force=True)
             transport.close()
