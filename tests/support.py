@@ -48,15 +48,16 @@ class LmqttServer:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 20.0) -> "LmqttServer":
-        return self._spawn(["serve", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+        return self.spawn(["serve", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
                             "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
                             "--store-port", str(self.store_port), *self.extra_args],
                            (self.port, self.store_port), timeout)
 
-    def _spawn(self, args: list[str], ports: tuple[int, ...], timeout: float):
+    def spawn(self, args: list[str], ports: tuple[int, ...], timeout: float = 20.0):
         """Run `lmqtt <args>` (output appended to the log) and wait until each of `ports` accepts a
         connection, in order; -> self. Exited first, or not listening within `timeout` seconds:
-        RuntimeError with the log's tail. (LmqttStore and LmqttGateway start through it too.)"""
+        RuntimeError with the log's tail. (LmqttStore and LmqttGateway start through it too; a test
+        that wants other flags than start()'s, e.g. the default segment size, calls it itself.)"""
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=ROOT)
@@ -130,10 +131,10 @@ class LmqttStore:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> "LmqttStore":
-        return self._spawn(["store", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+        return self.spawn(["store", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
                             "--segment-mb", "16", *self.extra_args], (self.port,), timeout)
 
-    _spawn = LmqttServer._spawn
+    spawn = LmqttServer.spawn
     stop = LmqttServer.stop
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail
@@ -417,11 +418,11 @@ class LmqttGateway:
 
     def start(self, timeout: float = 20.0) -> "LmqttGateway":
         # the metrics/health port opens right after MQTT's
-        return self._spawn(["gateway", "--store", self.store_address_, "--host", self.host, "--port", str(self.port),
+        return self.spawn(["gateway", "--store", self.store_address_, "--host", self.host, "--port", str(self.port),
                             "--metrics-port", str(self.metrics_port), "--gateway-id", f"test-{self.port}",
                             *self.extra_args], (self.port, self.metrics_port), timeout)
 
-    _spawn = LmqttServer._spawn
+    spawn = LmqttServer.spawn
     stop = LmqttServer.stop
     kill9 = LmqttServer.kill9
     log_tail = LmqttServer.log_tail

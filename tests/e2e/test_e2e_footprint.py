@@ -5,13 +5,10 @@ broker's `$SYS` updates do not add a ConsumeQueue of their own."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 
 from lmqtt.store.client import connect
-from tests.support import ROOT, LmqttServer, LmqttStore, Paho
+from tests.support import LmqttServer, LmqttStore, Paho
 
 BOUND = 48 << 20
 
@@ -25,30 +22,12 @@ def disk_usage(path: str) -> int:
     return total
 
 
-def _start(srv, cmd: list[str], ports: list[int], timeout: float = 20.0):
-    """Start `cmd` as `srv`'s process (the test servers' own start() pins a small segment size,
-    this one keeps the command's default) and wait until every port in `ports` accepts."""
-    srv._log = open(srv.log_path, "ab")
-    srv.proc = subprocess.Popen(cmd, stdout=srv._log, stderr=subprocess.STDOUT, cwd=ROOT)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if srv.proc.poll() is not None:
-            raise RuntimeError(f"{cmd[3]} exited with {srv.proc.returncode}: {srv.log_tail()}")
-        try:
-            for p in ports:
-                socket.create_connection((srv.host, p), timeout=0.2).close()
-            return srv
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{cmd[3]} did not listen within {timeout}s: {srv.log_tail()}")
-
-
 def test_fresh_lmqtt_serve_data_dir_after_ten_messages_is_tens_of_mb(tmp_path):
     srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "serve.log"))
-    _start(srv, [sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--host", srv.host, "--port", str(srv.port),
-                 "--data-dir", srv.data_dir, "--metrics-port", "0",
-                 "--store-port", str(srv.store_port),
-                 "--sys-interval", "0.2"], [srv.port, srv.store_port])
+    # spawn, not start(): start() pins a small segment size, this keeps the command's default
+    srv.spawn(["serve", "--host", srv.host, "--port", str(srv.port), "--data-dir", srv.data_dir,
+               "--metrics-port", "0", "--store-port", str(srv.store_port), "--sys-interval", "0.2"],
+              (srv.port, srv.store_port))
     try:
         pub = Paho(srv, client_id="pub", version=5)
         for i in range(10):
@@ -63,8 +42,7 @@ def test_fresh_lmqtt_serve_data_dir_after_ten_messages_is_tens_of_mb(tmp_path):
 
 def test_fresh_lmqtt_store_data_dir_after_ten_messages_is_tens_of_mb(tmp_path):
     srv = LmqttStore(str(tmp_path / "data"), log_path=str(tmp_path / "store.log"))
-    _start(srv, [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", srv.host, "--port", str(srv.port),
-                 "--data-dir", srv.data_dir], [srv.port])
+    srv.spawn(["store", "--host", srv.host, "--port", str(srv.port), "--data-dir", srv.data_dir], (srv.port,))
     c = connect(srv.address)
     try:
         producer = c.producer()
