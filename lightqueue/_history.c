@@ -32,6 +32,11 @@
 
 #include "../store/_layout.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_CLMUL 1
+#include <immintrin.h>
+#endif
+
 #define ENTRY_SIZE 20
 static int configured = 0;
 static const uint32_t MSG_MAGIC = 0xDAA320A7u;
@@ -61,6 +66,151 @@ static int match(const char *f, Py_ssize_t fl, const char *t, Py_ssize_t tl) {
         i = fe + 1;
         j = te < tl ? te + 1 : tl + 1;
     }
+}
+
+/* CRC-32 (zlib's) of the matching records: carry-less multiplication folding (PCLMULQDQ, Intel's
+ * "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", the constants and steps of
+ * Chromium's zlib crc32_simd.c) over the 16-byte blocks of a buffer of 64 bytes or more, zlib for
+ * the rest and on CPUs without it. zlib 1.2.13's table CRC was a quarter of the store's CPU in a
+ * filter-history read (1M matching records of 200 B among 10M, perf). `crc32(data)` exposes it so
+ * that tests compare it with zlib.crc32. */
+#ifdef HAVE_CLMUL
+static int clmul_ok = -1;
+
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc32_clmul(const unsigned char *buf, size_t len, uint32_t crc) {
+    /* len >= 64, a multiple of 16; crc: the inverted running value (~crc) */
+    static const uint64_t k1k2[2] __attribute__((aligned(16))) = {0x0154442bd4ULL, 0x01c6e41596ULL};
+    static const uint64_t k3k4[2] __attribute__((aligned(16))) = {0x01751997d0ULL, 0x00ccaa009eULL};
+    static const uint64_t k5k0[2] __attribute__((aligned(16))) = {0x0163cd6124ULL, 0x0000000000ULL};
+    static const uint64_t poly[2] __attribute__((aligned(16))) = {0x01db710641ULL, 0x01f7011641ULL};
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    x0 = _mm_load_si128((const __m128i *)k1k2);
+    buf += 64;
+    len -= 64;
+    while (len >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+        buf += 64;
+        len -= 64;
+    }
+    x0 = _mm_load_si128((const __m128i *)k3k4);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (len >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    /* 128 -> 64 bits */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = _mm_loadl_epi64((const __m128i *)k5k0);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits */
+    x0 = _mm_load_si128((const __m128i *)poly);
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+static uint32_t crc32_fast(const unsigned char *buf, size_t len) {
+    uint32_t crc = 0;
+#ifdef HAVE_CLMUL
+    if (clmul_ok < 0) {
+        __builtin_cpu_init();
+        clmul_ok = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    }
+    if (clmul_ok && len >= 64) {
+        size_t chunk = len & ~(size_t)15;
+        crc = ~crc32_clmul(buf, chunk, ~crc);
+        buf += chunk;
+        len -= chunk;
+        if (len == 0) return crc;
+    }
+#endif
+    return (uint32_t)crc32(crc, buf, (uInt)len);
+}
+
+static PyObject *py_crc32(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    uint32_t c = crc32_fast((const unsigned char *)b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* The match of each distinct topic, once per scan call: a small open-addressed table keyed by the
+ * entry's tag code (the CRC-32 of the topic the store puts in every ConsumeQueue entry), holding the
+ * topic's bytes and its result. An entry is answered from it only when its record's topic is
+ * byte-for-byte the cached one (a tag is a hash, never trusted alone), so the answer is always
+ * match()'s; a topic longer than MC_TOPIC, or a full probe window, is simply matched. A filter read
+ * of 10M entries of ~1,000 distinct topics: 10M memcmp instead of 10M level-by-level matches. */
+#define MC_SLOTS 1024
+#define MC_PROBE 8
+#define MC_TOPIC 64
+typedef struct {
+    uint64_t tag;
+    uint16_t len;
+    int8_t used, result;
+    char topic[MC_TOPIC];
+} mc_slot;
+
+static int match_cached(mc_slot *mc, uint64_t tag, const char *f, Py_ssize_t fl, const char *t, Py_ssize_t tl) {
+    if (mc == NULL || tl > MC_TOPIC) return match(f, fl, t, tl);
+    size_t h = (size_t)(tag ^ (tag >> 17)) & (MC_SLOTS - 1);
+    for (int p = 0; p < MC_PROBE; p++) {
+        mc_slot *s = &mc[(h + (size_t)p) & (MC_SLOTS - 1)];
+        if (!s->used) {
+            int r = match(f, fl, t, tl);
+            s->used = 1;
+            s->tag = tag;
+            s->len = (uint16_t)tl;
+            s->result = (int8_t)r;
+            memcpy(s->topic, t, (size_t)tl);
+            return r;
+        }
+        if (s->tag == tag && s->len == tl && memcmp(s->topic, t, (size_t)tl) == 0) return s->result;
+    }
+    return match(f, fl, t, tl);
 }
 
 static PyObject *py_match(PyObject *self, PyObject *args) {
@@ -113,6 +263,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t n = piece.len / ENTRY_SIZE;
     Py_ssize_t i = 0;
     int failed = 0;
+    mc_slot *mc = n > 64 ? (mc_slot *)PyMem_Calloc(MC_SLOTS, sizeof(mc_slot)) : NULL;   /* NULL: no cache */
     for (; i < n; i++, e += ENTRY_SIZE) {
         uint64_t phys = le64(e);
         uint32_t size = le32(e + 8);
@@ -146,12 +297,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         long long sts = (long long)le64(r + F_STORE);
         if (sts < ts_lo || sts >= ts_hi) continue;
-        if (!match(flt, flt_len, (const char *)r + F_END, (Py_ssize_t)tl)) continue;
+        if (!match_cached(mc, le64(e + 12), flt, flt_len, (const char *)r + F_END, (Py_ssize_t)tl)) continue;
         if ((max_count > 0 && count >= max_count) || (max_bytes > 0 && count > 0 && bytes + size > max_bytes)) {
             status = 1;
             break;
         }
-        if ((uint32_t)crc32(0L, r + CRC_START, (uInt)(size - CRC_START)) != le32(r + F_CRC)) {
+        if (crc32_fast(r + CRC_START, (size_t)(size - CRC_START)) != le32(r + F_CRC)) {
             bad++;
             continue;
         }
@@ -162,6 +313,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     if (seg_i >= 0) PyBuffer_Release(&seg);
     PyBuffer_Release(&piece);
+    PyMem_Free(mc);
     if (failed) return NULL;
     return Py_BuildValue("(LLLi)", count, first_qoff + (long long)i, bad, status);
 }
@@ -202,6 +354,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "configure(layout): entry and record layouts, checked (module doc)"},
     {"match", py_match, METH_VARARGS, "match(filter, topic) -> bool (MQTT rules, lightqueue/topics.py)"},
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data) -> int: zlib.crc32(data), folded with PCLMULQDQ where the CPU has it"},
     {"scan", scan, METH_VARARGS, "ConsumeQueue entries -> the matching records as stored (module doc)"},
     {NULL, NULL, 0, NULL},
 };

@@ -88,6 +88,51 @@ def test_c_scan_equals_the_reference(store, flt):
                 assert res[0] == res[1], (flt, args)
 
 
+@needs_c
+def test_c_scan_tells_apart_topics_with_the_same_tag(tmp_path):
+    """The C scan caches each distinct topic's match by the entries' tag code (the topic's CRC-32):
+    two topics with the same CRC-32, one matching `p/+/t` and one not (found by a birthday search),
+    interleaved over many entries, give exactly the reference's records (a cache trusting the tag
+    alone would keep the `/h` ones or drop the `/t` ones after the first of the other)."""
+    import zlib
+    a, b = "p/ofyuw5he/t", "p/k4g0jn20/h"
+    assert zlib.crc32(a.encode()) == zlib.crc32(b.encode())
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=1 << 16, max_message_size=1 << 12,
+                                  preallocate=False))
+    st.start()
+    try:
+        rnd = random.Random(11)
+        st.append_batch([Message(rnd.choice((a, b, "p/x/t")), b"v%d" % i) for i in range(3000)])
+        assert st.wait_dispatched(st.max_offset, 10)
+        segs, seg_size = H._segs(st)
+        cq = st.consume_queues.get("p", 0)
+        for first, piece in cq.pieces(0, cq.max_offset):
+            res = []
+            for fn in (H._C.scan, H.scan_py):
+                out, idx = bytearray(), bytearray()
+                r = fn(piece, first, segs, seg_size, b"p/+/t", -1, 0, H.TS_MAX, 0, H.TS_MAX, 0, 0, out, idx)
+                res.append((r, bytes(out), bytes(idx)))
+            assert res[0] == res[1]
+        got = H.read_range(st, "p/+/t", "p", 0, 0, 3000, 0, 0)[0]
+        assert got.count == sum(1 for m in st.read_consume_queue("p", 0, 0, 3000) if m.topic != b)
+    finally:
+        st.shutdown()
+
+
+@needs_c
+def test_c_crc32_is_zlibs():
+    """The scan checks each matching record's CRC-32 with carry-less multiplication where the CPU
+    has it (lightqueue/_history.c): the same value as zlib.crc32 for every length (below, at and
+    above the 64-byte threshold, not a multiple of 16) and alignment."""
+    import zlib
+    rnd = random.Random(13)
+    for n in list(range(0, 300)) + [rnd.randrange(300, 70000) for _ in range(100)]:
+        data = rnd.randbytes(n + 7)
+        for off in (0, 1, 5):
+            mv = memoryview(data)[off:off + n]
+            assert H._C.crc32(mv) == zlib.crc32(mv), (n, off)
+
+
 @pytest.mark.parametrize("flt", FILTERS)
 def test_read_from_is_every_matching_record_once_in_log_order(store, flt):
     """read_from, page by page from the log's start: exactly the records whose topic matches, in
