@@ -19,7 +19,8 @@ the event-loop thread, inside the append. A `call_soon_threadsafe` there costs a
 one more loop iteration, and the window would hold back every later tick's messages. Names raised on
 the loop thread are therefore kept for `drain()`, which the appender calls once its append returned
 (same loop callback: publish -> deliver with no extra iteration); a plain `call_soon` is the safety
-net should nobody drain. The tick is the coalescing unit there, so the window does not apply.
+net should nobody drain, skipped while an appender that drains itself says so (`drain_follows`).
+The tick is the coalescing unit there, so the window does not apply.
 
 The bus carries queue *names*, never payloads, so the cross-process Redis bus can share this shape.
 """
@@ -61,6 +62,10 @@ class InProcessBus:
             running = None
         self._loop_tid: int | None = threading.get_ident() if running is loop else None
         self._local_armed = False  # names raised on the loop thread wait for drain()
+        # set by an appender on the loop thread that calls drain() itself once its append returned
+        # (PublishPipeline.flush): the safety-net call_soon is then not needed. It was one loop
+        # callback per publish batch that found nothing to do (issue 29, CPU per message)
+        self.drain_follows = False
         # Counters readable by metrics without locking (ints are updated atomically under the GIL).
         self.events_in = 0        # publish() calls (one per dispatch batch)
         self.names_in = 0         # queue names received, before merging
@@ -106,7 +111,8 @@ class InProcessBus:
             self._local_armed = True
             if not self.first_pending_ts:
                 self.first_pending_ts = time.monotonic()
-        self._loop.call_soon(self.drain)
+        if not self.drain_follows:
+            self._loop.call_soon(self.drain)
 
     def drain(self) -> None:
         """On the loop: deliver names raised on the loop thread now (no window, no hop)."""

@@ -155,6 +155,10 @@ class PublishPipeline:
         # inline dispatch the new entries are already visible, so subscribers get them in this
         # same loop callback, before the PUBACKs are written
         self.after_append = after_append
+        # the object whose drain after_append is, when it can be told that a drain follows each
+        # append (notify.bus.InProcessBus.drain_follows: no safety-net loop callback per batch)
+        owner = getattr(after_append, "__self__", None)
+        self._drain_owner = owner if hasattr(owner, "drain_follows") else None
         # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
         # remote one fires on its own)
         try:
@@ -230,6 +234,19 @@ class PublishPipeline:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        owner = self._drain_owner
+        if owner is None:
+            self._flush(batch)
+            return
+        owner.drain_follows = True
+        try:
+            self._flush(batch)
+        finally:
+            if owner.drain_follows:   # _flush did not reach its drain (it raised): drain now
+                owner.drain_follows = False
+                self.after_append()
+
+    def _flush(self, batch: list) -> None:
         now_ms = int(time.time() * 1000)
         msgs = [Message(p.topic, p.payload, 0, 0, p.props, p.keys, now_ms, p.queues) for p in batch]
         store = self.store
@@ -291,6 +308,8 @@ class PublishPipeline:
             # entries of their queues, in order (DeliveryEngine.record_appended)
             self._record_appended(batch, now_ms)
         if self.after_append is not None:
+            if self._drain_owner is not None:
+                self._drain_owner.drain_follows = False
             self.after_append()
         if not ok_batch:
             return
