@@ -83,12 +83,19 @@ def _stored(server, topic_filter: str) -> Counter:
 
 
 def test_qos2_exchanges_of_connected_clients_survive_kill9_exactly_once(lmqtt_server):
-    sub = Receiver(lmqtt_server, "dev")
+    qos2_exchanges_survive_a_crash(lmqtt_server, lambda: lmqtt_server.restart(kill=True))
+
+
+def qos2_exchanges_survive_a_crash(server, crash) -> None:
+    """A subscriber's QoS 2 exchanges in every state and a publisher's stored one awaiting PUBREL,
+    `crash()` with both clients connected, both back: every message delivered and stored once,
+    nothing held. (test_e2e_qos2_remote_crash runs it on a gateway over a remote store.)"""
+    sub = Receiver(server, "dev")
     assert sub.connect() is False
     sub.c.send(P.Subscribe(1, [P.SubscriptionRequest("t/#", qos=2)]))
     assert isinstance(sub.c.recv(timeout=10.0), P.SubAck)
 
-    pub = RawMQTT(lmqtt_server)
+    pub = RawMQTT(server)
     assert isinstance(pub.connect("pub", clean=False), P.ConnAck)
     for i in range(4):                                   # m0..m3: stored, the whole exchange
         pub.send(P.Publish("t/a", b"m%d" % i, qos=2, packet_id=10 + i))
@@ -118,14 +125,14 @@ def test_qos2_exchanges_of_connected_clients_survive_kill9_exactly_once(lmqtt_se
     sub.c.send(P.PingReq())                              # the server has read all of the above
     assert isinstance(sub.c.recv(timeout=10.0), P.PingResp)
 
-    lmqtt_server.restart(kill=True)                      # both clients still connected
+    crash()                                              # both clients still connected
     assert sub.c.closed_by_server(timeout=10.0) and pub.closed_by_server(timeout=10.0)
     sub.c.close()
     pub.close()
 
     assert sub.connect() is True
     # the publisher did not see PUBREC for "in" (lost with the crash) and sends it again (DUP)
-    pub = RawMQTT(lmqtt_server)
+    pub = RawMQTT(server)
     assert pub.connect("pub", clean=False).session_present is True
     pub.send(P.Publish("t/a", b"in", qos=2, dup=True, packet_id=50))
     assert isinstance(pub.recv(timeout=10.0), P.PubRec)
@@ -138,9 +145,9 @@ def test_qos2_exchanges_of_connected_clients_survive_kill9_exactly_once(lmqtt_se
     sub.run_until_quiet()
 
     names = [b"m0", b"m1", b"m2", b"m3", b"in", b"after"]
-    assert dict(sub.delivered) == {n: 1 for n in names}
+    assert dict(sub.delivered) == {n: 1 for n in names}, server.log_tail()
     assert sub.held == set()
-    assert dict(_stored(lmqtt_server, "t/#")) == {n: 1 for n in names}
+    assert dict(_stored(server, "t/#")) == {n: 1 for n in names}
     sub.c.close()
     pub.close()
 
