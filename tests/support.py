@@ -641,6 +641,19 @@ def wait_metric(url: str, name: str, want: float, timeout: float = 15.0) -> floa
     return v
 
 
+def poll_n(consumer, n: int, timeout: float = 10.0) -> list:
+    """Records from an SDK consumer's `poll()` until `n` came or `timeout` seconds passed (then
+    fewer: the caller's assertion says what was missing)."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        recs = consumer.poll()
+        got += recs
+        if not recs:
+            time.sleep(0.05)
+    return got
+
+
 def stop_all(gateways, store) -> None:
     """Stop the gateway processes still running, then the store."""
     for g in gateways:

@@ -10,21 +10,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.store.client import connect
-from tests.support import Paho, both_kinds_fixtures
+from tests.support import Paho, both_kinds_fixtures, poll_n
 
 
 shared_server, lmqtt_server = both_kinds_fixtures()
-
-
-def _poll_n(cons, n, timeout=10.0):
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        got = cons.poll()
-        out += got
-        if not got:
-            time.sleep(0.05)
-    return out
 
 
 def test_sdk_send_reaches_mqtt_wildcard_subscriber_with_properties(lmqtt_server):
@@ -84,14 +73,14 @@ def test_mqtt_publish_consumed_by_sdk_filter_and_topic_consumers(lmqtt_server):
         pub.publish("plant/7/temp", b'{"t":1}', qos=1, properties=pp)
         pub.publish("plant/7/pressure", b"2bar", qos=0)
         pub.publish("plant/8/temp", b"x", qos=1, retain=True)
-        recs = _poll_n(fc, 2)
+        recs = poll_n(fc, 2)
         assert [(r.topic, r.body) for r in recs] == [("plant/7/temp", b'{"t":1}'), ("plant/8/temp", b"x")]
         m = recs[0].mqtt
         assert (m.qos, m.content_type, m.response_topic, m.correlation_data, m.user_properties) == \
             (1, "application/json", "plant/replies", b"corr", [("line", "3")])
         assert m.client_id == "pub-5"
         assert recs[1].mqtt.retain is True and recs[1].mqtt.qos == 1
-        assert [r.topic for r in _poll_n(allc, 3)] == ["plant/7/temp", "plant/7/pressure", "plant/8/temp"]
+        assert [r.topic for r in poll_n(allc, 3)] == ["plant/7/temp", "plant/7/pressure", "plant/8/temp"]
         # the same records by first-level topic over the ConsumeQueue
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and len(c.pull("plant", 0, 0).records) < 3:

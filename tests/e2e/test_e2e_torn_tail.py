@@ -19,7 +19,7 @@ import pytest
 
 from lmqtt.store.client import connect
 from lmqtt.store.record import PREFIX, decode
-from tests.support import LmqttServer, Paho
+from tests.support import LmqttServer, Paho, poll_n
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,17 +39,6 @@ def _wait(cond, what: str, timeout: float = 10.0):
             return v
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def _poll_n(consumer, n: int, timeout: float = 10.0) -> list:
-    got = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        recs = consumer.poll()
-        got += recs
-        if not recs:
-            time.sleep(0.05)
-    return got
 
 
 def _record_of(segment: str, topic: str, body: bytes) -> int:
@@ -84,7 +73,7 @@ def test_consumers_get_every_message_published_after_a_cut_log(tmp_path, damage)
         for i in range(1, 11):
             pub.publish("t/a", f"m-{i}".encode(), qos=1)
         assert [m.payload for m in sess.get_n(10)] == [f"m-{i}".encode() for i in range(1, 11)]
-        assert len(_poll_n(pc, 10)) == 10 and len(_poll_n(fc, 10)) == 10
+        assert len(poll_n(pc, 10)) == 10 and len(poll_n(fc, 10)) == 10
         pc.commit()
         fc.commit()
         sess.disconnect()
@@ -122,8 +111,8 @@ def test_consumers_get_every_message_published_after_a_cut_log(tmp_path, damage)
         assert sess.before_sentinel(pub, "t/a") == []                  # nothing more, nothing twice
         pc = conn.consumer("t", "cg")
         fc = conn.filter_consumer("t/#", group="fg")
-        assert [r.body for r in _poll_n(pc, n_new + 1)][:n_new] == new
-        assert [r.body for r in _poll_n(fc, n_new + 1)][:n_new] == new
+        assert [r.body for r in poll_n(pc, n_new + 1)][:n_new] == new
+        assert [r.body for r in poll_n(fc, n_new + 1)][:n_new] == new
         conn.close()
         sess.disconnect()
         pub.disconnect()
@@ -211,7 +200,7 @@ def test_store_node_reports_the_cut_on_its_metrics_and_resets_sdk_groups(tmp_pat
         for i in range(1, 11):
             prod.send("t/a", f"m-{i}".encode())
         pc = conn.consumer("t", "cg")
-        assert len(_poll_n(pc, 10)) == 10
+        assert len(poll_n(pc, 10)) == 10
         pc.commit()
         conn.close()
         assert node.stop() == 0
@@ -231,7 +220,7 @@ def test_store_node_reports_the_cut_on_its_metrics_and_resets_sdk_groups(tmp_pat
         new = [f"new-{i}".encode() for i in range(1, 8)]
         for body in new:
             prod.send("t/a", body)
-        assert [r.body for r in _poll_n(conn.consumer("t", "cg"), 7)] == new
+        assert [r.body for r in poll_n(conn.consumer("t", "cg"), 7)] == new
         conn.close()
     finally:
         node.stop()

@@ -13,7 +13,7 @@ import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client import ConnectionLost, StoreClientError, connect
-from tests.support import ROOT, LmqttStore, ensure_running, free_port
+from tests.support import ROOT, LmqttStore, ensure_running, free_port, poll_n
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +55,6 @@ def _pull_all(c, topic, qid=0, offset=0, want=None, timeout=10.0):
         if want is None and not r.records:
             break
         if not r.records:
-            time.sleep(0.05)
-    return out
-
-
-def _poll_n(cons, n, timeout=10.0):
-    out = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        got = cons.poll()
-        out += got
-        if not got:
             time.sleep(0.05)
     return out
 
@@ -142,11 +131,11 @@ def test_filter_consumer_sees_what_mqtt_subscriber_sees(lmqtt_store):
             p.send(t, t.encode())
         p.send("other/end", b"end")
         assert _wait(lambda: c.pull("other", 0, 0).records[-1:] and True)   # everything before is visible
-        got_plus = _poll_n(plus, 2)
+        got_plus = poll_n(plus, 2)
         assert sorted(r.topic for r in got_plus) == ["sensors/a/temp", "sensors/b/temp"]
-        assert sorted(r.topic for r in _poll_n(hashc, 4)) == ["sensors/a/hum", "sensors/a/temp", "sensors/b/c/temp",
+        assert sorted(r.topic for r in poll_n(hashc, 4)) == ["sensors/a/hum", "sensors/a/temp", "sensors/b/c/temp",
                                                          "sensors/b/temp"]
-        assert [r.topic for r in _poll_n(exact, 1)] == ["sensors/b/temp"]
+        assert [r.topic for r in poll_n(exact, 1)] == ["sensors/b/temp"]
         assert plus.poll() == []
         with pytest.raises(StoreClientError) as ei:
             c.filter_consumer("sensors/#/bad")
@@ -159,13 +148,13 @@ def test_group_offsets_survive_store_restart(tmp_path):
         c = connect(srv.address)
         c.producer().send_batch([("grp/a", b"%d" % i) for i in range(20)])
         cons = c.consumer("grp", "billing")
-        got = _poll_n(cons, 20)
+        got = poll_n(cons, 20)
         assert len(got) == 20
         cons.commit(12)
         fc = c.filter_consumer("grp/+", group="billing-f", start="earliest")
         c.producer().send("grp/b", b"after")
         # earliest: the filter's history (grp/a, stored before the filter was registered), then live
-        assert [r.body for r in _poll_n(fc, 21)] == [b"%d" % i for i in range(20)] + [b"after"]
+        assert [r.body for r in poll_n(fc, 21)] == [b"%d" % i for i in range(20)] + [b"after"]
         fc.commit()
         c.close()
         srv.restart()
