@@ -71,6 +71,11 @@ RECORDS_PER_FILE = 1 << 20                   # 48 MiB TimerLog files
 # (`reserve`), so a record written into a map never meets a full disk as SIGBUS
 RESERVE_BYTES = 64 << 10
 MAX_TICKS_PER_ROUND = 3600                   # a long outage catches up in checkpointed steps
+# A round that fired, dropped and rolled nothing changes only the checkpoint's tick; it is then
+# written (json + fsync) at most once per this many seconds of ticks instead of every tick. A
+# restart from an older tick re-scans those ticks, all empty of unfired records (issue 29: an fsync
+# a second on an idle wheel, beside the store's own flushes)
+IDLE_CHECKPOINT_S = 30
 
 
 class Timer(NamedTuple):
@@ -140,6 +145,7 @@ class TimerWheel:
         self._reserved = 0                         # TimerLog position blocks are allocated up to
         self._lock = threading.Lock()              # appends and slot updates (any thread)
         self._cp_path = os.path.join(directory, "fired.json")
+        self._cp_saved: tuple[int, dict] | None = None     # (tick, the rest) last written
         self._cp_early: tuple[int, list[int]] | None = None     # set by _load_checkpoint
         # drop_lost's rules, (TimerLog position, CommitLog end): a record below the position whose
         # parked record does not end below the end is dropped (set by _load_checkpoint)
@@ -331,9 +337,11 @@ class TimerWheel:
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{self._cp_path}: unreadable timer checkpoint ({e})") from e
 
-    def _save_checkpoint(self, early: bool = False) -> None:
+    def _save_checkpoint(self, early: bool = False, idle: bool = False) -> None:
         """`early` (at close): also the positions of the tick in progress released so far, so a
-        clean restart does not offer them again (after a crash the caller's recheck does that)."""
+        clean restart does not offer them again (after a crash the caller's recheck does that).
+        `idle`: the round fired, dropped and rolled nothing: skipped when only the tick moved, for
+        less than IDLE_CHECKPOINT_S of ticks since the last write."""
         tmp = self._cp_path + ".tmp"
         cp = {"tick": self._fired_tick, "pos": self._fired_pos, "precision_ms": self.precision}
         # a rule below the fired position is never needed again: recovery starts there
@@ -345,11 +353,17 @@ class TimerWheel:
         if early and self._early_tick == self._fired_tick + 1 and self._early_done:
             cp["early_tick"] = self._early_tick
             cp["early_done"] = sorted(self._early_done)
+        rest = {k: v for k, v in cp.items() if k != "tick"}
+        last = self._cp_saved
+        if idle and last is not None and last[1] == rest and \
+                0 <= self._fired_tick - last[0] < max(1, IDLE_CHECKPOINT_S * 1000 // self.precision):
+            return
         with open(tmp, "w") as f:
             json.dump(cp, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._cp_path)
+        self._cp_saved = (self._fired_tick, rest)
 
     def _recover(self) -> None:
         """Rebuild the wheel from the TimerLog, from the oldest record that can still be pending.
@@ -559,6 +573,8 @@ class TimerWheel:
             for tick in range(self._fired_tick + 1, last + 1):
                 self._recovered.pop(tick, None)
             self._fired_tick = last
+            # timers of a passed tick released early (inside it) are not in `due`: not an idle round
+            early_fired = self._early_tick <= last and bool(self._early_done)
             if self._early_tick <= last:
                 self._early_tick = -1
                 self._early_queue = []
@@ -571,7 +587,7 @@ class TimerWheel:
             while self._firsts and self._firsts[0][1] <= last:
                 heapq.heappop(self._firsts)
             self._fired_pos = self._firsts[0][0] if self._firsts else self._write_pos
-        self._save_checkpoint()
+        self._save_checkpoint(idle=not (due or dropped or rolled or early_fired))
         self.log.delete_before(self._fired_pos)
         n = len(due)
         if last == now_tick:                     # caught up: the tick in progress too
