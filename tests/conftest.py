@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import LmqttServer, LmqttStore, free_port
+from tests.support import LmqttServer, LmqttStore, free_port, running
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -25,18 +25,10 @@ def port() -> int:
 @pytest.fixture
 def lmqtt_server(tmp_path):
     """A running `lmqtt serve` (tmp data dir, free loopback port); SIGTERM at teardown."""
-    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "lmqtt-serve.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "lmqtt-serve.log")))
 
 
 @pytest.fixture
 def lmqtt_store(tmp_path):
     """A running `lmqtt store` (tmp data dir, free loopback port); SIGTERM at teardown."""
-    srv = LmqttStore(str(tmp_path / "store-data"), log_path=str(tmp_path / "lmqtt-store.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttStore(str(tmp_path / "store-data"), log_path=str(tmp_path / "lmqtt-store.log")))

@@ -504,17 +504,24 @@ def store_and_gateways(directory, n: int = 2):
 SERVER_KINDS = ("serve", "fleet")
 
 
-def serve_or_fleet(kind: str, tmp_path, extra_args: tuple[str, ...] = ()):
-    """Generator for a fixture parametrized over SERVER_KINDS: an embedded `lmqtt serve`
-    (the in-process storage facades) or `lmqtt store` + `lmqtt gateway` (the remote ones), started, stopped after."""
-    if kind == "serve":
-        srv = LmqttServer(str(tmp_path / "data"), extra_args, log_path=str(tmp_path / "lmqtt-serve.log")).start()
-    else:
-        srv = LmqttFleet(str(tmp_path / "store-data"), extra_args, log_dir=str(tmp_path)).start()
+def running(srv):
+    """Generator for a fixture: `srv` (an LmqttServer, LmqttStore, LmqttGateway or LmqttFleet not
+    started yet) started, yielded, stopped after: `yield from running(LmqttStore(...))`."""
+    srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+
+
+def serve_or_fleet(kind: str, tmp_path, extra_args: tuple[str, ...] = ()):
+    """Generator for a fixture parametrized over SERVER_KINDS: an embedded `lmqtt serve`
+    (the in-process storage facades) or `lmqtt store` + `lmqtt gateway` (the remote ones), started, stopped after."""
+    if kind == "serve":
+        srv = LmqttServer(str(tmp_path / "data"), extra_args, log_path=str(tmp_path / "lmqtt-serve.log"))
+    else:
+        srv = LmqttFleet(str(tmp_path / "store-data"), extra_args, log_dir=str(tmp_path))
+    yield from running(srv)
 
 
 def server_alive(srv) -> bool:

@@ -19,7 +19,7 @@ import pytest
 
 from lmqtt.gateway.storage.facades import Answer, Storage
 from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription, WillRecord
-from tests.support import LmqttStore
+from tests.support import LmqttStore, running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,11 +29,7 @@ _n = itertools.count()
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     d = tmp_path_factory.mktemp("contract-node")
-    srv = LmqttStore(str(d / "data"), log_path=str(d / "lmqtt-store.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttStore(str(d / "data"), log_path=str(d / "lmqtt-store.log")))
 
 
 class _Side:

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.support import LmqttServer, Paho, per_test
+from tests.support import LmqttServer, Paho, per_test, running
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -21,11 +21,7 @@ pytestmark = pytest.mark.timeout(90)
 def shared_server(tmp_path_factory):
     """One `lmqtt serve` for the module's tests (each uses its own client ids and topics)."""
     d = tmp_path_factory.mktemp("amqtt")
-    srv = LmqttServer(str(d / "data"), log_path=str(d / "lmqtt-serve.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttServer(str(d / "data"), log_path=str(d / "lmqtt-serve.log")))
 
 
 @pytest.fixture
@@ -38,11 +34,7 @@ def lmqtt_server(shared_server):
 def fresh_server(tmp_path):
     """A server of its own, for the test that subscribes to `#` (the shared one holds other tests'
     retained messages)."""
-    srv = LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "lmqtt-serve.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttServer(str(tmp_path / "data"), log_path=str(tmp_path / "lmqtt-serve.log")))
 
 
 def _url(srv) -> str:

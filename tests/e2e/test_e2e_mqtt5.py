@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from lmqtt.gateway.mqtt import packets as P
-from tests.support import ROOT, SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, serve_or_fleet
+from tests.support import ROOT, SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, running, serve_or_fleet
 
 TOPIC_ALIAS_MAX = 10
 RECEIVE_MAX = 20
@@ -40,13 +40,10 @@ def server(request, tmp_path_factory):
                     f'max_packet_size = {MAX_PACKET}\nmax_keepalive = {MAX_KEEPALIVE}\n'
                     f'response_information = "{RESPONSE_INFO}"\n')
     if request.param == "serve":
-        srv = LmqttServer(str(d / "data"), ("--config", str(conf)), log_path=str(d / "serve.log")).start()
+        srv = LmqttServer(str(d / "data"), ("--config", str(conf)), log_path=str(d / "serve.log"))
     else:
-        srv = LmqttFleet(str(d / "store-data"), ("--config", str(conf)), log_dir=str(d)).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+        srv = LmqttFleet(str(d / "store-data"), ("--config", str(conf)), log_dir=str(d))
+    yield from running(srv)
 
 
 def _pub_props(**kw) -> Properties:

@@ -12,18 +12,14 @@ import pytest
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
 from lmqtt.store.client.consumer import _pull_result
-from tests.support import LmqttStore, ensure_running
+from tests.support import LmqttStore, ensure_running, running
 
 
 @pytest.fixture(scope="module")
 def shared_store(tmp_path_factory):
     """One `lmqtt store` for the module: each test uses its own first-level topics (queues)."""
     d = tmp_path_factory.mktemp("sdk-batching")
-    srv = LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")))
 
 
 @pytest.fixture

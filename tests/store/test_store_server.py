@@ -13,7 +13,7 @@ import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client import ConnectionLost, StoreClientError, connect
-from tests.support import ROOT, LmqttStore, ensure_running, free_port, poll_n
+from tests.support import ROOT, LmqttStore, ensure_running, free_port, poll_n, running
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +21,7 @@ def shared_store(tmp_path_factory):
     """One `lmqtt store` for the tests that take `lmqtt_store` here: each uses its own first-level
     topics (queues) and groups; tests that restart or configure a store start their own."""
     d = tmp_path_factory.mktemp("store-server")
-    srv = LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from running(LmqttStore(str(d / "store-data"), log_path=str(d / "lmqtt-store.log")))
 
 
 @pytest.fixture
