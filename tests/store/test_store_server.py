@@ -433,16 +433,17 @@ def test_pop_state_survives_store_restart(tmp_path):
         c = connect(srv.address)
         c.producer().send_batch([("popr/x", b"%d" % i) for i in range(6)])
         _wait(lambda: len(c.pull("popr", 0, 0).records) == 6)
-        pc = c.pop_consumer("popr", "g", invisible_ms=2000)
+        # invisible long enough to outlast the restart on a loaded machine (2 s did not, once)
+        pc = c.pop_consumer("popr", "g", invisible_ms=8000)
         got = pc.pop(4)
         assert [r.body for r in got] == [b"0", b"1", b"2", b"3"]
         pc.ack(got[:2])
         c.close()
         srv.restart()                 # SIGTERM: state persisted at shutdown
         c = connect(srv.address)
-        pc = c.pop_consumer("popr", "g", invisible_ms=2000)
+        pc = c.pop_consumer("popr", "g", invisible_ms=8000)
         assert [r.body for r in pc.pop(10)] == [b"4", b"5"]       # 2, 3 still invisible; 0, 1 acked
-        back = _wait(lambda: pc.pop(10), timeout=10)
+        back = _wait(lambda: pc.pop(10), timeout=30)
         assert sorted(r.body for r in back) == [b"2", b"3"]
         c.close()
     finally:
