@@ -351,7 +351,48 @@ class SdkProducer(_SdkWorker):
         return {**super().stats(), "sent": self.seq, "retries": self.retries, "unacked": self.unacked_left}
 
 
-class SdkGroupConsumer(_SdkWorker):
+class _SdkReader(_SdkWorker):
+    """A reader over the SDK (``_open`` it on a connection, ``_read`` a batch, ``_settle`` it):
+    records each body as ``self.receiver``, settles a batch once recorded, idles 50 ms when there
+    was none. After an error it reconnects and opens its reader again (it resumes from what the
+    store kept: the committed offset, the un-acked messages)."""
+
+    receiver = ""
+    restarts = 0
+
+    def _open(self, conn):
+        raise NotImplementedError
+
+    def _read(self, reader) -> list:
+        raise NotImplementedError
+
+    def _settle(self, reader, recs: list) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        errors = sdk_errors()
+        reader = None
+        while self.running():
+            try:
+                if reader is None:
+                    self.conn = _sdk_connect(self.address)
+                    reader = self._open(self.conn)
+                recs = self._read(reader)
+                for r in recs:
+                    self.checker.received(self.receiver, r.body)
+                if recs:
+                    self._settle(reader, recs)
+                else:
+                    self.wait(0.05)
+            except errors as e:
+                self.note(e)
+                self.restarts += 1
+                self._drop()
+                reader = None
+                self.wait(0.2)
+
+
+class SdkGroupConsumer(_SdkReader):
     """A consumer-group member of `topic` (a first level: its ConsumeQueue 0): poll, record, commit.
     After an error it reconnects and resumes from the group's committed offset."""
 
@@ -359,39 +400,25 @@ class SdkGroupConsumer(_SdkWorker):
                  path: str = "sdk") -> None:
         super().__init__(name, deadline)
         self.address, self.topic, self.group = address, topic, group
-        self.checker = checker
+        self.checker, self.receiver = checker, name
         checker.receiver(name, path, 1)
         self.conn = None
         self.restarts = 0
 
-    def run(self) -> None:
-        errors = sdk_errors()
-        cons = None
-        while self.running():
-            try:
-                if cons is None:
-                    self.conn = _sdk_connect(self.address)
-                    cons = self.conn.consumer(self.topic, self.group, start="earliest", max_count=256,
-                                              prefetch=False)
-                recs = cons.poll()
-                for r in recs:
-                    self.checker.received(self.name, r.body)
-                if recs:
-                    cons.commit()
-                else:
-                    self.wait(0.05)
-            except errors as e:
-                self.note(e)
-                self.restarts += 1
-                self._drop()
-                cons = None
-                self.wait(0.2)
+    def _open(self, conn):
+        return conn.consumer(self.topic, self.group, start="earliest", max_count=256, prefetch=False)
+
+    def _read(self, cons) -> list:
+        return cons.poll()
+
+    def _settle(self, cons, recs: list) -> None:
+        cons.commit()
 
     def stats(self) -> dict:
         return {**super().stats(), "restarts": self.restarts}
 
 
-class PopMember(_SdkWorker):
+class PopMember(_SdkReader):
     """One POP member of `group` on `topic` (ConsumeQueue 0): pop, record, ack. Records as
     `receiver` (shared by the group's members; unordered: un-acked messages come back later)."""
 
@@ -404,29 +431,17 @@ class PopMember(_SdkWorker):
         self.conn = None
         self.popped = 0
 
-    def run(self) -> None:
-        errors = sdk_errors()
-        pc = None
-        while self.running():
-            try:
-                if pc is None:
-                    self.conn = _sdk_connect(self.address)
-                    # max_attempts: far above what the faults cause, so nothing goes to the DLQ
-                    pc = self.conn.pop_consumer(self.topic, self.group, invisible_ms=self.invisible_ms,
-                                                max_attempts=1000)
-                recs = pc.pop(32)
-                for r in recs:
-                    self.checker.received(self.receiver, r.body)
-                self.popped += len(recs)
-                if recs:
-                    pc.ack(recs)
-                else:
-                    self.wait(0.05)
-            except errors as e:
-                self.note(e)
-                self._drop()
-                pc = None
-                self.wait(0.2)
+    def _open(self, conn):
+        # max_attempts: far above what the faults cause, so nothing goes to the DLQ
+        return conn.pop_consumer(self.topic, self.group, invisible_ms=self.invisible_ms, max_attempts=1000)
+
+    def _read(self, pc) -> list:
+        recs = pc.pop(32)
+        self.popped += len(recs)
+        return recs
+
+    def _settle(self, pc, recs: list) -> None:
+        pc.ack(recs)
 
     def stats(self) -> dict:
         return {**super().stats(), "popped": self.popped}
