@@ -409,12 +409,8 @@ class LmqttGateway:
         self.log_path = log_path or os.path.join(log_dir or "/tmp", f"lmqtt-gateway-{self.port}.log")
         self.proc: subprocess.Popen | None = None
 
-    def __iter__(self):
-        return iter((self.host, self.port, self.data_dir))
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+    __iter__ = LmqttServer.__iter__
+    metrics_url = LmqttServer.metrics_url
 
     def start(self, timeout: float = 20.0) -> "LmqttGateway":
         # the metrics/health port opens right after MQTT's
