@@ -3,6 +3,7 @@ test clients (paho-mqtt and a raw client on the gateway's own codec). Import the
 `from tests.support import ...`; the fixtures built on them are in conftest.py."""
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as _queue
 import signal
@@ -475,26 +476,35 @@ class LmqttFleet:
         return f"--- store ---\n{self.store.log_tail(n)}\n--- gateway ---\n{self.gateway.log_tail(n) if self.gateway else ''}"
 
 
-def store_and_gateways(directory, n: int = 2):
-    """Generator for a fixture: one `lmqtt store` (data in `directory`/store, log store.log) and
-    `n` `lmqtt gateway`s over it (logs in `directory`); yields `(store, gateway1, ..., gatewayN)`.
-    After: every gateway still running stops with exit code 0, then the store (asserted, with the
-    log's tail); a gateway the test stopped or killed itself is passed over. The fixture keeps its
-    own scope: `yield from store_and_gateways(tmp_path)` per test, or
-    `tmp_path_factory.mktemp(...)` in a module-scoped one."""
+@contextlib.contextmanager
+def fleet_of(directory, n: int = 2, store_args: tuple[str, ...] = (), gateway_args: tuple[str, ...] = ()):
+    """One `lmqtt store` (data in `directory`/store, log store.log, `store_args`) and `n` `lmqtt
+    gateway`s over it (logs in `directory`, `gateway_args`): `with fleet_of(tmp_path) as (store,
+    a, b):`. After: every gateway still running stops with exit code 0, then the store (asserted,
+    with the log's tail); a gateway the test stopped or killed itself is passed over."""
     directory = str(directory)
-    store = LmqttStore(os.path.join(directory, "store"), log_path=os.path.join(directory, "store.log")).start()
+    store = LmqttStore(os.path.join(directory, "store"), store_args,
+                       log_path=os.path.join(directory, "store.log")).start()
     gws: list[LmqttGateway] = []
     try:
         for _ in range(n):
-            gws.append(LmqttGateway(store.address, log_dir=directory).start())
+            gws.append(LmqttGateway(store.address, gateway_args, log_dir=directory).start())
         yield (store, *gws)
     finally:
-        for g in gws:
-            if g.proc is not None:
-                rc = g.stop()
-                assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
-        assert store.stop() == 0, store.log_tail()
+        try:
+            for g in gws:
+                if g.proc is not None:
+                    rc = g.stop()
+                    assert rc == 0, f"gateway exit code {rc}: {g.log_tail()}"
+        finally:
+            assert store.stop() == 0, store.log_tail()
+
+
+def store_and_gateways(directory, n: int = 2):
+    """`fleet_of` as a fixture's generator, which keeps its own scope: `yield from
+    store_and_gateways(tmp_path)` per test, or over `tmp_path_factory.mktemp(...)` per module."""
+    with fleet_of(directory, n) as fleet:
+        yield fleet
 
 
 SERVER_KINDS = ("serve", "fleet")

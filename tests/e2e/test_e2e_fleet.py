@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT, free_port, metric, store_and_gateways
+from tests.support import LmqttGateway, LmqttStore, Paho, RawMQTT, fleet_of, free_port, metric, store_and_gateways
 
 
 @pytest.fixture(scope="module")
@@ -236,32 +236,24 @@ def test_redis_notify_and_a_dead_redis(tmp_path, mode):
     poll)."""
     from lmqtt.loadtest.redis_streams import RedisServer
     redis = RedisServer()
-    store = gws = None
+    notify = ("--redis", redis.url, "--notify-mode", mode)
     try:
-        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url, "--notify-mode", mode),
-                           log_path=str(tmp_path / "store.log")).start()
-        gws = [LmqttGateway(store.address, ("--redis", redis.url, "--notify-mode", mode, "--safety-poll-ms", "300"),
-                            log_dir=str(tmp_path)).start() for _ in range(2)]
-        a, b = gws
-        sub = Paho(b, "redis-sub")
-        sub.subscribe("rd/#", qos=1)
-        pub = Paho(a, "redis-pub")
-        for i in range(10):
-            pub.publish("rd/x", str(i).encode(), qos=1)
-        assert [m.payload for m in sub.get_n(10)] == [str(i).encode() for i in range(10)]
-        assert metric(b.metrics_url, "lmqtt_remote_events") == 0      # not the native push: Redis carried them
-        assert metric(b.metrics_url, "lmqtt_remote_redis_events") >= 1
-        redis.stop()
-        for i in range(10, 15):
-            pub.publish("rd/x", str(i).encode(), qos=1)
-        assert [m.payload for m in sub.get_n(5, timeout=10)] == [str(i).encode() for i in range(10, 15)]
-        sub.disconnect()
-        pub.disconnect()
+        with fleet_of(tmp_path, 2, notify, (*notify, "--safety-poll-ms", "300")) as (_store, a, b):
+            sub = Paho(b, "redis-sub")
+            sub.subscribe("rd/#", qos=1)
+            pub = Paho(a, "redis-pub")
+            for i in range(10):
+                pub.publish("rd/x", str(i).encode(), qos=1)
+            assert [m.payload for m in sub.get_n(10)] == [str(i).encode() for i in range(10)]
+            assert metric(b.metrics_url, "lmqtt_remote_events") == 0      # not the native push: Redis carried them
+            assert metric(b.metrics_url, "lmqtt_remote_redis_events") >= 1
+            redis.stop()
+            for i in range(10, 15):
+                pub.publish("rd/x", str(i).encode(), qos=1)
+            assert [m.payload for m in sub.get_n(5, timeout=10)] == [str(i).encode() for i in range(10, 15)]
+            sub.disconnect()
+            pub.disconnect()
     finally:
-        for g in gws or ():
-            assert g.stop() == 0, g.log_tail()
-        if store is not None:
-            store.stop()
         redis.stop()
 
 
@@ -311,32 +303,26 @@ def test_redis_session_takeover_across_gateways(tmp_path):
     from lmqtt.gateway.mqtt import packets as P
     from lmqtt.loadtest.redis_streams import RedisServer
     redis = RedisServer()
-    store = gws = None
     try:
-        store = LmqttStore(str(tmp_path / "store"), ("--redis", redis.url), log_path=str(tmp_path / "store.log")).start()
-        gws = [LmqttGateway(store.address, ("--redis", redis.url), log_dir=str(tmp_path)).start() for _ in range(2)]
-        a, b = gws
-        first = RawMQTT(a, version=5)
-        assert first.connect("roamer", clean=False, props=P.Properties(session_expiry_interval=300)).reason_code == 0
-        first.send(P.Subscribe(1, [P.SubscriptionRequest("roam/#", 1)]))
-        assert isinstance(first.recv(), P.SubAck)
-        second = Paho(b, "roamer", version=5, clean=False, expiry=300)
-        assert second.session_present
-        pkt = first.recv(5)
-        assert isinstance(pkt, P.Disconnect) and pkt.reason_code == 0x8E, pkt
-        assert first.closed_by_server(5)
-        pub = Paho(a, "roam-pub")
-        for i in range(5):
-            pub.publish("roam/t", str(i).encode(), qos=1)
-        assert [m.payload for m in second.get_n(5)] == [str(i).encode() for i in range(5)]
-        assert second.drain(0.3) == []
-        pub.disconnect()
-        second.disconnect()
+        with fleet_of(tmp_path, 2, ("--redis", redis.url), ("--redis", redis.url)) as (_store, a, b):
+            first = RawMQTT(a, version=5)
+            ack = first.connect("roamer", clean=False, props=P.Properties(session_expiry_interval=300))
+            assert ack.reason_code == 0
+            first.send(P.Subscribe(1, [P.SubscriptionRequest("roam/#", 1)]))
+            assert isinstance(first.recv(), P.SubAck)
+            second = Paho(b, "roamer", version=5, clean=False, expiry=300)
+            assert second.session_present
+            pkt = first.recv(5)
+            assert isinstance(pkt, P.Disconnect) and pkt.reason_code == 0x8E, pkt
+            assert first.closed_by_server(5)
+            pub = Paho(a, "roam-pub")
+            for i in range(5):
+                pub.publish("roam/t", str(i).encode(), qos=1)
+            assert [m.payload for m in second.get_n(5)] == [str(i).encode() for i in range(5)]
+            assert second.drain(0.3) == []
+            pub.disconnect()
+            second.disconnect()
     finally:
-        for g in gws or ():
-            assert g.stop() == 0, g.log_tail()
-        if store is not None:
-            store.stop()
         redis.stop()
 
 
@@ -394,10 +380,7 @@ def test_kill9_of_a_gateway_mid_load_loses_no_acknowledged_message(tmp_path):
     confirmed reaches the subscriber on the other gateway. Then kill -9 the subscriber's gateway:
     the persistent session resumes on a third gateway and gets the rest."""
     import threading
-    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
-    gws = [LmqttGateway(store.address, log_dir=str(tmp_path)).start() for _ in range(3)]
-    a, b, c = gws
-    try:
+    with fleet_of(tmp_path, 3) as (_store, a, b, c):
         sub = Paho(b, "k9-sub", clean=False)
         sub.subscribe("k9/#", qos=1)
         pub = Paho(a, "k9-pub")
@@ -445,7 +428,3 @@ def test_kill9_of_a_gateway_mid_load_loses_no_acknowledged_message(tmp_path):
         assert set(later) <= seen, f"missing after the move: {sorted(set(later) - seen)[:5]}"
         sub2.disconnect()
         pub2.disconnect()
-    finally:
-        for g in gws:
-            g.stop()
-        store.stop()
