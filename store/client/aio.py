@@ -20,8 +20,8 @@ from typing import Callable
 from .. import protocol as W
 import time
 
-from .connection import (GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, StoreClientError, check_reply, is_not_primary,
-                         next_member, parse_addresses, parse_hello_ok, primary_named, probe_primary)
+from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, StoreClientError,
+                         check_reply, is_not_primary, keeps_expected, next_member, parse_addresses, parse_hello_ok, primary_named, probe_primary)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -64,6 +64,7 @@ class AsyncConnection:
         self.probe_timeout = 1.0
         self._waiting_since = 0.0
         self._stay = False
+        self._expected = None       # (address, deadline): the primary a probe found (keeps_expected)
         self._watch: asyncio.Task | None = None
 
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
@@ -183,12 +184,17 @@ class AsyncConnection:
                        f"group's primary is now {target[0]}:{target[1]}")
             else:
                 continue
+            if target is not None:
+                self._expected = (target, time.monotonic() + EXPECT_PRIMARY_S)
             self._move(target)          # aimed first: the requests failed below are re-sent there
             proto.transport.abort()
             self._lost(proto, why)
 
     def _move(self, target) -> None:
         """Aim the next connect at `target` (host, port), or the next address when None."""
+        if keeps_expected(self._expected, (self.host, self.port), target):
+            self._stay = True
+            return
         target = next_member(self.addresses, (self.host, self.port), target)
         if target != (self.host, self.port):
             self.failovers += 1

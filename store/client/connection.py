@@ -124,6 +124,21 @@ def newer_primary(info: dict, at: tuple[str, int], current: tuple[str, int], epo
 # how often a client of a store group retries while it looks for the primary: a failover's
 # last step is the client finding the new one, so this is part of every failover's length
 GROUP_RETRY_S = 0.1
+# how long a primary found by a probe (a member knew its later epoch) is held to
+EXPECT_PRIMARY_S = 3.0
+
+
+def keeps_expected(expected, here: tuple[str, int], named) -> bool:
+    """True when a client aimed at `here` should not follow the primary a member `named`: a probe
+    found `here` to be the group's new primary (`expected` = (address, monotonic deadline)), and the
+    finding is fresh. The new primary itself applies the election a moment after the members that
+    answered the probe, and until then names the old primary - a stopped one, whose HELLO would
+    be waited for (2 s). So the client dials the new primary again instead (one shared rule for
+    the sync, asyncio and gateway connections)."""
+    if expected is None or named is None or here != expected[0] or time.monotonic() >= expected[1]:
+        return False
+    target = primary_named(f"primary={named}") if isinstance(named, str) else named
+    return target is not None and target != here
 
 
 def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: str | None, timeout: float,
@@ -265,6 +280,7 @@ class Connection:
         self.probe_timeout = 1.0
         self._waiting_since = 0.0
         self._stay = False          # the member dialled named itself primary (still taking over)
+        self._expected = None       # (address, deadline): the primary a probe found (keeps_expected)
         self.token = token
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -353,6 +369,9 @@ class Connection:
         """Point the next connect at `primary` ("host:port" or (host, port), when a member named it)
         or else at the next address of the group."""
         with self._lock:
+            if keeps_expected(self._expected, (self.host, self.port), primary):
+                self._stay = True
+                return
             target = next_member(self.addresses, (self.host, self.port), primary)
             if target != (self.host, self.port):
                 self.failovers += 1
@@ -425,6 +444,8 @@ class Connection:
             self._conn_error = None
         if stalled:
             # aimed first, so the requests failed below are re-sent to the new primary
+            if moved_to is not None:
+                self._expected = (moved_to, time.monotonic() + EXPECT_PRIMARY_S)
             self._move(moved_to)
             try:
                 s.shutdown(socket.SHUT_RDWR)     # a send blocked on the silent member fails now

@@ -46,8 +46,8 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import (ConnectionLost, StoreClientError, dial, next_member, parse_addresses, primary_named,
-                         probe_primary)
+from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, ConnectionLost, StoreClientError, dial, keeps_expected,
+                         next_member, parse_addresses, primary_named, probe_primary)
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -101,6 +101,7 @@ class LoopConnection:
         self._probing = False
         self._next_probe = 0.0
         self._group_heard = 0.0      # when a probe last heard members that know no newer primary
+        self._expected = None        # (address, deadline): the primary a probe found (keeps_expected)
         self._last_rx = 0.0
         self._waiting_since = 0.0
         self._stall_handle: asyncio.TimerHandle | None = None
@@ -169,6 +170,8 @@ class LoopConnection:
 
     def _move(self, primary) -> None:
         """Aim the next dial at `primary` ("host:port" or (host, port)) or else the next member."""
+        if keeps_expected(self._expected, (self.host, self.port), primary):
+            return               # the new primary a probe found, still taking over: dialled again
         target = next_member(self.addresses, (self.host, self.port), primary)
         if target != (self.host, self.port):
             self.failovers += 1
@@ -223,12 +226,13 @@ class LoopConnection:
             return                   # it answered meanwhile
         self._drop(f"no answer from the store at {at[0]}:{at[1]} for {silent:.1f} s, and the group's primary is "
                    f"now {target[0]}:{target[1]}")
+        self._expected = (target, time.monotonic() + EXPECT_PRIMARY_S)
         self._move(target)           # before the redial the drop started runs (it is a task)
 
     async def _redial_loop(self) -> None:
         backoff = 0.05
         # a group: members are tried in turn while one is elected; the wait stays short
-        cap = min(self.backoff_max, 0.25) if self.group else self.backoff_max
+        cap = min(self.backoff_max, GROUP_RETRY_S) if self.group else self.backoff_max
         while not self.closed:
             await asyncio.sleep(backoff)
             backoff = min(cap, backoff * 2)
