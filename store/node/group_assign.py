@@ -27,7 +27,11 @@ State per (group, queue), in memory: `next` (first offset never handed out), `in
 {offset: gateway}, `again` (offsets visible again, sorted) and the parked requests. The group's
 committed offset - the lowest offset not acknowledged - is written to the light-queue metadata
 (consumer `$share@store/{group}`, at most every `persist_s`) and is where a restarted store starts:
-what was in flight at a store restart is delivered again (at least once). A group that every
+what was in flight at a store restart is delivered again (at least once). On a store group
+member (`eager`, set by store/node/ha_member.py) the committed offset is written in the ack that
+moved it, and the ack is answered once the in-sync replicas have it: a new primary starts the group
+exactly after the messages acknowledged in order (those acknowledged above a message still in
+flight come again, as after a restart). A group that every
 gateway left (`gw_group_ack {leave}` when its last subscription there ends) is forgotten, so a new
 one starts at the queue's end as on `lmqtt serve`.
 
@@ -106,6 +110,8 @@ class GroupAssignments:
         self.incarnations: dict[str, str] = {}      # gateway -> its process's incarnation
         self._dirty: set[_Group] = set()
         self._persist_handle = None
+        # write the committed offset in the call that moved it, not `persist_s` later (a group member)
+        self.eager = False
         self._tick_handle = loop.call_later(tick_s, self._tick)
         # counters (/metrics, tests)
         self.handed_out = 0
@@ -407,9 +413,27 @@ class GroupAssignments:
 
     # ------------------------------------------------------------------ the committed offset
     def _mark(self, g: _Group) -> None:
+        if self.eager:
+            self._dirty.discard(g)
+            self._write(g)
+            return
         self._dirty.add(g)
         if self._persist_handle is None:
             self._persist_handle = self.loop.call_later(self.persist_s, self._persist_later)
+
+    def reset(self) -> None:
+        """Forget every group's in-memory state (a store group member changing role): a new
+        primary starts each group from its replicated committed offset, and a deposed one keeps no
+        assignments of its own for a later term. Parked pops are answered with nothing."""
+        for g in self.groups.values():
+            for w in g.waiters:
+                self._answer(w)
+            g.waiters.clear()
+        self.groups.clear()
+        self.by_queue.clear()
+        self._dirty.clear()
+        self.leases.clear()
+        self.incarnations.clear()
 
     def _persist_later(self) -> None:
         self._persist_handle = None
@@ -418,12 +442,15 @@ class GroupAssignments:
     def _persist(self) -> None:
         dirty, self._dirty = self._dirty, set()
         for g in dirty:
-            c = g.committed()
-            if c != g.saved:
-                try:
-                    self.meta.set_offsets(store_consumer(g.group), {g.queue: c})
-                    g.saved = c
-                except Exception as e:  # noqa: BLE001 - written again at its next change
-                    # (a deposed primary refuses writes: its successor starts from the last
-                    # replicated offset, so at worst messages come again, none is lost)
-                    log.warning("event=group_offset_write_failed group=%s queue=%s error=%s", g.group, g.queue, e)
+            self._write(g)
+
+    def _write(self, g: _Group) -> None:
+        c = g.committed()
+        if c != g.saved:
+            try:
+                self.meta.set_offsets(store_consumer(g.group), {g.queue: c})
+                g.saved = c
+            except Exception as e:  # noqa: BLE001 - written again at its next change
+                # (a deposed primary refuses writes: its successor starts from the last
+                # replicated offset, so at worst messages come again, none is lost)
+                log.warning("event=group_offset_write_failed group=%s queue=%s error=%s", g.group, g.queue, e)

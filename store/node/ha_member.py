@@ -69,6 +69,7 @@ def attach(cfg, store, srv, lq, on_restart, gws=None):
     _pop_waited(member, srv)
     if gws is not None:
         _primary_only(member, srv, gws)
+        _group_assignments(member, srv, gws)
     member.on_promoted.append(lambda: _promoted(srv, lq, gws))
     member.on_promoted.append(lambda: _register_filters(srv, lq))
     follow_delayed(member, store)
@@ -181,6 +182,31 @@ def _pop_waited(member, srv) -> None:
         fn = srv.calls.get(name)
         if fn is not None:
             srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
+
+
+def _group_assignments(member, srv, gws) -> None:
+    """Shared groups across the fleet on a group member (store/node/group_assign.py): a
+    `gw_group_ack` writes the group's committed offset in the call (`eager`) and answers once the
+    in-sync replicas applied it, so a new primary starts the group after every message acknowledged
+    in order; the in-memory assignments are dropped when the member changes role (a new primary
+    starts from the replicated committed offsets, a deposed one keeps nothing for a later term)."""
+    assign = getattr(gws, "assign", None)
+    if assign is None:
+        return
+    assign.eager = True
+    fn = srv.calls.get("gw_group_ack")
+    if fn is not None:
+        srv.register_call("gw_group_ack", member.replicated_call(fn),
+                          with_connection="gw_group_ack" in srv._conn_calls)
+
+    def reset() -> None:
+        loop = getattr(srv, "_loop", None)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(assign.reset)
+        else:
+            assign.reset()
+    member.on_promoted.append(reset)
+    member.on_demoted.append(reset)
 
 
 def _primary_only(member, srv, gws) -> None:

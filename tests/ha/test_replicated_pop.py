@@ -102,3 +102,45 @@ def test_a_pop_and_a_change_of_invisible_time_hold_on_the_next_primary(tmp_path)
         assert again == [], f"{len(again)} messages still invisible on the old primary popped: {again}"
     finally:
         g.stop()
+
+
+def test_a_shared_group_starts_after_the_acknowledged_messages_on_the_next_primary(tmp_path):
+    """Shared groups across the fleet are POP-style too (store/node/group_assign.py): two gateways'
+    gw_group_pop / gw_group_ack, sent here as a gateway sends them. 60 messages handed to gateway
+    a, the first 40 acknowledged in order, kill -9 of the primary the moment the ack is answered:
+    the next primary starts the group at 40, so gateway b gets 40..59 (what was in flight comes
+    again: at least once) and none of the 40 acknowledged ones. Before issue 27 the committed
+    offset was written 0.2 s after the ack and shipped without waiting: the group started over."""
+    q = "jobs/a"
+
+    def pop(c, gid: str, n: int, start=None) -> list[int]:
+        _h, recs = c.cmd("gw_group_pop", gateway=gid, incarnation="p1", group="crew", queue=q, max_count=n,
+                         start=start, ttl_ms=3000, wait_ms=0)
+        return [r[0] for r in recs]
+
+    g = StoreGroup(str(tmp_path), 3, election_timeout=2.0).start()
+    try:
+        first = g.wait_primary(in_sync=3)
+        c = connect(g.peers)
+        c.producer().send_batch([(q, b"%d" % i) for i in range(60)])
+        got: list = []
+        deadline = time.monotonic() + 10
+        while len(got) < 60 and time.monotonic() < deadline:
+            got += pop(c, "gw-a", 64, start=0)
+        assert got == list(range(60))
+        for lo in range(0, 40, 10):
+            n = c.cmd("gw_group_ack", gateway="gw-a", incarnation="p1", group="crew", queue=q,
+                      offsets=list(range(lo, lo + 10)), back=[], ttl_ms=3000)["count"]
+            assert n == 10
+        first.kill9()
+        c.close()
+        g.wait_primary(exclude=(first.node,), timeout=60)
+        with connect(g.peers) as c:
+            again: list = []
+            deadline = time.monotonic() + 10
+            while len(again) < 20 and time.monotonic() < deadline:
+                again += pop(c, "gw-b", 64)
+                time.sleep(0.05)
+        assert sorted(again) == list(range(40, 60)), "the group goes on after the acknowledged messages"
+    finally:
+        g.stop()
