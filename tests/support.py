@@ -24,6 +24,22 @@ from lmqtt.loadtest.brokers import free_port  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def listening(host: str, port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> bool:
+    """Whether `host:port` accepts a connection within `timeout` seconds (tried every 50 ms);
+    False at once when `proc`, the process meant to listen there, has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
 class LmqttServer:
     """One `lmqtt serve` process: tmp data dir, free ports, SIGTERM (or SIGKILL) and restart.
 
@@ -63,17 +79,12 @@ class LmqttServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", *args], stdout=self._log,
                                      stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.command} exited with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                for port in ports:
-                    with socket.create_connection((self.host, port), timeout=0.2):
-                        pass
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"{self.command} did not listen within {timeout}s: {self.log_tail()}")
+        for port in ports:
+            if not listening(self.host, port, deadline - time.monotonic(), self.proc):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.command} exited with {self.proc.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"{self.command} did not listen within {timeout}s: {self.log_tail()}")
+        return self
 
     @property
     def store_address(self) -> str:

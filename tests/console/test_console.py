@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import ROOT, LmqttServer, Paho, free_port
+from tests.support import ROOT, LmqttServer, Paho, free_port, listening
 
 selenium = pytest.importorskip("selenium")
 from selenium import webdriver  # noqa: E402
@@ -367,16 +367,7 @@ def guarded(tmp_path_factory):
 
 def _wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     """The console's port opens a moment after the MQTT port (LmqttServer.start waits for that)."""
-    import time
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    assert listening(host, port, timeout), f"nothing listens on {host}:{port}"
 
 
 def _mqtt(srv, client_id: str, user: str, password: str) -> Paho:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import types
@@ -23,7 +22,7 @@ import pytest
 from lmqtt.gateway.security import passwd
 from lmqtt.gateway.mqtt import ReasonCode as RC, packets as P
 from lmqtt.gateway.security.scram import ScramClient
-from tests.support import ROOT, SERVER_KINDS, Paho, RawMQTT, free_port, per_test, serve_or_fleet
+from tests.support import ROOT, SERVER_KINDS, Paho, RawMQTT, free_port, listening, per_test, serve_or_fleet
 
 METHOD = "SCRAM-SHA-256"
 ACL = """\
@@ -177,13 +176,7 @@ def test_mosquitto_still_reads_the_password_file_with_scram_fields(tmp_path):
                     + ("user root\n" if os.geteuid() == 0 else ""))   # it reads the 0600 file as us
     proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        assert listening("127.0.0.1", port, 10, proc), "mosquitto did not start"
         srv = types.SimpleNamespace(host="127.0.0.1", port=port)
         # Mosquitto 2.0 refuses a wrong password with 0x87 (not authorized)
         for password, want in (("pencil", {0}), ("wrong", {RC.BAD_USER_NAME_OR_PASSWORD, RC.NOT_AUTHORIZED})):

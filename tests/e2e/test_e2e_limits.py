@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from lmqtt.gateway.mqtt import Decoder, encode, packets as P
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, free_port
+from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, free_port, listening
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -32,16 +32,10 @@ def _server(kind: str, tmp_path, toml: str = "", args: tuple[str, ...] = ()):
         srv = LmqttFleet(str(tmp_path / "store-data"), extra, log_dir=str(tmp_path)).start()
     # /metrics opens a moment after the MQTT port: the tests read it
     port = int(srv.metrics_url.rsplit(":", 1)[1].split("/")[0])
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection((srv.host, port), timeout=1).close()
-            return srv
-        except OSError:
-            if time.monotonic() > deadline:
-                srv.stop()
-                raise
-            time.sleep(0.05)
+    if not listening(srv.host, port, 20):
+        srv.stop()
+        raise RuntimeError(f"/metrics did not open on port {port}: {srv.log_tail()}")
+    return srv
 
 
 class RawFrom(RawMQTT):

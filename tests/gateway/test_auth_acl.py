@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -14,7 +13,7 @@ from lmqtt.gateway.security.acl import AclError, AclFile, filter_covers, topic_m
 from lmqtt.gateway.security.auth import (AuthChain, AuthError, ClientCertificate, Credentials, HmacSignature, Identity,
                                 PasswordFile, certificate_subject, hash_password, verify_password,
                                 write_password_file)
-from tests.support import free_port
+from tests.support import free_port, listening
 
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 
@@ -58,13 +57,7 @@ def test_mosquitto_accepts_a_password_file_written_by_lmqtt(tmp_path):
         import time
 
         import paho.mqtt.client as mqtt
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        assert listening("127.0.0.1", port, 5, p), "mosquitto did not start"
         results = {}
         for name, password in (("ok", "hunter2"), ("bad", "nope")):
             c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{name}")

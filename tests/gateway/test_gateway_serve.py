@@ -6,11 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.support import ROOT, LmqttServer, Paho, free_port
+from tests.support import ROOT, LmqttServer, Paho, free_port, listening
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,13 +42,7 @@ def test_config_file_and_flag_precedence(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--config", str(cfg), "--port",
                           str(port_flag)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port_flag), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        listening("127.0.0.1", port_flag, 20, p)   # (if not: the exit code below says why)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=20)
     finally:

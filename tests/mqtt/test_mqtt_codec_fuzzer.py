@@ -4,13 +4,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import socket
 import subprocess
-import time
 
 import pytest
 
-from tests.support import free_port
+from tests.support import free_port, listening
 from lmqtt.gateway.mqtt import Decoder, ProtocolError, encode
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.loadtest import mqtt_fuzz
@@ -52,16 +50,9 @@ def mosquitto(tmp_path):
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     log = open(tmp_path / "mosquitto.log", "wb")
     proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("mosquitto did not start: " + (tmp_path / "mosquitto.log").read_text())
-            time.sleep(0.05)
+    if not listening("127.0.0.1", port, 10, proc):
+        proc.kill()
+        pytest.fail("mosquitto did not start: " + (tmp_path / "mosquitto.log").read_text())
     yield port
     proc.terminate()
     proc.wait(10)

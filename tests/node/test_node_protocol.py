@@ -214,26 +214,19 @@ def _gateway_exit(store_address: str, tmp_path) -> tuple[int, str]:
 def _start_store_speaking(version: int, data_dir: str, port: int, log_path: str):
     """`lmqtt store` as another lmqtt version would run it: the same node, NODE_PROTOCOL_VERSION
     set to `version` before it starts (a real process on a real port)."""
-    import socket
     import subprocess
     import sys
-    import time
 
-    from tests.support import ROOT
+    from tests.support import ROOT, listening
     code = ("import sys\nfrom lmqtt.store.node import protocol\nprotocol.NODE_PROTOCOL_VERSION = %d\n"
             "from lmqtt.gateway.cli import main\nsys.exit(main())\n" % version)
     log = open(log_path, "ab")
     p = subprocess.Popen([sys.executable, "-c", code, "store", "--host", "127.0.0.1", "--port", str(port),
                           "--data-dir", data_dir, "--segment-mb", "16"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     log.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert p.poll() is None, f"lmqtt store exited with {p.returncode}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return p
-        except OSError:
-            time.sleep(0.05)
+    if listening("127.0.0.1", port, 20, p):
+        return p
+    assert p.poll() is None, f"lmqtt store exited with {p.returncode}"
     p.kill()
     pytest.fail("lmqtt store did not listen")
 

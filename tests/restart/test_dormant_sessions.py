@@ -4,22 +4,16 @@ stored meanwhile are kept for them), their expiry timed, nothing else built. Rea
 SIGTERM restart and a kill -9; every wait bounded, no timing asserted."""
 from __future__ import annotations
 
-import socket
 import time
 
-from tests.support import LmqttServer, Paho, metric, wait_metric as _wait_metric
+from tests.support import LmqttServer, Paho, listening, metric, wait_metric as _wait_metric
 
 
 def wait_metric(url: str, name: str, want: float, timeout: float = 15.0) -> float:
     """tests.support's, once the metrics port is up (it opens after the MQTT port)."""
     host, port = url.split("/")[2].split(":")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, int(port)), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    listening(host, int(port), timeout)
     return _wait_metric(url, name, want, max(1.0, deadline - time.monotonic()))
 
 

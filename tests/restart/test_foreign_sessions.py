@@ -5,24 +5,13 @@ the start's duration is printed for the report, never asserted."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 
 from lmqtt.lightqueue.records import HOST, SessionRecord, Subscription
 from lmqtt.store.client import connect
-from tests.support import LmqttGateway, LmqttStore, Paho, metric, stop_all
+from tests.support import LmqttGateway, LmqttStore, Paho, listening, metric, stop_all
 
 FOREIGN = 10_000
-
-
-def _metrics_up(gw, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((gw.host, gw.metrics_port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
 
 
 def _rss_kib(pid: int) -> int:
@@ -60,7 +49,7 @@ def test_a_gateway_restarted_with_10000_foreign_sessions_restores_only_its_own(t
         t0 = time.monotonic()
         a.start(timeout=60)
         up_s = time.monotonic() - t0
-        _metrics_up(a)
+        listening(a.host, a.metrics_port, 30)
         print(f"gateway A back with {FOREIGN} foreign sessions in the store: MQTT port in {up_s:.2f} s "
               f"(loaded VM), RSS {_rss_kib(a.proc.pid)} KiB (before the restart {rss_before} KiB)")
         # only its own: the count, the dormant ones, and what its restore read
