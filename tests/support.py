@@ -665,6 +665,25 @@ def wait_metric(url: str, name: str, want: float, timeout: float = 15.0) -> floa
     return v
 
 
+def record_position(segment: str, topic: str, body: bytes) -> int:
+    """Position in CommitLog `segment` (a file named by its start offset) of the first record of
+    (`topic`, `body`); a delayed message's parked record has the topic "$timer"."""
+    from lmqtt.store.record import PREFIX, decode
+    with open(segment, "rb") as f:
+        data = f.read()
+    start = int(os.path.basename(segment))
+    pos = 0
+    while pos + 8 <= len(data):
+        total, _magic = PREFIX.unpack_from(data, pos)
+        if total == 0:
+            break
+        m = decode(data, pos, start + pos, "", True, pos + total)
+        if m.topic == topic and m.body == body:
+            return pos
+        pos += total
+    raise AssertionError(f"no record of {topic} {body!r} in {segment}")
+
+
 def poll_n(consumer, n: int, timeout: float = 10.0) -> list:
     """Records from an SDK consumer's `poll()` until `n` came or `timeout` seconds passed (then
     fewer: the caller's assertion says what was missing)."""

@@ -19,30 +19,12 @@ import time
 
 import pytest
 
-from lmqtt.store.record import PREFIX, decode
-from tests.support import LmqttServer, Paho
+from tests.support import LmqttServer, Paho, record_position
 
 pytestmark = pytest.mark.timeout(120)
 
 DELAY_S = 8              # long enough for the stop, the cut, the restart and the new publishes
 MARGIN_S = 4.0           # precision (1 s) + scheduling on a shared machine
-
-
-def _parked_record_of(segment: str, body: bytes) -> int:
-    """Position in `segment` of the parked (`$timer`) record of a delayed message with `body`."""
-    with open(segment, "rb") as f:
-        data = f.read()
-    start = int(os.path.basename(segment))
-    pos = 0
-    while pos + 8 <= len(data):
-        total, _magic = PREFIX.unpack_from(data, pos)
-        if total == 0:
-            break
-        m = decode(data, pos, start + pos, "", True, pos + total)
-        if m.topic == "$timer" and m.body == body:
-            return pos
-        pos += total
-    raise AssertionError(f"no parked record of {body!r} in {segment}")
 
 
 def _collect(sub: Paho, until: float) -> list:
@@ -70,7 +52,7 @@ def test_delayed_messages_lost_in_a_cut_release_nothing_in_their_place(tmp_path)
         assert srv.stop() == 0
 
         segment = sorted(glob.glob(str(data / "store" / "commitlog" / "0*")))[-1]
-        at = _parked_record_of(segment, b"lost-1")
+        at = record_position(segment, "$timer", b"lost-1")
         os.truncate(segment, at + 9)
 
         srv.start()
@@ -91,7 +73,7 @@ def test_delayed_messages_lost_in_a_cut_release_nothing_in_their_place(tmp_path)
         after_s = int(t_pub + DELAY_S + 2 - time.monotonic()) + 1
         pub.publish(f"$delayed/{after_s}/dl/after", b"after", qos=1)
         assert time.monotonic() < t_pub + DELAY_S, "too slow to publish before the lost timers came due"
-        assert _parked_record_of(segment, b"newx-1") == at
+        assert record_position(segment, "$timer", b"newx-1") == at
         got = _collect(sub, time.monotonic() + after_s + MARGIN_S)
         assert sorted((m.topic, m.payload) for m in got) == sorted(
             [("t/b", b) for b in new] + [("dl/after", b"after")]), [(m.topic, m.payload[:20]) for m in got]

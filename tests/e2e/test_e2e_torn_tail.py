@@ -18,8 +18,7 @@ import time
 import pytest
 
 from lmqtt.store.client import connect
-from lmqtt.store.record import PREFIX, decode
-from tests.support import LmqttServer, Paho, poll_n
+from tests.support import LmqttServer, Paho, poll_n, record_position
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,23 +38,6 @@ def _wait(cond, what: str, timeout: float = 10.0):
             return v
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def _record_of(segment: str, topic: str, body: bytes) -> int:
-    """Position in `segment` of the record of (topic, body)."""
-    with open(segment, "rb") as f:
-        data = f.read()
-    start = int(os.path.basename(segment))
-    pos = 0
-    while pos + 8 <= len(data):
-        total, _magic = PREFIX.unpack_from(data, pos)
-        if total == 0:
-            break
-        m = decode(data, pos, start + pos, "", True, pos + total)
-        if m.topic == topic and m.body == body:
-            return pos
-        pos += total
-    raise AssertionError(f"no record of {topic} {body!r} in {segment}")
 
 
 @pytest.mark.parametrize("damage", ["cut-in-record-6", "truncated-to-0"])
@@ -84,7 +66,7 @@ def test_consumers_get_every_message_published_after_a_cut_log(tmp_path, damage)
 
         segment = sorted(glob.glob(str(data / "store" / "commitlog" / "0*")))[-1]
         if damage == "cut-in-record-6":
-            at = _record_of(segment, "t/a", b"m-6")
+            at = record_position(segment, "t/a", b"m-6")
             os.truncate(segment, at + 9)
             end, n_new = 5, 6
         else:
@@ -161,7 +143,7 @@ def test_spark_stream_offsets_beyond_the_end_are_read_from_the_end(tmp_path, cap
         assert srv.stop() == 0
 
         segment = sorted(glob.glob(str(data / "store" / "commitlog" / "0*")))[-1]
-        os.truncate(segment, _record_of(segment, "t/a", b"m-6") + 9)
+        os.truncate(segment, record_position(segment, "t/a", b"m-6") + 9)
         srv.start()
         caplog.set_level(logging.WARNING, logger="lmqtt.spark")
         pub = Paho(srv, "pub")
