@@ -208,3 +208,45 @@ def test_parking_leaks_no_descriptor(srv):
     assert wait_for(lambda: mqtt_sockets(srv), socks0) == socks0
     # every descriptor back (other descriptors of the broker, e.g. a /metrics scrape, may come and go)
     assert wait_for(lambda: fds(srv), before) == before
+
+
+def test_shutdown_disconnects_parked_clients(tmp_path):
+    cfg = tmp_path / "park.toml"
+    cfg.write_text(f"park_idle_after_s = {PARK_AFTER}\n")
+    (tmp_path / "data").mkdir()
+    s = LmqttServer(str(tmp_path / "data"), extra_args=("--config", str(cfg))).start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                parked(s)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        c5 = subscriber(s, "park-down5", "park/down5", version=5)
+        c4 = subscriber(s, "park-down4", "park/down4")
+        assert wait_parked(s, 2) == 2
+        assert s.stop() == 0                         # SIGTERM: a clean exit, not stuck on parked sockets
+        d = c5.recv()
+        assert isinstance(d, P.Disconnect) and d.reason_code == 0x8B     # server shutting down
+        assert c5.closed_by_server() and c4.closed_by_server()
+        c5.close()
+        c4.close()
+    finally:
+        if s.proc is not None:
+            s.stop()
+
+
+def test_a_parked_client_whose_socket_ends_has_its_will_published(srv):
+    base = parked(srv)
+    watcher = subscriber(srv, "park-eof-watch", "park/eof-will", qos=1)
+    c = subscriber(srv, "park-eof", "park/eof", qos=0, will=P.Will("park/eof-will", b"dropped", qos=1))
+    assert wait_parked(srv, base + 2) == base + 2
+    c.close()                                        # no DISCONNECT: the parker sees EOF
+    m = watcher.recv(timeout=8)
+    assert isinstance(m, P.Publish) and m.topic == "park/eof-will" and m.payload == b"dropped"
+    watcher.send(P.PubAck(m.packet_id))
+    watcher.send(P.Disconnect())
+    watcher.close()
+    assert wait_parked(srv, base) == base
