@@ -9,28 +9,7 @@ import pytest
 
 from lmqtt.lightqueue import InvalidTopicName, LightQueueStore
 from lmqtt.store import Message, MessageStore, StoreConfig
-
-
-def open_pair(tmp_path, **kw):
-    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=1 << 24,
-                                  preallocate=False, **kw))
-    lq = LightQueueStore(st, str(tmp_path / "lq"))
-    return st, lq
-
-
-def publish(st, lq, topic, body, **kw):
-    r = st.append(Message(topic=topic, body=body, dispatch_queues=lq.queues_for_topic(topic), **kw))
-    assert st.wait_dispatched(r.phys_offset + r.size, 10)
-    return r
-
-
-@pytest.fixture
-def pair(tmp_path):
-    st, lq = open_pair(tmp_path)
-    st.start()
-    yield st, lq
-    st.shutdown()
-    lq.close()
+from tests.lightqueue.pairs import open_pair, publish
 
 
 def test_one_publish_three_filters_four_queues_one_record(pair):

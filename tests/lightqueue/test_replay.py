@@ -7,31 +7,9 @@ import time
 
 import pytest
 
-from lmqtt.lightqueue import LightQueueStore
 from lmqtt.lightqueue.replay import ReplayRefused
-from lmqtt.store import Message, MessageStore, StoreConfig
-
-
-def open_pair(tmp_path, **kw):
-    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "store"), segment_size=kw.pop("segment_size", 1 << 24),
-                                  preallocate=False, **kw))
-    lq = LightQueueStore(st, str(tmp_path / "lq"))
-    return st, lq
-
-
-def publish(st, lq, topic, body, queue_id=0):
-    r = st.append(Message(topic=topic, body=body, queue_id=queue_id, dispatch_queues=lq.queues_for_topic(topic)))
-    assert st.wait_dispatched(r.phys_offset + r.size, 10)
-    return r
-
-
-@pytest.fixture
-def pair(tmp_path):
-    st, lq = open_pair(tmp_path)
-    st.start()
-    yield st, lq
-    st.shutdown()
-    lq.close()
+from lmqtt.store import Message
+from tests.lightqueue.pairs import open_pair, publish
 
 
 def read_all(lq, plan, max_count=7):
