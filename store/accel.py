@@ -1,4 +1,4 @@
-"""One loader for the optional C accelerators, all eight of them (setup.py builds each; the module
+"""One loader for the optional C accelerators, all nine of them (setup.py builds each; the module
 that loads it holds its Python reference):
 
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
@@ -16,7 +16,9 @@ that loads it holds its Python reference):
 * `lmqtt.lightqueue._history` (lightqueue/_history.c): a filter's history read, the scan of its
   first-level topics' ConsumeQueue entries with the topic match (lightqueue/history.py);
 * `lmqtt.gateway.mqtt._run` (gateway/mqtt/_run.c): a run of PUBLISH packets encoded at once
-  (gateway/mqtt/encoder.py).
+  (gateway/mqtt/encoder.py);
+* `lmqtt.gateway.net._park` (gateway/net/_park.c): the parked idle sockets' epoll, answering
+  PINGREQ (gateway/net/parking.py).
 
 Each accelerator is a C loop beside a pure-Python reference that produces the same results; the
 extensions are built by setup.py with `optional=True`, so an install without a C compiler still

@@ -213,7 +213,7 @@ class Parking:
                 log.exception("event=unpark_failed client_id=%s", getattr(owner, "client_id", None))
 
     def close(self) -> None:
-        """Stop watching (the broker closed its connections first; a parked fd still here is closed)."""
+        """Stop watching (the broker's shutdown closed its connections first, parked ones included)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
