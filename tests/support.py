@@ -665,6 +665,35 @@ def wait_metric(url: str, name: str, want: float, timeout: float = 15.0) -> floa
     return v
 
 
+def disk_usage(path: str) -> int:
+    """Bytes allocated on disk under `path` (what `du` counts: blocks, not apparent sizes)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def pki_files(directory) -> dict[str, str]:
+    """A test PKI written into `directory`/pki by trustme (the caller skips without it): "ca",
+    the server's "cert" (for 127.0.0.1 and localhost) and "key", a "client" key + certificate
+    (CN dev-01), and a "rogue" one with the same name signed by another CA. -> the PEM paths."""
+    import trustme
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("dev-01", common_name="dev-01")
+    rogue = trustme.CA().issue_cert("dev-01", common_name="dev-01")      # signed by another CA
+    d = os.path.join(str(directory), "pki")
+    os.mkdir(d)
+    paths = {k: os.path.join(d, f"{k}.pem") for k in ("ca", "cert", "key", "client", "rogue")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    server.cert_chain_pems[0].write_to_path(paths["cert"])
+    server.private_key_pem.write_to_path(paths["key"])
+    client.private_key_and_cert_chain_pem.write_to_path(paths["client"])
+    rogue.private_key_and_cert_chain_pem.write_to_path(paths["rogue"])
+    return paths
+
+
 def record_position(segment: str, topic: str, body: bytes) -> int:
     """Position in CommitLog `segment` (a file named by its start offset) of the first record of
     (`topic`, `body`); a delayed message's parked record has the topic "$timer"."""

@@ -4,22 +4,12 @@ a new user's laptop pays one 32 MiB CommitLog segment and small ConsumeQueue fil
 broker's `$SYS` updates do not add a ConsumeQueue of their own."""
 from __future__ import annotations
 
-import os
 import time
 
 from lmqtt.store.client import connect
-from tests.support import LmqttServer, LmqttStore, Paho
+from tests.support import LmqttServer, LmqttStore, Paho, disk_usage
 
 BOUND = 48 << 20
-
-
-def disk_usage(path: str) -> int:
-    """Bytes allocated on disk under `path` (what `du` counts: blocks, not apparent sizes)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            total += os.lstat(os.path.join(root, f)).st_blocks * 512
-    return total
 
 
 def test_fresh_lmqtt_serve_data_dir_after_ten_messages_is_tens_of_mb(tmp_path):

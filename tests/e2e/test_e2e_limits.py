@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from lmqtt.gateway.mqtt import Decoder, encode, packets as P
-from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, free_port, listening
+from tests.support import SERVER_KINDS, LmqttFleet, LmqttServer, Paho, RawMQTT, free_port, listening, pki_files
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -301,20 +301,8 @@ def test_packet_over_maximum_size_is_logged_and_only_that_client_is_closed(tmp_p
 # ------------------------------------------------------------------------------ TLS
 @pytest.fixture
 def pki(tmp_path):
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("dev-01", common_name="dev-01")
-    rogue = trustme.CA().issue_cert("dev-01", common_name="dev-01")      # signed by another CA
-    d = tmp_path / "pki"
-    d.mkdir()
-    paths = {k: str(d / f"{k}.pem") for k in ("ca", "cert", "key", "client", "rogue")}
-    ca.cert_pem.write_to_path(paths["ca"])
-    server.cert_chain_pems[0].write_to_path(paths["cert"])
-    server.private_key_pem.write_to_path(paths["key"])
-    client.private_key_and_cert_chain_pem.write_to_path(paths["client"])
-    rogue.private_key_and_cert_chain_pem.write_to_path(paths["rogue"])
-    return paths
+    pytest.importorskip("trustme")
+    return pki_files(tmp_path)
 
 
 def _tls_paho(srv, port, pki, cid, certfile=None):

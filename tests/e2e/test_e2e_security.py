@@ -17,7 +17,7 @@ import pytest
 from lmqtt.gateway.security.auth import hash_password
 from lmqtt.gateway.mqtt import packets as P
 from tests.support import (SERVER_KINDS, LmqttServer, Paho, RawMQTT, before_sentinel, free_port, per_test,
-                           serve_or_fleet)
+                           pki_files, serve_or_fleet)
 
 ACL = """\
 # lmqtt ACL used by these tests
@@ -189,18 +189,8 @@ def test_sighup_reloads_acl_for_new_subscriptions_without_dropping_clients(secur
 
 @pytest.fixture
 def pki(tmp_path):
-    trustme = pytest.importorskip("trustme")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("dev-01", common_name="dev-01")
-    d = tmp_path / "pki"
-    d.mkdir()
-    paths = {k: str(d / f"{k}.pem") for k in ("ca", "cert", "key", "client")}
-    ca.cert_pem.write_to_path(paths["ca"])
-    server.cert_chain_pems[0].write_to_path(paths["cert"])
-    server.private_key_pem.write_to_path(paths["key"])
-    client.private_key_and_cert_chain_pem.write_to_path(paths["client"])
-    return paths
+    pytest.importorskip("trustme")
+    return pki_files(tmp_path)
 
 
 def test_tls_listener_with_required_client_certificate_and_cn_acl(tmp_path, pki):

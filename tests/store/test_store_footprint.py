@@ -8,15 +8,7 @@ import os
 import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
-
-
-def disk_usage(path: str) -> int:
-    """Bytes allocated on disk under `path` (what `du` counts: blocks, not apparent sizes)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            total += os.lstat(os.path.join(root, f)).st_blocks * 512
-    return total
+from tests.support import disk_usage
 
 
 def visible(st, results):
