@@ -35,16 +35,21 @@ def test_schedule_spreads_every_message_evenly_over_processes_and_publishers():
         assert {b - a for a, b in zip(ts, ts[1:])} == {10_000_000}
 
 
+def _latency_run_on_mosquitto(tmp_path, pairs: int, rate: float, duration: float) -> dict:
+    """`lmqtt bench mqtt` latency scenario (QoS 1, 2 processes) against a real Mosquitto: -> its result."""
+    b = brokers.start("mosquitto", tmp_path)
+    try:
+        cfg = ScenarioConfig(scenario="latency", host=b.host, port=b.port, publishers=pairs, subscribers=pairs,
+                             qos=1, rate=rate, duration=duration, procs=2, drain_max=20.0, drain_idle=5.0)
+        return mqtt_bench.run(cfg, b.pid, broker="mosquitto", quiet=True)
+    finally:
+        b.stop()
+
+
 @pytest.mark.skipif(shutil.which("mosquitto") is None and not os.path.exists("/usr/sbin/mosquitto"),
                     reason="mosquitto binary not installed")
 def test_latency_scenario_is_paced_and_timed_by_the_kernel(tmp_path):
-    b = brokers.start("mosquitto", tmp_path)
-    try:
-        cfg = ScenarioConfig(scenario="latency", host=b.host, port=b.port, publishers=6, subscribers=6,
-                             qos=1, rate=600.0, duration=1.5, procs=2, drain_max=20.0, drain_idle=5.0)
-        res = mqtt_bench.run(cfg, b.pid, broker="mosquitto", quiet=True)
-    finally:
-        b.stop()
+    res = _latency_run_on_mosquitto(tmp_path, 6, 600.0, 1.5)
     assert res["gen_loop"] == "paced"
     assert res["gen_rx_kernel_reads"] > 0          # SO_TIMESTAMPNS arrival times, not loop time
     assert res["sent"] > 500 and res["received"] == res["expected"] == res["sent"]
@@ -57,13 +62,7 @@ def test_latency_scenario_is_paced_and_timed_by_the_kernel(tmp_path):
                     reason="mosquitto binary not installed")
 def test_asyncio_worker_still_runs_fixed_rate_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("LMQTT_BENCH_ASYNC_RATE", "1")
-    b = brokers.start("mosquitto", tmp_path)
-    try:
-        cfg = ScenarioConfig(scenario="latency", host=b.host, port=b.port, publishers=4, subscribers=4,
-                             qos=1, rate=400.0, duration=1.0, procs=2, drain_max=20.0, drain_idle=5.0)
-        res = mqtt_bench.run(cfg, b.pid, broker="mosquitto", quiet=True)
-    finally:
-        b.stop()
+    res = _latency_run_on_mosquitto(tmp_path, 4, 400.0, 1.0)
     assert res["gen_loop"] == "asyncio" and res["gen_rx_kernel_reads"] == 0
     assert res["received"] == res["sent"] > 0 and res["lost"] == 0
 
