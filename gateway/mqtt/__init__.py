@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import packets
 from .decoder import Decoder
-from .encoder import (SUCCESS_ACK_HEAD, PublishTemplate, encode, encode_connack_refusal,
+from .encoder import (PINGREQ_HEAD, PINGRESP_BYTES, SUCCESS_ACK_HEAD, PublishTemplate, encode, encode_connack_refusal,
                       encode_malformed_connect_reply, encode_publish, encode_publish_run, encode_publish_v5_parts,
                       encode_success_acks, message_expiry_prop, subscription_identifier_props,
                       topic_alias_prop)
@@ -27,5 +27,5 @@ __all__ = [
     "connack_return_code_v311", "Decoder", "encode", "encode_publish", "PublishTemplate",
     "SUCCESS_ACK_HEAD", "encode_success_acks", "encode_connack_refusal", "encode_malformed_connect_reply",
     "encode_publish_run", "encode_publish_v5_parts", "subscription_identifier_props",
-    "topic_alias_prop", "message_expiry_prop",
+    "topic_alias_prop", "message_expiry_prop", "PINGREQ_HEAD", "PINGRESP_BYTES",
 ]

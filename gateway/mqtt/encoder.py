@@ -142,11 +142,16 @@ def _publish(p: P.Publish, version: int) -> bytes:
     return encode_publish(p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, p.properties, version)
 
 
+# the two packets a parked idle connection's watcher (gateway/net/parking.py, _park.c) handles
+# without the decoder: a PINGREQ's first byte (kept when the second has not come yet) and its reply
+PINGREQ_HEAD = b"\xc0"
+PINGRESP_BYTES = b"\xd0\x00"
+
 _ENCODERS = {
     P.Connect: _connect, P.ConnAck: _connack, P.Publish: _publish,
     P.PubAck: _ack(0x40), P.PubRec: _ack(0x50), P.PubRel: _ack(0x62), P.PubComp: _ack(0x70),
     P.Subscribe: _subscribe, P.SubAck: _suback, P.Unsubscribe: _unsubscribe, P.UnsubAck: _unsuback,
-    P.PingReq: lambda p, v: b"\xc0\x00", P.PingResp: lambda p, v: b"\xd0\x00",
+    P.PingReq: lambda p, v: PINGREQ_HEAD + b"\x00", P.PingResp: lambda p, v: PINGRESP_BYTES,
     P.Disconnect: _disconnect, P.Auth: _auth,
 }
 

@@ -27,6 +27,7 @@ import select
 import time
 from typing import TYPE_CHECKING, Any
 
+from lmqtt.gateway.mqtt import PINGREQ_HEAD, PINGRESP_BYTES
 from lmqtt.store import accel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +37,7 @@ log = logging.getLogger("lmqtt.gateway.conn")
 
 READ_BUF = 4096
 MAX_READS = 16        # reads of one socket per poll: a PINGREQ flood waits for the next poll
-PONG = b"\xd0\x00"
+PONG = PINGRESP_BYTES
 
 
 class PyParker:
@@ -77,7 +78,7 @@ class PyParker:
         if fd not in self._slots:
             return None
         owner, _, pending = self._unwatch(fd)
-        return owner, (b"\xc0" if pending else b"")
+        return owner, (PINGREQ_HEAD if pending else b"")
 
     def idle(self, fd: int) -> float:
         slot = self._slots.get(fd)
@@ -88,7 +89,7 @@ class PyParker:
     def _serve(self, fd: int, slot: list):
         """None: stays parked; (rest, eof): hand back."""
         for _ in range(MAX_READS):
-            head = b"\xc0" if slot[2] else b""
+            head = PINGREQ_HEAD if slot[2] else b""
             try:
                 data = os.read(fd, READ_BUF - len(head))
             except (BlockingIOError, InterruptedError):
