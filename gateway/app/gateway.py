@@ -545,7 +545,8 @@ class Gateway:
                 "publish_received": received, "publish_sent": sent,
                 "publish_dropped": totals.get("lmqtt_dropped_messages", 0),
                 "bytes_received": m.bytes_in, "bytes_sent": m.bytes_out,
-                "subscriptions": sum(len(s.subs) for s in sessions.values()),
+                "subscriptions": sum(len(s.subs) for s in sessions.values())     # and the dormant's
+                + sum(len(d.subs) // 2 for d in b.session_registry.dormant.values()),
                 "connects": totals.get("lmqtt_connects", 0)}
 
     def reload_security(self) -> None:

@@ -89,8 +89,8 @@ class Sampler:
         lag_ms = round((now["lag_sum"] - prev["lag_sum"]) / lag_n * 1000, 2) if lag_n > 0 else None
         b = self.gw.broker
         conns = sum(1 for c in b.connections if c.connected) if b is not None else 0
-        return {"t": round(now["t"], 3), "connections": conns,
-                "sessions": len(b.sessions) if b is not None else 0,
+        known, dormant, _ = session_counts(b)
+        return {"t": round(now["t"], 3), "connections": conns, "sessions": known, "sessions_dormant": dormant,
                 "msg_in_s": rate("in"), "msg_out_s": rate("out"), "bytes_in_s": rate("bytes_in"),
                 "bytes_out_s": rate("bytes_out"), "append_s": rate("appended"), "dispatch_lag_ms": lag_ms,
                 "cpu_pct": round(rate("cpu") * 100, 1), "rss_mb": round(_rss_bytes() / 2**20, 1),
@@ -117,7 +117,19 @@ def overview(gw, sampler: Sampler) -> dict:
     return {"gateway": {"mqtt": "{}:{}".format(*gw.address) if getattr(gw, "address", None) else None,
                         "pid": os.getpid(), "flush_mode": cfg.flush_mode, "data_dir": os.path.abspath(cfg.data_dir),
                         "mode": "fleet gateway" if gw.remote else "lmqtt serve (embedded store)"},
-            "now": last, "subscriptions": sum(len(s.subs) for s in gw.broker.sessions.values())}
+            "now": last, "subscriptions": session_counts(gw.broker)[2]}
+
+
+def session_counts(b) -> tuple[int, int, int]:
+    """(sessions, of which dormant, subscriptions) of the broker `b`: a persistent session restored
+    at start and not built yet (dormant: gateway/core/session_persistence.py `Dormant`, its client
+    not back) counts with its subscriptions, as `$SYS` and `lmqtt_sessions` count it."""
+    if b is None:
+        return 0, 0, 0
+    reg = b.session_registry
+    dormant = getattr(reg, "dormant", {})
+    subs = sum(len(s.subs) for s in reg.sessions.values()) + sum(len(d.subs) // 2 for d in dormant.values())
+    return reg.count(), len(dormant), subs
 
 
 def _client_row(c, now_loop: float) -> dict:
@@ -203,6 +215,7 @@ def sessions(gw, limit: int = 500) -> dict:
     md = lq.metadata
     out = []
     now_ms = int(time.time() * 1000)
+    reg = gw.broker.session_registry if gw.broker is not None else None
     for rec in md.list_sessions(None, limit):
         own = md.get_offsets(rec.client_id)
         subs = []
@@ -213,10 +226,15 @@ def sessions(gw, limit: int = 500) -> dict:
             subs.append({"filter": sub.filter, "qos": sub.qos, "share_group": sub.share_group,
                          "committed_offset": committed, "max_offset": end,
                          "lag": None if committed is None else max(0, end - committed)})
-        connected = rec.last_disconnect_ms is None
-        out.append({"client_id": rec.client_id, "connected": connected,
+        # the live state where the broker knows it: a record of a session connected when the
+        # gateway was killed still says "connected", while its session waits dormant here
+        d = reg.dormant.get(rec.client_id) if reg is not None else None
+        live = reg.sessions.get(rec.client_id) if reg is not None else None
+        connected = (live is not None and live.online) if reg is not None else rec.last_disconnect_ms is None
+        last_ms = d.last_ms if d is not None else rec.last_disconnect_ms
+        out.append({"client_id": rec.client_id, "connected": connected, "dormant": d is not None,
                     "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(rec.protocol_version, str(rec.protocol_version)),
-                    "offline_s": None if connected else round((now_ms - rec.last_disconnect_ms) / 1000),
+                    "offline_s": None if connected or last_ms is None else round((now_ms - last_ms) / 1000),
                     "expiry_interval": rec.expiry_interval, "subscriptions": subs,
                     "lag": sum(s["lag"] or 0 for s in subs)})
     return {"available": True, "sessions": out, "truncated": len(out) >= limit}
@@ -528,6 +546,6 @@ def member_row(gw, fleet, sampler, ready) -> dict:
     return {"gateway": fleet.gateway_id, "url": fleet.url, "pid": os.getpid(),
             "mqtt": "{}:{}".format(*gw.address) if getattr(gw, "address", None) else None,
             "ready": ok, "health": why, "connections": last["connections"], "sessions": last["sessions"],
-            "subscriptions": sum(len(s.subs) for s in b.sessions.values()) if b is not None else 0,
+            "subscriptions": session_counts(b)[2],
             "msg_in_s": last["msg_in_s"], "msg_out_s": last["msg_out_s"], "cpu_pct": last["cpu_pct"],
             "rss_mb": last["rss_mb"]}

@@ -98,6 +98,7 @@ function showSample(s) {
   if (!fleetMode) {
     $("ov-connections").textContent = fmt(s.connections);
     $("ov-sessions").textContent = fmt(s.sessions);
+    $("ov-sessions-dormant").textContent = s.sessions_dormant ? `${fmt(s.sessions_dormant)} dormant` : "";
     $("ov-in").textContent = fmt(s.msg_in_s, 1);
     $("ov-out").textContent = fmt(s.msg_out_s, 1);
   }
@@ -224,7 +225,9 @@ async function loadSessions() {
   const maxLag = Math.max(1, ...d.sessions.flatMap((s) => s.subscriptions.map((x) => x.lag || 0)));
   const rows = [];
   for (const s of d.sessions) {
-    const state = s.connected ? el("span", { class: "ok", text: "connected" + (s.gateway ? ` on ${s.gateway}` : "") }) : `offline ${ago(s.offline_s).replace(" ago", "")}`;
+    const off = s.offline_s === null || s.offline_s === undefined ? "" : ` ${ago(s.offline_s).replace(" ago", "")}`;
+    const state = s.connected ? el("span", { class: "ok", text: "connected" + (s.gateway ? ` on ${s.gateway}` : "") })
+      : el("span", { class: "state", text: (s.dormant ? "dormant, offline" : "offline") + off });
     const subs = s.subscriptions.length ? s.subscriptions : [null];
     subs.forEach((x, i) => {
       const bar = el("div", { class: "bar" }, el("div", { style: `width:${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` }));
