@@ -369,3 +369,32 @@ def test_a_merged_parquet_file_stays_until_the_last_segment_it_holds_rows_of_is_
         assert not [p for p in (tier / "parquet").rglob("*") if p.is_file()]
     finally:
         st.shutdown()
+
+
+def test_a_segments_parquet_files_have_no_dictionary_on_their_distinct_columns(tmp_path):
+    """The per-segment Parquet files (before any merge) are dictionary-encoded only on the columns
+    whose values repeat: msg_id, offset and the timestamps are plain (a dictionary page and then
+    plain fallback pages there cost Spark's reader more than plain Parquet: BENCHMARKS.md)."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark.cold import segment_files
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
+                                  preallocate=False))
+    st.start()
+    try:
+        _append(st, 2000)
+        mf = st.clog.mfq.files[0]
+        files = segment_files(bytes(mf.mm), mf.start_offset, st.ident)
+        assert files
+        for _key, data in files:
+            f = pq.ParquetFile(pa.BufferReader(data))
+            assert f.metadata.num_rows > 0
+            rg = f.metadata.row_group(0)
+            enc = {rg.column(c).path_in_schema: set(rg.column(c).encodings) for c in range(rg.num_columns)}
+            for c in ("msg_id", "offset", "born_ts", "store_ts"):
+                assert not enc[c] & {"RLE_DICTIONARY", "PLAIN_DICTIONARY"}, (c, enc[c])
+            assert "RLE_DICTIONARY" in enc["topic"] and "RLE_DICTIONARY" in enc["queue"]
+    finally:
+        st.shutdown()
