@@ -17,7 +17,8 @@ Cases:
                   matching ones (the store scans the topic's whole ConsumeQueue and keeps the matching
                   records, lightqueue/history.py) with the same all-columns job: rows_per_s of matching
                   rows and scanned_per_s of ConsumeQueue entries looked at; without_spark_rows_per_s:
-                  the source's partition reader alone (store scan + SDK + Arrow batches, no Spark)
+                  the source's partition reader alone (store scan + SDK + Arrow batches, no Spark);
+                  the CPU seconds a run of the store, Spark's JVM and its Python workers
 * cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
                   --tier file://... --tier-parquet on --local-retention 0` (segments of
                   `--cold-segment-mb`); once every sealed segment is in the tier and the
@@ -26,7 +27,10 @@ Cases:
                   without a new segment: 60 s by default), the same
                   all-columns job over (a) `spark.read.parquet(<tier>/parquet)` (the offloaded rows,
                   Spark's native reader), (b) the same rows as plain Parquet written by Spark (the
-                  yardstick; (a) and (b) timed alternately, run by run, after a warm-up job), (c) `spark.read.format("lmqtt")` of the whole topic through the store
+                  yardstick; (a) and (b) timed alternately, round by round, the order swapped
+                  every round, after a warm-up job; vs_plain_parquet = the median of the rounds'
+                  ratios, cpu_vs_plain_parquet = the same of the JVM's CPU seconds; both copies'
+                  files, row groups and codecs are reported), (c) `spark.read.format("lmqtt")` of the whole topic through the store
                   (today's Python source; the offloaded part read back from the tier) and (d)
                   `read_history` (cold Parquet + the hot tail through the source, each row once)
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
@@ -50,6 +54,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -114,6 +119,25 @@ def _timed(df, rows: int, repeat: int, what: str):
         if r["n"] != rows:
             raise RuntimeError(f"{what} read returned {r['n']} rows, {rows} were written")
     return min(times), [round(t, 3) for t in times]
+
+
+def _spark_cpu(spark) -> tuple[float, float]:
+    """(CPU seconds of Spark's JVM, of its Python workers) so far: with the store's CPU, where the
+    time of a read went; on a loaded VM these move far less than the wall-clock figures."""
+    try:
+        import psutil
+        jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
+        t = jvm.cpu_times()
+        py = 0.0
+        for c in jvm.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                py += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return t.user + t.system, py
+    except Exception:  # noqa: BLE001  (no psutil, no local JVM: the figures are left out)
+        return 0.0, 0.0
 
 
 def _ceiling_source():
@@ -290,12 +314,22 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         cdf.write.mode("overwrite").parquet(plain)         # also the session's first (warm-up) job
         pdf = spark.read.schema(cdf.schema).parquet(plain)
         common["plain_parquet_files"] = len([n for n in os.listdir(plain) if n.endswith(".parquet")])
-        # alternated, run by run: the machine's load changes under both the same way
-        c_runs, p_runs = [], []
-        for _ in range(max(1, repeat)):
-            c_runs.append(_timed(cdf, cold_rows, 1, "cold-parquet")[0])
-            p_runs.append(_timed(pdf, cold_rows, 1, "plain parquet")[0])
+        common.update(_layout(files, "cold"), **_layout(
+            [os.path.join(plain, n) for n in sorted(os.listdir(plain)) if n.endswith(".parquet")], "plain"))
+        # alternated, run by run, the order swapped every round (cold-plain, plain-cold, ...): the
+        # machine's load changes under both the same way, and neither always runs right after the
+        # other's reads warmed the caches. The ratio is the median of the rounds' ratios (each
+        # round's pair ran back to back), not best against best
+        c_runs, p_runs, c_cpu, p_cpu = [], [], [], []
+        for i in range(max(1, repeat)):
+            pair = [("c", cdf), ("p", pdf)] if i % 2 == 0 else [("p", pdf), ("c", cdf)]
+            for which, d in pair:
+                j0 = _spark_cpu(spark)[0]
+                t = _timed(d, cold_rows, 1, "cold-parquet" if which == "c" else "plain parquet")[0]
+                (c_runs if which == "c" else p_runs).append(t)
+                (c_cpu if which == "c" else p_cpu).append(_spark_cpu(spark)[0] - j0)
         el_c, el_p = min(c_runs), min(p_runs)
+        per_round = [p / c for c, p in zip(c_runs, p_runs)]
         out.append({"case": "cold-parquet", **common, "seconds": round(el_c, 3),
                     "runs_s": [round(t, 3) for t in c_runs],
                     "rows_per_s": round(cold_rows / el_c), "bytes_on_disk": pq_bytes,
@@ -304,8 +338,18 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         out.append({"case": "cold-parquet:plain-parquet", **common, "seconds": round(el_p, 3),
                     "runs_s": [round(t, 3) for t in p_runs],
                     "rows_per_s": round(cold_rows / el_p), "partitions": pdf.rdd.getNumPartitions()})
-        out[0]["vs_plain_parquet_per_run"] = [round(b / a, 2) for a, b in zip(c_runs, p_runs)]
-        out[0]["vs_plain_parquet"] = round(el_p / el_c, 2)
+        out[0]["vs_plain_parquet_per_run"] = [round(r, 2) for r in per_round]
+        out[0]["vs_plain_parquet"] = round(statistics.median(per_round), 2)
+        out[0]["vs_plain_parquet_best"] = round(el_p / el_c, 2)
+        # the JVM's CPU seconds a run (Spark's Parquet reader and the job): what each copy costs to
+        # read, which the load of other processes changes far less than the elapsed time
+        out[0]["jvm_cpu_s_runs"] = [round(c, 2) for c in c_cpu]
+        out[1]["jvm_cpu_s_runs"] = [round(c, 2) for c in p_cpu]
+        if c_cpu and min(c_cpu) > 0:
+            out[0]["cpu_vs_plain_parquet"] = round(statistics.median(p_cpu) / statistics.median(c_cpu), 2)
+        out[0]["spark_conf"] = {k: spark.conf.get(k) for k in ("spark.sql.files.maxPartitionBytes",
+                                                               "spark.sql.files.openCostInBytes",
+                                                               "spark.sql.parquet.enableVectorizedReader")}
         sdf = (spark.read.format("lmqtt").option("store", address).option("topic", TOPIC)
                .option("recordsPerPartition", str(per_partition)).load())
         el_s, runs = _timed(sdf, rows, repeat, "lmqtt source")
@@ -328,6 +372,22 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
             proc.kill()
         log.close()
     return out
+
+
+def _layout(paths: list, name: str) -> dict:
+    """Files, row groups, rows per row group and codecs of a set of Parquet files (the cold copy and
+    the yardstick side by side, so a reader can check they compare like with like)."""
+    import pyarrow.parquet as pq
+    groups, rows, codecs = 0, 0, set()
+    for p in paths:
+        md = pq.ParquetFile(p).metadata
+        groups += md.num_row_groups
+        rows += md.num_rows
+        for g in range(md.num_row_groups):
+            codecs.update(md.row_group(g).column(c).compression for c in range(md.num_columns))
+    return {f"{name}_files": len(paths), f"{name}_row_groups": groups,
+            f"{name}_rows_per_row_group": round(rows / max(1, groups)), f"{name}_codecs": sorted(codecs),
+            f"{name}_bytes": sum(os.path.getsize(p) for p in paths)}
 
 
 def _load_mixed(address: str, rows: int, size: int, every: int) -> float:
@@ -354,9 +414,10 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
     want = len(range(0, rows, every))
     df = (spark.read.format("lmqtt").option("store", srv.address).option("filter", "fhist/+/temp")
           .option("recordsPerPartition", str(per_partition)).load())
-    s0 = srv.cpu()
+    s0, (j0, w0) = srv.cpu(), _spark_cpu(spark)
     el, runs = _timed(df, want, repeat, "filter-history")
     cpu = (srv.cpu() - s0) / max(1, repeat)
+    j1, w1 = _spark_cpu(spark)
     # the same read without Spark: the source's own partition reader (store scan + SDK + Arrow
     # batches) in this process, one partition after the other, best of `repeat`
     from lmqtt.store.spark.source import SourceQueues
@@ -373,7 +434,8 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
         q.conn.close()
     return {"case": "filter-history", "rows": want, "among": rows, "size": size, "seconds": round(el, 3),
             "runs_s": runs, "rows_per_s": round(want / el), "scanned_per_s": round(rows / el),
-            "store_cpu_s_per_run": round(cpu, 2), "partitions": df.rdd.getNumPartitions(),
+            "store_cpu_s_per_run": round(cpu, 2), "jvm_cpu_s_per_run": round((j1 - j0) / max(1, repeat), 2),
+            "py_workers_cpu_s_per_run": round((w1 - w0) / max(1, repeat), 2), "partitions": df.rdd.getNumPartitions(),
             "without_spark_rows_per_s": round(want / min(direct)), "without_spark_runs_s": [round(t, 3) for t in direct],
             "load_s": round(load_s, 1)}
 

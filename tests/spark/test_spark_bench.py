@@ -21,3 +21,17 @@ def test_batch_cases_read_every_row_and_report_their_fields(spark, tmp_path):
     assert by["lmqtt"]["partitions"] == 2 and by["python-source"]["partitions"] == 2
     assert by["python-source"]["batch_rows"] == 1500       # the lmqtt reader's first batch, repeated
     assert by["lmqtt"]["store_cpu_s_per_run"] >= 0
+
+
+def test_filter_history_case_reads_the_matching_rows_and_splits_the_cpu(spark):
+    """The filter-history case: 1 in 10 of the messages under `fhist` match `fhist/+/temp`; Spark and
+    the source's reader alone both return exactly those (the bench raises otherwise), and the row
+    says where the CPU went (store, Spark's JVM, its Python workers)."""
+    srv = LmqttProc("serve")
+    try:
+        r = spark_bench.bench_filter_history(spark, srv, 3000, 100, 10, per_partition=150, repeat=1)
+    finally:
+        srv.stop()
+    assert r["rows"] == 300 and r["among"] == 3000 and r["rows_per_s"] > 0 and r["without_spark_rows_per_s"] > 0
+    assert r["partitions"] == 2                      # 3,000 entries at 150 rows of 1 in 10: 2 of 1,500
+    assert r["store_cpu_s_per_run"] >= 0 and r["jvm_cpu_s_per_run"] > 0 and r["py_workers_cpu_s_per_run"] >= 0
