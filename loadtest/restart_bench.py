@@ -11,6 +11,10 @@ connects would take minutes and is not what is measured), the session records an
 written straight into the stopped server's metadata (lightqueue.MetadataStore, the records the
 gateway writes for such a client), and the server is started once to register their filters, as
 their SUBSCRIBEs did. Then the broker is stopped (SIGTERM) and started again `--repeat` times.
+`--foreign M` (lmqtt-fleet): M more session records naming a gateway of the fleet that is gone
+(the rest of a bigger fleet's sessions) are written into the stopped store's metadata after the
+creation; each restarting gateway restores its own and must not read those (the store's
+metadata indexes the records by gateway: lightqueue/metadata.py).
 
 One JSON line per restart:
 
@@ -98,6 +102,26 @@ def write_sessions_direct(data_dir: Path, n: int) -> None:
         md.close()
 
 
+def write_foreign_direct(data_dir: Path, m: int, host: str = "gone-gw") -> None:
+    """`m` session records (and offsets) of clients of gateway `host`, which is not running: the
+    records a fleet gateway writes (`SessionRecord.host`), into the stopped store's metadata."""
+    from lmqtt.lightqueue.metadata import MetadataStore
+    from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES, SessionRecord, Subscription
+
+    md = MetadataStore(str(data_dir / "lightqueue" / "meta"))
+    try:
+        now = int(time.time() * 1000)
+        for i in range(m):
+            flt = f"fx/dev/{i}/+"
+            rec = SessionRecord(f"fx-{i}", 4, NEVER_EXPIRES, now, [Subscription(flt, 1)],
+                                {"inflight": {"out": [], "next": {flt: 0}, "in2": [], "pid": 1}, HOST: host})
+            md.put_session(rec.client_id, rec)
+            md.set_offsets(rec.client_id, {flt: 0})
+        md.flush()
+    finally:
+        md.close()
+
+
 def _rss(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -171,7 +195,7 @@ def import_s(argv: list[str], host: str, port: int, log: Path, timeout: float) -
 
 
 def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s: float,
-                 lmqtt_src: str | None = None) -> list[dict]:
+                 lmqtt_src: str | None = None, foreign: int = 0) -> list[dict]:
     started = time.monotonic()
     left = lambda: max(10.0, cap_s - (time.monotonic() - started))     # noqa: E731
     if create == "auto":
@@ -179,6 +203,9 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
     if create == "direct" and name != "lmqtt":
         return [{"case": name, "sessions": n, "skipped": f"--create direct is for lmqtt serve only ({name}: "
                  f"sessions are created over MQTT, pass --create mqtt for {n:,} connects)"}]
+    if foreign and name != "lmqtt-fleet":
+        return [{"case": name, "sessions": n, "skipped": "--foreign is for lmqtt-fleet (a gateway restoring its own "
+                 "among other gateways' sessions)"}]
     workdir = base / name
     mport = brokers.free_port() if name == "lmqtt" else None
     sec = brokers.Security(lmqtt_args=("--metrics-port", str(mport), "--no-console")) if mport else None
@@ -194,6 +221,10 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
             rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=left(), security=sec, **src)
         else:
             asyncio.run(_sessions(rb.host, [rb.port, *rb.extra_ports], True, range(n)))
+        if foreign:
+            rb.stop(timeout=300.0)
+            write_foreign_direct(workdir / "lmqtt-data", foreign)
+            rb = brokers.start(name, workdir, port=rb.port, persist=True, ready_timeout=left(), security=sec, **src)
         created_s = time.monotonic() - t0
         step = max(1, n // SAMPLE) | 1          # odd: a fleet's sample spans both gateways
         sample = range(1, n, step)
@@ -216,7 +247,8 @@ def bench_broker(name: str, n: int, repeat: int, base: Path, create: str, cap_s:
             present = asyncio.run(_sessions(rb.host, ports, False, sample, timeout=min(600.0, left())))
             all_s = time.monotonic() - t0
             rss = _rss(rb.pid) if single else None          # one process only
-            out.append({"case": name, "version": rb.version, "sessions": n, "rep": rep, "created": create,
+            out.append({"case": name, "version": rb.version, "sessions": n, "foreign": foreign, "rep": rep,
+                        "created": create,
                         "created_s": round(created_s, 1), "restart_s": round(restart_s, 3),
                         "cpu_s": cpu, "first_connack_s": round(first_s, 3), "first_present": bool(first),
                         "all_present_s": round(all_s, 3), "sample": len(sample), "sample_present": present,
@@ -244,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                                         "built in place), to compare two versions")
     ap.add_argument("--time-cap", type=float, default=1800.0,
                     help="seconds a broker's run may take, creation included (default 1800)")
+    ap.add_argument("--foreign", type=int, default=0,
+                    help="lmqtt-fleet: this many more session records of a gone gateway in the store, which a "
+                         "restarting gateway must not read (default 0)")
     args = ap.parse_args(argv)
     if args.sessions < SAMPLE:
         ap.error(f"--sessions must be at least {SAMPLE}")
@@ -252,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in [b.strip() for b in args.brokers.split(",") if b.strip()]:
             try:
                 for row in bench_broker(name, args.sessions, args.repeat, base, args.create, args.time_cap,
-                                        args.lmqtt_src):
+                                        args.lmqtt_src, args.foreign):
                     print(json.dumps(row), flush=True)
             except brokers.BrokerUnavailable as e:
                 print(json.dumps({"case": name, "error": str(e)}), flush=True)
