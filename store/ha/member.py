@@ -128,8 +128,10 @@ class Member:
         me = self.peers[node - 1]
         self.raft_addr = f"{me[0]}:{raft_port(me[1])}"
         others = [f"{h}:{raft_port(p)}" for i, (h, p) in enumerate(peers) if i != node - 1]
+        # connectionRetryTime: pysyncobj re-dials a peer it lost every 5 s by default, so a member
+        # restarted just after a dial failed waited up to 5 s for the Raft leader (and its role)
         conf = SyncObjConf(autoTick=True, raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.1,
-                           connectionTimeout=3.5, journalFile=os.path.join(ha_dir, "raft.journal"),
+                           connectionTimeout=3.5, connectionRetryTime=0.5, journalFile=os.path.join(ha_dir, "raft.journal"),
                            fullDumpFile=os.path.join(ha_dir, "raft.dump"), dynamicMembershipChange=False,
                            bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
         self._become_read_only("starting: the group state is not known yet")
