@@ -18,7 +18,8 @@ Cases:
                   records, lightqueue/history.py) with the same all-columns job: rows_per_s of matching
                   rows and scanned_per_s of ConsumeQueue entries looked at; without_spark_rows_per_s:
                   the source's partition reader alone (store scan + SDK + Arrow batches, no Spark);
-                  the CPU seconds a run of the store, Spark's JVM and its Python workers
+                  the CPU seconds of the store, Spark's JVM and its Python workers, run by run
+                  (cpu_s_runs) and their medians over the warm runs (*_cpu_s_per_run)
 * cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
                   --tier file://... --tier-parquet on --local-retention 0` (segments of
                   `--cold-segment-mb`); once every sealed segment is in the tier and the
@@ -414,10 +415,18 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
     want = len(range(0, rows, every))
     df = (spark.read.format("lmqtt").option("store", srv.address).option("filter", "fhist/+/temp")
           .option("recordsPerPartition", str(per_partition)).load())
-    s0, (j0, w0) = srv.cpu(), _spark_cpu(spark)
-    el, runs = _timed(df, want, repeat, "filter-history")
-    cpu = (srv.cpu() - s0) / max(1, repeat)
-    j1, w1 = _spark_cpu(spark)
+    # run by run, with the CPU seconds each run cost the store, Spark's JVM and its Python workers
+    # (the first run also starts the workers and compiles the plan)
+    runs, cpu_runs = [], {"store": [], "jvm": [], "py_workers": []}
+    for _ in range(max(1, repeat)):
+        s0, (j0, w0) = srv.cpu(), _spark_cpu(spark)
+        runs.append(_timed(df, want, 1, "filter-history")[0])
+        j1, w1 = _spark_cpu(spark)
+        for k, v in (("store", srv.cpu() - s0), ("jvm", j1 - j0), ("py_workers", w1 - w0)):
+            cpu_runs[k].append(round(v, 2))
+    el = min(runs)
+    runs = [round(t, 3) for t in runs]
+    warm = {k: v[1:] or v for k, v in cpu_runs.items()}
     # the same read without Spark: the source's own partition reader (store scan + SDK + Arrow
     # batches) in this process, one partition after the other, best of `repeat`
     from lmqtt.store.spark.source import SourceQueues
@@ -434,8 +443,9 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
         q.conn.close()
     return {"case": "filter-history", "rows": want, "among": rows, "size": size, "seconds": round(el, 3),
             "runs_s": runs, "rows_per_s": round(want / el), "scanned_per_s": round(rows / el),
-            "store_cpu_s_per_run": round(cpu, 2), "jvm_cpu_s_per_run": round((j1 - j0) / max(1, repeat), 2),
-            "py_workers_cpu_s_per_run": round((w1 - w0) / max(1, repeat), 2), "partitions": df.rdd.getNumPartitions(),
+            "store_cpu_s_per_run": statistics.median(warm["store"]), "jvm_cpu_s_per_run": statistics.median(warm["jvm"]),
+            "py_workers_cpu_s_per_run": statistics.median(warm["py_workers"]), "cpu_s_runs": cpu_runs,
+            "partitions": df.rdd.getNumPartitions(),
             "without_spark_rows_per_s": round(want / min(direct)), "without_spark_runs_s": [round(t, 3) for t in direct],
             "load_s": round(load_s, 1)}
 
