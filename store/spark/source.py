@@ -210,11 +210,9 @@ class SourceQueues:
         matching entries of its ConsumeQueues: the share that matches is sampled (one range read
         of up to 65,536 entries in the middle of [start, end)) and the partitions are widened by its
         inverse (at most 100x), so a filter matching 1 message in 10 gets partitions of 10x the
-        entries, not ten times as many partitions of a tenth of the rows. The partition count is
-        the nearest whole number to the range over that estimate, not its ceiling: a sample a hair
-        above 1 in 10 would otherwise make 5 partitions of 10M entries at 250,000 rows a partition
-        (3 rounds on 2 cores, the last one with one core idle) where 4 is what was asked
-        (lmqtt bench spark --cases filter-history)."""
+        entries, not ten times as many partitions of a tenth of the rows. Such a widened size is an
+        estimate: the reader makes the nearest whole number of partitions of it, not the ceiling
+        (`_split_ranges`' `estimated`)."""
         if not self.filter or key.startswith("lq:") or end - start <= rows:
             return rows
         from lmqtt.store import protocol as W
@@ -226,9 +224,7 @@ class SourceQueues:
         header, _pos, count = split_body(body)
         scanned = max(1, int(header.get("next_offset", mid + n)) - mid)
         share = max(count / scanned, 0.01)
-        per = max(rows, int(rows / share))
-        n = max(1, round((end - start) / per))
-        return -(-(end - start) // n)
+        return max(rows, int(rows / share))
 
     def iter_batches(self, key: str, start: int, end: int):
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
@@ -292,14 +288,18 @@ def _read_partition(opts: dict, p: RangePartition):
         q.conn.close()
 
 
-def _split_ranges(key: str, start: int, end: int, per: int) -> list[RangePartition]:
+def _split_ranges(key: str, start: int, end: int, per: int, estimated: bool = False) -> list[RangePartition]:
     """[start, end) in as few partitions of at most `per` entries as it takes, all of about the same
     size (no small last one: on 2 cores, 4 equal partitions finish in 2 rounds where 4 full ones and
-    a stub took 3)."""
+    a stub took 3). `estimated` (a filter read's size widened by a sampled share): the nearest whole
+    number of partitions of `per`, not the ceiling - a sample a hair above 1 in 10 made 5
+    partitions of 10M entries at 250,000 rows a partition (3 rounds on 2 cores, the last with one
+    core idle) where 4 were asked (lmqtt bench spark --cases filter-history)."""
     if end <= start:
         return []
     total = end - start
-    n = -(-total // max(1, per))
+    per = max(1, per)
+    n = max(1, int(total / per + 0.5)) if estimated else -(-total // per)
     cuts = [start + total * i // n for i in range(n + 1)]
     return [RangePartition(key, a, b) for a, b in zip(cuts, cuts[1:])]
 
@@ -323,7 +323,8 @@ class LmqttReader(DataSourceReader):
                 s = lo if t0 is None else q.offset_for_time(key, t0)
                 s = max(s, at.get(key, s))
                 e = hi if t1 is None else q.offset_for_time(key, t1)
-                parts += _split_ranges(key, s, e, q.entries_per_partition(key, s, e, self.per))
+                per = q.entries_per_partition(key, s, e, self.per)
+                parts += _split_ranges(key, s, e, per, estimated=per > self.per)
         finally:
             q.conn.close()
         return parts or [RangePartition("", 0, 0)]
