@@ -27,8 +27,7 @@ import os
 import threading
 import time
 
-from pysyncobj import SyncObj, SyncObjConf
-from pysyncobj.syncobj import FAIL_REASON
+from .raft import FAIL_REASON, SyncObj, SyncObjConf
 
 from .epochs import EpochFile
 from .replication import AckGate, Follower, MetaLog, NotPrimary, Shipper

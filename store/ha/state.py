@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from pysyncobj import SyncObjConsumer, replicated
+from .raft import SyncObjConsumer, replicated
 
 
 class GroupState(SyncObjConsumer):

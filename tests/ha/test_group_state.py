@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 
-from pysyncobj import SyncObj, SyncObjConf
+import subprocess
+import sys
 
+from lmqtt.store.ha.raft import SyncObj, SyncObjConf
 from lmqtt.store.ha.state import GroupState
 from tests.support import free_port
 
@@ -32,3 +34,18 @@ def test_elections_and_in_sync_changes_are_fenced_by_epoch():
         assert call(st.heartbeat, 1, 1, 100) == (2, 2, (2,))  # what a deposed primary hears back
     finally:
         raft.destroy()
+
+
+def test_a_store_group_member_process_keeps_a_working_socket_inet_ntop():
+    """pysyncobj replaces socket.inet_ntop with a Windows-only function on import (store/ha/raft.py):
+    a member process (and any process that imported store.ha, as a test worker) then failed every
+    address formatting with it - psutil's connection listing included (the million bench's bound
+    test skipped in CI for exactly that). In a fresh interpreter, as a member imports it."""
+    code = ("import socket, psutil, os\n"
+            "import lmqtt.store.ha.member, lmqtt.store.ha.state\n"
+            "import pysyncobj.tcp_connection\n"
+            "assert socket.inet_ntop(socket.AF_INET, b'\\x7f\\x00\\x00\\x01') == '127.0.0.1'\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "assert any(c.laddr.port == s.getsockname()[1] for c in psutil.Process().net_connections('tcp'))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
