@@ -68,6 +68,18 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+
+def _stop(holders, proc, log) -> None:
+    """Close every held connection, then the broker (SIGTERM, SIGKILL after 30 s), then its log."""
+    for h in holders:
+        h.close_all()
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
 def _snapshot(d: str, n: int, timeout: float = 120.0) -> dict:
     open(os.path.join(d, f"snap-{n}.req"), "w").close()
     path = os.path.join(d, f"snap-{n}.pkl")
@@ -113,14 +125,7 @@ def profile(connections: int, warmup: int, subscribe: bool, frames: int, top: in
         b = _snapshot(work, 1)
         open_now = h.still_open()
     finally:
-        for h in holders:
-            h.close_all()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        _stop(holders, proc, log)
     shutil.rmtree(work, ignore_errors=True)
     n = connections
     stats = b["snapshot"].compare_to(a["snapshot"], "traceback" if frames > 1 else "lineno")
@@ -190,14 +195,7 @@ def rss_profile(connections: int, warmup: int, subscribe: bool, batches: int, pa
         r1 = _rss_of(proc.pid)
         open_now = sum(h.still_open() for h in holders) - warmup
     finally:
-        for h in holders:
-            h.close_all()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        _stop(holders, proc, log)
     shutil.rmtree(work, ignore_errors=True)
     return {"connections": connections, "still_open": open_now, "batches": batches, "pause_s": pause,
             "rss_bytes_per_conn": round((r1 - r0) / connections, 1)}
