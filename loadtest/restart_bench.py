@@ -81,10 +81,9 @@ async def _sessions(host: str, ports: list[int], subscribe: bool, ids, timeout: 
     return present
 
 
-def write_sessions_direct(data_dir: Path, n: int) -> None:
-    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with clean
-    session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
-    metadata: what the MQTT creation leaves, without a million connects."""
+def _write_records(data_dir: Path, n: int, prefix: str, extra: dict) -> None:
+    """`n` session records `{prefix}-{i}` subscribed (QoS 1) to `{prefix}/dev/{i}/+`, with their
+    offsets, written into a stopped data dir's metadata (`extra`: more record state)."""
     from lmqtt.lightqueue.metadata import MetadataStore
     from lmqtt.lightqueue.records import NEVER_EXPIRES, SessionRecord, Subscription
 
@@ -92,34 +91,28 @@ def write_sessions_direct(data_dir: Path, n: int) -> None:
     try:
         now = int(time.time() * 1000)
         for i in range(n):
-            flt = f"rs/dev/{i}/+"
-            rec = SessionRecord(f"rs-{i}", 4, NEVER_EXPIRES, now, [Subscription(flt, 1)],
-                                {"inflight": {"out": [], "next": {flt: 0}, "in2": [], "pid": 1}})
+            flt = f"{prefix}/dev/{i}/+"
+            rec = SessionRecord(f"{prefix}-{i}", 4, NEVER_EXPIRES, now, [Subscription(flt, 1)],
+                                {"inflight": {"out": [], "next": {flt: 0}, "in2": [], "pid": 1}, **extra})
             md.put_session(rec.client_id, rec)
             md.set_offsets(rec.client_id, {flt: 0})
         md.flush()
     finally:
         md.close()
+
+
+def write_sessions_direct(data_dir: Path, n: int) -> None:
+    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with clean
+    session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
+    metadata: what the MQTT creation leaves, without a million connects."""
+    _write_records(data_dir, n, "rs", {})
 
 
 def write_foreign_direct(data_dir: Path, m: int, host: str = "gone-gw") -> None:
     """`m` session records (and offsets) of clients of gateway `host`, which is not running: the
     records a fleet gateway writes (`SessionRecord.host`), into the stopped store's metadata."""
-    from lmqtt.lightqueue.metadata import MetadataStore
-    from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES, SessionRecord, Subscription
-
-    md = MetadataStore(str(data_dir / "lightqueue" / "meta"))
-    try:
-        now = int(time.time() * 1000)
-        for i in range(m):
-            flt = f"fx/dev/{i}/+"
-            rec = SessionRecord(f"fx-{i}", 4, NEVER_EXPIRES, now, [Subscription(flt, 1)],
-                                {"inflight": {"out": [], "next": {flt: 0}, "in2": [], "pid": 1}, HOST: host})
-            md.put_session(rec.client_id, rec)
-            md.set_offsets(rec.client_id, {flt: 0})
-        md.flush()
-    finally:
-        md.close()
+    from lmqtt.lightqueue.records import HOST
+    _write_records(data_dir, m, "fx", {HOST: host})
 
 
 def _rss(pid: int) -> int | None:
