@@ -254,16 +254,16 @@ def _passwd(*args):
 def test_lmqtt_passwd_creates_changes_deletes_and_upgrades_plaintext(tmp_path):
     pw = str(tmp_path / "passwd")
     assert _passwd("-b", pw, "alice", "x").returncode == 1                     # no file, no -c
-    assert _passwd("-c", "-b", pw, "alice", "one").returncode == 0
-    assert _passwd("-b", pw, "bob", "two").returncode == 0
+    assert _passwd("-c", "-b", pw, "alice", "one-pw").returncode == 0
+    assert _passwd("-b", pw, "bob", "two-pw").returncode == 0
     f = PasswordFile(pw)
-    assert f.authenticate(C(username="alice", password="one")) and f.authenticate(C(username="bob", password="two"))
-    assert "one" not in open(pw).read()
+    assert f.authenticate(C(username="alice", password="one-pw")) and f.authenticate(C(username="bob", password="two-pw"))
+    assert "one-pw" not in open(pw).read()                               # "-" is outside the base64 of salt and hash
     assert _passwd("-D", pw, "alice").returncode == 0
     r = _passwd("-D", pw, "alice")
     assert r.returncode == 1 and "not in" in r.stderr
     f.reload()
-    assert f.authenticate(C(username="alice", password="one")) is None
+    assert f.authenticate(C(username="alice", password="one-pw")) is None
     plain = tmp_path / "plain"
     plain.write_text("carol:pw3\n# comment\ndave:$7$101$cHLBo9T75EyCMnAY$2ceqdEz08ZPhlvze5VkEyuox8gVZWmRR3a2AT+LVDjyzcuUnG9VSVZuz4baL6m0BQARkGIRX5HKUE8+FOk6B4A==\n")
     assert _passwd("-U", str(plain)).returncode == 0
