@@ -103,9 +103,16 @@ class LightQueueStore:
         new = is_wildcard(flt) and self.registry.refcount(flt) == 0
         if new and self.before_register is not None:
             self.before_register()
-        n = self.registry.register(flt)
-        if new:
-            self._start_epoch(flt)
+        if not is_wildcard(flt):
+            return self.registry.register(flt)
+        ep = []
+
+        def epoch() -> tuple[int, int]:      # once in the trie: from the log's end now on
+            ep.append((int(self._store.max_offset), int(time.time() * 1000)))
+            return ep[0]
+        n = self.registry.register(flt, epoch)     # the count and a new epoch in one write
+        if ep:
+            self._epochs[flt] = ep[0]
         return n
 
     def register_filters(self, filters) -> None:

@@ -621,6 +621,18 @@ class MetadataStore:
             self._write(wb)
         return n
 
+    def put_filter_ref(self, flt: str, n: int, epoch: tuple[int, int] | None = None) -> None:
+        """Write `flt`'s reference count `n` (> 0; the caller holds the counts: FilterRegistry)
+        and, for a wildcard filter registered anew, its epoch (CommitLog position, ms), in one
+        WAL write."""
+        key = P_FILTER + flt.encode("utf-8")
+        if epoch is None:
+            return self._put(key, _U32.pack(n))
+        wb = self._batch()
+        wb.put(key, _U32.pack(n))
+        wb.put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(*epoch))
+        self._write(wb)
+
     def set_filter_refs(self, counts: dict[str, int]) -> None:
         """Write absolute reference counts (0 deletes) in one WAL write; the caller holds the
         authoritative in-memory counts (FilterRegistry), so no read-modify-write is needed."""

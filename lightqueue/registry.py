@@ -32,15 +32,28 @@ class FilterRegistry:
         self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._cache_size = cache_size
 
-    def register(self, flt: str) -> int:
-        """Add one reference to `flt` (validated); returns its new reference count."""
+    def register(self, flt: str, epoch=None) -> int:
+        """Add one reference to `flt` (validated); returns its new reference count. `epoch()`:
+        called for a wildcard filter going 0 -> 1 once it is in the trie (every record appended
+        from then on is indexed into its queue); the (CommitLog position, ms) it returns is
+        written with the count, in one metadata write. The count written is the one held here
+        (the metadata's, read at start or by `reload`): no read before the write (issue 29: a
+        new persistent session's SUBSCRIBE wrote a read, a count and an epoch; now one write)."""
         validate_filter(flt)
         with self._lock:
-            n = self._meta.add_filter_ref(flt, +1)
-            self._refs[flt] = n
-            if n == 1 and is_wildcard(flt):
+            n = self._refs.get(flt, 0) + 1
+            added = n == 1 and is_wildcard(flt)
+            if added:
                 self._trie.add(flt)
                 self._cache = OrderedDict()  # publishers holding the old dict write into garbage
+            try:
+                self._meta.put_filter_ref(flt, n, epoch() if added and epoch is not None else None)
+            except BaseException:
+                if added:                    # not registered: out of the trie again
+                    self._trie.remove(flt)
+                    self._cache = OrderedDict()
+                raise
+            self._refs[flt] = n
         return n
 
     def register_many(self, filters) -> None:
