@@ -273,6 +273,15 @@ class MetadataStore:
             wb.delete(_hkey(before, client_id))
         self._write(wb)
 
+    def put_sessions(self, records: list[tuple[str, SessionRecord]]) -> None:
+        """Several records (and their by-gateway index entries, as `put_session` without `before`)
+        in one write: the sessions a gateway saw go offline in one event-loop tick."""
+        wb = self._batch()
+        for client_id, rec in records:
+            wb.put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
+            wb.put(_hkey(rec.host, client_id), b"")
+        self._write(wb)
+
     def _build_session_index(self) -> None:
         """Index every session record by the gateway it names (a data dir written before the index
         existed; one pass over the records' bytes, said once in the log), then mark it built."""

@@ -254,6 +254,10 @@ class SessionPersistence:
         # packets (encoded) each waits with until the store answered (`journal`)
         self._journal: dict["Session", list[bytes]] = {}
         self._journal_scheduled = False
+        # `lmqtt serve`: the sessions gone offline in this tick, by client id, whose records are
+        # written together at its end (`save_offline`)
+        self._offline: dict[str, "Session"] = {}
+        self._offline_scheduled = False
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
@@ -280,6 +284,8 @@ class SessionPersistence:
     def save_session(self, s: "Session"):
         """Write the session's record: the store's answer (a CONNACK / SUBACK it backs waits for
         it); a failure is logged here."""
+        if self._offline:
+            self._offline.pop(s.client_id, None)     # this write is newer than the one waiting
         try:
             rec = self.record_of(s)
         except Exception as e:
@@ -290,6 +296,47 @@ class SessionPersistence:
         if self.metrics is not None:
             self.metrics.session_record_writes += 1
         return answer
+
+    def save_offline(self, s: "Session") -> None:
+        """The record of a persistent session whose client went away (its last disconnect time, its
+        exchanges in flight). No packet waits for it: the client is gone. On `lmqtt serve` it is
+        written at the end of this event-loop tick, with those of every other session gone offline
+        in it, in one metadata write (issue 29: a reconnect storm's disconnects were a write each);
+        a `kill -9` before that tick's end loses only that the session went offline: it is
+        restored as one connected at the crash (offline, and its expiry counted, from the restart),
+        its subscriptions and exchanges as its last record says (each change of them was written
+        before the packet that told the client). A newer write of the session (`save_session`,
+        `delete_session`) replaces the waiting one. A fleet gateway (`host`) writes it now: the
+        store orders it before another gateway's claim of the session."""
+        if self.host is not None or self._loop is None:
+            self.save_session(s)
+            return
+        self._offline[s.client_id] = s
+        if not self._offline_scheduled:
+            self._offline_scheduled = True
+            self._loop.call_soon(self.write_offline)
+
+    def write_offline(self) -> None:
+        """Write the records `save_offline` left for the end of this tick: one write."""
+        self._offline_scheduled = False
+        if not self._offline:
+            return
+        waiting, self._offline = self._offline, {}
+        live = self._session_live
+        records = []
+        for cid, s in waiting.items():
+            if s.conn is not None or not live(s):
+                continue                      # back online or ended: its own writes tell
+            try:
+                records.append((cid, self.record_of(s)))
+            except Exception as e:  # noqa: BLE001 - the others are written
+                log.error("event=save_session_failed client_id=%s error=%r", cid, e)
+        if not records:
+            return
+        log_failure(self.sessions.put_many(records), log, "save_session_failed", client_id=records[0][0],
+                    records=len(records))
+        if self.metrics is not None:
+            self.metrics.session_record_writes += len(records)
 
     # -- QoS 2 write-ahead of a connected session's exchanges ------------------------------------
     def write_ahead(self, s: "Session"):
@@ -349,6 +396,7 @@ class SessionPersistence:
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
+        self._offline.pop(client_id, None)
         log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
     def records_for_restore(self):
@@ -415,6 +463,7 @@ class SessionPersistence:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self.write_offline()
         self.flush()
 
     def flush(self) -> None:

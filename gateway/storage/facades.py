@@ -258,6 +258,9 @@ class SessionStore(Protocol):
 
     def put(self, client_id: str, rec: "SessionRecord") -> Answer[None]:
         """Write the record; a CONNACK / SUBACK it backs waits for the answer."""
+    def put_many(self, records: "list[tuple[str, SessionRecord]]") -> Answer[None]:
+        """Write several records (client id, record) that nothing waits for (sessions gone
+        offline): in-process one metadata write; remote, one `put` each, in order."""
     def get(self, client_id: str) -> "Answer[SessionRecord | None]": ...
     def load(self, client_id: str) -> "Answer[tuple[SessionRecord | None, dict[str, int]]]":
         """The record and the client's committed offsets together (a CONNECT resuming a session)."""

@@ -120,6 +120,9 @@ class RemoteSessions:
             self.kept[client_id] = text
         return ask(self.link, P.PutSession(client_id, text)).then(_none)
 
+    def put_many(self, records: list[tuple[str, SessionRecord]]) -> Answer[None]:
+        return Answer.gather([self.put(cid, rec) for cid, rec in records]).then(_none)
+
     def get(self, client_id: str) -> Answer[SessionRecord | None]:
         return ask(self.link, P.GetSession(client_id)).then(_record)
 

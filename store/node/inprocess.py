@@ -24,6 +24,9 @@ class InProcessSessions:
     def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
         return Answer.now(self.md.put_session, client_id, rec)
 
+    def put_many(self, records: list[tuple[str, SessionRecord]]) -> Answer[None]:
+        return Answer.now(self.md.put_sessions, records)
+
     def get(self, client_id: str) -> Answer[SessionRecord | None]:
         return Answer.now(self.md.get_session, client_id)
 
