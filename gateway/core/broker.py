@@ -361,7 +361,13 @@ class Broker:
                 # its QoS 2 exchanges go out again below (PUBLISH with DUP, PUBREL) in the state held
                 # here, which may be newer than its record (a PUBREC taken whose write then failed): they
                 # leave only once this write is done, and a write that fails drops the connection
-                self._save_session(s, qos2_resumed=present and any(inf.qos == 2 for inf in s.outbound.values()))
+                qos2 = present and any(inf.qos == 2 for inf in s.outbound.values())
+                if present and not qos2 and self.persist.writes_later:
+                    # `lmqtt serve`, nothing of QoS 2 to send again: the record saying it is connected
+                    # is written at the end of this tick with the others (issue 29 storm), not before CONNACK
+                    self.persist.save_later(s)
+                else:
+                    self._save_session(s, qos2_resumed=qos2)
             # else a new session (no record: CONNACK says none is present) with nothing in it yet, on
             # the embedded server: its record is first written by what puts something in it (its
             # SUBSCRIBE, before SUBACK; a QoS 2 exchange) or by its disconnect. A crash before that

@@ -254,10 +254,10 @@ class SessionPersistence:
         # packets (encoded) each waits with until the store answered (`journal`)
         self._journal: dict["Session", list[bytes]] = {}
         self._journal_scheduled = False
-        # `lmqtt serve`: the sessions gone offline in this tick, by client id, whose records are
-        # written together at its end (`save_offline`)
-        self._offline: dict[str, "Session"] = {}
-        self._offline_scheduled = False
+        # `lmqtt serve`: the sessions whose records are written together at the end of this tick
+        # (`save_later`), by client id
+        self._later: dict[str, "Session"] = {}
+        self._later_scheduled = False
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
@@ -284,8 +284,8 @@ class SessionPersistence:
     def save_session(self, s: "Session"):
         """Write the session's record: the store's answer (a CONNACK / SUBACK it backs waits for
         it); a failure is logged here."""
-        if self._offline:
-            self._offline.pop(s.client_id, None)     # this write is newer than the one waiting
+        if self._later:
+            self._later.pop(s.client_id, None)       # this write is newer than the one waiting
         try:
             rec = self.record_of(s)
         except Exception as e:
@@ -297,36 +297,43 @@ class SessionPersistence:
             self.metrics.session_record_writes += 1
         return answer
 
-    def save_offline(self, s: "Session") -> None:
-        """The record of a persistent session whose client went away (its last disconnect time, its
-        exchanges in flight). No packet waits for it: the client is gone. On `lmqtt serve` it is
-        written at the end of this event-loop tick, with those of every other session gone offline
-        in it, in one metadata write (issue 29: a reconnect storm's disconnects were a write each);
-        a `kill -9` before that tick's end loses only that the session went offline: it is
-        restored as one connected at the crash (offline, and its expiry counted, from the restart),
-        its subscriptions and exchanges as its last record says (each change of them was written
-        before the packet that told the client). A newer write of the session (`save_session`,
-        `delete_session`) replaces the waiting one. A fleet gateway (`host`) writes it now: the
-        store orders it before another gateway's claim of the session."""
+    @property
+    def writes_later(self) -> bool:
+        """Whether `save_later` leaves records for the end of the tick (`lmqtt serve`)."""
+        return self.host is None and self._loop is not None
+
+    def save_later(self, s: "Session") -> None:
+        """Write the session's record at the end of this event-loop tick, with every other record
+        left for it, in one metadata write: for a record no packet waits for (issue 29: a
+        reconnect storm's records were a write each). Two of them: a persistent session gone
+        offline (its client is gone; the record says since when, and its exchanges in flight),
+        and a session resumed by a CONNECT with nothing of QoS 2 to send again (the record says
+        it is connected: its expiry does not run). A `kill -9` before the tick's end loses only
+        that change of state: the session comes back as its last record says (each change of its
+        subscriptions and exchanges was written before the packet that told the client), with
+        its expiry counted from the disconnect before, or from the restart. The record is built
+        when written, from the session as it then is; a newer write of it (`save_session`) or
+        its end (`delete_session`) in the same tick replaces it. A fleet gateway (`host`) writes
+        it now: the store orders it before another gateway's claim of the session."""
         if self.host is not None or self._loop is None:
             self.save_session(s)
             return
-        self._offline[s.client_id] = s
-        if not self._offline_scheduled:
-            self._offline_scheduled = True
-            self._loop.call_soon(self.write_offline)
+        self._later[s.client_id] = s
+        if not self._later_scheduled:
+            self._later_scheduled = True
+            self._loop.call_soon(self.write_later)
 
-    def write_offline(self) -> None:
-        """Write the records `save_offline` left for the end of this tick: one write."""
-        self._offline_scheduled = False
-        if not self._offline:
+    def write_later(self) -> None:
+        """Write the records `save_later` left for the end of this tick: one write."""
+        self._later_scheduled = False
+        if not self._later:
             return
-        waiting, self._offline = self._offline, {}
+        waiting, self._later = self._later, {}
         live = self._session_live
         records = []
         for cid, s in waiting.items():
-            if s.conn is not None or not live(s):
-                continue                      # back online or ended: its own writes tell
+            if not live(s):
+                continue                      # ended or replaced: its own writes tell
             try:
                 records.append((cid, self.record_of(s)))
             except Exception as e:  # noqa: BLE001 - the others are written
@@ -396,7 +403,7 @@ class SessionPersistence:
 
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
-        self._offline.pop(client_id, None)
+        self._later.pop(client_id, None)
         log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
     def records_for_restore(self):
@@ -463,7 +470,7 @@ class SessionPersistence:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        self.write_offline()
+        self.write_later()
         self.flush()
 
     def flush(self) -> None:

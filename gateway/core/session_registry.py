@@ -160,7 +160,7 @@ class SessionRegistry:
             self._end(s)
         else:
             s.disconnected_at_ms = _now_ms()
-            self.persist.save_offline(s)      # nothing waits for it: with the others of this tick
+            self.persist.save_later(s)        # nothing waits for it: with the others of this tick
             if s in self.persist.dirty_sessions:
                 # its offsets moved since they were last written (a cursor moves only forward and
                 # marks the session dirty: SUBSCRIBE writes a new one's start; the flush timer, the rest)

@@ -42,7 +42,7 @@ def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
         p.start_flushing(asyncio.get_running_loop(), 3600)
         for cid in ("a", "b", "c", "d", "e"):
             sessions[cid] = _offline(cid)
-            p.save_offline(sessions[cid])
+            p.save_later(sessions[cid])
         p.delete_session("d")                 # ended in the same tick: not written back
         sessions.pop("e")                     # no longer the live one: not written
         p.save_session(sessions["c"])         # a newer write of c: the waiting one is dropped
@@ -55,7 +55,7 @@ def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
             assert rec.last_disconnect_ms == 1234 and [x.filter for x in rec.subscriptions] == [f"d/{cid}/+"]
         assert md.get_session("d") is None and md.get_session("e") is None
         sessions["f"] = _offline("f")
-        p.save_offline(sessions["f"])
+        p.save_later(sessions["f"])
         p.stop_flushing()                     # a stop writes what waits, now
         assert md.get_session("f") is not None
         assert md._db.writes == 4
