@@ -116,6 +116,26 @@ class ResolvedFuture(Future):
         self._waiters = []
         self._done_callbacks = []
 
+    # Born finished and never changed: answered without taking the (shared) condition, which
+    # Future's own methods take on every call (~0.4 us each; the gateway asks done() and
+    # exception() once per publish batch).
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def exception(self, timeout=None):
+        return self._exception
+
+    def result(self, timeout=None):
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
 
 # ---------------------------------------------------------------------------- columnar batches
 # What one append call hands to dispatch and to its caller, kept as columns instead of one
