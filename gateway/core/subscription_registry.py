@@ -234,6 +234,8 @@ class SubscriptionRegistry:
 
     def add(self, s: Session, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if one with the same filter existed."""
+        if not (sub.group is None and sub.filter == sub.queue):
+            s.split_direct()           # `direct` is `subs` only while every subscription is plain
         old = s.subs.get(sub.filter)
         s.subs[sub.filter] = sub
         if old is not None:
@@ -262,6 +264,7 @@ class SubscriptionRegistry:
         (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
         if sub.group is not None:
             raise ReplayRefused("subscribing from the past is not available for shared subscriptions")
+        s.split_direct()          # in `direct` only once its plan is in (below)
         old = s.subs.get(sub.filter)
         if old is not None:
             self.remove(s, old, persist=False)
@@ -276,6 +279,7 @@ class SubscriptionRegistry:
             if isinstance(e, ReplayRefused):
                 raise
             log.error("event=replay_plan_failed client_id=%s filter=%s error=%r", s.client_id, sub.queue, e)
+            s.join_direct()
             raise ReplayRefused(f"the store could not plan the replay: {e}") from e
         s.direct[sub.queue] = sub
         s.cursors[sub.queue] = Cursor(plan.live_offset)
@@ -287,7 +291,7 @@ class SubscriptionRegistry:
             self.delivery.add_reader(s, sub.queue)
         return old is not None
 
-    def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
+    def _remove(self, s: Session, sub: ClientSubscription, persist: bool) -> None:
         s.subs.pop(sub.filter, None)
         if sub.group is None:
             if self.delivery.histories:
@@ -312,12 +316,19 @@ class SubscriptionRegistry:
                                 consumer=g.consumer)
         self._release_filter(sub.queue)
 
+    def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
+        self._remove(s, sub, persist)
+        if s.direct is not s.subs:
+            s.join_direct()
+
     def remove_all(self, s: Session) -> None:
         for sub in list(s.subs.values()):
             self.remove(s, sub, persist=False)
 
     def restore(self, s: Session, sub: ClientSubscription, offset: int | None) -> None:
         """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
+        if not (sub.group is None and sub.filter == sub.queue):
+            s.split_direct()
         s.subs[sub.filter] = sub
         if T.is_wildcard(sub.queue):
             self._filter_users[sub.queue] = self._filter_users.get(sub.queue, 0) + 1

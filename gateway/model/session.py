@@ -199,7 +199,12 @@ class Session:
         self.version = 4
         self.expiry_interval = 0          # seconds after disconnect; 0 = ends with the connection
         self.subs: dict[str, ClientSubscription] = {}       # by filter as sent (incl. $share prefix)
-        self.direct: dict[str, ClientSubscription] = {}     # non-shared, by queue name
+        # non-shared, by queue name: the `subs` dict itself while every subscription is a plain
+        # one (not shared, its filter as sent = its queue: a device's usual one or few), so both
+        # read the same entries (a dict less per session: 184 bytes with one subscription, issue
+        # 29); its own dict from the first other one on (`split_direct`). Changed only by
+        # core/subscription_registry.py, which keeps that rule.
+        self.direct: dict[str, ClientSubscription] = self.subs
         self.cursors: dict[str, Cursor] = {}          # non-shared, by queue name
         self.outbound: dict[int, InFlight] = {}       # by packet id, in send order
         # QoS 2 ids stored, PUBREL not yet received / QoS 1/2 ids waiting for the store's ack:
@@ -235,6 +240,19 @@ class Session:
         # inbound QoS 2 ids of a persistent session written ahead of their append, not stored yet:
         # id -> (topic, key, ms), the key the message carries (core/broker.py `_qos2_ahead`)
         self.inbound_keys: dict[int, tuple[str, str, int]] | None = None
+
+    def split_direct(self) -> None:
+        """`direct` as a dict of its own (a shared or prefixed subscription is coming: `subs` and
+        `direct` no longer hold the same entries)."""
+        if self.direct is self.subs:
+            self.direct = {sub.queue: sub for sub in self.subs.values()}
+
+    def join_direct(self) -> None:
+        """`direct` back to being `subs` once every subscription is a plain one again."""
+        d = self.direct
+        if d is not self.subs and len(d) == len(self.subs) and all(
+                sub.group is None and sub.filter == sub.queue for sub in self.subs.values()):
+            self.direct = self.subs
 
     @property
     def inbound_qos2(self) -> set[int]:

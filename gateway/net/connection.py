@@ -34,6 +34,7 @@ log = logging.getLogger("lmqtt.gateway.conn")
 
 NO_TOPICS: frozenset = frozenset()
 NO_ALIASES: dict = {}     # never written: the topic aliases of a connection that set none (see `resolve_topic_alias`)
+_KEEPALIVES: dict[int, int] = {}   # keep alive seconds -> the one int object kept for it (`keepalive`)
 NO_OUT: tuple = ()        # the output list of a parked connection (a list is 56 bytes): `write` makes one
 # the loop transports of plain TCP sockets: the only ones parked (TLS and WebSocket keep their transport)
 PARKABLE_TRANSPORTS = frozenset({"TCPTransport", "_SelectorSocketTransport"})
@@ -332,7 +333,9 @@ class MQTTConnection(asyncio.Protocol):
     @keepalive.setter
     def keepalive(self, seconds: int) -> None:
         """The keep alive CONNECT agreed on: its deadline goes into the sweep's wheel."""
-        self._keepalive = seconds
+        # one int object per distinct value: a keep alive above 256 (most devices: 60-1200 s) is
+        # not one of Python's cached small ints, and each CONNECT decodes its own (32 bytes each)
+        self._keepalive = _KEEPALIVES.setdefault(seconds, seconds) if len(_KEEPALIVES) < 4096 else seconds
         sweep = getattr(self.handler, "sweep", None)
         if sweep is not None:
             if self.connected:

@@ -1,0 +1,78 @@
+"""The compact state of an idle subscribed client (issue 29, memory per idle connection): what the
+gateway keeps per device is shared or folded where it repeats, with the same behaviour.
+
+- a session whose subscriptions are all plain (not shared, filter = queue) reads `direct` from its
+  `subs` dict itself (gateway/model/session.py, kept by core/subscription_registry.py);
+- a queue with one online reader holds it in a 1-tuple, not a set (gateway/delivery/engine.py);
+- equal keep-alive values are one int object (gateway/net/connection.py).
+The end-to-end figure is tests/net/test_idle_connection_memory.py's budget."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lmqtt.gateway.delivery.engine import DeliveryEngine
+from lmqtt.gateway.model.session import Session
+from lmqtt.gateway.net.connection import MQTTConnection
+from tests.gateway.test_subscription_registry import _registry, _sub
+
+
+def _check(s: Session) -> None:
+    """`direct` holds exactly the non-shared subscriptions by queue; it is `subs` itself iff all are plain."""
+    assert s.direct == {sub.queue: sub for sub in s.subs.values() if sub.group is None}
+    plain = all(sub.group is None and sub.filter == sub.queue for sub in s.subs.values())
+    assert (s.direct is s.subs) == plain
+
+
+def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
+    reg, _store = _registry()
+    s = Session("dev")
+    assert s.direct is s.subs
+    reg.add(s, _sub("d/1"))
+    reg.add(s, _sub("d/2"))
+    _check(s)
+    assert s.direct is s.subs and set(s.cursors) == {"d/1", "d/2"}
+    reg.add(s, _sub("d/1", "g"))              # shared on the same queue: `direct` splits off
+    _check(s)
+    assert set(s.direct) == {"d/1", "d/2"} and len(s.subs) == 3
+    reg.add(s, _sub("d/3"))                   # a plain one while split: in both
+    _check(s)
+    reg.remove(s, s.subs["$share/g/d/1"])     # the last shared one gone: joined again
+    _check(s)
+    assert s.direct is s.subs
+    reg.remove(s, s.subs["d/2"])
+    _check(s)
+    assert set(s.direct) == {"d/1", "d/3"} and set(s.cursors) == {"d/1", "d/3"}
+    reg.restore(s, _sub("r/+", "g"), None)    # a restored shared one splits too
+    _check(s)
+    reg.remove_all(s)
+    _check(s)
+    assert s.subs == {} and s.direct is s.subs and s.cursors == {}
+
+
+def test_a_queue_with_one_reader_holds_it_in_a_tuple():
+    dropped: list[str] = []
+    eng = SimpleNamespace(direct={}, drop_recent=dropped.append)
+    a, b = Session("a"), Session("b")
+    DeliveryEngine.add_reader(eng, a, "q")
+    DeliveryEngine.add_reader(eng, a, "q")          # twice: still one reader
+    assert eng.direct == {"q": (a,)}
+    DeliveryEngine.add_reader(eng, b, "q")
+    assert isinstance(eng.direct["q"], set) and eng.direct["q"] == {a, b}
+    DeliveryEngine.remove_reader(eng, a, "q")
+    assert eng.direct == {"q": (b,)} and dropped == []
+    DeliveryEngine.remove_reader(eng, a, "q")       # not a reader: nothing changes
+    DeliveryEngine.remove_reader(eng, a, "other")
+    assert eng.direct == {"q": (b,)} and dropped == []
+    DeliveryEngine.remove_reader(eng, b, "q")
+    assert eng.direct == {} and dropped == ["q"]
+    assert [s for s in eng.direct.get("q", ())] == []
+
+
+def test_equal_keep_alives_are_one_int_object():
+    handler = SimpleNamespace(cfg=SimpleNamespace(max_packet_size=1 << 20), metrics=None, writes=None,
+                              loop=SimpleNamespace(time=lambda: 0.0))
+    c1, c2 = MQTTConnection(handler), MQTTConnection(handler)
+    c1.keepalive = int("600")
+    c2.keepalive = int("600")                       # a distinct int object, as each CONNECT decodes
+    assert c1.keepalive == c2.keepalive == 600
+    assert c1._keepalive is c2._keepalive
