@@ -34,6 +34,14 @@ Cases:
                   files, row groups and codecs are reported), (c) `spark.read.format("lmqtt")` of the whole topic through the store
                   (today's Python source; the offloaded part read back from the tier) and (d)
                   `read_history` (cold Parquet + the hot tail through the source, each row once)
+* filter-history-cold  the filter-history load written to an `lmqtt store --tier file://...
+                  --tier-parquet on --local-retention 0` (like cold-parquet); once offloaded,
+                  `read_history(filter="fhist/+/temp")` (the tier's Parquet, sorted by topic, with
+                  `topic IN (the matching topics named in the files' footers)` pushed down to
+                  Spark's Parquet reader, UNION the hot tail through the source) with the same
+                  all-columns job, timed from the call to the job's end, rows checked exact; and
+                  the same with the cold side filtered row by row by the filter's regex
+                  (:regex-no-pushdown)
 * stream-latency  the shipped IoT job (`lmqtt spark-iot`, trigger `--trigger`) with every reading an
                   anomaly: a device publishes readings over MQTT at `--rate` per second, the job
                   publishes one alert per reading back over MQTT; latency = alert received minus
@@ -43,6 +51,7 @@ Cases:
     lmqtt bench spark --rows 10000000 --cases lmqtt,parquet
     lmqtt bench spark --rows 10000000 --cases filter-history        # 1M matching rows among 10M
     lmqtt bench spark --rows 10000000 --cases cold-parquet
+    lmqtt bench spark --rows 10000000 --cases filter-history-cold   # 1M among 10M, from the tier
 
 Each batch case runs its job `--repeat` times (default 3) and reports the best run and all runs:
 the first action of a session also starts Spark's Python workers, so every case is compared warm.
@@ -237,20 +246,20 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     return out
 
 
-def _cold_store(base: str, segment_mb: int):
+def _cold_store(base: str, segment_mb: int, name: str = "cold", extra: tuple = ()):
     """`lmqtt store` writing Parquet to a file:// tier under `base`: (Popen, address, tier dir, log)."""
     import socket
     import subprocess
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    tier = os.path.join(base, "tier")
-    log_path = os.path.join(base, "cold-store.log")
+    tier = os.path.join(base, "tier" if name == "cold" else f"{name}-tier")
+    log_path = os.path.join(base, f"{name}-store.log")
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", "127.0.0.1",
-                             "--port", str(port), "--data-dir", os.path.join(base, "cold-data"),
+                             "--port", str(port), "--data-dir", os.path.join(base, f"{name}-data"),
                              "--segment-mb", str(segment_mb), "--tier", f"file://{tier}", "--tier-parquet", "on",
-                             "--local-retention", "0"], stdout=log, stderr=subprocess.STDOUT)
+                             "--local-retention", "0", *extra], stdout=log, stderr=subprocess.STDOUT)
     t_end = time.monotonic() + 60
     while True:
         if proc.poll() is not None:
@@ -450,6 +459,87 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
             "load_s": round(load_s, 1)}
 
 
+def bench_filter_history_cold(spark, rows: int, size: int, every: int, base: str, per_partition: int,
+                              repeat: int, segment_mb: int, store_args: tuple = ()) -> list:
+    """filter-history-cold: the filter-history load (1 in `every` of `rows` to fhist/dK/temp) written
+    to a store with a file:// tier, Parquet on and no local retention; once offloaded (and the
+    Parquet compacted), `read_history(filter="fhist/+/temp")` with the all-columns job, timed
+    from the call (the driver's manifest and footer reads included) to the job's end, rows
+    checked exact; then the same with the cold side filtered row by row (no topic list, no
+    pushdown: what the read cost before the sorted, topic-listed files)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark import cold as cold_mod
+    from lmqtt.store.spark import read_history
+    proc, address, tier, log = _cold_store(base, segment_mb, "fhist", store_args)
+    out = []
+    try:
+        print(f"[spark] filter-history-cold: loading {rows:,} messages of {size} B, 1 in {every} matching ...",
+              file=sys.stderr, flush=True)
+        load_s = _load_mixed(address, rows, size, every)
+        t0 = time.perf_counter()
+        st = _wait_offloaded(address, 1800)
+        up = time.perf_counter() - t0
+        want = len(range(0, rows, every))
+        ct = cold_mod.ColdTier.open(f"file://{tier}")
+        keys = ct.file_keys({"fhist"})
+        cold_rows = groups = 0
+        for k in keys:
+            f = pq.ParquetFile(os.path.join(tier, k))
+            groups += f.metadata.num_row_groups
+            cold_rows += pc.sum(pc.match_substring(f.read(columns=["topic"]).column("topic"), "/temp")).as_py() or 0
+        common = {"rows": want, "among": rows, "size": size, "cold_rows": cold_rows, "hot_rows": want - cold_rows,
+                  "parquet_files": len(keys), "row_groups": groups, "segments": st["tier_segments"],
+                  "load_s": round(load_s, 1), "upload_s_after_load": round(up, 1)}
+        print(f"[spark] filter-history-cold: {cold_rows:,} of {want:,} rows cold in {len(keys)} files, "
+              f"{up:.1f} s after the load", file=sys.stderr, flush=True)
+
+        def runs(case: str) -> dict:
+            times, jvm, store = [], [], []
+            for _ in range(max(1, repeat)):
+                j0, s0 = _spark_cpu(spark)[0], _proc_cpu(proc)
+                t = time.perf_counter()
+                df = read_history(spark, store=address, tier=f"file://{tier}", filter="fhist/+/temp",
+                                  recordsPerPartition=per_partition)
+                r = _touch_all(df)
+                times.append(time.perf_counter() - t)
+                jvm.append(round(_spark_cpu(spark)[0] - j0, 2))
+                store.append(round(_proc_cpu(proc) - s0, 2))
+                if r["n"] != want:
+                    raise RuntimeError(f"{case}: read_history returned {r['n']} rows, {want} were written")
+            el = min(times)
+            return {"case": case, **common, "seconds": round(el, 3), "runs_s": [round(x, 3) for x in times],
+                    "rows_per_s": round(want / el), "scanned_per_s": round(rows / el),
+                    "jvm_cpu_s_runs": jvm, "store_cpu_s_runs": store}
+
+        out.append(runs("filter-history-cold"))
+        keep = cold_mod.ColdTier.matching_topics
+        cold_mod.ColdTier.matching_topics = lambda *a, **k: None        # the row-by-row regex instead
+        try:
+            out.append(runs("filter-history-cold:regex-no-pushdown"))
+        finally:
+            cold_mod.ColdTier.matching_topics = keep
+        out[1]["vs_pushdown"] = round(out[1]["rows_per_s"] / out[0]["rows_per_s"], 2)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except Exception:  # noqa: BLE001
+            proc.kill()
+        log.close()
+    return out
+
+
+def _proc_cpu(proc) -> float:
+    try:
+        import psutil
+        t = psutil.Process(proc.pid).cpu_times()
+        return t.user + t.system
+    except Exception:  # noqa: BLE001
+        return 0.0
+
+
 def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str,
                          warmup: float = 5.0) -> dict:
     import paho.mqtt.client as mqtt
@@ -542,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rows must be in 1..50,000,000")
     cases = [c for c in a.cases.split(",") if c]
     unknown = set(cases) - {"lmqtt", "python-source", "parquet", "json", "stream-latency", "filter-history",
-                          "cold-parquet"}
+                          "cold-parquet", "filter-history-cold"}
     if unknown:
         ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     base = tempfile.mkdtemp(prefix="lmqtt-bench-spark-")
@@ -563,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
         if "cold-parquet" in cases:
             for row in bench_cold(spark, a.rows, a.size, base, a.records_per_partition, a.repeat,
                                   a.cold_segment_mb):
+                print(json.dumps(row), flush=True)
+        if "filter-history-cold" in cases:
+            for row in bench_filter_history_cold(spark, a.rows, a.size, max(1, a.filter_every), base,
+                                                 a.records_per_partition, a.repeat, a.cold_segment_mb):
                 print(json.dumps(row), flush=True)
         if "stream-latency" in cases:
             print(json.dumps(bench_stream_latency(spark, srv, a.stream_seconds, a.rate, a.trigger, base, a.warmup)),

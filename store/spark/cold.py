@@ -46,6 +46,20 @@ DICTIONARY_COLUMNS = ["topic", "payload", "qos", "client_id", "user_properties.k
 # characters Spark/Hive escape in a partition value (ExternalCatalogUtils.escapePathName), as %XX
 _ESCAPE = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(0x20)}
 PARTITION_COLUMNS = "first_level string, date string"
+# Rows of a file are sorted by topic (a stable sort: each topic's rows stay in CommitLog order, so a
+# topic's rows of a queue are in offset order): a filter that selects a few topics of a partition
+# reads only the row groups holding them (Parquet min/max and dictionary filtering of the
+# predicate read_history pushes down). The distinct topics of a file, when at most MAX_TOPICS_META,
+# are in its footer's key-value metadata under TOPICS_KEY (a JSON list, sorted): read_history
+# matches the filter against these names on the driver, not row by row.
+TOPICS_KEY = "lmqtt.topics"
+MAX_TOPICS_META = 4096
+# a segment's files: small row groups, so a merge's topic-range passes (merge_files) decode only
+# the row groups of each range (the merged file has full row groups of ROW_GROUP_ROWS)
+SEGMENT_ROW_GROUP_ROWS = 1 << 15
+# a merge sorts at most this many rows at a time (one range of topics), but one topic's rows are
+# streamed whatever their number: memory is bounded by this, not by the file size
+MERGE_PASS_ROWS = 1 << 20
 
 
 def escape_value(v: str) -> str:
@@ -119,11 +133,30 @@ def segment_table(buf, start: int, ident: str):
     return table, gidx, groups
 
 
-def segment_files(buf, start: int, ident: str, row_group_rows: int = ROW_GROUP_ROWS) -> list[tuple[str, bytes]]:
+def _topics_meta(topics) -> dict:
+    """The footer metadata naming a file's distinct topics (none past MAX_TOPICS_META)."""
+    return {TOPICS_KEY: json.dumps(sorted(topics))} if len(topics) <= MAX_TOPICS_META else {}
+
+
+def file_topics(metadata) -> list[str] | None:
+    """The distinct topics a Parquet file's footer (pyarrow FileMetaData) names; None when it
+    names none (a file written before the list, or one with more than MAX_TOPICS_META topics)."""
+    kv = metadata.metadata or {}
+    v = kv.get(TOPICS_KEY.encode())
+    return None if v is None else json.loads(v)
+
+
+def _by_topic(table):
+    """`table` sorted by topic, stable: each topic's rows keep their order (CommitLog order)."""
+    import pyarrow.compute as pc
+    return table.take(pc.sort_indices(table, sort_keys=[("topic", "ascending")]))
+
+
+def segment_files(buf, start: int, ident: str, row_group_rows: int = SEGMENT_ROW_GROUP_ROWS) -> list[tuple[str, bytes]]:
     """The Parquet files (key under the tier root, bytes) of the sealed segment `buf` starting at
-    CommitLog offset `start`: one per (first-level topic, UTC day of store time), rows in
-    CommitLog order, zstd, dictionary-encoded only in DICTIONARY_COLUMNS. [] for a segment without
-    records."""
+    CommitLog offset `start`: one per (first-level topic, UTC day of store time), rows sorted by
+    topic and each topic's rows in CommitLog order, the distinct topics in the footer (TOPICS_KEY),
+    zstd, dictionary-encoded only in DICTIONARY_COLUMNS. [] for a segment without records."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -133,7 +166,8 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = ROW_GROUP_R
     out = []
     g_arr = pa.array(gidx, pa.int32()) if len(groups) > 1 else None
     for gi, (fl, day) in enumerate(groups):
-        part = table if g_arr is None else table.filter(pc.equal(g_arr, gi))
+        part = _by_topic(table if g_arr is None else table.filter(pc.equal(g_arr, gi)))
+        part = part.replace_schema_metadata(_topics_meta(pc.unique(part["topic"]).to_pylist()))
         sink = pa.BufferOutputStream()
         pq.write_table(part, sink, compression=COMPRESSION, row_group_size=row_group_rows,
                        use_dictionary=DICTIONARY_COLUMNS)
@@ -141,43 +175,91 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = ROW_GROUP_R
     return sorted(out)
 
 
-def merge_files(sources, row_group_rows: int = ROW_GROUP_ROWS) -> tuple[bytes, int]:
+def merge_files(sources, row_group_rows: int = ROW_GROUP_ROWS, pass_rows: int = MERGE_PASS_ROWS) -> tuple[bytes, int]:
     """One Parquet file (bytes, rows) of the rows of the Parquet files `sources` (an iterable of
-    their bytes, taken one at a time), in that order, in full row groups of `row_group_rows` (the
-    last one the rest), zstd: the compaction of a partition's small files (the tier service's
-    TierService.compact_parquet). Memory: one input file and one row group at a time, plus the
-    output."""
+    their bytes, in CommitLog order), sorted by topic with each topic's rows in CommitLog order
+    (a stable sort: the inputs' order, then each input's own), the distinct topics in the footer,
+    in full row groups of `row_group_rows` (the last one the rest), zstd: the compaction of a
+    partition's small files (the tier service's TierService.compact_parquet).
+
+    Memory: the inputs' (compressed) bytes, the output, and one range of topics of at most
+    `pass_rows` decoded rows at a time: the topics' row counts are read first (the topic column
+    only), then each range of consecutive topics is gathered from every input (only the row
+    groups whose topic min/max overlap it), sorted and written; a single topic's rows are streamed
+    row group by row group, however many."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    files = [pq.ParquetFile(pa.BufferReader(d)) for d in sources]
+    if not files:
+        raise ValueError("merge_files: no input files")
+    schema = files[0].schema_arrow.remove_metadata()
+    counts: dict = {}
+    for f in files:
+        vc = pc.value_counts(f.read(columns=["topic"]).column("topic"))
+        for t, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()):
+            counts[t] = counts.get(t, 0) + n
+    topics = sorted(counts)            # code point order = UTF-8 byte order = Arrow's and Parquet's
+    ranges: list[list[str]] = []
+    n = 0
+    for t in topics:
+        if not ranges or n + counts[t] > pass_rows:
+            ranges.append([])
+            n = 0
+        ranges[-1].append(t)
+        n += counts[t]
     sink = pa.BufferOutputStream()
-    writer = None
-    schema = None
+    writer = pq.ParquetWriter(sink, schema.with_metadata(_topics_meta(topics)), compression=COMPRESSION,
+                              use_dictionary=DICTIONARY_COLUMNS)
     pending: list = []
     held = rows = 0
 
-    def flush(n: int) -> None:
+    def push(t) -> None:
+        nonlocal pending, held, rows
+        if not t.num_rows:
+            return
+        pending.append(t)
+        held += t.num_rows
+        rows += t.num_rows
+        while held >= row_group_rows:
+            flush(row_group_rows)
+
+    def flush(k: int) -> None:
         nonlocal pending, held
-        t = pa.Table.from_batches(pending, schema=schema).combine_chunks()
-        writer.write_table(t.slice(0, n), row_group_size=row_group_rows)
-        rest = t.slice(n)
-        pending = rest.to_batches() if rest.num_rows else []
+        t = pa.concat_tables(pending).combine_chunks()
+        writer.write_table(t.slice(0, k), row_group_size=row_group_rows)
+        rest = t.slice(k)
+        pending = [rest] if rest.num_rows else []
         held = rest.num_rows
 
-    for data in sources:
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        if writer is None:
-            schema = pf.schema_arrow
-            writer = pq.ParquetWriter(sink, schema, compression=COMPRESSION, use_dictionary=DICTIONARY_COLUMNS)
-        for b in pf.iter_batches(batch_size=row_group_rows):
-            if b.schema != schema:
-                b = pa.Table.from_batches([b]).cast(schema).combine_chunks().to_batches()[0]
-            pending.append(b)
-            held += b.num_rows
-            rows += b.num_rows
-            while held >= row_group_rows:
-                flush(row_group_rows)
-    if writer is None:
-        raise ValueError("merge_files: no input files")
+    def topic_stats(f):
+        md = f.metadata
+        col = next(i for i in range(md.num_columns) if md.row_group(0).column(i).path_in_schema == "topic")
+        out = []
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(col).statistics
+            out.append((st.min, st.max) if st is not None and st.has_min_max else None)
+        return out
+
+    stats = [topic_stats(f) if f.metadata.num_row_groups else [] for f in files]
+    for rng in ranges:
+        lo, hi = rng[0], rng[-1]
+        parts = []
+        for f, fst in zip(files, stats):
+            for g, mm in enumerate(fst):
+                if mm is not None and (mm[1] < lo or mm[0] > hi):
+                    continue
+                t = f.read_row_group(g)
+                if not t.schema.equals(schema):
+                    t = t.cast(schema)
+                if len(ranges) > 1:
+                    t = t.filter(pc.and_(pc.greater_equal(t["topic"], lo), pc.less_equal(t["topic"], hi)))
+                if len(rng) == 1:
+                    push(t.replace_schema_metadata(None))      # one topic: already in order
+                elif t.num_rows:
+                    parts.append(t.replace_schema_metadata(None))
+        if parts:
+            push(_by_topic(pa.concat_tables(parts).combine_chunks()))
     if held:
         flush(held)
     writer.close()
@@ -256,6 +338,33 @@ class ColdTier:
         """Spark paths of the cold files of these first-level topics (None: every one not starting
         with `$`, like a wildcard filter) whose day lies in [days[0], days[1]] (None: open)."""
         base = self.spark_url()
+        return [f"{base}/{k}" for k in self.file_keys(first_levels, days)]
+
+    def matching_topics(self, keys: list[str], flt: str, endpoint: str | None = None,
+                        storage_options: dict | None = None) -> tuple[list[str], bool] | None:
+        """(the distinct topics of the files `keys` that MQTT filter `flt` matches, whether that is
+        every topic they hold), from the names each file's footer lists (TOPICS_KEY; one footer
+        read per file, on the driver); None when a file lists none (written before the list, or
+        too many topics)."""
+        import pyarrow.parquet as pq
+
+        from lmqtt.store.tier.objects import ObjectStore
+        objs = ObjectStore(self.url, endpoint, storage_options)
+        rx = re.compile(filter_regex(flt), re.S)
+        out: set = set()
+        every = True
+        for k in keys:
+            with objs.fs.open(objs.path(k), "rb") as fh:
+                names = file_topics(pq.read_metadata(fh))
+            if names is None:
+                return None
+            hit = [t for t in names if rx.match(t)]
+            every = every and len(hit) == len(names)
+            out.update(hit)
+        return sorted(out), every
+
+    def file_keys(self, first_levels=None, days: tuple[int | None, int | None] = (None, None)) -> list[str]:
+        """The keys (under the tier root) of the files `files` returns."""
         out = []
         for k in self.keys:
             m = re.match(rf"{PARQUET_DIR}/first_level=([^/]*)/date=(\d{{4}}-\d\d-\d\d)/", k)
@@ -270,7 +379,7 @@ class ColdTier:
             day = (_dt.date.fromisoformat(m.group(2)) - _dt.date(1970, 1, 1)).days
             if (days[0] is not None and day < days[0]) or (days[1] is not None and day > days[1]):
                 continue
-            out.append(f"{base}/{k}")
+            out.append(k)
         return out
 
 
@@ -286,6 +395,22 @@ def filter_regex(flt: str) -> str:
         else:
             rx.append(re.escape(p))
     return "^" + "/".join(rx) + "$"
+
+
+def _topic_in(col, names: list[str]):
+    """`col IN names` as Spark pushes it to Parquet row-group filtering exactly: an IN of up to 10
+    values (spark.sql.parquet.pushdown.inFilterThreshold) is pushed as equalities, a longer one
+    only as its min..max range, so up to IN_AS_EQUALITIES names are a balanced OR of IN lists of
+    10 (each pushed exactly); more than that: one IN (pushed as the range)."""
+    if len(names) <= 10 or len(names) > IN_AS_EQUALITIES:
+        return col.isin(names)
+    terms = [col.isin(names[i:i + 10]) for i in range(0, len(names), 10)]
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+IN_AS_EQUALITIES = 1000
 
 
 def read_history(spark, *, store: str | None = None, tier: str, filter: str | None = None,  # noqa: A002
@@ -311,12 +436,28 @@ def read_history(spark, *, store: str | None = None, tier: str, filter: str | No
     else:
         fls = {topic}
     days = (None if t0 is None else t0 // DAY_MS, None if t1 is None else t1 // DAY_MS)
-    files = cold_tier.files(fls, days)
+    keys = cold_tier.file_keys(fls, days)
     cols = [c.split()[0] for c in SCHEMA.split(", ")]
+    names = None
+    if keys and filter and (fls is None or filter != f"{first}/#"):
+        # the filter matched on the files' topic lists: `topic IN (names)`, which Spark pushes down to
+        # the Parquet reader (row groups of other topics skipped by min/max and dictionary: the
+        # files are sorted by topic); exact, as every row's topic is in its file's list
+        matched = cold_tier.matching_topics(keys, filter, endpoint, storage_options)
+        if matched is not None:
+            names = matched[0]
+            if not names:
+                keys = []               # no cold file holds a matching topic
+            elif matched[1]:
+                names = []              # every row of these files matches: no predicate
+    files = [f"{cold_tier.spark_url()}/{k}" for k in keys]
     if files:
         cold = (spark.read.schema(f"{SCHEMA}, {PARTITION_COLUMNS}")
                 .option("basePath", f"{cold_tier.spark_url()}/{PARQUET_DIR}").parquet(*files))
-        if filter and (fls is None or filter not in (f"{first}/#",)):
+        if names:
+            cold = cold.where(_topic_in(F.col("topic"), names))
+        elif names is None and filter and (fls is None or filter != f"{first}/#"):
+            # a file without its topic list: the filter's regular expression, row by row
             cold = cold.where(F.col("topic").rlike(filter_regex(filter)))
         if t0 is not None:
             cold = cold.where(F.col("store_ts") >= F.timestamp_micros(F.lit(t0 * 1000)))

@@ -35,3 +35,19 @@ def test_filter_history_case_reads_the_matching_rows_and_splits_the_cpu(spark):
     assert r["rows"] == 300 and r["among"] == 3000 and r["rows_per_s"] > 0 and r["without_spark_rows_per_s"] > 0
     assert r["partitions"] == 2                      # 3,000 entries at 150 rows of 1 in 10: 2 of 1,500
     assert r["store_cpu_s_per_run"] >= 0 and r["jvm_cpu_s_per_run"] > 0 and r["py_workers_cpu_s_per_run"] >= 0
+
+
+def test_filter_history_cold_case_reads_exactly_the_matching_rows_from_the_tier_and_the_tail(spark, tmp_path):
+    """The filter-history-cold case: the same load written to a store with a file:// tier (Parquet
+    on, no local retention); read_history by filter returns exactly the matching rows (the bench
+    raises otherwise), most of them from the tier's Parquet, the rest from the hot tail, with and
+    without the topic pushdown."""
+    rows = spark_bench.bench_filter_history_cold(spark, 100000, 100, 10, str(tmp_path), per_partition=20000,
+                                                 repeat=1, segment_mb=5,
+                                                 store_args=("--tier-parquet-merge-after-s", "0"))
+    by = {r["case"]: r for r in rows}
+    assert set(by) == {"filter-history-cold", "filter-history-cold:regex-no-pushdown"}
+    r = by["filter-history-cold"]
+    assert r["rows"] == 10000 and r["among"] == 100000 and r["rows_per_s"] > 0
+    assert 0 < r["hot_rows"] < r["cold_rows"] and r["cold_rows"] + r["hot_rows"] == 10000
+    assert r["parquet_files"] >= 1 and r["segments"] >= 3

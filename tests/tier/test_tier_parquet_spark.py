@@ -151,23 +151,25 @@ def test_spark_read_parquet_on_the_tier_is_exactly_the_offloaded_rows(spark, off
     src = {f.name: f.dataType.simpleString() for f in _source(spark, store, topic="dev").schema.fields}
     assert {c: types[c] for c in COLS} == src
     assert got[0][2] in (0, 1) and any(r[5] == [("k", "t")] for r in got) and any(r[6] == "x/y" for r in got)
-    # row groups in offset order: each file's rows of a queue come in increasing offsets
+    # each file sorted by topic, each topic's rows of a queue in increasing offsets (docs/spark.md)
     import pyarrow.parquet as pq
     for k in files:
         t = pq.read_table(tier / k).to_pydict()
+        assert t["topic"] == sorted(t["topic"])
         per: dict = {}
-        for q, o in zip(t["queue"], t["offset"]):
-            per.setdefault(q, []).append(o)
+        for tp, q, o in zip(t["topic"], t["queue"], t["offset"]):
+            per.setdefault((tp, q), []).append(o)
         assert all(v == sorted(v) for v in per.values())
 
 
 def test_compaction_leaves_one_file_per_partition_in_full_row_groups(offloaded):
     """The segments' small files (one per segment, first level and day) merged: each partition
     directory holds one file, which every segment it covers lists, whose row groups are full but
-    the last, rows in CommitLog order; the small files are gone."""
+    the last, rows sorted by topic and each topic's rows in CommitLog order, the distinct topics
+    named in the footer; the small files are gone."""
     import pyarrow.parquet as pq
 
-    from lmqtt.store.spark.cold import ROW_GROUP_ROWS
+    from lmqtt.store.spark.cold import ROW_GROUP_ROWS, file_topics
     store, tier, _sent, s = offloaded
     man = _manifest(tier)
     keys = _keys(man)
@@ -183,9 +185,10 @@ def test_compaction_leaves_one_file_per_partition_in_full_row_groups(offloaded):
         f = pq.ParquetFile(tier / k)
         sizes = [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]
         assert all(n == ROW_GROUP_ROWS for n in sizes[:-1]), sizes
-        t = f.read(columns=["msg_id"]).to_pydict()
-        phys = [_phys(m) for m in t["msg_id"]]
-        assert phys == sorted(phys)                                     # CommitLog order across the merge
+        t = f.read(columns=["topic", "msg_id"]).to_pydict()
+        rows = [(tp, _phys(m)) for tp, m in zip(t["topic"], t["msg_id"])]
+        assert rows == sorted(rows)                     # by topic, then CommitLog order across the merge
+        assert file_topics(f.metadata) == sorted(set(t["topic"]))
         _dictionary_only_where_values_repeat(f)
 
 
@@ -225,6 +228,50 @@ def test_read_history_returns_every_row_once_across_the_cut(spark, offloaded):
                              startTime=ms[0], endTime=ms[1]))
     want = _rows(_source(spark, store, filter="dev/+/t", startTime=ms[0], endTime=ms[1]))
     assert got == want and len(got) > 100
+
+
+def _pushed(df) -> str:
+    """The Parquet scan's pushed filters in the executed plan of `df` (not truncated)."""
+    spark = df.sparkSession
+    old = spark.conf.get("spark.sql.maxMetadataStringLength")
+    spark.conf.set("spark.sql.maxMetadataStringLength", "100000")
+    try:
+        plan = df._jdf.queryExecution().executedPlan().toString()
+    finally:
+        spark.conf.set("spark.sql.maxMetadataStringLength", old)
+    return " ".join(line.split("PushedFilters:", 1)[1].split("ReadSchema:")[0]
+                    for line in plan.splitlines() if "PushedFilters" in line)
+
+
+def test_read_history_by_filter_pushes_the_matching_topics_down_and_returns_the_stores_rows(spark, offloaded):
+    """read_history(filter=...): the filter is matched on the topics the cold files' footers name
+    and the cold side is `topic IN (those)`, pushed to Spark's Parquet reader (row groups of other
+    topics are skipped); the rows are exactly the store's own filter read (the source), every
+    column, cold and hot, with and without a time range; a filter no cold topic matches reads no
+    file, one whose every topic matches no predicate."""
+    from lmqtt.store.spark import read_history
+    store, tier, _sent, _s = offloaded
+    cut = _manifest(tier)["segments"][-1]["end"]
+    ts = sorted(r[8] for r in _rows(_source(spark, store, filter="dev/+/t")))
+    ms = [int(t.timestamp() * 1000) for t in (ts[len(ts) // 5], ts[-40])]
+    # (filter, the topics pushed down; None: every topic of the files read matches, no predicate)
+    for flt, pushed in (("dev/1/t", ["dev/1/t"]), ("dev/+/t", None), ("+/1/#", ["dev/1/t", "other/1"]),
+                        ("+/+", ["other/0", "other/1", "other/2"]), ("dev/7/t", None), ("#", None)):
+        for rng in ({}, {"startTime": ms[0], "endTime": ms[1]}):
+            df = read_history(spark, store=store.address, tier=f"file://{tier}", filter=flt, **rng)
+            got = _rows(df)
+            assert got == _rows(_source(spark, store, filter=flt, **rng)), (flt, rng)
+            if flt != "dev/7/t":
+                phys = [_phys(r[9]) for r in got]
+                assert min(phys) < cut <= max(phys), (flt, rng)          # both sides of the cut
+            plan = _pushed(df)
+            if pushed:
+                want = f"EqualTo(topic,{pushed[0]})" if len(pushed) == 1 else f"In(topic, [{','.join(pushed)}])"
+                assert want in plan, plan
+            elif flt == "dev/7/t":
+                assert plan == "", plan                                   # no cold file read at all
+            else:
+                assert plan and "(topic" not in plan, plan                # every row matches: no predicate
 
 
 def test_kill9_between_the_segment_and_its_parquet_leaves_nothing_half_visible(spark, tmp_path, monkeypatch):

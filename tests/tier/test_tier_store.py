@@ -398,3 +398,52 @@ def test_a_segments_parquet_files_have_no_dictionary_on_their_distinct_columns(t
             assert "RLE_DICTIONARY" in enc["topic"] and "RLE_DICTIONARY" in enc["queue"]
     finally:
         st.shutdown()
+
+
+def test_segment_files_and_their_merge_are_sorted_by_topic_each_topic_in_commitlog_order(tmp_path):
+    """A segment's Parquet files and the merge of a partition's files (compaction) hold their rows
+    sorted by topic, each topic's rows in CommitLog order (so in offset order within a queue), in
+    full row groups, the distinct topics named in the footer; a merge sorting one range of topics
+    at a time (a bounded pass) writes the same file as one sorting everything at once."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lmqtt.store.spark.cold import file_topics, merge_files, segment_files
+    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
+                                  preallocate=False))
+    st.start()
+    try:
+        _append(st, 2000)
+        sealed = st.clog.mfq.files[:-1]
+        assert len(sealed) >= 5
+        inputs, every = [], []
+        for mf in sealed:
+            files = segment_files(bytes(mf.mm), mf.start_offset, st.ident)
+            assert len(files) == 1                      # one first level, one day
+            data = files[0][1]
+            t = pq.read_table(pa.BufferReader(data)).to_pydict()
+            rows = [(tp, int(m[-16:], 16), q, o) for tp, m, q, o in zip(t["topic"], t["msg_id"], t["queue"], t["offset"])]
+            assert rows == sorted(rows) and len({r[1] for r in rows}) == len(rows)
+            assert file_topics(pq.read_metadata(pa.BufferReader(data))) == sorted(set(t["topic"]))
+            inputs.append(data)
+            every += rows
+        want = sorted(every)                             # (topic, CommitLog offset)
+        merged = []
+        for pass_rows in (1 << 30, 1, 700):              # all at once, one topic a pass, ranges of topics
+            data, n = merge_files(iter(inputs), row_group_rows=128, pass_rows=pass_rows)
+            f = pq.ParquetFile(pa.BufferReader(data))
+            t = f.read().to_pydict()
+            got = [(tp, int(m[-16:], 16), q, o) for tp, m, q, o in zip(t["topic"], t["msg_id"], t["queue"], t["offset"])]
+            assert n == len(want) and got == want, pass_rows
+            per_queue: dict = {}
+            for tp, _p, q, o in got:
+                per_queue.setdefault((tp, q), []).append(o)
+            assert all(v == sorted(v) for v in per_queue.values())
+            sizes = [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]
+            assert all(x == 128 for x in sizes[:-1]) and sum(sizes) == n, sizes
+            assert file_topics(f.metadata) == ["plant/0/t", "plant/1/t", "plant/2/t", "plant/3/t"]
+            merged.append(f.read())
+        assert merged[0].equals(merged[1]) and merged[0].equals(merged[2])
+    finally:
+        st.shutdown()
