@@ -142,6 +142,10 @@ class PublishPipeline:
         self._set_retained = set_retained
         self._record_appended = record_appended
         self._flush_writes = flush_writes
+        # the write batcher whose flush that is, when it can be held for a batch (net/connection.py
+        # WriteBatcher.hold: no loop callback per batch to write what the batch wrote itself)
+        wb = getattr(flush_writes, "__self__", None)
+        self._writes = wb if hasattr(wb, "hold") else None
         self._pending: list[_Pending] = []
         self._delayed = 0         # delayed publishes in _pending
         self._scheduled = False
@@ -235,16 +239,22 @@ class PublishPipeline:
         if not batch:
             return
         owner = self._drain_owner
-        if owner is None:
-            self._flush(batch)
-            return
-        owner.drain_follows = True
+        wb = self._writes
+        was = wb.hold() if wb is not None else True
         try:
-            self._flush(batch)
+            if owner is None:
+                self._flush(batch)
+                return
+            owner.drain_follows = True
+            try:
+                self._flush(batch)
+            finally:
+                if owner.drain_follows:   # _flush did not reach its drain (it raised): drain now
+                    owner.drain_follows = False
+                    self.after_append()
         finally:
-            if owner.drain_follows:   # _flush did not reach its drain (it raised): drain now
-                owner.drain_follows = False
-                self.after_append()
+            if not was:
+                wb.release(was)           # whatever the batch queued and did not write yet
 
     def _flush(self, batch: list) -> None:
         now_ms = int(time.time() * 1000)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import socket
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
@@ -67,6 +68,20 @@ class WriteBatcher:
     def _on_loop(self) -> None:
         self._scheduled = False
         self.flush()
+
+    def hold(self) -> bool:
+        """The caller writes what gets queued itself (`release`) before it returns to the loop, so
+        no loop callback is scheduled meanwhile (the publish pipeline: one a message, which found
+        nothing left to write). Returns what `release` needs: whether one was already scheduled."""
+        was = self._scheduled
+        self._scheduled = True
+        return was
+
+    def release(self, was: bool) -> None:
+        if not was:
+            self._scheduled = False
+            if self._dirty:
+                self.flush()
 
     def flush(self) -> None:
         """Write every connection's queued output now (one transport.write per connection)."""
@@ -260,21 +275,47 @@ class PacketHandler(Protocol):
 class MQTTConnection(asyncio.Protocol):
     # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
     # another module sets must be named here (fleet_attached_ms: gateway/fleet/sessions.py).
-    __slots__ = ("handler", "cfg", "metrics", "loop", "writes", "transport", "decoder", "version",
+    # `cfg`, `metrics`, `loop`, `writes` are the handler's (properties below: four slots fewer per
+    # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
+    __slots__ = ("handler", "transport", "decoder", "version",
                  "session", "client_id", "connected", "closing", "write_blocked",
                  "transport_full", "_store_waits", "will", "identity", "_auth_login", "auth_method",
                  "read_checks", "_keepalive", "_ka_slot", "last_rx", "accepted_at", "pending_publishes",
                  "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "reading_paused",
                  "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
                  "_rate_logged", "_refusal_logged", "_rate_timer", "_held", "_holds", "_out",
-                 "_flush_scheduled", "peer", "fleet_attached_ms", "_park", "_wrote")
+                 "_flush_scheduled", "_peer", "fleet_attached_ms", "_park", "_wrote")
+
+    cfg = property(attrgetter("handler.cfg"))
+    metrics = property(attrgetter("handler.metrics"))
+    loop = property(attrgetter("handler.loop"))
+    writes = property(attrgetter("handler.writes"))
+
+    @property
+    def peer(self) -> str:
+        """The client's address "host:port" ("?" when unknown), for logs and the console."""
+        p = self._peer
+        if p.__class__ is int:
+            return f"{socket.inet_ntoa((p >> 16).to_bytes(4, 'big'))}:{p & 0xFFFF}"
+        return p
+
+    @peer.setter
+    def peer(self, v: str) -> None:
+        self._peer = v
+
+    def _set_peer(self, pn) -> None:
+        """From the transport's peername: an IPv4 (address, port) as one int (32 bytes, not a
+        64-byte string per connection), anything else as its string."""
+        if not pn:
+            self._peer = "?"
+            return
+        try:
+            self._peer = int.from_bytes(socket.inet_aton(pn[0]), "big") << 16 | pn[1]
+        except (OSError, TypeError, ValueError, IndexError):
+            self._peer = f"{pn[0]}:{pn[1]}"
 
     def __init__(self, handler: PacketHandler) -> None:
         self.handler = handler
-        self.cfg = handler.cfg
-        self.metrics = handler.metrics
-        self.loop = handler.loop
-        self.writes = handler.writes
         self.transport: asyncio.Transport | None = None
         # decoded packets are only read by the handler, never mutated: share the empty Properties
         self.decoder = Decoder(max_packet_size=self.cfg.max_packet_size, share_empty_properties=True)
@@ -319,7 +360,7 @@ class MQTTConnection(asyncio.Protocol):
         self._holds = 0                  # `hold` calls not yet released
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self.peer = "?"
+        self._peer = "?"
         # parking (gateway/net/parking.py): None; the fd (int) while parked; the bytes to feed
         # first (bytes) while its new transport is on its way (`unpark`)
         self._park: int | bytes | None = None
@@ -368,7 +409,7 @@ class MQTTConnection(asyncio.Protocol):
         cfg = self.cfg
         transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
         pn = transport.get_extra_info("peername")
-        self.peer = f"{pn[0]}:{pn[1]}" if pn else "?"
+        self._set_peer(pn)
         gate = self.handler.gate
         if gate is not None and not self._admit(gate, pn[0] if pn else "?"):
             return
