@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mosquitto", action="store_true", help="also measure Mosquitto, round by round")
     a = ap.parse_args(argv)
     kinds = ["lmqtt"] + (["mosquitto"] if a.mosquitto else [])
+    if a.lmqtt_src:
+        from .brokers import BrokerUnavailable, source_path
+        try:                                # a wrong directory: said in one line, before any round
+            with tempfile.TemporaryDirectory(prefix="conn-storm-") as d:
+                source_path(a.lmqtt_src, d)
+        except BrokerUnavailable as e:
+            raise SystemExit(f"conn_storm: {e}") from None
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(a.rounds):
         for k in kinds:
