@@ -580,7 +580,8 @@ def test_disconnect_raising_session_expiry_keeps_the_session_that_long(tmp_path)
         c = Client(gw)
         await c.connect("dx-longer", clean=False, session_expiry_interval=10)
         c.send(P.Disconnect(0, P.Properties(session_expiry_interval=120)))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)                           # connection_lost
+        await asyncio.sleep(0)                           # its record: written at the end of that tick
         s = gw.broker.sessions["dx-longer"]
         assert not s.online and s.expiry_interval == 120
         assert gw.broker.storage.sessions.get("dx-longer").wait().expiry_interval == 120
