@@ -76,3 +76,34 @@ def test_equal_keep_alives_are_one_int_object():
     c2.keepalive = int("600")                       # a distinct int object, as each CONNECT decodes
     assert c1.keepalive == c2.keepalive == 600
     assert c1._keepalive is c2._keepalive
+
+
+def test_a_session_keeps_its_rare_state_out_of_line_until_it_is_used():
+    s = Session("dev")
+    assert (s.expiry_handle, s.disconnected_at_ms, s.dropped_expired, s.dropped_too_large, s.saved_inflight,
+            s.inbound_keys) == (None, None, 0, 0, None, None)
+    s.expiry_handle = None                          # defaults written back: still nothing made
+    s.saved_inflight = None
+    s.dropped_expired = 0
+    assert s._rare is None
+    s.dropped_too_large += 1
+    s.disconnected_at_ms = 1234
+    s.inbound_keys = {7: ("t", "k", 1)}
+    assert s._rare is not None
+    assert (s.dropped_too_large, s.disconnected_at_ms, s.inbound_keys) == (1, 1234, {7: ("t", "k", 1)})
+    s.disconnected_at_ms = None
+    assert s.disconnected_at_ms is None and s.dropped_expired == 0
+
+
+def test_a_connection_reads_its_handlers_parts_and_keeps_an_ipv4_peer_as_one_int():
+    handler = SimpleNamespace(cfg=SimpleNamespace(max_packet_size=1 << 20), metrics=object(), writes=object(),
+                              loop=SimpleNamespace(time=lambda: 0.0))
+    c = MQTTConnection(handler)
+    assert (c.cfg, c.metrics, c.loop, c.writes) == (handler.cfg, handler.metrics, handler.loop, handler.writes)
+    assert c.peer == "?"
+    c._set_peer(("10.1.2.3", 65535))
+    assert c.peer == "10.1.2.3:65535" and type(c._peer) is int
+    c._set_peer(("::1", 5, 0, 0))
+    assert c.peer == "::1:5"
+    c._set_peer(None)
+    assert c.peer == "?"
