@@ -93,11 +93,27 @@ class Prefaulter:
                 wrote = self.clog.wrote
                 if not self.step():
                     return
-                wait = self.interval if wrote != last else min(wait * 2, self.IDLE_INTERVAL_MAX)
+                wait = self.next_wait(wait, wrote, last)
                 last = wrote
             except Exception as e:  # noqa: BLE001 - an optimisation: never take the store down
                 log.warning("commitlog prefault stopped: %s", e)
                 return
+
+    def next_wait(self, wait: float, wrote: int, last: int) -> float:
+        """The wait before the next check, after one of `wait` seconds in which the write position
+        went from `last` to `wrote` (-1: the first check). Idle: doubles up to IDLE_INTERVAL_MAX.
+        Writing: about two checks per step's worth of bytes (`step` populates nothing for less) at
+        the rate just seen, between `interval` and IDLE_INTERVAL_MAX: at 5,000 small messages a
+        second (~0.75 MB/s) the thread wakes ~12 times a second instead of 200, each wake a GIL
+        hand-off with the event loop; a writer fast enough to need it is still checked every
+        `interval`, and `ahead` bytes (2 MiB) cover a jump in rate until the next check."""
+        if wrote == last:
+            return min(wait * 2, self.IDLE_INTERVAL_MAX)
+        if last < 0 or wrote < last:
+            return self.interval
+        rate = (wrote - last) / wait
+        w = min(self.ahead, 256 << 10) / rate / 2
+        return self.interval if w <= self.interval else min(w, self.IDLE_INTERVAL_MAX)
 
     def step(self) -> bool:
         """Populate up to `ahead` bytes past the write position. False = unsupported, stop."""
