@@ -272,19 +272,78 @@ class PacketHandler(Protocol):
     def on_writable(self, conn: "MQTTConnection") -> None: ...
 
 
+class _ConnRare:
+    """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
+    refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
+    method, MQTT 5 topic aliases, a fleet's attach time): made at the first other value, so an
+    idle connection pays one slot for them, not nine (issue 29)."""
+
+    __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
+                 "auth_method", "topic_aliases", "fleet_attached_ms")
+
+    def __init__(self) -> None:
+        for f in _RARE_FIELDS:
+            setattr(self, f.name, f.default)
+
+
+class _RareField:
+    """An `MQTTConnection` attribute kept in its `_ConnRare` (see there); reads as a plain attribute."""
+
+    __slots__ = ("name", "default")
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        _RARE_FIELDS.append(self)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        r = obj._rare
+        return self.default if r is None else getattr(r, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        r = obj._rare
+        if r is None:
+            # the default again (an int or bool equal to it: `_holds` back to 0): nothing to keep. A
+            # mutable default (NO_ALIASES) only by identity: a new empty dict must be kept
+            d = self.default
+            if value is d or (d.__class__ in (int, bool) and value.__class__ is d.__class__ and value == d):
+                return
+            r = obj._rare = _ConnRare()
+        setattr(r, self.name, value)
+
+
+_RARE_FIELDS: list[_RareField] = []
+
+
 class MQTTConnection(asyncio.Protocol):
     # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
-    # another module sets must be named here (fleet_attached_ms: gateway/fleet/sessions.py).
+    # another module sets must be named here or be one of the `_RareField`s below
+    # (fleet_attached_ms: gateway/fleet/sessions.py).
     # `cfg`, `metrics`, `loop`, `writes` are the handler's (properties below: four slots fewer per
     # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
     __slots__ = ("handler", "transport", "decoder", "version",
                  "session", "client_id", "connected", "closing", "write_blocked",
-                 "transport_full", "_store_waits", "will", "identity", "_auth_login", "auth_method",
+                 "transport_full", "_store_waits", "will", "identity", "_auth_login",
                  "read_checks", "_keepalive", "_ka_slot", "last_rx", "accepted_at", "pending_publishes",
-                 "valid_topics", "acl_publish_ok", "topic_aliases", "problem_info", "reading_paused",
-                 "_rate_paused", "_transport_paused", "_gate", "_gate_addr", "refusal", "pub_bucket",
-                 "_rate_logged", "_refusal_logged", "_rate_timer", "_held", "_holds", "_out",
-                 "_flush_scheduled", "_peer", "fleet_attached_ms", "_park", "_wrote")
+                 "valid_topics", "acl_publish_ok", "problem_info", "reading_paused",
+                 "_rate_paused", "_transport_paused", "_gate", "pub_bucket",
+                 "_held", "_out", "_flush_scheduled", "_peer", "_park", "_wrote", "_rare")
+
+    # the rare fields (`_ConnRare`), with their defaults
+    _gate_addr = _RareField(None)      # the address the gate counts this socket under (per-address limits)
+    refusal = _RareField(None)         # (reason code, cause) of the limit that refused this socket
+    _refusal_logged = _RareField(False)
+    _rate_logged = _RareField(False)
+    _rate_timer = _RareField(None)     # asyncio.TimerHandle of a publish-rate pause
+    _holds = _RareField(0)             # `hold` calls not yet released
+    auth_method = _RareField(None)     # the Authentication Method the connection logged in with
+    # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
+    topic_aliases = _RareField(NO_ALIASES)
+    fleet_attached_ms = _RareField(0)  # when a fleet gateway attached it (gateway/fleet/sessions.py)
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))
@@ -330,7 +389,6 @@ class MQTTConnection(asyncio.Protocol):
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
         self._auth_login = None       # MQTT 5 enhanced authentication in progress (`auth_login`)
-        self.auth_method: str | None = None   # the Authentication Method the connection logged in with
         self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
         self._keepalive = 0           # seconds (`keepalive`: set, it arms the sweep's deadline)
         self._ka_slot = None          # the sweep's wheel slot (its table) this connection is in
@@ -341,23 +399,16 @@ class MQTTConnection(asyncio.Protocol):
         # reload): the shared empty NO_TOPICS until the first one (an empty set is 216 bytes)
         self.valid_topics: frozenset | set = NO_TOPICS
         self.acl_publish_ok: frozenset | set = NO_TOPICS
-        # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
-        self.topic_aliases: dict[int, str] = NO_ALIASES
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self.reading_paused = False   # too many publishes awaiting the store
         self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
         self._transport_paused = False  # what we last told the transport (any of the reasons)
         # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
+        self._rare: _ConnRare | None = None    # the `_RareField`s, once one is not at its default
         self._gate = None
-        self._gate_addr: str | None = None
-        self.refusal: tuple[int, str] | None = None
         self.pub_bucket = None
-        self._rate_logged = False
-        self._refusal_logged = False
-        self._rate_timer: asyncio.TimerHandle | None = None
         self._held: list | None = None   # packets read while on hold (a password check, a store reply)
-        self._holds = 0                  # `hold` calls not yet released
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._peer = "?"

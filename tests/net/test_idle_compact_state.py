@@ -107,3 +107,22 @@ def test_a_connection_reads_its_handlers_parts_and_keeps_an_ipv4_peer_as_one_int
     assert c.peer == "::1:5"
     c._set_peer(None)
     assert c.peer == "?"
+
+
+def test_a_connection_makes_its_rare_fields_only_when_one_leaves_its_default():
+    handler = SimpleNamespace(cfg=SimpleNamespace(max_packet_size=1 << 20), metrics=None, writes=None,
+                              loop=SimpleNamespace(time=lambda: 0.0))
+    c = MQTTConnection(handler)
+    assert (c.refusal, c._holds, c.auth_method, c.fleet_attached_ms, c._rate_timer) == (None, 0, None, 0, None)
+    c._holds = 0
+    c.refusal = None
+    assert c._rare is None
+    c._holds += 1                                   # `hold`: made now, and kept
+    assert c._rare is not None and c._holds == 1
+    c._holds -= 1
+    assert c._holds == 0
+    # a topic alias: the new (empty, then filled) map is kept, not mistaken for the shared empty default
+    d = MQTTConnection(handler)
+    assert d.resolve_topic_alias("a/b", 3, 10) == "a/b"
+    assert d.resolve_topic_alias("", 3, 10) == "a/b"
+    assert MQTTConnection(handler).topic_aliases == {}
