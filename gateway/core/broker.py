@@ -632,6 +632,7 @@ class Broker:
             if conn.will is not None:
                 conn.will = None
                 self.session_registry.drop_will(s.client_id)
+        self.persist.leaving(s)             # its record at detach: before anything else of the tick
         conn.close()
 
     # ======================================================================= persistence

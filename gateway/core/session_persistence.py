@@ -258,6 +258,7 @@ class SessionPersistence:
         # (`save_later`), by client id
         self._later: dict[str, "Session"] = {}
         self._later_scheduled = False
+        self._leaving: set[str] = set()      # sent DISCONNECT: the record at detach is written at once
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session") -> SessionRecord:
@@ -315,13 +316,24 @@ class SessionPersistence:
         when written, from the session as it then is; a newer write of it (`save_session`) or
         its end (`delete_session`) in the same tick replaces it. A fleet gateway (`host`) writes
         it now: the store orders it before another gateway's claim of the session."""
-        if self.host is not None or self._loop is None:
+        if self.host is not None or self._loop is None or (self._leaving and s.client_id in self._leaving):
+            self._leaving.discard(s.client_id)
             self.save_session(s)
             return
         self._later[s.client_id] = s
         if not self._later_scheduled:
             self._later_scheduled = True
             self._loop.call_soon(self.write_later)
+
+    def leaving(self, s: "Session") -> None:
+        """`s`'s client sent DISCONNECT: the server closes the connection next, and a client that
+        saw it closed counts on the record saying what it acknowledged before it left (a restart,
+        even `kill -9`, then resends none of it: tests/e2e/test_e2e_inflight_restart.py). The
+        record its disconnect writes (`save_later`) is written at once, not left for the end of
+        the tick (the close is seen before that). A connection that just dropped leaves it for the
+        end of the tick: its client sees nothing."""
+        if s.persistent and self.writes_later:
+            self._leaving.add(s.client_id)
 
     def write_later(self) -> None:
         """Write the records `save_later` left for the end of this tick: one write."""
@@ -404,6 +416,7 @@ class SessionPersistence:
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
         self._later.pop(client_id, None)
+        self._leaving.discard(client_id)
         log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
     def records_for_restore(self):

@@ -1,7 +1,9 @@
-"""The records of sessions going offline (issue 29 reconnect storm): on `lmqtt serve` the disconnects
-of one event-loop tick are written together at its end, in one metadata write (was: one write per
-disconnect); a newer write or a delete of the session in the same tick wins over the waiting one;
-a stop writes what waits; and across kill -9 the sessions are back as their clients left them."""
+"""The records of sessions going offline (issue 29 reconnect storm): on `lmqtt serve` the dropped
+connections of one event-loop tick have their records written together at its end, in one metadata
+write (was: one write each); a client that sent DISCONNECT has its record written at once (it sees
+the close: tests/e2e/test_e2e_inflight_restart.py); a newer write or a delete of the session in the
+same tick wins over the waiting one; a stop writes what waits; and across kill -9 the sessions are
+back as their clients left them."""
 from __future__ import annotations
 
 import asyncio
@@ -54,11 +56,15 @@ def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
             rec = md.get_session(cid)
             assert rec.last_disconnect_ms == 1234 and [x.filter for x in rec.subscriptions] == [f"d/{cid}/+"]
         assert md.get_session("d") is None and md.get_session("e") is None
+        sessions["g"] = _offline("g")
+        p.leaving(sessions["g"])              # g sent DISCONNECT: its record at detach goes at once
+        p.save_later(sessions["g"])
+        assert md._db.writes == 4 and md.get_session("g") is not None
         sessions["f"] = _offline("f")
         p.save_later(sessions["f"])
         p.stop_flushing()                     # a stop writes what waits, now
         assert md.get_session("f") is not None
-        assert md._db.writes == 4
+        assert md._db.writes == 5
     try:
         asyncio.run(main())
     finally:
