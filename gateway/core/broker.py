@@ -632,8 +632,8 @@ class Broker:
             if conn.will is not None:
                 conn.will = None
                 self.session_registry.drop_will(s.client_id)
-        self.persist.leaving(s)             # its record at detach: before anything else of the tick
-        conn.close()
+        if not self.persist.close_after_record(s, conn):   # lmqtt serve: closed once its record is in
+            conn.close()
 
     # ======================================================================= persistence
     def _qos2_sent(self, s: Session) -> None:

@@ -232,6 +232,13 @@ def start_offsets(rec: SessionRecord, offsets: dict[str, int]) -> dict[str, int]
     return out
 
 
+def _mark(s: "Session") -> tuple:
+    """What of a session its record would show differently once changed while its connection
+    closes: its exchanges in flight, its next packet id, where delivery stands, its subscriptions."""
+    return (len(s.outbound), s.next_pid, len(s.subs), s.expiry_interval,
+            tuple(c.next_offset for c in s.cursors.values()))
+
+
 class SessionPersistence:
     def __init__(self, storage: "Storage", *, session_live: Callable[["Session"], bool],
                  group_live: Callable[["SharedGroup"], bool], host: str | None = None, metrics=None) -> None:
@@ -258,17 +265,23 @@ class SessionPersistence:
         # (`save_later`), by client id
         self._later: dict[str, "Session"] = {}
         self._later_scheduled = False
-        self._leaving: set[str] = set()      # sent DISCONNECT: the record at detach is written at once
+        # sent DISCONNECT (`close_after_record`): (session, connection) closed once the record is in
+        self._closing: list[tuple["Session", Any]] = []
+        # written so by `close_after_record`: client id -> (session, `_mark` then); its detach
+        # writes nothing more unless the session changed since
+        self._left: dict[str, tuple["Session", tuple]] = {}
 
     # -- session records ----------------------------------------------------------------------
-    def record_of(self, s: "Session") -> SessionRecord:
-        online = s.online
+    def record_of(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
+        """`offline_ms`: the record as of the session gone offline then (its client sent DISCONNECT
+        and its connection is about to close)."""
+        online = s.online and offline_ms is None
         # a connected session's too: a snapshot written by `write_ahead` / `journal` must not be
         # erased by a record written for another reason (SUBSCRIBE, UNSUBSCRIBE, CONNECT)
         state = inflight_state(s)
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
-            last_disconnect_ms=None if online else (s.disconnected_at_ms or _now_ms()),
+            last_disconnect_ms=None if online else (offline_ms or s.disconnected_at_ms or _now_ms()),
             subscriptions=[SubscriptionRecord(filter=sub.queue, qos=sub.qos, no_local=sub.no_local,
                                  retain_as_published=sub.retain_as_published,
                                  retain_handling=sub.retain_handling, subscription_id=sub.subscription_id,
@@ -287,6 +300,8 @@ class SessionPersistence:
         it); a failure is logged here."""
         if self._later:
             self._later.pop(s.client_id, None)       # this write is newer than the one waiting
+        if self._left:
+            self._left.pop(s.client_id, None)        # its detach writes again
         try:
             rec = self.record_of(s)
         except Exception as e:
@@ -316,31 +331,42 @@ class SessionPersistence:
         when written, from the session as it then is; a newer write of it (`save_session`) or
         its end (`delete_session`) in the same tick replaces it. A fleet gateway (`host`) writes
         it now: the store orders it before another gateway's claim of the session."""
-        if self.host is not None or self._loop is None or (self._leaving and s.client_id in self._leaving):
-            self._leaving.discard(s.client_id)
+        if self.host is not None or self._loop is None:
             self.save_session(s)
             return
+        if self._left:
+            left = self._left.pop(s.client_id, None)
+            if left is not None and left[0] is s and left[1] == _mark(s):
+                return                        # its DISCONNECT's record says it all
         self._later[s.client_id] = s
         if not self._later_scheduled:
             self._later_scheduled = True
             self._loop.call_soon(self.write_later)
 
-    def leaving(self, s: "Session") -> None:
-        """`s`'s client sent DISCONNECT: the server closes the connection next, and a client that
-        saw it closed counts on the record saying what it acknowledged before it left (a restart,
-        even `kill -9`, then resends none of it: tests/e2e/test_e2e_inflight_restart.py). The
-        record its disconnect writes (`save_later`) is written at once, not left for the end of
-        the tick (the close is seen before that). A connection that just dropped leaves it for the
-        end of the tick: its client sees nothing."""
-        if s.persistent and self.writes_later:
-            self._leaving.add(s.client_id)
+    def close_after_record(self, s: "Session", conn) -> bool:
+        """`s`'s client sent DISCONNECT on `conn`. On `lmqtt serve` (persistent session): nothing
+        more of `conn` is handled, its record as of now, offline, goes with this tick's others
+        (`write_later`), and `conn` is closed once it is written - a client that sees its
+        connection closed may count on the record saying what it acknowledged before it left (a
+        restart, even `kill -9`, then resends none of it: tests/e2e/test_e2e_inflight_restart.py);
+        the detach that follows the close writes nothing more unless the session changed since.
+        False: the caller closes `conn` now (its record is written at detach, at once)."""
+        if not (s.persistent and self.writes_later):
+            return False
+        conn.hold()
+        self._closing.append((s, conn))
+        if not self._later_scheduled:
+            self._later_scheduled = True
+            self._loop.call_soon(self.write_later)
+        return True
 
     def write_later(self) -> None:
         """Write the records `save_later` left for the end of this tick: one write."""
         self._later_scheduled = False
-        if not self._later:
+        if not self._later and not self._closing:
             return
         waiting, self._later = self._later, {}
+        closing, self._closing = self._closing, []
         live = self._session_live
         records = []
         for cid, s in waiting.items():
@@ -350,12 +376,31 @@ class SessionPersistence:
                 records.append((cid, self.record_of(s)))
             except Exception as e:  # noqa: BLE001 - the others are written
                 log.error("event=save_session_failed client_id=%s error=%r", cid, e)
-        if not records:
-            return
-        log_failure(self.sessions.put_many(records), log, "save_session_failed", client_id=records[0][0],
-                    records=len(records))
-        if self.metrics is not None:
-            self.metrics.session_record_writes += len(records)
+        left = []
+        if closing:
+            now = _now_ms()
+            for s, conn in closing:
+                cid = s.client_id
+                if s.conn is not conn or not live(s) or cid in waiting:
+                    continue                  # detached already (its record is in `waiting`), or ended
+                try:
+                    records.append((cid, self.record_of(s, offline_ms=now)))
+                except Exception as e:  # noqa: BLE001 - its detach writes it then
+                    log.error("event=save_session_failed client_id=%s error=%r", cid, e)
+                    continue
+                left.append((cid, s))
+        try:
+            if records:
+                answer = self.sessions.put_many(records)
+                log_failure(answer, log, "save_session_failed", client_id=records[0][0], records=len(records))
+                if self.metrics is not None:
+                    self.metrics.session_record_writes += len(records)
+                if answer.done() and answer.exception() is None:
+                    for cid, s in left:       # written: their detach need not write again
+                        self._left[cid] = (s, _mark(s))
+        finally:
+            for _s, conn in closing:
+                conn.close()
 
     # -- QoS 2 write-ahead of a connected session's exchanges ------------------------------------
     def write_ahead(self, s: "Session"):
@@ -416,7 +461,7 @@ class SessionPersistence:
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
         self._later.pop(client_id, None)
-        self._leaving.discard(client_id)
+        self._left.pop(client_id, None)
         log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
     def records_for_restore(self):

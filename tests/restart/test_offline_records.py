@@ -1,7 +1,8 @@
 """The records of sessions going offline (issue 29 reconnect storm): on `lmqtt serve` the dropped
 connections of one event-loop tick have their records written together at its end, in one metadata
-write (was: one write each); a client that sent DISCONNECT has its record written at once (it sees
-the close: tests/e2e/test_e2e_inflight_restart.py); a newer write or a delete of the session in the
+write (was: one write each); a client that sent DISCONNECT has its record in that write too, and
+its connection is closed only once it is written (it sees the close:
+tests/e2e/test_e2e_inflight_restart.py); a newer write or a delete of the session in the
 same tick wins over the waiting one; a stop writes what waits; and across kill -9 the sessions are
 back as their clients left them."""
 from __future__ import annotations
@@ -23,6 +24,19 @@ class _Facades:
     def __init__(self, md: MetadataStore) -> None:
         self.sessions = InProcessSessions(md)
         self.offsets = InProcessOffsets(md)
+
+
+class _Conn:
+    """What `close_after_record` does to the connection of a client that sent DISCONNECT."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def hold(self) -> None:
+        self.events.append("hold")
+
+    def close(self) -> None:
+        self.events.append("close")
 
 
 def _offline(cid: str) -> Session:
@@ -56,15 +70,32 @@ def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
             rec = md.get_session(cid)
             assert rec.last_disconnect_ms == 1234 and [x.filter for x in rec.subscriptions] == [f"d/{cid}/+"]
         assert md.get_session("d") is None and md.get_session("e") is None
-        sessions["g"] = _offline("g")
-        p.leaving(sessions["g"])              # g sent DISCONNECT: its record at detach goes at once
-        p.save_later(sessions["g"])
-        assert md._db.writes == 4 and md.get_session("g") is not None
+        # g and h sent DISCONNECT: each connection is held, closed once the tick's one write
+        # holding their records (offline) is done; their detach then writes nothing more, unless
+        # the session changed meanwhile (h: a message went out to it)
+        conns = {}
+        for cid in ("g", "h"):
+            s = sessions[cid] = _offline(cid)
+            s.conn = conns[cid] = _Conn()
+            assert p.close_after_record(s, s.conn)
+        assert conns["g"].events == ["hold"] and md._db.writes == 3
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert md._db.writes == 4 and conns["g"].events == conns["h"].events == ["hold", "close"]
+        rec = md.get_session("g")
+        assert rec.last_disconnect_ms is not None and [x.filter for x in rec.subscriptions] == ["d/g/+"]
+        sessions["h"].next_pid += 1
+        for cid in ("g", "h"):                # connection_lost: detach
+            sessions[cid].conn = None
+            p.save_later(sessions[cid])
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert md._db.writes == 5             # h's only
         sessions["f"] = _offline("f")
         p.save_later(sessions["f"])
         p.stop_flushing()                     # a stop writes what waits, now
         assert md.get_session("f") is not None
-        assert md._db.writes == 5
+        assert md._db.writes == 6
     try:
         asyncio.run(main())
     finally:
