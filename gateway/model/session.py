@@ -53,16 +53,32 @@ class ClientSubscription:
 class Cursor:
     """Reading position of one consumer (session or shared group) in one light queue."""
 
-    __slots__ = ("next_offset", "inflight")
+    __slots__ = ("next_offset", "_inflight")
 
     def __init__(self, offset: int) -> None:
         self.next_offset = offset
-        self.inflight: dict[int, Any] = {}   # queue offset -> owner (pid or session); insertion = offset order
+        # made when first asked for (`inflight`): the cursor of an idle device that was never sent
+        # anything keeps no empty dict (64 bytes, issue 29)
+        self._inflight: dict[int, Any] | None = None
+
+    @property
+    def inflight(self) -> dict[int, Any]:
+        """Queue offset -> owner (pid or session) of what is in flight; insertion = offset order."""
+        d = self._inflight
+        if d is None:
+            d = self._inflight = {}
+        return d
+
+    @inflight.setter
+    def inflight(self, d: dict[int, Any]) -> None:
+        self._inflight = d
 
     def committed(self) -> int:
         """Lowest offset that is not yet acknowledged: where a restart resumes."""
-        for off in self.inflight:
-            return off
+        d = self._inflight
+        if d:
+            for off in d:
+                return off
         return self.next_offset
 
 

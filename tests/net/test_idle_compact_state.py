@@ -126,3 +126,16 @@ def test_a_connection_makes_its_rare_fields_only_when_one_leaves_its_default():
     assert d.resolve_topic_alias("a/b", 3, 10) == "a/b"
     assert d.resolve_topic_alias("", 3, 10) == "a/b"
     assert MQTTConnection(handler).topic_aliases == {}
+
+
+def test_a_cursor_makes_its_in_flight_table_when_first_asked_for():
+    from lmqtt.gateway.model.session import Cursor
+    c = Cursor(5)
+    assert c._inflight is None and c.committed() == 5
+    c.inflight[7] = 1
+    c.inflight[9] = 2
+    assert c.committed() == 7
+    c.inflight.pop(7)
+    assert c.committed() == 9
+    c.inflight.clear()
+    assert c.committed() == 5
