@@ -275,11 +275,11 @@ class PacketHandler(Protocol):
 class _ConnRare:
     """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
-    method, MQTT 5 topic aliases, a fleet's attach time): made at the first other value, so an
-    idle connection pays one slot for them, not nine (issue 29)."""
+    method, MQTT 5 topic aliases): made at the first other value and dropped when all are back at
+    their defaults, so an idle connection pays one slot for them, not eight (issue 29)."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
-                 "auth_method", "topic_aliases", "fleet_attached_ms")
+                 "auth_method", "topic_aliases")
 
     def __init__(self) -> None:
         for f in _RARE_FIELDS:
@@ -305,15 +305,18 @@ class _RareField:
         return self.default if r is None else getattr(r, self.name)
 
     def __set__(self, obj: Any, value: Any) -> None:
+        # the default again (an int or bool equal to it: `_holds` back to 0): nothing to keep. A
+        # mutable default (NO_ALIASES) only by identity: a new empty dict must be kept
+        d = self.default
+        back = value is d or (d.__class__ in (int, bool) and value.__class__ is d.__class__ and value == d)
         r = obj._rare
         if r is None:
-            # the default again (an int or bool equal to it: `_holds` back to 0): nothing to keep. A
-            # mutable default (NO_ALIASES) only by identity: a new empty dict must be kept
-            d = self.default
-            if value is d or (d.__class__ in (int, bool) and value.__class__ is d.__class__ and value == d):
+            if back:
                 return
             r = obj._rare = _ConnRare()
         setattr(r, self.name, value)
+        if back and all(getattr(r, f.name) is f.default for f in _RARE_FIELDS):
+            obj._rare = None        # every field at its default again (a CONNECT's hold released)
 
 
 _RARE_FIELDS: list[_RareField] = []
@@ -321,8 +324,8 @@ _RARE_FIELDS: list[_RareField] = []
 
 class MQTTConnection(asyncio.Protocol):
     # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
-    # another module sets must be named here or be one of the `_RareField`s below
-    # (fleet_attached_ms: gateway/fleet/sessions.py).
+    # another module sets must be named here (fleet_attached_ms: gateway/fleet/sessions.py, set on
+    # every connection of a fleet gateway, so a slot) or be one of the `_RareField`s below.
     # `cfg`, `metrics`, `loop`, `writes` are the handler's (properties below: four slots fewer per
     # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
     __slots__ = ("handler", "transport", "decoder", "version",
@@ -331,7 +334,8 @@ class MQTTConnection(asyncio.Protocol):
                  "read_checks", "_keepalive", "_ka_slot", "last_rx", "accepted_at", "pending_publishes",
                  "valid_topics", "acl_publish_ok", "problem_info", "reading_paused",
                  "_rate_paused", "_transport_paused", "_gate", "pub_bucket",
-                 "_held", "_out", "_flush_scheduled", "_peer", "_park", "_wrote", "_rare")
+                 "_held", "_out", "_flush_scheduled", "_peer", "_park", "_wrote", "_rare",
+                 "fleet_attached_ms")
 
     # the rare fields (`_ConnRare`), with their defaults
     _gate_addr = _RareField(None)      # the address the gate counts this socket under (per-address limits)
@@ -343,7 +347,6 @@ class MQTTConnection(asyncio.Protocol):
     auth_method = _RareField(None)     # the Authentication Method the connection logged in with
     # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
     topic_aliases = _RareField(NO_ALIASES)
-    fleet_attached_ms = _RareField(0)  # when a fleet gateway attached it (gateway/fleet/sessions.py)
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))

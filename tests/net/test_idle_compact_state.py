@@ -113,14 +113,20 @@ def test_a_connection_makes_its_rare_fields_only_when_one_leaves_its_default():
     handler = SimpleNamespace(cfg=SimpleNamespace(max_packet_size=1 << 20), metrics=None, writes=None,
                               loop=SimpleNamespace(time=lambda: 0.0))
     c = MQTTConnection(handler)
-    assert (c.refusal, c._holds, c.auth_method, c.fleet_attached_ms, c._rate_timer) == (None, 0, None, 0, None)
+    assert (c.refusal, c._holds, c.auth_method, c._rate_timer) == (None, 0, None, None)
+    assert getattr(c, "fleet_attached_ms", 0) == 0
     c._holds = 0
     c.refusal = None
     assert c._rare is None
-    c._holds += 1                                   # `hold`: made now, and kept
+    c._holds += 1                                   # `hold`: made now
+    c.auth_method = "SCRAM-SHA-256"
     assert c._rare is not None and c._holds == 1
     c._holds -= 1
-    assert c._holds == 0
+    assert c._holds == 0 and c._rare is not None    # the method is still set
+    c.auth_method = None
+    assert c._rare is None                          # all back at their defaults: dropped
+    c.fleet_attached_ms = 5
+    assert c.fleet_attached_ms == 5 and c._rare is None
     # a topic alias: the new (empty, then filled) map is kept, not mistaken for the shared empty default
     d = MQTTConnection(handler)
     assert d.resolve_topic_alias("a/b", 3, 10) == "a/b"
