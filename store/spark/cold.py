@@ -54,11 +54,6 @@ PARTITION_COLUMNS = "first_level string, date string"
 # matches the filter against these names on the driver, not row by row.
 TOPICS_KEY = "lmqtt.topics"
 MAX_TOPICS_META = 4096
-# Pages of at most PAGE_ROWS rows and a page index (column and offset indexes): inside a row group
-# of a matching topic, Spark's reader also skips the pages of the other topics (parquet-mr's
-# column-index filtering), so a filter read decodes about the matching rows, not whole row groups
-# (JVM CPU of the 1M-of-10M filter read 1.5 -> 0.7-0.8 s; BENCHMARKS.md, Spark filter history)
-PAGE_ROWS = 8192
 # a segment's files: small row groups, so a merge's topic-range passes (merge_files) decode only
 # the row groups of each range (the merged file has full row groups of ROW_GROUP_ROWS)
 SEGMENT_ROW_GROUP_ROWS = 1 << 15
@@ -175,7 +170,7 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = SEGMENT_ROW
         part = part.replace_schema_metadata(_topics_meta(pc.unique(part["topic"]).to_pylist()))
         sink = pa.BufferOutputStream()
         pq.write_table(part, sink, compression=COMPRESSION, row_group_size=row_group_rows,
-                       use_dictionary=DICTIONARY_COLUMNS, write_page_index=True, max_rows_per_page=PAGE_ROWS)
+                       use_dictionary=DICTIONARY_COLUMNS)
         out.append((parquet_key(fl, day, start), sink.getvalue().to_pybytes()))
     return sorted(out)
 
@@ -215,7 +210,7 @@ def merge_files(sources, row_group_rows: int = ROW_GROUP_ROWS, pass_rows: int = 
         n += counts[t]
     sink = pa.BufferOutputStream()
     writer = pq.ParquetWriter(sink, schema.with_metadata(_topics_meta(topics)), compression=COMPRESSION,
-                              use_dictionary=DICTIONARY_COLUMNS, write_page_index=True, max_rows_per_page=PAGE_ROWS)
+                              use_dictionary=DICTIONARY_COLUMNS)
     pending: list = []
     held = rows = 0
 
