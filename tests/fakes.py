@@ -72,3 +72,36 @@ class FakeTransport:
 
     def resume_reading(self):
         self.reading = True
+
+
+async def gateway_with_subscribed_pair(tmp_path, topic: str = "t/x"):
+    """A real embedded Gateway (store, dispatch, light queues, delivery) started on `tmp_path`, and
+    two MQTTConnections on FakeTransports: "sub" (3.1.1, subscribed to `topic` at QoS 1, its
+    CONNACK + SUBACK taken) and "pub" (3.1.1, connected). Returns (gw, (sub, sub_tr), (pub, pub_tr));
+    the caller stops gw."""
+    import asyncio
+
+    from lmqtt.gateway.app.config import build_config
+    from lmqtt.gateway.app.gateway import Gateway
+    from lmqtt.gateway.mqtt import encode, packets as P
+    from lmqtt.gateway.net.connection import MQTTConnection
+
+    cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
+                            "data_dir": str(tmp_path / "data")})
+    gw = Gateway(cfg)
+    await gw.start()
+    conns = []
+    for cid in ("sub", "pub"):
+        c = MQTTConnection(gw.broker)
+        tr = FakeTransport(c)
+        c.connection_made(tr)
+        c.data_received(encode(P.Connect(client_id=cid, protocol_level=4), 4))
+        conns.append((c, tr))
+    (sub, sub_tr), (pub, pub_tr) = conns
+    sub.data_received(encode(P.Subscribe(1, [P.SubscriptionRequest(topic, qos=1)]), 4))
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if sub_tr.take():             # CONNACK + SUBACK
+            break
+    pub_tr.take()                     # CONNACK
+    return gw, (sub, sub_tr), (pub, pub_tr)

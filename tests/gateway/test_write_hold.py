@@ -6,34 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-from lmqtt.gateway.app.config import build_config
-from lmqtt.gateway.app.gateway import Gateway
 from lmqtt.gateway.mqtt import encode, packets as P
-from lmqtt.gateway.net.connection import MQTTConnection, WriteBatcher
-from tests.fakes import FakeTransport
+from lmqtt.gateway.net.connection import WriteBatcher
+from tests.fakes import gateway_with_subscribed_pair
 
 
 def test_publish_batch_writes_itself_and_schedules_no_write_callback(tmp_path):
     async def run():
-        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                                "data_dir": str(tmp_path / "data")})
-        gw = Gateway(cfg)
-        await gw.start()
+        gw, (sub, sub_tr), (pub, pub_tr) = await gateway_with_subscribed_pair(tmp_path)
         try:
-            conns = []
-            for cid in ("sub", "pub"):
-                c = MQTTConnection(gw.broker)
-                tr = FakeTransport(c)
-                c.connection_made(tr)
-                c.data_received(encode(P.Connect(client_id=cid, protocol_level=4), 4))
-                conns.append((c, tr))
-            (sub, sub_tr), (pub, pub_tr) = conns
-            sub.data_received(encode(P.Subscribe(1, [P.SubscriptionRequest("t/x", qos=1)]), 4))
-            for _ in range(200):
-                await asyncio.sleep(0.005)
-                if sub_tr.take():             # CONNACK + SUBACK
-                    break
-            pub_tr.take()
             writes = gw.broker.writes
             assert isinstance(writes, WriteBatcher)
             callbacks = []
