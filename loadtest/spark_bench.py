@@ -276,6 +276,16 @@ def _cold_store(base: str, segment_mb: int, name: str = "cold", extra: tuple = (
     return proc, f"127.0.0.1:{port}", tier, log
 
 
+def _stop_store(proc, log) -> None:
+    """End a `_cold_store` (SIGTERM, SIGKILL after 30 s) and close its log."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except Exception:  # noqa: BLE001
+        proc.kill()
+    log.close()
+
+
 def _wait_offloaded(address: str, timeout: float) -> dict:
     """The tier's stats once every sealed segment is in the tier (with Parquet), off the disk, and
     no partition's small Parquet files wait for a merge (the compaction's quiet delay)."""
@@ -375,12 +385,7 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         for r in out[1:]:
             r["vs_cold_parquet"] = round((r["rows_per_s"]) / out[0]["rows_per_s"], 2)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except Exception:  # noqa: BLE001
-            proc.kill()
-        log.close()
+        _stop_store(proc, log)
     return out
 
 
@@ -522,12 +527,7 @@ def bench_filter_history_cold(spark, rows: int, size: int, every: int, base: str
             cold_mod.ColdTier.matching_topics = keep
         out[1]["vs_pushdown"] = round(out[1]["rows_per_s"] / out[0]["rows_per_s"], 2)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except Exception:  # noqa: BLE001
-            proc.kill()
-        log.close()
+        _stop_store(proc, log)
     return out
 
 

@@ -37,9 +37,14 @@ def _tier_url(kind: str, tmp_path, moto_s3=None, endpoint=None):
     return f"s3://{bucket}/node1", endpoint or moto_s3.endpoint
 
 
+def _plain_store(data_dir) -> MessageStore:
+    """A MessageStore of small segments, not started, without a tier."""
+    return MessageStore(StoreConfig(data_dir=str(data_dir), segment_size=SEG, max_message_size=16 << 10,
+                                    preallocate=False))
+
+
 def _store(data_dir, url, endpoint, **tier_kw) -> MessageStore:
-    st = MessageStore(StoreConfig(data_dir=str(data_dir), segment_size=SEG, max_message_size=16 << 10,
-                                  preallocate=False))
+    st = _plain_store(data_dir)
     kw = {"local_retention_ms": 0, "upload_interval_ms": 50, "timeout_s": 5.0}
     kw.update(tier_kw)
     st.enable_tier(TierConfig(url=url, endpoint=endpoint, **kw))
@@ -336,8 +341,7 @@ def test_a_merged_parquet_file_stays_until_the_last_segment_it_holds_rows_of_is_
     import pyarrow.parquet as pq
 
     from lmqtt.store.spark.cold import ColumnarWriter
-    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
-                                  preallocate=False))
+    st = _plain_store(tmp_path / "data")
     st.enable_tier(TierConfig(url=f"file://{tmp_path / 'tier'}", local_retention_ms=0, upload_interval_ms=50,
                               timeout_s=5.0, parquet_merge_after_ms=0, tier_retention_ms=None))
     st.tier.columnar = ColumnarWriter(st)
@@ -380,8 +384,7 @@ def test_a_segments_parquet_files_have_no_dictionary_on_their_distinct_columns(t
     import pyarrow.parquet as pq
 
     from lmqtt.store.spark.cold import segment_files
-    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
-                                  preallocate=False))
+    st = _plain_store(tmp_path / "data")
     st.start()
     try:
         _append(st, 2000)
@@ -410,8 +413,7 @@ def test_segment_files_and_their_merge_are_sorted_by_topic_each_topic_in_commitl
     import pyarrow.parquet as pq
 
     from lmqtt.store.spark.cold import file_topics, merge_files, segment_files
-    st = MessageStore(StoreConfig(data_dir=str(tmp_path / "data"), segment_size=SEG, max_message_size=16 << 10,
-                                  preallocate=False))
+    st = _plain_store(tmp_path / "data")
     st.start()
     try:
         _append(st, 2000)
