@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts, message_expiry_prop,
                                 packets as P, subscription_identifier_props, topic_alias_prop)
+from lmqtt.gateway.model.rare import RareField, rare_defaults
 from lmqtt.gateway.model.record_props import RecordMeta
 from lmqtt.lightqueue import records as _records
 
@@ -207,12 +208,7 @@ class _SessionRare:
                  "saved_inflight", "inbound_keys")
 
     def __init__(self) -> None:
-        self.expiry_handle = None
-        self.disconnected_at_ms: int | None = None
-        self.dropped_expired = 0
-        self.dropped_too_large = 0
-        self.saved_inflight: dict | None = None
-        self.inbound_keys: dict[int, tuple[str, str, int]] | None = None
+        rare_defaults(self, Session._RARE_FIELDS)
 
 
 class Session:
@@ -225,6 +221,21 @@ class Session:
     __slots__ = ("client_id", "version", "expiry_interval", "subs", "direct", "cursors", "outbound",
                  "_inbound_qos2", "_inbound_pending", "conn", "receive_max", "_rare",
                  "retained_backlog", "next_pid", "max_packet", "alias_max", "aliases", "custom")
+
+    # the rare state (`_SessionRare`, made at the first value other than these defaults)
+    _RARE_CLASS = _SessionRare
+    expiry_handle = RareField(None)         # the timer ending an offline persistent session
+    disconnected_at_ms = RareField(None)    # when an offline session's client left (ms)
+    dropped_expired = RareField(0)          # messages dropped for this client: expired
+    dropped_too_large = RareField(0)        # ... or larger than its Maximum Packet Size
+    # the QoS 1/2 exchanges of its record not resumed yet (core/session_persistence.py): a gateway
+    # over a remote store restores its sessions at start without their messages, so it keeps the
+    # state as read (and writes it back unchanged) until a CONNECT resumes it with the messages
+    # read ahead; None: nothing waits (`outbound`, `inbound_qos2` are the truth)
+    saved_inflight = RareField(None)
+    # inbound QoS 2 ids of a persistent session written ahead of their append, not stored yet:
+    # id -> (topic, key, ms), the key the message carries (core/broker.py `_qos2_ahead`)
+    inbound_keys = RareField(None)
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
@@ -246,7 +257,7 @@ class Session:
         self._inbound_pending: set[int] | None = None
         self.conn: MQTTConnection | None = None
         self.receive_max = 100
-        self._rare: _SessionRare | None = None      # expiry_handle ... inbound_keys below
+        self._rare: _SessionRare | None = None      # the `RareField`s above, once one is not at its default
         # QoS 1/2 retained messages waiting for the window: (message, qos, subscription identifiers);
         # () until one waits (`wait_retained`: an empty deque is 600 bytes, per client)
         self.retained_backlog: deque[tuple[OutboundMessage, int, tuple[int, ...] | None]] | tuple = ()
@@ -261,80 +272,6 @@ class Session:
         # subscription identifier): delivery then builds it with `publish_bytes` instead of the
         # shared template variant
         self.custom = False
-
-    def _rare_state(self) -> "_SessionRare":
-        r = self._rare
-        if r is None:
-            r = self._rare = _SessionRare()
-        return r
-
-    # -- the rare state (`_SessionRare`: read as plain attributes) ------------------------------
-    @property
-    def expiry_handle(self):
-        """The timer ending an offline persistent session, or None."""
-        r = self._rare
-        return None if r is None else r.expiry_handle
-
-    @expiry_handle.setter
-    def expiry_handle(self, v) -> None:
-        if v is not None or self._rare is not None:
-            self._rare_state().expiry_handle = v
-
-    @property
-    def disconnected_at_ms(self) -> int | None:
-        r = self._rare
-        return None if r is None else r.disconnected_at_ms
-
-    @disconnected_at_ms.setter
-    def disconnected_at_ms(self, v: int | None) -> None:
-        if v is not None or self._rare is not None:
-            self._rare_state().disconnected_at_ms = v
-
-    @property
-    def dropped_expired(self) -> int:
-        r = self._rare
-        return 0 if r is None else r.dropped_expired
-
-    @dropped_expired.setter
-    def dropped_expired(self, v: int) -> None:
-        if v or self._rare is not None:
-            self._rare_state().dropped_expired = v
-
-    @property
-    def dropped_too_large(self) -> int:
-        r = self._rare
-        return 0 if r is None else r.dropped_too_large
-
-    @dropped_too_large.setter
-    def dropped_too_large(self, v: int) -> None:
-        if v or self._rare is not None:
-            self._rare_state().dropped_too_large = v
-
-    @property
-    def saved_inflight(self) -> dict | None:
-        """The QoS 1/2 exchanges of its record not resumed yet (core/session_persistence.py): a
-        gateway over a remote store restores its sessions at start without their messages, so it
-        keeps the state as read (and writes it back unchanged) until a CONNECT resumes it with
-        the messages read ahead; None: nothing waits (`outbound`, `inbound_qos2` are the truth)."""
-        r = self._rare
-        return None if r is None else r.saved_inflight
-
-    @saved_inflight.setter
-    def saved_inflight(self, v: dict | None) -> None:
-        if v is not None or self._rare is not None:
-            self._rare_state().saved_inflight = v
-
-    @property
-    def inbound_keys(self) -> "dict[int, tuple[str, str, int]] | None":
-        """Inbound QoS 2 ids of a persistent session written ahead of their append, not stored
-        yet: id -> (topic, key, ms), the key the message carries (core/broker.py `_qos2_ahead`)."""
-        r = self._rare
-        return None if r is None else r.inbound_keys
-
-    @inbound_keys.setter
-    def inbound_keys(self, v: "dict[int, tuple[str, str, int]] | None") -> None:
-        if v is not None or self._rare is not None:
-            self._rare_state().inbound_keys = v
 
     def split_direct(self) -> None:
         """`direct` as a dict of its own (a shared or prefixed subscription is coming: `subs` and

@@ -24,6 +24,7 @@ import socket
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lmqtt.gateway.model.rare import RareField, rare_defaults
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
                                 encode_malformed_connect_reply, packets as P)
 
@@ -282,50 +283,15 @@ class _ConnRare:
                  "auth_method", "topic_aliases")
 
     def __init__(self) -> None:
-        for f in _RARE_FIELDS:
-            setattr(self, f.name, f.default)
+        rare_defaults(self, MQTTConnection._RARE_FIELDS)
 
 
-class _RareField:
-    """An `MQTTConnection` attribute kept in its `_ConnRare` (see there); reads as a plain attribute."""
-
-    __slots__ = ("name", "default")
-
-    def __init__(self, default: Any) -> None:
-        self.default = default
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-        _RARE_FIELDS.append(self)
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        r = obj._rare
-        return self.default if r is None else getattr(r, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        # the default again (an int or bool equal to it: `_holds` back to 0): nothing to keep. A
-        # mutable default (NO_ALIASES) only by identity: a new empty dict must be kept
-        d = self.default
-        back = value is d or (d.__class__ in (int, bool) and value.__class__ is d.__class__ and value == d)
-        r = obj._rare
-        if r is None:
-            if back:
-                return
-            r = obj._rare = _ConnRare()
-        setattr(r, self.name, value)
-        if back and all(getattr(r, f.name) is f.default for f in _RARE_FIELDS):
-            obj._rare = None        # every field at its default again (a CONNECT's hold released)
-
-
-_RARE_FIELDS: list[_RareField] = []
 
 
 class MQTTConnection(asyncio.Protocol):
     # no per-connection __dict__: idle connections are most of a broker's memory. An attribute
     # another module sets must be named here (fleet_attached_ms: gateway/fleet/sessions.py, set on
-    # every connection of a fleet gateway, so a slot) or be one of the `_RareField`s below.
+    # every connection of a fleet gateway, so a slot) or be one of the `RareField`s below.
     # `cfg`, `metrics`, `loop`, `writes` are the handler's (properties below: four slots fewer per
     # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
     __slots__ = ("handler", "transport", "decoder", "version",
@@ -338,15 +304,16 @@ class MQTTConnection(asyncio.Protocol):
                  "fleet_attached_ms")
 
     # the rare fields (`_ConnRare`), with their defaults
-    _gate_addr = _RareField(None)      # the address the gate counts this socket under (per-address limits)
-    refusal = _RareField(None)         # (reason code, cause) of the limit that refused this socket
-    _refusal_logged = _RareField(False)
-    _rate_logged = _RareField(False)
-    _rate_timer = _RareField(None)     # asyncio.TimerHandle of a publish-rate pause
-    _holds = _RareField(0)             # `hold` calls not yet released
-    auth_method = _RareField(None)     # the Authentication Method the connection logged in with
+    _RARE_CLASS = _ConnRare
+    _gate_addr = RareField(None)      # the address the gate counts this socket under (per-address limits)
+    refusal = RareField(None)         # (reason code, cause) of the limit that refused this socket
+    _refusal_logged = RareField(False)
+    _rate_logged = RareField(False)
+    _rate_timer = RareField(None)     # asyncio.TimerHandle of a publish-rate pause
+    _holds = RareField(0)             # `hold` calls not yet released
+    auth_method = RareField(None)     # the Authentication Method the connection logged in with
     # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
-    topic_aliases = _RareField(NO_ALIASES)
+    topic_aliases = RareField(NO_ALIASES)
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))
@@ -408,7 +375,7 @@ class MQTTConnection(asyncio.Protocol):
         self._transport_paused = False  # what we last told the transport (any of the reasons)
         # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
-        self._rare: _ConnRare | None = None    # the `_RareField`s, once one is not at its default
+        self._rare: _ConnRare | None = None    # the `RareField`s, once one is not at its default
         self._gate = None
         self.pub_bucket = None
         self._held: list | None = None   # packets read while on hold (a password check, a store reply)

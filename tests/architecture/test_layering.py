@@ -83,7 +83,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.gateway.storage.facades",
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
                               "lmqtt.store.record", "lmqtt.lightqueue.records"},
-    "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel"},   # accel: the C loader (net/_park.c)
+    "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel",    # accel: the C loader (net/_park.c)
+                          "lmqtt.gateway.model"},    # model.rare: the RareField descriptor a Session uses too
     "lmqtt.gateway.security": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net"},
     "lmqtt.gateway.model": {"lmqtt.gateway.mqtt", "lmqtt.lightqueue.records", "lmqtt.store.client"},
     "lmqtt.gateway.delivery": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.storage.facades",
