@@ -142,7 +142,7 @@ class ConnectionSweep:
             gauge = getattr(c.metrics, "connections_parked", None)
             if gauge is not None:
                 gauge.set_function(lambda parker=p.parker: len(parker))
-        p.candidates.add(c)
+        p.watch(c)
 
     def start(self) -> None:
         self._done = int(self.loop.time())
@@ -185,7 +185,7 @@ class ConnectionSweep:
         self.pending.discard(c)
         self.logins.discard(c)
         if self.parking is not None:
-            self.parking.candidates.discard(c)
+            self.parking.forget(c)
 
     # -- the periodic check ---------------------------------------------------------------------
     def _tick(self) -> None:

@@ -3,7 +3,8 @@
 An idle connected client costs the broker its event-loop transport (uvloop's TCPTransport, its
 libuv handle and buffers, the loop's fd -> transport map: ~1.2 KiB) and its packet decoder, for
 nothing: it sends a PINGREQ now and then. After `park_idle_after_s` (GatewayConfig) with no packet
-in or out and nothing in flight or queued, `MQTTConnection.park` takes its socket out of the loop:
+in or out and nothing in flight or queued (FRESH_IDLE_S, 0.25 s, for a client silent since its
+handshake: `Parking`), `MQTTConnection.park` takes its socket out of the loop:
 it keeps a dup of the fd (closing the transport then does not end the TCP connection), drops the
 transport and the decoder, and hands the fd to a `Parker`, which watches every parked socket with
 one epoll of its own (the loop watches that epoll's fd: one reader for all of them). The Parker
@@ -160,29 +161,82 @@ _park = accel.load("lmqtt.gateway.net._park")
 Parker = _park.Parker if _park is not None else PyParker
 trim = _park.trim if _park is not None else py_trim
 TRIM_AFTER = 64      # parks in one check after which the freed heap pages are given back (`trim`)
+# A client silent since its handshake (CONNECT, SUBSCRIBE, then nothing: most devices) is parked
+# after FRESH_IDLE_S, not `after_s`: a burst of thousands connecting at once then never has all its
+# transports alive together (each ~1.2 KiB, whose freed blocks the allocators keep resident: issue
+# 29), the later arrivals reuse the memory the first ones gave up. Checked every FRESH_IDLE_S while
+# a connection is that young; one still talking FRESH_FOR_S after its socket was accepted keeps the
+# `after_s` regime (a client that talks every few seconds is not parked and woken at every packet).
+FRESH_IDLE_S = 0.25
+FRESH_FOR_S = 1.0
 
 
 class Parking:
-    """The parked connections of one broker: the Parker, its reader on the loop, and the check
-    that parks connections idle for `after_s` (every `after_s`, over the connections not parked:
-    `candidates`, added at CONNECT and at each unpark)."""
+    """The parked connections of one broker: the Parker, its reader on the loop, and the checks
+    that park idle connections: the young ones (`fresh`, connected less than FRESH_FOR_S ago)
+    silent for FRESH_IDLE_S, checked every as long while there are any; the others (`candidates`,
+    added from `fresh` and at each unpark) idle for `after_s`, checked every `after_s`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, after_s: float) -> None:
         self.loop = loop
         self.after_s = after_s
         self.parker = Parker()
         self.candidates: set["MQTTConnection"] = set()
+        # young connections (`watch`), when after_s is longer than FRESH_IDLE_S
+        self.fresh: set["MQTTConnection"] | None = set() if after_s > FRESH_IDLE_S else None
         self.parked_total = 0         # parks so far (tests, metrics)
         self.unparked_total = 0
+        self.fresh_parked = 0         # of which by the young connections' check (tests)
         self._fd = self.parker.fileno()
         loop.add_reader(self._fd, self._ready)
         self._handle: asyncio.TimerHandle | None = loop.call_later(after_s, self._check)
+        self._fresh_handle: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         return len(self.parker)
 
     def watch(self, c: "MQTTConnection") -> None:
-        self.candidates.add(c)
+        """`c`'s CONNECT was accepted: park it once idle."""
+        fresh = self.fresh
+        if fresh is None:
+            self.candidates.add(c)
+            return
+        fresh.add(c)
+        if self._fresh_handle is None and self._fd is not None:
+            self._fresh_handle = self.loop.call_later(FRESH_IDLE_S, self._check_fresh)
+
+    def forget(self, c: "MQTTConnection") -> None:
+        """`c` is closed."""
+        self.candidates.discard(c)
+        if self.fresh is not None:
+            self.fresh.discard(c)
+
+    def _check_fresh(self) -> None:
+        self._fresh_handle = None
+        fresh = self.fresh
+        try:
+            now = self.loop.time()
+            parked0 = self.parked_total
+            young = now - FRESH_FOR_S
+            for c in list(fresh):
+                if c.closing:
+                    fresh.discard(c)
+                elif c.park_if_idle(now, FRESH_IDLE_S):
+                    fresh.discard(c)
+                elif c.accepted_at < young:      # still talking: the `after_s` regime
+                    fresh.discard(c)
+                    self.candidates.add(c)
+            n = self.parked_total - parked0
+            self.fresh_parked += n
+            if n >= TRIM_AFTER:
+                trim()
+        except Exception:   # never stop the checks for one connection's bug
+            log.exception("event=park_check_failed")
+        finally:
+            if fresh and self._fd is not None:
+                self._fresh_handle = self.loop.call_later(FRESH_IDLE_S, self._check_fresh)
+            elif not fresh:
+                self.fresh = set()    # a set keeps its table: a burst's young ones left ~50 B each
 
     def _check(self) -> None:
         self._handle = None
@@ -215,9 +269,10 @@ class Parking:
 
     def close(self) -> None:
         """Stop watching (the broker's shutdown closed its connections first, parked ones included)."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        for h in (self._handle, self._fresh_handle):
+            if h is not None:
+                h.cancel()
+        self._handle = self._fresh_handle = None
         if self._fd is not None:
             try:
                 self.loop.remove_reader(self._fd)
