@@ -114,6 +114,12 @@ class MetadataStore:
         # none, a CONNECT's `void_will` and a clean disconnect's `pop_will` need no RocksDB read
         # (issue 29 storm: a read per CONNECT for the will a client rarely left)
         self._wills: int | None = self._count_wills()
+        # whether a retained message may be stored: False while none ever was here (one seek at
+        # open), so a SUBSCRIBE's retained lookup opens no iterator (issue 29 storm: every
+        # SUBSCRIBE of a broker without retained messages scanned its filter's empty range).
+        # Set by every write of a retained message (and a replica's shipped one); never cleared
+        # but by a restart, so it is only ever wrong towards reading
+        self._retained_maybe = next(iter(self._scan(P_RETAINED)), None) is not None
 
     # -- replication (store groups, docs/ha.md "Replicated metadata") -------------------------
     def replicate(self, check, ship) -> None:
@@ -135,6 +141,8 @@ class MetadataStore:
                 wb.put(k, v)
             if k[:1] == P_WILL:
                 self._wills = None          # not known from here on: wills are read
+            elif k[:1] == P_RETAINED and v is not None:
+                self._retained_maybe = True
         if self._closed:
             raise MetadataError("metadata store is closed")
         self._db.write(wb, self._wo)
@@ -443,6 +451,7 @@ class MetadataStore:
                 wb.delete(key)
                 self._write(wb)
                 return
+            self._retained_maybe = True      # before the write: a reader never misses it
             self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
 
     def clear_retained_if(self, topic: str, props: bytes) -> bool:
@@ -483,8 +492,11 @@ class MetadataStore:
         many each time up to `most`); the filter is checked at once. Why: a subscriber's first
         retained messages go out while the rest of the range is still read (reading 1,000 before
         sending any delayed the first by ~0.7 ms), and a list per batch costs one step of this
-        generator per batch instead of per message."""
+        generator per batch instead of per message. `()` when no retained message was ever
+        stored here (no read: a falsy answer the caller may skip)."""
         validate_filter(flt)
+        if not self._retained_maybe:
+            return ()
         if not is_wildcard(flt):
             r = self.get_retained(flt)
             return iter(()) if r is None else iter(([(flt, r[0], r[1])],))

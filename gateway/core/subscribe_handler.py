@@ -209,7 +209,9 @@ class SubscribeHandler:
         else:
             conn.send(ack)
         for sub in retained:
-            send_retained(self.retained, acl, s, sub, batches=prepared.take_retained(sub.queue))
+            batches = prepared.take_retained(sub.queue)
+            if batches is None or batches:      # falsy: the store has none (metadata `retained_batches`)
+                send_retained(self.retained, acl, s, sub, batches=batches)
         self._kick(s)
 
     def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
