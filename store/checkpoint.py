@@ -2,7 +2,8 @@
 
 Written atomically (temp file, fsync, rename, fsync of the directory: `write_atomic`) so a crash
 leaves either the old or the new value, never a torn one. Each dispatcher owns one; the CommitLog
-keeps its flushed offset in one too. Written about once a second, so the fsync cost does not matter.
+keeps its flushed offset in one too. Written about once a second while the value moves; a save of
+the value already on disk is skipped (an idle store did a write + two fsyncs a second for nothing).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ _FMT = struct.Struct("<QI")  # value, crc32(value bytes)
 class OffsetCheckpoint:
     def __init__(self, path: str) -> None:
         self.path = path
+        self._saved: int | None = None      # the value this object last wrote (or read back)
 
     def load(self, default: int = 0) -> int:
         try:
@@ -28,12 +30,18 @@ class OffsetCheckpoint:
         value, crc = _FMT.unpack(raw)
         if zlib.crc32(raw[:8]) != crc:
             return default
+        self._saved = value
         return value
 
     def save(self, value: int) -> None:
+        """Write `value` durably; nothing to do when it is the value already written."""
+        if value == self._saved:
+            return
         raw = struct.pack("<Q", value)
         raw += struct.pack("<I", zlib.crc32(raw))
+        self._saved = None          # a failed write leaves the file unknown: written next time
         write_atomic(self.path, raw)
+        self._saved = value
 
 
 def write_atomic(path: str, data: bytes) -> None:

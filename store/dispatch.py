@@ -41,7 +41,11 @@ class Dispatcher(Protocol):
 
 
 class DispatchService:
-    IDLE_WAIT_MAX = 0.1     # seconds an idle dispatch thread sleeps at most without a wake-up
+    IDLE_WAIT_MAX = 0.1     # seconds an idle dispatch thread sleeps at most while a flush is owed
+    # seconds a quiet one sleeps at most: nothing dispatched since its dispatchers' last flush, so
+    # nothing to do until an append wakes it (every commit does, wake(); this only bounds the lag
+    # should a wake-up ever be missed)
+    QUIET_WAIT_MAX = 10.0
 
     def __init__(self, clog, dispatchers: list, chunk_bytes: int, flush_interval_ms: int,
                  max_batch: int = 2048) -> None:
@@ -68,6 +72,12 @@ class DispatchService:
         self._flush_full = False                # a disk-full flush failure was told to DiskSpace
         self._ckpts: list[int] = []
         self._idle = False
+        # quiet: the thread sleeps up to QUIET_WAIT_MAX; the first delivery after it calls
+        # `activity_hooks` (the background service's kick, store/flush.py) so the other threads
+        # that sleep while the store is idle start their schedules again
+        self._quiet = False
+        self.activity_hooks: list[Callable[[], None]] = []
+        self._flushed_at = -1                  # `dispatched` when the thread's dispatchers last flushed
         # wake-up signal: a Lock used as a binary semaphore (released = "wake pending"). An
         # appender wakes the idle thread after every append call; Lock.release is one C call,
         # where Event.set takes a Condition in Python (~5 us, a few % of a small-message append)
@@ -221,6 +231,7 @@ class DispatchService:
                           or (which == "thread-safe") == getattr(d, "flush_thread_safe", False)], which)
 
     def _flush_some(self, dispatchers: list, which: str) -> None:
+        at = self.dispatched
         err = None
         for d in dispatchers:
             try:
@@ -231,8 +242,24 @@ class DispatchService:
                     self.failed_flush[which] = getattr(d, "name", repr(d))
         if which != "thread-safe":
             self._last_flush = time.monotonic()   # also after a failure: retried next interval
+            if err is None and which == "dispatch-thread":
+                self._flushed_at = at
         if err is not None:
             raise err
+
+    def _activity(self) -> None:
+        """Records after a quiet spell: the sleeping threads start their schedules again (this
+        one too, when an inline appender delivered them: its dispatchers' flush is owed)."""
+        if not self._quiet:
+            return
+        self._quiet = False
+        if threading.current_thread() is not self._thread:
+            self._signal()
+        for fn in self.activity_hooks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a hook must not stall dispatch
+                log.exception("dispatch activity hook %r failed", fn)
 
     # ------------------------------------------------------------------ loop
     def _run(self) -> None:
@@ -247,17 +274,36 @@ class DispatchService:
                         self._resumed()
                 else:
                     self._idle = True
+                    # quiet when everything dispatched is flushed: announced before `dispatched`
+                    # is read again, so a delivery meanwhile (inline) either is seen here or finds
+                    # the flag and signals (_deliver)
+                    quiet = self.flush_error is None and self.dispatched == self._flushed_at
+                    if quiet:
+                        self._quiet = True
+                        if self.dispatched != self._flushed_at:     # delivered inline meanwhile
+                            self._activity()
+                            quiet = False
                     if self.dispatched >= self.limit.committed:
                         # every commit wakes an idle thread (wake()); the timeout only brings the
                         # next dispatcher flush, so an idle store does not wake 200 times a second
                         # (IDLE_WAIT_MAX bounds the lag should a wake-up ever be missed)
-                        due = self.flush_interval - (time.monotonic() - self._last_flush)
-                        if self._wake.acquire(timeout=min(self.IDLE_WAIT_MAX, max(0.005, due))):
+                        if quiet:
+                            timeout = self.QUIET_WAIT_MAX
+                        else:
+                            due = self.flush_interval - (time.monotonic() - self._last_flush)
+                            timeout = min(self.IDLE_WAIT_MAX, max(0.005, due))
+                        if self._wake.acquire(timeout=timeout):
+                            if self._quiet:
+                                self._activity()
                             # coalesce: let a few more appends land before the next round, so
                             # single appends do not each cost a whole round plus a GIL hand-off
                             time.sleep(0.0005)
+                    if self._quiet and self.dispatched < self.limit.committed:
+                        self._activity()        # records arrived as the thread went quiet
+                    self._quiet = False
                     self._idle = False
-                if time.monotonic() - self._last_flush >= self.flush_interval:
+                if time.monotonic() - self._last_flush >= self.flush_interval and \
+                        (self.dispatched != self._flushed_at or self.flush_error is not None):
                     phase = "flush"
                     self._flush_on_thread()
                     if self.flush_error is not None:
@@ -452,6 +498,8 @@ class DispatchService:
         if ckpts and max(ckpts) <= end:
             self._ckpts = []
         self.dispatched = end
+        if self._quiet:           # the first records after a quiet spell (see _run)
+            self._activity()
         if self._waiters:         # the Condition costs ~0.8 us a round: taken only for a waiter
             with self._progress:
                 self._progress.notify_all()

@@ -9,6 +9,14 @@
   mode it checks disk usage against the high-water mark, saves the CommitLog's flushed-offset
   checkpoint and runs retention.
 
+Idle (issue: an idle broker costs ~nothing): each thread sleeps until it has work. The group commit
+waits for an appender's notify (a long safety timeout only); the background thread sleeps until
+the next duty that has something to do - a flush only while data is unflushed, a dispatcher flush
+only after dispatch moved, the disk check at a growing interval while nothing is written (back to
+its interval once something is), retention at its interval - and the dispatch service wakes it
+(`kick`, one of `DispatchService.activity_hooks`) when records arrive after a quiet spell, so an
+append after hours of idle is flushed on the same schedule as one during traffic.
+
 Both are threads because fdatasync blocks for milliseconds but releases the GIL, so appends and
 dispatch keep running meanwhile, whatever the caller's event loop is doing.
 """
@@ -37,6 +45,8 @@ class GroupCommitService:
     thread is idle, one notify - the earlier request-queue design spent ~20 us per append on
     Future/Condition objects.
     """
+
+    IDLE_WAIT_S = 5.0
 
     def __init__(self, clog, gather_ms: float = 0.0) -> None:
         self.clog = clog
@@ -73,7 +83,8 @@ class GroupCommitService:
             with self._cond:
                 self._waiting = True
                 while clog.committed <= clog.flushed and not self._stop:
-                    self._cond.wait(0.5)
+                    # every append notifies a waiting thread (wake); the timeout is only a safety
+                    self._cond.wait(self.IDLE_WAIT_S)
                 self._waiting = False
                 if self._stop:
                     return
@@ -109,29 +120,53 @@ class GroupCommitService:
 
 
 class BackgroundService:
+    # an idle store: the disk check's interval doubles up to this while nothing is written (and no
+    # disk-full episode is on); every other duty sleeps until it has work
+    IDLE_DISK_CHECK_MAX_S = 30.0
+
     def __init__(self, store) -> None:
         self.store = store
         cfg = store.cfg
         self.cfg = cfg
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._sleeping = False      # in a sleep longer than the shortest interval: kick() wakes it
+        self._kicked = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None      # the last error of any duty, None when all work
         self.errors: dict[str, BaseException] = {}   # duty -> its error, while it fails
         self._full: set[str] = set()                 # duties that told DiskSpace they failed for space
+        self.wakeups = 0                             # loop turns (tests, idle bench)
 
     def start(self) -> None:
+        hooks = getattr(self.store.dispatch, "activity_hooks", None)
+        if hooks is not None:
+            # the threads that sleep while the store is idle: this one and the prefaulter
+            for fn in (self.kick, getattr(getattr(self.store, "prefault", None), "kick", None)):
+                if fn is not None and fn not in hooks:
+                    hooks.append(fn)
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-background", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread:
             self._thread.join()
+
+    def kick(self) -> None:
+        """Records arrived after a quiet spell: stop a long sleep (the flush and dispatcher-flush
+        schedules start again). Called on the dispatch thread or an inline appender."""
+        if self._sleeping:
+            self._sleeping = False
+            self._kicked = True
+            self._wake.set()
 
     def _run(self) -> None:
         cfg = self.cfg
         st = self.store
         clog = st.clog
+        disp = st.dispatch
         buffered = cfg.flush_mode == "async+buffer"
         async_flush = cfg.flush_mode != "sync"
         now = time.monotonic()
@@ -144,8 +179,22 @@ class BackgroundService:
         next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
         tick = min(cfg.commit_interval_ms if buffered else 1000, cfg.flush_interval_ms, cfg.disk_check_interval_ms,
                    cfg.dispatcher_flush_interval_ms, 1000) / 1000
-        while not self._stop.wait(tick):
+        disk_base = cfg.disk_check_interval_ms / 1000
+        disk_every = disk_base
+        disk_seen = -1              # clog.committed at the last disk check
+        dflushed = -1               # disp.dispatched at the last dispatcher flush
+        ckpt_seen = -1              # clog.flushed at the last checkpoint save
+        wait = tick
+        while True:
+            if self._wait(wait):
+                return
+            self.wakeups += 1
             now = time.monotonic()
+            if self._kicked:            # writing again: the disk is checked at once, then as usual
+                self._kicked = False
+                if disk_every > disk_base:
+                    disk_every = disk_base / 2
+                    next_disk = now
             # Each duty separately: one that fails (a checkpoint on a full disk) must not keep the
             # others from running - retention and the disk check are what end a full disk.
             if buffered and now >= next_commit:
@@ -157,20 +206,57 @@ class BackgroundService:
                 thorough = now >= next_thorough
                 if thorough:
                     next_thorough = now + cfg.flush_thorough_interval_ms / 1000
-                if thorough or clog.committed - clog.flushed >= cfg.flush_least_pages * PAGE:
+                if (thorough and clog.committed > clog.flushed) or \
+                        clog.committed - clog.flushed >= cfg.flush_least_pages * PAGE:
                     self._duty("commitlog flush", clog.flush)
             if now >= next_disk:
-                next_disk = now + cfg.disk_check_interval_ms / 1000
+                c = clog.committed
+                quiet = c == disk_seen and not getattr(getattr(clog, "disk", None), "reason", None)
+                disk_every = min(disk_every * 2, self.IDLE_DISK_CHECK_MAX_S) if quiet else disk_base
+                next_disk = now + disk_every
+                disk_seen = c
                 self._duty("disk check", st.check_disk)
             if now >= next_dflush:
                 next_dflush = now + cfg.dispatcher_flush_interval_ms / 1000
-                self._duty("dispatcher flush", st.dispatch.flush_dispatchers, "thread-safe")
+                d = disp.dispatched
+                if d != dflushed or "dispatcher flush" in self.errors:
+                    dflushed = d
+                    self._duty("dispatcher flush", disp.flush_dispatchers, "thread-safe")
             if now >= next_ckpt:
                 next_ckpt = now + 1.0
-                self._duty("commitlog checkpoint", st.save_clog_checkpoint)
+                f = clog.flushed
+                if f != ckpt_seen or "commitlog checkpoint" in self.errors:
+                    ckpt_seen = f
+                    self._duty("commitlog checkpoint", st.save_clog_checkpoint)
             if now >= next_retention:
                 next_retention = now + cfg.retention_check_interval_ms / 1000
                 self._duty("retention", st.delete_expired_segments)
+            # the next wake-up: the earliest duty with something to do. Announced as a long sleep
+            # before the work is looked at again, so records arriving meanwhile either are seen
+            # here or kick() finds the flag set (Event: the wake-up is kept until the wait)
+            self._wake.clear()
+            self._sleeping = True
+            due = [next_disk, next_retention]
+            if buffered:
+                due.append(next_commit)         # the appender does not wake anyone for a commit
+            if async_flush and clog.committed > clog.flushed:
+                due.append(next_flush)
+            if disp.dispatched != dflushed or "dispatcher flush" in self.errors:
+                due.append(next_dflush)
+            if clog.flushed != ckpt_seen or self.errors:
+                due.append(next_ckpt)
+            if self.errors:
+                due.append(now + tick)          # a failing duty is retried at the usual pace
+            wait = max(0.0, min(due) - time.monotonic())
+            if wait <= tick:
+                self._sleeping = False
+
+    def _wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` s or until kicked; True when stopping."""
+        if timeout > 0:
+            self._wake.wait(timeout)
+        self._sleeping = False
+        return self._stop.is_set()
 
     def _commit(self) -> None:
         self.store.clog.commit()

@@ -59,6 +59,7 @@ class Prefaulter:
         self.ahead = max(0, int(ahead)) // PAGE * PAGE
         self.interval = interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()    # kick(): records arrive after a quiet spell
         self._thread: threading.Thread | None = None
         self._lib = _load_madvise() if self.ahead else None
         self._addr: dict[int, int] = {}   # segment start offset -> map address
@@ -77,18 +78,30 @@ class Prefaulter:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread:
             self._thread.join()
             self._thread = None
 
-    # an idle appender: the wait between checks doubles up to this (a burst after a pause starts
-    # with the `ahead` bytes populated at the last check, and the interval is back at `interval`
-    # once there is work), so an idle store does not wake this thread 200 times a second
+    # a writing appender: the wait between checks stays at most this (next_wait)
     IDLE_INTERVAL_MAX = 0.08
+    # an idle one: the wait doubles up to this (a burst after a pause starts with the `ahead` bytes
+    # populated at the last check, and the dispatch service kicks this thread on the first records
+    # after a quiet spell, `kick`), so an idle store does not wake this thread 200 times a second
+    QUIET_INTERVAL_MAX = 10.0
+
+    def kick(self) -> None:
+        """Records arrive after a quiet spell: check now, then at the writing pace."""
+        self._wake.set()
 
     def _run(self) -> None:
         wait, last = self.interval, -1
-        while not self._stop.wait(wait):
+        while True:
+            if self._wake.wait(wait):
+                self._wake.clear()
+                wait = self.interval
+            if self._stop.is_set():
+                return
             try:
                 wrote = self.clog.wrote
                 if not self.step():
@@ -101,14 +114,14 @@ class Prefaulter:
 
     def next_wait(self, wait: float, wrote: int, last: int) -> float:
         """The wait before the next check, after one of `wait` seconds in which the write position
-        went from `last` to `wrote` (-1: the first check). Idle: doubles up to IDLE_INTERVAL_MAX.
+        went from `last` to `wrote` (-1: the first check). Idle: doubles up to QUIET_INTERVAL_MAX.
         Writing: about two checks per step's worth of bytes (`step` populates nothing for less) at
         the rate just seen, between `interval` and IDLE_INTERVAL_MAX: at 5,000 small messages a
         second (~0.75 MB/s) the thread wakes ~12 times a second instead of 200, each wake a GIL
         hand-off with the event loop; a writer fast enough to need it is still checked every
         `interval`, and `ahead` bytes (2 MiB) cover a jump in rate until the next check."""
         if wrote == last:
-            return min(wait * 2, self.IDLE_INTERVAL_MAX)
+            return min(wait * 2, self.QUIET_INTERVAL_MAX)
         if last < 0 or wrote < last:
             return self.interval
         rate = (wrote - last) / wait

@@ -139,6 +139,7 @@ class TimerWheel:
         self._slot_last = array("q", [NO_POS]) * wheel_ticks
         self._slot_num = array("l", [0]) * wheel_ticks
         self._firsts: list[tuple[int, int]] = []   # heap of (first position, tick) of unfired ticks
+        self._ticks: list[int] = []                # heap of the ticks holding timers (fired ones popped late)
         self._recovered: dict[int, list[int]] = {}  # tick -> positions re-chained at recovery
         self._cancelled: set[int] = set()          # ref_offsets cancelled and not yet passed
         self._write_pos = 0
@@ -168,6 +169,11 @@ class TimerWheel:
         self._early_refs: set[int] = set()
         self._early_fresh = True          # the tick's chain is still to be walked whole
         self._stop = threading.Event()
+        # the firing thread sleeps until its next due timer (`_next_wake`); a timer scheduled
+        # before that wakes it (`_kick`), so an idle wheel does not scan 20 times a second
+        self._kick = threading.Event()
+        self._wake_at_ms = float("inf")       # when the sleeping thread means to wake (epoch ms)
+        self.wakeups = 0                      # firing-thread loop turns (tests, idle bench)
         self._thread: threading.Thread | None = None
         self.fired_total = 0
         self.rolled_total = 0
@@ -188,6 +194,8 @@ class TimerWheel:
         with self._lock:
             pos = self._place(due_ms, ref_offset, ref_size)    # DiskFull: nothing changed
             self._pending += 1
+            if due_ms < self._wake_at_ms:        # due before the firing thread means to look
+                self._kick.set()
             return pos
 
     def cancel(self, ref_offset: int) -> None:
@@ -236,6 +244,7 @@ class TimerWheel:
 
     def close(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
@@ -287,6 +296,7 @@ class TimerWheel:
         if self._slot_first[i] == NO_POS:
             self._slot_first[i] = pos
             heapq.heappush(self._firsts, (pos, tick))
+            heapq.heappush(self._ticks, tick)
         self._slot_last[i] = pos
         self._slot_num[i] += 1
         self._write_pos = pos + RECORD_SIZE
@@ -426,6 +436,7 @@ class TimerWheel:
             chain = self._recovered.setdefault(tick, [])
             if not chain:
                 heapq.heappush(self._firsts, (p, tick))
+                heapq.heappush(self._ticks, tick)
             chain.append(p)
             self._pending += 1
         self._recheck_until = int(self._clock() * 1000) // self.precision
@@ -450,6 +461,7 @@ class TimerWheel:
             self._cuts.append((self._write_pos, end))
             # recovered again from the TimerLog under the new rule: the same state as a restart
             self._firsts = []
+            self._ticks = []
             self._recovered = {}
             self._cancelled = set()
             self._pending = 0
@@ -494,17 +506,42 @@ class TimerWheel:
                 log.info("timer wheel %s: releasing due timers works again", self.dir)
                 failing = None
             if not busy:
-                # wake at the next tick boundary, or when the next timer of the tick in progress
-                # is due, when that comes before the next scan
-                now_ms = self._clock() * 1000
-                edge = (now_ms // self.precision + 1) * self.precision
-                q = self._early_queue
-                if q:
-                    try:
-                        edge = min(edge, q[0][0])
-                    except IndexError:   # emptied meanwhile
-                        pass
-                self._stop.wait(min(self._scan_interval, max(0.001, (edge - now_ms) / 1000 + 0.0005)))
+                wait = self._next_wake()
+                if wait > 0:
+                    self._kick.wait(wait)
+                self._kick.clear()
+                self.wakeups += 1
+
+    # the longest sleep of an idle wheel (a clock stepped forward is noticed within it)
+    IDLE_WAIT_MAX_S = 10.0
+
+    def _next_wake(self) -> float:
+        """Seconds until the firing thread has something to do: the next timer of the tick in
+        progress, the end of a tick holding timers (whole ticks are released and checkpointed when
+        they have passed), or the start of the next tick holding timers (walked then, its timers
+        released as they come due). Announced in `_wake_at_ms` under the lock, so `schedule` of
+        an earlier timer wakes the thread (`_kick`). With an injected clock (tests) the thread
+        still scans every `scan_interval_s`, real time meaning nothing to that clock."""
+        cap = self.IDLE_WAIT_MAX_S if self._clock is time.time else self._scan_interval
+        with self._lock:
+            now_ms = self._clock() * 1000
+            cur = int(now_ms // self.precision)
+            wake = now_ms + cap * 1000
+            q = self._early_queue
+            if q:
+                wake = min(wake, q[0][0])
+            ticks = self._ticks
+            while ticks and ticks[0] <= self._fired_tick:
+                heapq.heappop(ticks)
+            if ticks:
+                t = ticks[0]
+                wake = min(wake, ((cur + 1) if t <= cur else t) * self.precision)
+            i = cur % self.ticks
+            if cur == self._fired_tick + 1 and self._slot_tick[i] == cur and self._slot_last[i] != NO_POS and (
+                    self._early_tick != cur or self._early_fresh or self._slot_last[i] > self._early_seen):
+                wake = now_ms                   # timers of the tick in progress not walked yet
+            self._wake_at_ms = wake
+        return max(0.001, (wake - now_ms) / 1000 + 0.0005)
 
     def fire_due(self) -> int:
         """Fire every timer that is due now; returns how many timers fired (the firing thread's

@@ -14,7 +14,8 @@ def test_wait_follows_the_write_rate():
     i, top = p.interval, p.IDLE_INTERVAL_MAX
     assert p.next_wait(i, 1000, -1) == i                       # first check
     assert p.next_wait(i, 5000, 5000) == 2 * i                 # idle: doubles
-    assert p.next_wait(top, 5000, 5000) == top
+    assert p.next_wait(top, 5000, 5000) == 2 * top             # idle for long: keeps doubling
+    assert p.next_wait(p.QUIET_INTERVAL_MAX, 5000, 5000) == p.QUIET_INTERVAL_MAX   # up to this
     # 5,000 messages of ~150 bytes a second: 750 bytes in 1 ms -> the longest wait
     assert p.next_wait(i, 3750, 0) == top
     # 100 MB/s: a 256 KiB step's worth in ~2.6 ms -> checked every interval
