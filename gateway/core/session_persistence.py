@@ -65,6 +65,9 @@ def _now_ms() -> int:
 # "stored, awaiting PUBREL" (the client's PUBLISH sent again is answered, not stored twice), not
 # stored -> forgotten (the client's PUBLISH sent again is stored then).
 INFLIGHT = "inflight"
+# `lmqtt serve`: a resumed session that never expires has its record say "connected" once it has
+# been connected this long (`SessionPersistence.save_later`)
+CONNECTED_RECORD_AFTER_S = 1.0
 MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
 
 
@@ -270,6 +273,10 @@ class SessionPersistence:
         # written so by `close_after_record`: client id -> (session, `_mark` then); its detach
         # writes nothing more unless the session changed since
         self._left: dict[str, tuple["Session", tuple]] = {}
+        # `lmqtt serve`: never-expiring sessions resumed whose record saying "connected" waits
+        # CONNECTED_RECORD_AFTER_S (`save_later`), by client id, and the timer that writes them
+        self._connected: dict[str, "Session"] = {}
+        self._connected_handle: asyncio.TimerHandle | None = None
 
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
@@ -302,6 +309,8 @@ class SessionPersistence:
             self._later.pop(s.client_id, None)       # this write is newer than the one waiting
         if self._left:
             self._left.pop(s.client_id, None)        # its detach writes again
+        if self._connected:
+            self._connected.pop(s.client_id, None)   # this write says it is connected, if it is
         try:
             rec = self.record_of(s)
         except Exception as e:
@@ -338,10 +347,34 @@ class SessionPersistence:
             left = self._left.pop(s.client_id, None)
             if left is not None and left[0] is s and left[1] == _mark(s):
                 return                        # its DISCONNECT's record says it all
+        if s.conn is not None and s.expiry_interval == NEVER_EXPIRES:
+            # resumed, and it never expires: "connected" in its record changes nothing a restart
+            # does with it (no expiry to stop), only what `lmqtt admin sessions` shows; it is
+            # written if the session is still connected CONNECTED_RECORD_AFTER_S from now, with the
+            # others then, in one write (issue 29: a client that comes and goes - a reconnect
+            # storm's - had its record written twice, once to say "connected")
+            self._connected[s.client_id] = s
+            if self._connected_handle is None:
+                self._connected_handle = self._loop.call_later(CONNECTED_RECORD_AFTER_S, self.write_connected)
+            return
         self._later[s.client_id] = s
         if not self._later_scheduled:
             self._later_scheduled = True
             self._loop.call_soon(self.write_later)
+
+    def write_connected(self) -> None:
+        """Write the records `save_later` left waiting of resumed never-expiring sessions still
+        connected (one write); those gone offline meanwhile had their offline record written."""
+        if self._connected_handle is not None:
+            self._connected_handle.cancel()
+            self._connected_handle = None
+        waiting, self._connected = self._connected, {}
+        live = self._session_live
+        for cid, s in waiting.items():
+            if s.conn is not None and live(s):
+                self._later[cid] = s          # built and written with this tick's others
+        if self._later and not self._later_scheduled:
+            self.write_later()
 
     def close_after_record(self, s: "Session", conn) -> bool:
         """`s`'s client sent DISCONNECT on `conn`. On `lmqtt serve` (persistent session): nothing
@@ -461,6 +494,7 @@ class SessionPersistence:
     def delete_session(self, client_id: str) -> None:
         """Drop the record and the session's offsets (consumer name = client id)."""
         self._later.pop(client_id, None)
+        self._connected.pop(client_id, None)
         self._left.pop(client_id, None)
         log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
 
@@ -528,6 +562,7 @@ class SessionPersistence:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        self.write_connected()
         self.write_later()
         self.flush()
 
