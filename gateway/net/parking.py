@@ -3,7 +3,7 @@
 An idle connected client costs the broker its event-loop transport (uvloop's TCPTransport, its
 libuv handle and buffers, the loop's fd -> transport map: ~1.2 KiB) and its packet decoder, for
 nothing: it sends a PINGREQ now and then. After `park_idle_after_s` (GatewayConfig) with no packet
-in or out and nothing in flight or queued (FRESH_IDLE_S, 0.25 s, for a client silent since its
+in or out and nothing in flight or queued (FRESH_IDLE_S, 0.1 s, for a client silent since its
 handshake: `Parking`), `MQTTConnection.park` takes its socket out of the loop:
 it keeps a dup of the fd (closing the transport then does not end the TCP connection), drops the
 transport and the decoder, and hands the fd to a `Parker`, which watches every parked socket with
@@ -167,7 +167,7 @@ TRIM_AFTER = 64      # parks in one check after which the freed heap pages are g
 # 29), the later arrivals reuse the memory the first ones gave up. Checked every FRESH_IDLE_S while
 # a connection is that young; one still talking FRESH_FOR_S after its socket was accepted keeps the
 # `after_s` regime (a client that talks every few seconds is not parked and woken at every packet).
-FRESH_IDLE_S = 0.25
+FRESH_IDLE_S = 0.1
 FRESH_FOR_S = 1.0
 
 
@@ -187,6 +187,7 @@ class Parking:
         self.parked_total = 0         # parks so far (tests, metrics)
         self.unparked_total = 0
         self.fresh_parked = 0         # of which by the young connections' check (tests)
+        self._untrimmed = 0           # parks by that check since its last `trim`
         self._fd = self.parker.fileno()
         loop.add_reader(self._fd, self._ready)
         self._handle: asyncio.TimerHandle | None = loop.call_later(after_s, self._check)
@@ -204,6 +205,14 @@ class Parking:
         fresh.add(c)
         if self._fresh_handle is None and self._fd is not None:
             self._fresh_handle = self.loop.call_later(FRESH_IDLE_S, self._check_fresh)
+
+    def rewatch(self, c: "MQTTConnection") -> None:
+        """`c` is back on the loop (`unpark`): a young one (parked between its CONNACK and its
+        SUBSCRIBE by a round trip longer than FRESH_IDLE_S) is young again, the others wait `after_s`."""
+        if self.fresh is not None and self.loop.time() - c.accepted_at < FRESH_FOR_S:
+            self.watch(c)
+        else:
+            self.candidates.add(c)
 
     def forget(self, c: "MQTTConnection") -> None:
         """`c` is closed."""
@@ -228,7 +237,10 @@ class Parking:
                     self.candidates.add(c)
             n = self.parked_total - parked0
             self.fresh_parked += n
-            if n >= TRIM_AFTER:
+            self._untrimmed += n
+            # after a wave of parks, and once the young ones are all parked (a burst's last wave)
+            if self._untrimmed >= TRIM_AFTER or (self._untrimmed and not fresh):
+                self._untrimmed = 0
                 trim()
         except Exception:   # never stop the checks for one connection's bug
             log.exception("event=park_check_failed")
