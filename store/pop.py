@@ -49,6 +49,9 @@ class PopManager:
         self._dirty: set[tuple[str, str, int]] = set()
         # write each change in the call that made it, not at the next persist (a group member)
         self.eager = False
+        # fn() called when the first change after a persist is made (the server arms its persist
+        # timer then, instead of waking every interval for nothing)
+        self.on_dirty = None
         self._check_after_recovery()
 
     def _check_after_recovery(self) -> None:
@@ -183,7 +186,10 @@ class PopManager:
             self._dirty.discard(k)
             self._write(k)
         else:
+            first = not self._dirty
             self._dirty.add(k)
+            if first and self.on_dirty is not None:
+                self.on_dirty()
 
     def _write(self, k: tuple[str, str, int]) -> None:
         st = self._states[k]

@@ -146,13 +146,21 @@ class StoreServer:
         self._tick()
 
     def _tick(self) -> None:
+        self._timer = None
         try:
             self.pop.persist()
         except Exception as e:  # noqa: BLE001 - retried next tick, logged
             log.error("event=pop_persist_failed error=%r", e)
-        self._timer = self._loop.call_later(self._persist_interval, self._tick)
+        if self.pop._dirty:
+            self._arm_persist()
+        self.pop.on_dirty = self._arm_persist   # armed by the next change only: an idle store sleeps
+
+    def _arm_persist(self) -> None:
+        if self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(self._persist_interval, self._tick)
 
     async def stop(self) -> None:
+        self.pop.on_dirty = None
         if self._timer is not None:
             self._timer.cancel()
         if self.server is not None:

@@ -259,6 +259,7 @@ class SessionPersistence:
         self._session_live = session_live
         self._group_live = group_live
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._flush_interval: float | None = None     # set while flushing (start_flushing)
         self._loop: asyncio.AbstractEventLoop | None = None
         # sessions whose record (with its exchanges) is written at the end of this tick, and the
         # packets (encoded) each waits with until the store answered (`journal`)
@@ -521,9 +522,13 @@ class SessionPersistence:
     def mark_session(self, s: "Session") -> None:
         if s.expiry_interval:
             self.dirty_sessions.add(s)
+            if self._flush_handle is None:
+                self._arm()
 
     def mark_group(self, g: "SharedGroup") -> None:
         self.dirty_groups.add(g)
+        if self._flush_handle is None:
+            self._arm()
 
     def forget(self, s: "Session") -> None:
         """The session ended or its copy here was dropped: its offsets are not written any more
@@ -548,17 +553,28 @@ class SessionPersistence:
                     log, "save_group_offset_failed", group=g.name)
 
     def start_flushing(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
-        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`)."""
+        """Write the dirty offsets now and then every `interval_s` (offset_flush_ms) (`flush`),
+        the timer armed only while something is dirty (an idle broker does not wake for it)."""
         self._loop = loop
-        def tick() -> None:
-            try:
-                self.flush()
-            finally:
-                self._flush_handle = loop.call_later(interval_s, tick)
-        tick()
+        self._flush_interval = interval_s
+        self._flush_tick()
+
+    def _flush_tick(self) -> None:
+        self._flush_handle = None
+        try:
+            self.flush()
+        finally:
+            if self.dirty_sessions or self.dirty_groups:
+                self._arm()
+
+    def _arm(self) -> None:
+        """Something became dirty: written within `interval_s` (not before start_flushing)."""
+        if self._flush_handle is None and self._flush_interval is not None:
+            self._flush_handle = self._loop.call_later(self._flush_interval, self._flush_tick)
 
     def stop_flushing(self) -> None:
         """At shutdown: no more timer; what is dirty is written one last time."""
+        self._flush_interval = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

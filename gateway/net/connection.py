@@ -136,6 +136,7 @@ class ConnectionSweep:
         self._done = int(loop.time())      # every slot up to this second has been handled
         self.checked = 0                   # keep-alive deadlines looked at by the ticks (tests, metrics)
         self._handle: asyncio.TimerHandle | None = None
+        self._running = False              # between start() and stop()
         self.parking = None                # parking.Parking once a connection may be parked (`watch_idle`)
         self._park_after: float | None = None
 
@@ -157,9 +158,16 @@ class ConnectionSweep:
 
     def start(self) -> None:
         self._done = int(self.loop.time())
+        self._running = True
         self._tick()
 
+    def resume(self) -> None:
+        """Something to watch again after the ticks stopped for want of it (`_tick`)."""
+        if self._handle is None and self._running:
+            self._handle = self.loop.call_later(self.INTERVAL, self._tick)
+
     def stop(self) -> None:
+        self._running = False
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -183,6 +191,8 @@ class ConnectionSweep:
                 d = self.wheel[slot] = {}
             d[c] = None
             c._ka_slot = d        # the slot's table itself (shared), not its number (an int per connection)
+            if self._handle is None:
+                self.resume()
 
     def disarm(self, c: "MQTTConnection") -> None:
         d = c._ka_slot
@@ -203,7 +213,12 @@ class ConnectionSweep:
         try:
             self.tick()
         finally:
-            self._handle = self.loop.call_later(self.INTERVAL, self._tick)
+            # nothing to watch (no client): no tick until a connection comes (`resume`), so an
+            # idle broker does not wake twice a second for an empty wheel
+            if self.pending or self.logins or self.wheel:
+                self._handle = self.loop.call_later(self.INTERVAL, self._tick)
+            else:
+                self._handle = None
 
     def tick(self, now: float | None = None) -> None:
         """What is due at `now` (the loop's time): logins and connects past their deadline, and
@@ -428,6 +443,8 @@ class MQTTConnection(asyncio.Protocol):
             sweep = getattr(self.handler, "sweep", None)
             if sweep is not None:
                 sweep.logins.add(self)
+                if sweep._handle is None:
+                    sweep.resume()
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -438,6 +455,8 @@ class MQTTConnection(asyncio.Protocol):
         sweep = getattr(self.handler, "sweep", None)
         if sweep is not None:
             sweep.pending.add(self)         # until its CONNECT is accepted (connect_timeout_s)
+            if sweep._handle is None:
+                sweep.resume()
         cfg = self.cfg
         transport.set_write_buffer_limits(high=cfg.write_high_water, low=cfg.write_low_water)
         pn = transport.get_extra_info("peername")

@@ -22,6 +22,33 @@ log = logging.getLogger("lmqtt.console")
 
 
 class _Server(uvicorn.Server):
+    """uvicorn's `main_loop` polls `should_exit` ten times a second (`asyncio.sleep(0.1)`): on an
+    idle broker that was the event loop's most frequent wake-up. Here setting `should_exit` wakes
+    the loop instead (this server has no Date header, max-requests limit or notify callback, the
+    other things uvicorn's ticks do)."""
+
+    def __init__(self, config) -> None:
+        self._exit: asyncio.Event | None = None
+        self._should_exit = False
+        super().__init__(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._should_exit = value
+        if value and self._exit is not None:
+            self._exit.set()
+
+    async def main_loop(self) -> None:
+        self._exit = asyncio.Event()
+        if await self.on_tick(0):           # the headers, as uvicorn's first tick
+            return
+        while not self._should_exit:
+            await self._exit.wait()
+
     @contextlib.contextmanager
     def capture_signals(self):   # the gateway's loop handles the signals
         yield
