@@ -18,6 +18,19 @@ _U32 = struct.Struct(">I")
 # one encoder for every record: json.dumps with non-default options builds a new JSONEncoder per
 # call, a third of a session record's encoding time (same bytes: tests/lightqueue/test_lightqueue_metadata.py)
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+try:    # the C encoder `_JSON.encode` ends in, called directly (its Python layers were 2 of a session
+    # record's ~7 us; issue 29 storm); the same bytes: tests/lightqueue/test_record_json_accel.py
+    from json.encoder import c_make_encoder as _c_make_encoder, encode_basestring as _encode_basestring
+    _C_ENCODE = _c_make_encoder(None, _JSON.default, _encode_basestring, None, ":", ",", False, False, True)
+except (ImportError, TypeError):  # pragma: no cover - a Python without the C encoder
+    _C_ENCODE = None
+
+
+def _json_dumps(d: dict) -> str:
+    """`_JSON.encode(d)` of a dict (no circular check: records are trees)."""
+    if _C_ENCODE is None:  # pragma: no cover
+        return _JSON.encode(d)
+    return "".join(_C_ENCODE(d, 0))
 
 
 @dataclass
@@ -108,7 +121,7 @@ class SessionRecord:
                                 "retain_handling": s.retain_handling, "subscription_id": s.subscription_id,
                                 "share_group": s.share_group} for s in self.subscriptions],
              "extra": self.extra, "v": 1}
-        return _JSON.encode(d).encode("utf-8")
+        return _json_dumps(d).encode("utf-8")
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SessionRecord":
