@@ -12,7 +12,6 @@ import time
 from collections import deque
 from types import MappingProxyType
 from operator import itemgetter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lmqtt.gateway.mqtt import (PublishTemplate, encode, encode_publish_v5_parts, message_expiry_prop,
@@ -37,18 +36,67 @@ NO_ALIASES = MappingProxyType({})
 NO_IDS: frozenset = frozenset()    # the inbound QoS 2 ids of a session that has none (`inbound_qos2_ids`)
 
 
-@dataclass(slots=True)
-class ClientSubscription:
-    """One subscription as the gateway uses it; `queue` is the light queue read (= inner filter)."""
+_SUB_FIELDS = ("filter", "queue", "qos", "group", "no_local", "retain_as_published", "retain_handling",
+               "subscription_id")
 
-    filter: str                 # as sent by the client, including a `$share/g/` prefix
-    queue: str                  # light-queue name: the topic filter without the share prefix
-    qos: int = 0
-    group: str | None = None
-    no_local: bool = False
-    retain_as_published: bool = False
-    retain_handling: int = 0
-    subscription_id: int | None = None   # MQTT 5 Subscription Identifier, sent on each matching PUBLISH
+
+class ClientSubscription:
+    """One subscription as the gateway uses it; `queue` is the light queue read (= inner filter).
+
+    `ClientSubscription(filter, queue, qos, group, no_local, retain_as_published, retain_handling,
+    subscription_id)`. A plain one (every option at its default: a device's usual subscription)
+    is this class, three slots, the options read from the class (64 bytes, not 96: issue 29);
+    one with any option set is a `_FullSubscription`, which keeps them all. Neither is changed
+    after it is made (a SUBSCRIBE again replaces it); equal when every field is."""
+
+    __slots__ = ("filter", "queue", "qos")
+    # the options of a plain subscription (a `_FullSubscription` has slots for them)
+    group: str | None = None                # shared subscription group
+    no_local = False
+    retain_as_published = False
+    retain_handling = 0
+    subscription_id: int | None = None      # MQTT 5 Subscription Identifier, sent on each matching PUBLISH
+
+    def __new__(cls, filter: str, queue: str, qos: int = 0, group: str | None = None, no_local: bool = False,
+                retain_as_published: bool = False, retain_handling: int = 0,
+                subscription_id: int | None = None) -> "ClientSubscription":
+        if (group is None and not no_local and not retain_as_published and not retain_handling
+                and subscription_id is None):
+            o = object.__new__(ClientSubscription)
+        else:
+            o = object.__new__(_FullSubscription)
+            o.group = group
+            o.no_local = no_local
+            o.retain_as_published = retain_as_published
+            o.retain_handling = retain_handling
+            o.subscription_id = subscription_id
+        o.filter = filter      # as sent by the client, including a `$share/g/` prefix
+        o.queue = queue        # light-queue name: the topic filter without the share prefix
+        o.qos = qos
+        return o
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass       # made by __new__
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, f) for f in _SUB_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ClientSubscription):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]   # as the dataclass it was: compared, not hashed
+
+    def __repr__(self) -> str:
+        return "ClientSubscription(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in _SUB_FIELDS) + ")"
+
+
+class _FullSubscription(ClientSubscription):
+    """A `ClientSubscription` with an option set (shared, no local, retain as published, retain
+    handling, a subscription identifier)."""
+
+    __slots__ = ("group", "no_local", "retain_as_published", "retain_handling", "subscription_id")
 
 
 class Cursor:

@@ -145,3 +145,22 @@ def test_a_cursor_makes_its_in_flight_table_when_first_asked_for():
     assert c.committed() == 9
     c.inflight.clear()
     assert c.committed() == 5
+
+
+def test_a_plain_subscription_keeps_three_fields_and_one_with_options_keeps_them_all():
+    import sys
+    from lmqtt.gateway.model.session import ClientSubscription
+    plain = ClientSubscription("d/1", "d/1", 1)
+    assert sys.getsizeof(plain) <= 64          # a 64-byte block (was 96 with eight slots)
+    assert (plain.group, plain.no_local, plain.retain_as_published, plain.retain_handling,
+            plain.subscription_id) == (None, False, False, 0, None)
+    full = ClientSubscription("$share/g/d/1", "d/1", 2, "g", True, True, 2, 9)
+    assert (full.filter, full.queue, full.qos, full.group, full.no_local, full.retain_as_published,
+            full.retain_handling, full.subscription_id) == ("$share/g/d/1", "d/1", 2, "g", True, True, 2, 9)
+    for kw in ({"no_local": True}, {"retain_as_published": True}, {"retain_handling": 1},
+               {"subscription_id": 3}, {"group": "g"}):
+        one = ClientSubscription("d/1", "d/1", 1, **kw)
+        assert [getattr(one, k) for k in kw] == list(kw.values())
+        assert one != plain
+    assert plain == ClientSubscription("d/1", "d/1", 1) and plain != ClientSubscription("d/1", "d/1", 0)
+    assert full == ClientSubscription("$share/g/d/1", "d/1", 2, "g", True, True, 2, 9)
