@@ -164,3 +164,14 @@ def test_a_plain_subscription_keeps_three_fields_and_one_with_options_keeps_them
         assert one != plain
     assert plain == ClientSubscription("d/1", "d/1", 1) and plain != ClientSubscription("d/1", "d/1", 0)
     assert full == ClientSubscription("$share/g/d/1", "d/1", 2, "g", True, True, 2, 9)
+
+
+def test_parked_connections_share_their_last_receive_time_never_earlier_than_it_was():
+    from lmqtt.gateway.net.connection import _parked_rx_time
+    base = 1_000_000.0
+    times = [base + i * 0.013 for i in range(40)]       # a park wave over half a second
+    shared = [_parked_rx_time(t) for t in times]
+    for t, v in zip(times, shared):
+        assert t <= v <= t + 0.1 + 1e-9                 # a keep alive may end late, never early
+    assert len({id(v) for v in shared}) <= 6            # one float per tenth of a second, not 40
+    assert _parked_rx_time(base + 5.0) >= base + 5.0    # a later ping moves it on
