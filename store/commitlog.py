@@ -55,7 +55,9 @@ class CommitLog:
         self.cfg = cfg
         self.ident = ident
         self.seg_size = cfg.segment_size
-        self.mfq = MappedFileQueue(os.path.join(cfg.data_dir, "commitlog"), cfg.segment_size, cfg.preallocate)
+        # a new segment's directory entry is made durable by the next flush, not by the appender
+        self.mfq = MappedFileQueue(os.path.join(cfg.data_dir, "commitlog"), cfg.segment_size, cfg.preallocate,
+                                   defer_dir_sync=True)
         self.lock = threading.Lock()
         self.buffered = cfg.flush_mode == "async+buffer"
         self.wrote = 0       # end of appended data (global offset; always a record boundary)
@@ -435,6 +437,7 @@ class CommitLog:
             start = self.flushed
             if target <= start:
                 return start
+            self.mfq.sync_dirs()        # new segments' entries, before their data counts as durable
             for mf in self.mfq.files:
                 if mf.end_offset > start and mf.start_offset < target:
                     mf.flush()

@@ -77,7 +77,9 @@ class ConsumeQueue:
     """One queue: a MappedFileQueue of entry files plus min/max offsets (in entries)."""
 
     def __init__(self, directory: str, entries_per_file: int, preallocate: bool) -> None:
-        self.mfq = MappedFileQueue(directory, entries_per_file * ENTRY_SIZE, preallocate)
+        # a new file's (and new topic directory's) entry is made durable by the flush that covers
+        # its entries, off the appender's thread (inline dispatch runs on the event loop)
+        self.mfq = MappedFileQueue(directory, entries_per_file * ENTRY_SIZE, preallocate, defer_dir_sync=True)
         self.file_bytes = entries_per_file * ENTRY_SIZE
         self.max_offset = 0  # next queue offset to write
         self.min_offset = 0
@@ -197,6 +199,7 @@ class ConsumeQueue:
     def flush(self) -> None:
         if self.dirty:
             self.dirty = False
+            self.mfq.sync_dirs()
             for mf in self.mfq.files[-2:]:
                 mf.flush()
 
@@ -260,6 +263,7 @@ class ConsumeQueueStore:
         cq = self.queues.get(key)
         if cq is None:
             tdir = os.path.join(self.root, topic_dir_name(fl))
+            new_topic = not os.path.isdir(tdir)
             os.makedirs(tdir, exist_ok=True)
             tfile = os.path.join(tdir, ".topic")
             if not os.path.exists(tfile):
@@ -279,6 +283,8 @@ class ConsumeQueueStore:
                     raise
             cq = ConsumeQueue(os.path.join(tdir, str(qid)), self.entries_per_file, self.preallocate)
             cq.mfq.load()
+            if new_topic:           # its entry in the root is synced with the queue's first file
+                cq.mfq.created_dir(tdir)
             with self._lock:
                 self.queues[key] = cq
         return cq
@@ -438,6 +444,7 @@ class ConsumeQueueStore:
         for cq in list(self.queues.values()):
             if cq.dirty:
                 cq.dirty = False
+                cq.mfq.sync_dirs()      # the entries of files created since, before the checkpoint
                 for mf in cq.mfq.files[-2:]:
                     mf.flush()
         self._ckpt_file.save(end)

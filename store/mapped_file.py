@@ -40,7 +40,10 @@ class MappedFile:
     __slots__ = ("path", "start_offset", "size", "fd", "mm", "wrote_pos", "committed_pos",
                  "flushed_pos", "closed")
 
-    def __init__(self, path: str, start_offset: int, size: int, create: bool, preallocate: bool = True) -> None:
+    def __init__(self, path: str, start_offset: int, size: int, create: bool, preallocate: bool = True,
+                 sync_dir: bool = True) -> None:
+        """`sync_dir=False` (with `create`): the directory entry is not fsynced here; the owner
+        makes it durable before the data that needs it (MappedFileQueue.sync_dirs)."""
         self.path = path
         self.start_offset = start_offset
         self.size = size
@@ -64,7 +67,8 @@ class MappedFile:
                 except OSError:
                     pass
                 raise
-            _fsync_dir(os.path.dirname(path))
+            if sync_dir:
+                _fsync_dir(os.path.dirname(path))
         else:
             fd = os.open(path, os.O_RDWR)
             try:

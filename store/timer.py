@@ -131,7 +131,7 @@ class TimerWheel:
         self._retry_s = retry_s
         os.makedirs(directory, exist_ok=True)
         self.log = MappedFileQueue(os.path.join(directory, "timerlog"), records_per_file * RECORD_SIZE,
-                                   preallocate=False)
+                                   preallocate=False, defer_dir_sync=True)     # synced by flush()
         self.log.load()
         # the wheel, one entry per slot: the tick it holds, its chain's first/last position, count
         self._slot_tick = array("q", [-1]) * wheel_ticks
@@ -256,6 +256,7 @@ class TimerWheel:
 
     def flush(self) -> None:
         """Make every scheduled timer power-safe (fdatasync of the TimerLog's open files)."""
+        self.log.sync_dirs()
         for f in self.log.files[-2:]:
             f.flush()
 
