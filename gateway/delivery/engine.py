@@ -100,6 +100,7 @@ class DeliveryEngine:
         self.recent = RecentMessages(store, metrics, self.direct, self._meta_of, self._outbound_message,
                                      max_bytes=(int(self.cfg.lq_cache_mb) << 20) // 4)
         self.record_appended = self.recent.record_appended
+        self._ends = self.recent.ends          # the ends record_appended just read (see there)
         self.drop_recent = self.recent.drop
         # subscriptions from the past still sending their history (gateway/delivery/history.py); the session
         # reads those queues live only once their history is sent. `histories` is its dict
@@ -372,11 +373,13 @@ class DeliveryEngine:
         answer.add_done_callback(ready)
 
     def _deliver_direct(self, q: str) -> bool:
-        a = self.store.max_offset(q)
-        if not a.done():
-            self._later(q, a)
-            return False
-        maxo = a.result()
+        maxo = self._ends.get(q)     # read by record_appended in this append's chain: not asked twice
+        if maxo is None:
+            a = self.store.max_offset(q)
+            if not a.done():
+                self._later(q, a)
+                return False
+            maxo = a.result()
         by_off: dict[int, list[Session]] = {}
         want: dict[int, int] = {}
         batch = self.backlog_batch

@@ -141,6 +141,9 @@ class PublishPipeline:
         self.max_pending_publish = max_pending_publish
         self._set_retained = set_retained
         self._record_appended = record_appended
+        # the queue ends record_appended read (RecentMessages.ends), valid until the delivery run
+        # of this append's chain is over: cleared after `after_append`
+        self._ends = getattr(getattr(record_appended, "__self__", None), "ends", None)
         self._flush_writes = flush_writes
         # the write batcher whose flush that is, when it can be held for a batch (net/connection.py
         # WriteBatcher.hold: no loop callback per batch to write what the batch wrote itself)
@@ -317,10 +320,15 @@ class PublishPipeline:
             # everything appended is visible (inline dispatch): the batch's records are the newest
             # entries of their queues, in order (DeliveryEngine.record_appended)
             self._record_appended(batch, now_ms)
-        if self.after_append is not None:
-            if self._drain_owner is not None:
-                self._drain_owner.drain_follows = False
-            self.after_append()
+        try:
+            if self.after_append is not None:
+                if self._drain_owner is not None:
+                    self._drain_owner.drain_follows = False
+                self.after_append()
+        finally:
+            ends = self._ends
+            if ends:
+                ends.clear()
         if not ok_batch:
             return
         # The durable future of the last record covers all earlier ones (store contract).

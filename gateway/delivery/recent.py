@@ -60,6 +60,12 @@ class RecentMessages:
         self._outbound = outbound   # the engine's: a stored message -> OutboundMessage
         self.max_bytes = max_bytes
         self.rings: dict[str, list] = {}
+        # queue -> its end as `record_appended` read it, kept only until the append's own delivery
+        # run is over (PublishPipeline clears it when its after-append chain returns): that run's
+        # `_deliver_direct` takes the end from here instead of asking the store a second time for
+        # the same message. Valid meanwhile: everything was visible and nothing else appends on
+        # the loop within that chain. Always this dict (the engine holds it): cleared, never rebound.
+        self.ends: dict[str, int] = {}
         self.entries = 0        # entries in all rings
         self.nbytes = 0         # their payload bytes
 
@@ -89,6 +95,7 @@ class RecentMessages:
         base: dict[int, OutboundMessage] = {}
         recent = self.rings
         max_offset = self.store.max_offset
+        ends = self.ends
         cap = self.per_queue
         added = nbytes = 0
         for q, idx in per_q.items():
@@ -96,7 +103,8 @@ class RecentMessages:
             if not end.done():
                 self.drop(q)            # where the batch sits is not known here: readers pull
                 continue
-            start = end.result() - len(idx)
+            e = ends[q] = end.result()
+            start = e - len(idx)
             r = recent.get(q)
             if r is not None and r[0] + len(r[1]) != start and not self._fill_gap(q, r, start):
                 self.drop(q)
