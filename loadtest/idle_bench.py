@@ -100,11 +100,12 @@ def measure(pid: int, duration: float) -> dict:
             "threads": {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}}
 
 
-def _start(name: str, workdir: Path, lmqtt_src: str | None):
+def _start(name: str, workdir: Path, lmqtt_src: str | None, metrics: bool = True):
     from . import brokers
     if name != "lmqtt":
         return brokers.start(name, workdir)
-    # brokers.start's argv with the CLI module run through _serve (named threads)
+    # brokers.start's argv with the CLI module run through _serve (named threads), and with the
+    # metrics/console port on as `lmqtt serve` has it by default (bench compare turns it off)
     real = brokers.command_for
 
     def wrapped(n, *a, **kw):
@@ -112,6 +113,9 @@ def _start(name: str, workdir: Path, lmqtt_src: str | None):
         if n == "lmqtt":
             i = argv.index("-m")
             argv = [argv[0], "-m", "lmqtt.loadtest.idle_bench", "_serve", argv[i + 1], *argv[i + 2:]]
+            if metrics and "--metrics-port" in argv:
+                j = argv.index("--metrics-port")
+                argv[j + 1] = str(brokers.free_port())
         return argv, version
     brokers.command_for = wrapped
     try:
@@ -121,10 +125,11 @@ def _start(name: str, workdir: Path, lmqtt_src: str | None):
     return rb
 
 
-def run_one(name: str, clients: int, duration: float, settle: float, lmqtt_src: str | None) -> dict:
+def run_one(name: str, clients: int, duration: float, settle: float, lmqtt_src: str | None,
+            metrics: bool = True) -> dict:
     from .conn_hold import Holder
     with tempfile.TemporaryDirectory(prefix=f"idle-{name}-") as tmp:
-        rb = _start(name, Path(tmp), lmqtt_src)
+        rb = _start(name, Path(tmp), lmqtt_src, metrics)
         holder = None
         try:
             if clients:
@@ -156,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured per run")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds waited after start/connect")
     ap.add_argument("--lmqtt-src", default=None, help="run this source tree's lmqtt (before/after)")
+    ap.add_argument("--no-metrics", action="store_true", help="lmqtt without its metrics/console port")
     ap.add_argument("--threads", type=int, default=8, help="busiest threads shown per run")
     ap.add_argument("--json", default=None, help="append the raw results (one JSON line a run)")
     a = ap.parse_args(argv)
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load {os.getloadavg()[0]:.1f}")
     for clients in [int(c) for c in a.clients.split(",") if c.strip()]:
         for name in [b.strip() for b in a.brokers.split(",") if b.strip()]:
-            r = run_one(name, clients, a.duration, a.settle, a.lmqtt_src if name == "lmqtt" else None)
+            r = run_one(name, clients, a.duration, a.settle, a.lmqtt_src if name == "lmqtt" else None,
+                        not a.no_metrics)
             top = ", ".join(f"{k} {v:g}" for k, v in list(r["threads"].items())[:a.threads])
             print(f"{r['broker']:<10} clients {clients:>6}: {r['wakeups_per_s']:8.1f} wake-ups/s, "
                   f"{r['cpu_s_per_min']:.3f} CPU s/min  [{top}]"

@@ -43,6 +43,7 @@ def test_idle_store_threads_sleep(tmp_path):
     dispatch thread ~10/s, the background ~10/s, the prefaulter ~12/s)."""
     with MessageStore(_cfg(tmp_path)) as st:
         st.append_batch([Message(topic="a/b", body=b"x")])
+        st.clog.flush()          # (unflushed data keeps the background thread at the flush interval)
         time.sleep(2.5)          # the first flushes, then every schedule stretches out
         threads = {"dispatch": st.dispatch._thread, "background": st.background._thread}
         if st.prefault._thread is not None:
@@ -50,7 +51,7 @@ def test_idle_store_threads_sleep(tmp_path):
         before = {k: _switches(t) for k, t in threads.items()}
         time.sleep(3.0)
         woke = {k: _switches(t) - before[k] for k, t in threads.items()}
-    assert all(n <= 6 for n in woke.values()), woke
+    assert all(n <= 8 for n in woke.values()), woke     # before: 30-40 each
 
 
 @needs_proc
