@@ -120,6 +120,9 @@ class MetadataStore:
         # Set by every write of a retained message (and a replica's shipped one); never cleared
         # but by a restart, so it is only ever wrong towards reading
         self._retained_maybe = next(iter(self._scan(P_RETAINED)), None) is not None
+        # `one_write`: the batch of the thread that opened one (`_group_tid`), None when none is open
+        self._group = None
+        self._group_tid: int | None = None
 
     # -- replication (store groups, docs/ha.md "Replicated metadata") -------------------------
     def replicate(self, check, ship) -> None:
@@ -169,6 +172,36 @@ class MetadataStore:
     def _batch(self):
         """A WriteBatch; in group mode one that also lists its operations (for `ship`)."""
         return WriteBatch(raw_mode=True) if self._ship is None else _ShippedBatch()
+
+    # -- one write for several -----------------------------------------------------------------
+    def one_write(self) -> "_OneWrite":
+        """A context: the filter references (`put_filter_ref`), session records (`put_session`)
+        and offsets (`set_offsets`) this thread writes inside it go in one WriteBatch, written -
+        one WAL write - when it ends (also when an exception leaves it); a failure of that write
+        raises MetadataError from its end. Why: a new persistent session's SUBSCRIBE wrote its
+        filter's reference, its record and its offsets, three writes before its SUBACK (issue 29
+        storm). Nothing inside may read those keys back (they are not written yet); every other
+        write goes at once, as outside. Nested, or opened while another thread's is: no group of
+        its own (the writes go with the open one, or at once)."""
+        return _OneWrite(self)
+
+    def _grouped(self):
+        """The open `one_write` batch of this thread, or None."""
+        tid = self._group_tid
+        if tid is None or tid != threading.get_ident():
+            return None
+        g = self._group
+        if g is None:                 # made at the first write (a SUBSCRIBE repeating one writes none)
+            g = self._group = self._batch()
+        return g
+
+    def _flush_group(self) -> None:
+        """A write (or read) of this thread of keys an open group may hold, outside the group's
+        methods: what the group holds so far is written first, in order (a SUBSCRIBE refused by
+        the ACL releases the filter reference it registered in its group)."""
+        if self._group is not None and self._group_tid == threading.get_ident():
+            wb, self._group = self._group, None
+            self._write(wb)
 
     # -- low level ---------------------------------------------------------------------------
     def _put(self, key: bytes, value: bytes) -> None:
@@ -231,17 +264,20 @@ class MetadataStore:
 
     def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
         """Commit several queue offsets of one consumer atomically (one WAL write)."""
-        if len(offsets) == 1:                 # most sessions: one subscription
+        group = self._grouped() if self._group_tid is not None else None
+        if len(offsets) == 1 and group is None:   # most sessions: one subscription
             [(q, off)] = offsets.items()
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
             return self._put(self._okey(consumer, q), _U64.pack(off))
-        wb = self._batch()
         for q, off in offsets.items():
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
+        wb = group if group is not None else self._batch()
+        for q, off in offsets.items():
             wb.put(self._okey(consumer, q), _U64.pack(off))
-        self._write(wb)
+        if group is None:
+            self._write(wb)
 
     def get_offsets(self, consumer: str) -> dict[str, int]:
         """Every committed offset of `consumer` (prefix scan)."""
@@ -264,6 +300,8 @@ class MetadataStore:
 
     def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
         """Forget `consumer`'s offsets (all, or only for `queues`)."""
+        if self._group_tid is not None:
+            self._flush_group()
         wb = self._batch()
         if queues is None:
             pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
@@ -280,16 +318,21 @@ class MetadataStore:
         the record named until now, when the caller read it (`session_host`): its entry goes in
         the same write; otherwise an entry of a gateway it named before stays, and the readers
         drop it (`sessions_of_gateways`)."""
-        wb = self._batch()
-        wb.put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
+        group = self._grouped() if self._group_tid is not None else None
+        value = rec.to_bytes()
+        wb = group if group is not None else self._batch()
+        wb.put(P_SESSION + client_id.encode("utf-8"), value)
         wb.put(_hkey(rec.host, client_id), b"")
         if before is not None and before != rec.host:
             wb.delete(_hkey(before, client_id))
-        self._write(wb)
+        if group is None:
+            self._write(wb)
 
     def put_sessions(self, records: list[tuple[str, SessionRecord]]) -> None:
         """Several records (and their by-gateway index entries, as `put_session` without `before`)
         in one write: the sessions a gateway saw go offline in one event-loop tick."""
+        if self._group_tid is not None:
+            self._flush_group()
         wb = self._batch()
         for client_id, rec in records:
             wb.put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
@@ -325,6 +368,8 @@ class MetadataStore:
 
     def delete_session(self, client_id: str) -> bool:
         """Delete the session and its consumer offsets (consumer name = client id)."""
+        if self._group_tid is not None:
+            self._flush_group()
         key = P_SESSION + client_id.encode("utf-8")
         v = self._db.get(key)
         existed = v is not None
@@ -649,6 +694,8 @@ class MetadataStore:
     # -- filter registry (used by FilterRegistry) -------------------------------------------
     def add_filter_ref(self, flt: str, delta: int) -> int:
         """Change the reference count of a registered filter; returns the new count (>= 0)."""
+        if self._group_tid is not None:
+            self._flush_group()
         key = P_FILTER + flt.encode("utf-8")
         with self._lock:
             v = self._db.get(key)
@@ -666,16 +713,21 @@ class MetadataStore:
         and, for a wildcard filter registered anew, its epoch (CommitLog position, ms), in one
         WAL write."""
         key = P_FILTER + flt.encode("utf-8")
-        if epoch is None:
+        group = self._grouped() if self._group_tid is not None else None
+        if epoch is None and group is None:
             return self._put(key, _U32.pack(n))
-        wb = self._batch()
+        wb = group if group is not None else self._batch()
         wb.put(key, _U32.pack(n))
-        wb.put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(*epoch))
-        self._write(wb)
+        if epoch is not None:
+            wb.put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(*epoch))
+        if group is None:
+            self._write(wb)
 
     def set_filter_refs(self, counts: dict[str, int]) -> None:
         """Write absolute reference counts (0 deletes) in one WAL write; the caller holds the
         authoritative in-memory counts (FilterRegistry), so no read-modify-write is needed."""
+        if self._group_tid is not None:
+            self._flush_group()
         wb = self._batch()
         for flt, n in counts.items():
             key = P_FILTER + flt.encode("utf-8")
@@ -691,9 +743,13 @@ class MetadataStore:
 
     # -- filter epochs (subscribing from the past: lightqueue/replay.py) ---------------------
     def put_filter_epoch(self, flt: str, phys: int, ms: int) -> None:
+        if self._group_tid is not None:
+            self._flush_group()
         self._put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(phys, ms))
 
     def get_filter_epoch(self, flt: str) -> tuple[int, int] | None:
+        if self._group_tid is not None:
+            self._flush_group()
         v = self._db.get(P_EPOCH + flt.encode("utf-8"))
         return None if v is None else _EPOCH.unpack(v)
 
@@ -703,6 +759,8 @@ class MetadataStore:
         return {k[n:].decode("utf-8"): _EPOCH.unpack(v) for k, v in self._scan(P_EPOCH)}
 
     def delete_filter_epoch(self, flt: str) -> None:
+        if self._group_tid is not None:
+            self._flush_group()
         wb = self._batch()
         wb.delete(P_EPOCH + flt.encode("utf-8"))
         self._write(wb)
@@ -715,6 +773,33 @@ class MetadataStore:
         if not self._closed:
             self._closed = True
             self._db.close()
+
+
+class _OneWrite:
+    """`MetadataStore.one_write`'s context."""
+    __slots__ = ("md", "mine")
+
+    def __init__(self, md: MetadataStore) -> None:
+        self.md = md
+        self.mine = False
+
+    def __enter__(self) -> "_OneWrite":
+        md = self.md
+        with md._lock:
+            if md._group_tid is None:
+                md._group = None
+                md._group_tid = threading.get_ident()
+                self.mine = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.mine:
+            return
+        md = self.md
+        with md._lock:
+            wb, md._group, md._group_tid = md._group, None, None
+        if wb is not None:
+            md._write(wb)
 
 
 class _ShippedBatch:

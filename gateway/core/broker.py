@@ -109,7 +109,8 @@ class Broker:
                                             retained=self.sys_retained.over(storage.retained), acl=acl, gate=gate,
                                             max_subscriptions=cfg.max_subscriptions,
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
-                                            kick=self.delivery.kick, resume=self._continue)
+                                            kick=self.delivery.kick, resume=self._continue,
+                                            one_write=storage.one_write)
         self.accepting = True
         self._handlers = {
             P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,

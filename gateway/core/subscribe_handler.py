@@ -15,7 +15,7 @@ the `on_subscribe`/`on_unsubscribe` entry points of its dispatch table and deleg
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, packets as P
 from lmqtt.gateway.delivery.history import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
@@ -23,7 +23,7 @@ from lmqtt.gateway.delivery.history import (REPLAY_PREFIX, ReplayRequestError, p
 from lmqtt.gateway.delivery.retained import send_retained
 from lmqtt.gateway.model.session import ClientSubscription, Session
 from lmqtt.lightqueue import topics as T
-from lmqtt.lightqueue.errors import InvalidTopicFilter
+from lmqtt.lightqueue.errors import InvalidTopicFilter, MetadataError
 from lmqtt.gateway.storage.facades import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,13 +50,17 @@ class SubscribeHandler:
     * `save_offsets(s)`: write its committed offsets now;
     * `kick(s)`: a delivery run for the session (its new subscriptions may have messages);
     * `resume(conn, fn, *args)`: run a packet's handling that waited for the store, failing as the
-      connection's dispatch would (the broker's, shared with CONNECT).
+      connection's dispatch would (the broker's, shared with CONNECT);
+    * `one_write()`: in-process (`Storage.one_write`), a context in which the SUBSCRIBE's filter
+      references, session record and offsets go in one metadata write, made before its SUBACK
+      leaves (issue 29 storm: a new persistent session's were three); None: each at once.
     """
 
     def __init__(self, *, subscriptions: "SubscriptionRegistry", retained,
                  acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
                  save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
-                 kick: Callable[[Session], None], resume: Callable[..., None]) -> None:
+                 kick: Callable[[Session], None], resume: Callable[..., None],
+                 one_write: Callable[[], Any] | None = None) -> None:
         self.subscriptions = subscriptions
         self.retained = retained
         self.acl = acl
@@ -66,9 +70,25 @@ class SubscribeHandler:
         self._save_offsets = save_offsets
         self._kick = kick
         self._resume = resume
+        self._one_write = one_write
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        one_write = self._one_write
+        if one_write is None:
+            return self._on_subscribe(conn, pkt)
+        try:
+            with one_write():
+                self._on_subscribe(conn, pkt)
+        except MetadataError as e:
+            # its filter references, record or offsets are not written: its SUBACK (queued, not
+            # sent yet) must not leave; the client subscribes again on its next connection
+            log.error("event=subscribe_write_failed client_id=%s error=%r (connection dropped before its SUBACK)",
+                      conn.client_id, e)
+            if conn.transport is not None:
+                conn.transport.abort()
+
+    def _on_subscribe(self, conn, pkt: P.Subscribe) -> None:
         # MQTT 5: the SUBSCRIBE's own `since` (every filter from the past), or why it is refused
         since = (None, None)
         if conn.version == 5 and pkt.properties.user_property:

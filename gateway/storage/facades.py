@@ -508,3 +508,7 @@ class Storage:
     wills: WillStore
     filters: FilterRegistry
     queues: QueueStore
+    # in-process only (`lmqtt serve`): a context whose filter references, session records and
+    # offsets written inside go in one metadata write at its end (a SUBSCRIBE's, before its SUBACK:
+    # lightqueue/metadata.py `one_write`); None: each is written when asked (a remote store)
+    one_write: "Callable[[], Any] | None" = None

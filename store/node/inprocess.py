@@ -249,7 +249,7 @@ def storage(store: Any, lq: Any) -> Storage:
     light queues."""
     md = lq.metadata
     return Storage(InProcessSessions(md), InProcessOffsets(md), InProcessRetained(md), InProcessWills(md),
-                   InProcessFilters(lq), InProcessQueues(store, lq))
+                   InProcessFilters(lq), InProcessQueues(store, lq), one_write=md.one_write)
 
 
 __all__ = ["storage", "InProcessQueues", "InProcessSessions", "InProcessOffsets", "InProcessRetained",
