@@ -34,6 +34,9 @@ def _connect(prog: str, address: str, token: str | None):
     try:
         return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
     except StoreClientError as e:
+        if "is not an lmqtt store" in str(e):      # another server's port (connection.not_a_store)
+            print(f"{prog}: {e}", file=sys.stderr)
+            raise SystemExit(EXIT_UNREACHABLE)
         print(f"{prog}: store {address} refused the connection: {e}", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED)
     except (ConnectionLost, OSError, ValueError) as e:

@@ -21,7 +21,8 @@ from .. import protocol as W
 import time
 
 from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, StoreClientError,
-                         check_reply, is_not_primary, keeps_expected, next_member, parse_addresses, parse_hello_ok, primary_named, probe_primary)
+                         check_reply, is_not_primary, keeps_expected, next_member, not_a_store, parse_addresses,
+                         parse_hello_ok, primary_named, probe_primary)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -344,6 +345,8 @@ class _AsyncProtocol(asyncio.Protocol):
         try:
             frames = self.dec.feed(data)
         except W.ProtocolError as e:
+            if not self.hello.done():       # not store frames at all: another server's port
+                self.hello.set_exception(not_a_store(f"{self.owner.host}:{self.owner.port}", data))
             self.transport.close()
             self.owner._lost(self, f"bad frame from the store: {e}")
             return

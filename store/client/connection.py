@@ -213,6 +213,19 @@ def parse_hello_ok(op: int, body: bytes) -> dict:
         raise StoreClientError(e.code, str(e)) from None
 
 
+NOT_A_STORE_HINT = (" (an MQTT or other non-store port does that; the store's native protocol is on "
+                    "`lmqtt serve --store-port` / `lmqtt store --port`, default 10911)")
+
+
+def not_a_store(address: str, data: bytes) -> StoreClientError:
+    """The answer to HELLO was not store frames at all: the address is some other server's (the
+    metrics/console HTTP port, an MQTT port ...). Named, with what it said; not retried."""
+    what = "an HTTP server (the metrics/console port?)" if data[:5] == b"HTTP/" else f"it sent {data[:16]!r}"
+    return StoreClientError(W.E_BAD_FRAME, f"{address} is not an lmqtt store: {what}; the store's native "
+                                           "protocol is on `lmqtt serve --store-port` / `lmqtt store --port`, "
+                                           "default 10911")
+
+
 def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
          decoder: "W.FrameDecoder") -> tuple[socket.socket, dict, list]:
     """Open a TCP connection to a store and do the HELLO handshake: (the socket, back in blocking
@@ -225,8 +238,8 @@ def dial(host: str, port: int, *, connect_timeout: float, client_name: str, toke
 
     The socket is closed on any error: ConnectionLost (an OSError, naming the store) when the
     network fails; StoreClientError when the store refuses (wrong token or version) or answers
-    with another frame or a HELLO_OK whose body is not a JSON object; protocol.ProtocolError when
-    its bytes are not frames at all (FrameDecoder: a length out of range). Connection._ensure
+    with another frame or a HELLO_OK whose body is not a JSON object, and when its bytes are not
+    frames at all (another server's port: `not_a_store`). Connection._ensure
     retries only ConnectionLost (a refusal or a malformed answer will not change on retry);
     LoopConnection's redial loop retries every error."""
     address = f"{host}:{port}"
@@ -243,8 +256,12 @@ def dial(host: str, port: int, *, connect_timeout: float, client_name: str, toke
             s.settimeout(max(0.01, deadline - time.monotonic()))
             data = s.recv(65536)
             if not data:
-                raise ConnectionLost(f"store {address} closed the connection during the handshake")
-            frames = decoder.feed(data)
+                raise ConnectionLost(f"store {address} closed the connection during the handshake"
+                                     f"{NOT_A_STORE_HINT}")
+            try:
+                frames = decoder.feed(data)
+            except W.ProtocolError:
+                raise not_a_store(address, data) from None
         op, _flags, _rid, body = frames[0]
         info = parse_hello_ok(op, body)
     except ConnectionLost:
