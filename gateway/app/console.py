@@ -405,10 +405,23 @@ def render_table(queues, groups, stats) -> str:
         for q in qs:
             where = q.get("filter") if "filter" in q else f'{q["topic"]}[{q["queue_id"]}]'
             rows.append([g, "filter" if "filter" in q else "topic", where, q["committed"], q["max_offset"], q["lag"]])
-    lines += _table(["group", "kind", "queue", "committed", "max", "lag"], rows) if rows else ["  (none)"]
+    # a group asked for by name (--group) that has no committed offset anywhere: said, not left out
+    unknown = [f"  {g}: no committed offset (no such group, or one that only POPs)"
+               for g, qs in sorted(groups.items()) if not qs]
+    lines += _table(["group", "kind", "queue", "committed", "max", "lag"], rows) if rows else []
+    lines += unknown if rows or unknown else ["  (none)"]
     lines += ["", "STATS"]
-    flat = [[k, json.dumps(v, default=str) if isinstance(v, (dict, list)) else v] for k, v in sorted(stats.items())]
-    lines += _table(["key", "value"], flat)
+    # a nested value (a store group's `ha`, the tier's ...) one row per field, and the values left
+    # aligned: one long value must not push every other row to its width
+    flat = []
+    for k, v in sorted(stats.items()):
+        if isinstance(v, dict) and v:
+            flat += [[f"{k}.{kk}", vv] for kk, vv in v.items()]
+        else:
+            flat.append([k, v])
+    flat = [[k, json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)] for k, v in flat]
+    w = max(len(k) for k, _ in flat + [["key", ""]])
+    lines += [f"{'key'.ljust(w)}  value", f"{'-' * w}  -----"] + [f"{k.ljust(w)}  {v}" for k, v in flat]
     return "\n".join(lines)
 
 

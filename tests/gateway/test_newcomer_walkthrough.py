@@ -61,3 +61,31 @@ def test_tools_pointed_at_the_mqtt_port_name_the_store_port(server):
     r = cli("admin", "--store", f"127.0.0.1:{server.port}")
     assert r.returncode == 3, r
     assert "closed the connection during the handshake" in r.stderr and "--store-port" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------- lmqtt admin
+def test_admin_table_of_a_store_group_keeps_its_width(tmp_path):
+    """`lmqtt admin --store a:p,b:p,c:p` (docs/ha.md "Seeing it"): the STATS table printed the
+    group's `ha` as one JSON value, and right-aligned every other value to its width (lines of
+    ~230 characters, mostly blanks). Now each field of `ha` is a row of its own."""
+    from tests.ha.group import StoreGroup
+    g = StoreGroup(tmp_path, 3, election_timeout=2.0).start()
+    try:
+        g.wait_primary(in_sync=3)
+        r = cli("admin", "--store", g.peers)
+        assert r.returncode == 0, r.stderr
+        stats = r.stdout.split("\nSTATS\n", 1)[1].splitlines()
+        rows = dict(line.split(None, 1) for line in stats[2:])
+        assert rows["ha.role"] == "primary" and rows["ha.group"] == g.name, r.stdout
+        assert rows["ha.in_sync"] == "[1, 2, 3]", r.stdout
+        assert "ha" not in rows and rows["max_offset"].isdigit(), r.stdout
+        assert max(len(line) for line in stats) < 100, r.stdout
+    finally:
+        g.stop()
+
+
+def test_admin_names_an_unknown_group_instead_of_none(server):
+    r = cli("admin", "--store", server.store_address, "--group", "nosuch")
+    assert r.returncode == 0, r.stderr
+    groups = r.stdout.split("GROUPS\n", 1)[1].split("\n\n", 1)[0]
+    assert groups.strip() == "nosuch: no committed offset (no such group, or one that only POPs)", r.stdout
