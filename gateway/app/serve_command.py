@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
                         "data dir keeps its own; a busy server: 256)")
     p.add_argument("--workers", type=int,
                    help="gateway processes on this port over one store process (SO_REUSEPORT; default 1 = "
-                        "everything in this process)")
+                        "everything in this process); worker i serves metrics and console on --metrics-port + i")
     p.add_argument("--sys-interval", type=float,
                    help="seconds between $SYS/broker/... updates, Mosquitto's names (default 10, 0 = off)")
     p.add_argument("--store-port", type=int,
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt serve: {e}", file=sys.stderr)
         return 2
     # every setting that cannot work is refused before anything is created on disk
-    problem = check_startup(cfg)
+    problem = check_startup(cfg) or check_worker_ports(cfg)
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
         return 2
@@ -191,6 +191,24 @@ def check_startup(cfg, store_protocol: bool = True) -> str | None:
     if store_protocol and cfg.store_port and not is_loopback(cfg.store_host) and not cfg.token:
         return (f"refusing to serve the store protocol on non-loopback address {cfg.store_host!r} without an "
                 f"auth token (--token or `token` in the config; --store-port 0 turns it off)")
+    return None
+
+
+def check_worker_ports(cfg) -> str | None:
+    """`--workers N` gives worker i the metrics (console) port `metrics_port + i`; one of those that is
+    another port of the same command (the store's, MQTT's ...) is refused here by name - it was a
+    worker that ran without metrics and console, said only in its log."""
+    n, m = int(cfg.workers or 1), int(cfg.metrics_port or 0)
+    if n <= 1 or not m:
+        return None
+    taken = {int(v or 0): flag for v, flag in ((cfg.store_port, "--store-port"), (cfg.port, "--port"),
+                                               (cfg.tls_port, "--tls-port"), (cfg.ws_port, "--ws-port"),
+                                               (cfg.wss_port, "--wss-port"))}
+    for i in range(1, n):
+        if m + i in taken:
+            return (f"--workers {n} serves worker i's metrics and console on --metrics-port + i "
+                    f"({m}..{m + n - 1}), and {m + i} is the {taken[m + i]}: choose a --metrics-port whose "
+                    f"{n} ports from it are free (or 0 = off)")
     return None
 
 

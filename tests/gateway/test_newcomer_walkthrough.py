@@ -89,3 +89,21 @@ def test_admin_names_an_unknown_group_instead_of_none(server):
     assert r.returncode == 0, r.stderr
     groups = r.stdout.split("GROUPS\n", 1)[1].split("\n\n", 1)[0]
     assert groups.strip() == "nosuch: no committed offset (no such group, or one that only POPs)", r.stdout
+
+
+# ------------------------------------------------------------------------ serve --workers ports
+def test_workers_metrics_ports_that_hit_the_store_port_are_refused_by_name(tmp_path):
+    """`serve --workers 2 --metrics-port P --store-port P+1`: worker 1 took P+1 for its metrics and
+    console, found it in use by the store and ran without them, said only in its log line. Now the
+    command refuses before anything starts, naming both ports."""
+    from tests.ha.group import group_ports
+    (base,) = group_ports(1)                      # base, base+1, base+2 free
+    from tests.support import free_port
+    data = tmp_path / "d"
+    r = cli("serve", "--workers", "2", "--port", str(free_port()), "--metrics-port", str(base),
+            "--store-port", str(base + 1), "--data-dir", str(data))
+    assert r.returncode == 2, r
+    line = r.stderr.strip()
+    assert "\n" not in line and f"{base + 1} is the --store-port" in line, line
+    assert f"({base}..{base + 1})" in line, line
+    assert not data.exists()
