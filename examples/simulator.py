@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--anomaly-rate", type=float, default=0.01, help="share of readings that spike (0..1)")
     ap.add_argument("--silent", type=int, default=2, help="devices that stop after a third of the run")
     ap.add_argument("--qos", type=int, default=1, choices=(0, 1, 2), help="QoS of the publishes")
+    ap.add_argument("--username", default=None, help="MQTT user name (a server with --password-file)")
+    ap.add_argument("--password", default=None, help="MQTT password")
     ap.add_argument("--seed", type=int, default=None,
                     help="random seed, for a repeatable run (default: %(default)s = a new one each run)")
     a = ap.parse_args(argv)
@@ -38,6 +40,11 @@ def main(argv=None) -> int:
         return 2
     rnd = random.Random(a.seed)
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"simulator-{rnd.randrange(1 << 30)}")
+    if a.username is not None:
+        c.username_pw_set(a.username, a.password)
+    connack: list = []              # the CONNACK's reason code; None: closed without one
+    c.on_connect = lambda _c, _u, _f, reason, _p: connack.append(reason)
+    c.on_disconnect = lambda *_: connack.append(None)
     try:
         c.connect(a.host, a.port, 30)
     except OSError as e:
@@ -45,6 +52,20 @@ def main(argv=None) -> int:
               f"{e.strerror or e} (is `lmqtt serve` running?)", file=sys.stderr)
         return 3
     c.loop_start()
+    deadline = time.monotonic() + 10
+    while not connack and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not connack or connack[0] is None or connack[0].is_failure:
+        c.on_disconnect = None
+        c.loop_stop()
+        if connack and connack[0] is not None:
+            why = f"refused the connection: {connack[0]}"
+            if a.username is None and connack[0].value in (0x86, 0x87):     # bad credentials / not authorized
+                why += " (give --username and --password)"
+        else:
+            why = "did not answer the MQTT CONNECT (is it an MQTT port? `lmqtt serve --port`, default 1883)"
+        print(f"lmqtt simulate: the MQTT broker at {a.host}:{a.port} {why}", file=sys.stderr)
+        return 3
     devs = [{"id": f"dev-{i}", "temp": rnd.uniform(18, 26), "hum": rnd.uniform(35, 60),
              "bat": rnd.uniform(3.7, 4.2), "seq": 0} for i in range(a.devices)]
     silent = {d["id"] for d in devs[:a.silent]}

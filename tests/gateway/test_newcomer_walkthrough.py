@@ -107,3 +107,37 @@ def test_workers_metrics_ports_that_hit_the_store_port_are_refused_by_name(tmp_p
     assert "\n" not in line and f"{base + 1} is the --store-port" in line, line
     assert f"({base}..{base + 1})" in line, line
     assert not data.exists()
+
+
+# --------------------------------------------------------------------------------- lmqtt simulate
+@pytest.fixture(scope="module")
+def passworded(tmp_path_factory):
+    d = tmp_path_factory.mktemp("newcomer-pw")
+    assert cli("passwd", "-b", "-c", str(d / "passwd"), "alice", "s3cret").returncode == 0
+    (d / "data").mkdir()
+    srv = LmqttServer(str(d / "data"), ("--password-file", str(d / "passwd"))).start()
+    yield srv
+    srv.stop()
+
+
+def test_simulate_against_a_passworded_broker(passworded):
+    """docs/spark.md's simulator had no credentials and did not wait for the CONNACK: against a
+    server with --password-file it said "lost the MQTT broker after 0 readings: The client is not
+    currently connected". Now the refusal is named, and --username/--password log in."""
+    port = str(passworded.port)
+    r = cli("simulate", "--port", port, "--devices", "2", "--seconds", "1")
+    assert r.returncode == 3, r
+    assert r.stderr.strip() == (f"lmqtt simulate: the MQTT broker at 127.0.0.1:{port} refused the connection: "
+                                "Not authorized (give --username and --password)"), r.stderr
+    r = cli("simulate", "--port", port, "--devices", "2", "--seconds", "1", "--interval", "0.2",
+            "--username", "alice", "--password", "s3cret")
+    assert r.returncode == 0, r.stderr
+    r = cli("consume", "--store", passworded.store_address, "--filter", "telemetry", "--from", "earliest",
+            "--timeout", "1", "--format", "json")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) >= 2, r
+
+
+def test_simulate_pointed_at_the_store_port_says_it_is_not_mqtt(server):
+    r = cli("simulate", "--port", str(server.store_port), "--devices", "1", "--seconds", "1")
+    assert r.returncode == 3, r
+    assert "did not answer the MQTT CONNECT (is it an MQTT port?" in r.stderr, r.stderr
