@@ -314,6 +314,11 @@ class AsyncConnection:
         from .aio_api import AsyncPopConsumer
         return AsyncPopConsumer(self, topic, group, queue_id, **kw)
 
+    def admin(self):
+        """AsyncAdmin (aio_api.py): topics, offsets, lag, stats, lookups by msg id / key / time."""
+        from .aio_api import AsyncAdmin
+        return AsyncAdmin(self)
+
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()

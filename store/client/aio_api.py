@@ -362,5 +362,48 @@ class AsyncPopConsumer:
                                     queue_id=self.queue_id, offset=off, invisible_ms=invisible_ms))["ok"]
 
 
+class AsyncAdmin:
+    """Admin (admin.py) for asyncio: the same queries, awaited. `c.admin()` of an AsyncConnection."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def _msgs(self, res) -> list[Record]:
+        from .admin import Admin
+        return Admin._msgs(self, res)
+
+    async def topics(self) -> list[dict]:
+        return (await self.conn.cmd("topics"))["queues"]
+
+    async def offsets(self, topic: str, queue_id: int = 0) -> tuple[int, int]:
+        r = await self.conn.cmd("offsets", topic=topic, queue_id=queue_id)
+        return r["min_offset"], r["max_offset"]
+
+    async def committed(self, group: str, topic: str, queue_id: int = 0) -> int | None:
+        return (await self.conn.cmd("committed", group=group, topic=topic, queue_id=queue_id))["offset"]
+
+    async def lag(self, group: str) -> list[dict]:
+        return (await self.conn.cmd("lag", group=group))["queues"]
+
+    async def stats(self) -> dict:
+        return await self.conn.cmd("stats")
+
+    async def get_by_msg_id(self, msg_id: str) -> Record | None:
+        r = self._msgs(await self.conn.cmd("get_by_msg_id", msg_id=msg_id))
+        return r[0] if r else None
+
+    async def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
+                           max_count: int = 32) -> list[Record]:
+        end_ms = int(time.time() * 1000) + 1000 if end_ms is None else end_ms
+        return self._msgs(await self.conn.cmd("query_by_key", topic=topic, key=key, begin_ms=begin_ms,
+                                              end_ms=end_ms, max_count=max_count))
+
+    async def offset_for_time(self, topic: str, ts_ms: int, queue_id: int = 0) -> int:
+        return (await self.conn.cmd("offset_for_time", topic=topic, queue_id=queue_id, ts=ts_ms))["offset"]
+
+    async def pop_info(self, group: str, topic: str, queue_id: int = 0) -> dict:
+        return await self.conn.cmd("pop_info", group=group, topic=topic, queue_id=queue_id)
+
+
 __all__ = ["AsyncProducer", "AsyncAutoBatchProducer", "AsyncSendHandle", "AsyncPullConsumer",
-           "AsyncFilterConsumer", "AsyncPopConsumer"]
+           "AsyncFilterConsumer", "AsyncPopConsumer", "AsyncAdmin"]

@@ -141,3 +141,39 @@ def test_simulate_pointed_at_the_store_port_says_it_is_not_mqtt(server):
     r = cli("simulate", "--port", str(server.store_port), "--devices", "1", "--seconds", "1")
     assert r.returncode == 3, r
     assert "did not answer the MQTT CONNECT (is it an MQTT port?" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------- asyncio SDK
+def test_asyncio_connection_has_the_admin_queries(server):
+    """docs/sdk.md: connect_async gives "the same command API as the sync connection"; `c.admin()`
+    was missing (AttributeError), so an asyncio service had no topics/lag/lookups."""
+    from lmqtt.store.client import connect, connect_async
+
+    async def run():
+        c = await connect_async(server.store_address)
+        try:
+            r = await c.producer().send("nc-aio/a/temp", b"21.5", keys=("dev-a",))
+            a = c.admin()
+            assert (await a.get_by_msg_id(r.msg_id)).body == b"21.5"
+            (hit,) = await a.query_by_key("nc-aio/a/temp", "dev-a")
+            assert hit.msg_id == r.msg_id
+            assert {"topic": "nc-aio", "queue_id": 0} .items() <= next(
+                q for q in await a.topics() if q["topic"] == "nc-aio").items()
+            assert await a.offsets("nc-aio") == (0, 1)
+            assert await a.offset_for_time("nc-aio", 0) == 0
+            assert (await a.stats())["max_offset"] > 0
+            g = await c.consumer("nc-aio", "nc-billing")
+            await g.poll()
+            await g.commit()
+            assert await a.committed("nc-billing", "nc-aio") == 1
+            assert [(q["committed"], q["lag"]) for q in await a.lag("nc-billing")] == [(1, 0)]
+            return r.msg_id, await a.pop_info("nc-workers", "nc-aio")
+        finally:
+            await c.close()
+    msg_id, pop = asyncio.run(run())
+    sync = connect(server.store_address)
+    try:
+        assert sync.admin().get_by_msg_id(msg_id).body == b"21.5"
+        assert pop == sync.admin().pop_info("nc-workers", "nc-aio")
+    finally:
+        sync.close()
