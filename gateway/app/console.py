@@ -48,7 +48,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="127.0.0.1:10911",
                    help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md; "
                         "default 127.0.0.1:10911)")
-    p.add_argument("--token", help="auth token for the store handshake")
+    p.add_argument("--token", help="auth token for the store handshake (default: none; a store started "
+                                   "with --token needs it)")
 
 
 # --------------------------------------------------------------------------------------- produce
@@ -74,11 +75,11 @@ def produce_main(argv: list[str] | None = None) -> int:
     _common(p)
     p.add_argument("--topic", required=True, help="MQTT topic name (no wildcards)")
     p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1, help="QoS carried on the record (default 1)")
-    p.add_argument("--key", action="append", default=[], help="message key (repeatable; indexed for queries)")
+    p.add_argument("--key", action="append", default=[], help="message key (repeatable; indexed for queries; default none)")
     p.add_argument("--property", action="append", default=[], type=_prop, metavar="K=V",
-                   help="MQTT 5 user property (repeatable, order kept)")
+                   help="MQTT 5 user property (repeatable, order kept; default none)")
     p.add_argument("--retain", action="store_true", help="set the retain flag on the records")
-    p.add_argument("--content-type", help="MQTT 5 content type")
+    p.add_argument("--content-type", help="MQTT 5 content type (default none)")
     p.add_argument("--batch", action="store_true", help="AutoBatch: pack lines into batches (much faster)")
     p.add_argument("--producer-id", help="stable producer id (default: random)")
     args = p.parse_args(argv)
@@ -177,13 +178,17 @@ def consume_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lmqtt consume", description="Print messages of a topic filter, one per line.")
     _common(p)
     p.add_argument("--filter", required=True, help="MQTT topic filter (a/+/c, a/#) or a first-level topic")
-    p.add_argument("--group", help="consumer group: resume from / commit to the store's offset")
+    p.add_argument("--group", help="consumer group: resume from / commit to the store's offset (default none: "
+                                   "nothing committed)")
     p.add_argument("--from", dest="start", default=None,
                    help="earliest | latest | epoch ms | ISO 8601 (default: the group's offset, else latest)")
-    p.add_argument("--count", type=int, help="exit after N messages")
-    p.add_argument("--timeout", type=float, help="exit after S seconds without a new message")
+    p.add_argument("--count", type=int, help="exit after N messages (default: no limit)")
+    p.add_argument("--timeout", type=float,
+                   help="exit after S seconds without a new message (default: none, wait until Ctrl-C)")
     p.add_argument("--queue-id", type=int, default=0, help="ConsumeQueue id for a first-level topic (default 0)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="text: the payload per line; json: one object per line with topic, properties, "
+                        "offsets (default text)")
     args = p.parse_args(argv)
     if args.count is not None and args.count < 0:
         print("lmqtt consume: --count must be >= 0", file=sys.stderr)
@@ -296,7 +301,7 @@ def _admin(argv: list[str] | None) -> int:
                                 description="Topics, queues, consumer groups with their lag, store stats.")
     _common(p)
     p.add_argument("--group", action="append", default=[], help="only these groups (repeatable; default all)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output (default table)")
     p.add_argument("--gateways", action="store_true",
                    help="list the gateway ids holding wildcard filters in the store, and whether each is connected")
     p.add_argument("--release-gateway", metavar="ID",

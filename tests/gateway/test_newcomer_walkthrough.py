@@ -177,3 +177,23 @@ def test_asyncio_connection_has_the_admin_queries(server):
         assert pop == sync.admin().pop_info("nc-workers", "nc-aio")
     finally:
         sync.close()
+
+
+# ------------------------------------------------------------------------------------ --help
+@pytest.mark.parametrize("cmd", ["produce", "consume", "admin"])
+def test_console_tools_help_says_every_default(cmd):
+    """Every option of the console tools that takes a value says its default (consume's --count,
+    --timeout and --format, admin's --format and every tool's --token did not)."""
+    import re
+    r = cli(cmd, "--help")
+    assert r.returncode == 0, r.stderr
+    opts = re.split(r"\n  (?=-)", r.stdout.split("options:", 1)[1])
+    missing = []
+    for o in opts:
+        o = " ".join(o.split())
+        head = o.split("  ")[0] if "  " in o else o
+        takes_value = re.match(r"(-\w, )?--[\w-]+ ([A-Z_=]+|\{[^}]*\})( |$)", o)
+        actions = ("--filter", "--topic", "--release-gateway", "--session")     # required, or what to do
+        if takes_value and "default" not in o and head.split()[0] not in actions:
+            missing.append(o)
+    assert not missing, missing
