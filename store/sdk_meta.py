@@ -177,6 +177,10 @@ class SdkMetadata:
     def put_json(self, key: str, obj) -> None:
         self._db.put(key.encode(), compact_json(obj).encode(), self._wo)
 
+    def put_json_text(self, key: str, text: str) -> None:
+        """put_json of a value already encoded (compact_json): a store group ships the text as is."""
+        self._db.put(key.encode(), text.encode(), self._wo)
+
     def get_json(self, key: str):
         v = self._db.get(key.encode())
         return None if v is None else json.loads(v)

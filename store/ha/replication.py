@@ -28,6 +28,7 @@ waiting futures fail; nothing is acknowledged after a newer epoch exists.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import socket
@@ -140,7 +141,7 @@ class MetaLog:
             if len(ops) == ops.maxlen and self.covers_after is not None:
                 self.covers_after = max(self.covers_after, ops[0][1])     # dropped below
                 self.dropped = True
-            ops.append((self.seq, pos, op))
+            ops.append((self.seq, pos, op, [None]))
             self.cond.notify_all()
             seq = self.seq
         if self.on_add is not None:
@@ -148,9 +149,26 @@ class MetaLog:
         return seq
 
     def since(self, seq: int, min_pos: int = -1) -> list:
-        """[(seq, log position, op)] after `seq` (and at/after `min_pos`), in order."""
+        """[(seq, log position, op, frame cell)] after `seq` (and at/after `min_pos`), in order.
+        The held changes are numbered consecutively up to `self.seq`, so the ones after `seq` are
+        the last `self.seq - seq`: read from the end (a shipper asks on every change; scanning
+        all 100,000 held ones each time cost it milliseconds per change once the bound filled)."""
         with self.lock:
-            return [(s, p, op) for s, p, op in self.ops if s > seq and p >= min_pos]
+            ops = self.ops
+            k = min(len(ops), self.seq - seq)
+            if k <= 0:
+                return []
+            tail = list(ops) if k == len(ops) else list(itertools.islice(reversed(ops), k))[::-1]
+            return [e for e in tail if e[0] > seq and e[1] >= min_pos]
+
+    @staticmethod
+    def frame(entry) -> bytes:
+        """The META frame of a `since` entry, encoded once for every replica's stream."""
+        cell = entry[3]
+        f = cell[0]
+        if f is None:
+            f = cell[0] = jframe(b"M", entry[2])
+        return f
 
 
 # ---------------------------------------------------------------------------------------- primary
@@ -263,8 +281,8 @@ class Shipper:
                                                   "from the stream; give it an empty data dir"}))
                 return
             meta_from = self.meta.seq
-            for sq, _p, _op in self.meta.since(0, start):
-                meta_from = sq - 1       # the changes from the replica's end on are shipped again
+            for e in self.meta.since(0, start):
+                meta_from = e[0] - 1       # the changes from the replica's end on are shipped again
                 break
             # a replica that followed another primary's metadata (or none, or not to the end of a
             # snapshot), or whose log ends where this MetaLog does not hold every change since,
@@ -361,12 +379,12 @@ class Shipper:
             ops = self.meta.since(meta_seq)
             ready = []
             upto = committed
-            for sq, p, op in ops:
-                if p > pos:
-                    upto = min(upto, p)
+            for e in ops:
+                if e[1] > pos:
+                    upto = min(upto, e[1])
                     break
-                ready.append(jframe(b"M", op))
-                meta_seq = sq
+                ready.append(MetaLog.frame(e))
+                meta_seq = e[0]
             if ready:
                 s.sendall(b"".join(ready))
             if pos < upto:
@@ -448,6 +466,7 @@ class AckGate:
         # metadata changes (a group offset commit) answered once the replicas applied them:
         # (meta sequence, fn() to call then); replica_meta(node) -> the last sequence it applied
         self.meta_waiting: collections.deque = collections.deque()
+        self._meta_lock = threading.Lock()
         self.replica_meta = lambda node: 0
         # retried batches the dedup found stored already (when_replicated): answered once every
         # in-sync replica has their bytes, as their first attempt would have been - (end, Future)
@@ -562,6 +581,9 @@ class AckGate:
 
 
 def _meta_evaluate_impl(self) -> None:
+    """Answer the metadata changes every replica of the acknowledging set has applied. Runs on the
+    gate's thread and on the replication threads that received an acknowledgement (`replica_acked`),
+    so the callbacks are taken under `_meta_lock`: each runs once."""
     if not self.lease_ok():
         return
     members = list(self.ack_set())
@@ -569,12 +591,30 @@ def _meta_evaluate_impl(self) -> None:
         return
     done = min([self.replica_meta(n) for n in members], default=1 << 62)
     w = self.meta_waiting
-    while w and w[0][0] <= done:
-        _seq, fn = w.popleft()
+    ready = []
+    with self._meta_lock:
+        while w and w[0][0] <= done:
+            ready.append(w.popleft())
+    for _seq, fn in ready:
         fn(None)
 
 
+def _replica_acked_impl(self) -> None:
+    """A replica acknowledged (Shipper's thread reading its A frames): the metadata changes it
+    completes are answered here, without a hop to the gate's thread (a pop, an ack or a commit on a
+    group waits for exactly this); appends' rounds are left to the gate's thread, woken."""
+    if self.meta_waiting:
+        try:
+            self._meta_evaluate()
+        except Exception:  # noqa: BLE001 - the replica's stream goes on; the gate's round retries
+            log.exception("event=ha_ack_gate_failed")
+            self._ev.set()
+    if self.waiting or self.dup_waiting or self.adding:
+        self._ev.set()           # else its own 0.05 s round looks for replicas to add back
+
+
 AckGate._meta_evaluate = _meta_evaluate_impl
+AckGate.replica_acked = _replica_acked_impl
 
 
 def _failed_future(err: BaseException) -> Future:
