@@ -50,6 +50,9 @@ class ClientSubscription:
     after it is made (a SUBSCRIBE again replaces it); equal when every field is."""
 
     __slots__ = ("filter", "queue", "qos")
+    filter: str         # as sent by the client, including a `$share/g/` prefix
+    queue: str          # light-queue name: the topic filter without the share prefix
+    qos: int
     # the options of a plain subscription (a `_FullSubscription` has slots for them)
     group: str | None = None                # shared subscription group
     no_local = False
@@ -70,8 +73,8 @@ class ClientSubscription:
             o.retain_as_published = retain_as_published
             o.retain_handling = retain_handling
             o.subscription_id = subscription_id
-        o.filter = filter      # as sent by the client, including a `$share/g/` prefix
-        o.queue = queue        # light-queue name: the topic filter without the share prefix
+        o.filter = filter
+        o.queue = queue
         o.qos = qos
         return o
 
