@@ -272,3 +272,16 @@ def build_config(file_values: dict[str, Any] | None = None, overrides: dict[str,
                 raise unknown_key(k, kinds, "the configuration", "lmqtt serve / lmqtt gateway")
             setattr(cfg, k, check_type(k, v, kinds[k]))
     return cfg.validate()
+
+
+def say_defaults(p) -> None:
+    """Make every option of parser `p` that takes a value and whose help does not give a default
+    say one: `0 = off` becomes `default 0 = off`, the others (files, URLs, names: nothing unless
+    given) get `(default: none)`. Applied last, so each command's --help says every default."""
+    import argparse
+    for a in p._actions:
+        if a.nargs == 0 or a.required or not a.help or a.help == argparse.SUPPRESS or a.dest == "help":
+            continue
+        if "default" in a.help.lower():
+            continue
+        a.help = a.help.replace("0 = off", "default 0 = off") if "0 = off" in a.help else f"{a.help} (default: none)"

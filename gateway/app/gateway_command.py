@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     from lmqtt.gateway.app.console_web import add_console_args
     add_console_args(p)         # this gateway's web console on the metrics port (docs/console.md)
+    from lmqtt.gateway.app.config import say_defaults
+    say_defaults(p)
     return p
 
 

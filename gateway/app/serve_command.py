@@ -71,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tier-parquet-merge-after-s", type=float,
                    help="merge a topic's and day's small Parquet files once the newest is this old (default 60)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    from lmqtt.gateway.app.config import say_defaults
+    say_defaults(p)
     return p
 
 

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmqtt store", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", help="TOML config file (keys at top level or under [store])")
     NodeConfig.add_arguments(p)
+    for a in p._actions:        # every option that takes a value says its default in --help
+        if a.nargs != 0 and a.help and not a.required and a.dest != "help" and "default" not in a.help.lower():
+            a.help += " (default: none)"
     return p
 
 

@@ -180,20 +180,23 @@ def test_asyncio_connection_has_the_admin_queries(server):
 
 
 # ------------------------------------------------------------------------------------ --help
-@pytest.mark.parametrize("cmd", ["produce", "consume", "admin"])
-def test_console_tools_help_says_every_default(cmd):
-    """Every option of the console tools that takes a value says its default (consume's --count,
-    --timeout and --format, admin's --format and every tool's --token did not)."""
+@pytest.mark.parametrize("cmd", ["produce", "consume", "admin", "serve", "gateway", "store"])
+def test_help_says_every_default(cmd):
+    """Every option that takes a value says its default (consume's --count, --timeout and --format,
+    admin's --format, every tool's --token, serve's --config, --cert, --password-file, --tier ...,
+    store's --group, --peers ... did not)."""
     import re
     r = cli(cmd, "--help")
     assert r.returncode == 0, r.stderr
     opts = re.split(r"\n  (?=-)", r.stdout.split("options:", 1)[1])
     missing = []
-    for o in opts:
-        o = " ".join(o.split())
+    for raw in opts:
+        o = " ".join(raw.split())
         head = o.split("  ")[0] if "  " in o else o
-        takes_value = re.match(r"(-\w, )?--[\w-]+ ([A-Z_=]+|\{[^}]*\})( |$)", o)
-        actions = ("--filter", "--topic", "--release-gateway", "--session")     # required, or what to do
+        # a metavar follows its option after one space; a flag's help after two or a new line
+        takes_value = re.match(r"(-\w, )?--[\w-]+ (?! )\S", raw)
+        actions = ("--filter", "--topic", "--release-gateway", "--session",     # required, or what to do
+                   "--store")                                                # (gateway: required)
         if takes_value and "default" not in o and head.split()[0] not in actions:
             missing.append(o)
     assert not missing, missing
