@@ -23,6 +23,9 @@ def server_context(cert: str, key: str | None = None, cafile: str | None = None,
             raise TlsConfigError(f"TLS {label} {path}: no such file")
     if require_certificate and not cafile:
         raise TlsConfigError("--require-certificate needs --cafile (the CA that signs client certificates)")
+    problem = _pem_problem(cert, key)
+    if problem:
+        raise TlsConfigError(problem)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -39,3 +42,18 @@ def server_context(cert: str, key: str | None = None, cafile: str | None = None,
             raise TlsConfigError(f"TLS CA file {cafile}: {getattr(e, 'reason', None) or e}") from e
         ctx.verify_mode = ssl.CERT_REQUIRED if require_certificate else ssl.CERT_OPTIONAL
     return ctx
+
+
+def _pem_problem(cert: str, key: str | None) -> str | None:
+    """What OpenSSL would only call "PEM lib": a --cert file with no certificate in it (a key given
+    as the certificate), or no --key and no private key inside --cert."""
+    try:
+        with open(cert, "rb") as f:
+            text = f.read()
+    except OSError:
+        return None                 # load_cert_chain names it
+    if b"-----BEGIN CERTIFICATE-----" not in text:
+        return f"TLS certificate {cert}: no PEM certificate in it (-----BEGIN CERTIFICATE-----; is it the key?)"
+    if key is None and b"PRIVATE KEY-----" not in text:
+        return f"TLS certificate {cert} has no private key in it: give the key file with --key FILE"
+    return None

@@ -200,3 +200,23 @@ def test_help_says_every_default(cmd):
         if takes_value and "default" not in o and head.split()[0] not in actions:
             missing.append(o)
     assert not missing, missing
+
+
+# ------------------------------------------------------------------------------------------ TLS
+def test_tls_cert_without_key_or_a_key_as_cert_is_named(tmp_path):
+    """docs/gateway.md's `--tls-port 8883 --cert server.pem` with the key in another file and no
+    --key, or the key given as --cert: OpenSSL's "[SSL] PEM lib (_ssl.c:3926) (do the certificate
+    and key belong together?)". Now the message says which file lacks what."""
+    pytest.importorskip("trustme")
+    from tests.support import free_port, pki_files
+    pki = pki_files(tmp_path)
+    base = ("serve", "--port", "0", "--metrics-port", "0", "--store-port", "0", "--tls-port", str(free_port()),
+            "--data-dir", str(tmp_path / "d"))
+    r = cli(*base, "--cert", pki["cert"])
+    assert r.returncode == 2, r
+    assert r.stderr.strip() == (f"lmqtt serve: TLS certificate {pki['cert']} has no private key in it: "
+                                "give the key file with --key FILE"), r.stderr
+    r = cli(*base, "--cert", pki["key"], "--key", pki["key"])
+    assert r.returncode == 2, r
+    assert "no PEM certificate in it" in r.stderr and "is it the key?" in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists()
