@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 
 from lmqtt.gateway.security.auth import AuthRunner, Credentials, Denied, Identity
 from lmqtt.gateway.security.enhanced_auth import EnhancedAuth, peer_certificate_subject
-from lmqtt.gateway.net.connection import NO_TOPICS, ConnectionSweep, WriteBatcher
+from lmqtt.gateway.net.connection import NO_TOPICS
+from lmqtt.gateway.net.keepalive import ConnectionSweep
+from lmqtt.gateway.net.write_batcher import WriteBatcher
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode, encode_connack_refusal, packets as P
 from lmqtt.gateway.delivery.retained import drain_retained
 from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session

@@ -4,12 +4,12 @@ Why `asyncio.Protocol` and not streams: no task per connection and no coroutine 
 arrive in `data_received`, the sans-IO decoder turns them into packets, the packet handler (the
 broker) handles each synchronously. Everything a connection sends during one loop iteration is
 joined and written with one `transport.write` at the end of that iteration (one syscall per tick,
-not per packet): `WriteBatcher` keeps one list of connections with pending output and flushes it
+not per packet): `WriteBatcher` (gateway/net/write_batcher.py) keeps one list of connections with pending output and flushes it
 with ONE loop callback, or right away at the end of a delivery run / an ack batch
 (`WriteBatcher.flush`), so a PUBLISH or PUBACK does not wait one more loop iteration.
 The transport's write-buffer limits drive back-pressure: `pause_writing` marks the connection
 `write_blocked`, which stops delivery pulling for it until `resume_writing`.
-`ConnectionSweep` keeps the connections' deadlines (connect timeout, a stalled enhanced
+`ConnectionSweep` (gateway/net/keepalive.py) keeps the connections' deadlines (connect timeout, a stalled enhanced
 authentication or re-authentication, keep alive): twice a second it checks the few connections
 still logging in and the keep-alive deadlines that have come, not every connection.
 An idle connected client is parked after `park_idle_after_s` (gateway/net/parking.py): its
@@ -22,11 +22,12 @@ import logging
 import os
 import socket
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lmqtt.gateway.model.rare import RareField, rare_defaults
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
                                 encode_malformed_connect_reply, packets as P)
+from lmqtt.gateway.net.write_batcher import WriteBatcher
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.model.session import Session
@@ -74,228 +75,6 @@ class _Dropped(asyncio.Protocol):
 
 
 _DROPPED = _Dropped()
-
-
-class WriteBatcher:
-    """Connections with queued output, written together once per loop iteration (or on `flush`)."""
-
-    __slots__ = ("loop", "_dirty", "_scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._dirty: list["MQTTConnection"] = []
-        self._scheduled = False
-
-    def want_flush(self, conn: "MQTTConnection") -> None:
-        """`conn` has queued output: write it at the latest in the next loop iteration."""
-        self._dirty.append(conn)
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._on_loop)
-
-    def _on_loop(self) -> None:
-        self._scheduled = False
-        self.flush()
-
-    def hold(self) -> bool:
-        """The caller writes what gets queued itself (`release`) before it returns to the loop, so
-        no loop callback is scheduled meanwhile (the publish pipeline: one a message, which found
-        nothing left to write). Returns what `release` needs: whether one was already scheduled."""
-        was = self._scheduled
-        self._scheduled = True
-        return was
-
-    def release(self, was: bool) -> None:
-        if not was:
-            self._scheduled = False
-            if self._dirty:
-                self.flush()
-
-    def flush(self) -> None:
-        """Write every connection's queued output now (one transport.write per connection)."""
-        conns = self._dirty
-        if conns:
-            self._dirty = []
-            for c in conns:
-                c.flush()
-
-
-class ConnectionSweep:
-    """The deadlines of every connection, checked every `INTERVAL` seconds: a socket whose CONNECT
-    is not accepted within `connect_timeout_s` is closed (an enhanced authentication still in
-    progress is refused first, through `login_timed_out(conn)`); a re-authentication not done
-    within it ends the same way; a connection silent for 1.5 times its keep alive gets DISCONNECT
-    0x8D (MQTT-3.1.2-24).
-
-    Why no timer per connection: a timer re-armed at every packet costs a heap operation per
-    packet on the hot path and memory per idle connection. Why not one pass over every connection
-    either: at 10^5-10^6 idle connections a pass twice a second is the broker's whole CPU (40,000
-    connections over two gateways: 17 % of a core). So: the sockets not yet connected and the
-    logins in progress (few) are looked at every tick (`pending`, `logins`); keep-alive deadlines
-    sit in a wheel of one-second slots (`arm`), each connection in the slot of the moment it
-    would time out if silent from its last packet on. When a slot comes, each connection in it
-    either timed out or is put back in the slot its last packet now gives: a packet costs nothing
-    here, and an idle connection is looked at once per 1.5 keep alives. Half a second to a second
-    late is within what MQTT allows for a keep alive."""
-
-    INTERVAL = 0.5
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, connections: "set[MQTTConnection]",
-                 connect_timeout_s: float, login_timed_out: "Callable[[MQTTConnection], None]") -> None:
-        self.loop = loop
-        self.connections = connections     # every connection (`sweep`, the full pass)
-        self.connect_timeout_s = connect_timeout_s
-        self.login_timed_out = login_timed_out
-        self.pending: set[MQTTConnection] = set()   # CONNECT not accepted yet
-        self.logins: set[MQTTConnection] = set()    # an (re-)authentication in progress
-        self.wheel: dict[int, dict[MQTTConnection, None]] = {}   # second -> connections due then
-        self._done = int(loop.time())      # every slot up to this second has been handled
-        self.checked = 0                   # keep-alive deadlines looked at by the ticks (tests, metrics)
-        self._handle: asyncio.TimerHandle | None = None
-        self._running = False              # between start() and stop()
-        self.parking = None                # parking.Parking once a connection may be parked (`watch_idle`)
-        self._park_after: float | None = None
-
-    def watch_idle(self, c: "MQTTConnection") -> None:
-        """`c`'s CONNECT was accepted: park it once idle (`park_idle_after_s`; 0 = never)."""
-        p = self.parking
-        if p is None:
-            after = self._park_after
-            if after is None:
-                after = self._park_after = float(getattr(c.cfg, "park_idle_after_s", 2.0) or 0.0)
-            if after <= 0:
-                return
-            from lmqtt.gateway.net.parking import Parking
-            p = self.parking = Parking(self.loop, after)
-            gauge = getattr(c.metrics, "connections_parked", None)
-            if gauge is not None:
-                gauge.set_function(lambda parker=p.parker: len(parker))
-        p.watch(c)
-
-    def start(self) -> None:
-        self._done = int(self.loop.time())
-        self._running = True
-        self._tick()
-
-    def resume(self) -> None:
-        """Something to watch again after the ticks stopped for want of it (`_tick`)."""
-        if self._handle is None and self._running:
-            self._handle = self.loop.call_later(self.INTERVAL, self._tick)
-
-    def stop(self) -> None:
-        self._running = False
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if self.parking is not None:
-            self.parking.close()
-            self.parking = None
-
-    def armed(self) -> int:
-        """Connections with a keep-alive deadline in the wheel (slots emptied by closes stay until they come)."""
-        return sum(len(d) for d in self.wheel.values())
-
-    # -- registration (by MQTTConnection) -----------------------------------------------------
-    def arm(self, c: "MQTTConnection") -> None:
-        """Put `c` in the slot of its keep-alive deadline (from its last packet); none for keep alive 0."""
-        self.disarm(c)
-        ka = c._keepalive
-        if ka and not c.closing:
-            slot = max(int(c.last_rx + 1.5 * ka) + 1, self._done + 1)
-            d = self.wheel.get(slot)
-            if d is None:
-                d = self.wheel[slot] = {}
-            d[c] = None
-            c._ka_slot = d        # the slot's table itself (shared), not its number (an int per connection)
-            if self._handle is None:
-                self.resume()
-
-    def disarm(self, c: "MQTTConnection") -> None:
-        d = c._ka_slot
-        if d is not None:
-            c._ka_slot = None
-            d.pop(c, None)        # an emptied slot stays in the wheel until it comes
-
-    def forget(self, c: "MQTTConnection") -> None:
-        """`c` is closed: out of every table (a closed connection must not be kept alive here)."""
-        self.disarm(c)
-        self.pending.discard(c)
-        self.logins.discard(c)
-        if self.parking is not None:
-            self.parking.forget(c)
-
-    # -- the periodic check ---------------------------------------------------------------------
-    def _tick(self) -> None:
-        try:
-            self.tick()
-        finally:
-            # nothing to watch (no client): no tick until a connection comes (`resume`), so an
-            # idle broker does not wake twice a second for an empty wheel
-            if self.pending or self.logins or self.wheel:
-                self._handle = self.loop.call_later(self.INTERVAL, self._tick)
-            else:
-                self._handle = None
-
-    def tick(self, now: float | None = None) -> None:
-        """What is due at `now` (the loop's time): logins and connects past their deadline, and
-        the keep-alive slots that have come."""
-        now = self.loop.time() if now is None else now
-        limit = self.connect_timeout_s
-        if self.pending:
-            for c in list(self.pending):
-                if not (c.closing or c.connected):
-                    self._check(c, now, limit)
-                if c.closing or c.connected:
-                    self.pending.discard(c)
-        if self.logins:
-            for c in list(self.logins):
-                if c.closing or c._auth_login is None:
-                    self.logins.discard(c)
-                elif c.connected:
-                    self._check(c, now, limit)
-        wheel = self.wheel
-        until = int(now)
-        if wheel:
-            while self._done < until:
-                self._done += 1
-                due = wheel.pop(self._done, None)
-                if due is None:
-                    continue
-                self.checked += len(due)
-                for c in due:
-                    c._ka_slot = None
-                    if c.closing:
-                        continue
-                    if c._park.__class__ is int:
-                        c.parked_rx(now)     # the parker read its PINGREQs: when was its last byte
-                    if now - c.last_rx > 1.5 * c._keepalive:
-                        c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
-                    else:
-                        self.arm(c)
-        self._done = max(self._done, until)
-
-    def _check(self, c: "MQTTConnection", now: float, limit: float) -> None:
-        login = c._auth_login
-        if not c.connected:
-            if now - c.accepted_at > limit:
-                if login is not None and not c.closing:
-                    self.login_timed_out(c)
-                c.close()
-        elif login is not None and now - login.started_at > limit:
-            self.login_timed_out(c)
-        elif c._keepalive:
-            if c._park.__class__ is int:
-                c.parked_rx(now)
-            if now - c.last_rx > 1.5 * c._keepalive:
-                c.close_with_error(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep alive timeout")
-
-    def sweep(self) -> None:
-        """Every connection's deadlines checked now (one full pass): what the ticks do by their
-        tables, for a caller that moved clocks by hand (tests) or wants it at once."""
-        now = self.loop.time()
-        limit = self.connect_timeout_s
-        for c in list(self.connections):
-            self._check(c, now, limit)
 
 
 class PacketHandler(Protocol):

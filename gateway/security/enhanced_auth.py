@@ -8,7 +8,7 @@ refused). The methods themselves are the authenticators' (gateway/security/auth.
 SCRAM-SHA-256, offered when the password file holds SCRAM verifiers); the state of an exchange in
 progress is the connection's `auth_login`. Until CONNACK only AUTH or DISCONNECT may follow
 (`Broker.handle_packet`), and a login that stalls is refused after `connect_timeout_s`: the
-connection sweep (connection.py `ConnectionSweep`) finds it past its deadline and calls `timed_out`.
+connection sweep (gateway/net/keepalive.py `ConnectionSweep`) finds it past its deadline and calls `timed_out`.
 """
 from __future__ import annotations
 

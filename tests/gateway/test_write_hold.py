@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from lmqtt.gateway.mqtt import encode, packets as P
-from lmqtt.gateway.net.connection import WriteBatcher
+from lmqtt.gateway.net.write_batcher import WriteBatcher
 from tests.fakes import gateway_with_subscribed_pair
 
 

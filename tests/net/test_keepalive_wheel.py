@@ -1,4 +1,4 @@
-"""The connection sweep's keep-alive wheel (gateway/net/connection.py `ConnectionSweep`): a tick
+"""The connection sweep's keep-alive wheel (gateway/net/keepalive.py `ConnectionSweep`): a tick
 looks only at the deadlines that have come, not at every connection (at 10^5-10^6 idle
 connections the old pass over all of them twice a second was the broker's whole CPU), and it
 still ends a silent connection and keeps a talking one. In-process broker, fake transports, the
