@@ -212,10 +212,22 @@ async def _serve(cfg, loop_name: str) -> int:
     if gw.acl is not None:
         auth_line += f"; ACL {cfg.acl_file}"
     mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
+    redis_note = ""
+    ev = gw.redis_events
+    if ev is not None:
+        # a Redis that is not there was said nowhere (its subscriber retries quietly): the banner
+        # and the log say it, once; the gateway runs on, on the safety poll, until Redis answers
+        try:
+            await asyncio.wait_for(ev.connected.wait(), 3.0)
+        except asyncio.TimeoutError:
+            redis_note = (f" (Redis NOT REACHABLE at {cfg.redis}: retrying; until it answers, messages "
+                          f"published on other gateways arrive by the safety poll)")
+            log.warning("event=notify_redis_unreachable url=%s (retrying; the safety poll delivers meanwhile)",
+                        cfg.redis)
     print(f"lmqtt gateway: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  store:      lmqtt://{cfg.store_address} (id {gw.storage.gateway_id})\n"
           f"  notify:     {mode}{' via ' + cfg.redis if cfg.redis and mode in ('broadcast', 'precise') else ''}; "
-          f"safety poll every {cfg.safety_poll_ms:g} ms\n"
+          f"safety poll every {cfg.safety_poll_ms:g} ms{redis_note}\n"
           f"  metrics:    {metrics_url}\n"
           f"  auth:       {auth_line}",
           file=sys.stderr, flush=True)

@@ -220,3 +220,28 @@ def test_tls_cert_without_key_or_a_key_as_cert_is_named(tmp_path):
     assert r.returncode == 2, r
     assert "no PEM certificate in it" in r.stderr and "is it the key?" in r.stderr, r.stderr
     assert not (tmp_path / "d").exists()
+
+
+# ----------------------------------------------------------------------------- fleet with Redis
+def test_gateway_says_when_its_redis_is_not_there(tmp_path):
+    """docs/fleet.md's `lmqtt gateway --redis redis://...` with Redis not running (not started
+    yet, a wrong port): the banner said "notify: broadcast via redis://..." and nothing else; the
+    only trace was a later "session_claim_failed ... network:ConnectionError". Now the banner and
+    a warning name the unreachable Redis (the gateway still runs, on the safety poll)."""
+    import time
+    from tests.support import LmqttGateway, LmqttStore, free_port
+    (tmp_path / "s").mkdir()
+    store = LmqttStore(str(tmp_path / "s")).start()
+    url = f"redis://127.0.0.1:{free_port()}/0"          # nobody listens there
+    gw = LmqttGateway(store.address, ("--redis", url), log_dir=str(tmp_path))
+    try:
+        gw.start()
+        deadline = time.monotonic() + 20
+        while "auth:" not in gw.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = gw.log_tail()
+        assert f"(Redis NOT REACHABLE at {url}: retrying;" in log, log
+        assert f"event=notify_redis_unreachable url={url}" in log, log
+    finally:
+        gw.stop()
+        store.stop()
