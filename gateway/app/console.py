@@ -193,6 +193,10 @@ def consume_main(argv: list[str] | None = None) -> int:
     if args.count is not None and args.count < 0:
         print("lmqtt consume: --count must be >= 0", file=sys.stderr)
         return 2
+    if not args.filter:
+        print("lmqtt consume: --filter is empty (an MQTT filter such as sensors/# or a first-level topic)",
+              file=sys.stderr)
+        return 2
     ts = None
     if args.start not in (None, "earliest", "latest"):
         try:

@@ -245,3 +245,9 @@ def test_gateway_says_when_its_redis_is_not_there(tmp_path):
     finally:
         gw.stop()
         store.stop()
+
+
+def test_consume_with_an_empty_filter_is_a_usage_error(server):
+    """`--filter ''` (an unset shell variable) printed "0 messages" and exit 0."""
+    r = cli("consume", "--store", server.store_address, "--filter", "", "--timeout", "1")
+    assert r.returncode == 2 and "--filter is empty" in r.stderr, r
