@@ -221,7 +221,7 @@ def _main(a) -> int:
         spark.stop()
     for e in failed:
         print(f"lmqtt spark-iot: a streaming query failed: {_failure(e)}", file=sys.stderr)
-    if stop.is_set() and not failed:
+    if not failed:              # Ctrl-C / SIGTERM, or --seconds ran out: the same closing line
         print("lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)",
               file=sys.stderr)
     return 1 if failed else 0
