@@ -167,7 +167,7 @@ def test_a_plain_subscription_keeps_three_fields_and_one_with_options_keeps_them
 
 
 def test_parked_connections_share_their_last_receive_time_never_earlier_than_it_was():
-    from lmqtt.gateway.net.connection import _parked_rx_time
+    from lmqtt.gateway.net.connection_parking import _parked_rx_time
     base = 1_000_000.0
     times = [base + i * 0.013 for i in range(40)]       # a park wave over half a second
     shared = [_parked_rx_time(t) for t in times]
