@@ -4,10 +4,10 @@
  * RocksDB's (key, value) pairs into (topic, payload, props): per entry a key slice and UTF-8
  * decode, the payload length read, two value slices and a tuple, in Python.
  *
- * The Python reference is `retained_rows_py` in lightqueue/metadata.py; tests compare the two on
+ * The Python reference is `retained_rows_py` in lightqueue/retained_messages.py; tests compare the two on
  * arbitrary keys and values (tests/lightqueue/test_retained_accel.py). The key layout (kind byte,
  * then the topic) and the value layout (u32 big-endian payload length, payload, props) are those
- * of metadata.py; the caller hands in the lengths.
+ * of metadata_keys.py / retained_messages.py; the caller hands in the lengths.
  *
  *   retained_rows(items, n, plen, klen, below) -> (rows, exhausted)
  *       Takes up to `n` (key, value) pairs from the iterator `items`; keeps those whose key is
@@ -93,7 +93,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"retained_rows", retained_rows, METH_VARARGS,
-     "retained_rows(items, n, plen, klen, below) -> (rows, exhausted): see metadata.retained_rows_py"},
+     "retained_rows(items, n, plen, klen, below) -> (rows, exhausted): see retained_messages.retained_rows_py"},
     {NULL, NULL, 0, NULL},
 };
 

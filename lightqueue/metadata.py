@@ -6,39 +6,26 @@ crash (kill -9) loses nothing that a call returned from; `sync=True` additionall
 WAL per write for power-loss safety at a large cost per call.
 
 Why one small API: a later scale-out puts this behind the store server; the gateway must not
-know it is RocksDB. Key layout (one byte prefix per kind, so each kind is a contiguous range):
-
-    o consumer \\0 queue -> u64 offset         s client_id -> SessionRecord JSON
-    r topic              -> u32 plen, payload, props
-    w client_id          -> WillRecord bytes     f filter -> u32 reference count
-    W gateway \0 client_id -> b""  (the wills a gateway holds)
-    h gateway \0 client_id -> b""  (the session records naming that gateway, `SessionRecord.host`;
-                                    gateway "" for those naming none: a fleet gateway's restore
-                                    reads its own records only. An entry may be stale - the
-                                    record moved to another gateway or ended - so a reader checks
-                                    the record's host and drops it: a write needs no read first.)
-    I                    -> b"1"  every session record has its `h` entry (written once the index
-                                    was built: a data dir of a version before it gets it on open)
-    R                    -> u64 the store's last recovery generation whose cut the offsets were
-                            checked against (store/recovery.py)
+know it is RocksDB. Its key layout (one byte prefix per kind) is lightqueue/metadata_keys.py;
+the retained messages (lightqueue/retained_messages.py) and the wills (lightqueue/wills.py) are
+their own modules, methods of `MetadataStore` all the same.
 """
 from __future__ import annotations
 
 import heapq
 import logging
-import struct
 import threading
 import time
-from itertools import islice
 from typing import Collection, Iterator
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from lmqtt.store import accel
-
 from .errors import MetadataError
-from .records import HOST, IN2_PENDING, SessionRecord, WillRecord, resolve_pending_qos2
-from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
+from .metadata_keys import (_EPOCH, _U32, _U64, K_RECOVERY, K_SESSION_INDEX, P_EPOCH, P_FILTER, P_OFFSET,
+                            P_RETAINED, P_SESSION, P_SESSION_BY_HOST, P_WILL, _hkey, _prefix_end)
+from .records import HOST, IN2_PENDING, SessionRecord, resolve_pending_qos2
+from .retained_messages import RetainedMessages
+from .wills import Wills
 
 log = logging.getLogger("lmqtt.lightqueue.metadata")
 
@@ -57,34 +44,8 @@ def _host_of(raw: bytes) -> str | None:
     value = raw[j:raw.find(b'"', j)]
     return SessionRecord.from_bytes(raw).host if b"\\" in value else value.decode("utf-8")
 
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_EPOCH = struct.Struct(">QQ")
 
-P_OFFSET = b"o"
-P_SESSION = b"s"
-P_RETAINED = b"r"
-P_WILL = b"w"
-P_WILL_BY_GATEWAY = b"W"
-P_FILTER = b"f"
-P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was last registered (0 -> 1)
-K_RECOVERY = b"R"       # the store's recovery generation the offsets were last checked against
-P_SESSION_BY_HOST = b"h"    # host \0 client_id -> b"": the session records by gateway (module docstring)
-K_SESSION_INDEX = b"I"      # present: every session record is in P_SESSION_BY_HOST
-
-
-def _hkey(host: str | None, client_id: str) -> bytes:
-    return P_SESSION_BY_HOST + (host or "").encode("utf-8") + b"\x00" + client_id.encode("utf-8")
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The first key after every key starting with `prefix` (prefixes here start with a kind
-    byte below 0xff, so one always exists)."""
-    p = prefix.rstrip(b"\xff")
-    return p[:-1] + bytes((p[-1] + 1,))
-
-
-class MetadataStore:
+class MetadataStore(RetainedMessages, Wills):
     """Crash-safe key/value metadata for gateways and consumers (see module docstring)."""
 
     def __init__(self, path: str, *, sync: bool = False) -> None:
@@ -485,212 +446,6 @@ class MetadataStore:
             if after is None:
                 return out
 
-    # -- retained messages -------------------------------------------------------------------
-    def set_retained(self, topic: str, payload: bytes, props: bytes = b"") -> None:
-        """Store the retained message of `topic`; an empty payload clears it (MQTT §3.3.1.3)."""
-        validate_topic(topic)
-        key = P_RETAINED + topic.encode("utf-8")
-        with self._lock:                  # against clear_retained_if's read-then-delete
-            if not payload:
-                wb = self._batch()
-                wb.delete(key)
-                self._write(wb)
-                return
-            self._retained_maybe = True      # before the write: a reader never misses it
-            self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
-
-    def clear_retained_if(self, topic: str, props: bytes) -> bool:
-        """Clear the retained message of `topic` if it is still the one with these `props` (a
-        message found past its expiry: cleared unless a newer one replaced it meanwhile). One
-        step in the store, so it needs no round trip from a remote gateway and races no
-        `set_retained`. True if cleared."""
-        key = P_RETAINED + topic.encode("utf-8")
-        with self._lock:
-            v = self._db.get(key)
-            if v is None or self._decode_retained(v)[1] != props:
-                return False
-            wb = self._batch()
-            wb.delete(key)
-            self._write(wb)
-            return True
-
-    @staticmethod
-    def _decode_retained(v: bytes) -> tuple[bytes, bytes]:
-        (n,) = _U32.unpack_from(v, 0)
-        return v[4:4 + n], v[4 + n:]
-
-    def get_retained(self, topic: str) -> tuple[bytes, bytes] | None:
-        v = self._db.get(P_RETAINED + topic.encode("utf-8"))
-        return None if v is None else self._decode_retained(v)
-
-    def retained_matching(self, flt: str) -> list[tuple[str, bytes, bytes]]:
-        """Retained (topic, payload, props) for every topic `flt` matches, in topic order.
-
-        An exact filter is one point lookup; a wildcard filter scans only the key range of its
-        literal prefix (`a/b/+/c` scans topics starting `a/b`), so cost follows the matching
-        subtree, not the total number of retained topics. A leading wildcard scans everything.
-        """
-        return [m for batch in self.retained_batches(flt) for m in batch]
-
-    def retained_batches(self, flt: str, first: int = 64, most: int = 1024) -> Iterator[list[tuple[str, bytes, bytes]]]:
-        """`retained_matching` in lists read as they are consumed (`first` entries, then twice as
-        many each time up to `most`); the filter is checked at once. Why: a subscriber's first
-        retained messages go out while the rest of the range is still read (reading 1,000 before
-        sending any delayed the first by ~0.7 ms), and a list per batch costs one step of this
-        generator per batch instead of per message. `()` when no retained message was ever
-        stored here (no read: a falsy answer the caller may skip)."""
-        validate_filter(flt)
-        if not self._retained_maybe:
-            return ()
-        if not is_wildcard(flt):
-            r = self.get_retained(flt)
-            return iter(()) if r is None else iter(([(flt, r[0], r[1])],))
-        return self._retained_batches(flt, first, most)
-
-    def _retained_batches(self, flt: str, n: int, most: int) -> Iterator[list[tuple[str, bytes, bytes]]]:
-        pre = literal_prefix(flt)
-        scan = P_RETAINED + pre.encode("utf-8")
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix_end(scan))
-        items = self._db.items(from_key=scan, read_opt=ro)
-        # `a/b/#` matches `a/b` and every topic below it, nothing else: the key says so (no topic
-        # split and compare per retained message; 1,000 on a subscribe)
-        exact = bool(pre) and flt == pre + "/#"
-        below = scan + b"/" if exact else None
-        while True:
-            rows, ended = _retained_rows(items, n, len(P_RETAINED), len(scan), below)
-            if not exact:
-                rows = [r for r in rows if topic_matches(flt, r[0])]
-            if rows:
-                yield rows
-            if ended:
-                return
-            if n < most:
-                n *= 2
-
-    # -- wills -------------------------------------------------------------------------------
-    # A will belongs to the gateway holding its client's connection (`WillRecord.gateway`, "" for
-    # the embedded one); `W gateway \0 client_id` indexes a gateway's wills, so the store node can
-    # publish those of a gateway that died (store/node/gateway_service.py) without scanning all.
-    # Index entries are hints checked against the record (a stale one is dropped when found).
-    @staticmethod
-    def _wkey(gateway: str, client_id: str) -> bytes:
-        return P_WILL_BY_GATEWAY + gateway.encode("utf-8") + b"\x00" + client_id.encode("utf-8")
-
-    def put_will(self, client_id: str, will: WillRecord, gateway: str | None = None) -> None:
-        """Keep the will of `client_id`'s connection (replacing any earlier one, whichever gateway
-        held it); `gateway` (if given) is recorded as its holder."""
-        if gateway is not None:
-            will.gateway = gateway
-        key = P_WILL + client_id.encode("utf-8")
-        wb = self._batch()
-        wb.put(key, will.to_bytes())
-        if will.gateway:
-            wb.put(self._wkey(will.gateway, client_id), b"")
-        with self._lock:
-            prev = self._db.get(key)
-            if prev is not None:             # held by another gateway until now: its index entry goes
-                try:
-                    held = WillRecord.from_bytes(prev).gateway
-                except MetadataError:
-                    held = ""
-                if held and held != will.gateway:
-                    wb.delete(self._wkey(held, client_id))
-            self._write(wb)
-            if prev is None and self._wills is not None:
-                self._wills += 1
-
-    def get_will(self, client_id: str) -> WillRecord | None:
-        v = self._db.get(P_WILL + client_id.encode("utf-8"))
-        return None if v is None else WillRecord.from_bytes(v)
-
-    def pop_will(self, client_id: str, gateway: str | None = None) -> WillRecord | None:
-        """Remove and return the will of `client_id` (None if it had none). With `gateway`, only
-        a will that gateway holds (a will another gateway wrote since is kept, None returned)."""
-        key = P_WILL + client_id.encode("utf-8")
-        with self._lock:
-            if self._wills == 0:
-                return None
-            v = self._db.get(key)
-            if v is None:
-                return None
-            w = WillRecord.from_bytes(v)
-            if gateway is not None and w.gateway != gateway:
-                return None
-            wb = self._batch()
-            wb.delete(key)
-            if w.gateway:
-                wb.delete(self._wkey(w.gateway, client_id))
-            self._write(wb)
-            if self._wills:
-                self._wills -= 1
-        return w
-
-    def void_will(self, client_id: str) -> None:
-        """A new connection of `client_id`: the will a previous connection left (on any gateway)
-        will never be published."""
-        self.pop_will(client_id)
-
-    def list_wills(self, gateway: str | None = None) -> list[tuple[str, WillRecord]]:
-        """Stored wills: all, or those `gateway` holds."""
-        if gateway is None:
-            return [(k[1:].decode("utf-8"), WillRecord.from_bytes(v)) for k, v in self._scan(P_WILL)]
-        return [(cid, w) for cid, w, _k in self._wills_of(gateway) if w is not None]
-
-    def _wills_of(self, gateway: str):
-        pre = self._wkey(gateway, "")
-        for k, _ in list(self._scan(pre)):
-            cid = k[len(pre):].decode("utf-8")
-            try:
-                w = self.get_will(cid)
-            except MetadataError as e:    # a corrupt record is never served: skipped (its index entry too)
-                log.error("event=will_record_corrupt client_id=%s error=%s (skipped)", cid, e)
-                w = None
-            yield cid, (w if w is not None and w.gateway == gateway else None), k
-
-    def take_wills(self, gateway: str | None = None) -> list[tuple[str, WillRecord]]:
-        """Remove and return the wills `gateway` holds (all of them with None): the orphans of a
-        gateway that crashed, in one write."""
-        with self._lock:
-            wb = self._batch()
-            out = []
-            if gateway is None:
-                for k, v in self._scan(P_WILL):
-                    try:
-                        w = WillRecord.from_bytes(v)
-                    except MetadataError as e:     # never served as a will; left where it is
-                        log.error("event=will_record_corrupt key=%r error=%s (skipped)", k, e)
-                        continue
-                    out.append((k[1:].decode("utf-8"), w))
-                    wb.delete(k)
-                for k, _ in self._scan(P_WILL_BY_GATEWAY):
-                    wb.delete(k)
-            else:
-                for cid, w, k in self._wills_of(gateway):
-                    wb.delete(k)
-                    if w is not None:
-                        out.append((cid, w))
-                        wb.delete(P_WILL + cid.encode("utf-8"))
-            self._write(wb)
-            self._wills = self._count_wills()
-        return out
-
-    def _count_wills(self) -> int:
-        """The will records on disk (a pass over their keys: at open, after `take_wills`)."""
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix_end(P_WILL))
-        return sum(1 for _ in self._db.keys(from_key=P_WILL, read_opt=ro))
-
-    def will_gateways(self) -> set[str]:
-        """The gateway ids holding at least one will ("" included for wills without one)."""
-        out = set()
-        for _k, v in self._scan(P_WILL):
-            try:
-                out.add(WillRecord.from_bytes(v).gateway)
-            except MetadataError as e:     # a corrupt record is never served
-                log.error("event=will_record_corrupt key=%r error=%s (skipped)", _k, e)
-        return out
-
     # -- filter registry (used by FilterRegistry) -------------------------------------------
     def add_filter_ref(self, flt: str, delta: int) -> int:
         """Change the reference count of a registered filter; returns the new count (>= 0)."""
@@ -817,25 +572,3 @@ class _ShippedBatch:
     def delete(self, key: bytes) -> None:
         self.wb.delete(key)
         self.ops.append((key, None))
-
-
-def retained_rows_py(items, n: int, plen: int, klen: int, below: bytes | None) -> tuple[list, bool]:
-    """Up to `n` (key, value) pairs of the retained range from the iterator `items` -> ([(topic,
-    payload, props)], whether `items` ended): the pairs kept are those whose key is `klen` bytes
-    long or starts with `below` (None: all); the topic is the key after its first `plen` bytes.
-    Reference of the C loop in lightqueue/_retained.c (tests/lightqueue/test_retained_accel.py)."""
-    rows = []
-    taken = 0
-    for k, v in islice(items, n):
-        taken += 1
-        if below is not None and len(k) != klen and not k.startswith(below):
-            continue
-        if len(v) < 4 or 4 + _U32.unpack_from(v, 0)[0] > len(v):
-            raise ValueError("retained value shorter than its length prefix")
-        e = 4 + _U32.unpack_from(v, 0)[0]
-        rows.append((k[plen:].decode("utf-8"), v[4:e], v[e:]))
-    return rows, taken < n
-
-
-_retained = accel.load("lmqtt.lightqueue._retained")
-_retained_rows = _retained.retained_rows if _retained is not None else retained_rows_py

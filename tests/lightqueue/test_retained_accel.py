@@ -1,5 +1,5 @@
 """The C loop of the retained scan (lightqueue/_retained.c) against its Python reference
-(`metadata.retained_rows_py`) on arbitrary keys and values: the `below` filter, the batch limit and
+(`retained_messages.retained_rows_py`) on arbitrary keys and values: the `below` filter, the batch limit and
 the end of the iterator, UTF-8 topics, empty payloads and props, and the same errors for a value
 shorter than its length prefix or a key that is not UTF-8. The scan itself (RocksDB ranges,
 wildcards) is tested through MetadataStore in test_lightqueue_metadata.py, on whichever loop is
@@ -12,9 +12,9 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lmqtt.lightqueue import metadata
+from lmqtt.lightqueue import metadata, retained_messages
 
-_C = metadata._retained
+_C = retained_messages._retained
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.lightqueue._retained not built (or LMQTT_PURE_PYTHON set)")
 
 
@@ -22,7 +22,7 @@ needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.lightqueue._retained not 
                     reason="LMQTT_PURE_PYTHON is set: the C loop is off on purpose")
 def test_the_c_loop_is_built_and_used():
     assert _C is not None, "lmqtt.lightqueue._retained was not built: `pip install -e .` needs a C compiler"
-    assert metadata._retained_rows is _C.retained_rows
+    assert retained_messages._retained_rows is _C.retained_rows
 
 
 def _value(payload: bytes, props: bytes) -> bytes:
@@ -44,7 +44,7 @@ def test_c_equals_its_reference(rows, n, prefix, use_below):
     c_it, py_it = iter(kv), iter(kv)
     while True:
         got = _C.retained_rows(c_it, n, 1, len(scan), below)
-        want = metadata.retained_rows_py(py_it, n, 1, len(scan), below)
+        want = retained_messages.retained_rows_py(py_it, n, 1, len(scan), below)
         assert got == want
         if got[1]:
             break
@@ -53,14 +53,14 @@ def test_c_equals_its_reference(rows, n, prefix, use_below):
 @needs_c
 @pytest.mark.parametrize("value", [b"", b"\x00\x00", b"\x00\x00\x00\x05abcd"])
 def test_a_short_value_is_refused_by_both(value):
-    for f in (_C.retained_rows, metadata.retained_rows_py):
+    for f in (_C.retained_rows, retained_messages.retained_rows_py):
         with pytest.raises(ValueError, match="shorter than its length prefix"):
             f(iter([(b"rt", value)]), 5, 1, 2, None)
 
 
 @needs_c
 def test_a_key_that_is_not_utf8_is_refused_by_both():
-    for f in (_C.retained_rows, metadata.retained_rows_py):
+    for f in (_C.retained_rows, retained_messages.retained_rows_py):
         with pytest.raises(UnicodeDecodeError):
             f(iter([(b"r\xff", _value(b"p", b""))]), 5, 1, 2, None)
 
@@ -75,7 +75,7 @@ def test_the_store_answers_the_same_with_either_loop(tmp_path, monkeypatch):
             m.set_retained(t, b"p%d" % i, b"props" if i % 2 else b"")
         filters = ["#", "a/#", "a/+", "+/b/#", "a/n/#", "é/#", "$SYS/#", "a/b", "nothing/#"]
         with_c = {f: m.retained_matching(f) for f in filters}
-        monkeypatch.setattr(metadata, "_retained_rows", metadata.retained_rows_py)
+        monkeypatch.setattr(retained_messages, "_retained_rows", retained_messages.retained_rows_py)
         assert {f: m.retained_matching(f) for f in filters} == with_c
         assert len(with_c["a/n/#"]) == 300 and [t for t, _, _ in with_c["a/+"]] == ["a/b"]
     finally:
