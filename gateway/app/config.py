@@ -285,3 +285,8 @@ def say_defaults(p) -> None:
         if "default" in a.help.lower():
             continue
         a.help = a.help.replace("0 = off", "default 0 = off") if "0 = off" in a.help else f"{a.help} (default: none)"
+
+
+def hostport(host: str, port: int) -> str:
+    """HOST:PORT for a URL in a banner: an IPv6 address in brackets (`[::1]:1883`)."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"

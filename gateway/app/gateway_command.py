@@ -23,7 +23,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lmqtt.gateway.app.config import ConfigError, build_config, load_toml
+from lmqtt.gateway.app.config import ConfigError, build_config, hostport, load_toml
 from lmqtt.gateway.app.serve_command import _tune_gc, add_listener_args
 from lmqtt.store.node.process import install_event_loop, metrics_unavailable, set_process_title, setup_logging
 
@@ -194,10 +194,10 @@ async def _serve(cfg, loop_name: str) -> int:
                 console = ConsoleServer(gw, cfg, ready=health.ready)
                 h, p = await console.start(mhost, cfg.metrics_port)
                 web = "https" if cfg.console_tls else "http"
-                metrics_url = f"{web}://{h}:{p}/metrics (/healthz, /readyz)\n  console:    {web}://{h}:{p}/console/"
+                metrics_url = f"{web}://{hostport(h, p)}/metrics (/healthz, /readyz)\n  console:    {web}://{hostport(h, p)}/console/"
             else:
                 h, p = health.start(mhost, cfg.metrics_port)
-                metrics_url = f"http://{h}:{p}/metrics (/healthz, /readyz)"
+                metrics_url = f"http://{hostport(h, p)}/metrics (/healthz, /readyz)"
         except OSError as e:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
@@ -224,7 +224,7 @@ async def _serve(cfg, loop_name: str) -> int:
                           f"published on other gateways arrive by the safety poll)")
             log.warning("event=notify_redis_unreachable url=%s (retrying; the safety poll delivers meanwhile)",
                         cfg.redis)
-    print(f"lmqtt gateway: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
+    print(f"lmqtt gateway: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  store:      lmqtt://{cfg.store_address} (id {gw.storage.gateway_id})\n"
           f"  notify:     {mode}{' via ' + cfg.redis if cfg.redis and mode in ('broadcast', 'precise') else ''}; "
           f"safety poll every {cfg.safety_poll_ms:g} ms{redis_note}\n"

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, load_toml
+from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, hostport, load_toml
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
                                       metrics_unavailable, set_process_title, setup_logging)
 
@@ -290,7 +290,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
             store_url = f"unavailable ({why}; set --store-port)"
         if store_srv is not None:
             sh, sp = store_srv.address
-            store_url = f"lmqtt://{sh}:{sp} (native protocol, SDK)"
+            store_url = f"lmqtt://{hostport(sh, sp)} (native protocol, SDK)"
     _tune_gc(cfg)
     metrics_url = "off"
     console = None
@@ -302,20 +302,20 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
                 console = ConsoleServer(gw, cfg, sdk=store_srv)
                 h, p = await console.start(mhost, cfg.metrics_port)
                 web = "https" if cfg.console_tls else "http"
-                metrics_url = f"{web}://{h}:{p}/metrics\n  console:    {web}://{h}:{p}/console/"
+                metrics_url = f"{web}://{hostport(h, p)}/metrics\n  console:    {web}://{hostport(h, p)}/console/"
             else:
                 h, p = gw.metrics.start_http(mhost, cfg.metrics_port)
-                metrics_url = f"http://{h}:{p}/metrics"
+                metrics_url = f"http://{hostport(h, p)}/metrics"
         except OSError as e:
             log.error("event=metrics_listen_failed host=%s port=%s error=%s", mhost, cfg.metrics_port, e)
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
     host, port = gw.address
     more = ""
-    scheme = {"mqtts": "mqtts://{}:{} (TLS)", "ws": "ws://{}:{}/mqtt (WebSocket)",
-              "wss": "wss://{}:{}/mqtt (secure WebSocket)"}
+    scheme = {"mqtts": "mqtts://{} (TLS)", "ws": "ws://{}/mqtt (WebSocket)",
+              "wss": "wss://{}/mqtt (secure WebSocket)"}
     for name, (h, p) in gw.listeners.items():
         if name != "mqtt":
-            more += "\n  listener:   " + scheme[name].format(h, p)
+            more += "\n  listener:   " + scheme[name].format(hostport(h, p))
     if gw.auth is not None:
         kinds = ", ".join(a.name for a in gw.auth.authenticators)
         auth_line = f"{kinds}; anonymous {'allowed' if cfg.allow_anonymous else 'refused'}"
@@ -325,7 +325,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
         auth_line = "none: anonymous clients allowed on loopback only"
     if gw.acl is not None:
         auth_line += f"; ACL {cfg.acl_file}"
-    print(f"lmqtt serve: listening on mqtt://{host}:{port} (MQTT 3.1.1 + 5.0, {loop_name})\n"
+    print(f"lmqtt serve: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"  metrics:    {metrics_url}\n"

@@ -265,3 +265,32 @@ def test_spark_iot_with_seconds_ends_with_its_closing_line(server, tmp_path):
     assert "lmqtt spark-iot: running over 'telemetry/+'" in r.stderr, r.stderr[-3000:]
     assert r.stderr.rstrip().endswith(
         "lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)"), r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------- banner
+def test_banner_urls_of_an_ipv6_host_are_bracketed(tmp_path):
+    """`lmqtt serve --host ::1` printed `mqtt://::1:1883` and `http://::1:9883/console/`, which no
+    browser or client takes; now `[::1]:PORT`."""
+    import socket
+    import time
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    (tmp_path / "d").mkdir()
+    srv = LmqttServer(str(tmp_path / "d"))
+    srv.host = "::1"
+    srv.spawn(["serve", "--host", "::1", "--port", str(srv.port), "--data-dir", srv.data_dir, "--metrics-port",
+               str(srv.metrics_port), "--store-port", str(srv.store_port)], (srv.port,))
+    try:
+        deadline = time.monotonic() + 20
+        while "auth:" not in srv.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = srv.log_tail()
+        assert f"listening on mqtt://[::1]:{srv.port} " in log, log
+        assert f"http://[::1]:{srv.metrics_port}/console/" in log, log
+        assert f"lmqtt://127.0.0.1:{srv.store_port}" in log, log         # the store stays on --store-host
+        assert "://::1:" not in log, log
+    finally:
+        srv.stop()
