@@ -626,7 +626,7 @@ class Member:
                                snapshot=self._snapshot if self.meta_dbs else None, catch_up=self._catch_up)
         self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
         self.gate.also_wake = self.shipper.wake
-        self.meta_log.on_add = self.shipper.wake
+        self.meta_log.on_add = self.shipper.wake_meta
         self.gate.want_add = self._want_add
         self.gate.replica_meta = self._replica_meta
         self.gate.on_add = self._propose_add

@@ -172,6 +172,20 @@ class MetaLog:
 
 
 # ---------------------------------------------------------------------------------------- primary
+class _Stream:
+    """One replica's stream: what was sent on its socket (log bytes up to `pos`, changes up to
+    `meta_seq`), the rest of a partial send, and the lock every writer of the socket holds."""
+    __slots__ = ("sock", "pos", "meta_seq", "pending", "lock", "closed")
+
+    def __init__(self, sock: socket.socket, pos: int, meta_seq: int) -> None:
+        self.sock = sock
+        self.pos = pos
+        self.meta_seq = meta_seq
+        self.pending = b""
+        self.lock = threading.Lock()
+        self.closed = False
+
+
 class ReplicaInfo:
     __slots__ = ("node", "written", "flushed", "connected", "caught_up_at", "addr", "since", "meta_acked")
 
@@ -209,6 +223,7 @@ class Shipper:
         self.cond = threading.Condition()
         self._stop = False
         self._socks: set = set()
+        self._streams: list = []      # the replicas' streams (_Stream), replaced, never mutated
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -365,46 +380,107 @@ class Shipper:
 
     def _stream(self, s: socket.socket, r: ReplicaInfo, pos: int, meta_seq: int) -> None:
         clog = self.clog
+        st = _Stream(s, pos, meta_seq)
         last_send = time.monotonic()
-        while not self._stop and r.connected:
-            # a metadata change made at log position P goes out exactly between the bytes before P
-            # and the bytes from P on: a dedup marker (made before its batch's append) before the
-            # batch's bytes, the batch's results (made after) only after them - a replica must
-            # never hold the results of a batch it does not have (a retry would be answered
-            # "stored" by it after a failover), nor a batch without its marker (a retry would be
-            # stored again). So a DATA frame stops at the next unshipped change's position.
-            # `committed` is read before the changes: one made after that read was made at or
-            # beyond it (positions only grow), so no unseen change falls inside this frame.
-            committed = clog.committed
-            ops = self.meta.since(meta_seq)
+        self._streams = self._streams + [st]
+        try:
+            while not self._stop and r.connected:
+                # a metadata change made at log position P goes out exactly between the bytes before
+                # P and the bytes from P on: a dedup marker (made before its batch's append) before
+                # the batch's bytes, the batch's results (made after) only after them - a replica
+                # must never hold the results of a batch it does not have (a retry would be answered
+                # "stored" by it after a failover), nor a batch without its marker (a retry would be
+                # stored again). So a DATA frame stops at the next unshipped change's position.
+                # `committed` is read before the changes: one made after that read was made at or
+                # beyond it (positions only grow), so no unseen change falls inside this frame.
+                # Every write to the socket holds `st.lock` (`_direct` sends changes from the
+                # thread that made them, under the same rule).
+                with st.lock:
+                    if st.pending:
+                        s.sendall(st.pending)
+                        st.pending = b""
+                    committed = clog.committed
+                    ops = self.meta.since(st.meta_seq)
+                    ready = []
+                    upto = committed
+                    for e in ops:
+                        if e[1] > st.pos:
+                            upto = min(upto, e[1])
+                            break
+                        ready.append(MetaLog.frame(e))
+                        st.meta_seq = e[0]
+                    if ready:
+                        s.sendall(b"".join(ready))
+                    if st.pos < upto:
+                        pos = st.pos
+                        mf = clog.mfq.find(pos)
+                        if mf is None:
+                            raise ConnectionError(f"offset {pos} is no longer in the primary's log")
+                        n = min(upto, mf.end_offset, pos + MAX_CHUNK) - pos
+                        rel = pos - mf.start_offset
+                        data = bytes(mf.mm[rel:rel + n])
+                        s.sendall(_HEAD.pack(b"D", 8 + n) + _U64.pack(pos) + data)
+                        st.pos = pos + n
+                        last_send = time.monotonic()
+                        continue
+                    now = time.monotonic()
+                    if now - last_send >= 0.2:
+                        s.sendall(frame(b"K", _U64.pack(committed)))
+                        last_send = now
+                with self.cond:
+                    if clog.committed <= st.pos and (self.meta.seq <= st.meta_seq or ops) and not self._stop:
+                        self.cond.wait(0.05)
+        finally:
+            st.closed = True
+            self._streams = [x for x in self._streams if x is not st]
+
+    def wake_meta(self) -> None:
+        """A metadata change was made (MetaLog.on_add): sent to each replica from this thread when
+        its stream is idle (`_direct`), else the streams' threads are woken to send it. A POP call
+        on a group waits for its change's round trip; a hop to a shipper thread per replica cost it
+        ~0.2 ms and two thread wake-ups (docs/ha.md "POP on a group")."""
+        for st in self._streams:
+            if not self._direct(st):
+                self.wake()
+                return
+
+    def _direct(self, st: "_Stream") -> bool:
+        """Send the changes `st`'s replica may have now (those made at or below the log position
+        its stream reached, as `_stream` would), without blocking: only if no other thread writes
+        to the socket, nothing is left of an earlier partial send, the socket is in blocking mode
+        (a timeout would make the send wait for room) and it takes the frames at once; a partial
+        send leaves the rest to the stream's thread (`pending`). -> True when nothing is left to
+        send for this change (the stream's thread need not wake)."""
+        if not st.lock.acquire(blocking=False):
+            return False
+        try:
+            s = st.sock
+            if st.closed or st.pending or s.gettimeout() is not None:
+                return False
+            ops = self.meta.since(st.meta_seq)
             ready = []
-            upto = committed
+            last = st.meta_seq
             for e in ops:
-                if e[1] > pos:
-                    upto = min(upto, e[1])
-                    break
+                if e[1] > st.pos:
+                    return False            # after log bytes not shipped yet: the stream's turn
                 ready.append(MetaLog.frame(e))
-                meta_seq = e[0]
-            if ready:
-                s.sendall(b"".join(ready))
-            if pos < upto:
-                mf = clog.mfq.find(pos)
-                if mf is None:
-                    raise ConnectionError(f"offset {pos} is no longer in the primary's log")
-                n = min(upto, mf.end_offset, pos + MAX_CHUNK) - pos
-                rel = pos - mf.start_offset
-                data = bytes(mf.mm[rel:rel + n])
-                s.sendall(_HEAD.pack(b"D", 8 + n) + _U64.pack(pos) + data)
-                pos += n
-                last_send = time.monotonic()
-                continue
-            now = time.monotonic()
-            if now - last_send >= 0.2:
-                s.sendall(frame(b"K", _U64.pack(committed)))
-                last_send = now
-            with self.cond:
-                if clog.committed <= pos and (self.meta.seq <= meta_seq or ops) and not self._stop:
-                    self.cond.wait(0.05)
+                last = e[0]
+            if not ready:
+                return True
+            data = b"".join(ready)
+            try:
+                n = s.send(data, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return False                # the stream's thread meets it and ends
+            st.meta_seq = last
+            if n < len(data):
+                st.pending = data[n:]
+                return False
+            return True
+        finally:
+            st.lock.release()
 
     def _acks(self, s: socket.socket, reader: FrameReader, r: ReplicaInfo) -> None:
         try:

@@ -119,3 +119,72 @@ def test_concurrent_pop_consumers_keep_every_ack_across_a_kill9(tmp_path):
         assert again == [], f"{len(again)} acknowledged messages popped again: {again[:10]}"
     finally:
         g.stop()
+
+
+def _frames(sock, want: int) -> list:
+    """`want` frames read from `sock` (kind, payload)."""
+    from lmqtt.store.ha.replication import FrameReader
+    reader = FrameReader(sock)
+    out: list = []
+    sock.settimeout(5)
+    while len(out) < want:
+        out += reader.feed(sock.recv(65536))
+    return out
+
+
+def test_a_change_is_sent_from_the_thread_that_made_it_only_where_the_stream_rule_allows():
+    """Shipper._direct (a change sent by the thread that made it, not the stream's thread): the
+    changes made at or below the log position the replica's stream reached go out at once, in
+    order; one made beyond it waits for the stream (its log bytes first), as does any change while
+    another thread writes the socket; a partial send leaves the rest for the stream's thread and
+    nothing is sent directly after it until that rest went out."""
+    import json
+    import socket
+
+    from lmqtt.store.ha.replication import Shipper, _Stream
+
+    ml = MetaLog()
+    sh = types.SimpleNamespace(meta=ml)
+    a, b = socket.socketpair()
+    try:
+        a.settimeout(None)
+        st = _Stream(a, 100, 0)
+        ml.add(50, {"k": "put_json", "key": "x", "s": "1"})
+        ml.add(100, {"k": "put_json", "key": "y", "s": "2"})
+        assert Shipper._direct(sh, st) is True and st.meta_seq == 2
+        got = _frames(b, 2)
+        assert [json.loads(p)["key"] for _k, p in got] == ["x", "y"]
+        ml.add(150, {"k": "put_json", "key": "z", "s": "3"})
+        assert Shipper._direct(sh, st) is False and st.meta_seq == 2      # log bytes 100..150 first
+        st.pos = 150                     # the stream shipped them
+        with st.lock:                    # the stream's thread is writing
+            assert Shipper._direct(sh, st) is False
+        assert Shipper._direct(sh, st) is True and st.meta_seq == 3
+        assert json.loads(_frames(b, 1)[0][1])["key"] == "z"
+        # the replica reads nothing: the socket's buffer fills, a send goes out in part
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = "v" * 200_000
+        ml.add(150, {"k": "put_json", "key": "big", "s": big})
+        assert Shipper._direct(sh, st) is False
+        assert st.pending and st.meta_seq == 4
+        ml.add(150, {"k": "put_json", "key": "after", "s": "5"})
+        assert Shipper._direct(sh, st) is False and st.meta_seq == 4       # the rest goes first
+        from lmqtt.store.ha.replication import FrameReader
+        reader = FrameReader(b)
+        b.settimeout(5)
+        got = []
+        with st.lock:                    # what the stream's thread does first: the rest, then on
+            t = threading.Thread(target=lambda: a.sendall(st.pending))
+            t.start()
+            while not got:
+                got += reader.feed(b.recv(1 << 20))
+            t.join(10)
+            st.pending = b""
+        assert [json.loads(p)["key"] for _k, p in got] == ["big"]
+        assert Shipper._direct(sh, st) is True and st.meta_seq == 5
+        while len(got) < 2:
+            got += reader.feed(b.recv(1 << 20))
+        assert [json.loads(p)["key"] for _k, p in got] == ["big", "after"]
+    finally:
+        a.close()
+        b.close()
