@@ -19,18 +19,20 @@ key) when the upload resumes at the next start, so nothing is listed twice and n
 written is ever read. Local files are deleted only when the manifest holds them, every
 dispatcher is past them and the local retention (time or size) says so.
 
-Reads: the ConsumeQueues, key index and light queues stay on the node (20 B per message); only
-the CommitLog bytes move. A read by offset below the first local segment (CommitLog.read /
-read_many) comes here: the segment's object is fetched once, its sha256 checked (a mismatch is
+Reads (store/tier/reads.py, `TierReads`): the ConsumeQueues, key index and light queues stay
+on the node (20 B per message); only the CommitLog bytes move. A read by offset below the first
+local segment (CommitLog.read / read_many) comes here: the segment's object is fetched once, its sha256 checked (a mismatch is
 reported and nothing of it is served), decompressed, and kept in a bounded in-memory cache
 (`cache_bytes`, LRU); records are decoded and CRC-checked as from a local segment.
+
+Parquet compaction (with a columnar hook that merges): store/tier/compaction.py
+(`ParquetCompaction`).
 
 Tier retention drops whole segments from the front (manifest first, then the objects), and only
 then are the dispatchers told the log starts later (their files below it go).
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import logging
@@ -39,24 +41,20 @@ import threading
 import time
 from collections import OrderedDict
 
-from ..errors import CorruptRecord, NotVisible, StoreError
+from ..errors import StoreError
 from ..mapped_file import file_name
-from ..record import PREFIX, HEADER_SIZE, c_decode, c_decode_many, decode, decode_many
+from ..record import PREFIX, HEADER_SIZE, decode
 from . import codec as codecs
+from .compaction import ParquetCompaction
 from .config import TierConfig
 from .objects import TMP_MARK, ObjectStore, TierUnavailable, _pause_point
+from .reads import TierReads
 
 log = logging.getLogger("lmqtt.store")
 
 MANIFEST = "manifest.json"
 SEG_DIR = "commitlog"
 PARQUET_DIR = "parquet"
-_decode = c_decode or decode
-_decode_many = c_decode_many or decode_many
-
-
-class TierReadError(StoreError):
-    """A read of an offloaded range could not reach the tier (nothing is skipped: retry later)."""
 
 
 class TierMismatch(StoreError):
@@ -67,7 +65,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class TierService:
+class TierService(ParquetCompaction, TierReads):
     def __init__(self, store, cfg: TierConfig) -> None:
         cfg.validate()
         self.store = store
@@ -372,133 +370,6 @@ class TierService:
         self.columnar_error = None
         return files
 
-    # ------------------------------------------------------------------ Parquet compaction
-    def _parquet_size(self, key: str) -> int:
-        n = self.parquet_sizes.get(key)
-        if n is None:
-            try:
-                n = self.objects.size(key)
-            except FileNotFoundError:
-                log.error("tier: %s is listed by the manifest but missing; not merged", self.objects.where(key))
-                n = 1 << 62              # never small: left as it is
-            self.parquet_sizes[key] = n
-        return n
-
-    def _merge_runs(self, segs: list[dict], now_ms: int) -> list[tuple[list[str], int]]:
-        """The merges due: ([keys in offset order], start of the last one's segment). Only over
-        the tier's Parquet prefix (segments from the first, contiguous, each with its files: what
-        read_history reads as Parquet; a merge never reaches past a segment without Parquet, whose
-        rows read_history reads through the source)."""
-        cfg = self.cfg
-        small = cfg.parquet_file_bytes // 2
-        parts: dict[str, list] = {}          # partition dir -> [(key, start of its last segment, uploaded_ms)]
-        where: dict[str, tuple] = {}
-        end = None
-        for s in segs:
-            if "parquet" not in s or (end is not None and s["start"] != end):
-                break
-            end = s["end"]
-            for k in s["parquet"]:
-                if k in where:               # a merged file: listed by each of its segments
-                    d, i = where[k]
-                    key, _st, _up = parts[d][i]
-                    parts[d][i] = (key, s["start"], s.get("uploaded_ms", 0))
-                    continue
-                d = k.rsplit("/", 1)[0]
-                lst = parts.setdefault(d, [])
-                where[k] = (d, len(lst))
-                lst.append((k, s["start"], s.get("uploaded_ms", 0)))
-        out = []
-        waiting = 0
-        for files in parts.values():
-            run: list = []
-            runs = []
-            for f in files:
-                size = self._parquet_size(f[0])
-                if size >= small:
-                    runs.append(run)
-                    run = []
-                    continue
-                if run and sum(x[3] for x in run) + size > cfg.parquet_file_bytes:
-                    runs.append(run)
-                    run = []
-                run.append((*f, size))
-            runs.append(run)
-            for run in runs:
-                if len(run) < 2:
-                    continue
-                if (len(run) >= cfg.parquet_merge_files or sum(x[3] for x in run) >= small
-                        or now_ms - max(x[2] for x in run) >= cfg.parquet_merge_after_ms):
-                    out.append(([x[0] for x in run], run[-1][1]))
-                else:
-                    waiting += 1
-        self.parquet_waiting = waiting + len(out)      # each due merge counts until it is done
-        return out
-
-    def compact_parquet(self, now_ms: int | None = None) -> int:
-        """Merge each partition's (first-level topic, day) small Parquet files into files of up to
-        `parquet_file_bytes` (Spark reads few row-group-sized files faster than many small ones).
-        Crash-safe as an upload: the merged file is one atomic put; then the manifest lists it in
-        place of the small files (each segment whose rows it holds names it); only then are the
-        small files deleted. A kill -9 before the manifest leaves a file no manifest names, after
-        it small files no manifest names: either is removed at the next start. Returns the number
-        of merges."""
-        merge = getattr(self.columnar, "merge", None)
-        if merge is None or not self.synced:
-            return 0
-        if now_ms is None:
-            now_ms = _now_ms()
-        n = 0
-        with self._hk_lock:
-            with self._lock:
-                segs = list(self.segments)
-            upto = segs[-1]["end"] if segs else None
-            for keys, last_start in self._merge_runs(segs, now_ms):
-                if self._stop.is_set():
-                    break
-                new_key = self.columnar.merged_key(keys[0], last_start)
-                t0 = time.monotonic()
-                try:
-                    data, rows = merge(self.objects.get(k) for k in keys)
-                except (OSError, ValueError) as e:     # missing, or unreadable as Parquet
-                    log.error("tier: cannot merge %s ... (%s: %s); those files are left as they are",
-                              self.objects.where(keys[0]), type(e).__name__, e)
-                    for k in keys:
-                        self.parquet_sizes[k] = 1 << 62
-                    self.parquet_waiting = max(0, self.parquet_waiting - 1)
-                    continue
-                self.objects.put(new_key, data)
-                self.parquet_sizes[new_key] = len(data)
-                _pause_point("parquet-merge")
-                gone = set(keys)
-                with self._lock:
-                    segs = [dict(s, parquet=list(dict.fromkeys(new_key if k in gone else k for k in s["parquet"])))
-                            if "parquet" in s and gone.intersection(s["parquet"]) else s for s in self.segments]
-                self._write_manifest(segs)
-                _pause_point("parquet-merged")
-                for k in keys:
-                    try:
-                        self.objects.delete(k)
-                    except TierUnavailable as e:  # left behind; the next start's sync removes it
-                        log.warning("tier: %s", e)
-                    self.parquet_sizes.pop(k, None)
-                self.parquet_merges += 1
-                self.parquet_merged_files += len(keys)
-                self.parquet_waiting = max(0, self.parquet_waiting - 1)
-                n += 1
-                log.info("tier: merged %d Parquet files (%d rows) into %s (%d bytes) in %.2f s", len(keys), rows,
-                         self.objects.where(new_key), len(data), time.monotonic() - t0)
-            self._compacted_upto = upto
-        return n
-
-    def _merges_waiting(self, segs: list[dict]) -> int:
-        """Partitions whose small files wait for a merge, as of the last compaction pass; 1 more
-        when segments came since that pass (it has not looked at their files yet)."""
-        if getattr(self.columnar, "merge", None) is None:
-            return 0
-        end = segs[-1]["end"] if segs else None
-        return self.parquet_waiting + (1 if end != self._compacted_upto and any("parquet" in s for s in segs) else 0)
-
     # ------------------------------------------------------------------ retention
     def housekeep(self, now_ms: int | None = None) -> int:
         """Local retention (only of segments the tier holds), then tier retention. Returns the
@@ -598,130 +469,6 @@ class TierService:
                 d.on_segments_deleted(lo)
             except Exception:  # noqa: BLE001
                 log.exception("tier retention: dispatcher %s failed on_segments_deleted(%d)", d.name, lo)
-
-    # ------------------------------------------------------------------ reads
-    def min_offset(self) -> int:
-        """The first readable CommitLog offset: the tier's first segment, else the first local one
-        (no lock: every read's visibility check asks)."""
-        first = self._first
-        local = self.clog.mfq.min_offset
-        return local if first is None or local < first else first
-
-    def _find(self, phys: int) -> dict | None:
-        with self._lock:
-            i = bisect.bisect_right(self._starts, phys) - 1
-            if i >= 0 and phys < self.segments[i]["end"]:
-                return self.segments[i]
-        return None
-
-    def _not_here(self, phys: int) -> NotVisible:
-        with self._lock:
-            rng = f"[{self.segments[0]['start']}, {self.segments[-1]['end']})" if self.segments else "nothing"
-        return NotVisible(f"offset {phys} is neither on the local disk (from {self.clog.mfq.min_offset}) nor "
-                          f"in the tier (it holds {rng})")
-
-    def _segment(self, s: dict) -> bytes:
-        """The decompressed bytes of tier segment `s` (cache, else one fetch checked by sha256)."""
-        start = s["start"]
-        with self._lock:
-            b = self.cache.get(start)
-            if b is not None:
-                self.cache.move_to_end(start)
-                self.cache_hits += 1
-                return b
-            flock = self._fetching.setdefault(start, threading.Lock())
-        with flock:
-            try:
-                return self._fetch(s)
-            finally:
-                with self._lock:
-                    self._fetching.pop(start, None)
-
-    def _fetch(self, s: dict) -> bytes:
-        start = s["start"]
-        with self._lock:
-            b = self.cache.get(start)
-            if b is not None:
-                self.cache_hits += 1
-                return b
-            self.cache_misses += 1
-        t0 = time.monotonic()
-        where = self.objects.where(s["key"])
-        try:
-            blob = self.objects.get(s["key"])
-        except FileNotFoundError:
-            raise TierReadError(f"tier object {where} (CommitLog [{start}, {s['end']})) is missing") from None
-        except TierUnavailable as e:
-            raise TierReadError(f"{e} (reading CommitLog [{start}, {s['end']}); nothing skipped, retry "
-                                f"later)") from None
-        digest = hashlib.sha256(blob).hexdigest()
-        if digest != s["sha256"]:
-            self._corrupt(where, f"sha256 {digest} is not the manifest's {s['sha256']}")
-        try:
-            b = codecs.decompress(s["codec"], blob, s["raw"])
-        except Exception as e:  # noqa: BLE001 - the checksum matched: a codec problem
-            self._corrupt(where, f"cannot decompress ({s['codec']}): {e}")
-        if len(b) != s["raw"]:
-            self._corrupt(where, f"decompressed to {len(b)} bytes, the manifest says {s['raw']}")
-        self.fetch_seconds += time.monotonic() - t0
-        with self._lock:
-            cur = self._find_locked(start)
-            if cur is None or cur["sha256"] != s["sha256"]:
-                return b          # dropped by retention meanwhile: serve this read, cache nothing
-            self.cache[start] = b
-            self.cache_bytes += len(b)
-            while self.cache_bytes > self.cfg.cache_bytes and len(self.cache) > 1:
-                _, old = self.cache.popitem(last=False)
-                self.cache_bytes -= len(old)
-        return b
-
-    def _find_locked(self, start: int):
-        i = bisect.bisect_left(self._starts, start)
-        return self.segments[i] if i < len(self._starts) and self._starts[i] == start else None
-
-    def _corrupt(self, where: str, why: str):
-        key = (where, why)
-        if key not in self._corrupt_seen:
-            self._corrupt_seen.add(key)
-            self.corrupt_objects += 1
-            log.error("tier: object %s is corrupt: %s; not served", where, why)
-        raise CorruptRecord(f"tier object {where} is corrupt ({why}); not served")
-
-    def read(self, phys: int, size: int | None = None):
-        s = self._find(phys)
-        if s is None:
-            raise self._not_here(phys)
-        buf = self._segment(s)
-        rel = phys - s["start"]
-        if size is None:
-            size = PREFIX.unpack_from(buf, rel)[0]
-        if size < HEADER_SIZE or rel + size > len(buf):
-            raise CorruptRecord(f"no valid record at offset {phys} (size field {size})")
-        return _decode(buf, rel, phys, self.store.ident, True, rel + size)
-
-    def read_many(self, wanted: list, i: int, out: list) -> int:
-        """CommitLog.read_many's items from `i` on that lie in one tier segment: appended to `out`
-        (a StoredMessage or the exception of that item); returns the index of the next item.
-        Raises TierReadError when the tier cannot be read (not returned per item: retry later)."""
-        phys = wanted[i][0]
-        s = self._find(phys)
-        if s is None:
-            out.append(self._not_here(phys))
-            return i + 1
-        try:
-            buf = self._segment(s)
-        except TierReadError:
-            # the tier away: the whole read fails, so no caller mistakes these records for ones
-            # deleted by retention and skips them (a light queue's pull, $replay/, a history read)
-            raise
-        except CorruptRecord as e:
-            j = i
-            while j < len(wanted) and s["start"] <= wanted[j][0] < s["end"]:
-                out.append(e)
-                j += 1
-            return j
-        j = _decode_many(buf, s["start"], wanted, i, self.store.ident, out)
-        return j if j > i else i + 1
 
     # ------------------------------------------------------------------ stats (lmqtt admin --tier)
     def stats(self) -> dict:

@@ -15,7 +15,7 @@ from lmqtt.store.delayed import DelayedMessages
 from lmqtt.store.errors import CorruptRecord
 from lmqtt.store.message import Message
 from lmqtt.store.tier.config import TierConfig, parse_retention
-from lmqtt.store.tier.service import TierReadError
+from lmqtt.store.tier.reads import TierReadError
 
 SEG = 64 << 10
 
