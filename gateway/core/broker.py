@@ -3,7 +3,8 @@ SUBSCRIBE, UNSUBSCRIBE, DISCONNECT, AUTH), start and shutdown.
 
 Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
 top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket, write batching and the
-connections' deadlines (keep alive, connect timeout) are in `connection.py`; the store write in
+connections' deadlines (keep alive, connect timeout) are in `gateway/net/` (`connection.py`,
+`write_batcher.py`, `keepalive.py`); the store write in
 `publish.py`; the pull/fan-out in `delivery.py`; per-client state in `session.py`; which sessions
 exist, who owns them, expiry and wills in `session_registry.py`; subscriptions, shared groups and
 filter registrations in `subscriptions.py`; deciding a SUBSCRIBE/UNSUBSCRIBE filter by filter

@@ -145,7 +145,7 @@ class PublishPipeline:
         # of this append's chain is over: cleared after `after_append`
         self._ends = getattr(getattr(record_appended, "__self__", None), "ends", None)
         self._flush_writes = flush_writes
-        # the write batcher whose flush that is, when it can be held for a batch (net/connection.py
+        # the write batcher whose flush that is, when it can be held for a batch (net/write_batcher.py
         # WriteBatcher.hold: no loop callback per batch to write what the batch wrote itself)
         wb = getattr(flush_writes, "__self__", None)
         self._writes = wb if hasattr(wb, "hold") else None
