@@ -364,7 +364,7 @@ class Member:
                     from ..server import CallError
                     fut.set_exception(CallError(E_NOT_PRIMARY, str(err)))
             gate.meta_waiting.append((seq, lambda err: loop.call_soon_threadsafe(settle, err)))
-            gate.wake()
+            gate.meta_appended()     # no thread woken: the replicas' acknowledgements answer it
             return fut
         return call
 

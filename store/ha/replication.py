@@ -689,7 +689,20 @@ def _replica_acked_impl(self) -> None:
         self._ev.set()           # else its own 0.05 s round looks for replicas to add back
 
 
+def _meta_appended_impl(self) -> None:
+    """A call appended its change to `meta_waiting`: answered at once if every replica applied it
+    already (their acknowledgement came before the append), else by the acknowledgement that
+    completes it (`replica_acked`) or the gate's own round. Wakes no thread: waking the gate's
+    thread woke the shipper threads too (`wake`), two or three wake-ups per POP call for nothing."""
+    try:
+        self._meta_evaluate()
+    except Exception:  # noqa: BLE001 - the gate's round retries
+        log.exception("event=ha_ack_gate_failed")
+        self._ev.set()
+
+
 AckGate._meta_evaluate = _meta_evaluate_impl
+AckGate.meta_appended = _meta_appended_impl
 AckGate.replica_acked = _replica_acked_impl
 
 
