@@ -74,6 +74,25 @@ def test_a_replica_acknowledgement_answers_the_waiting_change_without_the_gate_t
     assert answered == [(7, None), (8, None)] and not gate.meta_waiting
 
 
+def test_a_change_the_replicas_applied_before_its_call_waited_is_answered_when_it_waits():
+    """The replicas' acknowledgement can come before the call appends its change to the waiting
+    list (the change was shipped by the thread that made it): `meta_appended` answers it there,
+    with the gate's thread stopped; a change not applied yet stays waiting."""
+    clog = types.SimpleNamespace(committed=0, flushed=0, lock=threading.Lock())
+    gate = AckGate(clog, True, 1, lambda: True, lambda: (2, 3), lambda n: 0)
+    gate.replica_meta = lambda n: 5
+    gate._stop = True
+    gate._ev.set()
+    gate._thread.join(5)
+    answered: list = []
+    gate.meta_waiting.append((5, lambda err: answered.append((5, err))))
+    gate.meta_appended()
+    assert answered == [(5, None)]
+    gate.meta_waiting.append((6, lambda err: answered.append((6, err))))
+    gate.meta_appended()
+    assert answered == [(5, None)] and len(gate.meta_waiting) == 1
+
+
 def test_concurrent_pop_consumers_keep_every_ack_across_a_kill9(tmp_path):
     """Four POP consumers of one group pop and ack at once (their calls in flight together, answered
     from the replicas' acknowledgements by two reading threads), 240 of 400 messages; the primary is
