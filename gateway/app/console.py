@@ -86,6 +86,12 @@ def produce_main(argv: list[str] | None = None) -> int:
     if "+" in args.topic or "#" in args.topic or not args.topic:
         print(f"lmqtt produce: --topic must be a topic name without wildcards, got {args.topic!r}", file=sys.stderr)
         return 2
+    if args.topic.startswith("$"):
+        # $SYS/... would reach MQTT subscribers as the broker's own statistics, $timer is the store's
+        # queue of parked delayed messages: MQTT clients may not publish there either (PUBACK 0x87)
+        print(f"lmqtt produce: --topic {args.topic!r}: topics starting with '$' belong to the broker and the "
+              f"store ($SYS, $timer ...); MQTT clients may not publish there either", file=sys.stderr)
+        return 2
     from lmqtt.store.client import ConnectionLost, StoreClientError
     conn = _connect("lmqtt produce", args.store, args.token)
     kw = dict(keys=tuple(args.key), qos=args.qos, retain=args.retain, content_type=args.content_type,

@@ -294,3 +294,17 @@ def test_banner_urls_of_an_ipv6_host_are_bracketed(tmp_path):
         assert "://::1:" not in log, log
     finally:
         srv.stop()
+
+
+def test_produce_refuses_dollar_topics(server):
+    """`lmqtt produce --topic '$SYS/x'` was stored and reached MQTT subscribers of `$SYS/#` as if the
+    broker had said it (an MQTT client's publish there gets PUBACK 0x87), and `--topic '$timer'` wrote
+    into the store's queue of parked delayed messages."""
+    for topic in ("$SYS/broker/clients/connected", "$timer"):
+        r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "produce", "--store", server.store_address,
+                            "--topic", topic], input="x\n", cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r
+        assert "topics starting with '$' belong to the broker" in r.stderr and "Traceback" not in r.stderr, r
+    r = cli("admin", "--store", server.store_address, "--format", "json")
+    import json
+    assert not [q for q in json.loads(r.stdout)["queues"] if q["topic"] == "$SYS"], r.stdout
