@@ -190,10 +190,12 @@ class StoreServer:
             self._conn_calls.discard(name)
 
     # ---------------------------------------------------------------- produce
-    def produce(self, body: bytes, flags: int = 0):
+    def produce(self, body: bytes, flags: int = 0, gateway: bool = True):
         """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
         duplicate flag). With F_DELAYED, messages with a due time are parked in the timer wheel
-        (store/delayed.py) in the same append; their timers are written before the reply."""
+        (store/delayed.py) in the same append; their timers are written before the reply.
+        `gateway` False (an SDK client's connection): a topic starting with '$' is refused
+        (InvalidTopic, nothing of the batch written), see `_client_route`."""
         # No cyclic GC pass while a batch's Message objects exist: each would scan all of them (and
         # promote them) for nothing; they are freed by reference count right after the append.
         # Dedup across a crash: a pending marker (log position, count) is written before the
@@ -205,7 +207,8 @@ class StoreServer:
             dues = parked = None
             if flags & W.F_DELAYED:
                 body, dues = W.split_due_trailer(body)
-            pid, seq, msgs = produce_messages(body, self.router, int(time.time() * 1000))
+            pid, seq, msgs = produce_messages(body, self.router if gateway else self._client_route,
+                                              int(time.time() * 1000))
             if dues is not None and any(dues):
                 delayed = self.store.delayed
                 if delayed is None:
@@ -253,6 +256,17 @@ class StoreServer:
             if gc_on:
                 gc.enable()
         return out, rs[-1].durable, False
+
+    def _client_route(self, topic: str) -> tuple:
+        """`router` for an SDK client's PRODUCE (called once per distinct topic of a batch): '$'
+        topics belong to the broker and the store - `$SYS/...` would reach MQTT subscribers as the
+        broker's own statistics, `$timer` is the queue of parked delayed messages. The store's own
+        appends ($timer parking, POP, tier, replication) do not come through PRODUCE; a gateway's
+        link (HELLO client "lmqtt-gateway ...") keeps its MQTT rules (gateway/core/broker.py)."""
+        if topic[:1] == "$":
+            raise InvalidTopic(f"topic {topic!r}: topics starting with '$' belong to the broker and the store "
+                               f"($SYS, $timer ...); clients may not publish there (as over MQTT)")
+        return self.router(topic) if self.router is not None else ()
 
     # ---------------------------------------------------------------- built-in CALLs
     def _register_builtin(self) -> None:
@@ -391,6 +405,7 @@ class StoreConnection(asyncio.Protocol):
         self.decoder = W.FrameDecoder(server.max_frame)
         self.transport: asyncio.Transport | None = None
         self.ready = False
+        self.gateway = False     # set by HELLO: True for a gateway's link (its PRODUCE may name '$' topics)
         self.closing = False
         self.peer = None
         self.discard_left = 0        # after a too-large frame: its bytes still to drop, then close
@@ -569,6 +584,8 @@ class StoreConnection(asyncio.Protocol):
             if srv.token and not hmac.compare_digest(str(a.get("token") or ""), srv.token):
                 raise W.ProtocolError(W.E_AUTH, "missing or wrong auth token", True)
             self.ready = True
+            # a gateway's link (gateway/app/gateway.py) may PRODUCE what MQTT clients may publish
+            self.gateway = str(a.get("client") or "").startswith("lmqtt-gateway")
             self._send(W.json_frame(W.OP_HELLO_OK, rid, {"version": W.PROTOCOL_VERSION, "ident": srv.store.ident,
                                                          "max_frame": srv.max_frame, "server": "lmqtt-store",
                                                          **srv.hello_info}))
@@ -576,7 +593,7 @@ class StoreConnection(asyncio.Protocol):
         if srv.guard is not None and op != W.OP_CALL:
             srv.guard(op, None)
         if op == W.OP_PRODUCE:
-            results, durable, dup = srv.produce(body, flags)
+            results, durable, dup = srv.produce(body, flags, self.gateway)
             if durable is None or durable.done():
                 if durable is not None:
                     durable.result()

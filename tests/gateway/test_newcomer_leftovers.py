@@ -1,0 +1,50 @@
+"""The leftovers of session 7's new-user walkthrough (tests/gateway/test_newcomer_walkthrough.py):
+each against real `lmqtt serve` / `lmqtt store` subprocesses, real sockets and the real `lmqtt`
+command. Errors are one line naming the real cause, never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, LmqttServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def cli(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=timeout, **kw)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("leftovers") / "data"
+    d.mkdir()
+    srv = LmqttServer(str(d)).start()
+    yield srv
+    srv.stop()
+
+
+# ----------------------------------------------------------- 1. the SDK may not produce to '$' topics
+def test_sdk_send_to_a_dollar_topic_is_refused_by_the_store(server):
+    """`connect(A).producer().send("$SYS/x", b"y")` was stored and reached MQTT subscribers of
+    `$SYS/#` as the broker's own statistics; `$timer` wrote into the store's parked delayed messages."""
+    from lmqtt.store.client import StoreClientError, connect
+    with connect(server.store_address) as conn:
+        p = conn.producer()
+        for topic in ("$SYS/broker/clients/connected", "$timer", "$anything/else"):
+            with pytest.raises(StoreClientError, match=r"topics starting with '\$' belong to the broker and the store"):
+                p.send(topic, b"y")
+        # a batch with one '$' topic writes nothing of the batch
+        with pytest.raises(StoreClientError, match=r"starting with '\$'"):
+            p.send_batch([("leftovers/ok", b"a"), ("$SYS/x", b"b")])
+        assert p.send("leftovers/ok", b"c").queue_offset == 0      # ordinary topics still go in
+    r = cli("admin", "--store", server.store_address, "--format", "json")
+    topics = {q["topic"] for q in json.loads(r.stdout)["queues"]}
+    assert "$SYS" not in topics and "$anything" not in topics, topics
+    assert not any(t.startswith("$timer") for t in topics), topics
