@@ -217,13 +217,9 @@ async def _serve(cfg, loop_name: str) -> int:
     if ev is not None:
         # a Redis that is not there was said nowhere (its subscriber retries quietly): the banner
         # and the log say it, once; the gateway runs on, on the safety poll, until Redis answers
-        try:
-            await asyncio.wait_for(ev.connected.wait(), 3.0)
-        except asyncio.TimeoutError:
-            redis_note = (f" (Redis NOT REACHABLE at {cfg.redis}: retrying; until it answers, messages "
-                          f"published on other gateways arrive by the safety poll)")
-            log.warning("event=notify_redis_unreachable url=%s (retrying; the safety poll delivers meanwhile)",
-                        cfg.redis)
+        from lmqtt.notify.reachable import unreachable_note
+        redis_note = await unreachable_note(cfg.redis, ev.connected.wait(),
+                                            "messages published on other gateways arrive by the safety poll")
     print(f"lmqtt gateway: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  store:      lmqtt://{cfg.store_address} (id {gw.storage.gateway_id})\n"
           f"  notify:     {mode}{' via ' + cfg.redis if cfg.redis and mode in ('broadcast', 'precise') else ''}; "

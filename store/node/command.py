@@ -181,12 +181,17 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         except OSError as e:
             log.error("event=metrics_listen_failed port=%s error=%s", cfg.metrics_port, e)
             metrics_url = metrics_unavailable(cfg.metrics_host or host, int(cfg.metrics_port), e)
+    redis_note = ""
+    if publisher is not None:
+        from lmqtt.notify.reachable import unreachable_note
+        redis_note = await unreachable_note(cfg.redis, asyncio.to_thread(publisher._redis.ping),
+                                            "gateways notified over Redis fall back on their safety poll")
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"{f'  group:      {cfg.group!r} node {cfg.node_id} of {cfg.peers} (raft +1, replication +2)' + chr(10) if cfg.group else ''}"
           f"  notify:     EVENT frames to watching gateways"
-          f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}\n"
+          f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}{redis_note}\n"
           f"  auth:       {'token required' if cfg.token else 'none (loopback only)'}\n"
           f"  wills:      of a gateway gone longer than {cfg.will_grace_s:g} s published here\n"
           f"  metrics:    {metrics_url}"

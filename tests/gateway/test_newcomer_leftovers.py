@@ -48,3 +48,25 @@ def test_sdk_send_to_a_dollar_topic_is_refused_by_the_store(server):
     topics = {q["topic"] for q in json.loads(r.stdout)["queues"]}
     assert "$SYS" not in topics and "$anything" not in topics, topics
     assert not any(t.startswith("$timer") for t in topics), topics
+
+
+# ----------------------------------------------------------- 2. lmqtt store --redis with no Redis
+def test_store_says_when_its_redis_is_not_there(tmp_path):
+    """`lmqtt store --redis redis://127.0.0.1:26379/0` with no Redis: the banner said "Redis broadcast
+    at ..." and nothing else; the first trace was `notify_redis_unavailable` at the first publish.
+    Now the banner and a warning at start name the unreachable Redis, as `lmqtt gateway --redis` does."""
+    import time
+    from tests.support import LmqttStore, free_port
+    (tmp_path / "s").mkdir()
+    url = f"redis://127.0.0.1:{free_port()}/0"          # nobody listens there
+    store = LmqttStore(str(tmp_path / "s"), ("--redis", url)).start()
+    try:
+        deadline = time.monotonic() + 20
+        while "metrics:" not in store.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = store.log_tail()
+        assert f"(Redis NOT REACHABLE at {url}: retrying;" in log, log
+        assert f"event=notify_redis_unreachable url={url}" in log, log
+        assert "Traceback" not in log, log
+    finally:
+        store.stop()
