@@ -173,8 +173,9 @@ class Supervisor:
             if not all(_wait_port("127.0.0.1" if host in ("0.0.0.0", "::") else host, p, g, 60)
                        for p, g in zip(ports, self.gateways) if g is not None):
                 raise RuntimeError("a gateway did not start (its messages are above)")
-            where = (f"on mqtt://{host}:{port} (SO_REUSEPORT)" if not self.ports else
-                     "on " + ", ".join(f"mqtt://{host}:{p}" for p in ports))
+            from .config import hostport      # an IPv6 host in brackets: mqtt://[::1]:1883
+            where = (f"on mqtt://{hostport(host, port)} (SO_REUSEPORT)" if not self.ports else
+                     "on " + ", ".join(f"mqtt://{hostport(host, p)}" for p in ports))
             print(f"lmqtt serve: {self.n} workers {where}, store "
                   f"lmqtt://127.0.0.1:{self.store_port} (pid {self.store.pid}), data {self.cfg.data_dir}",
                   file=sys.stderr, flush=True)

@@ -70,3 +70,30 @@ def test_store_says_when_its_redis_is_not_there(tmp_path):
         assert "Traceback" not in log, log
     finally:
         store.stop()
+
+
+# ----------------------------------------------------------- 3. serve --workers N --host ::1
+def test_workers_banner_brackets_an_ipv6_host(tmp_path):
+    """`lmqtt serve --workers 2 --host ::1` printed `mqtt://::1:1883` (serve itself brackets since
+    3c22ac7); now `mqtt://[::1]:PORT`, through the same helper (gateway/app/config.py hostport)."""
+    import socket
+    import time
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    (tmp_path / "d").mkdir()
+    srv = LmqttServer(str(tmp_path / "d"))
+    srv.host = "::1"
+    srv.spawn(["serve", "--workers", "2", "--host", "::1", "--port", str(srv.port), "--data-dir", srv.data_dir,
+               "--metrics-port", str(srv.metrics_port), "--store-port", str(srv.store_port)], (srv.port,), 60)
+    try:
+        deadline = time.monotonic() + 60
+        while "2 workers on" not in srv.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = srv.log_tail()
+        assert f"2 workers on mqtt://[::1]:{srv.port} " in log, log
+        assert "mqtt://::1:" not in log, log
+    finally:
+        srv.stop()
