@@ -320,12 +320,20 @@ class ColdTier:
             self.cut = s["end"]
 
     @classmethod
-    def open(cls, url: str, endpoint: str | None = None, storage_options: dict | None = None) -> "ColdTier":
+    def open(cls, url: str, endpoint: str | None = None, storage_options: dict | None = None,
+             missing_ok: bool = True) -> "ColdTier":
+        """The tier at `url` as its manifest says; no manifest there: an empty tier, or with
+        `missing_ok=False` FileNotFoundError naming the URL (a typo'd URL is not an empty tier)."""
         from lmqtt.store.tier.objects import ObjectStore
         objs = ObjectStore(url, endpoint, storage_options)
         try:
             raw = objs.get("manifest.json")
         except FileNotFoundError:
+            if not missing_ok:
+                raise FileNotFoundError(
+                    f"no tier manifest at {url} (manifest.json): is it the store's --tier URL? (a store that "
+                    f"has not uploaded a segment yet has none: read_history(tier=None) reads everything "
+                    f"through the store)") from None
             return cls(url, {})
         return cls(url, json.loads(raw))
 
@@ -413,7 +421,7 @@ def _topic_in(col, names: list[str]):
 IN_AS_EQUALITIES = 1000
 
 
-def read_history(spark, *, store: str | None = None, tier: str, filter: str | None = None,  # noqa: A002
+def read_history(spark, *, store: str | None = None, tier: str | None, filter: str | None = None,  # noqa: A002
                  topic: str | None = None, startTime=None, endTime=None, token: str | None = None,
                  endpoint: str | None = None, storage_options: dict | None = None,
                  recordsPerPartition: int | None = None):
@@ -421,7 +429,9 @@ def read_history(spark, *, store: str | None = None, tier: str, filter: str | No
     topic filter) or of first-level `topic`, store time in [startTime, endTime) (epoch ms or ISO
     8601, None: open), each exactly once: the tier's Parquet files below the manifest's cut
     (Spark's native Parquet reader) UNION the rest read through the `lmqtt` source from the cut.
-    `tier` is the store's --tier URL (the manifest is read once, here, on the driver)."""
+    `tier` is the store's --tier URL (the manifest is read once, here, on the driver); no manifest
+    there raises FileNotFoundError naming the URL (as spark.read.parquet does for a missing path);
+    None: no cold side, everything read through the store."""
     from pyspark.sql import functions as F
 
     from .source import DEFAULT_STORE, SCHEMA, LmqttDataSource, parse_time
@@ -429,7 +439,7 @@ def read_history(spark, *, store: str | None = None, tier: str, filter: str | No
         raise ValueError("read_history: give exactly one of filter= (MQTT topic filter) or topic= "
                          "(first-level topic)")
     t0, t1 = parse_time(startTime), parse_time(endTime)
-    cold_tier = ColdTier.open(tier, endpoint, storage_options)
+    cold_tier = ColdTier.open(tier, endpoint, storage_options, missing_ok=False) if tier is not None else ColdTier("", {})
     if filter:
         first = filter.split("/", 1)[0]
         fls = None if first in ("+", "#") else {first}

@@ -97,3 +97,15 @@ def test_workers_banner_brackets_an_ipv6_host(tmp_path):
         assert "mqtt://::1:" not in log, log
     finally:
         srv.stop()
+
+
+# ----------------------------------------------------------- 4. read_history with a wrong tier URL
+def test_read_history_with_no_manifest_at_the_tier_url_names_it(tmp_path):
+    """`read_history(tier="file:///wrong")` with no manifest there read everything through the store,
+    slowly and silently; now FileNotFoundError naming the URL, as spark.read.parquet does for a missing
+    path (raised on the driver before Spark is used: no session is needed to see it)."""
+    pytest.importorskip("pyspark")
+    from lmqtt.store.spark import read_history
+    for url in (f"file://{tmp_path}/wrong", f"file://{tmp_path}"):      # missing, and a directory without one
+        with pytest.raises(FileNotFoundError, match=f"no tier manifest at {url} "):
+            read_history(None, store="127.0.0.1:1", tier=url, topic="plant7")
