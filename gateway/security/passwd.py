@@ -2,6 +2,9 @@
 
     lmqtt passwd [-c] FILE USER            add or change USER (prompts twice; -c creates/overwrites FILE)
     lmqtt passwd -b [-c] FILE USER PASS    the same, password on the command line (scripts)
+    echo PASS | lmqtt passwd [-c] FILE USER
+                                           stdin not a terminal: the password is its first line
+                                           (a second line, if any, must repeat it); no prompt
     lmqtt passwd -D FILE USER              delete USER
     lmqtt passwd -U FILE                   hash every plaintext password in FILE in place
     --scram (with any of the above)        also write a SCRAM-SHA-256 verifier (MQTT 5 enhanced auth)
@@ -36,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                         "minimum; every client login computes them once)")
     p.add_argument("file", help="the password file (its folder must exist)")
     p.add_argument("user", nargs="?", help="the user to add, change or delete")
-    p.add_argument("password", nargs="?", help="with -b: the password")
+    p.add_argument("password", nargs="?", help="with -b: the password. Without -b it is asked twice on a "
+                   "terminal; when stdin is not a terminal (echo PASS | lmqtt passwd FILE USER) it is stdin's "
+                   "first line, no prompt (a second line, if any, must repeat it)")
     return p
 
 
@@ -132,8 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"first: mkdir -p {folder})", file=sys.stderr)
             return 1
         try:
-            password = getpass.getpass("Password: ")
-            again = getpass.getpass("Reenter password: ")
+            if sys.stdin is None or not sys.stdin.isatty():
+                # a pipe (echo PASS | lmqtt passwd ...): read it, without getpass's "can not
+                # control echo" warning and prompts meant for a terminal
+                lines = (sys.stdin.read() if sys.stdin is not None else "").splitlines()
+                if not lines:
+                    raise EOFError
+                password = lines[0]
+                again = lines[1] if len(lines) > 1 and lines[1] else password
+            else:
+                password = getpass.getpass("Password: ")
+                again = getpass.getpass("Reenter password: ")
         except (EOFError, KeyboardInterrupt):
             print("\nlmqtt passwd: no password given; nothing changed", file=sys.stderr)
             return 1

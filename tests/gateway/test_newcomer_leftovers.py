@@ -109,3 +109,24 @@ def test_read_history_with_no_manifest_at_the_tier_url_names_it(tmp_path):
     for url in (f"file://{tmp_path}/wrong", f"file://{tmp_path}"):      # missing, and a directory without one
         with pytest.raises(FileNotFoundError, match=f"no tier manifest at {url} "):
             read_history(None, store="127.0.0.1:1", tier=url, topic="plant7")
+
+
+# ----------------------------------------------------------- 5. lmqtt passwd from a pipe
+def test_passwd_reads_a_piped_password_without_a_warning(tmp_path):
+    """`echo PASS | lmqtt passwd -c FILE USER` (no terminal) printed Python's GetPassWarning ("Can not
+    control echo on the terminal") and its prompts; now stdin's first line is the password, silently,
+    and the file holds a hash that password checks against."""
+    from lmqtt.gateway.security.auth import read_password_file, split_entry, verify_password
+    f = tmp_path / "passwd"
+    r = cli("passwd", "-c", str(f), "alice", input="s3cret-pipe\n")
+    assert r.returncode == 0, r
+    assert "Warning" not in r.stderr and "Password:" not in r.stderr and "Password:" not in r.stdout, r
+    entry = read_password_file(str(f))["alice"]
+    assert verify_password(split_entry(entry)[0], b"s3cret-pipe"), entry
+    assert not verify_password(split_entry(entry)[0], b"s3cret-pipe\n")
+    # two lines that differ are a mismatch (as the terminal's two prompts), and nothing changes
+    r = cli("passwd", str(f), "alice", input="one\ntwo\n")
+    assert r.returncode == 1 and "passwords do not match" in r.stderr and "Warning" not in r.stderr, r
+    assert read_password_file(str(f))["alice"] == entry
+    r = cli("passwd", str(f), "bob", input="")        # nothing piped
+    assert r.returncode == 1 and "no password given" in r.stderr, r
