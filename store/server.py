@@ -38,6 +38,9 @@ META_WRITES = "writing the SDK metadata (RocksDB: producer dedup, consumer offse
 META_THEN = "SDK requests that write it are refused until space is freed"
 
 log = logging.getLogger("lmqtt.store.server")
+# StoreServer.produce's flag for a PRODUCE from an SDK client's connection (not a gateway's link):
+# above the wire's one byte of frame flags, so no frame can carry it; wrappers of produce pass it on
+F_SDK_CLIENT = 0x10000
 _U32 = struct.Struct(">I")
 
 
@@ -190,12 +193,12 @@ class StoreServer:
             self._conn_calls.discard(name)
 
     # ---------------------------------------------------------------- produce
-    def produce(self, body: bytes, flags: int = 0, gateway: bool = True):
+    def produce(self, body: bytes, flags: int = 0):
         """Decode, dedup, route and append one PRODUCE. -> (PRODUCED body, durable future or None,
         duplicate flag). With F_DELAYED, messages with a due time are parked in the timer wheel
         (store/delayed.py) in the same append; their timers are written before the reply.
-        `gateway` False (an SDK client's connection): a topic starting with '$' is refused
-        (InvalidTopic, nothing of the batch written), see `_client_route`."""
+        With F_SDK_CLIENT (set by an SDK client's connection, never on the wire): a topic starting
+        with '$' is refused (InvalidTopic, nothing of the batch written), see `_client_route`."""
         # No cyclic GC pass while a batch's Message objects exist: each would scan all of them (and
         # promote them) for nothing; they are freed by reference count right after the append.
         # Dedup across a crash: a pending marker (log position, count) is written before the
@@ -207,7 +210,7 @@ class StoreServer:
             dues = parked = None
             if flags & W.F_DELAYED:
                 body, dues = W.split_due_trailer(body)
-            pid, seq, msgs = produce_messages(body, self.router if gateway else self._client_route,
+            pid, seq, msgs = produce_messages(body, self._client_route if flags & F_SDK_CLIENT else self.router,
                                               int(time.time() * 1000))
             if dues is not None and any(dues):
                 delayed = self.store.delayed
@@ -593,7 +596,7 @@ class StoreConnection(asyncio.Protocol):
         if srv.guard is not None and op != W.OP_CALL:
             srv.guard(op, None)
         if op == W.OP_PRODUCE:
-            results, durable, dup = srv.produce(body, flags, self.gateway)
+            results, durable, dup = srv.produce(body, flags if self.gateway else flags | F_SDK_CLIENT)
             if durable is None or durable.done():
                 if durable is not None:
                     durable.result()
