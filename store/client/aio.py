@@ -20,9 +20,9 @@ from typing import Callable
 from .. import protocol as W
 import time
 
-from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, StoreClientError,
-                         check_reply, is_not_primary, keeps_expected, next_member, not_a_store, parse_addresses,
-                         parse_hello_ok, primary_named, probe_primary)
+from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, NotStores,
+                         StoreClientError, check_reply, is_not_primary, keeps_expected, next_member, not_a_store,
+                         parse_addresses, parse_hello_ok, primary_named, probe_primary)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -124,13 +124,17 @@ class AsyncConnection:
             multi = len(self.addresses) > 1
             deadline = time.monotonic() + self.failover_timeout
             attempt = 0
+            not_stores = NotStores(self.addresses)
             while True:
                 at = (self.host, self.port)
                 try:
                     await self._connect_once()
                     return self._proto
-                except StoreClientError:
-                    raise
+                except StoreClientError as e:
+                    if not multi:
+                        raise
+                    not_stores.note(at, e)      # another server's port: the next member (else raised)
+                    last = e
                 except (OSError, ConnectionLost, asyncio.TimeoutError) as e:
                     last = e
                 attempt += 1
@@ -140,7 +144,7 @@ class AsyncConnection:
                     self._stay = False
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among the store group's members within "
-                                             f"{self.failover_timeout:g} s (last: {last})")
+                                             f"{self.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
                     await asyncio.sleep(min(delay, GROUP_RETRY_S))
                 elif attempt >= max(1, self.reconnect_attempts):
                     raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")

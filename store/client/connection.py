@@ -221,9 +221,36 @@ def not_a_store(address: str, data: bytes) -> StoreClientError:
     """The answer to HELLO was not store frames at all: the address is some other server's (the
     metrics/console HTTP port, an MQTT port ...). Named, with what it said; not retried."""
     what = "an HTTP server (the metrics/console port?)" if data[:5] == b"HTTP/" else f"it sent {data[:16]!r}"
-    return StoreClientError(W.E_BAD_FRAME, f"{address} is not an lmqtt store: {what}; the store's native "
-                                           "protocol is on `lmqtt serve --store-port` / `lmqtt store --port`, "
-                                           "default 10911")
+    e = StoreClientError(W.E_BAD_FRAME, f"{address} is not an lmqtt store: {what}; the store's native "
+                                        "protocol is on `lmqtt serve --store-port` / `lmqtt store --port`, "
+                                        "default 10911")
+    e.not_a_store = True
+    return e
+
+
+class NotStores:
+    """The members of an address list that answered HELLO as some other server (`not_a_store`): a
+    connect to a member list goes on to the next member, and names them all if none is a store.
+    One rule for the sync and asyncio connections' connect loops."""
+
+    def __init__(self, addresses: list) -> None:
+        self.addresses = addresses
+        self.seen: dict[tuple[str, int], str] = {}
+
+    def note(self, at: tuple[str, int], e: StoreClientError) -> None:
+        """Remember `at` as not a store (any other refusal - auth, version - is raised: retrying or
+        another member won't change it); every member such: StoreClientError naming each."""
+        if not getattr(e, "not_a_store", False):
+            raise e
+        self.seen[at] = e.reason.split(";", 1)[0]     # "H:P is not an lmqtt store: an HTTP server ..."
+        if len(self.seen) >= len(set(self.addresses)):
+            raise StoreClientError(W.E_BAD_FRAME, f"no member of {','.join(f'{h}:{p}' for h, p in self.addresses)} "
+                                   f"is an lmqtt store: {'; '.join(self.seen.values())}; the store's native protocol "
+                                   "is on `lmqtt serve --store-port` / `lmqtt store --port`, default 10911") from None
+
+    def suffix(self) -> str:
+        """For a final 'no primary found' error: the members that were not stores, if any."""
+        return f"; not stores: {'; '.join(self.seen.values())}" if self.seen else ""
 
 
 def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
@@ -352,13 +379,17 @@ class Connection:
             multi = len(self.addresses) > 1
             deadline = time.monotonic() + self.failover_timeout
             attempt = 0
+            not_stores = NotStores(self.addresses)
             while True:
                 host = (self.host, self.port)
                 try:
                     self._connect_once()
                     return self._sock
-                except StoreClientError:
-                    raise                  # refused (auth, version) or a malformed answer: retrying won't help
+                except StoreClientError as e:
+                    if not multi:
+                        raise              # refused (auth, version) or a malformed answer: retrying won't help
+                    not_stores.note(host, e)    # another server's port: the next member (else raised)
+                    last = e
                 except OSError as e:
                     last = e
                 attempt += 1
@@ -368,7 +399,7 @@ class Connection:
                     self._stay = False
                     if time.monotonic() >= deadline:
                         raise ConnectionLost(f"no primary found among {self._members()} within "
-                                             f"{self.failover_timeout:g} s (last: {last})")
+                                             f"{self.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
                     time.sleep(min(delay, GROUP_RETRY_S))
                     delay = min(delay * 2, self.backoff_max)
                     continue

@@ -130,3 +130,30 @@ def test_passwd_reads_a_piped_password_without_a_warning(tmp_path):
     assert read_password_file(str(f))["alice"] == entry
     r = cli("passwd", str(f), "bob", input="")        # nothing piped
     assert r.returncode == 1 and "no password given" in r.stderr, r
+
+
+# ----------------------------------------------------------- 6. a member list with another server's port
+def test_member_list_with_a_non_store_port_tries_the_next_member(server):
+    """`connect("127.0.0.1:<console port>,127.0.0.1:<store port>")` failed at once on the HTTP port
+    ("is not an lmqtt store") instead of trying the next member; now it connects to the store, and a
+    list with no store at all names every member that refused, in one error."""
+    import asyncio
+
+    from lmqtt.store.client import StoreClientError, connect, connect_async
+    http = f"127.0.0.1:{server.metrics_port}"
+    good = f"{http},{server.store_address}"
+    with connect(good, failover_timeout=20) as c:
+        assert c.producer().send("leftovers/members", b"x").offset >= 0
+    bad = f"{http},127.0.0.1:{server.metrics_port}"        # the same HTTP port twice: no store
+    with pytest.raises(StoreClientError, match=f"no member of {bad} is an lmqtt store: {http} is not an lmqtt store"):
+        connect(bad, failover_timeout=20)
+
+    async def aio():
+        c = await connect_async(good, failover_timeout=20)
+        try:
+            assert (await c.producer().send("leftovers/members", b"y")).offset >= 0
+        finally:
+            await c.close()
+        with pytest.raises(StoreClientError, match=f"no member of {bad} is an lmqtt store"):
+            await connect_async(bad, failover_timeout=20)
+    asyncio.run(aio())
