@@ -30,7 +30,9 @@ import time
 from .raft import FAIL_REASON, SyncObj, SyncObjConf
 
 from .epochs import EpochFile
-from .replication import AckGate, Follower, MetaLog, NotPrimary, Shipper
+from .ack_gate import AckGate
+from .follower import Follower
+from .replication import MetaLog, NotPrimary, Shipper
 from .state import GroupState
 from .truncate import request_cut
 

@@ -12,7 +12,8 @@ import types
 from hypothesis import given, settings, strategies as st
 
 from lmqtt.store.client import connect
-from lmqtt.store.ha.replication import AckGate, MetaLog, jframe
+from lmqtt.store.ha.ack_gate import AckGate
+from lmqtt.store.ha.replication import MetaLog, jframe
 from tests.ha.group import StoreGroup
 from tests.ha.test_replicated_pop import _fill, _pop_on_new_primary
 
