@@ -57,7 +57,7 @@ class DispatchService:
         self.flush_interval = flush_interval_ms / 1000.0
         self.dispatched = 0
         # what bounds dispatch: an object whose `committed` is the end that may be made visible.
-        # The CommitLog; on a store group's primary its AckGate (store/ha/replication.py), whose
+        # The CommitLog; on a store group's primary its AckGate (store/ha/ack_gate.py), whose
         # `committed` is the end the in-sync replicas acknowledged: readers see only that prefix
         self.limit = clog
         self.listeners: list[Callable[[int], None]] = []

@@ -364,7 +364,7 @@ class MessageStore:
     def use_ack_gate(self, gate) -> None:
         """store/ha: the durable future of every append from now on is `gate.current` (read under the
         CommitLog lock, as the group commit's), resolved when the replicas have acknowledged it
-        (store/ha/replication.py AckGate); None goes back to the flush mode's own futures."""
+        (store/ha/ack_gate.py AckGate); None goes back to the flush mode's own futures."""
         with self.clog.lock:
             self._gate = gate
             gc = self.group_commit
