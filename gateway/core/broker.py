@@ -426,7 +426,9 @@ class Broker:
                 T.validate_topic(topic)
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
-            if topic.startswith("$SYS"):     # the broker's own (gateway/core/sys_topics.py): as Mosquitto
+            # the broker's own (gateway/core/sys_topics.py): as Mosquitto; `$timer` is the store's
+            # queue of parked delayed messages (store/delayed.py PARK_TOPIC), never a client's
+            if topic.startswith("$SYS") or topic == "$timer":
                 return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
             gate = self.gate
             if gate is not None and gate.limits.topic_limited:     # max_topic_length / _levels
