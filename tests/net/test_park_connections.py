@@ -16,22 +16,29 @@ from tests.support import LmqttServer, RawMQTT, metric
 PARK_AFTER = 0.3
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    d = tmp_path_factory.mktemp("park")
+def parking_server(tmp_path_factory, name: str, park_after: float) -> LmqttServer:
+    """A started `lmqtt serve` with `park_idle_after_s = park_after`, its /metrics answering (the
+    parked-connection gauge is what these tests read). Used by the other tests/net/test_park_*."""
+    d = tmp_path_factory.mktemp(name)
     cfg = d / "park.toml"
-    cfg.write_text(f"park_idle_after_s = {PARK_AFTER}\n")
+    cfg.write_text(f"park_idle_after_s = {park_after}\n")
     (d / "data").mkdir()
     s = LmqttServer(str(d / "data"), extra_args=("--config", str(cfg))).start()
     deadline = time.monotonic() + 20
     while True:                                      # /metrics comes up just after the listeners
         try:
             parked(s)
-            break
+            return s
         except OSError:
             if time.monotonic() > deadline:
+                s.stop()
                 raise
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    s = parking_server(tmp_path_factory, "park", PARK_AFTER)
     yield s
     s.stop()
 

@@ -13,28 +13,15 @@ import urllib.request
 import pytest
 
 from lmqtt.gateway.mqtt import packets as P
-from tests.net.test_park_connections import parked, subscriber, wait_parked
-from tests.support import LmqttServer, RawMQTT
+from tests.net.test_park_connections import parked, parking_server, subscriber, wait_parked
+from tests.support import RawMQTT
 
 PARK_AFTER = 60.0
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    d = tmp_path_factory.mktemp("park-fresh")
-    cfg = d / "park.toml"
-    cfg.write_text(f"park_idle_after_s = {PARK_AFTER}\n")
-    (d / "data").mkdir()
-    s = LmqttServer(str(d / "data"), extra_args=("--config", str(cfg))).start()
-    deadline = time.monotonic() + 20
-    while True:                                      # /metrics comes up just after the listeners
-        try:
-            parked(s)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    s = parking_server(tmp_path_factory, "park-fresh", PARK_AFTER)
     yield s
     s.stop()
 

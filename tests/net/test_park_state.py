@@ -9,34 +9,20 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.request
 
 import pytest
 
 from lmqtt.gateway.mqtt import packets as P
-from tests.net.test_park_connections import parked, wait_parked
-from tests.support import LmqttServer, RawMQTT
+from tests.net.test_park_connections import parked, parking_server, wait_parked
+from tests.support import RawMQTT
 
 PARK_AFTER = 0.3
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    d = tmp_path_factory.mktemp("park-state")
-    cfg = d / "park.toml"
-    cfg.write_text(f"park_idle_after_s = {PARK_AFTER}\n")
-    (d / "data").mkdir()
-    s = LmqttServer(str(d / "data"), extra_args=("--config", str(cfg))).start()
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            parked(s)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    s = parking_server(tmp_path_factory, "park-state", PARK_AFTER)
     yield s
     s.stop()
 
