@@ -732,3 +732,12 @@ def stop_all(gateways, store) -> None:
         if g.proc is not None and g.proc.poll() is None:
             g.stop()
     store.stop()
+
+
+def lmqtt_cli(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """Run `lmqtt ARGS…` (this checkout's, as `python3 -m lmqtt.gateway.cli`), output captured as
+    text; a traceback on stderr fails the test (user errors are one line naming the cause)."""
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=timeout, **kw)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r

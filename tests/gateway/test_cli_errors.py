@@ -18,16 +18,12 @@ import pytest
 
 from lmqtt.gateway.cli import BENCH
 from tests.gateway.test_config_strict import run_refused
-from tests.support import ROOT, LmqttServer, LmqttStore, Paho, free_port
+from tests.support import ROOT, LmqttServer, LmqttStore, Paho, free_port, lmqtt_cli
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+cli = lmqtt_cli
 
 
 def wait_for(cond, what: str, timeout: float = 20.0):

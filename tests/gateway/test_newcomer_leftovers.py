@@ -1,24 +1,18 @@
-"""The leftovers of session 7's new-user walkthrough (tests/gateway/test_newcomer_walkthrough.py):
+"""The leftovers of the new-user walkthrough (tests/gateway/test_newcomer_walkthrough.py):
 each against real `lmqtt serve` / `lmqtt store` subprocesses, real sockets and the real `lmqtt`
 command. Errors are one line naming the real cause, never a traceback."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.support import ROOT, LmqttServer
+from tests.support import LmqttServer, lmqtt_cli
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def cli(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout, **kw)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+cli = lmqtt_cli
 
 
 @pytest.fixture(scope="module")

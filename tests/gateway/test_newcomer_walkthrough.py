@@ -9,16 +9,12 @@ import sys
 
 import pytest
 
-from tests.support import ROOT, LmqttServer
+from tests.support import ROOT, LmqttServer, lmqtt_cli
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+cli = lmqtt_cli
 
 
 @pytest.fixture(scope="module")
