@@ -375,11 +375,12 @@ def _overview(conn, only_groups: list[str]):
 def _admin_gateways(conn, args) -> int:
     from lmqtt.store.client import StoreClientError
     from lmqtt.store.node import protocol as P
+    from lmqtt.store.node.node_client import call_sync
     req = P.ReleaseGateway(args.release_gateway) if args.release_gateway else P.Holders()
 
     def call(c):
         try:
-            return P.call_sync(c, req)
+            return call_sync(c, req)
         except StoreClientError as e:
             if c.server_info.get(P.HELLO_KEY) == 0:        # an embedded lmqtt serve: no gateway service
                 raise StoreClientError(e.code, "it is an embedded `lmqtt serve`, which keeps no gateways: "

@@ -23,6 +23,7 @@ from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection
 from lmqtt.store.node import protocol as P
+from lmqtt.store.node.node_client import decode_reply
 
 log = logging.getLogger("lmqtt.gateway.remote")
 
@@ -45,7 +46,7 @@ def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer
             return
         op, _flags, body = raw.result()
         try:
-            got = P.decode_reply(reply_type, op, body)
+            got = decode_reply(reply_type, op, body)
         except Exception as bad:  # noqa: BLE001 - a reply that does not match its type is the answer
             out.set_exception(bad)
             return

@@ -21,6 +21,7 @@ from lmqtt.gateway.storage.remote_entries import RemoteMessage, decode_raw_entri
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import LoopConnection
 from lmqtt.store.node import protocol as P
+from lmqtt.store.node.node_client import NodeClient
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
@@ -59,7 +60,7 @@ class MirrorFeed:
 
     # RemoteStore's state these methods use (set in RemoteStore.__init__)
     link: LoopConnection
-    node: P.NodeClient
+    node: NodeClient
     loop: asyncio.AbstractEventLoop
     remote_metadata: "RemoteMetadata"
     queues: dict[str, _Mirror]

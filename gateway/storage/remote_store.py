@@ -50,6 +50,7 @@ from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
+from lmqtt.store.node.node_client import NodeClient
 from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -82,7 +83,7 @@ class RemoteStore(MirrorFeed):
         Raises NodeMismatch when `link` is connected to a store that does not speak this
         gateway's protocol (another version, or an embedded `lmqtt serve`), before anything is sent."""
         self.link = link
-        self.node = P.NodeClient(link)
+        self.node = NodeClient(link)
         if link.connected:
             self.node.check()
         self.loop = link.loop

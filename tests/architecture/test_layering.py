@@ -24,7 +24,7 @@ FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "
 UNITS = [
     "lmqtt.store", "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.spark",
     "lmqtt.store.node",
-    "lmqtt.store.node.protocol", "lmqtt.store.node.config",
+    "lmqtt.store.node.protocol", "lmqtt.store.node.node_client", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
     "lmqtt.notify",
@@ -69,8 +69,11 @@ MAY_IMPORT: dict[str, set[str]] = {
                          # --tier-parquet: the tier's Parquet copy for Spark (store/spark/cold.py's
                          # writer: pyarrow and the source's columns, pyspark not imported)
                          "lmqtt.store.spark"},
-    # the gw_* commands' types, which the node and the gateway both import: only the frame codec
-    "lmqtt.store.node.protocol": {"lmqtt.store"},
+    # the gw_* commands' types, which the node and the gateway both import: nothing of ours
+    "lmqtt.store.node.protocol": set(),
+    # the gateway's client of the node (NodeClient): those commands sent over the SDK's link,
+    # the frames that answer them decoded (the frame codec); the node never imports it
+    "lmqtt.store.node.node_client": {"lmqtt.store", "lmqtt.store.node.protocol"},
     # `lmqtt store`'s settings (NodeConfig) and the strict TOML loader every command reads its
     # --config with (the gateway's configuration imports it): the engine's min_segment_mb only
     "lmqtt.store.node.config": {"lmqtt.store"},
@@ -80,7 +83,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the storage facades (one Protocol per concern): what both sides of the seam import; nothing of ours
     "lmqtt.gateway.storage.facades": set(),
     # their remote implementations: the SDK's connection, the node protocol, the record codec
-    "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.gateway.storage.facades",
+    "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
+                              "lmqtt.gateway.storage.facades",
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
                               "lmqtt.store.record", "lmqtt.lightqueue.records"},
     "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel",    # accel: the C loader (net/_park.c)
@@ -98,7 +102,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
                           "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades", "lmqtt.gateway.net",
                           "lmqtt.gateway.security", "lmqtt.gateway.core", "lmqtt.gateway.fleet", "lmqtt.store.client",
-                          "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store", "lmqtt.lightqueue",
+                          "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
+                          "lmqtt.store", "lmqtt.lightqueue",
                           "lmqtt.notify", "lmqtt.gateway.app.config"},
     # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file)
     "lmqtt.gateway.app.config": {"lmqtt.store", "lmqtt.store.node.config"},

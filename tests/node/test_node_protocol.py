@@ -15,6 +15,7 @@ import typing
 import pytest
 
 from lmqtt.store.node import protocol as P
+from lmqtt.store.node.node_client import NodeClient, call_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,7 +114,7 @@ def test_the_wire_form_is_the_one_gateways_and_stores_used_before():
 
 def test_the_node_client_has_one_method_per_command_taking_the_requests_fields():
     for name, (req, _reply) in P.COMMANDS.items():
-        method = getattr(P.NodeClient, name[len("gw_"):])
+        method = getattr(NodeClient, name[len("gw_"):])
         params = list(inspect.signature(method).parameters)[1:]
         assert params == [f.name for f in dataclasses.fields(req)], name
 
@@ -298,7 +299,7 @@ def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versio
             why = f"store node {store.address} speaks gateway protocol {P.NODE_PROTOCOL_VERSION + 1}"
             assert await wait_until(lambda: why in (st.unavailable() or ""), 20), st.unavailable()
             with connect(store.address) as sdk:
-                holders = P.call_sync(sdk, P.Holders()).gateways
+                holders = call_sync(sdk, P.Holders()).gateways
             assert holders == {"gw-up": P.HolderInfo(1, False)}      # gw_hello never reached it
             _stop(other)
             other = None
@@ -306,7 +307,7 @@ def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versio
             assert await wait_until(lambda: st.unavailable() is None, 20), st.unavailable()
             assert st.metadata.filters.registered().wait() == {"vx/+": 1}
             with connect(store.address) as sdk:
-                assert await wait_until(lambda: P.call_sync(sdk, P.Holders()).gateways["gw-up"].connected, 10)
+                assert await wait_until(lambda: call_sync(sdk, P.Holders()).gateways["gw-up"].connected, 10)
         finally:
             st.close()
             link.close()
