@@ -146,6 +146,20 @@ def file_topics(metadata) -> list[str] | None:
     return None if v is None else json.loads(v)
 
 
+MANY_TOPICS = "many"
+
+
+def data_topics(data: bytes) -> list[str] | str:
+    """The distinct topics of a Parquet file this module wrote (its bytes, in memory: no request),
+    from its footer: the sorted list, or MANY_TOPICS when it has more than MAX_TOPICS_META (the
+    writers here always list them up to that). What the tier's manifest records per file
+    (`parquet_topics`), so read_history need not read the footers again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    names = file_topics(pq.read_metadata(pa.BufferReader(data)))
+    return MANY_TOPICS if names is None else names
+
+
 def _by_topic(table):
     """`table` sorted by topic, stable: each topic's rows keep their order (CommitLog order)."""
     import pyarrow.compute as pc
@@ -287,6 +301,8 @@ class ColumnarWriter:
     def merge(sources) -> tuple[bytes, int]:
         return merge_files(sources)
 
+    topics = staticmethod(data_topics)
+
     merged_key = staticmethod(merged_key)
 
 
@@ -305,7 +321,11 @@ class ColdTier:
     first one up to the first without Parquet (`cut`: the CommitLog offset where they end)."""
 
     def __init__(self, url: str, manifest: dict) -> None:
+        from lmqtt.store.tier.topics import decode
         self.url = url.rstrip("/")
+        # key -> the file's distinct topics (or MANY_TOPICS) as the manifest lists them (none for a
+        # file an older version wrote: its footer is read)
+        self.topics: dict = decode(manifest)
         segs = sorted(manifest.get("segments", []), key=lambda s: s["start"])
         self.start = segs[0]["start"] if segs else None
         self.cut = self.start
@@ -351,20 +371,25 @@ class ColdTier:
     def matching_topics(self, keys: list[str], flt: str, endpoint: str | None = None,
                         storage_options: dict | None = None) -> tuple[list[str], bool] | None:
         """(the distinct topics of the files `keys` that MQTT filter `flt` matches, whether that is
-        every topic they hold), from the names each file's footer lists (TOPICS_KEY; one footer
-        read per file, on the driver); None when a file lists none (written before the list, or
-        too many topics)."""
-        import pyarrow.parquet as pq
-
-        from lmqtt.store.tier.objects import ObjectStore
-        objs = ObjectStore(self.url, endpoint, storage_options)
+        every topic they hold), from the names the manifest lists for each file (`parquet_topics`,
+        read with the manifest: no request per file); for a file the manifest has no list for (a
+        tier written by an older version) from its footer (TOPICS_KEY; one footer read on the
+        driver). None when a file has no list (too many topics, or written before the lists)."""
         rx = re.compile(filter_regex(flt), re.S)
         out: set = set()
         every = True
+        objs = None
         for k in keys:
-            with objs.fs.open(objs.path(k), "rb") as fh:
-                names = file_topics(pq.read_metadata(fh))
+            names = self.topics.get(k)
             if names is None:
+                import pyarrow.parquet as pq
+
+                from lmqtt.store.tier.objects import ObjectStore
+                if objs is None:
+                    objs = ObjectStore(self.url, endpoint, storage_options)
+                with objs.fs.open(objs.path(k), "rb") as fh:
+                    names = file_topics(pq.read_metadata(fh))
+            if names is None or names == MANY_TOPICS:
                 return None
             hit = [t for t in names if rx.match(t)]
             every = every and len(hit) == len(names)

@@ -117,6 +117,7 @@ class ParquetCompaction:
                     continue
                 self.objects.put(new_key, data)
                 self.parquet_sizes[new_key] = len(data)
+                self._file_topics(new_key, data)        # the union of the merged files' lists
                 _pause_point("parquet-merge")
                 gone = set(keys)
                 with self._lock:

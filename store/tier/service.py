@@ -45,6 +45,7 @@ from ..errors import StoreError
 from ..mapped_file import file_name
 from ..record import PREFIX, HEADER_SIZE, decode
 from . import codec as codecs
+from . import topics as topic_lists
 from .compaction import ParquetCompaction
 from .config import TierConfig
 from .objects import TMP_MARK, ObjectStore, TierUnavailable, _pause_point
@@ -106,6 +107,9 @@ class TierService(ParquetCompaction, TierReads):
         self.columnar = None
         self.columnar_error: str | None = None
         self.parquet_sizes: dict[str, int] = {}   # Parquet key -> bytes (asked of the tier once after a start)
+        # Parquet key -> its distinct topics (sorted list, or "many"): the manifest's parquet_topics
+        # (store/tier/topics.py), from the hook's `topics` when a file is written or merged
+        self.parquet_topics: dict[str, list | str] = {}
         self.parquet_merges = 0                   # merges (compaction) done by this process
         self.parquet_merged_files = 0             # files they replaced
         self.parquet_waiting = 0                  # merges not done yet (due or waiting) as of the last pass
@@ -113,8 +117,24 @@ class TierService(ParquetCompaction, TierReads):
 
     # ------------------------------------------------------------------ manifest
     def _manifest_doc(self, segments: list[dict]) -> bytes:
-        return json.dumps({"version": 1, "store": self.store.ident, "segment_size": self.clog.seg_size,
-                           "written_ms": _now_ms(), "segments": segments}, indent=0).encode()
+        doc = {"version": 1, "store": self.store.ident, "segment_size": self.clog.seg_size,
+               "written_ms": _now_ms(), "segments": segments}
+        named = dict.fromkeys(k for s in segments for k in s.get("parquet", ()))
+        pt = topic_lists.encode(self.parquet_topics, named)
+        if pt is not None:
+            doc["parquet_topics"] = pt
+        return json.dumps(doc, indent=0).encode()
+
+    def _file_topics(self, key: str, data: bytes) -> None:
+        """Record the distinct topics of the Parquet file `key` (its bytes in hand) for the manifest."""
+        fn = getattr(self.columnar, "topics", None)
+        if fn is None:
+            return
+        try:
+            self.parquet_topics[key] = fn(data)
+        except Exception as e:  # noqa: BLE001 - no list: read_history reads that file's footer
+            log.warning("tier: no topic list for %s in the manifest (%s: %s)", self.objects.where(key),
+                        type(e).__name__, e)
 
     def _set_segments(self, segments: list[dict]) -> None:
         with self._lock:
@@ -144,6 +164,7 @@ class TierService(ParquetCompaction, TierReads):
             log.error("tier: the local manifest copy %s is unreadable (%s); reading the tier's", path, e)
             return
         self._set_segments(self._check_doc(doc, path))
+        self.parquet_topics = topic_lists.decode(doc)
 
     def _write_manifest(self, segments: list[dict]) -> None:
         """Commit `segments` as what the tier holds: the tier's manifest (atomic), then the local copy."""
@@ -158,6 +179,9 @@ class TierService(ParquetCompaction, TierReads):
             os.fsync(f.fileno())
         os.replace(tmp, path)
         self._set_segments(segments)
+        named = {k for s in segments for k in s.get("parquet", ())}
+        for k in [k for k in self.parquet_topics if k not in named]:
+            self.parquet_topics.pop(k, None)
 
     def _sync(self) -> None:
         """Read the tier's manifest (the authority) and remove what no manifest names."""
@@ -178,6 +202,7 @@ class TierService(ParquetCompaction, TierReads):
             except ValueError as e:
                 raise TierMismatch(f"{self.objects.where(MANIFEST)} is not a readable manifest: {e}") from None
             tier_segs = self._check_doc(doc, self.objects.where(MANIFEST))
+            self.parquet_topics = topic_lists.decode(doc)
         named = {s["key"] for s in tier_segs} | {k for s in tier_segs for k in s.get("parquet", ())}
         for key in self.objects.list(SEG_DIR) + self.objects.find(PARQUET_DIR):
             if key not in named:
@@ -351,6 +376,7 @@ class TierService(ParquetCompaction, TierReads):
                 for k, data in files:        # each atomic; a kill -9 before the manifest: removed at start
                     self.objects.put(k, data)
                     self.parquet_sizes[k] = len(data)
+                    self._file_topics(k, data)
                 entry["parquet"] = [k for k, _ in files]
         return entry
 
