@@ -377,3 +377,136 @@ def test_kill9_in_a_merge_leaves_every_row_once(point, spark, tmp_path, monkeypa
         assert sorted((r.topic, bytes(r.payload)) for r in hist) == sorted(sent)
     finally:
         store.stop()
+
+
+# ------------------------------------------------------------- the files' topic lists in the manifest
+def _file_topics_on_disk(tier, key: str):
+    """The distinct topics of a tier Parquet file, read from its rows (not its footer)."""
+    import pyarrow.parquet as pq
+    return sorted(set(pq.read_table(tier / key, columns=["topic"]).column("topic").to_pylist()))
+
+
+def _listed(man: dict) -> dict:
+    """key -> the topic list (or "many") the manifest records for that Parquet file."""
+    pt = man["parquet_topics"]
+    return {k: v if v == "many" else pt["lists"][v] for k, v in pt["files"].items()}
+
+
+def _produce_many_topics(store, n: int) -> None:
+    """n small messages, each to a topic of its own (many/<i>), in one batch."""
+    c = connect(store.address)
+    try:
+        c.producer().send_batch([(f"many/{i}", b"x") for i in range(n)])
+    finally:
+        c.close()
+
+
+def test_the_manifest_lists_each_parquet_files_topics_after_upload_and_after_a_merge(tmp_path):
+    """Uploaded: the manifest names each Parquet file's distinct topics (the rows' own, sorted), or
+    "many" for a file of more than 4,096; merged (a restart with the compaction on): each merged
+    file's list is the union of its inputs' ("many" stays "many"), and the lists name exactly the
+    files the segments name (the merged-away ones gone)."""
+    tier = tmp_path / "tier"
+    (tmp_path / "data").mkdir()
+    args = ("--segment-mb", str(SEG_MB), "--tier", f"file://{tier}", "--local-retention", "0")
+    store = LmqttStore(str(tmp_path / "data"), (*args, *NO_MERGE))
+    store.start()
+    try:
+        _produce_many_topics(store, 4200)
+        _produce(store, 2000)
+        _offloaded(store, 3)
+        man = _manifest(tier)
+        keys = _keys(man)
+        listed = _listed(man)
+        assert sorted(listed) == sorted(keys) and len(keys) > 3
+        many = [k for k in keys if "first_level=many/" in k]
+        assert listed[many[0]] == "many" and len(_file_topics_on_disk(tier, many[0])) > 4096
+        for k in keys:
+            if listed[k] != "many":
+                assert listed[k] == _file_topics_on_disk(tier, k), k
+        assert not [k for k in keys if "-" in k.rsplit("/", 1)[1]]        # no merge yet
+        before = listed
+        small: dict = {}
+        for k in keys:
+            small.setdefault(k.rsplit("/", 1)[0], []).append(k)
+    finally:
+        store.stop()
+    store = LmqttStore(str(tmp_path / "data"), (*args, *MERGE_NOW))
+    store.start()
+    try:
+        _offloaded(store, 3)
+        _compacted(store, tier)
+        man = _manifest(tier)
+        keys = _keys(man)
+        listed = _listed(man)
+        assert sorted(listed) == sorted(keys)
+        merged = [k for k in keys if "-" in k.rsplit("/", 1)[1]]
+        assert [k for k in merged if "first_level=dev/" in k] and [k for k in merged if "first_level=other/" in k]
+        for k in keys:
+            inputs = small[k.rsplit("/", 1)[0]]
+            if any(before[f] == "many" for f in inputs):
+                assert listed[k] == "many", k
+            else:
+                assert listed[k] == sorted({t for f in inputs for t in before[f]}) == _file_topics_on_disk(tier, k), k
+    finally:
+        store.stop()
+
+
+@pytest.fixture
+def footer_reads(monkeypatch):
+    """The paths of the tier's *.parquet files this process opens through fsspec (where read_history
+    reads a footer on the driver; Spark's own reads are in the JVM and not counted)."""
+    from fsspec.implementations.local import LocalFileSystem
+    opened: list[str] = []
+    real = LocalFileSystem._open
+
+    def counting(self, path, *a, **kw):
+        if str(path).endswith(".parquet"):
+            opened.append(str(path))
+        return real(self, path, *a, **kw)
+    monkeypatch.setattr(LocalFileSystem, "_open", counting)
+    return opened
+
+
+FILTERS = ("dev/1/t", "+/1/#", "+/+", "dev/7/t", "dev/+/t")
+
+
+def test_read_history_by_filter_reads_no_footer_when_the_manifest_lists_the_topics(spark, offloaded, footer_reads):
+    """The filter is matched against the manifest's lists (one manifest read): no Parquet file is
+    opened on the driver, and the rows are exactly the store's own filter read."""
+    from lmqtt.store.spark import read_history
+    store, tier, _sent, _s = offloaded
+    assert set(_listed(_manifest(tier))) == set(_keys(_manifest(tier)))
+    for flt in FILTERS:
+        df = read_history(spark, store=store.address, tier=f"file://{tier}", filter=flt)
+        assert footer_reads == [], (flt, footer_reads)
+        assert _rows(df) == _rows(_source(spark, store, filter=flt)), flt
+
+
+def test_read_history_over_a_manifest_without_lists_reads_the_footers(spark, offloaded, footer_reads, tmp_path):
+    """A tier an older version wrote (its manifest has no `parquet_topics`): the footers are read
+    (one per cold file of the filter's first levels) and the rows are the same; a manifest listing
+    only some files reads only the others' footers."""
+    import shutil
+
+    from lmqtt.store.spark import read_history
+    store, tier, _sent, _s = offloaded
+    man = _manifest(tier)
+    keys = _keys(man)
+    old = tmp_path / "old-tier"
+    shutil.copytree(tier, old)
+    old_man = {k: v for k, v in man.items() if k != "parquet_topics"}
+    (old / "manifest.json").write_text(json.dumps(old_man))
+    for flt in FILTERS:
+        footer_reads.clear()
+        df = read_history(spark, store=store.address, tier=f"file://{old}", filter=flt)
+        assert footer_reads, flt
+        assert _rows(df) == _rows(_source(spark, store, filter=flt)), flt
+    # only the dev/ file listed: only the other/ files' footers are read
+    dev = [k for k in keys if "first_level=dev/" in k]
+    part = dict(old_man, parquet_topics={"lists": [_listed(man)[dev[0]]], "files": {dev[0]: 0}})
+    (old / "manifest.json").write_text(json.dumps(part))
+    footer_reads.clear()
+    df = read_history(spark, store=store.address, tier=f"file://{old}", filter="+/1/#")
+    assert footer_reads and not [p for p in footer_reads if "first_level=dev/" in p], footer_reads
+    assert _rows(df) == _rows(_source(spark, store, filter="+/1/#"))
