@@ -10,6 +10,12 @@ moto's S3 server started by the bench on a loopback port, or `--tier URL` [--tie
 * backlog  `--backlog` messages of 100 B (default 100,000): read back in pulls of 512 through
            MessageStore.read_many (the read a persistent session's light-queue backlog makes)
            from the local disk, then from the tier with a cold cache and again warm
+* history-plan  read_history's driver planning over a tier of many Parquet files (`--plan-segments`
+           segments of 256 KiB, 3 first-level topics: 3 files per segment, no merge): the tier's
+           manifest read and the filter (`+/+/temp`) matched against every file's topic list,
+           with the lists in the manifest (no request per file) and with the same manifest
+           without them (a tier an older version wrote: one footer read per file). Spark itself
+           is not started (its own file listing is the same either way).
 """
 from __future__ import annotations
 
@@ -154,6 +160,60 @@ def bench_backlog(base: str, tier: str, url: str, endpoint: str | None, count: i
             "tier_warm_vs_local": round(local_s / warm_s, 2), "segments_fetched": s["cache_misses"]}
 
 
+def bench_history_plan(base: str, tier: str, url: str, endpoint: str | None, segments: int, repeat: int) -> dict:
+    import statistics
+
+    from lmqtt.store.spark.cold import ColdTier, ColumnarWriter, available
+    from lmqtt.store.tier.objects import ObjectStore
+    seg = 256 << 10
+    st = MessageStore(StoreConfig(data_dir=os.path.join(base, "store"), flush_mode="async", segment_size=seg,
+                                  max_message_size=64 << 10))
+    st.enable_tier(TierConfig(url=url, endpoint=endpoint, local_retention_ms=0, upload_interval_ms=100,
+                              parquet_merge_after_ms=3600_000, parquet_merge_files=1 << 20))
+    if available() is not None:
+        raise SystemExit(f"lmqtt bench tier: history-plan: {available()}")
+    st.tier.columnar = ColumnarWriter(st)          # what --tier-parquet on attaches
+    st.start()
+    try:
+        body = os.urandom(100)
+        batch = [Message(f"{fl}/{i}/{kind}", body) for fl in ("a", "b", "c") for i in range(40)
+                 for kind in ("temp", "hum")]
+        t_end = time.monotonic() + 120
+        while len(st.clog.mfq.files) <= segments and time.monotonic() < t_end:
+            st.append_batch(batch)
+        st.clog.flush()
+        t_end = time.monotonic() + 120
+        while (st.tier.pending() or len(st.tier.segments) < segments) and time.monotonic() < t_end:
+            time.sleep(0.2)
+        nseg = len(st.tier.segments)
+    finally:
+        st.shutdown()
+    flt = "+/+/temp"
+    doc = json.loads(ObjectStore(url, endpoint).get("manifest.json"))
+
+    def plan(old: bool):
+        t0 = time.perf_counter()
+        if old:   # the same tier as an older version wrote it: no lists in its manifest
+            d = json.loads(ObjectStore(url, endpoint).get("manifest.json"))
+            d.pop("parquet_topics", None)
+            ct = ColdTier(url, d)
+        else:
+            ct = ColdTier.open(url, endpoint, missing_ok=False)
+        keys = ct.file_keys(None)
+        names, _every = ct.matching_topics(keys, flt, endpoint)
+        return time.perf_counter() - t0, len(keys), len(names)
+
+    out: dict = {"case": "history-plan", "tier": tier, "segments": nseg, "filter": flt,
+                 "manifest_bytes": len(json.dumps(doc)), "listed_files": len(doc.get("parquet_topics", {}).get("files", {}))}
+    for name, old in (("footers", True), ("manifest", False)):
+        runs = [plan(old) for _ in range(max(1, repeat))]
+        out["files"], out["topics_matched"] = runs[0][1], runs[0][2]
+        out[f"{name}_s"] = round(min(r[0] for r in runs), 4)
+        out[f"{name}_median_s"] = round(statistics.median(r[0] for r in runs), 4)
+    out["speedup"] = round(out["footers_s"] / out["manifest_s"], 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench tier", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="upload,backlog")
@@ -165,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-mb", type=int, default=32, help="CommitLog segment size (default 32)")
     ap.add_argument("--backlog", type=int, default=100_000, help="messages in the backlog case (default 100,000)")
     ap.add_argument("--pull", type=int, default=512, help="messages per read in the backlog case (default 512)")
+    ap.add_argument("--plan-segments", type=int, default=40, help="segments in the history-plan case (default 40)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs of the history-plan case; best and median (default 5)")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-tier-bench-")
@@ -191,8 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                     r = bench_upload(sub, tier, url, ep, a.duration, a.segment_mb, a.batch)
                 elif c == "backlog":
                     r = bench_backlog(sub, tier, url, ep, a.backlog, a.segment_mb, a.pull)
+                elif c == "history-plan":
+                    r = bench_history_plan(sub, tier, url, ep, a.plan_segments, a.repeat)
                 else:
-                    print(f"lmqtt bench tier: unknown case {c!r} (upload, backlog)", file=sys.stderr)
+                    print(f"lmqtt bench tier: unknown case {c!r} (upload, backlog, history-plan)", file=sys.stderr)
                     return 2
                 print(json.dumps(r), flush=True)
                 shutil.rmtree(sub, ignore_errors=True)
