@@ -15,6 +15,7 @@ the `on_subscribe`/`on_unsubscribe` entry points of its dispatch table and deleg
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ProtocolError, ReasonCode as RC, packets as P
@@ -51,16 +52,16 @@ class SubscribeHandler:
     * `kick(s)`: a delivery run for the session (its new subscriptions may have messages);
     * `resume(conn, fn, *args)`: run a packet's handling that waited for the store, failing as the
       connection's dispatch would (the broker's, shared with CONNECT);
-    * `one_write()`: in-process (`Storage.one_write`), a context in which the SUBSCRIBE's filter
-      references, session record and offsets go in one metadata write, made before its SUBACK
-      leaves (issue 29 storm: a new persistent session's were three); None: each at once.
+    * `one_write()`: `Storage.one_write`, a context in which the SUBSCRIBE's filter references,
+      session record and offsets go in one metadata write, made before its SUBACK leaves
+      (in-process; issue 29 storm: a new persistent session's were three; remote: a no-op).
     """
 
     def __init__(self, *, subscriptions: "SubscriptionRegistry", retained,
                  acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
                  save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
                  kick: Callable[[Session], None], resume: Callable[..., None],
-                 one_write: Callable[[], Any] | None = None) -> None:
+                 one_write: Callable[[], Any] = nullcontext) -> None:
         self.subscriptions = subscriptions
         self.retained = retained
         self.acl = acl
@@ -74,11 +75,8 @@ class SubscribeHandler:
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
-        one_write = self._one_write
-        if one_write is None:
-            return self._on_subscribe(conn, pkt)
         try:
-            with one_write():
+            with self._one_write():
                 self._on_subscribe(conn, pkt)
         except MetadataError as e:
             # its filter references, record or offsets are not written: its SUBACK (queued, not

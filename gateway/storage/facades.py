@@ -25,6 +25,7 @@ import it (tests/architecture/test_layering.py).
 from __future__ import annotations
 
 import asyncio
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, Protocol,
                     Sequence, TypeVar)
@@ -508,7 +509,7 @@ class Storage:
     wills: WillStore
     filters: FilterRegistry
     queues: QueueStore
-    # in-process only (`lmqtt serve`): a context whose filter references, session records and
-    # offsets written inside go in one metadata write at its end (a SUBSCRIBE's, before its SUBACK:
-    # lightqueue/metadata.py `one_write`); None: each is written when asked (a remote store)
-    one_write: "Callable[[], Any] | None" = None
+    # a context whose filter references, session records and offsets written inside go in one
+    # metadata write at its end (a SUBSCRIBE's, before its SUBACK: lightqueue/metadata.py
+    # `one_write`, in-process); a remote store writes each when asked: a context doing nothing
+    one_write: "Callable[[], Any]" = nullcontext
