@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"LmqttDataSource": ".source", "SCHEMA": ".source", "write_rows": ".source",
+_WHERE = {"LmqttDataSource": ".source", "SCHEMA": ".source", "write_rows": ".sink",
           "state_as_of": ".views", "delivery_audit": ".views", "read_history": ".cold"}
 
 __all__ = ["LmqttDataSource", "SCHEMA", "state_as_of", "delivery_audit", "write_rows", "read_history"]
