@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 # connection.py first, as always (it imports aio.py at its end, which needs its names: importing
 # aio.py first would be circular)
-from .connection import (AsyncConnection, Connection, ConnectionLost, DiskFull, StoreClientError, connect,
-                         connect_async, parse_address)
+from .connection import AsyncConnection, Connection, ConnectionLost, DiskFull, StoreClientError, connect, connect_async
+from .failover import parse_address
 
 # where each other name of the API lives: imported on first use (PEP 562), so that importing one
 # submodule (the gateway reads `lmqtt.store.client.props`) does not import the producers and

@@ -20,9 +20,10 @@ from typing import Callable
 from .. import protocol as W
 import time
 
-from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, _NOT_IDEMPOTENT, ConnectionLost, NotStores,
-                         StoreClientError, check_reply, is_not_primary, keeps_expected, next_member, not_a_store,
-                         parse_addresses, parse_hello_ok, primary_named, probe_primary)
+from .connection import (_NOT_IDEMPOTENT, ConnectionLost, NotStores, StoreClientError, check_reply, is_not_primary,
+                         not_a_store, parse_hello_ok)
+from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses, primary_named,
+                       probe_primary)
 from .loop_connection import LoopConnection
 
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -58,7 +59,7 @@ class AsyncConnection:
         # a store group: a member that answers nothing while requests wait (a stopped or cut-off
         # primary keeps its connection open) - after `probe_after` s the other members are asked
         # who is primary, every `probe_interval` s, and a newer primary is followed at once
-        # (connection.probe_primary); after `stall_timeout` s the member is left in any case
+        # (failover.probe_primary); after `stall_timeout` s the member is left in any case
         self.stall_timeout = 5.0
         self.probe_after = 1.0
         self.probe_interval = 0.5

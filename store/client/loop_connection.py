@@ -28,7 +28,7 @@ answered ERROR not_primary (a deposed primary) drops the link at once, aimed at 
 refusal names: every request in flight fails with ConnectionLost and the redial finds the new
 primary; so does a member that answers nothing for `stall_timeout` (5 s) while requests wait (a
 stopped or cut-off primary keeps its socket open), or sooner, once another member asked after
-`probe_after` (1 s) of such silence names a newer primary (connection.probe_primary); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
+`probe_after` (1 s) of such silence names a newer primary (failover.probe_primary); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
 the gateway's producer re-sends its PRODUCEs in flight with their producer id + sequence
 (gateway/storage/remote_produce.py), so the new primary stores each batch once.
 
@@ -46,8 +46,9 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import (EXPECT_PRIMARY_S, GROUP_RETRY_S, ConnectionLost, StoreClientError, dial, keeps_expected,
-                         next_member, parse_addresses, primary_named, probe_primary)
+from .connection import ConnectionLost, StoreClientError, dial
+from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses, primary_named,
+                       probe_primary)
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -93,7 +94,7 @@ class LoopConnection:
         # (stopped, cut off: its socket stays open) is left for the others
         self.stall_timeout = 5.0
         # ... and after `probe_after` s of such silence the other members are asked who is primary
-        # (connection.probe_primary, in a thread), every `probe_interval` s: a member that knows a
+        # (failover.probe_primary, in a thread), every `probe_interval` s: a member that knows a
         # later epoch names the primary the link moves to at once
         self.probe_after = 1.0
         self.probe_interval = 0.5

@@ -226,7 +226,7 @@ class Member(MetadataSync):
         if srv is None:
             return
         # epoch: the term this member knows; a client whose primary went silent asks the others
-        # (store/client/connection.py probe_primary) and follows one that knows a later epoch
+        # (store/client/failover.py probe_primary) and follows one that knows a later epoch
         srv.hello_info.update(group=self.group, node=self.node, role=self.role,
                               primary=self.address_of(self.state.primary), epoch=self.state.epoch)
         if self.role == "primary":

@@ -8,7 +8,8 @@ import asyncio
 import time
 
 from lmqtt.store.client.aio import AsyncConnection
-from lmqtt.store.client.connection import Connection, keeps_expected
+from lmqtt.store.client.connection import Connection
+from lmqtt.store.client.failover import keeps_expected
 from lmqtt.store.client.loop_connection import LoopConnection
 
 A, B, C = ("127.0.0.1", 7001), ("127.0.0.1", 7002), ("127.0.0.1", 7003)
