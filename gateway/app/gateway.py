@@ -1,9 +1,11 @@
-"""The embedded gateway: store + light queues + notify bus + MQTT listener in one process.
+"""The gateway process: the broker and its MQTT listeners over a store.
 
-`Gateway(cfg)` is what `lmqtt serve` runs and what tests may build in-process. Start order matters:
-the light-queue store registers its dispatcher before `store.start()` (recovery re-dispatches), the
-notify bus is attached before the first publish, and the listener opens last; stop is the reverse,
-with the broker persisting sessions/offsets before the store flushes and closes.
+`Gateway(cfg)` is what `lmqtt serve` and `lmqtt gateway` run and what tests may build in-process.
+`lmqtt serve` is a gateway over an in-process store node (store/node/embedded.py opens the store,
+the light queues and the notify bus and hands over the storage facades); `lmqtt gateway` is the
+same broker over a `RemoteStore`. The store is opened first and the listeners last; stop is the
+reverse, with the broker persisting sessions/offsets before the store flushes and closes. This
+module never imports the engine, the light queues or RocksDB (tests/architecture/test_layering.py).
 """
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from lmqtt.gateway.core.broker import Broker
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.gateway.app.metrics import GatewayMetrics
-from lmqtt.notify import InProcessBus
-from lmqtt.store.server import is_loopback
+from lmqtt.store.loopback import is_loopback
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -225,9 +226,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, metrics: GatewayMetrics | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics or GatewayMetrics()
-        self.store = None
-        self.lq = None
-        self.bus: InProcessBus | None = None
+        self.embedded = None        # `lmqtt serve`: the in-process store node (store/node/embedded.py)
         self.broker: Broker | None = None
         self.server: asyncio.base_events.Server | None = None
         self.address: tuple[str, int] | None = None
@@ -245,47 +244,35 @@ class Gateway:
     def remote(self) -> bool:
         return bool(self.cfg.store_address)
 
+    # the embedded node's engine objects, for in-process tests: the gateway itself reaches the
+    # store through `embedded.storage` (the facades) only
+    @property
+    def store(self):
+        return self.embedded.store if self.embedded is not None else None
+
+    @property
+    def lq(self):
+        return self.embedded.lq if self.embedded is not None else None
+
+    @property
+    def bus(self):
+        return self.embedded.bus if self.embedded is not None else None
+
     async def start(self) -> None:
         if self.remote:
             await self._start_remote()
             return
-        from lmqtt.lightqueue import LightQueueStore
-        from lmqtt.store import MessageStore, StoreConfig
-        from lmqtt.store.node.inprocess import storage as in_process_storage
+        from lmqtt.store.node.embedded import open_embedded
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         # settings that cannot work are refused before the store is opened
         self.ssl_context, self.auth, self.acl = build_security(cfg)
-        data = Path(cfg.data_dir)
-        data.mkdir(parents=True, exist_ok=True)
-        scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode,
-                           segment_size=int(cfg.segment_mb) << 20)
-        if cfg.dispatch_inline:
-            scfg.dispatch_inline = True
-        self.store = MessageStore(scfg)
-        if cfg.tier:       # tiered storage (store/tier; checked by GatewayConfig.validate)
-            from lmqtt.store.tier.config import TierConfig
-            self.store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
-                                                         cfg.tier_retention, cfg.tier_cache_mb,
-                                                         cfg.tier_parquet_file_mb, cfg.tier_parquet_merge_after_s))
-            from lmqtt.store.node.tier_parquet import attach_parquet
-            attach_parquet(self.store, cfg.tier_parquet)
-        self.lq = LightQueueStore(self.store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
-                                  cache_bytes=int(cfg.lq_cache_mb) << 20,
-                                  # the store's just-appended records: the same budget as the
-                                  # delivery ring (a quarter of lq_cache_mb), so one knob sizes
-                                  # every message cache
-                                  recent_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
-        self.bus = InProcessBus(loop, cfg.notify_window_ms / 1000.0)
-        self.lq.add_listener(self.bus.publish)
-        self.store.start()
+        self.embedded = node = open_embedded(cfg, loop)
         try:
-            self.broker = Broker(cfg, in_process_storage(self.store, self.lq), loop, self.metrics, auth=self.auth,
-                                 acl=self.acl, gate=self._new_gate(), after_append=self.bus.drain)
-            # registrations by SDK consumers (the store port) append the routed publishes first too
-            self.lq.before_register = self.broker.publisher.flush
-            self.bus.subscribe(self.broker.delivery.on_queues)
+            self.broker = Broker(cfg, node.storage, loop, self.metrics, auth=self.auth,
+                                 acl=self.acl, gate=self._new_gate(), after_append=node.after_append)
+            node.attach(self.broker.publisher.flush, self.broker.delivery.on_queues)
             self.broker.start()
             await self._listen(loop)
         except BaseException:
@@ -545,7 +532,7 @@ class Gateway:
                 "publish_received": received, "publish_sent": sent,
                 "publish_dropped": totals.get("lmqtt_dropped_messages", 0),
                 "bytes_received": m.bytes_in, "bytes_sent": m.bytes_out,
-                "subscriptions": sum(len(s.subs) for s in sessions.values())     # and the dormant's
+                "subscriptions": sum(s.subscription_count() for s in sessions.values())     # and the dormant's
                 + sum(len(d.subs) // 2 for d in b.session_registry.dormant.values()),
                 "connects": totals.get("lmqtt_connects", 0)}
 
@@ -574,16 +561,6 @@ class Gateway:
         self._close_storage()
 
     def _close_storage(self) -> None:
-        if self.bus is not None:
-            self.bus.close()
-        if self.store is not None:
-            try:
-                self.store.shutdown()
-            except Exception as e:
-                log.error("event=store_shutdown_failed error=%r", e)
-        if self.lq is not None:
-            try:
-                self.lq.close()
-            except Exception as e:
-                log.error("event=lightqueue_close_failed error=%r", e)
-        self.store = self.lq = None
+        if self.embedded is not None:
+            self.embedded.close()
+            self.embedded = None

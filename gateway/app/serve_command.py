@@ -173,7 +173,7 @@ def check_startup(cfg, store_protocol: bool = True) -> str | None:
     """None if the listeners, authentication and (`store_protocol`) the store protocol's settings
     can work, else why not; asked before the data dir is touched (a refused start creates nothing)."""
     from lmqtt.gateway.app.gateway import SecurityConfigError, build_security
-    from lmqtt.store.server import is_loopback
+    from lmqtt.store.loopback import is_loopback
     try:
         build_security(cfg)
     except SecurityConfigError as e:
@@ -258,12 +258,8 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     store_srv = None
     store_url = "off"
     if cfg.store_port:
-        from lmqtt.store.node.sdk_service import install
-        from lmqtt.store.server import StoreServer
-        try:
-            store_srv = StoreServer(gw.store, os.path.join(cfg.data_dir, "sdk-meta"), host=cfg.store_host,
-                                    port=cfg.store_port, token=cfg.token)
-            install(store_srv, gw.lq)
+        try:        # the in-process store node's SDK port (store/node/embedded.py)
+            store_srv = gw.embedded.sdk_server(cfg.data_dir, cfg.store_host, cfg.store_port, cfg.token)
             await store_srv.start()
         except ValueError as e:
             print(f"lmqtt serve: {e}", file=sys.stderr)
