@@ -1,9 +1,11 @@
 """What the console shows, read from the gateway's live objects on the loop thread.
 
 The broker is read through what it exposes (`connections`, `sessions`, a connection's `session`,
-`identity`, `peer`, ...); the persistent sessions and their offsets through the embedded store's
-light-queue metadata (`lmqtt serve`: gateway.lq), the same reads the store's `session` CALL makes
-for `lmqtt admin --session` (store/node/sdk_service.py).
+`identity`, `peer`, ...); the store of `lmqtt serve` through its in-process store node
+(`gateway.embedded`, store/node/embedded.py): the storage facades for the persistent sessions'
+offsets, queue ends and retained messages (the reads the store's `session` CALL makes for
+`lmqtt admin --session`), the node's own functions for its counters, topics and the tracer's
+history. Nothing here imports the engine or the light queues.
 """
 from __future__ import annotations
 
@@ -170,15 +172,15 @@ def _queued(gw, rows: list[dict]) -> None:
     """Messages in a connected client's queues beyond what it has been sent: the embedded store's
     queue ends, or a fleet gateway's mirror of the queues it serves (the end the store last told
     it; a queue it does not mirror is not asked for here)."""
-    lq = getattr(gw, "lq", None)
-    storage = getattr(gw, "storage", None)
-    mirrors = getattr(storage, "queues", None) if lq is None else None
-    if lq is None and mirrors is None:
+    node = gw.embedded
+    storage = gw.storage
+    mirrors = storage.queues if node is None and storage is not None else None
+    if node is None and mirrors is None:
         return
 
     def end(qname: str) -> int | None:
-        if lq is not None:
-            return lq.max_offset(qname)
+        if node is not None:
+            return node.storage.queues.max_offset(qname).result()
         if qname not in mirrors:
             return None
         a = storage.end_offset(qname)
@@ -208,21 +210,21 @@ def find_connection(gw, client_id: str):
 
 def sessions(gw, limit: int = 500) -> dict:
     """Persistent sessions with each subscription's committed offset, queue end and lag."""
-    lq = getattr(gw, "lq", None)
-    if lq is None:
+    node = gw.embedded
+    if node is None:
         return {"available": False, "why": "a fleet gateway: `lmqtt admin --store ... --sessions` reads the store",
                 "sessions": []}
-    md = lq.metadata
+    offsets, ends = node.storage.offsets, node.storage.queues
     out = []
     now_ms = int(time.time() * 1000)
     reg = gw.broker.session_registry if gw.broker is not None else None
-    for rec in md.list_sessions(None, limit):
-        own = md.get_offsets(rec.client_id)
+    for rec in node.session_page(limit):
+        own = offsets.get_all(rec.client_id).result()
         subs = []
         for sub in rec.subscriptions:
-            committed = (md.get_offset(f"$share/{sub.share_group}", sub.filter) if sub.share_group
+            committed = (offsets.get(f"$share/{sub.share_group}", sub.filter).result() if sub.share_group
                          else own.get(sub.filter))
-            end = lq.max_offset(sub.filter)
+            end = ends.max_offset(sub.filter).result()
             subs.append({"filter": sub.filter, "qos": sub.qos, "share_group": sub.share_group,
                          "committed_offset": committed, "max_offset": end,
                          "lag": None if committed is None else max(0, end - committed)})
@@ -241,39 +243,21 @@ def sessions(gw, limit: int = 500) -> dict:
 
 
 class Trace:
-    """The message tracer: the messages matching a filter, from `since_ms` on, read from the
-    embedded store's ConsumeQueues (the same history read as `$replay/` and the SDK's `since`,
-    lightqueue/history.py and replay.read_history) and then followed as they arrive. Nothing is
-    registered in the store (no light queue is created for the filter): each poll reads the
-    ConsumeQueues of the filter's first-level topics from where the last one stopped.
+    """The message tracer of `lmqtt serve`: the messages matching a filter, from `since_ms` on,
+    read by the in-process store node (store/node/embedded.py `HistoryTrace`: the ConsumeQueues'
+    history, the same read as `$replay/` and the SDK's `since`) and then followed as they arrive.
+    Nothing is registered in the store (no light queue is created for the filter).
     `allowed(topic)`: False hides a message (the user's ACL would not let them read it)."""
 
     MAX_PER_POLL = 200
 
     def __init__(self, gw, flt: str, since_ms: int, allowed=None) -> None:
-        from lmqtt.lightqueue import history
-        from lmqtt.lightqueue.topics import validate_filter
-        validate_filter(flt)            # ValueError-like InvalidTopic with the reason
         self.gw, self.flt, self.since_ms = gw, flt, int(since_ms)
         self.allowed = allowed
-        self._history = history
-        self.cursor = {"filter": flt, "seam": 1 << 62, "end": 1 << 62, "sources": []}
-        self._known: set[tuple[str, int]] = set()
-
-    def _refresh_sources(self) -> None:
-        store = self.gw.store
-        for fl, qid in self._history.sources(store, self.flt):
-            if (fl, qid) not in self._known:
-                self._known.add((fl, qid))
-                self.cursor["sources"].append([fl, qid, self._history.cq_offset_for_time(store, fl, qid, self.since_ms)])
+        self.history = gw.embedded.trace(flt, since_ms)     # an invalid filter: its reason (InvalidTopicFilter)
 
     def poll(self) -> list[dict]:
-        from lmqtt.lightqueue.replay import read_history
-        self._refresh_sources()
-        if not self.cursor["sources"]:
-            return []
-        msgs, self.cursor, _done = read_history(self.gw.store, self.cursor, max_count=self.MAX_PER_POLL)
-        return [_traced(m.topic, m.props, m.body, m.store_ts) for m in msgs
+        return [_traced(m.topic, m.props, m.body, m.store_ts) for m in self.history.poll(self.MAX_PER_POLL)
                 if self.allowed is None or self.allowed(m.topic)]
 
     async def apoll(self) -> list[dict]:
@@ -349,9 +333,9 @@ class TopicRates:
 
     async def _ends(self) -> dict:
         """{(first-level topic, queue id): end}: the embedded store's, or the store's `topics` CALL."""
-        store = getattr(self.gw, "store", None)
-        if store is not None:
-            return store.consume_queues.max_offsets()
+        node = self.gw.embedded
+        if node is not None:
+            return node.topic_ends()
         if self.fleet is None or not self.fleet.remote:
             return {}
         got = await self.fleet.call("topics")
@@ -359,7 +343,7 @@ class TopicRates:
 
     async def snapshot(self, limit: int = 200) -> dict:
         from .fleet import StoreUnavailable
-        if getattr(self.gw, "store", None) is None and (self.fleet is None or not self.fleet.remote):
+        if self.gw.embedded is None and (self.fleet is None or not self.fleet.remote):
             return {"available": False, "topics": []}
         try:
             ends = await self._ends()
@@ -385,15 +369,14 @@ async def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
     """Retained messages matching `flt` (topic order, at most `limit`), payload previews: the
     embedded store's metadata read in batches, or a fleet gateway's retained facade (the store's
     gw_retained_matching)."""
-    lq = getattr(gw, "lq", None)
-    if lq is not None:
-        from lmqtt.lightqueue.topics import validate_filter
+    from lmqtt.lightqueue.topics import validate_filter
+    node = gw.embedded
+    if node is not None:
         validate_filter(flt)
-        return _retained_rows(lq.metadata.retained_batches(flt), allowed, limit)
-    storage = getattr(gw, "storage", None)
+        return _retained_rows(node.storage.retained.batches(flt).result(), allowed, limit)
+    storage = gw.storage
     if storage is None:
         return {"available": False, "messages": []}
-    from lmqtt.lightqueue.topics import validate_filter
     validate_filter(flt)             # the reason in one line before the store is asked
     found = await storage.metadata.retained.matching(flt)
     return _retained_rows((found,), allowed, limit)
@@ -506,9 +489,9 @@ async def store_overview(gw, fleet) -> dict:
     from .fleet import StoreUnavailable
     out: dict = {"where": fleet.store_where(), "error": None, "ha": None, "members": None, "tier": None}
     try:
-        if not fleet.remote and getattr(gw, "store", None) is not None:
-            st = dict(gw.store.stats())
-            tier = gw.store.tier_stats() if hasattr(gw.store, "tier_stats") else None
+        if not fleet.remote and gw.embedded is not None:
+            st = gw.embedded.stats()
+            tier = gw.embedded.tier_stats()
         else:
             st = await fleet.call("stats")
             tier = (await fleet.call("tier")).get("tier")
