@@ -13,8 +13,8 @@ from typing import Any
 # the strict TOML loader is shared with `lmqtt store` (one lmqtt.toml may configure the fleet);
 # its names stay importable from here
 from lmqtt.store.node.config import (FLUSH_MODES, GATEWAY_TABLES, STORE_TABLE, ConfigError,  # noqa: F401
-                                     NodeConfig, check_type, kinds_of, line_of, read_toml, unknown_key,
-                                     unknown_table, where)
+                                     NodeConfig, check_tier, check_type, kinds_of, line_of, min_segment_mb,
+                                     read_toml, unknown_key, unknown_table, where)
 
 
 @dataclass
@@ -155,14 +155,12 @@ class GatewayConfig:
             raise ConfigError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {self.flush_mode!r}")
         if not (0 <= int(self.port) <= 65535):
             raise ConfigError(f"port must be 0..65535, got {self.port}")
-        from lmqtt.store.config import min_segment_mb
         if int(self.segment_mb) < min_segment_mb():
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")
         if not (0 <= int(self.metrics_port) <= 65535):
             raise ConfigError(f"metrics_port must be 0..65535 (0 = off), got {self.metrics_port}")
         if self.tier:
-            from lmqtt.store.tier.config import check_tier
             try:
                 check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention,
                            self.tier_parquet)

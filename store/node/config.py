@@ -14,7 +14,8 @@ keys alike; a rule between settings goes at the end of `validate()`.
 The loader (`read_toml`, `line_of`, `unknown_key`, `check_type`, `kinds_of`) is shared with the
 gateway's configuration (one lmqtt.toml may configure the whole fleet: the Helm chart mounts one
 file into the store and gateway pods); this module imports nothing of lmqtt but the engine's
-`min_segment_mb`, so both sides may import it (docs/internals.md).
+`min_segment_mb` and the tier's `check_tier`, when called, and passes them on to the gateway's
+configuration (which may not import the engine), so both sides may import it (docs/internals.md).
 """
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ STORE_TABLE = "store"
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the key and what is allowed."""
+
+
+def min_segment_mb() -> int:
+    """The smallest CommitLog segment in MiB (the engine's `store/config.py min_segment_mb`): what
+    `segment_mb` of `lmqtt serve` and `lmqtt store` is checked against before a data dir is touched."""
+    from lmqtt.store.config import min_segment_mb as engine_min_segment_mb
+    return engine_min_segment_mb()
+
+
+def check_tier(url: str, endpoint: str | None = None, local_retention: str | None = None,
+               tier_retention: str | None = None, parquet: str | None = "auto") -> Any:
+    """The tier flags checked before the store starts (store/tier/config.py `check_tier`): its
+    TierConfig, or ValueError with one line naming the flag."""
+    from lmqtt.store.tier.config import check_tier as tier_check
+    return tier_check(url, endpoint, local_retention, tier_retention, parquet)
 
 
 # ------------------------------------------------------------------------------ the loader
