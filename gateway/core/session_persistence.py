@@ -17,7 +17,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from json.encoder import encode_basestring as _quote
+
 from lmqtt.gateway.mqtt import ReasonCode
+from lmqtt.gateway.model.session import ClientSubscription
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue.records import (HOST, IN2_PENDING, NEVER_EXPIRES, SessionRecord,
                                       Subscription as SubscriptionRecord)
@@ -235,6 +238,92 @@ def start_offsets(rec: SessionRecord, offsets: dict[str, int]) -> dict[str, int]
     return out
 
 
+# the records' JSON (lightqueue/records.py `SessionRecord.to_bytes`): for what the template does not write
+_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# a plain subscription's options as its record writes them (`ClientSubscription`: the class's defaults)
+_PLAIN_SUB_TAIL = ',"no_local":false,"retain_as_published":false,"retain_handling":0,"subscription_id":null,"share_group":null}'
+
+
+def _record_bytes(s: "Session", last: int | None, host: str | None) -> bytes | None:
+    """The bytes `SessionRecord.to_bytes` gives for the record of `s` (`last`: its
+    last_disconnect_ms), written straight from the session: a template for what almost every
+    record is (ints, plain subscriptions, exchanges with nothing in flight) and the reference
+    JSON encoder for the rest (a subscription with options, exchanges in flight, a state restored
+    as read). None: a field of a type the template does not write (the caller encodes the
+    reference record)."""
+    v, e = s.version, s.expiry_interval
+    if v.__class__ is not int or e.__class__ is not int or not (last is None or last.__class__ is int):
+        return None
+    subs = []
+    for sub in s.subs.values():
+        q = sub.qos
+        if sub.__class__ is ClientSubscription and q.__class__ is int:
+            subs.append(f'{{"filter":{_quote(sub.queue)},"qos":{q}{_PLAIN_SUB_TAIL}')
+        else:
+            subs.append(_json_dumps({"filter": sub.queue, "qos": sub.qos, "no_local": sub.no_local,
+                                     "retain_as_published": sub.retain_as_published,
+                                     "retain_handling": sub.retain_handling,
+                                     "subscription_id": sub.subscription_id, "share_group": sub.group}))
+    # its exchanges (`inflight_state`): nothing in flight and where delivery stands, written here
+    state = None
+    if s.saved_inflight is None and not s.outbound and not s.inbound_keys and not s.inbound_qos2_ids:
+        nxt = []
+        for q, cur in s.cursors.items():
+            n = cur.next_offset
+            if n.__class__ is not int:
+                state = True
+                break
+            nxt.append(f"{_quote(q)}:{n}")
+        pid = s.next_pid
+        if state is None and pid.__class__ is int:
+            extra = f'{{"{INFLIGHT}":{{"out":[],"next":{{{",".join(nxt)}}},"in2":[],"pid":{pid}}}' if nxt else "{"
+            if host is not None:
+                extra += f'{"," if nxt else ""}"{HOST}":{_quote(host)}'
+            extra += "}"
+        else:
+            state = True
+    else:
+        state = True
+    if state is not None:
+        st = inflight_state(s)
+        ex = {INFLIGHT: st} if st else {}
+        if host is not None:
+            ex[HOST] = host
+        extra = _json_dumps(ex)
+    return (f'{{"client_id":{_quote(s.client_id)},"protocol_version":{v},"expiry_interval":{e},'
+            f'"last_disconnect_ms":{"null" if last is None else last},"subscriptions":[{",".join(subs)}],'
+            f'"extra":{extra},"v":1}}').encode("utf-8")
+
+
+class WrittenRecord(SessionRecord):
+    """A session's record as `SessionPersistence.record_of` made it: its bytes encoded once from the
+    session, its scalar fields set; its `subscriptions` and `extra` read back from the bytes
+    when asked for (the write path asks only `to_bytes()` and `host`)."""
+
+    def __init__(self, client_id: str, protocol_version: int, expiry_interval: int,
+                 last_disconnect_ms: int | None, raw: bytes, host: str | None) -> None:
+        self.client_id = client_id
+        self.protocol_version = protocol_version
+        self.expiry_interval = expiry_interval
+        self.last_disconnect_ms = last_disconnect_ms
+        self._raw = raw
+        self._host = host
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("subscriptions", "extra"):
+            rec = SessionRecord.from_bytes(self._raw)
+            self.subscriptions, self.extra = rec.subscriptions, rec.extra
+            return getattr(self, name)
+        raise AttributeError(name)
+
+    @property
+    def host(self) -> str | None:
+        return self._host
+
+    def to_bytes(self) -> bytes:
+        return self._raw
+
+
 def _mark(s: "Session") -> tuple:
     """What of a session its record would show differently once changed while its connection
     closes: its exchanges in flight, its next packet id, where delivery stands, its subscriptions."""
@@ -282,7 +371,19 @@ class SessionPersistence:
     # -- session records ----------------------------------------------------------------------
     def record_of(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
         """`offline_ms`: the record as of the session gone offline then (its client sent DISCONNECT
-        and its connection is about to close)."""
+        and its connection is about to close). Encoded here, once (`WrittenRecord`): the bytes
+        `record_reference(s, offline_ms).to_bytes()` gives, without the record's objects and its
+        dict in between (issue 29 storm: a record was built, then built again as a dict, then
+        encoded; tests/restart/test_record_encoding.py compares the two)."""
+        online = s.online and offline_ms is None
+        last = None if online else (offline_ms or s.disconnected_at_ms or _now_ms())
+        raw = _record_bytes(s, last, self.host)
+        if raw is None:                         # a shape the template does not write: the reference
+            return self.record_reference(s, offline_ms)
+        return WrittenRecord(s.client_id, s.version, s.expiry_interval, last, raw, self.host)
+
+    def record_reference(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
+        """The session's record as a plain `SessionRecord` (the reference `record_of` encodes as)."""
         online = s.online and offline_ms is None
         # a connected session's too: a snapshot written by `write_ahead` / `journal` must not be
         # erased by a record written for another reason (SUBSCRIBE, UNSUBSCRIBE, CONNECT)
