@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-from lmqtt.store.timer import IDLE_CHECKPOINT_S, TimerWheel
+from lmqtt.store.timer import TimerWheel
+from lmqtt.store.timer_log import IDLE_CHECKPOINT_S
 
 
 class Clock:
