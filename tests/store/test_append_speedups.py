@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from lmqtt.store import InvalidMessage, Message, StoreConfig, commitlog, encoding
+from lmqtt.store import InvalidMessage, Message, StoreConfig, commitlog, encoding, record
 from lmqtt.store.commitlog import CommitLog
 from lmqtt.store.consume_queue import ENTRY
 from lmqtt.store.errors import InvalidTopic, MessageTooLarge
@@ -108,7 +108,7 @@ def test_c_and_python_encoders_agree(tmp_path, seed, recent):
                 if magic == commitlog.MSG_MAGIC:
                     assert struct.unpack_from("<I", buf, pos + 8)[0] == zlib.crc32(buf[pos + 12:pos + total])
                 else:
-                    assert magic == commitlog.BLANK_MAGIC
+                    assert magic == record.BLANK_MAGIC
                     break
                 pos += total
 
