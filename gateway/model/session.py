@@ -453,6 +453,10 @@ class Session:
             return TOO_LARGE
         return data
 
+    def subscription_count(self) -> int:
+        """len(subs), read without unfolding a parked session (`ParkedSession`)."""
+        return len(self.subs)
+
     @property
     def persistent(self) -> bool:
         return self.expiry_interval > 0
@@ -542,3 +546,110 @@ class Session:
         for inf in dropped:
             del self.outbound[inf.pid]
         return dropped
+
+
+# -- a parked client's session, folded (issue 29: memory per idle connection) ----------------------
+# A parked connection's session (gateway/net/connection_parking.py) keeps its subscriptions and
+# reading positions, not the three tables every reader of an awake session uses: `fold` puts its
+# subscription (or a tuple of them) in the `subs` slot, the next offset of each cursor (or a tuple
+# of them) in `cursors`, None in `outbound` (empty: nothing in flight, or it is not folded) and
+# `direct` (it is `subs`; `()`: made again from the subscriptions), and makes the session a
+# `ParkedSession`. Reading or setting any of the four on a `ParkedSession` unfolds it first (`unfold`:
+# the same subscription objects, new dicts and cursors, the class back to `Session`), so every
+# reader - delivery, the registries, persistence, the console - sees what it always saw and the
+# session object itself (what the registries, the delivery engine's readers and the shared groups
+# hold) stays the one. The tables of a client with one subscription are ~480 bytes (two dicts and
+# their key tables, the empty outbound dict, the cursor); folded, a subscription's offset is an int.
+_SUBS = Session.subs            # the slots' own descriptors (ParkedSession's properties hide them)
+_DIRECT = Session.direct
+_CURSORS = Session.cursors
+_OUTBOUND = Session.outbound
+
+
+def fold(s: Session) -> bool:
+    """Fold `s` (see above) if it is foldable: nothing in flight, every cursor one of a direct
+    subscription without an in-flight entry, no subscription sending its history. True when
+    folded (now or already)."""
+    cls = s.__class__
+    if cls is not Session:
+        return cls is ParkedSession
+    if s.outbound:
+        return False
+    subs, direct, cursors = s.subs, s.direct, s.cursors
+    same = direct is subs
+    if same:
+        rd = subs
+    else:
+        rd = {sub.queue: sub for sub in subs.values() if sub.group is None}
+        if len(rd) != len(direct) or any(direct.get(q) is not sub for q, sub in rd.items()):
+            return False
+    if len(cursors) != len(rd):
+        return False
+    offs = []
+    for q in rd:
+        cur = cursors.get(q)
+        if cur is None or cur._inflight or cur.__class__ is not Cursor:
+            return False
+        offs.append(cur.next_offset)
+    if len(subs) == 1 and same:
+        _SUBS.__set__(s, next(iter(subs.values())))
+        _CURSORS.__set__(s, offs[0])
+    else:
+        _SUBS.__set__(s, tuple(subs.values()))
+        _CURSORS.__set__(s, tuple(offs))
+    _DIRECT.__set__(s, None if same else ())
+    _OUTBOUND.__set__(s, None)
+    s.__class__ = ParkedSession
+    return True
+
+
+def unfold(s: Session) -> None:
+    """`s`'s tables made again from its folded form (a no-op on a `Session`)."""
+    if s.__class__ is not ParkedSession:
+        return
+    v = _SUBS.__get__(s)
+    offs = _CURSORS.__get__(s)
+    if v.__class__ is not tuple:
+        v, offs = (v,), (offs,)
+    subs = {sub.filter: sub for sub in v}
+    direct = subs if _DIRECT.__get__(s) is None else {sub.queue: sub for sub in v if sub.group is None}
+    s.__class__ = Session
+    s.subs = subs
+    s.direct = direct
+    s.cursors = {q: Cursor(off) for q, off in zip(direct, offs)}
+    s.outbound = {}
+
+
+def _unfolding(name: str) -> Any:
+    def get(self: Session) -> Any:
+        unfold(self)
+        return getattr(self, name)
+
+    def set_(self: Session, value: Any) -> None:
+        unfold(self)
+        setattr(self, name, value)
+
+    return property(get, set_, doc=f"`{name}`, the session unfolded first")
+
+
+class ParkedSession(Session):
+    """A folded `Session` (`fold`): the same slots; its tables are made again at first use."""
+
+    __slots__ = ()
+
+    subs = _unfolding("subs")          # type: ignore[assignment]
+    direct = _unfolding("direct")      # type: ignore[assignment]
+    cursors = _unfolding("cursors")    # type: ignore[assignment]
+    outbound = _unfolding("outbound")  # type: ignore[assignment]
+
+    def subscription_count(self) -> int:
+        v = _SUBS.__get__(self)
+        return len(v) if v.__class__ is tuple else 1
+
+    # what a shared group asks of each member before it picks one: answered folded (nothing in flight)
+    def window_open(self) -> bool:
+        return self.receive_max > 0
+
+    def can_send(self) -> bool:
+        c = self.conn
+        return c is not None and not c.write_blocked and self.receive_max > 0

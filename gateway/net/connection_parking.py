@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 
+from lmqtt.gateway.model.session import ParkedSession, fold
 from lmqtt.gateway.mqtt import Decoder
 
 log = logging.getLogger("lmqtt.gateway.conn")
@@ -82,7 +83,8 @@ class ConnectionParking:
                 or self._auth_login is not None or self.pending_publishes or self.decoder.buffered):
             return False
         s = self.session
-        if s is None or s.conn is not self or s.outbound or s._inbound_pending:
+        if (s is None or s.conn is not self or s._inbound_pending
+                or (s.__class__ is not ParkedSession and s.outbound)):     # (folded: nothing in flight)
             return False
         if t.get_write_buffer_size() or t.is_closing():
             return False
@@ -110,6 +112,7 @@ class ConnectionParking:
         self._transport_paused = False
         self.last_rx = _parked_rx_time(self.last_rx)
         self._park = fd
+        fold(s)          # its session's tables too, made again at first use (gateway/model/session.py)
         parking.parked_total += 1
         return True
 
@@ -123,6 +126,9 @@ class ConnectionParking:
                 return False
             if rx > self.last_rx:
                 self.last_rx = _parked_rx_time(rx)
+        s = self.session
+        if s is not None and s.conn is self:
+            fold(s)      # again, if a reader (the console, a save of its offsets) unfolded it
         return True
 
     def wake(self) -> None:

@@ -130,7 +130,7 @@ def session_counts(b) -> tuple[int, int, int]:
         return 0, 0, 0
     reg = b.session_registry
     dormant = getattr(reg, "dormant", {})
-    subs = sum(len(s.subs) for s in reg.sessions.values()) + sum(len(d.subs) // 2 for d in dormant.values())
+    subs = sum(s.subscription_count() for s in reg.sessions.values()) + sum(len(d.subs) // 2 for d in dormant.values())
     return reg.count(), len(dormant), subs
 
 
