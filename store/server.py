@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import ipaddress
 import logging
 import struct
 import time
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import protocol as W
 from .errors import InvalidTopic, is_disk_full
+from .loopback import is_loopback      # the one loopback rule (store/loopback.py)
 from .fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks
 from .pop import PopManager, dlq_topic
 from .sdk_meta import SdkMetadata, cq_key
@@ -78,18 +78,6 @@ class CallError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-def is_loopback(host: str) -> bool:
-    """Is `host` (a listen address as given on the command line) a loopback address? The one test
-    of every lmqtt process: `localhost`, or an IP address in 127.0.0.0/8 or ::1 — never a name that
-    merely starts with "127." (`127.example.com` is a host on the network)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class StoreServer:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"lmqtt store: {e}", file=sys.stderr)
         return 2
-    from lmqtt.store.server import is_loopback
+    from lmqtt.store.loopback import is_loopback
     host, data = cfg.host, cfg.data_dir
     # settings that cannot work are refused before the data dir is touched
     if not is_loopback(host) and not cfg.token:

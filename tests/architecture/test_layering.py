@@ -26,6 +26,7 @@ UNITS = [
     "lmqtt.store.node",
     "lmqtt.store.node.protocol", "lmqtt.store.node.node_client", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
+    "lmqtt.store.loopback",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
     "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades",
@@ -46,6 +47,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.store.message": set(),
     "lmqtt.store.protocol": set(),
     "lmqtt.store.accel": set(),
+    "lmqtt.store.loopback": set(),      # is_loopback: the one listen-address rule of every process
     "lmqtt.store.record": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.accel"},
     "lmqtt.lightqueue.errors": set(),
     "lmqtt.lightqueue.topics": {"lmqtt.lightqueue.errors"},
@@ -77,8 +79,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # `lmqtt store`'s settings (NodeConfig) and the strict TOML loader every command reads its
     # --config with (the gateway's configuration imports it): the engine's min_segment_mb only
     "lmqtt.store.node.config": {"lmqtt.store"},
-    # the gateway, room by room, from the bottom up; below app/ no room imports the engine, the
-    # light queues or RocksDB: only their vocabulary (errors, value types, topic rules, codecs)
+    # the gateway, room by room, from the bottom up; no room (app/ included) imports the engine, the
+    # light queues or RocksDB (test_no_gateway_module_imports_rocksdb): only their vocabulary
+    # (errors, value types, topic rules, codecs, is_loopback)
     "lmqtt.gateway.mqtt": {"lmqtt.store.accel"},               # the C loader
     # the storage facades (one Protocol per concern): what both sides of the seam import; nothing of ours
     "lmqtt.gateway.storage.facades": set(),
@@ -99,14 +102,19 @@ MAY_IMPORT: dict[str, set[str]] = {
                            "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
     "lmqtt.gateway.fleet": {"lmqtt.gateway.model", "lmqtt.gateway.core", "lmqtt.gateway.storage",
                             "lmqtt.gateway.storage.facades", "lmqtt.gateway.mqtt"},
+    # the composition root: `lmqtt serve`'s store is an in-process store node (store/node/embedded.py),
+    # reached through lmqtt.store.node and the facades; like the rooms below it, app/ imports the
+    # engine's and the light queues' vocabulary only, never the engine, the light queues or RocksDB
     "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
                           "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades", "lmqtt.gateway.net",
                           "lmqtt.gateway.security", "lmqtt.gateway.core", "lmqtt.gateway.fleet", "lmqtt.store.client",
                           "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
-                          "lmqtt.store", "lmqtt.lightqueue",
+                          "lmqtt.store.protocol", "lmqtt.store.loopback",
+                          "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
                           "lmqtt.notify", "lmqtt.gateway.app.config"},
-    # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file)
-    "lmqtt.gateway.app.config": {"lmqtt.store", "lmqtt.store.node.config"},
+    # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file);
+    # the engine's limits (min_segment_mb, check_tier) come through the node's configuration
+    "lmqtt.gateway.app.config": {"lmqtt.store.node.config"},
     # the `lmqtt` command: resolves every command lazily by module name
     "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
@@ -129,7 +137,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # that may import an engine may import its vocabulary (added below, so the table stays short).
 VOCABULARY = {
     "lmqtt.store": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record",
-                    "lmqtt.store.accel"},
+                    "lmqtt.store.accel", "lmqtt.store.loopback"},
     "lmqtt.lightqueue": {"lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
     "lmqtt.store.client": {"lmqtt.store.client.props"},
 }
@@ -275,6 +283,47 @@ def test_a_gateway_room_may_name_the_vocabulary_but_not_the_engines():
     ok = [imp for imp, _ in imports_of("lmqtt.gateway.delivery.x", src, known)
           if unit_of(imp) in MAY_IMPORT["lmqtt.gateway.delivery"]]
     assert ok == ["lmqtt.lightqueue.topics", "lmqtt.store.errors"]
+
+
+# third-party modules only the engine side may import: RocksDB (the light queues' index and
+# metadata, the store's SDK metadata). The gateway reaches what they hold through the facades.
+ENGINE_ONLY = ("rocksdict",)
+
+
+def third_party_imports(source: str, names: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(module, line) of every import of one of `names` (or a module under it) in `source`, lazy
+    imports in functions and TYPE_CHECKING blocks included."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            out += [(a.name, n.lineno) for a in n.names if a.name.split(".")[0] in names]
+        elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] in names:
+            out.append((n.module or "", n.lineno))
+    return out
+
+
+def test_no_gateway_module_imports_rocksdb():
+    """Issue 25: no module of the gateway (`lmqtt serve`'s composition root included) imports the
+    store engine, the light queues (MAY_IMPORT above) or RocksDB (here)."""
+    bad = [(m, imp, line) for m, p in sorted(modules().items()) if m.startswith("lmqtt.gateway")
+           for imp, line in third_party_imports(p.read_text(), ENGINE_ONLY)]
+    assert bad == [], "the gateway may not import RocksDB (the store node holds it; use the facades):\n" + \
+        "\n".join(f"  {m} line {line}: import {imp}" for m, imp, line in bad)
+
+
+def test_the_rocksdb_check_sees_an_import():
+    src = ("import os\nimport rocksdict\nfrom rocksdict import Rdict\n"
+           "def f():\n    import rocksdict.x as r\nfrom lmqtt.store import rocksdict_like\n")
+    assert third_party_imports(src, ENGINE_ONLY) == [("rocksdict", 2), ("rocksdict", 3), ("rocksdict.x", 5)]
+
+
+def test_one_is_loopback():
+    """Every process (`lmqtt serve`, `lmqtt store`, `lmqtt gateway`, the console's login rule)
+    asks one function whether a listen address is loopback: store/loopback.py, a vocabulary unit
+    the gateway's rooms and the node may both import."""
+    defined = sorted(m for m, p in modules().items() for n in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "is_loopback")
+    assert defined == ["lmqtt.store.loopback"]
 
 
 def _rules_table() -> str:

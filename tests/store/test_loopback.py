@@ -2,7 +2,8 @@
 address is loopback only when it is `localhost` or an IP address in 127.0.0.0/8 or ::1."""
 import pytest
 
-from lmqtt.store.server import StoreServer, is_loopback
+from lmqtt.store.loopback import is_loopback
+from lmqtt.store.server import StoreServer
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.1.2.3", "::1"])

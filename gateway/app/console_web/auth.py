@@ -9,21 +9,14 @@ console is served over TLS); every action (POST) carries the session's CSRF toke
 """
 from __future__ import annotations
 
-import ipaddress
 import secrets
 import time
 
 from lmqtt.gateway.security.auth import Credentials, PasswordFile
+from lmqtt.store.loopback import is_loopback     # the one loopback rule of every lmqtt process
 
 COOKIE = "lmqtt_console"
 TTL_S = 8 * 3600
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _names(value: str | None) -> set[str]:
