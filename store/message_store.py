@@ -6,14 +6,13 @@ plus any added ones (light queues, notify), retention and the disk high-water ma
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
 import threading
 import time
-from concurrent.futures import Future
 
+from .async_append import AsyncAppend      # append_async, append_batch_async
 from .checkpoint import OffsetCheckpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -55,7 +54,7 @@ def _load_identity(data_dir: str) -> str:
     return ident
 
 
-class MessageStore:
+class MessageStore(AsyncAppend):
     def __init__(self, cfg: StoreConfig) -> None:
         self.cfg = cfg
         os.makedirs(cfg.data_dir, exist_ok=True)
@@ -382,68 +381,6 @@ class MessageStore:
                 self._commit_wake = wake
                 self._sync = True
 
-    async def append_async(self, msg: Message) -> AppendResult:
-        """Append one message and wait until it is durable under the flush mode."""
-        rs = await self.append_batch_async((msg,))
-        return rs[0]
-
-    async def append_batch_async(self, msgs) -> list[AppendResult]:
-        """Append `msgs` (all or none) and wait until durable.
-
-        Concurrent callers on one event loop are coalesced: every append of one loop iteration
-        goes into ONE append_batch (one lock, one copy into the map, one share of the group
-        commit). That is what lets many writers, each waiting for its own ack, run at batch speed
-        (`lmqtt bench store --modes sync --batch 1 --writers 64`). A batch that the store refuses
-        is retried caller by caller, so one bad message fails only its own caller."""
-        msgs = list(msgs)
-        if not msgs:
-            return []
-        loop = asyncio.get_running_loop()
-        pending = self._coalesce.get(loop)
-        if pending is None:
-            pending = self._coalesce[loop] = []
-            loop.call_soon(self._flush_coalesced, loop)
-        w = loop.create_future()
-        pending.append((msgs, w))
-        rs = await w
-        await _await_durable(rs[-1].durable)
-        return rs
-
-    def _flush_coalesced(self, loop) -> None:
-        pending = self._coalesce.pop(loop, None)
-        if not pending:
-            return
-        if len(pending) == 1:
-            groups = pending
-        else:
-            allmsgs = [m for msgs, _ in pending for m in msgs]
-            try:
-                results = self.append_batch(allmsgs)
-            except StoreError:
-                groups = pending  # somebody's message was refused: retry caller by caller
-            except Exception as e:  # noqa: BLE001 - every writer of the batch sees the failure
-                for _, w in pending:
-                    if not w.done():
-                        w.set_exception(e)
-                return
-            else:
-                i = 0
-                for msgs, w in pending:
-                    n = len(msgs)
-                    if not w.done():  # a cancelled writer's messages are still appended
-                        w.set_result(results[i:i + n])
-                    i += n
-                return
-        for msgs, w in groups:
-            try:
-                rs = self.append_batch(msgs)
-            except Exception as e:  # noqa: BLE001 - handed to that writer
-                if not w.done():
-                    w.set_exception(e)
-            else:
-                if not w.done():
-                    w.set_result(rs)
-
     # ------------------------------------------------------------------ read
     @property
     def dispatched_offset(self) -> int:
@@ -605,59 +542,3 @@ class MessageStore:
             return self.tier.housekeep(now_ms)
         return retention.delete_expired(self.clog, self._dispatchers, self.dispatch.dispatched,
                                         self.cfg.retention_ms, now_ms)
-
-
-_WAITERS_LOCK = threading.Lock()
-
-
-def _wake_waiters(fut: Future) -> None:
-    """Done-callback of a durable future (runs on the thread that resolved it): one
-    call_soon_threadsafe per event loop with waiters, not one per waiting append."""
-    with _WAITERS_LOCK:
-        lst = fut._lmqtt_waiters
-        fut._lmqtt_waiters = None
-    by_loop: dict = {}
-    for loop, w in lst or ():
-        by_loop.setdefault(loop, []).append(w)
-    for loop, ws in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle, ws, fut)
-        except RuntimeError:  # that loop is closed; nobody is waiting any more
-            pass
-
-
-def _settle(ws: list, fut: Future) -> None:
-    exc = fut.exception()
-    for w in ws:
-        if not w.done():  # a cancelled waiter stays cancelled
-            if exc is not None:
-                w.set_exception(exc)
-            else:
-                w.set_result(fut.result())
-
-
-async def _await_durable(fut: Future) -> None:
-    """Await a durable future. Many appends share one future per group-commit round: each waiter
-    gets a cheap loop future registered on the shared one, and the round wakes each loop once.
-    Cancelling a waiter never cancels the shared future (which other writers wait on)."""
-    if fut.done():
-        fut.result()
-        return
-    loop = asyncio.get_running_loop()
-    w = loop.create_future()
-    with _WAITERS_LOCK:
-        lst = getattr(fut, "_lmqtt_waiters", False)
-        if lst is None:        # the callback already ran: fut is done
-            first = None
-        elif lst is False:     # first waiter on this future
-            fut._lmqtt_waiters = [(loop, w)]
-            first = True
-        else:
-            lst.append((loop, w))
-            first = False
-    if first is None:
-        fut.result()
-        return
-    if first:
-        fut.add_done_callback(_wake_waiters)  # runs at once if fut is already done
-    await w

@@ -20,7 +20,7 @@ from . import protocol as W
 from .disk_space import size_text
 from .errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
 from .fastpath import read_raw
-from .message_store import _await_durable
+from .async_append import _await_durable
 from .server import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
 
 if TYPE_CHECKING:
