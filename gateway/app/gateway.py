@@ -382,7 +382,7 @@ class Gateway:
                         ("lmqtt_session_claim_errors", "Claims that could not be announced (the old connection elsewhere stays)",
                          d.errors if d is not None else 0),
                         ("lmqtt_takeovers_by_other_gateway", "Connections closed (0x8E) for a newer one on another gateway",
-                         getattr(gw.broker.session_registry, "taken_over_elsewhere", 0) if gw.broker is not None else 0)):
+                         gw.broker.session_registry.taken_over_elsewhere if gw.broker is not None else 0)):
                     yield CounterMetricFamily(name, help_, value=v)
                 fg = gw.group_leases
                 for name, help_, v in (

@@ -367,7 +367,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         except StoreUnavailable as e:
             return _json({"error": str(e)}, 502)
         except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
-            if getattr(gw, "lq", None) is None and type(e).__name__ in ("ConnectionLost", "StoreClientError"):
+            if gw.embedded is None and type(e).__name__ in ("ConnectionLost", "StoreClientError"):
                 return _json({"error": f"the store could not answer: {e}"}, 502)
             return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
 

@@ -45,10 +45,9 @@ class Fleet:
     def __init__(self, gw, cfg, sdk=None) -> None:
         self.gw, self.cfg, self.sdk = gw, cfg, sdk
         self.token = secrets.token_urlsafe(24)
-        self.remote = bool(getattr(gw, "remote", False))
-        storage = getattr(gw, "storage", None)
-        self.gateway_id = (getattr(storage, "gateway_id", None) or cfg.gateway_id or "gateway") if self.remote \
-            else "lmqtt serve"
+        self.remote = bool(gw.remote)
+        # a fleet gateway's storage is its RemoteStore (started before the console): its id, no probing
+        self.gateway_id = (gw.storage.gateway_id or cfg.gateway_id or "gateway") if self.remote else "lmqtt serve"
         self.url: str | None = None
         self.cert_sha256: str | None = None      # console_tls: the certificate peers must see here
         self._peers: tuple[float, list[dict], list[str]] = (0.0, [], [])
