@@ -5,7 +5,8 @@ See docs/lightqueue.md for the design and docs/internals.md for the contract.
 """
 from .cache import MessageCache
 from .errors import InvalidTopicFilter, InvalidTopicName, LightQueueError, MetadataError
-from .index import IndexEntry, LightQueueIndex
+from .index import LightQueueIndex
+from .index_reads import IndexEntry
 from .light_queue_store import LightQueueStore, PullResult
 from .metadata import MetadataStore
 from .records import SessionRecord, Subscription, WillRecord
