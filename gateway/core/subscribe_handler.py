@@ -148,6 +148,7 @@ class SubscribeHandler:
         acl = self.acl
         gate = self.gate
         max_subs = self.max_subscriptions
+        parsed = prepared.parsed
         for req in pkt.subscriptions:
             since = since_all
             tf = req.topic_filter
@@ -161,8 +162,12 @@ class SubscribeHandler:
                 self._replay_refused(s, req.topic_filter, str(e), codes, reasons, v5)
                 continue
             try:
-                group, flt = T.parse_shared(req.topic_filter)
-                T.validate_filter(flt)
+                pf = parsed.get(req.topic_filter)       # valid: `prepare` parsed it
+                if pf is None:
+                    group, flt = T.parse_shared(req.topic_filter)
+                    T.validate_filter(flt)
+                else:
+                    group, flt = pf
             except InvalidTopicFilter as e:
                 log.info("event=subscribe_refused client_id=%s filter=%r error=%s", s.client_id, req.topic_filter, e)
                 codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)

@@ -62,7 +62,7 @@ class Prepared:
     has: it waits for `ready` when it is not done, then decides inside
     `SubscriptionRegistry.deciding(prepared)`. Holds nothing took are let go of (`release`)."""
 
-    __slots__ = ("registered", "start", "replay", "retained", "offsets", "messages", "ready", "_filters")
+    __slots__ = ("registered", "start", "replay", "retained", "offsets", "messages", "ready", "parsed", "_filters")
 
     def __init__(self, filters: "FilterRegistry") -> None:
         self._filters = filters
@@ -73,6 +73,9 @@ class Prepared:
         self.offsets: dict[tuple[str, str], Answer[int | None]] = {}
         self.messages: dict[tuple[str, int], Answer[Any]] = {}
         self.ready: Answer[None] = Answer.of(None)
+        # a SUBSCRIBE's valid filters as `prepare` parsed them: filter as sent (after a `$replay/`
+        # prefix) -> (share group or None, filter); the decision does not validate them again
+        self.parsed: dict[str, tuple[str | None, str]] = {}
 
     def _asked(self) -> list[Answer[Any]]:
         return [*self.registered.values(), *self.start.values(), *self.replay.values(), *self.retained.values(),
@@ -137,6 +140,7 @@ class SubscriptionRegistry:
         start: list[str] = []
         kept: list[str] = []
         replay: list[tuple[str, int]] = []
+        parsed: dict[str, tuple[str | None, str]] = {}
         for req in requests:
             tf = req.topic_filter
             since = since_all
@@ -153,6 +157,7 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
+            parsed[tf] = (group, flt)
             filters.append(flt)
             if since is not None:
                 if group is None:                 # (a shared one is refused)
@@ -166,6 +171,7 @@ class SubscriptionRegistry:
             elif (group, flt) not in self.groups:
                 start.append(flt)                 # a group new here starts at the queue's end
         p = Prepared(self.filters)
+        p.parsed = parsed
         register = self.unheld(filters)
         if register and self.before_register is not None:
             self.before_register()

@@ -1,0 +1,53 @@
+"""A SUBSCRIBE's filters are validated once by the gateway (issue 29 storm): `prepare` parses and
+validates each filter while it asks the store ahead, and the decision takes its parse instead of
+validating the filter again. Invalid filters are still refused (SUBACK 0x80), shared and
+`$replay/` ones still parsed.
+
+In-process gateway (real store), the client on the connection's in-memory transport."""
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from lmqtt.gateway.app.config import build_config
+from lmqtt.gateway.app.gateway import Gateway
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
+from lmqtt.gateway.net.connection import MQTTConnection
+from lmqtt.lightqueue import topics as T
+from tests.fakes import FakeTransport
+
+
+def test_each_valid_filter_validated_once_and_invalid_ones_refused(tmp_path, monkeypatch):
+    async def run():
+        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
+                                "data_dir": str(tmp_path / "d")})
+        gw = Gateway(cfg)
+        await gw.start()
+        try:
+            conn = MQTTConnection(gw.broker)
+            tr = FakeTransport(conn)
+            conn.connection_made(tr)
+            dec = Decoder(version=4, server_side=False)
+            conn.data_received(encode(P.Connect(client_id="v1", protocol_level=4, clean_start=False), 4))
+            await asyncio.sleep(0.01)
+            assert isinstance(dec.feed(tr.take())[0], P.ConnAck)
+            calls: collections.Counter = collections.Counter()
+            real = T.validate_filter
+
+            def counting(flt, real=real):
+                calls[flt] += 1
+                return real(flt)
+            monkeypatch.setattr(T, "validate_filter", counting)
+            conn.data_received(encode(P.Subscribe(1, [
+                P.SubscriptionRequest("a/+/c", qos=1), P.SubscriptionRequest("$share/g/s/#", qos=1),
+                P.SubscriptionRequest("bad/#/x", qos=1), P.SubscriptionRequest("plain/t", qos=0)]), 4))
+            await asyncio.sleep(0.05)
+            acks = [p for p in dec.feed(tr.take()) if isinstance(p, P.SubAck)]
+            monkeypatch.setattr(T, "validate_filter", real)
+            assert acks and acks[0].reason_codes == [1, 1, 0x80, 0]
+            # (a shared filter's inner one is validated by `parse_shared` itself too: 2, was 4)
+            assert calls["a/+/c"] == 1 and calls["s/#"] == 2 and calls["plain/t"] == 1, calls
+            assert set(gw.broker.sessions.get("v1").subs) == {"a/+/c", "$share/g/s/#", "plain/t"}
+        finally:
+            await gw.stop()
+    asyncio.run(run())
