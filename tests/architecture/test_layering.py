@@ -24,7 +24,7 @@ FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "
 UNITS = [
     "lmqtt.store", "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.spark",
     "lmqtt.store.node",
-    "lmqtt.store.node.protocol", "lmqtt.store.node.node_client", "lmqtt.store.node.config",
+    "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.node_client", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
     "lmqtt.store.loopback",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
@@ -71,8 +71,10 @@ MAY_IMPORT: dict[str, set[str]] = {
                          # --tier-parquet: the tier's Parquet copy for Spark (store/spark/cold.py's
                          # writer: pyarrow and the source's columns, pyspark not imported)
                          "lmqtt.store.spark"},
-    # the gw_* commands' types, which the node and the gateway both import: nothing of ours
-    "lmqtt.store.node.protocol": set(),
+    # the gw_* commands' types, which the node and the gateway both import: their codec only
+    "lmqtt.store.node.protocol": {"lmqtt.store.node.wire"},
+    # the typed messages' codec (dataclass <-> JSON, every field checked) the protocol is written in: nothing of ours
+    "lmqtt.store.node.wire": set(),
     # the gateway's client of the node (NodeClient): those commands sent over the SDK's link,
     # the frames that answer them decoded (the frame codec); the node never imports it
     "lmqtt.store.node.node_client": {"lmqtt.store", "lmqtt.store.node.protocol"},
