@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.core.limits import ConnectionGate
     from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
 
+_PLAIN = ClientSubscription       # a subscription with every option at its default (model/session.py)
+
 # the broker's logger: the log lines are the ones the broker always wrote
 log = logging.getLogger("lmqtt.gateway")
 
@@ -211,8 +213,13 @@ class SubscribeHandler:
                     continue
                 codes.append(qos)          # history instead of the retained messages
                 continue
-            if not changed and s.subs.get(sub.filter) != sub:
-                changed = True
+            if not changed:
+                old = s.subs.get(sub.filter)
+                # plain ones (their options the class's): equal by their three fields, without
+                # `__eq__`'s two tuples of nine (a resumed client's SUBSCRIBE again, issue 29 storm)
+                if old is None or (old.queue != sub.queue or old.qos != sub.qos
+                                   if old.__class__ is _PLAIN and sub.__class__ is _PLAIN else old != sub):
+                    changed = True
             existed = self.subscriptions.add(s, sub)
             codes.append(qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):

@@ -51,3 +51,42 @@ def test_each_valid_filter_validated_once_and_invalid_ones_refused(tmp_path, mon
         finally:
             await gw.stop()
     asyncio.run(run())
+
+
+def test_a_subscribe_again_writes_the_record_only_when_a_subscription_changed(tmp_path):
+    """The decision compares a plain subscription with the one the session has by its fields
+    (no `__eq__`): the same again writes nothing, another QoS or an option writes the record."""
+    async def run():
+        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
+                                "data_dir": str(tmp_path / "d")})
+        gw = Gateway(cfg)
+        await gw.start()
+        try:
+            conn = MQTTConnection(gw.broker)
+            tr = FakeTransport(conn)
+            conn.connection_made(tr)
+            dec = Decoder(version=5, server_side=False)
+            conn.data_received(encode(P.Connect(client_id="v2", protocol_level=5, clean_start=False,
+                                                properties=P.Properties(session_expiry_interval=600)), 5))
+            await asyncio.sleep(0.01)
+            metrics = gw.broker.persist.metrics
+            records = gw.broker.persist.sessions
+
+            async def subscribe(pid, req):
+                before = metrics.session_record_writes
+                conn.data_received(encode(P.Subscribe(pid, [req]), 5))
+                await asyncio.sleep(0.02)
+                assert [p for p in dec.feed(tr.take()) if isinstance(p, P.SubAck)]
+                return metrics.session_record_writes - before
+            assert await subscribe(1, P.SubscriptionRequest("a/+", qos=1)) == 1
+            assert await subscribe(2, P.SubscriptionRequest("a/+", qos=1)) == 0
+            assert await subscribe(3, P.SubscriptionRequest("a/+", qos=0)) == 1
+            assert records.get("v2").wait().subscriptions[0].qos == 0
+            assert await subscribe(4, P.SubscriptionRequest("a/+", qos=0, no_local=True)) == 1
+            assert records.get("v2").wait().subscriptions[0].no_local is True
+            assert await subscribe(5, P.SubscriptionRequest("a/+", qos=0, no_local=True)) == 0
+            assert await subscribe(6, P.SubscriptionRequest("a/+", qos=0)) == 1
+            assert records.get("v2").wait().subscriptions[0].no_local is False
+        finally:
+            await gw.stop()
+    asyncio.run(run())
