@@ -25,6 +25,7 @@ TYPED = [
     "lmqtt.store.node.node_client",         # the gateway's client of the node (NodeClient), split from protocol
     "lmqtt.gateway.storage.facades",        # the storage facades (issue 25) and both implementations
     "lmqtt.store.node.inprocess",
+    "lmqtt.store.node.embedded",            # lmqtt serve's in-process store node: what the gateway gets of it
     "lmqtt.gateway.storage.remote_metadata",
     "lmqtt.gateway.storage.remote_store",   # the remote QueueStore: mirrors, and answers asked together
     "lmqtt.gateway.storage.remote_mirrors",  # the remote QueueStore's mirrors kept fresh (pushes, events, poll)
