@@ -5,8 +5,8 @@ gateway and the store are one process and every call goes straight into the engi
 the method returns; a failure (a RocksDB write refused for space...) is a failed answer. The events
 of the facades never fire here: there is no other gateway, and the store is this process.
 
-The gateway's composition root for `lmqtt serve` gets its bundle from `storage(store, lq)`; the
-gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
+`lmqtt serve`'s in-process store node (store/node/embedded.py) hands the gateway its bundle from
+`storage(store, lq)`; the gateway's own modules never import the engine (tests/architecture/test_layering.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator
