@@ -551,15 +551,19 @@ class Session:
 # -- a parked client's session, folded (issue 29: memory per idle connection) ----------------------
 # A parked connection's session (gateway/net/connection_parking.py) keeps its subscriptions and
 # reading positions, not the three tables every reader of an awake session uses: `fold` puts its
-# subscription (or a tuple of them) in the `subs` slot, the next offset of each cursor (or a tuple
-# of them) in `cursors`, None in `outbound` (empty: nothing in flight, or it is not folded) and
-# `direct` (it is `subs`; `()`: made again from the subscriptions), and makes the session a
-# `ParkedSession`. Reading or setting any of the four on a `ParkedSession` unfolds it first (`unfold`:
-# the same subscription objects, new dicts and cursors, the class back to `Session`), so every
-# reader - delivery, the registries, persistence, the console - sees what it always saw and the
-# session object itself (what the registries, the delivery engine's readers and the shared groups
-# hold) stays the one. The tables of a client with one subscription are ~480 bytes (two dicts and
-# their key tables, the empty outbound dict, the cursor); folded, a subscription's offset is an int.
+# subscriptions (a tuple) in the `subs` slot, the next offset of each cursor (a tuple) in `cursors`,
+# None in `outbound` (empty: nothing in flight, or it is not folded) and in `direct` (it is `subs`;
+# `()`: made again from the subscriptions), and makes the session a `ParkedSession`. A device's
+# usual one plain subscription (every option at its default, its filter its queue) is its filter
+# string in `subs`, its QoS in `direct`, its offset in `cursors`: made again at unfold, equal to the
+# one it was (nothing holds a plain subscription but its session's tables: a shared group holds its
+# members' subscriptions, which keep their objects). Reading or setting any of the four on a
+# `ParkedSession` unfolds it first (`unfold`: new dicts and cursors, the class back to `Session`), so
+# every reader - delivery, the registries, persistence, the console - sees what it always saw and
+# the session object itself (what the registries, the delivery engine's readers and the shared
+# groups hold) stays the one. The tables of a client with one subscription are ~540 bytes (two
+# dicts and their key tables, the empty outbound dict, the cursor, the subscription); folded, an
+# int for its QoS and one for its offset (both small: shared).
 _SUBS = Session.subs            # the slots' own descriptors (ParkedSession's properties hide them)
 _DIRECT = Session.direct
 _CURSORS = Session.cursors
@@ -592,11 +596,16 @@ def fold(s: Session) -> bool:
             return False
         offs.append(cur.next_offset)
     if len(subs) == 1 and same:
-        _SUBS.__set__(s, next(iter(subs.values())))
-        _CURSORS.__set__(s, offs[0])
-    else:
-        _SUBS.__set__(s, tuple(subs.values()))
-        _CURSORS.__set__(s, tuple(offs))
+        sub = next(iter(subs.values()))
+        if sub.__class__ is ClientSubscription:      # plain; `same`: its filter is its queue
+            _SUBS.__set__(s, sub.filter)
+            _DIRECT.__set__(s, sub.qos)
+            _CURSORS.__set__(s, offs[0])
+            _OUTBOUND.__set__(s, None)
+            s.__class__ = ParkedSession
+            return True
+    _SUBS.__set__(s, tuple(subs.values()))
+    _CURSORS.__set__(s, tuple(offs))
     _DIRECT.__set__(s, None if same else ())
     _OUTBOUND.__set__(s, None)
     s.__class__ = ParkedSession
@@ -609,10 +618,11 @@ def unfold(s: Session) -> None:
         return
     v = _SUBS.__get__(s)
     offs = _CURSORS.__get__(s)
-    if v.__class__ is not tuple:
-        v, offs = (v,), (offs,)
+    how = _DIRECT.__get__(s)
+    if v.__class__ is str:               # one plain subscription: its filter, QoS `how`, offset `offs`
+        v, offs, how = (ClientSubscription(v, v, how),), (offs,), None
     subs = {sub.filter: sub for sub in v}
-    direct = subs if _DIRECT.__get__(s) is None else {sub.queue: sub for sub in v if sub.group is None}
+    direct = subs if how is None else {sub.queue: sub for sub in v if sub.group is None}
     s.__class__ = Session
     s.subs = subs
     s.direct = direct
@@ -644,7 +654,7 @@ class ParkedSession(Session):
 
     def subscription_count(self) -> int:
         v = _SUBS.__get__(self)
-        return len(v) if v.__class__ is tuple else 1
+        return 1 if v.__class__ is str else len(v)
 
     # what a shared group asks of each member before it picks one: answered folded (nothing in flight)
     def window_open(self) -> bool:

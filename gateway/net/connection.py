@@ -72,11 +72,12 @@ class PacketHandler(Protocol):
 class _ConnRare:
     """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
-    method, MQTT 5 topic aliases): made at the first other value and dropped when all are back at
-    their defaults, so an idle connection pays one slot for them, not eight (issue 29)."""
+    login and method, MQTT 5 topic aliases, a paused transport): made at the first other value and
+    dropped when all are back at their defaults, so an idle connection pays one slot for them, not
+    eleven (issue 29)."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
-                 "auth_method", "topic_aliases")
+                 "auth_method", "topic_aliases", "_auth_login", "_rate_paused", "_transport_paused")
 
     def __init__(self) -> None:
         rare_defaults(self, MQTTConnection._RARE_FIELDS)
@@ -92,10 +93,10 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
     __slots__ = ("handler", "transport", "decoder", "version",
                  "session", "client_id", "connected", "closing", "write_blocked",
-                 "transport_full", "_store_waits", "will", "identity", "_auth_login",
+                 "transport_full", "_store_waits", "will", "identity",
                  "read_checks", "_keepalive", "_ka_slot", "last_rx", "accepted_at", "pending_publishes",
                  "valid_topics", "acl_publish_ok", "problem_info", "reading_paused",
-                 "_rate_paused", "_transport_paused", "_gate", "pub_bucket",
+                 "_gate", "pub_bucket",
                  "_held", "_out", "_flush_scheduled", "_peer", "_park", "_wrote", "_rare",
                  "fleet_attached_ms")
 
@@ -110,6 +111,9 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     auth_method = RareField(None)     # the Authentication Method the connection logged in with
     # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
     topic_aliases = RareField(NO_ALIASES)
+    _auth_login = RareField(None)     # MQTT 5 enhanced authentication in progress (`auth_login`)
+    _rate_paused = RareField(False)   # over publish_rate_per_client: not read until the budget is back
+    _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))
@@ -154,7 +158,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
-        self._auth_login = None       # MQTT 5 enhanced authentication in progress (`auth_login`)
         self.read_checks: set[str] | None = None   # queues whose messages need the ACL's can_read
         self._keepalive = 0           # seconds (`keepalive`: set, it arms the sweep's deadline)
         self._ka_slot = None          # the sweep's wheel slot (its table) this connection is in
@@ -167,8 +170,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         self.acl_publish_ok: frozenset | set = NO_TOPICS
         self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self.reading_paused = False   # too many publishes awaiting the store
-        self._rate_paused = False      # over publish_rate_per_client: not read until the budget is back
-        self._transport_paused = False  # what we last told the transport (any of the reasons)
         # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
         self._rare: _ConnRare | None = None    # the `RareField`s, once one is not at its default
