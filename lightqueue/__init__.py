@@ -3,16 +3,34 @@ registered wildcard filter (RocksDB), plus the store-side metadata MQTT sessions
 
 See docs/lightqueue.md for the design and docs/internals.md for the contract.
 """
-from .cache import MessageCache
-from .errors import InvalidTopicFilter, InvalidTopicName, LightQueueError, MetadataError
-from .index import LightQueueIndex
-from .index_reads import IndexEntry
-from .light_queue_store import LightQueueStore, PullResult
-from .metadata import MetadataStore
-from .records import SessionRecord, Subscription, WillRecord
-from .registry import FilterRegistry
-from .topics import is_wildcard, parse_shared, topic_matches, validate_filter, validate_topic
-from .trie import FilterTrie
+from importlib import import_module
+
+# The API names load their modules on first use (PEP 562), as lmqtt.store's do: a gateway names
+# the light queues' vocabulary (`lmqtt.lightqueue.topics`, `.records`, `.errors`) and must not load
+# RocksDB and the index with it (a fleet gateway has no RocksDB: tests/architecture/test_runtime_imports.py).
+_WHERE = {
+    "MessageCache": ".cache",
+    "InvalidTopicFilter": ".errors", "InvalidTopicName": ".errors", "LightQueueError": ".errors",
+    "MetadataError": ".errors",
+    "LightQueueIndex": ".index", "IndexEntry": ".index_reads",
+    "LightQueueStore": ".light_queue_store", "PullResult": ".light_queue_store",
+    "MetadataStore": ".metadata",
+    "SessionRecord": ".records", "Subscription": ".records", "WillRecord": ".records",
+    "FilterRegistry": ".registry",
+    "is_wildcard": ".topics", "parse_shared": ".topics", "topic_matches": ".topics",
+    "validate_filter": ".topics", "validate_topic": ".topics",
+    "FilterTrie": ".trie",
+}
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LightQueueStore", "PullResult", "LightQueueIndex", "IndexEntry", "MessageCache",
