@@ -2,7 +2,7 @@
 the lmqtt and python-source cases read back exactly the rows written (the bench raises otherwise)
 and report the fields BENCHMARKS.md quotes; python-source reads through its own no-I/O data source
 with the lmqtt reader's schema and partitions. (Parquet and JSON are Spark's own readers.)"""
-from lmqtt.loadtest import spark_bench
+from lmqtt.loadtest import spark_bench, spark_bench_cold
 from lmqtt.loadtest.sdk_bench import LmqttProc
 
 
@@ -42,9 +42,9 @@ def test_filter_history_cold_case_reads_exactly_the_matching_rows_from_the_tier_
     on, no local retention); read_history by filter returns exactly the matching rows (the bench
     raises otherwise), most of them from the tier's Parquet, the rest from the hot tail, with and
     without the topic pushdown."""
-    rows = spark_bench.bench_filter_history_cold(spark, 100000, 100, 10, str(tmp_path), per_partition=20000,
-                                                 repeat=1, segment_mb=5,
-                                                 store_args=("--tier-parquet-merge-after-s", "0"))
+    rows = spark_bench_cold.bench_filter_history_cold(spark, 100000, 100, 10, str(tmp_path), per_partition=20000,
+                                                      repeat=1, segment_mb=5,
+                                                      store_args=("--tier-parquet-merge-after-s", "0"))
     by = {r["case"]: r for r in rows}
     assert set(by) == {"filter-history-cold", "filter-history-cold:regex-no-pushdown"}
     r = by["filter-history-cold"]
