@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
 import sys
 import threading
@@ -528,12 +527,4 @@ class CommitLog(CommitLogRecovery):
 
     def close(self) -> None:
         self.mfq.close()
-
-
-def _disk_usage_fraction(path: str) -> float | None:
-    try:
-        u = shutil.disk_usage(path)
-    except OSError:
-        return None
-    return (u.total - u.free) / u.total if u.total else None
 
