@@ -79,7 +79,7 @@ class DeliveryEngine:
         self._session_offsets_moved = session_offsets_moved
         self._group_offsets_moved = group_offsets_moved
         self._flush_writes = flush_writes
-        self.direct: dict[str, tuple[Session] | set[Session]] = {}   # queue -> online sessions reading it
+        self.direct: dict[str, Session | set[Session]] = {}   # queue -> online sessions reading it (`add_reader`)
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
         self.on_group_added: Callable[["SharedGroup"], None] | None = None   # fleet: group leases
         self.on_group_removed: Callable[["SharedGroup"], None] | None = None
@@ -113,16 +113,17 @@ class DeliveryEngine:
 
     # -- index maintenance -------------------------------------------------------------------
     def add_reader(self, s: Session, queue: str) -> None:
-        # one reader (a device on a topic of its own: most queues) is a 1-tuple (48 bytes), not a
-        # set (216 bytes per idle device, issue 29); a set from the second reader on. Every reader
-        # of `direct` only iterates its values or asks `q in direct`.
+        # one reader (a device on a topic of its own: most queues) is the session itself, which
+        # iterates as its one reader (`Session.__iter__`), not a set (216 bytes per idle device) or
+        # a 1-tuple (48, issue 29); a set from the second reader on. Every reader of `direct` only
+        # iterates its values or asks `q in direct`.
         d = self.direct
         ss = d.get(queue)
         if ss is None:
-            d[queue] = (s,)
-        elif ss.__class__ is tuple:
-            if ss[0] is not s:
-                d[queue] = {ss[0], s}
+            d[queue] = s
+        elif ss.__class__ is not set:
+            if ss is not s:
+                d[queue] = {ss, s}
         else:
             ss.add(s)
 
@@ -131,13 +132,13 @@ class DeliveryEngine:
         ss = d.get(queue)
         if ss is None:
             return
-        if ss.__class__ is tuple:
-            if ss[0] is not s:
+        if ss.__class__ is not set:
+            if ss is not s:
                 return
         else:
             ss.discard(s)
             if len(ss) == 1:
-                d[queue] = (next(iter(ss)),)
+                d[queue] = next(iter(ss))
             if ss:
                 return
         del d[queue]

@@ -457,6 +457,12 @@ class Session:
         """len(subs), read without unfolding a parked session (`ParkedSession`)."""
         return len(self.subs)
 
+    def __iter__(self):
+        """The session as the readers of a queue: the delivery engine's `direct` (queue -> readers)
+        holds a queue's one reader itself, a set from the second on (`DeliveryEngine.add_reader`:
+        48 bytes less than a 1-tuple per idle device, issue 29); iterating it yields it."""
+        return iter((self,))
+
     @property
     def persistent(self) -> bool:
         return self.expiry_interval > 0

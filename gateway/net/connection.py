@@ -72,12 +72,13 @@ class PacketHandler(Protocol):
 class _ConnRare:
     """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
-    login and method, MQTT 5 topic aliases, a paused transport): made at the first other value and
-    dropped when all are back at their defaults, so an idle connection pays one slot for them, not
-    eleven (issue 29)."""
+    login and method, MQTT 5 topic aliases, a paused or full transport, a client that wants no reason
+    strings): made at the first other value and dropped when all are back at their defaults, so an
+    idle connection pays one slot for them, not thirteen (issue 29)."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
-                 "auth_method", "topic_aliases", "_auth_login", "_rate_paused", "_transport_paused")
+                 "auth_method", "topic_aliases", "_auth_login", "_rate_paused", "_transport_paused",
+                 "transport_full", "problem_info")
 
     def __init__(self) -> None:
         rare_defaults(self, MQTTConnection._RARE_FIELDS)
@@ -93,9 +94,9 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     # idle connection), `peer` is kept packed in `_peer` (an IPv4 address and port in one int)
     __slots__ = ("handler", "transport", "decoder", "version",
                  "session", "client_id", "connected", "closing", "write_blocked",
-                 "transport_full", "_store_waits", "will", "identity",
+                 "_store_waits", "will", "identity",
                  "read_checks", "_keepalive", "_ka_slot", "last_rx", "accepted_at", "pending_publishes",
-                 "valid_topics", "acl_publish_ok", "problem_info", "reading_paused",
+                 "valid_topics", "acl_publish_ok", "reading_paused",
                  "_gate", "pub_bucket",
                  "_held", "_out", "_flush_scheduled", "_peer", "_park", "_wrote", "_rare",
                  "fleet_attached_ms")
@@ -114,6 +115,8 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     _auth_login = RareField(None)     # MQTT 5 enhanced authentication in progress (`auth_login`)
     _rate_paused = RareField(False)   # over publish_rate_per_client: not read until the budget is back
     _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
+    transport_full = RareField(False)  # the transport's buffer is over its high-water mark (pause_writing)
+    problem_info = RareField(True)     # MQTT 5 Request Problem Information: reason strings on acks allowed
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))
@@ -154,7 +157,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         self.connected = False        # CONNECT accepted
         self.closing = False          # close() called: no more writes
         self.write_blocked = False     # delivery stops writing: the transport is full or a store write is awaited
-        self.transport_full = False    # the transport's buffer is over its high-water mark (pause_writing)
         self._store_waits = 0          # store writes the next answer waits for (`wait_for_store`)
         self.will: P.Will | None = None
         self.identity = None          # auth.Identity once CONNECT is accepted (None: no auth/ACL configured)
@@ -168,7 +170,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         # reload): the shared empty NO_TOPICS until the first one (an empty set is 216 bytes)
         self.valid_topics: frozenset | set = NO_TOPICS
         self.acl_publish_ok: frozenset | set = NO_TOPICS
-        self.problem_info = True      # MQTT 5 Request Problem Information: reason strings on acks allowed
         self.reading_paused = False   # too many publishes awaiting the store
         # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)

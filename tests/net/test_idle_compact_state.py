@@ -49,20 +49,20 @@ def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
     assert s.subs == {} and s.direct is s.subs and s.cursors == {}
 
 
-def test_a_queue_with_one_reader_holds_it_in_a_tuple():
+def test_a_queue_with_one_reader_holds_the_session_itself():
     dropped: list[str] = []
     eng = SimpleNamespace(direct={}, drop_recent=dropped.append)
     a, b = Session("a"), Session("b")
     DeliveryEngine.add_reader(eng, a, "q")
     DeliveryEngine.add_reader(eng, a, "q")          # twice: still one reader
-    assert eng.direct == {"q": (a,)}
+    assert eng.direct == {"q": a} and eng.direct["q"] is a and list(eng.direct["q"]) == [a]
     DeliveryEngine.add_reader(eng, b, "q")
     assert isinstance(eng.direct["q"], set) and eng.direct["q"] == {a, b}
     DeliveryEngine.remove_reader(eng, a, "q")
-    assert eng.direct == {"q": (b,)} and dropped == []
+    assert eng.direct["q"] is b and dropped == []
     DeliveryEngine.remove_reader(eng, a, "q")       # not a reader: nothing changes
     DeliveryEngine.remove_reader(eng, a, "other")
-    assert eng.direct == {"q": (b,)} and dropped == []
+    assert eng.direct["q"] is b and [s for s in eng.direct["q"]] == [b] and dropped == []
     DeliveryEngine.remove_reader(eng, b, "q")
     assert eng.direct == {} and dropped == ["q"]
     assert [s for s in eng.direct.get("q", ())] == []
