@@ -353,8 +353,11 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             listen = ["--port", str(free_port()), "--tls-port", str(port), "--cert", sec.cert, "--key", sec.key]
         if sec.password_file:
             listen += ["--password-file", sec.password_file]
+        # a free store port, not the default 10911: the user's own `lmqtt serve` (README) or
+        # another comparison may hold that one, and an SDK client of it must not reach this store
         return [sys.executable, "-m", module, "serve", "--host", "127.0.0.1",
-                *listen, "--data-dir", str(data), "--metrics-port", "0", *LMQTT_MATCH_MOSQUITTO,
+                *listen, "--data-dir", str(data), "--metrics-port", "0",
+                "--store-port", str(free_port()), *LMQTT_MATCH_MOSQUITTO,
                 *sec.lmqtt_args], \
             "lmqtt (embedded" + (f", source {lmqtt_src})" if lmqtt_src else ")")
     raise BrokerUnavailable(f"unknown broker {name!r}; known: {', '.join(KNOWN)}")
