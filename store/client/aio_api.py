@@ -24,7 +24,7 @@ import time
 import uuid
 
 from .. import protocol as W
-from .consumer import FilterConsumer, Record, _commit_args, _pull_result, decode_messages, _records_raw
+from .consumer import FilterConsumer, Record, _commit_args, _pull_result, check_start, decode_messages, _records_raw
 from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
 
 
@@ -261,6 +261,7 @@ class AsyncPullConsumer:
         self.position = 0
 
     async def _start(self, start: str) -> "AsyncPullConsumer":
+        check_start(start)
         c = (await self.conn.cmd("committed", group=self.group, topic=self.topic, queue_id=self.queue_id))["offset"]
         if c is None:
             o = await self.conn.cmd("offsets", topic=self.topic, queue_id=self.queue_id)

@@ -169,6 +169,14 @@ class PendingPull:
         return _pull_result(self.conn.ident, body, flags)
 
 
+def check_start(start: str) -> str:
+    """A consumer group's `start`: "earliest" or "latest"; anything else (a typo) is refused, never
+    read as "earliest"."""
+    if start not in ("earliest", "latest"):
+        raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
+    return start
+
+
 class PullConsumer:
     """A consumer-group member reading one ConsumeQueue; offsets are kept by the store.
 
@@ -183,6 +191,7 @@ class PullConsumer:
 
     def __init__(self, conn: Connection, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest",
                  max_count: int = 256, prefetch: bool = True) -> None:
+        check_start(start)
         self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
         self.max_count = max_count
         self.prefetch = prefetch
