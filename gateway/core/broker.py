@@ -184,7 +184,7 @@ class Broker:
     def on_connection_lost(self, conn: "MQTTConnection", exc) -> None:
         self.connections.discard(conn)
         if conn.connected:
-            self.metrics.connections.dec()
+            self.metrics.connections -= 1
             conn.connected = False
             self.session_registry.detach(conn)
 
@@ -338,7 +338,7 @@ class Broker:
             old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
             registry.detach(old)
             old.connected = False
-            self.metrics.connections.dec()
+            self.metrics.connections -= 1
         s, present = registry.open(cid, pkt.clean_start, loaded)
         was_persistent = s.persistent
         s.expiry_interval = expiry
@@ -397,8 +397,8 @@ class Broker:
             if auth_reply is not None:
                 ap.authentication_method, ap.authentication_data = auth_reply
         conn.send(ack)
-        self.metrics.connects.inc()
-        self.metrics.connections.inc()
+        self.metrics.connects += 1
+        self.metrics.connections += 1
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
         if self.acl is not None:
