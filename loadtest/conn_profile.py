@@ -6,7 +6,7 @@ Starts `lmqtt serve` under tracemalloc (in a fresh data dir, every optional list
 `--warmup` connections (one-time growth: dict resizes, caches, the first allocations of each kind),
 takes a snapshot, opens `--connections` more (CONNECT, then SUBSCRIBE to a topic of its own, as in
 `lmqtt bench compare --scenarios conn`), waits `--settle` seconds (the loop settles, and idle
-connections are parked: 0.1 s after a silent handshake, gateway/net/parking.py), takes a second snapshot and
+connections are parked: 0.05 s after a silent handshake, gateway/net/parking.py), takes a second snapshot and
 prints the difference per source line and per object type, divided by the number of connections.
 The broker's RSS growth is printed too (tracemalloc's own bookkeeping inflates it: use
 `lmqtt bench compare --scenarios conn` for the figure without it).

@@ -1,5 +1,5 @@
 """Young idle connections are parked early (gateway/net/parking.py FRESH_IDLE_S, issue 29): a client
-silent since its handshake is parked after ~0.1 s, not `park_idle_after_s`, so a burst of
+silent since its handshake is parked after ~0.05 s, not `park_idle_after_s`, so a burst of
 thousands never has all its transports alive at once. A client that keeps talking past its first
 second keeps the `park_idle_after_s` regime; one parked before its SUBSCRIBE (a long round trip)
 is young again when it comes. The console's view of a parked client stays right. On a real `lmqtt serve` with `park_idle_after_s = 60`,
@@ -48,10 +48,10 @@ def test_a_client_silent_after_its_handshake_is_parked_long_before_park_idle_aft
 def test_a_client_talking_through_its_first_second_keeps_the_long_regime(srv):
     base = parked(srv)
     c = subscriber(srv, "fresh-talker", "fresh/talker", qos=0)
-    t_end = time.monotonic() + 1.6                   # a packet every 0.02 s: never 0.1 s silent
+    t_end = time.monotonic() + 1.6                   # a packet every 0.01 s: never 0.05 s silent
     while time.monotonic() < t_end:
         c.send(P.Publish("fresh/other", b"x", qos=0))
-        time.sleep(0.02)
+        time.sleep(0.01)
     # past its first second: now `park_idle_after_s` (60 s) applies, so silence does not park it
     silent = subscriber(srv, "fresh-marker", "fresh/marker", qos=0)
     assert wait_parked(srv, base + 1, timeout=10) == base + 1      # the marker, 0.25 s silent: parked
