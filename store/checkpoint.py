@@ -1,15 +1,17 @@
 """`OffsetCheckpoint`: one durable integer (a CommitLog offset) in a small file.
 
-Written atomically (temp file, fsync, rename, fsync of the directory: `write_atomic`) so a crash
-leaves either the old or the new value, never a torn one. Each dispatcher owns one; the CommitLog
-keeps its flushed offset in one too. Written about once a second while the value moves; a save of
-the value already on disk is skipped (an idle store did a write + two fsyncs a second for nothing).
+Written by `atomic_file.write_atomic` (temp file, fsync, rename, fsync of the directory) so a
+crash or a power loss leaves either the old or the new value, never a torn one. Each dispatcher
+owns one; the CommitLog keeps its flushed offset in one too. Written about once a second while
+the value moves; a save of the value already on disk is skipped (an idle store did a write + two
+fsyncs a second for nothing).
 """
 from __future__ import annotations
 
-import os
 import struct
 import zlib
+
+from .atomic_file import write_atomic  # noqa: F401 - also imported from here (store/ha, recovery, delayed)
 
 _FMT = struct.Struct("<QI")  # value, crc32(value bytes)
 
@@ -43,22 +45,3 @@ class OffsetCheckpoint:
         write_atomic(self.path, raw)
         self._saved = value
 
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace the file `path` by `data`: a crash leaves the old or the new content, never a mix
-    (temp file, fsync, rename, fsync of the directory)."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import struct
 from typing import NamedTuple
 
+from .atomic_file import write_atomic
 from .errors import StoreError
 
 # size u32 | magic u32 | prev_pos i64 | due_ms i64 | ref_offset i64 | ref_size u32 | flags u32 | tick i64
@@ -70,7 +70,6 @@ class TimerLogRecovery:
         clean restart does not offer them again (after a crash the caller's recheck does that).
         `idle`: the round fired, dropped and rolled nothing: skipped when only the tick moved, for
         less than IDLE_CHECKPOINT_S of ticks since the last write."""
-        tmp = self._cp_path + ".tmp"
         cp = {"tick": self._fired_tick, "pos": self._fired_pos, "precision_ms": self.precision}
         # a rule below the fired position is never needed again: recovery starts there
         self._cuts = [c for c in self._cuts if c[0] > self._fired_pos]
@@ -86,11 +85,7 @@ class TimerLogRecovery:
         if idle and last is not None and last[1] == rest and \
                 0 <= self._fired_tick - last[0] < max(1, IDLE_CHECKPOINT_S * 1000 // self.precision):
             return
-        with open(tmp, "w") as f:
-            json.dump(cp, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._cp_path)
+        write_atomic(self._cp_path, json.dumps(cp).encode())
         self._cp_saved = (self._fired_tick, rest)
 
     def _recover(self) -> None:

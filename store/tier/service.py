@@ -41,6 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 
+from ..atomic_file import write_atomic
 from ..errors import StoreError
 from ..mapped_file import file_name
 from ..record import PREFIX, HEADER_SIZE, decode
@@ -172,12 +173,7 @@ class TierService(ParquetCompaction, TierReads):
         self.objects.put(MANIFEST, data)
         os.makedirs(self.local_dir, exist_ok=True)
         path = os.path.join(self.local_dir, MANIFEST)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, data)
         self._set_segments(segments)
         named = {k for s in segments for k in s.get("parquet", ())}
         for k in [k for k in self.parquet_topics if k not in named]:
@@ -216,12 +212,7 @@ class TierService(ParquetCompaction, TierReads):
             self._set_segments(tier_segs)
             if raw is not None:
                 os.makedirs(self.local_dir, exist_ok=True)
-                path = os.path.join(self.local_dir, MANIFEST)
-                with open(path + ".tmp", "wb") as f:
-                    f.write(raw)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(path + ".tmp", path)
+                write_atomic(os.path.join(self.local_dir, MANIFEST), raw)
         self.synced = True
 
     # ------------------------------------------------------------------ lifecycle
