@@ -40,7 +40,10 @@ def _connect(prog: str, address: str, token: str | None):
         print(f"{prog}: store {address} refused the connection: {e}", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED)
     except (ConnectionLost, OSError, ValueError) as e:
-        print(f"{prog}: cannot reach store {address}: {e}", file=sys.stderr)
+        why = str(e)
+        # the SDK's message names the address already ("cannot reach the store at X (...)")
+        print(f"{prog}: {why}" if address in why else f"{prog}: cannot reach store {address}: {why}",
+              file=sys.stderr)
         raise SystemExit(EXIT_UNREACHABLE)
 
 

@@ -232,7 +232,8 @@ def test_unreachable_store_is_a_clear_error():
         r = lmqtt(args[0], "--store", addr, *args[1:], stdin=b"x\n")
         assert r.returncode == 3, (args, r.returncode, r.stderr)
         err = r.stderr.decode()
-        assert f"cannot reach store {addr}" in err and "refused" in err.lower(), err
+        assert f"cannot reach the store at {addr}" in err and "refused" in err.lower(), err
+        assert err.count(addr) == 1, err      # named once, not "cannot reach store X: cannot reach the store at X"
         assert "Traceback" not in err and r.stdout == b""
 
 
