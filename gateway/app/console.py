@@ -194,7 +194,8 @@ def consume_main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, help="exit after N messages (default: no limit)")
     p.add_argument("--timeout", type=float,
                    help="exit after S seconds without a new message (default: none, wait until Ctrl-C)")
-    p.add_argument("--queue-id", type=int, default=0, help="ConsumeQueue id for a first-level topic (default 0)")
+    p.add_argument("--queue-id", type=int, default=None,
+                   help="ConsumeQueue id for a first-level topic, not a filter (default 0)")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="text: the payload per line; json: one object per line with topic, properties, "
                         "offsets (default text)")
@@ -206,6 +207,11 @@ def consume_main(argv: list[str] | None = None) -> int:
         print("lmqtt consume: --filter is empty (an MQTT filter such as sensors/# or a first-level topic)",
               file=sys.stderr)
         return 2
+    if args.queue_id is not None and is_filter(args.filter):
+        print(f"lmqtt consume: --queue-id applies to a first-level topic; {args.filter!r} is a filter, read "
+              "across every queue of its topics (leave --queue-id out)", file=sys.stderr)
+        return 2
+    args.queue_id = args.queue_id or 0
     ts = None
     if args.start not in (None, "earliest", "latest"):
         try:

@@ -288,3 +288,14 @@ def test_wrong_token_is_refused_not_unreachable(tmp_path):
         assert r.stdout.decode().splitlines() == ["x", "y"]
     finally:
         st.stop()
+
+
+def test_consume_refuses_a_queue_id_with_a_filter():
+    """`--queue-id` names one ConsumeQueue of a first-level topic; a filter reads every queue of its
+    topics, so the flag would be silently ignored: refused, before the store is even dialled."""
+    addr = f"127.0.0.1:{free_port()}"          # nothing listens: the refusal comes first
+    r = lmqtt("consume", "--store", addr, "--filter", "sensors/#", "--queue-id", "1", "--count", "1")
+    err = r.stderr.decode()
+    assert r.returncode == 2, (r.returncode, err)
+    assert "--queue-id applies to a first-level topic" in err and "'sensors/#' is a filter" in err, err
+    assert "Traceback" not in err
