@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import struct
 import threading
 from itertools import accumulate
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
+from .atomic_file import write_atomic
 from .checkpoint import OffsetCheckpoint
 from .mapped_file_queue import MappedFileQueue
 from .message import (CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_ID, DR_QUEUE_OFFSET,
@@ -71,6 +73,42 @@ def topic_dir_name(topic: str) -> str:
     if len(name) > 200:
         name = "h_" + hashlib.sha1(topic.encode()).hexdigest()
     return name
+
+
+# appended to a queue directory set aside (no name, nothing left to name it by); quote() never
+# makes '%' followed by a letter past 'F', so no topic's directory holds it
+UNNAMED_MARK = "%unnamed"
+_HASHED = re.compile(r"h_[0-9a-f]{40}")
+
+
+def _name_from_dir(dname: str) -> str | None:
+    """The first-level topic whose `topic_dir_name` is `dname`, when that name is reversible
+    (%-quoted, not a hash of a long name)."""
+    if _HASHED.fullmatch(dname):
+        return None
+    topic = unquote(dname)
+    return topic if topic and topic_dir_name(topic) == dname else None
+
+
+def _read_topic_file(tdir: str, dname: str) -> tuple[str | None, str]:
+    """The first-level topic a queue directory's `.topic` names, or None and why not: missing,
+    empty, unreadable, or a name whose directory is not this one (a torn write)."""
+    try:
+        with open(os.path.join(tdir, ".topic"), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or e})"
+    if not raw:
+        return None, "empty"
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, f"not UTF-8 ({len(raw)} bytes)"
+    if topic_dir_name(topic) != dname:
+        return None, f"{topic[:64]!r}, a name whose directory is not this one"
+    return topic, ""
 
 
 class ConsumeQueue:
@@ -234,6 +272,13 @@ class ConsumeQueueStore:
         self.entries_per_file = entries_per_file
         self.preallocate = preallocate
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # queue directories whose `.topic` was missing, empty or unreadable at load (directory name
+        # -> {queue id: queue}): named again by the first record of their topic that is dispatched
+        self.unnamed: dict[str, dict[int, ConsumeQueue]] = {}
+        # `.topic` files to write (path -> first-level topic): by flush(), before the checkpoint
+        # covers any entry of their queue - off the appending thread (inline dispatch runs on the
+        # gateway's event loop: no fsync there, as for the queue files' directory entries)
+        self._names_unwritten: dict[str, str] = {}
         self._ckpt_file = OffsetCheckpoint(os.path.join(root, "checkpoint"))
         self._ckpt = 0
         self._last_end = 0
@@ -241,46 +286,107 @@ class ConsumeQueueStore:
         self._lock = threading.Lock()  # queue table creation vs readers
         self.dirty_end = 0
 
-    def load(self) -> None:
+    def load(self, log_min: int = 0) -> None:
+        """Open every queue. `log_min`: the CommitLog's first local offset (a queue without a name
+        is replayed only from a record still in the local log, never below it)."""
         os.makedirs(self.root, exist_ok=True)
         self._ckpt = self._ckpt_file.load(0)
         self._last_end = self._ckpt
+        resume = None
         for d in os.listdir(self.root):
             tdir = os.path.join(self.root, d)
-            tfile = os.path.join(tdir, ".topic")
-            if not os.path.isfile(tfile):
+            if not os.path.isdir(tdir):
                 continue
-            with open(tfile, encoding="utf-8") as f:
-                topic = f.read()
-            for q in os.listdir(tdir):
-                if q.isdigit():
-                    cq = ConsumeQueue(os.path.join(tdir, q), self.entries_per_file, self.preallocate)
-                    cq.load()
-                    self.queues[(topic, int(q))] = cq
+            if UNNAMED_MARK in d:
+                continue        # set aside by an earlier start (below): not a queue any more
+            topic, why = _read_topic_file(tdir, d)
+            qids = [q for q in os.listdir(tdir) if q.isdigit()]
+            if topic is None and not qids:
+                self.unnamed[d] = {}    # no queue in it (a crash right after its mkdir): named by its next record
+                continue
+            queues = {}
+            for q in qids:
+                cq = ConsumeQueue(os.path.join(tdir, q), self.entries_per_file, self.preallocate)
+                cq.load()
+                queues[int(q)] = cq
+            if topic is not None:
+                for qid, cq in queues.items():
+                    self.queues[(topic, qid)] = cq
+                continue
+            # A missing, empty or torn .topic: the queue is not loaded under a wrong name (its
+            # messages would be unreadable by topic, and its offsets taken again by new records)
+            ends = [(cq.entry(cq.min_offset), cq.entry(cq.max_offset - 1))
+                    for cq in queues.values() if cq.max_offset > cq.min_offset]
+            durable = any(first is not None and first[1] and first[0] < self._ckpt for first, _ in ends)
+            say = log.warning if durable else log.info  # (else: a crash before the flush that writes it)
+            topic = _name_from_dir(d)
+            if topic is not None:       # the directory name is the %-quoted topic: exact
+                for qid, cq in queues.items():
+                    self.queues[(topic, qid)] = cq
+                self._names_unwritten[os.path.join(tdir, ".topic")] = topic   # by the flush after the replay
+                say("consumequeue %s: its .topic is %s; named %r from the directory name (written again)",
+                    tdir, why, topic)
+                continue
+            # a hashed directory name (a long topic): the name is in the CommitLog - replay from the
+            # queue's last entry, whose record names the topic (_queue adopts the queue then)
+            at = min((last[0] for _, last in ends if last is not None and last[1]
+                      and log_min <= last[0] < self._ckpt), default=None)
+            if at is not None or not durable:
+                self.unnamed[d] = queues
+                if at is not None:
+                    resume = at if resume is None else min(resume, at)
+                say("consumequeue %s: its .topic is %s, so its topic is unknown (a file written without "
+                    "fsync before a power loss?); %s", tdir, why,
+                    f"ConsumeQueue dispatch replays the CommitLog from offset {at}, and the queue takes "
+                    "its name back from its record there" if at is not None else "named again by the replay")
+                continue
+            # none of its records is left in the local CommitLog (retention, the tier) to name it
+            for cq in queues.values():
+                cq.close()
+            aside = tdir + UNNAMED_MARK
+            n = 0
+            while os.path.exists(aside):
+                n += 1
+                aside = f"{tdir}{UNNAMED_MARK}{n}"
+            os.rename(tdir, aside)
+            log.warning("consumequeue %s: its .topic is %s and none of its records is left in the local "
+                        "CommitLog to name it again: set aside as %s (its messages stay readable by "
+                        "CommitLog offset, not by topic; new messages of its topic start a new queue)",
+                        tdir, why, aside)
+        if resume is not None:
+            # written down first: a crash during the replay starts it again from there (the queues'
+            # entries at/after it are cut by truncate() and written again)
+            self._ckpt_file.save(resume)
+            self._ckpt = self._last_end = resume
 
     def _queue(self, fl: str, qid: int) -> ConsumeQueue:
         key = (fl, qid)
         cq = self.queues.get(key)
         if cq is None:
-            tdir = os.path.join(self.root, topic_dir_name(fl))
+            dname = topic_dir_name(fl)
+            tdir = os.path.join(self.root, dname)
             new_topic = not os.path.isdir(tdir)
             os.makedirs(tdir, exist_ok=True)
             tfile = os.path.join(tdir, ".topic")
-            if not os.path.exists(tfile):
-                # written whole or not at all (temp file + rename): on a full disk the write fails
-                # and the retry writes it again, where an in-place write would leave an empty
-                # .topic - the queue then loads under the wrong name after a restart
-                tmp = tfile + ".tmp"
-                try:
-                    with open(tmp, "w", encoding="utf-8") as f:
-                        f.write(fl)
-                    os.replace(tmp, tfile)
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
+            adopted = self.unnamed.get(dname)
+            if adopted is not None or new_topic or not os.path.exists(tfile):
+                # written by the next flush (atomic_file.write_atomic: whole and durable, or not at
+                # all - on a full disk the flush fails and the next one writes it), before the
+                # checkpoint covers any entry of the queue; a crash before leaves no .topic, and
+                # the replay from the checkpoint names the queue again (load)
+                with self._lock:
+                    self._names_unwritten[tfile] = fl
+            if adopted is not None:
+                with self._lock:
+                    for q, aq in adopted.items():
+                        self.queues[(fl, q)] = aq
+                del self.unnamed[dname]
+                if adopted:
+                    log.warning("consumequeue %s: named %r again (from the CommitLog), %d queue(s)", tdir,
+                                fl, len(adopted))
+                cq = self.queues.get(key)
+                if cq is not None:
+                    return cq
             cq = ConsumeQueue(os.path.join(tdir, str(qid)), self.entries_per_file, self.preallocate)
             cq.mfq.load()
             if new_topic:           # its entry in the root is synced with the queue's first file
@@ -288,6 +394,11 @@ class ConsumeQueueStore:
             with self._lock:
                 self.queues[key] = cq
         return cq
+
+    def _all_queues(self) -> list[ConsumeQueue]:
+        """The named queues and those waiting for their name (truncate, retention and close
+        treat both alike)."""
+        return list(self.queues.values()) + [cq for qs in list(self.unnamed.values()) for cq in qs.values()]
 
     def get(self, topic: str, qid: int) -> ConsumeQueue | None:
         return self.queues.get((first_level(topic), qid))
@@ -439,8 +550,16 @@ class ConsumeQueueStore:
 
     def flush(self) -> None:
         end = self._last_end
-        if end == self._ckpt:
+        if end == self._ckpt and not self._names_unwritten:
             return
+        if self._names_unwritten:
+            with self._lock:
+                names = list(self._names_unwritten.items())
+            for tfile, fl in names:
+                write_atomic(tfile, fl.encode("utf-8"))
+                with self._lock:
+                    if self._names_unwritten.get(tfile) == fl:
+                        del self._names_unwritten[tfile]
         for cq in list(self.queues.values()):
             if cq.dirty:
                 cq.dirty = False
@@ -451,7 +570,7 @@ class ConsumeQueueStore:
         self._ckpt = end
 
     def truncate(self, offset: int) -> None:
-        for cq in self.queues.values():
+        for cq in self._all_queues():
             cq.truncate_phys(offset)
         if self._ckpt > offset:
             self._ckpt = offset
@@ -459,9 +578,9 @@ class ConsumeQueueStore:
         self._last_end = min(self._last_end, offset)
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
-        for cq in list(self.queues.values()):
+        for cq in self._all_queues():
             cq.delete_below_phys(min_phys_offset)
 
     def close(self) -> None:
-        for cq in self.queues.values():
+        for cq in self._all_queues():
             cq.close()

@@ -13,6 +13,7 @@ import threading
 import time
 
 from .async_append import AsyncAppend      # append_async, append_batch_async
+from .atomic_file import write_atomic
 from .checkpoint import OffsetCheckpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
@@ -45,12 +46,7 @@ def _load_identity(data_dir: str) -> str:
     except (FileNotFoundError, ValueError):
         pass
     ident = secrets.token_hex(8).upper()
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(ident)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, ident.encode("ascii"))
     return ident
 
 
@@ -140,7 +136,7 @@ class MessageStore(AsyncAppend):
         self.clog.mfq.load()
         if self.tier is not None:
             self.tier.load()      # offloaded ranges are readable (min_offset) before anyone asks
-        self.consume_queues.load()
+        self.consume_queues.load(self.clog.mfq.min_offset)    # (a queue without its name replays from here)
         self.index.load()
         self.recoveries.load()
         ckpts = [d.checkpoint() for d in self._dispatchers]
