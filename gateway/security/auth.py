@@ -256,7 +256,8 @@ def read_password_file(path: str) -> dict[str, str]:
 
 
 def write_password_file(path: str, users: dict[str, str]) -> None:
-    """Atomically replace `path` (mode 0600: hashes are secrets too)."""
+    """Atomically and durably replace `path` (mode 0600: hashes are secrets too): temp file, fsync,
+    rename, fsync of the directory (as lmqtt.store.atomic_file, which this layer cannot import)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -265,6 +266,11 @@ def write_password_file(path: str, users: dict[str, str]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)  # the rename survives a power loss
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 # --------------------------------------------------------------------------- HMAC signatures
