@@ -20,7 +20,7 @@ import threading
 from itertools import accumulate
 from urllib.parse import quote, unquote
 
-from .atomic_file import write_atomic
+from .atomic_file import sync_dir, write_atomic
 from .checkpoint import OffsetCheckpoint
 from .mapped_file_queue import MappedFileQueue
 from .message import (CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_ID, DR_QUEUE_OFFSET,
@@ -65,8 +65,15 @@ def _entries(phys: int, sizes: list, tags: int) -> bytes:
     return st.pack(*flat)
 
 
+# the directory of the first level '' (topics that start with '/'); quote() never makes a '%'
+# followed by a letter past 'F'. (Before, its queues sat in the root itself: see load.)
+EMPTY_LEVEL_DIR = "%empty"
+
+
 def topic_dir_name(topic: str) -> str:
     """A filesystem-safe, reversible-by-file directory name for a first-level topic."""
+    if not topic:
+        return EMPTY_LEVEL_DIR
     name = quote(topic, safe="")
     if name.startswith("."):
         name = "%2E" + name[1:]
@@ -90,9 +97,19 @@ def _name_from_dir(dname: str) -> str | None:
     return topic if topic and topic_dir_name(topic) == dname else None
 
 
+def _holds_queue_files(path: str) -> bool:
+    """A queue's directory (entry files named by offset), not a topic's (`.topic`, queue dirs)."""
+    try:
+        return any(f.isdigit() and os.path.isfile(os.path.join(path, f)) for f in os.listdir(path))
+    except NotADirectoryError:
+        return False
+
+
 def _read_topic_file(tdir: str, dname: str) -> tuple[str | None, str]:
     """The first-level topic a queue directory's `.topic` names, or None and why not: missing,
     empty, unreadable, or a name whose directory is not this one (a torn write)."""
+    if dname == EMPTY_LEVEL_DIR:
+        return "", ""           # its name is its directory's ('.topic' is empty)
     try:
         with open(os.path.join(tdir, ".topic"), "rb") as f:
             raw = f.read()
@@ -292,6 +309,7 @@ class ConsumeQueueStore:
         os.makedirs(self.root, exist_ok=True)
         self._ckpt = self._ckpt_file.load(0)
         self._last_end = self._ckpt
+        self._move_empty_level_queues()
         resume = None
         for d in os.listdir(self.root):
             tdir = os.path.join(self.root, d)
@@ -300,7 +318,7 @@ class ConsumeQueueStore:
             if UNNAMED_MARK in d:
                 continue        # set aside by an earlier start (below): not a queue any more
             topic, why = _read_topic_file(tdir, d)
-            qids = [q for q in os.listdir(tdir) if q.isdigit()]
+            qids = [q for q in os.listdir(tdir) if q.isdigit() and os.path.isdir(os.path.join(tdir, q))]
             if topic is None and not qids:
                 self.unnamed[d] = {}    # no queue in it (a crash right after its mkdir): named by its next record
                 continue
@@ -358,6 +376,27 @@ class ConsumeQueueStore:
             # entries at/after it are cut by truncate() and written again)
             self._ckpt_file.save(resume)
             self._ckpt = self._last_end = resume
+
+    def _move_empty_level_queues(self) -> None:
+        """An older version kept the queues of the first level '' (topics starting with '/') in
+        the root itself (`<root>/<qid>/<files>`, `<root>/.topic` empty) and never loaded them after
+        a restart: moved into their own directory (EMPTY_LEVEL_DIR), where load finds them."""
+        old = [q for q in os.listdir(self.root) if q.isdigit() and _holds_queue_files(os.path.join(self.root, q))]
+        if not old:
+            return
+        dest = os.path.join(self.root, EMPTY_LEVEL_DIR)
+        os.makedirs(dest, exist_ok=True)
+        for q in old:
+            os.rename(os.path.join(self.root, q), os.path.join(dest, q))
+        write_atomic(os.path.join(dest, ".topic"), b"")
+        sync_dir(self.root)
+        try:
+            os.unlink(os.path.join(self.root, ".topic"))
+        except FileNotFoundError:
+            pass
+        log.warning("consumequeue %s: the queue(s) %s of the topics that start with '/' (first level '') "
+                    "moved into %s (an older version kept them in the root and did not load them after a "
+                    "restart)", self.root, ", ".join(sorted(old)), dest)
 
     def _queue(self, fl: str, qid: int) -> ConsumeQueue:
         key = (fl, qid)

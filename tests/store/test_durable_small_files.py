@@ -238,3 +238,33 @@ def test_a_nameless_queue_with_none_of_its_records_left_locally_is_set_aside(tmp
     cqs.load()                                  # not a queue any more
     assert not cqs.queues and not cqs.unnamed
     cqs.close()
+
+
+@pytest.mark.parametrize("layout", ["now", "older"])
+def test_topics_starting_with_a_slash_are_readable_by_topic_after_a_restart(tmp_path, layout, caplog):
+    """First level '' (MQTT `/a/b`): its queues sat in the ConsumeQueue root itself and were not
+    loaded after a restart (and a `.topic`-less directory at load now means a lost name). They have
+    their own directory now; an older data dir's are moved there at start."""
+    d = tmp_path / "s"
+    st = MessageStore(_cfg(d))
+    st.start()
+    try:
+        _fill(st, ["", "kept"], 10)            # topics "/0", "kept/1", "/2", ...
+    finally:
+        st.shutdown()
+    root = d / "consumequeue"
+    if layout == "older":                       # where the version before put them
+        (root / "%empty" / "0").rename(root / "0")
+        (root / "%empty" / ".topic").rename(root / ".topic")
+        (root / "%empty").rmdir()
+    caplog.set_level(logging.INFO, logger="lmqtt.store")
+    for _ in range(2):
+        st = MessageStore(_cfg(d))
+        st.start()
+        try:
+            assert [m.body for m in st.read_consume_queue("/x", 0, 0, 100)] == [b"m%d" % i for i in range(0, 10, 2)]
+            assert [m.body for m in st.read_consume_queue("kept", 0, 0, 100)] == [b"m%d" % i for i in range(1, 10, 2)]
+        finally:
+            st.shutdown()
+    assert sorted(os.listdir(root)) == ["%empty", "checkpoint", "kept"]
+    assert any("moved into" in r.getMessage() for r in caplog.records) == (layout == "older")
