@@ -271,7 +271,7 @@ class Gateway:
         self.embedded = node = open_embedded(cfg, loop)
         try:
             self.broker = Broker(cfg, node.storage, loop, self.metrics, auth=self.auth,
-                                 acl=self.acl, gate=self._new_gate(), after_append=node.after_append)
+                                 acl=self.acl, gate=self._new_gate(), append_listener=node.append_listener)
             node.attach(self.broker.publisher.flush, self.broker.delivery.on_queues)
             self.broker.start()
             await self._listen(loop)

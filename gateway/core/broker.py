@@ -54,7 +54,7 @@ log = logging.getLogger("lmqtt.gateway")
 class Broker:
     def __init__(self, cfg: "GatewayConfig", storage: "Storage", loop: asyncio.AbstractEventLoop,
                  metrics: "GatewayMetrics", auth=None, acl=None,
-                 session_registry_cls=SessionRegistry, gate=None, after_append=None,
+                 session_registry_cls=SessionRegistry, gate=None, append_listener=None,
                  gateway_id: str | None = None) -> None:
         """`storage`: the storage facades (gateway/storage/facades.py `Storage`), in-process
         (`lmqtt serve`: store/node/inprocess.py `storage(store, lq)`) or remote (`lmqtt gateway`:
@@ -62,8 +62,9 @@ class Broker:
         which implementation it holds. `session_registry_cls`: the fleet's variant reloads a
         session from the store on CONNECT (gateway/fleet/sessions.py). `gate`: the connection and rate
         limits with their counters (gateway/core/limits.py `ConnectionGate`), None for none.
-        `after_append()`: called once each publish batch is appended (the embedded gateway's
-        notify bus drain, so subscribers get the batch before its PUBACKs go out). `gateway_id`:
+        `append_listener`: drained once each publish batch is appended (the embedded store's
+        notify bus, delivery/publish.py `AppendListener`, so subscribers get the batch before its
+        PUBACKs go out); None over a remote store. `gateway_id`:
         a fleet gateway's id (`lmqtt gateway`), named in the session records it writes; None in
         the embedded server."""
         self.cfg = cfg
@@ -94,7 +95,8 @@ class Broker:
         self.publisher = PublishPipeline(storage.queues, loop, metrics, cfg.max_pending_publish,
                                          set_retained=self._set_retained,
                                          record_appended=self.delivery.record_appended,
-                                         flush_writes=self.writes.flush, after_append=after_append)
+                                         recent_ends=self.delivery.recent.ends,
+                                         writes=self.writes, append_listener=append_listener)
         # QoS 2 exactly once across a crash (core/session_persistence.py `write_ahead`, `journal`)
         self.delivery.qos2_sent = self._qos2_sent
         self.publisher.qos2_stored = lambda s, pid: self.persist.journal(s, encode(P.PubRec(pid), s.version))

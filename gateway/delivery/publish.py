@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lmqtt.gateway.model import record_props
 from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
@@ -118,12 +118,36 @@ class _Pending:
         self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (core/broker.py)
 
 
+class AppendListener(Protocol):
+    """Told after each append (notify/bus.py InProcessBus, an embedded store's notify bus):
+    `drain()` delivers the queue names the append raised on the loop thread; `drain_follows` is
+    set while an append runs whose drain comes right after it."""
+    drain_follows: bool
+
+    def drain(self) -> None: ...
+
+
+class BatchedWrites(Protocol):
+    """The connections' queued output (net/write_batcher.py WriteBatcher): `flush()` writes it now;
+    `hold()` defers the loop's flush while a batch runs (returns whether it was held already),
+    `release(was)` ends that."""
+
+    def flush(self) -> None: ...
+
+    def hold(self) -> bool: ...
+
+    def release(self, was: bool) -> None: ...
+
+
 class PublishPipeline:
     """Batches publishes per loop iteration into the store and acknowledges them when durable.
 
-    It calls back through three narrow callables: `set_retained(topic, payload, props)` stores a
-    retained message, `record_appended(batch, now_ms)` hands freshly visible records to delivery,
-    `flush_writes()` writes the connections' queued output (the acks) right away.
+    It calls back through narrow parts it is handed, never probing what it holds:
+    `set_retained(topic, payload, props)` stores a retained message, `record_appended(batch,
+    now_ms)` hands freshly visible records to delivery (which fills `recent_ends`, the queue ends it
+    read, valid until this append's delivery run is over), `writes` writes the connections' queued
+    output (the acks: net/write_batcher.py's WriteBatcher), `append_listener` is told after each
+    append (an embedded store's notify bus; None over a remote store).
     """
 
     # `qos2_stored(session, packet id)`: an inbound QoS 2 message of a persistent session is stored;
@@ -133,8 +157,9 @@ class PublishPipeline:
     def __init__(self, store: "QueueStore", loop, metrics, max_pending_publish: int, *,
                  set_retained: Callable[[str, bytes, bytes], None],
                  record_appended: Callable[[list, int], None],
-                 flush_writes: Callable[[], None],
-                 after_append: Callable[[], None] | None = None) -> None:
+                 recent_ends: dict[str, int] | None = None,
+                 writes: "BatchedWrites",
+                 append_listener: "AppendListener | None" = None) -> None:
         self.store = store
         self.loop = loop
         self.metrics = metrics
@@ -142,13 +167,12 @@ class PublishPipeline:
         self._set_retained = set_retained
         self._record_appended = record_appended
         # the queue ends record_appended read (RecentMessages.ends), valid until the delivery run
-        # of this append's chain is over: cleared after `after_append`
-        self._ends = getattr(getattr(record_appended, "__self__", None), "ends", None)
-        self._flush_writes = flush_writes
-        # the write batcher whose flush that is, when it can be held for a batch (net/write_batcher.py
-        # WriteBatcher.hold: no loop callback per batch to write what the batch wrote itself)
-        wb = getattr(flush_writes, "__self__", None)
-        self._writes = wb if hasattr(wb, "hold") else None
+        # of this append's chain is over: cleared after the append listener's drain
+        self._ends = recent_ends
+        self._flush_writes = writes.flush
+        # held for a batch (net/write_batcher.py WriteBatcher.hold: no loop callback per batch to
+        # write what the batch wrote itself)
+        self._writes = writes
         self._pending: list[_Pending] = []
         self._delayed = 0         # delayed publishes in _pending
         self._scheduled = False
@@ -158,14 +182,12 @@ class PublishPipeline:
         registry = getattr(metrics, "registry", None)
         if registry is not None:
             registry.register(_DiskFullMetrics(self))
-        # called once the batch is appended (Gateway: the notify bus's drain): with the store's
+        # drained once the batch is appended (an embedded store's notify bus): with the store's
         # inline dispatch the new entries are already visible, so subscribers get them in this
-        # same loop callback, before the PUBACKs are written
-        self.after_append = after_append
-        # the object whose drain after_append is, when it can be told that a drain follows each
-        # append (notify.bus.InProcessBus.drain_follows: no safety-net loop callback per batch)
-        owner = getattr(after_append, "__self__", None)
-        self._drain_owner = owner if hasattr(owner, "drain_follows") else None
+        # same loop callback, before the PUBACKs are written; told that a drain follows each
+        # append (`drain_follows`: no safety-net loop callback per batch)
+        self._drain_owner = append_listener
+        self._drain = append_listener.drain if append_listener is not None else None   # bound once
         # delayed publishes: the store's timer wheel fires on this loop (an embedded store; a
         # remote one fires on its own)
         try:
@@ -243,7 +265,7 @@ class PublishPipeline:
             return
         owner = self._drain_owner
         wb = self._writes
-        was = wb.hold() if wb is not None else True
+        was = wb.hold()
         try:
             if owner is None:
                 self._flush(batch)
@@ -254,7 +276,7 @@ class PublishPipeline:
             finally:
                 if owner.drain_follows:   # _flush did not reach its drain (it raised): drain now
                     owner.drain_follows = False
-                    self.after_append()
+                    self._drain()
         finally:
             if not was:
                 wb.release(was)           # whatever the batch queued and did not write yet
@@ -321,10 +343,10 @@ class PublishPipeline:
             # entries of their queues, in order (DeliveryEngine.record_appended)
             self._record_appended(batch, now_ms)
         try:
-            if self.after_append is not None:
-                if self._drain_owner is not None:
-                    self._drain_owner.drain_follows = False
-                self.after_append()
+            owner = self._drain_owner
+            if owner is not None:
+                owner.drain_follows = False
+                self._drain()
         finally:
             ends = self._ends
             if ends:

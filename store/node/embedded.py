@@ -9,7 +9,7 @@ and hands the gateway what it uses -
 
   storage         the storage facades (gateway/storage/facades.py) in-process (store/node/inprocess.py):
                   what the broker reads and writes, the only way the gateway reaches the data
-  after_append    the notify bus's drain, run by the broker's publisher after each append
+  append_listener the notify bus, drained by the broker's publisher after each append
   attach()        the broker's hooks: flush the routed publishes before an SDK registration, and
                   where "queue has new data" events go
   stats(), tier_stats(), topic_ends(), session_page()  what the console and $SYS read of the store
@@ -74,7 +74,7 @@ class EmbeddedStore:
         self.lq = lq                # LightQueueStore
         self.bus = bus              # notify.InProcessBus
         self.storage: Storage = in_process_storage(store, lq)
-        self.after_append: Callable[[], None] = bus.drain
+        self.append_listener = bus           # drain() after each append, drain_follows
 
     def attach(self, flush_before_register: Callable[[], Any], on_queues: Callable[[Iterable[str]], None]) -> None:
         """The broker's hooks: registrations by SDK consumers (the store port) append the routed
