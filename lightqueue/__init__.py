@@ -3,7 +3,7 @@ registered wildcard filter (RocksDB), plus the store-side metadata MQTT sessions
 
 See docs/lightqueue.md for the design and docs/internals.md for the contract.
 """
-from importlib import import_module
+from lmqtt.store.lazy_exports import lazy_exports
 
 # The API names load their modules on first use (PEP 562), as lmqtt.store's do: a gateway names
 # the light queues' vocabulary (`lmqtt.lightqueue.topics`, `.records`, `.errors`) and must not load
@@ -22,14 +22,7 @@ _WHERE = {
     "FilterTrie": ".trie",
 }
 
-
-def __getattr__(name: str):
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(where, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE, globals())
 
 
 __all__ = [

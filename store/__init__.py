@@ -4,7 +4,7 @@ the on-disk format and the flush modes' guarantees in docs/store.md.
 
 The store never knows MQTT: topics are strings, `props` are opaque bytes.
 """
-from importlib import import_module
+from .lazy_exports import lazy_exports
 
 # The API names load their modules on first use (PEP 562), so importing a part of the package
 # (the SDK in `lmqtt.store.client`, the accelerator loader `lmqtt.store.accel` the MQTT codec
@@ -17,14 +17,7 @@ _WHERE = {
     "MessageStore": ".message_store",
 }
 
-
-def __getattr__(name: str):
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(where, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE, globals())
 
 
 __all__ = [

@@ -74,6 +74,31 @@ class FakeTransport:
         self.reading = True
 
 
+async def started_gateway(tmp_path, data: str = "data"):
+    """A real embedded Gateway (store, dispatch, light queues, delivery) started on
+    `tmp_path`/`data`, listening nowhere that matters (MQTT on port 0, metrics off); the caller
+    stops it."""
+    from lmqtt.gateway.app.config import build_config
+    from lmqtt.gateway.app.gateway import Gateway
+
+    cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
+                            "data_dir": str(tmp_path / data)})
+    gw = Gateway(cfg)
+    await gw.start()
+    return gw
+
+
+def fake_connection(gw):
+    """(conn, transport): an MQTTConnection of `gw`'s broker on a FakeTransport, connection made
+    (feed it with `conn.data_received(bytes)`, read what it wrote with `transport.take()`)."""
+    from lmqtt.gateway.net.connection import MQTTConnection
+
+    conn = MQTTConnection(gw.broker)
+    tr = FakeTransport(conn)
+    conn.connection_made(tr)
+    return conn, tr
+
+
 async def gateway_with_subscribed_pair(tmp_path, topic: str = "t/x"):
     """A real embedded Gateway (store, dispatch, light queues, delivery) started on `tmp_path`, and
     two MQTTConnections on FakeTransports: "sub" (3.1.1, subscribed to `topic` at QoS 1, its
@@ -81,20 +106,12 @@ async def gateway_with_subscribed_pair(tmp_path, topic: str = "t/x"):
     the caller stops gw."""
     import asyncio
 
-    from lmqtt.gateway.app.config import build_config
-    from lmqtt.gateway.app.gateway import Gateway
     from lmqtt.gateway.mqtt import encode, packets as P
-    from lmqtt.gateway.net.connection import MQTTConnection
 
-    cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                            "data_dir": str(tmp_path / "data")})
-    gw = Gateway(cfg)
-    await gw.start()
+    gw = await started_gateway(tmp_path)
     conns = []
     for cid in ("sub", "pub"):
-        c = MQTTConnection(gw.broker)
-        tr = FakeTransport(c)
-        c.connection_made(tr)
+        c, tr = fake_connection(gw)
         c.data_received(encode(P.Connect(client_id=cid, protocol_level=4), 4))
         conns.append((c, tr))
     (sub, sub_tr), (pub, pub_tr) = conns

@@ -8,11 +8,8 @@ import asyncio
 
 from prometheus_client import generate_latest
 
-from lmqtt.gateway.app.config import build_config
-from lmqtt.gateway.app.gateway import Gateway
 from lmqtt.gateway.mqtt import encode, packets as P
-from lmqtt.gateway.net.connection import MQTTConnection
-from tests.fakes import FakeTransport
+from tests.fakes import fake_connection, started_gateway
 
 
 def _exported(gw) -> dict:
@@ -23,15 +20,10 @@ def _exported(gw) -> dict:
 
 def test_connections_and_connects_exported(tmp_path):
     async def run():
-        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                                "data_dir": str(tmp_path / "d")})
-        gw = Gateway(cfg)
-        await gw.start()
+        gw = await started_gateway(tmp_path, "d")
         try:
             def connect(cid):
-                conn = MQTTConnection(gw.broker)
-                tr = FakeTransport(conn)
-                conn.connection_made(tr)
+                conn, _tr = fake_connection(gw)
                 conn.data_received(encode(P.Connect(client_id=cid, protocol_level=4), 4))
                 return conn
             a, b = connect("a"), connect("b")

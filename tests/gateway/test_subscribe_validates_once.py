@@ -9,24 +9,16 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from lmqtt.gateway.app.config import build_config
-from lmqtt.gateway.app.gateway import Gateway
 from lmqtt.gateway.mqtt import Decoder, encode, packets as P
-from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.lightqueue import topics as T
-from tests.fakes import FakeTransport
+from tests.fakes import fake_connection, started_gateway
 
 
 def test_each_valid_filter_validated_once_and_invalid_ones_refused(tmp_path, monkeypatch):
     async def run():
-        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                                "data_dir": str(tmp_path / "d")})
-        gw = Gateway(cfg)
-        await gw.start()
+        gw = await started_gateway(tmp_path, "d")
         try:
-            conn = MQTTConnection(gw.broker)
-            tr = FakeTransport(conn)
-            conn.connection_made(tr)
+            conn, tr = fake_connection(gw)
             dec = Decoder(version=4, server_side=False)
             conn.data_received(encode(P.Connect(client_id="v1", protocol_level=4, clean_start=False), 4))
             await asyncio.sleep(0.01)
@@ -57,14 +49,9 @@ def test_a_subscribe_again_writes_the_record_only_when_a_subscription_changed(tm
     """The decision compares a plain subscription with the one the session has by its fields
     (no `__eq__`): the same again writes nothing, another QoS or an option writes the record."""
     async def run():
-        cfg = build_config({}, {"host": "127.0.0.1", "port": 0, "metrics_port": 0,
-                                "data_dir": str(tmp_path / "d")})
-        gw = Gateway(cfg)
-        await gw.start()
+        gw = await started_gateway(tmp_path, "d")
         try:
-            conn = MQTTConnection(gw.broker)
-            tr = FakeTransport(conn)
-            conn.connection_made(tr)
+            conn, tr = fake_connection(gw)
             dec = Decoder(version=5, server_side=False)
             conn.data_received(encode(P.Connect(client_id="v2", protocol_level=5, clean_start=False,
                                                 properties=P.Properties(session_expiry_interval=600)), 5))
