@@ -5,7 +5,9 @@ Cases:
 * append-replicated  `--messages` messages of `--size` bytes through an AutoBatch producer into a
                      single `lmqtt store`, then into a group of 3 with --ack-replicas 1 and 2, per
                      flush mode of `--flush-modes`, in the same run: msgs/s and the ratio to the
-                     single node of the same flush mode
+                     single node of the same flush mode; `cpu_s`: the CPU seconds (user + system)
+                     each process used during the sends (store or primary, each replica, the
+                     producer) and the wall seconds, so a figure says what bounds it
 * failover           a group of 3 under a sync producer's load; `--kills` faults of the primary,
                      kill -9 and SIGSTOP alternated (`--faults`): the time from the fault to the
                      first acknowledged write on the new primary (p50/p99/max over the faults); the
@@ -114,18 +116,37 @@ class _Group:
         raise RuntimeError(f"no primary within {timeout} s (logs: {self.members[0].log} ...)")
 
 
-def _autobatch_rate(address: str, n: int, size: int) -> float:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process used so far (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) -> tuple[float, dict]:
+    """-> (msgs/s, CPU seconds per process during the sends: `watch` {name: pid} and "producer",
+    this process)."""
     from lmqtt.store.client import connect
     c = connect(address, timeout=120)
     ab = c.auto_batch_producer()
     payload = b"x" * size
+    watch = watch or {}
+    before = {k: _cpu_s(pid) for k, pid in watch.items()}
+    t0 = os.times()
     t = time.perf_counter()
     for _ in range(n):
         ab.send(TOPIC, payload)
     ab.flush(300)
     dt = time.perf_counter() - t
+    t1 = os.times()
+    cpu = {k: round(_cpu_s(pid) - before[k], 2) for k, pid in watch.items()}
+    cpu["producer"] = round((t1.user - t0.user) + (t1.system - t0.system), 2)
+    cpu["wall"] = round(dt, 2)
     c.close()
-    return n / dt
+    return n / dt, cpu
 
 
 def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
@@ -139,24 +160,26 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
                                  stderr=subprocess.STDOUT)
         try:
             _wait_port(port)
-            single = _autobatch_rate(f"127.0.0.1:{port}", n, size)
+            single, cpu = _autobatch_rate(f"127.0.0.1:{port}", n, size, {"store": p.pid})
         finally:
             p.terminate()
             p.wait(30)
         out({"case": "append-replicated", "flush_mode": mode, "shape": "single", "messages": n, "size": size,
-             "msgs_per_s": round(single)})
+             "msgs_per_s": round(single), "cpu_s": cpu})
         for k in (1, 2):
             gd = os.path.join(root, f"group-{mode.replace('+', '_')}-{k}")
             os.makedirs(gd, exist_ok=True)
             g = _Group(gd, mode, k, 2.5).start()
             try:
                 prim = g.primary(in_sync=3)
-                rate = _autobatch_rate(g.peers, n, size)
-                assert prim is not None
+                watch = {"primary": prim.proc.pid}
+                watch.update({f"replica{m.node}": m.proc.pid for m in g.members if m is not prim})
+                rate, cpu = _autobatch_rate(g.peers, n, size, watch)
             finally:
                 g.stop()
             out({"case": "append-replicated", "flush_mode": mode, "shape": "group of 3", "ack_replicas": k,
-                 "messages": n, "size": size, "msgs_per_s": round(rate), "vs_single": round(rate / single, 2)})
+                 "messages": n, "size": size, "msgs_per_s": round(rate), "vs_single": round(rate / single, 2),
+                 "cpu_s": cpu})
 
 
 def _wait_port(port: int, timeout: float = 30.0) -> None:
