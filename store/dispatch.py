@@ -417,11 +417,26 @@ class DispatchService:
         DR = DispatchRequest
         corrupt = clog.corrupt_ranges
         bad_rel = corrupt[0][0] - base if corrupt else -1
-        batch = []
-        append = batch.append
+        # the records as one columnar chunk (store.message: sizes, run starts, each run's first
+        # DispatchRequest), as the live hand-off delivers them: a record that continues the run
+        # before it (same topic, queue, flags, timestamps, tags and dispatch queues, no keys, the
+        # next queue offset, right after it in the log) costs a size only, and the dispatchers
+        # take a run at once (a replica's dispatch, which parses everything it holds, spent most
+        # of its CPU building and consuming a tuple per record; docs/ha.md "Measured")
+        sizes: list = []
+        starts: list = []
+        runs: list = []
+        add_size = sizes.append
+        keyed = False
         max_batch = self.max_batch
+        # the open run: its topic bytes, queue id, next queue offset, next log offset, flags,
+        # timestamps, tags, dispatch-queue bytes (None: no run open / it cannot be continued)
+        r_tb = None
+        r_qid = r_qoff = r_phys = r_flags = r_born = r_sts = r_tags = -1
+        r_db = b""
+        r_dlen = 0
         while rel < soft:
-            if len(batch) >= max_batch:
+            if len(sizes) >= max_batch:
                 break
             if rel == bad_rel:
                 rel = self._skip_corrupt(base + rel) - base
@@ -442,12 +457,21 @@ class DispatchService:
                 raise RuntimeError(f"dispatch: no record at offset {base + rel} (magic {magic:#x})")
             p = rel + HEADER_SIZE
             tb = mm[p:p + tlen]
+            if (qoff == r_qoff and phys == r_phys and qid == r_qid and not klen and sts == r_sts
+                    and born == r_born and flags == r_flags and tags == r_tags and tb == r_tb
+                    and dlen == r_dlen and (not dlen or mm[p + tlen:p + tlen + dlen] == r_db)):
+                add_size(total)          # continues the open run
+                r_qoff = qoff + 1
+                r_phys = phys + total
+                rel += total
+                continue
             topic = tcache.get(tb)
             if topic is None:
                 topic = tb.decode("utf-8")
                 if len(tcache) > 100_000:
                     tcache.clear()
                 tcache[tb] = topic
+            db = b""
             if klen or dlen:
                 p += tlen
                 keys = tuple(mm[p:p + klen].decode("utf-8").split(SEP)) if klen else ()
@@ -462,14 +486,25 @@ class DispatchService:
                         ncache[db] = dq
                 else:
                     dq = ()
-                append(new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, keys, dq)))
+                r = new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, keys, dq))
             else:
-                append(new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, (), ())))
+                keys = ()
+                r = new(DR, (phys, total, topic, qid, qoff, flags, born, sts, tags, (), ()))
+            starts.append(len(sizes))
+            runs.append(r)
+            add_size(total)
+            if keys:
+                keyed = True
+                r_tb = None              # a record with keys is a run of its own
+                r_qoff = -1
+            else:
+                r_tb, r_qid, r_qoff, r_phys = tb, qid, qoff + 1, phys + total
+                r_flags, r_born, r_sts, r_tags, r_db, r_dlen = flags, born, sts, tags, db, dlen
             rel += total
         end = base + rel
         if rel >= size:
             end = mf.end_offset
-        self._deliver(batch, end)
+        self._deliver(DispatchBatch([(sizes, starts, runs, keyed, None)], len(sizes)) if sizes else [], end)
 
     def _skip_corrupt(self, offset: int) -> int:
         for a, b in self.clog.corrupt_ranges:
