@@ -37,6 +37,9 @@ class AckGate:
         self.failed: BaseException | None = None
         self._ev = threading.Event()
         self._stop = False
+        # evaluate() runs on the gate's thread or, for an acknowledgement, on the replication
+        # thread that read it (replica_acked): one at a time, never after stop()
+        self._eval_lock = threading.Lock()
         self.blocked = ""                    # why nothing is being acknowledged now ("" when it is)
         self.also_wake = None                # fn() woken with the gate on every append (the shipper)
         # replicas being added to the in-sync set: waited for from the moment they had everything
@@ -65,6 +68,8 @@ class AckGate:
         self._stop = True
         self._ev.set()
         self._thread.join()
+        with self._eval_lock:        # an acknowledgement's evaluate() in progress ends first
+            pass
         with self.clog.lock:
             self.failed = err
             fut = self.current
@@ -101,7 +106,9 @@ class AckGate:
             self._ev.wait(0.002 if self.waiting or self.dup_waiting else 0.05)
             self._ev.clear()
             try:
-                self.evaluate()
+                with self._eval_lock:
+                    if not self._stop:
+                        self.evaluate()
             except Exception:  # noqa: BLE001 - keep the gate alive; nothing is acknowledged meanwhile
                 log.exception("event=ha_ack_gate_failed")
 
@@ -183,15 +190,29 @@ def _meta_evaluate_impl(self) -> None:
 def _replica_acked_impl(self) -> None:
     """A replica acknowledged (Shipper's thread reading its A frames): the metadata changes it
     completes are answered here, without a hop to the gate's thread (a pop, an ack or a commit on a
-    group waits for exactly this); appends' rounds are left to the gate's thread, woken."""
+    group waits for exactly this); so are the appends' rounds it completes (`evaluate` on this
+    thread when no other runs it: the hop to the gate's thread, a wake-up and a GIL hand-off per
+    acknowledgement, was a third of a replicated append's round trip), else the gate is woken."""
     if self.meta_waiting:
         try:
             self._meta_evaluate()
         except Exception:  # noqa: BLE001 - the replica's stream goes on; the gate's round retries
             log.exception("event=ha_ack_gate_failed")
             self._ev.set()
-    if self.waiting or self.dup_waiting or self.adding:
-        self._ev.set()           # else its own 0.05 s round looks for replicas to add back
+    if self.adding:
+        self._ev.set()           # its own 0.05 s round looks for replicas to add back
+    if self.waiting or self.dup_waiting:
+        if self._eval_lock.acquire(blocking=False):
+            try:
+                if not self._stop:
+                    self.evaluate()
+            except Exception:  # noqa: BLE001 - the gate's own round retries
+                log.exception("event=ha_ack_gate_failed")
+                self._ev.set()
+            finally:
+                self._eval_lock.release()
+        else:
+            self._ev.set()
 
 
 def _meta_appended_impl(self) -> None:
