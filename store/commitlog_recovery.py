@@ -1,6 +1,7 @@
 """The CommitLog's tail recovery at start: where valid data ends, what is corrupt in the middle
 (reported, skipped, never served), and the torn tail cut and zeroed (`CommitLogRecovery`, a part
-of `CommitLog`).
+of `CommitLog`); and the one tail cut made while the store runs, a promoted replica's half-shipped
+last record (`cut_partial_record`).
 
 Why a module of its own: commitlog.py appends, commits, flushes and reads while the store runs;
 this runs once, before any of that, and decides what the log is after a crash or a damaged file.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 
-from .record import BLANK_MAGIC, MSG_MAGIC, PREFIX, valid_at
+from .record import BLANK_MAGIC, HEADER_SIZE, MSG_MAGIC, PREFIX, valid_at
 
 log = logging.getLogger("lmqtt.store")     # the CommitLog's log, as before the split
 
@@ -103,6 +104,56 @@ class CommitLogRecovery:
                 self.wrote = self.committed = self.flushed = pos
                 self.corrupt_ranges = corrupt
                 return pos
+
+    def cut_partial_record(self, boundary: int) -> int:
+        """A store group's replica becoming primary (store/ha/member.py): its log may end inside a
+        record, because the primary ships its log in frames of at most 1 MiB that need not end at a
+        record boundary (store/ha/replication.py) and may die between two of them. No byte of that
+        record was acknowledged (an acknowledged record is whole on every in-sync replica), and
+        the new primary must not append after half a record: dispatch would read its first appends
+        as that record's rest. So the log is cut back to the end of its last whole record, found by
+        hopping over the records from `boundary` (a record start below the end: where dispatch
+        stands; a replica's dispatch never takes a record it holds only part of).
+
+        Cut only when what follows the last whole record is the start of one (a header or part of
+        one, or a blank filler whose segment end was not shipped yet); anything else is left as it
+        is and logged. Returns the bytes cut."""
+        with self.lock:
+            end = self.wrote
+            pos = boundary
+            cut = False
+            while pos < end:
+                mf = self.mfq.find(pos)
+                if mf is None:
+                    break
+                rel = pos - mf.start_offset
+                have = min(end, mf.end_offset) - pos
+                if have < PREFIX.size:
+                    cut = True                      # not even a record's size and magic
+                    break
+                total, magic = PREFIX.unpack_from(mf.mm, rel)
+                if magic == BLANK_MAGIC:
+                    if mf.end_offset <= end:
+                        pos = mf.end_offset
+                        continue
+                    cut = True                      # a filler shipped without its segment's end
+                    break
+                if magic != MSG_MAGIC or total < HEADER_SIZE:
+                    log.warning("commitlog: no record at offset %d while looking for the end of the last whole "
+                                "record below %d; nothing cut", pos, end)
+                    break
+                if total > have:
+                    cut = True                      # the record's start only
+                    break
+                pos += total
+            if not cut or pos >= end:
+                return 0
+            mf = self.mfq.find(pos)
+            files = self.mfq.files
+            self._cut(mf, pos - mf.start_offset, files.index(mf), files)
+            log.warning("commitlog: the last record was shipped only in part (offsets [%d, %d)); cut, it was "
+                        "never acknowledged", pos, end)
+            return end - pos
 
     def _segment_has_data(self, mf) -> bool:
         total, magic = PREFIX.unpack_from(mf.mm, 0)

@@ -3,9 +3,11 @@
 It runs on its own thread so it keeps going whatever the caller's event loop does. It reads up to
 ~4 MB of committed CommitLog per round straight from the memory map with `struct.unpack_from`
 (no CRC re-check on the hot path: records were CRC-checked by recovery or written by this process),
-builds one `DispatchRequest` per record and gives the batch to each dispatcher in registration
-order; only then does `dispatched_offset` move, so a record is visible only after every index has
-it. While caught up it takes the appenders' chunks from memory instead of parsing (the live
+builds one columnar chunk (a size per record, a `DispatchRequest` per run of records that continue
+each other) and gives the batch to each dispatcher in registration order; only then does
+`dispatched_offset` move, so a record is visible only after every index has it. A record is taken
+only once it lies wholly below the committed end: a replica is shipped bytes in frames that may
+end inside one. While caught up it takes the appenders' chunks from memory instead of parsing (the live
 hand-off, delivered as a columnar `DispatchBatch`, see store.message). Each dispatcher keeps its own durable checkpoint; during replay after a restart a dispatcher
 only receives records at/after its checkpoint, which makes replay exact.
 """
@@ -443,8 +445,12 @@ class DispatchService:
                 corrupt = clog.corrupt_ranges
                 bad_rel = corrupt[0][0] - base if corrupt else -1
                 continue
-            if rel + HEADER_SIZE > size:  # only a blank filler header fits here
-                if PREFIX.unpack_from(mm, rel)[1] == BLANK_MAGIC:
+            if rel + HEADER_SIZE > hard:
+                if hard < size:
+                    # not committed yet: on a replica, the frame that shipped this record's start
+                    # (or a blank filler's) ended inside it; the rest comes with the next frame
+                    break
+                if PREFIX.unpack_from(mm, rel)[1] == BLANK_MAGIC:   # only a filler's header fits
                     rel = size
                     break
                 raise RuntimeError(f"dispatch: no record at offset {base + rel}")
@@ -452,9 +458,13 @@ class DispatchService:
              dlen) = unpack_from(mm, rel)
             if magic != MSG_MAGIC:
                 if magic == BLANK_MAGIC:
+                    if hard < size:     # the segment's end is not committed yet (as above)
+                        break
                     rel = size
                     break
                 raise RuntimeError(f"dispatch: no record at offset {base + rel} (magic {magic:#x})")
+            if rel + total > hard:      # a replica holds only this record's start (as above)
+                break
             p = rel + HEADER_SIZE
             tb = mm[p:p + tlen]
             if (qoff == r_qoff and phys == r_phys and qid == r_qid and not klen and sts == r_sts

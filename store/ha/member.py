@@ -379,6 +379,9 @@ class Member(MetadataSync):
         self.following = None
         self._drop_primary(None)
         store, clog = self.store, self.clog
+        # the old primary's last frame may have ended inside a record (never acknowledged): the
+        # log must end at a whole record before this member appends (CommitLog.cut_partial_record)
+        clog.cut_partial_record(store.dispatch.dispatched)
         store.dispatch.limit = clog          # its log is the group's from now on (a deposed gate's bound goes)
         store.dispatch.wait_for(clog.committed, 30.0)
         with clog.lock:
