@@ -10,6 +10,13 @@
  * Both functions have Python references in store/fastpath.py (`cq_runs_py`, `check_records_py`)
  * that tests compare them with on arbitrary input (tests/store/test_fastpath_accel.py).
  *
+ * dispatch_scan (below) is the dispatch round's record scan (store/dispatch.py `dispatch_round`,
+ * whose Python loop is its reference; tests/store/test_dispatch_scan_accel.py compares them): a
+ * replica dispatches everything it holds by parsing its CommitLog, and that loop was most of a
+ * replica's CPU under `lmqtt bench ha --cases append-replicated` (BENCHMARKS.md). configure() also
+ * takes, for it, the DispatchRequest type (its _fields checked), the key separator and MSG_MAGIC,
+ * and checks the whole record header (it reads every field).
+ *
  * configure(layout) must succeed first (store/fastpath.py calls it at import, with
  * `fastpath.C_LAYOUT`): the ConsumeQueue entry format, field names and size (store/consume_queue.py
  * ENTRY, ENTRY_FIELDS), and the record header format and field names (store/record.py HEADER,
@@ -179,6 +186,223 @@ static PyObject *check_records(PyObject *self, PyObject *args) {
 }
 
 
+/* ------------------------------------------------------------------ dispatch_scan */
+static PyObject *DR_type;          /* store.message.DispatchRequest (a tuple subclass), from configure() */
+static PyObject *SEP_str;          /* store.record.SEP, the separator of keys and dispatch queues */
+static uint32_t DS_MSG_MAGIC;      /* store.record.MSG_MAGIC */
+static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
+                                        "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
+#define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
+
+static inline uint16_t le16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* cache[b] (a borrowed reference), else decoded (UTF-8) and, for `split`, split on SEP into a tuple,
+ * stored in cache (cleared first past 100,000 entries) and returned borrowed. NULL with an error set,
+ * or NULL without one when the bytes are not UTF-8 (the caller hands the record back to Python,
+ * which raises as the reference does). */
+static PyObject *cached_decode(PyObject *cache, PyObject *b, int split) {
+    PyObject *v = PyDict_GetItemWithError(cache, b);
+    if (v != NULL || PyErr_Occurred()) return v;
+    PyObject *s = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), NULL);
+    if (s == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
+        return NULL;
+    }
+    if (split) {
+        PyObject *l = PyUnicode_Split(s, SEP_str, -1);
+        Py_DECREF(s);
+        if (l == NULL) return NULL;
+        s = PyList_AsTuple(l);
+        Py_DECREF(l);
+        if (s == NULL) return NULL;
+    }
+    if (PyDict_GET_SIZE(cache) > 100000) PyDict_Clear(cache);
+    int rc = PyDict_SetItem(cache, b, s);
+    Py_DECREF(s);                       /* the cache holds it */
+    return rc < 0 ? NULL : s;
+}
+
+/* dispatch_scan(mm, rel, soft, hard, bad_rel, max_batch, sizes, starts, runs, tcache, ncache, state)
+ *     The loop of store/dispatch.py's `Dispatcher.dispatch_round` (its Python reference, kept there)
+ *     over the records of `mm` from `rel`: appends to sizes / starts / runs exactly what that loop
+ *     appends, through the same topic and dispatch-queue caches, and stops where it would stop
+ *     (rel >= soft, max_batch records, rel == bad_rel: a corrupt range, which Python skips) or
+ *     before any record it leaves to Python: a record that does not end within `hard` (the
+ *     committed end in this segment: on a replica, the shipped bytes may end inside a record,
+ *     whose rest is not there yet; nothing at or past `hard` is read) or the buffer,
+ *     a magic other than MSG_MAGIC (a blank filler ends the segment there; anything else raises),
+ *     a topic / keys / dispatch queues past the buffer or not UTF-8, a total_size below the head.
+ *     state: the open run as the Python loop keeps it, (r_tb, r_qid, r_qoff, r_phys, r_flags,
+ *     r_born, r_sts, r_tags, r_db, r_dlen), r_tb None when no run can be continued.
+ *     -> (rel, keyed, state): where it stopped, whether a record with keys was taken, the open run. */
+static PyObject *dispatch_scan(PyObject *self, PyObject *args) {
+    Py_buffer mm;
+    Py_ssize_t rel, soft, hard, bad_rel, max_batch;
+    PyObject *sizes, *starts, *runs, *tcache, *ncache, *state;
+    if (!PyArg_ParseTuple(args, "y*nnnnnO!O!O!O!O!O!", &mm, &rel, &soft, &hard, &bad_rel, &max_batch,
+                          &PyList_Type, &sizes, &PyList_Type, &starts, &PyList_Type, &runs, &PyDict_Type, &tcache,
+                          &PyDict_Type, &ncache, &PyTuple_Type, &state))
+        return NULL;
+    if (not_configured() < 0 || DR_type == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "dispatch_scan: not configured");
+        PyBuffer_Release(&mm);
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(state) != 10) {
+        PyBuffer_Release(&mm);
+        PyErr_SetString(PyExc_ValueError, "dispatch_scan: state is not a 10-tuple");
+        return NULL;
+    }
+    const unsigned char *buf = mm.buf;
+    Py_ssize_t lim = hard < mm.len ? hard : mm.len;     /* nothing past either is read */
+    /* the open run, from state: open = r_tb is bytes and every field fits (else none can continue it) */
+    int open = 0, changed = 0, keyed = 0;
+    uint64_t r_qid = 0, r_qoff = 0, r_phys = 0, r_flags = 0, r_born = 0, r_sts = 0, r_tags = 0, r_dlen = 0;
+    PyObject *r_tb = NULL, *r_db = NULL;    /* owned */
+    {
+        PyObject *tb = PyTuple_GET_ITEM(state, 0), *db = PyTuple_GET_ITEM(state, 8);
+        if (PyBytes_Check(tb) && PyBytes_Check(db)) {
+            uint64_t v[8];
+            int idx[8] = {1, 2, 3, 4, 5, 6, 7, 9};
+            open = 1;
+            for (int i = 0; i < 8 && open; i++) {
+                v[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(state, idx[i]));
+                if (v[i] == (uint64_t)-1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    open = 0;
+                }
+            }
+            if (open) {
+                r_qid = v[0]; r_qoff = v[1]; r_phys = v[2]; r_flags = v[3];
+                r_born = v[4]; r_sts = v[5]; r_tags = v[6]; r_dlen = v[7];
+                r_tb = Py_NewRef(tb);
+                r_db = Py_NewRef(db);
+            }
+        }
+    }
+    while (rel < soft) {
+        if (PyList_GET_SIZE(sizes) >= max_batch || rel == bad_rel) break;
+        if (rel < 0 || rel + F_END > lim) break;                    /* Python: blank filler or error */
+        const unsigned char *h = buf + rel;
+        uint32_t total = le32(h + F_TOTAL);
+        if (le32(h + F_MAGIC) != DS_MSG_MAGIC || total < F_END) break;
+        if ((Py_ssize_t)total > lim - rel) break;                   /* not all here: Python waits */
+        uint64_t qid = le32(h + F_QID), flags = le32(h + F_FLAGS), qoff = le64(h + F_QOFF),
+                 phys = le64(h + F_PHYS), born = le64(h + F_BORN), sts = le64(h + F_STORE),
+                 tags = le64(h + F_TAGS);
+        Py_ssize_t tlen = le16(h + F_TOPIC_LEN), klen = le16(h + F_KEYS_LEN), dlen = le16(h + F_DQ_LEN);
+        Py_ssize_t p = rel + F_END;
+        if (p + tlen + klen + dlen > lim) break;                    /* Python slices what there is */
+        const unsigned char *tp = buf + p, *dp = buf + p + tlen + klen;
+        if (open && qoff == r_qoff && phys == r_phys && qid == r_qid && !klen && sts == r_sts &&
+            born == r_born && flags == r_flags && tags == r_tags && tlen == PyBytes_GET_SIZE(r_tb) &&
+            memcmp(tp, PyBytes_AS_STRING(r_tb), (size_t)tlen) == 0 && (uint64_t)dlen == r_dlen &&
+            (!dlen || (dlen == PyBytes_GET_SIZE(r_db) && memcmp(dp, PyBytes_AS_STRING(r_db), (size_t)dlen) == 0))) {
+            PyObject *sz = PyLong_FromUnsignedLong(total);          /* continues the open run */
+            if (sz == NULL || PyList_Append(sizes, sz) < 0) { Py_XDECREF(sz); goto fail; }
+            Py_DECREF(sz);
+            r_qoff = qoff + 1;
+            r_phys = phys + total;
+            changed = 1;
+            if (r_qoff == 0 || r_phys < phys) open = 0;            /* past 2**64: nothing continues it */
+            rel += total;
+            continue;
+        }
+        /* a run starts here: decode everything first, so a record handed back leaves nothing behind
+         * but cache entries the Python loop would make too */
+        PyObject *tb = PyBytes_FromStringAndSize((const char *)tp, tlen);
+        if (tb == NULL) goto fail;
+        PyObject *topic = cached_decode(tcache, tb, 0);
+        if (topic == NULL) { Py_DECREF(tb); if (PyErr_Occurred()) goto fail; break; }
+        PyObject *keys, *db, *dq;
+        if (klen) {
+            PyObject *kb = PyBytes_FromStringAndSize((const char *)tp + tlen, klen);
+            if (kb == NULL) { Py_DECREF(tb); goto fail; }
+            PyObject *ks = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(kb), klen, NULL);
+            Py_DECREF(kb);
+            if (ks == NULL) {
+                Py_DECREF(tb);
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto fail;
+                PyErr_Clear();
+                break;
+            }
+            PyObject *kl = PyUnicode_Split(ks, SEP_str, -1);
+            Py_DECREF(ks);
+            keys = kl ? PyList_AsTuple(kl) : NULL;
+            Py_XDECREF(kl);
+            if (keys == NULL) { Py_DECREF(tb); goto fail; }
+        } else {
+            keys = PyTuple_New(0);
+        }
+        if (dlen) {
+            db = PyBytes_FromStringAndSize((const char *)dp, dlen);
+            if (db == NULL) { Py_DECREF(tb); Py_DECREF(keys); goto fail; }
+            dq = cached_decode(ncache, db, 1);
+            if (dq == NULL) {
+                Py_DECREF(tb); Py_DECREF(keys); Py_DECREF(db);
+                if (PyErr_Occurred()) goto fail;
+                break;
+            }
+            Py_INCREF(dq);
+        } else {
+            db = PyBytes_FromStringAndSize(NULL, 0);
+            dq = PyTuple_New(0);
+        }
+        PyObject *r = ((PyTypeObject *)DR_type)->tp_alloc((PyTypeObject *)DR_type, N_DR_FIELDS);
+        PyObject *st = PyLong_FromSsize_t(PyList_GET_SIZE(sizes));
+        PyObject *sz = PyLong_FromUnsignedLong(total);
+        PyObject *items[11] = {PyLong_FromUnsignedLongLong(phys), Py_NewRef(sz), Py_NewRef(topic),
+                               PyLong_FromUnsignedLongLong(qid), PyLong_FromUnsignedLongLong(qoff),
+                               PyLong_FromUnsignedLongLong(flags), PyLong_FromUnsignedLongLong(born),
+                               PyLong_FromUnsignedLongLong(sts), PyLong_FromUnsignedLongLong(tags), keys, dq};
+        int bad = r == NULL || st == NULL || db == NULL;
+        for (int i = 0; i < 11; i++) bad |= items[i] == NULL;
+        if (bad) {
+            for (int i = 0; i < 11; i++) Py_XDECREF(items[i]);
+            Py_XDECREF(r); Py_XDECREF(st); Py_XDECREF(sz); Py_XDECREF(db); Py_DECREF(tb);
+            goto fail;
+        }
+        for (int i = 0; i < 11; i++) PyTuple_SET_ITEM(r, i, items[i]);
+        int rc = PyList_Append(starts, st) < 0 || PyList_Append(runs, r) < 0 || PyList_Append(sizes, sz) < 0;
+        Py_DECREF(st); Py_DECREF(r); Py_DECREF(sz);
+        if (rc) { Py_DECREF(tb); Py_DECREF(db); goto fail; }
+        changed = 1;
+        if (klen) {
+            keyed = 1;
+            open = 0;                   /* a record with keys is a run of its own */
+            Py_DECREF(tb); Py_DECREF(db);
+        } else {
+            Py_XSETREF(r_tb, tb);
+            Py_XSETREF(r_db, db);
+            r_qid = qid; r_qoff = qoff + 1; r_phys = phys + total; r_flags = flags;
+            r_born = born; r_sts = sts; r_tags = tags; r_dlen = (uint64_t)dlen;
+            open = r_qoff != 0 && r_phys >= phys;
+        }
+        rel += total;
+    }
+    PyBuffer_Release(&mm);
+    PyObject *out_state;
+    if (!changed)
+        out_state = Py_NewRef(state);
+    else if (open)
+        out_state = Py_BuildValue("(OKKKKKKKOK)", r_tb, (unsigned long long)r_qid, (unsigned long long)r_qoff,
+                                  (unsigned long long)r_phys, (unsigned long long)r_flags,
+                                  (unsigned long long)r_born, (unsigned long long)r_sts,
+                                  (unsigned long long)r_tags, r_db, (unsigned long long)r_dlen);
+    else
+        out_state = Py_BuildValue("(OiiiiiiiyI)", Py_None, -1, -1, -1, -1, -1, -1, -1, "", 0u);
+    Py_XDECREF(r_tb);
+    Py_XDECREF(r_db);
+    if (out_state == NULL) return NULL;
+    return Py_BuildValue("(nON)", rel, keyed ? Py_True : Py_False, out_state);
+fail:
+    Py_XDECREF(r_tb);
+    Py_XDECREF(r_db);
+    PyBuffer_Release(&mm);
+    return NULL;
+}
+
+
 /* ------------------------------------------------------------------ configuration */
 #define READS "these loops read"
 
@@ -198,10 +422,42 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         return NULL;
     const char *hf = layout_str(layout, "record_header_format");
     if (hf == NULL ||
-        check_format("record header", hf, '<', record_head_fields, N_PREFIX_FIELDS, 0, &head_size, READS) < 0 ||
+        check_format("record header", hf, '<', record_head_fields, N_FIELDS(record_head_fields), 1, &head_size,
+                     READS) < 0 ||
         check_names("record header", PyDict_GetItemString(layout, "record_header_fields"), record_head_fields,
-                    N_PREFIX_FIELDS, 0, READS) < 0)
+                    N_FIELDS(record_head_fields), 1, READS) < 0)
         return NULL;
+    /* dispatch_scan's: the DispatchRequest type (its fields in the order the scan fills them), the
+     * separator of keys and dispatch queues, the record magic */
+    PyObject *dr = PyDict_GetItemString(layout, "dispatch_request");
+    PyObject *sep = PyDict_GetItemString(layout, "sep");
+    long long magic;
+    if (dr == NULL || !PyType_Check(dr) || !PyType_IsSubtype((PyTypeObject *)dr, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_ValueError, "configure: layout has no dispatch_request (a tuple subclass)");
+        return NULL;
+    }
+    if (sep == NULL || !PyUnicode_Check(sep) || PyUnicode_GET_LENGTH(sep) != 1) {
+        PyErr_SetString(PyExc_ValueError, "configure: layout has no one-character str sep");
+        return NULL;
+    }
+    if (layout_int(layout, "msg_magic", &magic) < 0) return NULL;
+    PyObject *fields = PyObject_GetAttrString(dr, "_fields");
+    if (fields == NULL) return NULL;
+    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
+    for (Py_ssize_t i = 0; ok && i < N_DR_FIELDS; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, dr_fields[i]) == 0;
+    }
+    Py_DECREF(fields);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "configure: DispatchRequest._fields differ from the order dispatch_scan "
+                        "fills (phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, store_ts, "
+                        "tags_code, keys, dispatch_queues)");
+        return NULL;
+    }
+    Py_XSETREF(DR_type, Py_NewRef(dr));
+    Py_XSETREF(SEP_str, Py_NewRef(sep));
+    DS_MSG_MAGIC = (uint32_t)magic;
     configured = 1;
     Py_RETURN_NONE;
 }
@@ -211,6 +467,7 @@ static PyMethodDef methods[] = {
      "configure(layout): ConsumeQueue entry and record header formats, checked (see module doc)"},
     {"cq_runs", cq_runs, METH_VARARGS, "ConsumeQueue entries -> runs of adjacent records (see module doc)"},
     {"check_records", check_records, METH_VARARGS, "sizes, magic and CRC of records back to back (see module doc)"},
+    {"dispatch_scan", dispatch_scan, METH_VARARGS, "the dispatch round's record scan (see store/dispatch.py)"},
     {NULL, NULL, 0, NULL},
 };
 

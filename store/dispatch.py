@@ -4,10 +4,11 @@ It runs on its own thread so it keeps going whatever the caller's event loop doe
 ~4 MB of committed CommitLog per round straight from the memory map with `struct.unpack_from`
 (no CRC re-check on the hot path: records were CRC-checked by recovery or written by this process),
 builds one columnar chunk (a size per record, a `DispatchRequest` per run of records that continue
-each other) and gives the batch to each dispatcher in registration order; only then does
-`dispatched_offset` move, so a record is visible only after every index has it. A record is taken
-only once it lies wholly below the committed end: a replica is shipped bytes in frames that may
-end inside one. While caught up it takes the appenders' chunks from memory instead of parsing (the live
+each other; the scan is in C when store/_fastpath.c is built, this module's loop is its reference)
+and gives the batch to each dispatcher in registration order; only then does `dispatched_offset`
+move, so a record is visible only after every index has it. A record is taken only once it lies
+wholly below the committed end: a replica is shipped bytes in frames that may end inside one.
+While caught up it takes the appenders' chunks from memory instead of parsing (the live
 hand-off, delivered as a columnar `DispatchBatch`, see store.message). Each dispatcher keeps its own durable checkpoint; during replay after a restart a dispatcher
 only receives records at/after its checkpoint, which makes replay exact.
 """
@@ -19,6 +20,7 @@ import time
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from .errors import is_disk_full
+from .fastpath import dispatch_scan as _c_scan
 from .message import CHUNK_SIZES, DispatchBatch, DispatchRequest
 from .record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
@@ -48,6 +50,9 @@ class DispatchService:
     # nothing to do until an append wakes it (every commit does, wake(); this only bounds the lag
     # should a wake-up ever be missed)
     QUIET_WAIT_MAX = 10.0
+    # the C record scan of dispatch_round (None: not built / LMQTT_PURE_PYTHON; the Python loop
+    # there is its reference, and tests set None on an instance to run that loop alone)
+    c_scan = _c_scan
 
     def __init__(self, clog, dispatchers: list, chunk_bytes: int, flush_interval_ms: int,
                  max_batch: int = 2048) -> None:
@@ -437,6 +442,12 @@ class DispatchService:
         r_qid = r_qoff = r_phys = r_flags = r_born = r_sts = r_tags = -1
         r_db = b""
         r_dlen = 0
+        # the C twin of this loop (store/_fastpath.c dispatch_scan; this loop is its reference):
+        # it takes every record it can the way the loop below would, carrying the open run in and
+        # out, and stops where the loop stops or before a record it leaves to the loop below (a
+        # corrupt range's start, a blank filler, a record not wholly below `hard`, anything odd),
+        # which handles that one record
+        scan = self.c_scan
         while rel < soft:
             if len(sizes) >= max_batch:
                 break
@@ -445,6 +456,13 @@ class DispatchService:
                 corrupt = clog.corrupt_ranges
                 bad_rel = corrupt[0][0] - base if corrupt else -1
                 continue
+            if scan is not None:
+                rel, k, (r_tb, r_qid, r_qoff, r_phys, r_flags, r_born, r_sts, r_tags, r_db, r_dlen) = scan(
+                    mm, rel, soft, hard, bad_rel, max_batch, sizes, starts, runs, tcache, ncache,
+                    (r_tb, r_qid, r_qoff, r_phys, r_flags, r_born, r_sts, r_tags, r_db, r_dlen))
+                keyed = keyed or k
+                if rel >= soft or rel == bad_rel or len(sizes) >= max_batch:
+                    continue
             if rel + HEADER_SIZE > hard:
                 if hard < size:
                     # not committed yet: on a replica, the frame that shipped this record's start

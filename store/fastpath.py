@@ -29,8 +29,8 @@ from operator import itemgetter
 from . import accel
 from . import protocol as W
 from .consume_queue import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
-from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, Message
-from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, header_format
+from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, DispatchRequest, Message
+from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, SEP, header_format
 
 _MSG_NEW = object.__new__
 _HEAD = W.MSG_HEAD
@@ -237,6 +237,10 @@ C_LAYOUT = {
     "cq_entry_size": ENTRY_SIZE,
     "record_header_format": HEADER.format,
     "record_header_fields": HEADER_FIELDS,
+    # dispatch_scan (the dispatch round's record scan, store/dispatch.py): what it builds and matches
+    "dispatch_request": DispatchRequest,
+    "sep": SEP,
+    "msg_magic": MSG_MAGIC,
 }
 
 
@@ -251,6 +255,9 @@ if _fastpath is not None:
     configure_c(_fastpath)
 _cq_runs = _fastpath.cq_runs if _fastpath is not None else cq_runs_py
 _check_records = _fastpath.check_records if _fastpath is not None else check_records_py
+# the C twin of the record scan in store/dispatch.py's `dispatch_round` (the Python loop there is
+# its reference); None when not built or LMQTT_PURE_PYTHON is set
+dispatch_scan = _fastpath.dispatch_scan if _fastpath is not None else None
 
 # Positions in a RawRecord (below), which the per-record loops of this module build and read by
 # index (a global name there is a lookup per record; they copy these into locals, or build the

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from lmqtt.store import accel, fastpath
 from lmqtt.store.consume_queue import ENTRY, ENTRY_FIELDS
-from lmqtt.store.record import CRC_START, MSG_MAGIC
+from lmqtt.store.record import CRC_START, HEADER_FIELDS, MSG_MAGIC
 from tests.store.accel_support import run_unconfigured, swapped
 
 _C = accel.load("lmqtt.store._fastpath")
@@ -119,10 +119,10 @@ def c_mod():
     ({"cq_entry_fields": None}, "no tuple of ConsumeQueue entry field names"),
     ({"record_header_format": "<QIIIIQQQQQIIHHH"}, r"record header field 0 \(total_size\)"),
     ({"record_header_format": "<IIHIIQQQQQIIHHH"}, r"record header field 2 \(crc\) is 2 bytes"),
-    ({"record_header_format": "<II"}, "has 2 fields, these loops read at least 3"),
+    ({"record_header_format": "<II"}, "has 2 fields, these loops read 15"),
     ({"record_header_format": None}, "layout has no str record_header_format"),
-    ({"record_header_fields": ("magic", "total_size", "crc")}, "record header field 0 is 'magic', these loops "
-                                                               "read total_size there"),
+    ({"record_header_fields": swapped(HEADER_FIELDS, "total_size", "magic")},
+     "record header field 0 is 'magic', these loops read total_size there"),
     ({"record_header_fields": ("total_size", "magic")}, "record header has 2 field names"),
     ({"record_header_fields": None}, "no tuple of record header field names"),
 ])
@@ -140,15 +140,18 @@ def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
 
 def test_the_layout_handed_over_is_the_stores():
     from lmqtt.store.consume_queue import ENTRY_SIZE
-    from lmqtt.store.record import HEADER, HEADER_FIELDS
+    from lmqtt.store.message import DispatchRequest
+    from lmqtt.store.record import HEADER, SEP
     assert fastpath.C_LAYOUT == {"cq_entry_format": ENTRY.format, "cq_entry_fields": ENTRY_FIELDS,
                                  "cq_entry_size": ENTRY_SIZE,
-                                 "record_header_format": HEADER.format, "record_header_fields": HEADER_FIELDS}
+                                 "record_header_format": HEADER.format, "record_header_fields": HEADER_FIELDS,
+                                 "dispatch_request": DispatchRequest, "sep": SEP, "msg_magic": MSG_MAGIC}
 
 
 @needs_c
 def test_an_unconfigured_module_refuses_to_run():
-    for call in ("m.cq_runs(bytes(20), 0, 1, 0, 0, 0)", "m.check_records(b'', b'', 0, 12)"):
+    for call in ("m.cq_runs(bytes(20), 0, 1, 0, 0, 0)", "m.check_records(b'', b'', 0, 12)",
+                 "m.dispatch_scan(b'', 0, 1, 1, -1, 1, [], [], [], {}, {}, ())"):
         assert "lmqtt.store._fastpath.configure() was not called" in run_unconfigured("lmqtt.store._fastpath", call)
-    assert run_unconfigured("lmqtt.store._fastpath", f"m.configure({fastpath.C_LAYOUT!r}); m.cq_runs(bytes(20), 0, 1, 0, 0, 0)") \
+    assert run_unconfigured("lmqtt.store._fastpath", "m.configure(__import__('lmqtt.store.fastpath', fromlist=['C_LAYOUT']).C_LAYOUT); m.cq_runs(bytes(20), 0, 1, 0, 0, 0)") \
         == "ran"
