@@ -116,6 +116,21 @@ class _Group:
         raise RuntimeError(f"no primary within {timeout} s (logs: {self.members[0].log} ...)")
 
 
+def _quiesce() -> None:
+    """Start every measured run from the same state: what the runs before it left dirty (their
+    ConsumeQueues, RocksDB files, logs) written back first, so that writeback takes no CPU or disk
+    from this run (with `_drop_data`: BENCHMARKS.md "Replicated store group")."""
+    os.sync()
+    time.sleep(0.5)
+
+
+def _drop_data(path: str) -> None:
+    """A measured run's data, removed once its figures are out (its log stays): on the development
+    VM each run's gigabyte or so left behind made the next ones slower, the fifth group run of an
+    invocation ~0.1x below the first with the same flags (BENCHMARKS.md "Replicated store group")."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system, every thread) a process used so far (/proc/PID/stat)."""
     try:
@@ -130,6 +145,7 @@ def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) 
     """-> (msgs/s, CPU seconds per process during the sends: `watch` {name: pid} and "producer",
     this process)."""
     from lmqtt.store.client import connect
+    _quiesce()
     c = connect(address, timeout=120)
     ab = c.auto_batch_producer()
     payload = b"x" * size
@@ -164,6 +180,7 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
         finally:
             p.terminate()
             p.wait(30)
+            _drop_data(d)
         out({"case": "append-replicated", "flush_mode": mode, "shape": "single", "messages": n, "size": size,
              "msgs_per_s": round(single), "cpu_s": cpu})
         for k in (1, 2):
@@ -177,6 +194,8 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
                 rate, cpu = _autobatch_rate(g.peers, n, size, watch)
             finally:
                 g.stop()
+                for m in g.members:
+                    _drop_data(m.data_dir)
             out({"case": "append-replicated", "flush_mode": mode, "shape": "group of 3", "ack_replicas": k,
                  "messages": n, "size": size, "msgs_per_s": round(rate), "vs_single": round(rate / single, 2),
                  "cpu_s": cpu})
