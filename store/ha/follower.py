@@ -10,7 +10,7 @@ import threading
 import time
 
 from ..errors import StoreError
-from .replication import _ACK, _U64, FrameReader, frame, jframe
+from .replication import _ACK, _U64, FrameReader, frame, jframe, parse_meta
 
 log = logging.getLogger("lmqtt.store.ha")
 
@@ -123,7 +123,7 @@ class Follower:
                     clog.append_replicated(off, memoryview(payload)[8:])
                     wrote = True
                 elif kind == b"M":
-                    op = json.loads(payload)
+                    op = parse_meta(payload)
                     self.apply_meta(op)
                     self.meta_seq = int(op.get("n", self.meta_seq))
                 elif kind == b"K":

@@ -35,6 +35,12 @@ from .replication import MetaLog
 log = logging.getLogger("lmqtt.store.ha")
 
 
+def _body(v) -> bytes:
+    """A shipped dedup result: bytes (store/ha/replication.py meta_frame), or base64 text from a
+    primary of an earlier version (a group being upgraded)."""
+    return v if isinstance(v, bytes) else base64.b64decode(v)
+
+
 class MetadataSync:
     """The metadata changes shipped (primary) and applied (replica): see the module's docstring."""
 
@@ -69,7 +75,7 @@ class MetadataSync:
         orig_remember, orig_commit, orig_put = meta.remember, meta.commit, meta.put_json
         orig_delete = meta.delete_json
         from ..protocol import compact_json
-        self._meta_apply.update({"remember": lambda o: orig_remember(o["p"], int(o["s"]), base64.b64decode(o["v"])),
+        self._meta_apply.update({"remember": lambda o: orig_remember(o["p"], int(o["s"]), _body(o["v"])),
                                  "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
                                  "put_json": lambda o: (meta.put_json_text(o["key"], o["s"]) if "s" in o
                                                         else orig_put(o["key"], o["v"])),
@@ -83,7 +89,7 @@ class MetadataSync:
         def remember(pid, seq, body):
             orig_remember(pid, seq, body)
             if self.role == "primary":
-                ml.add(clog.wrote, {"k": "remember", "p": pid, "s": seq, "v": base64.b64encode(body).decode()})
+                ml.add(clog.wrote, {"k": "remember", "p": pid, "s": seq, "v": body})   # shipped as bytes
 
         def commit(group, queue, offset):
             orig_commit(group, queue, offset)
