@@ -10,7 +10,8 @@ and the layout the C loop is handed.
   built and LMQTT_PURE_PYTHON is not set; the Python loop is the reference
   (tests/lightqueue/test_lightqueue_speedups.py compares them).
 * `take_runs`: a columnar chunk (store.message) whose runs hold several records (records of one
-  topic appended together); Python only: its per-record work is one pack, the rest is per run.
+  topic appended together): the loop over runs is Python; the entries of a run are one call of
+  `run_entries` (lightqueue/_take.c when built, else `run_entries_py`, its reference).
 
 Per record the work is one pack and one bytearray append: the index's `_resolved` maps a
 dispatch tuple (the same tuple object for every publish of a topic) to a *resolved list* (RES_*
@@ -164,6 +165,26 @@ def take_requests(index, batch: list, ckpt: int) -> None:
         _spread(acc, cur)
 
 
+def run_entries_py(phys: int, sizes: list, i0: int, i1: int, sts: int, ckpt: int) -> tuple[bytes, int]:
+    """The entries of one run of `take_runs`: records sizes[i0:i1] back to back from `phys`, each
+    at or past `ckpt` (else already indexed: an idempotent replay) packed as ENTRY with the run's
+    store timestamp, joined; and the phys of the first one taken (-1: none, entries b"").
+    The reference of lightqueue/_take.c `run_entries`, which runs instead when built: py-spy --gil
+    of `lmqtt bench ha --cases append-replicated` put this loop at ~37 of 317 GIL samples on a
+    replica and ~45 of 536 on the primary (tests/lightqueue/test_run_entries_accel.py compares them)."""
+    pack = ENTRY.pack
+    es = []
+    p0 = -1
+    for i in range(i0, i1):
+        sz = sizes[i]
+        if phys >= ckpt:
+            if p0 < 0:
+                p0 = phys
+            es.append(pack(phys, sz, sts))
+        phys += sz
+    return b"".join(es), p0
+
+
 def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
     """A columnar chunk (store.message): `runs[k]` is the first record of records
     starts[k]..starts[k+1]-1 that share every field but phys/size/queue offset. Their entries
@@ -172,8 +193,7 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
     touched = index._touched
     touched_f = index._touched_f
     mark = object()
-    pack = ENTRY.pack
-    join = b"".join
+    entries = _ctake.run_entries if _ctake is not None else run_entries_py
     cur = NO_TAILS
     acc: list[bytes] = []
     nr = len(runs)
@@ -185,18 +205,8 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
         qs = r.dispatch_queues
         if not qs:
             continue
-        phys = r.phys_offset
-        sts = r.store_ts
-        es = []
-        p0 = -1
-        for i in range(starts[k], starts[k + 1] if k + 1 < nr else ns):
-            sz = sizes[i]
-            if phys >= ckpt:   # else already indexed (idempotent replay)
-                if p0 < 0:
-                    p0 = phys
-                es.append(pack(phys, sz, sts))
-            phys += sz
-        if not es:
+        e, p0 = entries(r.phys_offset, sizes, starts[k], starts[k + 1] if k + 1 < nr else ns, r.store_ts, ckpt)
+        if not e:
             continue
         c = rget(qs)
         if c is None:
@@ -208,7 +218,6 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
         if c[res_mark] is not mark:
             c[res_mark] = mark
             touched.append(c[res_first])
-        e = join(es)
         f = c[res_filters]
         if f is not cur:
             if acc:
