@@ -41,17 +41,23 @@ _BULK: dict[int, struct.Struct] = {}   # n -> Struct of n entries
 _BULK_MAX = 1024
 
 
-def _entries(phys: int, sizes: list, tags: int) -> bytes:
-    """Entries of consecutive records (each starts where the previous ends) sharing one tag hash:
-    one Struct.pack for up to _BULK_MAX entries (~40 % cheaper than one pack per entry)."""
-    n = len(sizes)
-    if n > _BULK_MAX:
+def _entries_py(phys: int, sizes: list, i0: int, i1: int, tags: int) -> bytes:
+    """Entries of the consecutive records sizes[i0:i1] (each starts where the previous ends, the
+    first at `phys`) sharing one tag hash: one Struct.pack for up to _BULK_MAX entries (~40 %
+    cheaper than one pack per entry). The reference of store/_fastpath.c `cq_entries`, which
+    store/fastpath.py binds as `_entries` when it is built (tests/store/test_fastpath_accel.py
+    compares them): py-spy --gil of a replica under `lmqtt bench ha --cases append-replicated`
+    put this at ~35 of 317 GIL samples."""
+    if i1 - i0 > _BULK_MAX:
         out = []
-        for i in range(0, n, _BULK_MAX):
-            part = sizes[i:i + _BULK_MAX]
-            out.append(_entries(phys, part, tags))
+        for i in range(i0, i1, _BULK_MAX):
+            part = sizes[i:min(i + _BULK_MAX, i1)]
+            out.append(_entries_py(phys, part, 0, len(part), tags))
             phys += sum(part)
         return b"".join(out)
+    if i0 or i1 != len(sizes):
+        sizes = sizes[i0:i1]
+    n = len(sizes)
     st = _BULK.get(n)
     if st is None:
         if len(_BULK) > 256:
@@ -63,6 +69,13 @@ def _entries(phys: int, sizes: list, tags: int) -> bytes:
     flat[0::3] = offs
     flat[1::3] = sizes
     return st.pack(*flat)
+
+
+# _entries(phys, sizes, i0, i1, tags): what `_dispatch_columns` calls. store/fastpath.py replaces it
+# with the C twin (store/_fastpath.c cq_entries) once it has configured that module (it imports
+# this module, so this one cannot import it); the store's dispatch imports fastpath
+# (store/dispatch.py), so a store's dispatch runs the C one when it is built.
+_entries = _entries_py
 
 
 # the directory of the first level '' (topics that start with '/'); quote() never makes a '%'
@@ -536,8 +549,7 @@ class ConsumeQueueStore:
                     if i1 - i0 == 1:
                         blocks.append((1, pack(r[at_phys], sizes[i0], r[at_tags])))
                     else:
-                        blocks.append((i1 - i0, _entries(r[at_phys], sizes if i1 - i0 == ns else sizes[i0:i1],
-                                                         r[at_tags])))
+                        blocks.append((i1 - i0, _entries(r[at_phys], sizes, i0, i1, r[at_tags])))
             for k, r in enumerate(runs):
                 if blocks is None:
                     n = 1

@@ -1,7 +1,9 @@
 """The C loops of the store's raw pull (store/_fastpath.c) against their Python references in
 store/fastpath.py, on arbitrary input: ConsumeQueue entries grouped into runs of adjacent records
 (unwritten entries, the visibility limit, the byte limit), and the size/magic/CRC check of
-records back to back (valid, damaged, truncated, nonsense). The raw pull itself, with the C loops
+records back to back (valid, damaged, truncated, nonsense), and the ConsumeQueue entries of a run
+of records (`cq_entries` against store/consume_queue.py `_entries_py`, and a store's dispatch going
+through it). The raw pull itself, with the C loops
 and with the references, is compared with the decoding path in test_fastpath.py."""
 from __future__ import annotations
 
@@ -134,6 +136,8 @@ def test_the_c_loops_refuse_a_layout_they_do_not_read(c_mod, change, words):
         c_mod.cq_runs(piece, 0, 100, 0, 0, 0)
     with pytest.raises(RuntimeError, match="configure"):
         c_mod.check_records(_record(b"x"), array("I", [13]).tobytes(), MSG_MAGIC, CRC_START)
+    with pytest.raises(RuntimeError, match="configure"):
+        c_mod.cq_entries(0, [13], 0, 1, 0)
     fastpath.configure_c(c_mod)
     assert c_mod.cq_runs(piece, 0, 100, 0, 0, 0)[1] == 1
 
@@ -151,7 +155,97 @@ def test_the_layout_handed_over_is_the_stores():
 @needs_c
 def test_an_unconfigured_module_refuses_to_run():
     for call in ("m.cq_runs(bytes(20), 0, 1, 0, 0, 0)", "m.check_records(b'', b'', 0, 12)",
+                 "m.cq_entries(0, [1], 0, 1, 0)",
                  "m.dispatch_scan(b'', 0, 1, 1, -1, 1, [], [], [], {}, {}, ())"):
         assert "lmqtt.store._fastpath.configure() was not called" in run_unconfigured("lmqtt.store._fastpath", call)
     assert run_unconfigured("lmqtt.store._fastpath", "m.configure(__import__('lmqtt.store.fastpath', fromlist=['C_LAYOUT']).C_LAYOUT); m.cq_runs(bytes(20), 0, 1, 0, 0, 0)") \
         == "ran"
+
+
+# ------------------------------------------------------------------ cq_entries (store/consume_queue.py _entries)
+def _cq_outcome(fn, *args):
+    """What `fn(*args)` gives, or "raises" (the reference raises struct.error where C raises
+    OverflowError: a phys past 2**64 - 1 that would be packed)."""
+    try:
+        return fn(*args)
+    except (struct.error, OverflowError):
+        return "raises"
+
+
+@st.composite
+def cq_runs_of_sizes(draw):
+    from lmqtt.store.consume_queue import _BULK_MAX
+    base = draw(st.lists(st.one_of(st.integers(0, 2 ** 32 - 1), st.integers(1, 400)), max_size=30))
+    sizes = base * draw(st.sampled_from([1, 1, 2, 40, _BULK_MAX // 3 + 1]))    # past _BULK_MAX too
+    n = len(sizes)
+    i0 = draw(st.integers(0, n))
+    i1 = draw(st.one_of(st.integers(0, n), st.just(n)))                 # i1 <= i0: an empty range
+    phys = draw(st.one_of(st.integers(0, 2 ** 63), st.integers(0, 10_000)))
+    return phys, sizes, i0, i1, draw(st.integers(0, 2 ** 64 - 1))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(cq_runs_of_sizes())
+def test_cq_entries_equals_its_reference(run):
+    from lmqtt.store.consume_queue import _entries_py
+    phys, sizes, i0, i1, tags = run
+    got = _cq_outcome(_C.cq_entries, phys, sizes, i0, i1, tags)
+    assert got == _cq_outcome(_entries_py, phys, sizes, i0, i1, tags)
+    if got != "raises":
+        assert len(got) == max(0, i1 - i0) * ENTRY.size
+
+
+@needs_c
+@pytest.mark.parametrize("phys,sizes", [(2 ** 64 - 10, [5, 5]), (2 ** 64 - 10, [5, 5, 5]), (2 ** 64 - 1, [1]),
+                                        (0, [2 ** 32 - 1] * 3)])
+def test_cq_entries_at_the_edge_of_64_bits(phys, sizes):
+    from lmqtt.store.consume_queue import _entries_py
+    c = _cq_outcome(_C.cq_entries, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
+    assert c == _cq_outcome(_entries_py, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
+
+
+@needs_c
+def test_cq_entries_by_hand_and_its_refusals():
+    assert _C.cq_entries(1000, [7, 100, 200, 9], 1, 3, 5) == ENTRY.pack(1000, 100, 5) + ENTRY.pack(1100, 200, 5)
+    assert _C.cq_entries(1000, [7, 100], 2, 2, 5) == b""
+    with pytest.raises(TypeError, match="sizes must be ints"):
+        _C.cq_entries(0, [1, 2.0], 0, 2, 0)
+    with pytest.raises(OverflowError, match="32 bits"):
+        _C.cq_entries(0, [2 ** 32], 0, 1, 0)
+
+
+@pytest.mark.skipif(os.environ.get("LMQTT_PURE_PYTHON", "") not in ("", "0"),
+                    reason="LMQTT_PURE_PYTHON is set: the C loops are off on purpose")
+def test_the_consume_queue_packs_its_entries_in_c_when_built():
+    from lmqtt.store import consume_queue
+    assert fastpath.cq_entries is _C.cq_entries and consume_queue._entries is _C.cq_entries
+
+
+@needs_c
+def test_a_stores_dispatch_of_runs_goes_through_cq_entries(tmp_path, monkeypatch):
+    """Records of one queue appended together reach the ConsumeQueue dispatcher as runs, whose
+    entries `_entries` packs: with the extension built, the C cq_entries (a replica's dispatch,
+    which parses its CommitLog, builds the same runs: tests/ha/test_log_shipping_runs.py)."""
+    from lmqtt.store import Message, MessageStore, StoreConfig, consume_queue
+    calls = []
+
+    def counting(*a):
+        calls.append(a[3] - a[2])
+        return _C.cq_entries(*a)
+
+    monkeypatch.setattr(consume_queue, "_entries", counting)
+    s = MessageStore(StoreConfig(data_dir=str(tmp_path / "d"), flush_mode="async", dispatch_from_memory=False))
+    s.start()
+    try:
+        rs = s.append_batch([Message("t/1", b"x%d" % i) for i in range(300)])
+        rs += s.append_batch([Message("t/1", b"y%d" % i, queue_id=i % 2) for i in range(40)])
+        assert s.wait_dispatched(s.clog.wrote, 20)
+        assert calls and max(calls) > 1, "the ConsumeQueue dispatch did not pack a run with cq_entries"
+        for qid in (0, 1):
+            got = s.read_consume_queue("t/1", qid, 0, 1000)
+            want = [r for r, m in zip(rs, [None] * 300 + list(range(40))) if (m is None and qid == 0)
+                    or (m is not None and m % 2 == qid)]
+            assert [(m.phys_offset, m.queue_offset) for m in got] == [(r.phys_offset, r.queue_offset) for r in want]
+    finally:
+        s.shutdown()
