@@ -4,13 +4,14 @@ that loads it holds its Python reference):
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
   (store/encoding.py, store/record.py);
 * `lmqtt.store._fastpath` (store/_fastpath.c): the store server's raw pull, ConsumeQueue entries
-  into runs of adjacent records and their CRC check (store/fastpath.py);
+  into runs of adjacent records and their CRC check (store/fastpath.py); the dispatch round's
+  record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue.py);
 * `lmqtt.store.client._records` (store/client/_records.c): the SDK's decode of raw MESSAGES
   replies into Records (store/client/consumer.py);
 * `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers
   for the Spark reader (store/spark/columns.py);
 * `lmqtt.lightqueue._take` (lightqueue/_take.c): the light-queue index's per-record dispatch
-  loop (lightqueue/take.py);
+  loop and a run's entries (lightqueue/take.py);
 * `lmqtt.lightqueue._retained` (lightqueue/_retained.c): the retained-message scan's per-entry
   loop (lightqueue/metadata.py);
 * `lmqtt.lightqueue._history` (lightqueue/_history.c): a filter's history read, the scan of its
