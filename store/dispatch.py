@@ -79,6 +79,7 @@ class DispatchService:
         self._flush_full = False                # a disk-full flush failure was told to DiskSpace
         self._ckpts: list[int] = []
         self._idle = False
+        self._partial_at = -1                   # the committed end a round took nothing at (_pending)
         # quiet: the thread sleeps up to QUIET_WAIT_MAX; the first delivery after it calls
         # `activity_hooks` (the background service's kick, store/flush.py) so the other threads
         # that sleep while the store is idle start their schedules again
@@ -157,7 +158,10 @@ class DispatchService:
         """Dispatch synchronously until the committed offset (used at start and shutdown)."""
         self.limit = self.clog
         while self.dispatched < self.clog.committed:
+            before = self.dispatched
             self.dispatch_once()
+            if self.dispatched == before:   # a replica's half-shipped last record: all there is
+                break
 
     def dispatch_once(self) -> None:
         """One delivery: from the live hand-off queue when it continues exactly at the dispatched
@@ -269,14 +273,26 @@ class DispatchService:
                 log.exception("dispatch activity hook %r failed", fn)
 
     # ------------------------------------------------------------------ loop
+    def _pending(self) -> bool:
+        """Something to dispatch: committed data past `dispatched`, unless the last round took
+        nothing at this same committed end. That happens on a replica holding only the start of a
+        record (a frame of the primary's log ended inside it, store/ha/replication.py); the thread
+        then waits for the next bytes like for any new data (the follower wakes it) instead of
+        going round after round: 44,000 empty rounds for 1M messages in `lmqtt bench ha`."""
+        c = self.limit.committed
+        return self.dispatched < c and c != self._partial_at
+
     def _run(self) -> None:
         while not self._stop:
             phase = "dispatch"
             try:
-                if self.dispatched < self.limit.committed:
+                if self._pending():
                     with self._dispatching:
-                        if self.dispatched < self.limit.committed:  # an inline append may have
-                            self.dispatch_once()                     # done it meanwhile
+                        if self._pending():         # an inline append may have done it meanwhile
+                            c, before = self.limit.committed, self.dispatched
+                            self.dispatch_once()
+                            # took nothing: the rest of a record is not there (see _pending)
+                            self._partial_at = c if self.dispatched == before else -1
                     if self.error is not None:
                         self._resumed()
                 else:
@@ -290,7 +306,7 @@ class DispatchService:
                         if self.dispatched != self._flushed_at:     # delivered inline meanwhile
                             self._activity()
                             quiet = False
-                    if self.dispatched >= self.limit.committed:
+                    if not self._pending():
                         # every commit wakes an idle thread (wake()); the timeout only brings the
                         # next dispatcher flush, so an idle store does not wake 200 times a second
                         # (IDLE_WAIT_MAX bounds the lag should a wake-up ever be missed)
@@ -305,7 +321,7 @@ class DispatchService:
                             # coalesce: let a few more appends land before the next round, so
                             # single appends do not each cost a whole round plus a GIL hand-off
                             time.sleep(0.0005)
-                    if self._quiet and self.dispatched < self.limit.committed:
+                    if self._quiet and self._pending():
                         self._activity()        # records arrived as the thread went quiet
                     self._quiet = False
                     self._idle = False
