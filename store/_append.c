@@ -45,10 +45,7 @@
 enum { CQ_PHYS = 0, CQ_SIZE = 8, CQ_TAGS = 12 };
 static const field_t cq_entry_fields[] = {{"phys_offset", CQ_PHYS, 8}, {"size", CQ_SIZE, 4},
                                           {"tags_code", CQ_TAGS, 8}};
-/* the DispatchRequest fields in the order this loop fills the tuple (store/message.py) */
-static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
-                                        "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
-#define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
+/* the DispatchRequest fields in the order this loop fills the tuple: dr_fields in store/_layout.h */
 /* the fields of a recently appended record (the `recent` list) in the order encode() fills the
  * tuple: configure() refuses a layout whose recent_fields (store.message.RECENT_FIELDS, the order
  * CommitLog.read unpacks) are other names or another order. As field_t for check_names: the
@@ -186,14 +183,8 @@ static int configure_layout(PyObject *layout, PyObject *dr) {
     if (check_names("recent record", PyDict_GetItemString(layout, "recent_fields"), recent_fields, N_RF_FIELDS,
                     1, WRITES) < 0)
         return -1;
-    PyObject *fields = PyObject_GetAttrString(dr, "_fields");
-    if (fields == NULL) return -1;
-    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
-    for (Py_ssize_t i = 0; ok && i < N_DR_FIELDS; i++) {
-        PyObject *f = PyTuple_GET_ITEM(fields, i);
-        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, dr_fields[i]) == 0;
-    }
-    Py_DECREF(fields);
+    int ok = fields_match(dr, dr_fields, N_DR_FIELDS);
+    if (ok < 0) return -1;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "configure: DispatchRequest._fields differ from the order this "
                         "encoder fills (phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, "
@@ -716,14 +707,8 @@ static PyObject *configure_reader(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "configure_reader: msg_magic must be a u32");
         return NULL;
     }
-    PyObject *fields = PyObject_GetAttrString(sm, "_fields");
-    if (fields == NULL) return NULL;
-    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_SM_FIELDS;
-    for (Py_ssize_t i = 0; ok && i < N_SM_FIELDS; i++) {
-        PyObject *f = PyTuple_GET_ITEM(fields, i);
-        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, sm_fields[i]) == 0;
-    }
-    Py_DECREF(fields);
+    int ok = fields_match(sm, sm_fields, N_SM_FIELDS);
+    if (ok < 0) return NULL;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "configure_reader: StoredMessage._fields differ from the order "
                         "this decoder fills (topic, body, props, queue_id, flags, queue_offset, phys_offset, "

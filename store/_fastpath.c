@@ -256,9 +256,7 @@ static PyObject *cq_entries(PyObject *self, PyObject *args) {
 static PyObject *DR_type;          /* store.message.DispatchRequest (a tuple subclass), from configure() */
 static PyObject *SEP_str;          /* store.record.SEP, the separator of keys and dispatch queues */
 static uint32_t DS_MSG_MAGIC;      /* store.record.MSG_MAGIC */
-static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
-                                        "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
-#define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
+/* the DispatchRequest fields in the order the scan fills them: dr_fields in store/_layout.h */
 
 static inline uint16_t le16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
@@ -507,14 +505,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (layout_int(layout, "msg_magic", &magic) < 0) return NULL;
-    PyObject *fields = PyObject_GetAttrString(dr, "_fields");
-    if (fields == NULL) return NULL;
-    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == N_DR_FIELDS;
-    for (Py_ssize_t i = 0; ok && i < N_DR_FIELDS; i++) {
-        PyObject *f = PyTuple_GET_ITEM(fields, i);
-        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, dr_fields[i]) == 0;
-    }
-    Py_DECREF(fields);
+    int ok = fields_match(dr, dr_fields, N_DR_FIELDS);
+    if (ok < 0) return NULL;
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "configure: DispatchRequest._fields differ from the order dispatch_scan "
                         "fills (phys_offset, size, topic, queue_id, queue_offset, flags, born_ts, store_ts, "

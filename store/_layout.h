@@ -144,4 +144,25 @@ static inline int check_names(const char *what, PyObject *names, const field_t *
     return 0;
 }
 
+/* The DispatchRequest fields (store/message.py) in the order the C loops that build one fill it
+ * (_append.c's encoder, _fastpath.c's dispatch scan). */
+static const char *const dr_fields[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset", "flags",
+                                        "born_ts", "store_ts", "tags_code", "keys", "dispatch_queues"};
+#define N_DR_FIELDS ((Py_ssize_t)(sizeof dr_fields / sizeof dr_fields[0]))
+
+/* Whether the named tuple type `type` has exactly the fields `names` in this order: 1 yes, 0 no,
+ * -1 with an error set (no `_fields`). The loops fill those tuples by position, so a reordered or
+ * renamed field must make configure() refuse (the caller raises ValueError naming the order). */
+static inline int fields_match(PyObject *type, const char *const *names, Py_ssize_t n) {
+    PyObject *fields = PyObject_GetAttrString(type, "_fields");
+    if (fields == NULL) return -1;
+    int ok = PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == n;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        ok = PyUnicode_Check(f) && PyUnicode_CompareWithASCIIString(f, names[i]) == 0;
+    }
+    Py_DECREF(fields);
+    return ok;
+}
+
 #endif
