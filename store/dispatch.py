@@ -321,6 +321,10 @@ class DispatchService:
                             # coalesce: let a few more appends land before the next round, so
                             # single appends do not each cost a whole round plus a GIL hand-off
                             time.sleep(0.0005)
+                        else:
+                            # no wake-up: try again even at the same committed end (_pending), so
+                            # a round that took nothing for any other reason cannot stall dispatch
+                            self._partial_at = -1
                     if self._quiet and self._pending():
                         self._activity()        # records arrived as the thread went quiet
                     self._quiet = False

@@ -184,7 +184,8 @@ def test_a_half_shipped_record_costs_no_dispatch_rounds_and_does_not_hold_up_shu
         d.dispatch_once = counting
         d.wake()
         time.sleep(0.5)
-        assert calls[0] <= 3, f"{calls[0]} dispatch rounds while waiting for the rest of a record"
+        # (one more round after each idle wait that no wake-up ended, IDLE_WAIT_MAX = 0.1 s)
+        assert calls[0] <= 10, f"{calls[0]} dispatch rounds while waiting for the rest of a record"
         assert d.dispatched == whole
     finally:
         p.shutdown()
