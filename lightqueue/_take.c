@@ -167,13 +167,26 @@ static int ckpt_bound(PyObject *o, u128 *ckpt) {
     if (v == -1 && PyErr_Occurred()) return -1;
     if (ovf < 0 || (!ovf && v < 0)) return 0;
     if (!ovf) { *ckpt = (u128)(uint64_t)v; return 0; }
-    unsigned char b[16];
-    if (_PyLong_NumBits(o) > 100) {
+    /* past 2**63: its high 64 bits (o >> 64) and low 64 bits, through the public API only (the
+     * private _PyLong_AsByteArray changed its signature in 3.13) */
+    PyObject *sh = PyLong_FromLong(64);
+    PyObject *hi_o = sh != NULL ? PyNumber_Rshift(o, sh) : NULL;
+    Py_XDECREF(sh);
+    if (hi_o == NULL) return -1;
+    unsigned long long hi = PyLong_AsUnsignedLongLong(hi_o);
+    Py_DECREF(hi_o);
+    if (hi == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        hi = ~0ULL;
+    }
+    if (hi >> 36) {                     /* 2**100 or more */
         *ckpt = (u128)1 << 100;
         return 0;
     }
-    if (_PyLong_AsByteArray((PyLongObject *)o, b, 16, 1, 0) < 0) return -1;
-    for (int i = 15; i >= 0; i--) *ckpt = (*ckpt << 8) | b[i];
+    unsigned long long lo = PyLong_AsUnsignedLongLongMask(o);
+    if (lo == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *ckpt = ((u128)hi << 64) | lo;
     return 0;
 }
 
