@@ -31,6 +31,7 @@ import time
 
 from lmqtt.loadtest.brokers import _free_ports
 from lmqtt.loadtest.chaos.checker import Checker, body, failures
+from lmqtt.loadtest.sdk_bench import proc_cpu
 
 TOPIC = "bench/ha"
 
@@ -131,16 +132,6 @@ def _drop_data(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) a process used so far (/proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) -> tuple[float, dict]:
     """-> (msgs/s, CPU seconds per process during the sends: `watch` {name: pid} and "producer",
     this process)."""
@@ -150,7 +141,7 @@ def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) 
     ab = c.auto_batch_producer()
     payload = b"x" * size
     watch = watch or {}
-    before = {k: _cpu_s(pid) for k, pid in watch.items()}
+    before = {k: proc_cpu(pid) for k, pid in watch.items()}
     t0 = os.times()
     t = time.perf_counter()
     for _ in range(n):
@@ -158,7 +149,7 @@ def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) 
     ab.flush(300)
     dt = time.perf_counter() - t
     t1 = os.times()
-    cpu = {k: round(_cpu_s(pid) - before[k], 2) for k, pid in watch.items()}
+    cpu = {k: round(proc_cpu(pid) - before[k], 2) for k, pid in watch.items()}
     cpu["producer"] = round((t1.user - t0.user) + (t1.system - t0.system), 2)
     cpu["wall"] = round(dt, 2)
     c.close()

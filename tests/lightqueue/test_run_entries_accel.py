@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from lmqtt.lightqueue import take as lqtake
 from lmqtt.store import Message
 from tests.lightqueue.pairs import open_pair
-from tests.store.accel_support import run_unconfigured
+from tests.store.accel_support import outcome, run_unconfigured
 
 _C = lqtake._ctake
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.lightqueue._take not built (or LMQTT_PURE_PYTHON set)")
@@ -25,14 +25,6 @@ needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.lightqueue._take not buil
 def test_the_c_run_entries_is_built():
     assert _C is not None and callable(_C.run_entries), "lmqtt.lightqueue._take was not built"
 
-
-def _outcome(fn, *args):
-    """What `fn(*args)` gives, or "raises" (the reference raises struct.error where C raises
-    OverflowError: a phys past 2**64 - 1 that would be packed)."""
-    try:
-        return fn(*args)
-    except (struct.error, OverflowError):
-        return "raises"
 
 
 @st.composite
@@ -58,8 +50,8 @@ def runs(draw):
 @given(runs())
 def test_run_entries_equals_its_reference(run):
     phys, sizes, i0, i1, sts, ckpt = run
-    got = _outcome(_C.run_entries, phys, sizes, i0, i1, sts, ckpt)
-    assert got == _outcome(lqtake.run_entries_py, phys, sizes, i0, i1, sts, ckpt)
+    got = outcome(_C.run_entries, phys, sizes, i0, i1, sts, ckpt)
+    assert got == outcome(lqtake.run_entries_py, phys, sizes, i0, i1, sts, ckpt)
 
 
 @needs_c
@@ -73,8 +65,8 @@ def test_run_entries_equals_its_reference(run):
 ])
 def test_run_entries_at_the_edges_of_64_bits(phys, sizes, ckpt):
     sts = 2 ** 64 - 1
-    c = _outcome(_C.run_entries, phys, sizes, 0, len(sizes), sts, ckpt)
-    assert c == _outcome(lqtake.run_entries_py, phys, sizes, 0, len(sizes), sts, ckpt)
+    c = outcome(_C.run_entries, phys, sizes, 0, len(sizes), sts, ckpt)
+    assert c == outcome(lqtake.run_entries_py, phys, sizes, 0, len(sizes), sts, ckpt)
 
 
 @needs_c

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from lmqtt.store import accel, fastpath
 from lmqtt.store.consume_queue import ENTRY, ENTRY_FIELDS
 from lmqtt.store.record import CRC_START, HEADER_FIELDS, MSG_MAGIC
-from tests.store.accel_support import run_unconfigured, swapped
+from tests.store.accel_support import outcome, run_unconfigured, swapped
 
 _C = accel.load("lmqtt.store._fastpath")
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
@@ -164,14 +164,6 @@ def test_an_unconfigured_module_refuses_to_run():
 
 
 # ------------------------------------------------------------------ cq_entries (store/consume_queue.py _entries)
-def _cq_outcome(fn, *args):
-    """What `fn(*args)` gives, or "raises" (the reference raises struct.error where C raises
-    OverflowError: a phys past 2**64 - 1 that would be packed)."""
-    try:
-        return fn(*args)
-    except (struct.error, OverflowError):
-        return "raises"
-
 
 @st.composite
 def cq_runs_of_sizes(draw):
@@ -191,8 +183,8 @@ def cq_runs_of_sizes(draw):
 def test_cq_entries_equals_its_reference(run):
     from lmqtt.store.consume_queue import _entries_py
     phys, sizes, i0, i1, tags = run
-    got = _cq_outcome(_C.cq_entries, phys, sizes, i0, i1, tags)
-    assert got == _cq_outcome(_entries_py, phys, sizes, i0, i1, tags)
+    got = outcome(_C.cq_entries, phys, sizes, i0, i1, tags)
+    assert got == outcome(_entries_py, phys, sizes, i0, i1, tags)
     if got != "raises":     # and both are the entries packed one by one
         offs = list(accumulate(sizes[i0:i1], initial=phys))
         assert got == b"".join(ENTRY.pack(p, s, tags) for p, s in zip(offs, sizes[i0:i1]))
@@ -203,8 +195,8 @@ def test_cq_entries_equals_its_reference(run):
                                         (0, [2 ** 32 - 1] * 3)])
 def test_cq_entries_at_the_edge_of_64_bits(phys, sizes):
     from lmqtt.store.consume_queue import _entries_py
-    c = _cq_outcome(_C.cq_entries, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
-    assert c == _cq_outcome(_entries_py, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
+    c = outcome(_C.cq_entries, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
+    assert c == outcome(_entries_py, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
 
 
 @needs_c
