@@ -7,7 +7,7 @@ scenario itself is ``mqtt_bench.run`` with the same parameters for every broker,
 (amqtt speaks nothing newer).
 
 Outputs: one JSON line per result on stdout and in ``OUT/results.jsonl`` (histograms included,
-so ``python -m lmqtt.loadtest.report OUT`` can rebuild the report), ``OUT/report.md`` and
+so ``lmqtt bench report OUT`` can rebuild the report), ``OUT/report.md`` and
 ``OUT/latency_<scenario>.png``. Progress goes to stderr. A broker that cannot start is recorded
 as ``{"available": false, "reason": ...}`` and shown as "not available"; a scenario that fails
 is recorded with its error and the run goes on.

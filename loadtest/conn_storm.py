@@ -1,6 +1,6 @@
-"""Broker CPU per persistent session of a reconnect storm (issue 29, "Connections"), on `lmqtt serve`.
+"""Broker CPU per persistent session of a reconnect storm, on `lmqtt serve`.
 
-    python3 -m lmqtt.loadtest.conn_storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop]
+    lmqtt bench storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop]
 
 The `sessions` scenario of `lmqtt bench compare` reports rates, which on a shared machine the
 generator and the other processes set as much as the broker. This counts what the broker spends:
@@ -104,7 +104,7 @@ def run_round(kind: str, n: int, lmqtt_src: str | None, drop: bool = False) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.conn_storm", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench storm", description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lmqtt-src", default=None)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory(prefix="conn-storm-") as d:
                 source_path(a.lmqtt_src, d)
         except BrokerUnavailable as e:
-            raise SystemExit(f"conn_storm: {e}") from None
+            raise SystemExit(f"lmqtt bench storm: {e}") from None
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(a.rounds):
         for k in kinds:

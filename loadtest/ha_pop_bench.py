@@ -1,9 +1,9 @@
-"""POP on a store group vs a single store (issue 27): `--consumers` (default 1) POP consumers'
+"""POP on a store group vs a single store: `--consumers` (default 1) POP consumers'
 `pop(32)` + `ack` loops over `--messages` stored messages, first on a single `lmqtt store`, then on a group of 3 (where each
 pop and ack answers once the in-sync replicas have the POP state, docs/ha.md "POP on a group"),
 in the same run. One JSON object per shape on stdout: messages/s, p50/p99 of pop and ack.
 
-    python3 -m lmqtt.loadtest.ha_pop_bench --messages 20000 [--consumers 4]
+    lmqtt bench ha-pop --messages 20000 [--consumers 4]
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _loop(address: str, n: int, size: int, max_seconds: float, consumers: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.ha_pop_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench ha-pop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--consumers", type=int, default=1,

@@ -1,6 +1,6 @@
 """What an idle broker costs: wake-ups per second per thread and CPU seconds per minute.
 
-`python3 -m lmqtt.loadtest.idle_bench [--brokers lmqtt,mosquitto] [--clients 0,1000] [--duration 60]`
+`lmqtt bench idle [--brokers lmqtt,mosquitto] [--clients 0,1000] [--duration 60]`
 
 For each broker and each client count: start the broker (loadtest/brokers.py, as `bench compare`
 does), park `clients` idle MQTT connections on it (loadtest/conn_hold.py: CONNECT + SUBSCRIBE,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_serve"]:
         _serve(argv[1:])
         return 0
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.idle_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench idle", description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="lmqtt,mosquitto")
     ap.add_argument("--clients", default="0,1000", help="comma-separated idle client counts")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured per run")

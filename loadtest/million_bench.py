@@ -1,4 +1,4 @@
-"""The `million` scenario: up to 1,000,000 idle MQTT connections held by one broker (issue 29).
+"""The `million` scenario: up to 1,000,000 idle MQTT connections held by one broker.
 
     lmqtt bench compare --brokers lmqtt-workers,mosquitto --scenarios million [--connections N]
     lmqtt bench mqtt --scenario million --broker-port P [--connections N]

@@ -30,7 +30,7 @@ fixed here:
 
 What it costs: ~90 µs of CPU per message (four socket calls and the Python around them), 0.45
 cores at 5,000 msg/s; on two busy cores that competes with the broker, and the C harness (28 µs)
-disturbs it less: compare the two when the tail matters (BENCHMARKS.md, issue 29).
+disturbs it less: compare the two when the tail matters (BENCHMARKS.md).
 
 A message is stamped just before its ``send``; a QoS 1/2 publisher whose window is full sends
 late rather than early (``behind_schedule`` counts it, as in the asyncio worker). The parent

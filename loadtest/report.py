@@ -1,7 +1,7 @@
 """Turn `lmqtt bench compare` results (JSON lines) into a Markdown report and latency plots.
 
 Kept apart from the runner so a report can be rebuilt from a kept ``results.jsonl`` without
-re-running anything (``python -m lmqtt.loadtest.report DIR``), e.g. after a broker was re-run.
+re-running anything (``lmqtt bench report DIR``), e.g. after a broker was re-run.
 
 Tables: one per scenario, rows = metric, columns = broker (median over repetitions, with the
 min–max spread when there were several), then lmqtt/peer ratios. A "Targets" table checks the
@@ -243,7 +243,7 @@ TARGETS = [  # label, scenario, metric, peer, op, bound
     ("fan-in 1,000→1 QoS 1 delivered msg/s ≥ 10× amqtt", "fanin", ("delivered_per_s",), "amqtt", ">=", 10.0),
     ("pairs QoS 1 delivered msg/s ≥ 0.3× Mosquitto", "pairs", ("delivered_per_s",), "mosquitto", ">=", 0.3),
     ("pairs QoS 1 delivered msg/s ≥ 10× amqtt", "pairs", ("delivered_per_s",), "amqtt", ">=", 10.0),
-    # issue 29: p99 and broker CPU per message at 5,000 msg/s (the paced generator, loadtest/paced.py)
+    # the latency targets: p99 and broker CPU per message at 5,000 msg/s (the paced generator, loadtest/paced.py)
     ("p99 latency at 5,000 msg/s QoS 1 ≤ 1.2× Mosquitto", "latency", ("latency_us", "p99"), "mosquitto", "<=", 1.2),
     ("broker CPU per message at 5,000 msg/s QoS 1 ≤ 1.5× Mosquitto", "latency", ("broker_cpu_us_per_msg",),
      "mosquitto", "<=", 1.5),
@@ -397,10 +397,10 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m lmqtt.loadtest.report DIR  (reads DIR/results.jsonl, writes DIR/report.md)",
-              file=sys.stderr)
-        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: lmqtt bench report DIR  (reads DIR/results.jsonl and meta.json of a `bench compare` "
+              "run, writes DIR/report.md and its plots)", file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
     d = Path(argv[0])
     meta_p = d / "meta.json"
     meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}

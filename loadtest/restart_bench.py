@@ -102,8 +102,8 @@ def _write_records(data_dir: Path, n: int, prefix: str, extra: dict) -> None:
 
 
 def write_sessions_direct(data_dir: Path, n: int) -> None:
-    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with clean
-    session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
+    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with
+    clean session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
     metadata: what the MQTT creation leaves, without a million connects."""
     _write_records(data_dir, n, "rs", {})
 

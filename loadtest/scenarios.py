@@ -152,7 +152,7 @@ def plan(cfg: ScenarioConfig) -> list[ClientSpec]:
         pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/pair/{i}", pub_id=i) for i in range(n)]
         subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/pair/{i}", sub_id=i, expects=[i]) for i in range(n)]
     elif s == "conn":
-        # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (issue 29's measure of
+        # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (the measure of
         # memory per idle connection), then silence
         return [ClientSpec("sub", f"{r}-c{i}", f"{r}/idle/{i}", sub_id=i) for i in range(cfg.connections)]
     else:

@@ -11,7 +11,7 @@ Cases:
                   reader produced, read once from a local Arrow file), same partitions, same job.
                   What Spark's Python data source path itself costs, so the lmqtt row can be read
                   as "store + SDK" against "Spark's own share"
-* filter-history  a filter's history (issue 28): `--rows` messages under one first-level topic, one
+* filter-history  a filter's history: `--rows` messages under one first-level topic, one
                   in `--filter-every` to `fhist/dK/temp` and the rest to `fhist/dK/hum`, nobody
                   subscribed; `spark.read.format("lmqtt").option("filter", "fhist/+/temp")` reads the
                   matching ones (the store scans the topic's whole ConsumeQueue and keeps the matching
@@ -20,7 +20,7 @@ Cases:
                   the source's partition reader alone (store scan + SDK + Arrow batches, no Spark);
                   the CPU seconds of the store, Spark's JVM and its Python workers, run by run
                   (cpu_s_runs) and their medians over the warm runs (*_cpu_s_per_run)
-* cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
+* cold-parquet    Spark over the cold tier: `--rows` messages written to an `lmqtt store
                   --tier file://... --tier-parquet on --local-retention 0` (segments of
                   `--cold-segment-mb`); once every sealed segment is in the tier and the
                   tier's compaction merged each partition's small files (one per segment) into

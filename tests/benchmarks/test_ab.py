@@ -1,12 +1,20 @@
-"""`lmqtt bench ab`: both sides run from their own trees, in alternating order, and the report's
+"""`benchmarks/ab.py` (a checkout's A/B of two revisions): both sides run from their own trees, in alternating order, and the report's
 medians and ratios are those of the runs. The trees here are stand-ins whose `bench store` /
 `bench lightqueue` print fixed result lines, so every figure in the report is known beforehand; the
 real benches are what BENCHMARKS.md's A/B row ran."""
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from lmqtt.loadtest.ab_bench import figures
+AB = Path(__file__).resolve().parents[2] / "benchmarks" / "ab.py"
+_spec = importlib.util.spec_from_file_location("benchmarks_ab", AB)
+assert _spec and _spec.loader
+_ab_module = importlib.util.module_from_spec(_spec)
+sys.modules["benchmarks_ab"] = _ab_module          # its dataclasses look their module up
+_spec.loader.exec_module(_ab_module)
+figures = _ab_module.figures
 
 STORE_LINE = {"mode": "async", "size": 100, "batch": 64, "writers": 1, "cpu_us_per_msg": 0.8}
 LQ_LINE = {"case": "publish", "fanout": 4, "cpu_us_per_record": {"process": 2.4}}
@@ -39,7 +47,7 @@ else:
 
 
 def _ab(tmp_path, *extra):
-    return subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "ab", "--before", str(tmp_path / "old"),
+    return subprocess.run([sys.executable, str(AB), "--before", str(tmp_path / "old"),
                            "--after", str(tmp_path / "new"), "--benches", "store,lightqueue", "--out",
                            str(tmp_path / "out"), *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
@@ -85,7 +93,7 @@ def test_a_tree_whose_store_comes_from_elsewhere_stops_the_run_before_measuring(
 
 def test_an_unknown_revision_is_refused_by_name(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
-    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "ab", "--before", "no-such-rev",
+    r = subprocess.run([sys.executable, str(AB), "--before", "no-such-rev",
                         "--repo", str(tmp_path / "repo"), "--out", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0 and "'no-such-rev' is neither a directory nor a revision" in r.stderr

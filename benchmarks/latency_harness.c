@@ -1,7 +1,7 @@
 /* An independent check of lmqtt's latency generator, in C: the `latency` scenario without any
  * of the generator's code (no Python, no lmqtt codec, no kernel timestamps).
  *
- *   cc -O2 -o latency_harness loadtest/c/latency_harness.c
+ *   cc -O2 -o latency_harness benchmarks/latency_harness.c
  *   ./latency_harness PORT [PAIRS=50] [RATE=5000] [SECONDS=10]        (host 127.0.0.1)
  *
  * PAIRS publisher/subscriber pairs over MQTT 3.1.1, QoS 1, 64-byte payloads; publisher i

@@ -1,4 +1,8 @@
-"""`lmqtt bench ab`: two versions of lmqtt measured in one run, before against after.
+"""`python3 benchmarks/ab.py`: two versions of lmqtt measured in one run, before against after.
+
+A developer's tool, run from a checkout (it unpacks git revisions of the repository): it is not
+installed with the package, which has no git history to unpack; the benchmarks it runs are the
+installed `lmqtt bench store`, `bench lightqueue` and `bench compare`.
 
 A change that should not cost speed (a restructuring, a new seam) is checked by running the same
 benchmarks on the code before and after it, alternately, on the same machine in the same hour:
@@ -34,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .brokers import BrokerUnavailable, source_path
+from lmqtt.loadtest.brokers import BrokerUnavailable, source_path
 
 BENCHES = ("store", "lightqueue", "compare")
 DEFAULT_ARGS = {
@@ -77,7 +81,7 @@ def prepare_tree(label: str, spec: str, repo: Path, work: Path) -> Tree:
     try:
         rev = _git(repo, "rev-parse", "--short", f"{spec}^{{commit}}", text=True).stdout.strip()
     except subprocess.CalledProcessError as e:
-        raise SystemExit(f"lmqtt bench ab: --{label} {spec!r} is neither a directory nor a revision of "
+        raise SystemExit(f"ab.py: --{label} {spec!r} is neither a directory nor a revision of "
                          f"{repo}: {e.stderr.strip() if isinstance(e.stderr, str) else e.stderr}")
     dest = work / f"tree-{label}-{rev}"
     if not dest.exists():
@@ -93,7 +97,7 @@ def prepare_tree(label: str, spec: str, repo: Path, work: Path) -> Tree:
             r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
             if r.returncode != 0:
-                raise SystemExit(f"lmqtt bench ab: building {rev}'s C modules failed:\n{r.stderr[-2000:]}")
+                raise SystemExit(f"ab.py: building {rev}'s C modules failed:\n{r.stderr[-2000:]}")
     return Tree(label, spec, dest, rev)
 
 
@@ -105,10 +109,10 @@ def check_imports(tree: Tree, work: Path) -> str:
     r = subprocess.run([sys.executable, "-c", f"import {pkg}store.commitlog as c; print(c.__file__)"],
                        env=env, cwd=work, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"lmqtt bench ab: {tree.label} tree {tree.path} does not import: {r.stderr[-1500:]}")
+        raise SystemExit(f"ab.py: {tree.label} tree {tree.path} does not import: {r.stderr[-1500:]}")
     found = Path(r.stdout.strip().splitlines()[-1]).resolve()
     if not found.is_relative_to(tree.path):
-        raise SystemExit(f"lmqtt bench ab: {tree.label}: the subprocess imported {found}, not the tree "
+        raise SystemExit(f"ab.py: {tree.label}: the subprocess imported {found}, not the tree "
                          f"{tree.path} (an installed lmqtt shadows it)")
     return str(found)
 
@@ -131,9 +135,9 @@ def run_bench(tree: Tree, bench: str, args: str, rnd: int, out: Path, work: Path
             r = subprocess.run(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.PIPE, text=True,
                                timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise SystemExit(f"lmqtt bench ab: {tree.label} bench {bench} ran past {RUN_TIMEOUT_S:.0f} s; stopped")
+            raise SystemExit(f"ab.py: {tree.label} bench {bench} ran past {RUN_TIMEOUT_S:.0f} s; stopped")
     if r.returncode != 0:
-        raise SystemExit(f"lmqtt bench ab: {tree.label} ({tree.rev}) bench {bench} failed "
+        raise SystemExit(f"ab.py: {tree.label} ({tree.rev}) bench {bench} failed "
                          f"(exit {r.returncode}):\n{r.stderr[-2000:]}")
     _log(f"round {rnd}: {tree.label} bench {bench} done in {time.monotonic() - t0:.0f} s")
     return raw
@@ -208,8 +212,8 @@ def _n(x: float | None) -> str:
 
 
 def report_md(rows: list[dict], trees: dict[str, Tree], rounds: int, argv: list[str], loads: list[float]) -> str:
-    lines = [f"# lmqtt bench ab: {trees['before'].rev} (before) vs {trees['after'].rev} (after)", "",
-             f"Command: `lmqtt bench ab {' '.join(shlex.quote(x) for x in argv)}`", "",
+    lines = [f"# ab.py: {trees['before'].rev} (before) vs {trees['after'].rev} (after)", "",
+             f"Command: `python3 benchmarks/ab.py {' '.join(shlex.quote(x) for x in argv)}`", "",
              f"{rounds} round(s), sides alternated; median (min–max) of the rounds. Throughput in "
              f"messages (store, MQTT deliveries) or records (light queues) per second; CPU in µs per "
              f"message of the process measured (the broker for MQTT rows). 1-minute load average at "
@@ -228,7 +232,7 @@ def report_md(rows: list[dict], trees: dict[str, Tree], rounds: int, argv: list[
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lmqtt bench ab", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 benchmarks/ab.py", description=__doc__.split("\n")[0])
     ap.add_argument("--before", required=True, help="git revision or source directory of the code before")
     ap.add_argument("--after", default="HEAD", help="git revision or source directory of the code after (default HEAD)")
     ap.add_argument("--repo", default=None, help="git repository the revisions are of (default: the current one)")
@@ -247,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     benches = [b for b in a.benches.split(",") if b]
     unknown = [b for b in benches if b not in BENCHES]
     if unknown or not benches:
-        print(f"lmqtt bench ab: unknown bench(es) {unknown}; choose from {', '.join(BENCHES)}", file=sys.stderr)
+        print(f"ab.py: unknown bench(es) {unknown}; choose from {', '.join(BENCHES)}", file=sys.stderr)
         return 2
     if a.rounds < 1:
-        print("lmqtt bench ab: --rounds must be at least 1", file=sys.stderr)
+        print("ab.py: --rounds must be at least 1", file=sys.stderr)
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = Path(a.repo or _git(Path.cwd(), "rev-parse", "--show-toplevel", text=True).stdout.strip()) \
             if not (Path(a.before).is_dir() and Path(a.after).is_dir()) else Path.cwd()
     except (subprocess.CalledProcessError, FileNotFoundError):
-        print("lmqtt bench ab: revisions need a git repository: run it inside one or pass --repo", file=sys.stderr)
+        print("ab.py: revisions need a git repository: run it inside one or pass --repo", file=sys.stderr)
         return 2
     try:
         trees = {side: prepare_tree(side, spec, repo, work) for side, spec in (("before", a.before), ("after", a.after))}
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         print(md)
         return 0
     except BrokerUnavailable as e:
-        print(f"lmqtt bench ab: {e}", file=sys.stderr)
+        print(f"ab.py: {e}", file=sys.stderr)
         return 2
     finally:
         if own_work:
