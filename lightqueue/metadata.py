@@ -73,10 +73,10 @@ class MetadataStore(RetainedMessages, Wills):
             self._build_session_index()
         # how many will records there are, None when not known (a replica's shipped writes): with
         # none, a CONNECT's `void_will` and a clean disconnect's `pop_will` need no RocksDB read
-        # (issue 29 storm: a read per CONNECT for the will a client rarely left)
+        # (a reconnect storm: a read per CONNECT for the will a client rarely left)
         self._wills: int | None = self._count_wills()
         # whether a retained message may be stored: False while none ever was here (one seek at
-        # open), so a SUBSCRIBE's retained lookup opens no iterator (issue 29 storm: every
+        # open), so a SUBSCRIBE's retained lookup opens no iterator (a reconnect storm: every
         # SUBSCRIBE of a broker without retained messages scanned its filter's empty range).
         # Set by every write of a retained message (and a replica's shipped one); never cleared
         # but by a restart, so it is only ever wrong towards reading
@@ -140,8 +140,8 @@ class MetadataStore(RetainedMessages, Wills):
         and offsets (`set_offsets`) this thread writes inside it go in one WriteBatch, written -
         one WAL write - when it ends (also when an exception leaves it); a failure of that write
         raises MetadataError from its end. Why: a new persistent session's SUBSCRIBE wrote its
-        filter's reference, its record and its offsets, three writes before its SUBACK (issue 29
-        storm). Nothing inside may read those keys back (they are not written yet); every other
+        filter's reference, its record and its offsets, three writes before its SUBACK (a
+        reconnect storm). Nothing inside may read those keys back (they are not written yet); every other
         write goes at once, as outside. Nested, or opened while another thread's is: no group of
         its own (the writes go with the open one, or at once)."""
         return _OneWrite(self)

@@ -19,7 +19,7 @@ dispatch queues: which wildcard filters want a topic is known only there, and on
 (filters registered during the delay must see the message).
 
 A timer names its parked record by CommitLog offset only, and a recovery that cuts the log hands
-the offsets of the lost records to new appends (issue 26). So:
+the offsets of the lost records to new appends. So:
   * on opening, the recoveries of the store not checked yet (store/recovery.py, generation kept
     in the wheel's checkpoint) drop every timer whose parked record was at/after the cut
     (`TimerWheel.drop_lost`), with one WARNING naming them ("N delayed messages lost in the cut,

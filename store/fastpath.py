@@ -8,7 +8,7 @@ reference that tests compare it with (tests/store/test_fastpath.py):
   CommitLog's own record bytes (the "raw" MESSAGES layout, docs/protocol.md); reference:
   `MessageStore.read_consume_queue` + `protocol.encode_messages`.
 
-Why: profiles of `lmqtt store` under `lmqtt bench sdk` (docs/benchmarks/history.md) showed the
+Why: profiles of `lmqtt store` under `lmqtt bench sdk` (py-spy) showed the
 server spending more time around the append than in it. Per produced message: a decoded item
 tuple, then a `Message` through its Python `__init__`, then one `AppendResult` tuple per record
 just to pack two integers back. Per pulled message: a CRC-checked decode of the record into a

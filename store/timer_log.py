@@ -28,7 +28,7 @@ NO_POS = -1
 _PREV, _DUE, _REF, _REF_SIZE, _FLAGS, _TICK = 2, 3, 4, 5, 6, 7
 # A round that fired, dropped and rolled nothing changes only the checkpoint's tick; it is then
 # written (json + fsync) at most once per this many seconds of ticks instead of every tick. A
-# restart from an older tick re-scans those ticks, all empty of unfired records (issue 29: an fsync
+# restart from an older tick re-scans those ticks, all empty of unfired records (an fsync
 # a second on an idle wheel, beside the store's own flushes)
 IDLE_CHECKPOINT_S = 30
 

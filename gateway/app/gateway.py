@@ -37,7 +37,7 @@ def build_security(cfg: GatewayConfig):
     (a loopback host, or `allow_anonymous`): CONNECT then pays nothing for authentication.
     """
     # TLS, authentication and the ACL are imported only when configured: a plain `lmqtt serve`
-    # starts without them (issue 29: the start's imports count in a restart)
+    # starts without them (the start's imports count in a restart)
     ctx = None
     if cfg.tls_port or cfg.wss_port:
         from lmqtt.gateway.net.tls import TlsConfigError, server_context

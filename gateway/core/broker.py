@@ -370,14 +370,14 @@ class Broker:
                 qos2 = present and any(inf.qos == 2 for inf in s.outbound.values())
                 if present and not qos2 and self.persist.writes_later:
                     # `lmqtt serve`, nothing of QoS 2 to send again: the record saying it is connected
-                    # is written at the end of this tick with the others (issue 29 storm), not before CONNACK
+                    # is written at the end of this tick with the others (a reconnect storm), not before CONNACK
                     self.persist.save_later(s)
                 else:
                     self._save_session(s, qos2_resumed=qos2)
             # else a new session (no record: CONNACK says none is present) with nothing in it yet, on
             # the embedded server: its record is first written by what puts something in it (its
             # SUBSCRIBE, before SUBACK; a QoS 2 exchange) or by its disconnect. A crash before that
-            # loses nothing the client was told exists (issue 29: one record write less per session)
+            # loses nothing the client was told exists (one record write less per session)
         elif was_persistent:
             self.persist.delete_session(cid)
 

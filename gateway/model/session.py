@@ -45,7 +45,7 @@ class ClientSubscription:
 
     `ClientSubscription(filter, queue, qos, group, no_local, retain_as_published, retain_handling,
     subscription_id)`. A plain one (every option at its default: a device's usual subscription)
-    is this class, three slots, the options read from the class (64 bytes, not 96: issue 29);
+    is this class, three slots, the options read from the class (64 bytes, not 96);
     one with any option set is a `_FullSubscription`, which keeps them all. Neither is changed
     after it is made (a SUBSCRIBE again replaces it); equal when every field is."""
 
@@ -110,7 +110,7 @@ class Cursor:
     def __init__(self, offset: int) -> None:
         self.next_offset = offset
         # made when first asked for (`inflight`): the cursor of an idle device that was never sent
-        # anything keeps no empty dict (64 bytes, issue 29)
+        # anything keeps no empty dict (64 bytes)
         self._inflight: dict[int, Any] | None = None
 
     @property
@@ -460,7 +460,7 @@ class Session:
     def __iter__(self):
         """The session as the readers of a queue: the delivery engine's `direct` (queue -> readers)
         holds a queue's one reader itself, a set from the second on (`DeliveryEngine.add_reader`:
-        48 bytes less than a 1-tuple per idle device, issue 29); iterating it yields it."""
+        48 bytes less than a 1-tuple per idle device); iterating it yields it."""
         return iter((self,))
 
     @property
@@ -554,7 +554,7 @@ class Session:
         return dropped
 
 
-# -- a parked client's session, folded (issue 29: memory per idle connection) ----------------------
+# -- a parked client's session, folded (memory per idle connection) ----------------------
 # A parked connection's session (gateway/net/connection_parking.py) keeps its subscriptions and
 # reading positions, not the three tables every reader of an awake session uses: `fold` puts its
 # subscriptions (a tuple) in the `subs` slot, the next offset of each cursor (a tuple) in `cursors`,

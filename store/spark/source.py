@@ -10,7 +10,7 @@ Queues ("queue" column, and the keys of streaming offsets):
     ConsumeQueues of its first-level topic (every first-level topic for a filter starting with a
     wildcard), key `<first-level topic>:<queue id>`, each range read with the filter applied in
     the store (CALL filter_range: only matching records cross the wire). Reading registers
-    nothing. (Before issue 28 this read the filter's light queue, key `lq:<filter>`: only what was
+    nothing. (An older version read the filter's light queue, key `lq:<filter>`: only what was
     published while the filter was held.)
   * option `topic` (first-level topic): its ConsumeQueues, key `<topic>:<queue id>`.
 """
@@ -194,7 +194,7 @@ class SourceQueues:
         return self.conn.call(op, body, retry=True, flags=flags)
 
     def from_light_queue(self, flt: str, offset: int) -> dict:
-        """A streaming checkpoint written before issue 28 keeps the filter's light-queue offset
+        """A streaming checkpoint written by an older version (which read the light queue) keeps the filter's light-queue offset
         (key `lq:<filter>`): the same point as each source ConsumeQueue's offset (the first entry
         at/after the CommitLog position of that light-queue entry), so the query goes on where it
         stopped instead of reading the queues from their start."""

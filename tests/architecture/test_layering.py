@@ -305,7 +305,7 @@ def third_party_imports(source: str, names: tuple[str, ...]) -> list[tuple[str, 
 
 
 def test_no_gateway_module_imports_rocksdb():
-    """Issue 25: no module of the gateway (`lmqtt serve`'s composition root included) imports the
+    """No module of the gateway (`lmqtt serve`'s composition root included) imports the
     store engine, the light queues (MAY_IMPORT above) or RocksDB (here)."""
     bad = [(m, imp, line) for m, p in sorted(modules().items()) if m.startswith("lmqtt.gateway")
            for imp, line in third_party_imports(p.read_text(), ENGINE_ONLY)]

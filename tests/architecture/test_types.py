@@ -23,7 +23,7 @@ TYPED = [
     "lmqtt.store.node.protocol",
     "lmqtt.store.node.wire",                # the typed messages' codec (Wire, BadRequest), split from protocol
     "lmqtt.store.node.node_client",         # the gateway's client of the node (NodeClient), split from protocol
-    "lmqtt.gateway.storage.facades",        # the storage facades (issue 25) and both implementations
+    "lmqtt.gateway.storage.facades",        # the storage facades and both implementations
     "lmqtt.store.node.inprocess",
     "lmqtt.store.node.embedded",            # lmqtt serve's in-process store node: what the gateway gets of it
     "lmqtt.gateway.storage.remote_metadata",

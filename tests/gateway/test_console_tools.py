@@ -59,7 +59,7 @@ def test_wildcard_filter_consume_sees_messages_after_registration(lmqtt_store):
     produce(addr, "plant/2/hum", [b"h1"])
     produce(addr, "plant/3/temp", [b"t3"])
     assert consume(addr, "plant/+/temp", "--group", "w", "--timeout", "1") == ["t1", "t2", "t3"]
-    # --from earliest: the filter's whole history, from before its registration too (issue 28)
+    # --from earliest: the filter's whole history, from before its registration too
     js = [json.loads(x) for x in consume(addr, "plant/+/temp", "--from", "earliest", "--count", "4",
                                          "--format", "json")]
     assert [(j["topic"], j["payload"]) for j in js] == [("plant/1/temp", "before"), ("plant/1/temp", "t1"),

@@ -1,4 +1,4 @@
-"""A resumed session that never expires (issue 29 reconnect storm): on `lmqtt serve` its record says
+"""A resumed session that never expires (a reconnect storm): on `lmqtt serve` its record says
 "connected" only once it has stayed connected CONNECTED_RECORD_AFTER_S (a client that comes and goes
 has its record written once per round, by its disconnect, not also by its CONNECT); `lmqtt admin
 --sessions` shows it connected from then on and offline after it left; a kill -9 before that write

@@ -249,7 +249,7 @@ def test_tier_retention_drops_old_segments_from_the_tier_then_the_queues(tmp_pat
 
 
 def test_a_delayed_message_due_after_local_retention_is_released_from_the_tier(tmp_path):
-    """apache/rocketmq #9006: a delayed message whose parked record's segment left the local disk
+    """https://github.com/apache/rocketmq/issues/9006: a delayed message whose parked record's segment left the local disk
     before its due time was lost. Here the parked record is read back from the tier."""
     from tests.store.test_timer import Clock
     url = f"file://{tmp_path / 'tier'}"

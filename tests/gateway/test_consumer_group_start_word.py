@@ -1,5 +1,6 @@
-"""Session 8's fresh-clone walk (README, docs/sdk.md, docs/spark.md, docs/fleet.md, every command as
-written): what it found wrong in the product, each against a real `lmqtt serve` subprocess."""
+"""A consumer group's `start` (docs/sdk.md) is "earliest" or "latest": any other word is refused by
+name, in the sync and the asyncio SDK alike, never read as one of them. Against a real `lmqtt serve`
+subprocess."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("walk8") / "data"
+    d = tmp_path_factory.mktemp("cgstart") / "data"
     d.mkdir()
     srv = LmqttServer(str(d)).start()
     yield srv
@@ -28,12 +29,12 @@ def test_a_consumer_group_with_a_misspelt_start_is_refused_not_read_from_the_old
     consumer (the store) and `lmqtt consume --from` do."""
     c = connect(server.store_address)
     try:
-        c.producer().send("walk8/a", b"old")
+        c.producer().send("cgstart/a", b"old")
         for bad in ("latests", "yesterday", ""):
             with pytest.raises(ValueError, match=r"start must be 'earliest' or 'latest', got "):
-                c.consumer("walk8", group=f"g-{bad}", start=bad)
-        assert c.consumer("walk8", group="g-latest", start="latest").poll() == []
-        assert [r.body for r in c.consumer("walk8", group="g-earliest", start="earliest").poll()] == [b"old"]
+                c.consumer("cgstart", group=f"g-{bad}", start=bad)
+        assert c.consumer("cgstart", group="g-latest", start="latest").poll() == []
+        assert [r.body for r in c.consumer("cgstart", group="g-earliest", start="earliest").poll()] == [b"old"]
     finally:
         c.close()
 
@@ -43,8 +44,8 @@ def test_the_async_consumer_group_refuses_a_misspelt_start_too(server):
         c = await connect_async(server.store_address)
         try:
             with pytest.raises(ValueError, match=r"start must be 'earliest' or 'latest', got 'latests'"):
-                await c.consumer("walk8", "ga", start="latests")
-            assert await (await c.consumer("walk8", "gb", start="latest")).poll() == []
+                await c.consumer("cgstart", "ga", start="latests")
+            assert await (await c.consumer("cgstart", "gb", start="latest")).poll() == []
         finally:
             await c.close()
     asyncio.run(main())

@@ -1,6 +1,6 @@
-"""Session 7's new-user walkthrough (README, docs/sdk.md, docs/ha.md as a newcomer runs them): the
-mistakes and confusions it met, each against a real `lmqtt serve` subprocess and the real `lmqtt`
-command. Errors are one line naming the real cause, never a traceback."""
+"""Mistakes a new user makes following README, docs/sdk.md and docs/ha.md (a tool pointed at the
+wrong port, a misspelt name, a missing service, a half-given TLS pair), each against a real `lmqtt
+serve` subprocess and the real `lmqtt` command. Errors are one line naming the real cause, never a traceback."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,5 @@
-"""The leftovers of the new-user walkthrough (tests/gateway/test_newcomer_walkthrough.py):
-each against real `lmqtt serve` / `lmqtt store` subprocesses, real sockets and the real `lmqtt`
+"""More mistakes a new user makes (tests/gateway/test_usage_errors_name_the_cause.py has the tools'
+ones): the SDK, `lmqtt store`, `lmqtt serve --workers`, `read_history`, `lmqtt passwd`, each against real `lmqtt serve` / `lmqtt store` subprocesses, real sockets and the real `lmqtt`
 command. Errors are one line naming the real cause, never a traceback."""
 from __future__ import annotations
 
