@@ -330,7 +330,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.lightqueue._ta
                                     methods};
 
 PyMODINIT_FUNC PyInit__take(void) {
-    if ((s_resolved = PyUnicode_InternFromString("_resolved")) == NULL) return NULL;
-    if ((s_resolve = PyUnicode_InternFromString("_resolve")) == NULL) return NULL;
+    if ((s_resolved = PyUnicode_InternFromString("resolved")) == NULL) return NULL;
+    if ((s_resolve = PyUnicode_InternFromString("resolve")) == NULL) return NULL;
     return PyModule_Create(&moddef);
 }

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import struct
 
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_EPOCH = struct.Struct(">QQ")
+U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+EPOCH = struct.Struct(">QQ")
 
 P_OFFSET = b"o"
 P_SESSION = b"s"
@@ -39,11 +39,11 @@ P_SESSION_BY_HOST = b"h"    # host \0 client_id -> b"": the session records by g
 K_SESSION_INDEX = b"I"      # present: every session record is in P_SESSION_BY_HOST
 
 
-def _hkey(host: str | None, client_id: str) -> bytes:
+def host_key(host: str | None, client_id: str) -> bytes:
     return P_SESSION_BY_HOST + (host or "").encode("utf-8") + b"\x00" + client_id.encode("utf-8")
 
 
-def _prefix_end(prefix: bytes) -> bytes:
+def prefix_end(prefix: bytes) -> bytes:
     """The first key after every key starting with `prefix` (prefixes here start with a kind
     byte below 0xff, so one always exists)."""
     p = prefix.rstrip(b"\xff")

@@ -10,7 +10,7 @@ import threading
 import time
 
 from ..errors import StoreError
-from .replication import _ACK, _U64, FrameReader, frame, jframe, parse_meta
+from .replication import ACK, U64, FrameReader, frame, jframe, parse_meta
 
 log = logging.getLogger("lmqtt.store.ha")
 
@@ -119,7 +119,7 @@ class Follower:
             wrote = False
             for kind, payload in frames:
                 if kind == b"D":
-                    off = _U64.unpack_from(payload)[0]
+                    off = U64.unpack_from(payload)[0]
                     clog.append_replicated(off, memoryview(payload)[8:])
                     wrote = True
                 elif kind == b"M":
@@ -127,7 +127,7 @@ class Follower:
                     self.apply_meta(op)
                     self.meta_seq = int(op.get("n", self.meta_seq))
                 elif kind == b"K":
-                    self.primary_end = _U64.unpack(payload)[0]
+                    self.primary_end = U64.unpack(payload)[0]
             if self.epoch_now() > self.conn_epoch:
                 raise ConnectionError(f"a newer epoch than {self.conn_epoch} exists: not acknowledging its "
                                       "old primary")
@@ -136,4 +136,4 @@ class Follower:
                 if self.sync:
                     clog.flush()
             if frames:
-                s.sendall(frame(b"A", _ACK.pack(clog.wrote, clog.flushed, self.meta_seq)))
+                s.sendall(frame(b"A", ACK.pack(clog.wrote, clog.flushed, self.meta_seq)))

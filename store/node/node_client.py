@@ -16,14 +16,66 @@ import logging
 
 from lmqtt.store import protocol as W
 from lmqtt.store.node.protocol import (
-    BadRequest, ClaimSessions, ClearRetainedIf, ClearedReply, CountReply, DeleteOffsets, DeleteSession,
-    DeletedReply, Filters, FiltersReply, Flush, GetOffset, GetOffsets, GetSession, GroupAck, GroupPop,
-    GroupPopReply, GroupRenew, Hello, HelloReply, Holders, HoldersReply, ListSessions, ListSessionsReply,
-    ListWills, MaxOffsets, MaxOffsetsReply, NodeMismatch, OffsetReply, OffsetsReply, Ok, PopWill, Pull,
-    PullReply, PutSession, PutWill, Register, RegisterReply, ReleaseGateway, ReleaseGatewayReply, Replay,
-    ReplayRead, ReplayReadReply, ReplayReply, Request, RetainedMatching, RetainedReply, SessionReply,
-    SetOffsets, SetRetained, StartOffsets, TakeWills, Unregister, Unwatch, Watch, WatchReply, WillReply,
-    WillsReply, Wire, peer_refusal,
+    BadRequest,
+    ClaimSessions,
+    ClearedReply,
+    ClearRetainedIf,
+    CountReply,
+    DeletedReply,
+    DeleteOffsets,
+    DeleteSession,
+    Filters,
+    FiltersReply,
+    Flush,
+    GetOffset,
+    GetOffsets,
+    GetSession,
+    GroupAck,
+    GroupPop,
+    GroupPopReply,
+    GroupRenew,
+    Hello,
+    HelloReply,
+    Holders,
+    HoldersReply,
+    ListSessions,
+    ListSessionsReply,
+    ListWills,
+    MaxOffsets,
+    MaxOffsetsReply,
+    NodeMismatch,
+    OffsetReply,
+    OffsetsReply,
+    Ok,
+    PopWill,
+    Pull,
+    PullReply,
+    PutSession,
+    PutWill,
+    Register,
+    RegisterReply,
+    ReleaseGateway,
+    ReleaseGatewayReply,
+    Replay,
+    ReplayRead,
+    ReplayReadReply,
+    ReplayReply,
+    Request,
+    RetainedMatching,
+    RetainedReply,
+    SessionReply,
+    SetOffsets,
+    SetRetained,
+    StartOffsets,
+    TakeWills,
+    Unregister,
+    Unwatch,
+    Watch,
+    WatchReply,
+    WillReply,
+    WillsReply,
+    Wire,
+    peer_refusal,
 )
 
 # the logger's name is the one these events have always had (before this module was split out)
@@ -73,7 +125,7 @@ class NodeClient:
         if why is None:
             return False
         log.error("event=store_node_refused reason=%s", why)
-        self.link._drop(why)
+        self.link.drop(why)
         return True
 
     # ------------------------------------------------------------ generic

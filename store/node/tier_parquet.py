@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from lmqtt.store.spark.cold import ColumnarWriter, available
+
 log = logging.getLogger("lmqtt.store")
 
 
@@ -17,7 +19,6 @@ def attach_parquet(store, mode: str | None) -> bool:
     """Give `store.tier` (enabled) the Parquet writer unless `mode` is off; True when it has one."""
     if mode == "off" or getattr(store, "tier", None) is None:
         return False
-    from lmqtt.store.spark.cold import ColumnarWriter, available
     why = available()
     if why is not None:
         if mode == "on":            # the config check said yes a moment ago: pyarrow broke since

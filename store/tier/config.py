@@ -151,7 +151,7 @@ def check_tier(url: str, endpoint: str | None = None, local_retention: str | Non
     if endpoint and proto not in ("s3", "s3a"):
         raise ValueError(f"--tier-endpoint is for s3:// tiers, not {proto}://")
     try:
-        import fsspec
+        import fsspec  # optional: a tiered store only (the tier extra)
     except ImportError:
         raise ValueError("--tier needs fsspec (and s3fs for s3://): pip install 'lmqtt[tier]'") from None
     try:

@@ -16,15 +16,15 @@ import hmac
 import logging
 from typing import TYPE_CHECKING
 
-from . import protocol as W
-from .disk_space import size_text
-from .errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
-from .fastpath import read_raw
-from .async_append import _await_durable
-from .server import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
+from .. import protocol as W
+from ..async_append import await_durable
+from ..disk_space import size_text
+from ..errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
+from ..fastpath import read_raw
+from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
 
 if TYPE_CHECKING:
-    from .server import StoreServer
+    from . import StoreServer
 
 log = logging.getLogger("lmqtt.store.server")     # the server's log, as before the split
 
@@ -279,7 +279,7 @@ class StoreConnection(asyncio.Protocol):
                 raise CallError(W.E_UNKNOWN_CMD, f"unknown command {cmd!r}")
             if srv.guard is not None:
                 srv.guard(op, cmd)
-            res = fn(a, self) if cmd in srv._conn_calls else fn(a)
+            res = fn(a, self) if srv.takes_connection(cmd) else fn(a)
             if asyncio.isfuture(res):
                 # a handler that must wait (e.g. for dispatch) answers later; replies carry the
                 # request id, so later requests on this connection are not held behind it
@@ -313,7 +313,7 @@ class StoreConnection(asyncio.Protocol):
 
     async def _reply_durable(self, rid: int, results, durable) -> None:
         try:
-            await _await_durable(durable)
+            await await_durable(durable)
         except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
             if getattr(e, "not_primary", False):     # store/ha: deposed before the replicas had it
                 self._error(rid, W.E_NOT_PRIMARY, str(e))

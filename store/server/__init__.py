@@ -1,6 +1,6 @@
 """StoreServer: a `MessageStore` served over the native protocol (docs/protocol.md), asyncio.
 
-One `StoreConnection` (asyncio.Protocol, server_connection.py) per client: bytes go through the sans-IO
+One `StoreConnection` (asyncio.Protocol, server/connection.py) per client: bytes go through the sans-IO
 `protocol.FrameDecoder`; each frame is answered with a frame carrying the same request id, so a
 client may pipeline (replies to PRODUCE come when the batch is durable and can overtake others).
 
@@ -19,65 +19,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import struct
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from . import protocol as W
-from .errors import InvalidTopic, is_disk_full
-from .loopback import is_loopback      # the one loopback rule (store/loopback.py)
-from .fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks
-from .pop import PopManager, dlq_topic
-from .sdk_meta import SdkMetadata, cq_key
+from .. import protocol as W
+from ..errors import InvalidTopic, is_disk_full
+from ..fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks
+from ..loopback import is_loopback  # the one loopback rule (store/loopback.py)
+from ..pop import PopManager, dlq_topic
+from ..sdk_meta import SdkMetadata, cq_key
+from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
+from .connection import StoreConnection
 
-if TYPE_CHECKING:
-    from .server_connection import StoreConnection
-
-# what the disk-full episode calls the SDK metadata's writes (store/disk_space.py write_failed)
-META_WRITES = "writing the SDK metadata (RocksDB: producer dedup, consumer offsets)"
-META_THEN = "SDK requests that write it are refused until space is freed"
+__all__ = ["F_SDK_CLIENT", "META_THEN", "META_WRITES", "CallError", "Messages", "RawMessages", "StoreConnection",
+           "StoreServer", "raw_messages_head"]
 
 log = logging.getLogger("lmqtt.store.server")
-# StoreServer.produce's flag for a PRODUCE from an SDK client's connection (not a gateway's link):
-# above the wire's one byte of frame flags, so no frame can carry it; wrappers of produce pass it on
-F_SDK_CLIENT = 0x10000
-_U32 = struct.Struct(">I")
-
-
-class Messages:
-    """Return value of a CALL handler that answers with a MESSAGES frame."""
-
-    __slots__ = ("header", "msgs")
-
-    def __init__(self, header: dict, msgs: list) -> None:
-        self.header = header
-        self.msgs = msgs
-
-
-class RawMessages:
-    """Return value of a CALL handler that answers with a MESSAGES frame in the raw layout (flag
-    F_RAW, docs/protocol.md): `chunks` are CommitLog records as stored, `count` of them."""
-
-    __slots__ = ("header", "count", "chunks")
-
-    def __init__(self, header: dict, count: int, chunks: list) -> None:
-        self.header = header
-        self.count = count
-        self.chunks = chunks
-
-
-def raw_messages_head(header: dict, count: int) -> bytes:
-    """What precedes the records of a raw-layout MESSAGES body: u32 header length, JSON, u32 count."""
-    h = W.compact_json(header).encode()
-    return _U32.pack(len(h)) + h + _U32.pack(count)
-
-
-class CallError(Exception):
-    """Raised by a CALL handler: answered with ERROR `code` and the message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class StoreServer:
@@ -124,7 +81,6 @@ class StoreServer:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        from .server_connection import StoreConnection      # it imports this module
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: StoreConnection(self), self.host, self.port,
                                                reuse_address=True, backlog=512)
@@ -143,7 +99,7 @@ class StoreServer:
             self.pop.persist()
         except Exception as e:  # noqa: BLE001 - retried next tick, logged
             log.error("event=pop_persist_failed error=%r", e)
-        if self.pop._dirty:
+        if self.pop.dirty:
             self._arm_persist()
         self.pop.on_dirty = self._arm_persist   # armed by the next change only: an idle store sleeps
 
@@ -180,6 +136,10 @@ class StoreServer:
             self._conn_calls.add(name)
         else:
             self._conn_calls.discard(name)
+
+    def takes_connection(self, name: str) -> bool:
+        """CALL `name`'s handler is called with the connection too (`register_call(with_connection=True)`)."""
+        return name in self._conn_calls
 
     # ---------------------------------------------------------------- produce
     def produce(self, body: bytes, flags: int = 0):
