@@ -3,9 +3,20 @@ key within a time range (the key index), first offset at or after a time."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from .connection import Connection
+if TYPE_CHECKING:
+    from .connection import Connection
 from .consumer import Record
+
+
+def records_of(ident: str | None, res) -> list[Record]:
+    """The Records of an admin query's MESSAGES reply (`ident`: the connection's, for msg ids);
+    Admin's and AsyncAdmin's."""
+    _header, raw = res
+    ident = ident or ""
+    return [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
+            for qo, po, born, st, qid, t, k, p, b in raw]
 
 
 class Admin:
@@ -13,10 +24,7 @@ class Admin:
         self.conn = conn
 
     def _msgs(self, res) -> list[Record]:
-        header, raw = res
-        ident = self.conn.ident or ""
-        return [Record(t, b, k, p, qid, qo, po, born, st, f"{ident}{po:016X}")
-                for qo, po, born, st, qid, t, k, p, b in raw]
+        return records_of(self.conn.ident, res)
 
     def topics(self) -> list[dict]:
         """[{topic (first level), queue_id, max_offset}] of every ConsumeQueue."""

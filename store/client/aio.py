@@ -15,16 +15,40 @@ import itertools
 import json
 import logging
 import socket
+import time
 from typing import Callable
 
 from .. import protocol as W
-import time
-
-from .connection import (_NOT_IDEMPOTENT, ConnectionLost, NotStores, StoreClientError, check_reply, is_not_primary,
-                         not_a_store, parse_hello_ok)
-from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses, primary_named,
-                       probe_primary)
+from .aio_api import (
+    AsyncAdmin,
+    AsyncAutoBatchProducer,
+    AsyncFilterConsumer,
+    AsyncPopConsumer,
+    AsyncProducer,
+    AsyncPullConsumer,
+)
+from .consumer import pull_result
+from .errors import (
+    NOT_IDEMPOTENT,
+    ConnectionLost,
+    NotStores,
+    StoreClientError,
+    check_reply,
+    is_not_primary,
+    not_a_store,
+    parse_hello_ok,
+)
+from .failover import (
+    EXPECT_PRIMARY_S,
+    GROUP_RETRY_S,
+    keeps_expected,
+    next_member,
+    parse_addresses,
+    primary_named,
+    probe_primary,
+)
 from .loop_connection import LoopConnection
+from .producer import SendResult, delayed_frame, due_ms, pack_one
 
 log = logging.getLogger("lmqtt.store.client.aio")
 
@@ -272,15 +296,14 @@ class AsyncConnection:
 
     async def cmd(self, name: str, **args):
         args["cmd"] = name
-        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
+        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in NOT_IDEMPOTENT)
         return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
 
     async def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None, **kw):
         """Send one message (no dedup id); -> SendResult once durable. `delay` (seconds) or
         `deliver_at` (epoch ms / aware datetime): delivered then (Producer.send)."""
-        from .producer import SendResult, _delayed_frame, _pack_one, due_ms
         due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        frame, flags = _delayed_frame(W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)), [due] if due else None)
+        frame, flags = delayed_frame(W.encode_produce("", 0, 1, pack_one(topic, body, **kw)), [due] if due else None)
         op, _f, rb = await self.call(W.OP_PRODUCE, frame, flags=flags)
         phys, qoff = W.decode_produced(rb)[0]
         return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
@@ -291,37 +314,30 @@ class AsyncConnection:
 
     async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
                    max_bytes: int = 4 << 20):
-        from .consumer import _pull_result
         _op, _f, body = await self.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
                                         retry=True)
-        return _pull_result(self.ident, body)
+        return pull_result(self.ident, body)
 
     # the command API (aio_api.py), as on the sync Connection
     def producer(self, producer_id: str | None = None):
-        from .aio_api import AsyncProducer
         return AsyncProducer(self, producer_id)
 
     def auto_batch_producer(self, producer_id: str | None = None, **kw):
         """An AsyncAutoBatchProducer (aio_api.py); create it inside the running loop."""
-        from .aio_api import AsyncAutoBatchProducer
         return AsyncAutoBatchProducer(self, producer_id, **kw)
 
     async def consumer(self, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest", **kw):
-        from .aio_api import AsyncPullConsumer
-        return await AsyncPullConsumer(self, topic, group, queue_id, **kw)._start(start)
+        return await AsyncPullConsumer(self, topic, group, queue_id, **kw).start(start)
 
     async def filter_consumer(self, topic_filter: str, group: str | None = None, *, start: str = "latest",
                               since: int | None = None, **kw):
-        from .aio_api import AsyncFilterConsumer
-        return await AsyncFilterConsumer(self, topic_filter, group, **kw)._start(start, since)
+        return await AsyncFilterConsumer(self, topic_filter, group, **kw).start(start, since)
 
     def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .aio_api import AsyncPopConsumer
         return AsyncPopConsumer(self, topic, group, queue_id, **kw)
 
     def admin(self):
         """AsyncAdmin (aio_api.py): topics, offsets, lag, stats, lookups by msg id / key / time."""
-        from .aio_api import AsyncAdmin
         return AsyncAdmin(self)
 
     async def close(self) -> None:

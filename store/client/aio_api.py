@@ -24,8 +24,9 @@ import time
 import uuid
 
 from .. import protocol as W
-from .consumer import FilterConsumer, Record, _commit_args, _pull_result, check_start, decode_messages, _records_raw
-from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
+from .admin import records_of
+from .consumer import FilterConsumer, Record, check_start, commit_args, decode_messages, pull_result, records_raw
+from .producer import PRODUCED_AT, SendResult, delayed_frame, due_ms, pack_batch, pack_one, queued_parts
 
 
 class AsyncProducer:
@@ -44,14 +45,14 @@ class AsyncProducer:
         return [SendResult(f"{ident}{p:016X}", p, q) for p, q in W.decode_produced(body)]
 
     async def send_packed(self, count: int, packed: bytes, due: list[int] | None = None) -> list[SendResult]:
-        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, next(self._seq), count, packed), due)
+        frame, flags = delayed_frame(W.encode_produce(self.producer_id, next(self._seq), count, packed), due)
         _op, _f, body = await self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
         return self._results(body)
 
     async def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None,
                    **kw) -> SendResult:
         d = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        return (await self.send_packed(1, _pack_one(topic, body, **kw), [d] if d else None))[0]
+        return (await self.send_packed(1, pack_one(topic, body, **kw), [d] if d else None))[0]
 
     async def send_batch(self, messages) -> list[SendResult]:
         """(topic, body) pairs or dicts with send()'s keywords: one frame, all stored or none."""
@@ -98,7 +99,7 @@ class AsyncSendHandle:
         body = await asyncio.shield(b.future)
         if b.count_in_reply != b.count:
             return None
-        phys, qoff = _PRODUCED_AT(body, 4 + 16 * self._index)
+        phys, qoff = PRODUCED_AT(body, 4 + 16 * self._index)
         return SendResult(f"{b.ident}{phys:016X}", phys, qoff)
 
     def done(self) -> bool:
@@ -196,7 +197,7 @@ class AsyncAutoBatchProducer:
     async def _send(self, b: _AsyncBatch) -> None:
         ok = 0
         try:
-            frame, flags = _delayed_frame(W.encode_produce(self.p.producer_id, next(self.p._seq), b.count,
+            frame, flags = delayed_frame(W.encode_produce(self.p.producer_id, next(self.p._seq), b.count,
                                                            b"".join(b.parts)), b.dues)
             b.parts = None
             _op, _f, body = await self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
@@ -260,7 +261,7 @@ class AsyncPullConsumer:
         self.max_count = max_count
         self.position = 0
 
-    async def _start(self, start: str) -> "AsyncPullConsumer":
+    async def start(self, start: str) -> "AsyncPullConsumer":
         check_start(start)
         c = (await self.conn.cmd("committed", group=self.group, topic=self.topic, queue_id=self.queue_id))["offset"]
         if c is None:
@@ -273,7 +274,7 @@ class AsyncPullConsumer:
         _op, flags, body = await self.conn.call(
             W.OP_PULL, W.encode_pull(self.topic, self.queue_id, self.position, self.max_count, 4 << 20),
             retry=True, flags=W.F_RAW_OK)
-        r = _pull_result(self.conn.ident, body, flags)
+        r = pull_result(self.conn.ident, body, flags)
         self.position = r.next_offset
         return r.records
 
@@ -298,7 +299,7 @@ class AsyncFilterConsumer:
         self._hint = None
         self._last = None
 
-    async def _start(self, start: str, since: int | None) -> "AsyncFilterConsumer":
+    async def start(self, start: str, since: int | None) -> "AsyncFilterConsumer":
         await self.conn.cmd("subscribe", filter=self.filter)
         self._place(await self.conn.cmd("filter_position", filter=self.filter, group=self.group, start=start,
                                         since=None if since is None else int(since)))
@@ -330,7 +331,7 @@ class AsyncFilterConsumer:
         light-queue offset."""
         if not self.group:
             raise ValueError("a filter consumer without a group has nothing to commit to")
-        await self.conn.cmd("filter_commit", **_commit_args(self, offset))
+        await self.conn.cmd("filter_commit", **commit_args(self, offset))
 
 
 class AsyncPopConsumer:
@@ -348,7 +349,7 @@ class AsyncPopConsumer:
                 "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
                 "raw": True}
         _op, flags, body = await self.conn.call(W.OP_CALL, json.dumps(args).encode())   # not idempotent
-        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+        header, recs = (records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
         self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
         return recs
 
@@ -370,8 +371,7 @@ class AsyncAdmin:
         self.conn = conn
 
     def _msgs(self, res) -> list[Record]:
-        from .admin import Admin
-        return Admin._msgs(self, res)
+        return records_of(self.conn.ident, res)
 
     async def topics(self) -> list[dict]:
         return (await self.conn.cmd("topics"))["queues"]

@@ -4,7 +4,7 @@
 id, so any number of requests can be in flight (`request()` returns a `concurrent.futures.Future`;
 `call()` waits for it). Thread-safe: producers, AutoBatch's flusher and consumers share one.
 
-`AsyncConnection` (asyncio, in aio.py, importable from here): the same on an asyncio.Protocol;
+`AsyncConnection` (asyncio, aio.py): the same on an asyncio.Protocol;
 `request()` returns an asyncio future; server pushes go to `on_push` callbacks.
 
 Lost connection: every request in flight fails with `ConnectionLost` (nothing is silently
@@ -32,156 +32,35 @@ import time
 from concurrent.futures import Future
 
 from lmqtt.store import protocol as W
-from lmqtt.store.errors import DiskFull as _StoreDiskFull
 
-from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses,
-                       primary_named, probe_primary)
+from .admin import Admin
+from .consumer import FilterConsumer, PendingPull, PopConsumer, PullConsumer, pull
+from .errors import (
+    NOT_IDEMPOTENT,
+    ConnectionLost,
+    DiskFull,
+    NotStores,
+    StoreClientError,
+    check_reply,
+    is_not_primary,
+    not_a_store,
+    parse_hello_ok,
+)
+from .failover import (
+    EXPECT_PRIMARY_S,
+    GROUP_RETRY_S,
+    keeps_expected,
+    next_member,
+    parse_addresses,
+    primary_named,
+    probe_primary,
+)
+from .handshake import dial
+from .producer import AutoBatchProducer, Producer
 
-
-class StoreClientError(Exception):
-    """The store answered with an ERROR frame. `.code` is the protocol's error code.
-
-    A refusal for lack of disk space is made a `DiskFull` (a subclass), wherever the SDK builds
-    the error."""
-
-    def __new__(cls, code: int = 0, message: str = "", *args, **kw):
-        if cls is StoreClientError and _is_disk_full_reply(code, message):
-            cls = DiskFull
-        return super().__new__(cls)
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{W.ERROR_NAMES.get(code, code)}: {message}")
-        self.code = code
-        self.reason = message
-
-
-def _is_disk_full_reply(code, message) -> bool:
-    # E_DISK_FULL; a store from before that code answered E_STORE "DiskFull: ..."
-    return code == W.E_DISK_FULL or (code == W.E_STORE and str(message).startswith("DiskFull:"))
-
-
-class DiskFull(StoreClientError, _StoreDiskFull):
-    """The store refused the request for lack of disk space: nothing of it was stored. The message
-    names the store's data directory and its free space. The store accepts requests again once
-    space is freed (no restart), so the same send can be retried later; a Producer's retry of the
-    same batch is deduplicated as usual. Also a `lmqtt.store.DiskFull`."""
-
-
-class ConnectionLost(ConnectionError):
-    """The connection broke (or could not be made) while the request was in flight."""
-
-
-def is_not_primary(e: BaseException) -> bool:
-    """A store group member that is not the primary refused the request (nothing was done)."""
-    return isinstance(e, StoreClientError) and e.code == W.E_NOT_PRIMARY
-
-
-def check_reply(reply):
-    op, flags, body = reply
-    if op == W.OP_ERROR:
-        code, msg = W.parse_error(body)
-        raise StoreClientError(code, msg)
-    return reply
-
-
-def parse_hello_ok(op: int, body: bytes) -> dict:
-    """`protocol.parse_hello_reply` with the SDK's error type (StoreClientError): the store's
-    answer to HELLO, for every connection class of the SDK."""
-    try:
-        return W.parse_hello_reply(op, body)
-    except W.ProtocolError as e:
-        raise StoreClientError(e.code, str(e)) from None
-
-
-NOT_A_STORE_HINT = (" (an MQTT or other non-store port does that; the store's native protocol is on "
-                    "`lmqtt serve --store-port` / `lmqtt store --port`, default 10911)")
-
-
-def not_a_store(address: str, data: bytes) -> StoreClientError:
-    """The answer to HELLO was not store frames at all: the address is some other server's (the
-    metrics/console HTTP port, an MQTT port ...). Named, with what it said; not retried."""
-    what = "an HTTP server (the metrics/console port?)" if data[:5] == b"HTTP/" else f"it sent {data[:16]!r}"
-    e = StoreClientError(W.E_BAD_FRAME, f"{address} is not an lmqtt store: {what}; the store's native "
-                                        "protocol is on `lmqtt serve --store-port` / `lmqtt store --port`, "
-                                        "default 10911")
-    e.not_a_store = True
-    return e
-
-
-class NotStores:
-    """The members of an address list that answered HELLO as some other server (`not_a_store`): a
-    connect to a member list goes on to the next member, and names them all if none is a store.
-    One rule for the sync and asyncio connections' connect loops."""
-
-    def __init__(self, addresses: list) -> None:
-        self.addresses = addresses
-        self.seen: dict[tuple[str, int], str] = {}
-
-    def note(self, at: tuple[str, int], e: StoreClientError) -> None:
-        """Remember `at` as not a store (any other refusal - auth, version - is raised: retrying or
-        another member won't change it); every member such: StoreClientError naming each."""
-        if not getattr(e, "not_a_store", False):
-            raise e
-        self.seen[at] = e.reason.split(";", 1)[0]     # "H:P is not an lmqtt store: an HTTP server ..."
-        if len(self.seen) >= len(set(self.addresses)):
-            raise StoreClientError(W.E_BAD_FRAME, f"no member of {','.join(f'{h}:{p}' for h, p in self.addresses)} "
-                                   f"is an lmqtt store: {'; '.join(self.seen.values())}; the store's native protocol "
-                                   "is on `lmqtt serve --store-port` / `lmqtt store --port`, default 10911") from None
-
-    def suffix(self) -> str:
-        """For a final 'no primary found' error: the members that were not stores, if any."""
-        return f"; not stores: {'; '.join(self.seen.values())}" if self.seen else ""
-
-
-def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
-         decoder: "W.FrameDecoder") -> tuple[socket.socket, dict, list]:
-    """Open a TCP connection to a store and do the HELLO handshake: (the socket, back in blocking
-    mode; the server's info; the frames that arrived behind HELLO_OK, already fed to `decoder`).
-    The one handshake of every SDK connection class.
-
-    It blocks for at most `connect_timeout` in each of its three steps: the connect, the send of
-    HELLO (the socket keeps the connect's timeout) and the wait for the answer, so about three
-    times `connect_timeout` in the worst case.
-
-    The socket is closed on any error: ConnectionLost (an OSError, naming the store) when the
-    network fails; StoreClientError when the store refuses (wrong token or version) or answers
-    with another frame or a HELLO_OK whose body is not a JSON object, and when its bytes are not
-    frames at all (another server's port: `not_a_store`). Connection._ensure
-    retries only ConnectionLost (a refusal or a malformed answer will not change on retry);
-    LoopConnection's redial loop retries every error."""
-    address = f"{host}:{port}"
-    try:
-        s = socket.create_connection((host, port), timeout=connect_timeout)
-    except OSError as e:
-        raise ConnectionLost(f"cannot reach the store at {address}: {e.strerror or e}") from None
-    try:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(W.hello_frame(client_name, token))
-        frames = []
-        deadline = time.monotonic() + connect_timeout
-        while not frames:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionLost(f"store {address} closed the connection during the handshake"
-                                     f"{NOT_A_STORE_HINT}")
-            try:
-                frames = decoder.feed(data)
-            except W.ProtocolError:
-                raise not_a_store(address, data) from None
-        op, _flags, _rid, body = frames[0]
-        info = parse_hello_ok(op, body)
-    except ConnectionLost:
-        s.close()
-        raise
-    except OSError as e:
-        s.close()
-        raise ConnectionLost(f"handshake with the store at {address} failed: {e}") from None
-    except BaseException:
-        s.close()
-        raise
-    s.settimeout(None)
-    return s, info, frames[1:]
+# the errors every connection class raises, importable from here too (errors.py)
+__all__ = ["NOT_IDEMPOTENT", "Connection", "ConnectionLost", "DiskFull", "NotStores", "StoreClientError", "check_reply",
+           "connect", "dial", "is_not_primary", "not_a_store", "parse_hello_ok"]
 
 
 class Connection:
@@ -455,7 +334,7 @@ class Connection:
     def cmd(self, name: str, **args):
         """A CALL command; returns the JSON result (dict) or, for message replies, the MESSAGES body."""
         args["cmd"] = name
-        op, _f, body = self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
+        op, _f, body = self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in NOT_IDEMPOTENT)
         if op == W.OP_RESULT:
             return json.loads(body)
         return W.decode_messages(body)
@@ -479,43 +358,31 @@ class Connection:
 
     # ---------------------------------------------------------------- command API factories
     def producer(self, producer_id: str | None = None, **kw):
-        from .producer import Producer
         return Producer(self, producer_id, **kw)
 
     def auto_batch_producer(self, producer_id: str | None = None, **kw):
-        from .producer import AutoBatchProducer
         return AutoBatchProducer(self, producer_id, **kw)
 
     def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256, max_bytes: int = 4 << 20):
-        from .consumer import pull
         return pull(self, topic, queue_id, offset, max_count, max_bytes)
 
     def pull_request(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
                      max_bytes: int = 4 << 20):
         """Send a pull now, read it later: -> PendingPull, whose `result()` is the PullResult.
         Keeps the next pull in flight while the current records are processed."""
-        from .consumer import PendingPull
         return PendingPull(self, topic, queue_id, offset, max_count, max_bytes)
 
     def consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .consumer import PullConsumer
         return PullConsumer(self, topic, group, queue_id, **kw)
 
     def filter_consumer(self, topic_filter: str, group: str | None = None, **kw):
-        from .consumer import FilterConsumer
         return FilterConsumer(self, topic_filter, group, **kw)
 
     def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .consumer import PopConsumer
         return PopConsumer(self, topic, group, queue_id, **kw)
 
     def admin(self):
-        from .admin import Admin
         return Admin(self)
-
-
-# commands that change state in a way a blind repeat could change again
-_NOT_IDEMPOTENT = {"pop", "subscribe"}
 
 
 def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
@@ -524,6 +391,3 @@ def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
     c._ensure()
     return c
 
-
-# the asyncio connection lives in aio.py; kept importable from here
-from .aio import AsyncConnection, connect_async  # noqa: E402,F401  (after the names aio.py imports)

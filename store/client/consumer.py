@@ -6,16 +6,18 @@ properties) of records written by the gateway or by an SDK producer (docs/sdk.md
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import json
 import struct
+from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.store import accel, protocol as W
 from lmqtt.store.client.props import MessageProperties, decode as decode_props
 from lmqtt.store.record import HEADER as _CLOG_HEAD, HEADER_FIELDS as _CLOG_FIELDS, HEADER_SIZE as _CLOG_HEAD_SIZE
 
-from .connection import Connection, ConnectionLost, StoreClientError
+from .errors import ConnectionLost, StoreClientError
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 
 class Record(NamedTuple):
@@ -55,7 +57,7 @@ def decode_messages(ident: str | None, body: bytes) -> tuple[dict, list[Record]]
 _U32 = struct.Struct(">I").unpack_from
 _NEW = tuple.__new__
 
-# What the C twin of the loop in _records_raw reads and builds, handed over at import: the record
+# What the C twin of the loop in records_raw reads and builds, handed over at import: the record
 # head from store/record.py and (as configure's first argument) `Record`, whose `_fields` it
 # checks against the order it fills. store/client/_records.c refuses a layout whose field offsets
 # differ from the ones it reads (ValueError naming the field: rebuild the extension) and decodes
@@ -69,12 +71,12 @@ def configure_c(mod, record_type=Record, layout: dict = C_LAYOUT) -> None:
     mod.configure(record_type, layout)
 
 
-_C_RECORDS = accel.load("lmqtt.store.client._records")    # C twin of the loop in _records_raw
+_C_RECORDS = accel.load("lmqtt.store.client._records")    # C twin of the loop in records_raw
 if _C_RECORDS is not None:
     configure_c(_C_RECORDS)
 
 
-def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
+def records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
     """Decode a MESSAGES body in the raw layout (flag F_RAW): the CommitLog's own records
     (docs/store.md: the little-endian head of store/record.py's HEADER, then topic, keys, dispatch
     queues, props, body). The store checked each record's CRC before sending it. Topic strings and
@@ -121,11 +123,11 @@ def _records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
 
 def decode_reply(ident: str | None, body: bytes, flags: int = 0) -> tuple[dict, list[Record]]:
     """(header, Records) of a MESSAGES body in either layout (`flags`: the frame's, F_RAW = raw)."""
-    return (_records_raw if flags & W.F_RAW else decode_messages)(ident, body)
+    return (records_raw if flags & W.F_RAW else decode_messages)(ident, body)
 
 
-def _pull_result(ident, body: bytes, flags: int = 0) -> PullResult:
-    header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(ident, body)
+def pull_result(ident, body: bytes, flags: int = 0) -> PullResult:
+    header, recs = (records_raw if flags & W.F_RAW else decode_messages)(ident, body)
     return PullResult(recs, header.get("next_offset", 0), header)
 
 
@@ -134,7 +136,7 @@ def pull(conn: Connection, topic: str, queue_id: int = 0, offset: int = 0, max_c
     """Read the ConsumeQueue of `topic`'s first level from `offset` (clamped to the queue's min)."""
     _op, flags, body = conn.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
                                  retry=True, flags=W.F_RAW_OK)
-    return _pull_result(conn.ident, body, flags)
+    return pull_result(conn.ident, body, flags)
 
 
 class PendingPull:
@@ -166,7 +168,7 @@ class PendingPull:
             return pull(self.conn, *self.args)
         if op == W.OP_ERROR:
             raise StoreClientError(*W.parse_error(body))
-        return _pull_result(self.conn.ident, body, flags)
+        return pull_result(self.conn.ident, body, flags)
 
 
 def check_start(start: str) -> str:
@@ -267,7 +269,7 @@ class FilterConsumer:
                            "max_count": self.max_count, "hint": self._hint}).encode()
 
     def _took(self, flags: int, body: bytes) -> list[Record]:
-        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+        header, recs = (records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
         self.log_position = int(header["position"])
         self._hint = header.get("hint")
         self.position = self._hint
@@ -290,10 +292,10 @@ class FilterConsumer:
         Record, or a light-queue offset (an int, as before CommitLog positions)."""
         if not self.group:
             raise ValueError("FilterConsumer without a group has nothing to commit to")
-        self.conn.cmd("filter_commit", **_commit_args(self, offset))
+        self.conn.cmd("filter_commit", **commit_args(self, offset))
 
 
-def _commit_args(fc, offset) -> dict:
+def commit_args(fc, offset) -> dict:
     a = {"group": fc.group, "filter": fc.filter}
     if offset is None:
         a.update(position=fc.log_position, last=fc._last)
@@ -322,7 +324,7 @@ class PopConsumer:
                 "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
                 "raw": True}         # the raw reply layout is welcome (docs/protocol.md); not retried: pop
         _op, flags, body = self.conn.call(W.OP_CALL, json.dumps(args).encode())    # is not idempotent
-        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
+        header, recs = (records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
         self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
         return recs
 

@@ -10,10 +10,13 @@ through connection.py's handshake (`dial`, imported when a probe runs).
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
 from lmqtt.store import protocol as W
+
+from .handshake import dial
 
 
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
@@ -104,9 +107,6 @@ def probe_primary(addresses: list, current: tuple[str, int], epoch, *, token: st
     The members are asked at once (a thread each) and the first that names a newer primary
     answers; each gets `timeout` (a loaded member may answer late, a stopped one never). `heard`
     (a list) gets one entry per member that answered at all."""
-    import queue
-
-    from .connection import dial        # connection.py imports this module
     others = [at for at in addresses if at != current]
     if not others:
         return None

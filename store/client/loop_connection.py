@@ -46,9 +46,17 @@ import time
 from typing import Callable
 
 from .. import protocol as W
-from .connection import ConnectionLost, StoreClientError, dial
-from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses, primary_named,
-                       probe_primary)
+from .errors import ConnectionLost, StoreClientError
+from .failover import (
+    EXPECT_PRIMARY_S,
+    GROUP_RETRY_S,
+    keeps_expected,
+    next_member,
+    parse_addresses,
+    primary_named,
+    probe_primary,
+)
+from .handshake import dial
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
@@ -272,6 +280,11 @@ class LoopConnection:
                 log.exception("event=reconnect_callback_failed")
         for f in rest:
             self._frame(*f)
+
+    def drop(self, reason: str) -> None:
+        """Drop the link now with `reason` (what requests, `unavailable()` and /readyz report); it
+        redials as after a loss."""
+        self._drop(reason)
 
     def _drop(self, reason: str) -> None:
         if not self.connected:

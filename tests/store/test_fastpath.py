@@ -1,5 +1,5 @@
 """The store server's fast loops (store/fastpath.py) and the SDK's raw-record decoder (C in
-store/client/_records.c, Python in consumer._records_raw) against their plain references, on a
+store/client/_records.c, Python in consumer.records_raw) against their plain references, on a
 real MessageStore with real files: same messages, same PRODUCED bytes, same records, same errors.
 A difference here means an SDK user would see other data than the reference path gives."""
 from __future__ import annotations
@@ -157,13 +157,13 @@ def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch
                              (lo, 1000, 1)):
             want, want_next = classic(st, "a", qid, off, cnt, mb)
             body, nxt = raw_reply(st, "a", qid, off, cnt, mb)
-            _h, got = consumer._records_raw(IDENT, body)
+            _h, got = consumer.records_raw(IDENT, body)
             assert got == want and nxt == want_next
         # paging through the queue in small raw pulls gives every record once, in order
         seen, off = [], lo
         while True:
             body, off2 = raw_reply(st, "a", qid, off, 5, 600)
-            recs = consumer._records_raw(IDENT, body)[1]
+            recs = consumer.records_raw(IDENT, body)[1]
             if not recs:
                 break
             seen += recs
@@ -203,11 +203,11 @@ def test_c_decoder_refuses_what_does_not_fit():
     from lmqtt.store.record import HEADER
     rec = HEADER.pack(74 + 3 + 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 3, 0, 0) + b"t/x" + b"hi"
     good = struct.pack(">I", 0) + struct.pack(">I", 1) + rec
-    assert consumer._records_raw(IDENT, good)[1][0].body == b"hi"
+    assert consumer.records_raw(IDENT, good)[1][0].body == b"hi"
     for bad in (good[:-1], struct.pack(">I", 0) + struct.pack(">I", 2) + rec,
                 good.replace(b"t/x", b"t\xffx")):
         with pytest.raises(W.ProtocolError):
-            consumer._records_raw(IDENT, bad)
+            consumer.records_raw(IDENT, bad)
 
 
 def test_pop_raw_hands_out_the_same_records_as_pop_decoded(filled, tmp_path, monkeypatch):
