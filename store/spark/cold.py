@@ -27,6 +27,10 @@ import re
 
 from lmqtt.store.mapped_file import file_name
 from lmqtt.store.record import HEADER, HEADER_SIZE, MSG_MAGIC
+from lmqtt.store.tier.objects import ObjectStore
+from lmqtt.store.tier.topics import decode
+
+from .options import DEFAULT_STORE, parse_time
 
 log = logging.getLogger("lmqtt.spark")
 
@@ -107,9 +111,9 @@ def _walk(buf, start: int):
 
 def segment_table(buf, start: int, ident: str):
     """(pyarrow Table in the source's schema, per-row group index, groups) of one segment."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional: the spark extra
 
-    from .columns import COLUMNS, _props_dictionary, body_columns
+    from .columns import COLUMNS, body_columns, props_dictionary  # it needs pyarrow (optional: the spark extra)
     count, gidx, groups, qidx, qkeys = _walk(buf, start)
     data = bytes(buf)
     (qo, _po, born, st, t_off, t_dat, p_off, p_dat, b_off, b_dat, m_off, m_dat) = body_columns(
@@ -118,7 +122,7 @@ def segment_table(buf, start: int, ident: str):
     b = pa.py_buffer
     ts = pa.timestamp("us", tz="UTC")
     props = pa.Array.from_buffers(pa.binary(), n, [None, b(p_off), b(p_dat)])
-    (qos_d, retain_d, cid_d, up_d, ct_d), idx = _props_dictionary(props)
+    (qos_d, retain_d, cid_d, up_d, ct_d), idx = props_dictionary(props)
     qidx_a = pa.array(qidx, pa.int32())
     table = pa.Table.from_arrays([
         pa.Array.from_buffers(pa.string(), n, [None, b(t_off), b(t_dat)]),
@@ -154,15 +158,15 @@ def data_topics(data: bytes) -> list[str] | str:
     from its footer: the sorted list, or MANY_TOPICS when it has more than MAX_TOPICS_META (the
     writers here always list them up to that). What the tier's manifest records per file
     (`parquet_topics`), so read_history need not read the footers again."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # optional: the spark extra
+    import pyarrow.parquet as pq  # optional: the spark extra
     names = file_topics(pq.read_metadata(pa.BufferReader(data)))
     return MANY_TOPICS if names is None else names
 
 
 def _by_topic(table):
     """`table` sorted by topic, stable: each topic's rows keep their order (CommitLog order)."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # optional: the spark extra
     return table.take(pc.sort_indices(table, sort_keys=[("topic", "ascending")]))
 
 
@@ -171,9 +175,9 @@ def segment_files(buf, start: int, ident: str, row_group_rows: int = SEGMENT_ROW
     CommitLog offset `start`: one per (first-level topic, UTC day of store time), rows sorted by
     topic and each topic's rows in CommitLog order, the distinct topics in the footer (TOPICS_KEY),
     zstd, dictionary-encoded only in DICTIONARY_COLUMNS. [] for a segment without records."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # optional: the spark extra
+    import pyarrow.compute as pc  # optional: the spark extra
+    import pyarrow.parquet as pq  # optional: the spark extra
     table, gidx, groups = segment_table(buf, start, ident)
     if table.num_rows == 0:
         return []
@@ -201,9 +205,9 @@ def merge_files(sources, row_group_rows: int = ROW_GROUP_ROWS, pass_rows: int = 
     only), then each range of consecutive topics is gathered from every input (only the row
     groups whose topic min/max overlap it), sorted and written; a single topic's rows are streamed
     row group by row group, however many."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # optional: the spark extra
+    import pyarrow.compute as pc  # optional: the spark extra
+    import pyarrow.parquet as pq  # optional: the spark extra
     files = [pq.ParquetFile(pa.BufferReader(d)) for d in sources]
     if not files:
         raise ValueError("merge_files: no input files")
@@ -309,7 +313,7 @@ class ColumnarWriter:
 def available() -> str | None:
     """None when Parquet files can be written here, else why not (one line)."""
     try:
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow.parquet  # noqa: F401 - optional (the spark extra): is it installed?
     except ImportError as e:
         return f"pyarrow is not importable ({e}): pip install 'lmqtt[spark]'"
     return None
@@ -321,7 +325,6 @@ class ColdTier:
     first one up to the first without Parquet (`cut`: the CommitLog offset where they end)."""
 
     def __init__(self, url: str, manifest: dict) -> None:
-        from lmqtt.store.tier.topics import decode
         self.url = url.rstrip("/")
         # key -> the file's distinct topics (or MANY_TOPICS) as the manifest lists them (none for a
         # file an older version wrote: its footer is read)
@@ -344,7 +347,6 @@ class ColdTier:
              missing_ok: bool = True) -> "ColdTier":
         """The tier at `url` as its manifest says; no manifest there: an empty tier, or with
         `missing_ok=False` FileNotFoundError naming the URL (a typo'd URL is not an empty tier)."""
-        from lmqtt.store.tier.objects import ObjectStore
         objs = ObjectStore(url, endpoint, storage_options)
         try:
             raw = objs.get("manifest.json")
@@ -382,9 +384,8 @@ class ColdTier:
         for k in keys:
             names = self.topics.get(k)
             if names is None:
-                import pyarrow.parquet as pq
+                import pyarrow.parquet as pq  # optional: the spark extra
 
-                from lmqtt.store.tier.objects import ObjectStore
                 if objs is None:
                     objs = ObjectStore(self.url, endpoint, storage_options)
                 with objs.fs.open(objs.path(k), "rb") as fh:
@@ -457,9 +458,9 @@ def read_history(spark, *, store: str | None = None, tier: str | None, filter: s
     `tier` is the store's --tier URL (the manifest is read once, here, on the driver); no manifest
     there raises FileNotFoundError naming the URL (as spark.read.parquet does for a missing path);
     None: no cold side, everything read through the store."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # optional: a Spark job only
 
-    from .source import DEFAULT_STORE, SCHEMA, LmqttDataSource, parse_time
+    from .source import SCHEMA, LmqttDataSource  # it needs pyspark (a Spark job only)
     if bool(filter) == bool(topic):
         raise ValueError("read_history: give exactly one of filter= (MQTT topic filter) or topic= "
                          "(first-level topic)")
