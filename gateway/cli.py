@@ -65,14 +65,17 @@ def _bench_usage() -> str:
 
 
 def _unknown(what: str, name: str, known) -> str:
-    import difflib              # only for a mistyped name (~6 ms of every start otherwise)
+    import difflib  # only for a mistyped name (~6 ms of every start otherwise)
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def version() -> str:
     """`lmqtt 0.1.0`: the installed package's version (pyproject.toml)."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import (  # only --version and the banners (~8 ms of every start otherwise)
+        PackageNotFoundError,
+        version as dist_version,
+    )
     try:
         return f"lmqtt {dist_version('lmqtt')}"
     except PackageNotFoundError:

@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from .brokers import free_port, wait_port
+from .brokers import BrokerUnavailable, free_port, mosquitto_conf, source_path, wait_port
 from .mqtt_client import connect
 
 CONCURRENCY = 200
@@ -60,13 +61,11 @@ async def _storm(port: int, n: int, tag: str, drop: bool = False) -> int:
 def _start(kind: str, workdir: str, port: int, lmqtt_src: str | None) -> subprocess.Popen:
     log = open(os.path.join(workdir, "broker.log"), "ab")
     if kind == "mosquitto":
-        from pathlib import Path
-        from .brokers import _mosquitto_conf     # the config `lmqtt bench compare` runs it with
-        return subprocess.Popen(["mosquitto", "-c", str(_mosquitto_conf(port, Path(workdir)))],
+        # the configuration `lmqtt bench compare` runs it with
+        return subprocess.Popen(["mosquitto", "-c", str(mosquitto_conf(port, Path(workdir)))],
                                 stdout=log, stderr=subprocess.STDOUT)
     env = dict(os.environ)
     if lmqtt_src:
-        from .brokers import source_path
         src, module = source_path(lmqtt_src, workdir)
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     else:
@@ -114,7 +113,6 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     kinds = ["lmqtt"] + (["mosquitto"] if a.mosquitto else [])
     if a.lmqtt_src:
-        from .brokers import BrokerUnavailable, source_path
         try:                                # a wrong directory: said in one line, before any round
             with tempfile.TemporaryDirectory(prefix="conn-storm-") as d:
                 source_path(a.lmqtt_src, d)

@@ -14,10 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from lmqtt.loadtest.brokers import _free_ports
-from lmqtt.loadtest.ha_bench import _Group, _wait_port
+from lmqtt.loadtest.brokers import free_ports
+from lmqtt.loadtest.ha_bench import StoreGroup, wait_port
+from lmqtt.store.client import connect
 
 TOPIC = "popbench"
 
@@ -45,8 +47,6 @@ def _cpu_s(pids: list[int]) -> float:
 def _loop(address: str, n: int, size: int, max_seconds: float, consumers: int = 1, pids=()) -> dict:
     """Store `n` messages, then `consumers` POP consumers of one group (one connection and thread
     each) `pop(32)` + `ack` until all `n` are acked or `max_seconds` passed."""
-    import threading
-    from lmqtt.store.client import connect
     c = connect(address, timeout=60)
     try:
         p = c.producer()
@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         d = os.path.join(base, "single")
         os.makedirs(d)
-        port = _free_ports(1)
+        port = free_ports(1)
         with open(os.path.join(base, "single.log"), "ab") as f:
             proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
                                      "--data-dir", d, "--flush-mode", "sync", "--segment-mb", "64"],
                                     stdout=f, stderr=subprocess.STDOUT)
         try:
-            _wait_port(port)
+            wait_port(port)
             single = _loop(f"127.0.0.1:{port}", a.messages, a.size, a.max_seconds, a.consumers, [proc.pid])
         finally:
             proc.terminate()
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         out({"case": "pop-ack", "shape": "single", **single})
         gd = os.path.join(base, "group")
         os.makedirs(gd)
-        g = _Group(gd, "sync", None, 2.5).start()
+        g = StoreGroup(gd, "sync", None, 2.5).start()
         try:
             g.primary(in_sync=3)
             group = _loop(g.peers, a.messages, a.size, a.max_seconds, a.consumers,

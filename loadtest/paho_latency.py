@@ -32,7 +32,7 @@ _Q = struct.Struct("!Q")
 
 def _proc(host: str, port: int, pairs: list[int], n_pairs: int, rate: float, qos: int, t0: int,
           t_end: int, run: str, ready, out) -> None:
-    import paho.mqtt.client as mqtt
+    import paho.mqtt.client as mqtt  # optional: the bench and spark extras
     lat: list[int] = []
     subs, pubs = {}, {}
 

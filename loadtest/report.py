@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .histogram import Histogram
-from .selfcheck import verdict
+from .saturation import verdict
 
 # (label, key path, unit scale, format, higher_is_better)
 TRAFFIC_METRICS = [
@@ -309,9 +309,9 @@ def targets_table(g: dict[str, dict[str, list[dict]]]) -> str:
 def plot_latency(g: dict[str, dict[str, list[dict]]], out_dir: Path, brokers: list[str]) -> list[Path]:
     """One PNG per scenario: latency CDF (all repetitions merged), one line per broker."""
     try:
-        import matplotlib
+        import matplotlib  # optional: the bench extra
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: the bench extra
     except ImportError:
         print("report: matplotlib not installed (pip install 'lmqtt[bench]'); no plots", file=sys.stderr)
         return []
@@ -383,7 +383,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
         if by_proc:
             md += by_proc + [""]
         if scen not in ("conn", "sessions", "million", *STATE_SCENARIOS):
-            md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
+            md += ["Who was saturated (`loadtest.saturation.verdict`):", ""]
             for b in brokers:
                 for r in g[scen].get(b, []):
                     md.append(f"- {b} rep {r.get('rep', 1)}: {verdict(r)}")

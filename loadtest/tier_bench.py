@@ -24,13 +24,16 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
+from lmqtt.store.spark.cold import ColdTier, ColumnarWriter, available
 from lmqtt.store.tier.config import TierConfig
+from lmqtt.store.tier.objects import ObjectStore
 
 
 def _free_port() -> int:
@@ -62,7 +65,7 @@ class _Moto:
         self.n = 0
 
     def bucket(self) -> str:
-        import boto3
+        import boto3  # optional: the bench and test extras (moto's S3)
         self.n += 1
         name = f"bench{self.n}"
         boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1").create_bucket(Bucket=name)
@@ -161,10 +164,6 @@ def bench_backlog(base: str, tier: str, url: str, endpoint: str | None, count: i
 
 
 def bench_history_plan(base: str, tier: str, url: str, endpoint: str | None, segments: int, repeat: int) -> dict:
-    import statistics
-
-    from lmqtt.store.spark.cold import ColdTier, ColumnarWriter, available
-    from lmqtt.store.tier.objects import ObjectStore
     seg = 256 << 10
     st = MessageStore(StoreConfig(data_dir=os.path.join(base, "store"), flush_mode="async", segment_size=seg,
                                   max_message_size=64 << 10))

@@ -25,12 +25,17 @@ import os
 import sys
 import time
 
+from lmqtt.gateway.app.admin_sessions import admin_sessions
+from lmqtt.gateway.app.admin_tier import admin_tier
+from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+from lmqtt.store.node import protocol as P
+from lmqtt.store.node.node_client import call_sync
+
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 
 
 def _connect(prog: str, address: str, token: str | None):
-    from lmqtt.store.client import ConnectionLost, StoreClientError, connect
     try:
         return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
     except StoreClientError as e:
@@ -95,7 +100,6 @@ def produce_main(argv: list[str] | None = None) -> int:
         print(f"lmqtt produce: --topic {args.topic!r}: topics starting with '$' belong to the broker and the "
               f"store ($SYS, $timer ...); MQTT clients may not publish there either", file=sys.stderr)
         return 2
-    from lmqtt.store.client import ConnectionLost, StoreClientError
     conn = _connect("lmqtt produce", args.store, args.token)
     kw = dict(keys=tuple(args.key), qos=args.qos, retain=args.retain, content_type=args.content_type,
               user_properties=list(args.property) or None)
@@ -219,7 +223,6 @@ def consume_main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"lmqtt consume: {e}", file=sys.stderr)
             return 2
-    from lmqtt.store.client import ConnectionLost, StoreClientError
     conn = _connect("lmqtt consume", args.store, args.token)
     out = sys.stdout
     n = 0
@@ -336,12 +339,10 @@ def _admin(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
     if args.tier:
-        from lmqtt.gateway.app.admin_tier import admin_tier
         return admin_tier(conn, args, _admin_call)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
     if args.sessions or args.session:
-        from lmqtt.gateway.app.admin_sessions import admin_sessions
         return admin_sessions(conn, args, _admin_call, _table)
     r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
     if code:
@@ -358,7 +359,6 @@ def _admin(argv: list[str] | None) -> int:
 def _admin_call(conn, store: str, fn):
     """`fn(conn)`, the store's failures turned into admin's exit codes (the cause on stderr), the
     connection closed: (result, 0) or (None, exit code)."""
-    from lmqtt.store.client import ConnectionLost, StoreClientError
     try:
         return fn(conn), 0
     except StoreClientError as e:
@@ -382,9 +382,6 @@ def _overview(conn, only_groups: list[str]):
 
 
 def _admin_gateways(conn, args) -> int:
-    from lmqtt.store.client import StoreClientError
-    from lmqtt.store.node import protocol as P
-    from lmqtt.store.node.node_client import call_sync
     req = P.ReleaseGateway(args.release_gateway) if args.release_gateway else P.Holders()
 
     def call(c):

@@ -27,9 +27,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
-from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.core.session_persistence import INFLIGHT, Dormant, start_offsets
 from lmqtt.gateway.core.session_registry import SessionRegistry
+from lmqtt.gateway.mqtt import ReasonCode as RC
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.core.subscription_registry import Prepared
@@ -76,7 +76,7 @@ class SessionDirectory:
         self.errors = 0
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
+        import redis.asyncio as aioredis  # only with --redis: lmqtt serve never loads it
         self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -81,7 +81,7 @@ def _both(a: Answer[Any], b: Answer[Any], fn: Callable[[Any, Any], Any]) -> Answ
     def waiter(_out: Answer[Any], timeout: float | None) -> None:
         for x in (a, b):
             if not x.done():
-                x._wait_quietly(timeout)
+                x.wait_quietly(timeout)
 
     out: Answer[Any] = Answer(waiter)
 
@@ -171,7 +171,7 @@ class RemoteSessions:
         def waiter(out: Answer[Any], timeout: float | None) -> None:
             while not out.done() and page:
                 this = page[-1]
-                this._wait_quietly(timeout)
+                this.wait_quietly(timeout)
                 if not this.done():
                     return              # no answer in time: `wait` says so
 
@@ -366,7 +366,7 @@ class RemoteFilters:
 
         def waiter(_out: Answer[Any], timeout: float | None) -> None:
             for a in parts:
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
 
         out: Answer[dict[str, int]] = Answer(waiter)
 

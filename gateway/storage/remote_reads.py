@@ -73,7 +73,7 @@ class RemoteReads:
 
         def waiter(_a: Answer[ReplayPlan], timeout: float | None) -> None:
             for a in (followed, asked):
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
         out: Answer[ReplayPlan] = Answer(waiter)
 
         def done(_a: Answer[Any]) -> None:

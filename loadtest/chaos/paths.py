@@ -24,6 +24,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import TimeoutError as FutTimeout
+
+from lmqtt.store import protocol as W
+from lmqtt.store.client import connect
+from lmqtt.store.client import consumer as _consumer, producer as _producer  # noqa: F401 (see sdk_errors)
+from lmqtt.store.client.connection import ConnectionLost, StoreClientError
+from lmqtt.store.client.producer import make_props
+from lmqtt.store.protocol import ProtocolError
 
 from .checker import Checker, body
 
@@ -85,7 +93,7 @@ class _Worker:
 
 # ---------------------------------------------------------------------------------------- MQTT
 def _paho(client_id: str):
-    import paho.mqtt.client as mqtt
+    import paho.mqtt.client as mqtt  # optional: the bench and spark extras
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                     clean_session=False)
     c.reconnect_delay_set(0.2, 2)
@@ -254,23 +262,16 @@ _SDK_ERRORS: tuple = ()
 
 
 def sdk_errors() -> tuple:
-    """The errors an SDK client meets under faults. Call it once before starting the client threads:
-    it also imports the SDK on one thread (two threads importing lmqtt.store.client at once can
-    see a partially initialised module: ImportError "cannot import name ... circular import")."""
+    """The errors an SDK client meets under faults. (The SDK's modules are imported with this one, on
+    one thread: two threads importing lmqtt.store.client at once could see a partially initialised
+    module.)"""
     global _SDK_ERRORS
     if not _SDK_ERRORS:
-        import lmqtt.store.client  # noqa: F401
-        import lmqtt.store.client.consumer  # noqa: F401
-        import lmqtt.store.client.producer  # noqa: F401
-        from concurrent.futures import TimeoutError as FutTimeout
-        from lmqtt.store.client.connection import ConnectionLost, StoreClientError
-        from lmqtt.store.protocol import ProtocolError
         _SDK_ERRORS = (ConnectionLost, StoreClientError, ProtocolError, OSError, FutTimeout, TimeoutError)
     return _SDK_ERRORS
 
 
-def _sdk_connect(address: str):
-    from lmqtt.store.client import connect
+def sdk_connect(address: str):
     # short timeouts: a stopped (SIGSTOP) store must not hold a client for the default 30 s
     return connect(address, timeout=5.0, connect_timeout=2.0, reconnect_attempts=2, backoff_max=0.5,
                    client_name="lmqtt-chaos")
@@ -315,8 +316,6 @@ class SdkProducer(_SdkWorker):
         return self.unacked_left
 
     def run(self) -> None:
-        from lmqtt.store import protocol as W
-        from lmqtt.store.client.producer import make_props
         errors = sdk_errors()
         props = make_props(qos=1)
         producer = None
@@ -330,7 +329,7 @@ class SdkProducer(_SdkWorker):
             while self.running():        # until acknowledged: the same PRODUCE sequence every time
                 try:
                     if producer is None:
-                        self.conn = _sdk_connect(self.address)
+                        self.conn = sdk_connect(self.address)
                         producer = self.conn.producer(f"chaos-{self.name}")
                     if pseq is None:
                         pseq = producer.next_sequence()
@@ -375,7 +374,7 @@ class _SdkReader(_SdkWorker):
         while self.running():
             try:
                 if reader is None:
-                    self.conn = _sdk_connect(self.address)
+                    self.conn = sdk_connect(self.address)
                     reader = self._open(self.conn)
                 recs = self._read(reader)
                 for r in recs:

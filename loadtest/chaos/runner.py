@@ -19,12 +19,13 @@ import shutil
 import signal
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import disk as disk_mod
-from .checker import Checker, failures
-from .paths import MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, sdk_errors
+from .checker import Checker, failures, parse
+from .paths import MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, sdk_connect, sdk_errors
 from .targets import TARGETS, TargetError, pid_alive
 
 KINDS = ("kill", "stop", "diskfull")
@@ -209,13 +210,9 @@ def _stored_copies(rows: list[dict], address: str, first_levels: list[str]) -> N
     """lmqtt only: read back every record the run stored (the ConsumeQueues of its topics' first
     levels) and add to each row `stored_twice`: messages stored more than once, i.e. duplicated on
     the publish side (a retried PUBLISH or PRODUCE stored again), as opposed to delivered twice."""
-    from collections import Counter
-
-    from .checker import parse
-    from .paths import _sdk_connect
     copies: Counter = Counter()
     try:
-        c = _sdk_connect(address)
+        c = sdk_connect(address)
         try:
             for level in first_levels:
                 off = 0

@@ -16,6 +16,7 @@ again. Every process is ours, started with its own session, stopped by PID.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -194,7 +195,6 @@ def _lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
     symlinks in `workdir/lmqtt-src/lmqtt/`, which goes first on PYTHONPATH."""
     if not lmqtt_src:
         return None
-    import re
     src = Path(lmqtt_src).resolve()
     pyproject = src / "pyproject.toml"
     if not (src / "gateway" / "cli.py").exists() or not pyproject.exists():
