@@ -31,9 +31,10 @@ import tempfile
 import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
-from lmqtt.store.spark.cold import ColdTier, ColumnarWriter, available
+from lmqtt.store.spark.cold import ColdTier
 from lmqtt.store.tier.config import TierConfig
 from lmqtt.store.tier.objects import ObjectStore
+from lmqtt.store.tier.parquet import ColumnarWriter, available
 
 
 def _free_port() -> int:

@@ -124,7 +124,7 @@ PARQUET_MODES = ("auto", "on", "off")
 
 def parquet_problem(mode: str | None) -> str | None:
     """None when `--tier-parquet mode` can work in this environment, else why not (one line):
-    `on` needs pyarrow (the Parquet writer, lmqtt.store.spark.cold); `auto` turns itself off
+    `on` needs pyarrow (the Parquet writer, lmqtt.store.tier.parquet); `auto` turns itself off
     without it."""
     if mode not in PARQUET_MODES:
         return f"--tier-parquet must be auto, on or off, got {mode!r}"
