@@ -25,11 +25,11 @@ import os
 import sys
 import time
 
-from lmqtt.gateway.app.admin_sessions import admin_sessions
-from lmqtt.gateway.app.admin_tier import admin_tier
+from .sessions import admin_sessions
+from .tier import admin_tier
 from lmqtt.store.client import ConnectionLost, StoreClientError, connect
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import call_sync
+from lmqtt.store.node.protocol import call_sync
 
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
