@@ -11,8 +11,7 @@ import json
 import sys
 import time
 
-from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish, packets as P
 
 
 def _rate(fn, n: int) -> float:

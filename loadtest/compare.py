@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from . import brokers as B, mqtt_bench, report, selfcheck
-from .scenarios import ALL, ScenarioConfig, defaults_for
 from .saturation import verdict
+from .scenarios import ALL, ScenarioConfig, defaults_for
 
 DEFAULT_SCENARIOS = "fanout,fanin,pairs,latency,conn"
 

@@ -32,8 +32,9 @@ import time
 
 from .brokers import raise_nofile
 from .histogram import Histogram
-from .probe import BrokerProbe, find_broker_pid
 from .million_bench import run_million
+from .probe import BrokerProbe, find_broker_pid
+from .saturation import verdict
 from .scenarios import (
     ALL,
     STATE,
@@ -48,7 +49,6 @@ from .scenarios import (
     run_retained,
     run_sessions,
 )
-from .saturation import verdict
 from .stamp import account, merge_per_publisher
 from .traffic_worker import install_uvloop, worker_main
 

@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import brokers as B
-from . import mqtt_bench
+from . import brokers as B, mqtt_bench
 from .saturation import FLAT_OUT, verdict
 from .scenarios import ScenarioConfig, defaults_for
+
 
 def _config(scen: str, rb: B.RunningBroker, a) -> ScenarioConfig:
     cfg = ScenarioConfig(scenario=scen, host=rb.host, port=rb.port, version=4, size=a.size,

@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lmqtt.gateway.mqtt import Decoder, encode
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
 from lmqtt.gateway.mqtt.encoder import encode_publish
 from lmqtt.loadtest import brokers
 

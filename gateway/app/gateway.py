@@ -237,7 +237,7 @@ class Gateway:
         self.servers: list = []                            # every listener's asyncio Server
         self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
         self.ssl_context = self.auth = self.acl = None
-        self.link = None            # remote: the store connection (store/client/loop_connection.py)
+        self.link = None            # remote: the store connection (gateway/storage/store_link.py)
         self.storage = None         # remote: the RemoteStore
         self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
@@ -293,7 +293,7 @@ class Gateway:
         only fail their publishes."""
         from lmqtt.gateway.fleet.sessions import FleetSessionRegistry  # a fleet gateway only
         from lmqtt.gateway.storage.remote_store import RemoteStore  # a fleet gateway only
-        from lmqtt.store.client.aio import LoopConnection  # a fleet gateway only (its store link)
+        from lmqtt.gateway.storage.store_link import LoopConnection  # a fleet gateway only (its store link)
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()

@@ -27,6 +27,7 @@ from lmqtt.gateway.app.config import ConfigError, DefaultsSaid, build_config, ho
 from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError
 from lmqtt.gateway.app.serve_command import add_listener_args, check_startup, tune_gc
 from lmqtt.notify.reachable import unreachable_note
+from lmqtt.store.client.errors import ConnectionLost, StoreClientError
 from lmqtt.store.node.process import install_event_loop, metrics_unavailable, set_process_title, setup_logging
 from lmqtt.store.node.protocol import NodeMismatch
 
@@ -148,8 +149,6 @@ class _Health:
 
 
 async def _serve(cfg, loop_name: str) -> int:
-    from lmqtt.store.client.aio import ConnectionLost, StoreClientError  # a fleet gateway only (its store link)
-
     gw = Gateway(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,11 +13,10 @@ is scraped (`_HotCounters.collect`).
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from bisect import bisect_left
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import MetricsHandler
 

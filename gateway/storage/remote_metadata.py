@@ -19,11 +19,11 @@ import logging
 from typing import Any, Callable, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, QueueStore, Retained, Storage
+from lmqtt.gateway.storage.node_client import decode_reply
+from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import ConnectionLost, LoopConnection
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import decode_reply
 
 log = logging.getLogger("lmqtt.gateway.remote")
 

@@ -17,11 +17,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer
+from lmqtt.gateway.storage.node_client import NodeClient
 from lmqtt.gateway.storage.remote_entries import RemoteMessage, decode_raw_entries
+from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import LoopConnection
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import NodeClient
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_metadata import RemoteMetadata

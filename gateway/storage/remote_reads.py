@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan, ReplayRefused
 from lmqtt.gateway.storage.remote_metadata import ask
-from lmqtt.store.client.aio import LoopConnection, StoreClientError
+from lmqtt.gateway.storage.store_link import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 
 

@@ -23,7 +23,7 @@ each costs:
                    ends, group offsets, messages in flight): gateway/storage/remote_reads.py.
   * metadata       gateway/storage/remote_metadata.py.
 
-Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
+Everything uses one `LoopConnection` (gateway/storage/store_link.py), so the store sees this
 gateway's requests in order; the gw_* commands are typed in store/node/protocol.py and sent with
 its `NodeClient`. A store that does not speak this gateway's protocol version (or an embedded
 `lmqtt serve`) is refused from its HELLO_OK, at start (NodeMismatch) and after every reconnect
@@ -43,14 +43,14 @@ import logging
 from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan
+from lmqtt.gateway.storage.node_client import NodeClient
 from lmqtt.gateway.storage.remote_entries import RemotePull, entries
 from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask
 from lmqtt.gateway.storage.remote_mirrors import Mirror, MirrorFeed
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
-from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
+from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import NodeClient
 from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.remote")

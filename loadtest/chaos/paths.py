@@ -27,8 +27,7 @@ import time
 from concurrent.futures import TimeoutError as FutTimeout
 
 from lmqtt.store import protocol as W
-from lmqtt.store.client import connect
-from lmqtt.store.client import consumer as _consumer, producer as _producer  # noqa: F401 (see sdk_errors)
+from lmqtt.store.client import connect, consumer as _consumer, producer as _producer  # noqa: F401 (see sdk_errors)
 from lmqtt.store.client.connection import ConnectionLost, StoreClientError
 from lmqtt.store.client.producer import make_props
 from lmqtt.store.protocol import ProtocolError

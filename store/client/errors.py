@@ -1,5 +1,5 @@
 """The SDK's errors and the store's refusals, shared by every connection class (connection.py's
-sync `Connection`, aio.py's `AsyncConnection`, loop_connection.py's `LoopConnection`) and the
+sync `Connection`, aio.py's `AsyncConnection`, gateway/storage/store_link.py's `LoopConnection`) and the
 command API (producers, consumers, admin): a module of its own, below all of them."""
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from lmqtt.store import protocol as W
 from lmqtt.store.client.props import MessageProperties, encode as encode_props
 
+from .commands import CancelDelayed
 from .errors import ConnectionLost, StoreClientError, is_not_primary
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ class Producer:
     def cancel_delayed(self, msg_id: str) -> bool:
         """Cancel a delayed message by the msg id its send returned: True when it was pending
         (it will not be delivered), False when it already fired or is not a delayed message."""
-        return bool(self.conn.cmd("cancel_delayed", msg_id=msg_id)["cancelled"])
+        return self.conn.execute(CancelDelayed(msg_id))
 
     def send_batch(self, messages) -> list[SendResult]:
         """messages: iterable of (topic, body) or dicts with send()'s keywords. One frame, one

@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 
+from lmqtt.store.client.failover import Retry
+
 from ..errors import StoreError
 from .replication import ACK, U64, FrameReader, frame, jframe, parse_meta
 
@@ -52,6 +54,9 @@ class Follower:
         self._thread.join(5)
 
     def _run(self) -> None:
+        # the reconnect schedule of every connection to a store (store/client/failover.py Retry):
+        # short waits growing to half a second, started again after a session that got going
+        retry = Retry(0.1, 0.5)
         while not self._stop:
             try:
                 self._session()
@@ -61,6 +66,8 @@ class Follower:
                     if msg != self.error:
                         log.warning("event=ha_follow_failed error=%r", msg)
                     self.error = msg
+            if self.connected:
+                retry = Retry(0.1, 0.5)
             self.connected = False
             if self._sock is not None:
                 try:
@@ -68,10 +75,11 @@ class Follower:
                 except OSError:
                     pass
                 self._sock = None
-            for _ in range(5):
+            end = time.monotonic() + (retry.wait() or 0.0)
+            while time.monotonic() < end:
                 if self._stop:
                     return
-                time.sleep(0.1)
+                time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     def _session(self) -> None:
         clog = self.clog

@@ -70,7 +70,7 @@ FEATURES = {
     "lmqtt.gateway.storage.remote_store": "a fleet gateway's store link: `lmqtt serve` does not load it",
     "lmqtt.gateway.storage.remote_groups": "a fleet gateway's shared groups: `lmqtt serve` does not load them",
     "lmqtt.gateway.fleet": "what a fleet gateway adds: `lmqtt serve` does not load it",
-    "lmqtt.store.client.aio": "the SDK's asyncio connection: a fleet gateway's link; `lmqtt serve` does not load it",
+    "lmqtt.gateway.storage.store_link": "a fleet gateway's link to its store: `lmqtt serve` does not load it",
     "lmqtt.gateway.app.console_web": "the web console (Starlette, uvicorn), when its port is open",
     "lmqtt.gateway.app.workers": "`lmqtt serve --workers` only",
     "lmqtt.gateway.security": "authentication and the ACL, when configured (a plain start loads neither)",

@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from lmqtt.loadtest.chaos.disk import SmallDisk, can_mount_tmpfs
 from lmqtt.gateway.mqtt import packets as P
+from lmqtt.loadtest.chaos.disk import SmallDisk, can_mount_tmpfs
 from tests.support import LmqttServer, Paho, RawMQTT
 
 pytestmark = pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root to mount a tmpfs (mount -t tmpfs)")

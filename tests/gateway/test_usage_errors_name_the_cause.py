@@ -225,6 +225,7 @@ def test_gateway_says_when_its_redis_is_not_there(tmp_path):
     only trace was a later "session_claim_failed ... network:ConnectionError". Now the banner and
     a warning name the unreachable Redis (the gateway still runs, on the safety poll)."""
     import time
+
     from tests.support import LmqttGateway, LmqttStore, free_port
     (tmp_path / "s").mkdir()
     store = LmqttStore(str(tmp_path / "s")).start()

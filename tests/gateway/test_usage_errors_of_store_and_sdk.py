@@ -50,6 +50,7 @@ def test_store_says_when_its_redis_is_not_there(tmp_path):
     at ..." and nothing else; the first trace was `notify_redis_unavailable` at the first publish.
     Now the banner and a warning at start name the unreachable Redis, as `lmqtt gateway --redis` does."""
     import time
+
     from tests.support import LmqttStore, free_port
     (tmp_path / "s").mkdir()
     url = f"redis://127.0.0.1:{free_port()}/0"          # nobody listens there

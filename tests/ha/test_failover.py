@@ -208,6 +208,7 @@ def test_a_lagging_replica_leaves_the_in_sync_set_and_comes_back(group):
     import json
     import subprocess
     import sys
+
     from tests.support import ROOT
     prim = group.wait_primary(in_sync=3)
     lag = next(m for m in group.members if m is not prim)
@@ -258,6 +259,7 @@ def test_asyncio_producer_follows_the_primary_through_a_kill9(group):
     """The asyncio SDK (connect_async with every member's address): 16 concurrent senders, kill -9
     of the primary mid-way; every send completes, on the new primary, each message stored once."""
     import asyncio
+
     from lmqtt.store.client import connect_async
     first = group.wait_primary(in_sync=3)
     ck = Checker()
@@ -458,6 +460,7 @@ def test_a_silent_primary_is_left_as_soon_as_another_member_names_a_newer_one(gr
             p.send(TOPIC, body("p8", i, 64))
     else:
         import asyncio
+
         from lmqtt.store.client import connect_async
         loop = asyncio.new_event_loop()
         conn = loop.run_until_complete(connect_async(group.peers, timeout=25.0))
@@ -546,9 +549,10 @@ def test_a_gateway_link_leaves_a_silent_primary_once_another_member_names_a_newe
     ConnectionLost, as the gateway's producer expects) and redials there; the same PRODUCE
     re-sent is stored once (before: the link waited on the stopped member for the stall timeout)."""
     import asyncio
+
+    from lmqtt.gateway.storage.store_link import LoopConnection
     from lmqtt.store import protocol as W
     from lmqtt.store.client import ConnectionLost
-    from lmqtt.store.client.loop_connection import LoopConnection
     from lmqtt.store.client.producer import pack_one
     old = group.wait_primary(in_sync=3)
     ck = Checker()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from lmqtt.lightqueue.errors import MetadataError
-
 from tests.lightqueue.pairs import open_pair, publish
 
 

@@ -17,7 +17,6 @@ from lmqtt.gateway.mqtt import encode, packets as P
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.lightqueue import MetadataStore, SessionRecord, Subscription
 from lmqtt.lightqueue.errors import MetadataError
-
 from tests.fakes import FakeTransport
 from tests.lightqueue.test_filter_register_write import _Counting
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from lmqtt.lightqueue.metadata import P_WILL, MetadataStore
 from lmqtt.lightqueue.records import WillRecord
-
 from tests.lightqueue.test_filter_register_write import _Counting
 
 

@@ -149,6 +149,7 @@ def test_a_cursor_makes_its_in_flight_table_when_first_asked_for():
 
 def test_a_plain_subscription_keeps_three_fields_and_one_with_options_keeps_them_all():
     import sys
+
     from lmqtt.gateway.model.session import ClientSubscription
     plain = ClientSubscription("d/1", "d/1", 1)
     assert sys.getsizeof(plain) <= 64          # a 64-byte block (was 96 with eight slots)

@@ -15,7 +15,6 @@ from lmqtt.gateway.model.session import ClientSubscription, Session
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.store.node.inprocess import InProcessOffsets, InProcessSessions
-
 from tests.lightqueue.test_filter_register_write import _Counting
 from tests.support import RawMQTT, metric
 

@@ -10,7 +10,6 @@ import time
 
 from lmqtt.gateway.core.session_persistence import CONNECTED_RECORD_AFTER_S
 from lmqtt.gateway.mqtt import packets as P
-
 from tests.gateway.test_console_tools import lmqtt
 from tests.support import RawMQTT
 

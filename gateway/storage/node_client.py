@@ -1,13 +1,13 @@
 """The gateway's client of the store node: the typed gw_* requests of store/node/protocol.py sent
-over one `LoopConnection` (store/client/loop_connection.py), the RESULT or MESSAGES frames that
-answer them decoded into their typed replies (`NodeClient`, `decode_reply`), and `call_sync` for
-the SDK's blocking `Connection` (`lmqtt admin`).
+over one `LoopConnection` (gateway/storage/store_link.py), the RESULT or MESSAGES frames that
+answer them decoded into their typed replies (`NodeClient`, `decode_reply`). (`lmqtt admin` sends
+them over the SDK's blocking `Connection`: store/node/protocol.py `call_sync`.)
 
 Why a module of its own: store/node/protocol.py says what the commands are (their names, fields,
 wire form and the version rule) and is imported by both sides, the node that answers them
 (store/node/gateway_service.py) and the gateway that sends them; this module is the sending side
 only, with the link, its futures and timeouts, which the node never uses. Imported by the
-gateway's storage (gateway/storage/remote_*.py) and `lmqtt admin`.
+gateway's storage (gateway/storage/remote_*.py).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def decode_reply(reply_type: type[Wire], op: int, body: bytes):
 
 class NodeClient:
     """The gateway's client of the store node: typed requests over one `LoopConnection`
-    (store/client/loop_connection.py), typed replies back.
+    (gateway/storage/store_link.py), typed replies back.
 
     `call(req)` sends now and returns an asyncio future of the reply, bounded by the link's timeout
     (no answer in time: the link is dropped and the future fails), or unbounded with
@@ -268,11 +268,3 @@ class NodeClient:
 
     def list_wills(self, gateway: str | None = None) -> "asyncio.Future[WillsReply]":
         return self.call(ListWills(gateway))
-
-
-def call_sync(conn, req: Request):
-    """`req` over the SDK's blocking `Connection` (lmqtt admin): its typed reply."""
-    got = conn.cmd(req.cmd, **req.to_wire())
-    if isinstance(got, tuple):              # a MESSAGES reply: (header, entries)
-        return req.Reply.from_wire(got[0], got[1])
-    return req.Reply.from_wire(got)

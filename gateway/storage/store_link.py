@@ -1,7 +1,10 @@
-"""`LoopConnection`: one connection to the store driven by an asyncio loop's selector, for callers
-that live ON the loop and are partly synchronous (the remote gateway, gateway/storage/remote_store.py).
+"""`LoopConnection`: the gateway's link to its store, one connection driven by an asyncio loop's
+selector, for callers that live ON the loop and are partly synchronous (the remote gateway,
+gateway/storage/remote_store.py). It speaks the SDK's protocol with the SDK's handshake, errors and
+member rules (lmqtt.store.client: handshake.py, errors.py, failover.py) and lives with the
+gateway's storage, the one room that talks to a remote store.
 
-Why it exists beside `AsyncConnection` (aio.py): the gateway's publish and
+Why it exists beside the SDK's `AsyncConnection` (store/client/aio.py): the gateway's publish and
 delivery code calls the store synchronously. The hot paths must not block - a PRODUCE is written
 and its reply resolves a future later, pushed EVENT frames arrive through `loop.add_reader` - but a
 few rare reads (a filter registration before SUBACK, retained messages on SUBSCRIBE, a session on
@@ -31,8 +34,6 @@ stopped or cut-off primary keeps its socket open), or sooner, once another membe
 `probe_after` (1 s) of such silence names a newer primary (failover.probe_primary); the reconnect callbacks re-establish what the gateway had there (its hello, watches) and
 the gateway's producer re-sends its PRODUCEs in flight with their producer id + sequence
 (gateway/storage/remote_produce.py), so the new primary stores each batch once.
-
-It is also importable from aio.py, where it used to live.
 """
 from __future__ import annotations
 
@@ -45,36 +46,26 @@ import socket
 import time
 from typing import Callable
 
-from .. import protocol as W
-from .errors import ConnectionLost, StoreClientError
-from .failover import (
-    EXPECT_PRIMARY_S,
-    GROUP_RETRY_S,
-    keeps_expected,
-    next_member,
-    parse_addresses,
-    primary_named,
-    probe_primary,
-)
-from .handshake import dial
+from lmqtt.store import protocol as W
+from lmqtt.store.client.errors import ConnectionLost, StoreClientError
+from lmqtt.store.client.failover import GROUP_RETRY_S, FollowsMembers, Members, Retry
+from lmqtt.store.client.handshake import dial
 
 # the logger's name from when this class lived in aio.py: log filters that name it keep working
 log = logging.getLogger("lmqtt.store.client.aio")
 
 
-class LoopConnection:
+class LoopConnection(FollowsMembers):
     def __init__(self, address: str, *, loop: asyncio.AbstractEventLoop, token: str | None = None,
                  timeout: float = 5.0, connect_timeout: float = 5.0, backoff_max: float = 2.0,
                  client_name: str = "lmqtt-gateway", max_frame: int = W.DEFAULT_MAX_FRAME,
                  failover_timeout: float = 30.0) -> None:
-        # one store, or a store group's members (the link follows its primary)
-        self.addresses = parse_addresses(address)
-        self.group = len(self.addresses) > 1
-        self.host, self.port = self.addresses[0]
-        # a store group: how long the first connect looks for the primary; how long the gateway's
-        # producer keeps re-sending a PRODUCE across failovers (remote_produce.py)
-        self.failover_timeout = failover_timeout
-        self.failovers = 0             # times the link moved to another member
+        # one store, or a store group's members (the link follows its primary by the one policy of
+        # every connection, failover.py Members); `failover_timeout`: how long the first connect
+        # looks for the primary, and how long the gateway's producer keeps re-sending a PRODUCE
+        # across failovers (remote_produce.py); a member silent for `stall_timeout` s while requests
+        # wait is left, or sooner once a probe of the others (in a thread) names a newer primary
+        self.members = Members(address, failover_timeout=failover_timeout)
         self.loop = loop
         self.token = token
         self.timeout = timeout
@@ -98,31 +89,9 @@ class LoopConnection:
         self._redial: asyncio.Task | None = None
         self.last_error: str | None = None
         self._blocking = 0             # > 0 while call_blocking reads the socket itself
-        # a store group: a member that answers nothing for `stall_timeout` s while requests wait
-        # (stopped, cut off: its socket stays open) is left for the others
-        self.stall_timeout = 5.0
-        # ... and after `probe_after` s of such silence the other members are asked who is primary
-        # (failover.probe_primary, in a thread), every `probe_interval` s: a member that knows a
-        # later epoch names the primary the link moves to at once
-        self.probe_after = 1.0
-        self.probe_interval = 0.5
-        self.probe_timeout = 1.0
         self._probing = False
-        self._next_probe = 0.0
-        self._group_heard = 0.0      # when a probe last heard members that know no newer primary
-        self._expected = None        # (address, deadline): the primary a probe found (keeps_expected)
         self._last_rx = 0.0
-        self._waiting_since = 0.0
         self._stall_handle: asyncio.TimerHandle | None = None
-
-    @property
-    def address(self) -> str:
-        """The store this link talks to (or dials next): in a group, the member taken for primary."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def members(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.addresses)
 
     # ---------------------------------------------------------------- callbacks
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
@@ -139,7 +108,7 @@ class LoopConnection:
         """Dial and handshake now (startup: the gateway does not serve before its store answers).
         A store group: look for the primary among the members for up to `failover_timeout`
         (a group may be electing); ConnectionLost naming every member when none is found."""
-        if not self.group:
+        if not self.members.group:
             s, dec, self.server_info, early = self._dial_primary()
         else:
             deadline = time.monotonic() + self.failover_timeout
@@ -149,7 +118,7 @@ class LoopConnection:
                     break
                 except ConnectionLost as e:
                     if time.monotonic() >= deadline:
-                        raise ConnectionLost(f"no primary found among the store group {self.members} within "
+                        raise ConnectionLost(f"no primary found among the store group {self.members.members} within "
                                              f"{self.failover_timeout:g} s (last: {e})") from None
                     time.sleep(0.1)
         self._attach(s, dec)
@@ -161,30 +130,19 @@ class LoopConnection:
         group, a member that says it is not the primary is closed and the target moves to the
         primary it names, or the next member (ConnectionLost); an unreachable member likewise."""
         dec = W.FrameDecoder(self.max_frame)
+        m = self.members
+        at = m.at
         try:
-            s, info, early = dial(self.host, self.port, connect_timeout=self.connect_timeout,
+            s, info, early = dial(m.host, m.port, connect_timeout=self.connect_timeout,
                                   client_name=self.client_name, token=self.token, decoder=dec)
         except ConnectionLost:
-            if self.group:
-                self._move(None)
+            m.unreachable(at)            # a group: the next member
             raise
-        role = info.get("role")
-        if self.group and role is not None and role != "primary":
+        why = m.refusal(info)            # a group member that is not the primary: aimed where it points
+        if why is not None:
             s.close()
-            where = f"{self.host}:{self.port}"
-            self._move(info.get("primary"))
-            raise ConnectionLost(f"store {where} is not the group's primary ({role}; primary "
-                                 f"{info.get('primary') or 'unknown'})")
+            raise ConnectionLost(why)
         return s, dec, info, early
-
-    def _move(self, primary) -> None:
-        """Aim the next dial at `primary` ("host:port" or (host, port)) or else the next member."""
-        if keeps_expected(self._expected, (self.host, self.port), primary):
-            return               # the new primary a probe found, still taking over: dialled again
-        target = next_member(self.addresses, (self.host, self.port), primary)
-        if target != (self.host, self.port):
-            self.failovers += 1
-        self.host, self.port = target
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
         s.setblocking(False)
@@ -195,56 +153,49 @@ class LoopConnection:
         self.connected = True
         self._last_rx = time.monotonic()
         self.loop.add_reader(s.fileno(), self._on_readable)
-        if self.group and self._stall_handle is None:
+        if self.members.group and self._stall_handle is None:
             self._stall_handle = self.loop.call_later(0.25, self._stall_tick)
 
     def _stall_tick(self) -> None:
         self._stall_handle = None
         if self.closed:
             return
-        now = time.monotonic()
-        silent = now - max(self._last_rx, self._waiting_since) if self.connected and self._pending else 0.0
-        # members that still take this one for the primary would only send the link back to it
-        held = now - self._group_heard < 1.5 and silent <= 2 * self.stall_timeout
-        if silent > self.stall_timeout and not held:
-            self._drop(f"no answer from the store at {self.address} for {self.stall_timeout:g} s "
-                       f"(a stopped or cut-off group member?)")
-            self._move(None)         # before the redial the drop started runs (it is a task)
-        elif silent > self.probe_after and not self._probing and now >= self._next_probe:
-            self._next_probe = now + self.probe_interval
+        m = self.members
+        quiet = m.silence(self._last_rx, self.connected and bool(self._pending), can_probe=not self._probing)
+        if quiet is not None and quiet[0] == "leave":
+            self._drop(m.stalled())
+            m.move(None)             # before the redial the drop started runs (it is a task)
+        elif quiet is not None:      # "probe": the other members, asked in a thread
             self._probing = True
-            sock, at, heard = self._sock, (self.host, self.port), []
-            fut = self.loop.run_in_executor(None, lambda: probe_primary(
-                self.addresses, at, self.server_info.get("epoch"), token=self.token, timeout=self.probe_timeout,
-                client_name=self.client_name, heard=heard))
-            fut.add_done_callback(lambda f, sock=sock, at=at, heard=heard: self._probed(f, sock, at, heard))
+            sock = self._sock
+            fut = self.loop.run_in_executor(None, lambda: m.probe(self.server_info.get("epoch"), token=self.token,
+                                                                  client_name=self.client_name))
+            fut.add_done_callback(lambda f, sock=sock: self._probed(f, sock))
         self._stall_handle = self.loop.call_later(0.25, self._stall_tick)
 
-    def _probed(self, fut, sock, at, heard=()) -> None:
+    def _probed(self, fut, sock) -> None:
         """On the loop: a probe's answer. The link still on the silent member moves to the primary
         another member named (its requests fail with ConnectionLost and are re-sent by their
         owners after the redial)."""
         self._probing = False
-        target = None if fut.cancelled() or fut.exception() is not None else fut.result()
-        if heard and target is None:
-            self._group_heard = time.monotonic()
-        if target is None or self.closed or not self.connected or self._sock is not sock:
-            return
-        silent = time.monotonic() - max(self._last_rx, self._waiting_since)
-        if not self._pending or silent <= self.probe_after:
-            return                   # it answered meanwhile
-        self._drop(f"no answer from the store at {at[0]}:{at[1]} for {silent:.1f} s, and the group's primary is "
-                   f"now {target[0]}:{target[1]}")
-        self._expected = (target, time.monotonic() + EXPECT_PRIMARY_S)
-        self._move(target)           # before the redial the drop started runs (it is a task)
+        target, heard = (None, []) if fut.cancelled() or fut.exception() is not None else fut.result()
+        m = self.members
+        if target is not None and (self.closed or not self.connected or self._sock is not sock):
+            target = None            # the link moved on meanwhile
+        silent = time.monotonic() - max(self._last_rx, m.waiting_since)
+        if target is not None and (not self._pending or silent <= m.probe_after):
+            target = None            # it answered meanwhile
+        why = m.probed(target, heard, silent)
+        if why is not None:
+            self._drop(why)
+            m.move(target)           # before the redial the drop started runs (it is a task)
 
     async def _redial_loop(self) -> None:
-        backoff = 0.05
-        # a group: members are tried in turn while one is elected; the wait stays short
-        cap = min(self.backoff_max, GROUP_RETRY_S) if self.group else self.backoff_max
+        # a group: members are tried in turn while one is elected; the wait stays short; the link
+        # redials until it is closed
+        retry = Retry(0.05, min(self.backoff_max, GROUP_RETRY_S) if self.members.group else self.backoff_max)
         while not self.closed:
-            await asyncio.sleep(backoff)
-            backoff = min(cap, backoff * 2)
+            await asyncio.sleep(retry.wait() or 0.0)
             try:
                 await self.loop.run_in_executor(None, self._dial_only)
             except Exception as e:  # noqa: BLE001 - logged, retried
@@ -268,7 +219,7 @@ class LoopConnection:
         self.server_info = info
         self._attach(s, dec)
         self.reconnects += 1
-        if self.group:
+        if self.members.group:
             log.info("event=store_reconnected address=%s role=%s failovers=%d", self.address,
                      info.get("role"), self.failovers)
         else:
@@ -375,11 +326,11 @@ class LoopConnection:
             return
         if op == W.OP_ERROR:
             err = StoreClientError(*W.parse_error(body))
-            if self.group and err.code == W.E_NOT_PRIMARY:
+            if self.members.group and err.code == W.E_NOT_PRIMARY:
                 # a deposed primary: nothing was done; leave it now for the primary it names (every
                 # other request in flight fails with ConnectionLost and is re-sent by its owner)
                 self._drop(f"not the group's primary any more ({err.reason})")
-                self._move(primary_named(err.reason))
+                self.members.not_primary(err.reason)
             fut.set_exception(err)
         else:
             fut.set_result((op, flags, body))
@@ -431,8 +382,7 @@ class LoopConnection:
             fut.set_exception(ConnectionLost(f"store at {self.address} unavailable: {self.last_error}"))
             return fut
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-        if not self._pending:
-            self._waiting_since = time.monotonic()
+        self.members.sent(bool(self._pending))
         self._pending[rid] = fut
         self._write(W.frame(op, rid, body, flags))
         return fut
@@ -456,8 +406,8 @@ class LoopConnection:
     def _overdue(self, fut: asyncio.Future, t: float) -> None:
         if not fut.done():
             self._drop(f"no reply within {t} s")
-            if self.group:     # a stopped or cut-off member keeps its socket open: try the others first
-                self._move(None)
+            if self.members.group:     # a stopped or cut-off member keeps its socket open: try the others first
+                self.members.move(None)
 
     def cmd_nowait(self, name: str, **args) -> None:
         """A CALL whose failure is only logged (metadata writes: ordered with everything after)."""
