@@ -7,7 +7,8 @@ installed `lmqtt bench store`, `bench lightqueue` and `bench compare`.
 A change that should not cost speed (a restructuring, a new seam) is checked by running the same
 benchmarks on the code before and after it, alternately, on the same machine in the same hour:
 one run of each tells little on a shared 2-core machine, where the same code moves 10–30 %
-between runs. Each round runs every benchmark on both trees, in alternating order (before first in
+between runs. Benches: `store`, `lightqueue`, `sdk` (each tree's own `lmqtt bench ...`) and
+`compare`. Each round runs every benchmark on both trees, in alternating order (before first in
 odd rounds, after first in even ones) so a drift of the machine does not favour one side; the
 report gives each figure's median with its range, the after/before ratio of the medians and the
 CPU per message, so a ratio can be read against the spread.
@@ -40,11 +41,12 @@ from pathlib import Path
 
 from lmqtt.loadtest.brokers import BrokerUnavailable, source_path
 
-BENCHES = ("store", "lightqueue", "compare")
+BENCHES = ("store", "lightqueue", "compare", "sdk")
 DEFAULT_ARGS = {
     "store": "--duration 5 --sizes 100 --no-baseline --modes async,sync",
     "lightqueue": "--duration 5 --cases publish",
     "compare": "--brokers lmqtt,mosquitto --scenarios fanin,pairs --duration 10 --repeat 1 --quiet",
+    "sdk": "--duration 3 --sizes 100 --cases single,batch,autobatch,aio-autobatch,pull,group,pop",
 }
 RUN_TIMEOUT_S = 1800.0       # one benchmark run of one tree; a hung run is stopped and reported
 
@@ -155,6 +157,9 @@ def figures(bench: str, line: dict) -> tuple[str, float, float | None] | None:
         cpu = cpu.get("process") if isinstance(cpu, dict) else cpu
         name = f"light queues {line['case']}" + (f", fan-out {line['fanout']}" if "fanout" in line else "")
         return (name, line["records_per_s"], cpu)
+    if bench == "sdk" and "msgs_per_s" in line and not str(line.get("case", "")).startswith(("redis", "vs-")):
+        # the client's CPU per message: what the SDK itself spends (the server's is the store's)
+        return (f"SDK {line['case']} {line['size']} B", line["msgs_per_s"], line.get("client_cpu_us_per_msg"))
     if bench == "compare" and "delivered_per_s" in line and not line.get("error"):
         return (f"MQTT {line['scenario']} ({line['broker']})", line["delivered_per_s"],
                 line.get("broker_cpu_us_per_msg"))

@@ -106,4 +106,7 @@ def test_figures_reads_the_three_benches_and_skips_the_rest():
     assert figures("lightqueue", dict(LQ_LINE, records_per_s=7)) == ("light queues publish, fan-out 4", 7, 2.4)
     assert figures("compare", {"broker": "mosquitto", "scenario": "fanin", "delivered_per_s": 9.0,
                                "broker_cpu_us_per_msg": 15.5}) == ("MQTT fanin (mosquitto)", 9.0, 15.5)
+    assert figures("sdk", {"case": "pop", "size": 100, "msgs_per_s": 3.0, "client_cpu_us_per_msg": 1.5}) == (
+        "SDK pop 100 B", 3.0, 1.5)
+    assert figures("sdk", {"case": "redis-xadd", "size": 100, "msgs_per_s": 3.0}) is None
     assert figures("compare", {"broker": "lmqtt", "scenario": "fanin", "error": "x", "delivered_per_s": 0}) is None
