@@ -31,6 +31,12 @@ EXIT_REFUSED = 4
 
 def _connect(prog: str, address: str, token: str | None):
     from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+    from lmqtt.store.client.failover import parse_addresses
+    try:
+        parse_addresses(address)
+    except ValueError as e:         # a usage error, not an unreachable store
+        print(f"{prog}: {e}", file=sys.stderr)
+        raise SystemExit(2)
     try:
         return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
     except StoreClientError as e:
@@ -86,7 +92,10 @@ def produce_main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", action="store_true", help="AutoBatch: pack lines into batches (much faster)")
     p.add_argument("--producer-id", help="stable producer id (default: random)")
     args = p.parse_args(argv)
-    if "+" in args.topic or "#" in args.topic or not args.topic:
+    if not args.topic:
+        print("lmqtt produce: --topic must not be empty (a topic name such as sensors/kitchen/temp)", file=sys.stderr)
+        return 2
+    if "+" in args.topic or "#" in args.topic:
         print(f"lmqtt produce: --topic must be a topic name without wildcards, got {args.topic!r}", file=sys.stderr)
         return 2
     if args.topic.startswith("$"):

@@ -26,7 +26,8 @@ import sys
 
 from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, hostport, load_toml
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, set_process_title, setup_logging)
+                                      metrics_unavailable, remove_refused_data_dir, set_process_title,
+                                      setup_logging)
 
 log = logging.getLogger("lmqtt.serve")
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
         return 2
+    existed = os.path.exists(cfg.data_dir)
     problem = check_data_dir(cfg.data_dir)
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
@@ -160,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
         # process-wide, so set by the command, not by Gateway (tests may embed several gateways)
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
     loop_name = install_event_loop()
+    rc = 0
     try:
         explicit = args.store_port is not None or "store_port" in file_values
-        return asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
+        rc = asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
+        return rc
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally catches it
         return 0
     finally:
+        if rc:          # _serve returns non-zero only for a refused start
+            remove_refused_data_dir(cfg.data_dir, existed)
         os.close(lock)
 
 
@@ -326,7 +332,9 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
           f"  flush mode: {cfg.flush_mode}\n"
           f"  metrics:    {metrics_url}\n"
           f"  store:      {store_url}{more}\n"
-          f"  auth:       {auth_line}", file=sys.stderr, flush=True)
+          f"  auth:       {auth_line}"
+          + (f"\n  tier:       {cfg.tier} (sealed segments uploaded; lmqtt admin --tier)" if cfg.tier else ""),
+          file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
     if store_srv is not None:

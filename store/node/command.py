@@ -31,7 +31,8 @@ import sys
 
 from lmqtt.store.node.config import ConfigError, NodeConfig
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, set_process_title, setup_logging)
+                                      metrics_unavailable, remove_refused_data_dir, set_process_title,
+                                      setup_logging)
 
 log = logging.getLogger("lmqtt.store")
 
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
               "(--token or `token` in the config)", file=sys.stderr)
         return 2
+    existed = os.path.exists(data)
     problem = check_data_dir(data)
     if problem:
         print(f"lmqtt store: {problem}", file=sys.stderr)
@@ -89,11 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
     loop_name = install_event_loop()
+    rc = 0
     try:
         rc = asyncio.run(_serve(cfg, loop_name))
     except KeyboardInterrupt:  # pragma: no cover
         return 0
     finally:
+        if rc == 1:     # _serve returns 1 only for a refused start
+            remove_refused_data_dir(data, existed)
         os.close(lock)
     if rc == "restart":     # a group member cut its log back to the primary's (store/node/ha_member.py)
         from lmqtt.store.node.ha_member import restart_in_place
