@@ -11,7 +11,10 @@ function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+    else if (k === "text") e.textContent = v;
+    // through the CSSOM: the page's Content-Security-Policy refuses style attributes (no 'unsafe-inline')
+    else if (k === "style") Object.assign(e.style, v);
+    else e.setAttribute(k, v);
   }
   for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return e;
@@ -230,7 +233,7 @@ async function loadSessions() {
       : el("span", { class: "state", text: (s.dormant ? "dormant, offline" : "offline") + off });
     const subs = s.subscriptions.length ? s.subscriptions : [null];
     subs.forEach((x, i) => {
-      const bar = el("div", { class: "bar" }, el("div", { style: `width:${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` }));
+      const bar = el("div", { class: "bar" }, el("div", { style: { width: `${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` } }));
       rows.push(el("tr", { "data-client": s.client_id, "data-filter": x ? x.filter : "" },
         el("td", { class: "cid", text: i ? "" : s.client_id }), el("td", {}, i ? "" : state),
         el("td", { text: x ? x.filter + (x.share_group ? ` ($share/${x.share_group})` : "") : "(no subscription)" }),
