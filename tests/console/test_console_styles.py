@@ -49,3 +49,28 @@ def test_the_retained_heading_keeps_its_style(server, browser):
     h = browser.execute_script("const h = document.getElementById('rt-count').parentElement;"
                                "return getComputedStyle(h).marginTop;")
     assert h == "22px", h
+
+
+def test_a_fleet_gateways_footer_names_its_store_and_the_stores_disk(browser, tmp_path):
+    """A fleet gateway has no data dir: its overview names the store it uses, and the data and
+    disk card shows the store's CommitLog size and free disk (it showed a data dir of the
+    gateway's working directory, and '-')."""
+    from tests.console.test_console import _wait_ready
+    from tests.support import LmqttGateway, LmqttStore
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    gw = None
+    try:
+        gw = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+        url = f"http://127.0.0.1:{gw.metrics_port}"
+        _wait_ready(url, "gateway", gw.log_tail)
+        open_page(browser, url + "/console/", "overview")
+        WebDriverWait(browser, WAIT).until(lambda d: "store" in d.find_element(By.ID, "ov-gateway").text)
+        footer = browser.find_element(By.ID, "ov-gateway").text
+        assert footer.endswith(f"store {store.address}") and "lmqtt-data" not in footer, footer
+        WebDriverWait(browser, WAIT).until(lambda d: not d.find_element(By.ID, "ov-disk").text.startswith("-"))
+        disk = browser.find_element(By.ID, "ov-disk").text
+        assert disk.endswith(" MB") and "-" not in disk, disk
+    finally:
+        if gw is not None:
+            gw.stop()
+        assert store.stop() == 0, store.log_tail()

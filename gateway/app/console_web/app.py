@@ -29,7 +29,7 @@ class ConsoleState:
     def __init__(self, gw, cfg, bound_host: str, fleet: Fleet) -> None:
         self.gw, self.cfg, self.fleet = gw, cfg, fleet
         self.auth = ConsoleAuth(cfg, bound_host)
-        self.sampler = data.Sampler(gw)
+        self.sampler = data.Sampler(gw, (lambda: fleet.call("stats")) if fleet.remote else None)
         self.stopping = asyncio.Event()
         self.sdk = None       # lmqtt serve's SDK store server (its CALL handlers), when it listens
         why = self.auth.why_no_login()

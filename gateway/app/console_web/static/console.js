@@ -173,7 +173,8 @@ async function overview() {
   showFleet(ov);
   showSample(ov.now);
   const g = ov.gateway;
-  $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ${g.data_dir}`;
+  $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ` +
+    (g.data_dir ? g.data_dir : `store ${g.store}`);
   events = new EventSource("/console/api/stream");
   events.onmessage = (m) => showSample(JSON.parse(m.data));
   timer = setInterval(async () => {
