@@ -194,12 +194,6 @@ class GatewayConfig:
             raise ConfigError(f"notify_mode must be native, broadcast, precise or poll, got {self.notify_mode!r}")
         if self.notify_mode in ("broadcast", "precise") and not self.redis:
             raise ConfigError(f"notify_mode {self.notify_mode} needs redis (--redis redis://HOST:6379/0)")
-        if self.store_address:
-            from lmqtt.store.client.failover import parse_addresses
-            try:
-                parse_addresses(self.store_address)
-            except ValueError as e:
-                raise ConfigError(f"--store: {e}") from None
         if not (0 < float(self.safety_poll_ms) <= 3_600_000):
             raise ConfigError(f"safety_poll_ms must be > 0 and at most an hour, got {self.safety_poll_ms}")
         if not (1 <= int(self.max_topic_length) <= 65535):

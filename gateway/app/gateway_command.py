@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.store_address:
             raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
                               "every member, HOST:PORT,HOST:PORT,...)")
+        from lmqtt.store.client.failover import parse_addresses
+        try:
+            parse_addresses(cfg.store_address)
+        except ValueError as e:
+            raise ConfigError(f"--store: {e}") from None
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
