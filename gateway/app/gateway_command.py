@@ -208,7 +208,7 @@ async def _serve(cfg, loop_name: str) -> int:
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
     host, port = gw.address
     if gw.auth is not None:
-        auth_line = (f"{', '.join(a.name for a in gw.auth.authenticators)}; anonymous "
+        auth_line = (f"{', '.join(gw.auth.names)}; anonymous "
                      f"{'allowed' if cfg.allow_anonymous else 'refused'}")
     elif cfg.allow_anonymous:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"

@@ -96,6 +96,23 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
     a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
     a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
+    a.add_argument("--auth-http", metavar="URL",
+                   help="HTTP auth/ACL service in EMQX's shape: POST URL/auth on CONNECT, URL/acl on PUBLISH and "
+                        "SUBSCRIBE; ignore falls through to the other methods (docs/integrations.md)")
+    a.add_argument("--auth-http-timeout-s", type=float,
+                   help="no answer within this: refused as server unavailable, never allowed (default 2)")
+    a.add_argument("--auth-http-cache-s", type=float, help="how long an ACL decision of the service is used (default 60)")
+    a.add_argument("--live-security", action="store_true", default=None,
+                   help="users and ACL rules kept in the store, changed live with lmqtt admin --user-add ... and "
+                        "the console")
+    e = p.add_argument_group("events (docs/integrations.md)")
+    e.add_argument("--webhook", metavar="URL",
+                   help="POST client, session and message events as JSON batches to URL (and store them under $events/)")
+    e.add_argument("--webhook-queue", type=int, help="events waiting for the webhook; more are dropped and counted "
+                                                     "(default 10000)")
+    e.add_argument("--webhook-batch", type=int, help="events per POST at most (default 100)")
+    e.add_argument("--events", action="store_true", default=None,
+                   help="store client, session and message events as records under $events/ (also on with --webhook)")
     lim = p.add_argument_group("limits (per gateway process; 0 = unlimited; docs/gateway.md \"Limits\")")
     lim.add_argument("--max-connections", type=int,
                      help="open client sockets at once; more get CONNACK 0x97 / 3.1.1 rc 3 (default 0)")
@@ -319,13 +336,13 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
         if name != "mqtt":
             more += "\n  listener:   " + scheme[name].format(hostport(h, p))
     if gw.auth is not None:
-        kinds = ", ".join(a.name for a in gw.auth.authenticators)
+        kinds = ", ".join(gw.auth.names)
         auth_line = f"{kinds}; anonymous {'allowed' if cfg.allow_anonymous else 'refused'}"
     elif cfg.allow_anonymous:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"
     else:
         auth_line = "none: anonymous clients allowed on loopback only"
-    if gw.acl is not None:
+    if gw.acl is not None and cfg.acl_file:
         auth_line += f"; ACL {cfg.acl_file}"
     print(f"lmqtt serve: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"

@@ -147,6 +147,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,
                           max_frame=int(cfg.max_frame_mb) << 20)
         install(srv, lq)
+        from lmqtt.store.node import security_service     # users and ACL rules managed live
+        security_service.install(srv, security_service.SecurityDocs(lq.metadata))
         publisher = None
         if cfg.redis:
             from lmqtt.notify.redis_bus import RedisEventPublisher
