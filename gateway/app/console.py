@@ -326,7 +326,8 @@ def admin_main(argv: list[str] | None = None) -> int:
 
 def _admin(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="lmqtt admin",
-                                description="Topics, queues, consumer groups with their lag, store stats.")
+                                description="Topics, queues, consumer groups with their lag, store stats; "
+                                            "users and ACL rules managed live.")
     _common(p)
     p.add_argument("--group", action="append", default=[], help="only these groups (repeatable; default all)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output (default table)")
@@ -342,8 +343,12 @@ def _admin(argv: list[str] | None) -> int:
     p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
     p.add_argument("--tier", action="store_true",
                    help="tiered storage: what is local, uploading, in the tier, the oldest readable time")
+    from lmqtt.gateway.app import admin_security
+    admin_security.add_security_args(p)
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
+    if admin_security.wanted(args):
+        return admin_security.admin_security(conn, args, _admin_call, _table)
     if args.tier:
         from lmqtt.gateway.app.admin_tier import admin_tier
         return admin_tier(conn, args, _admin_call)

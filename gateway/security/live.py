@@ -34,7 +34,10 @@ def check_rule(rule: str) -> str:
     if words and words[0] == "default":
         raise AclError("a default is set with --acl-default allow|deny, not as a rule")
     text = " ".join(words)
-    parse_acl("rule", text)
+    try:
+        parse_acl("rule", text)
+    except AclError as e:
+        raise AclError(f"rule {text!r}: {str(e).removeprefix('rule:1: ')}") from None
     if not words or words[0] not in ("allow", "deny"):
         raise AclError(f"rule {rule!r}: expected `allow|deny WHO ACTION FILTER`")
     return text

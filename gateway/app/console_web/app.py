@@ -431,6 +431,8 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         Route("/console/peer/disconnect", peer_disconnect, methods=["POST"]),
         Mount("/console/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
+    from . import security                  # the Access page: users and ACL rules managed live
+    routes[-1:-1] = security.routes(gw, fleet, need, action, _json)
     console = Starlette(routes=routes)
     metrics = make_asgi_app(gw.metrics.registry)
 
