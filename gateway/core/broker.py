@@ -347,6 +347,8 @@ class Broker:
         if old is not None and old is not conn:
             log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
             old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
+            if self.events is not None:
+                self.events.disconnected(old, None)
             registry.detach(old)
             old.connected = False
             self.metrics.connections -= 1
@@ -413,7 +415,7 @@ class Broker:
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
         if self.events is not None:         # webhook and $events (gateway/integrations/events.py)
-            self.events.connected(conn, keepalive, pkt.clean_start, present)
+            self.events.connected(conn, keepalive, pkt.clean_start, present, pkt.username)
         if self.acl is not None:
             self._set_read_checks(conn, s)
         if present and cfg.max_offline_backlog:
@@ -440,8 +442,9 @@ class Broker:
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
             # the broker's own (gateway/core/sys_topics.py): as Mosquitto; `$timer` is the store's
-            # queue of parked delayed messages (store/delayed.py PARK_TOPIC), never a client's
-            if topic.startswith("$SYS") or topic == "$timer":
+            # queue of parked delayed messages (store/delayed.py PARK_TOPIC), `$events/` the
+            # client and session events (gateway/integrations/events.py): never a client's
+            if topic.startswith("$SYS") or topic == "$timer" or topic.startswith("$events/"):
                 return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
             gate = self.gate
             if gate is not None and gate.limits.topic_limited:     # max_topic_length / _levels

@@ -46,6 +46,9 @@ class Events:
         self.sinks = sinks
         self.append = append
         self.emitted = 0
+        # CONNECT's user name by client id while connected (without authentication a connection
+        # keeps no identity, yet EMQX's events name the user)
+        self._users: dict[str, str | None] = {}
 
     def _emit(self, event: dict) -> None:
         event["timestamp"] = event.get("timestamp") or _now_ms()
@@ -62,13 +65,14 @@ class Events:
             except Exception as e:  # noqa: BLE001
                 log.warning("event=event_record_failed action=%s error=%r", event.get("action"), e)
 
-    @staticmethod
-    def _who(conn: Any) -> dict:
+    def _who(self, conn: Any) -> dict:
         ident = getattr(conn, "identity", None)
-        return {"clientid": conn.client_id, "username": ident.username if ident is not None else None}
+        user = ident.username if ident is not None else self._users.get(conn.client_id)
+        return {"clientid": conn.client_id, "username": user}
 
     # ------------------------------------------------------------------ the broker's hooks
-    def connected(self, conn: Any, keepalive: int, clean_start: bool, present: bool) -> None:
+    def connected(self, conn: Any, keepalive: int, clean_start: bool, present: bool, username: str | None = None) -> None:
+        self._users[conn.client_id] = username
         host = conn.peer.rpartition(":")[0].strip("[]")
         self._emit({"action": "client_connected", **self._who(conn), "ipaddress": host,
                     "proto_ver": conn.version, "keepalive": keepalive, "clean_start": bool(clean_start),
@@ -79,6 +83,7 @@ class Events:
         if reason is None:
             reason = f"connection_lost: {exc}" if exc is not None else "closed_by_client"
         self._emit({"action": "client_disconnected", **self._who(conn), "reason": reason})
+        self._users.pop(conn.client_id, None)
 
     def subscribed(self, conn: Any, requests: list, codes: list) -> None:
         for req, code in zip(requests, codes):
