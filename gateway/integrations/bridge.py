@@ -20,9 +20,11 @@ of the other broker (`address`, credentials, TLS), with a persistent session the
 * **Reconnects** with backoff (0.5 s doubling to `reconnect_max_s`); messages in flight to the
   remote when it went away are sent again first, in order, with their packet ids.
 * **Loops.** Every subscription is made with MQTT 5 No Local (our own publishes never come back on
-  the same connection), and a message a bridge brought in carries the user property
-  `lmqtt-bridge` = NAME: a bridge never sends such a message out, so two brokers bridged both ways
-  (lmqtt to lmqtt, or over a broker that passes user properties) do not ping-pong. With an MQTT
+  the same connection), and a message a bridge carried (in or out) carries the user property
+  `lmqtt-bridge` = NAME: a bridge never carries such a message again, either way, so two brokers
+  bridged to each other (lmqtt to lmqtt, or over a broker that passes user properties) do not
+  ping-pong. (Two bridges that both carry a topic both ways still deliver it twice: one `both`
+  bridge, or one `out` line on each side, is the configuration.) With an MQTT
   3.1.1 remote (`protocol = 4`, no No Local) a message coming back from the remote that the bridge
   sent out in the last minute is recognised (topic and payload) and not published again.
 """
@@ -275,6 +277,9 @@ class Bridge:
         """A remote message for the local broker: None or the future of its local acknowledgement."""
         if self.cfg.protocol != 5 and self._is_echo(pkt.topic, pkt.payload):
             self.looped += 1
+            return None
+        if any(k == MARKER for k, _v in pkt.properties.user_property):
+            self.looped += 1           # another bridge brought it to the remote: not brought in again
             return None
         line = self._line_in(pkt.topic)
         local = self.local

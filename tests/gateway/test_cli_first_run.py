@@ -3,16 +3,13 @@ topic, a start refused by a port in use, and the tier in `lmqtt serve`'s
 banner. Each is one line naming the real cause, and a refused start leaves no data dir behind."""
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.gateway.test_config_strict import run_refused
-from tests.support import ROOT, LmqttServer, free_port, lmqtt_cli
+from tests.support import LmqttServer, free_port, lmqtt_cli
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -139,7 +139,6 @@ def test_a_superuser_is_not_subject_to_acls(world):
 
 def test_a_slow_service_refuses_within_the_timeout_and_allows_nothing(world):
     srv, svc = world
-    rules = svc.requests  # noqa: F841 - the rules are rewritten below
     svc.set_rules({"users": {"alice": {"password": "alice-pw"}}, "delay_s": 4})
     try:
         t0 = time.monotonic()

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from lmqtt.gateway.mqtt import packets as P
 from tests.integrations.test_http_auth import _connect, _publish, _subscribe
 from tests.support import LmqttGateway, LmqttServer, LmqttStore, lmqtt_cli
 
