@@ -268,9 +268,16 @@ def _start_http(host: str, port: int, srv, gws, member=None):
                  "CommitLog bytes the checkpoints recorded that this start's recovery did not find",
                  st.recovery.lost_bytes if st.recovery is not None else 0),
                 ("lmqtt_store_consumer_offsets_reset_total", "counter",
-                 "Consumer offsets beyond their queue's end after a recovery, reset to it", st.offsets_reset)]
+                 "Consumer offsets beyond their queue's end after a recovery, reset to it", st.offsets_reset),
+                # the data dir's disk (store/disk_space.py), as `lmqtt serve` exports it
+                ("lmqtt_store_disk_free_bytes", "gauge", "Free bytes on the data dir's file system",
+                 st.clog.disk.free_bytes()),
+                ("lmqtt_store_disk_full", "gauge", "1 while appends are refused for lack of disk space",
+                 1 if st.clog.disk.stats()["disk_full"] else 0)]
         out = []
         for name, kind, help_, v in rows:
+            if v is None:               # not known (the disk's free space could not be read)
+                continue
             out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")
         if member is not None:      # a store group member: role, epoch, in-sync set, replica lag
             from lmqtt.store.node.ha_member import metrics_text
