@@ -26,6 +26,7 @@ class Integrations:
         self.events = None
         self.bridges: list = []
         self.live_feed = None
+        self._memo_timer: asyncio.TimerHandle | None = None
         if cfg.webhook or cfg.events:
             from lmqtt.gateway.integrations.events import Events, count_drops
             sinks = []
@@ -71,6 +72,9 @@ class Integrations:
             await self.live_feed.start()
         if self.webhook is not None:
             self.webhook.start()
+        auth = gw.auth
+        if auth is not None and auth.http is not None:
+            self._expire_memos(float(gw.cfg.auth_http_cache_s))
         if gw.cfg.bridge:
             from lmqtt.gateway.integrations.bridge import Bridge
             for bc in gw.cfg.bridge:
@@ -79,6 +83,8 @@ class Integrations:
                 self.bridges.append(b)
 
     async def stop(self) -> None:
+        if self._memo_timer is not None:
+            self._memo_timer.cancel()
         for b in self.bridges:
             await b.stop()
         if self.live_feed is not None:
@@ -90,6 +96,21 @@ class Integrations:
             await auth.http.close()
 
     # ------------------------------------------------------------------------------ helpers
+    def _expire_memos(self, ttl: float) -> None:
+        """The HTTP service's publish decisions that connections remember (`acl_publish_ok`) are
+        dropped every `ttl` seconds, so one is used at most twice its TTL (gateway/security/acl_chain.py)."""
+        from lmqtt.gateway.net.connection import NO_TOPICS
+        loop = asyncio.get_running_loop()
+        ttl = max(1.0, ttl)
+
+        def tick() -> None:
+            broker = self.gw.broker
+            if broker is not None:
+                for c in broker.connections:
+                    c.acl_publish_ok = NO_TOPICS
+            self._memo_timer = loop.call_later(ttl, tick)
+        self._memo_timer = loop.call_later(ttl, tick)
+
     async def _call(self, name: str, **args) -> dict:
         """A CALL of a fleet gateway's store (the live rules' version and document)."""
         link = self.gw.link

@@ -28,8 +28,10 @@ class AclChain:
     def __init__(self, file: Any = None, http: Any = None, live: Any = None) -> None:
         self.file, self.http, self.live = file, http, live
         # a connection may remember topics it was allowed to publish to until the rules change
-        # (`Broker.acl_changed`); a service's decisions expire, so with one nothing is remembered
-        self.memo_ok = http is None
+        # (`Broker.acl_changed`); with a service, whose decisions expire, those memos are dropped
+        # every `auth_http_cache_s` as well (gateway/integrations/wiring.py), so a PUBLISH with a
+        # warm cache costs what it costs with the ACL file: one set lookup
+        self.memo_ok = True
         self.asks = http is not None
 
     def _decide(self, ident: Identity | None, action: str, topic: str, ask_http: bool = True):

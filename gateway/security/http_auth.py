@@ -86,7 +86,7 @@ class HttpAuthService:
                  max_cached: int = 100_000) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        self.cache_s = float(cache_s)
+        self.cache_s = max(1.0, float(cache_s))     # a decision is used at least once after it is asked
         self.max_cached = max_cached
         self._session: Any = None
         # (client id, username, action, topic) -> (decision, expires at): an OrderedDict as an LRU

@@ -95,6 +95,7 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
+    ThreadingHTTPServer.request_queue_size = 1024    # a connect storm asks 1,000s at once (default 5)
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), H)
     srv.daemon_threads = True
     print(f"listening on {a.port} pid {os.getpid()}", flush=True)

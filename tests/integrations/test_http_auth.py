@@ -180,3 +180,27 @@ def test_a_killed_service_refuses_connects_and_uncached_publishes(world):
     c, ack = _connect(srv, "after-restart", "alice", "alice-pw")
     assert ack.reason_code == 0, ack
     c.close()
+
+
+def test_a_cached_decision_is_asked_again_after_its_ttl(tmp_path):
+    svc = HttpService(tmp_path)
+    svc.set_rules({"users": {"ttl": {}}, "acl": [{"action": "publish", "topic": "t/#", "result": "allow"}]})
+    svc.start()
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--auth-http", svc.url, "--auth-http-cache-s", "1",
+                                                         "--sys-interval", "0"), log_path=str(tmp_path / "s.log")).start()
+    try:
+        c, ack = _connect(srv, "ttl-1", "ttl", "x")
+        assert ack.reason_code == 0
+        assert _publish(c, "t/1", 1).reason_code == 0
+        svc.set_rules({"users": {"ttl": {}}, "acl": [{"action": "publish", "topic": "t/#", "result": "deny"}]})
+        assert _publish(c, "t/1", 2).reason_code == 0          # the cached decision, within its TTL
+        deadline, pid, code = time.monotonic() + 10, 3, 0
+        while code == 0 and time.monotonic() < deadline:       # at most twice the TTL
+            time.sleep(0.2)
+            code = _publish(c, "t/1", pid).reason_code
+            pid += 1
+        assert code == 0x87
+        c.close()
+    finally:
+        svc.kill()
+        assert srv.stop() == 0, srv.log_tail()
