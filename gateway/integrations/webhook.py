@@ -34,6 +34,7 @@ class Webhook:
         self._task: asyncio.Task | None = None
         self._session: Any = None
         self._closing = False
+        import aiohttp  # noqa: F401 - at start, before `lmqtt serve` freezes the start's objects (gc_freeze)
 
     def start(self) -> None:
         self._wake = asyncio.Event()

@@ -89,6 +89,9 @@ class HttpAuthService:
         self.cache_s = max(1.0, float(cache_s))     # a decision is used at least once after it is asked
         self.max_cached = max_cached
         self._session: Any = None
+        # imported now, at start: `lmqtt serve` freezes what exists after start out of the garbage
+        # collector's scans (gc_freeze), and aiohttp's modules are many objects
+        import aiohttp  # noqa: F401
         # (client id, username, action, topic) -> (decision, expires at): an OrderedDict as an LRU
         self._acl: OrderedDict[tuple, tuple[Any, float]] = OrderedDict()
         self._asking: dict[tuple, asyncio.Future] = {}
