@@ -73,6 +73,18 @@ def admin_security(conn, args, call, table) -> int:
         if not user or ":" in user or any(c.isspace() for c in user):
             print(f"lmqtt admin: user name {user!r}: not empty, no ':' and no spaces", file=sys.stderr)
             return 2
+        if args.user_passwd:        # said before a password is asked for nothing
+            from lmqtt.store.client import ConnectionLost, StoreClientError
+            try:
+                known = user in conn.cmd("security_get")["users"]
+            except (StoreClientError, ConnectionLost, OSError) as e:
+                print(f"lmqtt admin: store {args.store}: {e}", file=sys.stderr)
+                conn.close()
+                return 4
+            if not known:
+                print(f"lmqtt admin: no user {user!r} (add it with --user-add)", file=sys.stderr)
+                conn.close()
+                return 2
         pw = _password(args, user)
         if not pw:
             print("lmqtt admin: an empty password is not accepted", file=sys.stderr)
