@@ -435,13 +435,17 @@ class CommitLog(CommitLogRecovery):
             if target <= start:
                 return start
             self.mfq.sync_dirs()        # new segments' entries, before their data counts as durable
-            for mf in reversed(self.mfq.files):     # the newest first: stop at the flushed ones
+            files = self.mfq.files
+            for mf in reversed(files):      # the newest first: stop at the flushed ones
                 if mf.end_offset <= start:
                     break
                 if mf.start_offset < target:
                     mf.flush()
+                    if mf.end_offset <= target and mf is not files[-1]:
+                        # sealed and durable: nothing writes or flushes it any more, and its map
+                        # (if any) holds a descriptor of its own
+                        mf.close_fd()
             self.flushed = target
-            self.mfq.seal_below(target)     # sealed segments keep no descriptor of their own
             return target
 
     # ------------------------------------------------------------------ read

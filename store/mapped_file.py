@@ -85,7 +85,7 @@ class MappedFile:
             except OSError as e:   # a filesystem that needs a block for the directory entry
                 if e.errno in NO_SPACE_ERRNOS:
                     raise DiskFull(f"no space left to create {path}: {e.strerror}") from None
-                raise
+                raise _resource_error(e, f"cannot create {path}") from None
             try:
                 if preallocate:
                     _preallocate(fd, 0, size, path)
@@ -101,7 +101,7 @@ class MappedFile:
             if sync_dir:
                 _fsync_dir(os.path.dirname(path))
         else:
-            fd = os.open(path, os.O_RDWR)
+            fd = _open(path)
             try:
                 cur = os.fstat(fd).st_size
                 if cur > size:
@@ -117,6 +117,11 @@ class MappedFile:
         self.fd = fd
         try:
             self._mm = mmap.mmap(fd, size)
+        except OSError as e:
+            os.close(fd)
+            if create:
+                os.unlink(path)     # not left half-made: the next attempt creates it again
+            raise _resource_error(e, f"cannot map {path}") from None
         except BaseException:
             os.close(fd)
             raise

@@ -150,14 +150,6 @@ class MappedFileQueue:
         for mf in drop:
             mf.destroy()
 
-    def seal_below(self, offset: int) -> None:
-        """Close the own descriptors of the files wholly below `offset` (flushed: nothing writes
-        or flushes them any more; their maps, if any, stay). The last file keeps its own. Only the
-        newest files can hold one (older ones were sealed by earlier calls): a few are looked at."""
-        for mf in self.files[-5:-1]:
-            if mf.end_offset <= offset and mf.fd is not None:
-                mf.close_fd()
-
     def mapped_count(self) -> int:
         return sum(1 for mf in self.files if mf.mapped)
 
