@@ -229,6 +229,7 @@ def _read_sample(b: Broker, sample: list[str]) -> dict:
 
 def run(args) -> list[dict]:
     work = args.data_dir or tempfile.mkdtemp(prefix="lmqtt-bench-topics-")
+    os.makedirs(work, exist_ok=True)
     data = os.path.join(work, "data")
     b = Broker(data, os.path.join(work, "serve.log"), ulimit=args.ulimit)
     rows = []
