@@ -37,5 +37,6 @@ def test_topics_bench_reads_every_sampled_topic_back_after_both_restarts(tmp_pat
     assert [r["phase"] for r in rows] == ["publish", "restart-sigterm", "restart-kill9", "summary"]
     assert rows[0]["acknowledged"] == 3000
     for r in rows[1:3]:
-        assert r["mqtt_read"] == "30/30" and r["sdk_read"] == "30/30" and r["restart_s"] > 0
+        got, sampled = r["mqtt_read"].split("/")
+        assert got == sampled and int(sampled) >= 25 and r["sdk_read"] == r["mqtt_read"] and r["restart_s"] > 0
     assert rows[3]["error_lines"] == 0 and 0 < rows[3]["peak_open_files"] < 1000
