@@ -42,7 +42,7 @@ import threading
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper  # noqa: F401 - ENTRY_FIELDS: re-exported
-from .errors import StoreError
+from .errors import StoreError, is_disk_full
 from .message import DispatchBatch
 from .record import first_level
 
@@ -323,8 +323,8 @@ class ConsumeQueueStore:
     def _stored_pieces(self, qk: bytes, q: int, end: int) -> list[tuple[int, bytes]]:
         """The stored entries of queue `qk` in [q, end): a piece per block."""
         db = self._db
-        if db is None:
-            return []
+        if db is None:     # closed after a failed write: never an empty answer that skips entries
+            raise StoreError("the ConsumeQueue database is being opened again after a failed write; retry")
         base = b"E" + qk
         ro = ReadOptions()
         ro.set_iterate_upper_bound(base + _U64.pack(end))
@@ -395,15 +395,22 @@ class ConsumeQueueStore:
 
     def flush(self) -> None:
         """Write every queue's tail to the database with the checkpoint, in one batch, and flush
-        it to disk (see the module doc). A failure (a full disk) keeps the tails: the next flush
-        writes them again, and the checkpoint stays where it was."""
+        it to disk (see the module doc). The tails are trimmed only once that flush is done: a
+        failure (a full disk, no descriptor for a table file) keeps them, the next flush writes
+        them again (the same keys, the same values), and the checkpoint stays where it was."""
         end = self._last_end
         with self._write_lock:
+            if self._db is None:
+                self._open()            # after a failure that closed it; raises while it cannot
+                for cq in list(self.queues.values()):
+                    cq.last_block = None
             with self._lock:
-                dirty, self._dirty = self._dirty, {}
-                snaps = [(cq, cq.tail[0], bytes(cq.tail[1])) for cq in dirty.values()]
+                dirty = list(self._dirty.values())
+                snaps = [(cq, cq.tail[0], bytes(cq.tail[1])) for cq in dirty]
             if end == self._ckpt and not snaps:
                 return
+            db = self._db
+            assert db is not None
             try:
                 wb = WriteBatch(raw_mode=True)
                 for cq, first, data in snaps:
@@ -411,28 +418,39 @@ class ConsumeQueueStore:
                         self._put_tail(wb, cq, first, data)
                     wb.put(b"Q" + cq.qk, _META.pack(cq.min_offset, first + len(data) // ENTRY_SIZE))
                 wb.put(K_CKPT, _U64.pack(end))
-                db = self._db
-                assert db is not None
                 db.write(wb, self._wo)
-            except BaseException:
-                with self._lock:      # written again by the next flush
-                    for cq, _, _ in snaps:
-                        self._dirty.setdefault((cq.fl, cq.qid), cq)
+                db.flush(True)
+            except BaseException as e:
+                for cq, _, _ in snaps:
+                    cq.last_block = None        # looked up again: the write may not have happened
+                if not is_disk_full(e):
+                    # RocksDB refuses every write after a failed one until it is opened again
+                    # (a full disk it recovers from by itself, once there is room)
+                    self._reopen_later(e)
                 raise
             with self._lock:
                 for cq, first, data in snaps:
-                    if not data:
-                        continue
                     f, buf = cq.tail
                     if f != first:     # truncated meanwhile (not while a flush runs: _write_lock)
                         continue
-                    cq.tail = (first + len(data) // ENTRY_SIZE, buf[len(data):])
-                    if len(cq.tail[1]):
-                        self._dirty[(cq.fl, cq.qid)] = cq
-            db.flush(True)
+                    if data:
+                        cq.tail = (first + len(data) // ENTRY_SIZE, buf[len(data):])
+                    if not cq.tail[1]:
+                        self._dirty.pop((cq.fl, cq.qid), None)
             self._ckpt = end
             if len(self.queues) > self.max_loaded:
                 self._unload_idle()
+
+    def _reopen_later(self, e: BaseException) -> None:
+        """Close the database after a failed write; the next flush opens it again. Readers meanwhile
+        get a StoreError for the stored part of a queue (their in-memory tails still answer)."""
+        db, self._db = self._db, None
+        log.warning("consumequeue: a write failed (%s); the database is opened again by the next flush", e)
+        if db is not None:
+            try:
+                db.close()
+            except Exception:  # noqa: BLE001 - closing a database in error: nothing more to do
+                pass
 
     def _put_tail(self, wb, cq: ConsumeQueue, first: int, data: bytes) -> None:
         """The blocks of a queue's tail into `wb`; a small newest block is extended instead of
