@@ -9,7 +9,6 @@ import os
 import re
 import urllib.request
 
-import pytest
 
 from tests.helm.test_chart import CHART, KUBE_VERSION, _by_kind, _render, helm, kv
 from tests.support import LmqttServer, LmqttStore, Paho, free_port
