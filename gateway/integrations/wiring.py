@@ -75,7 +75,7 @@ class Integrations:
         auth = gw.auth
         if auth is not None and auth.http is not None:
             self._expire_memos(float(gw.cfg.auth_http_cache_s))
-        if gw.cfg.bridge:
+        if gw.cfg.bridge and self._runs_bridges():
             from lmqtt.gateway.integrations.bridge import Bridge
             for bc in gw.cfg.bridge:
                 b = Bridge(bc, lambda name=bc.name: self._open_local(name))
@@ -96,6 +96,14 @@ class Integrations:
             await auth.http.close()
 
     # ------------------------------------------------------------------------------ helpers
+    def _runs_bridges(self) -> bool:
+        """`serve --workers N` starts every worker with the same configuration: only the first
+        (gateway id `HOST:PORT:w0`, gateway/app/workers.py) runs the bridges, else N copies of
+        each bridge would take its client ids over from each other on both brokers."""
+        import re
+        m = re.search(r":w(\d+)$", self.gw.cfg.gateway_id or "")
+        return m is None or m.group(1) == "0"
+
     def _expire_memos(self, ttl: float) -> None:
         """The HTTP service's publish decisions that connections remember (`acl_publish_ok`) are
         dropped every `ttl` seconds, so one is used at most twice its TTL (gateway/security/acl_chain.py)."""

@@ -71,9 +71,7 @@ def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer
 def down_reason(link: LoopConnection) -> str:
     """Why the store cannot answer now, in words that hold during a group's failover too (the link
     may already be dialling the member another one named as the primary)."""
-    if getattr(link, "group", False):
-        return f"store group failing over (connecting to {link.address}; last: {link.last_error})"
-    return f"store at {link.address} unavailable: {link.last_error}"
+    return link.unavailable_reason()
 
 
 def written_again(link: LoopConnection, answer: Answer[Any]) -> Answer[Any]:

@@ -115,6 +115,9 @@ def test_every_metric_the_dashboard_queries_is_on_metrics(tmp_path):
         c.get(timeout=10)
         c.disconnect()
         store_metrics = next(a for a in store.extra_args if a.isdigit())
+        from tests.support import listening
+        for port in (srv.metrics_port, int(store_metrics)):       # they open a moment after the main port
+            assert listening("127.0.0.1", port, 30), f"nothing listens on {port}"
         have = _names(srv.metrics_url) | _names(f"http://127.0.0.1:{store_metrics}/metrics")
         asked = {m for q in _queries(_dashboard()) for m in re.findall(r"\blmqtt_[a-z0-9_]+", q)}
         assert len(asked) >= 20, asked

@@ -213,3 +213,28 @@ def test_a_bridge_that_cannot_work_is_refused_in_one_line(tmp_path, table, says)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "[[bridge]] 'x'" in lines[0] and says.replace('\\"', '"') in lines[0], lines
     assert not data.exists()
+
+
+def test_serve_workers_runs_each_bridge_in_its_first_worker_only(tmp_path):
+    """Every worker of `serve --workers 2` reads the same [[bridge]] tables; two copies of a bridge
+    would take its client ids over from each other, so only the first worker runs it."""
+    cfg = _bridge_config(tmp_path / "lmqtt.toml", free_port(), "w/# out 1", name="one")
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--config", cfg, "--workers", "2", "--sys-interval", "0"),
+                      log_path=str(tmp_path / "serve.log"))
+    srv.start(timeout=60)
+    try:
+        def has_bridge(port: int) -> bool | None:
+            import urllib.request
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return "lmqtt_bridge_connected" in r.read().decode()
+            except OSError:
+                return None
+        deadline = time.monotonic() + 60
+        seen = (None, None)
+        while None in seen and time.monotonic() < deadline:
+            seen = (has_bridge(srv.metrics_port), has_bridge(srv.metrics_port + 1))
+            time.sleep(0.2)
+        assert seen == (True, False), (seen, srv.log_tail())
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
