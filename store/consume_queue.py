@@ -265,7 +265,7 @@ class ConsumeQueueStore:
         cq = self.queues.get(key)
         if cq is None:
             qk = queue_key(fl, qid)
-            v = self._db.get(b"Q" + qk) if self._db is not None else None
+            v = self._open_db().get(b"Q" + qk)
             lo, hi = (0, 0) if v is None else _META.unpack(v)
             cq = self.queues[key] = ConsumeQueue(self, fl, qid, qk, lo, hi)
         return cq
@@ -277,19 +277,25 @@ class ConsumeQueueStore:
         if cq is not None:
             cq.used = True
             return cq
-        if self._db is None or self._db.get(b"Q" + queue_key(fl, qid)) is None:
+        if self._open_db().get(b"Q" + queue_key(fl, qid)) is None:
             return None
         with self._lock:
             return self._queue(fl, qid)
+
+    def _open_db(self) -> Rdict:
+        """The database, or a StoreError while it is closed after a failed write: a queue is never
+        taken for new or empty because its keys could not be read (dispatch and readers retry)."""
+        db = self._db
+        if db is None:
+            raise StoreError("the ConsumeQueue database is being opened again after a failed write; retry")
+        return db
 
     def max_offsets(self) -> dict[tuple[str, int], int]:
         """{(first-level topic, queue id): next offset} of every queue (a scan of the `Q` keys:
         what the CommitLog's queue table starts from)."""
         out: dict[tuple[str, int], int] = {}
-        db = self._db
-        if db is not None:
-            for k, v in self._scan(b"Q"):
-                out[_split_queue_key(k[1:])] = _META.unpack(v)[1]
+        for k, v in self._scan(b"Q"):
+            out[_split_queue_key(k[1:])] = _META.unpack(v)[1]
         for key, cq in list(self.queues.items()):
             out[key] = cq.max_offset
         return out
@@ -303,9 +309,7 @@ class ConsumeQueueStore:
         return sorted(ids)
 
     def _scan(self, prefix: bytes):
-        db = self._db
-        if db is None:
-            return
+        db = self._open_db()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix_end(prefix))
         it = db.iter(ro)
@@ -322,9 +326,7 @@ class ConsumeQueueStore:
 
     def _stored_pieces(self, qk: bytes, q: int, end: int) -> list[tuple[int, bytes]]:
         """The stored entries of queue `qk` in [q, end): a piece per block."""
-        db = self._db
-        if db is None:     # closed after a failed write: never an empty answer that skips entries
-            raise StoreError("the ConsumeQueue database is being opened again after a failed write; retry")
+        db = self._open_db()    # never an empty answer that would skip entries
         base = b"E" + qk
         ro = ReadOptions()
         ro.set_iterate_upper_bound(base + _U64.pack(end))
@@ -459,7 +461,7 @@ class ConsumeQueueStore:
         if lb is None:
             lb = cq.last_block = self._find_last_block(cq.qk)
         if lb[1] and lb[1] < MERGE_BELOW and lb[0] + lb[1] == first:
-            old = self._db.get(b"E" + cq.qk + _U64.pack(lb[0])) if self._db is not None else None
+            old = self._open_db().get(b"E" + cq.qk + _U64.pack(lb[0]))
             if old is not None and len(old) == lb[1] * ENTRY_SIZE:
                 wb.delete(b"P" + _U64.pack(_last_phys(old)) + cq.qk)
                 first, data = lb[0], old + data
@@ -477,7 +479,7 @@ class ConsumeQueueStore:
         base = b"E" + qk
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix_end(base))
-        it = self._db.iter(ro)  # type: ignore[union-attr]
+        it = self._open_db().iter(ro)
         it.seek_to_last()      # (rocksdict honours the upper bound here, not the lower one)
         if not it.valid() or not it.key().startswith(base):
             return (0, 0)
@@ -500,9 +502,10 @@ class ConsumeQueueStore:
         """Forget every entry whose CommitLog offset is >= offset (the log was cut there: recovery
         of a torn tail, a replica's divergent tail). Written and flushed at once: an entry left
         past a cut log would point at whatever record is appended there next."""
-        db = self._db
-        assert db is not None
         with self._write_lock:
+            if self._db is None:
+                self._open()
+            db = self._open_db()
             cuts: dict[bytes, int] = {}      # qk -> first queue offset to forget
             blocks: list[tuple[bytes, bytes, int, int]] = []   # (P key, qk, first, n)
             for k, v in self._scan_from(b"P" + _U64.pack(offset), b"Q"):
@@ -562,9 +565,7 @@ class ConsumeQueueStore:
             self._last_end = min(self._last_end, offset)
 
     def _scan_from(self, start: bytes, stop: bytes):
-        db = self._db
-        if db is None:
-            return
+        db = self._open_db()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(stop)
         it = db.iter(ro)
@@ -575,7 +576,8 @@ class ConsumeQueueStore:
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
         """Retention: drop the blocks whose last entry points below the log's new start; each
-        queue's `min_offset` moves past them."""
+        queue's `min_offset` moves past them (while the database is closed after a failed write:
+        done by the next check)."""
         db = self._db
         if db is None:
             return
@@ -622,8 +624,17 @@ class ConsumeQueueStore:
 
     def close(self) -> None:
         db, self._db = self._db, None
-        if db is not None:
+        if db is None:
+            return
+        try:
             db.close()
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
+            # RocksDB's close flushes too, and fails on a full disk or after a failed write:
+            # nothing it held is lost, the next start replays from the last durable checkpoint
+            if not (is_disk_full(e) or "previous error" in str(e)):
+                raise
+            log.error("consumequeue: close failed (%s); the next start replays from the checkpoint %d",
+                      str(e)[:200], self._ckpt)
 
 
 def _prefix_end(prefix: bytes) -> bytes:
