@@ -24,6 +24,7 @@ from .errors import MetadataError
 from .metadata_keys import (
     EPOCH,
     K_RECOVERY,
+    K_SECURITY,
     K_SESSION_INDEX,
     P_EPOCH,
     P_FILTER,
@@ -62,9 +63,10 @@ def _host_of(raw: bytes) -> str | None:
 class MetadataStore(RetainedMessages, Wills):
     """Crash-safe key/value metadata for gateways and consumers (see module docstring)."""
 
-    def __init__(self, path: str, *, sync: bool = False) -> None:
+    def __init__(self, path: str, *, sync: bool = False, max_open_files: int = -1) -> None:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        opts.set_max_open_files(max_open_files)      # the store's budget share (store/file_budget.py)
         try:
             self._db = Rdict(str(path), opts)
         except Exception as e:  # rocksdict raises plain Exception with the RocksDB status
@@ -535,6 +537,14 @@ class MetadataStore(RetainedMessages, Wills):
         self._write(wb)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    # -- users and ACL rules managed live (one document: store/node/security_service.py) -----
+    def get_security(self) -> bytes | None:
+        return self._db.get(K_SECURITY)
+
+    def put_security(self, doc: bytes) -> None:
+        self._flush_group()
+        self._put(K_SECURITY, doc)
+
     def flush(self) -> None:
         self._db.flush_wal(True)
 

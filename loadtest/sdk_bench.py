@@ -39,6 +39,7 @@ import time
 
 from lmqtt.gateway.mqtt import Decoder, encode, packets as P
 from lmqtt.loadtest.brokers import free_port  # below the ephemeral range: a restart finds its port free
+from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
 from lmqtt.store.client import connect, connect_async
 
 from . import redis_streams as R
@@ -46,15 +47,6 @@ from . import redis_streams as R
 ALL_CASES = ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
 
-
-
-def proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class LmqttProc:

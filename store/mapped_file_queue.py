@@ -1,6 +1,6 @@
 """`MappedFileQueue`: a directory of equal-size `MappedFile`s forming one contiguous address space.
 
-Used by the CommitLog (`segment_size` segments) and each ConsumeQueue (`cq_entries_per_file` x 20 B). Files are
+Used by the CommitLog (`segment_size` segments), the key index and the timer log. Files are
 named by their 20-digit zero-padded start offset, so offset -> file is one division. The list is
 replaced, never mutated in place (copy-on-write), so readers on other threads can take a snapshot
 without a lock.
@@ -17,7 +17,7 @@ import os
 import threading
 
 from .errors import NO_SPACE_ERRNOS, DiskFull, StoreError
-from .mapped_file import NAME_DIGITS, MappedFile, _fsync_dir, file_name
+from .mapped_file import NAME_DIGITS, MappedFile, _fsync_dir, file_name, release_idle
 
 
 def _missing_dirs(path: str) -> list[str]:
@@ -34,8 +34,11 @@ def _missing_dirs(path: str) -> list[str]:
 
 class MappedFileQueue:
     def __init__(self, directory: str, file_size: int, preallocate: bool = True,
-                 defer_dir_sync: bool = False) -> None:
+                 defer_dir_sync: bool = False, lazy: bool = False) -> None:
+        """`lazy`: files found at load are mapped on first use, and `release_idle` may unmap them
+        (the CommitLog: see MappedFile)."""
         self.dir = directory
+        self.lazy = lazy
         self.file_size = file_size
         self.preallocate = preallocate
         self.defer_dir_sync = defer_dir_sync
@@ -59,7 +62,7 @@ class MappedFileQueue:
             if files and start != files[-1].start_offset + self.file_size:
                 raise StoreError(f"{self.dir}: missing file between {files[-1].path} and {n}")
             files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size, create=False,
-                                    preallocate=self.preallocate))
+                                    preallocate=self.preallocate, lazy=self.lazy))
         self.files = files
 
     @property
@@ -146,6 +149,14 @@ class MappedFileQueue:
             self.files = keep
         for mf in drop:
             mf.destroy()
+
+    def mapped_count(self) -> int:
+        return sum(1 for mf in self.files if mf.mapped)
+
+    def release_idle(self, keep: int) -> int:
+        """Unmap files (never the last two: the one written and the one before it) until at most
+        `keep` are mapped (see `mapped_file.release_idle`). Returns how many were released."""
+        return release_idle(self.files[:-2], keep - min(2, len(self.files)))
 
     def close(self) -> None:
         for mf in self.files:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 
+from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.app.metrics import GatewayMetrics
 from lmqtt.gateway.core.broker import Broker
@@ -49,18 +51,23 @@ def build_security(cfg: GatewayConfig):
         except TlsConfigError as e:
             raise SecurityConfigError(str(e)) from None
     authenticators: list = []
-    if (cfg.cafile and ctx is not None) or cfg.password_file or cfg.hmac_keys or cfg.jwt_secret or cfg.jwt_public_key:
+    if (cfg.cafile and ctx is not None) or cfg.password_file or cfg.hmac_keys or cfg.jwt_secret or cfg.jwt_public_key \
+            or cfg.live_security:
         authenticators = _authenticators(cfg, ctx)
-    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
+    if not authenticators and not cfg.auth_http and not cfg.allow_anonymous and not is_loopback(cfg.host):
         raise SecurityConfigError(
             f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
             f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
-            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
-            f"anonymous clients on purpose")
+            f"--jwt-secret, --cafile with --require-certificate, --auth-http, --live-security), or pass "
+            f"--allow-anonymous to accept anonymous clients on purpose")
+    http = None
+    if cfg.auth_http:      # the user's HTTP service, asked first (gateway/security/http_auth.py)
+        from lmqtt.gateway.security.http_auth import HttpAuthService  # only when configured
+        http = HttpAuthService(cfg.auth_http, cfg.auth_http_timeout_s, cfg.auth_http_cache_s)
     chain = None
-    if authenticators:
+    if authenticators or http is not None:
         from lmqtt.gateway.security.auth import AuthChain  # only when configured
-        chain = AuthChain(authenticators, bool(cfg.allow_anonymous))
+        chain = AuthChain(authenticators, bool(cfg.allow_anonymous), http=http)
     acl = None
     if cfg.acl_file:
         from lmqtt.gateway.security.acl import AclError, AclFile  # only when configured
@@ -68,6 +75,10 @@ def build_security(cfg: GatewayConfig):
             acl = AclFile(cfg.acl_file)
         except AclError as e:
             raise SecurityConfigError(str(e)) from None
+    live = next((a for a in authenticators if a.name == "live"), None)
+    if http is not None or live is not None:    # the ACL sources in order (gateway/security/acl_chain.py)
+        from lmqtt.gateway.security.acl_chain import AclChain  # only when configured
+        acl = AclChain(acl, http, live)
     return ctx, chain, acl
 
 
@@ -80,6 +91,9 @@ def _authenticators(cfg: GatewayConfig, ctx) -> list:
             authenticators.append(ClientCertificate())   # a verified certificate names the user
         if cfg.password_file:
             authenticators.append(PasswordFile(cfg.password_file))
+        if cfg.live_security:       # users kept in the store (gateway/security/live.py)
+            from lmqtt.gateway.security.live import LiveSecurity  # only when configured
+            authenticators.append(LiveSecurity())
         if cfg.hmac_keys:
             authenticators.append(HmacSignature(cfg.hmac_keys))
         if cfg.jwt_secret or cfg.jwt_public_key:
@@ -243,6 +257,7 @@ class Gateway:
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
         self.sessions_directory = None   # remote: client id claims across the fleet (Redis or the store)
         self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
+        self.integrations: Integrations | None = None   # events, bridges, live security (gateway/integrations/)
 
     @property
     def remote(self) -> bool:
@@ -275,11 +290,14 @@ class Gateway:
         self.ssl_context, self.auth, self.acl = build_security(cfg)
         self.embedded = node = open_embedded(cfg, loop)
         try:
+            self.integrations = Integrations(self)
             self.broker = Broker(cfg, node.storage, loop, self.metrics, auth=self.auth,
                                  acl=self.acl, gate=self._new_gate(), append_listener=node.append_listener)
+            self.integrations.attach(self.broker)
             node.attach(self.broker.publisher.flush, self.broker.delivery.on_queues)
             self.broker.start()
             await self._listen(loop)
+            await self.integrations.start()
         except BaseException:
             for srv in self.servers:
                 srv.close()
@@ -321,9 +339,11 @@ class Gateway:
             # Redis is down, which is exactly when events are being lost
             self.storage.start()
             self._remote_metrics()
+            self.integrations = Integrations(self)
             self.broker = Broker(cfg, self.storage.metadata, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  session_registry_cls=FleetSessionRegistry,
                                  gate=self._new_gate(), gateway_id=gid)
+            self.integrations.attach(self.broker)
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
             # (a shared group's messages come from the store's assignment, not from a mirror)
@@ -348,6 +368,7 @@ class Gateway:
             await self.sessions_directory.start()
             self.broker.start()
             await self._listen(loop)
+            await self.integrations.start()
         except BaseException:
             for srv in self.servers:
                 srv.close()
@@ -430,7 +451,18 @@ class Gateway:
 
     def _new_gate(self):
         """The connection and rate limits (gateway/core/limits.py) the broker and its connections apply."""
-        return ConnectionGate(Limits.from_config(self.cfg))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        share = self.embedded.open_files_share if self.embedded is not None else 0
+        return ConnectionGate(Limits.from_config(self.cfg), open_files=(soft, share))
+
+    def files_line(self) -> str:
+        """The banner's line on open files: the store's share and the client sockets admitted."""
+        gate = self.broker.gate
+        limit, share = gate.open_files or (0, 0)
+        store = f"store {share} of {limit} open files, " if share else f"limit {limit} open files, "
+        return f"{store}client connections up to {gate.socket_cap} (then CONNACK 0x97)"
 
     def _install_limits(self) -> None:
         """The counters of the broker's connection and rate limits on /metrics:
@@ -546,6 +578,8 @@ class Gateway:
         """Stop accepting, close sessions (persisting offsets), flush and close the store."""
         if getattr(self, "_sys_handle", None) is not None:
             self._sys_handle.cancel()
+        if self.integrations is not None:        # bridges first: their local sessions end cleanly
+            await self.integrations.stop()
         for srv in self.servers:
             srv.close()
         if self.broker is not None:

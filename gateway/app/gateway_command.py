@@ -28,7 +28,14 @@ from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigErro
 from lmqtt.gateway.app.serve_command import add_listener_args, check_startup, tune_gc
 from lmqtt.notify.reachable import unreachable_note
 from lmqtt.store.client.errors import ConnectionLost, StoreClientError
-from lmqtt.store.node.process import install_event_loop, metrics_unavailable, set_process_title, setup_logging
+from lmqtt.store.client.failover import parse_addresses
+from lmqtt.store.node.process import (
+    install_event_loop,
+    metrics_unavailable,
+    raise_open_files_limit,
+    set_process_title,
+    setup_logging,
+)
 from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.command")
@@ -75,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.store_address:
             raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
                               "every member, HOST:PORT,HOST:PORT,...)")
+        try:
+            parse_addresses(cfg.store_address)
+        except ValueError as e:
+            raise ConfigError(f"--store: {e}") from None
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
@@ -88,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(cfg.log_level)
     if cfg.switch_interval_ms:
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
+    raise_open_files_limit()
     loop_name = install_event_loop()
     try:
         return asyncio.run(_serve(cfg, loop_name))
@@ -200,7 +212,7 @@ async def _serve(cfg, loop_name: str) -> int:
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
     host, port = gw.address
     if gw.auth is not None:
-        auth_line = (f"{', '.join(a.name for a in gw.auth.authenticators)}; anonymous "
+        auth_line = (f"{', '.join(gw.auth.names)}; anonymous "
                      f"{'allowed' if cfg.allow_anonymous else 'refused'}")
     elif cfg.allow_anonymous:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"

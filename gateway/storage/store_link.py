@@ -145,6 +145,7 @@ class LoopConnection(FollowsMembers):
         return s, dec, info, early
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
+        self.members.attached()
         s.setblocking(False)
         self._sock = s
         self._dec = dec
@@ -374,12 +375,19 @@ class LoopConnection(FollowsMembers):
             self.loop.remove_writer(self._sock.fileno())
 
     # ---------------------------------------------------------------- requests
+    def unavailable_reason(self) -> str:
+        """Why a request cannot be answered now; in a group, failing over, the member being dialled
+        may not be the one the last error names."""
+        if self.members.group:
+            return f"store group failing over (connecting to {self.address}; last: {self.last_error})"
+        return f"store at {self.address} unavailable: {self.last_error}"
+
     def request(self, op: int, body: bytes = b"", flags: int = 0) -> asyncio.Future:
         """Write one request now; the future gets (op, flags, body), or StoreClientError /
         ConnectionLost."""
         fut = self.loop.create_future()
         if not self.connected:
-            fut.set_exception(ConnectionLost(f"store at {self.address} unavailable: {self.last_error}"))
+            fut.set_exception(ConnectionLost(self.unavailable_reason()))
             return fut
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         self.members.sent(bool(self._pending))
@@ -430,7 +438,7 @@ class LoopConnection(FollowsMembers):
         finally:
             self._blocking -= 1
         if not fut.done():
-            raise ConnectionLost(f"store at {self.address} unavailable: {self.last_error}")
+            raise ConnectionLost(self.unavailable_reason())
         return fut.result()
 
     def wait_reply(self, fut: asyncio.Future, timeout: float | None = None) -> None:

@@ -97,6 +97,7 @@ class AsyncConnection(FollowsMembers):
         if why is not None:
             proto.transport.close()
             raise ConnectionLost(why)
+        m.attached()
         self.server_info = info
         self.ident = info.get("ident")
         self._proto = proto

@@ -95,6 +95,7 @@ class Connection(FollowsMembers):
         if why is not None:
             s.close()
             raise ConnectionLost(why)
+        m.attached()
         self.ident = info.get("ident")
         self.server_info = info
         self._sock = s

@@ -22,13 +22,21 @@ from .handshake import dial
 
 
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
+    """"host:port", "[v6]:port" or "host" -> (host, port); ValueError naming the address when
+    its port is not a port number."""
     if address.startswith("["):
         host, _, rest = address[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
+        return host, _port(address, rest[1:]) if rest.startswith(":") else default_port
     host, sep, port = address.rpartition(":")
     if not sep:
         return address, default_port
-    return host or "127.0.0.1", int(port)
+    return host or "127.0.0.1", _port(address, port)
+
+
+def _port(address: str, text: str) -> int:
+    if text.isdigit() and 0 < int(text) < 65536:
+        return int(text)
+    raise ValueError(f"store address {address!r}: {text!r} is not a port number (HOST:PORT, PORT 1..65535)")
 
 
 def parse_addresses(address: str, default_port: int = W.DEFAULT_PORT) -> list[tuple[str, int]]:
@@ -194,7 +202,8 @@ class Members:
         self.host, self.port = self.addresses[0]
         self.group = len(self.addresses) > 1
         self.failover_timeout = failover_timeout
-        self.failovers = 0              # times the connection moved to another member
+        self.failovers = 0              # times the connection was attached to another member than before
+        self._attached_to: tuple[str, int] | None = None
         self.stall_timeout = 5.0
         self.probe_after = 1.0
         self.probe_interval = 0.5
@@ -224,10 +233,14 @@ class Members:
         if keeps_expected(self.expected, self.at, primary):
             self.stay = True
             return
-        target = next_member(self.addresses, self.at, primary)
-        if target != self.at:
+        # (not counted here: while a primary is elected the connection tries the members in turn)
+        self.host, self.port = next_member(self.addresses, self.at, primary)
+
+    def attached(self) -> None:
+        """The connection is up on the member aimed at: a failover when it is another than before."""
+        if self._attached_to is not None and self.at != self._attached_to:
             self.failovers += 1
-        self.host, self.port = target
+        self._attached_to = self.at
 
     def refusal(self, info: dict) -> str | None:
         """A HELLO_OK: None when this member serves requests; else why not, the connection

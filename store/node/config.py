@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from lmqtt.store.config import min_segment_mb as engine_min_segment_mb
 from lmqtt.store.ha.peers import group_problem
-from lmqtt.store.tier.config import check_tier as tier_check
+from lmqtt.store.tier.config import check_tier as tier_check, parse_retention
 
 FLUSH_MODES = ("sync", "async", "async+buffer")
 
@@ -49,6 +49,14 @@ def min_segment_mb() -> int:
     """The smallest CommitLog segment in MiB (the engine's `store/config.py min_segment_mb`): what
     `segment_mb` of `lmqtt serve` and `lmqtt store` is checked against before a data dir is touched."""
     return engine_min_segment_mb()
+
+
+def retention_ms(text: str) -> int:
+    """A `retention` setting (10m, 72h, 7d) -> milliseconds; ValueError naming the setting."""
+    ms, size = parse_retention(text, "retention")
+    if ms is None or size is not None or ms <= 0:
+        raise ValueError(f"retention must be a duration such as 10m, 72h or 7d, got {text!r}")
+    return ms
 
 
 def check_tier(url: str, endpoint: str | None = None, local_retention: str | None = None,
@@ -189,6 +197,10 @@ class NodeConfig:
     flush_mode: str = setting("async", "store flush mode (default async)", choices=FLUSH_MODES)
     segment_mb: int = setting(32, "CommitLog segment size in MiB of a new data dir (default 32, preallocated; an "
                                   "existing data dir keeps its own; a busy server: 256)")
+    retention: str = setting("72h", "how long sealed CommitLog segments are kept: 10m, 72h, 7d (default 72h; with "
+                                    "--tier: --local-retention)")
+    max_open_files: int = setting(0, "the store's share of the open-files limit: RocksDB table files, mapped "
+                                     "CommitLog segments (default 0: half the process limit, at most 4096)", low=0)
     max_frame_mb: int = setting(64, "largest accepted frame in MiB (default 64)", low=1, unit="MiB")
     redis: str | None = setting(None, "also publish new-data events to Redis pub/sub (gateways with --redis)")
     notify_mode: str = setting("broadcast", "Redis notify mode (default broadcast)", choices=("broadcast", "precise"))
@@ -331,6 +343,10 @@ class NodeConfig:
                 raise ConfigError(f"{f.name} must be {low:g}..{high:g}" + (f" {unit}" if unit else "") + f", got {v}")
             if kinds_of(type(self))[f.name] is float:
                 setattr(self, f.name, n)
+        try:
+            retention_ms(self.retention)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if int(self.segment_mb) < min_segment_mb():
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")

@@ -34,6 +34,7 @@ from lmqtt.lightqueue.replay import read_history
 from lmqtt.lightqueue.topics import validate_filter
 from lmqtt.notify import InProcessBus
 from lmqtt.store import MessageStore, StoreConfig
+from lmqtt.store.node.config import retention_ms
 from lmqtt.store.node.inprocess import storage as in_process_storage
 from lmqtt.store.node.sdk_service import install
 from lmqtt.store.node.tier_parquet import attach_parquet
@@ -81,6 +82,8 @@ class EmbeddedStore:
         self.bus = bus              # notify.InProcessBus
         self.storage: Storage = in_process_storage(store, lq)
         self.append_listener = bus           # drain() after each append, drain_follows
+        from lmqtt.store.node.security_service import SecurityDocs  # live users and ACL rules: --live-security only
+        self.security = SecurityDocs(lq.metadata)   # users and ACL rules managed live (--live-security)
 
     def attach(self, flush_before_register: Callable[[], Any], on_queues: Callable[[Iterable[str]], None]) -> None:
         """The broker's hooks: registrations by SDK consumers (the store port) append the routed
@@ -96,6 +99,12 @@ class EmbeddedStore:
     def tier_stats(self) -> dict | None:
         """The tier's use, None without --tier."""
         return self.store.tier_stats()
+
+    @property
+    def open_files_share(self) -> int:
+        """The descriptors the store may hold (store/file_budget.py): the gateway's sockets get
+        what the process limit leaves."""
+        return self.store.budget.total
 
     def topic_ends(self) -> dict[tuple[str, int], int]:
         """{(first-level topic, queue id): end} of every ConsumeQueue."""
@@ -116,6 +125,8 @@ class EmbeddedStore:
         srv = StoreServer(self.store, os.path.join(data_dir, "sdk-meta"), host=host, port=port, token=token)
         try:
             install(srv, self.lq)
+            from lmqtt.store.node import security_service  # live users and ACL rules: --live-security only
+            security_service.install(srv, self.security)
         except BaseException:
             srv.meta.close()
             raise
@@ -142,7 +153,8 @@ def open_embedded(cfg: Any, loop: Any) -> EmbeddedStore:
     notify_window_ms), its notify bus on `loop`. What it opened is closed again if a later step fails."""
     data = Path(cfg.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode, segment_size=int(cfg.segment_mb) << 20)
+    scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode, segment_size=int(cfg.segment_mb) << 20,
+                       retention_ms=retention_ms(cfg.retention), max_open_files=int(cfg.max_open_files))
     if cfg.dispatch_inline:
         scfg.dispatch_inline = True
     store = MessageStore(scfg)

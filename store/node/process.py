@@ -14,6 +14,8 @@ import fcntl
 import logging
 import os
 import pwd
+import resource
+import shutil
 import sys
 
 
@@ -27,6 +29,20 @@ class KeyValueFormatter(logging.Formatter):
         if record.exc_info:
             base += " exc=" + repr(self.formatException(record.exc_info))
         return base
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft open-files limit to the hard one, what the administrator allows (shells
+    start programs with a soft limit of 1,024 however high the hard one is), before anything is
+    opened; -> the limit now. The store's share of it and the clients' are in store/file_budget.py."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and hard != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def install_event_loop() -> str:
@@ -135,6 +151,14 @@ class DataDirError(Exception):
 
 
 LOCK_FILE = "lmqtt.lock"
+
+
+def remove_refused_data_dir(path: str, existed: bool) -> None:
+    """A start refused after the data dir was made (a port in use, a failing listener): the data
+    dir goes again when this start created it, so a mistyped flag leaves nothing behind. Called
+    while the lock is still held (no other process can be using it); one that was there is kept."""
+    if not existed:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def lock_data_dir(path: str, command: str) -> int:

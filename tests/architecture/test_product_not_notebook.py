@@ -85,6 +85,7 @@ def test_the_tree_stays_readable():
 # loadtest modules with a command line that are not `lmqtt bench` commands, and why
 NOT_BENCH_COMMANDS = {
     "lmqtt.loadtest.fleet_launcher": "the `lmqtt-fleet` broker process that `bench compare` starts, not a benchmark",
+    "lmqtt.loadtest.auth_service": "the HTTP auth service `bench compare`'s lmqtt-auth-http broker runs against",
 }
 
 

@@ -49,7 +49,11 @@ def test_sync_async_and_loop_connections_follow_one_members_policy():
         conn.host, conn.port = B           # the connection's own attributes are its members'
         m.expected = None                  # no probe finding: a member's word is followed
         m.move("127.0.0.1:7001")
-        assert _aimed(conn) == A and conn.failovers == 2, type(conn).__name__
+        assert _aimed(conn) == A, type(conn).__name__
+        m.attached()                       # up on A: the first attachment is no failover
+        m.move(None)
+        m.attached()                       # up on B: one
+        assert conn.failovers == 1, type(conn).__name__
     loop.close()
 
 
