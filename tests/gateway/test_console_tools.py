@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -293,7 +294,6 @@ def test_wrong_token_is_refused_not_unreachable(tmp_path):
 def test_the_token_comes_from_LMQTT_STORE_TOKEN_as_for_the_store_and_the_gateway(tmp_path):
     """`lmqtt store` and `lmqtt gateway` take their token from $LMQTT_STORE_TOKEN; so do the tools
     that talk to them, and `--token` wins over it. A refusal says where the token comes from."""
-    import os
     from tests.support import LmqttStore
     st = LmqttStore(str(tmp_path / "d"), extra_args=("--token", "s3cret"),
                     log_path=str(tmp_path / "store.log")).start()
