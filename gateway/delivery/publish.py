@@ -246,9 +246,7 @@ class PublishPipeline:
         if conn is None:
             return
         if qos and s is not None:
-            s.inbound_pending.discard(pid)
-            if s.inbound_keys:
-                s.inbound_keys.pop(pid, None)
+            s.publish_failed(pid)
         if conn.version != 5:
             raise ProtocolError(str(err), err.reason_code)
         if qos == 0:
@@ -400,14 +398,11 @@ class PublishPipeline:
             s = p.session
             pid = p.pid
             if s is not None:
-                s.inbound_pending.discard(pid)
-                if p.qos == 2:
-                    s.inbound_qos2.add(pid)
-                    if s.inbound_keys:                  # written ahead (core/broker.py): stored now
-                        s.inbound_keys.pop(pid, None)
-                    if s.expiry_interval and self.qos2_stored is not None:
-                        self.qos2_stored(s, pid)    # PUBREC once the id is durable
-                        continue
+                # the session machine: the id stored (QoS 2: awaiting PUBREL); True: a persistent
+                # session's PUBREC waits for its record
+                if s.publish_stored(p.qos, pid) and self.qos2_stored is not None:
+                    self.qos2_stored(s, pid)    # PUBREC once the id is durable
+                    continue
                 target = s.conn
             else:
                 target = conn
@@ -440,9 +435,7 @@ class PublishPipeline:
         client re-sends it (DUP) when it reconnects. A QoS 0 publish is dropped (counted)."""
         conn = p.conn
         if p.qos and p.session is not None:
-            p.session.inbound_pending.discard(p.pid)
-            if p.session.inbound_keys:                # written ahead, not stored: forgotten
-                p.session.inbound_keys.pop(p.pid, None)
+            p.session.publish_failed(p.pid)           # not stored: forgotten (written ahead too)
         if conn is None or conn.closing or p.qos == 0:
             return
         full = isinstance(err, DiskFull)

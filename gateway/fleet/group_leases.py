@@ -15,8 +15,8 @@ takes them, or, with none left that can, they go back to the store for the other
 `ttl_s`), what it held is given to the other gateways' members: the lease time bounds that
 redelivery's delay.
 
-The group's local cursor is not used to read the queue here (`SharedGroup.cursor.inflight` still
-says which member holds which offset); the group's committed offset is the store's.
+The group's local cursor is not used to read the queue here (its in-flight offsets still say
+which member holds which offset); the group's committed offset is the store's.
 `lmqtt serve` (one gateway) never uses this: its groups read the queue directly.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.model.record_props import MetaCache
-from lmqtt.gateway.model.session import OutboundMessage
-from lmqtt.gateway.model.shared_groups import SharedGroup
+from lmqtt.gateway.session import OutboundMessage
+from lmqtt.gateway.model.shared_groups import SharedGroup, can_take
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_groups import RemoteGroups
@@ -54,7 +54,7 @@ class FleetGroup:
     def deliver(self, g: SharedGroup, send: Callable) -> bool:
         """Hand what this gateway holds of `g` to its members, then ask the store for more."""
         held = g.redeliver
-        inflight = g.cursor.inflight
+        cursor = g.cursor
         while held:
             pick = g.pick()
             if pick is None:
@@ -62,7 +62,7 @@ class FleetGroup:
             it = held.popleft()
             send(g, pick[0], pick[1], it)
             off = it.queue_offset
-            if off not in inflight:      # QoS 0, withheld by the ACL, or dropped for the client: done
+            if not cursor.holds(off):    # QoS 0, withheld by the ACL, or dropped for the client: done
                 self.done.append(off)
         if self.done:
             self.owner.flush_soon(g)
@@ -91,8 +91,8 @@ class FleetGroup:
         """Messages this gateway's members can take now, minus those it holds already."""
         n = 0
         for s, _sub in g.members:
-            if s.can_send():
-                n += s.receive_max - len(s.outbound)
+            if can_take(s):
+                n += s.window_room()
         return n - len(g.redeliver)
 
     def ask(self, g: SharedGroup) -> None:

@@ -31,7 +31,8 @@ UNITS = [
     "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades",
     "lmqtt.gateway.net",
-    "lmqtt.gateway.security", "lmqtt.gateway.model", "lmqtt.gateway.delivery", "lmqtt.gateway.core",
+    "lmqtt.gateway.security", "lmqtt.gateway.session", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
+    "lmqtt.gateway.core",
     "lmqtt.gateway.fleet", "lmqtt.gateway.app", "lmqtt.gateway.app.config",
     "lmqtt.loadtest", "lmqtt.loadtest.chaos", "lmqtt.loadtest.chaos.checker", "lmqtt.loadtest.fleet_launcher", "lmqtt.examples",
 ]
@@ -92,22 +93,26 @@ MAY_IMPORT: dict[str, set[str]] = {
                               "lmqtt.gateway.storage.facades",
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
                               "lmqtt.store.record", "lmqtt.lightqueue.records"},
+    # the MQTT session machine (sans-IO, as the codec): the codec, nothing else of ours
+    "lmqtt.gateway.session": {"lmqtt.gateway.mqtt"},
     "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel",    # accel: the C loader (net/_park.c)
-                          "lmqtt.gateway.model"},    # model.rare: the RareField descriptor a Session uses too
+                          "lmqtt.gateway.session"},  # a parked session's fold; session.rare, the RareField an MqttSession uses too
     "lmqtt.gateway.security": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net"},
-    "lmqtt.gateway.model": {"lmqtt.gateway.mqtt", "lmqtt.lightqueue.records", "lmqtt.store.client"},
-    "lmqtt.gateway.delivery": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.storage.facades",
+    "lmqtt.gateway.model": {"lmqtt.gateway.mqtt", "lmqtt.gateway.session", "lmqtt.lightqueue.records",
+                            "lmqtt.store.client"},
+    "lmqtt.gateway.delivery": {"lmqtt.gateway.mqtt", "lmqtt.gateway.session", "lmqtt.gateway.model",
+                               "lmqtt.gateway.storage.facades",
                                "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.store.errors",
                                "lmqtt.store.message"},
-    "lmqtt.gateway.core": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
+    "lmqtt.gateway.core": {"lmqtt.gateway.mqtt", "lmqtt.gateway.session", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
                            "lmqtt.gateway.storage.facades", "lmqtt.gateway.net", "lmqtt.gateway.security",
                            "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
-    "lmqtt.gateway.fleet": {"lmqtt.gateway.model", "lmqtt.gateway.core", "lmqtt.gateway.storage",
+    "lmqtt.gateway.fleet": {"lmqtt.gateway.session", "lmqtt.gateway.model", "lmqtt.gateway.core", "lmqtt.gateway.storage",
                             "lmqtt.gateway.storage.facades", "lmqtt.gateway.mqtt"},
     # the composition root: `lmqtt serve`'s store is an in-process store node (store/node/embedded.py),
     # reached through lmqtt.store.node and the facades; like the rooms below it, app/ imports the
     # engine's and the light queues' vocabulary only, never the engine, the light queues or RocksDB
-    "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
+    "lmqtt.gateway.app": {"lmqtt.gateway.mqtt", "lmqtt.gateway.session", "lmqtt.gateway.model", "lmqtt.gateway.delivery",
                           "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades", "lmqtt.gateway.net",
                           "lmqtt.gateway.security", "lmqtt.gateway.core", "lmqtt.gateway.fleet", "lmqtt.store.client",
                           "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",

@@ -442,7 +442,7 @@ def test_a_subscribe_is_decided_from_answers_asked_together_without_the_store(qu
     stopped (remote: any request waited for would hang), the subscriptions start after what was
     stored, the retained messages are at hand; afterwards the store holds exactly the filter
     holds taken, not the one asked for a filter that was then refused."""
-    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.gateway.session import ClientSubscription, MqttSession
     from lmqtt.gateway.mqtt import packets as P
 
     async def go():
@@ -452,7 +452,7 @@ def test_a_subscribe_is_decided_from_answers_asked_together_without_the_store(qu
         q, flt, refused = base + "/t", base + "/+", f"{_name('refused')}/+"
         st.retained.set(q, b"kept", b"")
         await _append(st, q, [b"old"])
-        s = Session(_name("c"))
+        s = MqttSession(_name("c"))
         p = reg.prepare(s, [P.SubscriptionRequest(f, qos=1) for f in (flt, q, refused)], None, st.retained)
         await asyncio.wait_for(_all(p.ready), 20)
         assert p.failure() is None
@@ -474,7 +474,7 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
     """What a fleet gateway's CONNECT of a session served elsewhere relies on (`prepare_resume`):
     its filters new here held, its queues' ends, a new shared group's committed offset and the
     message it had in flight come in together; restored with the store stopped, from them."""
-    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.gateway.session import ClientSubscription, MqttSession
     from lmqtt.lightqueue.records import Subscription
 
     async def go():
@@ -490,7 +490,7 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
         p = reg.prepare_resume(subs, [(q, 1)])
         await asyncio.wait_for(_all(p.ready), 20)
         assert p.failure() is None
-        s = Session(_name("c"))
+        s = MqttSession(_name("c"))
         with queue_side.frozen():
             with reg.deciding(p):
                 reg.restore(s, ClientSubscription(flt, flt, 1, None), None)

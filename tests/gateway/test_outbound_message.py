@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmqtt.gateway.mqtt import Decoder
 from lmqtt.gateway.model.record_props import RecordMeta
-from lmqtt.gateway.model.session import OutboundMessage
+from lmqtt.gateway.session import OutboundMessage
 
 
 def test_a_message_at_another_queue_offset_shares_its_encodings():

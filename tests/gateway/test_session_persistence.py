@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.model.session import Cursor, Session
+from lmqtt.gateway.session import Cursor, MqttSession
 from lmqtt.gateway.model.shared_groups import SharedGroup
 from lmqtt.gateway.storage.facades import Answer
 
@@ -24,8 +24,8 @@ class Metadata:
         return Answer.of(None)
 
 
-def _session(cid: str, offset: int) -> Session:
-    s = Session(cid)
+def _session(cid: str, offset: int) -> MqttSession:
+    s = MqttSession(cid)
     s.expiry_interval = 60
     s.cursors["q"] = Cursor(offset)
     return s

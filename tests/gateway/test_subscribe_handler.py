@@ -10,7 +10,7 @@ import contextlib
 from lmqtt.gateway.storage.facades import Answer
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ReasonCode as RC, packets as P
-from lmqtt.gateway.model.session import Session
+from lmqtt.gateway.session import MqttSession
 from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
 from lmqtt.gateway.core.subscription_registry import Prepared
 
@@ -20,7 +20,7 @@ class Conn:
 
     def __init__(self, version: int) -> None:
         self.version = version
-        self.session = Session("c1")
+        self.session = MqttSession("c1")
         self.session.version = version
         self.session.expiry_interval = 60          # persistent: the record and offsets are saved
         self.client_id = "c1"
