@@ -150,10 +150,11 @@ class Outbound:
         return encode(P.PubRel(pid), self.version), None, self.expiry_interval > 0
 
     def pubcomp_received(self: "MqttSession", pid: int) -> InFlight | None:
-        """PUBCOMP: the QoS 2 message released, or None for an id not in flight at QoS 2."""
+        """PUBCOMP: the QoS 2 message released (MQTT-4.3.3-5), or None for an id with no PUBREL
+        sent (not in flight, or still awaiting its PUBREC): ignored."""
         window = self._window
         inf = window.get(pid)
-        if inf is None or inf[1] != 2:
+        if inf is None or inf[7] != WAIT_COMP:
             return None
         del window[pid]
         self._release_cursor(inf)
@@ -265,13 +266,13 @@ class Outbound:
 
     # -- messages offered ---------------------------------------------------------------------
     def send(self: "MqttSession", message: OutboundMessage, qos: int, retain: bool, write: Callable[[bytes], Any],
-             tally: Tally, group: Any = None, sub_ids=None) -> int | None | bool:
+             tally: Tally, group: Any = None, sub_ids=None, now_ms: float | None = None) -> int | None | bool:
         """One PUBLISH (the window has room, checked by the caller for QoS 1/2): the packet id for
         QoS 1/2, None for QoS 0, or False when the message was dropped for this client (expired,
         or over its Maximum Packet Size; counted). `group`: the shared group that handed it out
         (its offset is the group's to release)."""
         pid = self._take_ids(1)[0] if qos else None
-        data = self.publish_bytes(message, qos, retain, pid, False, sub_ids)
+        data = self.publish_bytes(message, qos, retain, pid, False, sub_ids, now_ms)
         if type(data) is not bytes:
             self.count_drop(data, tally)
             return False
@@ -288,14 +289,15 @@ class Outbound:
 
     def offer(self: "MqttSession", q: str, messages: list[OutboundMessage], next_offset: int,
               write: Callable[[bytes], Any], tally: Tally, budget: int,
-              can_read: Callable[[str], bool] | None = None) -> int:
+              can_read: Callable[[str], bool] | None = None, now_ms: float | None = None) -> int:
         """Send what this session can take of `messages` (one pulled batch of queue `q`, which it
         reads through a direct subscription; `next_offset`: the offset after the batch). Stops at
         the first QoS 1/2 message the window has no room for, so per-queue order is kept and the
         cursor stays on that message; `budget`: payload bytes this call may queue (the socket's
         high-water mark: writes are coalesced until the end of the loop iteration, so a client
         that never reads must not get window x payload queued at once). `can_read(topic)`: the
-        ACL's read rule, when it applies to `q`. Returns OVER | QOS2_SENT bits.
+        ACL's read rule, when it applies to `q`; `now_ms`: the time a Message Expiry Interval is
+        counted to (None: the clock, read when a message has one). Returns OVER | QOS2_SENT bits.
 
         The hot loop of fan-out: everything per-session is hoisted out of it."""
         cur = self.cursors[q]
@@ -315,7 +317,6 @@ class Outbound:
         maxp = self._max_packet
         one_ids = (sub.subscription_id,) if sub.subscription_id else None
         inflight = cur._inflight
-        now_ms = None
         nxt = cur.next_offset
         sent0 = sent1 = sent2 = 0
         first_ts = None           # store timestamps of messages sent here for the first time
@@ -411,7 +412,8 @@ class Outbound:
 
     def offer_records(self: "MqttSession", q: str, msgs: list, next_offset: int, write: Callable[[bytes], Any],
                       flush: Callable[[], Any], tally: Tally, budget: int, metas: dict,
-                      meta_of: Callable[[bytes], Any], outbound: Callable[[Any], OutboundMessage]) -> int:
+                      meta_of: Callable[[bytes], Any], outbound: Callable[[Any], OutboundMessage],
+                      now_ms: float | None = None) -> int:
         """`offer` for a single reader (`takes_runs`) over pulled records `msgs` (StoredMessages, or
         the remote store's RemoteMessages, read by name): plain messages (QoS 0 or 1 for this
         reader, no Message Expiry Interval, MQTT 3.1.1 or no MQTT 5 properties) go into a run,
@@ -472,7 +474,7 @@ class Outbound:
                 ids = None
                 used = 0
                 cur.next_offset = nxt
-                flags |= self.offer(q, [outbound(m)], off + 1, write, tally, budget)
+                flags |= self.offer(q, [outbound(m)], off + 1, write, tally, budget, None, now_ms)
                 if flags & OVER:
                     over = True
                 if cur.next_offset != off + 1:        # the window is full (or the bytes budget)
@@ -623,7 +625,8 @@ class Outbound:
             it, qos, ids = bl.popleft()
             self.send(it, qos, True, write, tally, sub_ids=ids)
 
-    def resume(self: "MqttSession", write: Callable[[bytes], Any], tally: Tally) -> list[InFlight]:
+    def resume(self: "MqttSession", write: Callable[[bytes], Any], tally: Tally,
+               now_ms: float | None = None) -> list[InFlight]:
         """After a reconnect (MQTT-4.4.0-1): every exchange in flight again, in send order, with
         its packet id: PUBLISH with DUP=1 (MQTT-3.3.1-1) for those awaiting PUBACK/PUBREC, PUBREL
         for those past PUBREC. Returns the messages that no longer fit the client's Maximum Packet
@@ -633,7 +636,7 @@ class Outbound:
         dropped = []
         for inf in window.values():
             if inf[7] == WAIT_ACK:
-                data = self.publish_bytes(inf.message, inf[1], inf[2], inf[0], True, inf[6], resend=True)
+                data = self.publish_bytes(inf.message, inf[1], inf[2], inf[0], True, inf[6], now_ms, resend=True)
                 if type(data) is not bytes:
                     self.count_drop(data, tally)
                     dropped.append(inf)
