@@ -35,6 +35,8 @@ BENCH: dict[str, tuple[str, str]] = {
     "ab": ("lmqtt.loadtest.ab_bench", "Two versions (git revisions or trees) through store/lightqueue/compare, alternated"),
     "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
     "chaos": ("lmqtt.loadtest.chaos.cli", "kill -9 / SIGSTOP / disk full under mixed load; lost, duplicated, reordered"),
+    "soak": ("lmqtt.loadtest.soak_bench", "Hours at a steady rate with churn and retention: memory, files, maps, disk, latency over time"),
+    "topics": ("lmqtt.loadtest.topics_bench", "Many first-level topics: publish, restart, read back; open files, maps, RSS, disk"),
     "ha": ("lmqtt.loadtest.ha_bench", "A replicated store group: replicated append vs one node, failover time, nothing lost"),
 }
 

@@ -148,9 +148,33 @@ def exact_tag(flt: str) -> int:
     return -1 if is_wildcard(flt) else tags_code_of(flt.encode())
 
 
-def _segs(store) -> tuple[list, int]:
+def _segs(store, pieces: list | None = None) -> tuple[list, int]:
+    """The CommitLog segments the entries of `pieces` point into (None: every segment), mapped (a
+    run of consecutive segments, as `scan` wants them): only those, since mapping every segment of
+    a long retention for one read would cost a descriptor and a map each (store/file_budget.py)."""
     mfq = store.clog.mfq
-    return [(mf.start_offset, mf.mm) for mf in mfq.files], mfq.file_size
+    files = mfq.files
+    size = mfq.file_size
+    if pieces is None:
+        return [(mf.start_offset, mf.mm) for mf in files], size
+    lo = hi = None
+    for _, piece in pieces:
+        for i in range(0, len(piece), ENTRY_SIZE):
+            phys, n, _ = ENTRY.unpack_from(piece, i)
+            if n:
+                lo = phys if lo is None else min(lo, phys)
+                break
+        for i in range(len(piece) - ENTRY_SIZE, -1, -ENTRY_SIZE):
+            phys, n, _ = ENTRY.unpack_from(piece, i)
+            if n:
+                hi = phys if hi is None else max(hi, phys)
+                break
+    if not files or lo is None or hi is None:
+        return [], size
+    base = files[0].start_offset
+    i0 = max(0, (lo - base) // size)
+    i1 = min(len(files), (hi - base) // size + 1)
+    return [(mf.start_offset, mf.mm) for mf in files[i0:i1]], size
 
 
 # ------------------------------------------------------------------ sources and positions
@@ -158,10 +182,10 @@ def sources(store, flt: str) -> list[tuple[str, int]]:
     """The ConsumeQueues that can hold messages matching `flt`: its first-level topic's (every queue
     id); every first-level topic's for a filter starting with a wildcard (except `$` ones)."""
     first = flt.split("/", 1)[0]
-    keys = list(store.consume_queues.max_offsets())
+    cqs = store.consume_queues
     if first in ("+", "#"):
-        return sorted(k for k in keys if not k[0].startswith("$"))
-    return sorted(k for k in keys if k[0] == first)
+        return sorted(k for k in cqs.max_offsets() if not k[0].startswith("$"))
+    return [(first, qid) for qid in cqs.queue_ids(first)]
 
 
 def cq_offset_for_time(store, fl: str, qid: int, ts: int) -> int:
@@ -226,7 +250,6 @@ def _scan_queue(store, fl: str, qid: int, q0: int, q_end: int, flt: str, tag: in
         return out, idx, q0, 0, 0
     q0 = max(q0, cq.min_offset)
     n = min(max(0, min(q_end, cq.max_offset) - q0), budget)
-    segs, seg_size = _segs(store)
     fb = flt.encode()
     count = bad = 0
     nq = q0
@@ -235,6 +258,7 @@ def _scan_queue(store, fl: str, qid: int, q0: int, q_end: int, flt: str, tag: in
         pieces = cq.pieces(q0, n)
     except ValueError:              # a file deleted by retention meanwhile
         return out, idx, q0, 0, 2
+    segs, seg_size = _segs(store, pieces)
     for first, piece in pieces:
         left_b = max_bytes - len(out) if max_bytes else 0
         if (max_count and count >= max_count) or (max_bytes and count and left_b <= 0):

@@ -63,7 +63,8 @@ class LightQueueIndex(IndexReads):
 
     name = "lightqueue"
 
-    def __init__(self, path: str, *, write_buffer_mb: int = 64, preload_names: int = 2_000_000) -> None:
+    def __init__(self, path: str, *, write_buffer_mb: int = 64, preload_names: int = 2_000_000,
+                 max_open_files: int = -1) -> None:
         """Open the index. Up to `preload_names` queue names are loaded into memory at open, so
         that a name missing from memory is known to be new without a RocksDB lookup (profiling
         the million-new-queues load showed that miss as the second cost after the write)."""
@@ -71,6 +72,7 @@ class LightQueueIndex(IndexReads):
         opts.create_if_missing(True)
         opts.set_write_buffer_size(write_buffer_mb << 20)
         opts.set_max_background_jobs(2)
+        opts.set_max_open_files(max_open_files)      # the store's budget share (store/file_budget.py)
         # Name lookups of brand-new queues are misses: bloom filters (SST and memtable) answer
         # most of them without a skiplist/SST search.
         bbo = BlockBasedOptions()

@@ -46,9 +46,12 @@ class LightQueueStore:
         """Open (or create) the light queues under `path`; call before `store.start()`."""
         os.makedirs(path, exist_ok=True)
         self._store = store
-        self.metadata = MetadataStore(os.path.join(path, "meta"), sync=metadata_sync)
+        # each database keeps at most the store's per-database share of table files open
+        budget = getattr(store, "budget", None)
+        tables = budget.rocksdb_tables if budget is not None else -1
+        self.metadata = MetadataStore(os.path.join(path, "meta"), sync=metadata_sync, max_open_files=tables)
         try:
-            self.index = LightQueueIndex(os.path.join(path, "index"))
+            self.index = LightQueueIndex(os.path.join(path, "index"), max_open_files=tables)
         except Exception:
             self.metadata.close()
             raise

@@ -48,9 +48,10 @@ def _host_of(raw: bytes) -> str | None:
 class MetadataStore(RetainedMessages, Wills):
     """Crash-safe key/value metadata for gateways and consumers (see module docstring)."""
 
-    def __init__(self, path: str, *, sync: bool = False) -> None:
+    def __init__(self, path: str, *, sync: bool = False, max_open_files: int = -1) -> None:
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        opts.set_max_open_files(max_open_files)      # the store's budget share (store/file_budget.py)
         try:
             self._db = Rdict(str(path), opts)
         except Exception as e:  # rocksdict raises plain Exception with the RocksDB status

@@ -40,7 +40,7 @@
  * store/record.py and refuses a HEADER format or HEADER_FIELDS that differ from record_head_fields
  * in an offset, a width or a name (so a layout change in Python cannot silently produce records C
  * and Python disagree on). */
-/* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue.py
+/* the ConsumeQueue entry packed per record: phys u64, size u32, tags u64 (store/consume_queue_entries.py
  * ENTRY), checked by configure() against ENTRY's format and ENTRY_FIELDS */
 enum { CQ_PHYS = 0, CQ_SIZE = 8, CQ_TAGS = 12 };
 static const field_t cq_entry_fields[] = {{"phys_offset", CQ_PHYS, 8}, {"size", CQ_SIZE, 4},
@@ -579,7 +579,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         PyBuffer_Release(&pb);
         put32(p + F_CRC, crc32_buf(0, p + CRC_START, (size_t)(total - CRC_START)));
         ob.len += total;
-        {   /* the ConsumeQueue entry: phys u64, size u32, tags u64 (store/consume_queue.py) */
+        {   /* the ConsumeQueue entry: phys u64, size u32, tags u64 (store/consume_queue_entries.py) */
             Py_ssize_t cl0 = PyByteArray_GET_SIZE(cq_cur);
             if (PyByteArray_Resize(cq_cur, cl0 + CQ_ENTRY_SIZE) < 0) { Py_DECREF(total_o); goto done; }
             unsigned char *e = (unsigned char *)PyByteArray_AS_STRING(cq_cur) + cl0;

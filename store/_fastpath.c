@@ -17,11 +17,11 @@
  * takes, for it, the DispatchRequest type (its _fields checked), the key separator and MSG_MAGIC,
  * and checks the whole record header (it reads every field).
  *
- * cq_entries (below) packs the ConsumeQueue entries of a run of records (store/consume_queue.py
+ * cq_entries (below) packs the ConsumeQueue entries of a run of records (store/consume_queue_entries.py
  * `_entries`, its reference), which every store process's dispatch does per record.
  *
  * configure(layout) must succeed first (store/fastpath.py calls it at import, with
- * `fastpath.C_LAYOUT`): the ConsumeQueue entry format, field names and size (store/consume_queue.py
+ * `fastpath.C_LAYOUT`): the ConsumeQueue entry format, field names and size (store/consume_queue_entries.py
  * ENTRY, ENTRY_FIELDS), and the record header format and field names (store/record.py HEADER,
  * HEADER_FIELDS). They are checked against the fields these loops read (offset, width and name;
  * the tables below and store/_layout.h) and a mismatch raises ValueError naming the field, so a
@@ -53,7 +53,7 @@
 #include "_layout.h"
 
 /* What these loops read, checked by configure() against the Python definitions. */
-#define ENTRY_SIZE 20   /* a ConsumeQueue entry, <QIQ (store/consume_queue.py ENTRY), checked by configure() */
+#define ENTRY_SIZE 20   /* a ConsumeQueue entry, <QIQ (store/consume_queue_entries.py ENTRY), checked by configure() */
 enum { E_PHYS = 0, E_SIZE = 8, E_TAGS = 12 };                   /* its fields */
 
 static const field_t entry_fields[] = {{"phys_offset", E_PHYS, 8}, {"size", E_SIZE, 4}, {"tags_code", E_TAGS, 8}};
@@ -200,7 +200,7 @@ static inline void put_le32(unsigned char *p, uint32_t v) {
 /* cq_entries(phys, sizes, i0, i1, tags) -> bytes
  *     The ConsumeQueue entries (<QIQ: phys_offset, size, tags_code; E_* above, checked by
  *     configure()) of records sizes[i0:i1] back to back in the CommitLog from `phys`, sharing one
- *     tag hash: store/consume_queue.py `_entries` (the Python body there is the reference;
+ *     tag hash: store/consume_queue_entries.py `_entries` (the Python body there is the reference;
  *     tests/store/test_fastpath_accel.py compares them). Why: py-spy --gil of a replica under
  *     `lmqtt bench ha --cases append-replicated` put `_entries` at ~35 of 317 GIL samples (a list
  *     of 3 ints per record, accumulate, one Struct.pack), and a replica dispatches every record.
@@ -473,7 +473,7 @@ fail:
 /* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_fields": ("phys_offset", "size",
  * "tags_code"), "cq_entry_size": 20, "record_header_format": "<IIIIIQQQQQIIHHH",
  * "record_header_fields": ("total_size", "magic", "crc", ...)} (store/fastpath.py C_LAYOUT, from
- * store/consume_queue.py and store/record.py). A refused layout leaves the module unconfigured. */
+ * store/consume_queue_entries.py and store/record.py). A refused layout leaves the module unconfigured. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *layout;
     long long head_size;
@@ -527,7 +527,7 @@ static PyMethodDef methods[] = {
     {"check_records", check_records, METH_VARARGS, "sizes, magic and CRC of records back to back (see module doc)"},
     {"dispatch_scan", dispatch_scan, METH_VARARGS, "the dispatch round's record scan (see store/dispatch.py)"},
     {"cq_entries", cq_entries, METH_VARARGS,
-     "cq_entries(phys, sizes, i0, i1, tags) -> ConsumeQueue entries of records back to back (store/consume_queue.py)"},
+     "cq_entries(phys, sizes, i0, i1, tags) -> ConsumeQueue entries of records back to back (store/consume_queue_entries.py)"},
     {NULL, NULL, 0, NULL},
 };
 

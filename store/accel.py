@@ -5,7 +5,7 @@ that loads it holds its Python reference):
   (store/encoding.py, store/record.py);
 * `lmqtt.store._fastpath` (store/_fastpath.c): the store server's raw pull, ConsumeQueue entries
   into runs of adjacent records and their CRC check (store/fastpath.py); the dispatch round's
-  record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue.py);
+  record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue_entries.py);
 * `lmqtt.store.client._records` (store/client/_records.c): the SDK's decode of raw MESSAGES
   replies into Records (store/client/consumer.py);
 * `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers

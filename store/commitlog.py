@@ -54,7 +54,7 @@ class CommitLog(CommitLogRecovery):
         self.seg_size = cfg.segment_size
         # a new segment's directory entry is made durable by the next flush, not by the appender
         self.mfq = MappedFileQueue(os.path.join(cfg.data_dir, "commitlog"), cfg.segment_size, cfg.preallocate,
-                                   defer_dir_sync=True)
+                                   defer_dir_sync=True, lazy=True)
         self.lock = threading.Lock()
         self.buffered = cfg.flush_mode == "async+buffer"
         self.wrote = 0       # end of appended data (global offset; always a record boundary)
@@ -435,9 +435,16 @@ class CommitLog(CommitLogRecovery):
             if target <= start:
                 return start
             self.mfq.sync_dirs()        # new segments' entries, before their data counts as durable
-            for mf in self.mfq.files:
-                if mf.end_offset > start and mf.start_offset < target:
+            files = self.mfq.files
+            for mf in reversed(files):      # the newest first: stop at the flushed ones
+                if mf.end_offset <= start:
+                    break
+                if mf.start_offset < target:
                     mf.flush()
+                    if mf.end_offset <= target and mf is not files[-1]:
+                        # sealed and durable: nothing writes or flushes it any more, and its map
+                        # (if any) holds a descriptor of its own
+                        mf.close_fd()
             self.flushed = target
             return target
 

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 FLUSH_MODES = ("sync", "async", "async+buffer")
 
 # Sizes of the preallocated files, laptop-sized (docs/store.md "Data dir footprint"): a fresh data
-# dir holding a few messages is one CommitLog segment, one ConsumeQueue file per first-level topic
-# and, once a message carries keys, one key index file: ~34 MB for one topic (it was ~268 MB with
-# 256 MiB segments and 6 MB ConsumeQueue files, ~330 MB with a key index file). Every file stays
-# preallocated (a full disk is a DiskFull when a file is created, never SIGBUS on a mapped write);
-# a busy server gives a larger `segment_size` (`--segment-mb`, the Helm chart: 256).
+# dir holding a few messages is one CommitLog segment, the ConsumeQueue and light-queue databases
+# (RocksDB: tens of bytes per topic) and, once a message carries keys, one key index file. Every
+# mapped file stays preallocated (a full disk is a DiskFull when a file is created, never SIGBUS on
+# a mapped write); a busy server gives a larger `segment_size` (`--segment-mb`, the Helm chart: 256).
 SEGMENT_SIZE = 32 << 20            # CommitLog segment
-CQ_ENTRIES_PER_FILE = 65_536       # x 20 B = 1.25 MiB per ConsumeQueue file
+CQ_BLOCK_ENTRIES = 4096            # ConsumeQueue entries per RocksDB value at most (x 20 B = 80 KiB)
 INDEX_SLOTS = 65_536               # key index file: 256 KiB of slots ...
 INDEX_ENTRIES = 262_144            # ... and 5 MiB of 20-byte entries (4 entries per slot, as before)
 
@@ -28,10 +27,10 @@ class StoreConfig:
     Defaults follow RocketMQ's message store: async flush every 500 ms or when >= 4 pages are
     dirty, a thorough flush every 10 s, buffer commit every 200 ms. Tests shrink segment sizes.
 
-    File sizes are a property of the data dir, fixed when it is created: opening a data dir that
-    already holds CommitLog segments or ConsumeQueue files keeps their sizes (`segment_size`,
-    `cq_entries_per_file` are set from the files, logged when they differ from what was asked),
-    so changing a default or `--segment-mb` never makes an existing data dir unreadable.
+    The segment size is a property of the data dir, fixed when it is created: opening a data dir
+    that already holds CommitLog segments keeps their size (`segment_size` is set from the files,
+    logged when it differs from what was asked), so changing a default or `--segment-mb` never
+    makes an existing data dir unreadable.
     """
 
     data_dir: str
@@ -73,8 +72,12 @@ class StoreConfig:
     # to the dispatch thread, which under one GIL waits for a busy event loop to let go (up to
     # the 5 ms switch interval). Off by default: listeners may then run on the caller's thread.
     dispatch_inline: bool = False
-    # ConsumeQueue (RocketMQ: 300,000 entries per file)
-    cq_entries_per_file: int = CQ_ENTRIES_PER_FILE
+    # ConsumeQueue (store/consume_queue.py: RocksDB): entries per stored block at most, and the
+    # table files its database keeps open (part of the store's file budget, store/file_budget.py)
+    cq_block_entries: int = CQ_BLOCK_ENTRIES
+    # the store's share of the process's open files (store/file_budget.py: RocksDB table files,
+    # mapped CommitLog segments); 0 = the default share of the process limit
+    max_open_files: int = 0
     # key index (IndexFile): slots and entries per file of a new file (RocketMQ: 5M slots, 20M
     # entries); an existing file keeps the geometry in its header
     index_slots: int = INDEX_SLOTS
@@ -112,8 +115,8 @@ class StoreConfig:
             raise ValueError("segment_size too large")
         if not 0.0 < self.disk_high_water <= 1.0:
             raise ValueError("disk_high_water must be in (0, 1]")
-        if self.cq_entries_per_file <= 0 or self.index_slots <= 0 or self.index_entries <= 0:
-            raise ValueError("cq_entries_per_file, index_slots and index_entries must be positive")
+        if self.cq_block_entries <= 0 or self.index_slots <= 0 or self.index_entries <= 0:
+            raise ValueError("cq_block_entries, index_slots and index_entries must be positive")
 
     def _keep_existing_sizes(self) -> None:
         """An existing data dir keeps the file sizes it was created with (see the class docstring)."""
@@ -123,26 +126,6 @@ class StoreConfig:
             log.info("event=segment_size_kept data_dir=%s segment_size=%d asked=%d reason=\"the data dir's "
                      "CommitLog segments have this size\"", self.data_dir, seg, self.segment_size)
             self.segment_size = seg
-        cq_root = os.path.join(self.data_dir, "consumequeue")
-        try:
-            topics = sorted(os.listdir(cq_root))
-        except OSError:
-            return
-        for t in topics:
-            tdir = os.path.join(cq_root, t)
-            try:
-                queues = sorted(q for q in os.listdir(tdir) if q.isdigit())
-            except OSError:
-                continue        # the checkpoint file
-            for q in queues:
-                size = _existing_file_size(os.path.join(tdir, q), 20)
-                if size is None:
-                    continue
-                if size // 20 != self.cq_entries_per_file:
-                    log.info("event=cq_entries_per_file_kept data_dir=%s cq_entries_per_file=%d asked=%d",
-                             self.data_dir, size // 20, self.cq_entries_per_file)
-                    self.cq_entries_per_file = size // 20
-                return
 
 
 def _existing_file_size(directory: str, unit: int) -> int | None:

@@ -1,219 +1,134 @@
-"""ConsumeQueue: per (first-level topic, queue id) index of fixed 20-byte entries.
+"""ConsumeQueue: per (first-level topic, queue id) index of fixed 20-byte entries, kept in RocksDB.
 
-Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic);
-`StoreConfig.cq_entries_per_file` entries per file (65,536 = 1.25 MiB; RocketMQ: 300,000), files
-named by the 20-digit byte offset of their first entry, so the entry for queue offset N is at byte
-N*20: O(1) seek, no search. (as RocketMQ's ConsumeQueue.)
+Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic), as in
+RocketMQ's ConsumeQueue; the entry for queue offset N is the N-th of its queue, O(1) to find.
 
-`ConsumeQueueStore` is the built-in dispatcher that maintains all of them. Its checkpoint is the
-CommitLog offset below which every entry is durable; on recovery it truncates entries at/after
-that offset so replay neither duplicates nor skips an entry.
+Why RocksDB and not a file per queue (docs/store.md "ConsumeQueue"): a first-level topic per device
+is a common layout, and one preallocated, memory-mapped file per topic cost two file descriptors,
+a mapping and 1.25 MB of disk per topic - 100,000 devices exhausted the open-files limit and a
+million would pass Linux's map count. RocketMQ 5.3 made the same move (its RocksDB ConsumeQueue).
+Here every queue, busy or quiet, is a few keys in one database whose open files RocksDB bounds
+(`max_open_files`), and a topic with one message costs tens of bytes.
+
+Layout (raw keys; `qk` = u16 length + first-level topic UTF-8 + u32 queue id, big-endian):
+- `E` qk first_qoff(u64 BE) -> a block of consecutive entries from `first_qoff`, as the dispatch
+  flushed them (a small last block is extended in place until it holds `MERGE_BELOW` entries, so a
+  quiet topic is not a key per message);
+- `P` last_phys(u64 BE) qk -> first_qoff u64, entries u32: every block by the CommitLog offset of
+  its last entry, so retention deletes exactly the blocks below the log's start and a cut of the
+  log finds exactly the blocks past it, without visiting every queue;
+- `Q` qk -> min_offset u64, max_offset u64: what a queue holds (its max offset survives
+  retention: queue offsets of a topic never go back);
+- `C` -> the checkpoint: the CommitLog offset below which every entry is in the database.
+
+Durability follows the light queues' index: the WAL is off (the CommitLog is the log). Dispatch
+only appends to a queue's in-memory tail (readers see it at once); `flush` writes every tail, the
+blocks' `P` and `Q` keys and the new checkpoint in one WriteBatch, then flushes the memtable. The
+database therefore only ever holds whole flushes (RocksDB persists whole batches): after a crash
+its entries and its checkpoint agree, and the replay from the checkpoint skips what a queue has.
+
+Queues are loaded on first use (dispatch or read) and unloaded when idle, so memory and start-up
+do not grow with the number of topics; only the CommitLog's queue table (the next offset of every
+queue, `max_offsets`) is read whole at start.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
+import shutil
 import struct
 import threading
-from itertools import accumulate
-from urllib.parse import quote, unquote
 
-from .atomic_file import sync_dir, write_atomic
-from .checkpoint import OffsetCheckpoint
-from .mapped_file_queue import MappedFileQueue
-from .message import (CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_ID, DR_QUEUE_OFFSET,
-                      DR_SIZE, DR_TAGS_CODE, DR_TOPIC, DispatchBatch)
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper  # noqa: F401 - ENTRY_FIELDS: re-exported
+from .errors import StoreError
+from .message import DispatchBatch
 from .record import first_level
 
 log = logging.getLogger("lmqtt.store")
 
-ENTRY = struct.Struct("<QIQ")
-# its fields, one per code of the format (the C modules that read or pack entries, store/_fastpath.c
-# and store/_append.c, check these names, not only the offsets: phys_offset and tags_code are both
-# u64 and could trade places without changing the format)
-ENTRY_FIELDS = ("phys_offset", "size", "tags_code")
-ENTRY_SIZE = ENTRY.size  # 20
-assert ENTRY_SIZE == 20 and len(ENTRY_FIELDS) == len(ENTRY.format) - 1
+DB_DIR = "consumequeue-db"      # beside the CommitLog; `consumequeue/` held the file-per-queue layout
+BLOCK_ENTRIES = 4096            # entries per stored block at most (80 KiB)
+MERGE_BELOW = 32                # a last block smaller than this is extended by the next flush
+MAX_LOADED = 50_000             # queues kept in memory while idle (a loaded queue is ~300 B)
 
-_BULK: dict[int, struct.Struct] = {}   # n -> Struct of n entries
-_BULK_MAX = 1024
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_META = struct.Struct(">QQ")          # Q: min_offset, max_offset
+_PVAL = struct.Struct(">QI")          # P: first qoff, entries
+K_CKPT = b"C"
+K_VERSION = b"V"
+VERSION = b"1"
 
-
-def _entries_py(phys: int, sizes: list, i0: int, i1: int, tags: int) -> bytes:
-    """Entries of the consecutive records sizes[i0:i1] (each starts where the previous ends, the
-    first at `phys`) sharing one tag hash: one Struct.pack for up to _BULK_MAX entries (~40 %
-    cheaper than one pack per entry). The reference of store/_fastpath.c `cq_entries`, which
-    store/fastpath.py binds as `_entries` when it is built (tests/store/test_fastpath_accel.py
-    compares them): py-spy --gil of a replica under `lmqtt bench ha --cases append-replicated`
-    put this at ~35 of 317 GIL samples."""
-    if i1 - i0 > _BULK_MAX:
-        out = []
-        for i in range(i0, i1, _BULK_MAX):
-            part = sizes[i:min(i + _BULK_MAX, i1)]
-            out.append(_entries_py(phys, part, 0, len(part), tags))
-            phys += sum(part)
-        return b"".join(out)
-    if i0 or i1 != len(sizes):
-        sizes = sizes[i0:i1]
-    n = len(sizes)
-    st = _BULK.get(n)
-    if st is None:
-        if len(_BULK) > 256:
-            _BULK.clear()
-        st = _BULK[n] = struct.Struct("<" + "QIQ" * n)
-    flat = [tags] * (3 * n)
-    offs = list(accumulate(sizes, initial=phys))
-    del offs[-1]
-    flat[0::3] = offs
-    flat[1::3] = sizes
-    return st.pack(*flat)
+def queue_key(fl: str, qid: int) -> bytes:
+    """`qk`: the part of every key that names a queue (length-prefixed, so no topic is a prefix of
+    another's keys)."""
+    b = fl.encode("utf-8")
+    return _U16.pack(len(b)) + b + _U32.pack(qid)
 
 
-# _entries(phys, sizes, i0, i1, tags): what `_dispatch_columns` calls. store/fastpath.py replaces it
-# with the C twin (store/_fastpath.c cq_entries) once it has configured that module (it imports
-# this module, so this one cannot import it); the store's dispatch imports fastpath
-# (store/dispatch.py), so a store's dispatch runs the C one when it is built.
-_entries = _entries_py
+def _split_queue_key(qk: bytes) -> tuple[str, int]:
+    n = _U16.unpack_from(qk)[0]
+    return qk[2:2 + n].decode("utf-8"), _U32.unpack_from(qk, 2 + n)[0]
 
 
-# the directory of the first level '' (topics that start with '/'); quote() never makes a '%'
-# followed by a letter past 'F'. (Before, its queues sat in the root itself: see load.)
-EMPTY_LEVEL_DIR = "%empty"
-
-
-def topic_dir_name(topic: str) -> str:
-    """A filesystem-safe, reversible-by-file directory name for a first-level topic."""
-    if not topic:
-        return EMPTY_LEVEL_DIR
-    name = quote(topic, safe="")
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    if len(name) > 200:
-        name = "h_" + hashlib.sha1(topic.encode()).hexdigest()
-    return name
-
-
-# appended to a queue directory set aside (no name, nothing left to name it by); quote() never
-# makes '%' followed by a letter past 'F', so no topic's directory holds it
-UNNAMED_MARK = "%unnamed"
-_HASHED = re.compile(r"h_[0-9a-f]{40}")
-
-
-def _name_from_dir(dname: str) -> str | None:
-    """The first-level topic whose `topic_dir_name` is `dname`, when that name is reversible
-    (%-quoted, not a hash of a long name)."""
-    if _HASHED.fullmatch(dname):
-        return None
-    topic = unquote(dname)
-    return topic if topic and topic_dir_name(topic) == dname else None
-
-
-def _holds_queue_files(path: str) -> bool:
-    """A queue's directory (entry files named by offset), not a topic's (`.topic`, queue dirs)."""
-    try:
-        return any(f.isdigit() and os.path.isfile(os.path.join(path, f)) for f in os.listdir(path))
-    except NotADirectoryError:
-        return False
-
-
-def _read_topic_file(tdir: str, dname: str) -> tuple[str | None, str]:
-    """The first-level topic a queue directory's `.topic` names, or None and why not: missing,
-    empty, unreadable, or a name whose directory is not this one (a torn write)."""
-    if dname == EMPTY_LEVEL_DIR:
-        return "", ""           # its name is its directory's ('.topic' is empty)
-    try:
-        with open(os.path.join(tdir, ".topic"), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None, "missing"
-    except OSError as e:
-        return None, f"unreadable ({e.strerror or e})"
-    if not raw:
-        return None, "empty"
-    try:
-        topic = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, f"not UTF-8 ({len(raw)} bytes)"
-    if topic_dir_name(topic) != dname:
-        return None, f"{topic[:64]!r}, a name whose directory is not this one"
-    return topic, ""
+def _last_phys(block: bytes | bytearray) -> int:
+    """The CommitLog offset of the block's last written entry (a gap is zero-filled; see put)."""
+    for pos in range(len(block) - ENTRY_SIZE, -1, -ENTRY_SIZE):
+        phys, size, _ = ENTRY.unpack_from(block, pos)
+        if size:
+            return phys
+    return 0
 
 
 class ConsumeQueue:
-    """One queue: a MappedFileQueue of entry files plus min/max offsets (in entries)."""
+    """One queue: what is in the database (from `min_offset`) and its in-memory tail.
 
-    def __init__(self, directory: str, entries_per_file: int, preallocate: bool) -> None:
-        # a new file's (and new topic directory's) entry is made durable by the flush that covers
-        # its entries, off the appender's thread (inline dispatch runs on the event loop)
-        self.mfq = MappedFileQueue(directory, entries_per_file * ENTRY_SIZE, preallocate, defer_dir_sync=True)
-        self.file_bytes = entries_per_file * ENTRY_SIZE
-        self.max_offset = 0  # next queue offset to write
-        self.min_offset = 0
-        self.dirty = False
+    `tail` is one tuple (first queue offset not in the database, bytearray of the entries from
+    there), replaced as a whole by flush and truncate and only ever extended in place by
+    dispatch, so a reader's snapshot of it is consistent without a lock."""
 
-    def load(self) -> None:
-        self.mfq.load()
-        files = self.mfq.files
-        if not files:
-            return
-        self.min_offset = files[0].start_offset // ENTRY_SIZE
-        # entries fill each file from its start; find the first empty slot of the last file
-        last = files[-1]
-        lo, hi = 0, self.file_bytes // ENTRY_SIZE
-        mm = last.mm
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ENTRY.unpack_from(mm, mid * ENTRY_SIZE)[1] != 0:
-                lo = mid + 1
-            else:
-                hi = mid
-        self.max_offset = last.start_offset // ENTRY_SIZE + lo
-        last.wrote_pos = lo * ENTRY_SIZE
+    __slots__ = ("cqs", "fl", "qid", "qk", "min_offset", "tail", "last_block", "used")
 
-    def entry(self, qoff: int) -> tuple[int, int, int] | None:
-        mf = self.mfq.find(qoff * ENTRY_SIZE)
-        if mf is None:
-            return None
-        return ENTRY.unpack_from(mf.mm, qoff * ENTRY_SIZE - mf.start_offset)
+    def __init__(self, cqs: "ConsumeQueueStore", fl: str, qid: int, qk: bytes, min_offset: int,
+                 max_offset: int) -> None:
+        self.cqs = cqs
+        self.fl = fl
+        self.qid = qid
+        self.qk = qk
+        self.min_offset = min_offset
+        self.tail: tuple[int, bytearray] = (max_offset, bytearray())
+        # (first qoff, entries) of the newest block in the database; None: not known (looked up
+        # when a flush needs it)
+        self.last_block: tuple[int, int] | None = None
+        self.used = True
 
-    def put(self, qoff: int, data: bytes) -> None:
-        """Write consecutive entries starting at queue offset `qoff` (slice copies per file)."""
-        pos = qoff * ENTRY_SIZE
-        view = memoryview(data)
-        i = 0
-        while i < len(data):
-            mf = self.mfq.find(pos)
-            if mf is None:
-                start = pos - pos % self.file_bytes
-                mf = self.mfq.create(start)
-                if len(self.mfq.files) == 1:
-                    self.min_offset = start // ENTRY_SIZE
-            rel = pos - mf.start_offset
-            n = min(len(data) - i, mf.size - rel)
-            mf.mm[rel:rel + n] = view[i:i + n]
-            mf.wrote_pos = rel + n
-            i += n
-            pos += n
-        self.max_offset = qoff + len(data) // ENTRY_SIZE
-        self.dirty = True
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset to write."""
+        first, buf = self.tail
+        return first + len(buf) // ENTRY_SIZE
 
+    # ------------------------------------------------------------------ reads (any thread)
     def pieces(self, from_off: int, max_count: int) -> list[tuple[int, bytes]]:
         """The raw entries from `from_off`, at most max_count: [(first queue offset, entry bytes)],
-        one piece per ConsumeQueue file touched (usually one). Unwritten entries (size 0) are
-        included; `range` is the decoded view of the same bytes."""
-        out = []
+        one piece per stored block touched plus the in-memory tail. Unwritten entries (size 0: a
+        gap) are included; `range` is the decoded view of the same bytes."""
+        self.used = True
+        first, buf = self.tail
+        tail_end = first + len(buf) // ENTRY_SIZE
         q = max(from_off, self.min_offset)
-        end = min(self.max_offset, q + max_count)
-        while q < end:
-            mf = self.mfq.find(q * ENTRY_SIZE)
-            if mf is None:
-                break
-            rel = q * ENTRY_SIZE - mf.start_offset
-            n = min(end - q, (mf.size - rel) // ENTRY_SIZE)
-            out.append((q, mf.mm[rel:rel + n * ENTRY_SIZE]))
-            q += n
+        end = min(tail_end, q + max_count)
+        out: list[tuple[int, bytes]] = []
+        if q >= end:
+            return out
+        if q < first:
+            out = self.cqs._stored_pieces(self.qk, q, min(end, first))
+        if end > first:
+            a = max(q, first)
+            out.append((a, bytes(buf[(a - first) * ENTRY_SIZE:(end - first) * ENTRY_SIZE])))
         return out
 
     def range(self, from_off: int, max_count: int) -> list[tuple[int, int, int, int]]:
@@ -224,6 +139,19 @@ class ConsumeQueue:
                 if size:
                     out.append((q + i, phys, size, tags))
         return out
+
+    def entry(self, qoff: int) -> tuple[int, int, int] | None:
+        """(phys, size, tags) of queue offset `qoff`, None outside the queue."""
+        if qoff < self.min_offset:
+            return None
+        first, buf = self.tail
+        if qoff >= first:
+            pos = (qoff - first) * ENTRY_SIZE
+            return ENTRY.unpack_from(buf, pos) if pos + ENTRY_SIZE <= len(buf) else None
+        got = self.cqs._stored_pieces(self.qk, qoff, qoff + 1)
+        if not got or got[0][0] != qoff:
+            return None
+        return ENTRY.unpack_from(got[0][1], 0)
 
     def first_at_or_after(self, phys: int) -> int:
         """The queue offset of the first entry whose CommitLog offset is >= phys (max_offset if
@@ -238,225 +166,153 @@ class ConsumeQueue:
                 hi = mid
         return lo
 
-    def truncate_phys(self, offset: int) -> None:
-        """Forget entries whose CommitLog offset is >= offset (entries are in CommitLog order).
-        The zeroed entries are fsynced at once: an entry left on disk past a cut log would point at
-        whatever record is appended there next."""
-        lo = self.first_at_or_after(offset)
-        if lo >= self.max_offset:
-            return
-        pos = lo * ENTRY_SIZE
-        end = self.max_offset * ENTRY_SIZE
-        touched = []
-        while pos < end:
-            mf = self.mfq.find(pos)
-            if mf is None:
-                break
-            rel = pos - mf.start_offset
-            n = min(end - pos, mf.size - rel)
-            mf.mm[rel:rel + n] = bytes(n)
-            touched.append(mf)
-            pos += n
-        self.mfq.truncate_files_after(max(lo * ENTRY_SIZE, self.mfq.min_offset + 1))
-        for mf in touched:
-            if not mf.closed:      # (files after the cut were deleted)
-                mf.flush()
-        self.max_offset = lo
-        self.dirty = True
-
-    def flush(self) -> None:
-        if self.dirty:
-            self.dirty = False
-            self.mfq.sync_dirs()
-            for mf in self.mfq.files[-2:]:
-                mf.flush()
-
-    def delete_below_phys(self, min_phys: int) -> None:
-        """Drop whole files whose last entry points below `min_phys` (retention)."""
-        files = self.mfq.files
-        n = 0
-        for mf in files[:-1]:
-            last_phys = ENTRY.unpack_from(mf.mm, mf.size - ENTRY_SIZE)[0]
-            if last_phys < min_phys:
-                n += 1
-            else:
-                break
-        if n:
-            self.mfq.delete_before(files[n].start_offset)
-            self.min_offset = self.mfq.min_offset // ENTRY_SIZE
-
-    def close(self) -> None:
-        self.mfq.close()
+    def __repr__(self) -> str:
+        return f"ConsumeQueue({self.fl!r}, {self.qid}, [{self.min_offset}, {self.max_offset}))"
 
 
 class ConsumeQueueStore:
-    """Built-in dispatcher maintaining every first-level-topic ConsumeQueue."""
+    """The built-in dispatcher that maintains every first-level-topic ConsumeQueue."""
 
     name = "consumequeue"
     # flush() may run on another thread than dispatch(): it snapshots the dispatched end first,
-    # then fsyncs, so the checkpoint never claims more than what was on disk before the fsync
+    # then writes, so the checkpoint never claims more than what was in the tails it wrote
     flush_thread_safe = True
 
-    def __init__(self, root: str, entries_per_file: int = 65_536, preallocate: bool = True) -> None:
-        self.root = root
-        self.entries_per_file = entries_per_file
-        self.preallocate = preallocate
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        # queue directories whose `.topic` was missing, empty or unreadable at load (directory name
-        # -> {queue id: queue}): named again by the first record of their topic that is dispatched
-        self.unnamed: dict[str, dict[int, ConsumeQueue]] = {}
-        # `.topic` files to write (path -> first-level topic): by flush(), before the checkpoint
-        # covers any entry of their queue - off the appending thread (inline dispatch runs on the
-        # gateway's event loop: no fsync there, as for the queue files' directory entries)
-        self._names_unwritten: dict[str, str] = {}
-        self._ckpt_file = OffsetCheckpoint(os.path.join(root, "checkpoint"))
+    def __init__(self, path: str, block_entries: int = BLOCK_ENTRIES, max_open_files: int = 256,
+                 max_loaded: int = MAX_LOADED) -> None:
+        """`path`: the database directory; `max_open_files`: RocksDB's table files open at once
+        (part of the store's file budget, store/file_budget.py)."""
+        self.path = path
+        self.block_entries = max(1, block_entries)
+        self.max_open_files = max_open_files
+        self.max_loaded = max_loaded
+        self._db: Rdict | None = None
+        self._wo = WriteOptions()
+        self._wo.disable_wal = True
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}   # the loaded ones
+        self._dirty: dict[tuple[str, int], ConsumeQueue] = {}  # with entries not in the database
         self._ckpt = 0
         self._last_end = 0
-        self._fl_cache: dict[str, str] = {}
-        self._lock = threading.Lock()  # queue table creation vs readers
-        self.dirty_end = 0
+        self._runs = RunGrouper()
+        # queue table and tails (dispatch, flush, loads by readers); never held during disk I/O
+        self._lock = threading.Lock()
+        # one writer of the database at a time: flush, retention, truncate
+        self._write_lock = threading.Lock()
 
+    # ------------------------------------------------------------------ open
     def load(self, log_min: int = 0) -> None:
-        """Open every queue. `log_min`: the CommitLog's first local offset (a queue without a name
-        is replayed only from a record still in the local log, never below it)."""
-        os.makedirs(self.root, exist_ok=True)
-        self._ckpt = self._ckpt_file.load(0)
-        self._last_end = self._ckpt
-        self._move_empty_level_queues()
-        resume = None
-        for d in os.listdir(self.root):
-            tdir = os.path.join(self.root, d)
-            if not os.path.isdir(tdir):
-                continue
-            if UNNAMED_MARK in d:
-                continue        # set aside by an earlier start (below): not a queue any more
-            topic, why = _read_topic_file(tdir, d)
-            qids = [q for q in os.listdir(tdir) if q.isdigit() and os.path.isdir(os.path.join(tdir, q))]
-            if topic is None and not qids:
-                self.unnamed[d] = {}    # no queue in it (a crash right after its mkdir): named by its next record
-                continue
-            queues = {}
-            for q in qids:
-                cq = ConsumeQueue(os.path.join(tdir, q), self.entries_per_file, self.preallocate)
-                cq.load()
-                queues[int(q)] = cq
-            if topic is not None:
-                for qid, cq in queues.items():
-                    self.queues[(topic, qid)] = cq
-                continue
-            # A missing, empty or torn .topic: the queue is not loaded under a wrong name (its
-            # messages would be unreadable by topic, and its offsets taken again by new records)
-            ends = [(cq.entry(cq.min_offset), cq.entry(cq.max_offset - 1))
-                    for cq in queues.values() if cq.max_offset > cq.min_offset]
-            durable = any(first is not None and first[1] and first[0] < self._ckpt for first, _ in ends)
-            say = log.warning if durable else log.info  # (else: a crash before the flush that writes it)
-            topic = _name_from_dir(d)
-            if topic is not None:       # the directory name is the %-quoted topic: exact
-                for qid, cq in queues.items():
-                    self.queues[(topic, qid)] = cq
-                self._names_unwritten[os.path.join(tdir, ".topic")] = topic   # by the flush after the replay
-                say("consumequeue %s: its .topic is %s; named %r from the directory name (written again)",
-                    tdir, why, topic)
-                continue
-            # a hashed directory name (a long topic): the name is in the CommitLog - replay from the
-            # queue's last entry, whose record names the topic (_queue adopts the queue then)
-            at = min((last[0] for _, last in ends if last is not None and last[1]
-                      and log_min <= last[0] < self._ckpt), default=None)
-            if at is not None or not durable:
-                self.unnamed[d] = queues
-                if at is not None:
-                    resume = at if resume is None else min(resume, at)
-                say("consumequeue %s: its .topic is %s, so its topic is unknown (a file written without "
-                    "fsync before a power loss?); %s", tdir, why,
-                    f"ConsumeQueue dispatch replays the CommitLog from offset {at}, and the queue takes "
-                    "its name back from its record there" if at is not None else "named again by the replay")
-                continue
-            # none of its records is left in the local CommitLog (retention, the tier) to name it
-            for cq in queues.values():
-                cq.close()
-            aside = tdir + UNNAMED_MARK
-            n = 0
-            while os.path.exists(aside):
-                n += 1
-                aside = f"{tdir}{UNNAMED_MARK}{n}"
-            os.rename(tdir, aside)
-            log.warning("consumequeue %s: its .topic is %s and none of its records is left in the local "
-                        "CommitLog to name it again: set aside as %s (its messages stay readable by "
-                        "CommitLog offset, not by topic; new messages of its topic start a new queue)",
-                        tdir, why, aside)
-        if resume is not None:
-            # written down first: a crash during the replay starts it again from there (the queues'
-            # entries at/after it are cut by truncate() and written again)
-            self._ckpt_file.save(resume)
-            self._ckpt = self._last_end = resume
+        """Open the database; a data dir of the file-per-queue layout (`consumequeue/` beside it)
+        is imported first (store/consume_queue_import.py). `log_min`: the CommitLog's first local
+        offset (an old queue whose name is lost is replayed from there)."""
+        from .consume_queue_import import OLD_DIR, import_file_queues
+        old = os.path.join(os.path.dirname(self.path), OLD_DIR)
+        self._open()
+        db = self._db
+        assert db is not None
+        if os.path.isdir(old):
+            if db.get(K_VERSION) is None:    # not imported yet (or interrupted: start again)
+                self._clear()
+                ckpt = import_file_queues(old, self._import_queue, log_min)
+                db.put(K_CKPT, _U64.pack(ckpt), self._wo)
+                db.put(K_VERSION, VERSION, self._wo)
+                db.flush(True)
+            shutil.rmtree(old)
+        elif db.get(K_VERSION) is None:
+            db.put(K_VERSION, VERSION, self._wo)
+        v = db.get(K_CKPT)
+        self._ckpt = self._last_end = 0 if v is None else _U64.unpack(v)[0]
 
-    def _move_empty_level_queues(self) -> None:
-        """An older version kept the queues of the first level '' (topics starting with '/') in
-        the root itself (`<root>/<qid>/<files>`, `<root>/.topic` empty) and never loaded them after
-        a restart: moved into their own directory (EMPTY_LEVEL_DIR), where load finds them."""
-        old = [q for q in os.listdir(self.root) if q.isdigit() and _holds_queue_files(os.path.join(self.root, q))]
-        if not old:
-            return
-        dest = os.path.join(self.root, EMPTY_LEVEL_DIR)
-        os.makedirs(dest, exist_ok=True)
-        for q in old:
-            os.rename(os.path.join(self.root, q), os.path.join(dest, q))
-        write_atomic(os.path.join(dest, ".topic"), b"")
-        sync_dir(self.root)
+    def _open(self) -> None:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_max_open_files(self.max_open_files)
+        opts.set_keep_log_file_num(2)
+        opts.set_max_background_jobs(2)
+        opts.set_write_buffer_size(16 << 20)
         try:
-            os.unlink(os.path.join(self.root, ".topic"))
-        except FileNotFoundError:
-            pass
-        log.warning("consumequeue %s: the queue(s) %s of the topics that start with '/' (first level '') "
-                    "moved into %s (an older version kept them in the root and did not load them after a "
-                    "restart)", self.root, ", ".join(sorted(old)), dest)
+            os.makedirs(self.path, exist_ok=True)
+            self._db = Rdict(self.path, opts)
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
+            raise StoreError(f"cannot open the ConsumeQueue database at {self.path}: {e}") from e
 
+    def _clear(self) -> None:
+        """Remove every key (an import that a crash interrupted starts again from nothing)."""
+        db = self._db
+        assert db is not None
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(b"\x00", b"\xff")
+        db.write(wb, self._wo)
+
+    def _import_queue(self, fl: str, qid: int, min_offset: int, max_offset: int, blocks) -> None:
+        """One queue of the old layout: `blocks` yields (first qoff, entry bytes) in order."""
+        db = self._db
+        assert db is not None
+        qk = queue_key(fl, qid)
+        wb = WriteBatch(raw_mode=True)
+        for first, data in blocks:
+            for i in range(0, len(data), self.block_entries * ENTRY_SIZE):
+                part = data[i:i + self.block_entries * ENTRY_SIZE]
+                q = first + i // ENTRY_SIZE
+                wb.put(b"E" + qk + _U64.pack(q), bytes(part))
+                wb.put(b"P" + _U64.pack(_last_phys(part)) + qk, _PVAL.pack(q, len(part) // ENTRY_SIZE))
+        wb.put(b"Q" + qk, _META.pack(min_offset, max_offset))
+        db.write(wb, self._wo)
+
+    # ------------------------------------------------------------------ the queue table
     def _queue(self, fl: str, qid: int) -> ConsumeQueue:
+        """The queue, loaded (or created) on first use. Under self._lock."""
         key = (fl, qid)
         cq = self.queues.get(key)
         if cq is None:
-            dname = topic_dir_name(fl)
-            tdir = os.path.join(self.root, dname)
-            new_topic = not os.path.isdir(tdir)
-            os.makedirs(tdir, exist_ok=True)
-            tfile = os.path.join(tdir, ".topic")
-            adopted = self.unnamed.get(dname)
-            if adopted is not None or new_topic or not os.path.exists(tfile):
-                # written by the next flush (atomic_file.write_atomic: whole and durable, or not at
-                # all - on a full disk the flush fails and the next one writes it), before the
-                # checkpoint covers any entry of the queue; a crash before leaves no .topic, and
-                # the replay from the checkpoint names the queue again (load)
-                with self._lock:
-                    self._names_unwritten[tfile] = fl
-            if adopted is not None:
-                with self._lock:
-                    for q, aq in adopted.items():
-                        self.queues[(fl, q)] = aq
-                del self.unnamed[dname]
-                if adopted:
-                    log.warning("consumequeue %s: named %r again (from the CommitLog), %d queue(s)", tdir,
-                                fl, len(adopted))
-                cq = self.queues.get(key)
-                if cq is not None:
-                    return cq
-            cq = ConsumeQueue(os.path.join(tdir, str(qid)), self.entries_per_file, self.preallocate)
-            cq.mfq.load()
-            if new_topic:           # its entry in the root is synced with the queue's first file
-                cq.mfq.created_dir(tdir)
-            with self._lock:
-                self.queues[key] = cq
+            qk = queue_key(fl, qid)
+            v = self._db.get(b"Q" + qk) if self._db is not None else None
+            lo, hi = (0, 0) if v is None else _META.unpack(v)
+            cq = self.queues[key] = ConsumeQueue(self, fl, qid, qk, lo, hi)
         return cq
 
-    def _all_queues(self) -> list[ConsumeQueue]:
-        """The named queues and those waiting for their name (truncate, retention and close
-        treat both alike)."""
-        return list(self.queues.values()) + [cq for qs in list(self.unnamed.values()) for cq in qs.values()]
-
     def get(self, topic: str, qid: int) -> ConsumeQueue | None:
-        return self.queues.get((first_level(topic), qid))
+        """The queue of `topic`'s first level, None when it never had an entry."""
+        fl = first_level(topic)
+        cq = self.queues.get((fl, qid))
+        if cq is not None:
+            cq.used = True
+            return cq
+        if self._db is None or self._db.get(b"Q" + queue_key(fl, qid)) is None:
+            return None
+        with self._lock:
+            return self._queue(fl, qid)
 
     def max_offsets(self) -> dict[tuple[str, int], int]:
-        return {k: q.max_offset for k, q in self.queues.items()}
+        """{(first-level topic, queue id): next offset} of every queue (a scan of the `Q` keys:
+        what the CommitLog's queue table starts from)."""
+        out: dict[tuple[str, int], int] = {}
+        db = self._db
+        if db is not None:
+            for k, v in self._scan(b"Q"):
+                out[_split_queue_key(k[1:])] = _META.unpack(v)[1]
+        for key, cq in list(self.queues.items()):
+            out[key] = cq.max_offset
+        return out
+
+    def queue_ids(self, fl: str) -> list[int]:
+        """The queue ids of first-level topic `fl` that hold or held entries."""
+        b = fl.encode("utf-8")
+        prefix = b"Q" + _U16.pack(len(b)) + b
+        ids = {_U32.unpack_from(k, len(prefix))[0] for k, _ in self._scan(prefix)}
+        ids.update(q for (f, q) in list(self.queues) if f == fl)
+        return sorted(ids)
+
+    def _scan(self, prefix: bytes):
+        db = self._db
+        if db is None:
+            return
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(_prefix_end(prefix))
+        it = db.iter(ro)
+        it.seek(prefix)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
 
     def end_at(self, topic: str, qid: int, phys: int) -> int:
         """The end (next queue offset) the ConsumeQueue of `topic` had when the CommitLog ended at
@@ -464,174 +320,300 @@ class ConsumeQueueStore:
         cq = self.get(topic, qid)
         return 0 if cq is None else cq.first_at_or_after(phys)
 
+    def _stored_pieces(self, qk: bytes, q: int, end: int) -> list[tuple[int, bytes]]:
+        """The stored entries of queue `qk` in [q, end): a piece per block."""
+        db = self._db
+        if db is None:
+            return []
+        base = b"E" + qk
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(base + _U64.pack(end))
+        it = db.iter(ro)
+        it.seek_for_prev(base + _U64.pack(q))   # the block holding q, if it starts before q
+        if not it.valid() or not it.key().startswith(base):
+            it.seek(base + _U64.pack(q))
+        out = []
+        n = len(base)
+        while it.valid():
+            first = _U64.unpack_from(it.key(), n)[0]
+            block = it.value()
+            stop = first + len(block) // ENTRY_SIZE
+            if stop > q:
+                a = max(q, first)
+                b = min(stop, end)
+                out.append((a, block[(a - first) * ENTRY_SIZE:(b - first) * ENTRY_SIZE]))
+                q = b
+                if q >= end:
+                    break
+            it.next()
+        return out
+
     # -------------------------------------------------------------- Dispatcher protocol
     def checkpoint(self) -> int:
         return self._ckpt
 
     def dispatch(self, batch, end_offset: int) -> None:
-        """Group entries per queue into runs of consecutive queue offsets; one slice copy per run.
+        """Group entries per queue into runs of consecutive queue offsets; one append per run.
         A DispatchBatch is read as its columns (no DispatchRequest built); a plain list of
         DispatchRequests is read by index on this hot path (store.message DR_*, bound to locals:
         a named tuple's attribute is slower to read)."""
-        if type(batch) is DispatchBatch:
-            self._dispatch_columns(batch)
-            self._last_end = end_offset
-            return
-        groups: dict[tuple[str, int], list] = {}
-        flc = self._fl_cache
-        pack = ENTRY.pack
-        last_topic = None
-        last_qid = -1
-        g: list = []
-        nxt = 0
-        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
-                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
-        for r in batch:
-            topic = r[at_topic]
-            qid = r[at_qid]
-            if topic is not last_topic or qid != last_qid:
-                fl = flc.get(topic) or self._first_level(topic)
-                key = (fl, qid)
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = [r[at_qoff]]
-                nxt = g[0] + len(g) - 1
-                last_topic = topic
-                last_qid = qid
-            qoff = r[at_qoff]
-            if qoff != nxt:  # not consecutive: write what we have and start a new run
-                self._write_run(key, g[0], g[1:])
-                g = groups[key] = [qoff]
-                nxt = qoff
-            g.append(pack(r[at_phys], r[at_size], r[at_tags]))
-            nxt += 1
-        for key, g in groups.items():
-            self._write_run(key, g[0], g[1:])
+        with self._lock:
+            if type(batch) is DispatchBatch:
+                self._runs.columns(batch, self._write_run)
+            else:
+                self._runs.rows(batch, self._write_run)
         self._last_end = end_offset
 
-    def _dispatch_columns(self, batch) -> None:
-        """One packed block of entries per run of the batch (records of one queue with consecutive
-        offsets, see store.message), blocks of one queue joined while they continue each other."""
-        groups: dict[tuple[str, int], list] = {}   # key -> [first qoff, next qoff, [blocks]]
-        flc = self._fl_cache
-        pack = ENTRY.pack
-        last_topic = None
-        last_qid = -1
-        key = None
-        g: list = []
-        at_sizes, at_starts, at_runs, at_cq = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_CQ
-        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
-                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
-        for c in batch.chunks:
-            sizes, starts, runs, cqs = c[at_sizes], c[at_starts], c[at_runs], c[at_cq]
-            if cqs is not None:   # packed by the encoder: a block per queue of this append
-                for key, (qoff, data) in cqs.items():
-                    g = groups.get(key)
-                    if g is None:
-                        g = groups[key] = [qoff, qoff, []]
-                    elif g[1] != qoff:
-                        self._write_run(key, g[0], g[2])
-                        g = groups[key] = [qoff, qoff, []]
-                    g[1] = qoff + len(data) // ENTRY_SIZE
-                    g[2].append(data)
-                last_topic = None   # `g`/`key` of the row path below no longer apply
-                continue
-            ns = len(sizes)
-            if len(runs) == ns:   # one record per run (the usual single append): runs = records
-                blocks = None
-            else:
-                blocks = []
-                nr = len(runs)
-                for k in range(nr):
-                    i0 = starts[k]
-                    i1 = starts[k + 1] if k + 1 < nr else ns
-                    r = runs[k]
-                    if i1 - i0 == 1:
-                        blocks.append((1, pack(r[at_phys], sizes[i0], r[at_tags])))
-                    else:
-                        blocks.append((i1 - i0, _entries(r[at_phys], sizes, i0, i1, r[at_tags])))
-            for k, r in enumerate(runs):
-                if blocks is None:
-                    n = 1
-                    data = pack(r[at_phys], r[at_size], r[at_tags])
-                else:
-                    n, data = blocks[k]
-                topic = r[at_topic]
-                qid = r[at_qid]
-                qoff = r[at_qoff]
-                if topic is not last_topic or qid != last_qid:
-                    fl = flc.get(topic) or self._first_level(topic)
-                    key = (fl, qid)
-                    g = groups.get(key)
-                    if g is None:
-                        g = groups[key] = [qoff, qoff, []]
-                    last_topic = topic
-                    last_qid = qid
-                if g[1] != qoff:  # not consecutive: write what we have and start a new run
-                    self._write_run(key, g[0], g[2])
-                    g = groups[key] = [qoff, qoff, []]
-                g[1] = qoff + n
-                g[2].append(data)
-        for key, g in groups.items():
-            if g[2]:
-                self._write_run(key, g[0], g[2])
-
-    def _first_level(self, topic: str) -> str:
-        """first_level(topic), remembered (the dispatch loops look the cache up inline first)."""
-        flc = self._fl_cache
-        fl = first_level(topic)
-        if len(flc) > 100_000:
-            flc.clear()
-        flc[topic] = fl
-        return fl
-
     def _write_run(self, key, qoff: int, blocks: list) -> None:
-        """Write consecutive entries (packed blocks) starting at queue offset `qoff`."""
-        cq = self._queue(*key)
+        """Append consecutive entries (packed blocks) starting at queue offset `qoff` to the queue's
+        tail. Under self._lock."""
+        cq = self.queues.get(key)
+        if cq is None:
+            cq = self._queue(*key)
+        cq.used = True
         data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-        if qoff < cq.max_offset:  # replayed entries this queue already has
-            skip = (cq.max_offset - qoff) * ENTRY_SIZE
+        first, buf = cq.tail
+        mx = first + len(buf) // ENTRY_SIZE
+        if qoff < mx:  # replayed entries this queue already has
+            skip = (mx - qoff) * ENTRY_SIZE
             if skip >= len(data):
                 return
             data = data[skip:]
-            qoff = cq.max_offset
-        elif qoff > cq.max_offset and cq.max_offset:
-            log.warning("consumequeue %s/%d: gap between %d and %d", key[0], key[1], cq.max_offset, qoff)
-        cq.put(qoff, data)
+        elif qoff > mx:
+            if mx == cq.min_offset and not buf:
+                # an empty queue: it starts there (a queue replayed from the middle of its topic,
+                # after its first records left the log)
+                cq.tail = (qoff, buf)
+                cq.min_offset = qoff
+            else:
+                # records missing from the log (a corrupt range was skipped): the queue keeps their
+                # offsets as unwritten entries (size 0), which every reader steps over
+                log.warning("consumequeue %s/%d: gap between %d and %d", key[0], key[1], mx, qoff)
+                buf += bytes((qoff - mx) * ENTRY_SIZE)
+        buf += data
+        self._dirty[key] = cq
 
     def flush(self) -> None:
+        """Write every queue's tail to the database with the checkpoint, in one batch, and flush
+        it to disk (see the module doc). A failure (a full disk) keeps the tails: the next flush
+        writes them again, and the checkpoint stays where it was."""
         end = self._last_end
-        if end == self._ckpt and not self._names_unwritten:
-            return
-        if self._names_unwritten:
+        with self._write_lock:
             with self._lock:
-                names = list(self._names_unwritten.items())
-            for tfile, fl in names:
-                write_atomic(tfile, fl.encode("utf-8"))
-                with self._lock:
-                    if self._names_unwritten.get(tfile) == fl:
-                        del self._names_unwritten[tfile]
-        for cq in list(self.queues.values()):
-            if cq.dirty:
-                cq.dirty = False
-                cq.mfq.sync_dirs()      # the entries of files created since, before the checkpoint
-                for mf in cq.mfq.files[-2:]:
-                    mf.flush()
-        self._ckpt_file.save(end)
-        self._ckpt = end
+                dirty, self._dirty = self._dirty, {}
+                snaps = [(cq, cq.tail[0], bytes(cq.tail[1])) for cq in dirty.values()]
+            if end == self._ckpt and not snaps:
+                return
+            try:
+                wb = WriteBatch(raw_mode=True)
+                for cq, first, data in snaps:
+                    if data:
+                        self._put_tail(wb, cq, first, data)
+                    wb.put(b"Q" + cq.qk, _META.pack(cq.min_offset, first + len(data) // ENTRY_SIZE))
+                wb.put(K_CKPT, _U64.pack(end))
+                db = self._db
+                assert db is not None
+                db.write(wb, self._wo)
+            except BaseException:
+                with self._lock:      # written again by the next flush
+                    for cq, _, _ in snaps:
+                        self._dirty.setdefault((cq.fl, cq.qid), cq)
+                raise
+            with self._lock:
+                for cq, first, data in snaps:
+                    if not data:
+                        continue
+                    f, buf = cq.tail
+                    if f != first:     # truncated meanwhile (not while a flush runs: _write_lock)
+                        continue
+                    cq.tail = (first + len(data) // ENTRY_SIZE, buf[len(data):])
+                    if len(cq.tail[1]):
+                        self._dirty[(cq.fl, cq.qid)] = cq
+            db.flush(True)
+            self._ckpt = end
+            if len(self.queues) > self.max_loaded:
+                self._unload_idle()
+
+    def _put_tail(self, wb, cq: ConsumeQueue, first: int, data: bytes) -> None:
+        """The blocks of a queue's tail into `wb`; a small newest block is extended instead of
+        a new one started."""
+        lb = cq.last_block
+        if lb is None:
+            lb = cq.last_block = self._find_last_block(cq.qk)
+        if lb[1] and lb[1] < MERGE_BELOW and lb[0] + lb[1] == first:
+            old = self._db.get(b"E" + cq.qk + _U64.pack(lb[0])) if self._db is not None else None
+            if old is not None and len(old) == lb[1] * ENTRY_SIZE:
+                wb.delete(b"P" + _U64.pack(_last_phys(old)) + cq.qk)
+                first, data = lb[0], old + data
+        step = self.block_entries * ENTRY_SIZE
+        for i in range(0, len(data), step):
+            part = data[i:i + step]
+            q = first + i // ENTRY_SIZE
+            n = len(part) // ENTRY_SIZE
+            wb.put(b"E" + cq.qk + _U64.pack(q), part)
+            wb.put(b"P" + _U64.pack(_last_phys(part)) + cq.qk, _PVAL.pack(q, n))
+            cq.last_block = (q, n)
+
+    def _find_last_block(self, qk: bytes) -> tuple[int, int]:
+        """(first qoff, entries) of the queue's newest stored block; (0, 0) when it has none."""
+        base = b"E" + qk
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(_prefix_end(base))
+        it = self._db.iter(ro)  # type: ignore[union-attr]
+        it.seek_to_last()      # (rocksdict honours the upper bound here, not the lower one)
+        if not it.valid() or not it.key().startswith(base):
+            return (0, 0)
+        return (_U64.unpack_from(it.key(), len(base))[0], len(it.value()) // ENTRY_SIZE)
+
+    def _unload_idle(self) -> None:
+        """Forget loaded queues that nothing used since the last time (second chance) and whose
+        entries are all in the database. Under _write_lock."""
+        with self._lock:
+            drop = []
+            for key, cq in self.queues.items():
+                if cq.used:
+                    cq.used = False
+                elif not cq.tail[1] and key not in self._dirty:
+                    drop.append(key)
+            for key in drop:
+                del self.queues[key]
 
     def truncate(self, offset: int) -> None:
-        for cq in self._all_queues():
-            cq.truncate_phys(offset)
-        if self._ckpt > offset:
-            self._ckpt = offset
-            self._ckpt_file.save(offset)
-        self._last_end = min(self._last_end, offset)
+        """Forget every entry whose CommitLog offset is >= offset (the log was cut there: recovery
+        of a torn tail, a replica's divergent tail). Written and flushed at once: an entry left
+        past a cut log would point at whatever record is appended there next."""
+        db = self._db
+        assert db is not None
+        with self._write_lock:
+            cuts: dict[bytes, int] = {}      # qk -> first queue offset to forget
+            blocks: list[tuple[bytes, bytes, int, int]] = []   # (P key, qk, first, n)
+            for k, v in self._scan_from(b"P" + _U64.pack(offset), b"Q"):
+                qk = k[9:]
+                first, n = _PVAL.unpack(v)
+                blocks.append((k, qk, first, n))
+                block = db.get(b"E" + qk + _U64.pack(first)) or b""
+                i = 0
+                while i < n:
+                    phys, size, _ = ENTRY.unpack_from(block, i * ENTRY_SIZE)
+                    if size and phys >= offset:
+                        break
+                    i += 1
+                cuts[qk] = min(cuts.get(qk, first + i), first + i)
+            wb = WriteBatch(raw_mode=True)
+            for pk, qk, first, n in blocks:
+                cut = cuts[qk]
+                if first + n <= cut:
+                    continue
+                wb.delete(pk)
+                ek = b"E" + qk + _U64.pack(first)
+                if first >= cut:
+                    wb.delete(ek)
+                else:
+                    part = (db.get(ek) or b"")[:(cut - first) * ENTRY_SIZE]
+                    wb.put(ek, part)
+                    wb.put(b"P" + _U64.pack(_last_phys(part)) + qk, _PVAL.pack(first, cut - first))
+            with self._lock:
+                for qk, cut in cuts.items():
+                    fl, qid = _split_queue_key(qk)
+                    cq = self._queue(fl, qid)
+                    cq.tail = (cut, bytearray())
+                    cq.min_offset = min(cq.min_offset, cut)
+                    cq.last_block = None
+                    self._dirty.pop((fl, qid), None)
+                    wb.put(b"Q" + qk, _META.pack(cq.min_offset, cut))
+                for cq in list(self.queues.values()):   # entries only in memory
+                    first, buf = cq.tail
+                    if not buf or cq.qk in cuts:
+                        continue
+                    n = len(buf) // ENTRY_SIZE
+                    lo, hi = 0, n
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        phys, size, _ = ENTRY.unpack_from(buf, mid * ENTRY_SIZE)
+                        if size == 0 or phys < offset:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    if lo < n:
+                        cq.tail = (first, buf[:lo * ENTRY_SIZE])
+            if self._ckpt > offset:
+                self._ckpt = offset
+            wb.put(K_CKPT, _U64.pack(self._ckpt))
+            db.write(wb, self._wo)
+            db.flush(True)
+            self._last_end = min(self._last_end, offset)
+
+    def _scan_from(self, start: bytes, stop: bytes):
+        db = self._db
+        if db is None:
+            return
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(stop)
+        it = db.iter(ro)
+        it.seek(start)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
-        for cq in self._all_queues():
-            cq.delete_below_phys(min_phys_offset)
+        """Retention: drop the blocks whose last entry points below the log's new start; each
+        queue's `min_offset` moves past them."""
+        db = self._db
+        if db is None:
+            return
+        with self._write_lock:
+            wb = WriteBatch(raw_mode=True)
+            mins: dict[bytes, int] = {}
+            for k, v in self._scan_from(b"P", b"P" + _U64.pack(min_phys_offset)):
+                qk = k[9:]
+                first, n = _PVAL.unpack(v)
+                wb.delete(k)
+                wb.delete(b"E" + qk + _U64.pack(first))
+                mins[qk] = max(mins.get(qk, 0), first + n)
+            if not mins:
+                return
+            with self._lock:
+                for qk, floor in mins.items():
+                    fl, qid = _split_queue_key(qk)
+                    cq = self.queues.get((fl, qid))
+                    if cq is None:
+                        v = db.get(b"Q" + qk)
+                        hi = floor if v is None else _META.unpack(v)[1]
+                        wb.put(b"Q" + qk, _META.pack(floor, hi))
+                        continue
+                    cq.min_offset = max(cq.min_offset, floor)
+                    lb = cq.last_block
+                    if lb is not None and lb[0] < floor:     # its newest block went: it has none
+                        cq.last_block = (0, 0)
+                    # the stored end (its tail is written by the next flush, with its Q key)
+                    wb.put(b"Q" + qk, _META.pack(cq.min_offset, cq.tail[0]))
+                db.write(wb, self._wo)
+
+    def stats(self) -> dict:
+        """What the queues cost: loaded queues, the database's live size and table files."""
+        db = self._db
+        out = {"cq_loaded_queues": len(self.queues)}
+        if db is not None:
+            for name, prop in (("cq_db_bytes", "rocksdb.total-sst-files-size"),
+                               ("cq_db_memtable_bytes", "rocksdb.cur-size-all-mem-tables")):
+                try:
+                    out[name] = int(db.property_int_value(prop) or 0)
+                except Exception:  # noqa: BLE001 - a property this RocksDB does not know
+                    pass
+        return out
 
     def close(self) -> None:
-        for cq in self._all_queues():
-            cq.close()
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key that starts with `prefix`."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return b"\xff" * (len(prefix) + 1)
+    p[-1] += 1
+    return bytes(p)

@@ -15,7 +15,7 @@ compares C and Python column for column on random batches.
 
 The C module does not repeat the record format: `configure_c` hands it `LAYOUT` (header format,
 field names, size, CRC start, filler size, magic numbers, ConsumeQueue entry format, all from
-store/record.py and store/consume_queue.py) and the C side refuses a layout whose fields differ
+store/record.py and store/consume_queue_entries.py) and the C side refuses a layout whose fields differ
 from the ones it writes (offset, width or name), with a ValueError naming the field.
 
 `encode_py` reads the caches and helpers of the CommitLog it is given (`_topic_cache`,

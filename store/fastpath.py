@@ -27,9 +27,9 @@ from itertools import accumulate
 from operator import itemgetter
 
 from . import accel
-from . import consume_queue as _consume_queue
+from . import consume_queue_entries as _cq_entries
 from . import protocol as W
-from .consume_queue import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
+from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
 from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, DispatchRequest, Message
 from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, SEP, header_format
 
@@ -259,11 +259,11 @@ _check_records = _fastpath.check_records if _fastpath is not None else check_rec
 # the C twin of the record scan in store/dispatch.py's `dispatch_round` (the Python loop there is
 # its reference); None when not built or LMQTT_PURE_PYTHON is set
 dispatch_scan = _fastpath.dispatch_scan if _fastpath is not None else None
-# the ConsumeQueue entries of a run (store/consume_queue.py `_entries`, whose Python reference is
-# `_entries_py` there): bound into that module here, after configure (it cannot import this one)
+# the ConsumeQueue entries of a run (store/consume_queue_entries.py `_entries`, whose Python
+# reference is `_entries_py` there): bound into that module here, after configure (it cannot import this one)
 cq_entries = _fastpath.cq_entries if _fastpath is not None else None
 if cq_entries is not None:
-    _consume_queue._entries = cq_entries
+    _cq_entries._entries = cq_entries
 
 # Positions in a RawRecord (below), which the per-record loops of this module build and read by
 # index (a global name there is a lookup per record; they copy these into locals, or build the

@@ -231,6 +231,9 @@ class BackgroundService:
             if now >= next_retention:
                 next_retention = now + cfg.retention_check_interval_ms / 1000
                 self._duty("retention", st.delete_expired_segments)
+                release = getattr(st, "release_idle_maps", None)
+                if release is not None:
+                    self._duty("idle maps", release)
             # the next wake-up: the earliest duty with something to do. Announced as a long sleep
             # before the work is looked at again, so records arriving meanwhile either are seen
             # here or kick() finds the flag set (Event: the wake-up is kept until the wait)

@@ -8,16 +8,29 @@ lands in reserved blocks: a full disk can refuse new files, never a write into a
 
 Positions are relative to the file start; `start_offset` is the global offset of byte 0 (the file
 is named by it, 20-digit zero-padded).
+
+Why a file can be unmapped while the store runs: a long retention keeps thousands of sealed
+CommitLog segments, and each mapping costs a file descriptor (Python's mmap keeps a duplicate of
+the one it was made from) and a memory map. A file opened with `lazy=True` is mapped on first use
+(`mm`), its own descriptor is kept only while it is written and flushed, and `release()` drops the
+mapping of an idle sealed file (store/file_budget.py decides which): the map is undone when the
+last reader holding it lets go, never under a reader's feet, and the next `mm` maps it again.
 """
 from __future__ import annotations
 
 import errno
 import mmap
 import os
+import threading
 
 from .errors import NO_SPACE_ERRNOS, DiskFull, StoreError
 
 NAME_DIGITS = 20
+
+# what `mm` gives for a closed file: a closed map, whose reads raise ValueError as a map closed
+# under a reader does (the readers handle that: deleted by retention meanwhile)
+_CLOSED = mmap.mmap(-1, 1)
+_CLOSED.close()
 
 
 def file_name(start_offset: int) -> str:
@@ -37,24 +50,42 @@ def _preallocate(fd: int, offset: int, length: int, path: str) -> None:
 
 
 class MappedFile:
-    __slots__ = ("path", "start_offset", "size", "fd", "mm", "wrote_pos", "committed_pos",
-                 "flushed_pos", "closed")
+    __slots__ = ("path", "start_offset", "size", "fd", "_mm", "wrote_pos", "committed_pos",
+                 "flushed_pos", "closed", "used", "_map_lock")
 
     def __init__(self, path: str, start_offset: int, size: int, create: bool, preallocate: bool = True,
-                 sync_dir: bool = True) -> None:
+                 sync_dir: bool = True, lazy: bool = False) -> None:
         """`sync_dir=False` (with `create`): the directory entry is not fsynced here; the owner
-        makes it durable before the data that needs it (MappedFileQueue.sync_dirs)."""
+        makes it durable before the data that needs it (MappedFileQueue.sync_dirs). `lazy` (an
+        existing file): checked now, opened and mapped on first use."""
         self.path = path
         self.start_offset = start_offset
         self.size = size
         self.closed = False
+        self.used = True
+        self._map_lock = threading.Lock()
+        self._mm: mmap.mmap | None = None
+        self.fd: int | None = None
+        self.wrote_pos = 0
+        self.committed_pos = 0
+        self.flushed_pos = 0
+        if lazy and not create:
+            try:
+                cur = os.path.getsize(path)
+            except OSError as e:
+                raise StoreError(f"cannot open {path}: {e}") from None
+            if cur > size:
+                raise StoreError(f"{path} is {cur} bytes, larger than the configured size {size}")
+            if cur == size:
+                return
+            # cut short (torn write test, crash during creation): filled with zeros by the open below
         if create:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except OSError as e:   # a filesystem that needs a block for the directory entry
                 if e.errno in NO_SPACE_ERRNOS:
                     raise DiskFull(f"no space left to create {path}: {e.strerror}") from None
-                raise
+                raise _resource_error(e, f"cannot create {path}") from None
             try:
                 if preallocate:
                     _preallocate(fd, 0, size, path)
@@ -70,7 +101,7 @@ class MappedFile:
             if sync_dir:
                 _fsync_dir(os.path.dirname(path))
         else:
-            fd = os.open(path, os.O_RDWR)
+            fd = _open(path)
             try:
                 cur = os.fstat(fd).st_size
                 if cur > size:
@@ -85,13 +116,60 @@ class MappedFile:
                 raise
         self.fd = fd
         try:
-            self.mm = mmap.mmap(fd, size)
+            self._mm = mmap.mmap(fd, size)
+        except OSError as e:
+            os.close(fd)
+            if create:
+                os.unlink(path)     # not left half-made: the next attempt creates it again
+            raise _resource_error(e, f"cannot map {path}") from None
         except BaseException:
             os.close(fd)
             raise
-        self.wrote_pos = 0
-        self.committed_pos = 0
-        self.flushed_pos = 0
+
+    @property
+    def mm(self) -> mmap.mmap:
+        """The file's mapping (mapped again if it was released)."""
+        m = self._mm
+        if m is None:
+            m = self._map()
+        self.used = True
+        return m
+
+    @property
+    def mapped(self) -> bool:
+        return self._mm is not None
+
+    def _map(self) -> mmap.mmap:
+        with self._map_lock:
+            m = self._mm
+            if m is not None:
+                return m
+            if self.closed:     # destroyed (retention) or closed: what a reader's ValueError tells
+                return _CLOSED
+            fd = self.fd if self.fd is not None else _open(self.path)
+            try:
+                m = mmap.mmap(fd, self.size)
+            except OSError as e:
+                raise _resource_error(e, f"cannot map {self.path}") from None
+            finally:
+                if fd != self.fd:
+                    os.close(fd)        # the map keeps a descriptor of its own
+            self._mm = m
+            return m
+
+    def release(self) -> bool:
+        """Drop the mapping (and the file's own descriptor) of a file nothing writes any more;
+        False when there was none. The next `mm` maps it again."""
+        with self._map_lock:
+            m, self._mm = self._mm, None
+            self.close_fd()
+        return m is not None
+
+    def close_fd(self) -> None:
+        """Close the file's own descriptor (a sealed, flushed file: the map does not need it)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
     @property
     def end_offset(self) -> int:
@@ -117,19 +195,29 @@ class MappedFile:
 
     def flush(self) -> None:
         """Make the mapped pages durable. fdatasync on the fd writes back the MAP_SHARED dirty pages
-        of this file (Linux: they live in the page cache), needs no page-aligned range, and releases
-        the GIL while the disk works (checked: a spinning thread keeps running during it)."""
-        os.fdatasync(self.fd)
+        of this file (Linux: they live in the page cache, whichever descriptor or map wrote them),
+        needs no page-aligned range, and releases the GIL while the disk works (checked: a spinning
+        thread keeps running during it). The file's descriptor is opened again if it was closed."""
+        fd = self.fd
+        if fd is None:
+            with self._map_lock:
+                if self.fd is None:
+                    self.fd = _open(self.path)
+                fd = self.fd
+        os.fdatasync(fd)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.mm.close()
-        except BufferError:
-            pass  # a reader still holds a view; the map is released when it is collected
-        os.close(self.fd)
+        with self._map_lock:
+            m, self._mm = self._mm, None
+            if m is not None:
+                try:
+                    m.close()
+                except BufferError:
+                    pass  # a reader still holds a view; the map is released when it is collected
+            self.close_fd()
 
     def destroy(self) -> None:
         self.close()
@@ -140,6 +228,22 @@ class MappedFile:
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path}, wrote={self.wrote_pos})"
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR)
+    except OSError as e:
+        raise _resource_error(e, f"cannot open {path}") from None
+
+
+def _resource_error(e: OSError, what: str) -> OSError:
+    """An OSError whose text names what could not be done and the resource that ran out (EMFILE:
+    the open-files limit; ENOMEM from mmap: the map count or address space), same errno."""
+    why = {errno.EMFILE: "too many open files (the process's open-files limit, ulimit -n)",
+           errno.ENFILE: "too many open files in the system",
+           errno.ENOMEM: "out of memory maps or address space (vm.max_map_count, ulimit -v)"}.get(e.errno)
+    return OSError(e.errno, f"{what}: {why or e.strerror}")
 
 
 def _fsync_dir(path: str) -> None:

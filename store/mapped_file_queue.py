@@ -1,6 +1,6 @@
 """`MappedFileQueue`: a directory of equal-size `MappedFile`s forming one contiguous address space.
 
-Used by the CommitLog (`segment_size` segments) and each ConsumeQueue (`cq_entries_per_file` x 20 B). Files are
+Used by the CommitLog (`segment_size` segments), the key index and the timer log. Files are
 named by their 20-digit zero-padded start offset, so offset -> file is one division. The list is
 replaced, never mutated in place (copy-on-write), so readers on other threads can take a snapshot
 without a lock.
@@ -34,8 +34,11 @@ def _missing_dirs(path: str) -> list[str]:
 
 class MappedFileQueue:
     def __init__(self, directory: str, file_size: int, preallocate: bool = True,
-                 defer_dir_sync: bool = False) -> None:
+                 defer_dir_sync: bool = False, lazy: bool = False) -> None:
+        """`lazy`: files found at load are mapped on first use, and `release_idle` may unmap them
+        (the CommitLog: see MappedFile)."""
         self.dir = directory
+        self.lazy = lazy
         self.file_size = file_size
         self.preallocate = preallocate
         self.defer_dir_sync = defer_dir_sync
@@ -59,7 +62,7 @@ class MappedFileQueue:
             if files and start != files[-1].start_offset + self.file_size:
                 raise StoreError(f"{self.dir}: missing file between {files[-1].path} and {n}")
             files.append(MappedFile(os.path.join(self.dir, n), start, self.file_size, create=False,
-                                    preallocate=self.preallocate))
+                                    preallocate=self.preallocate, lazy=self.lazy))
         self.files = files
 
     @property
@@ -146,6 +149,28 @@ class MappedFileQueue:
             self.files = keep
         for mf in drop:
             mf.destroy()
+
+    def mapped_count(self) -> int:
+        return sum(1 for mf in self.files if mf.mapped)
+
+    def release_idle(self, keep: int) -> int:
+        """Unmap files (never the last two: the one written and the one before it) until at most
+        `keep` are mapped, the ones not used since the last call first (a second chance: `used`
+        is set by every `mm` and cleared here). Returns how many were released."""
+        files = self.files[:-2]
+        mapped = [mf for mf in files if mf.mapped]
+        over = len(mapped) + min(2, len(self.files)) - keep
+        released = 0
+        for mf in mapped:
+            if over <= 0:
+                mf.used = False
+                continue
+            if mf.used:
+                mf.used = False
+            elif mf.release():
+                released += 1
+                over -= 1
+        return released
 
     def close(self) -> None:
         for mf in self.files:

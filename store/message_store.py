@@ -17,8 +17,9 @@ from .atomic_file import write_atomic
 from .checkpoint import OffsetCheckpoint
 from .commitlog import CommitLog
 from .config import StoreConfig
-from .consume_queue import ConsumeQueueStore
+from .consume_queue import DB_DIR as CQ_DB_DIR, ConsumeQueueStore
 from .dispatch import DispatchService
+from .file_budget import FileBudget
 from .errors import CorruptRecord, NotVisible, StoreClosed, StoreError, is_disk_full
 from .flush import BackgroundService, GroupCommitService
 from .index_file import IndexService
@@ -57,8 +58,10 @@ class MessageStore(AsyncAppend):
         self.ident = _load_identity(cfg.data_dir)
         self.clog = CommitLog(cfg, self.ident)
         self._coalesce: dict = {}  # event loop -> [(Message, loop future)] waiting for this tick's batch
-        self.consume_queues = ConsumeQueueStore(os.path.join(cfg.data_dir, "consumequeue"),
-                                                cfg.cq_entries_per_file, cfg.preallocate)
+        # the store's share of the process's open files, and how it is spent (store/file_budget.py)
+        self.budget = FileBudget.for_process(cfg.max_open_files)
+        self.consume_queues = ConsumeQueueStore(os.path.join(cfg.data_dir, CQ_DB_DIR), cfg.cq_block_entries,
+                                                max_open_files=self.budget.rocksdb_tables)
         self.index = IndexService(os.path.join(cfg.data_dir, "index"), cfg.index_slots, cfg.index_entries,
                                   cfg.preallocate)
         self._dispatchers: list = [self.consume_queues, self.index]
@@ -513,6 +516,10 @@ class MessageStore(AsyncAppend):
             "recoveries": self.recoveries.generation,
             "recovery_lost_bytes": self.recovery.lost_bytes if self.recovery is not None else 0,
             "consumer_offsets_reset": self.offsets_reset,
+            # what the topics and the retention cost in files (store/file_budget.py)
+            "commitlog_mapped_segments": clog.mfq.mapped_count(),
+            "open_files_budget": self.budget.total,
+            **self.consume_queues.stats(),
         }
 
     def tier_stats(self) -> dict | None:
@@ -530,6 +537,11 @@ class MessageStore(AsyncAppend):
 
     def save_clog_checkpoint(self) -> None:
         self._clog_ckpt.save(self.clog.flushed)
+
+    def release_idle_maps(self) -> int:
+        """Unmap idle sealed CommitLog segments beyond the budget's share (the background service
+        runs it with retention); they are mapped again when read."""
+        return self.clog.mfq.release_idle(self.budget.commitlog_maps)
 
     def delete_expired_segments(self, now_ms: int | None = None) -> int:
         """Run retention now (the background service runs it every retention_check_interval_ms).

@@ -62,7 +62,7 @@ class Prefaulter:
         self._wake = threading.Event()    # kick(): records arrive after a quiet spell
         self._thread: threading.Thread | None = None
         self._lib = _load_madvise() if self.ahead else None
-        self._addr: dict[int, int] = {}   # segment start offset -> map address
+        self._addr: dict[int, tuple] = {}   # segment start offset -> (its map, the map's address)
         self.done = 0                     # populated up to this CommitLog offset
         self.populated = 0                # bytes, for tests and stats
 
@@ -146,11 +146,14 @@ class Prefaulter:
         if end <= start:
             return True
         ctypes, madvise = self._lib
-        addr = self._addr.get(base)
-        if addr is None:
-            if len(self._addr) > 64:
-                self._addr.clear()
-            addr = self._addr[base] = _address(ctypes, mf.mm)
+        mm = mf.mm
+        cached = self._addr.get(base)
+        if cached is None or cached[0] is not mm:
+            # the segment written now only (holding its map keeps it mapped; a map released and
+            # made again is at another address, so the address is the map's, not the segment's)
+            self._addr.clear()
+            cached = self._addr[base] = (mm, _address(ctypes, mm))
+        addr = cached[1]
         if self._stop.is_set() or mf.closed:
             return False
         if madvise(addr + start, end - start, MADV_POPULATE_WRITE) != 0:

@@ -48,10 +48,13 @@ def queue_label(qkey: str) -> str:
 
 
 class SdkMetadata:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_open_files: int = -1) -> None:
+        """`max_open_files`: RocksDB's table files open at once (-1: no bound; a store node passes
+        its budget's share, store/file_budget.py)."""
         os.makedirs(path, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        opts.set_max_open_files(max_open_files)
         self._db = Rdict(path, opts)
         self._wo = WriteOptions()
         self._producers: dict[str, dict] = {}

@@ -91,7 +91,8 @@ class StoreServer:
         self.host, self.port = host, port
         self.token = token
         self.max_frame = max_frame
-        self.meta = SdkMetadata(meta_path)
+        budget = getattr(store, "budget", None)
+        self.meta = SdkMetadata(meta_path, budget.rocksdb_tables if budget is not None else -1)
         self.pop = PopManager(store, self.meta)
         self.router: Callable[[str], tuple] | None = None
         self.filter_pull: Callable[..., Messages] | None = None

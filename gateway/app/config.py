@@ -13,7 +13,7 @@ from typing import Any
 # the strict TOML loader is shared with `lmqtt store` (one lmqtt.toml may configure the fleet);
 # its names stay importable from here
 from lmqtt.store.node.config import (FLUSH_MODES, GATEWAY_TABLES, STORE_TABLE, ConfigError,  # noqa: F401
-                                     NodeConfig, check_tier, check_type, kinds_of, line_of, min_segment_mb,
+                                     NodeConfig, check_tier, check_type, kinds_of, line_of, min_segment_mb, retention_ms,
                                      read_toml, unknown_key, unknown_table, where)
 
 
@@ -34,6 +34,11 @@ class GatewayConfig:
     console_viewers: str | None = None
     console_tls: bool = False         # the metrics port (console and /metrics) over HTTPS with cert/key
     segment_mb: int = 32              # CommitLog segment size of a new data dir (preallocated; docs/store.md)
+    # how long the CommitLog keeps a sealed segment (without a tier; with one: local_retention)
+    retention: str = "72h"
+    # the store's share of the process's open files (store/file_budget.py); 0 = a quarter of the
+    # process limit, at most 4096. Client sockets get the rest: past it CONNACK 0x97.
+    max_open_files: int = 0
     # light-queue message cache shared by all sessions; a quarter of it again bounds the delivery
     # ring and another quarter the store's cache of just-appended records
     lq_cache_mb: int = 64
@@ -155,6 +160,12 @@ class GatewayConfig:
             raise ConfigError(f"flush_mode must be one of {', '.join(FLUSH_MODES)}, got {self.flush_mode!r}")
         if not (0 <= int(self.port) <= 65535):
             raise ConfigError(f"port must be 0..65535, got {self.port}")
+        try:
+            retention_ms(self.retention)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if int(self.max_open_files) < 0:
+            raise ConfigError(f"max_open_files must be 0 (the default share) or more, got {self.max_open_files}")
         if int(self.segment_mb) < min_segment_mb():
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")

@@ -428,8 +428,21 @@ class Gateway:
 
     def _new_gate(self):
         """The connection and rate limits (gateway/core/limits.py) the broker and its connections apply."""
+        import resource
+
         from lmqtt.gateway.core.limits import ConnectionGate, Limits
-        return ConnectionGate(Limits.from_config(self.cfg))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        share = self.embedded.open_files_share if self.embedded is not None else 0
+        return ConnectionGate(Limits.from_config(self.cfg), open_files=(soft, share))
+
+    def files_line(self) -> str:
+        """The banner's line on open files: the store's share and the client sockets admitted."""
+        gate = self.broker.gate
+        limit, share = gate.open_files or (0, 0)
+        store = f"store {share} of {limit} open files, " if share else f"limit {limit} open files, "
+        return f"{store}client connections up to {gate.socket_cap} (then CONNACK 0x97)"
 
     def _install_limits(self) -> None:
         """The counters of the broker's connection and rate limits on /metrics:

@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lmqtt.gateway.app.config import ConfigError, build_config, hostport, load_toml
 from lmqtt.gateway.app.serve_command import _tune_gc, add_listener_args
-from lmqtt.store.node.process import install_event_loop, metrics_unavailable, set_process_title, setup_logging
+from lmqtt.store.node.process import (install_event_loop, metrics_unavailable, raise_open_files_limit,
+                                      set_process_title, setup_logging)
 
 log = logging.getLogger("lmqtt.gateway.command")
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(cfg.log_level)
     if cfg.switch_interval_ms:
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
+    raise_open_files_limit()
     loop_name = install_event_loop()
     try:
         return asyncio.run(_serve(cfg, loop_name))

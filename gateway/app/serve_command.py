@@ -26,7 +26,8 @@ import sys
 
 from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, hostport, load_toml
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, set_process_title, setup_logging)
+                                      metrics_unavailable, raise_open_files_limit, set_process_title,
+                                      setup_logging)
 
 log = logging.getLogger("lmqtt.serve")
 
@@ -45,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-mb", type=int,
                    help="CommitLog segment size in MiB of a new data dir (default 32, preallocated; an existing "
                         "data dir keeps its own; a busy server: 256)")
+    p.add_argument("--retention", help="how long sealed CommitLog segments are kept: 10m, 72h, 7d (default 72h; "
+                                       "with --tier: --local-retention)")
+    p.add_argument("--max-open-files", type=int,
+                   help="the store's share of the open-files limit (RocksDB table files, mapped CommitLog "
+                        "segments); client connections get the rest, past it CONNACK 0x97 (default 0: a quarter "
+                        "of the process limit, at most 4096)")
     p.add_argument("--workers", type=int,
                    help="gateway processes on this port over one store process (SO_REUSEPORT; default 1 = "
                         "everything in this process); worker i serves metrics and console on --metrics-port + i")
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.switch_interval_ms:
         # process-wide, so set by the command, not by Gateway (tests may embed several gateways)
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
+    raise_open_files_limit()
     loop_name = install_event_loop()
     try:
         explicit = args.store_port is not None or "store_port" in file_values
@@ -324,6 +332,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     print(f"lmqtt serve: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
+          f"  files:      {gw.files_line()}\n"
           f"  metrics:    {metrics_url}\n"
           f"  store:      {store_url}{more}\n"
           f"  auth:       {auth_line}", file=sys.stderr, flush=True)

@@ -36,7 +36,7 @@ _NOT_FOR_GATEWAYS = {"--data-dir": True, "--flush-mode": True, "--segment-mb": T
                      "--store-host": True, "--workers": True, "--metrics-port": True, "--token": True,
                      "--tier": True, "--tier-endpoint": True, "--local-retention": True, "--tier-retention": True,
                      "--tier-cache-mb": True, "--tier-parquet": True, "--tier-parquet-file-mb": True,
-                     "--tier-parquet-merge-after-s": True}
+                     "--tier-parquet-merge-after-s": True, "--retention": True, "--max-open-files": True}
 _RESTART_WINDOW_S = 60.0
 _MAX_RESTARTS = 5
 
@@ -124,7 +124,7 @@ class Supervisor:
         cfg = self.cfg
         args = ["store", "--host", cfg.store_host or "127.0.0.1", "--port", str(self.store_port),
                 "--data-dir", cfg.data_dir, "--flush-mode", cfg.flush_mode, "--segment-mb", str(cfg.segment_mb),
-                "--log-level", cfg.log_level]
+                "--retention", cfg.retention, "--max-open-files", str(cfg.max_open_files), "--log-level", cfg.log_level]
         if getattr(cfg, "token", None):
             args += ["--token", cfg.token]
         if getattr(cfg, "tier", None):       # tiered storage is the store's

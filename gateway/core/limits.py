@@ -126,7 +126,7 @@ class Limits:
 
 # the names of the limits as counted in `ConnectionGate.hits` and exported as
 # lmqtt_limit_hits_total{limit=...}
-LIMIT_NAMES = ("max_connections", "max_connections_per_address", "connect_rate_per_address",
+LIMIT_NAMES = ("max_connections", "open_files", "max_connections_per_address", "connect_rate_per_address",
                "publish_rate_per_client", "max_subscriptions", "max_topic_length", "max_topic_levels")
 
 
@@ -135,12 +135,27 @@ class ConnectionGate:
     counters of every limit hit, exported on /metrics. One per gateway process."""
 
     # refused sockets waiting for their CONNECT (to be told why in CONNACK); beyond this many they
-    # are closed at once without an answer, so a flood of refused sockets costs no memory
+    # are closed at once without an answer, so a flood of refused sockets costs no memory (and, by
+    # the open-files limit, fewer: see `open_files`)
     MAX_REFUSED_PENDING = 256
+    # descriptors the process keeps for itself beyond the store's share: listening sockets, the
+    # metrics and console server and its clients, the store link, logs (store/file_budget.py RESERVE)
+    RESERVE = 64
 
     def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic,
-                 log_rate: float = 20.0, log_burst: int = 100) -> None:
+                 log_rate: float = 20.0, log_burst: int = 100,
+                 open_files: tuple[int, int] | None = None) -> None:
+        """`open_files`: (the process's open-files limit, the store's share of it in this process)
+        - the client sockets admitted at once are bounded by what is left (`socket_cap`), so a
+        broker at its limit refuses the next client cleanly instead of failing its store's next
+        open, or its accept(), with EMFILE."""
         self.limits = limits
+        self.socket_cap = 0
+        self.open_files = open_files
+        if open_files is not None:
+            limit, share = open_files
+            self.MAX_REFUSED_PENDING = min(self.MAX_REFUSED_PENDING, max(8, limit // 16))
+            self.socket_cap = max(1, limit - share - self.RESERVE - self.MAX_REFUSED_PENDING)
         self.current = 0
         self._clock = clock
         self._rate = (KeyedRateLimiter(limits.connect_rate_per_address, limits.connect_burst_per_address,
@@ -172,6 +187,9 @@ class ConnectionGate:
         if lim.max_connections and self.current >= lim.max_connections:
             self.hits["max_connections"] += 1
             return 0x97, "max_connections"
+        if self.socket_cap and self.current >= self.socket_cap:
+            self.hits["open_files"] += 1
+            return 0x97, "open_files"
         per = self._per_address
         if per is not None:
             n = per.get(address, 0)

@@ -264,11 +264,14 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         lim = gate.limits
         limit = {"max_connections": lim.max_connections,
                  "max_connections_per_address": lim.max_connections_per_address,
+                 "open_files": gate.socket_cap,
                  "connect_rate_per_address": lim.connect_rate_per_address}.get(cause)
         log.warning("event=connect_refused peer=%s reason_code=0x%02X cause=%s limit=%s reason=%r%s", self.peer,
                     rc, cause, limit, reason, f" suppressed={left_out}" if left_out else "")
 
     _REFUSAL_REASONS = {"max_connections": "server full: too many connections (max_connections)",
+                        "open_files": "server busy: the connections the broker's open-files limit allows are "
+                                      "all in use (ulimit -n, --max-open-files)",
                         "max_connections_per_address": "too many connections from your address "
                                                        "(max_connections_per_address)",
                         "connect_rate_per_address": "connection rate exceeded (connect_rate_per_address)"}

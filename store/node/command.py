@@ -29,9 +29,11 @@ import os
 import signal
 import sys
 
-from lmqtt.store.node.config import ConfigError, NodeConfig
+from lmqtt.store.file_budget import default_share, process_limit
+from lmqtt.store.node.config import ConfigError, NodeConfig, retention_ms
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, set_process_title, setup_logging)
+                                      metrics_unavailable, raise_open_files_limit, set_process_title,
+                                      setup_logging)
 
 log = logging.getLogger("lmqtt.store")
 
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
+    raise_open_files_limit()
     loop_name = install_event_loop()
     try:
         rc = asyncio.run(_serve(cfg, loop_name))
@@ -128,7 +131,11 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     try:
         store = MessageStore(StoreConfig(data_dir=os.path.join(data, "store"), flush_mode=cfg.flush_mode,
                                          segment_size=int(cfg.segment_mb) << 20,
-                                         dispatch_inline=bool(cfg.dispatch_inline)))
+                                         dispatch_inline=bool(cfg.dispatch_inline),
+                                         retention_ms=retention_ms(cfg.retention),
+                                         # a store node's sockets are a few gateways and SDK clients
+                                         max_open_files=int(cfg.max_open_files)
+                                         or default_share(process_limit(), with_clients=False)))
         store.cut_reason = cut_reason
         if cfg.tier:       # tiered storage (store/tier; checked by NodeConfig.validate)
             from lmqtt.store.tier.config import TierConfig
@@ -189,6 +196,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     print(f"lmqtt store: listening on lmqtt://{h}:{p} (native protocol v1, {loop_name})\n"
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
+          f"  files:      {store.budget.describe()}\n"
           f"{f'  group:      {cfg.group!r} node {cfg.node_id} of {cfg.peers} (raft +1, replication +2)' + chr(10) if cfg.group else ''}"
           f"  notify:     EVENT frames to watching gateways"
           f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}{redis_note}\n"

@@ -48,6 +48,15 @@ def min_segment_mb() -> int:
     return engine_min_segment_mb()
 
 
+def retention_ms(text: str) -> int:
+    """A `retention` setting (10m, 72h, 7d) -> milliseconds; ValueError naming the setting."""
+    from lmqtt.store.tier.config import parse_retention
+    ms, size = parse_retention(text, "retention")
+    if ms is None or size is not None or ms <= 0:
+        raise ValueError(f"retention must be a duration such as 10m, 72h or 7d, got {text!r}")
+    return ms
+
+
 def check_tier(url: str, endpoint: str | None = None, local_retention: str | None = None,
                tier_retention: str | None = None, parquet: str | None = "auto") -> Any:
     """The tier flags checked before the store starts (store/tier/config.py `check_tier`): its
@@ -187,6 +196,10 @@ class NodeConfig:
     flush_mode: str = setting("async", "store flush mode (default async)", choices=FLUSH_MODES)
     segment_mb: int = setting(32, "CommitLog segment size in MiB of a new data dir (default 32, preallocated; an "
                                   "existing data dir keeps its own; a busy server: 256)")
+    retention: str = setting("72h", "how long sealed CommitLog segments are kept: 10m, 72h, 7d (default 72h; with "
+                                    "--tier: --local-retention)")
+    max_open_files: int = setting(0, "the store's share of the open-files limit: RocksDB table files, mapped "
+                                     "CommitLog segments (default 0: half the process limit, at most 4096)", low=0)
     max_frame_mb: int = setting(64, "largest accepted frame in MiB (default 64)", low=1, unit="MiB")
     redis: str | None = setting(None, "also publish new-data events to Redis pub/sub (gateways with --redis)")
     notify_mode: str = setting("broadcast", "Redis notify mode (default broadcast)", choices=("broadcast", "precise"))
@@ -330,6 +343,10 @@ class NodeConfig:
             if kinds_of(type(self))[f.name] is float:
                 setattr(self, f.name, n)
         from lmqtt.store.config import min_segment_mb
+        try:
+            retention_ms(self.retention)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if int(self.segment_mb) < min_segment_mb():
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")

@@ -91,6 +91,12 @@ class EmbeddedStore:
         """The tier's use, None without --tier."""
         return self.store.tier_stats()
 
+    @property
+    def open_files_share(self) -> int:
+        """The descriptors the store may hold (store/file_budget.py): the gateway's sockets get
+        what the process limit leaves."""
+        return self.store.budget.total
+
     def topic_ends(self) -> dict[tuple[str, int], int]:
         """{(first-level topic, queue id): end} of every ConsumeQueue."""
         return self.store.consume_queues.max_offsets()
@@ -139,10 +145,12 @@ def open_embedded(cfg: Any, loop: Any) -> EmbeddedStore:
     from lmqtt.lightqueue import LightQueueStore
     from lmqtt.notify import InProcessBus
     from lmqtt.store import MessageStore, StoreConfig
+    from lmqtt.store.node.config import retention_ms
 
     data = Path(cfg.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode, segment_size=int(cfg.segment_mb) << 20)
+    scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode, segment_size=int(cfg.segment_mb) << 20,
+                       retention_ms=retention_ms(cfg.retention), max_open_files=int(cfg.max_open_files))
     if cfg.dispatch_inline:
         scfg.dispatch_inline = True
     store = MessageStore(scfg)

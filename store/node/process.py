@@ -26,6 +26,21 @@ class KeyValueFormatter(logging.Formatter):
         return base
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft open-files limit to the hard one, what the administrator allows (shells
+    start programs with a soft limit of 1,024 however high the hard one is), before anything is
+    opened; -> the limit now. The store's share of it and the clients' are in store/file_budget.py."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and hard != resource.RLIM_INFINITY:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 def install_event_loop() -> str:
     """uvloop when installed, else asyncio's own loop;
     returns the name for the startup banner. Shared by every long-running lmqtt command."""

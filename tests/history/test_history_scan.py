@@ -7,12 +7,12 @@ import random
 import struct
 
 import pytest
-
 from lmqtt.lightqueue import history as H
 from lmqtt.lightqueue.topics import topic_matches
 from lmqtt.store import protocol as W
 from lmqtt.store.client.consumer import decode_reply
 from lmqtt.store.config import StoreConfig
+from lmqtt.store.consume_queue import ENTRY
 from lmqtt.store.message import Message
 from lmqtt.store.message_store import MessageStore
 
@@ -58,6 +58,22 @@ def test_c_match_is_the_topics_rule():
         f = [x if x != "#" else "a" for x in f[:-1]] + f[-1:]
         f = "/".join(f)
         assert H._C.match(f.encode(), t.encode()) == topic_matches(f, t), (f, t)
+
+
+def test_a_read_maps_only_the_segments_its_entries_point_into(store):
+    """A filter's read of a few entries maps the CommitLog segments those entries are in, not
+    every segment the retention keeps (each map costs a descriptor: store/file_budget.py)."""
+    files = store.clog.mfq.files
+    assert len(files) > 3
+    for mf in files[:-2]:
+        mf.release()
+    cq = store.consume_queues.get("p", 0)
+    pieces = cq.pieces(cq.max_offset // 2, 3)
+    phys = [e[0] for _, piece in pieces for e in ENTRY.iter_unpack(piece)]
+    segs, size = H._segs(store, pieces)
+    assert [s for s, _ in segs] == sorted({p - p % size for p in phys})
+    assert sum(1 for mf in files[:-2] if mf.mapped) == len(segs) - sum(1 for s, _ in segs
+                                                                       if s >= files[-2].start_offset)
 
 
 @needs_c
@@ -170,7 +186,7 @@ def test_records_the_raw_scan_cannot_reach_come_through_the_store_reads(store, f
         return out
     raw_ranges = every(lambda pos: H.read_from(store, None, flt, pos, max_count=11))
     raw_range = H.read_range(store, flt, flt.split("/")[0] if flt[0] not in "+#" else "p", 0, 0, 10_000)
-    monkeypatch.setattr(H, "_segs", lambda st: ([], 1 << 16))
+    monkeypatch.setattr(H, "_segs", lambda st, pieces=None: ([], 1 << 16))
     got = H.read_from(store, None, flt, store.min_offset, max_count=11)[0]
     assert got.msgs is not None and not got.chunks
     assert every(lambda pos: H.read_from(store, None, flt, pos, max_count=11)) == raw_ranges

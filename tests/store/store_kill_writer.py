@@ -16,7 +16,7 @@ from lmqtt.store import Message, MessageStore, StoreConfig
 
 def config(data_dir: str, mode: str) -> StoreConfig:
     return StoreConfig(data_dir=data_dir, segment_size=256 * 1024, max_message_size=16 * 1024, flush_mode=mode,
-                       index_slots=256, index_entries=8192, cq_entries_per_file=1000,
+                       index_slots=256, index_entries=8192, cq_block_entries=1000,
                        commit_interval_ms=20, flush_interval_ms=50)
 
 

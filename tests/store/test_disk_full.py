@@ -46,7 +46,7 @@ def test_small_disk_fills_to_what_is_asked_and_frees_it_again(tmp_path):
 
 def cfg(d, **kw):
     base = dict(data_dir=os.path.join(d, "store"), segment_size=1 << 20, max_message_size=64 * 1024,
-                flush_mode="sync", index_slots=64, index_entries=1024, cq_entries_per_file=1000,
+                flush_mode="sync", index_slots=64, index_entries=1024, cq_block_entries=1000,
                 disk_high_water=1.0, disk_check_interval_ms=50, dispatcher_flush_interval_ms=100)
     base.update(kw)
     return StoreConfig(**base)
@@ -140,7 +140,7 @@ def test_dispatch_without_space_for_an_index_file_stops_visibility_refuses_appen
         rs = st.append_batch([Message(topic="k/a", body=b"m%d" % i, keys=(f"k{i + 1}",)) for i in range(20)])
         end = rs[-1].phys_offset + rs[-1].size
         rs[-1].durable.result(10)
-        wait(lambda: "dispatch" in st.stats()["disk_full_causes"], what="dispatch to report the full disk")
+        wait(lambda: st.stats()["disk_full_causes"], what="the store to report the full disk")
         assert not st.wait_dispatched(end, 0.3)            # not visible ...
         with pytest.raises(DiskFull, match="dispatch cannot write the key index"):
             st.append(Message(topic="k/a", body=b"refused"))
@@ -168,9 +168,9 @@ def test_dispatch_without_space_for_an_index_file_stops_visibility_refuses_appen
 
 
 def test_a_topic_first_seen_on_a_full_disk_is_readable_after_free_and_after_restart(disk):
-    """Its ConsumeQueue directory, name file and first file are created by dispatch on a full
-    disk: the name file must not be left empty (it was: the queue then loaded under the name ''
-    after a restart and the acknowledged messages were unreadable by topic)."""
+    """Its ConsumeQueue is first written by a flush on a full disk (RocksDB fails to write its
+    table file): the flush is retried once there is room, and the queue is readable by its name
+    then and after a restart, never under another name."""
     st = MessageStore(cfg(disk.path))
     st.start()
     try:
@@ -179,7 +179,7 @@ def test_a_topic_first_seen_on_a_full_disk_is_readable_after_free_and_after_rest
         disk.fill(0)
         r = st.append(Message(topic="fresh/t", body=b"born on a full disk"))
         r.durable.result(10)
-        wait(lambda: "dispatch" in st.stats()["disk_full_causes"], what="dispatch to report the full disk")
+        wait(lambda: st.stats()["disk_full_causes"], what="the store to report the full disk")
         disk.free()
         assert st.wait_dispatched(r.phys_offset + r.size, 15)
         assert [m.body for m in st.read_consume_queue("fresh/t", 0, 0, 10)] == [b"born on a full disk"]
@@ -201,7 +201,7 @@ sys.path.insert(0, sys.argv[2])
 from lmqtt.loadtest.chaos.disk import SmallDisk
 disk = SmallDisk(sys.argv[1], 1)          # mounted by the test: fill/free only
 st = MessageStore(StoreConfig(data_dir=sys.argv[1] + "/store", segment_size=1 << 20, max_message_size=64 * 1024,
-                              cq_entries_per_file=100_000, index_slots=64, index_entries=100_000,
+                              cq_block_entries=100_000, index_slots=64, index_entries=100_000,
                               disk_high_water=1.0, timer_precision_ms=100))
 st.start()
 dm = st.enable_delayed()

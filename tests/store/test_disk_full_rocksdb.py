@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root to mou
 
 def cfg(d):
     return StoreConfig(data_dir=os.path.join(d, "store"), segment_size=1 << 20, max_message_size=64 * 1024,
-                       flush_mode="sync", index_slots=64, index_entries=1024, cq_entries_per_file=10_000,
+                       flush_mode="sync", index_slots=64, index_entries=1024, cq_block_entries=10_000,
                        disk_high_water=1.0, disk_check_interval_ms=50, dispatcher_flush_interval_ms=100)
 
 

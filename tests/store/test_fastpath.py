@@ -21,7 +21,7 @@ IDENT = "0123456789ABCDEF"
 
 def cfg(tmp_path, **kw):
     base = dict(data_dir=str(tmp_path / "store"), segment_size=64 * 1024, max_message_size=16 * 1024,
-                flush_mode="async", index_slots=128, index_entries=4096, cq_entries_per_file=100)
+                flush_mode="async", index_slots=128, index_entries=4096, cq_block_entries=100)
     base.update(kw)
     return StoreConfig(**base)
 

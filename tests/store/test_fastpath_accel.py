@@ -2,7 +2,7 @@
 store/fastpath.py, on arbitrary input: ConsumeQueue entries grouped into runs of adjacent records
 (unwritten entries, the visibility limit, the byte limit), and the size/magic/CRC check of
 records back to back (valid, damaged, truncated, nonsense), and the ConsumeQueue entries of a run
-of records (`cq_entries` against store/consume_queue.py `_entries_py`, and a store's dispatch going
+of records (`cq_entries` against store/consume_queue_entries.py `_entries_py`, and a store's dispatch going
 through it). The raw pull itself, with the C loops
 and with the references, is compared with the decoding path in test_fastpath.py."""
 from __future__ import annotations
@@ -163,11 +163,11 @@ def test_an_unconfigured_module_refuses_to_run():
         == "ran"
 
 
-# ------------------------------------------------------------------ cq_entries (store/consume_queue.py _entries)
+# ------------------------------------------------------------------ cq_entries (store/consume_queue_entries.py _entries)
 
 @st.composite
 def cq_runs_of_sizes(draw):
-    from lmqtt.store.consume_queue import _BULK_MAX
+    from lmqtt.store.consume_queue_entries import _BULK_MAX
     base = draw(st.lists(st.one_of(st.integers(0, 2 ** 32 - 1), st.integers(1, 400)), max_size=30))
     sizes = base * draw(st.sampled_from([1, 1, 2, 40, _BULK_MAX // 3 + 1]))    # past _BULK_MAX too
     n = len(sizes)
@@ -181,7 +181,7 @@ def cq_runs_of_sizes(draw):
 @settings(max_examples=300, deadline=None)
 @given(cq_runs_of_sizes())
 def test_cq_entries_equals_its_reference(run):
-    from lmqtt.store.consume_queue import _entries_py
+    from lmqtt.store.consume_queue_entries import _entries_py
     phys, sizes, i0, i1, tags = run
     got = outcome(_C.cq_entries, phys, sizes, i0, i1, tags)
     assert got == outcome(_entries_py, phys, sizes, i0, i1, tags)
@@ -194,7 +194,7 @@ def test_cq_entries_equals_its_reference(run):
 @pytest.mark.parametrize("phys,sizes", [(2 ** 64 - 10, [5, 5]), (2 ** 64 - 10, [5, 5, 5]), (2 ** 64 - 1, [1]),
                                         (0, [2 ** 32 - 1] * 3)])
 def test_cq_entries_at_the_edge_of_64_bits(phys, sizes):
-    from lmqtt.store.consume_queue import _entries_py
+    from lmqtt.store.consume_queue_entries import _entries_py
     c = outcome(_C.cq_entries, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
     assert c == outcome(_entries_py, phys, sizes, 0, len(sizes), 2 ** 64 - 1)
 
@@ -212,8 +212,8 @@ def test_cq_entries_by_hand_and_its_refusals():
 @pytest.mark.skipif(os.environ.get("LMQTT_PURE_PYTHON", "") not in ("", "0"),
                     reason="LMQTT_PURE_PYTHON is set: the C loops are off on purpose")
 def test_the_consume_queue_packs_its_entries_in_c_when_built():
-    from lmqtt.store import consume_queue
-    assert fastpath.cq_entries is _C.cq_entries and consume_queue._entries is _C.cq_entries
+    from lmqtt.store import consume_queue_entries
+    assert fastpath.cq_entries is _C.cq_entries and consume_queue_entries._entries is _C.cq_entries
 
 
 @needs_c
@@ -221,14 +221,14 @@ def test_a_stores_dispatch_of_runs_goes_through_cq_entries(tmp_path, monkeypatch
     """Records of one queue appended together reach the ConsumeQueue dispatcher as runs, whose
     entries `_entries` packs: with the extension built, the C cq_entries (a replica's dispatch,
     which parses its CommitLog, builds the same runs: tests/ha/test_log_shipping_runs.py)."""
-    from lmqtt.store import Message, MessageStore, StoreConfig, consume_queue
+    from lmqtt.store import Message, MessageStore, StoreConfig, consume_queue_entries
     calls = []
 
     def counting(*a):
         calls.append(a[3] - a[2])
         return _C.cq_entries(*a)
 
-    monkeypatch.setattr(consume_queue, "_entries", counting)
+    monkeypatch.setattr(consume_queue_entries, "_entries", counting)
     s = MessageStore(StoreConfig(data_dir=str(tmp_path / "d"), flush_mode="async", dispatch_from_memory=False))
     s.start()
     try:

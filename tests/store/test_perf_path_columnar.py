@@ -11,7 +11,7 @@ from lmqtt.store.consume_queue import ENTRY, ENTRY_SIZE
 
 def cfg(path, **kw):
     base = dict(data_dir=str(path), segment_size=64 * 1024, max_message_size=16 * 1024,
-                flush_mode="async", index_slots=128, index_entries=4096, cq_entries_per_file=100)
+                flush_mode="async", index_slots=128, index_entries=4096, cq_block_entries=100)
     base.update(kw)
     return StoreConfig(**base)
 
@@ -58,11 +58,10 @@ def test_append_results_behave_like_a_list(tmp_path):
 def _store_state(st):
     """Every ConsumeQueue's raw entries and the records they point to."""
     out = {}
-    for key, cq in sorted(st.consume_queues.queues.items()):
-        raw = b"".join(bytes(mf.mm[:cq.max_offset * ENTRY_SIZE - mf.start_offset])
-                       if mf.end_offset > cq.max_offset * ENTRY_SIZE else bytes(mf.mm)
-                       for mf in cq.mfq.files)
-        entries = [e for e in ENTRY.iter_unpack(raw[:cq.max_offset * ENTRY_SIZE])]
+    for key in sorted(st.consume_queues.max_offsets()):
+        cq = st.consume_queues.get(*key)
+        raw = b"".join(piece for _, piece in cq.pieces(0, cq.max_offset))
+        entries = [e for e in ENTRY.iter_unpack(raw)]
         msgs = [(m.queue_offset, m.phys_offset, m.body, m.props, m.flags, m.born_ts)
                 for m in st.read_consume_queue(key[0], key[1], 0, 10_000)]
         out[key] = (cq.max_offset, entries, msgs)

@@ -40,7 +40,7 @@ def small_fs(tmp_path):
 
 def cfg(d, **kw):
     base = dict(data_dir=os.path.join(d, "store"), segment_size=1 << 20, max_message_size=64 * 1024,
-                flush_mode="sync", index_slots=64, index_entries=1024, cq_entries_per_file=1000,
+                flush_mode="sync", index_slots=64, index_entries=1024, cq_block_entries=1000,
                 disk_high_water=1.0, disk_check_interval_ms=50)
     base.update(kw)
     return StoreConfig(**base)

@@ -19,7 +19,7 @@ def visible(st, results):
 def test_fresh_store_with_default_sizes_stays_small_and_preallocated(tmp_path):
     cfg = StoreConfig(data_dir=str(tmp_path / "store"))
     with MessageStore(cfg) as st:
-        # three first-level topics (a ConsumeQueue file each) and keys (a key index file)
+        # three first-level topics (in the ConsumeQueue database) and keys (a key index file)
         rs = st.append_batch([Message(topic=f"t{i % 3}/x", body=b"m" * 100, keys=(f"k{i}",)) for i in range(10)])
         visible(st, rs)
         st.index.flush()
@@ -30,10 +30,7 @@ def test_fresh_store_with_default_sizes_stays_small_and_preallocated(tmp_path):
         mapped = [os.path.join(cfg.data_dir, "commitlog", n) for n in os.listdir(os.path.join(cfg.data_dir, "commitlog"))]
         mapped += [os.path.join(cfg.data_dir, "index", n) for n in os.listdir(os.path.join(cfg.data_dir, "index"))
                    if n.isdigit()]
-        for t in ("t0", "t1", "t2"):
-            d = os.path.join(cfg.data_dir, "consumequeue", t, "0")
-            mapped += [os.path.join(d, n) for n in os.listdir(d)]
-        assert len(mapped) == 5
+        assert len(mapped) == 2
         for p in mapped:
             s = os.stat(p)
             assert s.st_blocks * 512 >= s.st_size, f"{p} is sparse"
@@ -41,11 +38,11 @@ def test_fresh_store_with_default_sizes_stays_small_and_preallocated(tmp_path):
 
 
 def test_existing_data_dir_keeps_its_file_sizes(tmp_path):
-    """Created with 64 KiB segments, 100-entry ConsumeQueue files and a 128-slot key index, then
-    opened with the defaults (larger segments and ConsumeQueue files, a smaller key index than
-    that one's): every old message reads back, new ones roll into files of the old sizes."""
+    """Created with 64 KiB segments and a 128-slot key index, then opened with the defaults
+    (larger segments, a smaller key index than that one's): every old message reads back, new
+    ones roll into files of the old sizes."""
     d = str(tmp_path / "store")
-    old = StoreConfig(data_dir=d, segment_size=64 << 10, max_message_size=16 << 10, cq_entries_per_file=100,
+    old = StoreConfig(data_dir=d, segment_size=64 << 10, max_message_size=16 << 10, cq_block_entries=100,
                       index_slots=128, index_entries=100_000)
     with MessageStore(old) as st:
         rs = st.append_batch([Message(topic="t/a", body=os.urandom(500), keys=(f"k{i}",)) for i in range(300)])
@@ -62,8 +59,6 @@ def test_existing_data_dir_keeps_its_file_sizes(tmp_path):
         assert st.query_by_key("t/a", "n299", 0, now + 60_000, 4)[0].body is not None
         got = st.read_consume_queue("t", 0, 0, 1000)
         assert [m.body for m in got[:300]] == bodies and len(got) == 600
-    assert (new.segment_size, new.cq_entries_per_file) == (64 << 10, 100)
+    assert new.segment_size == 64 << 10
     segs = sorted(os.listdir(os.path.join(d, "commitlog")))
     assert all(os.path.getsize(os.path.join(d, "commitlog", s)) == 64 << 10 for s in segs)
-    cq = os.path.join(d, "consumequeue", "t", "0")
-    assert all(os.path.getsize(os.path.join(cq, f)) == 100 * 20 for f in os.listdir(cq))

@@ -14,7 +14,7 @@ SEG = 64 * 1024
 
 def cfg(d, **kw):
     base = dict(data_dir=str(d), segment_size=SEG, max_message_size=8192, flush_mode="sync",
-                index_slots=64, index_entries=1024, cq_entries_per_file=64)
+                index_slots=64, index_entries=1024, cq_block_entries=64)
     base.update(kw)
     return StoreConfig(**base)
 
@@ -99,7 +99,7 @@ def test_corrupt_record_in_the_middle_is_reported_and_skipped_by_recovery(pristi
     victim = rs[5]
     for where in (victim.phys_offset + 1, victim.phys_offset + 30, victim.phys_offset + victim.size - 1):
         def mutate(d):
-            for p in ("consumequeue", "index"):
+            for p in ("consumequeue-db", "index"):
                 full = os.path.join(d, p)
                 shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
             with open(seg_path(d, where), "r+b") as f:
@@ -125,7 +125,7 @@ def test_corrupt_range_is_logged(pristine, tmp_path, caplog):
     victim = rs[3]
 
     def mutate(d):
-        for p in ("consumequeue", "index"):
+        for p in ("consumequeue-db", "index"):
             shutil.rmtree(os.path.join(d, p))
         with open(seg_path(d, victim.phys_offset), "r+b") as f:
             f.seek(victim.phys_offset % SEG + 45)  # inside store_ts
@@ -143,7 +143,7 @@ def test_indexes_rebuilt_exactly_when_lost(pristine, tmp_path):
     src, rs = pristine
 
     def mutate(d):
-        shutil.rmtree(os.path.join(d, "consumequeue"))
+        shutil.rmtree(os.path.join(d, "consumequeue-db"))
         shutil.rmtree(os.path.join(d, "index"))
     st = reopen_copy(src, tmp_path / "r", mutate)
     st.start()
@@ -188,7 +188,7 @@ def test_hole_in_the_unflushed_tail_ends_the_log(pristine, tmp_path):
     def mutate(d):
         from lmqtt.store.checkpoint import OffsetCheckpoint
         OffsetCheckpoint(os.path.join(d, "commitlog.checkpoint")).save(rs[14].phys_offset)
-        for p in ("consumequeue", "index"):
+        for p in ("consumequeue-db", "index"):
             shutil.rmtree(os.path.join(d, p))
         with open(seg_path(d, hole.phys_offset), "r+b") as f:
             f.seek(hole.phys_offset % SEG + 20)

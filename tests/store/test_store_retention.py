@@ -15,7 +15,7 @@ FUTURE = int(time.time() * 1000) + 10 * 86400_000
 
 def cfg(d, **kw):
     base = dict(data_dir=str(d), segment_size=SEG, max_message_size=8192, flush_mode="async",
-                index_slots=64, index_entries=200, cq_entries_per_file=50, retention_ms=3600_000,
+                index_slots=64, index_entries=200, cq_block_entries=50, retention_ms=3600_000,
                 retention_check_interval_ms=3600_000, dispatcher_flush_interval_ms=20)
     base.update(kw)
     return StoreConfig(**base)

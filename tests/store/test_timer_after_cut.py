@@ -30,7 +30,7 @@ SEG = 64 * 1024
 
 def _cfg(d) -> StoreConfig:
     return StoreConfig(data_dir=os.path.join(d, "store"), segment_size=SEG, max_message_size=8192,
-                       flush_mode="sync", cq_entries_per_file=64, index_slots=64, index_entries=1024)
+                       flush_mode="sync", cq_block_entries=64, index_slots=64, index_entries=1024)
 
 
 class Node:

@@ -1,0 +1,185 @@
+"""What a ConsumeQueue entry is, and how a dispatch batch becomes runs of packed entries.
+
+Entry = CommitLog offset u64, record size u32, tag hash u64 (CRC-32 of the full topic), as in
+RocketMQ's ConsumeQueue. The dispatch stage hands the ConsumeQueue a batch of records (a list of
+DispatchRequests when it parsed the CommitLog, a columnar DispatchBatch from the appenders' live
+hand-off: store/message.py); `RunGrouper` turns either into one call per run of consecutive
+queue offsets of one queue, with the run's entries packed, which is all the queue store needs
+to append (store/consume_queue.py). A module of its own because this is the per-record hot loop
+of dispatch, with its C twin (store/_fastpath.c `cq_entries`), apart from where entries are kept.
+"""
+from __future__ import annotations
+
+import struct
+from itertools import accumulate
+
+from .message import (CHUNK_CQ, CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_ID, DR_QUEUE_OFFSET,
+                      DR_SIZE, DR_TAGS_CODE, DR_TOPIC)
+from .record import first_level
+
+ENTRY = struct.Struct("<QIQ")
+# its fields, one per code of the format (the C modules that read or pack entries, store/_fastpath.c
+# and store/_append.c, check these names, not only the offsets: phys_offset and tags_code are both
+# u64 and could trade places without changing the format)
+ENTRY_FIELDS = ("phys_offset", "size", "tags_code")
+ENTRY_SIZE = ENTRY.size  # 20
+assert ENTRY_SIZE == 20 and len(ENTRY_FIELDS) == len(ENTRY.format) - 1
+
+_BULK: dict[int, struct.Struct] = {}   # n -> Struct of n entries
+_BULK_MAX = 1024
+
+
+def _entries_py(phys: int, sizes: list, i0: int, i1: int, tags: int) -> bytes:
+    """Entries of the consecutive records sizes[i0:i1] (each starts where the previous ends, the
+    first at `phys`) sharing one tag hash: one Struct.pack for up to _BULK_MAX entries (~40 %
+    cheaper than one pack per entry). The reference of store/_fastpath.c `cq_entries`, which
+    store/fastpath.py binds as `_entries` when it is built (tests/store/test_fastpath_accel.py
+    compares them): py-spy --gil of a replica under `lmqtt bench ha --cases append-replicated`
+    put this at ~35 of 317 GIL samples."""
+    if i1 - i0 > _BULK_MAX:
+        out = []
+        for i in range(i0, i1, _BULK_MAX):
+            part = sizes[i:min(i + _BULK_MAX, i1)]
+            out.append(_entries_py(phys, part, 0, len(part), tags))
+            phys += sum(part)
+        return b"".join(out)
+    if i0 or i1 != len(sizes):
+        sizes = sizes[i0:i1]
+    n = len(sizes)
+    st = _BULK.get(n)
+    if st is None:
+        if len(_BULK) > 256:
+            _BULK.clear()
+        st = _BULK[n] = struct.Struct("<" + "QIQ" * n)
+    flat = [tags] * (3 * n)
+    offs = list(accumulate(sizes, initial=phys))
+    del offs[-1]
+    flat[0::3] = offs
+    flat[1::3] = sizes
+    return st.pack(*flat)
+
+
+# _entries(phys, sizes, i0, i1, tags): what `RunGrouper.columns` calls. store/fastpath.py replaces it
+# with the C twin (store/_fastpath.c cq_entries) once it has configured that module (it imports
+# this module, so this one cannot import it); the store's dispatch imports fastpath
+# (store/dispatch.py), so a store's dispatch runs the C one when it is built.
+_entries = _entries_py
+
+
+class RunGrouper:
+    """Groups a dispatch batch into runs per (first-level topic, queue id), remembering each
+    topic's first level. Not thread-safe: the queue store calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._fl_cache: dict[str, str] = {}
+
+    def rows(self, batch, write_run) -> None:
+        """A plain list of DispatchRequests -> `write_run(key, first qoff, [packed entries])` per run."""
+        groups: dict[tuple[str, int], list] = {}
+        flc = self._fl_cache
+        pack = ENTRY.pack
+        last_topic = None
+        last_qid = -1
+        g: list = []
+        key: tuple[str, int] = ("", 0)
+        nxt = 0
+        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
+                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
+        for r in batch:
+            topic = r[at_topic]
+            qid = r[at_qid]
+            if topic is not last_topic or qid != last_qid:
+                fl = flc.get(topic) or self._first_level(topic)
+                key = (fl, qid)
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = [r[at_qoff]]
+                nxt = g[0] + len(g) - 1
+                last_topic = topic
+                last_qid = qid
+            qoff = r[at_qoff]
+            if qoff != nxt:  # not consecutive: write what we have and start a new run
+                write_run(key, g[0], g[1:])
+                g = groups[key] = [qoff]
+                nxt = qoff
+            g.append(pack(r[at_phys], r[at_size], r[at_tags]))
+            nxt += 1
+        for key, g in groups.items():
+            write_run(key, g[0], g[1:])
+
+    def columns(self, batch, write_run) -> None:
+        """One packed block of entries per run of the batch (records of one queue with consecutive
+        offsets, see store.message), blocks of one queue joined while they continue each other."""
+        groups: dict[tuple[str, int], list] = {}   # key -> [first qoff, next qoff, [blocks]]
+        flc = self._fl_cache
+        pack = ENTRY.pack
+        last_topic = None
+        last_qid = -1
+        key: tuple[str, int] = ("", 0)
+        g: list = []
+        at_sizes, at_starts, at_runs, at_cq = CHUNK_SIZES, CHUNK_STARTS, CHUNK_RUNS, CHUNK_CQ
+        at_phys, at_size, at_topic, at_qid, at_qoff, at_tags = (DR_PHYS, DR_SIZE, DR_TOPIC, DR_QUEUE_ID,
+                                                                DR_QUEUE_OFFSET, DR_TAGS_CODE)
+        for c in batch.chunks:
+            sizes, starts, runs, cqs = c[at_sizes], c[at_starts], c[at_runs], c[at_cq]
+            if cqs is not None:   # packed by the encoder: a block per queue of this append
+                for key, (qoff, data) in cqs.items():
+                    g = groups.get(key)
+                    if g is None:
+                        g = groups[key] = [qoff, qoff, []]
+                    elif g[1] != qoff:
+                        write_run(key, g[0], g[2])
+                        g = groups[key] = [qoff, qoff, []]
+                    g[1] = qoff + len(data) // ENTRY_SIZE
+                    g[2].append(data)
+                last_topic = None   # `g`/`key` of the row path below no longer apply
+                continue
+            ns = len(sizes)
+            if len(runs) == ns:   # one record per run (the usual single append): runs = records
+                blocks = None
+            else:
+                blocks = []
+                nr = len(runs)
+                for k in range(nr):
+                    i0 = starts[k]
+                    i1 = starts[k + 1] if k + 1 < nr else ns
+                    r = runs[k]
+                    if i1 - i0 == 1:
+                        blocks.append((1, pack(r[at_phys], sizes[i0], r[at_tags])))
+                    else:
+                        blocks.append((i1 - i0, _entries(r[at_phys], sizes, i0, i1, r[at_tags])))
+            for k, r in enumerate(runs):
+                if blocks is None:
+                    n = 1
+                    data = pack(r[at_phys], r[at_size], r[at_tags])
+                else:
+                    n, data = blocks[k]
+                topic = r[at_topic]
+                qid = r[at_qid]
+                qoff = r[at_qoff]
+                if topic is not last_topic or qid != last_qid:
+                    fl = flc.get(topic) or self._first_level(topic)
+                    key = (fl, qid)
+                    g = groups.get(key)
+                    if g is None:
+                        g = groups[key] = [qoff, qoff, []]
+                    last_topic = topic
+                    last_qid = qid
+                if g[1] != qoff:  # not consecutive: write what we have and start a new run
+                    write_run(key, g[0], g[2])
+                    g = groups[key] = [qoff, qoff, []]
+                g[1] = qoff + n
+                g[2].append(data)
+        for key, g in groups.items():
+            if g[2]:
+                write_run(key, g[0], g[2])
+
+    def _first_level(self, topic: str) -> str:
+        """first_level(topic), remembered (the dispatch loops look the cache up inline first)."""
+        flc = self._fl_cache
+        fl = first_level(topic)
+        if len(flc) > 100_000:
+            flc.clear()
+        flc[topic] = fl
+        return fl
+

@@ -1,0 +1,138 @@
+"""The store's files stay within its share of the open-files limit whatever the retention, and
+running out of descriptors is an ordinary error (store/file_budget.py).
+
+- A long retention keeps many CommitLog segments; only the budget's share of them stays mapped
+  (each map holds a descriptor): idle sealed segments are unmapped and mapped again when read,
+  a sealed segment keeps no descriptor of its own, and a restart maps only what it reads.
+- EMFILE when a new segment or a new RocksDB table file is needed: the append is refused with a
+  message naming the limit, nothing is left half-made, and once descriptors are free again the
+  store appends, dispatch catches up and a restart reads everything back.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from lmqtt.store import Message, MessageStore, StoreConfig
+
+
+def _fds_under(path: str) -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(path):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def _cfg(d, **kw) -> StoreConfig:
+    base = dict(data_dir=str(d), segment_size=64 << 10, max_message_size=8 << 10, flush_mode="sync",
+                index_slots=64, index_entries=1024, max_open_files=64)
+    base.update(kw)
+    return StoreConfig(**base)
+
+
+def test_a_long_retention_keeps_only_the_budget_s_share_of_segments_mapped(tmp_path):
+    st = MessageStore(_cfg(tmp_path / "s"))
+    st.start()
+    clog_dir = os.path.join(str(tmp_path / "s"), "commitlog")
+    try:
+        cap = st.budget.commitlog_maps
+        rs = []
+        for _ in range(100):                       # ~100 segments of 64 KiB
+            rs += st.append_batch([Message(topic=f"t/{i}", body=os.urandom(600)) for i in range(100)])
+        assert st.wait_dispatched(rs[-1].phys_offset + rs[-1].size, 20)
+        rs[-1].durable.result(20)                  # flushed: the sealed segments' own descriptors closed
+        segments = len(st.clog.mfq.files)
+        assert segments > 3 * cap
+        st.release_idle_maps()
+        st.release_idle_maps()                     # a second chance: then unmapped
+        assert st.clog.mfq.mapped_count() <= cap
+        assert _fds_under(clog_dir) <= cap + 1
+        # every message reads back: the segments are mapped again as they are read ...
+        for r in rs[::50]:
+            assert len(st.read(r.phys_offset).body) == 600
+        assert len(st.read_consume_queue("t", 0, 0, 20_000)) == len(rs)
+        # ... and unmapped again when idle
+        st.release_idle_maps()
+        st.release_idle_maps()
+        assert st.clog.mfq.mapped_count() <= cap
+        assert _fds_under(clog_dir) <= cap + 1
+    finally:
+        st.shutdown()
+    assert _fds_under(clog_dir) == 0
+    st = MessageStore(_cfg(tmp_path / "s"))
+    st.start()
+    try:                                           # a restart maps what recovery reads, not the log
+        assert st.clog.mfq.mapped_count() <= 3
+        assert len(st.read_consume_queue("t", 0, 0, 20_000)) == len(rs)
+    finally:
+        st.shutdown()
+
+
+_EMFILE_CHILD = r'''
+import os, resource, sys, time
+from lmqtt.store import Message, MessageStore, StoreConfig
+d = sys.argv[1]
+st = MessageStore(StoreConfig(data_dir=d, segment_size=64 << 10, max_message_size=8 << 10, flush_mode="sync",
+                              index_slots=64, index_entries=1024, max_open_files=64))
+st.start()
+acked = []
+acked += st.append_batch([Message(topic=f"a{i}/x", body=b"x" * 500) for i in range(40)])
+# take every descriptor left
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, 4096))
+filler = []
+try:
+    while True:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+refused = None
+for i in range(400):                      # past the segment's end: a new segment is needed
+    try:
+        acked += st.append_batch([Message(topic=f"b{i}/x", body=b"y" * 500)])
+    except Exception as e:
+        refused = e
+        break
+print("REFUSED", repr(refused), flush=True)
+assert st.wait_dispatched(acked[-1].phys_offset + acked[-1].size, 20)
+try:
+    st.dispatch.flush_dispatchers()       # RocksDB needs a new table file for the new entries
+    print("FLUSHED-WITHOUT-FILES", flush=True)
+except Exception as e:
+    print("FLUSH-FAILED", repr(e)[:300], flush=True)
+for fd in filler:
+    os.close(fd)
+acked += st.append_batch([Message(topic=f"c{i}/x", body=b"z" * 500) for i in range(200)])
+assert st.wait_dispatched(acked[-1].phys_offset + acked[-1].size, 20), "dispatch did not catch up"
+st.dispatch.flush_dispatchers()
+st.shutdown()
+st = MessageStore(StoreConfig(data_dir=d, segment_size=64 << 10, max_message_size=8 << 10, flush_mode="sync",
+                              index_slots=64, index_entries=1024))
+st.start()
+missing = [r for r in acked if st.read(r.phys_offset).body[:1] not in (b"x", b"y", b"z")]
+tops = {m.topic.split("/")[0] for m in [st.read(r.phys_offset) for r in acked]}
+readable = sum(len(st.read_consume_queue(t, 0, 0, 10)) for t in tops)
+print("ACKED", len(acked), "READABLE-BY-TOPIC", readable, "MISSING", len(missing), flush=True)
+st.shutdown()
+'''
+
+
+def test_running_out_of_descriptors_refuses_appends_cleanly_and_the_store_recovers(tmp_path):
+    p = subprocess.run([sys.executable, "-c", _EMFILE_CHILD, str(tmp_path / "s")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    out = p.stdout
+    refused = next(ln for ln in out.splitlines() if ln.startswith("REFUSED"))
+    assert "too many open files" in refused and "ulimit -n" in refused, refused
+    flush = next(ln for ln in out.splitlines() if ln.startswith("FLUSH"))
+    assert flush.startswith("FLUSH-FAILED") and "Too many open files" in flush, flush
+    last = out.strip().splitlines()[-1].split()
+    acked, readable, missing = int(last[1]), int(last[3]), int(last[5])
+    assert missing == 0 and readable == acked, out
+    leftovers = [f for f in os.listdir(tmp_path / "s" / "commitlog") if os.path.getsize(tmp_path / "s" / "commitlog" / f)
+                 != 64 << 10]
+    assert leftovers == []                      # no half-made segment
