@@ -29,14 +29,13 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.delivery.recent import RecentMessages
-from lmqtt.gateway.model.record_props import MetaCache
-from lmqtt.gateway.model.shared_groups import can_take
+from lmqtt.gateway.storage.record_props import MetaCache
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
 from lmqtt.store.errors import StoreError
 from lmqtt.gateway.session import OVER, QOS2_SENT, ClientSubscription, MqttSession, OutboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
     from lmqtt.gateway.storage.facades import QueueStore
 
 log = logging.getLogger("lmqtt.gateway.delivery.engine")
@@ -63,7 +62,7 @@ class DeliveryEngine:
     """
 
     # `qos2_sent(session)`: a batch of new QoS 2 PUBLISHes was queued to a persistent session's
-    # connection (core/broker.py: written ahead before they leave); None: nothing to do
+    # connection (broker/broker.py: written ahead before they leave); None: nothing to do
     qos2_sent: Callable[[MqttSession], None] | None = None
     # (queue, offset) -> Answer of the message: what a session being resumed had in flight,
     # asked for with it (SubscriptionRegistry.prepare_resume); None otherwise
@@ -529,7 +528,7 @@ class DeliveryEngine:
         cur = g.cursor
         if cur.next_offset >= maxo or not g.members:
             return False
-        if not any(can_take(s) for s, _ in g.members):
+        if not any(g.can_take(s) for s, _ in g.members):
             return False
         res = self._pull(g.queue, cur.next_offset)
         if res is None:
@@ -551,7 +550,7 @@ class DeliveryEngine:
             if cur.next_offset < res.next_offset:
                 cur.next_offset = res.next_offset
         self._group_offsets_moved(g)
-        return cur.next_offset < maxo and any(can_take(s) for s, _ in g.members)
+        return cur.next_offset < maxo and any(g.can_take(s) for s, _ in g.members)
 
     def _send_group(self, g: "SharedGroup", s: MqttSession, sub: ClientSubscription, it: OutboundMessage) -> None:
         conn = s.conn

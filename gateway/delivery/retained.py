@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.storage.facades import log_failure
-from lmqtt.gateway.model.record_props import MetaCache, split_retained
+from lmqtt.gateway.storage.record_props import MetaCache, split_retained
 from lmqtt.gateway.session import RUN_FLUSH_FIRST, ClientSubscription, MqttSession
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +42,7 @@ def send_retained(retained: "RetainedStore", acl, s: MqttSession, sub: ClientSub
     template and a write per message. `found`: the messages, when already
     read (a remote store's read-ahead), or `batches` (the `RetainedStore.batches` answer's
     iterator, asked for with the SUBSCRIBE's other reads); else they are read here. A `$SYS` filter's are never in
-    the store (the gateway's own values, core/sys_topics.py): `retained` answers those from memory
+    the store (the gateway's own values, broker/sys_topics.py): `retained` answers those from memory
     and a read-ahead of the store for one is not used."""
     if found is not None and not is_sys_filter(sub.queue):
         return _send(retained, acl, s, sub, iter((found,)))

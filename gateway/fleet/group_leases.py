@@ -2,7 +2,7 @@
 messages, each message to one member (issue 29).
 
 Why the store assigns the messages: each gateway keeps its own `SharedGroup`
-(gateway/model/shared_groups.py) for the members connected to it; two gateways reading the group's
+(gateway/subscriptions/shared_groups.py) for the members connected to it; two gateways reading the group's
 light queue would each hand every message to one of *their* members. The store therefore hands
 each message to ONE gateway (store/node/group_assign.py, POP-style): this gateway asks for as many
 as its members' in-flight windows have room for (`gw_group_pop`, one request per group at a time,
@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model.record_props import MetaCache
+from lmqtt.gateway.storage.record_props import MetaCache
 from lmqtt.gateway.session import OutboundMessage
-from lmqtt.gateway.model.shared_groups import SharedGroup, can_take
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_groups import RemoteGroups
@@ -91,7 +91,7 @@ class FleetGroup:
         """Messages this gateway's members can take now, minus those it holds already."""
         n = 0
         for s, _sub in g.members:
-            if can_take(s):
+            if g.can_take(s):
                 n += s.window_room()
         return n - len(g.redeliver)
 

@@ -28,11 +28,11 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.gateway.mqtt import ReasonCode as RC
-from lmqtt.gateway.core.session_persistence import INFLIGHT, Dormant, start_offsets
-from lmqtt.gateway.core.session_registry import SessionRegistry
+from lmqtt.gateway.clients.session_persistence import INFLIGHT, Dormant, start_offsets
+from lmqtt.gateway.clients.session_registry import SessionRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.core.subscription_registry import Prepared
+    from lmqtt.gateway.subscriptions.subscription_registry import Prepared
     from lmqtt.gateway.storage.facades import SessionStore, Storage
 
 log = logging.getLogger("lmqtt.gateway.fleet.sessions")

@@ -58,7 +58,7 @@ class PacketHandler(Protocol):
     metrics: Any
     loop: asyncio.AbstractEventLoop
     writes: WriteBatcher
-    gate: Any      # the connection and rate limits (gateway/core/limits.py ConnectionGate), None for none
+    gate: Any      # the connection and rate limits (gateway/broker/limits.py ConnectionGate), None for none
 
     def on_accept(self, conn: "MQTTConnection") -> None: ...
     def on_connection_lost(self, conn: "MQTTConnection", exc: BaseException | None) -> None: ...
@@ -168,7 +168,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         self.valid_topics: frozenset | set = NO_TOPICS
         self.acl_publish_ok: frozenset | set = NO_TOPICS
         self.reading_paused = False   # too many publishes awaiting the store
-        # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
+        # limits (gateway/broker/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
         self._rare: _ConnRare | None = None    # the `RareField`s, once one is not at its default
         self._gate = None
@@ -402,7 +402,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
             else:
                 t.resume_reading()
 
-    # -- publish rate per client (gateway/core/limits.py) --------------------------------------------
+    # -- publish rate per client (gateway/broker/limits.py) --------------------------------------------
     def _rate_hold(self, rest) -> None:
         """Over publish_rate_per_client: this PUBLISH and everything after it (already read) wait
         in order, and the socket is not read, until the budget has a token again; TCP then slows

@@ -13,7 +13,7 @@ inbound append (`publish_stored`, `publish_failed`), a new connection (`connect`
 (`went_offline`, `ended`) and a record read back (`restore`) - and its outputs are return values and
 what it hands to the sinks a driver passes in: frames to `write`, counts to a `Tally`, the cursor
 moves and the window in its own state, the snapshot a persistent record keeps (`snapshot`).
-Drivers - the connection (gateway/net/), the broker (gateway/core/), the delivery engine, the
+Drivers - the connection (gateway/net/), the broker (gateway/broker/), the delivery engine, the
 backlog/retained/history runs and session persistence - call it and read its answers; none of them
 reads or writes its private fields (tests/architecture/test_session_machine.py).
 
@@ -97,7 +97,7 @@ class MqttSession(Outbound, Inbound, Saved):
         # one (not shared, its filter as sent = its queue: a device's usual one or few), so both
         # read the same entries (a dict less per session: 184 bytes with one subscription); its
         # own dict from the first other one on (`split_direct`). Changed only by
-        # core/subscription_registry.py, which keeps that rule.
+        # subscriptions/subscription_registry.py, which keeps that rule.
         self.direct: dict[str, ClientSubscription] = self.subs
         self.cursors: dict[str, Cursor] = {}          # non-shared, by queue name
         self._window: dict[int, InFlight] = {}        # outbound QoS 1/2 in flight, by packet id, in send order

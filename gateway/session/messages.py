@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from lmqtt.gateway.mqtt import PublishTemplate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.storage.record_props import RecordMeta
 
 # why a per-subscriber PUBLISH was not sent (`MqttSession.publish_bytes` returns one of these instead of bytes)
 EXPIRED = 1        # its Message Expiry Interval has passed (MQTT 5 §3.3.2.3.3)

@@ -1,5 +1,5 @@
 """What a persistent session saves of its exchanges and how it takes them back: the snapshot kept
-in its record (gateway/core/session_persistence.py writes it, `extra["inflight"]`).
+in its record (gateway/clients/session_persistence.py writes it, `extra["inflight"]`).
 
 Why the exchanges are kept (MQTT-4.1.0-1, §4.4): a restart resumes them as MQTT asks of a session -
 the same packet ids, PUBLISH again with DUP or PUBREL for those past PUBREC, inbound QoS 2 ids

@@ -314,7 +314,7 @@ def test_expired_message_is_not_delivered_to_a_311_subscriber(tmp_path):
 def test_publish_bytes_without_per_subscriber_parts_is_the_shared_template():
     """The fast path (shared template variant) and MqttSession.publish_bytes agree byte for byte when
     there is nothing per subscriber, so choosing either cannot change what a client receives."""
-    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.storage.record_props import RecordMeta
     from lmqtt.gateway.session import OutboundMessage, MqttSession
     rec = RecordMeta(qos=1, content_type="text/plain", user_property=[("k", "v")])
     for version in (4, 5):
@@ -345,7 +345,7 @@ def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
     """A message with an expiry fanned out to plain MQTT 5 subscribers shares one encoding per
     second left (`encode_with_expiry`); it must equal the general per-subscriber build."""
     from lmqtt.gateway.mqtt import encode_publish_v5_parts, message_expiry_prop
-    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.storage.record_props import RecordMeta
     from lmqtt.gateway.session import OutboundMessage
     for rec in (RecordMeta(qos=2, message_expiry_interval=60),
                 RecordMeta(qos=2, message_expiry_interval=60, content_type="c", user_property=[("k", "v")])):
@@ -365,7 +365,7 @@ def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
     it was not told."""
     import random
     from lmqtt.gateway.mqtt import Decoder, packets as P
-    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.storage.record_props import RecordMeta
     from lmqtt.gateway.session import OutboundMessage, MqttSession
     rnd = random.Random(2026)
     for _ in range(200):

@@ -18,10 +18,10 @@ import random
 
 from prometheus_client import generate_latest
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.app.metrics import GatewayMetrics
 from lmqtt.gateway.mqtt import Decoder, encode, encode_publish, packets as P
-from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.session import OutboundMessage
 from lmqtt.notify import InProcessBus
 

@@ -4,7 +4,7 @@ all sharing one set of encodings (`at_offset`)."""
 from __future__ import annotations
 
 from lmqtt.gateway.mqtt import Decoder
-from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.session import OutboundMessage
 
 

@@ -1,4 +1,4 @@
-"""`SubscriptionRegistry` (gateway/core/subscription_registry.py) as the single owner of this gateway's filter
+"""`SubscriptionRegistry` (gateway/subscriptions/subscription_registry.py) as the single owner of this gateway's filter
 registrations with the store, built on a recording fake store: every register/release the store
 sees, including those of a fleet gateway reloading a session (gateway/fleet/sessions.py), goes through
 the registry's own counts."""
@@ -8,9 +8,9 @@ import time
 from types import SimpleNamespace
 
 from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
-from lmqtt.gateway.core.session_persistence import SessionPersistence
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
 from lmqtt.gateway.session import ClientSubscription, MqttSession
-from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 from lmqtt.gateway.storage.facades import Answer
 from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 

@@ -2,7 +2,7 @@
 gateway keeps per device is shared or folded where it repeats, with the same behaviour.
 
 - a session whose subscriptions are all plain (not shared, filter = queue) reads `direct` from its
-  `subs` dict itself (gateway/model/session.py, kept by core/subscription_registry.py);
+  `subs` dict itself (gateway/session/machine.py, kept by subscriptions/subscription_registry.py);
 - a queue with one online reader holds it in a 1-tuple, not a set (gateway/delivery/engine.py);
 - equal keep-alive values are one int object (gateway/net/connection.py).
 The end-to-end figure is tests/net/test_idle_connection_memory.py's budget."""

@@ -5,7 +5,7 @@ topic of its own (loadtest/conn_profile.py: the same profile the bench section o
 shows): Python objects and uvloop's transport, not the kernel's socket buffers."""
 from __future__ import annotations
 
-from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.session import NO_ALIASES, MqttSession, OutboundMessage
 from lmqtt.gateway.session.inbound import NO_TOPIC_ALIASES
 from lmqtt.loadtest.conn_profile import profile

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from lmqtt.gateway.model.shared_groups import can_take
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
 from lmqtt.gateway.session import ClientSubscription, Cursor, MqttSession, ParkedSession, fold, unfold
 
 
@@ -91,7 +91,7 @@ def test_every_table_unfolds_at_its_first_read_or_write():
 def test_counts_and_a_shared_groups_question_do_not_unfold():
     s = _session([("t/1", 1, None, None, False, 5), ("t/2", 1, "g", None, False, 0)])
     assert fold(s)
-    assert s.subscription_count() == 2 and can_take(s) is False      # offline: no connection
+    assert s.subscription_count() == 2 and SharedGroup.can_take(s) is False      # offline: no connection
     assert s.window_open() and s.window_room() == s._receive_max and s.inflight_count() == 0
     assert s.quiet() and s.plain_snapshot_pid() == 1 and s.change_mark() == (0, 1)
     assert not s.online and not s.persistent

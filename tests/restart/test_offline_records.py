@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.session import ClientSubscription, Counts, MqttSession, OutboundMessage
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.lightqueue.metadata import MetadataStore

@@ -10,7 +10,7 @@ import types
 
 from hypothesis import given, settings, strategies as st
 
-from lmqtt.gateway.core.session_persistence import SessionPersistence, WrittenRecord
+from lmqtt.gateway.clients.session_persistence import SessionPersistence, WrittenRecord
 from lmqtt.gateway.session import ClientSubscription, Cursor, InFlight, MqttSession
 from lmqtt.lightqueue.records import SessionRecord
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmqtt.gateway.model.record_props import RecordMeta
+from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.mqtt import Decoder, packets as P
 from lmqtt.gateway.session import ClientSubscription, Counts, Cursor, MqttSession, OutboundMessage
 

@@ -198,7 +198,7 @@ RUNS = [
 
 # ------------------------------------------------------------------------ retained messages
 def _retained(s, out, *specs, sub_qos=1):
-    from lmqtt.gateway.model.record_props import RecordMeta
+    from lmqtt.gateway.storage.record_props import RecordMeta
     items = [(t, b"v", (RecordMeta(qos=q, retain=True), 0, True)) for t, q in specs]
     return s.offer_retained(items, sub_qos, None, out.write, out.flush, out.tally)
 

@@ -1,7 +1,7 @@
 """The session machine against a small model of a client, a store and a network, driven by
 hypothesis through any sequence of publishes both ways, deliveries, acks, lost connections,
 resumes, record writes and restarts (a restart: the session made again from its last record,
-with the store's committed offsets, as gateway/core/session_registry.py does).
+with the store's committed offsets, as gateway/clients/session_registry.py does).
 
 What must hold at every step: the packet ids in flight are unique and valid (MQTT-2.2.1-4), never
 more in flight than the client's Receive Maximum (MQTT-3.3.4-9), the cursor's offsets in flight are

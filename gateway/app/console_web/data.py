@@ -124,7 +124,7 @@ def overview(gw, sampler: Sampler) -> dict:
 
 def session_counts(b) -> tuple[int, int, int]:
     """(sessions, of which dormant, subscriptions) of the broker `b`: a persistent session restored
-    at start and not built yet (dormant: gateway/core/session_persistence.py `Dormant`, its client
+    at start and not built yet (dormant: gateway/clients/session_persistence.py `Dormant`, its client
     not back) counts with its subscriptions, as `$SYS` and `lmqtt_sessions` count it."""
     if b is None:
         return 0, 0, 0

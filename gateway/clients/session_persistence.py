@@ -27,10 +27,10 @@ from lmqtt.lightqueue.records import (HOST, NEVER_EXPIRES, SessionRecord,
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.session import MqttSession
-    from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
     from lmqtt.gateway.storage.facades import Storage
 
-log = logging.getLogger("lmqtt.gateway.core.session_persistence")
+log = logging.getLogger("lmqtt.gateway.clients.session_persistence")
 
 
 def _now_ms() -> int:
@@ -62,7 +62,7 @@ def _now_ms() -> int:
 # again (at least once).
 #
 # An inbound QoS 2 PUBLISH of a persistent session: its id is written BEFORE the append as pending
-# ("in2p": the message carries a unique key, core/broker.py `_qos2_ahead`), and after it as stored
+# ("in2p": the message carries a unique key, broker/broker.py `_qos2_ahead`), and after it as stored
 # ("in2", before the PUBREC). A crash in between leaves it pending: when the record is read back,
 # the store looks the key up in its log (lightqueue/records.py `resolve_pending_qos2`): stored ->
 # "stored, awaiting PUBREL" (the client's PUBLISH sent again is answered, not stored twice), not

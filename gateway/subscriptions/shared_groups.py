@@ -14,13 +14,6 @@ from collections import deque
 from lmqtt.gateway.session import Cursor, OutboundMessage, MqttSession, ClientSubscription
 
 
-def can_take(s: MqttSession) -> bool:
-    """Whether member `s` can take a message now: online, its socket below its high-water mark and
-    its window (the session machine's) not full."""
-    c = s.conn
-    return c is not None and not c.write_blocked and s.window_room() > 0
-
-
 def group_consumer(group: str, queue: str) -> str:
     """Metadata consumer name holding a group's offset in `queue`."""
     return f"$share/{group}"
@@ -42,6 +35,13 @@ class SharedGroup:
         # `FleetGroup`); None alone (lmqtt serve): the group reads its queue with its own cursor
         self.fleet = None
 
+    @staticmethod
+    def can_take(s: MqttSession) -> bool:
+        """Whether member `s` can take a message now: online, its socket below its high-water mark
+        and its window (the session machine's) not full."""
+        c = s.conn
+        return c is not None and not c.write_blocked and s.window_room() > 0
+
     @property
     def consumer(self) -> str:
         return group_consumer(self.name, self.queue)
@@ -60,7 +60,7 @@ class SharedGroup:
         for i in range(n):
             k = (self.rr + i) % n
             s, sub = ms[k]
-            if can_take(s):
+            if self.can_take(s):
                 self.rr = (k + 1) % n
                 return s, sub
         return None

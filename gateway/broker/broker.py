@@ -2,17 +2,21 @@
 SUBSCRIBE, UNSUBSCRIBE, DISCONNECT, AUTH), start and shutdown.
 
 Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
-top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket, write batching and the
-connections' deadlines (keep alive, connect timeout) are in `gateway/net/` (`connection.py`,
-`write_batcher.py`, `keepalive.py`); the store write in
-`publish.py`; the pull/fan-out in `delivery.py`; per-client state in `session.py`; which sessions
-exist, who owns them, expiry and wills in `session_registry.py`; subscriptions, shared groups and
-filter registrations in `subscriptions.py`; deciding a SUBSCRIBE/UNSUBSCRIBE filter by filter
-(validation, ACL, limits, replay, retained) in `subscribe.py`; offset/session persistence and its
-flush timer in `persistence.py`; the AUTH exchanges in `enhanced_auth.py`. Those modules never
-import this one: they get the few callbacks they need as plain callables. Everything runs on the
-event loop thread; nothing here blocks except short RocksDB metadata writes (sessions/offsets change
-at subscribe/ack rate and are batched per 100 ms).
+top to bottom. Every byte on the wire is built in `gateway/mqtt/`; one session's MQTT flow state -
+packet ids, the in-flight window, inbound QoS 2, topic aliases, the client's limits, what a
+persistent session saves - is the session machine's (`gateway/session/`: the broker hands it the
+packets and does what its answers ask); the socket, write batching and the connections' deadlines
+(keep alive, connect timeout) are in `gateway/net/` (`connection.py`, `write_batcher.py`,
+`keepalive.py`); the store write in `gateway/inbound/publish.py`; the pull/fan-out in
+`gateway/delivery/engine.py`; which sessions exist, who owns them, expiry and wills in
+`gateway/clients/session_registry.py`, their records, offsets and flush timer in
+`gateway/clients/session_persistence.py`; subscriptions, shared groups and filter registrations
+in `gateway/subscriptions/subscription_registry.py`, deciding a SUBSCRIBE/UNSUBSCRIBE filter by
+filter (validation, ACL, limits, replay, retained) in `gateway/subscriptions/subscribe_handler.py`;
+the AUTH exchanges in `gateway/security/enhanced_auth.py`. Those modules never import this one:
+they get the few callbacks they need as plain callables. Everything runs on the event loop thread;
+nothing here blocks except short RocksDB metadata writes (sessions/offsets change at subscribe/ack
+rate and are batched per 100 ms).
 """
 from __future__ import annotations
 
@@ -29,13 +33,13 @@ from lmqtt.gateway.net.keepalive import ConnectionSweep
 from lmqtt.gateway.net.write_batcher import WriteBatcher
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
 from lmqtt.gateway.session import DUPLICATE, NEVER_EXPIRES, InFlight, MqttSession
-from lmqtt.gateway.core.session_registry import SessionRegistry
-from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
-from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
-from lmqtt.gateway.core.sys_topics import SysRetained
+from lmqtt.gateway.clients.session_registry import SessionRegistry
+from lmqtt.gateway.subscriptions.subscribe_handler import SubscribeHandler
+from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.broker.sys_topics import SysRetained
 from lmqtt.gateway.delivery.engine import DeliveryEngine
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.inbound.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
@@ -60,9 +64,9 @@ class Broker:
         the RemoteStore's); the broker hands each collaborator the facades it uses and never asks
         which implementation it holds. `session_registry_cls`: the fleet's variant reloads a
         session from the store on CONNECT (gateway/fleet/sessions.py). `gate`: the connection and rate
-        limits with their counters (gateway/core/limits.py `ConnectionGate`), None for none.
+        limits with their counters (gateway/broker/limits.py `ConnectionGate`), None for none.
         `append_listener`: drained once each publish batch is appended (the embedded store's
-        notify bus, delivery/publish.py `AppendListener`, so subscribers get the batch before its
+        notify bus, inbound/publish.py `AppendListener`, so subscribers get the batch before its
         PUBACKs go out); None over a remote store. `gateway_id`:
         a fleet gateway's id (`lmqtt gateway`), named in the session records it writes; None in
         the embedded server."""
@@ -96,7 +100,7 @@ class Broker:
                                          record_appended=self.delivery.record_appended,
                                          recent_ends=self.delivery.recent.ends,
                                          writes=self.writes, append_listener=append_listener)
-        # QoS 2 exactly once across a crash (core/session_persistence.py `write_ahead`, `journal`)
+        # QoS 2 exactly once across a crash (clients/session_persistence.py `write_ahead`, `journal`)
         self.delivery.qos2_sent = self._qos2_sent
         self.publisher.qos2_stored = lambda s, pid: self.persist.journal(s, s.pubrec(pid))
         # subscribing from the past (gateway/delivery/history.py): publishes routed before a filter's
@@ -106,7 +110,7 @@ class Broker:
         self.session_registry = session_registry_cls(loop, metrics, storage, self.persist, self.subscriptions,
                                                 self._publish_will)
         self.sessions = self.session_registry.sessions      # client id -> MqttSession (read-only view)
-        # the gateway's `$SYS` values, served from memory (core/sys_topics.py): published into by
+        # the gateway's `$SYS` values, served from memory (broker/sys_topics.py): published into by
         # app/gateway.py's timer, looked up by a SUBSCRIBE's retained messages; never stored
         self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
@@ -425,7 +429,7 @@ class Broker:
                 T.validate_topic(topic)
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
-            # the broker's own (gateway/core/sys_topics.py): as Mosquitto; `$timer` is the store's
+            # the broker's own (gateway/broker/sys_topics.py): as Mosquitto; `$timer` is the store's
             # queue of parked delayed messages (store/delayed.py PARK_TOPIC), never a client's
             if topic.startswith("$SYS") or topic == "$timer":
                 return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
@@ -590,7 +594,7 @@ class Broker:
             conn.write(frame)
 
     # ======================================================================= SUBSCRIBE
-    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/core/subscribe_handler.py
+    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/subscriptions/subscribe_handler.py
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
         self.subscribing.on_subscribe(conn, pkt)
 

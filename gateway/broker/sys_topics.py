@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from lmqtt.gateway.delivery.retained import is_sys_filter
-from lmqtt.gateway.model.record_props import encode_cached, safe_decode
+from lmqtt.gateway.storage.record_props import encode_cached, safe_decode
 from lmqtt.gateway.session import OutboundMessage, MqttSession
 from lmqtt.gateway.storage.facades import Answer, Retained
 from lmqtt.lightqueue.topics import topic_matches

@@ -29,10 +29,10 @@ from lmqtt.gateway.storage.facades import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.security.acl import AclFile
-    from lmqtt.gateway.core.limits import ConnectionGate
-    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.broker.limits import ConnectionGate
+    from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 
-_PLAIN = ClientSubscription       # a subscription with every option at its default (model/session.py)
+_PLAIN = ClientSubscription       # a subscription with every option at its default (gateway/session/subscriptions.py)
 
 # the broker's logger: the log lines are the ones the broker always wrote
 log = logging.getLogger("lmqtt.gateway")
@@ -43,9 +43,9 @@ class SubscribeHandler:
 
     * `subscriptions`: the SubscriptionRegistry (prepare, deciding, add, add_since, remove);
     * `retained`: where the retained messages are (a `RetainedStore`, storage/facades.py; the
-      broker's has `$SYS` filters answered from memory, core/sys_topics.py);
+      broker's has `$SYS` filters answered from memory, broker/sys_topics.py);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
-    * `gate`: the connection/rate limits (gateway/core/limits.py `ConnectionGate`) with their counters,
+    * `gate`: the connection/rate limits (gateway/broker/limits.py `ConnectionGate`) with their counters,
       None for none;
     * `max_subscriptions`: the per-session quota, 0 = unlimited;
     * `save_session(s)`: write a persistent session's record (on a remote store the answer being

@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
     from lmqtt.gateway.storage.facades import QueueStore
 
-log = logging.getLogger("lmqtt.gateway.delivery.publish")
+log = logging.getLogger("lmqtt.gateway.inbound.publish")
 
 # ------------------------------------------------------------------------- delayed publishes
 # Two ways for an MQTT client to ask for later delivery (docs/store.md "Delayed messages over MQTT"):
@@ -115,7 +115,7 @@ class _Pending:
         self.props = props
         self.queues = queues
         self.due = due            # epoch ms of a delayed publish (0 = now)
-        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (core/broker.py)
+        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (broker/broker.py)
 
 
 class AppendListener(Protocol):
@@ -151,7 +151,7 @@ class PublishPipeline:
     """
 
     # `qos2_stored(session, packet id)`: an inbound QoS 2 message of a persistent session is stored;
-    # it sends the PUBREC once the id is durable (core/broker.py); None: the PUBREC goes with the acks
+    # it sends the PUBREC once the id is durable (broker/broker.py); None: the PUBREC goes with the acks
     qos2_stored: Callable[[Any, int], None] | None = None
 
     def __init__(self, store: "QueueStore", loop, metrics, max_pending_publish: int, *,

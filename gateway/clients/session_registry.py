@@ -34,11 +34,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.mqtt import packets as P
-from lmqtt.gateway.core.session_persistence import (BUILD, ENDED, INFLIGHT, Dormant, dormant_from,
+from lmqtt.gateway.clients.session_persistence import (BUILD, ENDED, INFLIGHT, Dormant, dormant_from,
                                                    start_offsets)
-from lmqtt.gateway.model.record_props import safe_decode
+from lmqtt.gateway.storage.record_props import safe_decode
 from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, MqttSession
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
@@ -47,8 +47,8 @@ from lmqtt.lightqueue.records import WillRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
-    from lmqtt.gateway.core.session_persistence import SessionPersistence
-    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.clients.session_persistence import SessionPersistence
+    from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
     from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway.sessions")
@@ -71,7 +71,7 @@ class SessionRegistry:
         self.subscriptions = subscriptions
         self._publish = publish
         self.sessions: dict[str, MqttSession] = {}
-        # persistent sessions restored at start and not built yet (core/session_persistence.py
+        # persistent sessions restored at start and not built yet (clients/session_persistence.py
         # `Dormant`): built by `_wake` when their client connects
         self.dormant: dict[str, Dormant] = {}
         gauge = getattr(metrics, "sessions_dormant", None)

@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
 from lmqtt.gateway.session import ClientSubscription, Cursor, MqttSession
-from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup, group_consumer
 from lmqtt.gateway.storage.facades import Answer, ReplayRefused, log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine
-    from lmqtt.gateway.core.session_persistence import SessionPersistence
+    from lmqtt.gateway.clients.session_persistence import SessionPersistence
     from lmqtt.gateway.storage.facades import FilterRegistry, ReplayPlan, RetainedStore, Storage
 
-log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
+log = logging.getLogger("lmqtt.gateway.subscriptions.subscription_registry")
 
 
 class Prepared:
@@ -345,7 +345,7 @@ class SubscriptionRegistry:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
     def hold_dormant(self, subs: tuple) -> None:
-        """A session restored at start without being built (core/session_persistence.py `Dormant`,
+        """A session restored at start without being built (clients/session_persistence.py `Dormant`,
         `subs` flat (queue, group or None, ...)): what `restore` takes for it, minus the session:
         its wildcard filters counted as used here (`sync_store_filters` keeps them registered) and
         its shared groups' references."""
