@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
 from lmqtt.gateway.session.inbound import NO_TOPIC_ALIASES, Inbound
@@ -38,9 +38,6 @@ from lmqtt.gateway.session.outbound import Outbound
 from lmqtt.gateway.session.rare import RareField, rare_defaults
 from lmqtt.gateway.session.saved import Saved
 from lmqtt.gateway.session.subscriptions import ClientSubscription, Cursor
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 NEVER_EXPIRES = 0xFFFFFFFF    # a Session Expiry Interval that never ends (MQTT 5 §3.1.2.11.2)
 

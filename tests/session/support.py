@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmqtt.gateway.storage.record_props import RecordMeta
 from lmqtt.gateway.mqtt import Decoder, packets as P
 from lmqtt.gateway.session import ClientSubscription, Counts, Cursor, MqttSession, OutboundMessage
+from lmqtt.gateway.storage.record_props import RecordMeta
 
 NOW_MS = 1_700_000_000_000.0
 
@@ -171,4 +171,11 @@ def resumed_at(s: MqttSession, next_pid: int, inflight=(), q: str = "t/#") -> Mq
     out = [[pid, q, off, qos, False, st, None] for pid, qos, off, st in inflight]
     nxt = max([off + 1 for _p, _q, off, _s in inflight], default=0)
     s.restore({"out": out, "next": {q: nxt}, "in2": [], "pid": next_pid}, lambda q, off: msg(qos=2, off=off))
+    return s
+
+
+def after(s: MqttSession, *steps) -> MqttSession:
+    """`s` after each of `steps` (a function of the session) was applied, in order."""
+    for step in steps:
+        step(s)
     return s

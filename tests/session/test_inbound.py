@@ -5,10 +5,10 @@ state, the input, the machine's answer, the new state. Rule ids: 5.0 unless mark
 from __future__ import annotations
 
 import pytest
-
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
 from lmqtt.gateway.session import ACCEPT, DUPLICATE, PENDING
-from tests.session.support import Row, check, decode, session
+
+from tests.session.support import Row, after, check, decode, session
 
 
 def raises(fn):
@@ -69,7 +69,7 @@ INBOUND = [
         when=lambda s, out: s.pubrel_received(9)[1],
         answer=True),
     Row("MQTT-4.3.3-12; 3.1.1: MQTT-4.3.3-2", "after PUBCOMP, a PUBLISH with that id is a new message",
-        given=lambda: (lambda s: (s.pubrel_received(9), s)[1])(stored(session(), 2, 9)),
+        given=lambda: after(stored(session(), 2, 9), lambda s: s.pubrel_received(9)),
         when=lambda s, out: s.publish_received(2, 9, 100),
         answer=ACCEPT, state={"in_wait": {9}, "in2": set()}),
     Row("MQTT-2.2.1-5", "PUBREL for an id not stored: PUBCOMP 0x92 (Packet Identifier not found)",
@@ -81,7 +81,7 @@ INBOUND = [
         when=lambda s, out: decode(s.pubrel_received(5)[0], 4).packet_id,
         answer=5, version=4),
     Row("MQTT-4.3.3-9", "not stored (PUBREC with a failure code): a PUBLISH with that id is a new message",
-        given=lambda: (lambda s: (s.publish_failed(9), s)[1])(waiting(session(), 2, 9)),
+        given=lambda: after(waiting(session(), 2, 9), lambda s: s.publish_failed(9)),
         when=lambda s, out: s.publish_received(2, 9, 100),
         answer=ACCEPT, state={"in_wait": {9}, "in2": set()}),
     Row("MQTT-3.3.4-7", "more QoS 1/2 PUBLISHes unacknowledged than our Receive Maximum: DISCONNECT 0x93",

@@ -4,10 +4,10 @@ answer, the packets it wrote, the new state. Rule ids: MQTT 5.0 (3.1.1 has none 
 from __future__ import annotations
 
 import pytest
-
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
 from lmqtt.gateway.session import EXPIRED, TOO_LARGE
-from tests.session.support import NOW_MS, Out, Row, check, msg, offered, sent, session
+
+from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, sent, session
 
 
 def aliases(out: Out) -> list[tuple]:
@@ -39,12 +39,12 @@ ALIASES = [
         when=lambda s, out: (offer_topics("t/a", "t/a")(s, out), aliases(out)),
         answer=(0, [("t/a", None), ("t/a", None)])),
     Row("MQTT-3.1.2-26", "the server's own cap on aliases applies too (topic_alias_maximum)",
-        given=lambda: (lambda s: (s.connect(5, None, None, 10, 1, 100), s)[1])(session(subs=[("t/#", 0)])),
+        given=lambda: after(session(subs=[("t/#", 0)]), lambda s: s.connect(5, None, None, 10, 1, 100)),
         when=lambda s, out: (offer_topics("t/a", "t/b")(s, out), aliases(out)),
         answer=(0, [("t/a", 1), ("t/b", 1)])),
     Row("MQTT-3.3.2-7", "a new network connection forgets the outbound aliases",
-        given=lambda: (lambda s: (offer_topics("t/a")(s, Out()), s.connect(5, None, None, 2, 100, 100), s)[2])(
-            session(subs=[("t/#", 0)], alias_max=2)),
+        given=lambda: after(session(subs=[("t/#", 0)], alias_max=2), lambda s: offer_topics("t/a")(s, Out()),
+                            lambda s: s.connect(5, None, None, 2, 100, 100)),
         when=lambda s, out: (offered(msg("t/a", qos=0, off=1))(s, out), aliases(out)),
         answer=(0, [("t/a", 1)])),
     Row("MQTT-3.3.2-12", "inbound: an alias set with its topic, then used with an empty topic",
@@ -65,8 +65,8 @@ ALIASES = [
         when=lambda s, out: raises(lambda: s.resolve_alias("", 4, 10)),
         answer=RC.PROTOCOL_ERROR),
     Row("MQTT-3.3.2-7", "a new network connection forgets the inbound aliases",
-        given=lambda: (lambda s: (s.resolve_alias("in/a", 3, 10), s.connect(5, None, None, 0, 100, 100), s)[2])(
-            session()),
+        given=lambda: after(session(), lambda s: s.resolve_alias("in/a", 3, 10),
+                            lambda s: s.connect(5, None, None, 0, 100, 100)),
         when=lambda s, out: (raises(lambda: s.resolve_alias("", 3, 10)), s._rare),
         answer=(RC.PROTOCOL_ERROR, None)),
 ]
@@ -89,7 +89,7 @@ MAX_PACKET = [
                              aliases(out)),
         answer=(0, [("t/a", 1)])),
     Row("MQTT-3.1.2-25", "a message in flight too large for the new connection's limit: dropped at the resend",
-        given=lambda: (lambda s: (s.connect(5, None, 40, None, 0, 100), s)[1])(sent(session(), msg(payload=b"x" * 60))),
+        given=lambda: after(sent(session(), msg(payload=b"x" * 60)), lambda s: s.connect(5, None, 40, None, 0, 100)),
         when=lambda s, out: ([i.pid for i in s.resume(out.write, out.tally, NOW_MS)], s.dropped_too_large),
         answer=([1], 1), packets=[], state={"window": [], "cursors": {"t/#": (1, {})}}),
 ]

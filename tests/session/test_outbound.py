@@ -6,11 +6,11 @@ input, the machine's answer, the packets it wrote, the new state. Rule ids: 5.0 
 from __future__ import annotations
 
 import pytest
-
 from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session import OVER, QOS2_SENT, TOO_LARGE, ClientSubscription, InFlight
-from tests.session.support import (ANY, NOW_MS, Out, Row, check, decode, msg, offered, records, resumed_at, sent,
-                                   session)
+
+from tests.session.support import (ANY, NOW_MS, Out, Row, after, check, decode, msg, offered, records, resumed_at,
+                                   sent, session)
 
 ACK, COMP = InFlight.WAIT_ACK, InFlight.WAIT_COMP
 
@@ -76,7 +76,7 @@ QOS2 = [
         when=lambda s, out: s.pubrec_received(1)[2],
         answer=True),
     Row("MQTT-4.3.3-5", "PUBCOMP ends the exchange: the id and the offset are free",
-        given=lambda: (lambda s: (s.pubrec_received(1), s)[1])(sent(session(subs=[("t/#", 2)]), msg(qos=2))),
+        given=lambda: after(sent(session(subs=[("t/#", 2)]), msg(qos=2)), lambda s: s.pubrec_received(1)),
         when=lambda s, out: pid_of(s.pubcomp_received(1)),
         answer=1, state={"window": [], "cursors": {"t/#": (1, {})}}),
     Row("MQTT-4.4.0-2, MQTT-4.3.3-4", "PUBREC with a failure code: acknowledged, no PUBREL, not sent again",
@@ -214,7 +214,7 @@ RETAINED = [
         when=lambda s, out: (_retained(s, out, ("k/a", 1), ("k/b", 1)) and None, s.retained_waiting()),
         answer=(None, True), packets=[("PUBLISH", "k/a", 1, 1, False, True)]),
     Row("MQTT-3.3.4-9", "... and go once an ack opens it",
-        given=lambda: (lambda s: (_retained(s, Out(), ("k/a", 1), ("k/b", 1)), s)[1])(session(receive_max=1)),
+        given=lambda: after(session(receive_max=1), lambda s: _retained(s, Out(), ("k/a", 1), ("k/b", 1))),
         when=lambda s, out: (pid_of(s.puback_received(1)), s.drain_retained(out.write, out.tally),
                              s.retained_waiting()),
         answer=(1, None, False), packets=[("PUBLISH", "k/b", 1, 2, False, True)]),

@@ -5,10 +5,10 @@ it wrote, the new state. Rule ids: 5.0 unless marked 3.1.1."""
 from __future__ import annotations
 
 import pytest
-
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
 from lmqtt.gateway.session import NEVER_EXPIRES, InFlight, MqttSession
-from tests.session.support import NOW_MS, Out, Row, check, msg, offered, sent, session
+
+from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, sent, session
 
 ACK, COMP = InFlight.WAIT_ACK, InFlight.WAIT_COMP
 
@@ -105,13 +105,13 @@ PERSISTENT = [
         state={"window": [(1, 1, ACK, "t/#", 0), (2, 2, COMP, "t/#", 1), (3, 2, ACK, "t/#", 2), (4, 2, ACK, "t/#", 3)],
                "next_pid": 5}),
     Row("MQTT-4.3.3-10", "a restart keeps the inbound QoS 2 ids awaiting PUBREL",
-        given=lambda: restarted((lambda s: (s.publish_received(2, 7, 100), s.publish_stored(2, 7), s)[2])(
-            session(expiry=60))),
+        given=lambda: restarted(after(session(expiry=60), lambda s: s.publish_received(2, 7, 100),
+                                      lambda s: s.publish_stored(2, 7))),
         when=lambda s, out: s.publish_received(2, 7, 100),
         answer=1, state={"in2": {7}}),
     Row("MQTT-3.1.2-23", "what was delivered and acknowledged before the snapshot is not sent again",
-        given=lambda: restarted((lambda s: (s.puback_received(1), s)[1])(sent(session(expiry=60), msg(off=0),
-                                                                                  msg(off=1)))),
+        given=lambda: restarted(after(sent(session(expiry=60), msg(off=0), msg(off=1)),
+                                      lambda s: s.puback_received(1))),
         when=lambda s, out: s.resume(out.write, out.tally, NOW_MS),
         answer=[], packets=[("PUBLISH", "t/1", 1, 2, True, False)],
         state={"cursors": {"t/#": (2, {1: 2})}}),
@@ -122,7 +122,7 @@ PERSISTENT = [
             session(subs=[("t/#", 2)], expiry=60)),
         answer=(0, [], 0)),
     Row("MQTT-3.1.2-23", "nothing in flight: the snapshot says where delivery stands and the next id",
-        given=lambda: (lambda s: (s.puback_received(1), s)[1])(sent(session(expiry=60), msg(off=4))),
+        given=lambda: after(sent(session(expiry=60), msg(off=4)), lambda s: s.puback_received(1)),
         when=lambda s, out: s.snapshot(),
         answer={"out": [], "next": {"t/#": 5}, "in2": [], "pid": 2}),
 ]
