@@ -462,7 +462,7 @@ class Broker:
             seen = s.publish_received(qos, pid, self.cfg.receive_maximum)
             if seen:
                 if seen == DUPLICATE:       # a QoS 2 message stored already: PUBREC again
-                    self._after_record(s, conn, s.pubrec(pid))
+                    self._send_after(s, conn, s.pubrec(pid), s.after_record())
                 return                      # PENDING: its ack follows the store's answer
             if qos == 2 and s.expiry_interval and not due:
                 return self._qos2_ahead(conn, s, pid, topic, pkt.payload, pkt.retain, pkt.properties if v5 else None)
@@ -555,10 +555,11 @@ class Broker:
             s.drain_retained(s.conn.write, self.metrics)
         self.delivery.kick(s)
 
-    def _after_record(self, s: MqttSession, conn, frame: bytes) -> None:
-        """A QoS 2 packet that depends on a state change: after the session's record holds it
-        when the session is persistent (`persist.journal`), else now."""
-        if s.expiry_interval:
+    def _send_after(self, s: MqttSession, conn, frame: bytes, after_record: bool) -> None:
+        """A QoS 2 packet that depends on a state change: once the session's record holds the
+        change when the machine says so (`after_record`: a persistent session, `persist.journal`),
+        else now."""
+        if after_record:
             self.persist.journal(s, frame)
         else:
             conn.write(frame)
@@ -574,10 +575,8 @@ class Broker:
         frame, inf, after_record = s.pubrec_received(pkt.packet_id, pkt.reason_code)
         if inf is not None:      # an error code: the message is dropped
             self._released(s, inf)
-        elif after_record:       # the PUBREL leaves once the new state is durable (exactly once across a crash)
-            self.persist.journal(s, frame)
-        else:
-            conn.write(frame)
+        else:                    # a persistent session's PUBREL once its new state is durable (exactly once across a crash)
+            self._send_after(s, conn, frame, after_record)
 
     def on_pubcomp(self, conn, pkt: P.PubComp) -> None:
         s = conn.session
@@ -588,10 +587,7 @@ class Broker:
     def on_pubrel(self, conn, pkt: P.PubRel) -> None:
         s = conn.session
         frame, after_record = s.pubrel_received(pkt.packet_id)
-        if after_record:         # the id forgotten durably before PUBCOMP frees it for the client
-            self.persist.journal(s, frame)
-        else:
-            conn.write(frame)
+        self._send_after(s, conn, frame, after_record)   # the id forgotten durably before PUBCOMP frees it
 
     # ======================================================================= SUBSCRIBE
     # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/subscriptions/subscribe_handler.py

@@ -76,11 +76,7 @@ class Inbound:
         if in2 is None:
             in2 = self._in2 = set()
         in2.add(pid)
-        keys = self._in_keys
-        if keys:
-            keys.pop(pid, None)
-            if not keys:
-                self._in_keys = None
+        self._forget_key(pid)
         return self.expiry_interval > 0
 
     def publish_failed(self: "MqttSession", pid: int) -> None:
@@ -89,6 +85,10 @@ class Inbound:
         wait = self._in_wait
         if wait:
             wait.discard(pid)
+        self._forget_key(pid)
+
+    def _forget_key(self: "MqttSession", pid: int) -> None:
+        """`pid`'s written-ahead key is not needed any more (stored, or not stored at all)."""
         keys = self._in_keys
         if keys:
             keys.pop(pid, None)

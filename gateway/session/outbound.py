@@ -397,17 +397,8 @@ class Outbound:
             if budget <= 0:
                 over = True       # the rest next run (or after the socket drained)
                 break
-        if used:
-            self._used(ids[used - 1])
-        if complete and not over and nxt < next_offset:
-            nxt = next_offset
-        cur.next_offset = nxt
-        mo = tally.msg_out
-        mo[0] += sent0
-        mo[1] += sent1
-        mo[2] += sent2
-        if first_ts is not None:
-            tally.first_sent(first_ts)
+        self._close_offer(cur, nxt, next_offset, complete and not over, ids, used, tally, sent0, sent1, sent2,
+                          first_ts)
         return (OVER if over else 0) | (QOS2_SENT if sent2 else 0)
 
     def offer_records(self: "MqttSession", q: str, msgs: list, next_offset: int, write: Callable[[bytes], Any],
@@ -522,17 +513,25 @@ class Outbound:
                 break
         if run:
             write(encode_publish_run(run, version)[0])
+        self._close_offer(cur, nxt, next_offset, complete and not over, ids, used, tally, sent0, sent1, 0,
+                          first_ts or None)
+        return flags | (OVER if over else 0)
+
+    def _close_offer(self: "MqttSession", cur, nxt: int, next_offset: int, whole: bool, ids: list[int] | None,
+                     used: int, tally: Tally, sent0: int, sent1: int, sent2: int, first_ts: list[int] | None) -> None:
+        """An offer's end: the allocator past the last of its ids used, the cursor past what it
+        handled (the batch's end when it handled all of it: `whole`), the counts."""
         if used:
             self._used(ids[used - 1])
-        if complete and not over and nxt < next_offset:
+        if whole and nxt < next_offset:
             nxt = next_offset
         cur.next_offset = nxt
         mo = tally.msg_out
         mo[0] += sent0
         mo[1] += sent1
-        if first_ts:
+        mo[2] += sent2
+        if first_ts is not None:
             tally.first_sent(first_ts)
-        return flags | (OVER if over else 0)
 
     def offer_retained(self: "MqttSession", items, sub_qos: int, sub_ids, write: Callable[[bytes], Any],
                        flush: Callable[[], Any], tally: Tally, chunk: int = RUN_FLUSH_FIRST) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmqtt.gateway.mqtt import Decoder, packets as P
+from lmqtt.gateway.mqtt import Decoder, ProtocolError, packets as P
 from lmqtt.gateway.session import ClientSubscription, Counts, Cursor, MqttSession, OutboundMessage
 from lmqtt.gateway.storage.record_props import RecordMeta
 
@@ -179,3 +179,12 @@ def after(s: MqttSession, *steps) -> MqttSession:
     for step in steps:
         step(s)
     return s
+
+
+def raises(fn) -> int | None:
+    """The reason code of the ProtocolError `fn()` raises (None: it returned)."""
+    try:
+        fn()
+    except ProtocolError as e:
+        return e.reason_code
+    return None

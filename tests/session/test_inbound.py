@@ -5,19 +5,12 @@ state, the input, the machine's answer, the new state. Rule ids: 5.0 unless mark
 from __future__ import annotations
 
 import pytest
-from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
+from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session import ACCEPT, DUPLICATE, PENDING
 
-from tests.session.support import Row, after, check, decode, session
+from tests.session.support import Row, after, check, decode, raises, session
 
 
-def raises(fn):
-    """The reason code of the ProtocolError `fn` raises (None: it returned)."""
-    try:
-        fn()
-    except ProtocolError as e:
-        return e.reason_code
-    return None
 
 
 def stored(s, qos, pid):

@@ -4,10 +4,10 @@ answer, the packets it wrote, the new state. Rule ids: MQTT 5.0 (3.1.1 has none 
 from __future__ import annotations
 
 import pytest
-from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
+from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session import EXPIRED, TOO_LARGE
 
-from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, sent, session
+from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, raises, sent, session
 
 
 def aliases(out: Out) -> list[tuple]:
@@ -20,12 +20,6 @@ def offer_topics(*topics, q="t/#"):
     return offered(*[msg(t, qos=0, off=i) for i, t in enumerate(topics)], q=q)
 
 
-def raises(fn):
-    try:
-        fn()
-    except ProtocolError as e:
-        return e.reason_code
-    return None
 
 
 ALIASES = [

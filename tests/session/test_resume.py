@@ -5,10 +5,10 @@ it wrote, the new state. Rule ids: 5.0 unless marked 3.1.1."""
 from __future__ import annotations
 
 import pytest
-from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC
+from lmqtt.gateway.mqtt import ReasonCode as RC
 from lmqtt.gateway.session import NEVER_EXPIRES, InFlight, MqttSession
 
-from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, sent, session
+from tests.session.support import NOW_MS, Out, Row, after, check, msg, offered, raises, sent, session
 
 ACK, COMP = InFlight.WAIT_ACK, InFlight.WAIT_COMP
 
@@ -54,11 +54,6 @@ def _expiries(s: MqttSession) -> tuple:
     return connected, before, at, s.expired(10 ** 12)
 
 
-def raises(fn):
-    try:
-        return fn()
-    except ProtocolError as e:
-        return e.reason_code
 
 
 RESUME = [
