@@ -84,6 +84,11 @@ class LightQueueIndex(IndexReads):
             self._db = Rdict(str(path), opts)
         except Exception as e:   # e.g. the directory is locked by another process
             raise LightQueueError(f"cannot open light-queue index at {path}: {e}") from e
+        self._path, self._opts = str(path), opts
+        # the puts written since the last memtable flush: what a failed flush would lose if the
+        # database had to be opened again (`_recover`); `_broken`: the failure that closed it
+        self._journal: list[tuple[bytes, bytes]] = []
+        self._broken: BaseException | None = None
         self._wo = WriteOptions()
         self._wo.disable_wal = True
         v = self._db.get(K_CKPT)
@@ -326,21 +331,31 @@ class LightQueueIndex(IndexReads):
         ckpt = self._ckpt
         if not dirty and ckpt <= self._written_ckpt:
             return
+        if self._broken is not None:
+            self._reopen()
         tail = self._tail
-        wb = WriteBatch(raw_mode=True)
-        put = wb.put
+        ops: list[tuple[bytes, bytes]] = []
+        put = ops.append
         kpack = _KEY.pack
         for q, pos in dirty.items():
             first, ba = tail[q]
             if pos < len(ba):
-                put(kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:]))  # one copy
+                put((kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:])))  # one copy
         if self._new_names:
             for name, q in self._new_names.items():
-                put(K_NAME + name.encode("utf-8"), _U64.pack(q))
-            put(K_NEXT, _U64.pack(self._next_qid))
+                put((K_NAME + name.encode("utf-8"), _U64.pack(q)))
+            put((K_NEXT, _U64.pack(self._next_qid)))
         if ckpt > self._written_ckpt:
-            put(K_CKPT, _U64.pack(ckpt))
-        self._db.write(wb, self._wo)     # raises on I/O error: nothing below is applied
+            put((K_CKPT, _U64.pack(ckpt)))
+        wb = WriteBatch(raw_mode=True)
+        for k, v in ops:
+            wb.put(k, v)
+        try:
+            self._db.write(wb, self._wo)     # raises on I/O error: nothing below is applied
+        except Exception as e:
+            self._recover(e)
+            raise
+        self._journal += ops
         self._written_ckpt = ckpt
         self._new_names = {}
         self._dirty = {}
@@ -382,13 +397,55 @@ class LightQueueIndex(IndexReads):
 
     def _flush_db(self) -> None:
         with self._lock:
+            if self._broken is not None:
+                self._reopen()
             self._write()
             ckpt = self._written_ckpt
+            journal, self._journal = self._journal, []
         # Outside the lock (dispatch goes on): a write landing before the memtable switch is
         # flushed too, with a checkpoint above `ckpt`; claiming only `ckpt` is conservative.
-        self._db.flush(True)
+        try:
+            self._db.flush(True)
+        except Exception as e:
+            with self._lock:
+                self._journal = journal + self._journal
+                self._recover(e)
+            raise
         if ckpt > self._durable_ckpt:
             self._durable_ckpt = ckpt
+
+    @property
+    def db(self) -> Rdict:
+        """The RocksDB database (replaced when it is opened again after a failed write)."""
+        return self._db
+
+    def _recover(self, e: BaseException) -> None:
+        """A write or a memtable flush failed. RocksDB refuses every write after that until it is
+        opened again, except for a full disk, which it recovers from by itself once there is room:
+        so for anything else (no descriptor left for a table file: EMFILE) the database is closed
+        and the next write opens it again and writes the journal first. Caller holds _lock."""
+        if is_disk_full(e) or self._broken is not None:
+            return
+        self._broken = e
+        log.warning("light-queue index: a write failed (%s); the database is opened again by the next write", e)
+        try:
+            self._db.close()
+        except Exception:  # noqa: BLE001 - a database in error: nothing more to do
+            pass
+
+    def _reopen(self) -> None:
+        """Open the database again and write what the failed flush may have lost (the journal).
+        Raises (and stays broken) while it cannot. Caller holds _lock."""
+        db = Rdict(self._path, self._opts)
+        if self._journal:
+            wb = WriteBatch(raw_mode=True)
+            for k, v in self._journal:
+                wb.put(k, v)
+            db.write(wb, self._wo)
+        self._db = db
+        log.warning("light-queue index: opened again after %s (%d writes of the journal replayed)",
+                    self._broken, len(self._journal))
+        self._broken = None
 
     def truncate(self, offset: int) -> None:
         """Forget every entry pointing at/after CommitLog `offset` (the store cut its tail)."""

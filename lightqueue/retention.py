@@ -49,9 +49,13 @@ class IndexRetention:
     """The log start (`min_phys`) of one LightQueueIndex, its queues' floors, and the sweep that
     deletes the runs below the log start."""
 
+    @property
+    def _db(self):
+        """The index's database now (it is opened again after a failed write)."""
+        return self._index.db
+
     def __init__(self, index: LightQueueIndex) -> None:
         self._index = index
-        self._db = index._db
         v = self._db.get(K_MINPHYS)
         self.min_phys = 0 if v is None else _U64.unpack(v)[0]
         # qid -> min offset (lazy; queue ids are dense, so a flat u64 array; reset when

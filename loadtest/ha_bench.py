@@ -31,7 +31,7 @@ import time
 
 from lmqtt.loadtest.brokers import _free_ports
 from lmqtt.loadtest.chaos.checker import Checker, body, failures
-from lmqtt.loadtest.sdk_bench import proc_cpu
+from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
 
 TOPIC = "bench/ha"
 

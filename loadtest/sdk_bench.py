@@ -37,19 +37,11 @@ import tempfile
 import time
 
 from lmqtt.loadtest.brokers import free_port  # below the ephemeral range: a restart finds its port free
+from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
 
 ALL_CASES = ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
 
-
-
-def proc_cpu(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class LmqttProc:

@@ -42,7 +42,7 @@ import threading
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper  # noqa: F401 - ENTRY_FIELDS: re-exported
-from .errors import StoreError
+from .errors import StoreError, is_disk_full
 from .message import DispatchBatch
 from .record import first_level
 
@@ -265,7 +265,7 @@ class ConsumeQueueStore:
         cq = self.queues.get(key)
         if cq is None:
             qk = queue_key(fl, qid)
-            v = self._db.get(b"Q" + qk) if self._db is not None else None
+            v = self._open_db().get(b"Q" + qk)
             lo, hi = (0, 0) if v is None else _META.unpack(v)
             cq = self.queues[key] = ConsumeQueue(self, fl, qid, qk, lo, hi)
         return cq
@@ -277,19 +277,25 @@ class ConsumeQueueStore:
         if cq is not None:
             cq.used = True
             return cq
-        if self._db is None or self._db.get(b"Q" + queue_key(fl, qid)) is None:
+        if self._open_db().get(b"Q" + queue_key(fl, qid)) is None:
             return None
         with self._lock:
             return self._queue(fl, qid)
+
+    def _open_db(self) -> Rdict:
+        """The database, or a StoreError while it is closed after a failed write: a queue is never
+        taken for new or empty because its keys could not be read (dispatch and readers retry)."""
+        db = self._db
+        if db is None:
+            raise StoreError("the ConsumeQueue database is being opened again after a failed write; retry")
+        return db
 
     def max_offsets(self) -> dict[tuple[str, int], int]:
         """{(first-level topic, queue id): next offset} of every queue (a scan of the `Q` keys:
         what the CommitLog's queue table starts from)."""
         out: dict[tuple[str, int], int] = {}
-        db = self._db
-        if db is not None:
-            for k, v in self._scan(b"Q"):
-                out[_split_queue_key(k[1:])] = _META.unpack(v)[1]
+        for k, v in self._scan(b"Q"):
+            out[_split_queue_key(k[1:])] = _META.unpack(v)[1]
         for key, cq in list(self.queues.items()):
             out[key] = cq.max_offset
         return out
@@ -303,9 +309,7 @@ class ConsumeQueueStore:
         return sorted(ids)
 
     def _scan(self, prefix: bytes):
-        db = self._db
-        if db is None:
-            return
+        db = self._open_db()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix_end(prefix))
         it = db.iter(ro)
@@ -322,9 +326,7 @@ class ConsumeQueueStore:
 
     def _stored_pieces(self, qk: bytes, q: int, end: int) -> list[tuple[int, bytes]]:
         """The stored entries of queue `qk` in [q, end): a piece per block."""
-        db = self._db
-        if db is None:
-            return []
+        db = self._open_db()    # never an empty answer that would skip entries
         base = b"E" + qk
         ro = ReadOptions()
         ro.set_iterate_upper_bound(base + _U64.pack(end))
@@ -395,15 +397,22 @@ class ConsumeQueueStore:
 
     def flush(self) -> None:
         """Write every queue's tail to the database with the checkpoint, in one batch, and flush
-        it to disk (see the module doc). A failure (a full disk) keeps the tails: the next flush
-        writes them again, and the checkpoint stays where it was."""
+        it to disk (see the module doc). The tails are trimmed only once that flush is done: a
+        failure (a full disk, no descriptor for a table file) keeps them, the next flush writes
+        them again (the same keys, the same values), and the checkpoint stays where it was."""
         end = self._last_end
         with self._write_lock:
+            if self._db is None:
+                self._open()            # after a failure that closed it; raises while it cannot
+                for cq in list(self.queues.values()):
+                    cq.last_block = None
             with self._lock:
-                dirty, self._dirty = self._dirty, {}
-                snaps = [(cq, cq.tail[0], bytes(cq.tail[1])) for cq in dirty.values()]
+                dirty = list(self._dirty.values())
+                snaps = [(cq, cq.tail[0], bytes(cq.tail[1])) for cq in dirty]
             if end == self._ckpt and not snaps:
                 return
+            db = self._db
+            assert db is not None
             try:
                 wb = WriteBatch(raw_mode=True)
                 for cq, first, data in snaps:
@@ -411,28 +420,39 @@ class ConsumeQueueStore:
                         self._put_tail(wb, cq, first, data)
                     wb.put(b"Q" + cq.qk, _META.pack(cq.min_offset, first + len(data) // ENTRY_SIZE))
                 wb.put(K_CKPT, _U64.pack(end))
-                db = self._db
-                assert db is not None
                 db.write(wb, self._wo)
-            except BaseException:
-                with self._lock:      # written again by the next flush
-                    for cq, _, _ in snaps:
-                        self._dirty.setdefault((cq.fl, cq.qid), cq)
+                db.flush(True)
+            except BaseException as e:
+                for cq, _, _ in snaps:
+                    cq.last_block = None        # looked up again: the write may not have happened
+                if not is_disk_full(e):
+                    # RocksDB refuses every write after a failed one until it is opened again
+                    # (a full disk it recovers from by itself, once there is room)
+                    self._reopen_later(e)
                 raise
             with self._lock:
                 for cq, first, data in snaps:
-                    if not data:
-                        continue
                     f, buf = cq.tail
                     if f != first:     # truncated meanwhile (not while a flush runs: _write_lock)
                         continue
-                    cq.tail = (first + len(data) // ENTRY_SIZE, buf[len(data):])
-                    if len(cq.tail[1]):
-                        self._dirty[(cq.fl, cq.qid)] = cq
-            db.flush(True)
+                    if data:
+                        cq.tail = (first + len(data) // ENTRY_SIZE, buf[len(data):])
+                    if not cq.tail[1]:
+                        self._dirty.pop((cq.fl, cq.qid), None)
             self._ckpt = end
             if len(self.queues) > self.max_loaded:
                 self._unload_idle()
+
+    def _reopen_later(self, e: BaseException) -> None:
+        """Close the database after a failed write; the next flush opens it again. Readers meanwhile
+        get a StoreError for the stored part of a queue (their in-memory tails still answer)."""
+        db, self._db = self._db, None
+        log.warning("consumequeue: a write failed (%s); the database is opened again by the next flush", e)
+        if db is not None:
+            try:
+                db.close()
+            except Exception:  # noqa: BLE001 - closing a database in error: nothing more to do
+                pass
 
     def _put_tail(self, wb, cq: ConsumeQueue, first: int, data: bytes) -> None:
         """The blocks of a queue's tail into `wb`; a small newest block is extended instead of
@@ -441,7 +461,7 @@ class ConsumeQueueStore:
         if lb is None:
             lb = cq.last_block = self._find_last_block(cq.qk)
         if lb[1] and lb[1] < MERGE_BELOW and lb[0] + lb[1] == first:
-            old = self._db.get(b"E" + cq.qk + _U64.pack(lb[0])) if self._db is not None else None
+            old = self._open_db().get(b"E" + cq.qk + _U64.pack(lb[0]))
             if old is not None and len(old) == lb[1] * ENTRY_SIZE:
                 wb.delete(b"P" + _U64.pack(_last_phys(old)) + cq.qk)
                 first, data = lb[0], old + data
@@ -459,7 +479,7 @@ class ConsumeQueueStore:
         base = b"E" + qk
         ro = ReadOptions()
         ro.set_iterate_upper_bound(_prefix_end(base))
-        it = self._db.iter(ro)  # type: ignore[union-attr]
+        it = self._open_db().iter(ro)
         it.seek_to_last()      # (rocksdict honours the upper bound here, not the lower one)
         if not it.valid() or not it.key().startswith(base):
             return (0, 0)
@@ -482,9 +502,10 @@ class ConsumeQueueStore:
         """Forget every entry whose CommitLog offset is >= offset (the log was cut there: recovery
         of a torn tail, a replica's divergent tail). Written and flushed at once: an entry left
         past a cut log would point at whatever record is appended there next."""
-        db = self._db
-        assert db is not None
         with self._write_lock:
+            if self._db is None:
+                self._open()
+            db = self._open_db()
             cuts: dict[bytes, int] = {}      # qk -> first queue offset to forget
             blocks: list[tuple[bytes, bytes, int, int]] = []   # (P key, qk, first, n)
             for k, v in self._scan_from(b"P" + _U64.pack(offset), b"Q"):
@@ -544,9 +565,7 @@ class ConsumeQueueStore:
             self._last_end = min(self._last_end, offset)
 
     def _scan_from(self, start: bytes, stop: bytes):
-        db = self._db
-        if db is None:
-            return
+        db = self._open_db()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(stop)
         it = db.iter(ro)
@@ -557,7 +576,8 @@ class ConsumeQueueStore:
 
     def on_segments_deleted(self, min_phys_offset: int) -> None:
         """Retention: drop the blocks whose last entry points below the log's new start; each
-        queue's `min_offset` moves past them."""
+        queue's `min_offset` moves past them (while the database is closed after a failed write:
+        done by the next check)."""
         db = self._db
         if db is None:
             return

@@ -11,6 +11,7 @@ So the store holds at most `total` descriptors whatever the topics and the reten
   most `rocksdb_tables` table files open (RocksDB's max_open_files; it reopens others on demand);
 - at most `commitlog_maps` CommitLog segments stay mapped (each mapping holds a descriptor):
   idle sealed ones are unmapped and mapped again when read (MappedFileQueue.release_idle);
+- at most `index_maps` key index files stay mapped, likewise;
 - the rest covers the files written now (the segment being written, index and timer files,
   checkpoints written and closed at once) and each database's own few (log, manifest, lock).
 The gateway sharing the process admits client connections up to what is left
@@ -65,6 +66,11 @@ class FileBudget:
     def commitlog_maps(self) -> int:
         """CommitLog segments mapped at once at most."""
         return max(4, self.total // 4)
+
+    @property
+    def index_maps(self) -> int:
+        """Key index files mapped at once at most (each holds a descriptor, as a segment)."""
+        return max(2, self.total // 16)
 
     def client_connections(self, refused_headroom: int) -> int:
         """Client sockets a gateway in the same process may hold: what the limit leaves after the

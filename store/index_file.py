@@ -22,7 +22,7 @@ import threading
 import zlib
 
 from .checkpoint import OffsetCheckpoint
-from .mapped_file import MappedFile, file_name
+from .mapped_file import MappedFile, file_name, release_idle
 from .message import DispatchBatch
 
 log = logging.getLogger("lmqtt.store")
@@ -48,10 +48,12 @@ class IndexFile:
         self.slots = slots
         self.entries = entries
         size = HEAD_SIZE + slots * 4 + entries * ENTRY_SIZE
-        self.mf = MappedFile(path, int(os.path.basename(path)), size, create, preallocate)
-        self.mm = self.mf.mm
+        # an existing file is mapped when a query or an add needs it (a long retention keeps many:
+        # idle ones are unmapped again, IndexService.release_idle); its header is read as a file
+        self.mf = MappedFile(path, int(os.path.basename(path)), size, create, preallocate, lazy=not create)
+        head = self.mf.mm[:HEAD_SIZE] if create else _read_head(path)
         (self.begin_ts, self.end_ts, self.begin_phys, self.end_phys, s, e, self.used,
-         _) = HEAD.unpack_from(self.mm, 0)
+         _) = HEAD.unpack_from(head, 0)
         if create or (s == 0 and e == 0):
             self.used = 0
             self.begin_ts = self.end_ts = 0
@@ -61,6 +63,10 @@ class IndexFile:
             # written with another configuration: use the file's own geometry
             self.slots, self.entries = s, e
         self.entries_off = HEAD_SIZE + self.slots * 4
+
+    @property
+    def mm(self):
+        return self.mf.mm
 
     def _write_head(self) -> None:
         HEAD.pack_into(self.mm, 0, self.begin_ts, self.end_ts, self.begin_phys, self.end_phys,
@@ -130,6 +136,12 @@ class IndexFile:
         self.mf.destroy()
 
 
+def _read_head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(HEAD_SIZE)
+    return head + bytes(HEAD_SIZE - len(head))
+
+
 def _geometry(path: str, slots: int, entries: int) -> tuple[int, int]:
     """(slots, entries) of the existing index file at `path` from its header; the given ones when
     the header is not written yet (a crash while the file was created)."""
@@ -197,6 +209,7 @@ class IndexService:
                         if f is None or f.full or not f.fits_time(ts):
                             if f is not None:
                                 f.flush()
+                                f.mf.close_fd()     # sealed: its map (if any) needs no descriptor
                             f = IndexFile(os.path.join(self.root, file_name(r.phys_offset)), self.slots,
                                           self.entries, True, self.preallocate)
                             with self._lock:
@@ -228,8 +241,11 @@ class IndexService:
             return
         if self._dirty and self.files:
             self._dirty = False
-            for f in self.files[-2:]:  # a roll may have happened since the last flush
+            files = self.files
+            for f in files[-2:]:  # a roll may have happened since the last flush
                 f.flush()
+                if f is not files[-1]:
+                    f.mf.close_fd()     # full and flushed: its map (if any) needs no descriptor
         self._ckpt_file.save(end)
         self._ckpt = end
 
@@ -258,7 +274,13 @@ class IndexService:
         for f in files[:n]:
             f.destroy()
 
+    def release_idle(self, keep: int) -> int:
+        """Unmap idle full index files (never the newest) beyond `keep` mapped; mapped again when
+        queried (store/file_budget.py)."""
+        return release_idle([f.mf for f in self.files[:-1]], keep - 1)
+
     def close(self) -> None:
         for f in self.files:
-            f.flush()
+            if f.mf.mapped:
+                f.flush()
             f.close()

@@ -230,6 +230,25 @@ class MappedFile:
         return f"MappedFile({self.path}, wrote={self.wrote_pos})"
 
 
+def release_idle(files: list[MappedFile], keep: int) -> int:
+    """Unmap some of `files` (sealed ones) until at most `keep` of them are mapped, the ones not
+    used since the last call first, oldest first (a second chance: `used` is set by every `mm`
+    and cleared here). Returns how many were released."""
+    mapped = [mf for mf in files if mf.mapped]
+    over = len(mapped) - max(0, keep)
+    released = 0
+    for mf in mapped:
+        if over <= 0:
+            mf.used = False
+            continue
+        if mf.used:
+            mf.used = False
+        elif mf.release():
+            released += 1
+            over -= 1
+    return released
+
+
 def _open(path: str) -> int:
     try:
         return os.open(path, os.O_RDWR)

@@ -17,7 +17,7 @@ import os
 import threading
 
 from .errors import NO_SPACE_ERRNOS, DiskFull, StoreError
-from .mapped_file import NAME_DIGITS, MappedFile, _fsync_dir, file_name
+from .mapped_file import NAME_DIGITS, MappedFile, _fsync_dir, file_name, release_idle
 
 
 def _missing_dirs(path: str) -> list[str]:
@@ -155,22 +155,8 @@ class MappedFileQueue:
 
     def release_idle(self, keep: int) -> int:
         """Unmap files (never the last two: the one written and the one before it) until at most
-        `keep` are mapped, the ones not used since the last call first (a second chance: `used`
-        is set by every `mm` and cleared here). Returns how many were released."""
-        files = self.files[:-2]
-        mapped = [mf for mf in files if mf.mapped]
-        over = len(mapped) + min(2, len(self.files)) - keep
-        released = 0
-        for mf in mapped:
-            if over <= 0:
-                mf.used = False
-                continue
-            if mf.used:
-                mf.used = False
-            elif mf.release():
-                released += 1
-                over -= 1
-        return released
+        `keep` are mapped (see `mapped_file.release_idle`). Returns how many were released."""
+        return release_idle(self.files[:-2], keep - min(2, len(self.files)))
 
     def close(self) -> None:
         for mf in self.files:

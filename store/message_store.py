@@ -541,7 +541,8 @@ class MessageStore(AsyncAppend):
     def release_idle_maps(self) -> int:
         """Unmap idle sealed CommitLog segments beyond the budget's share (the background service
         runs it with retention); they are mapped again when read."""
-        return self.clog.mfq.release_idle(self.budget.commitlog_maps)
+        return (self.clog.mfq.release_idle(self.budget.commitlog_maps)
+                + self.index.release_idle(self.budget.index_maps))
 
     def delete_expired_segments(self, now_ms: int | None = None) -> int:
         """Run retention now (the background service runs it every retention_check_interval_ms).

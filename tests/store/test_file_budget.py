@@ -73,6 +73,36 @@ def test_a_long_retention_keeps_only_the_budget_s_share_of_segments_mapped(tmp_p
         st.shutdown()
 
 
+def test_key_index_files_beyond_the_budget_s_share_are_unmapped_and_still_answer(tmp_path):
+    st = MessageStore(_cfg(tmp_path / "s", segment_size=1 << 20, max_message_size=64 << 10))
+    st.start()
+    index_dir = os.path.join(str(tmp_path / "s"), "index")
+    try:
+        rs = []
+        for b in range(40):                        # 40 x 1024 keys: 40 full index files of 1024 entries
+            rs += st.append_batch([Message(topic="k/a", body=b"v", keys=(f"key{b}-{i}",)) for i in range(1024)])
+        assert st.wait_dispatched(rs[-1].phys_offset + rs[-1].size, 20)
+        st.dispatch.flush_dispatchers()
+        assert len(st.index.files) >= 40
+        st.release_idle_maps()
+        st.release_idle_maps()
+        cap = st.budget.index_maps
+        assert sum(1 for f in st.index.files if f.mf.mapped) <= cap
+        assert _fds_under(index_dir) <= cap + 1
+        for b in (0, 17, 39):                      # an old file is mapped again to answer
+            got = st.query_by_key("k/a", f"key{b}-5", 0, 2 ** 62, 4)
+            assert [m.body for m in got] == [b"v"]
+    finally:
+        st.shutdown()
+    st = MessageStore(_cfg(tmp_path / "s", segment_size=1 << 20, max_message_size=64 << 10))
+    st.start()
+    try:                                           # a restart maps no index file until asked
+        assert sum(1 for f in st.index.files if f.mf.mapped) <= 1
+        assert [m.body for m in st.query_by_key("k/a", "key3-9", 0, 2 ** 62, 4)] == [b"v"]
+    finally:
+        st.shutdown()
+
+
 _EMFILE_CHILD = r'''
 import os, resource, sys, time
 from lmqtt.store import Message, MessageStore, StoreConfig
@@ -136,3 +166,59 @@ def test_running_out_of_descriptors_refuses_appends_cleanly_and_the_store_recove
     leftovers = [f for f in os.listdir(tmp_path / "s" / "commitlog") if os.path.getsize(tmp_path / "s" / "commitlog" / f)
                  != 64 << 10]
     assert leftovers == []                      # no half-made segment
+
+
+_LQ_EMFILE_CHILD = r'''
+import os, resource, sys
+from lmqtt.lightqueue import LightQueueStore
+from lmqtt.store import Message, MessageStore, StoreConfig
+d = sys.argv[1]
+def open_node():
+    st = MessageStore(StoreConfig(data_dir=d + "/store", segment_size=8 << 20, max_message_size=8 << 10,
+                                  flush_mode="sync", index_slots=64, index_entries=1024, max_open_files=64))
+    lq = LightQueueStore(st, d + "/lq")
+    st.start()
+    return st, lq
+st, lq = open_node()
+acked = st.append_batch([Message(topic=f"a{i}/x", body=b"x", dispatch_queues=lq.queues_for_topic(f"a{i}/x")) for i in range(300)])
+assert st.wait_dispatched(acked[-1].phys_offset + acked[-1].size, 20)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, 4096))
+filler = []
+try:
+    while True:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+acked += st.append_batch([Message(topic=f"b{i}/x", body=b"y", dispatch_queues=lq.queues_for_topic(f"b{i}/x")) for i in range(300)])   # same segment
+try:
+    st.dispatch.flush_dispatchers()       # both RocksDB flushes need a new table file
+    print("FLUSHED-WITHOUT-FILES", flush=True)
+except Exception as e:
+    print("FLUSH-FAILED", repr(e)[:200], flush=True)
+for fd in filler:
+    os.close(fd)
+acked += st.append_batch([Message(topic=f"c{i}/x", body=b"z", dispatch_queues=lq.queues_for_topic(f"c{i}/x")) for i in range(300)])
+assert st.wait_dispatched(acked[-1].phys_offset + acked[-1].size, 20), "dispatch did not catch up"
+st.dispatch.flush_dispatchers()
+topics = [f"{p}{i}/x" for p in "abc" for i in range(300)]
+live = sum(lq.pull(t, 0, 4).messages and 1 or 0 for t in topics)
+lq.close()
+st.shutdown()
+st, lq = open_node()
+after = sum(lq.pull(t, 0, 4).messages and 1 or 0 for t in topics)
+print("TOPICS", len(topics), "LIVE", live, "AFTER-RESTART", after, flush=True)
+lq.close()
+st.shutdown()
+'''
+
+
+def test_the_light_queues_come_back_after_running_out_of_descriptors(tmp_path):
+    """The light-queue index's RocksDB refuses every write after a failed flush until it is opened
+    again: it is, its unflushed writes replayed, and dispatch catches up without a restart."""
+    p = subprocess.run([sys.executable, "-c", _LQ_EMFILE_CHILD, str(tmp_path / "n")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    flush = next(ln for ln in p.stdout.splitlines() if ln.startswith("FLUSH"))
+    assert flush.startswith("FLUSH-FAILED") and "Too many open files" in flush, flush
+    last = p.stdout.strip().splitlines()[-1].split()
+    assert last[1] == last[3] == last[5] == "900", p.stdout
