@@ -71,8 +71,8 @@ def _fields(rec: SessionRecord) -> tuple:
 def test_record_bytes_are_the_reference_encoding(s, host, offline_ms):
     p = _persistence(host)
     ref = p.record_reference(s, offline_ms)
-    if ref.last_disconnect_ms is not None and s.disconnected_at_ms is None and offline_ms is None:
-        ref.last_disconnect_ms = None       # "now": taken at each call; compared with the field set below
+    if ref.last_disconnect_ms is not None and not s.disconnected_at_ms and offline_ms is None:
+        ref.last_disconnect_ms = None       # "now" (a disconnect time of 0 is none too): taken at each call; set below
     rec = p.record_of(s, offline_ms)
     if ref.last_disconnect_ms is None and rec.last_disconnect_ms is not None:
         ref.last_disconnect_ms = rec.last_disconnect_ms
