@@ -30,7 +30,7 @@ TYPED = [
     "lmqtt.gateway.storage.remote_store",   # the remote QueueStore: mirrors, and answers asked together
     "lmqtt.gateway.storage.remote_mirrors",  # the remote QueueStore's mirrors kept fresh (pushes, events, poll)
     "lmqtt.gateway.storage.remote_reads",
-    "lmqtt.gateway.core.subscription_registry",  # the facades' main caller: prepare / deciding
+    "lmqtt.gateway.subscriptions.subscription_registry",  # the facades' main caller: prepare / deciding
     "lmqtt.store.node.config",              # NodeConfig: every lmqtt store setting, typed
 ]
 
