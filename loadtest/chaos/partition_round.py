@@ -53,6 +53,24 @@ class RoundOptions:
     max_seconds: float = 4 * 3600   # the clients' own bound
 
 
+def misplaced_acks(acks: dict, stored: dict, checked: set, reached: int, final: bool) -> list[dict]:
+    """The acknowledgements whose CommitLog offset holds another message, or nothing, in the
+    group's log as read (`stored`: offset -> (publisher, seq)): each was given by a primary whose
+    log lost to another primary's. `acks`: (publisher, seq) -> (t, node, epoch, offset). Only
+    acknowledgements below `reached` (the read holds every record of the topics below it) are
+    judged, every one when `final`; each once (`checked` is updated)."""
+    out = []
+    for key, (t, node, epoch, off) in list(acks.items()):
+        if key in checked or (not final and off >= reached):
+            continue
+        checked.add(key)
+        got = stored.get(off)
+        if got != key:
+            out.append({"publisher": key[0], "seq": key[1], "offset": off, "acked_t": t, "by_node": node,
+                        "epoch": epoch, "log_has": list(got) if got else None})
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -72,7 +90,8 @@ class PartitionRound:
         self.rows: list[dict] = []
         self.turns: dict[str, int] = {}
         self.logs = LogCompare(fleet.group)
-        self._read = {}                                      # SDK topic -> (next queue offset)
+        self._read: dict[str, int] = {}                      # SDK topic -> next queue offset to read
+        self._hi: dict[str, int] = {}                        # SDK topic -> last CommitLog offset read
         self._stored: dict[int, tuple[str, int]] = {}        # CommitLog offset -> (pub, seq), SDK topics
         self._checked: set = set()                           # SDK acks found at their offset
         self.two_primary: list[dict] = []
@@ -196,6 +215,7 @@ class PartitionRound:
                     got = parse(rec.body)
                     if got is not None:
                         self._stored[rec.offset] = got
+                    self._hi[level] = max(self._hi.get(level, -1), rec.offset)
                 off = r.next_offset
             self._read[level] = off
 
@@ -216,15 +236,12 @@ class PartitionRound:
             if not final:
                 return
             end = None
-        hi = max(self._stored, default=-1)
-        for key, (t, node, epoch, off) in list(self.sdk_acks.items()):
-            if key in self._checked or (not final and (off > hi or (end is not None and off >= end))):
-                continue
-            got = self._stored.get(off)
-            self._checked.add(key)
-            if got != key:
-                self.two_primary.append({"publisher": key[0], "seq": key[1], "offset": off, "acked_t": t,
-                                         "by_node": node, "epoch": epoch, "log_has": list(got) if got else None})
+        # records are read in log order per topic: below the smallest of the topics' last offsets
+        # read, each topic's read holds everything that was stored (and readable) there
+        reached = min(self._hi.values(), default=-1)
+        if end is not None:
+            reached = min(reached, end)
+        self.two_primary += misplaced_acks(self.sdk_acks, self._stored, self._checked, reached, final)
 
     def _mqtt_in_log(self) -> tuple[int, list]:
         """Acknowledged MQTT messages missing from the group's log (ConsumeQueue of the MQTT
