@@ -202,6 +202,11 @@ def _partitions(ap: argparse.ArgumentParser, args) -> int:
         env = _lmqtt_env(args.lmqtt_src, base) if args.lmqtt_src else None
     except TargetError as e:
         ap.error(str(e))
+    import signal
+
+    def _term(*_):                 # `timeout` / kill: the bed's finally blocks stop and remove everything
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _term)
     try:
         code, summary = run_round(kinds, faults, base, RoundOptions(qos=qos, paths=paths, rate=args.rate,
                                                                    interval=args.interval, drain=args.drain,
