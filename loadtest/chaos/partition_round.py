@@ -34,7 +34,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .checker import Checker, failures, parse
+from .checker import Checker, failures
+from .paths import read_queue
 from .partitions import FAULTS, KINDS, LogCompare, PartitionedFleet, inject
 from .remote import ClientProcess
 
@@ -206,18 +207,11 @@ class PartitionRound:
         """Read the SDK paths' topics (their first level's ConsumeQueue) on from where the last
         read stopped: CommitLog offset -> (publisher, seq)."""
         for level in (f"{self.tag}sdk", f"{self.tag}pop"):
-            off = self._read.get(level, 0)
-            for _ in range(10_000):                  # bounded: 1,000 records a pull
-                r = conn.pull(level, 0, off, 1000)
-                if not r.records:
-                    break
-                for rec in r.records:
-                    got = parse(rec.body)
-                    if got is not None:
-                        self._stored[rec.offset] = got
-                    self._hi[level] = max(self._hi.get(level, -1), rec.offset)
-                off = r.next_offset
-            self._read[level] = off
+            recs, self._read[level] = read_queue(conn, level, self._read.get(level, 0), 10_000)
+            for off, got in recs:
+                if got is not None:
+                    self._stored[off] = got
+                self._hi[level] = max(self._hi.get(level, -1), off)
 
     def _check_acks(self, final: bool = False) -> None:
         """Every SDK acknowledgement whose offset the group's log has reached must find its own
@@ -247,20 +241,10 @@ class PartitionRound:
         """Acknowledged MQTT messages missing from the group's log (ConsumeQueue of the MQTT
         topics' first level, read whole)."""
         f = self.fleet
-        seen = set()
         with f.bed.inside("ctl"):
             conn = f._connect(f.group.peers, timeout=10.0)
             try:
-                off = 0
-                for _ in range(100_000):
-                    r = conn.pull(self.tag, 0, off, 1000)
-                    if not r.records:
-                        break
-                    for rec in r.records:
-                        got = parse(rec.body)
-                        if got is not None:
-                            seen.add(got)
-                    off = r.next_offset
+                seen = {got for _off, got in read_queue(conn, self.tag)[0] if got is not None}
             finally:
                 conn.close()
         missing = [k for k in self.checker.acked_ids("mqtt") if k not in seen]

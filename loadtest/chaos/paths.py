@@ -279,6 +279,21 @@ def _sdk_connect(address: str):
                    client_name="lmqtt-chaos", token=os.environ.get("LMQTT_STORE_TOKEN") or None)
 
 
+def read_queue(conn, level: str, offset: int = 0, max_pulls: int = 100_000) -> tuple[list, int]:
+    """Every record of first-level topic `level` (its ConsumeQueue 0) from queue offset `offset`,
+    in pulls of 1,000 (at most `max_pulls`): -> ([(CommitLog offset, (publisher, seq) or None)],
+    the queue offset after the last one)."""
+    from .checker import parse
+    out = []
+    for _ in range(max_pulls):
+        r = conn.pull(level, 0, offset, 1000)
+        if not r.records:
+            break
+        out.extend((rec.offset, parse(rec.body)) for rec in r.records)
+        offset = r.next_offset
+    return out, offset
+
+
 class _SdkWorker(_Worker):
     """A worker over one SDK connection (`self.conn`), dropped after an error and at close (a
     failing close of a connection to a killed store is expected, not reported)."""
