@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import random
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 
@@ -340,19 +341,28 @@ def run(kinds: tuple, faults: int, workdir, opts: RoundOptions, fleet_opts=None,
             fleet.start()
             rnd = PartitionRound(fleet, opts, log=log)
             rnd.start_load()
-            for n in range(faults):
+        except (RuntimeError, OSError, NetBedError) as e:
+            summary = {"summary": True, "error": f"{type(e).__name__}: {e}", "faults": 0}
+        try:
+            error = None
+            for n in range(faults if rnd is not None and not summary else 0):
                 if max_seconds and time.monotonic() - t0 > max_seconds:
                     log(f"time bound of {max_seconds:g} s reached after {n} faults")
                     break
-                row = rnd.fault(kinds[n % len(kinds)])
+                try:
+                    row = rnd.fault(kinds[n % len(kinds)])
+                except Exception:  # noqa: BLE001 - the harness's own error: what ran so far is still judged
+                    error = traceback.format_exc()
+                    log(f"fault {n + 1} failed in the harness:\n{error}")
+                    break
                 emit(row)
                 log(f"fault {n + 1}/{faults} {row['kind']} {row['victim']}: primary {row['primary_before']} -> "
                     f"{row['primary_after']}, failover {row['failover_s']} s, resync {row['resync_s']} s, "
                     f"two-primary acks {row['two_primary_acks']} | acked {row['acked']}")
-            summary = rnd.finish()
-        except (RuntimeError, OSError, NetBedError) as e:
-            summary = {"summary": True, "error": f"{type(e).__name__}: {e}",
-                       "faults": len(rnd.rows) if rnd else 0}
+            if rnd is not None and not summary:
+                summary = rnd.finish()
+                if error:
+                    summary["error"] = error
         finally:
             if rnd is not None:
                 rnd.stop()

@@ -255,9 +255,12 @@ class PartitionedFleet:
         threads = [threading.Thread(target=lambda m=m: out.__setitem__(m.node, self.status(m))) for m in g.members]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 10
         for t in threads:
-            t.join(10)
-        return out
+            t.join(max(0.0, deadline - time.monotonic()))
+        # a copy: a thread still asking (a slow member) must not change what the caller iterates
+        got = dict(out)
+        return {m.node: got.get(m.node) for m in g.members}
 
     def primary(self, g: Group | None = None) -> Member | None:
         """The member that says it is primary with its lease held (None when none does)."""
