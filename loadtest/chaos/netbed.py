@@ -411,7 +411,9 @@ class NetBed:
 def _readline(p: subprocess.Popen, timeout: float) -> str:
     """The first line `p` prints, within `timeout` (a thread reads it: a pipe has no timeout)."""
     out: list[str] = []
-    t = threading.Thread(target=lambda: out.append(p.stdout.readline().decode(errors="replace").strip()), daemon=True)
+    assert p.stdout is not None
+    stdout = p.stdout
+    t = threading.Thread(target=lambda: out.append(stdout.readline().decode(errors="replace").strip()), daemon=True)
     t.start()
     t.join(timeout)
     return out[0] if out else f"(nothing within {timeout:g} s)"

@@ -34,6 +34,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from .checker import Checker, failures
 from .paths import read_queue
@@ -106,7 +107,7 @@ class PartitionRound:
     def _specs(self) -> list[tuple[str, dict]]:
         f, o, tag = self.fleet, self.opts, self.tag
         gws = f.gateways
-        mqtt = []
+        mqtt: list[dict[str, Any]] = []
         if "mqtt" in o.paths:
             for qos in o.qos:
                 for i in range(2):
@@ -118,7 +119,7 @@ class PartitionRound:
                     name = f"{tag}-q{qos}-p{i}"
                     mqtt.append({"kind": "mqtt_pub", "name": name, "host": h, "port": p,
                                  "topic": f"{tag}/q{qos}/{name}", "qos": qos, "rate": o.rate})
-        sdk = []
+        sdk: list[dict[str, Any]] = []
         addr = f.store_address
         if "sdk" in o.paths:
             sdk.append({"kind": "sdk_group", "name": f"{tag}-sdk-g", "address": addr, "topic": f"{tag}sdk",
@@ -349,6 +350,7 @@ def run(kinds: tuple, faults: int, workdir, opts: RoundOptions, fleet_opts=None,
                 if max_seconds and time.monotonic() - t0 > max_seconds:
                     log(f"time bound of {max_seconds:g} s reached after {n} faults")
                     break
+                assert rnd is not None
                 try:
                     row = rnd.fault(kinds[n % len(kinds)])
                 except Exception:  # noqa: BLE001 - the harness's own error: what ran so far is still judged

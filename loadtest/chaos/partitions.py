@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -66,7 +67,6 @@ class Member:
     addr: str
     data_dir: Path
     log: Path
-    proc: object = None
 
     @property
     def address(self) -> str:
@@ -110,11 +110,11 @@ class PartitionedFleet:
             self.groups.append(grp)
         self.redis_addr = bed.add_host("redis", 5).addr
         self.gateways = [f"gw{i + 1}" for i in range(gateways)]
-        for i, g in enumerate(self.gateways):
-            bed.add_host(g, 61 + i)
+        for i, gw in enumerate(self.gateways):
+            bed.add_host(gw, 61 + i)
         bed.add_host("c1", 81)
         bed.add_host("c2", 82)
-        self.procs: dict[str, object] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
         self.died: list[dict] = []
 
     # -------------------------------------------------------------- addresses
@@ -275,10 +275,11 @@ class PartitionedFleet:
         same epoch following it, all in the in-sync set, the same epoch list, and their CommitLogs
         equal up to the shortest one's end. -> (ok, why not, statuses)."""
         g = g or self.group
-        sts = self.statuses(g)
-        missing = [n for n, st in sts.items() if st is None]
+        answers = self.statuses(g)
+        missing = [n for n, st in answers.items() if st is None]
         if missing:
-            return False, f"members {missing} do not answer", sts
+            return False, f"members {missing} do not answer", answers
+        sts: dict[int, dict] = {n: st for n, st in answers.items() if st is not None}
         prim = [n for n, st in sts.items() if st["role"] == "primary" and st.get("lease_ok")]
         if len(prim) != 1:
             return False, f"primaries with a lease: {prim}", sts
@@ -358,7 +359,7 @@ class LogCompare:
         while off < end:
             n = min(self.CHUNK, end - off)
             # stop at a segment's end: a read never spans two files
-            ref = None
+            ref: bytes | None = None
             for m in self.group.members:
                 chunk = self._read(segs[m.node], off, n)
                 if ref is None:
@@ -369,6 +370,7 @@ class LogCompare:
                 elif chunk[:n] != ref[:n]:
                     at = off + next((i for i in range(min(len(chunk), n)) if chunk[i] != ref[i]), len(chunk))
                     return False, f"members' CommitLogs differ at offset {at} (compared up to {end})"
+            assert ref is not None
             run = zlib.crc32(ref[:n], run)
             if off + n <= end - self.MARGIN:
                 crc = zlib.crc32(ref[:n], crc)

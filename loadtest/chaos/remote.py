@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from .checker import parse
 
@@ -68,7 +70,7 @@ class LineChecker:
         self._w(*parts)
 
 
-def _build(spec: dict, ck: LineChecker, deadline: float):
+def _build(spec: dict, line_checker: LineChecker, deadline: float):
     from . import paths
 
     class GroupSdkProducer(paths.SdkProducer):
@@ -80,7 +82,10 @@ def _build(spec: dict, ck: LineChecker, deadline: float):
             off = results[0].offset if results else -1
             ck.acked(self.name, seq, (info.get("node", ""), info.get("epoch", ""), off))
 
-    subs, others, pubs = [], [], []
+    ck: Any = line_checker        # the clients take it for a Checker: the calls they make are the same
+    subs: list[Any] = []
+    others: list[Any] = []
+    pubs: list[Any] = []
     for c in spec["clients"]:
         k = c["kind"]
         if k == "mqtt_sub":
@@ -159,14 +164,13 @@ class ClientProcess:
         self.open = 0
         self.stats: list = []
         self.errors: list[str] = []
-        self.p = None
-        self._reader = None
+        self.p: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
         self._ready = threading.Condition()
 
     def start(self) -> "ClientProcess":
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONUNBUFFERED"] = "1"
-        import subprocess
         self._log = open(self.log_path, "ab")
         self.p = self.bed.popen(self.host, [sys.executable, "-m", "lmqtt.loadtest.chaos.remote",
                                             json.dumps(self.spec)],
@@ -177,6 +181,7 @@ class ClientProcess:
 
     def _read(self) -> None:
         ck = self.checker
+        assert self.p is not None and self.p.stdout is not None
         for raw in self.p.stdout:
             f = raw.decode(errors="replace").rstrip("\n").split("\t")
             try:
@@ -220,6 +225,7 @@ class ClientProcess:
 
     def _cmd(self, text: str) -> None:
         try:
+            assert self.p is not None and self.p.stdin is not None
             self.p.stdin.write(text.encode() + b"\n")
             self.p.stdin.flush()
         except (BrokenPipeError, ValueError, OSError) as e:
@@ -239,7 +245,8 @@ class ClientProcess:
             return
         self._cmd("stop")
         try:
-            self.p.stdin.close()
+            if self.p.stdin is not None:
+                self.p.stdin.close()
         except OSError:
             pass
         if self._reader is not None:
