@@ -30,6 +30,7 @@ the fault is cut, held, healed; then
 from __future__ import annotations
 
 import random
+import threading
 import time
 import traceback
 import uuid
@@ -63,7 +64,7 @@ def misplaced_acks(acks: dict, stored: dict, checked: set, reached: int, final: 
     acknowledgements below `reached` (the read holds every record of the topics below it) are
     judged, every one when `final`; each once (`checked` is updated)."""
     out = []
-    for key, (t, node, epoch, off) in list(acks.items()):
+    for key, (t, node, epoch, off) in acks.items():
         if key in checked or (not final and off >= reached):
             continue
         checked.add(key)
@@ -88,6 +89,7 @@ class PartitionRound:
         self.tag = "p" + uuid.uuid4().hex[:5]
         self.rng = random.Random(self.opts.seed)
         self.clients: list[ClientProcess] = []
+        self._ack_lock = threading.Lock()
         self.sdk_acks: dict[tuple[str, int], tuple] = {}     # (pub, seq) -> (t, node, epoch, offset)
         self.ack_times: list[tuple[float, int | None]] = []  # (t, node) of every SDK acknowledgement
         self.rows: list[dict] = []
@@ -101,8 +103,14 @@ class PartitionRound:
 
     # -------------------------------------------------------------- load
     def _on_ack(self, t, pub, seq, node, epoch, offset) -> None:
-        self.sdk_acks[(pub, seq)] = (t, node, epoch, offset)
-        self.ack_times.append((t, node))
+        with self._ack_lock:          # the client processes' reader threads call this
+            self.sdk_acks[(pub, seq)] = (t, node, epoch, offset)
+            self.ack_times.append((t, node))
+
+    def _acks_now(self) -> tuple[dict, list]:
+        """A copy of (sdk_acks, ack_times): the reader threads keep adding to them."""
+        with self._ack_lock:
+            return dict(self.sdk_acks), list(self.ack_times)
 
     def _specs(self) -> list[tuple[str, dict]]:
         f, o, tag = self.fleet, self.opts, self.tag
@@ -178,14 +186,15 @@ class PartitionRound:
         old = before.node if before else None
         new = after.node if after else None
         failover = None
+        _acks, ack_times = self._acks_now()
         if new is not None and new != old:
-            firsts = [t for t, node in list(self.ack_times) if t > t_cut and node is not None and node != old]
+            firsts = [t for t, node in ack_times if t > t_cut and node is not None and node != old]
             if firsts:
                 # a flapping link: counted from the last cut before that acknowledgement
                 cuts = [ck.at(c) for c in getattr(inj.faults[0], "cut_times", ())] or [t_cut]
                 start = max([c for c in cuts if c <= min(firsts)] or [t_cut])
                 failover = round(min(firsts) - start, 3)
-        times = sorted([t_cut] + [t for t, _ in list(self.ack_times) if t_cut < t <= t_whole] + [t_whole])
+        times = sorted([t_cut] + [t for t, _ in ack_times if t_cut < t <= t_whole] + [t_whole])
         gap = round(max(b - a for a, b in zip(times, times[1:], strict=False)), 3) if len(times) > 1 else None
         self._check_acks()
         died = f.check_alive()
@@ -237,7 +246,7 @@ class PartitionRound:
         reached = min(self._hi.values(), default=-1)
         if end is not None:
             reached = min(reached, end)
-        self.two_primary += misplaced_acks(self.sdk_acks, self._stored, self._checked, reached, final)
+        self.two_primary += misplaced_acks(self._acks_now()[0], self._stored, self._checked, reached, final)
 
     def _mqtt_in_log(self) -> tuple[int, list]:
         """Acknowledged MQTT messages missing from the group's log (ConsumeQueue of the MQTT

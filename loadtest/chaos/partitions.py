@@ -28,6 +28,8 @@ Injected, whose `heal()` lifts it):
     delay           every packet the primary sends 200 ms late
     flap            the primary's link to its replicas cut and healed in turns (cut 1-3 s,
                     healed 0.5-2 s) for the hold time
+    primary-half    the primary cut from one replica only, every other time the Raft leader (a
+                    partial partition: the group keeps a majority that the primary cannot reach)
 """
 from __future__ import annotations
 
@@ -439,6 +441,16 @@ def _cut_primary(direction: str):
     return f
 
 
+def _primary_half(fleet, turn, rng):
+    """The primary cut from one replica: every other time the Raft leader when a replica leads
+    (the primary's heartbeats then have no way to the leader while the group keeps a majority)."""
+    p, reps = _primary_and_replicas(fleet)
+    leader = (fleet.status(p) or {}).get("raft_leader") or ""
+    lead = [r for r in reps if leader.startswith(r.addr + ":")]
+    r = lead[0] if lead and turn % 2 == 0 else reps[turn % len(reps)]
+    return f"{p.host}<->{r.host}", [fleet.bed.cut(p.host, r.host)]
+
+
 def _replica_cut(fleet, turn, rng):
     _p, reps = _primary_and_replicas(fleet)
     r = reps[turn % len(reps)]
@@ -475,6 +487,7 @@ def _flap(fleet, turn, rng):
 FAULTS = {
     "primary-split": (_cut_primary("both"), 8.0, "the primary cut from its replicas (not from its clients)"),
     "replica-cut": (_replica_cut, 6.0, "a replica cut from every host"),
+    "primary-half": (_primary_half, 8.0, "the primary cut from one replica (every other time the Raft leader)"),
     "gateway-store": (_gateway_store, 8.0, "a gateway cut from every store member"),
     "gateway-redis": (_gateway_redis, 5.0, "a gateway cut from Redis"),
     "asym-out": (_cut_primary("out"), 8.0, "the primary's packets to its replicas dropped (theirs arrive)"),

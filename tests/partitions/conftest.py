@@ -16,7 +16,7 @@ needs_bed = pytest.mark.skipif(WHY is not None, reason=f"no partition bed here: 
 # the long round (every fault kind not in the CI round, several of each): minutes, not run by CI
 LONG = os.environ.get("LMQTT_PARTITIONS_LONG", "") not in ("", "0")
 long_round = pytest.mark.skipif(not LONG, reason="the long partition round: set LMQTT_PARTITIONS_LONG=1 "
-                                                 "(about 2 minutes)")
+                                                 "(about 2.5 minutes)")
 
 
 def fleet_round(tmp_path_factory, name: str):

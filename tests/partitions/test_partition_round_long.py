@@ -1,4 +1,4 @@
-"""The long round of network partitions (LMQTT_PARTITIONS_LONG=1; about 2 minutes): the fault
+"""The long round of network partitions (LMQTT_PARTITIONS_LONG=1; about 2.5 minutes): the fault
 kinds the CI round does not cut, on a fleet of its own, then every message judged. Same
 assertions as tests/partitions/test_partition_round.py."""
 from __future__ import annotations
@@ -48,6 +48,14 @@ def test_a_flapping_link_between_the_primary_and_its_replicas(bed_round):
     row = bed_round[2].fault("flap")
     _whole_again(row)
     assert row["flaps"] >= 2, row
+
+
+def test_the_primary_cut_from_one_replica_then_from_the_raft_leader(bed_round):
+    rnd = bed_round[2]
+    for _ in range(2):            # the Raft leader when a replica leads, then the other replica
+        row = rnd.fault("primary-half")
+        _whole_again(row)
+        assert row["ack_gap_s"] < row["hold_s"], f"writes stopped for the whole cut: {row}"
 
 
 def test_the_primary_split_again_after_everything_else(bed_round):
