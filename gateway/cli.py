@@ -74,10 +74,25 @@ def version() -> str:
         return "lmqtt (version unknown: the package is not installed; pip install -e .)"
 
 
-def _run(module: str, argv: list[str]) -> int:
+# the optional packages of pyproject.toml's extras: a command that needs one that is not installed
+# names the install instead of a traceback (commands check their own settings first when they can,
+# e.g. `--group` and `--tier`, so nothing is created before)
+EXTRAS: dict[str, str] = {"pysyncobj": "ha", "fsspec": "tier", "s3fs": "tier", "pyspark": "spark",
+                          "pyarrow": "spark", "paho": "bench", "amqtt": "bench", "psutil": "bench",
+                          "matplotlib": "bench", "hiredis": "bench"}
+
+
+def _run(module: str, argv: list[str], prog: str = "lmqtt") -> int:
     module, _, func = module.partition(":")
-    mod = importlib.import_module(module)
-    return int(getattr(mod, func or "main")(argv) or 0)
+    try:
+        mod = importlib.import_module(module)
+        return int(getattr(mod, func or "main")(argv) or 0)
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get((e.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"{prog}: needs {e.name}, which is not installed: pip install 'lmqtt[{extra}]'", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         if rest[0] not in BENCH:
             print(f"lmqtt bench: {_unknown('benchmark', rest[0], BENCH)}\n\n{_bench_usage()}", file=sys.stderr)
             return 2
-        return _run(BENCH[rest[0]][0], rest[1:])
+        return _run(BENCH[rest[0]][0], rest[1:], f"lmqtt bench {rest[0]}")
     if cmd in COMMANDS:
-        return _run(COMMANDS[cmd][0], rest)
+        return _run(COMMANDS[cmd][0], rest, f"lmqtt {cmd}")
     print(f"lmqtt: {_unknown('command', cmd, list(COMMANDS) + ['bench'])}\n\n{_usage()}", file=sys.stderr)
     return 2
 

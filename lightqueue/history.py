@@ -259,15 +259,31 @@ def _scan_queue(store, fl: str, qid: int, q0: int, q_end: int, flt: str, tag: in
     except ValueError:              # a file deleted by retention meanwhile
         return out, idx, q0, 0, 2
     segs, seg_size = _segs(store, pieces)
+    tier = getattr(store, "tier", None)
     for first, piece in pieces:
-        left_b = max_bytes - len(out) if max_bytes else 0
-        if (max_count and count >= max_count) or (max_bytes and count and left_b <= 0):
-            status = 1
-            break
-        c, nq, b, status = scan(piece, first, segs, seg_size, fb, tag, phys_lo, phys_hi, ts_lo, ts_hi,
-                                max_count - count if max_count else 0, left_b, out, idx)
-        count += c
-        bad += b
+        # the piece is scanned against the local segments; records in an offloaded range against
+        # the tier's segment holding them (its cached bytes are laid out as the local file was):
+        # the same raw scan, not a decoding read per record
+        at, where, where_size, tried = 0, segs, seg_size, None
+        while True:
+            left_b = max_bytes - len(out) if max_bytes else 0
+            if (max_count and count >= max_count) or (max_bytes and count and left_b <= 0):
+                status = 1
+                break
+            c, nq, b, status = scan(memoryview(piece)[at * ENTRY_SIZE:], first + at, where, where_size, fb, tag,
+                                    phys_lo, phys_hi, ts_lo, ts_hi, max_count - count if max_count else 0, left_b,
+                                    out, idx)
+            count += c
+            bad += b
+            if status != 2 or tier is None or (nq, where is segs) == tried:
+                break
+            tried = (nq, where is segs)
+            at = nq - first
+            seg = tier.segment_at(ENTRY.unpack_from(piece, at * ENTRY_SIZE)[0])
+            if seg is None:
+                where, where_size = segs, seg_size      # not the tier's: the local segments again
+            else:
+                where, where_size = [(seg[0], seg[2])], seg[1] - seg[0]
         if status:
             break
     return out, idx, nq, bad, status
@@ -300,21 +316,28 @@ def _decoded_queue(store, fl: str, qid: int, q0: int, q_end: int, flt: str, tag:
         if tag >= 0 and tags != tag:
             continue
         todo.append((qoff, phys, size))
-    msgs = store.read_many([(p, s) for _q, p, s in todo]) if todo else []
-    for (qoff, phys, size), m in zip(todo, msgs):
-        if isinstance(m, Exception):
-            if type(m).__name__ == "TierReadError":    # store/tier unreachable: fail, skip nothing
-                raise m
-            if not type(m).__name__ == "NotVisible":
-                bad += 1
-            continue
-        if not ts_lo <= m.store_ts < ts_hi or not topic_matches(flt, m.topic):
-            continue
-        if (max_count and len(out) >= max_count) or (max_bytes and out and nbytes + size > max_bytes):
-            nq, status = qoff, 1
+    # read in chunks, stopping at the limits: a read of max_count matches decodes about that many
+    # records, not the whole budget (it decoded up to 65,536 records for 256 matches)
+    chunk = max(512, 2 * max_count) if max_count else len(todo)
+    for c0 in range(0, len(todo), chunk or 1):
+        part = todo[c0:c0 + chunk]
+        msgs = store.read_many([(p, s) for _q, p, s in part])
+        for (qoff, phys, size), m in zip(part, msgs):
+            if isinstance(m, Exception):
+                if type(m).__name__ == "TierReadError":    # store/tier unreachable: fail, skip nothing
+                    raise m
+                if not type(m).__name__ == "NotVisible":
+                    bad += 1
+                continue
+            if not ts_lo <= m.store_ts < ts_hi or not topic_matches(flt, m.topic):
+                continue
+            if (max_count and len(out) >= max_count) or (max_bytes and out and nbytes + size > max_bytes):
+                nq, status = qoff, 1
+                break
+            out.append(m)
+            nbytes += size
+        if status:
             break
-        out.append(m)
-        nbytes += size
     return out, nq, bad, status
 
 

@@ -21,8 +21,8 @@ from typing import Collection, Iterator
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .errors import MetadataError
-from .metadata_keys import (_EPOCH, _U32, _U64, K_RECOVERY, K_SESSION_INDEX, P_EPOCH, P_FILTER, P_OFFSET,
-                            P_RETAINED, P_SESSION, P_SESSION_BY_HOST, P_WILL, _hkey, _prefix_end)
+from .metadata_keys import (_EPOCH, _U32, _U64, K_RECOVERY, K_SECURITY, K_SESSION_INDEX, P_EPOCH, P_FILTER,
+                            P_OFFSET, P_RETAINED, P_SESSION, P_SESSION_BY_HOST, P_WILL, _hkey, _prefix_end)
 from .records import HOST, IN2_PENDING, SessionRecord, resolve_pending_qos2
 from .retained_messages import RetainedMessages
 from .wills import Wills
@@ -522,6 +522,14 @@ class MetadataStore(RetainedMessages, Wills):
         self._write(wb)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    # -- users and ACL rules managed live (one document: store/node/security_service.py) -----
+    def get_security(self) -> bytes | None:
+        return self._db.get(K_SECURITY)
+
+    def put_security(self, doc: bytes) -> None:
+        self._flush_group()
+        self._put(K_SECURITY, doc)
+
     def flush(self) -> None:
         self._db.flush_wal(True)
 

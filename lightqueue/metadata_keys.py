@@ -14,6 +14,7 @@ contiguous range:
                                     was built: a data dir of a version before it gets it on open)
     R                    -> u64 the store's last recovery generation whose cut the offsets were
                             checked against (store/recovery.py)
+    A                    -> JSON  the users and ACL rules managed live (store/node/security_service.py)
 
 Separate from lightqueue/metadata.py because every part of the metadata store (metadata.py,
 retained_messages.py, wills.py) writes its own kind of key: the prefixes are kept together here,
@@ -37,6 +38,7 @@ P_EPOCH = b"e"          # wildcard filter -> (CommitLog end, ms) when it was las
 K_RECOVERY = b"R"       # the store's recovery generation the offsets were last checked against
 P_SESSION_BY_HOST = b"h"    # host \0 client_id -> b"": the session records by gateway (module docstring)
 K_SESSION_INDEX = b"I"      # present: every session record is in P_SESSION_BY_HOST
+K_SECURITY = b"A"           # the users and ACL rules managed live: one JSON document (store/node/security_service.py)
 
 
 def _hkey(host: str | None, client_id: str) -> bytes:

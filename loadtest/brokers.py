@@ -13,6 +13,10 @@ and the tail of its log instead of failing the whole comparison.
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
 * ``lmqtt-workers``: ``lmqtt serve --workers 2`` (a store process and two gateway processes
   sharing the MQTT port with SO_REUSEPORT; gateway/app/workers.py).
+* ``lmqtt-auth-http``: ``lmqtt serve`` whose logins and ACL go to an HTTP auth service
+  (``--auth-http``; loadtest/auth_service.py, its own process, not counted as the broker's) instead
+  of the password file: with ``--password``, the cost of HTTP authentication and of its cached ACL
+  decisions next to ``lmqtt`` with the password file, in the same run.
 * ``lmqtt-fleet``: ``lmqtt store`` + two ``lmqtt gateway`` on their own ports, no Redis
   (loadtest/fleet_launcher.py); the bench client puts subscribers on the other gateway than
   their publishers (ScenarioConfig.ports), so every message crosses gateways.
@@ -34,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet")
+KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet", "lmqtt-auth-http")
 
 
 class BrokerUnavailable(RuntimeError):
@@ -133,6 +137,7 @@ class RunningBroker:
     argv: list[str] = field(default_factory=list)
     extra_ports: list[int] = field(default_factory=list)    # further gateways (lmqtt-fleet)
     metrics_ports: list[int] = field(default_factory=list)  # the gateways' /metrics (multi-process)
+    helpers: list = field(default_factory=list)             # processes it uses (lmqtt-auth-http's service)
 
     def store_reads(self) -> int | None:
         """Light-queue pulls the gateways sent to the store so far (`lmqtt_remote_pulls`), summed
@@ -179,6 +184,10 @@ class RunningBroker:
                 self.proc.wait(5)
             except ProcessLookupError:
                 pass
+        for h in self.helpers:          # after the broker: its last requests are answered
+            if h.poll() is None:
+                h.kill()
+                h.wait(5)
         return self.proc.returncode
 
 
@@ -196,6 +205,7 @@ class Security:
     username: str | None = None
     password: str | None = None
     lmqtt_args: tuple = ()
+    auth_http: str | None = None      # lmqtt-auth-http: the URL of the service `start` runs
 
 
 def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None, persist: bool = False) -> Path:
@@ -302,7 +312,7 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
                 security: Security | None = None, persist: bool = False) -> tuple[list[str], str]:
     """argv to start broker ``name`` and a version string; raises BrokerUnavailable."""
     if security is not None and (security.cert or security.password_file or security.lmqtt_args):
-        if name not in ("mosquitto", "lmqtt"):
+        if name not in ("mosquitto", "lmqtt", "lmqtt-auth-http"):
             raise BrokerUnavailable(f"{name}: --tls / --password / --lmqtt-args are supported for lmqtt and mosquitto")
     if name == "mosquitto":
         exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
@@ -339,6 +349,14 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         ports = f"{port},{extra_ports[0] if extra_ports else free_port()}"
         return [sys.executable, "-m", launcher, "--ports", ports, *common], \
             "lmqtt (store + 2 gateways" + (f", source {lmqtt_src})" if lmqtt_src else ")")
+    if name == "lmqtt-auth-http":
+        sec = security or Security()
+        if not sec.password_file or sec.auth_http is None:
+            raise BrokerUnavailable("lmqtt-auth-http: needs --password (the service checks the bench user's login)")
+        argv, version = command_for("lmqtt", port, workdir, lmqtt_src,
+                                    security=Security(cert=sec.cert, key=sec.key, ca=sec.ca,
+                                                      lmqtt_args=(*sec.lmqtt_args, "--auth-http", sec.auth_http)))
+        return argv, version.replace("(embedded", "(embedded, --auth-http")
     if name == "lmqtt":
         module = "lmqtt.gateway.cli"
         if lmqtt_src:
@@ -383,7 +401,24 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         opts.update(extra_ports=extra, metrics_base=mbase)
     if lmqtt_src:
         opts["lmqtt_src"] = lmqtt_src
-    argv, version = command_for(name, port, workdir, **opts)
+    helpers: list = []
+    if name == "lmqtt-auth-http" and security is not None and security.password_file:
+        import dataclasses
+        svc_port = free_port()
+        svc = subprocess.Popen([sys.executable, "-m", "lmqtt.loadtest.auth_service", "--port", str(svc_port),
+                                "--user", security.username or "", "--password", security.password or ""],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        helpers.append(svc)
+        if not wait_port(host, svc_port, ready_timeout, svc):
+            svc.kill()
+            raise BrokerUnavailable("lmqtt-auth-http: the auth service did not start")
+        opts["security"] = dataclasses.replace(security, auth_http=f"http://{host}:{svc_port}")
+    try:
+        argv, version = command_for(name, port, workdir, **opts)
+    except BrokerUnavailable:
+        for h in helpers:
+            h.kill()
+        raise
     log_path = workdir / f"{name}.log"
     log = open(log_path, "wb")
     env = dict(os.environ)
@@ -396,10 +431,12 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
                                 env=env, preexec_fn=raise_nofile, start_new_session=True)
     except OSError as e:
         log.close()
+        for h in helpers:
+            h.kill()
         raise BrokerUnavailable(f"{name}: cannot execute {argv[0]}: {e}") from e
     log.close()
     rb = RunningBroker(name, host, port, proc, workdir, log_path, version, argv, extra,
-                       [mbase, mbase + 1] if mbase else [])
+                       [mbase, mbase + 1] if mbase else [], helpers)
     if name in ("lmqtt-workers", "lmqtt-fleet"):
         ready_timeout = max(ready_timeout, 60.0)     # a store and two gateways start in turn
     if not all(wait_port(host, p, ready_timeout, proc) for p in [port, *extra]):

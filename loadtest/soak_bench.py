@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="draw the samples into this PNG")
     p.add_argument("--quiet", action="store_true", help="no row per sample on stdout")
     args = p.parse_args(argv)
-    from lmqtt.store.node.config import retention_ms
-    settle = args.settle_s if args.settle_s is not None else retention_ms(args.retention) / 1000
+    from lmqtt.store.tier.config import parse_retention
+    settle = args.settle_s if args.settle_s is not None else (parse_retention(args.retention, "--retention")[0] or 0) / 1000
     out = args.out or tempfile.mkdtemp(prefix="lmqtt-bench-soak-")
     os.makedirs(out, exist_ok=True)
     data = os.path.join(out, "data")

@@ -10,6 +10,12 @@ moto's S3 server started by the bench on a loopback port, or `--tier URL` [--tie
 * backlog  `--backlog` messages of 100 B (default 100,000): read back in pulls of 512 through
            MessageStore.read_many (the read a persistent session's light-queue backlog makes)
            from the local disk, then from the tier with a cold cache and again warm
+* filter-sdk  a wildcard filter's history read back from the tier over the SDK (what `lmqtt consume
+           --filter 'plant7/+/temp' --from earliest` does): a real `lmqtt store` with a file://
+           tier and no local retention, `--filter-rows` matching messages of 100 B among as many
+           others of the same first-level topic, every sealed segment offloaded; then a
+           FilterConsumer from earliest reads the matching ones (msgs/s), and the first-level
+           topic's consumer reads all of them (the reference)
 * history-plan  read_history's driver planning over a tier of many Parquet files (`--plan-segments`
            segments of 256 KiB, 3 first-level topics: 3 files per segment, no merge): the tier's
            manifest read and the filter (`+/+/temp`) matched against every file's topic list,
@@ -214,6 +220,92 @@ def bench_history_plan(base: str, tier: str, url: str, endpoint: str | None, seg
     return out
 
 
+def bench_filter_sdk(base: str, rows: int, seg_mb: int, repeat: int) -> dict:
+    """See the module docstring (`filter-sdk`); a file:// tier only (the store runs as its own process)."""
+    import statistics
+
+    from lmqtt.store.client import connect
+    port = _free_port()
+    log_path = os.path.join(base, "store.log")
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--host", "127.0.0.1",
+                             "--port", str(port), "--data-dir", os.path.join(base, "data"), "--segment-mb",
+                             str(seg_mb), "--tier", f"file://{os.path.join(base, 'tier')}", "--tier-parquet", "off",
+                             "--local-retention", "0", "--metrics-port", "0"], stdout=log, stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+    try:
+        t_end = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"lmqtt bench tier: lmqtt store exited with {proc.returncode} (log: {log_path})")
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > t_end:
+                    raise SystemExit(f"lmqtt bench tier: lmqtt store did not listen in 60 s (log: {log_path})")
+                time.sleep(0.1)
+        body = os.urandom(100)
+        with connect(address) as c:
+            p = c.producer()
+            batch = []
+            for i in range(rows):
+                d = i % 200
+                batch += [(f"plant7/d{d}/temp", body), (f"plant7/d{d}/hum", body)]
+                if len(batch) >= 1000:
+                    p.send_batch(batch)
+                    batch = []
+            if batch:
+                p.send_batch(batch)
+            # filler in another first-level topic seals the last segment of plant7's records
+            filler = [("filler/x", os.urandom(4096))] * 64
+            for _ in range(((seg_mb << 20) // (4096 * 64)) + 2):
+                p.send_batch(filler)
+            t_end = time.monotonic() + 300
+            while True:
+                s = c.cmd("tier")["tier"]
+                if s["local_segments"] <= 1 and s["uploading_segments"] == 0 and s["tier_segments"]:
+                    break
+                if time.monotonic() > t_end:
+                    raise SystemExit(f"lmqtt bench tier: segments not offloaded in 300 s: {s}")
+                time.sleep(0.3)
+            tier_segments = s["tier_segments"]
+        runs, topic_runs = [], []
+        for _ in range(max(1, repeat)):
+            with connect(address) as c:
+                fc = c.filter_consumer("plant7/+/temp", start="earliest", max_count=1024)
+                n = 0
+                t0 = time.perf_counter()
+                while n < rows and time.perf_counter() - t0 < 600:
+                    got = fc.poll()
+                    n += len(got)
+                runs.append((n, time.perf_counter() - t0))
+                cons = c.consumer("plant7", f"bench-{time.time_ns()}", max_count=1024)
+                m = 0
+                t0 = time.perf_counter()
+                while m < 2 * rows and time.perf_counter() - t0 < 600:
+                    recs = cons.poll()
+                    if not recs:
+                        break
+                    m += len(recs)
+                topic_runs.append((m, time.perf_counter() - t0))
+        rates = [n / t for n, t in runs]
+        trates = [m / t for m, t in topic_runs]
+        return {"case": "filter-sdk", "tier": "file", "filter": "plant7/+/temp", "matching": rows,
+                "of_first_level": 2 * rows, "tier_segments": tier_segments, "read": runs[0][0],
+                "filter_msgs_per_s": round(statistics.median(rates)), "filter_best_msgs_per_s": round(max(rates)),
+                "filter_seconds": round(statistics.median(t for _n, t in runs), 3),
+                "topic_msgs_per_s": round(statistics.median(trates)), "topic_read": topic_runs[0][0],
+                "repeat": len(runs)}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench tier", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="upload,backlog")
@@ -227,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pull", type=int, default=512, help="messages per read in the backlog case (default 512)")
     ap.add_argument("--plan-segments", type=int, default=40, help="segments in the history-plan case (default 40)")
     ap.add_argument("--repeat", type=int, default=5, help="runs of the history-plan case; best and median (default 5)")
+    ap.add_argument("--filter-rows", type=int, default=120_000,
+                    help="matching messages in the filter-sdk case (as many others beside them; default 120,000)")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-tier-bench-")
@@ -255,8 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                     r = bench_backlog(sub, tier, url, ep, a.backlog, a.segment_mb, a.pull)
                 elif c == "history-plan":
                     r = bench_history_plan(sub, tier, url, ep, a.plan_segments, a.repeat)
+                elif c == "filter-sdk":
+                    if tier != "file":
+                        continue
+                    r = bench_filter_sdk(sub, a.filter_rows, min(a.segment_mb, 8), a.repeat)
                 else:
-                    print(f"lmqtt bench tier: unknown case {c!r} (upload, backlog, history-plan)", file=sys.stderr)
+                    print(f"lmqtt bench tier: unknown case {c!r} (upload, backlog, history-plan, filter-sdk)",
+                          file=sys.stderr)
                     return 2
                 print(json.dumps(r), flush=True)
                 shutil.rmtree(sub, ignore_errors=True)

@@ -624,8 +624,17 @@ class ConsumeQueueStore:
 
     def close(self) -> None:
         db, self._db = self._db, None
-        if db is not None:
+        if db is None:
+            return
+        try:
             db.close()
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exceptions
+            # RocksDB's close flushes too, and fails on a full disk or after a failed write:
+            # nothing it held is lost, the next start replays from the last durable checkpoint
+            if not (is_disk_full(e) or "previous error" in str(e)):
+                raise
+            log.error("consumequeue: close failed (%s); the next start replays from the checkpoint %d",
+                      str(e)[:200], self._ckpt)
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -133,6 +133,22 @@ class GatewayConfig:
     jwt_public_key: str | None = None  # RS256/ES256 public key file, instead of jwt_secret
     allow_anonymous: bool = False     # accept clients without credentials (non-loopback too)
     acl_file: str | None = None       # Mosquitto acl_file or lmqtt's allow/deny rules
+    # integrations (docs/integrations.md): an EMQX-shaped HTTP auth/ACL service (POST URL/auth on
+    # CONNECT, URL/acl on PUBLISH/SUBSCRIBE, decisions cached per client and topic), users and ACL
+    # rules kept in the store and changed live (`lmqtt admin --user-add`, the console)
+    auth_http: str | None = None
+    auth_http_timeout_s: float = 2.0  # longer: the client is refused (server unavailable), never allowed
+    auth_http_cache_s: float = 60.0   # how long an ACL decision of the service is used
+    live_security: bool = False
+    # client, session and message events: POSTed as JSON batches to `webhook` (retried with backoff
+    # from a queue of `webhook_queue` events; beyond it, dropped and counted) and stored as records
+    # under $events/... (with `webhook`, or `events` alone) for the SDK and Spark
+    webhook: str | None = None
+    webhook_queue: int = 10000
+    webhook_batch: int = 100
+    events: bool = False
+    # bridges to other MQTT brokers: the TOML file's [[bridge]] tables (gateway/integrations/bridge_config.py)
+    bridge: list = field(default_factory=list)
     # `lmqtt gateway` (docs/fleet.md): the store node it uses instead of an embedded store, and
     # how it hears about new data. notify_mode: "native" = EVENT frames pushed on the store
     # connection; "broadcast" / "precise" = Redis pub/sub at `redis` (notify/redis_bus.py);
@@ -221,6 +237,17 @@ class GatewayConfig:
                 raise ConfigError(f"{burst} must be >= 1, got {getattr(self, burst)}")
         if self.write_low_water > self.write_high_water:
             raise ConfigError("write_low_water must not exceed write_high_water")
+        if self.auth_http and not str(self.auth_http).startswith(("http://", "https://")):
+            raise ConfigError(f"auth_http must be an http:// or https:// URL (the service's base: URL/auth, "
+                              f"URL/acl), got {self.auth_http!r}")
+        if self.webhook and not str(self.webhook).startswith(("http://", "https://")):
+            raise ConfigError(f"webhook must be an http:// or https:// URL, got {self.webhook!r}")
+        if not (0 < float(self.auth_http_timeout_s) <= 60):
+            raise ConfigError(f"auth_http_timeout_s must be > 0 and at most 60, got {self.auth_http_timeout_s}")
+        if float(self.auth_http_cache_s) < 0:
+            raise ConfigError(f"auth_http_cache_s must be >= 0, got {self.auth_http_cache_s}")
+        if int(self.webhook_queue) < 1 or int(self.webhook_batch) < 1:
+            raise ConfigError("webhook_queue and webhook_batch must be at least 1")
         if int(self.workers) < 1:
             raise ConfigError(f"workers must be at least 1 (1 = everything in one process), got {self.workers}")
         return self
@@ -256,6 +283,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         flat[key] = check_type(key, v, kinds[key], at)
 
     for k, v in doc.items():
+        if k == "bridge":                   # [[bridge]]: a list of tables
+            from lmqtt.gateway.integrations import bridge_config
+            try:
+                flat["bridge"] = bridge_config.parse_bridges(v, str(path))
+            except bridge_config.ConfigError as e:
+                raise ConfigError(str(e)) from None
+            continue
         if isinstance(v, dict) and k in GATEWAY_TABLES:
             for k2, v2 in v.items():
                 take(k2, v2, k)
@@ -276,6 +310,9 @@ def build_config(file_values: dict[str, Any] | None = None, overrides: dict[str,
     for source in (file_values or {}, overrides or {}):
         for k, v in source.items():
             if v is None:
+                continue
+            if k == "bridge":               # already checked by load_toml
+                cfg.bridge = list(v)
                 continue
             if k not in kinds:
                 raise unknown_key(k, kinds, "the configuration", "lmqtt serve / lmqtt gateway")

@@ -31,6 +31,12 @@ EXIT_REFUSED = 4
 
 def _connect(prog: str, address: str, token: str | None):
     from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+    from lmqtt.store.client.failover import parse_addresses
+    try:
+        parse_addresses(address)
+    except ValueError as e:         # a usage error, not an unreachable store
+        print(f"{prog}: {e}", file=sys.stderr)
+        raise SystemExit(2)
     try:
         return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
     except StoreClientError as e:
@@ -86,7 +92,10 @@ def produce_main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", action="store_true", help="AutoBatch: pack lines into batches (much faster)")
     p.add_argument("--producer-id", help="stable producer id (default: random)")
     args = p.parse_args(argv)
-    if "+" in args.topic or "#" in args.topic or not args.topic:
+    if not args.topic:
+        print("lmqtt produce: --topic must not be empty (a topic name such as sensors/kitchen/temp)", file=sys.stderr)
+        return 2
+    if "+" in args.topic or "#" in args.topic:
         print(f"lmqtt produce: --topic must be a topic name without wildcards, got {args.topic!r}", file=sys.stderr)
         return 2
     if args.topic.startswith("$"):
@@ -317,7 +326,8 @@ def admin_main(argv: list[str] | None = None) -> int:
 
 def _admin(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="lmqtt admin",
-                                description="Topics, queues, consumer groups with their lag, store stats.")
+                                description="Topics, queues, consumer groups with their lag, store stats; "
+                                            "users and ACL rules managed live.")
     _common(p)
     p.add_argument("--group", action="append", default=[], help="only these groups (repeatable; default all)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output (default table)")
@@ -333,8 +343,12 @@ def _admin(argv: list[str] | None) -> int:
     p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
     p.add_argument("--tier", action="store_true",
                    help="tiered storage: what is local, uploading, in the tier, the oldest readable time")
+    from lmqtt.gateway.app import admin_security
+    admin_security.add_security_args(p)
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
+    if admin_security.wanted(args):
+        return admin_security.admin_security(conn, args, _admin_call, _table)
     if args.tier:
         from lmqtt.gateway.app.admin_tier import admin_tier
         return admin_tier(conn, args, _admin_call)

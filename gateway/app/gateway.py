@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from lmqtt.gateway.core.broker import Broker
+from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.gateway.app.metrics import GatewayMetrics
@@ -46,18 +47,23 @@ def build_security(cfg: GatewayConfig):
         except TlsConfigError as e:
             raise SecurityConfigError(str(e)) from None
     authenticators: list = []
-    if (cfg.cafile and ctx is not None) or cfg.password_file or cfg.hmac_keys or cfg.jwt_secret or cfg.jwt_public_key:
+    if (cfg.cafile and ctx is not None) or cfg.password_file or cfg.hmac_keys or cfg.jwt_secret or cfg.jwt_public_key \
+            or cfg.live_security:
         authenticators = _authenticators(cfg, ctx)
-    if not authenticators and not cfg.allow_anonymous and not is_loopback(cfg.host):
+    if not authenticators and not cfg.auth_http and not cfg.allow_anonymous and not is_loopback(cfg.host):
         raise SecurityConfigError(
             f"refusing to listen on {cfg.host} (not loopback) without authentication: anyone who can "
             f"reach it could publish and subscribe. Configure --password-file (or --hmac-keys, "
-            f"--jwt-secret, --cafile with --require-certificate), or pass --allow-anonymous to accept "
-            f"anonymous clients on purpose")
+            f"--jwt-secret, --cafile with --require-certificate, --auth-http, --live-security), or pass "
+            f"--allow-anonymous to accept anonymous clients on purpose")
+    http = None
+    if cfg.auth_http:      # the user's HTTP service, asked first (gateway/security/http_auth.py)
+        from lmqtt.gateway.security.http_auth import HttpAuthService
+        http = HttpAuthService(cfg.auth_http, cfg.auth_http_timeout_s, cfg.auth_http_cache_s)
     chain = None
-    if authenticators:
+    if authenticators or http is not None:
         from lmqtt.gateway.security.auth import AuthChain
-        chain = AuthChain(authenticators, bool(cfg.allow_anonymous))
+        chain = AuthChain(authenticators, bool(cfg.allow_anonymous), http=http)
     acl = None
     if cfg.acl_file:
         from lmqtt.gateway.security.acl import AclError, AclFile
@@ -65,6 +71,10 @@ def build_security(cfg: GatewayConfig):
             acl = AclFile(cfg.acl_file)
         except AclError as e:
             raise SecurityConfigError(str(e)) from None
+    live = next((a for a in authenticators if a.name == "live"), None)
+    if http is not None or live is not None:    # the ACL sources in order (gateway/security/acl_chain.py)
+        from lmqtt.gateway.security.acl_chain import AclChain
+        acl = AclChain(acl, http, live)
     return ctx, chain, acl
 
 
@@ -76,6 +86,9 @@ def _authenticators(cfg: GatewayConfig, ctx) -> list:
             authenticators.append(ClientCertificate())   # a verified certificate names the user
         if cfg.password_file:
             authenticators.append(PasswordFile(cfg.password_file))
+        if cfg.live_security:       # users kept in the store (gateway/security/live.py)
+            from lmqtt.gateway.security.live import LiveSecurity
+            authenticators.append(LiveSecurity())
         if cfg.hmac_keys:
             authenticators.append(HmacSignature(cfg.hmac_keys))
         if cfg.jwt_secret or cfg.jwt_public_key:
@@ -239,6 +252,7 @@ class Gateway:
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
         self.sessions_directory = None   # remote: client id claims across the fleet (Redis or the store)
         self.tls_failures: dict[str, int] = {}   # TLS handshake failures by cause (TlsAcceptor)
+        self.integrations: Integrations | None = None   # events, bridges, live security (gateway/integrations/)
 
     @property
     def remote(self) -> bool:
@@ -270,11 +284,14 @@ class Gateway:
         self.ssl_context, self.auth, self.acl = build_security(cfg)
         self.embedded = node = open_embedded(cfg, loop)
         try:
+            self.integrations = Integrations(self)
             self.broker = Broker(cfg, node.storage, loop, self.metrics, auth=self.auth,
                                  acl=self.acl, gate=self._new_gate(), append_listener=node.append_listener)
+            self.integrations.attach(self.broker)
             node.attach(self.broker.publisher.flush, self.broker.delivery.on_queues)
             self.broker.start()
             await self._listen(loop)
+            await self.integrations.start()
         except BaseException:
             for srv in self.servers:
                 srv.close()
@@ -319,9 +336,11 @@ class Gateway:
             # Redis is down, which is exactly when events are being lost
             self.storage.start()
             self._remote_metrics()
+            self.integrations = Integrations(self)
             self.broker = Broker(cfg, self.storage.metadata, loop, self.metrics, auth=self.auth, acl=self.acl,
                                  session_registry_cls=FleetSessionRegistry,
                                  gate=self._new_gate(), gateway_id=gid)
+            self.integrations.attach(self.broker)
             self.storage.on_new_data(self.broker.delivery.on_queues)
             delivery = self.broker.delivery
             # (a shared group's messages come from the store's assignment, not from a mirror)
@@ -346,6 +365,7 @@ class Gateway:
             await self.sessions_directory.start()
             self.broker.start()
             await self._listen(loop)
+            await self.integrations.start()
         except BaseException:
             for srv in self.servers:
                 srv.close()
@@ -559,6 +579,8 @@ class Gateway:
         """Stop accepting, close sessions (persisting offsets), flush and close the store."""
         if getattr(self, "_sys_handle", None) is not None:
             self._sys_handle.cancel()
+        if self.integrations is not None:        # bridges first: their local sessions end cleanly
+            await self.integrations.stop()
         for srv in self.servers:
             srv.close()
         if self.broker is not None:

@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.store_address:
             raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
                               "every member, HOST:PORT,HOST:PORT,...)")
+        from lmqtt.store.client.failover import parse_addresses
+        try:
+            parse_addresses(cfg.store_address)
+        except ValueError as e:
+            raise ConfigError(f"--store: {e}") from None
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
@@ -205,7 +210,7 @@ async def _serve(cfg, loop_name: str) -> int:
             metrics_url = metrics_unavailable(mhost, cfg.metrics_port, e)
     host, port = gw.address
     if gw.auth is not None:
-        auth_line = (f"{', '.join(a.name for a in gw.auth.authenticators)}; anonymous "
+        auth_line = (f"{', '.join(gw.auth.names)}; anonymous "
                      f"{'allowed' if cfg.allow_anonymous else 'refused'}")
     elif cfg.allow_anonymous:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"

@@ -26,8 +26,8 @@ import sys
 
 from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, hostport, load_toml
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, raise_open_files_limit, set_process_title,
-                                      setup_logging)
+                                      metrics_unavailable, raise_open_files_limit, remove_refused_data_dir,
+                                      set_process_title, setup_logging)
 
 log = logging.getLogger("lmqtt.serve")
 
@@ -102,6 +102,23 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--jwt-secret", help="HS256 secret: clients send a JWT as the password")
     a.add_argument("--jwt-public-key", help="RS256/ES256 public key file for JWT passwords")
     a.add_argument("--acl-file", help="ACL file (Mosquitto acl_file or lmqtt allow/deny rules)")
+    a.add_argument("--auth-http", metavar="URL",
+                   help="HTTP auth/ACL service in EMQX's shape: POST URL/auth on CONNECT, URL/acl on PUBLISH and "
+                        "SUBSCRIBE; ignore falls through to the other methods (docs/integrations.md)")
+    a.add_argument("--auth-http-timeout-s", type=float,
+                   help="no answer within this: refused as server unavailable, never allowed (default 2)")
+    a.add_argument("--auth-http-cache-s", type=float, help="how long an ACL decision of the service is used (default 60)")
+    a.add_argument("--live-security", action="store_true", default=None,
+                   help="users and ACL rules kept in the store, changed live with lmqtt admin --user-add ... and "
+                        "the console")
+    e = p.add_argument_group("events (docs/integrations.md)")
+    e.add_argument("--webhook", metavar="URL",
+                   help="POST client, session and message events as JSON batches to URL (and store them under $events/)")
+    e.add_argument("--webhook-queue", type=int, help="events waiting for the webhook; more are dropped and counted "
+                                                     "(default 10000)")
+    e.add_argument("--webhook-batch", type=int, help="events per POST at most (default 100)")
+    e.add_argument("--events", action="store_true", default=None,
+                   help="store client, session and message events as records under $events/ (also on with --webhook)")
     lim = p.add_argument_group("limits (per gateway process; 0 = unlimited; docs/gateway.md \"Limits\")")
     lim.add_argument("--max-connections", type=int,
                      help="open client sockets at once; more get CONNACK 0x97 / 3.1.1 rc 3 (default 0)")
@@ -140,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
         return 2
+    existed = os.path.exists(cfg.data_dir)
     problem = check_data_dir(cfg.data_dir)
     if problem:
         print(f"lmqtt serve: {problem}", file=sys.stderr)
@@ -168,12 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(cfg.switch_interval_ms / 1000.0)
     raise_open_files_limit()
     loop_name = install_event_loop()
+    rc = 0
     try:
         explicit = args.store_port is not None or "store_port" in file_values
-        return asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
+        rc = asyncio.run(_serve(cfg, loop_name, store_port_explicit=explicit))
+        return rc
     except KeyboardInterrupt:  # pragma: no cover - signal handler normally catches it
         return 0
     finally:
+        if rc:          # _serve returns non-zero only for a refused start
+            remove_refused_data_dir(cfg.data_dir, existed)
         os.close(lock)
 
 
@@ -321,13 +343,13 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
         if name != "mqtt":
             more += "\n  listener:   " + scheme[name].format(hostport(h, p))
     if gw.auth is not None:
-        kinds = ", ".join(a.name for a in gw.auth.authenticators)
+        kinds = ", ".join(gw.auth.names)
         auth_line = f"{kinds}; anonymous {'allowed' if cfg.allow_anonymous else 'refused'}"
     elif cfg.allow_anonymous:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"
     else:
         auth_line = "none: anonymous clients allowed on loopback only"
-    if gw.acl is not None:
+    if gw.acl is not None and cfg.acl_file:
         auth_line += f"; ACL {cfg.acl_file}"
     print(f"lmqtt serve: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
@@ -335,7 +357,9 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
           f"  files:      {gw.files_line()}\n"
           f"  metrics:    {metrics_url}\n"
           f"  store:      {store_url}{more}\n"
-          f"  auth:       {auth_line}", file=sys.stderr, flush=True)
+          f"  auth:       {auth_line}"
+          + (f"\n  tier:       {cfg.tier} (sealed segments uploaded; lmqtt admin --tier)" if cfg.tier else ""),
+          file=sys.stderr, flush=True)
     await stop.wait()
     log.info("event=shutdown_begin")
     if store_srv is not None:

@@ -28,6 +28,7 @@ from lmqtt.gateway.net.connection import NO_TOPICS
 from lmqtt.gateway.net.keepalive import ConnectionSweep
 from lmqtt.gateway.net.write_batcher import WriteBatcher
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode, encode_connack_refusal, packets as P
+from lmqtt.gateway.delivery.history import plain_filter
 from lmqtt.gateway.delivery.retained import drain_retained
 from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session
 from lmqtt.gateway.core.session_registry import SessionRegistry
@@ -116,6 +117,8 @@ class Broker:
                                             save_session=self._save_session, save_offsets=self.persist.save_offsets,
                                             kick=self.delivery.kick, resume=self._continue,
                                             one_write=storage.one_write)
+        # client/session/message events (gateway/integrations/events.py `Events`), None for none
+        self.events = None
         self.accepting = True
         self._handlers = {
             P.Connect: self.on_connect, P.Publish: self.on_publish, P.PubAck: self.on_puback,
@@ -188,6 +191,8 @@ class Broker:
         if conn.connected:
             self.metrics.connections -= 1
             conn.connected = False
+            if self.events is not None:
+                self.events.disconnected(conn, exc)
             self.session_registry.detach(conn)
 
     def on_writable(self, conn: "MQTTConnection") -> None:
@@ -254,11 +259,13 @@ class Broker:
             cid = "lmqtt-" + secrets.token_hex(8)
             if v == 5:
                 assigned = cid
+        if conn.internal is not None:       # a bridge's local side (gateway/integrations/bridge.py)
+            return self._connect_checked(conn, pkt, cid, assigned, conn.internal)
         if v == 5 and props.authentication_method:
             return self.enhanced_auth.begin(conn, pkt, cid, assigned)
         ident = None
         if self.auth is not None:
-            creds = Credentials(cid, pkt.username, pkt.password, peer_certificate_subject(conn))
+            creds = Credentials(cid, pkt.username, pkt.password, peer_certificate_subject(conn), conn.peer, v)
 
             def checked(result, conn=conn, pkt=pkt, cid=cid, assigned=assigned) -> None:
                 if conn.closing:             # the client left while its password was checked
@@ -285,6 +292,8 @@ class Broker:
         if isinstance(ident, Denied):
             if ident.method == AuthRunner.BUSY:
                 return self._refuse(conn, RC.SERVER_BUSY, "server busy", ident.reason)
+            if ident.code == RC.SERVER_UNAVAILABLE:     # the HTTP auth service away: refused, never allowed
+                return self._refuse(conn, RC.SERVER_UNAVAILABLE, "server unavailable", ident.reason)
             if pkt.username is not None or pkt.password is not None:
                 return self._refuse(conn, RC.BAD_USER_NAME_OR_PASSWORD, "bad user name or password",
                                     ident.reason)
@@ -338,6 +347,8 @@ class Broker:
         if old is not None and old is not conn:
             log.info("event=takeover client_id=%s old_peer=%s new_peer=%s", cid, old.peer, conn.peer)
             old.close_with_error(RC.SESSION_TAKEN_OVER, "session taken over")
+            if self.events is not None:
+                self.events.disconnected(old, None)
             registry.detach(old)
             old.connected = False
             self.metrics.connections -= 1
@@ -403,6 +414,8 @@ class Broker:
         self.metrics.connections += 1
         log.debug("event=connect client_id=%s peer=%s version=%d clean_start=%s expiry=%d present=%s",
                   cid, conn.peer, v, pkt.clean_start, expiry, present)
+        if self.events is not None:         # webhook and $events (gateway/integrations/events.py)
+            self.events.connected(conn, keepalive, pkt.clean_start, present, pkt.username)
         if self.acl is not None:
             self._set_read_checks(conn, s)
         if present and cfg.max_offline_backlog:
@@ -429,8 +442,9 @@ class Broker:
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
             # the broker's own (gateway/core/sys_topics.py): as Mosquitto; `$timer` is the store's
-            # queue of parked delayed messages (store/delayed.py PARK_TOPIC), never a client's
-            if topic.startswith("$SYS") or topic == "$timer":
+            # queue of parked delayed messages (store/delayed.py PARK_TOPIC), `$events/` the
+            # client and session events (gateway/integrations/events.py): never a client's
+            if topic.startswith("$SYS") or topic == "$timer" or topic.startswith("$events/"):
                 return self._publish_denied(conn, s, qos, pkt.packet_id, topic, v5)
             gate = self.gate
             if gate is not None and gate.limits.topic_limited:     # max_topic_length / _levels
@@ -450,13 +464,20 @@ class Broker:
             except DelayRefused as e:
                 return self.publisher.refuse(conn, qos, pid, topic, e)
         if self.acl is not None and topic not in conn.acl_publish_ok:
-            # the identity is fixed per connection: an allowed topic is remembered until SIGHUP
-            if not self.acl.can_publish(conn.identity, topic):
-                return self._publish_denied(conn, s, qos, pid, topic, v5)
-            ok = conn.acl_publish_ok
-            if ok is NO_TOPICS or len(ok) >= 1024:
-                conn.acl_publish_ok = ok = set()
-            ok.add(topic)
+            # the identity is fixed per connection: an allowed topic is remembered until the rules
+            # change (SIGHUP, live rules), unless an HTTP service's decisions (with a TTL) are used
+            ok = self.acl.can_publish(conn.identity, topic)
+            if not ok:
+                if ok is None:       # to ask the HTTP service first: this packet is handled again then
+                    self.metrics.msg_in[qos] -= 1
+                    return self._after_acl(conn, self.acl.ask(conn.identity, "publish", (topic,), conn.peer),
+                                           self.on_publish, pkt)
+                return self._publish_denied(conn, s, qos, pid, topic, v5, getattr(ok, "reason_code", RC.NOT_AUTHORIZED))
+            if self.acl.memo_ok:
+                ok = conn.acl_publish_ok
+                if ok is NO_TOPICS or len(ok) >= 1024:
+                    conn.acl_publish_ok = ok = set()
+                ok.add(topic)
         if qos == 2:
             if pid in s.inbound_qos2:       # retransmission of a stored message
                 if s.expiry_interval:       # after the id's write-ahead, if one is in flight
@@ -510,13 +531,35 @@ class Broker:
         answer.add_done_callback(go)
         conn.wait_for_store(answer)
 
-    def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool) -> None:
-        """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87; 3.1.1 has no negative ack, so the message is
-        acknowledged and dropped (as Mosquitto does). Nothing is stored."""
-        log.info("event=publish_denied client_id=%s topic=%r", s.client_id, topic)
+    def _after_acl(self, conn, asked: list, handler, pkt) -> None:
+        """The packet waits for the authorization service's answers (gateway/security/acl_chain.py);
+        the connection's later packets wait behind it, in order; then it is handled again."""
+        from lmqtt.gateway.security.http_auth import ask_all
+        conn.hold()
+
+        def answered() -> None:
+            if not conn.closing:
+                self._continue(conn, handler, conn, pkt)
+            conn.release()
+        ask_all(asked, answered)
+
+    def acl_changed(self) -> None:
+        """The ACL rules changed (SIGHUP, live rules): what each connection remembered of the old
+        ones is asked again at its next PUBLISH, and its subscriptions' delivery checks redone."""
+        for c in list(self.connections):
+            c.acl_publish_ok = NO_TOPICS
+            if c.connected and c.session is not None:
+                self._set_read_checks(c, c.session)
+
+    def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool,
+                        rc5: int = RC.NOT_AUTHORIZED) -> None:
+        """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87 (0x80 when the authorization service could
+        not be asked); 3.1.1 has no negative ack, so the message is acknowledged and dropped (as
+        Mosquitto does). Nothing is stored."""
+        log.info("event=publish_denied client_id=%s topic=%r reason_code=0x%02X", s.client_id, topic, rc5)
         if qos == 0:
             return
-        rc = RC.NOT_AUTHORIZED if v5 else 0
+        rc = rc5 if v5 else 0
         if qos == 1:
             conn.send(P.PubAck(pid, rc))
         else:
@@ -530,10 +573,7 @@ class Broker:
         if self.auth is not None:
             self.auth.reload_files()
         if self.acl is not None and self.acl.reload_or_keep():
-            for c in list(self.connections):
-                c.acl_publish_ok = NO_TOPICS
-                if c.connected and c.session is not None:
-                    self._set_read_checks(c, c.session)
+            self.acl_changed()
 
     def _set_read_checks(self, conn: "MQTTConnection", s: Session) -> None:
         """The queues of `s`'s subscriptions whose messages need the ACL's read rule for this
@@ -616,6 +656,10 @@ class Broker:
     # ======================================================================= SUBSCRIBE
     # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/core/subscribe_handler.py
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
+        if self.acl is not None and self.acl.asks:     # decisions of the HTTP service not cached yet
+            asked = self.acl.ask(conn.identity, "subscribe", _acl_filters(pkt), conn.peer)
+            if asked:
+                return self._after_acl(conn, asked, self.on_subscribe, pkt)
         self.subscribing.on_subscribe(conn, pkt)
 
     def on_unsubscribe(self, conn, pkt: P.Unsubscribe) -> None:
@@ -636,7 +680,9 @@ class Broker:
                 s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
                 if was and not s.persistent:
                     self.persist.delete_session(s.client_id)
-        if not (conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE):
+        with_will = conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE
+        conn.left_because = "normal_with_will" if with_will else "normal"
+        if not with_will:
             if conn.will is not None:
                 conn.will = None
                 self.session_registry.drop_will(s.client_id)
@@ -686,3 +732,15 @@ class Broker:
                     conn.transport.abort()
             pending.add_done_callback(failed)   # before wait_for_store's (runs at once if done)
         conn.wait_for_store(pending)
+
+
+def _acl_filters(pkt: P.Subscribe) -> list[str]:
+    """The filters a SUBSCRIBE's ACL decides (a `$replay/` or `$share/` one's plain filter), as
+    the subscribe handler computes them; one it will refuse as invalid is left out."""
+    out = []
+    for req in pkt.subscriptions:
+        try:
+            out.append(T.parse_shared(plain_filter(req.topic_filter))[1])
+        except Exception:  # noqa: BLE001 - invalid: refused by the handler, nothing to ask
+            continue
+    return out

@@ -71,6 +71,7 @@ class SessionRegistry:
         self.subscriptions = subscriptions
         self._publish = publish
         self.sessions: dict[str, Session] = {}
+        self.on_expired: Callable[[str], None] | None = None   # a session ended by its expiry (events)
         # persistent sessions restored at start and not built yet (core/session_persistence.py
         # `Dormant`): built by `_wake` when their client connects
         self.dormant: dict[str, Dormant] = {}
@@ -214,6 +215,10 @@ class SessionRegistry:
         self.persist.delete_session(s.client_id)
         self.metrics.sessions.set(self.count())
 
+    def _expired(self, cid: str) -> None:
+        if self.on_expired is not None:
+            self.on_expired(cid)
+
     def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
@@ -227,6 +232,7 @@ class SessionRegistry:
         s = self.sessions.get(cid)
         if s is not None and not s.online:
             log.info("event=session_expired client_id=%s", cid)
+            self._expired(cid)
             self._end(s)
             wt = self._will_timers.pop(cid, None)   # session end publishes a delayed will now
             if wt is not None:
@@ -322,6 +328,7 @@ class SessionRegistry:
                                    read_inflight=self.persist.host is None)
         elif rec is not None:               # expired before its timer fired: it ends (offsets too)
             log.info("event=session_expired client_id=%s", cid)
+            self._expired(cid)
             self.persist.delete_session(cid)
         self.subscriptions.release_dormant(d.subs)
         self.metrics.sessions.set(self.count())
@@ -352,6 +359,7 @@ class SessionRegistry:
         if d is not None:
             d.handle = None
             log.info("event=session_expired client_id=%s", cid)
+            self._expired(cid)
             self._end_dormant(cid, d)
 
     def _session_from(self, rec, offsets: dict[str, int], last_ms: int, read_inflight: bool = True) -> Session:

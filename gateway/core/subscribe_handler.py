@@ -74,6 +74,7 @@ class SubscribeHandler:
         self._kick = kick
         self._resume = resume
         self._one_write = one_write
+        self.events = None        # the broker's Events (gateway/integrations/events.py), None for none
 
     # ======================================================================= SUBSCRIBE
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
@@ -184,9 +185,10 @@ class SubscribeHandler:
                 continue
             if group is not None and req.no_local and v5:
                 raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
-            if acl is not None and not acl.can_subscribe(conn.identity, flt):
+            ok = acl.can_subscribe(conn.identity, flt) if acl is not None else True
+            if not ok:        # False, or a refusal naming its code (security/acl_chain.py)
                 log.info("event=subscribe_denied client_id=%s filter=%r", s.client_id, req.topic_filter)
-                codes.append(RC.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V311)
+                codes.append(getattr(ok, "reason_code", RC.NOT_AUTHORIZED) if v5 else SUBACK_FAILURE_V311)
                 continue
             if max_subs and req.topic_filter not in s.subs and len(s.subs) >= max_subs:
                 log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=max_subscriptions "
@@ -238,6 +240,8 @@ class SubscribeHandler:
             conn.send_fitting(ack)         # a reason string that does not fit goes, the codes stay
         else:
             conn.send(ack)
+        if self.events is not None:
+            self.events.subscribed(conn, pkt.subscriptions, codes)
         for sub in retained:
             batches = prepared.take_retained(sub.queue)
             if batches is None or batches:      # falsy: the store has none (metadata `retained_batches`)
@@ -268,3 +272,5 @@ class SubscribeHandler:
         if s.persistent:
             self._save_session(s)
         conn.send(P.UnsubAck(pkt.packet_id, codes if conn.version == 5 else []))
+        if self.events is not None:
+            self.events.unsubscribed(conn, pkt.topic_filters, codes)

@@ -410,6 +410,7 @@ class FleetSessionRegistry(SessionRegistry):
         if rec is not None and rec.expired(_now_ms()):
             # its gateway is gone and the store's sweep has not ended it yet: it ends now
             log.info("event=session_expired client_id=%s gateway=%s (found expired at connect)", client_id, rec.host)
+            self._expired(client_id)
             self.persist.delete_session(client_id)
             rec = None
         if rec is None:

@@ -78,7 +78,7 @@ class _ConnRare:
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
                  "auth_method", "topic_aliases", "_auth_login", "_rate_paused", "_transport_paused",
-                 "transport_full", "problem_info")
+                 "transport_full", "problem_info", "internal", "left_because")
 
     def __init__(self) -> None:
         rare_defaults(self, MQTTConnection._RARE_FIELDS)
@@ -117,6 +117,10 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
     transport_full = RareField(False)  # the transport's buffer is over its high-water mark (pause_writing)
     problem_info = RareField(True)     # MQTT 5 Request Problem Information: reason strings on acks allowed
+    # an in-process client of the gateway's own (a bridge's local side, gateway/integrations/bridge.py):
+    # the Identity it connects as, without authentication
+    internal = RareField(None)
+    left_because = RareField(None)     # why the connection ended, for the events (gateway/integrations/events.py)
 
     cfg = property(attrgetter("handler.cfg"))
     metrics = property(attrgetter("handler.metrics"))
@@ -551,6 +555,8 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         """
         if self.closing:
             return
+        if self.left_because is None:
+            self.left_because = f"0x{reason_code:02X} {reason}".strip()
         if self.connected and self.version == 5:
             d = P.Disconnect(reason_code)
             if reason:

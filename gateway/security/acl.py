@@ -246,6 +246,11 @@ class LmqttAcl:
         return got
 
     def check(self, ident: Identity, action: str, topic: str) -> bool:
+        got = self.match(ident, action, topic)
+        return self.default_allow if got is None else got
+
+    def match(self, ident: Identity, action: str, topic: str) -> bool | None:
+        """The first matching rule's verdict, None when no rule matches (the caller's default)."""
         kind = SUBSCRIBE if action == READ else action      # subscribe rules also govern delivery
         for r in self.rules_for(ident):
             if kind not in r.actions:
@@ -253,7 +258,7 @@ class LmqttAcl:
             f = _substitute(r.filter, ident)
             if f is not None and _hits(f, action, topic):
                 return r.allow
-        return self.default_allow
+        return None
 
     def overlapping_deny(self, ident: Identity, flt: str) -> bool:
         for r in self.rules_for(ident):
@@ -322,6 +327,9 @@ def parse_acl(path: str, text: str):
 class AclFile:
     """The rules of one ACL file, reloadable without dropping connections."""
 
+    memo_ok = True        # a connection may remember the topics it was allowed to publish to (until a reload)
+    asks = False          # no decision needs asking elsewhere first (acl_chain.py `AclChain.asks`)
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
@@ -348,6 +356,9 @@ class AclFile:
             return False
         log.info("event=reloaded what=acl path=%s", self.path)
         return True
+
+    def check(self, ident: Identity, action: str, topic: str) -> bool:
+        return self._acl.check(ident, action, topic)
 
     def can_publish(self, ident: Identity, topic: str) -> bool:
         return self._acl.check(ident, PUBLISH, topic)

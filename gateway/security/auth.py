@@ -39,6 +39,8 @@ class Credentials:
     username: str | None
     password: bytes | None
     cert_subject: str | None = None      # CN (or first DNS SAN) of a verified TLS client certificate
+    peer: str | None = None              # HOST:PORT of the client (an HTTP auth service is told)
+    protocol: int = 4                    # MQTT protocol level: 4 = 3.1.1, 5 = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,9 @@ class Identity:
     """The authenticated principal ACL rules are written against."""
     username: str | None
     client_id: str
-    method: str                           # "password", "scram", "hmac", "jwt", "certificate", "anonymous"
+    method: str                           # "password", "scram", "hmac", "jwt", "certificate", "http", "live", "anonymous"
     cert_subject: str | None = None
+    superuser: bool = False               # not subject to ACLs (an HTTP auth service's `is_superuser`)
 
 
 class Denied:
@@ -460,13 +463,20 @@ class ScramLogin:
 class AuthChain:
     """Authenticators in order; the first that recognises the credentials decides."""
 
-    def __init__(self, authenticators: list, allow_anonymous: bool) -> None:
+    def __init__(self, authenticators: list, allow_anonymous: bool, http=None) -> None:
+        """`http`: an HttpAuthService (gateway/security/http_auth.py), asked before the others by
+        `AuthRunner.check_later` (it answers asynchronously); its `ignore` goes on to them."""
         self.authenticators = list(authenticators)
         self.allow_anonymous = allow_anonymous
+        self.http = http
 
     @property
     def configured(self) -> bool:
-        return bool(self.authenticators)
+        return bool(self.authenticators) or self.http is not None
+
+    @property
+    def names(self) -> list[str]:
+        return (["http"] if self.http is not None else []) + [a.name for a in self.authenticators]
 
     def check(self, creds: Credentials) -> Identity | Denied:
         """The identity, or a Denied naming why (for the log): refuse the CONNECT (0x86 bad
@@ -510,7 +520,10 @@ class AuthChain:
 
     def reload_files(self) -> None:
         """SIGHUP: re-read each authenticator's file (password file, HMAC keys), logged; one that
-        fails keeps its previous contents, and the others are re-read all the same."""
+        fails keeps its previous contents, and the others are re-read all the same. The HTTP
+        service's cached decisions are dropped (asked again)."""
+        if self.http is not None:
+            self.http.forget()
         for a in self.authenticators:
             if hasattr(a, "reload"):
                 try:
@@ -542,8 +555,26 @@ class AuthRunner:
         self._pool = None
 
     def check_later(self, creds: Credentials, done) -> bool:
-        """True when the check was handed to the pool: `done(result)` runs on the loop later.
-        False: the caller checks inline (`chain.check`), nothing slow to do."""
+        """True when the check was handed to the pool (or to the HTTP auth service first):
+        `done(result)` runs on the loop later. False: the caller checks inline (`chain.check`),
+        nothing slow to do."""
+        if self.chain.http is not None:
+            self.loop.create_task(self._http_first(creds, done))
+            return True
+        return self._pool_check(creds, done)
+
+    async def _http_first(self, creds: Credentials, done) -> None:
+        """The HTTP service decides unless it says `ignore`; then the rest of the chain."""
+        try:
+            r = await self.chain.http.authenticate(creds)
+        except Exception as e:  # noqa: BLE001 - a failing check refuses this client only
+            r = Denied(f"authentication failed: {type(e).__name__}: {e}")
+        if r is not None:
+            done(r)
+        elif not self._pool_check(creds, done):
+            done(self.chain.check(creds))
+
+    def _pool_check(self, creds: Credentials, done) -> bool:
         if not self.chain.is_slow(creds):
             return False
         if self.pending >= self.max_pending:

@@ -244,12 +244,25 @@ def answered(value: T) -> Answer[T]:
     return a
 
 
+class WrittenAgain(Exception):
+    """A write the store could not answer because its group is failing over, which the
+    implementation writes again on the new primary by itself (gateway/storage/remote_metadata.py
+    `reestablish`): nothing is lost, nothing for the caller to do."""
+
+
 def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> None:
-    """Log `event` (ERROR, with `fields` and the error) if `answer` fails: a write nobody waits for."""
+    """Log `event` (ERROR, with `fields` and the error) if `answer` fails: a write nobody waits for.
+    A write that is written again after a store group's failover (`WrittenAgain`) is logged at INFO
+    as `<event>_deferred`: it is not an error, and the operator's ERROR lines stay meaningful."""
     def done(a: Answer[Any]) -> None:
         e = a.exception()
-        if e is not None:
-            log.error("event=%s %s error=%r", event, " ".join(f"{k}={v}" for k, v in fields.items()), e)
+        if e is None:
+            return
+        what = " ".join(f"{k}={v}" for k, v in fields.items())
+        if isinstance(e, WrittenAgain):
+            log.info("event=%s_deferred %s reason=%r", event.removesuffix("_failed"), what, str(e))
+        else:
+            log.error("event=%s %s error=%r", event, what, e)
     answer.add_done_callback(done)
 
 

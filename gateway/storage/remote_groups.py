@@ -10,7 +10,7 @@ from typing import Any
 
 from lmqtt.gateway.storage.facades import Answer
 from lmqtt.gateway.storage.remote_entries import RemoteMessage
-from lmqtt.gateway.storage.remote_metadata import ask
+from lmqtt.gateway.storage.remote_metadata import ask, down_reason
 from lmqtt.store.client.aio import ConnectionLost
 from lmqtt.store.node import protocol as P
 
@@ -25,7 +25,7 @@ class RemoteGroups:
     def _down(self) -> Answer[Any] | None:
         if self.link.connected:
             return None
-        return Answer.failed(ConnectionLost(f"store at {self.link.address} unavailable: {self.link.last_error}"))
+        return Answer.failed(ConnectionLost(down_reason(self.link)))
 
     def pop(self, group: str, queue: str, max_count: int, start: int | None, ttl_ms: int,
             wait_ms: int) -> Answer[list]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Iterator
 
-from lmqtt.gateway.storage.facades import Answer, QueueStore, Retained, Storage
+from lmqtt.gateway.storage.facades import Answer, QueueStore, Retained, Storage, WrittenAgain
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
 from lmqtt.store.client.aio import ConnectionLost, LoopConnection
@@ -58,13 +58,38 @@ def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer
         if raw.done():
             settle(out)
         else:
-            out.set_exception(ConnectionLost(f"store at {link.address} unavailable: {link.last_error}"))
+            out.set_exception(ConnectionLost(down_reason(link)))
 
     out: Answer[Any] = Answer(waiter)
     if raw.done():
         settle(out)
     else:
         raw.add_done_callback(lambda _f: settle(out))
+    return out
+
+
+def down_reason(link: LoopConnection) -> str:
+    """Why the store cannot answer now, in words that hold during a group's failover too (the link
+    may already be dialling the member another one named as the primary)."""
+    return link.unavailable_reason()
+
+
+def written_again(link: LoopConnection, answer: Answer[Any]) -> Answer[Any]:
+    """A store group's write that `RemoteMetadata.reestablish` writes again on the new primary: its
+    failure for a lost link becomes `WrittenAgain` (log_failure logs it as deferred, not an error)."""
+    if not getattr(link, "group", False):
+        return answer
+    out: Answer[Any] = Answer(lambda _o, timeout: answer._wait_quietly(timeout))
+
+    def done(a: Answer[Any]) -> None:
+        e = a.exception()
+        if isinstance(e, ConnectionLost):
+            out.set_exception(WrittenAgain(f"{e}; written again on the group's new primary"))
+        elif e is not None:
+            out.set_exception(e)
+        else:
+            out.set_result(a.result())
+    answer.add_done_callback(done)
     return out
 
 
@@ -112,14 +137,18 @@ class RemoteSessions:
         self.swept: list[Callable[[list[str]], None]] = []
         self.moved: list[Callable[[list[str]], None]] = []
         self.claims: list[Callable[[str, list], None]] = []
-        # a store group: the last record put per client id, written again on a new primary
+        # a store group: the last record put per client id, written again on a new primary, and
+        # the records deleted since the last failover (deleted again there: a delete the old
+        # primary never answered may not have reached the group)
         self.kept: dict[str, str] | None = {} if getattr(link, "group", False) else None
+        self.deleted: set[str] = set()
 
     def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
         text = rec.to_bytes().decode()
         if self.kept is not None:
             self.kept[client_id] = text
-        return ask(self.link, P.PutSession(client_id, text)).then(_none)
+            self.deleted.discard(client_id)
+        return written_again(self.link, ask(self.link, P.PutSession(client_id, text)).then(_none))
 
     def put_many(self, records: list[tuple[str, SessionRecord]]) -> Answer[None]:
         return Answer.gather([self.put(cid, rec) for cid, rec in records]).then(_none)
@@ -135,7 +164,9 @@ class RemoteSessions:
     def delete(self, client_id: str) -> Answer[bool]:
         if self.kept is not None:
             self.kept.pop(client_id, None)
-        return ask(self.link, P.DeleteSession(client_id), bounded=False).then(lambda r: r.deleted)
+            self.deleted.add(client_id)
+        return written_again(self.link, ask(self.link, P.DeleteSession(client_id), bounded=False)
+                             .then(lambda r: r.deleted))
 
     def all(self) -> Answer[list[SessionRecord]]:
         return ask(self.link, P.ListSessions()).then(
@@ -261,7 +292,7 @@ class RemoteOffsets:
     def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
         if self.kept is not None:
             self.kept.setdefault(consumer, {}).update(offsets)
-        return ask(self.link, P.SetOffsets(consumer, offsets), bounded=False).then(_none)
+        return written_again(self.link, ask(self.link, P.SetOffsets(consumer, offsets), bounded=False).then(_none))
 
     def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
         if self.kept is not None:
@@ -445,6 +476,10 @@ class RemoteMetadata:
         writes after the reconnect. -> the number of writes."""
         n = 0
         link = self.link
+        deleted, self.sessions.deleted = self.sessions.deleted, set()
+        for cid in sorted(deleted):
+            ask(link, P.DeleteSession(cid), bounded=False)
+            n += 1
         for cid, text in list((self.sessions.kept or {}).items()):
             ask(link, P.PutSession(cid, text), bounded=False)
             n += 1
@@ -456,9 +491,9 @@ class RemoteMetadata:
             ask(link, P.PutWill(cid, will, self.gateway_id), bounded=False)
             n += 1
         if n:
-            log.warning("event=metadata_rewritten_on_new_primary store=%s sessions=%d offsets=%d wills=%d",
-                        link.address, len(self.sessions.kept or {}), len(self.offsets.kept or {}),
-                        len(self.wills.kept or {}))
+            log.warning("event=metadata_rewritten_on_new_primary store=%s sessions=%d offsets=%d wills=%d "
+                        "deleted_sessions=%d", link.address, len(self.sessions.kept or {}),
+                        len(self.offsets.kept or {}), len(self.wills.kept or {}), len(deleted))
         return n
 
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan
 from lmqtt.gateway.storage.remote_entries import RemotePull, entries
-from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask
+from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask, down_reason
 from lmqtt.gateway.storage.remote_mirrors import MirrorFeed, _Mirror
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
@@ -173,7 +173,7 @@ class RemoteStore(MirrorFeed):
     def unavailable(self) -> str | None:
         if self.link.connected:
             return None
-        return f"store {self.link.address} unavailable: {self.link.last_error}"
+        return down_reason(self.link)
 
     def disk_state(self) -> dict | None:
         return None               # the store node exports its own (its /metrics)
@@ -333,7 +333,7 @@ class RemoteStore(MirrorFeed):
         if m.reading_back is not None and m.back_answer is not None:
             return m.back_answer                    # the read under way answers this reader too
         if not self.link.connected:
-            return Answer.failed(ConnectionLost(f"store {self.link.address} unavailable: {self.link.last_error}"))
+            return Answer.failed(ConnectionLost(down_reason(self.link)))
         m.reading_back = offset
         self.remote_misses += 1
         self.remote_pulls += 1

@@ -17,13 +17,21 @@ from lmqtt.store import protocol as W
 
 
 def parse_address(address: str, default_port: int = W.DEFAULT_PORT) -> tuple[str, int]:
+    """"host:port", "[v6]:port" or "host" -> (host, port); ValueError naming the address when
+    its port is not a port number."""
     if address.startswith("["):
         host, _, rest = address[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
+        return host, _port(address, rest[1:]) if rest.startswith(":") else default_port
     host, sep, port = address.rpartition(":")
     if not sep:
         return address, default_port
-    return host or "127.0.0.1", int(port)
+    return host or "127.0.0.1", _port(address, port)
+
+
+def _port(address: str, text: str) -> int:
+    if text.isdigit() and 0 < int(text) < 65536:
+        return int(text)
+    raise ValueError(f"store address {address!r}: {text!r} is not a port number (HOST:PORT, PORT 1..65535)")
 
 
 def parse_addresses(address: str, default_port: int = W.DEFAULT_PORT) -> list[tuple[str, int]]:

@@ -66,7 +66,8 @@ class LoopConnection:
         # a store group: how long the first connect looks for the primary; how long the gateway's
         # producer keeps re-sending a PRODUCE across failovers (remote_produce.py)
         self.failover_timeout = failover_timeout
-        self.failovers = 0             # times the link moved to another member
+        self.failovers = 0             # times the link was attached to another member than before
+        self._attached_to: tuple[str, int] | None = None
         self.loop = loop
         self.token = token
         self.timeout = timeout
@@ -173,12 +174,14 @@ class LoopConnection:
         """Aim the next dial at `primary` ("host:port" or (host, port)) or else the next member."""
         if keeps_expected(self._expected, (self.host, self.port), primary):
             return               # the new primary a probe found, still taking over: dialled again
-        target = next_member(self.addresses, (self.host, self.port), primary)
-        if target != (self.host, self.port):
-            self.failovers += 1
-        self.host, self.port = target
+        # (not counted here: while a primary is elected the link tries the members in turn)
+        self.host, self.port = next_member(self.addresses, (self.host, self.port), primary)
 
     def _attach(self, s: socket.socket, dec: W.FrameDecoder) -> None:
+        at = (self.host, self.port)
+        if self._attached_to is not None and at != self._attached_to:
+            self.failovers += 1
+        self._attached_to = at
         s.setblocking(False)
         self._sock = s
         self._dec = dec
@@ -410,12 +413,19 @@ class LoopConnection:
             self.loop.remove_writer(self._sock.fileno())
 
     # ---------------------------------------------------------------- requests
+    def unavailable_reason(self) -> str:
+        """Why a request cannot be answered now; in a group, failing over, the member being dialled
+        may not be the one the last error names."""
+        if self.group:
+            return f"store group failing over (connecting to {self.address}; last: {self.last_error})"
+        return f"store at {self.address} unavailable: {self.last_error}"
+
     def request(self, op: int, body: bytes = b"", flags: int = 0) -> asyncio.Future:
         """Write one request now; the future gets (op, flags, body), or StoreClientError /
         ConnectionLost."""
         fut = self.loop.create_future()
         if not self.connected:
-            fut.set_exception(ConnectionLost(f"store at {self.address} unavailable: {self.last_error}"))
+            fut.set_exception(ConnectionLost(self.unavailable_reason()))
             return fut
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         if not self._pending:
@@ -467,7 +477,7 @@ class LoopConnection:
         finally:
             self._blocking -= 1
         if not fut.done():
-            raise ConnectionLost(f"store at {self.address} unavailable: {self.last_error}")
+            raise ConnectionLost(self.unavailable_reason())
         return fut.result()
 
     def wait_reply(self, fut: asyncio.Future, timeout: float | None = None) -> None:

@@ -35,6 +35,10 @@ def group_problem(cfg) -> str | None:
         return f"{group_keys[0]} is set but group is not (a store group: --group NAME)" if group_keys else None
     if not cfg.peers:
         return "a group member needs --peers HOST:PORT,... (every member, the same list on each)"
+    try:        # the election runs on pysyncobj, the `[ha]` extra: named before anything is created
+        import pysyncobj  # noqa: F401
+    except ImportError as e:
+        return f"a store group needs pysyncobj ({e}): pip install 'lmqtt[ha]'"
     try:
         peers = parse_peers(cfg.peers)
     except ValueError as e:

@@ -32,8 +32,8 @@ import sys
 from lmqtt.store.file_budget import default_share, process_limit
 from lmqtt.store.node.config import ConfigError, NodeConfig, retention_ms
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, raise_open_files_limit, set_process_title,
-                                      setup_logging)
+                                      metrics_unavailable, raise_open_files_limit, remove_refused_data_dir,
+                                      set_process_title, setup_logging)
 
 log = logging.getLogger("lmqtt.store")
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt store: refusing to listen on non-loopback address {host!r} without an auth token "
               "(--token or `token` in the config)", file=sys.stderr)
         return 2
+    existed = os.path.exists(data)
     problem = check_data_dir(data)
     if problem:
         print(f"lmqtt store: {problem}", file=sys.stderr)
@@ -92,11 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.0005)
     raise_open_files_limit()
     loop_name = install_event_loop()
+    rc = 0
     try:
         rc = asyncio.run(_serve(cfg, loop_name))
     except KeyboardInterrupt:  # pragma: no cover
         return 0
     finally:
+        if rc == 1:     # _serve returns 1 only for a refused start
+            remove_refused_data_dir(data, existed)
         os.close(lock)
     if rc == "restart":     # a group member cut its log back to the primary's (store/node/ha_member.py)
         from lmqtt.store.node.ha_member import restart_in_place
@@ -149,6 +153,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,
                           max_frame=int(cfg.max_frame_mb) << 20)
         install(srv, lq)
+        from lmqtt.store.node import security_service     # users and ACL rules managed live
+        security_service.install(srv, security_service.SecurityDocs(lq.metadata))
         publisher = None
         if cfg.redis:
             from lmqtt.notify.redis_bus import RedisEventPublisher
@@ -269,9 +275,16 @@ def _start_http(host: str, port: int, srv, gws, member=None):
                  "CommitLog bytes the checkpoints recorded that this start's recovery did not find",
                  st.recovery.lost_bytes if st.recovery is not None else 0),
                 ("lmqtt_store_consumer_offsets_reset_total", "counter",
-                 "Consumer offsets beyond their queue's end after a recovery, reset to it", st.offsets_reset)]
+                 "Consumer offsets beyond their queue's end after a recovery, reset to it", st.offsets_reset),
+                # the data dir's disk (store/disk_space.py), as `lmqtt serve` exports it
+                ("lmqtt_store_disk_free_bytes", "gauge", "Free bytes on the data dir's file system",
+                 st.clog.disk.free_bytes()),
+                ("lmqtt_store_disk_full", "gauge", "1 while appends are refused for lack of disk space",
+                 1 if st.clog.disk.stats()["disk_full"] else 0)]
         out = []
         for name, kind, help_, v in rows:
+            if v is None:               # not known (the disk's free space could not be read)
+                continue
             out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {v}\n")
         if member is not None:      # a store group member: role, epoch, in-sync set, replica lag
             from lmqtt.store.node.ha_member import metrics_text

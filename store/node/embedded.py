@@ -75,6 +75,8 @@ class EmbeddedStore:
         self.bus = bus              # notify.InProcessBus
         self.storage: Storage = in_process_storage(store, lq)
         self.append_listener = bus           # drain() after each append, drain_follows
+        from lmqtt.store.node.security_service import SecurityDocs
+        self.security = SecurityDocs(lq.metadata)   # users and ACL rules managed live (--live-security)
 
     def attach(self, flush_before_register: Callable[[], Any], on_queues: Callable[[Iterable[str]], None]) -> None:
         """The broker's hooks: registrations by SDK consumers (the store port) append the routed
@@ -118,6 +120,8 @@ class EmbeddedStore:
         srv = StoreServer(self.store, os.path.join(data_dir, "sdk-meta"), host=host, port=port, token=token)
         try:
             install(srv, self.lq)
+            from lmqtt.store.node import security_service
+            security_service.install(srv, self.security)
         except BaseException:
             srv.meta.close()
             raise

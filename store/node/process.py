@@ -150,6 +150,15 @@ class DataDirError(Exception):
 LOCK_FILE = "lmqtt.lock"
 
 
+def remove_refused_data_dir(path: str, existed: bool) -> None:
+    """A start refused after the data dir was made (a port in use, a failing listener): the data
+    dir goes again when this start created it, so a mistyped flag leaves nothing behind. Called
+    while the lock is still held (no other process can be using it); one that was there is kept."""
+    if not existed:
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def lock_data_dir(path: str, command: str) -> int:
     """Take the data dir for this process: an exclusive lock (flock) on `lmqtt.lock` in it, which
     then holds `PID COMMAND`. Returns the file descriptor (the lock lives as long as it is open, and

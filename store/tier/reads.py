@@ -134,6 +134,15 @@ class TierReads:
             raise CorruptRecord(f"no valid record at offset {phys} (size field {size})")
         return _decode(buf, rel, phys, self.store.ident, True, rel + size)
 
+    def segment_at(self, phys: int) -> tuple[int, int, bytes] | None:
+        """(start, end, decompressed bytes) of the tier segment holding offset `phys`, None when the
+        tier holds none there: for scans that read records as stored (a filter's history,
+        lightqueue/history.py), through the cache and checks `read` uses; raises as `read` does."""
+        s = self._find(phys)
+        if s is None:
+            return None
+        return s["start"], s["end"], self._segment(s)
+
     def read_many(self, wanted: list, i: int, out: list) -> int:
         """CommitLog.read_many's items from `i` on that lie in one tier segment: appended to `out`
         (a StoredMessage or the exception of that item); returns the index of the next item.

@@ -33,6 +33,7 @@ UNITS = [
     "lmqtt.gateway.net",
     "lmqtt.gateway.security", "lmqtt.gateway.model", "lmqtt.gateway.delivery", "lmqtt.gateway.core",
     "lmqtt.gateway.fleet", "lmqtt.gateway.app", "lmqtt.gateway.app.config",
+    "lmqtt.gateway.integrations", "lmqtt.gateway.integrations.bridge_config",
     "lmqtt.loadtest", "lmqtt.loadtest.chaos", "lmqtt.loadtest.chaos.checker", "lmqtt.loadtest.fleet_launcher", "lmqtt.examples",
 ]
 
@@ -113,10 +114,16 @@ MAY_IMPORT: dict[str, set[str]] = {
                           "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
                           "lmqtt.store.protocol", "lmqtt.store.loopback",
                           "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
-                          "lmqtt.notify", "lmqtt.gateway.app.config"},
+                          "lmqtt.notify", "lmqtt.gateway.app.config", "lmqtt.gateway.integrations"},
     # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file);
-    # the engine's limits (min_segment_mb, check_tier) come through the node's configuration
-    "lmqtt.gateway.app.config": {"lmqtt.store.node.config"},
+    # the engine's limits (min_segment_mb, check_tier) come through the node's configuration; the
+    # [[bridge]] tables are read by the bridges' own parser (a leaf)
+    "lmqtt.gateway.app.config": {"lmqtt.store.node.config", "lmqtt.gateway.integrations.bridge_config"},
+    # events, webhook and bridges beside the broker: the codec (a bridge's MQTT client), the
+    # connection (a bridge's local side), security (the live rules' feed)
+    "lmqtt.gateway.integrations": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net", "lmqtt.gateway.security",
+                                   "lmqtt.gateway.integrations.bridge_config"},
+    "lmqtt.gateway.integrations.bridge_config": set(),
     # the `lmqtt` command: resolves every command lazily by module name
     "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},

@@ -81,16 +81,16 @@ def _metric_lines(m: GatewayMetrics, name: str) -> dict[str, float]:
 
 def test_fast_histogram_exports_prometheus_histogram():
     m = GatewayMetrics()
-    m.dispatch_lag.observe(0.0001)          # on a bound: counted in that bucket (le = "<=")
-    m.dispatch_lag.observe_many([0.003, 0.004, 99.0])
-    got = _metric_lines(m, "lmqtt_dispatch_lag_seconds")
-    assert got['lmqtt_dispatch_lag_seconds_bucket{le="0.0001"}'] == 1
-    assert got['lmqtt_dispatch_lag_seconds_bucket{le="0.0025"}'] == 1
-    assert got['lmqtt_dispatch_lag_seconds_bucket{le="0.005"}'] == 3
-    assert got['lmqtt_dispatch_lag_seconds_bucket{le="5.0"}'] == 3
-    assert got['lmqtt_dispatch_lag_seconds_bucket{le="+Inf"}'] == 4
-    assert got["lmqtt_dispatch_lag_seconds_count"] == 4
-    assert abs(got["lmqtt_dispatch_lag_seconds_sum"] - 99.0071) < 1e-9
+    m.flush_latency.observe(0.0001)          # on a bound: counted in that bucket (le = "<=")
+    m.flush_latency.observe_many([0.003, 0.004, 99.0])
+    got = _metric_lines(m, "lmqtt_store_durable_seconds")
+    assert got['lmqtt_store_durable_seconds_bucket{le="0.0001"}'] == 1
+    assert got['lmqtt_store_durable_seconds_bucket{le="0.0025"}'] == 1
+    assert got['lmqtt_store_durable_seconds_bucket{le="0.005"}'] == 3
+    assert got['lmqtt_store_durable_seconds_bucket{le="5.0"}'] == 3
+    assert got['lmqtt_store_durable_seconds_bucket{le="+Inf"}'] == 4
+    assert got["lmqtt_store_durable_seconds_count"] == 4
+    assert abs(got["lmqtt_store_durable_seconds_sum"] - 99.0071) < 1e-9
     m.append_batch_size.observe(3)
     got = _metric_lines(m, "lmqtt_store_append_batch_messages")
     assert got['lmqtt_store_append_batch_messages_bucket{le="2.0"}'] == 0

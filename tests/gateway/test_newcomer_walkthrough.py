@@ -192,7 +192,8 @@ def test_help_says_every_default(cmd):
         # a metavar follows its option after one space; a flag's help after two or a new line
         takes_value = re.match(r"(-\w, )?--[\w-]+ (?! )\S", raw)
         actions = ("--filter", "--topic", "--release-gateway", "--session",     # required, or what to do
-                   "--store")                                                # (gateway: required)
+                   "--store",                                                # (gateway: required)
+                   "--user-add", "--user-passwd", "--user-remove", "--acl-add", "--acl-remove")
         if takes_value and "default" not in o and head.split()[0] not in actions:
             missing.append(o)
     assert not missing, missing

@@ -7,6 +7,7 @@ once (a FilterConsumer from earliest). The loss verdicts are the chaos checker's
 (loadtest/chaos/checker.py)."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -234,6 +235,7 @@ def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledg
         # gives an offset the connected session's cursor passed to another record
         assert connected_lost == 0, (f"the subscriber connected through the failover missed {connected_lost} "
                                      f"acknowledged message(s) (stored once, see the filter read): {row}")
+        _check_failover_logs([g.log_tail(1 << 22) for g in gws])
     finally:
         for p in pubs:
             p.stop.set()
@@ -244,3 +246,17 @@ def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledg
         sub.loop_stop()
         for g in gws:
             g.stop()
+
+
+def _check_failover_logs(logs: list[str]) -> None:
+    """What an operator reads of the failover in each gateway's log: no ERROR line for the writes
+    it writes again on the new primary, a count of failovers that counts failovers (one per move
+    to another member, not one per member tried while the group elected), and reasons that do not
+    contradict themselves (a message naming one member as unavailable because of another)."""
+    for log in logs:
+        errors = [ln for ln in log.splitlines() if "level=error" in ln]
+        assert errors == [], "\n".join(errors)
+        counts = [int(m) for m in re.findall(r"event=store_reconnected .*failovers=(\d+)", log)]
+        assert counts and max(counts) <= 2, counts
+        for m in re.finditer(r"store (?:at )?(\S+) unavailable: .*?(?:store|member) (?:at )?(\d+\.\d+\.\d+\.\d+:\d+)", log):
+            assert m.group(1) == m.group(2), m.group(0)

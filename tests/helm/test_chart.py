@@ -242,14 +242,14 @@ def test_store_replicas_render_a_group_with_its_flags_pdb_and_anti_affinity(n):
     if n == 1:
         assert not [a for a in c["args"] if a.startswith(("--group", "--peers", "--node-id"))], c["args"]
         assert "command" not in c and sts["spec"]["podManagementPolicy"] == "OrderedReady"
-        assert ports == {"store": 10911} and store_pdb == [] and "affinity" not in pod
+        assert ports == {"store": 10911, "metrics": 9884} and store_pdb == [] and "affinity" not in pod
         return
     assert c["args"][0] == "store"
     assert "--group=mqtt-lmqtt" in c["args"] and f"--peers={','.join(members)}" in c["args"]
     assert "--election-timeout-s=2.5" in c["args"]
     assert not [a for a in c["args"] if a.startswith("--ack-replicas")]   # the store's default
     assert sts["spec"]["replicas"] == n and sts["spec"]["podManagementPolicy"] == "Parallel"
-    assert ports == {"store": 10911, "raft": 10912, "replication": 10913}
+    assert ports == {"store": 10911, "raft": 10912, "replication": 10913, "metrics": 9884}
     assert {p["name"] for p in c["ports"]} == {"store", "raft", "replication", "metrics"}
     assert store_pdb[0]["spec"]["minAvailable"] == n // 2 + 1
     assert store_pdb[0]["spec"]["selector"] == sts["spec"]["selector"]

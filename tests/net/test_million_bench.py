@@ -18,7 +18,8 @@ def _serve(tmp_path, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
 
     def limit() -> None:
         if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            # soft and hard, as `ulimit -n` sets them (lmqtt raises its soft limit to the hard one)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--port", str(port),

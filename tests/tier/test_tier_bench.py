@@ -23,3 +23,12 @@ def test_history_plan_case_on_a_file_tier(tmp_path):
     assert o["files"] == o["listed_files"] == 3 * o["segments"]
     assert o["topics_matched"] == 120                      # {a,b,c}/<40>/temp
     assert o["footers_s"] > 0 and o["manifest_s"] > 0
+
+
+def test_filter_sdk_case_reads_every_matching_message_from_the_tier(tmp_path):
+    r = lmqtt_cli("bench", "tier", "--cases", "filter-sdk", "--tiers", "file", "--filter-rows", "3000",
+                  "--repeat", "1", "--data-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    (o,) = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert o["case"] == "filter-sdk" and o["read"] == o["matching"] == 3000 and o["topic_read"] == 6000
+    assert o["tier_segments"] >= 1 and o["filter_msgs_per_s"] > 0

@@ -29,7 +29,7 @@ class ConsoleState:
     def __init__(self, gw, cfg, bound_host: str, fleet: Fleet) -> None:
         self.gw, self.cfg, self.fleet = gw, cfg, fleet
         self.auth = ConsoleAuth(cfg, bound_host)
-        self.sampler = data.Sampler(gw)
+        self.sampler = data.Sampler(gw, (lambda: fleet.call("stats")) if fleet.remote else None)
         self.stopping = asyncio.Event()
         self.sdk = None       # lmqtt serve's SDK store server (its CALL handlers), when it listens
         why = self.auth.why_no_login()
@@ -431,6 +431,8 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         Route("/console/peer/disconnect", peer_disconnect, methods=["POST"]),
         Mount("/console/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
+    from . import security                  # the Access page: users and ACL rules managed live
+    routes[-1:-1] = security.routes(gw, fleet, need, action, _json)
     console = Starlette(routes=routes)
     metrics = make_asgi_app(gw.metrics.registry)
 

@@ -46,8 +46,12 @@ def _dir_size(path: str, limit: int = 20000) -> int:
 class Sampler:
     """A sample a second into a ring of the last hour: counters as rates, gauges as values."""
 
-    def __init__(self, gw) -> None:
+    def __init__(self, gw, store_stats=None) -> None:
+        """`store_stats`: a fleet gateway's (it has no data dir of its own) coroutine function
+        answering the store's `stats`, read for the data and disk figures instead."""
         self.gw = gw
+        self.store_stats = store_stats
+        self._asking = False
         self.ring: deque[dict] = deque(maxlen=RING)
         self._prev = None
         self._handle = None
@@ -99,8 +103,14 @@ class Sampler:
                 "msg_in": now["in"], "msg_out": now["out"], **self.disk()}
 
     def disk(self) -> dict:
-        """The data dir's size and its file system's free space, re-read every 10 s."""
+        """The data dir's size and its file system's free space, re-read every 10 s (a fleet
+        gateway: the store's CommitLog size and free disk, as its last `stats` said)."""
         at, val = self._disk
+        if self.store_stats is not None:
+            if (val is None or time.monotonic() - at > 10) and not self._asking:
+                self._asking = True
+                asyncio.ensure_future(self._ask_store())
+            return val or {"data_mb": None, "disk_free_mb": None, "disk_total_mb": None}
         if val is None or time.monotonic() - at > 10:
             d = self.gw.cfg.data_dir
             try:
@@ -113,11 +123,27 @@ class Sampler:
         return val
 
 
+    async def _ask_store(self) -> None:
+        try:
+            st = await self.store_stats()
+            val = {"data_mb": round((st["max_offset"] - st["min_offset"]) / 2**20, 1),
+                   "disk_free_mb": round(st["disk_free_bytes"] / 2**20)
+                   if st.get("disk_free_bytes") is not None else None, "disk_total_mb": None}
+            self._disk = (time.monotonic(), val)
+        except Exception:  # noqa: BLE001 - the store unreachable: asked again at the next sample
+            pass
+        finally:
+            self._asking = False
+
+
 def overview(gw, sampler: Sampler) -> dict:
     last = sampler.ring[-1] if sampler.ring else sampler.sample()
     cfg = gw.cfg
     return {"gateway": {"mqtt": "{}:{}".format(*gw.address) if getattr(gw, "address", None) else None,
-                        "pid": os.getpid(), "flush_mode": cfg.flush_mode, "data_dir": os.path.abspath(cfg.data_dir),
+                        "pid": os.getpid(), "flush_mode": cfg.flush_mode,
+                        # a fleet gateway keeps no data: its store is where the data is
+                        "data_dir": None if gw.remote else os.path.abspath(cfg.data_dir),
+                        "store": cfg.store_address if gw.remote else None,
                         "mode": "fleet gateway" if gw.remote else "lmqtt serve (embedded store)"},
             "now": last, "subscriptions": session_counts(gw.broker)[2]}
 

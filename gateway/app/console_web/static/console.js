@@ -11,7 +11,10 @@ function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+    else if (k === "text") e.textContent = v;
+    // through the CSSOM: the page's Content-Security-Policy refuses style attributes (no 'unsafe-inline')
+    else if (k === "style") Object.assign(e.style, v);
+    else e.setAttribute(k, v);
   }
   for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return e;
@@ -170,7 +173,8 @@ async function overview() {
   showFleet(ov);
   showSample(ov.now);
   const g = ov.gateway;
-  $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ${g.data_dir}`;
+  $("ov-gateway").textContent = `${g.mode} · MQTT ${g.mqtt} · pid ${g.pid} · flush ${g.flush_mode} · ` +
+    (g.data_dir ? g.data_dir : `store ${g.store}`);
   events = new EventSource("/console/api/stream");
   events.onmessage = (m) => showSample(JSON.parse(m.data));
   timer = setInterval(async () => {
@@ -230,7 +234,7 @@ async function loadSessions() {
       : el("span", { class: "state", text: (s.dormant ? "dormant, offline" : "offline") + off });
     const subs = s.subscriptions.length ? s.subscriptions : [null];
     subs.forEach((x, i) => {
-      const bar = el("div", { class: "bar" }, el("div", { style: `width:${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` }));
+      const bar = el("div", { class: "bar" }, el("div", { style: { width: `${x && x.lag ? Math.max(2, (x.lag / maxLag) * 100) : 0}%` } }));
       rows.push(el("tr", { "data-client": s.client_id, "data-filter": x ? x.filter : "" },
         el("td", { class: "cid", text: i ? "" : s.client_id }), el("td", {}, i ? "" : state),
         el("td", { text: x ? x.filter + (x.share_group ? ` ($share/${x.share_group})` : "") : "(no subscription)" }),
@@ -345,8 +349,34 @@ function startTrace(ev) {
 }
 async function tracer() { /* the form starts a trace; leaving the page stops it (route) */ }
 
+// ---- access: users and ACL rules managed live -------------------------------------------------
+async function changeSecurity(body) {
+  try {
+    await api("/console/api/security", { method: "POST", body });
+    $("ac-error").textContent = "";
+  } catch (e) { $("ac-error").textContent = e.message; }
+  await loadAccess();
+}
+async function loadAccess() {
+  const d = await api("/console/api/security");
+  const admin = me && me.role === "admin";
+  $("ac-version").textContent = `version ${d.version}`;
+  $("ac-note").textContent = d.enabled ? "Kept in the store; gateways started with --live-security apply a change at once."
+    : "This gateway runs without --live-security: what is kept here applies to gateways that have it.";
+  for (const f of document.querySelectorAll(".admin-only")) f.hidden = !admin;
+  $("ac-users").tBodies[0].replaceChildren(...d.users.map((u) => el("tr", { "data-user": u.user },
+    el("td", { class: "user", text: u.user }), el("td", { text: u.updated_ms ? new Date(u.updated_ms).toISOString() : "-" }),
+    el("td", {}, admin ? el("button", { class: "remove", onclick: () => changeSecurity({ op: "user_remove", user: u.user }) }, "Remove") : ""))));
+  $("ac-rules").tBodies[0].replaceChildren(...d.rules.map((r, i) => el("tr", { "data-rule": r },
+    el("td", { class: "num", text: i + 1 }), el("td", { class: "rule", text: r }),
+    el("td", {}, admin ? el("button", { class: "remove", onclick: () => changeSecurity({ op: "rule_remove", index: i + 1 }) }, "Remove") : ""))));
+  $("ac-default").textContent = d.default || "none (the ACL file, else allow)";
+  $("ac-default-select").value = d.default || "";
+}
+async function access() { await loadAccess(); }
+
 // ---- routing ------------------------------------------------------------------------------
-const pages = { overview, clients, sessions, groups, topics, tracer };
+const pages = { overview, clients, sessions, groups, topics, tracer, access };
 
 async function route() {
   stopLive(); stopTrace();
@@ -362,6 +392,16 @@ async function start() {
   $("tr-form").addEventListener("submit", startTrace);
   $("rt-form").addEventListener("submit", loadRetained);
   $("tr-stop").addEventListener("click", stopTrace);
+  $("ac-user-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    changeSecurity({ op: "user_set", user: $("ac-user").value, password: $("ac-password").value });
+    $("ac-password").value = "";
+  });
+  $("ac-rule-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    changeSecurity({ op: "rule_add", rule: $("ac-rule").value, position: $("ac-position").value || null });
+  });
+  $("ac-default-select").addEventListener("change", () => changeSecurity({ op: "default", value: $("ac-default-select").value || null }));
   let t = null;
   $("cl-search").addEventListener("input", () => { clearTimeout(t); t = setTimeout(() => loadClients().catch(() => {}), 200); });
   window.addEventListener("hashchange", route);
