@@ -13,7 +13,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from lmqtt.gateway.core.broker import Broker
+from lmqtt.gateway.broker.broker import Broker
 from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.net.connection import MQTTConnection
@@ -447,10 +447,10 @@ class Gateway:
             self.link = None
 
     def _new_gate(self):
-        """The connection and rate limits (gateway/core/limits.py) the broker and its connections apply."""
+        """The connection and rate limits (gateway/broker/limits.py) the broker and its connections apply."""
         import resource
 
-        from lmqtt.gateway.core.limits import ConnectionGate, Limits
+        from lmqtt.gateway.broker.limits import ConnectionGate, Limits
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
@@ -529,9 +529,9 @@ class Gateway:
 
     # ------------------------------------------------------------------------------ $SYS
     def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
-        """Publish `$SYS/...` (gateway/core/sys_topics.py) every `sys_interval` seconds, retained,
+        """Publish `$SYS/...` (gateway/broker/sys_topics.py) every `sys_interval` seconds, retained,
         from memory (the broker's `sys_retained`: never appended to the store)."""
-        from lmqtt.gateway.core.sys_topics import SysTopics
+        from lmqtt.gateway.broker.sys_topics import SysTopics
         if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
             return
         publish = self.broker.sys_retained.publish

@@ -211,23 +211,13 @@ def _stored_copies(rows: list[dict], address: str, first_levels: list[str]) -> N
     the publish side (a retried PUBLISH or PRODUCE stored again), as opposed to delivered twice."""
     from collections import Counter
 
-    from .checker import parse
-    from .paths import _sdk_connect
+    from .paths import _sdk_connect, read_queue
     copies: Counter = Counter()
     try:
         c = _sdk_connect(address)
         try:
             for level in first_levels:
-                off = 0
-                for _ in range(100_000):                 # bounded: 1,000 records a pull
-                    r = c.pull(level, 0, off, 1000)
-                    if not r.records:
-                        break
-                    for rec in r.records:
-                        got = parse(rec.body)
-                        if got is not None:
-                            copies[got] += 1
-                    off = r.next_offset
+                copies.update(got for _off, got in read_queue(c, level)[0] if got is not None)
         finally:
             c.close()
     except Exception as e:  # noqa: BLE001 - a diagnostic; the verdict stands without it

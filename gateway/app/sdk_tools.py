@@ -1,4 +1,5 @@
-"""Console tools over the store's native protocol, like Kafka's console producer/consumer.
+"""The SDK's command-line tools (`lmqtt produce`, `consume`, `admin`) over the store's native protocol, like
+Kafka's console producer/consumer; the web console is `console_web/`.
 
     lmqtt produce --store HOST:PORT --topic T [--qos N] [--key K]... [--property k=v]... [--batch]
     lmqtt consume --store HOST:PORT --filter F [--group G] [--from earliest|latest|TIME]
