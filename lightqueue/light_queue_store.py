@@ -367,7 +367,7 @@ class LightQueueStore:
                 md.set_offsets(consumer, offs)
             # A session record's gateway-private state (`extra`, all but the gateway id) may hold log
             # positions of its own: the QoS 1/2 exchanges in flight and where delivery stood
-            # (gateway/core/session_persistence.py). Past a cut they name offsets that now hold other
+            # (gateway/clients/session_persistence.py). Past a cut they name offsets that now hold other
             # messages, or none: dropped, so the session resumes from its committed offsets (reset
             # above): the messages after them come again, none is skipped.
             dropped = 0

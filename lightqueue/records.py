@@ -48,7 +48,7 @@ class Subscription:
 
 NEVER_EXPIRES = 0xFFFFFFFF      # expiry_interval of a session that never expires
 HOST = "gateway"                # extra[HOST]: id of the fleet gateway that last served the session
-# extra[INFLIGHT]: a persistent session's QoS 1/2 exchanges (gateway/core/session_persistence.py);
+# extra[INFLIGHT]: a persistent session's QoS 1/2 exchanges (gateway/clients/session_persistence.py);
 # its IN2_PENDING entries [packet id, topic, key, ms] are inbound QoS 2 messages whose append may
 # or may not have been stored when the record was written (the id is written before the append,
 # the message carries `key`): `resolve_pending_qos2` settles them against the log when the record

@@ -74,7 +74,7 @@ class GatewayConfig:
     # 0 = all of them, as far back as the store's retention (Mosquitto's max_queued_messages, EMQX's
     # max_mqueue_len: a device back after a week is not flooded with a week of commands)
     max_offline_backlog: int = 0
-    # limits that protect the broker (gateway/core/limits.py, docs/gateway.md "Limits"); per gateway
+    # limits that protect the broker (gateway/broker/limits.py, docs/gateway.md "Limits"); per gateway
     # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's
     # CONNECT gets CONNACK 0x97 quota exceeded (connect rate: 0x9F; 3.1.1: return code 3).
     max_connections: int = 0          # open client sockets at once (Mosquitto max_connections)

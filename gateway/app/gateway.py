@@ -17,9 +17,9 @@ import socket
 from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.app.metrics import GatewayMetrics
-from lmqtt.gateway.core.broker import Broker
-from lmqtt.gateway.core.limits import ConnectionGate, Limits
-from lmqtt.gateway.core.sys_topics import SysTopics
+from lmqtt.gateway.broker.broker import Broker
+from lmqtt.gateway.broker.limits import ConnectionGate, Limits
+from lmqtt.gateway.broker.sys_topics import SysTopics
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.notify.redis_bus import RedisEventSubscriber
 from lmqtt.store.loopback import is_loopback
@@ -450,7 +450,7 @@ class Gateway:
             self.link = None
 
     def _new_gate(self):
-        """The connection and rate limits (gateway/core/limits.py) the broker and its connections apply."""
+        """The connection and rate limits (gateway/broker/limits.py) the broker and its connections apply."""
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
@@ -529,7 +529,7 @@ class Gateway:
 
     # ------------------------------------------------------------------------------ $SYS
     def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
-        """Publish `$SYS/...` (gateway/core/sys_topics.py) every `sys_interval` seconds, retained,
+        """Publish `$SYS/...` (gateway/broker/sys_topics.py) every `sys_interval` seconds, retained,
         from memory (the broker's `sys_retained`: never appended to the store)."""
         if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
             return

@@ -218,7 +218,7 @@ async def _serve(cfg, loop_name: str) -> int:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"
     else:
         auth_line = "none: anonymous clients allowed on loopback only"
-    if gw.acl is not None:
+    if gw.acl is not None and cfg.acl_file:    # live rules or an HTTP service also make an ACL (no file)
         auth_line += f"; ACL {cfg.acl_file}"
     mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
     redis_note = ""

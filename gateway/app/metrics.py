@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
+from lmqtt.gateway.session.messages import EXPIRED
+
 _LAT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -173,6 +175,16 @@ class GatewayMetrics:
         # idle connections whose socket is parked off the event loop (gateway/net/parking.py); counted in lmqtt_connections too
         self.connections_parked = Gauge("lmqtt_connections_parked", "Connected clients parked while idle", registry=r)
         self._http: ThreadingHTTPServer | None = None
+
+    # the session machine's `Tally` (gateway/session/outbound.py): what it sent and dropped
+    def dropped(self, why: int) -> None:
+        """A message not sent to a client: EXPIRED (1) or TOO_LARGE (2, its Maximum Packet Size)."""
+        (self.dropped_expired if why == EXPIRED else self.dropped_too_large).inc()
+
+    def first_sent(self, store_ts: list[int]) -> None:
+        """Messages sent for the first time by this gateway, by store time: the dispatch lag."""
+        now_ms = time.time() * 1000.0
+        self.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in store_ts])
 
     def start_http(self, host: str, port: int) -> tuple[str, int]:
         """Serve /metrics (Prometheus text) on a daemon thread; returns the bound address."""

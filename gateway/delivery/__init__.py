@@ -1,2 +1,3 @@
-"""Messages in and out: the publish pipeline (PUBLISH -> store -> PUBACK), the delivery engine
-(new-data events -> pulls -> PUBLISH), backlogs, history (subscribing from the past), retained."""
+"""Messages out: the delivery engine (new-data events -> pulls -> offers to the session machine),
+the messages this gateway just appended, histories (subscribing from the past), retained messages
+on SUBSCRIBE."""

@@ -26,18 +26,16 @@ same single delivery (allowed by §3.3.4: the server may deliver once with the m
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.delivery.backlog_runs import BacklogRuns
 from lmqtt.gateway.delivery.recent import RecentMessages
-from lmqtt.gateway.model.record_props import MetaCache
+from lmqtt.gateway.storage.record_props import MetaCache
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
 from lmqtt.store.errors import StoreError
-from lmqtt.gateway.model.session import TOO_LARGE, ClientSubscription, InFlight, OutboundMessage, Session
+from lmqtt.gateway.session import OVER, QOS2_SENT, ClientSubscription, MqttSession, OutboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
     from lmqtt.gateway.storage.facades import QueueStore
 
 log = logging.getLogger("lmqtt.gateway.delivery.engine")
@@ -51,23 +49,27 @@ def _store_side(e: BaseException) -> bool:
 class DeliveryEngine:
     """Pulls new light-queue entries for online readers and sends them.
 
-    It calls back through three narrow callables: `session_offsets_moved(session)` and
-    `group_offsets_moved(group)` mark offsets for the next metadata flush, `flush_writes()` writes
-    the connections' queued output at the end of a run. It composes `RecentMessages`
-    (gateway/delivery/recent.py: the messages this gateway just appended, served without a pull),
-    `BacklogRuns` (gateway/delivery/backlog_runs.py: a single reader's backlog encoded as PUBLISH runs) and
-    `HistoryRuns` (gateway/delivery/history.py: subscriptions from the past sending their history).
+    It decides what goes to whom (which queues to read, one pull per distinct cursor, fan-out,
+    overlapping subscriptions, shared groups) and offers each session its batch; the session
+    machine (gateway/session/) decides what of it is sent - window, packet ids, per-subscriber
+    encoding, cursor moves - and writes the frames to the connection handed in (`_feed_session`;
+    a single reader's backlog as PUBLISH runs: `_feed_records`). It calls back through three
+    narrow callables: `session_offsets_moved(session)` and `group_offsets_moved(group)` mark
+    offsets for the next metadata flush, `flush_writes()` writes the connections' queued output at
+    the end of a run. It composes `RecentMessages` (gateway/delivery/recent.py: the messages this
+    gateway just appended, served without a pull) and `HistoryRuns` (gateway/delivery/history.py:
+    subscriptions from the past sending their history).
     """
 
     # `qos2_sent(session)`: a batch of new QoS 2 PUBLISHes was queued to a persistent session's
-    # connection (core/broker.py: written ahead before they leave); None: nothing to do
-    qos2_sent: Callable[[Session], None] | None = None
+    # connection (broker/broker.py: written ahead before they leave); None: nothing to do
+    qos2_sent: Callable[[MqttSession], None] | None = None
     # (queue, offset) -> Answer of the message: what a session being resumed had in flight,
     # asked for with it (SubscriptionRegistry.prepare_resume); None otherwise
     at_hand: dict | None = None
 
     def __init__(self, store: "QueueStore", loop, metrics, cfg, *,
-                 session_offsets_moved: Callable[[Session], None],
+                 session_offsets_moved: Callable[[MqttSession], None],
                  group_offsets_moved: Callable[["SharedGroup"], None],
                  flush_writes: Callable[[], None], acl=None) -> None:
         self.store = store
@@ -79,7 +81,7 @@ class DeliveryEngine:
         self._session_offsets_moved = session_offsets_moved
         self._group_offsets_moved = group_offsets_moved
         self._flush_writes = flush_writes
-        self.direct: dict[str, Session | set[Session]] = {}   # queue -> online sessions reading it (`add_reader`)
+        self.direct: dict[str, MqttSession | set[MqttSession]] = {}   # queue -> online sessions reading it (`add_reader`)
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
         self.on_group_added: Callable[["SharedGroup"], None] | None = None   # fleet: group leases
         self.on_group_removed: Callable[["SharedGroup"], None] | None = None
@@ -89,10 +91,6 @@ class DeliveryEngine:
         self._budget = self.run_budget      # messages this run may still read at backlog_batch
         # props bytes -> decoded RecordMeta, each distinct value decoded once (record_props.MetaCache)
         self._metas = MetaCache()
-        # a single reader's backlog encoded straight into PUBLISH runs (gateway/delivery/backlog_runs.py)
-        self._runs = BacklogRuns(cfg, metrics, metas=self._metas, meta_of=self._meta_of,
-                                 outbound=self._outbound_message,
-                                 feed_session=self._feed_session, session_offsets_moved=session_offsets_moved)
         # the newest entries of queues with local readers, from the records the loop appended
         # itself, served without a pull (gateway/delivery/recent.py); bounded to a quarter of lq_cache_mb.
         # `record_appended` (the publish pipeline's callback) and `drop_recent` are its methods,
@@ -112,7 +110,7 @@ class DeliveryEngine:
         self.drop_history = self._histories.drop
 
     # -- index maintenance -------------------------------------------------------------------
-    def add_reader(self, s: Session, queue: str) -> None:
+    def add_reader(self, s: MqttSession, queue: str) -> None:
         # one reader (a device on a topic of its own: most queues) is the session itself, which
         # iterates as its one reader (`Session.__iter__`), not a set (216 bytes per idle device) or
         # a 1-tuple (48); a set from the second reader on. Every reader of `direct` only
@@ -127,7 +125,7 @@ class DeliveryEngine:
         else:
             ss.add(s)
 
-    def remove_reader(self, s: Session, queue: str) -> None:
+    def remove_reader(self, s: MqttSession, queue: str) -> None:
         d = self.direct
         ss = d.get(queue)
         if ss is None:
@@ -172,7 +170,7 @@ class DeliveryEngine:
             # less or nothing to do)
             self._run()
 
-    def kick(self, s: Session) -> None:
+    def kick(self, s: MqttSession) -> None:
         """Re-examine every queue `s` reads (after connect, an ack or the socket draining)."""
         if self.histories and self._histories.mark(s):
             self._schedule()
@@ -229,7 +227,7 @@ class DeliveryEngine:
         self._flush_writes()
 
     # -- history of subscriptions from the past (gateway/delivery/history.py) ----------------------------
-    def start_history(self, s: Session, sub: ClientSubscription, plan) -> None:
+    def start_history(self, s: MqttSession, sub: ClientSubscription, plan) -> None:
         """`s` is sent `sub`'s history first, as `plan` (a "log" ReplayPlan) reads it, with this
         engine's props cache and the ACL's read rules (a `HistoryRun`); its queue is read live
         (the session becomes a reader at the seam) when the history is done."""
@@ -237,11 +235,11 @@ class DeliveryEngine:
         self._histories.start(HistoryRun(s, sub, plan, self._meta_of, self.acl))
         self._schedule()
 
-    def _history_done(self, s: Session, queue: str) -> None:
+    def _history_done(self, s: MqttSession, queue: str) -> None:
         self.add_reader(s, queue)
         self._dirty.add(queue)
 
-    def trim_backlog(self, s: Session, keep: int) -> int:
+    def trim_backlog(self, s: MqttSession, keep: int) -> int:
         """A session that comes back keeps at most its newest `keep` messages per subscription
         (`max_offline_backlog`): a cursor further behind its queue's end skips the older ones,
         counted as dropped (`reason="offline_backlog"`). A subscription still sending its history
@@ -267,14 +265,14 @@ class DeliveryEngine:
             return n
         return 0
 
-    def _trim_later(self, s: Session, q: str, cur, end, keep: int) -> None:
+    def _trim_later(self, s: MqttSession, q: str, cur, end, keep: int) -> None:
         if end.exception() is not None or s.cursors.get(q) is not cur or self.has_history(s, q):
             return
         n = self._trim_cursor(cur, end.result() - keep)
         if n:
             self._trimmed(s, n, keep)
 
-    def _trimmed(self, s: Session, skipped: int, keep: int) -> None:
+    def _trimmed(self, s: MqttSession, skipped: int, keep: int) -> None:
         self.metrics.dropped_offline_backlog.inc(skipped)
         self._session_offsets_moved(s)
         log.info("event=offline_backlog_trimmed client_id=%s dropped=%d keep=%d", s.client_id, skipped, keep)
@@ -282,7 +280,7 @@ class DeliveryEngine:
     # -- records in hand -----------------------------------------------------------------------
     def message_at(self, q: str, off: int) -> OutboundMessage | None:
         """The message at `off` in queue `q` read again (a session's exchange in flight resumed
-        after a restart, persistence.restore_inflight): asked for with the session it resumes
+        after a restart, `MqttSession.restore`): asked for with the session it resumes
         (`at_hand`, set while a resumed session is decided: SubscriptionRegistry.deciding), else
         asked now; None when it is no longer stored, or its answer is not in (it is then
         delivered again as a new one)."""
@@ -381,7 +379,7 @@ class DeliveryEngine:
                 self._later(q, a)
                 return False
             maxo = a.result()
-        by_off: dict[int, list[Session]] = {}
+        by_off: dict[int, list[MqttSession]] = {}
         want: dict[int, int] = {}
         batch = self.backlog_batch
         lo = maxo                 # the lowest cursor among the readers
@@ -400,7 +398,7 @@ class DeliveryEngine:
                 # a client that stopped reading loses QoS 0 messages (as Mosquitto); one whose
                 # answer waits for the store (`wait_for_store`) only waits: it reads on after
                 sub = s.direct.get(q)
-                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.inflight:
+                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.busy():
                     skipped = maxo - cur.next_offset
                     cur.next_offset = maxo
                     self.metrics.dropped_qos0_backpressure.inc(skipped)
@@ -408,7 +406,7 @@ class DeliveryEngine:
                 continue
             sub = s.direct.get(q)
             if sub is not None and sub.qos:
-                room = s.receive_max - len(s.outbound)
+                room = s.window_room()
                 if room <= 0:
                     continue
             else:
@@ -453,9 +451,9 @@ class DeliveryEngine:
                             s.cursors[q].next_offset = nxt
                             self._session_offsets_moved(s)
                     continue
-                if len(sessions) == 1 and BacklogRuns.runnable(sessions[0], q):
+                if len(sessions) == 1 and self._runnable(sessions[0], q):
                     # one reader at this offset (an offline session's backlog on reconnect)
-                    if self._runs.feed(sessions[0], q, msgs, nxt):
+                    if self._feed_records(sessions[0], q, msgs, nxt):
                         more = True
                     if nxt < maxo:
                         more = True
@@ -468,152 +466,48 @@ class DeliveryEngine:
                 more = True
         return more
 
-    def _feed_session(self, s: Session, q: str, messages: list[OutboundMessage], next_offset: int) -> bool:
-        """Send what the session can take from `messages` (one pulled batch of queue `q`).
-
-        The hot loop of fan-out: everything per-session is hoisted out of it; the socket's
-        write_blocked flag cannot change inside it (writes are coalesced until the end of the tick),
-        so only the QoS 1/2 window is counted down. Stops at the first QoS 1/2 message that does
-        not fit the window, so per-queue order is kept and the cursor stays on that message.
-        """
+    def _feed_session(self, s: MqttSession, q: str, messages: list[OutboundMessage], next_offset: int) -> bool:
+        """Offer `s` one pulled batch of queue `q` (the session machine sends what its window and
+        the byte budget let it: `MqttSession.offer`); True when the byte budget stopped it."""
         conn = s.conn
         if conn is None or conn.write_blocked:
             return False
-        cur = s.cursors[q]
-        sub = s.direct[q]
-        multi = len(s.direct) > 1
         # ACL read rules: only subscriptions overlapping a denied area pay a check per message
         rc = conn.read_checks
-        acl_read = None
+        can_read = None
         if rc is not None and q in rc:
-            ident = conn.identity
-            acl_read = self.acl.can_read
-        room = s.receive_max - len(s.outbound)
-        sub_qos = sub.qos
-        no_local = sub.no_local
-        rap = sub.retain_as_published
-        cid = s.client_id
-        version = s.version
-        outbound = s.outbound
-        inflight = cur.inflight
-        write = conn.write
-        # MQTT 5 per-subscriber parts (topic alias, subscription identifiers) or a message with an
-        # expiry interval take `publish_bytes`; everything else the shared template variant
-        custom = s.custom
-        maxp = s.max_packet
-        one_ids = (sub.subscription_id,) if sub.subscription_id else None
-        now_ms = None
-        nxt = cur.next_offset
-        sent0 = sent1 = sent2 = 0
-        first_ts = None           # store timestamps of messages sent here for the first time
-        complete = True
-        # Writes are coalesced until the end of the tick, so `write_blocked` cannot stop this loop:
-        # bound the payload bytes one call may queue to the socket's high-water mark, or a
-        # never-reading client with a large window would get window × payload queued at once.
-        budget = self.cfg.write_high_water
-        over = False
-        for it in messages:
-            off = it.queue_offset
-            if off < nxt:
-                continue
-            qos = sub_qos
-            rec = it.record
-            if no_local and rec.client_id == cid:
-                nxt = off + 1
-                continue
-            if multi:
-                owner, qos = self._owner(s, it, q)
-                if owner != q:
-                    nxt = off + 1
-                    continue
-            if acl_read is not None and not acl_read(ident, it.topic):
-                nxt = off + 1
-                continue
-            if rec.qos < qos:
-                qos = rec.qos
-            if qos and room <= 0:
-                complete = False
-                break
-            retain = rec.retain if rap else False
-            if qos:
-                pid = s.next_pid                       # inline alloc_pid (room > 0: a free id exists)
-                while pid in outbound:
-                    pid = pid % 65535 + 1
-            else:
-                pid = None
-            ids = None
-            if custom or rec.message_expiry_interval is not None:
-                if custom:
-                    ids = s.sub_ids_for(it, q) if multi else one_ids
-                if now_ms is None:
-                    now_ms = time.time() * 1000.0
-                data = s.publish_bytes(it, qos, retain, pid, False, ids, now_ms)
-                if type(data) is not bytes:
-                    s.count_drop(data)             # expired, or over the client's Maximum Packet Size
-                    nxt = off + 1
-                    continue
-            else:
-                data = it.encode(qos, retain, version, pid)
-                if maxp and len(data) > maxp:
-                    s.count_drop(TOO_LARGE)
-                    nxt = off + 1
-                    continue
-            if not it.sent:
-                it.sent = True
-                if it.store_ts:
-                    if first_ts is None:
-                        first_ts = [it.store_ts]
-                    else:
-                        first_ts.append(it.store_ts)
-            if qos == 0:
-                write(data)
-                sent0 += 1
-            else:
-                s.next_pid = pid % 65535 + 1
-                inf = outbound[pid] = InFlight(pid, it, qos, retain, q, off, None)
-                if ids is not None:
-                    inf.sub_ids = ids
-                write(data)
-                inflight[off] = pid
-                room -= 1
-                if qos == 1:
-                    sent1 += 1
-                else:
-                    sent2 += 1
-            nxt = off + 1
-            budget -= len(it.payload)
-            if budget <= 0:
-                over = True       # the rest next run (or after resume_writing)
-                break
-        if complete and not over and nxt < next_offset:
-            nxt = next_offset
-        cur.next_offset = nxt
-        mo = self.metrics.msg_out
-        mo[0] += sent0
-        mo[1] += sent1
-        mo[2] += sent2
-        if first_ts is not None:
-            now_ms = time.time() * 1000.0
-            self.metrics.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in first_ts])
-        if s.expiry_interval:
-            self._session_offsets_moved(s)
-            if sent2 and self.qos2_sent is not None:
-                self.qos2_sent(s)     # the batch's QoS 2 PUBLISHes leave once their state is durable
-        return over
+            ident, acl = conn.identity, self.acl
+            can_read = lambda topic: acl.can_read(ident, topic)     # noqa: E731
+        return self._offered(s, s.offer(q, messages, next_offset, conn.write, self.metrics,
+                                        self.cfg.write_high_water, can_read))
 
     @staticmethod
-    def _owner(s: Session, it: OutboundMessage, q: str) -> tuple[str, int]:
-        best_q, best_qos = q, s.direct[q].qos
-        own = it.record.client_id == s.client_id
-        for dq in it.dispatch_queues:
-            if dq == q:
-                continue
-            sub = s.direct.get(dq)
-            if sub is None or (own and sub.no_local):    # No Local: that subscription does not match
-                continue
-            if sub.qos > best_qos or (sub.qos == best_qos and dq < best_q):
-                best_q, best_qos = dq, sub.qos
-        return best_q, best_qos
+    def _runnable(s: MqttSession, q: str) -> bool:
+        """Whether `s` can take queue `q`'s records as runs: its socket takes writes, no ACL read
+        check on `q`, and the session machine says so (`takes_runs`: no per-subscriber parts)."""
+        conn = s.conn
+        if conn is None or conn.write_blocked:
+            return False
+        rc = conn.read_checks
+        return not (rc is not None and q in rc) and s.takes_runs(q)
+
+    def _feed_records(self, s: MqttSession, q: str, msgs: list, next_offset: int) -> bool:
+        """Offer `s`, the one reader of `q` at this cursor, pulled records `msgs` as PUBLISH runs
+        (`MqttSession.offer_records`: no OutboundMessage per plain message)."""
+        conn = s.conn
+        return self._offered(s, s.offer_records(q, msgs, next_offset, conn.write, conn.flush, self.metrics,
+                                                self.cfg.write_high_water, self._metas, self._meta_of,
+                                                self._outbound_message))
+
+    def _offered(self, s: MqttSession, flags: int) -> bool:
+        """What an offer asks of the driver: a persistent session's offsets written by the next
+        flush, its new QoS 2 PUBLISHes held until its record is written (`qos2_sent`); True when
+        the byte budget stopped it (the rest at the next run, or after the socket drained)."""
+        if s.expiry_interval:
+            self._session_offsets_moved(s)
+            if flags & QOS2_SENT and self.qos2_sent is not None:
+                self.qos2_sent(s)     # the batch's QoS 2 PUBLISHes leave once their state is durable
+        return bool(flags & OVER)
 
     def _deliver_group(self, g: "SharedGroup") -> bool:
         f = g.fleet
@@ -634,7 +528,7 @@ class DeliveryEngine:
         cur = g.cursor
         if cur.next_offset >= maxo or not g.members:
             return False
-        if not any(s.can_send() for s, _ in g.members):
+        if not any(g.can_take(s) for s, _ in g.members):
             return False
         res = self._pull(g.queue, cur.next_offset)
         if res is None:
@@ -656,9 +550,9 @@ class DeliveryEngine:
             if cur.next_offset < res.next_offset:
                 cur.next_offset = res.next_offset
         self._group_offsets_moved(g)
-        return cur.next_offset < maxo and any(s.can_send() for s, _ in g.members)
+        return cur.next_offset < maxo and any(g.can_take(s) for s, _ in g.members)
 
-    def _send_group(self, g: "SharedGroup", s: Session, sub: ClientSubscription, it: OutboundMessage) -> None:
+    def _send_group(self, g: "SharedGroup", s: MqttSession, sub: ClientSubscription, it: OutboundMessage) -> None:
         conn = s.conn
         if conn is not None and conn.read_checks is not None and g.queue in conn.read_checks \
                 and not self.acl.can_read(conn.identity, it.topic):
@@ -668,11 +562,11 @@ class DeliveryEngine:
         if not it.sent:
             it.sent = True
             if it.store_ts:
-                self.metrics.dispatch_lag.observe(max(0.0, (time.time() * 1000.0 - it.store_ts) / 1000.0))
-        pid = s.send_message(it, qos, retain, queue=None, group=g,
-                          sub_ids=(sub.subscription_id,) if sub.subscription_id and s.version == 5 else None)
+                self.metrics.first_sent([it.store_ts])
+        pid = s.send(it, qos, retain, conn.write, self.metrics, group=g,
+                     sub_ids=(sub.subscription_id,) if sub.subscription_id and s.version == 5 else None)
         off = it.queue_offset
         if pid is None or pid is False:       # QoS 0, or dropped for this client (expired / too large)
-            g.cursor.inflight.pop(off, None)
+            g.cursor.release(off)
         else:
-            g.cursor.inflight[off] = s
+            g.cursor.hold(off, s)

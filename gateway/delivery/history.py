@@ -27,7 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.mqtt import encode_publish_run
-from lmqtt.gateway.model.session import TOO_LARGE, OutboundMessage, Session, ClientSubscription
+from lmqtt.gateway.session import TOO_LARGE, OutboundMessage, MqttSession, ClientSubscription
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.facades import ReplayPlan
@@ -96,14 +96,14 @@ class HistoryRuns:
     chunk of a remote history comes in, and a second after a history failed to read.
     """
 
-    def __init__(self, loop, cfg, *, kick: Callable[[Session], None],
-                 go_live: Callable[[Session, str], None]) -> None:
+    def __init__(self, loop, cfg, *, kick: Callable[[MqttSession], None],
+                 go_live: Callable[[MqttSession, str], None]) -> None:
         self.loop = loop
         self.cfg = cfg
         self._kick = kick
         self._go_live = go_live
-        self.by_session: dict[Session, list[HistoryRun]] = {}
-        self.marked: set[Session] = set()        # sessions to examine at the next `run`
+        self.by_session: dict[MqttSession, list[HistoryRun]] = {}
+        self.marked: set[MqttSession] = set()        # sessions to examine at the next `run`
 
     def start(self, run: "HistoryRun") -> None:
         """Send `run`'s history from the next `run` on (the caller schedules one)."""
@@ -112,18 +112,18 @@ class HistoryRuns:
         self.by_session.setdefault(s, []).append(run)
         self.marked.add(s)
 
-    def mark(self, s: Session) -> bool:
+    def mark(self, s: MqttSession) -> bool:
         """Examine `s` at the next `run` if it has a history under way; whether it has."""
         if s in self.by_session:
             self.marked.add(s)
             return True
         return False
 
-    def has(self, s: Session, queue: str) -> bool:
+    def has(self, s: MqttSession, queue: str) -> bool:
         runs = self.by_session.get(s)
         return runs is not None and any(r.queue == queue for r in runs)
 
-    def drop(self, s: Session, queue: str | None = None) -> None:
+    def drop(self, s: MqttSession, queue: str | None = None) -> None:
         """The subscription went (unsubscribe; every one of `s` when `queue` is None, the session
         ended): its unsent history with it."""
         runs = self.by_session.get(s)
@@ -172,7 +172,7 @@ class HistoryRun:
     send_batch = 1024          # messages sent per delivery run (fairness with other sessions)
     reads_per_run = 4          # store reads per delivery run
 
-    def __init__(self, session: Session, sub: ClientSubscription, plan: "ReplayPlan",
+    def __init__(self, session: MqttSession, sub: ClientSubscription, plan: "ReplayPlan",
                  meta_of: Callable[[bytes], object], acl=None, metrics=None) -> None:
         """`meta_of(props)`: a message's decoded props (the delivery engine's cache)."""
         self.session = session
@@ -199,7 +199,7 @@ class HistoryRun:
 
         Plain QoS 0 messages (no MQTT 5 properties, expiry, alias or subscription identifier to
         add) are collected and encoded as one run (`encode_publish_run`); anything else goes
-        through `Session.send_message` after the run so far is written, so the order on the wire is
+        through the session machine (`MqttSession.send`) after the run so far is written, so the order on the wire is
         the history's order. Why: a history is thousands of distinct messages each sent once, and
         an OutboundMessage + PUBLISH template per message was a third of the pump's time."""
         s = self.session
@@ -211,7 +211,7 @@ class HistoryRun:
         v5 = s.version == 5
         ids = (sub.subscription_id,) if sub.subscription_id and v5 else None
         # whether a QoS 0 message of this subscription can skip per-subscriber parts
-        plain = not v5 or (ids is None and not s.alias_max)
+        plain = s.takes_plain(ids)
         no_local = sub.no_local
         cid = s.client_id
         sub_qos = sub.qos
@@ -263,7 +263,7 @@ class HistoryRun:
                         if run:
                             self._write_run(run)
                         it = OutboundMessage(m.topic, m.body, rec, None, m.phys_offset, (), m.store_ts)
-                        s.send_message(it, qos, retain, sub_ids=ids)
+                        s.send(it, qos, retain, conn.write, conn.metrics, sub_ids=ids)
                     pos += 1
                     self.sent += 1
                     n += 1
@@ -277,10 +277,10 @@ class HistoryRun:
         """Write the collected plain QoS 0 PUBLISHes (see pump) and empty `run`."""
         s = self.session
         conn = s.conn
-        data, dropped = encode_publish_run(run, s.version, s.max_packet)
-        for _ in range(dropped):
-            s.count_drop(TOO_LARGE)
+        data, dropped = encode_publish_run(run, s.version, s.max_packet_size)
         if conn is not None:
+            for _ in range(dropped):
+                s.count_drop(TOO_LARGE, conn.metrics)
             if data:
                 conn.write(data)
             conn.metrics.msg_out[0] += len(run) - dropped

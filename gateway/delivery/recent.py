@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model.session import OutboundMessage
+from lmqtt.gateway.session import OutboundMessage
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.facades import QueueStore

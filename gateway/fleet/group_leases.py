@@ -2,7 +2,7 @@
 messages, each message to one member.
 
 Why the store assigns the messages: each gateway keeps its own `SharedGroup`
-(gateway/model/shared_groups.py) for the members connected to it; two gateways reading the group's
+(gateway/subscriptions/shared_groups.py) for the members connected to it; two gateways reading the group's
 light queue would each hand every message to one of *their* members. The store therefore hands
 each message to ONE gateway (store/node/group_assign.py, POP-style): this gateway asks for as many
 as its members' in-flight windows have room for (`gw_group_pop`, one request per group at a time,
@@ -15,8 +15,8 @@ takes them, or, with none left that can, they go back to the store for the other
 `ttl_s`), what it held is given to the other gateways' members: the lease time bounds that
 redelivery's delay.
 
-The group's local cursor is not used to read the queue here (`SharedGroup.cursor.inflight` still
-says which member holds which offset); the group's committed offset is the store's.
+The group's local cursor is not used to read the queue here (its in-flight offsets still say
+which member holds which offset); the group's committed offset is the store's.
 `lmqtt serve` (one gateway) never uses this: its groups read the queue directly.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model.record_props import MetaCache
-from lmqtt.gateway.model.session import OutboundMessage
-from lmqtt.gateway.model.shared_groups import SharedGroup
+from lmqtt.gateway.storage.record_props import MetaCache
+from lmqtt.gateway.session import OutboundMessage
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_groups import RemoteGroups
@@ -54,7 +54,7 @@ class FleetGroup:
     def deliver(self, g: SharedGroup, send: Callable) -> bool:
         """Hand what this gateway holds of `g` to its members, then ask the store for more."""
         held = g.redeliver
-        inflight = g.cursor.inflight
+        cursor = g.cursor
         while held:
             pick = g.pick()
             if pick is None:
@@ -62,7 +62,7 @@ class FleetGroup:
             it = held.popleft()
             send(g, pick[0], pick[1], it)
             off = it.queue_offset
-            if off not in inflight:      # QoS 0, withheld by the ACL, or dropped for the client: done
+            if not cursor.holds(off):    # QoS 0, withheld by the ACL, or dropped for the client: done
                 self.done.append(off)
         if self.done:
             self.owner.flush_soon(g)
@@ -91,8 +91,8 @@ class FleetGroup:
         """Messages this gateway's members can take now, minus those it holds already."""
         n = 0
         for s, _sub in g.members:
-            if s.can_send():
-                n += s.receive_max - len(s.outbound)
+            if g.can_take(s):
+                n += s.window_room()
         return n - len(g.redeliver)
 
     def ask(self, g: SharedGroup) -> None:

@@ -27,12 +27,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
-from lmqtt.gateway.core.session_persistence import INFLIGHT, Dormant, start_offsets
-from lmqtt.gateway.core.session_registry import SessionRegistry
 from lmqtt.gateway.mqtt import ReasonCode as RC
+from lmqtt.gateway.clients.session_persistence import INFLIGHT, Dormant, start_offsets
+from lmqtt.gateway.clients.session_registry import SessionRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.core.subscription_registry import Prepared
+    from lmqtt.gateway.subscriptions.subscription_registry import Prepared
     from lmqtt.gateway.storage.facades import SessionStore, Storage
 
 log = logging.getLogger("lmqtt.gateway.fleet.sessions")
@@ -273,7 +273,6 @@ class FleetSessionRegistry(SessionRegistry):
             if s.persistent:
                 self.persist.save_offsets(s)
             self.subscriptions.go_offline(s)
-            s.retained_backlog = ()
             if self.sessions.get(client_id) is s:
                 self._forget_local(client_id)
         if will is not None:
@@ -390,7 +389,7 @@ class FleetSessionRegistry(SessionRegistry):
             s.expiry_handle = None
         self.persist.forget(s)
         self.subscriptions.remove_all(s)
-        s.outbound.clear()
+        s.ended()
 
     _UNREAD = object()
 
@@ -401,11 +400,11 @@ class FleetSessionRegistry(SessionRegistry):
             rec = self.store_sessions.get(client_id).wait()
         local = self.sessions.get(client_id)
         if (local is not None and rec is not None and rec.last_disconnect_ms is not None
-                and rec.last_disconnect_ms == local.disconnected_at_ms and local.saved_inflight is None):
+                and rec.last_disconnect_ms == local.disconnected_at_ms and not local.has_saved()):
             # the store holds the record this gateway wrote when the client left: nobody served
             # the session since, and the local copy also knows its messages in flight (re-sent
             # with DUP and their packet ids; unless it was restored at start without their
-            # messages, `saved_inflight`: reloaded here, where they are read ahead)
+            # messages, `keep_saved`: reloaded here, where they are read ahead)
             return
         if rec is not None and rec.expired(_now_ms()):
             # its gateway is gone and the store's sweep has not ended it yet: it ends now

@@ -339,7 +339,7 @@ def encode_publish_run_py(msgs, version: int, max_packet: int = 0) -> tuple[byte
 
     Byte for byte `PublishTemplate(topic, payload).encode(qos, retain, version, pid)` per message
     (tests/mqtt compare them). Why: a history sent on `$replay/` (gateway/delivery/history.py), retained
-    messages on SUBSCRIBE (gateway/delivery/retained.py) and a reader's backlog (gateway/delivery/backlog_runs.py) are
+    messages on SUBSCRIBE (gateway/delivery/retained.py) and a reader's backlog (`MqttSession.offer_records`, gateway/session/outbound.py) are
     runs of distinct messages each sent once to one subscriber, so a template per message (and its
     variant cache) buys nothing there; this is one join per run."""
     parts: list = []

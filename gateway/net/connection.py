@@ -24,20 +24,19 @@ import socket
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lmqtt.gateway.model.rare import RareField, rare_defaults
+from lmqtt.gateway.session.rare import RareField, rare_defaults
 from lmqtt.gateway.mqtt import (Decoder, ProtocolError, ReasonCode, encode, encode_connack_refusal,
                                 encode_malformed_connect_reply, packets as P)
 from lmqtt.gateway.net.connection_parking import NO_OUT, ConnectionParking
 from lmqtt.gateway.net.write_batcher import WriteBatcher
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.model.session import Session
+    from lmqtt.gateway.session import MqttSession
 
 log = logging.getLogger("lmqtt.gateway.conn")
 
 
 NO_TOPICS: frozenset = frozenset()
-NO_ALIASES: dict = {}     # never written: the topic aliases of a connection that set none (see `resolve_topic_alias`)
 _KEEPALIVES: dict[int, int] = {}   # keep alive seconds -> the one int object kept for it (`keepalive`)
 _ACCEPTED = [0.0]         # the accept time the sockets accepted within one tenth of a second share (`_accept_time`)
 
@@ -59,7 +58,7 @@ class PacketHandler(Protocol):
     metrics: Any
     loop: asyncio.AbstractEventLoop
     writes: WriteBatcher
-    gate: Any      # the connection and rate limits (gateway/core/limits.py ConnectionGate), None for none
+    gate: Any      # the connection and rate limits (gateway/broker/limits.py ConnectionGate), None for none
 
     def on_accept(self, conn: "MQTTConnection") -> None: ...
     def on_connection_lost(self, conn: "MQTTConnection", exc: BaseException | None) -> None: ...
@@ -72,12 +71,12 @@ class PacketHandler(Protocol):
 class _ConnRare:
     """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
-    login and method, MQTT 5 topic aliases, a paused or full transport, a client that wants no reason
+    login and method, a paused or full transport, a client that wants no reason
     strings): made at the first other value and dropped when all are back at their defaults, so an
-    idle connection pays one slot for them, not thirteen."""
+    idle connection pays one slot for them, not fourteen."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
-                 "auth_method", "topic_aliases", "_auth_login", "_rate_paused", "_transport_paused",
+                 "auth_method", "_auth_login", "_rate_paused", "_transport_paused",
                  "transport_full", "problem_info", "internal", "left_because")
 
     def __init__(self) -> None:
@@ -110,8 +109,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     _rate_timer = RareField(None)     # asyncio.TimerHandle of a publish-rate pause
     _holds = RareField(0)             # `hold` calls not yet released
     auth_method = RareField(None)     # the Authentication Method the connection logged in with
-    # MQTT 5 topic aliases the client set (alias -> topic): the shared empty NO_ALIASES until the first
-    topic_aliases = RareField(NO_ALIASES)
     _auth_login = RareField(None)     # MQTT 5 enhanced authentication in progress (`auth_login`)
     _rate_paused = RareField(False)   # over publish_rate_per_client: not read until the budget is back
     _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
@@ -156,7 +153,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         # decoded packets are only read by the handler, never mutated: share the empty Properties
         self.decoder = Decoder(max_packet_size=self.cfg.max_packet_size, share_empty_properties=True)
         self.version = 4
-        self.session: Session | None = None
+        self.session: MqttSession | None = None
         self.client_id: str | None = None
         self.connected = False        # CONNECT accepted
         self.closing = False          # close() called: no more writes
@@ -175,7 +172,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         self.valid_topics: frozenset | set = NO_TOPICS
         self.acl_publish_ok: frozenset | set = NO_TOPICS
         self.reading_paused = False   # too many publishes awaiting the store
-        # limits (gateway/core/limits.py): the gate that admitted this socket (released on close), the
+        # limits (gateway/broker/limits.py): the gate that admitted this socket (released on close), the
         # limit that refused it (answered at its CONNECT), the publish budget (None: unlimited)
         self._rare: _ConnRare | None = None    # the `RareField`s, once one is not at its default
         self._gate = None
@@ -409,7 +406,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
             else:
                 t.resume_reading()
 
-    # -- publish rate per client (gateway/core/limits.py) --------------------------------------------
+    # -- publish rate per client (gateway/broker/limits.py) --------------------------------------------
     def _rate_hold(self, rest) -> None:
         """Over publish_rate_per_client: this PUBLISH and everything after it (already read) wait
         in order, and the socket is not read, until the budget has a token again; TCP then slows
@@ -503,7 +500,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         properties) when the packet would exceed the client's MQTT 5 Maximum Packet Size (§3.1.2.11.4)."""
         data = encode(pkt, self.version)
         s = self.session
-        if s is not None and s.max_packet and len(data) > s.max_packet:
+        if s is not None and s.max_packet_size and len(data) > s.max_packet_size:
             pkt.properties.reason_string = None
             pkt.properties.user_property = []
             data = encode(pkt, self.version)
@@ -577,25 +574,6 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
             self.close()
             return
         self.close_with_error(reason_code, reason)
-
-    # -- MQTT 5 topic aliases from the client ---------------------------------------------------
-    def resolve_topic_alias(self, topic: str, alias: int, maximum: int) -> str:
-        """The topic of a PUBLISH carrying a topic alias (§3.3.2.3.4): with a topic it sets the
-        alias (valid for this connection only), with an empty topic it uses it. Alias 0 or above
-        our CONNACK Topic Alias Maximum: 0x94; an alias never set: protocol error."""
-        if not 0 < alias <= maximum:
-            raise ProtocolError(f"topic alias {alias} is outside 1..{maximum} "
-                                "(the Topic Alias Maximum in CONNACK)", ReasonCode.TOPIC_ALIAS_INVALID)
-        if topic:
-            aliases = self.topic_aliases
-            if aliases is NO_ALIASES:
-                aliases = self.topic_aliases = {}
-            aliases[alias] = topic
-            return topic
-        t = self.topic_aliases.get(alias)
-        if t is None:
-            raise ProtocolError(f"topic alias {alias} was never set on this connection", ReasonCode.PROTOCOL_ERROR)
-        return t
 
     # -- inbound flow control ----------------------------------------------------------------
     def pause_reading_for_store(self) -> None:

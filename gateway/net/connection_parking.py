@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 
-from lmqtt.gateway.model.session import ParkedSession, fold
+from lmqtt.gateway.session import fold
 from lmqtt.gateway.mqtt import Decoder
 
 log = logging.getLogger("lmqtt.gateway.conn")
@@ -83,8 +83,7 @@ class ConnectionParking:
                 or self._auth_login is not None or self.pending_publishes or self.decoder.buffered):
             return False
         s = self.session
-        if (s is None or s.conn is not self or s._inbound_pending
-                or (s.__class__ is not ParkedSession and s.outbound)):     # (folded: nothing in flight)
+        if s is None or s.conn is not self or not s.quiet():     # something in flight either way
             return False
         if t.get_write_buffer_size() or t.is_closing():
             return False
@@ -112,7 +111,7 @@ class ConnectionParking:
         self._transport_paused = False
         self.last_rx = _parked_rx_time(self.last_rx)
         self._park = fd
-        fold(s)          # its session's tables too, made again at first use (gateway/model/session.py)
+        fold(s)          # its session's tables too, made again at first use (gateway/session/parked.py)
         parking.parked_total += 1
         return True
 

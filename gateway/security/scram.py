@@ -1,7 +1,7 @@
 """SCRAM-SHA-256 (RFC 5802 / RFC 7677) for MQTT 5 enhanced authentication, as a sans-IO server
 state machine: bytes of the client's Authentication Data in, bytes to send back out. The gateway
 carries them in CONNECT / AUTH (reason 0x18 "continue authentication") / CONNACK packets with the
-Authentication Method "SCRAM-SHA-256" (gateway/security/auth.py `ScramLogin`, gateway/core/broker.py).
+Authentication Method "SCRAM-SHA-256" (gateway/security/auth.py `ScramLogin`, gateway/broker/broker.py).
 
 Why SCRAM: the password never crosses the wire (not even inside TLS), the server stores no
 password-equivalent (only StoredKey and ServerKey), and the client verifies the server too (the

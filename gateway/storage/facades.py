@@ -291,7 +291,7 @@ class SessionStore(Protocol):
         a fleet gateway's own and those of no gateway."""
     def records_for_restore(self, hosted_by: str | None = None) -> "Answer[Iterable[bytes]]":
         """The records' bytes (SessionRecord JSON, as written), without offsets: a gateway's
-        restore at start decodes only what it needs of each (gateway/core/session_persistence.py
+        restore at start decodes only what it needs of each (gateway/clients/session_persistence.py
         `dormant_from`) and reads a session's offsets when its client comes back. In-process read
         as they are consumed; remote a page per round trip. `hosted_by`: as `list_for_restore`
         (a node of the previous version may send them all: the caller checks the host too)."""
@@ -355,7 +355,7 @@ class WillStore(Protocol):
 class FilterRegistry(Protocol):
     """This gateway's holds on wildcard filters: the store indexes a wildcard filter's light queue
     while some gateway holds it (one hold per filter per gateway; the subscription registry,
-    gateway/core/subscription_registry.py, counts the local users). A hold is what a new
+    gateway/subscriptions/subscription_registry.py, counts the local users). A hold is what a new
     subscription waits for: a message appended after `register`'s answer is in the queue."""
 
     def register(self, flt: str) -> Answer[int]:
@@ -463,7 +463,7 @@ class QueueStore(Protocol):
     The delivery hot path takes `.result()` when `.done()` (the case of every read in-process and
     of the mirror remote) and otherwise lets the answer wake it; a SUBSCRIBE or a resumed
     session's CONNECT asks every facade for every answer it needs and waits for them together
-    (core/subscription_registry.py `Prepared`, the connection on hold). An append's results carry
+    (subscriptions/subscription_registry.py `Prepared`, the connection on hold). An append's results carry
     a `.durable` future the PUBACK waits for."""
 
     # -- publish path

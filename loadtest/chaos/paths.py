@@ -21,6 +21,7 @@ Every loop is bounded: it stops on `stop()` and at its deadline; every wait has 
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -32,7 +33,7 @@ from lmqtt.store.client.connection import ConnectionLost, StoreClientError
 from lmqtt.store.client.producer import make_props
 from lmqtt.store.protocol import ProtocolError
 
-from .checker import Checker, body
+from .checker import Checker, body, parse
 
 SIZE = 64           # payload bytes
 KEEPALIVE = 10
@@ -271,9 +272,24 @@ def sdk_errors() -> tuple:
 
 
 def sdk_connect(address: str):
-    # short timeouts: a stopped (SIGSTOP) store must not hold a client for the default 30 s
+    # short timeouts: a stopped (SIGSTOP) store must not hold a client for the default 30 s;
+    # the token of a store off loopback (the network bed's) from the environment, as lmqtt's own tools
     return connect(address, timeout=5.0, connect_timeout=2.0, reconnect_attempts=2, backoff_max=0.5,
-                   client_name="lmqtt-chaos")
+                   client_name="lmqtt-chaos", token=os.environ.get("LMQTT_STORE_TOKEN") or None)
+
+
+def read_queue(conn, level: str, offset: int = 0, max_pulls: int = 100_000) -> tuple[list, int]:
+    """Every record of first-level topic `level` (its ConsumeQueue 0) from queue offset `offset`,
+    in pulls of 1,000 (at most `max_pulls`): -> ([(CommitLog offset, (publisher, seq) or None)],
+    the queue offset after the last one)."""
+    out = []
+    for _ in range(max_pulls):
+        r = conn.pull(level, 0, offset, 1000)
+        if not r.records:
+            break
+        out.extend((rec.offset, parse(rec.body)) for rec in r.records)
+        offset = r.next_offset
+    return out, offset
 
 
 class _SdkWorker(_Worker):
@@ -332,8 +348,8 @@ class SdkProducer(_SdkWorker):
                         producer = self.conn.producer(f"chaos-{self.name}")
                     if pseq is None:
                         pseq = producer.next_sequence()
-                    producer.send_packed(1, packed, seq=pseq)
-                    self.checker.acked(self.name, self.seq)
+                    results = producer.send_packed(1, packed, seq=pseq)
+                    self.on_ack(self.seq, results)
                     self.unacked_left = 0
                     break
                 except errors as e:
@@ -344,6 +360,10 @@ class SdkProducer(_SdkWorker):
                     producer = None
                     self.wait(0.2)
             self.wait(pace.delay())
+
+    def on_ack(self, seq: int, results: list) -> None:
+        """Message `seq` is acknowledged (`results`: the SendResults of its PRODUCE)."""
+        self.checker.acked(self.name, seq)
 
     def stats(self) -> dict:
         return {**super().stats(), "sent": self.seq, "retries": self.retries, "unacked": self.unacked_left}

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import disk as disk_mod
-from .checker import Checker, failures, parse
-from .paths import MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, sdk_connect, sdk_errors
+from .checker import Checker, failures
+from .paths import (MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, read_queue, sdk_connect,
+                    sdk_errors)
 from .targets import TARGETS, TargetError, pid_alive
 
 KINDS = ("kill", "stop", "diskfull")
@@ -215,16 +216,7 @@ def _stored_copies(rows: list[dict], address: str, first_levels: list[str]) -> N
         c = sdk_connect(address)
         try:
             for level in first_levels:
-                off = 0
-                for _ in range(100_000):                 # bounded: 1,000 records a pull
-                    r = c.pull(level, 0, off, 1000)
-                    if not r.records:
-                        break
-                    for rec in r.records:
-                        got = parse(rec.body)
-                        if got is not None:
-                            copies[got] += 1
-                    off = r.next_offset
+                copies.update(got for _off, got in read_queue(c, level)[0] if got is not None)
         finally:
             c.close()
     except Exception as e:  # noqa: BLE001 - a diagnostic; the verdict stands without it

@@ -186,7 +186,7 @@ def _lmqtt(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmqtt.gateway.cli", *args]
 
 
-def _lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
+def lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
     """The environment of lmqtt's processes: run from the source tree `lmqtt_src` (a snapshot, C
     modules built in place) when given, so edits to the working tree during a long run do not
     reach the processes it restarts; else the installed lmqtt (None: this environment).
@@ -221,7 +221,7 @@ class Target:
     def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
                  lmqtt_src: str | None = None) -> None:
         self.workdir = Path(workdir)
-        self.env = _lmqtt_env(lmqtt_src, self.workdir) if self.lmqtt else None
+        self.env = lmqtt_env(lmqtt_src, self.workdir) if self.lmqtt else None
         self.data_root = Path(data_root)         # on the SmallDisk when there is one
         self.flush_mode = flush_mode
         self.version = ""

@@ -1,6 +1,6 @@
 """The record `props` encoding shared by MQTT and SDK messages (opaque to the store itself).
 
-The one implementation of this format: the gateway (`gateway/model/record_props.py`, which adds the MQTT
+The one implementation of this format: the gateway (`gateway/storage/record_props.py`, which adds the MQTT
 packet conversions) and the SDK (`store/client/`) both encode and decode through `encode_fields` /
 `decode_fields`, so an MQTT publish and an SDK send carry byte-identical props.
 

@@ -16,6 +16,11 @@ from .replication import ACK, U64, FrameReader, frame, jframe, parse_meta
 
 log = logging.getLogger("lmqtt.store.ha")
 
+# A member opens its replication port once it has taken over as primary, a moment after the group
+# named it, and its replicas dial as soon as they hear the name: a refusal within this long of
+# that, before the first handshake, is the start of a group or of a failover, not a fault.
+NEW_PRIMARY_GRACE_S = 5.0
+
 
 class Follower:
     """The replica's side: connects to the primary's replication port, writes what it ships."""
@@ -57,14 +62,23 @@ class Follower:
         # the reconnect schedule of every connection to a store (store/client/failover.py Retry):
         # short waits growing to half a second, started again after a session that got going
         retry = Retry(0.1, 0.5)
+        started = time.monotonic()
+        warned = False            # whether self.error was logged as a WARNING
         while not self._stop:
             try:
                 self._session()
             except (OSError, ConnectionError, ValueError, StoreError) as e:
                 if not self._stop:
                     msg = f"replication from {self.addr[0]}:{self.addr[1]} failed: {e}"
-                    if msg != self.error:
-                        log.warning("event=ha_follow_failed error=%r", msg)
+                    early = (isinstance(e, ConnectionRefusedError) and not self.conn_epoch      # no handshake yet
+                             and time.monotonic() - started < NEW_PRIMARY_GRACE_S)
+                    if msg != self.error or (not warned and not early):
+                        if early:
+                            log.info("event=ha_follow_waiting primary=%s:%d (its replication port opens once "
+                                     "it has taken over)", self.addr[0], self.addr[1])
+                        else:
+                            log.warning("event=ha_follow_failed error=%r", msg)
+                        warned = not early
                     self.error = msg
             if self.connected:
                 retry = Retry(0.1, 0.5)

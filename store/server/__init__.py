@@ -215,7 +215,7 @@ class StoreServer:
         topics belong to the broker and the store - `$SYS/...` would reach MQTT subscribers as the
         broker's own statistics, `$timer` is the queue of parked delayed messages. The store's own
         appends ($timer parking, POP, tier, replication) do not come through PRODUCE; a gateway's
-        link (HELLO client "lmqtt-gateway ...") keeps its MQTT rules (gateway/core/broker.py)."""
+        link (HELLO client "lmqtt-gateway ...") keeps its MQTT rules (gateway/broker/broker.py)."""
         if topic[:1] == "$":
             raise InvalidTopic(f"topic {topic!r}: topics starting with '$' belong to the broker and the store "
                                f"($SYS, $timer ...); clients may not publish there (as over MQTT)")

@@ -86,6 +86,7 @@ def test_the_tree_stays_readable():
 NOT_BENCH_COMMANDS = {
     "lmqtt.loadtest.fleet_launcher": "the `lmqtt-fleet` broker process that `bench compare` starts, not a benchmark",
     "lmqtt.loadtest.auth_service": "the HTTP auth service `bench compare`'s lmqtt-auth-http broker runs against",
+    "lmqtt.loadtest.chaos.nfdelay": "the delaying queue `bench chaos --partitions` starts inside a host's namespace",
 }
 
 

@@ -55,7 +55,7 @@ def test_the_gateways_rooms_import_no_engine_module():
     """Every room below gateway/app and the fleet gateway's composition, imported in a fresh
     interpreter: none of the engine's modules is loaded (the import-time view of the same rule)."""
     probe = ("import sys, json\n"
-             "import lmqtt.gateway.core.broker, lmqtt.gateway.storage.remote_store, lmqtt.gateway.fleet.sessions\n"
+             "import lmqtt.gateway.broker.broker, lmqtt.gateway.storage.remote_store, lmqtt.gateway.fleet.sessions\n"
              "import lmqtt.gateway.fleet.group_leases, lmqtt.gateway.delivery.engine, lmqtt.gateway.net.connection\n"
              "import lmqtt.gateway.app.gateway, lmqtt.gateway.app.gateway_command\n"
              f"print(json.dumps(sorted(m for m in {ENGINE!r} if m in sys.modules)))\n")

@@ -30,10 +30,15 @@ TYPED = [
     "lmqtt.gateway.storage.remote_store",   # the remote QueueStore: mirrors, and answers asked together
     "lmqtt.gateway.storage.remote_mirrors",  # the remote QueueStore's mirrors kept fresh (pushes, events, poll)
     "lmqtt.gateway.storage.remote_reads",
-    "lmqtt.gateway.core.subscription_registry",  # the facades' main caller: prepare / deciding
+    "lmqtt.gateway.subscriptions.subscription_registry",  # the facades' main caller: prepare / deciding
     "lmqtt.store.node.config",              # NodeConfig: every lmqtt store setting, typed
     "lmqtt.store.client.commands",          # the SDK's command layer: every request typed
     "lmqtt.store.client.failover",          # the one connection policy (Members, Retry)
+    "lmqtt.loadtest.chaos.netbed",          # the network-partition bed and the fleet, faults and round on it
+    "lmqtt.loadtest.chaos.nfdelay",
+    "lmqtt.loadtest.chaos.partitions",
+    "lmqtt.loadtest.chaos.partition_round",
+    "lmqtt.loadtest.chaos.remote",
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")

@@ -389,7 +389,7 @@ def test_a_pull_behind_what_is_held_completes_when_the_entries_are_in(queue_side
 
 
 def test_a_subscribes_answers_asked_together_are_in_together(queue_side):
-    """What the SUBSCRIBE path does now (core/subscription_registry.py `prepare`): it asks each
+    """What the SUBSCRIBE path does now (subscriptions/subscription_registry.py `prepare`): it asks each
     facade for what it will read (a filter hold, the start offset, the replay plan, the retained
     messages), then waits for them together (`Answer.all_in`), never asking which implementation
     it holds; remote, they were all asked while the store was stopped (none answered, nothing
@@ -429,20 +429,20 @@ class _Delivery:
 
 
 def _registry(st: Storage, delivery=None):
-    from lmqtt.gateway.core.session_persistence import SessionPersistence
-    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.clients.session_persistence import SessionPersistence
+    from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 
     persist = SessionPersistence(st, session_live=lambda s: True, group_live=lambda g: True)
     return SubscriptionRegistry(st, delivery or _Delivery(), persist)
 
 
 def test_a_subscribe_is_decided_from_answers_asked_together_without_the_store(queue_side):
-    """What the SUBSCRIBE path relies on (core/subscription_registry.py `prepare`, `deciding`):
+    """What the SUBSCRIBE path relies on (subscriptions/subscription_registry.py `prepare`, `deciding`):
     the answers it asked for together are in once `ready` is; then it is decided with the store
     stopped (remote: any request waited for would hang), the subscriptions start after what was
     stored, the retained messages are at hand; afterwards the store holds exactly the filter
     holds taken, not the one asked for a filter that was then refused."""
-    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.gateway.session import ClientSubscription, MqttSession
     from lmqtt.gateway.mqtt import packets as P
 
     async def go():
@@ -452,7 +452,7 @@ def test_a_subscribe_is_decided_from_answers_asked_together_without_the_store(qu
         q, flt, refused = base + "/t", base + "/+", f"{_name('refused')}/+"
         st.retained.set(q, b"kept", b"")
         await _append(st, q, [b"old"])
-        s = Session(_name("c"))
+        s = MqttSession(_name("c"))
         p = reg.prepare(s, [P.SubscriptionRequest(f, qos=1) for f in (flt, q, refused)], None, st.retained)
         await asyncio.wait_for(_all(p.ready), 20)
         assert p.failure() is None
@@ -474,7 +474,7 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
     """What a fleet gateway's CONNECT of a session served elsewhere relies on (`prepare_resume`):
     its filters new here held, its queues' ends, a new shared group's committed offset and the
     message it had in flight come in together; restored with the store stopped, from them."""
-    from lmqtt.gateway.model.session import ClientSubscription, Session
+    from lmqtt.gateway.session import ClientSubscription, MqttSession
     from lmqtt.lightqueue.records import Subscription
 
     async def go():
@@ -490,7 +490,7 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
         p = reg.prepare_resume(subs, [(q, 1)])
         await asyncio.wait_for(_all(p.ready), 20)
         assert p.failure() is None
-        s = Session(_name("c"))
+        s = MqttSession(_name("c"))
         with queue_side.frozen():
             with reg.deciding(p):
                 reg.restore(s, ClientSubscription(flt, flt, 1, None), None)

@@ -1,4 +1,4 @@
-"""Limits that protect the broker (gateway/core/limits.py, docs/gateway.md "Limits"), end to end against
+"""Limits that protect the broker (gateway/broker/limits.py, docs/gateway.md "Limits"), end to end against
 a real `lmqtt serve` (and `lmqtt gateway` over `lmqtt store` where marked), with independent
 clients (paho-mqtt) and raw sockets on the gateway's codec where a library hides the reply.
 

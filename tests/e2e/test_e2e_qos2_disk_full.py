@@ -4,7 +4,7 @@ written closes its connection; when it reconnects while the disk is still full, 
 not send the PUBREL from the state it holds in memory (never written), else a crash before the
 next write sends the message again as PUBLISH from the older record and the client delivers it a
 second time. The CONNECT's record write failing drops that connection before anything leaves
-(gateway/core/broker.py `_save_session(qos2_resumed=True)`); the exchange is resumed once the
+(gateway/broker/broker.py `_save_session(qos2_resumed=True)`); the exchange is resumed once the
 record can be written."""
 from __future__ import annotations
 

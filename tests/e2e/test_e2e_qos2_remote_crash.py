@@ -2,7 +2,7 @@
 `lmqtt store`, as a fleet and `lmqtt serve --workers` run): the gateway restores its sessions at
 start, but over a remote store it cannot read the messages of their exchanges in flight there
 (they are read ahead with the CONNECT that resumes a session); the restored copy keeps the
-record's state unchanged (`Session.saved_inflight`, written back as read) and the client's CONNECT
+record's state unchanged (`MqttSession.keep_saved`, written back as read) and the client's CONNECT
 resumes it with those messages: PUBLISH again with DUP and the same packet id, PUBREL for those
 past PUBREC, never a message sent again as new. Before, the copy restored at start dropped its
 queue's exchanges (the messages were "not stored"), wrote that back over the record, and the

@@ -104,7 +104,7 @@ def test_mqtt_publish_consumed_by_sdk_filter_and_topic_consumers(lmqtt_server):
 def test_props_codec_matches_gateway():
     """store/client/props.py is the gateway's record_props encoding without the MQTT classes: both must
     write the same bytes and read each other's."""
-    from lmqtt.gateway.model import record_props as G
+    from lmqtt.gateway.storage import record_props as G
     from lmqtt.gateway.mqtt import packets as P
     from lmqtt.store.client import props as S
 

@@ -85,7 +85,7 @@ def test_qos1_publish_is_acked_and_delivered_to_a_subscriber(tmp_path):
         for m in got:
             sub.send(P.PubAck(m.packet_id))
         s = gw.broker.sessions["sub"]
-        assert not s.outbound                                   # the acks released the window
+        assert not s.inflight()                                 # the acks released the window
     run(tmp_path, body)
 
 
@@ -281,7 +281,7 @@ def test_in_flight_message_over_the_new_connections_maximum_is_dropped_and_frees
         small = Client(gw)
         await small.connect("maxp-resend", clean=False, session_expiry_interval=60, maximum_packet_size=50)
         s = gw.broker.sessions["maxp-resend"]
-        assert not s.outbound and s.dropped_too_large == 1     # not resent, released
+        assert not s.inflight() and s.dropped_too_large == 1   # not resent, released
         pub.send(P.Publish("m/b", b"small", qos=1, packet_id=2))
         got, = await small.wait_for(P.Publish)
         assert got.payload == b"small"
@@ -312,15 +312,14 @@ def test_expired_message_is_not_delivered_to_a_311_subscriber(tmp_path):
 
 
 def test_publish_bytes_without_per_subscriber_parts_is_the_shared_template():
-    """The fast path (shared template variant) and Session.publish_bytes agree byte for byte when
+    """The fast path (shared template variant) and MqttSession.publish_bytes agree byte for byte when
     there is nothing per subscriber, so choosing either cannot change what a client receives."""
-    from lmqtt.gateway.model.record_props import RecordMeta
-    from lmqtt.gateway.model.session import OutboundMessage, Session
+    from lmqtt.gateway.storage.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage, MqttSession
     rec = RecordMeta(qos=1, content_type="text/plain", user_property=[("k", "v")])
     for version in (4, 5):
-        s = Session("c")
-        s.version = version
-        s.set_client_limits(None, None, 0)
+        s = MqttSession("c")
+        s.connect(version, None, None, None, 0, 1000)
         for qos, retain, pid in ((0, False, None), (1, True, 5), (2, False, 65535)):
             it = OutboundMessage("a/b", b"payload", rec, store_ts=1)
             assert s.publish_bytes(it, qos, retain, pid) == it.encode(qos, retain, version, pid)
@@ -346,8 +345,8 @@ def test_shared_expiry_variant_equals_the_per_subscriber_encoding():
     """A message with an expiry fanned out to plain MQTT 5 subscribers shares one encoding per
     second left (`encode_with_expiry`); it must equal the general per-subscriber build."""
     from lmqtt.gateway.mqtt import encode_publish_v5_parts, message_expiry_prop
-    from lmqtt.gateway.model.record_props import RecordMeta
-    from lmqtt.gateway.model.session import OutboundMessage
+    from lmqtt.gateway.storage.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage
     for rec in (RecordMeta(qos=2, message_expiry_interval=60),
                 RecordMeta(qos=2, message_expiry_interval=60, content_type="c", user_property=[("k", "v")])):
         it = OutboundMessage("a/b", b"p" * 300, rec, store_ts=1)
@@ -366,14 +365,13 @@ def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
     it was not told."""
     import random
     from lmqtt.gateway.mqtt import Decoder, packets as P
-    from lmqtt.gateway.model.record_props import RecordMeta
-    from lmqtt.gateway.model.session import OutboundMessage, Session
+    from lmqtt.gateway.storage.record_props import RecordMeta
+    from lmqtt.gateway.session import OutboundMessage, MqttSession
     rnd = random.Random(2026)
     for _ in range(200):
-        s = Session("c")
-        s.version = 5
+        s = MqttSession("c")
         alias_max = rnd.randint(1, 6)
-        s.set_client_limits(rnd.choice([0, 60, 80]), alias_max, 100)
+        s.connect(5, None, rnd.choice([0, 60, 80]), alias_max, 100, 1000)
         client: dict[int, str] = {}
         dec = Decoder(version=5, server_side=False)
         for _ in range(60):
@@ -525,11 +523,11 @@ def test_qos2_outbound_flow_pubrec_pubrel_pubcomp(tmp_path, version):
         sub.send(P.PubRec(m.packet_id))
         rel, = await sub.wait_for(P.PubRel)
         assert (rel.packet_id, rel.reason_code) == (m.packet_id, 0)
-        assert m.packet_id in s.outbound                 # released only by PUBCOMP
+        assert m.packet_id in [inf.pid for inf in s.inflight()]      # released only by PUBCOMP
         sub.send(P.PubComp(m.packet_id))
         await asyncio.sleep(0)
-        assert not s.outbound
-        assert all(not c.inflight for c in s.cursors.values())
+        assert not s.inflight()
+        assert all(not c.busy() for c in s.cursors.values())
         sub.send(P.PubRec(m.packet_id))                  # an id no longer in flight
         rels = await sub.wait_for(P.PubRel, 2)
         assert rels[1].reason_code == (ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if version == 5 else 0)
@@ -554,7 +552,7 @@ def test_a_pubrec_with_an_error_code_drops_the_message_and_frees_the_window(tmp_
         got = await sub.wait_for(P.Publish, 2)
         assert got[1].payload == b"second"
         assert not [p for p in sub.packets() if isinstance(p, P.PubRel)]
-        assert first.packet_id not in gw.broker.sessions["o2e-sub"].outbound
+        assert first.packet_id not in [inf.pid for inf in gw.broker.sessions["o2e-sub"].inflight()]
     run(tmp_path, body)
 
 

@@ -18,11 +18,11 @@ import random
 
 from prometheus_client import generate_latest
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.app.metrics import GatewayMetrics
 from lmqtt.gateway.mqtt import Decoder, encode, encode_publish, packets as P
-from lmqtt.gateway.model.record_props import RecordMeta
-from lmqtt.gateway.model.session import OutboundMessage
+from lmqtt.gateway.storage.record_props import RecordMeta
+from lmqtt.gateway.session import OutboundMessage
 from lmqtt.notify import InProcessBus
 
 
@@ -162,7 +162,7 @@ def test_decoder_shared_empty_properties_decodes_the_same():
 def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
     from lmqtt.gateway.app.config import build_config
     from lmqtt.gateway.app.gateway import Gateway
-    from lmqtt.gateway.model.session import Cursor, Session
+    from lmqtt.gateway.session import Cursor, MqttSession
 
     async def run():
         cfg = build_config({}, {"data_dir": str(tmp_path / "d"), "port": 0, "metrics_port": 0})
@@ -173,7 +173,7 @@ def test_delivery_ring_equals_pull_of_the_same_range(tmp_path):
             b, store, lq = gw.broker, gw.store, gw.lq
             d = b.delivery
             lq.register_filter("r/+")
-            reader = Session("reader")             # offline reader at 0: nothing is consumed
+            reader = MqttSession("reader")             # offline reader at 0: nothing is consumed
             for q in ("r/a", "r/+"):
                 reader.cursors[q] = Cursor(0)
                 d.add_reader(reader, q)

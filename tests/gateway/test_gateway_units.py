@@ -7,7 +7,7 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.app.config import ConfigError, build_config, load_toml
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.notify import InProcessBus

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from lmqtt.gateway.app.config import GatewayConfig
 from lmqtt.gateway.delivery.engine import DeliveryEngine
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
-from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
+from lmqtt.gateway.session import ClientSubscription, Cursor, MqttSession
 
 
 class Run:
@@ -53,7 +53,7 @@ def _runs():
 
 
 def _online(cid, *queues):
-    s = Session(cid)
+    s = MqttSession(cid)
     s.conn = object()
     for q in queues:
         s.cursors[q] = Cursor(0)

@@ -142,7 +142,7 @@ def _codec_internals(tree: ast.AST) -> set[str]:
 
 def test_the_checker_sees_packet_bytes_and_broker_imports():
     """The rules below would pass on anything if the checks saw nothing: they see these."""
-    src = ("import struct\nfrom lmqtt.gateway.core.broker import Broker\nfrom . import broker\n"
+    src = ("import struct\nfrom lmqtt.gateway.broker.broker import Broker\nfrom . import broker\n"
            "A = b'\\x40\\x02'\nB = bytes((0xE0, 0))\nC = struct.pack('>BB', 0x30, 5)\nD = HDR.pack(0x82, 1)\n"
            "OK = b'0' + b'\\x00\\x04MQTT'\n"
            # a DUP flag set on a PUBLISH's first byte, and its packet id written in by hand
@@ -156,7 +156,7 @@ def test_the_checker_sees_packet_bytes_and_broker_imports():
     internals = ("from lmqtt.gateway.mqtt.wire import encode_varint, read_varint\n"
                  "from lmqtt.gateway.mqtt.properties import encode_properties\nimport lmqtt.gateway.mqtt.encoder\n"
                  "from lmqtt.gateway.mqtt import encoder\n"
-                 "from lmqtt.gateway.mqtt import PublishTemplate, packets as P\nfrom lmqtt.gateway.model import record_props\n")
+                 "from lmqtt.gateway.mqtt import PublishTemplate, packets as P\nfrom lmqtt.gateway.storage import record_props\n")
     assert _codec_internals(ast.parse(internals)) == {
         "lmqtt.gateway.mqtt.wire", "lmqtt.gateway.mqtt.wire.encode_varint", "lmqtt.gateway.mqtt.wire.read_varint",
         "lmqtt.gateway.mqtt.properties", "lmqtt.gateway.mqtt.properties.encode_properties",
@@ -164,8 +164,8 @@ def test_the_checker_sees_packet_bytes_and_broker_imports():
 
 
 def _broker_imports(tree: ast.AST) -> set[str]:
-    return {m for m in _imports(tree) if m in ("lmqtt.gateway.core.broker", ".broker")
-            or m.startswith(("lmqtt.gateway.core.broker.", ".broker."))}
+    return {m for m in _imports(tree) if m in ("lmqtt.gateway.broker.broker", ".broker")
+            or m.startswith(("lmqtt.gateway.broker.broker.", ".broker."))}
 
 
 def test_no_wire_bytes_outside_the_codec():
@@ -179,7 +179,7 @@ def test_the_codec_is_used_through_its_package():
 
 
 def test_only_the_composition_root_imports_the_broker():
-    importers = {_name(p) for p in _modules() if _name(p) != "core/broker.py" and _broker_imports(_tree(p))}
+    importers = {_name(p) for p in _modules() if _name(p) != "broker/broker.py" and _broker_imports(_tree(p))}
     assert importers == {"app/gateway.py"}, importers
 
 

@@ -1,9 +1,9 @@
-"""Broker-protecting limits (gateway/core/limits.py) with a controllable clock."""
+"""Broker-protecting limits (gateway/broker/limits.py) with a controllable clock."""
 from __future__ import annotations
 
 import pytest
 
-from lmqtt.gateway.core.limits import ConnectionGate, KeyedRateLimiter, Limits, TokenBucket
+from lmqtt.gateway.broker.limits import ConnectionGate, KeyedRateLimiter, Limits, TokenBucket
 
 
 class Clock:

@@ -2,7 +2,7 @@
 sender and the fleet's shared groups."""
 from __future__ import annotations
 
-from lmqtt.gateway.model.record_props import MetaCache, RecordMeta, encode
+from lmqtt.gateway.storage.record_props import MetaCache, RecordMeta, encode
 
 
 def test_each_distinct_props_value_is_decoded_once_foreign_ones_as_plain_qos0_and_it_stays_bounded():

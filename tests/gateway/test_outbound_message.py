@@ -4,8 +4,8 @@ all sharing one set of encodings (`at_offset`)."""
 from __future__ import annotations
 
 from lmqtt.gateway.mqtt import Decoder
-from lmqtt.gateway.model.record_props import RecordMeta
-from lmqtt.gateway.model.session import OutboundMessage
+from lmqtt.gateway.storage.record_props import RecordMeta
+from lmqtt.gateway.session import OutboundMessage
 
 
 def test_a_message_at_another_queue_offset_shares_its_encodings():

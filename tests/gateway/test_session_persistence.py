@@ -1,4 +1,4 @@
-"""`SessionPersistence`'s offset flushing (gateway/core/session_persistence.py): offsets marked dirty on the ack
+"""`SessionPersistence`'s offset flushing (gateway/clients/session_persistence.py): offsets marked dirty on the ack
 path are written by its own timer, only for the sessions and shared groups that are still the
 live ones, and once more when flushing stops at shutdown (also when it never started: a
 shutdown after a failed start)."""
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.model.session import Cursor, Session
-from lmqtt.gateway.model.shared_groups import SharedGroup
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.session import Cursor, MqttSession
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
 from lmqtt.gateway.storage.facades import Answer
 
 
@@ -24,8 +24,8 @@ class Metadata:
         return Answer.of(None)
 
 
-def _session(cid: str, offset: int) -> Session:
-    s = Session(cid)
+def _session(cid: str, offset: int) -> MqttSession:
+    s = MqttSession(cid)
     s.expiry_interval = 60
     s.cursors["q"] = Cursor(offset)
     return s

@@ -1,4 +1,4 @@
-"""`SubscribeHandler` (gateway/core/subscribe_handler.py) built from nothing but the narrow callables it is
+"""`SubscribeHandler` (gateway/subscriptions/subscribe_handler.py) built from nothing but the narrow callables it is
 given, on the path a remote store takes when its answers are not in at once: the SUBSCRIBE asks
 for its answers (`prepare`), waits on hold until they are all in, is then decided inside
 `deciding` through `resume`, and a store that does not answer refuses every filter without
@@ -10,9 +10,9 @@ import contextlib
 from lmqtt.gateway.storage.facades import Answer
 
 from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ReasonCode as RC, packets as P
-from lmqtt.gateway.model.session import Session
-from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
-from lmqtt.gateway.core.subscription_registry import Prepared
+from lmqtt.gateway.session import MqttSession
+from lmqtt.gateway.subscriptions.subscribe_handler import SubscribeHandler
+from lmqtt.gateway.subscriptions.subscription_registry import Prepared
 
 
 class Conn:
@@ -20,7 +20,7 @@ class Conn:
 
     def __init__(self, version: int) -> None:
         self.version = version
-        self.session = Session("c1")
+        self.session = MqttSession("c1")
         self.session.version = version
         self.session.expiry_interval = 60          # persistent: the record and offsets are saved
         self.client_id = "c1"

@@ -1,4 +1,4 @@
-"""`SubscriptionRegistry` (gateway/core/subscription_registry.py) as the single owner of this gateway's filter
+"""`SubscriptionRegistry` (gateway/subscriptions/subscription_registry.py) as the single owner of this gateway's filter
 registrations with the store, built on a recording fake store: every register/release the store
 sees, including those of a fleet gateway reloading a session (gateway/fleet/sessions.py), goes through
 the registry's own counts."""
@@ -8,9 +8,9 @@ import time
 from types import SimpleNamespace
 
 from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.model.session import ClientSubscription, Session
-from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.session import ClientSubscription, MqttSession
+from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 from lmqtt.gateway.storage.facades import Answer
 from lmqtt.lightqueue.records import SessionRecord, Subscription as SubscriptionRecord
 
@@ -115,7 +115,7 @@ def _sub(flt: str, group: str | None = None) -> ClientSubscription:
 
 def test_one_registration_per_filter_however_many_local_users():
     reg, store = _registry()
-    a, b = Session("a"), Session("b")
+    a, b = MqttSession("a"), MqttSession("b")
     reg.add(a, _sub("w/+"))
     reg.add(b, _sub("w/+", "g"))
     reg.add(b, _sub("plain"))                     # not a wildcard: nothing to register
@@ -130,10 +130,10 @@ def test_one_registration_per_filter_however_many_local_users():
 
 def test_a_session_restored_while_running_holds_the_filters_only_it_uses():
     reg, store = _registry()
-    other = Session("other")
+    other = MqttSession("other")
     reg.add(other, _sub("held/+"))
     store.calls.clear()
-    s = Session("back")
+    s = MqttSession("back")
     for sub in (_sub("p/+"), _sub("p/+", "g"), _sub("held/+"), _sub("exact/t")):
         reg.restore(s, sub, None)
     assert store.calls == []                      # restore counts, it does not register

@@ -1,8 +1,8 @@
-"""`$SYS/broker/...` values (gateway/core/sys_topics.py): Mosquitto's names, only changes published,
+"""`$SYS/broker/...` values (gateway/broker/sys_topics.py): Mosquitto's names, only changes published,
 Mosquitto's damped per-minute load averages."""
 import math
 
-from lmqtt.gateway.core.sys_topics import PREFIX, SysTopics
+from lmqtt.gateway.broker.sys_topics import PREFIX, SysTopics
 
 
 class Clock:

@@ -236,7 +236,7 @@ def test_chaos_round_loses_no_acknowledged_message(chaos_round):
 def test_chaos_round_no_qos2_duplicate(chaos_round):
     """QoS 2 exactly once across kill -9 of serve, a worker, the store or a gateway while the
     clients are connected, SIGSTOP and disk full: their exchanges are written ahead, inbound ids
-    before the append as pending (gateway/core/session_persistence.py, docs/gateway.md 'Known
+    before the append as pending (gateway/clients/session_persistence.py, docs/gateway.md 'Known
     limits'); a gateway over a remote store resumes them at the CONNECT with their messages read
     ahead (tests/e2e/test_e2e_qos2_*.py pin each cause)."""
     _rc, results, _summary = chaos_round

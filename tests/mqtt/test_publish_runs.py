@@ -1,6 +1,6 @@
 """Runs of PUBLISHes without properties, `encode_publish_run` (what a history sends, see
 gateway/delivery/history.py; retained messages on SUBSCRIBE, gateway/delivery/retained.py; a reader's backlog,
-gateway/delivery/backlog_runs.py), are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
+`MqttSession.offer_records`, gateway/session/outbound.py), are byte for byte the `PublishTemplate` encodings joined, for MQTT 3.1.1 and 5, every
 remaining-length width, retain both ways, non-ASCII topics; QoS 0 packets above a Maximum Packet
 Size are left out and counted; the client-side decoder reads each run back in order. Each test
 runs on the C loop (gateway/mqtt/_run.c, when built) and on its Python reference."""
@@ -75,7 +75,7 @@ def test_a_run_with_one_retain_flag_is_the_template_encoding_joined(version, ret
 
 @pytest.mark.parametrize("version", [3, 4, 5])
 def test_encode_publish_run_is_the_template_encoding_joined(version, encode_publish_run):
-    """The backlog run (gateway/delivery/backlog_runs.py): QoS 0/1/2, retain per message, packet ids in place
+    """The backlog run (`MqttSession.offer_records`): QoS 0/1/2, retain per message, packet ids in place
     (1 and 65535 included), every length width."""
     rng = random.Random(100 + version)
     msgs = [(t, p, q, r, rng.choice([1, 65535, rng.randint(1, 65535)]) if q else None)

@@ -2,7 +2,7 @@
 gateway keeps per device is shared or folded where it repeats, with the same behaviour.
 
 - a session whose subscriptions are all plain (not shared, filter = queue) reads `direct` from its
-  `subs` dict itself (gateway/model/session.py, kept by core/subscription_registry.py);
+  `subs` dict itself (gateway/session/machine.py, kept by subscriptions/subscription_registry.py);
 - a queue with one online reader holds it in a 1-tuple, not a set (gateway/delivery/engine.py);
 - equal keep-alive values are one int object (gateway/net/connection.py).
 The end-to-end figure is tests/net/test_idle_connection_memory.py's budget."""
@@ -11,12 +11,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lmqtt.gateway.delivery.engine import DeliveryEngine
-from lmqtt.gateway.model.session import Session
+from lmqtt.gateway.session import MqttSession
 from lmqtt.gateway.net.connection import MQTTConnection
 from tests.gateway.test_subscription_registry import _registry, _sub
 
 
-def _check(s: Session) -> None:
+def _check(s: MqttSession) -> None:
     """`direct` holds exactly the non-shared subscriptions by queue; it is `subs` itself iff all are plain."""
     assert s.direct == {sub.queue: sub for sub in s.subs.values() if sub.group is None}
     plain = all(sub.group is None and sub.filter == sub.queue for sub in s.subs.values())
@@ -25,7 +25,7 @@ def _check(s: Session) -> None:
 
 def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
     reg, _store = _registry()
-    s = Session("dev")
+    s = MqttSession("dev")
     assert s.direct is s.subs
     reg.add(s, _sub("d/1"))
     reg.add(s, _sub("d/2"))
@@ -52,7 +52,7 @@ def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
 def test_a_queue_with_one_reader_holds_the_session_itself():
     dropped: list[str] = []
     eng = SimpleNamespace(direct={}, drop_recent=dropped.append)
-    a, b = Session("a"), Session("b")
+    a, b = MqttSession("a"), MqttSession("b")
     DeliveryEngine.add_reader(eng, a, "q")
     DeliveryEngine.add_reader(eng, a, "q")          # twice: still one reader
     assert eng.direct == {"q": a} and eng.direct["q"] is a and list(eng.direct["q"]) == [a]
@@ -79,18 +79,18 @@ def test_equal_keep_alives_are_one_int_object():
 
 
 def test_a_session_keeps_its_rare_state_out_of_line_until_it_is_used():
-    s = Session("dev")
-    assert (s.expiry_handle, s.disconnected_at_ms, s.dropped_expired, s.dropped_too_large, s.saved_inflight,
-            s.inbound_keys) == (None, None, 0, 0, None, None)
+    s = MqttSession("dev")
+    assert (s.expiry_handle, s.disconnected_at_ms, s.dropped_expired, s.dropped_too_large, s._saved,
+            s._in_keys) == (None, None, 0, 0, None, None)
     s.expiry_handle = None                          # defaults written back: still nothing made
-    s.saved_inflight = None
+    s._saved = None
     s.dropped_expired = 0
     assert s._rare is None
     s.dropped_too_large += 1
     s.disconnected_at_ms = 1234
-    s.inbound_keys = {7: ("t", "k", 1)}
+    s.write_ahead(7, "t", "k", 1)
     assert s._rare is not None
-    assert (s.dropped_too_large, s.disconnected_at_ms, s.inbound_keys) == (1, 1234, {7: ("t", "k", 1)})
+    assert (s.dropped_too_large, s.disconnected_at_ms, s._in_keys) == (1, 1234, {7: ("t", "k", 1)})
     s.disconnected_at_ms = None
     assert s.disconnected_at_ms is None and s.dropped_expired == 0
 
@@ -127,30 +127,32 @@ def test_a_connection_makes_its_rare_fields_only_when_one_leaves_its_default():
     assert c._rare is None                          # all back at their defaults: dropped
     c.fleet_attached_ms = 5
     assert c.fleet_attached_ms == 5 and c._rare is None
-    # a topic alias: the new (empty, then filled) map is kept, not mistaken for the shared empty default
-    d = MQTTConnection(handler)
-    assert d.resolve_topic_alias("a/b", 3, 10) == "a/b"
-    assert d.resolve_topic_alias("", 3, 10) == "a/b"
-    assert MQTTConnection(handler).topic_aliases == {}
+    # a topic alias (the session's, per connection): the new (empty, then filled) map is kept, not
+    # mistaken for the shared empty default
+    from lmqtt.gateway.session import MqttSession
+    d = MqttSession("d")
+    assert d.resolve_alias("a/b", 3, 10) == "a/b"
+    assert d.resolve_alias("", 3, 10) == "a/b" and d._rare is not None
+    assert MqttSession("e")._aliases_in == {}
 
 
-def test_a_cursor_makes_its_in_flight_table_when_first_asked_for():
-    from lmqtt.gateway.model.session import Cursor
+def test_a_cursor_makes_its_in_flight_table_when_it_first_holds_an_offset():
+    from lmqtt.gateway.session import Cursor
     c = Cursor(5)
-    assert c._inflight is None and c.committed() == 5
-    c.inflight[7] = 1
-    c.inflight[9] = 2
-    assert c.committed() == 7
-    c.inflight.pop(7)
+    c.release(3)
+    assert c._inflight is None and c.committed() == 5 and not c.busy()
+    c.hold(7, 1)
+    c.hold(9, 2)
+    assert c.committed() == 7 and c.busy() and c.holds(9) and c.held() == {7: 1, 9: 2}
+    c.release(7)
     assert c.committed() == 9
-    c.inflight.clear()
-    assert c.committed() == 5
+    c.release(9)
+    assert c.committed() == 5 and not c.busy()
 
 
 def test_a_plain_subscription_keeps_three_fields_and_one_with_options_keeps_them_all():
     import sys
-
-    from lmqtt.gateway.model.session import ClientSubscription
+    from lmqtt.gateway.session import ClientSubscription
     plain = ClientSubscription("d/1", "d/1", 1)
     assert sys.getsizeof(plain) <= 64          # a 64-byte block (was 96 with eight slots)
     assert (plain.group, plain.no_local, plain.retain_as_published, plain.retain_handling,

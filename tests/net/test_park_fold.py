@@ -1,5 +1,5 @@
-"""A parked client's session folded (gateway/model/session.py `fold`): its tables (subs,
-direct, cursors, outbound) are one subscription or a tuple of them and their offsets while its
+"""A parked client's session folded (gateway/session/parked.py `fold`): its tables (subs,
+direct, cursors, the in-flight window) are one subscription or a tuple of them and their offsets while its
 connection is parked, made again at the first read or write of any of them. The rules: what
 unfolds is what was folded (the same subscription objects, the same positions, `direct` the
 `subs` dict again when it was), a session with anything in flight is not folded, and the readers
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from lmqtt.gateway.model.session import ClientSubscription, Cursor, ParkedSession, Session, fold, unfold
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
+from lmqtt.gateway.session import ClientSubscription, Cursor, MqttSession, ParkedSession, fold, unfold
 
 
-def _session(specs) -> Session:
+def _session(specs) -> MqttSession:
     """A session subscribed as the subscription registry does it (`add`: `direct` split at the
     first subscription that is not plain, a cursor per direct one)."""
-    s = Session("dev")
+    s = MqttSession("dev")
     for flt, qos, group, sub_id, prefix, off in specs:
         queue = flt
         shown = f"$share/{group}/{flt}" if group else (f"$x/{flt}" if prefix else flt)
@@ -32,7 +33,7 @@ def _session(specs) -> Session:
     return s
 
 
-def _state(s: Session):
+def _state(s: MqttSession):
     """Everything a reader sees; a subscription by identity, but a device's one plain subscription
     (made again at unfold) by its fields and class."""
     one = len(s.subs) == 1 and s.direct is s.subs and type(next(iter(s.subs.values()))) is ClientSubscription
@@ -41,7 +42,7 @@ def _state(s: Session):
         return (type(sub), sub._key()) if one else id(sub)
     return ([(f, who(sub)) for f, sub in s.subs.items()], {q: who(sub) for q, sub in s.direct.items()},
             s.direct is s.subs, {q: (c.next_offset, c._inflight) for q, c in s.cursors.items()},
-            dict(s.outbound))
+            s.inflight())
 
 
 spec = st.tuples(st.sampled_from(["a", "b/c", "d/+", "e/#", "f"]), st.integers(0, 2),
@@ -57,54 +58,57 @@ def test_a_folded_session_unfolds_to_what_it_was(specs):
     assert fold(s) and s.__class__ is ParkedSession
     assert s.subscription_count() == len(before[0])
     unfold(s)
-    assert s.__class__ is Session and _state(s) == before
+    assert s.__class__ is MqttSession and _state(s) == before
     assert fold(s)
     assert _state(s) == before          # read through the properties: unfolded by the first read
-    assert s.__class__ is Session
+    assert s.__class__ is MqttSession
 
 
 def test_one_plain_subscription_folds_to_its_filter_qos_and_offset():
     s = _session([("t/1", 2, None, None, False, 300)])
     flt = s.subs["t/1"].filter
     assert fold(s)
-    assert Session.subs.__get__(s) is flt and Session.direct.__get__(s) == 2
-    assert Session.cursors.__get__(s) == 300 and Session.outbound.__get__(s) is None
+    assert MqttSession.subs.__get__(s) is flt and MqttSession.direct.__get__(s) == 2
+    assert MqttSession.cursors.__get__(s) == 300 and MqttSession._window.__get__(s) is None
     assert s.subs == {"t/1": ClientSubscription("t/1", "t/1", 2)} and s.cursors["t/1"].next_offset == 300
     s = _session([("t/1", 1, None, 5, False, 0)])          # an option set: the object is kept
     sub = s.subs["t/1"]
-    assert fold(s) and Session.subs.__get__(s) == (sub,) and Session.subs.__get__(s)[0] is sub
+    assert fold(s) and MqttSession.subs.__get__(s) == (sub,) and MqttSession.subs.__get__(s)[0] is sub
 
 
 def test_every_table_unfolds_at_its_first_read_or_write():
-    for touch in (lambda s: s.subs, lambda s: s.direct, lambda s: s.cursors, lambda s: s.outbound,
-                  lambda s: s.alloc_pid(), lambda s: s.sub_ids_for,
-                  lambda s: setattr(s, "outbound", {}), lambda s: setattr(s, "cursors", {})):
+    for touch in (lambda s: s.subs, lambda s: s.direct, lambda s: s.cursors, lambda s: s.inflight(),
+                  lambda s: s._take_ids(1), lambda s: s.sub_ids_for, lambda s: s.puback_received(1),
+                  lambda s: setattr(s, "_window", {}), lambda s: setattr(s, "cursors", {})):
         s = _session([("t/1", 1, None, None, False, 5)])
         assert fold(s)
         touch(s)
         if s.__class__ is ParkedSession:      # a bound method: touched when called only
             continue
-        assert s.__class__ is Session
+        assert s.__class__ is MqttSession
 
 
 def test_counts_and_a_shared_groups_question_do_not_unfold():
     s = _session([("t/1", 1, None, None, False, 5), ("t/2", 1, "g", None, False, 0)])
     assert fold(s)
-    assert s.subscription_count() == 2 and s.can_send() is False      # offline: no connection
-    assert s.window_open() and not s.online and not s.persistent
+    assert s.subscription_count() == 2 and SharedGroup.can_take(s) is False      # offline: no connection
+    assert s.window_open() and s.window_room() == s._receive_max and s.inflight_count() == 0
+    assert s.quiet() and s.plain_snapshot_pid() == 1 and s.change_mark() == (0, 1)
+    assert not s.online and not s.persistent
     assert s.__class__ is ParkedSession
 
 
 def test_a_session_with_anything_in_flight_is_not_folded():
     s = _session([("t/1", 1, None, None, False, 5)])
-    s.outbound[1] = object()
-    assert not fold(s) and s.__class__ is Session
+    s._window[1] = object()
+    assert not fold(s) and s.__class__ is MqttSession
     s = _session([("t/1", 1, None, None, False, 5)])
-    s.cursors["t/1"].inflight[5] = s
-    assert not fold(s) and s.__class__ is Session
+    s.cursors["t/1"].hold(5, 1)
+    assert not fold(s) and s.__class__ is MqttSession
     s = _session([("t/1", 1, None, None, False, 5)])
     s.cursors["other"] = Cursor(0)                 # a cursor no direct subscription explains
-    assert not fold(s) and s.__class__ is Session
+    assert not fold(s) and s.__class__ is MqttSession
     s = _session([("t/1", 1, None, None, False, 5)])
-    s.cursors["t/1"].inflight                      # an empty in-flight table made: foldable
+    s.cursors["t/1"].hold(5, 1)
+    s.cursors["t/1"].release(5)                    # an empty in-flight table made: foldable
     assert fold(s)

@@ -5,7 +5,7 @@ turn, parked again after each: a QoS 1 delivery, a QoS 2 delivery (the full four
 shared-group delivery, its own PUBREL (answered with PUBCOMP; the message went out once), a
 PINGREQ (answered without waking it), the console's read of its subscriptions (without waking
 it), and a takeover, whose new connection inherits the three subscriptions. At each park its
-session is folded (gateway/model/session.py `fold`: a tuple of the three subscriptions and the two
+session is folded (gateway/session/parked.py `fold`: a tuple of the three subscriptions and the two
 direct ones' offsets), so each wake also unfolds it: what it keeps through that is what this checks."""
 from __future__ import annotations
 

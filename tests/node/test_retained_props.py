@@ -3,7 +3,7 @@ retained will of a gateway that is gone; store/node/command.py hands `retained_p
 props codec, store/client/props.py, to the wills service): the gateway reads what the node wrote."""
 from __future__ import annotations
 
-from lmqtt.gateway.model import record_props as G
+from lmqtt.gateway.storage import record_props as G
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.store.client import props as S
 

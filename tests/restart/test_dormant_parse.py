@@ -1,8 +1,8 @@
-"""What the restore reads of one session record's bytes (gateway/core/session_persistence.py
+"""What the restore reads of one session record's bytes (gateway/clients/session_persistence.py
 `dormant_from`): records as `SessionRecord.to_bytes` writes them, from the gateway's own writes."""
 from __future__ import annotations
 
-from lmqtt.gateway.core.session_persistence import BUILD, ENDED, Dormant, dormant_from
+from lmqtt.gateway.clients.session_persistence import BUILD, ENDED, Dormant, dormant_from
 from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES, SessionRecord, Subscription
 
 NOW = 1_800_000_000_000

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.model.session import ClientSubscription, Session
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.storage.record_props import RecordMeta
+from lmqtt.gateway.session import ClientSubscription, Counts, MqttSession, OutboundMessage
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.store.node.inprocess import InProcessOffsets, InProcessSessions
@@ -38,8 +39,8 @@ class _Conn:
         self.events.append("close")
 
 
-def _offline(cid: str) -> Session:
-    s = Session(cid)
+def _offline(cid: str) -> MqttSession:
+    s = MqttSession(cid)
     s.expiry_interval = 3600
     s.subs[f"d/{cid}/+"] = ClientSubscription(f"d/{cid}/+", f"d/{cid}/+", 1)
     s.disconnected_at_ms = 1234
@@ -49,7 +50,7 @@ def _offline(cid: str) -> Session:
 def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
     md = MetadataStore(str(tmp_path / "md"))
     real, md._db = md._db, _Counting(md._db)
-    sessions: dict[str, Session] = {}
+    sessions: dict[str, MqttSession] = {}
 
     async def main() -> None:
         p = SessionPersistence(_Facades(md), session_live=lambda s: sessions.get(s.client_id) is s,
@@ -83,7 +84,7 @@ def test_the_disconnects_of_one_tick_are_one_write(tmp_path):
         assert md._db.writes == 4 and conns["g"].events == conns["h"].events == ["hold", "close"]
         rec = md.get_session("g")
         assert rec.last_disconnect_ms is not None and [x.filter for x in rec.subscriptions] == ["d/g/+"]
-        sessions["h"].next_pid += 1
+        sessions["h"].send(OutboundMessage("d/h/x", b"m", RecordMeta(qos=1)), 1, False, lambda frame: None, Counts())
         for cid in ("g", "h"):                # connection_lost: detach
             sessions[cid].conn = None
             p.save_later(sessions[cid])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from lmqtt.gateway.core.session_persistence import CONNECTED_RECORD_AFTER_S
+from lmqtt.gateway.clients.session_persistence import CONNECTED_RECORD_AFTER_S
 from lmqtt.gateway.mqtt import packets as P
 from tests.gateway.test_console_tools import lmqtt
 from tests.support import RawMQTT

@@ -157,7 +157,7 @@ def overview(gw, sampler: Sampler) -> dict:
 
 def session_counts(b) -> tuple[int, int, int]:
     """(sessions, of which dormant, subscriptions) of the broker `b`: a persistent session restored
-    at start and not built yet (dormant: gateway/core/session_persistence.py `Dormant`, its client
+    at start and not built yet (dormant: gateway/clients/session_persistence.py `Dormant`, its client
     not back) counts with its subscriptions, as `$SYS` and `lmqtt_sessions` count it."""
     if b is None:
         return 0, 0, 0
@@ -177,7 +177,7 @@ def _client_row(c, now_loop: float) -> dict:
     return {"client_id": c.client_id, "username": getattr(ident, "username", None), "address": c.peer,
             "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(c.version, str(c.version)),
             "keepalive": c.keepalive, "subscriptions": subs,
-            "inflight": len(s.outbound) if s is not None else 0,
+            "inflight": s.inflight_count() if s is not None else 0,
             "queued": queued, "persistent": bool(s is not None and s.expiry_interval),
             "idle_s": round(max(0.0, now_loop - c.last_rx), 1),
             "connected_s": round(max(0.0, now_loop - c.accepted_at), 1)}

@@ -1,4 +1,5 @@
-"""Console tools over the store's native protocol, like Kafka's console producer/consumer.
+"""The SDK's command-line tools (`lmqtt produce`, `consume`, `admin`) over the store's native protocol, like
+Kafka's console producer/consumer; the web console is `console_web/`.
 
     lmqtt produce --store HOST:PORT --topic T [--qos N] [--key K]... [--property k=v]... [--batch]
     lmqtt consume --store HOST:PORT --filter F [--group G] [--from earliest|latest|TIME]
@@ -49,7 +50,8 @@ def _connect(prog: str, address: str, token: str | None):
         if "is not an lmqtt store" in str(e):      # another server's port (connection.not_a_store)
             print(f"{prog}: {e}", file=sys.stderr)
             raise SystemExit(EXIT_UNREACHABLE)
-        print(f"{prog}: store {address} refused the connection: {e}", file=sys.stderr)
+        hint = " (give the store's token with --token or $LMQTT_STORE_TOKEN)" if "token" in str(e) else ""
+        print(f"{prog}: store {address} refused the connection: {e}{hint}", file=sys.stderr)
         raise SystemExit(EXIT_REFUSED)
     except (ConnectionLost, OSError, ValueError) as e:
         why = str(e)
@@ -63,8 +65,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="127.0.0.1:10911",
                    help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md; "
                         "default 127.0.0.1:10911)")
-    p.add_argument("--token", help="auth token for the store handshake (default: none; a store started "
-                                   "with --token needs it)")
+    # the same variable `lmqtt store` and `lmqtt gateway` read, so one export serves all of them
+    p.add_argument("--token", default=os.environ.get("LMQTT_STORE_TOKEN") or None,
+                   help="auth token for the store handshake (default: $LMQTT_STORE_TOKEN, else none; "
+                        "a store started with --token needs it)")
 
 
 # --------------------------------------------------------------------------------------- produce

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from lmqtt.gateway.model.session import Cursor, OutboundMessage, Session, ClientSubscription
+from lmqtt.gateway.session import Cursor, OutboundMessage, MqttSession, ClientSubscription
 
 
 def group_consumer(group: str, queue: str) -> str:
@@ -26,7 +26,7 @@ class SharedGroup:
         self.name = name
         self.queue = queue
         self.cursor = Cursor(offset)
-        self.members: list[tuple[Session, ClientSubscription]] = []   # online members
+        self.members: list[tuple[MqttSession, ClientSubscription]] = []   # online members
         self.refs = 0                                           # sessions (online or not) holding the sub
         self.rr = 0
         # taken back from departed members (in a fleet: also what the store handed to this gateway)
@@ -35,32 +35,39 @@ class SharedGroup:
         # `FleetGroup`); None alone (lmqtt serve): the group reads its queue with its own cursor
         self.fleet = None
 
+    @staticmethod
+    def can_take(s: MqttSession) -> bool:
+        """Whether member `s` can take a message now: online, its socket below its high-water mark
+        and its window (the session machine's) not full."""
+        c = s.conn
+        return c is not None and not c.write_blocked and s.window_room() > 0
+
     @property
     def consumer(self) -> str:
         return group_consumer(self.name, self.queue)
 
-    def add_member(self, s: Session, sub: ClientSubscription) -> None:
+    def add_member(self, s: MqttSession, sub: ClientSubscription) -> None:
         self.remove_member(s)
         self.members.append((s, sub))
 
-    def remove_member(self, s: Session) -> None:
+    def remove_member(self, s: MqttSession) -> None:
         self.members = [(m, sub) for m, sub in self.members if m is not s]
 
-    def pick(self) -> tuple[Session, ClientSubscription] | None:
+    def pick(self) -> tuple[MqttSession, ClientSubscription] | None:
         """Next member (round-robin) that can take a message now, or None."""
         ms = self.members
         n = len(ms)
         for i in range(n):
             k = (self.rr + i) % n
             s, sub = ms[k]
-            if s.can_send():
+            if self.can_take(s):
                 self.rr = (k + 1) % n
                 return s, sub
         return None
 
     def acked(self, offset: int | None) -> None:
         if offset is not None:
-            self.cursor.inflight.pop(offset, None)
+            self.cursor.release(offset)
             f = self.fleet
             if f is not None:
                 f.acked(self, offset)

@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.mqtt import SUCCESS_ACK_HEAD, ProtocolError, ReasonCode, encode_success_acks, packets as P
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
     from lmqtt.gateway.storage.facades import QueueStore
 
-log = logging.getLogger("lmqtt.gateway.delivery.publish")
+log = logging.getLogger("lmqtt.gateway.inbound.publish")
 
 # ------------------------------------------------------------------------- delayed publishes
 # Two ways for an MQTT client to ask for later delivery (docs/store.md "Delayed messages over MQTT"):
@@ -115,7 +115,7 @@ class _Pending:
         self.props = props
         self.queues = queues
         self.due = due            # epoch ms of a delayed publish (0 = now)
-        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (core/broker.py)
+        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (broker/broker.py)
 
 
 class AppendListener(Protocol):
@@ -151,7 +151,7 @@ class PublishPipeline:
     """
 
     # `qos2_stored(session, packet id)`: an inbound QoS 2 message of a persistent session is stored;
-    # it sends the PUBREC once the id is durable (core/broker.py); None: the PUBREC goes with the acks
+    # it sends the PUBREC once the id is durable (broker/broker.py); None: the PUBREC goes with the acks
     qos2_stored: Callable[[Any, int], None] | None = None
 
     def __init__(self, store: "QueueStore", loop, metrics, max_pending_publish: int, *,
@@ -246,9 +246,7 @@ class PublishPipeline:
         if conn is None:
             return
         if qos and s is not None:
-            s.inbound_pending.discard(pid)
-            if s.inbound_keys:
-                s.inbound_keys.pop(pid, None)
+            s.publish_failed(pid)
         if conn.version != 5:
             raise ProtocolError(str(err), err.reason_code)
         if qos == 0:
@@ -400,14 +398,11 @@ class PublishPipeline:
             s = p.session
             pid = p.pid
             if s is not None:
-                s.inbound_pending.discard(pid)
-                if p.qos == 2:
-                    s.inbound_qos2.add(pid)
-                    if s.inbound_keys:                  # written ahead (core/broker.py): stored now
-                        s.inbound_keys.pop(pid, None)
-                    if s.expiry_interval and self.qos2_stored is not None:
-                        self.qos2_stored(s, pid)    # PUBREC once the id is durable
-                        continue
+                # the session machine: the id stored (QoS 2: awaiting PUBREL); True: a persistent
+                # session's PUBREC waits for its record
+                if s.publish_stored(p.qos, pid) and self.qos2_stored is not None:
+                    self.qos2_stored(s, pid)    # PUBREC once the id is durable
+                    continue
                 target = s.conn
             else:
                 target = conn
@@ -440,9 +435,7 @@ class PublishPipeline:
         client re-sends it (DUP) when it reconnects. A QoS 0 publish is dropped (counted)."""
         conn = p.conn
         if p.qos and p.session is not None:
-            p.session.inbound_pending.discard(p.pid)
-            if p.session.inbound_keys:                # written ahead, not stored: forgotten
-                p.session.inbound_keys.pop(p.pid, None)
+            p.session.publish_failed(p.pid)           # not stored: forgotten (written ahead too)
         if conn is None or conn.closing or p.qos == 0:
             return
         full = isinstance(err, DiskFull)

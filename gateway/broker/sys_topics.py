@@ -38,8 +38,8 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from lmqtt.gateway.delivery.retained import is_sys_filter
-from lmqtt.gateway.model.record_props import encode_cached, safe_decode
-from lmqtt.gateway.model.session import OutboundMessage, Session
+from lmqtt.gateway.storage.record_props import encode_cached, safe_decode
+from lmqtt.gateway.session import OutboundMessage, MqttSession
 from lmqtt.gateway.storage.facades import Answer, Retained
 from lmqtt.lightqueue.topics import topic_matches
 
@@ -168,7 +168,7 @@ class SysRetained:
         it = OutboundMessage(topic, payload, self._record, dispatch_queues=queues)
         # a session on overlapping filters gets it once, through the subscription the delivery
         # engine would take: the highest QoS, then the smallest filter (DeliveryEngine._owner)
-        owners: dict[Session, str] = {}
+        owners: dict[MqttSession, str] = {}
         for q in queues:
             for s in d.direct.get(q, ()):
                 cur = owners.get(s)
@@ -182,7 +182,7 @@ class SysRetained:
                 if pick is not None:
                     self._send(pick[0], q, pick[1], it, shared=True)
 
-    def _send(self, s: Session, q: str, sub, it: OutboundMessage, shared: bool = False) -> None:
+    def _send(self, s: MqttSession, q: str, sub, it: OutboundMessage, shared: bool = False) -> None:
         conn = s.conn
         if conn is None or (sub.no_local and s.client_id == "$SYS"):
             return
@@ -199,7 +199,7 @@ class SysRetained:
                 ids = (sub.subscription_id,) if sub.subscription_id else None
             else:
                 ids = s.sub_ids_for(it, q)
-        s.send_message(it, 0, sub.retain_as_published, sub_ids=ids)
+        s.send(it, 0, sub.retain_as_published, conn.write, conn.metrics, sub_ids=ids)
 
     def batches(self, flt: str) -> "Answer[Iterator[list[Retained]]]":
         """The values matching `flt`, as the retained facade's `batches` answers (done)."""

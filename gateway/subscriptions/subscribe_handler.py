@@ -22,17 +22,17 @@ from lmqtt.gateway.mqtt import SUBACK_FAILURE_V311, ProtocolError, ReasonCode as
 from lmqtt.gateway.delivery.history import (REPLAY_PREFIX, ReplayRequestError, plain_filter, since_property,
                                   split_replay_filter)
 from lmqtt.gateway.delivery.retained import send_retained
-from lmqtt.gateway.model.session import ClientSubscription, Session
+from lmqtt.gateway.session import ClientSubscription, MqttSession
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter, MetadataError
 from lmqtt.gateway.storage.facades import ReplayRefused
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.security.acl import AclFile
-    from lmqtt.gateway.core.limits import ConnectionGate
-    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.broker.limits import ConnectionGate
+    from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 
-_PLAIN = ClientSubscription       # a subscription with every option at its default (model/session.py)
+_PLAIN = ClientSubscription       # a subscription with every option at its default (gateway/session/subscriptions.py)
 
 # the broker's logger: the log lines are the ones the broker always wrote
 log = logging.getLogger("lmqtt.gateway")
@@ -43,9 +43,9 @@ class SubscribeHandler:
 
     * `subscriptions`: the SubscriptionRegistry (prepare, deciding, add, add_since, remove);
     * `retained`: where the retained messages are (a `RetainedStore`, storage/facades.py; the
-      broker's has `$SYS` filters answered from memory, core/sys_topics.py);
+      broker's has `$SYS` filters answered from memory, broker/sys_topics.py);
     * `acl`: the AclFile, None when not configured (then a subscribe pays one `is None` test);
-    * `gate`: the connection/rate limits (gateway/core/limits.py `ConnectionGate`) with their counters,
+    * `gate`: the connection/rate limits (gateway/broker/limits.py `ConnectionGate`) with their counters,
       None for none;
     * `max_subscriptions`: the per-session quota, 0 = unlimited;
     * `save_session(s)`: write a persistent session's record (on a remote store the answer being
@@ -61,8 +61,8 @@ class SubscribeHandler:
 
     def __init__(self, *, subscriptions: "SubscriptionRegistry", retained,
                  acl: "AclFile | None", gate: "ConnectionGate | None", max_subscriptions: int,
-                 save_session: Callable[[Session], None], save_offsets: Callable[[Session], None],
-                 kick: Callable[[Session], None], resume: Callable[..., None],
+                 save_session: Callable[[MqttSession], None], save_offsets: Callable[[MqttSession], None],
+                 kick: Callable[[MqttSession], None], resume: Callable[..., None],
                  one_write: Callable[[], Any] = nullcontext) -> None:
         self.subscriptions = subscriptions
         self.retained = retained
@@ -248,7 +248,7 @@ class SubscribeHandler:
                 send_retained(self.retained, acl, s, sub, batches=batches)
         self._kick(s)
 
-    def _replay_refused(self, s: Session, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
+    def _replay_refused(self, s: MqttSession, tf: str, why: str, codes: list, reasons: list, v5: bool) -> None:
         """A subscription from the past that cannot be served: SUBACK 0x80 (MQTT 5: with the reason)."""
         log.info("event=replay_refused client_id=%s filter=%r reason=%r", s.client_id, tf, why)
         codes.append(RC.UNSPECIFIED_ERROR if v5 else SUBACK_FAILURE_V311)

@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any, Callable
 from json.encoder import encode_basestring as _quote
 
 from lmqtt.gateway.mqtt import ReasonCode
-from lmqtt.gateway.model.session import ClientSubscription
+from lmqtt.gateway.session import ClientSubscription
 from lmqtt.gateway.storage.facades import log_failure
-from lmqtt.lightqueue.records import (HOST, IN2_PENDING, NEVER_EXPIRES, SessionRecord,
+from lmqtt.lightqueue.records import (HOST, NEVER_EXPIRES, SessionRecord,
                                       Subscription as SubscriptionRecord)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmqtt.gateway.model.session import Session
-    from lmqtt.gateway.model.shared_groups import SharedGroup
+    from lmqtt.gateway.session import MqttSession
+    from lmqtt.gateway.subscriptions.shared_groups import SharedGroup
     from lmqtt.gateway.storage.facades import Storage
 
-log = logging.getLogger("lmqtt.gateway.core.session_persistence")
+log = logging.getLogger("lmqtt.gateway.clients.session_persistence")
 
 
 def _now_ms() -> int:
@@ -62,7 +62,7 @@ def _now_ms() -> int:
 # again (at least once).
 #
 # An inbound QoS 2 PUBLISH of a persistent session: its id is written BEFORE the append as pending
-# ("in2p": the message carries a unique key, core/broker.py `_qos2_ahead`), and after it as stored
+# ("in2p": the message carries a unique key, broker/broker.py `_qos2_ahead`), and after it as stored
 # ("in2", before the PUBREC). A crash in between leaves it pending: when the record is read back,
 # the store looks the key up in its log (lightqueue/records.py `resolve_pending_qos2`): stored ->
 # "stored, awaiting PUBREL" (the client's PUBLISH sent again is answered, not stored twice), not
@@ -71,89 +71,6 @@ INFLIGHT = "inflight"
 # `lmqtt serve`: a resumed session that never expires has its record say "connected" once it has
 # been connected this long (`SessionPersistence.save_later`)
 CONNECTED_RECORD_AFTER_S = 1.0
-MAX_SAVED_INFLIGHT = 4096     # more exchanges in flight: not kept (delivered again from the committed offsets, as new)
-
-
-def inflight_state(s: "Session") -> dict | None:
-    """`{"out": [[pid, queue, offset, qos, retain, state, sub_ids], ...] in send order, "next":
-    {queue: next offset to deliver}, "in2": [inbound QoS 2 ids], "pid": next packet id}` (and
-    "in2p": [[id, topic, key, ms], ...], inbound QoS 2 ids written ahead of their append, which
-    the store settles when the record is read: lightqueue/records.py `resolve_pending_qos2`) for the
-    messages read from a light queue (retained messages and a replay's history are not kept: they
-    were never kept across a restart), or None when there is nothing to keep. A state restored
-    without its messages and not resumed yet (`Session.saved_inflight`) is kept as it was read."""
-    if s.saved_inflight is not None:
-        return s.saved_inflight
-    out = []
-    cursors = s.cursors
-    # every queue's: what is below it and not in "out" was done (the offsets may lag behind)
-    nxt = {q: cur.next_offset for q, cur in cursors.items()}
-    for inf in s.outbound.values():
-        q, off = inf.queue, inf.offset
-        if inf.group is not None or q is None or off is None or q not in cursors:
-            continue
-        out.append([inf.pid, q, off, inf.qos, inf.retain, inf.state, list(inf.sub_ids) if inf.sub_ids else None])
-    keys = s.inbound_keys
-    in2 = s.inbound_qos2_ids          # not `inbound_qos2`: that creates the set for every saved session
-    if len(out) > MAX_SAVED_INFLIGHT or not (out or in2 or nxt or keys):
-        return None
-    state = {"out": out, "next": nxt, "in2": sorted(in2), "pid": s.next_pid}
-    if keys:
-        state[IN2_PENDING] = [[pid, topic, key, ms] for pid, (topic, key, ms) in keys.items()]
-    return state
-
-
-def restore_inflight(s: "Session", state: dict, message_at: Callable[[str, int], Any]) -> int:
-    """Put the exchanges `inflight_state` kept back into a session just restored from its record
-    (its cursors at the committed offsets); `message_at(queue, offset)` reads a message again (None
-    when it cannot: deleted by retention, or not read ahead by a fleet gateway). All of a queue's
-    exchanges are resumed or none: a queue with one missing is delivered again from its committed
-    offset, as new messages, never past one. Returns how many outbound were resumed."""
-    from lmqtt.gateway.model.session import InFlight
-    per_queue: dict[str, list] = {}
-    for entry in state.get("out", ()):
-        per_queue.setdefault(entry[1], []).append(entry)
-    resumed: list[InFlight] = []
-    moved: dict[str, int] = {}
-    nxt = state.get("next", {})
-    for q, entries in per_queue.items():
-        cur = s.cursors.get(q)
-        if cur is None or q not in s.direct or cur.inflight:
-            continue                    # unsubscribed since
-        mine = []
-        for pid, _q, off, qos, retain, st, ids in entries:
-            if off < cur.next_offset:
-                continue                # below the committed offset: acknowledged since the snapshot
-            if pid in s.outbound:
-                mine = None             # the record is not this state
-                break
-            it = message_at(q, off)
-            if it is None:
-                mine = None
-                break
-            inf = InFlight(pid, it, qos, retain, q, off, None)
-            inf.state = st
-            inf.sub_ids = tuple(ids) if ids else None
-            mine.append(inf)
-        if mine is not None:
-            # everything below the snapshot's "next" not among its exchanges was done: not again
-            resumed += mine
-            moved[q] = max([int(nxt.get(q, 0))] + [inf.offset + 1 for inf in mine])
-    for q, n in nxt.items():            # queues with nothing in flight: where delivery stood
-        cur = s.cursors.get(q)
-        if q not in per_queue and cur is not None and q in s.direct and not cur.inflight:
-            moved[q] = int(n)
-    order = {e[0]: i for i, e in enumerate(state.get("out", ()))}
-    resumed.sort(key=lambda inf: order[inf.pid])
-    for inf in resumed:                 # in send order, as they go out again
-        s.outbound[inf.pid] = inf
-    for inf in sorted(resumed, key=lambda inf: inf.offset):
-        s.cursors[inf.queue].inflight[inf.offset] = inf.pid     # a cursor's in-flight: offset order
-    for q, n in moved.items():
-        s.cursors[q].next_offset = max(s.cursors[q].next_offset, n)
-    s.inbound_qos2.update(int(p) for p in state.get("in2", ()))
-    s.next_pid = int(state.get("pid") or 1)
-    return len(resumed)
 
 
 class Dormant:
@@ -244,7 +161,7 @@ _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _PLAIN_SUB_TAIL = ',"no_local":false,"retain_as_published":false,"retain_handling":0,"subscription_id":null,"share_group":null}'
 
 
-def _record_bytes(s: "Session", last: int | None, host: str | None) -> bytes | None:
+def _record_bytes(s: "MqttSession", last: int | None, host: str | None) -> bytes | None:
     """The bytes `SessionRecord.to_bytes` gives for the record of `s` (`last`: its
     last_disconnect_ms), written straight from the session: a template for what almost every
     record is (ints, plain subscriptions, exchanges with nothing in flight) and the reference
@@ -264,9 +181,10 @@ def _record_bytes(s: "Session", last: int | None, host: str | None) -> bytes | N
                                      "retain_as_published": sub.retain_as_published,
                                      "retain_handling": sub.retain_handling,
                                      "subscription_id": sub.subscription_id, "share_group": sub.group}))
-    # its exchanges (`inflight_state`): nothing in flight and where delivery stands, written here
+    # its exchanges (`MqttSession.snapshot`): nothing in flight and where delivery stands, written here
     state = None
-    if s.saved_inflight is None and not s.outbound and not s.inbound_keys and not s.inbound_qos2_ids:
+    pid = s.plain_snapshot_pid()
+    if pid is not None:
         nxt = []
         for q, cur in s.cursors.items():
             n = cur.next_offset
@@ -274,7 +192,6 @@ def _record_bytes(s: "Session", last: int | None, host: str | None) -> bytes | N
                 state = True
                 break
             nxt.append(f"{_quote(q)}:{n}")
-        pid = s.next_pid
         if state is None and pid.__class__ is int:
             extra = f'{{"{INFLIGHT}":{{"out":[],"next":{{{",".join(nxt)}}},"in2":[],"pid":{pid}}}' if nxt else "{"
             if host is not None:
@@ -285,7 +202,7 @@ def _record_bytes(s: "Session", last: int | None, host: str | None) -> bytes | N
     else:
         state = True
     if state is not None:
-        st = inflight_state(s)
+        st = s.snapshot()
         ex = {INFLIGHT: st} if st else {}
         if host is not None:
             ex[HOST] = host
@@ -324,15 +241,14 @@ class WrittenRecord(SessionRecord):
         return self._raw
 
 
-def _mark(s: "Session") -> tuple:
+def _mark(s: "MqttSession") -> tuple:
     """What of a session its record would show differently once changed while its connection
     closes: its exchanges in flight, its next packet id, where delivery stands, its subscriptions."""
-    return (len(s.outbound), s.next_pid, len(s.subs), s.expiry_interval,
-            tuple(c.next_offset for c in s.cursors.values()))
+    return (*s.change_mark(), len(s.subs), s.expiry_interval, tuple(c.next_offset for c in s.cursors.values()))
 
 
 class SessionPersistence:
-    def __init__(self, storage: "Storage", *, session_live: Callable[["Session"], bool],
+    def __init__(self, storage: "Storage", *, session_live: Callable[["MqttSession"], bool],
                  group_live: Callable[["SharedGroup"], bool], host: str | None = None, metrics=None) -> None:
         """`session_live(s)` / `group_live(g)`: whether a dirty session or shared group is still
         the live one when its offsets are written (`flush`); an ended or replaced session, a
@@ -343,7 +259,7 @@ class SessionPersistence:
         self.offsets = storage.offsets
         self.host = host
         self.metrics = metrics                    # GatewayMetrics (`session_record_writes`), None in tests
-        self.dirty_sessions: set["Session"] = set()
+        self.dirty_sessions: set["MqttSession"] = set()
         self.dirty_groups: set["SharedGroup"] = set()
         self._session_live = session_live
         self._group_live = group_live
@@ -352,24 +268,24 @@ class SessionPersistence:
         self._loop: asyncio.AbstractEventLoop | None = None
         # sessions whose record (with its exchanges) is written at the end of this tick, and the
         # packets (encoded) each waits with until the store answered (`journal`)
-        self._journal: dict["Session", list[bytes]] = {}
+        self._journal: dict["MqttSession", list[bytes]] = {}
         self._journal_scheduled = False
         # `lmqtt serve`: the sessions whose records are written together at the end of this tick
         # (`save_later`), by client id
-        self._later: dict[str, "Session"] = {}
+        self._later: dict[str, "MqttSession"] = {}
         self._later_scheduled = False
         # sent DISCONNECT (`close_after_record`): (session, connection) closed once the record is in
-        self._closing: list[tuple["Session", Any]] = []
+        self._closing: list[tuple["MqttSession", Any]] = []
         # written so by `close_after_record`: client id -> (session, `_mark` then); its detach
         # writes nothing more unless the session changed since
-        self._left: dict[str, tuple["Session", tuple]] = {}
+        self._left: dict[str, tuple["MqttSession", tuple]] = {}
         # `lmqtt serve`: never-expiring sessions resumed whose record saying "connected" waits
         # CONNECTED_RECORD_AFTER_S (`save_later`), by client id, and the timer that writes them
-        self._connected: dict[str, "Session"] = {}
+        self._connected: dict[str, "MqttSession"] = {}
         self._connected_handle: asyncio.TimerHandle | None = None
 
     # -- session records ----------------------------------------------------------------------
-    def record_of(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
+    def record_of(self, s: "MqttSession", offline_ms: int | None = None) -> SessionRecord:
         """`offline_ms`: the record as of the session gone offline then (its client sent DISCONNECT
         and its connection is about to close). Encoded here, once (`WrittenRecord`): the bytes
         `record_reference(s, offline_ms).to_bytes()` gives, without the record's objects and its
@@ -382,12 +298,12 @@ class SessionPersistence:
             return self.record_reference(s, offline_ms)
         return WrittenRecord(s.client_id, s.version, s.expiry_interval, last, raw, self.host)
 
-    def record_reference(self, s: "Session", offline_ms: int | None = None) -> SessionRecord:
+    def record_reference(self, s: "MqttSession", offline_ms: int | None = None) -> SessionRecord:
         """The session's record as a plain `SessionRecord` (the reference `record_of` encodes as)."""
         online = s.online and offline_ms is None
         # a connected session's too: a snapshot written by `write_ahead` / `journal` must not be
         # erased by a record written for another reason (SUBSCRIBE, UNSUBSCRIBE, CONNECT)
-        state = inflight_state(s)
+        state = s.snapshot()
         return SessionRecord(
             client_id=s.client_id, protocol_version=s.version, expiry_interval=s.expiry_interval,
             last_disconnect_ms=None if online else (offline_ms or s.disconnected_at_ms or _now_ms()),
@@ -404,7 +320,7 @@ class SessionPersistence:
             extra[HOST] = self.host
         return extra
 
-    def save_session(self, s: "Session"):
+    def save_session(self, s: "MqttSession"):
         """Write the session's record: the store's answer (a CONNACK / SUBACK it backs waits for
         it); a failure is logged here."""
         if self._later:
@@ -429,7 +345,7 @@ class SessionPersistence:
         """Whether `save_later` leaves records for the end of the tick (`lmqtt serve`)."""
         return self.host is None and self._loop is not None
 
-    def save_later(self, s: "Session") -> None:
+    def save_later(self, s: "MqttSession") -> None:
         """Write the session's record at the end of this event-loop tick, with every other record
         left for it, in one metadata write: for a record no packet waits for (a
         reconnect storm's records were a write each). Two of them: a persistent session gone
@@ -478,7 +394,7 @@ class SessionPersistence:
         if self._later and not self._later_scheduled:
             self.write_later()
 
-    def close_after_record(self, s: "Session", conn) -> bool:
+    def close_after_record(self, s: "MqttSession", conn) -> bool:
         """`s`'s client sent DISCONNECT on `conn`. On `lmqtt serve` (persistent session): nothing
         more of `conn` is handled, its record as of now, offline, goes with this tick's others
         (`write_later`), and `conn` is closed once it is written - a client that sees its
@@ -538,7 +454,7 @@ class SessionPersistence:
                 conn.close()
 
     # -- QoS 2 write-ahead of a connected session's exchanges ------------------------------------
-    def write_ahead(self, s: "Session"):
+    def write_ahead(self, s: "MqttSession"):
         """New QoS 2 PUBLISHes of a persistent session were queued to its connection (not yet on
         the wire): write its record with its exchanges now; the caller makes the connection's
         output wait for the answer (`MQTTConnection.wait_for_store`). None: nothing to write."""
@@ -546,7 +462,7 @@ class SessionPersistence:
             return None
         return self.save_session(s)
 
-    def journal(self, s: "Session", packet: bytes | None) -> None:
+    def journal(self, s: "MqttSession", packet: bytes | None) -> None:
         """A QoS 2 exchange of `s` changed (PUBREC received, inbound id stored or released): its
         record is written at the end of this event-loop tick (one write per session per tick),
         and `packet` (the PUBREL / PUBREC / PUBCOMP that depends on it) is written to the
@@ -620,7 +536,7 @@ class SessionPersistence:
         log_failure(self.sessions.put(rec.client_id, rec), log, "save_session_failed", client_id=rec.client_id)
 
     # -- offsets ------------------------------------------------------------------------------
-    def mark_session(self, s: "Session") -> None:
+    def mark_session(self, s: "MqttSession") -> None:
         if s.expiry_interval:
             self.dirty_sessions.add(s)
             if self._flush_handle is None:
@@ -631,7 +547,7 @@ class SessionPersistence:
         if self._flush_handle is None:
             self._arm()
 
-    def forget(self, s: "Session") -> None:
+    def forget(self, s: "MqttSession") -> None:
         """The session ended or its copy here was dropped: its offsets are not written any more
         (they would write over its successor's, or recreate a deleted session's)."""
         self.dirty_sessions.discard(s)
@@ -640,7 +556,7 @@ class SessionPersistence:
         """The group was dropped (its last member unsubscribed): its offset is not written any more."""
         self.dirty_groups.discard(g)
 
-    def save_offsets(self, s: "Session") -> None:
+    def save_offsets(self, s: "MqttSession") -> None:
         self.dirty_sessions.discard(s)
         if s.cursors:
             if self.metrics is not None:

@@ -34,12 +34,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from lmqtt.gateway.model import record_props
+from lmqtt.gateway.storage import record_props
 from lmqtt.gateway.mqtt import packets as P
-from lmqtt.gateway.core.session_persistence import (BUILD, ENDED, INFLIGHT, Dormant, dormant_from, restore_inflight,
+from lmqtt.gateway.clients.session_persistence import (BUILD, ENDED, INFLIGHT, Dormant, dormant_from,
                                                    start_offsets)
-from lmqtt.gateway.model.record_props import safe_decode
-from lmqtt.gateway.model.session import NEVER_EXPIRES, ClientSubscription, Session
+from lmqtt.gateway.storage.record_props import safe_decode
+from lmqtt.gateway.session import NEVER_EXPIRES, ClientSubscription, MqttSession
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
@@ -47,8 +47,8 @@ from lmqtt.lightqueue.records import WillRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.net.connection import MQTTConnection
-    from lmqtt.gateway.core.session_persistence import SessionPersistence
-    from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
+    from lmqtt.gateway.clients.session_persistence import SessionPersistence
+    from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
     from lmqtt.gateway.storage.facades import Storage
 
 log = logging.getLogger("lmqtt.gateway.sessions")
@@ -70,9 +70,9 @@ class SessionRegistry:
         self.persist = persist
         self.subscriptions = subscriptions
         self._publish = publish
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, MqttSession] = {}
         self.on_expired: Callable[[str], None] | None = None   # a session ended by its expiry (events)
-        # persistent sessions restored at start and not built yet (core/session_persistence.py
+        # persistent sessions restored at start and not built yet (clients/session_persistence.py
         # `Dormant`): built by `_wake` when their client connects
         self.dormant: dict[str, Dormant] = {}
         gauge = getattr(metrics, "sessions_dormant", None)
@@ -84,7 +84,7 @@ class SessionRegistry:
         storage.wills.on_wills_published(self.wills_published_elsewhere)
 
     # ------------------------------------------------------------------ lookups
-    def get(self, client_id: str) -> Session | None:
+    def get(self, client_id: str) -> MqttSession | None:
         return self.sessions.get(client_id)
 
     def owner(self, client_id: str) -> "MQTTConnection | None":
@@ -102,7 +102,7 @@ class SessionRegistry:
     def discard(self, loaded) -> None:
         """A `load_later` result nobody will `open` with (the client left meanwhile)."""
 
-    def open(self, client_id: str, clean_start: bool, loaded=None) -> tuple[Session, bool]:
+    def open(self, client_id: str, clean_start: bool, loaded=None) -> tuple[MqttSession, bool]:
         """The session a CONNECT continues (present=True) or a new one; a pending delayed will of
         the client is cancelled (it reconnected within the will delay, MQTT 5 §3.1.3.2.2)."""
         wt = self._will_timers.pop(client_id, None)
@@ -122,12 +122,12 @@ class SessionRegistry:
             self._end(s)
             s = None
         present = s is not None
-        if s is not None and s.saved_inflight is not None:
+        if s is not None and s.has_saved():
             # kept from the restore at start and not reloaded with its messages read ahead: what
             # cannot be read now is delivered again as new (at least once, never lost)
-            self._resume_inflight(s, s.saved_inflight)
+            self._resume_inflight(s, None)
         if s is None:
-            s = Session(client_id)
+            s = MqttSession(client_id)
             self.sessions[client_id] = s
             self.metrics.sessions.set(self.count())
         if s.expiry_handle is not None:
@@ -135,7 +135,7 @@ class SessionRegistry:
             s.expiry_handle = None
         return s, present
 
-    def attach(self, conn: "MQTTConnection", s: Session) -> None:
+    def attach(self, conn: "MQTTConnection", s: MqttSession) -> None:
         s.disconnected_at_ms = None
         s.conn = conn
         conn.session = s
@@ -153,7 +153,6 @@ class SessionRegistry:
         if s.conn is conn:
             s.conn = None
         self.subscriptions.go_offline(s)     # shared-group messages in flight go back to the group
-        s.retained_backlog = ()
         if conn.will is not None:
             self._arm_will(cid, conn.will, s, conn.version)
             conn.will = None
@@ -183,7 +182,7 @@ class SessionRegistry:
     def drop_will(self, client_id: str) -> None:
         log_failure(self.wills.pop(client_id), log, "pop_will_failed", client_id=client_id)
 
-    def _arm_will(self, cid: str, will: P.Will, s: Session, version: int) -> None:
+    def _arm_will(self, cid: str, will: P.Will, s: MqttSession, version: int) -> None:
         delay = (will.properties.will_delay_interval or 0) if version == 5 else 0
         delay = min(delay, s.expiry_interval) if s.persistent else 0
         if delay <= 0:
@@ -203,9 +202,9 @@ class SessionRegistry:
         self._publish(cid, will.qos, will.topic, will.payload, will.retain, will.properties)
 
     # ------------------------------------------------------------------ expiry / end
-    def _end(self, s: Session) -> None:
+    def _end(self, s: MqttSession) -> None:
         self.subscriptions.remove_all(s)
-        s.outbound.clear()
+        s.ended()
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -219,7 +218,7 @@ class SessionRegistry:
         if self.on_expired is not None:
             self.on_expired(cid)
 
-    def _schedule_expiry(self, s: Session, remaining_ms: int | None = None) -> None:
+    def _schedule_expiry(self, s: MqttSession, remaining_ms: int | None = None) -> None:
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -308,7 +307,7 @@ class SessionRegistry:
         self.metrics.sessions.set(self.count())
         return n
 
-    def _wake(self, cid: str, d: Dormant) -> Session | None:
+    def _wake(self, cid: str, d: Dormant) -> MqttSession | None:
         """Build a dormant session (its client connects): its record and offsets read now, as the
         restore at start used to; then the dormant's holds let go (the built one holds them
         now). None if its record is gone or expired meanwhile."""
@@ -362,11 +361,11 @@ class SessionRegistry:
             self._expired(cid)
             self._end_dormant(cid, d)
 
-    def _session_from(self, rec, offsets: dict[str, int], last_ms: int, read_inflight: bool = True) -> Session:
+    def _session_from(self, rec, offsets: dict[str, int], last_ms: int, read_inflight: bool = True) -> MqttSession:
         """A persisted session record (and its committed offsets) back as a live Session here.
-        `read_inflight=False`: its exchanges in flight are kept as read (`Session.saved_inflight`,
+        `read_inflight=False`: its exchanges in flight are kept as read (`MqttSession.keep_saved`,
         written back unchanged) and resumed when a CONNECT reloads it with their messages."""
-        s = Session(rec.client_id)
+        s = MqttSession(rec.client_id)
         s.version = rec.protocol_version
         s.expiry_interval = rec.expiry_interval
         s.disconnected_at_ms = last_ms
@@ -380,21 +379,21 @@ class SessionRegistry:
             if read_inflight:
                 self._resume_inflight(s, state)
             else:
-                s.saved_inflight = state
+                s.keep_saved(state)
                 log.info("event=inflight_kept client_id=%s outbound=%d inbound_qos2=%d (resumed at its "
-                         "connect)", s.client_id, len(state.get("out", ())), len(state.get("in2", ())))
+                         "connect)", s.client_id, *s.saved_counts())
         self.sessions[s.client_id] = s
         return s
 
-    def _resume_inflight(self, s: Session, state: dict) -> None:
-        """Put a record's exchanges in flight back into `s`: the messages are read again
-        (in-process: here and now; a fleet gateway: read ahead with a resumed session's record,
-        else they are delivered again as new ones)."""
-        s.saved_inflight = None
+    def _resume_inflight(self, s: MqttSession, state: dict | None) -> None:
+        """Put a record's exchanges in flight back into `s` (`state`; None: those it kept as read,
+        `keep_saved`): the messages are read again (in-process: here and now; a fleet gateway:
+        read ahead with a resumed session's record, else they are delivered again as new ones)."""
+        message_at = self.subscriptions.delivery.message_at
         try:
-            n = restore_inflight(s, state, self.subscriptions.delivery.message_at)
+            n = s.resume_saved(message_at) if state is None else s.restore(state, message_at)
             log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
-                     s.client_id, n, len(s.inbound_qos2))
+                     s.client_id, n, len(s.inbound_ids()[1]))
         except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
             log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
 

@@ -2,17 +2,21 @@
 SUBSCRIBE, UNSUBSCRIBE, DISCONNECT, AUTH), start and shutdown.
 
 Why one class here and the mechanics elsewhere: this file is the protocol's decision table, readable
-top to bottom. Every byte on the wire is built in `gateway.mqtt`; the socket, write batching and the
-connections' deadlines (keep alive, connect timeout) are in `gateway/net/` (`connection.py`,
-`write_batcher.py`, `keepalive.py`); the store write in
-`publish.py`; the pull/fan-out in `delivery.py`; per-client state in `session.py`; which sessions
-exist, who owns them, expiry and wills in `session_registry.py`; subscriptions, shared groups and
-filter registrations in `subscriptions.py`; deciding a SUBSCRIBE/UNSUBSCRIBE filter by filter
-(validation, ACL, limits, replay, retained) in `subscribe.py`; offset/session persistence and its
-flush timer in `persistence.py`; the AUTH exchanges in `enhanced_auth.py`. Those modules never
-import this one: they get the few callbacks they need as plain callables. Everything runs on the
-event loop thread; nothing here blocks except short RocksDB metadata writes (sessions/offsets change
-at subscribe/ack rate and are batched per 100 ms).
+top to bottom. Every byte on the wire is built in `gateway/mqtt/`; one session's MQTT flow state -
+packet ids, the in-flight window, inbound QoS 2, topic aliases, the client's limits, what a
+persistent session saves - is the session machine's (`gateway/session/`: the broker hands it the
+packets and does what its answers ask); the socket, write batching and the connections' deadlines
+(keep alive, connect timeout) are in `gateway/net/` (`connection.py`, `write_batcher.py`,
+`keepalive.py`); the store write in `gateway/inbound/publish.py`; the pull/fan-out in
+`gateway/delivery/engine.py`; which sessions exist, who owns them, expiry and wills in
+`gateway/clients/session_registry.py`, their records, offsets and flush timer in
+`gateway/clients/session_persistence.py`; subscriptions, shared groups and filter registrations
+in `gateway/subscriptions/subscription_registry.py`, deciding a SUBSCRIBE/UNSUBSCRIBE filter by
+filter (validation, ACL, limits, replay, retained) in `gateway/subscriptions/subscribe_handler.py`;
+the AUTH exchanges in `gateway/security/enhanced_auth.py`. Those modules never import this one:
+they get the few callbacks they need as plain callables. Everything runs on the event loop thread;
+nothing here blocks except short RocksDB metadata writes (sessions/offsets change at subscribe/ack
+rate and are batched per 100 ms).
 """
 from __future__ import annotations
 
@@ -27,17 +31,16 @@ from lmqtt.gateway.security.enhanced_auth import EnhancedAuth, peer_certificate_
 from lmqtt.gateway.net.connection import NO_TOPICS
 from lmqtt.gateway.net.keepalive import ConnectionSweep
 from lmqtt.gateway.net.write_batcher import WriteBatcher
-from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode, encode_connack_refusal, packets as P
+from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
+from lmqtt.gateway.session import DUPLICATE, NEVER_EXPIRES, InFlight, MqttSession
 from lmqtt.gateway.delivery.history import plain_filter
-from lmqtt.gateway.delivery.retained import drain_retained
-from lmqtt.gateway.model.session import NEVER_EXPIRES, InFlight, Session
-from lmqtt.gateway.core.session_registry import SessionRegistry
-from lmqtt.gateway.core.subscribe_handler import SubscribeHandler
-from lmqtt.gateway.core.subscription_registry import SubscriptionRegistry
-from lmqtt.gateway.core.sys_topics import SysRetained
+from lmqtt.gateway.clients.session_registry import SessionRegistry
+from lmqtt.gateway.subscriptions.subscribe_handler import SubscribeHandler
+from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
+from lmqtt.gateway.broker.sys_topics import SysRetained
 from lmqtt.gateway.delivery.engine import DeliveryEngine
-from lmqtt.gateway.core.session_persistence import SessionPersistence
-from lmqtt.gateway.delivery.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
+from lmqtt.gateway.clients.session_persistence import SessionPersistence
+from lmqtt.gateway.inbound.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.gateway.storage.facades import log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicName
@@ -62,9 +65,9 @@ class Broker:
         the RemoteStore's); the broker hands each collaborator the facades it uses and never asks
         which implementation it holds. `session_registry_cls`: the fleet's variant reloads a
         session from the store on CONNECT (gateway/fleet/sessions.py). `gate`: the connection and rate
-        limits with their counters (gateway/core/limits.py `ConnectionGate`), None for none.
+        limits with their counters (gateway/broker/limits.py `ConnectionGate`), None for none.
         `append_listener`: drained once each publish batch is appended (the embedded store's
-        notify bus, delivery/publish.py `AppendListener`, so subscribers get the batch before its
+        notify bus, inbound/publish.py `AppendListener`, so subscribers get the batch before its
         PUBACKs go out); None over a remote store. `gateway_id`:
         a fleet gateway's id (`lmqtt gateway`), named in the session records it writes; None in
         the embedded server."""
@@ -98,17 +101,17 @@ class Broker:
                                          record_appended=self.delivery.record_appended,
                                          recent_ends=self.delivery.recent.ends,
                                          writes=self.writes, append_listener=append_listener)
-        # QoS 2 exactly once across a crash (core/session_persistence.py `write_ahead`, `journal`)
+        # QoS 2 exactly once across a crash (clients/session_persistence.py `write_ahead`, `journal`)
         self.delivery.qos2_sent = self._qos2_sent
-        self.publisher.qos2_stored = lambda s, pid: self.persist.journal(s, encode(P.PubRec(pid), s.version))
+        self.publisher.qos2_stored = lambda s, pid: self.persist.journal(s, s.pubrec(pid))
         # subscribing from the past (gateway/delivery/history.py): publishes routed before a filter's
         # registration are appended before it
         self.subscriptions = SubscriptionRegistry(storage, self.delivery, self.persist,
                                                   before_register=self.publisher.flush)
         self.session_registry = session_registry_cls(loop, metrics, storage, self.persist, self.subscriptions,
                                                 self._publish_will)
-        self.sessions = self.session_registry.sessions      # client id -> Session (read-only view)
-        # the gateway's `$SYS` values, served from memory (core/sys_topics.py): published into by
+        self.sessions = self.session_registry.sessions      # client id -> MqttSession (read-only view)
+        # the gateway's `$SYS` values, served from memory (broker/sys_topics.py): published into by
         # app/gateway.py's timer, looked up by a SUBSCRIBE's retained messages; never stored
         self.sys_retained = SysRetained(self.delivery, acl, metrics.dropped_qos0_backpressure)
         self.subscribing = SubscribeHandler(subscriptions=self.subscriptions,
@@ -355,14 +358,12 @@ class Broker:
         s, present = registry.open(cid, pkt.clean_start, loaded)
         was_persistent = s.persistent
         s.expiry_interval = expiry
-        s.version = v
-        rm = props.receive_maximum if (v == 5 and props.receive_maximum) else 65535
-        s.receive_max = max(1, min(rm, cfg.max_inflight))
         if v == 5:
-            s.set_client_limits(props.maximum_packet_size, props.topic_alias_maximum, cfg.topic_alias_maximum)
+            s.connect(v, props.receive_maximum, props.maximum_packet_size, props.topic_alias_maximum,
+                      cfg.topic_alias_maximum, cfg.max_inflight)
             conn.problem_info = props.request_problem_information != 0
         else:
-            s.set_client_limits(None, None, 0)
+            s.connect(v, None, None, None, 0, cfg.max_inflight)
         registry.attach(conn, s)
         conn.connected = True
         keepalive = pkt.keepalive
@@ -378,7 +379,7 @@ class Broker:
                 # its QoS 2 exchanges go out again below (PUBLISH with DUP, PUBREL) in the state held
                 # here, which may be newer than its record (a PUBREC taken whose write then failed): they
                 # leave only once this write is done, and a write that fails drops the connection
-                qos2 = present and any(inf.qos == 2 for inf in s.outbound.values())
+                qos2 = present and any(inf.qos == 2 for inf in s.inflight())
                 if present and not qos2 and self.persist.writes_later:
                     # `lmqtt serve`, nothing of QoS 2 to send again: the record saying it is connected
                     # is written at the end of this tick with the others (a reconnect storm), not before CONNACK
@@ -421,8 +422,8 @@ class Broker:
         if present and cfg.max_offline_backlog:
             self.delivery.trim_backlog(s, cfg.max_offline_backlog)
         self.subscriptions.go_online(s)
-        for inf in s.resend_inflight():     # no longer fits the client's Maximum Packet Size
-            self._release(s, inf)
+        for inf in s.resume(conn.write, self.metrics):   # no longer fits the client's Maximum Packet Size
+            self._released(s, inf)
         self.delivery.kick(s)
 
     # ======================================================================= PUBLISH in
@@ -433,7 +434,7 @@ class Broker:
         v5 = conn.version == 5
         topic = pkt.topic
         if v5 and pkt.properties.topic_alias is not None:
-            topic = conn.resolve_topic_alias(topic, pkt.properties.topic_alias, self.cfg.topic_alias_maximum)
+            topic = s.resolve_alias(topic, pkt.properties.topic_alias, self.cfg.topic_alias_maximum)
         if topic not in conn.valid_topics:
             # the codec already refuses wildcards, NUL, bad UTF-8 and (without an alias) an empty
             # topic; this is the light-queue rule set, checked once per topic per connection
@@ -441,7 +442,7 @@ class Broker:
                 T.validate_topic(topic)
             except InvalidTopicName as e:
                 raise ProtocolError(str(e), RC.TOPIC_NAME_INVALID) from None
-            # the broker's own (gateway/core/sys_topics.py): as Mosquitto; `$timer` is the store's
+            # the broker's own (gateway/broker/sys_topics.py): as Mosquitto; `$timer` is the store's
             # queue of parked delayed messages (store/delayed.py PARK_TOPIC), `$events/` the
             # client and session events (gateway/integrations/events.py): never a client's
             if topic.startswith("$SYS") or topic == "$timer" or topic.startswith("$events/"):
@@ -478,28 +479,18 @@ class Broker:
                 if ok is NO_TOPICS or len(ok) >= 1024:
                     conn.acl_publish_ok = ok = set()
                 ok.add(topic)
-        if qos == 2:
-            if pid in s.inbound_qos2:       # retransmission of a stored message
-                if s.expiry_interval:       # after the id's write-ahead, if one is in flight
-                    self.persist.journal(s, encode(P.PubRec(pid), conn.version))
-                else:
-                    conn.send(P.PubRec(pid))
-                return
-            if pid in s.inbound_pending:
-                return
-        elif qos == 1 and pid in s.inbound_pending:
-            return
         if qos:
-            if v5 and len(s.inbound_pending) + len(s.inbound_qos2) >= self.cfg.receive_maximum:
-                raise ProtocolError(f"more than Receive Maximum ({self.cfg.receive_maximum}) QoS 1/2 "
-                                    "publishes unacknowledged", RC.RECEIVE_MAXIMUM_EXCEEDED)
-            s.inbound_pending.add(pid)
+            seen = s.publish_received(qos, pid, self.cfg.receive_maximum)
+            if seen:
+                if seen == DUPLICATE:       # a QoS 2 message stored already: PUBREC again
+                    self._send_after(s, conn, s.pubrec(pid), s.after_record())
+                return                      # PENDING: its ack follows the store's answer
             if qos == 2 and s.expiry_interval and not due:
                 return self._qos2_ahead(conn, s, pid, topic, pkt.payload, pkt.retain, pkt.properties if v5 else None)
         self.publisher.submit(conn, qos, pid, topic, pkt.payload, pkt.retain, s.client_id,
                               pkt.properties if v5 else None, due)
 
-    def _qos2_ahead(self, conn, s: Session, pid: int, topic: str, payload: bytes, retain: bool, props) -> None:
+    def _qos2_ahead(self, conn, s: MqttSession, pid: int, topic: str, payload: bytes, retain: bool, props) -> None:
         """A new inbound QoS 2 PUBLISH of a persistent session: its id is written to the session
         record as pending (with the unique key the message will carry) before the message is
         appended, so that a crash after the append and before the id is written as stored leaves
@@ -508,19 +499,14 @@ class Broker:
         stored twice. In-process the write is done at once; over a remote store the connection
         waits one round trip (its later packets too, so its publishes stay in order)."""
         key = f"{QOS2_KEY_PREFIX}{secrets.token_hex(8)}"
-        keys = s.inbound_keys
-        if keys is None:
-            keys = s.inbound_keys = {}
-        keys[pid] = (topic, key, int(time.time() * 1000))
+        s.write_ahead(pid, topic, key, int(time.time() * 1000))
         answer = self.persist.save_session(s)
 
         def go(a) -> None:
             if a is not None and a.exception() is not None:
                 # not written: not appended either; the client sends the PUBLISH again on its next
                 # connection (the id is forgotten here)
-                s.inbound_pending.discard(pid)
-                if s.inbound_keys:
-                    s.inbound_keys.pop(pid, None)
+                s.publish_failed(pid)
                 if not conn.closing:
                     conn.close_with_error(RC.UNSPECIFIED_ERROR, f"session state could not be written: {a.exception()}")
                 return
@@ -551,7 +537,7 @@ class Broker:
             if c.connected and c.session is not None:
                 self._set_read_checks(c, c.session)
 
-    def _publish_denied(self, conn, s: Session, qos: int, pid, topic: str, v5: bool,
+    def _publish_denied(self, conn, s: MqttSession, qos: int, pid, topic: str, v5: bool,
                         rc5: int = RC.NOT_AUTHORIZED) -> None:
         """ACL said no: MQTT 5 gets PUBACK/PUBREC 0x87 (0x80 when the authorization service could
         not be asked); 3.1.1 has no negative ack, so the message is acknowledged and dropped (as
@@ -564,7 +550,7 @@ class Broker:
             conn.send(P.PubAck(pid, rc))
         else:
             if not v5:
-                s.inbound_qos2.add(pid)         # the PUBREL that follows gets its PUBCOMP
+                s.publish_refused_stored(pid)   # the PUBREL that follows gets its PUBCOMP
             conn.send(P.PubRec(pid, rc))
 
     def reload_security(self) -> None:
@@ -575,86 +561,76 @@ class Broker:
         if self.acl is not None and self.acl.reload_or_keep():
             self.acl_changed()
 
-    def _set_read_checks(self, conn: "MQTTConnection", s: Session) -> None:
+    def _set_read_checks(self, conn: "MQTTConnection", s: MqttSession) -> None:
         """The queues of `s`'s subscriptions whose messages need the ACL's read rule for this
         connection's identity (`AclFile.read_checks`); only called with an ACL configured."""
         conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
 
     # ======================================================================= acks from the client
-    def _release(self, s: Session, inf: InFlight) -> None:
-        if inf.group is not None:
-            inf.group.acked(inf.offset)
-            self.persist.mark_group(inf.group)
-        elif inf.queue is not None:
-            cur = s.cursors.get(inf.queue)
-            if cur is not None:
-                cur.inflight.pop(inf.offset, None)
+    # what the session machine answers (gateway/session/outbound.py, inbound.py): the message
+    # released and the frame to send; the broker does what that asks of the others
+    def _released(self, s: MqttSession, inf: InFlight) -> None:
+        """`inf` left `s`'s window (acknowledged, refused by the client, or dropped at a resend):
+        its shared group's offset is released, its queue's offset written with the next flush,
+        retained messages waiting for the window sent, delivery run again for `s` where it may
+        have held back for the window."""
+        g = inf.group
+        waiting = s.retained_waiting()
+        if g is None and inf.queue is not None and not waiting:
+            # the QoS 1 hot path (a direct subscription's message)
+            if s.expiry_interval:       # only a persistent session's offsets are written
                 self.persist.mark_session(s)
-        if s.retained_backlog:
-            drain_retained(s)
-        self.delivery.kick(s)
-
-    def on_puback(self, conn, pkt: P.PubAck) -> None:
-        s = conn.session
-        pid = pkt.packet_id
-        out = s.outbound
-        inf = out.get(pid)
-        if inf is None or inf.qos != 1:
-            return   # unknown id: ignore (a late ack after a reconnect)
-        was_full = len(out) >= s.receive_max
-        del out[pid]
-        if inf.group is None and inf.queue is not None and not s.retained_backlog:
-            # _release inlined for the QoS 1 hot path (a direct subscription's message)
-            cur = s.cursors.get(inf.queue)
-            if cur is not None:
-                cur.inflight.pop(inf.offset, None)
-                if s.expiry_interval:       # only a persistent session's offsets are written
-                    self.persist.mark_session(s)
             # Delivery only ever holds messages back for this session because its window was
             # full (a blocked socket kicks on resume_writing; a partial read re-schedules itself),
             # so only the ack that opens a full window needs a delivery run.
-            if was_full:
+            if s.window_room() == 1:
                 self.delivery.kick(s)
             return
-        self._release(s, inf)
+        if g is not None:
+            g.acked(inf.offset)
+            self.persist.mark_group(g)
+        elif inf.queue is not None:
+            self.persist.mark_session(s)
+        if waiting and s.conn is not None:
+            s.drain_retained(s.conn.write, self.metrics)
+        self.delivery.kick(s)
+
+    def _send_after(self, s: MqttSession, conn, frame: bytes, after_record: bool) -> None:
+        """A QoS 2 packet that depends on a state change: once the session's record holds the
+        change when the machine says so (`after_record`: a persistent session, `persist.journal`),
+        else now."""
+        if after_record:
+            self.persist.journal(s, frame)
+        else:
+            conn.write(frame)
+
+    def on_puback(self, conn, pkt: P.PubAck) -> None:
+        s = conn.session
+        inf = s.puback_received(pkt.packet_id)
+        if inf is not None:      # None: an id not in flight (a late ack after a reconnect): ignored
+            self._released(s, inf)
 
     def on_pubrec(self, conn, pkt: P.PubRec) -> None:
         s = conn.session
-        inf = s.outbound.get(pkt.packet_id)
-        if inf is None or inf.qos != 2:
-            conn.send(P.PubRel(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
-            return
-        if pkt.reason_code >= RC.UNSPECIFIED_ERROR:   # an error code: the message is dropped
-            del s.outbound[pkt.packet_id]
-            self._release(s, inf)
-            return
-        inf.state = InFlight.WAIT_COMP
-        if s.expiry_interval:       # the PUBREL leaves once the new state is durable (exactly once across a crash)
-            self.persist.journal(s, encode(P.PubRel(pkt.packet_id), conn.version))
-        else:
-            conn.send(P.PubRel(pkt.packet_id))
+        frame, inf, after_record = s.pubrec_received(pkt.packet_id, pkt.reason_code)
+        if inf is not None:      # an error code: the message is dropped
+            self._released(s, inf)
+        else:                    # a persistent session's PUBREL once its new state is durable (exactly once across a crash)
+            self._send_after(s, conn, frame, after_record)
 
     def on_pubcomp(self, conn, pkt: P.PubComp) -> None:
         s = conn.session
-        inf = s.outbound.get(pkt.packet_id)
-        if inf is None or inf.qos != 2:
-            return
-        del s.outbound[pkt.packet_id]
-        self._release(s, inf)
+        inf = s.pubcomp_received(pkt.packet_id)
+        if inf is not None:
+            self._released(s, inf)
 
     def on_pubrel(self, conn, pkt: P.PubRel) -> None:
         s = conn.session
-        if pkt.packet_id in s.inbound_qos2:
-            s.inbound_qos2.discard(pkt.packet_id)
-            if s.expiry_interval:   # the id forgotten durably before PUBCOMP frees it for the client
-                self.persist.journal(s, encode(P.PubComp(pkt.packet_id), conn.version))
-            else:
-                conn.send(P.PubComp(pkt.packet_id))
-        else:
-            conn.send(P.PubComp(pkt.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if conn.version == 5 else 0))
+        frame, after_record = s.pubrel_received(pkt.packet_id)
+        self._send_after(s, conn, frame, after_record)   # the id forgotten durably before PUBCOMP frees it
 
     # ======================================================================= SUBSCRIBE
-    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/core/subscribe_handler.py
+    # validation, ACL, limits, shared groups, replay, retained and the SUBACK: gateway/subscriptions/subscribe_handler.py
     def on_subscribe(self, conn, pkt: P.Subscribe) -> None:
         if self.acl is not None and self.acl.asks:     # decisions of the HTTP service not cached yet
             asked = self.acl.ask(conn.identity, "subscribe", _acl_filters(pkt), conn.peer)
@@ -671,15 +647,9 @@ class Broker:
 
     def on_disconnect(self, conn, pkt: P.Disconnect) -> None:
         s = conn.session
-        if conn.version == 5:
-            new_exp = pkt.properties.session_expiry_interval
-            if new_exp is not None:
-                if s.expiry_interval == 0 and new_exp > 0:
-                    raise ProtocolError("session expiry cannot be set on DISCONNECT when CONNECT had 0", RC.PROTOCOL_ERROR)
-                was = s.persistent
-                s.expiry_interval = min(new_exp, self.cfg.max_session_expiry_s)
-                if was and not s.persistent:
-                    self.persist.delete_session(s.client_id)
+        if conn.version == 5 and s.disconnect_received(pkt.properties.session_expiry_interval,
+                                                       self.cfg.max_session_expiry_s):
+            self.persist.delete_session(s.client_id)
         with_will = conn.version == 5 and pkt.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE
         conn.left_because = "normal_with_will" if with_will else "normal"
         if not with_will:
@@ -690,7 +660,7 @@ class Broker:
             conn.close()
 
     # ======================================================================= persistence
-    def _qos2_sent(self, s: Session) -> None:
+    def _qos2_sent(self, s: MqttSession) -> None:
         """A delivery batch queued new QoS 2 PUBLISHes to persistent `s`: they leave once its
         exchanges are durable (a remote store: one round trip; in-process: done at once)."""
         conn = s.conn
@@ -708,7 +678,7 @@ class Broker:
         pending.add_done_callback(failed)      # before wait_for_store's: runs first
         conn.wait_for_store(pending)
 
-    def _save_session(self, s: Session, qos2_resumed: bool = False) -> None:
+    def _save_session(self, s: MqttSession, qos2_resumed: bool = False) -> None:
         """Save the record; on a remote store the answer being written next (CONNACK, SUBACK,
         UNSUBACK) and what follows it wait for the store's acknowledgement, as they would have
         after a blocking write, without stopping the other connections meanwhile.

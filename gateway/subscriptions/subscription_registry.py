@@ -35,18 +35,18 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from lmqtt.gateway.delivery.history import REPLAY_PREFIX, ReplayRequestError, split_replay_filter
-from lmqtt.gateway.model.session import ClientSubscription, Cursor, Session
-from lmqtt.gateway.model.shared_groups import SharedGroup, group_consumer
+from lmqtt.gateway.session import ClientSubscription, Cursor, MqttSession
+from lmqtt.gateway.subscriptions.shared_groups import SharedGroup, group_consumer
 from lmqtt.gateway.storage.facades import Answer, ReplayRefused, log_failure
 from lmqtt.lightqueue import topics as T
 from lmqtt.lightqueue.errors import InvalidTopicFilter
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.delivery.engine import DeliveryEngine
-    from lmqtt.gateway.core.session_persistence import SessionPersistence
+    from lmqtt.gateway.clients.session_persistence import SessionPersistence
     from lmqtt.gateway.storage.facades import FilterRegistry, ReplayPlan, RetainedStore, Storage
 
-log = logging.getLogger("lmqtt.gateway.core.subscription_registry")
+log = logging.getLogger("lmqtt.gateway.subscriptions.subscription_registry")
 
 
 class Prepared:
@@ -126,7 +126,7 @@ class SubscriptionRegistry:
         self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
-    def prepare(self, s: Session, requests, since_all: int | None = None,
+    def prepare(self, s: MqttSession, requests, since_all: int | None = None,
                 retained: "RetainedStore | None" = None) -> Prepared:
         """Ask the store now for every answer deciding these SUBSCRIBE requests reads, in the order
         the decision would read them: the holds of wildcard filters new here (with
@@ -238,7 +238,7 @@ class SubscriptionRegistry:
                 return a.wait()
         return ask().wait()
 
-    def add(self, s: Session, sub: ClientSubscription) -> bool:
+    def add(self, s: MqttSession, sub: ClientSubscription) -> bool:
         """Add or replace a subscription; returns True if one with the same filter existed."""
         if not (sub.group is None and sub.filter == sub.queue):
             s.split_direct()           # `direct` is `subs` only while every subscription is plain
@@ -264,7 +264,7 @@ class SubscriptionRegistry:
                 g.add_member(s, sub)
         return False
 
-    def add_since(self, s: Session, sub: ClientSubscription, since_ms: int) -> bool:
+    def add_since(self, s: MqttSession, sub: ClientSubscription, since_ms: int) -> bool:
         """Subscribe from the past (gateway/delivery/history.py): the stored messages matching the filter
         since `since_ms`, then live from the seam. A subscription with the same filter is replaced
         (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
@@ -297,7 +297,7 @@ class SubscriptionRegistry:
             self.delivery.add_reader(s, sub.queue)
         return old is not None
 
-    def _remove(self, s: Session, sub: ClientSubscription, persist: bool) -> None:
+    def _remove(self, s: MqttSession, sub: ClientSubscription, persist: bool) -> None:
         s.subs.pop(sub.filter, None)
         if sub.group is None:
             if self.delivery.histories:
@@ -322,16 +322,16 @@ class SubscriptionRegistry:
                                 consumer=g.consumer)
         self._release_filter(sub.queue)
 
-    def remove(self, s: Session, sub: ClientSubscription, persist: bool = True) -> None:
+    def remove(self, s: MqttSession, sub: ClientSubscription, persist: bool = True) -> None:
         self._remove(s, sub, persist)
         if s.direct is not s.subs:
             s.join_direct()
 
-    def remove_all(self, s: Session) -> None:
+    def remove_all(self, s: MqttSession) -> None:
         for sub in list(s.subs.values()):
             self.remove(s, sub, persist=False)
 
-    def restore(self, s: Session, sub: ClientSubscription, offset: int | None) -> None:
+    def restore(self, s: MqttSession, sub: ClientSubscription, offset: int | None) -> None:
         """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
         if not (sub.group is None and sub.filter == sub.queue):
             s.split_direct()
@@ -345,7 +345,7 @@ class SubscriptionRegistry:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
     def hold_dormant(self, subs: tuple) -> None:
-        """A session restored at start without being built (core/session_persistence.py `Dormant`,
+        """A session restored at start without being built (clients/session_persistence.py `Dormant`,
         `subs` flat (queue, group or None, ...)): what `restore` takes for it, minus the session:
         its wildcard filters counted as used here (`sync_store_filters` keeps them registered) and
         its shared groups' references."""
@@ -376,7 +376,7 @@ class SubscriptionRegistry:
             self._release_filter(q)
 
     # ------------------------------------------------------------------ online / offline
-    def go_online(self, s: Session) -> None:
+    def go_online(self, s: MqttSession) -> None:
         hist = self.delivery.histories.get(s)
         for sub in s.subs.values():
             if sub.group is None:
@@ -388,8 +388,9 @@ class SubscriptionRegistry:
                 if g is not None:
                     g.add_member(s, sub)
 
-    def go_offline(self, s: Session) -> None:
-        """Stop reading for `s`; its shared-group messages in flight go back to their group."""
+    def go_offline(self, s: MqttSession) -> None:
+        """Stop reading for `s`; its shared-group messages in flight go back to their group (the
+        session machine hands them over, `went_offline`), its retained messages waiting are dropped."""
         for sub in s.subs.values():
             if sub.group is None:
                 self.delivery.remove_reader(s, sub.queue)
@@ -397,10 +398,8 @@ class SubscriptionRegistry:
                 g = self.groups.get((sub.group, sub.queue))
                 if g is not None:
                     g.remove_member(s)
-        for pid in [pid for pid, inf in s.outbound.items() if inf.group is not None]:
-            inf = s.outbound.pop(pid)
+        for inf in s.went_offline():
             group = inf.group
-            assert group is not None
             group.take_back(inf.message)
             self.delivery.kick_queue(group.queue)
 
@@ -427,7 +426,7 @@ class SubscriptionRegistry:
         users = self._filter_users
         return list(dict.fromkeys(f for f in filters if T.is_wildcard(f) and not users.get(f)))
 
-    def hold_restored(self, s: Session) -> None:
+    def hold_restored(self, s: MqttSession) -> None:
         """`s` was just restored while the gateway runs (a fleet gateway reloading a session from
         the store): register with the store the wildcard filters nobody else here uses. `restore`
         only counts users (at start `sync_store_filters` registers them all at once); here a
