@@ -29,8 +29,7 @@ import time
 from . import security
 from .sessions import admin_sessions
 from .tier import admin_tier
-from lmqtt.store.client import ConnectionLost, StoreClientError, connect
-from lmqtt.store.client.failover import parse_addresses
+from lmqtt.store.client import ConnectionLost, GroupedConnection, StoreClientError, connect, split_groups
 from lmqtt.store.node import protocol as P
 from lmqtt.store.node.protocol import call_sync
 
@@ -40,7 +39,7 @@ EXIT_REFUSED = 4
 
 def _connect(prog: str, address: str, token: str | None):
     try:
-        parse_addresses(address)
+        split_groups(address)       # one group's members "a:p,b:p", several groups ";"-separated
     except ValueError as e:         # a usage error, not an unreachable store
         print(f"{prog}: {e}", file=sys.stderr)
         raise SystemExit(2)
@@ -63,8 +62,8 @@ def _connect(prog: str, address: str, token: str | None):
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="127.0.0.1:10911",
-                   help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md; "
-                        "default 127.0.0.1:10911)")
+                   help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md), "
+                        "or several groups separated by ';' (docs/groups.md; default 127.0.0.1:10911)")
     # the same variable `lmqtt store` and `lmqtt gateway` read, so one export serves all of them
     p.add_argument("--token", default=os.environ.get("LMQTT_STORE_TOKEN") or None,
                    help="auth token for the store handshake (default: $LMQTT_STORE_TOKEN, else none; "
@@ -362,6 +361,8 @@ def _admin(argv: list[str] | None) -> int:
         return _admin_gateways(conn, args)
     if args.sessions or args.session:
         return admin_sessions(conn, args, _admin_call, _table)
+    if isinstance(conn, GroupedConnection):
+        return _admin_groups(conn, args)
     r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
     if code:
         return code
@@ -387,6 +388,32 @@ def _admin_call(conn, store: str, fn):
         return None, EXIT_UNREACHABLE
     finally:
         conn.close()
+
+
+def _admin_groups(conn: GroupedConnection, args) -> int:
+    """`lmqtt admin` over several store groups: each group's overview (as for one), then which
+    group owns each first-level topic (docs/groups.md)."""
+    def every(c: GroupedConnection):
+        parts = [(name, address, _overview(g, args.group))
+                 for name, address, g in zip(c.names, c.addresses, c.groups, strict=True)]
+        return parts, c.owners()
+    r, code = _admin_call(conn, args.store, every)
+    if code:
+        return code
+    parts, owners = r
+    if args.format == "json":
+        print(json.dumps({"store": args.store,
+                          "store_groups": [{"name": n, "store": a, "queues": q, "groups": g, "stats": st}
+                                           for n, a, (q, g, st) in parts],
+                          "topic_groups": owners}, default=str, indent=2))
+        return 0
+    out = []
+    for name, address, (q, g, st) in parts:
+        out += [f"=== STORE GROUP {name} ({address})", render_table(q, g, st), ""]
+    out += ["TOPIC GROUPS (the first-level topics each group owns, kept by the first group)"]
+    out += _table(["topic", "store group"], [[t, n] for t, n in sorted(owners.items())]) if owners else ["  (none)"]
+    print("\n".join(out))
+    return 0
 
 
 def _overview(conn, only_groups: list[str]):

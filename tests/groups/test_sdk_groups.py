@@ -1,0 +1,172 @@
+"""The SDK over several store groups (store/client/groups.py, docs/groups.md): two real `lmqtt
+store` processes, produce routed by first-level topic, the owner recorded once in the first
+group, a `#` filter read from both and merged, the console tools over `;`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmqtt.store.client import GroupedConnection, StoreClientError, connect, split_groups
+from lmqtt.store.client.groups import rendezvous
+from tests.support import LmqttStore, lmqtt_cli, running
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    d = tmp_path_factory.mktemp("two-groups")
+    a = LmqttStore(str(d / "a"), log_path=str(d / "a.log"))
+    b = LmqttStore(str(d / "b"), log_path=str(d / "b.log"))
+    gen_a, gen_b = running(a), running(b)
+    next(gen_a)
+    next(gen_b)
+    try:
+        yield a, b
+    finally:
+        for g in (gen_b, gen_a):
+            next(g, None)
+
+
+def _topics_for_each(names: list[str], prefix: str) -> list[str]:
+    """One first-level topic that rendezvous hashing gives to each group, in group order."""
+    out = []
+    for i in range(len(names)):
+        out.append(next(f"{prefix}{k}" for k in range(10_000) if rendezvous(f"{prefix}{k}", names) == i))
+    return out
+
+
+def test_one_group_is_the_plain_connection(two):
+    a, _b = two
+    c = connect(a.address)
+    try:
+        assert not isinstance(c, GroupedConnection)
+    finally:
+        c.close()
+
+
+def test_group_list_parsing_names_the_mistake():
+    assert split_groups("a:1,b:2;c:3") == ["a:1,b:2", "c:3"]
+    with pytest.raises(ValueError, match="empty group"):
+        split_groups("a:1;;c:3")
+    with pytest.raises(ValueError, match="not a port number"):
+        split_groups("a:1;c:x")
+
+
+def test_produce_goes_to_the_owning_group_and_a_wildcard_reads_all(two):
+    a, b = two
+    c = connect(f"{a.address};{b.address}")
+    try:
+        assert isinstance(c, GroupedConnection)
+        ta, tb = _topics_for_each(c.names, "route")
+        p = c.producer()
+        sent = []
+        for i in range(20):
+            for t in (ta, tb):
+                p.send(f"{t}/dev/{i % 3}", b"%s-%d" % (t.encode(), i))
+                sent.append((f"{t}/dev/{i % 3}", b"%s-%d" % (t.encode(), i)))
+        # each first-level topic is in exactly one group, which holds all of it
+        only_a = connect(a.address)
+        only_b = connect(b.address)
+        try:
+            assert len(only_a.pull(ta, 0, 0, 100).records) == 20 and not only_a.pull(tb, 0, 0, 100).records
+            assert len(only_b.pull(tb, 0, 0, 100).records) == 20 and not only_b.pull(ta, 0, 0, 100).records
+        finally:
+            only_a.close()
+            only_b.close()
+        # a filter of one first-level topic reads its group; '#' reads both, each topic in order
+        one = c.filter_consumer(f"{tb}/#", start="earliest")
+        assert [r.body for r in one.poll()] == [b for t, b in sent if t.startswith(tb + "/")]
+        merged = c.filter_consumer("#", start="earliest")
+        got = []
+        for _ in range(10):
+            got += merged.poll()
+        mine = [(r.topic, r.body) for r in got if r.topic.split("/")[0] in (ta, tb)]
+        assert sorted(mine) == sorted(sent)
+        for t in (ta, tb):
+            assert [x for x in mine if x[0].startswith(t + "/")] == [x for x in sent if x[0].startswith(t + "/")]
+    finally:
+        c.close()
+
+
+def test_the_owner_is_recorded_once_and_kept_when_the_list_changes(two):
+    a, b = two
+    c = connect(f"{a.address};{b.address}")
+    try:
+        ta, tb = _topics_for_each(c.names, "kept")
+        c.producer().send(f"{tb}/x", b"1")
+        table = c.admin().owners()
+        assert table[tb] == c.names[1]
+        # a group list naming only the first group (the directory) cannot put tb's messages there
+        # silently: the recorded owner is not in its list
+        d = GroupedConnection(f"{a.address};{a.address}")
+        with pytest.raises(StoreClientError, match="twice"):
+            d.open()
+        d.close()
+    finally:
+        c.close()
+    # another client, groups named in the same order, finds the recorded owner, whatever its hash
+    c2 = connect(f"{a.address};{b.address}")
+    try:
+        assert c2.owner(f"{tb}/y") == 1
+        assert c2.owner(f"{ta}/y") == 0
+        r = c2.producer().send_batch([(f"{ta}/1", b"a"), (f"{tb}/1", b"b"), (f"{ta}/2", b"c")])
+        assert [x.msg_id[:16] for x in r] == [c2.groups[0].ident[:16], c2.groups[1].ident[:16],
+                                               c2.groups[0].ident[:16]]
+        assert c2.admin().get_by_msg_id(r[1].msg_id).body == b"b"
+    finally:
+        c2.close()
+
+
+def test_a_merged_group_commits_in_every_group(two):
+    a, b = two
+    c = connect(f"{a.address};{b.address}")
+    try:
+        ta, tb = _topics_for_each(c.names, "commit")
+        p = c.producer()
+        for i in range(5):
+            p.send(f"{ta}/v", b"a%d" % i)
+            p.send(f"{tb}/v", b"b%d" % i)
+        f = c.filter_consumer("+/v", group="merged-g", start="earliest")
+        recs = []
+        for _ in range(10):
+            recs += [r for r in f.poll() if r.topic in (f"{ta}/v", f"{tb}/v")]
+        assert len(recs) == 10
+        f.commit()
+        p.send(f"{ta}/v", b"a-new")
+        p.send(f"{tb}/v", b"b-new")
+        again = c.filter_consumer("+/v", group="merged-g")
+        later = []
+        for _ in range(10):
+            later += [r.body for r in again.poll() if r.topic in (f"{ta}/v", f"{tb}/v")]
+        assert sorted(later) == [b"a-new", b"b-new"]
+    finally:
+        c.close()
+
+
+def test_console_tools_take_groups(two):
+    a, b = two
+    store = f"{a.address};{b.address}"
+    c = connect(store)
+    try:
+        ta, tb = _topics_for_each(c.names, "tool")
+    finally:
+        c.close()
+    for t in (ta, tb):
+        r = lmqtt_cli("produce", "--store", store, "--topic", f"{t}/x", input="1\n2\n3\n")
+        assert r.returncode == 0, r.stderr
+    r = lmqtt_cli("consume", "--store", store, "--filter", "#", "--from", "earliest", "--timeout", "1",
+                  "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    for t in (ta, tb):
+        assert [x["payload"] for x in rows if x["topic"] == f"{t}/x"] == ["1", "2", "3"]
+    r = lmqtt_cli("consume", "--store", store, "--filter", tb, "--from", "earliest", "--timeout", "1")
+    assert r.returncode == 0 and r.stdout.split() == ["1", "2", "3"], r.stderr
+    r = lmqtt_cli("admin", "--store", store, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [g["store"] for g in doc["store_groups"]] == [a.address, b.address]
+    assert doc["topic_groups"][tb] == doc["store_groups"][1]["name"]
+    assert any(q["topic"] == tb for q in doc["store_groups"][1]["queues"])
+    r = lmqtt_cli("admin", "--store", store)
+    assert r.returncode == 0 and "STORE GROUP" in r.stdout and tb in r.stdout, r.stderr
