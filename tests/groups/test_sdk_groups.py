@@ -170,3 +170,9 @@ def test_console_tools_take_groups(two):
     assert any(q["topic"] == tb for q in doc["store_groups"][1]["queues"])
     r = lmqtt_cli("admin", "--store", store)
     assert r.returncode == 0 and "STORE GROUP" in r.stdout and tb in r.stdout, r.stderr
+
+
+def test_the_gateway_refuses_several_groups_naming_why():
+    r = lmqtt_cli("gateway", "--store", "127.0.0.1:1;127.0.0.1:2", timeout=30)
+    assert r.returncode == 2
+    assert "several store groups" in r.stderr and "docs/groups.md" in r.stderr, r.stderr
