@@ -267,19 +267,30 @@ class GroupedAutoBatch:
     """An `AutoBatchProducer` per group, made when the group gets its first message; `send` routes
     by topic, `flush` flushes them all and raises the first failure, `acknowledged` sums them."""
 
+    # topics whose AutoBatch is remembered (a send's routing is then one dict lookup, ~0.4 us of
+    # client CPU less per message than splitting the topic each time; bounded: a device per topic
+    # sends to far more topics than this, and they are looked up the long way)
+    TOPIC_CACHE = 65536
+
     def __init__(self, conn: GroupedConnection, producer_id: str | None = None, **kw: Any) -> None:
         self.conn, self.producer_id, self.kw = conn, producer_id, kw
         self.batches: dict[int, Any] = {}
+        self._by_topic: dict[str, Any] = {}
 
     def _of(self, topic: str):
         g = self.conn.owner(topic)
         ab = self.batches.get(g)
         if ab is None:
             ab = self.batches[g] = self.conn.groups[g].auto_batch_producer(self.producer_id, **self.kw)
+        if len(self._by_topic) < self.TOPIC_CACHE:
+            self._by_topic[topic] = ab
         return ab
 
     def send(self, topic: str, body: bytes, **kw: Any):
-        return self._of(topic).send(topic, body, **kw)
+        ab = self._by_topic.get(topic)
+        if ab is None:
+            ab = self._of(topic)
+        return ab.send(topic, body, **kw)
 
     @property
     def acknowledged(self) -> int:
