@@ -367,10 +367,13 @@ class MergedFilterConsumer:
     def commit(self, offset=None):
         if not self.group:
             raise ValueError("FilterConsumer without a group has nothing to commit to")
-        if offset is None or not isinstance(offset, Record):
+        if offset is None:
             for p in self.parts:
-                p.commit(offset)
+                p.commit()
             return None
+        if not isinstance(offset, Record):
+            raise ValueError("commit(int): a light-queue offset is one group's; over several store groups commit() "
+                             "or commit(record)")
         for i, recs in self._last:
             if any(r is offset for r in recs):
                 self.parts[i].commit(offset)

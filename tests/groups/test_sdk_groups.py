@@ -176,3 +176,9 @@ def test_the_gateway_refuses_several_groups_naming_why():
     r = lmqtt_cli("gateway", "--store", "127.0.0.1:1;127.0.0.1:2", timeout=30)
     assert r.returncode == 2
     assert "several store groups" in r.stderr and "docs/groups.md" in r.stderr, r.stderr
+
+
+def test_admin_sessions_over_groups_asks_the_first_group(two):
+    a, b = two
+    r = lmqtt_cli("admin", "--store", f"{a.address};{b.address}", "--sessions")
+    assert r.returncode == 0, r.stderr
