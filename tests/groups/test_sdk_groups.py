@@ -182,3 +182,51 @@ def test_admin_sessions_over_groups_asks_the_first_group(two):
     a, b = two
     r = lmqtt_cli("admin", "--store", f"{a.address};{b.address}", "--sessions")
     assert r.returncode == 0, r.stderr
+
+
+def test_adding_a_group_keeps_every_topic_where_its_history_is(two, tmp_path):
+    """A third group appended to the list: every recorded topic stays in its group (its history
+    readable there, new messages following it), and new first-level topics reach the new group."""
+    a, b = two
+    c = connect(f"{a.address};{b.address}")
+    try:
+        old = [f"grow{k}" for k in range(40)]     # (2/3)^40: some would move by hash alone
+        p = c.producer()
+        for t in old:
+            p.send(f"{t}/x", b"before")
+        before = {t: c.names[c.owner(t)] for t in old}
+    finally:
+        c.close()
+    third = LmqttStore(str(tmp_path / "c"), log_path=str(tmp_path / "c.log"))
+    gen = running(third)
+    next(gen)
+    try:
+        c3 = connect(f"{a.address};{b.address};{third.address}")
+        try:
+            # rendezvous over three names would move some of the old topics; their records keep them
+            assert any(rendezvous(t, c3.names) == 2 for t in old)
+            p = c3.producer()
+            for t in old:
+                p.send(f"{t}/x", b"after")
+                assert c3.names[c3.owner(t)] == before[t]
+            for t in old:
+                assert [r.body for r in c3.pull(t, 0, 0, 10).records] == [b"before", b"after"]
+            new = next(t for t in (f"fresh{k}" for k in range(10_000)) if rendezvous(t, c3.names) == 2)
+            p.send(f"{new}/x", b"new")
+            assert c3.owner(new) == 2
+            only = connect(third.address)
+            try:
+                assert [r.body for r in only.pull(new, 0, 0, 10).records] == [b"new"]
+                assert all(not only.pull(t, 0, 0, 10).records for t in old)
+            finally:
+                only.close()
+            f = c3.filter_consumer("+/x", start="earliest")
+            got = []
+            for _ in range(10):
+                got += [(r.topic.split("/")[0], r.body) for r in f.poll()]
+            assert sorted(x for x in got if x[0] in old) == sorted([(t, b"before") for t in old] +
+                                                                   [(t, b"after") for t in old])
+        finally:
+            c3.close()
+    finally:
+        next(gen, None)
