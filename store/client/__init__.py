@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 _WHERE = {
     "connection": ("Connection",),
     "groups": ("connect", "GroupedConnection", "split_groups"),
-    "aio": ("AsyncConnection", "connect_async"),
+    "aio": ("AsyncConnection",),
+    "aio_groups": ("connect_async", "AsyncGroupedConnection"),
     "errors": ("ConnectionLost", "DiskFull", "StoreClientError"),
     "failover": ("parse_address",),
     "consumer": ("FilterConsumer", "PopConsumer", "PullConsumer", "PullResult", "Record"),
@@ -29,7 +30,7 @@ _WHERE = {
 _MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
 __all__ = ["connect", "connect_async", "parse_address", "Connection", "GroupedConnection", "split_groups",
-           "AsyncConnection", "ConnectionLost",
+           "AsyncConnection", "AsyncGroupedConnection", "ConnectionLost",
            "StoreClientError", "DiskFull", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
            "FilterConsumer", "PopConsumer", "PullResult", "Record", "AsyncProducer", "AsyncPullConsumer",
            "AsyncFilterConsumer", "AsyncPopConsumer"]
@@ -49,7 +50,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .aio import AsyncConnection, connect_async
+    from .aio import AsyncConnection
+    from .aio_groups import AsyncGroupedConnection, connect_async
     from .connection import Connection
     from .groups import GroupedConnection, connect, split_groups
     from .errors import ConnectionLost, DiskFull, StoreClientError

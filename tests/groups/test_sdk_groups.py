@@ -230,3 +230,41 @@ def test_adding_a_group_keeps_every_topic_where_its_history_is(two, tmp_path):
             c3.close()
     finally:
         next(gen, None)
+
+
+def test_asyncio_routes_and_merges_as_the_sync_sdk(two):
+    import asyncio
+
+    from lmqtt.store.client import AsyncGroupedConnection, connect_async
+
+    a, b = two
+
+    async def run():
+        one = await connect_async(a.address)
+        assert not isinstance(one, AsyncGroupedConnection)
+        await one.close()
+        c = await connect_async(f"{a.address};{b.address}")
+        try:
+            assert isinstance(c, AsyncGroupedConnection)
+            ta, tb = _topics_for_each(c.names, "aio")
+            p = c.producer()
+            await p.send(f"{ta}/1", b"a1")
+            r = await p.send_batch([(f"{tb}/1", b"b1"), (f"{ta}/2", b"a2")])
+            assert [x.msg_id[:16] for x in r] == [c.groups[1].ident[:16], c.groups[0].ident[:16]]
+            async with c.auto_batch_producer(linger_ms=1) as ab:
+                for i in range(10):
+                    await ab.send(f"{(ta, tb)[i % 2]}/ab", b"%d" % i)
+            assert ab.acknowledged == 10
+            assert [x.body for x in (await c.pull(tb, 0, 0, 100)).records] == [b"b1", b"1", b"3", b"5", b"7", b"9"]
+            f = await c.filter_consumer("#", group="aio-g", start="earliest")
+            got = []
+            for _ in range(10):
+                got += [x for x in await f.poll() if x.topic.split("/")[0] in (ta, tb)]
+            assert len(got) == 13
+            await f.commit()
+            again = await c.filter_consumer("#", group="aio-g")
+            assert [x for x in await again.poll() if x.topic.split("/")[0] in (ta, tb)] == []
+            assert (await c.admin().owners())[tb] == c.names[1]
+        finally:
+            await c.close()
+    asyncio.run(run())
