@@ -17,8 +17,7 @@ from .aio import AsyncConnection, connect_async as connect_one
 from .aio_api import AsyncAdmin
 from .commands import ClaimTopicGroup, TopicGroups
 from .consumer import Record
-from .errors import StoreClientError
-from .groups import filter_first_level, first_level, rendezvous, split_groups
+from .groups import filter_first_level, first_level, group_names, owner_index, rendezvous, split_groups
 
 __all__ = ["AsyncGroupedConnection", "connect_async"]
 
@@ -37,11 +36,7 @@ class AsyncGroupedConnection:
     async def open(self) -> "AsyncGroupedConnection":
         for a in self.addresses[len(self.groups):]:
             self.groups.append(await connect_one(a, **self._kw))
-        self.names = [c.server_info.get("group") or a for c, a in zip(self.groups, self.addresses, strict=True)]
-        dup = {n for n in self.names if self.names.count(n) > 1}
-        if dup:
-            raise StoreClientError(W.E_INVALID, f"store address {self.address!r} names group {sorted(dup)[0]!r} "
-                                                f"twice (each group once, separated by ';')")
+        self.names = group_names([c.server_info for c in self.groups], self.addresses, self.address)
         return self
 
     @property
@@ -61,11 +56,7 @@ class AsyncGroupedConnection:
         if i is not None:
             return i
         name = await self.directory.execute(ClaimTopicGroup(fl, self.names[rendezvous(fl, self.names)]))
-        if name not in self.names:
-            raise StoreClientError(W.E_INVALID, f"topic {fl!r} belongs to store group {name!r} (recorded by "
-                                                f"{self.addresses[0]}), which is not among the groups of "
-                                                f"{self.address!r}: list every group of the deployment")
-        i = self._owners[fl] = self.names.index(name)
+        i = self._owners[fl] = owner_index(name, self.names, fl, self.addresses, self.address)
         return i
 
     async def for_topic(self, topic: str) -> AsyncConnection:

@@ -79,6 +79,28 @@ def rendezvous(topic: str, names: list[str]) -> int:
     return at
 
 
+def group_names(infos: list[dict], addresses: list[str], address: str) -> list[str]:
+    """Each group's name from its handshake (`infos`: the HELLO_OKs, in list order), its address
+    when it has none; StoreClientError when one group is listed twice."""
+    names = [info.get("group") or a for info, a in zip(infos, addresses, strict=True)]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise StoreClientError(W.E_INVALID, f"store address {address!r} names group {sorted(dup)[0]!r} "
+                                            f"twice (each group once, separated by ';')")
+    return names
+
+
+def owner_index(name: str, names: list[str], topic: str, addresses: list[str], address: str) -> int:
+    """The index of the group named `name`, the recorded owner of `topic`; StoreClientError when
+    the client's list does not have it (nothing may be written elsewhere)."""
+    try:
+        return names.index(name)
+    except ValueError:
+        raise StoreClientError(W.E_INVALID, f"topic {topic!r} belongs to store group {name!r} (recorded by "
+                                            f"{addresses[0]}), which is not among the groups of {address!r}: "
+                                            f"list every group of the deployment") from None
+
+
 class GroupedConnection:
     """Several store groups behind one object with the `Connection`'s command API: produce goes to
     the group owning the topic's first level, reads of one topic to that group, a filter whose
@@ -93,32 +115,19 @@ class GroupedConnection:
         self.names: list[str] = []
         self._owners: dict[str, int] = {}       # first-level topic -> group index, as recorded
         self._lock = threading.Lock()
-        self._loaded = False
 
     # ------------------------------------------------------------------ groups and owners
     def open(self) -> "GroupedConnection":
         """Handshake with every group now (a bad address or token fails here), learn their names."""
         for a in self.addresses[len(self.groups):]:
             self.groups.append(connect_one(a, **self._kw))
-        self.names = [c.server_info.get("group") or a for c, a in zip(self.groups, self.addresses, strict=True)]
-        dup = {n for n in self.names if self.names.count(n) > 1}
-        if dup:
-            raise StoreClientError(W.E_INVALID, f"store address {self.address!r} names group {sorted(dup)[0]!r} "
-                                                f"twice (each group once, separated by ';')")
+        self.names = group_names([c.server_info for c in self.groups], self.addresses, self.address)
         return self
 
     @property
     def directory(self) -> Connection:
         """The group that records which group owns each first-level topic: the first one."""
         return self.groups[0]
-
-    def _index_of(self, name: str, topic: str) -> int:
-        try:
-            return self.names.index(name)
-        except ValueError:
-            raise StoreClientError(W.E_INVALID, f"topic {topic!r} belongs to store group {name!r} (recorded by "
-                                                f"{self.addresses[0]}), which is not among the groups of "
-                                                f"{self.address!r}: list every group of the deployment") from None
 
     def owners(self) -> dict[str, str]:
         """{first-level topic: group name} of every topic the directory has recorded."""
@@ -127,7 +136,6 @@ class GroupedConnection:
             for t, name in table.items():
                 if name in self.names:
                     self._owners[t] = self.names.index(name)
-            self._loaded = True
         return table
 
     def owner(self, topic: str) -> int:
@@ -137,7 +145,7 @@ class GroupedConnection:
         if i is not None:
             return i
         name = self.directory.execute(ClaimTopicGroup(fl, self.names[rendezvous(fl, self.names)]))
-        i = self._index_of(name, fl)
+        i = owner_index(name, self.names, fl, self.addresses, self.address)
         with self._lock:
             self._owners[fl] = i
         return i

@@ -47,16 +47,21 @@ _PULL = 512                    # records per pull request (planning, streaming)
 _RANGE_PULL = 16384            # records per pull when reading a partition's range (4 MiB cap)
 
 
+def filter_or_topic(opts: dict) -> tuple[str | None, str | None]:
+    """The options' `filter` and `topic`, exactly one of them set (else ValueError)."""
+    flt, topic = opts.get("filter"), opts.get("topic")
+    if bool(flt) == bool(topic):
+        raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
+                         "'topic' (first-level topic)")
+    return flt, topic
+
+
 class SourceQueues:
     """The queues one read covers, with offsets, time lookups and range pulls (driver or executor)."""
 
     def __init__(self, opts: dict, conn=None) -> None:
         self.opts = opts
-        self.filter = opts.get("filter")
-        self.topic = opts.get("topic")
-        if bool(self.filter) == bool(self.topic):
-            raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
-                             "'topic' (first-level topic)")
+        self.filter, self.topic = filter_or_topic(opts)
         self.conn = conn or store_connection(opts)
 
     def keys(self) -> list[str]:
@@ -257,11 +262,7 @@ class GroupedSourceQueues:
 
     def __init__(self, opts: dict) -> None:
         self.opts = opts
-        self.filter = opts.get("filter")
-        self.topic = opts.get("topic")
-        if bool(self.filter) == bool(self.topic):
-            raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
-                             "'topic' (first-level topic)")
+        self.filter, self.topic = filter_or_topic(opts)
         self.addresses = split_groups(opts["store"])
         self.parts: dict[int, SourceQueues] = {}
 
