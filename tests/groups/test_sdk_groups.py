@@ -268,3 +268,19 @@ def test_asyncio_routes_and_merges_as_the_sync_sdk(two):
         finally:
             await c.close()
     asyncio.run(run())
+
+
+def test_a_claim_keeps_the_first_owner_and_refuses_what_is_not_a_first_level_topic(two):
+    a, _b = two
+    c = connect(a.address)
+    try:
+        assert c.cmd("topic_group_claim", topic="race", group="g-one") == {"group": "g-one", "claimed": True}
+        assert c.cmd("topic_group_claim", topic="race", group="g-two") == {"group": "g-one", "claimed": False}
+        assert c.cmd("topic_groups")["topics"]["race"] == "g-one"
+        for bad in ("race/x", "+", "#", ""):
+            with pytest.raises(StoreClientError, match="first-level topic"):
+                c.cmd("topic_group_claim", topic=bad, group="g-one")
+        with pytest.raises(StoreClientError, match="group's name"):
+            c.cmd("topic_group_claim", topic="race2", group="")
+    finally:
+        c.close()
