@@ -139,6 +139,7 @@ class Membership:
             g = self.gate
             if g is not None:
                 g.ack_replicas = self.ack_replicas
+                g.adding = g.adding & set(self.peers)      # a removed node is not waited for
                 g.wake()
             self._changed_at = now
             if self.node not in self.peers:

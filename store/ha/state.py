@@ -66,7 +66,10 @@ class GroupState(SyncObjConsumer):
     def heartbeat(self, node: int, epoch: int, offset: int, term: int | None = None):
         """A member says it is alive, the epoch it knows and its CommitLog end (and the Raft term
         it knew when it sent this). Returns the state as applied: a primary that gets back another
-        epoch or primary is deposed."""
+        epoch or primary is deposed. A node no longer in the member list (its last heartbeats, sent
+        before it learnt its removal) is not recorded."""
+        if self.members and node not in self.members:
+            return self.epoch, self.primary, tuple(sorted(self.in_sync))
         self.reports[node] = (epoch, offset)
         fn = self.term_now
         if term is None or fn is None or term >= fn():
@@ -97,6 +100,8 @@ class GroupState(SyncObjConsumer):
         laggards. Refused (None) from anyone but the current primary; the primary stays in."""
         if epoch != self.epoch or node != self.primary or node in remove:
             return None
+        if self.members:        # a node removed since the primary proposed this is not added back
+            add = [n for n in add if n in self.members]
         self.in_sync = frozenset((set(self.in_sync) | set(add)) - set(remove))
         self._changed()
         return tuple(sorted(self.in_sync))

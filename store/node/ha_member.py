@@ -319,6 +319,7 @@ def metrics_text(member) -> str:
     roles = ("primary", "replica", "electing", "starting", "deposed")
     rows = [("lmqtt_ha_epoch", "gauge", "Epoch (term) of the group's primary", st["epoch"]),
             ("lmqtt_ha_in_sync_members", "gauge", "Members in the in-sync set (primary included)", len(st["in_sync"])),
+            ("lmqtt_ha_members", "gauge", "Members of the group (its member list, changed online)", len(st["members"])),
             ("lmqtt_ha_ack_replicas", "gauge", "Replicas that must have a record before it is acknowledged",
              st["ack_replicas"]),
             ("lmqtt_ha_log_end_bytes", "gauge", "This member's CommitLog end", st["log_end"]),
