@@ -137,6 +137,11 @@ def test_a_group_grows_to_five_shrinks_to_three_and_replaces_a_member_under_mqtt
             time.sleep(0.1)
         assert all(p.acked == p.sent for p in pubs), ([(p.sent, p.acked) for p in pubs], gw.log_tail())
 
+        # the members now in the group, the added one included, hold the primary's whole log
+        primary = group.wait_primary()
+        end = primary.status()["log_end"]
+        for m in group.members:
+            group.wait_status(m, lambda st, n=m.node: st["log_end"] == end and n in st["in_sync"])
         # every acknowledged message is in the group's log once (read from the primary)
         rb = Checker()
         total = 0
