@@ -260,10 +260,18 @@ class Member(MetadataSync, Membership):
                               members=list(self.members_map().values()))
         if self.join_id is not None:
             srv.hello_info["join_id"] = self.join_id
-        if self.role == "primary":
+        if self.role == "primary" and self.handing_over is None:
             srv.guard = None
         else:
             srv.guard = self._guard
+
+    def refresh_server(self) -> None:
+        """What the server says and refuses, after a change of role (membership.py's handover)."""
+        self._update_server()
+
+    def guard(self, op: int, cmd: str | None) -> None:
+        """StoreServer.guard of a member that serves nothing but status now."""
+        self._guard(op, cmd)
 
     def _guard(self, op: int, cmd: str | None) -> None:
         if cmd in ("stats", "ha_status", "members"):
@@ -271,6 +279,9 @@ class Member(MetadataSync, Membership):
         if self.role == "joining":
             raise CallError(E_NOT_PRIMARY, f"this store is joining store group {self.group!r} and is not a member "
                                            "yet (lmqtt admin --add-member adds it); primary=unknown")
+        if self.role == "primary" and self.handing_over is not None:
+            raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is handing the primary "
+                                           f"role over to node {self.handing_over}; primary=unknown")
         raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is a {self.role}, not "
                                        f"the primary; primary={self.address_of(self.state.primary)}")
 
@@ -508,6 +519,7 @@ class Member(MetadataSync, Membership):
 
     def _become_replica(self, primary: int, epoch: int) -> None:
         self._drop_primary(None)
+        self.handing_over = None
         for fn in self.on_demoted:
             try:
                 fn()
@@ -557,6 +569,14 @@ class Member(MetadataSync, Membership):
         if r is None:
             return 0
         return r.flushed if self.sync else r.written
+
+    def replica_offset(self, node: int) -> int:
+        """A replica's acknowledged log offset under the flush mode (0: not connected)."""
+        return self._replica_offset(node)
+
+    def replica_meta(self, node: int) -> int:
+        """The last metadata change a replica applied."""
+        return self._replica_meta(node)
 
     def _replica_meta(self, node: int) -> int:
         sh = self.shipper

@@ -106,16 +106,21 @@ class Membership:
         self._next_poll = 0.0
         self._leaderless_since: float | None = None
         self._join_logged = False
+        self.handing_over: int | None = None     # the successor while this primary hands over
 
     # ------------------------------------------------------------------ views
     def members_map(self) -> dict[int, str]:
         return {n: address(hp) for n, hp in sorted(self.peers.items())}
 
     def members_status(self) -> dict:
+        """The list as Raft applied it here (ahead of `peers` until the control loop follows it)."""
         st = self.state
-        return {"group": self.group, "node": self.node, "role": self.role, "version": self.members_version,
-                "members": {str(n): a for n, a in self.members_map().items()},
-                "changing": st.changing if self.node is not None else None,
+        members, version, changing = dict(st.members), st.members_version, st.changing
+        if not members or version < self.members_version:
+            members, version, changing = self.members_map(), self.members_version, None
+        return {"group": self.group, "node": self.node, "role": self.role, "version": version,
+                "members": {str(n): a for n, a in sorted(members.items())},
+                "changing": changing if self.node is not None else None,
                 "primary": st.primary if self.node is not None else None,
                 "in_sync": sorted(st.in_sync) if self.node is not None else [],
                 "ack_replicas": self.ack_replicas}
@@ -223,7 +228,7 @@ class Membership:
         mine = [int(n) for n, a in got["members"].items() if a == me]
         if ch.get("op") == "add" and ch.get("join") == self.join_id:
             mine = [int(ch["node"])]
-        if not mine:
+        if not mine or str(mine[0]) not in got["members"]:
             if not self._join_logged:
                 log.info("event=ha_join_waiting group=%s address=%s members=%s (add it: lmqtt admin --store %s "
                          "--add-member %s)", self.group, me, got["members"], ",".join(self.join_addresses), me)
@@ -325,21 +330,46 @@ class Membership:
                 "members": {str(k): v for k, v in members.items()}}
 
     def handover(self, why: str) -> str:
-        """Make another in-sync member primary (it has every acknowledged record); this one
-        becomes a replica. Returns the error to answer with: the client asks the new primary."""
+        """Make another in-sync member primary; this one becomes a replica. Requests are refused
+        with not_primary from now (clients re-send them to the new primary, as after an election),
+        and the successor is elected once it has this member's whole log and every metadata
+        change: no member then holds bytes the new primary lacks, so none cuts its log and
+        restarts, and what was in flight is acknowledged here or re-sent there (stored once by
+        its producer id + sequence). Returns the error to answer with."""
         st = self.state
         others = [n for n in st.in_sync if n != self.node and n in self.peers]
         if not others:
             return (f"{why} and no other member is in sync to take over (in sync: {sorted(st.in_sync)}); wait "
                     "until one is, then remove it again")
-        best = max(others, key=lambda n: (st.reports.get(n, (0, 0))[1], -n))
-        try:
-            res = st.elect(st.epoch, best, sync=True, timeout=10.0)
-        except Exception as e:  # noqa: BLE001 - no majority
-            return f"{why}; handing over to node {best} failed ({e})"
+        best = max(others, key=lambda n: (self.replica_offset(n), -n))
+        self.handing_over = best
+        srv = self.server
+        if srv is not None:
+            srv.guard = self.guard
+        clog = self.clog
+        deadline = time.monotonic() + 10.0
+        caught = 0
+        while time.monotonic() < deadline and caught < 3:       # three looks 20 ms apart: the log stopped
+            end = clog.wrote
+            time.sleep(0.02)
+            ok = end == clog.wrote and self.replica_offset(best) >= end and \
+                self.replica_meta(best) >= self.meta_log.seq
+            caught = caught + 1 if ok else 0
+        res = None
+        err = None
+        if caught >= 3:
+            try:
+                res = st.elect(st.epoch, best, sync=True, timeout=10.0)
+            except Exception as e:  # noqa: BLE001 - no majority
+                err = e
         if res is None:
-            return f"{why}; handing over to node {best} was refused (the epoch moved): try again"
-        log.info("event=ha_handover group=%s from=%d to=%d epoch=%s", self.group, self.node, best, res)
+            self.handing_over = None
+            self.refresh_server()
+            if caught < 3:
+                return f"{why}; node {best} did not catch up with this primary's log within 10 s: try again"
+            return f"{why}; handing over to node {best} failed ({err or 'the epoch moved'}): try again"
+        log.info("event=ha_handover group=%s from=%d to=%d epoch=%s log_end=%d", self.group, self.node, best, res,
+                 clog.wrote)
         return (f"{why}: handed over to node {best} ({self.address_of(best)}, epoch {res}); ask again to remove "
                 f"node {self.node}")
 
