@@ -20,7 +20,8 @@
 
 The metadata changes shipped beside the log (and applied on the replicas) are store/ha/metadata_sync.py
 (`MetadataSync`, a mixin of `Member`); the member list changed online (add, remove, a joining
-member) is store/ha/membership.py (`Membership`, a mixin too). Node ids are stable: the initial
+member) is store/ha/membership.py (`Membership`, a mixin too); the primary's upkeep of the in-sync
+set is store/ha/in_sync.py (`InSyncSet`, a mixin). Node ids are stable: the initial
 members are numbered by their position in `--peers`, an added one gets the next unused number.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..server import CallError
 from .ack_gate import AckGate
 from .epochs import EpochFile
 from .follower import Follower
+from .in_sync import InSyncSet
 from .membership import Membership, address
 from .metadata_sync import MetadataSync
 from .raft import FAIL_REASON, Raft, SyncObjConf
@@ -66,7 +68,7 @@ def default_ack_replicas(group_size: int) -> int:
     return group_size // 2
 
 
-class Member(MetadataSync, Membership):
+class Member(MetadataSync, Membership, InSyncSet):
     def __init__(self, *, group: str, node: int | None, peers, store, ha_dir: str,
                  ack_replicas: int | None = None, heartbeat_s: float = 0.2, dead_after_s: float = 2.5,
                  lease_s: float | None = None, max_lag_s: float = 2.0, on_restart=None,
@@ -551,97 +553,3 @@ class Member(MetadataSync, Membership):
         request_cut(self.ha_dir, offset, why)
         if self.on_restart is not None:
             self.on_restart()
-
-    # ------------------------------------------------------------------ primary: acks and in-sync set
-    def _acked(self) -> None:
-        g = self.gate
-        if g is not None:
-            g.replica_acked()        # not g.wake(): an acknowledgement gives the shipper nothing to send
-
-    def _ack_set(self):
-        g = self.gate
-        extra = g.adding if g is not None else ()
-        return (set(self.state.in_sync) | set(extra)) - {self.node}
-
-    def _replica_offset(self, node: int) -> int:
-        sh = self.shipper
-        r = sh.replicas.get(node) if sh is not None else None
-        if r is None:
-            return 0
-        return r.flushed if self.sync else r.written
-
-    def replica_offset(self, node: int) -> int:
-        """A replica's acknowledged log offset under the flush mode (0: not connected)."""
-        return self._replica_offset(node)
-
-    def replica_meta(self, node: int) -> int:
-        """The last metadata change a replica applied."""
-        return self._replica_meta(node)
-
-    def _replica_meta(self, node: int) -> int:
-        sh = self.shipper
-        r = sh.replicas.get(node) if sh is not None else None
-        return r.meta_acked if r is not None else 0
-
-    def _want_add(self):
-        sh = self.shipper
-        if sh is None:
-            return ()
-        isr = self.state.in_sync
-        # and has the metadata changes too: the oldest one waited for, or every one shipped when
-        # none waits (else a stopped replica, whose log is complete while only metadata is
-        # written, would be added back and removed again every round)
-        g = self.gate
-        mw = g.meta_waiting if g is not None else None
-        need = mw[0][0] if mw else self.meta_log.seq
-        if need <= self.meta_log.reset_seq:
-            need = 0
-        return [n for n, r in sh.replicas.items() if r.connected and n not in isr and r.meta_acked >= need
-                and n in self.peers]
-
-    def _propose_add(self, node: int) -> None:
-        epoch = self.role_epoch
-
-        def done(res, err, node=node):
-            g = self.gate
-            if g is not None:
-                if err != FAIL_REASON.SUCCESS or res is None:
-                    g.adding.discard(node)       # not added: the gate stops waiting for it
-                elif node in self.state.in_sync:
-                    g.adding.discard(node)
-            if err == FAIL_REASON.SUCCESS and res is not None:
-                log.info("event=ha_in_sync_grew group=%s node=%d in_sync=%s", self.group, node, list(res))
-        self.state.change_in_sync(epoch, self.node, (node,), (), callback=done)
-
-    def _maintain_in_sync(self, now: float) -> None:
-        committed = self.clog.committed
-        s = self._samples
-        s.append((now, committed, self.meta_log.seq))
-        while len(s) > 2 and s[1][0] <= now - self.max_lag_s:
-            s.popleft()
-        if self._isr_proposal and now - self._isr_proposal > 5.0:
-            self._isr_proposal = 0.0       # no answer from Raft (no majority): propose again
-        if s[0][0] > now - self.max_lag_s or self._isr_proposal:
-            return      # not primary for max_lag_s yet, or a change is on its way
-        bound, meta_bound = s[0][1], s[0][2]
-        # behind on the log, or on the metadata changes (a stopped replica with only metadata
-        # written meanwhile would hold every metadata answer otherwise)
-        lagging = [n for n in self.state.in_sync if n != self.node and (
-            self._replica_offset(n) < bound
-            or (meta_bound > self.meta_log.reset_seq and self._replica_meta(n) < meta_bound))]
-        if not lagging:
-            return
-        self._isr_proposal = now
-        epoch = self.role_epoch
-
-        def done(res, err):
-            self._isr_proposal = 0.0
-            if err == FAIL_REASON.SUCCESS and res is not None:
-                log.warning("event=ha_in_sync_shrunk group=%s removed=%s in_sync=%s", self.group, lagging, list(res))
-                g = self.gate
-                if g is not None:
-                    for n in lagging:
-                        g.adding.discard(n)
-                    g.wake()
-        log.info("event=ha_in_sync_shrinking group=%s lagging=%s bound=%d", self.group, lagging, bound)
-        self.state.change_in_sync(epoch, self.node, (), tuple(lagging), callback=done)
