@@ -247,6 +247,10 @@ def test_member_changes_are_persisted_refused_when_they_cannot_work_and_hand_the
 
     m5 = _add(group, 5)
     assert m5.node == 5             # node ids are never given twice
+    table = group.admin("--members")
+    assert table.returncode == 0 and "5 members" not in table.stdout and "4 members" in table.stdout, table.stdout
+    assert f"5  {m5.address}" in table.stdout.replace("   ", "  ") or m5.address in table.stdout, table.stdout
+    assert "primary" in table.stdout and "in sync" in table.stdout, table.stdout
     # a member restarted with its first command line (--peers of three) uses the four members
     primary = group.wait_primary(in_sync=4)
     other = next(m for m in group.members[:3] if m is not primary)
@@ -263,3 +267,15 @@ def test_member_changes_are_persisted_refused_when_they_cannot_work_and_hand_the
     _remove(group, primary)
     st = _members(group)
     assert st["primary"] == new.node and len(st["members"]) == 3, st
+    # a member removed while it was stopped (SIGSTOP: it can apply nothing) stops once resumed
+    gone = next(m for m in group.members if m is not new)
+    gone.pause()
+    try:
+        out = group.admin("--remove-member", gone.address)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+    finally:
+        gone.resume()
+    assert gone.proc.wait(60) == 0, gone.log_text()[-3000:]
+    assert "removed from store group 'g1'" in gone.log_text()
+    group.members.remove(gone)
+    assert len(_members(group)["members"]) == 2
