@@ -157,6 +157,7 @@ class Member(MetadataSync, Membership, InSyncSet):
                            bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
         self._become_read_only("starting: the group state is not known yet")
         self.role = "starting"
+        self.heartbeat_ok_at = time.monotonic()
         self.raft = Raft(self.raft_addr, others, conf=conf, consumers=[self.state])
         self.state.term_now = lambda: self.raft.raftCurrentTerm
         self._update_server()
@@ -316,7 +317,7 @@ class Member(MetadataSync, Membership, InSyncSet):
                 if now >= next_hb:
                     next_hb = now + self.heartbeat_s
                     self._heartbeat(now)
-                self.check_leaderless(now)
+                self.check_cut_off(now)
                 if not self.raft.isReady():
                     continue
                 self.follow_members(now)
@@ -338,6 +339,7 @@ class Member(MetadataSync, Membership, InSyncSet):
         def done(res, err, sent=sent, epoch=epoch):
             if err != FAIL_REASON.SUCCESS or res is None:
                 return
+            self.heartbeat_ok_at = max(self.heartbeat_ok_at, sent)
             e, primary, _isr = res
             if primary == self.node and e == epoch and self.role == "primary" and self.role_epoch == epoch:
                 if sent > self.lease_at:

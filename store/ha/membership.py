@@ -89,6 +89,13 @@ def _parse_one(text: str) -> tuple[str, int]:
     return peers[0]
 
 
+def _reason(e: Exception) -> str:
+    """pysyncobj's failure of a sync call (a FAIL_REASON number, or 'Timeout') in words."""
+    code = e.args[0] if e.args else e
+    names = {v: k.lower().replace("_", " ") for k, v in vars(FAIL_REASON).items() if k.isupper()}
+    return names.get(code, str(code))
+
+
 class Membership:
     """The member-list side of `Member` (a mixin, like MetadataSync): reads the Member's `state`,
     `raft`, `role`, `node`, `peers`, `group`, `ha_dir`, `shipper`, `gate`, `token`."""
@@ -104,7 +111,7 @@ class Membership:
         self._raft_change_at = 0.0
         self._changed_at = 0.0
         self._next_poll = 0.0
-        self._leaderless_since: float | None = None
+        self.heartbeat_ok_at = time.monotonic()      # when a heartbeat of this member last committed
         self._join_logged = False
         self.handing_over: int | None = None     # the successor while this primary hands over
 
@@ -169,16 +176,12 @@ class Membership:
         if fn is not None:
             fn(why)
 
-    def check_leaderless(self, now: float) -> None:
-        """A member Raft no longer talks to (removed while cut off, so it never applied its
-        removal) asks the other members for the list."""
-        if self.raft.leader() is not None:
-            self._leaderless_since = None
-            return
-        if self._leaderless_since is None:
-            self._leaderless_since = now
-            return
-        if now - self._leaderless_since < 5.0 or now < self._next_poll:
+    def check_cut_off(self, now: float) -> None:
+        """A member whose heartbeats have not committed for 5 s asks the other members for the
+        list: one removed while it was cut off (stopped, partitioned) never applies its removal
+        through Raft (the others no longer talk to it), and pysyncobj keeps the last leader it
+        knew while it is connected to no one, so Raft alone never tells it."""
+        if now - self.heartbeat_ok_at < 5.0 or now < self._next_poll:
             return
         self._next_poll = now + 2.0
         newest = self._ask_members([a for n, a in self.members_map().items() if n != self.node])
@@ -252,16 +255,33 @@ class Membership:
                 "--members` shows it done")
 
     def _propose(self, members: dict, changing: dict | None, next_node: int, gone: tuple = ()) -> int:
-        try:
-            res = self.state.set_members(self.members_version, {n: a for n, a in members.items()}, changing,
-                                         next_node, gone, sync=True, timeout=10.0)
-        except Exception as e:  # noqa: BLE001 - pysyncobj's SyncObjException: no majority, timeout
-            raise CallError(E_INVALID, f"the group did not commit the change ({e}): is a majority of "
-                                       f"{self.members_map()} up?") from None
-        if res is None:
-            raise CallError(E_INVALID, "another member change came first: look at `lmqtt admin --members` and "
-                                       "try again")
-        return res
+        """Commit the new list. A Raft leader change on the way (the member being removed may be
+        the Raft leader, stopped) fails the call without saying whether the command committed: it
+        is asked again until a deadline, and a refusal that finds this very change applied (its
+        `changing` names it: same time, same node) is its success."""
+        st = self.state
+        members = {int(n): a for n, a in members.items()}
+        expected = self.members_version
+        deadline = time.monotonic() + 20.0
+        err = None
+        while True:
+            try:
+                res = st.set_members(expected, members, changing, next_node, gone, sync=True, timeout=5.0)
+            except Exception as e:  # noqa: BLE001 - pysyncobj's SyncObjException: leader changed, timeout
+                err, res = _reason(e), None
+            else:
+                err = None
+            if res is not None:
+                return res
+            if st.changing == changing and st.members == members:
+                return st.members_version          # committed by an attempt that reported a failure
+            if err is None:
+                raise CallError(E_INVALID, "another member change came first: look at `lmqtt admin --members` and "
+                                           "try again")
+            if time.monotonic() > deadline:
+                raise CallError(E_INVALID, f"the group did not commit the change ({err}): is a majority of "
+                                           f"{self.members_map()} up?")
+            time.sleep(0.3)
 
     def member_add(self, addr: str) -> dict:
         """Add the joining member listening at `addr` (runs on a worker thread: it dials)."""

@@ -43,10 +43,14 @@ class Plan:
 
 
 def plan(cfg) -> Plan:
-    """The member list this data dir last applied (ha/members) wins over --peers / --node-id / --join:
-    a member restarted after the group changed uses the group's current members. Raises ValueError
-    (the cause, for one line) for a data dir that cannot start as a member."""
+    """Once the group's list was changed online (version 1 on), the list this data dir last applied
+    (ha/members) wins over --peers / --node-id / --join: a member restarted after the group
+    changed uses the group's current members. Before that --peers is the list, as it always was (a
+    group whose members were all restarted with a new --peers keeps working that way). Raises
+    ValueError (the cause, for one line) for a data dir that cannot start as a member."""
     saved = load_members(os.path.join(cfg.data_dir, "ha"))
+    if saved is not None and int(saved.get("version", 0)) == 0 and cfg.peers and not saved.get("removed"):
+        saved = None
     if saved is not None:
         if saved.get("group") != cfg.group:
             raise ValueError(f"{cfg.data_dir} holds node {saved.get('node')} of store group {saved.get('group')!r}, "
