@@ -29,10 +29,12 @@ here is a consensus of its own: the list and each Raft change are pysyncobj's.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
 import secrets
+import threading
 import time
 
 from ..checkpoint import write_atomic
@@ -114,17 +116,29 @@ class Membership:
         self.heartbeat_ok_at = time.monotonic()      # when a heartbeat of this member last committed
         self._join_logged = False
         self.handing_over: int | None = None     # the successor while this primary hands over
+        # one change asked at a time here; the answers of the last ones by the caller's request id,
+        # so a CALL the client sent again (its connection moved while it waited) is answered the
+        # same rather than done twice
+        self._change_lock = threading.Lock()
+        self._answers: collections.OrderedDict = collections.OrderedDict()
 
     # ------------------------------------------------------------------ views
     def members_map(self) -> dict[int, str]:
         return {n: address(hp) for n, hp in sorted(self.peers.items())}
 
-    def members_status(self) -> dict:
-        """The list as Raft applied it here (ahead of `peers` until the control loop follows it)."""
+    def current(self) -> tuple[int, dict[int, str], dict | None]:
+        """(version, node -> address, change under way) as Raft applied them here: ahead of
+        `peers` until the control loop follows them (a new primary still taking over, say), and
+        what a change is computed from and compare-and-set against."""
         st = self.state
         members, version, changing = dict(st.members), st.members_version, st.changing
         if not members or version < self.members_version:
-            members, version, changing = self.members_map(), self.members_version, None
+            return self.members_version, self.members_map(), None
+        return version, {int(n): a for n, a in members.items()}, changing
+
+    def members_status(self) -> dict:
+        version, members, changing = self.current()
+        st = self.state
         return {"group": self.group, "node": self.node, "role": self.role, "version": version,
                 "members": {str(n): a for n, a in sorted(members.items())},
                 "changing": changing if self.node is not None else None,
@@ -254,14 +268,14 @@ class Membership:
                 f"{max(0, int(time.time() - float(ch.get('at', time.time()))))} s ago): wait until `lmqtt admin "
                 "--members` shows it done")
 
-    def _propose(self, members: dict, changing: dict | None, next_node: int, gone: tuple = ()) -> int:
+    def _propose(self, expected: int, members: dict, changing: dict | None, next_node: int,
+                 gone: tuple = ()) -> int:
         """Commit the new list. A Raft leader change on the way (the member being removed may be
         the Raft leader, stopped) fails the call without saying whether the command committed: it
         is asked again until a deadline, and a refusal that finds this very change applied (its
         `changing` names it: same time, same node) is its success."""
         st = self.state
         members = {int(n): a for n, a in members.items()}
-        expected = self.members_version
         deadline = time.monotonic() + 20.0
         err = None
         while True:
@@ -280,7 +294,7 @@ class Membership:
                                            "try again")
             if time.monotonic() > deadline:
                 raise CallError(E_INVALID, f"the group did not commit the change ({err}): is a majority of "
-                                           f"{self.members_map()} up?")
+                                           f"{self.current()[1]} up?")
             time.sleep(0.3)
 
     def member_add(self, addr: str) -> dict:
@@ -293,10 +307,11 @@ class Membership:
         why = self._in_progress()
         if why:
             raise CallError(E_INVALID, why)
-        for n, a in self.members_map().items():
+        version, mm, _ch = self.current()
+        for n, a in mm.items():
             if a == addr:
                 raise CallError(E_INVALID, f"{addr} is node {n} of store group {self.group!r} already")
-        hint = (f"start it first: lmqtt store --group {self.group} --join {','.join(self.members_map().values())} "
+        hint = (f"start it first: lmqtt store --group {self.group} --join {','.join(mm.values())} "
                 f"--host {hp[0]} --port {hp[1]} --data-dir DIR")
         try:
             s, info, _early = dial(hp[0], hp[1], connect_timeout=3.0, client_name="lmqtt-group-add",
@@ -308,17 +323,17 @@ class Membership:
             what = (f"node {info.get('node')} ({info.get('role')}) of store group {info.get('group')!r}"
                     if info.get("group") else "not a store group member")
             raise CallError(E_INVALID, f"{addr} is {what}, not a member joining {self.group!r}; {hint}")
-        node = max([self.state.next_node, *self.peers]) + 1
-        members = {**self.members_map(), node: addr}
+        node = max([self.state.next_node, *mm]) + 1
+        members = {**mm, node: addr}
         changing = {"op": "add", "node": node, "address": addr, "at": time.time(), "join": info.get("join_id")}
-        version = self._propose(members, changing, node)
+        version = self._propose(version, members, changing, node)
         log.info("event=ha_member_adding group=%s node=%d address=%s version=%d", self.group, node, addr, version)
         return {"node": node, "address": addr, "version": version, "members": {str(k): v for k, v in members.items()}}
 
     def member_remove(self, target: str) -> dict:
         """Remove a member named by node id or HOST:PORT (the primary hands over first)."""
         node = None
-        mm = self.members_map()
+        version, mm, _ch = self.current()
         if str(target).isdigit():
             node = int(target)
         else:
@@ -343,7 +358,7 @@ class Membership:
             raise CallError(E_INVALID, self.handover(f"node {node} is the primary"))
         members = {n: a for n, a in mm.items() if n != node}
         changing = {"op": "remove", "node": node, "address": mm[node], "at": time.time()}
-        version = self._propose(members, changing, max([self.state.next_node, *mm]), (node,))
+        version = self._propose(version, members, changing, max([self.state.next_node, *mm]), (node,))
         log.info("event=ha_member_removing group=%s node=%d address=%s version=%d", self.group, node, mm[node],
                  version)
         return {"node": node, "address": mm[node], "version": version,
@@ -432,12 +447,26 @@ class Membership:
             pass
 
     # ------------------------------------------------------------------ CALLs
+    def _once(self, request, fn) -> dict:
+        """fn() under the change lock, answered again from memory for a request id seen before."""
+        with self._change_lock:
+            if request and request in self._answers:
+                log.info("event=ha_member_change_asked_again request=%s (answered as before)", request)
+                return self._answers[request]
+            res = fn()
+            if request:
+                self._answers[request] = res
+                while len(self._answers) > 64:
+                    self._answers.popitem(last=False)
+            return res
+
     def register_membership_calls(self, server) -> None:
         server.register_call("members", lambda _a: self.members_status())
 
         def in_worker(fn):
             def call(a):
-                return asyncio.get_running_loop().run_in_executor(None, fn, a)
+                return asyncio.get_running_loop().run_in_executor(None, self._once, a.get("request"),
+                                                                  lambda: fn(a))
             return call
         server.register_call("member_add", in_worker(lambda a: self.member_add(str(a.get("address", "")))))
         server.register_call("member_remove", in_worker(lambda a: self.member_remove(str(a.get("member", "")))))

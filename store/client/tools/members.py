@@ -10,8 +10,11 @@ shows where it is)."""
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import time
+
+from lmqtt.store.client import StoreClientError
 
 EXIT_NOT_DONE = 5
 
@@ -23,8 +26,8 @@ def add_members_args(p) -> None:
                    help="add the store started with `lmqtt store --group G --join ...` at HOST:PORT to the group "
                         "(it copies the log, then counts toward acknowledgements)")
     p.add_argument("--remove-member", metavar="HOST:PORT|NODE",
-                   help="remove a member from the group (the primary hands over to another in-sync member first; "
-                        "the removed store stops)")
+                   help="remove a member from the group (the primary first hands over to the in-sync member with "
+                        "the longest log; the removed store stops)")
     p.add_argument("--wait", type=float, default=120.0, metavar="S",
                    help="--add-member/--remove-member: wait this long for the change to be done (default 120)")
 
@@ -50,6 +53,18 @@ def render(m: dict, table) -> str:
     return "\n".join(lines)
 
 
+def _remove(c, member: str) -> dict:
+    """member_remove; the primary itself first hands over (it answers so), then the new primary,
+    which the connection follows, removes it."""
+    try:
+        return c.cmd("member_remove", member=member, request=secrets.token_hex(8))
+    except StoreClientError as e:
+        if "handed over to node" not in str(e):
+            raise
+        print(f"{str(e).split('; ask again')[0]}; removing it now", file=sys.stderr)
+    return c.cmd("member_remove", member=member, request=secrets.token_hex(8))
+
+
 def admin_members(conn, args, call, table) -> int:
     if args.members:
         r, code = call(conn, args.store, lambda c: c.cmd("members"))
@@ -64,11 +79,12 @@ def admin_members(conn, args, call, table) -> int:
 
     def change(c):
         if args.add_member:
-            got = c.cmd("member_add", address=args.add_member)
+            # the request id: a CALL the connection sends again is answered, not done twice
+            got = c.cmd("member_add", address=args.add_member, request=secrets.token_hex(8))
             print(f"node {got['node']} ({got['address']}) added to the member list; waiting for it to catch up",
                   file=sys.stderr)
         else:
-            got = c.cmd("member_remove", member=args.remove_member)
+            got = _remove(c, args.remove_member)
             print(f"node {got['node']} ({got['address']}) removed from the member list", file=sys.stderr)
         node = int(got["node"])
         deadline = time.monotonic() + args.wait
