@@ -38,7 +38,7 @@ from array import array
 from itertools import islice
 from typing import Iterable
 
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from lmqtt.store.errors import is_disk_full
 
@@ -67,6 +67,15 @@ K_CKPT = b"\xffC"
 K_NAME = b"\xffN"
 K_NEXT = b"\xffX"
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
+
+
+def _scan_options() -> ReadOptions:
+    """Read options of a scan over the whole index (retention's sweep, a truncation): its blocks
+    are read once, so they stay out of the block cache. A sweep that filled the cache grew a
+    broker's memory by the cache's size at the first segment deletion, long after start-up."""
+    ro = ReadOptions()
+    ro.fill_cache(False)
+    return ro
 
 
 class LightQueueIndex(IndexReads):
@@ -465,7 +474,7 @@ class LightQueueIndex(IndexReads):
                 return
             self._write()     # everything into RocksDB first: then one scan trims it all
             wb = WriteBatch(raw_mode=True)
-            it = self._db.iter()
+            it = self._db.iter(_scan_options())
             it.seek_to_first()
             while it.valid():
                 k = it.key()
@@ -505,7 +514,7 @@ class LightQueueIndex(IndexReads):
     def runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
         """(key, qid, end offset) of each RocksDB run whose every entry points below CommitLog
         offset `min_phys`, in key order; stops when the index closes."""
-        it = self._db.iter()
+        it = self._db.iter(_scan_options())
         it.seek_to_first()
         while it.valid() and not self._closed:
             k = it.key()

@@ -15,6 +15,11 @@ Cases:
                      at the end every acknowledged message is read back from the last primary and
                      checked by the chaos checker (lost / duplicated). Figures over all faults and
                      per kind (`by_kind`); `--max-seconds` bounds the run (no fault started after)
+* append-groups      several store groups in one deployment (docs/groups.md): `--messages` through one
+                     AutoBatch producer into one group of 3, then through the SDK's grouped AutoBatch
+                     into two groups of 3 (the same messages over two first-level topics, one owned
+                     by each group), per flush mode, in the same run: msgs/s of each, the ratio of
+                     the two groups' aggregate to one group's, and the CPU seconds of every process
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from lmqtt.loadtest.brokers import free_ports
 from lmqtt.loadtest.chaos.checker import Checker, body, failures
 from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
 from lmqtt.store.client import connect
+from lmqtt.store.client.groups import rendezvous
 
 TOPIC = "bench/ha"
 
@@ -51,7 +57,7 @@ class GroupMember:
 
     def start(self) -> None:
         g = self.group
-        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", "bench", "--node-id", str(self.node),
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", g.name, "--node-id", str(self.node),
                "--peers", g.peers, "--data-dir", self.data_dir, "--flush-mode", g.flush_mode,
                "--segment-mb", "64", "--election-timeout-s", str(g.election_timeout)]
         if g.ack_replicas is not None:
@@ -90,8 +96,10 @@ class GroupMember:
 
 
 class StoreGroup:
-    def __init__(self, root: str, flush_mode: str, ack_replicas: int | None, election_timeout: float) -> None:
+    def __init__(self, root: str, flush_mode: str, ack_replicas: int | None, election_timeout: float,
+                 name: str = "bench") -> None:
         self.flush_mode, self.ack_replicas, self.election_timeout = flush_mode, ack_replicas, election_timeout
+        self.name = name
         ports = [free_ports(3) for _ in range(3)]
         self.peers = ",".join(f"127.0.0.1:{p}" for p in ports)
         self.members = [GroupMember(root, self, i + 1, p) for i, p in enumerate(ports)]
@@ -133,19 +141,24 @@ def _drop_data(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) -> tuple[float, dict]:
+def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None,
+                    topics: tuple[str, ...] = (TOPIC,)) -> tuple[float, dict]:
     """-> (msgs/s, CPU seconds per process during the sends: `watch` {name: pid} and "producer",
-    this process)."""
+    this process). `topics`: sent to in turn (several store groups: one owned by each)."""
     _quiesce()
     c = connect(address, timeout=120)
     ab = c.auto_batch_producer()
     payload = b"x" * size
     watch = watch or {}
+    k = len(topics)
+    for t in topics:                 # a new first-level topic's owner is claimed before the clock
+        ab.send(t, payload)
+    ab.flush(60)
     before = {k: proc_cpu(pid) for k, pid in watch.items()}
     t0 = os.times()
     t = time.perf_counter()
-    for _ in range(n):
-        ab.send(TOPIC, payload)
+    for i in range(n):
+        ab.send(topics[i % k], payload)
     ab.flush(300)
     dt = time.perf_counter() - t
     t1 = os.times()
@@ -190,6 +203,46 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
             out({"case": "append-replicated", "flush_mode": mode, "shape": "group of 3", "ack_replicas": k,
                  "messages": n, "size": size, "msgs_per_s": round(rate), "vs_single": round(rate / single, 2),
                  "cpu_s": cpu})
+
+
+def case_groups(root: str, modes: list[str], n: int, size: int, out) -> None:
+    """One group of 3, then two groups of 3 (docs/groups.md), the same messages, the same run."""
+    for mode in modes:
+        tag = mode.replace("+", "_")
+        for d in (f"one-{tag}", f"two-{tag}-a", f"two-{tag}-b"):
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+        one = StoreGroup(os.path.join(root, f"one-{tag}"), mode, None, 2.5, name="bench-a").start()
+        try:
+            prim = one.primary(in_sync=3)
+            watch = {"primary": prim.proc.pid}
+            watch.update({f"replica{m.node}": m.proc.pid for m in one.members if m is not prim})
+            single, cpu = _autobatch_rate(one.peers, n, size, watch)
+        finally:
+            one.stop()
+            for m in one.members:
+                _drop_data(m.data_dir)
+        out({"case": "append-groups", "flush_mode": mode, "shape": "1 group of 3", "messages": n, "size": size,
+             "msgs_per_s": round(single), "cpu_s": cpu})
+        groups = [StoreGroup(os.path.join(root, f"two-{tag}-{x}"), mode, None, 2.5, name=f"bench-{x}").start()
+                  for x in ("a", "b")]
+        try:
+            watch = {}
+            for g in groups:
+                prim = g.primary(in_sync=3)
+                watch[f"{g.name}.primary"] = prim.proc.pid
+                watch.update({f"{g.name}.replica{m.node}": m.proc.pid for m in g.members if m is not prim})
+            address = ";".join(g.peers for g in groups)
+            names = [g.name for g in groups]
+            topics = tuple(next(t for t in (f"bench{k}" for k in range(10_000)) if rendezvous(t, names) == i)
+                           for i in range(len(groups)))
+            rate, cpu = _autobatch_rate(address, n, size, watch, topics=topics)
+        finally:
+            for g in groups:
+                g.stop()
+                for m in g.members:
+                    _drop_data(m.data_dir)
+        out({"case": "append-groups", "flush_mode": mode, "shape": "2 groups of 3", "messages": n, "size": size,
+             "msgs_per_s": round(rate), "vs_one_group": round(rate / single, 2), "cpu_s": cpu})
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
@@ -322,10 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
-    unknown = [c for c in cases if c not in ("append-replicated", "failover")]
+    unknown = [c for c in cases if c not in ("append-replicated", "failover", "append-groups")]
     faults = [f.strip() for f in a.faults.split(",") if f.strip()]
     if unknown or not cases or not faults or any(f not in ("kill", "stop") for f in faults):
-        print(f"lmqtt bench ha: cases are append-replicated, failover; faults kill, stop (got {a.cases!r}, "
+        print(f"lmqtt bench ha: cases are append-replicated, failover, append-groups; faults kill, stop (got {a.cases!r}, "
               f"{a.faults!r})", file=sys.stderr)
         return 2
     base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-ha-bench-")
@@ -336,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "append-replicated" in cases:
             case_append(os.path.join(base, "append"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
+                        a.messages, a.size, out)
+        if "append-groups" in cases:
+            case_groups(os.path.join(base, "groups"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
                         a.messages, a.size, out)
         if "failover" in cases:
             d = os.path.join(base, "failover")

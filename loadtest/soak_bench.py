@@ -55,6 +55,7 @@ class Tally:
         self.floor = [0] * devices
         self.above: list[set[int]] = [set() for _ in range(devices)]
         self.sent = self.acked_n = self.delivered = self.duplicates = self.reconnects = self.refused = 0
+        self.connect_failures = 0      # reconnects that failed and were retried (a closed socket, a refusal)
         self.lat: list[int] = []
 
     def on_ack(self, dev: int, seq: int) -> None:
@@ -158,7 +159,13 @@ class Device:
                 self.writer.close()
             self.writer = None
             self.inflight.clear()          # not acknowledged: not counted as acknowledged
-            await self.connect()
+            for attempt in range(60):      # a device keeps coming back, as a real one would
+                try:
+                    await self.connect()
+                    break
+                except (OSError, ConnectionError):
+                    self.tally.connect_failures += 1
+                    await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
             self.tally.reconnects += 1
         finally:
             self.leaving = False
@@ -246,7 +253,8 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
                        "deliver_rate": round((tally.delivered - last["delivered"]) / dt),
                        "p50_ms": round(_pct(lat, 0.5), 2), "p99_ms": round(_pct(lat, 0.99), 2),
                        "acked": tally.acked_n, "delivered": tally.delivered, "reconnects": tally.reconnects,
-                       "refused": tally.refused, "gen_cpu_s": round(time.process_time() - gen_cpu0, 1)}
+                       "refused": tally.refused,
+                       "connect_failures": tally.connect_failures, "gen_cpu_s": round(time.process_time() - gen_cpu0, 1)}
                 last = {"sent": tally.sent, "delivered": tally.delivered, "t": now}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
@@ -260,7 +268,8 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
         stop.set()
         sub.cancel()
     return {"acked": tally.acked_n, "delivered": tally.delivered, "lost": tally.lost(),
-            "duplicates": tally.duplicates, "reconnects": tally.reconnects, "refused": tally.refused}
+            "duplicates": tally.duplicates, "reconnects": tally.reconnects, "refused": tally.refused,
+            "connect_failures": tally.connect_failures}
 
 
 def summarize(rows: list[dict], settle_s: float) -> dict:

@@ -565,9 +565,12 @@ class ConsumeQueueStore:
             self._last_end = min(self._last_end, offset)
 
     def _scan_from(self, start: bytes, stop: bytes):
+        """Keys in [start, stop): a truncation's or retention's one pass, kept out of the block
+        cache (its blocks are read once; filling the cache would only grow memory)."""
         db = self._open_db()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(stop)
+        ro.fill_cache(False)
         it = db.iter(ro)
         it.seek(start)
         while it.valid():

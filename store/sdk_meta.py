@@ -11,6 +11,9 @@ Keys:  o\\0<group>\\0<queue key>   -> u64 committed offset (queue key: "cq\\0<to
                                      or a pending marker while the batch is being appended
        s\\0<group>\\0<topic>\\0<qid> -> JSON POP state (see pop.py)
        f\\0<filter>                -> b"1": a filter an SDK consumer registered (store/node/sdk_service.py)
+       tg\\0<first-level topic>      -> JSON {"group": name, "ms": when}: the store group owning the
+                                     topic, kept by the first group of a deployment of several
+                                     (store/server `topic_group_claim`, docs/groups.md)
        R                          -> u64 the store's last recovery generation whose cut the offsets
                                      and POP states were checked against (store/recovery.py)
 """
@@ -26,6 +29,7 @@ from .protocol import compact_json
 
 _U64 = struct.Struct(">Q")
 _K_RECOVERY = b"R"
+TOPIC_GROUP = "tg\0"     # tg\0<first-level topic> -> the store group that owns it (docs/groups.md)
 _PENDING = struct.Struct(">cQI")        # b"P", CommitLog position before the append, message count
 DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
 

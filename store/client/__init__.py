@@ -7,7 +7,8 @@
 
 Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with backoff; sync) and
 `aio.py` (asyncio), over `errors.py`, `handshake.py` and `failover.py`; then the command API on
-top (`producer.py`, `consumer.py`, `admin.py`; asyncio: `aio_api.py`).
+top (`producer.py`, `consumer.py`, `admin.py`; asyncio: `aio_api.py`); several store groups in one
+deployment (`a:p,b:p;c:p,d:p`): `groups.py` above the connections, as redis-py's cluster client.
 """
 import importlib
 from typing import TYPE_CHECKING
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING
 # submodule (the gateway reads `lmqtt.store.client.props`) does not import the connections, the
 # producers and the consumers (~40 ms of an `lmqtt serve` start)
 _WHERE = {
-    "connection": ("Connection", "connect"),
-    "aio": ("AsyncConnection", "connect_async"),
+    "connection": ("Connection",),
+    "groups": ("connect", "GroupedConnection", "split_groups"),
+    "aio": ("AsyncConnection",),
+    "aio_groups": ("connect_async", "AsyncGroupedConnection"),
     "errors": ("ConnectionLost", "DiskFull", "StoreClientError"),
     "failover": ("parse_address",),
     "consumer": ("FilterConsumer", "PopConsumer", "PullConsumer", "PullResult", "Record"),
@@ -26,7 +29,8 @@ _WHERE = {
 }
 _MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
 
-__all__ = ["connect", "connect_async", "parse_address", "Connection", "AsyncConnection", "ConnectionLost",
+__all__ = ["connect", "connect_async", "parse_address", "Connection", "GroupedConnection", "split_groups",
+           "AsyncConnection", "AsyncGroupedConnection", "ConnectionLost",
            "StoreClientError", "DiskFull", "Producer", "AutoBatchProducer", "SendResult", "PullConsumer",
            "FilterConsumer", "PopConsumer", "PullResult", "Record", "AsyncProducer", "AsyncPullConsumer",
            "AsyncFilterConsumer", "AsyncPopConsumer"]
@@ -46,8 +50,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .aio import AsyncConnection, connect_async
-    from .connection import Connection, connect
+    from .aio import AsyncConnection
+    from .aio_groups import AsyncGroupedConnection, connect_async
+    from .connection import Connection
+    from .groups import GroupedConnection, connect, split_groups
     from .errors import ConnectionLost, DiskFull, StoreClientError
     from .failover import parse_address
     from .aio_api import AsyncFilterConsumer, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer

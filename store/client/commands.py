@@ -335,3 +335,25 @@ class CancelDelayed(Call):
 
     def read(self, result, ident):
         return bool(result["cancelled"])
+
+
+# -- several store groups (groups.py, docs/groups.md) -------------------------------------------------
+@dataclass(frozen=True)
+class TopicGroups(Call):
+    """{first-level topic: owning group's name} as the first group of a deployment keeps it."""
+    name: ClassVar[str] = "topic_groups"
+
+    def read(self, result, ident):
+        return dict(result["topics"])
+
+
+@dataclass(frozen=True)
+class ClaimTopicGroup(Call):
+    """Record `group` as the owner of the first-level `topic` unless one is recorded already:
+    -> the owner recorded (the first claim's). Safe to send again: a repeat finds the owner."""
+    name: ClassVar[str] = "topic_group_claim"
+    topic: str
+    group: str
+
+    def read(self, result, ident):
+        return result["group"]

@@ -206,8 +206,14 @@ GW_WRITES = ("gw_put_session", "gw_delete_session", "gw_set_offsets", "gw_delete
              "gw_release_gateway", "gw_hello", "gw_claim_sessions", "security_update")
 
 
+# the SDK calls that write the metadata beyond those the member itself waits for: a first-level
+# topic's owning group (docs/groups.md), answered once the in-sync replicas hold it, so a failover
+# of the first group never forgets where a topic's history is
+SDK_WRITES = ("topic_group_claim",)
+
+
 def _wait_for_replicas(member, srv) -> None:
-    for name in GW_WRITES:
+    for name in GW_WRITES + SDK_WRITES:
         fn = srv.calls.get(name)
         if fn is not None:
             srv.register_call(name, member.replicated_call(fn), with_connection=srv.takes_connection(name))

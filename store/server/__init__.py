@@ -27,7 +27,7 @@ from ..errors import InvalidTopic, is_disk_full
 from ..fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks
 from ..loopback import is_loopback  # the one loopback rule (store/loopback.py)
 from ..pop import PopManager, dlq_topic
-from ..sdk_meta import SdkMetadata, cq_key
+from ..sdk_meta import TOPIC_GROUP, SdkMetadata, cq_key
 from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
 from .connection import StoreConnection
 
@@ -332,6 +332,30 @@ class StoreServer:
             return {"cancelled": d.cancel(str(a["msg_id"]))}
 
         self.register_call("cancel_delayed", cancel_delayed)
+
+        # several store groups in one deployment (docs/groups.md): the first group of a client's
+        # `--store` list keeps which group owns each first-level topic, in its SDK metadata
+        # (replicated like a group offset). A claim is put-if-absent, so every client that asks
+        # about a topic gets the one owner the first claim recorded, whoever asked first.
+        def topic_groups(_a):
+            return {"topics": {k[len(TOPIC_GROUP):]: (meta.get_json(k) or {}).get("group")
+                               for k in meta.keys_with_prefix(TOPIC_GROUP)}}
+
+        def topic_group_claim(a):
+            topic, group = str(a.get("topic") or ""), str(a.get("group") or "")
+            if not topic or "/" in topic or "+" in topic or "#" in topic:
+                raise CallError(W.E_INVALID, f"a topic group is claimed for a first-level topic, got {topic!r}")
+            if not group:
+                raise CallError(W.E_INVALID, "topic_group_claim needs the owning group's name")
+            key = TOPIC_GROUP + topic
+            held = meta.get_json(key)
+            if held is not None:
+                return {"group": held["group"], "claimed": False}
+            meta.put_json(key, {"group": group, "ms": int(time.time() * 1000)})
+            return {"group": group, "claimed": True}
+
+        self.register_call("topic_groups", topic_groups)
+        self.register_call("topic_group_claim", topic_group_claim)
         # tiered storage (store/tier): what is local, uploading, in the tier (lmqtt admin --tier)
         self.register_call("tier", lambda _a: {"tier": s.tier_stats() if hasattr(s, "tier_stats") else None})
         for name, fn in (("commit", commit), ("committed", committed), ("lag", lag), ("offsets", offsets),

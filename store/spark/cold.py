@@ -15,6 +15,7 @@ import json
 import logging
 import re
 
+from lmqtt.store.client.groups import split_groups
 from lmqtt.store.tier.objects import ObjectStore
 from lmqtt.store.tier.parquet import DAY_MS, MANY_TOPICS, PARQUET_DIR, PARTITION_COLUMNS, file_topics
 from lmqtt.store.tier.topics import decode
@@ -161,7 +162,24 @@ def read_history(spark, *, store: str | None = None, tier: str | None, filter: s
     (Spark's native Parquet reader) UNION the rest read through the `lmqtt` source from the cut.
     `tier` is the store's --tier URL (the manifest is read once, here, on the driver); no manifest
     there raises FileNotFoundError naming the URL (as spark.read.parquet does for a missing path);
-    None: no cold side, everything read through the store."""
+    None: no cold side, everything read through the store.
+
+    Several store groups (docs/groups.md): `store` lists them separated by ';' and `tier` names each
+    group's tier in the same order, separated by ';' (an empty one: that group has none); the
+    result is every group's history, united (a first-level topic is one group's, so nothing twice)."""
+    if store is not None and ";" in store:
+        groups = split_groups(store)
+        tiers = [None] * len(groups) if tier is None else [t.strip() or None for t in tier.split(";")]
+        if len(tiers) != len(groups):
+            raise ValueError(f"read_history: {len(groups)} store groups but {len(tiers)} tiers: give each group's "
+                             f"--tier URL in the store's order, separated by ';' (empty for a group without one)")
+        out = None
+        for g, t in zip(groups, tiers, strict=True):
+            df = read_history(spark, store=g, tier=t, filter=filter, topic=topic, startTime=startTime,
+                              endTime=endTime, token=token, endpoint=endpoint, storage_options=storage_options,
+                              recordsPerPartition=recordsPerPartition)
+            out = df if out is None else out.unionByName(df)
+        return out
     from pyspark.sql import functions as F  # optional: a Spark job only
 
     from .source import SCHEMA, LmqttDataSource  # it needs pyspark (a Spark job only)

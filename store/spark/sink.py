@@ -13,6 +13,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
 from lmqtt.store import protocol as W
+from lmqtt.store.client.groups import GroupedConnection
 from lmqtt.store.client.producer import message_tuple
 
 from .options import DEFAULT_STORE, store_connection
@@ -51,7 +52,16 @@ def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
         nonlocal chunk, n
         if chunk:
             seq = ((batch_id + 1) << _SEQ_BITS) | n
-            prod.send_packed(len(chunk), W.encode_messages_for_produce(chunk), seq=seq)
+            if isinstance(conn, GroupedConnection):
+                # several store groups: each message to its topic's group, one all-or-nothing
+                # append per group with the same producer id and sequence (each group dedups its own)
+                by_group: dict[int, list] = {}
+                for m in chunk:
+                    by_group.setdefault(conn.owner(m[0]), []).append(m)
+                for g, part_chunk in by_group.items():
+                    prod.producers[g].send_packed(len(part_chunk), W.encode_messages_for_produce(part_chunk), seq=seq)
+            else:
+                prod.send_packed(len(chunk), W.encode_messages_for_produce(chunk), seq=seq)
             n += 1
             chunk = []
     try:

@@ -13,6 +13,9 @@ Queues ("queue" column, and the keys of streaming offsets):
     nothing. (An older version read the filter's light queue, key `lq:<filter>`: only what was
     published while the filter was held.)
   * option `topic` (first-level topic): its ConsumeQueues, key `<topic>:<queue id>`.
+
+Several store groups (option `store` "a:p,b:p;c:p,d:p", docs/groups.md): every group is read, its
+queues its own partitions, keys `<group index>@<key>` (GroupedSourceQueues).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from lmqtt.store import protocol as W
 from lmqtt.store.client.admin import Admin
 from lmqtt.store.client.connection import ConnectionLost, StoreClientError, check_reply, is_not_primary
 from lmqtt.store.client.consumer import decode_messages, decode_reply, pull
+from lmqtt.store.client.groups import split_groups
 
 from .columns import arrow_batch, split_body
 from .options import lower as _lower, parse_time, store_connection
@@ -43,16 +47,21 @@ _PULL = 512                    # records per pull request (planning, streaming)
 _RANGE_PULL = 16384            # records per pull when reading a partition's range (4 MiB cap)
 
 
+def filter_or_topic(opts: dict) -> tuple[str | None, str | None]:
+    """The options' `filter` and `topic`, exactly one of them set (else ValueError)."""
+    flt, topic = opts.get("filter"), opts.get("topic")
+    if bool(flt) == bool(topic):
+        raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
+                         "'topic' (first-level topic)")
+    return flt, topic
+
+
 class SourceQueues:
     """The queues one read covers, with offsets, time lookups and range pulls (driver or executor)."""
 
     def __init__(self, opts: dict, conn=None) -> None:
         self.opts = opts
-        self.filter = opts.get("filter")
-        self.topic = opts.get("topic")
-        if bool(self.filter) == bool(self.topic):
-            raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
-                             "'topic' (first-level topic)")
+        self.filter, self.topic = filter_or_topic(opts)
         self.conn = conn or store_connection(opts)
 
     def keys(self) -> list[str]:
@@ -232,6 +241,94 @@ class SourceQueues:
             pos = recs[-1].queue_offset + 1
 
 
+    def commit_offset(self, group: str, key: str, offset: int) -> None:
+        """Record a streaming query's progress under consumer group `group` (Admin.lag)."""
+        if key.startswith("lq:"):
+            self.conn.cmd("commit", group=group, filter=key[3:], offset=offset)
+        else:
+            name, qid = self._split(key)
+            self.conn.cmd("commit", group=group, topic=name, queue_id=qid, offset=offset)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class GroupedSourceQueues:
+    """The queues of a read over several store groups (`store` lists groups separated by ';',
+    docs/groups.md): one `SourceQueues` per group, each over its own connection (made when a key
+    of its group is first read, so an executor connects only to the group of its partition). A key
+    is `<group index>@<the group's key>`: partitions and streaming offsets are per group; the
+    `queue` column shows the group's key (a first-level topic is one group's, so it is unique)."""
+
+    def __init__(self, opts: dict) -> None:
+        self.opts = opts
+        self.filter, self.topic = filter_or_topic(opts)
+        self.addresses = split_groups(opts["store"])
+        self.parts: dict[int, SourceQueues] = {}
+
+    def part(self, i: int) -> SourceQueues:
+        q = self.parts.get(i)
+        if q is None:
+            q = self.parts[i] = SourceQueues({**self.opts, "store": self.addresses[i]})
+        return q
+
+    def _of(self, key: str) -> tuple[SourceQueues, str]:
+        i, sep, inner = key.partition("@")
+        if not sep or not i.isdigit() or int(i) >= len(self.addresses):
+            raise ValueError(f"lmqtt: queue key {key!r} names no group of store {self.opts['store']!r} (a "
+                             f"checkpoint of a query over other groups, or over one group)")
+        return self.part(int(i)), inner
+
+    def keys(self) -> list[str]:
+        return [f"{i}@{k}" for i in range(len(self.addresses)) for k in self.part(i).keys()]
+
+    def bounds(self, key: str) -> tuple[int, int]:
+        q, k = self._of(key)
+        return q.bounds(k)
+
+    def offset_for_time(self, key: str, ts: int) -> int:
+        q, k = self._of(key)
+        return q.offset_for_time(k, ts)
+
+    def offsets_at(self, position: int) -> dict:
+        raise ValueError("lmqtt: fromPosition (read_history's cut) is one group's CommitLog position; over "
+                         "several store groups read each group's history with its own `store`")
+
+    def from_light_queue(self, flt: str, offset: int) -> dict:
+        raise ValueError("lmqtt: a checkpoint with a light-queue offset was written by a one-group query")
+
+    def pull(self, key: str, start: int, end: int, max_count: int = _PULL):
+        q, k = self._of(key)
+        return q.pull(k, start, end, max_count)
+
+    def entries_per_partition(self, key: str, start: int, end: int, rows: int) -> int:
+        q, k = self._of(key)
+        return q.entries_per_partition(k, start, end, rows)
+
+    def iter_batches(self, key: str, start: int, end: int):
+        q, k = self._of(key)
+        return q.iter_batches(k, start, end)
+
+    def iter_range(self, key: str, start: int, end: int):
+        q, k = self._of(key)
+        return q.iter_range(k, start, end)
+
+    def commit_offset(self, group: str, key: str, offset: int) -> None:
+        q, k = self._of(key)
+        q.commit_offset(group, k, offset)
+
+    def close(self) -> None:
+        for q in self.parts.values():
+            q.close()
+
+
+def source_queues(opts: dict):
+    """The queues the options name: one store (group), or several groups (`store` with ';')."""
+    if ";" in str(opts.get("store") or ""):
+        return GroupedSourceQueues(opts)
+    return SourceQueues(opts)
+
+
 from .columns import COLUMNS  # noqa: E402,F401  (the schema's column order, re-exported)
 
 
@@ -244,11 +341,11 @@ class RangePartition(InputPartition):
 def _read_partition(opts: dict, p: RangePartition):
     if p.start >= p.end:
         return
-    q = SourceQueues(opts)
+    q = source_queues(opts)
     try:
         yield from q.iter_batches(p.key, p.start, p.end)
     finally:
-        q.conn.close()
+        q.close()
 
 
 def _split_ranges(key: str, start: int, end: int, per: int, estimated: bool = False) -> list[RangePartition]:
@@ -274,7 +371,7 @@ class LmqttReader(DataSourceReader):
         self.per = int(options.get("recordsperpartition", 20000))
 
     def partitions(self):
-        q = SourceQueues(self.options)
+        q = source_queues(self.options)
         try:
             t0, t1 = parse_time(self.options.get("starttime")), parse_time(self.options.get("endtime"))
             parts = []
@@ -289,7 +386,7 @@ class LmqttReader(DataSourceReader):
                 per = q.entries_per_partition(key, s, e, self.per)
                 parts += _split_ranges(key, s, e, per, estimated=per > self.per)
         finally:
-            q.conn.close()
+            q.close()
         return parts or [RangePartition("", 0, 0)]
 
     def read(self, partition):
@@ -363,9 +460,9 @@ class LmqttStreamReader(DataSourceStreamReader):
             out.update(q.from_light_queue(key[3:], off))
         return out
 
-    def _queues(self) -> SourceQueues:
+    def _queues(self):
         if self._q is None:
-            self._q = SourceQueues(self.options)
+            self._q = source_queues(self.options)
         return self._q
 
     def initialOffset(self) -> dict:
@@ -423,15 +520,11 @@ class LmqttStreamReader(DataSourceStreamReader):
         if group:   # optional: make the query's progress visible to Admin.lag / delivery_audit
             q = self._queues()
             for key, off in end.items():
-                if key.startswith("lq:"):
-                    q.conn.cmd("commit", group=group, filter=key[3:], offset=off)
-                else:
-                    name, qid = q._split(key)
-                    q.conn.cmd("commit", group=group, topic=name, queue_id=qid, offset=off)
+                q.commit_offset(group, key, off)
 
     def stop(self) -> None:
         if self._q is not None:
-            self._q.conn.close()
+            self._q.close()
             self._q = None
         _quiet_when_spark_hung_up()
 

@@ -295,3 +295,42 @@ def test_store_group_values_ack_replicas_soft_anti_affinity_and_own_affinity():
         _render({"store": {"antiAffinity": "always"}})
     with pytest.raises(helm.HelmError, match="store.replicas must be at least 1"):
         _render({"store": {"replicas": 0}})
+
+
+@pytest.mark.parametrize("groups,members", [(2, 3), (3, 1)])
+def test_store_groups_render_n_groups_of_m_members(groups, members):
+    """store.groups N (docs/groups.md): one StatefulSet per group (<fullname>-store-g<i>), each its
+    own --group name, --peers naming its own members only, its own PDB and anti-affinity; the
+    gateways are given every group, ';'-separated, in group order."""
+    docs, out = _render({"store": {"groups": groups, "replicas": members}})
+    for d in docs:
+        kv.validate(d, KUBE_VERSION, strict=True)
+    k = _by_kind(docs)
+    sets = {d["metadata"]["name"]: d for d in k["StatefulSet"] if "-store" in d["metadata"]["name"]}
+    assert sorted(sets) == [f"mqtt-lmqtt-store-g{i}" for i in range(groups)]
+    lists = []
+    for i in range(groups):
+        sts = sets[f"mqtt-lmqtt-store-g{i}"]
+        members_i = [f"mqtt-lmqtt-store-g{i}-{m}.mqtt-lmqtt-store-headless.iot.svc:10911" for m in range(members)]
+        lists.append(",".join(members_i))
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        assert sts["spec"]["replicas"] == members
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert labels["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"
+        assert sts["spec"]["selector"]["matchLabels"]["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"
+        if members > 1:
+            assert f"--group=mqtt-lmqtt-g{i}" in c["args"] and f"--peers={lists[-1]}" in c["args"]
+            anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+            term = anti["requiredDuringSchedulingIgnoredDuringExecution"][0]
+            assert term["labelSelector"]["matchLabels"]["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"
+        else:
+            assert not [a for a in c["args"] if a.startswith(("--group", "--peers"))]
+    gw = next(d for d in k["StatefulSet"] if d["metadata"]["name"] == "mqtt-lmqtt-gateway")
+    assert f"--store={';'.join(lists)}" in gw["spec"]["template"]["spec"]["containers"][0]["args"]
+    pdbs = sorted(d["metadata"]["name"] for d in k.get("PodDisruptionBudget", []) if "-store" in d["metadata"]["name"])
+    assert pdbs == ([f"mqtt-lmqtt-store-g{i}" for i in range(groups)] if members > 1 else [])
+    assert ";".join(lists) in out["lmqtt/templates/NOTES.txt"]
+    report = helm.lint(CHART, {"store": {"groups": groups, "replicas": members}}, strict=True)
+    assert report["errors"] == [], report
+    with pytest.raises(helm.HelmError, match="store.groups must be at least 1"):
+        _render({"store": {"groups": 0}})

@@ -48,20 +48,61 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-auth" (include "lmqtt.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
-{{/* Every store member's address (its stable DNS name through the headless Service), comma-
-separated: the group's --peers, and what gateways dial (they find the primary among them). One
-member: the only store. */}}
-{{- define "lmqtt.storeAddress" -}}
+{{/* How many store groups (docs/groups.md): each first-level topic belongs to one; 1 = one group. */}}
+{{- define "lmqtt.storeGroups" -}}
+{{- $n := int (ternary .Values.store.groups 1 (hasKey .Values.store "groups")) -}}
+{{- if lt $n 1 -}}
+{{- fail (printf "store.groups must be at least 1, not %d" $n) -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
+
+{{/* The StatefulSet of store group `storeGroupIndex` (the root context merged with that
+key): <fullname>-store for one group (as before groups), <fullname>-store-g<i> for several. */}}
+{{- define "lmqtt.storeSet" -}}
+{{- if eq (include "lmqtt.storeGroups" .) "1" -}}
+{{- printf "%s-store" (include "lmqtt.fullname" .) -}}
+{{- else -}}
+{{- printf "%s-store-g%d" (include "lmqtt.fullname" .) (int .storeGroupIndex) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name group `storeGroupIndex` is started with (--group): store.group.name (default the
+release's full name), with -g<i> when there are several. */}}
+{{- define "lmqtt.storeGroupName" -}}
+{{- $base := .Values.store.group.name | default (include "lmqtt.fullname" .) -}}
+{{- if eq (include "lmqtt.storeGroups" .) "1" -}}
+{{- $base -}}
+{{- else -}}
+{{- printf "%s-g%d" $base (int .storeGroupIndex) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One group's members (its stable DNS names through the headless Service), comma-separated:
+the group's --peers. */}}
+{{- define "lmqtt.groupMembers" -}}
 {{- $n := int .Values.store.replicas -}}
 {{- if lt $n 1 -}}
 {{- fail (printf "store.replicas must be at least 1, not %d" $n) -}}
 {{- end -}}
 {{- $full := include "lmqtt.fullname" . -}}
+{{- $set := include "lmqtt.storeSet" . -}}
 {{- $out := list -}}
 {{- range $i := until $n -}}
-{{- $out = append $out (printf "%s-store-%d.%s-store-headless.%s.svc:%d" $full $i $full $.Release.Namespace (int $.Values.store.port)) -}}
+{{- $out = append $out (printf "%s-%d.%s-store-headless.%s.svc:%d" $set $i $full $.Release.Namespace (int $.Values.store.port)) -}}
 {{- end -}}
 {{- join "," $out -}}
+{{- end -}}
+
+{{/* Every store member's address, what gateways dial (they find each group's primary among its
+members): one group's members comma-separated, groups separated by ';' (docs/groups.md). One
+member: the only store. */}}
+{{- define "lmqtt.storeAddress" -}}
+{{- $groups := list -}}
+{{- range $g := until (int (include "lmqtt.storeGroups" $)) -}}
+{{- $groups = append $groups (include "lmqtt.groupMembers" (merge (dict "storeGroupIndex" $g) (omit $ "storeGroupIndex"))) -}}
+{{- end -}}
+{{- join ";" $groups -}}
 {{- end -}}
 
 {{/* Whether the store runs as a replicated group (more than one member). */}}

@@ -30,8 +30,7 @@ import time
 from . import members, security
 from .sessions import admin_sessions
 from .tier import admin_tier
-from lmqtt.store.client import ConnectionLost, StoreClientError, connect
-from lmqtt.store.client.failover import parse_addresses
+from lmqtt.store.client import ConnectionLost, GroupedConnection, StoreClientError, connect, split_groups
 from lmqtt.store.node import protocol as P
 from lmqtt.store.node.protocol import call_sync
 
@@ -41,31 +40,31 @@ EXIT_REFUSED = 4
 
 def _connect(prog: str, address: str, token: str | None):
     try:
-        parse_addresses(address)
+        split_groups(address)       # one group's members "a:p,b:p", several groups ";"-separated
     except ValueError as e:         # a usage error, not an unreachable store
         print(f"{prog}: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     try:
         return connect(address, token=token, reconnect_attempts=3, connect_timeout=3.0)
     except StoreClientError as e:
         if "is not an lmqtt store" in str(e):      # another server's port (connection.not_a_store)
             print(f"{prog}: {e}", file=sys.stderr)
-            raise SystemExit(EXIT_UNREACHABLE)
+            raise SystemExit(EXIT_UNREACHABLE) from None
         hint = " (give the store's token with --token or $LMQTT_STORE_TOKEN)" if "token" in str(e) else ""
         print(f"{prog}: store {address} refused the connection: {e}{hint}", file=sys.stderr)
-        raise SystemExit(EXIT_REFUSED)
+        raise SystemExit(EXIT_REFUSED) from None
     except (ConnectionLost, OSError, ValueError) as e:
         why = str(e)
         # the SDK's message names the address already ("cannot reach the store at X (...)")
         print(f"{prog}: {why}" if address in why else f"{prog}: cannot reach store {address}: {why}",
               file=sys.stderr)
-        raise SystemExit(EXIT_UNREACHABLE)
+        raise SystemExit(EXIT_UNREACHABLE) from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default="127.0.0.1:10911",
-                   help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md; "
-                        "default 127.0.0.1:10911)")
+                   help="store address HOST:PORT, or a store group's HOST:PORT,HOST:PORT,... (docs/ha.md), "
+                        "or several groups separated by ';' (docs/groups.md; default 127.0.0.1:10911)")
     # the same variable `lmqtt store` and `lmqtt gateway` read, so one export serves all of them
     p.add_argument("--token", default=os.environ.get("LMQTT_STORE_TOKEN") or None,
                    help="auth token for the store handshake (default: $LMQTT_STORE_TOKEN, else none; "
@@ -356,16 +355,26 @@ def _admin(argv: list[str] | None) -> int:
     security.add_security_args(p)
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
+    if isinstance(conn, GroupedConnection) and (security.wanted(args) or args.tier or args.gateways
+                                                or args.release_gateway or args.sessions or args.session):
+        # several store groups: users, rules, sessions, gateways and the tier asked of the first
+        # group, which the gateways use in this version (docs/groups.md "The gateway")
+        for other in conn.groups[1:]:
+            other.close()
+        conn = conn.directory
     if security.wanted(args):
         return security.admin_security(conn, args, _admin_call, _table)
     if args.tier:
         return admin_tier(conn, args, _admin_call)
-    if members.wanted(args):
-        return members.admin_members(conn, args, _admin_call, _table)
+    if members.wanted(args):        # per store group: several (a ';' list) are listed one by one
+        return members.admin_members(conn, args, _admin_call, _table,
+                                     conn.groups if isinstance(conn, GroupedConnection) else None)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
     if args.sessions or args.session:
         return admin_sessions(conn, args, _admin_call, _table)
+    if isinstance(conn, GroupedConnection):
+        return _admin_groups(conn, args)
     r, code = _admin_call(conn, args.store, lambda c: _overview(c, args.group))
     if code:
         return code
@@ -391,6 +400,32 @@ def _admin_call(conn, store: str, fn):
         return None, EXIT_UNREACHABLE
     finally:
         conn.close()
+
+
+def _admin_groups(conn: GroupedConnection, args) -> int:
+    """`lmqtt admin` over several store groups: each group's overview (as for one), then which
+    group owns each first-level topic (docs/groups.md)."""
+    def every(c: GroupedConnection):
+        parts = [(name, address, _overview(g, args.group))
+                 for name, address, g in zip(c.names, c.addresses, c.groups, strict=True)]
+        return parts, c.owners()
+    r, code = _admin_call(conn, args.store, every)
+    if code:
+        return code
+    parts, owners = r
+    if args.format == "json":
+        print(json.dumps({"store": args.store,
+                          "store_groups": [{"name": n, "store": a, "queues": q, "groups": g, "stats": st}
+                                           for n, a, (q, g, st) in parts],
+                          "topic_groups": owners}, default=str, indent=2))
+        return 0
+    out = []
+    for name, address, (q, g, st) in parts:
+        out += [f"=== STORE GROUP {name} ({address})", render_table(q, g, st), ""]
+    out += ["TOPIC GROUPS (the first-level topics each group owns, kept by the first group)"]
+    out += _table(["topic", "store group"], [[t, n] for t, n in sorted(owners.items())]) if owners else ["  (none)"]
+    print("\n".join(out))
+    return 0
 
 
 def _overview(conn, only_groups: list[str]):

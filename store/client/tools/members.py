@@ -65,16 +65,29 @@ def _remove(c, member: str) -> dict:
     return c.cmd("member_remove", member=member, request=secrets.token_hex(8))
 
 
-def admin_members(conn, args, call, table) -> int:
+def admin_members(conn, args, call, table, groups=None) -> int:
+    """`groups`: each group's connection when --store names several (';'); a change is of one."""
+    if groups is not None and not args.members:
+        for g in groups:
+            g.close()
+        print("lmqtt admin: --add-member / --remove-member change one store group: give that group's members "
+              "with --store (a ';' list names several groups)", file=sys.stderr)
+        return 2
     if args.members:
-        r, code = call(conn, args.store, lambda c: c.cmd("members"))
-        if code:
-            return code
-        if r.get("node") is None and r.get("role") == "joining":
-            print(f"lmqtt admin: {args.store} is a store joining group {r['group']!r}, not a member yet",
-                  file=sys.stderr)
-            return 4
-        print(json.dumps(r, indent=2) if args.format == "json" else render(r, table))
+        out = []
+        for c in groups or [conn]:
+            r, code = call(c, args.store, lambda c: c.cmd("members"))
+            if code:
+                return code
+            if r.get("node") is None and r.get("role") == "joining":
+                print(f"lmqtt admin: {args.store} is a store joining group {r['group']!r}, not a member yet",
+                      file=sys.stderr)
+                return 4
+            out.append(r)
+        if args.format == "json":
+            print(json.dumps(out if groups is not None else out[0], indent=2))
+        else:
+            print("\n\n".join(render(r, table) for r in out))
         return 0
 
     def change(c):
