@@ -200,8 +200,9 @@ def test_a_group_grows_to_five_shrinks_to_three_and_replaces_a_member_under_mqtt
 
 def test_member_changes_are_persisted_refused_when_they_cannot_work_and_hand_the_primary_over(group):
     """A member restarted after the group grew uses the current members, not its --peers; the
-    refusals name their cause; removing the primary first hands over to an in-sync member; a
-    removed member's data dir does not start as that member again."""
+    refusals name their cause; a dead member is replaced; removing the primary first hands over
+    to an in-sync member; a removed member's data dir does not start as that member again; a
+    member removed while stopped stops once resumed."""
     group.wait_primary(in_sync=3)
     # an address where nothing listens: named, nothing changed
     out = group.admin("--add-member", "127.0.0.1:1")
@@ -257,6 +258,14 @@ def test_member_changes_are_persisted_refused_when_they_cannot_work_and_hand_the
     other.start()
     st = group.wait_status(other, lambda s: s["role"] == "replica" and other.node in s["in_sync"], timeout=60)
     assert sorted(int(n) for n in st["members"]) == sorted(m.node for m in group.members), st
+    # a dead member replaced: removed first (3 of the 4 keep the majority), then a new one added
+    dead = next(m for m in group.members[:3] if m is not primary and m is not other)
+    dead.kill9()
+    out = group.admin("--remove-member", dead.address)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    group.members.remove(dead)
+    m6 = _add(group, 6)
+    assert m6.node == 6 and len(_members(group)["members"]) == 4
     # removing the primary: the primary hands over first (the CALL answers so), then the new one
     # removes it; `lmqtt admin` does both
     with connect(group.address_list()) as c:
