@@ -19,7 +19,10 @@
   (the gate waits for it from that moment on).
 
 The metadata changes shipped beside the log (and applied on the replicas) are store/ha/metadata_sync.py
-(`MetadataSync`, a mixin of `Member`).
+(`MetadataSync`, a mixin of `Member`); the member list changed online (add, remove, a joining
+member) is store/ha/membership.py (`Membership`, a mixin too); the primary's upkeep of the in-sync
+set is store/ha/in_sync.py (`InSyncSet`, a mixin). Node ids are stable: the initial
+members are numbered by their position in `--peers`, an added one gets the next unused number.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from ..server import CallError
 from .ack_gate import AckGate
 from .epochs import EpochFile
 from .follower import Follower
+from .in_sync import InSyncSet
+from .membership import Membership, address
 from .metadata_sync import MetadataSync
 from .raft import FAIL_REASON, Raft, SyncObjConf
 from .replication import NotPrimary, Shipper
@@ -63,22 +68,29 @@ def default_ack_replicas(group_size: int) -> int:
     return group_size // 2
 
 
-class Member(MetadataSync):
-    def __init__(self, *, group: str, node: int, peers: list[tuple[str, int]], store, ha_dir: str,
+class Member(MetadataSync, Membership, InSyncSet):
+    def __init__(self, *, group: str, node: int | None, peers, store, ha_dir: str,
                  ack_replicas: int | None = None, heartbeat_s: float = 0.2, dead_after_s: float = 2.5,
                  lease_s: float | None = None, max_lag_s: float = 2.0, on_restart=None,
-                 listen_host: str | None = None) -> None:
-        if not 1 <= node <= len(peers):
-            raise ValueError(f"node id {node} is not in 1..{len(peers)} (the position of this member in --peers)")
+                 listen_host: str | None = None, members_version: int = 0, join: list[str] = (),
+                 listen_addr: tuple[str, int] | None = None, token: str | None = None) -> None:
+        """`peers`: node id -> (host, port) of every member (a list: ids are positions, 1-based);
+        `node` None: a joining member (`join`: members to ask; `listen_addr`: its own address),
+        which starts its Raft once it finds itself in the list (membership.py)."""
+        if isinstance(peers, (list, tuple)):
+            peers = {i + 1: hp for i, hp in enumerate(peers)}
+        if node is not None and node not in peers:
+            raise ValueError(f"node id {node} is not one of the members {sorted(peers)} (the position of this "
+                             "member in --peers)")
         self.group = group
         self.node = node
-        self.peers = peers
-        self.size = len(peers)
+        self.peers = dict(peers)
+        self.listen_addr = listen_addr or (self.peers[node] if node is not None else None)
         self.store = store
         self.clog = store.clog
         self.ha_dir = ha_dir
         self.ack_replicas = default_ack_replicas(self.size) if ack_replicas is None else int(ack_replicas)
-        if not 0 <= self.ack_replicas < self.size:
+        if node is not None and not 0 <= self.ack_replicas < self.size:
             raise ValueError(f"--ack-replicas must be 0..{self.size - 1} for a group of {self.size}, "
                              f"got {self.ack_replicas}")
         self.heartbeat_s = heartbeat_s
@@ -88,7 +100,7 @@ class Member(MetadataSync):
             raise ValueError("the lease must be shorter than the election timeout")
         self.max_lag_s = max_lag_s
         self.on_restart = on_restart         # fn(): stop serving and restart this process (after a cut)
-        self.listen_host = listen_host or peers[node - 1][0]
+        self.listen_host = listen_host or self.listen_addr[0]
         self.sync = store.cfg.flush_mode == "sync"
         os.makedirs(ha_dir, exist_ok=True)
         self.epochs = EpochFile(os.path.join(ha_dir, "epochs"))
@@ -111,24 +123,44 @@ class Member(MetadataSync):
         self._saved_live_cap = self.clog.live_cap
         self.elections_won = 0
         self.cuts_requested = 0
-        me = self.peers[node - 1]
-        self.raft_addr = f"{me[0]}:{raft_port(me[1])}"
-        others = [f"{h}:{raft_port(p)}" for i, (h, p) in enumerate(peers) if i != node - 1]
-        # connectionRetryTime: pysyncobj re-dials a peer it lost every 5 s by default, so a member
-        # restarted just after a dial failed waited up to 5 s for the Raft leader (and its role)
-        conf = SyncObjConf(autoTick=True, raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.1,
-                           connectionTimeout=3.5, connectionRetryTime=0.5, journalFile=os.path.join(ha_dir, "raft.journal"),
-                           fullDumpFile=os.path.join(ha_dir, "raft.dump"), dynamicMembershipChange=False,
-                           bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
-        self._become_read_only("starting: the group state is not known yet")
-        self.raft = Raft(self.raft_addr, others, conf=conf, consumers=[self.state])
-        self.state.term_now = lambda: self.raft.raftCurrentTerm
+        self._init_membership(members_version, list(join), token, ack_replicas)
+        self.raft = None
+        self.raft_addr = ""
         # when this member started to see the group's heartbeats applied (the controller duty needs
         # `dead_after_s` of them before it may call anyone silent: a member just restarted that
         # becomes Raft leader has not watched long enough to know)
         self._watching_since: float | None = None
+        if node is None:
+            self.role = "joining"
+            self._become_read_only("joining the group: not a member yet")
+        else:
+            self._persist()
+            self._start_raft()
         self._thread = threading.Thread(target=self._run, name="lmqtt-ha-control", daemon=True)
         self._thread.start()
+
+    @property
+    def size(self) -> int:
+        return len(self.peers)
+
+    def _start_raft(self) -> None:
+        me = self.peers[self.node]
+        self.raft_addr = f"{me[0]}:{raft_port(me[1])}"
+        others = [f"{h}:{raft_port(p)}" for n, (h, p) in self.peers.items() if n != self.node]
+        # connectionRetryTime: pysyncobj re-dials a peer it lost every 5 s by default, so a member
+        # restarted just after a dial failed waited up to 5 s for the Raft leader (and its role).
+        # dynamicMembershipChange: members are added and removed online (membership.py)
+        conf = SyncObjConf(autoTick=True, raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.1,
+                           connectionTimeout=3.5, connectionRetryTime=0.5,
+                           journalFile=os.path.join(self.ha_dir, "raft.journal"),
+                           fullDumpFile=os.path.join(self.ha_dir, "raft.dump"), dynamicMembershipChange=True,
+                           bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
+        self._become_read_only("starting: the group state is not known yet")
+        self.role = "starting"
+        self.heartbeat_ok_at = time.monotonic()
+        self.raft = Raft(self.raft_addr, others, conf=conf, consumers=[self.state])
+        self.state.term_now = lambda: self.raft.raftCurrentTerm
+        self._update_server()
 
     # ------------------------------------------------------------------ wiring
     def attach_server(self, server) -> None:
@@ -152,6 +184,7 @@ class Member(MetadataSync):
             self.on_demoted.append(fresh_pop)
         server.produce = self._replicated_duplicates(server.produce)
         server.register_call("ha_status", lambda _a: self.status())
+        self.register_membership_calls(server)
         for name in META_CALLS:
             fn = server.calls.get(name)
             if fn is not None:
@@ -185,10 +218,8 @@ class Member(MetadataSync):
 
     # ------------------------------------------------------------------ status
     def address_of(self, node: int | None) -> str:
-        if node is None or not 1 <= node <= self.size:
-            return "unknown"
-        h, p = self.peers[node - 1]
-        return f"{h}:{p}"
+        hp = self.peers.get(node) if node is not None else None
+        return address(hp) if hp is not None else "unknown"
 
     def lease_ok(self) -> bool:
         return time.monotonic() - self.lease_at < self.lease_s
@@ -200,7 +231,7 @@ class Member(MetadataSync):
             for n, r in sorted(self.shipper.replicas.items()):
                 reps.append({"node": n, "connected": r.connected, "written": r.written, "flushed": r.flushed,
                              "lag_bytes": max(0, self.clog.committed - (r.flushed if self.sync else r.written))})
-        leader = self.raft.leader()
+        leader = self.raft.leader() if self.raft is not None else None
         return {"group": self.group, "node": self.node, "role": self.role, "epoch": st.epoch,
                 "primary": st.primary, "primary_address": self.address_of(st.primary),
                 "in_sync": sorted(st.in_sync), "ack_replicas": self.ack_replicas,
@@ -211,7 +242,8 @@ class Member(MetadataSync):
                 "dispatched": self.store.dispatch.dispatched, "epochs": [list(x) for x in self.epochs.entries],
                 "replicas": reps, "following": self.address_of(self.following) if self.following else None,
                 "follow_error": (self.follower.error or None) if self.follower is not None else None,
-                "elections_won": self.elections_won}
+                "elections_won": self.elections_won, "members": {str(k): v for k, v in self.members_map().items()},
+                "members_version": self.members_version, "changing": st.changing}
 
     def brief(self) -> dict:
         """The group as `stats` (and so `lmqtt admin`) shows it."""
@@ -227,15 +259,32 @@ class Member(MetadataSync):
         # epoch: the term this member knows; a client whose primary went silent asks the others
         # (store/client/failover.py probe_primary) and follows one that knows a later epoch
         srv.hello_info.update(group=self.group, node=self.node, role=self.role,
-                              primary=self.address_of(self.state.primary), epoch=self.state.epoch)
-        if self.role == "primary":
+                              primary=self.address_of(self.state.primary), epoch=self.state.epoch,
+                              members=list(self.members_map().values()))
+        if self.join_id is not None:
+            srv.hello_info["join_id"] = self.join_id
+        if self.role == "primary" and self.handing_over is None:
             srv.guard = None
         else:
             srv.guard = self._guard
 
+    def refresh_server(self) -> None:
+        """What the server says and refuses, after a change of role (membership.py's handover)."""
+        self._update_server()
+
+    def guard(self, op: int, cmd: str | None) -> None:
+        """StoreServer.guard of a member that serves nothing but status now."""
+        self._guard(op, cmd)
+
     def _guard(self, op: int, cmd: str | None) -> None:
-        if cmd in ("stats", "ha_status"):
+        if cmd in ("stats", "ha_status", "members"):
             return
+        if self.role == "joining":
+            raise CallError(E_NOT_PRIMARY, f"this store is joining store group {self.group!r} and is not a member "
+                                           "yet (lmqtt admin --add-member adds it); primary=unknown")
+        if self.role == "primary" and self.handing_over is not None:
+            raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is handing the primary "
+                                           f"role over to node {self.handing_over}; primary=unknown")
         raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is a {self.role}, not "
                                        f"the primary; primary={self.address_of(self.state.primary)}")
 
@@ -248,7 +297,8 @@ class Member(MetadataSync):
             self.follower.stop()
             self.follower = None
         try:
-            self.raft.destroy()
+            if self.raft is not None:
+                self.raft.destroy()
         except Exception:  # noqa: BLE001
             pass
 
@@ -257,15 +307,29 @@ class Member(MetadataSync):
         while not self._stop.wait(0.05):
             try:
                 now = time.monotonic()
+                if self.raft is None:        # a joining member: not in the list yet
+                    if self.poll_join(now):
+                        self._start_raft()
+                    continue
+                if self.removed:
+                    self.leave_raft_leadership()
+                    continue
                 if now >= next_hb:
                     next_hb = now + self.heartbeat_s
                     self._heartbeat(now)
+                self.check_cut_off(now)
                 if not self.raft.isReady():
+                    continue
+                self.follow_members(now)
+                if self.removed:
+                    self._drop_primary(None)
+                    self._stop_following()
                     continue
                 self._control(now)
                 self._reconcile()
                 if self.role == "primary":
                     self._maintain_in_sync(now)
+                    self.step_membership(now)
             except Exception:  # noqa: BLE001 - the control loop keeps going
                 log.exception("event=ha_control_failed")
 
@@ -275,6 +339,7 @@ class Member(MetadataSync):
         def done(res, err, sent=sent, epoch=epoch):
             if err != FAIL_REASON.SUCCESS or res is None:
                 return
+            self.heartbeat_ok_at = max(self.heartbeat_ok_at, sent)
             e, primary, _isr = res
             if primary == self.node and e == epoch and self.role == "primary" and self.role_epoch == epoch:
                 if sent > self.lease_at:
@@ -319,7 +384,7 @@ class Member(MetadataSync):
         if st.epoch == 0 and len(alive) < self.size:
             return      # the group's first election waits for every member: the longest log wins
                         # (a data dir that joins with data must not be cut to an empty member's log)
-        cands = [n for n in alive if n != p and (not st.in_sync or n in st.in_sync)]
+        cands = [n for n in alive if n != p and n in self.peers and (not st.in_sync or n in st.in_sync)]
         if not cands:
             return
         # the longest log (the fewest unacknowledged records cut from the others, and no cut of this
@@ -350,6 +415,8 @@ class Member(MetadataSync):
                 self._become_read_only("no primary elected yet")
                 self.role = "electing"
                 self._update_server()
+        elif primary not in self.peers:
+            return      # a primary this member's list does not have yet (follow_members brings it)
         elif self.role != "replica" or self.following != primary or self.role_epoch != epoch:
             self._become_replica(primary, epoch)
 
@@ -395,9 +462,10 @@ class Member(MetadataSync):
                       "previous primary was cut short: keys it had not sent yet may be missing)", self.group,
                       self.node)
         self._set_meta_epoch(epoch)
-        self.shipper = Shipper(store, host, ship_port(self.peers[self.node - 1][1]), self.node, epoch, self.epochs,
+        self.shipper = Shipper(store, host, ship_port(self.peers[self.node][1]), self.node, epoch, self.epochs,
                                self.meta_log, self._acked, self.group,
                                snapshot=self._snapshot if self.meta_dbs else None, catch_up=self._catch_up)
+        self.shipper.members = set(self.peers)
         self.gate = AckGate(clog, self.sync, self.ack_replicas, self.lease_ok, self._ack_set, self._replica_offset)
         self.gate.also_wake = self.shipper.wake
         self.meta_log.on_add = self.shipper.wake_meta
@@ -445,8 +513,17 @@ class Member(MetadataSync):
                                 self.group, self.node, self.role_epoch, self.state.epoch, self.state.primary)
                 self.role = "deposed"
 
+    def _stop_following(self) -> None:
+        f, self.follower = self.follower, None
+        if f is not None:
+            f.stop()
+        self.role = "removed"
+        self._become_read_only("removed from the group")
+        self._update_server()
+
     def _become_replica(self, primary: int, epoch: int) -> None:
         self._drop_primary(None)
+        self.handing_over = None
         for fn in self.on_demoted:
             try:
                 fn()
@@ -464,7 +541,7 @@ class Member(MetadataSync):
         self.role = "replica"
         self.role_epoch = epoch
         self.following = primary
-        h, p = self.peers[primary - 1]
+        h, p = self.peers[primary]
         self.follower = Follower(self.store, (h, ship_port(p)), self.node, lambda: self.state.epoch, self.epochs,
                                  self._cut, self._apply_meta, self.sync, meta_state=self.meta_state)
         self._update_server()
@@ -478,88 +555,3 @@ class Member(MetadataSync):
         request_cut(self.ha_dir, offset, why)
         if self.on_restart is not None:
             self.on_restart()
-
-    # ------------------------------------------------------------------ primary: acks and in-sync set
-    def _acked(self) -> None:
-        g = self.gate
-        if g is not None:
-            g.replica_acked()        # not g.wake(): an acknowledgement gives the shipper nothing to send
-
-    def _ack_set(self):
-        g = self.gate
-        extra = g.adding if g is not None else ()
-        return (set(self.state.in_sync) | set(extra)) - {self.node}
-
-    def _replica_offset(self, node: int) -> int:
-        sh = self.shipper
-        r = sh.replicas.get(node) if sh is not None else None
-        if r is None:
-            return 0
-        return r.flushed if self.sync else r.written
-
-    def _replica_meta(self, node: int) -> int:
-        sh = self.shipper
-        r = sh.replicas.get(node) if sh is not None else None
-        return r.meta_acked if r is not None else 0
-
-    def _want_add(self):
-        sh = self.shipper
-        if sh is None:
-            return ()
-        isr = self.state.in_sync
-        # and has the metadata changes too: the oldest one waited for, or every one shipped when
-        # none waits (else a stopped replica, whose log is complete while only metadata is
-        # written, would be added back and removed again every round)
-        g = self.gate
-        mw = g.meta_waiting if g is not None else None
-        need = mw[0][0] if mw else self.meta_log.seq
-        if need <= self.meta_log.reset_seq:
-            need = 0
-        return [n for n, r in sh.replicas.items() if r.connected and n not in isr and r.meta_acked >= need]
-
-    def _propose_add(self, node: int) -> None:
-        epoch = self.role_epoch
-
-        def done(res, err, node=node):
-            g = self.gate
-            if g is not None:
-                if err != FAIL_REASON.SUCCESS or res is None:
-                    g.adding.discard(node)       # not added: the gate stops waiting for it
-                elif node in self.state.in_sync:
-                    g.adding.discard(node)
-            if err == FAIL_REASON.SUCCESS and res is not None:
-                log.info("event=ha_in_sync_grew group=%s node=%d in_sync=%s", self.group, node, list(res))
-        self.state.change_in_sync(epoch, self.node, (node,), (), callback=done)
-
-    def _maintain_in_sync(self, now: float) -> None:
-        committed = self.clog.committed
-        s = self._samples
-        s.append((now, committed, self.meta_log.seq))
-        while len(s) > 2 and s[1][0] <= now - self.max_lag_s:
-            s.popleft()
-        if self._isr_proposal and now - self._isr_proposal > 5.0:
-            self._isr_proposal = 0.0       # no answer from Raft (no majority): propose again
-        if s[0][0] > now - self.max_lag_s or self._isr_proposal:
-            return      # not primary for max_lag_s yet, or a change is on its way
-        bound, meta_bound = s[0][1], s[0][2]
-        # behind on the log, or on the metadata changes (a stopped replica with only metadata
-        # written meanwhile would hold every metadata answer otherwise)
-        lagging = [n for n in self.state.in_sync if n != self.node and (
-            self._replica_offset(n) < bound
-            or (meta_bound > self.meta_log.reset_seq and self._replica_meta(n) < meta_bound))]
-        if not lagging:
-            return
-        self._isr_proposal = now
-        epoch = self.role_epoch
-
-        def done(res, err):
-            self._isr_proposal = 0.0
-            if err == FAIL_REASON.SUCCESS and res is not None:
-                log.warning("event=ha_in_sync_shrunk group=%s removed=%s in_sync=%s", self.group, lagging, list(res))
-                g = self.gate
-                if g is not None:
-                    for n in lagging:
-                        g.adding.discard(n)
-                    g.wake()
-        log.info("event=ha_in_sync_shrinking group=%s lagging=%s bound=%d", self.group, lagging, bound)
-        self.state.change_in_sync(epoch, self.node, (), tuple(lagging), callback=done)

@@ -30,15 +30,29 @@ def parse_peers(text: str) -> list[tuple[str, int]]:
 
 def group_problem(cfg) -> str | None:
     """NodeConfig.validate's rules for a group member (None: fine, or not a group member)."""
-    group_keys = [k for k in ("node_id", "peers", "ack_replicas") if getattr(cfg, k)]
+    group_keys = [k for k in ("node_id", "peers", "ack_replicas", "join") if getattr(cfg, k, None)]
     if not cfg.group:
         return f"{group_keys[0]} is set but group is not (a store group: --group NAME)" if group_keys else None
-    if not cfg.peers:
-        return "a group member needs --peers HOST:PORT,... (every member, the same list on each)"
+    join = getattr(cfg, "join", None)
+    if join and (cfg.peers or cfg.node_id):
+        return ("--join adds this store to a running group (node id and members come from it): leave --peers "
+                "and --node-id out")
+    if not cfg.peers and not join:
+        return ("a group member needs --peers HOST:PORT,... (every member, the same list on each), or --join "
+                "HOST:PORT of a running group's member")
     try:        # the election runs on pysyncobj, the `[ha]` extra: named before anything is created
         import pysyncobj  # noqa: F401
     except ImportError as e:
         return f"a store group needs pysyncobj ({e}): pip install 'lmqtt[ha]'"
+    if join:
+        try:
+            parse_peers(join)
+        except ValueError as e:
+            return str(e).replace("--peers", "--join")
+        if cfg.host in ("0.0.0.0", "::"):
+            return (f"--join needs --host to be this store's address as the other members reach it, not "
+                    f"{cfg.host}")
+        return None
     try:
         peers = parse_peers(cfg.peers)
     except ValueError as e:

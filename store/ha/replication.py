@@ -256,6 +256,8 @@ class Shipper:
         # applied before its promotion ([op]), or None: a snapshot is needed (store/ha/member.py)
         self.catch_up = catch_up
         self.replicas: dict[int, ReplicaInfo] = {}
+        # the group's node ids (None: anyone): a node not in it (removed) is refused, its stream ended
+        self.members: set | None = None
         self.cond = threading.Condition()
         self._stop = False
         self._socks: set = set()
@@ -313,6 +315,10 @@ class Shipper:
             h = json.loads(payload)
             node = int(h["node"])
             clog = self.clog
+            if self.members is not None and node not in self.members:
+                s.sendall(jframe(b"X", {"error": f"node {node} is not a member of store group {self.group!r} "
+                                                  f"(members: {sorted(self.members)})"}))
+                return
             if int(h.get("segment_size", clog.seg_size)) != clog.seg_size:
                 s.sendall(jframe(b"X", {"error": f"segment size {h.get('segment_size')} differs from the "
                                                   f"primary's {clog.seg_size}: every member of a group must use "
@@ -382,6 +388,14 @@ class Shipper:
             except OSError:
                 pass
 
+    def set_members(self, members: set) -> None:
+        """The group's node ids now: a removed node's stream ends and it is forgotten."""
+        self.members = set(members)
+        for n in [n for n in self.replicas if n not in self.members]:
+            r = self.replicas.pop(n)
+            r.connected = False
+        self.wake()
+
     def _send_snapshot(self, s: socket.socket, node: int) -> int:
         """Every replicated metadata key, in frames of SNAP_KEYS: `snap_begin`, `snap` (db name,
         [[key, value] base64]), `snap_end` with the MetaLog sequence the snapshot is as of; the
@@ -418,7 +432,7 @@ class Shipper:
         last_send = time.monotonic()
         self._streams = self._streams + [st]
         try:
-            while not self._stop and r.connected:
+            while not self._stop and r.connected and (self.members is None or r.node in self.members):
                 # a metadata change made at log position P goes out exactly between the bytes before
                 # P and the bytes from P on: a dedup marker (made before its batch's append) before
                 # the batch's bytes, the batch's results (made after) only after them - a replica

@@ -5,6 +5,10 @@ What Raft decides, and only that (RocketMQ's controller: `SyncStateSet`, master 
   primary    the node id of the primary of `epoch` (None before the first election)
   in_sync    the node ids that have every acknowledged record (the primary included)
   reports    node id -> (epoch it knows, its CommitLog end) from its last heartbeat
+  members    node id -> "HOST:PORT" (store address) of every member, and `members_version`: empty
+             (version 0) means the `--peers` list every member was started with; a change of
+             members (store/ha/membership.py) replaces the whole map, compare-and-set on the version,
+             with `changing` saying what is under way until the Raft membership matches it
 
 CommitLog bytes never go through Raft: the primary ships them itself (store/ha/replication.py).
 
@@ -40,6 +44,10 @@ class GroupState(SyncObjConsumer):
         self.primary: int | None = None
         self.in_sync: frozenset = frozenset()
         self.reports: dict[int, tuple[int, int]] = {}
+        self.members: dict[int, str] = {}
+        self.members_version = 0
+        self.changing: dict | None = None
+        self.next_node = 0
 
     def _changed(self) -> None:
         for fn in list(self.listeners):
@@ -50,14 +58,18 @@ class GroupState(SyncObjConsumer):
 
     def snapshot(self) -> dict:
         return {"epoch": self.epoch, "primary": self.primary, "in_sync": sorted(self.in_sync),
-                "reports": {int(k): list(v) for k, v in self.reports.items()}}
+                "reports": {int(k): list(v) for k, v in self.reports.items()},
+                "members": dict(self.members), "members_version": self.members_version, "changing": self.changing}
 
     # ------------------------------------------------------------------ replicated commands
     @replicated
     def heartbeat(self, node: int, epoch: int, offset: int, term: int | None = None):
         """A member says it is alive, the epoch it knows and its CommitLog end (and the Raft term
         it knew when it sent this). Returns the state as applied: a primary that gets back another
-        epoch or primary is deposed."""
+        epoch or primary is deposed. A node no longer in the member list (its last heartbeats, sent
+        before it learnt its removal) is not recorded."""
+        if self.members and node not in self.members:
+            return self.epoch, self.primary, tuple(sorted(self.in_sync))
         self.reports[node] = (epoch, offset)
         fn = self.term_now
         if term is None or fn is None or term >= fn():
@@ -88,6 +100,34 @@ class GroupState(SyncObjConsumer):
         laggards. Refused (None) from anyone but the current primary; the primary stays in."""
         if epoch != self.epoch or node != self.primary or node in remove:
             return None
+        if self.members:        # a node removed since the primary proposed this is not added back
+            add = [n for n in add if n in self.members]
         self.in_sync = frozenset((set(self.in_sync) | set(add)) - set(remove))
         self._changed()
         return tuple(sorted(self.in_sync))
+
+    # the name sorts after the commands above: pysyncobj numbers replicated commands by name, and
+    # a new command named before them would renumber theirs for members not yet upgraded
+    @replicated
+    def set_members(self, expected_version: int, members: dict, changing: dict | None, next_node: int,
+                    gone: tuple = ()):
+        """Replace the member list (node id -> store address) when it is still at `expected_version`
+        (refused with None otherwise: another change came first). A node no longer listed leaves
+        the in-sync set, the reports and the liveness record at once, so the primary stops waiting
+        for it; the primary itself is never removed here (membership.py hands over first)."""
+        if self.members_version != expected_version:
+            return None
+        gone = (set(self.members) - set(members)) | set(gone)
+        if self.primary in gone:
+            return None
+        self.members = {int(k): str(v) for k, v in members.items()}
+        self.members_version += 1
+        self.changing = changing
+        self.next_node = max(int(next_node), self.next_node)
+        if gone:
+            self.in_sync = frozenset(set(self.in_sync) - gone)
+            for n in gone:
+                self.reports.pop(n, None)
+                self.last_seen.pop(n, None)
+        self._changed()
+        return self.members_version

@@ -119,9 +119,14 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     host, port, data = cfg.host, int(cfg.port), cfg.data_dir
     member = cut_reason = None
     restart: list = []
+    removed: list = []       # why this group member was removed from its group (it stops)
     if cfg.group:           # a replicated store group member (docs/ha.md)
         from lmqtt.store.node import ha_member
-        host, port = ha_member.member_address(cfg)
+        try:
+            host, port = ha_member.member_address(cfg)
+        except ValueError as e:      # a data dir removed from the group, or of another group
+            print(f"lmqtt store: {e}", file=sys.stderr)
+            return 1
         cut_reason = ha_member.before_open(cfg, data)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -166,7 +171,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         console_peers.install(srv, gws)
         if cfg.group:
             member = ha_member.attach(cfg, store, srv, lq, lambda: (restart.append(1), loop.call_soon_threadsafe(stop.set)),
-                                      gws)
+                                      gws, on_removed=lambda why: (removed.append(why),
+                                                                   loop.call_soon_threadsafe(stop.set)))
         await srv.start()
     except OSError as e:
         if member is not None:
@@ -203,7 +209,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
           f"  data dir:   {os.path.abspath(data)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"  files:      {store.budget.describe()}\n"
-          f"{f'  group:      {cfg.group!r} node {cfg.node_id} of {cfg.peers} (raft +1, replication +2)' + chr(10) if cfg.group else ''}"
+          f"{'  group:      ' + _group_line(cfg, member) + chr(10) if member is not None else ''}"
           f"  notify:     EVENT frames to watching gateways"
           f"{'; Redis ' + cfg.notify_mode + ' at ' + cfg.redis if cfg.redis else ''}{redis_note}\n"
           f"  auth:       {'token required' if cfg.token else 'none (loopback only)'}\n"
@@ -224,8 +230,18 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     if restart and not signalled:     # a SIGTERM during the cut's shutdown ends it (not lost in the restart)
         print("lmqtt store: restarting to cut the log back to the group primary's", file=sys.stderr, flush=True)
         return "restart"
+    if removed:
+        print(f"lmqtt store: stopped: {removed[0]}", file=sys.stderr, flush=True)
+        return 0
     print("lmqtt store: stopped cleanly", file=sys.stderr, flush=True)
     return 0
+
+
+def _group_line(cfg, member) -> str:
+    if member.node is None:
+        return (f"{cfg.group!r}, joining through {cfg.join}: waits until `lmqtt admin --store {cfg.join} "
+                f"--add-member {cfg.host}:{cfg.port}` adds it")
+    return f"{cfg.group!r} node {member.node} of {','.join(member.members_map().values())} (raft +1, replication +2)"
 
 
 def _start_http(host: str, port: int, srv, gws, member=None):

@@ -227,6 +227,9 @@ class NodeConfig:
     node_id: int = setting(0, "this member's position in --peers (1-based)", low=0, high=255)
     peers: str | None = setting(None, "every group member's HOST:PORT, the same list on every member; a member "
                                       "also uses PORT+1 (Raft) and PORT+2 (replication)")
+    join: str | None = setting(None, "join a running group: any of its members' HOST:PORT (comma-separated); "
+                                     "this store waits until `lmqtt admin --add-member` adds it (instead of "
+                                     "--peers/--node-id)")
     ack_replicas: int | None = setting(None, "replicas that must have a record before it is acknowledged "
                                              "(default: a majority of the group counting the primary)")
     election_timeout_s: float = setting(2.5, "a group's primary silent this long is replaced (default 2.5)",

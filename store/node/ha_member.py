@@ -5,7 +5,9 @@ store/ha/member.py.
 `--peers` lists every member's store address (what clients connect to), the same list in the same
 order on every member; `--node-id` is this member's position in it (1-based). Each member uses
 three consecutive ports: PORT (clients, the native protocol), PORT+1 (Raft, pysyncobj) and PORT+2
-(CommitLog replication).
+(CommitLog replication). Members change online (store/ha/membership.py): a store started with
+`--join HOST:PORT` waits to be added; once a data dir has been a member, `<data-dir>/ha/members`
+(the list it last applied, its node id) is used at every start instead of `--peers` / `--node-id`.
 
 A replica answers every request but `stats` / `ha_status` with ERROR not_primary naming the
 primary. When its log diverged from the new primary's, the member asks for a cut and the process
@@ -24,6 +26,7 @@ import sys
 from lmqtt.lightqueue.errors import MetadataError
 from lmqtt.store.checkpoint import write_atomic
 from lmqtt.store.ha.member import Member
+from lmqtt.store.ha.membership import load_members
 from lmqtt.store.ha.peers import parse_peers
 from lmqtt.store.ha.truncate import apply_pending_cut
 from lmqtt.store.node.gateway_service import HOLD
@@ -32,10 +35,52 @@ log = logging.getLogger("lmqtt.store.ha")
 
 
 # ------------------------------------------------------------------ `lmqtt store --group` (command.py)
+class Plan:
+    """Who this member is at start: its node id (None: joining), the members, their version."""
+
+    def __init__(self, node: int | None, peers: dict, version: int, join: list[str], listen: tuple[str, int]):
+        self.node, self.peers, self.version, self.join, self.listen = node, peers, version, join, listen
+
+
+def plan(cfg) -> Plan:
+    """Once the group's list was changed online (version 1 on), the list this data dir last applied
+    (ha/members) wins over --peers / --node-id / --join: a member restarted after the group
+    changed uses the group's current members. Before that --peers is the list, as it always was (a
+    group whose members were all restarted with a new --peers keeps working that way). Raises
+    ValueError (the cause, for one line) for a data dir that cannot start as a member."""
+    saved = load_members(os.path.join(cfg.data_dir, "ha"))
+    if saved is not None and int(saved.get("version", 0)) == 0 and cfg.peers and not saved.get("removed"):
+        saved = None
+    if saved is not None:
+        if saved.get("group") != cfg.group:
+            raise ValueError(f"{cfg.data_dir} holds node {saved.get('node')} of store group {saved.get('group')!r}, "
+                             f"not {cfg.group!r}")
+        if saved.get("removed"):
+            raise ValueError(f"{cfg.data_dir} holds node {saved['node']} of store group {cfg.group!r}, which was "
+                             "removed from the group: to add this store again, start it with an empty data dir "
+                             "and --join")
+        peers = {n: parse_peers(a)[0] for n, a in saved["members"].items()}
+        node = int(saved["node"])
+        host, port = peers[node]
+        if cfg.peers or cfg.join:
+            log.info("event=ha_members_from_data_dir node=%d members=%s (--peers/--join are for the first "
+                     "start)", node, saved["members"])
+        return Plan(node, peers, int(saved.get("version", 0)), [], (_listen_host(cfg, host), port))
+    if cfg.join:
+        return Plan(None, {}, 0, [a.strip() for a in cfg.join.split(",") if a.strip()],
+                    (cfg.host, int(cfg.port)))
+    peers = {i + 1: hp for i, hp in enumerate(parse_peers(cfg.peers))}
+    host, port = peers[int(cfg.node_id)]
+    return Plan(int(cfg.node_id), peers, 0, [], (_listen_host(cfg, host), port))
+
+
+def _listen_host(cfg, host: str) -> str:
+    return cfg.host if cfg.host not in ("127.0.0.1",) else host
+
+
 def member_address(cfg) -> tuple[str, int]:
-    """Where a group member listens: --host (when given) and its --peers entry's port."""
-    host, port = parse_peers(cfg.peers)[int(cfg.node_id) - 1]
-    return (cfg.host if cfg.host not in ("127.0.0.1",) else host), port
+    """Where a group member listens: --host (when given) and its entry's port."""
+    return plan(cfg).listen
 
 
 def group_identity(group: str, store_dir: str) -> None:
@@ -58,13 +103,17 @@ def before_open(cfg, data_dir: str) -> str | None:
     return f"store group {cfg.group!r}: rejoining as a replica, the tail after {cut[0]} was never acknowledged"
 
 
-def attach(cfg, store, srv, lq, on_restart, gws=None):
+def attach(cfg, store, srv, lq, on_restart, gws=None, on_removed=None):
     """Make the started store and its server (not listening yet) a group member. Returns the Member.
-    `gws`: the GatewayService (its wills and session sweep run on the primary only)."""
-    member = Member(group=cfg.group, node=int(cfg.node_id), peers=parse_peers(cfg.peers), store=store,
+    `gws`: the GatewayService (its wills and session sweep run on the primary only);
+    `on_removed(why)`: the member was removed from the group (the process stops)."""
+    p = plan(cfg)
+    member = Member(group=cfg.group, node=p.node, peers=p.peers, store=store,
                     ha_dir=os.path.join(cfg.data_dir, "ha"), ack_replicas=cfg.ack_replicas,
                     dead_after_s=float(cfg.election_timeout_s), on_restart=on_restart,
-                    listen_host=None if cfg.host in ("127.0.0.1",) else cfg.host)
+                    listen_host=None if cfg.host in ("127.0.0.1",) else cfg.host, members_version=p.version,
+                    join=p.join, listen_addr=p.listen, token=cfg.token)
+    member.on_removed = on_removed
     member.attach_meta(srv.meta)
     replicate_metadata(member, lq.metadata)
     member.run_consistent = lambda fn: _on_loop(srv, fn)
@@ -280,6 +329,7 @@ def metrics_text(member) -> str:
     roles = ("primary", "replica", "electing", "starting", "deposed")
     rows = [("lmqtt_ha_epoch", "gauge", "Epoch (term) of the group's primary", st["epoch"]),
             ("lmqtt_ha_in_sync_members", "gauge", "Members in the in-sync set (primary included)", len(st["in_sync"])),
+            ("lmqtt_ha_members", "gauge", "Members of the group (its member list, changed online)", len(st["members"])),
             ("lmqtt_ha_ack_replicas", "gauge", "Replicas that must have a record before it is acknowledged",
              st["ack_replicas"]),
             ("lmqtt_ha_log_end_bytes", "gauge", "This member's CommitLog end", st["log_end"]),
@@ -290,7 +340,7 @@ def metrics_text(member) -> str:
     out.append("# HELP lmqtt_ha_role This member's role\n# TYPE lmqtt_ha_role gauge\n")
     out += [f'lmqtt_ha_role{{role="{r}"}} {1 if st["role"] == r else 0}\n' for r in roles]
     out.append("# HELP lmqtt_ha_in_sync 1 per member in the in-sync set\n# TYPE lmqtt_ha_in_sync gauge\n")
-    out += [f'lmqtt_ha_in_sync{{node="{n}"}} {1 if n in st["in_sync"] else 0}\n' for n in range(1, member.size + 1)]
+    out += [f'lmqtt_ha_in_sync{{node="{n}"}} {1 if n in st["in_sync"] else 0}\n' for n in sorted(member.peers)]
     out.append("# HELP lmqtt_ha_replica_lag_bytes Bytes a replica has not acknowledged (on the primary)\n"
                "# TYPE lmqtt_ha_replica_lag_bytes gauge\n")
     out += [f'lmqtt_ha_replica_lag_bytes{{node="{r["node"]}"}} {r["lag_bytes"]}\n' for r in st["replicas"]]

@@ -9,8 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import paho.mqtt.client as mqtt
+
+from lmqtt.loadtest.chaos.checker import body
 from lmqtt.store.client import connect
 from tests.support import ROOT
 
@@ -23,10 +27,14 @@ def group_ports(n: int) -> list[int]:
 
 
 class Member:
-    def __init__(self, group: "StoreGroup", node: int, port: int) -> None:
+    """One member process. `join`: started with `--join` (its node id comes when it is added:
+    `node` is then the label of its data dir and log until `joined()` reads it)."""
+
+    def __init__(self, group: "StoreGroup", node: int, port: int, join: bool = False) -> None:
         self.group = group
         self.node = node
         self.port = port
+        self.join = join
         self.data_dir = os.path.join(group.root, f"m{node}")
         self.log_path = os.path.join(group.root, f"m{node}.log")
         self.proc: subprocess.Popen | None = None
@@ -42,8 +50,10 @@ class Member:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "Member":
-        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", self.group.name, "--node-id",
-               str(self.node), "--peers", self.group.peers, "--data-dir", self.data_dir, "--segment-mb", "8",
+        who = (["--join", self.group.address_list(), "--port", str(self.port)] if self.join else
+               ["--node-id", str(self.node), "--peers", self.group.peers])
+        cmd = [sys.executable, "-m", "lmqtt.gateway.cli", "store", "--group", self.group.name, *who,
+               "--data-dir", self.data_dir, "--segment-mb", "8",
                "--election-timeout-s", str(self.group.election_timeout), "--metrics-port", str(self.metrics_port),
                *self.group.extra]
         self._log = open(self.log_path, "ab")
@@ -106,6 +116,19 @@ class StoreGroup:
             m.start()
         return self
 
+    def address_list(self) -> str:
+        """Every current member's address (what a client or a joining member is given)."""
+        return ",".join(m.address for m in self.members)
+
+    def joining(self, label: int) -> Member:
+        """A new store started with `--join` (not a member until `lmqtt admin --add-member`)."""
+        return Member(self, label, group_ports(1)[0], join=True).start()
+
+    def admin(self, *args: str, timeout: float = 150.0) -> subprocess.CompletedProcess:
+        """`lmqtt admin --store <every member> ARGS...`, as a user runs it."""
+        return subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "admin", "--store", self.address_list(),
+                               *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
     def stop(self) -> None:
         for m in self.members:
             m.stop()
@@ -156,3 +179,75 @@ def read_all(conn, topic: str, upto_queue_offset: int | None = None) -> list:
             return out
         out.extend(r.records)
         off = r.next_offset
+
+
+# ------------------------------------------------------------------ MQTT load through a gateway
+def mqtt_client(cid: str, clean: bool) -> mqtt.Client:
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, clean_session=clean,
+                    protocol=mqtt.MQTTv311)
+    c.reconnect_delay_set(0.1, 1)
+    return c
+
+
+class MqttPublisher:
+    """A paho QoS 1 publisher on one gateway: `ck.sent` before each publish, `ck.acked` on PUBACK."""
+
+    def __init__(self, name: str, gw, ck, topic: str = "hagw/t", stream: str = "mqtt", limit: int = 20_000,
+                 seconds: float = 60.0) -> None:
+        self.topic, self.stream, self.limit, self.seconds = topic, stream, limit, seconds
+        self.name, self.ck = name, ck
+        self.c = mqtt_client(name, True)
+        self.c.max_inflight_messages_set(50)
+        self.lock = threading.Lock()
+        self.mids: dict[int, int] = {}
+        self.early: set[int] = set()
+        self.sent = 0
+        self.acked = 0
+        self.stop = threading.Event()
+        self.c.on_publish = self._on_publish
+        self.drops = 0
+        self.c.on_disconnect = self._on_disconnect
+        self.c.connect(gw.host, gw.port, keepalive=30)
+        self.c.loop_start()
+        self.t = threading.Thread(target=self._run, daemon=True)
+
+    def _on_publish(self, _c, _u, mid, _rc, _props) -> None:
+        with self.lock:
+            seq = self.mids.pop(mid, None)
+            if seq is None:
+                self.early.add(mid)
+                return
+            self.acked += 1
+        self.ck.acked(self.name, seq)
+
+    def _on_disconnect(self, *_a) -> None:
+        if not self.stop.is_set():
+            self.drops += 1
+
+    def _run(self) -> None:
+        seq = 0
+        deadline = time.monotonic() + self.seconds
+        while not self.stop.is_set() and seq < self.limit and time.monotonic() < deadline:
+            self.ck.sent(self.name, seq, 1, self.stream)
+            # paho calls on_publish holding its own lock: ours is never held across publish()
+            info = self.c.publish(self.topic, body(self.name, seq, 48), qos=1)
+            with self.lock:
+                if info.mid in self.early:
+                    self.early.discard(info.mid)
+                    self.acked += 1
+                    done = True
+                else:
+                    self.mids[info.mid] = seq
+                    done = False
+            if done:
+                self.ck.acked(self.name, seq)
+            seq += 1
+            self.sent = seq
+            if seq % 50 == 0:
+                time.sleep(0.02)        # a steady stream, not one burst
+            while len(self.mids) > 400 and not self.stop.is_set():
+                time.sleep(0.01)        # paho's queue stays bounded while the store fails over
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()

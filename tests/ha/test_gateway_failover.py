@@ -11,87 +11,19 @@ import re
 import threading
 import time
 
-import paho.mqtt.client as mqtt
 import pytest
 
-from lmqtt.loadtest.chaos.checker import Checker, body, failures
+from lmqtt.loadtest.chaos.checker import Checker, failures
 from lmqtt.store.client import connect
+from tests.ha.group import MqttPublisher as _Publisher
 from tests.ha.group import StoreGroup
+from tests.ha.group import mqtt_client as _client
 from tests.support import LmqttGateway
 
 pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "hagw/t"
 STREAM = "mqtt"
-
-
-def _client(cid: str, clean: bool) -> mqtt.Client:
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, clean_session=clean,
-                    protocol=mqtt.MQTTv311)
-    c.reconnect_delay_set(0.1, 1)
-    return c
-
-
-class _Publisher:
-    """A paho QoS 1 publisher on one gateway: `ck.sent` before each publish, `ck.acked` on PUBACK."""
-
-    def __init__(self, name: str, gw: LmqttGateway, ck: Checker) -> None:
-        self.name, self.ck = name, ck
-        self.c = _client(name, True)
-        self.c.max_inflight_messages_set(50)
-        self.lock = threading.Lock()
-        self.mids: dict[int, int] = {}
-        self.early: set[int] = set()
-        self.sent = 0
-        self.acked = 0
-        self.stop = threading.Event()
-        self.c.on_publish = self._on_publish
-        self.drops = 0
-        self.c.on_disconnect = self._on_disconnect
-        self.c.connect(gw.host, gw.port, keepalive=30)
-        self.c.loop_start()
-        self.t = threading.Thread(target=self._run, daemon=True)
-
-    def _on_publish(self, _c, _u, mid, _rc, _props) -> None:
-        with self.lock:
-            seq = self.mids.pop(mid, None)
-            if seq is None:
-                self.early.add(mid)
-                return
-            self.acked += 1
-        self.ck.acked(self.name, seq)
-
-    def _on_disconnect(self, *_a) -> None:
-        if not self.stop.is_set():
-            self.drops += 1
-
-    def _run(self) -> None:
-        seq = 0
-        deadline = time.monotonic() + 60
-        while not self.stop.is_set() and seq < 20_000 and time.monotonic() < deadline:
-            self.ck.sent(self.name, seq, 1, STREAM)
-            # paho calls on_publish holding its own lock: ours is never held across publish()
-            info = self.c.publish(TOPIC, body(self.name, seq, 48), qos=1)
-            with self.lock:
-                if info.mid in self.early:
-                    self.early.discard(info.mid)
-                    self.acked += 1
-                    done = True
-                else:
-                    self.mids[info.mid] = seq
-                    done = False
-            if done:
-                self.ck.acked(self.name, seq)
-            seq += 1
-            self.sent = seq
-            if seq % 50 == 0:
-                time.sleep(0.02)        # a steady stream, not one burst
-            while len(self.mids) > 400 and not self.stop.is_set():
-                time.sleep(0.01)        # paho's queue stays bounded while the store fails over
-
-    def close(self) -> None:
-        self.c.loop_stop()
-        self.c.disconnect()
 
 
 @pytest.fixture

@@ -36,6 +36,40 @@ def test_elections_and_in_sync_changes_are_fenced_by_epoch():
         raft.destroy()
 
 
+def test_member_list_changes_are_compare_and_set_and_drop_a_removed_node_everywhere():
+    """Two changes asked on the same version: the second is refused (one change at a time, never
+    crossed); a removed node leaves the in-sync set and the reports at once, is not added back by
+    a late in-sync proposal nor recorded by a late heartbeat; the primary is never removed here."""
+    st = GroupState()
+    raft = SyncObj(f"127.0.0.1:{free_port()}", [], conf=SyncObjConf(autoTick=True), consumers=[st])
+    try:
+        deadline = time.monotonic() + 10
+        while not raft.isReady() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        call = lambda fn, *a: fn(*a, sync=True, timeout=5)    # noqa: E731
+        assert call(st.elect, 0, 1) == 1
+        assert call(st.change_in_sync, 1, 1, (2, 3), ()) == (1, 2, 3)
+        three = {1: "h:1", 2: "h:2", 3: "h:3"}
+        four = {**three, 4: "h:4"}
+        assert call(st.set_members, 0, four, {"op": "add", "node": 4}, 4, ()) == 1
+        assert call(st.set_members, 0, {**three, 5: "h:5"}, {"op": "add", "node": 5}, 5, ()) is None
+        assert (st.members, st.members_version, st.next_node) == (four, 1, 4)
+        assert call(st.change_in_sync, 1, 1, (4,), ()) == (1, 2, 3, 4)
+        call(st.heartbeat, 3, 1, 50)
+        # remove 3: out of the in-sync set and the reports in the same command
+        assert call(st.set_members, 1, {1: "h:1", 2: "h:2", 4: "h:4"}, {"op": "remove", "node": 3}, 4, (3,)) == 2
+        assert st.in_sync == frozenset({1, 2, 4}) and 3 not in st.reports
+        assert call(st.change_in_sync, 1, 1, (3,), ()) == (1, 2, 4)     # proposed before the removal
+        call(st.heartbeat, 3, 1, 60)
+        assert 3 not in st.reports
+        # the primary: refused (membership.py hands over first)
+        assert call(st.set_members, 2, {2: "h:2", 4: "h:4"}, None, 4, (1,)) is None
+        assert call(st.set_members, 2, dict(st.members), None, 4, ()) == 3     # settled
+        assert st.changing is None
+    finally:
+        raft.destroy()
+
+
 def test_a_store_group_member_process_keeps_a_working_socket_inet_ntop():
     """pysyncobj replaces socket.inet_ntop with a Windows-only function on import (store/ha/raft.py):
     a member process (and any process that imported store.ha, as a test worker) then failed every

@@ -6,6 +6,7 @@ Kafka's console producer/consumer; the web console is `console_web/`.
                   [--count N] [--timeout S] [--format text|json]
     lmqtt admin   --store HOST:PORT [--group G]... [--format table|json]
                   [--gateways | --release-gateway ID | --sessions [--limit N] | --session CLIENT_ID]
+                  [--members | --add-member HOST:PORT | --remove-member HOST:PORT|NODE [--wait S]]
 
 `produce` sends one message per stdin line (the line without its newline) and prints a one-line
 summary (count, rate) to stderr. `consume` prints one message per stdout line. `--filter` is an MQTT
@@ -26,7 +27,7 @@ import os
 import sys
 import time
 
-from . import security
+from . import members, security
 from .sessions import admin_sessions
 from .tier import admin_tier
 from lmqtt.store.client import ConnectionLost, GroupedConnection, StoreClientError, connect, split_groups
@@ -350,6 +351,7 @@ def _admin(argv: list[str] | None) -> int:
     p.add_argument("--limit", type=int, default=1000, help="--sessions: at most this many (default 1000)")
     p.add_argument("--tier", action="store_true",
                    help="tiered storage: what is local, uploading, in the tier, the oldest readable time")
+    members.add_members_args(p)
     security.add_security_args(p)
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
@@ -364,6 +366,9 @@ def _admin(argv: list[str] | None) -> int:
         return security.admin_security(conn, args, _admin_call, _table)
     if args.tier:
         return admin_tier(conn, args, _admin_call)
+    if members.wanted(args):        # per store group: several (a ';' list) are listed one by one
+        return members.admin_members(conn, args, _admin_call, _table,
+                                     conn.groups if isinstance(conn, GroupedConnection) else None)
     if args.gateways or args.release_gateway:
         return _admin_gateways(conn, args)
     if args.sessions or args.session:
