@@ -193,7 +193,8 @@ def test_help_says_every_default(cmd):
         takes_value = re.match(r"(-\w, )?--[\w-]+ (?! )\S", raw)
         actions = ("--filter", "--topic", "--release-gateway", "--session",     # required, or what to do
                    "--store",                                                # (gateway: required)
-                   "--user-add", "--user-passwd", "--user-remove", "--acl-add", "--acl-remove")
+                   "--user-add", "--user-passwd", "--user-remove", "--acl-add", "--acl-remove",
+                   "--add-member", "--remove-member")
         if takes_value and "default" not in o and head.split()[0] not in actions:
             missing.append(o)
     assert not missing, missing
