@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import resource
 import sys
 import time
@@ -109,6 +110,29 @@ class BrokerProbe:
             except Exception:  # noqa: BLE001
                 pass
         return out
+
+    def sched(self) -> tuple[float, float] | None:
+        """Seconds on a CPU and seconds runnable but waiting for one (the run queue), summed over
+        the broker's threads (/proc/PID/task/TID/schedstat). On a machine shared with other jobs
+        a broker short of a core shows it here: on-CPU + waiting near 1.0 core per thread that
+        wanted to run is a saturated broker, whatever share of a core it was given."""
+        if self.proc is None:
+            return None
+        run = wait = 0
+        for p in self._procs():
+            try:
+                tids = os.listdir(f"/proc/{p.pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
+                        r, w, _ = f.read().split()
+                except (OSError, ValueError):
+                    continue
+                run += int(r)
+                wait += int(w)
+        return run / 1e9, wait / 1e9
 
     def rss(self) -> int | None:
         if self.proc is None:
@@ -221,6 +245,9 @@ class _Pool:
 
 
 def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = False) -> dict:
+    from . import conn_rate
+    if cfg.scenario == "conn" and conn_rate.usable(cfg):
+        return conn_rate.run_conn(cfg, BrokerProbe(broker_pid), _progress, quiet)
     specs = plan(cfg)
     parts = partition(specs, cfg.procs)
     probe = BrokerProbe(broker_pid)
@@ -264,6 +291,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             return result
         cpu_b0 = probe.cpu()
         cpu_p0 = probe.cpu_by_process()
+        sched0 = probe.sched()
         t_go = time.monotonic_ns() + 100_000_000
         t_end = t_go + int(cfg.duration * 1e9)
         wall0 = time.monotonic()
@@ -282,6 +310,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
         wall = time.monotonic() - wall0
         cpu_b1 = probe.cpu()
         cpu_p1 = probe.cpu_by_process()
+        sched1 = probe.sched()
         rss_after = probe.rss()
         hist = Histogram()
         for r in results:
@@ -318,6 +347,10 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             "gen_cpu_us_per_msg": round(gen_cpu * 1e6 / totals["received"], 2) if totals["received"] else None,
             "broker_cpu_us_per_msg": (round((cpu_b1 - cpu_b0) * 1e6 / totals["received"], 2)
                                       if cpu_b0 is not None and totals["received"] else None),
+            # seconds per second the broker's threads waited for a CPU while runnable: on a
+            # shared machine, on-CPU + waiting is what it would have used with cores to itself
+            "broker_runq_wait_cores": (round((sched1[1] - sched0[1]) / wall, 3)
+                                       if sched0 is not None and sched1 is not None else None),
             "broker_rss_bytes": rss_after,
             # a multi-process broker (lmqtt-workers, lmqtt-fleet): CPU per delivered message in
             # each of its processes, to see which one bounds it

@@ -11,8 +11,11 @@ broker whose numbers do not move while lmqtt is being changed):
    worker processes (each one Python thread) is busier than the broker. ``verdict`` turns one
    result into that sentence, so ``compare`` and the report print it next to every figure.
 
-On a shared machine neither side may reach a full core (both wait for the CPU); the verdict
-then says so rather than calling either side the bottleneck.
+On a shared machine neither side may reach a full core (both wait for the CPU): the broker's
+run-queue wait (`broker_runq_wait_cores`, from /proc/PID/task/*/schedstat) tells a broker that
+wanted a whole core and was given a share of one (on-CPU + waiting >= 0.9: saturated at its share)
+from one the generator left idle; when neither holds, the verdict says so rather than calling
+either side the bottleneck.
 """
 from __future__ import annotations
 
@@ -54,6 +57,14 @@ def verdict(r: dict, saturated: float = SATURATED) -> str:
     below = (gu is None or bu is None or gu < bu) and top < b
     if top >= saturated and top >= b:
         return f"generator-bound: a worker process is saturated — add --procs ({figures})"
+    wait = r.get("broker_runq_wait_cores")
+    if b < saturated and wait is not None and b + wait >= saturated:
+        # a shared machine: the broker wanted a core and waited for it (run queue), so it was
+        # the limit at the share of the CPU it was given
+        figures += f"; the broker also waited {wait:.2f} cores' worth for a CPU"
+        if below:
+            return f"broker saturated at its share of a shared machine, generator below it ({figures})"
+        return f"broker saturated at its share of a shared machine, generator not clearly below it ({figures})"
     if b >= saturated and below:
         return f"broker saturated, generator below it ({figures})"
     if b >= saturated:
