@@ -102,8 +102,12 @@ def _strace_table(text: str) -> dict:
     return out
 
 
-def measure(name: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
-    rb = B.start(name, work / f"{name}-{scen}-{trace}-{time.monotonic_ns()}", ready_timeout=30)
+def measure(spec: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
+    """`spec`: a broker name, or `lmqtt@DIR` for lmqtt run from the source tree DIR (a `git archive`
+    snapshot with its C modules built in place: two versions alternated in one run)."""
+    name, _, src = spec.partition("@")
+    rb = B.start(name, work / f"{name}-{scen}-{trace}-{time.monotonic_ns()}", ready_timeout=30,
+                 lmqtt_src=src or None)
     tool = None
     try:
         time.sleep(0.5)
@@ -130,7 +134,7 @@ def measure(name: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
         tool = None
         text = out_file.read_text() if out_file.exists() else ""
         n = res.get("received") or 0
-        row = {"broker": name, "scenario": scen, "qos": cfg.qos, "rate": cfg.rate, "trace": trace,
+        row = {"broker": spec, "scenario": scen, "qos": cfg.qos, "rate": cfg.rate, "trace": trace,
                "delivered": n, "delivered_per_s": res.get("delivered_per_s"),
                "lost": res.get("lost"), "p99_ms": round(res["latency_us"]["p99"] / 1e3, 3) if n else None,
                "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
@@ -161,7 +165,8 @@ def measure(name: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.cost_bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--brokers", default="lmqtt,mosquitto")
+    ap.add_argument("--brokers", default="lmqtt,mosquitto",
+                    help="comma list; lmqtt@DIR runs lmqtt from the source tree DIR")
     ap.add_argument("--scenarios", default="latency,pairs")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duration", type=float, default=5.0)
