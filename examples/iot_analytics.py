@@ -28,6 +28,10 @@ import sys
 import threading
 import time
 
+from lmqtt.store.client import ConnectionLost, StoreClientError, connect
+from lmqtt.store.spark import LmqttDataSource, write_rows
+from lmqtt.store.spark.views import state_as_of
+
 
 def _seconds(trigger: str) -> float:
     """"500 milliseconds" / "10 seconds" / "1 minute" -> seconds."""
@@ -37,10 +41,7 @@ def _seconds(trigger: str) -> float:
 
 
 def build(spark, a):
-    from pyspark.sql import functions as F
-
-    from lmqtt.store.spark import write_rows
-    from lmqtt.store.spark.views import state_as_of
+    from pyspark.sql import functions as F  # optional: a Spark job only (the spark extra)
 
     src = (spark.readStream.format("lmqtt").option("store", a.store).option("filter", a.filter)
            .option("startingOffsets", a.starting))
@@ -145,7 +146,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _check_store(a) -> str | None:
     """One line saying why the store cannot be used, or None: checked before Spark starts, so a
     store that is not running is one message, not a streaming query's stack trace."""
-    from lmqtt.store.client import ConnectionLost, StoreClientError, connect
     try:
         connect(a.store, token=a.token).close()
     except ConnectionLost as e:
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
 
 def _main(a) -> int:
     try:
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # optional: a Spark job only (the spark extra)
     except ImportError:
         print("lmqtt spark-iot: needs pyspark: python3 -m pip install -e '.[spark]' (and Java 17)", file=sys.stderr)
         return 2
@@ -189,7 +189,6 @@ def _main(a) -> int:
         print(f"lmqtt spark-iot: {problem}", file=sys.stderr)
         return 3
 
-    from lmqtt.store.spark import LmqttDataSource
     spark = (SparkSession.builder.master(a.master).appName("lmqtt-iot-analytics")
              .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     try:
-        import paho.mqtt.client as mqtt
+        import paho.mqtt.client as mqtt  # optional: the bench and spark extras
     except ImportError:
         print("lmqtt simulate: needs paho-mqtt: python3 -m pip install -e '.[spark]'", file=sys.stderr)
         return 2

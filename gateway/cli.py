@@ -13,9 +13,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.app.serve_command", "Run gateway + store + notify in one process (embedded default)"),
     "store": ("lmqtt.store.node.command", "Run the store node serving the native protocol (SDK, remote gateways)"),
     "gateway": ("lmqtt.gateway.app.gateway_command", "Run an MQTT gateway over a remote `lmqtt store` (scale-out fleet)"),
-    "produce": ("lmqtt.gateway.app.sdk_tools:produce_main", "Send stdin lines to a store topic (console producer)"),
-    "consume": ("lmqtt.gateway.app.sdk_tools:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
-    "admin": ("lmqtt.gateway.app.sdk_tools:admin_main", "Topics, queues, groups and their lag, store stats"),
+    "produce": ("lmqtt.store.client.tools:produce_main", "Send stdin lines to a store topic (console producer)"),
+    "consume": ("lmqtt.store.client.tools:consume_main", "Print messages of an MQTT filter or topic (console consumer)"),
+    "admin": ("lmqtt.store.client.tools:admin_main", "Topics, queues, groups and their lag, store stats"),
     "passwd": ("lmqtt.gateway.security.passwd", "Manage a password file (mosquitto_passwd-compatible)"),
     "simulate": ("lmqtt.examples.simulator", "Simulated devices publishing JSON telemetry over MQTT"),
     "spark-iot": ("lmqtt.examples.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
@@ -26,18 +26,26 @@ BENCH: dict[str, tuple[str, str]] = {
     "lightqueue": ("lmqtt.loadtest.lightqueue_bench", "Light-queue fan-out indexing and filter matching"),
     "mqtt": ("lmqtt.loadtest.mqtt_bench", "One MQTT load scenario against a running broker"),
     "compare": ("lmqtt.loadtest.compare", "Same scenarios against lmqtt, Mosquitto and amqtt; Markdown report"),
+    "report": ("lmqtt.loadtest.report", "Rebuild a `bench compare` report (report.md, plots) from its results.jsonl"),
     "fuzz": ("lmqtt.loadtest.mqtt_fuzz", "Random/mutated MQTT packets at a live broker, then check it still serves"),
     "timer": ("lmqtt.loadtest.timer_bench", "Delayed messages: timer enqueue, firing error, a million pending timers"),
     "sdk": ("lmqtt.loadtest.sdk_bench", "SDK produce/pull/POP vs Redis Streams; SDK -> MQTT latency"),
     "tier": ("lmqtt.loadtest.tier_bench", "Tiered storage: upload rate vs append rate, a 100,000-message backlog from the tier vs local"),
     "spark": ("lmqtt.loadtest.spark_bench", "Spark over the store: batch read vs Parquet/JSON, publish -> alert latency"),
     "restart": ("lmqtt.loadtest.restart_bench", "Time to be back after a restart with N persistent sessions (vs Mosquitto)"),
-    "ab": ("lmqtt.loadtest.ab_bench", "Two versions (git revisions or trees) through store/lightqueue/compare, alternated"),
     "fuzz-store": ("lmqtt.loadtest.store_fuzz", "Random/mutated native-protocol frames at a live store, then check it"),
     "chaos": ("lmqtt.loadtest.chaos.cli", "kill -9 / SIGSTOP / disk full under mixed load; lost, duplicated, reordered"),
     "soak": ("lmqtt.loadtest.soak_bench", "Hours at a steady rate with churn and retention: memory, files, maps, disk, latency over time"),
     "topics": ("lmqtt.loadtest.topics_bench", "Many first-level topics: publish, restart, read back; open files, maps, RSS, disk"),
     "ha": ("lmqtt.loadtest.ha_bench", "A replicated store group: replicated append vs one node, failover time, nothing lost"),
+    "ha-pop": ("lmqtt.loadtest.ha_pop_bench", "POP consumers on a store group of 3 vs a single store: msg/s, pop/ack latency"),
+    "storm": ("lmqtt.loadtest.conn_storm", "Broker CPU per persistent session of a reconnect storm (CONNECT+SUBSCRIBE+DISCONNECT)"),
+    "idle": ("lmqtt.loadtest.idle_bench", "What an idle broker costs: wake-ups per second per thread, CPU per minute"),
+    "conn-memory": ("lmqtt.loadtest.conn_profile", "Where the memory of an idle MQTT connection goes on `lmqtt serve`"),
+    "shared": ("lmqtt.loadtest.shared_bench", "One $share group of 4 QoS 1 members: serve, a fleet and Mosquitto"),
+    "codec": ("lmqtt.loadtest.codec_bench", "The sans-IO MQTT codec alone: decode/encode packets/s"),
+    "paho-latency": ("lmqtt.loadtest.paho_latency", "The latency scenario written with paho-mqtt: an independent check of the generator"),
+    "cost": ("lmqtt.loadtest.cost_bench", "A broker's syscalls, context switches and CPU per delivered message, brokers alternated"),
 }
 
 
@@ -45,9 +53,9 @@ def _usage() -> str:
     lines = ["usage: lmqtt COMMAND [ARGS...]    (lmqtt COMMAND --help: its flags; lmqtt --version)", "",
              "commands:"]
     for name, (_, desc) in COMMANDS.items():
-        lines.append(f"  {name:<18} {desc}")
+        lines.append(f"  {name:<19} {desc}")
     for name, (_, desc) in BENCH.items():
-        lines.append(f"  bench {name:<12} {desc}")
+        lines.append(f"  bench {name:<13} {desc}")
     return "\n".join(lines)
 
 
@@ -55,19 +63,22 @@ def _bench_usage() -> str:
     lines = ["usage: lmqtt bench BENCHMARK [ARGS...]    (lmqtt bench BENCHMARK --help: its flags)", "",
              "benchmarks:"]
     for name, (_, desc) in BENCH.items():
-        lines.append(f"  {name:<12} {desc}")
+        lines.append(f"  {name:<13} {desc}")
     return "\n".join(lines)
 
 
 def _unknown(what: str, name: str, known) -> str:
-    import difflib              # only for a mistyped name (~6 ms of every start otherwise)
+    import difflib  # only for a mistyped name (~6 ms of every start otherwise)
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"unknown {what} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def version() -> str:
     """`lmqtt 0.1.0`: the installed package's version (pyproject.toml)."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import (  # only --version and the banners (~8 ms of every start otherwise)
+        PackageNotFoundError,
+        version as dist_version,
+    )
     try:
         return f"lmqtt {dist_version('lmqtt')}"
     except PackageNotFoundError:

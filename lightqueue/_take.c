@@ -6,12 +6,12 @@
  * thread, which shares the GIL with the appender. This does the same, record for record; the
  * Python function (lightqueue/take.py) stays the reference and the fallback
  * (tests/lightqueue/test_lightqueue_speedups.py compares the two; LMQTT_PURE_PYTHON=1 turns this
- * off). `index` is the LightQueueIndex: its _resolved dict and _resolve method are called back.
+ * off). `index` is the LightQueueIndex: its resolved dict and resolve method are called back.
  *
  * take_requests(index, batch, ckpt, touched, touched_f, mark)
  *
  * `batch` is a list of DispatchRequest tuples. A dispatch tuple not yet resolved calls
- * index._resolve(qs, phys) (which may write RocksDB and replace index._resolved), exactly where
+ * index.resolve(qs, phys) (which may write RocksDB and replace index.resolved), exactly where
  * the Python loop does. Tails are bytearrays grown in place, as `ba += e` does; the GIL is held
  * throughout, so a reader never sees half an entry.
  */
@@ -330,7 +330,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.lightqueue._ta
                                     methods};
 
 PyMODINIT_FUNC PyInit__take(void) {
-    if ((s_resolved = PyUnicode_InternFromString("_resolved")) == NULL) return NULL;
-    if ((s_resolve = PyUnicode_InternFromString("_resolve")) == NULL) return NULL;
+    if ((s_resolved = PyUnicode_InternFromString("resolved")) == NULL) return NULL;
+    if ((s_resolve = PyUnicode_InternFromString("resolve")) == NULL) return NULL;
     return PyModule_Create(&moddef);
 }

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from lmqtt.store import accel
 from lmqtt.store.consume_queue import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
+from lmqtt.store.fastpath import raw_runs
 from lmqtt.store.record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, tags_code_of
 
 from .topics import is_wildcard, topic_matches, validate_filter
@@ -398,12 +399,36 @@ def _lq_offset(lq, flt: str, position: int, hint: int | None) -> int:
             if ((not prev or prev[0].phys_offset < position) and
                     (not cur or cur[0].phys_offset >= position)):
                 return h
-    from .replay import lq_offset
     return lq_offset(lq, flt, position, 0)
 
 
+def first_at_or_after(lo: int, hi: int, ok) -> int:
+    """Smallest offset in [lo, hi] for which `ok(offset)` holds (ok monotone; ok(hi) assumed)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def lq_offset(lq, queue: str, min_phys: int = 0, since_ms: int = 0) -> int:
+    """First light-queue offset whose entry lies at/after CommitLog position `min_phys` and was
+    stored at/after `since_ms` (binary search over the queue's index entries; holes skipped)."""
+    index = lq.index
+    lo, hi = index.min_offset(queue), index.max_offset(queue)
+
+    def ok(off: int) -> bool:
+        e = index.read(queue, off, 1)
+        if not e:
+            return True
+        e = e[0]
+        return e.phys_offset >= min_phys and e.store_ts >= since_ms
+    return first_at_or_after(lo, hi, ok)
+
+
 def _read_lq(store, lq, flt, position, limit, max_count, max_bytes, hint):
-    from lmqtt.store.fastpath import raw_runs
     off = _lq_offset(lq, flt, position, hint)
     lo = lq.index.min_offset(flt)
     if off <= lo and lo > 0:

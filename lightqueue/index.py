@@ -43,12 +43,23 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOption
 from lmqtt.store.errors import is_disk_full
 
 from .errors import LightQueueError
-from .index_reads import _KEY, _U64, IndexReads     # reads: the runs below, the tail above
+from .index_reads import RUN_KEY, U64, IndexReads  # reads: the runs below, the tail above
 from .retention import IndexRetention
+
 # The take loop (dispatched records into the tails) lives in take.py with the entry format;
 # ENTRY and ENTRY_SIZE stay importable from here.
-from .take import (ENTRY, ENTRY_SIZE, NO_TAILS, RES_FILTER_TAILS, RES_FIRST_NAME, RES_LEN, RES_MARK,
-                   RES_OTHER_NAMES, RES_TAIL, take_batch)
+from .take import (
+    ENTRY,
+    ENTRY_SIZE,
+    NO_TAILS,
+    RES_FILTER_TAILS,
+    RES_FIRST_NAME,
+    RES_LEN,
+    RES_MARK,
+    RES_OTHER_NAMES,
+    RES_TAIL,
+    take_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +103,11 @@ class LightQueueIndex(IndexReads):
         self._wo = WriteOptions()
         self._wo.disable_wal = True
         v = self._db.get(K_CKPT)
-        self._ckpt = 0 if v is None else _U64.unpack(v)[0]   # dispatched into memory
+        self._ckpt = 0 if v is None else U64.unpack(v)[0]   # dispatched into memory
         self._written_ckpt = self._ckpt                         # ... and written to RocksDB
         self._durable_ckpt = self._ckpt                         # ... and flushed to SST files
         v = self._db.get(K_NEXT)
-        self._next_qid = 1 if v is None else _U64.unpack(v)[0]
+        self._next_qid = 1 if v is None else U64.unpack(v)[0]
         # The log start, the queues' floors and the sweep below it (a job of its own).
         self.retention = IndexRetention(self)
         self._qids: dict[str, int] = {}     # name -> qid (cache of FF 'N', + names not written yet)
@@ -107,7 +118,7 @@ class LightQueueIndex(IndexReads):
             for k, v in self._db.items(from_key=K_NAME):
                 if not k.startswith(K_NAME):
                     break
-                self._qids[k[n:].decode("utf-8")] = _U64.unpack(v)[0]
+                self._qids[k[n:].decode("utf-8")] = U64.unpack(v)[0]
         # qid -> next offset to write, for queues WITHOUT an in-memory tail (a queue's tail is
         # the authority while it has one; its end is stored here when the tail is evicted).
         # Lazily loaded; queue ids are dense, so a flat u64 array (8 bytes per queue).
@@ -117,8 +128,8 @@ class LightQueueIndex(IndexReads):
         self._lock = threading.RLock()
         # Since the last take_touched(): first queue of each dispatch tuple (once per batch),
         # and the filter names of each filter set (once per change of filter set).
-        self._touched: list[str] = []
-        self._touched_f: list[tuple[str, ...]] = []
+        self.touched: list[str] = []
+        self.touched_f: list[tuple[str, ...]] = []
         self._touched_cap = 65536
         # The in-memory tail: qid -> (first queue offset, bytearray of packed entries from it on).
         # It holds every entry not yet written to RocksDB plus (after a write) the newest
@@ -130,8 +141,8 @@ class LightQueueIndex(IndexReads):
         self._tail: dict[int, tuple[int, bytearray]] = {}
         self._dirty: dict[int, int] = {}    # qid -> byte position of its first unwritten entry
         self._taken = 0                     # records taken since the last write
-        # dispatch tuple -> its resolved list (the RES_* slots in take.py), built by _resolve
-        self._resolved: dict[tuple[str, ...], list] = {}
+        # dispatch tuple -> its resolved list (the RES_* slots in take.py), built by resolve
+        self.resolved: dict[tuple[str, ...], list] = {}
         self._filter_tails: dict[tuple[str, ...], tuple[bytearray, ...]] = {}  # interned
         self._new_names: dict[str, int] = {}   # queues allocated since the last write
         self._closed = False
@@ -146,7 +157,7 @@ class LightQueueIndex(IndexReads):
             v = self._db.get(K_NAME + name.encode("utf-8"))
             if v is None:
                 return None
-            q = self._qids[name] = _U64.unpack(v)[0]
+            q = self._qids[name] = U64.unpack(v)[0]
         return q
 
     def _load_max(self, qid: int) -> int:
@@ -159,11 +170,11 @@ class LightQueueIndex(IndexReads):
                 return m
             m = self.retention.floor(qid)
             it = self._db.iter()
-            it.seek_for_prev(_KEY.pack(qid, 0xFFFFFFFFFFFFFFFF))
+            it.seek_for_prev(RUN_KEY.pack(qid, 0xFFFFFFFFFFFFFFFF))
             if it.valid():
                 k = it.key()
-                if len(k) == 16 and k[:8] == _U64.pack(qid):
-                    m = max(m, _KEY.unpack(k)[1] + len(it.value()) // ENTRY_SIZE)
+                if len(k) == 16 and k[:8] == U64.pack(qid):
+                    m = max(m, RUN_KEY.unpack(k)[1] + len(it.value()) // ENTRY_SIZE)
             self._max_set(qid, m)
             return m
 
@@ -253,22 +264,22 @@ class LightQueueIndex(IndexReads):
 
         Per record the work is one pack and one bytearray append into the tails (take.py,
         `take_batch`: the Python reference loops and the C one). Resolving a dispatch tuple to its
-        tails (`_resolve`, called back from the loops) happens once per tuple between two writes,
+        tails (`resolve`, called back from the loops) happens once per tuple between two writes,
         which is also when a queue's first unwritten position is noted. The lock is held for the
         whole batch, so a flush or drop from another thread never sees half a batch."""
         with self._lock:
             self._taken += take_batch(self, batch, self._ckpt)
-            if len(self._touched) + len(self._touched_f) > self._touched_cap:   # nobody takes
-                self._touched = list(set(self._touched))                       # them: dedupe
-                self._touched_f = list(set(self._touched_f))
-                self._touched_cap = max(65536, 2 * (len(self._touched) + len(self._touched_f)))
+            if len(self.touched) + len(self.touched_f) > self._touched_cap:   # nobody takes
+                self.touched = list(set(self.touched))                       # them: dedupe
+                self.touched_f = list(set(self.touched_f))
+                self._touched_cap = max(65536, 2 * (len(self.touched) + len(self.touched_f)))
             if end_offset > self._ckpt:
                 self._ckpt = end_offset
             if self._taken >= self.write_records or len(self._tail) > self.tail_queues:
                 self._write()
 
-    def _resolve(self, qs: tuple[str, ...], phys: int) -> list:
-        """`_resolved[qs]` (a resolved list, see take.py), noting where each queue's unwritten entries start. The
+    def resolve(self, qs: tuple[str, ...], phys: int) -> list:
+        """`resolved[qs]` (a resolved list, see take.py), noting where each queue's unwritten entries start. The
         record at `phys` is about to be appended (everything before it is in the tails); if it
         would leave too many queues unwritten, that is written first, with `phys` as checkpoint."""
         dirty = self._dirty
@@ -293,7 +304,7 @@ class LightQueueIndex(IndexReads):
         c[RES_FIRST_NAME] = qs[0]
         c[RES_MARK] = None
         c[RES_OTHER_NAMES] = qs[1:]
-        self._resolved[qs] = c
+        self.resolved[qs] = c
         return c
 
     def _tail_for(self, name: str) -> bytearray:
@@ -336,17 +347,17 @@ class LightQueueIndex(IndexReads):
         tail = self._tail
         ops: list[tuple[bytes, bytes]] = []
         put = ops.append
-        kpack = _KEY.pack
+        kpack = RUN_KEY.pack
         for q, pos in dirty.items():
             first, ba = tail[q]
             if pos < len(ba):
                 put((kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:])))  # one copy
         if self._new_names:
             for name, q in self._new_names.items():
-                put((K_NAME + name.encode("utf-8"), _U64.pack(q)))
-            put((K_NEXT, _U64.pack(self._next_qid)))
+                put((K_NAME + name.encode("utf-8"), U64.pack(q)))
+            put((K_NEXT, U64.pack(self._next_qid)))
         if ckpt > self._written_ckpt:
-            put((K_CKPT, _U64.pack(ckpt)))
+            put((K_CKPT, U64.pack(ckpt)))
         wb = WriteBatch(raw_mode=True)
         for k, v in ops:
             wb.put(k, v)
@@ -359,7 +370,7 @@ class LightQueueIndex(IndexReads):
         self._written_ckpt = ckpt
         self._new_names = {}
         self._dirty = {}
-        self._resolved = {}      # tails are replaced below, and every queue is clean again
+        self.resolved = {}      # tails are replaced below, and every queue is clean again
         self._filter_tails = {}
         self._taken = 0
         keep = self.tail_entries * ENTRY_SIZE
@@ -377,14 +388,14 @@ class LightQueueIndex(IndexReads):
 
     def take_touched(self) -> set[str]:
         """Queues that received entries since the last call (for listeners)."""
-        p = self._touched
+        p = self.touched
         if not p:
             return set()
-        self._touched = []
+        self.touched = []
         out = set(p)
-        pf = self._touched_f
+        pf = self.touched_f
         if pf:
-            self._touched_f = []
+            self.touched_f = []
             out.update(*pf)
         return out
 
@@ -466,19 +477,19 @@ class LightQueueIndex(IndexReads):
                 while keep > 0 and ENTRY.unpack_from(v, (keep - 1) * ENTRY_SIZE)[0] >= offset:
                     keep -= 1
                 if keep != n:
-                    qid, first = _KEY.unpack(k)
+                    qid, first = RUN_KEY.unpack(k)
                     if keep:
                         wb.put(k, v[:keep * ENTRY_SIZE])
                     else:
                         wb.delete(k)
                 it.next()
-            wb.put(K_CKPT, _U64.pack(offset))
+            wb.put(K_CKPT, U64.pack(offset))
             self._db.write(wb, self._wo)
             self._db.flush(True)
             self._ckpt = self._written_ckpt = self._durable_ckpt = offset
             self._tail = {}
             self._dirty = {}
-            self._resolved = {}
+            self.resolved = {}
             self._filter_tails = {}
             self._taken = 0
             self._max = array("Q", [_UNKNOWN]) * self._next_qid   # reload from surviving runs
@@ -491,7 +502,7 @@ class LightQueueIndex(IndexReads):
 
     # What retention changes in the index: it decides when and what; these keep the run layout
     # and the tails the index's business.
-    def _runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
+    def runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
         """(key, qid, end offset) of each RocksDB run whose every entry points below CommitLog
         offset `min_phys`, in key order; stops when the index closes."""
         it = self._db.iter()
@@ -502,11 +513,11 @@ class LightQueueIndex(IndexReads):
                 break
             v = it.value()
             if ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0] < min_phys:
-                qid, first = _KEY.unpack(k)
+                qid, first = RUN_KEY.unpack(k)
                 yield k, qid, first + len(v) // ENTRY_SIZE
             it.next()
 
-    def _forget_runs(self, floors: dict[int, int]) -> None:
+    def forget_runs(self, floors: dict[int, int]) -> None:
         """Runs were deleted: queue `qid` has no entry below `floors[qid]` any more, and its tail
         forgets them too. Caller holds _lock."""
         tail = self._tail
@@ -519,7 +530,7 @@ class LightQueueIndex(IndexReads):
                 tail[qid] = (first + cut // ENTRY_SIZE, ba[cut:])
                 if qid in dirty:
                     dirty[qid] -= cut
-                self._resolved = {}   # it held the replaced bytearray
+                self.resolved = {}   # it held the replaced bytearray
                 self._filter_tails = {}
 
     def drop_queue(self, name: str) -> bool:
@@ -540,13 +551,13 @@ class LightQueueIndex(IndexReads):
                 self._durable_ckpt = ckpt
             end = self.max_offset(name)
             wb = WriteBatch(raw_mode=True)
-            wb.delete_range(_KEY.pack(q, 0), _KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
+            wb.delete_range(RUN_KEY.pack(q, 0), RUN_KEY.pack(q, 0xFFFFFFFFFFFFFFFF))
             self.retention.put_floor(wb, q, end)
             self._db.write(wb, WriteOptions())
             self._max_set(q, end)      # before the tail goes: readers fall back to _max
             self._tail.pop(q, None)
             self._dirty.pop(q, None)   # unwritten entries appended meanwhile go with it
-            self._resolved = {}
+            self.resolved = {}
             self._filter_tails = {}
             self.retention.set_min_offset(q, end)
             return True
@@ -557,6 +568,25 @@ class LightQueueIndex(IndexReads):
             return int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0)
         except Exception:
             return 0
+
+    # What retention.py uses of the index (it works under the index's lock, on its RocksDB).
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    @property
+    def next_qid(self) -> int:
+        """The id the next new queue gets (ids are dense from 1)."""
+        return self._next_qid
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def write_tails(self) -> None:
+        """Write what the tails buffer into RocksDB now."""
+        with self._lock:
+            self._write()
 
     def close(self) -> None:
         if self._closed:

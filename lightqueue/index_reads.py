@@ -13,8 +13,8 @@ from typing import Iterable, NamedTuple
 
 from .take import ENTRY, ENTRY_SIZE
 
-_U64 = struct.Struct(">Q")
-_KEY = struct.Struct(">QQ")        # a run's key: qid, first queue offset
+U64 = struct.Struct(">Q")
+RUN_KEY = struct.Struct(">QQ")        # a run's key: qid, first queue offset
 _ITER = ENTRY.iter_unpack
 
 
@@ -36,19 +36,19 @@ class IndexReads:
     def _db_runs(self, qid: int, offset: int) -> Iterable[tuple[int, bytes]]:
         """(first queue offset, packed entries) of the RocksDB runs of `qid`, from the run
         holding `offset` (or the first one after it) on, in order."""
-        pre = _U64.pack(qid)
+        pre = U64.pack(qid)
         it = self._db.iter()
-        it.seek_for_prev(_KEY.pack(qid, offset))
+        it.seek_for_prev(RUN_KEY.pack(qid, offset))
         if not (it.valid() and it.key()[:8] == pre and len(it.key()) == 16):
-            it.seek(_KEY.pack(qid, offset))
+            it.seek(RUN_KEY.pack(qid, offset))
         while it.valid():
             k = it.key()
             if len(k) != 16 or k[:8] != pre:
                 return
-            yield _KEY.unpack(k)[1], it.value()
+            yield RUN_KEY.unpack(k)[1], it.value()
             it.next()
 
-    def _iter_entries(self, qid: int, offset: int) -> Iterable[IndexEntry]:
+    def iter_entries(self, qid: int, offset: int) -> Iterable[IndexEntry]:
         """Entries of queue `qid` from `offset` on, in order (RocksDB runs, then the tail)."""
         t = self._tail.get(qid)
         if t is None or offset < t[0]:
@@ -113,7 +113,7 @@ class IndexReads:
         if q is None or max_count <= 0:
             return []
         out = []
-        for e in self._iter_entries(q, offset):
+        for e in self.iter_entries(q, offset):
             out.append(e)
             if len(out) >= max_count:
                 break

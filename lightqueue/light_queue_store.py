@@ -22,11 +22,12 @@ from typing import Any, Callable, NamedTuple
 from lmqtt.store import StoredMessage
 from lmqtt.store.fastpath import raw_runs
 
+from . import replay
 from .cache import MessageCache
 from .errors import LightQueueError
-from .records import HOST
 from .index import LightQueueIndex
 from .metadata import MetadataStore
+from .records import HOST
 from .registry import FilterRegistry
 from .topics import is_wildcard
 
@@ -155,11 +156,15 @@ class LightQueueStore:
         return ep
 
     # ------------------------------------------------------------ subscribing from the past
+    def forget_epochs(self) -> None:
+        """Read every filter's epoch from the metadata again on its next use (a new primary serves
+        what the previous one shipped)."""
+        self._epochs.clear()
+
     def replay_plan(self, flt: str, since_ms: int, wait_s: float = 5.0) -> dict:
         """Where the history of `flt` since `since_ms` is (lightqueue/replay.py `plan`). Call after
         registering a wildcard `flt`; waits (up to `wait_s`) until dispatch passed the log's end, so
         the seam's both sides are final. Raises replay.ReplayRefused outside retention."""
-        from . import replay
         st = self._store
         target = st.max_offset
         if st.dispatched_offset < target and not st.wait_dispatched(target, wait_s):
@@ -168,7 +173,6 @@ class LightQueueStore:
 
     def replay_read(self, cursor: dict, max_count: int = 1024, max_bytes: int = 4 << 20):
         """The next history messages of a `replay_plan` cursor: (messages, cursor, done)."""
-        from . import replay
         return replay.read_history(self._store, cursor, max_count, max_bytes)
 
     # ------------------------------------------------------------ reads

@@ -21,8 +21,23 @@ from typing import Collection, Iterator
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .errors import MetadataError
-from .metadata_keys import (_EPOCH, _U32, _U64, K_RECOVERY, K_SECURITY, K_SESSION_INDEX, P_EPOCH, P_FILTER,
-                            P_OFFSET, P_RETAINED, P_SESSION, P_SESSION_BY_HOST, P_WILL, _hkey, _prefix_end)
+from .metadata_keys import (
+    EPOCH,
+    K_RECOVERY,
+    K_SECURITY,
+    K_SESSION_INDEX,
+    P_EPOCH,
+    P_FILTER,
+    P_OFFSET,
+    P_RETAINED,
+    P_SESSION,
+    P_SESSION_BY_HOST,
+    P_WILL,
+    U32,
+    U64,
+    host_key,
+    prefix_end,
+)
 from .records import HOST, IN2_PENDING, SessionRecord, resolve_pending_qos2
 from .retained_messages import RetainedMessages
 from .wills import Wills
@@ -74,10 +89,10 @@ class MetadataStore(RetainedMessages, Wills):
             self._build_session_index()
         # how many will records there are, None when not known (a replica's shipped writes): with
         # none, a CONNECT's `void_will` and a clean disconnect's `pop_will` need no RocksDB read
-        # (issue 29 storm: a read per CONNECT for the will a client rarely left)
+        # (a reconnect storm: a read per CONNECT for the will a client rarely left)
         self._wills: int | None = self._count_wills()
         # whether a retained message may be stored: False while none ever was here (one seek at
-        # open), so a SUBSCRIBE's retained lookup opens no iterator (issue 29 storm: every
+        # open), so a SUBSCRIBE's retained lookup opens no iterator (a reconnect storm: every
         # SUBSCRIBE of a broker without retained messages scanned its filter's empty range).
         # Set by every write of a retained message (and a replica's shipped one); never cleared
         # but by a restart, so it is only ever wrong towards reading
@@ -141,8 +156,8 @@ class MetadataStore(RetainedMessages, Wills):
         and offsets (`set_offsets`) this thread writes inside it go in one WriteBatch, written -
         one WAL write - when it ends (also when an exception leaves it); a failure of that write
         raises MetadataError from its end. Why: a new persistent session's SUBSCRIBE wrote its
-        filter's reference, its record and its offsets, three writes before its SUBACK (issue 29
-        storm). Nothing inside may read those keys back (they are not written yet); every other
+        filter's reference, its record and its offsets, three writes before its SUBACK (a
+        reconnect storm). Nothing inside may read those keys back (they are not written yet); every other
         write goes at once, as outside. Nested, or opened while another thread's is: no group of
         its own (the writes go with the open one, or at once)."""
         return _OneWrite(self)
@@ -209,7 +224,7 @@ class MetadataStore(RetainedMessages, Wills):
         order. RocksDB stops at the prefix's end (an iterate upper bound), so no Python compares
         each key."""
         ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix_end(prefix))
+        ro.set_iterate_upper_bound(prefix_end(prefix))
         # a generator, so `ro` (which the RocksDB iterator reads its bound from) lives as long
         # as the iteration: returned bare, it was freed early and the scan stopped short
         yield from self._db.items(from_key=start if start is not None else prefix, read_opt=ro)
@@ -222,7 +237,7 @@ class MetadataStore(RetainedMessages, Wills):
     def get_offset(self, consumer: str, queue: str) -> int | None:
         """The committed offset of `consumer` in `queue`, or None if it never committed one."""
         v = self._db.get(self._okey(consumer, queue))
-        return None if v is None else _U64.unpack(v)[0]
+        return None if v is None else U64.unpack(v)[0]
 
     def set_offsets(self, consumer: str, offsets: dict[str, int]) -> None:
         """Commit several queue offsets of one consumer atomically (one WAL write)."""
@@ -231,34 +246,34 @@ class MetadataStore(RetainedMessages, Wills):
             [(q, off)] = offsets.items()
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
-            return self._put(self._okey(consumer, q), _U64.pack(off))
+            return self._put(self._okey(consumer, q), U64.pack(off))
         for q, off in offsets.items():
             if off < 0:
                 raise ValueError(f"offset for {q!r} must be >= 0, got {off}")
         wb = group if group is not None else self._batch()
         for q, off in offsets.items():
-            wb.put(self._okey(consumer, q), _U64.pack(off))
+            wb.put(self._okey(consumer, q), U64.pack(off))
         if group is None:
             self._write(wb)
 
     def get_offsets(self, consumer: str) -> dict[str, int]:
         """Every committed offset of `consumer` (prefix scan)."""
         pre = P_OFFSET + consumer.encode("utf-8") + b"\x00"
-        return {k[len(pre):].decode("utf-8"): _U64.unpack(v)[0] for k, v in self._scan(pre)}
+        return {k[len(pre):].decode("utf-8"): U64.unpack(v)[0] for k, v in self._scan(pre)}
 
     def iter_offsets(self) -> Iterator[tuple[str, str, int]]:
         """(consumer, queue, offset) of every committed offset (sessions, shared groups), in key order."""
         for k, v in self._scan(P_OFFSET):
             consumer, _, queue = k[1:].partition(b"\x00")
-            yield consumer.decode("utf-8"), queue.decode("utf-8"), _U64.unpack(v)[0]
+            yield consumer.decode("utf-8"), queue.decode("utf-8"), U64.unpack(v)[0]
 
     def recovery_checked(self) -> int:
         """The store recovery generation the offsets were last checked against (0: none)."""
         v = self._db.get(K_RECOVERY)
-        return 0 if v is None else _U64.unpack(v)[0]
+        return 0 if v is None else U64.unpack(v)[0]
 
     def set_recovery_checked(self, generation: int) -> None:
-        self._put(K_RECOVERY, _U64.pack(generation))
+        self._put(K_RECOVERY, U64.pack(generation))
 
     def delete_offsets(self, consumer: str, queues: list[str] | None = None) -> None:
         """Forget `consumer`'s offsets (all, or only for `queues`)."""
@@ -284,9 +299,9 @@ class MetadataStore(RetainedMessages, Wills):
         value = rec.to_bytes()
         wb = group if group is not None else self._batch()
         wb.put(P_SESSION + client_id.encode("utf-8"), value)
-        wb.put(_hkey(rec.host, client_id), b"")
+        wb.put(host_key(rec.host, client_id), b"")
         if before is not None and before != rec.host:
-            wb.delete(_hkey(before, client_id))
+            wb.delete(host_key(before, client_id))
         if group is None:
             self._write(wb)
 
@@ -298,7 +313,7 @@ class MetadataStore(RetainedMessages, Wills):
         wb = self._batch()
         for client_id, rec in records:
             wb.put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
-            wb.put(_hkey(rec.host, client_id), b"")
+            wb.put(host_key(rec.host, client_id), b"")
         self._write(wb)
 
     def _build_session_index(self) -> None:
@@ -307,7 +322,7 @@ class MetadataStore(RetainedMessages, Wills):
         t0, n = time.monotonic(), 0
         wb = WriteBatch(raw_mode=True)
         for k, v in self._scan(P_SESSION):
-            wb.put(_hkey(_host_of(v), k[len(P_SESSION):].decode("utf-8")), b"")
+            wb.put(host_key(_host_of(v), k[len(P_SESSION):].decode("utf-8")), b"")
             n += 1
             if n % 10000 == 0:
                 self._db.write(wb, self._wo)
@@ -338,7 +353,7 @@ class MetadataStore(RetainedMessages, Wills):
         wb = self._batch()
         wb.delete(key)
         if existed:
-            wb.delete(_hkey(_host_of(v), client_id))
+            wb.delete(host_key(_host_of(v), client_id))
         for k, _ in self._scan(P_OFFSET + client_id.encode("utf-8") + b"\x00"):
             wb.delete(k)
         self._write(wb)
@@ -355,7 +370,7 @@ class MetadataStore(RetainedMessages, Wills):
             out.append(self._session(v))
         return out
 
-    def _session_page(self, after: str | None, limit: int) -> tuple[list[tuple[str, bytes]], str | None]:
+    def session_page(self, after: str | None, limit: int) -> tuple[list[tuple[str, bytes]], str | None]:
         """(client id, record bytes) of the next `limit` session records after client id `after`,
         and the client id to go on after (None at the end)."""
         start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
@@ -378,7 +393,7 @@ class MetadataStore(RetainedMessages, Wills):
         client id to go on after (None at the end), read from the records' bytes (`_host_of`)
         without decoding them: the store's first session sweep learns which gateways have
         sessions at ~1/5 of the cost of decoding every record."""
-        page, nxt = self._session_page(after, limit)
+        page, nxt = self.session_page(after, limit)
         return [(cid, _host_of(v)) for cid, v in page], nxt
 
     def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
@@ -393,7 +408,7 @@ class MetadataStore(RetainedMessages, Wills):
         from its bytes; only those returned are decoded."""
         if gateways is not None:
             return self._sessions_by_host(sorted(set(gateways) | ({""} if unhosted else set())), after, limit)
-        page, nxt = self._session_page(after, limit)
+        page, nxt = self.session_page(after, limit)
         out = []
         for _cid, v in page:
             host = _host_of(v)
@@ -421,7 +436,7 @@ class MetadataStore(RetainedMessages, Wills):
                 break
             v = get(P_SESSION + cid.encode("utf-8"))
             if v is None or (_host_of(v) or "") != host:
-                stale.append(_hkey(host, cid))
+                stale.append(host_key(host, cid))
                 continue
             out.append(self._session(v))
         if stale:
@@ -455,10 +470,10 @@ class MetadataStore(RetainedMessages, Wills):
         key = P_FILTER + flt.encode("utf-8")
         with self._lock:
             v = self._db.get(key)
-            n = max(0, (0 if v is None else _U32.unpack(v)[0]) + delta)
+            n = max(0, (0 if v is None else U32.unpack(v)[0]) + delta)
             wb = self._batch()
             if n:
-                wb.put(key, _U32.pack(n))
+                wb.put(key, U32.pack(n))
             else:
                 wb.delete(key)
             self._write(wb)
@@ -471,11 +486,11 @@ class MetadataStore(RetainedMessages, Wills):
         key = P_FILTER + flt.encode("utf-8")
         group = self._grouped() if self._group_tid is not None else None
         if epoch is None and group is None:
-            return self._put(key, _U32.pack(n))
+            return self._put(key, U32.pack(n))
         wb = group if group is not None else self._batch()
-        wb.put(key, _U32.pack(n))
+        wb.put(key, U32.pack(n))
         if epoch is not None:
-            wb.put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(*epoch))
+            wb.put(P_EPOCH + flt.encode("utf-8"), EPOCH.pack(*epoch))
         if group is None:
             self._write(wb)
 
@@ -488,31 +503,31 @@ class MetadataStore(RetainedMessages, Wills):
         for flt, n in counts.items():
             key = P_FILTER + flt.encode("utf-8")
             if n > 0:
-                wb.put(key, _U32.pack(n))
+                wb.put(key, U32.pack(n))
             else:
                 wb.delete(key)
         self._write(wb)
 
     def filters(self) -> dict[str, int]:
         """Every registered filter with its reference count."""
-        return {k[1:].decode("utf-8"): _U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}
+        return {k[1:].decode("utf-8"): U32.unpack(v)[0] for k, v in self._scan(P_FILTER)}
 
     # -- filter epochs (subscribing from the past: lightqueue/replay.py) ---------------------
     def put_filter_epoch(self, flt: str, phys: int, ms: int) -> None:
         if self._group_tid is not None:
             self._flush_group()
-        self._put(P_EPOCH + flt.encode("utf-8"), _EPOCH.pack(phys, ms))
+        self._put(P_EPOCH + flt.encode("utf-8"), EPOCH.pack(phys, ms))
 
     def get_filter_epoch(self, flt: str) -> tuple[int, int] | None:
         if self._group_tid is not None:
             self._flush_group()
         v = self._db.get(P_EPOCH + flt.encode("utf-8"))
-        return None if v is None else _EPOCH.unpack(v)
+        return None if v is None else EPOCH.unpack(v)
 
     def filter_epochs(self) -> dict[str, tuple[int, int]]:
         """Every wildcard filter's epoch (CommitLog position, ms)."""
         n = len(P_EPOCH)
-        return {k[n:].decode("utf-8"): _EPOCH.unpack(v) for k, v in self._scan(P_EPOCH)}
+        return {k[n:].decode("utf-8"): EPOCH.unpack(v) for k, v in self._scan(P_EPOCH)}
 
     def delete_filter_epoch(self, flt: str) -> None:
         if self._group_tid is not None:

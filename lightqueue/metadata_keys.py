@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import struct
 
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-_EPOCH = struct.Struct(">QQ")
+U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+EPOCH = struct.Struct(">QQ")
 
 P_OFFSET = b"o"
 P_SESSION = b"s"
@@ -41,11 +41,11 @@ K_SESSION_INDEX = b"I"      # present: every session record is in P_SESSION_BY_H
 K_SECURITY = b"A"           # the users and ACL rules managed live: one JSON document (store/node/security_service.py)
 
 
-def _hkey(host: str | None, client_id: str) -> bytes:
+def host_key(host: str | None, client_id: str) -> bytes:
     return P_SESSION_BY_HOST + (host or "").encode("utf-8") + b"\x00" + client_id.encode("utf-8")
 
 
-def _prefix_end(prefix: bytes) -> bytes:
+def prefix_end(prefix: bytes) -> bytes:
     """The first key after every key starting with `prefix` (prefixes here start with a kind
     byte below 0xff, so one always exists)."""
     p = prefix.rstrip(b"\xff")

@@ -19,7 +19,7 @@ _U32 = struct.Struct(">I")
 # call, a third of a session record's encoding time (same bytes: tests/lightqueue/test_lightqueue_metadata.py)
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 try:    # the C encoder `_JSON.encode` ends in, called directly (its Python layers were 2 of a session
-    # record's ~7 us; issue 29 storm); the same bytes: tests/lightqueue/test_record_json_accel.py
+    # record's ~7 us; a reconnect storm); the same bytes: tests/lightqueue/test_record_json_accel.py
     from json.encoder import c_make_encoder as _c_make_encoder, encode_basestring as _encode_basestring
     _C_ENCODE = _c_make_encoder(None, _JSON.default, _encode_basestring, None, ":", ",", False, False, True)
 except (ImportError, TypeError):  # pragma: no cover - a Python without the C encoder

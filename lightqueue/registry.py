@@ -37,7 +37,7 @@ class FilterRegistry:
         called for a wildcard filter going 0 -> 1 once it is in the trie (every record appended
         from then on is indexed into its queue); the (CommitLog position, ms) it returns is
         written with the count, in one metadata write. The count written is the one held here
-        (the metadata's, read at start or by `reload`): no read before the write (issue 29: a
+        (the metadata's, read at start or by `reload`): no read before the write (a
         new persistent session's SUBSCRIBE wrote a read, a count and an epoch; now one write)."""
         validate_filter(flt)
         with self._lock:

@@ -43,6 +43,7 @@ import time
 from datetime import datetime, timezone
 
 from . import history
+from .history import lq_offset
 from .topics import is_wildcard, validate_filter
 
 
@@ -71,32 +72,6 @@ def check_retention(store, since_ms: int) -> None:
     if oldest is not None and since_ms < oldest:
         raise ReplayRefused(f"since {_iso(since_ms)} is outside retention: the oldest stored message is "
                             f"from {_iso(oldest)} (older ones were deleted)")
-
-
-def _first_at_or_after(lo: int, hi: int, ok) -> int:
-    """Smallest offset in [lo, hi] for which `ok(offset)` holds (ok monotone; ok(hi) assumed)."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def lq_offset(lq, queue: str, min_phys: int = 0, since_ms: int = 0) -> int:
-    """First light-queue offset whose entry lies at/after CommitLog position `min_phys` and was
-    stored at/after `since_ms` (binary search over the queue's index entries; holes skipped)."""
-    index = lq.index
-    lo, hi = index.min_offset(queue), index.max_offset(queue)
-
-    def ok(off: int) -> bool:
-        e = index.read(queue, off, 1)
-        if not e:
-            return True
-        e = e[0]
-        return e.phys_offset >= min_phys and e.store_ts >= since_ms
-    return _first_at_or_after(lo, hi, ok)
 
 
 # the ConsumeQueues a filter's history is in, and time -> queue offset: lightqueue/history.py's (one
@@ -202,39 +177,3 @@ def read_history(store, cursor: dict, max_count: int = 1024, max_bytes: int = 4 
     done = horizon is None and all(
         (not batches[i]) or new_off[i] > batches[i][-1][0] for i in range(len(sources)))
     return out, {"filter": flt, "seam": seam, "end": end, "sources": sources}, done
-
-
-def call_handlers(store, lq):
-    """The CALL handlers `(plan, read)` of the store protocol (docs/protocol.md): `gw_replay` /
-    `gw_replay_read` for remote gateways (gateway_service.py), `replay` / `replay_read` for the SDK
-    (service.py). `plan` answers once dispatch has passed the log's end as of the request (a
-    future then, waited for off the loop); refused: ERROR `invalid` with the reason."""
-    import asyncio
-
-    from lmqtt.store import protocol as W
-    from lmqtt.store.server import CallError, Messages
-
-    def replay(a: dict):
-        flt, since = validate_filter(str(a["filter"])), int(a["since"])
-
-        def answer():
-            try:
-                return plan(store, lq, flt, since)
-            except ReplayRefused as e:
-                raise CallError(W.E_INVALID, str(e)) from None
-        target = store.max_offset
-        if store.dispatched_offset >= target:
-            return answer()
-
-        async def later():
-            loop = asyncio.get_running_loop()
-            if not await loop.run_in_executor(None, store.wait_dispatched, target, 5.0):
-                raise CallError(W.E_STORE, "the store's dispatch is behind; try again")
-            return answer()
-        return asyncio.ensure_future(later())
-
-    def replay_read(a: dict):
-        msgs, cursor, done = read_history(store, a["cursor"], max(1, min(int(a.get("max_count", 1024)), 65536)))
-        return Messages({"cursor": cursor, "done": done}, msgs)
-    return replay, replay_read
-

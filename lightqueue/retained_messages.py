@@ -16,7 +16,7 @@ from rocksdict import ReadOptions
 
 from lmqtt.store import accel
 
-from .metadata_keys import P_RETAINED, _U32, _prefix_end
+from .metadata_keys import P_RETAINED, U32, prefix_end
 from .topics import is_wildcard, literal_prefix, topic_matches, validate_filter, validate_topic
 
 
@@ -35,7 +35,7 @@ class RetainedMessages:
                 self._write(wb)
                 return
             self._retained_maybe = True      # before the write: a reader never misses it
-            self._put(key, b"".join((_U32.pack(len(payload)), payload, props)))
+            self._put(key, b"".join((U32.pack(len(payload)), payload, props)))
 
     def clear_retained_if(self, topic: str, props: bytes) -> bool:
         """Clear the retained message of `topic` if it is still the one with these `props` (a
@@ -54,7 +54,7 @@ class RetainedMessages:
 
     @staticmethod
     def _decode_retained(v: bytes) -> tuple[bytes, bytes]:
-        (n,) = _U32.unpack_from(v, 0)
+        (n,) = U32.unpack_from(v, 0)
         return v[4:4 + n], v[4 + n:]
 
     def get_retained(self, topic: str) -> tuple[bytes, bytes] | None:
@@ -89,7 +89,7 @@ class RetainedMessages:
         pre = literal_prefix(flt)
         scan = P_RETAINED + pre.encode("utf-8")
         ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix_end(scan))
+        ro.set_iterate_upper_bound(prefix_end(scan))
         items = self._db.items(from_key=scan, read_opt=ro)
         # `a/b/#` matches `a/b` and every topic below it, nothing else: the key says so (no topic
         # split and compare per retained message; 1,000 on a subscribe)
@@ -118,9 +118,9 @@ def retained_rows_py(items, n: int, plen: int, klen: int, below: bytes | None) -
         taken += 1
         if below is not None and len(k) != klen and not k.startswith(below):
             continue
-        if len(v) < 4 or 4 + _U32.unpack_from(v, 0)[0] > len(v):
+        if len(v) < 4 or 4 + U32.unpack_from(v, 0)[0] > len(v):
             raise ValueError("retained value shorter than its length prefix")
-        e = 4 + _U32.unpack_from(v, 0)[0]
+        e = 4 + U32.unpack_from(v, 0)[0]
         rows.append((k[plen:].decode("utf-8"), v[4:e], v[e:]))
     return rows, taken < n
 

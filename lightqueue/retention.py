@@ -19,10 +19,10 @@ cached until the log start moves.
 
 The index keeps its byte layout and its in-memory tails to itself (it owns where a queue ends and
 what it holds; this module, where it starts). This module works under the index's lock and
-reaches the index through a few named members: `_write()` (write what the tails buffer, so that
-they are swept too), `_runs_below(min_phys)` (the RocksDB runs whose every entry points below the
-log start), `_forget_runs(floors)` (the tails forget the deleted runs too), `_iter_entries`,
-`max_offset`, `qid`, `_next_qid` and `_closed`.
+reaches the index through the members it offers for it: `write_tails()` (write what the tails
+buffer, so that they are swept too), `runs_below(min_phys)` (the RocksDB runs whose every entry
+points below the log start), `forget_runs(floors)` (the tails forget the deleted runs too),
+`iter_entries`, `max_offset`, `qid`, `next_qid`, `lock`, `db` and `closed`.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class IndexRetention:
         self.min_phys = 0 if v is None else _U64.unpack(v)[0]
         # qid -> min offset (lazy; queue ids are dense, so a flat u64 array; reset when
         # min_phys moves)
-        self._min = array("Q", [_UNKNOWN]) * index._next_qid
+        self._min = array("Q", [_UNKNOWN]) * index.next_qid
         self._sweeper: threading.Thread | None = None
 
     def min_offset(self, name: str) -> int:
@@ -72,10 +72,10 @@ class IndexRetention:
         mn = self._min
         if q < len(mn) and mn[q] != _UNKNOWN:
             return mn[q]
-        with ix._lock:
+        with ix.lock:
             m = self.floor(q)
             if self.min_phys:
-                for e in ix._iter_entries(q, m):
+                for e in ix.iter_entries(q, m):
                     if e.phys_offset >= self.min_phys:
                         m = e.queue_offset
                         break
@@ -92,7 +92,7 @@ class IndexRetention:
 
     def forget_min_offsets(self) -> None:
         """Every queue's min offset is computed again on its next use."""
-        self._min = array("Q", [_UNKNOWN]) * self._index._next_qid
+        self._min = array("Q", [_UNKNOWN]) * self._index.next_qid
 
     def floor(self, qid: int) -> int:
         """The min offset of queue `qid` after runs were swept or dropped (0: none were)."""
@@ -109,7 +109,7 @@ class IndexRetention:
         if min_phys_offset <= self.min_phys:
             return
         ix = self._index
-        with ix._lock:
+        with ix.lock:
             self.min_phys = min_phys_offset
             wb = WriteBatch(raw_mode=True)
             wb.put(K_MINPHYS, _U64.pack(min_phys_offset))
@@ -122,7 +122,7 @@ class IndexRetention:
 
     def _sweep_until_current(self) -> None:
         done = -1
-        while done < self.min_phys and not self._index._closed:   # retention may move again meanwhile
+        while done < self.min_phys and not self._index.closed:   # retention may move again meanwhile
             done = self.min_phys
             try:
                 self.sweep()
@@ -139,10 +139,9 @@ class IndexRetention:
         ix = self._index
         deleted = 0
         min_phys = self.min_phys
-        with ix._lock:
-            ix._write()      # sweep what the tails buffer too
+        ix.write_tails()      # sweep what the tails buffer too
         todo: list[tuple[bytes, int, int]] = []
-        for run in ix._runs_below(min_phys):
+        for run in ix.runs_below(min_phys):
             todo.append(run)
             if len(todo) >= batch_runs:
                 deleted += self._delete_runs(todo)
@@ -153,7 +152,7 @@ class IndexRetention:
 
     def _delete_runs(self, runs: list[tuple[bytes, int, int]]) -> int:
         ix = self._index
-        with ix._lock:
+        with ix.lock:
             wb = WriteBatch(raw_mode=True)
             floors: dict[int, int] = {}
             for k, qid, end in runs:
@@ -164,7 +163,7 @@ class IndexRetention:
             self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
             for qid in floors:
                 self.set_min_offset(qid, _UNKNOWN)
-            ix._forget_runs(floors)
+            ix.forget_runs(floors)
         return len(runs)
 
     def join(self, timeout: float | None = None) -> None:

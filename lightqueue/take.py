@@ -13,15 +13,15 @@ and the layout the C loop is handed.
   topic appended together): the loop over runs is Python; the entries of a run are one call of
   `run_entries` (lightqueue/_take.c when built, else `run_entries_py`, its reference).
 
-Per record the work is one pack and one bytearray append: the index's `_resolved` maps a
+Per record the work is one pack and one bytearray append: the index's `resolved` maps a
 dispatch tuple (the same tuple object for every publish of a topic) to a *resolved list* (RES_*
 slots below): its first queue's tail bytearray, the bytearrays of the others (the wildcard
 filters), interned so that every tuple with the same filters shares one object, and the names
 to report as touched. Consecutive records with the same filters have their entries joined and
 appended to those tails once (`_spread`, when the filter set changes, before the next resolve
 and at the end of the batch), so a record costs one append however many filters match it. A
-tuple not yet resolved calls `index._resolve(qs, phys)`, which may write RocksDB first and
-replace `index._resolved` (the loops, C included, re-read it after the call): that is why the
+tuple not yet resolved calls `index.resolve(qs, phys)`, which may write RocksDB first and
+replace `index.resolved` (the loops, C included, re-read it after the call): that is why the
 loops take the index.
 """
 from __future__ import annotations
@@ -29,17 +29,25 @@ from __future__ import annotations
 import struct
 
 from lmqtt.store import accel
-from lmqtt.store.message import (CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_DISPATCH_QUEUES, DR_PHYS, DR_SIZE,
-                                  DR_STORE_TS, DispatchRequest)
+from lmqtt.store.message import (
+    CHUNK_RUNS,
+    CHUNK_SIZES,
+    CHUNK_STARTS,
+    DR_DISPATCH_QUEUES,
+    DR_PHYS,
+    DR_SIZE,
+    DR_STORE_TS,
+    DispatchRequest,
+)
 
 ENTRY = struct.Struct(">QIQ")      # phys_offset, size, store_ts
 ENTRY_SIZE = ENTRY.size            # 20
-# the filter tails of a dispatch tuple with one queue: `LightQueueIndex._resolve` puts this object
+# the filter tails of a dispatch tuple with one queue: `LightQueueIndex.resolve` puts this object
 # in the RES_FILTER_TAILS slot and the loops below start from it (`cur`), so it is one shared name
 NO_TAILS: tuple = ()
 _DR_ONLY = {DispatchRequest}
 
-# Slots of a resolved list (`index._resolved[dispatch_queues]`, built by `LightQueueIndex._resolve`):
+# Slots of a resolved list (`index.resolved[dispatch_queues]`, built by `LightQueueIndex.resolve`):
 # the first queue's tail, the other queues' tails (a tuple), the first queue's name, the mark of
 # the last batch that touched it, the other queues' names. A list, not an object: it is read per
 # record. The loops below bind these names to locals before they start (a global name there
@@ -119,17 +127,17 @@ def take_batch(index, batch, ckpt: int) -> int:
 
 
 # The two loops below share one shape (kept inline: a call per record would cost more than the
-# work): c = index._resolved[tuple], a resolved list (RES_* slots); `cur`/`acc`: the filter tails
+# work): c = index.resolved[tuple], a resolved list (RES_* slots); `cur`/`acc`: the filter tails
 # being accumulated and their pending entries.
 def take_requests(index, batch: list, ckpt: int) -> None:
     """A list of DispatchRequests. Unpacked in the for target: the cheapest way to reach four
     fields of a named tuple (measured 390 vs 630 ns/record for attribute access)."""
     if _ctake is not None:
-        _ctake.take_requests(index, batch, ckpt, index._touched, index._touched_f, object())
+        _ctake.take_requests(index, batch, ckpt, index.touched, index.touched_f, object())
         return
-    rget = index._resolved.get
-    touched = index._touched
-    touched_f = index._touched_f
+    rget = index.resolved.get
+    touched = index.touched
+    touched_f = index.touched_f
     mark = object()
     pack = ENTRY.pack
     cur = NO_TAILS
@@ -144,8 +152,8 @@ def take_requests(index, batch: list, ckpt: int) -> None:
             if acc:
                 _spread(acc, cur)
                 acc = []
-            c = index._resolve(qs, phys)
-            rget = index._resolved.get
+            c = index.resolve(qs, phys)
+            rget = index.resolved.get
         if c[res_mark] is not mark:
             c[res_mark] = mark
             touched.append(c[res_first])
@@ -189,9 +197,9 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
     """A columnar chunk (store.message): `runs[k]` is the first record of records
     starts[k]..starts[k+1]-1 that share every field but phys/size/queue offset. Their entries
     are packed, joined and appended once per queue."""
-    rget = index._resolved.get
-    touched = index._touched
-    touched_f = index._touched_f
+    rget = index.resolved.get
+    touched = index.touched
+    touched_f = index.touched_f
     mark = object()
     entries = _ctake.run_entries if _ctake is not None else run_entries_py
     cur = NO_TAILS
@@ -213,8 +221,8 @@ def take_runs(index, sizes: list, starts: list, runs: list, ckpt: int) -> None:
             if acc:
                 _spread(acc, cur)
                 acc = []
-            c = index._resolve(qs, p0)
-            rget = index._resolved.get
+            c = index.resolve(qs, p0)
+            rget = index.resolved.get
         if c[res_mark] is not mark:
             c[res_mark] = mark
             touched.append(c[res_first])

@@ -14,7 +14,7 @@ import logging
 from rocksdict import ReadOptions
 
 from .errors import MetadataError
-from .metadata_keys import P_WILL, P_WILL_BY_GATEWAY, _prefix_end
+from .metadata_keys import P_WILL, P_WILL_BY_GATEWAY, prefix_end
 from .records import WillRecord
 
 log = logging.getLogger("lmqtt.lightqueue.metadata")
@@ -133,7 +133,7 @@ class Wills:
     def _count_wills(self) -> int:
         """The will records on disk (a pass over their keys: at open, after `take_wills`)."""
         ro = ReadOptions()
-        ro.set_iterate_upper_bound(_prefix_end(P_WILL))
+        ro.set_iterate_upper_bound(prefix_end(P_WILL))
         return sum(1 for _ in self._db.keys(from_key=P_WILL, read_opt=ro))
 
     def will_gateways(self) -> set[str]:

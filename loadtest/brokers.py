@@ -7,7 +7,7 @@ and the tail of its log instead of failing the whole comparison.
 
 * ``mosquitto``: Debian's ``mosquitto`` binary with a generated config (loopback listener,
   anonymous, unlimited connections, raised queue/inflight limits so a benchmark measures the
-  broker, not its default back-pressure of 1000 queued messages; see ``_mosquitto_conf``).
+  broker, not its default back-pressure of 1000 queued messages; see ``mosquitto_conf``).
 * ``amqtt``: the ``amqtt`` console script of this Python (3.1.1 only), anonymous auth plugin only
   (the default config also loads packet/event loggers, which would benchmark logging).
 * ``lmqtt``: ``lmqtt serve`` (embedded mode: gateway + store + notify in one process).
@@ -22,12 +22,14 @@ and the tail of its log instead of failing the whole comparison.
   their publishers (ScenarioConfig.ports), so every message crosses gateways.
 
 The multi-process brokers are measured as one: the probe sums CPU and RSS over the started process
-and all its children, and reports each process's share (mqtt_bench.BrokerProbe).
+and all its children, and reports each process's share (probe.py `BrokerProbe`).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import random
 import resource
 import shutil
 import signal
@@ -35,7 +37,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from importlib.metadata import version as _v
 from pathlib import Path
 
 KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet", "lmqtt-auth-http")
@@ -56,14 +60,14 @@ def free_port() -> int:
     the local port of any outgoing connection on the machine (a store restart failed with 'address
     already in use' so). Successive calls give distinct ports; the kernel's bind(0) may offer a
     just-released one again."""
-    return _free_ports(1)
+    return free_ports(1)
 
 
 def free_port_pair() -> int:
     """A port p with p and p + 1 both free on loopback (the gateways' metrics ports base + i).
     Below the ephemeral range too: after a storm of client connections most ports in that range
     are held by sockets in TIME_WAIT, and 50 tries of two neighbours there all failed."""
-    return _free_ports(2)
+    return free_ports(2)
 
 
 def _ephemeral_start() -> int:
@@ -74,10 +78,9 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def _free_ports(n: int) -> int:
+def free_ports(n: int) -> int:
     """The first of n consecutive loopback ports that bind now, below the ephemeral range and not
     handed out before."""
-    import random
     top = max(2000, _ephemeral_start() - n)
     for _ in range(200):
         p = random.randrange(max(1024, top // 2), top)
@@ -144,7 +147,6 @@ class RunningBroker:
         over the gateways; None for a broker without remote gateways."""
         if not self.metrics_ports:
             return None
-        import urllib.request
         total = 0
         for p in self.metrics_ports:
             try:
@@ -208,7 +210,7 @@ class Security:
     auth_http: str | None = None      # lmqtt-auth-http: the URL of the service `start` runs
 
 
-def _mosquitto_conf(port: int, workdir: Path, security: Security | None = None, persist: bool = False) -> Path:
+def mosquitto_conf(port: int, workdir: Path, security: Security | None = None, persist: bool = False) -> Path:
     """`persist`: Mosquitto keeps its sessions in `workdir/mosquitto.db` (written at shutdown, read
     at start), for `lmqtt bench restart`; else in memory only, as the other scenarios run it."""
     conf = workdir / "mosquitto.conf"
@@ -324,10 +326,9 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
             version = out.splitlines()[0].strip() if out else "mosquitto"
         except (OSError, subprocess.TimeoutExpired):
             version = "mosquitto"
-        return [exe, "-c", str(_mosquitto_conf(port, workdir, security, persist))], version
+        return [exe, "-c", str(mosquitto_conf(port, workdir, security, persist))], version
     if name == "amqtt":
         try:
-            from importlib.metadata import version as _v
             version = f"amqtt {_v('amqtt')}"
         except Exception:  # noqa: BLE001 - metadata is only decoration
             version = "amqtt"
@@ -403,7 +404,6 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         opts["lmqtt_src"] = lmqtt_src
     helpers: list = []
     if name == "lmqtt-auth-http" and security is not None and security.password_file:
-        import dataclasses
         svc_port = free_port()
         svc = subprocess.Popen([sys.executable, "-m", "lmqtt.loadtest.auth_service", "--port", str(svc_port),
                                 "--user", security.username or "", "--password", security.password or ""],

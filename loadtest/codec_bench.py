@@ -1,4 +1,4 @@
-"""Micro-benchmark of the sans-IO MQTT codec (`python3 -m lmqtt.loadtest.codec_bench`).
+"""Micro-benchmark of the sans-IO MQTT codec (`lmqtt bench codec`).
 
 Why: the decoder runs on every byte of every connection and `PublishTemplate` on every delivery, so
 their packets/s bound the gateway's throughput per core. Single process, no sockets: it measures
@@ -11,8 +11,7 @@ import json
 import sys
 import time
 
-from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, PublishTemplate, encode, encode_publish, packets as P
 
 
 def _rate(fn, n: int) -> float:
@@ -74,7 +73,7 @@ def bench(n: int, payload_size: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.codec_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench codec", description=__doc__.split("\n")[0])
     ap.add_argument("--packets", type=int, default=200_000)
     ap.add_argument("--payload", type=int, default=64)
     a = ap.parse_args(argv)

@@ -7,7 +7,7 @@ scenario itself is ``mqtt_bench.run`` with the same parameters for every broker,
 (amqtt speaks nothing newer).
 
 Outputs: one JSON line per result on stdout and in ``OUT/results.jsonl`` (histograms included,
-so ``python -m lmqtt.loadtest.report OUT`` can rebuild the report), ``OUT/report.md`` and
+so ``lmqtt bench report OUT`` can rebuild the report), ``OUT/report.md`` and
 ``OUT/latency_<scenario>.png``. Progress goes to stderr. A broker that cannot start is recorded
 as ``{"available": false, "reason": ...}`` and shown as "not available"; a scenario that fails
 is recorded with its error and the run goes on.
@@ -15,17 +15,21 @@ is recorded with its error and the run goes on.
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import json
 import os
 import platform
+import secrets
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import brokers as B
-from . import mqtt_bench, report
+from . import brokers as B, mqtt_bench, report, selfcheck
+from .saturation import verdict
 from .scenarios import ALL, ScenarioConfig, defaults_for
 
 DEFAULT_SCENARIOS = "fanout,fanin,pairs,latency,conn"
@@ -37,7 +41,7 @@ def _log(msg: str) -> None:
 
 def machine() -> str:
     try:
-        import psutil
+        import psutil  # optional: the bench extra
         mem = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
     except ImportError:
         mem = "?"
@@ -160,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     if a.selfcheck:
-        from . import selfcheck
         B.raise_nofile()
         return selfcheck.run(a)
     brokers = [b.strip() for b in a.brokers.split(",") if b.strip()]
@@ -228,7 +231,7 @@ def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
     d.mkdir(exist_ok=True)
     if a.tls:
         try:
-            import trustme
+            import trustme  # optional: the test extra
         except ImportError:
             raise RuntimeError("--tls needs trustme (pip install trustme)") from None
         ca = trustme.CA()
@@ -240,7 +243,6 @@ def _security(a: argparse.Namespace, out: Path) -> "B.Security | None":
         for p in (sec.cert, sec.key):
             os.chmod(p, 0o644)      # Mosquitto may drop privileges before reading it
     if a.password:
-        import subprocess
         sec.username, sec.password, sec.password_file = "bench", "bench-secret", str(d / "passwd")
         exe = B.shutil.which("mosquitto_passwd")
         if exe:
@@ -258,9 +260,6 @@ def mosquitto_hash(password: str, iterations: int = 101) -> str:
     hash), with mosquitto_passwd's iteration count, so a login costs what it costs on Mosquitto:
     what `--password` writes when mosquitto_passwd is not installed. Both brokers read it (lmqtt's
     check: gateway/security/auth.py `verify_password`; tests/loadtest/test_compare_password.py)."""
-    import base64
-    import hashlib
-    import secrets
     salt = secrets.token_bytes(12)
     dk = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
     return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(dk).decode()}"
@@ -287,7 +286,6 @@ def _headline(r: dict) -> str:
                 f"{'?' if idle is None else f'{idle * 100:.2f}'} % of a core while idle")
     lat = r.get("latency_us", {})
     p99 = lat.get("p99")
-    from .selfcheck import verdict
     return (f"{r.get('delivered_per_s', 0):,.0f} msg/s delivered, p99 "
             f"{'?' if p99 is None else f'{p99 / 1e3:.2f}'} ms, lost {r.get('lost')}, dup "
             f"{r.get('duplicated')}; {verdict(r)}")

@@ -1,6 +1,6 @@
-"""Where the memory of an idle MQTT connection goes on `lmqtt serve` (issue 29, "Connections").
+"""Where the memory of an idle MQTT connection goes on `lmqtt serve`.
 
-    python3 -m lmqtt.loadtest.conn_profile [--connections 10000] [--top 25] [--no-subscribe]
+    lmqtt bench conn-memory [--connections 10000] [--top 25] [--no-subscribe]
 
 Starts `lmqtt serve` under tracemalloc (in a fresh data dir, every optional listener off), opens
 `--warmup` connections (one-time growth: dict resizes, caches, the first allocations of each kind),
@@ -202,7 +202,7 @@ def rss_profile(connections: int, warmup: int, subscribe: bool, batches: int, pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.conn_profile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench conn-memory", description=__doc__.split("\n\n")[0])
     ap.add_argument("--connections", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--no-subscribe", action="store_true", help="CONNECT only")

@@ -1,6 +1,6 @@
-"""Broker CPU per persistent session of a reconnect storm (issue 29, "Connections"), on `lmqtt serve`.
+"""Broker CPU per persistent session of a reconnect storm, on `lmqtt serve`.
 
-    python3 -m lmqtt.loadtest.conn_storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop]
+    lmqtt bench storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop]
 
 The `sessions` scenario of `lmqtt bench compare` reports rates, which on a shared machine the
 generator and the other processes set as much as the broker. This counts what the broker spends:
@@ -26,8 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from .brokers import free_port, wait_port
+from .brokers import BrokerUnavailable, free_port, mosquitto_conf, source_path, wait_port
 from .mqtt_client import connect
 
 CONCURRENCY = 200
@@ -60,13 +61,11 @@ async def _storm(port: int, n: int, tag: str, drop: bool = False) -> int:
 def _start(kind: str, workdir: str, port: int, lmqtt_src: str | None) -> subprocess.Popen:
     log = open(os.path.join(workdir, "broker.log"), "ab")
     if kind == "mosquitto":
-        from pathlib import Path
-        from .brokers import _mosquitto_conf     # the config `lmqtt bench compare` runs it with
-        return subprocess.Popen(["mosquitto", "-c", str(_mosquitto_conf(port, Path(workdir)))],
+        # the configuration `lmqtt bench compare` runs it with
+        return subprocess.Popen(["mosquitto", "-c", str(mosquitto_conf(port, Path(workdir)))],
                                 stdout=log, stderr=subprocess.STDOUT)
     env = dict(os.environ)
     if lmqtt_src:
-        from .brokers import source_path
         src, module = source_path(lmqtt_src, workdir)
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     else:
@@ -104,7 +103,7 @@ def run_round(kind: str, n: int, lmqtt_src: str | None, drop: bool = False) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.conn_storm", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench storm", description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lmqtt-src", default=None)
@@ -114,12 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     kinds = ["lmqtt"] + (["mosquitto"] if a.mosquitto else [])
     if a.lmqtt_src:
-        from .brokers import BrokerUnavailable, source_path
         try:                                # a wrong directory: said in one line, before any round
             with tempfile.TemporaryDirectory(prefix="conn-storm-") as d:
                 source_path(a.lmqtt_src, d)
         except BrokerUnavailable as e:
-            raise SystemExit(f"conn_storm: {e}") from None
+            raise SystemExit(f"lmqtt bench storm: {e}") from None
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(a.rounds):
         for k in kinds:

@@ -1,6 +1,6 @@
 """What a broker spends per delivered message: CPU (user, system), syscalls, context switches.
 
-    python3 -m lmqtt.loadtest.cost_bench [--brokers lmqtt,mosquitto] [--scenarios latency,pairs]
+    lmqtt bench cost [--brokers lmqtt,mosquitto] [--scenarios latency,pairs]
         [--rounds 2] [--duration 5] [--pairs 50] [--rate 5000] [--strace] [--out FILE]
 
 For each round and each broker in turn (alternated: the order flips every round, so a machine
@@ -164,7 +164,7 @@ def measure(spec: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.cost_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench cost", description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="lmqtt,mosquitto",
                     help="comma list; lmqtt@DIR runs lmqtt from the source tree DIR")
     ap.add_argument("--scenarios", default="latency,pairs")

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import sys
 
+from lmqtt.gateway.app.config import ConfigError, build_config
+from lmqtt.gateway.app.serve_command import parser
+from lmqtt.gateway.app.workers import run
+
 
 def main(argv: list[str] | None = None) -> int:
-    from lmqtt.gateway.app.config import ConfigError, build_config
-    from lmqtt.gateway.app.serve_command import parser
-    from lmqtt.gateway.app.workers import run
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--ports" not in argv:
         print("fleet_launcher: --ports P,Q,... is required", file=sys.stderr)

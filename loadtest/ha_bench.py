@@ -23,21 +23,23 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from lmqtt.loadtest.brokers import _free_ports
+from lmqtt.loadtest.brokers import free_ports
 from lmqtt.loadtest.chaos.checker import Checker, body, failures
 from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
+from lmqtt.store.client import connect
 
 TOPIC = "bench/ha"
 
 
-class _Member:
-    def __init__(self, root: str, group: "_Group", node: int, port: int) -> None:
+class GroupMember:
+    def __init__(self, root: str, group: "StoreGroup", node: int, port: int) -> None:
         self.node, self.port, self.group = node, port, group
         self.data_dir = os.path.join(root, f"m{node}")
         self.log = os.path.join(root, f"m{node}.log")
@@ -58,7 +60,6 @@ class _Member:
             self.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
 
     def status(self) -> dict | None:
-        from lmqtt.store.client import connect
         try:
             c = connect(self.address, timeout=1.0, connect_timeout=1.0, reconnect_attempts=1)
         except Exception:  # noqa: BLE001
@@ -88,14 +89,14 @@ class _Member:
             self.proc.wait(10)
 
 
-class _Group:
+class StoreGroup:
     def __init__(self, root: str, flush_mode: str, ack_replicas: int | None, election_timeout: float) -> None:
         self.flush_mode, self.ack_replicas, self.election_timeout = flush_mode, ack_replicas, election_timeout
-        ports = [_free_ports(3) for _ in range(3)]
+        ports = [free_ports(3) for _ in range(3)]
         self.peers = ",".join(f"127.0.0.1:{p}" for p in ports)
-        self.members = [_Member(root, self, i + 1, p) for i, p in enumerate(ports)]
+        self.members = [GroupMember(root, self, i + 1, p) for i, p in enumerate(ports)]
 
-    def start(self) -> "_Group":
+    def start(self) -> "StoreGroup":
         for m in self.members:
             m.start()
         return self
@@ -104,7 +105,7 @@ class _Group:
         for m in self.members:
             m.stop()
 
-    def primary(self, timeout: float = 60.0, exclude=(), in_sync: int = 0) -> _Member:
+    def primary(self, timeout: float = 60.0, exclude=(), in_sync: int = 0) -> GroupMember:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for m in self.members:
@@ -135,7 +136,6 @@ def _drop_data(path: str) -> None:
 def _autobatch_rate(address: str, n: int, size: int, watch: dict | None = None) -> tuple[float, dict]:
     """-> (msgs/s, CPU seconds per process during the sends: `watch` {name: pid} and "producer",
     this process)."""
-    from lmqtt.store.client import connect
     _quiesce()
     c = connect(address, timeout=120)
     ab = c.auto_batch_producer()
@@ -160,13 +160,13 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
     for mode in modes:
         d = os.path.join(root, f"single-{mode.replace('+', '_')}")
         os.makedirs(d, exist_ok=True)
-        port = _free_ports(1)
+        port = free_ports(1)
         with open(os.path.join(root, f"single-{mode}.log"), "ab") as f:
             p = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
                                   "--data-dir", d, "--flush-mode", mode, "--segment-mb", "64"], stdout=f,
                                  stderr=subprocess.STDOUT)
         try:
-            _wait_port(port)
+            wait_port(port)
             single, cpu = _autobatch_rate(f"127.0.0.1:{port}", n, size, {"store": p.pid})
         finally:
             p.terminate()
@@ -177,7 +177,7 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
         for k in (1, 2):
             gd = os.path.join(root, f"group-{mode.replace('+', '_')}-{k}")
             os.makedirs(gd, exist_ok=True)
-            g = _Group(gd, mode, k, 2.5).start()
+            g = StoreGroup(gd, mode, k, 2.5).start()
             try:
                 prim = g.primary(in_sync=3)
                 watch = {"primary": prim.proc.pid}
@@ -192,8 +192,7 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
                  "cpu_s": cpu})
 
 
-def _wait_port(port: int, timeout: float = 30.0) -> None:
-    import socket
+def wait_port(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -217,8 +216,7 @@ def _figures(times: list[float]) -> dict:
 
 def case_failover(root: str, mode: str, kills: int, faults: list[str], size: int, timeout: float, out,
                   max_seconds: float = 0.0) -> None:
-    from lmqtt.store.client import connect
-    g = _Group(root, mode, None, timeout).start()
+    g = StoreGroup(root, mode, None, timeout).start()
     ck = Checker()
     acks: list[float] = []          # ack times (monotonic), appended by the producer
     stop = threading.Event()

@@ -1,9 +1,9 @@
-"""POP on a store group vs a single store (issue 27): `--consumers` (default 1) POP consumers'
+"""POP on a store group vs a single store: `--consumers` (default 1) POP consumers'
 `pop(32)` + `ack` loops over `--messages` stored messages, first on a single `lmqtt store`, then on a group of 3 (where each
 pop and ack answers once the in-sync replicas have the POP state, docs/ha.md "POP on a group"),
 in the same run. One JSON object per shape on stdout: messages/s, p50/p99 of pop and ack.
 
-    python3 -m lmqtt.loadtest.ha_pop_bench --messages 20000 [--consumers 4]
+    lmqtt bench ha-pop --messages 20000 [--consumers 4]
 """
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from lmqtt.loadtest.brokers import _free_ports
-from lmqtt.loadtest.ha_bench import _Group, _wait_port
+from lmqtt.loadtest.brokers import free_ports
+from lmqtt.loadtest.ha_bench import StoreGroup, wait_port
+from lmqtt.store.client import connect
 
 TOPIC = "popbench"
 
@@ -45,8 +47,6 @@ def _cpu_s(pids: list[int]) -> float:
 def _loop(address: str, n: int, size: int, max_seconds: float, consumers: int = 1, pids=()) -> dict:
     """Store `n` messages, then `consumers` POP consumers of one group (one connection and thread
     each) `pop(32)` + `ack` until all `n` are acked or `max_seconds` passed."""
-    import threading
-    from lmqtt.store.client import connect
     c = connect(address, timeout=60)
     try:
         p = c.producer()
@@ -103,7 +103,7 @@ def _loop(address: str, n: int, size: int, max_seconds: float, consumers: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.ha_pop_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench ha-pop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--consumers", type=int, default=1,
@@ -115,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         d = os.path.join(base, "single")
         os.makedirs(d)
-        port = _free_ports(1)
+        port = free_ports(1)
         with open(os.path.join(base, "single.log"), "ab") as f:
             proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "store", "--port", str(port),
                                      "--data-dir", d, "--flush-mode", "sync", "--segment-mb", "64"],
                                     stdout=f, stderr=subprocess.STDOUT)
         try:
-            _wait_port(port)
+            wait_port(port)
             single = _loop(f"127.0.0.1:{port}", a.messages, a.size, a.max_seconds, a.consumers, [proc.pid])
         finally:
             proc.terminate()
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         out({"case": "pop-ack", "shape": "single", **single})
         gd = os.path.join(base, "group")
         os.makedirs(gd)
-        g = _Group(gd, "sync", None, 2.5).start()
+        g = StoreGroup(gd, "sync", None, 2.5).start()
         try:
             g.primary(in_sync=3)
             group = _loop(g.peers, a.messages, a.size, a.max_seconds, a.consumers,

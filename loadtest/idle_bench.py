@@ -1,6 +1,6 @@
 """What an idle broker costs: wake-ups per second per thread and CPU seconds per minute.
 
-`python3 -m lmqtt.loadtest.idle_bench [--brokers lmqtt,mosquitto] [--clients 0,1000] [--duration 60]`
+`lmqtt bench idle [--brokers lmqtt,mosquitto] [--clients 0,1000] [--duration 60]`
 
 For each broker and each client count: start the broker (loadtest/brokers.py, as `bench compare`
 does), park `clients` idle MQTT connections on it (loadtest/conn_hold.py: CONNECT + SUBSCRIBE,
@@ -20,40 +20,44 @@ appends the raw figures.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import runpy
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+from . import brokers
+from .conn_hold import Holder
 
 PR_SET_NAME = 15
 
 
 def _name_threads() -> None:
-    """Give every Python thread started from now on its `threading` name in the kernel."""
-    import ctypes
-    import threading
+    """Give every Python thread started from now on its `threading` name in the kernel: a profile
+    function (`threading.setprofile`) runs once in each new thread before its `run`, names it and
+    removes itself."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return
-    orig = threading.Thread._bootstrap_inner
 
-    def named(self):
+    def name_this_thread(_frame, _event, _arg) -> None:
+        sys.setprofile(None)
         try:
-            libc.prctl(PR_SET_NAME, self.name.encode()[:15], 0, 0, 0)
+            libc.prctl(PR_SET_NAME, threading.current_thread().name.encode()[:15], 0, 0, 0)
         except Exception:  # noqa: BLE001 - decoration only
             pass
-        return orig(self)
-    threading.Thread._bootstrap_inner = named
+    threading.setprofile(name_this_thread)
     libc.prctl(PR_SET_NAME, b"main", 0, 0, 0)
 
 
 def _serve(argv: list[str]) -> None:
     """`python3 -m lmqtt.loadtest.idle_bench _serve <module> <args...>`: run lmqtt's CLI module
     with named threads."""
-    import runpy
     _name_threads()
     module, rest = argv[0], argv[1:]
     sys.argv = [module, *rest]
@@ -101,7 +105,6 @@ def measure(pid: int, duration: float) -> dict:
 
 
 def _start(name: str, workdir: Path, lmqtt_src: str | None, metrics: bool = True):
-    from . import brokers
     if name != "lmqtt":
         return brokers.start(name, workdir)
     # brokers.start's argv with the CLI module run through _serve (named threads), and with the
@@ -127,7 +130,6 @@ def _start(name: str, workdir: Path, lmqtt_src: str | None, metrics: bool = True
 
 def run_one(name: str, clients: int, duration: float, settle: float, lmqtt_src: str | None,
             metrics: bool = True) -> dict:
-    from .conn_hold import Holder
     with tempfile.TemporaryDirectory(prefix=f"idle-{name}-") as tmp:
         rb = _start(name, Path(tmp), lmqtt_src, metrics)
         holder = None
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_serve"]:
         _serve(argv[1:])
         return 0
-    ap = argparse.ArgumentParser(prog="python3 -m lmqtt.loadtest.idle_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench idle", description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="lmqtt,mosquitto")
     ap.add_argument("--clients", default="0,1000", help="comma-separated idle client counts")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured per run")

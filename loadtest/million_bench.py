@@ -1,4 +1,4 @@
-"""The `million` scenario: up to 1,000,000 idle MQTT connections held by one broker (issue 29).
+"""The `million` scenario: up to 1,000,000 idle MQTT connections held by one broker.
 
     lmqtt bench compare --brokers lmqtt-workers,mosquitto --scenarios million [--connections N]
     lmqtt bench mqtt --scenario million --broker-port P [--connections N]
@@ -22,6 +22,7 @@ port can hold the sum of their limits, and the scenario asks for no more than th
 """
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import select
@@ -29,6 +30,8 @@ import time
 
 from .conn_hold import Holder, capacity
 from .histogram import Histogram
+from .probe import BrokerProbe
+from .scenarios import IdleProbe
 
 PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 32768-60999: 28,232)
 PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
@@ -103,7 +106,7 @@ def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]
     if not pid:
         return None, []
     try:
-        import psutil
+        import psutil  # optional: the bench extra
         root = psutil.Process(pid)
         procs = [root] + root.children(recursive=True)
     except Exception:  # noqa: BLE001 - no psutil or the broker is gone: unknown
@@ -128,10 +131,6 @@ def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]
 
 
 def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
-    from .mqtt_bench import BrokerProbe
-    from .scenarios import IdleProbe
-    import asyncio
-
     requested = cfg.connections
     cap, listeners = broker_capacity(broker_pid, cfg.port)
     target = requested if cap is None else min(requested, cap)

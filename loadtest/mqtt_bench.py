@@ -13,7 +13,7 @@ accounting and samples the broker's CPU/RSS (psutil on its PID) over the same wi
 workers' own CPU, so the report shows which side was saturated.
 
 This module is the parent's side only (broker probe, process pool, phases, merging, CLI). The
-worker's side of the pipe, ``Worker`` and its ``_worker_main`` entry point, is in
+worker's side of the pipe, ``Worker`` and its ``worker_main`` entry point, is in
 ``traffic_worker``, which imports nothing from here: it is what every generator process runs.
 
 Latency is measured from the moment a message is stamped and written, not from its scheduled time
@@ -26,17 +26,32 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
 import resource
 import sys
 import time
 
+from . import conn_rate
 from .brokers import raise_nofile
 from .histogram import Histogram
-from .scenarios import (ALL, STATE, TRAFFIC, ClientSpec, ScenarioConfig, defaults_for, partition,
-                        plan, run_persistent, run_replay, run_retained, run_sessions)
+from .million_bench import run_million
+from .probe import BrokerProbe, find_broker_pid
+from .saturation import verdict
+from .scenarios import (
+    ALL,
+    STATE,
+    TRAFFIC,
+    ClientSpec,
+    ScenarioConfig,
+    defaults_for,
+    partition,
+    plan,
+    run_persistent,
+    run_replay,
+    run_retained,
+    run_sessions,
+)
 from .stamp import account, merge_per_publisher
-from .traffic_worker import _install_uvloop, _worker_main
+from .traffic_worker import install_uvloop, worker_main
 
 PHASE_TIMEOUT_MARGIN = 30.0
 
@@ -44,118 +59,6 @@ PHASE_TIMEOUT_MARGIN = 30.0
 def _cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-class BrokerProbe:
-    """CPU seconds and RSS of the broker process (and its children), if we know its PID."""
-
-    def __init__(self, pid: int | None) -> None:
-        self.proc = None
-        if pid:
-            try:
-                import psutil
-                self.proc = psutil.Process(pid)
-            except Exception:  # noqa: BLE001 - psutil missing or process gone: no broker figures
-                self.proc = None
-
-    def _procs(self):
-        out = [self.proc]
-        try:
-            out += self.proc.children(recursive=True)
-        except Exception:  # noqa: BLE001
-            pass
-        return out
-
-    def cpu(self) -> float | None:
-        if self.proc is None:
-            return None
-        total = 0.0
-        for p in self._procs():
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except Exception:  # noqa: BLE001 - a child may exit between listing and reading
-                pass
-        return total
-
-    @staticmethod
-    def _label(p) -> str:
-        """A short name for a broker process: its lmqtt subcommand (and gateway id), else its exe."""
-        try:
-            cmd = p.cmdline()
-        except Exception:  # noqa: BLE001
-            return f"pid {p.pid}"
-        for sub in ("store", "gateway", "serve"):
-            if sub in cmd[1:4] or (len(cmd) > 3 and cmd[3] == sub):
-                if sub == "gateway" and "--gateway-id" in cmd:
-                    return "gateway " + cmd[cmd.index("--gateway-id") + 1].rsplit(":", 1)[-1]
-                return sub
-        if any("fleet_launcher" in c for c in cmd):
-            return "launcher"
-        try:
-            return p.name()                 # e.g. redis-server (which rewrites its command line)
-        except Exception:  # noqa: BLE001
-            return f"pid {p.pid}"
-
-    def cpu_by_process(self) -> dict[str, float]:
-        """CPU seconds per process of the broker (label -> seconds), for multi-process brokers."""
-        out: dict[str, float] = {}
-        if self.proc is None:
-            return out
-        for p in self._procs():
-            try:
-                t = p.cpu_times()
-                k = self._label(p)
-                out[k] = out.get(k, 0.0) + t.user + t.system
-            except Exception:  # noqa: BLE001
-                pass
-        return out
-
-    def sched(self) -> tuple[float, float] | None:
-        """Seconds on a CPU and seconds runnable but waiting for one (the run queue), summed over
-        the broker's threads (/proc/PID/task/TID/schedstat). On a machine shared with other jobs
-        a broker short of a core shows it here: on-CPU + waiting near 1.0 core per thread that
-        wanted to run is a saturated broker, whatever share of a core it was given."""
-        if self.proc is None:
-            return None
-        run = wait = 0
-        for p in self._procs():
-            try:
-                tids = os.listdir(f"/proc/{p.pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
-                        r, w, _ = f.read().split()
-                except (OSError, ValueError):
-                    continue
-                run += int(r)
-                wait += int(w)
-        return run / 1e9, wait / 1e9
-
-    def rss(self) -> int | None:
-        if self.proc is None:
-            return None
-        total = 0
-        for p in self._procs():
-            try:
-                total += p.memory_info().rss
-            except Exception:  # noqa: BLE001
-                pass
-        return total
-
-
-def find_broker_pid(port: int) -> int | None:
-    """PID of the process listening on ``port`` on loopback (our own processes only)."""
-    try:
-        import psutil
-        for c in psutil.net_connections("tcp"):
-            if c.status == "LISTEN" and c.laddr and c.laddr.port == port and c.pid:
-                return c.pid
-    except Exception:  # noqa: BLE001 - no permission / psutil missing
-        return None
-    return None
 
 
 def _log(msg: str, quiet: bool) -> None:
@@ -202,7 +105,7 @@ class _Pool:
                             credit[w * cfg.publishers + pub] = -1
         for index, part in enumerate(parts):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(cfg, part, b, index, len(parts), credit),
+            p = ctx.Process(target=worker_main, args=(cfg, part, b, index, len(parts), credit),
                             daemon=True)
             p.start()
             b.close()
@@ -245,7 +148,6 @@ class _Pool:
 
 
 def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = False) -> dict:
-    from . import conn_rate
     if cfg.scenario == "conn" and conn_rate.usable(cfg):
         return conn_rate.run_conn(cfg, BrokerProbe(broker_pid), _progress, quiet)
     specs = plan(cfg)
@@ -372,7 +274,6 @@ def run_state(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = 
     cpu_b0, cpu_g0, wall0 = probe.cpu(), _cpu_seconds(), time.monotonic()
     _log(f"{cfg.scenario}: running", quiet)
     if cfg.scenario == "million":
-        from .million_bench import run_million
         out = run_million(cfg, broker_pid, quiet)
         out["latency_us"] = out["histogram"].summary(1e3)
         out["gen_cpu_cores"] = None
@@ -380,7 +281,7 @@ def run_state(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = 
         return out
     fn = {"retained": run_retained, "persistent": run_persistent, "replay": run_replay,
           "sessions": run_sessions}[cfg.scenario]
-    _install_uvloop()
+    install_uvloop()
     out = asyncio.run(fn(cfg))
     wall = time.monotonic() - wall0
     cpu_b1 = probe.cpu()
@@ -474,7 +375,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(to_json(res), flush=True)
     if cfg.scenario in TRAFFIC and cfg.scenario != "conn":
-        from .selfcheck import verdict
         _log(f"who was saturated: {verdict(res)}", a.quiet)
     return 0
 

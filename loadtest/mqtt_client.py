@@ -28,8 +28,7 @@ from itertools import chain as _chain_mod, repeat as _repeat
 from operator import or_ as _or, sub as _sub
 from typing import Callable
 
-from lmqtt.gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode, packets as P
 
 from .stamp import STAMP, STAMP_SIZE, Stream, Tracker, make_payload
 
@@ -482,7 +481,7 @@ class Client(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _expect(self, name: str) -> asyncio.Future:
+    def expect(self, name: str) -> asyncio.Future:
         f = asyncio.get_event_loop().create_future()
         self.waiters[name] = f
         return f
@@ -493,7 +492,7 @@ class Client(asyncio.Protocol):
         props = P.Properties()
         if self.version == 5 and session_expiry is not None:
             props.session_expiry_interval = session_expiry
-        fut = self._expect("ConnAck")
+        fut = self.expect("ConnAck")
         self.transport.write(encode(P.Connect(self.client_id, self.version, clean, keepalive, username, password,
                                               properties=props), self.version))
         ack = await asyncio.wait_for(fut, timeout)
@@ -503,7 +502,7 @@ class Client(asyncio.Protocol):
 
     async def subscribe(self, topic_filter: str, qos: int, packet_id: int = 1,
                         timeout: float = 30.0) -> None:
-        fut = self._expect("SubAck")
+        fut = self.expect("SubAck")
         self.transport.write(encode(P.Subscribe(packet_id, [P.SubscriptionRequest(topic_filter, qos)]),
                                     self.version))
         ack = await asyncio.wait_for(fut, timeout)
@@ -524,7 +523,7 @@ _TLS_CONTEXTS: dict[str, "ssl.SSLContext"] = {}
 def tls_context(cafile: str):
     """A client TLS context trusting `cafile`, one per file (loading a CA per connection would be
     the generator's cost, not the broker's)."""
-    import ssl
+    import ssl  # only TLS, when configured
     ctx = _TLS_CONTEXTS.get(cafile)
     if ctx is None:
         ctx = _TLS_CONTEXTS[cafile] = ssl.create_default_context(cafile=cafile)

@@ -30,7 +30,7 @@ fixed here:
 
 What it costs: ~90 µs of CPU per message (four socket calls and the Python around them), 0.45
 cores at 5,000 msg/s; on two busy cores that competes with the broker, and the C harness (28 µs)
-disturbs it less: compare the two when the tail matters (BENCHMARKS.md, issue 29).
+disturbs it less: compare the two when the tail matters (BENCHMARKS.md).
 
 A message is stamped just before its ``send``; a QoS 1/2 publisher whose window is full sends
 late rather than early (``behind_schedule`` counts it, as in the asyncio worker). The parent
@@ -44,6 +44,7 @@ records do not show as readable descriptors), and ``LMQTT_BENCH_ASYNC_RATE=1`` f
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import ctypes
 import gc
 import os
@@ -54,11 +55,11 @@ import time
 
 from lmqtt.gateway.mqtt import encode, packets as P
 
-from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 from .histogram import Histogram
 from .mqtt_client import Client, MqttError, PidAllocator, Sink, StampedPublisher
 from .scenarios import ClientSpec, ScenarioConfig
 from .stamp import Tracker
+from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS has the same value
 _TIMESPEC = struct.Struct("@qq")
@@ -237,7 +238,7 @@ class PacedWorker:
                        sink=self.sink if sp.role == "sub" else None)
             tr = _SockTransport(sock)
             c.connection_made(tr)
-            fut = c._expect("ConnAck")
+            fut = c.expect("ConnAck")
             sock.sendall(encode(P.Connect(sp.client_id, cfg.version, True, 300, cfg.username,
                                           cfg.password.encode() if cfg.password is not None else None),
                                 cfg.version))
@@ -246,7 +247,7 @@ class PacedWorker:
             if ack.reason_code != 0:
                 raise MqttError(f"{sp.client_id}: CONNACK refused with code {ack.reason_code:#x}")
             if sp.role == "sub":
-                fut = c._expect("SubAck")
+                fut = c.expect("SubAck")
                 sock.sendall(encode(P.Subscribe(1, [P.SubscriptionRequest(sp.topic, cfg.qos)]), cfg.version))
                 self._wait(c, sock, fut)
                 sub = fut.result()
@@ -488,7 +489,7 @@ class PacedWorker:
 
 
 def paced_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int) -> None:
-    """Entry point in a worker process (``traffic_worker._worker_main`` picks it for ``usable``)."""
+    """Entry point in a worker process (``traffic_worker.worker_main`` picks it for ``usable``)."""
     # Client objects make a future each (their ``closed``); give them a loop that never runs
     asyncio.set_event_loop(asyncio.new_event_loop())
     w = PacedWorker(cfg, specs, conn, index)
@@ -496,7 +497,6 @@ def paced_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int) -
     if not prof_dir:
         w.run()
         return
-    import cProfile
     prof = cProfile.Profile(time.process_time)
     try:
         prof.runcall(w.run)

@@ -1,6 +1,6 @@
 """An independent check of the latency generator: the ``latency`` scenario written with paho-mqtt.
 
-    python -m lmqtt.loadtest.paho_latency --port 1883 [--pairs 50] [--rate 5000] [--duration 10]
+    lmqtt bench paho-latency --port 1883 [--pairs 50] [--rate 5000] [--duration 10]
         [--procs 4] [--qos 1]
 
 Nothing of lmqtt's generator is used (no ``mqtt_client``, ``stamp``, ``histogram``, no lmqtt
@@ -32,7 +32,7 @@ _Q = struct.Struct("!Q")
 
 def _proc(host: str, port: int, pairs: list[int], n_pairs: int, rate: float, qos: int, t0: int,
           t_end: int, run: str, ready, out) -> None:
-    import paho.mqtt.client as mqtt
+    import paho.mqtt.client as mqtt  # optional: the bench and spark extras
     lat: list[int] = []
     subs, pubs = {}, {}
 
@@ -99,7 +99,7 @@ def _serve(clients, timeout: float, _misc=[0.0]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lmqtt.loadtest.paho_latency", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench paho-latency", description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--pairs", type=int, default=50)

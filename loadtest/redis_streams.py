@@ -82,7 +82,7 @@ class RedisServer:
 def parser() -> str:
     """Which reply parser redis-py uses here: "hiredis" (C) or "python"."""
     try:
-        from redis.utils import HIREDIS_AVAILABLE
+        from redis.utils import HIREDIS_AVAILABLE  # only with --redis: lmqtt serve never loads it
     except ImportError:  # pragma: no cover - older redis-py
         return "unknown"
     return "hiredis" if HIREDIS_AVAILABLE else "python"
@@ -91,7 +91,7 @@ def parser() -> str:
 def xadd(server: RedisServer, size: int, duration: float, pipeline: int = 256,
          max_messages: int = 50_000_000) -> dict:
     """Pipelined XADD of `size`-byte payloads for `duration` seconds (bounded by `max_messages`)."""
-    import redis
+    import redis  # only with --redis: lmqtt serve never loads it
     r = redis.Redis.from_url(server.url)
     r.delete("bench")
     body = os.urandom(size)
@@ -119,7 +119,7 @@ def xreadgroup(server: RedisServer, size: int, duration: float, count: int = 100
     The stream is filled with up to `prefill` messages (or what `duration` seconds of pipelined
     XADD manage) so that consumption is measured on its own, as the lmqtt pull/POP rows are.
     """
-    import redis
+    import redis  # only with --redis: lmqtt serve never loads it
     r = redis.Redis.from_url(server.url)
     r.delete("bench")
     body = os.urandom(size)

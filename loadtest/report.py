@@ -1,7 +1,7 @@
 """Turn `lmqtt bench compare` results (JSON lines) into a Markdown report and latency plots.
 
 Kept apart from the runner so a report can be rebuilt from a kept ``results.jsonl`` without
-re-running anything (``python -m lmqtt.loadtest.report DIR``), e.g. after a broker was re-run.
+re-running anything (``lmqtt bench report DIR``), e.g. after a broker was re-run.
 
 Tables: one per scenario, rows = metric, columns = broker (median over repetitions, with the
 min–max spread when there were several), then lmqtt/peer ratios. A "Targets" table checks the
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .histogram import Histogram
-from .selfcheck import verdict
+from .saturation import verdict
 
 # (label, key path, unit scale, format, higher_is_better)
 TRAFFIC_METRICS = [
@@ -243,7 +243,7 @@ TARGETS = [  # label, scenario, metric, peer, op, bound
     ("fan-in 1,000→1 QoS 1 delivered msg/s ≥ 10× amqtt", "fanin", ("delivered_per_s",), "amqtt", ">=", 10.0),
     ("pairs QoS 1 delivered msg/s ≥ 0.3× Mosquitto", "pairs", ("delivered_per_s",), "mosquitto", ">=", 0.3),
     ("pairs QoS 1 delivered msg/s ≥ 10× amqtt", "pairs", ("delivered_per_s",), "amqtt", ">=", 10.0),
-    # issue 29: p99 and broker CPU per message at 5,000 msg/s (the paced generator, loadtest/paced.py)
+    # the latency targets: p99 and broker CPU per message at 5,000 msg/s (the paced generator, loadtest/paced.py)
     ("p99 latency at 5,000 msg/s QoS 1 ≤ 1.2× Mosquitto", "latency", ("latency_us", "p99"), "mosquitto", "<=", 1.2),
     ("broker CPU per message at 5,000 msg/s QoS 1 ≤ 1.5× Mosquitto", "latency", ("broker_cpu_us_per_msg",),
      "mosquitto", "<=", 1.5),
@@ -309,9 +309,9 @@ def targets_table(g: dict[str, dict[str, list[dict]]]) -> str:
 def plot_latency(g: dict[str, dict[str, list[dict]]], out_dir: Path, brokers: list[str]) -> list[Path]:
     """One PNG per scenario: latency CDF (all repetitions merged), one line per broker."""
     try:
-        import matplotlib
+        import matplotlib  # optional: the bench extra
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: the bench extra
     except ImportError:
         print("report: matplotlib not installed (pip install 'lmqtt[bench]'); no plots", file=sys.stderr)
         return []
@@ -383,7 +383,7 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
         if by_proc:
             md += by_proc + [""]
         if scen not in ("conn", "sessions", "million", *STATE_SCENARIOS):
-            md += ["Who was saturated (`loadtest.selfcheck.verdict`):", ""]
+            md += ["Who was saturated (`loadtest.saturation.verdict`):", ""]
             for b in brokers:
                 for r in g[scen].get(b, []):
                     md.append(f"- {b} rep {r.get('rep', 1)}: {verdict(r)}")
@@ -397,10 +397,10 @@ def render(results: list[dict], out_dir: Path, meta: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print("usage: python -m lmqtt.loadtest.report DIR  (reads DIR/results.jsonl, writes DIR/report.md)",
-              file=sys.stderr)
-        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: lmqtt bench report DIR  (reads DIR/results.jsonl and meta.json of a `bench compare` "
+              "run, writes DIR/report.md and its plots)", file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
     d = Path(argv[0])
     meta_p = d / "meta.json"
     meta = json.loads(meta_p.read_text()) if meta_p.exists() else {}

@@ -55,6 +55,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from lmqtt.lightqueue.metadata import MetadataStore
+from lmqtt.lightqueue.records import HOST, NEVER_EXPIRES, SessionRecord, Subscription
 from lmqtt.loadtest import brokers
 from lmqtt.loadtest.mqtt_client import connect
 from lmqtt.loadtest.scenarios import SESSION_STORM_CONCURRENCY
@@ -84,9 +86,6 @@ async def _sessions(host: str, ports: list[int], subscribe: bool, ids, timeout: 
 def _write_records(data_dir: Path, n: int, prefix: str, extra: dict) -> None:
     """`n` session records `{prefix}-{i}` subscribed (QoS 1) to `{prefix}/dev/{i}/+`, with their
     offsets, written into a stopped data dir's metadata (`extra`: more record state)."""
-    from lmqtt.lightqueue.metadata import MetadataStore
-    from lmqtt.lightqueue.records import NEVER_EXPIRES, SessionRecord, Subscription
-
     md = MetadataStore(str(data_dir / "lightqueue" / "meta"))
     try:
         now = int(time.time() * 1000)
@@ -102,8 +101,8 @@ def _write_records(data_dir: Path, n: int, prefix: str, extra: dict) -> None:
 
 
 def write_sessions_direct(data_dir: Path, n: int) -> None:
-    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with clean
-    session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
+    """The records and offsets `lmqtt serve` writes for `n` clients that CONNECTed with
+    clean session 0, SUBSCRIBEd (QoS 1) to `rs/dev/{i}/+` and left, written into its stopped data dir's
     metadata: what the MQTT creation leaves, without a million connects."""
     _write_records(data_dir, n, "rs", {})
 
@@ -111,7 +110,6 @@ def write_sessions_direct(data_dir: Path, n: int) -> None:
 def write_foreign_direct(data_dir: Path, m: int, host: str = "gone-gw") -> None:
     """`m` session records (and offsets) of clients of gateway `host`, which is not running: the
     records a fleet gateway writes (`SessionRecord.host`), into the stopped store's metadata."""
-    from lmqtt.lightqueue.records import HOST
     _write_records(data_dir, m, "fx", {HOST: host})
 
 

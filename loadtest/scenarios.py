@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 
-from .histogram import Histogram
-from lmqtt.gateway.mqtt import encode, packets as P
+from lmqtt.gateway.mqtt import encode, encode_publish, packets as P
 
-from .mqtt_client import Sink, StampedPublisher, connect
+from .histogram import Histogram
+from .mqtt_client import PidAllocator, Sink, StampedPublisher, connect
 from .stamp import Tracker, account
 
 TRAFFIC = ("fanout", "fanin", "pairs", "latency", "conn")
@@ -152,7 +153,7 @@ def plan(cfg: ScenarioConfig) -> list[ClientSpec]:
         pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/pair/{i}", pub_id=i) for i in range(n)]
         subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/pair/{i}", sub_id=i, expects=[i]) for i in range(n)]
     elif s == "conn":
-        # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (issue 29's measure of
+        # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (the measure of
         # memory per idle connection), then silence
         return [ClientSpec("sub", f"{r}-c{i}", f"{r}/idle/{i}", sub_id=i) for i in range(cfg.connections)]
     else:
@@ -259,7 +260,6 @@ async def run_retained(cfg: ScenarioConfig) -> dict:
 
 
 async def _clear_retained(cfg: ScenarioConfig, topics: list[str]) -> None:
-    from lmqtt.gateway.mqtt import encode_publish
     c = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-clr", cfg.version)
     try:
         c.transport.write(b"".join(encode_publish(t, b"", 0, True, False, None, None, cfg.version)
@@ -272,7 +272,6 @@ async def _clear_retained(cfg: ScenarioConfig, topics: list[str]) -> None:
 async def _publish_backlog(cfg: ScenarioConfig, topic: str, n: int) -> int:
     """One publisher, `n` QoS 1 messages with seq 0..n-1 (publisher id 0), 200 in flight; returns
     how many were sent (bounded by time)."""
-    from .mqtt_client import PidAllocator
     pub = await connect(cfg.host, cfg.port, f"lb-{cfg.run_id}-ppub", cfg.version)
     sp = StampedPublisher(0, topic, cfg.size, 1, cfg.version)
     alloc = PidAllocator(pub.inflight)
@@ -443,7 +442,6 @@ async def run_sessions(cfg: ScenarioConfig) -> dict:
 def _ping_until(host: str, port: int, client_id: str, version: int, stop, out) -> None:
     """The `sessions` idle client (a forked process with a blocking socket): CONNECT, then PINGREQ
     every 5 ms until `stop`; sends "connected" (or the error), then the round trips in ns."""
-    import socket
     try:
         sock = socket.create_connection((host, port), timeout=30)
         sock.sendall(encode(P.Connect(client_id, version, True, 600), version))

@@ -25,6 +25,7 @@ included). Progress goes to stderr. Every loop is bounded by `--duration` and by
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -36,8 +37,12 @@ import sys
 import tempfile
 import time
 
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
 from lmqtt.loadtest.brokers import free_port  # below the ephemeral range: a restart finds its port free
 from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
+from lmqtt.store.client import connect, connect_async
+
+from . import redis_streams as R
 
 ALL_CASES = ("single", "batch", "autobatch", "aio-autobatch", "pull", "group", "pop", "redis-xadd", "redis-xreadgroup", "latency")
 MAX_MESSAGES = 5_000_000
@@ -185,9 +190,6 @@ def bench_autobatch(c, topic, size, duration):
 def bench_aio_autobatch(c, topic, size, duration):
     """AsyncAutoBatchProducer.send for `duration` on its own AsyncConnection in an asyncio loop,
     then flush(): the asyncio service's way to produce at volume; counted like `autobatch`."""
-    import asyncio
-
-    from lmqtt.store.client import connect_async
     body = os.urandom(size)
 
     async def run():
@@ -293,10 +295,6 @@ def bench_pop(c, first_level, size, duration):
 
 def bench_latency(size, duration, flush_mode, max_count=20_000):
     """SDK send -> raw MQTT subscriber (the gateway's codec) on `lmqtt serve`, one message in flight."""
-    from lmqtt.gateway.mqtt import Decoder, encode
-    from lmqtt.gateway.mqtt import packets as P
-    from lmqtt.store.client import connect
-
     srv = LmqttProc("serve", flush_mode)
     try:
         sock = socket.create_connection(("127.0.0.1", srv.mqtt_port), timeout=10)
@@ -383,7 +381,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmqtt bench sdk: unknown case(s) {bad} or duration <= 0", file=sys.stderr)
         return 2
     sizes = [int(x) for x in a.sizes.split(",") if x]
-    from lmqtt.store.client import connect
 
     rc = 0
 
@@ -402,7 +399,6 @@ def main(argv: list[str] | None = None) -> int:
         rc = 1
     redis_cases = [x for x in cases if x.startswith("redis")]
     if redis_cases:
-        from . import redis_streams as R
         try:
             rs = R.RedisServer()
         except R.RedisUnavailable as e:

@@ -1,9 +1,9 @@
 """Shared-subscription throughput: messages/s through one `$share/` group of 4 QoS 1 members, on
 `lmqtt serve` (one gateway), on a fleet (`lmqtt store` + 2 gateways, 2 members on each: the store
 hands each message to one gateway, docs/fleet.md "Shared subscriptions across gateways") and on
-Mosquitto, in the same run (issue 29).
+Mosquitto, in the same run.
 
-    python3 -m lmqtt.loadtest.shared_bench --messages 20000 --repeat 2 [--brokers mosquitto,lmqtt,lmqtt-fleet]
+    lmqtt bench shared --messages 20000 --repeat 2 [--brokers mosquitto,lmqtt,lmqtt-fleet]
         [--lmqtt-src DIR] [--out FILE.json]
 
 One publisher (MQTT 3.1.1, QoS 1, 64-byte payloads, `--window` PUBLISHes in flight) on the first
@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lmqtt.gateway.mqtt import Decoder, encode
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
 from lmqtt.gateway.mqtt.encoder import encode_publish
 from lmqtt.loadtest import brokers
 
@@ -161,7 +160,7 @@ async def one_run(ports: list[int], n: int, window: int, members_per_port: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lmqtt.loadtest.shared_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="lmqtt bench shared", description=__doc__.split("\n\n")[0])
     ap.add_argument("--brokers", default="mosquitto,lmqtt,lmqtt-fleet")
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--window", type=int, default=256, help="the publisher's PUBLISHes in flight")

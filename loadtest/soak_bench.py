@@ -33,8 +33,8 @@ import sys
 import tempfile
 import time
 
-from lmqtt.gateway.mqtt import Decoder, encode
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
+from lmqtt.store.tier.config import parse_retention
 
 from . import proc_stats
 from .topics_bench import Broker
@@ -281,9 +281,9 @@ def summarize(rows: list[dict], settle_s: float) -> dict:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    import matplotlib
+    import matplotlib  # optional: the bench extra
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the bench extra
     t = [r["t_s"] / 60 for r in rows]
     fig, ax = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     ax[0].plot(t, [r["rss_anon"] / 2**20 for r in rows], label="anonymous")
@@ -322,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="draw the samples into this PNG")
     p.add_argument("--quiet", action="store_true", help="no row per sample on stdout")
     args = p.parse_args(argv)
-    from lmqtt.store.tier.config import parse_retention
     settle = args.settle_s if args.settle_s is not None else (parse_retention(args.retention, "--retention")[0] or 0) / 1000
     out = args.out or tempfile.mkdtemp(prefix="lmqtt-bench-soak-")
     os.makedirs(out, exist_ok=True)

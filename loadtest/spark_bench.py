@@ -11,7 +11,7 @@ Cases:
                   reader produced, read once from a local Arrow file), same partitions, same job.
                   What Spark's Python data source path itself costs, so the lmqtt row can be read
                   as "store + SDK" against "Spark's own share"
-* filter-history  a filter's history (issue 28): `--rows` messages under one first-level topic, one
+* filter-history  a filter's history: `--rows` messages under one first-level topic, one
                   in `--filter-every` to `fhist/dK/temp` and the rest to `fhist/dK/hum`, nobody
                   subscribed; `spark.read.format("lmqtt").option("filter", "fhist/+/temp")` reads the
                   matching ones (the store scans the topic's whole ConsumeQueue and keeps the matching
@@ -20,7 +20,7 @@ Cases:
                   the source's partition reader alone (store scan + SDK + Arrow batches, no Spark);
                   the CPU seconds of the store, Spark's JVM and its Python workers, run by run
                   (cpu_s_runs) and their medians over the warm runs (*_cpu_s_per_run)
-* cold-parquet    Spark over the cold tier (issue 28): `--rows` messages written to an `lmqtt store
+* cold-parquet    Spark over the cold tier: `--rows` messages written to an `lmqtt store
                   --tier file://... --tier-parquet on --local-retention 0` (segments of
                   `--cold-segment-mb`); once every sealed segment is in the tier and the
                   tier's compaction merged each partition's small files (one per segment) into
@@ -70,92 +70,23 @@ import tempfile
 import threading
 import time
 
+from lmqtt.examples.iot_analytics import build, parse_args
 from lmqtt.loadtest.sdk_bench import LmqttProc
+from lmqtt.store.spark import LmqttDataSource
+from lmqtt.store.spark.source import SourceQueues
 
-TOPIC = "sparkbench"
-
-
-def _session(master: str, parallelism: int):
-    from pyspark.sql import SparkSession
-
-    from lmqtt.store.spark import LmqttDataSource
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    s = (SparkSession.builder.master(master).appName("lmqtt-bench-spark")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", str(parallelism))
-         .config("spark.default.parallelism", str(parallelism))
-         .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-         .config("spark.driver.memory", "4g")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    s.dataSource.register(LmqttDataSource)
-    return s
-
-
-def _load(address: str, rows: int, size: int) -> float:
-    """Write `rows` messages of `size` bytes to TOPIC through the SDK; returns seconds taken."""
-    from lmqtt.store.client import connect
-    body = os.urandom(size)
-    t0 = time.perf_counter()
-    with connect(address) as c:
-        p = c.producer()
-        batch = [(f"{TOPIC}/d{i % 100}", body) for i in range(1000)]
-        left = rows
-        while left > 0:
-            n = min(1000, left)
-            p.send_batch(batch[:n])
-            left -= n
-    return time.perf_counter() - t0
-
-
-def _touch_all(df):
-    """An action that reads every column of every row (no column pruning can skip one)."""
-    from pyspark.sql import functions as F
-    cols = [c for c in df.columns if c != "user_properties"]
-    return df.select(F.count(F.lit(1)).alias("n"), F.sum(F.hash(*cols)).alias("h"),
-                     F.sum(F.size("user_properties")).alias("p")).collect()[0]
-
-
-def _timed(df, rows: int, repeat: int, what: str):
-    """Run the all-columns job `repeat` times: (best seconds, every run's seconds). The first run
-    of a session also pays for starting Spark's Python workers and compiling the plan, so every
-    case is measured warm, best of `repeat`, the same way."""
-    times = []
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        r = _touch_all(df)
-        times.append(time.perf_counter() - t0)
-        if r["n"] != rows:
-            raise RuntimeError(f"{what} read returned {r['n']} rows, {rows} were written")
-    return min(times), [round(t, 3) for t in times]
-
-
-def _spark_cpu(spark) -> tuple[float, float]:
-    """(CPU seconds of Spark's JVM, of its Python workers) so far: with the store's CPU, where the
-    time of a read went; on a loaded VM these move far less than the wall-clock figures."""
-    try:
-        import psutil
-        jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
-        t = jvm.cpu_times()
-        py = 0.0
-        for c in jvm.children(recursive=True):
-            try:
-                ct = c.cpu_times()
-                py += ct.user + ct.system
-            except psutil.Error:
-                pass
-        return t.user + t.system, py
-    except Exception:  # noqa: BLE001  (no psutil, no local JVM: the figures are left out)
-        return 0.0, 0.0
+from .spark_bench_cold import bench_cold, bench_filter_history_cold
+from .spark_bench_support import TOPIC, load, load_mixed, session, spark_cpu, timed
 
 
 def _ceiling_source():
     """The `python-source` case's data source (defined lazily: pyspark is imported only by the
     Spark bench). Options: `path` (an Arrow IPC file with one batch), `rows`, `partitions`."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
-    from lmqtt.store.spark import LmqttDataSource
+    from pyspark.sql.datasource import (  # optional: a Spark job only (the spark extra)
+        DataSource,
+        DataSourceReader,
+        InputPartition,
+    )
 
     class CeilingReader(DataSourceReader):
         def __init__(self, options) -> None:
@@ -166,7 +97,7 @@ def _ceiling_source():
             return [InputPartition(rows // n + (1 if i < rows % n else 0)) for i in range(n)]
 
         def read(self, partition):
-            import pyarrow as pa
+            import pyarrow as pa  # optional: the spark extra
             with pa.memory_map(self.options["path"]) as f:
                 batch = pa.ipc.open_file(f).get_batch(0)
             left = partition.value
@@ -191,9 +122,8 @@ def _ceiling_source():
 
 def _ceiling_batch(srv, path: str, per_partition: int) -> int:
     """One Arrow batch as the lmqtt reader yields it, written to `path`; returns its rows."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional: the spark extra
 
-    from lmqtt.store.spark import LmqttDataSource
     opts = {"store": srv.address, "topic": TOPIC, "recordsPerPartition": str(per_partition)}
     ds = LmqttDataSource(opts)
     reader = ds.reader(ds.schema())
@@ -216,7 +146,7 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     df = reader.load()
     if "lmqtt" in cases:
         s0 = srv.cpu()
-        el, runs = _timed(df, rows, repeat, "lmqtt")
+        el, runs = timed(df, rows, repeat, "lmqtt")
         out.append({"case": "lmqtt", "rows": rows, "size": size, "seconds": round(el, 3), "runs_s": runs,
                     "rows_per_s": round(rows / el),
                     "store_cpu_s_per_run": round((srv.cpu() - s0) / max(1, repeat), 2),
@@ -227,7 +157,7 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
         spark.dataSource.register(_ceiling_source())
         cdf = (spark.read.format("lmqtt-python-ceiling").option("path", path).option("rows", str(rows))
                .option("partitions", str(df.rdd.getNumPartitions())).load())
-        el, runs = _timed(cdf, rows, repeat, "python-source")
+        el, runs = timed(cdf, rows, repeat, "python-source")
         out.append({"case": "python-source", "rows": rows, "size": size, "seconds": round(el, 3), "runs_s": runs,
                     "rows_per_s": round(rows / el), "batch_rows": batch_rows,
                     "partitions": cdf.rdd.getNumPartitions()})
@@ -238,7 +168,7 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
         path = os.path.join(base, fmt)
         getattr(df.write.mode("overwrite"), fmt)(path)
         fdf = spark.read.schema(df.schema).format(fmt).load(path)
-        el, runs = _timed(fdf, rows, repeat, fmt)
+        el, runs = timed(fdf, rows, repeat, fmt)
         out.append({"case": fmt, "rows": rows, "size": size, "seconds": round(el, 3), "runs_s": runs,
                     "rows_per_s": round(rows / el),
                     "bytes_on_disk": sum(os.path.getsize(os.path.join(dp, f))
@@ -246,26 +176,9 @@ def bench_read(spark, srv, rows: int, size: int, base: str, cases: list[str], pe
     return out
 
 
-def _load_mixed(address: str, rows: int, size: int, every: int) -> float:
-    """`rows` messages under `fhist`: one in `every` to fhist/dK/temp, the others to fhist/dK/hum."""
-    from lmqtt.store.client import connect
-    body = os.urandom(size)
-    batch = [(f"fhist/d{i % 100}/{'temp' if i % every == 0 else 'hum'}", body) for i in range(1000 * every)]
-    t0 = time.perf_counter()
-    with connect(address) as c:
-        p = c.producer()
-        done = 0
-        while done < rows:
-            n = min(1000, rows - done)
-            k = done % len(batch)
-            p.send_batch(batch[k:k + n])
-            done += n
-    return time.perf_counter() - t0
-
-
 def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_partition: int, repeat: int) -> dict:
     print(f"[spark] loading {rows:,} messages of {size} B, 1 in {every} matching ...", file=sys.stderr, flush=True)
-    load_s = _load_mixed(srv.address, rows, size, every)
+    load_s = load_mixed(srv.address, rows, size, every)
     print(f"[spark] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     want = len(range(0, rows, every))
     df = (spark.read.format("lmqtt").option("store", srv.address).option("filter", "fhist/+/temp")
@@ -274,9 +187,9 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
     # (the first run also starts the workers and compiles the plan)
     runs, cpu_runs = [], {"store": [], "jvm": [], "py_workers": []}
     for _ in range(max(1, repeat)):
-        s0, (j0, w0) = srv.cpu(), _spark_cpu(spark)
-        runs.append(_timed(df, want, 1, "filter-history")[0])
-        j1, w1 = _spark_cpu(spark)
+        s0, (j0, w0) = srv.cpu(), spark_cpu(spark)
+        runs.append(timed(df, want, 1, "filter-history")[0])
+        j1, w1 = spark_cpu(spark)
         for k, v in (("store", srv.cpu() - s0), ("jvm", j1 - j0), ("py_workers", w1 - w0)):
             cpu_runs[k].append(round(v, 2))
     el = min(runs)
@@ -284,7 +197,6 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
     warm = {k: v[1:] or v for k, v in cpu_runs.items()}
     # the same read without Spark: the source's own partition reader (store scan + SDK + Arrow
     # batches) in this process, one partition after the other, best of `repeat`
-    from lmqtt.store.spark.source import SourceQueues
     q = SourceQueues({"store": srv.address, "filter": "fhist/+/temp"})
     direct = []
     try:
@@ -305,20 +217,10 @@ def bench_filter_history(spark, srv, rows: int, size: int, every: int, per_parti
             "load_s": round(load_s, 1)}
 
 
-def _proc_cpu(proc) -> float:
-    try:
-        import psutil
-        t = psutil.Process(proc.pid).cpu_times()
-        return t.user + t.system
-    except Exception:  # noqa: BLE001
-        return 0.0
-
-
 def bench_stream_latency(spark, srv, seconds: float, rate: int, trigger: str, base: str,
                          warmup: float = 5.0) -> dict:
-    import paho.mqtt.client as mqtt
+    import paho.mqtt.client as mqtt  # optional: the bench and spark extras
 
-    from lmqtt.examples.iot_analytics import build, parse_args
     args = parse_args(["--store", srv.address, "--filter", "latbench/+", "--out", os.path.join(base, "iot"),
                        "--trigger", trigger, "--max-temp", "-1000", "--silence", "86400",
                        "--window", "10 seconds", "--watermark", "10 seconds", "--job-id", "bench-latency"])
@@ -414,18 +316,16 @@ def main(argv: list[str] | None = None) -> int:
     spark = None
     try:
         parallelism = int(a.master[6:-1]) if a.master.startswith("local[") and a.master[6:-1].isdigit() else 2
-        spark = _session(a.master, parallelism)
+        spark = session(a.master, parallelism)
         if {"lmqtt", "python-source", "parquet", "json"} & set(cases):
             print(f"[spark] loading {a.rows:,} messages of {a.size} B ...", file=sys.stderr, flush=True)
-            el = _load(srv.address, a.rows, a.size)
+            el = load(srv.address, a.rows, a.size)
             print(f"[spark] loaded in {el:.1f} s", file=sys.stderr, flush=True)
             for row in bench_read(spark, srv, a.rows, a.size, base, cases, a.records_per_partition, a.repeat):
                 print(json.dumps(row), flush=True)
         if "filter-history" in cases:
             print(json.dumps(bench_filter_history(spark, srv, a.rows, a.size, max(1, a.filter_every),
                                                   a.records_per_partition, a.repeat)), flush=True)
-        if "cold-parquet" in cases or "filter-history-cold" in cases:
-            from .spark_bench_cold import bench_cold, bench_filter_history_cold   # it imports this module
         if "cold-parquet" in cases:
             for row in bench_cold(spark, a.rows, a.size, base, a.records_per_partition, a.repeat,
                                   a.cold_segment_mb):

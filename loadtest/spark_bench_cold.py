@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import time
 
-from .spark_bench import TOPIC, _load, _load_mixed, _proc_cpu, _spark_cpu, _timed, _touch_all
+from lmqtt.store.client import connect
+from lmqtt.store.spark import cold as cold_mod, read_history
+from lmqtt.store.spark.source import SCHEMA
+
+from .spark_bench_support import TOPIC, load, load_mixed, proc_cpu, spark_cpu, timed, touch_all
 
 
 def _cold_store(base: str, segment_mb: int, name: str = "cold", extra: tuple = ()):
     """`lmqtt store` writing Parquet to a file:// tier under `base`: (Popen, address, tier dir, log)."""
-    import socket
-    import subprocess
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
@@ -61,7 +65,6 @@ def _stop_store(proc, log) -> None:
 def _wait_offloaded(address: str, timeout: float) -> dict:
     """The tier's stats once every sealed segment is in the tier (with Parquet), off the disk, and
     no partition's small Parquet files wait for a merge (the compaction's quiet delay)."""
-    from lmqtt.store.client import connect
     t_end = time.monotonic() + timeout
     with connect(address) as c:
         while True:
@@ -77,16 +80,14 @@ def _wait_offloaded(address: str, timeout: float) -> dict:
 
 
 def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repeat: int, segment_mb: int) -> list:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional: the spark extra
 
-    from lmqtt.store.spark import read_history
-    from lmqtt.store.spark.source import SCHEMA
     cols = [c.split()[0] for c in SCHEMA.split(", ")]
     proc, address, tier, log = _cold_store(base, segment_mb)
     out = []
     try:
         print(f"[spark] cold: loading {rows:,} messages of {size} B ...", file=sys.stderr, flush=True)
-        el = _load(address, rows, size)
+        el = load(address, rows, size)
         t0 = time.perf_counter()
         st = _wait_offloaded(address, 1800)
         up = time.perf_counter() - t0
@@ -116,10 +117,10 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
         for i in range(max(1, repeat)):
             pair = [("c", cdf), ("p", pdf)] if i % 2 == 0 else [("p", pdf), ("c", cdf)]
             for which, d in pair:
-                j0 = _spark_cpu(spark)[0]
-                t = _timed(d, cold_rows, 1, "cold-parquet" if which == "c" else "plain parquet")[0]
+                j0 = spark_cpu(spark)[0]
+                t = timed(d, cold_rows, 1, "cold-parquet" if which == "c" else "plain parquet")[0]
                 (c_runs if which == "c" else p_runs).append(t)
-                (c_cpu if which == "c" else p_cpu).append(_spark_cpu(spark)[0] - j0)
+                (c_cpu if which == "c" else p_cpu).append(spark_cpu(spark)[0] - j0)
         el_c, el_p = min(c_runs), min(p_runs)
         per_round = [p / c for c, p in zip(c_runs, p_runs)]
         out.append({"case": "cold-parquet", **common, "seconds": round(el_c, 3),
@@ -144,13 +145,13 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
                                                                "spark.sql.parquet.enableVectorizedReader")}
         sdf = (spark.read.format("lmqtt").option("store", address).option("topic", TOPIC)
                .option("recordsPerPartition", str(per_partition)).load())
-        el_s, runs = _timed(sdf, rows, repeat, "lmqtt source")
+        el_s, runs = timed(sdf, rows, repeat, "lmqtt source")
         out.append({"case": "cold-parquet:lmqtt-source", "rows": rows, "size": size, "seconds": round(el_s, 3),
                     "runs_s": runs, "rows_per_s": round(rows / el_s), "partitions": sdf.rdd.getNumPartitions(),
                     "note": "every row of the topic through the store (offloaded ones read back from the tier)"})
         hdf = read_history(spark, store=address, tier=f"file://{tier}", topic=TOPIC,
                            recordsPerPartition=per_partition)
-        el_h, runs = _timed(hdf, rows, repeat, "read_history")
+        el_h, runs = timed(hdf, rows, repeat, "read_history")
         out.append({"case": "cold-parquet:read-history", "rows": rows, "size": size, "seconds": round(el_h, 3),
                     "runs_s": runs, "rows_per_s": round(rows / el_h), "cold_rows": cold_rows,
                     "hot_rows": rows - cold_rows})
@@ -164,7 +165,7 @@ def bench_cold(spark, rows: int, size: int, base: str, per_partition: int, repea
 def _layout(paths: list, name: str) -> dict:
     """Files, row groups, rows per row group and codecs of a set of Parquet files (the cold copy and
     the yardstick side by side, so a reader can check they compare like with like)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional: the spark extra
     groups, rows, codecs = 0, 0, set()
     for p in paths:
         md = pq.ParquetFile(p).metadata
@@ -185,17 +186,15 @@ def bench_filter_history_cold(spark, rows: int, size: int, every: int, base: str
     from the call (the driver's manifest and footer reads included) to the job's end, rows
     checked exact; then the same with the cold side filtered row by row (no topic list, no
     pushdown: what the read cost before the sorted, topic-listed files)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc  # optional: the spark extra
+    import pyarrow.parquet as pq  # optional: the spark extra
 
-    from lmqtt.store.spark import cold as cold_mod
-    from lmqtt.store.spark import read_history
     proc, address, tier, log = _cold_store(base, segment_mb, "fhist", store_args)
     out = []
     try:
         print(f"[spark] filter-history-cold: loading {rows:,} messages of {size} B, 1 in {every} matching ...",
               file=sys.stderr, flush=True)
-        load_s = _load_mixed(address, rows, size, every)
+        load_s = load_mixed(address, rows, size, every)
         t0 = time.perf_counter()
         st = _wait_offloaded(address, 1800)
         up = time.perf_counter() - t0
@@ -216,14 +215,14 @@ def bench_filter_history_cold(spark, rows: int, size: int, every: int, base: str
         def runs(case: str) -> dict:
             times, jvm, store = [], [], []
             for _ in range(max(1, repeat)):
-                j0, s0 = _spark_cpu(spark)[0], _proc_cpu(proc)
+                j0, s0 = spark_cpu(spark)[0], proc_cpu(proc)
                 t = time.perf_counter()
                 df = read_history(spark, store=address, tier=f"file://{tier}", filter="fhist/+/temp",
                                   recordsPerPartition=per_partition)
-                r = _touch_all(df)
+                r = touch_all(df)
                 times.append(time.perf_counter() - t)
-                jvm.append(round(_spark_cpu(spark)[0] - j0, 2))
-                store.append(round(_proc_cpu(proc) - s0, 2))
+                jvm.append(round(spark_cpu(spark)[0] - j0, 2))
+                store.append(round(proc_cpu(proc) - s0, 2))
                 if r["n"] != want:
                     raise RuntimeError(f"{case}: read_history returned {r['n']} rows, {want} were written")
             el = min(times)

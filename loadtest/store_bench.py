@@ -41,9 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+import timeit
 
 from lmqtt.store import ENCODER, Message, MessageStore, StoreConfig
-
 
 LAG_BOUND_S = 0.050   # the dispatch lag bound of the store's target (p99 < 50 ms)
 
@@ -113,7 +113,6 @@ def baseline_write_fsync(path: str, size: int, batch: int, duration: float) -> d
 def python_speed() -> dict:
     """How fast this interpreter runs right now (shared machines vary a lot): microseconds for
     `sum(range(1000))`, best of 5. Typical idle x86 machines: 10-15 us."""
-    import timeit
     best = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
     return {"mode": "baseline-python", "size": 0, "batch": 0, "writers": 1, "sum_range_1000_us": best * 1e6,
             "loadavg_1m": os.getloadavg()[0], "encoder": ENCODER}

@@ -34,6 +34,9 @@ import threading
 import time
 
 from lmqtt.store import protocol as W
+from lmqtt.store.client import connect
+
+from .sdk_bench import LmqttProc
 
 TOPICS = ["fz/a", "fz/b/c", "fz/dev/1/temp", "fzq/x", "fz", "fz/\u00e9t\u00e9"]
 BAD_TOPICS = ["fz/+/bad", "fz/#", ""]
@@ -170,7 +173,6 @@ def _drain(s: socket.socket, deadline: float) -> str:
 
 
 def run(address: str, frames: int, seed: int, workers: int, max_seconds: float, progress=None) -> dict:
-    from lmqtt.store.client import connect
     host, port = address.rsplit(":", 1)
     port = int(port)
     with connect(address) as c:
@@ -260,7 +262,6 @@ def run(address: str, frames: int, seed: int, workers: int, max_seconds: float, 
 
 def verify(address: str, possible: set, controls) -> dict:
     """Round trip, everything pulls and decodes, nothing foreign, controls exact."""
-    from lmqtt.store.client import connect
     out = {"problems": []}
     try:
         c = connect(address)
@@ -337,7 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     own = None
     address = a.store
     if address is None:
-        from .sdk_bench import LmqttProc
         print("[fuzz-store] starting lmqtt store", file=sys.stderr, flush=True)
         own = LmqttProc("store")
         address = own.address

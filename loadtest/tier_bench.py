@@ -30,13 +30,18 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
+from lmqtt.store.client import connect
+from lmqtt.store.spark.cold import ColdTier
 from lmqtt.store.tier.config import TierConfig
+from lmqtt.store.tier.objects import ObjectStore
+from lmqtt.store.tier.parquet import ColumnarWriter, available
 
 
 def _free_port() -> int:
@@ -68,7 +73,7 @@ class _Moto:
         self.n = 0
 
     def bucket(self) -> str:
-        import boto3
+        import boto3  # optional: the bench and test extras (moto's S3)
         self.n += 1
         name = f"bench{self.n}"
         boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1").create_bucket(Bucket=name)
@@ -167,10 +172,6 @@ def bench_backlog(base: str, tier: str, url: str, endpoint: str | None, count: i
 
 
 def bench_history_plan(base: str, tier: str, url: str, endpoint: str | None, segments: int, repeat: int) -> dict:
-    import statistics
-
-    from lmqtt.store.spark.cold import ColdTier, ColumnarWriter, available
-    from lmqtt.store.tier.objects import ObjectStore
     seg = 256 << 10
     st = MessageStore(StoreConfig(data_dir=os.path.join(base, "store"), flush_mode="async", segment_size=seg,
                                   max_message_size=64 << 10))
@@ -222,9 +223,6 @@ def bench_history_plan(base: str, tier: str, url: str, endpoint: str | None, seg
 
 def bench_filter_sdk(base: str, rows: int, seg_mb: int, repeat: int) -> dict:
     """See the module docstring (`filter-sdk`); a file:// tier only (the store runs as its own process)."""
-    import statistics
-
-    from lmqtt.store.client import connect
     port = _free_port()
     log_path = os.path.join(base, "store.log")
     log = open(log_path, "wb")

@@ -24,6 +24,7 @@ import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
 from lmqtt.store.delayed import DelayedMessages
+from lmqtt.store.timer import TimerWheel
 
 
 def _mem_kib() -> dict:
@@ -117,7 +118,6 @@ def bench_fire(base: str, rate: int, seconds: float, precision_ms: int) -> dict:
 
 
 def bench_pending(base: str, count: int) -> dict:
-    from lmqtt.store.timer import TimerWheel
     before = _mem_kib()
     w = TimerWheel(os.path.join(base, "timer-pending"), lambda ts: None)
     now = int(time.time() * 1000)

@@ -38,8 +38,8 @@ import sys
 import tempfile
 import time
 
-from lmqtt.gateway.mqtt import Decoder, encode
-from lmqtt.gateway.mqtt import packets as P
+from lmqtt.gateway.mqtt import Decoder, encode, packets as P
+from lmqtt.store.client import connect
 
 from . import proc_stats
 from .brokers import free_port, wait_port
@@ -145,7 +145,6 @@ def read_back_mqtt(host: str, port: int, topics: list[str], timeout: float = 30.
 
 def read_back_sdk(store: str, topics: list[str]) -> dict[str, list[bytes]]:
     """Each topic's messages over the SDK: a pull of its first level's queue 0 from the start."""
-    from lmqtt.store.client import connect
     c = connect(store)
     try:
         out = {}

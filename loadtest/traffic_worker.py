@@ -1,6 +1,6 @@
 """The load generator's traffic worker: what runs inside each process ``lmqtt bench mqtt`` forks.
 
-``mqtt_bench`` (the parent) plans the clients, forks ``--procs`` processes with ``_worker_main``
+``mqtt_bench`` (the parent) plans the clients, forks ``--procs`` processes with ``worker_main``
 as their target, and steps them through the phases over a pipe (see its docstring for the
 protocol). Everything that runs on the child's side of that pipe lives here: ``Worker``, one
 process's share of a traffic scenario on its own asyncio loop, and the small helpers only it uses.
@@ -8,28 +8,31 @@ process's share of a traffic scenario on its own asyncio loop, and the small hel
 Why a separate module: this is the code whose CPU the benchmark measures as "generator" cost, and
 it runs once per generator process, so it stays light and self-contained. It imports nothing of
 the parent's orchestration (broker probe, process pool, progress output, CLI); the dependency
-runs one way only, ``mqtt_bench`` imports ``_worker_main`` (and ``_install_uvloop``, which
+runs one way only, ``mqtt_bench`` imports ``worker_main`` (and ``install_uvloop``, which
 ``run_state`` shares) from here.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import gc
 import os
 import sys
 import time
 
+from . import paced
 from .brokers import raise_nofile
-from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 from .histogram import Histogram
+from .mqtt_client import MqttError, PidAllocator, Sink, StampedPublisher, connect
 from .scenarios import ClientSpec, ScenarioConfig
 from .stamp import Tracker
+from .worker_phases import DrainWatch, cpu_split, published_report, result_report
 
 
-def _install_uvloop() -> bool:
+def install_uvloop() -> bool:
     try:
-        import uvloop
+        import uvloop  # the process chooses its loop, not a library import
     except ImportError:
         return False
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -51,7 +54,6 @@ class Worker:
 
     def __init__(self, cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int = 0,
                  n_workers: int = 1, credit=None) -> None:
-        from .mqtt_client import Sink
         self.cfg, self.specs, self.conn = cfg, specs, conn
         self.index, self.n_workers, self.credit = index, n_workers, credit
         self.n_pubs = cfg.publishers
@@ -88,7 +90,6 @@ class Worker:
 
     # -- phases --------------------------------------------------------------------------------
     async def _connect_one(self, sp: ClientSpec, sem: asyncio.Semaphore) -> None:
-        from .mqtt_client import MqttError, PidAllocator, StampedPublisher, connect
         cfg = self.cfg
         async with sem:
             try:
@@ -382,21 +383,19 @@ def _errors_to_parent(conn):
         raise
 
 
-def _worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int, n_workers: int,
+def worker_main(cfg: ScenarioConfig, specs: list[ClientSpec], conn, index: int, n_workers: int,
                  credit) -> None:
     raise_nofile()
-    from . import paced
     if paced.usable(cfg, specs) and not os.environ.get("LMQTT_BENCH_ASYNC_RATE"):
         # fixed rate: the lean paced loop (why: paced.py's docstring); LMQTT_BENCH_ASYNC_RATE=1
         # runs the asyncio worker instead, to compare the two generators
         with _errors_to_parent(conn):
             paced.paced_main(cfg, specs, conn, index)
         return
-    _install_uvloop()
+    install_uvloop()
     prof_dir = os.environ.get("LMQTT_BENCH_PROFILE")  # cProfile each worker into this directory
     with _errors_to_parent(conn):
         if prof_dir:  # CPU time, not wall time: the machine is usually shared
-            import cProfile
             prof = cProfile.Profile(time.process_time)
             try:
                 prof.runcall(asyncio.run, Worker(cfg, specs, conn, index, n_workers, credit).run())

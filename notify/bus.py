@@ -64,7 +64,7 @@ class InProcessBus:
         self._local_armed = False  # names raised on the loop thread wait for drain()
         # set by an appender on the loop thread that calls drain() itself once its append returned
         # (PublishPipeline.flush): the safety-net call_soon is then not needed. It was one loop
-        # callback per publish batch that found nothing to do (issue 29, CPU per message)
+        # callback per publish batch that found nothing to do (CPU per message)
         self.drain_follows = False
         # Counters readable by metrics without locking (ints are updated atomically under the GIL).
         self.events_in = 0        # publish() calls (one per dispatch batch)

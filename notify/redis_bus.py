@@ -60,7 +60,7 @@ class RedisEventPublisher:
     def __init__(self, url: str, mode: str = "broadcast", window_s: float = 0.002) -> None:
         if mode not in MODES:
             raise ValueError(f"notify mode {mode!r}: expected one of {', '.join(MODES)}")
-        import redis
+        import redis  # only with --redis: lmqtt serve never loads it
         self._redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.mode = mode
         self._window = window_s
@@ -173,7 +173,7 @@ class RedisEventSubscriber:
         self._resync.append(callback)
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
+        import redis.asyncio as aioredis  # only with --redis: lmqtt serve never loads it
         self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -7,7 +7,7 @@ that loads it holds its Python reference):
   into runs of adjacent records and their CRC check (store/fastpath.py); the dispatch round's
   record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue_entries.py);
 * `lmqtt.store.client._records` (store/client/_records.c): the SDK's decode of raw MESSAGES
-  replies into Records (store/client/consumer.py);
+  replies into Records (store/client/records.py);
 * `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers
   for the Spark reader (store/spark/columns.py);
 * `lmqtt.lightqueue._take` (lightqueue/_take.c): the light-queue index's per-record dispatch

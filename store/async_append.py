@@ -1,11 +1,11 @@
 """The store's asyncio callers: `append_async` / `append_batch_async` (`AsyncAppend`, a part of
-`MessageStore`) and `_await_durable`, the wait for a durable future from an event loop.
+`MessageStore`) and `await_durable`, the wait for a durable future from an event loop.
 
 Why a module of its own: message_store.py wires the store and appends from any thread; this is
 what an event loop adds on top of that - the appends of one loop iteration coalesced into one
 append_batch (one lock, one copy, one share of the group commit), and many waiters of one
 group-commit round woken with one call_soon_threadsafe per loop. The store server
-(server_connection.py) awaits its PRODUCE acks with `_await_durable` too.
+(server/connection.py) awaits its PRODUCE acks with `await_durable` too.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class AsyncAppend:
         w = loop.create_future()
         pending.append((msgs, w))
         rs = await w
-        await _await_durable(rs[-1].durable)
+        await await_durable(rs[-1].durable)
         return rs
 
     def _flush_coalesced(self, loop) -> None:
@@ -84,14 +84,16 @@ class AsyncAppend:
 
 
 _WAITERS_LOCK = threading.Lock()
+# durable future -> the (loop, waiter) pairs awaiting it: an entry from the first waiter until the
+# future's done-callback takes it (a future is done once, so every entry goes)
+_WAITERS: dict[Future, list] = {}
 
 
 def _wake_waiters(fut: Future) -> None:
     """Done-callback of a durable future (runs on the thread that resolved it): one
     call_soon_threadsafe per event loop with waiters, not one per waiting append."""
     with _WAITERS_LOCK:
-        lst = fut._lmqtt_waiters
-        fut._lmqtt_waiters = None
+        lst = _WAITERS.pop(fut, None)
     by_loop: dict = {}
     for loop, w in lst or ():
         by_loop.setdefault(loop, []).append(w)
@@ -112,7 +114,7 @@ def _settle(ws: list, fut: Future) -> None:
                 w.set_result(fut.result())
 
 
-async def _await_durable(fut: Future) -> None:
+async def await_durable(fut: Future) -> None:
     """Await a durable future. Many appends share one future per group-commit round: each waiter
     gets a cheap loop future registered on the shared one, and the round wakes each loop once.
     Cancelling a waiter never cancels the shared future (which other writers wait on)."""
@@ -122,11 +124,11 @@ async def _await_durable(fut: Future) -> None:
     loop = asyncio.get_running_loop()
     w = loop.create_future()
     with _WAITERS_LOCK:
-        lst = getattr(fut, "_lmqtt_waiters", False)
-        if lst is None:        # the callback already ran: fut is done
+        lst = _WAITERS.get(fut)
+        if fut.done() and lst is None:      # the callback ran (or runs at once below): it is done
             first = None
-        elif lst is False:     # first waiter on this future
-            fut._lmqtt_waiters = [(loop, w)]
+        elif lst is None:      # first waiter on this future
+            _WAITERS[fut] = [(loop, w)]
             first = True
         else:
             lst.append((loop, w))

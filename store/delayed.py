@@ -19,7 +19,7 @@ dispatch queues: which wildcard filters want a topic is known only there, and on
 (filters registered during the delay must see the message).
 
 A timer names its parked record by CommitLog offset only, and a recovery that cuts the log hands
-the offsets of the lost records to new appends (issue 26). So:
+the offsets of the lost records to new appends. So:
   * on opening, the recoveries of the store not checked yet (store/recovery.py, generation kept
     in the wheel's checkpoint) drop every timer whose parked record was at/after the cut
     (`TimerWheel.drop_lost`), with one WARNING naming them ("N delayed messages lost in the cut,
@@ -51,6 +51,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from .checkpoint import write_atomic
 from .errors import DiskFull, NotVisible
 from .message import Message, StoredMessage
 from .timer import FiringDeferred, Timer, TimerError, TimerWheel
@@ -339,7 +340,6 @@ class DelayedMessages:
             return len(msgs)
 
     def _save_follow(self, nxt: int) -> None:
-        from .checkpoint import write_atomic
         write_atomic(self._follow_path, str(nxt).encode())
         self._follow_next = nxt
 
@@ -500,7 +500,7 @@ class DelayedMessages:
             except BaseException as e:  # noqa: BLE001 - handed to the firing thread
                 done.set_exception(e)
         self._loop.call_soon_threadsafe(run)        # RuntimeError when the loop is closed: retried
-        stop = self.wheel._stop
+        stop = self.wheel.stopping
         while True:
             try:
                 return done.result(timeout=0.05)

@@ -350,7 +350,7 @@ class DispatchService:
         busy disk, for a RocksDB memtable flush) is flushed without `_dispatching` held and with
         the thread marked idle, so appends made meanwhile are dispatched inline (or by this
         thread right after): every second that flush held up every delivery, the p99 of a
-        5,000 msg/s run (issue 29). The others are flushed as before, with no dispatch running."""
+        5,000 msg/s run. The others are flushed as before, with no dispatch running."""
         mine = [d for d in self.dispatchers if not getattr(d, "flush_thread_safe", False)]
         held = [d for d in mine if not getattr(d, "flush_during_dispatch", False)]
         free = [d for d in mine if getattr(d, "flush_during_dispatch", False)]

@@ -8,7 +8,7 @@ reference that tests compare it with (tests/store/test_fastpath.py):
   CommitLog's own record bytes (the "raw" MESSAGES layout, docs/protocol.md); reference:
   `MessageStore.read_consume_queue` + `protocol.encode_messages`.
 
-Why: profiles of `lmqtt store` under `lmqtt bench sdk` (docs/benchmarks/history.md) showed the
+Why: profiles of `lmqtt store` under `lmqtt bench sdk` (py-spy) showed the
 server spending more time around the append than in it. Per produced message: a decoded item
 tuple, then a `Message` through its Python `__init__`, then one `AppendResult` tuple per record
 just to pack two integers back. Per pulled message: a CRC-checked decode of the record into a
@@ -26,12 +26,11 @@ from array import array
 from itertools import accumulate
 from operator import itemgetter
 
-from . import accel
-from . import consume_queue_entries as _cq_entries
-from . import protocol as W
+from . import accel, consume_queue_entries as _cq_entries, protocol as W
 from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
+from .errors import CorruptRecord, NotVisible
 from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, DispatchRequest, Message
-from .record import CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, SEP, header_format
+from .record import BLANK_MAGIC, CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, PREFIX, SEP, decode, header_format
 
 _MSG_NEW = object.__new__
 _HEAD = W.MSG_HEAD
@@ -291,7 +290,6 @@ class RawRecord(tuple):
         return self[RR_BUF][start:start + self[RR_SIZE]]
 
     def message(self, ident: str):
-        from .record import decode
         return decode(self[RR_BUF], self[RR_START], self[RR_PHYS], ident)
 
 
@@ -367,8 +365,6 @@ def find_batch(store, position: int, msgs: list, max_records: int = 4096):
     log. A batch is appended contiguously (blank fillers at segment ends aside) but other appends
     may come first, so records from `position` on are scanned (at most `max_records`) for a run of
     records equal to the messages in order (topic, body, props, keys, queue id)."""
-    from .errors import CorruptRecord, NotVisible
-    from .record import BLANK_MAGIC, PREFIX
     clog = store.clog
     seg = clog.seg_size
     n = len(msgs)

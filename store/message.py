@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import namedtuple
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 
@@ -367,7 +368,6 @@ class AppendResults:
 
 
 def _register_sequences() -> None:
-    from collections.abc import Sequence
     Sequence.register(DispatchBatch)
     Sequence.register(AppendResults)
 

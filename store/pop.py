@@ -54,6 +54,22 @@ class PopManager:
         self.on_dirty = None
         self._check_after_recovery()
 
+    def forget_memory(self) -> None:
+        """Drop the states held in memory and their unwritten changes: a group member changing
+        role reads the shipped state again (a new primary) or must not write its stale state over
+        it (a replica)."""
+        self._states.clear()
+        self._dirty.clear()
+
+    @property
+    def dirty(self) -> bool:
+        """Changes made since the last persist are still unwritten."""
+        return bool(self._dirty)
+
+    def state_keys(self) -> set[tuple[str, str, int]]:
+        """(group, topic, queue id) of every POP state held in memory."""
+        return set(self._states)
+
     def _check_after_recovery(self) -> None:
         """If the store's log was cut since the SDK metadata was last checked (its recoveries newer
         than the generation kept there), bring group offsets and POP states beyond their queue's

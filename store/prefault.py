@@ -18,6 +18,7 @@ lacks the call: appends then fault as before.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import sys
@@ -33,7 +34,6 @@ def _load_madvise():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.madvise
         fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

@@ -1,6 +1,6 @@
 """The store's native protocol, sans-IO: bytes in -> frames out, frames -> bytes (like h11).
 
-Shared by the server (`store/server.py`) and the SDK (`store/client/`). No sockets here, so it can
+Shared by the server (`store/server/`) and the SDK (`store/client/`). No sockets here, so it can
 be fuzzed and reused by load generators. The wire format is specified in docs/protocol.md; the
 constants and layouts below are the normative copy.
 

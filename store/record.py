@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+from . import accel
 from .errors import CorruptRecord, InvalidMessage, InvalidTopic, MessageTooLarge
 from .message import StoredMessage
 
@@ -186,7 +187,6 @@ READ_LAYOUT = {"header_format": HEADER.format, "header_fields": HEADER_FIELDS, "
 
 
 def _load_c():
-    from . import accel
     mod = accel.load("lmqtt.store._append")
     if mod is None or not hasattr(mod, "configure_reader"):
         return None, None

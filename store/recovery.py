@@ -4,7 +4,7 @@ When recovery ends the log below where it ended before (a torn tail cut, or less
 checkpoints recorded: a segment truncated, emptied or deleted), every queue is cut back with it
 (each dispatcher's `truncate`) and new appends take the queue offsets of the lost entries again.
 A consumer offset saved before the cut can then lie beyond its queue's end; left alone it would
-skip the new messages written at the offsets below it (issue 26: a session at 10 on a queue cut
+skip the new messages written at the offsets below it (a session at 10 on a queue cut
 back to 5 received only the 6th new message).
 
 So each such recovery is written down as a `RecoveryEvent` with a generation number, in

@@ -48,9 +48,23 @@ from typing import Callable
 
 from .errors import StoreError, is_disk_full
 from .mapped_file_queue import MappedFileQueue
+
 # the TimerLog's record format, the fired checkpoint and recovery: timer_log.py
-from .timer_log import (FLAG_DELETE, FLAG_ROLL, MAGIC, NO_POS, RECORD, RECORD_SIZE, _DUE, _FLAGS, _PREV, _REF,
-                        _REF_SIZE, Timer, TimerLogRecovery)
+from .timer_log import (
+    DUE,
+    FLAG_DELETE,
+    FLAG_ROLL,
+    FLAGS,
+    MAGIC,
+    NO_POS,
+    PREV,
+    RECORD,
+    RECORD_SIZE,
+    REF,
+    REF_SIZE,
+    Timer,
+    TimerLogRecovery,
+)
 
 log = logging.getLogger("lmqtt.store.timer")
 
@@ -144,7 +158,7 @@ class TimerWheel(TimerLogRecovery):
         self._early_done: set[int] = set()
         self._early_refs: set[int] = set()
         self._early_fresh = True          # the tick's chain is still to be walked whole
-        self._stop = threading.Event()
+        self._stop = threading.Event()         # set by close(); `stopping` for who waits with the wheel
         # the firing thread sleeps until its next due timer (`_next_wake`); a timer scheduled
         # before that wakes it (`_kick`), so an idle wheel does not scan 20 times a second
         self._kick = threading.Event()
@@ -217,6 +231,11 @@ class TimerWheel(TimerLogRecovery):
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="lmqtt-timer", daemon=True)
         self._thread.start()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the wheel is closing: a thread waiting on the wheel's behalf gives up then."""
+        return self._stop
 
     def close(self) -> None:
         self._stop.set()
@@ -299,7 +318,7 @@ class TimerWheel(TimerLogRecovery):
             while p != NO_POS:
                 r = read(p)
                 out.append((p, r))
-                p = r[_PREV]
+                p = r[PREV]
         for p in self._recovered.get(tick, ()):
             out.append((p, read(p)))
         return out
@@ -424,16 +443,16 @@ class TimerWheel(TimerLogRecovery):
                     if early:
                         if p in self._early_done:        # released (or dropped) while in progress
                             continue
-                        if r[_REF] in self._early_refs:  # a copy of a released timer
+                        if r[REF] in self._early_refs:  # a copy of a released timer
                             dropped.append(-1)
                             continue
-                    if r[_REF] in cancelled:
-                        dropped.append(r[_REF])
+                    if r[REF] in cancelled:
+                        dropped.append(r[REF])
                         continue
-                    if r[_FLAGS] & FLAG_ROLL and r[_DUE] // self.precision > tick:
+                    if r[FLAGS] & FLAG_ROLL and r[DUE] // self.precision > tick:
                         rolled.append(r)
                         continue
-                    t = Timer(r[_REF], r[_REF_SIZE], r[_DUE], p)
+                    t = Timer(r[REF], r[REF_SIZE], r[DUE], p)
                     if tick <= self._recheck_until and self._already_fired is not None \
                             and self._already_fired(t):
                         dropped.append(-1)
@@ -475,7 +494,7 @@ class TimerWheel(TimerLogRecovery):
                 self._early_refs = set()
                 self._early_fresh = True
             for r in rolled:                     # still beyond the wheel, or now inside it
-                self._place(r[_DUE], r[_REF], r[_REF_SIZE])
+                self._place(r[DUE], r[REF], r[REF_SIZE])
                 self.rolled_total += 1
             while self._firsts and self._firsts[0][1] <= last:
                 heapq.heappop(self._firsts)
@@ -524,14 +543,14 @@ class TimerWheel(TimerLogRecovery):
                     while p != NO_POS and p > self._early_seen:
                         r = self._read(p)
                         new.append((p, r))
-                        p = r[_PREV]
+                        p = r[PREV]
             if slot_holds and self._slot_last[i] != NO_POS:
                 self._early_seen = max(self._early_seen, self._slot_last[i])
             q = self._early_queue
             for p, r in new:
-                if r[_FLAGS] & FLAG_ROLL and r[_DUE] // self.precision > cur:
+                if r[FLAGS] & FLAG_ROLL and r[DUE] // self.precision > cur:
                     continue                    # re-placed when the tick has passed
-                heapq.heappush(q, (r[_DUE], p, r))
+                heapq.heappush(q, (r[DUE], p, r))
             if not q or q[0][0] > now_ms:
                 return 0
             ready = []
@@ -539,7 +558,7 @@ class TimerWheel(TimerLogRecovery):
                 ready.append(heapq.heappop(q))
             seen: set[int] = set()
             for d, p, r in ready:
-                ref = r[_REF]
+                ref = r[REF]
                 if ref in self._cancelled:
                     cancelled_refs.append(ref)
                     accounted.append(p)
@@ -547,7 +566,7 @@ class TimerWheel(TimerLogRecovery):
                 if ref in self._early_refs or ref in seen:
                     accounted.append(p)
                     continue
-                t = Timer(ref, r[_REF_SIZE], d, p)
+                t = Timer(ref, r[REF_SIZE], d, p)
                 if cur <= self._recheck_until and self._already_fired is not None and self._already_fired(t):
                     accounted.append(p)
                     continue

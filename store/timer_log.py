@@ -25,10 +25,10 @@ FLAG_ROLL = 1                      # placed at the wheel's middle; re-enqueued w
 FLAG_DELETE = 2                    # cancels the timer of ref_offset (not chained under any tick)
 NO_POS = -1
 # field indexes of an unpacked RECORD
-_PREV, _DUE, _REF, _REF_SIZE, _FLAGS, _TICK = 2, 3, 4, 5, 6, 7
+PREV, DUE, REF, REF_SIZE, FLAGS, TICK = 2, 3, 4, 5, 6, 7
 # A round that fired, dropped and rolled nothing changes only the checkpoint's tick; it is then
 # written (json + fsync) at most once per this many seconds of ticks instead of every tick. A
-# restart from an older tick re-scans those ticks, all empty of unfired records (issue 29: an fsync
+# restart from an older tick re-scans those ticks, all empty of unfired records (an fsync
 # a second on an idle wheel, beside the store's own flushes)
 IDLE_CHECKPOINT_S = 30
 
@@ -118,14 +118,14 @@ class TimerLogRecovery:
             if rec[0] != RECORD_SIZE or rec[1] != MAGIC:
                 break
             cut = self._cut_by(pos, rec) if cuts else -1
-            if rec[_FLAGS] & FLAG_DELETE:
+            if rec[FLAGS] & FLAG_DELETE:
                 if cut < 0:
-                    self._cancelled.add(rec[_REF])
+                    self._cancelled.add(rec[REF])
                 elif cut == newest:
-                    lost_cancelled.add(rec[_REF])
-            elif rec[_TICK] > self._fired_tick:
+                    lost_cancelled.add(rec[REF])
+            elif rec[TICK] > self._fired_tick:
                 if cut < 0:
-                    live.append((pos, rec[_TICK]))
+                    live.append((pos, rec[TICK]))
                 elif cut == newest:
                     lost.append((pos, rec))
             pos += RECORD_SIZE
@@ -134,16 +134,16 @@ class TimerLogRecovery:
             et, done = self._cp_early
             self._early_tick, self._early_done, self._early_fresh = et, set(done), True
             live = [(p, tick) for p, tick in live if not (tick == et and p in self._early_done)]
-            lost = [(p, r) for p, r in lost if not (r[_TICK] == et and p in self._early_done)]
+            lost = [(p, r) for p, r in lost if not (r[TICK] == et and p in self._early_done)]
             for p in done:
                 r = self._read(p)
                 if r is not None and (not cuts or self._cut_by(p, r) < 0):
-                    self._early_refs.add(r[_REF])
+                    self._early_refs.add(r[REF])
         # one per parked record (a re-armed timer has copies), and not the cancelled ones
         seen: dict[int, Timer] = {}
         for p, r in lost:
-            if r[_REF] not in lost_cancelled and r[_REF] not in seen:
-                seen[r[_REF]] = Timer(r[_REF], r[_REF_SIZE], r[_DUE], p)
+            if r[REF] not in lost_cancelled and r[REF] not in seen:
+                seen[r[REF]] = Timer(r[REF], r[REF_SIZE], r[DUE], p)
         self._lost = sorted(seen.values(), key=lambda t: (t.due_ms, t.ref_offset))
         for p, tick in live:
             chain = self._recovered.setdefault(tick, [])
@@ -156,7 +156,7 @@ class TimerLogRecovery:
 
     def _cut_by(self, pos: int, rec: tuple) -> int:
         """The index of the first `drop_lost` rule covering the record at `pos` (-1: none)."""
-        last = rec[_REF] + max(rec[_REF_SIZE], 1)        # a cancellation names its ref only
+        last = rec[REF] + max(rec[REF_SIZE], 1)        # a cancellation names its ref only
         for i, (below, end) in enumerate(self._cuts):
             if pos < below and last > end:
                 return i

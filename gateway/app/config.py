@@ -5,16 +5,33 @@ on the command line (`--flag-name`) and in code (`cfg.flag_name`), so a newcomer
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmqtt.gateway.integrations import bridge_config
+
 # the strict TOML loader is shared with `lmqtt store` (one lmqtt.toml may configure the fleet);
 # its names stay importable from here
-from lmqtt.store.node.config import (FLUSH_MODES, GATEWAY_TABLES, STORE_TABLE, ConfigError,  # noqa: F401
-                                     NodeConfig, check_tier, check_type, kinds_of, line_of, min_segment_mb, retention_ms,
-                                     read_toml, unknown_key, unknown_table, where)
+from lmqtt.store.node.config import (  # noqa: F401
+    FLUSH_MODES,
+    GATEWAY_TABLES,
+    STORE_TABLE,
+    ConfigError,
+    NodeConfig,
+    check_tier,
+    check_type,
+    kinds_of,
+    line_of,
+    min_segment_mb,
+    read_toml,
+    retention_ms,
+    unknown_key,
+    unknown_table,
+    where,
+)
 
 
 @dataclass
@@ -284,7 +301,6 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
     for k, v in doc.items():
         if k == "bridge":                   # [[bridge]]: a list of tables
-            from lmqtt.gateway.integrations import bridge_config
             try:
                 flat["bridge"] = bridge_config.parse_bridges(v, str(path))
             except bridge_config.ConfigError as e:
@@ -320,17 +336,19 @@ def build_config(file_values: dict[str, Any] | None = None, overrides: dict[str,
     return cfg.validate()
 
 
-def say_defaults(p) -> None:
-    """Make every option of parser `p` that takes a value and whose help does not give a default
-    say one: `0 = off` becomes `default 0 = off`, the others (files, URLs, names: nothing unless
-    given) get `(default: none)`. Applied last, so each command's --help says every default."""
-    import argparse
-    for a in p._actions:
-        if a.nargs == 0 or a.required or not a.help or a.help == argparse.SUPPRESS or a.dest == "help":
-            continue
-        if "default" in a.help.lower():
-            continue
-        a.help = a.help.replace("0 = off", "default 0 = off") if "0 = off" in a.help else f"{a.help} (default: none)"
+class DefaultsSaid(argparse.HelpFormatter):
+    """The --help of `lmqtt serve` and `lmqtt gateway`: every option that takes a value and whose
+    help does not give a default says one: `0 = off` becomes `default 0 = off`, the others (files,
+    URLs, names: nothing unless given) get `(default: none)`, so each command's --help says every
+    default. (`_get_help_string` is argparse's hook for this, the one its
+    ArgumentDefaultsHelpFormatter uses.)"""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        h = action.help
+        if (action.nargs == 0 or action.required or not h or h == argparse.SUPPRESS or action.dest == "help"
+                or "default" in h.lower()):
+            return h
+        return h.replace("0 = off", "default 0 = off") if "0 = off" in h else f"{h} (default: none)"
 
 
 def hostport(host: str, port: int) -> str:

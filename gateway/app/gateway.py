@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
+import resource
+import socket
 
-from lmqtt.gateway.broker.broker import Broker
 from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
-from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.gateway.app.metrics import GatewayMetrics
+from lmqtt.gateway.broker.broker import Broker
+from lmqtt.gateway.broker.limits import ConnectionGate, Limits
+from lmqtt.gateway.broker.sys_topics import SysTopics
+from lmqtt.gateway.net.connection import MQTTConnection
+from lmqtt.notify.redis_bus import RedisEventSubscriber
 from lmqtt.store.loopback import is_loopback
 
 log = logging.getLogger("lmqtt.gateway")
@@ -38,10 +42,10 @@ def build_security(cfg: GatewayConfig):
     (a loopback host, or `allow_anonymous`): CONNECT then pays nothing for authentication.
     """
     # TLS, authentication and the ACL are imported only when configured: a plain `lmqtt serve`
-    # starts without them (issue 29: the start's imports count in a restart)
+    # starts without them (the start's imports count in a restart)
     ctx = None
     if cfg.tls_port or cfg.wss_port:
-        from lmqtt.gateway.net.tls import TlsConfigError, server_context
+        from lmqtt.gateway.net.tls import TlsConfigError, server_context  # TLS only, when configured
         try:
             ctx = server_context(cfg.cert, cfg.key, cfg.cafile, bool(cfg.require_certificate))
         except TlsConfigError as e:
@@ -58,27 +62,28 @@ def build_security(cfg: GatewayConfig):
             f"--allow-anonymous to accept anonymous clients on purpose")
     http = None
     if cfg.auth_http:      # the user's HTTP service, asked first (gateway/security/http_auth.py)
-        from lmqtt.gateway.security.http_auth import HttpAuthService
+        from lmqtt.gateway.security.http_auth import HttpAuthService  # only when configured
         http = HttpAuthService(cfg.auth_http, cfg.auth_http_timeout_s, cfg.auth_http_cache_s)
     chain = None
     if authenticators or http is not None:
-        from lmqtt.gateway.security.auth import AuthChain
+        from lmqtt.gateway.security.auth import AuthChain  # only when configured
         chain = AuthChain(authenticators, bool(cfg.allow_anonymous), http=http)
     acl = None
     if cfg.acl_file:
-        from lmqtt.gateway.security.acl import AclError, AclFile
+        from lmqtt.gateway.security.acl import AclError, AclFile  # only when configured
         try:
             acl = AclFile(cfg.acl_file)
         except AclError as e:
             raise SecurityConfigError(str(e)) from None
     live = next((a for a in authenticators if a.name == "live"), None)
     if http is not None or live is not None:    # the ACL sources in order (gateway/security/acl_chain.py)
-        from lmqtt.gateway.security.acl_chain import AclChain
+        from lmqtt.gateway.security.acl_chain import AclChain  # only when configured
         acl = AclChain(acl, http, live)
     return ctx, chain, acl
 
 
 def _authenticators(cfg: GatewayConfig, ctx) -> list:
+    # only when configured
     from lmqtt.gateway.security.auth import AuthError, ClientCertificate, HmacSignature, JwtToken, PasswordFile
     authenticators: list = []
     try:
@@ -87,7 +92,7 @@ def _authenticators(cfg: GatewayConfig, ctx) -> list:
         if cfg.password_file:
             authenticators.append(PasswordFile(cfg.password_file))
         if cfg.live_security:       # users kept in the store (gateway/security/live.py)
-            from lmqtt.gateway.security.live import LiveSecurity
+            from lmqtt.gateway.security.live import LiveSecurity  # only when configured
             authenticators.append(LiveSecurity())
         if cfg.hmac_keys:
             authenticators.append(HmacSignature(cfg.hmac_keys))
@@ -120,7 +125,7 @@ _TLS_CAUSES = {
 
 def tls_failure_cause(exc: BaseException) -> tuple[str, str]:
     """(cause label, explanation) of a failed TLS handshake."""
-    import ssl
+    import ssl  # only TLS, when configured
     if isinstance(exc, ssl.SSLError):
         return _TLS_CAUSES.get(exc.reason or "", ("tls_error", f"TLS error {exc.reason or exc}"))
     # uvloop reports its ssl_handshake_timeout as a ConnectionAbortedError whose message says the
@@ -246,7 +251,7 @@ class Gateway:
         self.servers: list = []                            # every listener's asyncio Server
         self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
         self.ssl_context = self.auth = self.acl = None
-        self.link = None            # remote: the store connection (store/client/loop_connection.py)
+        self.link = None            # remote: the store connection (gateway/storage/store_link.py)
         self.storage = None         # remote: the RemoteStore
         self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
@@ -276,6 +281,7 @@ class Gateway:
         if self.remote:
             await self._start_remote()
             return
+        # lmqtt serve only: the engine; a fleet gateway never loads it
         from lmqtt.store.node.embedded import open_embedded
 
         cfg = self.cfg
@@ -303,11 +309,9 @@ class Gateway:
         """`lmqtt gateway`: the same broker over a `RemoteStore` (docs/fleet.md). Refuses to start
         while the store cannot be reached: a gateway that accepted clients it cannot serve would
         only fail their publishes."""
-        import socket
-
-        from lmqtt.gateway.fleet.sessions import FleetSessionRegistry
-        from lmqtt.gateway.storage.remote_store import RemoteStore
-        from lmqtt.store.client.aio import LoopConnection
+        from lmqtt.gateway.fleet.sessions import FleetSessionRegistry  # a fleet gateway only
+        from lmqtt.gateway.storage.remote_store import RemoteStore  # a fleet gateway only
+        from lmqtt.gateway.storage.store_link import LoopConnection  # a fleet gateway only (its store link)
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
@@ -323,7 +327,6 @@ class Gateway:
                                        # the same budget as the embedded delivery ring
                                        mirror_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
             if mode in ("broadcast", "precise"):
-                from lmqtt.notify.redis_bus import RedisEventSubscriber
                 self.redis_events = RedisEventSubscriber(cfg.redis, gid, mode, safety_poll_s=cfg.safety_poll_ms / 1000.0)
                 self.redis_events.subscribe(self.storage.heard_names)
                 self.redis_events.on_resync(self.storage.poll)
@@ -347,7 +350,7 @@ class Gateway:
             self.storage.is_served = lambda q: q in delivery.direct
             # shared subscriptions: the store hands each message to one gateway (gateway/fleet/group_leases.py)
             from lmqtt.gateway.fleet.group_leases import FleetGroups
-            from lmqtt.gateway.storage.remote_groups import RemoteGroups
+            from lmqtt.gateway.storage.remote_groups import RemoteGroups  # a fleet gateway only
             self.group_leases = FleetGroups(RemoteGroups(self.link, gid), delivery, loop,
                                             ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
                                             tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
@@ -378,7 +381,7 @@ class Gateway:
         """The remote seam's counters on /metrics: pulls that crossed the network (one per queue
         per event however many local sessions read it), blocking reads behind the mirror, EVENT
         frames heard, safety polls, store reconnects and whether the store is connected now."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with the metrics port open
         gw = self
 
         class _Collector:
@@ -448,9 +451,6 @@ class Gateway:
 
     def _new_gate(self):
         """The connection and rate limits (gateway/broker/limits.py) the broker and its connections apply."""
-        import resource
-
-        from lmqtt.gateway.broker.limits import ConnectionGate, Limits
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
@@ -468,7 +468,7 @@ class Gateway:
         """The counters of the broker's connection and rate limits on /metrics:
         lmqtt_limit_hits_total{limit}, lmqtt_tls_handshake_failures_total{cause},
         lmqtt_limit_refused_sockets_waiting."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with the metrics port open
 
         gate = self.broker.gate
         gw = self
@@ -502,7 +502,7 @@ class Gateway:
             return WebSocketProtocol(mqtt, path="/mqtt", max_message_bytes=cfg.max_packet_size)
 
         if cfg.ws_port or cfg.wss_port:     # wsproto: imported only with a WebSocket listener
-            from lmqtt.gateway.net.websocket import WebSocketProtocol
+            from lmqtt.gateway.net.websocket import WebSocketProtocol  # a WebSocket listener only
 
         plan = [("mqtt", cfg.port, mqtt, None)]
         if cfg.tls_port:
@@ -531,12 +531,11 @@ class Gateway:
     def _start_sys_topics(self, loop, prefix: str = "$SYS/broker/") -> None:
         """Publish `$SYS/...` (gateway/broker/sys_topics.py) every `sys_interval` seconds, retained,
         from memory (the broker's `sys_retained`: never appended to the store)."""
-        from lmqtt.gateway.broker.sys_topics import SysTopics
         if not self.cfg.sys_interval or self.cfg.sys_interval <= 0:
             return
         publish = self.broker.sys_retained.publish
         try:
-            from importlib.metadata import version
+            from importlib.metadata import version  # only --version and the banners (~8 ms of every start otherwise)
             ver = version("lmqtt")
         except Exception:  # noqa: BLE001 - a source tree without metadata
             ver = "unknown"

@@ -23,16 +23,26 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lmqtt.gateway.app.config import ConfigError, build_config, hostport, load_toml
-from lmqtt.gateway.app.serve_command import _tune_gc, add_listener_args
-from lmqtt.store.node.process import (install_event_loop, metrics_unavailable, raise_open_files_limit,
-                                      set_process_title, setup_logging)
+from lmqtt.gateway.app.config import ConfigError, DefaultsSaid, build_config, hostport, load_toml
+from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError
+from lmqtt.gateway.app.serve_command import add_listener_args, check_startup, tune_gc
+from lmqtt.notify.reachable import unreachable_note
+from lmqtt.store.client.errors import ConnectionLost, StoreClientError
+from lmqtt.store.client.failover import parse_addresses
+from lmqtt.store.node.process import (
+    install_event_loop,
+    metrics_unavailable,
+    raise_open_files_limit,
+    set_process_title,
+    setup_logging,
+)
+from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.command")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmqtt gateway", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="lmqtt gateway", description=__doc__.split("\n\n")[0], formatter_class=DefaultsSaid)
     p.add_argument("--store", dest="store_address",
                    help="HOST:PORT of the `lmqtt store` node (required); a store group: every member, "
                         "HOST:PORT,HOST:PORT,... (the gateway follows the primary, docs/fleet.md)")
@@ -56,10 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="listen with SO_REUSEPORT, beside other processes on the same port (serve --workers)")
     add_listener_args(p)
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    from lmqtt.gateway.app.console_web import add_console_args
+    from lmqtt.gateway.app.console_web import add_console_args  # only with the console's port open
     add_console_args(p)         # this gateway's web console on the metrics port (docs/console.md)
-    from lmqtt.gateway.app.config import say_defaults
-    say_defaults(p)
     return p
 
 
@@ -74,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.store_address:
             raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
                               "every member, HOST:PORT,HOST:PORT,...)")
-        from lmqtt.store.client.failover import parse_addresses
         try:
             parse_addresses(cfg.store_address)
         except ValueError as e:
@@ -82,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"lmqtt gateway: {e}", file=sys.stderr)
         return 2
-    from lmqtt.gateway.app.serve_command import check_startup
     problem = check_startup(cfg, store_protocol=False)     # the same refusals as `lmqtt serve`, first
     if problem:
         print(f"lmqtt gateway: {problem}", file=sys.stderr)
@@ -117,7 +123,7 @@ class _Health:
         return True, "ready"
 
     def start(self, host: str, port: int) -> tuple[str, int]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # only with the metrics port open
         health = self
         registry = self.gw.metrics.registry
 
@@ -155,10 +161,6 @@ class _Health:
 
 
 async def _serve(cfg, loop_name: str) -> int:
-    from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError
-    from lmqtt.store.client.aio import ConnectionLost, StoreClientError
-    from lmqtt.store.node.protocol import NodeMismatch
-
     gw = Gateway(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -189,7 +191,7 @@ async def _serve(cfg, loop_name: str) -> int:
         print(f"lmqtt gateway: startup failed: {type(e).__name__}: {e}", file=sys.stderr)
         log.exception("event=startup_failed")
         return 1
-    _tune_gc(cfg)
+    tune_gc(cfg)
     health = _Health(gw)
     console = None
     metrics_url = "off"
@@ -197,7 +199,7 @@ async def _serve(cfg, loop_name: str) -> int:
         mhost = cfg.metrics_host or cfg.host
         try:
             if cfg.console:     # the console's ASGI server serves /metrics, /healthz, /readyz too
-                from lmqtt.gateway.app.console_web import ConsoleServer
+                from lmqtt.gateway.app.console_web import ConsoleServer  # only with the console's port open
                 console = ConsoleServer(gw, cfg, ready=health.ready)
                 h, p = await console.start(mhost, cfg.metrics_port)
                 web = "https" if cfg.console_tls else "http"
@@ -216,7 +218,7 @@ async def _serve(cfg, loop_name: str) -> int:
         auth_line = "none: anonymous clients allowed (--allow-anonymous)"
     else:
         auth_line = "none: anonymous clients allowed on loopback only"
-    if gw.acl is not None:
+    if gw.acl is not None and cfg.acl_file:    # live rules or an HTTP service also make an ACL (no file)
         auth_line += f"; ACL {cfg.acl_file}"
     mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
     redis_note = ""
@@ -224,7 +226,6 @@ async def _serve(cfg, loop_name: str) -> int:
     if ev is not None:
         # a Redis that is not there was said nowhere (its subscriber retries quietly): the banner
         # and the log say it, once; the gateway runs on, on the safety poll, until Redis answers
-        from lmqtt.notify.reachable import unreachable_note
         redis_note = await unreachable_note(cfg.redis, ev.connected.wait(),
                                             "messages published on other gateways arrive by the safety poll")
     print(f"lmqtt gateway: listening on mqtt://{hostport(host, port)} (MQTT 3.1.1 + 5.0, {loop_name})\n"

@@ -4,8 +4,7 @@ Why a private registry: tests and `lmqtt serve` may build several gateways in on
 a registry per gateway keeps their counters apart and makes `/metrics` show only this process'
 gateway.
 
-Why plain ints for the per-message counters: profiling the 1 -> 100 fan-out (cProfile,
-docs/benchmarks/history.md "Gateway: publish → deliver") showed prometheus_client's
+Why plain ints for the per-message counters: profiling the 1 -> 100 fan-out (cProfile) showed prometheus_client's
 `Counter.inc` (a lock + a float add, ~13 us) at ~12% of server CPU when called per delivered
 message. Messages/bytes/pulls/notify counters are therefore plain Python ints bumped on the
 event-loop thread (`m.msg_out[qos] += 1`) and turned into Prometheus counters only when /metrics
@@ -15,11 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from bisect import bisect_left
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import MetricsHandler
 
@@ -32,8 +30,7 @@ class FastHistogram:
     """A Prometheus histogram for per-message observations, as plain ints on the event loop.
 
     `prometheus_client.Histogram.observe` takes a lock and updates two float values (~25 us under
-    cProfile per delivered message, docs/benchmarks/history.md "Side by side: lmqtt vs Mosquitto
-    vs amqtt"); this one is a bisect and two adds, exported as a normal histogram (`_bucket`,
+    cProfile per delivered message in `lmqtt bench compare`); this one is a bisect and two adds, exported as a normal histogram (`_bucket`,
     `_sum`, `_count`) when /metrics is scraped. Only the event-loop thread may call `observe`.
     """
 
@@ -132,7 +129,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         # open connections (after CONNECT) and CONNECTs accepted: plain ints (a reconnect storm's every
-        # CONNECT and close changed them through prometheus_client's lock: ~2 % of its CPU, issue 29),
+        # CONNECT and close changed them through prometheus_client's lock: ~2 % of its CPU),
         # exported by _HotCounters as the gauge lmqtt_connections and the counter lmqtt_connects
         self.connections = 0
         self.connects = 0

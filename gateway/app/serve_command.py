@@ -19,28 +19,39 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
 import sys
 
-from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, build_config, hostport, load_toml
-from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
-                                      metrics_unavailable, raise_open_files_limit, remove_refused_data_dir,
-                                      set_process_title, setup_logging)
+from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, DefaultsSaid, build_config, hostport, load_toml
+from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError, build_security
+from lmqtt.store.loopback import is_loopback
+from lmqtt.store.node.process import (
+    DataDirError,
+    check_data_dir,
+    install_event_loop,
+    lock_data_dir,
+    metrics_unavailable,
+    raise_open_files_limit,
+    remove_refused_data_dir,
+    set_process_title,
+    setup_logging,
+)
 
 log = logging.getLogger("lmqtt.serve")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmqtt serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="lmqtt serve", description=__doc__.split("\n\n")[0], formatter_class=DefaultsSaid)
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="MQTT port (default 1883; 0 = any free port)")
     p.add_argument("--data-dir", help="data directory (default ./lmqtt-data)")
     p.add_argument("--config", help="TOML config file")
     p.add_argument("--flush-mode", choices=FLUSH_MODES, help="store flush mode (default async)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port, and the web console's (default 9883, 0 = off)")
-    from lmqtt.gateway.app.console_web import add_console_args
+    from lmqtt.gateway.app.console_web import add_console_args  # only with the console's port open
     add_console_args(p)
     p.add_argument("--max-inflight", type=int, help="cap on the outbound QoS 1/2 window (default 1000)")
     p.add_argument("--segment-mb", type=int,
@@ -78,8 +89,6 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--tier-parquet-merge-after-s", type=float,
                    help="merge a topic's and day's small Parquet files once the newest is this old (default 60)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    from lmqtt.gateway.app.config import say_defaults
-    say_defaults(p)
     return p
 
 
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         except DataDirError as e:
             print(f"lmqtt serve: {e}", file=sys.stderr)
             return 1
-        from lmqtt.gateway.app.workers import run
+        from lmqtt.gateway.app.workers import run  # serve --workers only
         argv = list(sys.argv[2:] if argv is None else argv)
         set_process_title("serve", argv)
         return run(cfg, argv, int(cfg.workers))
@@ -202,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
 def check_startup(cfg, store_protocol: bool = True) -> str | None:
     """None if the listeners, authentication and (`store_protocol`) the store protocol's settings
     can work, else why not; asked before the data dir is touched (a refused start creates nothing)."""
-    from lmqtt.gateway.app.gateway import SecurityConfigError, build_security
-    from lmqtt.store.loopback import is_loopback
     try:
         build_security(cfg)
     except SecurityConfigError as e:
@@ -244,9 +251,8 @@ def check_worker_ports(cfg) -> str | None:
     return None
 
 
-def _tune_gc(cfg) -> None:
+def tune_gc(cfg) -> None:
     """Shorter and rarer GC pauses on the event loop (see `gc_freeze` in gateway/app/config.py)."""
-    import gc
     if cfg.gc_gen0_threshold:
         _g0, g1, g2 = gc.get_threshold()
         gc.set_threshold(int(cfg.gc_gen0_threshold), g1, g2)
@@ -256,8 +262,6 @@ def _tune_gc(cfg) -> None:
 
 
 async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
-    from lmqtt.gateway.app.gateway import Gateway
-
     gw = Gateway(cfg)
     # signal handlers first: a SIGTERM that arrives while starting (the port may already accept
     # connections) becomes a clean stop right after startup, never Python's default death
@@ -266,7 +270,6 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, gw.reload_security)   # a no-op until the broker exists
-    from lmqtt.gateway.app.gateway import ListenerError, SecurityConfigError
     try:
         await gw.start()
     except SecurityConfigError as e:
@@ -317,14 +320,14 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
         if store_srv is not None:
             sh, sp = store_srv.address
             store_url = f"lmqtt://{hostport(sh, sp)} (native protocol, SDK)"
-    _tune_gc(cfg)
+    tune_gc(cfg)
     metrics_url = "off"
     console = None
     if cfg.metrics_port:
         mhost = cfg.metrics_host or cfg.host
         try:
             if cfg.console:     # the console's ASGI server serves /metrics (and /healthz, /readyz) too
-                from lmqtt.gateway.app.console_web import ConsoleServer
+                from lmqtt.gateway.app.console_web import ConsoleServer  # only with the console's port open
                 console = ConsoleServer(gw, cfg, sdk=store_srv)
                 h, p = await console.start(mhost, cfg.metrics_port)
                 web = "https" if cfg.console_tls else "http"

@@ -22,12 +22,15 @@ holding the ports or the data directory.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+from .config import hostport
 
 # `lmqtt serve` flags that belong to the store (or to the supervisor) and not to the gateways;
 # everything else on the command line (listeners, auth, --config, --max-inflight, ...) is passed
@@ -51,7 +54,6 @@ def _die_with_parent():
     supervisor died between the fork and that call). Elsewhere: None (no such call)."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -173,7 +175,7 @@ class Supervisor:
             if not all(_wait_port("127.0.0.1" if host in ("0.0.0.0", "::") else host, p, g, 60)
                        for p, g in zip(ports, self.gateways) if g is not None):
                 raise RuntimeError("a gateway did not start (its messages are above)")
-            from .config import hostport      # an IPv6 host in brackets: mqtt://[::1]:1883
+            # an IPv6 host in brackets: mqtt://[::1]:1883
             where = (f"on mqtt://{hostport(host, port)} (SO_REUSEPORT)" if not self.ports else
                      "on " + ", ".join(f"mqtt://{hostport(host, p)}" for p in ports))
             print(f"lmqtt serve: {self.n} workers {where}, store "

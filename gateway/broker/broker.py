@@ -382,14 +382,14 @@ class Broker:
                 qos2 = present and any(inf.qos == 2 for inf in s.inflight())
                 if present and not qos2 and self.persist.writes_later:
                     # `lmqtt serve`, nothing of QoS 2 to send again: the record saying it is connected
-                    # is written at the end of this tick with the others (issue 29 storm), not before CONNACK
+                    # is written at the end of this tick with the others (a reconnect storm), not before CONNACK
                     self.persist.save_later(s)
                 else:
                     self._save_session(s, qos2_resumed=qos2)
             # else a new session (no record: CONNACK says none is present) with nothing in it yet, on
             # the embedded server: its record is first written by what puts something in it (its
             # SUBSCRIBE, before SUBACK; a QoS 2 exchange) or by its disconnect. A crash before that
-            # loses nothing the client was told exists (issue 29: one record write less per session)
+            # loses nothing the client was told exists (one record write less per session)
         elif was_persistent:
             self.persist.delete_session(cid)
 
@@ -520,7 +520,7 @@ class Broker:
     def _after_acl(self, conn, asked: list, handler, pkt) -> None:
         """The packet waits for the authorization service's answers (gateway/security/acl_chain.py);
         the connection's later packets wait behind it, in order; then it is handled again."""
-        from lmqtt.gateway.security.http_auth import ask_all
+        from lmqtt.gateway.security.http_auth import ask_all  # only when configured
         conn.hold()
 
         def answered() -> None:

@@ -289,7 +289,7 @@ class SessionPersistence:
         """`offline_ms`: the record as of the session gone offline then (its client sent DISCONNECT
         and its connection is about to close). Encoded here, once (`WrittenRecord`): the bytes
         `record_reference(s, offline_ms).to_bytes()` gives, without the record's objects and its
-        dict in between (issue 29 storm: a record was built, then built again as a dict, then
+        dict in between (a reconnect storm: a record was built, then built again as a dict, then
         encoded; tests/restart/test_record_encoding.py compares the two)."""
         online = s.online and offline_ms is None
         last = None if online else (offline_ms or s.disconnected_at_ms or _now_ms())
@@ -347,7 +347,7 @@ class SessionPersistence:
 
     def save_later(self, s: "MqttSession") -> None:
         """Write the session's record at the end of this event-loop tick, with every other record
-        left for it, in one metadata write: for a record no packet waits for (issue 29: a
+        left for it, in one metadata write: for a record no packet waits for (a
         reconnect storm's records were a write each). Two of them: a persistent session gone
         offline (its client is gone; the record says since when, and its exchanges in flight),
         and a session resumed by a CONNECT with nothing of QoS 2 to send again (the record says
@@ -369,7 +369,7 @@ class SessionPersistence:
             # resumed, and it never expires: "connected" in its record changes nothing a restart
             # does with it (no expiry to stop), only what `lmqtt admin sessions` shows; it is
             # written if the session is still connected CONNECTED_RECORD_AFTER_S from now, with the
-            # others then, in one write (issue 29: a client that comes and goes - a reconnect
+            # others then, in one write (a client that comes and goes - a reconnect
             # storm's - had its record written twice, once to say "connected")
             self._connected[s.client_id] = s
             if self._connected_handle is None:

@@ -113,7 +113,7 @@ class DeliveryEngine:
     def add_reader(self, s: MqttSession, queue: str) -> None:
         # one reader (a device on a topic of its own: most queues) is the session itself, which
         # iterates as its one reader (`Session.__iter__`), not a set (216 bytes per idle device) or
-        # a 1-tuple (48, issue 29); a set from the second reader on. Every reader of `direct` only
+        # a 1-tuple (48); a set from the second reader on. Every reader of `direct` only
         # iterates its values or asks `q in direct`.
         d = self.direct
         ss = d.get(queue)

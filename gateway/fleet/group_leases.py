@@ -1,5 +1,5 @@
 """Shared subscriptions across a fleet: members of `$share/g/f` on every gateway share the group's
-messages, each message to one member (issue 29).
+messages, each message to one member.
 
 Why the store assigns the messages: each gateway keeps its own `SharedGroup`
 (gateway/subscriptions/shared_groups.py) for the members connected to it; two gateways reading the group's

@@ -76,7 +76,7 @@ class SessionDirectory:
         self.errors = 0
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
+        import redis.asyncio as aioredis  # only with --redis: lmqtt serve never loads it
         self._redis = aioredis.Redis.from_url(self.url, socket_connect_timeout=2.0)
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -474,6 +474,7 @@ class _DiskFullMetrics:
         return []
 
     def collect(self):
+        # only with the metrics port open (a scrape calls this)
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         yield CounterMetricFamily("lmqtt_publish_refused_disk_full",
                                   "PUBLISHes refused because the store's disk is full",

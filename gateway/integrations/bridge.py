@@ -107,6 +107,8 @@ class Bridge:
 
     async def _keep(self, side: str, connect) -> None:
         backoff = 0.5
+        # an OS error ("Connection refused", "Name or service not known") names no address
+        where = f" remote={self.cfg.host}:{self.cfg.port}" if side == "remote" else ""
         while not self._stopping:
             link = None
             try:
@@ -114,7 +116,7 @@ class Bridge:
                 backoff = 0.5
                 why = await link.closed
                 if not self._stopping:
-                    log.warning("event=bridge_disconnected bridge=%s side=%s reason=%r", self.name, side, why)
+                    log.warning("event=bridge_disconnected bridge=%s side=%s%s reason=%r", self.name, side, where, why)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - refused, unreachable, TLS: logged, retried
@@ -122,8 +124,8 @@ class Bridge:
                 if side == "remote":
                     self.remote_failures += 1
                 if self.remote_failures <= 3 or self.remote_failures % 20 == 0 or side == "local":
-                    log.warning("event=bridge_connect_failed bridge=%s side=%s error=%r (retry in %.1f s)",
-                                self.name, side, str(e), backoff)
+                    log.warning("event=bridge_connect_failed bridge=%s side=%s%s error=%r (retry in %.1f s)",
+                                self.name, side, where, str(e), backoff)
                 if link is not None:
                     link.close("failed")
             finally:

@@ -129,7 +129,7 @@ def parse_bridges(value, path: str) -> list[BridgeConfig]:
         for k, v in b.items():
             kind = KEYS.get(k.replace("-", "_"))
             if kind is None:
-                import difflib
+                import difflib  # only a mistyped key
                 close = difflib.get_close_matches(k, list(KEYS), n=1)
                 raise ConfigError(f"{where}: unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else
                                                                    f" (known: {', '.join(KEYS)})"))

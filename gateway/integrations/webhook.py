@@ -53,7 +53,7 @@ class Webhook:
             self._wake.set()
 
     async def _run(self) -> None:
-        import aiohttp
+        import aiohttp  # only the webhook, when configured
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                                               headers={"User-Agent": "lmqtt"})
         assert self._wake is not None

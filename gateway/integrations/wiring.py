@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from typing import Any
+
+from lmqtt.gateway.net.connection import NO_TOPICS, MQTTConnection
 
 log = logging.getLogger("lmqtt.gateway.integrations")
 
@@ -28,10 +31,10 @@ class Integrations:
         self.live_feed = None
         self._memo_timer: asyncio.TimerHandle | None = None
         if cfg.webhook or cfg.events:
-            from lmqtt.gateway.integrations.events import Events, count_drops
+            from lmqtt.gateway.integrations.events import Events, count_drops  # only when configured
             sinks = []
             if cfg.webhook:
-                from lmqtt.gateway.integrations.webhook import Webhook
+                from lmqtt.gateway.integrations.webhook import Webhook  # only when configured
                 self.webhook = Webhook(cfg.webhook, int(cfg.webhook_queue), int(cfg.webhook_batch))
                 sinks.append(self.webhook.put)
             node = cfg.gateway_id or f"{socket.gethostname()}:{cfg.port}"
@@ -64,7 +67,7 @@ class Integrations:
         gw = self.gw
         live = self._live()
         if live is not None:
-            from lmqtt.gateway.security.live import LiveFeed
+            from lmqtt.gateway.security.live import LiveFeed  # only when configured
             if gw.embedded is not None:
                 self.live_feed = LiveFeed(live, local=gw.embedded.security)
             else:
@@ -76,7 +79,7 @@ class Integrations:
         if auth is not None and auth.http is not None:
             self._expire_memos(float(gw.cfg.auth_http_cache_s))
         if gw.cfg.bridge and self._runs_bridges():
-            from lmqtt.gateway.integrations.bridge import Bridge
+            from lmqtt.gateway.integrations.bridge import Bridge  # only when configured
             for bc in gw.cfg.bridge:
                 b = Bridge(bc, lambda name=bc.name: self._open_local(name))
                 b.start()
@@ -100,14 +103,12 @@ class Integrations:
         """`serve --workers N` starts every worker with the same configuration: only the first
         (gateway id `HOST:PORT:w0`, gateway/app/workers.py) runs the bridges, else N copies of
         each bridge would take its client ids over from each other on both brokers."""
-        import re
         m = re.search(r":w(\d+)$", self.gw.cfg.gateway_id or "")
         return m is None or m.group(1) == "0"
 
     def _expire_memos(self, ttl: float) -> None:
         """The HTTP service's publish decisions that connections remember (`acl_publish_ok`) are
         dropped every `ttl` seconds, so one is used at most twice its TTL (gateway/security/acl_chain.py)."""
-        from lmqtt.gateway.net.connection import NO_TOPICS
         loop = asyncio.get_running_loop()
         ttl = max(1.0, ttl)
 
@@ -129,8 +130,7 @@ class Integrations:
 
     def _open_local(self, name: str) -> socket.socket:
         """A socket whose other end the broker serves as the internal client of bridge `name`."""
-        from lmqtt.gateway.net.connection import MQTTConnection
-        from lmqtt.gateway.security.auth import Identity
+        from lmqtt.gateway.security.auth import Identity  # only when configured
         broker = self.gw.broker
         ours, theirs = socket.socketpair()
         ours.setblocking(False)
@@ -145,7 +145,7 @@ class Integrations:
         return theirs
 
     def _metrics(self) -> None:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with the metrics port open
         me = self
 
         class _Collector:

@@ -73,7 +73,7 @@ class _ConnRare:
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
     login and method, a paused or full transport, a client that wants no reason
     strings): made at the first other value and dropped when all are back at their defaults, so an
-    idle connection pays one slot for them, not fourteen (issue 29)."""
+    idle connection pays one slot for them, not fourteen."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
                  "auth_method", "_auth_login", "_rate_paused", "_transport_paused",

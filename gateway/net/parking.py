@@ -1,4 +1,4 @@
-"""Parking idle connections (issue 29: memory per idle connection; docs/gateway.md "Idle connections").
+"""Parking idle connections (docs/gateway.md "Idle connections").
 
 An idle connected client costs the broker its event-loop transport (uvloop's TCPTransport, its
 libuv handle and buffers, the loop's fd -> transport map: ~1.2 KiB) and its packet decoder, for
@@ -167,7 +167,7 @@ TRIM_AFTER = 64      # parks in one check after which the freed heap pages are g
 # 29), the later arrivals reuse the memory the first ones gave up. Checked every FRESH_IDLE_S while
 # a connection is that young; one still talking FRESH_FOR_S after its socket was accepted keeps the
 # `after_s` regime (a client that talks every few seconds is not parked and woken at every packet).
-# 0.05 s, not 0.1 (session 8): fewer transports of a fast burst alive at once, 0.89-0.92 KiB per
+# 0.05 s, not 0.1: fewer transports of a fast burst alive at once, 0.89-0.92 KiB per
 # idle connection in `lmqtt bench compare --scenarios conn` vs 0.91-1.03 (BENCHMARKS.md); a young
 # connection is checked once or twice before it is parked either way, so the CPU is the same.
 FRESH_IDLE_S = 0.05

@@ -23,8 +23,11 @@ import logging
 import os
 import secrets
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
+
+from lmqtt.gateway.security.scram import ScramAuthFailed, ScramCredentials, ScramError, ScramServer
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -133,7 +136,6 @@ def split_entry(stored: str) -> tuple[str, str | None]:
 
 def _check_entry(stored: str) -> str | None:
     """None when `stored` (everything after `user:`) is valid, else what is wrong with it."""
-    from lmqtt.gateway.security.scram import ScramCredentials, ScramError
     h, scram = split_entry(stored)
     if h.startswith("$scram-sha-256$"):
         return ("a SCRAM-SHA-256 verifier must follow the password hash (user:HASH:$scram-sha-256$...; "
@@ -171,7 +173,6 @@ class PasswordFile:
         self.reload()
 
     def reload(self) -> None:
-        from lmqtt.gateway.security.scram import ScramCredentials
         entries = read_password_file(self.path)
         users, scram = {}, {}
         for user, stored in entries.items():
@@ -365,7 +366,7 @@ class JwtToken:
         self.leeway = leeway_s
 
     def authenticate(self, creds: Credentials):
-        import jwt
+        import jwt  # only JWT authentication, when configured
         token = creds.password or b""
         if token.count(b".") != 2 or len(token) < 20:
             return None
@@ -430,7 +431,6 @@ class ScramLogin:
     method = "SCRAM-SHA-256"
 
     def __init__(self, lookup, creds: Credentials, username: str | None = None) -> None:
-        from lmqtt.gateway.security.scram import ScramServer
         self.server = ScramServer(lookup)
         self.creds = creds
         self.username = username           # re-authentication: must stay the same user
@@ -439,7 +439,6 @@ class ScramLogin:
         self.started_at = 0.0
 
     def step(self, data: bytes):
-        from lmqtt.gateway.security.scram import ScramAuthFailed, ScramError
         s = self.server
         try:
             if not s.started:
@@ -582,7 +581,6 @@ class AuthRunner:
                                              f"check", self.BUSY))
             return True
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="lmqtt-auth")
         self.pending += 1
         fut = self.loop.run_in_executor(self._pool, self.chain.check, creds)

@@ -101,7 +101,7 @@ class HttpAuthService:
     # ------------------------------------------------------------------------------ transport
     def _http(self):
         if self._session is None:
-            import aiohttp
+            import aiohttp  # only HTTP auth, when configured
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(limit=256, ttl_dns_cache=60),

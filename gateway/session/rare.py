@@ -5,7 +5,7 @@ their fields never leave their defaults (an expiry timer, drop counts, a limit's
 `hold` count...). An owner declares such fields as `RareField(default)`: they read and write as
 plain attributes, live in one object of the owner's `_RARE_CLASS` held in its `_rare` slot, made
 at the first value other than a default and dropped when every field is back at its default. An
-idle device pays one slot for all of them (issue 29, docs/gateway.md "Idle connections").
+idle device pays one slot for all of them (docs/gateway.md "Idle connections").
 """
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, Protocol,
-                    Sequence, TypeVar)
+from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.lightqueue.records import SessionRecord, WillRecord
@@ -140,7 +139,7 @@ class Answer(Generic[T]):
 
     def then(self, fn: Callable[[T], U]) -> "Answer[U]":
         """An answer of `fn(this answer's value)` (a failure, of either, fails it)."""
-        out: Answer[U] = Answer(lambda _a, timeout: self._wait_quietly(timeout))
+        out: Answer[U] = Answer(lambda _a, timeout: self.wait_quietly(timeout))
 
         def done(a: Answer[T]) -> None:
             if a._error is not None:
@@ -155,9 +154,15 @@ class Answer(Generic[T]):
         self.add_done_callback(done)
         return out
 
-    def _wait_quietly(self, timeout: float | None) -> None:
+    def wait_quietly(self, timeout: float | None) -> None:
+        """Wait (up to `timeout`) for the answer without raising its failure: what an answer made of
+        others waits for them with, before it reads them."""
         if not self._done and self._waiter is not None:
             self._waiter(self, timeout)
+
+    def wait_with(self, waiter: "Callable[[Answer[T], float | None], None] | None") -> None:
+        """How `wait()` waits from now on: an answer made of another one, known only later."""
+        self._waiter = waiter
 
     @staticmethod
     def gather(answers: "Sequence[Answer[Any]]") -> "Answer[list[Any]]":
@@ -173,7 +178,7 @@ class Answer(Generic[T]):
 
         def waiter(_out: Answer[list[Any]], timeout: float | None) -> None:
             for a in answers:
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
 
         out: Answer[list[Any]] = Answer(waiter)
         left = [sum(1 for a in answers if not a._done)]
@@ -203,7 +208,7 @@ class Answer(Generic[T]):
 
         def waiter(_out: Answer[None], timeout: float | None) -> None:
             for a in answers:
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
 
         out: Answer[None] = Answer(waiter)
         left = [len(answers)]

@@ -19,11 +19,11 @@ import logging
 from typing import Any, Callable, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, QueueStore, Retained, Storage, WrittenAgain
+from lmqtt.gateway.storage.node_client import decode_reply
+from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection
 from lmqtt.lightqueue.records import SessionRecord, WillRecord
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import ConnectionLost, LoopConnection
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import decode_reply
 
 log = logging.getLogger("lmqtt.gateway.remote")
 
@@ -79,7 +79,7 @@ def written_again(link: LoopConnection, answer: Answer[Any]) -> Answer[Any]:
     failure for a lost link becomes `WrittenAgain` (log_failure logs it as deferred, not an error)."""
     if not getattr(link, "group", False):
         return answer
-    out: Answer[Any] = Answer(lambda _o, timeout: answer._wait_quietly(timeout))
+    out: Answer[Any] = Answer(lambda _o, timeout: answer.wait_quietly(timeout))
 
     def done(a: Answer[Any]) -> None:
         e = a.exception()
@@ -106,7 +106,7 @@ def _both(a: Answer[Any], b: Answer[Any], fn: Callable[[Any, Any], Any]) -> Answ
     def waiter(_out: Answer[Any], timeout: float | None) -> None:
         for x in (a, b):
             if not x.done():
-                x._wait_quietly(timeout)
+                x.wait_quietly(timeout)
 
     out: Answer[Any] = Answer(waiter)
 
@@ -202,7 +202,7 @@ class RemoteSessions:
         def waiter(out: Answer[Any], timeout: float | None) -> None:
             while not out.done() and page:
                 this = page[-1]
-                this._wait_quietly(timeout)
+                this.wait_quietly(timeout)
                 if not this.done():
                     return              # no answer in time: `wait` says so
 
@@ -397,7 +397,7 @@ class RemoteFilters:
 
         def waiter(_out: Answer[Any], timeout: float | None) -> None:
             for a in parts:
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
 
         out: Answer[dict[str, int]] = Answer(waiter)
 

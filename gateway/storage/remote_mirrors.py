@@ -17,11 +17,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer
+from lmqtt.gateway.storage.node_client import NodeClient
 from lmqtt.gateway.storage.remote_entries import RemoteMessage, decode_raw_entries
+from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import LoopConnection
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import NodeClient
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lmqtt.gateway.remote")
 
 
-class _Mirror:
+class Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
     __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_from", "back_base", "back",
@@ -63,7 +63,7 @@ class MirrorFeed:
     node: NodeClient
     loop: asyncio.AbstractEventLoop
     remote_metadata: "RemoteMetadata"
-    queues: dict[str, _Mirror]
+    queues: dict[str, Mirror]
     watch: bool
     raw_push: bool
     fetch_batch: int
@@ -132,7 +132,7 @@ class MirrorFeed:
         mv = memoryview(body)
         ident = self.link.server_info.get("ident") or ""
 
-        def extend(m: _Mirror, q: str, first: int, runs, sizes) -> int:
+        def extend(m: Mirror, q: str, first: int, runs, sizes) -> int:
             msgs = decode_raw_entries(mv, runs, sizes, first, ident)
             if msgs is None:
                 log.warning("event=bad_push_record queue=%s first=%d (pulled instead)", q, first)
@@ -166,7 +166,7 @@ class MirrorFeed:
         if added:
             self._tell(added)
 
-    def _extend_msgs(self, m: _Mirror, first: int, msgs: list) -> int:
+    def _extend_msgs(self, m: Mirror, first: int, msgs: list) -> int:
         """Append `msgs` (queue offsets first, first + 1, ...) where they continue `m`, skipping
         those it holds already; nothing after a gap (pulled later). -> how many were appended."""
         skip = m.end - first
@@ -177,7 +177,7 @@ class MirrorFeed:
         self._bytes += sum([len(x[1]) for x in new])
         return len(new)
 
-    def _extend(self, m: _Mirror, recs: list, dqs) -> int:
+    def _extend(self, m: Mirror, recs: list, dqs) -> int:
         """Append the entries of `recs` that continue `m` (offset = m.end), skipping those it
         holds already and stopping at a gap (pulled later). -> how many were appended."""
         items = m.items
@@ -197,7 +197,7 @@ class MirrorFeed:
         self._bytes += nbytes
         return n
 
-    def _bound_memory(self, m: _Mirror) -> None:
+    def _bound_memory(self, m: Mirror) -> None:
         """Keep mirror `m` (just extended) within `mirror_entries`, and all mirrors within
         `mirror_bytes`."""
         if len(m.items) > self.mirror_entries:
@@ -241,14 +241,14 @@ class MirrorFeed:
             if m is not None:
                 self._fetch(q, m)
 
-    def _fetch(self, q: str, m: _Mirror) -> None:
+    def _fetch(self, q: str, m: Mirror) -> None:
         if m.fetching or not self.link.connected:
             return
         m.fetching = True
         start = m.end
         self._ask_pull(q, start, self.fetch_batch, lambda f, q=q, m=m, start=start: self._fetched(q, m, start, f))
 
-    def _fetched(self, q: str, m: _Mirror, start: int, f) -> None:
+    def _fetched(self, q: str, m: Mirror, start: int, f) -> None:
         m.fetching = False
         if self.queues.get(q) is not m:
             return
@@ -307,12 +307,12 @@ class MirrorFeed:
                 self.heard(f.result().max_offsets)
         fut.add_done_callback(done)
 
-    def _drop_back(self, m: _Mirror) -> None:
+    def _drop_back(self, m: Mirror) -> None:
         if m.back:
             self._bytes -= sum([len(it.body) for it in m.back])
             m.back = []
 
-    def _trim(self, m: _Mirror, drop: int) -> None:
+    def _trim(self, m: Mirror, drop: int) -> None:
         if drop <= 0:
             return
         self._bytes -= sum([len(it.body) for it in m.items[:drop]])

@@ -29,12 +29,11 @@ import logging
 import time
 import uuid
 
+from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection
 from lmqtt.store import protocol as W
-from lmqtt.store.errors import MessageTooLarge
-from lmqtt.store.client.aio import ConnectionLost, LoopConnection
 from lmqtt.store.client.connection import is_not_primary
+from lmqtt.store.errors import MessageTooLarge
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
-
 
 log = logging.getLogger("lmqtt.gateway.remote")
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan, ReplayRefused
 from lmqtt.gateway.storage.remote_metadata import ask
-from lmqtt.store.client.aio import LoopConnection, StoreClientError
+from lmqtt.gateway.storage.store_link import LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
 
 
@@ -73,7 +73,7 @@ class RemoteReads:
 
         def waiter(_a: Answer[ReplayPlan], timeout: float | None) -> None:
             for a in (followed, asked):
-                a._wait_quietly(timeout)
+                a.wait_quietly(timeout)
         out: Answer[ReplayPlan] = Answer(waiter)
 
         def done(_a: Answer[Any]) -> None:

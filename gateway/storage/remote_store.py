@@ -23,7 +23,7 @@ each costs:
                    ends, group offsets, messages in flight): gateway/storage/remote_reads.py.
   * metadata       gateway/storage/remote_metadata.py.
 
-Everything uses one `LoopConnection` (store/client/loop_connection.py), so the store sees this
+Everything uses one `LoopConnection` (gateway/storage/store_link.py), so the store sees this
 gateway's requests in order; the gw_* commands are typed in store/node/protocol.py and sent with
 its `NodeClient`. A store that does not speak this gateway's protocol version (or an embedded
 `lmqtt serve`) is refused from its HELLO_OK, at start (NodeMismatch) and after every reconnect
@@ -43,14 +43,14 @@ import logging
 from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan
+from lmqtt.gateway.storage.node_client import NodeClient
 from lmqtt.gateway.storage.remote_entries import RemotePull, entries
 from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask, down_reason
-from lmqtt.gateway.storage.remote_mirrors import MirrorFeed, _Mirror
+from lmqtt.gateway.storage.remote_mirrors import Mirror, MirrorFeed
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
-from lmqtt.store.client.aio import ConnectionLost, LoopConnection, StoreClientError
+from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection, StoreClientError
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import NodeClient
 from lmqtt.store.node.protocol import NodeMismatch
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -93,8 +93,8 @@ class RemoteStore(MirrorFeed):
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.raw_push = raw_push
         self.fetch_batch = fetch_batch
-        self.queues: dict[str, _Mirror] = {}
-        self._tracking: dict[str, Answer[_Mirror]] = {}    # queues being watched, not mirrored yet
+        self.queues: dict[str, Mirror] = {}
+        self._tracking: dict[str, Answer[Mirror]] = {}    # queues being watched, not mirrored yet
         self._poll_keys: list[str] = []    # the safety poll's round over the queues (`_poll_slice`)
         self._poll_at = 0
         # memory bound of all mirrors (payload bytes): over it, every mirror keeps only its newer
@@ -138,7 +138,7 @@ class RemoteStore(MirrorFeed):
     def _export_push_metrics(self, registry) -> None:
         """The push path's counters on /metrics (lmqtt_remote_pulls counts every light-queue read
         the store made for this gateway: pulls sent plus batches pushed)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with the metrics port open
         st = self
 
         class _Collector:
@@ -224,7 +224,7 @@ class RemoteStore(MirrorFeed):
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
         self._listeners.append(callback)
 
-    def _tracked(self, q: str) -> "Answer[_Mirror]":
+    def _tracked(self, q: str) -> "Answer[Mirror]":
         """The mirror of `q`: done at once when there is one, else `q` is watched now (one request,
         shared by everyone asking meanwhile) and the answer completes with the store's reply."""
         m = self.queues.get(q)
@@ -236,7 +236,7 @@ class RemoteStore(MirrorFeed):
         watch = self.watch
         req = P.Watch([q], push=True, raw=self.raw_push) if watch else P.MaxOffsets([q])
 
-        def take(r: Any) -> _Mirror:
+        def take(r: Any) -> Mirror:
             self._tracking.pop(q, None)
             if watch and isinstance(r, P.WatchReply):
                 self.push = r.push
@@ -246,13 +246,13 @@ class RemoteStore(MirrorFeed):
         if out.done():                              # failed at once (the store away): not shared
             self._tracking.pop(q, None)
         else:
-            def untrack(_a: Answer[_Mirror]) -> None:
+            def untrack(_a: Answer[Mirror]) -> None:
                 self._tracking.pop(q, None)
             out.add_done_callback(untrack)
         return out
 
-    def _new_mirror(self, q: str, max_offset: int) -> _Mirror:
-        m = self.queues[q] = _Mirror(max_offset)
+    def _new_mirror(self, q: str, max_offset: int) -> Mirror:
+        m = self.queues[q] = Mirror(max_offset)
         if self.on_track is not None:
             self.on_track(q)
         return m
@@ -274,16 +274,16 @@ class RemoteStore(MirrorFeed):
         m = self.queues.get(queue)
         if m is None:
             # watched now; then read as from a mirror (behind it: the chunk, asked for then)
-            out: Answer[RemotePull] = Answer(lambda _a, timeout: tracked._wait_quietly(timeout))
+            out: Answer[RemotePull] = Answer(lambda _a, timeout: tracked.wait_quietly(timeout))
             tracked = self._tracked(queue)
 
-            def mirrored(t: Answer[_Mirror]) -> None:
+            def mirrored(t: Answer[Mirror]) -> None:
                 e = t.exception()
                 if e is not None:
                     out.set_exception(e)
                     return
                 then = self.pull(queue, offset, max_count, max_bytes)
-                out._waiter = lambda _a, timeout: then._wait_quietly(timeout)
+                out.wait_with(lambda _a, timeout: then.wait_quietly(timeout))
 
                 def answered(a: Answer[RemotePull]) -> None:
                     e = a.exception()
@@ -302,7 +302,7 @@ class RemoteStore(MirrorFeed):
             lambda _none: self._held(m, offset, max_count, max_bytes) or RemotePull([], offset, m.min_offset, m.end))
 
     @staticmethod
-    def _held(m: _Mirror, offset: int, max_count: int, max_bytes: int) -> RemotePull | None:
+    def _held(m: Mirror, offset: int, max_count: int, max_bytes: int) -> RemotePull | None:
         """A pull answered from what mirror `m` holds, or None (behind it, not read yet)."""
         if offset >= m.end:
             return RemotePull([], offset, m.min_offset, m.end)
@@ -319,7 +319,7 @@ class RemoteStore(MirrorFeed):
             return RemotePull([], min(m.back_base, m.end), m.min_offset, m.end)   # nothing there: go on
         return None
 
-    def _read_back(self, queue: str, m: _Mirror, offset: int) -> Answer[None]:
+    def _read_back(self, queue: str, m: Mirror, offset: int) -> Answer[None]:
         """Ask for up to `fetch_batch` entries from `offset` on, not waited for: the answer is done
         when the chunk is in (it replaces the older chunk; one that reaches the mirror's start is
         joined to it), and the queue's readers are told then too. One read per queue at a time:
@@ -338,7 +338,7 @@ class RemoteStore(MirrorFeed):
         self.remote_misses += 1
         self.remote_pulls += 1
         read = ask(self.link, P.Pull(queue, offset, min(self.fetch_batch, m.base - offset), 4 << 20))
-        out: Answer[None] = Answer(lambda _a, timeout: read._wait_quietly(timeout))
+        out: Answer[None] = Answer(lambda _a, timeout: read.wait_quietly(timeout))
         m.back_answer = out
 
         def done(f: Answer[Any]) -> None:
@@ -352,7 +352,7 @@ class RemoteStore(MirrorFeed):
         self.remote_pulls += 1
         return self.node.replay_read(cursor, min(max_count, self.fetch_batch))
 
-    def _read_back_done(self, queue: str, m: _Mirror, offset: int, f: Answer[Any], out: Answer[None]) -> None:
+    def _read_back_done(self, queue: str, m: Mirror, offset: int, f: Answer[Any], out: Answer[None]) -> None:
         m.reading_back = None
         m.back_answer = None
         if self.queues.get(queue) is not m:
@@ -386,11 +386,11 @@ class RemoteStore(MirrorFeed):
         out.set_result(None)                        # every reader that asked holds this answer
 
 
-def _end(m: _Mirror) -> int:
+def _end(m: Mirror) -> int:
     return m.end
 
 
-def _known_end(m: _Mirror) -> int:
+def _known_end(m: Mirror) -> int:
     return max(m.known, m.end)
 
 

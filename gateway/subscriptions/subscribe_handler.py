@@ -56,7 +56,7 @@ class SubscribeHandler:
       connection's dispatch would (the broker's, shared with CONNECT);
     * `one_write()`: `Storage.one_write`, a context in which the SUBSCRIBE's filter references,
       session record and offsets go in one metadata write, made before its SUBACK leaves
-      (in-process; issue 29 storm: a new persistent session's were three; remote: a no-op).
+      (in-process; a reconnect storm: a new persistent session's were three; remote: a no-op).
     """
 
     def __init__(self, *, subscriptions: "SubscriptionRegistry", retained,
@@ -218,7 +218,7 @@ class SubscribeHandler:
             if not changed:
                 old = s.subs.get(sub.filter)
                 # plain ones (their options the class's): equal by their three fields, without
-                # `__eq__`'s two tuples of nine (a resumed client's SUBSCRIBE again, issue 29 storm)
+                # `__eq__`'s two tuples of nine (a resumed client's SUBSCRIBE again, a reconnect storm)
                 if old is None or (old.queue != sub.queue or old.qos != sub.qos
                                    if old.__class__ is _PLAIN and sub.__class__ is _PLAIN else old != sub):
                     changed = True

@@ -99,6 +99,11 @@ class Checker:
         """Seconds since the checker was made (the time axis of every timestamp it keeps)."""
         return round(self._clock() - self._t0, 3)
 
+    def at(self, clock_value: float) -> float:
+        """A reading of the checker's clock (time.monotonic by default: the same in every process
+        of the machine) on its time axis: for events another process recorded (`t=`)."""
+        return round(clock_value - self._t0, 3)
+
     # ------------------------------------------------------------------ recording
     def receiver(self, name: str, path: str, qos: int, ordered: bool = True) -> None:
         """Declare a receiver of the stream (path, qos); again with the same stream is a no-op."""
@@ -109,9 +114,10 @@ class Checker:
             elif (r.path, r.qos) != (path, qos):
                 raise ValueError(f"receiver {name!r} already receives ({r.path}, QoS {r.qos})")
 
-    def sent(self, publisher: str, seq: int, qos: int, path: str) -> None:
-        """Record a send attempt; call it before the message leaves. A publisher keeps one stream."""
-        t = self.now()
+    def sent(self, publisher: str, seq: int, qos: int, path: str, t: float | None = None) -> None:
+        """Record a send attempt; call it before the message leaves. A publisher keeps one stream.
+        `t` (here and below): when it happened, on this checker's time axis (default: now)."""
+        t = self.now() if t is None else t
         with self._lock:
             p = self._pubs.get(publisher)
             if p is None:
@@ -122,19 +128,19 @@ class Checker:
                 p.msgs[seq] = _Msg(t)
                 self._n["sent"] += 1
 
-    def acked(self, publisher: str, seq: int) -> None:
-        t = self.now()
+    def acked(self, publisher: str, seq: int, t: float | None = None) -> None:
+        t = self.now() if t is None else t
         with self._lock:
             m = self._pubs[publisher].msgs[seq]
             if m.acked_t is None:
                 m.acked_t = t
                 self._n["acked"] += 1
 
-    def received(self, receiver: str, payload: bytes) -> None:
+    def received(self, receiver: str, payload: bytes, t: float | None = None) -> None:
         """Record a delivery of `payload` (a `body()`) to `receiver`, in arrival order."""
         got = parse(payload)
         if got is None:
-            t = self.now()
+            t = self.now() if t is None else t
             with self._lock:
                 r = self._recv[receiver]
                 r.alien += 1
@@ -142,10 +148,10 @@ class Checker:
                 if len(r.alien_examples) < EXAMPLES:
                     r.alien_examples.append({"body": bytes(payload[:40]).decode("latin-1"), "t": t})
             return
-        self.received_id(receiver, *got)
+        self.received_id(receiver, *got, t=t)
 
-    def received_id(self, receiver: str, publisher: str, seq: int) -> None:
-        t = self.now()
+    def received_id(self, receiver: str, publisher: str, seq: int, t: float | None = None) -> None:
+        t = self.now() if t is None else t
         with self._lock:
             self._n["deliveries"] += 1
             r = self._recv[receiver]
@@ -171,6 +177,12 @@ class Checker:
         """Running totals (cheap, for progress lines): messages sent, acknowledged, deliveries."""
         with self._lock:
             return dict(self._n)
+
+    def acked_ids(self, path: str) -> list[tuple[str, int]]:
+        """(publisher, seq) of every acknowledged message of the publishers of `path`."""
+        with self._lock:
+            return [(n, q) for n, p in self._pubs.items() if p.path == path
+                    for q, m in p.msgs.items() if m.acked_t is not None]
 
     def missing(self) -> int:
         """Acknowledged messages not yet delivered, counted per receiver (the drain waits for 0)."""

@@ -8,6 +8,13 @@ Per target, path and QoS: faults injected by kind, messages sent, acknowledged, 
 (acknowledged, never delivered), duplicated, reordered within a publisher, delivered but never sent.
 `--out DIR`: `<target>.json` per target and `summary.md` (a table of every target's JSON in DIR).
 
+    lmqtt bench chaos --partitions --faults 200 [--kinds primary-split,asym-in,...]
+
+`--partitions`: a store group of 3, two gateways, Redis and the clients each on its own host made
+of network namespaces (root only), and network faults cut between them: a JSON line per fault and
+a summary line (acknowledged, lost, duplicated, acknowledged by two primaries, failover p50/p99,
+time to resync); loadtest/chaos/partition_round.py.
+
 Exit status: 0 when no lmqtt target lost an acknowledged message, delivered a QoS 2 message twice
 or delivered a message never sent (Mosquitto's figures are reported beside, not judged); 1 when
 one did; 2 for a usage error; 3 when a target could not be started or brought back.
@@ -17,13 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .partition_round import RoundOptions, run as run_round
+from .partitions import KINDS as PKINDS, FleetOptions
 from .runner import KINDS, PATHS, Options, run_target
-from .targets import TARGETS
+from .targets import TARGETS, TargetError, lmqtt_env
 
 ALL = ("serve", "workers", "fleet", "mosquitto")
 
@@ -53,14 +63,22 @@ def _faults_arg(text: str, targets: list[str]) -> dict[str, int]:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lmqtt bench chaos", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--partitions", action="store_true",
+                    help="network partitions of a store group and a fleet on namespace hosts (root); "
+                         "--kinds then takes " + ",".join(PKINDS))
+    ap.add_argument("--election-timeout-s", type=float, default=2.5,
+                    help="--partitions: the store group's election timeout (default 2.5)")
+    ap.add_argument("--max-seconds", type=float, default=0.0,
+                    help="--partitions: start no fault after this many seconds (0: no bound)")
     ap.add_argument("--target", default="serve",
                     help="serve, workers, fleet, mosquitto, a comma list, or all (default serve)")
     ap.add_argument("--faults", default="10",
                     help="faults per target: N, or TARGET=N,... (default 10)")
     ap.add_argument("--interval", type=float, default=1.5,
                     help="seconds between the end of one fault and the next (default 1.5)")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, taking turns (default kill,stop,diskfull)")
-    ap.add_argument("--qos", default="1,2", help="MQTT QoS levels of the MQTT paths (default 1,2)")
+    ap.add_argument("--kinds", default=None, help="fault kinds, taking turns (default kill,stop,diskfull; "
+                                                  "with --partitions every partition fault)")
+    ap.add_argument("--qos", default=None, help="MQTT QoS levels of the MQTT paths (default 1,2; --partitions: 1)")
     ap.add_argument("--paths", default=",".join(PATHS), help="mqtt, sdk, pop (default all; Mosquitto: mqtt only)")
     ap.add_argument("--rate", type=float, default=20.0, help="messages per second per publisher (default 20)")
     ap.add_argument("--pause", type=float, default=1.0,
@@ -85,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    if args.partitions:
+        return _partitions(ap, args)
+    args.kinds = args.kinds or ",".join(KINDS)
+    args.qos = args.qos or "1,2"
     targets = list(ALL) if args.target == "all" else [t.strip() for t in args.target.split(",") if t.strip()]
     bad = [t for t in targets if t not in TARGETS]
     if bad or not targets:
@@ -144,6 +166,64 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['target']}: {line}", file=sys.stderr)
         if r.get("error"):
             print(f"{r['target']}: {r['error']}", file=sys.stderr)
+    return code
+
+
+def _partitions(ap: argparse.ArgumentParser, args) -> int:
+    """`--partitions`: one round on a network bed (loadtest/chaos/partition_round.py)."""
+    try:
+        faults = int(args.faults)
+    except ValueError:
+        ap.error("--faults: with --partitions, a number of faults")
+    kinds = tuple(k.strip() for k in (args.kinds or ",".join(PKINDS)).split(",") if k.strip())
+    if not kinds or any(k not in PKINDS for k in kinds):
+        ap.error(f"--kinds: with --partitions choose from {', '.join(PKINDS)}")
+    paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    if not paths or any(p not in PATHS for p in paths):
+        ap.error(f"--paths: choose from {', '.join(PATHS)}")
+    try:
+        qos = tuple(sorted({int(q) for q in (args.qos or "1").split(",") if q.strip()}))
+    except ValueError:
+        ap.error("--qos: 1, 2 or 1,2")
+    if faults < 0 or not qos or any(q not in (1, 2) for q in qos) or args.rate <= 0:
+        ap.error("--faults >= 0, --qos 1 and/or 2, --rate > 0")
+    base = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="lmqtt-partitions-"))
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def emit(obj: dict) -> None:
+        line = json.dumps(obj)
+        lines.append(line)
+        print(line, flush=True)
+    try:
+        env = lmqtt_env(args.lmqtt_src, base) if args.lmqtt_src else None
+    except TargetError as e:
+        ap.error(str(e))
+
+    def _term(*_):                 # `timeout` / kill: the bed's finally blocks stop and remove everything
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        code, summary = run_round(kinds, faults, base, RoundOptions(qos=qos, paths=paths, rate=args.rate,
+                                                                   interval=args.interval, drain=args.drain,
+                                                                   seed=args.seed),
+                                  FleetOptions(election_timeout=args.election_timeout_s, flush_mode=args.flush_mode,
+                                               lmqtt_env=env),
+                                  emit=emit, log=lambda m: print(m, file=sys.stderr, flush=True),
+                                  max_seconds=args.max_seconds)
+    finally:
+        if out:
+            (out / "partitions.jsonl").write_text("\n".join(lines) + "\n")
+        if not args.keep and not args.workdir:
+            shutil.rmtree(base, ignore_errors=True)
+        elif args.keep:
+            print(f"work directory kept: {base}", file=sys.stderr)
+    for line in summary.get("failures", []):
+        print(f"partitions: {line}", file=sys.stderr)
+    if summary.get("error"):
+        print(f"partitions: {summary['error']}", file=sys.stderr)
     return code
 
 

@@ -21,11 +21,19 @@ Every loop is bounded: it stops on `stop()` and at its deadline; every wait has 
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
+from concurrent.futures import TimeoutError as FutTimeout
 
-from .checker import Checker, body
+from lmqtt.store import protocol as W
+from lmqtt.store.client import connect, consumer as _consumer, producer as _producer  # noqa: F401 (see sdk_errors)
+from lmqtt.store.client.connection import ConnectionLost, StoreClientError
+from lmqtt.store.client.producer import make_props
+from lmqtt.store.protocol import ProtocolError
+
+from .checker import Checker, body, parse
 
 SIZE = 64           # payload bytes
 KEEPALIVE = 10
@@ -85,7 +93,7 @@ class _Worker:
 
 # ---------------------------------------------------------------------------------------- MQTT
 def _paho(client_id: str):
-    import paho.mqtt.client as mqtt
+    import paho.mqtt.client as mqtt  # optional: the bench and spark extras
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                     clean_session=False)
     c.reconnect_delay_set(0.2, 2)
@@ -254,26 +262,34 @@ _SDK_ERRORS: tuple = ()
 
 
 def sdk_errors() -> tuple:
-    """The errors an SDK client meets under faults. Call it once before starting the client threads:
-    it also imports the SDK on one thread (two threads importing lmqtt.store.client at once can
-    see a partially initialised module: ImportError "cannot import name ... circular import")."""
+    """The errors an SDK client meets under faults. (The SDK's modules are imported with this one, on
+    one thread: two threads importing lmqtt.store.client at once could see a partially initialised
+    module.)"""
     global _SDK_ERRORS
     if not _SDK_ERRORS:
-        import lmqtt.store.client  # noqa: F401
-        import lmqtt.store.client.consumer  # noqa: F401
-        import lmqtt.store.client.producer  # noqa: F401
-        from concurrent.futures import TimeoutError as FutTimeout
-        from lmqtt.store.client.connection import ConnectionLost, StoreClientError
-        from lmqtt.store.protocol import ProtocolError
         _SDK_ERRORS = (ConnectionLost, StoreClientError, ProtocolError, OSError, FutTimeout, TimeoutError)
     return _SDK_ERRORS
 
 
-def _sdk_connect(address: str):
-    from lmqtt.store.client import connect
-    # short timeouts: a stopped (SIGSTOP) store must not hold a client for the default 30 s
+def sdk_connect(address: str):
+    # short timeouts: a stopped (SIGSTOP) store must not hold a client for the default 30 s;
+    # the token of a store off loopback (the network bed's) from the environment, as lmqtt's own tools
     return connect(address, timeout=5.0, connect_timeout=2.0, reconnect_attempts=2, backoff_max=0.5,
-                   client_name="lmqtt-chaos")
+                   client_name="lmqtt-chaos", token=os.environ.get("LMQTT_STORE_TOKEN") or None)
+
+
+def read_queue(conn, level: str, offset: int = 0, max_pulls: int = 100_000) -> tuple[list, int]:
+    """Every record of first-level topic `level` (its ConsumeQueue 0) from queue offset `offset`,
+    in pulls of 1,000 (at most `max_pulls`): -> ([(CommitLog offset, (publisher, seq) or None)],
+    the queue offset after the last one)."""
+    out = []
+    for _ in range(max_pulls):
+        r = conn.pull(level, 0, offset, 1000)
+        if not r.records:
+            break
+        out.extend((rec.offset, parse(rec.body)) for rec in r.records)
+        offset = r.next_offset
+    return out, offset
 
 
 class _SdkWorker(_Worker):
@@ -315,8 +331,6 @@ class SdkProducer(_SdkWorker):
         return self.unacked_left
 
     def run(self) -> None:
-        from lmqtt.store import protocol as W
-        from lmqtt.store.client.producer import make_props
         errors = sdk_errors()
         props = make_props(qos=1)
         producer = None
@@ -330,12 +344,12 @@ class SdkProducer(_SdkWorker):
             while self.running():        # until acknowledged: the same PRODUCE sequence every time
                 try:
                     if producer is None:
-                        self.conn = _sdk_connect(self.address)
+                        self.conn = sdk_connect(self.address)
                         producer = self.conn.producer(f"chaos-{self.name}")
                     if pseq is None:
                         pseq = producer.next_sequence()
-                    producer.send_packed(1, packed, seq=pseq)
-                    self.checker.acked(self.name, self.seq)
+                    results = producer.send_packed(1, packed, seq=pseq)
+                    self.on_ack(self.seq, results)
                     self.unacked_left = 0
                     break
                 except errors as e:
@@ -346,6 +360,10 @@ class SdkProducer(_SdkWorker):
                     producer = None
                     self.wait(0.2)
             self.wait(pace.delay())
+
+    def on_ack(self, seq: int, results: list) -> None:
+        """Message `seq` is acknowledged (`results`: the SendResults of its PRODUCE)."""
+        self.checker.acked(self.name, seq)
 
     def stats(self) -> dict:
         return {**super().stats(), "sent": self.seq, "retries": self.retries, "unacked": self.unacked_left}
@@ -375,7 +393,7 @@ class _SdkReader(_SdkWorker):
         while self.running():
             try:
                 if reader is None:
-                    self.conn = _sdk_connect(self.address)
+                    self.conn = sdk_connect(self.address)
                     reader = self._open(self.conn)
                 recs = self._read(reader)
                 for r in recs:

@@ -19,12 +19,14 @@ import shutil
 import signal
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import disk as disk_mod
 from .checker import Checker, failures
-from .paths import MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, sdk_errors
+from .paths import (MqttPublisher, MqttSubscriber, PopMember, SdkGroupConsumer, SdkProducer, read_queue, sdk_connect,
+                    sdk_errors)
 from .targets import TARGETS, TargetError, pid_alive
 
 KINDS = ("kill", "stop", "diskfull")
@@ -209,25 +211,12 @@ def _stored_copies(rows: list[dict], address: str, first_levels: list[str]) -> N
     """lmqtt only: read back every record the run stored (the ConsumeQueues of its topics' first
     levels) and add to each row `stored_twice`: messages stored more than once, i.e. duplicated on
     the publish side (a retried PUBLISH or PRODUCE stored again), as opposed to delivered twice."""
-    from collections import Counter
-
-    from .checker import parse
-    from .paths import _sdk_connect
     copies: Counter = Counter()
     try:
-        c = _sdk_connect(address)
+        c = sdk_connect(address)
         try:
             for level in first_levels:
-                off = 0
-                for _ in range(100_000):                 # bounded: 1,000 records a pull
-                    r = c.pull(level, 0, off, 1000)
-                    if not r.records:
-                        break
-                    for rec in r.records:
-                        got = parse(rec.body)
-                        if got is not None:
-                            copies[got] += 1
-                    off = r.next_offset
+                copies.update(got for _off, got in read_queue(c, level)[0] if got is not None)
         finally:
             c.close()
     except Exception as e:  # noqa: BLE001 - a diagnostic; the verdict stands without it

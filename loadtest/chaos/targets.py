@@ -16,6 +16,7 @@ again. Every process is ours, started with its own session, stopped by PID.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -185,7 +186,7 @@ def _lmqtt(*args: str) -> list[str]:
     return [sys.executable, "-m", "lmqtt.gateway.cli", *args]
 
 
-def _lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
+def lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
     """The environment of lmqtt's processes: run from the source tree `lmqtt_src` (a snapshot, C
     modules built in place) when given, so edits to the working tree during a long run do not
     reach the processes it restarts; else the installed lmqtt (None: this environment).
@@ -194,7 +195,6 @@ def _lmqtt_env(lmqtt_src: str | None, workdir: Path) -> dict | None:
     symlinks in `workdir/lmqtt-src/lmqtt/`, which goes first on PYTHONPATH."""
     if not lmqtt_src:
         return None
-    import re
     src = Path(lmqtt_src).resolve()
     pyproject = src / "pyproject.toml"
     if not (src / "gateway" / "cli.py").exists() or not pyproject.exists():
@@ -221,7 +221,7 @@ class Target:
     def __init__(self, workdir: Path, data_root: Path, flush_mode: str = "async",
                  lmqtt_src: str | None = None) -> None:
         self.workdir = Path(workdir)
-        self.env = _lmqtt_env(lmqtt_src, self.workdir) if self.lmqtt else None
+        self.env = lmqtt_env(lmqtt_src, self.workdir) if self.lmqtt else None
         self.data_root = Path(data_root)         # on the SmallDisk when there is one
         self.flush_mode = flush_mode
         self.version = ""

@@ -5,21 +5,21 @@
     r = c.producer().send("sensors/a/temp", b"21.5")
     for rec in c.pull("sensors", 0, 0).records: ...
 
-Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with backoff; sync and
-asyncio), then the command API on top (`producer.py`, `consumer.py`, `admin.py`; asyncio:
-`aio_api.py`).
+Layers as in redis-py: `connection.py` (framing, pipelining, reconnect with backoff; sync) and
+`aio.py` (asyncio), over `errors.py`, `handshake.py` and `failover.py`; then the command API on
+top (`producer.py`, `consumer.py`, `admin.py`; asyncio: `aio_api.py`).
 """
+import importlib
 from typing import TYPE_CHECKING
 
-# connection.py first, as always (it imports aio.py at its end, which needs its names: importing
-# aio.py first would be circular)
-from .connection import AsyncConnection, Connection, ConnectionLost, DiskFull, StoreClientError, connect, connect_async
-from .failover import parse_address
-
-# where each other name of the API lives: imported on first use (PEP 562), so that importing one
-# submodule (the gateway reads `lmqtt.store.client.props`) does not import the producers and
-# consumers (~40 ms of an `lmqtt serve` start)
+# where each name of the API lives: imported on first use (PEP 562), so that importing one
+# submodule (the gateway reads `lmqtt.store.client.props`) does not import the connections, the
+# producers and the consumers (~40 ms of an `lmqtt serve` start)
 _WHERE = {
+    "connection": ("Connection", "connect"),
+    "aio": ("AsyncConnection", "connect_async"),
+    "errors": ("ConnectionLost", "DiskFull", "StoreClientError"),
+    "failover": ("parse_address",),
     "consumer": ("FilterConsumer", "PopConsumer", "PullConsumer", "PullResult", "Record"),
     "producer": ("AutoBatchProducer", "Producer", "SendResult"),
     "aio_api": ("AsyncFilterConsumer", "AsyncPopConsumer", "AsyncProducer", "AsyncPullConsumer"),
@@ -36,7 +36,6 @@ def __getattr__(name: str):
     mod = _MODULE_OF.get(name)
     if mod is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value
@@ -47,6 +46,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .aio import AsyncConnection, connect_async
+    from .connection import Connection, connect
+    from .errors import ConnectionLost, DiskFull, StoreClientError
+    from .failover import parse_address
     from .aio_api import AsyncFilterConsumer, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer
     from .consumer import FilterConsumer, PopConsumer, PullConsumer, PullResult, Record
     from .producer import AutoBatchProducer, Producer, SendResult

@@ -1,9 +1,9 @@
 /* lmqtt.store.client._records: the SDK's decode of a raw MESSAGES reply in C (optional accelerator).
  *
  * Why: a pull of 1,024 records of 100 bytes spent ~2 us of client CPU per record in the Python loop
- * (`consumer._records_raw`: a 15-field struct unpack, four slices, a named tuple and an f-string
+ * (`records.records_raw`: a 15-field struct unpack, four slices, a named tuple and an f-string
  * msg id per record), which held `lmqtt bench sdk` pull at ~250k msg/s with the server at 1.6 us.
- * This does exactly what `_records_raw` does, record for record (tests/store/test_fastpath.py
+ * This does exactly what `records_raw` does, record for record (tests/store/test_fastpath.py
  * compares them on real replies of a store, and on malformed ones); the Python loop stays the
  * reference and the fallback when this does not build or LMQTT_PURE_PYTHON=1 is set
  * (store/accel.py).
@@ -235,7 +235,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "lmqtt.store.client._records",
-                                    "Raw MESSAGES -> SDK Records (C twin of consumer._records_raw).", -1, methods};
+                                    "Raw MESSAGES -> SDK Records (C twin of records.records_raw).", -1, methods};
 
 PyMODINIT_FUNC PyInit__records(void) {
     empty_tuple = PyTuple_New(0);

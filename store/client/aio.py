@@ -1,46 +1,57 @@
-"""The SDK's asyncio connection (re-exported by `connection.py` for older imports):
+"""The SDK's asyncio connection:
 
 `AsyncConnection`   the asyncio twin of the sync `Connection`: an asyncio.Protocol, pipelined
                     requests answered as futures, server pushes (EVENT) to `on_push` callbacks,
                     reconnect with backoff on the next request and `on_reconnect` callbacks (where a
                     client re-watches what it watched).
 
-`LoopConnection` (the gateway's selector-driven connection, for callers on the loop that are
-partly synchronous) lives in loop_connection.py, with why it exists; it stays importable from here.
+(The gateway's selector-driven link to its store, `LoopConnection`, is gateway/storage/store_link.py.)
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import socket
+import time
 from typing import Callable
 
 from .. import protocol as W
-import time
-
-from .connection import (_NOT_IDEMPOTENT, ConnectionLost, NotStores, StoreClientError, check_reply, is_not_primary,
-                         not_a_store, parse_hello_ok)
-from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses, primary_named,
-                       probe_primary)
-from .loop_connection import LoopConnection
+from .aio_api import (
+    AsyncAdmin,
+    AsyncAutoBatchProducer,
+    AsyncFilterConsumer,
+    AsyncPopConsumer,
+    AsyncProducer,
+    AsyncPullConsumer,
+)
+from .commands import AnyCall, CancelDelayed, Command, Pull
+from .errors import (
+    ConnectionLost,
+    NotStores,
+    StoreClientError,
+    check_reply,
+    is_not_primary,
+    not_a_store,
+    parse_hello_ok,
+)
+from .failover import GROUP_RETRY_S, FollowsMembers, Members
+from .producer import SendResult, delayed_frame, due_ms, pack_one
 
 log = logging.getLogger("lmqtt.store.client.aio")
 
 
-class AsyncConnection:
+class AsyncConnection(FollowsMembers):
     """asyncio twin of `Connection` (same frames, same error types), on an asyncio.Protocol."""
 
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, reconnect_attempts: int = 6, backoff_initial: float = 0.05,
                  backoff_max: float = 2.0, client_name: str = "lmqtt-sdk-async",
                  failover_timeout: float = 30.0) -> None:
-        # a store group (docs/ha.md): several addresses; requests follow the primary, as Connection's
-        self.addresses = parse_addresses(address)
-        self.host, self.port = self.addresses[0]
-        self.failover_timeout = failover_timeout
-        self.failovers = 0
+        # a store group (docs/ha.md): several addresses; requests follow the primary by the one policy
+        # of every connection (failover.py Members): a member silent while requests wait is left,
+        # or sooner once a probe of the others names a newer primary
+        self.members = Members(address, failover_timeout=failover_timeout)
         self.token = token
         self.timeout = timeout
         self.reconnect_attempts = reconnect_attempts
@@ -56,17 +67,6 @@ class AsyncConnection:
         self._connects = 0
         self.ident = None
         self.server_info: dict = {}
-        # a store group: a member that answers nothing while requests wait (a stopped or cut-off
-        # primary keeps its connection open) - after `probe_after` s the other members are asked
-        # who is primary, every `probe_interval` s, and a newer primary is followed at once
-        # (failover.probe_primary); after `stall_timeout` s the member is left in any case
-        self.stall_timeout = 5.0
-        self.probe_after = 1.0
-        self.probe_interval = 0.5
-        self.probe_timeout = 1.0
-        self._waiting_since = 0.0
-        self._stay = False
-        self._expected = None       # (address, deadline): the primary a probe found (keeps_expected)
         self._watch: asyncio.Task | None = None
 
     def on_push(self, fn: Callable[[int, bytes], None]) -> None:
@@ -82,9 +82,10 @@ class AsyncConnection:
         hello: asyncio.Future = loop.create_future()
         # a group member that accepts but does not answer (stopped) or cannot be reached is not
         # waited for long: the others are tried meanwhile
-        wait = min(self.timeout, 2.0) if len(self.addresses) > 1 else self.timeout
+        m = self.members
+        wait = min(self.timeout, 2.0) if m.group else self.timeout
         _t, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: _AsyncProtocol(self, hello), self.host, self.port), wait)
+            loop.create_connection(lambda: _AsyncProtocol(self, hello), m.host, m.port), wait)
         proto.transport.write(W.hello_frame(self.client_name, self.token))
         try:
             op, body = await asyncio.wait_for(hello, wait)
@@ -92,19 +93,16 @@ class AsyncConnection:
         except BaseException:
             proto.transport.close()
             raise
-        role = info.get("role")
-        if role is not None and role != "primary" and len(self.addresses) > 1:
+        why = m.refusal(info)        # a group member that is not the primary: aimed where it points
+        if why is not None:
             proto.transport.close()
-            # one that names itself is taking over (elected, not serving yet): dialled again
-            target = primary_named(f"primary={info.get('primary')}")
-            self._stay = target == (self.host, self.port)
-            self._move(target)
-            raise ConnectionLost(f"store {info.get('group', '')} member is a {role}, not the primary")
+            raise ConnectionLost(why)
+        m.attached()
         self.server_info = info
         self.ident = info.get("ident")
         self._proto = proto
         self._connects += 1
-        if len(self.addresses) > 1 and (self._watch is None or self._watch.done()):
+        if m.group and (self._watch is None or self._watch.done()):
             self._watch = loop.create_task(self._watch_silence(), name="lmqtt-aio-group-watch")
         if self._connects > 1:
             for fn in list(self._reconnect_cbs):
@@ -121,94 +119,63 @@ class AsyncConnection:
         async with self._lock:
             if self._proto is not None:
                 return self._proto
-            delay, last = self.backoff_initial, None
-            multi = len(self.addresses) > 1
-            deadline = time.monotonic() + self.failover_timeout
-            attempt = 0
-            not_stores = NotStores(self.addresses)
+            m = self.members
+            retry = m.retry(self.backoff_initial, self.backoff_max, self.reconnect_attempts)
+            last = None
+            not_stores = NotStores(m.addresses)
             while True:
-                at = (self.host, self.port)
+                at = m.at
                 try:
                     await self._connect_once()
                     return self._proto
                 except StoreClientError as e:
-                    if not multi:
+                    if not m.group:
                         raise
                     not_stores.note(at, e)      # another server's port: the next member (else raised)
                     last = e
                 except (OSError, ConnectionLost, asyncio.TimeoutError) as e:
                     last = e
-                attempt += 1
-                if multi:
-                    if (self.host, self.port) == at and not self._stay:
-                        self._move(None)
-                    self._stay = False
-                    if time.monotonic() >= deadline:
+                m.unreachable(at)          # a group: the next member
+                wait = retry.wait()
+                if wait is None:
+                    if m.group:
                         raise ConnectionLost(f"no primary found among the store group's members within "
-                                             f"{self.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
-                    await asyncio.sleep(min(delay, GROUP_RETRY_S))
-                elif attempt >= max(1, self.reconnect_attempts):
-                    raise ConnectionLost(f"cannot connect to store {self.host}:{self.port}: {last}")
-                else:
-                    await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
+                                             f"{m.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
+                    raise ConnectionLost(f"cannot connect to store {m.address}: {last}")
+                await asyncio.sleep(wait)
 
     async def _watch_silence(self) -> None:
         """A store group: leave a member that answers nothing while requests wait - for the primary
-        another member names (probe_primary, run in a thread: it dials), or after `stall_timeout`
+        another member names (Members.probe, run in a thread: it dials), or after `stall_timeout`
         for the next member. One task per connection, started by its connect, ended with it."""
         loop = asyncio.get_running_loop()
-        next_probe = 0.0
-        group_heard = 0.0       # when a probe last heard members that know no newer primary
+        m = self.members
         while True:
             await asyncio.sleep(0.25)
             proto = self._proto
             if proto is None:
                 return                  # the next connect starts another
-            now = time.monotonic()
-            if not self._pending or not self._waiting_since:
+            quiet = m.silence(proto.last_rx, bool(self._pending))
+            if quiet is None:
                 continue
-            silent = now - max(proto.last_rx, self._waiting_since)
-            target, why = None, ""
-            # members that still take this one for the primary would only send us back to it
-            held = now - group_heard < 1.5 and silent <= 2 * self.stall_timeout
-            if silent > self.stall_timeout and not held:
-                why = f"no answer from the store at {self.host}:{self.port} for {self.stall_timeout:g} s " \
-                      f"(a stopped or cut-off group member?)"
-            elif silent > self.probe_after and now >= next_probe:
-                next_probe = now + self.probe_interval
-                heard: list = []
-                target = await loop.run_in_executor(
-                    None, lambda: probe_primary(self.addresses, (self.host, self.port), self.server_info.get("epoch"),
-                                                token=self.token, timeout=self.probe_timeout,
-                                                client_name=self.client_name, heard=heard))
-                if heard and target is None:
-                    group_heard = time.monotonic()
-                if target is None or self._proto is not proto:
-                    continue
-                why = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, and the "
-                       f"group's primary is now {target[0]}:{target[1]}")
+            if quiet[0] == "leave":
+                why = m.stalled()
+                m.move(None)            # aimed first: the requests failed below are re-sent there
             else:
-                continue
-            if target is not None:
-                self._expected = (target, time.monotonic() + EXPECT_PRIMARY_S)
-            self._move(target)          # aimed first: the requests failed below are re-sent there
+                target, heard = await loop.run_in_executor(
+                    None, lambda: m.probe(self.server_info.get("epoch"), token=self.token, client_name=self.client_name))
+                if self._proto is not proto:
+                    continue
+                why = m.probed(target, heard, quiet[1])
+                if why is None:
+                    continue
+                m.move(target)          # aimed first: the requests failed below are re-sent there
             proto.transport.abort()
             self._lost(proto, why)
 
-    def _move(self, target) -> None:
-        """Aim the next connect at `target` (host, port), or the next address when None."""
-        if keeps_expected(self._expected, (self.host, self.port), target):
-            self._stay = True
-            return
-        target = next_member(self.addresses, (self.host, self.port), target)
-        if target != (self.host, self.port):
-            self.failovers += 1
-        self.host, self.port = target
-
     def _not_primary(self, e: StoreClientError) -> None:
         proto = self._proto
-        self._move(primary_named(e.reason))
+        self.members.not_primary(e.reason)
         if proto is not None:
             proto.transport.close()
             self._lost(proto, f"not the primary: {e}")
@@ -243,16 +210,15 @@ class AsyncConnection:
         proto = await self._ensure()
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         fut = asyncio.get_running_loop().create_future()
-        if not self._pending:
-            self._waiting_since = time.monotonic()
+        self.members.sent(bool(self._pending))
         self._pending[rid] = fut
         proto.transport.write(W.frame(op, rid, body, flags))
         return fut
 
     async def call(self, op: int, body: bytes = b"", *, retry: bool = False, flags: int = 0):
         tries = self.reconnect_attempts if retry else 1
-        multi = len(self.addresses) > 1
-        deadline = time.monotonic() + self.failover_timeout
+        multi = self.members.group
+        deadline = time.monotonic() + self.members.failover_timeout
         i = 0
         while True:
             try:
@@ -270,58 +236,54 @@ class AsyncConnection:
                 await asyncio.sleep(min(self.backoff_initial * (2 ** min(i, 6)), GROUP_RETRY_S if multi else self.backoff_max))
             i += 1
 
+    async def execute(self, command: Command):
+        """Send one command of the command layer (commands.py) and read its reply: its typed value
+        (Connection.execute, awaited)."""
+        op, body, flags = command.encode()
+        rop, rflags, rbody = await self.call(op, body, retry=command.retry, flags=flags)
+        return command.decode(rop, rflags, rbody, self.ident)
+
     async def cmd(self, name: str, **args):
-        args["cmd"] = name
-        op, _f, body = await self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
-        return json.loads(body) if op == W.OP_RESULT else W.decode_messages(body)
+        """A CALL command by name (Connection.cmd, awaited)."""
+        return await self.execute(AnyCall(name, args))
 
     async def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None, **kw):
         """Send one message (no dedup id); -> SendResult once durable. `delay` (seconds) or
         `deliver_at` (epoch ms / aware datetime): delivered then (Producer.send)."""
-        from .producer import SendResult, _delayed_frame, _pack_one, due_ms
         due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        frame, flags = _delayed_frame(W.encode_produce("", 0, 1, _pack_one(topic, body, **kw)), [due] if due else None)
+        frame, flags = delayed_frame(W.encode_produce("", 0, 1, pack_one(topic, body, **kw)), [due] if due else None)
         op, _f, rb = await self.call(W.OP_PRODUCE, frame, flags=flags)
         phys, qoff = W.decode_produced(rb)[0]
         return SendResult(f"{self.ident}{phys:016X}", phys, qoff)
 
     async def cancel_delayed(self, msg_id: str) -> bool:
         """Producer.cancel_delayed: True when the delayed message was pending and will not fire."""
-        return bool((await self.cmd("cancel_delayed", msg_id=msg_id))["cancelled"])
+        return await self.execute(CancelDelayed(msg_id))
 
     async def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
                    max_bytes: int = 4 << 20):
-        from .consumer import _pull_result
-        _op, _f, body = await self.call(W.OP_PULL, W.encode_pull(topic, queue_id, offset, max_count, max_bytes),
-                                        retry=True)
-        return _pull_result(self.ident, body)
+        return await self.execute(Pull(topic, queue_id, offset, max_count, max_bytes))
 
     # the command API (aio_api.py), as on the sync Connection
     def producer(self, producer_id: str | None = None):
-        from .aio_api import AsyncProducer
         return AsyncProducer(self, producer_id)
 
     def auto_batch_producer(self, producer_id: str | None = None, **kw):
         """An AsyncAutoBatchProducer (aio_api.py); create it inside the running loop."""
-        from .aio_api import AsyncAutoBatchProducer
         return AsyncAutoBatchProducer(self, producer_id, **kw)
 
     async def consumer(self, topic: str, group: str, queue_id: int = 0, *, start: str = "earliest", **kw):
-        from .aio_api import AsyncPullConsumer
-        return await AsyncPullConsumer(self, topic, group, queue_id, **kw)._start(start)
+        return await AsyncPullConsumer(self, topic, group, queue_id, **kw).start(start)
 
     async def filter_consumer(self, topic_filter: str, group: str | None = None, *, start: str = "latest",
                               since: int | None = None, **kw):
-        from .aio_api import AsyncFilterConsumer
-        return await AsyncFilterConsumer(self, topic_filter, group, **kw)._start(start, since)
+        return await AsyncFilterConsumer(self, topic_filter, group, **kw).start(start, since)
 
     def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .aio_api import AsyncPopConsumer
         return AsyncPopConsumer(self, topic, group, queue_id, **kw)
 
     def admin(self):
         """AsyncAdmin (aio_api.py): topics, offsets, lag, stats, lookups by msg id / key / time."""
-        from .aio_api import AsyncAdmin
         return AsyncAdmin(self)
 
     async def close(self) -> None:
@@ -379,5 +341,5 @@ async def connect_async(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> A
     return c
 
 
-__all__ = ["AsyncConnection", "connect_async", "LoopConnection", "parse_hello_ok", "ConnectionLost",
+__all__ = ["AsyncConnection", "connect_async", "parse_hello_ok", "ConnectionLost",
            "StoreClientError"]

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 import uuid
 
 from .. import protocol as W
-from .consumer import FilterConsumer, Record, _commit_args, _pull_result, check_start, decode_messages, _records_raw
-from .producer import _PRODUCED_AT, SendResult, _delayed_frame, _pack_one, due_ms, pack_batch, queued_parts
+from .admin import Admin
+from .commands import Committed, Offsets, Pull, Subscribe
+from .consumer import FilterConsumer, PopConsumer, PullConsumer, Record, check_start
+from .producer import PRODUCED_AT, SendResult, delayed_frame, due_ms, pack_batch, pack_one, queued_parts
 
 
 class AsyncProducer:
@@ -44,14 +45,14 @@ class AsyncProducer:
         return [SendResult(f"{ident}{p:016X}", p, q) for p, q in W.decode_produced(body)]
 
     async def send_packed(self, count: int, packed: bytes, due: list[int] | None = None) -> list[SendResult]:
-        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, next(self._seq), count, packed), due)
+        frame, flags = delayed_frame(W.encode_produce(self.producer_id, next(self._seq), count, packed), due)
         _op, _f, body = await self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
         return self._results(body)
 
     async def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None,
                    **kw) -> SendResult:
         d = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        return (await self.send_packed(1, _pack_one(topic, body, **kw), [d] if d else None))[0]
+        return (await self.send_packed(1, pack_one(topic, body, **kw), [d] if d else None))[0]
 
     async def send_batch(self, messages) -> list[SendResult]:
         """(topic, body) pairs or dicts with send()'s keywords: one frame, all stored or none."""
@@ -98,7 +99,7 @@ class AsyncSendHandle:
         body = await asyncio.shield(b.future)
         if b.count_in_reply != b.count:
             return None
-        phys, qoff = _PRODUCED_AT(body, 4 + 16 * self._index)
+        phys, qoff = PRODUCED_AT(body, 4 + 16 * self._index)
         return SendResult(f"{b.ident}{phys:016X}", phys, qoff)
 
     def done(self) -> bool:
@@ -196,7 +197,7 @@ class AsyncAutoBatchProducer:
     async def _send(self, b: _AsyncBatch) -> None:
         ok = 0
         try:
-            frame, flags = _delayed_frame(W.encode_produce(self.p.producer_id, next(self.p._seq), b.count,
+            frame, flags = delayed_frame(W.encode_produce(self.p.producer_id, next(self.p._seq), b.count,
                                                            b"".join(b.parts)), b.dues)
             b.parts = None
             _op, _f, body = await self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
@@ -251,159 +252,63 @@ class AsyncAutoBatchProducer:
         await self.close()
 
 
-class AsyncPullConsumer:
-    """PullConsumer (consumer.py): a consumer-group member on one ConsumeQueue. Create it with
-    `await AsyncConnection.consumer(...)` (the group's committed offset is read first)."""
+class AsyncPullConsumer(PullConsumer):
+    """PullConsumer (consumer.py) for asyncio: a consumer-group member on one ConsumeQueue. Create it
+    with `await AsyncConnection.consumer(...)` (the group's committed offset is read first); `commit`
+    is PullConsumer's (awaited)."""
+    opens_now = False
 
     def __init__(self, conn, topic: str, group: str, queue_id: int = 0, *, max_count: int = 256) -> None:
-        self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
-        self.max_count = max_count
-        self.position = 0
+        super().__init__(conn, topic, group, queue_id, max_count=max_count, prefetch=False)
 
-    async def _start(self, start: str) -> "AsyncPullConsumer":
+    async def start(self, start: str) -> "AsyncPullConsumer":
         check_start(start)
-        c = (await self.conn.cmd("committed", group=self.group, topic=self.topic, queue_id=self.queue_id))["offset"]
+        c = await self.conn.execute(Committed(self.group, self.topic, self.queue_id))
         if c is None:
-            o = await self.conn.cmd("offsets", topic=self.topic, queue_id=self.queue_id)
-            c = o["max_offset"] if start == "latest" else o["min_offset"]
+            lo, hi = await self.conn.execute(Offsets(self.topic, self.queue_id))
+            c = hi if start == "latest" else lo
         self.position = c
         return self
 
     async def poll(self) -> list[Record]:
-        _op, flags, body = await self.conn.call(
-            W.OP_PULL, W.encode_pull(self.topic, self.queue_id, self.position, self.max_count, 4 << 20),
-            retry=True, flags=W.F_RAW_OK)
-        r = _pull_result(self.conn.ident, body, flags)
+        r = await self.conn.execute(Pull(self.topic, self.queue_id, self.position, self.max_count))
         self.position = r.next_offset
         return r.records
 
-    async def commit(self, offset: int | None = None) -> None:
-        await self.conn.cmd("commit", group=self.group, topic=self.topic, queue_id=self.queue_id,
-                            offset=self.position if offset is None else offset)
 
-
-class AsyncFilterConsumer:
-    """FilterConsumer (consumer.py): every stored message matching `topic_filter`, wildcards
-    included, whether or not the filter was held when it was written, then the live ones; starts
-    at `since` (epoch ms), else the group's committed position, else `start`. Create it with
+class AsyncFilterConsumer(FilterConsumer):
+    """FilterConsumer (consumer.py) for asyncio: every stored message matching `topic_filter`,
+    wildcards included, whether or not the filter was held when it was written, then the live ones;
+    starts at `since` (epoch ms), else the group's committed position, else `start`. Create it with
     `await AsyncConnection.filter_consumer(...)` (that registers the filter, like a SUBSCRIBE).
-    `log_position` (a CommitLog position) is what a group commits; `position` the light-queue
-    offset of the same point when the queue covers it."""
+    `seek` and `commit` are FilterConsumer's (awaited)."""
+    opens_now = False
 
     def __init__(self, conn, topic_filter: str, group: str | None = None, *, max_count: int = 256) -> None:
-        self.conn, self.filter, self.group = conn, topic_filter, group
-        self.max_count = max_count
-        self.position = None
-        self.log_position = 0
-        self._hint = None
-        self._last = None
+        super().__init__(conn, topic_filter, group, max_count=max_count)
 
-    async def _start(self, start: str, since: int | None) -> "AsyncFilterConsumer":
-        await self.conn.cmd("subscribe", filter=self.filter)
-        self._place(await self.conn.cmd("filter_position", filter=self.filter, group=self.group, start=start,
-                                        since=None if since is None else int(since)))
+    async def start(self, start: str, since: int | None) -> "AsyncFilterConsumer":
+        await self.conn.execute(Subscribe(self.filter))
+        await self.conn.execute(self._where(start, since, self.group))
         return self
-
-    _place = FilterConsumer._place
-    _args = FilterConsumer._args
-    _took = FilterConsumer._took
-
-    async def seek(self, start: str | int) -> None:
-        """Go on from "earliest", "latest" or a time (epoch ms)."""
-        if isinstance(start, str):
-            r = await self.conn.cmd("filter_position", filter=self.filter, start=start)
-        else:
-            r = await self.conn.cmd("filter_position", filter=self.filter, since=int(start))
-        self._place(r)
 
     async def poll(self) -> list[Record]:
         for _ in range(8):           # a stretch of other topics in the history may give nothing
             before = self.log_position
-            _op, flags, body = await self.conn.call(W.OP_CALL, self._args(), retry=True)
-            recs = self._took(flags, body)
+            recs = await self.conn.execute(self._read())
             if recs or self.log_position == before:
                 return recs
         return []
 
-    async def commit(self, offset=None) -> None:
-        """As FilterConsumer.commit: None (after the last poll), a Record (through it) or a
-        light-queue offset."""
-        if not self.group:
-            raise ValueError("a filter consumer without a group has nothing to commit to")
-        await self.conn.cmd("filter_commit", **_commit_args(self, offset))
+
+class AsyncPopConsumer(PopConsumer):
+    """PopConsumer (consumer.py), the same methods awaited: stateless members of a group share a
+    queue; popped records are invisible for `invisible_ms`, `ack` removes them, after
+    `max_attempts` they go to `%DLQ%<group>`."""
 
 
-class AsyncPopConsumer:
-    """PopConsumer (consumer.py): stateless members of a group share a queue; popped records are
-    invisible for `invisible_ms`, `ack` removes them, after `max_attempts` they go to `%DLQ%<group>`."""
-
-    def __init__(self, conn, topic: str, group: str, queue_id: int = 0, *,
-                 invisible_ms: int = 30_000, max_attempts: int = 16) -> None:
-        self.conn, self.topic, self.group, self.queue_id = conn, topic, group, queue_id
-        self.invisible_ms, self.max_attempts = invisible_ms, max_attempts
-        self.last_attempts: dict[int, int] = {}
-
-    async def pop(self, max_count: int = 32) -> list[Record]:
-        args = {"cmd": "pop", "group": self.group, "topic": self.topic, "queue_id": self.queue_id,
-                "max_count": max_count, "invisible_ms": self.invisible_ms, "max_attempts": self.max_attempts,
-                "raw": True}
-        _op, flags, body = await self.conn.call(W.OP_CALL, json.dumps(args).encode())   # not idempotent
-        header, recs = (_records_raw if flags & W.F_RAW else decode_messages)(self.conn.ident, body)
-        self.last_attempts = dict(zip((r.queue_offset for r in recs), header.get("attempts", ())))
-        return recs
-
-    async def ack(self, records) -> int:
-        offs = [r.queue_offset if isinstance(r, Record) else int(r) for r in records]
-        return (await self.conn.cmd("ack", group=self.group, topic=self.topic, queue_id=self.queue_id,
-                                    offsets=offs))["acked"]
-
-    async def change_invisible_time(self, record, invisible_ms: int) -> bool:
-        off = record.queue_offset if isinstance(record, Record) else int(record)
-        return (await self.conn.cmd("change_invisible_time", group=self.group, topic=self.topic,
-                                    queue_id=self.queue_id, offset=off, invisible_ms=invisible_ms))["ok"]
-
-
-class AsyncAdmin:
-    """Admin (admin.py) for asyncio: the same queries, awaited. `c.admin()` of an AsyncConnection."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-
-    def _msgs(self, res) -> list[Record]:
-        from .admin import Admin
-        return Admin._msgs(self, res)
-
-    async def topics(self) -> list[dict]:
-        return (await self.conn.cmd("topics"))["queues"]
-
-    async def offsets(self, topic: str, queue_id: int = 0) -> tuple[int, int]:
-        r = await self.conn.cmd("offsets", topic=topic, queue_id=queue_id)
-        return r["min_offset"], r["max_offset"]
-
-    async def committed(self, group: str, topic: str, queue_id: int = 0) -> int | None:
-        return (await self.conn.cmd("committed", group=group, topic=topic, queue_id=queue_id))["offset"]
-
-    async def lag(self, group: str) -> list[dict]:
-        return (await self.conn.cmd("lag", group=group))["queues"]
-
-    async def stats(self) -> dict:
-        return await self.conn.cmd("stats")
-
-    async def get_by_msg_id(self, msg_id: str) -> Record | None:
-        r = self._msgs(await self.conn.cmd("get_by_msg_id", msg_id=msg_id))
-        return r[0] if r else None
-
-    async def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
-                           max_count: int = 32) -> list[Record]:
-        end_ms = int(time.time() * 1000) + 1000 if end_ms is None else end_ms
-        return self._msgs(await self.conn.cmd("query_by_key", topic=topic, key=key, begin_ms=begin_ms,
-                                              end_ms=end_ms, max_count=max_count))
-
-    async def offset_for_time(self, topic: str, ts_ms: int, queue_id: int = 0) -> int:
-        return (await self.conn.cmd("offset_for_time", topic=topic, queue_id=queue_id, ts=ts_ms))["offset"]
-
-    async def pop_info(self, group: str, topic: str, queue_id: int = 0) -> dict:
-        return await self.conn.cmd("pop_info", group=group, topic=topic, queue_id=queue_id)
+class AsyncAdmin(Admin):
+    """Admin (admin.py), the same queries awaited: `c.admin()` of an AsyncConnection."""
 
 
 __all__ = ["AsyncProducer", "AsyncAutoBatchProducer", "AsyncSendHandle", "AsyncPullConsumer",

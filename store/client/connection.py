@@ -4,7 +4,7 @@
 id, so any number of requests can be in flight (`request()` returns a `concurrent.futures.Future`;
 `call()` waits for it). Thread-safe: producers, AutoBatch's flusher and consumers share one.
 
-`AsyncConnection` (asyncio, in aio.py, importable from here): the same on an asyncio.Protocol;
+`AsyncConnection` (asyncio, aio.py): the same on an asyncio.Protocol;
 `request()` returns an asyncio future; server pushes go to `on_push` callbacks.
 
 Lost connection: every request in flight fails with `ConnectionLost` (nothing is silently
@@ -24,7 +24,6 @@ to dial (the address list, the primary named, the probe of the others) is failov
 from __future__ import annotations
 
 import itertools
-import json
 import select
 import socket
 import threading
@@ -32,179 +31,40 @@ import time
 from concurrent.futures import Future
 
 from lmqtt.store import protocol as W
-from lmqtt.store.errors import DiskFull as _StoreDiskFull
 
-from .failover import (EXPECT_PRIMARY_S, GROUP_RETRY_S, keeps_expected, next_member, parse_addresses,
-                       primary_named, probe_primary)
+from .admin import Admin
+from .commands import AnyCall, Command
+from .consumer import FilterConsumer, PendingPull, PopConsumer, PullConsumer, pull
+from .errors import (
+    NOT_IDEMPOTENT,
+    ConnectionLost,
+    DiskFull,
+    NotStores,
+    StoreClientError,
+    check_reply,
+    is_not_primary,
+    not_a_store,
+    parse_hello_ok,
+)
+from .failover import GROUP_RETRY_S, FollowsMembers, Members
+from .handshake import dial
+from .producer import AutoBatchProducer, Producer
 
-
-class StoreClientError(Exception):
-    """The store answered with an ERROR frame. `.code` is the protocol's error code.
-
-    A refusal for lack of disk space is made a `DiskFull` (a subclass), wherever the SDK builds
-    the error."""
-
-    def __new__(cls, code: int = 0, message: str = "", *args, **kw):
-        if cls is StoreClientError and _is_disk_full_reply(code, message):
-            cls = DiskFull
-        return super().__new__(cls)
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{W.ERROR_NAMES.get(code, code)}: {message}")
-        self.code = code
-        self.reason = message
-
-
-def _is_disk_full_reply(code, message) -> bool:
-    # E_DISK_FULL; a store from before that code answered E_STORE "DiskFull: ..."
-    return code == W.E_DISK_FULL or (code == W.E_STORE and str(message).startswith("DiskFull:"))
+# the errors every connection class raises, importable from here too (errors.py)
+__all__ = ["NOT_IDEMPOTENT", "Connection", "ConnectionLost", "DiskFull", "NotStores", "StoreClientError", "check_reply",
+           "connect", "dial", "is_not_primary", "not_a_store", "parse_hello_ok"]
 
 
-class DiskFull(StoreClientError, _StoreDiskFull):
-    """The store refused the request for lack of disk space: nothing of it was stored. The message
-    names the store's data directory and its free space. The store accepts requests again once
-    space is freed (no restart), so the same send can be retried later; a Producer's retry of the
-    same batch is deduplicated as usual. Also a `lmqtt.store.DiskFull`."""
-
-
-class ConnectionLost(ConnectionError):
-    """The connection broke (or could not be made) while the request was in flight."""
-
-
-def is_not_primary(e: BaseException) -> bool:
-    """A store group member that is not the primary refused the request (nothing was done)."""
-    return isinstance(e, StoreClientError) and e.code == W.E_NOT_PRIMARY
-
-
-def check_reply(reply):
-    op, flags, body = reply
-    if op == W.OP_ERROR:
-        code, msg = W.parse_error(body)
-        raise StoreClientError(code, msg)
-    return reply
-
-
-def parse_hello_ok(op: int, body: bytes) -> dict:
-    """`protocol.parse_hello_reply` with the SDK's error type (StoreClientError): the store's
-    answer to HELLO, for every connection class of the SDK."""
-    try:
-        return W.parse_hello_reply(op, body)
-    except W.ProtocolError as e:
-        raise StoreClientError(e.code, str(e)) from None
-
-
-NOT_A_STORE_HINT = (" (an MQTT or other non-store port does that; the store's native protocol is on "
-                    "`lmqtt serve --store-port` / `lmqtt store --port`, default 10911)")
-
-
-def not_a_store(address: str, data: bytes) -> StoreClientError:
-    """The answer to HELLO was not store frames at all: the address is some other server's (the
-    metrics/console HTTP port, an MQTT port ...). Named, with what it said; not retried."""
-    what = "an HTTP server (the metrics/console port?)" if data[:5] == b"HTTP/" else f"it sent {data[:16]!r}"
-    e = StoreClientError(W.E_BAD_FRAME, f"{address} is not an lmqtt store: {what}; the store's native "
-                                        "protocol is on `lmqtt serve --store-port` / `lmqtt store --port`, "
-                                        "default 10911")
-    e.not_a_store = True
-    return e
-
-
-class NotStores:
-    """The members of an address list that answered HELLO as some other server (`not_a_store`): a
-    connect to a member list goes on to the next member, and names them all if none is a store.
-    One rule for the sync and asyncio connections' connect loops."""
-
-    def __init__(self, addresses: list) -> None:
-        self.addresses = addresses
-        self.seen: dict[tuple[str, int], str] = {}
-
-    def note(self, at: tuple[str, int], e: StoreClientError) -> None:
-        """Remember `at` as not a store (any other refusal - auth, version - is raised: retrying or
-        another member won't change it); every member such: StoreClientError naming each."""
-        if not getattr(e, "not_a_store", False):
-            raise e
-        self.seen[at] = e.reason.split(";", 1)[0]     # "H:P is not an lmqtt store: an HTTP server ..."
-        if len(self.seen) >= len(set(self.addresses)):
-            raise StoreClientError(W.E_BAD_FRAME, f"no member of {','.join(f'{h}:{p}' for h, p in self.addresses)} "
-                                   f"is an lmqtt store: {'; '.join(self.seen.values())}; the store's native protocol "
-                                   "is on `lmqtt serve --store-port` / `lmqtt store --port`, default 10911") from None
-
-    def suffix(self) -> str:
-        """For a final 'no primary found' error: the members that were not stores, if any."""
-        return f"; not stores: {'; '.join(self.seen.values())}" if self.seen else ""
-
-
-def dial(host: str, port: int, *, connect_timeout: float, client_name: str, token: str | None,
-         decoder: "W.FrameDecoder") -> tuple[socket.socket, dict, list]:
-    """Open a TCP connection to a store and do the HELLO handshake: (the socket, back in blocking
-    mode; the server's info; the frames that arrived behind HELLO_OK, already fed to `decoder`).
-    The one handshake of every SDK connection class.
-
-    It blocks for at most `connect_timeout` in each of its three steps: the connect, the send of
-    HELLO (the socket keeps the connect's timeout) and the wait for the answer, so about three
-    times `connect_timeout` in the worst case.
-
-    The socket is closed on any error: ConnectionLost (an OSError, naming the store) when the
-    network fails; StoreClientError when the store refuses (wrong token or version) or answers
-    with another frame or a HELLO_OK whose body is not a JSON object, and when its bytes are not
-    frames at all (another server's port: `not_a_store`). Connection._ensure
-    retries only ConnectionLost (a refusal or a malformed answer will not change on retry);
-    LoopConnection's redial loop retries every error."""
-    address = f"{host}:{port}"
-    try:
-        s = socket.create_connection((host, port), timeout=connect_timeout)
-    except OSError as e:
-        raise ConnectionLost(f"cannot reach the store at {address}: {e.strerror or e}") from None
-    try:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(W.hello_frame(client_name, token))
-        frames = []
-        deadline = time.monotonic() + connect_timeout
-        while not frames:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionLost(f"store {address} closed the connection during the handshake"
-                                     f"{NOT_A_STORE_HINT}")
-            try:
-                frames = decoder.feed(data)
-            except W.ProtocolError:
-                raise not_a_store(address, data) from None
-        op, _flags, _rid, body = frames[0]
-        info = parse_hello_ok(op, body)
-    except ConnectionLost:
-        s.close()
-        raise
-    except OSError as e:
-        s.close()
-        raise ConnectionLost(f"handshake with the store at {address} failed: {e}") from None
-    except BaseException:
-        s.close()
-        raise
-    s.settimeout(None)
-    return s, info, frames[1:]
-
-
-class Connection:
+class Connection(FollowsMembers):
     def __init__(self, address: str = f"127.0.0.1:{W.DEFAULT_PORT}", *, token: str | None = None,
                  timeout: float = 30.0, connect_timeout: float = 5.0, reconnect_attempts: int = 6,
                  backoff_initial: float = 0.05, backoff_max: float = 2.0, client_name: str = "lmqtt-sdk",
                  failover_timeout: float = 30.0) -> None:
-        self.addresses = parse_addresses(address)
-        self.host, self.port = self.addresses[0]
-        # a store group: how long requests keep looking for the primary (across reconnects)
-        self.failover_timeout = failover_timeout
-        self.failovers = 0          # times this connection moved to another member
-        # a store group: seconds without any answer while requests wait before the member is left
-        self.stall_timeout = 5.0
-        # ... and after `probe_after` s of such silence, every `probe_interval` s, the other members
-        # are asked who is primary (probe_primary): one that names a newer primary is followed at
-        # once, without waiting for the stall timeout (a SIGSTOPped primary: docs/ha.md)
-        self.probe_after = 1.0
-        self.probe_interval = 0.5
-        self.probe_timeout = 1.0
-        self._waiting_since = 0.0
-        self._stay = False          # the member dialled named itself primary (still taking over)
-        self._expected = None       # (address, deadline): the primary a probe found (keeps_expected)
+        # which member of a store group it talks to, and when it leaves it (failover.py: the one
+        # policy of every connection); `failover_timeout`: how long requests keep looking for the
+        # primary across reconnects; a member silent for `stall_timeout` s while requests wait is
+        # left, or sooner once a probe of the others names a newer primary (a SIGSTOPped primary)
+        self.members = Members(address, failover_timeout=failover_timeout)
         self.token = token
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -225,21 +85,17 @@ class Connection:
     # ---------------------------------------------------------------- connect
     def _connect_once(self) -> None:
         dec = W.FrameDecoder()
-        multi = len(self.addresses) > 1
+        m = self.members
         # a group member answers HELLO at once; one that accepts and says nothing (stopped) is not
         # waited for the whole connect timeout while the others may have a primary
-        s, info, early = dial(self.host, self.port, connect_timeout=min(self.connect_timeout, 2.0) if multi
+        s, info, early = dial(m.host, m.port, connect_timeout=min(self.connect_timeout, 2.0) if m.group
                               else self.connect_timeout, client_name=self.client_name, token=self.token,
                               decoder=dec)
-        role = info.get("role")
-        if role is not None and role != "primary" and multi:
-            # a store group member that is not the primary: go where it points, or try the next;
-            # one that names itself is taking over (elected, not serving yet): dialled again
+        why = m.refusal(info)        # a group member that is not the primary: aimed where it points
+        if why is not None:
             s.close()
-            self._stay = primary_named(f"primary={info.get('primary')}") == (self.host, self.port)
-            self._move(info.get("primary"))
-            raise ConnectionLost(f"store {self.host}:{self.port} is not the group's primary ({role}; "
-                                 f"primary {info.get('primary') or 'unknown'})")
+            raise ConnectionLost(why)
+        m.attached()
         self.ident = info.get("ident")
         self.server_info = info
         self._sock = s
@@ -254,105 +110,67 @@ class Connection:
                 raise ConnectionLost("connection closed by the application")
             if self._sock is not None:
                 return self._sock
-            delay = self.backoff_initial
+            m = self.members
+            retry = m.retry(self.backoff_initial, self.backoff_max, self.reconnect_attempts)
             last = None
-            multi = len(self.addresses) > 1
-            deadline = time.monotonic() + self.failover_timeout
-            attempt = 0
-            not_stores = NotStores(self.addresses)
+            not_stores = NotStores(m.addresses)
             while True:
-                host = (self.host, self.port)
+                at = m.at
                 try:
                     self._connect_once()
                     return self._sock
                 except StoreClientError as e:
-                    if not multi:
+                    if not m.group:
                         raise              # refused (auth, version) or a malformed answer: retrying won't help
-                    not_stores.note(host, e)    # another server's port: the next member (else raised)
+                    not_stores.note(at, e)      # another server's port: the next member (else raised)
                     last = e
                 except OSError as e:
                     last = e
-                attempt += 1
-                if multi:
-                    if (self.host, self.port) == host and not self._stay:
-                        self._move(None)   # unreachable: the next member
-                    self._stay = False
-                    if time.monotonic() >= deadline:
-                        raise ConnectionLost(f"no primary found among {self._members()} within "
-                                             f"{self.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
-                    time.sleep(min(delay, GROUP_RETRY_S))
-                    delay = min(delay * 2, self.backoff_max)
-                    continue
-                if attempt >= self.reconnect_attempts:
+                m.unreachable(at)          # a group: the next member
+                wait = retry.wait()
+                if wait is None:
                     break
-                time.sleep(delay)
-                delay = min(delay * 2, self.backoff_max)
+                time.sleep(wait)
+            if m.group:
+                raise ConnectionLost(f"no primary found among {m.members} within "
+                                     f"{m.failover_timeout:g} s (last: {last}){not_stores.suffix()}")
             # `last` is dial's ConnectionLost, which names the store already
             raise ConnectionLost(f"{last} (gave up after {max(1, self.reconnect_attempts)} attempts)")
-
-    def _members(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.addresses)
-
-    def _move(self, primary) -> None:
-        """Point the next connect at `primary` ("host:port" or (host, port), when a member named it)
-        or else at the next address of the group."""
-        with self._lock:
-            if keeps_expected(self._expected, (self.host, self.port), primary):
-                self._stay = True
-                return
-            target = next_member(self.addresses, (self.host, self.port), primary)
-            if target != (self.host, self.port):
-                self.failovers += 1
-            self.host, self.port = target
 
     def not_primary(self, e: BaseException) -> None:
         """After a not_primary refusal: drop this connection and aim at the primary it names."""
         with self._lock:
             s = self._sock
-            self._move(primary_named(getattr(e, "reason", str(e))))
+            self.members.not_primary(getattr(e, "reason", str(e)))
         if s is not None:
-            self._drop(s, f"store {self.host}:{self.port}: {e}")
+            self._drop(s, f"store {self.members.address}: {e}")
 
     def _reader(self, s: socket.socket, dec: W.FrameDecoder, early, gen: int) -> None:
         err = "connection closed by the store"
         # a store group: a primary that stops answering (paused, cut off) while requests wait is
-        # left after `stall_timeout` s of silence, so the requests go to the group's new primary
-        group = len(self.addresses) > 1
+        # left (Members.silence), so the requests go to the group's new primary
+        m = self.members
         stalled = False
-        moved_to = None
         last_rx = time.monotonic()
-        next_probe = 0.0
-        group_heard = 0.0           # when a probe last heard members that know no newer primary
         try:
             self._deliver(early)
             while True:
-                if group:
+                if m.group:
                     ready, _w, _x = select.select([s], [], [], 0.25)
                     if not ready:
-                        waiting = self._waiting_since
-                        now = time.monotonic()
-                        silent = now - max(last_rx, waiting) if self._pending and waiting else 0.0
-                        # while the other members still take this one for the primary (a probe
-                        # heard them lately), leaving it would only lead back to it - and to a
-                        # HELLO it does not answer: the stall waits, up to twice its timeout
-                        held = now - group_heard < 1.5 and silent <= 2 * self.stall_timeout
-                        if silent > self.stall_timeout and not held:
-                            err = (f"no answer from the store at {self.host}:{self.port} for "
-                                   f"{self.stall_timeout:g} s (a stopped or cut-off group member?)")
+                        quiet = m.silence(last_rx, bool(self._pending))
+                        if quiet is not None and quiet[0] == "leave":
+                            err = m.stalled()
+                            m.move(None)          # aimed first: the requests failed below go there
                             stalled = True
                             break
-                        if silent > self.probe_after and now >= next_probe:
-                            next_probe = now + self.probe_interval
-                            heard: list = []
-                            moved_to = probe_primary(self.addresses, (self.host, self.port),
-                                                     self.server_info.get("epoch"), token=self.token,
-                                                     timeout=self.probe_timeout, client_name=self.client_name,
-                                                     heard=heard)
-                            if heard and moved_to is None:
-                                group_heard = time.monotonic()
-                            if moved_to is not None:
-                                err = (f"no answer from the store at {self.host}:{self.port} for {silent:.1f} s, "
-                                       f"and the group's primary is now {moved_to[0]}:{moved_to[1]}")
+                        if quiet is not None:     # "probe": the other members, asked now
+                            target, heard = m.probe(self.server_info.get("epoch"), token=self.token,
+                                                    client_name=self.client_name)
+                            why = m.probed(target, heard, quiet[1])
+                            if why is not None:
+                                err = why
+                                m.move(target)    # aimed first: the requests failed below go there
                                 stalled = True
                                 break
                         continue
@@ -371,10 +189,6 @@ class Connection:
             err = f"the store closed the connection: {self._conn_error}"
             self._conn_error = None
         if stalled:
-            # aimed first, so the requests failed below are re-sent to the new primary
-            if moved_to is not None:
-                self._expected = (moved_to, time.monotonic() + EXPECT_PRIMARY_S)
-            self._move(moved_to)
             try:
                 s.shutdown(socket.SHUT_RDWR)     # a send blocked on the silent member fails now
             except OSError:
@@ -417,8 +231,7 @@ class Connection:
                 raise StoreClientError(W.E_TOO_LARGE, f"request of {len(body) + 6} bytes exceeds the store's "
                                        f"frame limit of {limit} bytes (split the batch)")
             rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-            if not self._pending:
-                self._waiting_since = time.monotonic()
+            self.members.sent(bool(self._pending))
             self._pending[rid] = fut
             try:
                 s.sendall(W.frame(op, rid, body, flags))
@@ -433,7 +246,7 @@ class Connection:
         """request() and wait; ERROR -> StoreClientError. `retry`: the request is idempotent, so a
         lost connection is retried (reconnecting with backoff) instead of raised."""
         tries = self.reconnect_attempts if retry else 1
-        deadline = time.monotonic() + self.failover_timeout
+        deadline = time.monotonic() + self.members.failover_timeout
         i = 0
         while True:
             try:
@@ -446,19 +259,23 @@ class Connection:
                 self.not_primary(e)
                 time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), GROUP_RETRY_S))
             except ConnectionLost:
-                multi = len(self.addresses) > 1
+                multi = self.members.group
                 if (not multi and i + 1 >= tries) or (multi and (not retry or time.monotonic() >= deadline)):
                     raise
                 time.sleep(min(self.backoff_initial * (2 ** min(i, 6)), self.backoff_max if not multi else GROUP_RETRY_S))
             i += 1
 
+    def execute(self, command: Command):
+        """Send one command of the command layer (commands.py) and read its reply: its typed value.
+        ERROR -> StoreClientError; a lost connection is retried when the command may be repeated."""
+        op, body, flags = command.encode()
+        rop, rflags, rbody = self.call(op, body, retry=command.retry, flags=flags)
+        return command.decode(rop, rflags, rbody, self.ident)
+
     def cmd(self, name: str, **args):
-        """A CALL command; returns the JSON result (dict) or, for message replies, the MESSAGES body."""
-        args["cmd"] = name
-        op, _f, body = self.call(W.OP_CALL, json.dumps(args).encode(), retry=name not in _NOT_IDEMPOTENT)
-        if op == W.OP_RESULT:
-            return json.loads(body)
-        return W.decode_messages(body)
+        """A CALL command by name; returns the JSON result (dict) or, for message replies, the
+        MESSAGES body (header, entries)."""
+        return self.execute(AnyCall(name, args))
 
     def close(self) -> None:
         with self._lock:
@@ -479,43 +296,31 @@ class Connection:
 
     # ---------------------------------------------------------------- command API factories
     def producer(self, producer_id: str | None = None, **kw):
-        from .producer import Producer
         return Producer(self, producer_id, **kw)
 
     def auto_batch_producer(self, producer_id: str | None = None, **kw):
-        from .producer import AutoBatchProducer
         return AutoBatchProducer(self, producer_id, **kw)
 
     def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256, max_bytes: int = 4 << 20):
-        from .consumer import pull
         return pull(self, topic, queue_id, offset, max_count, max_bytes)
 
     def pull_request(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 256,
                      max_bytes: int = 4 << 20):
         """Send a pull now, read it later: -> PendingPull, whose `result()` is the PullResult.
         Keeps the next pull in flight while the current records are processed."""
-        from .consumer import PendingPull
         return PendingPull(self, topic, queue_id, offset, max_count, max_bytes)
 
     def consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .consumer import PullConsumer
         return PullConsumer(self, topic, group, queue_id, **kw)
 
     def filter_consumer(self, topic_filter: str, group: str | None = None, **kw):
-        from .consumer import FilterConsumer
         return FilterConsumer(self, topic_filter, group, **kw)
 
     def pop_consumer(self, topic: str, group: str, queue_id: int = 0, **kw):
-        from .consumer import PopConsumer
         return PopConsumer(self, topic, group, queue_id, **kw)
 
     def admin(self):
-        from .admin import Admin
         return Admin(self)
-
-
-# commands that change state in a way a blind repeat could change again
-_NOT_IDEMPOTENT = {"pop", "subscribe"}
 
 
 def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
@@ -524,6 +329,3 @@ def connect(address: str = f"127.0.0.1:{W.DEFAULT_PORT}", **kw) -> Connection:
     c._ensure()
     return c
 
-
-# the asyncio connection lives in aio.py; kept importable from here
-from .aio import AsyncConnection, connect_async  # noqa: E402,F401  (after the names aio.py imports)

@@ -17,12 +17,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client.props import MessageProperties, encode as encode_props
 
-from .connection import Connection, ConnectionLost, StoreClientError, is_not_primary
+from .commands import CancelDelayed
+from .errors import ConnectionLost, StoreClientError, is_not_primary
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 
 class SendResult(NamedTuple):
@@ -58,7 +62,7 @@ def message_tuple(topic: str, body, keys=(), queue_id: int = 0, **props):
     return (topic, bytes(body), tuple(keys), make_props(**props), queue_id, 0)
 
 
-def _pack_one(topic: str, body, **kw) -> bytes:
+def pack_one(topic: str, body, **kw) -> bytes:
     return W.encode_messages_for_produce([message_tuple(topic, body, **kw)])
 
 
@@ -80,7 +84,7 @@ def due_ms(delay: float | None = None, deliver_at=None) -> int:
     return 0
 
 
-def _delayed_frame(frame: bytes, dues) -> tuple[bytes, int]:
+def delayed_frame(frame: bytes, dues) -> tuple[bytes, int]:
     """(frame body, frame flags) of a PRODUCE whose messages have these due times (0 = now)."""
     if dues is None or not any(dues):
         return frame, 0
@@ -159,18 +163,18 @@ class Producer:
         sequence number; retried on a lost connection (the store deduplicates). `due_ms`: one
         epoch-ms due time per message (0 = not delayed)."""
         seq = self.next_sequence() if seq is None else seq
-        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, seq, count, packed), due_ms)
+        frame, flags = delayed_frame(W.encode_produce(self.producer_id, seq, count, packed), due_ms)
         _op, _f, body = self.conn.call(W.OP_PRODUCE, frame, retry=True, flags=flags)
         return self._results(body)
 
     def send(self, topic: str, body: bytes, *, delay: float | None = None, deliver_at=None, **kw) -> SendResult:
         due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        return self.send_packed(1, _pack_one(topic, body, **kw), due_ms=[due] if due else None)[0]
+        return self.send_packed(1, pack_one(topic, body, **kw), due_ms=[due] if due else None)[0]
 
     def cancel_delayed(self, msg_id: str) -> bool:
         """Cancel a delayed message by the msg id its send returned: True when it was pending
         (it will not be delivered), False when it already fired or is not a delayed message."""
-        return bool(self.conn.cmd("cancel_delayed", msg_id=msg_id)["cancelled"])
+        return self.conn.execute(CancelDelayed(msg_id))
 
     def send_batch(self, messages) -> list[SendResult]:
         """messages: iterable of (topic, body) or dicts with send()'s keywords. One frame, one
@@ -187,7 +191,7 @@ class Producer:
         out: Future = Future()
         out.sequence = seq
         due = due_ms(delay, deliver_at) if delay is not None or deliver_at is not None else 0
-        frame, flags = _delayed_frame(W.encode_produce(self.producer_id, seq, 1, _pack_one(topic, body, **kw)),
+        frame, flags = delayed_frame(W.encode_produce(self.producer_id, seq, 1, pack_one(topic, body, **kw)),
                                       [due] if due else None)
         inner = self.conn.request(W.OP_PRODUCE, frame, flags)
 
@@ -195,7 +199,6 @@ class Producer:
             try:
                 op, _fl, b = f.result()
                 if op == W.OP_ERROR:
-                    from .connection import StoreClientError
                     out.set_exception(StoreClientError(*W.parse_error(b)))
                 else:
                     out.set_result(self._results(b)[0])
@@ -230,7 +233,7 @@ class SendFuture:
         body = b.future.result(timeout)
         if b.count_in_reply != b.count:
             return None
-        phys, qoff = _PRODUCED_AT(body, 4 + 16 * self._index)
+        phys, qoff = PRODUCED_AT(body, 4 + 16 * self._index)
         return SendResult(f"{b.ident}{phys:016X}", phys, qoff)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -252,7 +255,7 @@ class SendFuture:
         self._batch.future.add_done_callback(lambda _f: fn(self))
 
 
-_PRODUCED_AT = W.PRODUCED_ENTRY.unpack_from
+PRODUCED_AT = W.PRODUCED_ENTRY.unpack_from
 
 
 def _plain_head(heads: dict, topic: str, body_len: int) -> bytes:
@@ -277,7 +280,7 @@ def queued_parts(heads: dict, topic: str, body, kw: dict) -> tuple[bytes, bytes,
         if "delay" in kw or "deliver_at" in kw:
             kw = dict(kw)
             due = due_ms(kw.pop("delay", None), kw.pop("deliver_at", None))
-        return _pack_one(topic, body, **kw), b"", due
+        return pack_one(topic, body, **kw), b"", due
     if body.__class__ is not bytes:
         body = _as_bytes(body)
     head = heads.get((topic, len(body)))
@@ -392,7 +395,7 @@ class AutoBatchProducer:
     def _send(self, b: _Batch, seq: int, attempt: int) -> None:
         if not attempt:
             b.first_try = time.monotonic()
-        frame, flags = _delayed_frame(W.encode_produce(self.p.producer_id, seq, b.count, b"".join(b.parts)),
+        frame, flags = delayed_frame(W.encode_produce(self.p.producer_id, seq, b.count, b"".join(b.parts)),
                                       b.dues)
         try:
             inner = self.conn.request(W.OP_PRODUCE, frame, flags)

@@ -9,10 +9,17 @@ import socket
 import threading
 import time
 
+from lmqtt.store.client.failover import Retry
+
 from ..errors import StoreError
-from .replication import _ACK, _U64, FrameReader, frame, jframe, parse_meta
+from .replication import ACK, U64, FrameReader, frame, jframe, parse_meta
 
 log = logging.getLogger("lmqtt.store.ha")
+
+# A member opens its replication port once it has taken over as primary, a moment after the group
+# named it, and its replicas dial as soon as they hear the name: a refusal within this long of
+# that, before the first handshake, is the start of a group or of a failover, not a fault.
+NEW_PRIMARY_GRACE_S = 5.0
 
 
 class Follower:
@@ -52,15 +59,29 @@ class Follower:
         self._thread.join(5)
 
     def _run(self) -> None:
+        # the reconnect schedule of every connection to a store (store/client/failover.py Retry):
+        # short waits growing to half a second, started again after a session that got going
+        retry = Retry(0.1, 0.5)
+        started = time.monotonic()
+        warned = False            # whether self.error was logged as a WARNING
         while not self._stop:
             try:
                 self._session()
             except (OSError, ConnectionError, ValueError, StoreError) as e:
                 if not self._stop:
                     msg = f"replication from {self.addr[0]}:{self.addr[1]} failed: {e}"
-                    if msg != self.error:
-                        log.warning("event=ha_follow_failed error=%r", msg)
+                    early = (isinstance(e, ConnectionRefusedError) and not self.conn_epoch      # no handshake yet
+                             and time.monotonic() - started < NEW_PRIMARY_GRACE_S)
+                    if msg != self.error or (not warned and not early):
+                        if early:
+                            log.info("event=ha_follow_waiting primary=%s:%d (its replication port opens once "
+                                     "it has taken over)", self.addr[0], self.addr[1])
+                        else:
+                            log.warning("event=ha_follow_failed error=%r", msg)
+                        warned = not early
                     self.error = msg
+            if self.connected:
+                retry = Retry(0.1, 0.5)
             self.connected = False
             if self._sock is not None:
                 try:
@@ -68,10 +89,11 @@ class Follower:
                 except OSError:
                     pass
                 self._sock = None
-            for _ in range(5):
+            end = time.monotonic() + (retry.wait() or 0.0)
+            while time.monotonic() < end:
                 if self._stop:
                     return
-                time.sleep(0.1)
+                time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
     def _session(self) -> None:
         clog = self.clog
@@ -119,7 +141,7 @@ class Follower:
             wrote = False
             for kind, payload in frames:
                 if kind == b"D":
-                    off = _U64.unpack_from(payload)[0]
+                    off = U64.unpack_from(payload)[0]
                     clog.append_replicated(off, memoryview(payload)[8:])
                     wrote = True
                 elif kind == b"M":
@@ -127,7 +149,7 @@ class Follower:
                     self.apply_meta(op)
                     self.meta_seq = int(op.get("n", self.meta_seq))
                 elif kind == b"K":
-                    self.primary_end = _U64.unpack(payload)[0]
+                    self.primary_end = U64.unpack(payload)[0]
             if self.epoch_now() > self.conn_epoch:
                 raise ConnectionError(f"a newer epoch than {self.conn_epoch} exists: not acknowledging its "
                                       "old primary")
@@ -136,4 +158,4 @@ class Follower:
                 if self.sync:
                     clog.flush()
             if frames:
-                s.sendall(frame(b"A", _ACK.pack(clog.wrote, clog.flushed, self.meta_seq)))
+                s.sendall(frame(b"A", ACK.pack(clog.wrote, clog.flushed, self.meta_seq)))

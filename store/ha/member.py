@@ -29,12 +29,14 @@ import os
 import threading
 import time
 
-from .raft import FAIL_REASON, SyncObj, SyncObjConf
-
-from .epochs import EpochFile
+from ..protocol import E_NOT_PRIMARY, decode_produced
+from ..record import PREFIX
+from ..server import CallError
 from .ack_gate import AckGate
+from .epochs import EpochFile
 from .follower import Follower
 from .metadata_sync import MetadataSync
+from .raft import FAIL_REASON, Raft, SyncObjConf
 from .replication import NotPrimary, Shipper
 from .state import GroupState
 from .truncate import request_cut
@@ -119,7 +121,7 @@ class Member(MetadataSync):
                            fullDumpFile=os.path.join(ha_dir, "raft.dump"), dynamicMembershipChange=False,
                            bindAddress=f"{self.listen_host}:{raft_port(me[1])}")
         self._become_read_only("starting: the group state is not known yet")
-        self.raft = SyncObj(self.raft_addr, others, conf=conf, consumers=[self.state])
+        self.raft = Raft(self.raft_addr, others, conf=conf, consumers=[self.state])
         self.state.term_now = lambda: self.raft.raftCurrentTerm
         # when this member started to see the group's heartbeats applied (the controller duty needs
         # `dead_after_s` of them before it may call anyone silent: a member just restarted that
@@ -138,8 +140,7 @@ class Member(MetadataSync):
             # changing role drops what it holds in memory: a new primary reads the shipped state,
             # a replica must not write its stale state over it
             def clear(pop=pop):
-                pop._states.clear()
-                pop._dirty.clear()
+                pop.forget_memory()
 
             def fresh_pop(server=server):      # on the server's loop, where POP runs
                 loop = getattr(server, "_loop", None)
@@ -154,7 +155,7 @@ class Member(MetadataSync):
         for name in META_CALLS:
             fn = server.calls.get(name)
             if fn is not None:
-                server.register_call(name, self._replicated_call(fn), with_connection=name in server._conn_calls)
+                server.register_call(name, self._replicated_call(fn), with_connection=server.takes_connection(name))
         stats = server.calls.get("stats")
         if stats is not None:       # `lmqtt admin` shows the group beside the store's counters
             server.register_call("stats", lambda a: {**stats(a), "ha": self.brief()})
@@ -165,8 +166,6 @@ class Member(MetadataSync):
         answered when every in-sync replica has its bytes (AckGate.when_replicated), like its first
         attempt - not at once: a new primary inherits batches (bytes and results) its replicas may
         not have yet, and a retry acknowledged before they do would be lost with this member."""
-        from ..protocol import decode_produced
-        from ..record import PREFIX
         clog = self.clog
 
         def wrapped(body, flags=0):
@@ -201,7 +200,7 @@ class Member(MetadataSync):
             for n, r in sorted(self.shipper.replicas.items()):
                 reps.append({"node": n, "connected": r.connected, "written": r.written, "flushed": r.flushed,
                              "lag_bytes": max(0, self.clog.committed - (r.flushed if self.sync else r.written))})
-        leader = self.raft._getLeader()
+        leader = self.raft.leader()
         return {"group": self.group, "node": self.node, "role": self.role, "epoch": st.epoch,
                 "primary": st.primary, "primary_address": self.address_of(st.primary),
                 "in_sync": sorted(st.in_sync), "ack_replicas": self.ack_replicas,
@@ -237,8 +236,6 @@ class Member(MetadataSync):
     def _guard(self, op: int, cmd: str | None) -> None:
         if cmd in ("stats", "ha_status"):
             return
-        from ..protocol import E_NOT_PRIMARY
-        from ..server import CallError
         raise CallError(E_NOT_PRIMARY, f"node {self.node} of store group {self.group!r} is a {self.role}, not "
                                        f"the primary; primary={self.address_of(self.state.primary)}")
 
@@ -291,7 +288,7 @@ class Member(MetadataSync):
             log.debug("event=ha_heartbeat_not_sent error=%r", e)
 
     def _is_leader(self) -> bool:
-        leader = self.raft._getLeader()
+        leader = self.raft.leader()
         return leader is not None and str(getattr(leader, "address", leader)) == self.raft_addr
 
     def _control(self, now: float) -> None:

@@ -25,11 +25,15 @@ primary; it reads the Member's `clog`, `role`, `gate`, `follower`, `group`, `nod
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import logging
 import os
 
+from ..checkpoint import write_atomic
+from ..protocol import E_NOT_PRIMARY, compact_json
+from ..server import CallError
 from .replication import MetaLog
 
 log = logging.getLogger("lmqtt.store.ha")
@@ -74,7 +78,6 @@ class MetadataSync:
         self.meta = meta
         orig_remember, orig_commit, orig_put = meta.remember, meta.commit, meta.put_json
         orig_delete = meta.delete_json
-        from ..protocol import compact_json
         self._meta_apply.update({"remember": lambda o: orig_remember(o["p"], int(o["s"]), _body(o["v"])),
                                  "commit": lambda o: orig_commit(o["g"], o["q"], int(o["o"])),
                                  "put_json": lambda o: (meta.put_json_text(o["key"], o["s"]) if "s" in o
@@ -132,7 +135,6 @@ class MetadataSync:
                 "follow_id": getattr(self, "_applied_id", None), "follow_seq": getattr(self, "_applied_last", 0)}
 
     def _set_meta_epoch(self, epoch: int) -> None:
-        from ..checkpoint import write_atomic
         write_atomic(self._meta_epoch_path, str(epoch).encode())
         self._meta_epoch_now = epoch
 
@@ -235,8 +237,6 @@ class MetadataSync:
         """A CALL that changes shipped metadata (a group offset commit, a filter registration)
         answers once the in-sync replicas applied the change (as a produce waits for its bytes):
         an offset committed on the primary is there after a failover."""
-        import asyncio
-
         def call(*a):
             before = self.meta_log.seq
             res = fn(*a)
@@ -253,8 +253,6 @@ class MetadataSync:
                 if err is None:
                     fut.set_result(res)
                 else:
-                    from ..protocol import E_NOT_PRIMARY
-                    from ..server import CallError
                     fut.set_exception(CallError(E_NOT_PRIMARY, str(err)))
             gate.meta_waiting.append((seq, lambda err: loop.call_soon_threadsafe(settle, err)))
             gate.meta_appended()     # no thread woken: the replicas' acknowledgements answer it

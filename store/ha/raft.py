@@ -17,4 +17,12 @@ try:
 finally:
     socket.inet_ntop = _inet_ntop
 
-__all__ = ["SyncObj", "SyncObjConf", "SyncObjConsumer", "replicated", "FAIL_REASON"]
+__all__ = ["Raft", "SyncObj", "SyncObjConf", "SyncObjConsumer", "replicated", "FAIL_REASON"]
+
+
+class Raft(SyncObj):
+    """pysyncobj's SyncObj, with a public name for what a member asks of it."""
+
+    def leader(self):
+        """The current Raft leader's address, or None while there is none."""
+        return self._getLeader()

@@ -29,6 +29,7 @@ waiting futures fail; nothing is acknowledged after a newer epoch exists.
 """
 from __future__ import annotations
 
+import base64
 import collections
 import itertools
 import json
@@ -37,14 +38,16 @@ import socket
 import struct
 import threading
 import time
+import uuid
 
 from ..errors import StoreError
+from .epochs import divergence
 
 log = logging.getLogger("lmqtt.store.ha")
 
 _HEAD = struct.Struct(">cI")
-_U64 = struct.Struct(">Q")
-_ACK = struct.Struct(">QQQ")
+U64 = struct.Struct(">Q")
+ACK = struct.Struct(">QQQ")
 MAX_CHUNK = 1 << 20
 MAX_FRAME = 64 << 20
 SNAP_KEYS = 2000            # metadata keys per snapshot frame
@@ -151,7 +154,6 @@ class MetaLog:
         self.covers_after: int | None = None
         self.dropped = False          # the bound dropped a change since `reset`
         self.reset_seq = 0            # the sequence before this term's first change
-        import uuid
         self.ident = uuid.uuid4().hex     # names this change numbering (per process)
 
     def reset(self, pos: int) -> None:
@@ -320,7 +322,6 @@ class Shipper:
                 s.sendall(jframe(b"X", {"error": f"node {self.node} is primary of epoch {self.epoch}, the "
                                                   f"replica knows epoch {h.get('epoch')}: not primary any more"}))
                 return
-            from .epochs import divergence
             end = clog.committed
             start = divergence(self.epochs.entries, end, h.get("epochs") or [], int(h["end"]))
             lo = clog.mfq.min_offset
@@ -385,7 +386,6 @@ class Shipper:
         """Every replicated metadata key, in frames of SNAP_KEYS: `snap_begin`, `snap` (db name,
         [[key, value] base64]), `snap_end` with the MetaLog sequence the snapshot is as of; the
         replica deletes what it holds beyond it (store/ha/member.py). -> that sequence."""
-        import base64
         seq, dbs = self.snapshot()
         s.sendall(jframe(b"M", {"k": "snap_begin"}))
         n = 0
@@ -453,13 +453,13 @@ class Shipper:
                         n = min(upto, mf.end_offset, pos + MAX_CHUNK) - pos
                         rel = pos - mf.start_offset
                         data = bytes(mf.mm[rel:rel + n])
-                        s.sendall(_HEAD.pack(b"D", 8 + n) + _U64.pack(pos) + data)
+                        s.sendall(_HEAD.pack(b"D", 8 + n) + U64.pack(pos) + data)
                         st.pos = pos + n
                         last_send = time.monotonic()
                         continue
                     now = time.monotonic()
                     if now - last_send >= 0.2:
-                        s.sendall(frame(b"K", _U64.pack(committed)))
+                        s.sendall(frame(b"K", U64.pack(committed)))
                         last_send = now
                 with self.cond:
                     if clog.committed <= st.pos and (self.meta.seq <= st.meta_seq or ops) and not self._stop:
@@ -525,7 +525,7 @@ class Shipper:
                     break
                 for kind, payload in reader.feed(data):
                     if kind == b"A":
-                        w, f, m = _ACK.unpack(payload)
+                        w, f, m = ACK.unpack(payload)
                         r.written, r.flushed, r.meta_acked = w, f, m
                         if w >= self.clog.committed:
                             r.caught_up_at = time.monotonic()

@@ -22,6 +22,7 @@ election longer (failovers of 3.5-4 s instead of 2.5). Stale heartbeats update t
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from .raft import SyncObjConsumer, replicated
@@ -45,7 +46,6 @@ class GroupState(SyncObjConsumer):
             try:
                 fn()
             except Exception:  # noqa: BLE001 - a listener must not break Raft's apply loop
-                import logging
                 logging.getLogger("lmqtt.store.ha").exception("event=ha_state_listener_failed")
 
     def snapshot(self) -> dict:

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from lmqtt.store.config import min_segment_mb as engine_min_segment_mb
+from lmqtt.store.ha.peers import group_problem
+from lmqtt.store.tier.config import check_tier as tier_check, parse_retention
+
 FLUSH_MODES = ("sync", "async", "async+buffer")
 
 # tables of a config file: [serve] and [gateway] are the gateway's; [store] is `lmqtt store`'s (one
@@ -44,13 +48,11 @@ class ConfigError(ValueError):
 def min_segment_mb() -> int:
     """The smallest CommitLog segment in MiB (the engine's `store/config.py min_segment_mb`): what
     `segment_mb` of `lmqtt serve` and `lmqtt store` is checked against before a data dir is touched."""
-    from lmqtt.store.config import min_segment_mb as engine_min_segment_mb
     return engine_min_segment_mb()
 
 
 def retention_ms(text: str) -> int:
     """A `retention` setting (10m, 72h, 7d) -> milliseconds; ValueError naming the setting."""
-    from lmqtt.store.tier.config import parse_retention
     ms, size = parse_retention(text, "retention")
     if ms is None or size is not None or ms <= 0:
         raise ValueError(f"retention must be a duration such as 10m, 72h or 7d, got {text!r}")
@@ -61,7 +63,6 @@ def check_tier(url: str, endpoint: str | None = None, local_retention: str | Non
                tier_retention: str | None = None, parquet: str | None = "auto") -> Any:
     """The tier flags checked before the store starts (store/tier/config.py `check_tier`): its
     TierConfig, or ValueError with one line naming the flag."""
-    from lmqtt.store.tier.config import check_tier as tier_check
     return tier_check(url, endpoint, local_retention, tier_retention, parquet)
 
 
@@ -342,7 +343,6 @@ class NodeConfig:
                 raise ConfigError(f"{f.name} must be {low:g}..{high:g}" + (f" {unit}" if unit else "") + f", got {v}")
             if kinds_of(type(self))[f.name] is float:
                 setattr(self, f.name, n)
-        from lmqtt.store.config import min_segment_mb
         try:
             retention_ms(self.retention)
         except ValueError as e:
@@ -351,7 +351,6 @@ class NodeConfig:
             raise ConfigError(f"segment_mb must be at least {min_segment_mb()} (MiB: a CommitLog segment holds the "
                               f"largest message, 4 MiB), got {self.segment_mb}")
         if self.tier:
-            from lmqtt.store.tier.config import check_tier
             try:
                 check_tier(self.tier, self.tier_endpoint, self.local_retention, self.tier_retention,
                            self.tier_parquet)
@@ -362,7 +361,6 @@ class NodeConfig:
             given += ["tier_parquet"] if self.tier_parquet == "on" else []
             if given:
                 raise ConfigError(f"{given[0]} is set but tier is not (tiered storage: --tier URL)")
-        from lmqtt.store.ha.peers import group_problem
         problem = group_problem(self)
         if problem:
             raise ConfigError(problem)

@@ -23,7 +23,7 @@ from lmqtt.store.pop import dlq_topic
 
 def pop_groups(pop, store, limit: int = 500) -> list[dict]:
     """[{group, topic, queue_id, next, inflight, backlog}] of every POP state, persisted or in memory."""
-    keys: set[tuple[str, str, int]] = set(pop._states)
+    keys: set[tuple[str, str, int]] = pop.state_keys()
     for key in pop.meta.keys_with_prefix("s\0"):
         parts = key.split("\0")              # s, group, topic, queue id
         try:

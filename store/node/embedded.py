@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Storage
+from lmqtt.lightqueue import LightQueueStore, history
+from lmqtt.lightqueue.replay import read_history
+from lmqtt.lightqueue.topics import validate_filter
+from lmqtt.notify import InProcessBus
+from lmqtt.store import MessageStore, StoreConfig
+from lmqtt.store.node.config import retention_ms
 from lmqtt.store.node.inprocess import storage as in_process_storage
+from lmqtt.store.node.sdk_service import install
+from lmqtt.store.node.tier_parquet import attach_parquet
+from lmqtt.store.server import StoreServer
+from lmqtt.store.tier.config import TierConfig
 
 log = logging.getLogger("lmqtt.gateway")
 
@@ -43,14 +53,12 @@ class HistoryTrace:
     the start is read from `since_ms` too."""
 
     def __init__(self, store: Any, flt: str, since_ms: int) -> None:
-        from lmqtt.lightqueue.topics import validate_filter
         validate_filter(flt)            # InvalidTopicFilter (a ValueError) with the reason
         self.store, self.flt, self.since_ms = store, flt, int(since_ms)
         self.cursor: dict = {"filter": flt, "seam": 1 << 62, "end": 1 << 62, "sources": []}
         self._known: set[tuple[str, int]] = set()
 
     def _refresh_sources(self) -> None:
-        from lmqtt.lightqueue import history
         for fl, qid in history.sources(self.store, self.flt):
             if (fl, qid) not in self._known:
                 self._known.add((fl, qid))
@@ -58,7 +66,6 @@ class HistoryTrace:
 
     def poll(self, max_count: int = 200) -> list:
         """The next messages (StoredMessage: topic, props, body, store_ts), at most `max_count`."""
-        from lmqtt.lightqueue.replay import read_history
         self._refresh_sources()
         if not self.cursor["sources"]:
             return []
@@ -75,7 +82,7 @@ class EmbeddedStore:
         self.bus = bus              # notify.InProcessBus
         self.storage: Storage = in_process_storage(store, lq)
         self.append_listener = bus           # drain() after each append, drain_follows
-        from lmqtt.store.node.security_service import SecurityDocs
+        from lmqtt.store.node.security_service import SecurityDocs  # live users and ACL rules: --live-security only
         self.security = SecurityDocs(lq.metadata)   # users and ACL rules managed live (--live-security)
 
     def attach(self, flush_before_register: Callable[[], Any], on_queues: Callable[[Iterable[str]], None]) -> None:
@@ -115,12 +122,10 @@ class EmbeddedStore:
         """The embedded SDK port: a StoreServer over this node's store, with the light queues'
         CALLs and routing (store/node/sdk_service.py); not listening yet (`await .start()`).
         ValueError for a non-loopback host without a token; OSError for its metadata file."""
-        from lmqtt.store.node.sdk_service import install
-        from lmqtt.store.server import StoreServer
         srv = StoreServer(self.store, os.path.join(data_dir, "sdk-meta"), host=host, port=port, token=token)
         try:
             install(srv, self.lq)
-            from lmqtt.store.node import security_service
+            from lmqtt.store.node import security_service  # live users and ACL rules: --live-security only
             security_service.install(srv, self.security)
         except BaseException:
             srv.meta.close()
@@ -146,11 +151,6 @@ def open_embedded(cfg: Any, loop: Any) -> EmbeddedStore:
     """Open and start the store node of `lmqtt serve` in `cfg.data_dir` (a GatewayConfig's store
     settings: flush_mode, segment_mb, dispatch_inline, tier*, metadata_sync, lq_cache_mb,
     notify_window_ms), its notify bus on `loop`. What it opened is closed again if a later step fails."""
-    from lmqtt.lightqueue import LightQueueStore
-    from lmqtt.notify import InProcessBus
-    from lmqtt.store import MessageStore, StoreConfig
-    from lmqtt.store.node.config import retention_ms
-
     data = Path(cfg.data_dir)
     data.mkdir(parents=True, exist_ok=True)
     scfg = StoreConfig(data_dir=str(data / "store"), flush_mode=cfg.flush_mode, segment_size=int(cfg.segment_mb) << 20,
@@ -161,8 +161,6 @@ def open_embedded(cfg: Any, loop: Any) -> EmbeddedStore:
     lq = bus = None
     try:
         if cfg.tier:       # tiered storage (store/tier; checked by GatewayConfig.validate)
-            from lmqtt.store.node.tier_parquet import attach_parquet
-            from lmqtt.store.tier.config import TierConfig
             store.enable_tier(TierConfig.from_flags(cfg.tier, cfg.tier_endpoint, cfg.local_retention,
                                                     cfg.tier_retention, cfg.tier_cache_mb,
                                                     cfg.tier_parquet_file_mb, cfg.tier_parquet_merge_after_s))

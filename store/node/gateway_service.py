@@ -58,14 +58,14 @@ from lmqtt.lightqueue.topics import validate_filter
 from lmqtt.notify import InProcessBus
 from lmqtt.store import protocol as W
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.group_assign import GroupAssignments
 from lmqtt.store.node.gateway_wills import GatewayWills
+from lmqtt.store.node.group_assign import GroupAssignments
 from lmqtt.store.node.session_sweep import SessionSweep
 from lmqtt.store.server import CallError, Messages, StoreServer
 
 log = logging.getLogger("lmqtt.store.node.gateway_service")
 
-_HOLD = "gwf\0"          # SdkMetadata key prefix: gwf \0 gateway id \0 filter -> count
+HOLD = "gwf\0"          # SdkMetadata key prefix: gwf \0 gateway id \0 filter -> count
 
 
 class GatewayService:
@@ -109,8 +109,8 @@ class GatewayService:
         # filter holds per gateway: rebuilt from the persisted counts (the light-queue registry
         # persists its own refcounts; this only remembers who holds what)
         self.holds: dict[str, dict[str, int]] = {}
-        for key in server.meta.keys_with_prefix(_HOLD):
-            gid, _, flt = key[len(_HOLD):].partition("\0")
+        for key in server.meta.keys_with_prefix(HOLD):
+            gid, _, flt = key[len(HOLD):].partition("\0")
             n = int(server.meta.get_json(key) or 0)
             if n > 0:
                 self.holds.setdefault(gid, {})[flt] = n
@@ -295,7 +295,7 @@ class GatewayService:
             mine[flt] = n
         else:
             mine.pop(flt, None)
-        self.srv.meta.put_json(f"{_HOLD}{gid}\0{flt}", n)
+        self.srv.meta.put_json(f"{HOLD}{gid}\0{flt}", n)
         return n
 
     def release_gateway(self, gid: str) -> dict:

@@ -1,4 +1,4 @@
-"""Shared groups balanced across a fleet (issue 29): the store hands each message of a shared
+"""Shared groups balanced across a fleet: the store hands each message of a shared
 group's light queue to ONE gateway at a time, POP-style (store/pop.py does the same for SDK
 consumer groups; RocketMQ 5's POP in seed 000), and takes it back if that gateway goes away.
 

@@ -14,11 +14,19 @@ before the store opens again (`before_open`).
 """
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import hashlib
 import logging
 import os
 import sys
 
+from lmqtt.lightqueue.errors import MetadataError
+from lmqtt.store.checkpoint import write_atomic
+from lmqtt.store.ha.member import Member
 from lmqtt.store.ha.peers import parse_peers
+from lmqtt.store.ha.truncate import apply_pending_cut
+from lmqtt.store.node.gateway_service import HOLD
 
 log = logging.getLogger("lmqtt.store.ha")
 
@@ -34,8 +42,6 @@ def group_identity(group: str, store_dir: str) -> None:
     """A new member's store identity (the first half of every msg id) is the group's, the same on
     every member, so a msg id names the same record whichever member serves it. A data dir that
     had its own identity before joining keeps it (its msg ids are its own)."""
-    import hashlib
-    from lmqtt.store.checkpoint import write_atomic
     path = os.path.join(store_dir, "identity")
     if not os.path.exists(path):
         os.makedirs(store_dir, exist_ok=True)
@@ -45,7 +51,6 @@ def group_identity(group: str, store_dir: str) -> None:
 def before_open(cfg, data_dir: str) -> str | None:
     """Before the store opens: apply a cut this member asked for (rejoining as a replica). Returns
     the reason to give the store's recovery (MessageStore.cut_reason), or None."""
-    from lmqtt.store.ha.truncate import apply_pending_cut
     group_identity(cfg.group, os.path.join(data_dir, "store"))
     cut = apply_pending_cut(os.path.join(data_dir, "ha"), os.path.join(data_dir, "store"))
     if cut is None:
@@ -56,7 +61,6 @@ def before_open(cfg, data_dir: str) -> str | None:
 def attach(cfg, store, srv, lq, on_restart, gws=None):
     """Make the started store and its server (not listening yet) a group member. Returns the Member.
     `gws`: the GatewayService (its wills and session sweep run on the primary only)."""
-    from lmqtt.store.ha.member import Member
     member = Member(group=cfg.group, node=int(cfg.node_id), peers=parse_peers(cfg.peers), store=store,
                     ha_dir=os.path.join(cfg.data_dir, "ha"), ack_replicas=cfg.ack_replicas,
                     dead_after_s=float(cfg.election_timeout_s), on_restart=on_restart,
@@ -113,8 +117,6 @@ def replicate_metadata(member, md) -> None:
     shipped as {"k": "md", "ops": [[key, value | null], ...]} (base64) after the log bytes written
     before it, and applied by the replicas in that order; a member that is not the primary refuses
     to write it (its copy is the primary's)."""
-    import base64
-    from lmqtt.lightqueue.errors import MetadataError
     b64, unb64 = base64.b64encode, base64.b64decode
 
     def check() -> None:
@@ -135,7 +137,6 @@ def replicate_metadata(member, md) -> None:
 
 def _on_loop(srv, fn):
     """fn() on the store server's loop (where every metadata write runs), waited for."""
-    import concurrent.futures
     loop = getattr(srv, "_loop", None)
     if loop is None or loop.is_closed():
         return fn()
@@ -160,7 +161,7 @@ def _wait_for_replicas(member, srv) -> None:
     for name in GW_WRITES:
         fn = srv.calls.get(name)
         if fn is not None:
-            srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
+            srv.register_call(name, member.replicated_call(fn), with_connection=srv.takes_connection(name))
 
 
 # the POP calls that change the POP state: answered once the in-sync replicas applied the change
@@ -181,7 +182,7 @@ def _pop_waited(member, srv) -> None:
     for name in POP_WRITES:
         fn = srv.calls.get(name)
         if fn is not None:
-            srv.register_call(name, member.replicated_call(fn), with_connection=name in srv._conn_calls)
+            srv.register_call(name, member.replicated_call(fn), with_connection=srv.takes_connection(name))
 
 
 def _group_assignments(member, srv, gws) -> None:
@@ -197,7 +198,7 @@ def _group_assignments(member, srv, gws) -> None:
     fn = srv.calls.get("gw_group_ack")
     if fn is not None:
         srv.register_call("gw_group_ack", member.replicated_call(fn),
-                          with_connection="gw_group_ack" in srv._conn_calls)
+                          with_connection=srv.takes_connection("gw_group_ack"))
 
     def reset() -> None:
         loop = getattr(srv, "_loop", None)
@@ -236,15 +237,14 @@ def _promoted(srv, lq, gws) -> None:
     """A new primary serves the metadata the previous one shipped: the filter registrations are
     read again (which queues a topic lands in), and the gateways' filter holds."""
     lq.registry.reload()
-    lq._epochs.clear()
+    lq.forget_epochs()
     held = getattr(srv, "sdk_filters_held", None)
     if held is not None:
         held.clear()
     if gws is not None:
-        from lmqtt.store.node.gateway_service import _HOLD
         holds: dict = {}
-        for key in srv.meta.keys_with_prefix(_HOLD):
-            gid, _, flt = key[len(_HOLD):].partition("\0")
+        for key in srv.meta.keys_with_prefix(HOLD):
+            gid, _, flt = key[len(HOLD):].partition("\0")
             n = int(srv.meta.get_json(key) or 0)
             if n > 0:
                 holds.setdefault(gid, {})[flt] = n

@@ -51,7 +51,7 @@ class InProcessSessions:
         def pages() -> Iterator[bytes]:
             after = None
             while True:
-                page, after = md._session_page(after, 10000)
+                page, after = md.session_page(after, 10000)
                 for _cid, raw in page:
                     yield raw
                 if after is None:

@@ -9,8 +9,13 @@ lower layer: the gateway's processes may import the node package, never the othe
 """
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import logging
 import os
+import pwd
+import resource
+import shutil
 import sys
 
 
@@ -30,7 +35,6 @@ def raise_open_files_limit() -> int:
     """Raise the soft open-files limit to the hard one, what the administrator allows (shells
     start programs with a soft limit of 1,024 however high the hard one is), before anything is
     opened; -> the limit now. The store's share of it and the clients' are in store/file_budget.py."""
-    import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard and hard != resource.RLIM_INFINITY:
         try:
@@ -137,7 +141,6 @@ def _blocking_parent(path: str) -> str:
 
 def _user() -> str:
     try:
-        import pwd
         return f"user {pwd.getpwuid(os.geteuid()).pw_name}"
     except (ImportError, KeyError):
         return f"uid {os.geteuid()}"
@@ -155,7 +158,6 @@ def remove_refused_data_dir(path: str, existed: bool) -> None:
     dir goes again when this start created it, so a mistyped flag leaves nothing behind. Called
     while the lock is still held (no other process can be using it); one that was there is kept."""
     if not existed:
-        import shutil
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -165,7 +167,6 @@ def lock_data_dir(path: str, command: str) -> int:
     ends with the process however it ends; the file stays). Taken before anything in the data dir
     is opened: two processes on one data dir would both open the CommitLog, and the second one's
     recovery could cut what the first just appended. Raises DataDirError naming the holder."""
-    import fcntl
     lock_path = os.path.join(path, LOCK_FILE)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -208,7 +209,7 @@ def set_process_title(command: str, argv: list[str], name: str = "lmqtt", child:
     `ps --ppid`) still can. A standalone `lmqtt store` is named `lmqtt-store` (it has nothing to
     reload and ignores SIGHUP). Without the setproctitle package only the name is set (prctl)."""
     try:
-        import setproctitle
+        import setproctitle  # only the processes serve --workers starts
     except ImportError:      # pragma: no cover - a dependency; without it the name only
         setproctitle = None
     if setproctitle is not None:
@@ -217,7 +218,6 @@ def set_process_title(command: str, argv: list[str], name: str = "lmqtt", child:
         setproctitle.setthreadtitle(name)          # the main thread's name is the process name
         return
     if sys.platform.startswith("linux"):
-        import ctypes
         try:
             ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)   # PR_SET_NAME
         except (OSError, AttributeError):

@@ -1,7 +1,7 @@
 """The gateway <-> store node protocol: every `gw_*` command `lmqtt gateway` sends `lmqtt store`,
 its request and its reply as typed values, in one module both sides import (docs/protocol.md
 "Remote gateways"). The node (store/node/gateway_service.py) answers each command with the method
-of the same name; the gateway sends them through `NodeClient` (store/node/node_client.py).
+of the same name; the gateway sends them through `NodeClient` (gateway/storage/node_client.py).
 
 On the wire each command is a CALL frame whose JSON body is the request's `to_wire()` plus
 `"cmd"`; the reply is a RESULT frame holding the reply's `to_wire()`, or, for `gw_pull` and
@@ -20,7 +20,7 @@ any change to a command's name, fields or meaning that an older peer would misre
 
 Pure Python: this module imports nothing of lmqtt but wire.py (the typed messages' codec; the node
 and the gateway both import it): it says what the commands are; sending them over a link and decoding the frames that answer is the
-gateway's side, store/node/node_client.py.
+gateway's side, gateway/storage/node_client.py.
 """
 from __future__ import annotations
 
@@ -475,3 +475,11 @@ def peer_refusal(info: dict, address: str) -> str | None:
                 f"gateway, which speaks gateway protocol {ours}): run the same lmqtt version on both")
     return (f"store node {address} speaks gateway protocol {theirs}, this gateway speaks {ours}: "
             f"run the same lmqtt version on both")
+
+
+def call_sync(conn, req: Request):
+    """`req` over the SDK's blocking `Connection` (lmqtt admin): its typed reply."""
+    got = conn.cmd(req.cmd, **req.to_wire())
+    if isinstance(got, tuple):              # a MESSAGES reply: (header, entries)
+        return req.Reply.from_wire(got[0], got[1])
+    return req.Reply.from_wire(got)

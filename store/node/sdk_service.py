@@ -26,17 +26,16 @@
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from lmqtt.lightqueue import history, replay
+from lmqtt.lightqueue.light_queue_store import LightQueueStore
+from lmqtt.lightqueue.replay import ReplayRefused, check_retention
+from lmqtt.lightqueue.topics import validate_filter
 from lmqtt.store import protocol as W
 from lmqtt.store.sdk_meta import lq_key
 from lmqtt.store.server import CallError, Messages, RawMessages, StoreServer
-
-from lmqtt.lightqueue import history
-
-from lmqtt.lightqueue.light_queue_store import LightQueueStore
-from lmqtt.lightqueue.replay import ReplayRefused, call_handlers, check_retention
-from lmqtt.lightqueue.topics import validate_filter
 
 log = logging.getLogger("lmqtt.store.node.sdk_service")
 
@@ -126,10 +125,41 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
 
     server.register_call("sessions", sessions)
     server.register_call("session", session)
-    replay, replay_read = call_handlers(server.store, lq)
-    server.register_call("replay", replay)
-    server.register_call("replay_read", replay_read)
+    plan, read = replay_handlers(server.store, lq)
+    server.register_call("replay", plan)
+    server.register_call("replay_read", read)
     _install_history(server, lq)
+
+
+def replay_handlers(store, lq):
+    """The CALL handlers `(plan, read)` of the store protocol (docs/protocol.md): `gw_replay` /
+    `gw_replay_read` for remote gateways (gateway_service.py), `replay` / `replay_read` for the SDK
+    (service.py). `plan` answers once dispatch has passed the log's end as of the request (a
+    future then, waited for off the loop); refused: ERROR `invalid` with the reason (the plan and
+    its reads: lightqueue/replay.py)."""
+    def plan(a: dict):
+        flt, since = validate_filter(str(a["filter"])), int(a["since"])
+
+        def answer():
+            try:
+                return replay.plan(store, lq, flt, since)
+            except ReplayRefused as e:
+                raise CallError(W.E_INVALID, str(e)) from None
+        target = store.max_offset
+        if store.dispatched_offset >= target:
+            return answer()
+
+        async def later():
+            loop = asyncio.get_running_loop()
+            if not await loop.run_in_executor(None, store.wait_dispatched, target, 5.0):
+                raise CallError(W.E_STORE, "the store's dispatch is behind; try again")
+            return answer()
+        return asyncio.ensure_future(later())
+
+    def read(a: dict):
+        msgs, cursor, done = replay.read_history(store, a["cursor"], max(1, min(int(a.get("max_count", 1024)), 65536)))
+        return Messages({"cursor": cursor, "done": done}, msgs)
+    return plan, read
 
 
 _FP = "fp\0"          # SDK meta key prefix of a FilterConsumer group's position: fp \0 group \0 filter
@@ -159,8 +189,7 @@ def _install_history(server: StoreServer, lq: LightQueueStore) -> None:
         cover = history.lq_covers_from(lq, flt)
         if cover is None or position < cover:
             return None
-        from lmqtt.lightqueue.replay import lq_offset
-        return lq_offset(lq, flt, position, 0)
+        return history.lq_offset(lq, flt, position, 0)
 
     def filter_read(a: dict):
         flt = flt_of(a)

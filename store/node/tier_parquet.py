@@ -1,7 +1,7 @@
 """`--tier-parquet auto|on|off`: the tier service's columnar hook, shared by `lmqtt store`
 (store/node/command.py) and `lmqtt serve`'s embedded store (gateway/app/gateway.py).
 
-The hook is the Parquet writer of the Spark package (lmqtt.store.spark.cold, docs/spark.md),
+The hook is the tier's Parquet writer (lmqtt.store.tier.parquet, docs/spark.md),
 imported only here: it needs pyarrow, which the store itself does not. `auto`: on when pyarrow is
 importable; `on` without pyarrow is refused when the configuration is checked
 (lmqtt.store.tier.config.parquet_problem), before the data dir is touched.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from lmqtt.store.tier.parquet import ColumnarWriter, available
+
 log = logging.getLogger("lmqtt.store")
 
 
@@ -17,7 +19,6 @@ def attach_parquet(store, mode: str | None) -> bool:
     """Give `store.tier` (enabled) the Parquet writer unless `mode` is off; True when it has one."""
     if mode == "off" or getattr(store, "tier", None) is None:
         return False
-    from lmqtt.store.spark.cold import ColumnarWriter, available
     why = available()
     if why is not None:
         if mode == "on":            # the config check said yes a moment ago: pyarrow broke since

@@ -7,8 +7,9 @@
     from lmqtt.store.spark import read_history      # cold Parquet in the tier + the hot tail, once each
     df = read_history(spark, store="127.0.0.1:10911", tier="file:///mnt/cold/n1", filter="sensors/#")
 
-The names are imported on first use: `lmqtt.store.spark.cold` (the tier's Parquet writer, which the
-store node loads) needs pyarrow, not pyspark; the rest of `lmqtt.store` never imports pyspark.
+The names are imported on first use, so that `lmqtt.store.spark.columns` (the `lmqtt` schema's
+Arrow columns, which the tier's Parquet writer in the store node uses too) loads pyarrow, not
+pyspark; the rest of `lmqtt.store` never imports pyspark.
 """
 from __future__ import annotations
 

@@ -18,8 +18,11 @@ import struct
 import sys
 from array import array
 
-from lmqtt.store import accel
-from lmqtt.store import protocol as W
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lmqtt.store import accel, protocol as W
+from lmqtt.store.client.props import decode_fields
 from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
 
 _REC = W.REC_HEAD       # a MESSAGES record head (docs/protocol.md)
@@ -133,11 +136,9 @@ def body_columns(body: bytes, pos: int, count: int, ident: str, *, pure: bool = 
         raise W.ProtocolError(W.E_BAD_FRAME, str(e)) from None
 
 
-def _props_dictionary(props):
+def props_dictionary(props):
     """Arrow arrays (qos, retain, client_id, user_properties, content_type) over the distinct
     props values of `props` (a BinaryArray), plus the per-record indices into them."""
-    import pyarrow as pa
-    from lmqtt.store.client.props import decode_fields
     enc = props.dictionary_encode()
     uniq = []
     for p in enc.dictionary.to_pylist():
@@ -158,8 +159,6 @@ def arrow_batch(key: str, ident: str, body: bytes, start: int | None = None, end
 
     Records outside [start, end) (queue offsets) are left out; the next offset is one past the
     last record of the body (None when it has none)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     header, pos, count = split_body(body)
     (qo, po, born, st, t_off, t_dat, p_off, p_dat, b_off, b_dat, m_off, m_dat) = body_columns(
         body, pos, count, ident, pure=pure, raw=raw)
@@ -168,7 +167,7 @@ def arrow_batch(key: str, ident: str, body: bytes, start: int | None = None, end
     offset = pa.Array.from_buffers(pa.int64(), n, [None, buf(qo)])
     ts = pa.timestamp("us", tz="UTC")
     props = pa.Array.from_buffers(pa.binary(), n, [None, buf(p_off), buf(p_dat)])
-    (qos_d, retain_d, cid_d, up_d, ct_d), idx = _props_dictionary(props)
+    (qos_d, retain_d, cid_d, up_d, ct_d), idx = props_dictionary(props)
     batch = pa.RecordBatch.from_arrays([
         pa.Array.from_buffers(pa.string(), n, [None, buf(t_off), buf(t_dat)]),
         pa.Array.from_buffers(pa.binary(), n, [None, buf(b_off), buf(b_dat)]),

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import uuid
 
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from .source import DEFAULT_STORE, _connect
+from lmqtt.store import protocol as W
+from lmqtt.store.client.producer import message_tuple
+
+from .options import DEFAULT_STORE, store_connection
 
 _CHUNK = 500                  # rows per PRODUCE batch
 _SEQ_BITS = 24                # sequence = (batch id + 1) << 24 | chunk index
@@ -36,14 +40,9 @@ def _write_rows(opts: dict, query_id: str, batch_id: int, rows) -> _Commit:
     chunk is one all-or-nothing append. Caveats: a plan whose partition contents differ between
     attempts (non-deterministic) is not covered, and the store's own limit applies (a crash of the
     store between the append and the dedup entry can store a retried chunk twice)."""
-    from pyspark import TaskContext
-
-    from lmqtt.store import protocol as W
-    from lmqtt.store.client.producer import message_tuple
-
     ctx = TaskContext.get()
     part = ctx.partitionId() if ctx is not None else 0
-    conn = _connect(opts)
+    conn = store_connection(opts)
     prod = conn.producer(f"spark:{query_id}:{part}")
     default_qos = int(opts.get("qos", 1))
     chunk, n, count = [], 0, 0
@@ -118,7 +117,6 @@ class LmqttStreamWriter(DataSourceStreamWriter):
         self.options = options
 
     def write(self, iterator):
-        from pyspark import TaskContext
         ctx = TaskContext.get()
         qid = self.options.get("queryid") or (ctx and ctx.getLocalProperty("sql.streaming.queryId"))
         bid = ctx and ctx.getLocalProperty("streaming.sql.batchId")

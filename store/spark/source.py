@@ -10,18 +10,28 @@ Queues ("queue" column, and the keys of streaming offsets):
     ConsumeQueues of its first-level topic (every first-level topic for a filter starting with a
     wildcard), key `<first-level topic>:<queue id>`, each range read with the filter applied in
     the store (CALL filter_range: only matching records cross the wire). Reading registers
-    nothing. (Before issue 28 this read the filter's light queue, key `lq:<filter>`: only what was
+    nothing. (An older version read the filter's light queue, key `lq:<filter>`: only what was
     published while the filter was held.)
   * option `topic` (first-level topic): its ConsumeQueues, key `<topic>:<queue id>`.
 """
 from __future__ import annotations
 
-import datetime as _dt
+import json
 import logging
 import sys
+from concurrent.futures import Future
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
+
+from lmqtt.store import protocol as W
+from lmqtt.store.client.admin import Admin
+from lmqtt.store.client.connection import ConnectionLost, StoreClientError, check_reply, is_not_primary
+from lmqtt.store.client.consumer import decode_messages, decode_reply, pull
+
+from .columns import arrow_batch, split_body
+from .options import lower as _lower, parse_time, store_connection
+from .sink import LmqttStreamWriter, LmqttWriter
 
 SCHEMA = ("topic string, payload binary, qos int, retain boolean, client_id string, "
           "user_properties map<string,string>, content_type string, born_ts timestamp, "
@@ -29,36 +39,8 @@ SCHEMA = ("topic string, payload binary, qos int, retain boolean, client_id stri
 
 log = logging.getLogger("lmqtt.spark")
 
-DEFAULT_STORE = "127.0.0.1:10911"
 _PULL = 512                    # records per pull request (planning, streaming)
 _RANGE_PULL = 16384            # records per pull when reading a partition's range (4 MiB cap)
-
-
-# ------------------------------------------------------------------------------------ helpers
-def _lower(options) -> dict:
-    """Spark option names are case-insensitive: one plain dict with lower-case names."""
-    return {str(k).lower(): v for k, v in dict(options).items()}
-
-
-def _connect(opts: dict):
-    from lmqtt.store.client import connect
-    return connect(opts.get("store") or DEFAULT_STORE, token=opts.get("token") or None,
-                   client_name="lmqtt-spark")
-
-
-def parse_time(v) -> int | None:
-    """Epoch milliseconds (int or digits) or ISO 8601 (naive = UTC) -> epoch ms."""
-    if v is None or v == "":
-        return None
-    if isinstance(v, (int, float)):
-        return int(v)
-    s = str(v).strip()
-    if s.lstrip("-").isdigit():
-        return int(s)
-    d = _dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=_dt.timezone.utc)
-    return int(d.timestamp() * 1000)
 
 
 class SourceQueues:
@@ -71,13 +53,12 @@ class SourceQueues:
         if bool(self.filter) == bool(self.topic):
             raise ValueError("lmqtt: set exactly one of the options 'filter' (MQTT topic filter) or "
                              "'topic' (first-level topic)")
-        self.conn = conn or _connect(opts)
+        self.conn = conn or store_connection(opts)
 
     def keys(self) -> list[str]:
         if self.filter:
             r = self.conn.cmd("filter_sources", filter=self.filter)
             return [f"{fl}:{qid}" for fl, qid, _lo, _hi in r["sources"]]
-        from lmqtt.store.client.admin import Admin
         qids = sorted({q["queue_id"] for q in Admin(self.conn).topics() if q["topic"] == self.topic}) or [0]
         return [f"{self.topic}:{q}" for q in qids]
 
@@ -124,11 +105,8 @@ class SourceQueues:
 
     def pull(self, key: str, start: int, end: int, max_count: int = _PULL):
         """Records with start <= queue offset < end (one request, up to max_count)."""
-        from lmqtt.store import protocol as W
-        from lmqtt.store.client.consumer import decode_messages
         n = max(1, min(max_count, end - start))
         if self.filter and not key.startswith("lq:"):
-            from lmqtt.store.client.consumer import decode_reply
             _op, flags, body = self.conn.call(W.OP_CALL, self._range_args(key, start, end, n), retry=True)
             _h, recs = decode_reply(self.conn.ident, body, flags)
         elif key.startswith("lq:"):
@@ -136,13 +114,11 @@ class SourceQueues:
                                            retry=True)
             _h, recs = decode_messages(self.conn.ident, body)
         else:
-            from lmqtt.store.client.consumer import pull
             name, qid = self._split(key)
             recs = pull(self.conn, name, qid, start, n).records
         return [r for r in recs if start <= r.queue_offset < end]
 
     def _range_args(self, key: str, start: int, end: int, n: int) -> bytes:
-        import json
         name, qid = self._split(key)
         return json.dumps({"cmd": "filter_range", "filter": self.filter, "topic": name, "queue_id": qid,
                            "start": start, "end": end, "max_count": n, "max_bytes": 4 << 20}).encode()
@@ -150,7 +126,6 @@ class SourceQueues:
     def _range_request(self, key: str, start: int, end: int) -> tuple[int, bytes, int]:
         """(opcode, body, flags) of one pull of [start, end) (up to _RANGE_PULL records / 4 MiB).
         With a filter, the range's records whose topic matches it (the store looks at every entry)."""
-        from lmqtt.store import protocol as W
         n = max(1, min(_RANGE_PULL, end - start))
         if self.filter and not key.startswith("lq:"):
             return W.OP_CALL, self._range_args(key, start, end, max(n, _RANGE_PULL)), 0
@@ -163,9 +138,6 @@ class SourceQueues:
     def _request(self, key: str, start: int, end: int):
         """One pull of [start, end) sent now; a future (`_answer` reads it). A send that fails with
         the connection is not raised here: `_answer` asks again."""
-        from concurrent.futures import Future
-
-        from lmqtt.store.client.connection import ConnectionLost
         op, body, flags = self._range_request(key, start, end)
         try:
             return self.conn.request(op, body, flags)
@@ -181,7 +153,6 @@ class SourceQueues:
         the primary the connection finds (`Connection.call`'s retry, up to its failover timeout): a
         pull changes nothing, so a partition being read when the primary goes returns all its rows
         (docs/ha.md "Clients")."""
-        from lmqtt.store.client.connection import ConnectionLost, StoreClientError, check_reply, is_not_primary
         try:
             return check_reply(fut.result(self.conn.timeout))
         except ConnectionLost:
@@ -194,7 +165,7 @@ class SourceQueues:
         return self.conn.call(op, body, retry=True, flags=flags)
 
     def from_light_queue(self, flt: str, offset: int) -> dict:
-        """A streaming checkpoint written before issue 28 keeps the filter's light-queue offset
+        """A streaming checkpoint written by an older version (which read the light queue) keeps the filter's light-queue offset
         (key `lq:<filter>`): the same point as each source ConsumeQueue's offset (the first entry
         at/after the CommitLog position of that light-queue entry), so the query goes on where it
         stopped instead of reading the queues from their start."""
@@ -212,9 +183,7 @@ class SourceQueues:
         (`_split_ranges`' `estimated`)."""
         if not self.filter or key.startswith("lq:") or end - start <= rows:
             return rows
-        from lmqtt.store import protocol as W
 
-        from .columns import split_body
         mid = start + (end - start) // 2
         n = min(65536, end - mid)
         _op, _flags, body = self.conn.call(W.OP_CALL, self._range_args(key, mid, mid + n, n), retry=True)
@@ -226,9 +195,6 @@ class SourceQueues:
     def iter_batches(self, key: str, start: int, end: int):
         """Arrow batches of the records with start <= queue offset < end, one pull always in flight
         ahead of the one being converted (the store reads while this process builds columns)."""
-        from lmqtt.store import protocol as W
-
-        from .columns import arrow_batch
         ident = self.conn.ident or ""
         pos = start
         nxt = None                  # (position it was asked for, future)
@@ -517,9 +483,7 @@ class LmqttDataSource(DataSource):
         return LmqttStreamReader(_lower(self.options))
 
     def writer(self, schema: StructType, overwrite: bool):
-        from .sink import LmqttWriter      # sink.py imports this module
         return LmqttWriter(_lower(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool):
-        from .sink import LmqttStreamWriter
         return LmqttStreamWriter(_lower(self.options))

@@ -5,14 +5,15 @@
 """
 from __future__ import annotations
 
-from .source import _connect, parse_time
+from pyspark.sql import Window, functions as F
+
+from .options import parse_time, store_connection
 
 
 def state_as_of(spark, ts, *, filter: str | None = None, topic: str | None = None,
                 store: str | None = None, token: str | None = None, since=None):
     """DataFrame of the last message per MQTT topic with store_ts < ts (the `lmqtt` batch source
     with endTime=ts; `since` bounds how far back to look). Columns: the source schema."""
-    from pyspark.sql import Window, functions as F
     r = spark.read.format("lmqtt").option("endTime", str(parse_time(ts)))
     for k, v in (("filter", filter), ("topic", topic), ("store", store), ("token", token)):
         if v:
@@ -28,7 +29,7 @@ def delivery_audit(spark, group: str, *, store: str | None = None, token: str | 
     """DataFrame(group, queue, committed, max_offset, lag) for `group` from the store (Admin.lag):
     how far each consumer group (an SDK consumer, a Spark query with option `group`) is behind."""
     opts = {"store": store, "token": token}
-    conn = _connect(opts)
+    conn = store_connection(opts)
     try:
         rows = conn.admin().lag(group)
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .objects import TierUnavailable, _pause_point
+from .objects import TierUnavailable, pause_point
 
 log = logging.getLogger("lmqtt.store")
 
@@ -118,13 +118,13 @@ class ParquetCompaction:
                 self.objects.put(new_key, data)
                 self.parquet_sizes[new_key] = len(data)
                 self._file_topics(new_key, data)        # the union of the merged files' lists
-                _pause_point("parquet-merge")
+                pause_point("parquet-merge")
                 gone = set(keys)
                 with self._lock:
                     segs = [dict(s, parquet=list(dict.fromkeys(new_key if k in gone else k for k in s["parquet"])))
                             if "parquet" in s and gone.intersection(s["parquet"]) else s for s in self.segments]
                 self._write_manifest(segs)
-                _pause_point("parquet-merged")
+                pause_point("parquet-merged")
                 for k in keys:
                     try:
                         self.objects.delete(k)

@@ -124,7 +124,7 @@ PARQUET_MODES = ("auto", "on", "off")
 
 def parquet_problem(mode: str | None) -> str | None:
     """None when `--tier-parquet mode` can work in this environment, else why not (one line):
-    `on` needs pyarrow (the Parquet writer, lmqtt.store.spark.cold); `auto` turns itself off
+    `on` needs pyarrow (the Parquet writer, lmqtt.store.tier.parquet); `auto` turns itself off
     without it."""
     if mode not in PARQUET_MODES:
         return f"--tier-parquet must be auto, on or off, got {mode!r}"
@@ -151,7 +151,7 @@ def check_tier(url: str, endpoint: str | None = None, local_retention: str | Non
     if endpoint and proto not in ("s3", "s3a"):
         raise ValueError(f"--tier-endpoint is for s3:// tiers, not {proto}://")
     try:
-        import fsspec
+        import fsspec  # optional: a tiered store only (the tier extra)
     except ImportError:
         raise ValueError("--tier needs fsspec (and s3fs for s3://): pip install 'lmqtt[tier]'") from None
     try:

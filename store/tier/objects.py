@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 
 TMP_MARK = ".tmp-"
 
@@ -27,7 +28,7 @@ class ObjectStore:
     def __init__(self, url: str, endpoint: str | None = None, storage_options: dict | None = None,
                  timeout_s: float = 20.0) -> None:
         try:
-            import fsspec
+            import fsspec  # optional: a tiered store only (the tier extra)
         except ImportError:
             raise TierUnavailable("--tier needs fsspec (and s3fs for s3://): pip install 'lmqtt[tier]'") from None
         self.url = url.rstrip("/")
@@ -92,7 +93,7 @@ class ObjectStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _pause_point("tmp")
+        pause_point("tmp")
         os.replace(tmp, final)
         try:
             dfd = os.open(d, os.O_RDONLY)
@@ -157,7 +158,7 @@ class ObjectStore:
             raise TierUnavailable(f"tier {self.url}: the bucket {bucket!r} does not exist (create it first)") from None
 
 
-def _pause_point(name: str) -> None:
+def pause_point(name: str) -> None:
     """Fault injection for the crash tests (tests/tier): with LMQTT_TIER_PAUSE=<name> the uploader
     writes LMQTT_TIER_PAUSE_FILE and stops here until the test kills the process with SIGKILL."""
     if os.environ.get("LMQTT_TIER_PAUSE") != name:
@@ -166,6 +167,5 @@ def _pause_point(name: str) -> None:
     if marker:
         with open(marker, "w") as f:
             f.write(name)
-    import time
     while True:
         time.sleep(3600)

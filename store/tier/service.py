@@ -44,12 +44,11 @@ from collections import OrderedDict
 from ..atomic_file import write_atomic
 from ..errors import StoreError
 from ..mapped_file import file_name
-from ..record import PREFIX, HEADER_SIZE, decode
-from . import codec as codecs
-from . import topics as topic_lists
+from ..record import HEADER_SIZE, PREFIX, decode
+from . import codec as codecs, topics as topic_lists
 from .compaction import ParquetCompaction
 from .config import TierConfig
-from .objects import TMP_MARK, ObjectStore, TierUnavailable, _pause_point
+from .objects import ObjectStore, TierUnavailable, pause_point
 from .reads import TierReads
 
 log = logging.getLogger("lmqtt.store")
@@ -318,7 +317,7 @@ class TierService(ParquetCompaction, TierReads):
                     if e is not None:
                         entries.append(e)
                 if entries:
-                    _pause_point("manifest")
+                    pause_point("manifest")
                     with self._hk_lock:          # retention and compaction write the manifest too
                         with self._lock:
                             segs = list(self.segments)
@@ -361,7 +360,7 @@ class TierService(ParquetCompaction, TierReads):
                  "stored": len(blob), "sha256": digest, "first_ts": first_ts or last_ts, "last_ts": last_ts,
                  "uploaded_ms": _now_ms()}
         if self.columnar is not None:
-            _pause_point("parquet")
+            pause_point("parquet")
             files = self._columnar(raw, start)
             if files is not None:
                 for k, data in files:        # each atomic; a kill -9 before the manifest: removed at start

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -22,9 +21,11 @@ FOLDERS = {"store": "lmqtt.store", "lightqueue": "lmqtt.lightqueue", "notify": "
            "gateway": "lmqtt.gateway", "loadtest": "lmqtt.loadtest", "examples": "lmqtt.examples"}
 
 UNITS = [
-    "lmqtt.store", "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.spark",
-    "lmqtt.store.node",
-    "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.node_client", "lmqtt.store.node.config",
+    "lmqtt.store", "lmqtt.store.server", "lmqtt.store.ha", "lmqtt.store.tier.parquet", "lmqtt.store.tier.objects",
+    "lmqtt.store.tier.topics",
+    "lmqtt.store.client", "lmqtt.store.client.props", "lmqtt.store.client.tools",
+    "lmqtt.store.spark", "lmqtt.store.spark.columns",
+    "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
     "lmqtt.store.loopback",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
@@ -42,9 +43,27 @@ UNITS = [
 # unit -> the units it may import (besides itself). The processes: `lmqtt store` is
 # lmqtt.store.node, `lmqtt gateway` is lmqtt.gateway.app.gateway_command over the gateway's rooms,
 # `lmqtt serve` is lmqtt.gateway.app.serve_command, which composes both in one process.
+#
+# store/ is sealed by role: the engine imports no network code (the server, replication, the SDK);
+# the server is its own unit over the engine; the SDK imports only the store's vocabulary; Spark
+# only the SDK, the vocabulary and the tier's Parquet format; the tier's Parquet writer lives with
+# the tier; the gateway's connections to a store live in gateway/storage/; the produce, consume and
+# admin tools live with the SDK.
 MAY_IMPORT: dict[str, set[str]] = {
-    # the engine: CommitLog, ConsumeQueue, index, timer, POP, the native protocol's server side
+    # the engine: CommitLog, ConsumeQueue, index, timer, POP state, retention, the tier's segments
     "lmqtt.store": set(),
+    # the store server: the engine served over the native protocol (docs/protocol.md)
+    "lmqtt.store.server": {"lmqtt.store"},
+    # a replicated store group (docs/ha.md): the engine's log shipped between members; its members
+    # answer the server's CALLs (CallError); a replica's follower reconnects to its primary by the
+    # one reconnect schedule of every connection to a store (the SDK's failover.Retry)
+    "lmqtt.store.ha": {"lmqtt.store", "lmqtt.store.server", "lmqtt.store.client"},
+    # the tier's objects and manifest topics: what the tier service and Spark's cold reader share
+    "lmqtt.store.tier.objects": set(),
+    "lmqtt.store.tier.topics": set(),
+    # the tier's Parquet copy for Spark (--tier-parquet): the CommitLog's record layout in, the lmqtt
+    # schema's Arrow columns (shared with the Spark reader) out; run by the tier service in the node
+    "lmqtt.store.tier.parquet": {"lmqtt.store", "lmqtt.store.spark.columns"},
     # the engines' vocabulary (see VOCABULARY below): nothing of ours but each other
     "lmqtt.store.errors": set(),
     "lmqtt.store.message": set(),
@@ -55,35 +74,44 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.lightqueue.errors": set(),
     "lmqtt.lightqueue.topics": {"lmqtt.lightqueue.errors"},
     "lmqtt.lightqueue.records": {"lmqtt.lightqueue.errors"},
-    # the SDK: the native protocol's client side
-    "lmqtt.store.client": {"lmqtt.store"},
+    # the SDK: the native protocol's client side, over the store's vocabulary only
+    "lmqtt.store.client": {"lmqtt.store.errors", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel"},
     # the record props codec (MQTT metadata in a record's props, the retained value's expiry):
     # the SDK's vocabulary (see VOCABULARY), written by the gateway and by the store node
     "lmqtt.store.client.props": set(),
-    "lmqtt.store.spark": {"lmqtt.store", "lmqtt.store.client"},
+    # `lmqtt produce`, `consume`, `admin`: the SDK's tools; `admin --gateways` sends the node's typed
+    # gw_* requests, `admin --sessions` reads session records (their expiry's "never")
+    "lmqtt.store.client.tools": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.lightqueue.records",
+                                 # admin --user-add / --acl-add: the password hashed and the rule parsed
+                                 # as the gateway does, before they are sent
+                                 "lmqtt.gateway.security"},
+    # Spark: the SDK, the vocabulary, the lmqtt schema's Arrow columns; the cold reader reads the
+    # tier's manifest and Parquet format
+    "lmqtt.store.spark": {"lmqtt.store.client", "lmqtt.store.spark.columns", "lmqtt.store.tier.parquet",
+                          "lmqtt.store.tier.objects", "lmqtt.store.tier.topics", "lmqtt.store.protocol",
+                          "lmqtt.store.record", "lmqtt.store.errors", "lmqtt.store.accel"},
+    # the lmqtt schema's Arrow columns (pyarrow; C: _columns), from pull replies or CommitLog records
+    "lmqtt.store.spark.columns": {"lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
+                                  "lmqtt.store.client.props"},
     "lmqtt.lightqueue": {"lmqtt.store"},
     "lmqtt.notify": {"lmqtt.store", "lmqtt.lightqueue"},
-    # `lmqtt store`: the engine, light queues and notify served to SDK clients and gateways
-    # (and, store/node/inprocess.py, the gateway's storage facades it implements for `lmqtt serve`);
-    # a retained will it publishes keeps its expiry with the record props codec; one lmqtt.toml
-    # configures the fleet, so the node knows the gateway's setting names (`lmqtt.gateway.app.config`,
-    # a leaf) to tell them from typos at the file's top level
-    "lmqtt.store.node": {"lmqtt.store", "lmqtt.lightqueue", "lmqtt.notify", "lmqtt.store.node.protocol",
+    # `lmqtt store`: the engine, its server, replication, the tier's Parquet writer, light queues and
+    # notify served to SDK clients and gateways (and, store/node/inprocess.py, the gateway's storage
+    # facades it implements for `lmqtt serve`); a retained will it publishes keeps its expiry with
+    # the record props codec; one lmqtt.toml configures the fleet, so the node knows the gateway's
+    # setting names (`lmqtt.gateway.app.config`, a leaf) to tell them from typos at the file's top level
+    "lmqtt.store.node": {"lmqtt.store", "lmqtt.store.server", "lmqtt.store.ha", "lmqtt.store.tier.parquet",
+                         "lmqtt.lightqueue", "lmqtt.notify", "lmqtt.store.node.protocol",
                          "lmqtt.store.node.config", "lmqtt.gateway.storage.facades", "lmqtt.store.client.props",
-                         "lmqtt.gateway.app.config",
-                         # --tier-parquet: the tier's Parquet copy for Spark (store/spark/cold.py's
-                         # writer: pyarrow and the source's columns, pyspark not imported)
-                         "lmqtt.store.spark"},
+                         "lmqtt.gateway.app.config"},
     # the gw_* commands' types, which the node and the gateway both import: their codec only
     "lmqtt.store.node.protocol": {"lmqtt.store.node.wire"},
     # the typed messages' codec (dataclass <-> JSON, every field checked) the protocol is written in: nothing of ours
     "lmqtt.store.node.wire": set(),
-    # the gateway's client of the node (NodeClient): those commands sent over the SDK's link,
-    # the frames that answer them decoded (the frame codec); the node never imports it
-    "lmqtt.store.node.node_client": {"lmqtt.store", "lmqtt.store.node.protocol"},
     # `lmqtt store`'s settings (NodeConfig) and the strict TOML loader every command reads its
-    # --config with (the gateway's configuration imports it): the engine's min_segment_mb only
-    "lmqtt.store.node.config": {"lmqtt.store"},
+    # --config with (the gateway's configuration imports it): the engine's min_segment_mb, the
+    # tier's and the group's flag checks
+    "lmqtt.store.node.config": {"lmqtt.store", "lmqtt.store.ha"},
     # the gateway, room by room, from the bottom up; no room (app/ included) imports the engine, the
     # light queues or RocksDB (test_no_gateway_module_imports_rocksdb): only their vocabulary
     # (errors, value types, topic rules, codecs, is_loopback)
@@ -92,9 +120,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway.storage.facades": set(),
     # what a record's props hold of an MQTT message (the SDK's props codec, MQTT's property types)
     "lmqtt.gateway.storage.record_props": {"lmqtt.gateway.mqtt", "lmqtt.store.client.props"},
-    # their remote implementations: the SDK's connection, the node protocol, the record codec
-    "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
-                              "lmqtt.gateway.storage.facades",
+    # their remote implementations and the gateway's connections to a store (store_link.py: the
+    # SDK's protocol, handshake and member rules on the loop's selector; node_client.py: the node's
+    # typed requests over it), the record codec
+    "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.gateway.storage.facades",
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
                               "lmqtt.store.record", "lmqtt.lightqueue.records"},
     # the MQTT session machine (sans-IO, as the codec): the codec, nothing else of ours
@@ -131,7 +160,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                           "lmqtt.gateway.storage.record_props",
                           "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades", "lmqtt.gateway.net",
                           "lmqtt.gateway.security", "lmqtt.gateway.fleet", "lmqtt.store.client",
-                          "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.node_client",
+                          "lmqtt.store.node", "lmqtt.store.node.protocol",
                           "lmqtt.store.protocol", "lmqtt.store.loopback",
                           "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
                           "lmqtt.notify", "lmqtt.gateway.app.config", "lmqtt.gateway.integrations"},
@@ -148,7 +177,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
     "lmqtt.loadtest": {"lmqtt.gateway.mqtt", "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark",
-                       "lmqtt.lightqueue", "lmqtt.examples", "lmqtt.loadtest.chaos.checker"},
+                       "lmqtt.store.tier.parquet", "lmqtt.lightqueue", "lmqtt.examples", "lmqtt.loadtest.chaos.checker"},
     "lmqtt.loadtest.chaos": {"lmqtt.loadtest", "lmqtt.store", "lmqtt.store.client", "lmqtt.gateway.mqtt",
                              "lmqtt.loadtest.chaos.checker"},
     # the loss checker (lost, duplicated, reordered, never sent): the chaos bench's and the store
@@ -166,7 +195,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # that may import an engine may import its vocabulary (added below, so the table stays short).
 VOCABULARY = {
     "lmqtt.store": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record",
-                    "lmqtt.store.accel", "lmqtt.store.loopback"},
+                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.tier.objects", "lmqtt.store.tier.topics"},
     "lmqtt.lightqueue": {"lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
     "lmqtt.store.client": {"lmqtt.store.client.props"},
 }
@@ -218,7 +247,6 @@ def imports_of(module: str, source: str, known: set[str]) -> list[tuple[str, int
     """(imported lmqtt module, line) of every import in `source`, TYPE_CHECKING blocks left out."""
     tree = ast.parse(source)
     skip = _type_checking_lines(tree)
-    is_pkg = module in known and source is not None and False
     out = []
     for n in ast.walk(tree):
         if getattr(n, "lineno", None) in skip:
@@ -332,7 +360,7 @@ def third_party_imports(source: str, names: tuple[str, ...]) -> list[tuple[str, 
 
 
 def test_no_gateway_module_imports_rocksdb():
-    """Issue 25: no module of the gateway (`lmqtt serve`'s composition root included) imports the
+    """No module of the gateway (`lmqtt serve`'s composition root included) imports the
     store engine, the light queues (MAY_IMPORT above) or RocksDB (here)."""
     bad = [(m, imp, line) for m, p in sorted(modules().items()) if m.startswith("lmqtt.gateway")
            for imp, line in third_party_imports(p.read_text(), ENGINE_ONLY)]

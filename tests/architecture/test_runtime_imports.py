@@ -1,7 +1,7 @@
 """What a running `lmqtt gateway` has loaded, not only what its source names: the layering test
 (test_layering.py) reads imports, but a package's `__init__` can pull the engine in behind a
 vocabulary import (`from lmqtt.lightqueue import topics` used to run lightqueue/__init__.py, which
-imported the index and RocksDB). A fleet gateway keeps no store state (issue 25): it must not
+imported the index and RocksDB). A fleet gateway keeps no store state: it must not
 load RocksDB, the light queues' index or the CommitLog. Checked on a real gateway process over a
 real `lmqtt store`, through /proc/PID/maps (the compiled libraries it mapped) and through the
 modules a probe imports the way the gateway does.

@@ -22,8 +22,8 @@ FOLDERS = ("store", "lightqueue", "notify", "gateway", "loadtest", "examples")
 TYPED = [
     "lmqtt.store.node.protocol",
     "lmqtt.store.node.wire",                # the typed messages' codec (Wire, BadRequest), split from protocol
-    "lmqtt.store.node.node_client",         # the gateway's client of the node (NodeClient), split from protocol
-    "lmqtt.gateway.storage.facades",        # the storage facades (issue 25) and both implementations
+    "lmqtt.gateway.storage.node_client",    # the gateway's client of the node (NodeClient), split from protocol
+    "lmqtt.gateway.storage.facades",        # the storage facades and both implementations
     "lmqtt.store.node.inprocess",
     "lmqtt.store.node.embedded",            # lmqtt serve's in-process store node: what the gateway gets of it
     "lmqtt.gateway.storage.remote_metadata",
@@ -32,6 +32,13 @@ TYPED = [
     "lmqtt.gateway.storage.remote_reads",
     "lmqtt.gateway.subscriptions.subscription_registry",  # the facades' main caller: prepare / deciding
     "lmqtt.store.node.config",              # NodeConfig: every lmqtt store setting, typed
+    "lmqtt.store.client.commands",          # the SDK's command layer: every request typed
+    "lmqtt.store.client.failover",          # the one connection policy (Members, Retry)
+    "lmqtt.loadtest.chaos.netbed",          # the network-partition bed and the fleet, faults and round on it
+    "lmqtt.loadtest.chaos.nfdelay",
+    "lmqtt.loadtest.chaos.partitions",
+    "lmqtt.loadtest.chaos.partition_round",
+    "lmqtt.loadtest.chaos.remote",
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")

@@ -1,4 +1,4 @@
-"""Issue 29 follow-up: after a restart the persistent sessions wait dormant (docs/fleet.md
+"""After a restart the persistent sessions wait dormant (docs/fleet.md
 "dormant") until their clients come back; the console's overview and sessions page and the `$SYS`
 counts show them (before: the Sessions card said 0 and the subscriptions went uncounted while the
 sessions existed). A real `lmqtt serve` killed with kill -9 and started again, real Chromium

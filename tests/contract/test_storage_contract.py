@@ -55,7 +55,7 @@ def side(request, tmp_path):
         store.shutdown()
         return
     from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
-    from lmqtt.store.client.aio import LoopConnection
+    from lmqtt.gateway.storage.store_link import LoopConnection
 
     srv = request.getfixturevalue("node")
     loop = asyncio.new_event_loop()
@@ -269,7 +269,7 @@ def queue_side(request, tmp_path):
         store.shutdown()
         return
     from lmqtt.gateway.storage.remote_store import RemoteStore
-    from lmqtt.store.client.aio import LoopConnection
+    from lmqtt.gateway.storage.store_link import LoopConnection
 
     srv = request.getfixturevalue("node")
 

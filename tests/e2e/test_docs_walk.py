@@ -1,4 +1,4 @@
-"""What a newcomer meets walking README.md and docs/spark.md (issue 26): the example commands
+"""What a newcomer meets walking README.md and docs/spark.md: the example commands
 `lmqtt simulate` and `lmqtt spark-iot`, run as real processes against a real `lmqtt serve`, end
 with one line naming the cause (no broker, no store, broker lost) and stop cleanly on Ctrl-C,
 never with a traceback."""

@@ -1,4 +1,4 @@
-"""A full disk under `lmqtt serve` (issue 26), end to end: the data dir on a small tmpfs the test
+"""A full disk under `lmqtt serve`, end to end: the data dir on a small tmpfs the test
 mounts (loadtest/chaos/disk.py SmallDisk), filled by a filler file while MQTT 5 and 3.1.1
 publishers (paho-mqtt, QoS 1 and 2) and an SDK producer publish.
 
@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from lmqtt.loadtest.chaos.disk import SmallDisk, can_mount_tmpfs
 from lmqtt.gateway.mqtt import packets as P
+from lmqtt.loadtest.chaos.disk import SmallDisk, can_mount_tmpfs
 from tests.support import LmqttServer, Paho, RawMQTT
 
 pytestmark = pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root to mount a tmpfs (mount -t tmpfs)")

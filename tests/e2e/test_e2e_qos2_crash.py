@@ -1,5 +1,5 @@
-"""QoS 2 exactly once across a crash (kill -9) of `lmqtt serve` while the clients are connected
-(issue 26): a persistent session's QoS 2 exchanges are written ahead of the packets that depend
+"""QoS 2 exactly once across a crash (kill -9) of `lmqtt serve` while the clients are connected:
+a persistent session's QoS 2 exchanges are written ahead of the packets that depend
 on them (gateway/clients/session_persistence.py `write_ahead` / `journal`), so after the restart the
 server sends PUBLISH again with DUP and the same packet id, or PUBREL - never a message as new -
 and knows the inbound QoS 2 ids it stored (the publisher's PUBLISH sent again is not stored twice).

@@ -1,5 +1,5 @@
 """QoS 2 exactly once when the session record cannot be written (a full disk) and then a crash
-(kill -9) of `lmqtt serve` (issue 26): a subscriber's PUBREC whose state change could not be
+(kill -9) of `lmqtt serve`: a subscriber's PUBREC whose state change could not be
 written closes its connection; when it reconnects while the disk is still full, the server must
 not send the PUBREL from the state it holds in memory (never written), else a crash before the
 next write sends the message again as PUBLISH from the older record and the client delivers it a

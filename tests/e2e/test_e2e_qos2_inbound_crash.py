@@ -1,5 +1,5 @@
 """An inbound QoS 2 PUBLISH of a persistent session cut by a crash between its append and the
-write of its packet id as stored (issue 26): its id is written to the session record as pending
+write of its packet id as stored: its id is written to the session record as pending
 BEFORE the append, with a unique key the message carries (gateway/broker/broker.py `_qos2_ahead`),
 and when the record is read back the store settles it against its log's key index
 (lightqueue/records.py `resolve_pending_qos2`): stored -> "stored, awaiting PUBREL" (the client's

@@ -1,4 +1,4 @@
-"""Issue 26, delayed messages end to end: three `$delayed/8/dl/...` publishes were acknowledged,
+"""Delayed messages after a recovery that cut the CommitLog, end to end: three `$delayed/8/dl/...` publishes were acknowledged,
 the server stopped, the newest CommitLog segment was cut inside the first one's parked record, the
 server restarted. New messages then took the CommitLog offsets of the lost parked records: a new
 delayed message due in 60 s (its parked record the same size as the first lost one, at its very

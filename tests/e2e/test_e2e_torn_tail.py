@@ -1,4 +1,4 @@
-"""Issue 26, end to end: a persistent MQTT session (and SDK consumer groups) consumed 10 messages,
+"""Consumers whose offsets a cut CommitLog left past the queues' ends, end to end: a persistent MQTT session (and SDK consumer groups) consumed 10 messages,
 the server stopped, the newest CommitLog segment was cut inside the record of message 6 (or
 truncated to 0 bytes), the server restarted. The queues now end before the consumers' offsets;
 the messages published next reuse those offsets. Before the fix the session stayed at offset 10
@@ -124,7 +124,7 @@ def test_spark_stream_offsets_beyond_the_end_are_read_from_the_end(tmp_path, cap
     srv = LmqttServer(str(data)).start()
     try:
         opts = {"store": srv.store_address, "startingoffsets": "earliest"}
-        # a filter read's queues are its first-level topic's ConsumeQueues too (issue 28): key t:0
+        # a filter read's queues are its first-level topic's ConsumeQueues too: key t:0
         kinds = {"filter": {"filter": "t/#"}, "topic": {"topic": "t"}}
         key = "t:0"
         readers = {kind: source.LmqttStreamReader({**opts, **o}) for kind, o in kinds.items()}

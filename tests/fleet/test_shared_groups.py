@@ -1,4 +1,4 @@
-"""Shared subscriptions balanced across the fleet (issue 29), with real processes: one
+"""Shared subscriptions balanced across the fleet, with real processes: one
 `lmqtt store`, two `lmqtt gateway`s, paho members. The store hands each message of a group to one
 gateway (store/node/group_assign.py), the gateway to one of its members (docs/fleet.md, "Shared
 subscriptions across gateways")."""

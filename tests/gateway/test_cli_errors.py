@@ -56,8 +56,8 @@ def test_bench_without_or_with_an_unknown_benchmark():
     r = cli("bench", "nosuch")
     assert r.returncode == 2 and "unknown benchmark 'nosuch'" in r.stderr, r.stderr
     assert all(f"\n  {name} " in r.stderr for name in BENCH)
-    r = cli("bench", "stor")
-    assert r.returncode == 2 and "did you mean 'store'?" in r.stderr, r.stderr
+    r = cli("bench", "lightqueu")
+    assert r.returncode == 2 and "did you mean 'lightqueue'?" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("cmd,shown", [

@@ -1,5 +1,5 @@
 """`lmqtt_connections` (open connections after CONNECT) and `lmqtt_connects_total` (CONNECTs
-accepted) are plain ints on the broker's hot path (issue 29 storm: prometheus_client's lock was
+accepted) are plain ints on the broker's hot path (a reconnect storm: prometheus_client's lock was
 ~2 % of a reconnect storm's CPU) and still exported with the same names and values: a CONNECT
 counts, a close and a takeover uncount. In-process gateway, clients on in-memory transports."""
 from __future__ import annotations

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -59,7 +60,7 @@ def test_wildcard_filter_consume_sees_messages_after_registration(lmqtt_store):
     produce(addr, "plant/2/hum", [b"h1"])
     produce(addr, "plant/3/temp", [b"t3"])
     assert consume(addr, "plant/+/temp", "--group", "w", "--timeout", "1") == ["t1", "t2", "t3"]
-    # --from earliest: the filter's whole history, from before its registration too (issue 28)
+    # --from earliest: the filter's whole history, from before its registration too
     js = [json.loads(x) for x in consume(addr, "plant/+/temp", "--from", "earliest", "--count", "4",
                                          "--format", "json")]
     assert [(j["topic"], j["payload"]) for j in js] == [("plant/1/temp", "before"), ("plant/1/temp", "t1"),
@@ -286,6 +287,35 @@ def test_wrong_token_is_refused_not_unreachable(tmp_path):
         r = lmqtt("consume", "--store", st.address, "--token", "s3cret", "--filter", "a", "--from", "earliest",
                   "--count", "2")
         assert r.stdout.decode().splitlines() == ["x", "y"]
+    finally:
+        st.stop()
+
+
+def test_the_token_comes_from_LMQTT_STORE_TOKEN_as_for_the_store_and_the_gateway(tmp_path):
+    """`lmqtt store` and `lmqtt gateway` take their token from $LMQTT_STORE_TOKEN; so do the tools
+    that talk to them, and `--token` wins over it. A refusal says where the token comes from."""
+    from tests.support import LmqttStore
+    st = LmqttStore(str(tmp_path / "d"), extra_args=("--token", "s3cret"),
+                    log_path=str(tmp_path / "store.log")).start()
+    env = dict(os.environ, LMQTT_STORE_TOKEN="s3cret")
+
+    def run(*args, stdin=b"", env=env):
+        return subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", *args], input=stdin,
+                              capture_output=True, cwd=ROOT, timeout=60, env=env)
+    try:
+        r = run("produce", "--store", st.address, "--topic", "a/b", stdin=b"x\n")
+        assert r.returncode == 0, r.stderr
+        r = run("consume", "--store", st.address, "--filter", "a", "--from", "earliest", "--count", "1")
+        assert r.returncode == 0 and r.stdout.decode().splitlines() == ["x"], r.stderr
+        r = run("admin", "--store", st.address, "--format", "json")
+        assert r.returncode == 0 and "queues" in json.loads(r.stdout), r.stderr
+        wrong = dict(env, LMQTT_STORE_TOKEN="nope")
+        r = run("admin", "--store", st.address, "--token", "s3cret", env=wrong)
+        assert r.returncode == 0, r.stderr
+        r = run("admin", "--store", st.address, env=wrong)
+        err = r.stderr.decode()
+        assert r.returncode == 4 and "--token" in err and "LMQTT_STORE_TOKEN" in err, err
+        assert "Traceback" not in err
     finally:
         st.stop()
 

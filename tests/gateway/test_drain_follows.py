@@ -1,5 +1,5 @@
 """The publish pipeline drains the notify bus itself after each append, so the bus schedules no
-safety-net `drain` callback for the names inline dispatch raised in that append (issue 29: one loop
+safety-net `drain` callback for the names inline dispatch raised in that append (one loop
 callback per publish batch that found nothing to do). Names raised on the loop by anyone else still
 get the safety net. A real Gateway (store, inline dispatch, light queues, delivery) with in-memory
 transports (tests/fakes.py); no timing assertions."""

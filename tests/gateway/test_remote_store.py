@@ -10,8 +10,8 @@ import pytest
 
 from lmqtt.gateway.storage.remote_metadata import RemoteFilters
 from lmqtt.gateway.storage.remote_store import RemoteStore
+from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import Message, MessageTooLarge
-from lmqtt.store.client.aio import LoopConnection
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)

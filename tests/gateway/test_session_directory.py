@@ -10,8 +10,8 @@ import pytest
 
 from lmqtt.gateway.fleet.sessions import SessionDirectory, StoreSessionDirectory, outlives_claim
 from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import protocol as W
-from lmqtt.store.client.aio import LoopConnection
 from tests.support import LmqttStore, redis_server_fixture, wait_until
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")

@@ -1,4 +1,4 @@
-"""A SUBSCRIBE's filters are validated once by the gateway (issue 29 storm): `prepare` parses and
+"""A SUBSCRIBE's filters are validated once by the gateway (a reconnect storm): `prepare` parses and
 validates each filter while it asks the store ahead, and the decision takes its parse instead of
 validating the filter again. Invalid filters are still refused (SUBACK 0x80), shared and
 `$replay/` ones still parsed.

@@ -1,5 +1,5 @@
 """A publish batch writes what it queued (the subscriber's PUBLISH, the publisher's PUBACK) before
-it returns to the loop, and schedules no WriteBatcher loop callback for it (issue 29: one idle
+it returns to the loop, and schedules no WriteBatcher loop callback for it (one idle
 callback per message before). A real Gateway (store, inline dispatch, light queues, delivery) with
 in-memory transports (tests/fakes.py); no timing assertions."""
 from __future__ import annotations

@@ -18,8 +18,8 @@ from tests.support import ROOT
 def group_ports(n: int) -> list[int]:
     """n base ports, each with its next two free too (store, Raft, replication), never handed out
     before in this process (loadtest.brokers' reservation, below the ephemeral range)."""
-    from lmqtt.loadtest.brokers import _free_ports
-    return [_free_ports(3) for _ in range(n)]
+    from lmqtt.loadtest.brokers import free_ports
+    return [free_ports(3) for _ in range(n)]
 
 
 class Member:

@@ -166,11 +166,11 @@ def test_paused_primary_is_fenced_then_rejoins_with_its_tail_cut(group):
     # the producer re-sends the refused batches with their sequence: stored once, on the new primary
     retry = connect(group.peers, timeout=30.0)
     rp = retry.producer("p2")
-    from lmqtt.store.client.producer import _pack_one
+    from lmqtt.store.client.producer import pack_one
     for i, seq, _f in pending:
-        rp.send_packed(1, _pack_one(TOPIC, body("p2", i, 64)), seq=seq)
+        rp.send_packed(1, pack_one(TOPIC, body("p2", i, 64)), seq=seq)
         ck.acked("p2", i)
-    rp.send_packed(1, _pack_one(TOPIC, body("p2", 300, 64)), seq=pending[0][1])   # a second retry: a duplicate
+    rp.send_packed(1, pack_one(TOPIC, body("p2", 300, 64)), seq=pending[0][1])   # a second retry: a duplicate
     records = read_all(connect(new.address), TOPIC)
     row = _verdict(ck, records)
     assert failures([row]) == [], row
@@ -208,6 +208,7 @@ def test_a_lagging_replica_leaves_the_in_sync_set_and_comes_back(group):
     import json
     import subprocess
     import sys
+
     from tests.support import ROOT
     prim = group.wait_primary(in_sync=3)
     lag = next(m for m in group.members if m is not prim)
@@ -258,6 +259,7 @@ def test_asyncio_producer_follows_the_primary_through_a_kill9(group):
     """The asyncio SDK (connect_async with every member's address): 16 concurrent senders, kill -9
     of the primary mid-way; every send completes, on the new primary, each message stored once."""
     import asyncio
+
     from lmqtt.store.client import connect_async
     first = group.wait_primary(in_sync=3)
     ck = Checker()
@@ -458,6 +460,7 @@ def test_a_silent_primary_is_left_as_soon_as_another_member_names_a_newer_one(gr
             p.send(TOPIC, body("p8", i, 64))
     else:
         import asyncio
+
         from lmqtt.store.client import connect_async
         loop = asyncio.new_event_loop()
         conn = loop.run_until_complete(connect_async(group.peers, timeout=25.0))
@@ -500,7 +503,7 @@ def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
     acknowledged a message held by one member only. Both answers come once the replicas are
     back, with the same offsets; the message is stored once."""
     from lmqtt.store import protocol as W
-    from lmqtt.store.client.producer import _pack_one
+    from lmqtt.store.client.producer import pack_one
     prim = group.wait_primary(in_sync=3)
     others = [m for m in group.members if m is not prim]
     ck = Checker()
@@ -511,7 +514,7 @@ def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
         ck.sent("p9", i, 2, STREAM)
         p.send(TOPIC, body("p9", i, 64))
         ck.acked("p9", i)
-    frame = W.encode_produce("p9", p.next_sequence(), 1, _pack_one(TOPIC, body("p9", 20, 64)))
+    frame = W.encode_produce("p9", p.next_sequence(), 1, pack_one(TOPIC, body("p9", 20, 64)))
     ck.sent("p9", 20, 2, STREAM)
     for m in others:
         m.pause()
@@ -546,16 +549,17 @@ def test_a_gateway_link_leaves_a_silent_primary_once_another_member_names_a_newe
     ConnectionLost, as the gateway's producer expects) and redials there; the same PRODUCE
     re-sent is stored once (before: the link waited on the stopped member for the stall timeout)."""
     import asyncio
+
+    from lmqtt.gateway.storage.store_link import LoopConnection
     from lmqtt.store import protocol as W
     from lmqtt.store.client import ConnectionLost
-    from lmqtt.store.client.loop_connection import LoopConnection
-    from lmqtt.store.client.producer import _pack_one
+    from lmqtt.store.client.producer import pack_one
     old = group.wait_primary(in_sync=3)
     ck = Checker()
     frames = []
     for i in range(2):
         ck.sent("gwp", i, 2, STREAM)
-        frames.append(W.encode_produce("gwp", 1000 + i, 1, _pack_one(TOPIC, body("gwp", i, 64))))
+        frames.append(W.encode_produce("gwp", 1000 + i, 1, pack_one(TOPIC, body("gwp", i, 64))))
 
     async def run():
         link = LoopConnection(group.peers, loop=asyncio.get_running_loop(), timeout=30.0)

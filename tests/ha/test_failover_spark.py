@@ -1,4 +1,4 @@
-"""The Spark source over a store group while the primary goes (issue 27): a partition being read
+"""The Spark source over a store group while the primary goes: a partition being read
 when the primary stops answering and is replaced returns every row (its pulls are asked again of
 the new primary), and a streaming query lmqtt -> lmqtt over the group's member list goes on through
 a kill -9 of the primary with every message once. Real member processes (tests/ha/group.py); the
@@ -21,8 +21,8 @@ def test_a_partition_read_while_the_primary_stops_and_is_replaced_returns_every_
     """The executor's read of one partition (SourceQueues.iter_batches, what each Spark task runs)
     keeps one pull in flight. The primary is SIGSTOPped between two pulls of a 3-pull range: the
     next pull goes to the stopped member over the open connection and gets no answer; the client
-    learns of the new primary from the other members and drops that connection. Before issue 27
-    that pull's ConnectionLost failed the task (local mode: the whole job); now it is asked again
+    learns of the new primary from the other members and drops that connection. Before the source
+    followed the primary, that pull's ConnectionLost failed the task (local mode: the whole job); now it is asked again
     of the new primary, and every row comes, once, in order."""
     from lmqtt.store.spark.source import SourceQueues
     g = StoreGroup(str(tmp_path), 3, election_timeout=2.0).start()

@@ -1,4 +1,4 @@
-"""POP state on a store group (issue 27, docs/ha.md "Replicated metadata"): a pop, an ack and a
+"""POP state on a store group (docs/ha.md "Replicated metadata"): a pop, an ack and a
 change of invisible time answer only once the in-sync replicas have the changed POP state, so a
 primary killed right after them leaves it on the next one. Real member processes
 (tests/ha/group.py), kill -9."""
@@ -48,8 +48,8 @@ def _pop_on_new_primary(g: StoreGroup, topic: str, expect: set, linger: float) -
 def test_an_acknowledged_pop_message_is_not_popped_again_after_a_kill9_right_after_the_ack(tmp_path):
     """Pop and ack 100 of 200 messages in rounds of 20, kill -9 the primary the moment the last
     ack is answered. On the new primary every one of the other 100 comes, and none of the acked
-    ones, even after their invisible time (1 s) is long over. Before issue 27 the ack was answered
-    before its state was persisted (every 0.1 s) and shipped: the last round came again."""
+    ones, even after their invisible time (1 s) is long over. An ack answered before its state was
+    persisted (every 0.1 s) and shipped would let the last round come again."""
     g = StoreGroup(str(tmp_path), 3, election_timeout=2.0).start()
     try:
         first = g.wait_primary(in_sync=3)
@@ -77,7 +77,7 @@ def test_a_pop_and_a_change_of_invisible_time_hold_on_the_next_primary(tmp_path)
     """Pop 10 with an invisible time of 2 minutes, pop 10 more with 1 s and extend 5 of those to
     2 minutes, kill -9 the primary the moment the last change is answered. On the new primary the
     other 5 come back (1 s) with every message never popped, and the 15 invisible ones do not come.
-    Before issue 27 neither change waited for the replicas: the extended ones came after 1 s (and
+    Had neither change waited for the replicas, the extended ones would come after 1 s (and
     the first 10 again too when the 0.1 s persist had not run)."""
     g = StoreGroup(str(tmp_path), 3, election_timeout=2.0).start()
     try:
@@ -109,8 +109,8 @@ def test_a_shared_group_starts_after_the_acknowledged_messages_on_the_next_prima
     gw_group_pop / gw_group_ack, sent here as a gateway sends them. 60 messages handed to gateway
     a, the first 40 acknowledged in order, kill -9 of the primary the moment the ack is answered:
     the next primary starts the group at 40, so gateway b gets 40..59 (what was in flight comes
-    again: at least once) and none of the 40 acknowledged ones. Before issue 27 the committed
-    offset was written 0.2 s after the ack and shipped without waiting: the group started over."""
+    again: at least once) and none of the 40 acknowledged ones. A committed offset
+    written 0.2 s after the ack and shipped without waiting would start the group over."""
     q = "jobs/a"
 
     def pop(c, gid: str, n: int, start=None) -> list[int]:

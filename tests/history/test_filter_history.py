@@ -1,4 +1,4 @@
-"""A filter's history over the SDK and `lmqtt consume` (issue 28): every stored message matching
+"""A filter's history over the SDK and `lmqtt consume`: every stored message matching
 an MQTT filter, whether or not the filter was held when it was written. Real `lmqtt serve`, paho
 publishers, real `lmqtt consume` subprocesses."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Spark source's `filter` option reads a filter's history (issue 28): every stored message
+"""The Spark source's `filter` option reads a filter's history: every stored message
 matching it, whether or not the filter was ever held. Real `lmqtt serve`, paho publishers, one
 local SparkSession for the test session (tests/spark/conftest.py's fixture; these tests share the
 Spark tests' xdist group, tests/conftest.py)."""
@@ -110,7 +110,7 @@ def test_stream_history_then_live_no_gap_no_duplicate(spark, server, tmp_path):
 
 
 def test_stream_checkpoint_of_the_light_queue_goes_on_where_it_stopped(server):
-    """A streaming checkpoint written before issue 28 holds the filter's light-queue offset (key
+    """A streaming checkpoint written by an older version (which read the light queue) holds the filter's light-queue offset (key
     `lq:<filter>`); the reader goes on from the same point in the source ConsumeQueues: the
     messages after it, once, none of those before (it read them from the start before)."""
     from lmqtt.store.client import connect

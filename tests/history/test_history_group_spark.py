@@ -1,4 +1,4 @@
-"""The Spark source over a replicated store group (issue 28): `store="a:p,b:p,c:p"` (every member,
+"""The Spark source over a replicated store group: `store="a:p,b:p,c:p"` (every member,
 in any order) reads from the primary, by filter and by topic, and after a kill -9 of the primary
 the same read follows the new one and returns the same rows (acknowledged writes are replicated).
 Real member processes (tests/ha/group.py), the session's SparkSession."""

@@ -215,6 +215,27 @@ def test_a_bridge_that_cannot_work_is_refused_in_one_line(tmp_path, table, says)
     assert not data.exists()
 
 
+def test_a_remote_broker_that_cannot_be_reached_is_named_in_the_log(tmp_path):
+    """A bridge whose remote is away logs why, and where it tried: an OS error alone ("Connection
+    refused", "Name or service not known") does not say which broker of which address it was."""
+    port = free_port()                     # nothing listens there
+    cfg = _bridge_config(tmp_path / "lmqtt.toml", port, "w/# out 1", name="away")
+    log = tmp_path / "serve.log"
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--config", cfg, "--sys-interval", "0"), log_path=str(log))
+    srv.start()
+    try:
+        deadline = time.monotonic() + 30
+        lines: list[str] = []
+        while not lines and time.monotonic() < deadline:
+            lines = [x for x in log.read_text().splitlines() if "event=bridge_connect_failed" in x]
+            time.sleep(0.1)
+        assert lines, srv.log_tail()
+        assert "bridge=away" in lines[0] and f"remote=127.0.0.1:{port}" in lines[0], lines[0]
+        assert "Traceback" not in log.read_text()
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
+
+
 def test_serve_workers_runs_each_bridge_in_its_first_worker_only(tmp_path):
     """Every worker of `serve --workers 2` reads the same [[bridge]] tables; two copies of a bridge
     would take its client ids over from each other, so only the first worker runs it."""

@@ -91,6 +91,13 @@ def test_a_fleet_gateway_applies_changes_made_at_its_store(tmp_path):
     try:
         admin(st.address, "--user-add", "eve", "--password", "eve-pw")
         gw = LmqttGateway(st.address, ("--live-security", "--sys-interval", "0"), log_dir=str(tmp_path)).start()
+        deadline = time.monotonic() + 10         # the banner comes once the metrics port is up too
+        banner: list[str] = []
+        while not banner and time.monotonic() < deadline:
+            with open(gw.log_path) as f:
+                banner = [ln.strip() for ln in f if ln.strip().startswith("auth:")]
+            time.sleep(0.1)
+        assert banner == ["auth:       live; anonymous refused"], banner   # no "ACL None": it has no ACL file
         eve, ack = _connect(gw, "eve-1", "eve", "eve-pw")
         assert ack.reason_code == 0, (ack, gw.log_tail())
         assert _publish(eve, "fleet/1", 1).reason_code == 0

@@ -1,4 +1,4 @@
-"""Registering a wildcard filter anew (a new persistent session's SUBSCRIBE, issue 29 storm): its
+"""Registering a wildcard filter anew (a new persistent session's SUBSCRIBE, a reconnect storm): its
 reference count and its epoch go in one metadata write, with no read before it (was: a read, a
 count write, an epoch write); both are on disk after a reopen; a failed write leaves the filter
 unregistered."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from lmqtt.lightqueue.errors import MetadataError
-
 from tests.lightqueue.pairs import open_pair, publish
 
 

@@ -1,5 +1,5 @@
 """The dispatch thread's periodic flush of the light-queue index (a RocksDB memtable flush:
-milliseconds, up to hundreds on a busy disk) does not hold up dispatch (issue 29: once a second it
+milliseconds, up to hundreds on a busy disk) does not hold up dispatch (once a second it
 delayed every delivery of a 5,000 msg/s run by the flush's duration). Real store, real RocksDB
 index; the flush is held open by an event so that "during the flush" is a state, not a timing.
 No timing assertions: the waits only bound a failure."""

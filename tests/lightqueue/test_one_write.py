@@ -1,4 +1,4 @@
-"""One metadata write for a SUBSCRIBE's writes (issue 29 storm): `MetadataStore.one_write` groups the
+"""One metadata write for a SUBSCRIBE's writes (a reconnect storm): `MetadataStore.one_write` groups the
 filter references, session records and offsets written inside it in one RocksDB write at its end;
 on `lmqtt serve` a new persistent session's SUBSCRIBE (filter reference + epoch, record, offsets:
 three writes before) is one write, made before its SUBACK leaves; a failure of that write drops the
@@ -17,7 +17,6 @@ from lmqtt.gateway.mqtt import encode, packets as P
 from lmqtt.gateway.net.connection import MQTTConnection
 from lmqtt.lightqueue import MetadataStore, SessionRecord, Subscription
 from lmqtt.lightqueue.errors import MetadataError
-
 from tests.fakes import FakeTransport
 from tests.lightqueue.test_filter_register_write import _Counting
 

@@ -1,5 +1,5 @@
 """A session record's JSON is made by the C encoder called directly (lightqueue/records.py
-`_json_dumps`, issue 29 storm): the same bytes as `json.JSONEncoder(separators=(",", ":"),
+`_json_dumps`, a reconnect storm): the same bytes as `json.JSONEncoder(separators=(",", ":"),
 ensure_ascii=False).encode` of the same dict (the reference), for any record; and it is the one in use."""
 from __future__ import annotations
 

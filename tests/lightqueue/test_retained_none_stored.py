@@ -1,5 +1,5 @@
 """A metadata store that never held a retained message answers a SUBSCRIBE's retained lookup
-without a read (issue 29 storm), and one that holds any - set here, before a restart, or shipped
+without a read (a reconnect storm), and one that holds any - set here, before a restart, or shipped
 by a group's primary - still finds them."""
 from __future__ import annotations
 

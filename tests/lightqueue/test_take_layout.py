@@ -20,9 +20,9 @@ def take():
 
 class FakeIndex:
     def __init__(self, resolved):
-        self._resolved = resolved
+        self.resolved = resolved
 
-    def _resolve(self, qs, phys):   # pragma: no cover - every tuple is resolved in these tests
+    def resolve(self, qs, phys):   # pragma: no cover - every tuple is resolved in these tests
         raise AssertionError("not resolved")
 
 

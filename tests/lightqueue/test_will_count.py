@@ -1,4 +1,4 @@
-"""The metadata store knows how many will records it holds (issue 29 storm): with none, a CONNECT's
+"""The metadata store knows how many will records it holds (a reconnect storm): with none, a CONNECT's
 `void_will` and a disconnect's `pop_will` read nothing (was: a RocksDB read per CONNECT); with some,
 they read as before; the count survives a reopen and `take_wills`, and a replica's shipped writes
 make it unknown (then every pop reads)."""
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from lmqtt.lightqueue.metadata import P_WILL, MetadataStore
 from lmqtt.lightqueue.records import WillRecord
-
 from tests.lightqueue.test_filter_register_write import _Counting
 
 

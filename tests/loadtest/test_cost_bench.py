@@ -1,4 +1,4 @@
-"""`python3 -m lmqtt.loadtest.cost_bench`: a broker's syscalls, context switches and CPU per
+"""`lmqtt bench cost`: a broker's syscalls, context switches and CPU per
 delivered message, read from `perf stat` and `strace -c`.
 
 The parsers run on the tools' real output formats; the end-to-end run (a fresh Mosquitto, a short

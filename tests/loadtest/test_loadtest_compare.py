@@ -76,7 +76,7 @@ def test_broker_that_cannot_start_is_reported_not_available(tmp_path, monkeypatc
 
 
 def test_saturation_verdict_names_the_side_that_was_the_limit():
-    from lmqtt.loadtest.selfcheck import verdict
+    from lmqtt.loadtest.saturation import verdict
     base = {"gen_cpu_us_per_msg": 5.0, "broker_cpu_us_per_msg": 11.0}
     ok = verdict({**base, "broker_cpu_cores": 0.97, "gen_cpu_cores": 0.45,
                   "gen_cpu_cores_per_proc": [0.23, 0.22]})

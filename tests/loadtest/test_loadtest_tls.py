@@ -16,7 +16,7 @@ from lmqtt.loadtest import brokers as B
 def test_broker_commands_get_the_tls_listener_and_the_password_file(tmp_path):
     sec = B.Security(cert="/c.pem", key="/k.pem", ca="/ca.pem", password_file="/pw", username="u", password="p",
                      lmqtt_args=("--acl-file", "/acl"))
-    conf = B._mosquitto_conf(4242, tmp_path, sec).read_text()
+    conf = B.mosquitto_conf(4242, tmp_path, sec).read_text()
     assert "listener 4242 127.0.0.1\ncertfile /c.pem\nkeyfile /k.pem\n" in conf
     assert "allow_anonymous false\npassword_file /pw\n" in conf and "allow_anonymous true" not in conf
     argv, _ = B.command_for("lmqtt", 4242, tmp_path, security=sec)

@@ -74,7 +74,7 @@ def test_the_independent_c_harness_builds_and_counts_every_delivery(tmp_path):
     import json
     import subprocess
     from pathlib import Path
-    src = Path(__file__).resolve().parents[2] / "loadtest" / "c" / "latency_harness.c"
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "latency_harness.c"
     exe = tmp_path / "latency_harness"
     subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], check=True, capture_output=True, timeout=120)
     b = brokers.start("mosquitto", tmp_path)

@@ -1,4 +1,4 @@
-"""The compact state of an idle subscribed client (issue 29, memory per idle connection): what the
+"""The compact state of an idle subscribed client (memory per idle connection): what the
 gateway keeps per device is shared or folded where it repeats, with the same behaviour.
 
 - a session whose subscriptions are all plain (not shared, filter = queue) reads `direct` from its

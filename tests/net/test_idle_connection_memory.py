@@ -1,4 +1,4 @@
-"""Memory of idle MQTT connections on a real `lmqtt serve` (issue 29, "Connections").
+"""Memory of idle MQTT connections on a real `lmqtt serve`.
 
 The figure is what tracemalloc sees the broker keep per connection after CONNECT + SUBSCRIBE to a
 topic of its own (loadtest/conn_profile.py: the same profile the bench section of BENCHMARKS.md
@@ -10,13 +10,10 @@ from lmqtt.gateway.session import NO_ALIASES, MqttSession, OutboundMessage
 from lmqtt.gateway.session.inbound import NO_TOPIC_ALIASES
 from lmqtt.loadtest.conn_profile import profile
 
-# Parked (the profile waits until they are): 2,206 bytes at 2,000 connections before the compact
-# state of session 6 (a queue's one reader a tuple, `direct` the `subs` dict, the session's and
-# connection's rare fields out of line, packed peer, shared keep-alive ints), 1,769 after. Before
-# parking 3,44x; 4,06x before the first cuts. Session 7: 1,497 (a plain subscription 56 bytes
-# not 96, parked connections share their last_rx float). Session 8: 1,032 (a parked client's
-# session folded: its subscription and offset, not three dicts and a cursor; gateway/session/parked.py
-# `fold`). The margin covers the dict and set tables' growth steps, which land differently with
+# Parked (the profile waits until they are): 1,032 bytes at 2,000 connections, with a parked
+# client's session folded (its subscription and offset, not three dicts and a cursor;
+# gateway/session/parked.py `fold`), a plain subscription 56 bytes, the rare fields of sessions and
+# connections out of line, a queue's one reader the session itself. The margin covers the dict and set tables' growth steps, which land differently with
 # the number of connections.
 TRACED_BUDGET = 1_200
 

@@ -1,4 +1,4 @@
-"""Parking idle connections (gateway/net/parking.py, issue 29) on a real `lmqtt serve`
+"""Parking idle connections (gateway/net/parking.py) on a real `lmqtt serve`
 (`park_idle_after_s = 0.3`), real sockets: a parked client is still connected for everyone and
 behaves as if never parked: its PINGREQ is answered (by the parker, not the loop), a message
 published to its topic reaches it (QoS 0 and 1: the delivery wakes it), a takeover of it works,

@@ -1,4 +1,4 @@
-"""A parked client's session folded (issue 29, gateway/session/parked.py `fold`): its tables (subs,
+"""A parked client's session folded (gateway/session/parked.py `fold`): its tables (subs,
 direct, cursors, the in-flight window) are one subscription or a tuple of them and their offsets while its
 connection is parked, made again at the first read or write of any of them. The rules: what
 unfolds is what was folded (the same subscription objects, the same positions, `direct` the

@@ -1,4 +1,4 @@
-"""Young idle connections are parked early (gateway/net/parking.py FRESH_IDLE_S, issue 29): a client
+"""Young idle connections are parked early (gateway/net/parking.py FRESH_IDLE_S): a client
 silent since its handshake is parked after ~0.05 s, not `park_idle_after_s`, so a burst of
 thousands never has all its transports alive at once. A client that keeps talking past its first
 second keeps the `park_idle_after_s` regime; one parked before its SUBSCRIBE (a long round trip)

@@ -1,4 +1,4 @@
-"""A parked client loses nothing (issue 29): on a real `lmqtt serve` (`park_idle_after_s = 0.3`), an
+"""A parked client loses nothing: on a real `lmqtt serve` (`park_idle_after_s = 0.3`), an
 MQTT 5 client with three subscriptions (QoS 1, a QoS 2 wildcard, a shared one) and an inbound
 QoS 2 PUBLISH whose PUBREL it has not sent yet is parked, then woken by each kind of event in
 turn, parked again after each: a QoS 1 delivery, a QoS 2 delivery (the full four-packet flow), a

@@ -1,4 +1,4 @@
-"""Reconnect storm (issue 29): how many session records a persistent client's CONNECT + SUBSCRIBE +
+"""Reconnect storm: how many session records a persistent client's CONNECT + SUBSCRIBE +
 DISCONNECT writes on `lmqtt serve` (counted by `lmqtt_session_record_writes_total`), and that the
 writes left out lose nothing a client was told, across kill -9.
 

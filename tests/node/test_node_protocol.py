@@ -6,7 +6,6 @@ sends anything."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import inspect
 import json
@@ -14,8 +13,9 @@ import typing
 
 import pytest
 
+from lmqtt.gateway.storage.node_client import NodeClient
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.node_client import NodeClient, call_sync
+from lmqtt.store.node.protocol import call_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,6 +183,7 @@ def test_docs_protocol_md_lists_exactly_the_commands_the_node_serves():
     """docs/protocol.md's table of gw_* commands names each command of the registry once and no
     other (a removed command leaves the docs with it)."""
     import re
+
     from tests.support import ROOT
 
     text = open(f"{ROOT}/docs/protocol.md", encoding="utf-8").read()
@@ -279,8 +280,8 @@ def test_a_node_that_comes_back_as_another_version_gets_nothing_until_the_versio
     the link before it sends anything (the node never hears its gw_hello: the gateway does not
     count as connected there), reports why, and redials; the same version back, it goes on."""
     from lmqtt.gateway.storage.remote_store import RemoteStore
+    from lmqtt.gateway.storage.store_link import LoopConnection
     from lmqtt.store.client import connect
-    from lmqtt.store.client.aio import LoopConnection
     from tests.support import LmqttStore, wait_until
 
     store = LmqttStore(str(tmp_path / "node"), log_path=str(tmp_path / "node.log")).start()

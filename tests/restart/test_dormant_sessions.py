@@ -1,4 +1,4 @@
-"""Issue 29, restart: a restarted `lmqtt serve` keeps its persistent sessions dormant until their
+"""A restarted `lmqtt serve` keeps its persistent sessions dormant until their
 clients come back (gateway/clients/session_persistence.py `Dormant`): their filters held (messages
 stored meanwhile are kept for them), their expiry timed, nothing else built. Real processes, a
 SIGTERM restart and a kill -9; every wait bounded, no timing asserted."""

@@ -1,4 +1,4 @@
-"""Issue 29, sessions by ownership: a fleet gateway restarted with 10,000 foreign sessions in the store
+"""Sessions by ownership: a fleet gateway restarted with 10,000 foreign sessions in the store
 (records naming another gateway) restores only its own; a foreign client still resumes its session
 when it connects to it. Real processes (a store, two gateways), kill -9 of the restarted gateway;
 the start's duration is printed for the report, never asserted."""

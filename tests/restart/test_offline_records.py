@@ -1,4 +1,4 @@
-"""The records of sessions going offline (issue 29 reconnect storm): on `lmqtt serve` the dropped
+"""The records of sessions going offline (a reconnect storm): on `lmqtt serve` the dropped
 connections of one event-loop tick have their records written together at its end, in one metadata
 write (was: one write each); a client that sent DISCONNECT has its record in that write too, and
 its connection is closed only once it is written (it sees the close:
@@ -16,7 +16,6 @@ from lmqtt.gateway.session import ClientSubscription, Counts, MqttSession, Outbo
 from lmqtt.gateway.mqtt import packets as P
 from lmqtt.lightqueue.metadata import MetadataStore
 from lmqtt.store.node.inprocess import InProcessOffsets, InProcessSessions
-
 from tests.lightqueue.test_filter_register_write import _Counting
 from tests.support import RawMQTT, metric
 

@@ -1,5 +1,5 @@
 """A session's record is encoded once, straight from the session (`SessionPersistence.record_of`,
-issue 29 storm): the same bytes as the reference (`record_reference(s).to_bytes()`: the record's
+a reconnect storm): the same bytes as the reference (`record_reference(s).to_bytes()`: the record's
 objects, then its dict, then the JSON encoder) for any session - plain and optioned
 subscriptions, shared ones, exchanges in flight or not, inbound QoS 2 ids, ids written ahead, a
 state restored as read, online or offline, with a fleet gateway's host or not - and its fields

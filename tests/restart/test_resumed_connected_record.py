@@ -1,4 +1,4 @@
-"""A resumed session that never expires (issue 29 reconnect storm): on `lmqtt serve` its record says
+"""A resumed session that never expires (a reconnect storm): on `lmqtt serve` its record says
 "connected" only once it has stayed connected CONNECTED_RECORD_AFTER_S (a client that comes and goes
 has its record written once per round, by its disconnect, not also by its CONNECT); `lmqtt admin
 --sessions` shows it connected from then on and offline after it left; a kill -9 before that write
@@ -10,7 +10,6 @@ import time
 
 from lmqtt.gateway.clients.session_persistence import CONNECTED_RECORD_AFTER_S
 from lmqtt.gateway.mqtt import packets as P
-
 from tests.gateway.test_console_tools import lmqtt
 from tests.support import RawMQTT
 

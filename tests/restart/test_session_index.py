@@ -1,4 +1,4 @@
-"""Issue 29 follow-up: the store's session records indexed by the gateway they name
+"""The store's session records indexed by the gateway they name
 (lightqueue/metadata.py `h` keys), so a fleet gateway's restore reads its own records, not the
 whole fleet's. Real RocksDB; the last test real processes (a store and a gateway) on a data dir
 written before the index existed (its `h` keys and marker taken out)."""

@@ -52,7 +52,7 @@ def test_filter_read_returns_exactly_the_published_rows(spark, server):
     assert all(r.retain is False and r.client_id == "dev-pub" for r in rows)
     assert [r.user_properties for r in rows] == [{"unit": "C", "n": str(i)} for i in range(6)]
     assert {r.content_type for r in rows} == {"application/json"}
-    assert {r.queue for r in rows} == {"farm:0"}     # read from the first-level topic's queue (issue 28)
+    assert {r.queue for r in rows} == {"farm:0"}     # read from the first-level topic's queue
     assert [r.offset for r in rows] == sorted({r.offset for r in rows})
     assert all(r.store_ts >= r.born_ts for r in rows) and len({r.msg_id for r in rows}) == 6
 

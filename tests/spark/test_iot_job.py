@@ -70,7 +70,7 @@ def test_job_window_stats_equal_pure_python_and_alerts_arrive_over_mqtt(spark, s
     readings = _readings(base_ms)
     pub = Paho(server, client_id="iot-devices", version=5)
     # the first window's readings are stored before the job starts, with no subscriber of the job's
-    # filter ever: its first batch reads them as the filter's history (issue 28), the later ones
+    # filter ever: its first batch reads them as the filter's history, the later ones
     # arrive live
     early = [r for r in readings if r["ts"] < base_ms + WINDOW_S * 1000]
     for r in early:
@@ -106,7 +106,7 @@ def test_job_window_stats_equal_pure_python_and_alerts_arrive_over_mqtt(spark, s
         late_key = ("iot-0", base_ms // 1000)
         pub.publish("iotjob/iot-0", json.dumps({"device": "iot-0", "ts": base_ms + 1500, "temp": -5.0,
                                                 "humidity": 10.0, "battery": 3.0}), qos=1)
-        def read_up_to(q):           # the job's offset in iotjob's ConsumeQueue (issue 28), from its progress
+        def read_up_to(q):           # the job's offset in iotjob's ConsumeQueue, from its progress
             src = (q.lastProgress or {}).get("sources") or [{}]
             end = src[0].get("endOffset") or "{}"
             return (json.loads(end) if isinstance(end, str) else end).get("iotjob:0", -1)

@@ -2,14 +2,14 @@
 the lmqtt and python-source cases read back exactly the rows written (the bench raises otherwise)
 and report the fields BENCHMARKS.md quotes; python-source reads through its own no-I/O data source
 with the lmqtt reader's schema and partitions. (Parquet and JSON are Spark's own readers.)"""
-from lmqtt.loadtest import spark_bench, spark_bench_cold
+from lmqtt.loadtest import spark_bench, spark_bench_cold, spark_bench_support
 from lmqtt.loadtest.sdk_bench import LmqttProc
 
 
 def test_batch_cases_read_every_row_and_report_their_fields(spark, tmp_path):
     srv = LmqttProc("serve")
     try:
-        spark_bench._load(srv.address, 3000, 100)
+        spark_bench_support.load(srv.address, 3000, 100)
         rows = spark_bench.bench_read(spark, srv, 3000, 100, str(tmp_path),
                                       ["lmqtt", "python-source"], per_partition=1500, repeat=1)
     finally:

@@ -1,4 +1,4 @@
-"""The SDK's asyncio connections (store/client/aio.py, store/client/loop_connection.py) against a
+"""The SDK's asyncio connections (store/client/aio.py, gateway/storage/store_link.py) against a
 real `lmqtt store`: EVENT pushes for watched queues, re-watch after the store restarts, and the
 loop-driven connection's blocking calls keeping request order with what was sent before them."""
 from __future__ import annotations
@@ -8,19 +8,20 @@ import time
 
 import pytest
 
+from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import protocol as W
-from lmqtt.store.client import StoreClientError, connect
-from lmqtt.store.client import aio
+from lmqtt.store.client import StoreClientError, aio, connect
 from lmqtt.store.client.aio import AsyncConnection, ConnectionLost
-from lmqtt.store.client.loop_connection import LoopConnection
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_loop_connection_stays_importable_from_aio():
-    """The gateway imports it from aio.py, where it used to live."""
-    assert aio.LoopConnection is LoopConnection
+def test_the_gateways_store_link_lives_with_the_gateways_storage():
+    """The gateway's connection to its store is the gateway's (gateway/storage/store_link.py): the
+    SDK, which may import only the store's vocabulary, no longer carries it."""
+    assert LoopConnection.__module__ == "lmqtt.gateway.storage.store_link"
+    assert not hasattr(aio, "LoopConnection")
 
 
 def test_async_connection_gets_events_and_rewatches_after_a_store_restart(lmqtt_store):

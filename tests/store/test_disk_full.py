@@ -1,4 +1,4 @@
-"""A full disk under the store (issue 26): refused cleanly, one log line, nothing corrupted, and
+"""A full disk under the store: refused cleanly, one log line, nothing corrupted, and
 appends and dispatch resume by themselves once space returns. Each test mounts its own small tmpfs
 (loadtest/chaos/disk.py SmallDisk: root needed) and fills it with a filler file."""
 from __future__ import annotations

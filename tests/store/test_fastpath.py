@@ -1,5 +1,5 @@
 """The store server's fast loops (store/fastpath.py) and the SDK's raw-record decoder (C in
-store/client/_records.c, Python in consumer._records_raw) against their plain references, on a
+store/client/_records.c, Python in records.records_raw) against their plain references, on a
 real MessageStore with real files: same messages, same PRODUCED bytes, same records, same errors.
 A difference here means an SDK user would see other data than the reference path gives."""
 from __future__ import annotations
@@ -10,10 +10,8 @@ import struct
 
 import pytest
 
-from lmqtt.store import Message, MessageStore, StoreConfig
-from lmqtt.store import fastpath
-from lmqtt.store import protocol as W
-from lmqtt.store.client import consumer
+from lmqtt.store import Message, MessageStore, StoreConfig, fastpath, protocol as W
+from lmqtt.store.client import records
 from tests.store.accel_support import swapped
 
 IDENT = "0123456789ABCDEF"
@@ -110,7 +108,7 @@ def classic(st, topic, qid, off, cnt, mb):
                 ms = ms[:i]
                 break
     nxt = ms[-1].queue_offset + 1 if ms else off
-    return consumer.decode_messages(IDENT, W.encode_messages({"next_offset": nxt}, ms))[1], nxt
+    return records.decode_messages(IDENT, W.encode_messages({"next_offset": nxt}, ms))[1], nxt
 
 
 def raw_reply(st, topic, qid, off, cnt, mb):
@@ -141,8 +139,8 @@ def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch
     """Both sides with either loops: the store's raw read (store/_fastpath.c or its references in
     fastpath.py) and the SDK's decode of it (store/client/_records.c or the Python loop)."""
     if pure:
-        monkeypatch.setattr(consumer, "_C_RECORDS", None)
-    elif consumer._C_RECORDS is None:
+        monkeypatch.setattr(records, "_C_RECORDS", None)
+    elif records._C_RECORDS is None:
         pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
     if store_loops == "python":
         monkeypatch.setattr(fastpath, "_cq_runs", fastpath.cq_runs_py)
@@ -157,13 +155,13 @@ def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch
                              (lo, 1000, 1)):
             want, want_next = classic(st, "a", qid, off, cnt, mb)
             body, nxt = raw_reply(st, "a", qid, off, cnt, mb)
-            _h, got = consumer._records_raw(IDENT, body)
+            _h, got = records.records_raw(IDENT, body)
             assert got == want and nxt == want_next
         # paging through the queue in small raw pulls gives every record once, in order
         seen, off = [], lo
         while True:
             body, off2 = raw_reply(st, "a", qid, off, 5, 600)
-            recs = consumer._records_raw(IDENT, body)[1]
+            recs = records.records_raw(IDENT, body)[1]
             if not recs:
                 break
             seen += recs
@@ -192,22 +190,22 @@ def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled
 @pytest.mark.skipif(os.environ.get("LMQTT_PURE_PYTHON", "") not in ("", "0"),
                     reason="LMQTT_PURE_PYTHON is set: the C decoder is off on purpose")
 def test_the_c_record_decoder_is_built_and_used():
-    assert consumer._C_RECORDS is not None, (
+    assert records._C_RECORDS is not None, (
         "lmqtt.store.client._records was not built: `pip install -e .` needs a C compiler (the SDK "
         "falls back to the Python loop, ~4x slower per pulled record)")
 
 
 def test_c_decoder_refuses_what_does_not_fit():
-    if consumer._C_RECORDS is None:
+    if records._C_RECORDS is None:
         pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
     from lmqtt.store.record import HEADER
     rec = HEADER.pack(74 + 3 + 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 3, 0, 0) + b"t/x" + b"hi"
     good = struct.pack(">I", 0) + struct.pack(">I", 1) + rec
-    assert consumer._records_raw(IDENT, good)[1][0].body == b"hi"
+    assert records.records_raw(IDENT, good)[1][0].body == b"hi"
     for bad in (good[:-1], struct.pack(">I", 0) + struct.pack(">I", 2) + rec,
                 good.replace(b"t/x", b"t\xffx")):
         with pytest.raises(W.ProtocolError):
-            consumer._records_raw(IDENT, bad)
+            records.records_raw(IDENT, bad)
 
 
 def test_pop_raw_hands_out_the_same_records_as_pop_decoded(filled, tmp_path, monkeypatch):
@@ -314,14 +312,14 @@ def test_pending_marker_is_never_mistaken_for_results(tmp_path):
 
 
 # ------------------------------------------------------------------ the layout handed to the C decoder
-needs_c_decoder = pytest.mark.skipif(consumer._C_RECORDS is None,
+needs_c_decoder = pytest.mark.skipif(records._C_RECORDS is None,
                                      reason="the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
 
 
 @pytest.fixture
 def c_decoder():
-    yield consumer._C_RECORDS
-    consumer.configure_c(consumer._C_RECORDS)     # whatever a test did, leave it configured as at import
+    yield records._C_RECORDS
+    records.configure_c(records._C_RECORDS)     # whatever a test did, leave it configured as at import
 
 
 def _one_record_body():
@@ -332,7 +330,7 @@ def _one_record_body():
 
 def test_the_decoder_layout_handed_over_is_the_stores():
     from lmqtt.store.record import HEADER, HEADER_FIELDS, HEADER_SIZE
-    assert consumer.C_LAYOUT == {"header_format": HEADER.format, "header_fields": HEADER_FIELDS,
+    assert records.C_LAYOUT == {"header_format": HEADER.format, "header_fields": HEADER_FIELDS,
                                  "header_size": HEADER_SIZE}
 
 @needs_c_decoder
@@ -344,32 +342,32 @@ def test_the_decoder_layout_handed_over_is_the_stores():
     ({"header_size": 76}, "header_size 76"),
     ({"header_format": 74}, "layout has no str header_format"),
     # two fields of one width swapped: the offsets agree, the names do not
-    ({"header_fields": swapped(consumer.C_LAYOUT["header_fields"], "born_ts", "store_ts")},
+    ({"header_fields": swapped(records.C_LAYOUT["header_fields"], "born_ts", "store_ts")},
      "record header field 7 is 'store_ts', this decoder reads born_ts there"),
-    ({"header_fields": consumer.C_LAYOUT["header_fields"][:-1]}, "has 14 field names, this decoder reads 15"),
+    ({"header_fields": records.C_LAYOUT["header_fields"][:-1]}, "has 14 field names, this decoder reads 15"),
 ])
 def test_the_c_decoder_refuses_a_layout_it_does_not_read(c_decoder, change, words):
     with pytest.raises(ValueError, match=words):
-        consumer.configure_c(c_decoder, consumer.Record, {**consumer.C_LAYOUT, **change})
+        records.configure_c(c_decoder, records.Record, {**records.C_LAYOUT, **change})
     body = _one_record_body()
     with pytest.raises(RuntimeError, match="configure"):       # unusable until configured again
         c_decoder.decode(body, 8, 1, IDENT)
-    consumer.configure_c(c_decoder)
+    records.configure_c(c_decoder)
     assert c_decoder.decode(body, 8, 1, IDENT) == [
-        consumer.Record("t/x", b"hi", (), b"", 7, 5, 99, 1, 2, f"{IDENT}{99:016X}")]
+        records.Record("t/x", b"hi", (), b"", 7, 5, 99, 1, 2, f"{IDENT}{99:016X}")]
 
 
 @needs_c_decoder
 def test_the_c_decoder_checks_the_record_field_order(c_decoder):
     from collections import namedtuple
-    fields = list(consumer.Record._fields)
+    fields = list(records.Record._fields)
     fields[4], fields[5] = fields[5], fields[4]                # queue_id <-> queue_offset
     with pytest.raises(ValueError, match=r"Record._fields .*queue_offset', 'queue_id'.* differ"):
-        consumer.configure_c(c_decoder, namedtuple("Swapped", fields))
+        records.configure_c(c_decoder, namedtuple("Swapped", fields))
     with pytest.raises(ValueError, match="Record._fields"):
-        consumer.configure_c(c_decoder, namedtuple("Short", fields[:-1]))
+        records.configure_c(c_decoder, namedtuple("Short", fields[:-1]))
     with pytest.raises(TypeError, match="tuple subclass"):
-        consumer.configure_c(c_decoder, dict)
+        records.configure_c(c_decoder, dict)
     with pytest.raises(RuntimeError, match="configure"):
         c_decoder.decode(_one_record_body(), 8, 1, IDENT)
 

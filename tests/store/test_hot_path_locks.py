@@ -1,4 +1,4 @@
-"""The publish hot path takes no Condition it does not need (issue 29, CPU per message).
+"""The publish hot path takes no Condition it does not need (CPU per message).
 
 A resolved durable future (async flush modes) answers done()/exception()/result() without its
 condition, and a dispatch batch notifies the light queues' condition only when a thread waits in

@@ -1,4 +1,4 @@
-"""The CommitLog prefault thread's wake-ups follow the write rate (issue 29: at 5,000 msg/s it woke
+"""The CommitLog prefault thread's wake-ups follow the write rate (at 5,000 msg/s it woke
 200 times a second, each a GIL hand-off with the event loop, to find nothing to populate)."""
 from __future__ import annotations
 

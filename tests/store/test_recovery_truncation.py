@@ -1,4 +1,4 @@
-"""A CommitLog that recovery finds shorter than its checkpoints recorded (issue 26): the newest
+"""A CommitLog that recovery finds shorter than its checkpoints recorded: the newest
 segment cut inside a record, truncated to 0 bytes, or missing. Recovery must say so loudly, cut every
 queue back to the log, and bring every consumer offset beyond its queue's new end back to it
 (persistent sessions and shared groups in the light-queue metadata, SDK group offsets on

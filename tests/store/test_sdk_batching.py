@@ -11,7 +11,7 @@ import pytest
 
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
-from lmqtt.store.client.consumer import _pull_result
+from lmqtt.store.client.consumer import pull_result
 from tests.support import LmqttStore, ensure_running, running
 
 
@@ -120,7 +120,7 @@ def test_pull_across_batches_every_message_once_in_order_raw_equals_classic(lmqt
         op, flags, raw = c.request(W.OP_PULL, body, W.F_RAW_OK).result(10)
         op2, flags2, plain = c.request(W.OP_PULL, body).result(10)
         assert op == op2 == W.OP_MESSAGES and flags & W.F_RAW and not flags2 & W.F_RAW
-        a, b = _pull_result(c.ident, raw, flags), _pull_result(c.ident, plain, flags2)
+        a, b = pull_result(c.ident, raw, flags), pull_result(c.ident, plain, flags2)
         assert a.records == b.records and a.next_offset == b.next_offset == hi
         last = a.records[-1]
         assert last.keys == ("k1", "k2") and last.mqtt.user_properties == [("u", "v")]

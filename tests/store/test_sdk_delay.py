@@ -15,7 +15,7 @@ import pytest
 from lmqtt.store import protocol as W
 from lmqtt.store.client import StoreClientError, connect
 from lmqtt.store.client.aio import AsyncConnection
-from lmqtt.store.client.producer import _pack_one
+from lmqtt.store.client.producer import pack_one
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,7 +148,7 @@ def test_f_delayed_frames_on_the_wire(lmqtt_store):
     short for its trailer is bad_frame and stores nothing; without the flag, the same bytes are
     refused too (bytes after the last message), so a delay is never silently dropped."""
     with connect(lmqtt_store.address) as c:
-        packed = _pack_one("wf/x", b"a") + _pack_one("wf/x", b"b")
+        packed = pack_one("wf/x", b"a") + pack_one("wf/x", b"b")
         body = W.encode_produce("", 0, 2, packed)
         due = int(time.time() * 1000) + 1000
         op, _f, rb = c.call(W.OP_PRODUCE, body + W.encode_due_trailer([0, due]), flags=W.F_DELAYED)

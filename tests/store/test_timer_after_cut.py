@@ -1,4 +1,4 @@
-"""Delayed messages after a recovery that cut the CommitLog (issue 26): a timer names its parked
+"""Delayed messages after a recovery that cut the CommitLog: a timer names its parked
 record by CommitLog offset only, and after the cut new appends take the offsets of the lost
 records. A timer whose parked record was lost must never release whatever lies at its offset now.
 

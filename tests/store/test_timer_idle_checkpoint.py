@@ -1,5 +1,5 @@
 """The timer wheel's checkpoint (fired.json: json + fsync) is not rewritten every tick while the
-wheel is idle (issue 29: one fsync a second on every `lmqtt serve`); a round that fires writes it
+wheel is idle (one fsync a second on every `lmqtt serve`); a round that fires writes it
 as before, an idle wheel at least every IDLE_CHECKPOINT_S of ticks, and a restart from the older
 checkpoint fires nothing twice and loses nothing. Controllable clock, real files; a write is seen
 by the tick it records."""

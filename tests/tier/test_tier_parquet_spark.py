@@ -169,7 +169,7 @@ def test_compaction_leaves_one_file_per_partition_in_full_row_groups(offloaded):
     named in the footer; the small files are gone."""
     import pyarrow.parquet as pq
 
-    from lmqtt.store.spark.cold import ROW_GROUP_ROWS, file_topics
+    from lmqtt.store.tier.parquet import ROW_GROUP_ROWS, file_topics
     store, tier, _sent, s = offloaded
     man = _manifest(tier)
     keys = _keys(man)

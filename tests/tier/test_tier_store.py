@@ -249,7 +249,7 @@ def test_tier_retention_drops_old_segments_from_the_tier_then_the_queues(tmp_pat
 
 
 def test_a_delayed_message_due_after_local_retention_is_released_from_the_tier(tmp_path):
-    """apache/rocketmq #9006: a delayed message whose parked record's segment left the local disk
+    """https://github.com/apache/rocketmq/issues/9006: a delayed message whose parked record's segment left the local disk
     before its due time was lost. Here the parked record is read back from the tier."""
     from tests.store.test_timer import Clock
     url = f"file://{tmp_path / 'tier'}"
@@ -340,7 +340,7 @@ def test_a_merged_parquet_file_stays_until_the_last_segment_it_holds_rows_of_is_
     pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from lmqtt.store.spark.cold import ColumnarWriter
+    from lmqtt.store.tier.parquet import ColumnarWriter
     st = _plain_store(tmp_path / "data")
     st.enable_tier(TierConfig(url=f"file://{tmp_path / 'tier'}", local_retention_ms=0, upload_interval_ms=50,
                               timeout_s=5.0, parquet_merge_after_ms=0, tier_retention_ms=None))
@@ -383,7 +383,7 @@ def test_a_segments_parquet_files_have_no_dictionary_on_their_distinct_columns(t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lmqtt.store.spark.cold import segment_files
+    from lmqtt.store.tier.parquet import segment_files
     st = _plain_store(tmp_path / "data")
     st.start()
     try:
@@ -412,7 +412,7 @@ def test_segment_files_and_their_merge_are_sorted_by_topic_each_topic_in_commitl
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lmqtt.store.spark.cold import file_topics, merge_files, segment_files
+    from lmqtt.store.tier.parquet import file_topics, merge_files, segment_files
     st = _plain_store(tmp_path / "data")
     st.start()
     try:

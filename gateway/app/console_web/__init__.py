@@ -12,7 +12,7 @@ def __getattr__(name: str):
     # ConsoleServer (Starlette, uvicorn: ~0.1 s of imports) is imported when the console starts,
     # after the MQTT listener is up; the command's flags (`add_console_args`) need none of it
     if name == "ConsoleServer":
-        from .server import ConsoleServer
+        from .server import ConsoleServer  # only with the console's port open (Starlette, uvicorn)
         return ConsoleServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

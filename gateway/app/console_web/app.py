@@ -6,6 +6,7 @@ import json
 import logging
 import pathlib
 import secrets
+from urllib.parse import quote
 
 from prometheus_client import make_asgi_app
 from starlette.applications import Starlette
@@ -15,7 +16,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from . import data
-from .auth import COOKIE, ConsoleAuth
+from .auth import COOKIE, ConsoleAuth, Session
 from .fleet import PEER_HEADER, Fleet, StoreUnavailable
 
 log = logging.getLogger("lmqtt.console")
@@ -45,7 +46,6 @@ class ConsoleState:
 
 
 def _quote(q: str) -> str:
-    from urllib.parse import quote
     return quote(q, safe="")
 
 
@@ -57,7 +57,6 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
     fleet = fleet or Fleet(gw, cfg)
     st = ConsoleState(gw, cfg, bound_host, fleet)
     auth = st.auth
-    from .auth import Session
     _local = Session("local", "admin")
     _local.csrf = None          # never matches a header: actions need a real session
     secure_cookie = bool(getattr(cfg, "console_tls", False))   # over plain HTTP a Secure cookie never comes back
@@ -329,7 +328,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         MQTT ACL lets them subscribe to and read. Without a login (loopback) everything."""
         if not auth.login_required or gw.acl is None:
             return None, None
-        from lmqtt.gateway.security.auth import Identity
+        from lmqtt.gateway.security.auth import Identity  # only when configured
         ident = Identity(s.user, "lmqtt-console", "password")
         try:
             ok = gw.acl.can_subscribe(ident, flt)

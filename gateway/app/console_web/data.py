@@ -16,6 +16,13 @@ import shutil
 import time
 from collections import deque
 
+from lmqtt.lightqueue.topics import validate_filter
+from lmqtt.store import protocol as W
+from lmqtt.store.client.consumer import decode_reply
+from lmqtt.store.client.props import decode_fields
+
+from .fleet import StoreUnavailable
+
 RING = 3600          # one sample a second: the last hour
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -291,7 +298,6 @@ class Trace:
 
 
 def _traced(topic: str, props, payload, store_ts: int) -> dict:
-    from lmqtt.store.client.props import decode_fields
     try:
         qos, retain, client_id, _pfi, expiry, ctype, resp, _corr, user = decode_fields(props)
     except ValueError:
@@ -316,7 +322,6 @@ class RemoteTrace:
     MAX_PER_POLL = 200
 
     def __init__(self, fleet, flt: str, since_ms: int, allowed=None) -> None:
-        from lmqtt.lightqueue.topics import validate_filter
         validate_filter(flt)
         self.fleet, self.flt, self.since_ms, self.allowed = fleet, flt, int(since_ms), allowed
         self.position: int | None = None
@@ -328,8 +333,6 @@ class RemoteTrace:
         self.position, self.hint = int(r["position"]), r.get("lq_offset")
 
     async def apoll(self) -> list[dict]:
-        from lmqtt.store import protocol as W
-        from lmqtt.store.client.consumer import decode_reply
         out: list[dict] = []
         for _ in range(8):            # a stretch of other topics reads nothing and moves on
             before = self.position
@@ -368,7 +371,6 @@ class TopicRates:
         return {(q["topic"], q["queue_id"]): q["max_offset"] for q in got.get("queues", [])}
 
     async def snapshot(self, limit: int = 200) -> dict:
-        from .fleet import StoreUnavailable
         if self.gw.embedded is None and (self.fleet is None or not self.fleet.remote):
             return {"available": False, "topics": []}
         try:
@@ -395,7 +397,6 @@ async def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
     """Retained messages matching `flt` (topic order, at most `limit`), payload previews: the
     embedded store's metadata read in batches, or a fleet gateway's retained facade (the store's
     gw_retained_matching)."""
-    from lmqtt.lightqueue.topics import validate_filter
     node = gw.embedded
     if node is not None:
         validate_filter(flt)
@@ -409,7 +410,6 @@ async def retained(gw, flt: str, allowed=None, limit: int = 200) -> dict:
 
 
 def _retained_rows(batches, allowed, limit: int) -> dict:
-    from lmqtt.store.client.props import decode_fields
     out, hidden = [], 0
     for batch in batches:
         for topic, payload, props in batch:
@@ -437,7 +437,6 @@ async def groups(fleet) -> dict:
     queue's committed offset, end and lag (the `lag` CALL), with the POP state of a ConsumeQueue
     (next offset, messages invisible now, backlog); groups that only POP and never commit (the
     `pop_groups` CALL) too; and each group's dead letters (the end of its `%DLQ%group` queue)."""
-    from .fleet import StoreUnavailable
     try:
         names = (await fleet.call("stats")).get("groups", [])[:200]
         pops = await fleet.call("pop_groups")
@@ -475,7 +474,6 @@ async def groups(fleet) -> dict:
 
 
 async def _dead_letters(fleet, g: str) -> int:
-    from .fleet import StoreUnavailable
     try:
         return (await fleet.call("offsets", topic=f"%DLQ%{g}", queue_id=0))["max_offset"]
     except (StoreUnavailable, KeyError, TypeError):
@@ -484,7 +482,6 @@ async def _dead_letters(fleet, g: str) -> int:
 
 async def sessions_remote(fleet, limit: int = 200) -> dict:
     """`sessions` of a fleet gateway: the store's `sessions` and `session` CALLs (lmqtt admin)."""
-    from .fleet import StoreUnavailable
     try:
         listed = (await fleet.call("sessions", limit=limit))["sessions"]
         full = await asyncio.gather(*(fleet.call("session", client_id=r["client_id"]) for r in listed))
@@ -512,7 +509,6 @@ async def sessions_remote(fleet, limit: int = 200) -> dict:
 async def store_overview(gw, fleet) -> dict:
     """The store: where, its counters (log end, dispatch lag, disk), the store group's members and
     roles (a replicated group: docs/ha.md) and the tier's use."""
-    from .fleet import StoreUnavailable
     out: dict = {"where": fleet.store_where(), "error": None, "ha": None, "members": None, "tier": None}
     try:
         if not fleet.remote and gw.embedded is not None:

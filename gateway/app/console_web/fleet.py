@@ -31,6 +31,8 @@ import ssl
 import time
 import urllib.parse
 
+from lmqtt.store.client.connection import StoreClientError
+
 log = logging.getLogger("lmqtt.console")
 PEER_HEADER = "X-Lmqtt-Peer"
 PEER_TIMEOUT_S = 3.0
@@ -62,6 +64,7 @@ class Fleet:
                 raise StoreUnavailable("lmqtt serve runs without its store port (--store-port 0): the SDK "
                                        "service that answers this is off")
             if name == "pop_groups":
+                # lmqtt serve only (its store in this process): a fleet gateway never loads RocksDB
                 from lmqtt.store.node.console_peers import dead_letters, pop_groups
                 rows = pop_groups(self.sdk.pop, self.sdk.store)
                 return {"pop": rows, "dead_letters": {g: dead_letters(self.sdk.store, g)
@@ -82,7 +85,6 @@ class Fleet:
         if link is None or not link.connected:
             raise StoreUnavailable(f"store {self.cfg.store_address} unreachable: "
                                    f"{link.last_error if link is not None else 'closed'}")
-        from lmqtt.store.client.connection import StoreClientError
         try:
             return await asyncio.wait_for(link.cmd(name, **args), STORE_TIMEOUT_S)
         except asyncio.TimeoutError:

@@ -11,6 +11,8 @@ import logging
 from starlette.requests import Request
 from starlette.routing import Route
 
+from .fleet import StoreUnavailable
+
 log = logging.getLogger("lmqtt.console")
 
 OPS = ("user_set", "user_remove", "rule_add", "rule_remove", "default")
@@ -19,8 +21,6 @@ OPS = ("user_set", "user_remove", "rule_add", "rule_remove", "default")
 def routes(gw, fleet, need, action, answer) -> list[Route]:
     """GET and POST /console/api/security. `need(request, role)` -> (session, refusal),
     `action(request, session)` -> a CSRF refusal or None, `answer(obj, status)` -> the response."""
-    from .fleet import StoreUnavailable
-
     async def get_doc() -> dict:
         if gw.embedded is not None:
             return gw.embedded.security.get()
@@ -53,9 +53,9 @@ def routes(gw, fleet, need, action, answer) -> list[Route]:
         if op not in OPS:
             return answer({"error": f"op must be one of {', '.join(OPS)}"}, 400)
         change = {"op": op}
-        from lmqtt.gateway.security.acl import AclError
-        from lmqtt.gateway.security.auth import hash_password
-        from lmqtt.gateway.security.live import check_rule
+        from lmqtt.gateway.security.acl import AclError  # only when configured
+        from lmqtt.gateway.security.auth import hash_password  # only when configured
+        from lmqtt.gateway.security.live import check_rule  # only when configured
         try:
             if op == "user_set":
                 user, pw = str(body.get("user") or ""), body.get("password")
