@@ -247,7 +247,7 @@ static PyObject *offer(PyObject *self, PyObject *args) {
     }
     int err = 0;
     PyObject *cursors = NULL, *cur = NULL, *direct = NULL, *sub = NULL, *window = NULL, *cid = NULL,
-             *inflight = NULL, *ids = NULL, *frames = NULL, *first_ts = NULL, *result = NULL;
+             *inflight = NULL, *ids = NULL, *frames = NULL, *first_ts = NULL, *result = NULL, *items = NULL;
     if (!(cursors = PyObject_GetAttr(s, s_cursors))) goto done;
     if (!(cur = PyObject_GetItem(cursors, q))) goto done;
     if (!(direct = PyObject_GetAttr(s, s_direct))) goto done;
@@ -270,10 +270,11 @@ static PyObject *offer(PyObject *self, PyObject *args) {
     if (!(frames = PyList_New(0))) goto done;
     long sent0 = 0, sent1 = 0, sent2 = 0, used = 0;
     int complete = 1, over = 0;
-    /* the size is read again each turn: the Python called below (`_take_ids`, an MQTT 5 message's
-     * `properties_block`) must not be able to make an item borrowed here dangle */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
-        PyObject *it = PyList_GET_ITEM(messages, i);
+    /* the loop reads a tuple of the batch, not the list: the Python it calls (`_take_ids`, an
+     * MQTT 5 message's `properties_block`) cannot then free an item borrowed here */
+    if (!(items = PyList_AsTuple(messages))) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); i++) {
+        PyObject *it = PyTuple_GET_ITEM(items, i);
         long off = attr_long(it, s_queue_offset, &err);
         if (err) goto done;
         if (off < nxt) continue;
@@ -400,7 +401,7 @@ static PyObject *offer(PyObject *self, PyObject *args) {
     }
     result = PyLong_FromLong((over ? OVER : 0) | (sent2 ? QOS2_SENT : 0));
 done:
-    Py_XDECREF(cursors); Py_XDECREF(cur); Py_XDECREF(direct); Py_XDECREF(sub); Py_XDECREF(window);
+    Py_XDECREF(items); Py_XDECREF(cursors); Py_XDECREF(cur); Py_XDECREF(direct); Py_XDECREF(sub); Py_XDECREF(window);
     Py_XDECREF(cid); Py_XDECREF(inflight); Py_XDECREF(ids); Py_XDECREF(frames); Py_XDECREF(first_ts);
     return result;
 }
