@@ -32,6 +32,8 @@ def _seeds(d: Path) -> None:
     pub = b"\x32\x0c\x00\x03a/b\x00\x07hello"
     (d / "publish").write_bytes(b"\x00\x01\x00" + pub * 3 + b"\x40\x02\x00\x07")
     (d / "publish5").write_bytes(b"\x01\x01\x00" + b"\x30\x07\x00\x01t\x00xyz" + b"\x62\x02\x00\x01")
+    # acks whose remaining length is padded to a 4-byte varint (both decoders take them)
+    (d / "padded_acks").write_bytes(b"\x00\x01\x00" + b"\x40\x82\x80\x80\x00\x00\x07" + b"\x50\x82\x80\x00\x00\x08")
 
 
 def _tail(out: str) -> str:
