@@ -14,7 +14,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
-from lmqtt.loadtest.chaos.checker import body
+from lmqtt.loadtest.chaos.checker import Checker, body
 from lmqtt.store.client import connect
 from tests.support import ROOT
 
@@ -179,6 +179,35 @@ def read_all(conn, topic: str, upto_queue_offset: int | None = None) -> list:
             return out
         out.extend(r.records)
         off = r.next_offset
+
+
+def read_back(address, pattern: str, pubs, stream: str) -> list[dict]:
+    """The checker's verdict on a filter read of `pattern` from the earliest record: every message
+    the publishers `pubs` had acknowledged must be there once (QoS 2 label: a duplicate fails)."""
+    rb = Checker()
+    total = 0
+    for p in pubs:
+        for s in range(p.sent):
+            rb.sent(p.name, s, 2, stream)
+            rb.acked(p.name, s)
+        total += p.sent
+    rb.receiver("readback", stream, 2)
+    conn = connect(address)
+    try:
+        fc = conn.filter_consumer(pattern, start="earliest")
+        n = 0
+        deadline = time.monotonic() + 60
+        while n < total and time.monotonic() < deadline:
+            recs = fc.poll()
+            for r in recs:
+                rb.received("readback", r.body)
+            n += len(recs)
+        time.sleep(0.5)                  # anything past the last acknowledged one shows now
+        for r in fc.poll():
+            rb.received("readback", r.body)
+    finally:
+        conn.close()
+    return rb.verdict()
 
 
 # ------------------------------------------------------------------ MQTT load through a gateway

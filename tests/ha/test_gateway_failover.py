@@ -14,9 +14,8 @@ import time
 import pytest
 
 from lmqtt.loadtest.chaos.checker import Checker, failures
-from lmqtt.store.client import connect
 from tests.ha.group import MqttPublisher as _Publisher
-from tests.ha.group import StoreGroup
+from tests.ha.group import StoreGroup, read_back
 from tests.ha.group import mqtt_client as _client
 from tests.support import LmqttGateway
 
@@ -111,28 +110,7 @@ def test_gateways_follow_the_primary_through_a_kill9_and_lose_nothing_acknowledg
         connected_lost = row["lost"]
 
         # a filter read on the new primary has each acknowledged message exactly once
-        rb = Checker()
-        for p in pubs:
-            for s in range(p.sent):
-                rb.sent(p.name, s, 2, STREAM)
-                rb.acked(p.name, s)
-        rb.receiver("readback", STREAM, 2)       # QoS 2 label: duplicates are failures
-        conn = connect(group.peers)
-        try:
-            fc = conn.filter_consumer("hagw/#", start="earliest")
-            n = 0
-            deadline = time.monotonic() + 60
-            while n < total and time.monotonic() < deadline:
-                recs = fc.poll()
-                for r in recs:
-                    rb.received("readback", r.body)
-                n += len(recs)
-            time.sleep(0.5)
-            for r in fc.poll():
-                rb.received("readback", r.body)
-        finally:
-            conn.close()
-        rows = rb.verdict()
+        rows = read_back(group.peers, "hagw/#", pubs, STREAM)
         assert failures(rows) == [], rows
         assert rows[0]["lost"] == 0 and rows[0]["duplicated"] == 0, rows
 

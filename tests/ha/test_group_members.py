@@ -18,7 +18,7 @@ import pytest
 
 from lmqtt.loadtest.chaos.checker import Checker, failures
 from lmqtt.store.client import connect
-from tests.ha.group import MqttPublisher, StoreGroup
+from tests.ha.group import MqttPublisher, StoreGroup, read_back
 from tests.support import ROOT, LmqttGateway
 
 pytestmark = pytest.mark.timeout(300)
@@ -152,29 +152,8 @@ def test_a_group_grows_to_five_shrinks_to_three_and_replaces_a_member_under_mqtt
         for m in group.members:
             group.wait_status(m, lambda st, n=m.node: st["log_end"] == end and n in st["in_sync"])
         # every acknowledged message is in the group's log once (read from the primary)
-        rb = Checker()
-        total = 0
-        for p in pubs:
-            for s in range(p.sent):
-                rb.sent(p.name, s, 2, "mqtt")
-                rb.acked(p.name, s)
-            total += p.sent
-        rb.receiver("readback", "mqtt", 2)       # QoS 2 label: a duplicate is a failure too
-        conn = connect(group.address_list())
-        try:
-            fc = conn.filter_consumer("members/#", start="earliest")
-            n = 0
-            deadline = time.monotonic() + 60
-            while n < total and time.monotonic() < deadline:
-                recs = fc.poll()
-                for r in recs:
-                    rb.received("readback", r.body)
-                n += len(recs)
-            for r in fc.poll():
-                rb.received("readback", r.body)
-        finally:
-            conn.close()
-        rows = rb.verdict()
+        total = sum(p.sent for p in pubs)
+        rows = read_back(group.address_list(), "members/#", pubs, "mqtt")
         assert failures(rows) == [] and rows[0]["lost"] == 0 and rows[0]["duplicated"] == 0, rows
         assert total > 0 and rows[0]["acked"] == total, rows
 
