@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from tests.support import ROOT, free_port
@@ -58,9 +60,27 @@ def test_simulate_without_a_broker_says_so_in_one_line(tmp_path):
                            "Connection refused (is `lmqtt serve` running?)")
 
 
+def _watch_readings(port: int):
+    """A subscriber to the simulator's topics: its event is set at the first reading."""
+    got = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="walk-watcher")
+    c.on_message = lambda *_: got.set()
+    c.connect("127.0.0.1", port)
+    c.subscribe("telemetry/#", qos=0)
+    c.loop_start()
+    return c, got
+
+
 def test_simulate_stops_on_ctrl_c(lmqtt_server, tmp_path):
-    run = _Run(["simulate", "--port", str(lmqtt_server.port), "--devices", "3", "--seconds", "60"], tmp_path)
-    time.sleep(2)                                        # publishing by now (not asserted on)
+    watcher, publishing = _watch_readings(lmqtt_server.port)
+    try:
+        run = _Run(["simulate", "--port", str(lmqtt_server.port), "--devices", "3", "--seconds", "60"], tmp_path)
+        # Ctrl-C while it publishes, as a user presses it (a fixed sleep could land in its start-up
+        # on a loaded machine)
+        assert publishing.wait(30), f"no reading within 30 s; stderr:\n{run.err()[-3000:]}"
+    finally:
+        watcher.loop_stop()
+        watcher.disconnect()
     run.p.send_signal(signal.SIGINT)
     rc, err = run.finish(30)
     _no_traceback(err)
