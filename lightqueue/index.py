@@ -38,9 +38,10 @@ from array import array
 from itertools import islice
 from typing import Iterable
 
-from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from lmqtt.store.errors import is_disk_full
+from lmqtt.store.rocksdb_options import rocksdb_options
 
 from .errors import LightQueueError
 from .index_reads import RUN_KEY, U64, IndexReads  # reads: the runs below, the tail above
@@ -88,11 +89,9 @@ class LightQueueIndex(IndexReads):
         """Open the index. Up to `preload_names` queue names are loaded into memory at open, so
         that a name missing from memory is known to be new without a RocksDB lookup (profiling
         the million-new-queues load showed that miss as the second cost after the write)."""
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
+        opts = rocksdb_options(max_open_files)       # the store's budget share (store/file_budget.py)
         opts.set_write_buffer_size(write_buffer_mb << 20)
         opts.set_max_background_jobs(2)
-        opts.set_max_open_files(max_open_files)      # the store's budget share (store/file_budget.py)
         # Name lookups of brand-new queues are misses: bloom filters (SST and memtable) answer
         # most of them without a skiplist/SST search.
         bbo = BlockBasedOptions()

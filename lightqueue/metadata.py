@@ -18,7 +18,9 @@ import threading
 import time
 from typing import Collection, Iterator
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from lmqtt.store.rocksdb_options import rocksdb_options
 
 from .errors import MetadataError
 from .metadata_keys import (
@@ -64,9 +66,7 @@ class MetadataStore(RetainedMessages, Wills):
     """Crash-safe key/value metadata for gateways and consumers (see module docstring)."""
 
     def __init__(self, path: str, *, sync: bool = False, max_open_files: int = -1) -> None:
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_max_open_files(max_open_files)      # the store's budget share (store/file_budget.py)
+        opts = rocksdb_options(max_open_files)      # the store's budget share (store/file_budget.py)
         try:
             self._db = Rdict(str(path), opts)
         except Exception as e:  # rocksdict raises plain Exception with the RocksDB status

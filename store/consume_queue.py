@@ -39,12 +39,13 @@ import shutil
 import struct
 import threading
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper  # noqa: F401 - ENTRY_FIELDS: re-exported
 from .errors import StoreError, is_disk_full
 from .message import DispatchBatch
 from .record import first_level
+from .rocksdb_options import rocksdb_options
 
 log = logging.getLogger("lmqtt.store")
 
@@ -223,10 +224,7 @@ class ConsumeQueueStore:
         self._ckpt = self._last_end = 0 if v is None else _U64.unpack(v)[0]
 
     def _open(self) -> None:
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_max_open_files(self.max_open_files)
-        opts.set_keep_log_file_num(2)
+        opts = rocksdb_options(self.max_open_files)
         opts.set_max_background_jobs(2)
         opts.set_write_buffer_size(16 << 20)
         try:

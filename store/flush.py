@@ -7,7 +7,7 @@
   `commit_interval_ms`; in the async modes flushes every `flush_interval_ms` when at least
   `flush_least_pages` pages are dirty, and everything every `flush_thorough_interval_ms`; in every
   mode it checks disk usage against the high-water mark, saves the CommitLog's flushed-offset
-  checkpoint and runs retention.
+  checkpoint and runs retention, then returns the heaps' free pages to the kernel (store/heap.py).
 
 Idle (issue: an idle broker costs ~nothing): each thread sleeps until it has work. The group commit
 waits for an appender's notify (a long safety timeout only); the background thread sleeps until
@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from . import heap
 from .errors import StoreError, is_disk_full
 
 log = logging.getLogger("lmqtt.store")
@@ -145,6 +146,7 @@ class BackgroundService:
             for fn in (self.kick, getattr(getattr(self.store, "prefault", None), "kick", None)):
                 if fn is not None and fn not in hooks:
                     hooks.append(fn)
+        heap.tune()
         self._thread = threading.Thread(target=self._run, name="lmqtt-store-background", daemon=True)
         self._thread.start()
 
@@ -234,6 +236,7 @@ class BackgroundService:
                 release = getattr(st, "release_idle_maps", None)
                 if release is not None:
                     self._duty("idle maps", release)
+                self._duty("heap trim", heap.trim)
             # the next wake-up: the earliest duty with something to do. Announced as a long sleep
             # before the work is looked at again, so records arriving meanwhile either are seen
             # here or kick() finds the flag set (Event: the wake-up is kept until the wait)

@@ -23,9 +23,10 @@ import json
 import os
 import struct
 
-from rocksdict import Options, Rdict, WriteOptions
+from rocksdict import Rdict, WriteOptions
 
 from .protocol import compact_json
+from .rocksdb_options import rocksdb_options
 
 _U64 = struct.Struct(">Q")
 _K_RECOVERY = b"R"
@@ -56,10 +57,7 @@ class SdkMetadata:
         """`max_open_files`: RocksDB's table files open at once (-1: no bound; a store node passes
         its budget's share, store/file_budget.py)."""
         os.makedirs(path, exist_ok=True)
-        opts = Options(raw_mode=True)
-        opts.create_if_missing(True)
-        opts.set_max_open_files(max_open_files)
-        self._db = Rdict(path, opts)
+        self._db = Rdict(path, rocksdb_options(max_open_files))
         self._wo = WriteOptions()
         self._producers: dict[str, dict] = {}
 

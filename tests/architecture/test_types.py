@@ -39,6 +39,8 @@ TYPED = [
     "lmqtt.loadtest.chaos.partitions",
     "lmqtt.loadtest.chaos.partition_round",
     "lmqtt.loadtest.chaos.remote",
+    "lmqtt.store.heap",                     # what the store gives back to the kernel
+    "lmqtt.store.rocksdb_options",          # the options every RocksDB database opens with
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")

@@ -1,0 +1,62 @@
+"""Give memory the process has freed back to the system (glibc only; elsewhere a no-op).
+
+Why: a broker runs for months, and what it allocates and frees every second - RocksDB memtables
+flushed every checkpoint, payload buffers, per-connection objects of devices that reconnect - is
+freed into glibc's heaps, not returned to the kernel. Two things then hold it:
+
+* glibc's *dynamic* mmap threshold: after a large block that was mmap()ed is freed, blocks of that
+  size are carved from the heap instead, where a small live allocation above them keeps the heap
+  from shrinking. Fixing the threshold keeps large, short-lived blocks (a memtable's arena blocks)
+  in mappings of their own that go back to the kernel when freed.
+* free pages inside a heap are returned only by `malloc_trim`. The background service calls
+  `trim()` with retention, so the resident size follows what is in use.
+
+A 2-hour soak before this showed the main heap growing ~8.5 MiB an hour while the memory in use
+stayed level (mallinfo2: half of the heap free).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger("lmqtt.store")
+
+M_MMAP_THRESHOLD = -3           # <malloc.h>
+MMAP_THRESHOLD = 256 * 1024     # blocks from 256 KiB up get mappings of their own
+
+_libc: ctypes.CDLL | None = None
+_tuned = False
+
+
+def _glibc() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name or "libc.so.6")
+            lib.malloc_trim.argtypes = [ctypes.c_size_t]
+            lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to tune
+            return None
+        _libc = lib
+    return _libc
+
+
+def tune() -> bool:
+    """Fix the mmap threshold (once per process); False where the C library is not glibc."""
+    global _tuned
+    lib = _glibc()
+    if lib is None:
+        return False
+    if not _tuned:
+        if lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+            log.debug("mallopt(M_MMAP_THRESHOLD) refused; freed memory is still trimmed")
+        _tuned = True
+    return True
+
+
+def trim() -> bool:
+    """Return the free pages of every heap to the kernel; True when some were returned."""
+    lib = _glibc()
+    return bool(lib is not None and lib.malloc_trim(0))

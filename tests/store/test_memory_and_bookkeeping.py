@@ -1,0 +1,58 @@
+"""What keeps a long-running store's memory and disk level: freed heap pages go back to the
+kernel (store/heap.py), and RocksDB's own LOG and MANIFEST stay bounded although the ConsumeQueue
+and the light-queue index flush a memtable at every checkpoint (store/rocksdb_options.py)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from rocksdict import Rdict, WriteOptions
+
+from lmqtt.store import heap
+from lmqtt.store.rocksdb_options import LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, rocksdb_options
+
+
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(not heap.tune(), reason="the C library is not glibc")
+def test_trim_returns_freed_heap_pages_that_a_live_block_above_them_pins():
+    # 1 KiB blocks come from malloc's heap, not from mappings of their own; the last one, kept
+    # alive, sits above the rest, so freeing them cannot shrink the heap from the top
+    blocks = [bytes(1024) + bytes([i % 251]) for i in range(150_000)]
+    pin = blocks[-1]
+    del blocks[-1]
+    before = _rss_anon_kib()
+    blocks.clear()
+    freed = _rss_anon_kib()
+    heap.trim()
+    after = _rss_anon_kib()
+    assert pin[-1] == (149_999 % 251)
+    assert freed - after > 100_000, (before, freed, after)   # most of the ~150 MiB went back
+
+
+def test_rocksdb_log_and_manifest_stay_bounded_with_a_flush_per_checkpoint(tmp_path):
+    path = str(tmp_path / "db")
+    db = Rdict(path, rocksdb_options(64))
+    wo = WriteOptions()
+    wo.disable_wal = True
+    try:
+        for i in range(2_500):          # a checkpoint a second: ~40 minutes of a busy store
+            db.put(b"Q%08d" % (i % 97), os.urandom(64), wo)
+            db.flush(True)
+    finally:
+        db.close()
+    names = os.listdir(path)
+    logs = [n for n in names if n == "LOG" or n.startswith("LOG.old")]
+    manifests = [n for n in names if n.startswith("MANIFEST-")]
+    assert len(logs) <= LOG_FILES_KEPT + 1, logs
+    assert len(manifests) == 1, manifests
+    sizes = {n: os.path.getsize(os.path.join(path, n)) for n in logs + manifests}
+    assert all(sizes[n] <= LOG_FILE_BYTES + 64 * 1024 for n in logs), sizes
+    assert sizes[manifests[0]] <= MANIFEST_BYTES + 64 * 1024, sizes
+    assert sum(os.path.getsize(os.path.join(path, n)) for n in logs) > LOG_FILE_BYTES, sizes  # it did roll
