@@ -70,7 +70,6 @@ def main(argv=None) -> int:
              "bat": rnd.uniform(3.7, 4.2), "seq": 0} for i in range(a.devices)]
     silent = {d["id"] for d in devs[:a.silent]}
     t0 = time.monotonic()
-    sent = 0
     try:
         return _run(a, rnd, c, devs, silent, t0)
     except KeyboardInterrupt:             # Ctrl-C: the run stops early, not an error

@@ -26,11 +26,14 @@ import struct
 import time
 from itertools import chain as _chain_mod, repeat as _repeat
 from operator import or_ as _or, sub as _sub
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from lmqtt.gateway.mqtt import Decoder, ProtocolError, PublishTemplate, encode, packets as P
 
 from .stamp import STAMP, STAMP_SIZE, Stream, Tracker, make_payload
+
+if TYPE_CHECKING:
+    import ssl
 
 _U16 = struct.Struct("!H")
 _ACK = struct.Struct("!HH")

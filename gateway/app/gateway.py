@@ -13,6 +13,7 @@ import asyncio
 import logging
 import resource
 import socket
+from functools import partial
 
 from lmqtt.gateway.integrations.wiring import Integrations
 from lmqtt.gateway.app.config import GatewayConfig
@@ -513,7 +514,7 @@ class Gateway:
             plan.append(("wss", cfg.wss_port, ws, self.ssl_context))
         for name, port, factory, ctx in plan:
             if ctx is not None:
-                factory = (lambda f=factory, c=ctx, n=name: TlsAcceptor(self, f, c, n))
+                factory = partial(TlsAcceptor, self, factory, ctx, name)
             try:
                 srv = await loop.create_server(factory, cfg.host, port, reuse_address=True, backlog=1024,
                                                reuse_port=bool(cfg.reuse_port) or None)

@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import ROOT, LmqttServer, Paho, free_port, listening
+from tests.support import ROOT, LmqttServer, Paho, listening
 
 selenium = pytest.importorskip("selenium")
 from selenium import webdriver  # noqa: E402

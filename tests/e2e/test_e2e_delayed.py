@@ -148,7 +148,7 @@ def test_bad_forms_are_refused_with_a_reason_code_and_logged(lmqtt_server):
     sub.disconnect()
     log = lmqtt_server.log_tail(200000)
     for rc in (RC.TOPIC_NAME_INVALID, RC.PAYLOAD_FORMAT_INVALID):
-        assert f"event=delayed_publish_refused" in log and f"reason_code=0x{rc:02X}" in log
+        assert "event=delayed_publish_refused" in log and f"reason_code=0x{rc:02X}" in log
     assert "the delay must be whole seconds" in log and "neither epoch milliseconds nor an RFC 3339" in log
 
 

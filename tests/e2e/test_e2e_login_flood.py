@@ -48,7 +48,7 @@ def test_a_thousand_failed_logins_leave_connected_clients_served(tmp_path):
         for t in threads:
             t.start()
         # meanwhile: a reading every 20 ms from a connected device to a connected subscriber
-        sent, latencies, seq = 0, [], 0
+        latencies, seq = [], 0
         while any(t.is_alive() for t in threads):
             pub.publish("flood/t", f"{seq} {time.monotonic()}".encode(), qos=1)
             seq += 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties

@@ -6,6 +6,7 @@ import collections
 
 import pytest
 
+from lmqtt.gateway.mqtt import packets as P
 from tests.support import Paho, RawMQTT, both_kinds_fixtures
 
 
@@ -23,7 +24,6 @@ def _collect(members, n, timeout=10.0):
     for k, m in enumerate(members):
         out[k].extend(m.drain(0.2))
     return out
-from lmqtt.gateway.mqtt import packets as P
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -364,7 +364,7 @@ def test_outbound_topic_aliases_always_resolve_to_the_sent_topic():
     was meant, never sees an alias above its maximum, and never sees an empty topic with an alias
     it was not told."""
     import random
-    from lmqtt.gateway.mqtt import Decoder, packets as P
+    from lmqtt.gateway.mqtt import Decoder
     from lmqtt.gateway.storage.record_props import RecordMeta
     from lmqtt.gateway.session import OutboundMessage, MqttSession
     rnd = random.Random(2026)
@@ -413,7 +413,8 @@ def test_a_connection_waiting_for_the_store_writes_and_reads_nothing_until_it_an
         else:
             store_write.set_exception(ConnectionError("store gone"))
             store_write.exception()
-        ping, suback = await c.wait_for(P.PingResp), await c.wait_for(P.SubAck)
+        await c.wait_for(P.PingResp)
+        suback = await c.wait_for(P.SubAck)
         got = c.packets()[before:]
         assert [type(p) for p in got] == [P.PingResp, P.SubAck] and suback[0].reason_codes == [1]
         assert c.transport.reading is True and not c.conn.write_blocked

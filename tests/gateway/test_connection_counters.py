@@ -26,7 +26,7 @@ def test_connections_and_connects_exported(tmp_path):
                 conn, _tr = fake_connection(gw)
                 conn.data_received(encode(P.Connect(client_id=cid, protocol_level=4), 4))
                 return conn
-            a, b = connect("a"), connect("b")
+            _, b = connect("a"), connect("b")
             await asyncio.sleep(0.01)
             assert _exported(gw) == {"lmqtt_connections": 2.0, "lmqtt_connects_total": 2.0}
             connect("a")                      # takes over a's session

@@ -17,7 +17,7 @@ def lmqtt(*args, stdin: bytes = b"", timeout: float = 60.0) -> subprocess.Comple
 
 
 def produce(addr, topic, lines, *extra):
-    r = lmqtt("produce", "--store", addr, "--topic", topic, *extra, stdin=b"".join(l + b"\n" for l in lines))
+    r = lmqtt("produce", "--store", addr, "--topic", topic, *extra, stdin=b"".join(line + b"\n" for line in lines))
     assert r.returncode == 0, r.stderr.decode()
     assert f"{len(lines)} messages".encode() in r.stderr, r.stderr
     return r
@@ -36,7 +36,7 @@ def test_produce_then_consume_text_and_json(lmqtt_store):
             "--property", "src=console")
     produce(addr, "sensors/b/temp", [b"batched %d" % i for i in range(500)], "--batch")
     text = consume(addr, "sensors", "--from", "earliest", "--count", "521")
-    assert text == [l.decode() for l in lines] + ["batched %d" % i for i in range(500)]
+    assert text == [line.decode() for line in lines] + ["batched %d" % i for i in range(500)]
     js = [json.loads(x) for x in consume(addr, "sensors", "--from", "earliest", "--count", "3", "--format", "json")]
     assert [j["payload"] for j in js] == ["line 0", "line 1", "line 2"]
     j = js[1]

@@ -90,7 +90,7 @@ def test_kill9_primary_under_autobatch_load_loses_and_duplicates_nothing(group):
     assert row["acked"] == sent[0]
     # the old primary comes back as a replica and catches up
     first.start()
-    st = group.wait_status(first, lambda s: s["role"] == "replica" and s["log_end"] >= len(records) and
+    group.wait_status(first, lambda s: s["role"] == "replica" and s["log_end"] >= len(records) and
                            first.node in s["in_sync"], timeout=60)
     # (the primary is normally still `new`; on a loaded machine a slow member can cost one more
     # election meanwhile, which loses nothing either: the next kill is of whoever is primary now)

@@ -1,5 +1,4 @@
 """Sink and streaming source against a real `lmqtt serve` (own module: own server)."""
-import time
 
 from tests.support import Paho
 
@@ -47,7 +46,6 @@ def test_stream_stopped_and_restarted_sees_every_message_once(spark, server, tmp
     """Run 1 reads what is there and stops; run 2 dies in the middle of its first batch (after
     the batch's offsets are in the checkpoint, before it is committed); run 3 restarts from the
     checkpoint: it re-reads exactly that range, then goes on in batches of at most 14."""
-    import os
 
     from lmqtt.store.client import connect
     c = connect(server.store_address)

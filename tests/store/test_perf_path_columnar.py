@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from lmqtt.store import AppendResult, Message, MessageStore, StoreConfig, commitlog
-from lmqtt.store.consume_queue import ENTRY, ENTRY_SIZE
+from lmqtt.store.consume_queue import ENTRY
 
 
 def cfg(path, **kw):

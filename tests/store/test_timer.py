@@ -3,7 +3,6 @@ recovery after kill -9 without loss or double firing, and a million pending time
 memory. Time is a controllable clock except in the kill -9 test, which runs the real thing."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

@@ -231,7 +231,7 @@ def test_the_tier_away_the_node_serves_keeps_its_files_and_readers_skip_nothing(
         assert sub.subscribe("dev/+/t", qos=1) == [1]
         sub.disconnect()
         sent = _produce(store, 2000)
-        s = _offloaded(store, 3)
+        _offloaded(store, 3)
         s3_proxy.down()
         more = _produce(store, 2000, "dev/{}/t")                 # the node keeps taking messages
         _wait(lambda: _tier(store)["error"], 60, "the uploader to notice")
@@ -258,7 +258,7 @@ def test_the_tier_away_the_node_serves_keeps_its_files_and_readers_skip_nothing(
         assert sub.get_n(1, timeout=1) == []
         s3_proxy.up()
         _offloaded(store, 6)
-        s = _wait(lambda: (lambda t: t if t["reachable"] and t["error"] is None else None)(_tier(store)), 30,
+        _wait(lambda: (lambda t: t if t["reachable"] and t["error"] is None else None)(_tier(store)), 30,
                   "the tier reachable again")
         got = _pull_all(store, "dev", len(sent) + len(more))
         assert [(x.topic, bytes(x.body)) for x in got] == sent + more
