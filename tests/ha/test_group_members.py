@@ -129,14 +129,15 @@ def test_a_group_grows_to_five_shrinks_to_three_and_replaces_a_member_under_mqtt
         load_goes_on()
         new.append(_add(group, 99))
         load_goes_on()
+        primary = group.wait_primary()      # asked again: a starved machine may have held an election
         out = _remove(group, primary)
         assert "is the primary: handed over to node" in out.stderr, out.stderr
         load_goes_on()
         st = _members(group)
         assert sorted(st["members"].values()) == sorted(m.address for m in group.members), st
         assert sorted(st["in_sync"]) == sorted(m.node for m in group.members), st
-        stayed = [m for m in originals if m not in (primary, replica)]
-        assert len(stayed) == 1 and len(group.members) == 3
+        stayed = [m for m in originals if m in group.members]
+        assert 1 <= len(stayed) <= 2 and len(group.members) == 3
 
         for p in pubs:
             p.stop.set()
@@ -163,7 +164,8 @@ def test_a_group_grows_to_five_shrinks_to_three_and_replaces_a_member_under_mqtt
             assert m.proc.poll() is None and m.proc.pid == pids[m.node], m.node
             assert _starts(m) == 1, m.log_text()[-3000:]
         for m in new:
-            assert m.proc.poll() is None and _starts(m) == 1, m.log_text()[-3000:]
+            if m in group.members:
+                assert m.proc.poll() is None and _starts(m) == 1, m.log_text()[-3000:]
         # and no member's control loop failed on the way (it logs and goes on: a bug would hide)
         for m in originals + group.added:
             assert "event=ha_control_failed" not in m.log_text(), m.log_text()[-3000:]
