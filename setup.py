@@ -6,7 +6,9 @@ decode of raw MESSAGES replies into Records), `store._fastpath` (the store serve
 ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32),
 `lightqueue._retained` (the metadata's retained scan: RocksDB pairs -> (topic, payload, props)),
 `lightqueue._history` (a filter's history: ConsumeQueue entries -> the records matching the filter)
-`gateway.mqtt._run` (the codec's runs of PUBLISHes: retained messages, backlogs, histories)
+`gateway.mqtt._run` (the codec's runs of PUBLISHes: retained messages, backlogs, histories),
+`gateway.mqtt._scan` (the decoder's steady state: runs of PUBLISHes and two-byte acks framed in C),
+`gateway.session._offer` (the session machine's `offer` for one plain subscription)
 and `gateway.net._park` (parked idle MQTT sockets on an epoll of their own: PINGREQ answered in C).
 
 Everything else is in pyproject.toml. `optional=True`: without a C compiler the install still
@@ -30,5 +32,8 @@ setup(ext_modules=[
               extra_compile_args=["-O2"], libraries=["z"]),
     Extension("lmqtt.lightqueue._retained", ["lightqueue/_retained.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.gateway.mqtt._run", ["gateway/mqtt/_run.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.gateway.mqtt._scan", ["gateway/mqtt/_scan.c"], depends=["gateway/mqtt/_scan_core.h"],
+              optional=True, extra_compile_args=["-O2"]),
+    Extension("lmqtt.gateway.session._offer", ["gateway/session/_offer.c"], optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.gateway.net._park", ["gateway/net/_park.c"], optional=True, extra_compile_args=["-O2"]),
 ])

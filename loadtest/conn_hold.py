@@ -56,8 +56,10 @@ class Holder:
     dropped SYN costs a 1 s retransmit). `open_all` stops at `deadline` (time.monotonic())."""
 
     def __init__(self, host: str, port: int, count: int, client_id, topic, *, version: int = 4,
-                 src_ips: list[str] | None = None, window: int = 256, keepalive: int = 600) -> None:
+                 src_ips: list[str] | None = None, window: int = 256, keepalive: int = 600,
+                 ports: tuple = ()) -> None:
         self.host, self.port, self.count = host, port, count
+        self.ports = ports or (port,)      # connection i goes to ports[i % len(ports)] (a fleet's gateways)
         self.client_id, self.topic, self.version = client_id, topic, version
         self.src_ips = src_ips or []
         self.window = window
@@ -79,7 +81,7 @@ class Holder:
         nxt = 0
         n = self.count
         ips = self.src_ips
-        addr = (self.host, self.port)
+        addrs = [(self.host, p) for p in self.ports]
         self.t_start = time.monotonic()
         try:
             while (nxt < n or pending) and time.monotonic() < deadline:
@@ -92,7 +94,7 @@ class Holder:
                         if ips:
                             s.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
                             s.bind((ips[i % len(ips)], 0))
-                        rc = s.connect_ex(addr)
+                        rc = s.connect_ex(addrs[i % len(addrs)])
                     except OSError as e:
                         s.close()
                         self._error(f"connect {i}: {e}")

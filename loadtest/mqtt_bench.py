@@ -30,6 +30,7 @@ import resource
 import sys
 import time
 
+from . import conn_rate
 from .brokers import raise_nofile
 from .histogram import Histogram
 from .million_bench import run_million
@@ -147,6 +148,8 @@ class _Pool:
 
 
 def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool = False) -> dict:
+    if cfg.scenario == "conn" and conn_rate.usable(cfg):
+        return conn_rate.run_conn(cfg, BrokerProbe(broker_pid), _progress, quiet)
     specs = plan(cfg)
     parts = partition(specs, cfg.procs)
     probe = BrokerProbe(broker_pid)
@@ -190,6 +193,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             return result
         cpu_b0 = probe.cpu()
         cpu_p0 = probe.cpu_by_process()
+        sched0 = probe.sched()
         t_go = time.monotonic_ns() + 100_000_000
         t_end = t_go + int(cfg.duration * 1e9)
         wall0 = time.monotonic()
@@ -208,6 +212,7 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
         wall = time.monotonic() - wall0
         cpu_b1 = probe.cpu()
         cpu_p1 = probe.cpu_by_process()
+        sched1 = probe.sched()
         rss_after = probe.rss()
         hist = Histogram()
         for r in results:
@@ -244,6 +249,10 @@ def run_traffic(cfg: ScenarioConfig, broker_pid: int | None = None, quiet: bool 
             "gen_cpu_us_per_msg": round(gen_cpu * 1e6 / totals["received"], 2) if totals["received"] else None,
             "broker_cpu_us_per_msg": (round((cpu_b1 - cpu_b0) * 1e6 / totals["received"], 2)
                                       if cpu_b0 is not None and totals["received"] else None),
+            # seconds per second the broker's threads waited for a CPU while runnable: on a
+            # shared machine, on-CPU + waiting is what it would have used with cores to itself
+            "broker_runq_wait_cores": (round((sched1[1] - sched0[1]) / wall, 3)
+                                       if sched0 is not None and sched1 is not None else None),
             "broker_rss_bytes": rss_after,
             # a multi-process broker (lmqtt-workers, lmqtt-fleet): CPU per delivered message in
             # each of its processes, to see which one bounds it

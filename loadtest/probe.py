@@ -4,6 +4,8 @@ the PID of the process listening on a port. psutil is the bench extra's; without
 are None and the benchmarks report no broker CPU."""
 from __future__ import annotations
 
+import os
+
 
 class BrokerProbe:
     """CPU seconds and RSS of the broker process (and its children), if we know its PID."""
@@ -69,6 +71,29 @@ class BrokerProbe:
             except Exception:  # noqa: BLE001
                 pass
         return out
+
+    def sched(self) -> tuple[float, float] | None:
+        """Seconds on a CPU and seconds runnable but waiting for one (the run queue), summed over
+        the broker's threads (/proc/PID/task/TID/schedstat). On a machine shared with other jobs
+        a broker short of a core shows it here: on-CPU + waiting near 1.0 core per thread that
+        wanted to run is a saturated broker, whatever share of a core it was given."""
+        if self.proc is None:
+            return None
+        run = wait = 0
+        for p in self._procs():
+            try:
+                tids = os.listdir(f"/proc/{p.pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{p.pid}/task/{tid}/schedstat") as f:
+                        r, w, _ = f.read().split()
+                except (OSError, ValueError):
+                    continue
+                run += int(r)
+                wait += int(w)
+        return run / 1e9, wait / 1e9
 
     def rss(self) -> int | None:
         if self.proc is None:

@@ -31,6 +31,14 @@ def verdict(r: dict, saturated: float = SATURATED) -> str:
     below = (gu is None or bu is None or gu < bu) and top < b
     if top >= saturated and top >= b:
         return f"generator-bound: a worker process is saturated — add --procs ({figures})"
+    wait = r.get("broker_runq_wait_cores")
+    if b < saturated and wait is not None and b + wait >= saturated:
+        # a shared machine: the broker wanted a core and waited for it (run queue), so it was
+        # the limit at the share of the CPU it was given
+        figures += f"; the broker also waited {wait:.2f} cores' worth for a CPU"
+        if below:
+            return f"broker saturated at its share of a shared machine, generator below it ({figures})"
+        return f"broker saturated at its share of a shared machine, generator not clearly below it ({figures})"
     if b >= saturated and below:
         return f"broker saturated, generator below it ({figures})"
     if b >= saturated:

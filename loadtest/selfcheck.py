@@ -11,8 +11,11 @@ broker whose numbers do not move while lmqtt is being changed):
    worker processes (each one Python thread) is busier than the broker. ``verdict`` turns one
    result into that sentence, so ``compare`` and the report print it next to every figure.
 
-On a shared machine neither side may reach a full core (both wait for the CPU); the verdict
-then says so rather than calling either side the bottleneck.
+On a shared machine neither side may reach a full core (both wait for the CPU): the broker's
+run-queue wait (`broker_runq_wait_cores`, from /proc/PID/task/*/schedstat) tells a broker that
+wanted a whole core and was given a share of one (on-CPU + waiting >= 0.9: saturated at its share)
+from one the generator left idle; when neither holds, the verdict says so rather than calling
+either side the bottleneck.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One loader for the optional C accelerators, all nine of them (setup.py builds each; the module
+"""One loader for the optional C accelerators, all eleven of them (setup.py builds each; the module
 that loads it holds its Python reference):
 
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
@@ -18,6 +18,10 @@ that loads it holds its Python reference):
   first-level topics' ConsumeQueue entries with the topic match (lightqueue/history.py);
 * `lmqtt.gateway.mqtt._run` (gateway/mqtt/_run.c): a run of PUBLISH packets encoded at once
   (gateway/mqtt/encoder.py);
+* `lmqtt.gateway.mqtt._scan` (gateway/mqtt/_scan.c over _scan_core.h): the decoder's steady
+  state, runs of PUBLISHes and two-byte acks (gateway/mqtt/decoder.py);
+* `lmqtt.gateway.session._offer` (gateway/session/_offer.c): the session machine's `offer` for
+  one plain subscription (gateway/session/outbound.py);
 * `lmqtt.gateway.net._park` (gateway/net/_park.c): the parked idle sockets' epoll, answering
   PINGREQ (gateway/net/parking.py).
 

@@ -8,6 +8,8 @@ framing error is impossible).
 """
 from __future__ import annotations
 
+from lmqtt.store import accel
+
 from . import packets as P
 from .errors import ProtocolError
 from .properties import decode_properties
@@ -43,6 +45,16 @@ SUBACK_CODES_V311 = frozenset({0x00, 0x01, 0x02, 0x80})
 _OK_TABLES: dict[tuple, bytes] = {}
 _ACKS = {4: P.PubAck, 5: P.PubRec, 6: P.PubRel, 7: P.PubComp}
 _SHARED_EMPTY = P.Properties()   # see Decoder(share_empty_properties=True); never mutate
+
+
+# The steady state in C (gateway/mqtt/_scan.c): runs of PUBLISHes without MQTT 5 properties and
+# two-byte acks, taken only where this module would accept them (it stops at the first packet it
+# is not sure of, and the loop below goes on from there: errors are always this module's).
+# tests/mqtt/test_scan_accel.py compares the two on arbitrary byte streams.
+_scan_mod = accel.load("lmqtt.gateway.mqtt._scan")
+if _scan_mod is not None:
+    _scan_mod.configure(P.Publish, P.PubAck, P.PubRec, P.PubRel, P.PubComp, P.Properties)
+_scan = _scan_mod.scan if _scan_mod is not None else None
 
 
 def _err(msg: str, code: int = 0x81) -> ProtocolError:
@@ -96,8 +108,13 @@ class Decoder:
         n = len(buf)
         ok = self._ok_first
         mv = memoryview(buf)  # one view per feed: payloads are copied out of it exactly once
+        scan = _scan          # (the view also keeps `buf` from being resized while C reads it)
         try:
             while pos < n:
+                if scan is not None:
+                    pos = scan(buf, pos, out, ok, self.version == 5, self.max_packet_size, self._empty_props)
+                    if pos >= n:
+                        break
                 b0 = buf[pos]
                 if not ok[b0]:
                     self._check_first_byte(b0)  # raises with the precise reason

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from lmqtt.store.accel import load as load_accel
 from lmqtt.gateway.mqtt import (ReasonCode as RC, encode, encode_publish_run, encode_publish_v5_parts,
                                 message_expiry_prop, packets as P, subscription_identifier_props, topic_alias_prop)
 from lmqtt.gateway.session.messages import (EXPIRED, RUN_FLUSH_FIRST, RUN_FLUSH_MAX, TOO_LARGE, WAIT_ACK, WAIT_COMP,
@@ -37,6 +38,15 @@ OVER = 1          # the byte budget stopped it: the rest at the next run (or aft
 QOS2_SENT = 2     # new QoS 2 PUBLISHes were queued: a persistent session's record is written ahead of them
 
 _new = tuple.__new__
+
+# `offer`'s steady state in C (gateway/session/_offer.c): one queue's batch to a session reading it
+# through one plain subscription, without an ACL read rule, MQTT 5 per-subscriber parts or a
+# Maximum Packet Size; it gives back None (nothing done) for what it does not take, and uses this
+# machine's `_take_ids` and `_close_offer`. tests/session/test_offer_accel.py compares the two.
+_offer_mod = load_accel("lmqtt.gateway.session._offer")
+if _offer_mod is not None:
+    _offer_mod.configure(OutboundMessage, InFlight, OVER, QOS2_SENT, WAIT_ACK)
+_offer_c = _offer_mod.offer if _offer_mod is not None else None
 
 
 class Tally(Protocol):
@@ -300,8 +310,13 @@ class Outbound:
         counted to (None: the clock, read when a message has one). Returns OVER | QOS2_SENT bits.
 
         The hot loop of fan-out: everything per-session is hoisted out of it."""
-        cur = self.cursors[q]
         direct = self.direct
+        if (_offer_c is not None and can_read is None and len(direct) == 1 and not self._custom
+                and not self._max_packet and messages.__class__ is list):
+            flags = _offer_c(self, q, messages, next_offset, write, tally, budget)
+            if flags is not None:
+                return flags
+        cur = self.cursors[q]
         sub = direct[q]
         multi = len(direct) > 1
         window = self._window

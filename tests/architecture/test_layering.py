@@ -127,7 +127,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
                               "lmqtt.store.record", "lmqtt.lightqueue.records"},
     # the MQTT session machine (sans-IO, as the codec): the codec, nothing else of ours
-    "lmqtt.gateway.session": {"lmqtt.gateway.mqtt"},
+    "lmqtt.gateway.session": {"lmqtt.gateway.mqtt", "lmqtt.store.accel"},   # accel: the C loader (session/_offer.c)
     "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel",    # accel: the C loader (net/_park.c)
                           "lmqtt.gateway.session"},  # a parked session's fold; session.rare, the RareField an MqttSession uses too
     "lmqtt.gateway.security": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net"},

@@ -4,6 +4,7 @@ with one line naming the cause (no broker, no store, broker lost) and stop clean
 never with a traceback."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,25 @@ LMQTT = [sys.executable, "-m", "lmqtt.gateway.cli"]
 ENV = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
 
 
+@contextlib.contextmanager
+def _sigint_at_default_in_children():
+    """Processes started in it get SIGINT at its default, as a shell at a terminal starts a command.
+    A shell without job control (a script, `bash .ci/run &`) starts a background command with SIGINT
+    ignored (POSIX), every process under it inherits that, and a Python started with SIGINT ignored
+    never raises KeyboardInterrupt: the Ctrl-C tests then failed for how pytest was started (an
+    empty stderr, the command running on), not for what the command does. exec resets a handled
+    signal to its default and keeps an ignored one ignored, so SIGINT is handled here meanwhile."""
+    if (signal.getsignal(signal.SIGINT) != signal.SIG_IGN
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _Run:
     """An `lmqtt ...` process; its output goes to files (Spark writes more than a pipe holds)."""
 
@@ -30,7 +50,7 @@ class _Run:
         _Run._n += 1
         self.out_path = os.path.join(str(log_dir), f"run{_Run._n}.out")
         self.err_path = os.path.join(str(log_dir), f"run{_Run._n}.err")
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err, _sigint_at_default_in_children():
             self.p = subprocess.Popen(LMQTT + list(args), stdout=out, stderr=err, cwd=ROOT, env=ENV)
 
     def err(self) -> str:
@@ -71,7 +91,20 @@ def _watch_readings(port: int):
     return c, got
 
 
-def test_simulate_stops_on_ctrl_c(lmqtt_server, tmp_path):
+@pytest.fixture(params=["pytest-at-a-terminal", "pytest-in-the-background"])
+def pytest_sigint(request):
+    """The SIGINT disposition pytest was started with: handled (a terminal) or ignored (started
+    with `&` by a shell without job control, as a CI script may be); the commands it starts are
+    interrupted as from a terminal either way."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal dispositions are set from the main thread only")
+    want = signal.SIG_IGN if request.param == "pytest-in-the-background" else signal.default_int_handler
+    old = signal.signal(signal.SIGINT, want)
+    yield request.param
+    signal.signal(signal.SIGINT, old)
+
+
+def test_simulate_stops_on_ctrl_c(lmqtt_server, tmp_path, pytest_sigint):
     watcher, publishing = _watch_readings(lmqtt_server.port)
     try:
         run = _Run(["simulate", "--port", str(lmqtt_server.port), "--devices", "3", "--seconds", "60"], tmp_path)

@@ -91,6 +91,14 @@ def test_saturation_verdict_names_the_side_that_was_the_limit():
     shared = verdict({**base, "broker_cpu_cores": 0.6, "gen_cpu_cores": 0.3,
                       "gen_cpu_cores_per_proc": [0.15, 0.15]})
     assert shared.startswith("neither saturated")
+    # the same broker waited 0.35 cores' worth for a CPU: it wanted a whole core and got a share
+    starved = verdict({**base, "broker_cpu_cores": 0.6, "broker_runq_wait_cores": 0.35, "gen_cpu_cores": 0.3,
+                       "gen_cpu_cores_per_proc": [0.15, 0.15]})
+    assert starved.startswith("broker saturated at its share of a shared machine, generator below it")
+    assert "waited 0.35 cores" in starved
+    idle = verdict({**base, "broker_cpu_cores": 0.6, "broker_runq_wait_cores": 0.1, "gen_cpu_cores": 0.3,
+                    "gen_cpu_cores_per_proc": [0.15, 0.15]})
+    assert idle.startswith("neither saturated")
     assert verdict({"gen_cpu_cores": 0.3}).startswith("unknown")
     fixed = verdict({**base, "broker_cpu_cores": 0.17, "gen_cpu_cores": 0.32, "gen_cpu_cores_per_proc": [0.16],
                      "params": {"rate": 5000.0}, "behind_schedule": 0})

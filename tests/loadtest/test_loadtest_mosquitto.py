@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -86,6 +87,29 @@ def test_conn_scenario_counts_connections_and_broker_memory(mosquitto):
     assert res["connect"]["connected"] == 300 and res["connect"]["failed"] == 0
     assert res["broker_rss_bytes"] > 0 and "rss_per_conn_bytes" in res
     assert 0 <= res["idle_broker_cpu_cores"] < 2
+    # the lean raw-socket generator, its handshakes bounded below Mosquitto's accept backlog (100)
+    assert res["gen_loop"] == "raw" and res["handshake_window"] <= 100
+    assert res["broker_cpu_us_per_conn"] > 0 and res["gen_cpu_us_per_conn"] > 0
+
+
+def test_conn_scenario_subscribes_each_connection_to_its_own_topic(mosquitto):
+    """A held connection is a live subscriber: a message to its topic reaches its socket, and
+    only its socket."""
+    import select
+    import paho.mqtt.publish as publish
+    from lmqtt.loadtest.conn_hold import Holder
+    h = Holder(mosquitto.host, mosquitto.port, 3, lambda i: f"hold-{i}", lambda i: f"hold/{i}", window=2)
+    assert h.open_all(time.monotonic() + 10) == 3
+    try:
+        publish.single("hold/1", b"x", hostname=mosquitto.host, port=mosquitto.port)
+        readable, _, _ = select.select(h.held, [], [], 5)
+        time.sleep(0.2)
+        readable, _, _ = select.select(h.held, [], [], 0)
+        assert len(readable) == 1
+        data = readable[0].recv(64)
+        assert data[0] >> 4 == 3 and b"hold/1" in data      # a PUBLISH of its topic
+    finally:
+        h.close_all()
 
 
 def test_cli_reports_a_clear_error_when_nothing_listens(capsys):

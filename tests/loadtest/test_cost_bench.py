@@ -1,0 +1,65 @@
+"""`lmqtt bench cost`: a broker's syscalls, context switches and CPU per
+delivered message, read from `perf stat` and `strace -c`.
+
+The parsers run on the tools' real output formats; the end-to-end run (a fresh Mosquitto, a short
+fixed-rate scenario, perf attached) needs perf and is skipped without it. No timing assertions:
+the counts are checked for being there and consistent, not for their size.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from lmqtt.loadtest import cost_bench
+
+PERF_OUT = """# started on Wed Nov 25 21:19:39 2026
+
+9,,raw_syscalls:sys_enter,93671,100.00,96.081,K/sec
+3,,context-switches,93671,100.00,32.027,K/sec
+<not counted>,,cpu-migrations,0,100.00,,
+0.09,msec,task-clock,93671,100.00,0.000,CPUs utilized
+"""
+
+STRACE_OUT = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 58.63    0.000343           6        51           epoll_wait
+  0.85    0.000005           0       110        10 accept
+  0.00    0.000000           0      1055           read
+  0.00    0.000000           0       954       400 epoll_ctl
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.000585           0      3827       410 total
+"""
+
+
+def test_perf_stat_csv_is_read_per_event():
+    c = cost_bench._perf_counts(PERF_OUT)
+    assert c["raw_syscalls:sys_enter"] == 9 and c["context-switches"] == 3
+    assert c["task-clock"] == 0.09
+    assert c["cpu-migrations"] is None          # "<not counted>" is not a zero
+
+
+def test_strace_summary_gives_calls_by_name_with_and_without_errors():
+    t = cost_bench._strace_table(STRACE_OUT)
+    assert t == {"epoll_wait": 51, "accept": 110, "read": 1055, "epoll_ctl": 954}
+
+
+@pytest.mark.skipif(shutil.which("perf") is None or shutil.which("mosquitto") is None,
+                    reason="needs perf (linux-perf) and mosquitto")
+def test_a_fixed_rate_run_against_mosquitto_gives_counts_per_message(tmp_path, capsys):
+    probe = subprocess.run(["perf", "stat", "-e", "raw_syscalls:sys_enter", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"perf cannot count syscalls here: {probe.stderr.decode()[:200]}")
+    out = tmp_path / "cost.jsonl"
+    rc = cost_bench.main(["--brokers", "mosquitto", "--scenarios", "latency", "--rounds", "1",
+                          "--duration", "1", "--pairs", "4", "--rate", "400", "--out", str(out)])
+    assert rc == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["broker"] == "mosquitto" and row["lost"] == 0 and row["delivered"] > 200
+    # every message is at least one read of its PUBLISH and one write of its delivery
+    assert row["syscalls_per_msg"] >= 2
+    assert row["context_switches_per_msg"] >= 0 and row["cpu_us_per_msg"] > 0
+    assert row["user_us_per_msg"] >= 0 and row["sys_us_per_msg"] >= 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0]) == row
