@@ -9,7 +9,8 @@ import pytest
 from rocksdict import Rdict, WriteOptions
 
 from lmqtt.store import heap
-from lmqtt.store.rocksdb_options import LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, rocksdb_options
+from lmqtt.store.rocksdb_options import (LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, TABLE_FILE_BYTES,
+                                         rocksdb_options)
 
 
 def _rss_anon_kib() -> int:
@@ -56,3 +57,22 @@ def test_rocksdb_log_and_manifest_stay_bounded_with_a_flush_per_checkpoint(tmp_p
     assert all(sizes[n] <= LOG_FILE_BYTES + 64 * 1024 for n in logs), sizes
     assert sizes[manifests[0]] <= MANIFEST_BYTES + 64 * 1024, sizes
     assert sum(os.path.getsize(os.path.join(path, n)) for n in logs) > LOG_FILE_BYTES, sizes  # it did roll
+
+
+def test_compaction_writes_small_tables(tmp_path):
+    """A compaction holds one output table's filter and index in memory: the tables stay small."""
+    path = str(tmp_path / "db")
+    db = Rdict(path, rocksdb_options(64))
+    wo = WriteOptions()
+    wo.disable_wal = True
+    try:
+        for sec in range(40):                       # ~20 MiB over 2,000 queues, a flush a "second"
+            for q in range(2_000):
+                db.put(b"R" + q.to_bytes(4, "big") + sec.to_bytes(8, "big"), os.urandom(200), wo)
+            db.flush(True)
+        db.compact_range(None, None)
+    finally:
+        db.close()
+    tables = [os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.endswith(".sst")]
+    assert sum(tables) > 4 * TABLE_FILE_BYTES, tables
+    assert max(tables) <= TABLE_FILE_BYTES * 5 // 4, tables
