@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.support import ROOT, LmqttServer, lmqtt_cli
+from tests.support import ROOT, LmqttServer, listening, lmqtt_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,6 +22,9 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("newcomer") / "data"
     d.mkdir()
     srv = LmqttServer(str(d)).start()
+    # the console/metrics port opens after the MQTT and store ports start() waits for; the first
+    # test points tools at it
+    assert listening(srv.host, srv.metrics_port, 30, srv.proc), srv.log_tail()
     yield srv
     srv.stop()
 
