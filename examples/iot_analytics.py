@@ -217,6 +217,7 @@ def _main(a) -> int:
         for q in qs:
             q.stop()
     finally:
+        _quiet_accumulator_hangup(spark)
         spark.stop()
     for e in failed:
         print(f"lmqtt spark-iot: a streaming query failed: {_failure(e)}", file=sys.stderr)
@@ -225,6 +226,22 @@ def _main(a) -> int:
               file=sys.stderr)
     return 1 if failed else 0
 
+
+
+def _quiet_accumulator_hangup(spark) -> None:
+    """PySpark's accumulator server reads updates from the JVM until it is told to stop, but
+    `spark.stop()` closes the JVM's end first: on a loaded machine the read sees the hang-up and
+    socketserver prints an EOFError traceback after the job ended normally. That one error, at
+    that moment, is the JVM going away, not a failure: it is not printed. (Any other is.)"""
+    srv = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if srv is None:
+        return
+    report = srv.handle_error
+
+    def handle_error(request, client_address):
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+    srv.handle_error = handle_error
 
 if __name__ == "__main__":
     raise SystemExit(main())
