@@ -11,6 +11,13 @@ memtable is flushed every second is compacted from level 0 into its last level e
 seconds, rewriting all of it; building one big table holds its whole filter and index in memory,
 a transient ~6-13 MiB on every such compaction in the soak (measured in the compaction thread's
 heap). With 4 MiB tables the same compaction holds ~1-2 MiB at a time.
+
+The memtable is 4 MiB unless a database asks for more (RocksDB's default is 64 MiB). The metadata
+databases (sessions, retained messages, SDK offsets) are written with a write-ahead log and never
+flushed by lmqtt: with 64 MiB, every session record a reconnecting device rewrites stayed in memory
+and in the log until 64 MiB of them had gathered - hours of slow growth of memory and disk in the
+soak (the light-queue metadata's log grew ~6 MiB an hour) before the first flush. The ConsumeQueue
+and the light-queue index, flushed at every checkpoint, set their own.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ LOG_FILE_BYTES = 1 << 20
 LOG_FILES_KEPT = 2
 MANIFEST_BYTES = 4 << 20
 TABLE_FILE_BYTES = 4 << 20
+MEMTABLE_BYTES = 4 << 20
 
 
 def rocksdb_options(max_open_files: int = -1) -> Options:
@@ -32,4 +40,5 @@ def rocksdb_options(max_open_files: int = -1) -> Options:
     opts.set_keep_log_file_num(LOG_FILES_KEPT)
     opts.set_max_manifest_file_size(MANIFEST_BYTES)
     opts.set_target_file_size_base(TABLE_FILE_BYTES)
+    opts.set_write_buffer_size(MEMTABLE_BYTES)
     return opts

@@ -9,7 +9,7 @@ import pytest
 from rocksdict import Rdict, WriteOptions
 
 from lmqtt.store import heap
-from lmqtt.store.rocksdb_options import (LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, TABLE_FILE_BYTES,
+from lmqtt.store.rocksdb_options import (LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, MEMTABLE_BYTES, TABLE_FILE_BYTES,
                                          rocksdb_options)
 
 
@@ -76,3 +76,19 @@ def test_compaction_writes_small_tables(tmp_path):
     tables = [os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.endswith(".sst")]
     assert sum(tables) > 4 * TABLE_FILE_BYTES, tables
     assert max(tables) <= TABLE_FILE_BYTES * 5 // 4, tables
+
+
+def test_a_database_never_flushed_by_lmqtt_keeps_a_small_memtable_and_log(tmp_path):
+    """The metadata databases are written with their log and flushed only by RocksDB: rewriting
+    the same records (sessions of reconnecting devices) must not gather in memory and on disk."""
+    path = str(tmp_path / "db")
+    db = Rdict(path, rocksdb_options(64))
+    try:
+        for i in range(60_000):                      # ~24 MiB of rewrites of 2,000 records
+            db.put(b"S%06d" % (i % 2_000), os.urandom(400))
+        mem = db.property_int_value("rocksdb.cur-size-all-mem-tables")
+        logs = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path) if n.endswith(".log"))
+    finally:
+        db.close()
+    assert mem <= 2 * MEMTABLE_BYTES, mem
+    assert logs <= 3 * MEMTABLE_BYTES, logs
