@@ -83,7 +83,9 @@ class LmqttServer:
             if not listening(self.host, port, deadline - time.monotonic(), self.proc):
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"{self.command} exited with {self.proc.returncode}: {self.log_tail()}")
-                raise RuntimeError(f"{self.command} did not listen within {timeout}s: {self.log_tail()}")
+                message = f"{self.command} did not listen within {timeout}s: {self.log_tail()}"
+                self.stop()         # not left running (with its workers, holding ports) after the test
+                raise RuntimeError(message)
         return self
 
     @property
