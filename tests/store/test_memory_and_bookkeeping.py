@@ -21,6 +21,13 @@ def _rss_anon_kib() -> int:
     raise AssertionError("no RssAnon in /proc/self/status")
 
 
+def _flushed_per_checkpoint(path: str) -> tuple[Rdict, WriteOptions]:
+    """A database written as the ConsumeQueue and the light-queue index write theirs: no
+    write-ahead log, a memtable flush at every checkpoint."""
+    wo = WriteOptions()
+    wo.disable_wal = True
+    return Rdict(path, rocksdb_options(64)), wo
+
 @pytest.mark.skipif(not heap.tune(), reason="the C library is not glibc")
 def test_trim_returns_freed_heap_pages_that_a_live_block_above_them_pins():
     # 1 KiB blocks come from malloc's heap, not from mappings of their own; the last one, kept
@@ -39,9 +46,7 @@ def test_trim_returns_freed_heap_pages_that_a_live_block_above_them_pins():
 
 def test_rocksdb_log_and_manifest_stay_bounded_with_a_flush_per_checkpoint(tmp_path):
     path = str(tmp_path / "db")
-    db = Rdict(path, rocksdb_options(64))
-    wo = WriteOptions()
-    wo.disable_wal = True
+    db, wo = _flushed_per_checkpoint(path)
     try:
         for i in range(2_500):          # a checkpoint a second: ~40 minutes of a busy store
             db.put(b"Q%08d" % (i % 97), os.urandom(64), wo)
@@ -62,9 +67,7 @@ def test_rocksdb_log_and_manifest_stay_bounded_with_a_flush_per_checkpoint(tmp_p
 def test_compaction_writes_small_tables(tmp_path):
     """A compaction holds one output table's filter and index in memory: the tables stay small."""
     path = str(tmp_path / "db")
-    db = Rdict(path, rocksdb_options(64))
-    wo = WriteOptions()
-    wo.disable_wal = True
+    db, wo = _flushed_per_checkpoint(path)
     try:
         for sec in range(40):                       # ~20 MiB over 2,000 queues, a flush a "second"
             for q in range(2_000):
