@@ -9,7 +9,8 @@ freed into glibc's heaps, not returned to the kernel. Two things then hold it:
   from shrinking. Fixing the threshold keeps large, short-lived blocks (a memtable's arena blocks)
   in mappings of their own that go back to the kernel when freed.
 * free pages inside a heap are returned only by `malloc_trim`. The background service calls
-  `trim()` with retention, so the resident size follows what is in use.
+  `trim()` with retention. It returns whole free pages only: a page that still holds one live
+  block among freed ones stays (fragmentation; docs/store.md "Memory over months").
 
 A 2-hour soak before this showed the main heap growing ~8.5 MiB an hour while the memory in use
 stayed level (mallinfo2: half of the heap free).
