@@ -45,6 +45,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "shared": ("lmqtt.loadtest.shared_bench", "One $share group of 4 QoS 1 members: serve, a fleet and Mosquitto"),
     "codec": ("lmqtt.loadtest.codec_bench", "The sans-IO MQTT codec alone: decode/encode packets/s"),
     "paho-latency": ("lmqtt.loadtest.paho_latency", "The latency scenario written with paho-mqtt: an independent check of the generator"),
+    "external": ("lmqtt.loadtest.external_gen", "Fan-in measured by mosquitto_pub/mosquitto_sub: an independent check of the generator"),
     "cost": ("lmqtt.loadtest.cost_bench", "A broker's syscalls, context switches and CPU per delivered message, brokers alternated"),
 }
 
