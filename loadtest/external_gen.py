@@ -18,10 +18,14 @@ publisher's start to the last byte the subscriber read, the broker's CPU seconds
 threads, /proc/PID/stat) and CPU per delivered message, and publishers that exited with an error.
 
 The publishers run at ``--nice`` (default 19). mosquitto_pub polls its socket without sleeping
-while the broker does not read it, so once a broker falls behind, a hundred clients at the same
-priority take the CPU from it and it falls further behind (on a 2-core machine it was then given
-~5 % of a core, and new connections waited in the listen queue). Niced, they only use what the
-broker leaves. The subscriber and the broker run at normal priority.
+while the broker does not read it, so once a broker falls behind, a hundred clients competing
+with it for the CPU take it from the broker and it falls further behind (a broker started from
+the same shell session as the clients was given ~5 % of a core on a 2-core machine, new
+connections waited in the listen queue, most mosquitto_pub gave up with "Unknown error"). Two
+things prevent it here: each broker runs in a session of its own (with Linux's autogroup
+scheduling, a session gets its share of the CPU whatever the other sessions' processes do), and
+the publishers are niced, so they use only what the broker leaves. The subscriber and the broker
+run at normal priority.
 
 One JSON line per run on stdout (and appended to ``--out``); a summary per broker (medians) on
 stderr.
