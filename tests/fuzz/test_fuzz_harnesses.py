@@ -6,6 +6,9 @@ from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS
 * `fuzz_decoder.py`: atheris over `Decoder.feed` with its C scan against the decoder without it;
 * `fuzz_park.py`: atheris over the parked-socket watcher (gateway/net/_park.c) against
   `PyParker`, both driven by one script of calls and socket events over real socket pairs;
+* `fuzz_fastpath.py`: atheris over the store's raw-pull and dispatch loops (store/_fastpath.c:
+  cq_runs, check_records, cq_entries, and dispatch_scan through `dispatch_round`) against their
+  Python references;
 
 The atheris harnesses are differential: the C entry and its Python reference get the same input
 and must give the same result or refuse it with the same kind of error (how each compares is in
@@ -56,6 +59,19 @@ PARK_SEEDS = {
     "flood": bytes([4, 1, 1, 0, 61, 1, 0, 1, 0, 0, 1, 0, 0, 10, 1, 0, 0, 1, 3, 0, 1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 5, 0,
                     0]),
     "eof": bytes([4, 2, 2, 0, 2, 3, 0, 1, 0, 0, 8, 2, 0, 1, 0, 0, 4, 0, 0, 11, 0, 0, 0, 0, 1, 0, 1, 0, 0]),
+}
+# fuzz_fastpath.py: the first byte picks the entry; ints are one byte (v << 2: lo + v; v << 2 | 1: hi - v)
+FASTPATH_SEEDS = {
+    # five adjacent 74-byte records, one of 100 elsewhere, an unwritten entry; then with a byte limit
+    "cq_runs": bytes([0, 0, 1, 0, 0, 0, 0, 0, 7, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 0x0B, 0x40, 0, 0, 0, 0]),
+    "cq_runs_limit": bytes([0, 0, 1, 0x0A, 4, 0, 0, 0, 7, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 0x0B, 0x40, 0, 0, 0, 0]),
+    # three valid records; two with one byte flipped
+    "check_records": bytes([1, 3, 3, 5]) + b"hello" + bytes([0, 3]) + b"abc" + bytes([0, 0]),
+    "check_damaged": bytes([1, 3, 2, 5]) + b"hello" + bytes([2]) + b"hi" + bytes([1, 0, 0x0C, 0x10, 0]),
+    "cq_entries": bytes([2, 5, 2, 6, 0x40, 1, 3, 0, 0, 0, 1, 0x28, 8]),
+    # a run of four records of topic t with a dispatch queue, two keyed ones of a/b, a blank filler
+    "dispatch": bytes([3, 2, 3, 255, 1, 6, 0x0A, 0, 1, 0, 0, 4, 0, 5, 0, 1, 5, 0, 1, 5, 0, 1, 5, 0,
+                       0x06, 1, 2, 1, 0, 4, 0, 3, 0, 1, 0, 0, 1]),
 }
 
 
@@ -113,3 +129,12 @@ def test_atheris_harness_of_the_parked_socket_watcher(tmp_path):
         pytest.skip("lmqtt.gateway.net._park not built (or LMQTT_PURE_PYTHON set)")
     _write_seeds(tmp_path / "corpus", PARK_SEEDS)
     _atheris(tmp_path, "fuzz_park.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_stores_raw_pull_and_dispatch_loops(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store import fastpath
+    if fastpath._fastpath is None:
+        pytest.skip("lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", FASTPATH_SEEDS)
+    _atheris(tmp_path, "fuzz_fastpath.py", tmp_path / "corpus")
