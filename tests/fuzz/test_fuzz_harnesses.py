@@ -9,6 +9,8 @@ from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS
 * `fuzz_fastpath.py`: atheris over the store's raw-pull and dispatch loops (store/_fastpath.c:
   cq_runs, check_records, cq_entries, and dispatch_scan through `dispatch_round`) against their
   Python references;
+* `fuzz_records.py`: atheris over the SDK's C decode of raw MESSAGES replies
+  (store/client/_records.c) against the Python loop of `records_raw`;
 
 The atheris harnesses are differential: the C entry and its Python reference get the same input
 and must give the same result or refuse it with the same kind of error (how each compares is in
@@ -72,6 +74,13 @@ FASTPATH_SEEDS = {
     # a run of four records of topic t with a dispatch queue, two keyed ones of a/b, a blank filler
     "dispatch": bytes([3, 2, 3, 255, 1, 6, 0x0A, 0, 1, 0, 0, 4, 0, 5, 0, 1, 5, 0, 1, 5, 0, 1, 5, 0,
                        0x06, 1, 2, 1, 0, 4, 0, 3, 0, 1, 0, 0, 1]),
+}
+# fuzz_records.py: the ident's kind, then the body (its mode, JSON header, records, count)
+_REC1 = bytes([2, 2, 2, 1, 2, 5]) + b"hello" + bytes([0, 4, 8, 12, 16])
+_REC3 = bytes([6, 0, 2, 0, 2]) + b"hi" + bytes([0, 8, 12, 16, 20])
+RECORDS_SEEDS = {
+    "reply": bytes([0, 1, 1, 3]) + _REC1 + bytes([1]) + _REC3 + bytes([0]),      # the second repeats the first
+    "long_ident": bytes([3, 100]) + b"x" * 100 + bytes([1, 0, 1]) + _REC1 + bytes([0]),
 }
 
 
@@ -138,3 +147,12 @@ def test_atheris_harness_of_the_stores_raw_pull_and_dispatch_loops(tmp_path):
         pytest.skip("lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
     _write_seeds(tmp_path / "corpus", FASTPATH_SEEDS)
     _atheris(tmp_path, "fuzz_fastpath.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_sdks_raw_record_decoder(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store.client import records
+    if records._C_RECORDS is None:
+        pytest.skip("lmqtt.store.client._records not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", RECORDS_SEEDS)
+    _atheris(tmp_path, "fuzz_records.py", tmp_path / "corpus")
