@@ -11,6 +11,8 @@ from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS
   Python references;
 * `fuzz_records.py`: atheris over the SDK's C decode of raw MESSAGES replies
   (store/client/_records.c) against the Python loop of `records_raw`;
+* `fuzz_columns.py`: atheris over the Spark reader's C walk of MESSAGES replies
+  (store/spark/_columns.c, both layouts) against `columns_py` / `columns_raw_py`.
 
 The atheris harnesses are differential: the C entry and its Python reference get the same input
 and must give the same result or refuse it with the same kind of error (how each compares is in
@@ -81,6 +83,14 @@ _REC3 = bytes([6, 0, 2, 0, 2]) + b"hi" + bytes([0, 8, 12, 16, 20])
 RECORDS_SEEDS = {
     "reply": bytes([0, 1, 1, 3]) + _REC1 + bytes([1]) + _REC3 + bytes([0]),      # the second repeats the first
     "long_ident": bytes([3, 100]) + b"x" * 100 + bytes([1, 0, 1]) + _REC1 + bytes([0]),
+}
+# fuzz_columns.py: the mode (bit 0: raw layout), the ident, the records, the count
+_COL = bytes([0, 3]) + b"t/x" + bytes([1]) + b"k" + bytes([2, 1, 2, 4]) + b"body" + bytes([4, 8, 12, 16])
+_RAW_COL = bytes([0, 3]) + b"t/x" + bytes([1]) + b"k" + bytes([1]) + b"q" + bytes([2, 1, 2, 4]) + b"body" + \
+    bytes([4, 8, 12, 16])
+COLUMNS_SEEDS = {
+    "plain": bytes([4, 2]) + b"ID" + bytes([2]) + _COL + _COL + bytes([0]),
+    "raw": bytes([5, 2]) + b"ID" + bytes([2]) + _RAW_COL + _RAW_COL + bytes([0]),
 }
 
 
@@ -156,3 +166,13 @@ def test_atheris_harness_of_the_sdks_raw_record_decoder(tmp_path):
         pytest.skip("lmqtt.store.client._records not built (or LMQTT_PURE_PYTHON set)")
     _write_seeds(tmp_path / "corpus", RECORDS_SEEDS)
     _atheris(tmp_path, "fuzz_records.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_spark_column_walk(tmp_path):
+    pytest.importorskip("atheris")
+    pytest.importorskip("pyarrow")
+    from lmqtt.store.spark import columns
+    if columns._C is None:
+        pytest.skip("lmqtt.store.spark._columns not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", COLUMNS_SEEDS)
+    _atheris(tmp_path, "fuzz_columns.py", tmp_path / "corpus")
