@@ -19,7 +19,8 @@ and must give the same result or refuse it with the same kind of error (how each
 its docstring); a difference, or an exception the entry's contract does not allow, fails. Their
 inputs are read as choices (tests/fuzz/fuzz_input.py), so the seeds below are byte strings that
 spell well-formed cases. The C cores of these four are Python extensions reading Python objects,
-not standalone like the scan core, so they have no libFuzzer+ASan build of their own.
+not standalone like the scan core, so the suite has no libFuzzer+ASan build of them; BENCHMARKS.md
+has the command that runs their harnesses over the extensions built with ASan.
 
 A harness whose toolchain is missing (or whose C module is not built) is skipped with the reason
 (CI installs clang and atheris: .ci/run, pyproject's test extra); a crash, a sanitizer report or a
