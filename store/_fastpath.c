@@ -123,7 +123,7 @@ static PyObject *cq_runs(PyObject *self, PyObject *args) {
     }
     Py_ssize_t in_run = 0;
     unsigned long long run_phys = 0, run_end = 0;
-    int stopped = 0;
+    int stopped = 0, ends_past_u64 = 0;   /* the run's last record ends past 2**64: nothing continues it */
     for (Py_ssize_t i = 0; i < n; i++) {
         const unsigned char *e = p + i * ENTRY_SIZE;
         unsigned long long phys = le64(e + E_PHYS);
@@ -133,13 +133,14 @@ static PyObject *cq_runs(PyObject *self, PyObject *args) {
             stopped = 1;
             break;
         }
-        if (!in_run || phys != run_end) {
+        if (!in_run || ends_past_u64 || phys != run_end) {
             if (flush_run(runs, run_phys, run_end, sizes, in_run) < 0) goto fail;
             in_run = 0;
             run_phys = phys;
         }
         sizes[in_run++] = size;
-        run_end = phys + size;
+        run_end = phys + size;                              /* wraps past 2**64 (the run's byte count does not) */
+        ends_past_u64 = run_end < phys;
         total += size;
         count++;
         next_qoff = first_qoff + i + 1;

@@ -17,6 +17,8 @@
  *   .idle(fd) -> float        seconds since its last byte (or since `add`)
  *   .poll(max_events=256) -> [(owner, fd, data, eof)]   sockets handed back (no longer watched)
  *   .pings                    PINGRESPs answered so far
+ *   (fd arguments: any int, as PyParker takes them: one outside the C int range is no fd, so never
+ *   parked; max_events: any int, clamped to [1, 1024])
  *   len(parker), .close()
  *   trim() -> bool            malloc_trim(0): give the heap's free pages back to the system (the
  *                             transports of connections just parked were freed; without it the
@@ -25,6 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -62,6 +65,23 @@ static Slot *slot_of(Parker *self, int fd) {
     if (fd < 0 || fd >= self->cap || self->slots[fd].owner == NULL)
         return NULL;
     return &self->slots[fd];
+}
+
+/* The parked slot of the Python int `arg`, or NULL: an int outside the C int range is no fd, so
+ * not parked (as for PyParker's dict), never the fd its low bits would truncate to. -1 in *err
+ * with an exception set when `arg` is not an int. */
+static Slot *slot_of_arg(Parker *self, PyObject *arg, int *fd, int *err) {
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(arg, &overflow);
+    *err = 0;
+    if (v == -1 && PyErr_Occurred()) {
+        *err = -1;
+        return NULL;
+    }
+    if (overflow || v < INT_MIN || v > INT_MAX)
+        return NULL;
+    *fd = (int)v;
+    return slot_of(self, *fd);
 }
 
 static void unwatch(Parker *self, int fd) {
@@ -129,39 +149,51 @@ static PyObject *Parker_fileno(Parker *self, PyObject *unused) {
 }
 
 static PyObject *Parker_add(Parker *self, PyObject *args) {
-    int fd;
-    PyObject *owner;
-    if (!PyArg_ParseTuple(args, "iO", &fd, &owner))
+    PyObject *fd_o, *owner;
+    if (!PyArg_ParseTuple(args, "OO", &fd_o, &owner))
+        return NULL;
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(fd_o, &overflow);
+    if (v == -1 && PyErr_Occurred())
         return NULL;
     if (self->epfd < 0) {
         PyErr_SetString(PyExc_ValueError, "parker is closed");
         return NULL;
     }
-    if (fd < 0) {
-        PyErr_Format(PyExc_ValueError, "bad fd %d", fd);
+    if (overflow > 0 || (!overflow && v > INT_MAX)) {   /* no fd (PyParker: select.epoll's OverflowError) */
+        PyErr_Format(PyExc_OverflowError, "fd %S does not fit a C int", fd_o);
         return NULL;
     }
-    if (fd >= self->cap) {
-        Py_ssize_t cap = self->cap ? self->cap : 1024;
-        while (cap <= fd)
-            cap *= 2;
-        Slot *s = PyMem_Realloc(self->slots, (size_t)cap * sizeof(Slot));
-        if (s == NULL)
-            return PyErr_NoMemory();
-        memset(s + self->cap, 0, (size_t)(cap - self->cap) * sizeof(Slot));
-        self->slots = s;
-        self->cap = cap;
+    if (overflow < 0 || v < 0) {         /* any negative int, as PyParker: ValueError */
+        PyErr_Format(PyExc_ValueError, "bad fd %S", fd_o);
+        return NULL;
     }
-    if (self->slots[fd].owner != NULL) {
+    int fd = (int)v;
+    if (slot_of(self, fd) != NULL) {
         PyErr_Format(PyExc_ValueError, "fd %d is already parked", fd);
         return NULL;
     }
+    /* the kernel first: an fd it refuses (not open, a regular file, the epoll itself) is refused
+     * with its error before the slot array grows to that fd's number */
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     if (epoll_ctl(self->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
+    if (fd >= self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap : 1024;
+        while (cap <= fd)
+            cap *= 2;
+        Slot *s = PyMem_Realloc(self->slots, (size_t)cap * sizeof(Slot));
+        if (s == NULL) {
+            epoll_ctl(self->epfd, EPOLL_CTL_DEL, fd, NULL);
+            return PyErr_NoMemory();
+        }
+        memset(s + self->cap, 0, (size_t)(cap - self->cap) * sizeof(Slot));
+        self->slots = s;
+        self->cap = cap;
+    }
     Py_INCREF(owner);
     self->slots[fd].owner = owner;
     self->slots[fd].last = now_s();
@@ -171,10 +203,10 @@ static PyObject *Parker_add(Parker *self, PyObject *args) {
 }
 
 static PyObject *Parker_remove(Parker *self, PyObject *arg) {
-    int fd = (int)PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd, err;
+    Slot *s = slot_of_arg(self, arg, &fd, &err);
+    if (err < 0)
         return NULL;
-    Slot *s = slot_of(self, fd);
     if (s == NULL)
         Py_RETURN_NONE;
     PyObject *owner = s->owner;          /* the slot's reference goes to the tuple */
@@ -189,12 +221,12 @@ static PyObject *Parker_remove(Parker *self, PyObject *arg) {
 }
 
 static PyObject *Parker_idle(Parker *self, PyObject *arg) {
-    int fd = (int)PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd, err;
+    Slot *s = slot_of_arg(self, arg, &fd, &err);
+    if (err < 0)
         return NULL;
-    Slot *s = slot_of(self, fd);
     if (s == NULL) {
-        PyErr_Format(PyExc_KeyError, "fd %d is not parked", fd);
+        PyErr_Format(PyExc_KeyError, "fd %S is not parked", arg);
         return NULL;
     }
     return PyFloat_FromDouble(now_s() - s->last);
@@ -251,11 +283,21 @@ static int serve(Parker *self, int fd, Slot *s, PyObject **rest, int *eof) {
 }
 
 static PyObject *Parker_poll(Parker *self, PyObject *args) {
-    int max_events = 256;
-    if (!PyArg_ParseTuple(args, "|i", &max_events))
+    PyObject *max_o = NULL;
+    if (!PyArg_ParseTuple(args, "|O", &max_o))
         return NULL;
+    /* any int, clamped to [1, 1024] as PyParker does (a huge one is 1024, not an OverflowError) */
+    int overflow = 0;
+    long max_events = 256;
+    if (max_o != NULL) {
+        max_events = PyLong_AsLongAndOverflow(max_o, &overflow);
+        if (max_events == -1 && PyErr_Occurred())
+            return NULL;
+    }
     if (self->epfd < 0)
         return PyList_New(0);
+    if (overflow)
+        max_events = overflow > 0 ? 1024 : 1;
     if (max_events < 1)
         max_events = 1;
     if (max_events > 1024)
@@ -263,7 +305,7 @@ static PyObject *Parker_poll(Parker *self, PyObject *args) {
     struct epoll_event evs[1024];
     int n;
     do {
-        n = epoll_wait(self->epfd, evs, max_events, 0);
+        n = epoll_wait(self->epfd, evs, (int)max_events, 0);
     } while (n < 0 && errno == EINTR);
     if (n < 0)
         return PyErr_SetFromErrno(PyExc_OSError);

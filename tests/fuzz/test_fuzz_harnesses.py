@@ -1,13 +1,30 @@
-"""The coverage-guided fuzz harnesses of the compiled code that reads client bytes, each run for a
-bounded time (the long runs, an hour per entry, are recorded in BENCHMARKS.md):
+"""The coverage-guided fuzz harnesses of the compiled code that reads bytes from the network or
+from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS.md):
 
 * `scan_fuzz.c`: libFuzzer with AddressSanitizer and UBSan over the framing core of
   lmqtt.gateway.mqtt._scan (gateway/mqtt/_scan_core.h), with the frames checked against the bytes;
-* `fuzz_decoder.py`: atheris over `Decoder.feed` with its C scan against the decoder without it.
+* `fuzz_decoder.py`: atheris over `Decoder.feed` with its C scan against the decoder without it;
+* `fuzz_park.py`: atheris over the parked-socket watcher (gateway/net/_park.c) against
+  `PyParker`, both driven by one script of calls and socket events over real socket pairs;
+* `fuzz_fastpath.py`: atheris over the store's raw-pull and dispatch loops (store/_fastpath.c:
+  cq_runs, check_records, cq_entries, and dispatch_scan through `dispatch_round`) against their
+  Python references;
+* `fuzz_records.py`: atheris over the SDK's C decode of raw MESSAGES replies
+  (store/client/_records.c) against the Python loop of `records_raw`;
+* `fuzz_columns.py`: atheris over the Spark reader's C walk of MESSAGES replies
+  (store/spark/_columns.c, both layouts) against `columns_py` / `columns_raw_py`.
 
-A harness whose toolchain is missing is skipped with the reason (CI installs clang and atheris:
-.ci/run, pyproject's test extra); a crash, a sanitizer report or a difference fails the test
-with the tool's output.
+The atheris harnesses are differential: the C entry and its Python reference get the same input
+and must give the same result or refuse it with the same kind of error (how each compares is in
+its docstring); a difference, or an exception the entry's contract does not allow, fails. Their
+inputs are read as choices (tests/fuzz/fuzz_input.py), so the seeds below are byte strings that
+spell well-formed cases. The C cores of these four are Python extensions reading Python objects,
+not standalone like the scan core, so the suite has no libFuzzer+ASan build of them; BENCHMARKS.md
+has the command that runs their harnesses over the extensions built with ASan.
+
+A harness whose toolchain is missing (or whose C module is not built) is skipped with the reason
+(CI installs clang and atheris: .ci/run, pyproject's test extra); a crash, a sanitizer report or a
+difference fails the test with the tool's output.
 """
 from __future__ import annotations
 
@@ -36,6 +53,54 @@ def _seeds(d: Path) -> None:
     (d / "padded_acks").write_bytes(b"\x00\x01\x00" + b"\x40\x82\x80\x80\x00\x00\x07" + b"\x50\x82\x80\x00\x00\x08")
 
 
+# Seeds of the atheris harnesses, one well-formed case each (the input formats are in the harnesses).
+# fuzz_park.py: steps of three bytes (op, a, b), a send's (op 0) followed by its length and bytes;
+# the pair is a % 3, the fd role b % 18 (0..2: the pairs' server ends); ops 4 add, 0 send (b % 4:
+# bytes, a PINGREQ flood of 1 + 157 a, a flood and a byte, a lone 0xC0), 1 poll, 10 read replies,
+# 5 len and pings, 2 remove, 8 shutdown, 11 shrink the send buffer
+PARK_SEEDS = {
+    "ping": bytes([4, 0, 0, 0, 0, 1, 0, 1, 0, 0, 10, 0, 0, 5, 0, 0, 2, 0, 0]),
+    "publish": bytes([4, 0, 0, 0, 0, 0, 7]) + b"\x30\x05\x00\x01tab" + bytes([1, 0, 0, 5, 0, 0]),
+    "flood": bytes([4, 1, 1, 0, 61, 1, 0, 1, 0, 0, 1, 0, 0, 10, 1, 0, 0, 1, 3, 0, 1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 5, 0,
+                    0]),
+    "eof": bytes([4, 2, 2, 0, 2, 3, 0, 1, 0, 0, 8, 2, 0, 1, 0, 0, 4, 0, 0, 11, 0, 0, 0, 0, 1, 0, 1, 0, 0]),
+}
+# fuzz_fastpath.py: the first byte picks the entry; ints are one byte (v << 2: lo + v; v << 2 | 1: hi - v)
+FASTPATH_SEEDS = {
+    # five adjacent 74-byte records, one of 100 elsewhere, an unwritten entry; then with a byte limit
+    "cq_runs": bytes([0, 0, 1, 0, 0, 0, 0, 0, 7, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 0x0B, 0x40, 0, 0, 0, 0]),
+    "cq_runs_limit": bytes([0, 0, 1, 0x0A, 4, 0, 0, 0, 7, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 0x0B, 0x40, 0, 0, 0, 0]),
+    # three valid records; two with one byte flipped
+    "check_records": bytes([1, 3, 3, 5]) + b"hello" + bytes([0, 3]) + b"abc" + bytes([0, 0]),
+    "check_damaged": bytes([1, 3, 2, 5]) + b"hello" + bytes([2]) + b"hi" + bytes([1, 0, 0x0C, 0x10, 0]),
+    "cq_entries": bytes([2, 5, 2, 6, 0x40, 1, 3, 0, 0, 0, 1, 0x28, 8]),
+    # a run of four records of topic t with a dispatch queue, two keyed ones of a/b, a blank filler
+    "dispatch": bytes([3, 2, 3, 255, 1, 6, 0x0A, 0, 1, 0, 0, 4, 0, 5, 0, 1, 5, 0, 1, 5, 0, 1, 5, 0,
+                       0x06, 1, 2, 1, 0, 4, 0, 3, 0, 1, 0, 0, 1]),
+}
+# fuzz_records.py: the ident's kind, then the body (its mode, JSON header, records, count)
+_REC1 = bytes([2, 2, 2, 1, 2, 5]) + b"hello" + bytes([0, 4, 8, 12, 16])
+_REC3 = bytes([6, 0, 2, 0, 2]) + b"hi" + bytes([0, 8, 12, 16, 20])
+RECORDS_SEEDS = {
+    "reply": bytes([0, 1, 1, 3]) + _REC1 + bytes([1]) + _REC3 + bytes([0]),      # the second repeats the first
+    "long_ident": bytes([3, 100]) + b"x" * 100 + bytes([1, 0, 1]) + _REC1 + bytes([0]),
+}
+# fuzz_columns.py: the mode (bit 0: raw layout), the ident, the records, the count
+_COL = bytes([0, 3]) + b"t/x" + bytes([1]) + b"k" + bytes([2, 1, 2, 4]) + b"body" + bytes([4, 8, 12, 16])
+_RAW_COL = bytes([0, 3]) + b"t/x" + bytes([1]) + b"k" + bytes([1]) + b"q" + bytes([2, 1, 2, 4]) + b"body" + \
+    bytes([4, 8, 12, 16])
+COLUMNS_SEEDS = {
+    "plain": bytes([4, 2]) + b"ID" + bytes([2]) + _COL + _COL + bytes([0]),
+    "raw": bytes([5, 2]) + b"ID" + bytes([2]) + _RAW_COL + _RAW_COL + bytes([0]),
+}
+
+
+def _write_seeds(d: Path, seeds: dict) -> None:
+    d.mkdir()
+    for name, data in seeds.items():
+        (d / name).write_bytes(data)
+
+
 def _tail(out: str) -> str:
     return "\n".join(out.splitlines()[-40:])
 
@@ -58,6 +123,15 @@ def test_libfuzzer_asan_harness_of_the_scan_core(tmp_path):
     assert "Done " in run.stderr
 
 
+def _atheris(tmp_path, harness: str, corpus: Path) -> None:
+    """Run the atheris harness `harness` for SECONDS from `corpus`; fail with its output's tail."""
+    run = subprocess.run([sys.executable, str(HERE / harness), f"-max_total_time={SECONDS}", "-seed=1",
+                          "-timeout=10", f"-artifact_prefix={tmp_path}/", str(corpus)],
+                         capture_output=True, text=True, timeout=SECONDS + 120)
+    assert run.returncode == 0, _tail(run.stderr)
+    assert "Done " in run.stderr
+
+
 def test_atheris_harness_of_the_decoder_with_its_c_scan(tmp_path):
     pytest.importorskip("atheris")
     from lmqtt.gateway.mqtt import decoder
@@ -65,8 +139,41 @@ def test_atheris_harness_of_the_decoder_with_its_c_scan(tmp_path):
         pytest.skip("lmqtt.gateway.mqtt._scan not built (or LMQTT_PURE_PYTHON set)")
     corpus = tmp_path / "corpus"
     _seeds(corpus)
-    run = subprocess.run([sys.executable, str(HERE / "fuzz_decoder.py"), f"-max_total_time={SECONDS}", "-seed=1",
-                          "-timeout=10", f"-artifact_prefix={tmp_path}/", str(corpus)],
-                         capture_output=True, text=True, timeout=SECONDS + 120)
-    assert run.returncode == 0, _tail(run.stderr)
-    assert "Done " in run.stderr
+    _atheris(tmp_path, "fuzz_decoder.py", corpus)
+
+
+def test_atheris_harness_of_the_parked_socket_watcher(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.gateway.net import parking
+    if parking._park is None:
+        pytest.skip("lmqtt.gateway.net._park not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", PARK_SEEDS)
+    _atheris(tmp_path, "fuzz_park.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_stores_raw_pull_and_dispatch_loops(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store import fastpath
+    if fastpath._fastpath is None:
+        pytest.skip("lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", FASTPATH_SEEDS)
+    _atheris(tmp_path, "fuzz_fastpath.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_sdks_raw_record_decoder(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store.client import records
+    if records._C_RECORDS is None:
+        pytest.skip("lmqtt.store.client._records not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", RECORDS_SEEDS)
+    _atheris(tmp_path, "fuzz_records.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_spark_column_walk(tmp_path):
+    pytest.importorskip("atheris")
+    pytest.importorskip("pyarrow")
+    from lmqtt.store.spark import columns
+    if columns._C is None:
+        pytest.skip("lmqtt.store.spark._columns not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", COLUMNS_SEEDS)
+    _atheris(tmp_path, "fuzz_columns.py", tmp_path / "corpus")

@@ -170,3 +170,66 @@ def test_a_reset_is_reported_as_eof(impl):
         p.close()
         server.close()
         lst.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fd_arguments_outside_the_c_int_range_name_no_parked_socket(impl):
+    """An int that is no fd (past the C int range, either side) is not parked: `remove` gives None
+    and `idle` KeyError, never the socket whose fd its low 32 bits are; `add` refuses a negative
+    one with ValueError and a too large one with OverflowError; `poll` clamps any max_events."""
+    client, server = socket.socketpair()
+    client.setblocking(False)
+    server.setblocking(False)
+    p = impl()
+    p.add(server.fileno(), "x")
+    try:
+        for alias in (server.fileno() + 2 ** 32, server.fileno() - 2 ** 32, 2 ** 70, -2 ** 70):
+            assert p.remove(alias) is None
+            with pytest.raises(KeyError):
+                p.idle(alias)
+        assert len(p) == 1
+        for bad in (-1, -2 ** 32, -2 ** 70):
+            with pytest.raises(ValueError):
+                p.add(bad, "y")
+        for big in (2 ** 31, 2 ** 40, 2 ** 70):
+            with pytest.raises(OverflowError):
+                p.add(big, "y")
+        client.sendall(PING)
+        assert p.poll(2 ** 40) == [] and p.poll(-2 ** 40) == [] and p.pings == 1
+        client.sendall(b"\xe0\x00")
+        assert p.poll(2 ** 70) == [("x", server.fileno(), b"\xe0\x00", False)]
+    finally:
+        p.close()
+        client.close()
+        server.close()
+
+
+_REFUSED_FD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+from lmqtt.gateway.net import parking
+impl = parking._park.Parker if sys.argv[1] == "c" else parking.PyParker
+p = impl()
+for fd in (2 ** 31 - 1, 1 << 20):
+    try:
+        p.add(fd, "x")
+    except OSError as e:
+        print(e.errno, end=" ")
+print(len(p))
+"""
+
+
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_an_fd_the_kernel_refuses_is_refused_before_any_slot_is_made_for_it(impl):
+    """`add` of an int that is no open fd raises the kernel's EBADF, as PyParker does; the C
+    Parker once grew its slot array to that fd's number first (2**31 - 1: a 48 GiB allocation,
+    a MemoryError). Run in a child process with 1 GiB of address space, so a regression fails
+    there and cannot take a machine's memory."""
+    import errno
+    import subprocess
+    import sys
+    if impl == "c" and _C is None:
+        pytest.skip("lmqtt.gateway.net._park not built (or LMQTT_PURE_PYTHON set)")
+    out = subprocess.run([sys.executable, "-c", _REFUSED_FD, impl], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(errno.EBADF), str(errno.EBADF), "0"]

@@ -243,3 +243,15 @@ def test_a_stores_dispatch_of_runs_goes_through_cq_entries(tmp_path, monkeypatch
             assert [(m.phys_offset, m.queue_offset) for m in got] == [(r.phys_offset, r.queue_offset) for r in want]
     finally:
         s.shutdown()
+
+
+@needs_c
+def test_cq_runs_does_not_continue_a_run_whose_record_ends_past_64_bits():
+    """An entry (from a damaged ConsumeQueue file) whose record ends past 2**64, followed by one
+    at the wrapped-around end: not adjacent (the reference computes the end exactly), so two runs;
+    the C loop once joined them on its 64-bit sum."""
+    piece = ENTRY.pack(2 ** 64 - 34, 5000, 0) + ENTRY.pack(4966, 100, 0) + ENTRY.pack(5066, 7, 0)
+    want = ([[2 ** 64 - 34, array("I", [5000]).tobytes(), 5000], [4966, array("I", [100, 7]).tobytes(), 107]],
+            3, 5107, 3, False)
+    assert fastpath.cq_runs_py(piece, 0, 2 ** 64 - 1, 0, 0, 0) == want
+    assert _C.cq_runs(piece, 0, 2 ** 64 - 1, 0, 0, 0) == want
