@@ -22,19 +22,22 @@ are in BENCHMARKS.md.
 """
 from __future__ import annotations
 
-import mmap
 import struct
 import sys
 import zlib
 from array import array
+from pathlib import Path
 
 import atheris
 from fuzz_input import Reader
 
+# the dispatch rig of tests/store (this harness runs as a script, so it is found by path)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "store"))
+
 with atheris.instrument_imports(include=["lmqtt"]):
     from lmqtt.store import fastpath
     from lmqtt.store.consume_queue_entries import ENTRY, _entries_py
-    from lmqtt.store.dispatch import DispatchService
+    from dispatch_rig import run_dispatch     # imports lmqtt.store.dispatch: instrumented
     from lmqtt.store.record import BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX
 
 C = fastpath._fastpath
@@ -153,64 +156,12 @@ def _outcome(fn, *args):
 
 
 # ------------------------------------------------------------------ dispatch_scan
-class _Seg:
-    def __init__(self, data: bytes) -> None:
-        self.mm = mmap.mmap(-1, len(data))
-        self.mm[:] = data
-        self.start_offset = 0
-        self.size = self.end_offset = len(data)
-
-
-class _Mfq:
-    def __init__(self, seg: _Seg) -> None:
-        self.seg = seg
-
-    def find(self, pos: int):
-        return self.seg if pos < self.seg.size else None
-
-
-class _Clog:
-    def __init__(self, seg: _Seg, corrupt: list, committed: int) -> None:
-        self.mfq = _Mfq(seg)
-        self.live: list = []
-        self.corrupt_ranges = list(corrupt)
-        self.committed = committed
-
-
-class _Capture:
-    name = "capture"
-
-    def __init__(self) -> None:
-        self.got: list = []
-
-    def dispatch(self, batch, end_offset: int) -> None:
-        chunks = [(list(s), list(a), [tuple(r) for r in runs], k) for s, a, runs, k, _cq in batch.chunks] \
-            if batch else []
-        self.got.append((chunks, end_offset))
-
-
 def _dispatch(data: bytes, corrupt: list, chunk: int, max_batch: int, scan, committed: int):
-    seg = _Seg(data)
-    cap = _Capture()
-    clog = _Clog(seg, corrupt, committed)
-    svc = DispatchService(clog, [cap], chunk, 1000, max_batch=max_batch)
-    svc.c_scan = scan
-    err = None
-    try:
-        for _ in range(200):
-            if svc.dispatched >= clog.committed:
-                break
-            at = svc.dispatched
-            svc.dispatch_round()
-            if svc.dispatched == at:        # the rest of a record is not committed: it waits
-                break
-    except (RuntimeError, UnicodeDecodeError, struct.error) as e:
-        # struct.error: less than a blank filler's header left at the segment's end, which the
-        # store never writes (record.py MIN_BLANK) and the loop cannot read; the C scan leaves
-        # such a tail to the loop, so both raise it
-        err = (type(e), str(e))
-    seg.mm.close()
-    return cap.got, svc.dispatched, err, dict(svc._topic_cache), dict(svc._names_cache)
+    # struct.error too: less than a blank filler's header left at the segment's end, which the
+    # store never writes (record.py MIN_BLANK) and the loop cannot read; the C scan leaves such a
+    # tail to the loop, so both raise it
+    return run_dispatch(data, corrupt, chunk, max_batch, scan, committed, rounds=200,
+                        errors=(RuntimeError, UnicodeDecodeError, struct.error))
 
 
 _TOPICS = [b"t", b"a/b", "é/x".encode(), b"\xff\xfe", b""]

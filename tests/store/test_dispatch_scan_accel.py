@@ -7,7 +7,6 @@ requests, keyed), end offsets, caches, and raise the same error. Plus "built and
 extension built, a real store's dispatch goes through the C scan."""
 from __future__ import annotations
 
-import mmap
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,66 +16,9 @@ from lmqtt.store import Message, MessageStore, StoreConfig, fastpath
 from lmqtt.store.dispatch import DispatchService
 from lmqtt.store.record import BLANK_MAGIC, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX, SEP
 
+from .dispatch_rig import run_dispatch
+
 needs_c = pytest.mark.skipif(fastpath.dispatch_scan is None, reason="lmqtt.store._fastpath not built")
-
-
-class _Seg:
-    def __init__(self, data: bytes) -> None:
-        self.mm = mmap.mmap(-1, len(data))
-        self.mm[:] = data
-        self.start_offset = 0
-        self.size = self.end_offset = len(data)
-
-
-class _Mfq:
-    def __init__(self, seg: _Seg) -> None:
-        self.seg = seg
-
-    def find(self, pos: int):
-        return self.seg if pos < self.seg.size else None
-
-
-class _Clog:
-    """What dispatch_round reads of a CommitLog: one mapped segment, committed to its end or to
-    `committed` (a replica whose last shipped frame ended there, maybe inside a record)."""
-
-    def __init__(self, seg: _Seg, corrupt: list, committed: int | None = None) -> None:
-        self.mfq = _Mfq(seg)
-        self.live: list = []
-        self.corrupt_ranges = list(corrupt)
-        self.committed = seg.size if committed is None else committed
-
-
-class _Capture:
-    name = "capture"
-
-    def __init__(self) -> None:
-        self.got: list = []
-
-    def dispatch(self, batch, end_offset: int) -> None:
-        chunks = [(list(s), list(a), [tuple(r) for r in runs], k) for s, a, runs, k, _cq in batch.chunks] \
-            if batch else []
-        self.got.append((chunks, end_offset))
-
-
-def _run(data: bytes, corrupt: list, chunk: int, max_batch: int, scan, committed: int | None = None):
-    seg = _Seg(data)
-    cap = _Capture()
-    clog = _Clog(seg, corrupt, committed)
-    svc = DispatchService(clog, [cap], chunk, 1000, max_batch=max_batch)
-    svc.c_scan = scan
-    err = None
-    try:
-        for _ in range(10_000):
-            if svc.dispatched >= clog.committed:
-                break
-            at = svc.dispatched
-            svc.dispatch_round()
-            if svc.dispatched == at:        # the rest of a record is not committed: it waits
-                break
-    except (RuntimeError, UnicodeDecodeError) as e:
-        err = (type(e), str(e))
-    return cap.got, svc.dispatched, err, dict(svc._topic_cache), dict(svc._names_cache)
 
 
 _TOPICS = ["t", "a/b", "é/x"]
@@ -139,8 +81,8 @@ def test_the_c_scan_delivers_what_the_python_loop_does(recs, tail, corrupt_at, c
     committed = None if cut is None else int(len(data) * cut)
     if committed is not None and corrupt:        # a corrupt range is one recovery found in the log
         committed = max(committed, corrupt[0][1])
-    ref = _run(data, corrupt, chunk, max_batch, None, committed)
-    got = _run(data, corrupt, chunk, max_batch, fastpath.dispatch_scan, committed)
+    ref = run_dispatch(data, corrupt, chunk, max_batch, None, committed)
+    got = run_dispatch(data, corrupt, chunk, max_batch, fastpath.dispatch_scan, committed)
     assert got == ref
     if committed is not None and ref[2] is None:
         # nothing delivered past the committed end: no record taken that is only partly there
