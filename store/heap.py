@@ -7,7 +7,8 @@ freed into glibc's heaps, not returned to the kernel. Two things then hold it:
 * glibc's *dynamic* mmap threshold: after a large block that was mmap()ed is freed, blocks of that
   size are carved from the heap instead, where a small live allocation above them keeps the heap
   from shrinking. Fixing the threshold keeps large, short-lived blocks (a memtable's arena blocks)
-  in mappings of their own that go back to the kernel when freed.
+  in mappings of their own that go back to the kernel when freed. Blocks below it stay in the
+  heaps, where a hot path reuses them without a system call.
 * free pages inside a heap are returned only by `malloc_trim`. The background service calls
   `trim()` with retention. It returns whole free pages only: a page that still holds one live
   block among freed ones stays (fragmentation; docs/store.md "Memory over months").
@@ -24,7 +25,11 @@ import logging
 log = logging.getLogger("lmqtt.store")
 
 M_MMAP_THRESHOLD = -3           # <malloc.h>
-MMAP_THRESHOLD = 256 * 1024     # blocks from 256 KiB up get mappings of their own
+# blocks from 1 MiB up get mappings of their own: the memtables' arena blocks of the ConsumeQueue
+# and the light-queue index (2 and 8 MiB). Not lower: at 256 KiB the light queues' dispatch paid a
+# mapping, a page fault per page and an unmapping for each of its buffers of a few hundred KiB
+# (`lmqtt bench lightqueue` fan-out 16: 0.73x of glibc's dynamic threshold; 1 MiB: 1.32x of 256 KiB)
+MMAP_THRESHOLD = 1 << 20
 
 _libc: ctypes.CDLL | None = None
 _tuned = False
