@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from lmqtt.store.allocator import AllocatorError, use_jemalloc
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.app.serve_command", "Run gateway + store + notify in one process (embedded default)"),
     "store": ("lmqtt.store.node.command", "Run the store node serving the native protocol (SDK, remote gateways)"),
@@ -20,6 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("lmqtt.examples.simulator", "Simulated devices publishing JSON telemetry over MQTT"),
     "spark-iot": ("lmqtt.examples.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
 }
+
+# the long-running processes, started on jemalloc where it is installed (store/allocator.py)
+STORE_PROCESSES = ("serve", "store", "gateway")
 
 BENCH: dict[str, tuple[str, str]] = {
     "store": ("lmqtt.loadtest.store_bench", "CommitLog append/dispatch throughput and lag per flush mode"),
@@ -108,6 +113,7 @@ def _run(module: str, argv: list[str], prog: str = "lmqtt") -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    called_as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -128,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return _run(BENCH[rest[0]][0], rest[1:], f"lmqtt bench {rest[0]}")
     if cmd in COMMANDS:
+        if cmd in STORE_PROCESSES and called_as_program:
+            try:
+                use_jemalloc(f"lmqtt {cmd}")     # returns unless it executes this process again
+            except AllocatorError as e:
+                print(f"lmqtt {cmd}: {e}", file=sys.stderr)
+                return 2
         return _run(COMMANDS[cmd][0], rest, f"lmqtt {cmd}")
     print(f"lmqtt: {_unknown('command', cmd, list(COMMANDS) + ['bench'])}\n\n{_usage()}", file=sys.stderr)
     return 2

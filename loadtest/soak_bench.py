@@ -272,6 +272,15 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
             "connect_failures": tally.connect_failures}
 
 
+def _malloc_of(pid: int) -> str:
+    """The broker's allocator (store/allocator.py): jemalloc when its library is mapped."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "jemalloc" if "libjemalloc" in f.read() else "libc"
+    except OSError:
+        return "unknown"
+
+
 def summarize(rows: list[dict], settle_s: float) -> dict:
     """How each measure moved after `settle_s`: anonymous memory's spread around its mean, and the
     ranges of open files, maps, threads and disk."""
@@ -340,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                extra=["--retention", args.retention, "--segment-mb", str(args.segment_mb)])
     rows_path = os.path.join(out, "soak.jsonl")
     b.start()
+    malloc = _malloc_of(b.proc.pid) if b.proc is not None else "unknown"
     try:
         result = asyncio.run(_run(args, b, rows_path))
     finally:
@@ -348,10 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [json.loads(ln) for ln in f]
     summary = {"phase": "summary", "duration_s": args.duration, "devices": args.devices, "rate": args.rate,
                "churn_per_min": args.churn_per_min, "retention": args.retention, "settle_s": settle,
+               "malloc": malloc,
                **result, **summarize(rows, settle), "error_lines": len(b.error_lines())}
     print(json.dumps(summary), flush=True)
     if args.plot and rows:
-        plot(rows, args.plot, f"lmqtt serve, {args.devices} devices, {args.rate:g} msg/s QoS 1, "
+        plot(rows, args.plot, f"lmqtt serve ({malloc}), {args.devices} devices, {args.rate:g} msg/s QoS 1, "
                               f"{args.churn_per_min:g} reconnects/min, retention {args.retention}")
     return 0 if result["lost"] == 0 else 1
 

@@ -22,6 +22,8 @@ import ctypes
 import ctypes.util
 import logging
 
+from . import allocator
+
 log = logging.getLogger("lmqtt.store")
 
 M_MMAP_THRESHOLD = -3           # <malloc.h>
@@ -63,6 +65,9 @@ def tune() -> bool:
 
 
 def trim() -> bool:
-    """Return the free pages of every heap to the kernel; True when some were returned."""
+    """Return the free pages of every heap to the kernel; True when some were returned. On
+    jemalloc (store/allocator.py) its arenas are purged instead: glibc's heaps are then unused."""
+    if allocator.jemalloc_loaded():
+        return allocator.purge()
     lib = _glibc()
     return bool(lib is not None and lib.malloc_trim(0))

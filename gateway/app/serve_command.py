@@ -27,6 +27,7 @@ import sys
 
 from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, DefaultsSaid, build_config, hostport, load_toml
 from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError, build_security
+from lmqtt.store import allocator
 from lmqtt.store.loopback import is_loopback
 from lmqtt.store.node.process import (
     DataDirError,
@@ -358,6 +359,7 @@ async def _serve(cfg, loop_name: str, store_port_explicit: bool = True) -> int:
           f"  data dir:   {os.path.abspath(cfg.data_dir)}\n"
           f"  flush mode: {cfg.flush_mode}\n"
           f"  files:      {gw.files_line()}\n"
+          f"  malloc:     {allocator.name()}\n"
           f"  metrics:    {metrics_url}\n"
           f"  store:      {store_url}{more}\n"
           f"  auth:       {auth_line}"

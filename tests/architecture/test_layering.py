@@ -27,7 +27,7 @@ UNITS = [
     "lmqtt.store.spark", "lmqtt.store.spark.columns",
     "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
-    "lmqtt.store.loopback",
+    "lmqtt.store.loopback", "lmqtt.store.allocator",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
     "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades",
@@ -70,6 +70,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.store.protocol": set(),
     "lmqtt.store.accel": set(),
     "lmqtt.store.loopback": set(),      # is_loopback: the one listen-address rule of every process
+    "lmqtt.store.allocator": set(),     # jemalloc for the long-running processes, chosen at their start
     "lmqtt.store.record": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.accel"},
     "lmqtt.lightqueue.errors": set(),
     "lmqtt.lightqueue.topics": {"lmqtt.lightqueue.errors"},
@@ -161,7 +162,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                           "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades", "lmqtt.gateway.net",
                           "lmqtt.gateway.security", "lmqtt.gateway.fleet", "lmqtt.store.client",
                           "lmqtt.store.node", "lmqtt.store.node.protocol",
-                          "lmqtt.store.protocol", "lmqtt.store.loopback",
+                          "lmqtt.store.protocol", "lmqtt.store.loopback", "lmqtt.store.allocator",
                           "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
                           "lmqtt.notify", "lmqtt.gateway.app.config", "lmqtt.gateway.integrations"},
     # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file);
@@ -173,8 +174,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.gateway.integrations": {"lmqtt.gateway.mqtt", "lmqtt.gateway.net", "lmqtt.gateway.security",
                                    "lmqtt.gateway.integrations.bridge_config"},
     "lmqtt.gateway.integrations.bridge_config": set(),
-    # the `lmqtt` command: resolves every command lazily by module name
-    "lmqtt.gateway": {"lmqtt.gateway.mqtt"},
+    # the `lmqtt` command: resolves every command lazily by module name; the long-running ones
+    # start on jemalloc (executed again with it preloaded, before anything is imported)
+    "lmqtt.gateway": {"lmqtt.gateway.mqtt", "lmqtt.store.allocator"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
     "lmqtt.loadtest": {"lmqtt.gateway.mqtt", "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark",
                        "lmqtt.store.tier.parquet", "lmqtt.lightqueue", "lmqtt.examples", "lmqtt.loadtest.chaos.checker"},
@@ -195,7 +197,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # that may import an engine may import its vocabulary (added below, so the table stays short).
 VOCABULARY = {
     "lmqtt.store": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record",
-                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.tier.objects", "lmqtt.store.tier.topics"},
+                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.tier.objects",
+                    "lmqtt.store.tier.topics"},
     "lmqtt.lightqueue": {"lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
     "lmqtt.store.client": {"lmqtt.store.client.props"},
 }
