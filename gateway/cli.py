@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "spark-iot": ("lmqtt.examples.iot_analytics", "The IoT analytics Spark job: window stats, anomalies, alerts"),
 }
 
-# the long-running processes, started on jemalloc where it is installed (store/allocator.py)
+# the long-running processes: started on jemalloc with LMQTT_MALLOC=jemalloc (store/allocator.py)
 STORE_PROCESSES = ("serve", "store", "gateway")
 
 BENCH: dict[str, tuple[str, str]] = {

@@ -1,21 +1,19 @@
-"""Run a store's process on jemalloc when the system has it, as RocksDB recommends.
+"""Run a store's process on jemalloc when asked (LMQTT_MALLOC=jemalloc), as RocksDB recommends.
 
-Why: a broker that runs for months frees and allocates in RocksDB's flush and compaction threads
-all day. glibc gives each thread an arena of its own, and what those threads free comes back
-scattered: in the 2-hour soak (`lmqtt bench soak`) the arenas of the RocksDB threads grew for the
-first hour to ~90 MiB with ~30 MiB in use, the rest free but on pages that still held a live block,
-which `malloc_trim` cannot return (store/heap.py). jemalloc sorts blocks by size class into runs
-and gives unused pages back on a timer (its "decay"), so fragmented free memory does not pile up.
+Why an option: a broker that runs for months frees and allocates in RocksDB's flush and
+compaction threads all day, and glibc's per-thread arenas keep what those threads free on pages
+that still hold a live block (store/heap.py). jemalloc sorts blocks by size class and gives
+unused pages back on a timer. Measured side by side in the soak (`lmqtt bench soak`, the same
+hour; docs/store.md "Memory over months"), it did not hold less than glibc with the store's
+periodic trim. So glibc stays the default and jemalloc is a choice for those who run RocksDB on
+it elsewhere.
 
 The allocator is chosen when the process starts, by the dynamic loader: `LD_PRELOAD`. So
-`lmqtt serve`, `lmqtt store` and `lmqtt gateway` call `use_jemalloc()` before anything else; when
-libjemalloc (Debian/Ubuntu: `libjemalloc2`) is installed and not loaded yet, the process executes
-itself again - the same PID, arguments and descriptors - with it preloaded. Processes it starts
-(`serve --workers`) inherit the setting. Without the library it runs on the C library's malloc.
-
-`LMQTT_MALLOC=libc` keeps the C library's malloc; `LMQTT_MALLOC=jemalloc` insists (an error
-when the library is missing); unset or `auto`: jemalloc where installed. The start-up banner says
-which is in use.
+`lmqtt serve`, `lmqtt store` and `lmqtt gateway` call `use_jemalloc()` before anything else; with
+LMQTT_MALLOC=jemalloc and libjemalloc (Debian/Ubuntu: `libjemalloc2`) installed and not loaded
+yet, the process executes itself again - the same PID, arguments and descriptors - with it
+preloaded; missing, it says so and exits. Processes it starts (`serve --workers`) inherit the
+setting. Unset or `libc`: the C library's malloc. The start-up banner says which is in use.
 """
 from __future__ import annotations
 
@@ -55,25 +53,24 @@ def name() -> str:
     """What the banner prints: the allocator of this process."""
     if jemalloc_loaded():
         return "jemalloc"
-    return "C library malloc" + (" (LMQTT_MALLOC=libc)" if os.environ.get(ENV) == "libc" else
-                                 "" if find_jemalloc() else " (install libjemalloc2 for jemalloc)")
+    return "C library malloc"
 
 
 def use_jemalloc(prog: str) -> None:
-    """Execute this process again with jemalloc preloaded when it is installed and wanted; returns
-    when nothing is to be done (already on jemalloc, not wanted, not installed, not Linux)."""
-    want = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if want not in ("auto", "jemalloc", "libc"):
-        raise AllocatorError(f"{ENV}={want!r}: expected auto, jemalloc or libc")
-    if want == "libc" or not sys.platform.startswith("linux") or jemalloc_loaded():
+    """With LMQTT_MALLOC=jemalloc, execute this process again with jemalloc preloaded; returns
+    when nothing is to be done (not asked for, or already on it); AllocatorError when it cannot."""
+    want = os.environ.get(ENV, "libc").strip().lower() or "libc"
+    if want not in ("jemalloc", "libc"):
+        raise AllocatorError(f"{ENV}={want!r}: expected jemalloc or libc")
+    if want == "libc" or jemalloc_loaded():
         return
+    if not sys.platform.startswith("linux"):
+        raise AllocatorError(f"{ENV}=jemalloc: preloading it is done on Linux only")
     lib = find_jemalloc()
     if lib is None or os.environ.get(_EXECUTED):
-        if want == "jemalloc":
-            why = ("the dynamic loader did not preload it" if lib else
-                   "libjemalloc is not installed (Debian/Ubuntu: apt install libjemalloc2)")
-            raise AllocatorError(f"{ENV}=jemalloc: {why}")
-        return
+        why = ("the dynamic loader did not preload it" if lib else
+               "libjemalloc is not installed (Debian/Ubuntu: apt install libjemalloc2)")
+        raise AllocatorError(f"{ENV}=jemalloc: {why}")
     argv = list(getattr(sys, "orig_argv", []))
     if not argv:           # an embedded interpreter: no command line to run again
         return

@@ -175,7 +175,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                                    "lmqtt.gateway.integrations.bridge_config"},
     "lmqtt.gateway.integrations.bridge_config": set(),
     # the `lmqtt` command: resolves every command lazily by module name; the long-running ones
-    # start on jemalloc (executed again with it preloaded, before anything is imported)
+    # start on jemalloc when LMQTT_MALLOC asks (executed again with it preloaded, before anything else)
     "lmqtt.gateway": {"lmqtt.gateway.mqtt", "lmqtt.store.allocator"},
     "lmqtt.examples": {"lmqtt.store.client", "lmqtt.store.spark"},
     "lmqtt.loadtest": {"lmqtt.gateway.mqtt", "lmqtt.store", "lmqtt.store.client", "lmqtt.store.spark",

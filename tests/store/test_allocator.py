@@ -1,6 +1,6 @@
-"""The long-running processes run on jemalloc where it is installed (store/allocator.py): `lmqtt
-serve` executes itself again with it preloaded, keeping its PID; LMQTT_MALLOC=libc keeps the C
-library's malloc; and the store's periodic trim returns jemalloc's freed pages."""
+"""The long-running processes run on the C library's malloc, or on jemalloc when asked
+(store/allocator.py): with LMQTT_MALLOC=jemalloc `lmqtt serve` executes itself again with it
+preloaded, keeping its PID; and the store's periodic trim returns jemalloc's freed pages."""
 from __future__ import annotations
 
 import os
@@ -43,8 +43,8 @@ def _stop(p: subprocess.Popen) -> str:
 
 
 @needs_jemalloc
-def test_serve_runs_on_jemalloc_in_the_process_it_was_started_as(tmp_path):
-    p, _ = _serve(tmp_path, {})
+def test_lmqtt_malloc_jemalloc_runs_serve_on_it_in_the_process_it_was_started_as(tmp_path):
+    p, _ = _serve(tmp_path, {allocator.ENV: "jemalloc"})
     try:
         maps = _maps(p.pid)          # the PID a supervisor knows is the one that serves
     finally:
@@ -53,14 +53,14 @@ def test_serve_runs_on_jemalloc_in_the_process_it_was_started_as(tmp_path):
     assert "malloc:     jemalloc" in err
 
 
-def test_lmqtt_malloc_libc_keeps_the_c_library_malloc(tmp_path):
-    p, _ = _serve(tmp_path, {allocator.ENV: "libc"})
+def test_by_default_serve_runs_on_the_c_library_malloc(tmp_path):
+    p, _ = _serve(tmp_path, {})
     try:
         maps = _maps(p.pid)
     finally:
         err = _stop(p)
     assert "libjemalloc" not in maps
-    assert "malloc:     C library malloc (LMQTT_MALLOC=libc)" in err
+    assert "malloc:     C library malloc" in err
 
 
 def test_an_unknown_lmqtt_malloc_value_is_refused_with_the_choices(tmp_path):
@@ -68,7 +68,7 @@ def test_an_unknown_lmqtt_malloc_value_is_refused_with_the_choices(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "serve", "--data-dir", str(tmp_path / "d")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
-    assert "LMQTT_MALLOC='tcmalloc': expected auto, jemalloc or libc" in r.stderr
+    assert "LMQTT_MALLOC='tcmalloc': expected jemalloc or libc" in r.stderr
 
 
 @needs_jemalloc
