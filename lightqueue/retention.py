@@ -238,17 +238,11 @@ class IndexRetention:
             floors: dict[int, int] = {}
             for v in records:
                 for qid, first, count in RUNLOG_ENTRY.iter_unpack(v):
+                    wb.delete(kpack(qid, first))
                     end = first + count
                     if end > floors.get(qid, 0):
                         floors[qid] = end
                     n += 1
-            # one range deletion per queue, not a tombstone per run: the records swept are the
-            # oldest writes, so every run of a queue below its new floor is among them. A
-            # tombstone per run (240,000 at a segment deletion of the soak: 2,000 queues, a run
-            # each a second) held ~8 MiB of the memtable and ~6 MiB of batch until the next
-            # flush and compaction, a spike in the broker's memory at every deletion
-            for qid, end in floors.items():
-                wb.delete_range(kpack(qid, 0), kpack(qid, end))
             for k in record_keys:
                 wb.delete(k)
             for qid, end in floors.items():
