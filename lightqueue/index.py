@@ -29,8 +29,6 @@ Key layout (queue ids are < 2**63, so run keys never start with 0xFF):
     FF 'X'                    -> u64 next qid
     FF 'P'                    -> u64 min CommitLog offset        } retention.py: the log start
     FF 'M' + qid              -> u64 floor                       } and the queues' floors
-    FF 'R' + bound + seq      -> the runs of one write           } the run log: what a sweep
-    FF 'r'                    -> (present: the run log is whole) } deletes, without a scan
 """
 from __future__ import annotations
 
@@ -47,7 +45,7 @@ from lmqtt.store.rocksdb_options import rocksdb_options
 
 from .errors import LightQueueError
 from .index_reads import RUN_KEY, U64, IndexReads  # reads: the runs below, the tail above
-from .retention import K_RUNLOG, K_RUNLOG_COMPLETE, IndexRetention, rebuilt_records, runlog_record
+from .retention import IndexRetention
 
 # The take loop (dispatched records into the tails) lives in take.py with the entry format;
 # ENTRY and ENTRY_SIZE stay importable from here.
@@ -118,8 +116,6 @@ class LightQueueIndex(IndexReads):
         self._durable_ckpt = self._ckpt                         # ... and flushed to SST files
         v = self._db.get(K_NEXT)
         self._next_qid = 1 if v is None else U64.unpack(v)[0]
-        if self._next_qid == 1 and self._db.get(K_RUNLOG_COMPLETE) is None:
-            self._db.put(K_RUNLOG_COMPLETE, b"")     # a new index: its run log starts complete
         # The log start, the queues' floors and the sweep below it (a job of its own).
         self.retention = IndexRetention(self)
         self._qids: dict[str, int] = {}     # name -> qid (cache of FF 'N', + names not written yet)
@@ -360,21 +356,10 @@ class LightQueueIndex(IndexReads):
         ops: list[tuple[bytes, bytes]] = []
         put = ops.append
         kpack = RUN_KEY.pack
-        runs: list[tuple[int, int, int]] = []       # the run log's record of this write (retention.py)
-        top = -1                                     # the highest CommitLog offset they point at
-        last_phys = ENTRY.unpack_from
         for q, pos in dirty.items():
             first, ba = tail[q]
-            n = len(ba)
-            if pos < n:
-                f = first + pos // ENTRY_SIZE
-                put((kpack(q, f), bytes(memoryview(ba)[pos:])))  # one copy
-                runs.append((q, f, (n - pos) // ENTRY_SIZE))
-                p = last_phys(ba, n - ENTRY_SIZE)[0]
-                if p > top:
-                    top = p
-        if runs:
-            put(runlog_record(top + 1, ckpt, runs))
+            if pos < len(ba):
+                put((kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:])))  # one copy
         if self._new_names:
             for name, q in self._new_names.items():
                 put((K_NAME + name.encode("utf-8"), U64.pack(q)))
@@ -488,7 +473,6 @@ class LightQueueIndex(IndexReads):
                 return
             self._write()     # everything into RocksDB first: then one scan trims it all
             wb = WriteBatch(raw_mode=True)
-            kept: list[tuple[int, int, int, int]] = []
             it = self._db.iter(_scan_options())
             it.seek_to_first()
             while it.valid():
@@ -500,24 +484,13 @@ class LightQueueIndex(IndexReads):
                 keep = n
                 while keep > 0 and ENTRY.unpack_from(v, (keep - 1) * ENTRY_SIZE)[0] >= offset:
                     keep -= 1
-                qid, first = RUN_KEY.unpack(k)
                 if keep != n:
+                    qid, first = RUN_KEY.unpack(k)
                     if keep:
                         wb.put(k, v[:keep * ENTRY_SIZE])
                     else:
                         wb.delete(k)
-                if keep:
-                    kept.append((qid, first, keep, ENTRY.unpack_from(v, (keep - 1) * ENTRY_SIZE)[0]))
                 it.next()
-            # the run log again, from this scan: its records of cut runs held the old counts
-            it.seek(K_RUNLOG)
-            while it.valid() and it.key().startswith(K_RUNLOG):
-                wb.delete(it.key())
-                it.next()
-            del it
-            for rk, rv in rebuilt_records(kept):
-                wb.put(rk, rv)
-            wb.put(K_RUNLOG_COMPLETE, b"")
             wb.put(K_CKPT, U64.pack(offset))
             self._db.write(wb, self._wo)
             self._db.flush(True)
@@ -537,9 +510,9 @@ class LightQueueIndex(IndexReads):
 
     # What retention changes in the index: it decides when and what; these keep the run layout
     # and the tails the index's business.
-    def all_runs(self) -> Iterable[tuple[int, int, int, int]]:
-        """(qid, first offset, entries, last entry's CommitLog offset) of every RocksDB run, in
-        key order (the run log's rebuild); stops when the index closes."""
+    def runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
+        """(key, qid, end offset) of each RocksDB run whose every entry points below CommitLog
+        offset `min_phys`, in key order; stops when the index closes."""
         it = self._db.iter(_scan_options())
         it.seek_to_first()
         while it.valid() and not self._closed:
@@ -547,14 +520,10 @@ class LightQueueIndex(IndexReads):
             if k[:1] == b"\xff":
                 break
             v = it.value()
-            qid, first = RUN_KEY.unpack(k)
-            yield qid, first, len(v) // ENTRY_SIZE, ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0]
+            if ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0] < min_phys:
+                qid, first = RUN_KEY.unpack(k)
+                yield k, qid, first + len(v) // ENTRY_SIZE
             it.next()
-
-    @staticmethod
-    def scan_options() -> ReadOptions:
-        """Read options of a scan that reads its blocks once (kept out of the block cache)."""
-        return _scan_options()
 
     def forget_runs(self, floors: dict[int, int]) -> None:
         """Runs were deleted: queue `qid` has no entry below `floors[qid]` any more, and its tail

@@ -10,22 +10,6 @@ the index's RocksDB (the full key layout is in the `index.py` docstring):
 
     FF 'P'        -> u64 min CommitLog offset: the log start the index knows (written with WAL)
     FF 'M' + qid  -> u64 floor: the queue's min offset after its runs were swept or dropped
-    FF 'R' + bound(8) + seq(8) -> n × (qid u64, first u64, count u32): runs whose every entry
-                     points below CommitLog offset `bound` (the run log, below)
-    FF 'r'        -> present once every run is in the run log
-
-The run log is what makes a sweep cost what it deletes, not the size of the index: each write of
-the tails adds one record listing the runs it wrote, keyed by one past the highest CommitLog
-offset their entries point at (and the write's checkpoint, for uniqueness), in the same atomic
-batch as the runs. A sweep
-reads the records whose bound is at or below the log start, in key order, deletes their runs and
-themselves, and stops at the first newer record. Before it, every sweep scanned every run of the
-index: with a 10-minute retention at 2,000 msg/s that was 1.2 million keys in Python per deleted
-segment, seconds of the GIL taken from the event loop (p99 delivery latency of 100-400 ms in the
-soak at each deletion) and growing with the retention. An index written before the run log
-(no FF 'r') gets its records from one scan at its first sweep; a truncation rebuilds them from
-its own scan, grouped by 1 MiB of the log their last entries point into (`REBUILD_BUCKET`;
-retention deletes whole segments of at least that).
 
 A floor is what keeps a queue's numbering monotonic: once every run of a queue is deleted, no run
 says where the queue ended, so its end is written as its floor in the same batch that deletes the
@@ -50,8 +34,6 @@ from typing import TYPE_CHECKING
 
 from rocksdict import WriteBatch, WriteOptions
 
-from .index_reads import RUN_KEY
-
 if TYPE_CHECKING:
     from .index import LightQueueIndex
 
@@ -59,37 +41,8 @@ log = logging.getLogger(__name__)
 
 K_MINPHYS = b"\xffP"
 K_FLOOR = b"\xffM"
-K_RUNLOG = b"\xffR"
-K_RUNLOG_COMPLETE = b"\xffr"
-RUNLOG_KEY = struct.Struct(">QQ")       # after K_RUNLOG: bound, seq (a write's checkpoint; 0: rebuilt)
-RUNLOG_ENTRY = struct.Struct(">QQI")    # qid, first queue offset, entries
-REBUILD_BUCKET = 1 << 20                # rebuilt records group runs by 1 MiB of the log
 _U64 = struct.Struct(">Q")
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "not computed yet" in the min-offset array
-
-
-def runlog_record(bound: int, seq: int, runs: list[tuple[int, int, int]]) -> tuple[bytes, bytes]:
-    """The run log's record of `runs` ((qid, first, count) each), every entry below `bound`."""
-    pack = RUNLOG_ENTRY.pack
-    return K_RUNLOG + RUNLOG_KEY.pack(bound, seq), b"".join(pack(*r) for r in runs)
-
-
-def rebuilt_records(runs) -> list[tuple[bytes, bytes]]:
-    """Run-log records for `runs` ((qid, first, count, last entry's CommitLog offset) each) found
-    by a scan, one per `REBUILD_BUCKET` of the log their last entries fall in."""
-    buckets: dict[int, list[tuple[int, int, int]]] = {}
-    tops: dict[int, int] = {}          # bucket -> the highest last offset in it
-    for qid, first, count, last_phys in runs:
-        b = last_phys // REBUILD_BUCKET
-        lst = buckets.get(b)
-        if lst is None:
-            buckets[b] = [(qid, first, count)]
-            tops[b] = last_phys
-        else:
-            lst.append((qid, first, count))
-            if last_phys > tops[b]:
-                tops[b] = last_phys
-    return [runlog_record(tops[b] + 1, 0, lst) for b, lst in sorted(buckets.items())]
 
 
 class IndexRetention:
@@ -109,7 +62,6 @@ class IndexRetention:
         # min_phys moves)
         self._min = array("Q", [_UNKNOWN]) * index.next_qid
         self._sweeper: threading.Thread | None = None
-        self.records_read = 0         # run-log records the sweeps read (and deleted)
 
     def min_offset(self, name: str) -> int:
         """Smallest offset still readable: entries below point into deleted CommitLog segments."""
@@ -179,8 +131,7 @@ class IndexRetention:
                 return
 
     def sweep(self, batch_runs: int = 10000) -> int:
-        """Delete the runs of the run log's records at or below `min_phys`; returns the number
-        of runs deleted (`records_read`: the records it read, all of them deleted).
+        """Delete runs whose every entry is below `min_phys`; returns the number deleted.
 
         A queue keeps its offsets: if its last run is deleted, its max offset is written as the
         queue's floor in the same batch, so numbering never restarts.
@@ -189,69 +140,31 @@ class IndexRetention:
         deleted = 0
         min_phys = self.min_phys
         ix.write_tails()      # sweep what the tails buffer too
-        if self._db.get(K_RUNLOG_COMPLETE) is None:
-            self.rebuild_run_log()
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        n = 0
-        it = self._db.iter(ix.scan_options())
-        it.seek(K_RUNLOG)
-        while it.valid() and not ix.closed:
-            k = it.key()
-            if not k.startswith(K_RUNLOG) or RUNLOG_KEY.unpack_from(k, len(K_RUNLOG))[0] > min_phys:
-                break
-            v = it.value()
-            keys.append(k)
-            values.append(v)
-            self.records_read += 1
-            n += len(v) // RUNLOG_ENTRY.size
-            if n >= batch_runs:
-                deleted += self._delete_runs(keys, values)
-                keys, values, n = [], [], 0
-            it.next()
-        del it
-        if keys:
-            deleted += self._delete_runs(keys, values)
+        todo: list[tuple[bytes, int, int]] = []
+        for run in ix.runs_below(min_phys):
+            todo.append(run)
+            if len(todo) >= batch_runs:
+                deleted += self._delete_runs(todo)
+                todo = []
+        if todo:
+            deleted += self._delete_runs(todo)
         return deleted
 
-    def rebuild_run_log(self) -> None:
-        """Give every run of an index written before the run log a record (one scan), then mark
-        the log complete. Runs written meanwhile have records of their own: listed twice, they
-        are deleted twice, which is harmless."""
+    def _delete_runs(self, runs: list[tuple[bytes, int, int]]) -> int:
         ix = self._index
-        wb = WriteBatch(raw_mode=True)
-        n = 0
-        for k, v in rebuilt_records(ix.all_runs()):
-            wb.put(k, v)
-            n += len(v) // RUNLOG_ENTRY.size
-        wb.put(K_RUNLOG_COMPLETE, b"")
-        with ix.lock:
-            self._db.write(wb, WriteOptions())
-        log.info("light-queue index: run log rebuilt from a scan (%d runs)", n)
-
-    def _delete_runs(self, record_keys: list[bytes], records: list[bytes]) -> int:
-        ix = self._index
-        kpack = RUN_KEY.pack
-        n = 0
         with ix.lock:
             wb = WriteBatch(raw_mode=True)
             floors: dict[int, int] = {}
-            for v in records:
-                for qid, first, count in RUNLOG_ENTRY.iter_unpack(v):
-                    wb.delete(kpack(qid, first))
-                    end = first + count
-                    if end > floors.get(qid, 0):
-                        floors[qid] = end
-                    n += 1
-            for k in record_keys:
+            for k, qid, end in runs:
                 wb.delete(k)
+                floors[qid] = max(floors.get(qid, 0), end)
             for qid, end in floors.items():
                 self.put_floor(wb, qid, max(end, self.floor(qid)))
             self._db.write(wb, WriteOptions())   # WAL on: a lost floor would reset offsets
             for qid in floors:
                 self.set_min_offset(qid, _UNKNOWN)
             ix.forget_runs(floors)
-        return n
+        return len(runs)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for a running sweep (it stops early once the index is closed)."""
