@@ -224,11 +224,6 @@ class BackgroundService:
                 if d != dflushed or "dispatcher flush" in self.errors:
                     dflushed = d
                     self._duty("dispatcher flush", disp.flush_dispatchers, "thread-safe")
-                    # what the flushed memtables and the second's traffic freed goes back now: at
-                    # one trim per retention check (10 s) a soaking broker's anonymous memory rose
-                    # ~15 MiB between trims and fell back at each, a 10-second saw-tooth as large
-                    # as the "flat" band it is measured against
-                    self._duty("heap trim", heap.trim)
             if now >= next_ckpt:
                 next_ckpt = now + 1.0
                 f = clog.flushed
