@@ -4,12 +4,11 @@ and the light-queue index flush a memtable at every checkpoint (store/rocksdb_op
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from rocksdict import Rdict, WriteOptions
 
-from lmqtt.store import Message, MessageStore, StoreConfig, heap
+from lmqtt.store import heap
 from lmqtt.store.rocksdb_options import (LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, MEMTABLE_BYTES, TABLE_FILE_BYTES,
                                          rocksdb_options)
 
@@ -43,31 +42,6 @@ def test_trim_returns_freed_heap_pages_that_a_live_block_above_them_pins():
     after = _rss_anon_kib()
     assert pin[-1] == (149_999 % 251)
     assert freed - after > 100_000, (before, freed, after)   # most of the ~150 MiB went back
-
-
-@pytest.mark.skipif(not heap.tune(), reason="the C library is not glibc")
-def test_under_traffic_freed_memory_goes_back_within_seconds_not_at_the_next_retention_check(tmp_path):
-    # retention (and its trim) far away: only the trim after the dispatcher flush can return it
-    cfg = StoreConfig(data_dir=str(tmp_path / "d"), segment_size=1 << 20, max_message_size=64 * 1024, flush_mode="async",
-                      dispatcher_flush_interval_ms=200, retention_check_interval_ms=3_600_000)
-    st = MessageStore(cfg)
-    st.start()
-    try:
-        st.append(Message("t/a", b"x"))
-        time.sleep(1.5)                  # the start-up trims are done
-        blocks = [bytes(1024) + bytes([i % 251]) for i in range(150_000)]
-        pin = blocks[-1]
-        del blocks[-1]
-        blocks.clear()                   # ~150 MiB freed into the heap, a live block above it
-        freed = _rss_anon_kib()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and freed - _rss_anon_kib() < 100_000:
-            st.append(Message("t/a", b"x"))      # traffic: a dispatcher flush every 200 ms
-            time.sleep(0.05)
-        assert freed - _rss_anon_kib() > 100_000, (freed, _rss_anon_kib())
-        assert pin[-1] == 149_999 % 251
-    finally:
-        st.shutdown()
 
 
 def test_rocksdb_log_and_manifest_stay_bounded_with_a_flush_per_checkpoint(tmp_path):
