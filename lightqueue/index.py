@@ -510,11 +510,14 @@ class LightQueueIndex(IndexReads):
 
     # What retention changes in the index: it decides when and what; these keep the run layout
     # and the tails the index's business.
-    def runs_below(self, min_phys: int) -> Iterable[tuple[bytes, int, int]]:
-        """(key, qid, end offset) of each RocksDB run whose every entry points below CommitLog
-        offset `min_phys`, in key order; stops when the index closes."""
+    def runs_below(self, min_phys: int, start: bytes = b"") -> Iterable[tuple[bytes, int, int]]:
+        """(key, qid, end offset) of each RocksDB run at or after key `start` whose every entry
+        points below CommitLog offset `min_phys`, in key order; stops when the index closes."""
         it = self._db.iter(_scan_options())
-        it.seek_to_first()
+        if start:
+            it.seek(start)
+        else:
+            it.seek_to_first()
         while it.valid() and not self._closed:
             k = it.key()
             if k[:1] == b"\xff":

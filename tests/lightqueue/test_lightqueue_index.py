@@ -112,6 +112,26 @@ def test_retention_moves_min_offset_and_sweep_keeps_numbering(tmp_path):
     idx.close()
 
 
+def test_sweep_in_small_paced_batches_deletes_every_dead_run_and_keeps_live_ones(tmp_path):
+    """The background sweep deletes a segment's runs a slice at a time, scanning again after each
+    slice: no dead run may be skipped at a slice's edge and no live run deleted."""
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    names = [f"dev{i:03d}" for i in range(53)]
+    feed(idx, [(n,) for n in names])                       # one dead run per queue (phys < 5300)
+    idx.flush()
+    feed(idx, [(n,) for n in names[::2]], phys0=10_000)    # a live run for every other queue
+    idx.flush()
+    idx.retention.min_phys = 5_300
+    idx.retention.forget_min_offsets()
+    assert idx.retention.sweep(batch_runs=7, pause_s=0.001) == 53
+    assert list(idx.runs_below(5_300)) == []
+    for i, n in enumerate(names):
+        live = [10_000 + (i // 2) * 100] if i % 2 == 0 else []
+        assert phys_list(idx, n, 0) == live
+        assert idx.min_offset(n) == 1 and idx.max_offset(n) == (2 if i % 2 == 0 else 1)
+    idx.close()
+
+
 def test_drop_queue_keeps_offsets_monotonic(tmp_path):
     idx = LightQueueIndex(str(tmp_path / "ix"))
     feed(idx, [("a/+",)] * 3)
