@@ -10,10 +10,16 @@ in-flight messages are acknowledged and comes back at once), and one persistent 
 on `soak/#` that acknowledges everything. Every `--sample-s` seconds a row goes to
 `DIR/soak.jsonl`: the broker's anonymous and file-backed memory, open files, maps, threads, CPU,
 the data dir's size, the publish and delivery rates and the delivery latency (p50/p99 of that
-interval, publish to delivery, one clock). At the end every acknowledged message must have been
-delivered (`lost`), and a summary says how each measure moved after the first `--settle-s`
-(default: the retention, 10 min): anonymous memory's spread around its mean, the range of open
-files, maps and disk. `--plot` draws the rows (matplotlib).
+interval, publish to delivery, one clock). Between two rows anonymous memory is also read every
+`--fast-s` seconds (default 0.5), and the row carries that interval's lowest, highest and average
+reading (`anon_min`, `anon_max`, `anon_avg`): a row's instant alone misses what rises and falls
+within a second, and, taken every 10 s, lands in step with the store's own 10-second duties (its
+retention check), so it would see one phase of them only. At the end every acknowledged message
+must have been delivered (`lost`), and a summary says how each measure moved after the first
+`--settle-s` (default: the retention, 10 min): anonymous memory's spread around its mean over
+the rows' instants (`anon_spread_pct`) and over every fast reading (`anon_all_spread_pct`: the
+highest and lowest reading against the mean of all), the range of open files, maps and disk.
+`--plot` draws the rows (matplotlib), anonymous memory with its band of fast readings.
 
 The load generator is this process (asyncio, the gateway's sans-IO codec); its own CPU is in each
 row (`gen_cpu_s`), so a saturated generator shows. Load goes to loopback only; the run is bounded
@@ -222,6 +228,8 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
     published = churned = 0         # so far; due ones are sent by elapsed time, whatever a tick took
     nxt = 0
     next_sample = t_start + args.sample_s
+    next_fast = t_start
+    fast: list[int] = []            # anonymous memory read every --fast-s since the last row
     last = {"sent": 0, "delivered": 0, "t": t_start}
     gen_cpu0 = time.process_time()
     churning: set[asyncio.Task] = set()
@@ -243,6 +251,9 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
                     task = asyncio.get_running_loop().create_task(d.churn())
                     churning.add(task)
                     task.add_done_callback(churning.discard)
+            if now >= next_fast:
+                next_fast += args.fast_s
+                fast.append(proc_stats.status(b.proc.pid)["rss_anon"])
             if now >= next_sample:
                 next_sample += args.sample_s
                 dt = now - last["t"]
@@ -255,6 +266,10 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
                        "acked": tally.acked_n, "delivered": tally.delivered, "reconnects": tally.reconnects,
                        "refused": tally.refused,
                        "connect_failures": tally.connect_failures, "gen_cpu_s": round(time.process_time() - gen_cpu0, 1)}
+                if fast:
+                    row.update(anon_min=min(fast), anon_max=max(fast), anon_avg=int(sum(fast) / len(fast)),
+                               anon_n=len(fast))
+                    fast = []
                 last = {"sent": tally.sent, "delivered": tally.delivered, "t": now}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
@@ -291,6 +306,13 @@ def summarize(rows: list[dict], settle_s: float) -> dict:
     mean = sum(anon) / len(anon)
     out = {"rows": len(late), "anon_mean": int(mean),
            "anon_spread_pct": round(100 * max(abs(a - mean) for a in anon) / mean, 1) if mean else 0.0}
+    fast = [r for r in late if r.get("anon_n")]
+    if fast:
+        n = sum(r["anon_n"] for r in fast)
+        m = sum(r["anon_avg"] * r["anon_n"] for r in fast) / n
+        lo, hi = min(r["anon_min"] for r in fast), max(r["anon_max"] for r in fast)
+        out.update(anon_all_mean=int(m), anon_all_range=[lo, hi],
+                   anon_all_spread_pct=round(100 * max(hi - m, m - lo) / m, 1) if m else 0.0)
     for k in ("open_files", "maps", "threads", "disk_bytes", "rss_file"):
         vals = [r[k] for r in late]
         out[k] = [min(vals), max(vals)]
@@ -305,6 +327,11 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     t = [r["t_s"] / 60 for r in rows]
     fig, ax = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     ax[0].plot(t, [r["rss_anon"] / 2**20 for r in rows], label="anonymous")
+    band = [r for r in rows if r.get("anon_n")]
+    if band:
+        ax[0].fill_between([r["t_s"] / 60 for r in band], [r["anon_min"] / 2**20 for r in band],
+                           [r["anon_max"] / 2**20 for r in band], alpha=0.3,
+                           label="anonymous, lowest-highest between two rows")
     ax[0].plot(t, [r["rss_file"] / 2**20 for r in rows], label="file-backed")
     ax[0].set_ylabel("memory (MiB)")
     ax[1].plot(t, [r["open_files"] for r in rows], label="open files")
@@ -334,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retention", default="10m", help="the broker's --retention (default 10m)")
     p.add_argument("--segment-mb", type=int, default=32, help="the broker's --segment-mb (default 32)")
     p.add_argument("--sample-s", type=float, default=10, help="seconds between samples (default 10)")
+    p.add_argument("--fast-s", type=float, default=0.5,
+                   help="seconds between the readings of anonymous memory within a row (default 0.5)")
     p.add_argument("--settle-s", type=float, default=None, help="the summary's measures start after this "
                                                                 "(default: the retention)")
     p.add_argument("--out", help="directory for soak.jsonl and the broker's log (default: a temp dir)")

@@ -25,6 +25,12 @@ def test_soak_bench_samples_the_broker_and_loses_nothing(tmp_path):
     assert len(rows) >= 3
     for key in ("rss_anon", "rss_file", "open_files", "maps", "threads", "disk_bytes", "p99_ms"):
         assert all(r[key] > 0 for r in rows), key
+    # between two rows (2 s) anonymous memory is read every 0.5 s: the row's band holds them all
+    for r in rows:
+        assert r["anon_n"] >= 3 and 0 < r["anon_min"] <= r["anon_avg"] <= r["anon_max"], r
+    lo, hi = summary["anon_all_range"]
+    assert lo == min(r["anon_min"] for r in rows if r["t_s"] >= 5) and hi >= lo > 0
+    assert summary["anon_all_spread_pct"] >= 0
     assert (tmp_path / "soak.png").stat().st_size > 10_000
 
 
