@@ -140,7 +140,9 @@ class IndexRetention:
         queue's floor in the same batch, so numbering never restarts.
 
         `pause_s`: the background sweep rests this long after each batch of `batch_runs`, and
-        starts a new scan after it (a scan held open would pin the memtables flushed meanwhile).
+        starts a new scan after it (a scan held open would pin the memtables flushed meanwhile);
+        it stops resting once retention has moved the log start again meanwhile, so under a load
+        that deletes segments faster than a paced sweep clears them it does not fall behind.
         Why it is paced: a 32 MiB segment's deletion sweeps ~240,000 runs, and written at once
         their tombstones sat in the memtable until the next flush - a rise of ~12-15 MiB of the
         broker's memory at every deletion. Paced, the flushes every second take them in slices.
@@ -161,8 +163,8 @@ class IndexRetention:
             if len(todo) < batch_runs or ix.closed:
                 return deleted
             start = todo[-1][0] + b"\x00"      # the next key after the last one deleted
-            if pause_s:
-                time.sleep(pause_s)
+            if pause_s and self.min_phys == min_phys:
+                time.sleep(pause_s)     # not once retention moved on: a sweep behind goes flat out
 
     def _delete_runs(self, runs: list[tuple[bytes, int, int]]) -> int:
         ix = self._index

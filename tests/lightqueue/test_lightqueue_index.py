@@ -132,6 +132,25 @@ def test_sweep_in_small_paced_batches_deletes_every_dead_run_and_keeps_live_ones
     idx.close()
 
 
+def test_a_paced_sweep_stops_pausing_once_retention_moves_on(tmp_path):
+    """Segments deleted faster than a paced sweep clears them: the sweep goes flat out instead of
+    falling further behind (8 slices with 3-s pauses would take 21 s)."""
+    import threading
+
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    feed(idx, [(f"dev{i:03d}",) for i in range(53)])
+    idx.flush()
+    idx.retention.min_phys = 5_300
+    idx.retention.forget_min_offsets()
+    bump = threading.Timer(0.5, lambda: setattr(idx.retention, "min_phys", 5_400))
+    bump.start()
+    t0 = time.monotonic()
+    assert idx.retention.sweep(batch_runs=7, pause_s=3.0) == 53
+    assert time.monotonic() - t0 < 12
+    bump.join()
+    idx.close()
+
+
 def test_drop_queue_keeps_offsets_monotonic(tmp_path):
     idx = LightQueueIndex(str(tmp_path / "ix"))
     feed(idx, [("a/+",)] * 3)
