@@ -471,6 +471,187 @@ fail:
 /* ------------------------------------------------------------------ configuration */
 #define READS "these loops read"
 
+
+/* ------------------------------------------------------------------ stored ConsumeQueue blocks */
+/* cq_encode(entries) -> bytes and cq_decode(value, start=0, stop=-1) -> bytes: a ConsumeQueue
+ * block as the database stores it, in runs (the format, and why, in store/consume_queue_entries.py
+ * "stored blocks"; `encode_block_py` and `decode_block_py` there are the references,
+ * tests/store/test_cq_block_codec.py compares them on arbitrary input, damaged values included).
+ * cq_decode reads bytes from disk: every length is checked before it is read, a bad value raises
+ * ValueError, and it never makes more than BLOCK_MAX entries. */
+#define BLOCK_TAG 0xC1
+#define BLOCK_MAX (1 << 20)     /* entries in one block at most (consume_queue_entries.BLOCK_MAX) */
+
+static unsigned char *put_varint(unsigned char *p, uint64_t v) {
+    while (v >= 0x80) { *p++ = (unsigned char)((v & 0x7F) | 0x80); v >>= 7; }
+    *p++ = (unsigned char)v;
+    return p;
+}
+
+/* 0 and *v, or -1 with ValueError */
+static int get_varint(const unsigned char *b, Py_ssize_t len, Py_ssize_t *pos, uint64_t limit, uint64_t *v) {
+    uint64_t x = 0;
+    int shift = 0;
+    for (;;) {
+        if (*pos >= len) {
+            PyErr_SetString(PyExc_ValueError, "ConsumeQueue block: truncated (a number runs past the end)");
+            return -1;
+        }
+        unsigned c = b[(*pos)++];
+        if (shift == 63 && (c & 0x7F) > 1) {
+            PyErr_SetString(PyExc_ValueError, "ConsumeQueue block: a number out of range (more than 64 bits)");
+            return -1;
+        }
+        x |= (uint64_t)(c & 0x7F) << shift;
+        if (!(c & 0x80)) break;
+        shift += 7;
+        if (shift > 63) {
+            PyErr_SetString(PyExc_ValueError, "ConsumeQueue block: a number longer than 64 bits");
+            return -1;
+        }
+    }
+    if (x > limit) {
+        PyErr_Format(PyExc_ValueError, "ConsumeQueue block: %llu is out of range (at most %llu)",
+                     (unsigned long long)x, (unsigned long long)limit);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+static PyObject *cq_encode(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    Py_ssize_t len = in.len, n = len / ENTRY_SIZE;
+    const unsigned char *e = (const unsigned char *)in.buf;
+    if (n * ENTRY_SIZE != len) {
+        PyErr_Format(PyExc_ValueError, "ConsumeQueue block: %zd bytes is not a whole number of entries", len);
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    if (n > BLOCK_MAX) {
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)e, len);
+        PyBuffer_Release(&in);
+        return raw;
+    }
+    /* a group is at most 1 + 10 + 10 + 5 + 9 bytes past the last check against len */
+    unsigned char *buf = PyMem_Malloc((size_t)len + 64), *o = buf;
+    if (buf == NULL) { PyBuffer_Release(&in); return PyErr_NoMemory(); }
+    *o++ = BLOCK_TAG;
+    o = put_varint(o, (uint64_t)n);
+    uint64_t exp = 0, prev_tag = 0;
+    int have_tag = 0, raw = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        const unsigned char *p = e + i * ENTRY_SIZE;
+        uint64_t phys = le64(p + E_PHYS), last = phys, tag = le64(p + E_TAGS);
+        uint32_t size = le32(p + E_SIZE);
+        Py_ssize_t j = i + 1;
+        for (; j < n; j++) {
+            const unsigned char *q = e + j * ENTRY_SIZE;
+            if (le32(q + E_SIZE) != size || le64(q + E_TAGS) != tag || le64(q + E_PHYS) != last + size) break;
+            last += size;
+        }
+        o = put_varint(o, (uint64_t)(j - i));
+        o = put_varint(o, phys - exp);
+        o = put_varint(o, size);
+        if (have_tag && tag == prev_tag) *o++ = 0;
+        else { *o++ = 1; put_le64(o, tag); o += 8; }
+        prev_tag = tag;
+        have_tag = 1;
+        exp = last + size;
+        i = j;
+        if (o - buf >= len) { raw = 1; break; }
+    }
+    if (!raw && (o - buf) % ENTRY_SIZE == 0) *o++ = 0;
+    if (o - buf >= len) raw = 1;
+    PyObject *out = raw ? PyBytes_FromStringAndSize((const char *)e, len)
+                        : PyBytes_FromStringAndSize((const char *)buf, o - buf);
+    PyMem_Free(buf);
+    PyBuffer_Release(&in);
+    return out;
+}
+
+static PyObject *cq_decode(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t start = 0, stop = -1;
+    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*|nn", &in, &start, &stop)) return NULL;
+    const unsigned char *b = (const unsigned char *)in.buf;
+    Py_ssize_t len = in.len;
+    PyObject *out = NULL;
+    if (len % ENTRY_SIZE == 0) {
+        Py_ssize_t n = len / ENTRY_SIZE;
+        if (start < 0) start = 0;
+        if (start > n) start = n;
+        stop = stop < 0 ? n : (stop < start ? start : (stop > n ? n : stop));
+        out = PyBytes_FromStringAndSize((const char *)b + start * ENTRY_SIZE, (stop - start) * ENTRY_SIZE);
+        PyBuffer_Release(&in);
+        return out;
+    }
+    if (b[0] != BLOCK_TAG) {
+        PyErr_Format(PyExc_ValueError, "ConsumeQueue block: unknown format %#04x (%zd bytes)", b[0], len);
+        goto done;
+    }
+    Py_ssize_t pos = 1;
+    uint64_t n64;
+    if (get_varint(b, len, &pos, BLOCK_MAX, &n64) < 0) goto done;
+    Py_ssize_t n = (Py_ssize_t)n64;
+    if (start < 0) start = 0;
+    if (start > n) start = n;
+    stop = stop < 0 ? n : (stop < start ? start : (stop > n ? n : stop));
+    out = PyBytes_FromStringAndSize(NULL, (stop - start) * ENTRY_SIZE);
+    if (out == NULL) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    uint64_t exp = 0, tag = 0;
+    int have_tag = 0;
+    for (Py_ssize_t k = 0; k < n;) {
+        uint64_t run, delta, size;
+        if (get_varint(b, len, &pos, UINT64_MAX, &run) < 0) goto fail;
+        if (run == 0 || run > (uint64_t)(n - k)) {
+            PyErr_Format(PyExc_ValueError, "ConsumeQueue block: a run of %llu entries at entry %zd of %zd",
+                         (unsigned long long)run, k, n);
+            goto fail;
+        }
+        if (get_varint(b, len, &pos, UINT64_MAX, &delta) < 0 || get_varint(b, len, &pos, 0xFFFFFFFFULL, &size) < 0)
+            goto fail;
+        if (pos >= len) {
+            PyErr_SetString(PyExc_ValueError, "ConsumeQueue block: truncated (a run without its tag)");
+            goto fail;
+        }
+        unsigned flag = b[pos++];
+        if (flag == 1) {
+            if (pos + 8 > len) {
+                PyErr_SetString(PyExc_ValueError, "ConsumeQueue block: truncated (a tag hash runs past the end)");
+                goto fail;
+            }
+            tag = le64(b + pos);
+            pos += 8;
+            have_tag = 1;
+        } else if (flag != 0 || !have_tag) {
+            PyErr_Format(PyExc_ValueError, "ConsumeQueue block: bad tag marker %u at entry %zd", flag, k);
+            goto fail;
+        }
+        uint64_t phys = exp + delta;
+        Py_ssize_t a = start > k ? start : k, z = stop < k + (Py_ssize_t)run ? stop : k + (Py_ssize_t)run;
+        for (Py_ssize_t x = a; x < z; x++, w += ENTRY_SIZE) {
+            put_le64(w + E_PHYS, phys + (uint64_t)(x - k) * size);
+            put_le32(w + E_SIZE, (uint32_t)size);
+            put_le64(w + E_TAGS, tag);
+        }
+        exp = phys + run * size;
+        k += (Py_ssize_t)run;
+    }
+    if (len - pos > 1 || (len - pos == 1 && b[pos] != 0)) {
+        PyErr_Format(PyExc_ValueError, "ConsumeQueue block: %zd bytes after its %zd entries", len - pos, n);
+        goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&in);
+    return out;
+}
+
 /* configure(layout): {"cq_entry_format": "<QIQ", "cq_entry_fields": ("phys_offset", "size",
  * "tags_code"), "cq_entry_size": 20, "record_header_format": "<IIIIIQQQQQIIHHH",
  * "record_header_fields": ("total_size", "magic", "crc", ...)} (store/fastpath.py C_LAYOUT, from
@@ -529,6 +710,9 @@ static PyMethodDef methods[] = {
     {"dispatch_scan", dispatch_scan, METH_VARARGS, "the dispatch round's record scan (see store/dispatch.py)"},
     {"cq_entries", cq_entries, METH_VARARGS,
      "cq_entries(phys, sizes, i0, i1, tags) -> ConsumeQueue entries of records back to back (store/consume_queue_entries.py)"},
+    {"cq_encode", cq_encode, METH_VARARGS, "cq_encode(entries) -> a ConsumeQueue block as stored (store/consume_queue_entries.py)"},
+    {"cq_decode", cq_decode, METH_VARARGS,
+     "cq_decode(value, start=0, stop=-1) -> entries [start, stop) of a stored block (store/consume_queue_entries.py)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -41,7 +41,9 @@ import threading
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper  # noqa: F401 - ENTRY_FIELDS: re-exported
+from . import consume_queue_entries as _cqe
+from . import fastpath  # noqa: F401 - binds the C block codec into consume_queue_entries when it is built
+from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE, RunGrouper, block_count  # noqa: F401 - ENTRY_FIELDS: re-exported
 from .errors import StoreError, is_disk_full
 from .message import DispatchBatch
 from .record import first_level
@@ -73,6 +75,13 @@ def queue_key(fl: str, qid: int) -> bytes:
 def _split_queue_key(qk: bytes) -> tuple[str, int]:
     n = _U16.unpack_from(qk)[0]
     return qk[2:2 + n].decode("utf-8"), _U32.unpack_from(qk, 2 + n)[0]
+
+
+def _stored(entries: bytes) -> bytes:
+    """A block of entries as the database keeps it: encoded in runs when the C module is built
+    (store/consume_queue_entries.py "stored blocks"), raw otherwise; readers take both."""
+    enc = _cqe.encode_block
+    return entries if enc is None else enc(entries)
 
 
 def _last_phys(block: bytes | bytearray) -> int:
@@ -251,7 +260,7 @@ class ConsumeQueueStore:
             for i in range(0, len(data), self.block_entries * ENTRY_SIZE):
                 part = data[i:i + self.block_entries * ENTRY_SIZE]
                 q = first + i // ENTRY_SIZE
-                wb.put(b"E" + qk + _U64.pack(q), bytes(part))
+                wb.put(b"E" + qk + _U64.pack(q), _stored(bytes(part)))
                 wb.put(b"P" + _U64.pack(_last_phys(part)) + qk, _PVAL.pack(q, len(part) // ENTRY_SIZE))
         wb.put(b"Q" + qk, _META.pack(min_offset, max_offset))
         db.write(wb, self._wo)
@@ -337,11 +346,15 @@ class ConsumeQueueStore:
         while it.valid():
             first = _U64.unpack_from(it.key(), n)[0]
             block = it.value()
-            stop = first + len(block) // ENTRY_SIZE
-            if stop > q:
-                a = max(q, first)
-                b = min(stop, end)
-                out.append((a, block[(a - first) * ENTRY_SIZE:(b - first) * ENTRY_SIZE]))
+            try:
+                stop = first + block_count(block)
+                if stop > q:
+                    a = max(q, first)
+                    b = min(stop, end)
+                    out.append((a, _cqe.decode_block(block, a - first, b - first)))
+            except ValueError as e:
+                fl, qid = _split_queue_key(qk)
+                raise StoreError(f"ConsumeQueue {fl}/{qid}: the stored block from offset {first} is damaged: {e}") from e
                 q = b
                 if q >= end:
                     break
@@ -460,6 +473,10 @@ class ConsumeQueueStore:
             lb = cq.last_block = self._find_last_block(cq.qk)
         if lb[1] and lb[1] < MERGE_BELOW and lb[0] + lb[1] == first:
             old = self._open_db().get(b"E" + cq.qk + _U64.pack(lb[0]))
+            try:
+                old = None if old is None else _cqe.decode_block(old)
+            except ValueError:          # damaged: left as it is, the tail starts a block of its own
+                old = None
             if old is not None and len(old) == lb[1] * ENTRY_SIZE:
                 wb.delete(b"P" + _U64.pack(_last_phys(old)) + cq.qk)
                 first, data = lb[0], old + data
@@ -468,7 +485,7 @@ class ConsumeQueueStore:
             part = data[i:i + step]
             q = first + i // ENTRY_SIZE
             n = len(part) // ENTRY_SIZE
-            wb.put(b"E" + cq.qk + _U64.pack(q), part)
+            wb.put(b"E" + cq.qk + _U64.pack(q), _stored(part))
             wb.put(b"P" + _U64.pack(_last_phys(part)) + cq.qk, _PVAL.pack(q, n))
             cq.last_block = (q, n)
 
@@ -481,7 +498,7 @@ class ConsumeQueueStore:
         it.seek_to_last()      # (rocksdict honours the upper bound here, not the lower one)
         if not it.valid() or not it.key().startswith(base):
             return (0, 0)
-        return (_U64.unpack_from(it.key(), len(base))[0], len(it.value()) // ENTRY_SIZE)
+        return (_U64.unpack_from(it.key(), len(base))[0], block_count(it.value()))
 
     def _unload_idle(self) -> None:
         """Forget loaded queues that nothing used since the last time (second chance) and whose
@@ -510,7 +527,7 @@ class ConsumeQueueStore:
                 qk = k[9:]
                 first, n = _PVAL.unpack(v)
                 blocks.append((k, qk, first, n))
-                block = db.get(b"E" + qk + _U64.pack(first)) or b""
+                block = _cqe.decode_block(db.get(b"E" + qk + _U64.pack(first)) or b"")
                 i = 0
                 while i < n:
                     phys, size, _ = ENTRY.unpack_from(block, i * ENTRY_SIZE)
@@ -528,8 +545,8 @@ class ConsumeQueueStore:
                 if first >= cut:
                     wb.delete(ek)
                 else:
-                    part = (db.get(ek) or b"")[:(cut - first) * ENTRY_SIZE]
-                    wb.put(ek, part)
+                    part = _cqe.decode_block(db.get(ek) or b"", 0, cut - first)
+                    wb.put(ek, _stored(part))
                     wb.put(b"P" + _U64.pack(_last_phys(part)) + qk, _PVAL.pack(first, cut - first))
             with self._lock:
                 for qk, cut in cuts.items():

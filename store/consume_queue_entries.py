@@ -66,6 +66,160 @@ def _entries_py(phys: int, sizes: list, i0: int, i1: int, tags: int) -> bytes:
 _entries = _entries_py
 
 
+# ------------------------------------------------------------------ stored blocks
+# A block of entries as the ConsumeQueue database stores it (store/consume_queue.py `E` keys).
+# Why encoded: a busy topic's entries were ~20 MB/s into RocksDB at a million messages a second,
+# written to the memtable, flushed and compacted again, and that work cost the store's batch-64
+# append ~8 % of its throughput against mapped queue files (BENCHMARKS.md). Consecutive entries of
+# a queue mostly point at records back to back or a fixed distance apart, with one tag hash, so
+# a block is stored as runs:
+#
+#   value  = BLOCK_TAG, varint n (entries), group..., [one 0x00 pad byte]
+#   group  = varint run (>= 1), varint delta, varint size, tag
+#   delta  = (phys of the run's first entry - expected) mod 2**64, where expected is where the
+#            previous run's last record ends (0 at the block's start)
+#   tag    = 0x00 (the previous group's tag hash) | 0x01 and the tag hash, u64 little-endian
+#   the k-th entry of a run is at phys + k * size (mod 2**64), with the run's size and tag.
+#
+# A block whose encoding would not be shorter is stored raw, as before: raw values are a whole
+# number of entries long, an encoded value never is (the pad byte sees to it), which is how a
+# reader tells them apart, also in a database written before the encoding.
+# `encode_block`/`decode_block` are bound to store/_fastpath.c's `cq_encode`/`cq_decode` by
+# store/fastpath.py when it is built; the functions below are their references
+# (tests/store/test_cq_block_codec.py compares them). Without the C module the store writes raw
+# blocks (`encode_block` is None): encoding per entry in Python would cost more than it saves.
+BLOCK_TAG = 0xC1
+BLOCK_MAX = 1 << 20         # entries in one encoded block at most (a longer one is stored raw)
+_M64 = (1 << 64) - 1
+
+
+def _varint(out: bytearray, v: int) -> None:
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _read_varint(b, pos: int, limit: int = _M64) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        if pos >= len(b):
+            raise ValueError("ConsumeQueue block: truncated (a number runs past the end)")
+        c = b[pos]
+        pos += 1
+        v |= (c & 0x7F) << shift
+        if not c & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError("ConsumeQueue block: a number longer than 64 bits")
+    if v > limit:
+        raise ValueError(f"ConsumeQueue block: {v} is out of range (at most {limit})")
+    return v, pos
+
+
+def encode_block_py(entries: bytes) -> bytes:
+    """The stored form of `entries` (a whole number of entries): runs, or `entries` itself when
+    that is not longer."""
+    n = len(entries) // ENTRY_SIZE
+    if n * ENTRY_SIZE != len(entries):
+        raise ValueError(f"ConsumeQueue block: {len(entries)} bytes is not a whole number of entries")
+    if n > BLOCK_MAX:
+        return bytes(entries)
+    out = bytearray((BLOCK_TAG,))
+    _varint(out, n)
+    unpack = ENTRY.unpack_from
+    exp = 0
+    prev_tag = None
+    i = 0
+    while i < n:
+        phys, size, tag = unpack(entries, i * ENTRY_SIZE)
+        last = phys
+        j = i + 1
+        while j < n:
+            p2, s2, t2 = unpack(entries, j * ENTRY_SIZE)
+            if s2 != size or t2 != tag or p2 != (last + size) & _M64:
+                break
+            last = p2
+            j += 1
+        _varint(out, j - i)
+        _varint(out, (phys - exp) & _M64)
+        _varint(out, size)
+        if tag == prev_tag:
+            out.append(0)
+        else:
+            out.append(1)
+            out += tag.to_bytes(8, "little")
+        prev_tag = tag
+        exp = (last + size) & _M64
+        i = j
+        if len(out) >= len(entries):
+            return bytes(entries)
+    if len(out) % ENTRY_SIZE == 0:
+        out.append(0)
+    return bytes(entries) if len(out) >= len(entries) else bytes(out)
+
+
+def block_count(value) -> int:
+    """How many entries a stored block holds (raw or encoded), without decoding it."""
+    if len(value) % ENTRY_SIZE == 0:
+        return len(value) // ENTRY_SIZE
+    if value[0] != BLOCK_TAG:
+        raise ValueError(f"ConsumeQueue block: unknown format {value[0]:#04x} ({len(value)} bytes)")
+    return _read_varint(value, 1, BLOCK_MAX)[0]
+
+
+def decode_block_py(value, start: int = 0, stop: int = -1) -> bytes:
+    """Entries [start, stop) of a stored block (stop -1: to its end; both clipped to it), raw."""
+    if len(value) % ENTRY_SIZE == 0:
+        n = len(value) // ENTRY_SIZE
+        start = max(0, min(start, n))
+        stop = n if stop < 0 else max(start, min(stop, n))
+        return bytes(value[start * ENTRY_SIZE:stop * ENTRY_SIZE])
+    if value[0] != BLOCK_TAG:
+        raise ValueError(f"ConsumeQueue block: unknown format {value[0]:#04x} ({len(value)} bytes)")
+    n, pos = _read_varint(value, 1, BLOCK_MAX)
+    start = max(0, min(start, n))
+    stop = n if stop < 0 else max(start, min(stop, n))
+    out = []
+    exp = 0
+    tag = None
+    k = 0
+    while k < n:
+        run, pos = _read_varint(value, pos)
+        if run == 0 or run > n - k:
+            raise ValueError(f"ConsumeQueue block: a run of {run} entries at entry {k} of {n}")
+        delta, pos = _read_varint(value, pos)
+        size, pos = _read_varint(value, pos, 0xFFFFFFFF)
+        if pos >= len(value):
+            raise ValueError("ConsumeQueue block: truncated (a run without its tag)")
+        flag = value[pos]
+        pos += 1
+        if flag == 1:
+            if pos + 8 > len(value):
+                raise ValueError("ConsumeQueue block: truncated (a tag hash runs past the end)")
+            tag = int.from_bytes(value[pos:pos + 8], "little")
+            pos += 8
+        elif flag != 0 or tag is None:
+            raise ValueError(f"ConsumeQueue block: bad tag marker {flag} at entry {k}")
+        phys = (exp + delta) & _M64
+        a, b = max(start, k), min(stop, k + run)
+        for e in range(a, b):
+            out.append(ENTRY.pack((phys + (e - k) * size) & _M64, size, tag))
+        exp = (phys + run * size) & _M64
+        k += run
+    if len(value) - pos > 1 or (len(value) - pos == 1 and value[pos] != 0):
+        raise ValueError(f"ConsumeQueue block: {len(value) - pos} bytes after its {n} entries")
+    return b"".join(out)
+
+
+# encode_block(entries) -> bytes, or None: the store writes raw blocks (see above); decode_block
+# (value, start=0, stop=-1) -> bytes. store/fastpath.py binds the C twins here once it has
+# configured that module.
+encode_block = None
+decode_block = decode_block_py
+
+
 class RunGrouper:
     """Groups a dispatch batch into runs per (first-level topic, queue id), remembering each
     topic's first level. Not thread-safe: the queue store calls it under its lock."""

@@ -263,6 +263,11 @@ dispatch_scan = _fastpath.dispatch_scan if _fastpath is not None else None
 cq_entries = _fastpath.cq_entries if _fastpath is not None else None
 if cq_entries is not None:
     _cq_entries._entries = cq_entries
+# a stored ConsumeQueue block (store/consume_queue_entries.py "stored blocks": the references and
+# why the store writes raw blocks without the C module)
+if _fastpath is not None:
+    _cq_entries.encode_block = _fastpath.cq_encode
+    _cq_entries.decode_block = _fastpath.cq_decode
 
 # Positions in a RawRecord (below), which the per-record loops of this module build and read by
 # index (a global name there is a lookup per record; they copy these into locals, or build the

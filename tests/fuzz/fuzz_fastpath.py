@@ -8,6 +8,9 @@ their Python references, the first input byte choosing the entry:
   same bool, on valid records, damaged ones, or raw bytes and raw sizes;
 * `cq_entries` against consume_queue_entries._entries_py: the same bytes, or both refuse
   (struct.error in Python, OverflowError in C: tests/store/accel_support.py `outcome`);
+* `cq_encode` / `cq_decode` (a stored ConsumeQueue block) against encode_block_py /
+  decode_block_py: the same value and entries back; on damaged or raw values the same entries or
+  both refuse (ValueError);
 * `dispatch_scan` through `DispatchService.dispatch_round` with it and without it (its reference
   is that loop), over a CommitLog segment of records built from the input (runs, keys, dispatch
   queues, bad UTF-8, sizes that lie, a blank filler, raw bytes) or raw: the same batches, end
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "store"))
 
 with atheris.instrument_imports(include=["lmqtt"]):
     from lmqtt.store import fastpath
-    from lmqtt.store.consume_queue_entries import ENTRY, _entries_py
+    from lmqtt.store.consume_queue_entries import ENTRY, _entries_py, decode_block_py, encode_block_py
     from dispatch_rig import run_dispatch     # imports lmqtt.store.dispatch: instrumented
     from lmqtt.store.record import BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX
 
@@ -235,7 +238,45 @@ def _dispatch_scan(r: Reader) -> None:
                              f"max_batch {max_batch}, committed {committed}:\nC:  {got!r:.2000}\nPy: {want!r:.2000}")
 
 
-ENTRIES = [_cq_runs, _check_records, _cq_entries, _dispatch_scan]
+# ------------------------------------------------------------------ cq_encode / cq_decode
+@atheris.instrument_func
+def _cq_block(r: Reader) -> None:
+    """A stored ConsumeQueue block: entries encoded by both (the same value, decoded back to the
+    entries), or a value from disk - encoded then damaged, or raw bytes - decoded by both: the
+    same entries or both refuse with ValueError."""
+    entries = _entries(r)
+    entries = entries[:len(entries) // 20 * 20]
+    if r.byte() & 1:
+        enc = C.cq_encode(entries)
+        if enc != encode_block_py(entries) or C.cq_decode(enc) != entries:
+            raise AssertionError(f"cq_encode differs or loses entries on {entries!r}")
+        value = bytearray(enc)
+        for _ in range(r.byte() % 4):
+            what, where = r.byte(), r.num(0, 2 ** 16)
+            if what % 3 == 0 and value:
+                value[where % len(value)] ^= 1 + r.byte() % 255
+            elif what % 3 == 1:
+                del value[where % (len(value) + 1):]
+            else:
+                value += r.take(r.byte() % 4)
+        value = bytes(value)
+    else:
+        value = r.rest()
+    start, stop = r.num(0, 5000) - 5, r.num(0, 5000) - 5
+    got = _decoded(C.cq_decode, value, start, stop)
+    want = _decoded(decode_block_py, value, start, stop)
+    if got != want:
+        raise AssertionError(f"cq_decode differs on {value!r} [{start}:{stop}]:\nC:  {got!r}\nPy: {want!r}")
+
+
+def _decoded(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError:
+        return "refused"
+
+
+ENTRIES = [_cq_runs, _check_records, _cq_entries, _dispatch_scan, _cq_block]
 
 
 def TestOneInput(data: bytes) -> None:
