@@ -240,6 +240,34 @@ def test_reads_span_written_runs_and_the_unwritten_tail(tmp_path):
     idx.close()
 
 
+def test_a_busy_queues_write_is_stored_as_bounded_runs_read_back_whole(tmp_path, monkeypatch):
+    """A write of many entries of one queue becomes several runs of at most MAX_RUN_BYTES (no
+    value as large as a write), and every offset still reads back in order, before and after a
+    reopen, and after a truncate inside one of them."""
+    from lmqtt.lightqueue import index as index_mod
+    monkeypatch.setattr(index_mod, "MAX_RUN_BYTES", 7 * index_mod.ENTRY_SIZE)
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    idx.tail_entries = 2
+    feed(idx, [("a", "all")] * 40)
+    idx.flush()
+    feed(idx, [("all",)] * 9, phys0=4000)
+    idx.flush()
+    runs = [(k, v) for k, v in idx.db.items() if not k.startswith(b"\xff")]
+    assert runs and max(len(v) for _, v in runs) <= 7 * index_mod.ENTRY_SIZE
+    assert len(runs) >= 49 // 7
+    want = [i * 100 for i in range(40)] + [4000 + i * 100 for i in range(9)]
+    for _ in range(2):
+        for off in range(len(want) + 1):
+            assert phys_list(idx, "all", off, 11) == want[off:off + 11]
+        assert phys_list(idx, "a") == want[:40]
+        idx.close()
+        idx = LightQueueIndex(p)
+    idx.truncate(1750)                  # inside the third run of "all"
+    assert phys_list(idx, "all") == want[:18]
+    idx.close()
+
+
 def test_write_threshold_and_queue_cap_write_runs_without_a_flush(tmp_path):
     """Buffered entries go to RocksDB every `write_records` records, checkpoint included."""
     idx = LightQueueIndex(str(tmp_path / "ix"))
