@@ -44,7 +44,7 @@ from lmqtt.store.errors import is_disk_full
 from lmqtt.store.rocksdb_options import rocksdb_options
 
 from .errors import LightQueueError
-from .index_reads import RUN_KEY, U64, IndexReads  # reads: the runs below, the tail above
+from .index_reads import RUN_KEY, U64, IndexReads, decode_run, stored_run, stored_run_length  # reads: the runs below, the tail above
 from .retention import IndexRetention
 
 # The take loop (dispatched records into the tails) lives in take.py with the entry format;
@@ -67,13 +67,15 @@ log = logging.getLogger(__name__)
 K_CKPT = b"\xffC"
 K_NAME = b"\xffN"
 K_NEXT = b"\xffX"
-# A write stores a busy queue's new entries as runs of at most this many bytes (320 KiB). Why:
-# one run per queue per write made a value of write_records x 20 bytes (1.3 MB under `lmqtt bench
-# lightqueue` fan-out 16), and RocksDB's memtable, flush and compaction each allocate a buffer of a
-# value's size; past the store's fixed 1 MiB mmap threshold (store/heap.py) each was a fresh
-# mapping, page-faulted and unmapped, ~100 a second (fan-out 16: 0.84x of the tree before the
-# threshold; split: 0.90x). Runs are contiguous whatever their length, so readers see no difference.
-MAX_RUN_BYTES = 16384 * ENTRY_SIZE
+# A write stores a busy queue's new entries as runs of at most this many entries' bytes (80 KiB
+# raw). Why: one run per queue per write made a value of write_records x 20 bytes (1.3 MB under
+# `lmqtt bench lightqueue` fan-out 16), and RocksDB's memtable, flush and compaction each allocate
+# a buffer of a value's size; past the store's fixed 1 MiB mmap threshold (store/heap.py) each was
+# a fresh mapping, page-faulted and unmapped, ~100 a second. And a read inside an encoded run
+# (below) walks the run from its start: 4,096 entries keep that short. Runs are contiguous
+# whatever their length, so readers see no difference.
+MAX_RUN_BYTES = 4096 * ENTRY_SIZE
+
 _UNKNOWN = 0xFFFFFFFFFFFFFFFF      # "max offset not loaded yet" in the max-offset array
 
 
@@ -189,7 +191,7 @@ class LightQueueIndex(IndexReads):
             if it.valid():
                 k = it.key()
                 if len(k) == 16 and k[:8] == U64.pack(qid):
-                    m = max(m, RUN_KEY.unpack(k)[1] + len(it.value()) // ENTRY_SIZE)
+                    m = max(m, RUN_KEY.unpack(k)[1] + stored_run_length(it.value()))
             self._max_set(qid, m)
             return m
 
@@ -369,11 +371,11 @@ class LightQueueIndex(IndexReads):
             n = len(ba)
             if pos < n:
                 if n - pos <= step:
-                    put((kpack(q, first + pos // ENTRY_SIZE), bytes(memoryview(ba)[pos:])))  # one copy
+                    put((kpack(q, first + pos // ENTRY_SIZE), stored_run(bytes(memoryview(ba)[pos:]))))
                 else:
                     mv = memoryview(ba)
                     for p in range(pos, n, step):
-                        put((kpack(q, first + p // ENTRY_SIZE), bytes(mv[p:p + step])))
+                        put((kpack(q, first + p // ENTRY_SIZE), stored_run(bytes(mv[p:p + step]))))
         if self._new_names:
             for name, q in self._new_names.items():
                 put((K_NAME + name.encode("utf-8"), U64.pack(q)))
@@ -493,7 +495,7 @@ class LightQueueIndex(IndexReads):
                 k = it.key()
                 if k[:1] == b"\xff":
                     break
-                v = it.value()
+                v = decode_run(it.value())
                 n = len(v) // ENTRY_SIZE
                 keep = n
                 while keep > 0 and ENTRY.unpack_from(v, (keep - 1) * ENTRY_SIZE)[0] >= offset:
@@ -501,7 +503,7 @@ class LightQueueIndex(IndexReads):
                 if keep != n:
                     qid, first = RUN_KEY.unpack(k)
                     if keep:
-                        wb.put(k, v[:keep * ENTRY_SIZE])
+                        wb.put(k, stored_run(v[:keep * ENTRY_SIZE]))
                     else:
                         wb.delete(k)
                 it.next()
@@ -537,9 +539,10 @@ class LightQueueIndex(IndexReads):
             if k[:1] == b"\xff":
                 break
             v = it.value()
-            if ENTRY.unpack_from(v, len(v) - ENTRY_SIZE)[0] < min_phys:
+            n = stored_run_length(v)
+            if ENTRY.unpack_from(decode_run(v, n - 1, n))[0] < min_phys:
                 qid, first = RUN_KEY.unpack(k)
-                yield k, qid, first + len(v) // ENTRY_SIZE
+                yield k, qid, first + n
             it.next()
 
     def forget_runs(self, floors: dict[int, int]) -> None:

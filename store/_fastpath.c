@@ -473,13 +473,32 @@ fail:
 
 
 /* ------------------------------------------------------------------ stored ConsumeQueue blocks */
-/* cq_encode(entries) -> bytes and cq_decode(value, start=0, stop=-1) -> bytes: a ConsumeQueue
- * block as the database stores it, in runs (the format, and why, in store/consume_queue_entries.py
+/* cq_encode(entries, big_endian=False) -> bytes and cq_decode(value, start=0, stop=-1,
+ * big_endian=False) -> bytes: a ConsumeQueue block (and a light-queue index run) as the database stores it, in runs (the format, and why, in store/consume_queue_entries.py
  * "stored blocks"; `encode_block_py` and `decode_block_py` there are the references,
  * tests/store/test_cq_block_codec.py compares them on arbitrary input, damaged values included).
  * cq_decode reads bytes from disk: every length is checked before it is read, a bad value raises
  * ValueError, and it never makes more than BLOCK_MAX entries. */
 #define BLOCK_TAG 0xC1
+/* the light-queue index stores its entries big-endian (lightqueue/take.py ENTRY, >QIQ: the same
+ * fields at the same offsets, its third the store time), the ConsumeQueue little-endian: one flag */
+static inline uint64_t ld64(const unsigned char *p, int be) {
+    if (!be) return le64(p);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint32_t ld32(const unsigned char *p, int be) {
+    return be ? ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3] : le32(p);
+}
+static inline void st64(unsigned char *p, uint64_t v, int be) {
+    if (!be) { put_le64(p, v); return; }
+    for (int i = 7; i >= 0; i--) { p[i] = (unsigned char)(v & 0xFF); v >>= 8; }
+}
+static inline void st32(unsigned char *p, uint32_t v, int be) {
+    if (!be) { put_le32(p, v); return; }
+    for (int i = 3; i >= 0; i--) { p[i] = (unsigned char)(v & 0xFF); v >>= 8; }
+}
 #define BLOCK_MAX (1 << 20)     /* entries in one block at most (consume_queue_entries.BLOCK_MAX) */
 
 static unsigned char *put_varint(unsigned char *p, uint64_t v) {
@@ -521,7 +540,8 @@ static int get_varint(const unsigned char *b, Py_ssize_t len, Py_ssize_t *pos, u
 
 static PyObject *cq_encode(PyObject *self, PyObject *args) {
     Py_buffer in;
-    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    int be = 0;
+    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*|p", &in, &be)) return NULL;
     Py_ssize_t len = in.len, n = len / ENTRY_SIZE;
     const unsigned char *e = (const unsigned char *)in.buf;
     if (n * ENTRY_SIZE != len) {
@@ -543,12 +563,13 @@ static PyObject *cq_encode(PyObject *self, PyObject *args) {
     int have_tag = 0, raw = 0;
     for (Py_ssize_t i = 0; i < n;) {
         const unsigned char *p = e + i * ENTRY_SIZE;
-        uint64_t phys = le64(p + E_PHYS), last = phys, tag = le64(p + E_TAGS);
-        uint32_t size = le32(p + E_SIZE);
+        uint64_t phys = ld64(p + E_PHYS, be), last = phys, tag = ld64(p + E_TAGS, be);
+        uint32_t size = ld32(p + E_SIZE, be);
         Py_ssize_t j = i + 1;
         for (; j < n; j++) {
             const unsigned char *q = e + j * ENTRY_SIZE;
-            if (le32(q + E_SIZE) != size || le64(q + E_TAGS) != tag || le64(q + E_PHYS) != last + size) break;
+            if (ld32(q + E_SIZE, be) != size || ld64(q + E_TAGS, be) != tag || ld64(q + E_PHYS, be) != last + size)
+                break;
             last += size;
         }
         o = put_varint(o, (uint64_t)(j - i));
@@ -574,7 +595,8 @@ static PyObject *cq_encode(PyObject *self, PyObject *args) {
 static PyObject *cq_decode(PyObject *self, PyObject *args) {
     Py_buffer in;
     Py_ssize_t start = 0, stop = -1;
-    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*|nn", &in, &start, &stop)) return NULL;
+    int be = 0;
+    if (not_configured() < 0 || !PyArg_ParseTuple(args, "y*|nnp", &in, &start, &stop, &be)) return NULL;
     const unsigned char *b = (const unsigned char *)in.buf;
     Py_ssize_t len = in.len;
     PyObject *out = NULL;
@@ -633,9 +655,9 @@ static PyObject *cq_decode(PyObject *self, PyObject *args) {
         uint64_t phys = exp + delta;
         Py_ssize_t a = start > k ? start : k, z = stop < k + (Py_ssize_t)run ? stop : k + (Py_ssize_t)run;
         for (Py_ssize_t x = a; x < z; x++, w += ENTRY_SIZE) {
-            put_le64(w + E_PHYS, phys + (uint64_t)(x - k) * size);
-            put_le32(w + E_SIZE, (uint32_t)size);
-            put_le64(w + E_TAGS, tag);
+            st64(w + E_PHYS, phys + (uint64_t)(x - k) * size, be);
+            st32(w + E_SIZE, (uint32_t)size, be);
+            st64(w + E_TAGS, tag, be);
         }
         exp = phys + run * size;
         k += (Py_ssize_t)run;
@@ -710,9 +732,11 @@ static PyMethodDef methods[] = {
     {"dispatch_scan", dispatch_scan, METH_VARARGS, "the dispatch round's record scan (see store/dispatch.py)"},
     {"cq_entries", cq_entries, METH_VARARGS,
      "cq_entries(phys, sizes, i0, i1, tags) -> ConsumeQueue entries of records back to back (store/consume_queue_entries.py)"},
-    {"cq_encode", cq_encode, METH_VARARGS, "cq_encode(entries) -> a ConsumeQueue block as stored (store/consume_queue_entries.py)"},
+    {"cq_encode", cq_encode, METH_VARARGS,
+     "cq_encode(entries, big_endian=False) -> a block of entries as stored (store/consume_queue_entries.py)"},
     {"cq_decode", cq_decode, METH_VARARGS,
-     "cq_decode(value, start=0, stop=-1) -> entries [start, stop) of a stored block (store/consume_queue_entries.py)"},
+     "cq_decode(value, start=0, stop=-1, big_endian=False) -> entries [start, stop) of a stored block "
+     "(store/consume_queue_entries.py)"},
     {NULL, NULL, 0, NULL},
 };
 

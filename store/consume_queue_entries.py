@@ -79,6 +79,7 @@ _entries = _entries_py
 #   delta  = (phys of the run's first entry - expected) mod 2**64, where expected is where the
 #            previous run's last record ends (0 at the block's start)
 #   tag    = 0x00 (the previous group's tag hash) | 0x01 and the tag hash, u64 little-endian
+#            (whatever the entries' byte order: the light-queue index's are big-endian)
 #   the k-th entry of a run is at phys + k * size (mod 2**64), with the run's size and tag.
 #
 # A block whose encoding would not be shorter is stored raw, as before: raw values are a whole
@@ -118,9 +119,13 @@ def _read_varint(b, pos: int, limit: int = _M64) -> tuple[int, int]:
     return v, pos
 
 
-def encode_block_py(entries: bytes) -> bytes:
+_ENTRY_BE = struct.Struct(">QIQ")      # the light-queue index's entries (lightqueue/take.py ENTRY)
+
+
+def encode_block_py(entries: bytes, big_endian: bool = False) -> bytes:
     """The stored form of `entries` (a whole number of entries): runs, or `entries` itself when
-    that is not longer."""
+    that is not longer. `big_endian`: entries of the light-queue index (lightqueue/take.py
+    ENTRY: the same fields, its third the store time), stored by lightqueue/index.py the same way."""
     n = len(entries) // ENTRY_SIZE
     if n * ENTRY_SIZE != len(entries):
         raise ValueError(f"ConsumeQueue block: {len(entries)} bytes is not a whole number of entries")
@@ -128,7 +133,7 @@ def encode_block_py(entries: bytes) -> bytes:
         return bytes(entries)
     out = bytearray((BLOCK_TAG,))
     _varint(out, n)
-    unpack = ENTRY.unpack_from
+    unpack = (_ENTRY_BE if big_endian else ENTRY).unpack_from
     exp = 0
     prev_tag = None
     i = 0
@@ -169,7 +174,7 @@ def block_count(value) -> int:
     return _read_varint(value, 1, BLOCK_MAX)[0]
 
 
-def decode_block_py(value, start: int = 0, stop: int = -1) -> bytes:
+def decode_block_py(value, start: int = 0, stop: int = -1, big_endian: bool = False) -> bytes:
     """Entries [start, stop) of a stored block (stop -1: to its end; both clipped to it), raw."""
     if len(value) % ENTRY_SIZE == 0:
         n = len(value) // ENTRY_SIZE
@@ -204,8 +209,9 @@ def decode_block_py(value, start: int = 0, stop: int = -1) -> bytes:
             raise ValueError(f"ConsumeQueue block: bad tag marker {flag} at entry {k}")
         phys = (exp + delta) & _M64
         a, b = max(start, k), min(stop, k + run)
+        pack = (_ENTRY_BE if big_endian else ENTRY).pack
         for e in range(a, b):
-            out.append(ENTRY.pack((phys + (e - k) * size) & _M64, size, tag))
+            out.append(pack((phys + (e - k) * size) & _M64, size, tag))
         exp = (phys + run * size) & _M64
         k += run
     if len(value) - pos > 1 or (len(value) - pos == 1 and value[pos] != 0):
@@ -213,8 +219,8 @@ def decode_block_py(value, start: int = 0, stop: int = -1) -> bytes:
     return b"".join(out)
 
 
-# encode_block(entries) -> bytes, or None: the store writes raw blocks (see above); decode_block
-# (value, start=0, stop=-1) -> bytes. store/fastpath.py binds the C twins here once it has
+# encode_block(entries, big_endian=False) -> bytes, or None: the store writes raw blocks (see
+# above); decode_block(value, start=0, stop=-1, big_endian=False) -> bytes. store/fastpath.py binds the C twins here once it has
 # configured that module.
 encode_block = None
 decode_block = decode_block_py

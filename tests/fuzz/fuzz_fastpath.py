@@ -246,9 +246,10 @@ def _cq_block(r: Reader) -> None:
     same entries or both refuse with ValueError."""
     entries = _entries(r)
     entries = entries[:len(entries) // 20 * 20]
+    be = bool(r.byte() & 2)         # the light-queue index's byte order
     if r.byte() & 1:
-        enc = C.cq_encode(entries)
-        if enc != encode_block_py(entries) or C.cq_decode(enc) != entries:
+        enc = C.cq_encode(entries, be)
+        if enc != encode_block_py(entries, be) or C.cq_decode(enc, 0, -1, be) != entries:
             raise AssertionError(f"cq_encode differs or loses entries on {entries!r}")
         value = bytearray(enc)
         for _ in range(r.byte() % 4):
@@ -263,8 +264,8 @@ def _cq_block(r: Reader) -> None:
     else:
         value = r.rest()
     start, stop = r.num(0, 5000) - 5, r.num(0, 5000) - 5
-    got = _decoded(C.cq_decode, value, start, stop)
-    want = _decoded(decode_block_py, value, start, stop)
+    got = _decoded(C.cq_decode, value, start, stop, be)
+    want = _decoded(decode_block_py, value, start, stop, be)
     if got != want:
         raise AssertionError(f"cq_decode differs on {value!r} [{start}:{stop}]:\nC:  {got!r}\nPy: {want!r}")
 

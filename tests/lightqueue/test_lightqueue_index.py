@@ -268,6 +268,41 @@ def test_a_busy_queues_write_is_stored_as_bounded_runs_read_back_whole(tmp_path,
     idx.close()
 
 
+def test_runs_written_raw_before_the_encoding_and_encoded_ones_read_as_one_queue(tmp_path, monkeypatch):
+    """An index written before runs were encoded holds raw runs: they read back beside the new,
+    encoded ones (when the C module is built), at every offset, also after a truncate and a
+    retention sweep that meet both kinds."""
+    from lmqtt.store import accel, consume_queue_entries as blocks
+    p = str(tmp_path / "ix")
+    monkeypatch.setattr(blocks, "encode_block", None)
+    idx = LightQueueIndex(p)
+    idx.tail_entries = 2
+    feed(idx, [("a", "all")] * 30)
+    idx.close()
+    monkeypatch.undo()
+    idx = LightQueueIndex(p)
+    idx.tail_entries = 2
+    raw = [v for k, v in idx.db.items() if not k.startswith(b"\xff")]
+    assert raw and all(len(v) % 20 == 0 for v in raw)
+    feed(idx, [("a", "all")] * 30, phys0=3000)
+    idx.flush()
+    values = [v for k, v in idx.db.items() if not k.startswith(b"\xff")]
+    if accel.load("lmqtt.store._fastpath") is not None:
+        assert sum(map(len, values)) < sum(map(len, raw)) + 100     # 30 more entries in a few bytes
+    want = [i * 100 for i in range(60)]
+    for off in range(61):
+        assert phys_list(idx, "all", off, 7) == want[off:off + 7]
+    idx.truncate(5000)
+    assert phys_list(idx, "a") == want[:50]
+    idx.on_segments_deleted(3000)             # the raw run lies wholly below: swept
+    idx.retention.join(10)
+    assert idx.min_offset("all") == 30 and phys_list(idx, "all") == want[30:50]
+    idx.close()
+    idx = LightQueueIndex(p)
+    assert phys_list(idx, "a", 30) == want[30:50] and idx.max_offset("a") == 50
+    idx.close()
+
+
 def test_write_threshold_and_queue_cap_write_runs_without_a_flush(tmp_path):
     """Buffered entries go to RocksDB every `write_records` records, checkpoint included."""
     idx = LightQueueIndex(str(tmp_path / "ix"))

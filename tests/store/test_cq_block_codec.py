@@ -4,6 +4,8 @@ references on arbitrary entries and on damaged values, and the store reading blo
 forms - those written before the encoding (raw) and encoded ones - as the same entries."""
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -16,10 +18,11 @@ from lmqtt.store.message import DispatchRequest
 _C = accel.load("lmqtt.store._fastpath")
 needs_c = pytest.mark.skipif(_C is None, reason="lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
 M64 = 2 ** 64 - 1
+ENTRY_BE = struct.Struct(">QIQ")        # the light-queue index's entries
 
 
 @st.composite
-def blocks(draw):
+def blocks(draw, be=False):
     """Entries as a queue holds them: mostly runs of records back to back with one tag (a busy
     topic), a fixed distance apart, gaps (all-zero entries), and anything at all, near 2**64 too."""
     out = []
@@ -38,24 +41,27 @@ def blocks(draw):
             out.append((0, 0, 0) if kind == "gap" else (phys & M64, size, tag))
             if kind != "gap":
                 phys += step
-    return b"".join(ENTRY.pack(*e) for e in out)
+    return b"".join((ENTRY_BE if be else ENTRY).pack(*e) for e in out)
 
 
 @needs_c
 @settings(max_examples=300, deadline=None)
-@given(entries=blocks(), start=st.integers(-5, 3000), stop=st.integers(-5, 3000))
-def test_the_c_codec_equals_its_reference_and_gives_back_every_entry(entries, start, stop):
-    enc = _C.cq_encode(entries)
-    assert enc == encode_block_py(entries)
+@given(data=st.data(), start=st.integers(-5, 3000), stop=st.integers(-5, 3000), be=st.booleans())
+def test_the_c_codec_equals_its_reference_and_gives_back_every_entry(data, start, stop, be):
+    """Both byte orders: the ConsumeQueue's entries (little-endian) and the light-queue index's."""
+    entries = data.draw(blocks(be))
+    enc = _C.cq_encode(entries, be)
+    assert enc == encode_block_py(entries, be)
     assert len(enc) <= len(entries)
     # an encoded value is never a whole number of entries long: that is how readers tell the forms apart
     assert enc == entries or len(enc) % ENTRY_SIZE
     n = len(entries) // ENTRY_SIZE
     assert block_count(enc) == n
-    assert _C.cq_decode(enc) == decode_block_py(enc) == entries
+    assert _C.cq_decode(enc, 0, -1, be) == decode_block_py(enc, 0, -1, be) == entries
     a = max(0, min(start, n))
     b = n if stop < 0 else max(a, min(stop, n))
-    assert _C.cq_decode(enc, start, stop) == decode_block_py(enc, start, stop) == entries[a * ENTRY_SIZE:b * ENTRY_SIZE]
+    assert _C.cq_decode(enc, start, stop, be) == decode_block_py(enc, start, stop, be) == \
+        entries[a * ENTRY_SIZE:b * ENTRY_SIZE]
 
 
 def _outcome(fn, *args):
@@ -69,8 +75,8 @@ def _outcome(fn, *args):
 @settings(max_examples=600, deadline=None)
 @given(entries=blocks(), cut=st.integers(0, 10 ** 6), flips=st.lists(st.tuples(st.integers(0, 10 ** 6),
                                                                             st.integers(1, 255)), max_size=3),
-       junk=st.binary(max_size=60), use_junk=st.booleans())
-def test_a_damaged_block_is_refused_alike_by_c_and_its_reference(entries, cut, flips, junk, use_junk):
+       junk=st.binary(max_size=60), use_junk=st.booleans(), be=st.booleans())
+def test_a_damaged_block_is_refused_alike_by_c_and_its_reference(entries, cut, flips, junk, use_junk, be):
     """Values read from disk: truncated, bytes changed, or anything at all. Both decoders give the
     same entries or both refuse with ValueError; nothing else escapes (no crash, no huge block)."""
     v = bytearray(junk if use_junk else _C.cq_encode(entries))
@@ -80,8 +86,8 @@ def test_a_damaged_block_is_refused_alike_by_c_and_its_reference(entries, cut, f
         for pos, x in flips:
             v[pos % len(v)] ^= x
     v = bytes(v)
-    got = _outcome(_C.cq_decode, v)
-    assert got == _outcome(decode_block_py, v)
+    got = _outcome(_C.cq_decode, v, 0, -1, be)
+    assert got == _outcome(decode_block_py, v, 0, -1, be)
     if got != "refused":
         assert block_count(v) == len(got) // ENTRY_SIZE
 
