@@ -38,10 +38,10 @@ from array import array
 from itertools import islice
 from typing import Iterable
 
-from rocksdict import BlockBasedOptions, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from lmqtt.store.errors import is_disk_full
-from lmqtt.store.rocksdb_options import rocksdb_options
+from lmqtt.store.rocksdb_options import rocksdb_options, table_options
 
 from .errors import LightQueueError
 from .index_reads import RUN_KEY, U64, IndexReads, decode_run, stored_run, stored_run_length  # reads: the runs below, the tail above
@@ -103,7 +103,7 @@ class LightQueueIndex(IndexReads):
         opts.set_max_background_jobs(2)
         # Name lookups of brand-new queues are misses: bloom filters (SST and memtable) answer
         # most of them without a skiplist/SST search.
-        bbo = BlockBasedOptions()
+        bbo = table_options()                        # the process's shared block cache
         bbo.set_bloom_filter(10, False)
         opts.set_block_based_table_factory(bbo)
         opts.set_memtable_prefix_bloom_ratio(0.05)

@@ -9,7 +9,7 @@ import pytest
 from rocksdict import Rdict, WriteOptions
 
 from lmqtt.store import heap
-from lmqtt.store.rocksdb_options import (LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, MEMTABLE_BYTES, TABLE_FILE_BYTES,
+from lmqtt.store.rocksdb_options import (BLOCK_CACHE_BYTES, LOG_FILE_BYTES, LOG_FILES_KEPT, MANIFEST_BYTES, MEMTABLE_BYTES, TABLE_FILE_BYTES,
                                          rocksdb_options)
 
 
@@ -95,3 +95,38 @@ def test_a_database_never_flushed_by_lmqtt_keeps_a_small_memtable_and_log(tmp_pa
         db.close()
     assert mem <= 2 * MEMTABLE_BYTES, mem
     assert logs <= 3 * MEMTABLE_BYTES, logs
+
+
+def test_every_database_shares_one_small_block_cache_that_reads_cannot_grow_past(tmp_path):
+    """The ConsumeQueue database, the light-queue index and metadata and the SDK's metadata share
+    one block cache of BLOCK_CACHE_BYTES: RocksDB's own default is a 32 MiB cache per database,
+    which reads filled a few MiB an hour in the soak and never gave back."""
+    from lmqtt.lightqueue import LightQueueIndex
+    from lmqtt.lightqueue.metadata import MetadataStore
+    from lmqtt.store.consume_queue import ConsumeQueueStore
+    from lmqtt.store.sdk_meta import SdkMetadata
+
+    cqs = ConsumeQueueStore(str(tmp_path / "cq"))
+    cqs.load()
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    meta = MetadataStore(str(tmp_path / "meta"))
+    sdk = SdkMetadata(str(tmp_path / "sdk"))
+    dbs = [cqs._db, idx.db, meta._db, sdk._db]
+    try:
+        for db in dbs:
+            assert db.property_int_value("rocksdb.block-cache-capacity") == BLOCK_CACHE_BYTES
+        # ~48 MiB of tables read back whole: the cache stays at its capacity, shared by all
+        db = meta._db
+        for i in range(12_000):
+            db.put(b"R%06d" % i, os.urandom(4000))
+        db.flush(True)
+        for _ in range(2):
+            for i in range(0, 12_000, 3):
+                assert db.get(b"R%06d" % i) is not None
+        usage = [d.property_int_value("rocksdb.block-cache-usage") for d in dbs]
+        assert len(set(usage)) == 1 and usage[0] <= BLOCK_CACHE_BYTES * 1.1, usage
+    finally:
+        cqs.close()
+        idx.close()
+        meta.close()
+        sdk.close()
