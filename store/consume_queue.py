@@ -498,7 +498,16 @@ class ConsumeQueueStore:
         it.seek_to_last()      # (rocksdict honours the upper bound here, not the lower one)
         if not it.valid() or not it.key().startswith(base):
             return (0, 0)
-        return (_U64.unpack_from(it.key(), len(base))[0], block_count(it.value()))
+        first = _U64.unpack_from(it.key(), len(base))[0]
+        try:
+            return (first, block_count(it.value()))
+        except ValueError as e:
+            # a damaged newest block is left as it is (its readers get a StoreError naming it);
+            # the flush must go on: the tail starts a block of its own instead of extending it
+            fl, qid = _split_queue_key(qk)
+            log.warning("consumequeue %s/%d: the stored block from offset %d is damaged (%s); not extended",
+                        fl, qid, first, e)
+            return (first, 0)
 
     def _unload_idle(self) -> None:
         """Forget loaded queues that nothing used since the last time (second chance) and whose

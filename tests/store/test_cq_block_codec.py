@@ -157,3 +157,24 @@ def test_a_damaged_stored_block_is_a_store_error_naming_the_queue(tmp_path):
             cqs.get("t/x", 0).range(0, 10)
     finally:
         cqs.close()
+
+
+def test_a_damaged_newest_block_does_not_stop_the_flushes_of_its_queue(tmp_path):
+    """The next flush starts a block of its own beside it: later entries are stored and read, the
+    checkpoint moves on, and only a read of the damaged range fails, naming it."""
+    path = str(tmp_path / "db")
+    cqs = ConsumeQueueStore(path, block_entries=50)
+    cqs.load()
+    try:
+        cqs.dispatch([_req(k, k * 100) for k in range(3)], 300)     # a small block: extended next
+        cqs.flush()
+        cqs._db.put(b"E" + queue_key("t", 0) + bytes(8), bytes([cqe.BLOCK_TAG, 0x80]))
+        cqs.queues.clear()
+        cqs.dispatch([_req(k, k * 100) for k in range(3, 9)], 900)
+        cqs.flush()
+        assert cqs.checkpoint() == 900
+        assert cqs.get("t/x", 0).range(3, 10) == [(k, k * 100, 100, 5) for k in range(3, 9)]
+        with pytest.raises(StoreError, match="damaged"):
+            cqs.get("t/x", 0).range(0, 10)
+    finally:
+        cqs.close()
