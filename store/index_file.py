@@ -176,6 +176,7 @@ class IndexService:
         self._dirty = False
         self._resume: tuple[int, int] | None = None   # see dispatch()
         self._lock = threading.Lock()  # self.files is replaced by dispatch (roll) and retention
+        self._flush_lock = threading.Lock()
 
     def load(self) -> None:
         os.makedirs(self.root, exist_ok=True)
@@ -236,18 +237,22 @@ class IndexService:
         return out
 
     def flush(self) -> None:
-        end = self._last_end
-        if end == self._ckpt:
-            return
-        if self._dirty and self.files:
-            self._dirty = False
-            files = self.files
-            for f in files[-2:]:  # a roll may have happened since the last flush
-                f.flush()
-                if f is not files[-1]:
-                    f.mf.close_fd()     # full and flushed: its map (if any) needs no descriptor
-        self._ckpt_file.save(end)
-        self._ckpt = end
+        # one flush at a time: the background service's and an explicit flush of every dispatcher
+        # (shutdown, admin, tests) may meet, and two saves of the checkpoint share its temp file
+        # (the second rename found it gone: FileNotFoundError)
+        with self._flush_lock:
+            end = self._last_end
+            if end == self._ckpt:
+                return
+            if self._dirty and self.files:
+                self._dirty = False
+                files = self.files
+                for f in files[-2:]:  # a roll may have happened since the last flush
+                    f.flush()
+                    if f is not files[-1]:
+                        f.mf.close_fd()     # full and flushed: its map (if any) needs no descriptor
+            self._ckpt_file.save(end)
+            self._ckpt = end
 
     def truncate(self, offset: int) -> None:
         keep = []
