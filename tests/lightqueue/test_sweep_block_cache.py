@@ -1,6 +1,7 @@
 """Retention's sweep over the light-queue index reads every run once: it must not fill RocksDB's
 block cache. When it did, a broker's memory grew by the cache's size at the first segment
 deletion (minutes or hours after start-up), which a soak's flat-memory check reads as a leak."""
+import pytest
 from lmqtt.lightqueue.index import LightQueueIndex
 from lmqtt.lightqueue.index_reads import RUN_KEY
 from lmqtt.lightqueue.take import ENTRY
@@ -23,7 +24,16 @@ def _cache_bytes(index: LightQueueIndex) -> int:
     return index.db.property_int_value("rocksdb.block-cache-usage")
 
 
-def test_a_sweep_over_the_whole_index_leaves_the_block_cache_empty(tmp_path):
+@pytest.fixture
+def fresh_block_cache(monkeypatch):
+    """Every database of a process shares one block cache (store/rocksdb_options.py): one that
+    earlier tests in this process filled to its bound would show no growth for any read, so the
+    index here opens with a cache of its own."""
+    from lmqtt.store import rocksdb_options
+    monkeypatch.setattr(rocksdb_options, "_block_cache", None)
+
+
+def test_a_sweep_over_the_whole_index_leaves_the_block_cache_empty(tmp_path, fresh_block_cache):
     index = LightQueueIndex(str(tmp_path / "index"))
     try:
         _fill(index, queues=200, runs=20, per_run=64)      # ~5 MB of runs: hundreds of blocks
