@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from lmqtt.store import heap
 from lmqtt.store.allocator import AllocatorError, use_jemalloc
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             except AllocatorError as e:
                 print(f"lmqtt {cmd}: {e}", file=sys.stderr)
                 return 2
+            heap.tune()                          # one malloc arena, before any thread starts
         return _run(COMMANDS[cmd][0], rest, f"lmqtt {cmd}")
     print(f"lmqtt: {_unknown('command', cmd, list(COMMANDS) + ['bench'])}\n\n{_usage()}", file=sys.stderr)
     return 2

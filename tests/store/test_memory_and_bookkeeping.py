@@ -130,3 +130,49 @@ def test_every_database_shares_one_small_block_cache_that_reads_cannot_grow_past
         idx.close()
         meta.close()
         sdk.close()
+
+
+_ARENAS_SCRIPT = r"""
+import ctypes, os, sys, tempfile, threading
+from lmqtt.store import heap
+if sys.argv[1] == "tuned":
+    assert heap.tune()
+
+def churn():
+    # blocks of 100 KB (below both mmap thresholds: from a heap), made and freed in a loop
+    for _ in range(2_000):
+        blocks = [bytearray(100_000) for _ in range(8)]
+        del blocks
+
+threads = [threading.Thread(target=churn) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+path = os.path.join(tempfile.mkdtemp(), "malloc_info.xml")
+f = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, f)
+libc.fclose(f)
+print(open(path).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not heap.tune(), reason="the C library is not glibc")
+@pytest.mark.parametrize("mode", ["tuned", "default"])
+def test_threads_that_allocate_at_once_share_one_malloc_arena(mode, tmp_path):
+    """A thread's own arena keeps what it frees from every other thread: the store's processes
+    keep one (store/heap.py). Without the setting the same threads make several, which shows the
+    measure can see them."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True)
+    heaps = int(out.stdout.strip())
+    if mode == "tuned":
+        assert heaps == 1, out.stdout
+    else:
+        assert heaps > 1, out.stdout
