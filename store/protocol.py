@@ -143,7 +143,7 @@ def parse_error(body: bytes) -> tuple[int, str]:
 def parse_json(body: bytes) -> dict:
     try:
         obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:    # RecursionError: a JSON nested too deep
         raise ProtocolError(E_BAD_FRAME, f"body is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(E_BAD_FRAME, "body must be a JSON object")
@@ -352,7 +352,7 @@ def decode_messages(body: bytes):
             pos += bl
             out.append((qo, po, born, st, qid, topic, keys, props, b))
         return header, out
-    except (struct.error, ValueError) as e:
+    except (struct.error, ValueError, RecursionError) as e:
         raise ProtocolError(E_BAD_FRAME, f"MESSAGES body malformed: {e}") from None
 
 

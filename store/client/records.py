@@ -86,7 +86,7 @@ def records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
         (count,) = _U32(body, pos)
         pos += 4
         ident = ident or ""
-        if _C_RECORDS is not None:
+        if _C_RECORDS is not None and len(ident) <= 100 and ident.isascii():   # the C loop's bounds
             return header, _C_RECORDS.decode(body, pos, count, ident)
         unpack = _CLOG_HEAD.unpack_from
         hs = _CLOG_HEAD.size
@@ -114,7 +114,7 @@ def records_raw(ident: str | None, body: bytes) -> tuple[dict, list[Record]]:
                                  f"{ident}{po:016X}")))            # in Record._fields order
             pos = end
         return header, out
-    except (struct.error, ValueError) as e:
+    except (struct.error, ValueError, RecursionError) as e:     # RecursionError: a header nested too deep
         raise W.ProtocolError(W.E_BAD_FRAME, f"raw MESSAGES body malformed: {e}") from None
 
 

@@ -120,7 +120,7 @@ def split_body(body: bytes) -> tuple[dict, int, int]:
         (hl,) = struct.unpack_from(">I", body)
         header = json.loads(body[4:4 + hl]) if hl else {}
         (count,) = struct.unpack_from(">I", body, 4 + hl)
-    except (struct.error, ValueError) as e:
+    except (struct.error, ValueError, RecursionError) as e:     # RecursionError: a header nested too deep
         raise W.ProtocolError(W.E_BAD_FRAME, f"MESSAGES body malformed: {e}") from None
     return header, 8 + hl, count
 

@@ -378,3 +378,28 @@ def test_an_unconfigured_decoder_refuses_to_run():
     body = _one_record_body()
     assert "lmqtt.store.client._records.configure() was not called" in run_unconfigured(
         "lmqtt.store.client._records", f"m.decode({body!r}, 8, 1, 'X')")
+
+
+@pytest.mark.parametrize("ident", ["Ünïcode-store-", "s" * 300, ""], ids=["non-ascii", "300-chars", "empty"])
+def test_a_raw_reply_decodes_for_any_store_identity(ident):
+    # the C loop takes short ASCII identities; any other goes through the Python loop, same records
+    assert records.records_raw(ident, _one_record_body())[1] == [
+        records.Record("t/x", b"hi", (), b"", 7, 5, 99, 1, 2, f"{ident}{99:016X}")]
+
+
+def _deep_header_body():
+    header = b"[" * 100_000 + b"]" * 100_000
+    return struct.pack(">I", len(header)) + header + struct.pack(">I", 0)
+
+
+@pytest.mark.parametrize("decode", ["records_raw", "decode_messages", "split_body", "parse_json"])
+def test_a_json_nested_too_deep_is_a_bad_frame_not_a_crash(decode):
+    from lmqtt.store.spark.columns import split_body
+    body = _deep_header_body()
+    call = {"records_raw": lambda: records.records_raw("X", body),
+            "decode_messages": lambda: W.decode_messages(body),
+            "split_body": lambda: split_body(body),
+            "parse_json": lambda: W.parse_json(body[4:-4])}[decode]
+    with pytest.raises(W.ProtocolError) as e:
+        call()
+    assert e.value.code == W.E_BAD_FRAME
