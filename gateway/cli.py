@@ -9,8 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from lmqtt.store import heap
-from lmqtt.store.allocator import AllocatorError, use_jemalloc
+from lmqtt.store.allocator import AllocatorError, one_arena, use_jemalloc
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lmqtt.gateway.app.serve_command", "Run gateway + store + notify in one process (embedded default)"),
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             except AllocatorError as e:
                 print(f"lmqtt {cmd}: {e}", file=sys.stderr)
                 return 2
-            heap.tune()                          # one malloc arena, before any thread starts
+            one_arena()                          # one malloc arena, before any thread starts
         return _run(COMMANDS[cmd][0], rest, f"lmqtt {cmd}")
     print(f"lmqtt: {_unknown('command', cmd, list(COMMANDS) + ['bench'])}\n\n{_usage()}", file=sys.stderr)
     return 2

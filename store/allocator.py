@@ -83,6 +83,24 @@ def use_jemalloc(prog: str) -> None:
     os.execve(sys.executable, argv, env)
 
 
+M_ARENA_MAX = -8                 # <malloc.h>
+
+
+def one_arena() -> bool:
+    """glibc: every thread of this process allocates from one arena, so what one thread frees
+    serves the others (store/heap.py says why). Call before threads start: an arena made before
+    stays, and glibc fixes its limit once a second arena was needed. False where the C library
+    is not glibc or the process runs on jemalloc."""
+    if jemalloc_loaded():
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):     # not glibc (musl, macOS)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return mallopt(M_ARENA_MAX, 1) == 1
+
+
 def purge() -> bool:
     """Return the free pages of every jemalloc arena to the kernel now; False when this process
     does not run on jemalloc."""

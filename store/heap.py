@@ -13,16 +13,16 @@ freed into glibc's heaps, not returned to the kernel. Two things then hold it:
   `trim()` with retention. It returns whole free pages only: a page that still holds one live
   block among freed ones stays (fragmentation; docs/store.md "Memory over months").
 
-* glibc's per-thread arenas: a thread that allocates while another holds the main heap's lock
-  gets an arena of its own and keeps it, and what it frees there serves only the threads tied to
-  it. In the soak the light-queue sweep's thread (at the first segment deletion, ~10 minutes in)
-  grew an arena of its own from 12 to 24 MiB while the main heap held 28 MiB of free blocks it
-  could not use: the step in the broker's anonymous memory at the 16th minute. So the store's
-  processes keep one arena (M_ARENA_MAX=1): every thread reuses the same free blocks. What it
-  costs - threads wait for one lock - is small here: small blocks come from each thread's cache
-  (tcache) without the lock, and the Python threads hold the GIL around most of their
-  allocations anyway. Set before the store opens its databases (`lmqtt serve/store/gateway`
-  call `tune()` first), so RocksDB's threads never make another.
+* glibc's per-thread arenas: a thread gets an arena of its own and keeps it, and what it frees
+  there serves only the threads tied to it. In the soak the light-queue sweep's thread (from the
+  first segment deletion, ~10 minutes in) grew an arena of its own from 12 to 24 MiB while the
+  main heap held 28 MiB of free blocks it could not use. So the store's processes keep one arena
+  (M_ARENA_MAX=1, store/allocator.py `one_arena`): every thread reuses the same free blocks. What
+  it costs - threads wait for one lock - is small here: small blocks come from each thread's
+  cache (tcache) without the lock, and the Python threads hold the GIL around most of their
+  allocations anyway. `lmqtt serve/store/gateway` set it first thing, beside the allocator's
+  choice, before RocksDB's threads start; `tune()` sets it too, for a store opened in a process
+  of its own (a benchmark).
 
 A 2-hour soak before this showed the main heap growing ~8.5 MiB an hour while the memory in use
 stayed level (mallinfo2: half of the heap free).
@@ -38,8 +38,6 @@ from . import allocator
 log = logging.getLogger("lmqtt.store")
 
 M_MMAP_THRESHOLD = -3           # <malloc.h>
-M_ARENA_MAX = -8                # <malloc.h>
-ARENA_MAX = 1
 # blocks from 1 MiB up get mappings of their own: the memtables' arena blocks of the ConsumeQueue
 # and the light-queue index (2 and 8 MiB). Not lower: at 256 KiB the light queues' dispatch paid a
 # mapping, a page fault per page and an unmapping for each of its buffers of a few hundred KiB
@@ -74,7 +72,7 @@ def tune() -> bool:
     if not _tuned:
         if lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
             log.debug("mallopt(M_MMAP_THRESHOLD) refused; freed memory is still trimmed")
-        if lib.mallopt(M_ARENA_MAX, ARENA_MAX) != 1:
+        if not allocator.one_arena():
             log.debug("mallopt(M_ARENA_MAX) refused; threads may keep arenas of their own")
         _tuned = True
     return True
