@@ -435,3 +435,24 @@ def test_drop_queue_while_dispatching(tmp_path):
     assert [e.queue_offset for e in got] == list(range(idx.max_offset("w/+") - len(got), idx.max_offset("w/+")))
     assert [e.phys_offset for e in got] == list(range(got[0].phys_offset, 400_000, 100)) if got else True
     idx.close()
+
+
+def test_a_quiet_queues_written_tail_stays_near_tail_entries(tmp_path):
+    from lmqtt.lightqueue.take import ENTRY_SIZE
+    """Many quiet queues (a device's topic each), an entry each per write: every written tail is
+    trimmed back to tail_entries as soon as it holds an eighth more, so what they hold together
+    neither waits for twice tail_entries nor swings with it; every offset still reads back."""
+    idx = LightQueueIndex(str(tmp_path / "ix"))
+    idx.tail_entries = 16
+    queues = [f"dev{i}/sensor" for i in range(50)]
+    lengths = []
+    for w in range(60):
+        feed(idx, [(q,) for q in queues], phys0=w * 5000)
+        idx.flush()
+        lengths.append(max(len(ba) // ENTRY_SIZE for _, ba in idx._tail.values()))
+    assert max(lengths) <= 16 + 2                 # trimmed at +2, not at twice 16
+    assert min(lengths[16:]) >= 16                # and never below the entries it keeps
+    for q in queues[:3]:
+        assert [e.queue_offset for e in idx.read(q, 0, 100)] == list(range(60))
+        assert phys_list(idx, q)[:2] == [queues.index(q) * 100, 5000 + queues.index(q) * 100]
+    idx.close()
