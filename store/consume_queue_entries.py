@@ -35,7 +35,12 @@ def _entries_py(phys: int, sizes: list, i0: int, i1: int, tags: int) -> bytes:
     cheaper than one pack per entry). The reference of store/_fastpath.c `cq_entries`, which
     store/fastpath.py binds as `_entries` when it is built (tests/store/test_fastpath_accel.py
     compares them): py-spy --gil of a replica under `lmqtt bench ha --cases append-replicated`
-    put this at ~35 of 317 GIL samples."""
+    put this at ~35 of 317 GIL samples. [i0, i1) is clamped to the list as the C loop does (no
+    slice from the end for a negative i0)."""
+    i0 = max(i0, 0)
+    i1 = min(i1, len(sizes))
+    if i1 <= i0:
+        return b""
     if i1 - i0 > _BULK_MAX:
         out = []
         for i in range(i0, i1, _BULK_MAX):
