@@ -198,7 +198,8 @@ class Members:
     EXPECT_PRIMARY_S (`keeps_expected`)."""
 
     def __init__(self, address: str, *, failover_timeout: float = 30.0) -> None:
-        self.addresses = parse_addresses(address)
+        self.given = parse_addresses(address)      # as the user gave them; `addresses` adds what members say
+        self.addresses = list(self.given)
         self.host, self.port = self.addresses[0]
         self.group = len(self.addresses) > 1
         self.failover_timeout = failover_timeout
@@ -245,6 +246,7 @@ class Members:
     def refusal(self, info: dict) -> str | None:
         """A HELLO_OK: None when this member serves requests; else why not, the connection
         aimed at the primary it names (or the next member)."""
+        self.learn(info)
         role = info.get("role")
         if not self.group or role is None or role == "primary":
             return None
@@ -253,9 +255,31 @@ class Members:
         self.move(info.get("primary"))
         return f"store {where} is not the group's primary ({role}; primary {info.get('primary') or 'unknown'})"
 
+    def learn(self, info: dict) -> None:
+        """Take the member list a store group's member sends in its HELLO_OK (`members`): those
+        members are dialled from now on, before the addresses given that are not among them.
+        So a client started before an online change of the members (docs/ha.md "Changing the
+        members") follows it: a member added since is dialled, one removed is tried last. A
+        client given one member's address stays on that member (an admin asking that member
+        about itself), follows the primary a refusal names, and once the member it is on
+        cannot be reached, tries the others it learned of. A list that does not parse is
+        ignored: the addresses known stay."""
+        listed = info.get("members")
+        if not isinstance(listed, list) or not listed:
+            return
+        try:
+            learned = [parse_address(str(a)) for a in listed]
+        except ValueError:
+            return
+        merged = learned + [a for a in self.given if a not in learned]
+        if merged != self.addresses:
+            self.addresses = merged
+            if len(self.given) > 1:
+                self.group = len(merged) > 1
+
     def unreachable(self, at: tuple[str, int]) -> None:
         """Dialling `at` failed: in a group, the next member (unless it is the one taking over)."""
-        if self.group and at == self.at and not self.stay:
+        if len(self.addresses) > 1 and at == self.at and not self.stay:
             self.move(None)
         self.stay = False
 

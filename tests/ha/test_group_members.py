@@ -272,3 +272,28 @@ def test_member_changes_are_persisted_refused_when_they_cannot_work_and_hand_the
     assert "removed from store group 'g1'" in gone.log_text()
     group.members.remove(gone)
     assert len(_members(group)["members"]) == 2
+
+
+def test_an_sdk_client_given_one_replica_finds_the_primary_and_follows_a_failover(group):
+    """`connect()` with one member's address (a replica's): its refusal names the primary, which
+    the client writes through; after a kill -9 of it the client tries the members the HELLO_OK
+    listed and writes through the next primary (before, it dialled the dead one until it gave up);
+    every acknowledged message is read back once."""
+    primary = group.wait_primary(in_sync=3)
+    replica = next(m for m in group.members if m is not primary)
+    conn = connect(replica.address, failover_timeout=60)
+    try:
+        p = conn.producer()
+        acked = [p.send(TOPIC, b"m%d" % i).queue_offset is not None and i for i in range(50)]
+        primary.kill9()
+        group.members.remove(primary)
+        group.wait_primary(exclude=(primary.node,))
+        acked += [p.send(TOPIC, b"m%d" % i).queue_offset is not None and i for i in range(50, 100)]
+        fc = conn.filter_consumer(TOPIC, start="earliest")
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 100 and time.monotonic() < deadline:
+            got += [r.body for r in fc.poll()]
+        assert sorted(got) == sorted(b"m%d" % i for i in range(100)), len(got)
+    finally:
+        conn.close()

@@ -93,3 +93,29 @@ def test_one_retry_schedule():
     assert Retry(0.05, 2.0, deadline_s=0.0).wait() is None
     g = Members(PEERS).retry(0.05, 2.0, attempts=6)
     assert g.attempts is None and g.cap == 0.1 and g.deadline is not None     # a group: members in turn
+
+
+def test_a_member_list_in_a_hello_is_dialled_from_then_on():
+    """A HELLO_OK's member list is dialled from then on: a later list (a member added, one
+    removed) is followed, the addresses given staying last; a list that does not parse changes
+    nothing. A client given one member stays on it (it may be asking that member about itself),
+    and once that member is unreachable tries the others it learned of."""
+    one = Members("127.0.0.1:7001")
+    assert one.refusal({"role": "replica", "primary": "127.0.0.1:7003", "members": PEERS.split(",")}) is None
+    assert not one.group and one.at == A and one.addresses == [A, B, C]
+    one.unreachable(A)
+    assert one.at == B
+    alone = Members("127.0.0.1:7001")
+    alone.unreachable(A)
+    assert alone.at == A                                        # nothing learned: the one address stays
+    m = Members(PEERS)
+    why = m.refusal({"role": "replica", "primary": "127.0.0.1:7003", "members": PEERS.split(",")})
+    assert why is not None and m.group and m.at == C
+    assert m.addresses == [A, B, C]
+    D = ("127.0.0.1", 7004)
+    assert m.refusal({"role": "primary", "members": ["127.0.0.1:7002", "127.0.0.1:7003", "127.0.0.1:7004"]}) is None
+    assert m.addresses == [B, C, D, A]            # A was given: tried last, not forgotten
+    m.refusal({"role": "primary", "members": ["127.0.0.1:notaport"]})
+    m.refusal({"role": "primary", "members": "127.0.0.1:7009"})
+    assert m.addresses == [B, C, D, A]
+    assert Members(PEERS).refusal({"role": "primary"}) is None and Members(PEERS).addresses == [A, B, C]
