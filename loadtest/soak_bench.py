@@ -217,7 +217,14 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
     tally = Tally(n)
     devices = [Device(i, "127.0.0.1", b.port, tally) for i in range(n)]
     stop = asyncio.Event()
-    sub = asyncio.get_running_loop().create_task(subscriber("127.0.0.1", b.port, tally, stop))
+    # Ctrl-C (or SIGTERM) ends the load early, not the run: the tail is still counted and the
+    # summary and plot made of the rows so far (the broker runs in a session of its own: the
+    # terminal's Ctrl-C does not reach it)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    sub = loop.create_task(subscriber("127.0.0.1", b.port, tally, stop))
     await asyncio.sleep(0.5)
     for k in range(0, n, 200):
         await asyncio.gather(*(d.connect() for d in devices[k:k + 200]))
@@ -236,7 +243,7 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
     with open(rows_path, "w") as out:
         while True:
             now = time.monotonic()
-            if now >= t_end:
+            if now >= t_end or interrupted.is_set():
                 break
             k = int((now - t_start) * args.rate) - published
             published += k
@@ -282,9 +289,15 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
             await asyncio.sleep(0.2)
         stop.set()
         sub.cancel()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+    loaded = round(min(time.monotonic(), t_end) - t_start, 1)
+    if interrupted.is_set():
+        print(f"lmqtt bench soak: interrupted after {loaded:g} s of load; the summary covers those",
+              file=sys.stderr, flush=True)
     return {"acked": tally.acked_n, "delivered": tally.delivered, "lost": tally.lost(),
             "duplicates": tally.duplicates, "reconnects": tally.reconnects, "refused": tally.refused,
-            "connect_failures": tally.connect_failures}
+            "connect_failures": tally.connect_failures, "interrupted": interrupted.is_set(), "loaded_s": loaded}
 
 
 def _malloc_of(pid: int) -> str:

@@ -34,6 +34,35 @@ def test_soak_bench_samples_the_broker_and_loses_nothing(tmp_path):
     assert (tmp_path / "soak.png").stat().st_size > 10_000
 
 
+def test_a_soak_ended_with_ctrl_c_still_counts_its_tail_and_writes_its_summary_and_plot(tmp_path):
+    import signal
+    import time
+    rows_path = tmp_path / "soak" / "soak.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "soak", "--duration", "600",
+                             "--devices", "20", "--rate", "100", "--churn-per-min", "60", "--retention", "5s",
+                             "--segment-mb", "8", "--sample-s", "1", "--out", str(tmp_path / "soak"),
+                             "--plot", str(tmp_path / "soak.png"), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if rows_path.exists() and len(rows_path.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and 2 < summary["loaded_s"] < 600
+    assert summary["lost"] == 0 and summary["acked"] > 100
+    assert "interrupted after" in stderr
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
+
+
 def test_topics_bench_reads_every_sampled_topic_back_after_both_restarts(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "topics", "--topics", "3000",
                           "--sample", "30", "--data-dir", str(tmp_path / "w")],
