@@ -65,6 +65,9 @@ from lmqtt.store.server import CallError, Messages, StoreServer
 
 log = logging.getLogger("lmqtt.store.node.gateway_service")
 
+# how long the client id claims of the fleet's gateways are gathered before they are relayed
+# (`relay_session_claims`): a write per gateway per interval, not per claiming batch
+CLAIM_RELAY_S = 0.005
 HOLD = "gwf\0"          # SdkMetadata key prefix: gwf \0 gateway id \0 filter -> count
 
 
@@ -92,6 +95,8 @@ class GatewayService:
         self.push_read_errors = 0
         self.sessions_moved_told = 0        # SESSIONS_MOVED pushes sent (a session moved to another gateway)
         self.session_claims_relayed = 0     # client id claims relayed to the other gateways (SESSION_CLAIMS)
+        self._claims_pending: dict[str, list] = {}   # gateway -> claims gathered for the next relay
+        self._claims_flush: asyncio.TimerHandle | None = None
         self.loop = loop
         self.bus = InProcessBus(loop, window_s)
         self.bus.subscribe(self._fan_out)
@@ -131,6 +136,9 @@ class GatewayService:
         self._install()
 
     def close(self) -> None:
+        if self._claims_flush is not None:
+            self._claims_flush.cancel()
+            self._claims_flush = None
         self.assign.close()
         self.wills.close()
         self.session_sweep.close()
@@ -265,19 +273,33 @@ class GatewayService:
         """Gateway `gid` attached connections to these client ids (`[[client id, since ms], ...]`):
         tell the connections of every other gateway (SESSION_CLAIMS), the one holding an older
         connection of a client id closes it. The store is the fleet's session directory when the
-        gateways have no Redis; it keeps nothing (one frame per claiming batch and gateway), as
-        Redis pub/sub would not, so a gateway away at that moment learns nothing (docs/fleet.md)."""
+        gateways have no Redis; it keeps nothing, as Redis pub/sub would not, so a gateway away at
+        that moment learns nothing (docs/fleet.md).
+
+        The claims of every gateway are gathered for CLAIM_RELAY_S and sent then, one write per
+        connection of each gateway: each claim goes to every other gateway, so sending each batch
+        at once cost a write per batch and per gateway, and the store's writes grew with the
+        square of a `serve --workers N` fleet's size in a connect storm (with 6 workers, a third
+        of the store's loop). A takeover across gateways waits those few milliseconds more."""
         if not claims:
             return
-        body = None
+        self._claims_pending.setdefault(gid, []).extend(claims)
+        if self._claims_flush is None:
+            self._claims_flush = self.loop.call_later(CLAIM_RELAY_S, self._flush_session_claims)
+
+    def _flush_session_claims(self) -> None:
+        self._claims_flush = None
+        pending, self._claims_pending = self._claims_pending, {}
+        frames = {gid: W.frame(W.OP_SESSION_CLAIMS, 0, W.encode_session_claims(gid, claims))
+                  for gid, claims in pending.items()}
         for other, conns in list(self.wills.connections_of.items()):
-            if other == gid or not conns:
+            if not conns:
                 continue
-            if body is None:
-                body = W.encode_session_claims(gid, claims)
-            for conn in list(conns):
-                conn.push(W.OP_SESSION_CLAIMS, body)
-        self.session_claims_relayed += len(claims)
+            data = b"".join([f for gid, f in frames.items() if gid != other])
+            if data:
+                for conn in list(conns):
+                    conn.push_framed(data)
+        self.session_claims_relayed += sum(map(len, pending.values()))
 
     # ---------------------------------------------------------------- filter holds
     def _hold(self, gid: str, flt: str, delta: int) -> int:

@@ -73,6 +73,11 @@ class StoreConnection(asyncio.Protocol):
         if self.ready and not self.closing:
             self._send(W.frame(op, 0, body))
 
+    def push_framed(self, frames: bytes) -> None:
+        """Unsolicited frames already framed (`W.frame(op, 0, body)`, joined), in one write."""
+        if self.ready and not self.closing:
+            self._send(frames)
+
     def push_parts(self, op: int, parts: list) -> None:
         """`push` of a body given as parts (record bytes are not joined into one buffer first)."""
         if self.ready and not self.closing:

@@ -84,6 +84,13 @@ def test_the_store_relays_a_reconnect_storm_of_claims_to_every_other_gateway(tmp
             assert await wait_until(lambda: heard["gw-c"][-1] == ("dev-0", 5000, "gw-b"), 5)
             await asyncio.sleep(0.1)
             assert len(heard["gw-b"]) == 3000             # never its own
+            # B and C claim in the same moment: relayed together, each hears the other's, not its own
+            dirs["gw-b"].claim("x-1", 6000)
+            dirs["gw-c"].claim("x-2", 6001)
+            assert await wait_until(lambda: len(heard["gw-a"]) == 3, 5), heard["gw-a"]
+            assert sorted(heard["gw-a"][1:]) == [("x-1", 6000, "gw-b"), ("x-2", 6001, "gw-c")]
+            assert await wait_until(lambda: heard["gw-b"][3000:] == [("x-2", 6001, "gw-c")], 5), heard["gw-b"][3000:]
+            assert await wait_until(lambda: heard["gw-c"][3001:] == [("x-1", 6000, "gw-b")], 5), heard["gw-c"][3001:]
         finally:
             for link in links:
                 link.close()
