@@ -41,3 +41,32 @@ def test_the_safety_poll_asks_a_slice_at_a_time_and_still_finds_what_no_event_sa
         st.link.close()
         writer.link.close()
     asyncio.run(go())
+
+
+def test_with_the_native_watch_a_poll_round_is_spread_over_many_polls(lmqtt_store):
+    """The store pushes every event on the watched connection itself, so the backstop poll goes
+    round the mirrored queues over WATCHED_ROUND_POLLS polls (at least POLL_SLICE_MIN a poll)
+    instead of POLL_SLICE at every poll: a fleet of gateways holding a queue per idle device
+    asked the one store about all of them every few seconds."""
+    async def go():
+        st = _remote(lmqtt_store.address)                     # the native watch (gw_watch)
+        assert st.watch
+        st.WATCHED_ROUND_POLLS, st.POLL_SLICE_MIN = 5, 2
+        names = [f"round/{i}" for i in range(23)]
+        for q in names:
+            assert st.max_offset(q).wait() == 0
+        asked: list[list[str]] = []
+        call = st.node.call
+
+        def recording(req, *a, **kw):
+            if isinstance(req, P.MaxOffsets):
+                asked.append(list(req.queues))
+            return call(req, *a, **kw)
+        st.node.call = recording
+        st.start()
+        assert await wait_until(lambda: len(asked) >= 6, 10)
+        assert all(len(q) <= 5 for q in asked), asked          # ceil(23 / 5) a poll
+        assert set().union(*asked[:5]) == set(names)           # five polls make a round
+        st.close()
+        st.link.close()
+    asyncio.run(go())
