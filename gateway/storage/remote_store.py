@@ -33,8 +33,8 @@ loses): at most `POLL_SLICE` queues a poll, the next ones at the next poll, so a
 clients each read a queue of their own (10^5-10^6 devices, each on its own topic) spends the
 same bounded work a second on it, and a missed event is found within ceil(queues / POLL_SLICE)
 polls; with the native watch, where the poll is only a backstop, within about
-`WATCHED_ROUND_POLLS` polls of a smaller slice. Pushed entries are taken only where they continue a mirror (offset = its end); anything
-else is pulled. That side - pushes, events, prefetch, the memory bound, the safety poll - is
+`WATCHED_ROUND_POLLS` polls of a smaller slice. Pushed entries are taken only where they continue
+a mirror (offset = its end); anything else is pulled. That side - pushes, events, prefetch, the memory bound, the safety poll - is
 gateway/storage/remote_mirrors.py (`MirrorFeed`, inherited); this file answers the readers.
 """
 from __future__ import annotations
