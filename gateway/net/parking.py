@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import select
 import time
@@ -58,6 +59,7 @@ class PyParker:
         return len(self._slots)
 
     def add(self, fd: int, owner: Any) -> None:
+        fd = operator.index(fd)          # as the C Parker: an fd is an int, never a float
         if self._ep is None:
             raise ValueError("parker is closed")
         if fd < 0:
@@ -76,13 +78,14 @@ class PyParker:
         return slot
 
     def remove(self, fd: int):
+        fd = operator.index(fd)
         if fd not in self._slots:
             return None
         owner, _, pending = self._unwatch(fd)
         return owner, (PINGREQ_HEAD if pending else b"")
 
     def idle(self, fd: int) -> float:
-        slot = self._slots.get(fd)
+        slot = self._slots.get(operator.index(fd))
         if slot is None:
             raise KeyError(f"fd {fd} is not parked")
         return time.monotonic() - slot[1]

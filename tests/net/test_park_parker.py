@@ -173,6 +173,29 @@ def test_a_reset_is_reported_as_eof(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_an_fd_that_is_not_an_int_is_refused_with_type_error(impl):
+    """A float (or any non-integer) is no fd: `add`, `remove` and `idle` raise TypeError in both
+    implementations, and nothing is parked; the Python reference used to answer `remove(3.0)` with
+    None and `idle(3.0)` with KeyError, where the C Parker raised TypeError."""
+    client, server = socket.socketpair()
+    p = impl()
+    try:
+        fd = float(server.fileno())
+        with pytest.raises(TypeError):
+            p.add(fd, "x")
+        assert len(p) == 0
+        p.add(server.fileno(), "x")
+        for call in (lambda: p.remove(fd), lambda: p.idle(fd), lambda: p.remove("3")):
+            with pytest.raises(TypeError):
+                call()
+        assert len(p) == 1
+    finally:
+        p.close()
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_fd_arguments_outside_the_c_int_range_name_no_parked_socket(impl):
     """An int that is no fd (past the C int range, either side) is not parked: `remove` gives None
     and `idle` KeyError, never the socket whose fd its low 32 bits are; `add` refuses a negative
