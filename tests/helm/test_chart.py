@@ -245,7 +245,7 @@ def test_store_replicas_render_a_group_with_its_flags_pdb_and_anti_affinity(n):
         assert ports == {"store": 10911, "metrics": 9884} and store_pdb == [] and "affinity" not in pod
         return
     assert c["args"][0] == "store"
-    assert "--group=mqtt-lmqtt" in c["args"] and f"--peers={','.join(members)}" in c["args"]
+    assert "--group=mqtt-lmqtt" in c["args"] and f"--peers={','.join(members)}" in c["command"][2]
     assert "--election-timeout-s=2.5" in c["args"]
     assert not [a for a in c["args"] if a.startswith("--ack-replicas")]   # the store's default
     assert sts["spec"]["replicas"] == n and sts["spec"]["podManagementPolicy"] == "Parallel"
@@ -261,21 +261,67 @@ def test_store_replicas_render_a_group_with_its_flags_pdb_and_anti_affinity(n):
     assert report["errors"] == [], report
 
 
-def test_each_member_gets_its_ordinal_plus_one_as_node_id(tmp_path):
+def _run_member_command(tmp_path, sts, ordinal: int) -> list[str]:
     """The member's command, as Kubernetes runs it ($$ unescaped to $) by a real /bin/sh with the
-    pod's HOSTNAME: `lmqtt` (a stand-in printing its arguments) gets every rendered arg and
-    --node-id = ordinal + 1, its position in --peers."""
+    pod's HOSTNAME: the arguments `lmqtt` (a stand-in printing them) gets."""
     import subprocess
-    _docs, _k, sts, _gw, _out = _store({"store": {"replicas": 5}})
     c = sts["spec"]["template"]["spec"]["containers"][0]
     fake = tmp_path / "lmqtt"
     fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
     fake.chmod(0o755)
     cmd = [part.replace("$$", "$") for part in c["command"]] + c["args"]
+    r = subprocess.run(cmd, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOSTNAME": f"{sts['metadata']['name']}-{ordinal}"},
+                       capture_output=True, text=True, timeout=10, check=True)
+    return r.stdout.splitlines()
+
+
+def _members(n: int) -> str:
+    return ",".join(f"mqtt-lmqtt-store-{i}.mqtt-lmqtt-store-headless.iot.svc:10911" for i in range(n))
+
+
+def test_each_member_gets_its_ordinal_plus_one_as_node_id(tmp_path):
+    """Every rendered arg, then --node-id = ordinal + 1 (its position in --peers) and --peers."""
+    _docs, _k, sts, _gw, _out = _store({"store": {"replicas": 5}})
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     for ordinal in (0, 4):
-        r = subprocess.run(cmd, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "HOSTNAME": f"mqtt-lmqtt-store-{ordinal}"},
-                           capture_output=True, text=True, timeout=10, check=True)
-        assert r.stdout.splitlines() == c["args"] + [f"--node-id={ordinal + 1}"]
+        assert _run_member_command(tmp_path, sts, ordinal) == args + [f"--node-id={ordinal + 1}",
+                                                                      f"--peers={_members(5)}"]
+
+
+def test_with_seed_replicas_set_scaling_changes_no_pod_template_and_new_pods_join(tmp_path):
+    """store.group.seedReplicas 3 (the installed group): --peers names those three whatever
+    store.replicas is, so scaling 3 -> 5 -> 7 -> 3 changes the StatefulSet's replicas and the
+    PodDisruptionBudget, never the pod template nor the gateways' (no pod is restarted; the
+    gateways learn the current members from the store's HELLO_OK). Pods 0-2 start as the seed
+    (--node-id, --peers), pods 3 and up with --join of the seed, to be added with `lmqtt admin
+    --add-member`; a pod scaled away takes its PVC with it (whenScaled: Delete)."""
+    rendered = {}
+    for n in (3, 5, 7):
+        docs, k, sts, gw_args, out = _store({"store": {"replicas": n, "group": {"seedReplicas": 3}}})
+        for d in docs:
+            kv.validate(d, KUBE_VERSION, strict=True)
+        rendered[n] = (sts, gw_args, k)
+        assert sts["spec"]["replicas"] == n
+        assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Delete"}
+        pdb = next(d for d in k["PodDisruptionBudget"] if d["metadata"]["name"] == "mqtt-lmqtt-store")
+        assert pdb["spec"]["minAvailable"] == n // 2 + 1
+        assert f"--store={_members(3)}" in gw_args
+    templates = {n: r[0]["spec"]["template"] for n, r in rendered.items()}
+    assert templates[3] == templates[5] == templates[7]
+    assert rendered[3][1] == rendered[5][1] == rendered[7][1]
+    sts = rendered[7][0]
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    for ordinal in (0, 2):
+        assert _run_member_command(tmp_path, sts, ordinal) == args + [f"--node-id={ordinal + 1}",
+                                                                      f"--peers={_members(3)}"]
+    for ordinal in (3, 6):
+        assert _run_member_command(tmp_path, sts, ordinal) == args + [f"--join={_members(3)}"]
+    # unset: every member is the seed, as before, and a scaled-away pod's PVC is kept
+    _docs, _k, sts, _gw, _out = _store({"store": {"replicas": 5}})
+    assert "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
+    assert helm.lint(CHART, {"store": {"replicas": 5, "group": {"seedReplicas": 3}}}, strict=True)["errors"] == []
+    with pytest.raises(helm.HelmError, match="store.group.seedReplicas must be at least 2"):
+        _render({"store": {"replicas": 3, "group": {"seedReplicas": 1}}})
 
 
 def test_store_group_values_ack_replicas_soft_anti_affinity_and_own_affinity():
@@ -319,7 +365,7 @@ def test_store_groups_render_n_groups_of_m_members(groups, members):
         assert labels["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"
         assert sts["spec"]["selector"]["matchLabels"]["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"
         if members > 1:
-            assert f"--group=mqtt-lmqtt-g{i}" in c["args"] and f"--peers={lists[-1]}" in c["args"]
+            assert f"--group=mqtt-lmqtt-g{i}" in c["args"] and f"--peers={lists[-1]}" in c["command"][2]
             anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
             term = anti["requiredDuringSchedulingIgnoredDuringExecution"][0]
             assert term["labelSelector"]["matchLabels"]["lmqtt.io/store-group"] == f"mqtt-lmqtt-g{i}"

@@ -81,10 +81,7 @@ release's full name), with -g<i> when there are several. */}}
 {{/* One group's members (its stable DNS names through the headless Service), comma-separated:
 the group's --peers. */}}
 {{- define "lmqtt.groupMembers" -}}
-{{- $n := int .Values.store.replicas -}}
-{{- if lt $n 1 -}}
-{{- fail (printf "store.replicas must be at least 1, not %d" $n) -}}
-{{- end -}}
+{{- $n := int (include "lmqtt.seedReplicas" .) -}}
 {{- $full := include "lmqtt.fullname" . -}}
 {{- $set := include "lmqtt.storeSet" . -}}
 {{- $out := list -}}
@@ -105,9 +102,31 @@ member: the only store. */}}
 {{- join ";" $groups -}}
 {{- end -}}
 
+{{/* The members a group was installed with, which --peers names: store.group.seedReplicas, or
+store.replicas while it is unset. Pods past them join the running group (--join). */}}
+{{- define "lmqtt.seedReplicas" -}}
+{{- $n := int .Values.store.replicas -}}
+{{- if lt $n 1 -}}
+{{- fail (printf "store.replicas must be at least 1, not %d" $n) -}}
+{{- end -}}
+{{- $seed := .Values.store.group.seedReplicas -}}
+{{- if kindIs "invalid" $seed -}}
+{{- $n -}}
+{{- else if lt (int $seed) 2 -}}
+{{- fail (printf "store.group.seedReplicas must be at least 2 (the members a group is installed with; a single store is store.replicas 1), not %v" $seed) -}}
+{{- else -}}
+{{- int $seed -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether seedReplicas is set: the group is scaled online (pods past the seed join it). */}}
+{{- define "lmqtt.scalesOnline" -}}
+{{- if not (kindIs "invalid" .Values.store.group.seedReplicas) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the store runs as a replicated group (more than one member). */}}
 {{- define "lmqtt.storeGroup" -}}
-{{- if gt (int .Values.store.replicas) 1 -}}true{{- end -}}
+{{- if or (gt (int .Values.store.replicas) 1) (gt (int (include "lmqtt.seedReplicas" .)) 1) -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the release runs with Redis: notify.mode broadcast or precise; native needs none. */}}
