@@ -306,6 +306,7 @@ def test_with_seed_replicas_set_scaling_changes_no_pod_template_and_new_pods_joi
         pdb = next(d for d in k["PodDisruptionBudget"] if d["metadata"]["name"] == "mqtt-lmqtt-store")
         assert pdb["spec"]["minAvailable"] == n // 2 + 1
         assert f"--store={_members(3)}" in gw_args
+        assert "give clients the 3 seed members" in out["lmqtt/templates/NOTES.txt"]
     templates = {n: r[0]["spec"]["template"] for n, r in rendered.items()}
     assert templates[3] == templates[5] == templates[7]
     assert rendered[3][1] == rendered[5][1] == rendered[7][1]
