@@ -239,8 +239,16 @@ class Paho:
         else:
             self.c.connect(self.host, self.port, self.keepalive)
         self.c.loop_start()
-        flags, rc, props = self.connack.get(timeout=timeout)
-        assert not rc.is_failure, f"CONNACK refused: {rc}"
+        try:
+            flags, rc, props = self.connack.get(timeout=timeout)
+            assert not rc.is_failure, f"CONNACK refused: {rc}"
+        except BaseException:
+            # a refused or unanswered CONNECT must not leave paho's loop running: it would
+            # reconnect on its own with this client id, and once the broker serves again every
+            # such leftover takes the session over from the next (a takeover storm)
+            self.c.loop_stop()
+            self.c.disconnect()
+            raise
         self.session_present = bool(flags.session_present)
         self.connack_props = props
         return flags, rc, props
