@@ -40,6 +40,22 @@ def listening(host: str, port: int, timeout: float = 20.0, proc: subprocess.Pope
             time.sleep(0.05)
 
 
+def _start_on_fresh_ports(server, start, repick, tries: int = 3):
+    """`start()`, and on a first start that found one of its ports taken ("address already in
+    use": another test process bound the port between free_port()'s check and the server's bind),
+    again on ports picked anew. A restart keeps its ports (it must: the clients know them)."""
+    first = not getattr(server, "_started_once", False)
+    server._started_once = True
+    for attempt in range(tries):
+        try:
+            return start()
+        except RuntimeError as e:
+            if not first or "address already in use" not in str(e) or attempt == tries - 1:
+                raise
+            repick()
+    raise AssertionError("unreachable")
+
+
 class LmqttServer:
     """One `lmqtt serve` process: tmp data dir, free ports, SIGTERM (or SIGKILL) and restart.
 
@@ -65,10 +81,12 @@ class LmqttServer:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, timeout: float = 20.0) -> "LmqttServer":
-        return self.spawn(["serve", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
-                            "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
-                            "--store-port", str(self.store_port), *self.extra_args],
-                           (self.port, self.store_port), timeout)
+        def repick():
+            self.port, self.metrics_port, self.store_port = free_port(), free_port(), free_port()
+        return _start_on_fresh_ports(self, lambda: self.spawn(
+            ["serve", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+             "--metrics-port", str(self.metrics_port), "--segment-mb", "16",
+             "--store-port", str(self.store_port), *self.extra_args], (self.port, self.store_port), timeout), repick)
 
     def spawn(self, args: list[str], ports: tuple[int, ...], timeout: float = 20.0):
         """Run `lmqtt <args>` (output appended to the log) and wait until each of `ports` accepts a
@@ -145,8 +163,11 @@ class LmqttStore:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> "LmqttStore":
-        return self.spawn(["store", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
-                            "--segment-mb", "16", *self.extra_args], (self.port,), timeout)
+        def repick():
+            self.port = free_port()
+        return _start_on_fresh_ports(self, lambda: self.spawn(
+            ["store", "--host", self.host, "--port", str(self.port), "--data-dir", self.data_dir,
+             "--segment-mb", "16", *self.extra_args], (self.port,), timeout), repick)
 
     spawn = LmqttServer.spawn
     stop = LmqttServer.stop
@@ -435,10 +456,13 @@ class LmqttGateway:
     metrics_url = LmqttServer.metrics_url
 
     def start(self, timeout: float = 20.0) -> "LmqttGateway":
+        def repick():
+            self.port, self.metrics_port = free_port(), free_port()
         # the metrics/health port opens right after MQTT's
-        return self.spawn(["gateway", "--store", self.store_address_, "--host", self.host, "--port", str(self.port),
-                            "--metrics-port", str(self.metrics_port), "--gateway-id", f"test-{self.port}",
-                            *self.extra_args], (self.port, self.metrics_port), timeout)
+        return _start_on_fresh_ports(self, lambda: self.spawn(
+            ["gateway", "--store", self.store_address_, "--host", self.host, "--port", str(self.port),
+             "--metrics-port", str(self.metrics_port), "--gateway-id", f"test-{self.port}",
+             *self.extra_args], (self.port, self.metrics_port), timeout), repick)
 
     spawn = LmqttServer.spawn
     stop = LmqttServer.stop
