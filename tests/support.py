@@ -487,7 +487,11 @@ class LmqttFleet:
 
     def start(self) -> "LmqttFleet":
         self.store.start()
-        self.gateway = LmqttGateway(self.store.address, self.extra_args, log_dir=self.log_dir).start()
+        try:
+            self.gateway = LmqttGateway(self.store.address, self.extra_args, log_dir=self.log_dir).start()
+        except BaseException:
+            self.store.stop()       # not left running (holding its port and data dir) after the failure
+            raise
         return self
 
     host = property(lambda self: self.gateway.host)
