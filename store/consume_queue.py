@@ -471,6 +471,15 @@ class ConsumeQueueStore:
         lb = cq.last_block
         if lb is None:
             lb = cq.last_block = self._find_last_block(cq.qk)
+            stored_end = lb[0] + lb[1]
+            if lb[1] and first < stored_end:
+                # a failed flush (a full disk) whose batch did reach the database: entries up to
+                # stored_end are there already (one atomic batch). Written again they would extend
+                # that block with copies of its own entries, which readers then return twice
+                skip = min(stored_end - first, len(data) // ENTRY_SIZE)
+                first, data = first + skip, data[skip * ENTRY_SIZE:]
+                if not data:
+                    return
         if lb[1] and lb[1] < MERGE_BELOW and lb[0] + lb[1] == first:
             old = self._open_db().get(b"E" + cq.qk + _U64.pack(lb[0]))
             try:
@@ -629,6 +638,13 @@ class ConsumeQueueStore:
                         wb.put(b"Q" + qk, _META.pack(floor, hi))
                         continue
                     cq.min_offset = max(cq.min_offset, floor)
+                    first, buf = cq.tail
+                    if first < floor:
+                        # blocks a failed flush did store (a full disk, see _put_tail) went while
+                        # their entries were still in the tail: they point below the log's start too
+                        cq.tail = (floor, buf[(floor - first) * ENTRY_SIZE:])
+                        if not cq.tail[1]:
+                            self._dirty.pop((fl, qid), None)
                     lb = cq.last_block
                     if lb is not None and lb[0] < floor:     # its newest block went: it has none
                         cq.last_block = (0, 0)
