@@ -108,6 +108,7 @@ class Device:
         self.writer: asyncio.StreamWriter | None = None
         self.ready = asyncio.Event()
         self.leaving = False
+        self.reading: asyncio.Task | None = None     # reads PUBACKs of the current connection
 
     async def connect(self) -> None:
         reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -127,7 +128,7 @@ class Device:
                 break
         self.writer = writer
         self.ready.set()
-        asyncio.get_running_loop().create_task(self._read(reader, dec))
+        self.reading = asyncio.get_running_loop().create_task(self._read(reader, dec))
 
     async def _read(self, reader, dec) -> None:
         t = self.tally
@@ -152,6 +153,15 @@ class Device:
         w.write(encode(P.Publish(topic=self.topic, payload=body, qos=1, packet_id=self.pid), 4))
         self.tally.sent += 1
 
+    async def close(self) -> None:
+        """The connection closed and its reader task ended (at a churn and at the end of the run)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.reading is not None:
+            self.reading.cancel()
+            await asyncio.gather(self.reading, return_exceptions=True)
+
     async def churn(self) -> None:
         """Leave once every message in flight is acknowledged, and come back."""
         self.leaving = True
@@ -162,8 +172,9 @@ class Device:
             self.ready.clear()
             if self.writer is not None:
                 self.writer.write(encode(P.Disconnect(), 4))
-                self.writer.close()
-            self.writer = None
+            # its reader ended here: a task left waiting on a closed connection with nothing
+            # referring to it is collected while pending ("Task was destroyed but it is pending")
+            await self.close()
             self.inflight.clear()          # not acknowledged: not counted as acknowledged
             for attempt in range(60):      # a device keeps coming back, as a real one would
                 try:
@@ -289,6 +300,10 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
             await asyncio.sleep(0.2)
         stop.set()
         sub.cancel()
+        for t in churning:
+            t.cancel()
+        await asyncio.gather(sub, *churning, return_exceptions=True)
+        await asyncio.gather(*(d.close() for d in devices))
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     loaded = round(min(time.monotonic(), t_end) - t_start, 1)
