@@ -339,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--subscribers", type=int, default=None)
     ap.add_argument("--pairs", type=int, default=None, help="pairs/latency: number of pairs")
     ap.add_argument("--connections", type=int, default=None, help="conn, million: idle connections")
+    ap.add_argument("--connect-timeout", type=float, default=None,
+                    help="seconds allowed to connect (conn, million: all of them; default 120, million 600)")
     ap.add_argument("--topics", type=int, default=None, help="retained: retained topics")
     ap.add_argument("--backlog", type=int, default=None, help="persistent: queued messages; replay: stored messages")
     ap.add_argument("--procs", type=int, default=2, help="worker processes")
@@ -355,7 +357,8 @@ def config_from_args(a: argparse.Namespace) -> ScenarioConfig:
         setattr(cfg, k, v)
     if a.pairs is not None:
         cfg.publishers = cfg.subscribers = a.pairs
-    for k in ("qos", "rate", "lead", "coalesce_ms", "publishers", "subscribers", "connections", "topics", "backlog"):
+    for k in ("qos", "rate", "lead", "coalesce_ms", "publishers", "subscribers", "connections", "topics", "backlog",
+              "connect_timeout"):
         v = getattr(a, k)
         if v is not None:
             setattr(cfg, k, v)

@@ -81,3 +81,11 @@ def test_million_asks_for_no_more_than_the_brokers_open_files_limit_allows_and_s
     # every connection asked for is held: none refused or dropped by a broker out of descriptors
     assert r["connected"] == r["still_open"] == r["connections_target"] and r["failed"] == 0, r.get("errors")
     assert proc.poll() is None
+
+
+def test_bench_mqtt_takes_the_time_allowed_to_connect_from_the_command_line():
+    from lmqtt.loadtest.mqtt_bench import build_parser, config_from_args
+    args = ["--scenario", "million", "--broker-port", "1883"]
+    assert config_from_args(build_parser().parse_args(args)).connect_timeout == 600.0
+    cfg = config_from_args(build_parser().parse_args([*args, "--connect-timeout", "1800"]))
+    assert cfg.connect_timeout == 1800.0
