@@ -36,6 +36,7 @@ from .scenarios import IdleProbe
 PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 32768-60999: 28,232)
 PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
 BROKER_RESERVED_FDS = 256  # left free in each broker process: its store link, logs, the idle probe
+BROKER_RESERVED_CLIENTS = 8  # of an `lmqtt serve`'s admitted clients: the idle probe's and the tools'
 
 
 def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe) -> None:
@@ -100,6 +101,26 @@ def _kernel_slab_bytes() -> int | None:
     return None
 
 
+def embedded_store_socket_cap(cmdline: list[str], soft: int) -> int | None:
+    """The client sockets an `lmqtt serve` process admits (it refuses the next with CONNACK 0x97):
+    its store keeps a share of the open-files limit (store/file_budget.py), so the broker's own
+    cap is below what its free descriptors suggest. None for any other process (a `serve
+    --workers` gateway, another broker). The share is the default one or `--max-open-files`
+    given on the command line (one set in a config file is not seen)."""
+    cmdline = " ".join(cmdline).split()     # `lmqtt serve ...` rewrites its argv into one string
+    if "serve" not in cmdline:
+        return None
+    from lmqtt.gateway.broker.limits import ConnectionGate, Limits
+    from lmqtt.store.file_budget import MIN_SHARE, default_share
+    share = default_share(soft, with_clients=True)
+    for i, tok in enumerate(cmdline):
+        v = tok.split("=", 1)[1] if tok.startswith("--max-open-files=") else (
+            cmdline[i + 1] if tok == "--max-open-files" and i + 1 < len(cmdline) else None)
+        if v is not None and v.isdigit() and int(v) > 0:
+            share = max(MIN_SHARE // 2, int(v))      # as FileBudget.for_process
+    return ConnectionGate(Limits(), open_files=(soft, share)).socket_cap
+
+
 def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]:
     """How many more sockets the broker's processes that listen on `port` can open: the sum of
     (soft open-files limit - open fds - a reserve) over them; None when unknown (no PID, no psutil)."""
@@ -130,6 +151,9 @@ def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]
                 continue
             soft, hard = p.rlimit(psutil.RLIMIT_NOFILE)
             free = max(0, soft - p.num_fds() - BROKER_RESERVED_FDS)
+            cap = embedded_store_socket_cap(p.cmdline(), soft)
+            if cap is not None:
+                free = min(free, max(0, cap - BROKER_RESERVED_CLIENTS))
         except Exception as e:  # noqa: BLE001 - exited meanwhile, or not ours to inspect
             # kept, so a caller that finds no listener can say why (unknown, not zero)
             seen.append({"pid": p.pid, "error": repr(e)})

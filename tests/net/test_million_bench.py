@@ -89,3 +89,23 @@ def test_bench_mqtt_takes_the_time_allowed_to_connect_from_the_command_line():
     assert config_from_args(build_parser().parse_args(args)).connect_timeout == 600.0
     cfg = config_from_args(build_parser().parse_args([*args, "--connect-timeout", "1800"]))
     assert cfg.connect_timeout == 1800.0
+
+
+def test_million_asks_a_single_serve_for_no_more_than_it_admits_beside_its_store(tmp_path, stop):
+    """`lmqtt serve` keeps a quarter of its open files for its store and refuses clients past the
+    rest with CONNACK 0x97: the scenario asks for what it admits, and every connection is held."""
+    import time
+    from lmqtt.loadtest.million_bench import broker_capacity
+    proc, port = _serve(tmp_path, nofile=3000)
+    stop(proc)
+    deadline = time.monotonic() + 15
+    cap, seen = broker_capacity(proc.pid, port)
+    while cap is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        cap, seen = broker_capacity(proc.pid, port)
+    if cap is None:
+        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here: {seen}")
+    r = run_million(_cfg(port, 5_000), proc.pid)
+    # 3,000 - 750 for the store - 64 reserved - 187 for refused clients, less 8 for the tools
+    assert r["connections_target"] == 3000 - 750 - 64 - 187 - 8, r
+    assert r["connected"] == r["still_open"] == r["connections_target"] and r["failed"] == 0, r.get("errors")
