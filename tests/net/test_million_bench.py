@@ -44,6 +44,21 @@ def stop():
             p.wait(5)
 
 
+def _wait_for_its_listener(proc: subprocess.Popen, port: int) -> None:
+    """The bound is read from the broker's listening process (psutil): wait (bounded) until it is
+    seen - the final CI once ran the bench before it was (bound None, 5,000 asked of a 700 limit)."""
+    import time
+    from lmqtt.loadtest.million_bench import broker_capacity
+    deadline = time.monotonic() + 15
+    cap, seen = broker_capacity(proc.pid, port)
+    while cap is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        cap, seen = broker_capacity(proc.pid, port)
+    if cap is None:
+        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here "
+                    f"(what it saw: {seen or 'no process with that listener'}): no bound to test")
+
+
 def _cfg(port: int, n: int) -> ScenarioConfig:
     return ScenarioConfig(scenario="million", port=port, connections=n, hold=0.5, connect_timeout=120.0)
 
@@ -62,20 +77,9 @@ def test_million_holds_every_connection_from_several_source_addresses(tmp_path, 
 
 
 def test_million_asks_for_no_more_than_the_brokers_open_files_limit_allows_and_says_why(tmp_path, stop):
-    import time
-    from lmqtt.loadtest.million_bench import broker_capacity
     proc, port = _serve(tmp_path, nofile=700)
     stop(proc)
-    # the bound is read from the broker's listening process (psutil): wait (bounded) until it is
-    # seen — the final CI once ran the bench before it was (bound None, 5,000 asked of a 700 limit)
-    deadline = time.monotonic() + 15
-    cap, seen = broker_capacity(proc.pid, port)
-    while cap is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        cap, seen = broker_capacity(proc.pid, port)
-    if cap is None:
-        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here "
-                    f"(what it saw: {seen or 'no process with that listener'}): no bound to test")
+    _wait_for_its_listener(proc, port)
     r = run_million(_cfg(port, 5_000), proc.pid)
     assert r["connections_target"] < 700 and "open-files limit" in r["bound"], r
     # every connection asked for is held: none refused or dropped by a broker out of descriptors
@@ -94,17 +98,9 @@ def test_bench_mqtt_takes_the_time_allowed_to_connect_from_the_command_line():
 def test_million_asks_a_single_serve_for_no_more_than_it_admits_beside_its_store(tmp_path, stop):
     """`lmqtt serve` keeps a quarter of its open files for its store and refuses clients past the
     rest with CONNACK 0x97: the scenario asks for what it admits, and every connection is held."""
-    import time
-    from lmqtt.loadtest.million_bench import broker_capacity
     proc, port = _serve(tmp_path, nofile=3000)
     stop(proc)
-    deadline = time.monotonic() + 15
-    cap, seen = broker_capacity(proc.pid, port)
-    while cap is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        cap, seen = broker_capacity(proc.pid, port)
-    if cap is None:
-        pytest.skip(f"psutil does not show lmqtt serve (pid {proc.pid}) listening on {port} here: {seen}")
+    _wait_for_its_listener(proc, port)
     r = run_million(_cfg(port, 5_000), proc.pid)
     # 3,000 - 750 for the store - 64 reserved - 187 for refused clients, less 8 for the tools
     assert r["connections_target"] == 3000 - 750 - 64 - 187 - 8, r
