@@ -28,6 +28,8 @@ import os
 import select
 import time
 
+from lmqtt.store.file_budget import MIN_SHARE, default_share
+
 from .conn_hold import Holder, capacity
 from .histogram import Histogram
 from .probe import BrokerProbe
@@ -37,6 +39,11 @@ PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 327
 PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
 BROKER_RESERVED_FDS = 256  # left free in each broker process: its store link, logs, the idle probe
 BROKER_RESERVED_CLIENTS = 8  # of an `lmqtt serve`'s admitted clients: the idle probe's and the tools'
+# what the broker's ConnectionGate (gateway/broker/limits.py, which loadtest does not import) keeps
+# besides its store's share: a reserve, and room for refused clients waiting to be told why;
+# tests/net/test_million_bench.py checks embedded_store_socket_cap against the gate itself
+GATE_RESERVE = 64
+GATE_REFUSED_PENDING_MAX = 256
 
 
 def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe) -> None:
@@ -110,15 +117,14 @@ def embedded_store_socket_cap(cmdline: list[str], soft: int) -> int | None:
     cmdline = " ".join(cmdline).split()     # `lmqtt serve ...` rewrites its argv into one string
     if "serve" not in cmdline:
         return None
-    from lmqtt.gateway.broker.limits import ConnectionGate, Limits
-    from lmqtt.store.file_budget import MIN_SHARE, default_share
     share = default_share(soft, with_clients=True)
     for i, tok in enumerate(cmdline):
         v = tok.split("=", 1)[1] if tok.startswith("--max-open-files=") else (
             cmdline[i + 1] if tok == "--max-open-files" and i + 1 < len(cmdline) else None)
         if v is not None and v.isdigit() and int(v) > 0:
             share = max(MIN_SHARE // 2, int(v))      # as FileBudget.for_process
-    return ConnectionGate(Limits(), open_files=(soft, share)).socket_cap
+    refused_pending = min(GATE_REFUSED_PENDING_MAX, max(8, soft // 16))
+    return max(1, soft - share - GATE_RESERVE - refused_pending)
 
 
 def broker_capacity(pid: int | None, port: int) -> tuple[int | None, list[dict]]:

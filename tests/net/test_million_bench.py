@@ -105,3 +105,19 @@ def test_million_asks_a_single_serve_for_no_more_than_it_admits_beside_its_store
     # 3,000 - 750 for the store - 64 reserved - 187 for refused clients, less 8 for the tools
     assert r["connections_target"] == 3000 - 750 - 64 - 187 - 8, r
     assert r["connected"] == r["still_open"] == r["connections_target"] and r["failed"] == 0, r.get("errors")
+
+
+@pytest.mark.parametrize("soft", [700, 3000, 20000, 65536])
+@pytest.mark.parametrize("max_open_files", [None, 500])
+def test_the_bench_computes_the_clients_a_serve_admits_as_the_brokers_gate_does(soft, max_open_files):
+    from lmqtt.gateway.broker.limits import ConnectionGate, Limits
+    from lmqtt.loadtest.million_bench import embedded_store_socket_cap
+    from lmqtt.store.file_budget import default_share
+    cmd = ["lmqtt", "serve", "--port", "1883"]
+    share = default_share(soft)
+    if max_open_files:
+        cmd += ["--max-open-files", str(max_open_files)]
+        share = max_open_files
+    assert embedded_store_socket_cap([" ".join(cmd)], soft) == \
+        ConnectionGate(Limits(), open_files=(soft, share)).socket_cap
+    assert embedded_store_socket_cap(["lmqtt", "gateway", "--store", "h:1"], soft) is None
