@@ -30,6 +30,7 @@ import signal
 import sys
 
 from lmqtt.store.file_budget import default_share, process_limit
+from lmqtt.store.node import stop_signals
 from lmqtt.store.node.config import ConfigError, NodeConfig, retention_ms
 from lmqtt.store.node.process import (DataDirError, check_data_dir, install_event_loop, lock_data_dir,
                                       metrics_unavailable, raise_open_files_limit, remove_refused_data_dir,
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
     raise_open_files_limit()
+    # before any thread exists, so that every thread blocks them (store/node/stop_signals.py)
+    stop_signals.block()
     loop_name = install_event_loop()
     rc = 0
     try:
@@ -130,9 +133,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
         cut_reason = ha_member.before_open(cfg, data)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    signalled: list = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: (signalled.append(1), stop.set()))
+    # SIGTERM/SIGINT, also one that came while this member restarted in place to cut its log
+    signals = stop_signals.StopSignals(lambda _sig: loop.call_soon_threadsafe(stop.set))
     # SIGHUP reloads a gateway's files; the store has none, and a `kill -HUP` meant for a gateway
     # must not end it (the default action of SIGHUP)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("event=sighup_ignored reason=\"nothing to reload\""))
@@ -227,7 +229,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
     if member is not None:
         member.stop()
     _close(store, lq)
-    if restart and not signalled:     # a SIGTERM during the cut's shutdown ends it (not lost in the restart)
+    signals.close()     # a stop sent from here on stays pending: the restarted store takes it
+    if restart and not signals.stop_pending():
         print("lmqtt store: restarting to cut the log back to the group primary's", file=sys.stderr, flush=True)
         return "restart"
     if removed:

@@ -41,6 +41,7 @@ TYPED = [
     "lmqtt.loadtest.chaos.remote",
     "lmqtt.store.heap",                     # what the store gives back to the kernel
     "lmqtt.store.rocksdb_options",          # the options every RocksDB database opens with
+    "lmqtt.store.node.stop_signals",        # SIGTERM/SIGINT of lmqtt store, kept across a restart in place
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")

@@ -181,6 +181,36 @@ def test_paused_primary_is_fenced_then_rejoins_with_its_tail_cut(group):
     retry.close()
 
 
+def test_a_sigterm_while_a_member_restarts_to_cut_its_log_stops_it_cleanly(group):
+    """A member that must cut its log restarts in place (the same pid, a new image). A SIGTERM
+    sent the moment it says so - as an orchestrator's stop can land - stops it cleanly (exit 0)
+    once the restarted store can handle it (before: between the two images it was swallowed and
+    the member ran on until killed, or it killed the restart midway)."""
+    old = group.wait_primary(in_sync=3)
+    others = [m for m in group.members if m is not old]
+    for m in others:
+        m.kill9()
+    direct = connect(old.address, timeout=60.0)
+    dp = direct.producer("p9")
+    pending = [dp.send_async(TOPIC, body("p9", i, 64)) for i in range(20)]   # in the old primary's log only
+    group.wait_status(old, lambda s: s["acks_blocked"], timeout=10)
+    old.pause()
+    for m in others:
+        m.start()
+    group.wait_primary(among=others, timeout=30)
+    old.resume()
+    deadline = time.monotonic() + 30
+    while "restarting to cut the log" not in old.log_text():
+        assert time.monotonic() < deadline and old.proc.poll() is None, old.log_text()[-2000:]
+        time.sleep(0.005)
+    old.proc.terminate()
+    assert old.proc.wait(20) == 0, old.log_text()[-2000:]
+    tail = old.log_text().split("restarting to cut the log", 1)[1]
+    assert "event=ha_log_truncated" in tail and tail.rstrip().endswith("lmqtt store: stopped cleanly"), tail[-2000:]
+    assert all(f.exception(30) is not None for f in pending)    # none acknowledged by the deposed primary
+    direct.close()
+
+
 def _get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
