@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading as _threading
 import time
+import warnings
 import weakref as _weakref
 
 
@@ -122,6 +123,9 @@ class LmqttServer:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+                # a process that ignores SIGTERM is a fault a user meets (an orchestrator waits its
+                # grace period, then kills): say so in the run's warnings summary
+                warnings.warn(f"{self.command} did not stop within {timeout:g} s of signal {sig}: killed", stacklevel=2)
         self.proc = None
         self._log.close()
         return p.returncode

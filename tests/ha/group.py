@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import paho.mqtt.client as mqtt
 
@@ -92,6 +93,7 @@ class Member:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+            warnings.warn(f"store member {self.node} did not stop within 20 s of SIGTERM: killed", stacklevel=2)
 
     def log_text(self) -> str:
         try:
