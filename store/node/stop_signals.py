@@ -14,7 +14,7 @@ midway.
 So: `block()` first thing in `main`, before any thread exists, so every thread inherits the block;
 `StopSignals` waits for them on its own thread and hands each to the event loop; before a restart
 `close()` ends that thread, and whatever came since stays pending for the new image's
-`StopSignals` to take.
+`StopSignals` to take. (A child process would inherit the block; the store node starts none.)
 """
 from __future__ import annotations
 
