@@ -138,6 +138,7 @@ class BackgroundService:
         self.errors: dict[str, BaseException] = {}   # duty -> its error, while it fails
         self._full: set[str] = set()                 # duties that told DiskSpace they failed for space
         self.wakeups = 0                             # loop turns (tests, idle bench)
+        self.slow_duties = 0                         # duties that took SLOW_DUTY_S or more (logged)
 
     def start(self) -> None:
         hooks = getattr(self.store.dispatch, "activity_hooks", None)
@@ -268,11 +269,24 @@ class BackgroundService:
         self.store.clog.commit()
         self.store.dispatch.wake()
 
+    # a duty longer than this is logged: what holds appends, dispatch or delivery back for that
+    # long is what an operator looking at a latency spike needs to see (its CPU time says whether
+    # it computed, holding the GIL, or waited on the disk)
+    SLOW_DUTY_S = 0.05
+
+    def _timed(self, name: str, t0: float, c0: float) -> None:
+        took = time.monotonic() - t0
+        if took >= self.SLOW_DUTY_S:
+            self.slow_duties += 1
+            log.info("event=slow_duty duty=%r ms=%.0f cpu_ms=%.0f", name, took * 1000,
+                     (time.thread_time() - c0) * 1000)
+
     def _duty(self, name: str, fn, *args) -> None:
         """Run one duty; keep serving if it fails. A full disk is part of the store's disk-full
         episode (store/disk_space.py: one line for all of it); anything else is logged with its
         traceback once per distinct error, and once more when the duty works again."""
         disk = self.store.clog.disk
+        t0, c0 = time.monotonic(), time.thread_time()
         try:
             fn(*args)
         except BaseException as e:  # noqa: BLE001 - keep serving
@@ -290,6 +304,7 @@ class BackgroundService:
             self.errors[name] = e
             self.error = e
         else:
+            self._timed(name, t0, c0)
             if name in self.errors:
                 e = self.errors.pop(name)
                 if name in self._full:
