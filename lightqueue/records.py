@@ -52,8 +52,8 @@ HOST = "gateway"                # extra[HOST]: id of the fleet gateway that last
 # its IN2_PENDING entries [packet id, topic, key, ms] are inbound QoS 2 messages whose append may
 # or may not have been stored when the record was written (the id is written before the append,
 # the message carries `key`): `resolve_pending_qos2` settles them against the log when the record
-# is read, into IN2 ("stored, awaiting PUBREL") or forgotten (not stored: the client's PUBLISH
-# sent again is stored then)
+# is read, into IN2 ("stored, awaiting PUBREL"), or leaves them pending (not stored: the client's
+# PUBLISH sent again is stored then, with the same key, at most once: store/unique_keys.py)
 INFLIGHT = "inflight"
 IN2 = "in2"
 IN2_PENDING = "in2p"
@@ -63,21 +63,31 @@ QOS2_KEY_PREFIX = "mqtt-qos2:"   # the message key of such an append (indexed un
 def resolve_pending_qos2(rec: "SessionRecord", stored) -> "SessionRecord":
     """Settle `rec`'s pending inbound QoS 2 ids (IN2_PENDING) in place: `stored(topic, key,
     ms)` says whether the message carrying `key` was stored (around `ms`); a stored one's id is
-    known as stored, awaiting PUBREL, the others are forgotten. A lookup that fails counts as not
-    stored (the message may then be stored twice, never lost). Records without pending ids (every
-    record of an older gateway) are returned untouched."""
+    known as stored, awaiting PUBREL; the others stay pending with their key.
+
+    Why they are not forgotten: "not in the log" may only mean "not yet" - the gateway that wrote
+    the id may be stalled with its append not sent (SIGSTOP, a VM pause) while its client moves to
+    another gateway. The client's PUBLISH sent again then carries the same key, and the store
+    keeps one record per key (store/unique_keys.py), whichever append comes second. A lookup that
+    fails counts as not stored. Records without pending ids (every record of an older gateway)
+    are returned untouched."""
     state = rec.extra.get(INFLIGHT) if rec.extra else None
     if not isinstance(state, dict) or not state.get(IN2_PENDING):
         return rec
     in2 = set(state.get(IN2) or ())
+    left = []
     for entry in state.pop(IN2_PENDING):
         try:
             pid, topic, key, ms = entry
             if stored(topic, key, int(ms)):
                 in2.add(int(pid))
-        except Exception:  # noqa: BLE001 - not known as stored: the client's retry stores it
-            continue
+                continue
+        except Exception:  # noqa: BLE001 - not known as stored: it stays pending
+            pass
+        left.append(entry)
     state[IN2] = sorted(in2)
+    if left:
+        state[IN2_PENDING] = left
     return rec
 
 

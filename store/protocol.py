@@ -223,6 +223,11 @@ def decode_produce(body: bytes):
 # A store that does not know the flag refuses the frame (bytes after the last message: bad_frame),
 # so a delay is never silently ignored.
 F_DELAYED = 0x02
+# PRODUCE frame flag bit 2 (docs/protocol.md "Unique keys"): a message with keys is stored at most
+# once per (topic, first key); one the store holds already is answered with the stored record's
+# offsets and not written again (store/unique_keys.py). The gateway sets it on batches carrying an
+# inbound QoS 2 message's key.
+F_UNIQUE_KEYS = 0x04
 _DUE = struct.Struct(">Q")
 
 

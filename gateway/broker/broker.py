@@ -497,9 +497,17 @@ class Broker:
         a trace the store settles against its log when the record is read back (lightqueue/
         records.py `resolve_pending_qos2`): the client's PUBLISH sent again is then answered, not
         stored twice. In-process the write is done at once; over a remote store the connection
-        waits one round trip (its later packets too, so its publishes stay in order)."""
-        key = f"{QOS2_KEY_PREFIX}{secrets.token_hex(8)}"
-        s.write_ahead(pid, topic, key, int(time.time() * 1000))
+        waits one round trip (its later packets too, so its publishes stay in order).
+
+        An id restored pending (written ahead by a gateway that may still append it late, its
+        message not found in the log) keeps its key: the store keeps one record per key
+        (store/unique_keys.py), so the two appends store the message once."""
+        ahead = s.written_ahead(pid)
+        if ahead is not None and ahead[0] == topic:
+            key, ms = ahead[1], ahead[2]
+        else:
+            key, ms = f"{QOS2_KEY_PREFIX}{secrets.token_hex(8)}", int(time.time() * 1000)
+        s.write_ahead(pid, topic, key, ms)
         answer = self.persist.save_session(s)
 
         def go(a) -> None:

@@ -435,7 +435,7 @@ class PublishPipeline:
         client re-sends it (DUP) when it reconnects. A QoS 0 publish is dropped (counted)."""
         conn = p.conn
         if p.qos and p.session is not None:
-            p.session.publish_failed(p.pid)           # not stored: forgotten (written ahead too)
+            p.session.publish_failed(p.pid)           # not known as stored (its key is kept)
         if conn is None or conn.closing or p.qos == 0:
             return
         full = isinstance(err, DiskFull)

@@ -63,6 +63,12 @@ class Inbound:
             keys = self._in_keys = {}
         keys[pid] = (topic, key, ms)
 
+    def written_ahead(self: "MqttSession", pid: int) -> tuple[str, str, int] | None:
+        """(topic, key, ms) of `pid` written ahead and not known as stored: a restored session's
+        id the store did not find in its log. Its PUBLISH sent again reuses the key."""
+        keys = self._in_keys
+        return keys.get(pid) if keys else None
+
     def publish_stored(self: "MqttSession", qos: int, pid: int) -> bool:
         """The store appended (durably) the client's QoS 1/2 message `pid`: its PUBACK / PUBREC is
         due. True: a QoS 2 id of a persistent session, whose PUBREC leaves only once the session's
@@ -80,12 +86,14 @@ class Inbound:
         return self.expiry_interval > 0
 
     def publish_failed(self: "MqttSession", pid: int) -> None:
-        """The message `pid` was not stored (refused, the store failed, its record not written
-        ahead): its id is forgotten; the client's PUBLISH sent again is a new one."""
+        """The append of message `pid` failed (refused, the store failed, its record not written
+        ahead): its id no longer waits; the client's PUBLISH sent again is appended again. A key
+        written ahead is kept for it: an append that failed with an error may still have reached
+        the log (a connection lost after the PRODUCE left, a full disk after the record), and the
+        same key makes a store over the native protocol keep one record (store/unique_keys.py)."""
         wait = self._in_wait
         if wait:
             wait.discard(pid)
-        self._forget_key(pid)
 
     def _forget_key(self: "MqttSession", pid: int) -> None:
         """`pid`'s written-ahead key is not needed any more (stored, or not stored at all)."""

@@ -123,6 +123,14 @@ class Saved:
             if self._in2 is None:
                 self._in2 = set()
             self._in2.update(in2)
+        for entry in state.get(IN2_PENDING, ()):
+            # not found in the log when the record was read: the client's PUBLISH sent again
+            # carries the same key (broker.py `_qos2_ahead`), stored at most once
+            try:
+                pid, topic, key, ms = entry
+                self.write_ahead(int(pid), str(topic), str(key), int(ms))
+            except (TypeError, ValueError):
+                continue
         self.next_pid = int(state.get(PID) or 1)
         return len(resumed)
 

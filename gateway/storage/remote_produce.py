@@ -18,6 +18,11 @@ wait meanwhile, so nothing PUBACKed is lost and nothing is stored twice. With on
 PRODUCE carries no producer id (no dedup write on the store) and a lost connection fails the batch
 (the publish path closes / NACKs, the client re-sends), as before.
 
+A batch carrying an inbound QoS 2 message's key (gateway/broker/broker.py `_qos2_ahead`) is sent
+with F_UNIQUE_KEYS: the store keeps one record per key (store/unique_keys.py), so that the append
+of a gateway that stalled and the client's PUBLISH sent again through another gateway store the
+message once.
+
 Why apart from remote_store.py: that module's job is the mirrors of the queues this gateway
 reads; appending shares nothing with them but the store connection, which is passed in.
 """
@@ -73,26 +78,25 @@ class RemoteProducer:
         one by one and only that publisher gets the error (the store would refuse the whole batch).
         `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
         limit = self.max_message_size - _RECORD_HEADER
+        flags = 0
         for m in messages:
             n = len(m.body) + len(m.props) + len(m.topic)
             if n > limit:
                 raise MessageTooLarge(f"record of at least {n + _RECORD_HEADER} bytes is above "
                                       f"max_message_size={self.max_message_size}; nothing was written")
+            if m.keys:      # an inbound QoS 2 message's key (broker.py `_qos2_ahead`): stored once
+                flags = W.F_UNIQUE_KEYS
         seq = next(self._seq) if self.group else 0
         body = W.encode_produce(self.producer_id, seq, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
+        if due_ms is not None:
+            body, flags = body + W.encode_due_trailer(due_ms), flags | W.F_DELAYED
         if self.group:
             durable = self.loop.create_future()
-            flags = 0
-            if due_ms is not None:
-                body, flags = body + W.encode_due_trailer(due_ms), W.F_DELAYED
             # [seq, flags, body, durable, re-send until (set at the first failure), first failure]
             self._send([seq, flags, body, durable, None, None])
             return [_Result(durable)]
-        if due_ms is None:
-            reply = self.link.request(W.OP_PRODUCE, body)
-        else:
-            reply = self.link.request(W.OP_PRODUCE, body + W.encode_due_trailer(due_ms), W.F_DELAYED)
+        reply = self.link.request(W.OP_PRODUCE, body, flags)
         durable = self.loop.create_future()
 
         def done(f):

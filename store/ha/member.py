@@ -204,7 +204,7 @@ class Member(MetadataSync, Membership, InSyncSet):
         def wrapped(body, flags=0):
             out, durable, dup = produce(body, flags)
             gate = self.gate
-            if dup and durable is None and gate is not None and out:
+            if dup and gate is not None and out:
                 got = decode_produced(out)
                 end = clog.committed
                 if got:

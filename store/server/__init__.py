@@ -28,6 +28,7 @@ from ..fastpath import RawRecord, find_batch, produce_messages, produced_body, r
 from ..loopback import is_loopback  # the one loopback rule (store/loopback.py)
 from ..pop import PopManager, dlq_topic
 from ..sdk_meta import TOPIC_GROUP, SdkMetadata, cq_key
+from ..unique_keys import UniqueKeys
 from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
 from .connection import StoreConnection
 
@@ -51,6 +52,7 @@ class StoreServer:
         budget = getattr(store, "budget", None)
         self.meta = SdkMetadata(meta_path, budget.rocksdb_tables if budget is not None else -1)
         self.pop = PopManager(store, self.meta)
+        self.unique = UniqueKeys(store)      # PRODUCE flag F_UNIQUE_KEYS (store/unique_keys.py)
         self.router: Callable[[str], tuple] | None = None
         self.filter_pull: Callable[..., Messages] | None = None
         self.filter_max_offset: Callable[[str], int] | None = None
@@ -186,6 +188,8 @@ class StoreServer:
                     self.meta.begin(pid, seq, self.store.clog.wrote, len(msgs))
             if not msgs:
                 return W.encode_produced([]), None, False
+            if flags & W.F_UNIQUE_KEYS:
+                return self._produce_unique(pid, seq, msgs, parked, dues)
             rs = self.store.append_batch(msgs)
             if parked:
                 delayed.arm(rs, parked, dues)
@@ -209,6 +213,45 @@ class StoreServer:
             if gc_on:
                 gc.enable()
         return out, rs[-1].durable, False
+
+    def _produce_unique(self, pid: str, seq: int, msgs: list, parked, dues):
+        """The append of a PRODUCE sent with F_UNIQUE_KEYS (store/unique_keys.py): a message whose
+        (topic, first key) the store holds already is answered with that record's offsets and not
+        written. Nothing appended: the answer waits until that earlier record is durable."""
+        keep, dups = self.unique.split(msgs, set(parked) if parked else ())
+        offs: list[tuple[int, int]] = []
+        durable = None
+        if keep:
+            rs = self.store.append_batch(keep)
+            if parked:      # the timers by the batch's own indexes (parked messages are all kept)
+                kept = [i for i in range(len(msgs)) if i not in dups]
+                self.store.delayed.arm({i: rs[k] for k, i in enumerate(kept)}, parked, dues)
+            offs = [(r.phys_offset, r.queue_offset) for r in rs]
+            self.unique.appended(keep, offs)
+            durable = rs[-1].durable
+        out = W.encode_produced(self.unique.merge(len(msgs), offs, dups))
+        if pid and seq:
+            self.meta.remember(pid, seq, out)
+        if dups:
+            log.info("event=produce_unique_key_stored_already messages=%d appended=%d", len(dups), len(keep))
+        if durable is None:
+            durable = self._durable_after(max(d[0] for d in dups.values() if not isinstance(d, int)))
+            return out, durable, True
+        return out, durable, False
+
+    def _durable_after(self, phys: int):
+        """A future resolved once the record at `phys` is durable, or None if it is already or
+        the flush mode answers appends once written (async)."""
+        clog = self.store.clog
+        commits = clog.group_commit
+        if commits is None:
+            return None
+        with clog.lock:
+            if clog.flushed > phys:
+                return None
+            fut = commits.current
+        commits.wake()
+        return fut
 
     def _client_route(self, topic: str) -> tuple:
         """`router` for an SDK client's PRODUCE (called once per distinct topic of a batch): '$'

@@ -94,10 +94,17 @@ INBOUND = [
         when=lambda s, out: (s.write_ahead(9, "t/x", "k1", 5), s.snapshot()["in2p"], s.publish_stored(2, 9),
                              "in2p" in s.snapshot(), s.snapshot()["in2"]),
         answer=(None, [[9, "t/x", "k1", 5]], True, False, [9])),
-    Row("MQTT-4.3.3-9", "written ahead, then not stored: the id and its key forgotten",
+    Row("MQTT-4.3.3-9", "written ahead, then the append failed: the id no longer waits, the PUBLISH "
+        "sent again is appended with the same key (one record per key at the store)",
         given=lambda: waiting(session(expiry=60), 2, 9),
-        when=lambda s, out: (s.write_ahead(9, "t/x", "k1", 5), s.publish_failed(9), s._rare),
-        answer=(None, None, None), state={"in_wait": set(), "in2": set()}),
+        when=lambda s, out: (s.write_ahead(9, "t/x", "k1", 5), s.publish_failed(9), s.written_ahead(9),
+                             s.publish_received(2, 9, 100)),
+        answer=(None, None, ("t/x", "k1", 5), ACCEPT), state={"in_wait": {9}, "in2": set()}),
+    Row("MQTT-4.3.3-9", "a record's pending id (its message not found in the log) is restored with its key",
+        given=lambda: session(expiry=60),
+        when=lambda s, out: (s.restore({"in2p": [[9, "t/x", "k1", 5]], "in2": [4]}, lambda q, o: None),
+                             s.written_ahead(9), s.snapshot()["in2p"], s.publish_received(2, 9, 100)),
+        answer=(0, ("t/x", "k1", 5), [[9, "t/x", "k1", 5]], ACCEPT), state={"in_wait": {9}, "in2": {4}}),
 ]
 
 
