@@ -42,6 +42,7 @@ TYPED = [
     "lmqtt.store.heap",                     # what the store gives back to the kernel
     "lmqtt.store.rocksdb_options",          # the options every RocksDB database opens with
     "lmqtt.store.node.stop_signals",        # SIGTERM/SIGINT of lmqtt store, kept across a restart in place
+    "lmqtt.store.unique_keys",              # one record per (topic, key): PRODUCE F_UNIQUE_KEYS
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")
