@@ -66,7 +66,8 @@ def _now_ms() -> int:
 # ("in2", before the PUBREC). A crash in between leaves it pending: when the record is read back,
 # the store looks the key up in its log (lightqueue/records.py `resolve_pending_qos2`): stored ->
 # "stored, awaiting PUBREL" (the client's PUBLISH sent again is answered, not stored twice), not
-# stored -> forgotten (the client's PUBLISH sent again is stored then).
+# stored -> still pending (the client's PUBLISH sent again is stored then, with the same key: a
+# remote store keeps one record per key, store/unique_keys.py).
 INFLIGHT = "inflight"
 # `lmqtt serve`: a resumed session that never expires has its record say "connected" once it has
 # been connected this long (`SessionPersistence.save_later`)
