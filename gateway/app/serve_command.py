@@ -27,7 +27,7 @@ import sys
 
 from lmqtt.gateway.app.config import FLUSH_MODES, ConfigError, DefaultsSaid, build_config, hostport, load_toml
 from lmqtt.gateway.app.gateway import Gateway, ListenerError, SecurityConfigError, build_security
-from lmqtt.store import allocator
+from lmqtt.store import allocator, gc_pauses
 from lmqtt.store.loopback import is_loopback
 from lmqtt.store.node.process import (
     DataDirError,
@@ -253,7 +253,9 @@ def check_worker_ports(cfg) -> str | None:
 
 
 def tune_gc(cfg) -> None:
-    """Shorter and rarer GC pauses on the event loop (see `gc_freeze` in gateway/app/config.py)."""
+    """Shorter and rarer GC pauses on the event loop (see `gc_freeze` in gateway/app/config.py);
+    each pause timed, the long ones logged (store/gc_pauses.py)."""
+    gc_pauses.install()
     if cfg.gc_gen0_threshold:
         _g0, g1, g2 = gc.get_threshold()
         gc.set_threshold(int(cfg.gc_gen0_threshold), g1, g2)

@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 
+from lmqtt.store import gc_pauses
 from lmqtt.store.file_budget import default_share, process_limit
 from lmqtt.store.node import stop_signals
 from lmqtt.store.node.config import ConfigError, NodeConfig, retention_ms
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # the event loop and the store's dispatch thread share one GIL; Python's default 5 ms hand-off
     # holds dispatch (and with it every append's back-pressure wait) behind the loop, as in serve
     sys.setswitchinterval(0.0005)
+    gc_pauses.install()       # a collection of 50 ms or more is logged (event=slow_gc)
     raise_open_files_limit()
     # before any thread exists, so that every thread blocks them (store/node/stop_signals.py)
     stop_signals.block()
