@@ -276,7 +276,9 @@ async def _run(args, b: Broker, rows_path: str) -> dict:
                 next_sample += args.sample_s
                 dt = now - last["t"]
                 lat, tally.lat = tally.lat, []
-                row = {"t_s": round(now - t_start, 1), **proc_stats.sample(b.proc.pid),
+                # "utc": the wall clock, to find the row of a line of the broker's log (its `ts`)
+                row = {"t_s": round(now - t_start, 1), "utc": time.strftime("%H:%M:%S", time.gmtime()),
+                       **proc_stats.sample(b.proc.pid),
                        "disk_bytes": proc_stats.disk_bytes(b.data_dir),
                        "publish_rate": round((tally.sent - last["sent"]) / dt),
                        "deliver_rate": round((tally.delivered - last["delivered"]) / dt),

@@ -27,7 +27,7 @@ UNITS = [
     "lmqtt.store.spark", "lmqtt.store.spark.columns",
     "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
-    "lmqtt.store.loopback", "lmqtt.store.allocator",
+    "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
     "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades",
@@ -71,6 +71,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.store.accel": set(),
     "lmqtt.store.loopback": set(),      # is_loopback: the one listen-address rule of every process
     "lmqtt.store.allocator": set(),     # jemalloc for the long-running processes, chosen at their start
+    "lmqtt.store.gc_pauses": set(),     # the garbage collector's long pauses logged, in every long-running process
     "lmqtt.store.record": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.accel"},
     "lmqtt.lightqueue.errors": set(),
     "lmqtt.lightqueue.topics": {"lmqtt.lightqueue.errors"},
@@ -163,7 +164,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                           "lmqtt.gateway.security", "lmqtt.gateway.fleet", "lmqtt.store.client",
                           "lmqtt.store.node", "lmqtt.store.node.protocol",
                           "lmqtt.store.protocol", "lmqtt.store.loopback", "lmqtt.store.allocator",
-                          "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
+                          "lmqtt.store.gc_pauses", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
                           "lmqtt.notify", "lmqtt.gateway.app.config", "lmqtt.gateway.integrations"},
     # the gateway's settings (GatewayConfig): a leaf that the store node reads too (the shared file);
     # the engine's limits (min_segment_mb, check_tier) come through the node's configuration; the
@@ -197,7 +198,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # that may import an engine may import its vocabulary (added below, so the table stays short).
 VOCABULARY = {
     "lmqtt.store": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record",
-                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.tier.objects",
+                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
+                    "lmqtt.store.tier.objects",
                     "lmqtt.store.tier.topics"},
     "lmqtt.lightqueue": {"lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},
     "lmqtt.store.client": {"lmqtt.store.client.props"},
