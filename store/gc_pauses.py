@@ -32,6 +32,7 @@ class GcPauses:
         self.seconds = [0.0, 0.0, 0.0]    # time spent collecting, per generation
         self.longest_s = 0.0
         self.slow = 0                     # collections of SLOW_S or more (logged)
+        self._window_s = 0.0              # the longest since `take_longest` was last called
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -43,10 +44,18 @@ class GcPauses:
         self.seconds[g] += took
         if took > self.longest_s:
             self.longest_s = took
+        if took > self._window_s:
+            self._window_s = took
         if took >= SLOW_S:
             self.slow += 1
             log.info("event=slow_gc generation=%d ms=%.0f collected=%d uncollectable=%d", g, took * 1000,
                      info.get("collected", 0), info.get("uncollectable", 0))
+
+
+    def take_longest(self) -> float:
+        """The longest collection (seconds) since the last call: a sampler's row."""
+        w, self._window_s = self._window_s, 0.0
+        return w
 
 
 _installed: GcPauses | None = None

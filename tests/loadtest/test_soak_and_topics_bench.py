@@ -25,6 +25,8 @@ def test_soak_bench_samples_the_broker_and_loses_nothing(tmp_path):
     assert len(rows) >= 3
     for key in ("rss_anon", "rss_file", "open_files", "maps", "threads", "disk_bytes", "p99_ms"):
         assert all(r[key] > 0 for r in rows), key
+    # the wall clock of each row (to find it beside a log line) and the generator's own longest GC
+    assert all(len(r["utc"]) == 8 and r["utc"][2] == ":" and r["gen_gc_max_ms"] >= 0 for r in rows), rows[0]
     # between two rows (2 s) anonymous memory is read every 0.5 s: the row's band holds them all
     for r in rows:
         assert r["anon_n"] >= 3 and 0 < r["anon_min"] <= r["anon_avg"] <= r["anon_max"], r
