@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -79,6 +80,19 @@ def wait_text(browser, css: str, want: str, timeout: float = WAIT) -> None:
         raise AssertionError(f"{css}: want {want!r}, page shows {[e.text for e in els]!r}") from None
 
 
+def fresh(fn, tries: int = 10):
+    """`fn()` again while the page re-renders under it: the clients table is rebuilt at every
+    refresh, and an element found just before is then stale (StaleElementReferenceException)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    for i in range(tries):
+        try:
+            return fn()
+        except StaleElementReferenceException:
+            if i == tries - 1:
+                raise
+            time.sleep(0.05)
+
+
 def open_page(browser, url: str, page: str) -> None:
     browser.get("about:blank")        # a fresh load (the same URL with another #page would not reload)
     browser.get(url + "#" + page)
@@ -131,13 +145,17 @@ def test_clients_page_shows_a_client_and_disconnects_it(server, browser, tmp_pat
         search = browser.find_element(By.ID, "cl-search")
         search.send_keys("alpha")
         wait_text(browser, "#cl-count", "1 shown of 2 connected")
-        row = browser.find_element(By.CSS_SELECTOR, 'tr[data-client="dev-alpha"]')
-        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        alpha = 'tr[data-client="dev-alpha"]'
+
+        def read_row():
+            row = browser.find_element(By.CSS_SELECTOR, alpha)
+            return ([td.text for td in row.find_elements(By.TAG_NAME, "td")],
+                    sorted(t.text for t in row.find_elements(By.CSS_SELECTOR, ".subs .tag")))
+        cells, tags = fresh(read_row)
         assert cells[0] == "dev-alpha" and cells[3] == "5.0" and cells[4] == "45s", cells
-        tags = sorted(t.text for t in row.find_elements(By.CSS_SELECTOR, ".subs .tag"))
         assert tags == ["alerts/# q0", "plant/+/temp q1"]
         shot(browser, tmp_path, "clients")
-        row.find_element(By.CSS_SELECTOR, "button.disconnect").click()
+        fresh(lambda: browser.find_element(By.CSS_SELECTOR, alpha + " button.disconnect").click())
         rc = a.disconnects.get(timeout=WAIT)          # the paho client sees the server close it
         assert getattr(rc, "value", rc) == 0x98, rc   # MQTT 5: Administrative action
         wait_text(browser, "#cl-count", "0 shown of 1 connected")
