@@ -6,7 +6,8 @@ MQTT (paho-mqtt, MQTT 3.1.1, persistent sessions: clean session 0, like a real d
 * `MqttPublisher`: publishes at a bounded rate with at most `window` messages unacknowledged;
   after a reconnect paho re-sends what was not acknowledged (PUBLISH with DUP, or PUBREL for a
   QoS 2 message the broker had PUBRECed), as the protocol asks of a client with a session, and
-  the publisher makes new messages only once those are acknowledged.
+  the publisher makes new messages only once those are acknowledged. (paho 2.2.0 re-sends a
+  PUBLISH in place of its PUBREL when a reconnect attempt failed first: `_paho` corrects that.)
 
 SDK (lmqtt.store.client, against the store port):
 * `SdkProducer`: one message per PRODUCE with the producer id and a sequence of its own; a send
@@ -94,8 +95,25 @@ class _Worker:
 # ---------------------------------------------------------------------------------------- MQTT
 def _paho(client_id: str):
     import paho.mqtt.client as mqtt  # optional: the bench and spark extras
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
-                    clean_session=False)
+
+    class Client(mqtt.Client):
+        """paho-mqtt 2.2.0 with its QoS 2 resend corrected. Every reconnect attempt runs
+        `_messages_reconnect_reset_out`, which turns a message awaiting PUBCOMP into "resend
+        PUBREL" (right) and one already in "resend PUBREL" into "resend PUBLISH" (wrong, MQTT-4.3.3:
+        no PUBLISH once its PUBREL is sent). So when the first reconnect attempt fails (a broker
+        restarting refuses it), paho sends the message again as a new PUBLISH (DUP 0) with a
+        packet id the broker has freed: the broker rightly stores it a second time. Keep the state."""
+
+        def _messages_reconnect_reset_out(self) -> None:
+            with self._out_message_mutex:
+                owed = [m for m in self._out_messages.values() if m.state == mqtt.mqtt_ms_resend_pubrel]
+            super()._messages_reconnect_reset_out()
+            with self._out_message_mutex:
+                for m in owed:
+                    m.state = mqtt.mqtt_ms_resend_pubrel
+
+    c = Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
+               clean_session=False)
     c.reconnect_delay_set(0.2, 2)
     c.max_queued_messages_set(0)
     return c

@@ -4,6 +4,9 @@ SIGSTOP/SIGCONT, disk full on a tmpfs) asserting nothing acknowledged was lost a
 message was delivered twice."""
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
 from lmqtt.loadtest.chaos.checker import Checker, body, failures, parse
@@ -179,6 +182,72 @@ def test_usage_errors_exit_2_with_one_line(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err
+
+
+def _read_packet(s: socket.socket) -> tuple[int, bytes]:
+    first = s.recv(1)
+    assert first, "the client closed the connection"
+    length, mult = 0, 1
+    while True:
+        b = s.recv(1)[0]
+        length += (b & 127) * mult
+        mult *= 128
+        if not b & 128:
+            break
+    body_ = b""
+    while len(body_) < length:
+        body_ += s.recv(length - len(body_))
+    return first[0], body_
+
+
+def _listen(port: int = 0) -> socket.socket:
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen()
+    ls.settimeout(10)
+    return ls
+
+
+def test_the_chaos_clients_resend_pubrel_not_publish_after_a_refused_reconnect():
+    """A broker restarting after kill -9 refuses the first reconnect attempts. A QoS 2 exchange
+    whose PUBREL was sent must resume with that PUBREL (MQTT-4.3.3), not with the PUBLISH: plain
+    paho 2.2.0 sends the PUBLISH again (DUP 0, an id the broker freed) and the broker stores it
+    twice, which the chaos round blamed on the broker. The test plays the broker on a socket."""
+    pytest.importorskip("paho.mqtt.client")
+    from lmqtt.loadtest.chaos.paths import _paho
+
+    ls = _listen()
+    port = ls.getsockname()[1]
+    c = _paho("pubrel-owed")
+    c.reconnect_delay_set(0.1, 0.1)
+    c.connect_async("127.0.0.1", port, 10)
+    c.loop_start()
+    try:
+        s, _ = ls.accept()
+        s.settimeout(10)
+        assert _read_packet(s)[0] >> 4 == 1                     # CONNECT
+        s.sendall(bytes([0x20, 2, 0, 0]))                       # CONNACK
+        c.publish("t", b"once", qos=2)
+        kind, pub = _read_packet(s)
+        assert kind >> 4 == 3
+        pid = pub[3:5]                                          # after the topic "t"
+        s.sendall(bytes([0x50, 2]) + pid)                       # PUBREC
+        assert _read_packet(s) == (0x62, pid)                   # PUBREL; PUBCOMP never comes
+        s.close()
+        ls.close()
+        time.sleep(0.6)                                         # several attempts refused
+        ls = _listen(port)
+        s, _ = ls.accept()
+        s.settimeout(10)
+        assert _read_packet(s)[0] >> 4 == 1
+        s.sendall(bytes([0x20, 2, 1, 0]))                       # session present
+        assert _read_packet(s) == (0x62, pid), "the exchange must resume with its PUBREL"
+        s.sendall(bytes([0x70, 2]) + pid)                       # PUBCOMP
+        s.close()
+    finally:
+        c.loop_stop()
+        ls.close()
 
 
 def test_faults_per_target():
