@@ -181,7 +181,7 @@ class StoreServer:
                         if parked:       # the timers may not have been written: again, once each
                             delayed.rearm([p for p, _q in found], parked, dues)
                         out = W.encode_produced(found)
-                        self.meta.remember(pid, seq, out)
+                        self._remember(pid, seq, out)
                         log.info("event=produce_retry_found producer=%s seq=%d messages=%d", pid, seq, len(msgs))
                         return out, None, True
                 if msgs:
@@ -195,19 +195,7 @@ class StoreServer:
                 delayed.arm(rs, parked, dues)
             out = produced_body(rs)
             if pid and seq:
-                try:
-                    self.meta.remember(pid, seq, out)
-                except Exception as e:  # noqa: BLE001 - only a full disk is survivable here
-                    if not is_disk_full(e):
-                        raise
-                    # stored, but its results could not be remembered: the reply still says
-                    # stored (it is); a retry finds the batch through begin()'s pending marker
-                    self.store.clog.disk.write_failed(META_WRITES, e, META_THEN)
-                    self.meta_full = True
-                else:
-                    if self.meta_full:      # the metadata is written again: part of the episode ends
-                        self.meta_full = False
-                        self.store.clog.disk.write_ok(META_WRITES)
+                self._remember(pid, seq, out)
             del msgs
         finally:
             if gc_on:
@@ -231,13 +219,29 @@ class StoreServer:
             durable = rs[-1].durable
         out = W.encode_produced(self.unique.merge(len(msgs), offs, dups))
         if pid and seq:
-            self.meta.remember(pid, seq, out)
+            self._remember(pid, seq, out)
         if dups:
             log.info("event=produce_unique_key_stored_already messages=%d appended=%d", len(dups), len(keep))
         if durable is None:
             durable = self._durable_after(max(d[0] for d in dups.values() if not isinstance(d, int)))
             return out, durable, True
         return out, durable, False
+
+    def _remember(self, pid: str, seq: int, out: bytes) -> None:
+        """Remember a producer's batch result after its append. On a full metadata disk the batch
+        is stored all the same and the reply says so (it is): a retry finds it through begin()'s
+        pending marker, or by its unique keys; any other error is the caller's."""
+        try:
+            self.meta.remember(pid, seq, out)
+        except Exception as e:  # noqa: BLE001 - only a full disk is survivable here
+            if not is_disk_full(e):
+                raise
+            self.store.clog.disk.write_failed(META_WRITES, e, META_THEN)
+            self.meta_full = True
+        else:
+            if self.meta_full:      # the metadata is written again: part of the episode ends
+                self.meta_full = False
+                self.store.clog.disk.write_ok(META_WRITES)
 
     def _durable_after(self, phys: int):
         """A future resolved once the record at `phys` is durable, or None if it is already or

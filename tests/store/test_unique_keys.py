@@ -87,3 +87,42 @@ def test_a_delayed_message_in_a_unique_batch_keeps_its_timer(server):
     while bodies(st, "qe") != [b"dup", b"later"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert bodies(st, "qe") == [b"dup", b"later"]
+
+
+class _RememberFails:
+    """The real producer metadata, but remembering a batch's result fails as on a full disk
+    (rocksdict's error text), once; everything else is the real RocksDB."""
+
+    def __init__(self, meta) -> None:
+        self._real, self.failures = meta, 1
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def remember(self, pid, seq, out):
+        if self.failures:
+            self.failures -= 1
+            raise Exception("IO error: No space left on device: While appending to file: meta/000012.log")
+        self._real.remember(pid, seq, out)
+
+
+def test_a_unique_batch_stored_while_its_result_cannot_be_remembered_is_answered_stored(server):
+    """A full metadata disk after the append: the reply still says stored (it is), the episode is
+    reported, and the producer's retry is answered from the log, not stored again."""
+    st = server.store
+    real = server.meta
+    server.meta = _RememberFails(real)
+    try:
+        msg = body([("qm", b"m", ("mqtt-qos2:km",))], pid="gw-1", seq=7)
+        out, durable, _dup = server.produce(msg, W.F_UNIQUE_KEYS)
+        if durable is not None:
+            durable.result(10)
+        [(_phys, qoff)] = W.decode_produced(out)
+        assert qoff == 0
+        assert server.meta_full and "SDK metadata" in (st.clog.disk.reason or "")
+        again, _d, dup = server.produce(msg, W.F_UNIQUE_KEYS)      # the retry: same producer and seq
+        assert dup and W.decode_produced(again) == W.decode_produced(out)
+        assert not server.meta_full                                # remembered this time: episode over
+        assert bodies(st, "qm") == [b"m"]
+    finally:
+        server.meta = real
