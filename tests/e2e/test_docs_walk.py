@@ -143,28 +143,36 @@ def test_spark_iot_without_a_store_says_so_before_starting_spark(tmp_path):
     assert not (tmp_path / "iot").exists()               # Spark never started
 
 
-def test_spark_iot_stops_cleanly_on_ctrl_c_twice_over_one_checkpoint(lmqtt_server, tmp_path):
-    """docs/spark.md: the job runs until Ctrl-C, 'stop and re-run any time'. Ctrl-C used to
-    print PySpark's reentrant py4j tracebacks (its SIGINT handler calls into the JVM while the
-    main thread waits in awaitAnyTermination)."""
+def test_spark_iot_stops_cleanly_on_ctrl_c_and_at_its_seconds_over_one_checkpoint(lmqtt_server, tmp_path):
+    """docs/spark.md: the job runs until Ctrl-C, 'stop and re-run any time', or for `--seconds`.
+    Ctrl-C used to print PySpark's reentrant py4j tracebacks (its SIGINT handler calls into the JVM
+    while the main thread waits in awaitAnyTermination); a run with `--seconds` ended silently after
+    Spark's warnings (the last line on the screen was `WARN DAGScheduler: Failed to cancel job
+    group ...`). The second run continues from the first run's checkpoints, and stops at its
+    seconds with the same closing line as the last thing it prints (one JVM per run: the two
+    behaviours share them)."""
     pytest.importorskip("pyspark")
     out_dir = tmp_path / "iot"
     args = ["spark-iot", "--store", lmqtt_server.store_address, "--out", str(out_dir), "--master", "local[1]"]
     started = out_dir / "_checkpoints" / "alerts" / "metadata"     # written when the 2nd query starts
     running = "lmqtt spark-iot: running over 'telemetry/+'"
-    for n in (1, 2):                                     # the 2nd run continues from the checkpoints
-        run = _Run(args, tmp_path)
-        deadline = time.monotonic() + 180
-        while not (started.exists() if n == 1 else running in run.err()):
-            if run.p.poll() is not None:
-                pytest.fail(f"run {n}: spark-iot exited with {run.p.returncode}: {run.err()[-3000:]}")
-            if time.monotonic() > deadline:
-                run.finish(0.1)
-            time.sleep(0.2)
-        time.sleep(2)                                    # the driver is waiting on its queries by now
-        run.p.send_signal(signal.SIGINT)
-        rc, err = run.finish(120)
-        _no_traceback(err)
-        assert rc == 0, err[-3000:]
-        assert running in err
-        assert "lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)" in err
+    closing = "lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)"
+    run = _Run(args, tmp_path)
+    deadline = time.monotonic() + 180
+    while not started.exists():
+        if run.p.poll() is not None:
+            pytest.fail(f"spark-iot exited with {run.p.returncode}: {run.err()[-3000:]}")
+        if time.monotonic() > deadline:
+            run.finish(0.1)
+        time.sleep(0.2)
+    time.sleep(2)                                        # the driver is waiting on its queries by now
+    run.p.send_signal(signal.SIGINT)
+    rc, err = run.finish(120)
+    _no_traceback(err)
+    assert rc == 0, err[-3000:]
+    assert running in err and closing in err
+    rc, err = _Run(args + ["--seconds", "3"], tmp_path).finish(240)    # over the checkpoints
+    _no_traceback(err)
+    assert rc == 0, err[-3000:]
+    assert running in err, err[-3000:]
+    assert err.rstrip().endswith(closing), err[-3000:]

@@ -255,20 +255,6 @@ def test_consume_with_an_empty_filter_is_a_usage_error(server):
     assert r.returncode == 2 and "--filter is empty" in r.stderr, r
 
 
-# ------------------------------------------------------------------------------ lmqtt spark-iot
-def test_spark_iot_with_seconds_ends_with_its_closing_line(server, tmp_path):
-    """docs/spark.md's `... iot_analytics --out ./iot --seconds 300` ended silently after its
-    Spark warnings (only Ctrl-C printed "stopped (run the same command again ...)"), so the last
-    thing on the screen was `WARN DAGScheduler: Failed to cancel job group ...`."""
-    pytest.importorskip("pyspark")
-    r = cli("spark-iot", "--store", server.store_address, "--out", str(tmp_path / "iot"), "--master", "local[1]",
-            "--seconds", "3", timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "lmqtt spark-iot: running over 'telemetry/+'" in r.stderr, r.stderr[-3000:]
-    assert r.stderr.rstrip().endswith(
-        "lmqtt spark-iot: stopped (run the same command again to continue from the checkpoints)"), r.stderr[-3000:]
-
-
 # ---------------------------------------------------------------------------------- banner
 def test_banner_urls_of_an_ipv6_host_are_bracketed(tmp_path):
     """`lmqtt serve --host ::1` printed `mqtt://::1:1883` and `http://::1:9883/console/`, which no
