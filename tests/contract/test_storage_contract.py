@@ -39,8 +39,46 @@ class _Side:
         self.storage, self.other, self.gateway_id, self.close = storage, other, gateway_id, close
 
 
-@pytest.fixture(params=["inprocess", "remote"])
+@pytest.fixture(scope="module")
+def node_b(tmp_path_factory):
+    d = tmp_path_factory.mktemp("contract-node-b")
+    yield from running(LmqttStore(str(d / "data"), log_path=str(d / "lmqtt-store.log")))
+
+
+def _grouped_sides(request):
+    """Two stores as two groups (docs/groups.md): each facade routed by first-level topic."""
+    from lmqtt.gateway.storage.grouped_metadata import grouped_storage
+    from lmqtt.gateway.storage.remote_metadata import RemoteMetadata
+    from lmqtt.gateway.storage.store_link import LoopConnection
+    from lmqtt.gateway.storage.topic_owners import TopicOwners
+
+    a, b = request.getfixturevalue("node"), request.getfixturevalue("node_b")
+    names = [a.address, b.address]
+    loop = asyncio.new_event_loop()
+    links, bundles = [], []
+    gid = f"gw-{next(_n)}"
+    owners = None           # one view of the owners for both: two gateways that know the topics
+    for g in (gid, gid + "-other"):
+        per = []
+        for srv in (a, b):
+            link = LoopConnection(srv.address, loop=loop)
+            link.connect_blocking()
+            links.append(link)
+            per.append(RemoteMetadata(link, g).storage(None))
+        owners = owners or TopicOwners(links[-2], names, names, ";".join(names))
+        bundles.append(grouped_storage(owners, per, None))
+    return bundles, links, loop, gid
+
+
+@pytest.fixture(params=["inprocess", "remote", "grouped"])
 def side(request, tmp_path):
+    if request.param == "grouped":
+        bundles, links, loop, gid = _grouped_sides(request)
+        yield _Side(bundles[0], bundles[1], gid, None)
+        for link in links:
+            link.close()
+        loop.close()
+        return
     if request.param == "inprocess":
         from lmqtt.lightqueue import LightQueueStore
         from lmqtt.store import MessageStore, StoreConfig

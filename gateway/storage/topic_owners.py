@@ -1,0 +1,114 @@
+"""Which store group owns each first-level topic, for a gateway over several groups (docs/groups.md).
+
+The rule is the SDK's (store/client/groups.py): the first group of the list is the directory; a
+first-level topic's owner is recorded there once (`topic_group_claim`, put-if-absent, replicated
+before it answers) and never changes, so a gateway asks once per first level and keeps the answer
+for good. A first level never claimed is claimed for the group rendezvous hashing picks among the
+groups' names, so every gateway and SDK client agrees whoever asks first.
+
+On the event loop nothing may block: `owner(first)` is an `Answer` - done at once for a known
+first level, else completed by the directory's reply. Claims of one first level asked while one is
+in flight share it (one request), and a failed claim is forgotten (asked again next time).
+"""
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from lmqtt.gateway.storage.facades import Answer
+from lmqtt.store import protocol as W
+from lmqtt.store.client.groups import filter_first_level, first_level, owner_index, rendezvous
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmqtt.gateway.storage.store_link import LoopConnection
+
+__all__ = ["TopicOwners", "first_level", "filter_first_level"]
+
+
+class TopicOwners:
+    """`names`: each group's name in list order (HELLO_OK `group`, else its address);
+    `directory`: the first group's link; `address`: the `--store` list, for error messages."""
+
+    def __init__(self, directory: "LoopConnection", names: list[str], addresses: list[str], address: str) -> None:
+        self.directory = directory
+        self.names = names
+        self.addresses = addresses
+        self.address = address
+        self._owners: dict[str, int] = {}
+        self._asking: dict[str, Answer[int]] = {}
+        self.claims = 0               # requests sent to the directory (one per new first level)
+
+    def owned(self) -> dict[str, int]:
+        """Every first level whose owner this gateway knows."""
+        return self._owners
+
+    def known(self, first: str) -> int | None:
+        """The owner's index when this gateway knows it already, else None."""
+        return self._owners.get(first)
+
+    def owner(self, first: str) -> Answer[int]:
+        """The index of the group owning the first-level topic `first`."""
+        at = self._owners.get(first)
+        if at is not None:
+            return Answer.of(at)
+        asking = self._asking.get(first)
+        if asking is not None:
+            return asking
+        self.claims += 1
+        choice = self.names[rendezvous(first, self.names)]
+        link = self.directory
+        raw = link.cmd_within("topic_group_claim", topic=first, group=choice)
+
+        def waiter(_out: Answer[int], timeout: float | None) -> None:
+            # driven here (no loop running): the future's own callbacks wait for the loop
+            if not raw.done():
+                link.wait_reply(raw, timeout)
+            if raw.done():
+                done(raw)
+
+        out: Answer[int] = Answer(waiter)
+        self._asking[first] = out
+
+        def done(f) -> None:
+            if out.done():
+                return
+            self._asking.pop(first, None)
+            if f.cancelled():
+                out.set_exception(ConnectionError(f"claim of topic {first!r}: cancelled"))
+                return
+            e = f.exception()
+            if e is not None:
+                out.set_exception(e)
+                return
+            try:
+                op, _flags, body = f.result()
+                if op != W.OP_RESULT:
+                    raise ValueError(f"topic_group_claim answered opcode {op:#x}")
+                name = json.loads(body)["group"]
+                at = owner_index(name, self.names, first, self.addresses, self.address)
+            except Exception as bad:  # noqa: BLE001 - the claim's failure is its answer
+                out.set_exception(bad)
+                return
+            self._owners[first] = at
+            out.set_result(at)
+
+        if raw.done():
+            done(raw)
+        else:
+            raw.add_done_callback(done)
+        return out
+
+    def settled(self) -> Answer[None]:
+        """Done once every claim asked so far is answered: a call that spans groups waits for it,
+        so it reaches the store after the calls made before it that waited for a claim (a read
+        after a write sees it, as over one link)."""
+        return Answer.all_in(list(self._asking.values()))
+
+    def of_topic(self, topic: str) -> Answer[int]:
+        return self.owner(first_level(topic))
+
+    def of_filter(self, flt: str) -> Answer[int] | None:
+        """The owner of the one first level `flt` can match; None when its first level is a
+        wildcard (it matches topics of every group)."""
+        first = filter_first_level(flt)
+        return None if first is None else self.owner(first)
