@@ -253,6 +253,7 @@ class Gateway:
         self.listeners: dict[str, tuple[str, int]] = {}    # "mqtt", "mqtts", "ws", "wss" -> address
         self.ssl_context = self.auth = self.acl = None
         self.link = None            # remote: the store connection (gateway/storage/store_link.py)
+        self.more_links: list = []  # remote over several store groups: the other groups' links
         self.storage = None         # remote: the RemoteStore
         self.group_leases = None    # remote: who delivers each shared group
         self.redis_events = None    # remote with Redis notify: the RedisEventSubscriber
@@ -313,20 +314,39 @@ class Gateway:
         from lmqtt.gateway.fleet.sessions import FleetSessionRegistry  # a fleet gateway only
         from lmqtt.gateway.storage.remote_store import RemoteStore  # a fleet gateway only
         from lmqtt.gateway.storage.store_link import LoopConnection  # a fleet gateway only (its store link)
+        from lmqtt.store.client.groups import group_names, split_groups  # a fleet gateway only
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         self.ssl_context, self.auth, self.acl = build_security(cfg)
         mode = cfg.notify_mode or ("broadcast" if cfg.redis else "native")
         gid = cfg.gateway_id or f"{socket.gethostname()}:{cfg.port}"
-        self.link = LoopConnection(cfg.store_address, loop=loop, token=cfg.token, client_name=f"lmqtt-gateway {gid}")
+        # several store groups (docs/groups.md "The gateway"): a link and a RemoteStore per group
+        groups = split_groups(cfg.store_address) if ";" in cfg.store_address else [cfg.store_address]
+        links = [LoopConnection(g, loop=loop, token=cfg.token, client_name=f"lmqtt-gateway {gid}") for g in groups]
+        self.link, self.more_links = links[0], links[1:]
         await loop.run_in_executor(None, lambda: None)   # the default executor exists before any redial
-        self.link.connect_blocking()
+        for link in links:
+            link.connect_blocking()
         try:
-            self.storage = RemoteStore(self.link, gid, self.metrics, safety_poll_s=cfg.safety_poll_ms / 1000.0,
-                                       watch=(mode == "native"),
-                                       # the same budget as the embedded delivery ring
-                                       mirror_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
+            # (the push counters on /metrics: the first group's; the others' are summed into the
+            # lmqtt_remote_* counters below)
+            stores = [RemoteStore(link, gid, self.metrics if k == 0 else None, safety_poll_s=cfg.safety_poll_ms / 1000.0,
+                                  watch=(mode == "native"),
+                                  # the same budget as the embedded delivery ring, shared by the groups
+                                  mirror_bytes=(int(cfg.lq_cache_mb) << 20) // 4 // len(links))
+                      for k, link in enumerate(links)]
+            if len(stores) == 1:
+                self.storage = stores[0]
+            else:
+                from lmqtt.gateway.storage.grouped_queues import GroupedQueues  # several groups only
+                from lmqtt.gateway.storage.grouped_metadata import grouped_storage  # several groups only
+                from lmqtt.gateway.storage.topic_owners import TopicOwners  # several groups only
+                names = group_names([link.server_info for link in links], groups, cfg.store_address)
+                owners = TopicOwners(links[0], names, groups, cfg.store_address)
+                grouped = GroupedQueues(owners, stores, loop)
+                grouped.metadata = grouped_storage(owners, [st.metadata for st in stores], grouped)
+                self.storage = grouped
             if mode in ("broadcast", "precise"):
                 self.redis_events = RedisEventSubscriber(cfg.redis, gid, mode, safety_poll_s=cfg.safety_poll_ms / 1000.0)
                 self.redis_events.subscribe(self.storage.heard_names)
@@ -351,8 +371,10 @@ class Gateway:
             self.storage.is_served = lambda q: q in delivery.direct
             # shared subscriptions: the store hands each message to one gateway (gateway/fleet/group_leases.py)
             from lmqtt.gateway.fleet.group_leases import FleetGroups
-            from lmqtt.gateway.storage.remote_groups import RemoteGroups  # a fleet gateway only
-            self.group_leases = FleetGroups(RemoteGroups(self.link, gid), delivery, loop,
+            from lmqtt.gateway.storage.remote_groups import GroupedRemoteGroups, RemoteGroups  # a fleet gateway only
+            leases = (RemoteGroups(self.link, gid) if len(stores) == 1
+                      else GroupedRemoteGroups([RemoteGroups(link, gid) for link in links], self.storage.owners))
+            self.group_leases = FleetGroups(leases, delivery, loop,
                                             ttl_s=max(1.0, 3 * cfg.safety_poll_ms / 1000.0),
                                             tick_s=max(0.2, cfg.safety_poll_ms / 1000.0))
             self.group_leases.start()
@@ -449,6 +471,9 @@ class Gateway:
         if self.link is not None:
             self.link.close()
             self.link = None
+        for link in self.more_links:
+            link.close()
+        self.more_links = []
 
     def _new_gate(self):
         """The connection and rate limits (gateway/broker/limits.py) the broker and its connections apply."""

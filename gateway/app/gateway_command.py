@@ -82,15 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.store_address:
             raise ConfigError("--store HOST:PORT is required (the `lmqtt store` node to use; a store group: "
                               "every member, HOST:PORT,HOST:PORT,...)")
-        if ";" in cfg.store_address:
-            # several store groups (docs/groups.md): the SDK, its tools and Spark route by topic;
-            # the gateway does not yet, and one group's gateway over them would lose every topic
-            # owned by the others, so it refuses rather than start half-connected
-            raise ConfigError(f"--store {cfg.store_address!r} lists several store groups (';'): `lmqtt gateway` "
-                              f"serves one store group in this version (docs/groups.md \"The gateway\"); the SDK, "
-                              f"lmqtt produce/consume/admin and Spark take several")
+        if ";" in cfg.store_address and (cfg.redis or cfg.notify_mode in ("broadcast", "precise")):
+            # several store groups (docs/groups.md "The gateway"): each group's store tells this
+            # gateway of its new data itself; the Redis notify modes name queues of one store
+            raise ConfigError(f"--store {cfg.store_address!r} lists several store groups (';'): this version "
+                              f"takes their events from the stores (native notify), not --redis")
         try:
-            parse_addresses(cfg.store_address)
+            for group in cfg.store_address.split(";"):
+                parse_addresses(group)
         except ValueError as e:
             raise ConfigError(f"--store: {e}") from None
     except ConfigError as e:

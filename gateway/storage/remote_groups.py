@@ -9,9 +9,11 @@ import uuid
 from typing import Any
 
 from lmqtt.gateway.storage.facades import Answer
+from lmqtt.gateway.storage.grouped_metadata import chain
 from lmqtt.gateway.storage.remote_entries import RemoteMessage
 from lmqtt.gateway.storage.remote_metadata import ask, down_reason
 from lmqtt.store.client.aio import ConnectionLost
+from lmqtt.store.client.groups import filter_first_level
 from lmqtt.store.node import protocol as P
 
 
@@ -44,3 +46,37 @@ class RemoteGroups:
     def renew(self, ttl_ms: int) -> Answer[Any]:
         return self._down() or ask(self.link, P.GroupRenew(self.gateway_id, self.incarnation, int(ttl_ms)),
                                    bounded=False)
+
+
+class GroupedRemoteGroups:
+    """`RemoteGroups` over several store groups (docs/groups.md): a shared group's messages are in
+    the group owning its filter's first level, so its pops and acks go there; the lease of this
+    gateway is renewed in every group."""
+
+    def __init__(self, groups: list[RemoteGroups], owners) -> None:
+        self.groups = groups
+        self.owners = owners
+        self.gateway_id = groups[0].gateway_id
+        for g in groups[1:]:
+            g.incarnation = groups[0].incarnation
+
+    @property
+    def incarnation(self) -> str:
+        return self.groups[0].incarnation
+
+    def _at(self, queue: str, call) -> Answer[Any]:
+        first = filter_first_level(queue)
+        if first is None:
+            return Answer.failed(ValueError(f"shared queue {queue!r} spans every store group"))
+        return chain(self.owners.owner(first), lambda i: call(self.groups[i]))
+
+    def pop(self, group: str, queue: str, max_count: int, start: int | None, ttl_ms: int,
+            wait_ms: int) -> Answer[list]:
+        return self._at(queue, lambda g: g.pop(group, queue, max_count, start, ttl_ms, wait_ms))
+
+    def ack(self, group: str, queue: str, offsets: list[int], back: list[int], leave: bool,
+            ttl_ms: int) -> Answer[Any]:
+        return self._at(queue, lambda g: g.ack(group, queue, offsets, back, leave, ttl_ms))
+
+    def renew(self, ttl_ms: int) -> Answer[Any]:
+        return Answer.all_in([g.renew(ttl_ms) for g in self.groups])

@@ -43,7 +43,7 @@ from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 log = logging.getLogger("lmqtt.gateway.remote")
 
 
-class _Result:
+class AppendResult:
     """What append/append_batch return: only `.durable` is read (the QueueStore contract)."""
 
     __slots__ = ("durable",)
@@ -72,20 +72,26 @@ class RemoteProducer:
         if self.group:
             link.on_reconnect(self._resend)
 
-    def append_batch(self, messages, due_ms=None) -> list:
-        """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
-        anything is sent, as the embedded store does: the publish pipeline then appends the others
-        one by one and only that publisher gets the error (the store would refuse the whole batch).
-        `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
+    def check(self, messages) -> None:
+        """MessageTooLarge for a message that cannot fit a record (nothing is sent)."""
         limit = self.max_message_size - _RECORD_HEADER
-        flags = 0
         for m in messages:
             n = len(m.body) + len(m.props) + len(m.topic)
             if n > limit:
                 raise MessageTooLarge(f"record of at least {n + _RECORD_HEADER} bytes is above "
                                       f"max_message_size={self.max_message_size}; nothing was written")
+
+    def append_batch(self, messages, due_ms=None) -> list:
+        """One PRODUCE for the batch. A message that cannot fit a record is refused here, before
+        anything is sent, as the embedded store does: the publish pipeline then appends the others
+        one by one and only that publisher gets the error (the store would refuse the whole batch).
+        `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
+        self.check(messages)
+        flags = 0
+        for m in messages:
             if m.keys:      # an inbound QoS 2 message's key (broker.py `_qos2_ahead`): stored once
                 flags = W.F_UNIQUE_KEYS
+                break
         seq = next(self._seq) if self.group else 0
         body = W.encode_produce(self.producer_id, seq, len(messages), W.encode_messages_for_produce(
             [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
@@ -95,7 +101,7 @@ class RemoteProducer:
             durable = self.loop.create_future()
             # [seq, flags, body, durable, re-send until (set at the first failure), first failure]
             self._send([seq, flags, body, durable, None, None])
-            return [_Result(durable)]
+            return [AppendResult(durable)]
         reply = self.link.request(W.OP_PRODUCE, body, flags)
         durable = self.loop.create_future()
 
@@ -106,7 +112,7 @@ class RemoteProducer:
             else:
                 durable.set_result(None)
         reply.add_done_callback(done)
-        return [_Result(durable)]
+        return [AppendResult(durable)]
 
     # ------------------------------------------------------------------ a store group
     def _send(self, entry: list) -> None:

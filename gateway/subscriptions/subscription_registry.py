@@ -124,6 +124,9 @@ class SubscriptionRegistry:
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         self.before_register = before_register
         self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
+        # over several store groups (gateway/storage/grouped_queues.py): whether a filter matches
+        # topics of every group, which this version does not serve (SUBACK 0xA2); None: one store
+        self.spans_groups: Callable[[str], bool] | None = getattr(self.store, "spans_groups", None)
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
     def prepare(self, s: MqttSession, requests, since_all: int | None = None,
@@ -141,6 +144,7 @@ class SubscriptionRegistry:
         kept: list[str] = []
         replay: list[tuple[str, int]] = []
         parsed: dict[str, tuple[str | None, str]] = {}
+        spans = self.spans_groups
         for req in requests:
             tf = req.topic_filter
             since = since_all
@@ -157,6 +161,8 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
+            if spans is not None and spans(flt):
+                continue                          # refused (several store groups): nothing to ask
             parsed[tf] = (group, flt)
             filters.append(flt)
             if since is not None:

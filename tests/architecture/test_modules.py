@@ -79,6 +79,11 @@ FEATURES = {
     "lmqtt.gateway.integrations": "events, the webhook and bridges, when configured",
     "lmqtt.store.node.security_service": "users and ACL rules managed live, when --live-security is on",
     "lmqtt.gateway.net.websocket": "a WebSocket listener, when configured",
+    "lmqtt.gateway.storage.grouped_queues": "a gateway over several store groups: over one it is not loaded",
+    "lmqtt.gateway.storage.grouped_metadata": "a gateway over several store groups: over one it is not loaded",
+    "lmqtt.gateway.storage.topic_owners": "a gateway over several store groups: over one it is not loaded",
+    "lmqtt.store.client.groups": "several store groups (the SDK's layer above its connections): a gateway "
+                                 "over one group does not load it",
 }
 
 

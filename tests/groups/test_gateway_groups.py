@@ -1,0 +1,184 @@
+"""`lmqtt gateway` over two store groups (docs/groups.md "The gateway"): two real `lmqtt store`
+processes (each a group of one), a gateway with `--store 'A;B'`, paho clients. Each first-level
+topic's messages are stored in the group that owns it, and every MQTT feature that lives in a
+topic's or a filter's group follows it: live and persistent subscriptions, retained messages,
+wills, shared subscriptions; a filter whose first level is a wildcard is refused (0xA2); a kill -9
+of one group's store leaves the other's topics flowing and loses nothing acknowledged."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from lmqtt.store.client import connect
+from lmqtt.store.client.groups import rendezvous
+from tests.support import LmqttGateway, LmqttStore, Paho, running
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gw-groups")
+    a = LmqttStore(str(d / "a"), log_path=str(d / "a.log"))
+    b = LmqttStore(str(d / "b"), log_path=str(d / "b.log"))
+    gen_a, gen_b = running(a), running(b)
+    next(gen_a)
+    next(gen_b)
+    gw = LmqttGateway(f"{a.address};{b.address}", log_path=str(d / "gw.log")).start()
+    try:
+        yield a, b, gw
+    finally:
+        gw.stop()
+        for g in (gen_b, gen_a):
+            next(g, None)
+
+
+def _first_levels(a, b, prefix: str) -> tuple[str, str]:
+    """A first-level topic that is new and goes to each group (rendezvous over the groups' names:
+    a store without --group is named by its address)."""
+    names = [a.address, b.address]
+    return tuple(next(f"{prefix}{k}" for k in range(10_000) if rendezvous(f"{prefix}{k}", names) == i)
+                 for i in (0, 1))
+
+
+def _stored(store, topic: str) -> list[bytes]:
+    """The bodies of `topic`'s queue in one store (read from that store alone), in order."""
+    c = connect(store.address)
+    try:
+        return [r.body for r in c.pull(topic, 0, 0, 1000).records]
+    finally:
+        c.close()
+
+
+def test_each_topic_is_stored_and_delivered_through_the_group_that_owns_it(deployment):
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "dev")
+    sub = Paho(gw, "g-sub")
+    assert sub.subscribe(f"{ta}/+/temp", 1) == [1] and sub.subscribe(f"{tb}/#", 1) == [1]
+    pub = Paho(gw, "g-pub")
+    for i in range(20):
+        pub.publish(f"{ta}/s{i % 3}/temp", b"a%d" % i, qos=1)
+        pub.publish(f"{tb}/s{i % 3}/temp", b"b%d" % i, qos=1)
+    got = sorted(m.payload for m in sub.get_n(40))
+    assert got == sorted([b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(20)])
+    # written once, in the owning group only (a store's queue of a topic is its first level's)
+    assert _stored(a, ta) == [b"a%d" % i for i in range(20)] and _stored(b, ta) == []
+    assert _stored(b, tb) == [b"b%d" % i for i in range(20)] and _stored(a, tb) == []
+
+
+def test_a_filter_whose_first_level_is_a_wildcard_is_refused_with_its_reason(deployment):
+    _a, _b, gw = deployment
+    v5 = Paho(gw, "g-wild5", version=5)
+    assert v5.subscribe("#", 1) == [0xA2] and v5.subscribe("+/x", 1) == [0xA2]
+    assert v5.subscribe("$share/g/#", 1) == [0xA2]
+    v3 = Paho(gw, "g-wild3")
+    assert v3.subscribe("#", 1) == [0x80]
+    assert "cause=spans_store_groups" in gw.log_tail()
+
+
+def test_persistent_sessions_retained_messages_wills_and_shared_groups_follow_their_groups(deployment):
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "site")
+    # a persistent session subscribed in both groups gets what was published while it was away
+    p = Paho(gw, "g-persist", clean=False)
+    assert p.subscribe(f"{ta}/#", 1) == [1] and p.subscribe(f"{tb}/#", 1) == [1]
+    p.disconnect()
+    pub = Paho(gw, "g-pub2")
+    pub.publish(f"{ta}/x", b"away-a", qos=1)
+    pub.publish(f"{tb}/x", b"away-b", qos=1)
+    p = Paho(gw, "g-persist", clean=False)
+    assert sorted(m.payload for m in p.get_n(2)) == [b"away-a", b"away-b"]
+    # retained messages, each in its topic's group
+    pub.publish(f"{ta}/state", b"ra", qos=1, retain=True)
+    pub.publish(f"{tb}/state", b"rb", qos=1, retain=True)
+    r = Paho(gw, "g-ret")
+    r.subscribe(f"{ta}/state", 1)
+    r.subscribe(f"{tb}/state", 1)
+    assert sorted(m.payload for m in r.get_n(2)) == [b"ra", b"rb"]
+    # a will on a topic of the second group, published when its client vanishes
+    w = Paho(gw, "g-watch")
+    w.subscribe(f"{tb}/will", 1)
+    dying = Paho(gw, "g-dying", will=(f"{tb}/will", b"gone", 1, False), keepalive=2)
+    dying.c._sock.close()                  # no DISCONNECT: the will goes out
+    assert [m.payload for m in w.get_n(1, timeout=15)] == [b"gone"]
+    # a shared subscription of a topic in the second group: every message to one member
+    m1, m2 = Paho(gw, "g-m1"), Paho(gw, "g-m2")
+    assert m1.subscribe(f"$share/grp/{tb}/jobs", 1) == [1] and m2.subscribe(f"$share/grp/{tb}/jobs", 1) == [1]
+    for i in range(30):
+        pub.publish(f"{tb}/jobs", b"j%d" % i, qos=1)
+    deadline = time.monotonic() + 20
+    got: list[bytes] = []
+    while len(got) < 30 and time.monotonic() < deadline:
+        got += [m.payload for m in m1.drain(0.1) + m2.drain(0.1)]
+    assert sorted(got) == sorted(b"j%d" % i for i in range(30))
+
+
+def test_a_kill9_of_one_groups_store_leaves_the_other_flowing_and_loses_nothing(deployment):
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "plant")
+    sub = Paho(gw, "g-k-sub", clean=False)
+    assert sub.subscribe(f"{ta}/#", 1) == [1] and sub.subscribe(f"{tb}/#", 1) == [1]
+    pub = Paho(gw, "g-k-pub")
+    pub.publish(f"{ta}/m", b"a-before", qos=1)
+    pub.publish(f"{tb}/m", b"b-before", qos=1)
+    assert sorted(m.payload for m in sub.get_n(2)) == [b"a-before", b"b-before"]
+    b.kill9()
+    pub.publish(f"{ta}/m", b"a-while", qos=1)          # group A goes on while B is down
+    assert [m.payload for m in sub.get_n(1)] == [b"a-while"]
+    late = Paho(gw, "g-k-late")                          # and a client connecting meanwhile is served
+    assert late.subscribe(f"{ta}/late", 1) == [1]
+    pub.publish(f"{ta}/late", b"a-late", qos=1)
+    assert [m.payload for m in late.get_n(1)] == [b"a-late"]
+    b.start()
+    deadline = time.monotonic() + 30
+    while True:                                          # B back: the gateway reconnects to it
+        try:
+            pub.publish(f"{tb}/m", b"b-after", qos=1, timeout=5)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, gw.log_tail()
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 20
+    while b"b-after" not in got and time.monotonic() < deadline:
+        got |= {m.payload for m in sub.drain(0.1)}
+    assert b"b-after" in got, (got, gw.log_tail())
+    assert _stored(b, tb) == [b"b-before", b"b-after"] and _stored(a, ta) == [b"a-before", b"a-while", b"a-late"]
+
+
+def test_pubacks_keep_the_publish_order_across_groups_and_new_topics(deployment):
+    """One client's QoS 1 PUBLISHes to topics of both groups, new first levels among them (each
+    waits for its claim), sent without waiting: the PUBACKs come back in the order sent
+    (MQTT-4.6.0-2) though each group answers on its own."""
+    from lmqtt.gateway.mqtt import packets as P
+    from tests.support import RawMQTT
+
+    a, b, gw = deployment
+    names = [a.address, b.address]
+    raw = RawMQTT(gw)
+    assert raw.connect("g-order").reason_code == 0
+    topics = [f"ord{k}/x" for k in range(12)]           # new first levels, spread over both groups
+    assert {rendezvous(t.split("/")[0], names) for t in topics} == {0, 1}
+    pids = list(range(1, 121))
+    for pid in pids:
+        raw.send(P.Publish(topics[pid % len(topics)], b"%d" % pid, 1, packet_id=pid))
+    acks = []
+    while len(acks) < len(pids):
+        pkt = raw.recv(10)
+        assert pkt is not None, f"closed after {len(acks)} acks"
+        acks.append(pkt.packet_id)
+    assert acks == pids
+    # the first group slow (stopped a moment), the second quick: the second's PUBACK still waits
+    ta, tb = _first_levels(a, b, "ord")
+    raw.send(P.Publish(f"{ta}/x", b"warm", 1, packet_id=200))
+    raw.send(P.Publish(f"{tb}/x", b"warm", 1, packet_id=201))
+    assert [raw.recv(10).packet_id for _ in range(2)] == [200, 201]
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        raw.send(P.Publish(f"{ta}/x", b"slow", 1, packet_id=202))
+        time.sleep(0.3)
+        raw.send(P.Publish(f"{tb}/x", b"quick", 1, packet_id=203))
+        time.sleep(0.5)                                  # the second group has answered by now
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    assert [raw.recv(10).packet_id for _ in range(2)] == [202, 203]
