@@ -349,7 +349,8 @@ def test_store_groups_render_n_groups_of_m_members(groups, members):
     """store.groups N (docs/groups.md): one StatefulSet per group (<fullname>-store-g<i>), each its
     own --group name, --peers naming its own members only, its own PDB and anti-affinity; the
     gateways are given every group, ';'-separated, in group order."""
-    docs, out = _render({"store": {"groups": groups, "replicas": members}})
+    values = {"store": {"groups": groups, "replicas": members}, "notify": {"mode": "native"}}
+    docs, out = _render(values)
     for d in docs:
         kv.validate(d, KUBE_VERSION, strict=True)
     k = _by_kind(docs)
@@ -377,7 +378,11 @@ def test_store_groups_render_n_groups_of_m_members(groups, members):
     pdbs = sorted(d["metadata"]["name"] for d in k.get("PodDisruptionBudget", []) if "-store" in d["metadata"]["name"])
     assert pdbs == ([f"mqtt-lmqtt-store-g{i}" for i in range(groups)] if members > 1 else [])
     assert ";".join(lists) in out["lmqtt/templates/NOTES.txt"]
-    report = helm.lint(CHART, {"store": {"groups": groups, "replicas": members}}, strict=True)
+    report = helm.lint(CHART, values, strict=True)
     assert report["errors"] == [], report
     with pytest.raises(helm.HelmError, match="store.groups must be at least 1"):
         _render({"store": {"groups": 0}})
+    # the gateways hear several groups' events from the stores only (the Redis modes name the
+    # queues of one store): refused with the reason, not a gateway that exits at start
+    with pytest.raises(helm.HelmError, match="store.groups above 1 needs notify.mode=native"):
+        _render({"store": {"groups": groups, "replicas": members}})

@@ -134,6 +134,9 @@ store.replicas while it is unset. Pods past them join the running group (--join)
 {{- if not (has .Values.notify.mode (list "broadcast" "precise" "native")) -}}
 {{- fail (printf "notify.mode must be broadcast, precise or native, not %q" .Values.notify.mode) -}}
 {{- end -}}
+{{- if and (ne (include "lmqtt.storeGroups" .) "1") (ne .Values.notify.mode "native") -}}
+{{- fail "store.groups above 1 needs notify.mode=native: a gateway over several store groups hears each group's new data from its stores, not over Redis (docs/groups.md \"The gateway\")" -}}
+{{- end -}}
 {{- if ne .Values.notify.mode "native" -}}true{{- end -}}
 {{- end -}}
 
