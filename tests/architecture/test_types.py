@@ -43,6 +43,9 @@ TYPED = [
     "lmqtt.store.rocksdb_options",          # the options every RocksDB database opens with
     "lmqtt.store.node.stop_signals",        # SIGTERM/SIGINT of lmqtt store, kept across a restart in place
     "lmqtt.store.unique_keys",              # one record per (topic, key): PRODUCE F_UNIQUE_KEYS
+    "lmqtt.gateway.storage.topic_owners",   # a gateway over several store groups: who owns a first level
+    "lmqtt.gateway.storage.grouped_metadata",  # ... its metadata facades
+    "lmqtt.gateway.storage.grouped_queues",    # ... its light queues
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")
