@@ -14,24 +14,17 @@ import pytest
 
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
-from tests.support import LmqttGateway, LmqttStore, Paho, running
+from tests.support import LmqttGateway, Paho
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gw-groups")
-    a = LmqttStore(str(d / "a"), log_path=str(d / "a.log"))
-    b = LmqttStore(str(d / "b"), log_path=str(d / "b.log"))
-    gen_a, gen_b = running(a), running(b)
-    next(gen_a)
-    next(gen_b)
-    gw = LmqttGateway(f"{a.address};{b.address}", log_path=str(d / "gw.log")).start()
+def deployment(two, tmp_path_factory):
+    a, b = two
+    gw = LmqttGateway(f"{a.address};{b.address}", log_path=str(tmp_path_factory.mktemp("gw") / "gw.log")).start()
     try:
         yield a, b, gw
     finally:
         gw.stop()
-        for g in (gen_b, gen_a):
-            next(g, None)
 
 
 def _first_levels(a, b, prefix: str) -> tuple[str, str]:

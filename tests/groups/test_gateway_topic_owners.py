@@ -5,28 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.gateway.storage.topic_owners import TopicOwners
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
-from tests.support import LmqttStore, running
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    d = tmp_path_factory.mktemp("owners")
-    a = LmqttStore(str(d / "a"), log_path=str(d / "a.log"))
-    b = LmqttStore(str(d / "b"), log_path=str(d / "b.log"))
-    gen_a, gen_b = running(a), running(b)
-    next(gen_a)
-    next(gen_b)
-    try:
-        yield a, b
-    finally:
-        for g in (gen_b, gen_a):
-            next(g, None)
 
 
 def test_owners_are_claimed_once_in_the_directory_and_agree_with_the_sdk(two):

@@ -12,21 +12,6 @@ from lmqtt.store.client.groups import rendezvous
 from tests.support import LmqttStore, lmqtt_cli, running
 
 
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    d = tmp_path_factory.mktemp("two-groups")
-    a = LmqttStore(str(d / "a"), log_path=str(d / "a.log"))
-    b = LmqttStore(str(d / "b"), log_path=str(d / "b.log"))
-    gen_a, gen_b = running(a), running(b)
-    next(gen_a)
-    next(gen_b)
-    try:
-        yield a, b
-    finally:
-        for g in (gen_b, gen_a):
-            next(g, None)
-
-
 def _topics_for_each(names: list[str], prefix: str) -> list[str]:
     """One first-level topic that rendezvous hashing gives to each group, in group order."""
     out = []
