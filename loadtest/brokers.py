@@ -444,6 +444,19 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         rb.stop()
         why = f"exited with code {rc}" if rc is not None else f"port {port} not open after {ready_timeout}s"
         raise BrokerUnavailable(f"{name}: {why}; log tail:\n{rb.log_tail()}")
+    if name in ("lmqtt", "lmqtt-auth-http"):
+        # the port accepting is not proof enough: between free_port() and serve's bind another
+        # process (a parallel test's) may have taken it; serve then exits naming it, and its banner
+        # (printed once all its ports are its own) is what says this broker is the one listening
+        deadline = time.monotonic() + ready_timeout
+        while not (up := "lmqtt serve: listening on" in rb.log_tail(60)) and rb.alive() \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not up:
+            rc = proc.poll()
+            rb.stop()
+            raise BrokerUnavailable(f"{name}: " + (f"exited with code {rc}" if rc is not None else
+                                                   f"no banner after {ready_timeout}s") + f"; log tail:\n{rb.log_tail()}")
     if name in ("lmqtt-workers", "lmqtt-fleet"):
         # the port opens with the first gateway: wait for the supervisor's banner (all are up),
         # else the kernel would give every early connection to the first one

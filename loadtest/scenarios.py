@@ -445,8 +445,10 @@ def _ping_until(host: str, port: int, client_id: str, version: int, stop, out) -
     try:
         sock = socket.create_connection((host, port), timeout=30)
         sock.sendall(encode(P.Connect(client_id, version, True, 600), version))
-        if sock.recv(64)[:1] != b"\x20":
-            raise ConnectionError("no CONNACK")
+        first = sock.recv(64)
+        if first[:1] != b"\x20":
+            raise ConnectionError(f"no CONNACK: the broker answered {first[:16]!r}"
+                                  if first else "no CONNACK: the broker closed the connection")
         out.send("connected")
         rtts = []
         ping = encode(P.PingReq(), version)

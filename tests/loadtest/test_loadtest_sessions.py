@@ -15,7 +15,10 @@ def test_sessions_scenario_resumes_every_session_and_removes_them(tmp_path, vers
     try:
         cfg = ScenarioConfig(scenario="sessions", host=rb.host, port=rb.port, connections=300, qos=1,
                              version=version, run_id="t")
-        res = mqtt_bench.run(cfg, rb.pid, broker="lmqtt", quiet=True)
+        try:
+            res = mqtt_bench.run(cfg, rb.pid, broker="lmqtt", quiet=True)
+        except RuntimeError as e:        # the broker's side of it, to find out why
+            raise AssertionError(f"{e}\nbroker log tail:\n{rb.log_tail(40)}") from e
         # removed afterwards: resuming one now finds no session
         c = Paho(rb, "lb-t-d7", version=version, clean=False, expiry=600 if version == 5 else None)
         assert c.session_present is False
