@@ -391,9 +391,13 @@ class SessionRegistry:
         read ahead with a resumed session's record, else they are delivered again as new ones)."""
         message_at = self.subscriptions.delivery.message_at
         try:
-            n = s.resume_saved(message_at) if state is None else s.restore(state, message_at)
+            requeued: list = []
+            n = s.resume_saved(message_at, requeued) if state is None else s.restore(state, message_at, requeued)
             log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
                      s.client_id, n, len(s.inbound_ids()[1]))
+            for q, off, why in requeued:
+                log.warning("event=inflight_requeued client_id=%s queue=%s offset=%d reason=%r (its queue is "
+                            "delivered again from the committed offset)", s.client_id, q, off, why)
         except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
             log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
 

@@ -70,13 +70,16 @@ class Saved:
         flight, next packet id)."""
         return len(self._window), self.next_pid
 
-    def restore(self: "MqttSession", state: dict, message_at: Callable[[str, int], Any]) -> int:
+    def restore(self: "MqttSession", state: dict, message_at: Callable[[str, int], Any],
+                requeued: list | None = None) -> int:
         """Put the exchanges a snapshot kept back into a session just restored from its record (its
         cursors at the committed offsets); `message_at(queue, offset)` reads a message again (an
         OutboundMessage, or None when it cannot: deleted by retention, or not read ahead by a fleet
         gateway). All of a queue's exchanges are resumed or none: a queue with one missing is
         delivered again from its committed offset, as new messages, never past one. Returns how
-        many outbound were resumed."""
+        many outbound were resumed; `requeued` (if given) gets (queue, offset, why) of each queue
+        delivered again from its committed offset instead (the caller logs it: those of its
+        messages the client had completed since its committed offset are delivered twice)."""
         per_queue: dict[str, list] = {}
         for entry in state.get(OUT, ()):
             per_queue.setdefault(entry[1], []).append(entry)
@@ -86,18 +89,26 @@ class Saved:
         nxt = state.get(NEXT, {})
         for q, entries in per_queue.items():
             cur = self.cursors.get(q)
-            if cur is None or q not in self.direct or cur.busy():
+            if cur is None or q not in self.direct:
                 continue                    # unsubscribed since
+            if cur.busy():                  # already delivering (not a state this restore made)
+                if requeued is not None:
+                    requeued.append((q, entries[0][2], "its cursor has messages in flight already"))
+                continue
             mine: list[InFlight] | None = []
             for pid, _q, off, qos, retain, st, ids in entries:
                 if off < cur.next_offset:
                     continue                # below the committed offset: acknowledged since the snapshot
                 if pid in window:
                     mine = None             # the record is not this state
+                    if requeued is not None:
+                        requeued.append((q, off, f"packet id {pid} in flight twice"))
                     break
                 it = message_at(q, off)
                 if it is None:
                     mine = None
+                    if requeued is not None:
+                        requeued.append((q, off, "message not readable"))
                     break
                 mine.append(InFlight.of(pid, qos, retain, q, off, None, tuple(ids) if ids else None, it,
                                         it.record, st))
@@ -142,12 +153,13 @@ class Saved:
     def has_saved(self: "MqttSession") -> bool:
         return self._saved is not None
 
-    def resume_saved(self: "MqttSession", message_at: Callable[[str, int], Any]) -> int:
+    def resume_saved(self: "MqttSession", message_at: Callable[[str, int], Any],
+                     requeued: list | None = None) -> int:
         """The exchanges kept by `keep_saved` put back (`restore`) with the messages `message_at`
         reads now; returns how many outbound were resumed (what cannot be read is delivered again
         as new: at least once, never lost). Nothing kept: 0."""
         state, self._saved = self._saved, None
-        return 0 if state is None else self.restore(state, message_at)
+        return 0 if state is None else self.restore(state, message_at, requeued)
 
     def saved_counts(self: "MqttSession") -> tuple[int, int]:
         """(outbound, inbound QoS 2) exchanges of the state kept as read, for logs."""

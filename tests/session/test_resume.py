@@ -146,3 +146,18 @@ EXPIRY = [
 @pytest.mark.parametrize("row", RESUME + PERSISTENT + EXPIRY, ids=lambda r: r.id)
 def test_resume(row: Row) -> None:
     check(row)
+
+
+def test_a_restore_that_cannot_read_a_message_in_flight_names_the_queue_it_delivers_again() -> None:
+    """A message of the record's exchanges no longer readable: its queue's exchanges are not
+    resumed, the queue is delivered again from its committed offset, and the caller is told which
+    and why (it logs it: what the client completed since that offset comes twice)."""
+    s = three_in_flight(expiry=60)
+    state = s.snapshot()
+    t = session(version=5, subs=[("t/#", 2)], expiry=60, offset=0, client_id=s.client_id)
+    requeued: list = []
+    n = t.restore(state, lambda q, off: None if off == 1 else msg(qos=2, off=off), requeued)
+    assert n == 0 and requeued == [("t/#", 1, "message not readable")]
+    assert t.cursors["t/#"].next_offset == 0          # from the committed offset again
+    ok: list = []
+    assert t.restore(s.snapshot(), lambda q, off: msg(qos=2, off=off), ok) == 3 and ok == []
