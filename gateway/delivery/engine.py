@@ -298,7 +298,7 @@ class DeliveryEngine:
     def _outbound_message(self, m) -> OutboundMessage:
         """The OutboundMessage of pulled record `m`, one per record and queue offset in a run."""
         it = self._outbound.get(m.phys_offset)
-        if it is None:
+        if it is None or it.topic != m.topic:       # another store group's record at that position
             rec = self._meta_of(m.props)
             dq = m.dispatch_queues
             it = OutboundMessage(m.topic, m.body, rec, m.queue_offset, m.phys_offset,
@@ -333,7 +333,10 @@ class DeliveryEngine:
         for m in msgs:
             phys = m.phys_offset
             it = get(phys)
-            if it is None:
+            # keyed by CommitLog position: a record read through several queues is one object. A
+            # gateway over several store groups reads logs that each count their own positions; a
+            # topic lives in one group, so a hit of another topic is another group's record
+            if it is None or it.topic != m.topic:
                 props = m.props
                 rec = metas.get(props)
                 if rec is None:

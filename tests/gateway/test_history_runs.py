@@ -130,3 +130,23 @@ def test_the_engine_starts_a_history_with_its_props_cache_and_acl():
     assert run.meta_of == d._meta_of              # props decoded once per distinct value
     assert s not in d.direct.get("t/#", ())       # not a live reader until the history is sent
     assert d.has_history(s, "t/#")
+
+
+def test_records_of_two_store_groups_at_the_same_log_position_stay_two_messages():
+    """A delivery run shares one message object per CommitLog position (a record read through
+    several queues); over several store groups two records can sit at the same position, each in
+    its own group's log - with different topics, since a first level lives in one group."""
+    from lmqtt.gateway.storage.record_props import encode as encode_props
+    from lmqtt.gateway.storage.remote_entries import RemoteMessage
+    d = DeliveryEngine(None, Loop(), None, GatewayConfig(), session_offsets_moved=lambda s: None,
+                       group_offsets_moved=lambda g: None, flush_writes=lambda: None)
+    props = encode_props(1, False, "pub")
+    a = RemoteMessage((0, 4096, 1, 2, 0, "a/x", (), props, b"from group A"), ("a/#",))
+    b = RemoteMessage((0, 4096, 1, 2, 0, "b/x", (), props, b"from group B"), ("b/#",))
+    a_again = RemoteMessage((7, 4096, 1, 2, 0, "a/x", (), props, b"from group A"), ("a/+",))
+    d._outbound = {}
+    got = d._outbound_messages([a, b]) + [d._outbound_message(a), d._outbound_message(b)]
+    assert [(m.topic, m.payload) for m in got] == [("a/x", b"from group A"), ("b/x", b"from group B")] * 2
+    d._outbound = {}
+    first, again = d._outbound_messages([a, a_again])   # one record through two queues: one record
+    assert again.payload is first.payload and again.record is first.record and again.queue_offset == 7
