@@ -572,7 +572,11 @@ class Broker:
     def _set_read_checks(self, conn: "MQTTConnection", s: MqttSession) -> None:
         """The queues of `s`'s subscriptions whose messages need the ACL's read rule for this
         connection's identity (`AclFile.read_checks`); only called with an ACL configured."""
-        conn.read_checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
+        checks = self.acl.read_checks(conn.identity, [sub.queue for sub in s.subs.values()])
+        if checks and any(len(self.subscriptions.parts(q)) > 1 for q in checks):
+            # over several store groups a wildcard-first-level subscription reads one queue per group
+            checks = {p for q in checks for p in self.subscriptions.parts(q)}
+        conn.read_checks = checks
 
     # ======================================================================= acks from the client
     # what the session machine answers (gateway/session/outbound.py, inbound.py): the message

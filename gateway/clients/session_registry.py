@@ -373,7 +373,7 @@ class SessionRegistry:
             flt = rs.filter if not rs.share_group else f"$share/{rs.share_group}/{rs.filter}"
             sub = ClientSubscription(flt, rs.filter, rs.qos, rs.share_group, rs.no_local,
                                      rs.retain_as_published, rs.retain_handling, rs.subscription_id)
-            self.subscriptions.restore(s, sub, offsets.get(sub.queue) if sub.group is None else None)
+            self.subscriptions.restore(s, sub, offsets if sub.group is None else {})
         state = rec.extra.get(INFLIGHT) if rec.extra else None
         if state:
             if read_inflight:

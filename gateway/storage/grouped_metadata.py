@@ -6,10 +6,12 @@ never mixes another's state into it.
   gathers its offsets from every group (a queue's offset lives in the queue's group: a group that
   recovers from a cut log resets the offsets beyond its queues' ends, and a queue it does not have
   ends at 0, so a foreign queue's offset kept there would be reset to 0);
-* offsets: by the queue's first level (a queue is named by its filter);
-* filters, retained messages: by the filter's or topic's first level; a filter whose first level
-  is a wildcard matches topics of every group and is not served in this version (refused with
-  `SpansGroups`);
+* offsets: by the queue's first level (a queue is named by its filter); the parts of a filter
+  whose first level is a wildcard (topic_owners.py `part_name`) each in its own group, under the
+  filter's name there;
+* filters: by the filter's first level; a filter whose first level is a wildcard in every group
+  (each indexes its own topics into it); retained messages: by the topic's first level, those
+  matching a wildcard first level gathered from every group;
 * wills: in the group of the will's topic (the store node that publishes a gone gateway's wills
   is then the one its topic lives in); a client's will is popped or voided in every group.
 
@@ -21,14 +23,23 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, TypeVar
 
 from lmqtt.gateway.storage.facades import Answer, Storage
-from lmqtt.gateway.storage.topic_owners import TopicOwners, filter_first_level, first_level
+from lmqtt.gateway.storage.topic_owners import (
+    TopicOwners, filter_first_level, first_level, part_name, spanning, split_part)
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 
 class SpansGroups(Exception):
-    """A filter whose first level is a wildcard, over several store groups: not served yet."""
+    """What is not served over several store groups for a filter whose first level is a wildcard
+    (a replay of it)."""
+
+
+def as_parts(offsets: dict[str, int], i: int) -> dict[str, int]:
+    """Group `i`'s offsets of a consumer by the gateway's names (its spanning queues' parts)."""
+    if i == 0 or not any(spanning(q) for q in offsets):
+        return offsets
+    return {(part_name(q, i) if spanning(q) else q): o for q, o in offsets.items()}
 
 
 def chain(first: Answer[T], fn: Callable[[T], Answer[U]]) -> Answer[U]:
@@ -86,49 +97,68 @@ class _Routed:
         return chain(self.owners.settled(), lambda _n: call())
 
     def _by_filter(self, flt: str, call: Callable[[Storage], Answer[T]]) -> Answer[T]:
+        """`call` in the group of `flt`'s first level; a filter whose first level is a wildcard:
+        in every group, answered with the first group's answer."""
         first = filter_first_level(flt)
         if first is None:
-            return Answer.failed(SpansGroups(
-                f"filter {flt!r} matches topics of every store group (its first level is a wildcard): "
-                f"not served by a gateway over several groups in this version (docs/groups.md)"))
+            return self._everywhere(lambda: Answer.gather([call(g) for g in self.groups]).then(lambda got: got[0]))
         return chain(self.owners.owner(first), lambda i: call(self.groups[i]))
 
     def _by_topic(self, topic: str, call: Callable[[Storage], Answer[T]]) -> Answer[T]:
         return chain(self.owners.owner(first_level(topic)), lambda i: call(self.groups[i]))
 
-    def _split(self, keys: Iterable[str]) -> Answer[dict[int, list[str]]]:
-        """`keys` (queue names / filters / topics) by the index of their owning group."""
+    def _split(self, keys: Iterable[str], every: bool = False) -> Answer[dict[int, list[tuple[str, str]]]]:
+        """`keys` (queue names / filters) by the index of the group they live in, each as (the
+        gateway's name, the group's name): a part name in its group under its filter's name; a
+        spanning filter in the first group (`every`: in every group)."""
         keys = list(keys)
-        firsts = sorted({first_level(k) for k in keys})
+        out: dict[int, list[tuple[str, str]]] = {}
+        routed: list[str] = []
         for k in keys:
-            if filter_first_level(k) is None:
-                return Answer.failed(SpansGroups(f"filter {k!r} matches topics of every store group"))
+            part = split_part(k)
+            if part is not None:
+                out.setdefault(part[1], []).append((k, part[0]))
+            elif filter_first_level(k) is None:
+                for i in (range(len(self.groups)) if every else (0,)):
+                    out.setdefault(i, []).append((k, k))
+            else:
+                routed.append(k)
+        if not routed:
+            return Answer.of(out)
+        firsts = sorted({first_level(k) for k in routed})
 
-        def by(idx: list[int]) -> dict[int, list[str]]:
+        def by(idx: list[int]) -> dict[int, list[tuple[str, str]]]:
             at = dict(zip(firsts, idx))
-            out: dict[int, list[str]] = {}
-            for k in keys:
-                out.setdefault(at[first_level(k)], []).append(k)
+            for k in routed:
+                out.setdefault(at[first_level(k)], []).append((k, k))
             return out
         return Answer.gather([self.owners.owner(f) for f in firsts]).then(by)
 
 
 class GroupedOffsets(_Routed):
     def get(self, consumer: str, queue: str) -> Answer[int | None]:
+        part = split_part(queue)
+        if part is not None:
+            return self.groups[part[1]].offsets.get(consumer, part[0])
+        if filter_first_level(queue) is None:
+            return self.groups[0].offsets.get(consumer, queue)
         return self._by_filter(queue, lambda g: g.offsets.get(consumer, queue))
 
     def get_all(self, consumer: str) -> Answer[dict[str, int]]:
-        return self._everywhere(lambda: merged(Answer.gather([g.offsets.get_all(consumer) for g in self.groups])))
+        def named(i: int) -> Callable[[dict[str, int]], dict[str, int]]:
+            return lambda d: as_parts(d, i)
+        return self._everywhere(lambda: merged(Answer.gather(
+            [g.offsets.get_all(consumer).then(named(i)) for i, g in enumerate(self.groups)])))
 
     def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
         return chain(self._split(offsets), lambda parts: Answer.all_in(
-            [self.groups[i].offsets.set(consumer, {q: offsets[q] for q in qs}) for i, qs in parts.items()]))
+            [self.groups[i].offsets.set(consumer, {own: offsets[q] for q, own in qs}) for i, qs in parts.items()]))
 
     def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
         if queues is None:
             return self._everywhere(lambda: Answer.all_in([g.offsets.delete(consumer) for g in self.groups]))
         return chain(self._split(queues), lambda parts: Answer.all_in(
-            [self.groups[i].offsets.delete(consumer, qs) for i, qs in parts.items()]))
+            [self.groups[i].offsets.delete(consumer, [own for _q, own in qs]) for i, qs in parts.items()]))
 
 
 class GroupedSessions:
@@ -151,8 +181,8 @@ class GroupedSessions:
         def join(got: list[Any]) -> tuple[Any, dict[str, int]]:
             rec, offs = got[0]
             offs = dict(offs)
-            for more in got[1:]:
-                offs.update(more)
+            for i, more in enumerate(got[1:], 1):
+                offs.update(as_parts(more, i))
             return rec, offs
         return Answer.gather(answers).then(join)
 
@@ -164,8 +194,8 @@ class GroupedSessions:
                 out, k, n = [], 0, len(self.groups) - 1
                 for rec, offs in rows:
                     offs = dict(offs)
-                    for d in got[k:k + n]:
-                        offs.update(d)
+                    for i, d in enumerate(got[k:k + n], 1):
+                        offs.update(as_parts(d, i))
                     k += n
                     out.append((rec, offs))
                 return out
@@ -178,9 +208,15 @@ class GroupedRetained(_Routed):
         return self._by_topic(topic, lambda g: g.retained.set(topic, payload, props))
 
     def matching(self, flt: str) -> Answer[list]:
+        if filter_first_level(flt) is None:
+            return self._everywhere(lambda: Answer.gather([g.retained.matching(flt) for g in self.groups]).then(
+                lambda ls: [x for one in ls for x in one]))
         return self._by_filter(flt, lambda g: g.retained.matching(flt))
 
     def batches(self, flt: str) -> Answer[Any]:
+        if filter_first_level(flt) is None:
+            return self._everywhere(lambda: Answer.gather([g.retained.batches(flt) for g in self.groups]).then(
+                lambda its: iter([batch for it in its for batch in it])))
         return self._by_filter(flt, lambda g: g.retained.batches(flt))
 
     def clear_if(self, topic: str, props: bytes) -> Answer[bool]:
@@ -215,8 +251,9 @@ class GroupedFilters(_Routed):
         return self._by_filter(flt, lambda g: g.filters.register(flt))
 
     def register_all(self, flts: list[str]) -> Answer[dict[str, int]]:
-        return chain(self._split(flts), lambda parts: merged(Answer.gather(
-            [self.groups[i].filters.register_all(fs) for i, fs in parts.items()])))
+        # a spanning filter's count is the first group's (sorted: group 0's dict merged last)
+        return chain(self._split(flts, every=True), lambda parts: merged(Answer.gather(
+            [self.groups[i].filters.register_all([f for f, _own in parts[i]]) for i in sorted(parts, reverse=True)])))
 
     def unregister(self, flt: str) -> Answer[int]:
         return self._by_filter(flt, lambda g: g.filters.unregister(flt))
@@ -225,7 +262,16 @@ class GroupedFilters(_Routed):
         return self._by_filter(flt, lambda g: g.filters.release(flt))
 
     def registered(self) -> Answer[dict[str, int]]:
-        return self._everywhere(lambda: merged(Answer.gather([g.filters.registered() for g in self.groups])))
+        """This gateway's registrations; a filter whose first level is a wildcard counts as
+        registered as much as its least registered group (a group added since it was registered
+        lacks it: 0, so the gateway's start registers it everywhere)."""
+        def join(ds: list[dict[str, int]]) -> dict[str, int]:
+            out = {k: v for d in ds for k, v in d.items()}
+            for f in out:
+                if spanning(f):
+                    out[f] = min(d.get(f, 0) for d in ds)
+            return out
+        return self._everywhere(lambda: Answer.gather([g.filters.registered() for g in self.groups]).then(join))
 
 
 def grouped_storage(owners: TopicOwners, groups: list[Storage], queues: Any) -> Storage:

@@ -1,6 +1,10 @@
 """The light queues of a gateway over several store groups (docs/groups.md "The gateway"): one
 `RemoteStore` per group, each message appended to the group owning its topic's first level, each
-queue read from the group owning its filter's first level.
+queue read from the group owning its filter's first level. A filter whose first level is a
+wildcard is one queue per group (`parts`: "#" is "#" in the first group and "#", NUL, i in
+group i; topic_owners.py `part_name`): the reads of a part go to its group under the filter's own
+name, and what a group says of its queues (their events, the dispatch queues of its records) comes
+back under the part names of that group.
 
 Appends keep two orders the one-group store kept by itself. A tick's batch is split per group
 (one PRODUCE each, sent together) and its durable future completes once every part is durable
@@ -16,8 +20,30 @@ from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer
 from lmqtt.gateway.storage.grouped_metadata import SpansGroups, chain
+from lmqtt.gateway.storage.remote_entries import RemoteMessage
 from lmqtt.gateway.storage.remote_produce import AppendResult
-from lmqtt.gateway.storage.topic_owners import TopicOwners, filter_first_level, first_level
+from lmqtt.gateway.storage.topic_owners import (
+    TopicOwners, filter_first_level, first_level, part_name, spanning, split_part)
+
+
+def _parts_named(msgs: list, i: int) -> list:
+    """Pulled records of group `i` (> 0) with the spanning queues among their dispatch queues under
+    group `i`'s part names (the engine resolves overlapping subscriptions by those names). A
+    RemoteMessage is renamed in place (its group's mirror holds it: the same names every time), a
+    StoredMessage (immutable) replaced."""
+    out = msgs
+    for k, m in enumerate(msgs):
+        dq = m.dispatch_queues
+        if not dq or not any(spanning(q) for q in dq):
+            continue
+        named = tuple(part_name(q, i) if spanning(q) else q for q in dq)
+        if isinstance(m, RemoteMessage):
+            m.dispatch_queues = named
+        else:
+            if out is msgs:
+                out = list(msgs)
+            out[k] = m._replace(dispatch_queues=named)
+    return out
 
 
 class GroupedQueues:
@@ -54,13 +80,19 @@ class GroupedQueues:
 
     @is_served.setter
     def is_served(self, fn: Callable[[str], bool] | None) -> None:
-        for s in self.stores:
-            s.is_served = fn
+        for i, s in enumerate(self.stores):
+            s.is_served = fn if fn is None or i == 0 else self._named(fn, i)
+
+    @staticmethod
+    def _named(fn: Callable[[str], Any], i: int) -> Callable[[str], Any]:
+        """`fn` of a queue name as the gateway knows it, for group `i`'s own names."""
+        return lambda q: fn(part_name(q, i) if spanning(q) else q)
 
     @property
     def queues(self) -> dict:
-        """Every group's mirrors (a queue lives in one group)."""
-        return {q: m for s in self.stores for q, m in s.queues.items()}
+        """Every group's mirrors, by the gateway's names of their queues."""
+        return {(part_name(q, i) if i and spanning(q) else q): m
+                for i, s in enumerate(self.stores) for q, m in s.queues.items()}
 
     def __getattr__(self, name: str) -> Any:
         # counters for /metrics (remote_pulls, events, polls, ...) summed over the groups; anything
@@ -75,9 +107,17 @@ class GroupedQueues:
 
     @staticmethod
     def spans_groups(flt: str) -> bool:
-        """A filter whose first level is a wildcard matches topics of every group: not served
-        in this version (the subscribe is refused, SUBACK 0xA2)."""
+        """A filter whose first level is a wildcard matches topics of every group: read as one
+        queue per group (`parts`); a shared subscription or a replay of it is not served in this
+        version (the subscribe is refused, SUBACK 0xA2)."""
         return filter_first_level(flt) is None
+
+    def parts(self, flt: str) -> tuple[str, ...]:
+        """The queues a subscription of `flt` reads: one per group for a filter whose first level
+        is a wildcard, else `flt` itself (its first level's group)."""
+        if filter_first_level(flt) is not None:
+            return (flt,)
+        return tuple(part_name(flt, i) for i in range(len(self.stores)))
 
     # ------------------------------------------------------------------ the publish path
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
@@ -180,30 +220,52 @@ class GroupedQueues:
             f.add_done_callback(one)
 
     # ------------------------------------------------------------------ reads
-    def _at(self, queue: str, call: Callable[[Any], Answer[Any]]) -> Answer[Any]:
+    def _at(self, queue: str, call: Callable[[Any, str], Answer[Any]]) -> Answer[Any]:
+        """`call(store, name)` with the group and the store's own name of the gateway's `queue`."""
+        part = split_part(queue)
+        if part is not None:
+            return call(self.stores[part[1]], part[0])
         first = filter_first_level(queue)
-        if first is None:
-            return Answer.failed(SpansGroups(f"queue {queue!r} spans every store group"))
-        return chain(self.owners.owner(first), lambda i: call(self.stores[i]))
+        if first is None:                  # the first group's part of a spanning filter
+            return call(self.stores[0], queue)
+        return chain(self.owners.owner(first), lambda i: call(self.stores[i], queue))
 
     def max_offset(self, queue: str) -> Answer[int]:
-        return self._at(queue, lambda s: s.max_offset(queue))
+        return self._at(queue, lambda s, q: s.max_offset(q))
 
     def end_offset(self, queue: str) -> Answer[int]:
-        return self._at(queue, lambda s: s.end_offset(queue))
+        return self._at(queue, lambda s, q: s.end_offset(q))
 
     def start_offset(self, queue: str) -> Answer[int]:
-        return self._at(queue, lambda s: s.start_offset(queue))
+        return self._at(queue, lambda s, q: s.start_offset(q))
 
     def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
-        return self._at(queue, lambda s: s.pull(queue, offset, max_count, max_bytes))
+        part = split_part(queue)
+        if part is not None:
+            i = part[1]
+            got = self.stores[i].pull(part[0], offset, max_count, max_bytes)
+            return got.then(lambda r: r._replace(messages=_parts_named(r.messages, i)))
+        return self._at(queue, lambda s, q: s.pull(q, offset, max_count, max_bytes))
 
     def message_at(self, queue: str, offset: int) -> Answer[Any]:
-        return self._at(queue, lambda s: s.message_at(queue, offset))
+        part = split_part(queue)
+        if part is not None:
+            i = part[1]
+            return self.stores[i].message_at(part[0], offset).then(
+                lambda m: None if m is None else _parts_named([m], i)[0])
+        return self._at(queue, lambda s, q: s.message_at(q, offset))
 
     def replay_plan(self, flt: str, since_ms: int) -> Answer[Any]:
-        return self._at(flt, lambda s: s.replay_plan(flt, since_ms))
+        if spanning(flt):
+            return Answer.failed(SpansGroups(
+                f"a replay of {flt!r} (its first level is a wildcard) would read every store group: "
+                f"not served over several groups in this version"))
+        return self._at(flt, lambda s, q: s.replay_plan(q, since_ms))
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:
-        for s in self.stores:
-            s.on_new_data(callback)
+        for i, s in enumerate(self.stores):
+            if i == 0:
+                s.on_new_data(callback)
+            else:
+                s.on_new_data(lambda names, i=i: callback(
+                    [part_name(q, i) if spanning(q) else q for q in names]))

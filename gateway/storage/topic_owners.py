@@ -22,7 +22,34 @@ from lmqtt.store.client.groups import filter_first_level, first_level, owner_ind
 if TYPE_CHECKING:  # pragma: no cover
     from lmqtt.gateway.storage.store_link import LoopConnection
 
-__all__ = ["TopicOwners", "first_level", "filter_first_level"]
+__all__ = ["TopicOwners", "first_level", "filter_first_level", "part_name", "split_part", "spanning"]
+
+# A filter whose first level is a wildcard matches topics of every group: a subscription to it is
+# one queue per group, all named by the filter in their stores. In the gateway (a session's
+# cursors and offsets, the delivery engine's readers) the first group's part keeps the filter's
+# own name (a session that subscribed through one group resumes on it) and group i's is the
+# filter, NUL, i: NUL is not allowed in an MQTT topic or filter (MQTT-1.5.4-2), so no client's
+# filter can take that name. The grouped facades turn a part name back into (filter, group)
+# before any store sees it.
+PART = "\x00"
+
+
+def spanning(name: str) -> bool:
+    """Whether `name` is a filter (or a queue named by one) matching topics of every group."""
+    return PART not in name and filter_first_level(name) is None
+
+
+def part_name(flt: str, i: int) -> str:
+    """Group `i`'s part of spanning filter `flt` as the gateway names it."""
+    return flt if i == 0 else f"{flt}{PART}{i}"
+
+
+def split_part(name: str) -> tuple[str, int] | None:
+    """(filter, group index) of a part name of group 1 or later; None for any other name."""
+    if PART not in name:
+        return None
+    flt, _, i = name.rpartition(PART)
+    return flt, int(i)
 
 
 class TopicOwners:

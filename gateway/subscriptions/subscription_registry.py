@@ -13,7 +13,7 @@ answers this gateway's holds only), so each gateway reconciles its own and leave
 Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
   add(session, sub) -> existed      subscribe (replaces a subscription with the same filter)
   remove(session, sub, persist)     unsubscribe; drops the offsets kept for it when `persist`
-  restore(session, sub, offset)     re-create a persisted subscription at gateway start
+  restore(session, sub, offsets)    re-create a persisted subscription at gateway start
   go_online(session) / go_offline(session)
                                     the session's connection arrived / left: start or stop reading
   remove_all(session)               the session ended
@@ -125,8 +125,16 @@ class SubscriptionRegistry:
         self.before_register = before_register
         self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
         # over several store groups (gateway/storage/grouped_queues.py): whether a filter matches
-        # topics of every group, which this version does not serve (SUBACK 0xA2); None: one store
+        # topics of every group (its shared subscriptions are refused, SUBACK 0xA2), and the
+        # queues a subscription reads (one per group for such a filter); None: one store
         self.spans_groups: Callable[[str], bool] | None = getattr(self.store, "spans_groups", None)
+        self._parts_of: Callable[[str], tuple[str, ...]] | None = getattr(self.store, "parts", None)
+
+    def parts(self, queue: str) -> tuple[str, ...]:
+        """The queues a direct subscription of `queue` reads: itself, or over several store groups
+        one per group for a filter whose first level is a wildcard (the first is `queue`)."""
+        parts_of = self._parts_of
+        return (queue,) if parts_of is None else parts_of(queue)
 
     # ------------------------------------------------------------------ subscribe / unsubscribe
     def prepare(self, s: MqttSession, requests, since_all: int | None = None,
@@ -161,7 +169,7 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
-            if spans is not None and spans(flt):
+            if spans is not None and group is not None and spans(flt):
                 continue                          # refused (several store groups): nothing to ask
             parsed[tf] = (group, flt)
             filters.append(flt)
@@ -171,7 +179,7 @@ class SubscriptionRegistry:
                 continue
             if group is None:
                 if tf not in s.subs:
-                    start.append(flt)
+                    start += self.parts(flt)
                 if req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs):
                     kept.append(flt)
             elif (group, flt) not in self.groups:
@@ -207,7 +215,8 @@ class SubscriptionRegistry:
             p.registered[f] = self.filters.register(f)
         new_groups = [(rs.share_group, rs.filter) for rs in subs
                       if rs.share_group and (rs.share_group, rs.filter) not in self.groups]
-        for q in dict.fromkeys([*(rs.filter for rs in subs if not rs.share_group), *(q for _, q in new_groups)]):
+        for q in dict.fromkeys([*(part for rs in subs if not rs.share_group for part in self.parts(rs.filter)),
+                                *(q for _, q in new_groups)]):
             p.start[q] = self.store.start_offset(q)
         for g, q in dict.fromkeys(new_groups):
             consumer = group_consumer(g, q)
@@ -250,19 +259,23 @@ class SubscriptionRegistry:
             s.split_direct()           # `direct` is `subs` only while every subscription is plain
         old = s.subs.get(sub.filter)
         s.subs[sub.filter] = sub
+        parts = self.parts(sub.queue) if sub.group is None else ()
+        if len(parts) > 1:
+            s.split_direct()           # one subscription, a queue per store group
         if old is not None:
             if sub.group is None:
-                s.direct[sub.queue] = sub
+                for q in parts:
+                    s.direct[q] = _part(sub, q)
             elif s.online:
                 self.groups[(sub.group, sub.queue)].add_member(s, sub)
             return True
         self._use_filter(sub.queue)
         if sub.group is None:
-            s.direct[sub.queue] = sub
-            q = sub.queue
-            s.cursors[q] = Cursor(self._answer("start", q, lambda: self.store.start_offset(q)))
-            if s.online:
-                self.delivery.add_reader(s, sub.queue)
+            for q in parts:
+                s.direct[q] = _part(sub, q)
+                s.cursors[q] = Cursor(self._answer("start", q, functools.partial(self.store.start_offset, q)))
+                if s.online:
+                    self.delivery.add_reader(s, q)
         else:
             g = self._group(sub.group, sub.queue)
             g.refs += 1
@@ -276,6 +289,9 @@ class SubscriptionRegistry:
         (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
         if sub.group is not None:
             raise ReplayRefused("subscribing from the past is not available for shared subscriptions")
+        if len(self.parts(sub.queue)) > 1:
+            raise ReplayRefused(f"subscribing from the past to {sub.queue!r} (its first level is a wildcard) "
+                                "would read every store group: not available over several groups")
         s.split_direct()          # in `direct` only once its plan is in (below)
         old = s.subs.get(sub.filter)
         if old is not None:
@@ -308,11 +324,13 @@ class SubscriptionRegistry:
         if sub.group is None:
             if self.delivery.histories:
                 self.delivery.drop_history(s, sub.queue)
-            s.direct.pop(sub.queue, None)
-            s.cursors.pop(sub.queue, None)
-            self.delivery.remove_reader(s, sub.queue)
+            parts = self.parts(sub.queue)
+            for q in parts:
+                s.direct.pop(q, None)
+                s.cursors.pop(q, None)
+                self.delivery.remove_reader(s, q)
             if persist and s.persistent:
-                log_failure(self.offsets.delete(s.client_id, [sub.queue]), log, "delete_offsets_failed",
+                log_failure(self.offsets.delete(s.client_id, list(parts)), log, "delete_offsets_failed",
                             consumer=s.client_id)
         else:
             key = (sub.group, sub.queue)
@@ -337,16 +355,20 @@ class SubscriptionRegistry:
         for sub in list(s.subs.values()):
             self.remove(s, sub, persist=False)
 
-    def restore(self, s: MqttSession, sub: ClientSubscription, offset: int | None) -> None:
-        """A persisted subscription at gateway start (`offset`: the committed one, if known)."""
-        if not (sub.group is None and sub.filter == sub.queue):
+    def restore(self, s: MqttSession, sub: ClientSubscription, offsets: dict[str, int]) -> None:
+        """A persisted subscription at gateway start (`offsets`: the session's committed ones,
+        by queue; a queue without one starts at its end)."""
+        parts = self.parts(sub.queue) if sub.group is None else ()
+        if not (sub.group is None and sub.filter == sub.queue) or len(parts) > 1:
             s.split_direct()
         s.subs[sub.filter] = sub
         if T.is_wildcard(sub.queue):
             self._filter_users[sub.queue] = self._filter_users.get(sub.queue, 0) + 1
         if sub.group is None:
-            s.direct[sub.queue] = sub
-            s.cursors[sub.queue] = Cursor(self.store.max_offset(sub.queue).wait() if offset is None else offset)
+            for q in parts:
+                offset = offsets.get(q)
+                s.direct[q] = _part(sub, q)
+                s.cursors[q] = Cursor(self.store.max_offset(q).wait() if offset is None else offset)
         else:
             self._group(sub.group, sub.queue, restoring=True).refs += 1
 
@@ -388,7 +410,8 @@ class SubscriptionRegistry:
             if sub.group is None:
                 if hist and self.delivery.has_history(s, sub.queue):
                     continue        # read live once its history is sent (replay.py)
-                self.delivery.add_reader(s, sub.queue)
+                for q in self.parts(sub.queue):
+                    self.delivery.add_reader(s, q)
             else:
                 g = self.groups.get((sub.group, sub.queue))
                 if g is not None:
@@ -399,7 +422,8 @@ class SubscriptionRegistry:
         session machine hands them over, `went_offline`), its retained messages waiting are dropped."""
         for sub in s.subs.values():
             if sub.group is None:
-                self.delivery.remove_reader(s, sub.queue)
+                for q in self.parts(sub.queue):
+                    self.delivery.remove_reader(s, q)
             else:
                 g = self.groups.get((sub.group, sub.queue))
                 if g is not None:
@@ -490,3 +514,11 @@ class SubscriptionRegistry:
                 log_failure(self.offsets.set(g.consumer, {queue: off}), log, "save_group_offset_failed",
                             group=name)
         return g
+
+
+def _part(sub: ClientSubscription, queue: str) -> ClientSubscription:
+    """`sub` as the reader of `queue`, one of its parts (its own queue: `sub` itself)."""
+    if queue == sub.queue:
+        return sub
+    return ClientSubscription(sub.filter, queue, sub.qos, None, sub.no_local, sub.retain_as_published,
+                              sub.retain_handling, sub.subscription_id)

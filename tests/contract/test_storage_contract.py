@@ -531,8 +531,8 @@ def test_a_resumed_session_is_restored_from_answers_asked_together_without_the_s
         s = MqttSession(_name("c"))
         with queue_side.frozen():
             with reg.deciding(p):
-                reg.restore(s, ClientSubscription(flt, flt, 1, None), None)
-                reg.restore(s, ClientSubscription(f"$share/crew/{q}", q, 1, "crew"), None)
+                reg.restore(s, ClientSubscription(flt, flt, 1, None), {})
+                reg.restore(s, ClientSubscription(f"$share/crew/{q}", q, 1, "crew"), {})
                 reg.hold_restored(s)
                 at = delivery.at_hand[(q, 1)]
                 assert at.done() and bytes(at.result().body) == b"m1"

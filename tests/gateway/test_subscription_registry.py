@@ -135,7 +135,7 @@ def test_a_session_restored_while_running_holds_the_filters_only_it_uses():
     store.calls.clear()
     s = MqttSession("back")
     for sub in (_sub("p/+"), _sub("p/+", "g"), _sub("held/+"), _sub("exact/t")):
-        reg.restore(s, sub, None)
+        reg.restore(s, sub, {})
     assert store.calls == []                      # restore counts, it does not register
     reg.hold_restored(s)
     # one registration for the direct and the shared subscription on p/+; held/+ already is

@@ -2,8 +2,9 @@
 processes (each a group of one), a gateway with `--store 'A;B'`, paho clients. Each first-level
 topic's messages are stored in the group that owns it, and every MQTT feature that lives in a
 topic's or a filter's group follows it: live and persistent subscriptions, retained messages,
-wills, shared subscriptions; a filter whose first level is a wildcard is refused (0xA2); a kill -9
-of one group's store leaves the other's topics flowing and loses nothing acknowledged."""
+wills, shared subscriptions; a filter whose first level is a wildcard reads one queue per group
+(a shared one is refused, 0xA2); a kill -9 of one group's store leaves the other's topics flowing
+and loses nothing acknowledged."""
 from __future__ import annotations
 
 import os
@@ -60,14 +61,82 @@ def test_each_topic_is_stored_and_delivered_through_the_group_that_owns_it(deplo
     assert _stored(b, tb) == [b"b%d" % i for i in range(20)] and _stored(a, tb) == []
 
 
-def test_a_filter_whose_first_level_is_a_wildcard_is_refused_with_its_reason(deployment):
+def _collect(client, topics: tuple[str, ...], n: int, timeout: float = 20.0) -> list:
+    """The next `n` messages `client` receives on topics under `topics` (others ignored)."""
+    deadline = time.monotonic() + timeout
+    out: list = []
+    while len(out) < n and time.monotonic() < deadline:
+        out += [m for m in client.drain(0.1) if m.topic.split("/", 1)[0] in topics]
+    return out
+
+
+def test_a_filter_whose_first_level_is_a_wildcard_reads_every_group(deployment):
+    """`#` and `+/state` match topics of both groups: one queue per group behind the one
+    subscription - live, retained and persistent (offline, then resumed) - each group's topics
+    in their order; unsubscribed, nothing more comes."""
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "wild")
+    pub = Paho(gw, "g-wild-pub")
+    pub.publish(f"{ta}/state", b"ra", qos=1, retain=True)
+    pub.publish(f"{tb}/state", b"rb", qos=1, retain=True)
+    live = Paho(gw, "g-wild-live", version=5)
+    assert live.subscribe("+/state", 1) == [1]
+    assert sorted(m.payload for m in _collect(live, (ta, tb), 2)) == [b"ra", b"rb"]   # both groups' retained
+    away = Paho(gw, "g-wild-away", clean=False)
+    assert away.subscribe("#", 2) == [2]
+    assert sorted(m.payload for m in _collect(away, (ta, tb), 2)) == [b"ra", b"rb"]
+    away.disconnect()
+    for i in range(10):
+        pub.publish(f"{ta}/state", b"a%d" % i, qos=1)
+        pub.publish(f"{tb}/state", b"b%d" % i, qos=2)
+    for c in (live, Paho(gw, "g-wild-away", clean=False)):
+        got = [m.payload for m in _collect(c, (ta, tb), 20)]
+        assert [p for p in got if p[:1] == b"a"] == [b"a%d" % i for i in range(10)]
+        assert [p for p in got if p[:1] == b"b"] == [b"b%d" % i for i in range(10)]
+        assert _collect(c, (ta, tb), 1, timeout=0.5) == []          # each once
+    assert live.unsubscribe("+/state") is not None
+    pub.publish(f"{tb}/state", b"after", qos=1)
+    assert _collect(live, (ta, tb), 1, timeout=1.0) == []
+
+
+def test_a_persistent_wildcard_session_resumes_every_groups_position_after_a_gateway_kill9(two, tmp_path):
+    """The session's position in each group (its offset there, its QoS 2 exchanges) comes back
+    after a kill -9 of its gateway: what was published before and after, once each."""
+    a, b = two
+    ta, tb = _first_levels(a, b, "resume")
+    gw = LmqttGateway(f"{a.address};{b.address}", log_path=str(tmp_path / "gw.log")).start()
+    try:
+        s = Paho(gw, "g-res", clean=False)
+        assert s.subscribe("+/r", 2) == [2]
+        s.disconnect()
+        pub = Paho(gw, "g-res-pub")
+        for i in range(5):
+            pub.publish(f"{ta}/r", b"a%d" % i, qos=1)
+            pub.publish(f"{tb}/r", b"b%d" % i, qos=1)
+        pub.disconnect()
+        gw.kill9()
+        gw.start()
+        pub = Paho(gw, "g-res-pub")
+        for i in range(5, 10):
+            pub.publish(f"{ta}/r", b"a%d" % i, qos=1)
+            pub.publish(f"{tb}/r", b"b%d" % i, qos=1)
+        s = Paho(gw, "g-res", clean=False)
+        got = [m.payload for m in _collect(s, (ta, tb), 20)]
+        assert [p for p in got if p[:1] == b"a"] == [b"a%d" % i for i in range(10)], gw.log_tail()
+        assert [p for p in got if p[:1] == b"b"] == [b"b%d" % i for i in range(10)], gw.log_tail()
+        assert _collect(s, (ta, tb), 1, timeout=0.5) == []
+    finally:
+        gw.stop()
+
+
+def test_a_shared_or_replayed_filter_whose_first_level_is_a_wildcard_is_refused_with_its_reason(deployment):
     _a, _b, gw = deployment
     v5 = Paho(gw, "g-wild5", version=5)
-    assert v5.subscribe("#", 1) == [0xA2] and v5.subscribe("+/x", 1) == [0xA2]
-    assert v5.subscribe("$share/g/#", 1) == [0xA2]
+    assert v5.subscribe("$share/g/#", 1) == [0xA2] and v5.subscribe("$share/g/+/x", 1) == [0xA2]
     v3 = Paho(gw, "g-wild3")
-    assert v3.subscribe("#", 1) == [0x80]
+    assert v3.subscribe("$share/g/#", 1) == [0x80]
     assert "cause=spans_store_groups" in gw.log_tail()
+    assert v5.subscribe("$replay/0/+/x", 1)[0] >= 0x80          # a replay would read every group
 
 
 def test_persistent_sessions_retained_messages_wills_and_shared_groups_follow_their_groups(deployment):

@@ -42,7 +42,7 @@ def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
     reg.remove(s, s.subs["d/2"])
     _check(s)
     assert set(s.direct) == {"d/1", "d/3"} and set(s.cursors) == {"d/1", "d/3"}
-    reg.restore(s, _sub("r/+", "g"), None)    # a restored shared one splits too
+    reg.restore(s, _sub("r/+", "g"), {})    # a restored shared one splits too
     _check(s)
     reg.remove_all(s)
     _check(s)
