@@ -20,6 +20,11 @@ Cases:
                      into two groups of 3 (the same messages over two first-level topics, one owned
                      by each group), per flush mode, in the same run: msgs/s of each, the ratio of
                      the two groups' aggregate to one group's, and the CPU seconds of every process
+* mqtt-groups        the same over MQTT: `lmqtt gateway --store` over one group of 3, then over two
+                     groups of 3, in the same run, 50 QoS 1 pairs flat out for `--seconds` (the
+                     project's MQTT generator, `lmqtt bench mqtt --scenario pairs`), the pairs'
+                     topics over two first levels, one owned by each group: delivered msgs/s of
+                     each, their ratio, and the CPU seconds of the gateway and every member
 """
 from __future__ import annotations
 
@@ -245,6 +250,70 @@ def case_groups(root: str, modes: list[str], n: int, size: int, out) -> None:
              "msgs_per_s": round(rate), "vs_one_group": round(rate / single, 2), "cpu_s": cpu})
 
 
+def _gateway_pairs(root: str, store: str, roots: tuple[str, ...], seconds: float, watch: dict) -> dict:
+    """`lmqtt gateway --store store` and 50 QoS 1 pairs flat out through it: the generator's row,
+    with the CPU seconds of the gateway and of `watch` {name: pid} while it ran."""
+    from lmqtt.loadtest import mqtt_bench
+    from lmqtt.loadtest.scenarios import ScenarioConfig
+    port, mport = free_ports(1), free_ports(1)
+    with open(os.path.join(root, f"gateway-{port}.log"), "ab") as f:
+        gw = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", store,
+                               "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(mport),
+                               "--gateway-id", f"bench-{port}"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, 60)
+        _quiesce()
+        watch = {"gateway": gw.pid, **watch}
+        before = {k: proc_cpu(pid) for k, pid in watch.items()}
+        cfg = ScenarioConfig(scenario="pairs", port=port, publishers=50, subscribers=50, qos=1,
+                             duration=seconds, procs=2, roots=roots)
+        row = mqtt_bench.run(cfg, gw.pid, broker="lmqtt gateway", quiet=True)
+        cpu = {k: round(proc_cpu(pid) - before[k], 2) for k, pid in watch.items()}
+    finally:
+        gw.terminate()
+        gw.wait(30)
+    return {"delivered_per_s": row["delivered_per_s"], "sent": row["sent"], "lost": row["lost"],
+            "duplicated": row["duplicated"], "p99_ms": round(row["latency_us"]["p99"] / 1000, 2), "cpu_s": cpu}
+
+
+def case_mqtt_groups(root: str, modes: list[str], seconds: float, out) -> None:
+    """A gateway over one group of 3, then over two groups of 3: the same MQTT load, the same run."""
+    for mode in modes:
+        tag = mode.replace("+", "_")
+        for d in (f"mqtt-one-{tag}", f"mqtt-two-{tag}-a", f"mqtt-two-{tag}-b"):
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+        one = StoreGroup(os.path.join(root, f"mqtt-one-{tag}"), mode, None, 2.5, name="bench-a").start()
+        try:
+            prim = one.primary(in_sync=3)
+            watch = {"primary": prim.proc.pid, **{f"replica{m.node}": m.proc.pid for m in one.members if m is not prim}}
+            single = _gateway_pairs(root, one.peers, ("lb",), seconds, watch)
+        finally:
+            one.stop()
+            for m in one.members:
+                _drop_data(m.data_dir)
+        out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 1 group of 3", "seconds": seconds,
+             **single})
+        groups = [StoreGroup(os.path.join(root, f"mqtt-two-{tag}-{x}"), mode, None, 2.5, name=f"bench-{x}").start()
+                  for x in ("a", "b")]
+        try:
+            watch = {}
+            for g in groups:
+                prim = g.primary(in_sync=3)
+                watch[f"{g.name}.primary"] = prim.proc.pid
+                watch.update({f"{g.name}.replica{m.node}": m.proc.pid for m in g.members if m is not prim})
+            names = [g.name for g in groups]
+            roots = tuple(next(t for t in (f"lb{k}" for k in range(10_000)) if rendezvous(t, names) == i)
+                          for i in range(len(groups)))
+            two = _gateway_pairs(root, ";".join(g.peers for g in groups), roots, seconds, watch)
+        finally:
+            for g in groups:
+                g.stop()
+                for m in g.members:
+                    _drop_data(m.data_dir)
+        out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 2 groups of 3", "seconds": seconds,
+             **two, "vs_one_group": round(two["delivered_per_s"] / single["delivered_per_s"], 2)})
+
+
 def wait_port(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -372,13 +441,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=0.0,
                     help="failover case: start no fault after this many seconds (0: no bound); the figures "
                          "say how many faults ran")
+    ap.add_argument("--seconds", type=float, default=10.0, help="mqtt-groups: seconds of load per shape (default 10)")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
-    unknown = [c for c in cases if c not in ("append-replicated", "failover", "append-groups")]
+    unknown = [c for c in cases if c not in ("append-replicated", "failover", "append-groups", "mqtt-groups")]
     faults = [f.strip() for f in a.faults.split(",") if f.strip()]
     if unknown or not cases or not faults or any(f not in ("kill", "stop") for f in faults):
-        print(f"lmqtt bench ha: cases are append-replicated, failover, append-groups; faults kill, stop (got {a.cases!r}, "
+        print(f"lmqtt bench ha: cases are append-replicated, failover, append-groups, mqtt-groups; faults kill, stop "
+              f"(got {a.cases!r}, "
               f"{a.faults!r})", file=sys.stderr)
         return 2
     base = a.data_dir or tempfile.mkdtemp(prefix="lmqtt-ha-bench-")
@@ -393,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         if "append-groups" in cases:
             case_groups(os.path.join(base, "groups"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
                         a.messages, a.size, out)
+        if "mqtt-groups" in cases:
+            case_mqtt_groups(os.path.join(base, "groups"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
+                             a.seconds, out)
         if "failover" in cases:
             d = os.path.join(base, "failover")
             os.makedirs(d, exist_ok=True)

@@ -62,6 +62,9 @@ class ScenarioConfig:
     username: str | None = None  # CONNECT credentials (bench compare --password)
     password: str | None = None
     run_id: str = field(default_factory=lambda: f"{os.getpid():x}{int(time.time()) % 100000:x}")
+    # pairs: the first levels of the pairs' topics, taken in turn (pair i: roots[i % n]); a
+    # gateway over several store groups stores each first level in one group (docs/groups.md)
+    roots: tuple = ()
 
     def to_params(self) -> dict:
         d = asdict(self)
@@ -150,8 +153,10 @@ def plan(cfg: ScenarioConfig) -> list[ClientSpec]:
                 for j in range(cfg.subscribers)]
     elif s in ("pairs", "latency"):
         n = cfg.publishers
-        pubs = [ClientSpec("pub", f"{r}-p{i}", f"{r}/pair/{i}", pub_id=i) for i in range(n)]
-        subs = [ClientSpec("sub", f"{r}-s{i}", f"{r}/pair/{i}", sub_id=i, expects=[i]) for i in range(n)]
+        roots = cfg.roots or ("lb",)
+        t = [f"{roots[i % len(roots)]}/{cfg.run_id}/pair/{i}" for i in range(n)]
+        pubs = [ClientSpec("pub", f"{r}-p{i}", t[i], pub_id=i) for i in range(n)]
+        subs = [ClientSpec("sub", f"{r}-s{i}", t[i], sub_id=i, expects=[i]) for i in range(n)]
     elif s == "conn":
         # an idle device: CONNECT, then SUBSCRIBE to a topic of its own (the measure of
         # memory per idle connection), then silence
