@@ -169,8 +169,15 @@ class GroupedSessions:
         self.groups = groups
         self.first = groups[0].sessions
 
-    def __getattr__(self, name: str) -> Any:       # put, get, delete, claims, sweeps, callbacks
+    def __getattr__(self, name: str) -> Any:       # put, get, claims, sweeps, callbacks
         return getattr(self.first, name)
+
+    def delete(self, client_id: str) -> Answer[bool]:
+        """The record and its offsets in the first group; its offsets in every other group (a
+        later session of that client id must not resume from them)."""
+        gone = self.first.delete(client_id)
+        return Answer.gather([gone] + [g.offsets.delete(client_id) for g in self.groups[1:]]).then(
+            lambda got: got[0])
 
     def load(self, client_id: str) -> Answer[tuple[Any, dict[str, int]]]:
         return chain(self.owners.settled(), lambda _n: self._load(client_id))

@@ -150,12 +150,14 @@ def test_session_records_round_trip_load_with_offsets_and_delete(side):
     rec = SessionRecord(c, 5, 120, None, [Subscription("t/+", 1), Subscription("x", 0, share_group="g")], {"k": 1})
     s.put(c, rec).wait()
     assert s.get(c).wait() == rec
-    o.set(c, {"t/1": 3})
+    offsets = {"t/1": 3, "u/1": 4, "v/1": 5, "w/+": 6, "#": 7}     # over several groups: in several
+    o.set(c, offsets)
     got, offs = s.load(c).wait()
-    assert got == rec and offs == {"t/1": 3}
+    assert got == rec and offs == offsets
     assert c in [r.client_id for r in s.all().wait()]
     assert s.delete(c).wait() is True
     assert s.get(c).wait() is None
+    assert s.load(c).wait() == (None, {})            # every offset of it gone, wherever it was kept
     assert s.load(_name("none")).wait() == (None, {})
 
 
