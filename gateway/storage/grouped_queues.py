@@ -239,21 +239,30 @@ class GroupedQueues:
     def start_offset(self, queue: str) -> Answer[int]:
         return self._at(queue, lambda s, q: s.start_offset(q))
 
-    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
+    def _read(self, queue: str, call: Callable[[Any, str], Answer[Any]], named: Callable[[Any, int], Any]) -> Answer[Any]:
+        """A read of `queue` whose records a group after the first names by its own queue names:
+        `named(answer, i)` renames them (every read of such a group: a record of `b/x` in group 1
+        is also in that group's `#`, which this gateway knows as "#", NUL, 1)."""
         part = split_part(queue)
         if part is not None:
             i = part[1]
-            got = self.stores[i].pull(part[0], offset, max_count, max_bytes)
-            return got.then(lambda r: r._replace(messages=_parts_named(r.messages, i)))
-        return self._at(queue, lambda s, q: s.pull(q, offset, max_count, max_bytes))
+            return call(self.stores[i], part[0]).then(lambda got: named(got, i))
+        first = filter_first_level(queue)
+        if first is None:
+            return call(self.stores[0], queue)
+
+        def go(i: int) -> Answer[Any]:
+            got = call(self.stores[i], queue)
+            return got if i == 0 else got.then(lambda r: named(r, i))
+        return chain(self.owners.owner(first), go)
+
+    def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
+        return self._read(queue, lambda s, q: s.pull(q, offset, max_count, max_bytes),
+                          lambda r, i: r._replace(messages=_parts_named(r.messages, i)))
 
     def message_at(self, queue: str, offset: int) -> Answer[Any]:
-        part = split_part(queue)
-        if part is not None:
-            i = part[1]
-            return self.stores[i].message_at(part[0], offset).then(
-                lambda m: None if m is None else _parts_named([m], i)[0])
-        return self._at(queue, lambda s, q: s.message_at(q, offset))
+        return self._read(queue, lambda s, q: s.message_at(q, offset),
+                          lambda m, i: None if m is None else _parts_named([m], i)[0])
 
     def replay_plan(self, flt: str, since_ms: int) -> Answer[Any]:
         if spanning(flt):

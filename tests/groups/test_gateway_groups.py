@@ -99,6 +99,24 @@ def test_a_filter_whose_first_level_is_a_wildcard_reads_every_group(deployment):
     assert _collect(live, (ta, tb), 1, timeout=1.0) == []
 
 
+def test_overlapping_subscriptions_across_groups_deliver_each_message_once_at_the_highest_qos(deployment):
+    """`#` (QoS 1) and a topic of each group (QoS 2): a message is in the topic's queue and in its
+    group's part of `#`; the session gets it once, at QoS 2 (MQTT-3.3.5-1's "maximum QoS")."""
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "over")
+    c = Paho(gw, "g-over")
+    assert c.subscribe("#", 1) == [1]
+    assert c.subscribe(f"{ta}/x", 2) == [2] and c.subscribe(f"{tb}/x", 2) == [2]
+    pub = Paho(gw, "g-over-pub")
+    for i in range(10):
+        pub.publish(f"{ta}/x", b"a%d" % i, qos=2)
+        pub.publish(f"{tb}/x", b"b%d" % i, qos=2)
+    got = _collect(c, (ta, tb), 20)
+    got += _collect(c, (ta, tb), 1, timeout=1.0)
+    assert sorted(m.payload for m in got) == sorted([b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)])
+    assert {m.qos for m in got} == {2}
+
+
 def test_a_persistent_wildcard_session_resumes_every_groups_position_after_a_gateway_kill9(two, tmp_path):
     """The session's position in each group (its offset there, its QoS 2 exchanges) comes back
     after a kill -9 of its gateway: what was published before and after, once each."""
