@@ -12,13 +12,6 @@ Appends keep two orders the one-group store kept by itself. A tick's batch is sp
 (MQTT-4.6.0-2), though two groups answer independently. A batch with a first level whose owner
 is being claimed waits for the claim, and every batch after it waits behind it, so a topic's
 messages reach their group in order.
-
-A group's part of a batch leaves at once when no PRODUCE to that group is in flight; otherwise it
-joins the group's next PRODUCE, sent when the one in flight is answered (a group commit). Why: a
-tick's batch split over two groups made two PRODUCEs half as large, and each group's members spent
-their time per PRODUCE (two groups delivered 0.80x what one did over MQTT on two cores, the
-members' CPU per message 47 -> 68 us); under load the parts waiting for an answer gather into one.
-A gateway idle enough to find nothing in flight sends each batch at once, as before.
 """
 from __future__ import annotations
 
@@ -63,12 +56,6 @@ class GroupedQueues:
         self._last: asyncio.Future | None = None      # the previous batch's durable future
         # batches waiting for claims: (messages, due times, durable future, the claims or None)
         self._behind: list[tuple[list, list | None, asyncio.Future, Answer[None] | None]] = []
-        # per group: whether a PRODUCE is in flight, and the parts waiting for its answer
-        # ([messages, due times or None, the future their PRODUCE's durability completes])
-        self._sending: list[bool] = [False] * len(stores)
-        self._next: list[list | None] = [None] * len(stores)
-        self._full: list[list[list]] = [[] for _ in stores]    # waiting PRODUCEs already full, in order
-        self.coalesced = 0            # batch parts that joined a group's next PRODUCE (counter)
 
     # ------------------------------------------------------------------ lifecycle, state
     def start(self) -> None:
@@ -195,68 +182,14 @@ class GroupedQueues:
             p[0].append(m)
             if dues is not None:
                 p[1].append(dues[k])
-        durables = [self._to_group(at, ms, ds if dues is not None else None) for at, (ms, ds) in parts.items()]
+        durables = []
+        for at, (ms, ds) in parts.items():
+            st = self.stores[at]
+            res = st.append_batch(ms) if dues is None else st.append_batch_delayed(ms, ds)
+            durables.append(res[-1].durable)
         prev = self._last
         self._last = fut
         self._after(prev, durables, fut, None)
-
-    # the largest PRODUCE a group's waiting parts make (more waits for the next one)
-    max_coalesced = 4096
-
-    def _to_group(self, at: int, ms: list, ds: list | None) -> asyncio.Future:
-        """Group `at`'s part of a batch: sent now, or added to the group's next PRODUCE; the
-        future its durability completes."""
-        if not self._sending[at]:
-            return self._produce(at, ms, ds)
-        nxt = self._next[at]
-        if nxt is None or len(nxt[0]) + len(ms) > self.max_coalesced:
-            if nxt is not None:        # full: it waits its turn behind the ones before it
-                self._full[at].append(nxt)
-            nxt = self._next[at] = [[], None, self.loop.create_future()]
-        if ds is not None and nxt[1] is None:
-            nxt[1] = [0] * len(nxt[0])             # due 0: appended at once (append_batch_delayed)
-        nxt[0] += ms
-        if nxt[1] is not None:
-            nxt[1] += ds if ds is not None else [0] * len(ms)
-        self.coalesced += 1
-        return nxt[2]
-
-    def _produce(self, at: int, ms: list, ds: list | None) -> asyncio.Future:
-        st = self.stores[at]
-        res = st.append_batch(ms) if ds is None else st.append_batch_delayed(ms, ds)
-        durable = res[-1].durable
-        self._sending[at] = True
-        durable.add_done_callback(lambda _f, at=at: self._answered(at))
-        return durable
-
-    def _answered(self, at: int) -> None:
-        """Group `at`'s PRODUCE is answered: the parts that waited go, as one PRODUCE."""
-        self._sending[at] = False
-        full = self._full[at]
-        if full:
-            batch = full.pop(0)
-        else:
-            batch, self._next[at] = self._next[at], None
-        if batch is None:
-            return
-        ms, ds, done = batch
-        try:
-            durable = self._produce(at, ms, ds)
-        except Exception as e:  # noqa: BLE001 - the parts' publishers get the error
-            done.set_exception(e)
-            self._answered(at)
-            return
-
-        def settle(f: asyncio.Future) -> None:
-            if done.done():
-                return
-            if f.cancelled():
-                done.cancel()
-            elif f.exception() is not None:
-                done.set_exception(f.exception())
-            else:
-                done.set_result(None)
-        durable.add_done_callback(settle)
 
     def _after(self, prev: asyncio.Future | None, durables: list, fut: asyncio.Future,
                error: BaseException | None) -> None:
