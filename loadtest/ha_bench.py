@@ -39,10 +39,13 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any, Callable
 
 from lmqtt.loadtest.brokers import free_ports
+from lmqtt.loadtest import mqtt_bench
 from lmqtt.loadtest.chaos.checker import Checker, body, failures
 from lmqtt.loadtest.proc_stats import cpu_seconds as proc_cpu
+from lmqtt.loadtest.scenarios import ScenarioConfig
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
 
@@ -210,42 +213,60 @@ def case_append(root: str, modes: list[str], n: int, size: int, out) -> None:
                  "cpu_s": cpu})
 
 
+def _members(groups: list) -> dict:
+    """{name: pid} of every member of `groups` (primary / replica<node>, prefixed by the group's
+    name when there are several), once each group has its primary and both replicas in sync."""
+    watch = {}
+    for g in groups:
+        pre = f"{g.name}." if len(groups) > 1 else ""
+        prim = g.primary(in_sync=3)
+        watch[f"{pre}primary"] = prim.proc.pid
+        watch.update({f"{pre}replica{m.node}": m.proc.pid for m in g.members if m is not prim})
+    return watch
+
+
+def _owned(groups: list, prefix: str) -> tuple[str, ...]:
+    """A new first-level topic owned by each group, in order (the SDK's rendezvous over names)."""
+    names = [g.name for g in groups]
+    return tuple(next(t for t in (f"{prefix}{k}" for k in range(10_000)) if rendezvous(t, names) == i)
+                 for i in range(len(groups)))
+
+
+def _stop(groups: list) -> None:
+    for g in groups:
+        g.stop()
+        for m in g.members:
+            _drop_data(m.data_dir)
+
+
+def _one_then_two(root: str, mode: str, prefix: str, measure: Callable[[str, dict, tuple | None], Any]) -> tuple:
+    """`measure(address, members' pids, first levels)` over one group of 3, then over two groups of
+    3 (first levels: one owned by each group; None for the one group), in the same run."""
+    tag = f"{prefix}-{mode.replace('+', '_')}"
+    dirs = [os.path.join(root, f"{tag}-{x}") for x in ("one", "two-a", "two-b")]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    one = StoreGroup(dirs[0], mode, None, 2.5, name="bench-a").start()
+    try:
+        single = measure(one.peers, _members([one]), None)
+    finally:
+        _stop([one])
+    groups = [StoreGroup(d, mode, None, 2.5, name=f"bench-{x}").start() for d, x in zip(dirs[1:], ("a", "b"))]
+    try:
+        two = measure(";".join(g.peers for g in groups), _members(groups), _owned(groups, prefix))
+    finally:
+        _stop(groups)
+    return single, two
+
+
 def case_groups(root: str, modes: list[str], n: int, size: int, out) -> None:
     """One group of 3, then two groups of 3 (docs/groups.md), the same messages, the same run."""
     for mode in modes:
-        tag = mode.replace("+", "_")
-        for d in (f"one-{tag}", f"two-{tag}-a", f"two-{tag}-b"):
-            os.makedirs(os.path.join(root, d), exist_ok=True)
-        one = StoreGroup(os.path.join(root, f"one-{tag}"), mode, None, 2.5, name="bench-a").start()
-        try:
-            prim = one.primary(in_sync=3)
-            watch = {"primary": prim.proc.pid}
-            watch.update({f"replica{m.node}": m.proc.pid for m in one.members if m is not prim})
-            single, cpu = _autobatch_rate(one.peers, n, size, watch)
-        finally:
-            one.stop()
-            for m in one.members:
-                _drop_data(m.data_dir)
+        (single, cpu1), (rate, cpu) = _one_then_two(
+            root, mode, "bench", lambda address, watch, firsts: _autobatch_rate(
+                address, n, size, watch, topics=firsts or (TOPIC,)))
         out({"case": "append-groups", "flush_mode": mode, "shape": "1 group of 3", "messages": n, "size": size,
-             "msgs_per_s": round(single), "cpu_s": cpu})
-        groups = [StoreGroup(os.path.join(root, f"two-{tag}-{x}"), mode, None, 2.5, name=f"bench-{x}").start()
-                  for x in ("a", "b")]
-        try:
-            watch = {}
-            for g in groups:
-                prim = g.primary(in_sync=3)
-                watch[f"{g.name}.primary"] = prim.proc.pid
-                watch.update({f"{g.name}.replica{m.node}": m.proc.pid for m in g.members if m is not prim})
-            address = ";".join(g.peers for g in groups)
-            names = [g.name for g in groups]
-            topics = tuple(next(t for t in (f"bench{k}" for k in range(10_000)) if rendezvous(t, names) == i)
-                           for i in range(len(groups)))
-            rate, cpu = _autobatch_rate(address, n, size, watch, topics=topics)
-        finally:
-            for g in groups:
-                g.stop()
-                for m in g.members:
-                    _drop_data(m.data_dir)
+             "msgs_per_s": round(single), "cpu_s": cpu1})
         out({"case": "append-groups", "flush_mode": mode, "shape": "2 groups of 3", "messages": n, "size": size,
              "msgs_per_s": round(rate), "vs_one_group": round(rate / single, 2), "cpu_s": cpu})
 
@@ -253,8 +274,6 @@ def case_groups(root: str, modes: list[str], n: int, size: int, out) -> None:
 def _gateway_pairs(root: str, store: str, roots: tuple[str, ...], seconds: float, watch: dict) -> dict:
     """`lmqtt gateway --store store` and 50 QoS 1 pairs flat out through it: the generator's row,
     with the CPU seconds of the gateway and of `watch` {name: pid} while it ran."""
-    from lmqtt.loadtest import mqtt_bench
-    from lmqtt.loadtest.scenarios import ScenarioConfig
     port, mport = free_ports(1), free_ports(1)
     with open(os.path.join(root, f"gateway-{port}.log"), "ab") as f:
         gw = subprocess.Popen([sys.executable, "-m", "lmqtt.gateway.cli", "gateway", "--store", store,
@@ -279,37 +298,10 @@ def _gateway_pairs(root: str, store: str, roots: tuple[str, ...], seconds: float
 def case_mqtt_groups(root: str, modes: list[str], seconds: float, out) -> None:
     """A gateway over one group of 3, then over two groups of 3: the same MQTT load, the same run."""
     for mode in modes:
-        tag = mode.replace("+", "_")
-        for d in (f"mqtt-one-{tag}", f"mqtt-two-{tag}-a", f"mqtt-two-{tag}-b"):
-            os.makedirs(os.path.join(root, d), exist_ok=True)
-        one = StoreGroup(os.path.join(root, f"mqtt-one-{tag}"), mode, None, 2.5, name="bench-a").start()
-        try:
-            prim = one.primary(in_sync=3)
-            watch = {"primary": prim.proc.pid, **{f"replica{m.node}": m.proc.pid for m in one.members if m is not prim}}
-            single = _gateway_pairs(root, one.peers, ("lb",), seconds, watch)
-        finally:
-            one.stop()
-            for m in one.members:
-                _drop_data(m.data_dir)
+        single, two = _one_then_two(root, mode, "lb", lambda address, watch, firsts: _gateway_pairs(
+            root, address, firsts or ("lb",), seconds, watch))
         out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 1 group of 3", "seconds": seconds,
              **single})
-        groups = [StoreGroup(os.path.join(root, f"mqtt-two-{tag}-{x}"), mode, None, 2.5, name=f"bench-{x}").start()
-                  for x in ("a", "b")]
-        try:
-            watch = {}
-            for g in groups:
-                prim = g.primary(in_sync=3)
-                watch[f"{g.name}.primary"] = prim.proc.pid
-                watch.update({f"{g.name}.replica{m.node}": m.proc.pid for m in g.members if m is not prim})
-            names = [g.name for g in groups]
-            roots = tuple(next(t for t in (f"lb{k}" for k in range(10_000)) if rendezvous(t, names) == i)
-                          for i in range(len(groups)))
-            two = _gateway_pairs(root, ";".join(g.peers for g in groups), roots, seconds, watch)
-        finally:
-            for g in groups:
-                g.stop()
-                for m in g.members:
-                    _drop_data(m.data_dir)
         out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 2 groups of 3", "seconds": seconds,
              **two, "vs_one_group": round(two["delivered_per_s"] / single["delivered_per_s"], 2)})
 
