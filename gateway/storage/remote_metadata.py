@@ -30,9 +30,17 @@ log = logging.getLogger("lmqtt.gateway.remote")
 
 def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer[Any]:
     """Send `req` now: an `Answer` of its typed reply. `wait()` drives the link right here."""
-    wire = req.to_wire()
-    raw = link.cmd_within(req.cmd, **wire) if bounded else link.cmd(req.cmd, **wire)
     reply_type = req.Reply
+    return ask_raw(link, req.cmd, req.to_wire(), lambda op, body: decode_reply(reply_type, op, body),
+                   bounded=bounded)
+
+
+def ask_raw(link: LoopConnection, cmd: str, wire: dict, decode: Callable[[int, bytes], Any], *,
+            bounded: bool = True) -> Answer[Any]:
+    """Send command `cmd` with `wire`'s fields now: an `Answer` of `decode(opcode, body)` of its
+    reply (a command without a typed request, e.g. the topic table's claim). `wait()` drives the
+    link right here; a link still without the reply then fails it with the reason."""
+    raw = link.cmd_within(cmd, **wire) if bounded else link.cmd(cmd, **wire)
 
     def settle(out: Answer[Any]) -> None:
         if out.done():
@@ -46,7 +54,7 @@ def ask(link: LoopConnection, req: P.Request, *, bounded: bool = True) -> Answer
             return
         op, _flags, body = raw.result()
         try:
-            got = decode_reply(reply_type, op, body)
+            got = decode(op, body)
         except Exception as bad:  # noqa: BLE001 - a reply that does not match its type is the answer
             out.set_exception(bad)
             return

@@ -16,6 +16,7 @@ import json
 from typing import TYPE_CHECKING
 
 from lmqtt.gateway.storage.facades import Answer
+from lmqtt.gateway.storage.remote_metadata import ask_raw
 from lmqtt.store import protocol as W
 from lmqtt.store.client.groups import filter_first_level, first_level, owner_index, rendezvous
 
@@ -83,46 +84,19 @@ class TopicOwners:
             return asking
         self.claims += 1
         choice = self.names[rendezvous(first, self.names)]
-        link = self.directory
-        raw = link.cmd_within("topic_group_claim", topic=first, group=choice)
 
-        def waiter(_out: Answer[int], timeout: float | None) -> None:
-            # driven here (no loop running): the future's own callbacks wait for the loop
-            if not raw.done():
-                link.wait_reply(raw, timeout)
-            if raw.done():
-                done(raw)
-
-        out: Answer[int] = Answer(waiter)
+        def decode(op: int, body: bytes) -> int:
+            if op != W.OP_RESULT:
+                raise ValueError(f"topic_group_claim answered opcode {op:#x}")
+            return owner_index(json.loads(body)["group"], self.names, first, self.addresses, self.address)
+        out: Answer[int] = ask_raw(self.directory, "topic_group_claim", {"topic": first, "group": choice}, decode)
         self._asking[first] = out
 
-        def done(f) -> None:
-            if out.done():
-                return
+        def done(a: Answer[int]) -> None:
             self._asking.pop(first, None)
-            if f.cancelled():
-                out.set_exception(ConnectionError(f"claim of topic {first!r}: cancelled"))
-                return
-            e = f.exception()
-            if e is not None:
-                out.set_exception(e)
-                return
-            try:
-                op, _flags, body = f.result()
-                if op != W.OP_RESULT:
-                    raise ValueError(f"topic_group_claim answered opcode {op:#x}")
-                name = json.loads(body)["group"]
-                at = owner_index(name, self.names, first, self.addresses, self.address)
-            except Exception as bad:  # noqa: BLE001 - the claim's failure is its answer
-                out.set_exception(bad)
-                return
-            self._owners[first] = at
-            out.set_result(at)
-
-        if raw.done():
-            done(raw)
-        else:
-            raw.add_done_callback(done)
+            if a.exception() is None:
+                self._owners[first] = a.result()
+        out.add_done_callback(done)
         return out
 
     def settled(self) -> Answer[None]:
