@@ -116,14 +116,26 @@ def fanin(host: str, port: int, *, publishers: int, messages: int, qos: int = 0,
         received = (counter.bytes - base) // size
         t1 = max(counter.last, t0 + 1e-6)
         cpu = (_cpu_s(broker_pid) - cpu0) if broker_pid and cpu0 is not None else None
+        # every message may be in before a publisher has its last PUBACK and has disconnected:
+        # each gets a moment to exit on its own (killed then, it was counted as failing)
+        grace = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(max(0.0, grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
+        killed = set()
         for p in procs:
             if p.poll() is None:
                 p.kill()
+                killed.add(p)
         errors = []
         for p in procs:
             p.wait(10)
-            if p.returncode:
+            if p in killed:
+                errors.append("did not exit after the run (killed)")
+            elif p.returncode:
                 errors.append((p.stderr.read() or b"").decode(errors="replace").strip()[:200])
         sub.kill()
         sub.wait(10)
