@@ -7,9 +7,12 @@ wills, shared subscriptions; a filter whose first level is a wildcard reads one 
 and loses nothing acknowledged."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -262,3 +265,62 @@ def test_pubacks_keep_the_publish_order_across_groups_and_new_topics(deployment)
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
     assert [raw.recv(10).packet_id for _ in range(2)] == [202, 203]
+
+
+def _console(gw, path: str) -> dict:
+    """A console API answer of the gateway (loopback: no login)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.metrics_port}/console/api/{path}", timeout=20) as r:
+        return json.loads(r.read())
+
+
+def _traced(gw, flt: str, want: int, timeout: float = 20.0) -> list[dict]:
+    """The tracer's messages of `flt` from the start of the log, until `want` of them came."""
+    q = urllib.parse.urlencode({"filter": flt, "since": 0})
+    got: list[dict] = []
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.metrics_port}/console/api/trace?{q}", timeout=timeout) as r:
+        deadline = time.monotonic() + timeout
+        while len(got) < want and time.monotonic() < deadline:
+            line = r.readline()
+            if line.startswith(b"data: "):
+                got += json.loads(line[6:])
+    return got
+
+
+def test_the_console_shows_every_store_group(deployment):
+    """The console of a gateway over two groups: each group's store (its name, where, log end),
+    the topics of both, an SDK consumer group's position in each, and a trace of `#` reading
+    both groups' messages."""
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "con")
+    pub = Paho(gw, "g-con-pub")
+    for i in range(3):
+        pub.publish(f"{ta}/x", b"ca%d" % i, qos=1)
+        pub.publish(f"{tb}/x", b"cb%d" % i, qos=1)
+    c = connect(f"{a.address};{b.address}")
+    try:
+        f = c.filter_consumer("+/x", group="con-g", start="earliest")
+        recs: list = []
+        for _ in range(20):
+            recs += [r for r in f.poll() if r.topic in (f"{ta}/x", f"{tb}/x")]
+            if len(recs) >= 6:
+                break
+        assert len(recs) == 6
+        f.commit()
+    finally:
+        c.close()
+
+    store = _console(gw, "overview")["store"]
+    groups = store["groups"]
+    assert [g["where"] for g in groups] == [f"lmqtt://{a.address}", f"lmqtt://{b.address}"]
+    assert [g["group"] for g in groups] == [a.address, b.address]      # no --group: named by address
+    assert all(g["error"] is None and g["stats"]["max_offset"] > 0 for g in groups)
+
+    topics = {t["topic"] for t in _console(gw, "topics")["topics"]}
+    assert {ta, tb} <= topics
+
+    grp = next(g for g in _console(gw, "groups")["groups"] if g["group"] == "con-g")
+    assert {r["store_group"] for r in grp["queues"]} == {a.address, b.address}
+    assert grp["lag"] == 0
+
+    traced = [m for m in _traced(gw, "+/x", 6) if m["topic"] in (f"{ta}/x", f"{tb}/x")]
+    assert sorted(m["payload"] for m in traced) == sorted(["ca0", "ca1", "ca2", "cb0", "cb1", "cb2"])

@@ -15,7 +15,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from . import data
+from . import data, store_reads
 from .auth import COOKIE, ConsoleAuth, Session
 from .fleet import PEER_HEADER, Fleet, StoreUnavailable
 
@@ -178,7 +178,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         out["fleet"] = {"members": members, "error": peers_error, "gateways": len(members),
                         "totals": {k: round(sum(m.get(k) or 0 for m in live), 1)
                                    for k in ("connections", "sessions", "subscriptions", "msg_in_s", "msg_out_s")}}
-        out["store"] = await data.store_overview(gw, fleet)
+        out["store"] = await store_reads.store_overview(gw, fleet)
         return _json(out)
 
     def peer_ok(request: Request) -> bool:
@@ -259,7 +259,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         if (r := need(request)[1]) is not None:
             return r
         if fleet.remote:
-            return _json(await data.sessions_remote(fleet))
+            return _json(await store_reads.sessions_remote(fleet))
         return _json(data.sessions(gw))
 
     async def disconnect(request: Request):
@@ -346,7 +346,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
     async def groups(request: Request):
         if (r := need(request)[1]) is not None:
             return r
-        return _json(await data.groups(fleet))
+        return _json(await store_reads.groups(fleet))
 
     async def topics(request: Request):
         if (r := need(request)[1]) is not None:
@@ -384,7 +384,7 @@ def build_app(gw, cfg, bound_host: str, ready=None, fleet: Fleet | None = None):
         if refused is not None:
             return refused
         try:
-            tr = data.RemoteTrace(fleet, flt, since, allowed) if fleet.remote else data.Trace(gw, flt, since, allowed)
+            tr = store_reads.remote_trace(fleet, flt, since, allowed) if fleet.remote else data.Trace(gw, flt, since, allowed)
         except Exception as e:  # noqa: BLE001 - an invalid filter: its reason, one line
             return _json({"error": f"invalid filter {flt!r}: {e}"}, 400)
         if fleet.remote:

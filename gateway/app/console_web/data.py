@@ -17,8 +17,6 @@ import time
 from collections import deque
 
 from lmqtt.lightqueue.topics import validate_filter
-from lmqtt.store import protocol as W
-from lmqtt.store.client.consumer import decode_reply
 from lmqtt.store.client.props import decode_fields
 
 from .fleet import StoreUnavailable
@@ -290,14 +288,15 @@ class Trace:
         self.history = gw.embedded.trace(flt, since_ms)     # an invalid filter: its reason (InvalidTopicFilter)
 
     def poll(self) -> list[dict]:
-        return [_traced(m.topic, m.props, m.body, m.store_ts) for m in self.history.poll(self.MAX_PER_POLL)
+        return [trace_row(m.topic, m.props, m.body, m.store_ts) for m in self.history.poll(self.MAX_PER_POLL)
                 if self.allowed is None or self.allowed(m.topic)]
 
     async def apoll(self) -> list[dict]:
         return self.poll()
 
 
-def _traced(topic: str, props, payload, store_ts: int) -> dict:
+def trace_row(topic: str, props, payload, store_ts: int) -> dict:
+    """One traced message as the tracer page shows it (payload preview, MQTT properties)."""
     try:
         qos, retain, client_id, _pfi, expiry, ctype, resp, _corr, user = decode_fields(props)
     except ValueError:
@@ -311,44 +310,6 @@ def _traced(topic: str, props, payload, store_ts: int) -> dict:
             "truncated": len(body) > 2048, "qos": qos, "retain": retain, "client_id": client_id,
             "store_ts": store_ts, "content_type": ctype, "response_topic": resp,
             "message_expiry_interval": expiry, "user_properties": [list(p) for p in user]}
-
-
-class RemoteTrace:
-    """The tracer of a fleet gateway: the store's filter history read by CommitLog position, as the
-    SDK's FilterConsumer does (`filter_position` with `since`, then `filter_read` from where the
-    last read stopped: the history, then each new message as it is stored). Nothing is registered
-    in the store (no `subscribe`: the read scans the filter's ConsumeQueues)."""
-
-    MAX_PER_POLL = 200
-
-    def __init__(self, fleet, flt: str, since_ms: int, allowed=None) -> None:
-        validate_filter(flt)
-        self.fleet, self.flt, self.since_ms, self.allowed = fleet, flt, int(since_ms), allowed
-        self.position: int | None = None
-        self.hint = None
-
-    async def start(self) -> None:
-        """Where `since` is in the log (the store refuses a time outside its retention: StoreUnavailable)."""
-        r = await self.fleet.call("filter_position", filter=self.flt, since=self.since_ms)
-        self.position, self.hint = int(r["position"]), r.get("lq_offset")
-
-    async def apoll(self) -> list[dict]:
-        out: list[dict] = []
-        for _ in range(8):            # a stretch of other topics reads nothing and moves on
-            before = self.position
-            op, flags, body = await self.fleet.call_raw("filter_read", filter=self.flt, position=self.position,
-                                                       max_count=self.MAX_PER_POLL, hint=self.hint)
-            if op != W.OP_MESSAGES:
-                return out
-            # either layout (F_RAW: the CommitLog's own records), decoded by the SDK's decoder
-            header, recs = decode_reply(None, body, flags)
-            self.position, self.hint = int(header["position"]), header.get("hint")
-            for r in recs:
-                if self.allowed is None or self.allowed(r.topic):
-                    out.append(_traced(r.topic, r.props, r.body, r.store_ts))
-            if recs or self.position == before:
-                return out
-        return out
 
 
 class TopicRates:
@@ -367,8 +328,14 @@ class TopicRates:
             return node.topic_ends()
         if self.fleet is None or not self.fleet.remote:
             return {}
-        got = await self.fleet.call("topics")
-        return {(q["topic"], q["queue_id"]): q["max_offset"] for q in got.get("queues", [])}
+        ends: dict = {}
+        for _group, got in await self.fleet.call_each("topics"):     # every store group's topics
+            if isinstance(got, StoreUnavailable):
+                raise got
+            for q in got.get("queues", []):
+                key = (q["topic"], q["queue_id"])     # a system topic ($timer, %DLQ%) may be in several
+                ends[key] = ends.get(key, 0) + q["max_offset"]
+        return ends
 
     async def snapshot(self, limit: int = 200) -> dict:
         if self.gw.embedded is None and (self.fleet is None or not self.fleet.remote):
@@ -430,116 +397,6 @@ def _retained_rows(batches, allowed, limit: int) -> dict:
             if len(out) >= limit:
                 return {"available": True, "messages": out, "truncated": True}
     return {"available": True, "messages": out, "truncated": False}
-
-
-async def groups(fleet) -> dict:
-    """Consumer groups of the SDK service (the store's; what `lmqtt admin --group` reads): each
-    queue's committed offset, end and lag (the `lag` CALL), with the POP state of a ConsumeQueue
-    (next offset, messages invisible now, backlog); groups that only POP and never commit (the
-    `pop_groups` CALL) too; and each group's dead letters (the end of its `%DLQ%group` queue)."""
-    try:
-        names = (await fleet.call("stats")).get("groups", [])[:200]
-        pops = await fleet.call("pop_groups")
-    except StoreUnavailable as e:
-        return {"available": False, "why": str(e), "groups": []}
-    pop_of = {(r["group"], r["topic"], r["queue_id"]): r for r in pops.get("pop", [])}
-    dead = pops.get("dead_letters", {})
-    out, seen = [], set()
-    for g in names:
-        try:
-            rows = (await fleet.call("lag", group=g))["queues"]
-        except StoreUnavailable:
-            rows = []
-        for r in rows:
-            if "topic" in r:
-                p = pop_of.pop((g, r["topic"], r["queue_id"]), None)
-                r["pop"] = {k: p[k] for k in ("next", "inflight", "backlog")} if p else None
-        seen.add(g)
-        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows),
-                    "dead_letters": dead.get(g, 0) if g in dead else await _dead_letters(fleet, g)})
-    # groups that only POP (no committed offset): their POP state is where they are
-    pop_only: dict[str, list] = {}
-    for (g, t, q), p in sorted(pop_of.items()):
-        pop_only.setdefault(g, []).append({"topic": t, "queue_id": q, "committed": None,
-                                           "max_offset": p["next"] + p["backlog"], "lag": p["backlog"],
-                                           "pop": {k: p[k] for k in ("next", "inflight", "backlog")}})
-    for g, rows in pop_only.items():
-        if g in seen:            # a POP queue of a group that also commits elsewhere
-            next(x for x in out if x["group"] == g)["queues"].extend(rows)
-            continue
-        out.append({"group": g, "queues": rows, "lag": sum(r["lag"] for r in rows), "pop_only": True,
-                    "dead_letters": dead.get(g, 0)})
-    out.sort(key=lambda x: x["group"])
-    return {"available": True, "groups": out}
-
-
-async def _dead_letters(fleet, g: str) -> int:
-    try:
-        return (await fleet.call("offsets", topic=f"%DLQ%{g}", queue_id=0))["max_offset"]
-    except (StoreUnavailable, KeyError, TypeError):
-        return 0
-
-
-async def sessions_remote(fleet, limit: int = 200) -> dict:
-    """`sessions` of a fleet gateway: the store's `sessions` and `session` CALLs (lmqtt admin)."""
-    try:
-        listed = (await fleet.call("sessions", limit=limit))["sessions"]
-        full = await asyncio.gather(*(fleet.call("session", client_id=r["client_id"]) for r in listed))
-    except StoreUnavailable as e:
-        return {"available": False, "why": str(e), "sessions": []}
-    now_ms = int(time.time() * 1000)
-    out = []
-    for r in full:
-        rec = r.get("session")
-        if rec is None:          # gone between the two calls
-            continue
-        subs = [{k: x.get(k) for k in ("filter", "qos", "share_group", "committed_offset", "max_offset", "lag")}
-                for x in rec["subscriptions"]]
-        connected = rec["connected"]
-        out.append({"client_id": rec["client_id"], "connected": connected, "gateway": rec.get("gateway"),
-                    "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(rec.get("protocol_version"),
-                                                                     str(rec.get("protocol_version"))),
-                    "offline_s": None if connected or rec.get("last_disconnect_ms") is None
-                    else round((now_ms - rec["last_disconnect_ms"]) / 1000),
-                    "expiry_interval": rec.get("expiry_interval"), "subscriptions": subs,
-                    "lag": sum(s["lag"] or 0 for s in subs)})
-    return {"available": True, "sessions": out, "truncated": len(listed) >= limit}
-
-
-async def store_overview(gw, fleet) -> dict:
-    """The store: where, its counters (log end, dispatch lag, disk), the store group's members and
-    roles (a replicated group: docs/ha.md) and the tier's use."""
-    out: dict = {"where": fleet.store_where(), "error": None, "ha": None, "members": None, "tier": None}
-    try:
-        if not fleet.remote and gw.embedded is not None:
-            st = gw.embedded.stats()
-            tier = gw.embedded.tier_stats()
-        else:
-            st = await fleet.call("stats")
-            tier = (await fleet.call("tier")).get("tier")
-    except StoreUnavailable as e:
-        out["error"] = str(e)
-        return out
-    out["stats"] = {k: st.get(k) for k in ("max_offset", "dispatch_lag_bytes", "segments", "disk_free_bytes",
-                                           "disk_full", "disk_full_reason", "connections", "recoveries")}
-    ha = st.get("ha")
-    if ha:
-        out["ha"] = ha
-        members = [{"node": ha.get("node"), "role": ha.get("role"), "address": ha.get("primary_address"),
-                    "in_sync": ha.get("node") in (ha.get("in_sync") or []), "lag_bytes": 0}]
-        try:
-            status = await fleet.call("ha_status")
-        except StoreUnavailable:
-            status = {}
-        for r in status.get("replicas", []):
-            members.append({"node": r["node"], "role": "replica", "connected": r.get("connected"),
-                            "in_sync": r["node"] in (ha.get("in_sync") or []), "lag_bytes": r.get("lag_bytes")})
-        out["members"] = members
-    if tier:
-        out["tier"] = {k: tier.get(k) for k in ("url", "reachable", "error", "local_segments", "local_bytes",
-                                                "uploading_segments", "tier_segments", "tier_stored_bytes",
-                                                "tier_raw_bytes", "oldest_readable_ms")}
-    return out
 
 
 def member_row(gw, fleet, sampler, ready) -> dict:

@@ -79,9 +79,45 @@ class Fleet:
         _op, _flags, body = await self.call_raw(name, **args)
         return json.loads(body)
 
-    async def call_raw(self, name: str, **args) -> tuple[int, int, bytes]:
-        """A fleet gateway's CALL answered as the frame (op, flags, body): a MESSAGES reply too."""
-        link = getattr(self.gw, "link", None)
+    def links(self) -> list:
+        """This gateway's store links, one per store group (docs/groups.md), the first group's
+        (sessions, the topic table, the consoles' directory) first; [] for `lmqtt serve`."""
+        first = getattr(self.gw, "link", None)
+        return ([first] if first is not None else []) + list(getattr(self.gw, "more_links", None) or [])
+
+    @staticmethod
+    def group_name(link) -> str:
+        """A store group's name as its members say it (HELLO_OK), else the address dialled."""
+        return str(link.server_info.get("group") or link.address)
+
+    async def call_each(self, name: str, **args) -> list[tuple[str, dict | StoreUnavailable]]:
+        """The CALL asked of every store group at once: [(group name, its result or why it could
+        not answer)], in `--store` order. One group (or `lmqtt serve`): that store's only."""
+        links = self.links()
+        if len(links) <= 1:
+            try:
+                return [(self.group_name(links[0]) if links else "", await self.call(name, **args))]
+            except StoreUnavailable as e:
+                return [(self.group_name(links[0]) if links else "", e)]
+
+        async def one(link) -> dict | StoreUnavailable:
+            try:
+                return await self.call_at(link, name, **args)
+            except StoreUnavailable as e:
+                return e
+        got = await asyncio.gather(*(one(link) for link in links))
+        return [(self.group_name(link), r) for link, r in zip(links, got)]
+
+    async def call_at(self, link, name: str, /, **args) -> dict:
+        """`call` of one store group's link (a fleet gateway)."""
+        _op, _flags, body = await self.call_raw(name, link, **args)
+        return json.loads(body)
+
+    async def call_raw(self, name: str, link=None, /, **args) -> tuple[int, int, bytes]:
+        """A fleet gateway's CALL answered as the frame (op, flags, body): a MESSAGES reply too.
+        `link`: the store group's link to ask (default: the first group's)."""
+        if link is None:
+            link = getattr(self.gw, "link", None)
         if link is None or not link.connected:
             raise StoreUnavailable(f"store {self.cfg.store_address} unreachable: "
                                    f"{link.last_error if link is not None else 'closed'}")
@@ -94,10 +130,11 @@ class Fleet:
         except Exception as e:  # noqa: BLE001 - ConnectionLost and the like: one line
             raise StoreUnavailable(f"store {link.address}: {e}") from None
 
-    def store_where(self) -> str:
+    def store_where(self, link=None) -> str:
         if not self.remote:
             return "embedded (lmqtt serve)"
-        link = getattr(self.gw, "link", None)
+        if link is None:
+            link = getattr(self.gw, "link", None)
         return f"lmqtt://{link.address if link is not None else self.cfg.store_address}"
 
     # ------------------------------------------------------------------ announcing this console

@@ -147,14 +147,37 @@ function showFleet(ov) {
       el("td", {}, m.url && !m.self ? el("a", { href: `${m.url}/console/`, text: m.url }) : (m.url || "")));
   }));
   const st = ov.store;
+  // several store groups (docs/groups.md): one block per group; one store: the fixed block
+  const many = Array.isArray(st.groups) && st.groups.length > 1;
+  for (const id of ["st-error", "st-summary", "st-members", "st-tier"]) $(id).hidden = many;
+  $("st-groups").hidden = !many;
+  if (many) {
+    $("st-where").textContent = `${st.groups.length} store groups`;
+    $("st-groups").replaceChildren(...st.groups.map((g) => {
+      const members = el("table", { class: "st-members" },
+        el("thead", {}, el("tr", {}, ...["Node", "Role", "In sync", "Replication lag"].map((h) => el("th", { text: h })))),
+        el("tbody"));
+      const block = el("div", { class: "st-group", "data-group": g.group },
+        el("h3", {}, `group ${g.group} `, el("span", { class: "muted", text: g.where })),
+        el("p", { class: "error", text: g.error || "" }), el("p", { class: "st-summary" }), members,
+        el("p", { class: "st-tier" }));
+      showStore(g, block.querySelector(".st-summary"), members, block.querySelector(".st-tier"));
+      return block;
+    }));
+    return;
+  }
   $("st-where").textContent = st.where;
   $("st-error").textContent = st.error || "";
+  showStore(st, $("st-summary"), $("st-members"), $("st-tier"));
+}
+
+// one store's counters, members and tier into the given elements
+function showStore(st, summary, mt, tier) {
   if (st.stats) {
     const s = st.stats;
-    $("st-summary").textContent = `log end ${fmt(s.max_offset)} B · dispatch lag ${fmt(s.dispatch_lag_bytes)} B · ` +
+    summary.textContent = `log end ${fmt(s.max_offset)} B · dispatch lag ${fmt(s.dispatch_lag_bytes)} B · ` +
       `${fmt(s.segments)} segments · disk free ${mb(s.disk_free_bytes)}` + (s.disk_full ? ` · DISK FULL: ${s.disk_full_reason}` : "");
-  } else $("st-summary").textContent = "";
-  const mt = $("st-members");
+  } else summary.textContent = "";
   mt.hidden = !st.members;
   if (st.members) {
     mt.tBodies[0].replaceChildren(...st.members.map((m) => el("tr", { "data-node": m.node },
@@ -162,7 +185,7 @@ function showFleet(ov) {
       el("td", { class: "insync", text: m.in_sync ? "yes" : "no" }), el("td", { class: "num", text: mb(m.lag_bytes) }))));
   }
   const tr = st.tier;
-  $("st-tier").textContent = tr ? `tier ${tr.url}: ${tr.reachable ? "reachable" : "unreachable " + (tr.error || "")} · local ` +
+  tier.textContent = tr ? `tier ${tr.url}: ${tr.reachable ? "reachable" : "unreachable " + (tr.error || "")} · local ` +
     `${fmt(tr.local_segments)} segments (${mb(tr.local_bytes)}) · uploading ${fmt(tr.uploading_segments)} · in the tier ` +
     `${fmt(tr.tier_segments)} segments (${mb(tr.tier_stored_bytes)} stored of ${mb(tr.tier_raw_bytes)})` : "no tiered storage";
 }
@@ -255,7 +278,7 @@ async function sessions() {
 // ---- consumer groups ----------------------------------------------------------------------
 async function loadGroups() {
   const d = await api("/console/api/groups");
-  $("gr-note").textContent = d.available ? "" : d.why;
+  $("gr-note").textContent = d.why || "";      // over several store groups: the ones that could not answer
   $("gr-count").textContent = d.available ? `${d.groups.length}` : "";
   const rows = [];
   for (const g of d.groups) {
@@ -264,7 +287,7 @@ async function loadGroups() {
       const name = q ? (q.filter !== undefined ? q.filter : `${q.topic}:${q.queue_id}`) : "(nothing committed)";
       const pop = q && q.pop ? `${fmt(q.pop.next)} / ${fmt(q.pop.inflight)} / ${fmt(q.pop.backlog)}` : "";
       rows.push(el("tr", { "data-group": g.group, "data-queue": q ? name : "" },
-        el("td", { text: i ? "" : g.group }), el("td", { class: "queue", text: name }),
+        el("td", { text: i ? "" : g.group }), el("td", { class: "queue", text: name + (q && q.store_group ? ` (store group ${q.store_group})` : "") }),
         el("td", { class: "num committed", text: q ? fmt(q.committed) : "" }), el("td", { class: "num end", text: q ? fmt(q.max_offset) : "" }),
         el("td", { class: "num lag", text: q ? fmt(q.lag) : "" }), el("td", { class: "num pop", text: pop }),
         el("td", { class: "num dead", text: i ? "" : fmt(g.dead_letters) })));
