@@ -24,7 +24,9 @@ Cases:
                      groups of 3, in the same run, 50 QoS 1 pairs flat out for `--seconds` (the
                      project's MQTT generator, `lmqtt bench mqtt --scenario pairs`), the pairs'
                      topics over two first levels, one owned by each group: delivered msgs/s of
-                     each, their ratio, and the CPU seconds of the gateway and every member
+                     each, their ratio, the CPU seconds of the gateway and every member and their
+                     CPU per message; `--rounds N`: N such pairs of runs alternated, then the
+                     median ratio
 """
 from __future__ import annotations
 
@@ -295,15 +297,36 @@ def _gateway_pairs(root: str, store: str, roots: tuple[str, ...], seconds: float
             "duplicated": row["duplicated"], "p99_ms": round(row["latency_us"]["p99"] / 1000, 2), "cpu_s": cpu}
 
 
-def case_mqtt_groups(root: str, modes: list[str], seconds: float, out) -> None:
-    """A gateway over one group of 3, then over two groups of 3: the same MQTT load, the same run."""
+def case_mqtt_groups(root: str, modes: list[str], seconds: float, out, rounds: int = 1) -> None:
+    """A gateway over one group of 3, then over two groups of 3: the same MQTT load, the same run;
+    `rounds` times, alternated, then the median of the rounds' ratios (one 10-s run of either shape
+    moves by a fifth between runs on this VM: one ratio alone says little)."""
     for mode in modes:
-        single, two = _one_then_two(root, mode, "lb", lambda address, watch, firsts: _gateway_pairs(
-            root, address, firsts or ("lb",), seconds, watch))
-        out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 1 group of 3", "seconds": seconds,
-             **single})
-        out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 2 groups of 3", "seconds": seconds,
-             **two, "vs_one_group": round(two["delivered_per_s"] / single["delivered_per_s"], 2)})
+        ratios = []
+        for r in range(rounds):
+            single, two = _one_then_two(root, mode, "lb", lambda address, watch, firsts: _gateway_pairs(
+                root, address, firsts or ("lb",), seconds, watch))
+            ratio = round(two["delivered_per_s"] / single["delivered_per_s"], 2)
+            ratios.append(ratio)
+            tag = {"round": r + 1} if rounds > 1 else {}
+            out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 1 group of 3", "seconds": seconds,
+                 **tag, **single, "cpu_us_per_msg": _us_per_msg(single)})
+            out({"case": "mqtt-groups", "flush_mode": mode, "shape": "gateway over 2 groups of 3", "seconds": seconds,
+                 **tag, **two, "cpu_us_per_msg": _us_per_msg(two), "vs_one_group": ratio})
+        if rounds > 1:
+            ratios.sort()
+            k = len(ratios)
+            med = ratios[k // 2] if k % 2 else round((ratios[k // 2 - 1] + ratios[k // 2]) / 2, 3)
+            out({"case": "mqtt-groups", "flush_mode": mode, "rounds": rounds, "vs_one_group": ratios,
+                 "median": med})
+
+
+def _us_per_msg(row: dict) -> dict:
+    """CPU microseconds per message sent (and delivered: 0 lost): the gateway's, all members' together."""
+    n = max(1, row["sent"])
+    cpu = row["cpu_s"]
+    members = sum(v for k, v in cpu.items() if k != "gateway")
+    return {"gateway": round(cpu["gateway"] / n * 1e6, 1), "members": round(members / n * 1e6, 1)}
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
@@ -434,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="failover case: start no fault after this many seconds (0: no bound); the figures "
                          "say how many faults ran")
     ap.add_argument("--seconds", type=float, default=10.0, help="mqtt-groups: seconds of load per shape (default 10)")
+    ap.add_argument("--rounds", type=int, default=1, help="mqtt-groups: rounds of both shapes, alternated, and the "
+                                                          "median of their ratios (default 1)")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
@@ -458,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                         a.messages, a.size, out)
         if "mqtt-groups" in cases:
             case_mqtt_groups(os.path.join(base, "groups"), [m.strip() for m in a.flush_modes.split(",") if m.strip()],
-                             a.seconds, out)
+                             a.seconds, out, max(1, a.rounds))
         if "failover" in cases:
             d = os.path.join(base, "failover")
             os.makedirs(d, exist_ok=True)
