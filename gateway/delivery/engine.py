@@ -41,6 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lmqtt.gateway.delivery.engine")
 
 
+def _itself(queue: str) -> tuple[str, ...]:
+    return (queue,)
+
+
 def _store_side(e: BaseException) -> bool:
     """A read the store refused or could not serve (its errors, an ERROR frame's code, a lost
     link), as opposed to a fault of this process: the former is retried, the latter logged whole."""
@@ -83,6 +87,9 @@ class DeliveryEngine:
         self._flush_writes = flush_writes
         self.direct: dict[str, MqttSession | set[MqttSession]] = {}   # queue -> online sessions reading it (`add_reader`)
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
+        # the queues a shared subscription reads: itself, or over several store groups one per
+        # group for a filter whose first level is a wildcard (SubscriptionRegistry.parts)
+        self.parts: Callable[[str], tuple[str, ...]] = _itself
         self.on_group_added: Callable[["SharedGroup"], None] | None = None   # fleet: group leases
         self.on_group_removed: Callable[["SharedGroup"], None] | None = None
         self._dirty: set[str] = set()
@@ -179,7 +186,7 @@ class DeliveryEngine:
         if len(s.subs) != len(s.cursors):          # some subscriptions are shared ($share/...)
             for sub in s.subs.values():
                 if sub.group:
-                    d.add(sub.queue)
+                    d.update(self.parts(sub.queue))
         if d and not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._run)

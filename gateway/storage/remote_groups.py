@@ -12,6 +12,7 @@ from lmqtt.gateway.storage.facades import Answer
 from lmqtt.gateway.storage.grouped_metadata import chain
 from lmqtt.gateway.storage.remote_entries import RemoteMessage
 from lmqtt.gateway.storage.remote_metadata import ask, down_reason
+from lmqtt.gateway.storage.topic_owners import split_part
 from lmqtt.store.client.aio import ConnectionLost
 from lmqtt.store.client.groups import filter_first_level
 from lmqtt.store.node import protocol as P
@@ -50,8 +51,9 @@ class RemoteGroups:
 
 class GroupedRemoteGroups:
     """`RemoteGroups` over several store groups (docs/groups.md): a shared group's messages are in
-    the group owning its filter's first level, so its pops and acks go there; the lease of this
-    gateway is renewed in every group."""
+    the group owning its filter's first level, so its pops and acks go there (a filter whose first
+    level is a wildcard: a shared group per group, its part); the lease of this gateway is renewed
+    in every group."""
 
     def __init__(self, groups: list[RemoteGroups], owners) -> None:
         self.groups = groups
@@ -65,18 +67,27 @@ class GroupedRemoteGroups:
         return self.groups[0].incarnation
 
     def _at(self, queue: str, call) -> Answer[Any]:
+        """`call(RemoteGroups, the store's name of queue)` in the group holding `queue`: its first
+        level's, or for a part of a filter whose first level is a wildcard its part's group
+        (topic_owners.py `part_name`: each part is a shared group of its own in its group)."""
+        part = split_part(queue)
+        if part is not None:
+            return call(self.groups[part[1]], part[0])
         first = filter_first_level(queue)
-        if first is None:
-            return Answer.failed(ValueError(f"shared queue {queue!r} spans every store group"))
-        return chain(self.owners.owner(first), lambda i: call(self.groups[i]))
+        if first is None:                  # the first group's part
+            return call(self.groups[0], queue)
+        at = self.owners.known(first)
+        if at is not None:
+            return call(self.groups[at], queue)
+        return chain(self.owners.owner(first), lambda i: call(self.groups[i], queue))
 
     def pop(self, group: str, queue: str, max_count: int, start: int | None, ttl_ms: int,
             wait_ms: int) -> Answer[list]:
-        return self._at(queue, lambda g: g.pop(group, queue, max_count, start, ttl_ms, wait_ms))
+        return self._at(queue, lambda g, q: g.pop(group, q, max_count, start, ttl_ms, wait_ms))
 
     def ack(self, group: str, queue: str, offsets: list[int], back: list[int], leave: bool,
             ttl_ms: int) -> Answer[Any]:
-        return self._at(queue, lambda g: g.ack(group, queue, offsets, back, leave, ttl_ms))
+        return self._at(queue, lambda g, q: g.ack(group, q, offsets, back, leave, ttl_ms))
 
     def renew(self, ttl_ms: int) -> Answer[Any]:
         return Answer.all_in([g.renew(ttl_ms) for g in self.groups])

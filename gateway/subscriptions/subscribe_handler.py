@@ -183,15 +183,6 @@ class SubscribeHandler:
                          over[0], over[1])
                 codes.append(RC.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V311)
                 continue
-            spans = getattr(self.subscriptions, "spans_groups", None)     # several store groups
-            if spans is not None and group is not None and spans(flt):
-                log.info("event=subscribe_refused client_id=%s filter=%r reason_code=0x%02X cause=spans_store_groups",
-                         s.client_id, req.topic_filter, RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_V311)
-                codes.append(RC.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_V311)
-                reasons.append(f"{req.topic_filter}: a shared subscription whose first level is a wildcard matches "
-                               f"topics of every store group: not served over several groups in this version "
-                               f"(docs/groups.md)")
-                continue
             if group is not None and req.no_local and v5:
                 raise ProtocolError("No Local must not be set on a shared subscription", RC.PROTOCOL_ERROR)
             ok = acl.can_subscribe(conn.identity, flt) if acl is not None else True

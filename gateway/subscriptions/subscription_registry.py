@@ -124,15 +124,18 @@ class SubscriptionRegistry:
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         self.before_register = before_register
         self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
-        # over several store groups (gateway/storage/grouped_queues.py): whether a filter matches
-        # topics of every group (its shared subscriptions are refused, SUBACK 0xA2), and the
-        # queues a subscription reads (one per group for such a filter); None: one store
-        self.spans_groups: Callable[[str], bool] | None = getattr(self.store, "spans_groups", None)
+        # over several store groups (gateway/storage/grouped_queues.py): the queues a subscription
+        # reads (one per group for a filter whose first level is a wildcard, direct or shared: a
+        # shared group per part); None: one store
         self._parts_of: Callable[[str], tuple[str, ...]] | None = getattr(self.store, "parts", None)
+        if self._parts_of is not None:
+            delivery.parts = self.parts     # a shared subscription's queues, kicked by `kick`
 
     def parts(self, queue: str) -> tuple[str, ...]:
-        """The queues a direct subscription of `queue` reads: itself, or over several store groups
-        one per group for a filter whose first level is a wildcard (the first is `queue`)."""
+        """The queues a subscription of `queue` reads: itself, or over several store groups one per
+        group for a filter whose first level is a wildcard (the first is `queue`); a shared
+        subscription of such a filter is a shared group per part, each with its own offset in
+        its store group."""
         parts_of = self._parts_of
         return (queue,) if parts_of is None else parts_of(queue)
 
@@ -152,7 +155,6 @@ class SubscriptionRegistry:
         kept: list[str] = []
         replay: list[tuple[str, int]] = []
         parsed: dict[str, tuple[str | None, str]] = {}
-        spans = self.spans_groups
         for req in requests:
             tf = req.topic_filter
             since = since_all
@@ -169,8 +171,6 @@ class SubscriptionRegistry:
                 T.validate_filter(flt)
             except InvalidTopicFilter:
                 continue
-            if spans is not None and group is not None and spans(flt):
-                continue                          # refused (several store groups): nothing to ask
             parsed[tf] = (group, flt)
             filters.append(flt)
             if since is not None:
@@ -182,8 +182,8 @@ class SubscriptionRegistry:
                     start += self.parts(flt)
                 if req.retain_handling == 0 or (req.retain_handling == 1 and tf not in s.subs):
                     kept.append(flt)
-            elif (group, flt) not in self.groups:
-                start.append(flt)                 # a group new here starts at the queue's end
+            else:                                 # a group new here starts at the queue's end
+                start += [q for q in self.parts(flt) if (group, q) not in self.groups]
         p = Prepared(self.filters)
         p.parsed = parsed
         register = self.unheld(filters)
@@ -213,8 +213,8 @@ class SubscriptionRegistry:
         p = Prepared(self.filters)
         for f in self.unheld(rs.filter for rs in subs):
             p.registered[f] = self.filters.register(f)
-        new_groups = [(rs.share_group, rs.filter) for rs in subs
-                      if rs.share_group and (rs.share_group, rs.filter) not in self.groups]
+        new_groups = [(rs.share_group, q) for rs in subs if rs.share_group for q in self.parts(rs.filter)
+                      if (rs.share_group, q) not in self.groups]
         for q in dict.fromkeys([*(part for rs in subs if not rs.share_group for part in self.parts(rs.filter)),
                                 *(q for _, q in new_groups)]):
             p.start[q] = self.store.start_offset(q)
@@ -259,15 +259,16 @@ class SubscriptionRegistry:
             s.split_direct()           # `direct` is `subs` only while every subscription is plain
         old = s.subs.get(sub.filter)
         s.subs[sub.filter] = sub
-        parts = self.parts(sub.queue) if sub.group is None else ()
-        if len(parts) > 1:
+        parts = self.parts(sub.queue)
+        if len(parts) > 1 and sub.group is None:
             s.split_direct()           # one subscription, a queue per store group
         if old is not None:
             if sub.group is None:
                 for q in parts:
                     s.direct[q] = _part(sub, q)
             elif s.online:
-                self.groups[(sub.group, sub.queue)].add_member(s, sub)
+                for q in parts:
+                    self.groups[(sub.group, q)].add_member(s, _part(sub, q))
             return True
         self._use_filter(sub.queue)
         if sub.group is None:
@@ -277,10 +278,11 @@ class SubscriptionRegistry:
                 if s.online:
                     self.delivery.add_reader(s, q)
         else:
-            g = self._group(sub.group, sub.queue)
-            g.refs += 1
-            if s.online:
-                g.add_member(s, sub)
+            for q in parts:
+                g = self._group(sub.group, q)
+                g.refs += 1
+                if s.online:
+                    g.add_member(s, _part(sub, q))
         return False
 
     def add_since(self, s: MqttSession, sub: ClientSubscription, since_ms: int) -> bool:
@@ -333,18 +335,22 @@ class SubscriptionRegistry:
                 log_failure(self.offsets.delete(s.client_id, list(parts)), log, "delete_offsets_failed",
                             consumer=s.client_id)
         else:
-            key = (sub.group, sub.queue)
-            g = self.groups.get(key)
-            if g is not None:
-                g.remove_member(s)
-                g.refs -= 1
-                if g.refs <= 0:
-                    del self.groups[key]
-                    self.delivery.remove_group(g)
-                    self.persist.forget_group(g)
-                    log_failure(self.offsets.delete(g.consumer, [g.queue]), log, "delete_offsets_failed",
-                                consumer=g.consumer)
+            for q in self.parts(sub.queue):
+                g = self.groups.get((sub.group, q))
+                if g is not None:
+                    g.remove_member(s)
+                    self._unref(g)
         self._release_filter(sub.queue)
+
+    def _unref(self, g: SharedGroup) -> None:
+        """One reference of shared group `g` gone; the last one drops the group and its offset."""
+        g.refs -= 1
+        if g.refs <= 0:
+            del self.groups[(g.name, g.queue)]
+            self.delivery.remove_group(g)
+            self.persist.forget_group(g)
+            log_failure(self.offsets.delete(g.consumer, [g.queue]), log, "delete_offsets_failed",
+                        consumer=g.consumer)
 
     def remove(self, s: MqttSession, sub: ClientSubscription, persist: bool = True) -> None:
         self._remove(s, sub, persist)
@@ -370,7 +376,8 @@ class SubscriptionRegistry:
                 s.direct[q] = _part(sub, q)
                 s.cursors[q] = Cursor(self.store.max_offset(q).wait() if offset is None else offset)
         else:
-            self._group(sub.group, sub.queue, restoring=True).refs += 1
+            for q in self.parts(sub.queue):
+                self._group(sub.group, q, restoring=True).refs += 1
 
     def hold_dormant(self, subs: tuple) -> None:
         """A session restored at start without being built (clients/session_persistence.py `Dormant`,
@@ -381,7 +388,8 @@ class SubscriptionRegistry:
         for i in range(0, len(subs), 2):
             q, g = subs[i], subs[i + 1]
             if g is not None:
-                self._group(g, q, restoring=True).refs += 1
+                for part in self.parts(q):
+                    self._group(g, part, restoring=True).refs += 1
             if T.is_wildcard(q):
                 users[q] = users.get(q, 0) + 1
 
@@ -391,16 +399,10 @@ class SubscriptionRegistry:
         for i in range(0, len(subs), 2):
             q, g = subs[i], subs[i + 1]
             if g is not None:
-                key = (g, q)
-                grp = self.groups.get(key)
-                if grp is not None:
-                    grp.refs -= 1
-                    if grp.refs <= 0:
-                        del self.groups[key]
-                        self.delivery.remove_group(grp)
-                        self.persist.forget_group(grp)
-                        log_failure(self.offsets.delete(grp.consumer, [grp.queue]), log, "delete_offsets_failed",
-                                    consumer=grp.consumer)
+                for part in self.parts(q):
+                    grp = self.groups.get((g, part))
+                    if grp is not None:
+                        self._unref(grp)
             self._release_filter(q)
 
     # ------------------------------------------------------------------ online / offline
@@ -413,9 +415,10 @@ class SubscriptionRegistry:
                 for q in self.parts(sub.queue):
                     self.delivery.add_reader(s, q)
             else:
-                g = self.groups.get((sub.group, sub.queue))
-                if g is not None:
-                    g.add_member(s, sub)
+                for q in self.parts(sub.queue):
+                    g = self.groups.get((sub.group, q))
+                    if g is not None:
+                        g.add_member(s, _part(sub, q))
 
     def go_offline(self, s: MqttSession) -> None:
         """Stop reading for `s`; its shared-group messages in flight go back to their group (the
@@ -425,9 +428,10 @@ class SubscriptionRegistry:
                 for q in self.parts(sub.queue):
                     self.delivery.remove_reader(s, q)
             else:
-                g = self.groups.get((sub.group, sub.queue))
-                if g is not None:
-                    g.remove_member(s)
+                for q in self.parts(sub.queue):
+                    g = self.groups.get((sub.group, q))
+                    if g is not None:
+                        g.remove_member(s)
         for inf in s.went_offline():
             group = inf.group
             group.take_back(inf.message)
@@ -517,8 +521,9 @@ class SubscriptionRegistry:
 
 
 def _part(sub: ClientSubscription, queue: str) -> ClientSubscription:
-    """`sub` as the reader of `queue`, one of its parts (its own queue: `sub` itself)."""
+    """`sub` as the reader of `queue`, one of its parts (its own queue: `sub` itself; a shared
+    one stays in its share group)."""
     if queue == sub.queue:
         return sub
-    return ClientSubscription(sub.filter, queue, sub.qos, None, sub.no_local, sub.retain_as_published,
+    return ClientSubscription(sub.filter, queue, sub.qos, sub.group, sub.no_local, sub.retain_as_published,
                               sub.retain_handling, sub.subscription_id)
