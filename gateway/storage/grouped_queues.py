@@ -115,16 +115,10 @@ class GroupedQueues:
             return sum(values)
         return values[0]
 
-    @staticmethod
-    def spans_groups(flt: str) -> bool:
-        """A filter whose first level is a wildcard matches topics of every group: read as one
-        queue per group (`parts`); a shared subscription or a replay of it is not served in this
-        version (the subscribe is refused, SUBACK 0xA2)."""
-        return filter_first_level(flt) is None
-
     def parts(self, flt: str) -> tuple[str, ...]:
         """The queues a subscription of `flt` reads: one per group for a filter whose first level
-        is a wildcard, else `flt` itself (its first level's group)."""
+        is a wildcard (direct or shared; a replay of it is not served), else `flt` itself (its
+        first level's group)."""
         if filter_first_level(flt) is not None:
             return (flt,)
         return tuple(part_name(flt, i) for i in range(len(self.stores)))
