@@ -185,6 +185,31 @@ def test_a_shared_filter_whose_first_level_is_a_wildcard_hands_each_groups_messa
     assert v5.subscribe("$replay/0/+/x", 1)[0] >= 0x80          # a replay would read every group
 
 
+def test_members_of_one_wildcard_share_on_two_gateways_get_each_groups_messages_once(deployment, tmp_path):
+    """`$share/two/+/w` with a member on each of two gateways over the same two groups: each
+    group's store hands each message of its part to one gateway, so every message of both
+    groups reaches one member."""
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "two")
+    gw2 = LmqttGateway(f"{a.address};{b.address}", log_path=str(tmp_path / "gw2.log")).start()
+    try:
+        m1, m2 = Paho(gw, "g-two1"), Paho(gw2, "g-two2")
+        assert m1.subscribe("$share/two/+/w", 1) == [1] and m2.subscribe("$share/two/+/w", 1) == [1]
+        pub = Paho(gw, "g-two-pub")
+        sent = [b"%s-%d" % (t.encode(), i) for i in range(30) for t in (ta, tb)]
+        for i in range(30):
+            for t in (ta, tb):
+                pub.publish(f"{t}/w", b"%s-%d" % (t.encode(), i), qos=1)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            got += [m.payload for c in (m1, m2) for m in c.drain(0.1) if m.topic in (f"{ta}/w", f"{tb}/w")]
+        got += [m.payload for c in (m1, m2) for m in c.drain(0.5) if m.topic in (f"{ta}/w", f"{tb}/w")]
+        assert sorted(got) == sorted(sent), (gw.log_tail(), gw2.log_tail())
+    finally:
+        gw2.stop()
+
+
 def test_persistent_sessions_retained_messages_wills_and_shared_groups_follow_their_groups(deployment):
     a, b, gw = deployment
     ta, tb = _first_levels(a, b, "site")
