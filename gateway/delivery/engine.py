@@ -183,7 +183,10 @@ class DeliveryEngine:
             self._schedule()
         d = self._dirty
         d.update(s.cursors)
-        if len(s.subs) != len(s.cursors):          # some subscriptions are shared ($share/...)
+        # some subscriptions may be shared ($share/...): `direct` is `subs` only while every one
+        # is plain (counting cursors cannot tell: over several store groups a wildcard first
+        # level has a cursor per group, as many as a shared subscription beside it lacks)
+        if s.direct is not s.subs:
             for sub in s.subs.values():
                 if sub.group:
                     d.update(self.parts(sub.queue))
