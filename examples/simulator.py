@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
+import threading
 import time
 
 
@@ -70,19 +72,36 @@ def main(argv=None) -> int:
              "bat": rnd.uniform(3.7, 4.2), "seq": 0} for i in range(a.devices)]
     silent = {d["id"] for d in devs[:a.silent]}
     t0 = time.monotonic()
+    # Ctrl-C sets a flag the loop reads between readings. A KeyboardInterrupt raised inside paho
+    # (in publish or while waiting for an ack) can leave its client mid-operation, and then
+    # stopping it hangs. A process started with SIGINT ignored keeps ignoring it.
+    stop = threading.Event()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        return _run(a, rnd, c, devs, silent, t0)
-    except KeyboardInterrupt:             # Ctrl-C: the run stops early, not an error
-        print(f"lmqtt simulate: interrupted after {time.monotonic() - t0:.0f} s", file=sys.stderr)
-        return 0
+        rc = _run(a, rnd, c, devs, silent, t0, stop)
     finally:
         c.loop_stop()
         c.disconnect()
+    if stop.is_set():                     # Ctrl-C: the run stops early, not an error
+        print(f"lmqtt simulate: interrupted after {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        return 0
+    return rc
 
 
-def _run(a, rnd, c, devs, silent, t0) -> int:
+def _acked(info, stop: threading.Event, seconds: float) -> bool:
+    """Waits for one publish's acknowledgement in short slices, so Ctrl-C is answered at once."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set() and time.monotonic() < deadline:
+        info.wait_for_publish(0.2)
+        if info.is_published():
+            return True
+    return info.is_published()
+
+
+def _run(a, rnd, c, devs, silent, t0, stop: threading.Event) -> int:
     sent = 0
-    while time.monotonic() - t0 < a.seconds:
+    while time.monotonic() - t0 < a.seconds and not stop.is_set():
         tick = time.monotonic()
         for d in devs:
             if d["id"] in silent and tick - t0 > a.seconds / 3:
@@ -94,19 +113,25 @@ def _run(a, rnd, c, devs, silent, t0) -> int:
             d["seq"] += 1
             msg = {"device": d["id"], "ts": int(time.time() * 1000), "temp": round(temp, 2),
                    "humidity": round(d["hum"], 1), "battery": round(d["bat"], 3), "seq": d["seq"]}
+            if stop.is_set():
+                return 0
             info = c.publish(f"telemetry/{d['id']}", json.dumps(msg), qos=a.qos)
             try:
-                info.wait_for_publish(10)
+                acked = _acked(info, stop, 10)
             except (RuntimeError, ValueError) as e:      # paho: not connected, queue full
                 print(f"lmqtt simulate: lost the MQTT broker at {a.host}:{a.port} after {sent} readings: {e}",
                       file=sys.stderr)
                 return 3
-            if not info.is_published():
+            if stop.is_set():
+                return 0
+            if not acked:
                 print(f"lmqtt simulate: lost the MQTT broker at {a.host}:{a.port} after {sent} readings: "
                       "a reading was not acknowledged within 10 s", file=sys.stderr)
                 return 3
             sent += 1
-        time.sleep(max(0.0, a.interval - (time.monotonic() - tick)))
+        stop.wait(max(0.0, a.interval - (time.monotonic() - tick)))
+    if stop.is_set():
+        return 0
     print(f"simulator: {sent} readings from {a.devices} devices ({len(silent)} went silent)")
     return 0
 
