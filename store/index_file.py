@@ -208,13 +208,7 @@ class IndexService:
                             continue
                         f = self.files[-1] if self.files else None
                         if f is None or f.full or not f.fits_time(ts):
-                            if f is not None:
-                                f.flush()
-                                f.mf.close_fd()     # sealed: its map (if any) needs no descriptor
-                            f = IndexFile(os.path.join(self.root, file_name(r.phys_offset)), self.slots,
-                                          self.entries, True, self.preallocate)
-                            with self._lock:
-                                self.files = self.files + [f]
+                            f = self._roll(f, r.phys_offset)
                         f.add(key_hash(r.topic, k), r.phys_offset, ts)
                         self._dirty = True
         except BaseException:
@@ -223,6 +217,20 @@ class IndexService:
             raise
         self._resume = None
         self._last_end = end_offset
+
+    def _roll(self, f: IndexFile | None, phys: int) -> IndexFile:
+        """Seal the newest file (flushed, its own descriptor closed: its map needs none) and start
+        the next. Under the flush lock: a background flush that took the newest file before the
+        roll would otherwise sync it after the seal, beside the roll."""
+        with self._flush_lock:
+            if f is not None:
+                f.flush()
+                f.mf.close_fd()
+            nf = IndexFile(os.path.join(self.root, file_name(phys)), self.slots, self.entries, True,
+                           self.preallocate)
+            with self._lock:
+                self.files = self.files + [nf]
+        return nf
 
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
         """Candidate CommitLog offsets, newest first (hash matches only: verify the real key)."""

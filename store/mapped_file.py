@@ -197,14 +197,18 @@ class MappedFile:
         """Make the mapped pages durable. fdatasync on the fd writes back the MAP_SHARED dirty pages
         of this file (Linux: they live in the page cache, whichever descriptor or map wrote them),
         needs no page-aligned range, and releases the GIL while the disk works (checked: a spinning
-        thread keeps running during it). The file's descriptor is opened again if it was closed."""
+        thread keeps running during it). A file whose own descriptor was closed (sealed, or opened
+        lazily) is synced through a descriptor opened for this flush and closed after it: kept, it
+        would stay open beside the map for the file's whole life."""
         fd = self.fd
-        if fd is None:
-            with self._map_lock:
-                if self.fd is None:
-                    self.fd = _open(self.path)
-                fd = self.fd
-        os.fdatasync(fd)
+        if fd is not None:
+            os.fdatasync(fd)
+            return
+        fd = _open(self.path)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if self.closed:

@@ -16,6 +16,7 @@ import sys
 import time
 
 from lmqtt.store import Message, MessageStore, StoreConfig
+from lmqtt.store.mapped_file import MappedFile
 
 
 def _fds_under(path: str) -> int:
@@ -128,6 +129,24 @@ def test_key_index_files_beyond_the_budget_s_share_are_unmapped_and_still_answer
         assert [m.body for m in st.query_by_key("k/a", "key3-9", 0, 2 ** 62, 4)] == [b"v"]
     finally:
         st.shutdown()
+
+
+def test_a_sealed_file_synced_again_keeps_no_descriptor_beside_its_map(tmp_path):
+    # a background flush may sync a file just after it was sealed (an index file rolled by the
+    # dispatcher meanwhile): the sync must not leave a descriptor open for the file's whole life
+    path = str(tmp_path / "f")
+    mf = MappedFile(path, 0, 1 << 16, create=True)
+    try:
+        mf.write(0, b"x" * 100)
+        mf.close_fd()                              # sealed: the map keeps one descriptor of its own
+        assert _fds_under(path) == 1
+        mf.flush()
+        mf.flush()
+        assert _fds_under(path) == 1, _fd_names(path)
+        assert mf.mm[:100] == b"x" * 100
+    finally:
+        mf.close()
+    assert _fds_under(path) == 0
 
 
 _EMFILE_CHILD = r'''
