@@ -167,3 +167,31 @@ def test_a_member_that_leaves_unacknowledged_hands_its_messages_to_the_other_gat
     finally:
         for c in (mb, pub):
             c.disconnect()
+
+
+@pytest.mark.parametrize("filt", [FILTER, "$share/workers/fleet/+/work"])
+def test_a_persistent_sole_member_back_on_its_gateway_gets_what_was_published_while_it_was_away(fleet, filt):
+    """The group's only member (a persistent MQTT 5 session) is away while 30 messages are
+    published through the other gateway; the store's pop the gateway had parked is answered while
+    no member is there (handed back), and on the member's return every message of the absence
+    arrives, in order, once."""
+    _store, a, b = fleet
+    m = Paho(a, "away-1", version=5, clean=False, expiry=600, receive_maximum=4)
+    assert m.subscribe(filt, qos=1) == [1]
+    pub = Paho(b, "away-pub")
+    try:
+        for i in range(3):
+            pub.publish(TOPIC, b"%d" % i, qos=1)
+        assert [int(x.payload) for x in m.get_n(3, 10)] == [0, 1, 2]
+        m.c.disconnect()
+        m.c.loop_stop()
+        for i in range(3, 33):
+            pub.publish(TOPIC, b"%d" % i, qos=1)
+        time.sleep(1.5)                           # past a lease tick with no member here
+        m.connect()
+        assert m.session_present
+        got = _collect([m], lambda seen: set(range(3, 33)) <= set(seen), timeout=20)[0]
+        assert got == list(range(3, 33))
+    finally:
+        for c in (m, pub):
+            c.disconnect()
