@@ -2,10 +2,9 @@
 each call goes to the group that owns what it is about, so a failover or a restore of one group
 never mixes another's state into it.
 
-* sessions (records, claims, sweeps): the first group, as the topic table; loading a session
-  gathers its offsets from every group (a queue's offset lives in the queue's group: a group that
-  recovers from a cut log resets the offsets beyond its queues' ends, and a queue it does not have
-  ends at 0, so a foreign queue's offset kept there would be reset to 0);
+* sessions (records, claims, sweeps): by client id (`home_group`, rendezvous hashing; a record
+  stays in the group it was written to); loading a session reads every group at once: its record
+  where it is, its offsets from every group (`GroupedSessions`);
 * offsets: by the queue's first level (a queue is named by its filter); the parts of a filter
   whose first level is a wildcard (topic_owners.py `part_name`) each in its own group, under the
   filter's name there;
@@ -20,7 +19,10 @@ waits for the claim first (`chain`).
 """
 from __future__ import annotations
 
+import json
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Callable, Iterable, TypeVar
+from zlib import crc32
 
 from lmqtt.gateway.storage.facades import Answer, Storage
 from lmqtt.gateway.storage.topic_owners import (
@@ -161,53 +163,175 @@ class GroupedOffsets(_Routed):
             [self.groups[i].offsets.delete(consumer, [own for _q, own in qs]) for i, qs in parts.items()]))
 
 
+def home_group(client_id: str, n: int) -> int:
+    """The group a new session record of `client_id` is written in, of `n`: rendezvous hashing
+    (the highest of each group's hash of the client id), so adding a group moves the home of
+    only the clients whose new group scores highest - about 1/n of them - and never from one old
+    group to another. A record stays where it was written (`GroupedSessions` finds it there)."""
+    if n == 1:
+        return 0
+    h = crc32(client_id.encode("utf-8", "surrogatepass"))
+    return max(range(n), key=lambda i: _mix64(h + (i + 1) * 0x9E3779B97F4A7C15))
+
+
+def _mix64(x: int) -> int:
+    """A 64-bit finalizer (MurmurHash3's fmix64): each group's score of one hash, unrelated."""
+    x &= 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 33)) * 0xFF51AFD7ED558CCD) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 33)) * 0xC4CEB9FE1A85EC53) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 33)
+
+
+def client_id_of(raw: bytes) -> str:
+    """The client id of a session record's bytes (its JSON's first field, as
+    `SessionRecord.to_bytes` and the gateway's record template write it) without decoding the rest."""
+    head = b'{"client_id":"'
+    if raw.startswith(head):
+        text = raw.decode("utf-8", "surrogatepass")
+        return scanstring(text, len(head))[0]
+    return str(json.loads(raw)["client_id"])
+
+
 class GroupedSessions:
-    """The first group's sessions; a load gathers the session's offsets from every group."""
+    """Session records spread over the groups by client id (`home_group`), each session's
+    offsets in its queues' groups (a queue's offset lives in the queue's group: a group that
+    recovers from a cut log resets the offsets beyond its queues' ends, and a queue it does not
+    have ends at 0, so a foreign queue's offset kept there would be reset to 0).
+
+    A record is written where it is: its home, or - written before a group was added moved the
+    home - the group a read found it in (`_at`, the few such records). A load asks every group
+    at once (the record from the group that has it, the offsets from all: one round trip, as
+    one group's load), so a record is found wherever it was written; a delete ends it in every
+    group. The claims of a client go to its record's group, which tells the other gateways
+    (every gateway hears every group), and each group's node sweeps the records it holds."""
 
     def __init__(self, owners: TopicOwners, groups: list[Storage]) -> None:
         self.owners = owners
         self.groups = groups
         self.first = groups[0].sessions
+        self._at: dict[str, int] = {}       # client id -> its record's group, where not its home
 
-    def __getattr__(self, name: str) -> Any:       # put, get, claims, sweeps, callbacks
-        return getattr(self.first, name)
+    def _where(self, client_id: str) -> int:
+        at = self._at.get(client_id)
+        return home_group(client_id, len(self.groups)) if at is None else at
+
+    def _found(self, client_id: str, i: int) -> None:
+        if i == home_group(client_id, len(self.groups)):
+            self._at.pop(client_id, None)
+        else:
+            self._at[client_id] = i
+
+    def _pick(self, client_id: str, recs: list[Any]) -> Any:
+        """The record among each group's answer (None: none there): the one in the group it is
+        written to, else any, whose group is then remembered."""
+        i = self._where(client_id)
+        if recs[i] is not None:
+            return recs[i]
+        for j, rec in enumerate(recs):
+            if rec is not None:
+                self._found(client_id, j)
+                return rec
+        return None
+
+    # -- writes ------------------------------------------------------------------------------
+    def put(self, client_id: str, rec: Any) -> Answer[None]:
+        return self.groups[self._where(client_id)].sessions.put(client_id, rec)
+
+    def put_many(self, records: list[tuple[str, Any]]) -> Answer[None]:
+        by: dict[int, list[tuple[str, Any]]] = {}
+        for cid, rec in records:
+            by.setdefault(self._where(cid), []).append((cid, rec))
+        return Answer.all_in([self.groups[i].sessions.put_many(rs) for i, rs in by.items()])
 
     def delete(self, client_id: str) -> Answer[bool]:
-        """The record and its offsets in the first group; its offsets in every other group (a
-        later session of that client id must not resume from them)."""
-        gone = self.first.delete(client_id)
-        return Answer.gather([gone] + [g.offsets.delete(client_id) for g in self.groups[1:]]).then(
-            lambda got: got[0])
+        """The record and the session's offsets in every group (a later session of that client
+        id must not resume from them); True if a record was there."""
+        self._at.pop(client_id, None)
+        return Answer.gather([g.sessions.delete(client_id) for g in self.groups]).then(any)
+
+    def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
+        by: dict[int, list[tuple[str, int]]] = {}
+        for c in claims:
+            by.setdefault(self._where(c[0]), []).append(c)
+        return Answer.all_in([self.groups[i].sessions.claim(cs) for i, cs in by.items()])
+
+    def flush(self) -> Answer[None]:
+        return Answer.all_in([g.sessions.flush() for g in self.groups])
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, client_id: str) -> Answer[Any]:
+        return Answer.gather([g.sessions.get(client_id) for g in self.groups]).then(
+            lambda recs: self._pick(client_id, recs))
 
     def load(self, client_id: str) -> Answer[tuple[Any, dict[str, int]]]:
         return chain(self.owners.settled(), lambda _n: self._load(client_id))
 
     def _load(self, client_id: str) -> Answer[tuple[Any, dict[str, int]]]:
-        answers = [self.first.load(client_id)] + [g.offsets.get_all(client_id) for g in self.groups[1:]]
-
         def join(got: list[Any]) -> tuple[Any, dict[str, int]]:
-            rec, offs = got[0]
-            offs = dict(offs)
-            for i, more in enumerate(got[1:], 1):
+            offs: dict[str, int] = {}
+            for i, (_rec, more) in enumerate(got):
                 offs.update(as_parts(more, i))
-            return rec, offs
-        return Answer.gather(answers).then(join)
+            return self._pick(client_id, [rec for rec, _o in got]), offs
+        return Answer.gather([g.sessions.load(client_id) for g in self.groups]).then(join)
+
+    def all(self) -> Answer[list[Any]]:
+        def join(per: list[list[Any]]) -> list[Any]:
+            for i, recs in enumerate(per):
+                for rec in recs:
+                    self._found(rec.client_id, i)
+            return [rec for recs in per for rec in recs]
+        return Answer.gather([g.sessions.all() for g in self.groups]).then(join)
 
     def list_for_restore(self, hosted_by: str | None = None) -> Answer[list[tuple[Any, dict[str, int]]]]:
-        def more(rows: list[tuple[Any, dict[str, int]]]) -> Answer[list[tuple[Any, dict[str, int]]]]:
-            asks = [[g.offsets.get_all(rec.client_id) for g in self.groups[1:]] for rec, _o in rows]
+        """Each group's records with the session's offsets from every group."""
+        def more(per: list[list[tuple[Any, dict[str, int]]]]) -> Answer[list[tuple[Any, dict[str, int]]]]:
+            rows = []
+            for i, got in enumerate(per):
+                for rec, offs in got:
+                    self._found(rec.client_id, i)
+                    rows.append((i, rec, offs))
+            asks = [[g.offsets.get_all(rec.client_id) for j, g in enumerate(self.groups) if j != i]
+                    for i, rec, _o in rows]
 
             def join(got: list[Any]) -> list[tuple[Any, dict[str, int]]]:
                 out, k, n = [], 0, len(self.groups) - 1
-                for rec, offs in rows:
-                    offs = dict(offs)
-                    for i, d in enumerate(got[k:k + n], 1):
-                        offs.update(as_parts(d, i))
+                for i, rec, offs in rows:
+                    offs = as_parts(dict(offs), i)
+                    others = [j for j in range(len(self.groups)) if j != i]
+                    for j, d in zip(others, got[k:k + n]):
+                        offs.update(as_parts(d, j))
                     k += n
                     out.append((rec, offs))
                 return out
-            return Answer.gather([a for per in asks for a in per]).then(join)
-        return chain(self.owners.settled(), lambda _n: chain(self.first.list_for_restore(hosted_by), more))
+            return Answer.gather([a for per_row in asks for a in per_row]).then(join)
+        return chain(self.owners.settled(), lambda _n: chain(
+            Answer.gather([g.sessions.list_for_restore(hosted_by) for g in self.groups]), more))
+
+    def records_for_restore(self, hosted_by: str | None = None) -> Answer[Iterable[bytes]]:
+        """Every group's records' bytes, one group after another; each record's group noted as
+        it is read (the restore writes some again: where they are)."""
+        def each(per: list[Iterable[bytes]]) -> Iterable[bytes]:
+            for i, raws in enumerate(per):
+                for raw in raws:
+                    try:
+                        self._found(client_id_of(raw), i)
+                    except (ValueError, KeyError, TypeError):
+                        pass            # the restore reports the record that does not decode
+                    yield raw
+        return Answer.gather([g.sessions.records_for_restore(hosted_by) for g in self.groups]).then(each)
+
+    # -- events: each group tells of the records it holds --------------------------------------
+    def on_sessions_swept(self, fn: Callable[[list[str]], None]) -> None:
+        for g in self.groups:
+            g.sessions.on_sessions_swept(fn)
+
+    def on_sessions_moved(self, fn: Callable[[list[str]], None]) -> None:
+        for g in self.groups:
+            g.sessions.on_sessions_moved(fn)
+
+    def on_session_claims(self, fn: Callable[[str, list], None]) -> None:
+        for g in self.groups:
+            g.sessions.on_session_claims(fn)
 
 
 class GroupedRetained(_Routed):

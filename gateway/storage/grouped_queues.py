@@ -77,8 +77,9 @@ class GroupedQueues:
             s.close()
 
     def unavailable(self) -> str | None:
-        """The first group's (sessions and the topic table live there): while another group is
-        away its topics' publishes fail and its subscriptions wait, the others go on."""
+        """The first group's (the topic table lives there): while another group is away its
+        topics' publishes fail, its subscriptions wait and its sessions' loads fail (a CONNECT
+        resuming one is refused as the store being away), the others go on."""
         return self.stores[0].unavailable()
 
     def disk_state(self) -> dict | None:

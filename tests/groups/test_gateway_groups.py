@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from lmqtt.gateway.storage.grouped_metadata import home_group
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
 from tests.support import LmqttGateway, Paho
@@ -245,6 +246,58 @@ def test_persistent_sessions_retained_messages_wills_and_shared_groups_follow_th
     while len(got) < 30 and time.monotonic() < deadline:
         got += [m.payload for m in m1.drain(0.1) + m2.drain(0.1)]
     assert sorted(got) == sorted(b"j%d" % i for i in range(30))
+
+
+def _session_ids(store, prefix: str) -> set[str]:
+    """The client ids (starting with `prefix`) whose session records one store holds."""
+    c = connect(store.address)
+    try:
+        return {r["client_id"] for r in c.cmd("sessions", limit=10_000)["sessions"]
+                if r["client_id"].startswith(prefix)}
+    finally:
+        c.close()
+
+
+def test_session_records_are_spread_by_client_id_and_one_written_before_a_group_was_added_is_found(
+        deployment, tmp_path):
+    """Persistent sessions' records live in the group their client id hashes to (`home_group`),
+    each listed by the console with its group. A record written when the deployment had one
+    group (by a gateway over the first group alone) stays there although its client id now
+    hashes to the second: the client resumes it through the gateway of both groups, with what was
+    published while it was away, its record is written again where it was, and a clean start
+    ends it."""
+    a, b, gw = deployment
+    ta, _tb = _first_levels(a, b, "sess")
+    ids = [f"spread-{k}" for k in range(40)]
+    want = {i: {c for c in ids if home_group(c, 2) == i} for i in (0, 1)}
+    for cid in ids:
+        p = Paho(gw, cid, clean=False)
+        assert p.subscribe(f"{ta}/s", 1) == [1]
+        p.disconnect()
+    assert _session_ids(a, "spread-") == want[0] and _session_ids(b, "spread-") == want[1]
+    assert want[0] and want[1]
+    listed = {r["client_id"]: r["store_group"] for r in _console(gw, "sessions")["sessions"]
+              if r["client_id"].startswith("spread-")}
+    assert listed == {c: (a.address if c in want[0] else b.address) for c in ids}
+
+    cid = next(f"early-{k}" for k in range(1000) if home_group(f"early-{k}", 2) == 1)
+    one = LmqttGateway(a.address, log_path=str(tmp_path / "gw-one-group.log")).start()
+    try:
+        p = Paho(one, cid, clean=False)
+        assert p.subscribe(f"{ta}/s", 1) == [1]
+        p.disconnect()
+    finally:
+        assert one.stop() == 0, one.log_tail()
+    assert cid in _session_ids(a, "early-") and cid not in _session_ids(b, "early-")
+    pub = Paho(gw, "sess-pub")
+    pub.publish(f"{ta}/s", b"while-away", qos=1)
+    p = Paho(gw, cid, clean=False)
+    assert p.session_present
+    assert [m.payload for m in p.get_n(1)] == [b"while-away"]
+    p.disconnect()
+    assert cid in _session_ids(a, "early-") and cid not in _session_ids(b, "early-")
+    Paho(gw, cid, clean=True).disconnect()
+    assert cid not in _session_ids(a, "early-") | _session_ids(b, "early-")
 
 
 def test_a_kill9_of_one_groups_store_leaves_the_other_flowing_and_loses_nothing(deployment):
