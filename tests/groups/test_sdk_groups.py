@@ -163,10 +163,30 @@ def test_the_gateway_over_several_groups_refuses_redis_notify_naming_why():
     assert "several store groups" in r.stderr and "--redis" in r.stderr, r.stderr
 
 
-def test_admin_sessions_over_groups_asks_the_first_group(two):
+def test_admin_sessions_over_groups_lists_every_groups_records_naming_the_group(two):
+    """Gateways spread the session records over the groups by client id: `lmqtt admin --sessions`
+    lists those of every group (each row naming its group), `--session ID` finds one wherever it is."""
     a, b = two
-    r = lmqtt_cli("admin", "--store", f"{a.address};{b.address}", "--sessions")
+    for store, cid in ((a, "adm-in-a"), (b, "adm-in-b")):
+        c = connect(store.address)
+        try:
+            rec = {"client_id": cid, "protocol_version": 4, "expiry_interval": 600, "last_disconnect_ms": 1,
+                   "subscriptions": [{"filter": "adm/x", "qos": 1}], "extra": {}, "v": 1}
+            c.cmd("gw_put_session", client_id=cid, rec=json.dumps(rec))
+        finally:
+            c.close()
+    both = f"{a.address};{b.address}"
+    r = lmqtt_cli("admin", "--store", both, "--sessions", "--format", "json")
     assert r.returncode == 0, r.stderr
+    rows = {x["client_id"]: x["store_group"] for x in json.loads(r.stdout)["sessions"]}
+    assert rows["adm-in-a"] == a.address and rows["adm-in-b"] == b.address
+    r = lmqtt_cli("admin", "--store", both, "--sessions")
+    assert r.returncode == 0 and "store group" in r.stdout and "adm-in-b" in r.stdout, r.stdout + r.stderr
+    r = lmqtt_cli("admin", "--store", both, "--session", "adm-in-b")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"session adm-in-b (store group {b.address}): MQTT 3.1.1"), r.stdout
+    r = lmqtt_cli("admin", "--store", both, "--session", "adm-nowhere")
+    assert r.returncode == 1 and "no persistent session 'adm-nowhere'" in r.stderr
 
 
 def test_adding_a_group_keeps_every_topic_where_its_history_is(two, tmp_path):

@@ -162,15 +162,27 @@ async def _dead_letters(call, g: str) -> int:
 
 
 async def sessions_remote(fleet, limit: int = 200) -> dict:
-    """`sessions` of a fleet gateway: the store's `sessions` and `session` CALLs (lmqtt admin)."""
+    """`sessions` of a fleet gateway: the store's `sessions` and `session` CALLs (lmqtt admin),
+    of every store group (the records are spread over them by client id: each asked where it
+    is), each row naming its group over several."""
+    links = fleet.links()
     try:
-        listed = (await fleet.call("sessions", limit=limit))["sessions"]
-        full = await asyncio.gather(*(fleet.call("session", client_id=r["client_id"]) for r in listed))
+        if len(links) <= 1:
+            listed = (await fleet.call("sessions", limit=limit))["sessions"]
+            full = await asyncio.gather(*(fleet.call("session", client_id=r["client_id"]) for r in listed))
+            where = [None] * len(full)
+            truncated = len(listed) >= limit
+        else:
+            per = await asyncio.gather(*(fleet.call_at(link, "sessions", limit=limit) for link in links))
+            asks = [(link, r["client_id"]) for link, got in zip(links, per) for r in got["sessions"]]
+            truncated = any(len(got["sessions"]) >= limit for got in per)
+            full = await asyncio.gather(*(fleet.call_at(link, "session", client_id=cid) for link, cid in asks))
+            where = [fleet.group_name(link) for link, _cid in asks]
     except StoreUnavailable as e:
         return {"available": False, "why": str(e), "sessions": []}
     now_ms = int(time.time() * 1000)
     out = []
-    for r in full:
+    for r, group in zip(full, where):
         rec = r.get("session")
         if rec is None:          # gone between the two calls
             continue
@@ -184,7 +196,9 @@ async def sessions_remote(fleet, limit: int = 200) -> dict:
                     else round((now_ms - rec["last_disconnect_ms"]) / 1000),
                     "expiry_interval": rec.get("expiry_interval"), "subscriptions": subs,
                     "lag": sum(s["lag"] or 0 for s in subs)})
-    return {"available": True, "sessions": out, "truncated": len(listed) >= limit}
+        if group is not None:
+            out[-1]["store_group"] = group
+    return {"available": True, "sessions": out, "truncated": truncated}
 
 
 async def store_overview(gw, fleet) -> dict:

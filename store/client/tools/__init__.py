@@ -355,10 +355,13 @@ def _admin(argv: list[str] | None) -> int:
     security.add_security_args(p)
     args = p.parse_args(argv)
     conn = _connect("lmqtt admin", args.store, args.token)
+    if isinstance(conn, GroupedConnection) and (args.sessions or args.session):
+        # session records are spread over the groups by client id (docs/groups.md "The gateway")
+        return admin_sessions(conn, args, _admin_call, _table, list(zip(conn.names, conn.groups, strict=True)))
     if isinstance(conn, GroupedConnection) and (security.wanted(args) or args.tier or args.gateways
-                                                or args.release_gateway or args.sessions or args.session):
-        # several store groups: users, rules, sessions, gateways and the tier asked of the first
-        # group, which the gateways use in this version (docs/groups.md "The gateway")
+                                                or args.release_gateway):
+        # several store groups: users, rules, gateways and the tier asked of the first group,
+        # which the gateways use for them in this version (docs/groups.md "The gateway")
         for other in conn.groups[1:]:
             other.close()
         conn = conn.directory

@@ -1,6 +1,7 @@
 """`lmqtt admin --sessions` and `--session CLIENT_ID`: the persistent MQTT sessions the store keeps,
 read over its native protocol (the `sessions` / `session` CALLs of store/node/sdk_service.py), from
-`lmqtt store` (a fleet) or `lmqtt serve --store-port` alike.
+`lmqtt store` (a fleet) or `lmqtt serve --store-port` alike; over several store groups (a `;`
+list) from every group, where the gateways spread the records by client id.
 
 Why: "my device gets nothing" is mostly one of three things an operator can read here without
 touching the device: the session is gone (expired, or started clean), it is not subscribed to
@@ -44,25 +45,40 @@ def _state(r: dict, now_ms: int) -> tuple[str, str]:
     return f"offline {_duration(away)}", left
 
 
-def admin_sessions(conn, args, call, table) -> int:
-    """`call(conn, store, fn)`: console's error handling (exit codes); `table(headers, rows)`."""
+def admin_sessions(conn, args, call, table, groups: list[tuple[str, object]] | None = None) -> int:
+    """`call(conn, store, fn)`: console's error handling (exit codes); `table(headers, rows)`.
+    `groups`: (name, connection) of each store group of a `;` list: the gateways spread the
+    records over them by client id, so each group is asked and every row names its group."""
     if args.session:
-        r, code = call(conn, args.store, lambda c: c.cmd("session", client_id=args.session))
+        def one(c) -> dict | None:
+            for name, g in groups or [(None, c)]:
+                rec = g.cmd("session", client_id=args.session)["session"]
+                if rec is not None:
+                    return rec if name is None else {**rec, "store_group": name}
+            return None
+        r, code = call(conn, args.store, one)
         if code:
             return code
-        return _print_session(r["session"], args, table)
+        return _print_session(r, args, table)
 
-    def page_all(c) -> tuple[list[dict], bool]:
+    def page_all(c, name: str | None = None) -> tuple[list[dict], bool]:
         out: list[dict] = []
         after = None
         while len(out) < args.limit:
             r = c.cmd("sessions", after=after, limit=min(PAGE, args.limit - len(out)))
-            out += r["sessions"]
+            out += r["sessions"] if name is None else [{**x, "store_group": name} for x in r["sessions"]]
             after = r["next"]
             if after is None:
                 return out, False
         return out, after is not None
-    r, code = call(conn, args.store, page_all)
+
+    def every(c) -> tuple[list[dict], bool]:
+        if groups is None:
+            return page_all(c)
+        per = [page_all(g, name) for name, g in groups]
+        rows = sorted((x for got, _more in per for x in got), key=lambda x: x["client_id"])
+        return rows[:args.limit], len(rows) > args.limit or any(more for _got, more in per)
+    r, code = call(conn, args.store, every)
     if code:
         return code
     rows, more = r
@@ -73,8 +89,14 @@ def admin_sessions(conn, args, call, table) -> int:
         print("(no persistent session)")
         return 0
     now = int(time.time() * 1000)
-    print("\n".join(table(["client id", "gateway", "state", "expires in", "subscriptions"],
-                          [[x["client_id"], x["gateway"] or "-", *_state(x, now), x["subscriptions"]] for x in rows])))
+    if groups is None:
+        print("\n".join(table(["client id", "gateway", "state", "expires in", "subscriptions"],
+                              [[x["client_id"], x["gateway"] or "-", *_state(x, now), x["subscriptions"]]
+                               for x in rows])))
+    else:
+        print("\n".join(table(["client id", "store group", "gateway", "state", "expires in", "subscriptions"],
+                              [[x["client_id"], x["store_group"], x["gateway"] or "-", *_state(x, now),
+                                x["subscriptions"]] for x in rows])))
     if more:
         print(f"(first {len(rows)} by client id; --limit N for more)")
     return 0
@@ -97,7 +119,8 @@ def _print_session(s: dict | None, args, table) -> int:
     if not s["connected"]:
         at = datetime.fromtimestamp(s["last_disconnect_ms"] / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         since = f" since {at}"
-    print(f"session {s['client_id']}: MQTT {version}, gateway {s['gateway'] or '-'}, {state}{since}, "
+    where = f" (store group {s['store_group']})" if s.get("store_group") else ""
+    print(f"session {s['client_id']}{where}: MQTT {version}, gateway {s['gateway'] or '-'}, {state}{since}, "
           f"expires in {left}")
     if not s["subscriptions"]:
         print("(no subscription)")
