@@ -278,10 +278,18 @@ class Paho:
         self.connack_props = props
         return flags, rc, props
 
-    def subscribe(self, topic, qos: int = 0, timeout: float = 5.0, **kw):
-        if self.version == 5 and kw:
+    def subscribe(self, topic, qos: int = 0, timeout: float = 5.0, since: int | None = None, **kw):
+        """SUBACK's reason codes; MQTT 5: `kw` the subscription options, `since` (epoch ms) the
+        user property of subscribing from the past."""
+        if self.version == 5 and (kw or since is not None):
             from paho.mqtt.subscribeoptions import SubscribeOptions
-            res, mid = self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **kw))
+            props = None
+            if since is not None:
+                from paho.mqtt.packettypes import PacketTypes
+                from paho.mqtt.properties import Properties
+                props = Properties(PacketTypes.SUBSCRIBE)
+                props.UserProperty = ("since", str(since))
+            res, mid = self.c.subscribe(topic, options=SubscribeOptions(qos=qos, **kw), properties=props)
         else:
             res, mid = self.c.subscribe(topic, qos)
         assert res == 0

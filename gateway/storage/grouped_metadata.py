@@ -32,11 +32,6 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 
-class SpansGroups(Exception):
-    """What is not served over several store groups for a filter whose first level is a wildcard
-    (a replay of it)."""
-
-
 def as_parts(offsets: dict[str, int], i: int) -> dict[str, int]:
     """Group `i`'s offsets of a consumer by the gateway's names (its spanning queues' parts)."""
     if i == 0 or not any(spanning(q) for q in offsets):

@@ -19,7 +19,7 @@ import asyncio
 from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer
-from lmqtt.gateway.storage.grouped_metadata import SpansGroups, chain
+from lmqtt.gateway.storage.grouped_metadata import chain
 from lmqtt.gateway.storage.remote_entries import RemoteMessage
 from lmqtt.gateway.storage.remote_produce import AppendResult
 from lmqtt.gateway.storage.topic_owners import (
@@ -300,10 +300,8 @@ class GroupedQueues:
                           lambda m, i: None if m is None else _parts_named([m], i)[0])
 
     def replay_plan(self, flt: str, since_ms: int) -> Answer[Any]:
-        if spanning(flt):
-            return Answer.failed(SpansGroups(
-                f"a replay of {flt!r} (its first level is a wildcard) would read every store group: "
-                f"not served over several groups in this version"))
+        """The plan of `flt` in its group; a part of a filter whose first level is a wildcard: in
+        the part's group (the subscription registry asks one per part)."""
         return self._at(flt, lambda s, q: s.replay_plan(q, since_ms))
 
     def on_new_data(self, callback: Callable[[Iterable[str]], None]) -> None:

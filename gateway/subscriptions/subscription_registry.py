@@ -193,8 +193,9 @@ class SubscriptionRegistry:
             p.registered[f] = self.filters.register(f)
         for q in dict.fromkeys(start):
             p.start[q] = self.store.start_offset(q)
-        for key in dict.fromkeys(replay):
-            p.replay[key] = self.store.replay_plan(*key)
+        for flt, since in dict.fromkeys(replay):
+            for q in self.parts(flt):            # over several store groups: a plan per group
+                p.replay[(q, since)] = self.store.replay_plan(q, since)
         if retained is not None:
             for f in dict.fromkeys(kept):
                 p.retained[f] = retained.batches(f)
@@ -291,18 +292,19 @@ class SubscriptionRegistry:
         (its cursor restarts in the past). Raises ReplayRefused (nothing subscribed then)."""
         if sub.group is not None:
             raise ReplayRefused("subscribing from the past is not available for shared subscriptions")
-        if len(self.parts(sub.queue)) > 1:
-            raise ReplayRefused(f"subscribing from the past to {sub.queue!r} (its first level is a wildcard) "
-                                "would read every store group: not available over several groups")
-        s.split_direct()          # in `direct` only once its plan is in (below)
+        s.split_direct()          # in `direct` only once its plans are in (below)
         old = s.subs.get(sub.filter)
         if old is not None:
             self.remove(s, old, persist=False)
         s.subs[sub.filter] = sub
         self._use_filter(sub.queue)
+        # over several store groups a filter whose first level is a wildcard has a part per group:
+        # each part's history is read in its group and goes live at its own seam (a topic lives in
+        # one group, so its order holds; the groups' histories interleave as live messages do)
+        parts = self.parts(sub.queue)
         try:
-            plan = self._answer("replay", (sub.queue, int(since_ms)),
-                                lambda: self.store.replay_plan(sub.queue, since_ms))
+            plans = [self._answer("replay", (q, int(since_ms)), functools.partial(self.store.replay_plan, q, since_ms))
+                     for q in parts]
         except Exception as e:
             s.subs.pop(sub.filter, None)
             self._release_filter(sub.queue)
@@ -311,22 +313,26 @@ class SubscriptionRegistry:
             log.error("event=replay_plan_failed client_id=%s filter=%s error=%r", s.client_id, sub.queue, e)
             s.join_direct()
             raise ReplayRefused(f"the store could not plan the replay: {e}") from e
-        s.direct[sub.queue] = sub
-        s.cursors[sub.queue] = Cursor(plan.live_offset)
-        log.info("event=replay_subscribe client_id=%s filter=%s since_ms=%d source=%s live_offset=%d",
-                 s.client_id, sub.queue, since_ms, plan.source, plan.live_offset)
-        if plan.source == "log" and not plan.done:
-            self.delivery.start_history(s, sub, plan)
-        elif s.online:
-            self.delivery.add_reader(s, sub.queue)
+        for i, (q, plan) in enumerate(zip(parts, plans)):
+            part = _part(sub, q)
+            s.direct[q] = part
+            s.cursors[q] = Cursor(plan.live_offset)
+            log.info("event=replay_subscribe client_id=%s filter=%s%s since_ms=%d source=%s live_offset=%d",
+                     s.client_id, sub.queue, f" store_group={i}" if len(parts) > 1 else "", since_ms,
+                     plan.source, plan.live_offset)
+            if plan.source == "log" and not plan.done:
+                self.delivery.start_history(s, part, plan)
+            elif s.online:
+                self.delivery.add_reader(s, q)
         return old is not None
 
     def _remove(self, s: MqttSession, sub: ClientSubscription, persist: bool) -> None:
         s.subs.pop(sub.filter, None)
         if sub.group is None:
-            if self.delivery.histories:
-                self.delivery.drop_history(s, sub.queue)
             parts = self.parts(sub.queue)
+            if self.delivery.histories:
+                for q in parts:
+                    self.delivery.drop_history(s, q)
             for q in parts:
                 s.direct.pop(q, None)
                 s.cursors.pop(q, None)
@@ -410,9 +416,9 @@ class SubscriptionRegistry:
         hist = self.delivery.histories.get(s)
         for sub in s.subs.values():
             if sub.group is None:
-                if hist and self.delivery.has_history(s, sub.queue):
-                    continue        # read live once its history is sent (replay.py)
                 for q in self.parts(sub.queue):
+                    if hist and self.delivery.has_history(s, q):
+                        continue    # read live once its history is sent (replay.py)
                     self.delivery.add_reader(s, q)
             else:
                 for q in self.parts(sub.queue):
