@@ -203,7 +203,6 @@ class GroupedSessions:
     def __init__(self, owners: TopicOwners, groups: list[Storage]) -> None:
         self.owners = owners
         self.groups = groups
-        self.first = groups[0].sessions
         self._at: dict[str, int] = {}       # client id -> its record's group, where not its home
 
     def _where(self, client_id: str) -> int:

@@ -19,7 +19,7 @@ import pytest
 from lmqtt.gateway.storage.grouped_metadata import home_group
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
-from tests.support import LmqttGateway, Paho
+from tests.support import LmqttGateway, Paho, metric
 
 
 @pytest.fixture(scope="module")
@@ -330,6 +330,36 @@ def test_session_records_are_spread_by_client_id_and_one_written_before_a_group_
     assert cid in _session_ids(a, "early-") and cid not in _session_ids(b, "early-")
     Paho(gw, cid, clean=True).disconnect()
     assert cid not in _session_ids(a, "early-") | _session_ids(b, "early-")
+
+
+def test_a_session_whose_record_is_in_the_second_group_is_taken_over_by_another_gateway(deployment, tmp_path):
+    """Claims over two groups: a client whose record lives in the second group (its client id's
+    home) connects to a second gateway while its connection to the first is open. The claim goes
+    to the record's group, which relays it to the first gateway: that gateway closes the old
+    connection (0x8E), and the session resumes on the second gateway with what is published to
+    topics of either group."""
+    a, b, gw = deployment
+    ta, tb = _first_levels(a, b, "tko")
+    cid = next(f"tko-{k}" for k in range(1000) if home_group(f"tko-{k}", 2) == 1)
+    first = Paho(gw, cid, version=5, clean=False, expiry=600)
+    assert first.subscribe(f"{ta}/t", 1) == [1] and first.subscribe(f"{tb}/t", 1) == [1]
+    gw2 = LmqttGateway(f"{a.address};{b.address}", log_path=str(tmp_path / "gw2.log")).start()
+    try:
+        second = Paho(gw2, cid, version=5, clean=False, expiry=600)
+        assert second.session_present
+        rc = first.disconnects.get(timeout=10)
+        first.c.loop_stop()                      # no reconnect of its own: the session moved
+        assert int(getattr(rc, "value", rc)) == 0x8E
+        assert metric(gw.metrics_url, "lmqtt_takeovers_by_other_gateway_total") >= 1
+        pub = Paho(gw, "tko-pub")
+        pub.publish(f"{ta}/t", b"to-a", qos=1)
+        pub.publish(f"{tb}/t", b"to-b", qos=1)
+        assert sorted(m.payload for m in _collect(second, (ta, tb), 2)) == [b"to-a", b"to-b"]
+        assert _session_ids(b, "tko-") == {cid} and not _session_ids(a, "tko-")
+        second.disconnect()
+        pub.disconnect()
+    finally:
+        assert gw2.stop() == 0, gw2.log_tail()
 
 
 def test_a_kill9_of_one_groups_store_leaves_the_other_flowing_and_loses_nothing(deployment):
