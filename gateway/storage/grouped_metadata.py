@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from json.decoder import scanstring  # type: ignore[attr-defined]
+from itertools import islice
 from typing import Any, Callable, Iterable, TypeVar
 from zlib import crc32
 
@@ -284,20 +285,20 @@ class GroupedSessions:
                 for rec, offs in got:
                     self._found(rec.client_id, i)
                     rows.append((i, rec, offs))
-            asks = [[g.offsets.get_all(rec.client_id) for j, g in enumerate(self.groups) if j != i]
-                    for i, rec, _o in rows]
+            # each row's offsets in the other groups: (group, answer), the rows' in row order
+            asks = [(j, g.offsets.get_all(rec.client_id)) for i, rec, _o in rows
+                    for j, g in enumerate(self.groups) if j != i]
 
             def join(got: list[Any]) -> list[tuple[Any, dict[str, int]]]:
-                out, k, n = [], 0, len(self.groups) - 1
+                answered = iter(zip((j for j, _a in asks), got))
+                out = []
                 for i, rec, offs in rows:
                     offs = as_parts(dict(offs), i)
-                    others = [j for j in range(len(self.groups)) if j != i]
-                    for j, d in zip(others, got[k:k + n]):
+                    for j, d in islice(answered, len(self.groups) - 1):
                         offs.update(as_parts(d, j))
-                    k += n
                     out.append((rec, offs))
                 return out
-            return Answer.gather([a for per_row in asks for a in per_row]).then(join)
+            return Answer.gather([a for _j, a in asks]).then(join)
         return chain(self.owners.settled(), lambda _n: chain(
             Answer.gather([g.sessions.list_for_restore(hosted_by) for g in self.groups]), more))
 

@@ -118,8 +118,8 @@ class GroupedQueues:
 
     def parts(self, flt: str) -> tuple[str, ...]:
         """The queues a subscription of `flt` reads: one per group for a filter whose first level
-        is a wildcard (direct or shared; a replay of it is not served), else `flt` itself (its
-        first level's group)."""
+        is a wildcard (direct, shared or from the past: each part in its group), else `flt`
+        itself (its first level's group)."""
         if filter_first_level(flt) is not None:
             return (flt,)
         return tuple(part_name(flt, i) for i in range(len(self.stores)))

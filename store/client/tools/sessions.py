@@ -89,14 +89,11 @@ def admin_sessions(conn, args, call, table, groups: list[tuple[str, object]] | N
         print("(no persistent session)")
         return 0
     now = int(time.time() * 1000)
-    if groups is None:
-        print("\n".join(table(["client id", "gateway", "state", "expires in", "subscriptions"],
-                              [[x["client_id"], x["gateway"] or "-", *_state(x, now), x["subscriptions"]]
-                               for x in rows])))
-    else:
-        print("\n".join(table(["client id", "store group", "gateway", "state", "expires in", "subscriptions"],
-                              [[x["client_id"], x["store_group"], x["gateway"] or "-", *_state(x, now),
-                                x["subscriptions"]] for x in rows])))
+    grouped = groups is not None          # a column naming each record's store group
+    print("\n".join(table(["client id", *(["store group"] if grouped else []), "gateway", "state", "expires in",
+                           "subscriptions"],
+                          [[x["client_id"], *([x["store_group"]] if grouped else []), x["gateway"] or "-",
+                            *_state(x, now), x["subscriptions"]] for x in rows])))
     if more:
         print(f"(first {len(rows)} by client id; --limit N for more)")
     return 0
