@@ -74,6 +74,11 @@ class GatewayConfig:
     # 0 = all of them, as far back as the store's retention (Mosquitto's max_queued_messages, EMQX's
     # max_mqueue_len: a device back after a week is not flooded with a week of commands)
     max_offline_backlog: int = 0
+    # a QoS 0 subscription whose client reads slower than its messages arrive (socket above
+    # write_high_water) waits for it, the messages kept in the store, while it is at most this many
+    # behind its queue's end; further behind, it skips to the newest (counted as dropped,
+    # reason="qos0_backpressure"). 0 = skip as soon as the socket is full
+    max_qos0_backlog: int = 100_000
     # limits that protect the broker (gateway/broker/limits.py, docs/gateway.md "Limits"); per gateway
     # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's
     # CONNECT gets CONNACK 0x97 quota exceeded (connect rate: 0x9F; 3.1.1: return code 3).
@@ -243,7 +248,7 @@ class GatewayConfig:
         if not (1 <= int(self.max_topic_length) <= 65535):
             raise ConfigError(f"max_topic_length must be 1..65535, got {self.max_topic_length}")
         for name in ("max_connections", "max_connections_per_address", "max_subscriptions", "max_topic_levels",
-                     "max_offline_backlog"):
+                     "max_offline_backlog", "max_qos0_backlog"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unlimited), got {getattr(self, name)}")
         for name, burst in (("connect_rate_per_address", "connect_burst_per_address"),

@@ -14,8 +14,9 @@ that is not (a remote reader behind the mirror, a queue not mirrored yet) is lef
 its queue is examined again when the answer is in (`_later`): the engine never waits, and never
 asks which implementation it holds.
 
-Back-pressure: a session whose socket is above the high-water mark is not pulled for. For a QoS 0
-subscription the backlog is skipped (cursor jumps to the queue end) and counted in
+Back-pressure: a session whose socket is above the high-water mark is not pulled for: its offsets
+stay and it reads on when the socket drains. A QoS 0 subscription further behind its queue's end
+than `max_qos0_backlog` skips to the end, counted in
 `lmqtt_dropped_messages{reason="qos0_backpressure"}`; QoS 1/2 keep their offset and wait.
 
 Overlapping subscriptions of one client (e.g. `a/+` and `a/#`): the message sits in both queues; it
@@ -408,10 +409,14 @@ class DeliveryEngine:
             if conn is None:
                 continue
             if conn.write_blocked:
-                # a client that stopped reading loses QoS 0 messages (as Mosquitto); one whose
-                # answer waits for the store (`wait_for_store`) only waits: it reads on after
+                # a QoS 0 subscription of a client that reads slower than its messages come waits
+                # in the store (nothing is buffered for it) while it is at most max_qos0_backlog
+                # behind, then skips to the newest (MQTT lets a broker drop QoS 0; the log makes
+                # waiting free, where Mosquitto would hold them in memory); one whose answer waits
+                # for the store (`wait_for_store`) only waits: it reads on after
                 sub = s.direct.get(q)
-                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.busy():
+                if conn.transport_full and sub is not None and sub.qos == 0 and not cur.busy() \
+                        and maxo - cur.next_offset > self.cfg.max_qos0_backlog:
                     skipped = maxo - cur.next_offset
                     cur.next_offset = maxo
                     self.metrics.dropped_qos0_backpressure.inc(skipped)
