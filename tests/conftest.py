@@ -8,7 +8,7 @@ from tests.support import LmqttServer, LmqttStore, free_port, running
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`.ci/run` runs `-n 3 --dist loadgroup`): every test module is one
+    """Under pytest-xdist (`.ci/run` runs `-n 4 --dist loadgroup`): every test module is one
     group, so a module's shared servers start once, on one worker; the Spark tests are one group
     together, so the run starts one SparkSession. Without xdist the marks do nothing."""
     for item in items:
