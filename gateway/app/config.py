@@ -76,8 +76,9 @@ class GatewayConfig:
     max_offline_backlog: int = 0
     # a QoS 0 subscription whose client reads slower than its messages arrive (socket above
     # write_high_water) waits for it, the messages kept in the store, while it is at most this many
-    # behind its queue's end; further behind, it skips to the newest (counted as dropped,
-    # reason="qos0_backpressure"). 0 = skip as soon as the socket is full
+    # behind its queue's end; further behind, the older ones are skipped and it keeps this many of
+    # the newest (counted as dropped, reason="qos0_backpressure"). 0 = skip to the end as soon as
+    # the socket is full
     max_qos0_backlog: int = 100_000
     # limits that protect the broker (gateway/broker/limits.py, docs/gateway.md "Limits"); per gateway
     # process, 0 = unlimited (Mosquitto's defaults: no limit). Over a connection limit the socket's

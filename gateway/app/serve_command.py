@@ -153,8 +153,8 @@ def add_listener_args(p: argparse.ArgumentParser) -> None:
                           "away, the newest; the older are dropped (default 0 = all, up to the store's retention)")
     lim.add_argument("--max-qos0-backlog", type=int,
                      help="messages a QoS 0 subscription of a slow reader may fall behind (they wait in the "
-                          "store); further behind it skips to the newest (default 100000, 0 = skip as soon "
-                          "as the client's socket is full)")
+                          "store); further behind the older are dropped and it keeps this many of the newest "
+                          "(default 100000, 0 = skip to the end as soon as the client's socket is full)")
 
 
 def main(argv: list[str] | None = None) -> int:

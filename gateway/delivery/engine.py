@@ -16,7 +16,7 @@ asks which implementation it holds.
 
 Back-pressure: a session whose socket is above the high-water mark is not pulled for: its offsets
 stay and it reads on when the socket drains. A QoS 0 subscription further behind its queue's end
-than `max_qos0_backlog` skips to the end, counted in
+than `max_qos0_backlog` skips the older ones and keeps that many of the newest, counted in
 `lmqtt_dropped_messages{reason="qos0_backpressure"}`; QoS 1/2 keep their offset and wait.
 
 Overlapping subscriptions of one client (e.g. `a/+` and `a/#`): the message sits in both queues; it
@@ -411,14 +411,16 @@ class DeliveryEngine:
             if conn.write_blocked:
                 # a QoS 0 subscription of a client that reads slower than its messages come waits
                 # in the store (nothing is buffered for it) while it is at most max_qos0_backlog
-                # behind, then skips to the newest (MQTT lets a broker drop QoS 0; the log makes
-                # waiting free, where Mosquitto would hold them in memory); one whose answer waits
-                # for the store (`wait_for_store`) only waits: it reads on after
+                # behind; further behind, the older ones are skipped and it keeps the newest
+                # max_qos0_backlog (MQTT lets a broker drop QoS 0; the log makes waiting free,
+                # where Mosquitto holds them in memory); one whose answer waits for the store
+                # (`wait_for_store`) only waits: it reads on after
                 sub = s.direct.get(q)
+                keep = self.cfg.max_qos0_backlog
                 if conn.transport_full and sub is not None and sub.qos == 0 and not cur.busy() \
-                        and maxo - cur.next_offset > self.cfg.max_qos0_backlog:
-                    skipped = maxo - cur.next_offset
-                    cur.next_offset = maxo
+                        and maxo - cur.next_offset > keep:
+                    skipped = maxo - keep - cur.next_offset
+                    cur.next_offset = maxo - keep
                     self.metrics.dropped_qos0_backpressure.inc(skipped)
                     self._session_offsets_moved(s)
                 continue
