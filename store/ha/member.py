@@ -54,6 +54,30 @@ log = logging.getLogger("lmqtt.store.ha")
 META_CALLS = ("commit", "filter_commit", "subscribe", "unsubscribe", "cancel_delayed")
 
 
+def alive_members(seen: dict[int, float], me: int, now: float, dead_after_s: float, new_leader: bool) -> set[int]:
+    """The members the controller (`me`, the Raft leader) counts as alive, from when each one's
+    last heartbeat was applied here (`seen`, monotonic).
+
+    A member is silent when the others' heartbeats kept being applied for `dead_after_s` after its
+    last one: measured against the newest heartbeat of anyone else, not the clock, so a Raft stall
+    (no leader for a while, a disruptive restart) that holds everyone's heartbeats back makes no
+    member look dead when Raft resumes. A leader elected less than `dead_after_s` ago leaves its
+    own heartbeats out of that reference: they are applied the moment it leads, while the others'
+    come back only once each found the new leader, so a primary that lost a few heartbeats to the
+    old leader (stopped, cut off) would look silent next to them and be deposed while alive. A
+    primary that really died is still judged against the other members' heartbeats.
+
+    `me` is always alive: its own heartbeats may just not commit (no majority now), and an election
+    proposed then would commit when the majority returns and depose a live primary."""
+    alive = {me}
+    for n, t in seen.items():
+        others = [u for m, u in seen.items() if m != n and not (new_leader and m == me)]
+        ref = max(others or [now])
+        if ref - t < dead_after_s:
+            alive.add(n)
+    return alive
+
+
 def raft_port(port: int) -> int:
     """A member uses three consecutive ports: the store's (clients), +1 Raft, +2 replication."""
     return port + 1
@@ -130,6 +154,8 @@ class Member(MetadataSync, Membership, InSyncSet):
         # `dead_after_s` of them before it may call anyone silent: a member just restarted that
         # becomes Raft leader has not watched long enough to know)
         self._watching_since: float | None = None
+        # when this member last became the Raft leader (None while it is not): see `alive_members`
+        self._leader_since: float | None = None
         if node is None:
             self.role = "joining"
             self._become_read_only("joining the group: not a member yet")
@@ -360,24 +386,19 @@ class Member(MetadataSync, Membership, InSyncSet):
         """The Raft leader's controller duty: elect a primary when there is none or it went silent."""
         if self._watching_since is None:
             self._watching_since = now
-        if not self._is_leader() or now < self._electing_until:
+        if not self._is_leader():
+            self._leader_since = None
+            return
+        if self._leader_since is None:
+            self._leader_since = now
+        if now < self._electing_until:
             return
         st = self.state
         seen = dict(st.last_seen)
         if now - self._watching_since < self.dead_after_s and st.primary is not None:
             return      # restarted (or Raft just became ready) less than a timeout ago: not watched enough
-        # a member is silent when the others' heartbeats kept being applied for `dead_after_s` after
-        # its last one: measured against the newest heartbeat of anyone else, not the clock, so a
-        # Raft stall (no leader for a while, a disruptive restart) that holds everyone's heartbeats
-        # back makes no member look dead when Raft resumes
-        alive = set()
-        for n, t in seen.items():
-            ref = max([u for m, u in seen.items() if m != n] or [now])
-            if ref - t < self.dead_after_s:
-                alive.add(n)
-        # this member runs: its own heartbeats may just not commit (no majority now), and an
-        # election proposed then would commit when the majority returns and depose a live primary
-        alive.add(self.node)
+        alive = alive_members(seen, self.node, now, self.dead_after_s,
+                              new_leader=now - self._leader_since < self.dead_after_s)
         p = st.primary
         if p is not None and p in alive:
             return

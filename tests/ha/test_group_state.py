@@ -83,3 +83,24 @@ def test_a_store_group_member_process_keeps_a_working_socket_inet_ntop():
             "assert any(c.laddr.port == s.getsockname()[1] for c in psutil.Process().net_connections('tcp'))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_new_raft_leader_does_not_take_a_live_primary_for_silent_next_to_its_own_heartbeats():
+    """The controller's liveness rule (store/ha/member.py `alive_members`). The replica that was
+    the Raft leader is stopped: the other replica (2) wins the Raft election and its own heartbeats
+    are applied at once, while the primary's (1) come back only once it found the new leader. Seen
+    from 2, one second into its leadership: 1's last heartbeat 2.6 s before 2's newest. A new
+    leader leaves its own heartbeats out of the reference, so 1 stays alive (it was deposed once,
+    under CI load); a leader of longer standing, or a primary that is silent next to the other
+    members' heartbeats too, is judged as before."""
+    from lmqtt.store.ha.member import alive_members
+    now = 100.0
+    seen = {1: now - 2.6, 2: now, 3: now - 2.9}            # 3: stopped just before 1's gap began
+    assert 1 in alive_members(seen, 2, now, 2.5, new_leader=True)        # (3 too: judged against 1)
+    assert alive_members(seen, 2, now, 2.5, new_leader=False) == {2}      # the rule before
+    # a primary that really died, judged against a third member's heartbeats
+    gone = {1: now - 2.6, 2: now, 3: now - 0.1}
+    assert alive_members(gone, 2, now, 2.5, new_leader=True) == {2, 3}
+    # three members heard from within the bound: all alive either way
+    fine = {1: now - 0.3, 2: now, 3: now - 0.2}
+    assert alive_members(fine, 2, now, 2.5, new_leader=True) == {1, 2, 3}
