@@ -41,6 +41,18 @@ def listening(host: str, port: int, timeout: float = 20.0, proc: subprocess.Pope
             time.sleep(0.05)
 
 
+def _listens_on(proc: subprocess.Popen, ports: tuple[int, ...]) -> bool:
+    """Whether `proc` (or one of its worker processes) is what listens on every one of `ports`."""
+    import psutil
+    try:
+        root = psutil.Process(proc.pid)
+        mine = {c.laddr.port for p in (root, *root.children(recursive=True))
+                for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return False
+    return all(port in mine for port in ports)
+
+
 def _start_on_fresh_ports(server, start, repick, tries: int = 3):
     """`start()`, and on a first start that found one of its ports taken ("address already in
     use": another test process bound the port between free_port()'s check and the server's bind),
@@ -105,6 +117,17 @@ class LmqttServer:
                 message = f"{self.command} did not listen within {timeout}s: {self.log_tail()}"
                 self.stop()         # not left running (with its workers, holding ports) after the test
                 raise RuntimeError(message)
+        # a port another test process bound first (free_port() gave both the same one) accepts as
+        # well, and this process then exits with "address already in use" (a first start is
+        # retried on other ports: _start_on_fresh_ports): wait until the listener is this process
+        while not _listens_on(self.proc, ports):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.command} exited with {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                message = f"{self.command}: another process listens on one of {ports}: {self.log_tail()}"
+                self.stop()
+                raise RuntimeError(message)
+            time.sleep(0.05)
         return self
 
     @property
