@@ -78,12 +78,25 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+def _port_range(n: int) -> tuple[int, int]:
+    """[low, high) of the ports free_ports picks from: the upper half below the ephemeral range;
+    under pytest-xdist, worker k of K its k-th slice (processes it starts inherit the worker's
+    variables), so that two test processes never pick the same port and race to bind it."""
+    top = max(2000, _ephemeral_start() - n)
+    low = max(1024, top // 2)
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1:
+        k, size = int(worker[2:]) % int(count), (top - low) // int(count)
+        low, top = low + k * size, low + (k + 1) * size
+    return low, top
+
+
 def free_ports(n: int) -> int:
     """The first of n consecutive loopback ports that bind now, below the ephemeral range and not
     handed out before."""
-    top = max(2000, _ephemeral_start() - n)
+    low, top = _port_range(n)
     for _ in range(200):
-        p = random.randrange(max(1024, top // 2), top)
+        p = random.randrange(low, top - n + 1)      # p + n - 1 inside the range too
         if any(p + i in _handed_out for i in range(n)):
             continue
         socks = []
