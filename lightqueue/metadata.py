@@ -40,7 +40,7 @@ from .metadata_keys import (
     host_key,
     prefix_end,
 )
-from .records import HOST, IN2_PENDING, SessionRecord, resolve_pending_qos2
+from .records import HOST, IN2_PENDING, SessionRecord, is_stub_bytes, resolve_pending_qos2
 from .retained_messages import RetainedMessages
 from .wills import Wills
 
@@ -290,11 +290,13 @@ class MetadataStore(RetainedMessages, Wills):
         self._write(wb)
 
     # -- persistent sessions -----------------------------------------------------------------
-    def put_session(self, client_id: str, rec: SessionRecord, before: str | None = None) -> None:
+    def put_session(self, client_id: str, rec: SessionRecord, before: str | None = None) -> bool:
         """The record and its entry in the by-gateway index, in one write. `before`: the gateway
         the record named until now, when the caller read it (`session_host`): its entry goes in
         the same write; otherwise an entry of a gateway it named before stays, and the readers
         drop it (`sessions_of_gateways`)."""
+        if rec.is_stub and not self._stub_may_go(client_id):
+            return False
         group = self._grouped() if self._group_tid is not None else None
         value = rec.to_bytes()
         wb = group if group is not None else self._batch()
@@ -304,6 +306,15 @@ class MetadataStore(RetainedMessages, Wills):
             wb.delete(host_key(before, client_id))
         if group is None:
             self._write(wb)
+        return True
+
+    def _stub_may_go(self, client_id: str) -> bool:
+        """Whether a session's `STUB` may be written: never over its record (a group that holds
+        the record - written there before a group was added - keeps it)."""
+        if self._group_tid is not None:
+            self._flush_group()
+        v = self._db.get(P_SESSION + client_id.encode("utf-8"))
+        return v is None or is_stub_bytes(v)
 
     def put_sessions(self, records: list[tuple[str, SessionRecord]]) -> None:
         """Several records (and their by-gateway index entries, as `put_session` without `before`)
@@ -312,6 +323,8 @@ class MetadataStore(RetainedMessages, Wills):
             self._flush_group()
         wb = self._batch()
         for client_id, rec in records:
+            if rec.is_stub and not self._stub_may_go(client_id):
+                continue
             wb.put(P_SESSION + client_id.encode("utf-8"), rec.to_bytes())
             wb.put(host_key(rec.host, client_id), b"")
         self._write(wb)
@@ -333,9 +346,13 @@ class MetadataStore(RetainedMessages, Wills):
             log.info("event=session_index_built records=%d seconds=%.2f (session records indexed by gateway: a "
                      "data dir of a version before the index; done once)", n, time.monotonic() - t0)
 
-    def get_session(self, client_id: str) -> SessionRecord | None:
+    def get_session(self, client_id: str, stubs: bool = False) -> SessionRecord | None:
+        """`client_id`'s record; None if there is none, or only a `STUB` (unless `stubs`: the
+        session sweep, and a will's delay - a stub's expiry is its session's)."""
         v = self._db.get(P_SESSION + client_id.encode("utf-8"))
-        return None if v is None else self._session(v)
+        if v is None or (not stubs and is_stub_bytes(v)):
+            return None
+        return self._session(v)
 
     def _session(self, v: bytes) -> SessionRecord:
         rec = SessionRecord.from_bytes(v)
@@ -360,14 +377,15 @@ class MetadataStore(RetainedMessages, Wills):
         return existed
 
     def list_sessions(self, after: str | None = None, limit: int | None = None) -> list[SessionRecord]:
-        """Every session record in client id order; a page of them: the first `limit` whose client
-        id sorts after `after`."""
+        """Every session record in client id order (no `STUB`); a page of them: the first `limit`
+        whose client id sorts after `after`."""
         start = None if after is None else P_SESSION + after.encode("utf-8") + b"\x00"
         out = []
         for _, v in self._scan(P_SESSION, start):
             if limit is not None and len(out) >= limit:
                 break
-            out.append(self._session(v))
+            if not is_stub_bytes(v):
+                out.append(self._session(v))
         return out
 
     def session_page(self, after: str | None, limit: int) -> tuple[list[tuple[str, bytes]], str | None]:
@@ -397,7 +415,8 @@ class MetadataStore(RetainedMessages, Wills):
         return [(cid, _host_of(v)) for cid, v in page], nxt
 
     def sessions_of_gateways(self, gateways: Collection[str] | None, after: str | None = None,
-                             limit: int = 1000, unhosted: bool = False) -> tuple[list[SessionRecord], str | None]:
+                             limit: int = 1000, unhosted: bool = False,
+                             stubs: bool = False) -> tuple[list[SessionRecord], str | None]:
         """The next `limit` records (client id order, after `after`) whose host
         (`SessionRecord.host`) is one of `gateways`, with `unhosted` also those naming no gateway,
         and the client id to go on after (None at the end): the store's session sweep looking
@@ -405,19 +424,21 @@ class MetadataStore(RetainedMessages, Wills):
         {hosted_by}`). Read through the by-gateway index: only those records are read, not the
         other gateways' (a gateway of a fleet with a million sessions spent ~3 s reading them
         all). `gateways` None: any gateway - the records among the next `limit`, each's host read
-        from its bytes; only those returned are decoded."""
+        from its bytes; only those returned are decoded. `stubs`: the `STUB`s too (the sweep)."""
         if gateways is not None:
-            return self._sessions_by_host(sorted(set(gateways) | ({""} if unhosted else set())), after, limit)
+            return self._sessions_by_host(sorted(set(gateways) | ({""} if unhosted else set())), after, limit,
+                                          stubs)
         page, nxt = self.session_page(after, limit)
         out = []
         for _cid, v in page:
             host = _host_of(v)
-            if unhosted if host is None else (gateways is None or host in gateways):
+            if (unhosted if host is None else (gateways is None or host in gateways)) and \
+                    (stubs or not is_stub_bytes(v)):
                 out.append(self._session(v))
         return out, nxt
 
     def _sessions_by_host(self, hosts: list[str], after: str | None,
-                          limit: int) -> tuple[list[SessionRecord], str | None]:
+                          limit: int, stubs: bool) -> tuple[list[SessionRecord], str | None]:
         """`sessions_of_gateways` through the index: the `h` ranges of `hosts` ("" for no
         gateway) merged in client id order, each record read and its host checked (an entry left
         by a record that moved to another gateway or ended is dropped from the index here)."""
@@ -438,7 +459,8 @@ class MetadataStore(RetainedMessages, Wills):
             if v is None or (_host_of(v) or "") != host:
                 stale.append(host_key(host, cid))
                 continue
-            out.append(self._session(v))
+            if stubs or not is_stub_bytes(v):
+                out.append(self._session(v))
         if stale:
             try:
                 wb = self._batch()

@@ -55,6 +55,12 @@ HOST = "gateway"                # extra[HOST]: id of the fleet gateway that last
 # is read, into IN2 ("stored, awaiting PUBREL"), or leaves them pending (not stored: the client's
 # PUBLISH sent again is stored then, with the same key, at most once: store/unique_keys.py)
 INFLIGHT = "inflight"
+# extra[STUB] = true: not a session but the mark of one whose record is in another store group,
+# written in each group that holds the session's offsets (gateway/storage/grouped_metadata.py), so
+# that the group's own session sweep ends those offsets when the session's gateway is gone for
+# good; readers of sessions never see one (`MetadataStore`), a record is never replaced by one
+STUB = "stub"
+_STUB_MARK = b'"' + STUB.encode() + b'":true'
 IN2 = "in2"
 IN2_PENDING = "in2p"
 QOS2_KEY_PREFIX = "mqtt-qos2:"   # the message key of such an append (indexed under topic#key)
@@ -113,6 +119,22 @@ class SessionRecord:
         """The fleet gateway that last served this session, or None (embedded, older gateways)."""
         return self.extra.get(HOST) if self.extra else None
 
+    @property
+    def is_stub(self) -> bool:
+        """The mark of a session whose record is in another store group (`STUB`)."""
+        return bool(self.extra) and self.extra.get(STUB) is True
+
+    @classmethod
+    def stub(cls, client_id: str, protocol_version: int, expiry_interval: int, host: str | None) -> "SessionRecord":
+        """The `STUB` of a session served by gateway `host`: connected (no disconnect time), so a
+        sweep counts its expiry from when that gateway went away - never before the record's own,
+        whose disconnect is no later."""
+        extra: dict = {STUB: True}
+        if host is not None:
+            extra[HOST] = host
+        return cls(client_id=client_id, protocol_version=protocol_version, expiry_interval=expiry_interval,
+                   extra=extra)
+
     def expired(self, now_ms: int) -> bool:
         """Offline for at least its expiry interval at `now_ms` (a connected session never is)."""
         last = self.last_disconnect_ms
@@ -142,6 +164,11 @@ class SessionRecord:
             return cls(subscriptions=subs, **d)
         except (ValueError, TypeError) as e:
             raise MetadataError(f"corrupt session record: {e}") from None
+
+
+def is_stub_bytes(raw: bytes) -> bool:
+    """`SessionRecord.is_stub` of a record's bytes, decoding only those that may be one."""
+    return _STUB_MARK in raw and SessionRecord.from_bytes(raw).is_stub
 
 
 @dataclass

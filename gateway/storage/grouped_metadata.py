@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from zlib import crc32
 
 from lmqtt.gateway.storage.facades import Answer, Storage
+from lmqtt.gateway.storage.session_stubs import SessionStubs
 from lmqtt.gateway.storage.topic_owners import (
     TopicOwners, filter_first_level, first_level, part_name, spanning, split_part)
 
@@ -134,6 +135,10 @@ class _Routed:
 
 
 class GroupedOffsets(_Routed):
+    def __init__(self, owners: TopicOwners, groups: list[Storage], stubs: SessionStubs | None = None) -> None:
+        super().__init__(owners, groups)
+        self.stubs = stubs
+
     def get(self, consumer: str, queue: str) -> Answer[int | None]:
         part = split_part(queue)
         if part is not None:
@@ -149,8 +154,12 @@ class GroupedOffsets(_Routed):
             [g.offsets.get_all(consumer).then(named(i)) for i, g in enumerate(self.groups)])))
 
     def set(self, consumer: str, offsets: dict[str, int]) -> Answer[None]:
-        return chain(self._split(offsets), lambda parts: Answer.all_in(
-            [self.groups[i].offsets.set(consumer, {own: offsets[q] for q, own in qs}) for i, qs in parts.items()]))
+        def write(parts: dict[int, list[tuple[str, str]]]) -> Answer[None]:
+            if self.stubs is not None:
+                self.stubs.offsets_set(consumer, parts)      # the session's stub first, where needed
+            return Answer.all_in([self.groups[i].offsets.set(consumer, {own: offsets[q] for q, own in qs})
+                                  for i, qs in parts.items()])
+        return chain(self._split(offsets), write)
 
     def delete(self, consumer: str, queues: list[str] | None = None) -> Answer[None]:
         if queues is None:
@@ -205,6 +214,8 @@ class GroupedSessions:
         self.owners = owners
         self.groups = groups
         self._at: dict[str, int] = {}       # client id -> its record's group, where not its home
+        # the session's marks in the groups that hold its offsets but not its record (session_stubs.py)
+        self.stubs = SessionStubs(groups, self._where)
 
     def _where(self, client_id: str) -> int:
         at = self._at.get(client_id)
@@ -217,8 +228,8 @@ class GroupedSessions:
             self._at[client_id] = i
 
     def _pick(self, client_id: str, recs: list[Any]) -> Any:
-        """The record among each group's answer (None: none there): the one in the group it is
-        written to, else any, whose group is then remembered."""
+        """The record among each group's answer (None: none there - a stub is never answered):
+        the one in the group it is written to, else any, whose group is then remembered."""
         i = self._where(client_id)
         if recs[i] is not None:
             return recs[i]
@@ -230,18 +241,24 @@ class GroupedSessions:
 
     # -- writes ------------------------------------------------------------------------------
     def put(self, client_id: str, rec: Any) -> Answer[None]:
-        return self.groups[self._where(client_id)].sessions.put(client_id, rec)
+        answer = self.groups[self._where(client_id)].sessions.put(client_id, rec)
+        self.stubs.record_put(client_id, rec)
+        return answer
 
     def put_many(self, records: list[tuple[str, Any]]) -> Answer[None]:
         by: dict[int, list[tuple[str, Any]]] = {}
         for cid, rec in records:
             by.setdefault(self._where(cid), []).append((cid, rec))
-        return Answer.all_in([self.groups[i].sessions.put_many(rs) for i, rs in by.items()])
+        answer = Answer.all_in([self.groups[i].sessions.put_many(rs) for i, rs in by.items()])
+        for cid, rec in records:
+            self.stubs.record_put(cid, rec)
+        return answer
 
     def delete(self, client_id: str) -> Answer[bool]:
-        """The record and the session's offsets in every group (a later session of that client
-        id must not resume from them); True if a record was there."""
+        """The record and the session's offsets in every group, its stubs too (a later session
+        of that client id must not resume from them); True if a record was there."""
         self._at.pop(client_id, None)
+        self.stubs.forget(client_id)
         return Answer.gather([g.sessions.delete(client_id) for g in self.groups]).then(any)
 
     def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
@@ -266,7 +283,10 @@ class GroupedSessions:
             offs: dict[str, int] = {}
             for i, (_rec, more) in enumerate(got):
                 offs.update(as_parts(more, i))
-            return self._pick(client_id, [rec for rec, _o in got]), offs
+            rec = self._pick(client_id, [rec for rec, _o in got])
+            if rec is not None:
+                self.stubs.loaded(client_id, [i for i, (_r, more) in enumerate(got) if more])
+            return rec, offs
         return Answer.gather([g.sessions.load(client_id) for g in self.groups]).then(join)
 
     def all(self) -> Answer[list[Any]]:
@@ -294,8 +314,13 @@ class GroupedSessions:
                 out = []
                 for i, rec, offs in rows:
                     offs = as_parts(dict(offs), i)
+                    held = []
                     for j, d in islice(answered, len(self.groups) - 1):
                         offs.update(as_parts(d, j))
+                        if d:
+                            held.append(j)
+                    if held:
+                        self.stubs.loaded(rec.client_id, held)
                     out.append((rec, offs))
                 return out
             return Answer.gather([a for _j, a in asks]).then(join)
@@ -317,12 +342,19 @@ class GroupedSessions:
 
     # -- events: each group tells of the records it holds --------------------------------------
     def on_sessions_swept(self, fn: Callable[[list[str]], None]) -> None:
+        def swept(cids: list[str]) -> None:
+            self.stubs.swept(cids)          # before `fn` writes their records again
+            fn(cids)
         for g in self.groups:
-            g.sessions.on_sessions_swept(fn)
+            g.sessions.on_sessions_swept(swept)
 
     def on_sessions_moved(self, fn: Callable[[list[str]], None]) -> None:
+        def moved(cids: list[str]) -> None:
+            for cid in cids:
+                self.stubs.forget(cid)
+            fn(cids)
         for g in self.groups:
-            g.sessions.on_sessions_moved(fn)
+            g.sessions.on_sessions_moved(moved)
 
     def on_session_claims(self, fn: Callable[[str, list], None]) -> None:
         for g in self.groups:
@@ -402,6 +434,7 @@ class GroupedFilters(_Routed):
 
 def grouped_storage(owners: TopicOwners, groups: list[Storage], queues: Any) -> Storage:
     """One `Storage` over the groups' own (each a one-group bundle, in `--store` order)."""
-    return Storage(GroupedSessions(owners, groups), GroupedOffsets(owners, groups),  # type: ignore[arg-type]
+    sessions = GroupedSessions(owners, groups)
+    return Storage(sessions, GroupedOffsets(owners, groups, sessions.stubs),  # type: ignore[arg-type]
                    GroupedRetained(owners, groups), GroupedWills(owners, groups),  # type: ignore[arg-type]
                    GroupedFilters(owners, groups), queues)  # type: ignore[arg-type]

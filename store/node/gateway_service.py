@@ -519,8 +519,8 @@ class GatewayService:
     def gw_put_session(self, req: P.PutSession, conn) -> P.Ok:
         rec = SessionRecord.from_bytes(req.rec.encode())
         before = self.meta.session_host(req.client_id)
-        self.meta.put_session(req.client_id, rec, before)
-        if before is not None and before != rec.host:
+        written = self.meta.put_session(req.client_id, rec, before)
+        if written and before is not None and before != rec.host:
             self.tell_session_moved(before, req.client_id)
         return P.Ok()
 

@@ -177,7 +177,7 @@ class GatewayWills:
         if w.delay_interval <= 0:
             return 0.0
         try:
-            rec = self.meta.get_session(cid)
+            rec = self.meta.get_session(cid, stubs=True)    # a stub: the session is in another group
         except Exception as e:  # noqa: BLE001
             log.error("event=will_session_lookup_failed client_id=%s error=%r", cid, e)
             return 0.0

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan, ReplayRefused, Retained, Storage, answered
 from lmqtt.lightqueue.metadata import MetadataStore
-from lmqtt.lightqueue.records import SessionRecord, WillRecord
+from lmqtt.lightqueue.records import SessionRecord, WillRecord, is_stub_bytes
 from lmqtt.lightqueue.replay import ReplayRefused as LightQueueReplayRefused
 
 
@@ -22,7 +22,9 @@ class InProcessSessions:
         self.md = md
 
     def put(self, client_id: str, rec: SessionRecord) -> Answer[None]:
-        return Answer.now(self.md.put_session, client_id, rec)
+        def put() -> None:
+            self.md.put_session(client_id, rec)      # a stub not written over a record: nothing to answer
+        return Answer.now(put)
 
     def put_many(self, records: list[tuple[str, SessionRecord]]) -> Answer[None]:
         return Answer.now(self.md.put_sessions, records)
@@ -53,7 +55,8 @@ class InProcessSessions:
             while True:
                 page, after = md.session_page(after, 10000)
                 for _cid, raw in page:
-                    yield raw
+                    if not is_stub_bytes(raw):
+                        yield raw
                 if after is None:
                     return
         return Answer.of(pages())

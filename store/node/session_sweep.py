@@ -135,11 +135,11 @@ class SessionSweep:
                         continue
                     self._seen.add(host)
                     if not self.is_connected(host):
-                        rec = self.meta.get_session(cid)
+                        rec = self.meta.get_session(cid, stubs=True)
                         if rec is not None:
                             self._check(rec, now)
             else:
-                recs, nxt = self.meta.sessions_of_gateways(self._looking, after, self.PAGE)
+                recs, nxt = self.meta.sessions_of_gateways(self._looking, after, self.PAGE, stubs=True)
                 for rec in recs:
                     self._seen.add(rec.host)
                     self._check(rec, now)

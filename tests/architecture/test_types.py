@@ -46,6 +46,7 @@ TYPED = [
     "lmqtt.gateway.storage.topic_owners",   # a gateway over several store groups: who owns a first level
     "lmqtt.gateway.storage.grouped_metadata",  # ... its metadata facades
     "lmqtt.gateway.storage.grouped_queues",    # ... its light queues
+    "lmqtt.gateway.storage.session_stubs",     # ... and its sessions' stubs in the groups holding their offsets
 ]
 
 pytest.importorskip("mypy", reason="mypy is in the test extras (pip install -e '.[test]')")

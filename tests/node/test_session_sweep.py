@@ -174,3 +174,40 @@ def test_a_sweep_reads_nothing_while_every_gateway_with_sessions_is_connected(tm
     assert sweep.sweeps == 2                # the first (every host), the one that found none left of gw-gone
     assert sweep.away_since == {}
     md.close()
+
+
+def test_a_stub_is_never_listed_never_replaces_a_record_and_is_swept_with_its_offsets(tmp_path):
+    """A session's stub (a group holding its offsets, not its record: lightqueue/records.py `STUB`)
+    is hidden from every reader of sessions, is not written over a record the group holds, is
+    replaced by a record, and is ended by the sweep with the offsets beside it once its session
+    has expired since its gateway went away - that moment counting as its disconnect."""
+    md = MetadataStore(str(tmp_path / "meta"))
+    md.put_session("only-stub", SessionRecord.stub("only-stub", 5, 60, "gw-gone"))
+    md.set_offsets("only-stub", {"t/x": 3})
+    md.put_session("real", _rec("real", "gw-gone", NEVER_EXPIRES, None))
+    assert md.put_session("real", SessionRecord.stub("real", 5, 60, "gw-other")) is False
+    md.put_sessions([("real", SessionRecord.stub("real", 5, 60, "gw-other"))])
+    md.put_session("replaced", SessionRecord.stub("replaced", 5, 60, "gw-gone"))
+    md.put_session("replaced", _rec("replaced", "gw-gone", NEVER_EXPIRES, None))
+    assert md.get_session("real").subscriptions and md.get_session("real").host == "gw-gone"
+    assert md.get_session("only-stub") is None and md.get_session("only-stub", stubs=True).is_stub
+    assert [r.client_id for r in md.list_sessions()] == ["real", "replaced"]
+    assert [r.client_id for r, _o in md.sessions_with_offsets("gw-gone")] == ["real", "replaced"]
+    assert [r.client_id for r in md.sessions_of_gateways(["gw-gone"], stubs=True)[0]] == ["only-stub", "real", "replaced"]
+    gone_at = int(time.time() * 1000) - 120_000          # two minutes ago: past the stub's 60 s
+
+    async def go() -> SessionSweep:
+        sweep = SessionSweep(md, asyncio.get_running_loop(), lambda gid: False, grace_s=30, interval_s=0.05)
+        sweep.away_since["gw-gone"] = gone_at
+        sweep.start()
+        deadline = time.monotonic() + 10
+        while sweep.ended < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        sweep.close()
+        return sweep
+
+    sweep = asyncio.run(go())
+    assert sweep.ended == 1 and md.get_session("only-stub", stubs=True) is None
+    assert md.get_offsets("only-stub") == {}
+    assert sorted(r.client_id for r in md.list_sessions()) == ["real", "replaced"]
+    md.close()
