@@ -50,6 +50,11 @@ class Member:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def raft_address(self) -> str:
+        """Its Raft address as `status()["raft_leader"]` names it: PORT+1 (docs/ha.md)."""
+        return f"127.0.0.1:{self.port + 1}"
+
     def start(self) -> "Member":
         who = (["--join", self.group.address_list(), "--port", str(self.port)] if self.join else
                ["--node-id", str(self.node), "--peers", self.group.peers])

@@ -332,7 +332,7 @@ def test_a_replica_stopped_while_only_metadata_is_written_leaves_the_in_sync_set
         # which is not what this test is about (and can depose the primary, whose heartbeats then
         # reach the new leader late)
         leader = first.status()["raft_leader"]
-        behind = max((m for m in group.members if m.node != first.node and leader != f"127.0.0.1:{m.port + 1}"),
+        behind = max((m for m in group.members if m.node != first.node and leader != m.raft_address),
                      key=lambda m: m.node)
         behind.pause()
         t0 = time.monotonic()
