@@ -23,7 +23,7 @@ import json
 import os
 import struct
 
-from rocksdict import Rdict, WriteOptions
+from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from .protocol import compact_json
 from .rocksdb_options import rocksdb_options
@@ -153,13 +153,20 @@ class SdkMetadata:
 
     def remember(self, pid: str, seq: int, produced_body: bytes) -> None:
         w = self._window(pid)
-        self._db.put(self._pkey(pid, seq), produced_body, self._wo)
         if not w or w[-1] != seq:        # begin() already listed it
             w.append(seq)
             if len(w) > 1 and w[-2] > seq:
                 w.sort()
+        if len(w) <= DEDUP_WINDOW:
+            self._db.put(self._pkey(pid, seq), produced_body, self._wo)
+            return
+        # the batch and the window's oldest forgotten in one write (one WAL append, not two: a
+        # write per PRODUCE on the primary and on every replica)
+        wb = WriteBatch(raw_mode=True)
+        wb.put(self._pkey(pid, seq), produced_body)
         while len(w) > DEDUP_WINDOW:
-            self._db.delete(self._pkey(pid, w.pop(0)))
+            wb.delete(self._pkey(pid, w.pop(0)))
+        self._db.write(wb, self._wo)
 
     # A batch is appended to the CommitLog first and remembered here after; a process killed
     # between the two would leave it stored but unknown to dedup, and its retry stored twice.
