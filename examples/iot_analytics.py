@@ -197,6 +197,7 @@ def _main(a) -> int:
     # SIGTERM only set a flag; the loop below then stops the queries, which is the documented way
     # to end the job (the checkpoints make a re-run continue where it stopped).
     stop = threading.Event()
+    _quiet_accumulator_hangup(spark)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     spark.dataSource.register(LmqttDataSource)
@@ -214,10 +215,8 @@ def _main(a) -> int:
                 break
             stop.wait(0.5)
         failed = [e for e in (q.exception() for q in qs) if e is not None]
-        for q in qs:
-            q.stop()
+        _stop_once_started(qs)
     finally:
-        _quiet_accumulator_hangup(spark)
         spark.stop()
     for e in failed:
         print(f"lmqtt spark-iot: a streaming query failed: {_failure(e)}", file=sys.stderr)
@@ -228,11 +227,39 @@ def _main(a) -> int:
 
 
 
+# how long a stop waits for a query still starting (a re-run over its checkpoints on a loaded machine
+# takes a few seconds to plan its first batch)
+START_WAIT_S = 60.0
+
+
+def _stop_once_started(qs) -> None:
+    """Stop the queries, each once it has started. A query is stopped mid-start when Ctrl-C or
+    `--seconds` comes while it still plans its first batch: Spark then cancels the Python worker
+    of the lmqtt source while it connects back, and both Spark's Python runner and its JVM print
+    a traceback of that (EOFError, "Python worker failed to connect back") on a stop that
+    otherwise ends cleanly. So a stop waits, up to START_WAIT_S, for its "Initializing ..." status
+    (StreamExecution, then sources) to be over; the checkpoints make either way safe to re-run."""
+    end = time.monotonic() + START_WAIT_S
+    while time.monotonic() < end and any(_starting(q) for q in qs):
+        time.sleep(0.1)
+    for q in qs:
+        q.stop()
+
+
+def _starting(q) -> bool:
+    try:
+        return bool(q.isActive) and str(q.status.get("message", "")).startswith("Initializing")
+    except Exception:  # noqa: BLE001 - a query that ended meanwhile: nothing to wait for
+        return False
+
+
 def _quiet_accumulator_hangup(spark) -> None:
-    """PySpark's accumulator server reads updates from the JVM until it is told to stop, but
-    `spark.stop()` closes the JVM's end first: on a loaded machine the read sees the hang-up and
-    socketserver prints an EOFError traceback after the job ended normally. That one error, at
-    that moment, is the JVM going away, not a failure: it is not printed. (Any other is.)"""
+    """PySpark's accumulator server reads updates from the JVM until it is told to stop, but a
+    query's stop (its jobs cancelled) and `spark.stop()` close the JVM's end first: the read sees
+    the hang-up and socketserver prints an EOFError traceback after the job ended normally. That
+    one error is the JVM's side going away, not a failure (this job keeps no results in
+    accumulators): it is not printed. (Any other is.) Set up at the start: a query may be stopped
+    at any time."""
     srv = getattr(spark.sparkContext, "_accumulatorServer", None)
     if srv is None:
         return
