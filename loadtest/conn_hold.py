@@ -8,7 +8,11 @@ socket then stays idle, unregistered, until `close_all`.
 
 Source addresses: with `src_ips` each socket binds 127.0.0.x (IP_BIND_ADDRESS_NO_PORT: the port is
 chosen at connect, per 4-tuple) so one generator gets past the ~28,000 ephemeral ports of one
-source address. File descriptors: the soft limit is raised to the hard limit of the process (never
+source address. With `src_of` each socket binds the address and port given for it instead: the
+kernel's own choice searches the port range at every connect, and with 10^5 connections to one
+listener held that search (`__inet_hash_connect`, `__inet_check_established`) was half of the
+machine's CPU - a generator measuring itself (the million scenario gives each connection a port
+of its own below the ephemeral range). File descriptors: the soft limit is raised to the hard limit of the process (never
 beyond: that needs CAP_SYS_RESOURCE, the system's business); `capacity()` says how many sockets
 one process can hold.
 
@@ -48,6 +52,20 @@ def reply_size(version: int, subscribe: bool) -> int:
     return (5 + 6 * subscribe) if version == 5 else (4 + 5 * subscribe)
 
 
+def _bind_given(s: socket.socket, src: tuple[str, int]) -> None:
+    """Bind `s` to the source address and port given. SO_REUSEADDR: a port of the run before in
+    TIME_WAIT may be taken again (loopback reuses such 4-tuples: tcp_tw_reuse); a port someone
+    else holds (a server's, bound to every address) falls back to the kernel's choice."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(src)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        s.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        s.bind((src[0], 0))
+
+
 class Holder:
     """Open `count` MQTT connections to host:port and hold them idle.
 
@@ -57,11 +75,12 @@ class Holder:
 
     def __init__(self, host: str, port: int, count: int, client_id, topic, *, version: int = 4,
                  src_ips: list[str] | None = None, window: int = 256, keepalive: int = 600,
-                 ports: tuple = ()) -> None:
+                 ports: tuple = (), src_of=None) -> None:
         self.host, self.port, self.count = host, port, count
         self.ports = ports or (port,)      # connection i goes to ports[i % len(ports)] (a fleet's gateways)
         self.client_id, self.topic, self.version = client_id, topic, version
         self.src_ips = src_ips or []
+        self.src_of = src_of              # i -> (source address, source port) of connection i, or None
         self.window = window
         self.keepalive = keepalive
         self.held: list[socket.socket] = []
@@ -81,6 +100,7 @@ class Holder:
         nxt = 0
         n = self.count
         ips = self.src_ips
+        src_of = self.src_of
         addrs = [(self.host, p) for p in self.ports]
         self.t_start = time.monotonic()
         try:
@@ -91,7 +111,9 @@ class Holder:
                     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                     s.setblocking(False)
                     try:
-                        if ips:
+                        if src_of is not None:
+                            _bind_given(s, src_of(i))
+                        elif ips:
                             s.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
                             s.bind((ips[i % len(ips)], 0))
                         rc = s.connect_ex(addrs[i % len(addrs)])

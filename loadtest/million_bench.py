@@ -6,7 +6,8 @@
 Each connection CONNECTs and SUBSCRIBEs to a topic of its own (as in `conn`), then stays idle.
 They come from raw non-blocking sockets driven by one epoll per generator process
 (loadtest/conn_hold.py), as many processes as the open-files limit asks for, from source addresses
-127.0.0.2, .3, ... (one address has ~28,000 ephemeral ports towards one listening port).
+127.0.0.2, .3, ..., each connection bound to a source port of its own (`source_of`: letting the
+kernel pick one searched the port range at every connect, half the machine's CPU at 10^5 held).
 
 What it reports: how many were asked for and held, the time to connect them all (and the rate),
 the broker's RSS growth per held connection and the kernel's unreclaimable slab growth (both ends
@@ -36,6 +37,14 @@ from .probe import BrokerProbe
 from .scenarios import IdleProbe
 
 PER_ADDRESS = 25_000       # connections per source address (ephemeral ports 32768-60999: 28,232)
+SRC_PORT_BASE = 4096       # source ports SRC_PORT_BASE .. + PER_ADDRESS - 1 (`source_of`)
+# handshakes in progress at once over all generator processes: 51 processes of 256 each (13,000 at
+# once) against `serve --workers 54` had 44 % of a million CONNECTs refused (0x03: a gateway's store
+# link timed out under the storm), 2,048 at once 32 %; 11 processes of 256 (200,000) none
+WINDOW_TOTAL = 2048
+# the held connections' keep-alive: they send nothing while the rest connect (a million takes ~10
+# minutes here), and a broker closes a client silent for 1.5 keep-alives
+KEEPALIVE_S = 3600
 PING_SAMPLE = 200          # held connections per generator process whose PINGREQ round trip is timed
 BROKER_RESERVED_FDS = 256  # left free in each broker process: its store link, logs, the idle probe
 BROKER_RESERVED_CLIENTS = 8  # of an `lmqtt serve`'s admitted clients: the idle probe's and the tools'
@@ -46,12 +55,13 @@ GATE_RESERVE = 64
 GATE_REFUSED_PENDING_MAX = 256
 
 
-def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe) -> None:
+def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[str], deadline: float, pipe,
+              window: int = 256) -> None:
     """One generator process: open `count` connections (indexes first..), report, then answer
     "ping" (round trips on a sample, and how many are still open) and "close"."""
     try:
         h = Holder(host, port, count, lambda i: f"{run}-m{first + i}", lambda i: f"{run}/m/{first + i}",
-                   src_ips=ips, window=256)
+                   src_ips=ips, window=window, src_of=lambda i: source_of(first + i, ips), keepalive=KEEPALIVE_S)
         h.open_all(deadline)
         pipe.send(("ready", {"held": len(h.held), "failed": h.failed, "errors": h.errors,
                              "t_start": h.t_start, "t_done": h.t_done}))
@@ -65,6 +75,13 @@ def _gen_main(host: str, port: int, run: str, first: int, count: int, ips: list[
         pipe.send(("closed", None))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the scenario
         pipe.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def source_of(i: int, ips: list[str]) -> tuple[str, int]:
+    """Connection i's source address and port, unique over the run: the addresses in turn, each
+    address's connections on consecutive ports from SRC_PORT_BASE (below the ephemeral range,
+    where the kernel never picks one for anybody else; PER_ADDRESS of them at most)."""
+    return ips[i % len(ips)], SRC_PORT_BASE + i // len(ips)
 
 
 def _ping_sample(held: list, n: int) -> list[int]:
@@ -193,7 +210,8 @@ def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
     for k in range(nprocs):
         n = min(per_proc, target - first)
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_gen_main, args=(cfg.host, cfg.port, run, first, n, ips, deadline, b), daemon=True)
+        p = ctx.Process(target=_gen_main, args=(cfg.host, cfg.port, run, first, n, ips, deadline, b,
+                                                max(16, min(256, WINDOW_TOTAL // nprocs))), daemon=True)
         p.start()
         gens.append((p, a))
         first += n
