@@ -720,6 +720,14 @@ def mixed_publish_props(i: int, user: tuple[int, int], expiry: tuple[int, int]):
     return None, None, None
 
 
+def until(fn, timeout: float = 20.0):
+    """`fn()` once it is truthy (polled every 50 ms), or its last value after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (got := fn()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
 def metric(url: str, name: str) -> float:
     """The value of metric `name` (or `name_total`, a counter) on a /metrics page."""
     import urllib.request

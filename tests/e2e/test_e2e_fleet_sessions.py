@@ -9,10 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from lmqtt.store.client import connect
-from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, wait_metric
+from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, until, wait_metric
 
 
 def test_a_restarted_gateway_restores_only_its_own_sessions_and_the_others_resume_anywhere(tmp_path):
@@ -109,13 +108,6 @@ def _record(store, cid: str):
     return None if raw is None else SessionRecord.from_bytes(raw.encode())
 
 
-def _until(fn, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (got := fn()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
-
-
 def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clients(tmp_path):
     """The store restarts while the gateway cannot reconnect (SIGSTOP) for longer than the grace:
     its sweep takes the gateway for gone, marks its connected client's session offline and ends
@@ -137,14 +129,14 @@ def test_a_gateway_taken_for_gone_writes_again_the_records_of_its_connected_clie
         try:
             store.stop()
             store.start()
-            assert _until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is not None), \
+            assert until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is not None), \
                 store.log_tail()
-            assert _until(lambda: _record(store, "cut-short") is None), store.log_tail()
+            assert until(lambda: _record(store, "cut-short") is None), store.log_tail()
         finally:
             os.kill(gw.proc.pid, signal.SIGCONT)
-        assert _until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is None), \
+        assert until(lambda: (r := _record(store, "cut-long")) is not None and r.last_disconnect_ms is None), \
             gw.log_tail()
-        assert _until(lambda: (r := _record(store, "cut-short")) is not None and r.last_disconnect_ms is None), \
+        assert until(lambda: (r := _record(store, "cut-short")) is not None and r.last_disconnect_ms is None), \
             gw.log_tail()
         assert "event=sessions_swept_by_store count=2 rewritten=2" in gw.log_tail()
         pub.publish("cut/long", b"after", qos=1)

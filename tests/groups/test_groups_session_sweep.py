@@ -14,7 +14,7 @@ from lmqtt.gateway.storage.grouped_metadata import home_group
 from lmqtt.loadtest.brokers import free_port
 from lmqtt.store.client import connect
 from lmqtt.store.client.groups import rendezvous
-from tests.support import LmqttGateway, LmqttStore, Paho, metric, stop_all, wait_metric
+from tests.support import LmqttGateway, LmqttStore, Paho, metric, stop_all, until, wait_metric
 
 
 def _offsets(store, cid: str) -> dict:
@@ -25,13 +25,6 @@ def _offsets(store, cid: str) -> dict:
 def _sessions(store) -> set[str]:
     with connect(store.address) as c:
         return {r["client_id"] for r in c.cmd("sessions", limit=10_000)["sessions"]}
-
-
-def _until(fn, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (got := fn()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
 
 
 def test_a_gone_gateways_sessions_end_with_their_offsets_in_every_group_and_a_moved_one_lives_on(tmp_path):
@@ -68,7 +61,7 @@ def test_a_gone_gateways_sessions_end_with_their_offsets_in_every_group_and_a_mo
         for c in clients[1:]:
             assert sorted(m.payload for m in c.get_n(2)) == [b"first", b"first"]
         for cid in (*short, moved):                 # each session's offsets are in both groups
-            assert _until(lambda: all(_offsets(s, cid) for s in stores)), (cid, [_offsets(s, cid) for s in stores])
+            assert until(lambda: all(_offsets(s, cid) for s in stores)), (cid, [_offsets(s, cid) for s in stores])
         for i, cid in enumerate(short):             # its record in its home only: the stub is not listed
             assert cid in _sessions(stores[i]) and cid not in _sessions(stores[1 - i])
 
