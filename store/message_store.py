@@ -310,7 +310,7 @@ class MessageStore(AsyncAppend):
         self.shutdown()
 
     # ------------------------------------------------------------------ append
-    def append(self, msg: Message) -> AppendResult:
+    def append(self, msg: Message, dispatch: bool = True) -> AppendResult:
         """Append one message (fast path of append_batch([msg])[0])."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
@@ -323,17 +323,24 @@ class MessageStore(AsyncAppend):
             fut = ResolvedFuture(None)
             r, end = self.clog.append_one(msg, fut, self.ident)
             fut._result = end
-        self._after_append()
+        if dispatch:
+            self._after_append()
         return r
 
-    def append_batch(self, msgs) -> list[AppendResult]:
-        """Append all of `msgs` (one lock, one copy into the map) or none of them."""
+    def append_batch(self, msgs, dispatch: bool = True) -> list[AppendResult]:
+        """Append all of `msgs` (one lock, one copy into the map) or none of them.
+
+        `dispatch=False`: the records reach the light queues at the caller's `dispatch_appended()`
+        instead of before this returns. The MQTT publish path writes its PUBACKs in between: in
+        `async` mode the ack means "in the map", and the inline dispatch (RocksDB index writes, the
+        larger part of a small append) need not delay it; a crash before the dispatch loses
+        nothing, recovery dispatches from the CommitLog as it does for the dispatch thread."""
         if not self._running:
             raise StoreClosed("store is not running (call start(), or it was shut down)")
         if not isinstance(msgs, (list, tuple)):
             msgs = list(msgs)
         if len(msgs) == 1:
-            return [self.append(msgs[0])]
+            return [self.append(msgs[0], dispatch)]
         if self.refuse_appends is not None:
             raise StoreError(self.refuse_appends)
         if self._sync:
@@ -343,8 +350,14 @@ class MessageStore(AsyncAppend):
             fut = ResolvedFuture(None)
             results, end = self.clog.append_batch(msgs, fut, self.ident)
             fut._result = end  # resolved on creation; the end offset is known only now
-        self._after_append()
+        if dispatch:
+            self._after_append()
         return results
+
+    def dispatch_appended(self) -> None:
+        """Dispatch what `append_batch(..., dispatch=False)` appended (inline, or the dispatch
+        thread woken). Any later append's dispatch covers it too: dispatch goes by log offset."""
+        self._after_append()
 
     def _after_append(self) -> None:
         """Hand the new records to dispatch, and hold the appender back while dispatch is more than

@@ -4,7 +4,9 @@ Why a per-tick batch: every PUBLISH decoded during one event-loop iteration (fro
 connections) is appended with ONE `store.append_batch` call (one lock, one buffer copy). Under the
 `sync` flush mode one group-commit fsync then acknowledges the whole batch, which is what makes QoS 1
 fast there. Acks are sent only after the store's durable future resolves - never before - and in
-arrival order per connection, so a publisher that sees PUBACK(n) knows 1..n are durable.
+arrival order per connection, so a publisher that sees PUBACK(n) knows 1..n are durable. When the
+append is durable at once (in-process, `async`), the acks are written before the batch is dispatched
+into the light queues and delivered (same loop callback: nothing else runs in between).
 """
 from __future__ import annotations
 
@@ -290,7 +292,8 @@ class PublishPipeline:
         whole = True              # append_batch took every record (all or none)
         t0 = time.perf_counter()
         try:
-            results = store.append_batch(msgs) if dues is None else store.append_batch_delayed(msgs, dues)
+            # not dispatched yet: the acks go out first (below)
+            results = store.append_batch(msgs, False) if dues is None else store.append_batch_delayed(msgs, dues)
         except DiskFull as e:     # the store is out of space for all of them: no retry one by one,
             whole = False         # and no log line each (the store logs the episode once)
             results = [e] * len(batch)
@@ -336,6 +339,18 @@ class PublishPipeline:
                 if p.qos:
                     ok_batch.append(p)
                     last = r
+        # The durable future of the last record covers all earlier ones (store contract).
+        fut = last.durable if ok_batch else None
+        durable = fut is not None and fut.done()
+        try:
+            if durable:
+                # the publishers' acks before the batch is dispatched and delivered: a PUBACK
+                # waits for the append only, not for the light queues' index writes nor for the
+                # deliveries it causes (a device with one message in flight sends its next sooner)
+                self._acked(ok_batch, fut, t0)
+        finally:
+            if dues is None:
+                store.dispatch_appended()
         if whole and store.all_visible():
             # everything appended is visible (inline dispatch): the batch's records are the newest
             # entries of their queues, in order (DeliveryEngine.record_appended)
@@ -349,22 +364,17 @@ class PublishPipeline:
             ends = self._ends
             if ends:
                 ends.clear()
-        if not ok_batch:
+        if fut is None or durable:
             return
-        # The durable future of the last record covers all earlier ones (store contract).
-        fut = last.durable
-        if fut.done():
-            self._acked(ok_batch, fut, t0)
-        else:
-            self.inflight_batches += 1
-            loop = self.loop
+        self.inflight_batches += 1
+        loop = self.loop
 
-            def _done(f, ok_batch=ok_batch, t0=t0):
-                try:
-                    loop.call_soon_threadsafe(self._acked_later, ok_batch, f, t0)
-                except RuntimeError:  # loop closed at shutdown
-                    pass
-            fut.add_done_callback(_done)
+        def _done(f, ok_batch=ok_batch, t0=t0):
+            try:
+                loop.call_soon_threadsafe(self._acked_later, ok_batch, f, t0)
+            except RuntimeError:  # loop closed at shutdown
+                pass
+        fut.add_done_callback(_done)
 
     def _acked_later(self, ok_batch: list, fut: Any, t0: float) -> None:
         self.inflight_batches -= 1

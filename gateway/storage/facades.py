@@ -470,8 +470,12 @@ class QueueStore(Protocol):
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
         """The light queues a publish to `topic` is dispatched to (remote: (), the store's
         router computes them)."""
-    def append_batch(self, messages: Sequence[Any]) -> Any:
-        """All or none; the last result's `.durable` future covers the whole batch."""
+    def append_batch(self, messages: Sequence[Any], dispatch: bool = True) -> Any:
+        """All or none; the last result's `.durable` future covers the whole batch.
+        `dispatch=False`: readable from the light queues only after `dispatch_appended()` (the
+        publish path writes its acks in between); remote, the store node dispatches regardless."""
+    def dispatch_appended(self) -> None:
+        """Make readable what `append_batch(..., dispatch=False)` appended (remote: nothing to do)."""
     def append(self, message: Any) -> Any: ...
     def append_batch_delayed(self, messages: Sequence[Any], due_ms: Sequence[int]) -> Any:
         """append_batch where message i with `due_ms[i]` > 0 is delivered at that epoch ms (the

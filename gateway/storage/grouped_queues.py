@@ -137,8 +137,11 @@ class GroupedQueues:
     def append(self, message):
         return self.append_batch([message])[0]
 
-    def append_batch(self, messages) -> list:
+    def append_batch(self, messages, dispatch: bool = True) -> list:
         return self._append(list(messages), None)
+
+    def dispatch_appended(self) -> None:
+        pass                      # each group's store node dispatches what it appends
 
     def append_batch_delayed(self, messages, due_ms) -> list:
         return self._append(list(messages), list(due_ms))

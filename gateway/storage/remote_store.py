@@ -183,8 +183,11 @@ class RemoteStore(MirrorFeed):
     def queues_for_topic(self, topic: str) -> tuple[str, ...]:
         return ()                 # the store's router computes them from the topic
 
-    def append_batch(self, messages) -> list:
+    def append_batch(self, messages, dispatch: bool = True) -> list:
         return self.producer.append_batch(messages)
+
+    def dispatch_appended(self) -> None:
+        pass                      # the store node dispatches what it appends
 
     def append(self, message):
         return self.producer.append_batch([message])[0]

@@ -177,6 +177,7 @@ class InProcessQueues:
         self.queues_for_topic = lq.queues_for_topic
         self.append_batch = store.append_batch
         self.append = store.append
+        self.dispatch_appended = store.dispatch_appended
         # the delivery hot path's reads: functions made here (no bound method, no attribute
         # lookup per call) around the light queues' own; a try costs nothing in Python 3.11
         # unless it raises (a failure is a failed answer, as everywhere on the seam)

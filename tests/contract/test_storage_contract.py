@@ -367,6 +367,28 @@ def test_an_append_is_pulled_from_its_queue_and_new_subscriptions_start_after_it
     asyncio.run(go())
 
 
+def test_an_append_left_for_dispatch_appended_is_pulled_after_it(queue_side):
+    """The publish path's order: append with dispatch=False, ack, then `dispatch_appended()`. On
+    both sides the message is then pulled from its queue (remote: the store node dispatched it
+    anyway; in-process: the call did)."""
+    async def go():
+        import time
+
+        from lmqtt.store import Message
+
+        st = queue_side()
+        q = st.queues
+        topic = _name("qd") + "/t"
+        res = q.append_batch([Message(topic, b"late", 0, 0, b"", (), int(time.time() * 1000), q.queues_for_topic(topic))],
+                             dispatch=False)
+        durable = res[-1].durable
+        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+        q.dispatch_appended()
+        assert await _until(lambda: q.max_offset(topic).wait() == 1)
+        assert [bytes(m.body) for m in (await q.pull(topic, 0)).messages] == [b"late"]
+    asyncio.run(go())
+
+
 def test_every_queue_read_is_an_answer_and_none_waits_for_the_store(queue_side):
     """Every `QueueStore` read returns an `Answer` without waiting for the store: in-process done
     at once; remote, for a queue it does not mirror (and a start offset, a message, a replay

@@ -113,3 +113,29 @@ def test_inline_and_thread_survive_reopen(tmp_path):
     finally:
         st.shutdown()
         lq.close()
+
+
+def test_an_append_left_undispatched_is_readable_once_dispatch_appended_runs(tmp_path):
+    """The MQTT publish path appends with dispatch=False, writes its PUBACKs, then dispatches: the
+    records are durable (their future done) before they are in any light queue, and in them, in
+    order, right after `dispatch_appended` returns."""
+    st, lq = _pair(tmp_path)
+    lq.register_filter("late/+")
+    heard: list = []
+    lq.add_listener(heard.append)
+    st.start()
+    try:
+        one = st.append_batch([Message(topic="late/a", body=b"a1", dispatch_queues=lq.queues_for_topic("late/a"))],
+                              dispatch=False)
+        two = st.append_batch([Message(topic="late/a", body=b"a%d" % i, dispatch_queues=lq.queues_for_topic("late/a"))
+                               for i in (2, 3)], dispatch=False)
+        assert one[-1].durable.done() and two[-1].durable.done()
+        assert st.dispatched_offset < st.max_offset and lq.max_offset("late/a") == 0 and not heard
+        st.dispatch_appended()
+        assert st.dispatched_offset == st.max_offset
+        assert [m.body for m in lq.pull("late/a", 0).messages] == [b"a1", b"a2", b"a3"]
+        assert [m.body for m in lq.pull("late/+", 0).messages] == [b"a1", b"a2", b"a3"]
+        assert {"late/a", "late/+"} <= set().union(*heard)
+    finally:
+        lq.close()
+        st.shutdown()
