@@ -334,14 +334,14 @@ async def _until(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-async def _append(st: Storage, topic: str, bodies: list[bytes]) -> None:
+async def _append(st: Storage, topic: str, bodies: list[bytes], dispatch: bool = True) -> None:
     import time
 
     from lmqtt.store import Message
 
     q = st.queues
     res = q.append_batch([Message(topic, b, 0, 0, b"", (), int(time.time() * 1000), q.queues_for_topic(topic))
-                          for b in bodies])
+                          for b in bodies], dispatch=dispatch)
     durable = res[-1].durable
     await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
 
@@ -372,17 +372,10 @@ def test_an_append_left_for_dispatch_appended_is_pulled_after_it(queue_side):
     both sides the message is then pulled from its queue (remote: the store node dispatched it
     anyway; in-process: the call did)."""
     async def go():
-        import time
-
-        from lmqtt.store import Message
-
         st = queue_side()
         q = st.queues
         topic = _name("qd") + "/t"
-        res = q.append_batch([Message(topic, b"late", 0, 0, b"", (), int(time.time() * 1000), q.queues_for_topic(topic))],
-                             dispatch=False)
-        durable = res[-1].durable
-        await (asyncio.wrap_future(durable) if not isinstance(durable, asyncio.Future) else durable)
+        await _append(st, topic, [b"late"], dispatch=False)
         q.dispatch_appended()
         assert await _until(lambda: q.max_offset(topic).wait() == 1)
         assert [bytes(m.body) for m in (await q.pull(topic, 0)).messages] == [b"late"]
