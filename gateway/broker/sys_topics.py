@@ -162,7 +162,7 @@ class SysRetained:
     def publish(self, topic: str, payload: bytes) -> None:
         self.values[topic] = payload
         d = self._delivery
-        queues = tuple(q for q in (*d.direct, *d.groups) if is_sys_filter(q) and topic_matches(q, topic))
+        queues = tuple(q for q in d.sys_queues if topic_matches(q, topic))
         if not queues:
             return
         it = OutboundMessage(topic, payload, self._record, dispatch_queues=queues)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 from lmqtt.gateway.delivery.recent import RecentMessages
 from lmqtt.gateway.storage.record_props import MetaCache
 from lmqtt.gateway.delivery.history import HistoryRun, HistoryRuns
+from lmqtt.gateway.delivery.retained import is_sys_filter
 from lmqtt.store.errors import StoreError
 from lmqtt.gateway.session import OVER, QOS2_SENT, ClientSubscription, MqttSession, OutboundMessage
 
@@ -88,6 +89,10 @@ class DeliveryEngine:
         self._flush_writes = flush_writes
         self.direct: dict[str, MqttSession | set[MqttSession]] = {}   # queue -> online sessions reading it (`add_reader`)
         self.groups: dict[str, dict[str, "SharedGroup"]] = {}   # queue -> group name -> group
+        # the keys of `direct` and `groups` whose first level is `$SYS`: the only queues a `$SYS`
+        # value can reach (SysRetained.publish), kept here so a tick does not walk every device's
+        # filter (a million of them took seconds of each 10 s `$SYS` interval)
+        self.sys_queues: set[str] = set()
         # the queues a shared subscription reads: itself, or over several store groups one per
         # group for a filter whose first level is a wildcard (SubscriptionRegistry.parts)
         self.parts: Callable[[str], tuple[str, ...]] = _itself
@@ -127,6 +132,8 @@ class DeliveryEngine:
         ss = d.get(queue)
         if ss is None:
             d[queue] = s
+            if queue.startswith("$SYS"):
+                self._sys_queue_added(queue)
         elif ss.__class__ is not set:
             if ss is not s:
                 d[queue] = {ss, s}
@@ -149,9 +156,12 @@ class DeliveryEngine:
                 return
         del d[queue]
         self.drop_recent(queue)
+        if queue in self.sys_queues and queue not in self.groups:
+            self.sys_queues.discard(queue)
 
     def add_group(self, g: "SharedGroup") -> None:
         self.groups.setdefault(g.queue, {})[g.name] = g
+        self._sys_queue_added(g.queue)
         if self.on_group_added is not None:
             self.on_group_added(g)
 
@@ -161,8 +171,14 @@ class DeliveryEngine:
             gs.pop(g.name, None)
             if not gs:
                 del self.groups[g.queue]
+                if g.queue not in self.direct:
+                    self.sys_queues.discard(g.queue)
         if self.on_group_removed is not None:
             self.on_group_removed(g)
+
+    def _sys_queue_added(self, queue: str) -> None:
+        if is_sys_filter(queue):
+            self.sys_queues.add(queue)
 
     # -- triggers ----------------------------------------------------------------------------
     def on_queues(self, names: set[str]) -> None:

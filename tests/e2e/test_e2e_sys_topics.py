@@ -122,3 +122,38 @@ def test_live_sys_values_reach_overlapping_subscriptions_once_with_their_identif
         c.disconnect()
     finally:
         srv.stop()
+
+
+def test_live_sys_values_follow_unsubscribe_and_subscribe_again(tmp_path):
+    """A reader that unsubscribes gets no more live `$SYS` values while another still does; once
+    it subscribes again they come back (the gateway sends each value to the `$SYS` filters it
+    holds readers of, kept as subscriptions come and go)."""
+    srv = LmqttServer(str(tmp_path / "data"), extra_args=("--sys-interval", "0.2"),
+                      log_path=str(tmp_path / "serve.log")).start()
+
+    def live(c, n, timeout=10):
+        got = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            got += [m for m in c.get_n(1, timeout=max(0.01, deadline - time.monotonic()))
+                    if m.topic == "$SYS/broker/uptime" and not m.retain]
+        return got
+
+    try:
+        c = Paho(srv, client_id="sys-on-off", version=5)
+        other = Paho(srv, client_id="sys-stays", version=5)
+        for x in (c, other):
+            x.subscribe("$SYS/broker/uptime", qos=0)
+        assert len(live(c, 2)) == 2
+        c.c.unsubscribe("$SYS/broker/uptime")
+        time.sleep(0.3)
+        c.drain(0.1)
+        other.drain(0.1)
+        assert len(live(other, 3)) == 3                  # ticks went on meanwhile
+        assert [m.topic for m in c.drain(0.1)] == []
+        c.subscribe("$SYS/broker/uptime", qos=0)
+        assert len(live(c, 2)) == 2
+        for x in (c, other):
+            x.disconnect()
+    finally:
+        srv.stop()

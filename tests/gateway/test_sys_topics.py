@@ -83,3 +83,33 @@ def test_sys_filters_are_those_whose_first_level_is_sys():
     assert all(is_sys_filter(f) for f in ("$SYS", "$SYS/#", "$SYS/broker/+", "$SYS/broker/uptime"))
     assert not any(is_sys_filter(f) for f in ("#", "+/broker/uptime", "$SYSX/#", "$SYSTEM",
                                               "a/$SYS", "$sys/#"))
+
+
+def test_the_delivery_engine_knows_its_sys_queues_as_readers_and_groups_come_and_go():
+    """A `$SYS` value goes to the queues of `$SYS` filters only (SysRetained.publish), which the
+    engine keeps as readers and shared groups are added and removed: a tick does not walk every
+    device's filter, and nothing stays behind once the last reader of a queue is gone."""
+    from types import SimpleNamespace
+
+    from lmqtt.gateway.app.config import GatewayConfig
+    from lmqtt.gateway.delivery.engine import DeliveryEngine
+
+    d = DeliveryEngine(None, None, None, GatewayConfig(), session_offsets_moved=lambda s: None,
+                       group_offsets_moved=lambda g: None, flush_writes=lambda: None)
+    a, b = object(), object()
+    for q in ("$SYS/#", "$SYS", "dev/1/cmd", "$SYSTEM/x", "+/broker/uptime"):
+        d.add_reader(a, q)
+    d.add_reader(b, "$SYS/#")
+    g = SimpleNamespace(name="g", queue="$SYS/broker/uptime")
+    d.add_group(g)
+    assert d.sys_queues == {"$SYS/#", "$SYS", "$SYS/broker/uptime"}
+    d.remove_reader(a, "$SYS/#")
+    assert "$SYS/#" in d.sys_queues                  # b still reads it
+    d.remove_reader(b, "$SYS/#")
+    d.remove_reader(a, "$SYS")
+    assert d.sys_queues == {"$SYS/broker/uptime"}
+    d.add_reader(a, "$SYS/broker/uptime")            # a direct reader beside the group
+    d.remove_group(g)
+    assert d.sys_queues == {"$SYS/broker/uptime"}
+    d.remove_reader(a, "$SYS/broker/uptime")
+    assert d.sys_queues == set()
