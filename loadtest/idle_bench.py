@@ -129,14 +129,14 @@ def _start(name: str, workdir: Path, lmqtt_src: str | None, metrics: bool = True
 
 
 def run_one(name: str, clients: int, duration: float, settle: float, lmqtt_src: str | None,
-            metrics: bool = True) -> dict:
+            metrics: bool = True, topics: int = 100) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"idle-{name}-") as tmp:
         rb = _start(name, Path(tmp), lmqtt_src, metrics)
         holder = None
         try:
             if clients:
                 holder = Holder(rb.host, rb.port, clients, lambda i: f"idle-{i}",
-                                lambda i: f"idle/{i % 100}", keepalive=600)
+                                lambda i: f"idle/{i % topics}" if topics else f"idle/{i}", keepalive=600)
                 got = holder.open_all(time.monotonic() + 60)
                 if got < clients:
                     raise SystemExit(f"{name}: only {got} of {clients} clients connected: {holder.errors}")
@@ -148,7 +148,7 @@ def run_one(name: str, clients: int, duration: float, settle: float, lmqtt_src: 
             if holder is not None:
                 holder.close_all()
             rb.stop()
-    res.update(broker=name if not lmqtt_src else f"{name}@{lmqtt_src}", clients=clients)
+    res.update(broker=name if not lmqtt_src else f"{name}@{lmqtt_src}", clients=clients, topics=topics)
     return res
 
 
@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench idle", description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="lmqtt,mosquitto")
     ap.add_argument("--clients", default="0,1000", help="comma-separated idle client counts")
+    ap.add_argument("--topics", type=int, default=100,
+                    help="distinct topics the clients subscribe to, round robin (0: one each, as devices "
+                         "with a topic of their own)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds measured per run")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds waited after start/connect")
     ap.add_argument("--lmqtt-src", default=None, help="run this source tree's lmqtt (before/after)")
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     for clients in [int(c) for c in a.clients.split(",") if c.strip()]:
         for name in [b.strip() for b in a.brokers.split(",") if b.strip()]:
             r = run_one(name, clients, a.duration, a.settle, a.lmqtt_src if name == "lmqtt" else None,
-                        not a.no_metrics)
+                        not a.no_metrics, a.topics)
             top = ", ".join(f"{k} {v:g}" for k, v in list(r["threads"].items())[:a.threads])
             print(f"{r['broker']:<10} clients {clients:>6}: {r['wakeups_per_s']:8.1f} wake-ups/s, "
                   f"{r['cpu_s_per_min']:.3f} CPU s/min  [{top}]"

@@ -577,7 +577,7 @@ class Gateway:
 
     def _sys_stats(self) -> dict:
         b, m = self.broker, self.metrics
-        connected = sum(1 for c in b.connections if c.connected)
+        connected = m.connections
         sessions = b.session_registry.sessions
         known = b.session_registry.count()       # with those restored dormant (not built yet)
         totals = {}
