@@ -281,22 +281,24 @@ class LoopConnection(FollowsMembers):
         self._drop("closed")
 
     # ---------------------------------------------------------------- I/O
-    def _on_readable(self) -> None:
+    def _on_readable(self) -> bool:
+        """Read what the socket has (one read); True when something was read."""
         s = self._sock
         if s is None:
-            return
+            return False
         try:
             data = s.recv(1 << 18)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError as e:
             self._drop(str(e))
-            return
+            return False
         if not data:
             self._drop("closed by the store")
-            return
+            return False
         self._last_rx = time.monotonic()
         self._feed(data)
+        return True
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -403,19 +405,45 @@ class LoopConnection(FollowsMembers):
     def cmd_within(self, name: str, timeout: float | None = None, **args) -> asyncio.Future:
         """A CALL answered within `timeout` (default: the connection's), not waited for here: the
         same bound as `cmd_blocking` (no answer in time: the store is taken for gone and the
-        connection dropped, failing every request in flight), without stopping the loop."""
+        connection dropped, failing every request in flight), without stopping the loop.
+
+        The bound is on the store's silence, not on this one request: while the store keeps
+        answering (other replies arrive within `timeout`) a late request is queued behind others,
+        not lost, and is waited for up to `failover_timeout`. A connect storm over many gateways
+        queues thousands of requests at one store; dropping the link then failed every CONNECT in
+        flight and sent the gateway back with all its watches to re-register: more load, not less."""
         fut = self.cmd(name, **args)
         if not fut.done():
             t = self.timeout if timeout is None else timeout
-            overdue = self.loop.call_later(t, self._overdue, fut, t)
-            fut.add_done_callback(lambda _f: overdue.cancel())
+            timer: list[asyncio.TimerHandle] = []
+            timer.append(self.loop.call_later(t, self._overdue, fut, t, time.monotonic(), timer))
+            fut.add_done_callback(lambda _f: timer[0].cancel())
         return fut
 
-    def _overdue(self, fut: asyncio.Future, t: float) -> None:
-        if not fut.done():
+    def _overdue(self, fut: asyncio.Future, t: float, sent_at: float, timer: list) -> None:
+        if fut.done():
+            return
+        # the replies already in the socket first: after the loop was held up (a gateway starved
+        # of CPU) one read per iteration leaves the rest of a burst's answers unread while the
+        # timers run, and a reply that came in time may be among them
+        for _ in range(256):
+            if fut.done() or not self._on_readable():
+                break
+        if fut.done():
+            return
+        now = time.monotonic()
+        heard = now - self._last_rx
+        if self.connected and now - sent_at < self.failover_timeout and (self._out or heard < t):
+            # this side has not sent it all yet, or the store answers, only not this yet: look
+            # again once the store has been silent for `t`
+            timer[0] = self.loop.call_later(t if self._out else t - heard, self._overdue, fut, t, sent_at, timer)
+            return
+        if heard < t:
+            self._drop(f"no reply within {now - sent_at:.0f} s while the store answered others")
+        else:
             self._drop(f"no reply within {t} s")
-            if self.members.group:     # a stopped or cut-off member keeps its socket open: try the others first
-                self.members.move(None)
+        if self.members.group:     # a stopped or cut-off member keeps its socket open: try the others first
+            self.members.move(None)
 
     def cmd_nowait(self, name: str, **args) -> None:
         """A CALL whose failure is only logged (metadata writes: ordered with everything after)."""

@@ -5,6 +5,7 @@ nobody reads."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -343,3 +344,28 @@ def test_a_call_the_store_does_not_answer_in_time_fails_and_drops_the_link(lmqtt
         assert await wait_until(lambda: st.link.connected, 10)
         st.link.close()
     asyncio.run(go())
+
+
+def test_a_gateway_loop_held_up_past_the_bound_still_takes_the_reply_that_came_in_time(lmqtt_store):
+    """A burst of requests sent just before the gateway's loop was held up longer than the bound
+    (a gateway starved of CPU in a connect storm): every one is answered over the same link. The
+    store answers meanwhile, more than one socket read of replies, some only after the bound;
+    the link reads what came before it judges, and takes a store that is still answering for
+    alive (a dropped link would fail every request in flight)."""
+    import uvloop
+
+    async def go():
+        st = _remote(lmqtt_store.address)
+        link = st.link
+        # replies of ~2 KB each: the answers to the burst below are more than one read of the socket
+        st.metadata.filters.register_all([f"held/{i:04d}/with/a/long/enough/name/+" for i in range(50)]).wait()
+        before = link.reconnects
+        futs = [link.cmd_within("gw_filters", timeout=0.2, gateway="test-gw") for i in range(5000)]
+        await asyncio.sleep(0)           # the requests go out at the end of this iteration
+        time.sleep(0.6)                  # the loop is held up: the store answers meanwhile
+        done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 10)
+        assert [e for e in done if isinstance(e, BaseException)] == []
+        assert link.connected and link.reconnects == before
+        st.link.close()
+    uvloop.run(go())
+
