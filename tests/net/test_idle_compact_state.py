@@ -51,7 +51,7 @@ def test_direct_is_the_subs_dict_while_every_subscription_is_plain():
 
 def test_a_queue_with_one_reader_holds_the_session_itself():
     dropped: list[str] = []
-    eng = SimpleNamespace(direct={}, drop_recent=dropped.append)
+    eng = SimpleNamespace(direct={}, groups={}, sys_queues=set(), drop_recent=dropped.append)
     a, b = MqttSession("a"), MqttSession("b")
     DeliveryEngine.add_reader(eng, a, "q")
     DeliveryEngine.add_reader(eng, a, "q")          # twice: still one reader
