@@ -97,7 +97,8 @@ class NodeClient:
     (gateway/storage/store_link.py), typed replies back.
 
     `call(req)` sends now and returns an asyncio future of the reply, bounded by the link's timeout
-    (no answer in time: the link is dropped and the future fails), or unbounded with
+    (the store silent that long, or this request unanswered for `failover_timeout`: the link is
+    dropped and the future fails), or unbounded with
     `bounded=False`; `call_blocking(req)` waits for the reply right here (bounded); `send(req)`
     does not wait and only logs a failure. One method per command (`watch`, `pull`, ...) is `call`
     of that request. Failures: StoreClientError (the node refused: ERROR frame), ConnectionLost,

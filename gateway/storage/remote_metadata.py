@@ -7,7 +7,7 @@ gateway's requests in order: a read sent after a write sees it), and returns an 
 nobody waits for costs the gateway nothing; a CONNACK / SUBACK backed by a session record waits for
 the store's answer (`MQTTConnection.wait_for_store`), so only that client waits; start-up and rare
 paths (the restore's session list, orphan wills, the shutdown flush) `wait()`, bounded by the
-link's timeout. Reads are bounded too (no answer in time drops the link); writes are not (they are
+link's timeout. Reads are bounded too (a store silent past the bound drops the link); writes are not (they are
 answered in order with whatever follows them).
 
 `RemoteMetadata` builds the five and says hello for them: at start and after every reconnect it
