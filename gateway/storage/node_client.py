@@ -68,6 +68,7 @@ from lmqtt.store.node.protocol import (
     SetRetained,
     StartOffsets,
     TakeWills,
+    VoidWills,
     Unregister,
     Unwatch,
     Watch,
@@ -165,8 +166,8 @@ class NodeClient:
 
     # ------------------------------------------------------------ one method per command
     def watch(self, queues: list[str], push: bool = False, raw: bool = False,
-              replace: bool = False) -> "asyncio.Future[WatchReply]":
-        return self.call(Watch(queues, push, raw, replace))
+              replace: bool = False, start: bool = False) -> "asyncio.Future[WatchReply]":
+        return self.call(Watch(queues, push, raw, replace, start))
 
     def unwatch(self, queues: list[str]) -> "asyncio.Future[Ok]":
         return self.call(Unwatch(queues))
@@ -263,6 +264,9 @@ class NodeClient:
 
     def pop_will(self, client_id: str, gateway: str | None = None) -> "asyncio.Future[WillReply]":
         return self.call(PopWill(client_id, gateway))
+
+    def void_wills(self, client_ids: list[str]) -> "asyncio.Future[Ok]":
+        return self.call(VoidWills(client_ids))
 
     def take_wills(self, gateway: str) -> "asyncio.Future[WillsReply]":
         return self.call(TakeWills(gateway))

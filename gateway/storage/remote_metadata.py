@@ -109,6 +109,19 @@ def _none(_reply: Any) -> None:
     return None
 
 
+def _settle_with(out: Answer[Any], src: Answer[Any]) -> None:
+    """`out` gets `src`'s outcome once it is in, and waiting for `out` waits for `src`."""
+    out.wait_with(lambda _a, timeout: src.wait_quietly(timeout))
+
+    def done(a: Answer[Any]) -> None:
+        e = a.exception()
+        if e is not None:
+            out.set_exception(e)
+        else:
+            out.set_result(a.result())
+    src.add_done_callback(done)
+
+
 def _both(a: Answer[Any], b: Answer[Any], fn: Callable[[Any, Any], Any]) -> Answer[Any]:
     """An answer of fn(a's value, b's value), once both are in (the first failure fails it)."""
     def waiter(_out: Answer[Any], timeout: float | None) -> None:
@@ -341,6 +354,9 @@ class RemoteWills:
         self.link = link
         self.gateway_id = gateway_id
         self.published: list[Callable[[list[str]], None]] = []
+        # voids asked for in this loop turn, sent at its end in one gw_void_wills; a will put for
+        # the same client meanwhile replaces the old one in the store and takes its void's place
+        self._voids: dict[str, Answer[None]] = {}
         # which put each client's stored will came from: a will put after a gw_hello was sent
         # belongs to a newer connection than any the store can name in that hello's answer
         self.seq = 0
@@ -349,13 +365,18 @@ class RemoteWills:
         self.kept: dict[str, bytes] | None = {} if getattr(link, "group", False) else None
 
     def put(self, client_id: str, will: WillRecord) -> Answer[None]:
+        void = self._voids.pop(client_id, None)
         self.seq += 1
         self.put_at[client_id] = self.seq
         if self.kept is not None:
             self.kept[client_id] = will.to_bytes()
-        return ask(self.link, P.PutWill(client_id, will.to_bytes(), self.gateway_id), bounded=False).then(_none)
+        out = ask(self.link, P.PutWill(client_id, will.to_bytes(), self.gateway_id), bounded=False).then(_none)
+        if void is not None:
+            _settle_with(void, out)
+        return out
 
     def pop(self, client_id: str) -> Answer[None]:
+        self._send_voids()
         # only this gateway's: a will the client's newer connection left on another gateway stays
         self.put_at.pop(client_id, None)
         if self.kept is not None:
@@ -363,18 +384,41 @@ class RemoteWills:
         return ask(self.link, P.PopWill(client_id, self.gateway_id), bounded=False).then(_none)
 
     def void(self, client_id: str) -> Answer[None]:
+        """Sent at the end of this loop turn with the turn's other voids (a connect storm's are
+        one request), unless a will for `client_id` is put before then: the store keeps one will
+        per client id, so that put drops the old one itself (a device that sets a will on every
+        CONNECT costs the store one request for it, not two)."""
         self.put_at.pop(client_id, None)
         if self.kept is not None:
             self.kept.pop(client_id, None)
-        return ask(self.link, P.PopWill(client_id), bounded=False).then(_none)
+        out = self._voids.get(client_id)
+        if out is None:
+            if not self._voids:
+                self.link.loop.call_soon(self._send_voids)
+
+            def waiter(a: Answer[None], timeout: float | None) -> None:
+                if client_id in self._voids:
+                    self._send_voids()      # waited for before the turn ends: sent now, and
+                    a.wait_quietly(timeout)  # waited for as the request it went in
+            out = self._voids[client_id] = Answer(waiter)
+        return out
+
+    def _send_voids(self) -> None:
+        voids, self._voids = self._voids, {}
+        if voids:
+            sent = ask(self.link, P.VoidWills(list(voids)), bounded=False).then(_none)
+            for a in voids.values():
+                _settle_with(a, sent)
 
     def take(self) -> Answer[list[tuple[str, WillRecord]]]:
+        self._send_voids()                  # what was asked before is done before (one socket)
         if self.kept is not None:
             self.kept.clear()
         return ask(self.link, P.TakeWills(self.gateway_id)).then(
             lambda r: [(cid, WillRecord.from_bytes(w)) for cid, w in r.wills])
 
     def held(self) -> Answer[list[tuple[str, WillRecord]]]:
+        self._send_voids()
         return ask(self.link, P.ListWills(self.gateway_id)).then(
             lambda r: [(cid, WillRecord.from_bytes(w)) for cid, w in r.wills])
 

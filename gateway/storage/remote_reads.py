@@ -27,6 +27,8 @@ class RemoteReads:
       * `heard(offsets)`     the store says these queues reach these max offsets;
       * `follow(q)`          mirror and watch q if it is not (`max_offset`: an Answer, done at
                              once when q is mirrored);
+      * `follow_from_start(q)`  the same in one request with q's start offset when q is neither
+                             mirrored nor being watched (`watch_from_start`: an Answer, else None);
       * `decode(reply)`      a `gw_pull` / `gw_replay_read` reply -> its entries;
       * `ask_history(cursor, max_count)`  one `gw_replay_read`, not waited for (counted and
                              bounded as the mirror's reads are): the reply's future.
@@ -34,18 +36,24 @@ class RemoteReads:
 
     def __init__(self, link: LoopConnection, *, heard: Callable[[dict], None],
                  follow: Callable[[str], Answer[int]], decode: Callable[[Any], list],
-                 ask_history: Callable[[dict, int], Any]) -> None:
+                 ask_history: Callable[[dict, int], Any],
+                 follow_from_start: Callable[[str], "Answer[int] | None"] = lambda _q: None) -> None:
         self.link = link
         self.loop = link.loop
         self.heard = heard
         self.follow = follow
+        self.follow_from_start = follow_from_start
         self.decode = decode
         self.ask_history = ask_history
 
     def start_offset(self, queue: str) -> Answer[int]:
         """The store's max offset once what was acknowledged before now is dispatched, asked for
         after the watch of a queue not mirrored yet (the mirror may not have heard of the newest
-        entries yet, and a subscription started at its end would get them as new messages)."""
+        entries yet, and a subscription started at its end would get them as new messages). A
+        queue not watched yet is watched and answered in one request (`follow_from_start`)."""
+        merged = self.follow_from_start(queue)
+        if merged is not None:
+            return merged
         followed = self.follow(queue)
         asked = ask(self.link, P.StartOffsets([queue]))
 

@@ -110,7 +110,7 @@ class RemoteStore(MirrorFeed):
         self._poll_handle: asyncio.TimerHandle | None = None
         # start offsets, messages in flight, replay plans: gateway/storage/remote_reads.py
         self.reads = RemoteReads(link, heard=self.heard, follow=self.max_offset, decode=entries,
-                                 ask_history=self._ask_history)
+                                 ask_history=self._ask_history, follow_from_start=self.watch_from_start)
         # the metadata facades (sessions, offsets, retained, wills, leases) and the filter holds
         # over the same link; this is the bundle's queues
         self.remote_metadata = RemoteMetadata(link, gateway_id)
@@ -237,23 +237,39 @@ class RemoteStore(MirrorFeed):
         pending = self._tracking.get(q)
         if pending is not None:
             return pending
-        watch = self.watch
-        req = P.Watch([q], push=True, raw=self.raw_push) if watch else P.MaxOffsets([q])
+        both = self._watch(q, False)
+        return self._tracking.get(q) or both.then(lambda got: got[0])
 
-        def take(r: Any) -> Mirror:
+    def watch_from_start(self, q: str) -> "Answer[int] | None":
+        """A new subscription's start offset in `q` (RemoteReads.start_offset) with the watch of
+        `q` in the same request (`gw_watch {start: true}`): a SUBSCRIBE asks the store one thing
+        less. None when `q` is mirrored or its watch is under way (the start is asked on its own)."""
+        if not self.watch or q in self.queues or q in self._tracking:
+            return None
+        return self._watch(q, True).then(lambda got: got[1])
+
+    def _watch(self, q: str, start: bool) -> "Answer[tuple[Mirror, int]]":
+        """Watch `q` (or without watches, read its max offset): -> its mirror and the offset the
+        store answered; the mirror's answer is shared with everyone asking meanwhile."""
+        watch = self.watch
+        req = P.Watch([q], push=True, raw=self.raw_push, start=start) if watch else P.MaxOffsets([q])
+
+        def take(r: Any) -> tuple[Mirror, int]:
             self._tracking.pop(q, None)
             if watch and isinstance(r, P.WatchReply):
                 self.push = r.push
+            at = r.max_offsets[q]
             have = self.queues.get(q)               # mirrored meanwhile (a read-ahead): keep that one
-            return have if have is not None else self._new_mirror(q, r.max_offsets[q])
-        out = self._tracking[q] = ask(self.link, req).then(take)
+            return (have if have is not None else self._new_mirror(q, at)), at
+        both = ask(self.link, req).then(take)
+        out = self._tracking[q] = both.then(lambda got: got[0])
         if out.done():                              # failed at once (the store away): not shared
             self._tracking.pop(q, None)
         else:
             def untrack(_a: Answer[Mirror]) -> None:
                 self._tracking.pop(q, None)
             out.add_done_callback(untrack)
-        return out
+        return both
 
     def _new_mirror(self, q: str, max_offset: int) -> Mirror:
         m = self.queues[q] = Mirror(max_offset)

@@ -6,8 +6,9 @@ registered from the protocol's registry, and says in HELLO_OK which gateway prot
 What the commands are for:
 
   the delivery path      gw_watch (EVENT / PUSH / PUSH_RAW frames from now on, and the queues' max
-                         offsets, in one step on the loop: no append falls between them),
-                         gw_unwatch, gw_max_offsets (the safety poll), gw_start_offsets (max
+                         offsets, in one step on the loop: no append falls between them; with
+                         `start`, that step once the dispatch is through: a SUBSCRIBE's watch
+                         and start offset in one request), gw_unwatch, gw_max_offsets (the safety poll), gw_start_offsets (max
                          offsets once every message acknowledged before is dispatched: where a new
                          subscription starts), gw_pull (with each entry's dispatch queues, "dq"),
                          gw_group_pop / gw_group_ack / gw_group_renew (shared groups balanced
@@ -22,7 +23,8 @@ What the commands are for:
                          (gateway/storage/facades.py) over the light queues' `MetadataStore`
   who is who, wills      gw_hello (this connection is gateway G; answers the wills published and
                          the sessions swept while G was away: session_sweep.py), gw_claim_sessions,
-                         gw_put_will, gw_pop_will, gw_take_wills, gw_list_wills
+                         gw_put_will, gw_pop_will, gw_void_wills, gw_take_wills,
+                         gw_list_wills
 
 Wills of a dead gateway, and which connection is which gateway: gateway_wills.py.
 
@@ -392,8 +394,16 @@ class GatewayService:
         return asyncio.ensure_future(later())
 
     # the delivery path
-    def gw_watch(self, req: P.Watch, conn) -> P.WatchReply:
-        """Watch and answer in one step on the loop: no append can fall between them."""
+    def gw_watch(self, req: P.Watch, conn):
+        """Watch and answer in one step on the loop: no append can fall between them. With
+        `start`, that step is taken once the dispatch has passed the log's end as of the request
+        (as `gw_start_offsets`): the offsets answered are then a new subscription's start, and the
+        entries pushed from there on follow them."""
+        if req.start:
+            return self._after_dispatch(lambda: self._watch(req, conn), self._start_slow)
+        return self._watch(req, conn)
+
+    def _watch(self, req: P.Watch, conn) -> P.WatchReply:
         qs = req.queues
         if req.replace:
             self.watchers[conn] = set(qs)
@@ -430,10 +440,12 @@ class GatewayService:
         """Where a new subscription starts: after every message already acknowledged. PRODUCED
         does not wait for the light-queue dispatch, so this waits until dispatch has passed the
         log's end as of this request (usually it already has)."""
-        def slow(target: int) -> None:
-            log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
-                        target, self.srv.store.dispatched_offset)
-        return self._after_dispatch(lambda: P.MaxOffsetsReply({q: self.lq.max_offset(q) for q in req.queues}), slow)
+        return self._after_dispatch(lambda: P.MaxOffsetsReply({q: self.lq.max_offset(q) for q in req.queues}),
+                                    self._start_slow)
+
+    def _start_slow(self, target: int) -> None:
+        log.warning("event=start_offsets_dispatch_slow target=%d dispatched=%d",
+                    target, self.srv.store.dispatched_offset)
 
     def gw_group_pop(self, req: P.GroupPop, conn):
         """A shared group's messages for this gateway's members (group_assign.py): now, or a
@@ -598,6 +610,11 @@ class GatewayService:
     def gw_pop_will(self, req: P.PopWill, conn) -> P.WillReply:
         w = self.meta.pop_will(req.client_id, gateway=req.gateway)
         return P.WillReply(w.to_bytes() if w is not None else None)
+
+    def gw_void_wills(self, req: P.VoidWills, conn) -> P.Ok:
+        for cid in req.client_ids:
+            self.meta.pop_will(cid)
+        return P.Ok()
 
     def gw_take_wills(self, req: P.TakeWills, conn) -> P.WillsReply:
         return P.WillsReply([(cid, w.to_bytes()) for cid, w in self.wills.take(req.gateway)])

@@ -234,11 +234,14 @@ class WillsReply(Wire):
 @command("gw_watch", WatchReply)
 class Watch(Request):
     """Push EVENT (or with `push` PUSH, with `raw` too PUSH_RAW) frames for these queues to this
-    connection; `replace`: instead of the queues watched so far."""
+    connection; `replace`: instead of the queues watched so far. `start`: watched and answered once
+    every message appended before the request is dispatched, so the answer's offsets are also where
+    a new subscription starts (a SUBSCRIBE's `gw_watch` and `gw_start_offsets` in one request)."""
     queues: list[str]
     push: bool = False
     raw: bool = False
     replace: bool = False
+    start: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
 
 
 @command("gw_unwatch", Ok)
@@ -449,6 +452,13 @@ class PopWill(Request):
     """With `gateway`: only a will that gateway holds."""
     client_id: str
     gateway: str | None = None
+
+
+@command("gw_void_wills", Ok)
+class VoidWills(Request):
+    """New connections of these client ids: the wills their earlier connections left, on any
+    gateway, are dropped unpublished (`gw_pop_will` without a gateway, for many at once)."""
+    client_ids: list[str]
 
 
 @command("gw_take_wills", WillsReply)

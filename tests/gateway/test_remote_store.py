@@ -5,14 +5,17 @@ nobody reads."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 
+from lmqtt.gateway.storage.facades import Answer
 from lmqtt.gateway.storage.remote_metadata import RemoteFilters
 from lmqtt.gateway.storage.remote_store import RemoteStore
 from lmqtt.gateway.storage.store_link import LoopConnection
 from lmqtt.store import Message, MessageTooLarge
+from lmqtt.store import protocol as W
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -208,7 +211,6 @@ def test_a_subscribes_reads_asked_together_come_in_together_and_a_hold_let_go_of
     import os
     import signal
 
-    from lmqtt.gateway.storage.facades import Answer
 
     async def go():
         st = _remote(lmqtt_store.address)
@@ -232,6 +234,72 @@ def test_a_subscribes_reads_asked_together_come_in_together_and_a_hold_let_go_of
     asyncio.run(go())
 
 
+def _calls(link: LoopConnection) -> list[dict]:
+    """Every CALL `link` sends from now on, decoded (its "cmd" and fields)."""
+    sent: list[dict] = []
+    request = link.request
+
+    def counting(op, body=b"", flags=0):
+        if op == W.OP_CALL:
+            sent.append(json.loads(body))
+        return request(op, body, flags)
+    link.request = counting
+    return sent
+
+
+def test_a_subscribe_of_a_queue_not_watched_yet_asks_its_watch_and_start_in_one_request(lmqtt_store):
+    """The start offset of a queue the gateway does not watch yet comes with the watch
+    (`gw_watch {start: true}`): one request; the subscription starting there misses nothing
+    acknowledged after it and gets nothing acknowledged before it as new. A queue already watched
+    asks its start alone."""
+    async def go():
+        st = _remote(lmqtt_store.address)
+        await _append(st, "ws/1", [b"before-1", b"before-2"])
+        sent = _calls(st.link)
+        start = await _awaited(st.start_offset("ws/1"))
+        assert [c["cmd"] for c in sent] == ["gw_watch"] and sent[0]["start"] is True
+        assert start == 2 and "ws/1" in st.queues
+        await _append(st, "ws/1", [b"after"])
+        got, _waited = await _read_all(st, "ws/1", 3, 10)
+        assert got[start:] == [b"after"]
+        sent.clear()
+        assert await _awaited(st.start_offset("ws/1")) == 3       # watched now: its start alone
+        assert [c["cmd"] for c in sent] == ["gw_start_offsets"]
+        st.link.close()
+    asyncio.run(go())
+
+
+def test_a_connects_void_and_new_will_are_one_request_and_a_turns_voids_go_together(lmqtt_store):
+    """Wills another gateway left for clients that connect here again: a CONNECT that brings its
+    own will puts it and that replaces the old one (no void sent); the other CONNECTs' voids of one
+    loop turn leave in one `gw_void_wills`. Either way no old will is left to be published."""
+    from lmqtt.lightqueue.records import WillRecord
+
+    def will(body: bytes) -> WillRecord:
+        return WillRecord("will/t", body, 1, False, b"", 0, 1)
+
+    async def go():
+        old_link = LoopConnection(lmqtt_store.address, loop=asyncio.get_running_loop())
+        old_link.connect_blocking()
+        old = RemoteStore(old_link, "old-gw", safety_poll_s=0.2)
+        for cid in ("vw-a", "vw-b", "vw-c"):
+            old.metadata.wills.put(cid, will(b"old"))
+        assert {cid for cid, _w in old.metadata.wills.held().wait()} == {"vw-a", "vw-b", "vw-c"}
+        st = _remote(lmqtt_store.address)
+        wills = st.metadata.wills
+        sent = _calls(st.link)
+        voided = [wills.void("vw-a"), wills.void("vw-b"), wills.void("vw-c")]
+        wills.put("vw-a", will(b"new"))                   # vw-a's CONNECT came with a will
+        await _awaited(Answer.all_in(voided))
+        assert [c["cmd"] for c in sent] == ["gw_put_will", "gw_void_wills"]
+        assert sent[1]["client_ids"] == ["vw-b", "vw-c"]
+        assert old.metadata.wills.held().wait() == []
+        assert [(cid, w.payload) for cid, w in wills.held().wait()] == [("vw-a", b"new")]
+        st.link.close()
+        old_link.close()
+    asyncio.run(go())
+
+
 def test_group_offsets_and_replay_plans_asked_together_are_then_in_hand(lmqtt_store):
     """A resumed session's shared group offsets and a subscription's replay plan, asked together:
     once in, they are values in hand while the store is frozen (an offset asked for then waits
@@ -239,7 +307,6 @@ def test_group_offsets_and_replay_plans_asked_together_are_then_in_hand(lmqtt_st
     import os
     import signal
 
-    from lmqtt.gateway.storage.facades import Answer
 
     async def go():
         st = _remote(lmqtt_store.address)
