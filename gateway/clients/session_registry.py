@@ -99,6 +99,12 @@ class SessionRegistry:
         """In-process, sessions live here: nothing to read before `open`."""
         return None
 
+    def void_will(self, client_id: str, delayed_here: bool) -> None:
+        """A CONNECT of `client_id`: the will a previous connection left is void, also one another
+        gateway of a fleet holds (that gateway died: the store node would publish it after its
+        grace period). `delayed_here`: this registry was holding a delayed will of it."""
+        log_failure(self.wills.void(client_id), log, "void_will_failed", client_id=client_id)
+
     def discard(self, loaded) -> None:
         """A `load_later` result nobody will `open` with (the client left meanwhile)."""
 
@@ -108,9 +114,7 @@ class SessionRegistry:
         wt = self._will_timers.pop(client_id, None)
         if wt is not None:
             wt[0].cancel()
-        # the will a previous connection left is void, also one another gateway of a fleet holds
-        # (that gateway died: the store node would publish it after its grace period)
-        log_failure(self.wills.void(client_id), log, "void_will_failed", client_id=client_id)
+        self.void_will(client_id, wt is not None)
         d = self.dormant.pop(client_id, None)
         if d is not None:
             if clean_start:

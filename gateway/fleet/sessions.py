@@ -61,6 +61,8 @@ class SessionDirectory:
     leaves the old connection open until its client goes away: two live connections, never a lost
     message (both read from the stored offsets)."""
 
+    voids_wills = False            # the store does not see these claims: each CONNECT voids its own
+
     def __init__(self, url: str, gateway_id: str, on_claimed_elsewhere, reconnect_max_s: float = 2.0) -> None:
         self.url = url
         self.gateway_id = gateway_id
@@ -163,6 +165,9 @@ class StoreSessionDirectory:
     def __init__(self, loop, sessions: "SessionStore", on_claimed_elsewhere) -> None:
         self.loop = loop
         self.store_sessions = sessions
+        # the store voids the wills other gateways hold for the clients claimed (one store; over
+        # several groups a will may live where the claim does not go)
+        self.voids_wills = bool(getattr(sessions, "claims_void_wills", False))
         self.on_claimed_elsewhere = on_claimed_elsewhere
         sessions.on_session_claims(self._heard)
         self._pending: list[tuple[str, int]] = []
@@ -231,6 +236,13 @@ class FleetSessionRegistry(SessionRegistry):
         self.offsets = storage.offsets
         storage.sessions.on_sessions_swept(self.sessions_swept)
         storage.sessions.on_sessions_moved(self.sessions_moved)
+
+    def void_will(self, client_id: str, delayed_here: bool) -> None:
+        """Claims sent to a store that voids the other gateways' wills of the clients claimed
+        (`StoreSessionDirectory.voids_wills`): the claim `attach` makes does it, and only a
+        delayed will this gateway was holding is voided here; else as in `SessionRegistry`."""
+        if delayed_here or self.directory is None or not self.directory.voids_wills:
+            super().void_will(client_id, delayed_here)
 
     def attach(self, conn, s) -> None:
         super().attach(conn, s)

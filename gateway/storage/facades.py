@@ -273,7 +273,14 @@ def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> Non
 
 # ---------------------------------------------------------------- the facades
 class SessionStore(Protocol):
-    """Persistent MQTT sessions' records (SessionRecord), and in a fleet who serves which."""
+    """Persistent MQTT sessions' records (SessionRecord), and in a fleet who serves which.
+
+    `claims_void_wills`: True when a `claim` also voids the wills that earlier connections of the
+    claimed client ids left on other gateways, in the store that keeps this facade's wills (one
+    store: the claim and the wills are there; over several groups a will lives in its topic's
+    group, which the claim may not reach)."""
+
+    claims_void_wills: bool
 
     def put(self, client_id: str, rec: "SessionRecord") -> Answer[None]:
         """Write the record; a CONNACK / SUBACK it backs waits for the answer."""
@@ -297,7 +304,7 @@ class SessionStore(Protocol):
         (a node of the previous version may send them all: the caller checks the host too)."""
     def claim(self, claims: list[tuple[str, int]]) -> Answer[None]:
         """This gateway attached connections to these client ids at these wall-clock ms: the
-        other gateways are told (in-process: there are none)."""
+        other gateways are told (in-process: there are none); see `claims_void_wills`."""
     def flush(self) -> Answer[None]:
         """Everything written so far through any metadata facade is durable."""
     # events (in-process: never fire)

@@ -210,6 +210,8 @@ class GroupedSessions:
     group. The claims of a client go to its record's group, which tells the other gateways
     (every gateway hears every group), and each group's node sweeps the records it holds."""
 
+    claims_void_wills = False      # a will lives in its topic's group, which the claim may not reach
+
     def __init__(self, owners: TopicOwners, groups: list[Storage]) -> None:
         self.owners = owners
         self.groups = groups

@@ -151,6 +151,7 @@ class RemoteSessions:
     """`SessionStore` over gw_put_session, gw_get_session, gw_list_sessions, gw_claim_sessions..."""
 
     RESTORE_PAGE = 5000
+    claims_void_wills = True       # gw_claim_sessions voids other gateways' wills of those clients
 
     def __init__(self, link: LoopConnection, gateway_id: str) -> None:
         self.link = link

@@ -202,8 +202,9 @@ def _on_loop(srv, fn):
 
 # the gw_* commands that write the metadata: answered once the in-sync replicas applied the change
 GW_WRITES = ("gw_put_session", "gw_delete_session", "gw_set_offsets", "gw_delete_offsets", "gw_set_retained",
-             "gw_clear_retained_if", "gw_put_will", "gw_pop_will", "gw_take_wills", "gw_register", "gw_unregister",
-             "gw_release_gateway", "gw_hello", "gw_claim_sessions", "security_update")
+             "gw_clear_retained_if", "gw_put_will", "gw_pop_will", "gw_void_wills", "gw_take_wills",
+             "gw_register", "gw_unregister", "gw_release_gateway", "gw_hello", "gw_claim_sessions",
+             "security_update")
 
 
 # the SDK calls that write the metadata beyond those the member itself waits for: a first-level

@@ -18,6 +18,8 @@ from lmqtt.lightqueue.replay import ReplayRefused as LightQueueReplayRefused
 
 
 class InProcessSessions:
+    claims_void_wills = False      # no claims: one process serves every client
+
     def __init__(self, md: MetadataStore) -> None:
         self.md = md
 

@@ -283,7 +283,7 @@ def test_a_connects_void_and_new_will_are_one_request_and_a_turns_voids_go_toget
         old_link.connect_blocking()
         old = RemoteStore(old_link, "old-gw", safety_poll_s=0.2)
         for cid in ("vw-a", "vw-b", "vw-c"):
-            old.metadata.wills.put(cid, will(b"old"))
+            old.metadata.wills.put(cid, will(b"old")).wait()
         assert {cid for cid, _w in old.metadata.wills.held().wait()} == {"vw-a", "vw-b", "vw-c"}
         st = _remote(lmqtt_store.address)
         wills = st.metadata.wills
@@ -295,6 +295,35 @@ def test_a_connects_void_and_new_will_are_one_request_and_a_turns_voids_go_toget
         assert sent[1]["client_ids"] == ["vw-b", "vw-c"]
         assert old.metadata.wills.held().wait() == []
         assert [(cid, w.payload) for cid, w in wills.held().wait()] == [("vw-a", b"new")]
+        st.link.close()
+        old_link.close()
+    asyncio.run(go())
+
+
+def test_a_claim_voids_the_wills_other_gateways_hold_for_the_clients_claimed(lmqtt_store):
+    """A client attached here is claimed (`gw_claim_sessions`): the will an earlier connection of
+    it left on another gateway is void with that one request, so a fleet CONNECT sends no void of
+    its own. The claimant's own will (its new connection's, which may be stored before the claim
+    leaves) and the wills of clients not claimed stay."""
+    from lmqtt.lightqueue.records import WillRecord
+
+    def will(body: bytes) -> WillRecord:
+        return WillRecord("will/t", body, 1, False, b"", 0, 1)
+
+    async def go():
+        old_link = LoopConnection(lmqtt_store.address, loop=asyncio.get_running_loop())
+        old_link.connect_blocking()
+        old = RemoteStore(old_link, "old-gw", safety_poll_s=0.2)
+        for cid in ("cw-a", "cw-b"):
+            old.metadata.wills.put(cid, will(b"old")).wait()
+        st = _remote(lmqtt_store.address)
+        assert st.metadata.sessions.claims_void_wills
+        st.metadata.wills.put("cw-c", will(b"own")).wait()
+        sent = _calls(st.link)
+        st.metadata.sessions.claim([("cw-a", int(time.time() * 1000)), ("cw-c", int(time.time() * 1000))]).wait()
+        assert [c["cmd"] for c in sent] == ["gw_claim_sessions"]
+        assert [cid for cid, _w in old.metadata.wills.held().wait()] == ["cw-b"]
+        assert [(cid, w.payload) for cid, w in st.metadata.wills.held().wait()] == [("cw-c", b"own")]
         st.link.close()
         old_link.close()
     asyncio.run(go())
