@@ -198,6 +198,11 @@ def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
                  f"limit (soft, hard) {lim} per process; raising the hard limit needs CAP_SYS_RESOURCE")
     per_proc = capacity()
     nprocs = max(1, -(-target // per_proc))
+    # the same share for each process, not as many as fit in all but the last: a process filled to
+    # its capacity keeps only RESERVED_FDS free, fewer than the descriptors it inherits at fork
+    # (the pipes of the processes started before it), and failed with EMFILE near the end of a
+    # million
+    share = -(-target // nprocs)
     n_ips = max(1, -(-target // PER_ADDRESS))
     ips = [f"127.0.{(2 + k) // 256}.{(2 + k) % 256}" for k in range(n_ips)]
     run = f"mb{os.getpid():x}{int(time.time()) % 100000:x}"
@@ -206,17 +211,21 @@ def run_million(cfg, broker_pid: int | None = None, quiet: bool = True) -> dict:
     ctx = multiprocessing.get_context("fork")
     deadline = time.monotonic() + cfg.connect_timeout
     gens = []
+    shares = []
     first = 0
     for k in range(nprocs):
-        n = min(per_proc, target - first)
+        n = min(share, target - first)
+        shares.append(n)
         a, b = ctx.Pipe()
         p = ctx.Process(target=_gen_main, args=(cfg.host, cfg.port, run, first, n, ips, deadline, b,
                                                 max(16, min(256, WINDOW_TOTAL // nprocs))), daemon=True)
         p.start()
+        b.close()                 # the child's end: the processes forked after this one need not hold it
         gens.append((p, a))
         first += n
     out: dict = {"connections_requested": requested, "connections_target": target, "bound": bound,
-                 "broker_listeners": listeners, "generator_procs": nprocs, "source_addresses": n_ips}
+                 "broker_listeners": listeners, "generator_procs": nprocs, "source_addresses": n_ips,
+                 "connections_per_process": shares}
 
     def gather(name: str, timeout: float) -> list:
         res = []

@@ -76,6 +76,18 @@ def test_million_holds_every_connection_from_several_source_addresses(tmp_path, 
     assert r["rss_per_conn_bytes"] is not None
 
 
+def test_million_gives_each_generator_process_the_same_share_below_its_capacity(tmp_path, stop, monkeypatch):
+    """400 connections over processes of 150 sockets: three of 134/134/132, not 150/150/100 (a
+    process filled to its capacity has too few descriptors left for what it inherits at fork)."""
+    import lmqtt.loadtest.million_bench as mb
+    monkeypatch.setattr(mb, "capacity", lambda: 150)
+    proc, port = _serve(tmp_path)
+    stop(proc)
+    r = run_million(_cfg(port, 400), proc.pid)
+    assert r["generator_procs"] == 3 and r["connections_per_process"] == [134, 134, 132]
+    assert r["connected"] == r["still_open"] == 400 and r["failed"] == 0, r.get("errors")
+
+
 def test_million_asks_for_no_more_than_the_brokers_open_files_limit_allows_and_says_why(tmp_path, stop):
     proc, port = _serve(tmp_path, nofile=700)
     stop(proc)
