@@ -246,7 +246,11 @@ class RemoteStore(MirrorFeed):
         less. None when `q` is mirrored or its watch is under way (the start is asked on its own)."""
         if not self.watch or q in self.queues or q in self._tracking:
             return None
-        return self._watch(q, True).then(lambda got: got[1])
+
+        def start(got: tuple[Mirror, int]) -> int:
+            self.heard({q: got[1]})   # a mirror made meanwhile (a read-ahead) fetches what it lacks
+            return got[1]
+        return self._watch(q, True).then(start)
 
     def _watch(self, q: str, start: bool) -> "Answer[tuple[Mirror, int]]":
         """Watch `q` (or without watches, read its max offset): -> its mirror and the offset the
