@@ -154,6 +154,20 @@ class Answer(Generic[T]):
         self.add_done_callback(done)
         return out
 
+    def take_outcome_of(self, src: "Answer[T]") -> None:
+        """This answer done as `src` (done) is: its value, or its failure."""
+        e = src.exception()
+        if e is not None:
+            self.set_exception(e)
+        else:
+            self.set_result(src.result())
+
+    def follow(self, src: "Answer[T]") -> None:
+        """This answer gets `src`'s outcome once it is in, and waiting for it waits for `src`
+        (an answer handed out before the request that answers it was made)."""
+        self.wait_with(lambda _a, timeout: src.wait_quietly(timeout))
+        src.add_done_callback(self.take_outcome_of)
+
     def wait_quietly(self, timeout: float | None) -> None:
         """Wait (up to `timeout`) for the answer without raising its failure: what an answer made of
         others waits for them with, before it reads them."""

@@ -55,13 +55,7 @@ def chain(first: Answer[T], fn: Callable[[T], Answer[U]]) -> Answer[U]:
             inner[0].wait_quietly(timeout)
 
     out: Answer[U] = Answer(waiter)
-
-    def settle(a: Answer[U]) -> None:
-        e = a.exception()
-        if e is not None:
-            out.set_exception(e)
-        else:
-            out.set_result(a.result())
+    settle = out.take_outcome_of
 
     def went(f: Answer[T]) -> None:
         e = f.exception()

@@ -109,19 +109,6 @@ def _none(_reply: Any) -> None:
     return None
 
 
-def _settle_with(out: Answer[Any], src: Answer[Any]) -> None:
-    """`out` gets `src`'s outcome once it is in, and waiting for `out` waits for `src`."""
-    out.wait_with(lambda _a, timeout: src.wait_quietly(timeout))
-
-    def done(a: Answer[Any]) -> None:
-        e = a.exception()
-        if e is not None:
-            out.set_exception(e)
-        else:
-            out.set_result(a.result())
-    src.add_done_callback(done)
-
-
 def _both(a: Answer[Any], b: Answer[Any], fn: Callable[[Any, Any], Any]) -> Answer[Any]:
     """An answer of fn(a's value, b's value), once both are in (the first failure fails it)."""
     def waiter(_out: Answer[Any], timeout: float | None) -> None:
@@ -373,7 +360,7 @@ class RemoteWills:
             self.kept[client_id] = will.to_bytes()
         out = ask(self.link, P.PutWill(client_id, will.to_bytes(), self.gateway_id), bounded=False).then(_none)
         if void is not None:
-            _settle_with(void, out)
+            void.follow(out)
         return out
 
     def pop(self, client_id: str) -> Answer[None]:
@@ -409,7 +396,7 @@ class RemoteWills:
         if voids:
             sent = ask(self.link, P.VoidWills(list(voids)), bounded=False).then(_none)
             for a in voids.values():
-                _settle_with(a, sent)
+                a.follow(sent)
 
     def take(self) -> Answer[list[tuple[str, WillRecord]]]:
         self._send_voids()                  # what was asked before is done before (one socket)

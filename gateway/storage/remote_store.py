@@ -306,16 +306,7 @@ class RemoteStore(MirrorFeed):
                 if e is not None:
                     out.set_exception(e)
                     return
-                then = self.pull(queue, offset, max_count, max_bytes)
-                out.wait_with(lambda _a, timeout: then.wait_quietly(timeout))
-
-                def answered(a: Answer[RemotePull]) -> None:
-                    e = a.exception()
-                    if e is not None:
-                        out.set_exception(e)
-                    else:
-                        out.set_result(a.result())
-                then.add_done_callback(answered)
+                out.follow(self.pull(queue, offset, max_count, max_bytes))
             tracked.add_done_callback(mirrored)
             return out
         got = self._held(m, offset, max_count, max_bytes)

@@ -14,6 +14,7 @@ from lmqtt.gateway.storage.facades import Answer
 from lmqtt.gateway.storage.remote_metadata import RemoteFilters
 from lmqtt.gateway.storage.remote_store import RemoteStore
 from lmqtt.gateway.storage.store_link import LoopConnection
+from lmqtt.lightqueue.records import WillRecord
 from lmqtt.store import Message, MessageTooLarge
 from lmqtt.store import protocol as W
 from tests.support import wait_until
@@ -269,34 +270,39 @@ def test_a_subscribe_of_a_queue_not_watched_yet_asks_its_watch_and_start_in_one_
     asyncio.run(go())
 
 
+def _will(body: bytes) -> WillRecord:
+    return WillRecord("will/t", body, 1, False, b"", 0, 1)
+
+
+def _gateway_holding_wills(address: str, client_ids: tuple[str, ...]) -> RemoteStore:
+    """Another gateway ("old-gw") whose connections of `client_ids` left their wills in the store."""
+    link = LoopConnection(address, loop=asyncio.get_running_loop())
+    link.connect_blocking()
+    old = RemoteStore(link, "old-gw", safety_poll_s=0.2)
+    for cid in client_ids:
+        old.metadata.wills.put(cid, _will(b"old")).wait()
+    return old
+
+
 def test_a_connects_void_and_new_will_are_one_request_and_a_turns_voids_go_together(lmqtt_store):
     """Wills another gateway left for clients that connect here again: a CONNECT that brings its
     own will puts it and that replaces the old one (no void sent); the other CONNECTs' voids of one
     loop turn leave in one `gw_void_wills`. Either way no old will is left to be published."""
-    from lmqtt.lightqueue.records import WillRecord
-
-    def will(body: bytes) -> WillRecord:
-        return WillRecord("will/t", body, 1, False, b"", 0, 1)
-
     async def go():
-        old_link = LoopConnection(lmqtt_store.address, loop=asyncio.get_running_loop())
-        old_link.connect_blocking()
-        old = RemoteStore(old_link, "old-gw", safety_poll_s=0.2)
-        for cid in ("vw-a", "vw-b", "vw-c"):
-            old.metadata.wills.put(cid, will(b"old")).wait()
+        old = _gateway_holding_wills(lmqtt_store.address, ("vw-a", "vw-b", "vw-c"))
         assert {cid for cid, _w in old.metadata.wills.held().wait()} == {"vw-a", "vw-b", "vw-c"}
         st = _remote(lmqtt_store.address)
         wills = st.metadata.wills
         sent = _calls(st.link)
         voided = [wills.void("vw-a"), wills.void("vw-b"), wills.void("vw-c")]
-        wills.put("vw-a", will(b"new"))                   # vw-a's CONNECT came with a will
+        wills.put("vw-a", _will(b"new"))                   # vw-a's CONNECT came with a will
         await _awaited(Answer.all_in(voided))
         assert [c["cmd"] for c in sent] == ["gw_put_will", "gw_void_wills"]
         assert sent[1]["client_ids"] == ["vw-b", "vw-c"]
         assert old.metadata.wills.held().wait() == []
         assert [(cid, w.payload) for cid, w in wills.held().wait()] == [("vw-a", b"new")]
         st.link.close()
-        old_link.close()
+        old.link.close()
     asyncio.run(go())
 
 
@@ -305,27 +311,18 @@ def test_a_claim_voids_the_wills_other_gateways_hold_for_the_clients_claimed(lmq
     it left on another gateway is void with that one request, so a fleet CONNECT sends no void of
     its own. The claimant's own will (its new connection's, which may be stored before the claim
     leaves) and the wills of clients not claimed stay."""
-    from lmqtt.lightqueue.records import WillRecord
-
-    def will(body: bytes) -> WillRecord:
-        return WillRecord("will/t", body, 1, False, b"", 0, 1)
-
     async def go():
-        old_link = LoopConnection(lmqtt_store.address, loop=asyncio.get_running_loop())
-        old_link.connect_blocking()
-        old = RemoteStore(old_link, "old-gw", safety_poll_s=0.2)
-        for cid in ("cw-a", "cw-b"):
-            old.metadata.wills.put(cid, will(b"old")).wait()
+        old = _gateway_holding_wills(lmqtt_store.address, ("cw-a", "cw-b"))
         st = _remote(lmqtt_store.address)
         assert st.metadata.sessions.claims_void_wills
-        st.metadata.wills.put("cw-c", will(b"own")).wait()
+        st.metadata.wills.put("cw-c", _will(b"own")).wait()
         sent = _calls(st.link)
         st.metadata.sessions.claim([("cw-a", int(time.time() * 1000)), ("cw-c", int(time.time() * 1000))]).wait()
         assert [c["cmd"] for c in sent] == ["gw_claim_sessions"]
         assert [cid for cid, _w in old.metadata.wills.held().wait()] == ["cw-b"]
         assert [(cid, w.payload) for cid, w in st.metadata.wills.held().wait()] == [("cw-c", b"own")]
         st.link.close()
-        old_link.close()
+        old.link.close()
     asyncio.run(go())
 
 
