@@ -31,7 +31,9 @@ from typing import Any, Callable, ClassVar
 # the typed messages (to_wire / from_wire, the field codecs): wire.py
 from .wire import NOT_WIRE, OMIT_DEFAULT, BadRequest, Wire, message_type
 
-NODE_PROTOCOL_VERSION = 2       # 2: shared groups assigned per message (gw_group_pop/ack/renew)
+NODE_PROTOCOL_VERSION = 3       # 2: shared groups assigned per message (gw_group_pop/ack/renew);
+# 3: gw_watch `start`, gw_void_wills, and gw_claim_sessions voiding other gateways' wills (a
+# gateway of 3 sends no void beside its claims: a store of 2 would leave those wills to fire)
 # (gw_group_lease, the one-gateway lease of 1, is gone without a bump: no gateway of 2 sends it)
 HELLO_KEY = "gateway_protocol"       # the HELLO_OK field that carries it
 
