@@ -29,6 +29,7 @@ from lmqtt.store.ha.member import Member
 from lmqtt.store.ha.membership import load_members
 from lmqtt.store.ha.peers import parse_peers
 from lmqtt.store.ha.truncate import apply_pending_cut
+from lmqtt.store.node import protocol as P
 from lmqtt.store.node.gateway_service import HOLD
 
 log = logging.getLogger("lmqtt.store.ha")
@@ -200,11 +201,10 @@ def _on_loop(srv, fn):
     return done.result(timeout=30)
 
 
-# the gw_* commands that write the metadata: answered once the in-sync replicas applied the change
-GW_WRITES = ("gw_put_session", "gw_delete_session", "gw_set_offsets", "gw_delete_offsets", "gw_set_retained",
-             "gw_clear_retained_if", "gw_put_will", "gw_pop_will", "gw_void_wills", "gw_take_wills",
-             "gw_register", "gw_unregister", "gw_release_gateway", "gw_hello", "gw_claim_sessions",
-             "security_update")
+# the gw_* commands that write the metadata (the protocol marks them: store/node/protocol.py
+# WRITES), answered once the in-sync replicas applied the change; gw_group_ack is wrapped with its
+# shared groups' state below (`_group_assignments`); the console's user and ACL changes too
+GW_WRITES = (*sorted(P.WRITES - {"gw_group_ack"}), "security_update")
 
 
 # the SDK calls that write the metadata beyond those the member itself waits for: a first-level

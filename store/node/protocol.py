@@ -53,11 +53,18 @@ def reply(cls: type[_T]) -> type[_T]:
 
 
 COMMANDS: dict[str, tuple[type, type]] = {}      # command name -> (request type, reply type)
+# the commands that change the store's replicated metadata (sessions, offsets, retained messages,
+# wills, filter holds, shared groups' committed offsets): on a store group each is answered only
+# once the in-sync replicas applied its change (store/node/ha_member.py), so nothing a gateway was
+# told is done is lost in a failover. Every command says whether it writes (`writes` has no
+# default): a new one cannot be added without deciding.
+WRITES: set[str] = set()
 
 
 @typing.dataclass_transform(frozen_default=True)
-def command(name: str, reply_type: type) -> Callable[[type[_T]], type[_T]]:
-    """A request type: the command `name`, answered with `reply_type`."""
+def command(name: str, reply_type: type, *, writes: bool) -> Callable[[type[_T]], type[_T]]:
+    """A request type: the command `name`, answered with `reply_type`; `writes`: it changes the
+    replicated metadata (`WRITES`). Connection state (watches), in-memory leases and reads do not."""
     def wrap(cls: Any) -> Any:
         cls = message_type(cls, name)
         cls.cmd = name
@@ -65,6 +72,8 @@ def command(name: str, reply_type: type) -> Callable[[type[_T]], type[_T]]:
         if name in COMMANDS:
             raise ValueError(f"command {name} defined twice")
         COMMANDS[name] = (cls, reply_type)
+        if writes:
+            WRITES.add(name)
         return cls
     return wrap
 
@@ -233,7 +242,7 @@ class WillsReply(Wire):
 
 # ---------------------------------------------------------------- requests
 # the delivery path: watches, offsets, pulls, shared-group leases, history
-@command("gw_watch", WatchReply)
+@command("gw_watch", WatchReply, writes=False)
 class Watch(Request):
     """Push EVENT (or with `push` PUSH, with `raw` too PUSH_RAW) frames for these queues to this
     connection; `replace`: instead of the queues watched so far. `start`: watched and answered once
@@ -246,23 +255,23 @@ class Watch(Request):
     start: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
 
 
-@command("gw_unwatch", Ok)
+@command("gw_unwatch", Ok, writes=False)
 class Unwatch(Request):
     queues: list[str]
 
 
-@command("gw_max_offsets", MaxOffsetsReply)
+@command("gw_max_offsets", MaxOffsetsReply, writes=False)
 class MaxOffsets(Request):
     queues: list[str]
 
 
-@command("gw_start_offsets", MaxOffsetsReply)
+@command("gw_start_offsets", MaxOffsetsReply, writes=False)
 class StartOffsets(Request):
     """Max offsets once every message appended before the request is dispatched."""
     queues: list[str]
 
 
-@command("gw_group_pop", GroupPopReply)
+@command("gw_group_pop", GroupPopReply, writes=False)
 class GroupPop(Request):
     """Shared groups across the fleet (store/node/group_assign.py): up to `max_count` messages of
     (group, queue) for this gateway's members, parked up to `wait_ms` until there are some;
@@ -278,7 +287,7 @@ class GroupPop(Request):
     wait_ms: int = 0
 
 
-@command("gw_group_ack", CountReply)
+@command("gw_group_ack", CountReply, writes=True)
 class GroupAck(Request):
     """`offsets` done (a member acknowledged them, or took them at QoS 0), `back` handed back
     (visible to the other gateways at once), `leave`: no subscription to the group here any more.
@@ -293,7 +302,7 @@ class GroupAck(Request):
     ttl_ms: int = 3000
 
 
-@command("gw_group_renew", Ok)
+@command("gw_group_renew", Ok, writes=False)
 class GroupRenew(Request):
     """This gateway is alive: what it holds of shared groups stays its own for `ttl_ms` more."""
     gateway: str
@@ -301,19 +310,19 @@ class GroupRenew(Request):
     ttl_ms: int = 3000
 
 
-@command("gw_replay", ReplayReply)
+@command("gw_replay", ReplayReply, writes=False)
 class Replay(Request):
     filter: str
     since: int
 
 
-@command("gw_replay_read", ReplayReadReply)
+@command("gw_replay_read", ReplayReadReply, writes=False)
 class ReplayRead(Request):
     cursor: dict
     max_count: int = 1024
 
 
-@command("gw_pull", PullReply)
+@command("gw_pull", PullReply, writes=False)
 class Pull(Request):
     queue: str
     offset: int = 0
@@ -322,7 +331,7 @@ class Pull(Request):
 
 
 # filter holds per gateway id
-@command("gw_register", RegisterReply)
+@command("gw_register", RegisterReply, writes=True)
 class Register(Request):
     """Hold one `filter`, or many (`filters`): exactly one of the two."""
     gateway: str
@@ -334,45 +343,45 @@ class Register(Request):
             raise BadRequest("gw_register: give field 'filter' or field 'filters' (one of them)")
 
 
-@command("gw_unregister", CountReply)
+@command("gw_unregister", CountReply, writes=True)
 class Unregister(Request):
     gateway: str
     filter: str
 
 
-@command("gw_filters", FiltersReply)
+@command("gw_filters", FiltersReply, writes=False)
 class Filters(Request):
     gateway: str
 
 
-@command("gw_holders", HoldersReply)
+@command("gw_holders", HoldersReply, writes=False)
 class Holders(Request):
     pass
 
 
-@command("gw_release_gateway", ReleaseGatewayReply)
+@command("gw_release_gateway", ReleaseGatewayReply, writes=True)
 class ReleaseGateway(Request):
     gateway: str
 
 
 # sessions, offsets, retained messages
-@command("gw_put_session", Ok)
+@command("gw_put_session", Ok, writes=True)
 class PutSession(Request):
     client_id: str
     rec: str
 
 
-@command("gw_get_session", SessionReply)
+@command("gw_get_session", SessionReply, writes=False)
 class GetSession(Request):
     client_id: str
 
 
-@command("gw_delete_session", DeletedReply)
+@command("gw_delete_session", DeletedReply, writes=True)
 class DeleteSession(Request):
     client_id: str
 
 
-@command("gw_list_sessions", ListSessionsReply)
+@command("gw_list_sessions", ListSessionsReply, writes=False)
 class ListSessions(Request):
     """A page of `limit` records after client id `after`; `offsets`: with their offsets;
     `hosted_by`: only those that gateway served last and those of no gateway."""
@@ -382,93 +391,93 @@ class ListSessions(Request):
     hosted_by: str | None = None
 
 
-@command("gw_get_offset", OffsetReply)
+@command("gw_get_offset", OffsetReply, writes=False)
 class GetOffset(Request):
     consumer: str
     queue: str
 
 
-@command("gw_get_offsets", OffsetsReply)
+@command("gw_get_offsets", OffsetsReply, writes=False)
 class GetOffsets(Request):
     consumer: str
 
 
-@command("gw_set_offsets", Ok)
+@command("gw_set_offsets", Ok, writes=True)
 class SetOffsets(Request):
     consumer: str
     offsets: dict[str, int]
 
 
-@command("gw_delete_offsets", Ok)
+@command("gw_delete_offsets", Ok, writes=True)
 class DeleteOffsets(Request):
     """`queues` None: all of the consumer's."""
     consumer: str
     queues: list[str] | None = None
 
 
-@command("gw_set_retained", Ok)
+@command("gw_set_retained", Ok, writes=True)
 class SetRetained(Request):
     topic: str
     payload: bytes
     props: bytes = b""
 
 
-@command("gw_retained_matching", RetainedReply)
+@command("gw_retained_matching", RetainedReply, writes=False)
 class RetainedMatching(Request):
     filter: str
 
 
-@command("gw_clear_retained_if", ClearedReply)
+@command("gw_clear_retained_if", ClearedReply, writes=True)
 class ClearRetainedIf(Request):
     topic: str
     props: bytes = b""
 
 
-@command("gw_flush", Ok)
+@command("gw_flush", Ok, writes=False)
 class Flush(Request):
     pass
 
 
 # which connection is which gateway; wills
-@command("gw_hello", HelloReply)
+@command("gw_hello", HelloReply, writes=True)
 class Hello(Request):
     gateway: str
 
 
-@command("gw_claim_sessions", Ok)
+@command("gw_claim_sessions", Ok, writes=True)
 class ClaimSessions(Request):
     """This gateway attached connections to these client ids at these wall-clock ms."""
     gateway: str
     claims: list[tuple[str, int]]
 
 
-@command("gw_put_will", Ok)
+@command("gw_put_will", Ok, writes=True)
 class PutWill(Request):
     client_id: str
     will: bytes
     gateway: str | None = None
 
 
-@command("gw_pop_will", WillReply)
+@command("gw_pop_will", WillReply, writes=True)
 class PopWill(Request):
     """With `gateway`: only a will that gateway holds."""
     client_id: str
     gateway: str | None = None
 
 
-@command("gw_void_wills", Ok)
+@command("gw_void_wills", Ok, writes=True)
 class VoidWills(Request):
     """New connections of these client ids: the wills their earlier connections left, on any
     gateway, are dropped unpublished (`gw_pop_will` without a gateway, for many at once)."""
     client_ids: list[str]
 
 
-@command("gw_take_wills", WillsReply)
+@command("gw_take_wills", WillsReply, writes=True)
 class TakeWills(Request):
     gateway: str
 
 
-@command("gw_list_wills", WillsReply)
+@command("gw_list_wills", WillsReply, writes=False)
 class ListWills(Request):
     gateway: str | None = None
 

@@ -119,6 +119,23 @@ def test_the_node_client_has_one_method_per_command_taking_the_requests_fields()
         assert params == [f.name for f in dataclasses.fields(req)], name
 
 
+def test_every_command_says_whether_it_changes_the_replicated_metadata():
+    """A store group answers a write only once its in-sync replicas applied it (ha_member.py wraps
+    the commands of `WRITES`): a command that writes but is not marked would be answered before,
+    and its change lost in a failover. So `writes` has no default, and a command named for a
+    change (put, set, delete, pop, void, take, register, release, claim, clear, ack) is a write."""
+    with pytest.raises(TypeError):
+        P.command("gw_unmarked", P.Ok)    # type: ignore[call-arg]
+    assert "gw_unmarked" not in P.COMMANDS
+    changes = ("put_", "set_", "delete_", "pop_will", "void_", "take_", "register", "unregister", "release_",
+               "claim_", "clear_", "_ack")
+    named_for_a_change = {c for c in P.COMMANDS if any(v in c for v in changes)}
+    assert named_for_a_change <= P.WRITES, sorted(named_for_a_change - P.WRITES)
+    assert P.WRITES <= set(P.COMMANDS)
+    from lmqtt.store.node.ha_member import GW_WRITES
+    assert P.WRITES - {"gw_group_ack"} <= set(GW_WRITES)      # gw_group_ack: with its groups' state
+
+
 # ---------------------------------------------------------------- a real `lmqtt store`
 def test_the_registry_is_exactly_what_the_node_serves(tmp_path):
     """Every command of the registry is served by the node's method of that name, and the node
