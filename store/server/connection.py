@@ -245,7 +245,7 @@ class StoreConnection(asyncio.Protocol):
                     durable.result()
                 self._send(W.frame(W.OP_PRODUCED, rid, results, 1 if dup else 0))
             else:
-                asyncio.ensure_future(self._reply_durable(rid, results, durable))
+                asyncio.ensure_future(self._reply_durable(rid, results, durable, 1 if dup else 0))
         elif op == W.OP_PULL:
             topic, qid, off, cnt, mb, _g = W.decode_pull(body)
             st = srv.store
@@ -316,7 +316,9 @@ class StoreConnection(asyncio.Protocol):
         else:
             self._send(W.json_frame(W.OP_RESULT, rid, res))
 
-    async def _reply_durable(self, rid: int, results, durable) -> None:
+    async def _reply_durable(self, rid: int, results, durable, flags: int = 0) -> None:
+        """PRODUCED once `durable` is; `flags` as the reply would have had at once (bit 0: a
+        duplicate, e.g. a retry after a failover, answered once the new primary's replicas have it)."""
         try:
             await await_durable(durable)
         except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
@@ -325,4 +327,4 @@ class StoreConnection(asyncio.Protocol):
                 return
             self._error(rid, W.E_STORE, f"flush failed: {type(e).__name__}: {e}")
             return
-        self._send(W.frame(W.OP_PRODUCED, rid, results))
+        self._send(W.frame(W.OP_PRODUCED, rid, results, flags))

@@ -572,6 +572,48 @@ def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
     other.close()
 
 
+def test_a_batch_sent_again_to_the_new_primary_after_a_kill9_gets_its_first_offsets_and_is_stored_once(group):
+    """The replicas hold each batch's dedup marker (its log position and count), not its results:
+    a batch acknowledged by the old primary and sent again to the new one (same producer id and
+    sequence: its answer was lost with the primary) is found in the log from the marker and
+    answered with the offsets it was first stored at, flagged a duplicate, and stored once. So is
+    a batch of several messages among others'."""
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.producer import pack_one
+    prim = group.wait_primary(in_sync=3)
+    ck = Checker()
+    conn = connect(prim.address, timeout=60.0)
+    p = conn.producer("p7")
+    for i in range(10):
+        ck.sent("p7", i, 2, STREAM)
+        p.send(TOPIC, body("p7", i, 64))
+        ck.acked("p7", i)
+    seq = p.next_sequence()
+    batch = b"".join(pack_one(TOPIC, body("p7", i, 64)) for i in range(10, 13))
+    frame = W.encode_produce("p7", seq, 3, batch)
+    op, flags, first = conn.request(W.OP_PRODUCE, frame).result(30)
+    assert op == W.OP_PRODUCED and not flags & 1
+    for i in range(10, 13):
+        ck.sent("p7", i, 2, STREAM)
+        ck.acked("p7", i)
+    for i in range(13, 20):             # later batches of the same producer
+        ck.sent("p7", i, 2, STREAM)
+        p.send(TOPIC, body("p7", i, 64))
+        ck.acked("p7", i)
+    conn.close()
+    prim.kill9()
+    new = group.wait_primary(exclude=(prim.node,))
+    again = connect(new.address, timeout=60.0)
+    try:
+        op, flags, answer = again.request(W.OP_PRODUCE, frame).result(30)
+        assert op == W.OP_PRODUCED and flags & 1, (op, flags)
+        assert W.decode_produced(answer) == W.decode_produced(first)
+        row = _verdict(ck, read_all(again, TOPIC))
+        assert failures([row]) == [] and row["acked"] == 20 and row["duplicated"] == 0, row
+    finally:
+        again.close()
+
+
 def test_a_gateway_link_leaves_a_silent_primary_once_another_member_names_a_newer_one(group):
     """The gateway's link to a store group (LoopConnection, docs/fleet.md) with the stall timeout
     out of play: SIGSTOP of the primary while a PRODUCE waits on it; the link asks the other
