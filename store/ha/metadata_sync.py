@@ -1,6 +1,6 @@
 """The metadata side of a store group member: the metadata changes a failover must keep (producer
-dedup markers and results, group offsets, filter registrations, POP state, the light queues'
-metadata, cancelled timers), shipped by the primary and applied by the replicas.
+dedup markers, group offsets, filter registrations, POP state, the light queues' metadata,
+cancelled timers), shipped by the primary and applied by the replicas.
 
 Why a module of its own: store/ha/member.py is the member's roles (Raft heartbeats, the
 controller's elections, becoming primary or replica, the in-sync set, fencing by lease); this is
@@ -73,7 +73,7 @@ class MetadataSync:
         self._meta_epoch_now = self.meta_state()["meta_epoch"]
 
     def attach_meta(self, meta) -> None:
-        """Ship the SDK metadata changes a failover must keep (producer dedup markers and results,
+        """Ship the SDK metadata changes a failover must keep (producer dedup markers,
         group offsets, filter registrations) to the replicas, and apply them there."""
         self.meta = meta
         orig_remember, orig_commit, orig_put = meta.remember, meta.commit, meta.put_json
@@ -89,9 +89,15 @@ class MetadataSync:
         clog = self.clog
         ml = self.meta_log
 
+        pending = meta.pending
+
         def remember(pid, seq, body):
             orig_remember(pid, seq, body)
-            if self.role == "primary":
+            # only a batch's pending marker (SdkMetadata.begin: its log position and count) is
+            # shipped, not its results: a retry after a failover finds the batch in the log from
+            # that position (fastpath.find_batch, as after a crash between marker and results).
+            # One change per PRODUCE shipped and applied on every replica instead of two.
+            if self.role == "primary" and pending(body) is not None:
                 ml.add(clog.wrote, {"k": "remember", "p": pid, "s": seq, "v": body})   # shipped as bytes
 
         def commit(group, queue, offset):
