@@ -5,7 +5,7 @@ Why a module of its own: message_store.py wires the store and appends from any t
 what an event loop adds on top of that - the appends of one loop iteration coalesced into one
 append_batch (one lock, one copy, one share of the group commit), and many waiters of one
 group-commit round woken with one call_soon_threadsafe per loop. The store server
-(server/connection.py) awaits its PRODUCE acks with `await_durable` too.
+(server/connection.py) answers its PRODUCEs once durable through `durable_waiter` too.
 """
 from __future__ import annotations
 
@@ -114,28 +114,34 @@ def _settle(ws: list, fut: Future) -> None:
                 w.set_result(fut.result())
 
 
-async def await_durable(fut: Future) -> None:
-    """Await a durable future. Many appends share one future per group-commit round: each waiter
-    gets a cheap loop future registered on the shared one, and the round wakes each loop once.
-    Cancelling a waiter never cancels the shared future (which other writers wait on)."""
+def durable_waiter(fut: Future, loop: asyncio.AbstractEventLoop) -> asyncio.Future | None:
+    """A future of `loop` that completes as the durable future `fut` does, or None when `fut` is
+    done already (the caller reads `fut.result()`). Many appends share one future per
+    group-commit round: each waiter is a cheap loop future registered on the shared one, and the
+    round wakes each loop once. Cancelling a waiter never cancels the shared future (which other
+    writers wait on)."""
     if fut.done():
-        fut.result()
-        return
-    loop = asyncio.get_running_loop()
+        return None
     w = loop.create_future()
     with _WAITERS_LOCK:
         lst = _WAITERS.get(fut)
         if fut.done() and lst is None:      # the callback ran (or runs at once below): it is done
-            first = None
-        elif lst is None:      # first waiter on this future
+            return None
+        if lst is None:      # first waiter on this future
             _WAITERS[fut] = [(loop, w)]
             first = True
         else:
             lst.append((loop, w))
             first = False
-    if first is None:
-        fut.result()
-        return
     if first:
         fut.add_done_callback(_wake_waiters)  # runs at once if fut is already done
+    return w
+
+
+async def await_durable(fut: Future) -> None:
+    """Await a durable future from an event loop (`durable_waiter`)."""
+    w = durable_waiter(fut, asyncio.get_running_loop())
+    if w is None:
+        fut.result()
+        return
     await w

@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .. import protocol as W
-from ..async_append import await_durable
+from ..async_append import durable_waiter
 from ..disk_space import size_text
 from ..errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
 from ..fastpath import read_raw
@@ -240,12 +240,15 @@ class StoreConnection(asyncio.Protocol):
             srv.guard(op, None)
         if op == W.OP_PRODUCE:
             results, durable, dup = srv.produce(body, flags if self.gateway else flags | F_SDK_CLIENT)
-            if durable is None or durable.done():
+            w = None if durable is None else durable_waiter(durable, asyncio.get_running_loop())
+            if w is None:
                 if durable is not None:
                     durable.result()
                 self._send(W.frame(W.OP_PRODUCED, rid, results, 1 if dup else 0))
             else:
-                asyncio.ensure_future(self._reply_durable(rid, results, durable, 1 if dup else 0))
+                # a callback, not a task per PRODUCE: on a store group every PRODUCE waits here
+                w.add_done_callback(lambda f, rid=rid, results=results, fl=1 if dup else 0:
+                                    self._reply_durable(rid, results, fl, f))
         elif op == W.OP_PULL:
             topic, qid, off, cnt, mb, _g = W.decode_pull(body)
             st = srv.store
@@ -316,12 +319,15 @@ class StoreConnection(asyncio.Protocol):
         else:
             self._send(W.json_frame(W.OP_RESULT, rid, res))
 
-    async def _reply_durable(self, rid: int, results, durable, flags: int = 0) -> None:
-        """PRODUCED once `durable` is; `flags` as the reply would have had at once (bit 0: a
-        duplicate, e.g. a retry after a failover, answered once the new primary's replicas have it)."""
-        try:
-            await await_durable(durable)
-        except Exception as e:  # noqa: BLE001 - the flush failed: the client must not think it durable
+    def _reply_durable(self, rid: int, results, flags: int, done: asyncio.Future) -> None:
+        """PRODUCED once the append is durable (`done`, its durable_waiter); `flags` as the reply
+        would have had at once (bit 0: a duplicate, e.g. a retry after a failover, answered once
+        the new primary's replicas have it)."""
+        if done.cancelled():
+            self._error(rid, W.E_INTERNAL, "request cancelled (store shutting down)")
+            return
+        e = done.exception()
+        if e is not None:      # the flush failed: the client must not think it durable
             if getattr(e, "not_primary", False):     # store/ha: deposed before the replicas had it
                 self._error(rid, W.E_NOT_PRIMARY, str(e))
                 return
