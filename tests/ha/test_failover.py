@@ -27,6 +27,15 @@ def _verdict(ck: Checker, records) -> dict:
     return rows[0]
 
 
+def _send_acked(ck: Checker, producer, name: str, seqs) -> None:
+    """Send message `i` of stream `name` for each i of `seqs`, one by one, each acknowledged
+    before the next (the checker told of both)."""
+    for i in seqs:
+        ck.sent(name, i, 2, STREAM)
+        producer.send(TOPIC, body(name, i, 64))
+        ck.acked(name, i)
+
+
 @pytest.fixture
 def group(tmp_path, request):
     mode = getattr(request, "param", "async")
@@ -98,16 +107,10 @@ def test_kill9_primary_under_autobatch_load_loses_and_duplicates_nothing(group):
     reader.close()
     # the caught-up member takes part in the next failover: kill the second primary as well
     p2 = conn.producer("p1b")
-    for i in range(200):
-        ck.sent("p1b", i, 2, STREAM)
-        p2.send(TOPIC, body("p1b", i, 64))
-        ck.acked("p1b", i)
+    _send_acked(ck, p2, "p1b", range(200))
     new.kill9()
     third = group.wait_primary(exclude=(new.node,), timeout=30)
-    for i in range(200, 300):
-        ck.sent("p1b", i, 2, STREAM)
-        p2.send(TOPIC, body("p1b", i, 64))
-        ck.acked("p1b", i)
+    _send_acked(ck, p2, "p1b", range(200, 300))
     records = read_all(connect(third.address), TOPIC)
     ck2 = ck
     ck2.receiver("readback2", STREAM, 2)
@@ -130,10 +133,7 @@ def test_paused_primary_is_fenced_then_rejoins_with_its_tail_cut(group):
     ck = Checker()
     conn = connect(group.peers, timeout=60.0)
     p = conn.producer("p2")
-    for i in range(300):                      # acknowledged before any fault
-        ck.sent("p2", i, 2, STREAM)
-        p.send(TOPIC, body("p2", i, 64))
-        ck.acked("p2", i)
+    _send_acked(ck, p, "p2", range(300))  # acknowledged before any fault
     end_before = old.status()["log_end"]
     for m in others:
         m.kill9()
@@ -333,10 +333,7 @@ def test_losing_the_majority_stops_acks_until_it_returns(group):
     ck = Checker()
     conn = connect(prim.address, timeout=60.0)
     p = conn.producer("p4")
-    for i in range(100):
-        ck.sent("p4", i, 2, STREAM)
-        p.send(TOPIC, body("p4", i, 64))
-        ck.acked("p4", i)
+    _send_acked(ck, p, "p4", range(100))
     for m in others:
         m.kill9()
     waiting = []
@@ -368,10 +365,7 @@ def test_the_whole_group_restarts_with_its_data_and_primary(group):
     ck = Checker()
     conn = connect(group.peers, timeout=30.0)
     p = conn.producer("p5")
-    for i in range(200):
-        ck.sent("p5", i, 2, STREAM)
-        p.send(TOPIC, body("p5", i, 64))
-        ck.acked("p5", i)
+    _send_acked(ck, p, "p5", range(200))
     conn.close()
     for m in group.members:
         m.stop()
@@ -384,10 +378,7 @@ def test_the_whole_group_restarts_with_its_data_and_primary(group):
     assert st["epoch"] >= epoch and (again.node == prim.node or st["epoch"] > epoch), st
     conn = connect(group.peers, timeout=30.0)
     p = conn.producer("p5")
-    for i in range(200, 250):
-        ck.sent("p5", i, 2, STREAM)
-        p.send(TOPIC, body("p5", i, 64))
-        ck.acked("p5", i)
+    _send_acked(ck, p, "p5", range(200, 250))
     records = read_all(connect(again.address), TOPIC)
     row = _verdict(ck, records)
     assert failures([row]) == [] and row["acked"] == 250 and row["duplicated"] == 0, row
@@ -452,16 +443,10 @@ def test_a_send_waiting_on_a_stopped_primary_moves_to_the_new_one(group):
     ck = Checker()
     conn = connect(group.peers, timeout=40.0)
     p = conn.producer("p7")
-    for i in range(50):
-        ck.sent("p7", i, 2, STREAM)
-        p.send(TOPIC, body("p7", i, 64))
-        ck.acked("p7", i)
+    _send_acked(ck, p, "p7", range(50))
     old.pause()
     try:
-        for i in range(50, 60):               # the first of these is in flight when nothing answers
-            ck.sent("p7", i, 2, STREAM)
-            p.send(TOPIC, body("p7", i, 64))
-            ck.acked("p7", i)
+        _send_acked(ck, p, "p7", range(50, 60))  # the first of these is in flight when nothing answers
         new = group.wait_primary(exclude=(old.node,), among=[m for m in group.members if m is not old])
         records = read_all(connect(new.address), TOPIC)
     finally:
@@ -540,10 +525,7 @@ def test_a_retry_found_stored_is_answered_only_once_the_replicas_have_it(group):
     conn = connect(prim.address, timeout=60.0)
     other = connect(prim.address, timeout=60.0)
     p = conn.producer("p9")
-    for i in range(20):
-        ck.sent("p9", i, 2, STREAM)
-        p.send(TOPIC, body("p9", i, 64))
-        ck.acked("p9", i)
+    _send_acked(ck, p, "p9", range(20))
     frame = W.encode_produce("p9", p.next_sequence(), 1, pack_one(TOPIC, body("p9", 20, 64)))
     ck.sent("p9", 20, 2, STREAM)
     for m in others:
@@ -584,10 +566,7 @@ def test_a_batch_sent_again_to_the_new_primary_after_a_kill9_gets_its_first_offs
     ck = Checker()
     conn = connect(prim.address, timeout=60.0)
     p = conn.producer("p7")
-    for i in range(10):
-        ck.sent("p7", i, 2, STREAM)
-        p.send(TOPIC, body("p7", i, 64))
-        ck.acked("p7", i)
+    _send_acked(ck, p, "p7", range(10))
     seq = p.next_sequence()
     batch = b"".join(pack_one(TOPIC, body("p7", i, 64)) for i in range(10, 13))
     frame = W.encode_produce("p7", seq, 3, batch)
@@ -596,10 +575,7 @@ def test_a_batch_sent_again_to_the_new_primary_after_a_kill9_gets_its_first_offs
     for i in range(10, 13):
         ck.sent("p7", i, 2, STREAM)
         ck.acked("p7", i)
-    for i in range(13, 20):             # later batches of the same producer
-        ck.sent("p7", i, 2, STREAM)
-        p.send(TOPIC, body("p7", i, 64))
-        ck.acked("p7", i)
+    _send_acked(ck, p, "p7", range(13, 20))  # later batches of the same producer
     conn.close()
     prim.kill9()
     new = group.wait_primary(exclude=(prim.node,))
