@@ -54,6 +54,14 @@ def _parts_named(msgs: list, i: int) -> list:
 
 
 _WILD = "+#"
+_MAX_ROUTES = 200_000       # GroupedQueues._routes kept at most
+
+
+def _pulled_named(r: Any, i: int) -> Any:
+    """A pull's result with its records named as group `i`'s parts (`_parts_named`); the result
+    itself when nothing was renamed, or only in place."""
+    msgs = _parts_named(r.messages, i)
+    return r if msgs is r.messages else r._replace(messages=msgs)
 
 
 class GroupedQueues:
@@ -66,6 +74,10 @@ class GroupedQueues:
         self._last: asyncio.Future | None = None      # the previous batch's durable future
         # batches waiting for claims: (messages, due times, durable future, the claims or None)
         self._behind: list[tuple[list, list | None, asyncio.Future, Answer[None] | None]] = []
+        # queue name as the gateway knows it -> (its group, the group's name of it), for each queue
+        # whose group is known (a first level's owner never changes): every delivery pulls its
+        # queue, and working the route out each time cost as much as the read from the mirror
+        self._routes: dict[str, tuple[int, str]] = {}
 
     # ------------------------------------------------------------------ lifecycle, state
     def start(self) -> None:
@@ -252,18 +264,33 @@ class GroupedQueues:
             f.add_done_callback(one)
 
     # ------------------------------------------------------------------ reads
-    def _at(self, queue: str, call: Callable[[Any, str], Answer[Any]]) -> Answer[Any]:
-        """`call(store, name)` with the group and the store's own name of the gateway's `queue`."""
+    def _route(self, queue: str) -> tuple[int, str] | None:
+        """(group index, the group's name) of the gateway's `queue`; None while the owner of its
+        first level is not known yet."""
+        r = self._routes.get(queue)
+        if r is not None:
+            return r
         part = split_part(queue)
         if part is not None:
-            return call(self.stores[part[1]], part[0])
-        first = filter_first_level(queue)
-        if first is None:                  # the first group's part of a spanning filter
-            return call(self.stores[0], queue)
-        at = self.owners.known(first)
-        if at is not None:                 # known: no chained answer per read
-            return call(self.stores[at], queue)
-        return chain(self.owners.owner(first), lambda i: call(self.stores[i], queue))
+            r = (part[1], part[0])
+        else:
+            first = filter_first_level(queue)
+            at = 0 if first is None else self.owners.known(first)   # None: the first group's part
+            if at is None:
+                return None
+            r = (at, queue)
+        routes = self._routes
+        if len(routes) >= _MAX_ROUTES:     # queues come and go with their devices: start again
+            routes.clear()
+        routes[queue] = r
+        return r
+
+    def _at(self, queue: str, call: Callable[[Any, str], Answer[Any]]) -> Answer[Any]:
+        """`call(store, name)` with the group and the store's own name of the gateway's `queue`."""
+        r = self._route(queue)
+        if r is not None:                  # known: no chained answer per read
+            return call(self.stores[r[0]], r[1])
+        return chain(self.owners.owner(filter_first_level(queue) or ""), lambda i: call(self.stores[i], queue))
 
     def max_offset(self, queue: str) -> Answer[int]:
         return self._at(queue, lambda s, q: s.max_offset(q))
@@ -278,25 +305,29 @@ class GroupedQueues:
         """A read of `queue` whose records a group after the first names by its own queue names:
         `named(answer, i)` renames them (every read of such a group: a record of `b/x` in group 1
         is also in that group's `#`, which this gateway knows as "#", NUL, 1)."""
-        part = split_part(queue)
-        if part is not None:
-            i = part[1]
-            return call(self.stores[i], part[0]).then(lambda got: named(got, i))
-        first = filter_first_level(queue)
-        if first is None:
-            return call(self.stores[0], queue)
-
-        def go(i: int) -> Answer[Any]:
-            got = call(self.stores[i], queue)
-            return got if i == 0 else got.then(lambda r: named(r, i))
-        at = self.owners.known(first)
-        if at is not None:                 # known: no chained answer per read
-            return go(at)
-        return chain(self.owners.owner(first), go)
+        r = self._route(queue)
+        if r is None:
+            def go(i: int) -> Answer[Any]:
+                got = call(self.stores[i], queue)
+                return got if i == 0 else got.then(lambda v: named(v, i))
+            return chain(self.owners.owner(filter_first_level(queue) or ""), go)
+        i, name = r
+        got = call(self.stores[i], name)
+        if i == 0:
+            return got
+        if got.done() and got.exception() is None:
+            # read from the group's mirror, the usual case: renamed now, no chained answer (a
+            # RemoteMessage is renamed in place, so the answer itself is the renamed one)
+            v = got.result()
+            try:
+                w = named(v, i)
+            except Exception as e:  # noqa: BLE001 - as `then`: a record we cannot name fails this read
+                return Answer.failed(e)
+            return got if w is v else Answer.of(w)
+        return got.then(lambda v: named(v, i))
 
     def pull(self, queue: str, offset: int, max_count: int = 32, max_bytes: int = 1 << 20) -> Answer[Any]:
-        return self._read(queue, lambda s, q: s.pull(q, offset, max_count, max_bytes),
-                          lambda r, i: r._replace(messages=_parts_named(r.messages, i)))
+        return self._read(queue, lambda s, q: s.pull(q, offset, max_count, max_bytes), _pulled_named)
 
     def message_at(self, queue: str, offset: int) -> Answer[Any]:
         return self._read(queue, lambda s, q: s.message_at(q, offset),
