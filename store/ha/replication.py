@@ -7,9 +7,10 @@ and its CommitLog end (HANDSHAKE); the primary answers where to stream from (the
 of the two epoch lists, store/ha/epochs.py): below the replica's end, the replica must first cut
 its tail (store/ha/truncate.py). Then the primary streams the CommitLog bytes as appended (DATA:
 offset + bytes, at most one segment's rest per frame) and the SDK metadata changes that must
-survive a failover (META: producer dedup markers, group offsets, filter registrations), each META before the bytes it refers to. The replica writes the bytes at the same
-offsets (CommitLog.append_replicated), lets its dispatch derive ConsumeQueues / light queues /
-index from them, flushes under its flush mode and acknowledges (ACK: written, flushed).
+survive a failover (META: producer dedup markers, group offsets, filter registrations), each
+META before the bytes it refers to. The replica writes the bytes at the same offsets
+(CommitLog.append_replicated), lets its dispatch derive ConsumeQueues / light queues / index from
+them, flushes under its flush mode and acknowledges (ACK: written, flushed).
 
 Frames: 1 byte type, u32 length, payload.
   H  replica -> primary  JSON {node, epoch, end, epochs, segment_size}
