@@ -413,10 +413,13 @@ class DeliveryEngine:
         want: dict[int, int] = {}
         batch = self.backlog_batch
         lo = maxo                 # the lowest cursor among the readers
+        top = -1                  # the highest (RecentMessages: is a ring of q worth feeding)
         for s in self.direct.get(q, ()):
             cur = s.cursors.get(q)
             if cur is None:
                 continue
+            if cur.next_offset > top:
+                top = cur.next_offset
             if cur.next_offset >= maxo:
                 continue
             if cur.next_offset < lo:
@@ -457,9 +460,17 @@ class DeliveryEngine:
                 if room > want[off]:
                     want[off] = room
         more = False
-        recent = self.recent.rings.get(q)        # [first queue offset, messages] (gateway/delivery/recent.py)
+        rm = self.recent
+        recent = rm.rings.get(q)        # [first queue offset, messages] (gateway/delivery/recent.py)
+        if top >= 0:
+            if top < maxo - rm.gap_max:
+                if q not in rm.lagging:
+                    rm.lagging_behind(q)         # no reader is near a ring: none is fed
+                    recent = None
+            elif q in rm.lagging:
+                rm.caught_up(q)
         if recent is not None and lo > recent[0]:
-            self.recent.drop_passed(recent, lo)  # every reader is past these
+            rm.drop_passed(recent, lo)  # every reader is past these
         small = self.cfg.pull_batch
         for off, sessions in by_off.items():
             # never read more than the roomiest reader at this offset can take: a QoS 1 window
