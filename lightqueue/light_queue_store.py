@@ -43,7 +43,7 @@ class PullResult(NamedTuple):
 
 class LightQueueStore:
     def __init__(self, store: Any, path: str, *, cache_bytes: int = 64 << 20,
-                 metadata_sync: bool = False, recent_bytes: int = 16 << 20) -> None:
+                 metadata_sync: bool = False) -> None:
         """Open (or create) the light queues under `path`; call before `store.start()`."""
         os.makedirs(path, exist_ok=True)
         self._store = store
@@ -83,16 +83,6 @@ class LightQueueStore:
         if hasattr(store, "add_recovery_listener"):
             store.add_recovery_listener(self._check_after_recovery)
             store.add_queue_kind("lq", self.index.end_at)
-        # Live delivery reads each record right after dispatch: while someone pulls, the store
-        # keeps the newest records as appended, so a cache miss costs no CommitLog decode. It
-        # costs the appender ~1 µs per record, paid for nothing when nobody reads (ingest only):
-        # on at the first pull, off after `recent_idle_s` without one (docs/lightqueue.md).
-        self._keep_recent = getattr(store, "keep_recent", None) if recent_bytes else None
-        self._recent_bytes = recent_bytes
-        self._recent_on = False
-        self._pulls = 0
-        self._pulls_seen = 0
-        self._recent_checked = time.monotonic()
 
     def _qos2_stored(self, topic: str, key: str, ms: int) -> bool:
         """Whether the log holds the message of `topic` carrying `key`, stored around `ms` (the
@@ -191,9 +181,6 @@ class LightQueueStore:
         other reader; one whose cached `.queue_offset` is another queue's gets a new tuple
         carrying this queue's offset (its fields, payload included, are shared, never copied).
         """
-        self._pulls += 1
-        if not self._recent_on and self._keep_recent is not None:
-            self._set_recent(True)
         index = self.index
         lo = index.min_offset(queue)
         hi = index.max_offset(queue)
@@ -299,21 +286,7 @@ class LightQueueStore:
         except ValueError:
             pass
 
-    recent_idle_s = 10.0
-
-    def _set_recent(self, on: bool) -> None:
-        self._recent_on = on
-        b = self._recent_bytes if on else 0
-        self._keep_recent(b, max(1, b // 256) if on else 0)
-
     def _on_dispatched(self, dispatched_offset: int) -> None:
-        if self._recent_on:
-            now = time.monotonic()
-            if now - self._recent_checked >= self.recent_idle_s:
-                self._recent_checked = now
-                if self._pulls == self._pulls_seen:
-                    self._set_recent(False)
-                self._pulls_seen = self._pulls
         touched = self.index.take_touched()
         if not touched:
             return

@@ -74,9 +74,10 @@ class CommitLog(CommitLogRecovery):
         self.group_commit = None  # set by MessageStore in sync mode
         # Recently appended records kept as their fields (keep_recent(); off by default):
         # phys -> a tuple of store.message.RECENT_FIELDS.
-        # read() serves them without slicing the map, CRC-checking and decoding again: the
-        # light-queue delivery path reads nearly every record right after dispatch, and that
-        # decode was most of a pull. Only bytes bodies/props are kept (immutable), FIFO-bounded.
+        # read() serves them without slicing the map, CRC-checking and decoding again (a reader
+        # of single records near the head; the light queues' pulls decode in runs with
+        # read_many, which does not look here). Only bytes bodies/props are kept (immutable),
+        # FIFO-bounded.
         self._recent: dict[int, tuple] = {}
         self._recent_chunks: deque = deque()   # (bytes, [phys, ...]) in append order
         self._recent_bytes = 0

@@ -495,7 +495,8 @@ class MessageStore(AsyncAppend):
     def keep_recent(self, max_bytes: int = 16 << 20, max_records: int = 65_536) -> None:
         """Keep the most recently appended records in memory (as appended: topic, body, props ...)
         so that `read` of a record just written returns it without re-reading, CRC-checking and
-        decoding the CommitLog. For readers that follow the head of the log (the light queues).
+        decoding the CommitLog, for a reader of single records near the head (`read_many`, what
+        the light queues read with, does not look there).
         Visibility rules are unchanged (`read` still serves only dispatched offsets). 0 = off."""
         self.clog.keep_recent(max_bytes, max_records)
 

@@ -166,10 +166,7 @@ def open_embedded(cfg: Any, loop: Any) -> EmbeddedStore:
                                                     cfg.tier_parquet_file_mb, cfg.tier_parquet_merge_after_s))
             attach_parquet(store, cfg.tier_parquet)
         lq = LightQueueStore(store, str(data / "lightqueue"), metadata_sync=cfg.metadata_sync,
-                             cache_bytes=int(cfg.lq_cache_mb) << 20,
-                             # the store's just-appended records: the same budget as the delivery
-                             # ring (a quarter of lq_cache_mb), so one knob sizes every message cache
-                             recent_bytes=(int(cfg.lq_cache_mb) << 20) // 4)
+                             cache_bytes=int(cfg.lq_cache_mb) << 20)
         bus = InProcessBus(loop, cfg.notify_window_ms / 1000.0)
         lq.add_listener(bus.publish)
         store.start()
