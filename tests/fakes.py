@@ -122,3 +122,27 @@ async def gateway_with_subscribed_pair(tmp_path, topic: str = "t/x"):
             break
     pub_tr.take()                     # CONNACK
     return gw, (sub, sub_tr), (pub, pub_tr)
+
+
+class MemoryClient:
+    """A 3.1.1 client of `gw`'s broker on a FakeTransport (`fake_connection`): `send` packets,
+    read back what the broker wrote as decoded packets (`packets`) or only its PUBLISHes."""
+
+    def __init__(self, gw) -> None:
+        from lmqtt.gateway.mqtt import Decoder
+
+        self.conn, self.tr = fake_connection(gw)
+        self.dec = Decoder(version=4, server_side=False)
+
+    def send(self, *pkts) -> None:
+        from lmqtt.gateway.mqtt import encode
+
+        self.conn.data_received(b"".join(encode(p, 4) for p in pkts))
+
+    def packets(self) -> list:
+        return self.dec.feed(self.tr.take())
+
+    def publishes(self) -> list:
+        from lmqtt.gateway.mqtt import packets as P
+
+        return [p for p in self.packets() if isinstance(p, P.Publish)]

@@ -9,23 +9,8 @@ import asyncio
 
 from lmqtt.gateway.app.config import build_config
 from lmqtt.gateway.app.gateway import Gateway
-from lmqtt.gateway.mqtt import Decoder, encode, packets as P
-from lmqtt.gateway.net.connection import MQTTConnection
-from tests.fakes import FakeTransport
-
-
-class _Client:
-    def __init__(self, gw) -> None:
-        self.conn = MQTTConnection(gw.broker)
-        self.tr = FakeTransport(self.conn)
-        self.conn.connection_made(self.tr)
-        self.dec = Decoder(version=4, server_side=False)
-
-    def send(self, pkt) -> None:
-        self.conn.data_received(encode(pkt, 4))
-
-    def packets(self) -> list:
-        return self.dec.feed(self.tr.take())
+from lmqtt.gateway.mqtt import packets as P
+from tests.fakes import MemoryClient
 
 
 def test_one_end_lookup_per_message_and_nothing_missed(tmp_path):
@@ -35,7 +20,7 @@ def test_one_end_lookup_per_message_and_nothing_missed(tmp_path):
         gw = Gateway(cfg)
         await gw.start()
         try:
-            sub, pub = _Client(gw), _Client(gw)
+            sub, pub = MemoryClient(gw), MemoryClient(gw)
             sub.send(P.Connect(client_id="s", protocol_level=4))
             pub.send(P.Connect(client_id="p", protocol_level=4))
             await asyncio.sleep(0.01)

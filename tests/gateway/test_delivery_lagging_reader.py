@@ -10,23 +10,8 @@ import asyncio
 
 from lmqtt.gateway.app.config import build_config
 from lmqtt.gateway.app.gateway import Gateway
-from lmqtt.gateway.mqtt import Decoder, encode, packets as P
-from lmqtt.gateway.net.connection import MQTTConnection
-from tests.fakes import FakeTransport
-
-
-class _Client:
-    def __init__(self, gw) -> None:
-        self.conn = MQTTConnection(gw.broker)
-        self.tr = FakeTransport(self.conn)
-        self.conn.connection_made(self.tr)
-        self.dec = Decoder(version=4, server_side=False)
-
-    def send(self, *pkts) -> None:
-        self.conn.data_received(b"".join(encode(p, 4) for p in pkts))
-
-    def publishes(self) -> list:
-        return [p for p in self.dec.feed(self.tr.take()) if isinstance(p, P.Publish)]
+from lmqtt.gateway.mqtt import packets as P
+from tests.fakes import MemoryClient
 
 
 def test_a_reader_far_behind_gets_everything_in_order_and_no_ready_copies_are_kept_until_it_is_near(tmp_path):
@@ -40,7 +25,7 @@ def test_a_reader_far_behind_gets_everything_in_order_and_no_ready_copies_are_ke
         try:
             rm = gw.broker.delivery.recent
             rm.gap_max = gap
-            sub, pub = _Client(gw), _Client(gw)
+            sub, pub = MemoryClient(gw), MemoryClient(gw)
             sub.send(P.Connect(client_id="s", protocol_level=4))
             pub.send(P.Connect(client_id="p", protocol_level=4))
             await asyncio.sleep(0.01)
