@@ -11,10 +11,10 @@ Why it is separate from `delivery.py`: the delivery engine decides what goes to 
 to read, one read per distinct cursor, fan-out, windows, overlapping subscriptions, shared groups).
 This module is a cache with a job of its own: which entries to keep, bridging the gap left by an
 append the store's thread dispatched, and a memory budget. The engine composes it and talks to it
-through four things: `record_appended` (the publish pipeline's callback, bound straight to this
+through these: `record_appended` (the publish pipeline's callback, bound straight to this
 object's method), `rings` (read by the engine: a cursor inside a queue's ring is served from it,
-anyone behind pulls), `drop_passed` (every online reader is past the ring's start) and `drop`
-(a queue lost its last reader).
+anyone behind pulls), `drop_passed` (every online reader is past the ring's start), `drop`
+(a queue lost its last reader) and `lagging_behind` / `caught_up` (below).
 
 What it costs: memory, at most `max_bytes` (a quarter of `lq_cache_mb`, counting payload +
 `ENTRY_COST` per entry; all rings are dropped when over it) and at most `per_queue` entries per
