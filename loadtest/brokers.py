@@ -49,6 +49,10 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be run here; the message says why (shown as 'not available')."""
 
 
+class PortTaken(BrokerUnavailable):
+    """Another process holds the port the broker was to listen on (`start` tries another)."""
+
+
 _handed_out: set[int] = set()
 
 
@@ -139,6 +143,17 @@ def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | Non
         except OSError:
             time.sleep(0.05)
     return False
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the TCP socket listening on `port`; None when it cannot be
+    told (no psutil, the bench extra; or the process is gone)."""
+    try:
+        import psutil  # optional: the bench extra
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except Exception:  # noqa: BLE001 - no psutil, or the process is gone: unknown
+        return None
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
 
 @dataclass
@@ -404,6 +419,16 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     long comparison is not disturbed by edits to the working tree while it runs. ``persist``:
     Mosquitto keeps its sessions across a restart in ``workdir`` (lmqtt always does).
     """
+    if name == "mosquitto" and port is None:
+        # between free_port() and Mosquitto's bind another process (a parallel test's broker)
+        # may take the port: Mosquitto exits, but a check of the port alone finds the other
+        # process listening there, and a run against it measured nothing (sent 0). Another port.
+        for _ in range(2):
+            try:
+                return start(name, workdir, host=host, port=free_port(), ready_timeout=ready_timeout,
+                             security=security, persist=persist)
+            except PortTaken:
+                continue
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -456,7 +481,21 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
         rc = proc.poll()
         rb.stop()
         why = f"exited with code {rc}" if rc is not None else f"port {port} not open after {ready_timeout}s"
-        raise BrokerUnavailable(f"{name}: {why}; log tail:\n{rb.log_tail()}")
+        tail = rb.log_tail()
+        if name == "mosquitto" and "Address already in use" in tail:
+            raise PortTaken(f"mosquitto: port {port} is another process's ({why}); log tail:\n{tail}")
+        raise BrokerUnavailable(f"{name}: {why}; log tail:\n{tail}")
+    if name == "mosquitto":
+        # the port accepting is not proof enough (above): it must be Mosquitto's socket
+        deadline = time.monotonic() + ready_timeout
+        while (mine := listens_on(proc.pid, port)) is False and rb.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if mine is False:
+            rc = proc.poll()
+            rb.stop()
+            raise PortTaken(f"mosquitto: port {port} is another process's"
+                            + (f" (mosquitto exited with code {rc})" if rc is not None else "")
+                            + f"; log tail:\n{rb.log_tail()}")
     if name in ("lmqtt", "lmqtt-auth-http"):
         # the port accepting is not proof enough: between free_port() and serve's bind another
         # process (a parallel test's) may have taken it; serve then exits naming it, and its banner
