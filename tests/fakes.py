@@ -146,3 +146,20 @@ class MemoryClient:
         from lmqtt.gateway.mqtt import packets as P
 
         return [p for p in self.packets() if isinstance(p, P.Publish)]
+
+
+async def memory_pair(gw, topic: str) -> tuple[MemoryClient, MemoryClient]:
+    """(sub, pub): two connected MemoryClients of `gw`, "sub" subscribed to `topic` at QoS 1,
+    what the broker wrote to either so far taken."""
+    import asyncio
+
+    from lmqtt.gateway.mqtt import packets as P
+
+    sub, pub = MemoryClient(gw), MemoryClient(gw)
+    sub.send(P.Connect(client_id="s", protocol_level=4))
+    pub.send(P.Connect(client_id="p", protocol_level=4))
+    await asyncio.sleep(0.01)
+    sub.send(P.Subscribe(1, [P.SubscriptionRequest(topic, qos=1)]))
+    await asyncio.sleep(0.2)
+    sub.packets(), pub.packets()
+    return sub, pub

@@ -10,7 +10,7 @@ import asyncio
 from lmqtt.gateway.app.config import build_config
 from lmqtt.gateway.app.gateway import Gateway
 from lmqtt.gateway.mqtt import packets as P
-from tests.fakes import MemoryClient
+from tests.fakes import memory_pair
 
 
 def test_one_end_lookup_per_message_and_nothing_missed(tmp_path):
@@ -20,13 +20,7 @@ def test_one_end_lookup_per_message_and_nothing_missed(tmp_path):
         gw = Gateway(cfg)
         await gw.start()
         try:
-            sub, pub = MemoryClient(gw), MemoryClient(gw)
-            sub.send(P.Connect(client_id="s", protocol_level=4))
-            pub.send(P.Connect(client_id="p", protocol_level=4))
-            await asyncio.sleep(0.01)
-            sub.send(P.Subscribe(1, [P.SubscriptionRequest("e/t", qos=1)]))
-            await asyncio.sleep(0.2)
-            sub.packets(), pub.packets()
+            sub, pub = await memory_pair(gw, "e/t")
             queues = gw.broker.delivery.store
             real = queues.max_offset
             calls = []

@@ -11,7 +11,7 @@ import asyncio
 from lmqtt.gateway.app.config import build_config
 from lmqtt.gateway.app.gateway import Gateway
 from lmqtt.gateway.mqtt import packets as P
-from tests.fakes import MemoryClient
+from tests.fakes import memory_pair
 
 
 def test_a_reader_far_behind_gets_everything_in_order_and_no_ready_copies_are_kept_until_it_is_near(tmp_path):
@@ -25,13 +25,7 @@ def test_a_reader_far_behind_gets_everything_in_order_and_no_ready_copies_are_ke
         try:
             rm = gw.broker.delivery.recent
             rm.gap_max = gap
-            sub, pub = MemoryClient(gw), MemoryClient(gw)
-            sub.send(P.Connect(client_id="s", protocol_level=4))
-            pub.send(P.Connect(client_id="p", protocol_level=4))
-            await asyncio.sleep(0.01)
-            sub.send(P.Subscribe(1, [P.SubscriptionRequest("lag/t", qos=1)]))
-            await asyncio.sleep(0.2)
-            sub.publishes()
+            sub, pub = await memory_pair(gw, "lag/t")
             got: list = []
             # the subscriber does not acknowledge: its window of 10 fills and it falls behind
             for first in range(0, n, 50):
