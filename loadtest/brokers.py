@@ -422,7 +422,7 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     if name == "mosquitto" and port is None:
         # between free_port() and Mosquitto's bind another process (a parallel test's broker)
         # may take the port: Mosquitto exits, but a check of the port alone finds the other
-        # process listening there, and a run against it measured nothing (sent 0). Another port.
+        # process listening there, and a run would measure that process. Another port.
         for _ in range(2):
             try:
                 return start(name, workdir, host=host, port=free_port(), ready_timeout=ready_timeout,
