@@ -23,6 +23,8 @@ Checkpoints live under OUT/_checkpoints: stop the job any time and re-run the sa
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -62,6 +64,7 @@ def build(spark, a):
                   F.avg("humidity").alias("avg_humidity"), F.min("battery").alias("min_battery"))
              .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "*")
              .drop("w"))
+    _forget_unstarted(f"{a.out}/_checkpoints/stats")
     q_stats = (stats.writeStream.outputMode("append").format("parquet").option("path", f"{a.out}/stats")
                .option("checkpointLocation", f"{a.out}/_checkpoints/stats").trigger(processingTime=a.stats_trigger)
                .start())
@@ -111,10 +114,35 @@ def build(spark, a):
         # partition), with the sink's exactly-once rule (query id + batch id)
         write_rows(out.collect(), query_id=a.job_id, batch_id=batch_id, store=a.store, token=a.token)
 
+    _forget_unstarted(f"{a.out}/_checkpoints/alerts")
     q_alerts = (tele.writeStream.foreachBatch(alerts)
                 .option("checkpointLocation", f"{a.out}/_checkpoints/alerts").trigger(processingTime=a.trigger)
                 .start())
     return q_stats, q_alerts
+
+
+def _forget_unstarted(checkpoint: str) -> None:
+    """Start a query's checkpoint anew when it recorded no batch. A stop that comes while the
+    query writes its first batch's offsets can leave the offset log with the write's temporary
+    files but no batch, and Spark 4 then refuses to start over it (STATE_STORE_CHECKPOINT_LOCATION_
+    NOT_EMPTY: a new query's checkpoint must be empty), so "stop and re-run any time" would end
+    at the next run. With no batch in the offset log nothing was read, written or committed (Spark
+    writes a batch's offsets before it runs it): what is there holds nothing to continue from.
+    A checkpoint that is not a local folder is left to Spark."""
+    offsets = os.path.join(checkpoint, "offsets")
+    if not os.path.isdir(checkpoint):
+        return
+    try:
+        names = os.listdir(offsets)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    if any(n.isdigit() for n in names):       # batch files are named by their batch id
+        return
+    if not os.listdir(checkpoint):
+        return
+    print(f"lmqtt spark-iot: {checkpoint} recorded no batch (a stop came during its first): "
+          "starting it anew", file=sys.stderr, flush=True)
+    shutil.rmtree(checkpoint)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
