@@ -24,8 +24,8 @@ def test_a_waiting_batch_is_not_scanned_and_garbage_made_meanwhile_is_still_coll
         gw, (sub, sub_tr), (pub, pub_tr) = await gateway_with_subscribed_pair(tmp_path)
         threshold = gc.get_threshold()
         gc.set_threshold(700, 10, 10)
+        gc.enable()
         try:
-            assert gc.isenabled()
             for pid in range(1, 4):
                 pub.data_received(encode(P.Publish("t/x", b"m%d" % pid, qos=1, packet_id=pid), 4))
             assert not gc.isenabled()             # three publishes wait for the batch's append
