@@ -18,12 +18,32 @@ one stays tracked for good (the collector untracks an exact tuple only when its 
 untracked exact tuples, and a message is a tuple *subclass*). 200,000 cached pairs were then
 scanned by every older-generation collection: pauses of 0.1-0.4 s on a broker whose subscriber
 fell behind. A dict of ints is not tracked at all.
+
+Why not every load is cached (admission): a cache entry costs more than the read it saves unless it
+is read again. Decoding a record from the CommitLog's map is one C call per run of records, well
+under a microsecond each; putting it in the LRU and evicting it later costs about as much again in
+Python. A reader far behind the tail that nobody else follows - one subscriber of a fan-in that
+fell behind its publishers - reads every record once: caching its reads spent a sixth of a loaded
+broker's loop and pushed out the entries other readers were sharing. So the cache judges itself
+every ADMIT_WINDOW loaded records: while the records it cached were read again (REUSE_MIN hits per
+cached record on average), it caches every load; below that it caches one pull batch in
+SCAN_SAMPLE and serves the others straight from the store. The sampled batches are how it notices
+readers sharing records again (a broadcast topic's subscribers reconnecting with backlogs): their
+hits bring full admission back at the next judgement. Which records a reader gets never depends on
+it, only what they cost.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
+
+
+# Admission: judged every ADMIT_WINDOW loaded records; every load is cached while each record the
+# window cached was read again REUSE_MIN times on average, else one pull batch in SCAN_SAMPLE
+ADMIT_WINDOW = 16384
+REUSE_MIN = 0.25
+SCAN_SAMPLE = 8
 
 
 class MessageCache:
@@ -36,7 +56,13 @@ class MessageCache:
         self._lock = threading.Lock()        # the dict, the byte count and the counters
         self._load_lock = threading.Lock()   # single flight: one loader at a time, re-checks first
         self.hits = 0
-        self.misses = 0
+        self.misses = 0              # records loaded from the store (cached or not)
+        # admission (the module's docstring): cache every load while cached records are read again
+        self.admitting = True
+        self._batches = 0            # load_many calls: one in SCAN_SAMPLE is cached while not admitting
+        self._win_loaded = 0         # this window's loaded records, of them admitted, and its hits
+        self._win_admitted = 0
+        self._win_hits = 0
 
     def get(self, phys_offset: int, size: int, load: Callable[[int, int], Any]) -> Any:
         """The message at `phys_offset`, loading it with `load(phys, size)` on a miss.
@@ -69,59 +95,68 @@ class MessageCache:
                     hits += 1
                     append(h)
             self.hits += hits
+            self._win_hits += hits
         return out
 
     def load_many(self, wanted, load: Callable[[int, int], Any],
                   load_batch: Callable[[list], list] | None = None) -> list:
         """Load `wanted` [(phys_offset, size), ...] (each re-checked in the cache first) and cache
-        them. Returns one item per request: the message, or the exception its load raised (not
-        cached; the caller decides whether it is an error).
+        them when the cache admits them (`admitting`). Returns one item per request: the message,
+        or the exception its load raised (not cached; the caller decides whether it is an error).
 
         `load_batch(list of (phys, size))`, when given, loads every miss in one call and returns
         one item per request, message or exception (`MessageStore.read_many`: one decode call per
         segment's run instead of one read per record; a backlog pull misses hundreds at once)."""
-        out = []
-        append = out.append
         with self._load_lock:
+            d = self._d
             with self._lock:
-                d = self._d
                 got = [d.get(p) for p, _ in wanted]
-            new = []
-            rechecked = 0
+            rechecked = len(got) - got.count(None)
+            todo = wanted if not rechecked else [w for w, h in zip(wanted, got) if h is None]
             if load_batch is not None:
-                miss = [w for w, h in zip(wanted, got) if h is None]
-                loaded = iter(load_batch(miss) if miss else ())
-            for (p, size), h in zip(wanted, got):
-                if h is not None:       # loaded by another reader meanwhile
-                    append(h)
-                    rechecked += 1
-                    continue
-                if load_batch is not None:
-                    m = next(loaded)
-                    append(m)
-                    if not isinstance(m, Exception):
-                        new.append((p, m, size))
-                    continue
-                try:
-                    m = load(p, size)
-                except Exception as e:  # noqa: BLE001 - handed to the caller per message
-                    append(e)
-                    continue
-                append(m)
-                new.append((p, m, size))
+                loaded = load_batch(todo) if todo else []
+            else:
+                loaded = []
+                for p, size in todo:
+                    try:
+                        loaded.append(load(p, size))
+                    except Exception as e:  # noqa: BLE001 - handed to the caller per message
+                        loaded.append(e)
+            if rechecked:
+                it = iter(loaded)
+                out = [h if h is not None else next(it) for h in got]
+            else:
+                out = loaded
+            admit = self.admitting or not self._batches % SCAN_SAMPLE
+            self._batches += 1
             with self._lock:
-                self.misses += len(new)
+                n = len(todo)
+                self.misses += n
                 self.hits += rechecked
-                sizes = self._size
-                for p, m, size in new:
-                    if p not in d:
-                        d[p] = m
-                        sizes[p] = size
-                        self._bytes += size
-                while d and (self._bytes > self.max_bytes or len(d) > self.max_items):
-                    p, _ = d.popitem(last=False)
-                    self._bytes -= sizes.pop(p)
+                self._win_hits += rechecked
+                self._win_loaded += n
+                if admit:
+                    self._win_admitted += n
+                    sizes = self._size
+                    nbytes = self._bytes
+                    for (p, size), m in zip(todo, loaded):
+                        if not isinstance(m, BaseException):
+                            d[p] = m
+                            sizes[p] = size
+                            nbytes += size
+                    while d and (nbytes > self.max_bytes or len(d) > self.max_items):
+                        nbytes -= sizes.pop(d.popitem(last=False)[0])
+                    self._bytes = nbytes
+                if self._win_loaded >= ADMIT_WINDOW:
+                    self._judge()
         return out
+
+    def _judge(self) -> None:
+        """End of a window of ADMIT_WINDOW loaded records: admit every load while the records
+        admitted in it were hit at least REUSE_MIN times each on average, else only one batch in
+        SCAN_SAMPLE (the module's docstring says why). Called under `_lock`."""
+        self.admitting = self._win_hits >= REUSE_MIN * max(self._win_admitted, 1)
+        self._win_hits = self._win_loaded = self._win_admitted = 0
 
     def drop_below(self, phys_offset: int) -> None:
         """Forget messages below `phys_offset` (their segments were deleted)."""

@@ -203,3 +203,53 @@ def test_cache_batch_load_is_the_per_item_load():
     assert norm == [str(x) if isinstance(x, OSError) else x for x in got_b]
     assert a.get_many(range(30)) == b.get_many(range(30))
     assert b.get_many([5, 6]) == [None, ("m", 6, 16)]
+
+
+def _scan(cache, start: int, n: int, batch: int = 64) -> list:
+    """One reader reading records [start, start + n) once, `batch` per pull, as LightQueueStore.pull
+    does (hits first, then the misses loaded in one call)."""
+    out = []
+    for lo in range(start, start + n, batch):
+        offs = list(range(lo, min(lo + batch, start + n)))
+        got = cache.get_many(offs)
+        miss = [(p, 10) for p, m in zip(offs, got) if m is None]
+        loaded = iter(cache.load_many(miss, None, lambda w: [("m", p) for p, _ in w]))
+        out += [m if m is not None else next(loaded) for m in got]
+    return out
+
+
+def test_cache_stops_caching_a_scan_nobody_reads_again_and_keeps_what_readers_share():
+    """A reader far behind that nobody follows reads each record once: after one window the cache
+    caches only a sample of its loads, and the entries other readers share stay cached."""
+    from lmqtt.lightqueue.cache import ADMIT_WINDOW, SCAN_SAMPLE
+    cache = MessageCache(max_bytes=1 << 30, max_items=50_000)
+    hot = list(range(10_000_000, 10_001_000))
+    assert _scan(cache, hot[0], len(hot)) == [("m", p) for p in hot]
+    n = 4 * ADMIT_WINDOW
+    got = _scan(cache, 0, n)
+    assert got == [("m", p) for p in range(n)]          # served in full, in order, cached or not
+    assert not cache.admitting
+    # the first window was cached whole, then one batch in SCAN_SAMPLE: the hot entries survive
+    assert len(cache) < len(hot) + ADMIT_WINDOW + n // SCAN_SAMPLE + 64
+    assert None not in cache.get_many(hot)
+    assert cache.misses == len(hot) + n
+
+
+def test_cache_caches_every_load_again_once_readers_share_records():
+    """After a scan turned full caching off, readers following one another over the same records
+    (a broadcast topic's subscribers catching up) hit the sampled batches, and the next judgement
+    caches every load again: the followers then read from the cache, not the store."""
+    from lmqtt.lightqueue.cache import ADMIT_WINDOW
+    cache = MessageCache(max_bytes=1 << 30, max_items=1_000_000)
+    _scan(cache, 0, 2 * ADMIT_WINDOW)
+    assert not cache.admitting
+    base = 10 * ADMIT_WINDOW
+    for step in range(0, 2 * ADMIT_WINDOW, 1024):     # 4 readers, each 1,024 records behind the one before
+        for r in range(4):
+            lo = base + step - r * 1024
+            if lo >= base:
+                assert _scan(cache, lo, 1024) == [("m", p) for p in range(lo, lo + 1024)]
+    assert cache.admitting
+    misses = cache.misses
+    _scan(cache, base + 2 * ADMIT_WINDOW - 1024, 1024)   # the last block, cached since full admission
+    assert cache.misses == misses
