@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -83,6 +83,31 @@ class LagHistogram(FastHistogram):
     def observe_many(self, values) -> None:
         up = time.time() - self.started
         super().observe_many([v for v in values if v <= up])
+
+    def observe_store_times(self, store_ts: list, now_ms: float) -> None:
+        """`observe_many` of each message's lag, `now_ms` less its store time in ms (a lag below 0,
+        a clock step, counts as 0), without a value per message: the store times sorted (one C
+        pass: a queue's are in order already), each bucket is a bisect of its bound's store time,
+        the sum one subtraction. Why: a subscriber taking 100,000 messages a second paid a float,
+        a division and a bisect for each, ~3 % of a loaded broker's loop."""
+        ts = sorted(store_ts)
+        n = len(ts)
+        lo = bisect_left(ts, now_ms - (time.time() - self.started) * 1000.0)   # older than the start: not lag
+        if lo >= n:
+            return
+        counts = self.counts
+        prev = n
+        for i, b in enumerate(self.bounds):
+            # lag <= b  <=>  store time >= now - b: the messages from `at` on are in this bucket or a lower one
+            at = bisect_left(ts, now_ms - b * 1000.0, lo)
+            counts[i] += prev - at
+            prev = at
+        counts[-1] += prev - lo
+        past = bisect_right(ts, now_ms, lo)        # stored "after" now: lag 0, nothing to the sum
+        if past > lo:
+            base = ts[lo]       # sums taken from the oldest: no cancellation between epoch-sized values
+            k = past - lo
+            self.sum += (k * (now_ms - base) - (sum(ts[lo:past]) - k * base)) / 1000.0
 
 
 def _fmt(b: float) -> str:
@@ -183,8 +208,7 @@ class GatewayMetrics:
 
     def first_sent(self, store_ts: list[int]) -> None:
         """Messages sent for the first time by this gateway, by store time: the dispatch lag."""
-        now_ms = time.time() * 1000.0
-        self.dispatch_lag.observe_many([max(0.0, (now_ms - ts) / 1000.0) for ts in store_ts])
+        self.dispatch_lag.observe_store_times(store_ts, time.time() * 1000.0)
 
     def start_http(self, host: str, port: int) -> tuple[str, int]:
         """Serve /metrics (Prometheus text) on a daemon thread; returns the bound address."""

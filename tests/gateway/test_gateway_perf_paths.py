@@ -233,3 +233,31 @@ def test_notify_bus_loop_thread_names_wait_for_drain():
         return got
 
     assert asyncio.run(run()) == [{"a", "b"}, {"c"}]
+
+
+def test_dispatch_lag_from_store_times_counts_as_one_observation_per_message():
+    """`first_sent` buckets a batch's store times by bisecting them, without a lag value per
+    message: the buckets, count and sum are those of observing each message's lag (a store time
+    after now counts as lag 0, one before the gateway started is not lag), in any order."""
+    from lmqtt.gateway.app.metrics import LagHistogram, _LAT_BUCKETS
+    rnd = random.Random(11)
+    now_ms = 1_800_000_000_000.0
+    for trial in range(200):
+        started = now_ms / 1000.0 - rnd.choice((0.05, 3.0, 10_000.0))
+        a = LagHistogram("a", "", _LAT_BUCKETS)
+        b = LagHistogram("b", "", _LAT_BUCKETS)
+        a.started = b.started = started
+        ts = [now_ms - rnd.choice((rnd.uniform(-5, 1), rnd.uniform(0, 60), rnd.uniform(0, 6000),
+                                   rnd.uniform(0, 20_000_000))) // 1 + 0.5 for _ in range(rnd.randrange(0, 300))]
+        if trial % 2:
+            ts.sort()
+        import time as _t
+        real = _t.time
+        _t.time = lambda: now_ms / 1000.0      # both sides read the same clock
+        try:
+            a.observe_many([max(0.0, (now_ms - t) / 1000.0) for t in ts])
+            b.observe_store_times(ts, now_ms)
+        finally:
+            _t.time = real
+        assert b.counts == a.counts, trial
+        assert abs(b.sum - a.sum) <= 1e-9 * max(1.0, a.sum), trial
