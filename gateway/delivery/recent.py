@@ -91,7 +91,7 @@ class RecentMessages:
         lagging = self.lagging
         per_q: dict[str, list[int]] | None = None
         for i, p in enumerate(batch):
-            for q in p.queues:
+            for q in p.dispatch_queues:
                 if q in direct and q not in lagging:
                     if per_q is None:
                         per_q = {q: [i]}
@@ -130,11 +130,11 @@ class RecentMessages:
                 if it is None:
                     # phys_offset left unknown (-1): nothing reads it, and indexing the store's
                     # columnar results would build every AppendResult tuple
-                    it = base[i] = OutboundMessage(p.topic, p.payload, self._meta_of(p.props), off, -1, p.queues,
+                    it = base[i] = OutboundMessage(p.topic, p.body, self._meta_of(p.props), off, -1, p.dispatch_queues,
                                         store_ts)
                 else:
                     it = it.at_offset(off)      # the same record in another queue
-                nbytes += len(p.payload)
+                nbytes += len(p.body)
                 messages.append(it)
                 off += 1
             added += len(idx)

@@ -102,8 +102,12 @@ def parse_deliver_at(value: str, now_ms: int | None = None) -> int:
     return due
 
 
-class _Pending:
-    __slots__ = ("conn", "session", "qos", "pid", "topic", "payload", "retain", "props", "queues", "due", "keys")
+class _Pending(Message):
+    """One publish waiting for its batch's append: the store's `Message` itself (appended as it
+    is: no second object per publish) with what the acknowledgement needs. `born_ts` is the
+    batch's first arrival, set by `_enqueue`; `dispatch_queues` are the light queues it lands in."""
+
+    __slots__ = ("conn", "session", "qos", "pid", "retain", "due")
 
     def __init__(self, conn, qos, pid, topic, payload, retain, props, queues, due=0, keys=()) -> None:
         self.conn = conn
@@ -113,12 +117,14 @@ class _Pending:
         self.qos = qos
         self.pid = pid
         self.topic = topic
-        self.payload = payload
+        self.body = payload
+        self.queue_id = 0
+        self.flags = 0
         self.retain = retain
         self.props = props
-        self.queues = queues
+        self.dispatch_queues = queues     # a tuple (queues_for_topic's)
         self.due = due            # epoch ms of a delayed publish (0 = now)
-        self.keys = keys          # the record's keys: an inbound QoS 2 id written ahead (broker/broker.py)
+        self.keys = keys          # the record's keys (a tuple): an inbound QoS 2 id written ahead (broker/broker.py)
 
 
 class AppendListener(Protocol):
@@ -186,6 +192,7 @@ class PublishPipeline:
         # write what the batch wrote itself)
         self._writes = writes
         self._pending: list[_Pending] = []
+        self._born_ms = 0         # epoch ms of the pending batch's first publish: its records' born_ts
         self._delayed = 0         # delayed publishes in _pending
         self._scheduled = False
         self._gc_paused = False   # this batch turned the cyclic GC off (`_enqueue`, `flush`)
@@ -233,6 +240,9 @@ class PublishPipeline:
         """Queue for this tick's batch append; a QoS 1/2 publisher with too many waiting for the
         store is not read meanwhile."""
         pending = self._pending
+        if not pending:
+            self._born_ms = int(time.time() * 1000)
+        p.born_ts = self._born_ms
         pending.append(p)
         if conn is not None and pkt_qos:
             conn.pending_publishes += 1
@@ -315,7 +325,7 @@ class PublishPipeline:
 
     def _flush(self, batch: list) -> None:
         now_ms = int(time.time() * 1000)
-        msgs = [Message(p.topic, p.payload, 0, 0, p.props, p.keys, now_ms, p.queues) for p in batch]
+        msgs = batch              # each _Pending is its record's Message
         store = self.store
         dues = None
         if self._delayed:         # parked by the store in the same append (store/delayed.py)
@@ -463,7 +473,7 @@ class PublishPipeline:
 
     def _retain(self, p: _Pending) -> None:
         try:
-            self._set_retained(p.topic, p.payload, record_props.retained_props(p.props, int(time.time() * 1000)))
+            self._set_retained(p.topic, p.body, record_props.retained_props(p.props, int(time.time() * 1000)))
         except Exception as e:
             log.error("event=retained_store_failed topic=%s error=%r", p.topic, e)
 
