@@ -114,6 +114,10 @@ class GatewayConfig:
     pull_max_bytes: int = 1 << 20
     write_high_water: int = 1 << 20   # bytes queued to a socket before we stop pulling for it
     write_low_water: int = 256 << 10
+    # a connection whose client drains fast grows its marks up to this (gateway/net/write_buffers.py),
+    # all connections' growth together within write_buffers_max; write_high_water_max <= write_high_water: off
+    write_high_water_max: int = 16 << 20
+    write_buffers_max: int = 64 << 20
     max_pending_publish: int = 1000   # inbound publishes awaiting the store before we stop reading
     offset_flush_ms: float = 100.0    # how often dirty persistent-session offsets go to metadata
     # GIL hand-off interval of the `lmqtt serve` process (sys.setswitchinterval; Python's default is

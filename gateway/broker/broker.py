@@ -31,6 +31,7 @@ from lmqtt.gateway.security.enhanced_auth import EnhancedAuth, peer_certificate_
 from lmqtt.gateway.net.connection import NO_TOPICS
 from lmqtt.gateway.net.keepalive import ConnectionSweep
 from lmqtt.gateway.net.write_batcher import WriteBatcher
+from lmqtt.gateway.net.write_buffers import WriteBufferMetrics, WriteBuffers
 from lmqtt.gateway.mqtt import ProtocolError, ReasonCode as RC, encode_connack_refusal, packets as P
 from lmqtt.gateway.session import DUPLICATE, NEVER_EXPIRES, InFlight, MqttSession
 from lmqtt.gateway.delivery.history import plain_filter
@@ -92,6 +93,13 @@ class Broker:
                                           group_live=lambda g: self.subscriptions.is_current(g),
                                           host=gateway_id, metrics=metrics)
         self.writes = WriteBatcher(loop)
+        # connections whose clients drain fast may queue more (gateway/net/write_buffers.py)
+        self.write_buffers = (WriteBuffers(cfg.write_high_water, cfg.write_low_water, cfg.write_high_water_max,
+                                           cfg.write_buffers_max)
+                              if cfg.write_high_water_max > cfg.write_high_water else None)
+        registry = getattr(metrics, "registry", None)
+        if self.write_buffers is not None and registry is not None:
+            registry.register(WriteBufferMetrics(self.write_buffers))
         self.delivery = DeliveryEngine(storage.queues, loop, metrics, cfg,
                                        session_offsets_moved=self.persist.mark_session,
                                        group_offsets_moved=self.persist.mark_group,

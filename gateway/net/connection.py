@@ -71,13 +71,13 @@ class PacketHandler(Protocol):
 class _ConnRare:
     """The fields of an `MQTTConnection` most connections keep at their defaults (a limit's
     refusal, the per-address gate key, the publish-rate pause, `hold`s, enhanced authentication's
-    login and method, a paused or full transport, a client that wants no reason
-    strings): made at the first other value and dropped when all are back at their defaults, so an
-    idle connection pays one slot for them, not fourteen."""
+    login and method, a paused or full transport and its grown write-buffer mark, a client that wants
+    no reason strings): made at the first other value and dropped when all are back at their
+    defaults, so an idle connection pays one slot for them, not sixteen."""
 
     __slots__ = ("_gate_addr", "refusal", "_refusal_logged", "_rate_logged", "_rate_timer", "_holds",
                  "auth_method", "_auth_login", "_rate_paused", "_transport_paused",
-                 "transport_full", "problem_info", "internal", "left_because")
+                 "transport_full", "write_high", "write_paused_at", "problem_info", "internal", "left_because")
 
     def __init__(self) -> None:
         rare_defaults(self, MQTTConnection._RARE_FIELDS)
@@ -113,6 +113,8 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     _rate_paused = RareField(False)   # over publish_rate_per_client: not read until the budget is back
     _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
     transport_full = RareField(False)  # the transport's buffer is over its high-water mark (pause_writing)
+    write_high = RareField(0)          # the high-water mark it grew to (gateway/net/write_buffers.py), 0: the base
+    write_paused_at = RareField(0.0)   # loop time of the last pause_writing
     problem_info = RareField(True)     # MQTT 5 Request Problem Information: reason strings on acks allowed
     # an in-process client of the gateway's own (a bridge's local side, gateway/integrations/bridge.py):
     # the Identity it connects as, without authentication
@@ -444,11 +446,17 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
             self.transport_full = True
             self.write_blocked = True
             self.metrics.paused_sessions.inc()
+            wb = getattr(self.handler, "write_buffers", None)
+            if wb is not None:
+                wb.paused(self, self.loop.time())
 
     def resume_writing(self) -> None:
         if self.transport_full:
             self.transport_full = False
             self.metrics.paused_sessions.dec()
+            wb = getattr(self.handler, "write_buffers", None)
+            if wb is not None:
+                wb.resumed(self, self.loop.time())
             if not self._store_waits:
                 self.write_blocked = False
                 self.handler.on_writable(self)
@@ -471,6 +479,8 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
         if self.transport_full:
             self.transport_full = False
             self.metrics.paused_sessions.dec()
+        if self.write_high:
+            self.handler.write_buffers.release(self)
         self.write_blocked = False
         self.closing = True
         if self._out:

@@ -103,6 +103,8 @@ class ConnectionParking:
             log.warning("event=park_failed client_id=%s error=%r", self.client_id, e)
             return False
         # the transport goes (its fd closes; the dup keeps the TCP connection: no FIN, no RST)
+        if self.write_high:
+            self.handler.write_buffers.release(self)     # a parked socket's marks are the base again
         t.set_protocol(_DROPPED)
         t.close()
         self.transport = None
