@@ -114,7 +114,7 @@ class MQTTConnection(ConnectionParking, asyncio.Protocol):
     _transport_paused = RareField(False)   # what we last told the transport (any of the reasons)
     transport_full = RareField(False)  # the transport's buffer is over its high-water mark (pause_writing)
     write_high = RareField(0)          # the high-water mark it grew to (gateway/net/write_buffers.py), 0: the base
-    write_paused_at = RareField(0.0)   # loop time of the last pause_writing
+    write_paused_at = RareField(None)  # loop time of the pause_writing not yet resumed
     problem_info = RareField(True)     # MQTT 5 Request Problem Information: reason strings on acks allowed
     # an in-process client of the gateway's own (a bridge's local side, gateway/integrations/bridge.py):
     # the Identity it connects as, without authentication

@@ -33,7 +33,7 @@ class WriteBuffers:
     """The write-buffer marks of a gateway's connections: `paused` / `resumed` from the
     connection's `pause_writing` / `resume_writing`, `release` when it closes or parks. A
     connection keeps its grown high mark in `conn.write_high` (0: the base) and the time it was
-    paused in `conn.write_paused_at`."""
+    paused in `conn.write_paused_at` (None when it is not)."""
 
     def __init__(self, base_high: int, base_low: int, ceiling: int, budget: int) -> None:
         self.base_high = base_high
@@ -50,8 +50,9 @@ class WriteBuffers:
         """The transport drained below the low mark: grow the marks of a client that drained fast,
         back to the base for one that did not."""
         high = conn.write_high or self.base_high
-        secs = now - conn.write_paused_at
-        conn.write_paused_at = 0.0
+        at = conn.write_paused_at
+        secs = now - at if at is not None else 0.0
+        conn.write_paused_at = None        # the default again: an idle connection keeps no rare fields
         drained = high - high * self.base_low // self.base_high
         if secs <= 0 or drained >= GROW_MIN_RATE * secs:
             want = min(self.ceiling, high + self.budget - self.grown)

@@ -22,7 +22,7 @@ class _Conn:
     def __init__(self, transport) -> None:
         self.transport = transport
         self.write_high = 0
-        self.write_paused_at = 0.0
+        self.write_paused_at = None
 
 
 def test_marks_double_on_a_fast_drain_within_the_shared_budget_and_fall_back_on_a_slow_one():
@@ -113,3 +113,32 @@ def test_a_subscriber_draining_bursts_fast_grows_its_buffer_one_that_never_reads
         until(lambda: metric(url, "lmqtt_write_buffer_growth_bytes") == 0, timeout=10)
     finally:
         srv.stop()
+
+
+def test_a_connection_back_at_the_base_marks_keeps_nothing_of_its_pauses_and_gives_its_growth_back(tmp_path):
+    """Through the connection's own pause_writing / resume_writing: a client that drained at once
+    grows to write_high_water_max, one that took long goes back to the base and the connection
+    keeps no rare state for it (an idle connection's memory), a closed one gives its growth back."""
+    from tests.gateway.test_broker_handlers import Client, run
+
+    async def body(gw):
+        c = Client(gw, version=4)
+        assert (await c.connect("pauses")).reason_code == 0
+        conn, wb, cfg = c.conn, gw.broker.write_buffers, gw.broker.cfg
+        rare0 = conn._rare
+        conn.pause_writing()
+        assert conn.write_blocked
+        conn.resume_writing()                      # drained within the same loop turn: fast
+        assert not conn.write_blocked and conn.write_high == cfg.write_high_water_max
+        assert wb.grown == cfg.write_high_water_max - cfg.write_high_water
+        conn.pause_writing()
+        conn.write_paused_at -= 600.0              # ... and this time it took ten minutes
+        conn.resume_writing()
+        assert conn.write_high == 0 and wb.grown == 0 and conn._rare is rare0
+        conn.pause_writing()
+        conn.resume_writing()
+        assert wb.grown > 0
+        conn.connection_lost(None)
+        assert wb.grown == 0
+
+    run(tmp_path, body)
