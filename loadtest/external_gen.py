@@ -15,7 +15,8 @@ alternated between rounds.
 
 Measured per run: messages sent and received (QoS 0 may drop), the delivery rate from the first
 publisher's start to the last byte the subscriber read, the broker's CPU seconds (its process and
-threads, /proc/PID/stat) and CPU per delivered message, and publishers that exited with an error.
+threads, /proc/PID/stat; for a broker of several processes, ``lmqtt-workers``, every process under
+it) and CPU per delivered message, and publishers that exited with an error.
 
 The publishers run at ``--nice`` (default 19). mosquitto_pub polls its socket without sleeping
 while the broker does not read it, so once a broker falls behind, a hundred clients competing
@@ -49,10 +50,35 @@ from . import brokers as B
 TOOLS = ("mosquitto_pub", "mosquitto_sub")
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and all its threads so far."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _one_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and all its threads so far (0 once it is gone)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (its children's children too), from /proc's children lists."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(x) for x in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of the broker: its process and, for one made of several (``lmqtt-workers``: a
+    supervisor, a store and two gateways; ``lmqtt-fleet``), every process under it."""
+    return _one_cpu_s(pid) + sum(_one_cpu_s(c) for c in _descendants(pid))
 
 
 class _Counter(threading.Thread):
@@ -152,7 +178,8 @@ def fanin(host: str, port: int, *, publishers: int, messages: int, qos: int = 0,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lmqtt bench external", description=__doc__.split("\n")[0])
     ap.add_argument("--brokers", default="lmqtt,mosquitto",
-                    help="comma list (lmqtt, mosquitto, amqtt); lmqtt@DIR runs lmqtt from the source tree DIR")
+                    help="comma list (lmqtt, lmqtt-workers, mosquitto, amqtt); lmqtt@DIR runs lmqtt from the "
+                         "source tree DIR (lmqtt-workers@DIR too)")
     ap.add_argument("--publishers", type=int, default=100)
     ap.add_argument("--messages", type=int, default=5000, help="per publisher")
     ap.add_argument("--qos", type=int, default=0, choices=(0, 1, 2))
