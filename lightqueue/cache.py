@@ -140,7 +140,7 @@ class MessageCache:
                     sizes = self._size
                     nbytes = self._bytes
                     for (p, size), m in zip(todo, loaded):
-                        if not isinstance(m, BaseException):
+                        if not isinstance(m, BaseException) and p not in d:   # (a batch may name one twice)
                             d[p] = m
                             sizes[p] = size
                             nbytes += size

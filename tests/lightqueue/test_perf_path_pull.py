@@ -253,3 +253,11 @@ def test_cache_caches_every_load_again_once_readers_share_records():
     misses = cache.misses
     _scan(cache, base + 2 * ADMIT_WINDOW - 1024, 1024)   # the last block, cached since full admission
     assert cache.misses == misses
+
+
+def test_cache_counts_a_record_named_twice_in_one_load_once():
+    cache = MessageCache(max_bytes=1 << 20, max_items=100)
+    cache.load_many([(7, 100), (7, 100), (8, 50)], lambda p, s: ("m", p))
+    assert len(cache) == 2 and cache._bytes == 150
+    cache.clear()
+    assert cache._bytes == 0
