@@ -65,6 +65,9 @@ class FastHistogram:
         return HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)
 
 
+_FEW = 4      # LagHistogram.observe_store_times: batches up to this size are observed one by one
+
+
 class LagHistogram(FastHistogram):
     """Dispatch lag: a message's store time to its first send, for messages stored while this
     gateway runs. A message stored before its start (a persistent session's messages kept over a
@@ -89,7 +92,20 @@ class LagHistogram(FastHistogram):
         a clock step, counts as 0), without a value per message: the store times sorted (one C
         pass: a queue's are in order already), each bucket is a bisect of its bound's store time,
         the sum one subtraction. Why: a subscriber taking 100,000 messages a second paid a float,
-        a division and a bisect for each, ~3 % of a loaded broker's loop."""
+        a division and a bisect for each, ~3 % of a loaded broker's loop. A batch of a few messages
+        (one per loop turn at a few thousand a second) is cheaper observed one by one: the walk over
+        the ~17 bounds cost it a bisect per bound."""
+        if len(store_ts) <= _FEW:
+            up = time.time() - self.started
+            counts, bounds = self.counts, self.bounds
+            for t in store_ts:
+                v = (now_ms - t) / 1000.0
+                if v < 0.0:
+                    v = 0.0
+                if v <= up:
+                    counts[bisect_left(bounds, v)] += 1
+                    self.sum += v
+            return
         ts = sorted(store_ts)
         n = len(ts)
         lo = bisect_left(ts, now_ms - (time.time() - self.started) * 1000.0)   # older than the start: not lag
