@@ -48,6 +48,12 @@ static const char *const record_fields[N_RECORD_FIELDS] = {
 
 /* set by configure() once the layout is accepted; decode() refuses to run before */
 static PyTypeObject *record_type;
+/* A Record holds strings, bytes, ints and a tuple of strings: it can never be part of a reference
+ * cycle, so the collector has nothing to find in it. A named tuple is a tuple subclass, which the
+ * collector never untracks by itself (it does so only for exact tuples), so without this every
+ * Record a consumer keeps is scanned at each collection of its generation (as store/_append.c does
+ * for the store's StoredMessages). Only when the type adds no __dict__ (a __dict__ could hold anything). */
+static int record_untrack;
 
 static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -174,6 +180,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             Py_DECREF(rec);
             goto fail;
         }
+        if (record_untrack)
+            PyObject_GC_UnTrack(rec);
         Py_DECREF(rec);
         pos += total;
     }
@@ -225,6 +233,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fields);
     record_type = (PyTypeObject *)Py_NewRef(rtype);
+    record_untrack = record_type->tp_dictoffset == 0 && PyType_IS_GC(record_type);
     Py_RETURN_NONE;
 }
 

@@ -170,6 +170,27 @@ def test_raw_pull_gives_the_same_records_as_the_classic_path(filled, monkeypatch
         assert seen == classic(st, "a", qid, lo, 100_000, 0)[0]
 
 
+def test_pulled_records_are_left_out_of_the_garbage_collectors_scans(filled):
+    """A Record holds only str, bytes, int and a tuple of str: never in a reference cycle. As a
+    named tuple (a tuple subclass) the collector would scan every one a consumer keeps, in every
+    collection it lives through; the C decoder hands them over untracked, with the fields the
+    Python loop decodes."""
+    import gc
+    if records._C_RECORDS is None:
+        pytest.skip("the C decoder is not built (or LMQTT_PURE_PYTHON is set)")
+    st = filled
+    lo, hi = st.consume_queue_offsets("a", 0)
+    body, _nxt = raw_reply(st, "a", 0, lo, 10_000, 0)
+    got = records.records_raw(IDENT, body)[1]
+    assert len(got) == hi - lo and any(r.keys for r in got)
+    assert got == classic(st, "a", 0, lo, 10_000, 0)[0]
+    for r in got:
+        assert not gc.is_tracked(r), r
+    gc.collect()            # nothing untracked was freed under a holder: every record still reads
+    assert [r.queue_offset for r in got] == list(range(lo, hi))
+    assert all(type(r.keys) is tuple and all(type(k) is str for k in r.keys) for r in got)
+
+
 @pytest.mark.parametrize("store_loops", ["c", "python"])
 def test_raw_pull_declines_a_corrupt_record_and_the_classic_path_skips_it(filled, monkeypatch, store_loops):
     if store_loops == "python":
