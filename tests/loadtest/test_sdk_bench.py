@@ -55,3 +55,16 @@ def test_bench_sdk_rejects_unknown_case():
     r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--cases", "nope"],
                        capture_output=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and b"unknown case" in r.stderr
+
+
+def test_bench_sdk_read_cases_alone_fill_the_queue_they_read():
+    """`--cases pull,group` without a produce case: the queue is filled first (by `batch`, not
+    reported) instead of measuring an empty queue at 0 msg/s."""
+    r = subprocess.run([sys.executable, "-m", "lmqtt.gateway.cli", "bench", "sdk", "--duration", "0.3",
+                        "--sizes", "100", "--cases", "pull,group"], capture_output=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines() if x.strip()]
+    assert [x["case"] for x in rows] == ["pull", "group"]
+    for row in rows:
+        assert row["messages"] > 0 and row["msgs_per_s"] > 0, row
+    assert b"filling the queue with `batch` first" in r.stderr
