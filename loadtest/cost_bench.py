@@ -1,7 +1,7 @@
 """What a broker spends per delivered message: CPU (user, system), syscalls, context switches.
 
-    lmqtt bench cost [--brokers lmqtt,mosquitto] [--scenarios latency,pairs]
-        [--rounds 2] [--duration 5] [--pairs 50] [--rate 5000] [--strace] [--out FILE]
+    lmqtt bench cost [--brokers lmqtt,mosquitto] [--scenarios latency,pairs,devices]
+        [--rounds 2] [--duration 5] [--pairs 50] [--devices 2000] [--rate 5000] [--strace] [--out FILE]
 
 For each round and each broker in turn (alternated: the order flips every round, so a machine
 that grows busier does not favour one side), a fresh broker is started (`brokers.start`, the
@@ -17,7 +17,9 @@ need no PMU, so they work in a VM). With `--strace`, a second run per broker und
 gives the syscalls by name (strace slows the broker: its rates are not reported).
 
 One JSON line per (round, broker, scenario) on stdout, and with `--out` the same lines to FILE.
-Scenarios: `latency` (pairs at a fixed `--rate`, QoS 1) and `pairs`, `fanin` (flat out).
+Scenarios: `latency` (`--pairs` pairs at a fixed `--rate`, QoS 1), `devices` (`--devices`
+publishers, one topic each, into one wildcard subscriber at a fixed `--rate`, QoS 1: a fleet of
+devices reporting to one backend) and `pairs`, `fanin` (flat out).
 """
 from __future__ import annotations
 
@@ -40,17 +42,25 @@ from .scenarios import ScenarioConfig, defaults_for
 EVENTS = ("raw_syscalls:sys_enter", "context-switches", "cpu-migrations", "task-clock")
 
 
+SCENARIOS = ("latency", "devices", "pairs", "fanin")
+
+
 def _cfg(scen: str, rb: B.RunningBroker, a) -> ScenarioConfig:
-    cfg = ScenarioConfig(scenario=scen, host=rb.host, port=rb.port, version=4, duration=a.duration,
+    """`devices` is the `fanin` traffic scenario paced: `a.devices` publishers at `a.rate` in all."""
+    traffic = "fanin" if scen == "devices" else scen
+    cfg = ScenarioConfig(scenario=traffic, host=rb.host, port=rb.port, version=4, duration=a.duration,
                          procs=a.procs, drain_max=20.0)
-    for k, v in defaults_for(scen).items():
+    for k, v in defaults_for(traffic).items():
         setattr(cfg, k, v)
     if scen in ("latency", "pairs"):
         cfg.publishers = cfg.subscribers = a.pairs
-    if scen == "latency":
+    if scen in ("latency", "devices"):
         cfg.rate = a.rate
     if scen == "fanin":
         cfg.publishers = a.publishers
+    if scen == "devices":
+        cfg.publishers = a.devices
+        cfg.qos = 1
     if a.qos is not None:
         cfg.qos = a.qos
     return cfg
@@ -136,7 +146,8 @@ def measure(spec: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
         n = res.get("received") or 0
         row = {"broker": spec, "scenario": scen, "qos": cfg.qos, "rate": cfg.rate, "trace": trace,
                "delivered": n, "delivered_per_s": res.get("delivered_per_s"),
-               "lost": res.get("lost"), "p99_ms": round(res["latency_us"]["p99"] / 1e3, 3) if n else None,
+               "lost": res.get("lost"), "p50_ms": round(res["latency_us"]["p50"] / 1e3, 3) if n else None,
+               "p99_ms": round(res["latency_us"]["p99"] / 1e3, 3) if n else None,
                "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
         if not n:
             return row
@@ -172,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--pairs", type=int, default=50)
     ap.add_argument("--publishers", type=int, default=100, help="fanin publishers")
-    ap.add_argument("--rate", type=float, default=5000.0, help="latency: total msg/s")
+    ap.add_argument("--devices", type=int, default=2000, help="devices: publishers into one subscriber")
+    ap.add_argument("--rate", type=float, default=5000.0, help="latency, devices: total msg/s")
     ap.add_argument("--qos", type=int, default=None)
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--strace", action="store_true", help="also a run under strace -c: syscalls by name")
@@ -183,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = [b for b in a.brokers.split(",") if b]
     scens = [s for s in a.scenarios.split(",") if s]
+    unknown = [s for s in scens if s not in SCENARIOS]
+    if unknown:
+        print(f"cost_bench: unknown scenario {', '.join(unknown)} (scenarios: {', '.join(SCENARIOS)})", file=sys.stderr)
+        return 2
     out = open(a.out, "a") if a.out else None
     with tempfile.TemporaryDirectory(prefix="lmqtt-cost-") as tmp:
         work = Path(tmp)

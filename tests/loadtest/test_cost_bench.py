@@ -65,3 +65,39 @@ def test_a_fixed_rate_run_against_mosquitto_gives_counts_per_message(tmp_path, c
     assert row["context_switches_per_msg"] >= 0 and row["cpu_us_per_msg"] > 0
     assert row["user_us_per_msg"] >= 0 and row["sys_us_per_msg"] >= 0
     assert json.loads(capsys.readouterr().out.splitlines()[0]) == row
+
+
+def test_devices_is_the_fan_in_of_many_devices_at_a_fixed_rate():
+    """`devices`: `--devices` publishers, a topic each, into one wildcard subscriber, paced at
+    `--rate` in all, QoS 1 (the fan-in traffic scenario paced; flat-out `fanin` keeps its own)."""
+    from types import SimpleNamespace
+    rb = SimpleNamespace(host="127.0.0.1", port=1883)
+    args = SimpleNamespace(duration=3.0, procs=2, pairs=50, publishers=100, devices=300, rate=900.0, qos=None)
+    cfg = cost_bench._cfg("devices", rb, args)
+    assert (cfg.scenario, cfg.publishers, cfg.subscribers, cfg.rate, cfg.qos) == ("fanin", 300, 1, 900.0, 1)
+    flat = cost_bench._cfg("fanin", rb, args)
+    assert (flat.scenario, flat.publishers, flat.rate) == ("fanin", 100, None)
+
+
+def test_an_unknown_scenario_is_refused_by_name(capsys):
+    if shutil.which("perf") is None:
+        pytest.skip("needs perf (linux-perf)")
+    assert cost_bench.main(["--scenarios", "latency,nope", "--brokers", "mosquitto"]) == 2
+    assert "unknown scenario nope" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("perf") is None or shutil.which("mosquitto") is None,
+                    reason="needs perf (linux-perf) and mosquitto")
+def test_a_devices_run_against_mosquitto_delivers_every_device_message(tmp_path):
+    probe = subprocess.run(["perf", "stat", "-e", "raw_syscalls:sys_enter", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"perf cannot count syscalls here: {probe.stderr.decode()[:200]}")
+    out = tmp_path / "cost.jsonl"
+    rc = cost_bench.main(["--brokers", "mosquitto", "--scenarios", "devices", "--rounds", "1",
+                          "--duration", "3", "--devices", "40", "--rate", "400", "--out", str(out)])
+    assert rc == 0
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["scenario"] == "devices" and row["rate"] == 400.0 and row["qos"] == 1, row
+    assert row["lost"] == 0 and row["delivered"] > 200, row
+    assert 0 < row["p50_ms"] <= row["p99_ms"], row
+    assert row["syscalls_per_msg"] >= 2 and row["cpu_us_per_msg"] > 0
