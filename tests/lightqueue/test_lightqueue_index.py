@@ -456,3 +456,82 @@ def test_a_quiet_queues_written_tail_stays_near_tail_entries(tmp_path):
         assert [e.queue_offset for e in idx.read(q, 0, 100)] == list(range(60))
         assert phys_list(idx, q)[:2] == [queues.index(q) * 100, 5000 + queues.index(q) * 100]
     idx.close()
+
+
+def test_a_flush_writes_in_slices_and_keeps_every_record_dispatched_meanwhile(tmp_path):
+    """A flush writes the unwritten queues `flush_slice` at a time and lets the lock go in between
+    (dispatch, inline on the gateway's event loop, waits for one slice, not for the whole write:
+    2,000 device queues at once held it 5-10 ms). Only its last write moves the checkpoint.
+    Records dispatched between its slices, into queues written already and not yet, are all kept:
+    after a reopen every record below the checkpoint is in each of its queues, in order, once."""
+    import random
+
+    from lmqtt.lightqueue.index import K_CKPT, RUN_KEY
+    p = str(tmp_path / "ix")
+    idx = LightQueueIndex(p)
+    idx.flush_slice = 16
+    commits = []                       # per RocksDB write: (queues with runs in it, checkpoint moved)
+    orig_commit = idx._commit
+
+    def commit(ops):
+        commits.append(({RUN_KEY.unpack(k)[0] for k, _ in ops if len(k) == RUN_KEY.size},
+                        any(k == K_CKPT for k, _ in ops)))
+        orig_commit(ops)
+    idx._commit = commit
+    sent = []                          # (phys, queues) of every dispatched record, in order
+    phys = [0]
+    rnd = random.Random(1)
+
+    def send(n):
+        recs = [(f"d/{rnd.randrange(200)}", "d/+") for _ in range(n)]
+        _b, end = feed(idx, recs, phys0=phys[0])
+        sent.extend((phys[0] + i * 100, qs) for i, qs in enumerate(recs))
+        phys[0] = end
+
+    class Between:
+        """The index's lock; while `on`, each time it is taken from the outside a few records are
+        dispatched first: what the event loop does while a flush lets the lock go."""
+        def __init__(self, real):
+            self.real, self.depth, self.on, self.injected = real, 0, False, 0
+
+        def __enter__(self):
+            if self.on and self.depth == 0:
+                self.on = False
+                send(3)
+                self.injected += 1
+                self.on = True
+            self.real.acquire()
+            self.depth += 1
+
+        def __exit__(self, *exc):
+            self.depth -= 1
+            self.real.release()
+
+        def acquire(self, *a, **k):
+            return self.real.acquire(*a, **k)
+
+        def release(self):
+            self.real.release()
+
+    send(400)                          # ~200 device queues and the filter's queue unwritten
+    lock = idx._lock = Between(idx._lock)
+    for _ in range(3):
+        n0 = len(commits)
+        lock.on = True
+        idx.flush()
+        lock.on = False
+        flush = commits[n0:]
+        sliced = [qs for qs, ck in flush if not ck]
+        assert all(len(qs) <= 16 for qs in sliced) and flush[-1][1], flush
+        assert [ck for _qs, ck in flush].count(True) == 1
+        if not n0:
+            assert len(sliced) >= 10, flush          # ~200 queues, 16 a write
+    assert lock.injected >= 12
+    ckpt = idx.checkpoint()
+    assert ckpt > 40_000
+    idx._db.close()                    # a crash after the flushes (no final flush of the tails)
+    idx = LightQueueIndex(p)
+    for q in {q for _p, qs in sent for q in qs}:
+        want = [x for x, qs in sent if q in qs and x < ckpt]
+        assert [x for x in phys_list(idx, q) if x < ckpt] == want, q
+    idx.close()
