@@ -197,7 +197,7 @@ class ConnectionParking:
             return
         parking = self._parking()
         if parking is not None:
-            parking.rewatch(self)
+            parking.rewatch(self, data)
         if self._out and not self._flush_scheduled:
             self._flush_scheduled = True
             self.writes.want_flush(self)

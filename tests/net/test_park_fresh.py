@@ -80,6 +80,28 @@ def test_a_client_parked_before_its_subscribe_is_young_again_when_it_comes(srv):
     assert wait_parked(srv, base) == base
 
 
+def test_a_young_client_woken_by_its_publish_is_not_parked_again_at_its_next_silence(srv):
+    """A device that connects and starts publishing every few tenths of a second: parked while
+    silent after its handshake, woken by its first PUBLISH, it then keeps its transport (the
+    `park_idle_after_s` regime) instead of being parked at each silence of its first second and
+    woken (a transport rebuilt) at each packet."""
+    base = parked(srv)
+    c = RawMQTT(srv)
+    ack = c.connect("fresh-device")
+    assert isinstance(ack, P.ConnAck) and ack.reason_code == 0
+    assert wait_parked(srv, base + 1, timeout=10) == base + 1       # silent after its handshake
+    for i in range(3):
+        c.send(P.Publish("fresh/device", b"r%d" % i, qos=1, packet_id=i + 1))
+        assert isinstance(c.recv(), P.PubAck)
+        time.sleep(0.25)             # 5x FRESH_IDLE_S, within its first second
+        # before: young again when woken, it was parked 0.05 s after each PUBLISH
+        assert parked(srv) == base, i
+    c.send(P.Disconnect())
+    assert c.closed_by_server()
+    c.close()
+    assert wait_parked(srv, base) == base
+
+
 def test_the_console_shows_how_long_a_parked_client_has_been_connected(srv):
     base = parked(srv)
     t0 = time.monotonic()
