@@ -46,19 +46,24 @@ def test_strace_summary_gives_calls_by_name_with_and_without_errors():
     assert t == {"epoll_wait": 51, "accept": 110, "read": 1055, "epoll_ctl": 954}
 
 
-@pytest.mark.skipif(shutil.which("perf") is None or shutil.which("mosquitto") is None,
-                    reason="needs perf (linux-perf) and mosquitto")
-def test_a_fixed_rate_run_against_mosquitto_gives_counts_per_message(tmp_path, capsys):
+def run_against_mosquitto(tmp_path, *args: str) -> dict:
+    """One round of `args` against a fresh Mosquitto, 3 s at 400 msg/s; its JSON row. 3 s: the
+    generator's processes start publishing at a common time 0.1 s after they are told; on a loaded
+    CI machine one told late found a 1-s window already over and sent nothing."""
+    if shutil.which("perf") is None or shutil.which("mosquitto") is None:
+        pytest.skip("needs perf (linux-perf) and mosquitto")
     probe = subprocess.run(["perf", "stat", "-e", "raw_syscalls:sys_enter", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"perf cannot count syscalls here: {probe.stderr.decode()[:200]}")
     out = tmp_path / "cost.jsonl"
-    # 3 s: the generator's processes start publishing at a common time 0.1 s after they are told;
-    # on a loaded CI machine one told late found a 1-s window already over and sent nothing
-    rc = cost_bench.main(["--brokers", "mosquitto", "--scenarios", "latency", "--rounds", "1",
-                          "--duration", "3", "--pairs", "4", "--rate", "400", "--out", str(out)])
+    rc = cost_bench.main(["--brokers", "mosquitto", "--rounds", "1", "--duration", "3", "--rate", "400",
+                          "--out", str(out), *args])
     assert rc == 0
-    row = json.loads(out.read_text().splitlines()[0])
+    return json.loads(out.read_text().splitlines()[0])
+
+
+def test_a_fixed_rate_run_against_mosquitto_gives_counts_per_message(tmp_path, capsys):
+    row = run_against_mosquitto(tmp_path, "--scenarios", "latency", "--pairs", "4")
     assert row["broker"] == "mosquitto" and row["lost"] == 0 and row["delivered"] > 200, row
     # every message is at least one read of its PUBLISH and one write of its delivery
     assert row["syscalls_per_msg"] >= 2
@@ -86,17 +91,8 @@ def test_an_unknown_scenario_is_refused_by_name(capsys):
     assert "unknown scenario nope" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(shutil.which("perf") is None or shutil.which("mosquitto") is None,
-                    reason="needs perf (linux-perf) and mosquitto")
 def test_a_devices_run_against_mosquitto_delivers_every_device_message(tmp_path):
-    probe = subprocess.run(["perf", "stat", "-e", "raw_syscalls:sys_enter", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"perf cannot count syscalls here: {probe.stderr.decode()[:200]}")
-    out = tmp_path / "cost.jsonl"
-    rc = cost_bench.main(["--brokers", "mosquitto", "--scenarios", "devices", "--rounds", "1",
-                          "--duration", "3", "--devices", "40", "--rate", "400", "--out", str(out)])
-    assert rc == 0
-    row = json.loads(out.read_text().splitlines()[0])
+    row = run_against_mosquitto(tmp_path, "--scenarios", "devices", "--devices", "40")
     assert row["scenario"] == "devices" and row["rate"] == 400.0 and row["qos"] == 1, row
     assert row["lost"] == 0 and row["delivered"] > 200, row
     assert 0 < row["p50_ms"] <= row["p99_ms"], row
