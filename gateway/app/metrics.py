@@ -96,15 +96,7 @@ class LagHistogram(FastHistogram):
         (one per loop turn at a few thousand a second) is cheaper observed one by one: the walk over
         the ~17 bounds cost it a bisect per bound."""
         if len(store_ts) <= _FEW:
-            up = time.time() - self.started
-            counts, bounds = self.counts, self.bounds
-            for t in store_ts:
-                v = (now_ms - t) / 1000.0
-                if v < 0.0:
-                    v = 0.0
-                if v <= up:
-                    counts[bisect_left(bounds, v)] += 1
-                    self.sum += v
+            self.observe_many([max(0.0, (now_ms - t) / 1000.0) for t in store_ts])
             return
         ts = sorted(store_ts)
         n = len(ts)

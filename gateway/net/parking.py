@@ -217,10 +217,10 @@ class Parking:
         """`c` is back on the loop (`unpark`: `woken_by` the bytes it sent; a `wake` to send to it:
         none). A young one woken by a SUBSCRIBE or an UNSUBSCRIBE is still in its handshake (parked
         between its CONNACK and its SUBSCRIBE by a round trip longer than FRESH_IDLE_S): young
-        again. The others, a client that publishes or one the broker delivers to, wait `after_s`:
-        young again, a device publishing every 0.4 s was parked and woken (a transport rebuilt) at
-        every packet of its first second, and 2,000 such devices starting at once cost a run at
-        5,000 msg/s ~8 µs per message and most of its p99 (BENCHMARKS.md)."""
+        again. The others, a client that publishes or one the broker delivers to, wait `after_s`.
+        Why: made young again too, a device publishing every 0.4 s was parked and woken (a
+        transport rebuilt) at every packet of its first second; 2,000 such devices starting at
+        once raised the p99 of a 5,000 msg/s run by a third (BENCHMARKS.md)."""
         if (self.fresh is not None and woken_by and woken_by[0] >> 4 in HANDSHAKE_TAIL
                 and self.loop.time() - c.accepted_at < FRESH_FOR_S):
             self.watch(c)
