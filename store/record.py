@@ -189,10 +189,11 @@ READ_LAYOUT = {"header_format": HEADER.format, "header_fields": HEADER_FIELDS, "
 def _load_c():
     mod = accel.load("lmqtt.store._append")
     if mod is None or not hasattr(mod, "configure_reader"):
-        return None, None
+        return None, None, None
     mod.configure_reader(StoredMessage, CorruptRecord, READ_LAYOUT)
-    return mod.decode, mod.decode_many
+    return mod.decode, mod.decode_many, mod.decode_runs
 
 
-c_decode, c_decode_many = _load_c()
+# c_decode_runs: a raw PUSH queue's records (its reference: gateway/storage/remote_entries.py)
+c_decode, c_decode_many, c_decode_runs = _load_c()
 DECODER = "c" if c_decode is not None else "python"

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from lmqtt.store.message import StoredMessage
 from lmqtt.store.node.protocol import PullReply, ReplayReadReply
-from lmqtt.store.record import c_decode_many, decode_many
+from lmqtt.store.record import c_decode_runs, decode_many
 
 
 class RemotePull(NamedTuple):
@@ -39,14 +39,25 @@ class RemoteMessage:
         self.dispatch_queues = tuple(dq)
 
 
-def decode_raw_entries(body, runs, sizes, first: int, ident: str) -> list | None:
+# A run with records starting past this offset is refused (8 EiB of log: never written; the C
+# decoder keeps every offset of a run within a long long)
+MAX_RUN_PHYS = 2 ** 63 - 2 ** 33
+
+
+def decode_raw_entries_py(body, runs, sizes, first: int, ident: str) -> list | None:
     """The records of an OP_PUSH_RAW queue (`runs` and `sizes` as `decode_push_raw` gives them,
     `body` a memoryview of the frame body) as StoredMessages carrying the light queue's offsets
     first, first + 1, ... (a StoredMessage reads like a RemoteMessage: the same field names).
-    None if a record fails its framing or CRC check."""
+    None if a record fails its framing or CRC check.
+
+    The reference for `decode_raw_entries` in C (store/_append.c `decode_runs`), which the
+    gateway runs when it is built: tests/gateway/test_remote_entries_accel.py and the fuzz harness
+    tests/fuzz/fuzz_pushed.py compare the two."""
     out: list = []
     k = 0
     for phys, count, start, end in runs:
+        if count and not 0 <= phys <= MAX_RUN_PHYS:
+            return None
         wanted = []
         p = phys
         for size in sizes[k:k + count]:
@@ -54,7 +65,7 @@ def decode_raw_entries(body, runs, sizes, first: int, ident: str) -> list | None
             p += size
         k += count
         got: list = []
-        if _decode_many(body[start:end], phys, wanted, 0, ident, got) != count:
+        if decode_many(body[start:end], phys, wanted, 0, ident, got) != count:
             return None
         out += got
     for m in out:
@@ -64,4 +75,4 @@ def decode_raw_entries(body, runs, sizes, first: int, ident: str) -> list | None
     return [new(StoredMessage, m[:5] + (first + i,) + m[6:]) for i, m in enumerate(out)]
 
 
-_decode_many = c_decode_many or decode_many      # the C decoder when built (store/_append.c)
+decode_raw_entries = c_decode_runs or decode_raw_entries_py      # the C one when built (store/_append.c)

@@ -12,13 +12,15 @@ from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS
 * `fuzz_records.py`: atheris over the SDK's C decode of raw MESSAGES replies
   (store/client/_records.c) against the Python loop of `records_raw`;
 * `fuzz_columns.py`: atheris over the Spark reader's C walk of MESSAGES replies
-  (store/spark/_columns.c, both layouts) against `columns_py` / `columns_raw_py`.
+  (store/spark/_columns.c, both layouts) against `columns_py` / `columns_raw_py`;
+* `fuzz_pushed.py`: atheris over a gateway's C decode of the records a store pushes
+  (store/_append.c `decode_runs`) against `decode_raw_entries_py`.
 
 The atheris harnesses are differential: the C entry and its Python reference get the same input
 and must give the same result or refuse it with the same kind of error (how each compares is in
 its docstring); a difference, or an exception the entry's contract does not allow, fails. Their
 inputs are read as choices (tests/fuzz/fuzz_input.py), so the seeds below are byte strings that
-spell well-formed cases. The C cores of these four are Python extensions reading Python objects,
+spell well-formed cases. The C cores of these five are Python extensions reading Python objects,
 not standalone like the scan core, so the suite has no libFuzzer+ASan build of them; BENCHMARKS.md
 has the command that runs their harnesses over the extensions built with ASan.
 
@@ -92,6 +94,15 @@ _RAW_COL = bytes([0, 3]) + b"t/x" + bytes([1]) + b"k" + bytes([1]) + b"q" + byte
 COLUMNS_SEEDS = {
     "plain": bytes([4, 2]) + b"ID" + bytes([2]) + _COL + _COL + bytes([0]),
     "raw": bytes([5, 2]) + b"ID" + bytes([2]) + _RAW_COL + _RAW_COL + bytes([0]),
+}
+
+# fuzz_pushed.py: the ident, the first run's offset, one run of two records (a/b "hello" props "p";
+# ü/ñ "abc" keyed t), no damage
+_PUSH1 = bytes([2, 1, 1]) + b"p" + bytes([5]) + b"hello" + bytes([1, 0, 0, 4, 0, 0])
+_PUSH2 = bytes([6, 2, 0, 1, 0, 3]) + b"abc" + bytes([1, 4, 0, 8, 0, 0])
+PUSHED_SEEDS = {
+    "push": bytes([0, 0, 0, 1, 2]) + _PUSH1 + _PUSH2 + bytes([0, 0, 0]),
+    "two_runs": bytes([0, 1, 0, 2, 1]) + _PUSH1 + bytes([0, 1]) + _PUSH2 + bytes([0, 0, 0]),
 }
 
 
@@ -177,3 +188,12 @@ def test_atheris_harness_of_the_spark_column_walk(tmp_path):
         pytest.skip("lmqtt.store.spark._columns not built (or LMQTT_PURE_PYTHON set)")
     _write_seeds(tmp_path / "corpus", COLUMNS_SEEDS)
     _atheris(tmp_path, "fuzz_columns.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_gateways_decode_of_pushed_records(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store import record
+    if record.c_decode_runs is None:
+        pytest.skip("lmqtt.store._append not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", PUSHED_SEEDS)
+    _atheris(tmp_path, "fuzz_pushed.py", tmp_path / "corpus")
