@@ -2,7 +2,8 @@
 that loads it holds its Python reference):
 
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
-  (store/encoding.py, store/record.py);
+  (store/encoding.py, store/record.py), and a fleet gateway's decode of the records a store
+  pushes (gateway/storage/remote_entries.py);
 * `lmqtt.store._fastpath` (store/_fastpath.c): the store server's raw pull, ConsumeQueue entries
   into runs of adjacent records and their CRC check (store/fastpath.py); the dispatch round's
   record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue_entries.py);
