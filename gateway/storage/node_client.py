@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from lmqtt.gateway.storage.remote_entries import BadPushedRecord, RawPullReply, decode_raw_entries
 from lmqtt.store import protocol as W
 from lmqtt.store.node.protocol import (
     BadRequest,
@@ -93,6 +94,19 @@ def decode_reply(reply_type: type[Wire], op: int, body: bytes):
     raise BadRequest(f"{reply_type.__name__}: unexpected opcode {op:#x} in the answer")
 
 
+def pull_reply(op: int, body: bytes, ident: str) -> PullReply | RawPullReply:
+    """The answer of a `gw_pull` asked with `raw`: a PUSH_RAW frame of the queue's records (decoded
+    here, in C when built: gateway/storage/remote_entries.py), or the MESSAGES reply the store
+    gives when it cannot serve them raw. BadPushedRecord when a record fails its check."""
+    if op != W.OP_PUSH_RAW:
+        return decode_reply(PullReply, op, body)
+    [(_name, _mx, first, runs, sizes)] = W.decode_push_raw(body)
+    msgs = decode_raw_entries(memoryview(body), runs, sizes, first, ident)
+    if msgs is None:
+        raise BadPushedRecord(f"a record of the raw pull from offset {first} failed its check")
+    return RawPullReply(msgs, first + len(msgs))
+
+
 class NodeClient:
     """The gateway's client of the store node: typed requests over one `LoopConnection`
     (gateway/storage/store_link.py), typed replies back.
@@ -131,11 +145,13 @@ class NodeClient:
         return True
 
     # ------------------------------------------------------------ generic
-    def call(self, req: Request, *, bounded: bool = True) -> asyncio.Future:
+    def call(self, req: Request, *, bounded: bool = True, decode=None) -> asyncio.Future:
+        """`req` sent now: a future of its typed reply (`decode(op, body)` when given)."""
         wire = req.to_wire()
         fut = self.link.cmd_within(req.cmd, **wire) if bounded else self.link.cmd(req.cmd, **wire)
         out = self.link.loop.create_future()
         reply_type = req.Reply
+        as_reply = decode or (lambda op, body: decode_reply(reply_type, op, body))
 
         def done(f) -> None:
             if out.done():
@@ -147,7 +163,7 @@ class NodeClient:
             if e is None:
                 op, _flags, body = f.result()
                 try:
-                    out.set_result(decode_reply(reply_type, op, body))
+                    out.set_result(as_reply(op, body))
                     return
                 except Exception as bad:  # noqa: BLE001 - the caller gets it as the answer
                     e = bad
@@ -196,9 +212,15 @@ class NodeClient:
     def replay_read(self, cursor: dict, max_count: int = 1024) -> "asyncio.Future[ReplayReadReply]":
         return self.call(ReplayRead(cursor, max_count))
 
-    def pull(self, queue: str, offset: int = 0, max_count: int = 64,
-             max_bytes: int = 1 << 20) -> "asyncio.Future[PullReply]":
-        return self.call(Pull(queue, offset, max_count, max_bytes))
+    def pull(self, queue: str, offset: int = 0, max_count: int = 64, max_bytes: int = 1 << 20,
+             raw: bool = False) -> "asyncio.Future[PullReply | RawPullReply]":
+        """With `raw`: a RawPullReply of the records as the store wrote them (decoded here), or
+        the PullReply the store answers with when it cannot serve them so."""
+        req = Pull(queue, offset, max_count, max_bytes, raw)
+        if not raw:
+            return self.call(req)
+        ident = self.link.server_info.get("ident") or ""
+        return self.call(req, decode=lambda op, body: pull_reply(op, body, ident))
 
     def register(self, gateway: str, filter: str | None = None,  # noqa: A002
                  filters: list[str] | None = None) -> "asyncio.Future[RegisterReply]":

@@ -18,9 +18,23 @@ class RemotePull(NamedTuple):
     max_offset: int
 
 
-def entries(reply: PullReply | ReplayReadReply) -> list:
+class RawPullReply(NamedTuple):
+    """A raw `gw_pull`'s answer (a PUSH_RAW frame of the queue): its records decoded, with the
+    light queue's offsets. The frame carries no min offset: the mirror keeps the one it knew."""
+    messages: list
+    next_offset: int
+    min_offset: int | None = None
+
+
+class BadPushedRecord(Exception):
+    """A record of a raw answer failed its framing or CRC check (the decoded pull reports and skips it)."""
+
+
+def entries(reply: PullReply | ReplayReadReply | RawPullReply) -> list:
     """A `gw_pull` or `gw_replay_read` reply's entries as RemoteMessages (with a pull's dispatch
-    queues; a history entry has none)."""
+    queues; a history entry has none); a raw pull's are StoredMessages already."""
+    if isinstance(reply, RawPullReply):
+        return reply.messages
     msgs = reply.messages
     if isinstance(reply, PullReply) and reply.dq:
         return [RemoteMessage(t, d) for t, d in zip(msgs, reply.dq)]

@@ -29,11 +29,16 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lmqtt.gateway.remote")
 
 
+# Mirror.reads: a pull at or past the mirror's start / one behind it (RemoteStore.pull) since the
+# last push, and PASSING: that push was passed over (_take_pushed)
+READ_HEAD, READ_BEHIND, PASSING = 1, 2, 4
+
+
 class Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
     __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_from", "back_base", "back",
-                 "reading_back", "back_answer")
+                 "back_next", "reading_back", "back_answer", "reads")
 
     def __init__(self, max_offset: int) -> None:
         self.base = max_offset
@@ -47,6 +52,8 @@ class Mirror:
         self.back_from = 0
         self.back_base = 0
         self.back: list[RemoteMessage] = []
+        self.back_next = 0      # where the last pull served from `back` left its reader
+        self.reads = 0          # READ_HEAD | READ_BEHIND: the pulls since the last push (_take_pushed)
         self.reading_back: int | None = None    # the offset a read behind the mirror is under way from
         self.back_answer: Answer[None] | None = None   # ... done when its chunk is in (or failed)
 
@@ -155,12 +162,26 @@ class MirrorFeed:
             if count:
                 self.remote_pulls += 1
                 self.pushed_batches += 1
-                n = extend(m)
-                self.pushed_entries += n
-                self.push_skipped += count - n
-                if n:
-                    added.add(q)
-                    self._bound_memory(m)
+                r = m.reads
+                if not r & READ_HEAD and (r & PASSING or (r & READ_BEHIND and 2 * len(m.items) >= self.mirror_entries)) \
+                        and mx > m.end:
+                    # every reader since the last push was behind the mirror, which is full enough
+                    # to be trimmed before they get here: the entries are passed over undecoded
+                    # (and the next ones, until a reader is at the head again) and the readers
+                    # read them in chunks. Measured: a fan-in subscriber 32k behind had 1.3M of
+                    # 2M messages decoded twice, pushed and then read.
+                    self._trim(m, len(m.items))
+                    m.base = mx
+                    self.push_skipped += count
+                    m.reads = PASSING
+                else:
+                    n = extend(m)
+                    self.pushed_entries += n
+                    self.push_skipped += count - n
+                    if n:
+                        added.add(q)
+                        self._bound_memory(m)
+                    m.reads = 0
             if m.known > m.end:
                 self._fetch(q, m)
         if added:

@@ -44,10 +44,10 @@ import logging
 from typing import Any, Callable, Iterable
 
 from lmqtt.gateway.storage.facades import Answer, ReplayPlan
-from lmqtt.gateway.storage.node_client import NodeClient
-from lmqtt.gateway.storage.remote_entries import RemotePull, entries
-from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask, down_reason
-from lmqtt.gateway.storage.remote_mirrors import Mirror, MirrorFeed
+from lmqtt.gateway.storage.node_client import NodeClient, pull_reply
+from lmqtt.gateway.storage.remote_entries import BadPushedRecord, RemotePull, entries
+from lmqtt.gateway.storage.remote_metadata import RemoteMetadata, ask, ask_raw, down_reason
+from lmqtt.gateway.storage.remote_mirrors import READ_BEHIND, READ_HEAD, Mirror, MirrorFeed
 from lmqtt.gateway.storage.remote_produce import RemoteProducer
 from lmqtt.gateway.storage.remote_reads import RemoteReads
 from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection, StoreClientError
@@ -93,6 +93,7 @@ class RemoteStore(MirrorFeed):
         self.safety_poll_s = safety_poll_s
         self.watch = watch                 # False: events come from elsewhere (Redis) or the poll
         self.raw_push = raw_push
+        self._raw_refused = False          # a raw pull's record failed its check: decoded pulls from then on
         self.fetch_batch = fetch_batch
         self.queues: dict[str, Mirror] = {}
         self._tracking: dict[str, Answer[Mirror]] = {}    # queues being watched, not mirrored yet
@@ -124,7 +125,7 @@ class RemoteStore(MirrorFeed):
         self.remote_misses = 0         # of which: reads behind the mirror
         self.pushed_batches = 0        # of which: a queue's entries pushed with an event
         self.pushed_entries = 0        # entries taken from pushes
-        self.push_skipped = 0          # pushed entries not taken (already held, or after a gap)
+        self.push_skipped = 0          # pushed entries not taken (already held, after a gap, readers behind)
         self.events = 0                # EVENT and PUSH frames heard
         self.polls = 0
         self.push = False              # the store pushes entries (it answered gw_watch with push)
@@ -150,7 +151,8 @@ class RemoteStore(MirrorFeed):
                 yield CounterMetricFamily("lmqtt_remote_pushed_entries",
                                           "Pushed entries taken into the mirrors", value=st.pushed_entries)
                 yield CounterMetricFamily("lmqtt_remote_push_skipped_entries",
-                                          "Pushed entries not taken (already held, or after a gap: pulled)",
+                                          "Pushed entries not taken (already held; after a gap: pulled; every "
+                                          "reader behind the mirror: read in chunks)",
                                           value=st.push_skipped)
                 yield GaugeMetricFamily("lmqtt_remote_store_pushes", "1 when the store pushes new entries",
                                         value=1 if st.push else 0)
@@ -309,8 +311,11 @@ class RemoteStore(MirrorFeed):
                 out.follow(self.pull(queue, offset, max_count, max_bytes))
             tracked.add_done_callback(mirrored)
             return out
+        m.reads |= READ_HEAD if offset >= m.base else READ_BEHIND
         got = self._held(m, offset, max_count, max_bytes)
         if got is not None:
+            if offset < m.base and m.back:
+                self._read_ahead(queue, m, got.next_offset)
             return Answer.of(got)
         # behind the mirror and not read yet: the chunk is asked for, the answer is its arrival
         return self._read_back(queue, m, offset).then(
@@ -352,7 +357,15 @@ class RemoteStore(MirrorFeed):
         m.reading_back = offset
         self.remote_misses += 1
         self.remote_pulls += 1
-        read = ask(self.link, P.Pull(queue, offset, min(self.fetch_batch, m.base - offset), 4 << 20))
+        raw = self.raw_push and not self._raw_refused
+        req = P.Pull(queue, offset, min(self.fetch_batch, m.base - offset), 4 << 20, raw)
+        if raw:
+            # as the store's record bytes, decoded here as pushes are (the store neither decodes
+            # nor re-encodes them); a record failing its check: the decoded reply from then on
+            ident = self.link.server_info.get("ident") or ""
+            read = ask_raw(self.link, req.cmd, req.to_wire(), lambda op, body: pull_reply(op, body, ident))
+        else:
+            read = ask(self.link, req)
         out: Answer[None] = Answer(lambda _a, timeout: read.wait_quietly(timeout))
         m.back_answer = out
 
@@ -360,6 +373,17 @@ class RemoteStore(MirrorFeed):
             self._read_back_done(queue, m, offset, f, out)
         read.add_done_callback(done)
         return out
+
+    def _read_ahead(self, queue: str, m: Mirror, next_offset: int) -> None:
+        """A reader in the chunk behind the mirror (`next_offset`: where it goes on) past the
+        chunk's middle: the next chunk is asked for now, so it is in when the reader gets there.
+        Without it a reader behind waited a round trip per chunk and, slower than the queue grew,
+        never left the chunks: in a fan-in whose subscriber fell 32k entries behind, 1.3M of 2M
+        messages were read this way, at ~75 % of the rate of the runs that stayed in the mirror."""
+        m.back_next = next_offset
+        end = m.back_base + len(m.back)
+        if m.reading_back is None and end < m.base and 2 * (next_offset - m.back_base) >= len(m.back):
+            self._read_back(queue, m, end)
 
     def _ask_history(self, cursor: dict, max_count: int):
         """One `gw_replay_read` (a replay plan's history, RemoteReads), not waited for: a read like
@@ -375,13 +399,23 @@ class RemoteStore(MirrorFeed):
             return
         e = f.exception()
         if e is not None:
+            if isinstance(e, BadPushedRecord):
+                self._raw_refused = True
             log.warning("event=read_behind_mirror_failed queue=%s offset=%d error=%s (asked again later)",
                         queue, offset, e)
             out.set_exception(e)
             return
-        r: P.PullReply = f.result()
-        m.min_offset = r.min_offset
+        r = f.result()
+        if r.min_offset is not None:
+            m.min_offset = r.min_offset
         msgs = [it for it in entries(r) if it.queue_offset < m.base]
+        back = m.back
+        if back and msgs and offset == m.back_base + len(back) == msgs[0].queue_offset:
+            # read ahead (_read_ahead): the chunk continues the one a reader is in, which keeps
+            # the entries from that reader on
+            k = max(0, min(len(back), m.back_next - m.back_base))
+            offset = m.back_base + k
+            msgs = back[k:] + msgs
         self._drop_back(m)
         m.back_from = offset
         if not msgs:

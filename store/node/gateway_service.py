@@ -64,6 +64,7 @@ from lmqtt.store.node.gateway_wills import GatewayWills
 from lmqtt.store.node.group_assign import GroupAssignments
 from lmqtt.store.node.session_sweep import SessionSweep
 from lmqtt.store.server import CallError, Messages, StoreServer
+from lmqtt.store.server.calls import RawFrame
 
 log = logging.getLogger("lmqtt.store.node.gateway_service")
 
@@ -230,9 +231,9 @@ class GatewayService:
             v = offsets[q] = self.lq.max_offset(q)
         return v
 
-    def _read_raw_for_push(self, q: str, offset: int):
+    def _read_raw_for_push(self, q: str, offset: int, max_count: int = 0, max_bytes: int = 0):
         try:
-            return self.lq.pull_raw(q, offset, self.push_max_count, self.push_max_bytes)
+            return self.lq.pull_raw(q, offset, max_count or self.push_max_count, max_bytes or self.push_max_bytes)
         except Exception as e:  # noqa: BLE001 - a hint only then: the gateway pulls and sees the error
             self.push_read_errors += 1
             log.warning("event=push_read_failed queue=%s offset=%d error=%r (sent as a hint)", q, offset, e)
@@ -476,15 +477,29 @@ class GatewayService:
         self.assign.renew(req.gateway, req.incarnation, req.ttl_ms)
         return P.Ok()
 
-    def gw_pull(self, req: P.Pull, conn) -> P.PullReply:
+    def gw_pull(self, req: P.Pull, conn) -> P.PullReply | RawFrame:
         q = req.queue
-        res = self.lq.pull(q, req.offset, max_count=max(1, min(req.max_count, 65536)),
-                           max_bytes=req.max_bytes or (1 << 20))
-        cur = self.push_cursors.get(conn)
-        if cur is not None and cur.get(q, res.next_offset) < res.next_offset:
-            cur[q] = res.next_offset        # the connection has these now: push from there
+        max_count = max(1, min(req.max_count, 65536))
+        max_bytes = req.max_bytes or (1 << 20)
+        if req.raw:
+            # the records as stored, as a push carries them: no decode here, no re-encode, and the
+            # gateway decodes them in C (a reader behind its mirror reads thousands this way); what
+            # this path cannot serve (below the log's start, nothing there, a record failing its
+            # check) gets the MESSAGES reply, which reports and skips
+            got = self._read_raw_for_push(q, req.offset, max_count, max_bytes)
+            if got is not None and got[2]:
+                first, runs, sizes = got
+                self._pulled(conn, q, first + len(sizes))
+                return RawFrame(W.OP_PUSH_RAW, W.encode_push_raw([(q, self.lq.max_offset(q), first, runs, sizes)]))
+        res = self.lq.pull(q, req.offset, max_count=max_count, max_bytes=max_bytes)
+        self._pulled(conn, q, res.next_offset)
         return P.PullReply(res.next_offset, res.min_offset, res.max_offset,
                            [list(m.dispatch_queues or ()) for m in res.messages], res.messages)
+
+    def _pulled(self, conn, q: str, next_offset: int) -> None:
+        cur = self.push_cursors.get(conn)
+        if cur is not None and cur.get(q, next_offset) < next_offset:
+            cur[q] = next_offset            # the connection has these now: push from there
 
     # subscribing from the past (lightqueue/replay.py): the gateway registered the filter before
     def gw_replay(self, req: P.Replay, conn):
@@ -645,8 +660,11 @@ def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.
                           session_sweep_s)
 
 
-def _on_wire(reply: P.Wire):
-    """A reply as the StoreServer sends it: a MESSAGES frame's header and entries, or a RESULT's JSON."""
+def _on_wire(reply: P.Wire | RawFrame):
+    """A reply as the StoreServer sends it: a MESSAGES frame's header and entries, a frame of
+    record bytes (RawFrame), or a RESULT's JSON."""
+    if isinstance(reply, RawFrame):
+        return reply
     if reply.has_messages:
         return Messages(reply.to_wire(), reply.messages)
     return reply.to_wire()

@@ -324,10 +324,14 @@ class ReplayRead(Request):
 
 @command("gw_pull", PullReply, writes=False)
 class Pull(Request):
+    """`raw`: the entries as a PUSH_RAW frame of this one queue (the CommitLog's own record bytes,
+    checked and decoded by the gateway) when the store can serve them so; otherwise the MESSAGES
+    reply (PullReply), which is also what a store that does not know the field answers."""
     queue: str
     offset: int = 0
     max_count: int = 64
     max_bytes: int = 1 << 20
+    raw: bool = dataclasses.field(default=False, metadata=OMIT_DEFAULT)
 
 
 # filter holds per gateway id

@@ -39,6 +39,18 @@ class RawMessages:
         self.chunks = chunks
 
 
+class RawFrame:
+    """Return value of a CALL handler that answers with a frame of opcode `op` whose body is
+    `parts` sent as they are (not joined first): a gateway's raw `gw_pull`, answered as a PUSH_RAW
+    body (the CommitLog's record bytes, store/node/gateway_service.py)."""
+
+    __slots__ = ("op", "parts")
+
+    def __init__(self, op: int, parts: list) -> None:
+        self.op = op
+        self.parts = parts
+
+
 def raw_messages_head(header: dict, count: int) -> bytes:
     """What precedes the records of a raw-layout MESSAGES body: u32 header length, JSON, u32 count."""
     h = W.compact_json(header).encode()

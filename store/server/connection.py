@@ -21,7 +21,7 @@ from ..async_append import durable_waiter
 from ..disk_space import size_text
 from ..errors import DiskFull, InvalidMessage, InvalidTopic, MessageTooLarge, StoreError, is_disk_full
 from ..fastpath import read_raw
-from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head
+from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawFrame, RawMessages, raw_messages_head
 
 if TYPE_CHECKING:
     from . import StoreServer
@@ -316,6 +316,11 @@ class StoreConnection(asyncio.Protocol):
             self._send(W.frame(W.OP_MESSAGES, rid, W.encode_messages(res.header, res.msgs)))
         elif isinstance(res, RawMessages):
             self._send_raw(rid, res.header, res.count, res.chunks)
+        elif isinstance(res, RawFrame):
+            self._send(W.frame_head(res.op, rid, sum([len(p) for p in res.parts])))
+            for p in res.parts:
+                if p:
+                    self._send(p)
         else:
             self._send(W.json_frame(W.OP_RESULT, rid, res))
 
