@@ -174,6 +174,7 @@ class MirrorFeed:
                     m.base = mx
                     self.push_skipped += count
                     m.reads = PASSING
+                    added.add(q)        # its readers are told, as of entries taken and trimmed
                 else:
                     n = extend(m)
                     self.pushed_entries += n

@@ -318,8 +318,28 @@ class RemoteStore(MirrorFeed):
                 self._read_ahead(queue, m, got.next_offset)
             return Answer.of(got)
         # behind the mirror and not read yet: the chunk is asked for, the answer is its arrival
-        return self._read_back(queue, m, offset).then(
-            lambda _none: self._held(m, offset, max_count, max_bytes) or RemotePull([], offset, m.min_offset, m.end))
+        other = m.reading_back is not None and m.reading_back != offset
+        read = self._read_back(queue, m, offset)
+        if not other:
+            return read.then(
+                lambda _none: self._held(m, offset, max_count, max_bytes) or RemotePull([], offset, m.min_offset, m.end))
+        # the read under way is another reader's (or a read ahead): when it is in and does not
+        # hold this offset, this reader asks for its own (an empty answer would leave it waiting
+        # for news of the queue, and passed-over pushes bring none)
+        out: Answer[RemotePull] = Answer(lambda _a, timeout: read.wait_quietly(timeout))
+
+        def then(a: Answer[None]) -> None:
+            e = a.exception()
+            if e is not None:
+                out.set_exception(e)
+                return
+            got = self._held(m, offset, max_count, max_bytes)
+            if got is not None or self.queues.get(queue) is not m:
+                out.set_result(got or RemotePull([], offset, m.min_offset, m.end))
+                return
+            out.follow(self.pull(queue, offset, max_count, max_bytes))
+        read.add_done_callback(then)
+        return out
 
     @staticmethod
     def _held(m: Mirror, offset: int, max_count: int, max_bytes: int) -> RemotePull | None:

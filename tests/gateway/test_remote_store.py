@@ -141,6 +141,33 @@ def test_a_reader_behind_the_mirror_finds_its_next_chunk_read_ahead(lmqtt_store)
     asyncio.run(go())
 
 
+def test_a_reader_joining_another_readers_read_behind_the_mirror_still_gets_its_entries(lmqtt_store):
+    """Two readers behind the mirror, far apart: one's read ahead is under way when the other
+    asks for entries that read will not bring. Its answer is its own entries (read after that
+    one), never an empty answer that would leave it waiting for news of the queue."""
+    async def go():
+        st = _remote(lmqtt_store.address, fetch_batch=64)
+        st.mirror_entries = 100
+        assert st.max_offset("two/t").wait() == 0
+        st.start()
+        bodies = [b"%05d" % i for i in range(1000)]
+        await _append(st, "two/t", bodies)
+        assert await wait_until(lambda: st.max_offset("two/t").wait() == 1000)
+        m = st.queues["two/t"]
+        a = st.pull("two/t", 500, max_count=16)
+        await asyncio.wait_for(_awaited(a), 20)
+        b = st.pull("two/t", 516, max_count=24)                # past the chunk's middle: reads ahead
+        assert b.done() and b.result().next_offset == 540
+        assert m.reading_back == 564                           # under way
+        far = st.pull("two/t", 100, max_count=8)               # the other reader, far behind
+        assert not far.done()
+        res = await asyncio.wait_for(_awaited(far), 20)
+        assert [x.body for x in res.messages] == bodies[100:108]
+        st.close()
+        st.link.close()
+    asyncio.run(go())
+
+
 def test_pushes_pass_over_a_full_mirror_whose_readers_are_all_behind_it(lmqtt_store):
     """A subscriber that fell behind the mirror (fan-in faster than its delivery): the entries
     pushed while every pull is behind the mirror would be trimmed before it gets there, so they
