@@ -325,21 +325,21 @@ class RemoteStore(MirrorFeed):
                 lambda _none: self._held(m, offset, max_count, max_bytes) or RemotePull([], offset, m.min_offset, m.end))
         # the read under way is another reader's (or a read ahead): when it is in and does not
         # hold this offset, this reader asks for its own (an empty answer would leave it waiting
-        # for news of the queue, and passed-over pushes bring none)
-        out: Answer[RemotePull] = Answer(lambda _a, timeout: read.wait_quietly(timeout))
+        # for news of the queue, which may never come: a quiet queue)
+        own: Answer[RemotePull] = Answer(lambda _a, timeout: read.wait_quietly(timeout))
 
         def then(a: Answer[None]) -> None:
             e = a.exception()
             if e is not None:
-                out.set_exception(e)
+                own.set_exception(e)
                 return
             got = self._held(m, offset, max_count, max_bytes)
             if got is not None or self.queues.get(queue) is not m:
-                out.set_result(got or RemotePull([], offset, m.min_offset, m.end))
+                own.set_result(got or RemotePull([], offset, m.min_offset, m.end))
                 return
-            out.follow(self.pull(queue, offset, max_count, max_bytes))
+            own.follow(self.pull(queue, offset, max_count, max_bytes))
         read.add_done_callback(then)
-        return out
+        return own
 
     @staticmethod
     def _held(m: Mirror, offset: int, max_count: int, max_bytes: int) -> RemotePull | None:

@@ -61,6 +61,20 @@ async def _append(st: RemoteStore, topic: str, bodies: list[bytes]) -> None:
     await res[-1].durable
 
 
+async def _behind(address, q: str, n: int, fetch_batch: int, batch: int = 500):
+    """A RemoteStore whose mirror of `q` keeps only the newest 50-100 entries, after `n` were
+    appended (`batch` at a time): a reader from 0 reads behind it. -> (store, the bodies)."""
+    st = _remote(address, fetch_batch=fetch_batch)
+    st.mirror_entries = 100
+    assert st.max_offset(q).wait() == 0
+    st.start()
+    bodies = [b"%05d" % i for i in range(n)]
+    for k in range(0, n, batch):
+        await _append(st, q, bodies[k:k + batch])
+    assert await wait_until(lambda: st.max_offset(q).wait() == n)
+    return st, bodies
+
+
 def test_mirror_serves_in_order_within_its_budget_and_reads_through_behind_it(lmqtt_store):
     async def go():
         st = _remote(lmqtt_store.address, mirror_bytes=64 << 10)
@@ -88,14 +102,7 @@ def test_a_reader_far_behind_the_mirror_reads_in_chunks_in_order(lmqtt_store):
     """A subscriber thousands of entries behind (fan-in at full rate) must not cost one round trip
     per delivery batch: it reads chunks of `fetch_batch` entries, and none of them blocks."""
     async def go():
-        st = _remote(lmqtt_store.address, fetch_batch=512)
-        st.mirror_entries = 100                          # the mirror keeps only the newest 50-100
-        assert st.max_offset("lag/t").wait() == 0
-        st.start()
-        bodies = [b"%05d" % i for i in range(3000)]
-        for k in range(0, 3000, 500):
-            await _append(st, "lag/t", bodies[k:k + 500])
-        assert await wait_until(lambda: st.max_offset("lag/t").wait() == 3000)
+        st, bodies = await _behind(lmqtt_store.address, "lag/t", 3000, 512)
         assert st.queues["lag/t"].base >= 2900
         got, waited = await _read_all(st, "lag/t", 3000, 32)
         assert got == bodies
@@ -111,14 +118,7 @@ def test_a_reader_behind_the_mirror_finds_its_next_chunk_read_ahead(lmqtt_store)
     waits for its first chunk only: past a chunk's middle the next one is asked for, and it
     continues the chunk the reader is in (in order, nothing skipped, nothing read twice)."""
     async def go():
-        st = _remote(lmqtt_store.address, fetch_batch=256)
-        st.mirror_entries = 100
-        assert st.max_offset("ahead/t").wait() == 0
-        st.start()
-        bodies = [b"%05d" % i for i in range(2000)]
-        for k in range(0, 2000, 500):
-            await _append(st, "ahead/t", bodies[k:k + 500])
-        assert await wait_until(lambda: st.max_offset("ahead/t").wait() == 2000)
+        st, bodies = await _behind(lmqtt_store.address, "ahead/t", 2000, 256)
         m = st.queues["ahead/t"]
         assert m.base >= 1900
         got, off, waited = [], 0, 0
@@ -146,13 +146,7 @@ def test_a_reader_joining_another_readers_read_behind_the_mirror_still_gets_its_
     asks for entries that read will not bring. Its answer is its own entries (read after that
     one), never an empty answer that would leave it waiting for news of the queue."""
     async def go():
-        st = _remote(lmqtt_store.address, fetch_batch=64)
-        st.mirror_entries = 100
-        assert st.max_offset("two/t").wait() == 0
-        st.start()
-        bodies = [b"%05d" % i for i in range(1000)]
-        await _append(st, "two/t", bodies)
-        assert await wait_until(lambda: st.max_offset("two/t").wait() == 1000)
+        st, bodies = await _behind(lmqtt_store.address, "two/t", 1000, 64, batch=1000)
         m = st.queues["two/t"]
         a = st.pull("two/t", 500, max_count=16)
         await asyncio.wait_for(_awaited(a), 20)
@@ -174,13 +168,8 @@ def test_pushes_pass_over_a_full_mirror_whose_readers_are_all_behind_it(lmqtt_st
     are not decoded into it; the reader still reads every entry, in order, in chunks. Once a
     reader is at the mirror's head again, pushes are taken as before."""
     async def go():
-        st = _remote(lmqtt_store.address, fetch_batch=64)
-        st.mirror_entries = 100
-        assert st.max_offset("pass/t").wait() == 0
-        st.start()
-        bodies = [b"%05d" % i for i in range(1500)]
-        await _append(st, "pass/t", bodies[:1000])
-        assert await wait_until(lambda: st.max_offset("pass/t").wait() == 1000)
+        st, bodies = await _behind(lmqtt_store.address, "pass/t", 1000, 64, batch=1000)
+        bodies += [b"%05d" % i for i in range(1000, 1500)]
         m = st.queues["pass/t"]
         taken = st.pushed_entries
         got, off = [], 0
