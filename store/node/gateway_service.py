@@ -231,9 +231,9 @@ class GatewayService:
             v = offsets[q] = self.lq.max_offset(q)
         return v
 
-    def _read_raw_for_push(self, q: str, offset: int, max_count: int = 0, max_bytes: int = 0):
+    def _read_raw_for_push(self, q: str, offset: int):
         try:
-            return self.lq.pull_raw(q, offset, max_count or self.push_max_count, max_bytes or self.push_max_bytes)
+            return self.lq.pull_raw(q, offset, self.push_max_count, self.push_max_bytes)
         except Exception as e:  # noqa: BLE001 - a hint only then: the gateway pulls and sees the error
             self.push_read_errors += 1
             log.warning("event=push_read_failed queue=%s offset=%d error=%r (sent as a hint)", q, offset, e)
@@ -486,7 +486,10 @@ class GatewayService:
             # gateway decodes them in C (a reader behind its mirror reads thousands this way); what
             # this path cannot serve (below the log's start, nothing there, a record failing its
             # check) gets the MESSAGES reply, which reports and skips
-            got = self._read_raw_for_push(q, req.offset, max_count, max_bytes)
+            try:
+                got = self.lq.pull_raw(q, req.offset, max_count, max_bytes)
+            except Exception:  # noqa: BLE001 - the decoded pull below reads the same entries and reports it
+                got = None
             if got is not None and got[2]:
                 first, runs, sizes = got
                 self._pulled(conn, q, first + len(sizes))
