@@ -3,7 +3,8 @@ and its per-record decode for reads: same layout and CRC, so one module),
 `lightqueue._take` (the light-queue index's per-record dispatch loop) and `store.spark._columns`
 (pull replies -> Arrow column buffers for the Spark reader), `store.client._records` (the SDK's
 decode of raw MESSAGES replies into Records), `store._fastpath` (the store server's raw pull:
-ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32),
+ConsumeQueue entries -> runs of records, and their CRC check, with zlib's crc32), `store._produce`
+(the PRODUCE body's per-message codec: a gateway's pack, the store's unpack into Messages, PRODUCED),
 `lightqueue._retained` (the metadata's retained scan: RocksDB pairs -> (topic, payload, props)),
 `lightqueue._history` (a filter's history: ConsumeQueue entries -> the records matching the filter)
 `gateway.mqtt._run` (the codec's runs of PUBLISHes: retained messages, backlogs, histories),
@@ -28,6 +29,7 @@ setup(ext_modules=[
     Extension("lmqtt.store.spark._columns", ["store/spark/_columns.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.store._fastpath", ["store/_fastpath.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"],
               libraries=["z"]),
+    Extension("lmqtt.store._produce", ["store/_produce.c"], depends=LAYOUT, optional=True, extra_compile_args=["-O2"]),
     Extension("lmqtt.lightqueue._history", ["lightqueue/_history.c"], depends=LAYOUT, optional=True,
               extra_compile_args=["-O2"], libraries=["z"]),
     Extension("lmqtt.lightqueue._retained", ["lightqueue/_retained.c"], optional=True, extra_compile_args=["-O2"]),

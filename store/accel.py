@@ -1,4 +1,4 @@
-"""One loader for the optional C accelerators, all eleven of them (setup.py builds each; the module
+"""One loader for the optional C accelerators, all twelve of them (setup.py builds each; the module
 that loads it holds its Python reference):
 
 * `lmqtt.store._append` (store/_append.c): the CommitLog's record encoder and decoder
@@ -7,6 +7,9 @@ that loads it holds its Python reference):
 * `lmqtt.store._fastpath` (store/_fastpath.c): the store server's raw pull, ConsumeQueue entries
   into runs of adjacent records and their CRC check (store/fastpath.py); the dispatch round's
   record scan (store/dispatch.py) and a run's ConsumeQueue entries (store/consume_queue_entries.py);
+* `lmqtt.store._produce` (store/_produce.c): the PRODUCE body's per-message codec, a gateway's or
+  SDK producer's pack of Messages, the store server's unpack into Messages and its PRODUCED answer
+  (store/produce.py);
 * `lmqtt.store.client._records` (store/client/_records.c): the SDK's decode of raw MESSAGES
   replies into Records (store/client/records.py);
 * `lmqtt.store.spark._columns` (store/spark/_columns.c): pull replies into Arrow column buffers
@@ -34,7 +37,7 @@ extensions are built (equivalence tests, debugging, profiling the reference).
 Why the layouts are handed over: the C loops read and write formats defined in Python (the
 record header, the ConsumeQueue entry, the MESSAGES record head, the order of shared tuples such
 as DispatchRequest or Record). They do not repeat them: the module that loads `_append`,
-`_fastpath`, `_records`, `_columns` or `_take` passes the Python definitions to its
+`_fastpath`, `_produce`, `_records`, `_columns` or `_take` passes the Python definitions to its
 `configure(...)` (`_append`'s decoder: `configure_reader(...)`) right after `load`; the C side
 checks them against the offsets it was written for, raises ValueError naming what differs, and
 refuses to run (RuntimeError) until configured. A layout change in Python thus fails loudly at

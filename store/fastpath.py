@@ -1,134 +1,28 @@
 """The store server's per-message loops for the SDK's hot frames, each the fast twin of a plain
 reference that tests compare it with (tests/store/test_fastpath.py):
 
-* `produce_messages(body, route, now)`  PRODUCE body -> (producer id, sequence, [Message]);
-  reference: `protocol.decode_produce` + one `Message(...)` per item.
-* `produced_body(results)`  append results -> PRODUCED body; reference: `protocol.encode_produced`.
 * `read_raw(store, topic, queue_id, offset, max_count, max_bytes)`  a ConsumeQueue range as the
   CommitLog's own record bytes (the "raw" MESSAGES layout, docs/protocol.md); reference:
   `MessageStore.read_consume_queue` + `protocol.encode_messages`.
 
-Why: profiles of `lmqtt store` under `lmqtt bench sdk` (py-spy) showed the
-server spending more time around the append than in it. Per produced message: a decoded item
-tuple, then a `Message` through its Python `__init__`, then one `AppendResult` tuple per record
-just to pack two integers back. Per pulled message: a CRC-checked decode of the record into a
-`StoredMessage` (~3 us) only to pack the same fields back into MESSAGES. Here a batch of one
-topic costs one topic decode and one route lookup, results are packed from the append's columns
-(sizes, runs) with C-level list operations, and a pull copies contiguous records with one slice
-and checks each record's CRC without decoding it.
+Why: profiles of `lmqtt store` under `lmqtt bench sdk` (py-spy) showed the server spending more
+time around a pull than in it: per pulled message a CRC-checked decode of the record into a
+`StoredMessage` (~3 us) only to pack the same fields back into MESSAGES. Here a pull copies
+contiguous records with one slice and checks each record's CRC without decoding it. (The PRODUCE
+side's loops, the decode into Messages and the PRODUCED answer, are store/produce.py.)
 """
 from __future__ import annotations
 
 import struct
-import sys
 import zlib
 from array import array
-from itertools import accumulate
 from operator import itemgetter
 
-from . import accel, consume_queue_entries as _cq_entries, protocol as W
+from . import accel, consume_queue_entries as _cq_entries
 from .consume_queue_entries import ENTRY, ENTRY_FIELDS, ENTRY_SIZE
 from .errors import CorruptRecord, NotVisible
-from .message import CHUNK_RUNS, CHUNK_SIZES, CHUNK_STARTS, DR_PHYS, DR_QUEUE_OFFSET, DispatchRequest, Message
+from .message import DispatchRequest
 from .record import BLANK_MAGIC, CRC_START, HEADER, HEADER_FIELDS, MSG_MAGIC, PREFIX, SEP, decode, header_format
-
-_MSG_NEW = object.__new__
-_HEAD = W.MSG_HEAD
-_U16 = W.struct.Struct(">H")
-_U32 = W.struct.Struct(">I")
-
-
-def produce_messages(body: bytes, route, now: int):
-    """-> (producer_id, seq, [Message]) exactly as `decode_produce` + `Message(topic, body, qid, 0,
-    props, keys, born or now, route(topic))` would give; ProtocolError on the same inputs.
-
-    Items of one batch that share topic, keys and props share their decoded objects (one decode,
-    one `route` call per distinct topic in the batch; routes are never cached across batches, since
-    a filter registered between two batches changes them)."""
-    try:
-        (plen,) = _U16.unpack_from(body, 0)
-        pos = 2 + plen
-        pid = body[2:pos].decode()
-        seq, count = W.PRODUCE_HEAD.unpack_from(body, pos)
-        pos += W.PRODUCE_HEAD.size
-        n = len(body)
-        unpack = _HEAD.unpack_from
-        hs = _HEAD.size
-        out = []
-        append = out.append
-        shapes: dict[bytes, tuple] = {}     # topic + keys + props bytes -> (topic, keys, props, dq)
-        routes: dict[str, tuple] = {}
-        new = _MSG_NEW
-        M = Message
-        for _ in range(count):
-            tl, kl, pl, bl, qid, born = unpack(body, pos)
-            pos += hs
-            meta_end = pos + tl + kl + pl
-            end = meta_end + bl
-            if end > n:
-                raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE body truncated inside a message")
-            key = body[pos:meta_end]
-            shape = shapes.get(key)
-            if shape is None:
-                topic = key[:tl].decode()
-                keys = tuple(key[tl:tl + kl].decode().split("\x00")) if kl else ()
-                dq = routes.get(topic)
-                if dq is None:
-                    dq = routes[topic] = tuple(route(topic)) if route is not None else ()
-                shape = shapes[key] = (topic, keys, key[tl + kl:], dq)
-            m = new(M)
-            m.topic = shape[0]
-            m.body = body[meta_end:end]
-            m.queue_id = qid
-            m.flags = 0
-            m.props = shape[2]
-            m.keys = shape[1]
-            m.born_ts = born or now
-            m.dispatch_queues = shape[3]
-            append(m)
-            pos = end
-        if pos != n:
-            raise W.ProtocolError(W.E_BAD_FRAME, f"PRODUCE body has {n - pos} bytes after its {count} messages")
-        return pid, seq, out
-    except W.struct.error:
-        raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE body truncated") from None
-    except UnicodeDecodeError:
-        raise W.ProtocolError(W.E_BAD_FRAME, "PRODUCE topic/key/producer id is not UTF-8") from None
-
-
-_BIG_ENDIAN = sys.byteorder == "big"
-
-
-def produced_body(results) -> bytes:
-    """PRODUCED body for the results of one `append_batch`, byte-identical to
-    `encode_produced([(r.phys_offset, r.queue_offset) for r in results])`.
-
-    For the store's columnar `AppendResults` (store/message.py: record sizes plus *runs* of
-    records sharing topic and queue, each run's first record given) the offsets are computed per
-    run: physical offsets are the running sum of sizes, queue offsets count up by one."""
-    chunk = getattr(results, "_chunk", None)
-    if chunk is None or getattr(results, "_items", None) is not None:
-        return W.encode_produced([(r.phys_offset, r.queue_offset) for r in results])
-    sizes, starts, runs = chunk[CHUNK_SIZES], chunk[CHUNK_STARTS], chunk[CHUNK_RUNS]
-    phys_at, qoff_at = DR_PHYS, DR_QUEUE_OFFSET      # locals: read once per run below
-    n = len(sizes)
-    flat = array("Q", bytes(16 * n))
-    nr = len(runs)
-    for k in range(nr):
-        r = runs[k]
-        i0 = starts[k]
-        i1 = starts[k + 1] if k + 1 < nr else n
-        if i1 - i0 == 1:
-            flat[2 * i0] = r[phys_at]
-            flat[2 * i0 + 1] = r[qoff_at]
-            continue
-        flat[2 * i0:2 * i1:2] = array("Q", accumulate(sizes[i0:i1 - 1], initial=r[phys_at]))
-        qoff = r[qoff_at]
-        flat[2 * i0 + 1:2 * i1:2] = array("Q", range(qoff, qoff + i1 - i0))
-    if not _BIG_ENDIAN:
-        flat.byteswap()
-    return _U32.pack(n) + flat.tobytes()
-
 
 def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int):
     """The visible records of a ConsumeQueue range as CommitLog bytes, CRC-checked, undecoded.

@@ -38,6 +38,7 @@ from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection
 from lmqtt.store import protocol as W
 from lmqtt.store.client.connection import is_not_primary
 from lmqtt.store.errors import MessageTooLarge
+from lmqtt.store.produce import encode_produce_messages
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -93,8 +94,7 @@ class RemoteProducer:
                 flags = W.F_UNIQUE_KEYS
                 break
         seq = next(self._seq) if self.group else 0
-        body = W.encode_produce(self.producer_id, seq, len(messages), W.encode_messages_for_produce(
-            [(m.topic, m.body, m.keys, m.props, m.queue_id, m.born_ts) for m in messages]))
+        body = W.encode_produce(self.producer_id, seq, len(messages), encode_produce_messages(messages))
         if due_ms is not None:
             body, flags = body + W.encode_due_trailer(due_ms), flags | W.F_DELAYED
         if self.group:

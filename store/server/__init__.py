@@ -24,9 +24,10 @@ from typing import Any, Callable
 
 from .. import protocol as W
 from ..errors import InvalidTopic, is_disk_full
-from ..fastpath import RawRecord, find_batch, produce_messages, produced_body, raw_chunks
+from ..fastpath import RawRecord, find_batch, raw_chunks
 from ..loopback import is_loopback  # the one loopback rule (store/loopback.py)
 from ..pop import PopManager, dlq_topic
+from ..produce import produce_messages, produced_body
 from ..sdk_meta import TOPIC_GROUP, SdkMetadata, cq_key
 from ..unique_keys import UniqueKeys
 from .calls import F_SDK_CLIENT, META_THEN, META_WRITES, CallError, Messages, RawMessages, raw_messages_head

@@ -27,7 +27,7 @@ UNITS = [
     "lmqtt.store.spark", "lmqtt.store.spark.columns",
     "lmqtt.store.node", "lmqtt.store.node.protocol", "lmqtt.store.node.wire", "lmqtt.store.node.config",
     "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record", "lmqtt.store.accel",
-    "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
+    "lmqtt.store.produce", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
     "lmqtt.lightqueue", "lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records",
     "lmqtt.notify",
     "lmqtt.gateway", "lmqtt.gateway.mqtt", "lmqtt.gateway.storage", "lmqtt.gateway.storage.facades",
@@ -73,6 +73,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lmqtt.store.allocator": set(),     # jemalloc for the long-running processes, chosen at their start
     "lmqtt.store.gc_pauses": set(),     # the garbage collector's long pauses logged, in every long-running process
     "lmqtt.store.record": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.accel"},
+    # the PRODUCE body's per-message codec (C: _produce): packed by gateways, unpacked by the server
+    "lmqtt.store.produce": {"lmqtt.store.protocol", "lmqtt.store.message", "lmqtt.store.accel"},
     "lmqtt.lightqueue.errors": set(),
     "lmqtt.lightqueue.topics": {"lmqtt.lightqueue.errors"},
     "lmqtt.lightqueue.records": {"lmqtt.lightqueue.errors"},
@@ -127,7 +129,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # typed requests over it), the record codec
     "lmqtt.gateway.storage": {"lmqtt.store.client", "lmqtt.store.node.protocol", "lmqtt.gateway.storage.facades",
                               "lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol",
-                              "lmqtt.store.record", "lmqtt.lightqueue.records"},
+                              "lmqtt.store.produce", "lmqtt.store.record", "lmqtt.lightqueue.records"},
     # the MQTT session machine (sans-IO, as the codec): the codec, nothing else of ours
     "lmqtt.gateway.session": {"lmqtt.gateway.mqtt", "lmqtt.store.accel"},   # accel: the C loader (session/_offer.c)
     "lmqtt.gateway.net": {"lmqtt.gateway.mqtt", "lmqtt.store.accel",    # accel: the C loader (net/_park.c)
@@ -198,7 +200,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # that may import an engine may import its vocabulary (added below, so the table stays short).
 VOCABULARY = {
     "lmqtt.store": {"lmqtt.store.errors", "lmqtt.store.message", "lmqtt.store.protocol", "lmqtt.store.record",
-                    "lmqtt.store.accel", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
+                    "lmqtt.store.accel", "lmqtt.store.produce", "lmqtt.store.loopback", "lmqtt.store.allocator", "lmqtt.store.gc_pauses",
                     "lmqtt.store.tier.objects",
                     "lmqtt.store.tier.topics"},
     "lmqtt.lightqueue": {"lmqtt.lightqueue.errors", "lmqtt.lightqueue.topics", "lmqtt.lightqueue.records"},

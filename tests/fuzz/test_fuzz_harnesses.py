@@ -14,13 +14,15 @@ from disk, each run for a bounded time (the long runs are recorded in BENCHMARKS
 * `fuzz_columns.py`: atheris over the Spark reader's C walk of MESSAGES replies
   (store/spark/_columns.c, both layouts) against `columns_py` / `columns_raw_py`;
 * `fuzz_pushed.py`: atheris over a gateway's C decode of the records a store pushes
-  (store/_append.c `decode_runs`) against `decode_raw_entries_py`.
+  (store/_append.c `decode_runs`) against `decode_raw_entries_py`;
+* `fuzz_produce.py`: atheris over the store's C unpack of a PRODUCE body into Messages
+  (store/_produce.c) against `produce_messages_py`, and a gateway's pack against its reference.
 
 The atheris harnesses are differential: the C entry and its Python reference get the same input
 and must give the same result or refuse it with the same kind of error (how each compares is in
 its docstring); a difference, or an exception the entry's contract does not allow, fails. Their
 inputs are read as choices (tests/fuzz/fuzz_input.py), so the seeds below are byte strings that
-spell well-formed cases. The C cores of these five are Python extensions reading Python objects,
+spell well-formed cases. The C cores of these six are Python extensions reading Python objects,
 not standalone like the scan core, so the suite has no libFuzzer+ASan build of them; BENCHMARKS.md
 has the command that runs their harnesses over the extensions built with ASan.
 
@@ -103,6 +105,16 @@ _PUSH2 = bytes([6, 2, 0, 1, 0, 3]) + b"abc" + bytes([1, 4, 0, 8, 0, 0])
 PUSHED_SEEDS = {
     "push": bytes([0, 0, 0, 1, 2]) + _PUSH1 + _PUSH2 + bytes([0, 0, 0]),
     "two_runs": bytes([0, 1, 0, 2, 1]) + _PUSH1 + bytes([0, 1]) + _PUSH2 + bytes([0, 0, 0]),
+}
+
+# fuzz_produce.py: a body (producer id "a/b", one message "ü/ñ" props "p" body "hello", the count
+# and the id's length as packed, seq 1, no damage), the route on, then one Message to pack
+# ("a/b" keyed "t", body "abc")
+_PRODUCE_BODY = bytes([1, 1, 1, 0, 1, 2, 1]) + b"p" + bytes([5]) + b"hello" + bytes([0, 0, 0, 1, 4, 0, 1])
+PRODUCE_SEEDS = {
+    "one": _PRODUCE_BODY + bytes([1, 0, 1, 1, 1, 1, 0, 3]) + b"abc" + bytes([0, 0, 0]),
+    "two": bytes([0, 2]) + b"id" + bytes([2, 1, 1, 1, 0, 1]) + b"x" + bytes([0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0])
+    + bytes([0, 0, 0, 0, 0, 0, 1, 0]),
 }
 
 
@@ -197,3 +209,12 @@ def test_atheris_harness_of_the_gateways_decode_of_pushed_records(tmp_path):
         pytest.skip("lmqtt.store._append not built (or LMQTT_PURE_PYTHON set)")
     _write_seeds(tmp_path / "corpus", PUSHED_SEEDS)
     _atheris(tmp_path, "fuzz_pushed.py", tmp_path / "corpus")
+
+
+def test_atheris_harness_of_the_stores_unpack_of_a_produce_body(tmp_path):
+    pytest.importorskip("atheris")
+    from lmqtt.store import produce
+    if produce._produce is None:
+        pytest.skip("lmqtt.store._produce not built (or LMQTT_PURE_PYTHON set)")
+    _write_seeds(tmp_path / "corpus", PRODUCE_SEEDS)
+    _atheris(tmp_path, "fuzz_produce.py", tmp_path / "corpus")

@@ -1,4 +1,4 @@
-"""The store server's fast loops (store/fastpath.py) and the SDK's raw-record decoder (C in
+"""The store server's fast loops (store/fastpath.py, store/produce.py) and the SDK's raw-record decoder (C in
 store/client/_records.c, Python in records.records_raw) against their plain references, on a
 real MessageStore with real files: same messages, same PRODUCED bytes, same records, same errors.
 A difference here means an SDK user would see other data than the reference path gives."""
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from lmqtt.store import Message, MessageStore, StoreConfig, fastpath, protocol as W
+from lmqtt.store import Message, MessageStore, StoreConfig, fastpath, produce, protocol as W
 from lmqtt.store.client import records
 from tests.store.accel_support import swapped
 
@@ -48,12 +48,12 @@ def test_produce_messages_equal_decode_produce_plus_message():
     for n in (0, 1, 2, 50, 500):
         items = random_items(rng, n)
         body = W.encode_produce("prod-ü", 42, n, W.encode_messages_for_produce(items))
-        pid, seq, got = fastpath.produce_messages(body, route, 99)
+        pid, seq, got = produce.produce_messages(body, route, 99)
         rpid, rseq, ref = W.decode_produce(body)
         assert (pid, seq) == (rpid, rseq) == ("prod-ü", 42)
         want = [Message(t, b, q, 0, p, k, born or 99, route(t)) for t, b, k, p, q, born in ref]
         assert [fields(m) for m in got] == [fields(m) for m in want]
-        _pid, _seq, noroute = fastpath.produce_messages(body, None, 99)
+        _pid, _seq, noroute = produce.produce_messages(body, None, 99)
         assert all(m.dispatch_queues == () for m in noroute)
 
 
@@ -78,7 +78,7 @@ def test_produce_messages_refuse_what_decode_produce_refuses(mutate):
     with pytest.raises(W.ProtocolError) as ref:
         W.decode_produce(body)
     with pytest.raises(W.ProtocolError) as got:
-        fastpath.produce_messages(body, route, 1)
+        produce.produce_messages(body, route, 1)
     assert (got.value.code, str(got.value)) == (ref.value.code, str(ref.value))
 
 
@@ -89,12 +89,12 @@ def test_produced_body_equals_encode_produced(tmp_path):
             for _ in range(3):
                 msgs = [Message(t, b, q, 0, p, k, born) for t, b, k, p, q, born in random_items(rng, n)]
                 rs = st.append_batch(msgs)
-                got = fastpath.produced_body(rs)        # before anything built the result tuples
+                got = produce.produced_body(rs)        # before anything built the result tuples
                 assert got == W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
                 assert len(got) == 4 + 16 * n
         # one topic, one queue: a single run of many records
         rs = st.append_batch([Message("solo/t", b"x" * 100) for _ in range(1000)])
-        assert fastpath.produced_body(rs) == W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
+        assert produce.produced_body(rs) == W.encode_produced([(r.phys_offset, r.queue_offset) for r in rs])
 
 
 def classic(st, topic, qid, off, cnt, mb):
@@ -291,7 +291,7 @@ def test_retry_after_a_crash_between_append_and_results_is_found_not_stored_twic
     items = [("x/a", b"m%d" % i, ("k",) if i == 2 else (), b"\x01", 0, 0) for i in range(5)]
     body = produce_body("p1", 2, items)
     # the first attempt, as far as it got: marker, then the append; no results remembered
-    _pid, _seq, msgs = fastpath.produce_messages(body, None, 1)
+    _pid, _seq, msgs = produce.produce_messages(body, None, 1)
     meta.begin("p1", 2, st.clog.wrote, len(msgs))
     st.append_batch([Message("other/t", b"interleaved")])       # another appender came first
     rs = st.append_batch(msgs)
