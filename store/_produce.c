@@ -28,11 +28,12 @@
  *       from the columns of one append (store/message.py chunk: record sizes, each run's first
  *       record index, each run's first DispatchRequest), as `produced_body_py`.
  *
- *   encode_messages(messages) -> the packed messages of a PRODUCE body, or None
+ *   encode_messages(messages, limit=0) -> the packed messages of a PRODUCE body, or None
  *       as protocol.encode_messages_for_produce over (topic, body, keys, props, queue_id, born_ts)
- *       of each Message (read from its slots). None when a message is not a Message or a field is
+ *       of each Message (read from its slots). None when a message is not a Message, a field is
  *       not of its plain type and range (str topic and keys, bytes body and props, lengths that fit
- *       the head): the caller then runs the reference, which packs or raises as it always did.
+ *       the head), or its topic, props and body bytes together pass `limit` (0: no limit): the
+ *       caller then runs its own checks and the reference, which packs or raises as it always did.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -364,7 +365,7 @@ typedef struct {
 
 /* 1: `m` is a Message of the plain shape, its fields in `it`; 0: not (the caller's reference packs
  * it); -1: an error other than a field out of shape */
-static int read_item(PyObject *m, item_t *it) {
+static int read_item(PyObject *m, item_t *it, unsigned long long limit) {
     if (!PyObject_TypeCheck(m, Msg_type)) return 0;
     PyObject *topic = SLOT(m, off_topic), *body = SLOT(m, off_body), *keys = SLOT(m, off_keys),
              *props = SLOT(m, off_props), *qid = SLOT(m, off_qid), *born = SLOT(m, off_born);
@@ -402,6 +403,7 @@ static int read_item(PyObject *m, item_t *it) {
     it->bl = PyBytes_GET_SIZE(body);
     if (it->tl > 0xFFFF || kl > 0xFFFF || it->pl > 0xFFFF || (uint64_t)it->bl > 0xFFFFFFFFu || q > 0xFFFFFFFFu)
         return 0;
+    if (limit && (unsigned long long)(it->tl + it->pl + it->bl) > limit) return 0;
     it->qid = (uint32_t)q;
     it->born = (uint64_t)b;
     it->keys = keys;
@@ -410,7 +412,10 @@ static int read_item(PyObject *m, item_t *it) {
     return 1;
 }
 
-static PyObject *encode_messages(PyObject *self, PyObject *messages) {
+static PyObject *encode_messages(PyObject *self, PyObject *args) {
+    PyObject *messages;
+    unsigned long long limit = 0;
+    if (!PyArg_ParseTuple(args, "O|K", &messages, &limit)) return NULL;
     if (not_configured() < 0) return NULL;
     PyObject *seq = PySequence_Fast(messages, "encode_messages: messages must be a sequence");
     if (seq == NULL) return NULL;
@@ -423,7 +428,7 @@ static PyObject *encode_messages(PyObject *self, PyObject *messages) {
     PyObject *out = NULL;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int ok = read_item(PySequence_Fast_GET_ITEM(seq, i), &items[i]);
+        int ok = read_item(PySequence_Fast_GET_ITEM(seq, i), &items[i], limit);
         if (ok <= 0) {
             if (ok == 0) out = Py_NewRef(Py_None);
             goto done;
@@ -533,8 +538,9 @@ static PyMethodDef methods[] = {
      "produce_messages(body, route, now) -> (producer id, seq, [Message]) (store/produce.py)"},
     {"produced_body", produced_body, METH_VARARGS,
      "produced_body(sizes, starts, runs) -> the PRODUCED body of one append's columns (store/produce.py)"},
-    {"encode_messages", encode_messages, METH_O,
-     "encode_messages(messages) -> packed PRODUCE messages, or None for the reference (store/produce.py)"},
+    {"encode_messages", encode_messages, METH_VARARGS,
+     "encode_messages(messages, limit=0) -> packed PRODUCE messages, or None for the caller's checks and the "
+     "reference (store/produce.py)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,7 +4,8 @@ append's columns. Each is the C loop of store/_produce.c when built, beside the 
 here that tests compare it with (tests/store/test_produce_accel.py; the decoder, which reads a
 peer's bytes, is fuzzed against its reference by tests/fuzz/fuzz_produce.py):
 
-* `encode_produce_messages(messages)`  Messages -> the packed messages of a PRODUCE body;
+* `encode_within(messages, limit)`  Messages -> the packed messages of a PRODUCE body, or None
+  when a message's topic, props and body pass `limit` bytes (the caller checks and refuses it);
   reference: `protocol.encode_messages_for_produce` of (topic, body, keys, props, queue_id, born_ts).
 * `produce_messages(body, route, now)`  PRODUCE body -> (producer id, sequence, [Message]);
   reference: `produce_messages_py`, itself `protocol.decode_produce` + one `Message(...)` per item.
@@ -149,15 +150,18 @@ if _produce is not None:
     _c_encode = _produce.encode_messages
     _c_body = _produce.produced_body
     produce_messages = _produce.produce_messages
-
-    def encode_produce_messages(messages) -> bytes:
-        """The packed messages of a PRODUCE body (C; the reference for what it leaves to it)."""
-        packed = _c_encode(messages)
-        return encode_produce_messages_py(messages) if packed is None else packed
 else:
+    _c_encode = None
     produce_messages = produce_messages_py
-    encode_produce_messages = encode_produce_messages_py
     _c_body = produced_body_py
+
+
+def encode_within(messages, limit: int) -> bytes | None:
+    """The packed messages of a PRODUCE body, packed in C, or None: when C is not built, when a
+    message's topic, props and body bytes pass `limit` (0: none), or when a field is of another
+    type or range. On None the caller checks its limits (refusing a message by name before
+    anything is sent) and packs with `encode_produce_messages_py`, which raises where it always did."""
+    return None if _c_encode is None else _c_encode(messages, limit)
 
 
 def produced_body(results) -> bytes:

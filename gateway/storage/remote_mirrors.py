@@ -38,7 +38,7 @@ class Mirror:
     """The newest entries of one queue: items[i] has offset base + i; `end` = base + len(items)."""
 
     __slots__ = ("base", "items", "known", "min_offset", "fetching", "back_from", "back_base", "back",
-                 "back_next", "reading_back", "back_answer", "reads")
+                 "back_bytes", "back_next", "reading_back", "back_answer", "reads")
 
     def __init__(self, max_offset: int) -> None:
         self.base = max_offset
@@ -52,6 +52,7 @@ class Mirror:
         self.back_from = 0
         self.back_base = 0
         self.back: list[RemoteMessage] = []
+        self.back_bytes = 0     # their bodies' bytes (counted once, when the chunk came)
         self.back_next = 0      # where the last pull served from `back` left its reader
         self.reads = 0          # READ_HEAD | READ_BEHIND: the pulls since the last push (_take_pushed)
         self.reading_back: int | None = None    # the offset a read behind the mirror is under way from
@@ -339,8 +340,9 @@ class MirrorFeed:
 
     def _drop_back(self, m: Mirror) -> None:
         if m.back:
-            self._bytes -= sum([len(it.body) for it in m.back])
+            self._bytes -= m.back_bytes
             m.back = []
+            m.back_bytes = 0
 
     def _trim(self, m: Mirror, drop: int) -> None:
         if drop <= 0:

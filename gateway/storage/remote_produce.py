@@ -38,7 +38,7 @@ from lmqtt.gateway.storage.store_link import ConnectionLost, LoopConnection
 from lmqtt.store import protocol as W
 from lmqtt.store.client.connection import is_not_primary
 from lmqtt.store.errors import MessageTooLarge
-from lmqtt.store.produce import encode_produce_messages
+from lmqtt.store.produce import encode_produce_messages_py, encode_within
 from lmqtt.store.record import HEADER_SIZE as _RECORD_HEADER
 
 log = logging.getLogger("lmqtt.gateway.remote")
@@ -87,14 +87,17 @@ class RemoteProducer:
         anything is sent, as the embedded store does: the publish pipeline then appends the others
         one by one and only that publisher gets the error (the store would refuse the whole batch).
         `due_ms` (append_batch_delayed): due times travel in the F_DELAYED trailer."""
-        self.check(messages)
+        packed = encode_within(messages, self.max_message_size - _RECORD_HEADER)
+        if packed is None:      # C did not pack them: one may be too large (refused by name here)
+            self.check(messages)
+            packed = encode_produce_messages_py(messages)
         flags = 0
         for m in messages:
             if m.keys:      # an inbound QoS 2 message's key (broker.py `_qos2_ahead`): stored once
                 flags = W.F_UNIQUE_KEYS
                 break
         seq = next(self._seq) if self.group else 0
-        body = W.encode_produce(self.producer_id, seq, len(messages), encode_produce_messages(messages))
+        body = W.encode_produce(self.producer_id, seq, len(messages), packed)
         if due_ms is not None:
             body, flags = body + W.encode_due_trailer(due_ms), flags | W.F_DELAYED
         if self.group:

@@ -23,8 +23,7 @@ from fuzz_input import Reader
 with atheris.instrument_imports(include=["lmqtt"]):
     from lmqtt.store import protocol as W
     from lmqtt.store.message import Message
-    from lmqtt.store.produce import _produce as C, encode_produce_messages, encode_produce_messages_py, \
-        produce_messages_py
+    from lmqtt.store.produce import _produce as C, encode_produce_messages_py, produce_messages_py
 
 if C is None:
     sys.exit("lmqtt.store._produce is not built (or LMQTT_PURE_PYTHON is set): nothing to fuzz")
@@ -125,10 +124,13 @@ def TestOneInput(data: bytes) -> None:
         raise AssertionError(f"produce_messages and produce_messages_py differ on {body!r:.2000}:\n"
                              f"C:  {got!r:.2000}\nPy: {want!r:.2000}")
     msgs = _messages(r)
-    packed, ref = _pack(encode_produce_messages, msgs), _pack(encode_produce_messages_py, msgs)
-    if packed != ref:
-        raise AssertionError(f"encode_produce_messages and its reference differ on {msgs!r:.2000}:\n"
+    limit = 0 if r.byte() & 1 else r.num(0, 70000)
+    packed, ref = _pack(lambda ms: C.encode_messages(ms, limit), msgs), _pack(encode_produce_messages_py, msgs)
+    if packed is not None and packed != ref:
+        raise AssertionError(f"encode_messages and its reference differ on {msgs!r:.2000}:\n"
                              f"C:  {packed!r:.2000}\nPy: {ref!r:.2000}")
+    if packed is not None and limit:        # packed only when every message is within the limit
+        assert all(len(m.topic.encode()) + len(m.props) + len(m.body) <= limit for m in msgs), (limit, msgs)
     if type(packed) is bytes:               # what was packed unpacks to the messages packed
         # (keys compared as packed, joined by NUL: a key holding a NUL, or keys ("",), cannot come
         # back as they went; the protocol carries the joined string)

@@ -177,15 +177,22 @@ def test_what_c_does_not_pack_is_packed_or_refused_by_the_reference(change):
     elif change == "key_not_str":
         m.keys = (b"k",)
     msgs = [pending("ok", b"1", (), b"", 0, 0), m if change != "not_a_message" else _Other()]
-    assert _C.encode_messages(msgs) is None
+    assert _C.encode_messages(msgs) is None and produce.encode_within(msgs, 0) is None
+    try:
+        ref = produce.encode_produce_messages_py(msgs)
+    except Exception as e:  # noqa: BLE001 - what the reference does is what a gateway does
+        ref = type(e)
+    assert ref == {"long_topic": W.struct.error, "long_props": W.struct.error, "qid": W.struct.error,
+                   "negative_born": W.struct.error, "surrogate": UnicodeEncodeError,
+                   "key_not_str": TypeError}.get(change, ref)
 
-    def result(fn):
-        try:
-            return fn(msgs)
-        except Exception as e:  # noqa: BLE001 - the comparison is of whatever the reference does
-            return type(e)
 
-    assert result(produce.encode_produce_messages) == result(produce.encode_produce_messages_py)
+@needs_c
+def test_a_message_past_the_limit_is_left_to_the_callers_check():
+    msgs = [pending("ok", b"1", (), b"", 0, 0), pending("a/ü", b"x" * 90, ("key" * 20,), b"pp", 0, 0)]
+    limit = len("a/ü".encode()) + 2 + 90           # topic, props and body bytes (keys are not counted)
+    assert _C.encode_messages(msgs, limit - 1) is None
+    assert _C.encode_messages(msgs, limit) == produce.encode_produce_messages_py(msgs) == _C.encode_messages(msgs)
 
 
 class _Other:
