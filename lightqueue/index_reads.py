@@ -130,6 +130,17 @@ class IndexReads:
             offset += 1
         return out
 
+    def tail_piece(self, name: str, offset: int, max_count: int):
+        """Up to `max_count` entries of `name` from `offset` as the in-memory tail stores them
+        (ENTRY each, consecutive queue offsets), when the tail holds `offset` (a reader that keeps
+        up: every push of new entries); None otherwise (`read_raw` reads RocksDB then)."""
+        q = self._qids.get(name)
+        t = None if q is None else self._tail.get(q)
+        if t is None or offset < t[0] or max_count <= 0:
+            return None
+        i = (offset - t[0]) * ENTRY_SIZE
+        return t[1][i:i + max_count * ENTRY_SIZE]
+
     def read(self, name: str, offset: int, max_count: int) -> list[IndexEntry]:
         """Up to `max_count` entries of `name` starting at `offset` (unknown queue -> [])."""
         q = self.qid(name)

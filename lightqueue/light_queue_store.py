@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from lmqtt.store import StoredMessage
-from lmqtt.store.fastpath import raw_runs
+from lmqtt.store.fastpath import BIG_ENDIAN_ENTRY, raw_piece, raw_runs
 
 from . import replay
 from .cache import MessageCache
@@ -29,7 +29,15 @@ from .index import LightQueueIndex
 from .metadata import MetadataStore
 from .records import HOST
 from .registry import FilterRegistry
+from .take import ENTRY as _INDEX_ENTRY
 from .topics import is_wildcard
+
+
+# pull_raw reads the index's entries with the ConsumeQueue's loop (store/fastpath.py raw_piece), which
+# reads them as BIG_ENDIAN_ENTRY: the two layouts must stay one (a change on either side fails here)
+if _INDEX_ENTRY.format != BIG_ENDIAN_ENTRY.format:
+    raise ImportError(f"lightqueue/take.py ENTRY {_INDEX_ENTRY.format} is not store/fastpath.py "
+                      f"BIG_ENDIAN_ENTRY {BIG_ENDIAN_ENTRY.format}: pull_raw would read it wrong")
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +258,9 @@ class LightQueueStore:
         if getattr(self._store, "clog", None) is None:
             return None
         index = self.index
+        piece = index.tail_piece(queue, offset, max_count)
+        if piece is not None:       # the usual case, a push: one C call over the tail's entries
+            return raw_piece(self._store, piece, offset, self._store.dispatched_offset, max_bytes, index.min_phys)
         entries = index.read_raw(queue, offset, max_count)
         if not entries or entries[0][0] != offset:
             return None if entries else (offset, [], ())

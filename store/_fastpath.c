@@ -29,8 +29,11 @@
  * configure() succeeds both functions raise RuntimeError. The magic number and CRC start are handed in by
  * the caller on every check_records call (store/record.py), not compiled in.
  *
- *   cq_runs(piece, first_qoff, visible, max_bytes, count, total)
- *       piece: ConsumeQueue entries (phys u64, size u32, tags u64, little-endian; ENTRY_SIZE each).
+ *   cq_runs(piece, first_qoff, visible, max_bytes, count, total, big_endian=False)
+ *       piece: ConsumeQueue entries (phys u64, size u32, tags u64, little-endian; ENTRY_SIZE each);
+ *       with big_endian, the same fields big-endian: the light-queue index's entries (phys, size,
+ *       store ts; lightqueue/take.py ENTRY, which lightqueue/light_queue_store.py checks is this
+ *       layout in the other byte order), for a push of a light queue's new entries.
  *       Walks them in order, skipping unwritten entries (size 0), and stops before the first
  *       entry at or past `visible` or the first that would take `total` past `max_bytes` (0 = no
  *       limit; never before the first record of the read, i.e. while `count` is 0).
@@ -83,6 +86,16 @@ static inline uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+static inline uint64_t be64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
 /* close the current run: append [phys, sizes bytes, run bytes] to runs */
 static int flush_run(PyObject *runs, unsigned long long phys, unsigned long long end, uint32_t *sizes,
                      Py_ssize_t n) {
@@ -105,7 +118,9 @@ static PyObject *cq_runs(PyObject *self, PyObject *args) {
     Py_buffer piece;
     long long first_qoff, count, next_qoff = -1;
     unsigned long long visible, max_bytes, total;
-    if (!PyArg_ParseTuple(args, "y*LKKLK", &piece, &first_qoff, &visible, &max_bytes, &count, &total))
+    int big_endian = 0;
+    if (!PyArg_ParseTuple(args, "y*LKKLK|p", &piece, &first_qoff, &visible, &max_bytes, &count, &total,
+                          &big_endian))
         return NULL;
     if (not_configured() < 0) {
         PyBuffer_Release(&piece);
@@ -126,8 +141,8 @@ static PyObject *cq_runs(PyObject *self, PyObject *args) {
     int stopped = 0, ends_past_u64 = 0;   /* the run's last record ends past 2**64: nothing continues it */
     for (Py_ssize_t i = 0; i < n; i++) {
         const unsigned char *e = p + i * ENTRY_SIZE;
-        unsigned long long phys = le64(e + E_PHYS);
-        uint32_t size = le32(e + E_SIZE);
+        unsigned long long phys = big_endian ? be64(e + E_PHYS) : le64(e + E_PHYS);
+        uint32_t size = big_endian ? be32(e + E_SIZE) : le32(e + E_SIZE);
         if (size == 0) continue;                            /* not written */
         if (phys >= visible || (max_bytes && count && total + size > max_bytes)) {
             stopped = 1;

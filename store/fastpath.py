@@ -67,17 +67,25 @@ def read_raw(store, topic: str, queue_id: int, offset: int, max_count: int, max_
     return count, chunks, next_off
 
 
-def cq_runs_py(piece: bytes, first_qoff: int, visible: int, max_bytes: int, count: int, total: int):
+# The light-queue index's entries (lightqueue/take.py ENTRY: phys, size, store ts) are the
+# ConsumeQueue entry's fields in big-endian order, so `cq_runs` reads them too (`raw_piece`);
+# lightqueue/light_queue_store.py checks at import that its ENTRY is this one.
+BIG_ENDIAN_ENTRY = struct.Struct(">" + ENTRY.format.lstrip("<"))
+
+
+def cq_runs_py(piece: bytes, first_qoff: int, visible: int, max_bytes: int, count: int, total: int,
+               big_endian: bool = False):
     """Reference of `_fastpath.cq_runs` (module doc of store/_fastpath.c): ConsumeQueue entries ->
     (runs [[first phys, sizes as native u32 bytes, run bytes]], count, total, next queue offset or
-    -1, stopped before the end of the piece)."""
+    -1, stopped before the end of the piece). `big_endian`: the same fields big-endian (the
+    light-queue index's entries, `BIG_ENDIAN_ENTRY`)."""
     runs = []
     sizes = None
     run_phys = run_end = 0
     next_q = -1
     stopped = False
     whole = len(piece) // ENTRY_SIZE * ENTRY_SIZE
-    for i, (phys, size, _tags) in enumerate(ENTRY.iter_unpack(piece[:whole])):
+    for i, (phys, size, _tags) in enumerate((BIG_ENDIAN_ENTRY if big_endian else ENTRY).iter_unpack(piece[:whole])):
         if not size:
             continue
         if phys >= visible or (max_bytes and count and total + size > max_bytes):
@@ -331,6 +339,32 @@ def raw_runs(store, entries) -> list | None:
         out += copied
         i = j
     return out
+
+
+def raw_piece(store, piece, offset: int, visible: int, max_bytes: int, min_phys: int):
+    """A light queue's entries from `offset` as its index holds them (`piece`: BIG_ENDIAN_ENTRY
+    each, for consecutive queue offsets) as the CommitLog's own bytes: -> (offset, [(phys, record
+    count, bytes)], sizes as array("I")), nothing at or past `visible`, within `max_bytes` (at least
+    one record); None when this path cannot serve them (an entry below `min_phys`, a gap left by an
+    unwritten one, a record not mapped here or failing its check). The answer `raw_runs` gives for the same entries
+    taken one by one (LightQueueStore.pull_raw's loop), from one `cq_runs` call: a push of a fan-in's
+    new entries cost ~25 % of the store's loop in that per-entry Python (py-spy, `bench external
+    --brokers lmqtt-workers`)."""
+    runs, count, _total, next_q, _stopped = _cq_runs(piece, offset, visible, max(max_bytes, 1), 0, 0, True)
+    if not runs:
+        return offset, [], ()
+    if next_q - offset != count or min(r[0] for r in runs) < min_phys:
+        return None
+    out: list = []
+    sizes = array("I")
+    find = store.clog.mfq.find
+    for phys, sz, nbytes in runs:
+        copied = _copy_checked(find, phys, sz, nbytes)
+        if copied is None:
+            return None
+        out += copied
+        sizes.frombytes(sz)
+    return offset, out, sizes
 
 
 def _copy_checked(find, phys: int, sizes: bytes, nbytes: int) -> list | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
+from array import array
 
 PROTOCOL_VERSION = 1
 DEFAULT_PORT = 10911
@@ -535,6 +537,17 @@ _RAW_Q = struct.Struct(">QQII")          # max offset, first queue offset, entry
 _RAW_RUN = struct.Struct(">QII")         # phys offset, record count, bytes
 
 
+def _sizes_be(sizes) -> bytes:
+    """Record sizes as big-endian u32s: from an array("I") (the store's raw pulls) by one byte swap."""
+    if type(sizes) is array and sizes.typecode == "I":
+        if sys.byteorder == "big":
+            return sizes.tobytes()
+        swapped = array("I", sizes)
+        swapped.byteswap()
+        return swapped.tobytes()
+    return struct.pack(f">{len(sizes)}I", *sizes)
+
+
 def encode_push_raw(queues) -> list:
     """queues: iterable of (name, max offset, first queue offset, runs, sizes) where runs are
     [(phys, record count, bytes-like records)] and sizes the records' sizes in order (empty runs:
@@ -550,7 +563,7 @@ def encode_push_raw(queues) -> list:
         for phys, count, chunk in runs:
             head.append(_RAW_RUN.pack(phys, count, len(chunk)))
         if sizes:
-            head.append(struct.pack(f">{len(sizes)}I", *sizes))
+            head.append(_sizes_be(sizes))
         for _phys, _count, chunk in runs:
             data.append(chunk)
         n += 1

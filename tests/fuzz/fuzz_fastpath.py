@@ -3,7 +3,7 @@ their Python references, the first input byte choosing the entry:
 
 * `cq_runs` (ConsumeQueue entries -> runs of adjacent records) against fastpath.cq_runs_py: the
   same tuple, on raw entry bytes or entries built to be mostly adjacent (from anywhere in the
-  64-bit range);
+  64-bit range), little-endian or big-endian (the light-queue index's entries);
 * `check_records` (sizes, magic and CRC of records back to back) against check_records_py: the
   same bool, on valid records, damaged ones, or raw bytes and raw sizes;
 * `cq_entries` against consume_queue_entries._entries_py: the same bytes, or both refuse
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "store"))
 
 with atheris.instrument_imports(include=["lmqtt"]):
     from lmqtt.store import fastpath
-    from lmqtt.store.consume_queue_entries import ENTRY, _entries_py, decode_block_py, encode_block_py
+    from lmqtt.store.consume_queue_entries import ENTRY, ENTRY_SIZE, _entries_py, decode_block_py, encode_block_py
     from dispatch_rig import run_dispatch     # imports lmqtt.store.dispatch: instrumented
     from lmqtt.store.record import BLANK_MAGIC, CRC_START, HEADER, HEADER_SIZE, MSG_MAGIC, PREFIX
 
@@ -78,7 +78,11 @@ def _cq_runs(r: Reader) -> None:
     first, visible, max_bytes = r.num(0, 2 ** 62), r.num(0, U64), r.num(0, U64)
     count, total = r.num(0, 2 ** 62), r.num(0, 2 ** 62)
     piece = _entries(r)
-    args = (piece, first, visible, max_bytes, count, total)
+    big = bool(r.byte() & 1)        # read last: the seeds (written before it) stay little-endian
+    if big:                         # the same entries in the light-queue index's byte order
+        whole = len(piece) // ENTRY_SIZE * ENTRY_SIZE
+        piece = b"".join(fastpath.BIG_ENDIAN_ENTRY.pack(*e) for e in ENTRY.iter_unpack(piece[:whole])) + piece[whole:]
+    args = (piece, first, visible, max_bytes, count, total, big)
     got = _outcome(C.cq_runs, *args)
     want = _outcome(fastpath.cq_runs_py, *args)
     if got != want:

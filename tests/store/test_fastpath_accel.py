@@ -36,14 +36,16 @@ entries = st.lists(st.tuples(st.integers(0, 5000), st.sampled_from([0, 1, 50, 74
                              st.integers(0, 2 ** 64 - 1)), max_size=60)
 
 
-def _piece(es, adjacent_from=None):
-    """Entries as stored; with `adjacent_from`, most follow each other in the CommitLog."""
+def _piece(es, adjacent_from=None, big=False):
+    """Entries as stored (`big`: as the light-queue index stores them); with `adjacent_from`, most
+    follow each other in the CommitLog."""
+    pack = fastpath.BIG_ENDIAN_ENTRY.pack if big else ENTRY.pack
     out = []
     phys = adjacent_from
     for p, size, tags in es:
         if adjacent_from is not None and p % 4:
             p = phys
-        out.append(ENTRY.pack(p, size, tags))
+        out.append(pack(p, size, tags))
         phys = p + size
     return b"".join(out)
 
@@ -52,11 +54,14 @@ def _piece(es, adjacent_from=None):
 @settings(max_examples=400, deadline=None)
 @given(es=entries, adjacent=st.booleans(), first=st.integers(0, 10 ** 6), visible=st.integers(0, 8000),
        max_bytes=st.sampled_from([0, 1, 100, 400, 10 ** 6]), count=st.integers(0, 3), total=st.integers(0, 500),
-       tail=st.binary(max_size=19))
-def test_cq_runs_equals_its_reference(es, adjacent, first, visible, max_bytes, count, total, tail):
-    piece = _piece(es, 0 if adjacent else None) + tail
-    assert _C.cq_runs(piece, first, visible, max_bytes, count, total) == \
-        fastpath.cq_runs_py(piece, first, visible, max_bytes, count, total)
+       tail=st.binary(max_size=19), big=st.booleans())
+def test_cq_runs_equals_its_reference(es, adjacent, first, visible, max_bytes, count, total, tail, big):
+    piece = _piece(es, 0 if adjacent else None, big) + tail
+    assert _C.cq_runs(piece, first, visible, max_bytes, count, total, big) == \
+        fastpath.cq_runs_py(piece, first, visible, max_bytes, count, total, big)
+    if not big:         # the default byte order is the ConsumeQueue's
+        assert _C.cq_runs(piece, first, visible, max_bytes, count, total) == \
+            _C.cq_runs(piece, first, visible, max_bytes, count, total, False)
 
 
 def _record(body: bytes, magic: int = MSG_MAGIC) -> bytes:
