@@ -79,12 +79,18 @@ class StoreConnection(asyncio.Protocol):
             self._send(frames)
 
     def push_parts(self, op: int, parts: list) -> None:
-        """`push` of a body given as parts (record bytes are not joined into one buffer first)."""
+        """`push` of a body given as parts (record bytes are not joined into one buffer first),
+        the head and the parts in one `writelines` (one writev): a write per part cost a system
+        call each and woke the gateway for a frame it could not read whole yet (a fan-in's
+        pushes were ~3 writes each, most of the store's ~7,000 writes a second)."""
         if self.ready and not self.closing:
-            self._send(W.frame_head(op, 0, sum([len(p) for p in parts])))
-            for p in parts:
-                if p:
-                    self._send(p)
+            out = [W.frame_head(op, 0, sum([len(p) for p in parts]))]
+            out += [p for p in parts if p]
+            c = self._cork
+            if c is not None:
+                c += out
+            elif not self.transport.is_closing():
+                self.transport.writelines(out)
 
     def pause_writing(self) -> None:     # the client does not read its replies: stop reading requests
         self.write_paused = True
@@ -106,9 +112,12 @@ class StoreConnection(asyncio.Protocol):
         """A MESSAGES frame in the raw layout, sent as its head and the record chunks as they are:
         a 4 MiB reply is not copied twice more (body join, frame concat) before the socket."""
         head = raw_messages_head(header, count)
-        self._send(W.frame_head(W.OP_MESSAGES, rid, len(head) + sum(map(len, chunks)), W.F_RAW) + head)
-        for c in chunks:
-            self._send(c)
+        out = [W.frame_head(W.OP_MESSAGES, rid, len(head) + sum(map(len, chunks)), W.F_RAW) + head, *chunks]
+        c = self._cork
+        if c is not None:
+            c += out
+        elif not self.transport.is_closing():
+            self.transport.writelines(out)      # one writev (push_parts)
 
     def _uncork(self) -> None:
         c = self._cork
@@ -119,8 +128,7 @@ class StoreConnection(asyncio.Protocol):
             elif sum(map(len, c)) < _JOIN_MAX:
                 self.transport.write(b"".join(c))
             else:               # a large reply in pieces: the socket takes them without a join copy
-                for piece in c:
-                    self.transport.write(piece)
+                self.transport.writelines(c)
 
     def _discard(self, n: int) -> None:
         self.discard_left = max(0, self.discard_left - n)
