@@ -72,6 +72,17 @@ def test_send_pull_keys_props_and_msg_id(lmqtt_store):
         assert [x.queue_offset for x in page.records] == [5, 6, 7] and page.next_offset == 8
 
 
+def test_a_batch_of_messages_whose_topic_and_keys_read_alike_stores_each_as_sent(lmqtt_store):
+    """Topic "alias/a" keyed "b" and topic "alias/ab" without keys are one run of bytes split in two
+    places in a PRODUCE (the store once gave the second the first one's topic and keys)."""
+    with connect(lmqtt_store.address) as c:
+        c.producer().send_batch([dict(topic="alias/a", body=b"1", keys=("b",)), dict(topic="alias/ab", body=b"2"),
+                                 dict(topic="alias/a", body=b"3", keys=("b",))])
+        recs = _pull_all(c, "alias", want=3)
+        assert [(r.topic, r.keys, r.body) for r in recs] == \
+            [("alias/a", ("b",), b"1"), ("alias/ab", (), b"2"), ("alias/a", ("b",), b"3")]
+
+
 def test_autobatch_delivers_everything_in_order(lmqtt_store):
     with connect(lmqtt_store.address) as c:
         with c.auto_batch_producer(batch_bytes=16 << 10, linger_ms=2) as ab:
