@@ -121,14 +121,6 @@ static Py_ssize_t off_topic = -1, off_body, off_qid, off_flags, off_props, off_k
 static PyObject *s_topic, *s_body, *s_queue_id, *s_flags, *s_props, *s_keys, *s_born_ts, *s_dq;
 static PyObject *s_topic_info, *s_dq_info, *s_names, *s_keys_what, *s_dq_what;
 
-static Py_ssize_t slot_offset(PyTypeObject *tp, const char *name) {
-    PyObject *d = PyDict_GetItemString(tp->tp_dict, name);
-    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX) return -1;
-    return m->offset;
-}
-
 #define WRITES "this encoder writes"
 
 /* Take the record layout from store/record.py (`layout`, see store/encoding.py) and check it is

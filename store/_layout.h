@@ -14,6 +14,8 @@
 #ifndef LMQTT_STORE_LAYOUT_H
 #define LMQTT_STORE_LAYOUT_H
 
+#include <structmember.h>     /* T_OBJECT_EX, PyMemberDescrObject: slot_offset below */
+
 typedef struct { const char *name; int offset; int width; } field_t;
 #define N_FIELDS(a) ((int)(sizeof a / sizeof a[0]))
 
@@ -163,6 +165,18 @@ static inline int fields_match(PyObject *type, const char *const *names, Py_ssiz
     }
     Py_DECREF(fields);
     return ok;
+}
+
+/* The byte offset of the object slot `name` of the class `tp` (a `__slots__` member holding any
+ * object), or -1 if `tp` has no such slot: the loops that read or write store.message.Message by
+ * slot (_append's encoder, _produce's codec) take the offsets from the class at configure(), so a
+ * renamed or removed slot is refused by name rather than read at a stale offset. */
+static inline Py_ssize_t slot_offset(PyTypeObject *tp, const char *name) {
+    PyObject *d = PyDict_GetItemString(tp->tp_dict, name);
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX) return -1;
+    return m->offset;
 }
 
 #endif

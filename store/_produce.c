@@ -468,14 +468,6 @@ done:
     return out;
 }
 
-static Py_ssize_t slot_offset(PyTypeObject *tp, const char *name) {
-    PyObject *d = PyDict_GetItemString(tp->tp_dict, name);
-    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX) return -1;
-    return m->offset;
-}
-
 static const char *const dr_read[] = {"phys_offset", "size", "topic", "queue_id", "queue_offset"};
 
 static PyObject *configure(PyObject *self, PyObject *args) {
