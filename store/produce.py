@@ -1,12 +1,13 @@
-"""The PRODUCE body's per-message codec: a gateway's (or the SDK's) batch of Messages packed into a
-PRODUCE, the store server's unpacking of it into Messages, and the PRODUCED answer built from the
-append's columns. Each is the C loop of store/_produce.c when built, beside the Python reference
+"""The PRODUCE body's per-message codec: a fleet gateway's batch of Messages packed into a PRODUCE,
+the store server's unpacking of it into Messages (whoever sent it: a gateway or an SDK producer,
+which packs its own tuples with `protocol.encode_messages_for_produce`), and the PRODUCED answer
+built from the append's columns. Each is the C loop of store/_produce.c when built, beside the Python reference
 here that tests compare it with (tests/store/test_produce_accel.py; the decoder, which reads a
 peer's bytes, is fuzzed against its reference by tests/fuzz/fuzz_produce.py):
 
 * `encode_within(messages, limit)`  Messages -> the packed messages of a PRODUCE body, or None
-  when a message's topic, props and body pass `limit` bytes (the caller checks and refuses it);
-  reference: `protocol.encode_messages_for_produce` of (topic, body, keys, props, queue_id, born_ts).
+  when C cannot pack them (not built, a field of another type or range, or a message whose topic,
+  props and body pass `limit` bytes: the caller checks and packs with the reference); reference: `protocol.encode_messages_for_produce` of (topic, body, keys, props, queue_id, born_ts).
 * `produce_messages(body, route, now)`  PRODUCE body -> (producer id, sequence, [Message]);
   reference: `produce_messages_py`, itself `protocol.decode_produce` + one `Message(...)` per item.
 * `produced_body(results)`  append results -> PRODUCED body; reference: `protocol.encode_produced`.
@@ -18,8 +19,8 @@ main thread and the gateway's packing at 4-8 % of a gateway's (`bench external -
 lmqtt-workers`); in Python they cost ~0.6-0.8 us (unpack), ~0.4 us (pack, with the tuple per
 message) and ~0.17 us (answer) per message.
 
-Why a module of its own: the pack runs on gateways and SDK producers, the unpack and the answer in
-the store server; what they share is the body's layout (store/protocol.py MSG_HEAD, PRODUCE_HEAD)
+Why a module of its own: the pack runs on fleet gateways, the unpack and the answer in the store
+server; what they share is the body's layout (store/protocol.py MSG_HEAD, PRODUCE_HEAD)
 and the Message type, which the C loops read and write by slot (configured at import: a changed
 layout or Message is refused by name, store/accel.py).
 """
