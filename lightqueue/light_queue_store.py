@@ -128,6 +128,26 @@ class LightQueueStore:
             if is_wildcard(f) and self.metadata.get_filter_epoch(f) is None:
                 self._start_epoch(f)
 
+    def set_filter_counts(self, counts: dict[str, int]) -> None:
+        """Set filters' reference counts (each > 0) as given (`FilterRegistry.set_counts`); a
+        wildcard filter registered anew starts its epoch, as with `register_filters`."""
+        fresh = [f for f, n in counts.items() if n > 0 and is_wildcard(f) and not self.registry.refcount(f)]
+        if fresh and self.before_register is not None:
+            self.before_register()
+        failed: Exception | None = None
+        try:
+            self.registry.set_counts(counts)        # held in memory even when the write fails
+        except Exception as e:  # noqa: BLE001 - raised below, once the epochs are started
+            failed = e
+        for f in fresh:
+            try:
+                if self.metadata.get_filter_epoch(f) is None:
+                    self._start_epoch(f)
+            except Exception as e:  # noqa: BLE001 - the epoch is held in memory; raised below
+                failed = failed or e
+        if failed is not None:
+            raise failed
+
     def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
         """Drop one reference; a wildcard filter at 0 leaves the trie and its queue is dropped."""
         n = self.registry.unregister(flt)

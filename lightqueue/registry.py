@@ -71,6 +71,20 @@ class FilterRegistry:
                 self._refs[f] = n
             self._cache = OrderedDict()
 
+    def set_counts(self, counts: dict[str, int]) -> None:
+        """Set the reference counts of `counts` (each > 0) as given, in one metadata write: a store
+        node making its counts agree with the holders it knows of (store/node/gateway_service.py
+        `load_holds`). The counts held here change first, also when the write fails (which is
+        raised): those holders exist, their filters must be indexed now; the next start writes
+        the counts again."""
+        with self._lock:
+            for f, n in counts.items():
+                if n > 0 and self._refs.get(f, 0) == 0 and is_wildcard(f):
+                    self._trie.add(f)
+                self._refs[f] = n
+            self._cache = OrderedDict()
+            self._meta.set_filter_refs(counts)
+
     def unregister(self, flt: str) -> int:
         """Drop one reference; at 0 the filter leaves the trie. Returns the new count."""
         with self._lock:

@@ -31,6 +31,7 @@ from .rocksdb_options import rocksdb_options
 _U64 = struct.Struct(">Q")
 _K_RECOVERY = b"R"
 TOPIC_GROUP = "tg\0"     # tg\0<first-level topic> -> the store group that owns it (docs/groups.md)
+SDK_FILTER = "f\0"      # f\0<filter> -> a filter an SDK consumer registered (store/node/sdk_service.py)
 _PENDING = struct.Struct(">cQI")        # b"P", CommitLog position before the append, message count
 DEDUP_WINDOW = 64      # batches per producer whose results are kept for retries
 

@@ -63,6 +63,7 @@ from lmqtt.store.node import protocol as P
 from lmqtt.store.node.gateway_wills import GatewayWills
 from lmqtt.store.node.group_assign import GroupAssignments
 from lmqtt.store.node.session_sweep import SessionSweep
+from lmqtt.store.sdk_meta import SDK_FILTER
 from lmqtt.store.server import CallError, Messages, StoreServer
 from lmqtt.store.server.calls import RawFrame
 
@@ -114,14 +115,10 @@ class GatewayService:
         if redis_publisher is not None:
             lq.add_listener(redis_publisher.publish)
         server.on_connection_lost.append(self._lost)
-        # filter holds per gateway: rebuilt from the persisted counts (the light-queue registry
-        # persists its own refcounts; this only remembers who holds what)
+        # filter holds per gateway: rebuilt from the persisted counts, and the light-queue
+        # registry's counts made to agree with them
         self.holds: dict[str, dict[str, int]] = {}
-        for key in server.meta.keys_with_prefix(HOLD):
-            gid, _, flt = key[len(HOLD):].partition("\0")
-            n = int(server.meta.get_json(key) or 0)
-            if n > 0:
-                self.holds.setdefault(gid, {})[flt] = n
+        self.load_holds()
         # which connection is which gateway, and the wills of dead ones (gateway_wills.py). The
         # router is looked up at each publish (service.py may install it after this), and the
         # sweep, built next because it asks the wills who is connected, hears of the same
@@ -305,23 +302,87 @@ class GatewayService:
         self.session_claims_relayed += sum(map(len, pending.values()))
 
     # ---------------------------------------------------------------- filter holds
+    def load_holds(self) -> None:
+        """Read the gateways' filter holds, and set the light-queue registry's count of each held
+        filter to its holders: one per gateway holding it, one for an SDK consumer's registration
+        (`f\\0<filter>`, store/node/sdk_service.py).
+
+        Why: a hold is written in the SDK metadata and the count in the light-queue metadata, two
+        RocksDBs, so no write covers both. A crash or a full disk between the two left them apart,
+        and a count below its holders is lost data: the last unregistration drops the filter and
+        its queue while a gateway's subscribers still read it, and they get nothing more. `_hold`
+        orders its writes so that a failure leaves a holder too many, never one too few; this
+        repairs either at each start (and on a store group's new primary)."""
+        holds: dict[str, dict[str, int]] = {}
+        for key in self.srv.meta.keys_with_prefix(HOLD):
+            gid, _, flt = key[len(HOLD):].partition("\0")
+            n = int(self.srv.meta.get_json(key) or 0)
+            if n > 0:
+                holds.setdefault(gid, {})[flt] = n
+        self.holds = holds
+        holders: dict[str, int] = {}
+        for fs in holds.values():
+            for flt in fs:
+                holders[flt] = holders.get(flt, 0) + 1
+        for key in self.srv.meta.keys_with_prefix(SDK_FILTER):
+            flt = key[len(SDK_FILTER):]
+            holders[flt] = holders.get(flt, 0) + 1
+        registry = self.lq.registry
+        wrong = {f: n for f, n in holders.items() if registry.refcount(f) != n}
+        if not wrong:
+            return
+        for f, n in sorted(wrong.items()):
+            log.warning("event=filter_count_repaired filter=%r count=%d holders=%d (the filter holds and the "
+                        "light-queue registry were written apart: a crash or a full disk between the two)",
+                        f, registry.refcount(f), n)
+        try:
+            self.lq.set_filter_counts(wrong)
+        except Exception as e:  # noqa: BLE001 - held in memory: indexed now, written at the next start
+            log.error("event=filter_count_write_failed filters=%d error=%r (the counts hold in memory; the next "
+                      "start writes them again)", len(wrong), e)
+
     def _hold(self, gid: str, flt: str, delta: int) -> int:
+        """Change gateway `gid`'s hold on `flt` by `delta` (+1 or -1); returns the hold's count.
+
+        The hold (SDK metadata) and the filter's count in the light-queue registry are two writes.
+        Their order makes a failure between them leave the registry counting a holder too many,
+        never one too few (`load_holds` says why that matters and repairs it at the next start): a
+        first hold registers the filter, then is written (its write failing takes the registration
+        back); a hold let go is written, then the filter unregistered. A failed write changes
+        nothing here and is raised."""
         mine = self.holds.setdefault(gid, {})
         n = mine.get(flt, 0)
+        key = f"{HOLD}{gid}\0{flt}"
         if delta > 0:
             if n == 0:
                 self.lq.register_filter(flt)
+                try:
+                    self.srv.meta.put_json(key, 1)
+                except BaseException:
+                    self._unregister(flt, gid)
+                    raise
+            else:
+                self.srv.meta.put_json(key, n + 1)
             n += 1
         elif n > 0:
+            self.srv.meta.put_json(key, n - 1)
             n -= 1
             if n == 0:
-                self.lq.unregister_filter(flt)
+                self._unregister(flt, gid)
         if n:
             mine[flt] = n
         else:
             mine.pop(flt, None)
-        self.srv.meta.put_json(f"{HOLD}{gid}\0{flt}", n)
         return n
+
+    def _unregister(self, flt: str, gid: str) -> None:
+        """One holder less in the registry; a failure is logged, not raised: the hold is already
+        as it should be, the registry counts one holder too many until the next start."""
+        try:
+            self.lq.unregister_filter(flt)
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            log.error("event=filter_unregister_failed filter=%r gateway=%s error=%r (its queue is kept, counted "
+                      "with one holder too many until the store's next start)", flt, gid, e)
 
     def release_gateway(self, gid: str) -> dict:
         """Drop the filter holds of gateway id `gid`, one that is gone for good (an operator's

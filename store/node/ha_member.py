@@ -30,7 +30,7 @@ from lmqtt.store.ha.membership import load_members
 from lmqtt.store.ha.peers import parse_peers
 from lmqtt.store.ha.truncate import apply_pending_cut
 from lmqtt.store.node import protocol as P
-from lmqtt.store.node.gateway_service import HOLD
+from lmqtt.store.sdk_meta import SDK_FILTER
 
 log = logging.getLogger("lmqtt.store.ha")
 
@@ -298,13 +298,7 @@ def _promoted(srv, lq, gws) -> None:
     if held is not None:
         held.clear()
     if gws is not None:
-        holds: dict = {}
-        for key in srv.meta.keys_with_prefix(HOLD):
-            gid, _, flt = key[len(HOLD):].partition("\0")
-            n = int(srv.meta.get_json(key) or 0)
-            if n > 0:
-                holds.setdefault(gid, {})[flt] = n
-        gws.holds = holds
+        gws.load_holds()
 
 
 def restart_in_place(module: str, args: list[str]) -> None:
@@ -318,8 +312,8 @@ def restart_in_place(module: str, args: list[str]) -> None:
 def _register_filters(srv, lq) -> None:
     """A new primary serves the filters SDK consumers registered on the old one (shipped as SDK
     metadata, `f\\0<filter>` keys, store/node/sdk_service.py)."""
-    for key in srv.meta.keys_with_prefix("f\0"):
-        flt = key[2:]
+    for key in srv.meta.keys_with_prefix(SDK_FILTER):
+        flt = key[len(SDK_FILTER):]
         if lq.registry.refcount(flt) == 0:
             lq.register_filter(flt)
 

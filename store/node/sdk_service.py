@@ -34,12 +34,10 @@ from lmqtt.lightqueue.light_queue_store import LightQueueStore
 from lmqtt.lightqueue.replay import ReplayRefused, check_retention
 from lmqtt.lightqueue.topics import validate_filter
 from lmqtt.store import protocol as W
-from lmqtt.store.sdk_meta import lq_key
+from lmqtt.store.sdk_meta import SDK_FILTER, lq_key
 from lmqtt.store.server import CallError, Messages, RawMessages, StoreServer
 
 log = logging.getLogger("lmqtt.store.node.sdk_service")
-
-_PREFIX = "f\0"
 
 
 def install(server: StoreServer, lq: LightQueueStore) -> None:
@@ -49,13 +47,13 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
     def ensure(flt: str) -> None:
         if flt in held:
             return
-        if lq.registry.refcount(flt) == 0 or meta.get_json(_PREFIX + flt) is None:
+        if lq.registry.refcount(flt) == 0 or meta.get_json(SDK_FILTER + flt) is None:
             lq.register_filter(flt)
-            meta.put_json(_PREFIX + flt, 1)
+            meta.put_json(SDK_FILTER + flt, 1)
         held.add(flt)
 
-    for key in meta.keys_with_prefix(_PREFIX):
-        flt = key[len(_PREFIX):]
+    for key in meta.keys_with_prefix(SDK_FILTER):
+        flt = key[len(SDK_FILTER):]
         try:
             if lq.registry.refcount(flt) == 0:
                 lq.register_filter(flt)
@@ -70,9 +68,9 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
 
     def unsubscribe(a: dict) -> dict:
         flt = str(a["filter"])
-        if meta.get_json(_PREFIX + flt) is None:
+        if meta.get_json(SDK_FILTER + flt) is None:
             return {"ok": False}
-        meta.delete_json(_PREFIX + flt)      # shipped to a store group's replicas (docs/ha.md)
+        meta.delete_json(SDK_FILTER + flt)      # shipped to a store group's replicas (docs/ha.md)
         held.discard(flt)
         lq.unregister_filter(flt)
         return {"ok": True}

@@ -1,0 +1,129 @@
+"""A gateway's hold on a wildcard filter and the light-queue registry's count of it are two writes
+in two RocksDBs (the SDK metadata, the light-queue metadata). These tests put the SDK metadata of
+a real `lmqtt store` on a tmpfs of its own and fill it, so that the hold's write fails and the
+count's does not, and check what subscribers rely on: a filter some gateway still holds stays
+indexed, after a restart too; a count that disagrees with the holds is repaired at start."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from lmqtt.loadtest.chaos.disk import SmallDisk, can_mount_tmpfs
+from lmqtt.store.client import StoreClientError, connect
+from tests.support import LmqttStore
+
+pytestmark = pytest.mark.skipif(not can_mount_tmpfs(), reason="needs root to mount a tmpfs (mount -t tmpfs)")
+
+
+def _max(c, q: str) -> int:
+    return c.cmd("gw_max_offsets", queues=[q])["max_offsets"][q]
+
+
+def _until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _fill(disk, c) -> None:
+    """Fill the disk, then write SDK metadata (another gateway's hold, taken and let go) until
+    RocksDB finds no room: its WAL's last page took the first writes."""
+    disk.fill(0)
+    for _ in range(20_000):
+        try:
+            c.cmd("gw_register", gateway="filler", filter="z/#")
+            c.cmd("gw_unregister", gateway="filler", filter="z/#")
+        except StoreClientError as e:
+            assert "disk full" in str(e), e
+            return
+    raise AssertionError("the SDK metadata never ran out of space")
+
+
+@pytest.fixture
+def store_with_small_sdk_meta(tmp_path):
+    """An `lmqtt store` whose `sdk-meta` directory is a 16 MiB tmpfs (`disk.fill()` fills it)."""
+    data = tmp_path / "data"
+    os.makedirs(data / "sdk-meta")
+    disk = SmallDisk(str(data / "sdk-meta"), 16).mount()
+    store = LmqttStore(str(data), log_path=str(tmp_path / "store.log"))
+    try:
+        yield store.start(), disk
+    finally:
+        store.stop()
+        disk.umount()
+
+
+def test_a_hold_let_go_while_the_disk_is_full_keeps_its_filter_indexed_for_the_other_holders(store_with_small_sdk_meta):
+    store, disk = store_with_small_sdk_meta
+    with connect(store.address) as c:
+        assert c.cmd("gw_register", gateway="gw1", filter="h/#")["count"] == 1
+        assert c.cmd("gw_register", gateway="gw2", filter="h/#")["count"] == 1
+        _fill(disk, c)
+        with pytest.raises(StoreClientError, match="disk full"):
+            c.cmd("gw_unregister", gateway="gw1", filter="h/#")
+        assert c.cmd("gw_filters", gateway="gw1")["filters"] == {"h/#": 1}    # refused: nothing changed
+    store.kill9()
+    disk.free()
+    store.start()
+    with connect(store.address) as c:
+        assert c.cmd("gw_unregister", gateway="gw1", filter="h/#")["count"] == 0
+        c.producer().send("h/x", b"1")
+        # gw2 holds it still: its subscribers get the message
+        _until(lambda: _max(c, "h/#") == 1, 10, "h/# to index h/x")
+        assert c.cmd("gw_unregister", gateway="gw2", filter="h/#")["count"] == 0
+
+
+def test_a_first_hold_refused_on_a_full_disk_leaves_its_filter_unregistered(store_with_small_sdk_meta):
+    store, disk = store_with_small_sdk_meta
+    with connect(store.address) as c:
+        _fill(disk, c)
+        with pytest.raises(StoreClientError, match="disk full"):
+            c.cmd("gw_register", gateway="gw3", filter="r/#")
+        disk.free()
+
+        def writable() -> bool:               # the SDK metadata's RocksDB resumes once space is back
+            try:
+                c.cmd("gw_register", gateway="filler", filter="z/#")
+                return True
+            except StoreClientError:
+                return False
+        _until(writable, 30, "the SDK metadata to take writes again")
+        assert c.cmd("gw_filters", gateway="gw3")["filters"] == {}
+        p = c.producer()
+        p.send("r/x", b"while refused")
+        p.send("r/plain", b"flush")
+        _until(lambda: _max(c, "r/plain") == 1, 10, "the plain topic")
+        assert _max(c, "r/#") == 0            # held by nobody: not indexed
+        assert c.cmd("gw_register", gateway="gw3", filter="r/#")["count"] == 1
+        p.send("r/x", b"held")
+        _until(lambda: _max(c, "r/#") == 1, 10, "r/# to index r/x")
+
+
+def test_registry_counts_that_disagree_with_the_holds_are_repaired_at_start(tmp_path):
+    from lmqtt.lightqueue.metadata import MetadataStore
+
+    store = LmqttStore(str(tmp_path / "data"), log_path=str(tmp_path / "store.log")).start()
+    try:
+        with connect(store.address) as c:
+            c.cmd("gw_register", gateway="gw1", filter="k/#")
+            c.cmd("gw_register", gateway="gw2", filter="k/#")
+            c.cmd("subscribe", filter="k/#")              # an SDK consumer's registration: a third holder
+        store.stop()
+        # what a crash between a hold's write and the count's leaves: a count below its holders
+        md = MetadataStore(str(tmp_path / "data" / "lightqueue" / "meta"))
+        assert md.filters() == {"k/#": 3}
+        md.set_filter_refs({"k/#": 1})
+        md.close()
+        store.start()
+        assert "event=filter_count_repaired filter='k/#' count=1 holders=3" in store.log_tail()
+        with connect(store.address) as c:
+            assert c.cmd("gw_unregister", gateway="gw1", filter="k/#")["count"] == 0
+            assert c.cmd("gw_unregister", gateway="gw2", filter="k/#")["count"] == 0
+            c.producer().send("k/x", b"1")
+            _until(lambda: c.cmd("filter_offsets", filter="k/#")["max_offset"] == 1, 10,
+                   "k/# to index k/x for the SDK consumer")
+    finally:
+        store.stop()
