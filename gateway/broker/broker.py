@@ -39,7 +39,7 @@ from lmqtt.gateway.clients.session_registry import SessionRegistry
 from lmqtt.gateway.subscriptions.subscribe_handler import SubscribeHandler
 from lmqtt.gateway.subscriptions.subscription_registry import SubscriptionRegistry
 from lmqtt.gateway.broker.sys_topics import SysRetained
-from lmqtt.gateway.delivery.engine import DeliveryEngine
+from lmqtt.gateway.delivery.engine import DeliveryEngine, store_side
 from lmqtt.gateway.clients.session_persistence import SessionPersistence
 from lmqtt.gateway.inbound.publish import DELAYED_PREFIX, DelayRefused, PublishPipeline, parse_delayed_topic
 from lmqtt.gateway.storage.facades import log_failure
@@ -363,7 +363,14 @@ class Broker:
             registry.detach(old)
             old.connected = False
             self.metrics.connections -= 1
-        s, present = registry.open(cid, pkt.clean_start, loaded)
+        try:
+            s, present = registry.open(cid, pkt.clean_start, loaded)
+        except Exception as e:
+            if not store_side(e):
+                raise
+            # a fleet gateway taking the session over could not hold its filters (a full disk
+            # on the store): nothing was taken over, the client may try again
+            return self._refuse(conn, RC.SERVER_UNAVAILABLE, "session store unavailable", repr(e))
         was_persistent = s.persistent
         s.expiry_interval = expiry
         if v == 5:

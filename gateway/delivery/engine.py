@@ -47,7 +47,7 @@ def _itself(queue: str) -> tuple[str, ...]:
     return (queue,)
 
 
-def _store_side(e: BaseException) -> bool:
+def store_side(e: BaseException) -> bool:
     """A read the store refused or could not serve (its errors, an ERROR frame's code, a lost
     link), as opposed to a fault of this process: the former is retried, the latter logged whole."""
     return isinstance(e, (StoreError, ConnectionError, OSError)) or isinstance(getattr(e, "code", None), int)
@@ -241,7 +241,7 @@ class DeliveryEngine:
                 if more:          # a full batch was read: continue next loop iteration (fairness)
                     self._dirty.add(q)
             except Exception as e:
-                if _store_side(e):
+                if store_side(e):
                     # the store could not answer a read (it is away, or its tier is unreachable):
                     # one line naming the cause, the queue examined again a second later
                     log.warning("event=store_read_failed queue=%s error=%s (again in 1 s)", q, e)

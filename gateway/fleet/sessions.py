@@ -435,7 +435,18 @@ class FleetSessionRegistry(SessionRegistry):
         # holders in between (the last unregistration drops a filter's queue with its entries)
         old = self.sessions.pop(client_id, None)
         new = self._session_from(rec, start_offsets(rec, offsets), last)
-        self.subscriptions.hold_restored(new)
+        try:
+            self.subscriptions.hold_restored(new)
+        except BaseException:
+            # the store could not take a hold (a full disk there): the new copy goes, the old one
+            # stays. Kept, the new copy would count as a user here of a filter the store does not
+            # know this gateway holds, and the store would drop the filter, queue and all, when
+            # the other gateways let go of it
+            self.sessions.pop(client_id, None)
+            self.subscriptions.unrestore(new)
+            if old is not None:
+                self.sessions[client_id] = old
+            raise
         if old is not None:
             self._drop_copy(old)
         d = self.dormant.get(client_id)

@@ -478,9 +478,41 @@ class SubscriptionRegistry:
         for sub in s.subs.values():
             if T.is_wildcard(sub.queue):
                 mine[sub.queue] = mine.get(sub.queue, 0) + 1
-        for q, n in mine.items():
-            if self._filter_users.get(q) == n:
-                self._answer("registered", q, functools.partial(self.filters.register, q))
+        done: list[str] = []
+        try:
+            for q, n in mine.items():
+                if self._filter_users.get(q) == n:
+                    self._answer("registered", q, functools.partial(self.filters.register, q))
+                    done.append(q)
+        except BaseException:
+            # the session is not kept (the caller takes it back, `unrestore`): nor its holds
+            for q in done:
+                log_failure(self.filters.release(q), log, "unregister_filter_failed", filter=q)
+            raise
+
+    def unrestore(self, s: MqttSession) -> None:
+        """Take back what `restore` counted for the subscriptions of `s`, a copy that is not kept
+        (the store refused its filters' holds, `hold_restored`): its filter users and shared
+        group references. Unlike `remove_all`, nothing is deleted at the store (the session's
+        offsets, a shared group's offset) and no hold is let go: none was taken for it."""
+        users = self._filter_users
+        for sub in s.subs.values():
+            if T.is_wildcard(sub.queue):
+                n = users.get(sub.queue, 0) - 1
+                if n > 0:
+                    users[sub.queue] = n
+                else:
+                    users.pop(sub.queue, None)
+            if sub.group is None:
+                continue
+            for q in self.parts(sub.queue):
+                g = self.groups.get((sub.group, q))
+                if g is not None:
+                    g.refs -= 1
+                    if g.refs <= 0:
+                        del self.groups[(g.name, g.queue)]
+                        self.delivery.remove_group(g)
+                        self.persist.forget_group(g)
 
     def _use_filter(self, q: str) -> None:
         if not T.is_wildcard(q):

@@ -157,3 +157,43 @@ def test_a_fleet_reload_registers_a_filter_new_here_even_with_two_subscriptions_
     fleet._reload("moved", rec, {})
     assert set(fleet.sessions["moved"].subs) == {"p/+", "$share/g/p/+"}
     assert store.calls == [("register", "p/+")]
+
+
+def test_a_fleet_reload_the_store_refuses_to_hold_leaves_nothing_counted_and_holds_nothing():
+    """The store refuses the hold of a session coming back (a full disk there): the CONNECT fails,
+    and this gateway keeps no copy counting as a user of its filters. Kept, the copy would make the
+    next reload skip the registration (its filter counted as held here), and the store would drop
+    the filter, queue and all, when the gateway the client left lets go of it."""
+    from lmqtt.store import protocol as W
+    from lmqtt.store.client.errors import DiskFull
+
+    reg, store = _registry(host="gw-test")
+    refused = {"q/+"}
+    register = reg.filters.register
+
+    def register_or_refuse(f: str) -> Answer[int]:
+        if f in refused:
+            store.calls.append(("refused", f))
+            return Answer.failed(DiskFull(W.E_DISK_FULL, "disk full: cannot write the SDK metadata"))
+        return register(f)
+    reg.filters.register = register_or_refuse
+    metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
+    fleet = FleetSessionRegistry(None, metrics, store.metadata, reg.persist, reg, publish=None)
+    rec = SessionRecord("moved", 5, 3600, int(time.time() * 1000),
+                        [SubscriptionRecord("a/+", 1), SubscriptionRecord("q/+", 1),
+                         SubscriptionRecord("q/+", 1, share_group="g")])
+    try:
+        fleet._reload("moved", rec, {})
+    except DiskFull:
+        pass
+    else:
+        raise AssertionError("the refused hold did not fail the reload")
+    assert "moved" not in fleet.sessions
+    # a/+ was held for it before q/+ was refused: let go again
+    assert store.calls == [("register", "a/+"), ("refused", "q/+"), ("release", "a/+")]
+    assert reg.unheld(["a/+", "q/+"]) == ["a/+", "q/+"] and not reg.groups
+    refused.clear()                                   # space is back: the client's next CONNECT
+    store.calls.clear()
+    fleet._reload("moved", rec, {})
+    assert set(fleet.sessions["moved"].subs) == {"a/+", "q/+", "$share/g/q/+"}
+    assert store.calls == [("register", "a/+"), ("register", "q/+")]
