@@ -170,7 +170,8 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
             publisher = RedisEventPublisher(cfg.redis, cfg.notify_mode, float(cfg.notify_window_ms) / 1000.0)
         gws = gateway_service.install(srv, lq, loop, float(cfg.notify_window_ms) / 1000.0, publisher,
                                       will_grace_s=cfg.will_grace_s, retained_props=retained_props,
-                                      session_sweep_s=cfg.session_sweep_s)
+                                      session_sweep_s=cfg.session_sweep_s,
+                                      repair_counts=not cfg.group)     # a group's: when it becomes primary
         from lmqtt.store.node import console_peers      # the fleet's consoles find each other here
         console_peers.install(srv, gws)
         if cfg.group:

@@ -79,8 +79,10 @@ class GatewayService:
     def __init__(self, server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
                  redis_publisher=None, will_grace_s: float = 5.0,
                  retained_props: Callable[[bytes, int], bytes] | None = None,
-                 session_sweep_s: float = 60.0) -> None:
-        """`will_grace_s`: how long a gateway's connection may stay gone before the store publishes
+                 session_sweep_s: float = 60.0, repair_counts: bool = True) -> None:
+        """`repair_counts`: make the light-queue registry agree with the holds now (`load_holds`);
+        a store group's member does it when it becomes primary, its metadata being the group's.
+        `will_grace_s`: how long a gateway's connection may stay gone before the store publishes
         its wills (and before its sessions count as left by it, session_sweep.py);
         `session_sweep_s`: how often the sessions of gateways gone for good are checked.
         `retained_props(props, now_ms)`: what a retained will keeps as its props (the gateway's
@@ -118,7 +120,7 @@ class GatewayService:
         # filter holds per gateway: rebuilt from the persisted counts, and the light-queue
         # registry's counts made to agree with them
         self.holds: dict[str, dict[str, int]] = {}
-        self.load_holds()
+        self.load_holds(repair_counts)
         # which connection is which gateway, and the wills of dead ones (gateway_wills.py). The
         # router is looked up at each publish (service.py may install it after this), and the
         # sweep, built next because it asks the wills who is connected, hears of the same
@@ -302,9 +304,9 @@ class GatewayService:
         self.session_claims_relayed += sum(map(len, pending.values()))
 
     # ---------------------------------------------------------------- filter holds
-    def load_holds(self) -> None:
-        """Read the gateways' filter holds, and set the light-queue registry's count of each held
-        filter to its holders: one per gateway holding it, one for an SDK consumer's registration
+    def load_holds(self, repair: bool = True) -> None:
+        """Read the gateways' filter holds, and (`repair`) set the light-queue registry's count of
+        each held filter to its holders: one per gateway holding it, one for an SDK consumer's registration
         (`f\\0<filter>`, store/node/sdk_service.py).
 
         Why: a hold is written in the SDK metadata and the count in the light-queue metadata, two
@@ -320,6 +322,8 @@ class GatewayService:
             if n > 0:
                 holds.setdefault(gid, {})[flt] = n
         self.holds = holds
+        if not repair:
+            return
         holders: dict[str, int] = {}
         for fs in holds.values():
             for flt in fs:
@@ -719,9 +723,9 @@ class GatewayService:
 
 def install(server: StoreServer, lq: LightQueueStore, loop, window_s: float = 0.002,
             redis_publisher=None, will_grace_s: float = 5.0, retained_props=None,
-            session_sweep_s: float = 60.0) -> GatewayService:
+            session_sweep_s: float = 60.0, repair_counts: bool = True) -> GatewayService:
     return GatewayService(server, lq, loop, window_s, redis_publisher, will_grace_s, retained_props,
-                          session_sweep_s)
+                          session_sweep_s, repair_counts)
 
 
 def _on_wire(reply: P.Wire | RawFrame):
