@@ -32,6 +32,7 @@ difference fails the test with the tool's output.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -155,66 +156,33 @@ def _atheris(tmp_path, harness: str, corpus: Path) -> None:
     assert "Done " in run.stderr
 
 
-def test_atheris_harness_of_the_decoder_with_its_c_scan(tmp_path):
+# The atheris harnesses: (harness, the module holding its C entry, the entry's name there - None
+# when not built or LMQTT_PURE_PYTHON is set -, seeds: None for the MQTT frames of `_seeds`)
+ATHERIS = [
+    pytest.param("fuzz_decoder.py", "lmqtt.gateway.mqtt.decoder", "_scan", None, id="mqtt-decoder-c-scan"),
+    pytest.param("fuzz_park.py", "lmqtt.gateway.net.parking", "_park", PARK_SEEDS, id="parked-socket-watcher"),
+    pytest.param("fuzz_fastpath.py", "lmqtt.store.fastpath", "_fastpath", FASTPATH_SEEDS,
+                 id="store-raw-pull-and-dispatch-loops"),
+    pytest.param("fuzz_records.py", "lmqtt.store.client.records", "_C_RECORDS", RECORDS_SEEDS,
+                 id="sdk-raw-record-decoder"),
+    pytest.param("fuzz_columns.py", "lmqtt.store.spark.columns", "_C", COLUMNS_SEEDS, id="spark-column-walk"),
+    pytest.param("fuzz_pushed.py", "lmqtt.store.record", "c_decode_runs", PUSHED_SEEDS,
+                 id="gateway-decode-of-pushed-records"),
+    pytest.param("fuzz_produce.py", "lmqtt.store.produce", "_produce", PRODUCE_SEEDS,
+                 id="store-unpack-of-a-produce-body"),
+]
+
+
+@pytest.mark.parametrize("harness, module, entry, seeds", ATHERIS)
+def test_atheris_harness_finds_no_difference_from_the_reference(tmp_path, harness, module, entry, seeds):
     pytest.importorskip("atheris")
-    from lmqtt.gateway.mqtt import decoder
-    if decoder._scan is None:
-        pytest.skip("lmqtt.gateway.mqtt._scan not built (or LMQTT_PURE_PYTHON set)")
+    if harness == "fuzz_columns.py":
+        pytest.importorskip("pyarrow")
+    if getattr(importlib.import_module(module), entry) is None:
+        pytest.skip(f"{module}.{entry} not built (or LMQTT_PURE_PYTHON set)")
     corpus = tmp_path / "corpus"
-    _seeds(corpus)
-    _atheris(tmp_path, "fuzz_decoder.py", corpus)
-
-
-def test_atheris_harness_of_the_parked_socket_watcher(tmp_path):
-    pytest.importorskip("atheris")
-    from lmqtt.gateway.net import parking
-    if parking._park is None:
-        pytest.skip("lmqtt.gateway.net._park not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", PARK_SEEDS)
-    _atheris(tmp_path, "fuzz_park.py", tmp_path / "corpus")
-
-
-def test_atheris_harness_of_the_stores_raw_pull_and_dispatch_loops(tmp_path):
-    pytest.importorskip("atheris")
-    from lmqtt.store import fastpath
-    if fastpath._fastpath is None:
-        pytest.skip("lmqtt.store._fastpath not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", FASTPATH_SEEDS)
-    _atheris(tmp_path, "fuzz_fastpath.py", tmp_path / "corpus")
-
-
-def test_atheris_harness_of_the_sdks_raw_record_decoder(tmp_path):
-    pytest.importorskip("atheris")
-    from lmqtt.store.client import records
-    if records._C_RECORDS is None:
-        pytest.skip("lmqtt.store.client._records not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", RECORDS_SEEDS)
-    _atheris(tmp_path, "fuzz_records.py", tmp_path / "corpus")
-
-
-def test_atheris_harness_of_the_spark_column_walk(tmp_path):
-    pytest.importorskip("atheris")
-    pytest.importorskip("pyarrow")
-    from lmqtt.store.spark import columns
-    if columns._C is None:
-        pytest.skip("lmqtt.store.spark._columns not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", COLUMNS_SEEDS)
-    _atheris(tmp_path, "fuzz_columns.py", tmp_path / "corpus")
-
-
-def test_atheris_harness_of_the_gateways_decode_of_pushed_records(tmp_path):
-    pytest.importorskip("atheris")
-    from lmqtt.store import record
-    if record.c_decode_runs is None:
-        pytest.skip("lmqtt.store._append not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", PUSHED_SEEDS)
-    _atheris(tmp_path, "fuzz_pushed.py", tmp_path / "corpus")
-
-
-def test_atheris_harness_of_the_stores_unpack_of_a_produce_body(tmp_path):
-    pytest.importorskip("atheris")
-    from lmqtt.store import produce
-    if produce._produce is None:
-        pytest.skip("lmqtt.store._produce not built (or LMQTT_PURE_PYTHON set)")
-    _write_seeds(tmp_path / "corpus", PRODUCE_SEEDS)
-    _atheris(tmp_path, "fuzz_produce.py", tmp_path / "corpus")
+    if seeds is None:
+        _seeds(corpus)
+    else:
+        _write_seeds(corpus, seeds)
+    _atheris(tmp_path, harness, corpus)
