@@ -25,6 +25,7 @@ import it (tests/architecture/test_layering.py).
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
@@ -269,9 +270,38 @@ class WrittenAgain(Exception):
     `reestablish`): nothing is lost, nothing for the caller to do."""
 
 
+class Repeats:
+    """Which failures to log: the first of each kind (event and error type), then at most one a
+    `every_s`, which says how many were left out since the last. Why: a full disk or a store away
+    fails the writes of every client at once, thousands a second, each logged alone; one line says
+    it as well, and the operator's log stays readable (the store logs its disk-full episode once,
+    store/disk_space.py)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last: dict[tuple[str, str], list] = {}      # kind -> [time of its last line, left out since]
+
+    def admit(self, event: str, error: BaseException) -> int | None:
+        """None: not logged now (counted); else how many of its kind were left out before it."""
+        kind = (event, type(error).__name__)
+        now = self.clock()
+        seen = self._last.get(kind)
+        if seen is None or now - seen[0] >= self.every_s:
+            left_out = 0 if seen is None else seen[1]
+            self._last[kind] = [now, 0]
+            return left_out
+        seen[1] += 1
+        return None
+
+
+REPEATS = Repeats()
+
+
 def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> None:
     """Log `event` (ERROR, with `fields` and the error) if `answer` fails: a write nobody waits for.
-    A write that is written again after a store group's failover (`WrittenAgain`) is logged at INFO
+    Repeats of one kind are logged once every `REPEATS.every_s` with their count (`Repeats`). A
+    write that is written again after a store group's failover (`WrittenAgain`) is logged at INFO
     as `<event>_deferred`: it is not an error, and the operator's ERROR lines stay meaningful."""
     def done(a: Answer[Any]) -> None:
         e = a.exception()
@@ -280,8 +310,12 @@ def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> Non
         what = " ".join(f"{k}={v}" for k, v in fields.items())
         if isinstance(e, WrittenAgain):
             log.info("event=%s_deferred %s reason=%r", event.removesuffix("_failed"), what, str(e))
-        else:
-            log.error("event=%s %s error=%r", event, what, e)
+            return
+        left_out = REPEATS.admit(event, e)
+        if left_out is None:
+            return
+        more = f" ({left_out} more like it since the last such line, not logged)" if left_out else ""
+        log.error("event=%s %s error=%r%s", event, what, e, more)
     answer.add_done_callback(done)
 
 
