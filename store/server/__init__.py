@@ -73,6 +73,7 @@ class StoreServer:
         self.address: tuple[str, int] | None = None
         self._persist_interval = persist_interval
         self._timer: asyncio.TimerHandle | None = None
+        self._persist_failures = 0      # POP state writes failed in a row (logged once per episode)
         self.frames = 0
         self.errors = 0
         self.disk_full_refusals = 0     # requests answered disk_full (each also counted in errors)
@@ -101,8 +102,15 @@ class StoreServer:
         self._timer = None
         try:
             self.pop.persist()
-        except Exception as e:  # noqa: BLE001 - retried next tick, logged
-            log.error("event=pop_persist_failed error=%r", e)
+        except Exception as e:  # noqa: BLE001 - retried next tick; logged once per episode
+            # retried every tick (10 a second): a full disk would log each one
+            if not self._persist_failures:
+                log.error("event=pop_persist_failed error=%r (retried until it succeeds; logged once)", e)
+            self._persist_failures += 1
+        else:
+            if self._persist_failures:
+                log.info("event=pop_persist_resumed failed_attempts=%d", self._persist_failures)
+                self._persist_failures = 0
         if self.pop.dirty:
             self._arm_persist()
         self.pop.on_dirty = self._arm_persist   # armed by the next change only: an idle store sleeps

@@ -1,8 +1,10 @@
-"""A gateway's hold on a wildcard filter and the light-queue registry's count of it are two writes
-in two RocksDBs (the SDK metadata, the light-queue metadata). These tests put the SDK metadata of
-a real `lmqtt store` on a tmpfs of its own and fill it, so that the hold's write fails and the
-count's does not, and check what subscribers rely on: a filter some gateway still holds stays
-indexed, after a restart too; a count that disagrees with the holds is repaired at start."""
+"""The SDK metadata of a real `lmqtt store` on a full disk: its directory is a tmpfs of its own,
+filled, so that its writes fail while the rest of the store's do not.
+
+A gateway's hold on a wildcard filter and the light-queue registry's count of it are two writes in
+two RocksDBs (the SDK metadata, the light-queue metadata); what subscribers rely on: a filter some
+gateway still holds stays indexed, after a restart too, and a count that disagrees with the holds
+is repaired at start. The POP state, written every tick, is logged once per failing episode."""
 from __future__ import annotations
 
 import os
@@ -127,3 +129,26 @@ def test_registry_counts_that_disagree_with_the_holds_are_repaired_at_start(tmp_
                    "k/# to index k/x for the SDK consumer")
     finally:
         store.stop()
+
+
+def test_pop_state_that_cannot_be_written_is_logged_once_and_written_once_space_returns(store_with_small_sdk_meta):
+    store, disk = store_with_small_sdk_meta
+    with connect(store.address) as c:
+        p = c.producer()
+        for i in range(4):
+            p.send("pq", b"%d" % i)
+        _fill(disk, c)
+        popped = c.cmd("pop", group="g", topic="pq", queue_id=0, max_count=2, invisible_ms=60000)
+        assert len(popped[1]) == 2, popped
+        # the state is written every 0.1 s and fails each time while the disk is full
+        _until(lambda: "event=pop_persist_failed" in store.log_tail(100_000), 10, "the failure logged")
+        time.sleep(1.0)
+        assert store.log_tail(100_000).count("event=pop_persist_failed") == 1
+        disk.free()
+        _until(lambda: "event=pop_persist_resumed" in store.log_tail(100_000), 30, "the state written")
+        assert c.admin().pop_info("g", "pq", 0)["inflight"] == 2
+    store.kill9()
+    store.start()
+    with connect(store.address) as c:
+        info = c.admin().pop_info("g", "pq", 0)       # as written once space was back
+        assert (info["next"], info["inflight"]) == (2, 2), info
