@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from .. import protocol as W
@@ -152,7 +153,9 @@ class StoreConnection(asyncio.Protocol):
             disk.write_failed(META_WRITES, e, META_THEN)
             self.srv.meta_full = True
             disk.refused += 1
-            msg = (f"disk full: cannot write the SDK metadata next to {disk.data_dir} "
+            # RocksDB's error names the file: which of the node's metadata databases it was
+            which = "the light-queue metadata" if f"{os.sep}lightqueue{os.sep}" in str(e) else "the SDK metadata"
+            msg = (f"disk full: cannot write {which} next to {disk.data_dir} "
                    f"({size_text(disk.free_bytes())} free); nothing was stored, send again once space is freed")
         self.srv.errors += 1
         self.srv.disk_full_refusals += 1
@@ -222,6 +225,12 @@ class StoreConnection(asyncio.Protocol):
             except Exception as e:  # noqa: BLE001 - a bug answers one request, never kills the server
                 if is_disk_full(e):     # e.g. RocksDB (the SDK metadata) out of space
                     self._disk_full(rid, e)
+                    continue
+                if "Writer has previous error" in str(e):
+                    # RocksDB refusing after one of its writes failed (a full disk, an I/O error):
+                    # the cause was reported when it happened; no traceback for each refusal
+                    self._error(rid, W.E_STORE, f"metadata write refused: {e} (an earlier write failed: it is "
+                                                "refused until the database recovers; nothing was stored)")
                     continue
                 log.exception("event=handler_failed op=%#x", op)
                 self._error(rid, W.E_INTERNAL, f"{type(e).__name__}: {e}")

@@ -1,10 +1,12 @@
-"""The SDK metadata of a real `lmqtt store` on a full disk: its directory is a tmpfs of its own,
-filled, so that its writes fail while the rest of the store's do not.
+"""The metadata of a real `lmqtt store` on a full disk: the directory of one of its RocksDBs is a
+tmpfs of its own, filled, so that its writes fail while the rest of the store's do not.
 
 A gateway's hold on a wildcard filter and the light-queue registry's count of it are two writes in
 two RocksDBs (the SDK metadata, the light-queue metadata); what subscribers rely on: a filter some
 gateway still holds stays indexed, after a restart too, and a count that disagrees with the holds
-is repaired at start. The POP state, written every tick, is logged once per failing episode."""
+is repaired at start. The POP state, written every tick, is logged once per failing episode. A
+refusal names the database that is full, and RocksDB's refusals after a failed write are answered
+as store errors, not internal ones."""
 from __future__ import annotations
 
 import os
@@ -152,3 +154,28 @@ def test_pop_state_that_cannot_be_written_is_logged_once_and_written_once_space_
     with connect(store.address) as c:
         info = c.admin().pop_info("g", "pq", 0)       # as written once space was back
         assert (info["next"], info["inflight"]) == (2, 2), info
+
+
+def test_a_full_light_queue_metadata_is_named_and_its_later_refusals_are_store_errors(tmp_path):
+    data = tmp_path / "data"
+    os.makedirs(data / "lightqueue" / "meta")
+    disk = SmallDisk(str(data / "lightqueue" / "meta"), 16).mount()
+    store = LmqttStore(str(data), log_path=str(tmp_path / "store.log")).start()
+    try:
+        with connect(store.address) as c:
+            disk.fill(0)
+            for i in range(20_000):            # registrations until RocksDB finds no room
+                try:
+                    c.cmd("gw_register", gateway="g", filter=f"z{i}/#")
+                except StoreClientError as e:
+                    assert "disk full: cannot write the light-queue metadata" in str(e), e
+                    break
+            else:
+                raise AssertionError("the light-queue metadata never ran out of space")
+            # RocksDB refuses every write after the failed one ("Writer has previous error")
+            with pytest.raises(StoreClientError, match="store: metadata write refused: .*an earlier write failed"):
+                c.cmd("gw_flush")
+        assert "handler_failed" not in store.log_tail(100_000)
+    finally:
+        store.stop()
+        disk.umount()
