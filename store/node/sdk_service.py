@@ -49,7 +49,17 @@ def install(server: StoreServer, lq: LightQueueStore) -> None:
             return
         if lq.registry.refcount(flt) == 0 or meta.get_json(SDK_FILTER + flt) is None:
             lq.register_filter(flt)
-            meta.put_json(SDK_FILTER + flt, 1)
+            try:
+                meta.put_json(SDK_FILTER + flt, 1)
+            except BaseException:
+                # not registered after all (a full disk): the count is taken back, else each
+                # retry would add one that nothing lets go of until the next start repairs it
+                # (gateway_service.py `load_holds`)
+                try:
+                    lq.unregister_filter(flt)
+                except Exception as e:  # noqa: BLE001 - one count too many: repaired at the next start
+                    log.error("event=filter_unregister_failed filter=%r error=%r", flt, e)
+                raise
         held.add(flt)
 
     for key in meta.keys_with_prefix(SDK_FILTER):

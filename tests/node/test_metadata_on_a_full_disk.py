@@ -98,12 +98,41 @@ def test_a_first_hold_refused_on_a_full_disk_leaves_its_filter_unregistered(stor
         assert c.cmd("gw_filters", gateway="gw3")["filters"] == {}
         p = c.producer()
         p.send("r/x", b"while refused")
-        p.send("r/plain", b"flush")
-        _until(lambda: _max(c, "r/plain") == 1, 10, "the plain topic")
+        p.send("other/r", b"flush")
+        _until(lambda: _max(c, "other/r") == 1, 10, "dispatch past a topic of no filter")
         assert _max(c, "r/#") == 0            # held by nobody: not indexed
         assert c.cmd("gw_register", gateway="gw3", filter="r/#")["count"] == 1
         p.send("r/x", b"held")
         _until(lambda: _max(c, "r/#") == 1, 10, "r/# to index r/x")
+
+
+def test_an_sdk_subscribe_refused_on_a_full_disk_leaves_its_filter_unregistered(store_with_small_sdk_meta):
+    store, disk = store_with_small_sdk_meta
+    with connect(store.address) as c:
+        _fill(disk, c)
+        for _ in range(3):                    # the consumer retries
+            with pytest.raises(StoreClientError, match="disk full"):
+                c.cmd("subscribe", filter="s/#")
+        disk.free()
+
+        def writable() -> bool:
+            try:
+                c.cmd("gw_register", gateway="filler", filter="z/#")
+                return True
+            except StoreClientError:
+                return False
+        _until(writable, 30, "the SDK metadata to take writes again")
+        p = c.producer()
+        p.send("s/x", b"while refused")
+        p.send("other/s", b"flush")
+        _until(lambda: _max(c, "other/s") == 1, 10, "dispatch past a topic of no filter")
+        assert _max(c, "s/#") == 0            # registered by nobody: not indexed
+        c.cmd("subscribe", filter="s/#")
+        assert c.cmd("unsubscribe", filter="s/#")["ok"] is True
+        p.send("s/x", b"after")
+        p.send("other/s", b"flush again")
+        _until(lambda: _max(c, "other/s") == 2, 10, "dispatch past a topic of no filter")
+        assert _max(c, "s/#") == 0            # let go by its one holder: not indexed
 
 
 def test_registry_counts_that_disagree_with_the_holds_are_repaired_at_start(tmp_path):
