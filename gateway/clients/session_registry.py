@@ -80,6 +80,9 @@ class SessionRegistry:
             gauge.set_function(lambda: len(self.dormant))
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
+        # while the orphan wills of a crash are not taken (`publish_orphan_wills` failed): the
+        # clients that connected since, whose crash wills their CONNECT voided
+        self._connected_since: set[str] | None = None
         # a fleet's store node publishes the wills of a gateway away past its grace period
         storage.wills.on_wills_published(self.wills_published_elsewhere)
 
@@ -114,6 +117,8 @@ class SessionRegistry:
         wt = self._will_timers.pop(client_id, None)
         if wt is not None:
             wt[0].cancel()
+        if self._connected_since is not None:      # orphan wills not taken yet: not this one's
+            self._connected_since.add(client_id)
         self.void_will(client_id, wt is not None)
         d = self.dormant.pop(client_id, None)
         if d is not None:
@@ -405,15 +410,43 @@ class SessionRegistry:
         except Exception as e:  # noqa: BLE001 - a record we cannot use: delivered again as new
             log.error("event=inflight_restore_failed client_id=%s error=%r", s.client_id, e)
 
+    ORPHAN_WILLS_RETRY_S = 5.0
+
     def publish_orphan_wills(self) -> int:
         """Wills this gateway held for connections alive at its crash: send them now. Only its own
         (`take_wills`): in a fleet, the wills of clients on other gateways are theirs, and those of
-        a gateway that does not come back are published by the store node (docs/fleet.md)."""
+        a gateway that does not come back are published by the store node (docs/fleet.md). A take
+        that fails (the store away, its disk full) is tried again later (`_retry_orphan_wills`)."""
         try:
             wills = self.wills.take().wait()
         except Exception as e:
-            log.error("event=take_wills_failed error=%r (orphan wills not published now; they stay stored)", e)
+            log.error("event=take_wills_failed error=%r (orphan wills published once the store takes them: tried "
+                      "again every %.0f s)", e, self.ORPHAN_WILLS_RETRY_S)
+            self._connected_since = set()
+            self.loop.call_later(self.ORPHAN_WILLS_RETRY_S, self._retry_orphan_wills)
             return 0
+        return self._publish_orphans(wills)
+
+    def _retry_orphan_wills(self) -> None:
+        """The wills held now, less those of clients that connected since the failed take (their
+        CONNECT voided the crash's will; what is held for them now is their live connection's):
+        each is let go of and published. Decided in the turn the answer arrives, so a CONNECT that
+        comes after is ordered after these pops on the store's link."""
+        def got(a) -> None:
+            e = a.exception()
+            if e is not None:
+                log.error("event=take_wills_failed error=%r (tried again in %.0f s)", e, self.ORPHAN_WILLS_RETRY_S)
+                self.loop.call_later(self.ORPHAN_WILLS_RETRY_S, self._retry_orphan_wills)
+                return
+            connected, self._connected_since = self._connected_since or set(), None
+            orphans = [(cid, w) for cid, w in a.result() if cid not in connected]
+            for cid, _w in orphans:
+                self.drop_will(cid)
+            n = self._publish_orphans(orphans)
+            log.info("event=orphan_wills_published wills=%d skipped_reconnected=%d", n, len(a.result()) - len(orphans))
+        self.wills.held().add_done_callback(got)
+
+    def _publish_orphans(self, wills) -> int:
         n = 0
         for cid, w in wills:
             try:
