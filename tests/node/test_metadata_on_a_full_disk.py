@@ -46,6 +46,20 @@ def _fill(disk, c) -> None:
     raise AssertionError("the SDK metadata never ran out of space")
 
 
+def _free(disk, c) -> None:
+    """Free the disk and wait until the SDK metadata takes writes again (its RocksDB resumes by
+    itself once space is back)."""
+    disk.free()
+
+    def writable() -> bool:
+        try:
+            c.cmd("gw_register", gateway="filler", filter="z/#")
+            return True
+        except StoreClientError:
+            return False
+    _until(writable, 30, "the SDK metadata to take writes again")
+
+
 @pytest.fixture
 def store_with_small_sdk_meta(tmp_path):
     """An `lmqtt store` whose `sdk-meta` directory is a 16 MiB tmpfs (`disk.fill()` fills it)."""
@@ -86,15 +100,7 @@ def test_a_first_hold_refused_on_a_full_disk_leaves_its_filter_unregistered(stor
         _fill(disk, c)
         with pytest.raises(StoreClientError, match="disk full"):
             c.cmd("gw_register", gateway="gw3", filter="r/#")
-        disk.free()
-
-        def writable() -> bool:               # the SDK metadata's RocksDB resumes once space is back
-            try:
-                c.cmd("gw_register", gateway="filler", filter="z/#")
-                return True
-            except StoreClientError:
-                return False
-        _until(writable, 30, "the SDK metadata to take writes again")
+        _free(disk, c)
         assert c.cmd("gw_filters", gateway="gw3")["filters"] == {}
         p = c.producer()
         p.send("r/x", b"while refused")
@@ -113,15 +119,7 @@ def test_an_sdk_subscribe_refused_on_a_full_disk_leaves_its_filter_unregistered(
         for _ in range(3):                    # the consumer retries
             with pytest.raises(StoreClientError, match="disk full"):
                 c.cmd("subscribe", filter="s/#")
-        disk.free()
-
-        def writable() -> bool:
-            try:
-                c.cmd("gw_register", gateway="filler", filter="z/#")
-                return True
-            except StoreClientError:
-                return False
-        _until(writable, 30, "the SDK metadata to take writes again")
+        _free(disk, c)
         p = c.producer()
         p.send("s/x", b"while refused")
         p.send("other/s", b"flush")
