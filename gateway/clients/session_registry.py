@@ -402,8 +402,8 @@ class SessionRegistry:
         try:
             requeued: list = []
             n = s.resume_saved(message_at, requeued) if state is None else s.restore(state, message_at, requeued)
-            log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d",
-                     s.client_id, n, len(s.inbound_ids()[1]))
+            log.info("event=inflight_restored client_id=%s outbound=%d inbound_qos2=%d %s",
+                     s.client_id, n, len(s.inbound_ids()[1]), s.exchanges_text())
             for q, off, why in requeued:
                 log.warning("event=inflight_requeued client_id=%s queue=%s offset=%d reason=%r (its queue is "
                             "delivered again from the committed offset)", s.client_id, q, off, why)

@@ -161,6 +161,16 @@ class Saved:
         state, self._saved = self._saved, None
         return 0 if state is None else self.restore(state, message_at, requeued)
 
+    def exchanges_text(self: "MqttSession", most: int = 8) -> str:
+        """The exchanges in flight for a log line, at most `most` of each kind: outbound as
+        `pid:queue@offset/state`, the inbound QoS 2 ids stored (awaiting PUBREL) and those written
+        ahead with their keys. Why: what a restart resumed (a PUBLISH answered as a duplicate, an
+        offset resumed or skipped) is read from these when a delivery goes missing."""
+        out = [f"{inf[0]}:{inf[3]}@{inf[4]}/{inf[7]}" for inf in list(self._window.values())[:most]]
+        in2 = sorted(self._in2 or ())[:most]
+        ahead = [f"{pid}:{key}" for pid, (_t, key, _ms) in list((self._in_keys or {}).items())[:most]]
+        return f"out={out} in2={in2} in2_ahead={ahead}"
+
     def saved_counts(self: "MqttSession") -> tuple[int, int]:
         """(outbound, inbound QoS 2) exchanges of the state kept as read, for logs."""
         st = self._saved or {}

@@ -105,6 +105,12 @@ INBOUND = [
         when=lambda s, out: (s.restore({"in2p": [[9, "t/x", "k1", 5]], "in2": [4]}, lambda q, o: None),
                              s.written_ahead(9), s.snapshot()["in2p"], s.publish_received(2, 9, 100)),
         answer=(0, ("t/x", "k1", 5), [[9, "t/x", "k1", 5]], ACCEPT), state={"in_wait": {9}, "in2": {4}}),
+    Row("MQTT-4.3.3-9", "a restored session's inbound QoS 2 ids, stored and written ahead with their keys, "
+        "read for the log line of its restore",
+        given=lambda: session(expiry=60),
+        when=lambda s, out: (s.restore({"in2p": [[9, "t/x", "k1", 5]], "in2": [4, 2]}, lambda q, o: None),
+                             s.exchanges_text()),
+        answer=(0, "out=[] in2=[2, 4] in2_ahead=['9:k1']")),
 ]
 
 
