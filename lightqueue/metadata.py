@@ -357,7 +357,15 @@ class MetadataStore(RetainedMessages, Wills):
     def _session(self, v: bytes) -> SessionRecord:
         rec = SessionRecord.from_bytes(v)
         if self.qos2_stored is not None and IN2_PENDING.encode() in v:
-            resolve_pending_qos2(rec, self.qos2_stored)
+            ask = self.qos2_stored
+
+            def stored(topic: str, key: str, ms: int) -> bool:
+                # rare (an id written ahead of an append that did not answer), and what decides
+                # whether the client's PUBLISH sent again is stored or answered as a duplicate
+                found = ask(topic, key, ms)
+                log.info("event=qos2_pending_settled client_id=%s key=%s stored=%s", rec.client_id, key, found)
+                return found
+            resolve_pending_qos2(rec, stored)
         return rec
 
     def delete_session(self, client_id: str) -> bool:

@@ -9,6 +9,7 @@ Before, the id was written only after the append: a message appended just before
 stored a second time when the publisher sent it again (DUP)."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -66,7 +67,7 @@ def test_qos2_publish_in_flight_at_a_gateway_kill_is_stored_once(fleet):
     assert dict(_stored(fleet, "t/#")) == {b"m0": 1, b"in": 1}, fleet.log_tail()
 
 
-def test_pending_qos2_ids_are_settled_against_the_log(tmp_path):
+def test_pending_qos2_ids_are_settled_against_the_log(tmp_path, caplog):
     """The store side of it, on a real store and metadata DB: a session record read back with
     pending inbound ids knows the one whose message (by its key) is in the log as stored, awaiting
     PUBREL, and keeps the one whose message is not pending with its key (a stalled gateway may
@@ -88,8 +89,13 @@ def test_pending_qos2_ids_are_settled_against_the_log(tmp_path):
                  "in2p": [[50, "t/a", stored_key, now], [51, "t/a", lost_key, now]]}
         lq.metadata.put_session("pub", SessionRecord("pub", expiry_interval=60, extra={INFLIGHT: state}))
         lq.metadata.put_session("old", SessionRecord("old", expiry_interval=60, extra={INFLIGHT: {"in2": [9]}}))
+        caplog.set_level(logging.INFO, logger="lmqtt.lightqueue.metadata")
         got = lq.metadata.get_session("pub").extra[INFLIGHT]
         assert got["in2"] == [7, 50] and got["in2p"] == [[51, "t/a", lost_key, now]]
+        # each lookup is logged: it decides whether the PUBLISH sent again is stored or a duplicate
+        assert [r.getMessage() for r in caplog.records if "qos2_pending_settled" in r.getMessage()] == [
+            f"event=qos2_pending_settled client_id=pub key={stored_key} stored=True",
+            f"event=qos2_pending_settled client_id=pub key={lost_key} stored=False"]
         listed = {rec.client_id: rec.extra[INFLIGHT] for rec in lq.metadata.list_sessions()}
         assert listed["pub"]["in2"] == [7, 50] and listed["pub"]["in2p"] == [[51, "t/a", lost_key, now]]
         assert listed["old"] == {"in2": [9]}
