@@ -51,10 +51,28 @@ class PullResult(NamedTuple):
 
 class LightQueueStore:
     def __init__(self, store: Any, path: str, *, cache_bytes: int = 64 << 20,
-                 metadata_sync: bool = False) -> None:
-        """Open (or create) the light queues under `path`; call before `store.start()`."""
+                 metadata_sync: bool = False, filter_linger_s: float = 0.0) -> None:
+        """Open (or create) the light queues under `path`; call before `store.start()`.
+
+        `filter_linger_s`: how long a wildcard filter let go by its last holder stays indexed, its
+        queue whole, before the queue is dropped (`unregister_filter`; 0: at once). A store node
+        (`lmqtt store --filter-linger-s`, default 60) serves holders that are independent
+        processes - the gateways of a fleet or of `serve --workers` - and a release may reach it
+        just before the registration that takes over: gateways starting together each reconcile
+        their own holds (the one whose sessions moved away lets go, the one that restores them
+        registers), in either order. Dropped at once, the queue went with the entries of messages
+        still in flight to the sessions it was taken over for, and its numbering went on past
+        them: acknowledged messages lost (`lmqtt bench chaos`, `serve --workers 2` across a store
+        restart). The single-process `serve` has one set of holders: no linger."""
         os.makedirs(path, exist_ok=True)
         self._store = store
+        self.filter_linger_s = filter_linger_s
+        # wildcard filters let go by their last holder, still indexed -> when their queue is
+        # dropped (insertion order is deadline order: one linger for all); the timer that drops
+        # them; the lock that orders a drop against a registration taking the filter back
+        self._lingering: dict[str, float] = {}
+        self._linger_timer: threading.Timer | None = None
+        self._filters_lock = threading.RLock()
         # each database keeps at most the store's per-database share of table files open
         budget = getattr(store, "budget", None)
         tables = budget.rocksdb_tables if budget is not None else -1
@@ -103,65 +121,169 @@ class LightQueueStore:
         """Register one subscriber of `flt` (validated, persisted); returns its reference count.
         A wildcard filter going 0 -> 1 starts an epoch: from the log's end now on, its queue holds
         every matching record (lightqueue/replay.py)."""
-        new = is_wildcard(flt) and self.registry.refcount(flt) == 0
-        if new and self.before_register is not None:
-            self.before_register()
         if not is_wildcard(flt):
             return self.registry.register(flt)
-        ep = []
+        with self._filters_lock:
+            lingered = self._take_back([flt])
+            new = self.registry.refcount(flt) == 0
+            if new and not lingered and self.before_register is not None:
+                self.before_register()
+            ep = []
 
-        def epoch() -> tuple[int, int]:      # once in the trie: from the log's end now on
-            ep.append((int(self._store.max_offset), int(time.time() * 1000)))
-            return ep[0]
-        n = self.registry.register(flt, epoch)     # the count and a new epoch in one write
-        if ep:
-            self._epochs[flt] = ep[0]
-        return n
+            def epoch() -> tuple[int, int]:
+                # lingering, the queue held every matching record all along: its epoch goes on;
+                # else once in the trie: from the log's end now on
+                kept = self._epochs.get(flt) if lingered else None
+                ep.append(kept or (int(self._store.max_offset), int(time.time() * 1000)))
+                return ep[0]
+            try:
+                n = self.registry.register(flt, epoch)     # the count and the epoch in one write
+            except BaseException:
+                self._linger_again(lingered)
+                raise
+            if ep:
+                self._epochs[flt] = ep[0]
+            return n
 
     def register_filters(self, filters) -> None:
         """register_filter for many filters in one metadata write (e.g. restoring sessions)."""
         fl = list(filters)
-        if self.before_register is not None and any(is_wildcard(f) and not self.registry.refcount(f) for f in fl):
-            self.before_register()
-        self.registry.register_many(fl)
-        for f in set(fl):
-            if is_wildcard(f) and self.metadata.get_filter_epoch(f) is None:
-                self._start_epoch(f)
+        with self._filters_lock:
+            lingered = self._take_back(fl)
+            if self.before_register is not None and any(
+                    is_wildcard(f) and not self.registry.refcount(f) and f not in lingered for f in fl):
+                self.before_register()
+            try:
+                self.registry.register_many(fl)
+            except BaseException:
+                self._linger_again(lingered)
+                raise
+            for f in set(fl):
+                if is_wildcard(f) and self.metadata.get_filter_epoch(f) is None:
+                    self._resume_epoch(f, f in lingered)
 
     def set_filter_counts(self, counts: dict[str, int]) -> None:
         """Set filters' reference counts (each > 0) as given (`FilterRegistry.set_counts`); a
         wildcard filter registered anew starts its epoch, as with `register_filters`."""
-        fresh = [f for f, n in counts.items() if n > 0 and is_wildcard(f) and not self.registry.refcount(f)]
-        if fresh and self.before_register is not None:
-            self.before_register()
-        failed: Exception | None = None
-        try:
-            self.registry.set_counts(counts)        # held in memory even when the write fails
-        except Exception as e:  # noqa: BLE001 - raised below, once the epochs are started
-            failed = e
-        for f in fresh:
+        with self._filters_lock:
+            lingered = self._take_back([f for f, n in counts.items() if n > 0])
+            fresh = [f for f, n in counts.items() if n > 0 and is_wildcard(f) and not self.registry.refcount(f)]
+            if self.before_register is not None and any(f not in lingered for f in fresh):
+                self.before_register()
+            failed: Exception | None = None
             try:
-                if self.metadata.get_filter_epoch(f) is None:
-                    self._start_epoch(f)
-            except Exception as e:  # noqa: BLE001 - the epoch is held in memory; raised below
-                failed = failed or e
-        if failed is not None:
-            raise failed
+                self.registry.set_counts(counts)        # held in memory even when the write fails
+            except Exception as e:  # noqa: BLE001 - raised below, once the epochs are started
+                failed = e
+            for f in fresh:
+                try:
+                    if self.metadata.get_filter_epoch(f) is None:
+                        self._resume_epoch(f, f in lingered)
+                except Exception as e:  # noqa: BLE001 - the epoch is held in memory; raised below
+                    failed = failed or e
+            if failed is not None:
+                raise failed
 
     def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
-        """Drop one reference; a wildcard filter at 0 leaves the trie and its queue is dropped."""
-        n = self.registry.unregister(flt)
-        if n == 0 and is_wildcard(flt):
+        """Drop one reference. A wildcard filter at 0 stays indexed for `filter_linger_s` (a
+        registration meanwhile takes it back, its queue whole: FILTER_LINGER_S says why), then
+        leaves the trie and its queue is dropped (at once when the linger is 0)."""
+        if not is_wildcard(flt):
+            return self.registry.unregister(flt)
+        with self._filters_lock:
+            held = self.registry.refcount(flt) > 0
+            linger = held and self.filter_linger_s > 0
+            n = self.registry.unregister(flt, keep_indexed=linger)
+            if n > 0 or flt in self._lingering:
+                return n
+            if linger:
+                self._lingering[flt] = time.monotonic() + self.filter_linger_s
+                self._arm_linger()
+                # the epoch is kept here for a registration that takes the filter back; written
+                # down no more: a store restarting meanwhile does not index the filter until then
+                try:
+                    self.metadata.delete_filter_epoch(flt)
+                except Exception as e:  # noqa: BLE001 - the count is written: the release holds
+                    log.error("event=filter_epoch_delete_failed filter=%r error=%r (its queue's epoch stays "
+                              "written: a replay of its history after a restart may read the queue over a "
+                              "span it did not index)", flt, e)
+                return 0
             self._epochs.pop(flt, None)
             self.metadata.delete_filter_epoch(flt)
             if drop_queue:
                 self.index.drop_queue(flt)
-        return n
+            return n
+
+    def lingering(self) -> list[str]:
+        """The wildcard filters let go by their last holder and still indexed (FILTER_LINGER_S)."""
+        with self._filters_lock:
+            return list(self._lingering)
+
+    def _take_back(self, filters) -> dict[str, float]:
+        """Those of `filters` lingering (with their deadlines): no longer, they are registered
+        again. Caller holds _filters_lock."""
+        out = {}
+        for f in filters:
+            d = self._lingering.pop(f, None)
+            if d is not None:
+                out[f] = d
+        return out
+
+    def _linger_again(self, lingered: dict[str, float]) -> None:
+        """A registration that took `lingered` back failed: they linger on as before."""
+        for f, d in lingered.items():
+            if self.registry.refcount(f) == 0:
+                self._lingering[f] = d
+        self._arm_linger()
+
+    def _arm_linger(self) -> None:
+        """Start the timer for the first lingering filter's deadline, unless one is set."""
+        if self._linger_timer is not None or not self._lingering or self._closed:
+            return
+        first = next(iter(self._lingering.values()))
+        t = threading.Timer(max(0.0, first - time.monotonic()), self._drop_lingering)
+        t.daemon = True
+        t.name = "lmqtt-lq-linger"
+        self._linger_timer = t
+        t.start()
+
+    def _drop_lingering(self) -> None:
+        """The timer: every lingering filter whose time is up leaves the trie, its queue dropped."""
+        with self._filters_lock:
+            self._linger_timer = None
+            if self._closed:
+                return
+            now = time.monotonic()
+            while self._lingering:
+                flt, deadline = next(iter(self._lingering.items()))
+                if deadline > now:
+                    break
+                del self._lingering[flt]
+                if self.registry.refcount(flt) > 0:
+                    continue                    # counted again (a new primary's registry, read again)
+                self.registry.forget(flt)
+                self._epochs.pop(flt, None)
+                try:
+                    self.index.drop_queue(flt)
+                    log.debug("event=filter_dropped filter=%s linger_s=%g", flt, self.filter_linger_s)
+                except Exception as e:  # noqa: BLE001 - its entries stay (retention deletes them)
+                    log.error("event=filter_drop_failed filter=%r error=%r (no longer indexed; its entries stay "
+                              "until retention deletes them)", flt, e)
+            self._arm_linger()
 
     def _start_epoch(self, flt: str) -> None:
         ep = (int(self._store.max_offset), int(time.time() * 1000))
         self._epochs[flt] = ep
         self.metadata.put_filter_epoch(flt, *ep)
+
+    def _resume_epoch(self, flt: str, lingered: bool) -> None:
+        """The epoch of `flt` registered anew: the one it had if it was lingering (its queue
+        held every matching record all along), else a new one from the log's end."""
+        ep = self._epochs.get(flt) if lingered else None
+        if ep is None:
+            self._start_epoch(flt)
+        else:
+            self.metadata.put_filter_epoch(flt, *ep)
 
     def filter_epoch(self, flt: str) -> tuple[int, int] | None:
         """(CommitLog position, ms) since when `flt`'s light queue holds every matching record, while
@@ -399,6 +521,10 @@ class LightQueueStore:
         """Close the index and the metadata DB (shut the store down first)."""
         if self._closed:
             return
-        self._closed = True
+        with self._filters_lock:
+            self._closed = True
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
         self.index.close()
         self.metadata.close()

@@ -4,7 +4,9 @@ Why reference counts: a wildcard filter gets its own light queue while at least 
 subscribed to it; when the last subscriber goes (`unregister_filter` to 0) the queue stops
 receiving entries and can be dropped. The counts live in the metadata DB (WAL on), so the
 registry is reloaded exactly on restart; the gateway should re-register filters of sessions it
-restores and unregister those of sessions that end.
+restores and unregister those of sessions that end. A filter at 0 may stay in the trie a while
+(`unregister(keep_indexed=True)`, then `forget`): LightQueueStore lets a filter linger so that a
+holder taking it back soon finds its queue whole (light_queue_store.py says why).
 
 `queues_for_topic` is on the publish hot path. It walks the trie (cost ~ topic depth) and keeps
 a small LRU of recent results (device topics repeat), cleared whenever the set of wildcard
@@ -43,13 +45,14 @@ class FilterRegistry:
         with self._lock:
             n = self._refs.get(flt, 0) + 1
             added = n == 1 and is_wildcard(flt)
-            if added:
-                self._trie.add(flt)
+            # False for a filter lingering in the trie at 0 (`keep_indexed`): it stays there
+            inserted = added and self._trie.add(flt)
+            if inserted:
                 self._cache = OrderedDict()  # publishers holding the old dict write into garbage
             try:
                 self._meta.put_filter_ref(flt, n, epoch() if added and epoch is not None else None)
             except BaseException:
-                if added:                    # not registered: out of the trie again
+                if inserted:                 # not registered: out of the trie again
                     self._trie.remove(flt)
                     self._cache = OrderedDict()
                 raise
@@ -85,20 +88,30 @@ class FilterRegistry:
             self._cache = OrderedDict()
             self._meta.set_filter_refs(counts)
 
-    def unregister(self, flt: str) -> int:
-        """Drop one reference; at 0 the filter leaves the trie. Returns the new count."""
+    def unregister(self, flt: str, keep_indexed: bool = False) -> int:
+        """Drop one reference; at 0 the filter leaves the trie, unless `keep_indexed` (it is then
+        still matched, its count 0, until `forget` or a new registration). Returns the new count."""
         with self._lock:
             if flt not in self._refs:
                 return 0
             n = self._meta.add_filter_ref(flt, -1)
             if n == 0:
                 del self._refs[flt]
-                if is_wildcard(flt):
+                if is_wildcard(flt) and not keep_indexed:
                     self._trie.remove(flt)
                     self._cache = OrderedDict()
             else:
                 self._refs[flt] = n
         return n
+
+    def forget(self, flt: str) -> bool:
+        """A filter kept in the trie at 0 (`unregister(keep_indexed=True)`) leaves it, unless it
+        was registered again since. Returns whether it left."""
+        with self._lock:
+            if flt in self._refs or not is_wildcard(flt) or not self._trie.remove(flt):
+                return False
+            self._cache = OrderedDict()
+            return True
 
     def reload(self) -> None:
         """Read the counts again from the metadata (a store group member that becomes primary:

@@ -157,7 +157,7 @@ async def _serve(cfg: NodeConfig, loop_name: str) -> int:
                                                     cfg.tier_parquet_merge_after_s))
             from lmqtt.store.node.tier_parquet import attach_parquet
             attach_parquet(store, cfg.tier_parquet)
-        lq = LightQueueStore(store, os.path.join(data, "lightqueue"))
+        lq = LightQueueStore(store, os.path.join(data, "lightqueue"), filter_linger_s=cfg.filter_linger_s)
         store.start()
         srv = StoreServer(store, os.path.join(data, "sdk-meta"), host=host, port=port, token=cfg.token,
                           max_frame=int(cfg.max_frame_mb) << 20)

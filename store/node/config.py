@@ -209,6 +209,9 @@ class NodeConfig:
     metrics_host: str | None = setting(None, "address of the metrics listener (default: host)", flag=False)
     will_grace_s: float = setting(5.0, "publish the wills of a gateway whose store connection stays gone this "
                                        "long (default 5)", low=0.0, high=86400.0, unit="seconds")
+    filter_linger_s: float = setting(60.0, "a wildcard filter its last holder let go of stays indexed this long, "
+                                           "its queue whole for a holder taking it back (default 60; 0: dropped "
+                                           "at once)", low=0.0, high=86400.0, unit="seconds")
     session_sweep_s: float = setting(60.0, "check this often for sessions whose gateway is gone for good: expired "
                                            "ones end (default 60)", low=0.1, high=86400.0, unit="seconds")
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING (default INFO)")

@@ -177,18 +177,62 @@ def test_everything_survives_restart(tmp_path):
         lq.close()
 
 
-def test_unregister_drops_unused_wildcard_queue(pair):
+def _until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_wildcard_queue_let_go_by_its_last_holder_is_dropped_once_its_linger_ends(pair):
     st, lq = pair
+    lq.filter_linger_s = 0.3
     assert lq.register_filter("u/+") == 1
     assert lq.register_filter("u/+") == 2
     publish(st, lq, "u/1", b"a")
     assert lq.unregister_filter("u/+") == 1
     assert lq.max_offset("u/+") == 1 and lq.pull("u/+", 0).messages   # still in use
     assert lq.unregister_filter("u/+") == 0
+    assert lq.lingering() == ["u/+"]
+    publish(st, lq, "u/2", b"b")                                        # still indexed meanwhile
+    assert [m.body for m in lq.pull("u/+", 0).messages] == [b"a", b"b"]
+    _until(lambda: not lq.lingering())
     assert lq.queues_for_topic("u/1") == ("u/1",)
     assert lq.pull("u/+", 0).messages == []
-    assert lq.min_offset("u/+") == lq.max_offset("u/+") == 1           # numbering never restarts
+    assert lq.min_offset("u/+") == lq.max_offset("u/+") == 2           # numbering never restarts
     assert [m.body for m in lq.pull("u/1", 0).messages] == [b"a"]       # the topic queue is untouched
+    assert lq.register_filter("u/+") == 1                               # back: from where it ended
+    publish(st, lq, "u/3", b"c")
+    assert [(m.queue_offset, m.body) for m in lq.pull("u/+", 0).messages] == [(2, b"c")]
+
+
+def test_a_wildcard_filter_taken_back_while_it_lingers_keeps_its_queue_and_its_epoch(pair):
+    # one holder lets go just before another registers (gateways starting together, each
+    # reconciling its own holds): the entries of messages still in flight must stay readable
+    st, lq = pair
+    lq.filter_linger_s = 60
+    assert lq.register_filter("w/#") == 1
+    publish(st, lq, "w/1", b"a")
+    epoch = lq.filter_epoch("w/#")
+    assert lq.unregister_filter("w/#") == 0
+    publish(st, lq, "w/2", b"b")
+    assert lq.register_filter("w/#") == 1
+    assert lq.lingering() == []
+    assert [(m.queue_offset, m.body) for m in lq.pull("w/#", 0).messages] == [(0, b"a"), (1, b"b")]
+    assert lq.filter_epoch("w/#") == epoch == lq.metadata.get_filter_epoch("w/#")
+    assert lq.unregister_filter("w/#") == 0                             # and many at once
+    lq.register_filters(["w/#", "w/#"])
+    assert lq.registry.refcount("w/#") == 2 and lq.lingering() == []
+    assert lq.metadata.get_filter_epoch("w/#") == epoch
+
+
+def test_a_wildcard_filter_let_go_with_no_linger_is_dropped_at_once(pair):
+    st, lq = pair                             # the default: one process holds every filter
+    assert lq.register_filter("z/+") == 1
+    publish(st, lq, "z/1", b"a")
+    assert lq.unregister_filter("z/+") == 0
+    assert lq.lingering() == [] and lq.queues_for_topic("z/1") == ("z/1",)
+    assert lq.min_offset("z/+") == lq.max_offset("z/+") == 1
 
 
 @pytest.mark.slow

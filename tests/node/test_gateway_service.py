@@ -47,6 +47,25 @@ def test_filter_holds_per_gateway_survive_a_restart_and_release_last(lmqtt_store
         assert c.cmd("gw_filters", gateway="gw2")["filters"] == {}
 
 
+def test_a_filter_one_gateway_lets_go_of_just_before_another_holds_it_keeps_its_queue_whole(lmqtt_store):
+    # Gateways starting together each reconcile their own holds: the one whose sessions moved away
+    # lets go, the one that restores them registers, in either order. The entries of the messages
+    # still in flight to those sessions, and those stored meanwhile, must stay readable.
+    with connect(lmqtt_store.address) as c:
+        p = c.producer()
+        assert c.cmd("gw_register", gateway="gw-old", filter="lg/#")["count"] == 1
+        p.send("lg/a", b"1")
+        p.send("lg/a", b"2")
+        assert _until_max(c, "lg/#", 2) == 2
+        assert c.cmd("gw_unregister", gateway="gw-old", filter="lg/#")["count"] == 0
+        p.send("lg/a", b"3")                                 # nobody holds it for a moment
+        assert _until_max(c, "lg/#", 3) == 3
+        assert c.cmd("gw_register", gateway="gw-new", filter="lg/#")["count"] == 1
+        header, recs = c.cmd("gw_pull", queue="lg/#", offset=0, max_count=10)
+        assert [r[8] for r in recs] == [b"1", b"2", b"3"]
+        assert c.cmd("gw_unregister", gateway="gw-new", filter="lg/#")["count"] == 0
+
+
 def test_metadata_commands_round_trip(lmqtt_store):
     import base64
 

@@ -66,7 +66,9 @@ def store_with_small_sdk_meta(tmp_path):
     data = tmp_path / "data"
     os.makedirs(data / "sdk-meta")
     disk = SmallDisk(str(data / "sdk-meta"), 16).mount()
-    store = LmqttStore(str(data), log_path=str(tmp_path / "store.log"))
+    # a filter no holder is left with is dropped at once, not after the default linger: the
+    # tests below check that a refused registration leaves nothing indexed
+    store = LmqttStore(str(data), ("--filter-linger-s", "0"), log_path=str(tmp_path / "store.log"))
     try:
         yield store.start(), disk
     finally:
