@@ -192,3 +192,36 @@ def test_a_gateway_drops_its_offline_copy_of_a_session_another_gateway_took_over
     finally:
         stop_all([a, b], store)
         redis.stop()
+
+
+def test_a_filter_one_gateway_lets_go_of_at_start_stays_whole_for_the_gateway_that_restores_its_session(tmp_path):
+    """The store's holds say gateway A holds `lg/#`, while the persistent session subscribed to it
+    was last served by B (a session moved between two gateways while the disk was full leaves them
+    so). Both restart: A, whose own sessions do not use the filter, lets go of it before B,
+    restoring the session, registers it again. The message stored while the session was away and
+    the one stored while nobody held the filter both reach the session on B."""
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    b = LmqttGateway(store.address, ("--gateway-id", "gw-b"), log_dir=str(tmp_path)).start()
+    a = None
+    try:
+        sub = Paho(b, "lg-sub", clean=False)
+        sub.subscribe("lg/#", 1)
+        sub.disconnect()
+        with connect(store.address) as c:
+            p = c.producer()
+            p.send("lg/x", b"while away")
+            assert until(lambda: c.cmd("filter_offsets", filter="lg/#")["max_offset"] == 1, 10)
+            b.kill9()
+            assert c.cmd("gw_register", gateway="gw-a", filter="lg/#")["count"] == 1
+            assert c.cmd("gw_unregister", gateway="gw-b", filter="lg/#")["count"] == 0
+            a = LmqttGateway(store.address, ("--gateway-id", "gw-a"), log_dir=str(tmp_path)).start()
+            assert until(lambda: c.cmd("gw_filters", gateway="gw-a")["filters"] == {}, 10)   # A let go
+            p.send("lg/y", b"while nobody held it")
+            b.start()
+            assert until(lambda: c.cmd("gw_filters", gateway="gw-b")["filters"] == {"lg/#": 1}, 10)
+        sub = Paho(b, "lg-sub", clean=False)
+        assert sub.session_present
+        assert [m.payload for m in sub.get_n(2)] == [b"while away", b"while nobody held it"]
+        sub.disconnect()
+    finally:
+        stop_all([g for g in (a, b) if g is not None], store)
