@@ -186,7 +186,7 @@ class LightQueueStore:
 
     def unregister_filter(self, flt: str, *, drop_queue: bool = True) -> int:
         """Drop one reference. A wildcard filter at 0 stays indexed for `filter_linger_s` (a
-        registration meanwhile takes it back, its queue whole: FILTER_LINGER_S says why), then
+        registration meanwhile takes it back, its queue whole: `__init__` says why), then
         leaves the trie and its queue is dropped (at once when the linger is 0)."""
         if not is_wildcard(flt):
             return self.registry.unregister(flt)
@@ -215,7 +215,7 @@ class LightQueueStore:
             return n
 
     def lingering(self) -> list[str]:
-        """The wildcard filters let go by their last holder and still indexed (FILTER_LINGER_S)."""
+        """The wildcard filters let go by their last holder and still indexed (`filter_linger_s`)."""
         with self._filters_lock:
             return list(self._lingering)
 
