@@ -553,6 +553,14 @@ class SessionPersistence:
         (they would write over its successor's, or recreate a deleted session's)."""
         self.dirty_sessions.discard(s)
 
+    def drop_writes(self, s: "MqttSession") -> None:
+        """The session's copy stays here, but its record is another gateway's to write now (a
+        fleet gateway's copy kept after another's claim): nothing pending of it is written, not
+        its journal of this tick (as a failed write: the packets waiting for it are not sent, the
+        client sends its own again) nor its offsets."""
+        self._journal.pop(s, None)
+        self.dirty_sessions.discard(s)
+
     def forget_group(self, g: "SharedGroup") -> None:
         """The group was dropped (its last member unsubscribed): its offset is not written any more."""
         self.dirty_groups.discard(g)

@@ -38,6 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("lmqtt.gateway.fleet.sessions")
 
 CLAIMS_CHANNEL = "lmqtt:sessions:claims"
+# how often a copy let go of for another gateway's claim asks the store again whether that gateway
+# wrote the session's record (the SESSIONS_MOVED push normally says so first; this is for a push
+# missed while the link to the store was down)
+CLAIMED_RECHECK_S = 30.0
 
 
 def _now_ms() -> int:
@@ -236,6 +240,10 @@ class FleetSessionRegistry(SessionRegistry):
         self.offsets = storage.offsets
         storage.sessions.on_sessions_swept(self.sessions_swept)
         storage.sessions.on_sessions_moved(self.sessions_moved)
+        # client ids whose copy here was let go of for another gateway's claim and is kept, with
+        # its wildcard filter holds, until the store's record names that gateway (`_keep_until_moved`)
+        self._claimed_away: set[str] = set()
+        self._recheck_handle: asyncio.TimerHandle | None = None
 
     def void_will(self, client_id: str, delayed_here: bool) -> None:
         """Claims sent to a store that voids the other gateways' wills of the clients claimed
@@ -255,9 +263,10 @@ class FleetSessionRegistry(SessionRegistry):
 
     def release_to_other_gateway(self, client_id: str, since_ms: int = 0, claimant: str = "") -> None:
         """Gateway `claimant` attached a connection to `client_id` at `since_ms`: close ours with
-        0x8E and let the session go without writing its record (the new owner holds the newer
-        one); offsets are saved (progress, never a loss). A will without delay is published, as on
-        a local takeover; a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
+        0x8E and let the session go without writing its record (the new owner writes the newer
+        one); offsets are saved (progress, never a loss), and the copy stays offline here until
+        the record names the new owner (`_keep_until_moved`). A will without delay is published,
+        as on a local takeover; a delayed one is dropped (the client is back, MQTT 5 §3.1.3.2.2)."""
         conn = self.owner(client_id)
         if conn is not None and outlives_claim(getattr(conn, "fleet_attached_ms", 0), self.persist.host or "",
                                                since_ms, claimant):
@@ -267,8 +276,7 @@ class FleetSessionRegistry(SessionRegistry):
             d = self.dormant.get(client_id)
             if ((s is not None and not s.online and (s.disconnected_at_ms or 0) <= since_ms)
                     or (d is not None and d.last_ms <= since_ms)):
-                self._forget_local(client_id)      # stale copy: the other gateway has it now
-                self.metrics.sessions.set(self.count())
+                self._keep_until_moved(client_id)      # stale copy once the other gateway's record is written
             return
         s = conn.session
         self.taken_over_elsewhere += 1
@@ -286,12 +294,70 @@ class FleetSessionRegistry(SessionRegistry):
                 self.persist.save_offsets(s)
             self.subscriptions.go_offline(s)
             if self.sessions.get(client_id) is s:
-                self._forget_local(client_id)
+                if s.persistent:
+                    # offline here, its record left as it is: the other gateway writes the next one
+                    self.persist.drop_writes(s)
+                    s.disconnected_at_ms = _now_ms()
+                    self._schedule_expiry(s)
+                    self._keep_until_moved(client_id)
+                else:
+                    self._forget_local(client_id)
         if will is not None:
             delay = (will.properties.will_delay_interval or 0) if conn.version == 5 else 0
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
         self.metrics.sessions.set(self.count())
+
+    def _keep_until_moved(self, client_id: str) -> None:
+        """Another gateway claimed `client_id`: keep the offline copy here, and with it its
+        wildcard filter holds, until the store's record of the session names that gateway (or the
+        session ended), then drop it. The claim comes before the claimant's first write of the
+        record, and that write may fail (a full disk at the store) or never happen (the claimant
+        killed first): dropped at the claim, the copy's holds went with it while the record still
+        named this gateway, and once the claimant let go of the filter too (its restart restores
+        only the records naming it) nobody held it: the filter's queue was dropped and what was
+        published meanwhile never reached the session. The store says when the record moves
+        (SESSIONS_MOVED, `sessions_moved`); it is asked now, as that push may have come before
+        the claim, and every CLAIMED_RECHECK_S while the copy is kept."""
+        self._claimed_away.add(client_id)
+        self._check_claimed(client_id)
+        if self._recheck_handle is None:
+            self._recheck_handle = self.loop.call_later(CLAIMED_RECHECK_S, self._recheck_claimed)
+
+    def _recheck_claimed(self) -> None:
+        self._recheck_handle = None
+        for cid in list(self._claimed_away):
+            self._check_claimed(cid)
+        if self._claimed_away:
+            self._recheck_handle = self.loop.call_later(CLAIMED_RECHECK_S, self._recheck_claimed)
+
+    def _check_claimed(self, cid: str) -> None:
+        """Drop the copy kept for `_keep_until_moved` if the store's record no longer names this
+        gateway; keep it if it does or the store cannot say now (asked again later)."""
+        s = self.sessions.get(cid) or self.dormant.get(cid)
+        if s is None or getattr(s, "online", False):
+            self._claimed_away.discard(cid)        # resumed or reloaded here since: not kept for a claim
+            return
+
+        def checked(f) -> None:
+            if (self.sessions.get(cid) or self.dormant.get(cid)) is not s or getattr(s, "online", False):
+                self._claimed_away.discard(cid)
+                return
+            if f.cancelled() or f.exception() is not None:
+                return
+            rec = f.result()
+            if rec is None or rec.host not in (None, self.persist.host):
+                self._claimed_away.discard(cid)
+                self._forget_local(cid)
+                self.metrics.sessions.set(self.count())
+                log.info("event=claimed_copy_dropped client_id=%s gateway=%s", cid, rec.host if rec else None)
+        self.store_sessions.get(cid).add_done_callback(checked)
+
+    def close(self) -> None:
+        if self._recheck_handle is not None:
+            self._recheck_handle.cancel()
+            self._recheck_handle = None
+        super().close()
 
     def sessions_swept(self, client_ids) -> None:
         """The store took this gateway for gone while it was cut off and marked offline, or ended,

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from lmqtt.store.client import connect
 from tests.support import LmqttGateway, LmqttStore, Paho, free_port, metric, stop_all, until, wait_metric
@@ -225,3 +226,46 @@ def test_a_filter_one_gateway_lets_go_of_at_start_stays_whole_for_the_gateway_th
         sub.disconnect()
     finally:
         stop_all([g for g in (a, b) if g is not None], store)
+
+
+def test_a_session_claimed_by_a_gateway_that_never_writes_its_record_keeps_its_filter_where_it_was(tmp_path):
+    """Gateway A serves a persistent session subscribed to `cw/#`. Another gateway claims the
+    client id (its new connection) and then never writes the session's record: its write failed
+    on a full disk, or it was killed first (here the claim is sent and nothing follows it). A
+    closes its connection, but the record still names A, so A keeps its copy offline and with it
+    the hold on `cw/#`: a message published meanwhile is indexed, and the session, back on A,
+    gets it. (It used to drop the copy at the claim: nobody held the filter, its queue was
+    dropped, and the message never reached the session.) Once a record naming another gateway
+    is written, A drops the copy. The store runs without a filter linger."""
+    store = LmqttStore(str(tmp_path / "store"), ("--filter-linger-s", "0"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, ("--gateway-id", "gw-a"), log_dir=str(tmp_path)).start()
+    try:
+        sub = Paho(a, "cw-sub", clean=False)
+        sub.subscribe("cw/#", 1)
+        with connect(store.address) as c:
+            assert c.cmd("gw_filters", gateway="gw-a")["filters"] == {"cw/#": 1}
+            c.cmd("gw_claim_sessions", gateway="gw-b", claims=[["cw-sub", int(time.time() * 1000)]])
+        sub.disconnects.get(timeout=10)          # taken over (0x8E), by the claim
+        sub.c.loop_stop()                        # paho would reconnect by itself
+        with connect(store.address) as c:
+            assert c.cmd("gw_filters", gateway="gw-a")["filters"] == {"cw/#": 1}
+            c.producer().send("cw/x", b"while claimed")
+            assert until(lambda: c.cmd("filter_offsets", filter="cw/#")["max_offset"] == 1, 10)
+        back = Paho(a, "cw-sub", clean=False)
+        assert back.session_present
+        assert [m.payload for m in back.get_n(1)] == [b"while claimed"]
+        back.disconnect()
+        assert wait_metric(a.metrics_url, "lmqtt_sessions", 1) == 1
+        # the claimant writes its record now (here: a clean start ends the session on another
+        # gateway): A drops its copy and its hold
+        b = LmqttGateway(store.address, ("--gateway-id", "gw-b"), log_dir=str(tmp_path)).start()
+        try:
+            Paho(b, "cw-sub", clean=True).disconnect()
+            assert wait_metric(a.metrics_url, "lmqtt_sessions", 0) == 0, a.log_tail()
+            with connect(store.address) as c:
+                assert until(lambda: c.cmd("gw_filters", gateway="gw-a")["filters"] == {}, 10)
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+        store.stop()
