@@ -407,6 +407,13 @@ class Broker:
             # loses nothing the client was told exists (one record write less per session)
         elif was_persistent:
             self.persist.delete_session(cid)
+        elif pkt.clean_start and self.persist.host is not None:
+            # a fleet gateway: the session this clean start discards (MQTT-3.1.2-4) may live only
+            # in the store's record (another gateway served it). It goes now, and CONNACK after
+            # the store's answer: the session that lasts as long as this connection writes no
+            # record, and a gateway killed before this connection's end left the old one to be
+            # resumed later. Its gateway drops its copy when told (SESSIONS_MOVED)
+            conn.wait_for_store(self.persist.delete_session(cid))
 
         ack = P.ConnAck(present, 0)
         if v == 5:

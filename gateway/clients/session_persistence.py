@@ -21,7 +21,7 @@ from json.encoder import encode_basestring as _quote
 
 from lmqtt.gateway.mqtt import ReasonCode
 from lmqtt.gateway.session import ClientSubscription
-from lmqtt.gateway.storage.facades import log_failure
+from lmqtt.gateway.storage.facades import Answer, log_failure
 from lmqtt.lightqueue.records import (HOST, NEVER_EXPIRES, SessionRecord,
                                       Subscription as SubscriptionRecord)
 
@@ -510,12 +510,15 @@ class SessionPersistence:
                     conn.write(data)
             answer.add_done_callback(sent)
 
-    def delete_session(self, client_id: str) -> None:
-        """Drop the record and the session's offsets (consumer name = client id)."""
+    def delete_session(self, client_id: str) -> "Answer[None]":
+        """Drop the record and the session's offsets (consumer name = client id). A failure is
+        logged here; the answer is the caller's to wait for (a CONNACK that must follow it)."""
         self._later.pop(client_id, None)
         self._connected.pop(client_id, None)
         self._left.pop(client_id, None)
-        log_failure(self.sessions.delete(client_id), log, "delete_session_failed", client_id=client_id)
+        answer = self.sessions.delete(client_id)
+        log_failure(answer, log, "delete_session_failed", client_id=client_id)
+        return answer
 
     def records_for_restore(self):
         """The session records' bytes to restore at start (`dormant_from` reads each): all of them in

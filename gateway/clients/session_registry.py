@@ -220,7 +220,13 @@ class SessionRegistry:
         self.persist.forget(s)
         if self.sessions.get(s.client_id) is s:
             del self.sessions[s.client_id]
-        self.persist.delete_session(s.client_id)
+        if s.persistent:
+            # expired, or discarded by a clean start. A session without expiry has no record: the
+            # CONNECT that began it deleted any earlier one (a persistent copy here ended, a
+            # persistent session resumed without expiry, a fleet's clean start), and a DISCONNECT
+            # setting its expiry to 0 deleted its own; each clean client's end was a metadata
+            # write (a fleet's: a store request) for nothing
+            self.persist.delete_session(s.client_id)
         self.metrics.sessions.set(self.count())
 
     def _expired(self, cid: str) -> None:

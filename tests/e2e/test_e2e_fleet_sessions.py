@@ -269,3 +269,32 @@ def test_a_session_claimed_by_a_gateway_that_never_writes_its_record_keeps_its_f
     finally:
         a.stop()
         store.stop()
+
+
+def test_a_clean_start_on_another_gateway_discards_the_session_even_if_that_gateway_is_killed(tmp_path):
+    """A persistent session left gateway A subscribed to `cs/#`. Its client connects with clean
+    session 1 on gateway B, which is killed (kill -9) while that connection is open. The old
+    session is gone all the same (MQTT-3.1.2-4: a clean start discards it): the client connecting
+    to A with clean session 0 finds no session, and what is published to its old filter does not
+    reach it. (The record used to be deleted only when the clean connection ended: with B killed
+    first, the old session came back.)"""
+    store = LmqttStore(str(tmp_path / "store"), log_path=str(tmp_path / "store.log")).start()
+    a = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    b = LmqttGateway(store.address, log_dir=str(tmp_path)).start()
+    try:
+        old = Paho(a, "cs-dev", clean=False)
+        old.subscribe("cs/#", 1)
+        old.disconnect()
+        clean = Paho(b, "cs-dev", clean=True)
+        assert not clean.session_present
+        b.kill9()
+        clean.c.loop_stop()                     # paho would reconnect by itself
+        back = Paho(a, "cs-dev", clean=False)
+        assert not back.session_present, a.log_tail()
+        pub = Paho(a, "cs-pub")
+        pub.publish("cs/x", b"to nobody", qos=1)
+        assert back.drain(1.0) == []
+        for c in (back, pub):
+            c.disconnect()
+    finally:
+        stop_all([a], store)
