@@ -1,6 +1,6 @@
 """Broker CPU per persistent session of a reconnect storm, on `lmqtt serve`.
 
-    lmqtt bench storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop]
+    lmqtt bench storm [--sessions 3000] [--rounds 3] [--lmqtt-src DIR] [--mosquitto] [--drop] [--clean]
 
 The `sessions` scenario of `lmqtt bench compare` reports rates, which on a shared machine the
 generator and the other processes set as much as the broker. This counts what the broker spends:
@@ -8,7 +8,8 @@ its process CPU time (user + system, /proc/PID/stat) across a storm of `--sessio
 at a time, each CONNECT (3.1.1, clean session 0) + SUBSCRIBE to a filter of its own + DISCONNECT,
 first as new sessions, then resuming them (`--rounds` of each, fresh data dir per round), divided
 by the number of sessions: microseconds per CONNECT + SUBSCRIBE + DISCONNECT (`--drop`: the
-client closes its socket instead of sending DISCONNECT, as in an outage). `--mosquitto`
+client closes its socket instead of sending DISCONNECT, as in an outage; `--clean`: clean session 1,
+devices that connect, subscribe and leave with nothing kept, both phases alike). `--mosquitto`
 measures Mosquitto (in memory, as `lmqtt bench compare` runs it) the same way.
 `--lmqtt-src DIR`: run lmqtt from that source tree (a `git archive` of a commit, its compiled
 modules copied in), to compare commits on the same machine in the same minutes.
@@ -40,14 +41,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _storm(port: int, n: int, tag: str, drop: bool = False) -> int:
+async def _storm(port: int, n: int, tag: str, drop: bool = False, clean: bool = False) -> int:
     sem = asyncio.Semaphore(CONCURRENCY)
     present = 0
 
     async def one(i: int) -> None:
         nonlocal present
         async with sem:
-            c = await connect("127.0.0.1", port, f"st-{tag}-{i}", 4, clean=False, timeout=60)
+            c = await connect("127.0.0.1", port, f"st-{tag}-{i}", 4, clean=clean, timeout=60)
             present += bool(c.connack.session_present)
             await c.subscribe(f"st/{tag}/{i}/+", 1, timeout=60)
             if drop:                         # the connection just goes (an outage), no DISCONNECT
@@ -76,17 +77,17 @@ def _start(kind: str, workdir: str, port: int, lmqtt_src: str | None) -> subproc
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run_round(kind: str, n: int, lmqtt_src: str | None, drop: bool = False) -> dict:
+def run_round(kind: str, n: int, lmqtt_src: str | None, drop: bool = False, clean: bool = False) -> dict:
     workdir = tempfile.mkdtemp(prefix="conn-storm-")
     port = free_port()
     proc = _start(kind, workdir, port, lmqtt_src)
     try:
         wait_port("127.0.0.1", port, 30)
         time.sleep(1.0)                     # start-up work done
-        out = {"broker": kind, "sessions": n, "drop": drop}
+        out = {"broker": kind, "sessions": n, "drop": drop, "clean": clean}
         for phase in ("new", "resumed"):
             c0, t0 = _cpu_s(proc.pid), time.monotonic()
-            present = asyncio.run(_storm(port, n, "d", drop))
+            present = asyncio.run(_storm(port, n, "d", drop, clean))
             time.sleep(0.5)                 # the last disconnects handled
             c1, t1 = _cpu_s(proc.pid), time.monotonic()
             out[f"{phase}_us_per_session"] = round((c1 - c0) / n * 1e6, 1)
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mosquitto", action="store_true", help="also measure Mosquitto, round by round")
     ap.add_argument("--drop", action="store_true",
                     help="clients close their sockets without DISCONNECT (an outage's storm) instead of disconnecting")
+    ap.add_argument("--clean", action="store_true",
+                    help="clean sessions (clean session 1: nothing outlives the connection) instead of persistent ones")
     a = ap.parse_args(argv)
     kinds = ["lmqtt"] + (["mosquitto"] if a.mosquitto else [])
     if a.lmqtt_src:
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(a.rounds):
         for k in kinds:
-            r = run_round(k, a.sessions, a.lmqtt_src, a.drop)
+            r = run_round(k, a.sessions, a.lmqtt_src, a.drop, a.clean)
             rows[k].append(r)
             print(json.dumps(r), flush=True)
     for k, rs in rows.items():
