@@ -197,19 +197,13 @@ class LightQueueStore:
             if n > 0 or flt in self._lingering:
                 return n
             if linger:
+                # the epoch is kept here for a registration that takes the filter back; its
+                # written copy went with the count (`FilterRegistry.unregister`): a store
+                # restarting meanwhile does not index the filter until then
                 self._lingering[flt] = time.monotonic() + self.filter_linger_s
                 self._arm_linger()
-                # the epoch is kept here for a registration that takes the filter back; written
-                # down no more: a store restarting meanwhile does not index the filter until then
-                try:
-                    self.metadata.delete_filter_epoch(flt)
-                except Exception as e:  # noqa: BLE001 - the count is written: the release holds
-                    log.error("event=filter_epoch_delete_failed filter=%r error=%r (its queue's epoch stays "
-                              "written: a replay of its history after a restart may read the queue over a "
-                              "span it did not index)", flt, e)
                 return 0
             self._epochs.pop(flt, None)
-            self.metadata.delete_filter_epoch(flt)
             if drop_queue:
                 self.index.drop_queue(flt)
             return n

@@ -493,21 +493,22 @@ class MetadataStore(RetainedMessages, Wills):
                 return out
 
     # -- filter registry (used by FilterRegistry) -------------------------------------------
-    def add_filter_ref(self, flt: str, delta: int) -> int:
-        """Change the reference count of a registered filter; returns the new count (>= 0)."""
-        if self._group_tid is not None:
-            self._flush_group()
+    def release_filter_ref(self, flt: str, n: int, epoch_too: bool) -> None:
+        """Write `flt`'s reference count `n` after one reference was let go of (the caller holds
+        the counts: FilterRegistry; 0 deletes it) and, with `epoch_too` (a wildcard filter let go
+        of by its last holder), delete its epoch in the same WAL write: a device's own filter,
+        registered on its SUBSCRIBE and released when it leaves, was a read and two writes here."""
         key = P_FILTER + flt.encode("utf-8")
-        with self._lock:
-            v = self._db.get(key)
-            n = max(0, (0 if v is None else U32.unpack(v)[0]) + delta)
-            wb = self._batch()
-            if n:
-                wb.put(key, U32.pack(n))
-            else:
-                wb.delete(key)
+        group = self._grouped() if self._group_tid is not None else None
+        wb = group if group is not None else self._batch()
+        if n:
+            wb.put(key, U32.pack(n))
+        else:
+            wb.delete(key)
+            if epoch_too:
+                wb.delete(P_EPOCH + flt.encode("utf-8"))
+        if group is None:
             self._write(wb)
-        return n
 
     def put_filter_ref(self, flt: str, n: int, epoch: tuple[int, int] | None = None) -> None:
         """Write `flt`'s reference count `n` (> 0; the caller holds the counts: FilterRegistry)

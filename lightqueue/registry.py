@@ -90,11 +90,16 @@ class FilterRegistry:
 
     def unregister(self, flt: str, keep_indexed: bool = False) -> int:
         """Drop one reference; at 0 the filter leaves the trie, unless `keep_indexed` (it is then
-        still matched, its count 0, until `forget` or a new registration). Returns the new count."""
+        still matched, its count 0, until `forget` or a new registration), and a wildcard
+        filter's epoch is deleted with the count (lingering, its queue's epoch is held by the
+        light-queue store, not written). Returns the new count. The count written is the one
+        held here, as in `register`."""
         with self._lock:
-            if flt not in self._refs:
+            held = self._refs.get(flt)
+            if held is None:
                 return 0
-            n = self._meta.add_filter_ref(flt, -1)
+            n = held - 1 if held > 0 else 0
+            self._meta.release_filter_ref(flt, n, is_wildcard(flt))
             if n == 0:
                 del self._refs[flt]
                 if is_wildcard(flt) and not keep_indexed:
