@@ -272,8 +272,8 @@ def test_a_session_claimed_by_a_gateway_that_never_writes_its_record_keeps_its_f
 
 
 def test_a_clean_start_on_another_gateway_discards_the_session_even_if_that_gateway_is_killed(tmp_path):
-    """A persistent session left gateway A subscribed to `cs/#`. Its client connects with clean
-    session 1 on gateway B, which is killed (kill -9) while that connection is open. The old
+    """A persistent session left gateway A subscribed to `cs/#`. Its client connects on gateway B
+    with clean session 1, and B is killed (kill -9) while that connection is open. The old
     session is gone all the same (MQTT-3.1.2-4: a clean start discards it): the client connecting
     to A with clean session 0 finds no session, and what is published to its old filter does not
     reach it. (The record used to be deleted only when the clean connection ended: with B killed
