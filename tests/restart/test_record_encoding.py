@@ -77,6 +77,7 @@ def test_record_bytes_are_the_reference_encoding(s, host, offline_ms):
     if ref.last_disconnect_ms is None and rec.last_disconnect_ms is not None:
         ref.last_disconnect_ms = rec.last_disconnect_ms
     assert rec.to_bytes() == ref.to_bytes()
+    assert rec.is_stub == ref.is_stub        # asked of every record written, without decoding it
     assert _fields(rec) == _fields(ref)
     assert _fields(SessionRecord.from_bytes(rec.to_bytes())) == _fields(ref)
 
