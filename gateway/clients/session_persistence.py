@@ -569,7 +569,7 @@ class SessionPersistence:
         its journal of this tick (as a failed write: the packets waiting for it are not sent, the
         client sends its own again) nor its offsets."""
         self._journal.pop(s, None)
-        self.dirty_sessions.discard(s)
+        self.forget(s)
 
     def forget_group(self, g: "SharedGroup") -> None:
         """The group was dropped (its last member unsubscribed): its offset is not written any more."""

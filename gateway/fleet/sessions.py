@@ -339,19 +339,13 @@ class FleetSessionRegistry(SessionRegistry):
             self._claimed_away.discard(cid)        # resumed or reloaded here since: not kept for a claim
             return
 
-        def checked(f) -> None:
-            if (self.sessions.get(cid) or self.dormant.get(cid)) is not s or getattr(s, "online", False):
-                self._claimed_away.discard(cid)
-                return
-            if f.cancelled() or f.exception() is not None:
-                return
-            rec = f.result()
+        def checked(rec) -> None:
             if rec is None or rec.host not in (None, self.persist.host):
                 self._claimed_away.discard(cid)
                 self._forget_local(cid)
                 self.metrics.sessions.set(self.count())
                 log.info("event=claimed_copy_dropped client_id=%s gateway=%s", cid, rec.host if rec else None)
-        self.store_sessions.get(cid).add_done_callback(checked)
+        self._ask_record(cid, s, checked, lambda _e: None, lambda: self._claimed_away.discard(cid))
 
     def close(self) -> None:
         if self._recheck_handle is not None:
@@ -552,22 +546,31 @@ class FleetSessionRegistry(SessionRegistry):
         elsewhere since (its record gone, connected, left later, or written by another gateway);
         `failed(error)` if the store could not say. Nothing if the copy changed meanwhile. `s`: a
         built offline copy, or a `Dormant` one."""
-        dormant = isinstance(s, Dormant)
-        mine = s.last_ms if dormant else (s.disconnected_at_ms or 0)
+        mine = s.last_ms if isinstance(s, Dormant) else (s.disconnected_at_ms or 0)
         host = self.persist.host
 
-        def checked(f) -> None:
-            if (self.dormant.get(cid) is not s) if dormant else (self.sessions.get(cid) is not s or s.online):
-                return                       # resumed or reloaded while the store was asked
-            e = asyncio.CancelledError("session check cancelled") if f.cancelled() else f.exception()
-            if e is not None:
-                failed(e)
-                return
-            rec = f.result()
+        def checked(rec) -> None:
             if (rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine
                     or rec.host not in (None, host)):
                 self._forget_local(cid)
                 self.metrics.sessions.set(self.count())
                 return
             then()
-        self.store_sessions.get(cid).add_done_callback(checked)
+        self._ask_record(cid, s, checked, failed)
+
+    def _ask_record(self, cid: str, s, got, failed, changed=lambda: None) -> None:
+        """Read the store's record of `cid` (without waiting) for a decision about the offline
+        copy `s` (built, or `Dormant`): `got(record or None)`, `failed(error)` if the store could
+        not say, or `changed()` if the copy was resumed or replaced while the store was asked."""
+        dormant = isinstance(s, Dormant)
+
+        def answered(f) -> None:
+            if (self.dormant.get(cid) is not s) if dormant else (self.sessions.get(cid) is not s or s.online):
+                changed()
+                return
+            e = asyncio.CancelledError("session check cancelled") if f.cancelled() else f.exception()
+            if e is not None:
+                failed(e)
+                return
+            got(f.result())
+        self.store_sessions.get(cid).add_done_callback(answered)
