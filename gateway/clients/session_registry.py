@@ -75,9 +75,14 @@ class SessionRegistry:
         # persistent sessions restored at start and not built yet (clients/session_persistence.py
         # `Dormant`): built by `_wake` when their client connects
         self.dormant: dict[str, Dormant] = {}
+        # both gauges are read when scraped: a CONNECT and a session's end set none (a Gauge.set
+        # takes a lock and four calls, twice per connection in a connect storm)
         gauge = getattr(metrics, "sessions_dormant", None)
         if gauge is not None:
             gauge.set_function(lambda: len(self.dormant))
+        gauge = getattr(metrics, "sessions", None)
+        if gauge is not None:
+            gauge.set_function(self.count)
         self._owners: dict[str, "MQTTConnection"] = {}
         self._will_timers: dict[str, tuple[asyncio.TimerHandle, P.Will]] = {}
         # while the orphan wills of a crash are not taken (`publish_orphan_wills` failed): the
@@ -138,7 +143,6 @@ class SessionRegistry:
         if s is None:
             s = MqttSession(client_id)
             self.sessions[client_id] = s
-            self.metrics.sessions.set(self.count())
         if s.expiry_handle is not None:
             s.expiry_handle.cancel()
             s.expiry_handle = None
@@ -227,7 +231,6 @@ class SessionRegistry:
             # setting its expiry to 0 deleted its own; each clean client's end was a metadata
             # write (a fleet's: a store request) for nothing
             self.persist.delete_session(s.client_id)
-        self.metrics.sessions.set(self.count())
 
     def _expired(self, cid: str) -> None:
         if self.on_expired is not None:
@@ -319,7 +322,6 @@ class SessionRegistry:
                 self.persist.save_session(s)
             self._schedule_expiry(s, remaining_ms=(exp * 1000 - (now - last)) if exp != NEVER_EXPIRES else None)
             n += 1
-        self.metrics.sessions.set(self.count())
         return n
 
     def _wake(self, cid: str, d: Dormant) -> MqttSession | None:
@@ -345,7 +347,6 @@ class SessionRegistry:
             self._expired(cid)
             self.persist.delete_session(cid)
         self.subscriptions.release_dormant(d.subs)
-        self.metrics.sessions.set(self.count())
         return s
 
     def _end_dormant(self, cid: str, d: Dormant) -> None:
@@ -362,7 +363,6 @@ class SessionRegistry:
             d.handle.cancel()
             d.handle = None
         self.subscriptions.release_dormant(d.subs)
-        self.metrics.sessions.set(self.count())
 
     def _expire_dormant_later(self, cid: str, d: Dormant) -> None:
         left_ms = d.expiry * 1000 - (_now_ms() - d.last_ms)

@@ -306,7 +306,6 @@ class FleetSessionRegistry(SessionRegistry):
             delay = (will.properties.will_delay_interval or 0) if conn.version == 5 else 0
             if delay == 0:
                 self._publish(client_id, will.qos, will.topic, will.payload, will.retain, will.properties)
-        self.metrics.sessions.set(self.count())
 
     def _keep_until_moved(self, client_id: str) -> None:
         """Another gateway claimed `client_id`: keep the offline copy here, and with it its
@@ -343,7 +342,6 @@ class FleetSessionRegistry(SessionRegistry):
             if rec is None or rec.host not in (None, self.persist.host):
                 self._claimed_away.discard(cid)
                 self._forget_local(cid)
-                self.metrics.sessions.set(self.count())
                 log.info("event=claimed_copy_dropped client_id=%s gateway=%s", cid, rec.host if rec else None)
         self._ask_record(cid, s, checked, lambda _e: None, lambda: self._claimed_away.discard(cid))
 
@@ -486,7 +484,6 @@ class FleetSessionRegistry(SessionRegistry):
             rec = None
         if rec is None:
             self._forget_local(client_id)
-            self.metrics.sessions.set(self.count())
             return
         if offsets is None:
             offsets = self.offsets.get_all(client_id).wait()
@@ -512,7 +509,6 @@ class FleetSessionRegistry(SessionRegistry):
         d = self.dormant.get(client_id)
         if d is not None:                 # restored dormant at start: the new copy holds its filters now
             self._drop_dormant(client_id, d)
-        self.metrics.sessions.set(self.count())
         log.info("event=session_reloaded client_id=%s subscriptions=%d", client_id, len(rec.subscriptions))
 
     def _expire(self, cid: str) -> None:
@@ -553,7 +549,6 @@ class FleetSessionRegistry(SessionRegistry):
             if (rec is None or rec.last_disconnect_ms is None or rec.last_disconnect_ms > mine
                     or rec.host not in (None, host)):
                 self._forget_local(cid)
-                self.metrics.sessions.set(self.count())
                 return
             then()
         self._ask_record(cid, s, checked, failed)

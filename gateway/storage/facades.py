@@ -303,6 +303,8 @@ def log_failure(answer: Answer[Any], log: Any, event: str, **fields: Any) -> Non
     Repeats of one kind are logged once every `REPEATS.every_s` with their count (`Repeats`). A
     write that is written again after a store group's failover (`WrittenAgain`) is logged at INFO
     as `<event>_deferred`: it is not an error, and the operator's ERROR lines stay meaningful."""
+    if answer.__class__ is _Done:     # an in-process write that succeeded: every CONNECT voids a will
+        return
     def done(a: Answer[Any]) -> None:
         e = a.exception()
         if e is None:

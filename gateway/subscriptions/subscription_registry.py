@@ -29,7 +29,6 @@ Interface (what a fleet-wide implementation, e.g. over Redis, has to provide):
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -227,21 +226,30 @@ class SubscriptionRegistry:
         p.ready = Answer.all_in(p._asked())
         return p
 
-    @contextlib.contextmanager
-    def deciding(self, prepared: Prepared):
-        """Decide a SUBSCRIBE inside: `add`, `add_since` and the groups take the prepared answers
-        (a read not prepared is waited for: start-up and rare paths); on exit the holds nothing
-        took are let go of."""
+    def deciding(self, prepared: Prepared) -> "SubscriptionRegistry":
+        """`with registry.deciding(prepared):` decide a SUBSCRIBE inside: `add`, `add_since` and
+        the groups take the prepared answers (a read not prepared is waited for: start-up and rare
+        paths); on exit the holds nothing took are let go of. The registry is its own context
+        manager, not a `contextlib` generator: every SUBSCRIBE runs it, and the generator's
+        helper, frames and `next` calls cost each handshake six Python calls for nothing."""
         self._prepared = prepared
         if prepared.messages:
             self.delivery.at_hand = prepared.messages      # DeliveryEngine.message_at takes them
-        try:
-            yield prepared
-        finally:
-            self._prepared = None
-            if prepared.messages:
-                self.delivery.at_hand = None
-            prepared.release()
+        return self
+
+    def __enter__(self) -> Prepared:
+        p = self._prepared
+        assert p is not None, "use `with registry.deciding(prepared):`"
+        return p
+
+    def __exit__(self, *exc) -> None:
+        prepared = self._prepared
+        self._prepared = None
+        if prepared is None:
+            return
+        if prepared.messages:
+            self.delivery.at_hand = None
+        prepared.release()
 
     def _answer(self, table: str, key: Any, ask: Callable[[], Answer[Any]]) -> Any:
         """The prepared answer of `key` (start offsets: shared by a subscription and a group of

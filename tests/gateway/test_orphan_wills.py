@@ -63,7 +63,7 @@ def test_orphan_wills_the_store_could_not_take_at_start_are_published_once_it_ca
     async def go() -> tuple[list, Wills]:
         wills = Wills({"a": _will("w/a"), "b": _will("w/b"), "c": _will("w/c")})
         published: list[tuple[str, str]] = []
-        metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
+        metrics = SimpleNamespace(sessions=SimpleNamespace(set_function=lambda fn: None))
         reg = SessionRegistry(asyncio.get_running_loop(), metrics, SimpleNamespace(wills=wills), persist=None,
                               subscriptions=None,
                               publish=lambda cid, qos, topic, payload, retain, props: published.append((cid, topic)))

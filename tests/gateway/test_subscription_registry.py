@@ -150,7 +150,7 @@ def test_a_fleet_reload_registers_a_filter_new_here_even_with_two_subscriptions_
     release (its copy dropped) leaves nobody holding it and the filter stops being indexed."""
     reg, store = _registry(host="gw-test")
     metadata = store.metadata
-    metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
+    metrics = SimpleNamespace(sessions=SimpleNamespace(set_function=lambda fn: None))
     fleet = FleetSessionRegistry(None, metrics, metadata, reg.persist, reg, publish=None)
     rec = SessionRecord("moved", 5, 3600, int(time.time() * 1000),
                         [SubscriptionRecord("p/+", 1), SubscriptionRecord("p/+", 1, share_group="g")])
@@ -177,7 +177,7 @@ def test_a_fleet_reload_the_store_refuses_to_hold_leaves_nothing_counted_and_hol
             return Answer.failed(DiskFull(W.E_DISK_FULL, "disk full: cannot write the SDK metadata"))
         return register(f)
     reg.filters.register = register_or_refuse
-    metrics = SimpleNamespace(sessions=SimpleNamespace(set=lambda n: None))
+    metrics = SimpleNamespace(sessions=SimpleNamespace(set_function=lambda fn: None))
     fleet = FleetSessionRegistry(None, metrics, store.metadata, reg.persist, reg, publish=None)
     rec = SessionRecord("moved", 5, 3600, int(time.time() * 1000),
                         [SubscriptionRecord("a/+", 1), SubscriptionRecord("q/+", 1),
