@@ -123,6 +123,7 @@ class SubscriptionRegistry:
         self._filter_users: dict[str, int] = {}                  # wildcard filter -> local users
         self.before_register = before_register
         self._prepared: Prepared | None = None                   # the SUBSCRIBE being decided
+        self._outer: list[Prepared | None] = []                  # those it is decided inside (`deciding`)
         # over several store groups (gateway/storage/grouped_queues.py): the queues a subscription
         # reads (one per group for a filter whose first level is a wildcard, direct or shared: a
         # shared group per part); None: one store
@@ -232,6 +233,7 @@ class SubscriptionRegistry:
         paths); on exit the holds nothing took are let go of. The registry is its own context
         manager, not a `contextlib` generator: every SUBSCRIBE runs it, and the generator's
         helper, frames and `next` calls cost each handshake six Python calls for nothing."""
+        self._outer.append(self._prepared)      # a decision inside another: its own answers, then the outer's
         self._prepared = prepared
         if prepared.messages:
             self.delivery.at_hand = prepared.messages      # DeliveryEngine.message_at takes them
@@ -244,11 +246,10 @@ class SubscriptionRegistry:
 
     def __exit__(self, *exc) -> None:
         prepared = self._prepared
-        self._prepared = None
-        if prepared is None:
-            return
+        assert prepared is not None, "use `with registry.deciding(prepared):`"
+        self._prepared = outer = self._outer.pop()
         if prepared.messages:
-            self.delivery.at_hand = None
+            self.delivery.at_hand = outer.messages if outer is not None and outer.messages else None
         prepared.release()
 
     def _answer(self, table: str, key: Any, ask: Callable[[], Answer[Any]]) -> Any:
