@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version as _v
 from pathlib import Path
 
-KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet", "lmqtt-auth-http")
+KNOWN = ("lmqtt", "mosquitto", "amqtt", "lmqtt-workers", "lmqtt-fleet", "lmqtt-auth-http", "floor", "floor-store")
 
 
 class BrokerUnavailable(RuntimeError):
@@ -355,6 +355,14 @@ def command_for(name: str, port: int, workdir: Path, lmqtt_src: str | None = Non
         except (OSError, subprocess.TimeoutExpired):
             version = "mosquitto"
         return [exe, "-c", str(mosquitto_conf(port, workdir, security, persist))], version
+    if name in ("floor", "floor-store"):     # loadtest/floor_broker.py: the floor of a Python broker
+        module = "lmqtt.loadtest.floor_broker"
+        if lmqtt_src:
+            module = source_path(lmqtt_src, workdir)[1].replace("gateway.cli", "loadtest.floor_broker")
+        argv = [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port)]
+        if name == "floor-store":
+            return [*argv, "--store", str(workdir / "floor-data")], "floor broker (Python, uvloop) + lmqtt's store"
+        return argv, "floor broker (Python, uvloop)"
     if name == "amqtt":
         try:
             version = f"amqtt {_v('amqtt')}"
@@ -461,7 +469,7 @@ def start(name: str, workdir: Path, *, host: str = "127.0.0.1", port: int | None
     log = open(log_path, "wb")
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if name.startswith("lmqtt") and lmqtt_src:
+    if name.startswith(("lmqtt", "floor")) and lmqtt_src:
         src = source_path(lmqtt_src, workdir)[0]
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:

@@ -89,6 +89,7 @@ NOT_BENCH_COMMANDS = {
     "lmqtt.loadtest.fleet_launcher": "the `lmqtt-fleet` broker process that `bench compare` starts, not a benchmark",
     "lmqtt.loadtest.auth_service": "the HTTP auth service `bench compare`'s lmqtt-auth-http broker runs against",
     "lmqtt.loadtest.chaos.nfdelay": "the delaying queue `bench chaos --partitions` starts inside a host's namespace",
+    "lmqtt.loadtest.floor_broker": "the `floor` / `floor-store` brokers `bench cost` and `bench compare` start",
 }
 
 
