@@ -24,7 +24,9 @@ import asyncio
 import os
 import struct
 
+from lmqtt.gateway.mqtt.wire import encode_varint
 from lmqtt.lightqueue import LightQueueStore
+from lmqtt.lightqueue.topics import is_wildcard, topic_matches
 from lmqtt.store.config import StoreConfig
 from lmqtt.store.message import Message
 from lmqtt.store.message_store import MessageStore
@@ -35,22 +37,7 @@ _H = struct.Struct("!H")
 
 
 def _frame(first: int, body: bytes) -> bytes:
-    n = len(body)
-    head = bytearray((first,))
-    while True:
-        d, n = n % 128, n // 128
-        head.append(d | (0x80 if n else 0))
-        if not n:
-            return bytes(head) + body
-
-
-def _matches(levels: list[str], topic: list[str]) -> bool:
-    for i, f in enumerate(levels):
-        if f == "#":
-            return True
-        if i >= len(topic) or (f != "+" and f != topic[i]):
-            return False
-    return len(levels) == len(topic)
+    return bytes((first,)) + encode_varint(len(body)) + body
 
 
 class Floor:
@@ -58,7 +45,7 @@ class Floor:
 
     def __init__(self, store_dir: str | None) -> None:
         self.exact: dict[bytes, list["FloorConnection"]] = {}
-        self.wild: list[tuple[list[str], "FloorConnection"]] = []
+        self.wild: list[tuple[str, "FloorConnection"]] = []
         self.append = None
         if store_dir is not None:
             os.makedirs(store_dir, exist_ok=True)
@@ -76,8 +63,8 @@ class Floor:
     def subscribers(self, topic: bytes) -> list["FloorConnection"]:
         out = list(self.exact.get(topic, ()))
         if self.wild:
-            levels = topic.decode().split("/")
-            out += [c for f, c in self.wild if _matches(f, levels)]
+            t = topic.decode()
+            out += [c for f, c in self.wild if topic_matches(f, t)]
         return out
 
 
@@ -120,12 +107,12 @@ class FloorConnection(asyncio.Protocol):
             if qos == 2:
                 self.transport.close()
                 return
-            if qos:
-                write(b"\x40\x02" + body[pos:pos + 2])  # PUBACK: the record is appended below first
-                pos += 2
-            payload = body[pos:]
-            if self.floor.append is not None:
+            pid = body[pos:pos + 2] if qos else b""
+            payload = body[pos + len(pid):]
+            if self.floor.append is not None:          # appended before it is acknowledged, as in lmqtt
                 self.floor.append(topic.decode(), payload)
+            if qos:
+                write(b"\x40\x02" + pid)              # PUBACK
             head = _H.pack(tl) + topic
             for s in self.floor.subscribers(topic):
                 if qos:
@@ -142,8 +129,8 @@ class FloorConnection(asyncio.Protocol):
                 flt = body[pos + 2:pos + 2 + tl]
                 codes.append(min(body[pos + 2 + tl], 1))
                 pos += 3 + tl
-                if b"+" in flt or b"#" in flt:
-                    self.floor.wild.append((flt.decode().split("/"), self))
+                if is_wildcard(flt.decode()):
+                    self.floor.wild.append((flt.decode(), self))
                 else:
                     self.floor.exact.setdefault(flt, []).append(self)
             write(_frame(0x90, body[:2] + bytes(codes)))
@@ -158,7 +145,7 @@ class FloorConnection(asyncio.Protocol):
         for subs in f.exact.values():
             while self in subs:
                 subs.remove(self)
-        f.wild = [(lv, c) for lv, c in f.wild if c is not self]
+        f.wild = [(flt, c) for flt, c in f.wild if c is not self]
 
 
 async def serve(host: str, port: int, store_dir: str | None) -> None:
