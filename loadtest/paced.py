@@ -374,9 +374,10 @@ class PacedWorker:
         timer = self._timer
         armed = -1
         while not self.stopped:
+            # past t_end, one last pass still sends what fell due before it (a process the
+            # machine held back until then sends late, and its latency says so)
             now = _monotonic_ns()
-            if now >= t_end:
-                break
+            last = now >= t_end
             while next_t <= now and next_t < t_end:
                 p = by_id[next_pub]
                 if not p.owed:
@@ -403,6 +404,8 @@ class PacedWorker:
                     else:
                         p.owed = 0
                 owing = still
+            if last:
+                break
             wake = next_t if next_t < t_end else t_end
             if owing:  # a full window: look again when acks may have come
                 wake = min(wake, _monotonic_ns() + 1_000_000)
