@@ -10,6 +10,8 @@ whole run `perf stat -p PID` counts the broker's syscalls (`raw_syscalls:sys_ent
 switches (voluntary ones are wake-ups: a thread that slept on epoll, a lock or a condition) and
 CPU migrations; /proc gives its user and system CPU. Each figure is divided by the delivered
 messages. Connecting 100 clients is a few thousand syscalls, noise beside the 25,000+ messages.
+Where the kernel has the `ipi:ipi_send_cpu` tracepoint, `ipis_per_msg` counts the inter-processor
+interrupts the broker sends (its writes waking a peer asleep on another CPU, see IPI_EVENT).
 
 Why counts and CPU per message and not rates: on a machine shared with other jobs a rate moves
 10-30 % from one run to the next, and these counts barely move (`perf stat`'s software events
@@ -40,6 +42,25 @@ from . import mqtt_bench
 from .scenarios import ScenarioConfig, defaults_for
 
 EVENTS = ("raw_syscalls:sys_enter", "context-switches", "cpu-migrations", "task-clock")
+# Counted where the kernel has the tracepoint (perf stat refuses an unknown event, so it is probed
+# first): the inter-processor interrupts the broker sends. Profiled (`perf record -g -e
+# ipi:ipi_send_cpu`), nearly all are its socket writes waking a peer asleep on the other CPU; in
+# this VM each costs the sender ~25 us of system time, and their number grows with the time a
+# broker takes from a PUBLISH read to its writes (the peer has gone to sleep meanwhile).
+IPI_EVENT = "ipi:ipi_send_cpu"
+_ipi_countable: bool | None = None
+
+
+def _events() -> tuple[str, ...]:
+    """EVENTS, and IPI_EVENT when this kernel and perf can count it (probed once)."""
+    global _ipi_countable
+    if _ipi_countable is None:
+        try:
+            probe = subprocess.run(["perf", "stat", "-e", IPI_EVENT, "true"], capture_output=True, timeout=30)
+            _ipi_countable = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _ipi_countable = False
+    return EVENTS + ((IPI_EVENT,) if _ipi_countable else ())
 
 
 SCENARIOS = ("latency", "devices", "pairs", "fanin")
@@ -91,7 +112,7 @@ def _perf_counts(text: str) -> dict:
     out = {}
     for line in text.splitlines():
         parts = line.split(",")    # -x, : value,unit,event,...
-        if len(parts) >= 3 and parts[2] in EVENTS:
+        if len(parts) >= 3 and (parts[2] in EVENTS or parts[2] == IPI_EVENT):
             try:
                 out[parts[2]] = float(parts[0])
             except ValueError:
@@ -127,7 +148,7 @@ def measure(spec: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
         cfg = _cfg(scen, rb, a)
         out_file = work / f"trace-{os.getpid()}-{time.monotonic_ns()}.txt"
         if trace == "perf":
-            tool = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p", str(pid),
+            tool = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(_events()), "-p", str(pid),
                                      "-o", str(out_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             tool = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out_file)],
@@ -157,8 +178,9 @@ def measure(spec: str, scen: str, a, work: Path, trace: str = "perf") -> dict:
                     "involuntary_cs_per_msg": round((n1 - n0) / n, 3)})
         if trace == "perf":
             c = _perf_counts(text)
-            sc, cs = c.get("raw_syscalls:sys_enter"), c.get("context-switches")
+            sc, cs, ipi = c.get("raw_syscalls:sys_enter"), c.get("context-switches"), c.get(IPI_EVENT)
             row.update({"syscalls_per_msg": round(sc / n, 3) if sc is not None else None,
+                        "ipis_per_msg": round(ipi / n, 3) if ipi is not None else None,
                         "context_switches_per_msg": round(cs / n, 3) if cs is not None else None,
                         "cpu_us_per_msg": (round(c["task-clock"] * 1e3 / n, 2)
                                            if c.get("task-clock") is not None else None)})

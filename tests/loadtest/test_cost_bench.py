@@ -20,6 +20,7 @@ PERF_OUT = """# started on Wed Nov 25 21:19:39 2026
 9,,raw_syscalls:sys_enter,93671,100.00,96.081,K/sec
 3,,context-switches,93671,100.00,32.027,K/sec
 <not counted>,,cpu-migrations,0,100.00,,
+1710,,ipi:ipi_send_cpu,93671,100.00,,
 0.09,msec,task-clock,93671,100.00,0.000,CPUs utilized
 """
 
@@ -39,6 +40,7 @@ def test_perf_stat_csv_is_read_per_event():
     assert c["raw_syscalls:sys_enter"] == 9 and c["context-switches"] == 3
     assert c["task-clock"] == 0.09
     assert c["cpu-migrations"] is None          # "<not counted>" is not a zero
+    assert c["ipi:ipi_send_cpu"] == 1710
 
 
 def test_strace_summary_gives_calls_by_name_with_and_without_errors():
@@ -69,6 +71,11 @@ def test_a_fixed_rate_run_against_mosquitto_gives_counts_per_message(tmp_path, c
     assert row["syscalls_per_msg"] >= 2
     assert row["context_switches_per_msg"] >= 0 and row["cpu_us_per_msg"] > 0
     assert row["user_us_per_msg"] >= 0 and row["sys_us_per_msg"] >= 0
+    # counted where the kernel can (a count, possibly 0, never missing), else reported as unknown
+    if cost_bench._ipi_countable:
+        assert row["ipis_per_msg"] >= 0
+    else:
+        assert row["ipis_per_msg"] is None
     assert json.loads(capsys.readouterr().out.splitlines()[0]) == row
 
 
