@@ -44,9 +44,9 @@ from .scenarios import ScenarioConfig, defaults_for
 EVENTS = ("raw_syscalls:sys_enter", "context-switches", "cpu-migrations", "task-clock")
 # Counted where the kernel has the tracepoint (perf stat refuses an unknown event, so it is probed
 # first): the inter-processor interrupts the broker sends. Profiled (`perf record -g -e
-# ipi:ipi_send_cpu`), nearly all are its socket writes waking a peer asleep on the other CPU; in
-# this VM each costs the sender ~25 us of system time, and their number grows with the time a
-# broker takes from a PUBLISH read to its writes (the peer has gone to sleep meanwhile).
+# ipi:ipi_send_cpu`), nearly all are its socket writes waking a peer asleep on the other CPU (in a
+# VM a costly exit), and there are more of them the longer a broker takes from a PUBLISH read to
+# its writes: the peer has gone to sleep meanwhile.
 IPI_EVENT = "ipi:ipi_send_cpu"
 _ipi_countable: bool | None = None
 
