@@ -197,3 +197,22 @@ def test_a_fleet_reload_the_store_refuses_to_hold_leaves_nothing_counted_and_hol
     fleet._reload("moved", rec, {})
     assert set(fleet.sessions["moved"].subs) == {"a/+", "q/+", "$share/g/q/+"}
     assert store.calls == [("register", "a/+"), ("register", "q/+")]
+
+
+def test_a_decision_inside_another_leaves_the_outer_its_own_prepared_answers():
+    """A SUBSCRIBE decided while another is being decided: once the inner decision ends, the
+    outer one still takes the holds it prepared (no second registration of its filter), and each
+    lets go only of what it prepared and nothing took."""
+    reg, store = _registry()
+    a, b = MqttSession("a"), MqttSession("b")
+    req = lambda f: SimpleNamespace(topic_filter=f, retain_handling=2)  # noqa: E731
+    outer = reg.prepare(a, [req("w/+")])
+    inner = reg.prepare(b, [req("x/+"), req("y/+")])
+    assert store.calls == [("register", "w/+"), ("register", "x/+"), ("register", "y/+")]
+    with reg.deciding(outer):
+        with reg.deciding(inner):
+            reg.add(b, _sub("x/+"))               # y/+ refused, say: its hold is let go of
+        assert store.calls[-1] == ("release", "y/+")
+        reg.add(a, _sub("w/+"))
+    assert store.calls == [("register", "w/+"), ("register", "x/+"), ("register", "y/+"), ("release", "y/+")]
+    assert reg.unheld(["w/+", "x/+", "y/+"]) == ["y/+"]
